@@ -1,0 +1,57 @@
+# Pagoda: `make serve` runs the runtime with the embedded model; `make test` runs every test.
+# Both set up a virtual environment on first use (CPU PyTorch from the local wheel).
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# GPU images bring their own CUDA build of torch; CPU machines pin the local CPU wheel.
+TORCH_SPEC ?= torch==2.13.0
+HOST ?= 127.0.0.1
+PORT ?= 8000
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: install serve test lint format bench chart-lint image operator clean
+
+$(STAMP): pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(STAMP)
+
+serve: $(STAMP)
+	@echo "Pagoda: OpenAI API at http://$(HOST):$(PORT)/v1 (metrics at /metrics); Ctrl-C stops."
+	@echo "  curl http://$(HOST):$(PORT)/v1/chat/completions -H 'Content-Type: application/json' \\"
+	@echo "       -d '{\"model\": \"smollm2-135m\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'"
+	$(BIN)/pagoda serve --host $(HOST) --port $(PORT) $(ARGS)
+
+test: $(STAMP)
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/offline_throughput.py
+	$(BIN)/python benchmarks/serving.py
+	$(BIN)/python benchmarks/autoscale_sim.py
+
+operator: $(STAMP)
+	$(BIN)/pagoda operator $(ARGS)
+
+image:
+	docker build --target runtime -t pagoda-runtime:dev .
+	docker build --target operator -t pagoda-operator:dev .
+	docker build --target cpu-demo -t pagoda-cpu-demo:dev .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
