@@ -1,0 +1,89 @@
+"""The attention-backend contract shared by the model, the model runner and the kernels.
+
+A step's batch is flattened: T query tokens from B sequences laid end to end, *decodes first*
+(sequences with exactly one new token), then prefill chunks. Every sequence attends, causally by
+absolute position, to all of its context: the tokens already in the paged cache plus the new ones.
+
+KV cache layout, per layer: ``k_cache`` and ``v_cache`` of shape
+``[num_blocks, block_size, num_kv_heads, head_dim]``; token ``t`` of a sequence lives in block
+``block_tables[seq, t // block_size]`` at offset ``t % block_size``; ``slot_mapping[i]`` is
+``block * block_size + offset`` for new token ``i`` (``-1``: do not write, e.g. padding).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step batch description. Host ints come from the scheduler, so reading them never syncs."""
+
+    num_seqs: int  # B
+    num_decodes: int  # the first `num_decodes` sequences have query length 1
+    num_tokens: int  # T = total new tokens in the step
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor  # int32 [B + 1], prefix sums of query lengths
+    seq_lens: torch.Tensor  # int32 [B], context length including the new tokens
+    block_tables: torch.Tensor  # int32 [B, max_blocks_per_seq], unused entries are 0
+    slot_mapping: torch.Tensor  # int64 [T]
+    # Host copies (lists) of per-sequence lengths; backends may use them for planning only.
+    query_lens_host: list[int] = field(default_factory=list)
+    seq_lens_host: list[int] = field(default_factory=list)
+    # Backend-private, per-step tensors (masks, gather indices, split plans) built by `prepare`.
+    aux: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_prefills(self) -> int:
+        return self.num_seqs - self.num_decodes
+
+
+class AttentionBackend(ABC):
+    """Writes the step's new K/V into the paged cache, then attends over it."""
+
+    name: str = "base"
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+
+    def prepare(self, meta: AttentionMetadata) -> None:  # noqa: B027 - optional hook
+        """Build per-step tensors once (not once per layer); store them in ``meta.aux``."""
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, num_heads, head_dim]
+        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, num_heads, head_dim]
+        """Store k/v at ``meta.slot_mapping``, then return attention output for every query token."""
+
+
+def get_attention_backend(
+    name: str, device: torch.device, num_heads: int, num_kv_heads: int, head_dim: int, scale: float
+) -> AttentionBackend:
+    """Resolve ``auto|torch|triton``: auto picks Triton on CUDA and the torch backend elsewhere."""
+    if name not in ("auto", "torch", "triton"):
+        raise ValueError(f"attention_backend must be auto, torch or triton, got {name!r}")
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "triton":
+        from pagoda.runtime.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend(num_heads, num_kv_heads, head_dim, scale)
+    from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
+
+    return TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale)

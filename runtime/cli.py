@@ -1,0 +1,43 @@
+"""`pagoda` command line: `pagoda serve` (OpenAI-compatible runtime) and `pagoda operator` (kopf).
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``;
+imports are lazy so `pagoda operator` never loads torch and `pagoda serve` never loads kopf.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "serve": ("pagoda.runtime.server.cli", "Run the OpenAI-compatible inference server."),
+    "operator": ("pagoda.operator.main", "Run the Kubernetes operator (kopf)."),
+}
+
+
+def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object | None]:
+    parser = argparse.ArgumentParser(prog="pagoda", description="Pagoda LLM serving.")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    module = None
+    for name, (mod_name, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:  # only import the module that will run
+            module = importlib.import_module(mod_name)
+            module.add_arguments(p)
+    return parser, module
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, module = build_parser(argv)
+    args = parser.parse_args(argv)
+    if module is None:
+        parser.print_help()
+        return 2
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
