@@ -32,6 +32,7 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # int32 [B], context length including the new tokens
     block_tables: torch.Tensor  # int32 [B, max_blocks_per_seq], unused entries are 0
     slot_mapping: torch.Tensor  # int64 [T]
+    block_size: int = 16
     # Host copies (lists) of per-sequence lengths; backends may use them for planning only.
     query_lens_host: list[int] = field(default_factory=list)
     seq_lens_host: list[int] = field(default_factory=list)
@@ -50,7 +51,9 @@ class AttentionBackend(ABC):
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         if num_heads % num_kv_heads:
-            raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+            raise ValueError(
+                f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}"
+            )
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim

@@ -1,0 +1,54 @@
+"""Triton attention backend: the CUDA path (also runs on CPU under ``TRITON_INTERPRET=1``).
+
+Two launches per layer and step: the KV-cache scatter and ``paged_attention``. Both decide
+everything from shapes and the metadata's host ints, so a decode step can be captured in a CUDA
+graph and replayed with new tensor contents. Nothing is precomputed in ``prepare``: the kernels
+read ``query_start_loc``/``seq_lens``/``block_tables`` directly.
+"""
+
+from __future__ import annotations
+
+import torch
+from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """Paged attention for mixed decode/prefill batches with the kernels of ``pagoda.kernels``."""
+
+    name = "triton"
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__(num_heads, num_kv_heads, head_dim, scale)
+        # Imported here so that choosing the torch backend never needs Triton installed.
+        from pagoda.kernels import paged_attention, write_kv_cache
+
+        self._paged_attention = paged_attention
+        self._write_kv_cache = write_kv_cache
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, num_heads, head_dim]
+        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, num_heads, head_dim]
+        """Store k/v at ``meta.slot_mapping`` (-1 skipped), then attend causally over the cache."""
+        self._write_kv_cache(
+            k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=meta.slot_mapping
+        )
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        return self._paged_attention(
+            q=q,
+            k_cache=k_cache,
+            v_cache=v_cache,
+            block_tables=meta.block_tables,
+            seq_lens=meta.seq_lens,
+            query_start_loc=meta.query_start_loc,
+            max_query_len=meta.max_query_len,
+            max_seq_len=meta.max_seq_len,
+            scale=self.scale,
+            out=out,
+            num_decodes=meta.num_decodes,
+        )

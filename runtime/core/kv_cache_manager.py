@@ -1,0 +1,138 @@
+"""Per-request block lists on top of the BlockPool, with hash-chained prefix caching.
+
+A full block is named by ``hash(parent_hash, its token ids)``, so equal names mean equal whole
+prefixes. Blocks are registered in the cache when allocated for tokens that this step computes:
+every layer writes the step's K/V before attending, so a request admitted later in the same
+step may already reuse them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+
+from pagoda.runtime.core.block_pool import BlockPool, KVCacheBlock
+from pagoda.runtime.request import Request
+
+_ROOT = b"pagoda-prefix-root"
+
+
+def hash_block(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
+    """128-bit chained hash of one full block."""
+    h = hashlib.blake2b(parent or _ROOT, digest_size=16)
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self.req_blocks: dict[str, list[KVCacheBlock]] = {}
+        self._num_cached: dict[str, int] = {}  # leading blocks of a request registered by hash
+        self._cached_before_step: dict[str, int] = {}
+        self.prefix_queries = 0  # prompt tokens looked up
+        self.prefix_hits = 0  # of which found in the cache
+
+    def _caches(self, req: Request) -> bool:
+        return self.enable_caching or req.cache_salt is not None
+
+    def _update_hashes(self, req: Request) -> None:
+        bs, hashes = self.block_size, req.block_hashes
+        parent = hashes[-1] if hashes else req.cache_salt
+        for i in range(len(hashes), req.num_tokens // bs):
+            parent = hash_block(parent, req.token_ids[i * bs : (i + 1) * bs])
+            hashes.append(parent)
+
+    def get_computed_blocks(self, req: Request) -> tuple[list[KVCacheBlock], int]:
+        """Longest cached prefix of a not-yet-running request (always leaves one token to compute)."""
+        if not self._caches(req):
+            return [], 0
+        self._update_hashes(req)
+        limit = (req.num_tokens - 1) // self.block_size
+        hits: list[KVCacheBlock] = []
+        for h in req.block_hashes[:limit]:
+            b = self.pool.get_cached_block(h)
+            if b is None:
+                break
+            hits.append(b)
+        return hits, len(hits) * self.block_size
+
+    def record_prefix_lookup(self, req: Request, num_cached: int) -> None:
+        """Count a first admission's prompt tokens and how many of them the cache supplied."""
+        if req.num_preemptions == 0:
+            self.prefix_queries += req.num_prompt_tokens
+            self.prefix_hits += min(num_cached, req.num_prompt_tokens)
+
+    def allocate_slots(
+        self, req: Request, num_new_tokens: int, computed: Sequence[KVCacheBlock] = ()
+    ) -> bool:
+        """Reserve blocks for `num_new_tokens` more tokens (after `computed` prefix blocks).
+
+        Returns False, changing nothing, when the pool cannot supply them.
+        """
+        bs = self.block_size
+        blocks = self.req_blocks.setdefault(req.request_id, [])
+        num_computed = req.num_computed_tokens + len(computed) * bs
+        total = num_computed + num_new_tokens
+        need = (total + bs - 1) // bs - len(blocks) - len(computed)
+        revived = sum(1 for b in computed if b.ref_cnt == 0)  # leave the free queue when touched
+        if max(need, 0) + revived > self.pool.num_free_blocks:
+            return False
+        self.pool.touch(computed)
+        blocks.extend(computed)
+        if need > 0:
+            blocks.extend(self.pool.get_new_blocks(need))
+        n_cached = self._num_cached.get(req.request_id, 0) + len(computed)
+        self._cached_before_step[req.request_id] = n_cached
+        if self._caches(req):
+            self._update_hashes(req)
+            n_full = min(total // bs, len(req.block_hashes))
+            for i in range(n_cached, n_full):
+                self.pool.cache_block(blocks[i], req.block_hashes[i])
+            n_cached = max(n_cached, n_full)
+        self._num_cached[req.request_id] = n_cached
+        return True
+
+    def free(self, req: Request, *, uncache_this_step: bool = False) -> None:
+        """Release a request's blocks (tail first, so its end is evicted first).
+
+        With `uncache_this_step`, blocks registered by this step's allocation are forgotten:
+        their K/V will never be written because the request was unscheduled.
+        """
+        blocks = self.req_blocks.pop(req.request_id, [])
+        n_cached = self._num_cached.pop(req.request_id, 0)
+        before = self._cached_before_step.pop(req.request_id, n_cached)
+        if uncache_this_step:
+            for b in blocks[before:n_cached]:
+                if b.ref_cnt == 1 and b.block_hash is not None:
+                    self.pool.cached.pop(b.block_hash, None)
+                    b.block_hash = None
+        self.pool.free_blocks(reversed(blocks))
+
+    def end_step(self) -> None:
+        self._cached_before_step.clear()
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_blocks.get(request_id, ())]
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    def usage(self) -> float:
+        return self.pool.usage()
+
+    def check_integrity(self) -> None:
+        self.pool.check_integrity()
+        held: dict[int, int] = {}
+        for blocks in self.req_blocks.values():
+            for b in blocks:
+                held[b.block_id] = held.get(b.block_id, 0) + 1
+        for b in self.pool.blocks:
+            if b.ref_cnt != held.get(b.block_id, 0):
+                raise RuntimeError(
+                    f"{b} ref count != number of requests holding it ({held.get(b.block_id, 0)})"
+                )

@@ -1,0 +1,32 @@
+"""SchedulerOutput: the plain data a step hands from the scheduler to the model runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pagoda.runtime.request import Request
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int  # tokens computed this step, starting at request.num_computed_tokens
+    block_ids: list[int]  # the request's whole block table after allocation
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the end of the known tokens, so a new token is sampled."""
+        r = self.request
+        return r.num_computed_tokens + self.num_new_tokens >= r.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]  # decodes (1 new token) first, then prefill chunks
+    num_decodes: int
+    num_batched_tokens: int
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled

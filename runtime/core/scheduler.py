@@ -1,0 +1,141 @@
+"""Iteration-level scheduler with chunked prefill, prefix reuse and preemption by recompute.
+
+Each step: running decodes first, then running partial prefills, then waiting requests, all
+under `max_num_batched_tokens` and `max_num_seqs`. When blocks run out, the most recently
+arrived running request is preempted (its blocks freed, recomputed later from the queue front).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from pagoda.runtime.config import SchedulerConfig
+from pagoda.runtime.core.kv_cache_manager import KVCacheManager
+from pagoda.runtime.core.sched_output import ScheduledRequest, SchedulerOutput
+from pagoda.runtime.request import Request, RequestStatus
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    # -- queue management -------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"duplicate request id {req.request_id!r}")
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    def abort(self, request_id: str) -> Request | None:
+        """Drop a request wherever it is and free its blocks at once."""
+        req = self.requests.get(request_id)
+        if req is None or req.is_finished:
+            return None
+        req.status = RequestStatus.FINISHED_ABORTED
+        self.finish(req)
+        return req
+
+    def finish(self, req: Request) -> None:
+        """Forget a finished request and release its blocks."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req)
+        self.requests.pop(req.request_id, None)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- the step ----------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        plan: dict[str, ScheduledRequest] = {}
+        preempted: list[Request] = []
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        partial = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        for req in decodes + partial:
+            if budget <= 0 or req.status != RequestStatus.RUNNING:
+                continue
+            n = req.num_tokens - req.num_computed_tokens
+            if n > budget and not self.config.enable_chunked_prefill:
+                continue
+            n = min(n, budget)
+            while not self.kv.allocate_slots(req, n):
+                others = [r for r in self.running if r is not req]
+                victim = max(others, key=lambda r: r.arrival_time) if others else req
+                budget += self._preempt(victim, plan, preempted)
+                if victim is req:
+                    break
+            else:
+                plan[req.request_id] = ScheduledRequest(req, n, self.kv.block_ids(req.request_id))
+                budget -= n
+        if not preempted:
+            self._admit_waiting(plan, budget)
+        scheduled = sorted(plan.values(), key=lambda s: s.num_new_tokens != 1)  # stable
+        now = time.monotonic()
+        for s in scheduled:
+            if s.request.first_scheduled_time is None:
+                s.request.first_scheduled_time = now
+        return SchedulerOutput(
+            scheduled=scheduled,
+            num_decodes=sum(1 for s in scheduled if s.num_new_tokens == 1),
+            num_batched_tokens=sum(s.num_new_tokens for s in scheduled),
+            preempted=preempted,
+        )
+
+    def _preempt(
+        self, victim: Request, plan: dict[str, ScheduledRequest], out: list[Request]
+    ) -> int:
+        """Free a running request for recompute; returns the budget it gives back."""
+        done = plan.pop(victim.request_id, None)
+        self.running.remove(victim)
+        self.kv.free(victim, uncache_this_step=done is not None)
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(victim)
+        out.append(victim)
+        return done.num_new_tokens if done is not None else 0
+
+    def _admit_waiting(self, plan: dict[str, ScheduledRequest], budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            computed, num_cached = self.kv.get_computed_blocks(req)
+            n = req.num_tokens - num_cached
+            if n > budget:
+                if not self.config.enable_chunked_prefill:
+                    break
+                n = budget
+            if not self.kv.allocate_slots(req, n, computed):
+                break
+            self.waiting.popleft()
+            self.kv.record_prefix_lookup(req, num_cached)
+            req.num_computed_tokens = num_cached
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = num_cached
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            plan[req.request_id] = ScheduledRequest(req, n, self.kv.block_ids(req.request_id))
+            budget -= n
+
+    def update_after_step(self, out: SchedulerOutput) -> None:
+        """Advance progress of every scheduled request (tokens are appended by the engine)."""
+        for s in out.scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+        self.kv.end_step()

@@ -1,0 +1,198 @@
+"""EngineCore: one step = schedule → run the model → fold sampled tokens back into requests.
+
+Synchronous and single-threaded by design; `AsyncEngine` runs it on its own thread for the
+server, `LLM` drives it directly for offline batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pagoda.runtime.config import EngineConfig
+from pagoda.runtime.core.kv_cache_manager import KVCacheManager
+from pagoda.runtime.core.scheduler import Scheduler
+from pagoda.runtime.engine.detokenizer import IncrementalDetokenizer
+from pagoda.runtime.engine.outputs import StepOutput
+from pagoda.runtime.model.loader import LoadedModel, load_model
+from pagoda.runtime.request import Request, RequestStatus
+from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.worker.model_runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    num_blocks: int
+    num_free_blocks: int
+    prefix_queries: int
+    prefix_hits: int
+    num_preemptions: int
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        self.config = config
+        loaded = loaded or load_model(config.model)
+        self.model_name = loaded.name
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        limit = config.scheduler.max_model_len or loaded.config.max_position_embeddings
+        self.runner = ModelRunner(config, loaded, limit)
+        loaded.weights.clear()  # the model holds its own packed copies
+        bs = config.cache.block_size
+        capacity = self.runner.num_blocks * bs
+        if limit > capacity:
+            log.warning(
+                "max_model_len %d exceeds the KV cache (%d tokens); capping", limit, capacity
+            )
+            limit = capacity
+        self.max_model_len = limit
+        sched_cfg = dataclasses.replace(config.scheduler, max_model_len=limit)
+        self.kv = KVCacheManager(self.runner.num_blocks, bs, config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(sched_cfg, self.kv)
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._children: dict[str, list[str]] = {}  # request id → child ids (one per sample)
+        self._parent: dict[str, tuple[str, int]] = {}
+        self.peak_blocks_used = 0
+
+    # -- requests ------------------------------------------------------------------------
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise ValueError (naming the field) for input the engine cannot serve."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError("params must be a SamplingParams")
+        if len(prompt_token_ids) == 0:
+            raise ValueError("prompt must not be empty")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt is {len(prompt_token_ids)} tokens, more than max_model_len allows "
+                f"({self.max_model_len} including at least one generated token)"
+            )
+        vocab = self.model_config.vocab_size
+        if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
+    ) -> None:
+        self.validate(prompt_token_ids, params)
+        if request_id in self._children:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        salt = None
+        if params.n > 1 and not self.config.cache.enable_prefix_caching:
+            salt = hashlib.blake2b(request_id.encode(), digest_size=16).digest()  # siblings share
+        ids = []
+        for i in range(params.n):
+            child_params = params
+            if params.n > 1 and params.seed is not None:
+                child_params = dataclasses.replace(params, seed=params.seed + i)
+            cid = request_id if params.n == 1 else f"{request_id}#{i}"
+            req = Request(
+                cid,
+                list(prompt_token_ids),
+                child_params,
+                cache_salt=salt,
+                eos_token_ids=self.model_config.eos_token_ids,
+                max_model_len=self.max_model_len,
+            )
+            self._detok[cid] = IncrementalDetokenizer(
+                self.tokenizer,
+                req.prompt_token_ids,
+                stop=params.stop,
+                include_stop=params.include_stop_str_in_output,
+                skip_special_tokens=params.skip_special_tokens,
+            )
+            self._parent[cid] = (request_id, i)
+            self.scheduler.add_request(req)
+            ids.append(cid)
+        self._children[request_id] = ids
+
+    def abort_request(self, request_id: str) -> None:
+        """Abort every sample of a request; its blocks are freed at once."""
+        for cid in self._children.pop(request_id, []):
+            self.scheduler.abort(cid)
+            self._detok.pop(cid, None)
+            self._parent.pop(cid, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step --------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        used = self.kv.pool.num_blocks - self.kv.num_free_blocks
+        self.peak_blocks_used = max(self.peak_blocks_used, used)
+        result = self.runner.execute(out)
+        self.scheduler.update_after_step(out)
+        now = time.monotonic()
+        outputs = []
+        for req, tok, lp in zip(result.requests, result.token_ids, result.logprobs):
+            req.append_token(tok)
+            if lp is not None:
+                req.logprobs.append(lp)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            detok = self._detok[req.request_id]
+            stopped_on_token = req.check_stop_token()
+            if not (stopped_on_token and req.status == RequestStatus.FINISHED_STOPPED):
+                if detok.add_tokens([tok]) is not None:
+                    req.status = RequestStatus.FINISHED_STOPPED
+                    req.stop_reason = detok.stop_string
+            outputs.append(self._emit(req, [tok], [lp] if lp is not None else []))
+        return outputs
+
+    def _emit(self, req: Request, new_ids: list[int], new_lps: list) -> StepOutput:
+        finished = req.is_finished
+        detok = self._detok[req.request_id]
+        parent, index = self._parent[req.request_id]
+        delta = StepOutput(
+            request_id=parent,
+            index=index,
+            new_token_ids=new_ids,
+            new_text=detok.pop_delta(finished),
+            new_logprobs=new_lps,
+            finished=finished,
+            finish_reason=req.status.finish_reason,
+            stop_reason=req.stop_reason,
+            num_prompt_tokens=req.num_prompt_tokens,
+            num_cached_tokens=req.num_cached_tokens,
+            num_output_tokens=req.num_output_tokens,
+            arrival_time=req.arrival_time,
+            first_scheduled_time=req.first_scheduled_time,
+            first_token_time=req.first_token_time,
+        )
+        if finished:
+            self.scheduler.finish(req)
+            del self._detok[req.request_id]
+            del self._parent[req.request_id]
+            siblings = self._children.get(parent, [])
+            if req.request_id in siblings:
+                siblings.remove(req.request_id)
+                if not siblings:
+                    del self._children[parent]
+        return delta
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            kv_usage=self.kv.usage(),
+            num_blocks=self.kv.pool.num_blocks,
+            num_free_blocks=self.kv.num_free_blocks,
+            prefix_queries=self.kv.prefix_queries,
+            prefix_hits=self.kv.prefix_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+        )
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity()

@@ -1,0 +1,72 @@
+"""Incremental detokenization and stop strings.
+
+Text is produced a few tokens at a time without re-decoding the whole output, and never ends in
+half a UTF-8 character. Stop strings are searched in the new text plus the tail that could
+complete one; a matched stop string is cut from the output. For streaming, `pop_delta` holds back
+the last characters that could still turn out to be the start of a stop string, so a stop
+string never leaks to a client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pagoda.runtime.model.tokenizer import Tokenizer
+
+_CONTEXT = 5  # tokens of context before the read offset; enough for byte-level BPE merges
+
+
+class IncrementalDetokenizer:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: Sequence[int],
+        *,
+        stop: Sequence[str] = (),
+        include_stop: bool = False,
+        skip_special_tokens: bool = True,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = list(prompt_ids[-_CONTEXT:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.stop = tuple(stop)
+        self.include_stop = include_stop
+        self.skip_special = skip_special_tokens
+        self.hold = max((len(s) for s in self.stop), default=1) - 1
+        self.text = ""
+        self.emitted = 0
+        self.stop_string: str | None = None
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
+
+    def add_tokens(self, new_ids: Sequence[int]) -> str | None:
+        """Append tokens; returns the matched stop string (output then ends there) or None."""
+        self.ids.extend(new_ids)
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return None  # incomplete character: wait for more bytes
+        new_text = full[len(prefix) :]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        start = max(0, len(self.text) - self.hold)
+        self.text += new_text
+        hits = [(i, s) for s in self.stop if (i := self.text.find(s, start)) != -1]
+        if not hits:
+            return None
+        idx, s = min(hits)  # the earliest stop string wins
+        self.text = self.text[: idx + len(s)] if self.include_stop else self.text[:idx]
+        self.stop_string = s
+        return s
+
+    def pop_delta(self, finished: bool) -> str:
+        """Text not yet handed out that can no longer become part of a stop string."""
+        end = (
+            len(self.text)
+            if finished or not self.stop
+            else max(self.emitted, len(self.text) - self.hold)
+        )
+        delta = self.text[self.emitted : end]
+        self.emitted = end
+        return delta

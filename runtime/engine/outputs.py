@@ -1,0 +1,59 @@
+"""What the engine hands back: per-step deltas (streaming) and finished results (offline)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pagoda.runtime.request import TokenLogprob
+
+
+@dataclass
+class StepOutput:
+    """New output of one sample (choice `index`) of request `request_id` in one engine step."""
+
+    request_id: str
+    index: int
+    new_token_ids: list[int]
+    new_text: str
+    new_logprobs: list[TokenLogprob]
+    finished: bool
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: str | int | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+    arrival_time: float = 0.0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    num_cached_tokens: int = 0
+
+    def add(self, delta: StepOutput) -> None:
+        """Fold one step's delta into this accumulated result."""
+        out = self.outputs[delta.index]
+        out.text += delta.new_text
+        out.token_ids.extend(delta.new_token_ids)
+        if delta.new_logprobs:
+            out.logprobs = (out.logprobs or []) + delta.new_logprobs
+        if delta.finished:
+            out.finish_reason, out.stop_reason = delta.finish_reason, delta.stop_reason
+            self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
+        self.finished = all(o.finish_reason is not None for o in self.outputs)

@@ -1,0 +1,151 @@
+"""GGUF → (ModelConfig, HF-named float tensors, Tokenizer) through the `gguf` package.
+
+Quantized tensors (Q4_0, Q4_1, Q8_0, ...) are dequantized once at load time. llama.cpp stores the
+Q and K projections of Llama models permuted for its interleaved rotary; we undo that so one
+rotate-half rotary (Hugging Face layout) serves every loader.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer
+
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Inverse of llama.cpp's convert-time permute (rows interleaved per head for rotary)."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _hf_name(name: str) -> str | None:
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name]
+    m = _BLOCK.match(name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    return None
+
+
+def read_config(reader) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(
+            f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
+        )
+    p = f"{arch}."
+    hidden = int(_field(reader, p + "embedding_length"))
+    heads = int(_field(reader, p + "attention.head_count"))
+    kv_heads = int(_field(reader, p + "attention.head_count_kv", heads))
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    vocab = int(_field(reader, p + "vocab_size", len(tokens)))
+    head_dim = int(_field(reader, p + "attention.key_length", hidden // heads))
+    rope_scaling = None
+    scale_type = _field(reader, p + "rope.scaling.type")
+    if scale_type in ("linear", "yarn"):
+        rope_scaling = {
+            "rope_type": scale_type,
+            "factor": float(_field(reader, p + "rope.scaling.factor", 1.0)),
+            "original_max_position_embeddings": int(
+                _field(reader, p + "rope.scaling.original_context_length", 0) or 0
+            ),
+        }
+    eos = [int(_field(reader, "tokenizer.ggml.eos_token_id", -1))]
+    eot = _field(reader, "tokenizer.ggml.eot_token_id")
+    if eot is not None and int(eot) not in eos:
+        eos.append(int(eot))
+    names = {t.name for t in reader.tensors}
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    return ModelConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=int(_field(reader, p + "feed_forward_length")),
+        num_layers=int(_field(reader, p + "block_count")),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(_field(reader, p + "rope.freq_base", 10000.0)),
+        rope_scaling=rope_scaling,
+        max_position_embeddings=int(_field(reader, p + "context_length", 2048)),
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias="blk.0.attn_q.bias" in names,
+        bos_token_id=int(bos) if bos is not None else None,
+        eos_token_ids=tuple(e for e in eos if e >= 0),
+        architecture=arch,
+    )
+
+
+def read_tokenizer(reader, config: ModelConfig) -> Tokenizer:
+    model = _field(reader, "tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ValueError(
+            f"unsupported GGUF tokenizer {model!r}: only byte-level BPE ('gpt2') is supported"
+        )
+    hf_tok = build_bpe_tokenizer(
+        _field(reader, "tokenizer.ggml.tokens"),
+        _field(reader, "tokenizer.ggml.merges", []),
+        _field(reader, "tokenizer.ggml.token_type"),
+        _field(reader, "tokenizer.ggml.pre"),
+    )
+    return Tokenizer(
+        hf_tok,
+        chat_template=_field(reader, "tokenizer.chat_template"),
+        bos_token_id=config.bos_token_id,
+        eos_token_ids=config.eos_token_ids,
+        add_bos_token=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+    )
+
+
+def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    """Read config, dequantized float32 weights (HF names) and tokenizer from one GGUF file."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    config = read_config(reader)
+    weights: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        name = _hf_name(t.name)
+        if name is None:
+            continue  # e.g. rope_freqs: recomputed from the config
+        arr = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims fastest-first
+        arr = arr.reshape(shape)
+        if config.architecture == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+            arr = _unpermute(arr, config.num_heads)
+        elif config.architecture == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+            arr = _unpermute(arr, config.num_kv_heads)
+        weights[name] = torch.from_numpy(
+            np.array(arr, dtype=np.float32, order="C")
+        )  # own the memory
+    return config, weights, read_tokenizer(reader, config)

@@ -1,0 +1,113 @@
+"""Llama-family decoder over a flattened, ragged batch of tokens (no padding).
+
+Weights are packed at load time: q/k/v into one matrix and gate/up into one, so a layer is four
+matmuls. Logits are computed only for the rows the caller asks for (the last token of each
+sequence that samples), which saves the vocabulary projection on every prefill token.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
+from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model.ops import Ops, build_cos_sin_cache
+
+
+class LlamaLayer:
+    __slots__ = ("attn_norm", "down", "gate_up", "mlp_norm", "o_proj", "qkv", "qkv_bias")
+
+    def __init__(self, w: dict[str, torch.Tensor], prefix: str, bias: bool) -> None:
+        a = prefix + "self_attn."
+        self.attn_norm = w[prefix + "input_layernorm.weight"]
+        self.mlp_norm = w[prefix + "post_attention_layernorm.weight"]
+        self.qkv = torch.cat(
+            [w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]]
+        )
+        self.qkv_bias = (
+            torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"]])
+            if bias
+            else None
+        )
+        self.o_proj = w[a + "o_proj.weight"]
+        m = prefix + "mlp."
+        self.gate_up = torch.cat([w[m + "gate_proj.weight"], w[m + "up_proj.weight"]])
+        self.down = w[m + "down_proj.weight"]
+
+
+class LlamaModel:
+    """Inference-only forward; every tensor lives on one device in one dtype."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        backend: AttentionBackend,
+        ops: Ops,
+        max_positions: int,
+    ) -> None:
+        self.config = config
+        self.dtype, self.device = dtype, device
+        self.backend, self.ops = backend, ops
+        w = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
+        missing = [f"model.layers.{i}.input_layernorm.weight" for i in range(config.num_layers)]
+        missing = [
+            k for k in ["model.embed_tokens.weight", "model.norm.weight", *missing] if k not in w
+        ]
+        if missing:
+            raise ValueError(f"checkpoint is missing tensors: {', '.join(missing[:5])}")
+        self.embed = w["model.embed_tokens.weight"]
+        self.norm = w["model.norm.weight"]
+        self.lm_head = self.embed if config.tie_word_embeddings else w["lm_head.weight"]
+        self.layers = [
+            LlamaLayer(w, f"model.layers.{i}.", config.attention_bias)
+            for i in range(config.num_layers)
+        ]
+        self.cos_sin_cache = build_cos_sin_cache(
+            config.head_dim, config.rope_theta, config.rope_scaling, max_positions
+        ).to(device)
+        c = config
+        self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # int64 [T]
+        positions: torch.Tensor,  # int64 [T]
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,  # int64 [N] rows of the batch to project to the vocabulary
+    ) -> torch.Tensor:  # float32 [N, vocab]
+        c, ops = self.config, self.ops
+        h = F.embedding(input_ids, self.embed)
+        residual = None
+        T = h.shape[0]
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            if residual is None:
+                residual = h
+                x = ops.rms_norm(x=h, weight=layer.attn_norm, eps=c.rms_norm_eps)
+            else:
+                x, residual = ops.rms_norm(
+                    x=h, weight=layer.attn_norm, eps=c.rms_norm_eps, residual=residual
+                )
+            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = q.reshape(T, c.num_heads, c.head_dim)
+            k = k.reshape(T, c.num_kv_heads, c.head_dim)
+            v = v.reshape(T, c.num_kv_heads, c.head_dim)
+            q, k = ops.rotary_embedding(
+                positions=positions, q=q, k=k, cos_sin_cache=self.cos_sin_cache
+            )
+            attn = self.backend.forward(q, k, v, k_cache, v_cache, meta)
+            h = F.linear(attn.reshape(T, self.q_size), layer.o_proj)
+            x, residual = ops.rms_norm(
+                x=h, weight=layer.mlp_norm, eps=c.rms_norm_eps, residual=residual
+            )
+            h = F.linear(ops.silu_and_mul(x=F.linear(x, layer.gate_up)), layer.down)
+        h = h.index_select(0, logits_indices)
+        residual = residual.index_select(0, logits_indices)
+        x, _ = ops.rms_norm(x=h, weight=self.norm, eps=c.rms_norm_eps, residual=residual)
+        return F.linear(x, self.lm_head).float()

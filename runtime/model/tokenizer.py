@@ -1,0 +1,138 @@
+"""Tokenizer: a `tokenizers` BPE plus the chat template and the special tokens a server needs.
+
+GGUF files carry the vocabulary and merges but not the pre-tokenizer itself, only its llama.cpp
+name (`tokenizer.ggml.pre`); `PRE_TOKENIZER_SPLITS` maps those names to the regexes the merges
+were learned with, so token ids match the original Hugging Face tokenizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+PRE_TOKENIZER_SPLITS = {
+    "llama3": _LLAMA3_SPLIT,
+    "llama-bpe": _LLAMA3_SPLIT,
+    "smaug-bpe": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT,
+    "deepseek-r1-qwen": _QWEN2_SPLIT,
+}
+_CONTROL, _USER_DEFINED = 3, 4
+
+
+def _pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
+    if pre in PRE_TOKENIZER_SPLITS:
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(PRE_TOKENIZER_SPLITS[pre]), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in ("smollm", "starcoder", "refact"):  # digits are split one by one first
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    return byte_level  # "gpt2", "default" and unknown names: the GPT-2 regex
+
+
+def build_bpe_tokenizer(
+    tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int] | None, pre: str | None
+) -> HFTokenizer:
+    """A byte-level BPE `tokenizers.Tokenizer` from GGUF vocabulary data."""
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, ignore_merges=False))
+    tok.pre_tokenizer = _pre_tokenizer(pre)
+    tok.decoder = decoders.ByteLevel()
+    types = list(token_types or [])
+    special = [
+        AddedToken(t, special=True, normalized=False)
+        for t, ty in zip(tokens, types)
+        if ty == _CONTROL
+    ]
+    user = [
+        AddedToken(t, special=False, normalized=False)
+        for t, ty in zip(tokens, types)
+        if ty == _USER_DEFINED
+    ]
+    if special:
+        tok.add_special_tokens(special)
+    if user:
+        tok.add_tokens(user)
+    return tok
+
+
+class Tokenizer:
+    """Encode/decode plus chat templating; the engine only ever sees token ids."""
+
+    def __init__(
+        self,
+        tokenizer: HFTokenizer,
+        *,
+        chat_template: str | None,
+        bos_token_id: int | None,
+        eos_token_ids: Sequence[int],
+        add_bos_token: bool = False,
+    ) -> None:
+        self._tok = tokenizer
+        self.chat_template = chat_template
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.add_bos_token = add_bos_token
+        self._template = None
+        if chat_template:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise_template_error
+            self._template = env.from_string(chat_template)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_to_str(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
+    def _special(self, token_id: int | None) -> str:
+        return (self._tok.id_to_token(token_id) or "") if token_id is not None else ""
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids; special tokens written in the text (e.g. ``<|im_start|>``) stay whole."""
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
+            if not ids or ids[0] != self.bos_token_id:
+                ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True
+    ) -> str:
+        """Render messages with the model's own Jinja chat template (sandboxed)."""
+        if self._template is None:
+            raise ValueError("this model has no chat template; use completions instead of chat")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or "role" not in m:
+                raise ValueError(f"messages[{i}] must be an object with a 'role'")
+        return self._template.render(
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self._special(self.bos_token_id),
+            eos_token=self._special(self.eos_token_ids[0] if self.eos_token_ids else None),
+        )
+
+
+def _raise_template_error(message: str) -> None:
+    raise ValueError(f"chat template error: {message}")

@@ -1,0 +1,100 @@
+"""A request as the engine tracks it: tokens, progress through the KV cache, and its outcome.
+
+One rule drives scheduling: `num_computed_tokens` catches up with `num_tokens`. A prefill is
+simply a request far behind; a decode is one token behind; a prefix-cache hit jumps ahead.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from pagoda.runtime.sampling import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return {3: "stop", 4: "length", 5: "abort"}.get(int(self))
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, logprob) alternatives, best first
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.monotonic)
+    # Blocks of this request share hashes only with requests of the same salt; None = global cache.
+    cache_salt: bytes | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    max_model_len: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        self.token_ids: list[int] = list(self.prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prefix-cache hit at first scheduling
+        self.status = RequestStatus.WAITING
+        self.block_hashes: list[bytes] = []  # chained hashes of this request's full blocks
+        self.logprobs: list[TokenLogprob] = []
+        self.stop_reason: str | int | None = None
+        self.num_preemptions = 0
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.generator = None  # torch.Generator for seeded sampling, made by the model runner
+        stops = set(self.params.stop_token_ids)
+        if not self.params.ignore_eos:
+            stops.update(self.eos_token_ids)
+        self.stop_ids = frozenset(stops)
+        budget = self.max_model_len - self.num_prompt_tokens
+        self.max_new_tokens = min(self.params.max_tokens or budget, budget)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def check_stop_token(self) -> bool:
+        """After appending: stop on a stop/EOS token or on the length limit."""
+        last = self.token_ids[-1]
+        if last in self.stop_ids and self.num_output_tokens > 0:
+            self.status = RequestStatus.FINISHED_STOPPED
+            self.stop_reason = last if last in self.params.stop_token_ids else None
+            return True
+        if self.num_output_tokens >= self.max_new_tokens:
+            self.status = RequestStatus.FINISHED_LENGTH
+            return True
+        return False

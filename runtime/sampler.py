@@ -1,0 +1,141 @@
+"""Batched sampling over one step's logits: penalties, temperature, top-k/top-p/min-p, seeds.
+
+Everything is tensor work over the [N, vocab] logits; the only per-request Python is building
+the parameter tensors and advancing per-request generators for seeded requests. Sampling uses
+the exponential race (argmax of p / Exp(1) noise), which draws exactly from p and lets a seeded
+request draw its noise from its own generator, so its output does not depend on its batch-mates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from pagoda.runtime.request import Request
+
+
+@dataclass
+class SamplingBatch:
+    temperature: torch.Tensor  # [N] float32, 1.0 on greedy rows (unused there)
+    greedy: torch.Tensor  # [N] bool
+    all_greedy: bool
+    top_k: torch.Tensor | None  # [N] int64 (vocab size = off)
+    top_p: torch.Tensor | None  # [N] float32
+    min_p: torch.Tensor | None  # [N] float32
+    presence: torch.Tensor | None  # [N] float32
+    frequency: torch.Tensor | None
+    repetition: torch.Tensor | None
+    output_counts: torch.Tensor | None  # [N, V] float32 counts of generated tokens
+    prompt_mask: torch.Tensor | None  # [N, V] bool: token occurs in the prompt
+    generators: list[tuple[int, torch.Generator]]  # (row, generator) for seeded rows
+    max_logprobs: int | None  # largest logprobs k asked in the batch, None if no row asks
+
+    @classmethod
+    def build(cls, reqs: list[Request], vocab_size: int, device: torch.device) -> SamplingBatch:
+        ps = [r.params for r in reqs]
+        n = len(ps)
+        greedy_host = [p.greedy for p in ps]
+        f32 = dict(dtype=torch.float32, device=device)
+        temp = torch.tensor([1.0 if g else p.temperature for p, g in zip(ps, greedy_host)], **f32)
+        top_k = top_p = min_p = None
+        if any(p.top_k > 0 for p in ps):
+            top_k = torch.tensor(
+                [p.top_k if p.top_k > 0 else vocab_size for p in ps], device=device
+            )
+        if any(p.top_p < 1.0 for p in ps):
+            top_p = torch.tensor([p.top_p for p in ps], **f32)
+        if any(p.min_p > 0 for p in ps):
+            min_p = torch.tensor([p.min_p for p in ps], **f32)
+        presence = frequency = repetition = counts = prompt_mask = None
+        if any(p.needs_penalties for p in ps):
+            presence = torch.tensor([p.presence_penalty for p in ps], **f32)
+            frequency = torch.tensor([p.frequency_penalty for p in ps], **f32)
+            repetition = torch.tensor([p.repetition_penalty for p in ps], **f32)
+            counts = torch.zeros((n, vocab_size), **f32)
+            prompt_mask = torch.zeros((n, vocab_size), dtype=torch.bool, device=device)
+            for i, r in enumerate(reqs):
+                out = r.output_token_ids
+                if out:
+                    idx = torch.tensor(out, device=device)
+                    counts[i].index_add_(0, idx, torch.ones(len(out), **f32))
+                if r.params.repetition_penalty != 1.0:
+                    prompt_mask[i, torch.tensor(r.prompt_token_ids, device=device)] = True
+        gens = [(i, r.generator) for i, r in enumerate(reqs) if r.generator is not None]
+        lps = [p.logprobs for p in ps if p.logprobs is not None]
+        return cls(
+            temperature=temp,
+            greedy=torch.tensor(greedy_host, device=device),
+            all_greedy=all(greedy_host),
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            presence=presence,
+            frequency=frequency,
+            repetition=repetition,
+            output_counts=counts,
+            prompt_mask=prompt_mask,
+            generators=gens,
+            max_logprobs=max(lps) if lps else None,
+        )
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: torch.Tensor  # [N] int64
+    logprobs: torch.Tensor | None  # [N] chosen-token logprob
+    top_ids: torch.Tensor | None  # [N, K]
+    top_logprobs: torch.Tensor | None  # [N, K]
+
+
+def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """vLLM/OpenAI semantics: repetition over prompt+output, presence/frequency over output."""
+    counts = b.output_counts
+    seen = (counts > 0) | b.prompt_mask
+    rep = b.repetition.unsqueeze(1)
+    logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    logits = logits - b.frequency.unsqueeze(1) * counts
+    return logits - b.presence.unsqueeze(1) * (counts > 0).float()
+
+
+def apply_top_k_top_p_min_p(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """Mask filtered-out tokens with -inf (rows keep at least their best token)."""
+    if b.min_p is not None:
+        probs = logits.softmax(-1)
+        thresh = probs.amax(-1, keepdim=True) * b.min_p.unsqueeze(1)
+        logits = logits.masked_fill(probs < thresh, float("-inf"))
+    if b.top_k is None and b.top_p is None:
+        return logits
+    sorted_logits, order = logits.sort(-1, descending=True)
+    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if b.top_k is not None:
+        ranks = torch.arange(logits.shape[-1], device=logits.device).unsqueeze(0)
+        drop |= ranks >= b.top_k.unsqueeze(1)
+    if b.top_p is not None:
+        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
+        before = probs.cumsum(-1) - probs  # mass strictly above this token
+        drop |= before > b.top_p.unsqueeze(1)
+    drop[:, 0] = False
+    return logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+
+
+def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
+    """Pick one token per row of float32 `logits` [N, V]."""
+    raw = logits
+    if b.output_counts is not None:
+        logits = apply_penalties(logits, b)
+    greedy_tokens = logits.argmax(-1)
+    if b.all_greedy:
+        tokens = greedy_tokens
+    else:
+        scaled = apply_top_k_top_p_min_p(logits / b.temperature.unsqueeze(1), b)
+        probs = scaled.softmax(-1)
+        noise = torch.empty_like(probs).exponential_()
+        for row, gen in b.generators:
+            noise[row].exponential_(generator=gen)
+        tokens = torch.where(b.greedy, greedy_tokens, (probs / noise).argmax(-1))
+    if b.max_logprobs is None:
+        return SamplerOutput(tokens, None, None, None)
+    lp = raw.log_softmax(-1)
+    chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    top_lp, top_ids = lp.topk(b.max_logprobs, dim=-1) if b.max_logprobs else (None, None)
+    return SamplerOutput(tokens, chosen, top_ids, top_lp)

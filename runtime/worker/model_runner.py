@@ -1,0 +1,164 @@
+"""ModelRunner: SchedulerOutput → input tensors → forward → sampled tokens.
+
+Inputs are assembled on the host with NumPy (one slice of token ids per sequence, everything
+else vectorised) and moved to the device in one copy per tensor. The only device→host transfer
+is the sampled tokens (and their logprobs when asked), read back together at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from pagoda.runtime.attention import AttentionMetadata, get_attention_backend
+from pagoda.runtime.config import EngineConfig
+from pagoda.runtime.core.sched_output import SchedulerOutput
+from pagoda.runtime.model.llama import LlamaModel
+from pagoda.runtime.model.loader import LoadedModel
+from pagoda.runtime.model.ops import select_ops
+from pagoda.runtime.request import Request, TokenLogprob
+from pagoda.runtime.sampler import SamplingBatch, sample
+
+log = logging.getLogger(__name__)
+CPU_DEFAULT_KV_BYTES = 2 << 30
+
+
+@dataclass
+class ModelRunnerOutput:
+    requests: list[Request]  # the requests that sampled, in row order
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> None:
+        self.config = config
+        self.device = config.torch_device()
+        self.dtype = config.torch_dtype()
+        mc = loaded.config
+        self.model_config = mc
+        self.block_size = config.cache.block_size
+        self.backend = get_attention_backend(
+            config.attention_backend,
+            self.device,
+            mc.num_heads,
+            mc.num_kv_heads,
+            mc.head_dim,
+            mc.head_dim**-0.5,
+        )
+        torch.manual_seed(config.seed)
+        self.model = LlamaModel(
+            mc,
+            loaded.weights,
+            dtype=self.dtype,
+            device=self.device,
+            backend=self.backend,
+            ops=select_ops(self.device, self.backend.name),
+            max_positions=max(max_model_len, mc.max_position_embeddings),
+        )
+        self.num_blocks = self._num_blocks()
+        shape = (self.num_blocks, self.block_size, mc.num_kv_heads, mc.head_dim)
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(mc.num_layers)
+        ]
+
+    @property
+    def bytes_per_block(self) -> int:
+        mc = self.model_config
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * mc.num_layers * self.block_size * mc.num_kv_heads * mc.head_dim * elem
+
+    def _num_blocks(self) -> int:
+        """From the memory budget: bytes on CPU, a fraction of free memory on GPU."""
+        cache = self.config.cache
+        if cache.num_blocks_override is not None:
+            return cache.num_blocks_override
+        if cache.kv_cache_memory is not None:
+            budget = cache.kv_cache_memory
+        elif self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            used = total - free
+            headroom = 1 << 30  # activations and CUDA graphs
+            budget = int(total * cache.gpu_memory_utilization) - used - headroom
+        else:
+            budget = CPU_DEFAULT_KV_BYTES
+        n = budget // self.bytes_per_block
+        if n < 2:
+            raise ValueError(f"KV cache budget of {budget} bytes holds fewer than 2 blocks")
+        return int(n)
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        sched = out.scheduled
+        bs = self.block_size
+        qlens = np.fromiter((s.num_new_tokens for s in sched), dtype=np.int64, count=len(sched))
+        starts = np.fromiter(
+            (s.request.num_computed_tokens for s in sched), dtype=np.int64, count=len(sched)
+        )
+        seq_lens = starts + qlens
+        cu = np.zeros(len(sched) + 1, dtype=np.int64)
+        np.cumsum(qlens, out=cu[1:])
+        num_tokens = int(cu[-1])
+        ids = np.empty(num_tokens, dtype=np.int64)
+        for s, a, b, st in zip(sched, cu[:-1], cu[1:], starts):
+            ids[a:b] = s.request.token_ids[st : st + (b - a)]
+        seq_idx = np.repeat(np.arange(len(sched)), qlens)
+        positions = np.arange(num_tokens) - cu[:-1][seq_idx] + starts[seq_idx]
+        max_blocks = max(len(s.block_ids) for s in sched)
+        table = np.zeros((len(sched), max_blocks), dtype=np.int32)
+        for i, s in enumerate(sched):
+            table[i, : len(s.block_ids)] = s.block_ids
+        slots = table[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
+        sampling = [i for i, s in enumerate(sched) if s.samples]
+        logits_idx = cu[1:][sampling] - 1
+
+        dev = self.device
+        meta = AttentionMetadata(
+            num_seqs=len(sched),
+            num_decodes=out.num_decodes,
+            num_tokens=num_tokens,
+            max_query_len=int(qlens.max()),
+            max_seq_len=int(seq_lens.max()),
+            query_start_loc=torch.from_numpy(cu.astype(np.int32)).to(dev),
+            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
+            block_tables=torch.from_numpy(table).to(dev),
+            slot_mapping=torch.from_numpy(slots).to(dev),
+            block_size=bs,
+            query_lens_host=qlens.tolist(),
+            seq_lens_host=seq_lens.tolist(),
+        )
+        self.backend.prepare(meta)
+        logits = self.model.forward(
+            torch.from_numpy(ids).to(dev),
+            torch.from_numpy(positions).to(dev),
+            self.kv_caches,
+            meta,
+            torch.from_numpy(logits_idx).to(dev),
+        )
+        reqs = [sched[i].request for i in sampling]
+        if not reqs:
+            return ModelRunnerOutput([], [], [])
+        return self._sample(logits, reqs)
+
+    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> ModelRunnerOutput:
+        for r in reqs:
+            if r.params.seed is not None and r.generator is None:
+                r.generator = torch.Generator(device=self.device).manual_seed(r.params.seed)
+        batch = SamplingBatch.build(reqs, logits.shape[-1], self.device)
+        so = sample(logits, batch)
+        token_ids = so.token_ids.tolist()  # the step's one device→host sync
+        if so.logprobs is None:
+            return ModelRunnerOutput(reqs, token_ids, [None] * len(reqs))
+        chosen = so.logprobs.tolist()
+        top_ids = so.top_ids.tolist() if so.top_ids is not None else [[] for _ in reqs]
+        top_lps = so.top_logprobs.tolist() if so.top_logprobs is not None else [[] for _ in reqs]
+        lps: list[TokenLogprob | None] = []
+        for r, t, c, ti, tl in zip(reqs, token_ids, chosen, top_ids, top_lps):
+            k = r.params.logprobs
+            lps.append(None if k is None else TokenLogprob(t, c, list(zip(ti[:k], tl[:k]))))
+        return ModelRunnerOutput(reqs, token_ids, lps)
