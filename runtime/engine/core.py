@@ -143,11 +143,11 @@ class EngineCore:
             if req.first_token_time is None:
                 req.first_token_time = now
             detok = self._detok[req.request_id]
-            stopped_on_token = req.check_stop_token()
-            if not (stopped_on_token and req.status == RequestStatus.FINISHED_STOPPED):
-                if detok.add_tokens([tok]) is not None:
-                    req.status = RequestStatus.FINISHED_STOPPED
-                    req.stop_reason = detok.stop_string
+            req.check_stop_token()
+            # a stop/EOS token adds no text; any other token may complete a stop string
+            if req.status != RequestStatus.FINISHED_STOPPED and detok.add_tokens([tok]) is not None:
+                req.status = RequestStatus.FINISHED_STOPPED
+                req.stop_reason = detok.stop_string
             outputs.append(self._emit(req, [tok], [lp] if lp is not None else []))
         return outputs
 

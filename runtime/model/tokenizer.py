@@ -109,9 +109,9 @@ class Tokenizer:
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids; special tokens written in the text (e.g. ``<|im_start|>``) stay whole."""
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
-            if not ids or ids[0] != self.bos_token_id:
-                ids = [self.bos_token_id, *ids]
+        bos = self.bos_token_id
+        if add_special_tokens and self.add_bos_token and bos is not None and ids[:1] != [bos]:
+            ids = [bos, *ids]
         return ids
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
