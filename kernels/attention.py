@@ -1,0 +1,136 @@
+"""``paged_attention``: the launcher the runtime calls, choosing between the two kernels.
+
+* Mixed batches (decodes and prefill chunks) run in one launch of the unified kernel.
+* Decodes switch to the split-KV kernel when ``choose_num_splits`` (batch size × KV heads vs.
+  SMs, and the longest context) asks for more than one segment; any prefill sequences of the same
+  batch then run in a second, unified launch that starts after the decodes.
+* A decode-only batch that needs no split uses the split-KV kernel with one segment: it has no
+  sequence search and no causal mask, so it is the leaner of the two for one query token.
+
+Everything is decided from shapes and host ints, so the launcher can be captured in CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+from pagoda.kernels._common import check_device
+from pagoda.kernels.config import get_kernel_config, num_sms
+from pagoda.kernels.decode_attention import choose_num_splits, launch_decode_attention
+from pagoda.kernels.unified_attention import launch_unified_attention
+
+
+def _validate(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"expected q [T, H, D] and caches [blocks, block_size, Hkv, D]; got {tuple(q.shape)}, "
+            f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
+        )
+    if q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[2]:
+        raise ValueError(f"q {tuple(q.shape)} does not fit cache {tuple(k_cache.shape)}")
+    if out.shape != q.shape or out.dtype != q.dtype:
+        raise ValueError(f"out must match q: {tuple(out.shape)}/{out.dtype} vs {tuple(q.shape)}")
+    if not q.dtype == k_cache.dtype == v_cache.dtype:
+        raise ValueError(f"q/k_cache/v_cache dtypes differ: {q.dtype}, {k_cache.dtype}")
+    if q.stride(2) != 1 or out.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+        raise ValueError("the head dimension of q, out and the caches must be contiguous")
+    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if t.dtype != torch.int32:
+            raise ValueError(f"{name} must be int32, got {t.dtype}")
+    if query_start_loc.dtype != torch.int32 or query_start_loc.shape[0] != seq_lens.shape[0] + 1:
+        raise ValueError("query_start_loc must be int32 [num_seqs + 1]")
+    if block_tables.shape[0] != seq_lens.shape[0] or block_tables.stride(1) != 1:
+        raise ValueError("block_tables must be [num_seqs, max_blocks] with contiguous rows")
+
+
+def paged_attention(
+    *,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+    num_decodes: int | None = None,
+    num_kv_splits: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of a ragged batch against a paged KV cache.
+
+    Shapes: ``q``/``out`` ``[T, H, D]`` (head dim contiguous); caches
+    ``[num_blocks, block_size, Hkv, D]``; ``block_tables`` int32 ``[B, max_blocks]``;
+    ``seq_lens`` int32 ``[B]`` (context including the new tokens); ``query_start_loc`` int32
+    ``[B + 1]``. The first ``num_decodes`` sequences have one query token each (``None``: all of
+    them when ``max_query_len == 1``, else none). ``max_seq_len`` only chooses the split count,
+    so an upper bound is fine (e.g. under CUDA graphs). ``num_kv_splits`` (a power of two)
+    overrides the rule, for tests and benchmarks. Returns ``out``.
+    """
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    _validate(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out)
+    device = check_device(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out)
+    num_seqs = seq_lens.shape[0]
+    if num_seqs == 0 or q.shape[0] == 0:
+        return out
+    if num_decodes is None:
+        num_decodes = num_seqs if max_query_len == 1 else 0
+    if not 0 <= num_decodes <= num_seqs:
+        raise ValueError(f"num_decodes={num_decodes} outside [0, {num_seqs}]")
+    head_dim = q.shape[2]
+
+    first_seq = 0
+    if num_decodes > 0:
+        shape = {"head_dim": head_dim, "num_seqs": num_decodes, "max_seq_len": max_seq_len}
+        cfg = get_kernel_config("decode_attention", shape, device)
+        if num_kv_splits is not None:
+            if num_kv_splits < 1 or num_kv_splits & (num_kv_splits - 1):
+                raise ValueError(f"num_kv_splits must be a power of two, got {num_kv_splits}")
+            splits = num_kv_splits
+        else:
+            splits = choose_num_splits(
+                num_decodes=num_decodes,
+                num_kv_heads=k_cache.shape[2],
+                max_seq_len=max_seq_len,
+                num_sms=num_sms(device),
+                config=cfg,
+            )
+        if splits > 1 or num_decodes == num_seqs:
+            launch_decode_attention(
+                q=q,
+                k_cache=k_cache,
+                v_cache=v_cache,
+                block_tables=block_tables,
+                seq_lens=seq_lens,
+                scale=scale,
+                out=out,
+                num_decodes=num_decodes,
+                num_splits=splits,
+                config=cfg,
+            )
+            first_seq = num_decodes
+    if first_seq < num_seqs:
+        shape = {"head_dim": head_dim, "max_query_len": max_query_len}
+        launch_unified_attention(
+            q=q,
+            k_cache=k_cache,
+            v_cache=v_cache,
+            block_tables=block_tables,
+            seq_lens=seq_lens,
+            query_start_loc=query_start_loc,
+            scale=scale,
+            out=out,
+            first_seq=first_seq,
+            first_token=first_seq,  # decodes have exactly one token each
+            config=get_kernel_config("paged_attention", shape, device),
+        )
+    return out

@@ -1,0 +1,93 @@
+"""Triton helpers shared by the unified (prefill+decode) and the split-KV decode kernels.
+
+Scores are kept in log2 units (the softmax scale is pre-multiplied by log2(e)) so the inner loop
+uses ``exp2``, which maps to one hardware instruction.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from pagoda.kernels._common import interpreter_enabled
+
+LOG2E = 1.0 / math.log(2.0)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """How :func:`mma` multiplies: fp32 caches get exact products ("ieee"), half types use
+    tensor cores either way ("tf32" is Triton's default). Triton 3.9's interpreter multiplies
+    bfloat16 as raw uint16 bits, so there bf16 operands are widened first ("upcast"): exact,
+    since every bf16 value is an fp32 value and products accumulate in fp32 anyway."""
+    if dtype == torch.float32:
+        return "ieee"
+    if dtype == torch.bfloat16 and interpreter_enabled():
+        return "upcast"
+    return "tf32"
+
+
+@triton.jit
+def mma(a, b, DOT_PRECISION: tl.constexpr):
+    """``tl.dot`` with an fp32 result, per :func:`dot_precision`."""
+    if DOT_PRECISION == "upcast":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def load_kv_tile(
+    k_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    v_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    block_table_row_ptr,  # [max_blocks_per_seq] int32, this sequence's row
+    kv_pos,  # [TILE] absolute token positions in the sequence
+    kv_mask,  # [TILE] positions that exist
+    kv_head,  # scalar KV head index
+    offs_d,  # [HEAD_DIM_PADDED]
+    dim_mask,  # [HEAD_DIM_PADDED]
+    stride_k_blk,
+    stride_k_tok,
+    stride_k_head,
+    stride_v_blk,
+    stride_v_tok,
+    stride_v_head,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Gather one tile of keys (transposed, [D, TILE]) and values ([TILE, D]) via the block table."""
+    # Block ids are int32 in the table; widen before multiplying so large pools cannot overflow.
+    blk = tl.load(block_table_row_ptr + kv_pos // BLOCK_SIZE, mask=kv_mask, other=0).to(tl.int64)
+    in_blk = kv_pos % BLOCK_SIZE
+    k_off = blk * stride_k_blk + in_blk * stride_k_tok + kv_head * stride_k_head  # [TILE] int64
+    v_off = blk * stride_v_blk + in_blk * stride_v_tok + kv_head * stride_v_head  # [TILE] int64
+    k = tl.load(
+        k_cache_ptr + k_off[None, :] + offs_d[:, None],
+        mask=dim_mask[:, None] & kv_mask[None, :],
+        other=0.0,
+    )  # [HEAD_DIM_PADDED, TILE]
+    v = tl.load(
+        v_cache_ptr + v_off[:, None] + offs_d[None, :],
+        mask=kv_mask[:, None] & dim_mask[None, :],
+        other=0.0,
+    )  # [TILE, HEAD_DIM_PADDED]
+    return k, v
+
+
+@triton.jit
+def online_softmax_step(
+    s,  # [M, TILE] float32 scores in log2 units, -inf where masked
+    v,  # [TILE, HEAD_DIM_PADDED]
+    m_i,  # [M] running max
+    l_i,  # [M] running sum of exp2
+    acc,  # [M, HEAD_DIM_PADDED] float32 running numerator
+    DOT_PRECISION: tl.constexpr,
+):
+    """One flash-attention update; rows with nothing visible yet stay at m=-inf, l=0, acc=0."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_ref[:, None])
+    alpha = tl.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, DOT_PRECISION)
+    return m_new, l_i, acc

@@ -1,0 +1,132 @@
+"""Pure-PyTorch references with the launchers' signatures: the ground truth in the tests.
+
+Written for clarity, not speed (per-sequence loops, float32 maths). They never read cache blocks
+a sequence does not own, so they also work on huge, lazily-allocated pools in the tests.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def paged_attention(
+    *,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+    num_decodes: int | None = None,
+    num_kv_splits: int | None = None,
+) -> torch.Tensor:
+    """Causal attention by absolute position, gathered through the block tables (float32 maths)."""
+    del max_query_len, max_seq_len, num_decodes, num_kv_splits  # planning hints only
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = q.shape[1] // num_kv_heads
+    starts = query_start_loc.tolist()
+    for seq, seq_len in enumerate(seq_lens.tolist()):
+        lo, hi = starts[seq], starts[seq + 1]
+        if hi == lo:
+            continue
+        if seq_len == 0:
+            out[lo:hi] = 0
+            continue
+        n_blocks = -(-seq_len // block_size)
+        blocks = block_tables[seq, :n_blocks].long()
+        k = k_cache[blocks].reshape(-1, num_kv_heads, k_cache.shape[3])[:seq_len].float()
+        v = v_cache[blocks].reshape(-1, num_kv_heads, v_cache.shape[3])[:seq_len].float()
+        k = k.repeat_interleave(group, dim=1)  # [S, H, D]
+        v = v.repeat_interleave(group, dim=1)
+        qs = q[lo:hi].float()  # [L, H, D]
+        scores = torch.einsum("lhd,shd->hls", qs, k) * scale
+        q_pos = torch.arange(seq_len - (hi - lo), seq_len, device=q.device)
+        k_pos = torch.arange(seq_len, device=q.device)
+        scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[lo:hi] = torch.einsum("hls,shd->lhd", probs, v).to(out.dtype)
+    return out
+
+
+def write_kv_cache(
+    *,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """``cache[slot // block_size, slot % block_size] = row`` for every slot >= 0."""
+    block_size = k_cache.shape[1]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    blocks, offsets = slots // block_size, slots % block_size
+    k_cache[blocks, offsets] = k[keep].to(k_cache.dtype)
+    v_cache[blocks, offsets] = v[keep].to(v_cache.dtype)
+
+
+def rms_norm(
+    *,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    residual_out: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm in float32; with ``residual`` the sum is rounded to x's dtype before the norm."""
+    new_residual = None
+    if residual is not None:
+        new_residual = (x.float() + residual.float()).to(x.dtype)
+        x = new_residual
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
+    result = normed.to(x.dtype)
+    if out is not None:
+        out.copy_(result)
+        result = out
+    if new_residual is None:
+        return result
+    if residual_out is not None:
+        residual_out.copy_(new_residual)
+        new_residual = residual_out
+    return result, new_residual
+
+
+def rotary_embedding(
+    *,
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> None:
+    """In place on q/k: HF ``x*cos + rotate_half(x)*sin`` (NeoX) or interleaved pairs (GPT-J)."""
+    rot = cos_sin_cache.shape[-1]
+    cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)  # [T, rot/2] each
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    for x in (q, k):
+        xr = x[..., :rot].float()
+        if is_neox:
+            x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
+            rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        else:
+            x1, x2 = xr[..., 0::2], xr[..., 1::2]
+            rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+        x[..., :rot] = rotated.to(x.dtype)
+
+
+def silu_and_mul(*, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(x[:, :I]) * x[:, I:]`` in float32, cast back to x's dtype."""
+    inter = x.shape[-1] // 2
+    result = (torch.nn.functional.silu(x[:, :inter].float()) * x[:, inter:].float()).to(x.dtype)
+    if out is None:
+        return result
+    out.copy_(result)
+    return out

@@ -1,0 +1,181 @@
+"""paged_attention (unified and split-KV paths) against the torch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_testlib import TOL, make_batch, mixed_seqs
+from pagoda.kernels import reference
+
+# (dtype, head_dim, queries per KV head, block_size): every value of each axis appears,
+# including non-power-of-two head sizes (80, 96) and GQA ratios (3).
+CASES = [
+    (torch.float32, 64, 1, 16),
+    (torch.float16, 80, 3, 32),
+    (torch.bfloat16, 96, 4, 16),
+    (torch.float16, 128, 2, 32),
+    (torch.bfloat16, 64, 8, 32),
+    (torch.float32, 128, 3, 16),
+]
+# How the decodes are handled: one unified launch for the whole mixed batch, or split-KV with
+# 4 segments for the decodes plus a unified launch for the prefills. (The launcher's own rule
+# picks splits only for long contexts: see test_long_context.)
+PATHS = {
+    "one-launch": {"num_decodes": None},
+    "split4": {"num_kv_splits": 4},
+}
+
+
+def _ids(case: tuple) -> str:
+    dtype, d, g, bs = case
+    return f"{str(dtype).removeprefix('torch.')}-d{d}-gqa{g}-bs{bs}"
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_mixed_batch_matches_reference(device, case, path):
+    from pagoda.kernels import paged_attention
+
+    dtype, head_dim, group, block_size = case
+    kv_heads = 2
+    batch = make_batch(
+        mixed_seqs(block_size),
+        num_heads=kv_heads * group,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=dtype,
+        device=device,
+    )
+    args = batch.attention_args(scale=head_dim**-0.5)
+    kwargs = {"num_decodes": batch.num_decodes, **PATHS[path]}
+    expected = reference.paged_attention(**args)
+    got = paged_attention(**args, **kwargs)
+    torch.testing.assert_close(got, expected, **TOL[dtype])
+
+
+@pytest.mark.parametrize("splits", [1, 2, 8])
+def test_decode_only_batch(device, splits):
+    """All sequences decode; segments may be empty (seq_len 1 with 8 splits)."""
+    from pagoda.kernels import paged_attention
+
+    seqs = [(1, n) for n in (1, 16, 17, 40, 95, 200)]
+    batch = make_batch(
+        seqs,
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.float16,
+        device=device,
+    )
+    args = batch.attention_args(scale=0.125)
+    expected = reference.paged_attention(**args)
+    got = paged_attention(**args, num_kv_splits=splits)  # num_decodes inferred from max_query_len
+    torch.testing.assert_close(got, expected, **TOL[torch.float16])
+
+
+def test_long_context(device):
+    """> 1,000 tokens: a long decode (split and unsplit), a chunk deep into a long context, and a
+    1,030-token prefill from scratch; one KV head keeps the interpreter quick."""
+    from pagoda.kernels import paged_attention
+
+    seqs = [(1, 1300), (24, 1100), (1030, 1030)]
+    batch = make_batch(
+        seqs,
+        num_heads=1,
+        num_kv_heads=1,
+        head_dim=64,
+        block_size=32,
+        dtype=torch.float16,
+        device=device,
+    )
+    args = batch.attention_args(scale=0.125)
+    expected = reference.paged_attention(**args)
+    for splits in (None, 1, 8):  # None: the rule picks 4 here (1,300 tokens, 4 "SMs")
+        got = paged_attention(**args, num_decodes=1, num_kv_splits=splits)
+        torch.testing.assert_close(got, expected, **TOL[torch.float16])
+
+
+def test_block_ids_near_end_of_large_pool(device):
+    """Element offsets past 2**31: the pool is 1.1M blocks of 32×64 fp16 (4.5 GB each for K and
+    V, allocated lazily; only the used blocks at the very end are touched)."""
+    from pagoda.kernels import paged_attention, write_kv_cache
+
+    num_blocks = 1_100_000
+    if device.type == "cuda" and torch.cuda.mem_get_info()[0] < 12 * 2**30:
+        pytest.skip("needs ~10 GB of free GPU memory")
+    batch = make_batch(
+        [(1, 70), (1, 33), (5, 40)],
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=64,
+        block_size=32,
+        dtype=torch.float16,
+        device=device,
+        num_blocks=num_blocks,
+        blocks_at_end=True,
+        fill_new=False,
+    )
+    assert batch.k_cache.stride(0) * (num_blocks - 1) > 2**31
+    write_kv_cache(
+        k=batch.k_new,
+        v=batch.v_new,
+        k_cache=batch.k_cache,
+        v_cache=batch.v_cache,
+        slot_mapping=batch.slot_mapping,
+    )
+    flat_k = batch.k_cache.view(-1, 1, 64)
+    torch.testing.assert_close(flat_k[batch.slot_mapping], batch.k_new, rtol=0, atol=0)
+    args = batch.attention_args(scale=0.125)
+    expected = reference.paged_attention(**args)
+    for splits in (None, 2):
+        got = paged_attention(**args, num_decodes=2, num_kv_splits=splits)
+        torch.testing.assert_close(got, expected, **TOL[torch.float16])
+
+
+def test_padding_rows_are_zero_and_out_is_reused(device):
+    """CUDA-graph padding: sequences of length 0 give zeros (not NaN); ``out`` is filled in place."""
+    from pagoda.kernels import paged_attention
+
+    batch = make_batch(
+        [(1, 9), (1, 1), (1, 1)],
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.float16,
+        device=device,
+    )
+    batch.seq_lens[1:] = 0
+    out = torch.full_like(batch.q, float("nan"))
+    args = batch.attention_args(scale=0.125)
+    for splits in (1, 4):
+        out.fill_(float("nan"))
+        got = paged_attention(**args, out=out, num_kv_splits=splits)
+        assert got.data_ptr() == out.data_ptr()
+        assert torch.equal(out[1:], torch.zeros_like(out[1:]))
+        torch.testing.assert_close(
+            out[:1], reference.paged_attention(**args)[:1], **TOL[torch.float16]
+        )
+
+
+def test_rejects_bad_inputs(device):
+    from pagoda.kernels import paged_attention
+
+    batch = make_batch(
+        [(1, 4)],
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.float16,
+        device=device,
+    )
+    args = batch.attention_args(scale=0.125)
+    with pytest.raises(ValueError, match="int32"):
+        paged_attention(**{**args, "seq_lens": batch.seq_lens.long()})
+    with pytest.raises(ValueError, match="power of two"):
+        paged_attention(**args, num_kv_splits=3)
+    with pytest.raises(ValueError, match="dtypes differ"):
+        paged_attention(**{**args, "q": batch.q.float()}, out=None)
