@@ -47,7 +47,6 @@ class EngineCore:
         self.tokenizer = loaded.tokenizer
         limit = config.scheduler.max_model_len or loaded.config.max_position_embeddings
         self.runner = ModelRunner(config, loaded, limit)
-        loaded.weights.clear()  # the model holds its own packed copies
         bs = config.cache.block_size
         capacity = self.runner.num_blocks * bs
         if limit > capacity:

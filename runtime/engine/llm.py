@@ -9,6 +9,7 @@ from typing import Any
 from pagoda.runtime.config import DEFAULT_MODEL, EngineConfig
 from pagoda.runtime.engine.core import EngineCore
 from pagoda.runtime.engine.outputs import CompletionOutput, RequestOutput
+from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.sampling import SamplingParams
 
 PromptType = str | Sequence[int] | dict[str, Any]
@@ -19,9 +20,12 @@ class LLM:
     (e.g. ``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``, ``enable_prefix_caching``,
     ``enable_chunked_prefill``, ``dtype``, ``kv_cache_memory``, ``max_model_len``)."""
 
-    def __init__(self, model: str = DEFAULT_MODEL, **engine_args: Any) -> None:
+    def __init__(
+        self, model: str = DEFAULT_MODEL, *, loaded: LoadedModel | None = None, **engine_args: Any
+    ) -> None:
+        """`loaded` reuses weights already in memory (tests, benchmarks) instead of reading `model`."""
         self.config = EngineConfig.create(model, **engine_args)
-        self.engine = EngineCore(self.config)
+        self.engine = EngineCore(self.config, loaded)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 

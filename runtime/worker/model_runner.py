@@ -8,6 +8,7 @@ is the sampled tokens (and their logprobs when asked), read back together at the
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +59,8 @@ class ModelRunner:
             ops=select_ops(self.device, self.backend.name),
             max_positions=max(max_model_len, mc.max_position_embeddings),
         )
+        # Debug/test hook: called with (requests, float32 logits) of every step that samples.
+        self.logits_observer: Callable[[list[Request], torch.Tensor], None] | None = None
         self.num_blocks = self._num_blocks()
         shape = (self.num_blocks, self.block_size, mc.num_kv_heads, mc.head_dim)
         self.kv_caches = [
@@ -143,6 +146,8 @@ class ModelRunner:
         reqs = [sched[i].request for i in sampling]
         if not reqs:
             return ModelRunnerOutput([], [], [])
+        if self.logits_observer is not None:
+            self.logits_observer(reqs, logits)
         return self._sample(logits, reqs)
 
     def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> ModelRunnerOutput:

@@ -40,7 +40,9 @@ def test_write_kv_cache(device, dtype, kv_heads, head_dim, block_size):
 
 @pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "residual"])
 @pytest.mark.parametrize(
-    ("dtype", "hidden"), [(torch.float32, 96), (torch.float16, 576), (torch.bfloat16, 1000)]
+    ("dtype", "hidden"),
+    [(torch.float32, 96), (torch.float16, 576), (torch.bfloat16, 1000)],
+    ids=["f32-96", "f16-576", "bf16-1000"],
 )
 def test_rms_norm(device, dtype, hidden, with_residual):
     from pagoda.kernels import rms_norm
@@ -101,7 +103,8 @@ def test_rotary_embedding(device, dtype, is_neox, head_dim, rotary_dim):
         positions=positions, q=exp_q, k=exp_k, cos_sin_cache=cos_sin, is_neox=is_neox
     )
     untouched_v = qkv[:, 4].clone()
-    rotary_embedding(positions=positions, q=q, k=k, cos_sin_cache=cos_sin, is_neox=is_neox)
+    got = rotary_embedding(positions=positions, q=q, k=k, cos_sin_cache=cos_sin, is_neox=is_neox)
+    assert got[0] is q and got[1] is k
     torch.testing.assert_close(q, exp_q, **TOL[dtype])
     torch.testing.assert_close(k, exp_k, **TOL[dtype])
     assert torch.equal(qkv[:, 4], untouched_v)
@@ -110,7 +113,9 @@ def test_rotary_embedding(device, dtype, is_neox, head_dim, rotary_dim):
 
 
 @pytest.mark.parametrize(
-    ("dtype", "inter"), [(torch.float32, 100), (torch.float16, 1536), (torch.bfloat16, 64)]
+    ("dtype", "inter"),
+    [(torch.float32, 100), (torch.float16, 1536), (torch.bfloat16, 64)],
+    ids=["f32-100", "f16-1536", "bf16-64"],
 )
 def test_silu_and_mul(device, dtype, inter):
     from pagoda.kernels import silu_and_mul

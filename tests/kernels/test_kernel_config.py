@@ -1,0 +1,132 @@
+"""Launch-config lookup (nearest bucket, device files, defaults), saving, and the split rule."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pagoda.kernels import config as kc
+from pagoda.kernels.config import (
+    PACKAGE_CONFIG_DIR,
+    clear_config_cache,
+    config_file_name,
+    get_kernel_config,
+    save_kernel_config,
+)
+
+REQUIRED = {
+    "paged_attention": {"BLOCK_M", "TILE_SIZE", "num_warps", "num_stages"},
+    "decode_attention": {
+        "TILE_SIZE",
+        "num_warps",
+        "num_stages",
+        "waves",
+        "min_tokens_per_split",
+        "max_splits",
+    },
+    "write_kv_cache": {"num_warps"},
+    "rms_norm": {"num_warps"},
+    "rotary_embedding": {"num_warps"},
+    "silu_and_mul": {"BLOCK", "num_warps"},
+}
+
+
+@pytest.fixture
+def tuned_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(kc.CONFIG_DIR_ENV, str(tmp_path))
+    clear_config_cache()
+    yield tmp_path
+    clear_config_cache()
+
+
+def test_packaged_files_are_complete():
+    files = sorted(PACKAGE_CONFIG_DIR.glob("*.json"))
+    assert PACKAGE_CONFIG_DIR / "default.json" in files
+    default = json.loads((PACKAGE_CONFIG_DIR / "default.json").read_text())
+    assert set(default["kernels"]) == set(REQUIRED)
+    for path in files:
+        data = json.loads(path.read_text())
+        assert path.name == config_file_name(data["device"])
+        for kernel, buckets in data["kernels"].items():
+            for bucket in buckets:
+                assert bucket["shape"] and all(v > 0 for v in bucket["shape"].values())
+                if path.name == "default.json":  # tuned files may override a subset
+                    assert REQUIRED[kernel] <= set(bucket["config"]), (path.name, kernel)
+
+
+def test_file_name_from_device_name():
+    assert config_file_name("NVIDIA H200") == "NVIDIA_H200.json"
+    assert config_file_name("NVIDIA A100-SXM4-80GB") == "NVIDIA_A100-SXM4-80GB.json"
+
+
+def test_nearest_bucket_wins():
+    short = get_kernel_config("paged_attention", {"head_dim": 128, "max_query_len": 1})
+    mid = get_kernel_config("paged_attention", {"head_dim": 128, "max_query_len": 48})
+    long = get_kernel_config("paged_attention", {"head_dim": 80, "max_query_len": 300})
+    assert (short["BLOCK_M"], mid["BLOCK_M"], long["BLOCK_M"]) == (16, 32, 64)
+
+
+def test_unknown_device_uses_defaults():
+    shape = {"head_dim": 64, "max_query_len": 7}
+    assert get_kernel_config("paged_attention", shape, "Some Future GPU") == get_kernel_config(
+        "paged_attention", shape, "default"
+    )
+
+
+def test_packaged_device_file_overrides_defaults():
+    h200 = get_kernel_config(
+        "decode_attention", {"head_dim": 128, "num_seqs": 64, "max_seq_len": 4096}, "NVIDIA H200"
+    )
+    assert REQUIRED["decode_attention"] <= set(h200)
+
+
+def test_saved_config_is_found_and_merged(tuned_dir):
+    shape = {"head_dim": 128, "max_query_len": 1}
+    path = save_kernel_config(
+        "paged_attention", shape, {"TILE_SIZE": 64}, device="Test GPU", source="unit test"
+    )
+    assert path == tuned_dir / "Test_GPU.json"
+    cfg = get_kernel_config("paged_attention", shape, "Test GPU")
+    assert cfg["TILE_SIZE"] == 64 and cfg["BLOCK_M"] == 16  # the rest comes from default.json
+    # replacing the same bucket keeps one entry; other kernels fall back to the defaults
+    save_kernel_config("paged_attention", shape, {"TILE_SIZE": 16}, device="Test GPU")
+    data = json.loads(path.read_text())
+    assert len(data["kernels"]["paged_attention"]) == 1 and data["source"] == "unit test"
+    assert get_kernel_config("paged_attention", shape, "Test GPU")["TILE_SIZE"] == 16
+    assert get_kernel_config("rms_norm", {"hidden": 576}, "Test GPU") == get_kernel_config(
+        "rms_norm", {"hidden": 576}
+    )
+
+
+def test_unknown_kernel_is_an_error():
+    with pytest.raises(KeyError, match="no default"):
+        get_kernel_config("no_such_kernel", {"x": 1})
+
+
+def test_split_rule():
+    from pagoda.kernels.decode_attention import choose_num_splits
+
+    cfg = {"waves": 2, "min_tokens_per_split": 256, "max_splits": 16}
+
+    def splits(batch: int, ctx: int, kv_heads: int = 8) -> int:
+        return choose_num_splits(
+            num_decodes=batch, num_kv_heads=kv_heads, max_seq_len=ctx, num_sms=132, config=cfg
+        )
+
+    assert splits(1, 32768) == 16  # one long sequence: as many segments as allowed
+    assert splits(1, 512) == 2  # short context: segments stay >= 256 tokens
+    assert splits(1, 200) == 1
+    assert splits(16, 4096) == 2  # 128 programs already; two waves need 2 segments
+    assert splits(64, 4096) == 1  # 512 programs fill an H200 twice over
+    assert splits(256, 32768) == 1
+    assert splits(0, 32768) == 1
+    assert (
+        choose_num_splits(
+            num_decodes=1,
+            num_kv_heads=8,
+            max_seq_len=32768,
+            num_sms=132,
+            config={**cfg, "num_splits": 4},
+        )
+        == 4
+    )  # a tuned value wins, still bounded by the context length

@@ -1,0 +1,69 @@
+"""Fixtures for runtime tests: the embedded model loaded once, and the Hugging Face oracle."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from pagoda.runtime.model.loader import LoadedModel, load_model
+
+# A few paragraphs of plain English, cut to exact token lengths by the tests.
+CORPUS = """\
+The history of computing is a story of abstraction. Early machines were programmed by rewiring
+panels; later, stored programs let the same hardware run any algorithm that could be written
+down. Assemblers gave names to instructions, compilers gave names to whole computations, and
+operating systems gave every program the illusion of a machine of its own. Virtual memory is one
+of the most successful of these illusions: each process sees a large, contiguous address space,
+while the hardware maps fixed-size pages of it onto whatever physical frames happen to be free.
+Serving large language models borrowed the same idea. The attention keys and values of every
+sequence are stored in fixed-size blocks, and a block table maps the logical positions of a
+sequence to physical blocks, so memory is allocated on demand and almost nothing is wasted.
+Because many requests begin with the same system prompt, blocks that hold identical prefixes can
+be shared, and a new request can skip computing a prefix that another request already computed.
+Scheduling then becomes a matter of bookkeeping: at every iteration the scheduler decides which
+sequences advance and by how many tokens, so that short decodes are never stuck behind a long
+prompt. Rivers carve valleys over millions of years, carrying sediment from mountains to the sea.
+In the delta the water slows, the sediment settles, and new land is built grain by grain. Farmers
+have cultivated such deltas for thousands of years, because the soil is rich and water is close.
+The same floods that bring fertility also bring danger, and so the people of the delta learned
+to build levees, to read the sky, and to move their houses when the river changed its course.
+"""
+
+
+@pytest.fixture(scope="session")
+def smol() -> LoadedModel:
+    return load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def corpus_ids(smol) -> list[int]:
+    ids = smol.tokenizer.encode(CORPUS)
+    while len(ids) < 2000:
+        ids = ids + ids
+    return ids
+
+
+@pytest.fixture(scope="session")
+def hf_model(smol):
+    """transformers loading the same GGUF in float32: the correctness oracle."""
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(smol.path), gguf_file=os.path.basename(smol.path), dtype=torch.float32
+    )
+    model.eval()
+    return model
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy decoding with an explicit KV-cache loop (no EOS handling): tokens and logits."""
+    tokens, logits = [], []
+    with torch.no_grad():
+        out = model(torch.tensor([prompt]), use_cache=True)
+        for _ in range(n):
+            step = out.logits[0, -1].float()
+            logits.append(step)
+            tok = int(step.argmax())
+            tokens.append(tok)
+            out = model(torch.tensor([[tok]]), past_key_values=out.past_key_values, use_cache=True)
+    return tokens, logits
