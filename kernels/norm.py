@@ -1,7 +1,8 @@
 """Fused RMSNorm, optionally with the residual add in front (vLLM ``fused_add_rms_norm``).
 
 One program per row; the whole row sits in registers, so the residual add, the sum of squares
-and the scaling read the input once. Sums are float32 whatever the storage dtype.
+and the scaling read the input once. Sums are float32 whatever the storage dtype; rounding
+follows Hugging Face Llama (normalise, round, then multiply by the weight).
 """
 
 from __future__ import annotations
@@ -40,9 +41,13 @@ def _rms_norm_kernel(
         tl.store(new_residual_ptr + row * stride_new_res + offs, summed, mask=mask)
         x = summed.to(tl.float32)
     inv_rms = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
+    # As Hugging Face Llama: round the normalised row to the storage dtype, then scale by the
+    # weight. A product of two 16-bit floats is exact in fp32, so rounding once at the store
+    # equals a native 16-bit multiply (and the interpreter, which lacks bf16 maths, agrees).
+    normed = (x * inv_rms).to(out_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(
-        out_ptr + row * stride_out + offs, (x * inv_rms * w).to(out_ptr.dtype.element_ty), mask=mask
+        out_ptr + row * stride_out + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask
     )
 
 
@@ -55,7 +60,7 @@ def rms_norm(
     out: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """``x * rsqrt(mean(x²) + eps) * weight`` over the last dim of ``x`` ``[T, N]``.
+    """``(x * rsqrt(mean(x²) + eps)).to(dtype) * weight`` over the last dim of ``x`` ``[T, N]``.
 
     With ``residual`` (``[T, N]``): ``new_residual = x + residual`` (stored in x's dtype) and
     ``out = rms_norm(new_residual)``; returns ``(out, new_residual)``. ``out``/``residual_out``

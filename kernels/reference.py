@@ -80,14 +80,15 @@ def rms_norm(
     out: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm in float32; with ``residual`` the sum is rounded to x's dtype before the norm."""
+    """RMSNorm in float32, rounded to x's dtype before the weight (as HF Llama); with
+    ``residual`` the sum is rounded to x's dtype before the norm."""
     new_residual = None
     if residual is not None:
         new_residual = (x.float() + residual.float()).to(x.dtype)
         x = new_residual
     xf = x.float()
-    normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
-    result = normed.to(x.dtype)
+    result = (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)
+    result = (result.float() * weight.float()).to(x.dtype)  # exact product, rounded once
     if out is not None:
         out.copy_(result)
         result = out
@@ -106,8 +107,8 @@ def rotary_embedding(
     k: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
-) -> None:
-    """In place on q/k: HF ``x*cos + rotate_half(x)*sin`` (NeoX) or interleaved pairs (GPT-J)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """In place on q/k (also returned): HF ``x*cos + rotate_half(x)*sin`` (NeoX) or interleaved pairs (GPT-J)."""
     rot = cos_sin_cache.shape[-1]
     cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)  # [T, rot/2] each
     cos, sin = cos[:, None, :], sin[:, None, :]
@@ -120,6 +121,7 @@ def rotary_embedding(
             x1, x2 = xr[..., 0::2], xr[..., 1::2]
             rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
         x[..., :rot] = rotated.to(x.dtype)
+    return q, k
 
 
 def silu_and_mul(*, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -102,8 +102,9 @@ def rotary_embedding(
     k: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
-) -> None:
-    """Rotate ``q`` ``[T, H, D]`` and ``k`` ``[T, Hkv, D]`` in place by ``positions`` ``[T]``.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate ``q`` ``[T, H, D]`` and ``k`` ``[T, Hkv, D]`` in place by ``positions`` ``[T]``;
+    returns ``(q, k)`` for callers that chain (the model's torch op does).
 
     ``cos_sin_cache`` is ``[max_pos, rotary_dim]`` with ``rotary_dim <= D`` (even); the caller
     guarantees positions < max_pos (no device-side check: that would need a sync to report).
@@ -122,7 +123,7 @@ def rotary_embedding(
     check_device(positions, q, k, cos_sin_cache)
     num_tokens, num_heads, _ = q.shape
     if num_tokens == 0:
-        return
+        return q, k
     half = rotary_dim // 2
     cfg = get_kernel_config(
         "rotary_embedding", {"heads": num_heads, "rotary_dim": rotary_dim}, q.device
@@ -146,3 +147,4 @@ def rotary_embedding(
         IS_NEOX=bool(is_neox),
         num_warps=int(cfg["num_warps"]),
     )
+    return q, k

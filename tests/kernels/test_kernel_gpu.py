@@ -25,7 +25,7 @@ pytestmark = [
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, HIDDEN, INTER = 8, 2, 128, 16, 256, 512
 MAX_LEN = 2048  # the graph is captured for contexts up to this length
-NUM_BLOCKS = 4096
+NUM_BLOCKS = 128 * MAX_LEN // BLOCK_SIZE  # enough for the largest batch's tables
 
 
 @dataclass
@@ -141,10 +141,8 @@ def test_decode_step_never_syncs(batch):
 
     step = DecodeStep(batch)
     want = _expected(step, seed=1)
-    step.run(kernels)  # compile outside the check; compilation is host work
-    step.refill(1)
-    for name in ("k_cache", "v_cache"):  # undo the warm-up's cache writes
-        getattr(step, name).copy_(want[-2 if name == "k_cache" else -1])
+    step.run(kernels)  # compile outside the check (compilation is host work) ...
+    step.refill(1)  # ... then restore the step's inputs; rewriting the same slots is harmless
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

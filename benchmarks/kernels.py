@@ -1,0 +1,314 @@
+"""Attention kernel benchmark on a CUDA device: achieved bandwidth and speed against SDPA.
+
+Decode: ``paged_attention`` for batch × context (default 1/16/64/256 × 512/4k/32k) with K/V
+scattered over a paged cache, against ``torch.nn.functional.scaled_dot_product_attention`` on
+contiguous K/V of the same shapes. Bandwidth = bytes of K/V read + q + out, over the time.
+Prefill: a from-scratch causal prefill and a chunk on top of cached context.
+
+    python benchmarks/kernels.py                  # Llama-3-8B attention shapes, bf16
+    python benchmarks/kernels.py --output table.md
+
+Prints a markdown table (paste into docs/benchmarks.md with the device name). Exits with a
+message on machines without CUDA: the CPU interpreter checks correctness, not speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+# Peak HBM bandwidth in TB/s by device-name fragment (vendor data sheets); --peak-tbps overrides.
+PEAK_TBPS = {
+    "H200": 4.8,
+    "H100 NVL": 3.9,
+    "H100 PCIe": 2.0,
+    "H100": 3.35,
+    "GH200": 4.0,
+    "A100-SXM4-80GB": 2.039,
+    "A100 80GB PCIe": 1.935,
+    "A100": 1.555,
+    "L40S": 0.864,
+    "L4": 0.3,
+    "A10G": 0.6,
+    "RTX 4090": 1.008,
+}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass
+class Row:
+    case: str
+    batch: int
+    new_tokens: int
+    context: int
+    splits: str
+    triton_us: float
+    gbps: float
+    tflops: float
+    sdpa_us: float | None
+    max_err: float | None
+
+
+def peak_tbps(name: str, override: float | None) -> float | None:
+    if override:
+        return override
+    for fragment, tbps in PEAK_TBPS.items():  # dict order: specific names first
+        if fragment in name:
+            return tbps
+    return None
+
+
+def bench_us(fn) -> float:
+    """Median time in µs; do_bench flushes L2 between runs, so small cases hit HBM too."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3
+
+
+def make_paged(
+    batch: int, ctx: int, args: argparse.Namespace, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Contiguous K/V ``[B, Hkv, ctx, D]`` and the same data scattered over shuffled pages."""
+    bs, hkv, d = args.block_size, args.kv_heads, args.head_dim
+    per_seq = math.ceil(ctx / bs)
+    num_blocks = batch * per_seq
+    k = torch.randn((batch, hkv, ctx, d), device="cuda", dtype=dtype)
+    v = torch.randn_like(k)
+    table = torch.randperm(num_blocks, device="cuda").view(batch, per_seq).to(torch.int32)
+    k_cache = torch.zeros((num_blocks, bs, hkv, d), device="cuda", dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    pad = per_seq * bs - ctx
+    for b in range(batch):  # one sequence at a time keeps temporaries small
+        for src, dst in ((k, k_cache), (v, v_cache)):
+            rows = F.pad(src[b].transpose(0, 1), (0, 0, 0, 0, 0, pad))  # [per_seq*bs, Hkv, D]
+            dst[table[b].long()] = rows.reshape(per_seq, bs, hkv, d)
+    return k, v, k_cache, v_cache, table
+
+
+def fits(batch: int, ctx: int, args: argparse.Namespace, dtype: torch.dtype) -> bool:
+    kv = 2 * batch * ctx * args.kv_heads * args.head_dim * dtype.itemsize
+    return 2.2 * kv < torch.cuda.mem_get_info()[0]  # paged + contiguous copies + headroom
+
+
+def decode_row(batch: int, ctx: int, args: argparse.Namespace, dtype: torch.dtype) -> Row:
+    from pagoda.kernels import paged_attention
+    from pagoda.kernels.config import get_kernel_config, num_sms
+    from pagoda.kernels.decode_attention import choose_num_splits
+
+    h, d = args.heads, args.head_dim
+    k, v, k_cache, v_cache, table = make_paged(batch, ctx, args, dtype)
+    q = torch.randn((batch, h, d), device="cuda", dtype=dtype)
+    out = torch.empty_like(q)
+    seq_lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
+    qsl = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
+    scale = d**-0.5
+
+    def run() -> None:
+        paged_attention(
+            q=q,
+            k_cache=k_cache,
+            v_cache=v_cache,
+            block_tables=table,
+            seq_lens=seq_lens,
+            query_start_loc=qsl,
+            max_query_len=1,
+            max_seq_len=ctx,
+            scale=scale,
+            out=out,
+            num_decodes=batch,
+        )
+
+    def sdpa() -> torch.Tensor:
+        return F.scaled_dot_product_attention(q[:, :, None, :], k, v, scale=scale, enable_gqa=True)
+
+    t = bench_us(run)
+    cfg = get_kernel_config(
+        "decode_attention", {"head_dim": d, "num_seqs": batch, "max_seq_len": ctx}, q.device
+    )
+    splits = choose_num_splits(
+        num_decodes=batch,
+        num_kv_heads=args.kv_heads,
+        max_seq_len=ctx,
+        num_sms=num_sms(q.device),
+        config=cfg,
+    )
+    bytes_moved = (k.numel() + v.numel() + q.numel() + out.numel()) * dtype.itemsize
+    flops = 4 * batch * h * ctx * d
+    sdpa_us, err = None, None
+    try:
+        sdpa_us = bench_us(sdpa)
+        run()
+        err = float((out.float() - sdpa()[:, :, 0].float()).abs().max())
+    except RuntimeError as exc:  # e.g. no SDPA kernel for this shape/dtype
+        print(f"  SDPA failed at batch {batch} ctx {ctx}: {exc}", file=sys.stderr)
+    return Row(
+        "decode",
+        batch,
+        1,
+        ctx,
+        str(splits),
+        t,
+        bytes_moved / t / 1e3,
+        flops / t / 1e6,
+        sdpa_us,
+        err,
+    )
+
+
+def prefill_row(
+    batch: int, new: int, ctx: int, args: argparse.Namespace, dtype: torch.dtype
+) -> Row:
+    """``batch`` sequences of ``new`` tokens on top of ``ctx - new`` cached ones."""
+    from pagoda.kernels import paged_attention
+
+    h, d = args.heads, args.head_dim
+    k, v, k_cache, v_cache, table = make_paged(batch, ctx, args, dtype)
+    q = torch.randn((batch * new, h, d), device="cuda", dtype=dtype)
+    out = torch.empty_like(q)
+    seq_lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
+    qsl = torch.arange(0, batch * new + 1, new, device="cuda", dtype=torch.int32)
+    scale = d**-0.5
+
+    def run() -> None:
+        paged_attention(
+            q=q,
+            k_cache=k_cache,
+            v_cache=v_cache,
+            block_tables=table,
+            seq_lens=seq_lens,
+            query_start_loc=qsl,
+            max_query_len=new,
+            max_seq_len=ctx,
+            scale=scale,
+            out=out,
+            num_decodes=0,
+        )
+
+    q4 = q.view(batch, new, h, d).transpose(1, 2)
+    if new == ctx:
+        mask = None
+    else:
+        from torch.nn.attention.bias import causal_lower_right
+
+        mask = causal_lower_right(new, ctx)
+
+    def sdpa() -> torch.Tensor:
+        if mask is None:
+            return F.scaled_dot_product_attention(
+                q4, k, v, is_causal=True, scale=scale, enable_gqa=True
+            )
+        return F.scaled_dot_product_attention(
+            q4, k, v, attn_mask=mask, scale=scale, enable_gqa=True
+        )
+
+    t = bench_us(run)
+    past = ctx - new
+    pairs = batch * (new * past + new * (new + 1) / 2)  # visible (query, key) pairs
+    flops = 4 * h * d * pairs
+    bytes_moved = (k.numel() + v.numel() + q.numel() + out.numel()) * dtype.itemsize
+    sdpa_us, err = None, None
+    try:
+        sdpa_us = bench_us(sdpa)
+        run()
+        ref = sdpa().transpose(1, 2).reshape(batch * new, h, d)
+        err = float((out.float() - ref.float()).abs().max())
+    except (RuntimeError, ValueError, NotImplementedError) as exc:
+        print(f"  SDPA failed for prefill {batch}x{new}/{ctx}: {exc}", file=sys.stderr)
+    case = "prefill" if new == ctx else "prefill chunk"
+    return Row(case, batch, new, ctx, "-", t, bytes_moved / t / 1e3, flops / t / 1e6, sdpa_us, err)
+
+
+def table(rows: list[Row], peak: float | None) -> str:
+    head = (
+        "| case | batch | new tokens | context | KV splits | Triton µs | GB/s | % of peak | "
+        "TFLOP/s | SDPA µs | SDPA time / Triton time | max abs diff vs SDPA |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    lines = [head]
+    for r in rows:
+        pct = f"{100 * r.gbps / (peak * 1e3):.0f}%" if peak else "n/a"
+        sdpa = f"{r.sdpa_us:.1f}" if r.sdpa_us is not None else "n/a"
+        ratio = f"{r.sdpa_us / r.triton_us:.2f}×" if r.sdpa_us is not None else "n/a"
+        err = f"{r.max_err:.1e}" if r.max_err is not None else "n/a"
+        lines.append(
+            f"| {r.case} | {r.batch} | {r.new_tokens} | {r.context} | {r.splits} | "
+            f"{r.triton_us:.1f} | {r.gbps:.0f} | {pct} | {r.tflops:.1f} | {sdpa} | {ratio} | {err} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--block-size", type=int, default=16, choices=(16, 32))
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--batches", default="1,16,64,256")
+    p.add_argument("--contexts", default="512,4096,32768")
+    p.add_argument(
+        "--prefill", default="4x2048,1x512/8192", help="BxNEW (from scratch) or BxNEW/CTX"
+    )
+    p.add_argument("--peak-tbps", type=float, default=None, help="peak HBM bandwidth override")
+    p.add_argument("--output", default=None, help="also write the markdown table here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print(
+            "benchmarks/kernels.py needs a CUDA GPU; none is visible here. Kernel correctness "
+            "on CPU: TRITON_INTERPRET=1 pytest tests/kernels",
+            file=sys.stderr,
+        )
+        return 2
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("0", ""):
+        print("unset TRITON_INTERPRET: the interpreter cannot be benchmarked", file=sys.stderr)
+        return 2
+    dtype = DTYPES[args.dtype]
+    name = torch.cuda.get_device_name()
+    peak = peak_tbps(name, args.peak_tbps)
+    torch.manual_seed(0)
+    rows: list[Row] = []
+    for batch in (int(x) for x in args.batches.split(",")):
+        for ctx in (int(x) for x in args.contexts.split(",")):
+            if not fits(batch, ctx, args, dtype):
+                print(
+                    f"  skip decode batch {batch} ctx {ctx}: not enough GPU memory", file=sys.stderr
+                )
+                continue
+            rows.append(decode_row(batch, ctx, args, dtype))
+            torch.cuda.empty_cache()
+    for spec in filter(None, args.prefill.split(",")):
+        b, rest = spec.split("x")
+        new, _, ctx = rest.partition("/")
+        rows.append(prefill_row(int(b), int(new), int(ctx or new), args, dtype))
+        torch.cuda.empty_cache()
+    header = (
+        f"Device: {name} (peak {peak} TB/s), torch {torch.__version__}, "
+        f"heads {args.heads}/{args.kv_heads} (q/kv), head dim {args.head_dim}, "
+        f"block size {args.block_size}, {args.dtype}"
+    )
+    text = header + "\n\n" + table(rows, peak)
+    target = next(
+        (r for r in rows if r.case == "decode" and (r.batch, r.context) == (64, 4096)), None
+    )
+    if target is not None and peak:
+        pct = 100 * target.gbps / (peak * 1e3)
+        text += f"\n\nDecode batch 64 × 4k: {pct:.0f}% of peak bandwidth (target ≥ 70%)."
+    print(text)
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
