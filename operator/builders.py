@@ -1,0 +1,378 @@
+"""Pure builders: an InferenceService (parsed spec + owner identity) → child manifests as dicts.
+
+No I/O here. Every child is adopted by its owner (`kopf.adopt`: owner reference, namespace,
+owner labels) and carries the standard `app.kubernetes.io/*` labels; selector labels are a fixed
+subset that never includes user labels, so they stay immutable for the Deployment's lifetime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from pagoda.operator.config import SERVER_PORT
+from pagoda.operator.spec import API_VERSION, KIND, InferenceServiceSpec, ModelRef
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+MANAGED_BY = "pagoda-operator"
+COMPONENT = "inference-server"
+CONFIG_HASH_ANNOTATION = "serving.pagoda.dev/config-hash"
+GPU_RESOURCE = "nvidia.com/gpu"
+CONTAINER_NAME = "server"
+CONFIG_MOUNT = "/etc/pagoda"
+PRESTOP_SLEEP_S = 5  # lets endpoints drop the pod before SIGTERM starts the drain
+PROBE_PERIOD_S = 10
+RUN_AS_ID = 1000
+
+# Maps inside a child that belong to the operator as a whole: keys missing from the desired
+# manifest are removed from the live object (a JSON merge patch alone would keep them).
+OWNED_MAPS: Mapping[str, tuple[tuple[str, ...], ...]] = {
+    "Deployment": (("spec", "template", "spec", "nodeSelector"),),
+    "ConfigMap": (("data",),),
+}
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Identity of the InferenceService that owns the children."""
+
+    name: str
+    namespace: str
+    uid: str
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Owner:
+        meta = body.get("metadata") or {}
+        return cls(
+            name=meta["name"],
+            namespace=meta["namespace"],
+            uid=meta["uid"],
+            labels=tuple(sorted((meta.get("labels") or {}).items())),
+        )
+
+    def as_body(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "uid": self.uid,
+                "labels": dict(self.labels),
+            },
+        }
+
+
+@dataclass(frozen=True)
+class Children:
+    """What should exist (`desired`) and what must not (`absent`: (kind, name) pairs)."""
+
+    desired: tuple[dict[str, Any], ...]
+    absent: tuple[tuple[str, str], ...]
+
+    def get(self, kind: str) -> dict[str, Any]:
+        return next(c for c in self.desired if c["kind"] == kind)
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    return {LABEL_NAME: "pagoda", LABEL_INSTANCE: name, LABEL_COMPONENT: COMPONENT}
+
+
+def standard_labels(name: str) -> dict[str, str]:
+    return {**selector_labels(name), LABEL_MANAGED_BY: MANAGED_BY, LABEL_PART_OF: "pagoda"}
+
+
+def config_map_name(name: str) -> str:
+    return f"{name}-config"
+
+
+def _meta(owner: Owner, kind: str, api_version: str, name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {
+            "name": name,
+            "namespace": owner.namespace,
+            "labels": standard_labels(owner.name),
+        },
+    }
+
+
+def _adopt(obj: dict[str, Any], owner: Owner) -> dict[str, Any]:
+    kopf.adopt(obj, owner=owner.as_body())  # type: ignore[arg-type]
+    return obj
+
+
+def server_args(spec: InferenceServiceSpec) -> list[str]:
+    """The full `pagoda serve` argument list for this spec."""
+    return [
+        "--model", spec.model.server_arg,
+        "--served-model-name", spec.served_model_name,
+        "--host", "0.0.0.0",
+        "--port", str(SERVER_PORT),
+        "--drain-timeout", str(spec.drain_timeout_seconds),
+        *spec.engine.server_args(),
+    ]  # fmt: skip
+
+
+def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """The effective engine configuration recorded in the ConfigMap (and hashed into the pods)."""
+    e = spec.engine
+    return {
+        "model": spec.model.uri,
+        "modelPath": spec.model.server_arg,
+        "servedModelName": spec.served_model_name,
+        "dtype": e.dtype,
+        "blockSize": e.block_size,
+        "enablePrefixCaching": e.enable_prefix_caching,
+        "enableChunkedPrefill": e.enable_chunked_prefill,
+        "attentionBackend": e.attention_backend,
+        "maxNumSeqs": e.max_num_seqs,
+        "maxNumBatchedTokens": e.max_num_batched_tokens,
+        "maxModelLen": e.max_model_len,
+        "maxQueueLen": e.max_queue_len,
+        "drainTimeoutSeconds": spec.drain_timeout_seconds,
+        "args": server_args(spec),
+    }
+
+
+def build_config_map(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
+    obj = _meta(owner, "ConfigMap", "v1", config_map_name(owner.name))
+    cfg = engine_config(spec)
+    obj["data"] = {
+        "engine.json": json.dumps(cfg, indent=2, sort_keys=True) + "\n",
+        "serve-args": shlex.join(["pagoda", "serve", *cfg["args"]]) + "\n",
+    }
+    return _adopt(obj, owner)
+
+
+def config_hash(config_map: Mapping[str, Any]) -> str:
+    """A short stable hash of a ConfigMap's data; put in the pod template to roll on change."""
+    raw = json.dumps(config_map.get("data") or {}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
+    r = spec.resources
+    requests: dict[str, Any] = {"cpu": r.cpu, "memory": r.memory}
+    limits: dict[str, Any] = {"memory": r.memory_limit or r.memory}
+    if r.cpu_limit:
+        limits["cpu"] = r.cpu_limit
+    if r.gpus:
+        requests[GPU_RESOURCE] = str(r.gpus)
+        limits[GPU_RESOURCE] = str(r.gpus)
+    return {"requests": requests, "limits": limits}
+
+
+def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    user = [dict(e) for e in spec.env]
+    names = {e["name"] for e in user}
+    defaults = [
+        # The root filesystem is read-only; caches go to the /tmp emptyDir.
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
+        {"name": "TRITON_CACHE_DIR", "value": "/tmp/.triton"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    env = [e for e in defaults if e["name"] not in names] + user
+    if spec.api_key_secret is not None:
+        ref = spec.api_key_secret
+        env.append(
+            {
+                "name": "PAGODA_API_KEY",
+                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+            }
+        )
+    return env
+
+
+def _probe(path: str, period: int, timeout: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+def _volumes(owner: Owner, model: ModelRef) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": config_map_name(owner.name)}},
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    if model.source == "pvc":
+        volumes.append(
+            {"name": "model", "persistentVolumeClaim": {"claimName": model.claim, "readOnly": True}}
+        )
+        mounts.append({"name": "model", "mountPath": ModelRef.MOUNT_ROOT, "readOnly": True})
+    return volumes, mounts
+
+
+def termination_grace_seconds(spec: InferenceServiceSpec) -> int:
+    """preStop sleep + the server's drain timeout + a margin for the process to exit."""
+    return PRESTOP_SLEEP_S + spec.drain_timeout_seconds + 10
+
+
+def build_deployment(
+    owner: Owner,
+    spec: InferenceServiceSpec,
+    *,
+    config_hash_value: str,
+    current_replicas: int | None = None,
+) -> dict[str, Any]:
+    obj = _meta(owner, "Deployment", "apps/v1", owner.name)
+    volumes, mounts = _volumes(owner, spec.model)
+    container = {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["pagoda", "serve"],
+        "args": server_args(spec),
+        "ports": [{"name": "http", "containerPort": SERVER_PORT, "protocol": "TCP"}],
+        "env": _env(spec),
+        "resources": _resources(spec),
+        "startupProbe": _probe(
+            "/health",
+            PROBE_PERIOD_S,
+            5,
+            max(1, math.ceil(spec.startup_timeout_seconds / PROBE_PERIOD_S)),
+        ),
+        "livenessProbe": _probe("/health", PROBE_PERIOD_S, 5, 3),
+        "readinessProbe": _probe("/ready", 5, 3, 3),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_S)]}}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": mounts,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    tolerations = [dict(t) for t in spec.tolerations]
+    if spec.resources.gpus and not any(t.get("key") == GPU_RESOURCE for t in tolerations):
+        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_ID,
+            "runAsGroup": RUN_AS_ID,
+            "fsGroup": RUN_AS_ID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    # GPUs are scarce: roll one replica down before the next comes up instead of surging.
+    rolling = (
+        {"maxSurge": 0, "maxUnavailable": 1}
+        if spec.resources.gpus
+        else {"maxSurge": 1, "maxUnavailable": 0}
+    )
+    obj["spec"] = {
+        "replicas": spec.desired_replicas(current_replicas),
+        "revisionHistoryLimit": 5,
+        "progressDeadlineSeconds": spec.startup_timeout_seconds + 300,
+        "selector": {"matchLabels": selector_labels(owner.name)},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
+        "template": {
+            "metadata": {
+                "labels": standard_labels(owner.name),
+                "annotations": {
+                    CONFIG_HASH_ANNOTATION: config_hash_value,
+                    "prometheus.io/scrape": "true",
+                    "prometheus.io/port": str(SERVER_PORT),
+                    "prometheus.io/path": "/metrics",
+                    "kubectl.kubernetes.io/default-container": CONTAINER_NAME,
+                },
+            },
+            "spec": pod_spec,
+        },
+    }
+    return _adopt(obj, owner)
+
+
+def build_service(owner: Owner) -> dict[str, Any]:
+    obj = _meta(owner, "Service", "v1", owner.name)
+    obj["spec"] = {
+        "type": "ClusterIP",
+        "selector": selector_labels(owner.name),
+        "ports": [{"name": "http", "port": SERVER_PORT, "targetPort": "http", "protocol": "TCP"}],
+    }
+    return _adopt(obj, owner)
+
+
+def build_pdb(owner: Owner) -> dict[str, Any]:
+    obj = _meta(owner, "PodDisruptionBudget", "policy/v1", owner.name)
+    obj["spec"] = {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(owner.name)}}
+    return _adopt(obj, owner)
+
+
+def build_service_monitor(owner: Owner) -> dict[str, Any]:
+    obj = _meta(owner, "ServiceMonitor", "monitoring.coreos.com/v1", owner.name)
+    obj["spec"] = {
+        "selector": {"matchLabels": selector_labels(owner.name)},
+        "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+    }
+    return _adopt(obj, owner)
+
+
+def wants_pdb(spec: InferenceServiceSpec) -> bool:
+    """A PDB only makes sense for a service meant to run more than one replica."""
+    return (spec.autoscaling.max_replicas if spec.autoscaling else spec.replicas) > 1
+
+
+def build_children(
+    owner: Owner,
+    spec: InferenceServiceSpec,
+    *,
+    current_replicas: int | None = None,
+    service_monitor: bool = False,
+) -> Children:
+    """Everything one InferenceService needs, in apply order (ConfigMap before the Deployment).
+
+    `service_monitor` says whether the monitoring.coreos.com API exists; without it there is
+    nothing to build or delete.
+    """
+    cm = build_config_map(owner, spec)
+    desired = [
+        cm,
+        build_deployment(
+            owner, spec, config_hash_value=config_hash(cm), current_replicas=current_replicas
+        ),
+        build_service(owner),
+    ]
+    absent: list[tuple[str, str]] = []
+    if wants_pdb(spec):
+        desired.append(build_pdb(owner))
+    else:
+        absent.append(("PodDisruptionBudget", owner.name))
+    if service_monitor:
+        desired.append(build_service_monitor(owner))
+    return Children(desired=tuple(desired), absent=tuple(absent))

@@ -1,0 +1,359 @@
+"""Every Kubernetes API call the operator makes (besides kopf's own watching/patching/events).
+
+A small asyncio REST client over aiohttp that logs in the way kopf does (service account, then
+kubeconfig). `API_PERMISSIONS` lists every (group, resource, verbs) the operator process needs,
+kopf's included, so the Helm chart's ClusterRole can be checked against it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import ssl
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import kopf
+from pagoda.operator.spec import GROUP, KIND, PLURAL, VERSION
+
+USER_AGENT = "pagoda-operator/0.1"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+@dataclass(frozen=True)
+class ResourceKind:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(
+        self, namespace: str | None = None, name: str | None = None, subresource: str | None = None
+    ) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        parts = (
+            [base, self.plural] + ([name] if name else []) + ([subresource] if subresource else [])
+        )
+        return "/".join(parts)
+
+
+RESOURCES: Mapping[str, ResourceKind] = {
+    KIND: ResourceKind(GROUP, VERSION, PLURAL, KIND),
+    "Deployment": ResourceKind("apps", "v1", "deployments", "Deployment"),
+    "Service": ResourceKind("", "v1", "services", "Service"),
+    "ConfigMap": ResourceKind("", "v1", "configmaps", "ConfigMap"),
+    "PodDisruptionBudget": ResourceKind(
+        "policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"
+    ),
+    "ServiceMonitor": ResourceKind(
+        "monitoring.coreos.com", "v1", "servicemonitors", "ServiceMonitor"
+    ),
+    "PersistentVolumeClaim": ResourceKind(
+        "", "v1", "persistentvolumeclaims", "PersistentVolumeClaim"
+    ),
+    "Node": ResourceKind("", "v1", "nodes", "Node", namespaced=False),
+}
+CHILD_KINDS = ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor")
+WATCHED_CHILD_KINDS = ("Deployment", "Service", "ConfigMap", "PodDisruptionBudget")
+
+
+@dataclass(frozen=True)
+class Permission:
+    group: str
+    resource: str
+    verbs: tuple[str, ...]
+    why: str
+
+
+_CHILD_VERBS = ("get", "list", "watch", "create", "patch")
+API_PERMISSIONS: tuple[Permission, ...] = (
+    Permission(
+        GROUP,
+        PLURAL,
+        ("get", "list", "watch", "patch"),
+        "kopf watches CRs, stores progress annotations",
+    ),
+    Permission(GROUP, f"{PLURAL}/status", ("get", "patch"), "conditions, replicas, url"),
+    Permission("", "events", ("create",), "Degraded/Reconciled events; kopf's handler failures"),
+    Permission(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        ("list", "watch"),
+        "kopf resource scanning",
+    ),
+    Permission("", "namespaces", ("list", "watch"), "kopf, only with namespace glob patterns"),
+    Permission("apps", "deployments", _CHILD_VERBS, "the model server"),
+    Permission("", "services", _CHILD_VERBS, "ClusterIP in front of the pods"),
+    Permission("", "configmaps", _CHILD_VERBS, "engine configuration"),
+    Permission(
+        "policy", "poddisruptionbudgets", (*_CHILD_VERBS, "delete"), "when more than one replica"
+    ),
+    Permission(
+        "monitoring.coreos.com",
+        "servicemonitors",
+        ("get", "create", "patch", "delete"),
+        "if the CRD exists",
+    ),
+    Permission("", "persistentvolumeclaims", ("get",), "pvc:// models must exist"),
+    Permission("", "nodes", ("list",), "GPU requests must fit some node"),
+)
+
+
+def allowed(group: str, resource: str, verb: str) -> bool:
+    return any(
+        p.group == group and p.resource == resource and verb in p.verbs for p in API_PERMISSIONS
+    )
+
+
+class ApiError(Exception):
+    """A failed API call; `status` 0 means the server could not be reached."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying as is: network trouble, throttling, server errors, RBAC being fixed."""
+        return self.status in (0, 401, 403, 408, 409, 429) or self.status >= 500
+
+
+LoginFn = Callable[[], kopf.ConnectionInfo]
+
+
+def default_login() -> kopf.ConnectionInfo:
+    """Credentials the way kopf finds them: in-cluster service account, else kubeconfig."""
+    settings = kopf.OperatorSettings()
+    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
+        settings=settings
+    )
+    if info is None:
+        raise kopf.LoginError("No service account token and no kubeconfig (set KUBECONFIG).")
+    return info
+
+
+@contextlib.contextmanager
+def _pem_file(data: str | bytes) -> Iterator[str]:
+    raw = base64.b64decode(data) if isinstance(data, str) and "BEGIN" not in data else data
+    with tempfile.NamedTemporaryFile("wb", suffix=".pem", delete=False) as f:
+        f.write(raw.encode() if isinstance(raw, str) else raw)
+    try:
+        yield f.name
+    finally:
+        os.unlink(f.name)
+
+
+def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | None:
+    if not info.server.startswith("https"):
+        return None
+    cadata = None
+    if info.ca_data:
+        raw = info.ca_data if isinstance(info.ca_data, str) else info.ca_data.decode()
+        cadata = raw if "BEGIN" in raw else base64.b64decode(raw).decode()
+    ctx = ssl.create_default_context(
+        cafile=str(info.ca_path) if info.ca_path else None, cadata=cadata
+    )
+    if info.insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    cert, key = (
+        info.certificate_path or info.certificate_data,
+        info.private_key_path or info.private_key_data,
+    )
+    if cert and key:
+        with contextlib.ExitStack() as stack:
+            cert_file = (
+                str(info.certificate_path)
+                if info.certificate_path
+                else stack.enter_context(_pem_file(cert))
+            )
+            key_file = (
+                str(info.private_key_path)
+                if info.private_key_path
+                else stack.enter_context(_pem_file(key))
+            )
+            ctx.load_cert_chain(cert_file, key_file)
+    return ctx
+
+
+class KubeApi:
+    """The operator's API client. Create inside a running event loop; `close()` when done."""
+
+    def __init__(
+        self,
+        login: LoginFn = default_login,
+        *,
+        request_timeout_s: float = 30.0,
+        connect_timeout_s: float = 10.0,
+        discovery_ttl_s: float = 60.0,
+        user_agent: str = USER_AGENT,
+    ) -> None:
+        self._login = login
+        self._user_agent = user_agent
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, connect=connect_timeout_s)
+        self._discovery_ttl_s = discovery_ttl_s
+        self._discovery: dict[str, tuple[float, bool]] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._info: kopf.ConnectionInfo | None = None
+        self._lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _connect(self, *, fresh: bool) -> tuple[aiohttp.ClientSession, str]:
+        async with self._lock:
+            if self._session is not None and self._info is not None and not fresh:
+                return self._session, self._info.server.rstrip("/")
+            if self._session is not None:
+                await self._session.close()
+            info = await asyncio.to_thread(self._login)
+            headers = {"User-Agent": self._user_agent, "Accept": "application/json"}
+            if info.token:
+                headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
+            auth = aiohttp.BasicAuth(info.username, info.password or "") if info.username else None
+            self._info = info
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=_ssl_context(info) or False, limit=20),
+                headers=headers,
+                auth=auth,
+                timeout=self._timeout,
+            )
+            return self._session, info.server.rstrip("/")
+
+    async def request(
+        self, method: str, path: str, *, body: Any = None, params: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:  # fmt: skip
+        """One API call; returns the decoded JSON body or raises :class:`ApiError`."""
+        for attempt in (0, 1):
+            session, server = await self._connect(fresh=attempt > 0)
+            try:
+                url = server + path
+                payload = None if body is None else json.dumps(body)
+                async with session.request(
+                    method, url, data=payload, params=params, headers={"Content-Type": content_type}
+                ) as resp:
+                    if resp.status == 401 and attempt == 0:
+                        continue  # rotated token: log in again once
+                    text = await resp.text()
+                    data = json.loads(text) if text.strip() else None
+                    if resp.status >= 400:
+                        data = data if isinstance(data, dict) else {}
+                        raise ApiError(
+                            resp.status,
+                            data.get("reason") or resp.reason or "",
+                            data.get("message") or "",
+                        )
+                    return data
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+                raise ApiError(0, "Unavailable", f"{method} {path}: {e!r}") from e
+        raise ApiError(401, "Unauthorized", f"{method} {path}: credentials rejected twice")
+
+    # --- typed helpers ----------------------------------------------------------------------
+
+    async def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        try:
+            return await self.request("GET", RESOURCES[kind].path(namespace, name))
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def list(self, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        data = await self.request("GET", RESOURCES[kind].path(namespace))
+        return list((data or {}).get("items") or [])
+
+    async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        return await self.request(
+            "POST", RESOURCES[obj["kind"]].path(meta.get("namespace")), body=obj
+        )
+
+    async def patch(
+        self,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        patch: Mapping[str, Any],
+        *,
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        path = RESOURCES[kind].path(namespace, name, subresource)
+        return await self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+
+    async def delete(self, kind: str, namespace: str | None, name: str) -> bool:
+        try:
+            await self.request(
+                "DELETE",
+                RESOURCES[kind].path(namespace, name),
+                body={"propagationPolicy": "Background"},
+            )
+        except ApiError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    async def post_event(
+        self, involved: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
+    ) -> None:
+        """Record a core/v1 Event about `involved` (best effort: failures are only logged by callers)."""
+        meta = involved["metadata"]
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion"),
+                "kind": involved.get("kind"),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": component},
+            "reportingComponent": component,
+            "reportingInstance": os.environ.get("HOSTNAME", component),
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        await self.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
+
+    async def has_resource(self, kind: str) -> bool:
+        """Whether the API server serves `kind` (discovery, cached for a minute)."""
+        res = RESOURCES[kind]
+        cached = self._discovery.get(kind)
+        if cached and time.monotonic() - cached[0] < self._discovery_ttl_s:
+            return cached[1]
+        path = f"/apis/{res.group}/{res.version}" if res.group else f"/api/{res.version}"
+        try:
+            data = await self.request("GET", path)
+            found = any(r.get("name") == res.plural for r in (data or {}).get("resources") or [])
+        except ApiError as e:
+            if e.status not in (404, 503):
+                raise
+            found = False
+        self._discovery[kind] = (time.monotonic(), found)
+        return found

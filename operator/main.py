@@ -1,0 +1,207 @@
+"""`pagoda operator`: kopf in-process with explicit settings, plus a liveness/readiness port.
+
+    pagoda operator                      # cluster-wide
+    pagoda operator -n team-a -n team-b  # only these namespaces
+    pagoda operator --log-format json --http-port 8080
+
+`serve(config)` is the whole operator as a coroutine (the end-to-end tests run it directly);
+`run(args)` adds logging setup and `asyncio.run`. SIGTERM/SIGINT stop it cleanly (kopf).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+
+import kopf
+from pagoda.operator import handlers
+from pagoda.operator.builders import LABEL_MANAGED_BY, MANAGED_BY
+from pagoda.operator.config import LOG_FORMATS, OperatorConfig
+from pagoda.operator.k8s import RESOURCES, WATCHED_CHILD_KINDS, KubeApi
+from pagoda.operator.webapp import OperatorHttpServer
+
+STORAGE_PREFIX = "serving.pagoda.dev"
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="serve only this namespace (repeatable)",
+    )
+    scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="serve all namespaces (the default)"
+    )
+    parser.add_argument(
+        "--default-image",
+        default=None,
+        help="runtime image when spec.image is empty (env PAGODA_DEFAULT_IMAGE)",
+    )
+    parser.add_argument(
+        "--http-host", default="0.0.0.0", help="liveness/readiness bind address (default 0.0.0.0)"
+    )
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=8080,
+        help="liveness/readiness port; 0 picks a free one (default 8080)",
+    )
+    parser.add_argument("--no-http", action="store_true", help="do not serve /healthz and /readyz")
+    parser.add_argument(
+        "--watch-timeout",
+        type=float,
+        default=300.0,
+        help="server-side timeout of a watch request, s",
+    )
+    parser.add_argument(
+        "--request-timeout", type=float, default=30.0, help="timeout of one API request, s"
+    )
+    parser.add_argument(
+        "--connect-timeout", type=float, default=10.0, help="TCP/TLS connect timeout, s"
+    )
+    parser.add_argument(
+        "--resync-interval", type=float, default=300.0, help="re-reconcile everything this often, s"
+    )
+    parser.add_argument(
+        "--cluster-domain", default=None, help="for status.url (default cluster.local)"
+    )
+    parser.add_argument(
+        "--log-format", choices=LOG_FORMATS, default="plain", help="plain, full or json logs"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="more logs")
+    parser.add_argument("--debug", action="store_true", help="even more logs")
+    parser.add_argument(
+        "--peering",
+        default=None,
+        help="kopf peering name (for several replicas); default: standalone",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> OperatorConfig:
+    overrides: dict[str, object] = {
+        "http_host": args.http_host,
+        "http_port": None if args.no_http else args.http_port,
+        "watch_timeout_s": args.watch_timeout,
+        "request_timeout_s": args.request_timeout,
+        "connect_timeout_s": args.connect_timeout,
+        "resync_interval_s": args.resync_interval,
+        "log_format": args.log_format,
+        "verbose": args.verbose,
+        "debug": args.debug,
+        "peering": args.peering,
+    }
+    if args.namespace:
+        overrides["namespaces"] = tuple(args.namespace)
+    elif args.all_namespaces:
+        overrides["namespaces"] = ()
+    if args.default_image:
+        overrides["default_image"] = args.default_image
+    if args.cluster_domain:
+        overrides["cluster_domain"] = args.cluster_domain
+    return OperatorConfig.from_env(**overrides)
+
+
+def kopf_settings(config: OperatorConfig) -> kopf.OperatorSettings:
+    """Kopf settings: timeouts, annotation-only state (the status schema stays ours), events."""
+    s = kopf.OperatorSettings()
+    s.watching.server_timeout = config.watch_timeout_s
+    s.watching.client_timeout = config.watch_timeout_s + 30
+    s.watching.connect_timeout = config.connect_timeout_s
+    s.networking.request_timeout = config.request_timeout_s
+    s.networking.connect_timeout = config.connect_timeout_s
+    s.persistence.finalizer = f"{STORAGE_PREFIX}/finalizer"
+    s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STORAGE_PREFIX)
+    s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=STORAGE_PREFIX, key="last-handled-configuration"
+    )
+    s.posting.level = logging.WARNING  # handler failures become Events; routine logs do not
+    s.posting.reporting_component = config.component_name
+    s.posting.reporting_instance = os.environ.get("HOSTNAME", config.component_name)
+    s.peering.standalone = config.peering is None
+    s.peering.name = config.peering or "default"
+    s.peering.clusterwide = config.clusterwide
+    selectors = getattr(
+        s.watching, "label_selectors", None
+    )  # kopf >= 1.45: filter children server-side
+    if selectors is not None:
+        for kind in WATCHED_CHILD_KINDS:
+            res = RESOURCES[kind]
+            selectors[res.group, res.plural] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+    return s
+
+
+async def serve(
+    config: OperatorConfig,
+    *,
+    stop_flag: asyncio.Event | threading.Event | None = None,
+    ready_flag: asyncio.Event | threading.Event | None = None,
+    api: KubeApi | None = None,
+    on_http_started: Callable[[int], None] | None = None,
+) -> None:
+    """Run the operator until `stop_flag` is set (or SIGTERM/SIGINT in the main thread).
+
+    Kopf cancels every task created in the loop after it starts when it stops, so give it a
+    loop of its own (as `run` does, or a thread in tests).
+    """
+    ready = ready_flag if ready_flag is not None else asyncio.Event()
+    memo = kopf.Memo(config=config, api=api)
+    task = asyncio.create_task(
+        kopf.operator(
+            registry=handlers.build_registry(),
+            settings=kopf_settings(config),
+            clusterwide=config.clusterwide,
+            namespaces=list(config.namespaces),
+            standalone=config.peering is None,
+            peering_name=config.peering,
+            stop_flag=stop_flag,
+            ready_flag=ready,
+            memo=memo,
+        ),
+        name="kopf-operator",
+    )
+    http = None
+    if config.http_port is not None:
+        http = OperatorHttpServer(
+            config.http_host,
+            config.http_port,
+            is_alive=lambda: not task.done(),
+            is_ready=ready.is_set,
+        )
+        await http.start()
+        log.info("Serving /healthz and /readyz on %s:%s.", config.http_host, http.port)
+        if on_http_started is not None:
+            on_http_started(http.port or 0)
+    try:
+        await task
+    finally:
+        if http is not None:
+            await http.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+    except ValueError as e:
+        print(f"pagoda operator: {e}", file=sys.stderr)
+        return 2
+    log_format = {
+        "plain": kopf.LogFormat.PLAIN,
+        "full": kopf.LogFormat.FULL,
+        "json": kopf.LogFormat.JSON,
+    }
+    kopf.configure(
+        debug=config.debug, verbose=config.verbose, log_format=log_format[config.log_format]
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(config))
+    return 0

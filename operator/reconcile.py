@@ -1,0 +1,232 @@
+"""Reconciliation: make the children match the spec, then make the status match the children.
+
+Level-based and idempotent: every path (create/update/resume handlers, child watch events, the
+periodic resync) converges on the same state, writes only on real change, and treats "already
+exists" (409) and "already gone" (404) as normal. Kopf-specific error mapping lives in
+handlers.py; here API failures surface as `ApiError` and spec problems as `SpecError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pagoda.operator import drift, status, validation
+from pagoda.operator.builders import Owner, build_children
+from pagoda.operator.config import OperatorConfig
+from pagoda.operator.k8s import ApiError, KubeApi
+from pagoda.operator.spec import KIND, SpecError
+
+_UNKNOWN: Any = object()
+_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+
+def object_lock(uid: str) -> asyncio.Lock:
+    """One lock per InferenceService: its reconciles never interleave within this process."""
+    lock = _locks.get(uid)
+    if lock is None:
+        lock = _locks[uid] = asyncio.Lock()
+    return lock
+
+
+class ChildConflict(SpecError):
+    """A child's name is taken by an object this InferenceService does not control."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("ResourceConflict", message)
+
+
+@dataclass(frozen=True)
+class Result:
+    spec_error: SpecError | None
+    status_changed: bool
+
+
+def owned_by(obj: Mapping[str, Any] | None, uid: str) -> bool:
+    refs = ((obj or {}).get("metadata") or {}).get("ownerReferences") or []
+    return any(ref.get("uid") == uid and ref.get("controller") for ref in refs)
+
+
+async def apply_child(
+    api: KubeApi,
+    desired: Mapping[str, Any],
+    owner_uid: str,
+    logger: logging.Logger,
+    *,
+    actual: Any = _UNKNOWN,
+) -> dict[str, Any]:
+    """Create the child, or patch it when it drifted; returns the live object."""
+    kind, meta = desired["kind"], desired["metadata"]
+    for attempt in range(3):
+        if actual is _UNKNOWN or attempt:
+            actual = await api.get(kind, meta["namespace"], meta["name"])
+        if actual is None:
+            try:
+                created = await api.create(desired)
+            except ApiError as e:
+                if e.status == 409:  # someone (another reconcile, a human) created it meanwhile
+                    continue
+                raise
+            logger.info("Created %s %s.", kind, meta["name"])
+            return created
+        if not owned_by(actual, owner_uid):
+            raise ChildConflict(
+                f"{kind} {meta['name']!r} exists and is not controlled by this {KIND}"
+            )
+        if not drift.needs_update(desired, actual):
+            return dict(actual)
+        try:
+            patched = await api.patch(
+                kind, meta["namespace"], meta["name"], drift.merge_patch(desired, actual)
+            )
+        except ApiError as e:
+            if e.status == 404:  # deleted meanwhile: create it on the next attempt
+                continue
+            raise
+        logger.info("Updated %s %s.", kind, meta["name"])
+        return patched
+    raise ApiError(409, "Conflict", f"{kind} {meta['name']!r} kept changing while being applied")
+
+
+async def delete_child(
+    api: KubeApi, kind: str, namespace: str, name: str, owner_uid: str, logger: logging.Logger
+) -> None:
+    """Delete a child that should no longer exist (only if it is ours)."""
+    if kind == "ServiceMonitor" and not await api.has_resource(kind):
+        return
+    actual = await api.get(kind, namespace, name)
+    if (
+        actual is not None
+        and owned_by(actual, owner_uid)
+        and await api.delete(kind, namespace, name)
+    ):
+        logger.info("Deleted %s %s.", kind, name)
+
+
+async def write_status(
+    api: KubeApi,
+    body: Mapping[str, Any],
+    deployment: Mapping[str, Any] | None,
+    *,
+    spec_error: SpecError | None,
+    url: str | None,
+) -> bool:
+    """Patch /status with what changed, against a fresh read of the object. True if it wrote."""
+    meta = body["metadata"]
+    fresh = await api.get(KIND, meta["namespace"], meta["name"])
+    if fresh is None or fresh["metadata"].get("uid") != meta.get("uid"):
+        return False  # deleted (or replaced) meanwhile
+    # Stamp the generation that was reconciled, not a newer one that arrived in between.
+    target = {**fresh, "metadata": {**fresh["metadata"], "generation": meta.get("generation")}}
+    new = status.compute_status(target, deployment, spec_error=spec_error, url=url)
+    patch = status.status_patch(fresh.get("status"), new)
+    if patch is None:
+        return False
+    await api.patch(KIND, meta["namespace"], meta["name"], {"status": patch}, subresource="status")
+    return True
+
+
+async def reconcile(
+    api: KubeApi, body: Mapping[str, Any], config: OperatorConfig, logger: logging.Logger
+) -> Result:
+    """Full reconcile of one InferenceService: validate, apply children, delete stale ones, status."""
+    owner = Owner.from_body(body)
+    async with object_lock(owner.uid):
+        current = await api.get("Deployment", owner.namespace, owner.name)
+        current = current if owned_by(current, owner.uid) else None
+        try:
+            spec = validation.parse(body, config)
+            await validation.check_cluster(api, spec, owner.namespace, logger)
+            replicas = ((current or {}).get("spec") or {}).get("replicas")
+            children = build_children(
+                owner,
+                spec,
+                current_replicas=replicas,
+                service_monitor=await api.has_resource("ServiceMonitor"),
+            )
+            live: dict[str, dict[str, Any]] = {}
+            for child in children.desired:
+                actual = current if child["kind"] == "Deployment" else _UNKNOWN
+                try:
+                    live[child["kind"]] = await apply_child(
+                        api, child, owner.uid, logger, actual=actual
+                    )
+                except ApiError as e:
+                    if e.status not in (400, 422):
+                        raise
+                    raise SpecError(
+                        "ChildRejected", f"the API server rejected the {child['kind']}: {e.message}"
+                    ) from e
+            for kind, name in children.absent:
+                await delete_child(api, kind, owner.namespace, name, owner.uid, logger)
+        except SpecError as e:
+            changed = await write_status(api, body, current, spec_error=e, url=None)
+            return Result(spec_error=e, status_changed=changed)
+        url = config.service_url(owner.name, owner.namespace)
+        changed = await write_status(api, body, live["Deployment"], spec_error=None, url=url)
+        return Result(spec_error=None, status_changed=changed)
+
+
+def spec_error_in_status(body: Mapping[str, Any]) -> SpecError | None:
+    """The spec problem recorded for the current generation, if any."""
+    cond = status.condition(body, "Degraded")
+    generation = (body.get("metadata") or {}).get("generation")
+    recorded = cond.get("status") == "True" and cond.get("reason") in validation.SPEC_REASONS
+    if recorded and cond.get("observedGeneration") == generation:
+        return SpecError(cond["reason"], cond.get("message") or "")
+    return None
+
+
+async def on_child_event(
+    api: KubeApi,
+    event_type: str | None,
+    child: Mapping[str, Any],
+    owner_body: Mapping[str, Any],
+    config: OperatorConfig,
+    logger: logging.Logger,
+) -> None:
+    """A child changed or vanished: restore it if needed; a Deployment change refreshes status."""
+    owner = Owner.from_body(owner_body)
+    kind, name = child["kind"], child["metadata"]["name"]
+    if not owned_by(child, owner.uid):
+        return  # labelled like ours but controlled by something else (or an older owner)
+    async with object_lock(owner.uid):
+        recorded = spec_error_in_status(owner_body)
+        if recorded is not None:  # keep the last valid children alone until the spec is fixed
+            if kind == "Deployment" and event_type != "DELETED":
+                await write_status(api, owner_body, child, spec_error=recorded, url=None)
+            return
+        if event_type == "DELETED":
+            fresh = await api.get(KIND, owner.namespace, owner.name)
+            meta = (fresh or {}).get("metadata") or {}
+            if meta.get("uid") != owner.uid or meta.get("deletionTimestamp"):
+                return  # the owner is going away too: the garbage collector is at work
+        try:
+            spec = validation.parse(owner_body, config)
+        except SpecError:
+            return  # the create/update handler reports it
+        actual = None if event_type == "DELETED" else child
+        replicas = (
+            ((actual or {}).get("spec") or {}).get("replicas") if kind == "Deployment" else None
+        )
+        children = build_children(owner, spec, current_replicas=replicas, service_monitor=False)
+        if (kind, name) in children.absent:
+            if actual is not None:
+                await delete_child(api, kind, owner.namespace, name, owner.uid, logger)
+            return
+        desired = next(
+            (c for c in children.desired if c["kind"] == kind and c["metadata"]["name"] == name),
+            None,
+        )
+        if desired is None:
+            return
+        if event_type == "DELETED":
+            logger.info("%s %s was deleted; restoring it.", kind, name)
+        live = await apply_child(api, desired, owner.uid, logger, actual=actual)
+        if kind == "Deployment":
+            url = config.service_url(owner.name, owner.namespace)
+            await write_status(api, owner_body, live, spec_error=None, url=url)

@@ -1,0 +1,54 @@
+"""The operator's own HTTP port: liveness (/healthz) and readiness (/readyz).
+
+One aiohttp application so later features (e.g. an Alertmanager webhook at POST /alerts) can
+add routes to the same port with `add_routes`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from aiohttp import web
+
+
+class OperatorHttpServer:
+    def __init__(
+        self, host: str, port: int, *, is_alive: Callable[[], bool], is_ready: Callable[[], bool]
+    ) -> None:
+        self.host = host
+        self.requested_port = port
+        self.app = web.Application()
+        self.app.add_routes([web.get("/healthz", self._healthz), web.get("/readyz", self._readyz)])
+        self._is_alive = is_alive
+        self._is_ready = is_ready
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    def add_routes(self, routes: Iterable[web.AbstractRouteDef]) -> None:
+        """Extra endpoints; call before `start()`."""
+        self.app.add_routes(list(routes))
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        alive = self._is_alive()
+        return web.json_response(
+            {"status": "ok" if alive else "stopped"}, status=200 if alive else 503
+        )
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        ready = self._is_alive() and self._is_ready()
+        return web.json_response(
+            {"status": "ready" if ready else "starting"}, status=200 if ready else 503
+        )
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.requested_port)
+        await site.start()
+        addresses = self._runner.addresses
+        self.port = addresses[0][1] if addresses else self.requested_port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -1,0 +1,156 @@
+"""Fixtures for the operator tests: an API-server emulator on loopback and a running operator."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import kmock
+import pytest
+import yaml
+from kube_emulator import Emulator
+from pagoda.operator import main
+from pagoda.operator.config import OperatorConfig
+from pagoda.operator.k8s import KubeApi
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CRD_PATH = ROOT / "crds" / "inferenceservice.yaml"
+ISVC = "serving.pagoda.dev/v1alpha1/inferenceservices"
+DEPLOY = "apps/v1/deployments"
+TEST_AGENT = "pagoda-tests/1"
+
+
+def load_crd() -> dict[str, Any]:
+    return yaml.safe_load(CRD_PATH.read_text())
+
+
+def write_kubeconfig(path: pathlib.Path, port: int) -> pathlib.Path:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "emulator", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "tester", "user": {"token": "test-token"}}],
+        "contexts": [
+            {
+                "name": "emulator",
+                "context": {"cluster": "emulator", "user": "tester", "namespace": "default"},
+            }
+        ],
+        "current-context": "emulator",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+async def wait_for(
+    check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05, what: str = ""
+) -> Any:
+    """Poll `check` (sync or async) until it returns something truthy; fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
+        await asyncio.sleep(interval)
+
+
+@pytest.fixture
+async def emulator(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Emulator]:
+    emu = Emulator()
+    emu.resources.load_bundled()
+    emu.declare_crd(load_crd())
+    async with emu, kmock.Server(emu, host="127.0.0.1") as server:
+        emu.port = server.port
+        emu.kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server.port)
+        monkeypatch.setenv("KUBECONFIG", str(emu.kubeconfig))
+        yield emu
+
+
+@pytest.fixture
+async def kube(emulator: Emulator) -> AsyncIterator[KubeApi]:
+    """An API client for the test itself (its requests are told apart by the user agent)."""
+    api = KubeApi(user_agent=TEST_AGENT, request_timeout_s=5)
+    await api.request(
+        "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body=load_crd()
+    )
+    yield api
+    await api.close()
+
+
+class RunningOperator:
+    """`main.serve` in a thread with its own event loop, as `pagoda operator` runs it.
+
+    (Kopf cancels every task created in its loop after it started, so it must not share the
+    test's loop, which hosts the emulator.)
+    """
+
+    def __init__(self, config: OperatorConfig) -> None:
+        self.config = config
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.http_port: int | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="operator", daemon=True)
+
+    def _run(self) -> None:
+        def http_started(port: int) -> None:
+            self.http_port = port
+
+        try:
+            asyncio.run(
+                main.serve(
+                    self.config,
+                    stop_flag=self.stop,
+                    ready_flag=self.ready,
+                    on_http_started=http_started,
+                )
+            )
+        except BaseException as e:  # reported by start()/shutdown()
+            self.error = e
+
+    async def start(self, timeout: float = 15.0) -> None:
+        self.thread.start()
+        await wait_for(
+            lambda: self.ready.is_set() or not self.thread.is_alive(),
+            timeout,
+            what="operator ready",
+        )
+        if not self.thread.is_alive():
+            raise AssertionError(f"the operator exited during startup: {self.error!r}")
+
+    async def shutdown(self, timeout: float = 15.0) -> None:
+        self.stop.set()
+        await wait_for(lambda: not self.thread.is_alive(), timeout, what="operator stopped")
+        if self.error is not None:
+            raise AssertionError(f"the operator failed: {self.error!r}")
+
+
+@pytest.fixture
+async def start_operator(kube: KubeApi) -> AsyncIterator[Callable[..., Awaitable[RunningOperator]]]:
+    started: list[RunningOperator] = []
+
+    async def start(**overrides: Any) -> RunningOperator:
+        settings = {
+            "http_host": "127.0.0.1",
+            "http_port": 0,
+            "request_timeout_s": 5.0,
+            "resync_interval_s": 300.0,
+        }
+        op = RunningOperator(OperatorConfig(**{**settings, **overrides}))
+        started.append(op)
+        await op.start()
+        return op
+
+    yield start
+    for op in started:
+        await op.shutdown()

@@ -1,0 +1,486 @@
+"""A test-only subclass of kmock's KubernetesEmulator that fills the gaps a controller meets.
+
+kmock's emulator stores objects and streams watch events, but (see shared TESTING_NOTES) sets no
+uid/resourceVersion/generation/creationTimestamp, streams no-op patches, has no garbage
+collector, no status/spec split, no server-side tables, no Scale objects, and answers the core
+group's discovery as "/v1". This subclass adds those with the semantics of a real API server:
+
+* create: uid, resourceVersion, generation 1, creationTimestamp, generateName; 409 AlreadyExists;
+  status dropped for resources with a status subresource;
+* patch (JSON merge patch or JSON patch): 404 NotFound, optional resourceVersion precondition
+  (409), `/status` changes only status and the main resource never changes status,
+  generation bumps on non-metadata/status change, a no-op patch is not stored or streamed;
+* delete: finalizers → deletionTimestamp; otherwise removed, then dependents whose
+  ownerReferences point at the removed uid are deleted (background propagation), and objects
+  created with only dangling owners are collected too;
+* lists carry kind/apiVersion/resourceVersion; `Accept: ...;as=Table` gets a meta.k8s.io/v1
+  Table built from the CRD's additionalPrinterColumns (what `kubectl get` prints);
+* `/scale` subresource: GET returns an autoscaling/v1 Scale, PATCH sets the replicas path.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import re
+import secrets
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import aiohttp.web
+import jsonpatch
+import kmock
+
+
+def _status(code: int, reason: str, message: str, **details: Any) -> kmock.KubernetesError:
+    return kmock.KubernetesError(
+        status=code, reason=reason, message=message, details=details or {"causes": []}
+    )
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: dicts merge, null deletes, anything else replaces."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _age(timestamp: str | None) -> str | None:
+    if not timestamp:
+        return None
+    then = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(
+        tzinfo=datetime.timezone.utc
+    )
+    seconds = max(0, int((datetime.datetime.now(datetime.timezone.utc) - then).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+_FILTER = re.compile(r"^\[\?\(@\.(\w+)==\"([^\"]*)\"\)\]")
+
+
+def jsonpath(obj: Any, path: str) -> Any:
+    """The subset of JSONPath used by printer columns: .a.b, [N], [?(@.k=="v")]."""
+    rest = path
+    while rest:
+        if m := _FILTER.match(rest):
+            key, value = m.groups()
+            obj = next(
+                (i for i in obj or [] if isinstance(i, Mapping) and i.get(key) == value), None
+            )
+            rest = rest[m.end() :]
+        elif m := re.match(r"^\[(\d+)\]", rest):
+            idx = int(m.group(1))
+            obj = obj[idx] if isinstance(obj, list) and idx < len(obj) else None
+            rest = rest[m.end() :]
+        elif m := re.match(r"^\.([\w-]+)", rest):
+            obj = obj.get(m.group(1)) if isinstance(obj, Mapping) else None
+            rest = rest[m.end() :]
+        else:
+            raise ValueError(f"unsupported JSONPath {path!r}")
+        if obj is None:
+            return None
+    return obj
+
+
+class Emulator(kmock.KubernetesEmulator):
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.resource_version = 0
+        self.uids: dict[str, tuple[Any, str | None, str]] = {}
+        self.printer_columns: dict[Any, list[dict[str, Any]]] = {}
+        self.scale_paths: dict[Any, dict[str, str]] = {}
+
+    # --- declaring resources --------------------------------------------------------------
+
+    def declare_crd(self, crd: Mapping[str, Any]) -> None:
+        spec = crd["spec"]
+        names = spec["names"]
+        for version in spec["versions"]:
+            res = kmock.resource(spec["group"], version["name"], names["plural"])
+            subresources = version.get("subresources") or {}
+            self.resources[res] = kmock.ResourceInfo(
+                kind=names["kind"],
+                singular=names.get("singular"),
+                namespaced=spec["scope"] == "Namespaced",
+                shortnames=names.get("shortNames", []),
+                categories=names.get("categories", []),
+                subresources=set(subresources),
+                verbs={
+                    "get",
+                    "list",
+                    "watch",
+                    "create",
+                    "patch",
+                    "update",
+                    "delete",
+                    "deletecollection",
+                },
+            )
+            self.printer_columns[res] = version.get("additionalPrinterColumns") or []
+            if "scale" in subresources:
+                self.scale_paths[res] = subresources["scale"]
+
+    def _info(self, resource: Any) -> kmock.ResourceInfo | None:
+        # not .get(): kmock's ResourcesArray creates missing entries on __getitem__
+        return self.resources[resource] if resource in self.resources else None  # noqa: SIM401
+
+    def _kind(self, resource: Any) -> str:
+        info = self._info(resource)
+        return info.kind if info and info.kind else resource.plural.capitalize()
+
+    def _has_status(self, resource: Any) -> bool:
+        info = self._info(resource)
+        return bool(info and "status" in info.subresources)
+
+    def _next_rv(self) -> str:
+        self.resource_version += 1
+        return str(self.resource_version)
+
+    # --- plain access for tests -------------------------------------------------------------
+
+    def live(self, resource: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        key = (kmock.resource(resource), namespace, name)
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        return copy.deepcopy(self.objects[key].raw)
+
+    def live_all(self, resource: str) -> Iterator[dict[str, Any]]:
+        res = kmock.resource(resource)
+        for (r, _, _), obj in list(self.objects.items()):
+            if r == res and not obj.deleted:
+                yield copy.deepcopy(obj.raw)
+
+    # --- request routing --------------------------------------------------------------------
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        res = request.resource
+        if res is None or res.plural is None or request.action == kmock.action.WATCH:
+            return await super()._handle(request)
+        if request.subresource == "scale" and res in self.scale_paths:
+            return aiohttp.web.json_response(await self._serve_scale(request))
+        accept = request.headers.get("Accept", "")
+        if request.action in (kmock.action.LIST, kmock.action.FETCH) and "as=Table" in accept:
+            return aiohttp.web.json_response(self._table(request))
+        if request.action == kmock.action.CREATE:
+            return aiohttp.web.json_response(await self._create(request), status=201)
+        if request.action == kmock.action.UPDATE:
+            return aiohttp.web.json_response(await self._update(request))
+        if request.action == kmock.action.DELETE and request.name:
+            return aiohttp.web.json_response(await self._delete(request))
+        if request.method == kmock.method.PUT:
+            raise _status(405, "MethodNotAllowed", "PUT is not emulated; use PATCH")
+        return await super()._handle(request)
+
+    def _not_found(self, request: kmock.Request) -> kmock.KubernetesError:
+        res = request.resource
+        group = f".{res.group}" if res.group else ""
+        return _status(
+            404,
+            "NotFound",
+            f'{res.plural}{group} "{request.name}" not found',
+            name=request.name,
+            kind=res.plural,
+        )
+
+    def _stored(self, request: kmock.Request) -> Any:
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:
+            raise self._not_found(request)
+        return self.objects[key]
+
+    async def _emit(self, resource: Any, type_: str, raw: Mapping[str, Any]) -> None:
+        await self._buses[resource].put({"type": type_, "object": copy.deepcopy(dict(raw))})
+
+    # --- create / update / delete with API-server semantics ------------------------------------
+
+    async def _create(self, request: kmock.Request) -> dict[str, Any]:
+        res = request.resource
+        if request.subresource:
+            raise _status(404, "NotFound", f"subresource {request.subresource} is not emulated")
+        data = copy.deepcopy(request.data) if isinstance(request.data, dict) else None
+        if data is None:
+            raise _status(400, "BadRequest", "the body must be a JSON object")
+        meta = data.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
+        if not meta.get("name"):
+            raise _status(422, "Invalid", "metadata.name: Required value")
+        info = self._info(res)
+        namespace = (
+            (request.namespace or meta.get("namespace"))
+            if (info is None or info.namespaced)
+            else None
+        )
+        if namespace:
+            meta["namespace"] = namespace
+        async with self._lock:
+            key = (res, namespace, meta["name"])
+            if key in self.objects and not self.objects[key].deleted:
+                group = f".{res.group}" if res.group else ""
+                raise _status(
+                    409, "AlreadyExists", f'{res.plural}{group} "{meta["name"]}" already exists'
+                )
+            meta.update(
+                uid=str(uuid.uuid4()),
+                resourceVersion=self._next_rv(),
+                generation=1,
+                creationTimestamp=_now(),
+            )
+            meta.pop("deletionTimestamp", None)
+            if self._has_status(res):
+                data.pop("status", None)
+            data.setdefault(
+                "apiVersion", f"{res.group}/{res.version}" if res.group else res.version
+            )
+            data.setdefault("kind", self._kind(res))
+            if key in self.objects:
+                self.objects[key].create(data)
+            else:
+                self.objects[key] = data
+            self.uids[meta["uid"]] = key
+            await self._emit(res, "ADDED", data)
+            owners = [r.get("uid") for r in meta.get("ownerReferences") or []]
+            if owners and not any(uid in self.uids for uid in owners):
+                await self._remove(key)  # only dangling owners: the garbage collector takes it
+            return copy.deepcopy(data)
+
+    async def _update(self, request: kmock.Request) -> dict[str, Any]:
+        res = request.resource
+        if request.subresource not in (None, "status"):
+            raise _status(404, "NotFound", f"subresource {request.subresource} is not emulated")
+        async with self._lock:
+            obj = self._stored(request)
+            old = copy.deepcopy(obj.raw)
+            patch = request.data
+            if isinstance(patch, dict):
+                want_rv = (patch.get("metadata") or {}).get("resourceVersion")
+                if want_rv is not None and str(want_rv) != old["metadata"].get("resourceVersion"):
+                    raise _status(
+                        409,
+                        "Conflict",
+                        "the object has been modified; please apply your changes to the latest version",
+                    )
+                new = merge_patch(old, patch)
+            elif isinstance(patch, list):
+                try:
+                    new = jsonpatch.apply_patch(old, patch, in_place=False)
+                except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+                    raise _status(422, "Invalid", f"the JSON patch failed: {e}") from e
+            else:
+                raise _status(400, "BadRequest", "unsupported patch body")
+            new = copy.deepcopy(dict(new))
+            if request.subresource == "status":  # only status changes through /status
+                new = (
+                    {**old, "status": new.get("status")}
+                    if new.get("status") is not None
+                    else {**old, "status": {}}
+                )
+            elif self._has_status(res):  # and status never changes through the main resource
+                new = {k: v for k, v in new.items() if k != "status"} | (
+                    {"status": old["status"]} if "status" in old else {}
+                )
+            for field in (
+                "uid",
+                "creationTimestamp",
+                "name",
+                "namespace",
+                "generation",
+                "resourceVersion",
+            ):
+                if field in old["metadata"]:
+                    new.setdefault("metadata", {})[field] = old["metadata"][field]
+            if new == old:
+                return old  # a no-op: nothing stored, nothing streamed (like a real API server)
+            body = {k: v for k, v in new.items() if k not in ("metadata", "status")}
+            if body != {k: v for k, v in old.items() if k not in ("metadata", "status")}:
+                new["metadata"]["generation"] = int(old["metadata"].get("generation") or 0) + 1
+            new["metadata"]["resourceVersion"] = self._next_rv()
+            obj.history.append(new)
+            meta = new["metadata"]
+            key = (res, request.namespace, request.name)
+            if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+                await self._remove(key)
+            else:
+                await self._emit(res, "MODIFIED", new)
+            return copy.deepcopy(new)
+
+    async def _delete(self, request: kmock.Request) -> dict[str, Any]:
+        options = request.data if isinstance(request.data, dict) else {}
+        async with self._lock:
+            obj = self._stored(request)
+            raw = copy.deepcopy(obj.raw)
+            key = (request.resource, request.namespace, request.name)
+            if raw["metadata"].get("deletionTimestamp"):
+                return raw
+            if raw["metadata"].get("finalizers"):
+                raw["metadata"]["deletionTimestamp"] = _now()
+                raw["metadata"]["resourceVersion"] = self._next_rv()
+                obj.history.append(raw)
+                await self._emit(request.resource, "MODIFIED", raw)
+                return raw
+            await self._remove(key, orphan=options.get("propagationPolicy") == "Orphan")
+            return raw
+
+    async def _remove(self, key: Any, *, orphan: bool = False) -> None:
+        """Delete for real, then collect the dependents (call with the lock held)."""
+        obj = self.objects[key]
+        raw = copy.deepcopy(obj.raw)
+        raw["metadata"]["resourceVersion"] = self._next_rv()
+        obj.delete()
+        uid = raw["metadata"].get("uid")
+        self.uids.pop(uid, None)
+        await self._emit(key[0], "DELETED", raw)
+        if orphan or not uid:
+            return
+        for dep_key, dep in list(self.objects.items()):
+            if dep.deleted:
+                continue
+            refs = dep.raw["metadata"].get("ownerReferences") or []
+            if not any(r.get("uid") == uid for r in refs):
+                continue
+            remaining = [r for r in refs if r.get("uid") != uid and r.get("uid") in self.uids]
+            dep_raw = copy.deepcopy(dep.raw)
+            if remaining:
+                dep_raw["metadata"]["ownerReferences"] = remaining
+                dep_raw["metadata"]["resourceVersion"] = self._next_rv()
+                dep.history.append(dep_raw)
+                await self._emit(dep_key[0], "MODIFIED", dep_raw)
+            elif dep_raw["metadata"].get("finalizers"):
+                dep_raw["metadata"]["deletionTimestamp"] = _now()
+                dep_raw["metadata"]["resourceVersion"] = self._next_rv()
+                dep.history.append(dep_raw)
+                await self._emit(dep_key[0], "MODIFIED", dep_raw)
+            else:
+                await self._remove(dep_key)
+
+    # --- read-side additions -----------------------------------------------------------------
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        data = await super()._serve_list(request)
+        res = request.resource
+        data["kind"] = f"{self._kind(res)}List"
+        data["apiVersion"] = f"{res.group}/{res.version}" if res.group else res.version
+        data["metadata"] = {"resourceVersion": str(self.resource_version)}
+        return data
+
+    async def _serve_version(self, request: kmock.Request) -> Any:
+        data = await super()._serve_version(request)
+        if request.resource.group == "":
+            data["groupVersion"] = request.resource.version  # "v1", not "/v1"
+        for item in data.get("resources", []):
+            if item["name"].endswith("/scale"):
+                item.update(group="autoscaling", version="v1", kind="Scale")
+        return data
+
+    def _matching(self, request: kmock.Request) -> list[dict[str, Any]]:
+        found = []
+        for (res, namespace, name), obj in list(self.objects.items()):
+            if res != request.resource or obj.deleted:
+                continue
+            if request.namespace is not None and namespace != request.namespace:
+                continue
+            if request.name is not None and name != request.name:
+                continue
+            found.append(obj.raw)
+        return found
+
+    def _table(self, request: kmock.Request) -> dict[str, Any]:
+        objs = self._matching(request)
+        if request.name is not None and not objs:
+            raise self._not_found(request)
+        columns = [
+            c for c in self.printer_columns.get(request.resource, []) if not c.get("priority")
+        ]
+        if not columns:
+            columns = [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
+        definitions = [
+            {"name": "Name", "type": "string", "format": "name", "description": "", "priority": 0}
+        ]
+        definitions += [
+            {
+                "name": c["name"],
+                "type": c["type"],
+                "format": "",
+                "description": c.get("description", ""),
+                "priority": 0,
+            }
+            for c in columns
+        ]
+        rows = []
+        for obj in sorted(objs, key=lambda o: o["metadata"]["name"]):
+            cells: list[Any] = [obj["metadata"]["name"]]
+            for c in columns:
+                value = jsonpath(obj, c["jsonPath"])
+                cells.append(_age(value) if c["type"] == "date" else value)
+            partial = {
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": obj["metadata"],
+            }
+            rows.append({"cells": cells, "object": partial})
+        return {
+            "kind": "Table",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"resourceVersion": str(self.resource_version)},
+            "columnDefinitions": definitions,
+            "rows": rows,
+        }
+
+    async def _serve_scale(self, request: kmock.Request) -> dict[str, Any]:
+        paths = self.scale_paths[request.resource]
+        if request.action == kmock.action.UPDATE or request.method == kmock.method.PUT:
+            body = request.data if isinstance(request.data, dict) else {}
+            replicas = (body.get("spec") or {}).get("replicas")
+            if not isinstance(replicas, int) or replicas < 0:
+                raise _status(422, "Invalid", "spec.replicas must be a non-negative integer")
+            spec_path = paths["specReplicasPath"].lstrip(".").split(".")
+            patch: dict[str, Any] = {}
+            cursor = patch
+            for key in spec_path[:-1]:
+                cursor = cursor.setdefault(key, {})
+            cursor[spec_path[-1]] = replicas
+            inner = kmock.Request(
+                method=kmock.method.PATCH, resource=request.resource, namespace=request.namespace,
+                name=request.name, data=patch, action=kmock.action.UPDATE,
+            )  # fmt: skip
+            obj = await self._update(inner)
+        else:
+            async with self._lock:
+                obj = copy.deepcopy(self._stored(request).raw)
+        return {
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {
+                k: obj["metadata"][k]
+                for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                if k in obj["metadata"]
+            },
+            "spec": {"replicas": jsonpath(obj, paths["specReplicasPath"]) or 0},
+            "status": {
+                "replicas": jsonpath(obj, paths["statusReplicasPath"]) or 0,
+                **(
+                    {"selector": s}
+                    if (s := jsonpath(obj, paths.get("labelSelectorPath", ".none")))
+                    else {}
+                ),
+            },
+        }
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, indent=1, sort_keys=True, default=str)
