@@ -76,8 +76,8 @@ class Scheduler:
                 continue
             n = min(n, budget)
             while not self.kv.allocate_slots(req, n):
-                others = [r for r in self.running if r is not req]
-                victim = max(others, key=lambda r: r.arrival_time) if others else req
+                # The most recently arrived running request yields, even if it is `req` itself.
+                victim = max(self.running, key=lambda r: r.arrival_time)
                 budget += self._preempt(victim, plan, preempted)
                 if victim is req:
                     break

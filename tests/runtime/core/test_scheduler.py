@@ -1,0 +1,178 @@
+"""Scheduler behaviour without a model: budgets, chunking, decodes-first, preemption, prefix reuse."""
+
+from __future__ import annotations
+
+from pagoda.runtime.config import SchedulerConfig
+from pagoda.runtime.core.kv_cache_manager import KVCacheManager
+from pagoda.runtime.core.scheduler import Scheduler
+from pagoda.runtime.request import Request, RequestStatus
+from pagoda.runtime.sampling import SamplingParams
+
+BS = 4
+
+
+def make(num_blocks=64, caching=True, **cfg) -> Scheduler:
+    cfg.setdefault("max_num_batched_tokens", 16)
+    cfg.setdefault("max_num_seqs", 8)
+    return Scheduler(SchedulerConfig(**cfg), KVCacheManager(num_blocks, BS, caching))
+
+
+def req(rid: str, n: int, max_tokens: int = 4, start: int = 0, t: float = 0.0) -> Request:
+    return Request(
+        rid, list(range(start, start + n)), SamplingParams(max_tokens=max_tokens), arrival_time=t
+    )
+
+
+def step(s: Scheduler, token: int = 7):
+    """One engine iteration with a fake model that always samples `token`."""
+    out = s.schedule()
+    s.update_after_step(out)
+    for sr in out.scheduled:
+        r = sr.request
+        if r.num_computed_tokens >= r.num_tokens:
+            r.append_token(token)
+            if r.check_stop_token():
+                s.finish(r)
+    s.kv.check_integrity()
+    return out
+
+
+def test_token_budget_and_chunked_prefill():
+    s = make(max_num_batched_tokens=16)
+    s.add_request(req("long", 40))
+    sizes = []
+    while s.requests["long"].num_output_tokens == 0:
+        out = step(s)
+        assert out.num_batched_tokens <= 16
+        sizes.append(out.scheduled[0].num_new_tokens)
+    assert sizes == [16, 16, 8]
+
+
+def test_decodes_first_and_never_stalled_by_long_prompt():
+    s = make(max_num_batched_tokens=16)
+    s.add_request(req("short", 3, max_tokens=20, t=0.0))
+    step(s)  # prefill of "short"; it now decodes
+    s.add_request(req("long", 60, start=100, t=1.0))
+    for _ in range(4):
+        out = step(s)
+        assert out.scheduled[0].request.request_id == "short"
+        assert out.scheduled[0].num_new_tokens == 1 and out.num_decodes == 1
+        assert out.scheduled[1].request.request_id == "long"
+        assert out.scheduled[1].num_new_tokens == 15  # the rest of the budget
+
+
+def test_without_chunking_prompts_run_whole():
+    s = make(max_num_batched_tokens=32, enable_chunked_prefill=False)
+    s.add_request(req("a", 20))
+    s.add_request(req("b", 20, start=50))
+    out = step(s)
+    assert [x.num_new_tokens for x in out.scheduled] == [20]  # b does not fit beside a
+    out = step(s)
+    assert [x.num_new_tokens for x in out.scheduled] == [1, 20]
+
+
+def test_max_num_seqs():
+    s = make(max_num_seqs=2, max_num_batched_tokens=64)
+    for i in range(4):
+        s.add_request(req(f"r{i}", 4, start=10 * i))
+    out = step(s)
+    assert len(out.scheduled) == 2 and s.num_waiting == 2
+
+
+def test_preemption_recompute_and_resume():
+    # 6 blocks of 4 tokens: two requests of 8 prompt tokens + 12 outputs cannot both fit.
+    s = make(num_blocks=6, caching=False, max_num_batched_tokens=32)
+    s.add_request(req("old", 8, max_tokens=12, t=0.0))
+    s.add_request(req("new", 8, max_tokens=12, start=100, t=1.0))
+    preempted = []
+    for _ in range(200):
+        if not s.has_unfinished():
+            break
+        out = step(s)
+        preempted += [r.request_id for r in out.preempted]
+    assert not s.has_unfinished()
+    assert preempted and set(preempted) == {"new"}  # the most recently arrived goes first
+    assert s.num_preemptions == len(preempted)
+    assert s.kv.num_free_blocks == 6
+
+
+def test_preempted_request_returns_to_front_of_queue():
+    s = make(num_blocks=5, caching=False, max_num_batched_tokens=32)
+    s.add_request(req("a", 8, max_tokens=10, t=0.0))
+    s.add_request(req("b", 8, max_tokens=10, start=100, t=1.0))
+    while not any(o.preempted for o in [step(s)]):
+        pass
+    s.add_request(req("c", 4, start=200, t=2.0))
+    assert [r.request_id for r in s.waiting][:2] == ["b", "c"]
+    assert s.requests["b"].status == RequestStatus.PREEMPTED
+    assert s.requests["b"].num_computed_tokens == 0
+
+
+def test_prefix_reuse_skips_compute():
+    s = make(max_num_batched_tokens=64)
+    s.add_request(req("a", 18, max_tokens=1))
+    step(s)
+    assert "a" not in s.requests  # finished; its full blocks stay cached
+    s.add_request(req("b", 18, max_tokens=1))  # same prompt
+    out = step(s)
+    # 4 full blocks of 4 are cached; the cache never covers the last token, so 16 are skipped.
+    assert out.scheduled[0].num_new_tokens == 2
+    assert s.kv.prefix_hits == 16 and s.kv.prefix_queries == 36
+
+
+def test_prefix_reuse_within_one_step():
+    s = make(max_num_batched_tokens=64)
+    s.add_request(req("a", 12, max_tokens=1))
+    s.add_request(req("b", 12, max_tokens=1))
+    out = step(s)
+    assert [x.num_new_tokens for x in out.scheduled] == [12, 4]
+    assert s.kv.req_blocks == {}  # both finished
+
+
+def test_abort_frees_blocks_at_once():
+    s = make()
+    s.add_request(req("a", 30, max_tokens=50))
+    step(s)
+    assert s.kv.num_free_blocks < 64
+    s.abort("a")
+    assert s.kv.num_free_blocks == 64 and not s.has_unfinished()
+    s.kv.check_integrity()
+
+
+def test_cache_only_ever_names_computed_blocks():
+    """A victim preempted after being scheduled in the same step registered blocks whose K/V
+    will never be written; they must leave the hash map, or a later hit would read garbage."""
+    import random
+
+    rng = random.Random(0)
+    uncached_calls = []
+    for trial in range(30):
+        s = make(num_blocks=10, caching=True, max_num_batched_tokens=24)
+        real_free = s.kv.free
+
+        def spy(r, uncache_this_step=False, _free=real_free):
+            uncached_calls.append(uncache_this_step)
+            _free(r, uncache_this_step=uncache_this_step)
+
+        s.kv.free = spy
+        computed: set[bytes] = set()
+        for i in range(6):  # arrival times out of insertion order
+            s.add_request(req(f"r{i}", rng.randint(2, 9), 14, start=100 * i, t=rng.random()))
+        for _ in range(300):
+            if not s.has_unfinished():
+                break
+            out = s.schedule()
+            s.update_after_step(out)
+            for sr in out.scheduled:
+                r = sr.request
+                computed.update(r.block_hashes[: r.num_computed_tokens // BS])
+                if r.num_computed_tokens >= r.num_tokens:
+                    r.append_token(rng.randint(0, 1000))
+                    if r.check_stop_token():
+                        s.finish(r)
+            assert set(s.kv.pool.cached) <= computed, (
+                f"trial {trial}: cache names an uncomputed block"
+            )
+            s.kv.check_integrity()
+        assert not s.has_unfinished()
+    assert any(uncached_calls), "no scheduled victim was ever preempted: the scenario is too easy"
