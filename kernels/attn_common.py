@@ -17,15 +17,15 @@ LOG2E = 1.0 / math.log(2.0)
 
 
 def dot_precision(dtype: torch.dtype) -> str:
-    """How :func:`mma` multiplies: fp32 caches get exact products ("ieee"), half types use
-    tensor cores either way ("tf32" is Triton's default). Triton 3.9's interpreter multiplies
-    bfloat16 as raw uint16 bits, so there bf16 operands are widened first ("upcast"): exact,
-    since every bf16 value is an fp32 value and products accumulate in fp32 anyway."""
+    """How :func:`mma` multiplies. fp32 caches get exact products ("ieee"; the default would be
+    TF32). Half types take the backend's default (tensor cores). Triton 3.9's interpreter
+    multiplies bfloat16 as raw uint16 bits, so there bf16 operands are widened first
+    ("upcast"): exact, as every bf16 value is an fp32 value and products accumulate in fp32."""
     if dtype == torch.float32:
         return "ieee"
     if dtype == torch.bfloat16 and interpreter_enabled():
         return "upcast"
-    return "tf32"
+    return "default"
 
 
 @triton.jit
@@ -33,8 +33,10 @@ def mma(a, b, DOT_PRECISION: tl.constexpr):
     """``tl.dot`` with an fp32 result, per :func:`dot_precision`."""
     if DOT_PRECISION == "upcast":
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif DOT_PRECISION == "ieee":
+        return tl.dot(a, b, input_precision="ieee")
     else:
-        return tl.dot(a, b, input_precision=DOT_PRECISION)
+        return tl.dot(a, b)
 
 
 @triton.jit

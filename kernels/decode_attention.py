@@ -239,7 +239,7 @@ def launch_decode_attention(
         HEAD_DIM=head_dim,
         HEAD_DIM_PADDED=head_dim_padded,
         BLOCK_SIZE=k_cache.shape[1],
-        TILE_SIZE=int(config["TILE_SIZE"]),
+        TILE_SIZE=next_pow2(max(int(config["TILE_SIZE"]), 16)),  # tl.dot: N, K >= 16
         BLOCK_H=max(16, next_pow2(queries_per_kv)),
         NUM_SPLITS=num_splits,
         DOT_PRECISION=dot_precision(q.dtype),

@@ -168,7 +168,7 @@ def launch_unified_attention(
     num_seqs = seq_lens.shape[0]
     num_kv_heads = k_cache.shape[2]
     queries_per_kv = num_heads // num_kv_heads
-    block_m = max(int(config["BLOCK_M"]), 16, next_pow2(queries_per_kv))
+    block_m = next_pow2(max(int(config["BLOCK_M"]), 16, queries_per_kv))
     block_q = block_m // queries_per_kv
     grid = ((num_tokens - first_token) // block_q + (num_seqs - first_seq), num_kv_heads)
     if grid[0] <= 0:
@@ -199,7 +199,7 @@ def launch_unified_attention(
         HEAD_DIM=head_dim,
         HEAD_DIM_PADDED=max(next_pow2(head_dim), 16),
         BLOCK_SIZE=k_cache.shape[1],
-        TILE_SIZE=int(config["TILE_SIZE"]),
+        TILE_SIZE=next_pow2(max(int(config["TILE_SIZE"]), 16)),  # tl.dot: N, K >= 16
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
         DOT_PRECISION=dot_precision(q.dtype),
