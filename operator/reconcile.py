@@ -114,10 +114,16 @@ async def write_status(
     *,
     spec_error: SpecError | None,
     url: str | None,
+    fresh: Mapping[str, Any] | None = None,
 ) -> bool:
-    """Patch /status with what changed, against a fresh read of the object. True if it wrote."""
+    """Patch /status with what changed, against a fresh read of the object. True if it wrote.
+
+    `fresh` may be passed when the caller read the object under the same per-object lock
+    (only code holding that lock writes status, so it cannot be stale).
+    """
     meta = body["metadata"]
-    fresh = await api.get(KIND, meta["namespace"], meta["name"])
+    if fresh is None:
+        fresh = await api.get(KIND, meta["namespace"], meta["name"])
     if fresh is None or fresh["metadata"].get("uid") != meta.get("uid"):
         return False  # deleted (or replaced) meanwhile
     # Stamp the generation that was reconciled, not a newer one that arrived in between.
@@ -189,24 +195,27 @@ async def on_child_event(
     config: OperatorConfig,
     logger: logging.Logger,
 ) -> None:
-    """A child changed or vanished: restore it if needed; a Deployment change refreshes status."""
+    """A child changed or vanished: restore it if needed; a Deployment change refreshes status.
+
+    `owner_body` (from kopf's index) only locates the owner; decisions use a fresh read taken
+    under the owner's lock, so a lagging index cannot resurrect an old condition.
+    """
     owner = Owner.from_body(owner_body)
     kind, name = child["kind"], child["metadata"]["name"]
     if not owned_by(child, owner.uid):
         return  # labelled like ours but controlled by something else (or an older owner)
     async with object_lock(owner.uid):
-        recorded = spec_error_in_status(owner_body)
+        fresh = await api.get(KIND, owner.namespace, owner.name)
+        meta = (fresh or {}).get("metadata") or {}
+        if fresh is None or meta.get("uid") != owner.uid or meta.get("deletionTimestamp"):
+            return  # the owner is going away too: the garbage collector is at work
+        recorded = spec_error_in_status(fresh)
         if recorded is not None:  # keep the last valid children alone until the spec is fixed
             if kind == "Deployment" and event_type != "DELETED":
-                await write_status(api, owner_body, child, spec_error=recorded, url=None)
+                await write_status(api, fresh, child, spec_error=recorded, url=None, fresh=fresh)
             return
-        if event_type == "DELETED":
-            fresh = await api.get(KIND, owner.namespace, owner.name)
-            meta = (fresh or {}).get("metadata") or {}
-            if meta.get("uid") != owner.uid or meta.get("deletionTimestamp"):
-                return  # the owner is going away too: the garbage collector is at work
         try:
-            spec = validation.parse(owner_body, config)
+            spec = validation.parse(fresh, config)
         except SpecError:
             return  # the create/update handler reports it
         actual = None if event_type == "DELETED" else child
@@ -229,4 +238,4 @@ async def on_child_event(
         live = await apply_child(api, desired, owner.uid, logger, actual=actual)
         if kind == "Deployment":
             url = config.service_url(owner.name, owner.namespace)
-            await write_status(api, owner_body, live, spec_error=None, url=url)
+            await write_status(api, fresh, live, spec_error=None, url=url, fresh=fresh)

@@ -104,6 +104,11 @@ class Emulator(kmock.KubernetesEmulator):
         self.uids: dict[str, tuple[Any, str | None, str]] = {}
         self.printer_columns: dict[Any, list[dict[str, Any]]] = {}
         self.scale_paths: dict[Any, dict[str, str]] = {}
+        self.faults: list[list[Any]] = []  # [method, plural, status, remaining]
+
+    def fail(self, method: str, plural: str, status: int = 503, times: int = 1) -> None:
+        """Answer the next `times` METHOD requests for `plural` with an error `status`."""
+        self.faults.append([method.upper(), plural, status, times])
 
     # --- declaring resources --------------------------------------------------------------
 
@@ -171,6 +176,14 @@ class Emulator(kmock.KubernetesEmulator):
         res = request.resource
         if res is None or res.plural is None or request.action == kmock.action.WATCH:
             return await super()._handle(request)
+        for fault in self.faults:
+            if fault[3] > 0 and fault[0] == request.method.value and fault[1] == res.plural:
+                fault[3] -= 1
+                raise _status(
+                    fault[2],
+                    "ServiceUnavailable" if fault[2] == 503 else "InternalError",
+                    "injected fault",
+                )
         if request.subresource == "scale" and res in self.scale_paths:
             return aiohttp.web.json_response(await self._serve_scale(request))
         accept = request.headers.get("Accept", "")

@@ -1,0 +1,347 @@
+"""Every builder: valid Kubernetes (kubernetes-validate, strict) and the properties that matter."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+from pagoda.operator import builders
+from pagoda.operator.builders import Owner, build_children
+from pagoda.operator.spec import InferenceServiceSpec
+
+K8S_VERSIONS = ("1.32.0", "1.37.0")
+OWNER = Owner(
+    name="demo",
+    namespace="team-a",
+    uid="0b7e2f8e-1111-4c1e-9a34-5a1d2c3b4e5f",
+    labels=(("team", "a"),),
+)
+
+
+def parse(spec: dict[str, Any]) -> InferenceServiceSpec:
+    return InferenceServiceSpec.from_dict(
+        spec, name=OWNER.name, default_image="ghcr.io/x/pagoda-runtime:1.0"
+    )
+
+
+CPU = parse({"model": "smollm2-135m"})
+GPU = parse(
+    {
+        "model": "pvc://models/llama-3.1-8b",
+        "servedModelName": "llama",
+        "replicas": 3,
+        "resources": {"gpus": 2, "cpu": 8, "memory": "32Gi", "cpuLimit": "16", "memoryLimit": "40Gi"},
+        "engine": {
+            "dtype": "bfloat16", "maxNumSeqs": 128, "maxNumBatchedTokens": 8192, "maxModelLen": 8192,
+            "blockSize": 32, "enablePrefixCaching": False, "enableChunkedPrefill": False,
+            "maxQueueLen": 100, "attentionBackend": "triton", "extraArgs": ["--seed", "7"],
+        },
+        "apiKeySecretRef": {"name": "llama-key"},
+        "nodeSelector": {"gpu": "h200"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}],
+        "env": [{"name": "LOG_LEVEL", "value": "debug"}, {"name": "HOME", "value": "/data"}],
+        "drainTimeoutSeconds": 60,
+        "startupTimeoutSeconds": 600,
+    }
+)  # fmt: skip
+
+
+def container(deploy: dict[str, Any]) -> dict[str, Any]:
+    (c,) = deploy["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def flag(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+# --- validity --------------------------------------------------------------------------------
+
+SERVICE_MONITOR_SCHEMA = {  # the fields we use, from prometheus-operator's CRD
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {"type": "object"},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["selector", "endpoints"],
+            "properties": {
+                "selector": {"type": "object", "properties": {"matchLabels": {"type": "object"}}},
+                "endpoints": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "port": {"type": "string"},
+                            "path": {"type": "string"},
+                            "interval": {
+                                "type": "string",
+                                "pattern": "^(0|(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("spec", [CPU, GPU], ids=["cpu", "gpu"])
+def test_every_child_passes_kubernetes_validate_strict(
+    spec: InferenceServiceSpec, version: str
+) -> None:
+    children = build_children(OWNER, spec, service_monitor=True)
+    kinds = [c["kind"] for c in children.desired]
+    assert kinds[:3] == ["ConfigMap", "Deployment", "Service"] and "ServiceMonitor" in kinds
+    for child in children.desired:
+        if child["kind"] == "ServiceMonitor":  # a custom resource: no bundled schema
+            jsonschema.validate(child, SERVICE_MONITOR_SCHEMA)
+            as_builtin = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": child["metadata"]}
+            kubernetes_validate.validate(as_builtin, version, strict=True)  # its metadata is valid
+        else:
+            kubernetes_validate.validate(child, version, strict=True)
+
+
+def test_validation_is_not_vacuous() -> None:
+    deploy = builders.build_deployment(OWNER, CPU, config_hash_value="h")
+    container(deploy)["securityContext"]["runAsNonRot"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deploy, "1.32.0", strict=True)
+
+
+# --- ownership and labels ----------------------------------------------------------------------
+
+
+def test_children_are_adopted_and_labelled() -> None:
+    for child in build_children(OWNER, GPU, service_monitor=True).desired:
+        meta = child["metadata"]
+        assert meta["namespace"] == "team-a"
+        (ref,) = meta["ownerReferences"]
+        assert ref == {
+            "apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService", "name": "demo",
+            "uid": OWNER.uid, "controller": True, "blockOwnerDeletion": True,
+        }  # fmt: skip
+        assert builders.standard_labels("demo").items() <= meta["labels"].items()
+        assert meta["labels"]["team"] == "a"  # the owner's labels (kopf.adopt)
+
+
+def test_selectors_use_only_fixed_labels() -> None:
+    children = build_children(OWNER, GPU)
+    deploy, svc, pdb = (
+        children.get("Deployment"),
+        children.get("Service"),
+        children.get("PodDisruptionBudget"),
+    )
+    selector = builders.selector_labels("demo")
+    assert deploy["spec"]["selector"]["matchLabels"] == selector
+    assert svc["spec"]["selector"] == selector
+    assert pdb["spec"]["selector"]["matchLabels"] == selector
+    assert selector.items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+    assert "team" not in deploy["spec"]["template"]["metadata"]["labels"]
+
+
+# --- the Deployment ---------------------------------------------------------------------------------
+
+
+def test_deployment_runs_pagoda_serve_with_engine_args() -> None:
+    c = container(builders.build_deployment(OWNER, GPU, config_hash_value="h"))
+    args = c["args"]
+    assert c["command"] == ["pagoda", "serve"]
+    assert flag(args, "--model") == "/mnt/models/llama-3.1-8b"
+    assert flag(args, "--served-model-name") == "llama"
+    assert flag(args, "--host") == "0.0.0.0" and flag(args, "--port") == "8000"
+    assert flag(args, "--dtype") == "bfloat16"
+    assert flag(args, "--max-num-seqs") == "128"
+    assert flag(args, "--max-num-batched-tokens") == "8192"
+    assert flag(args, "--max-model-len") == "8192"
+    assert flag(args, "--block-size") == "32"
+    assert flag(args, "--max-queue-len") == "100"
+    assert flag(args, "--attention-backend") == "triton"
+    assert flag(args, "--drain-timeout") == "60"
+    assert "--no-enable-prefix-caching" in args and "--no-enable-chunked-prefill" in args
+    assert args[-2:] == ["--seed", "7"]
+    cpu_args = container(builders.build_deployment(OWNER, CPU, config_hash_value="h"))["args"]
+    assert (
+        flag(cpu_args, "--model") == "smollm2-135m"
+        and flag(cpu_args, "--served-model-name") == "smollm2-135m"
+    )
+    assert "--enable-prefix-caching" in cpu_args and "--max-num-seqs" not in cpu_args
+
+
+def test_probes_drain_and_grace_period() -> None:
+    deploy = builders.build_deployment(OWNER, GPU, config_hash_value="h")
+    c = container(deploy)
+    assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # startupTimeoutSeconds
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", str(builders.PRESTOP_SLEEP_S)]
+    grace = deploy["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > builders.PRESTOP_SLEEP_S + 60  # preStop + --drain-timeout fit inside
+    assert deploy["spec"]["progressDeadlineSeconds"] > 600
+
+
+def test_restricted_security_context() -> None:
+    pod = builders.build_deployment(OWNER, CPU, config_hash_value="h")["spec"]["template"]["spec"]
+    sc = pod["containers"][0]["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["seccompProfile"] == {
+        "type": "RuntimeDefault"
+    }
+    assert (
+        pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    )
+    assert pod["automountServiceAccountToken"] is False
+    mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert sc["readOnlyRootFilesystem"] is True and "/tmp" in mounts  # writable scratch only
+
+
+def test_gpu_resources_volume_key_and_scheduling() -> None:
+    pod = builders.build_deployment(OWNER, GPU, config_hash_value="h")["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["resources"] == {
+        "requests": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2"},
+        "limits": {"cpu": "16", "memory": "40Gi", "nvidia.com/gpu": "2"},
+    }
+    (model_vol,) = [v for v in pod["volumes"] if v["name"] == "model"]
+    assert model_vol["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    assert {"name": "model", "mountPath": "/mnt/models", "readOnly": True} in c["volumeMounts"]
+    assert {
+        "name": "PAGODA_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "llama-key", "key": "api-key"}},
+    } in c["env"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["LOG_LEVEL"] == "debug" and env["HOME"] == "/data"  # the user's HOME wins
+    assert [e["name"] for e in c["env"]].count("HOME") == 1
+    assert pod["nodeSelector"] == {"gpu": "h200"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    cpu = builders.build_deployment(OWNER, CPU, config_hash_value="h")["spec"]["template"]["spec"]
+    assert "nvidia.com/gpu" not in cpu["containers"][0]["resources"]["limits"]
+    assert "tolerations" not in cpu and "nodeSelector" not in cpu
+    assert not [v for v in cpu["volumes"] if v["name"] == "model"]
+
+
+def test_prometheus_annotations_and_config_hash() -> None:
+    cm = builders.build_config_map(OWNER, GPU)
+    deploy = builders.build_deployment(OWNER, GPU, config_hash_value=builders.config_hash(cm))
+    annotations = deploy["spec"]["template"]["metadata"]["annotations"]
+    assert (
+        annotations["prometheus.io/scrape"] == "true"
+        and annotations["prometheus.io/port"] == "8000"
+    )
+    assert annotations["prometheus.io/path"] == "/metrics"
+    assert annotations[builders.CONFIG_HASH_ANNOTATION] == builders.config_hash(cm)
+
+
+def test_spec_change_changes_the_pod_template_hash() -> None:
+    base = {"model": "smollm2-135m", "engine": {"maxNumSeqs": 8}}
+    changed = copy.deepcopy(base)
+    changed["engine"]["maxNumSeqs"] = 16
+
+    def template_hash(spec: dict[str, Any]) -> str:
+        deploy = build_children(OWNER, parse(spec)).get("Deployment")
+        return deploy["spec"]["template"]["metadata"]["annotations"][
+            builders.CONFIG_HASH_ANNOTATION
+        ]
+
+    assert template_hash(base) == template_hash(copy.deepcopy(base))  # deterministic
+    assert template_hash(base) != template_hash(changed)
+
+
+def test_config_map_records_the_engine_configuration() -> None:
+    import json
+
+    cm = builders.build_config_map(OWNER, GPU)
+    assert cm["metadata"]["name"] == "demo-config"
+    engine = json.loads(cm["data"]["engine.json"])
+    assert (
+        engine["maxNumSeqs"] == 128
+        and engine["dtype"] == "bfloat16"
+        and engine["model"] == "pvc://models/llama-3.1-8b"
+    )
+    assert cm["data"]["serve-args"].startswith("pagoda serve --model /mnt/models/llama-3.1-8b ")
+
+
+def test_replicas_follow_spec_or_autoscaler() -> None:
+    assert (
+        builders.build_deployment(OWNER, GPU, config_hash_value="h", current_replicas=7)["spec"][
+            "replicas"
+        ]
+        == 3
+    )
+    auto = parse(
+        {
+            "model": "smollm2-135m",
+            "replicas": 9,
+            "autoscaling": {"minReplicas": 2, "maxReplicas": 5, "targetQueueDepth": 4},
+        }
+    )
+
+    def replicas(current: int | None) -> int:
+        return builders.build_deployment(
+            OWNER, auto, config_hash_value="h", current_replicas=current
+        )["spec"]["replicas"]
+
+    assert replicas(None) == 2  # new Deployment: minReplicas
+    assert replicas(4) == 4  # the autoscaler's choice is kept
+    assert replicas(1) == 2 and replicas(9) == 5  # clamped into [min, max]
+
+
+def test_gpu_rollout_does_not_surge() -> None:
+    assert builders.build_deployment(OWNER, GPU, config_hash_value="h")["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": 0, "maxUnavailable": 1,
+    }  # fmt: skip
+    assert builders.build_deployment(OWNER, CPU, config_hash_value="h")["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": 1, "maxUnavailable": 0,
+    }  # fmt: skip
+
+
+# --- Service, PDB, ServiceMonitor -----------------------------------------------------------------
+
+
+def test_service() -> None:
+    svc = builders.build_service(OWNER)
+    assert svc["spec"]["type"] == "ClusterIP"
+    assert svc["spec"]["ports"] == [
+        {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
+    ]
+
+
+def test_pdb_only_with_more_than_one_replica() -> None:
+    single = build_children(OWNER, CPU)
+    assert "PodDisruptionBudget" not in [c["kind"] for c in single.desired]
+    assert ("PodDisruptionBudget", "demo") in single.absent
+    multi = build_children(OWNER, GPU)
+    pdb = multi.get("PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    auto = parse(
+        {"model": "smollm2-135m", "autoscaling": {"maxReplicas": 3, "targetTTFTSeconds": 0.5}}
+    )
+    assert "PodDisruptionBudget" in [c["kind"] for c in build_children(OWNER, auto).desired]
+
+
+def test_service_monitor_only_when_the_api_exists() -> None:
+    assert "ServiceMonitor" not in [c["kind"] for c in build_children(OWNER, CPU).desired]
+    sm = build_children(OWNER, CPU, service_monitor=True).get("ServiceMonitor")
+    assert sm["spec"]["selector"]["matchLabels"] == builders.selector_labels("demo")
+    assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
+
+
+def test_builders_are_pure() -> None:
+    first = build_children(OWNER, GPU, service_monitor=True)
+    second = build_children(OWNER, GPU, service_monitor=True)
+    assert first == second
+    first.desired[1]["spec"]["replicas"] = 99
+    assert build_children(OWNER, GPU).get("Deployment")["spec"]["replicas"] == 3

@@ -1,0 +1,203 @@
+"""The CRD itself, the examples against it, and its defaults against the operator's."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from conftest import ROOT, load_crd
+from crd_schema import apply_defaults, defaults, validate, version_schema
+from pagoda.operator import spec as spec_mod
+from pagoda.operator.config import OperatorConfig
+from pagoda.operator.spec import InferenceServiceSpec
+
+K8S_VERSIONS = ("1.32.0", "1.37.0")  # kubectl's here and the newest bundled schema
+EXAMPLES = ROOT / "examples"
+
+
+def _isvcs(path: pathlib.Path) -> list[dict[str, Any]]:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return [d for d in docs if d.get("kind") == "InferenceService"]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_crd_passes_kubernetes_validate_strict(version: str) -> None:
+    kubernetes_validate.validate(load_crd(), version, strict=True)
+
+
+def test_crd_shape() -> None:
+    crd = load_crd()
+    spec = crd["spec"]
+    assert crd["metadata"]["name"] == "inferenceservices.serving.pagoda.dev"
+    assert (spec["group"], spec["scope"], spec["names"]["shortNames"]) == (
+        "serving.pagoda.dev",
+        "Namespaced",
+        ["isvc"],
+    )
+    (version,) = spec["versions"]
+    assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
+    assert version["subresources"]["status"] == {}
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
+    assert columns == ["Ready", "Replicas", "Model", "URL", "Age"]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert {
+        "conditions",
+        "replicas",
+        "readyReplicas",
+        "selector",
+        "url",
+        "observedGeneration",
+        "autoscaling",
+    } <= set(status)
+    assert status["autoscaling"].get("x-kubernetes-preserve-unknown-fields") is True
+
+
+def _walk(schema: Any, path: str = ""):
+    if isinstance(schema, dict):
+        yield path, schema
+        for key, sub in (schema.get("properties") or {}).items():
+            yield from _walk(sub, f"{path}.{key}")
+        if isinstance(schema.get("items"), dict):
+            yield from _walk(schema["items"], f"{path}[]")
+        if isinstance(schema.get("additionalProperties"), dict):
+            yield from _walk(schema["additionalProperties"], f"{path}{{}}")
+
+
+def test_schema_is_structural_and_preserves_unknown_fields_only_for_status_autoscaling() -> None:
+    schema = version_schema(load_crd())
+    for path, node in _walk(schema):
+        int_or_string = node.get("x-kubernetes-int-or-string")
+        assert "type" in node or int_or_string, f"{path} has no type (not structural)"
+        if node.get("x-kubernetes-preserve-unknown-fields"):
+            assert path == ".status.autoscaling", path
+        if int_or_string:
+            assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}], path
+
+
+@pytest.mark.parametrize("name", ["smollm2-cpu.yaml", "llama-gpu.yaml"])
+def test_examples_validate_against_the_crd(name: str) -> None:
+    isvcs = _isvcs(EXAMPLES / name)
+    assert isvcs, f"{name} has no InferenceService"
+    for doc in isvcs:
+        assert validate(load_crd(), doc) == []
+        # and the operator accepts it, with or without the server's defaulting
+        for body in (doc, apply_defaults(version_schema(load_crd()), doc)):
+            InferenceServiceSpec.from_dict(
+                body["spec"], name=doc["metadata"]["name"], default_image="img:1"
+            )
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("min-greater-than-max.yaml", "spec.autoscaling: minReplicas must be <= maxReplicas"),
+        ("negative-gpus.yaml", "spec.resources.gpus: -1 is less than the minimum of 0"),
+        (
+            "unknown-field.yaml",
+            "spec: Additional properties are not allowed ('replica' was unexpected)",
+        ),
+    ],
+)
+def test_bad_examples_fail_with_a_readable_message(name: str, expected: str) -> None:
+    (doc,) = _isvcs(EXAMPLES / "invalid" / name)
+    assert validate(load_crd(), doc) == [expected]
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (
+            {"model": "m", "engine": {"maxNumSeqs": 64, "maxNumBatchedTokens": 32}},
+            "maxNumBatchedTokens must be >= maxNumSeqs",
+        ),
+        (
+            {"model": "m", "autoscaling": {"maxReplicas": 3}},
+            "set targetTTFTSeconds or targetQueueDepth",
+        ),
+        ({"model": "m", "engine": {"dtype": "int4"}}, "spec.engine.dtype: 'int4' is not one of"),
+        (
+            {"model": "m", "resources": {"memory": "-1Gi"}},
+            "spec.resources.memory: '-1Gi' does not match",
+        ),
+        ({"model": "m", "env": [{"value": "x"}]}, "'name' is a required property"),
+        ({}, "spec: 'model' is a required property"),
+    ],
+)
+def test_schema_and_cel_rules_reject(spec: dict[str, Any], expected: str) -> None:
+    doc = {
+        "apiVersion": "serving.pagoda.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "x"},
+        "spec": spec,
+    }
+    errors = validate(load_crd(), doc)
+    assert any(expected in e for e in errors), errors
+
+
+def test_metadata_name_rule() -> None:
+    doc = {
+        "apiVersion": "serving.pagoda.dev/v1alpha1",
+        "kind": "InferenceService",
+        "spec": {"model": "m"},
+    }
+    assert validate(load_crd(), {**doc, "metadata": {"name": "ok-name"}}) == []
+    for bad in ("Upper", "1starts-with-digit", "x" * 53):
+        (error,) = validate(load_crd(), {**doc, "metadata": {"name": bad}})
+        assert error.startswith("<root>: metadata.name must be a DNS-1035 label")
+
+
+def test_crd_defaults_equal_the_operator_defaults() -> None:
+    """One set of defaults: what the API server fills in is what the operator assumes."""
+    declared = defaults(version_schema(load_crd())["properties"]["spec"])
+    parsed = InferenceServiceSpec.from_dict(
+        {
+            "model": "smollm2-135m",
+            "autoscaling": {"maxReplicas": 2, "targetQueueDepth": 1},
+            "apiKeySecretRef": {"name": "s"},
+        },
+        name="x",
+        default_image="img",
+    )
+    assert parsed.autoscaling is not None and parsed.api_key_secret is not None
+    expected = {
+        "imagePullPolicy": parsed.image_pull_policy,
+        "replicas": parsed.replicas,
+        "startupTimeoutSeconds": parsed.startup_timeout_seconds,
+        "drainTimeoutSeconds": parsed.drain_timeout_seconds,
+        "resources.gpus": parsed.resources.gpus,
+        "engine.blockSize": parsed.engine.block_size,
+        "engine.enablePrefixCaching": parsed.engine.enable_prefix_caching,
+        "engine.enableChunkedPrefill": parsed.engine.enable_chunked_prefill,
+        "engine.dtype": parsed.engine.dtype,
+        "engine.attentionBackend": parsed.engine.attention_backend,
+        "autoscaling.minReplicas": parsed.autoscaling.min_replicas,
+        "autoscaling.scaleUpStabilizationSeconds": parsed.autoscaling.scale_up_stabilization_seconds,
+        "autoscaling.scaleDownStabilizationSeconds": parsed.autoscaling.scale_down_stabilization_seconds,
+        "apiKeySecretRef.key": parsed.api_key_secret.key,
+    }
+    assert declared == expected
+
+
+def test_crd_enums_equal_the_operator_enums() -> None:
+    props = version_schema(load_crd())["properties"]["spec"]["properties"]
+    engine = props["engine"]["properties"]
+    assert tuple(engine["dtype"]["enum"]) == spec_mod.DTYPES
+    assert tuple(engine["attentionBackend"]["enum"]) == spec_mod.ATTENTION_BACKENDS
+    assert tuple(engine["blockSize"]["enum"]) == spec_mod.BLOCK_SIZES
+    assert tuple(props["imagePullPolicy"]["enum"]) == spec_mod.PULL_POLICIES
+
+
+def test_default_image_comes_from_operator_settings() -> None:
+    config = OperatorConfig(default_image="registry.example/pagoda:9")
+    parsed = InferenceServiceSpec.from_dict(
+        {"model": "smollm2-135m"}, name="x", default_image=config.default_image
+    )
+    assert parsed.image == "registry.example/pagoda:9"

@@ -1,0 +1,113 @@
+"""Drift detection and the merge patch that repairs it (pure)."""
+
+from __future__ import annotations
+
+import copy
+from decimal import Decimal
+
+import pytest
+from kube_emulator import merge_patch as apply_merge_patch
+from pagoda.operator import builders, drift
+from pagoda.operator.builders import Owner
+from pagoda.operator.spec import InferenceServiceSpec
+
+OWNER = Owner("demo", "default", "uid-1")
+
+
+def deployment(spec: dict) -> dict:
+    parsed = InferenceServiceSpec.from_dict(spec, name="demo", default_image="img:1")
+    return builders.build_children(OWNER, parsed).get("Deployment")
+
+
+def served(desired: dict) -> dict:
+    """What a real API server returns: defaults added, quantities normalised, status, extras."""
+    live = copy.deepcopy(desired)
+    live["metadata"].update(
+        uid="d-1",
+        resourceVersion="7",
+        generation=1,
+        annotations={"deployment.kubernetes.io/revision": "1"},
+    )
+    pod = live["spec"]["template"]["spec"]
+    pod.update(restartPolicy="Always", dnsPolicy="ClusterFirst", schedulerName="default-scheduler")
+    c = pod["containers"][0]
+    c["terminationMessagePath"] = "/dev/termination-log"
+    c["resources"]["requests"]["cpu"] = "1000m"
+    c["livenessProbe"]["successThreshold"] = 1
+    live["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"] = (
+        "2026-01-01T00:00:00Z"
+    )
+    live["status"] = {"replicas": 1}
+    return live
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "equal"),
+    [
+        ("1", "1000m", True),
+        ("2Gi", "2147483648", True),
+        ("1Gi", "1G", False),
+        ("500m", 0.5, True),
+        ("x", "x", True),
+    ],
+)
+def test_quantities(a: object, b: object, equal: bool) -> None:
+    assert drift.is_subset({"limits": {"q": a}}, {"limits": {"q": b}}) is equal
+
+
+def test_parse_quantity() -> None:
+    assert drift.parse_quantity("16Gi") == Decimal(16 * 2**30)
+    assert drift.parse_quantity("1e3") == Decimal(1000)
+    assert drift.parse_quantity("abc") is None and drift.parse_quantity(True) is None
+
+
+def test_served_object_is_in_sync() -> None:
+    desired = deployment({"model": "smollm2-135m"})
+    assert not drift.needs_update(desired, served(desired))
+
+
+def test_hand_edits_are_drift_and_the_patch_repairs_them() -> None:
+    desired = deployment({"model": "smollm2-135m", "nodeSelector": {"pool": "cpu"}})
+    live = served(desired)
+    live["spec"]["replicas"] = 5
+    live["spec"]["template"]["spec"]["containers"][0]["image"] = "evil:latest"
+    live["spec"]["template"]["spec"]["nodeSelector"]["extra"] = "x"
+    assert drift.needs_update(desired, live)
+    patch = drift.merge_patch(desired, live)
+    assert patch["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "cpu", "extra": None}
+    repaired = apply_merge_patch(live, patch)
+    assert not drift.needs_update(desired, repaired)
+    # what other controllers own survives
+    assert repaired["status"] == {"replicas": 1}
+    assert (
+        "kubectl.kubernetes.io/restartedAt"
+        in repaired["spec"]["template"]["metadata"]["annotations"]
+    )
+
+
+def test_removed_node_selector_is_removed() -> None:
+    live = served(deployment({"model": "smollm2-135m", "nodeSelector": {"pool": "gpu"}}))
+    desired = deployment({"model": "smollm2-135m"})
+    assert drift.needs_update(desired, live)
+    patch = drift.merge_patch(desired, live)
+    assert patch["spec"]["template"]["spec"]["nodeSelector"] is None
+    assert "nodeSelector" not in apply_merge_patch(live, patch)["spec"]["template"]["spec"]
+
+
+def test_removed_gpu_and_env_are_removed() -> None:
+    live = served(
+        deployment({"model": "/w", "resources": {"gpus": 1}, "env": [{"name": "A", "value": "1"}]})
+    )
+    desired = deployment({"model": "/w"})
+    repaired = apply_merge_patch(live, drift.merge_patch(desired, live))
+    c = repaired["spec"]["template"]["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in c["resources"]["limits"]
+    assert "A" not in [e["name"] for e in c["env"]]
+    assert not drift.needs_update(desired, repaired)
+
+
+def test_missing_owner_reference_is_drift() -> None:
+    desired = deployment({"model": "smollm2-135m"})
+    live = served(desired)
+    live["metadata"]["ownerReferences"] = []
+    assert drift.needs_update(desired, live)

@@ -1,0 +1,419 @@
+"""The real kopf operator (main.serve) against the stateful API-server emulator on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from conftest import DEPLOY, ISVC, ROOT, wait_for
+from kube_emulator import Emulator
+from pagoda.operator import k8s
+from pagoda.operator.builders import CONFIG_HASH_ANNOTATION
+from pagoda.operator.k8s import KubeApi
+
+pytestmark = pytest.mark.e2e
+
+SVC, CM, PDB = "v1/services", "v1/configmaps", "policy/v1/poddisruptionbudgets"
+ISVC_PATH = "/apis/serving.pagoda.dev/v1alpha1/namespaces/default/inferenceservices"
+EXAMPLE_SPEC = next(
+    d for d in yaml.safe_load_all((ROOT / "examples/smollm2-cpu.yaml").read_text()) if d
+)["spec"]
+OPERATOR_AGENTS = ("kopf/", k8s.USER_AGENT)
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+async def create_isvc(kube: KubeApi, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    body = {
+        "apiVersion": "serving.pagoda.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+    return await kube.request("POST", ISVC_PATH, body=body)
+
+
+async def patch_isvc(kube: KubeApi, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+    return await kube.patch("InferenceService", "default", name, patch)
+
+
+def children(emulator: Emulator, name: str) -> dict[str, dict[str, Any] | None]:
+    return {
+        "Deployment": emulator.live(DEPLOY, "default", name),
+        "Service": emulator.live(SVC, "default", name),
+        "ConfigMap": emulator.live(CM, "default", f"{name}-config"),
+    }
+
+
+def condition(emulator: Emulator, name: str, type_: str) -> dict[str, Any]:
+    body = emulator.live(ISVC, "default", name) or {}
+    return next(
+        (c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == type_), {}
+    )
+
+
+async def mark_available(kube: KubeApi, name: str, ready: int | None = None) -> None:
+    """Play the Deployment controller: all replicas of the current generation are ready."""
+    deploy = await kube.get("Deployment", "default", name)
+    assert deploy is not None
+    replicas = deploy["spec"]["replicas"] if ready is None else ready
+    status = {
+        "observedGeneration": deploy["metadata"]["generation"],
+        "replicas": replicas, "updatedReplicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas,
+        "conditions": [
+            {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
+            {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"},
+        ],
+    }  # fmt: skip
+    await kube.patch("Deployment", "default", name, {"status": status}, subresource="status")
+
+
+def operator_requests(emulator: Emulator, since: int = 0) -> Iterator[Any]:
+    for r in emulator._requests[since:]:
+        if r.headers.get("User-Agent", "").startswith(OPERATOR_AGENTS):
+            yield r
+
+
+def verb(r: Any) -> str:
+    if r.method.value == "GET":
+        return "watch" if r.params.get("watch") == "true" else ("get" if r.name else "list")
+    return {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}[r.method.value]
+
+
+def assert_permitted(emulator: Emulator) -> None:
+    """Every API call the operator made is covered by API_PERMISSIONS (what the chart's RBAC grants)."""
+    seen = set()
+    for r in operator_requests(emulator):
+        if r.resource is None or not r.resource.plural:
+            continue  # discovery (/api, /apis/...) needs no RBAC rule
+        resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
+        seen.add((r.resource.group, resource, verb(r)))
+    missing = {call for call in seen if not k8s.allowed(*call)}
+    assert not missing, f"calls outside API_PERMISSIONS: {sorted(missing)}"
+    assert ("apps", "deployments", "create") in seen
+
+
+async def writes_during(emulator: Emulator, seconds: float) -> list[str]:
+    start = len(emulator._requests)
+    await asyncio.sleep(seconds)
+    return [
+        f"{r.method.value} {r.url.path}"
+        for r in operator_requests(emulator, start)
+        if r.method.value != "GET"
+    ]
+
+
+# --- tests ------------------------------------------------------------------------------------------
+
+
+async def test_create_then_ready_with_latency(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    await start_operator()
+    latencies = []
+    for i in range(5):
+        name = f"smol-{i}"
+        t0 = time.monotonic()
+        isvc = await create_isvc(kube, name, EXAMPLE_SPEC)
+        await wait_for(
+            lambda n=name: all(children(emulator, n).values()), what=f"children of {name}"
+        )
+        latencies.append(time.monotonic() - t0)
+        for kind, child in children(emulator, name).items():
+            (ref,) = child["metadata"]["ownerReferences"]
+            assert (ref["uid"], ref["kind"], ref["controller"]) == (
+                isvc["metadata"]["uid"],
+                "InferenceService",
+                True,
+            ), kind
+    record = {
+        "n": len(latencies),
+        "p50_s": statistics.median(latencies),
+        "max_s": max(latencies),
+        "all_s": latencies,
+    }
+    print(
+        f"\nreconcile latency (CR created -> Deployment+Service+ConfigMap present): {json.dumps(record)}"
+    )
+    assert record["max_s"] < 5.0
+
+    await wait_for(
+        lambda: condition(emulator, "smol-0", "Progressing").get("status") == "True",
+        what="Progressing",
+    )
+    assert condition(emulator, "smol-0", "Ready")["status"] == "False"
+    assert emulator.live(PDB, "default", "smol-0") is None  # one replica: no PDB
+    await mark_available(kube, "smol-0")
+    await wait_for(
+        lambda: condition(emulator, "smol-0", "Ready").get("status") == "True", what="Ready"
+    )
+    body = emulator.live(ISVC, "default", "smol-0")
+    assert body["status"]["url"] == "http://smol-0.default.svc.cluster.local:8000/v1"
+    assert body["status"]["readyReplicas"] == 1 and body["status"]["observedGeneration"] == 1
+    assert condition(emulator, "smol-0", "Progressing")["reason"] == "RolloutComplete"
+    assert not (body["metadata"].get("finalizers") or [])  # deletion never waits for the operator
+    # Settled: no writes without a change (a real server would not even see them).
+    assert await writes_during(emulator, 1.0) == []
+    assert_permitted(emulator)
+
+
+async def test_spec_update_rolls_the_deployment_and_scales(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    await start_operator()
+    await create_isvc(kube, "roll", {"model": "smollm2-135m", "engine": {"maxNumSeqs": 8}})
+    deploy = await wait_for(lambda: emulator.live(DEPLOY, "default", "roll"), what="deployment")
+    old_hash = deploy["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+
+    await patch_isvc(kube, "roll", {"spec": {"engine": {"maxNumSeqs": 16}}})
+
+    def new_hash() -> str | None:
+        d = emulator.live(DEPLOY, "default", "roll")
+        value = d["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+        return value if value != old_hash else None
+
+    await wait_for(new_hash, what="a new pod-template hash")
+    deploy = emulator.live(DEPLOY, "default", "roll")
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-num-seqs") + 1] == "16" and deploy["metadata"]["generation"] == 2
+    assert '"maxNumSeqs": 16' in emulator.live(CM, "default", "roll-config")["data"]["engine.json"]
+    await wait_for(
+        lambda: (
+            (emulator.live(ISVC, "default", "roll")["status"] or {}).get("observedGeneration") == 2
+        )
+    )
+
+    await patch_isvc(kube, "roll", {"spec": {"replicas": 3}})
+    await wait_for(
+        lambda: emulator.live(DEPLOY, "default", "roll")["spec"]["replicas"] == 3, what="3 replicas"
+    )
+    await wait_for(lambda: emulator.live(PDB, "default", "roll"), what="a PDB")
+    await patch_isvc(kube, "roll", {"spec": {"replicas": 1}})
+    await wait_for(lambda: emulator.live(PDB, "default", "roll") is None, what="the PDB gone")
+    assert_permitted(emulator)
+
+
+async def test_deleted_or_edited_children_are_restored(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    await start_operator()
+    await create_isvc(kube, "heal", EXAMPLE_SPEC)
+    await wait_for(lambda: all(children(emulator, "heal").values()), what="children")
+    before = {kind: child["metadata"]["uid"] for kind, child in children(emulator, "heal").items()}
+    for kind, name in (("Deployment", "heal"), ("Service", "heal"), ("ConfigMap", "heal-config")):
+        assert await kube.delete(kind, "default", name)
+
+    def restored() -> bool:
+        now = children(emulator, "heal")
+        return all(now[k] and now[k]["metadata"]["uid"] != before[k] for k in before)
+
+    await wait_for(restored, what="children recreated")
+
+    await kube.patch(
+        "Deployment",
+        "default",
+        "heal",
+        {"spec": {"template": {"spec": {"containers": [{"name": "server", "image": "evil:1"}]}}}},
+    )
+    await kube.patch("ConfigMap", "default", "heal-config", {"data": {"engine.json": "{}"}})
+
+    def repaired() -> bool:
+        d, cm = (
+            emulator.live(DEPLOY, "default", "heal"),
+            emulator.live(CM, "default", "heal-config"),
+        )
+        image = d["spec"]["template"]["spec"]["containers"][0]["image"]
+        return image != "evil:1" and cm["data"]["engine.json"] != "{}"
+
+    await wait_for(repaired, what="hand edits reverted")
+    assert (
+        emulator.live(DEPLOY, "default", "heal")["spec"]["template"]["spec"]["containers"][0][
+            "args"
+        ][0]
+        == "--model"
+    )
+    assert_permitted(emulator)
+
+
+async def test_invalid_spec_is_degraded_without_retry_storm(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    await start_operator()
+    await create_isvc(kube, "bad", {"model": "llama-70b"})
+    degraded = await wait_for(
+        lambda: (
+            condition(emulator, "bad", "Degraded").get("status") == "True"
+            and condition(emulator, "bad", "Degraded")
+        )
+    )
+    assert (
+        degraded["reason"] == "UnknownModel"
+        and "unknown built-in model 'llama-70b'" in degraded["message"]
+    )
+    assert condition(emulator, "bad", "Ready")["status"] == "False"
+    events = await wait_for(
+        lambda: [e for e in emulator.live_all("v1/events") if e["reason"] == "UnknownModel"],
+        what="event",
+    )
+    assert events[0]["involvedObject"]["name"] == "bad" and events[0]["type"] == "Warning"
+    assert not any(children(emulator, "bad").values())
+    calls = len(list(operator_requests(emulator)))
+    await asyncio.sleep(1.5)  # a TemporaryError would retry within a second or two
+    assert len(list(operator_requests(emulator))) - calls <= 1, "the invalid spec is being retried"
+
+    await patch_isvc(kube, "bad", {"spec": {"model": "smollm2-135m"}})
+    await wait_for(lambda: all(children(emulator, "bad").values()), what="children after the fix")
+    await wait_for(
+        lambda: condition(emulator, "bad", "Degraded").get("status") == "False", what="not degraded"
+    )
+    assert_permitted(emulator)
+
+
+async def test_cluster_checks_heal_on_resync(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    await start_operator(resync_interval_s=0.5)
+    await kube.request("POST", "/api/v1/nodes", body={"metadata": {"name": "cpu-node"}})
+    await create_isvc(kube, "llama", {"model": "pvc://models/llama-3.1-8b"})
+    await create_isvc(kube, "gpu", {"model": "smollm2-135m", "resources": {"gpus": 1}})
+    await wait_for(
+        lambda: condition(emulator, "llama", "Degraded").get("reason") == "PVCNotFound",
+        what="PVCNotFound",
+    )
+    assert "PersistentVolumeClaim 'models'" in condition(emulator, "llama", "Degraded")["message"]
+    await wait_for(
+        lambda: condition(emulator, "gpu", "Degraded").get("reason") == "InsufficientGPU",
+        what="InsufficientGPU",
+    )
+    assert (
+        emulator.live(DEPLOY, "default", "llama") is None
+        and emulator.live(DEPLOY, "default", "gpu") is None
+    )
+
+    pvc = {
+        "metadata": {"name": "models"},
+        "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "50Gi"}}},
+    }
+    await kube.request("POST", "/api/v1/namespaces/default/persistentvolumeclaims", body=pvc)
+    await kube.request("POST", "/api/v1/nodes", body={"metadata": {"name": "gpu-node"}})
+    gpu_status = {
+        "status": {"allocatable": {"nvidia.com/gpu": "8"}}
+    }  # as the device plugin reports it
+    await kube.request(
+        "PATCH",
+        "/api/v1/nodes/gpu-node/status",
+        body=gpu_status,
+        content_type="application/merge-patch+json",
+    )
+    await wait_for(
+        lambda: (
+            emulator.live(DEPLOY, "default", "llama") and emulator.live(DEPLOY, "default", "gpu")
+        ),
+        what="healed",
+    )
+    volumes = emulator.live(DEPLOY, "default", "llama")["spec"]["template"]["spec"]["volumes"]
+    assert {
+        "name": "model",
+        "persistentVolumeClaim": {"claimName": "models", "readOnly": True},
+    } in volumes
+    await wait_for(lambda: condition(emulator, "llama", "Degraded").get("status") == "False")
+    await wait_for(lambda: condition(emulator, "gpu", "Degraded").get("status") == "False")
+    assert (
+        await writes_during(emulator, 1.2) == []
+    )  # two resyncs: in sync, so no writes (no flapping)
+    assert_permitted(emulator)
+
+
+async def test_api_hiccups_are_retried(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    await start_operator()
+    emulator.fail("POST", "deployments", status=503, times=2)
+    t0 = time.monotonic()
+    await create_isvc(kube, "flaky", EXAMPLE_SPEC)
+    await wait_for(
+        lambda: emulator.live(DEPLOY, "default", "flaky"),
+        timeout=15,
+        what="deployment after retries",
+    )
+    assert time.monotonic() - t0 >= 1.0  # backed off (1 s, then 2 s) rather than spinning
+    assert emulator.faults[0][3] == 0
+    assert condition(emulator, "flaky", "Degraded").get("status") != "True"
+
+
+async def test_deletion_leaves_nothing_behind(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    await start_operator()
+    await create_isvc(kube, "gone", {**EXAMPLE_SPEC, "replicas": 2})
+    await wait_for(
+        lambda: all(children(emulator, "gone").values()) and emulator.live(PDB, "default", "gone"),
+        what="children",
+    )
+    await kube.delete("InferenceService", "default", "gone")
+    await wait_for(lambda: not any(children(emulator, "gone").values()), what="children gone")
+    await asyncio.sleep(0.5)  # nothing resurrects them
+    assert (
+        not any(children(emulator, "gone").values())
+        and emulator.live(PDB, "default", "gone") is None
+    )
+    assert emulator.live(ISVC, "default", "gone") is None
+
+
+async def test_resume_after_restart_and_autoscaler_owned_replicas(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    spec = {
+        "model": "smollm2-135m",
+        "autoscaling": {"minReplicas": 1, "maxReplicas": 4, "targetQueueDepth": 4},
+    }
+    await create_isvc(kube, "auto", spec)  # while no operator runs
+    await start_operator()
+    await wait_for(lambda: emulator.live(DEPLOY, "default", "auto"), what="resumed")
+    assert emulator.live(DEPLOY, "default", "auto")["spec"]["replicas"] == 1
+    await kube.patch(
+        "Deployment", "default", "auto", {"spec": {"replicas": 3}}
+    )  # the autoscaler scales up
+    await mark_available(kube, "auto")
+    await wait_for(
+        lambda: (
+            (emulator.live(ISVC, "default", "auto").get("status") or {}).get("readyReplicas") == 3
+        )
+    )
+    assert emulator.live(DEPLOY, "default", "auto")["spec"]["replicas"] == 3  # not reverted
+    await kube.patch("Deployment", "default", "auto", {"spec": {"replicas": 9}})  # out of bounds
+    await wait_for(
+        lambda: emulator.live(DEPLOY, "default", "auto")["spec"]["replicas"] == 4,
+        what="clamped to max",
+    )
+
+
+async def test_service_monitor_with_prometheus_operator(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    emulator.resources["monitoring.coreos.com/v1/servicemonitors"] = {
+        "kind": "ServiceMonitor", "namespaced": True, "verbs": {"get", "list", "create", "patch", "delete"},
+    }  # fmt: skip
+    await start_operator()
+    await create_isvc(kube, "watched", EXAMPLE_SPEC)
+    sm = await wait_for(
+        lambda: emulator.live("monitoring.coreos.com/v1/servicemonitors", "default", "watched")
+    )
+    assert sm["spec"]["endpoints"][0]["port"] == "http"
+    assert_permitted(emulator)
+
+
+async def test_liveness_endpoint(emulator: Emulator, kube: KubeApi, start_operator: Any) -> None:
+    op = await start_operator()
+    async with aiohttp.ClientSession() as session:
+        for path in ("/healthz", "/readyz"):
+            async with session.get(f"http://127.0.0.1:{op.http_port}{path}") as resp:
+                assert resp.status == 200, path

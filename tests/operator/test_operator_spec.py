@@ -1,0 +1,155 @@
+"""Spec parsing: defaults, model references, and the errors that become `Degraded` reasons."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pagoda.operator.config import OperatorConfig
+from pagoda.operator.spec import InferenceServiceSpec, ModelRef, SpecError
+
+
+def parse(spec: dict[str, Any], name: str = "demo") -> InferenceServiceSpec:
+    return InferenceServiceSpec.from_dict(spec, name=name, default_image="img:1")
+
+
+@pytest.mark.parametrize(
+    ("uri", "source", "server_arg", "claim"),
+    [
+        ("smollm2-135m", "builtin", "smollm2-135m", None),
+        ("pvc://models/llama/model.gguf", "pvc", "/mnt/models/llama/model.gguf", "models"),
+        ("pvc://models", "pvc", "/mnt/models", "models"),
+        ("pvc://models//a/./b/", "pvc", "/mnt/models/a/b", "models"),
+        ("/opt/weights/qwen", "image", "/opt/weights/qwen", None),
+        ("file:///opt/w.gguf", "image", "/opt/w.gguf", None),
+    ],
+)
+def test_model_references(uri: str, source: str, server_arg: str, claim: str | None) -> None:
+    ref = ModelRef.parse(uri)
+    assert (ref.source, ref.server_arg, ref.claim) == (source, server_arg, claim)
+
+
+@pytest.mark.parametrize(
+    ("uri", "reason", "words"),
+    [
+        (
+            "llama-70b",
+            "UnknownModel",
+            "unknown built-in model 'llama-70b' (built-in: smollm2-135m)",
+        ),
+        ("hf://meta-llama/Llama-3.1-8B", "UnsupportedModelURI", "scheme hf:// is not supported"),
+        ("s3://bucket/model", "UnsupportedModelURI", "never downloads weights"),
+        ("pvc://Bad_Claim/x", "InvalidModel", "valid claim name"),
+        ("pvc:///x", "InvalidModel", "valid claim name"),
+        ("pvc://models/../etc", "InvalidModel", "'..' is not allowed"),
+        ("file://relative", "InvalidModel", "file:///ABSOLUTE/PATH"),
+    ],
+)
+def test_bad_model_references(uri: str, reason: str, words: str) -> None:
+    with pytest.raises(SpecError) as e:
+        ModelRef.parse(uri)
+    assert e.value.reason == reason and words in e.value.message
+
+
+def test_defaults() -> None:
+    s = parse({"model": "/w"})
+    assert s.image == "img:1" and s.replicas == 1 and s.served_model_name == "demo"
+    assert (s.resources.gpus, s.resources.cpu, s.resources.memory) == (0, "1", "2Gi")
+    assert s.engine.dtype == "auto" and s.engine.block_size == 16 and s.engine.enable_prefix_caching
+    assert s.autoscaling is None and s.api_key_secret is None
+    assert s.desired_replicas(5) == 1
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason", "words"),
+    [
+        (
+            {
+                "model": "smollm2-135m",
+                "autoscaling": {"minReplicas": 5, "maxReplicas": 2, "targetQueueDepth": 1},
+            },
+            "InvalidSpec",
+            "minReplicas (5) must be <= maxReplicas (2)",
+        ),
+        (
+            {"model": "smollm2-135m", "autoscaling": {"maxReplicas": 2}},
+            "InvalidSpec",
+            "targetTTFTSeconds or targetQueueDepth",
+        ),
+        (
+            {"model": "smollm2-135m", "resources": {"gpus": -1}},
+            "InvalidSpec",
+            "spec.resources.gpus must be between 0 and 16",
+        ),
+        (
+            {"model": "smollm2-135m", "resources": {"memory": "lots"}},
+            "InvalidSpec",
+            "not a valid non-negative quantity",
+        ),
+        (
+            {"model": "smollm2-135m", "replicas": "3"},
+            "InvalidSpec",
+            "spec.replicas must be an integer",
+        ),
+        (
+            {"model": "smollm2-135m", "engine": {"dtype": "int8"}},
+            "InvalidSpec",
+            "spec.engine.dtype must be one of",
+        ),
+        (
+            {"model": "smollm2-135m", "engine": {"maxNumSeqs": 64, "maxNumBatchedTokens": 8}},
+            "InvalidSpec",
+            "must be >=",
+        ),
+        (
+            {"model": "smollm2-135m", "env": [{"name": "A"}, {"name": "A"}]},
+            "InvalidSpec",
+            "duplicate",
+        ),
+        (
+            {
+                "model": "smollm2-135m",
+                "apiKeySecretRef": {"name": "k"},
+                "env": [{"name": "PAGODA_API_KEY", "value": "x"}],
+            },
+            "InvalidSpec",
+            "keep one",
+        ),
+        ({}, "InvalidSpec", "spec.model is required"),
+        ({"model": "nope"}, "UnknownModel", "unknown built-in model"),
+    ],
+)
+def test_spec_errors(spec: dict[str, Any], reason: str, words: str) -> None:
+    with pytest.raises(SpecError) as e:
+        parse(spec)
+    assert e.value.reason == reason and words in e.value.message, e.value
+
+
+@pytest.mark.parametrize("name", ["Demo", "9lives", "a" * 53, "with_underscore"])
+def test_invalid_names(name: str) -> None:
+    with pytest.raises(SpecError) as e:
+        parse({"model": "smollm2-135m"}, name=name)
+    assert e.value.reason == "InvalidName"
+
+
+def test_operator_config_is_validated() -> None:
+    assert OperatorConfig().clusterwide and OperatorConfig(namespaces=("a",)).clusterwide is False
+    assert OperatorConfig().service_url("x", "ns") == "http://x.ns.svc.cluster.local:8000/v1"
+    for bad in (
+        {"namespaces": ("Bad",)},
+        {"namespaces": ("a", "a")},
+        {"http_port": 70000},
+        {"resync_interval_s": 0},
+        {"log_format": "xml"},
+        {"default_image": "has space"},
+    ):
+        with pytest.raises(ValueError):
+            OperatorConfig(**bad)
+
+
+def test_operator_config_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAGODA_DEFAULT_IMAGE", "registry/pagoda:2")
+    monkeypatch.setenv("PAGODA_OPERATOR_NAMESPACES", "a,b")
+    config = OperatorConfig.from_env(resync_interval_s=5.0)
+    assert config.default_image == "registry/pagoda:2" and config.namespaces == ("a", "b")
+    assert config.resync_interval_s == 5.0

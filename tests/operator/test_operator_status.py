@@ -1,0 +1,108 @@
+"""Status from the Deployment: conditions, counts, transitions (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagoda.operator.spec import SpecError
+from pagoda.operator.status import compute_status, condition, status_patch
+
+ISVC = {"metadata": {"name": "demo", "namespace": "default", "generation": 3}}
+
+
+def deploy(
+    replicas: int = 2,
+    ready: int = 0,
+    updated: int = 0,
+    total: int | None = None,
+    observed: int = 1,
+    **conds: Any,
+) -> dict:
+    conditions = [
+        {"type": t, "status": s[0], "reason": s[1], "message": f"{t} says {s[1]}"}
+        for t, s in conds.items()
+    ]
+    return {
+        "metadata": {"generation": 1},
+        "spec": {"replicas": replicas},
+        "status": {
+            "observedGeneration": observed, "replicas": replicas if total is None else total,
+            "readyReplicas": ready, "updatedReplicas": updated, "availableReplicas": ready, "conditions": conditions,
+        },
+    }  # fmt: skip
+
+
+def conds(status: dict) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+def test_rolling_out_then_ready() -> None:
+    s = compute_status(ISVC, deploy(ready=0, updated=1), url="http://u")
+    assert conds(s) == {
+        "Ready": ("False", "Unavailable"),
+        "Progressing": ("True", "RollingOut"),
+        "Degraded": ("False", "AsExpected"),
+    }
+    assert s["url"] == "http://u" and s["observedGeneration"] == 3
+    assert all(c["observedGeneration"] == 3 for c in s["conditions"])
+    s = compute_status(
+        ISVC, deploy(ready=2, updated=2, Available=("True", "MinimumReplicasAvailable"))
+    )
+    assert conds(s)["Ready"] == ("True", "Available") and conds(s)["Progressing"] == (
+        "False",
+        "RolloutComplete",
+    )
+    assert (s["replicas"], s["readyReplicas"]) == (2, 2)
+    assert (
+        s["selector"]
+        == "app.kubernetes.io/name=pagoda,app.kubernetes.io/instance=demo,app.kubernetes.io/component=inference-server"
+    )
+
+
+def test_unobserved_generation_is_progressing() -> None:
+    d = deploy(ready=2, updated=2, Available=("True", "x"))
+    d["metadata"]["generation"] = 2
+    assert conds(compute_status(ISVC, d))["Progressing"] == ("True", "RollingOut")
+
+
+def test_stalled_rollout_and_replica_failure_are_degraded() -> None:
+    stalled = deploy(Progressing=("False", "ProgressDeadlineExceeded"))
+    assert conds(compute_status(ISVC, stalled))["Degraded"] == ("True", "RolloutStalled")
+    failing = deploy(ReplicaFailure=("True", "FailedCreate"))
+    s = compute_status(ISVC, failing)
+    assert conds(s)["Degraded"] == ("True", "ReplicaFailure")
+    assert (
+        condition(s and {"status": s}, "Degraded")["message"] == "ReplicaFailure says FailedCreate"
+    )
+
+
+def test_spec_error_is_degraded_but_old_replicas_still_serve() -> None:
+    err = SpecError("UnknownModel", "unknown built-in model 'x'")
+    s = compute_status(ISVC, None, spec_error=err)
+    assert conds(s) == {
+        "Ready": ("False", "UnknownModel"),
+        "Progressing": ("False", "UnknownModel"),
+        "Degraded": ("True", "UnknownModel"),
+    }
+    s = compute_status(ISVC, deploy(ready=2, updated=2, Available=("True", "x")), spec_error=err)
+    assert conds(s)["Ready"] == ("True", "Available") and conds(s)["Degraded"] == (
+        "True",
+        "UnknownModel",
+    )
+
+
+def test_scaled_to_zero() -> None:
+    assert conds(compute_status(ISVC, deploy(replicas=0)))["Ready"] == ("False", "ScaledToZero")
+
+
+def test_transition_times_survive_unchanged_conditions_and_patch_is_minimal() -> None:
+    first = compute_status(ISVC, deploy(ready=1, updated=1, Available=("True", "x")))
+    first["conditions"][0]["lastTransitionTime"] = "2020-01-01T00:00:00Z"
+    body = {**ISVC, "status": {**first, "autoscaling": {"desiredReplicas": 2}}}
+    again = compute_status(body, deploy(ready=1, updated=1, Available=("True", "x")))
+    assert again["conditions"][0]["lastTransitionTime"] == "2020-01-01T00:00:00Z"
+    assert status_patch(body["status"], again) is None  # nothing to write
+    later = compute_status(body, deploy(ready=2, updated=2, Available=("True", "x")))
+    patch = status_patch(body["status"], later)
+    assert set(patch) == {"conditions", "readyReplicas", "updatedReplicas"}
+    assert "autoscaling" not in patch  # the autoscaler's part is never touched
