@@ -1,67 +1,95 @@
 """Vectorized PyTorch paged attention: the CPU production path.
 
-Decodes (one query each) use a block-ragged "flash-decoding" formulation: every context block of
-every decode sequence is gathered once (no padding to the longest sequence), scored against its
-sequence's query, and combined with a segment softmax (per-sequence max, then sums by
-``index_add_``). Prefill chunks (few per step, many queries each) are padded into one batched
-``scaled_dot_product_attention`` call with a causal-by-absolute-position mask. All index tensors
-are built once per step in ``prepare``; nothing here reads a device value back to the host.
+Sequences are gathered through their block tables into padded batches and handed to
+``scaled_dot_product_attention`` (whose CPU kernel is a flash-attention loop with native GQA).
+To keep padding small without a Python loop per sequence, decodes are sorted by context length
+and cut into at most `MAX_DECODE_BUCKETS` buckets at the split points that minimise padded
+area; prefill chunks (few per step) form one padded batch with a causal-by-absolute-position
+mask. All index tensors are built once per step in ``prepare``; nothing reads device values back.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
+
+MAX_DECODE_BUCKETS = 3
+BUCKET_OVERHEAD_ROWS = 512  # padded rows one extra SDPA call is worth (per-call overhead)
+
+
+def plan_buckets(lengths: np.ndarray, max_buckets: int = MAX_DECODE_BUCKETS) -> list[int]:
+    """Split points over ascending `lengths` minimising padded area + per-bucket overhead.
+
+    Returns the exclusive end index of each bucket (the last one is len(lengths)).
+    """
+    n = len(lengths)
+    best_cost, best = n * int(lengths[-1]) + BUCKET_OVERHEAD_ROWS, [n]
+    if n < 2 or max_buckets < 2:
+        return best
+    i = np.arange(1, n)
+    two = i * lengths[i - 1] + (n - i) * lengths[-1] + 2 * BUCKET_OVERHEAD_ROWS
+    k = int(two.argmin())
+    if two[k] < best_cost:
+        best_cost, best = int(two[k]), [int(i[k]), n]
+    if max_buckets >= 3 and n >= 3:
+        a = np.arange(1, n - 1)[:, None]
+        b = np.arange(2, n)[None, :]
+        three = a * lengths[a - 1] + (b - a) * lengths[b - 1] + (n - b) * lengths[-1]
+        three = np.where(b > a, three + 3 * BUCKET_OVERHEAD_ROWS, np.iinfo(np.int64).max)
+        ai, bi = np.unravel_index(int(three.argmin()), three.shape)
+        if three[ai, bi] < best_cost:
+            best = [int(a[ai, 0]), int(b[0, bi]), n]
+    return best
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def prepare(self, meta: AttentionMetadata) -> None:
-        """Gather indices and masks for the decode and prefill groups (device work only)."""
-        bt = meta.block_tables
-        bs = meta.block_size
-        dev = bt.device
-        nd = meta.num_decodes
-        aux = meta.aux
+        """Gather indices and masks for decode buckets and the prefill batch."""
+        bs, dev, nd = meta.block_size, meta.block_tables.device, meta.num_decodes
+        buckets = []
         if nd:
-            lens_host = meta.seq_lens_host[:nd]
-            nblocks_host = [(n + bs - 1) // bs for n in lens_host]
-            total = sum(nblocks_host)
-            nblocks = torch.tensor(nblocks_host, dtype=torch.int64, device=dev)
-            seq = torch.repeat_interleave(torch.arange(nd, device=dev), nblocks, output_size=total)
-            starts = torch.cumsum(nblocks, 0) - nblocks
-            offset = torch.arange(total, device=dev) - starts[seq]
-            aux["dec_seq"] = seq
-            aux["dec_blocks"] = bt[seq, offset].long()
-            pos = offset[:, None] * bs + torch.arange(bs, device=dev)
-            aux["dec_valid"] = (pos < meta.seq_lens[seq].unsqueeze(1).long())[:, None, None, :]
-        npf = meta.num_prefills
-        if npf:
-            qlens = meta.query_lens_host[nd:]
-            slens = meta.seq_lens_host[nd:]
-            qmax, kmax_blocks = max(qlens), (max(slens) + bs - 1) // bs
-            kmax = kmax_blocks * bs
-            starts = meta.query_start_loc[nd:-1].long()
-            j = torch.arange(qmax, device=dev)
-            qlen_t = torch.tensor(qlens, dtype=torch.int64, device=dev)
-            slen_t = meta.seq_lens[nd:].long()
-            q_valid = j[None, :] < qlen_t[:, None]  # [P, Qmax]
-            rows = (starts[:, None] + j[None, :]).clamp(max=meta.num_tokens - 1)
-            aux["pf_rows"] = rows
-            # padded (p, j) → flat index, in token order: prefill tokens are contiguous after decodes
-            seq_of_tok = torch.repeat_interleave(
-                torch.arange(npf, device=dev), qlen_t, output_size=meta.num_tokens - nd
-            )
-            tok = torch.arange(meta.num_tokens - nd, device=dev)
-            aux["pf_flat"] = seq_of_tok * qmax + (tok - (starts - nd)[seq_of_tok])
-            aux["pf_blocks"] = bt[nd:, :kmax_blocks].long()
-            q_pos = (slen_t - qlen_t)[:, None] + j[None, :]  # absolute positions [P, Qmax]
-            k_pos = torch.arange(kmax, device=dev)
-            mask = k_pos[None, None, :] <= q_pos[:, :, None]
-            mask |= ~q_valid[:, :, None]  # padded query rows see everything (avoids NaN)
-            aux["pf_mask"] = mask.unsqueeze(1)  # [P, 1, Qmax, Kmax]
+            lens = np.asarray(meta.seq_lens_host[:nd], dtype=np.int64)
+            order = np.argsort(lens, kind="stable")
+            padded = (lens[order] + bs - 1) // bs * bs
+            start = 0
+            for end in plan_buckets(padded):
+                rows = torch.from_numpy(order[start:end]).to(dev)
+                nblk = int(padded[end - 1]) // bs
+                blocks = meta.block_tables.index_select(0, rows)[:, :nblk].long()
+                kpos = torch.arange(nblk * bs, device=dev)
+                mask = kpos[None, :] < meta.seq_lens.index_select(0, rows)[:, None]
+                buckets.append((rows, blocks, mask[:, None, None, :]))
+                start = end
+        meta.aux["decode_buckets"] = buckets
+        if meta.num_prefills:
+            self._prepare_prefill(meta)
+
+    def _prepare_prefill(self, meta: AttentionMetadata) -> None:
+        bs, dev, nd, aux = meta.block_size, meta.block_tables.device, meta.num_decodes, meta.aux
+        qlens = meta.query_lens_host[nd:]
+        npf, qmax = len(qlens), max(qlens)
+        kmax_blocks = (max(meta.seq_lens_host[nd:]) + bs - 1) // bs
+        starts = meta.query_start_loc[nd:-1].long()
+        j = torch.arange(qmax, device=dev)
+        qlen_t = torch.tensor(qlens, dtype=torch.int64, device=dev)
+        q_valid = j[None, :] < qlen_t[:, None]  # [P, Qmax]
+        aux["pf_rows"] = (starts[:, None] + j[None, :]).clamp(max=meta.num_tokens - 1)
+        # padded (p, j) → flat index, in token order: prefill tokens are contiguous after decodes
+        n_pf_tokens = meta.num_tokens - nd
+        seq_of_tok = torch.repeat_interleave(
+            torch.arange(npf, device=dev), qlen_t, output_size=n_pf_tokens
+        )
+        tok = torch.arange(n_pf_tokens, device=dev)
+        aux["pf_flat"] = seq_of_tok * qmax + (tok - (starts - nd)[seq_of_tok])
+        aux["pf_blocks"] = meta.block_tables[nd:, :kmax_blocks].long()
+        q_pos = (meta.seq_lens[nd:].long() - qlen_t)[:, None] + j[None, :]  # absolute [P, Qmax]
+        mask = torch.arange(kmax_blocks * bs, device=dev)[None, None, :] <= q_pos[:, :, None]
+        mask |= ~q_valid[:, :, None]  # padded query rows see everything (avoids NaN)
+        aux["pf_mask"] = mask.unsqueeze(1)  # [P, 1, Qmax, Kmax]
 
     def forward(self, q, k, v, k_cache, v_cache, meta):
         nb, bs, hkv, d = k_cache.shape
@@ -69,49 +97,33 @@ class TorchAttentionBackend(AttentionBackend):
         k_cache.view(nb * bs, hkv, d).index_copy_(0, slots, k)
         v_cache.view(nb * bs, hkv, d).index_copy_(0, slots, v)
         out = torch.empty_like(q)
-        nd = meta.num_decodes
-        if nd:
-            out[:nd] = self._decode(q[:nd], k_cache, v_cache, meta)
+        for rows, blocks, mask in meta.aux["decode_buckets"]:
+            out.index_copy_(
+                0,
+                rows,
+                self._attend(
+                    q.index_select(0, rows).unsqueeze(1), blocks, mask, k_cache, v_cache
+                ).squeeze(1),
+            )
         if meta.num_prefills:
-            self._prefill(q, k_cache, v_cache, meta, out)
+            aux = meta.aux
+            o = self._attend(q[aux["pf_rows"]], aux["pf_blocks"], aux["pf_mask"], k_cache, v_cache)
+            out[meta.num_decodes :] = o.reshape(-1, *o.shape[2:]).index_select(0, aux["pf_flat"])
         return out
 
-    def _decode(self, q, k_cache, v_cache, meta) -> torch.Tensor:
-        aux = meta.aux
-        seq, blocks, valid = aux["dec_seq"], aux["dec_blocks"], aux["dec_valid"]
-        nd, h, d = q.shape
-        hkv = self.num_kv_heads
-        g = h // hkv
-        kb = k_cache.index_select(0, blocks)  # [NB, bs, Hkv, D]
-        vb = v_cache.index_select(0, blocks)
-        qb = q.view(nd, hkv, g, d).index_select(0, seq)  # [NB, Hkv, G, D]
-        # scores [NB, Hkv, G, bs]
-        s = torch.matmul(qb, kb.permute(0, 2, 3, 1)).float() * self.scale
-        s = s.masked_fill(~valid, float("-inf"))
-        m_blk = s.amax(-1)  # [NB, Hkv, G]
-        m_seq = torch.full((nd, hkv, g), float("-inf"), device=q.device)
-        m_seq = m_seq.scatter_reduce(0, seq[:, None, None].expand_as(m_blk), m_blk, "amax")
-        p = torch.exp(s - m_seq.index_select(0, seq).unsqueeze(-1))
-        denom = torch.zeros((nd, hkv, g), device=q.device).index_add_(0, seq, p.sum(-1))
-        o_blk = torch.matmul(p.to(vb.dtype), vb.transpose(1, 2)).float()  # [NB, Hkv, G, D]
-        o = torch.zeros((nd, hkv, g, d), device=q.device).index_add_(0, seq, o_blk)
-        return (o / denom.unsqueeze(-1)).to(q.dtype).view(nd, h, d)
-
-    def _prefill(self, q, k_cache, v_cache, meta, out) -> None:
-        aux = meta.aux
-        p_blocks = aux["pf_blocks"]  # [P, KB]
-        npf, kbmax = p_blocks.shape
+    def _attend(self, q, blocks, mask, k_cache, v_cache) -> torch.Tensor:
+        """q [B, Q, H, D] against the gathered blocks [B, nblk] → [B, Q, H, D]."""
+        b, nblk = blocks.shape
         _, bs, hkv, d = k_cache.shape
-        k = k_cache.index_select(0, p_blocks.reshape(-1)).view(npf, kbmax * bs, hkv, d)
-        v = v_cache.index_select(0, p_blocks.reshape(-1)).view(npf, kbmax * bs, hkv, d)
-        qp = q[aux["pf_rows"]]  # [P, Qmax, H, D]
+        flat = blocks.reshape(-1)
+        k = k_cache.index_select(0, flat).view(b, nblk * bs, hkv, d)
+        v = v_cache.index_select(0, flat).view(b, nblk * bs, hkv, d)
         o = F.scaled_dot_product_attention(
-            qp.transpose(1, 2),
+            q.transpose(1, 2),
             k.transpose(1, 2),
             v.transpose(1, 2),
-            attn_mask=aux["pf_mask"],
+            attn_mask=mask,
             scale=self.scale,
             enable_gqa=True,
-        ).transpose(1, 2)  # [P, Qmax, H, D]
-        nd = meta.num_decodes
-        out[nd:] = o.reshape(-1, *o.shape[2:]).index_select(0, aux["pf_flat"])
+        )
+        return o.transpose(1, 2)

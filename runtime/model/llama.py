@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model.ops import Ops, build_cos_sin_cache
+from pagoda.runtime.model.ops import Ops, build_cos_sin_cache, gather_cos_sin
 
 
 class LlamaLayer:
@@ -85,6 +85,9 @@ class LlamaModel:
         h = F.embedding(input_ids, self.embed)
         residual = None
         T = h.shape[0]
+        rope_pos, rope_cache = positions, self.cos_sin_cache
+        if ops.pregather_rotary:
+            rope_pos, rope_cache = None, gather_cos_sin(positions, self.cos_sin_cache, h.dtype)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             if residual is None:
                 residual = h

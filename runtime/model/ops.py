@@ -18,39 +18,46 @@ import torch.nn.functional as F
 def rms_norm(
     *, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ):
-    """RMSNorm in float32 (as Hugging Face does); with `residual`, returns (norm(x+r), x+r)."""
+    """RMSNorm (fused ATen kernel); with `residual`, returns (norm(x + r), x + r), adding in place."""
     if residual is not None:
-        x = x + residual
-        residual = x
-    xf = x.float()
-    out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
-    return out if residual is None else (out, residual)
+        residual.add_(x)
+        return F.rms_norm(residual, weight.shape, weight, eps), residual
+    return F.rms_norm(x, weight.shape, weight, eps)
+
+
+def gather_cos_sin(
+    positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """Rows of the cache for this step's positions, once per forward rather than once per layer."""
+    return cos_sin_cache.index_select(0, positions).to(dtype)
 
 
 def rotary_embedding(
     *,
-    positions: torch.Tensor,
+    positions: torch.Tensor | None,
     q: torch.Tensor,
     k: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate-half rotary on q [T, H, D] and k [T, Hkv, D] (in place); cache rows are cat(cos, sin)."""
-    cos, sin = cos_sin_cache.index_select(0, positions).to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
+    """Rotate-half rotary on q [T, H, D] and k [T, Hkv, D]; cache rows are cat(cos, sin).
+
+    With `positions=None`, `cos_sin_cache` already holds one row per token (see `gather_cos_sin`).
+    Returns new (q, k); q and k may be views into one fused qkv projection.
+    """
+    cs = cos_sin_cache if positions is None else gather_cos_sin(positions, cos_sin_cache, q.dtype)
+    cos, sin = cs.unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2]
+    out = []
     for x in (q, k):
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        r1 = x1 * cos - x2 * sin
-        r2 = x2 * cos + x1 * sin
-        x[..., :half] = r1
-        x[..., half:] = r2
-    return q, k
+        x1, x2 = x.chunk(2, dim=-1)
+        out.append(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
+    return out[0], out[1]
 
 
 def silu_and_mul(*, x: torch.Tensor) -> torch.Tensor:
-    """[T, 2I] → silu(x[:, :I]) * x[:, I:]."""
+    """[T, 2I] → silu(x[:, :I]) * x[:, I:] (the gate half of `x` is overwritten)."""
     gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return torch.mul(F.silu(gate, inplace=True), up)
 
 
 @dataclass(frozen=True)
@@ -58,9 +65,10 @@ class Ops:
     rms_norm: Callable[..., Any]
     rotary_embedding: Callable[..., Any]
     silu_and_mul: Callable[..., Any]
+    pregather_rotary: bool = False  # gather cos/sin rows once per step, pass positions=None
 
 
-TORCH_OPS = Ops(rms_norm=rms_norm, rotary_embedding=rotary_embedding, silu_and_mul=silu_and_mul)
+TORCH_OPS = Ops(rms_norm, rotary_embedding, silu_and_mul, pregather_rotary=True)
 
 
 def select_ops(device: torch.device, backend_name: str) -> Ops:
