@@ -396,6 +396,8 @@ class Emulator(kmock.KubernetesEmulator):
         if request.resource.group == "":
             data["groupVersion"] = request.resource.version  # "v1", not "/v1"
         for item in data.get("resources", []):
+            if "/" in item["name"]:  # subresources have no short names or categories
+                item.update(shortNames=[], categories=[])
             if item["name"].endswith("/scale"):
                 item.update(group="autoscaling", version="v1", kind="Scale")
         return data
@@ -416,9 +418,8 @@ class Emulator(kmock.KubernetesEmulator):
         objs = self._matching(request)
         if request.name is not None and not objs:
             raise self._not_found(request)
-        columns = [
-            c for c in self.printer_columns.get(request.resource, []) if not c.get("priority")
-        ]
+        # all columns: kubectl hides those with priority > 0 unless asked for -o wide
+        columns = list(self.printer_columns.get(request.resource, []))
         if not columns:
             columns = [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
         definitions = [
@@ -428,9 +429,9 @@ class Emulator(kmock.KubernetesEmulator):
             {
                 "name": c["name"],
                 "type": c["type"],
-                "format": "",
+                "format": c.get("format", ""),
                 "description": c.get("description", ""),
-                "priority": 0,
+                "priority": c.get("priority", 0),
             }
             for c in columns
         ]
