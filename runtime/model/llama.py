@@ -101,9 +101,7 @@ class LlamaModel:
             q = q.reshape(T, c.num_heads, c.head_dim)
             k = k.reshape(T, c.num_kv_heads, c.head_dim)
             v = v.reshape(T, c.num_kv_heads, c.head_dim)
-            q, k = ops.rotary_embedding(
-                positions=positions, q=q, k=k, cos_sin_cache=self.cos_sin_cache
-            )
+            q, k = ops.rotary_embedding(positions=rope_pos, q=q, k=k, cos_sin_cache=rope_cache)
             attn = self.backend.forward(q, k, v, k_cache, v_cache, meta)
             h = F.linear(attn.reshape(T, self.q_size), layer.o_proj)
             x, residual = ops.rms_norm(
