@@ -186,7 +186,9 @@ def build_registry() -> kopf.OperatorRegistry:
     kopf.index(*ISVC, registry=registry)(isvc_index)
     kopf.on.resume(*ISVC, registry=registry)(reconcile_isvc)
     kopf.on.create(*ISVC, registry=registry)(reconcile_isvc)
-    kopf.on.update(*ISVC, field="spec", registry=registry)(reconcile_isvc)
+    kopf.on.update(*ISVC, registry=registry)(
+        reconcile_isvc
+    )  # spec, labels, annotations (not status)
     for kind in WATCHED_CHILD_KINDS:
         res = RESOURCES[kind]
         kopf.on.event(

@@ -10,9 +10,21 @@ CamelCase reason that ends up in the `Degraded` condition.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from pagoda.operator.fields import (
+    SpecError,
+    bool_or,
+    choice,
+    int_or,
+    mapping,
+    opt_int,
+    opt_number,
+    opt_str,
+    quantity,
+)
 
 GROUP = "serving.pagoda.dev"
 VERSION = "v1alpha1"
@@ -42,96 +54,7 @@ _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )
-_QUANTITY = re.compile(
-    r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)))?$"
-)
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-
-
-class SpecError(Exception):
-    """An InferenceService that cannot be served as written: `reason` is CamelCase, `message` is for people."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
-        self.message = message
-
-
-# --- small typed readers over the raw spec dict --------------------------------------------
-
-
-def _opt_int(d: Mapping[str, Any], key: str, path: str, lo: int, hi: int) -> int | None:
-    value = d.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError("InvalidSpec", f"{path}.{key} must be an integer, got {value!r}")
-    if not lo <= value <= hi:
-        raise SpecError("InvalidSpec", f"{path}.{key} must be between {lo} and {hi}, got {value}")
-    return value
-
-
-def _int(d: Mapping[str, Any], key: str, path: str, lo: int, hi: int, default: int) -> int:
-    value = _opt_int(d, key, path, lo, hi)
-    return default if value is None else value
-
-
-def _opt_number(d: Mapping[str, Any], key: str, path: str, lo: float) -> float | None:
-    value = d.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SpecError("InvalidSpec", f"{path}.{key} must be a number, got {value!r}")
-    if value < lo:
-        raise SpecError("InvalidSpec", f"{path}.{key} must be at least {lo}, got {value}")
-    return float(value)
-
-
-def _bool(d: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
-    value = d.get(key, default)
-    if not isinstance(value, bool):
-        raise SpecError("InvalidSpec", f"{path}.{key} must be true or false, got {value!r}")
-    return value
-
-
-def _opt_str(d: Mapping[str, Any], key: str, path: str) -> str | None:
-    value = d.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise SpecError("InvalidSpec", f"{path}.{key} must be a non-empty string, got {value!r}")
-    return value
-
-
-def _choice(d: Mapping[str, Any], key: str, path: str, choices: Sequence[Any], default: Any) -> Any:
-    value = d.get(key, default)
-    if value not in choices:
-        allowed = ", ".join(str(c) for c in choices)
-        raise SpecError("InvalidSpec", f"{path}.{key} must be one of {allowed}; got {value!r}")
-    return value
-
-
-def _mapping(d: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
-    value = d.get(key) or {}
-    if not isinstance(value, Mapping):
-        raise SpecError("InvalidSpec", f"{path}.{key} must be an object, got {value!r}")
-    return value
-
-
-def _quantity(d: Mapping[str, Any], key: str, path: str) -> str | None:
-    value = d.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise SpecError(
-            "InvalidSpec", f"{path}.{key} must be a quantity such as 4 or 16Gi, got {value!r}"
-        )
-    text = str(value)
-    if not _QUANTITY.match(text):
-        raise SpecError(
-            "InvalidSpec", f"{path}.{key} is not a valid non-negative quantity: {value!r}"
-        )
-    return text
 
 
 # --- the spec ---------------------------------------------------------------------------------
@@ -221,11 +144,11 @@ class ResourcesSpec:
     def from_dict(cls, d: Mapping[str, Any]) -> ResourcesSpec:
         p = "spec.resources"
         return cls(
-            gpus=_int(d, "gpus", p, 0, 16, 0),
-            cpu=_quantity(d, "cpu", p) or DEFAULT_CPU,
-            memory=_quantity(d, "memory", p) or DEFAULT_MEMORY,
-            cpu_limit=_quantity(d, "cpuLimit", p),
-            memory_limit=_quantity(d, "memoryLimit", p),
+            gpus=int_or(d, "gpus", p, 0, 16, 0),
+            cpu=quantity(d, "cpu", p) or DEFAULT_CPU,
+            memory=quantity(d, "memory", p) or DEFAULT_MEMORY,
+            cpu_limit=quantity(d, "cpuLimit", p),
+            memory_limit=quantity(d, "memoryLimit", p),
         )
 
 
@@ -267,15 +190,15 @@ class EngineSpec:
         if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
             raise SpecError("InvalidSpec", f"{p}.extraArgs must be a list of strings")
         return cls(
-            dtype=_choice(d, "dtype", p, DTYPES, "auto"),
-            enable_prefix_caching=_bool(d, "enablePrefixCaching", p, True),
-            enable_chunked_prefill=_bool(d, "enableChunkedPrefill", p, True),
-            attention_backend=_choice(d, "attentionBackend", p, ATTENTION_BACKENDS, "auto"),
-            block_size=_choice(d, "blockSize", p, BLOCK_SIZES, 16),
-            max_num_seqs=_opt_int(d, "maxNumSeqs", p, 1, 4096),
-            max_num_batched_tokens=_opt_int(d, "maxNumBatchedTokens", p, 1, 1 << 20),
-            max_model_len=_opt_int(d, "maxModelLen", p, 1, 1 << 20),
-            max_queue_len=_opt_int(d, "maxQueueLen", p, 0, 1 << 20),
+            dtype=choice(d, "dtype", p, DTYPES, "auto"),
+            enable_prefix_caching=bool_or(d, "enablePrefixCaching", p, True),
+            enable_chunked_prefill=bool_or(d, "enableChunkedPrefill", p, True),
+            attention_backend=choice(d, "attentionBackend", p, ATTENTION_BACKENDS, "auto"),
+            block_size=choice(d, "blockSize", p, BLOCK_SIZES, 16),
+            max_num_seqs=opt_int(d, "maxNumSeqs", p, 1, 4096),
+            max_num_batched_tokens=opt_int(d, "maxNumBatchedTokens", p, 1, 1 << 20),
+            max_model_len=opt_int(d, "maxModelLen", p, 1, 1 << 20),
+            max_queue_len=opt_int(d, "maxQueueLen", p, 0, 1 << 20),
             extra_args=tuple(extra),
         )
 
@@ -327,16 +250,16 @@ class AutoscalingSpec:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> AutoscalingSpec:
         p = "spec.autoscaling"
-        max_replicas = _opt_int(d, "maxReplicas", p, 1, 100)
+        max_replicas = opt_int(d, "maxReplicas", p, 1, 100)
         if max_replicas is None:
             raise SpecError("InvalidSpec", f"{p}.maxReplicas is required")
         return cls(
             max_replicas=max_replicas,
-            min_replicas=_int(d, "minReplicas", p, 1, 100, 1),
-            target_ttft_seconds=_opt_number(d, "targetTTFTSeconds", p, 0.001),
-            target_queue_depth=_opt_number(d, "targetQueueDepth", p, 0.0),
-            scale_up_stabilization_seconds=_int(d, "scaleUpStabilizationSeconds", p, 0, 3600, 0),
-            scale_down_stabilization_seconds=_int(
+            min_replicas=int_or(d, "minReplicas", p, 1, 100, 1),
+            target_ttft_seconds=opt_number(d, "targetTTFTSeconds", p, 0.001),
+            target_queue_depth=opt_number(d, "targetQueueDepth", p, 0.0),
+            scale_up_stabilization_seconds=int_or(d, "scaleUpStabilizationSeconds", p, 0, 3600, 0),
+            scale_down_stabilization_seconds=int_or(
                 d, "scaleDownStabilizationSeconds", p, 0, 3600, 300
             ),
         )
@@ -413,34 +336,34 @@ class InferenceServiceSpec:
         if not isinstance(model_uri, str) or not model_uri:
             raise SpecError("InvalidSpec", "spec.model is required")
         model = ModelRef.parse(model_uri)
-        served = _opt_str(spec, "servedModelName", "spec") or (
+        served = opt_str(spec, "servedModelName", "spec") or (
             model.uri if model.source == "builtin" else name
         )
         secret = spec.get("apiKeySecretRef")
         api_key_secret = None
         if secret is not None:
-            if not isinstance(secret, Mapping) or not _opt_str(
+            if not isinstance(secret, Mapping) or not opt_str(
                 secret, "name", "spec.apiKeySecretRef"
             ):
                 raise SpecError("InvalidSpec", "spec.apiKeySecretRef.name is required")
             api_key_secret = SecretKeyRef(
                 secret["name"],
-                _opt_str(secret, "key", "spec.apiKeySecretRef") or DEFAULT_API_KEY_KEY,
+                opt_str(secret, "key", "spec.apiKeySecretRef") or DEFAULT_API_KEY_KEY,
             )
-        node_selector = _mapping(spec, "nodeSelector", "spec")
+        node_selector = mapping(spec, "nodeSelector", "spec")
         if not all(isinstance(v, str) for v in node_selector.values()):
             raise SpecError("InvalidSpec", "spec.nodeSelector values must be strings")
         autoscaling = spec.get("autoscaling")
         return cls(
             model=model,
             served_model_name=served,
-            image=_opt_str(spec, "image", "spec") or default_image,
-            image_pull_policy=_choice(
+            image=opt_str(spec, "image", "spec") or default_image,
+            image_pull_policy=choice(
                 spec, "imagePullPolicy", "spec", PULL_POLICIES, "IfNotPresent"
             ),
-            replicas=_int(spec, "replicas", "spec", 0, 100, DEFAULT_REPLICAS),
-            resources=ResourcesSpec.from_dict(_mapping(spec, "resources", "spec")),
-            engine=EngineSpec.from_dict(_mapping(spec, "engine", "spec")),
+            replicas=int_or(spec, "replicas", "spec", 0, 100, DEFAULT_REPLICAS),
+            resources=ResourcesSpec.from_dict(mapping(spec, "resources", "spec")),
+            engine=EngineSpec.from_dict(mapping(spec, "engine", "spec")),
             autoscaling=AutoscalingSpec.from_dict(autoscaling)
             if isinstance(autoscaling, Mapping)
             else None,
@@ -448,10 +371,10 @@ class InferenceServiceSpec:
             node_selector=tuple(sorted(node_selector.items())),
             tolerations=tuple(_list_of_objects(spec, "tolerations")),
             env=tuple(_env(spec)),
-            startup_timeout_seconds=_int(
+            startup_timeout_seconds=int_or(
                 spec, "startupTimeoutSeconds", "spec", 30, 14400, DEFAULT_STARTUP_TIMEOUT_S
             ),
-            drain_timeout_seconds=_int(
+            drain_timeout_seconds=int_or(
                 spec, "drainTimeoutSeconds", "spec", 0, 3600, DEFAULT_DRAIN_TIMEOUT_S
             ),
         )

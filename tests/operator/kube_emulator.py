@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import json
-import re
 import secrets
 import uuid
 from collections.abc import Iterator, Mapping
@@ -32,6 +30,7 @@ from typing import Any
 import aiohttp.web
 import jsonpatch
 import kmock
+from kube_printing import build_table, jsonpath
 
 
 def _status(code: int, reason: str, message: str, **details: Any) -> kmock.KubernetesError:
@@ -55,46 +54,6 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _age(timestamp: str | None) -> str | None:
-    if not timestamp:
-        return None
-    then = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(
-        tzinfo=datetime.timezone.utc
-    )
-    seconds = max(0, int((datetime.datetime.now(datetime.timezone.utc) - then).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
-_FILTER = re.compile(r"^\[\?\(@\.(\w+)==\"([^\"]*)\"\)\]")
-
-
-def jsonpath(obj: Any, path: str) -> Any:
-    """The subset of JSONPath used by printer columns: .a.b, [N], [?(@.k=="v")]."""
-    rest = path
-    while rest:
-        if m := _FILTER.match(rest):
-            key, value = m.groups()
-            obj = next(
-                (i for i in obj or [] if isinstance(i, Mapping) and i.get(key) == value), None
-            )
-            rest = rest[m.end() :]
-        elif m := re.match(r"^\[(\d+)\]", rest):
-            idx = int(m.group(1))
-            obj = obj[idx] if isinstance(obj, list) and idx < len(obj) else None
-            rest = rest[m.end() :]
-        elif m := re.match(r"^\.([\w-]+)", rest):
-            obj = obj.get(m.group(1)) if isinstance(obj, Mapping) else None
-            rest = rest[m.end() :]
-        else:
-            raise ValueError(f"unsupported JSONPath {path!r}")
-        if obj is None:
-            return None
-    return obj
 
 
 class Emulator(kmock.KubernetesEmulator):
@@ -418,42 +377,9 @@ class Emulator(kmock.KubernetesEmulator):
         objs = self._matching(request)
         if request.name is not None and not objs:
             raise self._not_found(request)
-        # all columns: kubectl hides those with priority > 0 unless asked for -o wide
-        columns = list(self.printer_columns.get(request.resource, []))
-        if not columns:
-            columns = [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
-        definitions = [
-            {"name": "Name", "type": "string", "format": "name", "description": "", "priority": 0}
-        ]
-        definitions += [
-            {
-                "name": c["name"],
-                "type": c["type"],
-                "format": c.get("format", ""),
-                "description": c.get("description", ""),
-                "priority": c.get("priority", 0),
-            }
-            for c in columns
-        ]
-        rows = []
-        for obj in sorted(objs, key=lambda o: o["metadata"]["name"]):
-            cells: list[Any] = [obj["metadata"]["name"]]
-            for c in columns:
-                value = jsonpath(obj, c["jsonPath"])
-                cells.append(_age(value) if c["type"] == "date" else value)
-            partial = {
-                "kind": "PartialObjectMetadata",
-                "apiVersion": "meta.k8s.io/v1",
-                "metadata": obj["metadata"],
-            }
-            rows.append({"cells": cells, "object": partial})
-        return {
-            "kind": "Table",
-            "apiVersion": "meta.k8s.io/v1",
-            "metadata": {"resourceVersion": str(self.resource_version)},
-            "columnDefinitions": definitions,
-            "rows": rows,
-        }
+        table = build_table(objs, self.printer_columns.get(request.resource, []))
+        table["metadata"] = {"resourceVersion": str(self.resource_version)}
+        return table
 
     async def _serve_scale(self, request: kmock.Request) -> dict[str, Any]:
         paths = self.scale_paths[request.resource]
@@ -494,7 +420,3 @@ class Emulator(kmock.KubernetesEmulator):
                 ),
             },
         }
-
-
-def dump(obj: Any) -> str:
-    return json.dumps(obj, indent=1, sort_keys=True, default=str)

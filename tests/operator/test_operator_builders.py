@@ -7,12 +7,16 @@ from typing import Any
 
 import jsonschema
 import kubernetes_validate
+import kubernetes_validate.utils
 import pytest
 from pagoda.operator import builders
 from pagoda.operator.builders import Owner, build_children
 from pagoda.operator.spec import InferenceServiceSpec
 
-K8S_VERSIONS = ("1.32.0", "1.37.0")
+K8S_VERSIONS = (
+    "1.32.0",
+    kubernetes_validate.utils.latest_version(),
+)  # kubectl's here, newest bundled
 OWNER = Owner(
     name="demo",
     namespace="team-a",

@@ -6,6 +6,7 @@ import pathlib
 from typing import Any
 
 import kubernetes_validate
+import kubernetes_validate.utils
 import pytest
 import yaml
 from conftest import ROOT, load_crd
@@ -14,7 +15,10 @@ from pagoda.operator import spec as spec_mod
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.spec import InferenceServiceSpec
 
-K8S_VERSIONS = ("1.32.0", "1.37.0")  # kubectl's here and the newest bundled schema
+K8S_VERSIONS = (
+    "1.32.0",
+    kubernetes_validate.utils.latest_version(),
+)  # kubectl's here, newest bundled
 EXAMPLES = ROOT / "examples"
 
 

@@ -1,0 +1,99 @@
+"""Typed readers over a raw spec dict, and the error every spec problem raises.
+
+Each reader checks type and bounds and names the offending field in its message, so an
+InferenceService written without the API server's schema (or before a schema change) gets the
+same clear `Degraded` reason as one the schema would have rejected.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+_QUANTITY = re.compile(
+    r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)))?$"
+)
+
+
+class SpecError(Exception):
+    """An InferenceService that cannot be served as written: `reason` is CamelCase, `message` is for people."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+def opt_int(d: Mapping[str, Any], key: str, path: str, lo: int, hi: int) -> int | None:
+    value = d.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError("InvalidSpec", f"{path}.{key} must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise SpecError("InvalidSpec", f"{path}.{key} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def int_or(d: Mapping[str, Any], key: str, path: str, lo: int, hi: int, default: int) -> int:
+    value = opt_int(d, key, path, lo, hi)
+    return default if value is None else value
+
+
+def opt_number(d: Mapping[str, Any], key: str, path: str, lo: float) -> float | None:
+    value = d.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError("InvalidSpec", f"{path}.{key} must be a number, got {value!r}")
+    if value < lo:
+        raise SpecError("InvalidSpec", f"{path}.{key} must be at least {lo}, got {value}")
+    return float(value)
+
+
+def bool_or(d: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
+    value = d.get(key, default)
+    if not isinstance(value, bool):
+        raise SpecError("InvalidSpec", f"{path}.{key} must be true or false, got {value!r}")
+    return value
+
+
+def opt_str(d: Mapping[str, Any], key: str, path: str) -> str | None:
+    value = d.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise SpecError("InvalidSpec", f"{path}.{key} must be a non-empty string, got {value!r}")
+    return value
+
+
+def choice(d: Mapping[str, Any], key: str, path: str, choices: Sequence[Any], default: Any) -> Any:
+    value = d.get(key, default)
+    if value not in choices:
+        allowed = ", ".join(str(c) for c in choices)
+        raise SpecError("InvalidSpec", f"{path}.{key} must be one of {allowed}; got {value!r}")
+    return value
+
+
+def mapping(d: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+    value = d.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise SpecError("InvalidSpec", f"{path}.{key} must be an object, got {value!r}")
+    return value
+
+
+def quantity(d: Mapping[str, Any], key: str, path: str) -> str | None:
+    value = d.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise SpecError(
+            "InvalidSpec", f"{path}.{key} must be a quantity such as 4 or 16Gi, got {value!r}"
+        )
+    text = str(value)
+    if not _QUANTITY.match(text):
+        raise SpecError(
+            "InvalidSpec", f"{path}.{key} is not a valid non-negative quantity: {value!r}"
+        )
+    return text
