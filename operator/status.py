@@ -137,6 +137,8 @@ def compute_status(
                 **({"observedGeneration": generation} if generation is not None else {}),
             }
         )
+    # Conditions of other writers (e.g. the autoscaler's MetricsUnavailable) are kept as they are.
+    conditions += [c for t, c in old.items() if t not in CONDITION_TYPES]
     dst = (deployment or {}).get("status") or {}
     status: dict[str, Any] = {
         "conditions": conditions,

@@ -15,9 +15,9 @@ import aiohttp
 import pytest
 from conftest import DEPLOY, wait_for
 from kube_emulator import Emulator
+from operator_helpers import create_isvc
 from pagoda.operator import main
 from pagoda.operator.k8s import KubeApi
-from test_operator_e2e import create_isvc
 
 
 def parse(*argv: str) -> argparse.Namespace:

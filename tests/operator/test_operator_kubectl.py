@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from conftest import DEPLOY, ISVC, ROOT, wait_for
 from kube_emulator import Emulator
+from operator_helpers import children, condition, mark_available
 from pagoda.operator.k8s import KubeApi
-from test_operator_e2e import children, condition, mark_available
 
 pytestmark = [
     pytest.mark.e2e,

@@ -106,3 +106,16 @@ def test_transition_times_survive_unchanged_conditions_and_patch_is_minimal() ->
     patch = status_patch(body["status"], later)
     assert set(patch) == {"conditions", "readyReplicas", "updatedReplicas"}
     assert "autoscaling" not in patch  # the autoscaler's part is never touched
+
+
+def test_other_writers_conditions_are_kept() -> None:
+    mine = compute_status(ISVC, deploy(ready=1, updated=1, Available=("True", "x")))
+    foreign = {
+        "type": "MetricsUnavailable",
+        "status": "True",
+        "reason": "PrometheusDown",
+        "message": "no data",
+    }
+    body = {**ISVC, "status": {**mine, "conditions": [*mine["conditions"], foreign]}}
+    again = compute_status(body, deploy(ready=1, updated=1, Available=("True", "x")))
+    assert foreign in again["conditions"] and status_patch(body["status"], again) is None
