@@ -20,8 +20,11 @@ group's discovery as "/v1". This subclass adds those with the semantics of a rea
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime
+import json
+import re
 import secrets
 import uuid
 from collections.abc import Iterator, Mapping
@@ -64,6 +67,9 @@ class Emulator(kmock.KubernetesEmulator):
         self.printer_columns: dict[Any, list[dict[str, Any]]] = {}
         self.scale_paths: dict[Any, dict[str, str]] = {}
         self.faults: list[list[Any]] = []  # [method, plural, status, remaining]
+        self.namespaces: dict[str, dict[str, Any]] = {}
+        for name in ("default", "kube-system"):
+            self.namespaces[name] = self._namespace(name)
 
     def fail(self, method: str, plural: str, status: int = 503, times: int = 1) -> None:
         """Answer the next `times` METHOD requests for `plural` with an error `status`."""
@@ -128,6 +134,59 @@ class Emulator(kmock.KubernetesEmulator):
         for (r, _, _), obj in list(self.objects.items()):
             if r == res and not obj.deleted:
                 yield copy.deepcopy(obj.raw)
+
+    # --- namespaces (kmock's path parser cannot route /api/v1/namespaces[/NAME]) ---------
+
+    def _namespace(self, name: str) -> dict[str, Any]:
+        meta = {
+            "name": name,
+            "uid": str(uuid.uuid4()),
+            "resourceVersion": self._next_rv(),
+            "creationTimestamp": _now(),
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": meta,
+            "status": {"phase": "Active"},
+        }
+
+    async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        m = re.fullmatch(r"/api/v1/namespaces(?:/([^/]+))?/?", raw.path)
+        if m is None:
+            return await super().__call__(raw)
+        name = m.group(1)
+        if raw.method == "POST" and name is None:
+            body = await raw.json()
+            new = self._namespace(body["metadata"]["name"])
+            self.namespaces.setdefault(new["metadata"]["name"], new)
+            return aiohttp.web.json_response(new, status=201)
+        if raw.method != "GET":
+            return aiohttp.web.json_response(
+                {"kind": "Status", "code": 405, "reason": "MethodNotAllowed"}, status=405
+            )
+        if name is not None:
+            found = self.namespaces.get(name)
+            status = 200 if found else 404
+            return aiohttp.web.json_response(
+                found or {"kind": "Status", "code": 404, "reason": "NotFound"}, status=status
+            )
+        if raw.query.get("watch") != "true":
+            items = [copy.deepcopy(n) for n in self.namespaces.values()]
+            meta = {"resourceVersion": str(self.resource_version)}
+            return aiohttp.web.json_response(
+                {"apiVersion": "v1", "kind": "NamespaceList", "metadata": meta, "items": items}
+            )
+        response = aiohttp.web.StreamResponse()
+        await response.prepare(raw)
+        for namespace in list(self.namespaces.values()):
+            await response.write(
+                json.dumps({"type": "ADDED", "object": namespace}).encode() + b"\n"
+            )
+        await asyncio.sleep(
+            float(raw.query.get("timeoutSeconds") or 300)
+        )  # no namespace events here
+        return response
 
     # --- request routing --------------------------------------------------------------------
 

@@ -350,3 +350,25 @@ async def test_liveness_endpoint(emulator: Emulator, kube: KubeApi, start_operat
         for path in ("/healthz", "/readyz"):
             async with session.get(f"http://127.0.0.1:{op.http_port}{path}") as resp:
                 assert resp.status == 200, path
+
+
+async def test_namespace_scoping(emulator: Emulator, kube: KubeApi, start_operator: Any) -> None:
+    await start_operator(namespaces=("default",))
+    await create_isvc(kube, "inside", EXAMPLE_SPEC)
+    outside = {
+        "apiVersion": "serving.pagoda.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "outside"},
+    }
+    await kube.request(
+        "POST",
+        "/apis/serving.pagoda.dev/v1alpha1/namespaces/other/inferenceservices",
+        body={**outside, "spec": EXAMPLE_SPEC},
+    )
+    await wait_for(
+        lambda: all(children(emulator, "inside").values()), what="children in the served namespace"
+    )
+    await asyncio.sleep(0.5)
+    assert emulator.live(DEPLOY, "other", "outside") is None
+    assert not (emulator.live(ISVC, "other", "outside").get("status") or {})
+    assert_permitted(emulator)
