@@ -18,11 +18,16 @@ import torch.nn.functional as F
 def rms_norm(
     *, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ):
-    """RMSNorm (fused ATen kernel); with `residual`, returns (norm(x + r), x + r), adding in place."""
+    """RMSNorm as Hugging Face computes it: normalise in float32, round, then scale by the weight.
+
+    (ATen's fused kernel run directly on bf16 loses enough precision to change greedy outputs.)
+    With `residual`, returns (norm(x + r), x + r), adding in place.
+    """
     if residual is not None:
         residual.add_(x)
-        return F.rms_norm(residual, weight.shape, weight, eps), residual
-    return F.rms_norm(x, weight.shape, weight, eps)
+        x = residual
+    out = F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype) * weight
+    return out if residual is None else (out, residual)
 
 
 def gather_cos_sin(

@@ -1,0 +1,50 @@
+"""Incremental detokenization: whole characters only, and stop strings never leak."""
+
+from __future__ import annotations
+
+from pagoda.runtime.engine.detokenizer import IncrementalDetokenizer
+
+
+def stream(tok, text: str, stop=(), include_stop=False):
+    ids = tok.encode(text)
+    d = IncrementalDetokenizer(tok, tok.encode("Hello"), stop=stop, include_stop=include_stop)
+    deltas, matched = [], None
+    for t in ids:
+        matched = d.add_tokens([t])
+        deltas.append(d.pop_delta(matched is not None))
+        if matched:
+            break
+    else:
+        deltas.append(d.pop_delta(True))
+    return deltas, matched, d
+
+
+def test_incremental_equals_full_decode_and_never_splits_characters(smol):
+    tok = smol.tokenizer
+    text = " naïve café 日本語 🙂 done."
+    deltas, _, _ = stream(tok, text)
+    assert "".join(deltas) == tok.decode(tok.encode(text))
+    assert all("\ufffd" not in d for d in deltas)
+
+
+def test_stop_string_cut_and_never_streamed(smol):
+    tok = smol.tokenizer
+    deltas, matched, d = stream(tok, " one two three STOP four five", stop=("STOP",))
+    assert matched == "STOP"
+    assert "".join(deltas) == " one two three "
+    assert not any("S" in x for x in deltas)
+
+
+def test_stop_string_spanning_tokens_is_held_back(smol):
+    tok = smol.tokenizer
+    # "\n\n###" is several tokens; partial matches must not be emitted early.
+    deltas, matched, _ = stream(tok, " alpha beta\n\n### gamma", stop=("\n\n###",))
+    assert matched == "\n\n###"
+    assert "".join(deltas) == " alpha beta"
+    assert all("#" not in x for x in deltas)
+
+
+def test_earliest_stop_wins_and_include_stop(smol):
+    tok = smol.tokenizer
+    deltas, matched, _ = stream(tok, " x END y HALT", stop=("HALT", "END"), include_stop=True)
+    assert matched == "END" and "".join(deltas) == " x END"

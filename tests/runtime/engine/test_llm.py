@@ -1,0 +1,116 @@
+"""Offline API end to end on the embedded model: outputs, sampling options, bad input."""
+
+from __future__ import annotations
+
+import pytest
+from pagoda.runtime import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(smol):
+    return LLM(loaded=smol, max_model_len=512, kv_cache_memory=48 << 20, max_num_batched_tokens=256)
+
+
+def test_chat_answers(llm):
+    (out,) = llm.chat(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        SamplingParams(temperature=0, max_tokens=12),
+    )
+    assert "Paris" in out.outputs[0].text
+    assert out.outputs[0].finish_reason in ("stop", "length")
+
+
+def test_length_finish_and_token_ids(llm):
+    (out,) = llm.generate(
+        "Once upon a time", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    )
+    o = out.outputs[0]
+    assert len(o.token_ids) == 5 and o.finish_reason == "length"
+    assert o.text == llm.tokenizer.decode(o.token_ids)
+
+
+def test_seed_reproducible(llm):
+    p = SamplingParams(temperature=1.0, max_tokens=16, seed=42, ignore_eos=True)
+    a = llm.generate(["The sea is", "Cats are"], p)
+    b = llm.generate(["Cats are", "The sea is"], p)  # different batch order
+    assert a[0].outputs[0].token_ids == b[1].outputs[0].token_ids
+    c = llm.generate(
+        "The sea is", SamplingParams(temperature=1.0, max_tokens=16, seed=43, ignore_eos=True)
+    )
+    assert c[0].outputs[0].token_ids != a[0].outputs[0].token_ids
+
+
+def test_stop_strings_and_stop_token_ids(llm):
+    (free,) = llm.generate(
+        "Count: one, two, three,", SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    )
+    text = free.outputs[0].text
+    stop = text.strip().split()[1]  # a word the model does produce
+    (out,) = llm.generate(
+        "Count: one, two, three,", SamplingParams(temperature=0, max_tokens=20, stop=[stop])
+    )
+    assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == stop
+    assert stop not in out.outputs[0].text and text.startswith(out.outputs[0].text)
+    tok = free.outputs[0].token_ids[2]
+    (out,) = llm.generate(
+        "Count: one, two, three,",
+        SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[tok]),
+    )
+    assert out.outputs[0].token_ids == free.outputs[0].token_ids[:3]
+    assert out.outputs[0].stop_reason == tok
+
+
+def test_n_samples_share_prompt_blocks(smol):
+    llm = LLM(loaded=smol, max_model_len=512, kv_cache_memory=48 << 20, enable_prefix_caching=False)
+    prompt = list(range(1000, 1100))  # 100 tokens: 6 full blocks
+    (out,) = llm.generate(
+        {"prompt_token_ids": prompt}, SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=8)
+    )
+    assert len(out.outputs) == 3 and [o.index for o in out.outputs] == [0, 1, 2]
+    assert len({tuple(o.token_ids) for o in out.outputs}) > 1
+    # samples 2 and 3 reused the 96 cached prompt tokens of sample 1 although caching is off
+    assert llm.engine.kv.prefix_hits == 2 * 96
+    llm.engine.check_integrity()
+
+
+def test_logprobs(llm):
+    (out,) = llm.generate("Hello", SamplingParams(temperature=0, max_tokens=3, logprobs=2))
+    lps = out.outputs[0].logprobs
+    assert len(lps) == 3
+    for lp, tok in zip(lps, out.outputs[0].token_ids):
+        assert lp.token_id == tok and lp.logprob <= 0 and len(lp.top) == 2
+        assert lp.top[0][0] == tok  # greedy picks the most likely
+
+
+@pytest.mark.parametrize(
+    "prompt,params,field",
+    [
+        ("", SamplingParams(), "prompt"),
+        ("x " * 600, SamplingParams(), "max_model_len"),
+        ({"prompt_token_ids": [10**9]}, SamplingParams(), "token ids"),
+    ],
+)
+def test_bad_input_raises_and_engine_keeps_serving(llm, prompt, params, field):
+    engine = llm.engine
+    engine.add_request(
+        "inflight",
+        llm.tokenizer.encode("A long story:"),
+        SamplingParams(max_tokens=6, ignore_eos=True),
+    )
+    with pytest.raises(ValueError, match=field):
+        llm.generate(prompt, params)
+    done = []
+    while engine.has_unfinished_requests():
+        done += [d for d in engine.step() if d.finished]
+    assert [d.request_id for d in done] == ["inflight"] and done[0].num_output_tokens == 6
+    engine.check_integrity()
+
+
+def test_abort_frees_blocks(llm):
+    engine = llm.engine
+    engine.add_request("a", list(range(200, 300)), SamplingParams(max_tokens=50))
+    engine.step()
+    assert engine.stats().num_free_blocks < engine.stats().num_blocks
+    engine.abort_request("a")
+    assert engine.stats().num_free_blocks == engine.stats().num_blocks
+    assert not engine.has_unfinished_requests()
