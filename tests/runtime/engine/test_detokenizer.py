@@ -29,7 +29,7 @@ def test_incremental_equals_full_decode_and_never_splits_characters(smol):
 
 def test_stop_string_cut_and_never_streamed(smol):
     tok = smol.tokenizer
-    deltas, matched, d = stream(tok, " one two three STOP four five", stop=("STOP",))
+    deltas, matched, _ = stream(tok, " one two three STOP four five", stop=("STOP",))
     assert matched == "STOP"
     assert "".join(deltas) == " one two three "
     assert not any("S" in x for x in deltas)
