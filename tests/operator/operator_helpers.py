@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import yaml
-from conftest import DEPLOY, ISVC, ROOT
 from kube_emulator import Emulator
+from operator_harness import DEPLOY, ISVC, ROOT
 from pagoda.operator import k8s
 from pagoda.operator.k8s import KubeApi
 

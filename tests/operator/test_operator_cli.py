@@ -13,8 +13,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import DEPLOY, wait_for
 from kube_emulator import Emulator
+from operator_harness import DEPLOY, wait_for
 from operator_helpers import create_isvc
 from pagoda.operator import main
 from pagoda.operator.k8s import KubeApi

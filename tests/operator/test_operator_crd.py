@@ -9,8 +9,8 @@ import kubernetes_validate
 import kubernetes_validate.utils
 import pytest
 import yaml
-from conftest import ROOT, load_crd
 from crd_schema import apply_defaults, defaults, validate, version_schema
+from operator_harness import ROOT, load_crd
 from pagoda.operator import spec as spec_mod
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.spec import InferenceServiceSpec

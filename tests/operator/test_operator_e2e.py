@@ -10,8 +10,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import wait_for
 from kube_emulator import Emulator
+from operator_harness import wait_for
 from operator_helpers import (
     CM,
     DEPLOY,
