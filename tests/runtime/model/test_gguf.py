@@ -1,0 +1,160 @@
+"""GGUF loading: every supported tensor type dequantizes, Q/K un-permute to the HF layout, the
+tokenizer matches transformers' reading of the same file, and a tiny model matches transformers."""
+
+from __future__ import annotations
+
+import os
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from conftest import hf_greedy
+from gguf import GGMLQuantizationType as Q
+from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.model.gguf_loader import load_gguf
+
+transformers = pytest.importorskip("transformers")
+H, I, HEADS, KV = 64, 128, 4, 2
+TYPES = {  # HF suffix → (GGUF name, storage type)
+    "self_attn.q_proj.weight": ("attn_q", Q.Q4_0),
+    "self_attn.k_proj.weight": ("attn_k", Q.Q4_1),
+    "self_attn.v_proj.weight": ("attn_v", Q.F16),
+    "self_attn.o_proj.weight": ("attn_output", Q.BF16),
+    "mlp.gate_proj.weight": ("ffn_gate", Q.Q8_0),
+    "mlp.up_proj.weight": ("ffn_up", Q.F32),
+    "mlp.down_proj.weight": ("ffn_down", Q.Q8_0),
+    "input_layernorm.weight": ("attn_norm", Q.F32),
+    "post_attention_layernorm.weight": ("ffn_norm", Q.F32),
+}
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's convert-time permutation of Q/K rows."""
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def roundtrip(w: np.ndarray, qtype) -> tuple[np.ndarray, np.ndarray]:
+    data = gguf.quants.quantize(w, qtype)
+    return data, gguf.quants.dequantize(data, qtype).reshape(w.shape)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory, smol):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=49152,
+        hidden_size=H,
+        intermediate_size=I,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    sd = {k: (v * 4 if v.dim() > 1 else v).float().numpy() for k, v in model.state_dict().items()}
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(2)
+    w.add_context_length(512)
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(I)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    reader = gguf.GGUFReader(smol.path)
+    f = reader.fields
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(f["tokenizer.ggml.tokens"].contents())
+    w.add_token_merges(f["tokenizer.ggml.merges"].contents())
+    w.add_token_types(f["tokenizer.ggml.token_type"].contents())
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_chat_template(f["tokenizer.chat_template"].contents())
+    expected = {}
+
+    def put(gname, hfname, qtype, perm_heads=None):
+        arr = sd[hfname]
+        stored = permute(arr, perm_heads) if perm_heads else arr
+        data, deq = roundtrip(stored, qtype)
+        w.add_tensor(gname, data, raw_shape=data.shape, raw_dtype=qtype)
+        expected[hfname] = permute_back(deq, perm_heads) if perm_heads else deq
+        # independent of the permutation formulas: we got the original matrix back, up to rounding
+        err = np.abs(expected[hfname] - arr).mean()
+        assert err < 0.2 * np.abs(arr).mean() + 1e-6, (hfname, err)
+
+    def permute_back(arr, n):
+        return (
+            arr.reshape(n, arr.shape[0] // n // 2, 2, *arr.shape[1:])
+            .swapaxes(1, 2)
+            .reshape(arr.shape)
+        )
+
+    put("token_embd.weight", "model.embed_tokens.weight", Q.Q8_0)
+    put("output.weight", "lm_head.weight", Q.Q8_0)
+    put("output_norm.weight", "model.norm.weight", Q.F32)
+    for layer in range(2):
+        for suffix, (gname, qtype) in TYPES.items():
+            heads = HEADS if gname == "attn_q" else KV if gname == "attn_k" else None
+            put(f"blk.{layer}.{gname}.weight", f"model.layers.{layer}.{suffix}", qtype, heads)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    # the oracle runs on exactly the dequantized weights
+    model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in expected.items()})
+    return path, model, expected
+
+
+def test_every_tensor_type_dequantizes_and_unpermutes(tiny_gguf):
+    path, _, expected = tiny_gguf
+    config, weights, _ = load_gguf(path)
+    assert (config.num_layers, config.num_heads, config.num_kv_heads, config.head_dim) == (
+        2,
+        HEADS,
+        KV,
+        H // HEADS,
+    )
+    assert not config.tie_word_embeddings and config.eos_token_ids == (2,)
+    assert set(weights) == set(expected)
+    for name, arr in expected.items():
+        np.testing.assert_array_equal(weights[name].numpy(), arr, err_msg=name)
+
+
+def test_tiny_gguf_greedy_matches_transformers(tiny_gguf):
+    path, model, _ = tiny_gguf
+    llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20)
+    prompt = llm.tokenizer.encode("The river carries sediment to the sea, and")
+    (out,) = llm.generate(
+        {"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    )
+    assert out.outputs[0].token_ids == hf_greedy(model, prompt, 8)[0]
+
+
+def test_tokenizer_and_template_match_transformers(smol):
+    hf_tok = transformers.AutoTokenizer.from_pretrained(
+        os.path.dirname(smol.path), gguf_file=os.path.basename(smol.path)
+    )
+    texts = [
+        "Hello world!",
+        "  leading spaces, tabs\tand\n\nnewlines  ",
+        "naïve café 日本語 emoji 🙂",
+        "<|im_start|>user\nHi<|im_end|>\n",
+        "def f(x):\n    return x ** 2  # code",
+    ]
+    for t in texts:
+        assert smol.tokenizer.encode(t) == hf_tok.encode(t, add_special_tokens=False), t
+        assert smol.tokenizer.decode(smol.tokenizer.encode(t), skip_special_tokens=False) == t
+    msgs = [{"role": "user", "content": "Hi"}]
+    ours = smol.tokenizer.apply_chat_template(msgs)
+    assert ours == hf_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert smol.tokenizer.encode("2024") == [34, 32, 34, 36]  # digits split one by one (smollm)
