@@ -15,7 +15,7 @@ from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.gguf_loader import load_gguf
 
 transformers = pytest.importorskip("transformers")
-H, I, HEADS, KV = 64, 128, 4, 2
+H, FFN, HEADS, KV = 64, 128, 4, 2
 TYPES = {  # HF suffix → (GGUF name, storage type)
     "self_attn.q_proj.weight": ("attn_q", Q.Q4_0),
     "self_attn.k_proj.weight": ("attn_k", Q.Q4_1),
@@ -49,7 +49,7 @@ def tiny_gguf(tmp_path_factory, smol):
     cfg = transformers.LlamaConfig(
         vocab_size=49152,
         hidden_size=H,
-        intermediate_size=I,
+        intermediate_size=FFN,
         num_hidden_layers=2,
         num_attention_heads=HEADS,
         num_key_value_heads=KV,
@@ -65,7 +65,7 @@ def tiny_gguf(tmp_path_factory, smol):
     w.add_block_count(2)
     w.add_context_length(512)
     w.add_embedding_length(H)
-    w.add_feed_forward_length(I)
+    w.add_feed_forward_length(FFN)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV)
     w.add_rope_freq_base(10000.0)
