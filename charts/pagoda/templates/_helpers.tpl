@@ -1,0 +1,139 @@
+{{/*
+Names and labels. Selector labels are fixed (name, instance, component) and never include
+user labels (commonLabels, podLabels), so changing those never breaks a Deployment's selector.
+*/}}
+
+{{- define "pagoda.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "pagoda.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Name of the operator's Deployment, Service, ClusterRole, ... */}}
+{{- define "pagoda.operatorName" -}}
+{{- printf "%s-operator" (include "pagoda.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "pagoda.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels of the operator pod: stable for the life of the release. */}}
+{{- define "pagoda.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "pagoda.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* Labels of every object: selector labels, chart metadata, then the user's commonLabels
+(which cannot override the standard ones). */}}
+{{- define "pagoda.labels" -}}
+{{- $std := dict
+  "helm.sh/chart" (include "pagoda.chart" .)
+  "app.kubernetes.io/managed-by" .Release.Service
+  "app.kubernetes.io/part-of" "pagoda"
+  "app.kubernetes.io/version" (.Chart.AppVersion | toString)
+-}}
+{{- $labels := merge (dict) (include "pagoda.selectorLabels" . | fromYaml) $std (.Values.commonLabels | default dict) -}}
+{{ toYaml $labels }}
+{{- end }}
+
+{{/* Labels of monitoring objects: standard labels plus monitoring.labels. */}}
+{{- define "pagoda.monitoringLabels" -}}
+{{- $labels := merge (include "pagoda.labels" . | fromYaml) (.Values.monitoring.labels | default dict) -}}
+{{ toYaml $labels }}
+{{- end }}
+
+{{- define "pagoda.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "pagoda.operatorName" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* repository:tag or repository@digest; the tag defaults to the chart's appVersion. */}}
+{{- define "pagoda.image" -}}
+{{- $image := index . 0 -}}
+{{- $root := index . 1 -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $image.repository $image.digest -}}
+{{- else -}}
+{{- $tag := default ($root.Chart.AppVersion | toString) ($image.tag | toString) -}}
+{{- if eq $tag "latest" -}}
+{{- fail "image tag \"latest\" is not allowed: pin a version" -}}
+{{- end -}}
+{{- printf "%s:%s" $image.repository $tag -}}
+{{- end -}}
+{{- end }}
+
+{{/* Secret holding the Alertmanager webhook token; empty when none is configured. */}}
+{{- define "pagoda.webhookSecretName" -}}
+{{- $s := .Values.webhook.tokenSecret -}}
+{{- if $s.name -}}
+{{- $s.name -}}
+{{- else if $s.create -}}
+{{- printf "%s-webhook" (include "pagoda.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end }}
+
+{{/* In-cluster URL of the operator's alert webhook. */}}
+{{- define "pagoda.webhookURL" -}}
+{{- printf "http://%s.%s.svc:%v/alerts" (include "pagoda.operatorName" .) .Release.Namespace .Values.service.port -}}
+{{- end }}
+
+{{/*
+The operator's RBAC, mirroring pagoda.operator.k8s.API_PERMISSIONS exactly
+(tests/charts/test_chart_rbac.py compares them). Namespaced resources go to the ClusterRole
+(all namespaces) or to one Role per watched namespace; cluster-scoped ones always go to the
+ClusterRole.
+*/}}
+{{- define "pagoda.rbac.namespacedRules" -}}
+- apiGroups: ["serving.pagoda.dev"]
+  resources: ["inferenceservices"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["serving.pagoda.dev"]
+  resources: ["inferenceservices/status"]
+  verbs: ["get", "patch"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["services", "configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["monitoring.coreos.com"]
+  resources: ["servicemonitors"]
+  verbs: ["get", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get"]
+{{- end }}
+
+{{- define "pagoda.rbac.clusterRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["list"]
+{{- end }}

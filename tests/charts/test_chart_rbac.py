@@ -1,0 +1,118 @@
+"""The chart's RBAC grants exactly what the operator uses: `pagoda.operator.k8s.API_PERMISSIONS`
+(every group/resource/verb its API client and kopf call), nothing more, never `*`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chart_helpers import NAMESPACE, VALUE_SETS, of_kind, one, render, render_cached
+from pagoda.operator.k8s import API_PERMISSIONS, RESOURCES
+
+Triple = tuple[str, str, str]  # (apiGroup, resource, verb)
+
+# Cluster-scoped resources: granted by the ClusterRole even when the operator is namespaced.
+CLUSTER_SCOPED = {
+    ("", "namespaces"),
+    ("", "nodes"),
+    ("", "persistentvolumes"),
+    ("apiextensions.k8s.io", "customresourcedefinitions"),
+    ("storage.k8s.io", "storageclasses"),
+    ("rbac.authorization.k8s.io", "clusterroles"),
+} | {(r.group, r.plural) for r in RESOURCES.values() if not r.namespaced}
+
+
+def needed() -> set[Triple]:
+    return {(p.group, p.resource, verb) for p in API_PERMISSIONS for verb in p.verbs}
+
+
+def triples(role: dict[str, Any]) -> set[Triple]:
+    out: set[Triple] = set()
+    for rule in role["rules"]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}, f"unexpected rule fields {rule}"
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    out.add((group, resource, verb))
+    return out
+
+
+def assert_no_wildcards(docs: Any) -> None:
+    for role in of_kind(docs, "ClusterRole") + of_kind(docs, "Role"):
+        for rule in role["rules"]:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert all("*" not in item for item in rule[key]), f"wildcard in {rule}"
+            assert "nonResourceURLs" not in rule
+
+
+def is_cluster_scoped(triple: Triple) -> bool:
+    group, resource, _ = triple
+    return (group, resource.split("/")[0]) in CLUSTER_SCOPED
+
+
+def test_permissions_cover_every_resource_the_api_client_knows() -> None:
+    """Every kind in the operator's REST client has at least one permission (a new kind added
+    to operator/k8s.py without RBAC would fail here and in the cluster)."""
+    granted = {(p.group, p.resource) for p in API_PERMISSIONS}
+    for kind, res in RESOURCES.items():
+        assert (res.group, res.plural) in granted, f"{kind} has no entry in API_PERMISSIONS"
+
+
+def test_cluster_wide_cluster_role_is_exactly_what_the_operator_uses() -> None:
+    docs = render_cached("defaults")
+    assert_no_wildcards(docs)
+    assert not of_kind(docs, "Role") and not of_kind(docs, "RoleBinding")
+    role = one(docs, "ClusterRole")
+    granted = triples(role)
+    assert granted - needed() == set(), "broader than the operator needs"
+    assert needed() - granted == set(), "missing permissions the operator uses"
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    sa = one(docs, "ServiceAccount")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+
+
+def test_namespaced_mode_uses_a_role_per_namespace() -> None:
+    namespaces = VALUE_SETS["namespaced"]["watchNamespaces"]
+    docs = render_cached("namespaced")
+    assert_no_wildcards(docs)
+    sa = one(docs, "ServiceAccount")["metadata"]["name"]
+    cluster = triples(one(docs, "ClusterRole"))
+    assert cluster == {t for t in needed() if is_cluster_scoped(t)}
+    assert all(is_cluster_scoped(t) for t in cluster)
+    roles = of_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(namespaces)
+    for role in roles:
+        assert triples(role) == {t for t in needed() if not is_cluster_scoped(t)}
+    bindings = of_kind(docs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(namespaces)
+    for binding in bindings:
+        assert binding["roleRef"]["kind"] == "Role"
+        assert binding["roleRef"]["name"] == roles[0]["metadata"]["name"]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}
+        ]
+    union = cluster.union(*(triples(r) for r in roles))
+    assert union == needed()
+
+
+def test_every_value_set_grants_the_same_permissions() -> None:
+    for name in VALUE_SETS:
+        docs = render_cached(name)
+        assert_no_wildcards(docs)
+        granted = set().union(
+            *(triples(r) for r in of_kind(docs, "ClusterRole") + of_kind(docs, "Role"))
+        )
+        assert granted == needed(), name
+
+
+def test_no_secret_access() -> None:
+    """The webhook token reaches the operator as an env var from the Secret; the operator itself
+    never reads Secrets through the API."""
+    for role in of_kind(render(VALUE_SETS["monitoring"]), "ClusterRole"):
+        assert not any(r for (_, r, _) in triples(role) if r == "secrets")

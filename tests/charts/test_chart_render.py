@@ -1,0 +1,268 @@
+"""charts/pagoda: Helm's linter, rendering with several value sets, strict schema validation of
+every document, and the operator Deployment's contract with `pagoda operator`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import helm_python as helm
+import pytest
+from chart_helpers import (
+    CHART,
+    K8S_VERSIONS,
+    NAMESPACE,
+    RELEASE,
+    VALUE_SETS,
+    of_kind,
+    one,
+    operator_container,
+    render,
+    render_cached,
+    render_files,
+    validation_errors,
+)
+from pagoda.operator import main as operator_main
+from pagoda.operator.webapp import OperatorHttpServer
+
+SELECTOR_KEYS = {
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+}
+NAMESPACED_KINDS = {
+    "Deployment",
+    "Service",
+    "ServiceAccount",
+    "Secret",
+    "ConfigMap",
+    "Role",
+    "RoleBinding",
+    "ServiceMonitor",
+    "PrometheusRule",
+    "AlertmanagerConfig",
+}
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_helm_lint_reports_no_errors_or_warnings(value_set: str) -> None:
+    report = helm.lint(str(CHART), VALUE_SETS[value_set], namespace=NAMESPACE)
+    assert report["errors"] == []
+    assert report["total_charts_linted"] == 1
+    serious = [m for m in report["messages"] if m["severity"] >= 2]
+    assert serious == [], serious
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_every_rendered_document_passes_strict_validation(value_set: str) -> None:
+    docs = render_cached(value_set)
+    assert docs, "nothing rendered"
+    errors = [
+        e for version in K8S_VERSIONS for doc in docs for e in validation_errors(doc, version)
+    ]
+    assert errors == []
+
+
+def test_validation_catches_mistakes() -> None:
+    """The validators are strict: an unknown field fails (built-in kinds and custom resources)."""
+    docs = [dict(d) for d in render_cached("monitoring")]
+    deployment = one(docs, "Deployment")
+    deployment["spec"] = {**deployment["spec"], "replica": 2}
+    assert validation_errors(deployment, K8S_VERSIONS[-1])
+    monitor = dict(of_kind(docs, "ServiceMonitor")[0])
+    monitor["spec"] = {**monitor["spec"], "endpoint": []}
+    assert validation_errors(monitor, K8S_VERSIONS[-1])
+
+
+def test_expected_objects_per_value_set() -> None:
+    kinds = {name: sorted(d["kind"] for d in render_cached(name)) for name in VALUE_SETS}
+    assert kinds["defaults"] == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+    ]
+    assert kinds["namespaced"] == sorted(kinds["defaults"] + ["Role", "RoleBinding"] * 2)
+    assert sorted(set(kinds["monitoring"]) - set(kinds["defaults"])) == [
+        "AlertmanagerConfig",
+        "ConfigMap",
+        "PrometheusRule",
+        "Secret",
+        "ServiceMonitor",
+    ]
+    assert kinds["monitoring"].count("ServiceMonitor") == 2
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_names_namespaces_and_labels(value_set: str) -> None:
+    docs = render_cached(value_set)
+    keys = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs]
+    assert len(keys) == len(set(keys)), "duplicate objects"
+    for doc in docs:
+        meta = doc["metadata"]
+        assert len(meta["name"]) <= 63
+        if doc["kind"] in NAMESPACED_KINDS:
+            assert meta.get("namespace"), f"{doc['kind']}/{meta['name']} has no namespace"
+        else:
+            assert "namespace" not in meta
+        labels = meta["labels"]
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["helm.sh/chart"].startswith("pagoda-")
+        if doc["kind"] in ("Deployment", "Service", "ServiceAccount", "Secret"):
+            assert meta["namespace"] == NAMESPACE
+
+
+def test_selectors_never_include_user_labels() -> None:
+    for name in VALUE_SETS:
+        docs = render_cached(name)
+        deployment = one(docs, "Deployment")
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        assert set(selector) == SELECTOR_KEYS
+        assert selector["app.kubernetes.io/component"] == "operator"
+        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= pod_labels.items()
+        assert one(docs, "Service")["spec"]["selector"] == selector
+    custom = render_cached("custom-images")
+    pod_labels = one(custom, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels["team"] == "ml" and pod_labels["cost-center"] == "llm"
+    assert all(d["metadata"]["labels"]["cost-center"] == "llm" for d in custom)
+
+
+def test_user_labels_cannot_override_selector_labels() -> None:
+    docs = render(
+        {
+            "commonLabels": {"app.kubernetes.io/instance": "x"},
+            "operator": {"podLabels": {"app.kubernetes.io/component": "y"}},
+        }
+    )
+    deployment = one(docs, "Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/instance"] == RELEASE
+    assert labels["app.kubernetes.io/component"] == "operator"
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_operator_pod_is_restricted(value_set: str) -> None:
+    """Pod Security Standards `restricted`, read-only root, no service links, probes, resources."""
+    deployment = one(render_cached(value_set), "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert (
+        pod["serviceAccountName"]
+        == one(render_cached(value_set), "ServiceAccount")["metadata"]["name"]
+    )
+    assert "hostNetwork" not in pod and "hostPID" not in pod
+    container = operator_container(render_cached(value_set))
+    sc = container["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["privileged"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["runAsNonRoot"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp"}
+    assert container["livenessProbe"]["httpGet"]["port"] == "http"
+    assert container["readinessProbe"]["httpGet"]["port"] == "http"
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_operator_args_are_real_cli_flags(value_set: str) -> None:
+    """The Deployment's args parse with `pagoda operator`'s own argparse definition and build a
+    valid OperatorConfig that matches the values; the probes and ports match its HTTP server."""
+    values: dict[str, Any] = VALUE_SETS[value_set]
+    docs = render_cached(value_set)
+    container = operator_container(docs)
+    assert "command" not in container, "the image's ENTRYPOINT is `pagoda`"
+    args = container["args"]
+    assert args[0] == "operator"
+    parser = argparse.ArgumentParser(prog="pagoda operator", exit_on_error=False)
+    operator_main.add_arguments(parser)
+    config = operator_main.config_from_args(parser.parse_args(args[1:]))
+    assert config.namespaces == tuple(values.get("watchNamespaces", ()))
+    assert config.clusterwide == (not values.get("watchNamespaces"))
+    (port,) = container["ports"]
+    assert port["name"] == "http" and port["containerPort"] == config.http_port
+    assert config.log_format == values.get("operator", {}).get("logFormat", "json")
+    service = one(docs, "Service")
+    (service_port,) = service["spec"]["ports"]
+    assert service_port["targetPort"] == "http" and service_port["name"] == "http"
+    routes = {
+        (r.method, r.resource.canonical)
+        for r in OperatorHttpServer(
+            "127.0.0.1", 0, is_alive=bool, is_ready=bool
+        ).app.router.routes()
+    }
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert ("GET", container[probe]["httpGet"]["path"]) in routes
+
+
+def test_images_come_from_values_and_are_pinned() -> None:
+    app_version = helm.Chart.load(str(CHART)).metadata["appVersion"]
+    default = operator_container(render_cached("defaults"))
+    assert default["image"] == f"ghcr.io/pagoda-dev/pagoda-operator:{app_version}"
+    assert f"--default-image=ghcr.io/pagoda-dev/pagoda-runtime:{app_version}" in default["args"]
+    custom = operator_container(render_cached("custom-images"))
+    assert custom["image"] == "registry.example.com/pagoda/operator:1.2.3"
+    assert (
+        f"--default-image=registry.example.com/pagoda/runtime@sha256:{'ab' * 32}" in custom["args"]
+    )
+    for name in VALUE_SETS:
+        container = operator_container(render_cached(name))
+        assert not container["image"].endswith(":latest")
+        assert not any(a.endswith(":latest") for a in container["args"])
+
+
+@pytest.mark.parametrize("image", ["operator", "runtime"])
+def test_latest_tag_is_refused_with_a_readable_error(image: str) -> None:
+    with pytest.raises(helm.HelmRenderError, match='image tag "latest" is not allowed'):
+        render({image: {"image": {"tag": "latest"}}})
+
+
+def test_prometheus_url_and_webhook_token_reach_the_operator() -> None:
+    env = {e["name"]: e for e in operator_container(render_cached("defaults"))["env"]}
+    assert "PAGODA_PROMETHEUS_URL" not in env and "PAGODA_WEBHOOK_TOKEN" not in env
+    docs = render_cached("monitoring")
+    env = {e["name"]: e for e in operator_container(docs)["env"]}
+    assert env["PAGODA_PROMETHEUS_URL"]["value"] == "http://prometheus-operated.monitoring.svc:9090"
+    secret = one(docs, "Secret")
+    ref = env["PAGODA_WEBHOOK_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": secret["metadata"]["name"], "key": "token"}
+    assert len(secret["data"]["token"]) >= 40  # base64 of 32 random characters
+    custom = {e["name"]: e for e in operator_container(render_cached("custom-images"))["env"]}
+    assert custom["PAGODA_WEBHOOK_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "alert-token",
+        "key": "bearer",
+    }
+    assert not of_kind(render_cached("custom-images"), "Secret")
+
+
+def test_notes_show_how_to_try_it() -> None:
+    notes = render_files({})["pagoda/templates/NOTES.txt"]
+    for text in (
+        "kubectl apply -f examples/smollm2-cpu.yaml",
+        "kubectl get isvc smollm2",
+        "kubectl port-forward svc/smollm2 8000:8000",
+        "curl localhost:8000/v1/chat/completions",
+        "kubectl scale isvc/smollm2 --replicas=2",
+        f"http://{RELEASE}-operator.{NAMESPACE}.svc:8080/alerts",
+    ):
+        assert text in notes
+    namespaced = render_files(VALUE_SETS["namespaced"])["pagoda/templates/NOTES.txt"]
+    assert "team-a, team-b" in namespaced
+
+
+def test_rbac_and_service_account_can_be_disabled() -> None:
+    docs = render(
+        {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "existing"}}
+    )
+    assert sorted(d["kind"] for d in docs) == ["Deployment", "Service"]
+    assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
+    with pytest.raises(helm.HelmRenderError, match=r"serviceAccount\.name is required"):
+        render({"serviceAccount": {"create": False}})
