@@ -134,6 +134,35 @@ class ApiError(Exception):
         return self.status in (0, 401, 403, 408, 409, 429) or self.status >= 500
 
 
+def event_body(
+    involved: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
+) -> dict[str, Any]:
+    """A core/v1 Event about `involved` (pure)."""
+    meta = involved["metadata"]
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": involved.get("apiVersion"),
+            "kind": involved.get("kind"),
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta.get("uid"),
+        },
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": component},
+        "reportingComponent": component,
+        "reportingInstance": os.environ.get("HOSTNAME", component),
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
 LoginFn = Callable[[], kopf.ConnectionInfo]
 
 
@@ -315,31 +344,13 @@ class KubeApi:
     async def post_event(
         self, involved: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
     ) -> None:
-        """Record a core/v1 Event about `involved` (best effort: failures are only logged by callers)."""
-        meta = involved["metadata"]
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {
-                "apiVersion": involved.get("apiVersion"),
-                "kind": involved.get("kind"),
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta.get("uid"),
-            },
-            "type": type_,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": component},
-            "reportingComponent": component,
-            "reportingInstance": os.environ.get("HOSTNAME", component),
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        await self.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
+        """Record a core/v1 Event about `involved`."""
+        event = event_body(
+            involved, type_=type_, reason=reason, message=message, component=component
+        )
+        await self.request(
+            "POST", f"/api/v1/namespaces/{event['metadata']['namespace']}/events", body=event
+        )
 
     async def has_resource(self, kind: str) -> bool:
         """Whether the API server serves `kind` (discovery, cached for a minute)."""

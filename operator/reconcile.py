@@ -22,6 +22,8 @@ from pagoda.operator.k8s import ApiError, KubeApi
 from pagoda.operator.spec import KIND, SpecError
 
 _UNKNOWN: Any = object()
+# Degraded reasons only a full reconcile may clear (child events keep them as they are).
+STICKY_REASONS = validation.SPEC_REASONS | {"ResourceConflict"}
 _locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
 
@@ -178,10 +180,10 @@ async def reconcile(
 
 
 def spec_error_in_status(body: Mapping[str, Any]) -> SpecError | None:
-    """The spec problem recorded for the current generation, if any."""
+    """The spec (or name-conflict) problem recorded for the current generation, if any."""
     cond = status.condition(body, "Degraded")
     generation = (body.get("metadata") or {}).get("generation")
-    recorded = cond.get("status") == "True" and cond.get("reason") in validation.SPEC_REASONS
+    recorded = cond.get("status") == "True" and cond.get("reason") in STICKY_REASONS
     if recorded and cond.get("observedGeneration") == generation:
         return SpecError(cond["reason"], cond.get("message") or "")
     return None

@@ -349,3 +349,19 @@ def test_builders_are_pure() -> None:
     assert first == second
     first.desired[1]["spec"]["replicas"] = 99
     assert build_children(OWNER, GPU).get("Deployment")["spec"]["replicas"] == 3
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_events_are_valid(version: str) -> None:
+    from pagoda.operator.k8s import event_body
+
+    owner = OWNER.as_body()
+    event = event_body(
+        owner,
+        type_="Warning",
+        reason="UnknownModel",
+        message="x" * 5000,
+        component="pagoda-operator",
+    )
+    kubernetes_validate.validate(event, version, strict=True)
+    assert event["involvedObject"]["uid"] == OWNER.uid and len(event["message"]) == 1024

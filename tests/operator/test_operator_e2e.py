@@ -19,6 +19,7 @@ from operator_helpers import (
     ISVC,
     ISVC_PATH,
     PDB,
+    SVC,
     assert_permitted,
     children,
     condition,
@@ -372,3 +373,30 @@ async def test_namespace_scoping(emulator: Emulator, kube: KubeApi, start_operat
     assert emulator.live(DEPLOY, "other", "outside") is None
     assert not (emulator.live(ISVC, "other", "outside").get("status") or {})
     assert_permitted(emulator)
+
+
+async def test_name_taken_by_a_foreign_object(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    await start_operator(resync_interval_s=0.5)
+    foreign = {"metadata": {"name": "taken"}, "spec": {"ports": [{"port": 80}]}}
+    await kube.request("POST", "/api/v1/namespaces/default/services", body=foreign)
+    await create_isvc(kube, "taken", EXAMPLE_SPEC)
+    await wait_for(
+        lambda: condition(emulator, "taken", "Degraded").get("reason") == "ResourceConflict",
+        what="conflict",
+    )
+    assert (
+        "Service 'taken' exists and is not controlled by this InferenceService"
+        in condition(emulator, "taken", "Degraded")["message"]
+    )
+    assert emulator.live(SVC, "default", "taken")["spec"]["ports"] == [
+        {"port": 80}
+    ]  # not overwritten
+    await kube.delete("Service", "default", "taken")
+    await wait_for(
+        lambda: condition(emulator, "taken", "Degraded").get("status") == "False", what="healed"
+    )
+    assert (
+        emulator.live(SVC, "default", "taken")["metadata"]["ownerReferences"][0]["name"] == "taken"
+    )
