@@ -1,0 +1,348 @@
+"""AsyncEngine: the synchronous `EngineCore` on its own thread, behind an asyncio façade.
+
+Why a thread: a step is long (tens of ms of model compute) and must not block the event loop
+that accepts requests and streams tokens; PyTorch releases the GIL inside its kernels, so HTTP
+work overlaps the model. The thread owns the core exclusively. The event loop talks to it only
+through an inbox of commands (add, abort, call) and receives each step's outputs in one
+`loop.call_soon_threadsafe` batch, which fans them out to per-request asyncio queues.
+
+Failure model: a bad request is rejected before it reaches the thread (`validate`), and an error
+while adding one request fails only that request. An exception inside `step()` cannot be pinned
+on one request, so it is fatal: every stream fails, `error` is set and `/health` turns 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from pagoda.runtime.engine.core import EngineCore, EngineStats
+from pagoda.runtime.engine.outputs import StepOutput
+from pagoda.runtime.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineUnavailableError(RuntimeError):
+    """The engine cannot take requests now (loading, draining or dead): HTTP 503."""
+
+    def __init__(self, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class QueueFullError(EngineUnavailableError):
+    """More than `max_queue_len` requests wait for their first token: HTTP 503 + Retry-After."""
+
+
+class StepObserver(Protocol):
+    """Metrics hook; `record_step` runs on the engine thread and must stay cheap."""
+
+    def record_step(self, outputs: Sequence[StepOutput], stats: EngineStats | None) -> None: ...
+
+    def record_abort(self, arrival_time: float, tokens_per_sample: Sequence[int]) -> None: ...
+
+
+_END = object()
+
+
+class RequestStream:
+    """The outputs of one request (all `n` samples), consumed with `async for`."""
+
+    def __init__(self, request_id: str, n: int) -> None:
+        self.request_id = request_id
+        self.n = n
+        self.arrival_time = time.monotonic()
+        self.done = [False] * n
+        self.tokens = [0] * n  # output tokens so far, per sample
+        self.finished = False  # every sample finished, or the request failed/aborted
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def _put(self, out: StepOutput) -> bool:
+        """Event loop: queue one delta; True once every sample has finished."""
+        self.tokens[out.index] = out.num_output_tokens
+        self._queue.put_nowait(out)
+        if out.finished:
+            self.done[out.index] = True
+            if all(self.done):
+                self.finished = True
+                self._queue.put_nowait(_END)
+        return self.finished
+
+    def _abort(self) -> None:
+        for i, d in enumerate(self.done):
+            if not d:
+                end = StepOutput(
+                    request_id=self.request_id,
+                    index=i,
+                    new_token_ids=[],
+                    new_text="",
+                    new_logprobs=[],
+                    finished=True,
+                    finish_reason="abort",
+                    num_output_tokens=self.tokens[i],
+                )
+                self._queue.put_nowait(end)
+        self.finished = True
+        self._queue.put_nowait(_END)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.finished = True
+        self._queue.put_nowait(exc)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> StepOutput:
+        item = await self._queue.get()
+        if item is _END:
+            self._queue.put_nowait(_END)  # stay exhausted
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+class AsyncEngine:
+    """Engine thread + event-loop bookkeeping. All public methods run on the event loop."""
+
+    def __init__(
+        self,
+        core_factory: Callable[[], EngineCore],
+        *,
+        max_queue_len: int = 512,
+        observer: StepObserver | None = None,
+        retry_after: int = 1,
+    ) -> None:
+        self._factory = core_factory
+        self.max_queue_len = max_queue_len
+        self.observer = observer
+        self.retry_after = retry_after
+        self.core: EngineCore | None = None
+        self.ready = False  # model loaded and one warm-up step done
+        self.draining = False
+        self.error: BaseException | None = None
+        self._streams: dict[str, RequestStream] = {}
+        self._queued: set[str] = set()  # accepted, no output yet: the waiting queue we bound
+        self._inbox: collections.deque[tuple] = collections.deque()
+        self._wake = threading.Event()
+        self._stop = False
+        self._ids = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._started: asyncio.Future[None] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread (it loads the model, warms up, then serves)."""
+        self._loop = asyncio.get_running_loop()
+        self._started = self._loop.create_future()
+        self._thread = threading.Thread(target=self._run, name="pagoda-engine", daemon=True)
+        self._thread.start()
+
+    async def wait_started(self) -> None:
+        """Return once ready; raise the load/warm-up error if the thread died first."""
+        assert self._started is not None, "start() first"
+        await asyncio.shield(self._started)
+
+    @property
+    def alive(self) -> bool:
+        return self.error is None and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def dead(self) -> bool:
+        """The loop failed, or its thread ended without being asked to stop."""
+        thread_gone = self._thread is not None and not self._thread.is_alive() and not self._stop
+        return self.error is not None or thread_gone
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    @property
+    def num_queued(self) -> int:
+        return len(self._queued)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    async def drain(self, timeout: float) -> int:
+        """Refuse new requests, let in-flight ones finish for `timeout` s, abort the rest.
+
+        Returns the number of requests aborted at the deadline.
+        """
+        self.draining = True
+        deadline = time.monotonic() + timeout
+        while self._streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        left = list(self._streams)
+        for rid in left:
+            self.abort(rid)
+        return len(left)
+
+    # -- requests (event loop) ---------------------------------------------------------------
+    def add_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> RequestStream:
+        """Admit a request or raise: ValueError (bad input), EngineUnavailableError, QueueFullError."""
+        if self.error is not None:
+            raise EngineUnavailableError(f"engine loop died: {self.error!r}")
+        if self.draining:
+            raise EngineUnavailableError("server is shutting down", self.retry_after)
+        if not self.ready or self.core is None:
+            raise EngineUnavailableError("model is still loading", self.retry_after)
+        self.core.validate(prompt_token_ids, params)  # read-only: safe off the engine thread
+        if len(self._queued) >= self.max_queue_len:
+            raise QueueFullError(
+                f"too many waiting requests ({len(self._queued)}); retry later", self.retry_after
+            )
+        rid = request_id or f"req-{next(self._ids)}"
+        if rid in self._streams:
+            raise ValueError(f"duplicate request id {rid!r}")
+        stream = RequestStream(rid, params.n)
+        self._streams[rid] = stream
+        self._queued.add(rid)
+        self._post(("add", rid, list(prompt_token_ids), params))
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request still running (no-op otherwise); its blocks are freed next iteration."""
+        stream = self._streams.pop(request_id, None)
+        self._queued.discard(request_id)
+        if stream is None or stream.finished:
+            return
+        self._post(("abort", request_id))
+        if self.observer is not None and not stream.done[0]:
+            pending = [t for t, d in zip(stream.tokens, stream.done) if not d]
+            self.observer.record_abort(stream.arrival_time, pending)
+        stream._abort()
+
+    async def run_in_engine(self, fn: Callable[[EngineCore], Any]) -> Any:
+        """Run `fn(core)` on the engine thread between steps (debug endpoints, tests)."""
+        if not self.alive:
+            raise EngineUnavailableError("engine loop is not running")
+        assert self._loop is not None
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        self._post(("call", fn, fut))
+        return await fut
+
+    def _post(self, cmd: tuple) -> None:
+        self._inbox.append(cmd)
+        self._wake.set()
+
+    # -- event-loop callbacks (scheduled from the engine thread) -----------------------------
+    def _dispatch(self, outputs: list[StepOutput]) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue  # aborted meanwhile
+            self._queued.discard(out.request_id)
+            if stream._put(out):
+                del self._streams[out.request_id]
+
+    def _fail(self, request_id: str, exc: BaseException) -> None:
+        self._queued.discard(request_id)
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream._fail(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for rid in list(self._streams):
+            self._fail(rid, EngineUnavailableError(f"engine loop died: {exc!r}"))
+        if self._started is not None and not self._started.done():
+            self._started.set_exception(exc)
+
+    def _set_ready(self) -> None:
+        self.ready = True
+        if self._started is not None and not self._started.done():
+            self._started.set_result(None)
+
+    # -- the engine thread -------------------------------------------------------------------
+    def _call_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the event loop is closed: the server is going away
+            self._stop = True
+
+    def _run(self) -> None:
+        try:
+            self.core = self._factory()
+            self._warm_up(self.core)
+            self._call_loop(self._set_ready)
+            self._serve(self.core)
+        except BaseException as exc:
+            log.exception("engine loop died")
+            self.error = exc
+            self._call_loop(self._fail_all, exc)
+
+    def _warm_up(self, core: EngineCore) -> None:
+        """One real step, so the first client does not pay for lazy initialisation."""
+        ids = core.tokenizer.encode("Hello") or [0]
+        core.add_request("__warmup__", ids, SamplingParams(max_tokens=1, temperature=0.0))
+        while core.has_unfinished_requests():
+            core.step()
+        self._stats(core)
+
+    def _stats(self, core: EngineCore, outputs: Sequence[StepOutput] = ()) -> None:
+        if self.observer is None:
+            return
+        try:
+            self.observer.record_step(outputs, core.stats())
+        except Exception:  # metrics must never take the engine down
+            log.exception("metrics update failed")
+
+    def _serve(self, core: EngineCore) -> None:
+        while not self._stop:
+            self._wake.clear()
+            had_cmds = self._apply_inbox(core)
+            if not core.has_unfinished_requests():
+                if had_cmds:
+                    self._stats(core)
+                self._wake.wait()
+                continue
+            outputs = core.step()
+            self._stats(core, outputs)
+            if outputs:
+                self._call_loop(self._dispatch, outputs)
+
+    def _apply_inbox(self, core: EngineCore) -> bool:
+        n = 0
+        while self._inbox:
+            cmd = self._inbox.popleft()
+            n += 1
+            kind = cmd[0]
+            if kind == "add":
+                _, rid, ids, params = cmd
+                try:
+                    core.add_request(rid, ids, params)
+                except Exception as exc:  # this request only
+                    self._call_loop(self._fail, rid, exc)
+            elif kind == "abort":
+                core.abort_request(cmd[1])
+            elif kind == "call":
+                _, fn, fut = cmd
+                try:
+                    result, exc = fn(core), None
+                except Exception as e:
+                    result, exc = None, e
+                self._call_loop(_settle, fut, result, exc)
+        return n > 0
+
+
+def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)

@@ -1,0 +1,85 @@
+"""Log-probabilities in OpenAI's two shapes (legacy completions and chat), with token strings.
+
+A byte-level BPE token can be half a UTF-8 character, so the chat shape also carries the token's
+raw `bytes`, recovered from the GPT-2 byte↔unicode table rather than from its decoded text.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from pagoda.runtime.model.tokenizer import Tokenizer
+from pagoda.runtime.request import TokenLogprob
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode: printable stand-in character → byte."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
+    cs, n = list(bs), 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+class TokenStrings:
+    """Cached id → text / bytes for one tokenizer (the vocabulary is small and fixed)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._text: dict[int, str] = {}
+        self._bytes: dict[int, list[int]] = {}
+
+    def text(self, token_id: int) -> str:
+        s = self._text.get(token_id)
+        if s is None:
+            s = self._text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return s
+
+    def bytes(self, token_id: int) -> list[int]:
+        b = self._bytes.get(token_id)
+        if b is None:
+            raw = self.tokenizer.token_to_str(token_id) or ""
+            table = _byte_decoder()
+            if raw and all(ch in table for ch in raw):
+                b = [table[ch] for ch in raw]
+            else:
+                b = list(self.text(token_id).encode())
+            self._bytes[token_id] = b
+        return b
+
+    def chat(self, lps: list[TokenLogprob]) -> list[dict[str, Any]]:
+        """Chat shape: one entry per token with its `top_logprobs` alternatives."""
+        return [
+            {
+                "token": self.text(lp.token_id),
+                "logprob": lp.logprob,
+                "bytes": self.bytes(lp.token_id),
+                "top_logprobs": [
+                    {"token": self.text(t), "logprob": v, "bytes": self.bytes(t)} for t, v in lp.top
+                ],
+            }
+            for lp in lps
+        ]
+
+    def completion(self, lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
+        """Legacy shape; `top_logprobs` holds the alternatives plus the chosen token."""
+        tokens, offsets, tops = [], [], []
+        for lp in lps:
+            s = self.text(lp.token_id)
+            tokens.append(s)
+            offsets.append(offset)
+            offset += len(s)
+            top = {self.text(t): v for t, v in lp.top}
+            top.setdefault(s, lp.logprob)
+            tops.append(top)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp.logprob for lp in lps],
+            "top_logprobs": tops,
+            "text_offset": offsets,
+        }
