@@ -15,7 +15,10 @@ group's discovery as "/v1". This subclass adds those with the semantics of a rea
   created with only dangling owners are collected too;
 * lists carry kind/apiVersion/resourceVersion; `Accept: ...;as=Table` gets a meta.k8s.io/v1
   Table built from the CRD's additionalPrinterColumns (what `kubectl get` prints);
-* `/scale` subresource: GET returns an autoscaling/v1 Scale, PATCH sets the replicas path.
+* `/scale` subresource: GET returns an autoscaling/v1 Scale, PATCH sets the replicas path;
+* `/api/v1/namespaces[/NAME]` served directly (kmock's path parser cannot route it; kopf lists and
+  watches namespaces when it serves specific namespaces);
+* `fail(method, plural, status, times)` injects API errors for retry tests.
 """
 
 from __future__ import annotations
