@@ -9,7 +9,14 @@ import re
 import helm_python as helm
 import pytest
 import yaml
-from chart_helpers import CHART, ROOT, operator_container, render_cached
+from chart_helpers import (
+    CHART,
+    K8S_VERSIONS,
+    ROOT,
+    operator_container,
+    render_cached,
+    validation_errors,
+)
 from pagoda.operator import config
 
 README = (ROOT / "README.md").read_text()
@@ -38,6 +45,7 @@ def test_helm_sees_the_crd() -> None:
         (crd,) = chart.crds
         doc = yaml.safe_load(crd["data"])
         assert doc["metadata"]["name"] == "inferenceservices.serving.pagoda.dev"
+        assert [e for v in K8S_VERSIONS for e in validation_errors(doc, v)] == []
         meta = chart.metadata
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert meta["appVersion"] == pyproject["project"]["version"]

@@ -46,7 +46,13 @@ NAMESPACED_KINDS = {
 
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
 def test_helm_lint_reports_no_errors_or_warnings(value_set: str) -> None:
-    report = helm.lint(str(CHART), VALUE_SETS[value_set], namespace=NAMESPACE)
+    report = helm.lint(
+        str(CHART),
+        VALUE_SETS[value_set],
+        namespace=NAMESPACE,
+        strict=True,
+        kube_version=f"v{K8S_VERSIONS[-1]}",
+    )
     assert report["errors"] == []
     assert report["total_charts_linted"] == 1
     serious = [m for m in report["messages"] if m["severity"] >= 2]
