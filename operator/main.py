@@ -130,9 +130,8 @@ def kopf_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     s.peering.standalone = config.peering is None
     s.peering.name = config.peering or "default"
     s.peering.clusterwide = config.clusterwide
-    selectors = getattr(
-        s.watching, "label_selectors", None
-    )  # kopf >= 1.45: filter children server-side
+    # Watch only our children (server-side label selector; kopf >= 1.45 has the setting).
+    selectors = getattr(s.watching, "label_selectors", None)
     if selectors is not None:
         for kind in WATCHED_CHILD_KINDS:
             res = RESOURCES[kind]
