@@ -334,11 +334,35 @@ def build_pdb(owner: Owner) -> dict[str, Any]:
     return _adopt(obj, owner)
 
 
+def _prom_name(label: str) -> str:
+    """A Kubernetes label as Prometheus' service discovery names it (non-alphanumerics → _)."""
+    return "".join(c if c.isalnum() else "_" for c in label)
+
+
+def _relabel(source: str, target: str) -> dict[str, Any]:
+    return {"action": "replace", "sourceLabels": [source], "targetLabel": target}
+
+
 def build_service_monitor(owner: Owner) -> dict[str, Any]:
     obj = _meta(owner, "ServiceMonitor", "monitoring.coreos.com/v1", owner.name)
     obj["spec"] = {
         "selector": {"matchLabels": selector_labels(owner.name)},
-        "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+        "endpoints": [
+            {
+                "port": "http",
+                "path": "/metrics",
+                "interval": "15s",
+                # the same target labels as the chart's runtime ServiceMonitor (alerts group by them)
+                "relabelings": [
+                    _relabel("__meta_kubernetes_namespace", "namespace"),
+                    _relabel(
+                        f"__meta_kubernetes_pod_label_{_prom_name(LABEL_INSTANCE)}",
+                        "inferenceservice",
+                    ),
+                    _relabel("__meta_kubernetes_pod_name", "pod"),
+                ],
+            }
+        ],
     }
     return _adopt(obj, owner)
 

@@ -450,13 +450,6 @@ def test_value_sets_render_monitoring_only_when_enabled() -> None:
     assert VALUE_SETS["monitoring"]["monitoring"]["prometheusRule"]["enabled"] is True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="operator/builders.py build_service_monitor has no relabelings, so series scraped "
-    "through the operator's per-InferenceService ServiceMonitor lack `inferenceservice` and the "
-    "alerts group them under an empty value; give it the chart's runtime relabelings, then "
-    "remove this marker",
-)
 def test_operator_built_service_monitor_adds_the_same_labels() -> None:
     chart = one(render_cached("monitoring"), "ServiceMonitor", f"{RELEASE}-runtime")
     (chart_endpoint,) = chart["spec"]["endpoints"]

@@ -86,6 +86,25 @@ SERVICE_MONITOR_SCHEMA = {  # the fields we use, from prometheus-operator's CRD
                         "properties": {
                             "port": {"type": "string"},
                             "path": {"type": "string"},
+                            "relabelings": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "required": ["sourceLabels", "targetLabel"],
+                                    "properties": {
+                                        "action": {"enum": ["replace", "keep", "drop"]},
+                                        "sourceLabels": {
+                                            "type": "array",
+                                            "items": {
+                                                "type": "string",
+                                                "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$",
+                                            },
+                                        },
+                                        "targetLabel": {"type": "string"},
+                                    },
+                                },
+                            },
                             "interval": {
                                 "type": "string",
                                 "pattern": "^(0|(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
@@ -340,7 +359,14 @@ def test_service_monitor_only_when_the_api_exists() -> None:
     assert "ServiceMonitor" not in [c["kind"] for c in build_children(OWNER, CPU).desired]
     sm = build_children(OWNER, CPU, service_monitor=True).get("ServiceMonitor")
     assert sm["spec"]["selector"]["matchLabels"] == builders.selector_labels("demo")
-    assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == ("http", "/metrics", "15s")
+    targets = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+    assert targets == {
+        "namespace": ["__meta_kubernetes_namespace"],
+        "inferenceservice": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
+        "pod": ["__meta_kubernetes_pod_name"],
+    }
 
 
 def test_builders_are_pure() -> None:
