@@ -4,6 +4,7 @@ the wheel the images install, and what the images assume about the code."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import fnmatch
 import json
@@ -22,6 +23,7 @@ import pytest
 from chart_helpers import ROOT, operator_container, render_cached
 from packaging.requirements import Requirement
 from pagoda.operator import builders, config
+from pagoda.operator import main as operator_main
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
@@ -350,3 +352,24 @@ def test_embedded_model_resolves_without_llm_and_llama_cpp() -> None:
         """,
     )
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_default_commands_parse_with_the_real_cli() -> None:
+    """CMD of each stage is valid for `pagoda serve` / `pagoda operator` as they are defined."""
+    try:
+        from pagoda.runtime.server import cli as serve_cli
+    except ImportError as e:  # the server has optional dependencies (fastapi, uvicorn)
+        pytest.skip(f"pagoda serve is not importable here: {e}")
+    for name in ("runtime", "cpu-demo"):
+        command, *args = json.loads(STAGES[name].last("CMD"))
+        assert command == "serve"
+        parser = argparse.ArgumentParser(exit_on_error=False)
+        serve_cli.add_arguments(parser)
+        parsed = parser.parse_args(args)
+        assert parsed.host == "0.0.0.0" and parsed.port == config.SERVER_PORT
+        assert parsed.model == "smollm2-135m", "the demo serves the embedded model"
+    command, *args = json.loads(STAGES["operator"].last("CMD"))
+    assert command == "operator"
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    operator_main.add_arguments(parser)
+    assert operator_main.config_from_args(parser.parse_args(args)).clusterwide
