@@ -70,10 +70,10 @@ def _strict_paths(
     """(path, is_setting) for every property the schema pins down; a setting is a leaf or a
     free-form object (labels, resources, probes); strict objects are just containers."""
     if "$ref" in schema:
-        schema = SCHEMA["$defs"][schema["$ref"].rsplit("/", 1)[1]]
+        schema = SCHEMA["definitions"][schema["$ref"].rsplit("/", 1)[1]]
     for key, sub in schema.get("properties", {}).items():
         if "$ref" in sub:
-            sub = SCHEMA["$defs"][sub["$ref"].rsplit("/", 1)[1]]
+            sub = SCHEMA["definitions"][sub["$ref"].rsplit("/", 1)[1]]
         container = sub.get("type") == "object" and sub.get("additionalProperties") is False
         yield (*prefix, key), not container
         if container:
@@ -116,5 +116,5 @@ def test_schema_is_strict_at_the_top_and_typed_everywhere() -> None:
         for key in path:
             node = node["properties"][key]
             if "$ref" in node:
-                node = SCHEMA["$defs"][node["$ref"].rsplit("/", 1)[1]]
+                node = SCHEMA["definitions"][node["$ref"].rsplit("/", 1)[1]]
         assert "type" in node or "enum" in node, f"{'.'.join(path)} has no type"
