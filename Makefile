@@ -12,7 +12,7 @@ PORT ?= 8000
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve test lint format bench chart-lint image operator clean
+.PHONY: install serve test lint format bench chart-lint sync-crds image operator clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/offline_throughput.py
 	$(BIN)/python benchmarks/serving.py
 	$(BIN)/python benchmarks/autoscale_sim.py
+
+chart-lint: $(STAMP)
+	$(BIN)/python -m pytest -q tests/charts
+
+sync-crds:
+	charts/sync-crds.sh
 
 operator: $(STAMP)
 	$(BIN)/pagoda operator $(ARGS)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,13 +25,13 @@ class LoadedModel:
 def builtin_model_path(name: str) -> Path:
     """Path of an embedded model file shipped inside a Python package (no downloads)."""
     package, filename = BUILTIN_MODELS[name]
-    try:
-        module = __import__(package)
-    except ImportError as e:
+    # find_spec locates the package without importing it (its __init__ pulls in llm/llama_cpp)
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
         raise ValueError(
             f"built-in model {name!r} needs the PyPI package {package.replace('_', '-')}"
-        ) from e
-    return Path(os.path.dirname(module.__file__)) / filename
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / filename
 
 
 def resolve_model_path(model: str) -> Path:

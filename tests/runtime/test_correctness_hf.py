@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import hf_greedy
+from hf_oracle import hf_greedy
 from pagoda.runtime import LLM, SamplingParams
 
 LENGTHS = [1, 16, 17, 95, 310, 640, 1024, 1500]

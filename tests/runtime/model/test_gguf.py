@@ -9,8 +9,8 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from conftest import hf_greedy
 from gguf import GGMLQuantizationType as Q
+from hf_oracle import hf_greedy
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.gguf_loader import load_gguf
 

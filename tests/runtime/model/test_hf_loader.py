@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import hf_greedy
+from hf_oracle import hf_greedy
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
 from tokenizers import Tokenizer, models, pre_tokenizers
