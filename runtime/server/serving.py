@@ -108,9 +108,10 @@ class OpenAIServing:
         try:
             return SamplingParams(**{k: v for k, v in fields.items() if v is not None or k in kw})
         except ValueError as e:
-            word = str(e).split(" ", 1)[0]
+            word, _, rest = str(e).partition(" ")
             param = renames.get(word, word) if word in _SAMPLING_FIELDS else None
-            raise APIError(400, str(e), param=param, code="invalid_value") from e
+            message = f"{param} {rest}" if param else str(e)
+            raise APIError(400, message, param=param, code="invalid_value") from e
 
     def _check_prompts(self, prompts: list[list[int]], params: SamplingParams, param: str) -> None:
         assert self.engine.core is not None
@@ -118,7 +119,8 @@ class OpenAIServing:
             try:
                 self.engine.core.validate(ids, params)
             except ValueError as e:
-                raise APIError(400, str(e), param=param, code="invalid_prompt") from e
+                message = str(e) if str(e).startswith(param) else f"{param}: {e}"
+                raise APIError(400, message, param=param, code="invalid_prompt") from e
 
     def prepare_completion(self, req: CompletionRequest) -> Job:
         model = self.resolve_model(req.model)

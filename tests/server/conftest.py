@@ -7,80 +7,10 @@ loads while the server process starts.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
-import httpx
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-MAX_MODEL_LEN = 512
-# Half the test machine's two cores each: the model runs beside pytest without OpenMP spinning.
-SERVER_ENV = {"OMP_NUM_THREADS": os.environ.get("PAGODA_TEST_SERVER_THREADS", "2")}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """`python -m pagoda.runtime.cli serve ...` on 127.0.0.1; log in a temp file."""
-
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="pagoda-serve-", suffix=".log")  # noqa: SIM115 - closed in stop()
-        cmd = [sys.executable, "-m", "pagoda.runtime.cli", "serve", "--port", str(self.port)]
-        self.proc = subprocess.Popen(
-            [*cmd, *args],
-            cwd=ROOT,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **SERVER_ENV, **(env or {})},
-        )
-
-    def output(self) -> str:
-        self.log.flush()
-        return Path(self.log.name).read_text()
-
-    def wait_ready(self, timeout: float = 180.0) -> list[int]:
-        """Poll /ready until 200; returns every status seen (connection errors as 0)."""
-        seen: list[int] = []
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.output()}")
-            try:
-                code = httpx.get(f"{self.base}/ready", timeout=5).status_code
-            except httpx.HTTPError:
-                code = 0
-            seen.append(code)
-            if code == 200:
-                return seen
-            time.sleep(0.2)
-        raise TimeoutError(f"server not ready after {timeout} s:\n{self.output()}")
-
-    def terminate(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
+from server_testlib import MAX_MODEL_LEN, ServerProcess
 
 
 @pytest.fixture(scope="session")
@@ -103,7 +33,14 @@ def server(server_process: ServerProcess) -> ServerProcess:
 
 @pytest.fixture(scope="session")
 def offline(server_process: ServerProcess):
-    """The offline engine with the server's dtype; it loads while the server starts."""
+    """The offline engine with the server's dtype; it loads while the server starts.
+
+    One torch thread: this process's OpenMP pool already spins actively (policy fixed at import).
+    """
+    import torch
     from pagoda.runtime import LLM
 
-    return LLM("smollm2-135m", max_model_len=MAX_MODEL_LEN, kv_cache_memory=32 << 20)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield LLM("smollm2-135m", max_model_len=MAX_MODEL_LEN, kv_cache_memory=32 << 20)
+    torch.set_num_threads(threads)

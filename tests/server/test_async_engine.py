@@ -142,8 +142,8 @@ async def test_stream_n2_and_abort():
 
 async def test_queue_full_and_bad_input():
     core = FakeCore()
-    core.gate = threading.Event()
     engine = await started(core, max_queue_len=2)
+    core.gate = threading.Event()
     try:
         a = engine.add_request([1], SamplingParams(max_tokens=2))
         engine.add_request([1], SamplingParams(max_tokens=2))

@@ -1,0 +1,100 @@
+"""Every kind of bad input gets an OpenAI-style error naming the field, and none of them
+disturbs a request that is streaming at the same time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.e2e
+MODEL = "smollm2-135m"
+CHAT, COMP = "/v1/chat/completions", "/v1/completions"
+MSGS = [{"role": "user", "content": "hi"}]
+LONG = "word " * 600  # > --max-model-len 512 tokens
+
+# (id, path, body (dict, or raw bytes), status, param)
+# fmt: off
+CASES = [
+    ("malformed-json", COMP, b'{"model": "x", "prompt": ', 400, None),
+    ("not-an-object", COMP, b"[1, 2]", 400, None),
+    ("missing-prompt", COMP, {"model": MODEL}, 400, "prompt"),
+    ("missing-messages", CHAT, {"model": MODEL}, 400, "messages"),
+    ("empty-messages", CHAT, {"model": MODEL, "messages": []}, 400, "messages"),
+    ("bad-role", CHAT, {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role"),
+    ("messages-type", CHAT, {"model": MODEL, "messages": "hi"}, 400, "messages"),
+    ("max-tokens-type", COMP, {"prompt": "x", "max_tokens": "5"}, 400, "max_tokens"),
+    ("temperature-type", CHAT, {"messages": MSGS, "temperature": "hot"}, 400, "temperature"),
+    ("stream-type", COMP, {"prompt": "x", "stream": "yes"}, 400, "stream"),
+    ("unknown-model", CHAT, {"model": "gpt-9", "messages": MSGS}, 404, "model"),
+    ("unknown-model-completion", COMP, {"model": "gpt-9", "prompt": "x"}, 404, "model"),
+    ("prompt-too-long", COMP, {"prompt": LONG}, 400, "prompt"),
+    ("messages-too-long", CHAT, {"messages": [{"role": "user", "content": LONG}]}, 400, "messages"),
+    ("max-tokens-0", COMP, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ("max-tokens-neg", CHAT, {"messages": MSGS, "max_tokens": -3}, 400, "max_tokens"),
+    ("max-completion-tokens-0", CHAT, {"messages": MSGS, "max_completion_tokens": 0}, 400,
+     "max_completion_tokens"),
+    ("temperature-neg", COMP, {"prompt": "x", "temperature": -0.5}, 400, "temperature"),
+    ("top-p-0", CHAT, {"messages": MSGS, "top_p": 0}, 400, "top_p"),
+    ("top-p-above-1", COMP, {"prompt": "x", "top_p": 1.5}, 400, "top_p"),
+    ("n-0", COMP, {"prompt": "x", "n": 0}, 400, "n"),
+    ("n-too-large", CHAT, {"messages": MSGS, "n": 1000}, 400, "n"),
+    ("logprobs-too-many", COMP, {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    ("logprobs-negative", COMP, {"prompt": "x", "logprobs": -1}, 400, "logprobs"),
+    ("top-logprobs-too-many", CHAT, {"messages": MSGS, "logprobs": True, "top_logprobs": 21},
+     400, "top_logprobs"),
+    ("top-logprobs-without-logprobs", CHAT, {"messages": MSGS, "top_logprobs": 2}, 400,
+     "top_logprobs"),
+    ("five-stop-strings", COMP, {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ("stop-type", CHAT, {"messages": MSGS, "stop": 5}, 400, "stop"),
+]
+# fmt: on
+
+
+def send(client: httpx.Client, path: str, body: dict | bytes) -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return client.post(path, content=content, headers={"Content-Type": "application/json"})
+
+
+def check_error(r: httpx.Response, status: int, param: str | None) -> None:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["param"] == param and err["message"]
+    if param:
+        assert param.split("[")[0].split(".")[0] in err["message"] or status == 404
+
+
+@pytest.fixture(scope="module")
+def http(server) -> httpx.Client:
+    with httpx.Client(base_url=server.base, timeout=60) as c:
+        yield c
+
+
+@pytest.mark.parametrize(("path", "body", "status", "param"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])  # fmt: skip
+def test_bad_input(http, path, body, status, param):
+    check_error(send(http, path, body), status, param)
+
+
+async def test_bad_inputs_do_not_disturb_a_stream(server):
+    async with httpx.AsyncClient(base_url=server.base, timeout=120) as client:
+        body = {"model": MODEL, "prompt": "Rivers carve valleys", "max_tokens": 24,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+
+        async def stream() -> list[str]:
+            async with client.stream("POST", COMP, json=body) as r:
+                assert r.status_code == 200
+                return [line async for line in r.aiter_lines() if line.startswith("data: ")]
+
+        task = asyncio.ensure_future(stream())
+        for _, path, bad, status, param in CASES:
+            content = bad if isinstance(bad, bytes) else json.dumps(bad).encode()
+            r = await client.post(path, content=content)
+            check_error(r, status, param)
+        lines = await task
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2][6:])["usage"]["completion_tokens"] == 24
+    assert json.loads(lines[-3][6:])["choices"][0]["finish_reason"] == "length"
