@@ -15,9 +15,6 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_MODEL_LEN = 512
-# Busy shared cores: OpenMP threads that spin at barriers while another process holds the other
-# core make a step ~20x slower; passive waiting avoids that (measured: 60 ms vs 1.2 s a step).
-SERVER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def free_port() -> int:
@@ -39,7 +36,7 @@ class ServerProcess:
             cwd=ROOT,
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **SERVER_ENV, **(env or {})},
+            env={**os.environ, **(env or {})},
         )
 
     def output(self) -> str:
