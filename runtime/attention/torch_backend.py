@@ -85,6 +85,11 @@ class TorchAttentionBackend(AttentionBackend):
         )
         tok = torch.arange(n_pf_tokens, device=dev)
         aux["pf_flat"] = seq_of_tok * qmax + (tok - (starts - nd)[seq_of_tok])
+        # Fresh prompts (no cached context): the step's own K/V are the whole context, so skip
+        # the cache gather and let SDPA apply a plain causal mask (it skips masked tiles).
+        aux["pf_fresh"] = meta.seq_lens_host[nd:] == qlens
+        if aux["pf_fresh"]:
+            return
         aux["pf_blocks"] = meta.block_tables[nd:, :kmax_blocks].long()
         q_pos = (meta.seq_lens[nd:].long() - qlen_t)[:, None] + j[None, :]  # absolute [P, Qmax]
         mask = torch.arange(kmax_blocks * bs, device=dev)[None, None, :] <= q_pos[:, :, None]
@@ -107,7 +112,11 @@ class TorchAttentionBackend(AttentionBackend):
             )
         if meta.num_prefills:
             aux = meta.aux
-            o = self._attend(q[aux["pf_rows"]], aux["pf_blocks"], aux["pf_mask"], k_cache, v_cache)
+            rows = aux["pf_rows"]
+            if aux["pf_fresh"]:
+                o = self._sdpa(q[rows], k[rows], v[rows], None)
+            else:
+                o = self._attend(q[rows], aux["pf_blocks"], aux["pf_mask"], k_cache, v_cache)
             out[meta.num_decodes :] = o.reshape(-1, *o.shape[2:]).index_select(0, aux["pf_flat"])
         return out
 
@@ -118,11 +127,16 @@ class TorchAttentionBackend(AttentionBackend):
         flat = blocks.reshape(-1)
         k = k_cache.index_select(0, flat).view(b, nblk * bs, hkv, d)
         v = v_cache.index_select(0, flat).view(b, nblk * bs, hkv, d)
+        return self._sdpa(q, k, v, mask)
+
+    def _sdpa(self, q, k, v, mask) -> torch.Tensor:
+        """[B, Q, H, D] x [B, K, Hkv, D] → [B, Q, H, D]; no mask means causal from position 0."""
         o = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
             v.transpose(1, 2),
             attn_mask=mask,
+            is_causal=mask is None,
             scale=self.scale,
             enable_gqa=True,
         )

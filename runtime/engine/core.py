@@ -61,7 +61,8 @@ class EngineCore:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._children: dict[str, list[str]] = {}  # request id → child ids (one per sample)
         self._parent: dict[str, tuple[str, int]] = {}
-        self.peak_blocks_used = 0
+        self.peak_blocks_used = 0  # high-water mark of blocks in use ...
+        self.tokens_at_peak = 0  # ... and the tokens they held then (fragmentation = 1 - ratio)
 
     # -- requests ------------------------------------------------------------------------
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
@@ -130,7 +131,11 @@ class EngineCore:
         if out.is_empty:
             return []
         used = self.kv.pool.num_blocks - self.kv.num_free_blocks
-        self.peak_blocks_used = max(self.peak_blocks_used, used)
+        if used > self.peak_blocks_used:  # rare: only when the pool's high-water mark rises
+            self.peak_blocks_used = used
+            self.tokens_at_peak = sum(
+                s.request.num_computed_tokens + s.num_new_tokens for s in out.scheduled
+            )
         result = self.runner.execute(out)
         self.scheduler.update_after_step(out)
         now = time.monotonic()

@@ -1,0 +1,195 @@
+"""Offline throughput: Pagoda vs Hugging Face `generate` (and llama.cpp if installed), one process.
+
+A ragged batch (default 32 prompts, 16-1,024 tokens, 128 output tokens each, ignore_eos) runs
+through every system back to back on the same model. Reported: output tokens/s, Pagoda's ratio
+to the best HF configuration, the fraction of this CPU's measured GEMM peak that Pagoda reaches,
+KV-cache fragmentation at peak use, and the prefix-cache hit rate.
+
+    .venv/bin/python benchmarks/offline_throughput.py            # full run (~5 min on 2 cores)
+    .venv/bin/python benchmarks/offline_throughput.py --quick    # HF bf16 batch 32 only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import gemm_peak, markdown_table, ragged_workload
+from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.model.loader import load_model
+
+
+def run_pagoda(loaded, prompts, out_len: int, dtype: str) -> dict:
+    llm = LLM(loaded=loaded, dtype=dtype, max_num_seqs=256, max_num_batched_tokens=2048)
+    llm.generate([{"prompt_token_ids": prompts[0][:16]}], SamplingParams(max_tokens=2))  # warm-up
+    e = llm.engine
+    e.peak_blocks_used = e.tokens_at_peak = 0
+    q0, h0 = e.kv.prefix_queries, e.kv.prefix_hits
+    params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+    t = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    dt = time.perf_counter() - t
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    bs = llm.config.cache.block_size
+    return {
+        "system": f"pagoda ({dtype})",
+        "seconds": dt,
+        "output_tokens": n_out,
+        "tok_s": n_out / dt,
+        "peak_blocks": e.peak_blocks_used,
+        "num_blocks": e.kv.pool.num_blocks,
+        "kv_waste": 1 - e.tokens_at_peak / max(1, e.peak_blocks_used * bs),
+        "prefix_hit_rate": (e.kv.prefix_hits - h0) / max(1, e.kv.prefix_queries - q0),
+    }
+
+
+def run_hf(path: str, prompts, out_len: int, dtype: torch.dtype, batch: int, pad_id: int) -> dict:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=dtype
+    ).eval()
+    order = sorted(
+        range(len(prompts)), key=lambda i: len(prompts[i])
+    )  # HF's best case: length-sorted
+    n_out, t = 0, time.perf_counter()
+    for s in range(0, len(order), batch):
+        group = [prompts[i] for i in order[s : s + batch]]
+        width = max(len(p) for p in group)
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in group])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=out_len,
+                min_new_tokens=out_len,
+                do_sample=False,
+                pad_token_id=pad_id,
+            )
+        n_out += (out.shape[1] - width) * len(group)
+    dt = time.perf_counter() - t
+    name = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+    return {
+        "system": f"HF generate ({name}, batch {batch})",
+        "seconds": dt,
+        "output_tokens": n_out,
+        "tok_s": n_out / dt,
+    }
+
+
+def run_llama_cpp(path: str, prompts, out_len: int) -> dict | None:
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(model_path=path, n_ctx=2048, n_batch=512, n_threads=os.cpu_count(), verbose=False)
+    n_out, t = 0, time.perf_counter()
+    for p in prompts:  # its Python API serves one sequence at a time
+        llm.reset()
+        for i, _tok in enumerate(llm.generate(p, temp=0.0)):
+            if i + 1 >= out_len:
+                break
+        n_out += out_len
+    dt = time.perf_counter() - t
+    return {
+        "system": "llama.cpp (llama-cpp-python, Q4_1)",
+        "seconds": dt,
+        "output_tokens": n_out,
+        "tok_s": n_out / dt,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--min-len", type=int, default=16)
+    ap.add_argument("--max-len", type=int, default=1024)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="auto", help="Pagoda's dtype")
+    ap.add_argument("--quick", action="store_true", help="HF bf16 batch 32 only")
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    args = ap.parse_args()
+
+    loaded = load_model("smollm2-135m")
+    prompts = ragged_workload(
+        loaded.tokenizer, args.num_prompts, args.min_len, args.max_len, args.seed
+    )
+    n_prompt = sum(len(p) for p in prompts)
+    print(
+        f"workload: {len(prompts)} prompts, {n_prompt} prompt tokens (mean {n_prompt / len(prompts):.0f}), "
+        f"{args.output_len} output tokens each",
+        flush=True,
+    )
+    peaks = {"bf16": gemm_peak(torch.bfloat16), "fp32": gemm_peak(torch.float32)}
+    results = [run_pagoda(loaded, prompts, args.output_len, args.dtype)]
+    print(results[-1], flush=True)
+    if not args.skip_hf:
+        configs = (
+            [(torch.bfloat16, 32)]
+            if args.quick
+            else [
+                (torch.float32, 8),
+                (torch.float32, 32),
+                (torch.bfloat16, 8),
+                (torch.bfloat16, 32),
+            ]
+        )
+        for dtype, batch in configs:
+            results.append(run_hf(loaded.path, prompts, args.output_len, dtype, batch, pad_id=2))
+            print(results[-1], flush=True)
+    cpp = run_llama_cpp(loaded.path, prompts, args.output_len)
+    if cpp:
+        results.append(cpp)
+        print(cpp, flush=True)
+    peaks["bf16_after"] = gemm_peak(torch.bfloat16)
+
+    ours = results[0]
+    hf = [r for r in results if r["system"].startswith("HF")]
+    best_hf = max(hf, key=lambda r: r["tok_s"]) if hf else None
+    flops = 2 * loaded.config.num_params * (n_prompt + ours["output_tokens"]) / ours["seconds"]
+    rows = [
+        [
+            r["system"],
+            f"{r['seconds']:.1f}",
+            f"{r['tok_s']:.1f}",
+            f"{r['tok_s'] / ours['tok_s']:.2f}",
+        ]
+        for r in results
+    ]
+    print()
+    print(markdown_table(["system", "seconds", "output tok/s", "vs pagoda"], rows))
+    print()
+    if best_hf:
+        print(f"pagoda / best HF ({best_hf['system']}): {ours['tok_s'] / best_hf['tok_s']:.2f}x")
+    print(
+        f"pagoda reaches {flops / 1e9:.0f} GFLOP/s of weight matmuls = {flops / peaks['bf16']:.0%} of the bf16 GEMM peak "
+        f"({peaks['bf16'] / 1e9:.0f} GFLOP/s; {peaks['bf16_after'] / 1e9:.0f} after the run) and "
+        f"{flops / peaks['fp32']:.0%} of fp32 ({peaks['fp32'] / 1e9:.0f} GFLOP/s)"
+    )
+    print(
+        f"KV cache: peak {ours['peak_blocks']} of {ours['num_blocks']} blocks in use, "
+        f"{ours['kv_waste']:.1%} of their slots empty; prefix-cache hit rate {ours['prefix_hit_rate']:.1%}"
+    )
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {"results": results, "gemm_peaks": peaks, "prompt_tokens": n_prompt}, indent=2
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
