@@ -26,7 +26,7 @@ def ragged_workload(
     rng = random.Random(seed)
     prompts = []
     for _ in range(n):
-        length = int(round(math.exp(rng.uniform(math.log(min_len), math.log(max_len)))))
+        length = round(math.exp(rng.uniform(math.log(min_len), math.log(max_len))))
         head = corpus[: min(PREAMBLE_TOKENS, length)]
         start = rng.randrange(PREAMBLE_TOKENS, len(corpus) - max_len)
         prompts.append(head + corpus[start : start + length - len(head)])
