@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
+from pagoda.operator import rules
 from pagoda.operator.config import SERVER_PORT
 from pagoda.operator.spec import API_VERSION, KIND, InferenceServiceSpec, ModelRef
 
@@ -367,6 +368,13 @@ def build_service_monitor(owner: Owner) -> dict[str, Any]:
     return _adopt(obj, owner)
 
 
+def build_prometheus_rule(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
+    """This service's alerts (rules.py), so Alertmanager can ask POST /alerts for a step."""
+    obj = _meta(owner, "PrometheusRule", "monitoring.coreos.com/v1", rules.rule_name(owner.name))
+    obj["spec"] = rules.service_rules(owner.namespace, owner.name, spec)
+    return _adopt(obj, owner)
+
+
 def wants_pdb(spec: InferenceServiceSpec) -> bool:
     """A PDB only makes sense for a service meant to run more than one replica."""
     return (spec.autoscaling.max_replicas if spec.autoscaling else spec.replicas) > 1
@@ -378,11 +386,13 @@ def build_children(
     *,
     current_replicas: int | None = None,
     service_monitor: bool = False,
+    prometheus_rule: bool = False,
 ) -> Children:
     """Everything one InferenceService needs, in apply order (ConfigMap before the Deployment).
 
-    `service_monitor` says whether the monitoring.coreos.com API exists; without it there is
-    nothing to build or delete.
+    `service_monitor` / `prometheus_rule` say whether those monitoring.coreos.com kinds exist;
+    without them there is nothing to build or delete. The PrometheusRule exists only with
+    `spec.autoscaling` (its alerts ask the autoscaler for a step).
     """
     cm = build_config_map(owner, spec)
     desired = [
@@ -399,4 +409,8 @@ def build_children(
         absent.append(("PodDisruptionBudget", owner.name))
     if service_monitor:
         desired.append(build_service_monitor(owner))
+    if prometheus_rule and spec.autoscaling is not None:
+        desired.append(build_prometheus_rule(owner, spec))
+    elif prometheus_rule:
+        absent.append(("PrometheusRule", rules.rule_name(owner.name)))
     return Children(desired=tuple(desired), absent=tuple(absent))

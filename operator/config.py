@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0"
 SERVER_PORT = 8000  # `pagoda serve --port`
 LOG_FORMATS = ("plain", "full", "json")
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_PROM_DURATION = re.compile(r"^([0-9]+(ms|s|m|h))+$")
+_HTTP_URL = re.compile(r"^https?://[^\s/?#]+(/[^\s]*)?$")
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,14 @@ class OperatorConfig:
     debug: bool = False
     peering: str | None = None  # kopf peering object name; None runs standalone
     component_name: str = "pagoda-operator"
+    # Autoscaling (see autoscaler.py): where the metrics are and how often to look.
+    prometheus_url: str | None = None  # per-CR spec.autoscaling.prometheusURL overrides it
+    prometheus_timeout_s: float = 5.0
+    autoscale_interval_s: float = 15.0
+    ttft_window: str = "1m"  # PromQL range of the TTFT rate()
+    metrics_max_age_s: float = 60.0  # older newest sample = stale metrics
+    webhook_token: str | None = field(default=None, repr=False)  # POST /alerts bearer token
+    alert_cooldown_s: float = 30.0  # one alert-driven step per service per cooldown
 
     def __post_init__(self) -> None:
         for ns in self.namespaces:
@@ -46,6 +56,9 @@ class OperatorConfig:
             "request_timeout_s",
             "connect_timeout_s",
             "resync_interval_s",
+            "prometheus_timeout_s",
+            "autoscale_interval_s",
+            "metrics_max_age_s",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -53,6 +66,18 @@ class OperatorConfig:
             raise ValueError(f"log_format must be one of {LOG_FORMATS}, got {self.log_format!r}")
         if not self.cluster_domain or "/" in self.cluster_domain:
             raise ValueError(f"invalid cluster domain {self.cluster_domain!r}")
+        if self.prometheus_url is not None and not _HTTP_URL.match(self.prometheus_url):
+            raise ValueError(f"prometheus_url must be an http(s) URL, got {self.prometheus_url!r}")
+        if not _PROM_DURATION.match(self.ttft_window):
+            raise ValueError(
+                f"ttft_window must be a PromQL duration like 1m, got {self.ttft_window!r}"
+            )
+        if self.alert_cooldown_s < 0:
+            raise ValueError(f"alert_cooldown_s must be >= 0, got {self.alert_cooldown_s}")
+        if self.webhook_token is not None and (
+            not self.webhook_token or any(c.isspace() for c in self.webhook_token)
+        ):
+            raise ValueError("webhook token must be non-empty and without whitespace")
 
     @property
     def clusterwide(self) -> bool:
@@ -64,7 +89,8 @@ class OperatorConfig:
 
     @classmethod
     def from_env(cls, **overrides: object) -> OperatorConfig:
-        """Defaults overridable by PAGODA_OPERATOR_* / PAGODA_DEFAULT_IMAGE, then by `overrides`."""
+        """Defaults overridable by env (PAGODA_OPERATOR_NAMESPACES, PAGODA_DEFAULT_IMAGE,
+        PAGODA_CLUSTER_DOMAIN, PAGODA_PROMETHEUS_URL, PAGODA_WEBHOOK_TOKEN), then by `overrides`."""
         env: dict[str, object] = {}
         if os.environ.get("PAGODA_DEFAULT_IMAGE"):
             env["default_image"] = os.environ["PAGODA_DEFAULT_IMAGE"]
@@ -74,5 +100,9 @@ class OperatorConfig:
             )
         if os.environ.get("PAGODA_CLUSTER_DOMAIN"):
             env["cluster_domain"] = os.environ["PAGODA_CLUSTER_DOMAIN"]
+        if os.environ.get("PAGODA_PROMETHEUS_URL"):
+            env["prometheus_url"] = os.environ["PAGODA_PROMETHEUS_URL"]
+        if os.environ.get("PAGODA_WEBHOOK_TOKEN", "").strip():
+            env["webhook_token"] = os.environ["PAGODA_WEBHOOK_TOKEN"].strip()
         env.update(overrides)
         return cls(**env)  # type: ignore[arg-type]

@@ -5,7 +5,8 @@
   an API hiccup → `kopf.TemporaryError` with exponential backoff.
 * events of the children (Deployment, Service, ConfigMap, PDB labelled as ours) → restore a
   deleted or hand-edited child; a Deployment change refreshes the owner's status.
-* a resync loop (started at startup) re-reconciles everything every `resync_interval_s`.
+* a resync loop (started at startup) re-reconciles everything every `resync_interval_s`;
+* the autoscaler loop (autoscaler.py, started at startup) evaluates every `autoscale_interval_s`.
 
 No timers or delete handlers, so kopf puts no finalizer on the CRs: deletion never waits for
 the operator, and the garbage collector removes the children through their owner references.
@@ -17,6 +18,7 @@ import asyncio
 import contextlib
 import copy
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +27,7 @@ from pagoda.operator import reconcile
 from pagoda.operator.builders import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.k8s import RESOURCES, WATCHED_CHILD_KINDS, ApiError, KubeApi
+from pagoda.operator.operator_metrics import OperatorMetrics
 from pagoda.operator.reconcile import ChildConflict
 from pagoda.operator.spec import GROUP, KIND, PLURAL, VERSION
 
@@ -59,14 +62,20 @@ async def run_reconcile(
     config: OperatorConfig,
     logger: logging.Logger,
     retry: int,
+    metrics: OperatorMetrics | None = None,
+    trigger: str = "handler",
 ) -> None:
     """Reconcile and map the outcome to kopf's error semantics."""
+    started = time.perf_counter()
     try:
         result = await reconcile.reconcile(api, body, config, logger)
     except ApiError as e:
         raise kopf.TemporaryError(
             f"Kubernetes API call failed, retrying: {e}", delay=backoff(retry)
         ) from e
+    finally:
+        if metrics is not None:
+            metrics.reconcile_duration.observe(time.perf_counter() - started, trigger)
     err = result.spec_error
     if err is None:
         if result.status_changed:
@@ -92,9 +101,13 @@ async def startup(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
         memo.api = KubeApi(
             request_timeout_s=config.request_timeout_s, connect_timeout_s=config.connect_timeout_s
         )
+    metrics = getattr(memo, "metrics", None)
     memo.resync_task = asyncio.create_task(
-        resync_loop(memo.api, config, logger), name="pagoda-resync"
+        resync_loop(memo.api, config, logger, metrics), name="pagoda-resync"
     )
+    autoscaler = getattr(memo, "autoscaler", None)
+    if autoscaler is not None:
+        memo.autoscale_task = asyncio.create_task(autoscaler.run(logger), name="pagoda-autoscale")
     logger.info(
         "Pagoda operator started (%s, default image %s).",
         "cluster-wide" if config.clusterwide else "namespaces " + ",".join(config.namespaces),
@@ -103,11 +116,12 @@ async def startup(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
 
 
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    task = getattr(memo, "resync_task", None)
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    for name in ("resync_task", "autoscale_task"):
+        task = getattr(memo, name, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     if getattr(memo, "api", None) is not None:
         await memo.api.close()
 
@@ -122,7 +136,14 @@ def isvc_index(
 async def reconcile_isvc(
     body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, retry: int, **_: Any
 ) -> None:
-    await run_reconcile(copy.deepcopy(dict(body)), memo.api, memo.config, logger, retry)
+    await run_reconcile(
+        copy.deepcopy(dict(body)),
+        memo.api,
+        memo.config,
+        logger,
+        retry,
+        getattr(memo, "metrics", None),
+    )
 
 
 async def child_event(
@@ -139,6 +160,8 @@ async def child_event(
     owner = next(iter(store), None) if store else None
     if owner is None:
         return
+    metrics: OperatorMetrics | None = getattr(memo, "metrics", None)
+    started = time.perf_counter()
     try:
         await reconcile.on_child_event(
             memo.api, type, copy.deepcopy(dict(body)), owner, memo.config, logger
@@ -150,9 +173,17 @@ async def child_event(
             meta.get("name"),
             e,
         )
+    finally:
+        if metrics is not None:
+            metrics.reconcile_duration.observe(time.perf_counter() - started, "child_event")
 
 
-async def resync_loop(api: KubeApi, config: OperatorConfig, logger: logging.Logger) -> None:
+async def resync_loop(
+    api: KubeApi,
+    config: OperatorConfig,
+    logger: logging.Logger,
+    metrics: OperatorMetrics | None = None,
+) -> None:
     """Re-reconcile every InferenceService periodically; heals what no event announced."""
     while True:
         await asyncio.sleep(config.resync_interval_s)
@@ -169,7 +200,7 @@ async def resync_loop(api: KubeApi, config: OperatorConfig, logger: logging.Logg
             body.setdefault("apiVersion", f"{GROUP}/{VERSION}")
             body.setdefault("kind", KIND)
             try:
-                await run_reconcile(body, api, config, logger, retry=0)
+                await run_reconcile(body, api, config, logger, 0, metrics, "resync")
             except (kopf.TemporaryError, kopf.PermanentError) as e:
                 logger.debug("Resync of %s: %s", body["metadata"].get("name"), e)
 

@@ -62,12 +62,18 @@ RESOURCES: Mapping[str, ResourceKind] = {
     "ServiceMonitor": ResourceKind(
         "monitoring.coreos.com", "v1", "servicemonitors", "ServiceMonitor"
     ),
+    "PrometheusRule": ResourceKind(
+        "monitoring.coreos.com", "v1", "prometheusrules", "PrometheusRule"
+    ),
     "PersistentVolumeClaim": ResourceKind(
         "", "v1", "persistentvolumeclaims", "PersistentVolumeClaim"
     ),
     "Node": ResourceKind("", "v1", "nodes", "Node", namespaced=False),
 }
-CHILD_KINDS = ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor")
+CHILD_KINDS = (
+    "ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor", "PrometheusRule",
+)  # fmt: skip
+MONITORING_KINDS = ("ServiceMonitor", "PrometheusRule")  # only if the Prometheus Operator is there
 WATCHED_CHILD_KINDS = ("Deployment", "Service", "ConfigMap", "PodDisruptionBudget")
 
 
@@ -87,7 +93,9 @@ API_PERMISSIONS: tuple[Permission, ...] = (
         ("get", "list", "watch", "patch"),
         "kopf watches CRs, stores progress annotations",
     ),
-    Permission(GROUP, f"{PLURAL}/status", ("get", "patch"), "conditions, replicas, url"),
+    Permission(
+        GROUP, f"{PLURAL}/status", ("get", "patch"), "conditions, replicas, url, autoscaling"
+    ),
     Permission("", "events", ("create",), "Degraded/Reconciled events; kopf's handler failures"),
     Permission(
         "apiextensions.k8s.io",
@@ -96,7 +104,7 @@ API_PERMISSIONS: tuple[Permission, ...] = (
         "kopf resource scanning",
     ),
     Permission("", "namespaces", ("list", "watch"), "kopf, only with namespace glob patterns"),
-    Permission("apps", "deployments", _CHILD_VERBS, "the model server"),
+    Permission("apps", "deployments", _CHILD_VERBS, "the model server; the autoscaler's replicas"),
     Permission("", "services", _CHILD_VERBS, "ClusterIP in front of the pods"),
     Permission("", "configmaps", _CHILD_VERBS, "engine configuration"),
     Permission(
@@ -107,6 +115,12 @@ API_PERMISSIONS: tuple[Permission, ...] = (
         "servicemonitors",
         ("get", "create", "patch", "delete"),
         "if the CRD exists",
+    ),
+    Permission(
+        "monitoring.coreos.com",
+        "prometheusrules",
+        ("get", "create", "patch", "delete"),
+        "per-service alerts, if the CRD exists",
     ),
     Permission("", "persistentvolumeclaims", ("get",), "pvc:// models must exist"),
     Permission("", "nodes", ("list",), "GPU requests must fit some node"),

@@ -3,8 +3,10 @@
     pagoda operator                      # cluster-wide
     pagoda operator -n team-a -n team-b  # only these namespaces
     pagoda operator --log-format json --http-port 8080
+    pagoda operator --prometheus-url http://prometheus:9090 --webhook-token-file /etc/token
 
-`serve(config)` is the whole operator as a coroutine (the end-to-end tests run it directly);
+`serve(config)` is the whole operator as a coroutine (the end-to-end tests run it directly):
+kopf, the autoscaler loop, and one HTTP port with /healthz, /readyz, /metrics and POST /alerts.
 `run(args)` adds logging setup and `asyncio.run`. SIGTERM/SIGINT stop it cleanly (kopf).
 """
 
@@ -21,9 +23,12 @@ from collections.abc import Callable
 
 import kopf
 from pagoda.operator import handlers
+from pagoda.operator.alerts import AlertReceiver
+from pagoda.operator.autoscaler import Autoscaler
 from pagoda.operator.builders import LABEL_MANAGED_BY, MANAGED_BY
 from pagoda.operator.config import LOG_FORMATS, OperatorConfig
 from pagoda.operator.k8s import RESOURCES, WATCHED_CHILD_KINDS, KubeApi
+from pagoda.operator.operator_metrics import OperatorMetrics
 from pagoda.operator.webapp import OperatorHttpServer
 
 STORAGE_PREFIX = "serving.pagoda.dev"
@@ -85,6 +90,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="kopf peering name (for several replicas); default: standalone",
     )
+    auto = parser.add_argument_group("autoscaling")
+    auto.add_argument(
+        "--prometheus-url",
+        default=None,
+        help="Prometheus base URL for TTFT/queue queries (env PAGODA_PROMETHEUS_URL)",
+    )
+    auto.add_argument(
+        "--prometheus-timeout", type=float, default=5.0, help="timeout of one query, s"
+    )
+    auto.add_argument(
+        "--autoscale-interval",
+        type=float,
+        default=15.0,
+        help="evaluate every service this often, s",
+    )
+    auto.add_argument(
+        "--ttft-window", default="1m", help="PromQL range of the p95 TTFT rate (default 1m)"
+    )
+    auto.add_argument(
+        "--metrics-max-age",
+        type=float,
+        default=60.0,
+        help="metrics older than this are stale: hold, s",
+    )
+    auto.add_argument(
+        "--webhook-token-file",
+        default=None,
+        help="file with the bearer token POST /alerts requires (env PAGODA_WEBHOOK_TOKEN)",
+    )
+    auto.add_argument(
+        "--alert-cooldown",
+        type=float,
+        default=30.0,
+        help="ignore scale-up alerts this long after a scale up of the same service, s",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
@@ -99,7 +139,20 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         "verbose": args.verbose,
         "debug": args.debug,
         "peering": args.peering,
+        "prometheus_timeout_s": args.prometheus_timeout,
+        "autoscale_interval_s": args.autoscale_interval,
+        "ttft_window": args.ttft_window,
+        "metrics_max_age_s": args.metrics_max_age,
+        "alert_cooldown_s": args.alert_cooldown,
     }
+    if args.prometheus_url:
+        overrides["prometheus_url"] = args.prometheus_url
+    if args.webhook_token_file:
+        try:
+            with open(args.webhook_token_file, encoding="utf-8") as f:
+                overrides["webhook_token"] = f.read().strip()
+        except OSError as e:
+            raise ValueError(f"cannot read --webhook-token-file: {e}") from e
     if args.namespace:
         overrides["namespaces"] = tuple(args.namespace)
     elif args.all_namespaces:
@@ -153,7 +206,36 @@ async def serve(
     loop of its own (as `run` does, or a thread in tests).
     """
     ready = ready_flag if ready_flag is not None else asyncio.Event()
-    memo = kopf.Memo(config=config, api=api)
+    metrics = OperatorMetrics()
+    if api is None:
+        api = KubeApi(
+            request_timeout_s=config.request_timeout_s, connect_timeout_s=config.connect_timeout_s
+        )
+    autoscaler = Autoscaler(api, config, metrics)
+    memo = kopf.Memo(config=config, api=api, metrics=metrics, autoscaler=autoscaler)
+    task: asyncio.Task[None] | None = None
+    http = None
+    if config.http_port is not None:  # before kopf, so the port is known once kopf is ready
+        http = OperatorHttpServer(
+            config.http_host,
+            config.http_port,
+            is_alive=lambda: task is None or not task.done(),
+            is_ready=ready.is_set,
+        )
+        http.add_routes(metrics.routes())
+        receiver = AlertReceiver(
+            autoscaler.alert_scale_up, token=config.webhook_token, metrics=metrics
+        )
+        http.add_routes(receiver.routes())
+        await http.start()
+        log.info(
+            "Serving /healthz, /readyz, /metrics and POST /alerts%s on %s:%s.",
+            " (bearer token required)" if config.webhook_token else "",
+            config.http_host,
+            http.port,
+        )
+        if on_http_started is not None:
+            on_http_started(http.port or 0)
     task = asyncio.create_task(
         kopf.operator(
             registry=handlers.build_registry(),
@@ -168,23 +250,12 @@ async def serve(
         ),
         name="kopf-operator",
     )
-    http = None
-    if config.http_port is not None:
-        http = OperatorHttpServer(
-            config.http_host,
-            config.http_port,
-            is_alive=lambda: not task.done(),
-            is_ready=ready.is_set,
-        )
-        await http.start()
-        log.info("Serving /healthz and /readyz on %s:%s.", config.http_host, http.port)
-        if on_http_started is not None:
-            on_http_started(http.port or 0)
     try:
         await task
     finally:
         if http is not None:
             await http.stop()
+        await autoscaler.close()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 from pagoda.operator import drift, status, validation
 from pagoda.operator.builders import Owner, build_children
 from pagoda.operator.config import OperatorConfig
-from pagoda.operator.k8s import ApiError, KubeApi
+from pagoda.operator.k8s import MONITORING_KINDS, ApiError, KubeApi
 from pagoda.operator.spec import KIND, SpecError
 
 _UNKNOWN: Any = object()
@@ -98,7 +98,7 @@ async def delete_child(
     api: KubeApi, kind: str, namespace: str, name: str, owner_uid: str, logger: logging.Logger
 ) -> None:
     """Delete a child that should no longer exist (only if it is ours)."""
-    if kind == "ServiceMonitor" and not await api.has_resource(kind):
+    if kind in MONITORING_KINDS and not await api.has_resource(kind):
         return
     actual = await api.get(kind, namespace, name)
     if (
@@ -155,6 +155,7 @@ async def reconcile(
                 spec,
                 current_replicas=replicas,
                 service_monitor=await api.has_resource("ServiceMonitor"),
+                prometheus_rule=await api.has_resource("PrometheusRule"),
             )
             live: dict[str, dict[str, Any]] = {}
             for child in children.desired:

@@ -49,12 +49,18 @@ DEFAULT_DRAIN_TIMEOUT_S = 30
 DEFAULT_API_KEY_KEY = "api-key"
 DEFAULT_CPU = "1"
 DEFAULT_MEMORY = "2Gi"
+DEFAULT_TOLERANCE = 0.1
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_HTTP_URL = re.compile(r"^https?://[^\s/?#]+(/[^\s]*)?$")
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 # --- the spec ---------------------------------------------------------------------------------
@@ -235,8 +241,17 @@ class AutoscalingSpec:
     target_queue_depth: float | None = None
     scale_up_stabilization_seconds: int = 0
     scale_down_stabilization_seconds: int = 300
+    tolerance: float = DEFAULT_TOLERANCE  # no change while |metric/target - 1| is within it
+    prometheus_url: str | None = None  # overrides the operator's --prometheus-url
 
     def __post_init__(self) -> None:
+        if not 0 <= self.tolerance <= 1:
+            raise SpecError("InvalidSpec", "spec.autoscaling.tolerance must be in [0, 1]")
+        if self.prometheus_url is not None and not _HTTP_URL.match(self.prometheus_url):
+            raise SpecError(
+                "InvalidSpec",
+                f"spec.autoscaling.prometheusURL must be an http(s) URL, got {self.prometheus_url!r}",
+            )
         if self.min_replicas > self.max_replicas:
             raise SpecError(
                 "InvalidSpec",
@@ -262,6 +277,8 @@ class AutoscalingSpec:
             scale_down_stabilization_seconds=int_or(
                 d, "scaleDownStabilizationSeconds", p, 0, 3600, 300
             ),
+            tolerance=_or(opt_number(d, "tolerance", p, 0.0), DEFAULT_TOLERANCE),
+            prometheus_url=opt_str(d, "prometheusURL", p),
         )
 
     def clamp(self, replicas: int) -> int:

@@ -169,3 +169,44 @@ def condition(body: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
         if cond.get("type") == type_:
             return cond
     return {}
+
+
+def with_condition(
+    conditions: list[Mapping[str, Any]] | None,
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    generation: int | None = None,
+) -> list[dict[str, Any]]:
+    """`conditions` with `type_` set; its lastTransitionTime is kept while the status holds.
+
+    For writers other than the reconciler (the autoscaler's MetricsUnavailable).
+    """
+    value = "True" if status else "False"
+    out: list[dict[str, Any]] = []
+    prev: Mapping[str, Any] = {}
+    for cond in conditions or []:
+        if cond.get("type") == type_:
+            prev = cond
+        else:
+            out.append(dict(cond))
+    new = {
+        "type": type_,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": (
+            prev.get("lastTransitionTime") if prev.get("status") == value else None
+        )
+        or _now(),
+    }
+    if generation is not None:
+        new["observedGeneration"] = generation
+    return [*out, new]
+
+
+def without_condition(
+    conditions: list[Mapping[str, Any]] | None, type_: str
+) -> list[dict[str, Any]]:
+    return [dict(c) for c in conditions or [] if c.get("type") != type_]

@@ -185,6 +185,7 @@ def test_crd_defaults_equal_the_operator_defaults() -> None:
         "autoscaling.minReplicas": parsed.autoscaling.min_replicas,
         "autoscaling.scaleUpStabilizationSeconds": parsed.autoscaling.scale_up_stabilization_seconds,
         "autoscaling.scaleDownStabilizationSeconds": parsed.autoscaling.scale_down_stabilization_seconds,
+        "autoscaling.tolerance": parsed.autoscaling.tolerance,
         "apiKeySecretRef.key": parsed.api_key_secret.key,
     }
     assert declared == expected

@@ -119,7 +119,7 @@ ClusterRole.
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["monitoring.coreos.com"]
-  resources: ["servicemonitors"]
+  resources: ["servicemonitors", "prometheusrules"]
   verbs: ["get", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]

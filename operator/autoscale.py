@@ -1,0 +1,235 @@
+"""The autoscaling policy: metrics → desired replicas. Pure (no I/O, no clock); autoscaler.py runs it.
+
+The HPA's algorithm, on what users feel instead of CPU:
+
+* ratio = the largest of p95 TTFT / `targetTTFTSeconds` and waiting requests per ready replica /
+  `targetQueueDepth`; within the tolerance band (|ratio − 1| ≤ 10 %) nothing changes;
+* recommendation = ⌈ready × ratio⌉ clamped to [minReplicas, maxReplicas]. The base is the *ready*
+  replicas, the ones that produced the numbers: a replica still loading its model served nothing,
+  so its cold start is neither counted as capacity nor read as overload, and while any replica is
+  starting the policy never scales down;
+* scale up to the lowest recommendation of the scale-up window (default 0 s: now), at most ×2 per
+  step; scale down only to the highest recommendation of the scale-down window (default 300 s);
+* missing or stale metrics hold the current count and record it as a recommendation, so a scale
+  down also waits a full window after the metrics come back; a KV cache nearly full blocks scale
+  down (preemptions are coming even if latency looks fine).
+
+History is a tuple of (time, recommendation) pairs that each decision returns updated; the caller
+keeps it (one per InferenceService) and passes a monotonic clock reading.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pagoda.operator.spec import DEFAULT_TOLERANCE, AutoscalingSpec
+
+MAX_SCALE_UP_FACTOR = 2  # at most double per step
+KV_CACHE_HIGH = 0.9  # usage at which scale down is blocked
+_MAX_RATIO = 1e6  # stands in for "infinitely over target" (target queue depth 0)
+
+History = tuple[tuple[float, int], ...]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Bounds and targets of one InferenceService (from `spec.autoscaling`)."""
+
+    min_replicas: int
+    max_replicas: int
+    target_ttft_s: float | None = None
+    target_queue: float | None = None
+    tolerance: float = DEFAULT_TOLERANCE
+    up_window_s: float = 0.0
+    down_window_s: float = 300.0
+    max_metric_age_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            raise ValueError(
+                f"need 1 <= min_replicas <= max_replicas, got {self.min_replicas}, {self.max_replicas}"
+            )
+        if self.target_ttft_s is None and self.target_queue is None:
+            raise ValueError("need target_ttft_s or target_queue")
+        if self.target_ttft_s is not None and self.target_ttft_s <= 0:
+            raise ValueError(f"target_ttft_s must be positive, got {self.target_ttft_s}")
+        if self.target_queue is not None and self.target_queue < 0:
+            raise ValueError(f"target_queue must be >= 0, got {self.target_queue}")
+        if not 0 <= self.tolerance <= 1:
+            raise ValueError(f"tolerance must be in [0, 1], got {self.tolerance}")
+        if self.up_window_s < 0 or self.down_window_s < 0 or self.max_metric_age_s <= 0:
+            raise ValueError("windows must be >= 0 and max_metric_age_s > 0")
+
+    @classmethod
+    def from_spec(cls, spec: AutoscalingSpec, *, max_metric_age_s: float = 60.0) -> Policy:
+        return cls(
+            min_replicas=spec.min_replicas,
+            max_replicas=spec.max_replicas,
+            target_ttft_s=spec.target_ttft_seconds,
+            target_queue=spec.target_queue_depth,
+            tolerance=spec.tolerance,
+            up_window_s=spec.scale_up_stabilization_seconds,
+            down_window_s=spec.scale_down_stabilization_seconds,
+            max_metric_age_s=max_metric_age_s,
+        )
+
+    def clamp(self, replicas: int) -> int:
+        return max(self.min_replicas, min(self.max_replicas, replicas))
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """One reading from Prometheus for one InferenceService (all replicas together)."""
+
+    ttft_p95_s: float | None  # None: no first token in the window (idle, or nothing scheduled)
+    waiting: float  # requests waiting, summed over the replicas
+    kv_cache_usage: float | None = None  # the fullest replica, 0..1
+    age_s: float = 0.0  # age of the newest sample
+
+    def __post_init__(self) -> None:
+        if self.waiting < 0 or self.age_s < 0:
+            raise ValueError("waiting and age_s must be >= 0")
+        if self.ttft_p95_s is not None and not (self.ttft_p95_s >= 0):
+            raise ValueError(f"ttft_p95_s must be >= 0 or None, got {self.ttft_p95_s}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    replicas: int  # what the Deployment should run now
+    recommendation: int | None  # this evaluation's raw recommendation (None: held)
+    reason: str  # CamelCase, e.g. TTFTAboveTarget, WithinTolerance, MetricsUnavailable
+    message: str
+    ratio: float | None = None
+    queue_per_replica: float | None = None
+    history: History = ()
+
+    def __post_init__(self) -> None:
+        if self.replicas < 0:
+            raise ValueError(f"replicas must be >= 0, got {self.replicas}")
+        if not self.reason[:1].isupper() or not self.reason.isalnum():
+            raise ValueError(f"reason must be CamelCase, got {self.reason!r}")
+
+
+def ratios(policy: Policy, m: Metrics, ready: int) -> dict[str, float]:
+    """Metric / target for each configured target (`ttft`, `queue`); `ready` must be >= 1."""
+    out: dict[str, float] = {}
+    if policy.target_ttft_s is not None:
+        if m.ttft_p95_s is not None:
+            out["ttft"] = m.ttft_p95_s / policy.target_ttft_s
+        else:  # no first token in the window: idle if nothing waits, else unknown (neutral)
+            out["ttft"] = 1.0 if m.waiting > 0 else 0.0
+    if policy.target_queue is not None:
+        per = m.waiting / ready
+        if policy.target_queue > 0:
+            out["queue"] = per / policy.target_queue
+        else:
+            out["queue"] = _MAX_RATIO if per > 0 else 0.0
+    return {k: min(v, _MAX_RATIO) for k, v in out.items()}
+
+
+def _prune(history: History, now: float, policy: Policy) -> History:
+    keep = max(policy.up_window_s, policy.down_window_s)
+    return tuple((t, r) for t, r in history if now - t <= keep)
+
+
+def _stabilize(
+    policy: Policy, current: int, rec: int, history: History, now: float
+) -> tuple[int, History]:
+    """HPA behaviour: up to the window's lowest recommendation, down to its highest."""
+    history = (*_prune(history, now, policy), (now, rec))
+    up = min(r for t, r in history if now - t <= policy.up_window_s)
+    down = max(r for t, r in history if now - t <= policy.down_window_s)
+    if up > current:
+        return min(up, MAX_SCALE_UP_FACTOR * max(current, 1)), history
+    if down < current:
+        return down, history
+    return current, history
+
+
+def _hold(
+    policy: Policy, current: int, history: History, now: float, reason: str, message: str
+) -> Decision:
+    """Keep the current count and record it, so no scale down follows straight after."""
+    held = policy.clamp(current)
+    history = (*_prune(history, now, policy), (now, held))
+    return Decision(held, None, reason, message, history=history)
+
+
+def decide(
+    policy: Policy,
+    metrics: Metrics | None,
+    *,
+    current: int,
+    ready: int,
+    history: History,
+    now: float,
+    unavailable: str = "no metrics",
+) -> Decision:
+    """Desired replicas for this evaluation. `metrics` None means unavailable (`unavailable` says why)."""
+    if metrics is None:
+        return _hold(policy, current, history, now, "MetricsUnavailable", unavailable)
+    if metrics.age_s > policy.max_metric_age_s:
+        msg = f"newest sample is {metrics.age_s:.0f} s old (> {policy.max_metric_age_s:.0f} s)"
+        return _hold(policy, current, history, now, "MetricsUnavailable", msg)
+    base = min(ready, current)
+    if base < 1:
+        return _hold(policy, current, history, now, "NoReadyReplicas", "no ready replica yet")
+    r = ratios(policy, metrics, base)
+    name, ratio = max(r.items(), key=lambda kv: kv[1])
+    queue_per = metrics.waiting / base
+    detail = _describe(policy, metrics, queue_per)
+    if abs(ratio - 1.0) <= policy.tolerance:
+        rec, reason = policy.clamp(current), "WithinTolerance"
+    else:
+        rec = policy.clamp(math.ceil(base * ratio - 1e-9))
+        above = ratio > 1.0
+        reason = (
+            {"ttft": "TTFTAboveTarget", "queue": "QueueAboveTarget"}[name]
+            if above
+            else "BelowTarget"
+        )
+    if rec == current == policy.max_replicas and ratio > 1.0 + policy.tolerance:
+        reason = "AtMaxReplicas"
+    if rec < current and ready < current:
+        rec, reason = current, "ReplicasStarting"  # starting replicas have taken no load yet
+    elif (
+        rec < current
+        and metrics.kv_cache_usage is not None
+        and metrics.kv_cache_usage >= KV_CACHE_HIGH
+    ):
+        rec, reason = current, "KVCacheHigh"
+    desired, history = _stabilize(policy, current, rec, history, now)
+    desired = policy.clamp(desired)
+    if desired == current and rec != current:
+        reason = "Stabilizing"
+    message = f"{detail}; ratio {ratio:.2f} ({name}); {base} ready of {current}; recommend {rec}"
+    return Decision(
+        desired, rec, reason, message, ratio=ratio, queue_per_replica=queue_per, history=history
+    )
+
+
+def alert_step(policy: Policy, *, current: int, history: History, now: float) -> Decision:
+    """A firing scale-up alert: one more replica now (within the rate limit and maxReplicas).
+
+    The step is recorded as a recommendation, so the scale-down window keeps it.
+    """
+    target = policy.clamp(min(current + 1, MAX_SCALE_UP_FACTOR * max(current, 1)))
+    history = (*_prune(history, now, policy), (now, target))
+    if target <= current:
+        return Decision(
+            policy.clamp(current), target, "AtMaxReplicas", f"already at {current}", history=history
+        )
+    return Decision(target, target, "AlertFiring", f"{current} → {target}", history=history)
+
+
+def _describe(policy: Policy, m: Metrics, queue_per: float) -> str:
+    parts = []
+    if policy.target_ttft_s is not None:
+        ttft = "none in window" if m.ttft_p95_s is None else f"{m.ttft_p95_s:.3f} s"
+        parts.append(f"p95 TTFT {ttft} (target {policy.target_ttft_s:g} s)")
+    if policy.target_queue is not None:
+        parts.append(f"queue {queue_per:.2f}/replica (target {policy.target_queue:g})")
+    if m.kv_cache_usage is not None:
+        parts.append(f"KV cache {m.kv_cache_usage:.0%}")
+    return ", ".join(parts)

@@ -1,0 +1,356 @@
+"""The autoscaler's I/O shell: every interval, Prometheus → autoscale.decide() → Deployment replicas.
+
+Per InferenceService with `spec.autoscaling`: read the metrics (outside any lock, they may be
+slow), then under the per-object lock the reconciler also takes, read the Deployment, decide,
+patch `spec.replicas` (with a resourceVersion precondition, so a concurrent writer wins and we
+retry next interval), post an Event per scale, and write `status.autoscaling` and the
+`MetricsUnavailable` condition only when they changed. Alert-driven steps (alerts.py) go through
+the same lock and history. The history lives in memory and is seeded with the current count, so
+after a restart a scale down waits a full window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pagoda.operator import status as status_mod
+from pagoda.operator import validation
+from pagoda.operator.alerts import ScaleUpRequest
+from pagoda.operator.autoscale import Decision, History, Metrics, Policy, alert_step, decide
+from pagoda.operator.config import OperatorConfig
+from pagoda.operator.k8s import ApiError, KubeApi
+from pagoda.operator.metrics_source import MetricsUnavailable, PrometheusSource
+from pagoda.operator.operator_metrics import OperatorMetrics
+from pagoda.operator.reconcile import object_lock, owned_by
+from pagoda.operator.spec import API_VERSION, KIND, InferenceServiceSpec, SpecError
+
+CONDITION = "MetricsUnavailable"
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _State:
+    """Per InferenceService, in memory: recommendations and the last scale up (monotonic s)."""
+
+    history: History
+    last_scale_up: float | None = None
+    last_reason: str | None = None
+
+
+def _now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _r(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def autoscaling_status(
+    old: Mapping[str, Any] | None,
+    decision: Decision,
+    metrics: Metrics | None,
+    ready: int,
+    scaled: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    """The whole `status.autoscaling` after a decision (pure). `scaled`: (reason, source)."""
+    new = dict(old or {})
+    new["desiredReplicas"] = decision.replicas
+    new["reason"] = decision.reason
+    if decision.recommendation is not None:
+        new["recommendation"] = decision.recommendation
+    if metrics is not None:  # metrics seen last; kept while unavailable (the condition says so)
+        seen = {
+            "ttftP95Seconds": _r(metrics.ttft_p95_s, 3),
+            "queuePerReplica": _r(decision.queue_per_replica, 2),
+            "kvCacheUsage": _r(metrics.kv_cache_usage, 3),
+            "ratio": _r(decision.ratio, 2),
+            "readyReplicas": ready,
+        }
+        new["metrics"] = {k: v for k, v in seen.items() if v is not None}
+    if scaled is not None:
+        new["lastScaleTime"] = _now_iso()
+        new["lastScaleReason"] = scaled[0][:1024]
+        new["lastScaleSource"] = scaled[1]
+    return new
+
+
+class Autoscaler:
+    def __init__(
+        self,
+        api: KubeApi,
+        config: OperatorConfig,
+        metrics: OperatorMetrics,
+        *,
+        source: PrometheusSource | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.api = api
+        self.config = config
+        self.metrics = metrics
+        self.source = source or PrometheusSource(
+            timeout_s=config.prometheus_timeout_s, ttft_window=config.ttft_window
+        )
+        self.clock = clock
+        self._states: dict[str, _State] = {}
+
+    async def close(self) -> None:
+        await self.source.close()
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    async def run(self, logger: logging.Logger = log) -> None:
+        """Evaluate every InferenceService each `autoscale_interval_s` until cancelled."""
+        while True:
+            started = self.clock()
+            await self.evaluate_all(logger)
+            await asyncio.sleep(
+                max(0.0, self.config.autoscale_interval_s - (self.clock() - started))
+            )
+
+    async def evaluate_all(self, logger: logging.Logger = log) -> None:
+        try:
+            bodies: list[dict[str, Any]] = []
+            for namespace in self.config.namespaces or (None,):
+                bodies += await self.api.list(KIND, namespace)
+        except ApiError as e:
+            logger.warning("Autoscaler could not list %s objects: %s", KIND, e)
+            return
+        live = {(b.get("metadata") or {}).get("uid") for b in bodies}
+        for uid in set(self._states) - live:
+            del self._states[uid]
+        limit = asyncio.Semaphore(8)
+
+        async def one(body: dict[str, Any]) -> None:
+            body.setdefault("apiVersion", API_VERSION)
+            body.setdefault("kind", KIND)
+            meta = body.get("metadata") or {}
+            async with limit:
+                started = time.perf_counter()
+                try:
+                    await self.evaluate(body, logger)
+                except ApiError as e:
+                    logger.warning(
+                        "Autoscaling %s/%s: API call failed (next interval retries): %s",
+                        meta.get("namespace"), meta.get("name"), e,
+                    )  # fmt: skip
+                finally:
+                    self.metrics.autoscale_duration.observe(time.perf_counter() - started)
+
+        await asyncio.gather(
+            *(one(b) for b in bodies if not b["metadata"].get("deletionTimestamp"))
+        )
+
+    # --- one evaluation ---------------------------------------------------------------------
+
+    def _parse(self, body: Mapping[str, Any]) -> InferenceServiceSpec | None:
+        try:
+            return validation.parse(body, self.config)
+        except SpecError:
+            return None  # the reconciler reports it; keep the replicas as they are
+
+    async def evaluate(
+        self, body: Mapping[str, Any], logger: logging.Logger = log
+    ) -> Decision | None:
+        meta = body["metadata"]
+        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        spec = self._parse(body)
+        if spec is None:
+            return None
+        if spec.autoscaling is None:
+            self._states.pop(uid, None)
+            self.metrics.forget(ns, name)
+            if (body.get("status") or {}).get("autoscaling") is not None or status_mod.condition(
+                body, CONDITION
+            ):
+                async with object_lock(uid):
+                    await self._clear_status(ns, name, uid)
+            return None
+        policy = Policy.from_spec(spec.autoscaling, max_metric_age_s=self.config.metrics_max_age_s)
+        url = spec.autoscaling.prometheus_url or self.config.prometheus_url
+        metrics: Metrics | None = None
+        why = (
+            "NoPrometheusURL",
+            "no Prometheus URL (--prometheus-url or spec.autoscaling.prometheusURL)",
+        )
+        if url:
+            try:
+                metrics = await self.source.fetch(url, ns, name)
+            except MetricsUnavailable as e:
+                why = (e.reason, e.message)
+        async with object_lock(uid):
+            fresh = await self.api.get(KIND, ns, name)
+            deploy = await self.api.get("Deployment", ns, name)
+            if fresh is None or fresh["metadata"].get("uid") != uid or not owned_by(deploy, uid):
+                return None  # gone, or the reconciler has not created the Deployment yet
+            assert deploy is not None
+            current = int((deploy.get("spec") or {}).get("replicas") or 0)
+            ready = int((deploy.get("status") or {}).get("readyReplicas") or 0)
+            now = self.clock()
+            state = self._states.setdefault(uid, _State(history=((now, current),)))
+            decision = decide(
+                policy, metrics, current=current, ready=ready, history=state.history, now=now,
+                unavailable=f"{why[0]}: {why[1]}",
+            )  # fmt: skip
+            state.history = decision.history
+            unavailable = None
+            if decision.reason == "MetricsUnavailable":
+                unavailable = why if metrics is None else ("StaleMetrics", decision.message)
+                self.metrics.metrics_unavailable.inc(ns, name, unavailable[0])
+            scaled = None
+            if decision.replicas != current:
+                text = f"{decision.reason}: {decision.message}"
+                if not await self._scale(
+                    fresh, deploy, current, decision.replicas, text, "metrics"
+                ):
+                    return decision
+                scaled = (text, "metrics")
+                if decision.replicas > current:
+                    state.last_scale_up = now
+            self.metrics.desired_replicas.set(decision.replicas, ns, name)
+            level = (
+                logging.INFO if scaled or decision.reason != state.last_reason else logging.DEBUG
+            )
+            state.last_reason = decision.reason
+            logger.log(
+                level, "Autoscale %s/%s: %d (%d ready) -> %d: %s: %s",
+                ns, name, current, ready, decision.replicas, decision.reason, decision.message,
+            )  # fmt: skip
+            await self._write_status(fresh, decision, metrics, ready, scaled, unavailable)
+            return decision
+
+    async def alert_scale_up(self, req: ScaleUpRequest, logger: logging.Logger = log) -> str:
+        """One step up for a firing alert; returns the outcome (CamelCase) for the webhook reply."""
+        if not self.config.clusterwide and req.namespace not in self.config.namespaces:
+            return "NamespaceNotServed"
+        body = await self.api.get(KIND, req.namespace, req.name)
+        if body is None:
+            return "NotFound"
+        body.setdefault("apiVersion", API_VERSION)
+        body.setdefault("kind", KIND)
+        spec = self._parse(body)
+        if spec is None:
+            return "InvalidSpec"
+        if spec.autoscaling is None:
+            return "AutoscalingDisabled"
+        policy = Policy.from_spec(spec.autoscaling, max_metric_age_s=self.config.metrics_max_age_s)
+        uid = body["metadata"]["uid"]
+        async with object_lock(uid):
+            deploy = await self.api.get("Deployment", req.namespace, req.name)
+            if not owned_by(deploy, uid):
+                return "NoDeployment"
+            assert deploy is not None
+            current = int((deploy.get("spec") or {}).get("replicas") or 0)
+            ready = int((deploy.get("status") or {}).get("readyReplicas") or 0)
+            now = self.clock()
+            state = self._states.setdefault(uid, _State(history=((now, current),)))
+            if (
+                state.last_scale_up is not None
+                and now - state.last_scale_up < self.config.alert_cooldown_s
+            ):
+                return "Cooldown"
+            if ready < current:
+                return "ReplicasStarting"
+            decision = alert_step(policy, current=current, history=state.history, now=now)
+            state.history = decision.history
+            if decision.replicas <= current:
+                return "AtMaxReplicas"
+            text = f"AlertFiring: {req.alertname or 'alert'} fired; {decision.message}"
+            if not await self._scale(body, deploy, current, decision.replicas, text, "alert"):
+                return "Conflict"
+            state.last_scale_up = now
+            self.metrics.desired_replicas.set(decision.replicas, req.namespace, req.name)
+            logger.info("Autoscale %s/%s: %s", req.namespace, req.name, text)
+            await self._write_status(body, decision, None, ready, (text, "alert"), None)
+            return "ScaledUp"
+
+    # --- writes -----------------------------------------------------------------------------
+
+    async def _scale(
+        self,
+        body: Mapping[str, Any],
+        deploy: Mapping[str, Any],
+        current: int,
+        replicas: int,
+        reason: str,
+        source: str,
+    ) -> bool:
+        """Patch the Deployment's replicas; False if it changed under us (409)."""
+        meta = deploy["metadata"]
+        patch: dict[str, Any] = {"spec": {"replicas": replicas}}
+        if meta.get("resourceVersion"):
+            patch["metadata"] = {"resourceVersion": meta["resourceVersion"]}
+        try:
+            await self.api.patch("Deployment", meta["namespace"], meta["name"], patch)
+        except ApiError as e:
+            if e.status == 409:
+                return False
+            raise
+        direction = "up" if replicas > current else "down"
+        self.metrics.scale_events.inc(meta["namespace"], meta["name"], direction, source)
+        message = f"Scaled {direction} from {current} to {replicas} replicas ({source}): {reason}"
+        try:
+            await self.api.post_event(
+                body, type_="Normal", reason=f"Scaled{direction.capitalize()}", message=message,
+                component=self.config.component_name,
+            )  # fmt: skip
+        except ApiError as e:
+            log.warning("Could not post the scale event: %s", e)
+        return True
+
+    async def _write_status(
+        self,
+        fresh: Mapping[str, Any],
+        decision: Decision,
+        metrics: Metrics | None,
+        ready: int,
+        scaled: tuple[str, str] | None,
+        unavailable: tuple[str, str] | None,
+    ) -> None:
+        """Patch status.autoscaling and MetricsUnavailable when they changed (lock held)."""
+        meta = fresh["metadata"]
+        old = fresh.get("status") or {}
+        new_auto = autoscaling_status(old.get("autoscaling"), decision, metrics, ready, scaled)
+        patch: dict[str, Any] = {}
+        if new_auto != old.get("autoscaling"):
+            patch["autoscaling"] = new_auto
+        if scaled is None or scaled[1] == "metrics":  # alerts say nothing about availability
+            was = status_mod.condition(fresh, CONDITION)
+            conditions = status_mod.with_condition(
+                old.get("conditions"), CONDITION, unavailable is not None,
+                *(unavailable or ("MetricsAvailable", "")), meta.get("generation"),
+            )  # fmt: skip
+            if conditions != old.get("conditions"):
+                patch["conditions"] = conditions
+            if unavailable is not None and was.get("status") != "True":
+                try:
+                    await self.api.post_event(
+                        fresh, type_="Warning", reason=CONDITION,
+                        message=f"{unavailable[0]}: {unavailable[1]}; holding the replicas",
+                        component=self.config.component_name,
+                    )  # fmt: skip
+                except ApiError as e:
+                    log.warning("Could not post the %s event: %s", CONDITION, e)
+        if patch:
+            await self.api.patch(
+                KIND, meta["namespace"], meta["name"], {"status": patch}, subresource="status"
+            )
+
+    async def _clear_status(self, ns: str, name: str, uid: str) -> None:
+        """Autoscaling was switched off: drop what the autoscaler wrote (lock held)."""
+        fresh = await self.api.get(KIND, ns, name)
+        if fresh is None or fresh["metadata"].get("uid") != uid:
+            return
+        st = fresh.get("status") or {}
+        patch: dict[str, Any] = {}
+        if st.get("autoscaling") is not None:
+            patch["autoscaling"] = None
+        if status_mod.condition(fresh, CONDITION):
+            patch["conditions"] = status_mod.without_condition(st.get("conditions"), CONDITION)
+        if patch:
+            await self.api.patch(KIND, ns, name, {"status": patch}, subresource="status")

@@ -1,0 +1,119 @@
+"""Reads one InferenceService's metrics from Prometheus' HTTP API (`/api/v1/query`).
+
+Every series carries `namespace` and `inferenceservice` labels (the ServiceMonitor's relabeling),
+so four instant queries at one evaluation time give the autoscaler all it needs. Anything that
+prevents a trustworthy reading raises :class:`MetricsUnavailable` with a CamelCase reason;
+the policy then holds instead of guessing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from pagoda.operator.autoscale import Metrics
+
+
+class MetricsUnavailable(Exception):
+    """No trustworthy reading: `reason` is CamelCase (PrometheusUnreachable, QueryFailed, NoSamples)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+def _label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def selector(namespace: str, name: str) -> str:
+    return f'{{namespace="{_label_value(namespace)}",inferenceservice="{_label_value(name)}"}}'
+
+
+def queries(namespace: str, name: str, ttft_window: str = "1m") -> dict[str, str]:
+    """The PromQL of each input (pure; the tests run them against a real Prometheus)."""
+    sel = selector(namespace, name)
+    return {
+        "ttft_p95": (
+            "histogram_quantile(0.95, sum by (le) "
+            f"(rate(pagoda:time_to_first_token_seconds_bucket{sel}[{ttft_window}])))"
+        ),
+        "waiting": f"sum(pagoda:num_requests_waiting{sel})",
+        "kv_cache": f"max(pagoda:kv_cache_usage_perc{sel})",
+        "newest": f"max(timestamp(pagoda:num_requests_waiting{sel}))",
+    }
+
+
+def scalar(body: Mapping[str, Any]) -> float | None:
+    """The single value of an instant-vector answer; None for no series or NaN.
+
+    Raises MetricsUnavailable for an error answer or an unexpected shape.
+    """
+    if not isinstance(body, Mapping) or body.get("status") != "success":
+        error = body.get("error") if isinstance(body, Mapping) else None
+        raise MetricsUnavailable("QueryFailed", str(error or "unexpected answer"))
+    data = body.get("data") or {}
+    result = data.get("result")
+    if data.get("resultType") != "vector" or not isinstance(result, list):
+        raise MetricsUnavailable("QueryFailed", f"expected a vector, got {data.get('resultType')}")
+    if not result:
+        return None
+    try:
+        value = float(result[0]["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise MetricsUnavailable("QueryFailed", f"malformed sample {result[0]!r}") from e
+    return None if math.isnan(value) else value
+
+
+class PrometheusSource:
+    """A small Prometheus query client; create inside the event loop, `close()` when done."""
+
+    def __init__(self, *, timeout_s: float = 5.0, ttft_window: str = "1m") -> None:
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._ttft_window = ttft_window
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _query(self, base_url: str, promql: str, at: float) -> float | None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        url = base_url.rstrip("/") + "/api/v1/query"
+        try:
+            async with self._session.get(url, params={"query": promql, "time": f"{at:.3f}"}) as r:
+                if r.status >= 500 or r.status in (401, 403, 404):
+                    raise MetricsUnavailable("QueryFailed", f"HTTP {r.status} from {url}")
+                body = await r.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            raise MetricsUnavailable("PrometheusUnreachable", f"{url}: {e!r}") from e
+        except ValueError as e:
+            raise MetricsUnavailable("QueryFailed", f"{url}: not JSON") from e
+        return scalar(body)
+
+    async def fetch(self, base_url: str, namespace: str, name: str) -> Metrics:
+        """The current reading for one InferenceService, or MetricsUnavailable."""
+        at = time.time()
+        q = queries(namespace, name, self._ttft_window)
+        keys = list(q)
+        values = await asyncio.gather(*(self._query(base_url, q[k], at) for k in keys))
+        got = dict(zip(keys, values))
+        if got["waiting"] is None or got["newest"] is None:
+            raise MetricsUnavailable(
+                "NoSamples",
+                f"no pagoda:num_requests_waiting series for {namespace}/{name} "
+                "(not scraped yet, or the namespace/inferenceservice labels are missing)",
+            )
+        return Metrics(
+            ttft_p95_s=got["ttft_p95"],
+            waiting=max(got["waiting"], 0.0),
+            kv_cache_usage=got["kv_cache"],
+            age_s=max(at - got["newest"], 0.0),
+        )

@@ -1,0 +1,76 @@
+"""Pagoda's alert rules for one InferenceService, as a PrometheusRule the operator owns.
+
+The rules come from `prometheus-rules.yaml` (package data: the chart's `files/prometheus-rules.yaml`
+as JSON, which is YAML too, so the operator needs no YAML parser and its image stays kopf + aiohttp;
+tests/operator/test_rules.py keeps the two equal and prints the command that regenerates it). Per service the operator narrows every
+`pagoda:` selector to its `namespace`/`inferenceservice` labels and sets the TTFT threshold to
+`ALERT_TTFT_FACTOR` × targetTTFTSeconds: the evaluation loop acts at the target, the alert is
+the "clearly overloaded" signal that Alertmanager sends to POST /alerts for an immediate step.
+Other thresholds and the `for` durations stay the file's. Pure functions, no I/O beyond reading
+the packaged file once.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import pathlib
+import re
+from typing import Any
+
+from pagoda.operator.metrics_source import selector
+from pagoda.operator.spec import InferenceServiceSpec
+
+RULES_FILE = pathlib.Path(__file__).with_name("prometheus-rules.yaml")
+ALERT_TTFT_FACTOR = 2.0
+_METRIC = re.compile(r"(pagoda:[A-Za-z0-9_]+)(\{[^}]*\})?")
+# The file's convention (the chart's template relies on it too): each expr ends with `> NUMBER`.
+_THRESHOLD = re.compile(r">\s*[-+]?[0-9][0-9.eE+-]*\s*$")
+
+
+@functools.cache
+def _load() -> dict[str, Any]:
+    return json.loads(RULES_FILE.read_text(encoding="utf-8"))
+
+
+def rules_document() -> dict[str, Any]:
+    """The packaged rule file as data (a fresh copy)."""
+    return copy.deepcopy(_load())
+
+
+def scope_expr(expr: str, namespace: str, name: str) -> str:
+    """Add the service's label matchers to every `pagoda:` selector in `expr`."""
+    matchers = selector(namespace, name)[1:-1]
+
+    def add(m: re.Match[str]) -> str:
+        inner = (m.group(2) or "{}")[1:-1].strip()
+        return f"{m.group(1)}{{{inner + ',' if inner else ''}{matchers}}}"
+
+    return _METRIC.sub(add, expr)
+
+
+def set_threshold(expr: str, threshold: float) -> str:
+    if not _THRESHOLD.search(expr):
+        raise ValueError(f"expr does not end with '> NUMBER': {expr!r}")
+    return _THRESHOLD.sub(f"> {threshold:g}", expr)
+
+
+def service_rules(
+    namespace: str, name: str, spec: InferenceServiceSpec, *, for_: str | None = None
+) -> dict[str, Any]:
+    """`{"groups": [...]}` for one service (`for_` overrides every rule's `for`, for tests)."""
+    doc = rules_document()
+    target = spec.autoscaling.target_ttft_seconds if spec.autoscaling else None
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            rule["expr"] = scope_expr(" ".join(rule["expr"].split()), namespace, name)
+            if rule.get("alert") == "PagodaTTFTHigh" and target is not None:
+                rule["expr"] = set_threshold(rule["expr"], ALERT_TTFT_FACTOR * target)
+            if for_ is not None:
+                rule["for"] = for_
+    return doc
+
+
+def rule_name(name: str) -> str:
+    return f"{name}-alerts"
