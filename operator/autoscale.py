@@ -179,7 +179,7 @@ def decide(
     name, ratio = max(r.items(), key=lambda kv: kv[1])
     queue_per = metrics.waiting / base
     detail = _describe(policy, metrics, queue_per)
-    if abs(ratio - 1.0) <= policy.tolerance:
+    if abs(ratio - 1.0) <= policy.tolerance + 1e-9:
         rec, reason = policy.clamp(current), "WithinTolerance"
     else:
         rec = policy.clamp(math.ceil(base * ratio - 1e-9))
@@ -191,7 +191,7 @@ def decide(
         )
     if rec == current == policy.max_replicas and ratio > 1.0 + policy.tolerance:
         reason = "AtMaxReplicas"
-    if rec < current and ready < current:
+    if rec <= current and ready < current:
         rec, reason = current, "ReplicasStarting"  # starting replicas have taken no load yet
     elif (
         rec < current
@@ -203,6 +203,8 @@ def decide(
     desired = policy.clamp(desired)
     if desired == current and rec != current:
         reason = "Stabilizing"
+    elif reason == "WithinTolerance" and desired != current:
+        reason = "OutsideBounds"  # the spec's bounds moved past the current count
     message = f"{detail}; ratio {ratio:.2f} ({name}); {base} ready of {current}; recommend {rec}"
     return Decision(
         desired, rec, reason, message, ratio=ratio, queue_per_replica=queue_per, history=history

@@ -1,0 +1,274 @@
+"""The autoscaling policy (operator/autoscale.py), table-driven: tolerance, rate limit, both
+stabilization windows, clamps, missing and stale data, not-ready replicas, KV cache, alert steps,
+and a noisy closed-loop sequence that must not make the replicas oscillate."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from dataclasses import replace
+
+import pytest
+from pagoda.operator.autoscale import (
+    Decision,
+    Metrics,
+    Policy,
+    alert_step,
+    decide,
+)
+from pagoda.operator.spec import AutoscalingSpec, InferenceServiceSpec, SpecError
+
+TTFT = Policy(min_replicas=1, max_replicas=10, target_ttft_s=0.5, down_window_s=0)
+QUEUE = Policy(min_replicas=1, max_replicas=10, target_queue=2.0, down_window_s=0)
+
+
+def ttft(seconds: float | None, waiting: float = 0.0, **kw: float) -> Metrics:
+    return Metrics(ttft_p95_s=seconds, waiting=waiting, **kw)
+
+
+def run(policy: Policy, m: Metrics | None, current: int, ready: int | None = None) -> Decision:
+    ready = current if ready is None else ready
+    return decide(policy, m, current=current, ready=ready, history=(), now=1000.0)
+
+
+@pytest.mark.parametrize(
+    ("policy", "metrics", "current", "ready", "want", "reason"),
+    [
+        # tolerance band: |ratio - 1| <= 0.1 changes nothing
+        (TTFT, ttft(0.54), 4, 4, 4, "WithinTolerance"),
+        (TTFT, ttft(0.46), 4, 4, 4, "WithinTolerance"),
+        (TTFT, ttft(0.55), 4, 4, 4, "WithinTolerance"),  # exactly 1.1
+        (TTFT, ttft(0.58), 4, 4, 5, "TTFTAboveTarget"),  # ceil(4 x 1.16)
+        (TTFT, ttft(0.35), 4, 4, 3, "BelowTarget"),  # ceil(4 x 0.7)
+        (replace(TTFT, tolerance=0.5), ttft(0.7), 4, 4, 4, "WithinTolerance"),
+        # rate limit: at most double per step
+        (TTFT, ttft(2.5), 2, 2, 4, "TTFTAboveTarget"),
+        (TTFT, ttft(5.0), 1, 1, 2, "TTFTAboveTarget"),
+        (QUEUE, ttft(None, waiting=60), 3, 3, 6, "QueueAboveTarget"),
+        # clamps
+        (replace(TTFT, max_replicas=5), ttft(1.5), 3, 3, 5, "TTFTAboveTarget"),
+        (replace(TTFT, max_replicas=4), ttft(9.0), 4, 4, 4, "AtMaxReplicas"),
+        (replace(TTFT, min_replicas=2), ttft(0.01), 4, 4, 2, "BelowTarget"),
+        (replace(TTFT, max_replicas=3), ttft(0.3), 6, 6, 3, "BelowTarget"),  # ceil(3.6) > max
+        (replace(TTFT, max_replicas=3), ttft(0.5), 6, 6, 3, "OutsideBounds"),  # spec changed
+        (replace(TTFT, min_replicas=3), ttft(0.5), 1, 1, 3, "OutsideBounds"),
+        # queue depth per ready replica
+        (QUEUE, ttft(None, waiting=12), 2, 2, 4, "QueueAboveTarget"),  # 6/replica vs 2
+        (QUEUE, ttft(None, waiting=4), 2, 2, 2, "WithinTolerance"),
+        (QUEUE, ttft(None, waiting=0), 5, 5, 1, "BelowTarget"),
+        (replace(QUEUE, target_queue=0.0), ttft(None, waiting=1), 3, 3, 6, "QueueAboveTarget"),
+        (replace(QUEUE, target_queue=0.0), ttft(None, waiting=0), 3, 3, 1, "BelowTarget"),
+        # both targets: the larger ratio wins
+        (replace(TTFT, target_queue=2.0), ttft(0.5, waiting=24), 4, 4, 8, "QueueAboveTarget"),
+        (replace(TTFT, target_queue=2.0), ttft(1.0, waiting=0), 3, 3, 6, "TTFTAboveTarget"),
+        # no first token in the window: idle when nothing waits, neutral when something does
+        (TTFT, ttft(None, waiting=0), 4, 4, 1, "BelowTarget"),
+        (TTFT, ttft(None, waiting=3), 4, 4, 4, "WithinTolerance"),
+        # missing, stale, no ready replica: hold
+        (TTFT, None, 4, 4, 4, "MetricsUnavailable"),
+        (TTFT, ttft(0.01, age_s=61), 4, 4, 4, "MetricsUnavailable"),
+        (TTFT, ttft(9.0, age_s=61), 4, 4, 4, "MetricsUnavailable"),  # stale overload: no scale up
+        (TTFT, ttft(0.01, age_s=59), 4, 4, 1, "BelowTarget"),
+        (TTFT, ttft(9.0), 2, 0, 2, "NoReadyReplicas"),
+        # not-ready replicas: ready ones are the base, and no scale down while some start
+        (TTFT, ttft(0.75), 4, 2, 4, "ReplicasStarting"),  # ceil(2 x 1.5) = 3 < 4: wait
+        (TTFT, ttft(0.1), 4, 2, 4, "ReplicasStarting"),
+        (TTFT, ttft(1.5), 4, 2, 6, "TTFTAboveTarget"),  # ceil(2 x 3): the ready two are overloaded
+        (QUEUE, ttft(None, waiting=4), 4, 1, 4, "ReplicasStarting"),  # 4 waiting on 1 ready: 2x
+        (QUEUE, ttft(None, waiting=8), 4, 2, 4, "ReplicasStarting"),  # 4 replicas will serve 8
+        (QUEUE, ttft(None, waiting=16), 4, 2, 8, "QueueAboveTarget"),  # 8/ready replica
+        # a nearly full KV cache blocks scale down, not scale up
+        (TTFT, ttft(0.1, kv_cache_usage=0.95), 4, 4, 4, "KVCacheHigh"),
+        (TTFT, ttft(0.1, kv_cache_usage=0.5), 4, 4, 1, "BelowTarget"),
+        (TTFT, ttft(1.0, kv_cache_usage=0.99), 4, 4, 8, "TTFTAboveTarget"),
+    ],
+)
+def test_single_decision(
+    policy: Policy, metrics: Metrics | None, current: int, ready: int, want: int, reason: str
+) -> None:
+    d = run(policy, metrics, current, ready)
+    assert (d.replicas, d.reason) == (want, reason), d.message
+
+
+def test_not_ready_replicas_are_not_read_as_overload() -> None:
+    """The naive rule (current x ratio) would add replicas for capacity already on its way."""
+    m = ttft(0.75)  # 1.5 x target measured on the 2 ready replicas of 4
+    assert run(TTFT, m, current=4, ready=2).replicas == 4
+    assert run(TTFT, m, current=4, ready=4).replicas == math.ceil(4 * 1.5)
+
+
+def seq(policy: Policy, steps: list[tuple[float, Metrics | None]], current: int) -> list[int]:
+    """Feed (time, metrics) readings through decide(), applying each decision."""
+    history: tuple[tuple[float, int], ...] = ((0.0, current),)
+    out = []
+    for t, m in steps:
+        d = decide(policy, m, current=current, ready=current, history=history, now=t)
+        history, current = d.history, d.replicas
+        out.append(current)
+    return out
+
+
+def test_scale_down_waits_for_the_down_window_and_takes_the_windows_highest() -> None:
+    p = replace(TTFT, down_window_s=300)
+    # 6 replicas; load falls: recommendations 3 at t=100, 2 at t=200, 1 after
+    steps = [(100.0, ttft(0.25)), (200.0, ttft(0.15)), (299.0, ttft(0.05)), (301.0, ttft(0.05))]
+    steps += [(401.0, ttft(0.05)), (501.0, ttft(0.05))]
+    # t=301: the seed (6 at t=0) left the window; highest left is 3 (t=100)
+    assert seq(p, steps, current=6) == [6, 6, 6, 3, 2, 1]
+
+
+def test_scale_up_window_takes_the_lowest_recommendation() -> None:
+    p = replace(TTFT, up_window_s=60, down_window_s=300)
+    steps = [(t, ttft(1.0)) for t in (30.0, 59.0, 61.0, 62.0, 121.0, 123.0)]
+    # seeded with 2 at t=0: the window's lowest is 2 until t=60, then 4 (recommended at 2
+    # replicas) until t=121, then 8 (recommended at 4)
+    assert seq(p, steps, current=2) == [2, 2, 4, 4, 4, 8]
+
+
+def test_a_brief_spike_inside_the_up_window_does_not_scale() -> None:
+    p = replace(TTFT, up_window_s=60, down_window_s=300)
+    steps = [(t, ttft(2.0 if t == 30 else 0.5)) for t in (15.0, 30.0, 45.0, 60.0, 75.0, 90.0)]
+    assert seq(p, steps, current=3) == [3] * 6
+
+
+def test_missing_metrics_hold_and_the_down_window_restarts_after_them() -> None:
+    p = replace(TTFT, down_window_s=100)
+    steps: list[tuple[float, Metrics | None]] = [(t, None) for t in (150.0, 200.0, 250.0)]
+    steps += [(260.0, ttft(0.01)), (349.0, ttft(0.01)), (351.0, ttft(0.01))]
+    # outage: held at 5 even though the seed left the window; afterwards the held count
+    # (recorded at t=250) keeps the replicas until t=350
+    assert seq(p, steps, current=5) == [5, 5, 5, 5, 5, 1]
+
+
+def test_alert_step_adds_one_within_bounds_and_counts_for_the_down_window() -> None:
+    p = replace(TTFT, max_replicas=4, down_window_s=120)
+    d = alert_step(p, current=2, history=(), now=10.0)
+    assert (d.replicas, d.reason) == (3, "AlertFiring")
+    assert (alert_step(p, current=4, history=(), now=0.0).reason) == "AtMaxReplicas"
+    assert alert_step(replace(p, min_replicas=3), current=1, history=(), now=0.0).replicas == 3
+    # idle metrics right after the step: the step's recommendation holds it for the window
+    after = decide(p, ttft(0.01), current=3, ready=3, history=d.history, now=60.0)
+    assert after.replicas == 3 and after.reason == "Stabilizing"
+    later = decide(p, ttft(0.01), current=3, ready=3, history=after.history, now=131.0)
+    assert later.replicas == 1
+
+
+def _closed_loop(policy: Policy, load: list[float], seed: int) -> list[int]:
+    """TTFT ~ (load / replicas) x target x noise: a replica count matching the load hits target."""
+    rng = random.Random(seed)
+    current, history, out = 4, ((0.0, 4),), []
+    for i, demand in enumerate(load):
+        noise = max(0.2, rng.gauss(1.0, 0.25))
+        m = ttft(policy.target_ttft_s * demand / current * noise)  # type: ignore[operator]
+        d = decide(policy, m, current=current, ready=current, history=history, now=15.0 * i)
+        history, current = d.history, d.replicas
+        out.append(current)
+    return out
+
+
+def _changes(replicas: list[int]) -> int:
+    return sum(1 for a, b in itertools.pairwise(replicas) if a != b)
+
+
+def _reversals(replicas: list[int]) -> int:
+    steps = [b - a for a, b in itertools.pairwise(replicas) if b != a]
+    return sum(1 for a, b in itertools.pairwise(steps) if (a > 0) != (b > 0))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_noisy_metric_does_not_make_replicas_oscillate(seed: int) -> None:
+    """Two hours of a steady 4-replica load measured with 25 % noise, every 15 s."""
+    policy = Policy(min_replicas=1, max_replicas=10, target_ttft_s=0.5, down_window_s=300)
+    naive = replace(policy, tolerance=0.0, down_window_s=0)
+    load = [4.0] * 480
+    ours, theirs = _closed_loop(policy, load, seed), _closed_loop(naive, load, seed)
+    # the naive rule chases the noise; the windows and the band do not
+    assert _reversals(theirs) > 100
+    assert _reversals(ours) <= 12, ours
+    assert _changes(ours) <= 24
+    _assert_no_early_scale_down(ours, policy.down_window_s)
+    assert min(ours) >= 3  # enough capacity throughout (4 replicas' worth of load)
+
+
+def test_small_noise_inside_the_band_changes_nothing() -> None:
+    rng = random.Random(7)
+    policy = Policy(min_replicas=1, max_replicas=10, target_ttft_s=0.5, down_window_s=300)
+    steps = [(15.0 * i, ttft(0.5 * rng.uniform(0.93, 1.07))) for i in range(1, 200)]
+    assert set(seq(policy, steps, current=4)) == {4}
+
+
+def _assert_no_early_scale_down(replicas: list[int], window_s: float) -> None:
+    last_up = -math.inf
+    for i, (a, b) in enumerate(itertools.pairwise(replicas), start=1):
+        if b > a:
+            last_up = 15.0 * i
+        elif b < a:
+            assert 15.0 * i - last_up >= window_s, replicas
+
+
+def test_step_load_scales_up_fast_and_down_slowly() -> None:
+    policy = Policy(min_replicas=1, max_replicas=16, target_ttft_s=0.5, down_window_s=300)
+    load = [2.0] * 20 + [12.0] * 40 + [2.0] * 60
+    replicas = _closed_loop(policy, load, seed=0)
+    up_at = next(i for i, r in enumerate(replicas) if i >= 20 and r >= 12)
+    assert up_at - 20 <= 3  # 4 -> 8 -> 16: two steps of x2
+    _assert_no_early_scale_down(replicas, policy.down_window_s)
+    assert replicas[60 + 300 // 15 - 2] >= 10  # still sized for the burst within the window
+    assert replicas[-1] <= 3  # and back down afterwards
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"min_replicas": 0, "max_replicas": 3, "target_ttft_s": 1.0},
+        {"min_replicas": 4, "max_replicas": 3, "target_ttft_s": 1.0},
+        {"min_replicas": 1, "max_replicas": 3},
+        {"min_replicas": 1, "max_replicas": 3, "target_ttft_s": 0.0},
+        {"min_replicas": 1, "max_replicas": 3, "target_queue": -1.0},
+        {"min_replicas": 1, "max_replicas": 3, "target_queue": 1.0, "tolerance": 1.5},
+        {"min_replicas": 1, "max_replicas": 3, "target_queue": 1.0, "down_window_s": -1},
+        {"min_replicas": 1, "max_replicas": 3, "target_queue": 1.0, "max_metric_age_s": 0},
+    ],
+)
+def test_policy_rejects_nonsense(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        Policy(**kwargs)
+
+
+def test_metrics_and_decision_validation() -> None:
+    with pytest.raises(ValueError):
+        Metrics(ttft_p95_s=-1.0, waiting=0)
+    with pytest.raises(ValueError):
+        Metrics(ttft_p95_s=float("nan"), waiting=0)
+    with pytest.raises(ValueError):
+        Metrics(ttft_p95_s=None, waiting=-1)
+    with pytest.raises(ValueError):
+        Decision(1, 1, "not camel", "")
+
+
+def test_policy_from_the_spec() -> None:
+    spec = InferenceServiceSpec.from_dict(
+        {
+            "model": "smollm2-135m",
+            "autoscaling": {
+                "minReplicas": 2, "maxReplicas": 6, "targetTTFTSeconds": 0.2,
+                "targetQueueDepth": 3, "scaleUpStabilizationSeconds": 30,
+                "scaleDownStabilizationSeconds": 120, "tolerance": 0.2,
+                "prometheusURL": "http://prometheus.monitoring:9090",
+            },
+        },
+        name="x", default_image="img",
+    )  # fmt: skip
+    assert spec.autoscaling is not None
+    assert spec.autoscaling.prometheus_url == "http://prometheus.monitoring:9090"
+    p = Policy.from_spec(spec.autoscaling, max_metric_age_s=45)
+    assert p == Policy(2, 6, 0.2, 3.0, 0.2, 30, 120, 45)
+
+
+@pytest.mark.parametrize(
+    "bad", [{"tolerance": 2}, {"tolerance": -0.1}, {"prometheusURL": "prometheus:9090"}]
+)
+def test_spec_rejects_bad_autoscaling_fields(bad: dict) -> None:
+    with pytest.raises(SpecError):
+        AutoscalingSpec.from_dict({"maxReplicas": 2, "targetQueueDepth": 1, **bad})
