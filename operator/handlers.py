@@ -107,7 +107,7 @@ async def startup(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     )
     autoscaler = getattr(memo, "autoscaler", None)
     if autoscaler is not None:
-        memo.autoscale_task = asyncio.create_task(autoscaler.run(logger), name="pagoda-autoscale")
+        memo.autoscale_task = asyncio.create_task(autoscaler.run(), name="pagoda-autoscale")
     logger.info(
         "Pagoda operator started (%s, default image %s).",
         "cluster-wide" if config.clusterwide else "namespaces " + ",".join(config.namespaces),

@@ -1,0 +1,201 @@
+"""The autoscaler loop in the real operator (main.serve) against the emulator, with a scripted
+Prometheus (fake_prometheus.py): scale up and down through the Deployment, status.autoscaling,
+Events and operator metrics, holds on missing data, per-CR Prometheus URL, switching off, and
+the per-service PrometheusRule. The real Prometheus/Alertmanager run in test_autoscale_e2e.py."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from autoscale_helpers import autoscaling, deployment_controller, events, replicas
+from fake_prometheus import FakePrometheus
+from kube_emulator import Emulator
+from operator_harness import wait_for
+from operator_helpers import ISVC, assert_permitted, condition, create_isvc, patch_isvc
+from pagoda.operator.k8s import KubeApi
+
+pytestmark = pytest.mark.e2e
+RULES = "monitoring.coreos.com/v1/prometheusrules"
+FAST = {"autoscale_interval_s": 0.2, "alert_cooldown_s": 0.0}
+
+
+def spec(**autoscaling: Any) -> dict[str, Any]:
+    auto = {"minReplicas": 1, "maxReplicas": 4, "targetTTFTSeconds": 0.5}
+    return {"model": "smollm2-135m", "autoscaling": {**auto, **autoscaling}}
+
+
+@pytest.fixture
+async def prom() -> AsyncIterator[FakePrometheus]:
+    p = FakePrometheus()
+    await p.start()
+    yield p
+    await p.stop()
+
+
+async def metrics_text(port: int | None) -> str:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(f"http://127.0.0.1:{port}/metrics") as r,
+    ):
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return await r.text()
+
+
+async def test_scales_up_on_ttft_then_down_after_the_window(
+    emulator: Emulator, kube: KubeApi, start_operator: Any, prom: FakePrometheus
+) -> None:
+    op = await start_operator(prometheus_url=prom.url, **FAST)
+    await create_isvc(kube, "chat", spec(scaleDownStabilizationSeconds=2))
+    async with deployment_controller(kube, "chat"):
+        await wait_for(lambda: replicas(emulator, "chat") == 1, what="Deployment at minReplicas")
+        await wait_for(lambda: autoscaling(emulator, "chat").get("reason") == "BelowTarget")
+        assert condition(emulator, "chat", "MetricsUnavailable")["status"] == "False"
+        assert 'namespace="default",inferenceservice="chat"' in prom.queries[0]
+
+        prom.ttft = 3.0  # 6x the target: x2 per step up to maxReplicas
+        seen = []
+        t0 = time.monotonic()
+        while replicas(emulator, "chat") != 4:
+            seen.append(replicas(emulator, "chat"))
+            assert time.monotonic() - t0 < 10, seen
+            await asyncio.sleep(0.02)
+        assert set(seen) <= {1, 2}  # 1 -> 2 -> 4, never a jump past the rate limit
+        status = await wait_for(
+            lambda: (
+                autoscaling(emulator, "chat").get("desiredReplicas") == 4
+                and autoscaling(emulator, "chat")
+            )
+        )
+        assert status["lastScaleSource"] == "metrics"
+        assert status["lastScaleReason"].startswith("TTFTAboveTarget")
+        assert status["metrics"]["ttftP95Seconds"] == 3.0
+        ups = events(emulator, "chat", "ScaledUp")
+        assert [e["type"] for e in ups] == ["Normal", "Normal"]
+        assert "from 2 to 4" in ups[-1]["message"]
+
+        prom.ttft = None  # idle: no first tokens, nothing waiting
+        t_idle = time.monotonic()
+        await wait_for(lambda: replicas(emulator, "chat") == 1, timeout=10, what="scaled down")
+        assert time.monotonic() - t_idle >= 2.0  # not before the down window
+        assert events(emulator, "chat", "ScaledDown")
+        await asyncio.sleep(0.6)
+        assert replicas(emulator, "chat") == 1  # the reconciler does not fight the autoscaler
+
+    text = await metrics_text(op.http_port)
+    assert re.search(
+        r'pagoda_operator_scale_events_total\{namespace="default",inferenceservice="chat",'
+        r'direction="up",source="metrics"\} 2.0', text,
+    )  # fmt: skip
+    assert (
+        'pagoda_operator_desired_replicas{namespace="default",inferenceservice="chat"} 1.0' in text
+    )
+    assert 'pagoda_operator_reconcile_duration_seconds_count{trigger="handler"}' in text
+    assert "pagoda_operator_autoscale_evaluation_duration_seconds_count" in text
+    assert_permitted(emulator)
+
+
+async def test_missing_metrics_hold_and_set_the_condition(
+    emulator: Emulator, kube: KubeApi, start_operator: Any, prom: FakePrometheus
+) -> None:
+    await start_operator(prometheus_url=prom.url, **FAST)
+    await create_isvc(kube, "chat", spec(minReplicas=1, scaleDownStabilizationSeconds=0))
+    async with deployment_controller(kube, "chat"):
+        prom.ttft = 2.0
+        await wait_for(lambda: replicas(emulator, "chat") == 4, what="scaled up")
+        prom.ttft, prom.status = None, 503  # idle, but Prometheus fails: hold, never scale down
+        cond = await wait_for(
+            lambda: (
+                condition(emulator, "chat", "MetricsUnavailable").get("status") == "True"
+                and condition(emulator, "chat", "MetricsUnavailable")
+            ),
+            what="MetricsUnavailable",
+        )
+        assert cond["reason"] == "QueryFailed"
+        assert events(emulator, "chat", "MetricsUnavailable")[0]["type"] == "Warning"
+        await prom.stop()  # now unreachable
+        await wait_for(
+            lambda: (
+                condition(emulator, "chat", "MetricsUnavailable").get("reason")
+                == "PrometheusUnreachable"
+            )
+        )
+        prom.status = 200
+        await prom.start()
+        prom.waiting = None  # reachable, but no series for this service
+        await wait_for(
+            lambda: condition(emulator, "chat", "MetricsUnavailable").get("reason") == "NoSamples"
+        )
+        prom.waiting, prom.age_s = 0.0, 300.0  # series, but stale
+        await wait_for(
+            lambda: (
+                condition(emulator, "chat", "MetricsUnavailable").get("reason") == "StaleMetrics"
+            )
+        )
+        assert replicas(emulator, "chat") == 4  # held throughout
+        assert autoscaling(emulator, "chat")["reason"] == "MetricsUnavailable"
+        prom.age_s = 0.0  # fresh and idle again: down with a 0 s window
+        await wait_for(lambda: replicas(emulator, "chat") == 1, what="scaled down after recovery")
+        assert condition(emulator, "chat", "MetricsUnavailable")["status"] == "False"
+
+
+async def test_per_service_prometheus_url_and_switching_autoscaling_off(
+    emulator: Emulator, kube: KubeApi, start_operator: Any, prom: FakePrometheus
+) -> None:
+    await start_operator(prometheus_url="http://127.0.0.1:9", **FAST)  # nothing listens there
+    await create_isvc(kube, "chat", spec(prometheusURL=prom.url))
+    await create_isvc(kube, "other", spec())
+    async with deployment_controller(kube, "chat", "other"):
+        prom.ttft = 1.0
+        await wait_for(lambda: replicas(emulator, "chat") == 2, what="scaled on its own URL")
+        await wait_for(
+            lambda: (
+                condition(emulator, "other", "MetricsUnavailable").get("reason")
+                == "PrometheusUnreachable"
+            )
+        )
+        assert replicas(emulator, "other") == 1
+        # autoscaling off: spec.replicas decides, the autoscaler's status and condition go away
+        await patch_isvc(kube, "chat", {"spec": {"autoscaling": None, "replicas": 3}})
+        await wait_for(lambda: replicas(emulator, "chat") == 3, what="spec.replicas decides")
+        await wait_for(lambda: not autoscaling(emulator, "chat"), what="status.autoscaling removed")
+        await wait_for(lambda: not condition(emulator, "chat", "MetricsUnavailable"))
+        await asyncio.sleep(0.6)
+        assert replicas(emulator, "chat") == 3
+
+
+async def test_without_any_prometheus_url_it_holds(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    await start_operator(**FAST)
+    await create_isvc(kube, "chat", spec(minReplicas=2))
+    async with deployment_controller(kube, "chat"):
+        cond = await wait_for(lambda: condition(emulator, "chat", "MetricsUnavailable"))
+        assert (cond["status"], cond["reason"]) == ("True", "NoPrometheusURL")
+        assert replicas(emulator, "chat") == 2
+
+
+async def test_prometheus_rule_per_autoscaled_service(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    emulator.resources[RULES] = {
+        "kind": "PrometheusRule", "namespaced": True, "verbs": {"get", "list", "create", "patch", "delete"},
+    }  # fmt: skip
+    await start_operator()
+    await create_isvc(kube, "chat", spec(targetTTFTSeconds=0.25))
+    rule = await wait_for(lambda: emulator.live(RULES, "default", "chat-alerts"))
+    (ref,) = rule["metadata"]["ownerReferences"]
+    assert ref["name"] == "chat" and ref["controller"] is True
+    exprs = {r["alert"]: r["expr"] for r in rule["spec"]["groups"][0]["rules"]}
+    assert exprs["PagodaTTFTHigh"].endswith("> 0.5")  # 2 x targetTTFTSeconds
+    assert all('inferenceservice="chat"' in e for e in exprs.values())
+    await patch_isvc(kube, "chat", {"spec": {"autoscaling": None}})
+    await wait_for(lambda: emulator.live(RULES, "default", "chat-alerts") is None, what="deleted")
+    assert emulator.live(ISVC, "default", "chat") is not None
+    assert_permitted(emulator)

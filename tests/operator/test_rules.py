@@ -1,0 +1,145 @@
+"""The operator's copy of the alert rules and the per-service PrometheusRule it renders
+(operator/rules.py), checked with promtool (`check rules`, and a unit test of the scoped alert)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import textwrap
+
+import pytest
+import yaml
+from autoscale_helpers import require_tool
+from operator_harness import ROOT
+from pagoda.operator import builders, rules
+from pagoda.operator.builders import Owner
+from pagoda.operator.spec import InferenceServiceSpec
+
+CHART_RULES = ROOT / "charts" / "pagoda" / "files" / "prometheus-rules.yaml"
+REGENERATE = (
+    '.venv/bin/python -c "import json, yaml; print(json.dumps(yaml.safe_load(open('
+    "'charts/pagoda/files/prometheus-rules.yaml')), indent=2, ensure_ascii=False))\" "
+    "> operator/prometheus-rules.yaml"
+)
+
+
+def spec(**auto: object) -> InferenceServiceSpec:
+    autoscaling = {"maxReplicas": 3, "targetTTFTSeconds": 0.25, **auto}
+    return InferenceServiceSpec.from_dict(
+        {"model": "smollm2-135m", "autoscaling": autoscaling}, name="chat", default_image="img"
+    )
+
+
+def test_packaged_rules_equal_the_charts() -> None:
+    """The chart's file is the source of truth; the operator ships it as JSON (also YAML)."""
+    packaged = json.loads(rules.RULES_FILE.read_text())
+    assert packaged == yaml.safe_load(CHART_RULES.read_text()), f"regenerate: {REGENERATE}"
+    assert yaml.safe_load(rules.RULES_FILE.read_text()) == packaged
+
+
+@pytest.mark.parametrize(
+    ("expr", "want"),
+    [
+        (
+            "sum(pagoda:num_requests_waiting) > 16",
+            'sum(pagoda:num_requests_waiting{namespace="ns",inferenceservice="chat"}) > 16',
+        ),
+        (
+            'rate(pagoda:x_bucket{le="1"}[1m]) / pagoda:y',
+            'rate(pagoda:x_bucket{le="1",namespace="ns",inferenceservice="chat"}[1m]) / '
+            'pagoda:y{namespace="ns",inferenceservice="chat"}',
+        ),
+        ("up > 0", "up > 0"),
+    ],
+)
+def test_scope_expr(expr: str, want: str) -> None:
+    assert rules.scope_expr(expr, "ns", "chat") == want
+
+
+def test_thresholds() -> None:
+    assert rules.set_threshold("x > 2", 0.5) == "x > 0.5"
+    with pytest.raises(ValueError):
+        rules.set_threshold("x < 2", 0.5)
+    doc = rules.service_rules("ns", "chat", spec())
+    exprs = {r["alert"]: r["expr"] for g in doc["groups"] for r in g["rules"]}
+    assert set(exprs) == {"PagodaTTFTHigh", "PagodaQueueBacklog", "PagodaKVCacheSaturated"}
+    assert exprs["PagodaTTFTHigh"].endswith("> 0.5")  # 2 x targetTTFTSeconds
+    assert exprs["PagodaQueueBacklog"].endswith("> 16")  # the chart's default
+    no_ttft = rules.service_rules("ns", "chat", spec(targetTTFTSeconds=None, targetQueueDepth=2))
+    assert no_ttft["groups"][0]["rules"][0]["expr"].endswith("> 2")  # the file's own threshold
+
+
+def test_builder_adds_the_rule_only_with_autoscaling() -> None:
+    owner = Owner("chat", "ns", "uid-1")
+    kinds = [
+        c["kind"] for c in builders.build_children(owner, spec(), prometheus_rule=True).desired
+    ]
+    assert "PrometheusRule" in kinds
+    plain = InferenceServiceSpec.from_dict(
+        {"model": "smollm2-135m"}, name="chat", default_image="i"
+    )
+    children = builders.build_children(owner, plain, prometheus_rule=True)
+    assert ("PrometheusRule", "chat-alerts") in children.absent
+    off = builders.build_children(owner, spec(), prometheus_rule=False)
+    assert "PrometheusRule" not in [c["kind"] for c in off.desired]
+    assert ("PrometheusRule", "chat-alerts") not in off.absent
+
+
+def test_rendered_rules_pass_promtool_and_fire_only_for_their_service(
+    tmp_path: pathlib.Path,
+) -> None:
+    promtool = require_tool("promtool")
+    doc = rules.service_rules("ns", "chat", spec(), for_="0s")
+    ttft_rule = doc["groups"][0]["rules"][0]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(doc))
+    check = subprocess.run(
+        [promtool, "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    # p95 TTFT of ~0.75 s (over 2 x 0.25 s) on both services; only ours may alert
+    series = []
+    for isvc in ("chat", "other"):
+        for le, per_min in (("0.5", 0), ("1.0", 60), ("+Inf", 60)):
+            labels = f'namespace="ns",inferenceservice="{isvc}",le="{le}"'
+            series.append(
+                {
+                    "series": f"pagoda:time_to_first_token_seconds_bucket{{{labels}}}",
+                    "values": f"0+{per_min}x10",
+                }
+            )
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [
+                    {
+                        "eval_time": "5m",
+                        "alertname": "PagodaTTFTHigh",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "pagoda_action": "scale_up",
+                                    "namespace": "ns",
+                                    "inferenceservice": "chat",
+                                },
+                                "exp_annotations": {
+                                    "summary": "ns/chat: p95 time to first token is 975ms",
+                                    "description": ttft_rule["annotations"]["description"],
+                                },
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
+    run = subprocess.run(
+        [promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert run.returncode == 0, textwrap.shorten(run.stdout + run.stderr, 3000)
