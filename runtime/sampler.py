@@ -32,48 +32,54 @@ class SamplingBatch:
 
     @classmethod
     def build(cls, reqs: list[Request], vocab_size: int, device: torch.device) -> SamplingBatch:
+        """Parameter tensors for the rows of `reqs`, built on the host and moved without a sync."""
         ps = [r.params for r in reqs]
         n = len(ps)
         greedy_host = [p.greedy for p in ps]
-        f32 = dict(dtype=torch.float32, device=device)
-        temp = torch.tensor([1.0 if g else p.temperature for p, g in zip(ps, greedy_host)], **f32)
+        f32 = torch.float32
+        temp = torch.tensor(
+            [1.0 if g else p.temperature for p, g in zip(ps, greedy_host)], dtype=f32
+        )
         top_k = top_p = min_p = None
         if any(p.top_k > 0 for p in ps):
-            top_k = torch.tensor(
-                [p.top_k if p.top_k > 0 else vocab_size for p in ps], device=device
-            )
+            top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab_size for p in ps])
         if any(p.top_p < 1.0 for p in ps):
-            top_p = torch.tensor([p.top_p for p in ps], **f32)
+            top_p = torch.tensor([p.top_p for p in ps], dtype=f32)
         if any(p.min_p > 0 for p in ps):
-            min_p = torch.tensor([p.min_p for p in ps], **f32)
+            min_p = torch.tensor([p.min_p for p in ps], dtype=f32)
         presence = frequency = repetition = counts = prompt_mask = None
         if any(p.needs_penalties for p in ps):
-            presence = torch.tensor([p.presence_penalty for p in ps], **f32)
-            frequency = torch.tensor([p.frequency_penalty for p in ps], **f32)
-            repetition = torch.tensor([p.repetition_penalty for p in ps], **f32)
-            counts = torch.zeros((n, vocab_size), **f32)
-            prompt_mask = torch.zeros((n, vocab_size), dtype=torch.bool, device=device)
+            presence = torch.tensor([p.presence_penalty for p in ps], dtype=f32)
+            frequency = torch.tensor([p.frequency_penalty for p in ps], dtype=f32)
+            repetition = torch.tensor([p.repetition_penalty for p in ps], dtype=f32)
+            counts = torch.zeros((n, vocab_size), dtype=f32)
+            prompt_mask = torch.zeros((n, vocab_size), dtype=torch.bool)
             for i, r in enumerate(reqs):
                 out = r.output_token_ids
                 if out:
-                    idx = torch.tensor(out, device=device)
-                    counts[i].index_add_(0, idx, torch.ones(len(out), **f32))
+                    counts[i].index_add_(0, torch.tensor(out), torch.ones(len(out), dtype=f32))
                 if r.params.repetition_penalty != 1.0:
-                    prompt_mask[i, torch.tensor(r.prompt_token_ids, device=device)] = True
+                    prompt_mask[i, torch.tensor(r.prompt_token_ids)] = True
         gens = [(i, r.generator) for i, r in enumerate(reqs) if r.generator is not None]
         lps = [p.logprobs for p in ps if p.logprobs is not None]
+
+        def dev(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None or device.type != "cuda":
+                return t
+            return t.pin_memory().to(device, non_blocking=True)
+
         return cls(
-            temperature=temp,
-            greedy=torch.tensor(greedy_host, device=device),
+            temperature=dev(temp),
+            greedy=dev(torch.tensor(greedy_host)),
             all_greedy=all(greedy_host),
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            presence=presence,
-            frequency=frequency,
-            repetition=repetition,
-            output_counts=counts,
-            prompt_mask=prompt_mask,
+            top_k=dev(top_k),
+            top_p=dev(top_p),
+            min_p=dev(min_p),
+            presence=dev(presence),
+            frequency=dev(frequency),
+            repetition=dev(repetition),
+            output_counts=dev(counts),
+            prompt_mask=dev(prompt_mask),
             generators=gens,
             max_logprobs=max(lps) if lps else None,
         )

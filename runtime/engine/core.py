@@ -58,6 +58,7 @@ class EngineCore:
         sched_cfg = dataclasses.replace(config.scheduler, max_model_len=limit)
         self.kv = KVCacheManager(self.runner.num_blocks, bs, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched_cfg, self.kv)
+        self.runner.capture_cuda_graphs(sched_cfg.max_num_seqs, limit)
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._children: dict[str, list[str]] = {}  # request id → child ids (one per sample)
         self._parent: dict[str, tuple[str, int]] = {}

@@ -20,7 +20,8 @@ from pagoda.runtime.model.llama import LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.ops import select_ops
 from pagoda.runtime.request import Request, TokenLogprob
-from pagoda.runtime.sampler import SamplingBatch, sample
+from pagoda.runtime.sampler import SamplerOutput, SamplingBatch, sample
+from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
 
 log = logging.getLogger(__name__)
 CPU_DEFAULT_KV_BYTES = 2 << 30
@@ -63,13 +64,27 @@ class ModelRunner:
         self.logits_observer: Callable[[list[Request], torch.Tensor], None] | None = None
         self.num_blocks = self._num_blocks()
         shape = (self.num_blocks, self.block_size, mc.num_kv_heads, mc.head_dim)
-        self.kv_caches = [
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = [
             (
                 torch.zeros(shape, dtype=self.dtype, device=self.device),
                 torch.zeros(shape, dtype=self.dtype, device=self.device),
             )
             for _ in range(mc.num_layers)
         ]
+        self.cuda_graphs: CudaGraphRunner | None = None
+
+    def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
+        """On CUDA with the Triton backend, record decode steps for padded batch sizes."""
+        if not (
+            self.config.enable_cuda_graphs
+            and self.device.type == "cuda"
+            and self.backend.name == "triton"
+        ):
+            return
+        self.cuda_graphs = CudaGraphRunner(
+            self.model, self.kv_caches, self.block_size, max_num_seqs, max_model_len, self.device
+        )
+        self.cuda_graphs.capture()
 
     @property
     def bytes_per_block(self) -> int:
@@ -96,7 +111,22 @@ class ModelRunner:
             raise ValueError(f"KV cache budget of {budget} bytes holds fewer than 2 blocks")
         return int(n)
 
+    def to_device(self, arr: np.ndarray) -> torch.Tensor:
+        """Host array → device tensor; on CUDA through pinned memory, asynchronously (no sync)."""
+        t = torch.from_numpy(arr)
+        if self.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
+
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step and read the sampled tokens back (the step's only device→host sync)."""
+        reqs, so = self.execute_model(out)
+        if so is None:
+            return ModelRunnerOutput([], [], [])
+        return self._readback(reqs, so)
+
+    def execute_model(self, out: SchedulerOutput) -> tuple[list[Request], SamplerOutput | None]:
+        """Inputs → forward → sampling, all queued on the device without waiting for it."""
         sched = out.scheduled
         bs = self.block_size
         qlens = np.fromiter((s.num_new_tokens for s in sched), dtype=np.int64, count=len(sched))
@@ -118,44 +148,45 @@ class ModelRunner:
             table[i, : len(s.block_ids)] = s.block_ids
         slots = table[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
         sampling = [i for i, s in enumerate(sched) if s.samples]
-        logits_idx = cu[1:][sampling] - 1
-
-        dev = self.device
-        meta = AttentionMetadata(
-            num_seqs=len(sched),
-            num_decodes=out.num_decodes,
-            num_tokens=num_tokens,
-            max_query_len=int(qlens.max()),
-            max_seq_len=int(seq_lens.max()),
-            query_start_loc=torch.from_numpy(cu.astype(np.int32)).to(dev),
-            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
-            block_tables=torch.from_numpy(table).to(dev),
-            slot_mapping=torch.from_numpy(slots).to(dev),
-            block_size=bs,
-            query_lens_host=qlens.tolist(),
-            seq_lens_host=seq_lens.tolist(),
-        )
-        self.backend.prepare(meta)
-        logits = self.model.forward(
-            torch.from_numpy(ids).to(dev),
-            torch.from_numpy(positions).to(dev),
-            self.kv_caches,
-            meta,
-            torch.from_numpy(logits_idx).to(dev),
-        )
         reqs = [sched[i].request for i in sampling]
+        graph = self.cuda_graphs
+        if graph is not None and graph.can_run(out.num_decodes, len(sched), max_blocks):
+            logits = graph.run(self, ids, positions, slots, table, seq_lens.astype(np.int32))
+            logits = logits.index_select(0, self.to_device(np.asarray(sampling, dtype=np.int64)))
+        else:
+            meta = AttentionMetadata(
+                num_seqs=len(sched),
+                num_decodes=out.num_decodes,
+                num_tokens=num_tokens,
+                max_query_len=int(qlens.max()),
+                max_seq_len=int(seq_lens.max()),
+                query_start_loc=self.to_device(cu.astype(np.int32)),
+                seq_lens=self.to_device(seq_lens.astype(np.int32)),
+                block_tables=self.to_device(table),
+                slot_mapping=self.to_device(slots),
+                block_size=bs,
+                query_lens_host=qlens.tolist(),
+                seq_lens_host=seq_lens.tolist(),
+            )
+            self.backend.prepare(meta)
+            logits = self.model.forward(
+                self.to_device(ids),
+                self.to_device(positions),
+                self.kv_caches,
+                meta,
+                self.to_device(cu[1:][sampling] - 1),
+            )
         if not reqs:
-            return ModelRunnerOutput([], [], [])
+            return [], None
         if self.logits_observer is not None:
             self.logits_observer(reqs, logits)
-        return self._sample(logits, reqs)
-
-    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> ModelRunnerOutput:
         for r in reqs:
             if r.params.seed is not None and r.generator is None:
                 r.generator = torch.Generator(device=self.device).manual_seed(r.params.seed)
         batch = SamplingBatch.build(reqs, logits.shape[-1], self.device)
-        so = sample(logits, batch)
+        return reqs, sample(logits, batch)
+
+    def _readback(self, reqs: list[Request], so: SamplerOutput) -> ModelRunnerOutput:
         token_ids = so.token_ids.tolist()  # the step's one device→host sync
         if so.logprobs is None:
             return ModelRunnerOutput(reqs, token_ids, [None] * len(reqs))

@@ -17,3 +17,42 @@ def hf_greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[torch.T
             tokens.append(tok)
             out = model(torch.tensor([[tok]]), past_key_values=out.past_key_values, use_cache=True)
     return tokens, logits
+
+
+def make_tiny_llama(path, **overrides):
+    """Save a small random Llama (weights scaled so greedy decoding is not flat) with a word-level
+    tokenizer to `path`; returns the transformers model."""
+    import json
+
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    cfg = dict(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+        eos_token_id=2,
+        bos_token_id=1,
+    )
+    cfg.update(overrides)
+    torch.manual_seed(0)
+    arch = cfg.pop("arch", "Llama")
+    config = getattr(transformers, f"{arch}Config")(**cfg)
+    model = getattr(transformers, f"{arch}ForCausalLM")(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0 if p.dim() > 1 else 1.0)
+    model.save_pretrained(path)
+    tok = Tokenizer(
+        models.WordLevel({f"w{i}": i for i in range(cfg["vocab_size"])}, unk_token="w0")
+    )
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path / "tokenizer.json"))
+    template = "{% for m in messages %}w3 {{ m['content'] }} w4 {% endfor %}"
+    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    return model

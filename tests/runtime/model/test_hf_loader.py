@@ -6,30 +6,15 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-from hf_oracle import hf_greedy
+from hf_oracle import hf_greedy, make_tiny_llama
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
-from tokenizers import Tokenizer, models, pre_tokenizers
 
 transformers = pytest.importorskip("transformers")
 
-BASE = dict(
-    vocab_size=300,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    rope_theta=10000.0,
-    eos_token_id=2,
-    bos_token_id=1,
-)
 CASES = {
     "llama-llama3-rope": (
-        "LlamaConfig",
-        "LlamaForCausalLM",
+        "Llama",
         dict(
             rope_scaling={
                 "rope_type": "llama3",
@@ -41,13 +26,11 @@ CASES = {
         ),
     ),
     "llama-linear-rope": (
-        "LlamaConfig",
-        "LlamaForCausalLM",
+        "Llama",
         dict(rope_scaling={"rope_type": "linear", "factor": 2.0}),
     ),
     "llama-yarn-rope": (
-        "LlamaConfig",
-        "LlamaForCausalLM",
+        "Llama",
         dict(
             rope_scaling={
                 "rope_type": "yarn",
@@ -56,31 +39,15 @@ CASES = {
             }
         ),
     ),
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
-    "qwen2-tied": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "mistral": ("Mistral", dict(sliding_window=None)),
+    "qwen2-tied": ("Qwen2", dict(tie_word_embeddings=True)),
 }
-
-
-def write_tokenizer(path) -> None:
-    vocab = {f"w{i}": i for i in range(300)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(path / "tokenizer.json"))
-    template = "{% for m in messages %}w3 {{ m['content'] }} w4 {% endfor %}"
-    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_hf_directory_matches_transformers(tmp_path, case):
-    cfg_cls, model_cls, extra = CASES[case]
-    torch.manual_seed(0)
-    config = getattr(transformers, cfg_cls)(**BASE, **extra)
-    model = getattr(transformers, model_cls)(config).eval()
-    with torch.no_grad():  # random init is too flat to make greedy decoding meaningful
-        for p in model.parameters():
-            p.mul_(4.0 if p.dim() > 1 else 1.0)
-    model.save_pretrained(tmp_path)
-    write_tokenizer(tmp_path)
+    arch, extra = CASES[case]
+    model = make_tiny_llama(tmp_path, arch=arch, **extra)
 
     loaded = load_model(str(tmp_path))
     assert loaded.config.architecture == case.split("-")[0]
