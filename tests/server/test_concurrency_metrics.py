@@ -156,3 +156,16 @@ def test_metrics_after_traffic(server):
     assert after["pagoda:num_requests_running"] == 0 and after["pagoda:num_requests_waiting"] == 0
     assert 0 <= after["pagoda:kv_cache_usage_perc"] <= 1
     assert after["pagoda:num_preemptions_total"] >= 0
+
+
+async def test_non_streaming_client_that_hangs_up_is_aborted(server):
+    before = scrape(server.base)
+    body = {"model": MODEL, "prompt": "A long story:", "max_tokens": 400, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=server.base, timeout=1.0) as impatient:
+        with pytest.raises(httpx.ReadTimeout):
+            await impatient.post("/v1/completions", json=body)
+    async with httpx.AsyncClient(base_url=server.base, timeout=30) as client:
+        state = await idle_engine(client, timeout=5)  # 400 tokens would take far longer
+    assert state["stats"]["num_free_blocks"] == state["stats"]["num_blocks"]
+    aborted = "pagoda:request_success_total{finished_reason=abort}"
+    assert scrape(server.base)[aborted] - before.get(aborted, 0) == 1
