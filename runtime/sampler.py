@@ -129,7 +129,7 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
     raw = logits
     if b.output_counts is not None:
         logits = apply_penalties(logits, b)
-    greedy_tokens = logits.argmax(-1)
+    greedy_tokens = logits.max(-1).indices  # (faster than argmax on CPU)
     if b.all_greedy:
         tokens = greedy_tokens
     else:
