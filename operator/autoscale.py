@@ -11,8 +11,11 @@ The HPA's algorithm, on what users feel instead of CPU:
 * scale up to the lowest recommendation of the scale-up window (default 0 s: now), at most ×2 per
   step; scale down only to the highest recommendation of the scale-down window (default 300 s);
 * missing or stale metrics hold the current count and record it as a recommendation, so a scale
-  down also waits a full window after the metrics come back; a KV cache nearly full blocks scale
-  down (preemptions are coming even if latency looks fine).
+  down also waits a full window after the metrics come back;
+* TTFT barely moves until a replica saturates, then shoots up, so a ratio below 1 overstates
+  how far one can scale down: a scale down never goes below what keeps the fullest KV cache
+  under 90 % (a load-proportional floor; benchmarks/autoscale_sim.py shows the saw-tooth
+  without it).
 
 History is a tuple of (time, recommendation) pairs that each decision returns updated; the caller
 keeps it (one per InferenceService) and passes a monotonic clock reading.
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from pagoda.operator.spec import DEFAULT_TOLERANCE, AutoscalingSpec
 
 MAX_SCALE_UP_FACTOR = 2  # at most double per step
-KV_CACHE_HIGH = 0.9  # usage at which scale down is blocked
+KV_CACHE_HIGH = 0.9  # scale down keeps the fullest KV cache below this
 _MAX_RATIO = 1e6  # stands in for "infinitely over target" (target queue depth 0)
 
 History = tuple[tuple[float, int], ...]
@@ -58,8 +61,10 @@ class Policy:
             raise ValueError(f"target_queue must be >= 0, got {self.target_queue}")
         if not 0 <= self.tolerance <= 1:
             raise ValueError(f"tolerance must be in [0, 1], got {self.tolerance}")
-        if self.up_window_s < 0 or self.down_window_s < 0 or self.max_metric_age_s <= 0:
-            raise ValueError("windows must be >= 0 and max_metric_age_s > 0")
+        if min(self.up_window_s, self.down_window_s) < 0:
+            raise ValueError("windows must be >= 0")
+        if self.max_metric_age_s <= 0:
+            raise ValueError("max_metric_age_s must be > 0")
 
     @classmethod
     def from_spec(cls, spec: AutoscalingSpec, *, max_metric_age_s: float = 60.0) -> Policy:
@@ -193,12 +198,13 @@ def decide(
         reason = "AtMaxReplicas"
     if rec <= current and ready < current:
         rec, reason = current, "ReplicasStarting"  # starting replicas have taken no load yet
-    elif (
-        rec < current
-        and metrics.kv_cache_usage is not None
-        and metrics.kv_cache_usage >= KV_CACHE_HIGH
-    ):
-        rec, reason = current, "KVCacheHigh"
+    elif rec < current and metrics.kv_cache_usage is not None and metrics.ttft_p95_s is not None:
+        # TTFT is flat until a replica saturates: never scale down so far that the fullest
+        # KV cache would pass KV_CACHE_HIGH on the remaining replicas (only with traffic in the
+        # window: an idle server's gauge still shows its last step)
+        floor = math.ceil(base * metrics.kv_cache_usage / KV_CACHE_HIGH - 1e-9)
+        if floor > rec:
+            rec, reason = min(current, policy.clamp(floor)), "KVCacheHigh"
     desired, history = _stabilize(policy, current, rec, history, now)
     desired = policy.clamp(desired)
     if desired == current and rec != current:

@@ -148,6 +148,10 @@ class Autoscaler:
 
     # --- one evaluation ---------------------------------------------------------------------
 
+    def _policy(self, spec: InferenceServiceSpec) -> Policy:
+        assert spec.autoscaling is not None
+        return Policy.from_spec(spec.autoscaling, max_metric_age_s=self.config.metrics_max_age_s)
+
     def _parse(self, body: Mapping[str, Any]) -> InferenceServiceSpec | None:
         try:
             return validation.parse(body, self.config)
@@ -171,7 +175,7 @@ class Autoscaler:
                 async with object_lock(uid):
                     await self._clear_status(ns, name, uid)
             return None
-        policy = Policy.from_spec(spec.autoscaling, max_metric_age_s=self.config.metrics_max_age_s)
+        policy = self._policy(spec)
         url = spec.autoscaling.prometheus_url or self.config.prometheus_url
         metrics: Metrics | None = None
         why = (
@@ -238,7 +242,7 @@ class Autoscaler:
             return "InvalidSpec"
         if spec.autoscaling is None:
             return "AutoscalingDisabled"
-        policy = Policy.from_spec(spec.autoscaling, max_metric_age_s=self.config.metrics_max_age_s)
+        policy = self._policy(spec)
         uid = body["metadata"]["uid"]
         async with object_lock(uid):
             deploy = await self.api.get("Deployment", req.namespace, req.name)

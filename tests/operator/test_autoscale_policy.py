@@ -78,9 +78,11 @@ def run(policy: Policy, m: Metrics | None, current: int, ready: int | None = Non
         (QUEUE, ttft(None, waiting=4), 4, 1, 4, "ReplicasStarting"),  # 4 waiting on 1 ready: 2x
         (QUEUE, ttft(None, waiting=8), 4, 2, 4, "ReplicasStarting"),  # 4 replicas will serve 8
         (QUEUE, ttft(None, waiting=16), 4, 2, 8, "QueueAboveTarget"),  # 8/ready replica
-        # a nearly full KV cache blocks scale down, not scale up
+        # scale down keeps the fullest KV cache under 90 %; it never limits scale up
         (TTFT, ttft(0.1, kv_cache_usage=0.95), 4, 4, 4, "KVCacheHigh"),
-        (TTFT, ttft(0.1, kv_cache_usage=0.5), 4, 4, 1, "BelowTarget"),
+        (TTFT, ttft(0.1, kv_cache_usage=0.5), 4, 4, 3, "KVCacheHigh"),  # ceil(4 x 0.5 / 0.9)
+        (TTFT, ttft(0.1, kv_cache_usage=0.2), 4, 4, 1, "BelowTarget"),
+        (TTFT, ttft(None, kv_cache_usage=0.95), 4, 4, 1, "BelowTarget"),  # idle: stale gauge
         (TTFT, ttft(1.0, kv_cache_usage=0.99), 4, 4, 8, "TTFTAboveTarget"),
     ],
 )
@@ -272,3 +274,26 @@ def test_policy_from_the_spec() -> None:
 def test_spec_rejects_bad_autoscaling_fields(bad: dict) -> None:
     with pytest.raises(SpecError):
         AutoscalingSpec.from_dict({"maxReplicas": 2, "targetQueueDepth": 1, **bad})
+
+
+def test_flat_ttft_below_saturation_does_not_saw_tooth() -> None:
+    """TTFT is prefill time until the replicas saturate, then queueing explodes it. The ratio
+    below 1 overstates the headroom; the KV-cache floor stops the scale down at the load."""
+    policy = Policy(min_replicas=1, max_replicas=40, target_ttft_s=0.5, down_window_s=300)
+
+    def run_with(kv: bool) -> list[int]:
+        current, history, out = 40, ((0.0, 40),), []
+        for i in range(1, 400):
+            load = 10.0 / current  # 10 replicas' worth: per-replica utilisation
+            m = ttft(
+                0.33 if load < 1 else 0.33 + 20 * (load - 1),
+                kv_cache_usage=min(1.0, load) if kv else None,
+            )
+            d = decide(policy, m, current=current, ready=current, history=history, now=15.0 * i)
+            history, current = d.history, d.replicas
+            out.append(current)
+        return out
+
+    without, with_kv = run_with(kv=False), run_with(kv=True)
+    assert _reversals(without) >= 6  # down too far, overload, back up, ...
+    assert _reversals(with_kv) == 0 and 11 <= with_kv[-1] <= 12, with_kv
