@@ -30,7 +30,12 @@ def test_models(client):
 
 
 def test_chat_greedy_equals_offline_with_usage(client, offline):
-    messages = [{"role": "user", "content": "Name three colours of the rainbow."}]
+    # A system prompt of its own: no prefix-cache hit on blocks other tests computed in batches
+    # (bf16 results of a row can depend on the batch it was computed in).
+    messages = [
+        {"role": "system", "content": "Answer in one short line."},
+        {"role": "user", "content": "Name three colours of the rainbow."},
+    ]
     r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0)
     ref = offline.chat(messages, SamplingParams(max_tokens=20, temperature=0))[0]
     assert r.choices[0].message.content == ref.outputs[0].text
