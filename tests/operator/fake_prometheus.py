@@ -20,6 +20,7 @@ class FakePrometheus:
         self.age_s = 0.0
         self.status = 200  # e.g. 503 to fail every query
         self.queries: list[str] = []
+        self.ttft_answers: list[tuple[float, float | None]] = []  # (monotonic time, value)
         self.port = 0
         self._runner: web.AppRunner | None = None
 
@@ -29,6 +30,7 @@ class FakePrometheus:
 
     def _value(self, q: str) -> float | None:
         if "histogram_quantile" in q:
+            self.ttft_answers.append((time.monotonic(), self.ttft))
             return float("nan") if self.ttft is None else self.ttft
         if self.waiting is None:
             return None
