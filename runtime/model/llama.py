@@ -11,28 +11,24 @@ import torch
 import torch.nn.functional as F
 from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.ops import Ops, build_cos_sin_cache, gather_cos_sin
 
 
 class LlamaLayer:
-    __slots__ = ("attn_norm", "down", "gate_up", "mlp_norm", "o_proj", "qkv", "qkv_bias")
+    __slots__ = ("attn_norm", "down", "gate_up", "mlp_norm", "o_proj", "qkv")
 
     def __init__(self, w: dict[str, torch.Tensor], prefix: str, bias: bool) -> None:
         a = prefix + "self_attn."
         self.attn_norm = w[prefix + "input_layernorm.weight"]
         self.mlp_norm = w[prefix + "post_attention_layernorm.weight"]
-        self.qkv = torch.cat(
-            [w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]]
-        )
-        self.qkv_bias = (
-            torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"]])
-            if bias
-            else None
-        )
-        self.o_proj = w[a + "o_proj.weight"]
+        names = ("q_proj", "k_proj", "v_proj")
+        bias_t = torch.cat([w[f"{a}{n}.bias"] for n in names]) if bias else None
+        self.qkv = Linear(torch.cat([w[f"{a}{n}.weight"] for n in names]), bias_t)
+        self.o_proj = Linear(w[a + "o_proj.weight"])
         m = prefix + "mlp."
-        self.gate_up = torch.cat([w[m + "gate_proj.weight"], w[m + "up_proj.weight"]])
-        self.down = w[m + "down_proj.weight"]
+        self.gate_up = Linear(torch.cat([w[m + "gate_proj.weight"], w[m + "up_proj.weight"]]))
+        self.down = Linear(w[m + "down_proj.weight"])
 
 
 class LlamaModel:
@@ -61,7 +57,7 @@ class LlamaModel:
             raise ValueError(f"checkpoint is missing tensors: {', '.join(missing[:5])}")
         self.embed = w["model.embed_tokens.weight"]
         self.norm = w["model.norm.weight"]
-        self.lm_head = self.embed if config.tie_word_embeddings else w["lm_head.weight"]
+        self.lm_head = Linear(self.embed if config.tie_word_embeddings else w["lm_head.weight"])
         self.layers = [
             LlamaLayer(w, f"model.layers.{i}.", config.attention_bias)
             for i in range(config.num_layers)
@@ -96,19 +92,19 @@ class LlamaModel:
                 x, residual = ops.rms_norm(
                     x=h, weight=layer.attn_norm, eps=c.rms_norm_eps, residual=residual
                 )
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            qkv = layer.qkv(x)
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = q.reshape(T, c.num_heads, c.head_dim)
             k = k.reshape(T, c.num_kv_heads, c.head_dim)
             v = v.reshape(T, c.num_kv_heads, c.head_dim)
             q, k = ops.rotary_embedding(positions=rope_pos, q=q, k=k, cos_sin_cache=rope_cache)
             attn = self.backend.forward(q, k, v, k_cache, v_cache, meta)
-            h = F.linear(attn.reshape(T, self.q_size), layer.o_proj)
+            h = layer.o_proj(attn.reshape(T, self.q_size))
             x, residual = ops.rms_norm(
                 x=h, weight=layer.mlp_norm, eps=c.rms_norm_eps, residual=residual
             )
-            h = F.linear(ops.silu_and_mul(x=F.linear(x, layer.gate_up)), layer.down)
+            h = layer.down(ops.silu_and_mul(x=layer.gate_up(x)))
         h = h.index_select(0, logits_indices)
         residual = residual.index_select(0, logits_indices)
         x, _ = ops.rms_norm(x=h, weight=self.norm, eps=c.rms_norm_eps, residual=residual)
-        return F.linear(x, self.lm_head).float()
+        return self.lm_head(x).float()

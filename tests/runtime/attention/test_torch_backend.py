@@ -57,6 +57,8 @@ def make_step(
         ([100, 37], [20, 37]),  # chunk on cached context + fresh prompt
         ([5, 90, 200, 16], [1, 1, 50, 16]),  # mixed step
         ([1030], [1030]),  # > 1,000 tokens
+        ([100, 50, 300, 64, 40], [20, 10, 64, 64, 40]),  # chunks on ragged contexts + fresh prompts
+        ([3, 1, 70, 70, 40, 9], [1, 1, 1, 30, 40, 9]),  # 1-token prompt, several prefill buckets
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
