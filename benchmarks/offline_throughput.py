@@ -30,7 +30,7 @@ def run_pagoda(loaded, prompts, out_len: int, dtype: str) -> dict:
     llm = LLM(loaded=loaded, dtype=dtype, max_num_seqs=256, max_num_batched_tokens=2048)
     llm.generate([{"prompt_token_ids": prompts[0][:16]}], SamplingParams(max_tokens=2))  # warm-up
     e = llm.engine
-    e.peak_blocks_used = e.tokens_at_peak = 0
+    e.peak_blocks_used = e.tokens_at_peak = e.slots_at_peak = 0
     q0, h0 = e.kv.prefix_queries, e.kv.prefix_hits
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
     t = time.perf_counter()
@@ -45,7 +45,8 @@ def run_pagoda(loaded, prompts, out_len: int, dtype: str) -> dict:
         "tok_s": n_out / dt,
         "peak_blocks": e.peak_blocks_used,
         "num_blocks": e.kv.pool.num_blocks,
-        "kv_waste": 1 - e.tokens_at_peak / max(1, e.peak_blocks_used * bs),
+        "kv_waste": 1 - e.tokens_at_peak / max(1, e.slots_at_peak),  # empty slots in used blocks
+        "shared_blocks_saved": e.slots_at_peak // bs - e.peak_blocks_used,  # prefix sharing
         "prefix_hit_rate": (e.kv.prefix_hits - h0) / max(1, e.kv.prefix_queries - q0),
     }
 
@@ -107,6 +108,25 @@ def run_llama_cpp(path: str, prompts, out_len: int) -> dict | None:
     }
 
 
+def plot(results: list[dict], path: Path, n: int, n_prompt: int, out_len: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.5 * len(results)))
+    names = [r["system"] for r in results][::-1]
+    vals = [r["tok_s"] for r in results][::-1]
+    colors = ["tab:green" if n.startswith("pagoda") else "tab:gray" for n in names]
+    ax.barh(names, vals, color=colors)
+    for y, v in enumerate(vals):
+        ax.text(v, y, f" {v:.0f}", va="center")
+    ax.set_xlabel("output tokens/s (higher is better)")
+    ax.set_title(f"{n} ragged prompts ({n_prompt} tokens), {out_len} new tokens each", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -120,6 +140,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="HF bf16 batch 32 only")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--plot", type=Path, help="write a bar chart (PNG) here")
     args = ap.parse_args()
 
     loaded = load_model("smollm2-135m")
@@ -153,6 +174,12 @@ def main() -> int:
     if cpp:
         results.append(cpp)
         print(cpp, flush=True)
+    # Pagoda again at the end: the machine drifts, so the ratio uses the mean of both runs.
+    again = run_pagoda(loaded, prompts, args.output_len, args.dtype)
+    print(again, flush=True)
+    results[0]["tok_s_runs"] = [results[0]["tok_s"], again["tok_s"]]
+    results[0]["tok_s"] = (results[0]["tok_s"] + again["tok_s"]) / 2
+    results[0]["seconds"] = results[0]["output_tokens"] / results[0]["tok_s"]
     peaks["bf16_after"] = gemm_peak(torch.bfloat16)
 
     ours = results[0]
@@ -173,15 +200,20 @@ def main() -> int:
     print()
     if best_hf:
         print(f"pagoda / best HF ({best_hf['system']}): {ours['tok_s'] / best_hf['tok_s']:.2f}x")
+    bf16_peak = max(peaks["bf16"], peaks["bf16_after"])  # best of two: the machine is shared
     print(
-        f"pagoda reaches {flops / 1e9:.0f} GFLOP/s of weight matmuls = {flops / peaks['bf16']:.0%} of the bf16 GEMM peak "
-        f"({peaks['bf16'] / 1e9:.0f} GFLOP/s; {peaks['bf16_after'] / 1e9:.0f} after the run) and "
-        f"{flops / peaks['fp32']:.0%} of fp32 ({peaks['fp32'] / 1e9:.0f} GFLOP/s)"
+        f"pagoda reaches {flops / 1e9:.0f} GFLOP/s of weight matmuls = {flops / bf16_peak:.0%} of "
+        f"the bf16 GEMM peak ({bf16_peak / 1e9:.0f} GFLOP/s, 2048^3, best of before/after the run) "
+        f"and {flops / peaks['fp32']:.0%} of fp32 ({peaks['fp32'] / 1e9:.0f} GFLOP/s)"
     )
     print(
-        f"KV cache: peak {ours['peak_blocks']} of {ours['num_blocks']} blocks in use, "
-        f"{ours['kv_waste']:.1%} of their slots empty; prefix-cache hit rate {ours['prefix_hit_rate']:.1%}"
+        f"KV cache: peak {ours['peak_blocks']} of {ours['num_blocks']} blocks in use "
+        f"({ours['shared_blocks_saved']} more were saved by prefix sharing); "
+        f"{ours['kv_waste']:.1%} of the slots in requests' blocks empty (fragmentation); "
+        f"prefix-cache hit rate {ours['prefix_hit_rate']:.1%}"
     )
+    if args.plot:
+        plot(results, args.plot, len(prompts), n_prompt, args.output_len)
     if args.json:
         args.json.write_text(
             json.dumps(

@@ -63,7 +63,8 @@ class EngineCore:
         self._children: dict[str, list[str]] = {}  # request id → child ids (one per sample)
         self._parent: dict[str, tuple[str, int]] = {}
         self.peak_blocks_used = 0  # high-water mark of blocks in use ...
-        self.tokens_at_peak = 0  # ... and the tokens they held then (fragmentation = 1 - ratio)
+        self.tokens_at_peak = 0  # ... the tokens the scheduled requests held then ...
+        self.slots_at_peak = 0  # ... and the slots of their blocks (fragmentation = 1 - ratio)
 
     # -- requests ------------------------------------------------------------------------
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
@@ -137,6 +138,7 @@ class EngineCore:
             self.tokens_at_peak = sum(
                 s.request.num_computed_tokens + s.num_new_tokens for s in out.scheduled
             )
+            self.slots_at_peak = sum(len(s.block_ids) for s in out.scheduled) * self.kv.block_size
         result = self.runner.execute(out)
         self.scheduler.update_after_step(out)
         now = time.monotonic()
