@@ -12,7 +12,7 @@ PORT ?= 8000
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve test lint format bench chart-lint sync-crds image operator clean
+.PHONY: install serve test test-gpu lint format bench chart-lint sync-crds image operator clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ serve: $(STAMP)
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# On a CUDA node: compiled Triton kernels, CUDA graphs and the sync-free step (tests marked gpu),
+# then the kernel benchmark. TORCH_SPEC= keeps the image's own CUDA build of torch.
+test-gpu: $(STAMP)
+	TRITON_INTERPRET=0 $(BIN)/python -m pytest -q -m gpu tests/kernels tests/runtime
+	TRITON_INTERPRET=0 $(BIN)/python benchmarks/kernels.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -45,7 +51,13 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/serving.py
 	$(BIN)/python benchmarks/autoscale_sim.py
 
-chart-lint: $(STAMP)
+chart-# On a CUDA node: compiled Triton kernels, CUDA graphs and the sync-free step (tests marked gpu),
+# then the kernel benchmark. TORCH_SPEC= keeps the image's own CUDA build of torch.
+test-gpu: $(STAMP)
+	TRITON_INTERPRET=0 $(BIN)/python -m pytest -q -m gpu tests/kernels tests/runtime
+	TRITON_INTERPRET=0 $(BIN)/python benchmarks/kernels.py
+
+lint: $(STAMP)
 	$(BIN)/python -m pytest -q tests/charts
 
 sync-crds:
