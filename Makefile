@@ -51,13 +51,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/serving.py
 	$(BIN)/python benchmarks/autoscale_sim.py
 
-chart-# On a CUDA node: compiled Triton kernels, CUDA graphs and the sync-free step (tests marked gpu),
-# then the kernel benchmark. TORCH_SPEC= keeps the image's own CUDA build of torch.
-test-gpu: $(STAMP)
-	TRITON_INTERPRET=0 $(BIN)/python -m pytest -q -m gpu tests/kernels tests/runtime
-	TRITON_INTERPRET=0 $(BIN)/python benchmarks/kernels.py
-
-lint: $(STAMP)
+chart-lint: $(STAMP)
 	$(BIN)/python -m pytest -q tests/charts
 
 sync-crds:
