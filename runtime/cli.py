@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 
 SUBCOMMANDS = {
@@ -16,8 +17,17 @@ SUBCOMMANDS = {
 }
 
 
+def version() -> str:
+    """The installed distribution's version (the source tree's when not installed)."""
+    try:
+        return importlib.metadata.version("pagoda")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object | None]:
     parser = argparse.ArgumentParser(prog="pagoda", description="Pagoda LLM serving.")
+    parser.add_argument("--version", action="version", version=f"pagoda {version()}")
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     chosen = next((a for a in argv if not a.startswith("-")), None)
     module = None

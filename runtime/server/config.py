@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagoda.runtime import options
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
 
@@ -22,15 +24,18 @@ def parse_size(text: str | int) -> int:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    model: str = "smollm2-135m"
+    """The HTTP side of `pagoda serve` (defaults from `options`, shared with the operator)."""
+
+    model: str = options.DEFAULT_MODEL
     served_model_names: tuple[str, ...] = ()  # empty: the --model string
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = options.DEFAULT_HOST
+    port: int = options.DEFAULT_PORT
     api_key: str | None = None
-    max_queue_len: int = 512
-    drain_timeout: float = 30.0
+    max_queue_len: int = options.DEFAULT_MAX_QUEUE_LEN
+    max_request_bytes: int = options.DEFAULT_MAX_REQUEST_BYTES
+    drain_timeout: float = options.DEFAULT_DRAIN_TIMEOUT_S
     enable_debug_endpoints: bool = False
-    log_level: str = "info"
+    log_level: str = options.DEFAULT_LOG_LEVEL
     engine_args: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -48,9 +53,13 @@ class ServerConfig:
             raise ValueError(
                 f"max_queue_len must be a positive integer, got {self.max_queue_len!r}"
             )
+        if not isinstance(self.max_request_bytes, int) or self.max_request_bytes < 1024:
+            raise ValueError(
+                f"max_request_bytes must be an integer >= 1024, got {self.max_request_bytes!r}"
+            )
         if self.drain_timeout < 0:
             raise ValueError(f"drain_timeout must be >= 0, got {self.drain_timeout!r}")
-        if self.log_level not in ("critical", "error", "warning", "info", "debug"):
+        if self.log_level not in options.LOG_LEVELS:
             raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
 
     @property

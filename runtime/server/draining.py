@@ -1,0 +1,72 @@
+"""DrainingServer: uvicorn whose exit signals drain the engine instead of stopping at once.
+
+SIGTERM/SIGINT start a drain: /ready turns 503, new requests get 503, in-flight requests run for
+up to --drain-timeout seconds, then the process exits 0. A second SIGINT exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from types import FrameType
+
+import uvicorn
+from pagoda.runtime.engine.async_engine import AsyncEngine
+from pagoda.runtime.server.config import ServerConfig
+
+log = logging.getLogger("pagoda.serve")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server whose exit signals drain the engine first; exits 1 if loading fails."""
+
+    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, cfg: ServerConfig) -> None:
+        super().__init__(config)
+        self.engine, self.cfg = engine, cfg
+        self.exit_code = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_requested = False
+        self._tasks: list[asyncio.Task] = []  # keep references: tasks are weakly held
+
+    async def serve(self, sockets: list | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._tasks.append(self._loop.create_task(self._watch_startup()))
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """Signal handler (main thread). Unlike uvicorn's, it does not re-raise the signal."""
+        if self._drain_requested or self._loop is None:
+            self.should_exit = True
+            self.force_exit = self.force_exit or sig == signal.SIGINT
+            return
+        self._drain_requested = True
+        self._loop.call_soon_threadsafe(self._begin_drain, signal.Signals(sig).name)
+
+    def _begin_drain(self, name: str) -> None:
+        self._tasks.append(asyncio.ensure_future(self._drain(name)))
+
+    async def _drain(self, name: str) -> None:
+        log.info("%s: draining (up to %.0f s)", name, self.cfg.drain_timeout)
+        aborted = await self.engine.drain(self.cfg.drain_timeout)
+        if aborted:
+            log.warning("drain timeout: aborted %d request(s)", aborted)
+        self.should_exit = True
+
+    async def _watch_startup(self) -> None:
+        engine = self.engine
+        while not (engine.ready or engine.dead or self.should_exit):
+            await asyncio.sleep(0.1)
+        if engine.ready:
+            names = ", ".join(self.cfg.served_model_names)
+            url = f"http://{self.cfg.host}:{self.config.port}/v1"
+            log.info("ready: OpenAI API at %s serving %s (metrics at /metrics)", url, names)
+        elif engine.dead:
+            log.error("engine failed to start: %s", _one_line(engine.error))
+            self.exit_code = 1
+            self.should_exit = True
+
+
+def _one_line(exc: BaseException | None) -> str:
+    text = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())[:500]

@@ -1,0 +1,142 @@
+"""`pagoda serve` flags: one source (`pagoda.runtime.options`), a parser importable without torch,
+readable help, and clean one-line errors before the HTTP server starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from pagoda.runtime import options
+from pagoda.runtime.server.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+BLOCKER = textwrap.dedent(
+    """
+    import importlib.abc, sys
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked)")
+    sys.meta_path.insert(0, Block())
+    """
+)
+
+
+def python(code: str, blocked: set[str] = frozenset(), timeout: float = 120):
+    script = f"BLOCKED = {sorted(blocked)!r}\n{BLOCKER}\n{textwrap.dedent(code)}"
+    return subprocess.run(
+        [sys.executable, "-P", "-c", script], capture_output=True, text=True, timeout=timeout,
+        cwd=ROOT,
+    )  # fmt: skip
+
+
+def pagoda(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-P", "-m", "pagoda.runtime.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_parser_and_options_import_without_torch_or_web_stack() -> None:
+    result = python(
+        """
+        from pagoda.runtime import options
+        from pagoda.runtime.server.cli import build_parser
+        args = build_parser().parse_args(options.render_args({"max_num_seqs": 8}))
+        assert args.max_num_seqs == 8
+        heavy = [m for m in ("torch", "numpy", "uvicorn", "fastapi") if m in sys.modules]
+        assert not heavy, heavy
+        """,
+        blocked={"torch", "numpy", "triton", "transformers", "gguf", "uvicorn", "fastapi"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_every_option_is_a_flag_with_its_default() -> None:
+    parser = build_parser()
+    defaults = vars(parser.parse_args([]))
+    assert set(defaults) == set(options.SERVE_FLAGS)
+    for dest, f in options.SERVE_FLAGS.items():
+        assert defaults[dest] == f.default, dest
+    assert defaults["port"] == options.DEFAULT_PORT and defaults["model"] == options.DEFAULT_MODEL
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"dtype": "bfloat16", "block_size": 32, "enable_prefix_caching": False},
+        {"enable_chunked_prefill": False, "max_num_batched_tokens": 8192, "max_model_len": 4096},
+        {"served_model_name": ["a", "b"], "port": 9000, "host": "0.0.0.0", "seed": 3},
+        {"attention_backend": "triton", "kv_cache_memory": "2G", "enable_debug_endpoints": True},
+        {"max_queue_len": 7, "drain_timeout": 5.0, "max_request_bytes": 1 << 20},
+    ],
+)
+def test_rendered_args_parse_back(values: dict) -> None:
+    """What the operator renders with `render_args` is what the real parser reads."""
+    args = build_parser().parse_args(options.render_args(values))
+    for dest, value in values.items():
+        assert getattr(args, dest) == value
+
+
+def test_choices_come_from_options() -> None:
+    parser = build_parser()
+    for dest in ("dtype", "attention_backend", "block_size", "log_level"):
+        action = next(a for a in parser._actions if a.dest == dest)
+        assert tuple(action.choices) == tuple(options.flag(dest).choices)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--block-size", "24"])
+
+
+def test_help_shows_defaults_and_hides_test_flags() -> None:
+    result = pagoda("serve", "--help", timeout=60)
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    for f in options.SERVE_FLAGS.values():
+        if f.hidden:
+            assert f.name not in text
+            continue
+        assert f.name in text
+        assert " ".join(f.help.replace("%%", "%").split()) in text, f.name
+        if f.default is not None and f.kind != "switch":
+            assert f"{f.name}" in text and f"(default: {f.default})" in text, f.name
+    assert "tests only" not in text
+
+
+def test_version() -> None:
+    result = pagoda("--version", timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("pagoda 0."), result
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "nosuch"], "nosuch"),
+        (["--no-enable-chunked-prefill", "--max-num-batched-tokens", "256"], "max_model_len"),
+        (["--max-num-seqs", "0"], "max_num_seqs"),
+        (["--kv-cache-memory", "lots"], "kv_cache_memory"),
+        (["--port", "70000"], "port"),
+    ],
+)
+def test_bad_flags_exit_with_one_line_before_binding(args: list[str], needle: str) -> None:
+    result = pagoda("serve", "--port", "0", *args)
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pagoda serve: error:"), result.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in result.stderr and "Uvicorn" not in result.stderr + result.stdout
+
+
+def test_without_chunked_prefill_the_default_budget_fits_the_context() -> None:
+    import dataclasses
+
+    from pagoda.runtime.server.cli import server_config
+    from pagoda.runtime.server.launch import preflight
+
+    engine_cfg = preflight(
+        server_config(build_parser().parse_args(["--no-enable-chunked-prefill"]))
+    )
+    sched = dataclasses.replace(engine_cfg.scheduler, max_model_len=8192)  # as EngineCore does
+    assert sched.max_num_batched_tokens == 8192
+    chunked = preflight(server_config(build_parser().parse_args(["--max-model-len", "8192"])))
+    assert chunked.scheduler.max_num_batched_tokens == options.DEFAULT_MAX_NUM_BATCHED_TOKENS
