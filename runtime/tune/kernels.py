@@ -1,0 +1,208 @@
+"""Kernel sweep: for each attention launcher and shape bucket, time a small candidate space.
+
+Buckets are the shapes the model will hit (its head dim, GQA ratio, block size and dtype; decode
+``num_seqs`` × ``max_seq_len``; prefill ``max_query_len``), keyed like ``configs/<Device>.json``.
+Every candidate is first run on fresh random inputs and compared with the torch reference
+(``pagoda.kernels.reference``): a candidate that raises or disagrees is rejected and never saved.
+Survivors are timed (``triton.testing.do_bench``, median, inputs rotated through copies larger
+than L2 on CUDA) and the fastest is written with ``save_kernel_config``.
+
+Runs on CUDA; under ``TRITON_INTERPRET=1`` the same logic runs on CPU tensors (tests), with a
+wall-clock timer because the interpreter is not a performance target.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+DECODE = "decode_attention"
+PREFILL = "paged_attention"
+MAX_TIMED_TOKENS = (
+    1 << 21
+)  # batch × context of one timed decode bucket (8 GB of bf16 KV at 8 heads)
+TOL = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 4e-2}
+
+Timer = Callable[[Callable[[], None]], float]  # returns milliseconds
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """The attention geometry of one model at one dtype and KV block size."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        if min(self.num_heads, self.num_kv_heads, self.head_dim, self.block_size) < 1:
+            raise ValueError(f"attention shape must be positive: {self}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One config bucket: ``shape`` is its lookup key, ``seqs`` the (query_len, seq_len) batch."""
+
+    kernel: str
+    shape: dict[str, int] = field(hash=False)
+    seqs: tuple[tuple[int, int], ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.kernel} " + " ".join(f"{k}={v}" for k, v in self.shape.items())
+
+
+@dataclass
+class BucketResult:
+    bucket: Bucket
+    config: dict[str, Any] | None  # None: every candidate was rejected
+    median_ms: float | None
+    default_ms: float | None
+    tried: int
+    rejected: list[str]
+
+    def as_json(self) -> dict[str, Any]:
+        speedup = None
+        if self.median_ms and self.default_ms:
+            speedup = round(self.default_ms / self.median_ms, 3)
+        return {
+            "kernel": self.bucket.kernel,
+            "shape": dict(self.bucket.shape),
+            "config": self.config,
+            "median_ms": self.median_ms,
+            "default_ms": self.default_ms,
+            "speedup": speedup,
+            "candidates": self.tried,
+            "rejected": self.rejected,
+        }
+
+
+def plan_buckets(
+    shape: AttentionShape, *, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int
+) -> list[Bucket]:
+    """Decode (batch × context) and prefill (max_query_len) buckets this engine can reach."""
+    d = shape.head_dim
+    batches = sorted({b for b in (1, 4, 16, 64, 256) if b <= max_num_seqs} | {max_num_seqs})
+    contexts = sorted({c for c in (512, 2048, 8192, 32768) if c <= max_model_len} | {max_model_len})
+    out = []
+    for b, ctx in itertools.product(batches, contexts):
+        if b * ctx <= MAX_TIMED_TOKENS:
+            shp = {"head_dim": d, "num_seqs": b, "max_seq_len": ctx}
+            out.append(Bucket(DECODE, shp, ((1, ctx),) * b))
+    top = min(max_num_batched_tokens, max_model_len)
+    for q in sorted({q for q in (16, 64, 512, 2048) if q <= top} | {top}):
+        n = max(1, min(8, max_num_batched_tokens // q))
+        out.append(
+            Bucket(
+                PREFILL, {"head_dim": d, "max_query_len": q}, ((q, min(max_model_len, 2 * q)),) * n
+            )
+        )
+    return out
+
+
+def candidate_space(kernel: str) -> list[dict[str, Any]]:
+    """The configs tried per bucket (small: a whole model should tune in ~10 min on one GPU)."""
+    pipes = [(4, 2), (4, 3), (8, 3)]
+    if kernel == DECODE:
+        rules = [
+            {"waves": 2, "min_tokens_per_split": 256, "max_splits": 16},
+            {"waves": 4, "min_tokens_per_split": 128, "max_splits": 64},
+            {"waves": 1, "min_tokens_per_split": 256, "max_splits": 1},
+        ]
+        return [
+            {"TILE_SIZE": t, "num_warps": w, "num_stages": s, **r}
+            for t, (w, s), r in itertools.product((32, 64, 128), pipes, rules)
+        ]
+    return [
+        {"BLOCK_M": m, "TILE_SIZE": t, "num_warps": w, "num_stages": s}
+        for m, t, (w, s) in itertools.product((32, 64, 128), (32, 64), pipes)
+    ]
+
+
+@dataclass
+class _Batch:
+    args: dict[str, Any]
+    num_decodes: int
+
+
+def make_batch(
+    shape: AttentionShape,
+    seqs: Iterable[tuple[int, int]],
+    device: torch.device,
+    gen: torch.Generator,
+) -> _Batch:
+    """Random q and paged K/V (blocks shuffled) for ``seqs`` = [(query_len, seq_len)]."""
+    seqs = list(seqs)
+    bs, hkv, d = shape.block_size, shape.num_kv_heads, shape.head_dim
+    per_seq = [-(-s // bs) for _, s in seqs]
+    total = sum(per_seq)
+    perm = torch.randperm(total, generator=gen).to(torch.int32)
+    table = torch.zeros((len(seqs), max(per_seq)), dtype=torch.int32)
+    start = 0
+    for i, n in enumerate(per_seq):
+        table[i, :n] = perm[start : start + n]
+        start += n
+
+    def randn(*dims: int) -> torch.Tensor:
+        return torch.randn(dims, generator=gen).to(device=device, dtype=shape.dtype)
+
+    q_lens = [q for q, _ in seqs]
+    qsl = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor(q_lens), 0)
+    args = {
+        "q": randn(sum(q_lens), shape.num_heads, d),
+        "k_cache": randn(total, bs, hkv, d),
+        "v_cache": randn(total, bs, hkv, d),
+        "block_tables": table.to(device),
+        "seq_lens": torch.tensor([s for _, s in seqs], dtype=torch.int32, device=device),
+        "query_start_loc": qsl.to(device),
+        "max_query_len": max(q_lens),
+        "max_seq_len": max(s for _, s in seqs),
+        "scale": d**-0.5,
+    }
+    num_decodes = next((i for i, (q, _) in enumerate(seqs) if q != 1), len(seqs))
+    return _Batch(args, num_decodes)
+
+
+def num_splits_for(
+    bucket: Bucket, shape: AttentionShape, config: dict, device: torch.device
+) -> int:
+    from pagoda.kernels.config import num_sms
+    from pagoda.kernels.decode_attention import choose_num_splits
+
+    return choose_num_splits(
+        num_decodes=bucket.shape["num_seqs"],
+        num_kv_heads=shape.num_kv_heads,
+        max_seq_len=bucket.shape["max_seq_len"],
+        num_sms=num_sms(device),
+        config=config,
+    )
+
+
+def launch(kernel: str, batch: _Batch, config: dict, splits: int, out: torch.Tensor) -> None:
+    """Run one launcher with ``config`` exactly as ``paged_attention`` would for this bucket."""
+    from pagoda.kernels import decode_attention, unified_attention
+
+    a = batch.args
+    common = {k: a[k] for k in ("q", "k_cache", "v_cache", "block_tables", "seq_lens", "scale")}
+    if kernel == DECODE:
+        decode_attention.launch_decode_attention(
+            **common, out=out, num_decodes=batch.num_decodes, num_splits=splits, config=config
+        )
+    else:
+        unified_attention.launch_unified_attention(
+            **common,
+            query_start_loc=a["query_start_loc"],
+            out=out,
+            first_seq=0,
+            first_token=0,
+            config=config,
+        )

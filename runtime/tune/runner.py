@@ -1,0 +1,367 @@
+"""One `pagoda tune` run: identity → (CUDA) kernel sweep → engine profile → knobs → profile.json."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pagoda.runtime.config import EngineConfig
+from pagoda.runtime.tune.choose import Targets, choose_scheduler
+from pagoda.runtime.tune.profile import (
+    CONFIGS_DIR,
+    PROFILE_FILE,
+    SCHEMA_VERSION,
+    ProfileError,
+    device_identity,
+    normalize_model,
+    now_iso,
+    read_json,
+    versions,
+    write_profile,
+)
+
+SHAPE_KEYS = ("max_model_len", "block_size")  # a profile for other shapes is not resumed
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    model: str
+    output: str
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    max_model_len: int | None = None
+    time_budget_s: float = 900.0
+    targets: Targets = field(default_factory=Targets)
+    prompt_len: int | None = None
+    quick: bool = False
+    force: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.output:
+            raise ValueError("--output DIR is required")
+        if not self.time_budget_s > 0:
+            raise ValueError(f"time budget must be positive, got {self.time_budget_s}")
+        for name in ("max_model_len", "prompt_len"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 2):
+                raise ValueError(f"{name} must be an integer >= 2, got {value!r}")
+
+
+@dataclass
+class TuneResult:
+    profile: dict[str, Any]
+    usable: bool  # scheduler knobs chosen (at least one prefill and one decode point)
+    summary: str
+
+
+class _Lazy:
+    """Load the model at most once, and only when something needs it (a resumed run may not)."""
+
+    def __init__(self, make: Any) -> None:
+        self._make, self._value = make, None
+
+    def __call__(self) -> Any:
+        if self._value is None:
+            self._value = self._make()
+        return self._value
+
+
+def dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _previous(out: Path, identity: dict[str, str], force: bool) -> dict[str, Any] | None:
+    """The profile to resume, None for a fresh start; refuses to mix two setups in one DIR."""
+    if force:
+        (out / PROFILE_FILE).unlink(missing_ok=True)
+        shutil.rmtree(out / CONFIGS_DIR, ignore_errors=True)
+        return None
+    data = read_json(out / PROFILE_FILE)
+    if data is None:
+        return None
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise ProfileError(f"{out} holds a profile of another schema version; use --force")
+    differs = [
+        f"{k} {data.get(k)!r} != {v!r}"
+        for k, v in identity.items()
+        if (normalize_model(str(data.get(k))) if k == "model" else data.get(k)) != v
+    ]
+    if differs:
+        raise ProfileError(
+            f"{out} holds a profile for another setup ({'; '.join(differs)}); use another "
+            "--output or --force to replace it"
+        )
+    return data
+
+
+def _progress_bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="pagoda tune", unit="point", file=sys.stderr, leave=True)
+
+
+def _engine_config(req: TuneRequest, plan: Any, max_model_len: int) -> EngineConfig:
+    """Room for the largest point: every decode batch, every prefill chunk in one step."""
+    prompts = math.ceil(max(plan.chunk_sizes) / (max_model_len - 1))
+    seqs = max(*plan.decode_batches, prompts)
+    return EngineConfig.create(
+        req.model,
+        **{
+            **req.engine_args,
+            "max_model_len": max_model_len,
+            "max_num_seqs": seqs,
+            "max_num_batched_tokens": max(*plan.chunk_sizes, seqs),
+            "enable_prefix_caching": True,
+            "enable_chunked_prefill": True,
+        },
+    )
+
+
+def tune(req: TuneRequest) -> TuneResult:
+    """Measure, choose, write ``profile.json`` (after every point) and return the summary."""
+    from pagoda.runtime.model.loader import load_model
+    from pagoda.runtime.tune.engine import make_plan
+    from pagoda.runtime.tune.report import summary_table
+
+    start = time.monotonic()
+    deadline = start + req.time_budget_s
+    out = Path(req.output)
+    base = EngineConfig.create(req.model, **req.engine_args)  # flag errors before loading
+    device = base.torch_device()
+    identity = {
+        "device": device_identity(device),
+        "model": normalize_model(req.model),
+        "dtype": dtype_name(base.torch_dtype()),
+    }
+    previous = _previous(out, identity, req.force)
+    loaded = _Lazy(lambda: load_model(req.model))
+    max_model_len = req.max_model_len or loaded().config.max_position_embeddings
+    cuda = device.type == "cuda"
+    plan = make_plan(max_model_len=max_model_len, cuda=cuda, quick=req.quick)
+    if previous is not None and any(
+        previous.get(k) not in (None, v)
+        for k, v in (("max_model_len", max_model_len), ("block_size", base.cache.block_size))
+    ):
+        raise ProfileError(f"{out} was tuned for another max_model_len/block_size; use --force")
+    backend = base.attention_backend
+    if backend == "auto":
+        backend = "triton" if cuda else "torch"
+    profile = _skeleton(previous, identity, base, max_model_len, req)
+    profile["attention_backend"] = backend
+    save = lambda: write_profile(out, profile)  # noqa: E731
+    save()
+    kernel_buckets = _kernel_buckets(loaded().config, base, plan, max_model_len) if cuda else []
+    if not kernel_buckets or backend != "triton":
+        print(f"kernels: {_skip_reason(base)}", file=sys.stderr)
+    bar = _progress_bar(plan.num_points + len(kernel_buckets), req.progress)
+
+    def progress(label: str) -> None:
+        if bar is not None:
+            bar.set_postfix_str(label, refresh=False)
+            bar.update(1)
+
+    try:
+        profile["kernels"] = _tune_kernels(
+            loaded().config if cuda else None, base, kernel_buckets, out, profile.get("kernels"), backend,
+            start + 0.6 * req.time_budget_s, progress, save_cb=lambda k: (profile.update(kernels=k), save()),
+        )  # fmt: skip
+        save()
+        engine = _profile_engine(
+            req, loaded, plan, max_model_len, out, profile, deadline, progress, save
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    profile["engine"] = engine
+    usable = bool(engine["prefill"] and engine["decode"])
+    if usable:
+        prompt = req.prompt_len or min(profile["max_model_len"], 2048)
+        choice = choose_scheduler(
+            engine["prefill"],
+            engine["decode"],
+            kv_capacity_tokens=engine["kv_cache"]["capacity_tokens"],
+            targets=req.targets,
+            prompt_tokens=prompt,
+        )
+        profile["scheduler"] = _scheduler_section(choice)
+        profile["capacity"] = _capacity_section(choice, engine, prompt)
+    profile["complete"] = bool(engine["complete"] and profile["kernels"].get("complete", True))
+    profile["updated"] = now_iso()
+    profile["time_spent_s"] = round(profile.get("time_spent_s", 0.0) + time.monotonic() - start, 1)
+    save()
+    return TuneResult(profile, usable, summary_table(profile, out))
+
+
+def _skeleton(
+    previous: dict | None, identity: dict, base: EngineConfig, max_model_len: int, req: TuneRequest
+) -> dict[str, Any]:
+    """profile.json before measuring: identity, provenance, targets, and what a resume keeps."""
+    prev = previous or {}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        **identity,
+        "max_model_len": max_model_len,
+        "block_size": base.cache.block_size,
+        "attention_backend": base.attention_backend,
+        "versions": versions(),
+        "created": prev.get("created", now_iso()),
+        "updated": now_iso(),
+        "time_spent_s": float(prev.get("time_spent_s", 0.0)),
+        "targets": {"ttft_s": req.targets.ttft_s, "itl_s": req.targets.itl_s},
+        "complete": False,
+        "engine": prev.get("engine", {}),
+        "kernels": prev.get("kernels", {}),
+    }
+
+
+def _attention_shape(model_config: Any, base: EngineConfig) -> Any:
+    from pagoda.runtime.tune.kernels import AttentionShape
+
+    return AttentionShape(
+        num_heads=model_config.num_heads,
+        num_kv_heads=model_config.num_kv_heads,
+        head_dim=model_config.head_dim,
+        block_size=base.cache.block_size,
+        dtype=base.torch_dtype(),
+    )
+
+
+def _kernel_buckets(model_config: Any, base: EngineConfig, plan: Any, max_model_len: int) -> list:
+    from pagoda.runtime.tune.kernels import plan_buckets
+
+    return plan_buckets(
+        _attention_shape(model_config, base),
+        max_num_seqs=max(plan.decode_batches),
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max(plan.chunk_sizes),
+    )
+
+
+def _skip_reason(base: EngineConfig) -> str:
+    if base.torch_device().type != "cuda":
+        return "skipped: CPU run (the Triton interpreter is not a performance target)"
+    return "skipped: the torch attention backend uses no Pagoda kernels"
+
+
+def _tune_kernels(
+    model_config: Any,
+    base: EngineConfig,
+    buckets: list,
+    out: Path,
+    previous: dict | None,
+    backend: str,
+    deadline: float,
+    progress: Any,
+    save_cb: Any,
+) -> dict[str, Any]:
+    """The ``kernels`` section; on a CPU (or the torch backend) one line says why it is skipped."""
+    if not buckets or backend != "triton":
+        return {"status": "skipped", "note": _skip_reason(base), "buckets": [], "complete": True}
+    from pagoda.kernels.config import config_file_name, device_name
+    from pagoda.runtime.tune.sweep import tune_kernels
+
+    device = base.torch_device()
+    label = device_name(device)
+    reports, complete = tune_kernels(
+        _attention_shape(model_config, base),
+        buckets,
+        device=device,
+        device_label=label,
+        out_dir=out / CONFIGS_DIR,
+        previous=(previous or {}).get("buckets"),
+        deadline=deadline,
+        progress=progress,
+    )
+    section = {
+        "status": "tuned" if complete else "partial",
+        "config_file": f"{CONFIGS_DIR}/{config_file_name(label)}",
+        "buckets": reports,
+        "complete": complete,
+    }
+    save_cb(section)
+    return section
+
+
+def _profile_engine(
+    req: TuneRequest,
+    loaded: Any,
+    plan: Any,
+    max_model_len: int,
+    out: Path,
+    profile: dict,
+    deadline: float,
+    progress: Any,
+    save: Any,
+) -> dict[str, Any]:
+    """Build the engine with the freshly tuned kernels first in the search path, then measure."""
+    from pagoda.kernels.config import CONFIG_DIR_ENV, clear_config_cache
+    from pagoda.runtime.engine.core import EngineCore
+    from pagoda.runtime.tune.engine import EngineProfiler, measure_engine
+
+    configs = out / CONFIGS_DIR
+    old_env = os.environ.get(CONFIG_DIR_ENV)
+    if configs.is_dir():
+        os.environ[CONFIG_DIR_ENV] = os.pathsep.join(filter(None, [str(configs), old_env]))
+        clear_config_cache()
+
+    def make_profiler() -> EngineProfiler:
+        core = EngineCore(_engine_config(req, plan, max_model_len), loaded())
+        if core.max_model_len < max_model_len:
+            raise ValueError(
+                f"the KV cache holds {core.max_model_len} tokens, less than max_model_len "
+                f"{max_model_len}: give a larger --kv-cache-memory or a smaller --max-model-len"
+            )
+        return EngineProfiler(core)
+
+    def checkpoint(section: dict) -> None:
+        profile["engine"] = section
+        save()
+
+    try:
+        return measure_engine(
+            make_profiler,
+            plan,
+            profile.get("engine"),
+            deadline=deadline,
+            progress=progress,
+            checkpoint=checkpoint,
+        )
+    finally:
+        if configs.is_dir():
+            if old_env is None:
+                os.environ.pop(CONFIG_DIR_ENV, None)
+            else:
+                os.environ[CONFIG_DIR_ENV] = old_env
+            clear_config_cache()
+
+
+def _scheduler_section(choice: Any) -> dict[str, Any]:
+    return {
+        "max_num_batched_tokens": choice.max_num_batched_tokens,
+        "max_num_seqs": choice.max_num_seqs,
+        "chunk_tokens": choice.chunk_tokens,
+        "itl_met": choice.itl_met,
+        "ttft_met": choice.ttft_met,
+        "reason": choice.reason,
+    }
+
+
+def _capacity_section(choice: Any, engine: dict, prompt: int) -> dict[str, Any]:
+    return {
+        "prefill_tokens_per_s": choice.prefill_tokens_per_s,
+        "decode_tokens_per_s": choice.decode_tokens_per_s,
+        "decode_step_s": choice.decode_step_s,
+        "decode_context": choice.decode_context,
+        "max_decode_batch": choice.max_num_seqs,
+        "kv_capacity_tokens": engine["kv_cache"]["capacity_tokens"],
+        "max_prompt_tokens_within_ttft": choice.max_prompt_tokens_within_ttft,
+        "reference_prompt_tokens": prompt,
+    }

@@ -1,0 +1,214 @@
+"""Checking and timing kernel candidates, and the per-bucket sweep that saves the winners.
+
+A candidate is rejected (never timed, never saved) when it raises or disagrees with the torch
+reference on fresh random inputs; the first candidate of a bucket is the config the runtime would
+use without tuning, so the report says how much tuning gained.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from pagoda.runtime.tune.kernels import (
+    DECODE,
+    TOL,
+    AttentionShape,
+    Bucket,
+    BucketResult,
+    Timer,
+    candidate_space,
+    launch,
+    make_batch,
+    num_splits_for,
+)
+
+
+def _check_seqs(bucket: Bucket, gen: torch.Generator) -> list[tuple[int, int]]:
+    """A small ragged batch that compiles to the same kernel variant as the bucket."""
+    if bucket.kernel == DECODE:
+        n, top = min(bucket.shape["num_seqs"], 4), min(bucket.shape["max_seq_len"], 1024)
+        lens = torch.randint(1, top + 1, (n,), generator=gen).tolist()
+        return [(1, int(s)) for s in [top, *lens[1:]]]
+    q = min(bucket.shape["max_query_len"], 128)
+    short = max(q // 3, 1)
+    return [(q, min(bucket.seqs[0][1], 2 * q)), (short, short + 7)]
+
+
+def check_candidate(
+    bucket: Bucket, shape: AttentionShape, config: dict, device: torch.device, gen: torch.Generator
+) -> str | None:
+    """None when ``config`` matches the torch reference on fresh random inputs, else why not."""
+    from pagoda.kernels import reference
+
+    batch = make_batch(shape, _check_seqs(bucket, gen), device, gen)
+    out = torch.full_like(batch.args["q"], float("nan"))
+    try:
+        splits = num_splits_for(bucket, shape, config, device) if bucket.kernel == DECODE else 1
+        launch(bucket.kernel, batch, config, splits, out)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as e:  # a config the compiler or launcher refuses is a rejected candidate
+        return f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+    want = reference.paged_attention(**batch.args).float()
+    got = out.float()
+    tol = TOL[shape.dtype]
+    if not torch.isfinite(got).all():
+        return "wrong output: non-finite values"
+    err = (got - want).abs().max().item()
+    if err > tol * (1.0 + want.abs().max().item()):
+        return f"wrong output: max |diff| {err:.3g} > tolerance"
+    return None
+
+
+def wall_timer(fn: Callable[[], None], repeats: int = 3) -> float:
+    """Median wall-clock milliseconds after one warm-up call (the interpreter, tests)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def cuda_timer(fn: Callable[[], None]) -> float:
+    """``triton.testing.do_bench`` median in milliseconds."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
+
+
+def time_candidate(
+    bucket: Bucket,
+    shape: AttentionShape,
+    config: dict,
+    device: torch.device,
+    gen: torch.Generator,
+    timer: Timer,
+) -> float:
+    """Milliseconds per launch; on CUDA the inputs rotate through copies larger than L2."""
+    first = make_batch(shape, bucket.seqs, device, gen)
+    copies = [first]
+    if device.type == "cuda":
+        l2 = torch.cuda.get_device_properties(device).L2_cache_size
+        size = sum(t.numel() * t.element_size() for t in first.args.values() if torch.is_tensor(t))
+        copies += [
+            make_batch(shape, bucket.seqs, device, gen)
+            for _ in range(min(-(-2 * l2 // size), 8) - 1)
+        ]
+    outs = [torch.empty_like(b.args["q"]) for b in copies]
+    splits = num_splits_for(bucket, shape, config, device) if bucket.kernel == DECODE else 1
+    turn = itertools.count()
+
+    def run() -> None:
+        i = next(turn) % len(copies)
+        launch(bucket.kernel, copies[i], config, splits, outs[i])
+
+    return timer(run)
+
+
+def _launch_key(bucket: Bucket, shape: AttentionShape, config: dict, device: torch.device) -> tuple:
+    """Configs that launch the same compiled variant with the same grid are timed once."""
+    from pagoda.kernels._common import next_pow2
+
+    tile = next_pow2(max(int(config.get("TILE_SIZE", 16)), 16))
+    base = (tile, config.get("num_warps"), config.get("num_stages"))
+    if bucket.kernel == DECODE:
+        try:
+            return (*base, num_splits_for(bucket, shape, config, device))
+        except (KeyError, ValueError, TypeError):
+            return (*base, repr(sorted(config.items())))
+    qpk = shape.num_heads // shape.num_kv_heads
+    return (*base, next_pow2(max(int(config.get("BLOCK_M", 16)), 16, qpk)))
+
+
+def sweep_bucket(
+    bucket: Bucket,
+    shape: AttentionShape,
+    candidates: list[dict],
+    device: torch.device,
+    *,
+    timer: Timer,
+    seed: int = 0,
+) -> BucketResult:
+    """Check every candidate, time the survivors; the first candidate is the baseline."""
+    gen = torch.Generator().manual_seed(seed)
+    rejected: list[str] = []
+    timed: dict[tuple, tuple[float, dict]] = {}
+    baseline_ms = None
+    for i, config in enumerate(candidates):
+        why = check_candidate(bucket, shape, config, device, gen)
+        if why is not None:
+            rejected.append(f"{config}: {why}")
+            continue
+        key = _launch_key(bucket, shape, config, device)
+        if key not in timed:
+            timed[key] = (time_candidate(bucket, shape, config, device, gen, timer), config)
+        if i == 0:
+            baseline_ms = timed[key][0]
+    if not timed:
+        return BucketResult(bucket, None, None, baseline_ms, len(candidates), rejected)
+    best_ms, best = min(timed.values(), key=lambda x: x[0])
+    return BucketResult(
+        bucket,
+        dict(best),
+        round(best_ms, 4),
+        baseline_ms and round(baseline_ms, 4),
+        len(candidates),
+        rejected,
+    )
+
+
+def tune_kernels(
+    shape: AttentionShape,
+    buckets: list[Bucket],
+    *,
+    device: torch.device,
+    device_label: str,
+    out_dir: Path,
+    previous: list[dict] | None = None,
+    deadline: float = float("inf"),
+    timer: Timer = cuda_timer,
+    space: Callable[[str], list[dict]] = candidate_space,
+    progress: Callable[[str], None] = lambda _: None,
+) -> tuple[list[dict], bool]:
+    """Sweep every bucket not already in ``previous``; save each winner as soon as it is known.
+
+    Returns (bucket reports, complete). ``device_label`` names ``out_dir/<device_label>.json``.
+    """
+    from pagoda.kernels.config import DEFAULT_DEVICE, get_kernel_config, save_kernel_config
+
+    if device_label == DEFAULT_DEVICE:
+        raise ValueError("tuned configs need a device name; 'default' is the packaged fallback")
+    done = {(b["kernel"], tuple(sorted(b["shape"].items()))): b for b in previous or []}
+    reports, complete = [], True
+    for bucket in buckets:
+        key = (bucket.kernel, tuple(sorted(bucket.shape.items())))
+        if key in done:
+            reports.append(done[key])
+            progress(f"{bucket.label} (kept)")
+            continue
+        if time.monotonic() > deadline:
+            complete = False
+            progress(f"{bucket.label} (out of time)")
+            continue
+        baseline = get_kernel_config(bucket.kernel, bucket.shape, device)
+        candidates = [baseline, *(c for c in space(bucket.kernel) if c != baseline)]
+        result = sweep_bucket(bucket, shape, candidates, device, timer=timer)
+        if result.config is not None:
+            save_kernel_config(
+                bucket.kernel,
+                bucket.shape,
+                result.config,
+                device=device_label,
+                directory=out_dir,
+                source="pagoda tune: fastest candidate that matched the torch reference",
+            )
+        reports.append(result.as_json())
+        progress(bucket.label)
+    return reports, complete

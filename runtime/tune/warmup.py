@@ -1,0 +1,169 @@
+"""Warm-up before `/ready`: touch every kernel variant the configured shapes can reach.
+
+Why: Triton compiles a kernel variant the first time it meets new constexprs (launch config,
+split count) or a new integer specialisation (an argument equal to 1, or divisible by 16). On
+the H200 the first steps after start took 0.4–0.7 s each while that happened, in front of the
+first users. Serving decides every variant from host ints (``paged_attention``'s rules), so the
+set is enumerable: each decode (batch, context) bucket's config and split count, and each
+prefill ``max_query_len`` bucket's config, with block-table widths in each specialisation class.
+Everything runs on a scratch cache of a few blocks, never on the engine's KV cache.
+
+Then a few small engine steps (prefills of 16k and odd lengths, decodes) cover the other
+kernels and the torch paths. On a CPU (torch backend) only those steps run: cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+from pagoda.runtime.engine.core import EngineCore
+from pagoda.runtime.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+SCRATCH_BLOCKS = 16
+
+
+@dataclass(frozen=True)
+class Geometry:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+def _pow2_upto(limit: int, start: int = 1) -> list[int]:
+    out, v = [], start
+    while v < limit:
+        out.append(v)
+        v *= 2
+    return [*out, limit] if limit >= start else out
+
+
+def kernel_cases(
+    geo: Geometry, *, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int
+) -> list[tuple[int, int, int]]:
+    """(num_decodes, max_seq_len, prefill_len) cases, one per distinct compiled variant."""
+    from pagoda.kernels.config import get_kernel_config, num_sms
+    from pagoda.kernels.decode_attention import choose_num_splits
+
+    seen: set = set()
+    cases = []
+    for n in _pow2_upto(max_num_seqs):
+        for ctx in _pow2_upto(max_model_len, geo.block_size):
+            shape = {"head_dim": geo.head_dim, "num_seqs": n, "max_seq_len": ctx}
+            cfg = get_kernel_config("decode_attention", shape, geo.device)
+            splits = choose_num_splits(
+                num_decodes=n,
+                num_kv_heads=geo.num_kv_heads,
+                max_seq_len=ctx,
+                num_sms=num_sms(geo.device),
+                config=cfg,
+            )
+            key = ("decode", cfg["TILE_SIZE"], cfg["num_warps"], cfg["num_stages"], splits)
+            if key not in seen:
+                seen.add(key)
+                cases.append((n, ctx, 0))
+    for q in _pow2_upto(min(max_num_batched_tokens, max_model_len - 1)):
+        cfg = get_kernel_config(
+            "paged_attention", {"head_dim": geo.head_dim, "max_query_len": q}, geo.device
+        )
+        key = ("unified", *sorted(cfg.items()))
+        if key not in seen:
+            seen.add(key)
+            cases.append((0, q, q))
+    return cases
+
+
+def _widths(need: int) -> list[int]:
+    """Block-table widths in each integer-specialisation class: 1, not /16, /16."""
+    odd = need if need % 16 and need > 1 else need + 1 if (need + 1) % 16 else need + 2
+    return sorted({w for w in (need if need == 1 else None, odd, -(-need // 16) * 16) if w})
+
+
+def run_kernel_case(geo: Geometry, num_decodes: int, max_seq_len: int, prefill: int) -> int:
+    """Launch one case at every table width; returns the number of launches."""
+    from pagoda.kernels import paged_attention
+
+    bs, dev = geo.block_size, geo.device
+    seqs = [(1, min(max_seq_len, bs))] * num_decodes + ([(prefill, prefill)] if prefill else [])
+    need = max(-(-s // bs) for _, s in seqs)
+    tokens = sum(q for q, _ in seqs)
+    q = torch.zeros((tokens, geo.num_heads, geo.head_dim), dtype=geo.dtype, device=dev)
+    cache = torch.zeros(
+        (SCRATCH_BLOCKS, bs, geo.num_kv_heads, geo.head_dim), dtype=geo.dtype, device=dev
+    )
+    qsl = torch.tensor(
+        [0, *torch.tensor([q_ for q_, _ in seqs]).cumsum(0).tolist()], dtype=torch.int32
+    )
+    seq_lens = torch.tensor([s for _, s in seqs], dtype=torch.int32)
+    for width in _widths(need):
+        table = (torch.arange(len(seqs) * width, dtype=torch.int32) % SCRATCH_BLOCKS).view(
+            len(seqs), width
+        )
+        paged_attention(
+            q=q,
+            k_cache=cache,
+            v_cache=cache,
+            block_tables=table.to(dev),
+            seq_lens=seq_lens.to(dev),
+            query_start_loc=qsl.to(dev),
+            max_query_len=max(q_ for q_, _ in seqs),
+            max_seq_len=max_seq_len,
+            scale=geo.head_dim**-0.5,
+            num_decodes=num_decodes,
+        )
+    return len(_widths(need))
+
+
+def _engine_steps(core: EngineCore) -> int:
+    """Prefills of 16k and odd lengths, then decodes of two and one sequence."""
+    limit = core.max_model_len - 4
+    lengths = sorted({max(1, min(n, limit)) for n in (32, 7)})
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    for i, n in enumerate(lengths):
+        core.add_request(f"__warmup-{i}", [1 + (j % 97) for j in range(n)], params)
+    steps = 0
+    while core.has_unfinished_requests():
+        core.step()
+        steps += 1
+    return steps
+
+
+def warm_up(core: EngineCore) -> EngineCore:
+    """Compile (or touch) every variant serving can hit; returns ``core`` for factory chaining."""
+    start = time.monotonic()
+    launches = 0
+    runner = core.runner
+    if runner.backend.name == "triton":
+        mc, sched = core.model_config, core.scheduler.config
+        geo = Geometry(
+            mc.num_heads,
+            mc.num_kv_heads,
+            mc.head_dim,
+            core.kv.block_size,
+            runner.dtype,
+            runner.device,
+        )
+        cases = kernel_cases(
+            geo,
+            max_num_seqs=sched.max_num_seqs,
+            max_model_len=core.max_model_len,
+            max_num_batched_tokens=sched.max_num_batched_tokens,
+        )
+        for case in cases:
+            launches += run_kernel_case(geo, *case)
+        if runner.device.type == "cuda":
+            torch.cuda.synchronize(runner.device)
+    steps = _engine_steps(core)
+    log.info(
+        "warm-up: %d attention launches over the configured shapes, %d engine steps, %.1f s",
+        launches,
+        steps,
+        time.monotonic() - start,
+    )
+    return core
