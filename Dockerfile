@@ -13,7 +13,7 @@ ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 # CPU torch of the demo image (the Makefile's TORCH_SPEC).
 ARG TORCH_CPU_VERSION=2.13.0
 # Distributions the operator imports (versions come from pyproject.toml).
-ARG OPERATOR_DEPS="kopf aiohttp"
+ARG OPERATOR_DEPS="kopf aiohttp prometheus-client"
 
 # ---- wheel: the pagoda wheel (no dependencies) and requirement lists from pyproject.toml ----
 FROM ${PYTHON_IMAGE} AS wheel
@@ -63,7 +63,7 @@ EXPOSE 8000
 ENTRYPOINT ["pagoda"]
 CMD ["serve", "--host", "0.0.0.0"]
 
-# ---- operator: kopf + aiohttp on python slim, no torch --------------------------------------
+# ---- operator: kopf + aiohttp + prometheus-client on python slim, no torch --------------------------------------
 FROM ${PYTHON_IMAGE} AS operator
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

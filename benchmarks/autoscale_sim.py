@@ -10,7 +10,7 @@ replica runs at most `slots` requests at once (`--max-num-seqs`), a request hold
 `startup_s`; the Service spreads requests over ready replicas (one shared FIFO). As in a cluster,
 metrics are scraped every 15 s and both autoscalers evaluate every 15 s:
 
-* Pagoda: `pagoda.operator.autoscale.decide` itself, on p95 TTFT over the last minute and queue
+* Pagoda: `pagoda.operator.autoscaling.policy.decide` itself, on p95 TTFT over the last minute and queue
   depth per ready replica (targets below), tolerance 10 %, x2 per step, down window 300 s;
 * HPA: the Kubernetes HPA algorithm on average waiting requests per pod (same queue target):
   pods without metrics count as 0 when scaling up and as on-target when scaling down, tolerance
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from pagoda.operator.autoscale import Metrics, Policy, decide
+from pagoda.operator.autoscaling.policy import Metrics, Policy, decide
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EVAL_S = 15.0

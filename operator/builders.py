@@ -15,32 +15,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import kopf
-from pagoda.operator import rules
+from pagoda.operator.autoscaling import rules
 from pagoda.operator.config import SERVER_PORT
-from pagoda.operator.spec import API_VERSION, KIND, InferenceServiceSpec, ModelRef
+from pagoda.operator.model_ref import ModelRef
+from pagoda.operator.names import (
+    API_VERSION,
+    CONFIG_HASH_ANNOTATION,
+    GPU_RESOURCE,
+    KIND,
+    LABEL_INSTANCE,
+    config_map_name,
+    selector_labels,
+    standard_labels,
+)
+from pagoda.operator.serve_args import engine_config, server_args
+from pagoda.operator.spec import InferenceServiceSpec
 
-LABEL_NAME = "app.kubernetes.io/name"
-LABEL_INSTANCE = "app.kubernetes.io/instance"
-LABEL_COMPONENT = "app.kubernetes.io/component"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-LABEL_PART_OF = "app.kubernetes.io/part-of"
-MANAGED_BY = "pagoda-operator"
-COMPONENT = "inference-server"
-CONFIG_HASH_ANNOTATION = "serving.pagoda.dev/config-hash"
-GPU_RESOURCE = "nvidia.com/gpu"
 CONTAINER_NAME = "server"
 CONFIG_MOUNT = "/etc/pagoda"
 PRESTOP_SLEEP_S = 5  # lets endpoints drop the pod before SIGTERM starts the drain
 PROBE_PERIOD_S = 10
 RUN_AS_ID = 1000
-
-# Maps inside a child that belong to the operator as a whole: keys missing from the desired
-# manifest are removed from the live object (a JSON merge patch alone would keep them).
-OWNED_MAPS: Mapping[str, tuple[tuple[str, ...], ...]] = {
-    "Deployment": (("spec", "template", "spec", "nodeSelector"),),
-    "ConfigMap": (("data",),),
-}
 
 
 @dataclass(frozen=True)
@@ -62,16 +57,15 @@ class Owner:
             labels=tuple(sorted((meta.get("labels") or {}).items())),
         )
 
-    def as_body(self) -> dict[str, Any]:
+    def reference(self) -> dict[str, Any]:
+        """The controller owner reference every child carries (garbage collection, adoption)."""
         return {
             "apiVersion": API_VERSION,
             "kind": KIND,
-            "metadata": {
-                "name": self.name,
-                "namespace": self.namespace,
-                "uid": self.uid,
-                "labels": dict(self.labels),
-            },
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
         }
 
 
@@ -84,18 +78,6 @@ class Children:
 
     def get(self, kind: str) -> dict[str, Any]:
         return next(c for c in self.desired if c["kind"] == kind)
-
-
-def selector_labels(name: str) -> dict[str, str]:
-    return {LABEL_NAME: "pagoda", LABEL_INSTANCE: name, LABEL_COMPONENT: COMPONENT}
-
-
-def standard_labels(name: str) -> dict[str, str]:
-    return {**selector_labels(name), LABEL_MANAGED_BY: MANAGED_BY, LABEL_PART_OF: "pagoda"}
-
-
-def config_map_name(name: str) -> str:
-    return f"{name}-config"
 
 
 def _meta(owner: Owner, kind: str, api_version: str, name: str) -> dict[str, Any]:
@@ -111,41 +93,13 @@ def _meta(owner: Owner, kind: str, api_version: str, name: str) -> dict[str, Any
 
 
 def _adopt(obj: dict[str, Any], owner: Owner) -> dict[str, Any]:
-    kopf.adopt(obj, owner=owner.as_body())  # type: ignore[arg-type]
+    """What `kopf.adopt` does (controller owner reference, the owner's labels where not set),
+    without importing kopf, so the builders stay importable without aiohttp."""
+    meta = obj["metadata"]
+    meta["ownerReferences"] = [owner.reference()]
+    for key, value in owner.labels:
+        meta["labels"].setdefault(key, value)
     return obj
-
-
-def server_args(spec: InferenceServiceSpec) -> list[str]:
-    """The full `pagoda serve` argument list for this spec."""
-    return [
-        "--model", spec.model.server_arg,
-        "--served-model-name", spec.served_model_name,
-        "--host", "0.0.0.0",
-        "--port", str(SERVER_PORT),
-        "--drain-timeout", str(spec.drain_timeout_seconds),
-        *spec.engine.server_args(),
-    ]  # fmt: skip
-
-
-def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
-    """The effective engine configuration recorded in the ConfigMap (and hashed into the pods)."""
-    e = spec.engine
-    return {
-        "model": spec.model.uri,
-        "modelPath": spec.model.server_arg,
-        "servedModelName": spec.served_model_name,
-        "dtype": e.dtype,
-        "blockSize": e.block_size,
-        "enablePrefixCaching": e.enable_prefix_caching,
-        "enableChunkedPrefill": e.enable_chunked_prefill,
-        "attentionBackend": e.attention_backend,
-        "maxNumSeqs": e.max_num_seqs,
-        "maxNumBatchedTokens": e.max_num_batched_tokens,
-        "maxModelLen": e.max_model_len,
-        "maxQueueLen": e.max_queue_len,
-        "drainTimeoutSeconds": spec.drain_timeout_seconds,
-        "args": server_args(spec),
-    }
 
 
 def build_config_map(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
@@ -231,16 +185,10 @@ def termination_grace_seconds(spec: InferenceServiceSpec) -> int:
     return PRESTOP_SLEEP_S + spec.drain_timeout_seconds + 10
 
 
-def build_deployment(
-    owner: Owner,
-    spec: InferenceServiceSpec,
-    *,
-    config_hash_value: str,
-    current_replicas: int | None = None,
-) -> dict[str, Any]:
-    obj = _meta(owner, "Deployment", "apps/v1", owner.name)
-    volumes, mounts = _volumes(owner, spec.model)
-    container = {
+def _container(spec: InferenceServiceSpec, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The `server` container: `pagoda serve`, probes, resources, restricted security context."""
+    startup_failures = max(1, math.ceil(spec.startup_timeout_seconds / PROBE_PERIOD_S))
+    return {
         "name": CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
@@ -249,12 +197,7 @@ def build_deployment(
         "ports": [{"name": "http", "containerPort": SERVER_PORT, "protocol": "TCP"}],
         "env": _env(spec),
         "resources": _resources(spec),
-        "startupProbe": _probe(
-            "/health",
-            PROBE_PERIOD_S,
-            5,
-            max(1, math.ceil(spec.startup_timeout_seconds / PROBE_PERIOD_S)),
-        ),
+        "startupProbe": _probe("/health", PROBE_PERIOD_S, 5, startup_failures),
         "livenessProbe": _probe("/health", PROBE_PERIOD_S, 5, 3),
         "readinessProbe": _probe("/ready", 5, 3, 3),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_S)]}}},
@@ -269,6 +212,10 @@ def build_deployment(
         "volumeMounts": mounts,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+
+
+def _pod_spec(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
+    volumes, mounts = _volumes(owner, spec.model)
     tolerations = [dict(t) for t in spec.tolerations]
     if spec.resources.gpus and not any(t.get("key") == GPU_RESOURCE for t in tolerations):
         tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
@@ -283,21 +230,35 @@ def build_deployment(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
-        "containers": [container],
+        "containers": [_container(spec, mounts)],
         "volumes": volumes,
     }
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if tolerations:
         pod_spec["tolerations"] = tolerations
+    return pod_spec
+
+
+def build_deployment(
+    owner: Owner,
+    spec: InferenceServiceSpec,
+    *,
+    config_hash_value: str,
+    current_replicas: int | None = None,
+) -> dict[str, Any]:
+    """The Deployment. `replicas` is left out once the autoscaler owns it (one field, one writer:
+    see `InferenceServiceSpec.desired_replicas`), so applying this never rewrites its choice."""
+    obj = _meta(owner, "Deployment", "apps/v1", owner.name)
     # GPUs are scarce: roll one replica down before the next comes up instead of surging.
     rolling = (
         {"maxSurge": 0, "maxUnavailable": 1}
         if spec.resources.gpus
         else {"maxSurge": 1, "maxUnavailable": 0}
     )
+    replicas = spec.desired_replicas(current_replicas)
     obj["spec"] = {
-        "replicas": spec.desired_replicas(current_replicas),
+        **({"replicas": replicas} if replicas is not None else {}),
         "revisionHistoryLimit": 5,
         "progressDeadlineSeconds": spec.startup_timeout_seconds + 300,
         "selector": {"matchLabels": selector_labels(owner.name)},
@@ -313,7 +274,7 @@ def build_deployment(
                     "kubectl.kubernetes.io/default-container": CONTAINER_NAME,
                 },
             },
-            "spec": pod_spec,
+            "spec": _pod_spec(owner, spec),
         },
     }
     return _adopt(obj, owner)

@@ -6,12 +6,13 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from pagoda.operator.fields import is_http_url
+
 DEFAULT_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0"
 SERVER_PORT = 8000  # `pagoda serve --port`
 LOG_FORMATS = ("plain", "full", "json")
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _PROM_DURATION = re.compile(r"^([0-9]+(ms|s|m|h))+$")
-_HTTP_URL = re.compile(r"^https?://[^\s/?#]+(/[^\s]*)?$")
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class OperatorConfig:
             raise ValueError(f"log_format must be one of {LOG_FORMATS}, got {self.log_format!r}")
         if not self.cluster_domain or "/" in self.cluster_domain:
             raise ValueError(f"invalid cluster domain {self.cluster_domain!r}")
-        if self.prometheus_url is not None and not _HTTP_URL.match(self.prometheus_url):
+        if self.prometheus_url is not None and not is_http_url(self.prometheus_url):
             raise ValueError(f"prometheus_url must be an http(s) URL, got {self.prometheus_url!r}")
         if not _PROM_DURATION.match(self.ttft_window):
             raise ValueError(

@@ -15,6 +15,13 @@ _QUANTITY = re.compile(
     r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)))?$"
 )
 
+_HTTP_URL = re.compile(r"^https?://[^\s/?#]+(/[^\s]*)?$")
+
+
+def is_http_url(value: str) -> bool:
+    """An absolute http(s) URL with a host (what Prometheus base URLs look like)."""
+    return bool(_HTTP_URL.match(value))
+
 
 class SpecError(Exception):
     """An InferenceService that cannot be served as written: `reason` is CamelCase, `message` is for people."""

@@ -24,36 +24,26 @@ from typing import Any
 
 import kopf
 from pagoda.operator import reconcile
-from pagoda.operator.builders import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY
 from pagoda.operator.config import OperatorConfig
-from pagoda.operator.k8s import RESOURCES, WATCHED_CHILD_KINDS, ApiError, KubeApi
+from pagoda.operator.k8s import ApiError, KubeApi
+from pagoda.operator.names import (
+    ISVC,
+    KIND,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    RESOURCES,
+    WATCHED_CHILD_KINDS,
+)
 from pagoda.operator.operator_metrics import OperatorMetrics
 from pagoda.operator.reconcile import ChildConflict
-from pagoda.operator.spec import GROUP, KIND, PLURAL, VERSION
 
-ISVC = (GROUP, VERSION, PLURAL)
 log = logging.getLogger(__name__)
 
 
 def backoff(retry: int) -> float:
     """Seconds before retry number `retry` (0-based): 1, 2, 4, ... capped at a minute."""
     return min(2.0 ** max(retry, 0), 60.0)
-
-
-async def _event(
-    api: KubeApi,
-    body: Mapping[str, Any],
-    type_: str,
-    reason: str,
-    message: str,
-    config: OperatorConfig,
-) -> None:
-    try:
-        await api.post_event(
-            body, type_=type_, reason=reason, message=message, component=config.component_name
-        )
-    except ApiError as e:
-        log.warning("Could not post the %s event: %s", reason, e)
 
 
 async def run_reconcile(
@@ -75,14 +65,20 @@ async def run_reconcile(
         ) from e
     finally:
         if metrics is not None:
-            metrics.reconcile_duration.observe(time.perf_counter() - started, trigger)
+            metrics.reconcile_duration.labels(trigger).observe(time.perf_counter() - started)
     err = result.spec_error
     if err is None:
         if result.status_changed:
             logger.info("Reconciled %s %s.", KIND, body["metadata"]["name"])
         return
     if result.status_changed:
-        await _event(api, body, "Warning", err.reason, err.message, config)
+        await api.try_post_event(
+            body,
+            type_="Warning",
+            reason=err.reason,
+            message=err.message,
+            component=config.component_name,
+        )
     if isinstance(err, ChildConflict):  # the garbage collector may free the name: try again later
         raise kopf.TemporaryError(err.message, delay=max(backoff(retry), 10.0))
     raise kopf.PermanentError(f"{err.reason}: {err.message}")
@@ -175,7 +171,7 @@ async def child_event(
         )
     finally:
         if metrics is not None:
-            metrics.reconcile_duration.observe(time.perf_counter() - started, "child_event")
+            metrics.reconcile_duration.labels("child_event").observe(time.perf_counter() - started)
 
 
 async def resync_loop(
@@ -188,17 +184,11 @@ async def resync_loop(
     while True:
         await asyncio.sleep(config.resync_interval_s)
         try:
-            bodies: list[dict[str, Any]] = []
-            for namespace in config.namespaces or (None,):
-                bodies += await api.list(KIND, namespace)
+            bodies = await api.list_all(KIND, config.namespaces)
         except ApiError as e:
             logger.warning("Resync could not list %s objects: %s", KIND, e)
             continue
         for body in bodies:
-            if (body.get("metadata") or {}).get("deletionTimestamp"):
-                continue
-            body.setdefault("apiVersion", f"{GROUP}/{VERSION}")
-            body.setdefault("kind", KIND)
             try:
                 await run_reconcile(body, api, config, logger, 0, metrics, "resync")
             except (kopf.TemporaryError, kopf.PermanentError) as e:

@@ -1,8 +1,8 @@
 """Every Kubernetes API call the operator makes (besides kopf's own watching/patching/events).
 
 A small asyncio REST client over aiohttp that logs in the way kopf does (service account, then
-kubeconfig). `API_PERMISSIONS` lists every (group, resource, verbs) the operator process needs,
-kopf's included, so the Helm chart's ClusterRole can be checked against it.
+kubeconfig); docs/operator.md says why it is not kubernetes_asyncio or kr8s. rbac.py lists the
+permissions these calls need.
 """
 
 from __future__ import annotations
@@ -11,126 +11,21 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import os
 import ssl
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import aiohttp
 import kopf
-from pagoda.operator.spec import GROUP, KIND, PLURAL, VERSION
+from pagoda.operator.names import RESOURCES, now_iso
 
 USER_AGENT = "pagoda-operator/0.1"
 MERGE_PATCH = "application/merge-patch+json"
-
-
-@dataclass(frozen=True)
-class ResourceKind:
-    group: str
-    version: str
-    plural: str
-    kind: str
-    namespaced: bool = True
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    def path(
-        self, namespace: str | None = None, name: str | None = None, subresource: str | None = None
-    ) -> str:
-        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        if self.namespaced and namespace:
-            base += f"/namespaces/{namespace}"
-        parts = (
-            [base, self.plural] + ([name] if name else []) + ([subresource] if subresource else [])
-        )
-        return "/".join(parts)
-
-
-RESOURCES: Mapping[str, ResourceKind] = {
-    KIND: ResourceKind(GROUP, VERSION, PLURAL, KIND),
-    "Deployment": ResourceKind("apps", "v1", "deployments", "Deployment"),
-    "Service": ResourceKind("", "v1", "services", "Service"),
-    "ConfigMap": ResourceKind("", "v1", "configmaps", "ConfigMap"),
-    "PodDisruptionBudget": ResourceKind(
-        "policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"
-    ),
-    "ServiceMonitor": ResourceKind(
-        "monitoring.coreos.com", "v1", "servicemonitors", "ServiceMonitor"
-    ),
-    "PrometheusRule": ResourceKind(
-        "monitoring.coreos.com", "v1", "prometheusrules", "PrometheusRule"
-    ),
-    "PersistentVolumeClaim": ResourceKind(
-        "", "v1", "persistentvolumeclaims", "PersistentVolumeClaim"
-    ),
-    "Node": ResourceKind("", "v1", "nodes", "Node", namespaced=False),
-}
-CHILD_KINDS = (
-    "ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor", "PrometheusRule",
-)  # fmt: skip
-MONITORING_KINDS = ("ServiceMonitor", "PrometheusRule")  # only if the Prometheus Operator is there
-WATCHED_CHILD_KINDS = ("Deployment", "Service", "ConfigMap", "PodDisruptionBudget")
-
-
-@dataclass(frozen=True)
-class Permission:
-    group: str
-    resource: str
-    verbs: tuple[str, ...]
-    why: str
-
-
-_CHILD_VERBS = ("get", "list", "watch", "create", "patch")
-API_PERMISSIONS: tuple[Permission, ...] = (
-    Permission(
-        GROUP,
-        PLURAL,
-        ("get", "list", "watch", "patch"),
-        "kopf watches CRs, stores progress annotations",
-    ),
-    Permission(
-        GROUP, f"{PLURAL}/status", ("get", "patch"), "conditions, replicas, url, autoscaling"
-    ),
-    Permission("", "events", ("create",), "Degraded/Reconciled events; kopf's handler failures"),
-    Permission(
-        "apiextensions.k8s.io",
-        "customresourcedefinitions",
-        ("list", "watch"),
-        "kopf resource scanning",
-    ),
-    Permission("", "namespaces", ("list", "watch"), "kopf, only with namespace glob patterns"),
-    Permission("apps", "deployments", _CHILD_VERBS, "the model server; the autoscaler's replicas"),
-    Permission("", "services", _CHILD_VERBS, "ClusterIP in front of the pods"),
-    Permission("", "configmaps", _CHILD_VERBS, "engine configuration"),
-    Permission(
-        "policy", "poddisruptionbudgets", (*_CHILD_VERBS, "delete"), "when more than one replica"
-    ),
-    Permission(
-        "monitoring.coreos.com",
-        "servicemonitors",
-        ("get", "create", "patch", "delete"),
-        "if the CRD exists",
-    ),
-    Permission(
-        "monitoring.coreos.com",
-        "prometheusrules",
-        ("get", "create", "patch", "delete"),
-        "per-service alerts, if the CRD exists",
-    ),
-    Permission("", "persistentvolumeclaims", ("get",), "pvc:// models must exist"),
-    Permission("", "nodes", ("list",), "GPU requests must fit some node"),
-)
-
-
-def allowed(group: str, resource: str, verb: str) -> bool:
-    return any(
-        p.group == group and p.resource == resource and verb in p.verbs for p in API_PERMISSIONS
-    )
+log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -153,7 +48,7 @@ def event_body(
 ) -> dict[str, Any]:
     """A core/v1 Event about `involved` (pure)."""
     meta = involved["metadata"]
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    now = now_iso()
     return {
         "apiVersion": "v1",
         "kind": "Event",
@@ -324,6 +219,20 @@ class KubeApi:
         data = await self.request("GET", RESOURCES[kind].path(namespace))
         return list((data or {}).get("items") or [])
 
+    async def list_all(self, kind: str, namespaces: Iterable[str] = ()) -> list[dict[str, Any]]:
+        """Every `kind` object in `namespaces` (none: cluster-wide), deleting ones left out.
+
+        Items of a list carry no apiVersion/kind; they are filled in, so each is a full body.
+        """
+        res = RESOURCES[kind]
+        items: list[dict[str, Any]] = []
+        for namespace in tuple(namespaces) or (None,):
+            items += await self.list(kind, namespace)
+        for item in items:
+            item.setdefault("apiVersion", res.api_version)
+            item.setdefault("kind", res.kind)
+        return [i for i in items if not (i.get("metadata") or {}).get("deletionTimestamp")]
+
     async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
         return await self.request(
@@ -365,6 +274,19 @@ class KubeApi:
         await self.request(
             "POST", f"/api/v1/namespaces/{event['metadata']['namespace']}/events", body=event
         )
+
+    async def try_post_event(
+        self, involved: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str
+    ) -> bool:
+        """Post an Event; a failure is logged and swallowed (an Event is never worth a retry)."""
+        try:
+            await self.post_event(
+                involved, type_=type_, reason=reason, message=message, component=component
+            )
+        except ApiError as e:
+            log.warning("Could not post the %s event: %s", reason, e)
+            return False
+        return True
 
     async def has_resource(self, kind: str) -> bool:
         """Whether the API server serves `kind` (discovery, cached for a minute)."""

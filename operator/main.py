@@ -23,11 +23,11 @@ from collections.abc import Callable
 
 import kopf
 from pagoda.operator import handlers
-from pagoda.operator.alerts import AlertReceiver
-from pagoda.operator.autoscaler import Autoscaler
-from pagoda.operator.builders import LABEL_MANAGED_BY, MANAGED_BY
+from pagoda.operator.autoscaling.alerts import AlertReceiver
+from pagoda.operator.autoscaling.loop import Autoscaler
 from pagoda.operator.config import LOG_FORMATS, OperatorConfig
-from pagoda.operator.k8s import RESOURCES, WATCHED_CHILD_KINDS, KubeApi
+from pagoda.operator.k8s import KubeApi
+from pagoda.operator.names import LABEL_MANAGED_BY, MANAGED_BY, RESOURCES, WATCHED_CHILD_KINDS
 from pagoda.operator.operator_metrics import OperatorMetrics
 from pagoda.operator.webapp import OperatorHttpServer
 
@@ -36,6 +36,12 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`pagoda operator`'s flags (the CLI in pagoda.runtime.cli calls this)."""
+    _scope_and_api_arguments(parser)
+    _autoscaling_arguments(parser.add_argument_group("autoscaling"))
+
+
+def _scope_and_api_arguments(parser: argparse.ArgumentParser) -> None:
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
         "-n",
@@ -90,7 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="kopf peering name (for several replicas); default: standalone",
     )
-    auto = parser.add_argument_group("autoscaling")
+
+
+def _autoscaling_arguments(auto: argparse._ArgumentGroup) -> None:
     auto.add_argument(
         "--prometheus-url",
         default=None,
@@ -216,23 +224,8 @@ async def serve(
     task: asyncio.Task[None] | None = None
     http = None
     if config.http_port is not None:  # before kopf, so the port is known once kopf is ready
-        http = OperatorHttpServer(
-            config.http_host,
-            config.http_port,
-            is_alive=lambda: task is None or not task.done(),
-            is_ready=ready.is_set,
-        )
-        http.add_routes(metrics.routes())
-        receiver = AlertReceiver(
-            autoscaler.alert_scale_up, token=config.webhook_token, metrics=metrics
-        )
-        http.add_routes(receiver.routes())
-        await http.start()
-        log.info(
-            "Serving /healthz, /readyz, /metrics and POST /alerts%s on %s:%s.",
-            " (bearer token required)" if config.webhook_token else "",
-            config.http_host,
-            http.port,
+        http = await _start_http(
+            config, metrics, autoscaler, lambda: task is None or not task.done(), ready.is_set
         )
         if on_http_started is not None:
             on_http_started(http.port or 0)
@@ -256,6 +249,31 @@ async def serve(
         if http is not None:
             await http.stop()
         await autoscaler.close()
+
+
+async def _start_http(
+    config: OperatorConfig,
+    metrics: OperatorMetrics,
+    autoscaler: Autoscaler,
+    is_alive: Callable[[], bool],
+    is_ready: Callable[[], bool],
+) -> OperatorHttpServer:
+    """The operator's port: /healthz, /readyz, /metrics and the Alertmanager webhook."""
+    assert config.http_port is not None
+    http = OperatorHttpServer(
+        config.http_host, config.http_port, is_alive=is_alive, is_ready=is_ready
+    )
+    http.add_routes(metrics.routes())
+    receiver = AlertReceiver(autoscaler.alert_scale_up, token=config.webhook_token, metrics=metrics)
+    http.add_routes(receiver.routes())
+    await http.start()
+    log.info(
+        "Serving /healthz, /readyz, /metrics and POST /alerts%s on %s:%s.",
+        " (bearer token required)" if config.webhook_token else "",
+        config.http_host,
+        http.port,
+    )
+    return http
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,9 +8,7 @@ handlers.py; here API failures surface as `ApiError` and spec problems as `SpecE
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,21 +16,14 @@ from typing import Any
 from pagoda.operator import drift, status, validation
 from pagoda.operator.builders import Owner, build_children
 from pagoda.operator.config import OperatorConfig
-from pagoda.operator.k8s import MONITORING_KINDS, ApiError, KubeApi
-from pagoda.operator.spec import KIND, SpecError
+from pagoda.operator.k8s import ApiError, KubeApi
+from pagoda.operator.locks import object_lock
+from pagoda.operator.names import KIND, MONITORING_KINDS, owned_by
+from pagoda.operator.spec import SpecError
 
 _UNKNOWN: Any = object()
 # Degraded reasons only a full reconcile may clear (child events keep them as they are).
 STICKY_REASONS = validation.SPEC_REASONS | {"ResourceConflict"}
-_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
-
-
-def object_lock(uid: str) -> asyncio.Lock:
-    """One lock per InferenceService: its reconciles never interleave within this process."""
-    lock = _locks.get(uid)
-    if lock is None:
-        lock = _locks[uid] = asyncio.Lock()
-    return lock
 
 
 class ChildConflict(SpecError):
@@ -46,11 +37,6 @@ class ChildConflict(SpecError):
 class Result:
     spec_error: SpecError | None
     status_changed: bool
-
-
-def owned_by(obj: Mapping[str, Any] | None, uid: str) -> bool:
-    refs = ((obj or {}).get("metadata") or {}).get("ownerReferences") or []
-    return any(ref.get("uid") == uid and ref.get("controller") for ref in refs)
 
 
 async def apply_child(

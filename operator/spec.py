@@ -19,23 +19,15 @@ from pagoda.operator.fields import (
     bool_or,
     choice,
     int_or,
+    is_http_url,
     mapping,
     opt_int,
     opt_number,
     opt_str,
     quantity,
 )
+from pagoda.operator.model_ref import ModelRef
 
-GROUP = "serving.pagoda.dev"
-VERSION = "v1alpha1"
-PLURAL = "inferenceservices"
-KIND = "InferenceService"
-API_VERSION = f"{GROUP}/{VERSION}"
-
-# Models the runtime image carries itself (`pagoda serve --model NAME`).
-BUILTIN_MODELS: Mapping[str, str] = {
-    "smollm2-135m": "SmolLM2-135M-Instruct, Q4_1 GGUF shipped inside the runtime image (CPU friendly)",
-}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
@@ -52,11 +44,7 @@ DEFAULT_MEMORY = "2Gi"
 DEFAULT_TOLERANCE = 0.1
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-_HTTP_URL = re.compile(r"^https?://[^\s/?#]+(/[^\s]*)?$")
 
 
 def _or(value: float | None, default: float) -> float:
@@ -64,72 +52,6 @@ def _or(value: float | None, default: float) -> float:
 
 
 # --- the spec ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    """Where the weights come from: `builtin`, `pvc` (mounted read-only) or `image` (a path in it)."""
-
-    source: str
-    uri: str
-    claim: str | None = None
-    subpath: str = ""
-
-    MOUNT_ROOT = "/mnt/models"
-
-    def __post_init__(self) -> None:
-        if self.source not in ("builtin", "pvc", "image"):
-            raise SpecError("InvalidModel", f"unknown model source {self.source!r}")
-        if self.source == "pvc" and not self.claim:
-            raise SpecError("InvalidModel", f"{self.uri!r}: a pvc:// model needs a claim name")
-
-    @property
-    def server_arg(self) -> str:
-        """The value of `pagoda serve --model`."""
-        if self.source == "builtin":
-            return self.uri
-        if self.source == "pvc":
-            return f"{self.MOUNT_ROOT}/{self.subpath}" if self.subpath else self.MOUNT_ROOT
-        return self.subpath
-
-    @classmethod
-    def parse(cls, uri: str) -> ModelRef:
-        if uri in BUILTIN_MODELS:
-            return cls("builtin", uri)
-        if uri.startswith("pvc://"):
-            claim, _, sub = uri[len("pvc://") :].partition("/")
-            if not claim or len(claim) > 253 or not _DNS1123_SUBDOMAIN.match(claim):
-                raise SpecError(
-                    "InvalidModel", f"{uri!r}: expected pvc://CLAIM/PATH with a valid claim name"
-                )
-            return cls("pvc", uri, claim=claim, subpath=_clean_path(uri, sub))
-        if uri.startswith("file://"):
-            uri_path = uri[len("file://") :]
-            if not uri_path.startswith("/"):
-                raise SpecError("InvalidModel", f"{uri!r}: expected file:///ABSOLUTE/PATH")
-            return cls("image", uri, subpath="/" + _clean_path(uri, uri_path))
-        if uri.startswith("/"):
-            return cls("image", uri, subpath="/" + _clean_path(uri, uri))
-        if "://" in uri:
-            scheme = uri.split("://", 1)[0]
-            raise SpecError(
-                "UnsupportedModelURI",
-                f"{uri!r}: scheme {scheme}:// is not supported; the runtime never downloads weights. "
-                "Use a built-in name, pvc://CLAIM/PATH or an absolute path inside the image",
-            )
-        known = ", ".join(sorted(BUILTIN_MODELS))
-        raise SpecError(
-            "UnknownModel",
-            f"unknown built-in model {uri!r} (built-in: {known}); "
-            "for other weights use pvc://CLAIM/PATH or an absolute path inside the image",
-        )
-
-
-def _clean_path(uri: str, path: str) -> str:
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    if any(p == ".." for p in parts):
-        raise SpecError("InvalidModel", f"{uri!r}: '..' is not allowed in model paths")
-    return "/".join(parts)
 
 
 @dataclass(frozen=True)
@@ -247,7 +169,7 @@ class AutoscalingSpec:
     def __post_init__(self) -> None:
         if not 0 <= self.tolerance <= 1:
             raise SpecError("InvalidSpec", "spec.autoscaling.tolerance must be in [0, 1]")
-        if self.prometheus_url is not None and not _HTTP_URL.match(self.prometheus_url):
+        if self.prometheus_url is not None and not is_http_url(self.prometheus_url):
             raise SpecError(
                 "InvalidSpec",
                 f"spec.autoscaling.prometheusURL must be an http(s) URL, got {self.prometheus_url!r}",
@@ -327,15 +249,18 @@ class InferenceServiceSpec:
         """The fewest replicas the service may run with (decides whether a PDB makes sense)."""
         return self.autoscaling.min_replicas if self.autoscaling else self.replicas
 
-    def desired_replicas(self, current: int | None) -> int:
-        """Deployment replicas: `spec.replicas` decides, unless an autoscaler owns the number.
+    def desired_replicas(self, current: int | None) -> int | None:
+        """The Deployment's replicas as the reconciler writes them; None: not the reconciler's.
 
-        With `spec.autoscaling` the autoscaler writes the Deployment's replicas; the reconciler
-        keeps that value (`current`) and only clamps it into [minReplicas, maxReplicas].
+        One field, one writer. Without `spec.autoscaling` the reconciler owns the number and
+        writes `spec.replicas` (a hand-scaled Deployment is scaled back). With it the reconciler
+        writes the number once, `minReplicas`, when it creates the Deployment (`current` None),
+        and afterwards leaves it out of what it applies: the autoscaler is the only writer (it
+        also clamps it into new bounds at its next evaluation).
         """
         if self.autoscaling is None:
             return self.replicas
-        return self.autoscaling.clamp(self.autoscaling.min_replicas if current is None else current)
+        return self.autoscaling.min_replicas if current is None else None
 
     @classmethod
     def from_dict(

@@ -7,12 +7,11 @@ status on real change only. `status.autoscaling` belongs to the autoscaler and i
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pagoda.operator.builders import selector_labels
+from pagoda.operator.names import now_iso, selector_labels
 from pagoda.operator.spec import SpecError
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded")
@@ -30,10 +29,6 @@ class Condition:
             raise ValueError(f"unknown condition type {self.type!r}")
         if not self.reason or not self.reason[0].isupper() or not self.reason.isalnum():
             raise ValueError(f"condition reason must be CamelCase, got {self.reason!r}")
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _deployment_condition(deployment: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
@@ -77,14 +72,28 @@ def _conditions(
     else:
         ready_cond = Condition("Ready", False, "Unavailable", counts)
 
-    stalled = _deployment_condition(deployment, "Progressing")
-    failure = _deployment_condition(deployment, "ReplicaFailure")
     if spec_error is not None:
         degraded = Condition("Degraded", True, spec_error.reason, spec_error.message)
         progressing = Condition(
             "Progressing", False, spec_error.reason, "keeping the last valid Deployment"
         )
         return [ready_cond, progressing, degraded]
+    degraded = _rollout_degraded(deployment)
+    if not observed:
+        progressing = Condition(
+            "Progressing", True, "RollingOut", "waiting for the Deployment controller"
+        )
+    elif updated < desired or ready < desired or total > desired:
+        progressing = Condition("Progressing", True, "RollingOut", counts)
+    else:
+        progressing = Condition("Progressing", False, "RolloutComplete", counts)
+    return [ready_cond, progressing, degraded]
+
+
+def _rollout_degraded(deployment: Mapping[str, Any]) -> Condition:
+    """Degraded from the Deployment controller's conditions: a stalled or failing rollout."""
+    stalled = _deployment_condition(deployment, "Progressing")
+    failure = _deployment_condition(deployment, "ReplicaFailure")
     if stalled.get("status") == "False" and stalled.get("reason") == "ProgressDeadlineExceeded":
         degraded = Condition(
             "Degraded",
@@ -98,15 +107,7 @@ def _conditions(
         )
     else:
         degraded = Condition("Degraded", False, "AsExpected", "")
-    if not observed:
-        progressing = Condition(
-            "Progressing", True, "RollingOut", "waiting for the Deployment controller"
-        )
-    elif updated < desired or ready < desired or total > desired:
-        progressing = Condition("Progressing", True, "RollingOut", counts)
-    else:
-        progressing = Condition("Progressing", False, "RolloutComplete", counts)
-    return [ready_cond, progressing, degraded]
+    return degraded
 
 
 def compute_status(
@@ -133,7 +134,7 @@ def compute_status(
                 "lastTransitionTime": (
                     prev.get("lastTransitionTime") if prev.get("status") == status else None
                 )
-                or _now(),
+                or now_iso(),
                 **({"observedGeneration": generation} if generation is not None else {}),
             }
         )
@@ -199,7 +200,7 @@ def with_condition(
         "lastTransitionTime": (
             prev.get("lastTransitionTime") if prev.get("status") == value else None
         )
-        or _now(),
+        or now_iso(),
     }
     if generation is not None:
         new["observedGeneration"] = generation

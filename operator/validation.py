@@ -11,10 +11,10 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pagoda.operator.builders import GPU_RESOURCE
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.drift import parse_quantity
 from pagoda.operator.k8s import ApiError, KubeApi
+from pagoda.operator.names import GPU_RESOURCE
 from pagoda.operator.spec import InferenceServiceSpec, SpecError
 
 # Reasons that come from the spec (or the cluster's answer to it), not from a failing rollout.

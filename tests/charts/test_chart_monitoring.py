@@ -25,7 +25,7 @@ from chart_helpers import (
     render_cached,
     require_tool,
 )
-from pagoda.operator import builders
+from pagoda.operator import builders, names
 
 FILES = CHART / "files"
 RULES_FILE = FILES / "prometheus-rules.yaml"
@@ -245,9 +245,7 @@ def test_runtime_service_monitor_selects_operator_built_services_and_adds_keys()
     assert endpoint["path"] == "/metrics"
     targets = _relabel_targets(endpoint["relabelings"], "sourceLabels", "targetLabel")
     assert targets["namespace"] == "__meta_kubernetes_namespace"
-    instance = "__meta_kubernetes_pod_label_" + re.sub(
-        r"[^a-zA-Z0-9_]", "_", builders.LABEL_INSTANCE
-    )
+    instance = "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", names.LABEL_INSTANCE)
     assert targets["inferenceservice"] == instance
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
     namespaced = one(render_cached("namespaced-monitoring"), "ServiceMonitor", f"{RELEASE}-runtime")

@@ -9,8 +9,9 @@ from typing import Any
 import yaml
 from kube_emulator import Emulator
 from operator_harness import DEPLOY, ISVC, ROOT
-from pagoda.operator import k8s
+from pagoda.operator import k8s, rbac
 from pagoda.operator.k8s import KubeApi
+from prometheus_client.parser import text_string_to_metric_families
 
 SVC, CM, PDB = "v1/services", "v1/configmaps", "policy/v1/poddisruptionbudgets"
 ISVC_PATH = "/apis/serving.pagoda.dev/v1alpha1/namespaces/default/inferenceservices"
@@ -86,7 +87,7 @@ def assert_permitted(emulator: Emulator) -> None:
             continue  # discovery (/api, /apis/...) needs no RBAC rule
         resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
         seen.add((r.resource.group, resource, verb(r)))
-    missing = {call for call in seen if not k8s.allowed(*call)}
+    missing = {call for call in seen if not rbac.allowed(*call)}
     assert not missing, f"calls outside API_PERMISSIONS: {sorted(missing)}"
     assert ("apps", "deployments", "create") in seen
 
@@ -99,3 +100,15 @@ async def writes_during(emulator: Emulator, seconds: float) -> list[str]:
         for r in operator_requests(emulator, start)
         if r.method.value != "GET"
     ]
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of the sample `name{labels}` in a Prometheus text exposition (None: absent);
+    labels not given are summed over."""
+    values = [
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    ]
+    return sum(values) if values else None

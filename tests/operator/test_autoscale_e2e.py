@@ -38,7 +38,7 @@ from e2e_processes import (
 from kube_emulator import Emulator
 from operator_harness import ROOT, wait_for
 from operator_helpers import condition, create_isvc, patch_isvc
-from pagoda.operator import rules
+from pagoda.operator.autoscaling import rules
 from pagoda.operator.k8s import KubeApi
 from pagoda.operator.spec import InferenceServiceSpec
 

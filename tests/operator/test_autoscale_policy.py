@@ -10,7 +10,7 @@ import random
 from dataclasses import replace
 
 import pytest
-from pagoda.operator.autoscale import (
+from pagoda.operator.autoscaling.policy import (
     Decision,
     Metrics,
     Policy,

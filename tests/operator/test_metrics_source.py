@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from pagoda.operator.metrics_source import MetricsUnavailable, queries, scalar, selector
+from pagoda.operator.autoscaling.prometheus import MetricsUnavailable, queries, scalar
+from pagoda.operator.autoscaling.rules import selector
 
 
 def vector(*values: str) -> dict[str, Any]:

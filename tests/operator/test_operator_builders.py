@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
+import textwrap
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import kubernetes_validate.utils
 import pytest
-from pagoda.operator import builders
+from pagoda.operator import builders, names
 from pagoda.operator.builders import Owner, build_children
 from pagoda.operator.spec import InferenceServiceSpec
 
@@ -154,7 +157,7 @@ def test_children_are_adopted_and_labelled() -> None:
             "apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService", "name": "demo",
             "uid": OWNER.uid, "controller": True, "blockOwnerDeletion": True,
         }  # fmt: skip
-        assert builders.standard_labels("demo").items() <= meta["labels"].items()
+        assert names.standard_labels("demo").items() <= meta["labels"].items()
         assert meta["labels"]["team"] == "a"  # the owner's labels (kopf.adopt)
 
 
@@ -165,7 +168,7 @@ def test_selectors_use_only_fixed_labels() -> None:
         children.get("Service"),
         children.get("PodDisruptionBudget"),
     )
-    selector = builders.selector_labels("demo")
+    selector = names.selector_labels("demo")
     assert deploy["spec"]["selector"]["matchLabels"] == selector
     assert svc["spec"]["selector"] == selector
     assert pdb["spec"]["selector"]["matchLabels"] == selector
@@ -265,7 +268,7 @@ def test_prometheus_annotations_and_config_hash() -> None:
         and annotations["prometheus.io/port"] == "8000"
     )
     assert annotations["prometheus.io/path"] == "/metrics"
-    assert annotations[builders.CONFIG_HASH_ANNOTATION] == builders.config_hash(cm)
+    assert annotations[names.CONFIG_HASH_ANNOTATION] == builders.config_hash(cm)
 
 
 def test_spec_change_changes_the_pod_template_hash() -> None:
@@ -275,9 +278,7 @@ def test_spec_change_changes_the_pod_template_hash() -> None:
 
     def template_hash(spec: dict[str, Any]) -> str:
         deploy = build_children(OWNER, parse(spec)).get("Deployment")
-        return deploy["spec"]["template"]["metadata"]["annotations"][
-            builders.CONFIG_HASH_ANNOTATION
-        ]
+        return deploy["spec"]["template"]["metadata"]["annotations"][names.CONFIG_HASH_ANNOTATION]
 
     assert template_hash(base) == template_hash(copy.deepcopy(base))  # deterministic
     assert template_hash(base) != template_hash(changed)
@@ -312,14 +313,14 @@ def test_replicas_follow_spec_or_autoscaler() -> None:
         }
     )
 
-    def replicas(current: int | None) -> int:
+    def replicas(current: int | None) -> int | None:
         return builders.build_deployment(
             OWNER, auto, config_hash_value="h", current_replicas=current
-        )["spec"]["replicas"]
+        )["spec"].get("replicas")
 
     assert replicas(None) == 2  # new Deployment: minReplicas
-    assert replicas(4) == 4  # the autoscaler's choice is kept
-    assert replicas(1) == 2 and replicas(9) == 5  # clamped into [min, max]
+    # afterwards the autoscaler is the only writer: the reconciler leaves the field out
+    assert replicas(4) is None and replicas(1) is None and replicas(9) is None
 
 
 def test_gpu_rollout_does_not_surge() -> None:
@@ -358,7 +359,7 @@ def test_pdb_only_with_more_than_one_replica() -> None:
 def test_service_monitor_only_when_the_api_exists() -> None:
     assert "ServiceMonitor" not in [c["kind"] for c in build_children(OWNER, CPU).desired]
     sm = build_children(OWNER, CPU, service_monitor=True).get("ServiceMonitor")
-    assert sm["spec"]["selector"]["matchLabels"] == builders.selector_labels("demo")
+    assert sm["spec"]["selector"]["matchLabels"] == names.selector_labels("demo")
     (endpoint,) = sm["spec"]["endpoints"]
     assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == ("http", "/metrics", "15s")
     targets = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
@@ -381,7 +382,8 @@ def test_builders_are_pure() -> None:
 def test_events_are_valid(version: str) -> None:
     from pagoda.operator.k8s import event_body
 
-    owner = OWNER.as_body()
+    owner = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
+             "metadata": {"name": OWNER.name, "namespace": OWNER.namespace, "uid": OWNER.uid}}  # fmt: skip
     event = event_body(
         owner,
         type_="Warning",
@@ -391,3 +393,49 @@ def test_events_are_valid(version: str) -> None:
     )
     kubernetes_validate.validate(event, version, strict=True)
     assert event["involvedObject"]["uid"] == OWNER.uid and len(event["message"]) == 1024
+
+
+def test_children_are_adopted_as_kopf_adopts() -> None:
+    """`_adopt` stands in for kopf.adopt (kopf imports aiohttp): same references and labels."""
+    import kopf
+
+    owner = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
+             "metadata": {"name": OWNER.name, "namespace": OWNER.namespace, "uid": OWNER.uid,
+                          "labels": dict(OWNER.labels)}}  # fmt: skip
+    for child in build_children(OWNER, GPU, service_monitor=True, prometheus_rule=True).desired:
+        bare = copy.deepcopy(child)
+        bare["metadata"].pop("ownerReferences")
+        bare["metadata"]["labels"] = names.standard_labels(OWNER.name)
+        kopf.adopt(bare, owner=owner)
+        assert bare == child
+
+
+def test_builders_import_without_aiohttp() -> None:
+    """The pure half of the operator (spec, builders, status, drift, policy, rules) needs
+    neither aiohttp nor kopf: a fresh interpreter that refuses to import them loads it."""
+    code = textwrap.dedent(
+        """
+        import sys
+
+        class Refuse:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("aiohttp", "kopf"):
+                    raise ImportError(f"{name} must not be imported here")
+                return None
+
+        sys.meta_path.insert(0, Refuse())
+        from pagoda.operator import builders, drift, names, serve_args, spec, status
+        from pagoda.operator.autoscaling import policy, rules
+        owner = builders.Owner(name="a", namespace="b", uid="u")
+        parsed = spec.InferenceServiceSpec.from_dict(
+            {"model": "smollm2-135m", "autoscaling": {"maxReplicas": 2, "targetQueueDepth": 1}},
+            name="a", default_image="img:1")
+        kinds = [c["kind"] for c in builders.build_children(owner, parsed, prometheus_rule=True).desired]
+        assert "PrometheusRule" in kinds, kinds
+        assert not {m for m in sys.modules if m.split(".")[0] in ("aiohttp", "kopf")}
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr

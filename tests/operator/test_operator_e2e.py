@@ -29,8 +29,8 @@ from operator_helpers import (
     patch_isvc,
     writes_during,
 )
-from pagoda.operator.builders import CONFIG_HASH_ANNOTATION
 from pagoda.operator.k8s import KubeApi
+from pagoda.operator.names import CONFIG_HASH_ANNOTATION
 
 pytestmark = pytest.mark.e2e
 
@@ -310,7 +310,7 @@ async def test_resume_after_restart_and_autoscaler_owned_replicas(
         "autoscaling": {"minReplicas": 1, "maxReplicas": 4, "targetQueueDepth": 4},
     }
     await create_isvc(kube, "auto", spec)  # while no operator runs
-    await start_operator()
+    await start_operator(autoscale_interval_s=0.5)
     await wait_for(lambda: emulator.live(DEPLOY, "default", "auto"), what="resumed")
     assert emulator.live(DEPLOY, "default", "auto")["spec"]["replicas"] == 1
     await kube.patch(
@@ -324,7 +324,7 @@ async def test_resume_after_restart_and_autoscaler_owned_replicas(
     )
     assert emulator.live(DEPLOY, "default", "auto")["spec"]["replicas"] == 3  # not reverted
     await kube.patch("Deployment", "default", "auto", {"spec": {"replicas": 9}})  # out of bounds
-    await wait_for(
+    await wait_for(  # by the autoscaler (no metrics: it holds, within the bounds)
         lambda: emulator.live(DEPLOY, "default", "auto")["spec"]["replicas"] == 4,
         what="clamped to max",
     )

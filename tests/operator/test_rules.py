@@ -12,7 +12,8 @@ import pytest
 import yaml
 from autoscale_helpers import require_tool
 from operator_harness import ROOT
-from pagoda.operator import builders, rules
+from pagoda.operator import builders
+from pagoda.operator.autoscaling import rules
 from pagoda.operator.builders import Owner
 from pagoda.operator.spec import InferenceServiceSpec
 
@@ -20,7 +21,7 @@ CHART_RULES = ROOT / "charts" / "pagoda" / "files" / "prometheus-rules.yaml"
 REGENERATE = (
     '.venv/bin/python -c "import json, yaml; print(json.dumps(yaml.safe_load(open('
     "'charts/pagoda/files/prometheus-rules.yaml')), indent=2, ensure_ascii=False))\" "
-    "> operator/prometheus-rules.yaml"
+    "> operator/autoscaling/prometheus-rules.yaml"
 )
 
 

@@ -1,4 +1,4 @@
-"""The autoscaling policy: metrics → desired replicas. Pure (no I/O, no clock); autoscaler.py runs it.
+"""The autoscaling policy: metrics → desired replicas. Pure (no I/O, no clock); loop.py runs it.
 
 The HPA's algorithm, on what users feel instead of CPU:
 

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
-from pagoda.operator.autoscale import Metrics
+from pagoda.operator.autoscaling.policy import Metrics
+from pagoda.operator.autoscaling.rules import selector
 
 
 class MetricsUnavailable(Exception):
@@ -25,14 +26,6 @@ class MetricsUnavailable(Exception):
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.message = message
-
-
-def _label_value(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def selector(namespace: str, name: str) -> str:
-    return f'{{namespace="{_label_value(namespace)}",inferenceservice="{_label_value(name)}"}}'
 
 
 def queries(namespace: str, name: str, ttft_window: str = "1m") -> dict[str, str]:

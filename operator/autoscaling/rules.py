@@ -1,7 +1,7 @@
 """Pagoda's alert rules for one InferenceService, as a PrometheusRule the operator owns.
 
 The rules come from `prometheus-rules.yaml` (package data: the chart's `files/prometheus-rules.yaml`
-as JSON, which is YAML too, so the operator needs no YAML parser and its image stays kopf + aiohttp;
+as JSON, which is YAML too, so the operator needs no YAML parser;
 tests/operator/test_rules.py keeps the two equal and prints the command that regenerates it). Per service the operator narrows every
 `pagoda:` selector to its `namespace`/`inferenceservice` labels and sets the TTFT threshold to
 `ALERT_TTFT_FACTOR` × targetTTFTSeconds: the evaluation loop acts at the target, the alert is
@@ -19,7 +19,6 @@ import pathlib
 import re
 from typing import Any
 
-from pagoda.operator.metrics_source import selector
 from pagoda.operator.spec import InferenceServiceSpec
 
 RULES_FILE = pathlib.Path(__file__).with_name("prometheus-rules.yaml")
@@ -27,6 +26,16 @@ ALERT_TTFT_FACTOR = 2.0
 _METRIC = re.compile(r"(pagoda:[A-Za-z0-9_]+)(\{[^}]*\})?")
 # The file's convention (the chart's template relies on it too): each expr ends with `> NUMBER`.
 _THRESHOLD = re.compile(r">\s*[-+]?[0-9][0-9.eE+-]*\s*$")
+
+
+def label_value(value: str) -> str:
+    """A string as a quoted PromQL label value needs it (backslash, quote, newline escaped)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def selector(namespace: str, name: str) -> str:
+    """The label matchers of one InferenceService's series (the ServiceMonitor adds the labels)."""
+    return f'{{namespace="{label_value(namespace)}",inferenceservice="{label_value(name)}"}}'
 
 
 @functools.cache

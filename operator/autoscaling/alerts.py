@@ -96,7 +96,7 @@ class AlertReceiver:
         return [web.post("/alerts", self.handle)]
 
     def _reply(self, status: int, outcome: str, **body: Any) -> web.Response:
-        self._metrics.alerts.inc(outcome)
+        self._metrics.alerts.labels(outcome).inc()
         return web.json_response({"status": outcome, **body}, status=status)
 
     async def handle(self, request: web.Request) -> web.Response:

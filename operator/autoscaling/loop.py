@@ -1,4 +1,4 @@
-"""The autoscaler's I/O shell: every interval, Prometheus → autoscale.decide() → Deployment replicas.
+"""The autoscaler's I/O shell: every interval, Prometheus → policy.decide() → Deployment replicas.
 
 Per InferenceService with `spec.autoscaling`: read the metrics (outside any lock, they may be
 slow), then under the per-object lock the reconciler also takes, read the Deployment, decide,
@@ -12,7 +12,6 @@ after a restart a scale down waits a full window.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -21,14 +20,22 @@ from typing import Any
 
 from pagoda.operator import status as status_mod
 from pagoda.operator import validation
-from pagoda.operator.alerts import ScaleUpRequest
-from pagoda.operator.autoscale import Decision, History, Metrics, Policy, alert_step, decide
+from pagoda.operator.autoscaling.alerts import ScaleUpRequest
+from pagoda.operator.autoscaling.policy import (
+    Decision,
+    History,
+    Metrics,
+    Policy,
+    alert_step,
+    decide,
+)
+from pagoda.operator.autoscaling.prometheus import MetricsUnavailable, PrometheusSource
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.k8s import ApiError, KubeApi
-from pagoda.operator.metrics_source import MetricsUnavailable, PrometheusSource
+from pagoda.operator.locks import object_lock
+from pagoda.operator.names import API_VERSION, KIND, now_iso, owned_by
 from pagoda.operator.operator_metrics import OperatorMetrics
-from pagoda.operator.reconcile import object_lock, owned_by
-from pagoda.operator.spec import API_VERSION, KIND, InferenceServiceSpec, SpecError
+from pagoda.operator.spec import InferenceServiceSpec, SpecError
 
 CONDITION = "MetricsUnavailable"
 log = logging.getLogger(__name__)
@@ -41,10 +48,6 @@ class _State:
     history: History
     last_scale_up: float | None = None
     last_reason: str | None = None
-
-
-def _now_iso() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _r(value: float | None, digits: int) -> float | None:
@@ -74,7 +77,7 @@ def autoscaling_status(
         }
         new["metrics"] = {k: v for k, v in seen.items() if v is not None}
     if scaled is not None:
-        new["lastScaleTime"] = _now_iso()
+        new["lastScaleTime"] = now_iso()
         new["lastScaleReason"] = scaled[0][:1024]
         new["lastScaleSource"] = scaled[1]
     return new
@@ -115,9 +118,7 @@ class Autoscaler:
 
     async def evaluate_all(self, logger: logging.Logger = log) -> None:
         try:
-            bodies: list[dict[str, Any]] = []
-            for namespace in self.config.namespaces or (None,):
-                bodies += await self.api.list(KIND, namespace)
+            bodies = await self.api.list_all(KIND, self.config.namespaces)
         except ApiError as e:
             logger.warning("Autoscaler could not list %s objects: %s", KIND, e)
             return
@@ -127,8 +128,6 @@ class Autoscaler:
         limit = asyncio.Semaphore(8)
 
         async def one(body: dict[str, Any]) -> None:
-            body.setdefault("apiVersion", API_VERSION)
-            body.setdefault("kind", KIND)
             meta = body.get("metadata") or {}
             async with limit:
                 started = time.perf_counter()
@@ -142,9 +141,7 @@ class Autoscaler:
                 finally:
                     self.metrics.autoscale_duration.observe(time.perf_counter() - started)
 
-        await asyncio.gather(
-            *(one(b) for b in bodies if not b["metadata"].get("deletionTimestamp"))
-        )
+        await asyncio.gather(*(one(b) for b in bodies))
 
     # --- one evaluation ---------------------------------------------------------------------
 
@@ -161,72 +158,94 @@ class Autoscaler:
     async def evaluate(
         self, body: Mapping[str, Any], logger: logging.Logger = log
     ) -> Decision | None:
+        """One evaluation of one InferenceService; returns the decision (None: nothing to do)."""
         meta = body["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
         spec = self._parse(body)
         if spec is None:
             return None
         if spec.autoscaling is None:
-            self._states.pop(uid, None)
-            self.metrics.forget(ns, name)
-            if (body.get("status") or {}).get("autoscaling") is not None or status_mod.condition(
-                body, CONDITION
-            ):
-                async with object_lock(uid):
-                    await self._clear_status(ns, name, uid)
+            await self._switch_off(body)
             return None
-        policy = self._policy(spec)
-        url = spec.autoscaling.prometheus_url or self.config.prometheus_url
-        metrics: Metrics | None = None
-        why = (
-            "NoPrometheusURL",
-            "no Prometheus URL (--prometheus-url or spec.autoscaling.prometheusURL)",
-        )
-        if url:
-            try:
-                metrics = await self.source.fetch(url, ns, name)
-            except MetricsUnavailable as e:
-                why = (e.reason, e.message)
+        metrics, why = await self._read_metrics(spec, ns, name)
         async with object_lock(uid):
             fresh = await self.api.get(KIND, ns, name)
             deploy = await self.api.get("Deployment", ns, name)
             if fresh is None or fresh["metadata"].get("uid") != uid or not owned_by(deploy, uid):
                 return None  # gone, or the reconciler has not created the Deployment yet
             assert deploy is not None
-            current = int((deploy.get("spec") or {}).get("replicas") or 0)
-            ready = int((deploy.get("status") or {}).get("readyReplicas") or 0)
-            now = self.clock()
-            state = self._states.setdefault(uid, _State(history=((now, current),)))
-            decision = decide(
-                policy, metrics, current=current, ready=ready, history=state.history, now=now,
-                unavailable=f"{why[0]}: {why[1]}",
-            )  # fmt: skip
-            state.history = decision.history
-            unavailable = None
-            if decision.reason == "MetricsUnavailable":
-                unavailable = why if metrics is None else ("StaleMetrics", decision.message)
-                self.metrics.metrics_unavailable.inc(ns, name, unavailable[0])
-            scaled = None
-            if decision.replicas != current:
-                text = f"{decision.reason}: {decision.message}"
-                if not await self._scale(
-                    fresh, deploy, current, decision.replicas, text, "metrics"
-                ):
-                    return decision
-                scaled = (text, "metrics")
-                if decision.replicas > current:
-                    state.last_scale_up = now
-            self.metrics.desired_replicas.set(decision.replicas, ns, name)
-            level = (
-                logging.INFO if scaled or decision.reason != state.last_reason else logging.DEBUG
+            return await self._decide_and_apply(
+                self._policy(spec), fresh, deploy, metrics, why, logger
             )
-            state.last_reason = decision.reason
-            logger.log(
-                level, "Autoscale %s/%s: %d (%d ready) -> %d: %s: %s",
-                ns, name, current, ready, decision.replicas, decision.reason, decision.message,
-            )  # fmt: skip
-            await self._write_status(fresh, decision, metrics, ready, scaled, unavailable)
-            return decision
+
+    async def _switch_off(self, body: Mapping[str, Any]) -> None:
+        """No `spec.autoscaling` (any more): forget the state, drop what the autoscaler wrote."""
+        meta = body["metadata"]
+        self._states.pop(meta["uid"], None)
+        self.metrics.forget(meta["namespace"], meta["name"])
+        st = body.get("status") or {}
+        if st.get("autoscaling") is not None or status_mod.condition(body, CONDITION):
+            async with object_lock(meta["uid"]):
+                await self._clear_status(meta["namespace"], meta["name"], meta["uid"])
+
+    async def _read_metrics(
+        self, spec: InferenceServiceSpec, ns: str, name: str
+    ) -> tuple[Metrics | None, tuple[str, str]]:
+        """The reading (outside any lock: it may be slow), or None and (reason, message)."""
+        assert spec.autoscaling is not None
+        url = spec.autoscaling.prometheus_url or self.config.prometheus_url
+        why = (
+            "NoPrometheusURL",
+            "no Prometheus URL (--prometheus-url or spec.autoscaling.prometheusURL)",
+        )
+        if not url:
+            return None, why
+        try:
+            return await self.source.fetch(url, ns, name), why
+        except MetricsUnavailable as e:
+            return None, (e.reason, e.message)
+
+    async def _decide_and_apply(
+        self,
+        policy: Policy,
+        fresh: Mapping[str, Any],
+        deploy: Mapping[str, Any],
+        metrics: Metrics | None,
+        why: tuple[str, str],
+        logger: logging.Logger,
+    ) -> Decision:
+        """Decide, scale, log and write status (the object's lock held)."""
+        ns, name, uid = (fresh["metadata"][k] for k in ("namespace", "name", "uid"))
+        current = int((deploy.get("spec") or {}).get("replicas") or 0)
+        ready = int((deploy.get("status") or {}).get("readyReplicas") or 0)
+        now = self.clock()
+        state = self._states.setdefault(uid, _State(history=((now, current),)))
+        decision = decide(
+            policy, metrics, current=current, ready=ready, history=state.history, now=now,
+            unavailable=f"{why[0]}: {why[1]}",
+        )  # fmt: skip
+        state.history = decision.history
+        unavailable = None
+        if decision.reason == "MetricsUnavailable":
+            unavailable = why if metrics is None else ("StaleMetrics", decision.message)
+            self.metrics.metrics_unavailable.labels(ns, name, unavailable[0]).inc()
+        scaled = None
+        if decision.replicas != current:
+            text = f"{decision.reason}: {decision.message}"
+            if not await self._scale(fresh, deploy, current, decision.replicas, text, "metrics"):
+                return decision
+            scaled = (text, "metrics")
+            if decision.replicas > current:
+                state.last_scale_up = now
+        self.metrics.desired_replicas.labels(ns, name).set(decision.replicas)
+        level = logging.INFO if scaled or decision.reason != state.last_reason else logging.DEBUG
+        state.last_reason = decision.reason
+        logger.log(
+            level, "Autoscale %s/%s: %d (%d ready) -> %d: %s: %s",
+            ns, name, current, ready, decision.replicas, decision.reason, decision.message,
+        )  # fmt: skip
+        await self._write_status(fresh, decision, metrics, ready, scaled, unavailable)
+        return decision
 
     async def alert_scale_up(self, req: ScaleUpRequest, logger: logging.Logger = log) -> str:
         """One step up for a firing alert; returns the outcome (CamelCase) for the webhook reply."""
@@ -268,7 +287,7 @@ class Autoscaler:
             if not await self._scale(body, deploy, current, decision.replicas, text, "alert"):
                 return "Conflict"
             state.last_scale_up = now
-            self.metrics.desired_replicas.set(decision.replicas, req.namespace, req.name)
+            self.metrics.desired_replicas.labels(req.namespace, req.name).set(decision.replicas)
             logger.info("Autoscale %s/%s: %s", req.namespace, req.name, text)
             await self._write_status(body, decision, None, ready, (text, "alert"), None)
             return "ScaledUp"
@@ -296,15 +315,12 @@ class Autoscaler:
                 return False
             raise
         direction = "up" if replicas > current else "down"
-        self.metrics.scale_events.inc(meta["namespace"], meta["name"], direction, source)
+        self.metrics.scale_events.labels(meta["namespace"], meta["name"], direction, source).inc()
         message = f"Scaled {direction} from {current} to {replicas} replicas ({source}): {reason}"
-        try:
-            await self.api.post_event(
-                body, type_="Normal", reason=f"Scaled{direction.capitalize()}", message=message,
-                component=self.config.component_name,
-            )  # fmt: skip
-        except ApiError as e:
-            log.warning("Could not post the scale event: %s", e)
+        await self.api.try_post_event(
+            body, type_="Normal", reason=f"Scaled{direction.capitalize()}", message=message,
+            component=self.config.component_name,
+        )  # fmt: skip
         return True
 
     async def _write_status(
@@ -332,14 +348,11 @@ class Autoscaler:
             if conditions != old.get("conditions"):
                 patch["conditions"] = conditions
             if unavailable is not None and was.get("status") != "True":
-                try:
-                    await self.api.post_event(
-                        fresh, type_="Warning", reason=CONDITION,
-                        message=f"{unavailable[0]}: {unavailable[1]}; holding the replicas",
-                        component=self.config.component_name,
-                    )  # fmt: skip
-                except ApiError as e:
-                    log.warning("Could not post the %s event: %s", CONDITION, e)
+                await self.api.try_post_event(
+                    fresh, type_="Warning", reason=CONDITION,
+                    message=f"{unavailable[0]}: {unavailable[1]}; holding the replicas",
+                    component=self.config.component_name,
+                )  # fmt: skip
         if patch:
             await self.api.patch(
                 KIND, meta["namespace"], meta["name"], {"status": patch}, subresource="status"

@@ -1,0 +1,10 @@
+"""Autoscaling: the pure policy, the loop that runs it, its inputs and the alert webhook.
+
+* `policy.py`     — metrics → desired replicas (pure: `decide`, `alert_step`)
+* `loop.py`       — the autoscaler: Prometheus → `decide` → Deployment replicas, status, Events
+* `prometheus.py` — Prometheus HTTP API client and the PromQL of each input
+* `alerts.py`     — `POST /alerts`: Alertmanager payloads → one step per InferenceService
+* `rules.py`      — the per-service PrometheusRule (pure; the builders use it)
+
+Nothing is imported here, so `pagoda.operator.autoscaling.rules` stays free of aiohttp.
+"""

@@ -1,0 +1,67 @@
+"""Every (group, resource, verbs) the operator process needs, kopf's calls included.
+
+The Helm chart's ClusterRole grants exactly these; the end-to-end tests check that each request
+the operator made is covered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagoda.operator.names import GROUP, PLURAL
+
+
+@dataclass(frozen=True)
+class Permission:
+    group: str
+    resource: str
+    verbs: tuple[str, ...]
+    why: str
+
+
+_CHILD_VERBS = ("get", "list", "watch", "create", "patch")
+API_PERMISSIONS: tuple[Permission, ...] = (
+    Permission(
+        GROUP,
+        PLURAL,
+        ("get", "list", "watch", "patch"),
+        "kopf watches CRs, stores progress annotations",
+    ),
+    Permission(
+        GROUP, f"{PLURAL}/status", ("get", "patch"), "conditions, replicas, url, autoscaling"
+    ),
+    Permission("", "events", ("create",), "Degraded/Reconciled events; kopf's handler failures"),
+    Permission(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        ("list", "watch"),
+        "kopf resource scanning",
+    ),
+    Permission("", "namespaces", ("list", "watch"), "kopf, only with namespace glob patterns"),
+    Permission("apps", "deployments", _CHILD_VERBS, "the model server; the autoscaler's replicas"),
+    Permission("", "services", _CHILD_VERBS, "ClusterIP in front of the pods"),
+    Permission("", "configmaps", _CHILD_VERBS, "engine configuration"),
+    Permission(
+        "policy", "poddisruptionbudgets", (*_CHILD_VERBS, "delete"), "when more than one replica"
+    ),
+    Permission(
+        "monitoring.coreos.com",
+        "servicemonitors",
+        ("get", "create", "patch", "delete"),
+        "if the CRD exists",
+    ),
+    Permission(
+        "monitoring.coreos.com",
+        "prometheusrules",
+        ("get", "create", "patch", "delete"),
+        "per-service alerts, if the CRD exists",
+    ),
+    Permission("", "persistentvolumeclaims", ("get",), "pvc:// models must exist"),
+    Permission("", "nodes", ("list",), "GPU requests must fit some node"),
+)
+
+
+def allowed(group: str, resource: str, verb: str) -> bool:
+    return any(
+        p.group == group and p.resource == resource and verb in p.verbs for p in API_PERMISSIONS
+    )
