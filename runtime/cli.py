@@ -13,6 +13,7 @@ import sys
 
 SUBCOMMANDS = {
     "serve": ("pagoda.runtime.server.cli", "Run the OpenAI-compatible inference server."),
+    "tune": ("pagoda.runtime.tune.cli", "Measure this node for a model; write a tuned profile."),
     "operator": ("pagoda.operator.main", "Run the Kubernetes operator (kopf)."),
 }
 

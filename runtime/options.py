@@ -69,6 +69,8 @@ DEFAULT_DRAIN_TIMEOUT_S = 30.0
 DEFAULT_MAX_REQUEST_BYTES = 4 << 20  # a 128k-token prompt as token ids is ~1 MiB of JSON
 DEFAULT_LOG_LEVEL = "info"
 API_KEY_ENV = "PAGODA_API_KEY"
+TUNED_PROFILE_ENV = "PAGODA_TUNED_PROFILE"  # same as --tuned-profile
+TUNED_PROFILE_MISMATCH = ("error", "warn")
 
 HEALTH_PATH = "/health"  # 200 while the process is alive (loading or serving); 503 when dead
 READY_PATH = "/ready"  # 200 only when requests will be served; 503 loading/draining/dead
@@ -91,6 +93,7 @@ METRIC_KV_CACHE_USAGE = "pagoda:kv_cache_usage_perc"  # gauge, 1 = full
 METRIC_PREFIX_CACHE_QUERIES = "pagoda:prefix_cache_queries"  # counter
 METRIC_PREFIX_CACHE_HITS = "pagoda:prefix_cache_hits"  # counter
 METRIC_NUM_PREEMPTIONS = "pagoda:num_preemptions"  # counter
+METRIC_TUNED_PROFILE_INFO = "pagoda:tuned_profile_info"  # gauge 1, labels device/model/created
 
 # --- `pagoda serve` flags ---------------------------------------------------------------------
 
@@ -164,6 +167,11 @@ SERVER_FLAGS: Mapping[str, Flag] = _flags(
     Flag("--api-key", f"require `Authorization: Bearer KEY` on /v1 (or env {API_KEY_ENV})", None),
     Flag("--drain-timeout", "seconds in-flight requests get on SIGTERM",
          DEFAULT_DRAIN_TIMEOUT_S, float),
+    Flag("--tuned-profile", "directory written by `pagoda tune`: its kernel configs are searched "
+         f"first and its scheduler knobs apply unless set by flags (or env {TUNED_PROFILE_ENV})",
+         None, metavar="DIR"),
+    Flag("--tuned-profile-mismatch", "a profile measured for another device/model/dtype: error "
+         "refuses to start, warn serves on defaults", "error", choices=TUNED_PROFILE_MISMATCH),
     Flag("--log-level", "log verbosity", DEFAULT_LOG_LEVEL, choices=LOG_LEVELS),
     Flag("--enable-debug-endpoints", "GET /debug/engine (tests only)", False, kind="switch",
          hidden=True),
@@ -187,3 +195,28 @@ def render_args(values: Mapping[str, Any]) -> list[str]:
         if value is not None:
             out += flag(dest).render(value)
     return out
+
+
+# --- `pagoda tune` flags (the operator's tuning Job renders these) ----------------------------
+
+DEFAULT_TUNE_TIME_BUDGET = "15m"
+DEFAULT_TTFT_TARGET_S = 2.0
+DEFAULT_ITL_TARGET_S = 0.1
+
+TUNE_FLAGS: Mapping[str, Flag] = _flags(
+    *(ENGINE_FLAGS[d] for d in ("model", "dtype", "device", "attention_backend", "max_model_len",
+                                "block_size", "kv_cache_memory")),
+    Flag("--output", "directory the tuned profile is written to (resumed if it holds one)",
+         None, metavar="DIR"),
+    Flag("--time-budget", "stop measuring after this long, e.g. 15m, 90s (rerun to resume)",
+         DEFAULT_TUNE_TIME_BUDGET, metavar="DURATION"),
+    Flag("--ttft-target", "time-to-first-token objective in seconds", DEFAULT_TTFT_TARGET_S,
+         float, metavar="S"),
+    Flag("--itl-target", "inter-token latency objective in seconds", DEFAULT_ITL_TARGET_S, float,
+         metavar="S"),
+    Flag("--prompt-len", "prompt length the TTFT target is checked for (default: max-model-len, "
+         "at most 2048)", None, int, metavar="TOKENS"),
+    Flag("--quick", "a few small points only (smoke tests, CI)", False, kind="switch"),
+    Flag("--force", "discard what the output directory holds and measure everything again",
+         False, kind="switch"),
+)  # fmt: skip

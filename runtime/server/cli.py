@@ -107,11 +107,13 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     from pagoda.runtime.server.launch import preflight, serve
+    from pagoda.runtime.tune.serving import apply_to_server_config
 
     try:
         cfg = server_config(args)
+        cfg, profile = apply_to_server_config(cfg, args.tuned_profile, args.tuned_profile_mismatch)
         engine_cfg = preflight(cfg)
-    except ValueError as e:
+    except ValueError as e:  # a ProfileError too: refused profiles exit 2 with one line
         print(f"pagoda serve: error: {' '.join(str(e).split())[:1000]}", file=sys.stderr)
         return 2
-    return serve(cfg, engine_cfg)
+    return serve(cfg, engine_cfg, profile)

@@ -13,6 +13,7 @@ from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.model.loader import read_model_config
 from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.draining import DrainingServer
+from pagoda.runtime.tune.profile import TunedProfile
 
 
 def preflight(cfg: ServerConfig) -> EngineConfig:
@@ -31,15 +32,22 @@ def preflight(cfg: ServerConfig) -> EngineConfig:
     return engine_cfg
 
 
-def serve(cfg: ServerConfig, engine_cfg: EngineConfig) -> int:
-    """Bind, load the model on the engine thread, serve until drained; the exit code."""
+def serve(cfg: ServerConfig, engine_cfg: EngineConfig, profile: TunedProfile | None = None) -> int:
+    """Bind, load the model on the engine thread, serve until drained; the exit code.
+
+    The engine factory warms up every kernel variant the configured shapes reach before the
+    engine reports ready, so `/ready` turns 200 only when no JIT compile is left to pay.
+    """
     from pagoda.runtime.engine.core import EngineCore
     from pagoda.runtime.server.api import create_app
     from pagoda.runtime.server.metrics import ServerMetrics
+    from pagoda.runtime.tune.warmup import warm_up
 
     metrics = ServerMetrics(cfg.served_model_name)
+    if profile is not None:
+        metrics.set_tuned_profile(profile.device, profile.model, profile.created)
     engine = AsyncEngine(
-        lambda: EngineCore(engine_cfg), max_queue_len=cfg.max_queue_len, observer=metrics
+        lambda: warm_up(EngineCore(engine_cfg)), max_queue_len=cfg.max_queue_len, observer=metrics
     )
     app = create_app(cfg, engine, metrics)
     uv_cfg = uvicorn.Config(

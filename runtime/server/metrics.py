@@ -32,8 +32,9 @@ from pagoda.runtime.options import (
     METRIC_QUEUE_TIME,
     METRIC_REQUEST_SUCCESS,
     METRIC_TTFT,
+    METRIC_TUNED_PROFILE_INFO,
 )
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -151,6 +152,16 @@ class ServerMetrics:
         )
         self.success = {reason: success.labels(model_name, reason) for reason in FINISH_REASONS}
         r.register(_EngineCollector(self))
+
+    def set_tuned_profile(self, device: str, model: str, created: str) -> None:
+        """Expose the tuned profile in use: an info gauge (absent when serving on defaults)."""
+        info = Gauge(
+            METRIC_TUNED_PROFILE_INFO,
+            "Tuned profile in use (from `pagoda tune`), by device, model and creation time.",
+            ["device", "model", "created"],
+            registry=self.registry,
+        )
+        info.labels(device, model, created).set(1)
 
     def record_step(self, outputs: Sequence[StepOutput], stats: EngineStats | None) -> None:
         """Engine thread, once per step: request-level events only (first token, finish)."""
