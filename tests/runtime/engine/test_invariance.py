@@ -1,0 +1,114 @@
+"""Greedy output does not depend on the prefix cache, on chunking or on the rest of the batch.
+
+The same prompts are generated (temperature 0) alone on a cold engine with caching and chunked
+prefill off, then together on an engine that chunks prompts into small pieces and caches prefixes
+(cold, then warm, then in another order beside other traffic). Every run must give exactly the same
+tokens, in both dtypes: this is what `docs/runtime.md` promises, and it fails on any machine whose
+kernels round a row differently depending on its neighbours.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pagoda.runtime import LLM, SamplingParams
+
+LENGTHS = [1, 17, 40, 95, 230]
+GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def prompts(corpus_ids) -> list[list[int]]:
+    base = [corpus_ids[i * 37 : i * 37 + n] for i, n in enumerate(LENGTHS)]
+    shared = corpus_ids[500:600]  # two prompts sharing a 100-token prefix with each other
+    return [*base, shared + corpus_ids[:20], shared + corpus_ids[900:931]]
+
+
+def _tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_greedy_invariant_to_cache_chunks_and_batch(smol, prompts, dtype):
+    common = dict(loaded=smol, dtype=dtype, max_model_len=512, kv_cache_memory=64 << 20)
+    plain = LLM(**common, enable_prefix_caching=False, enable_chunked_prefill=False)
+    alone = [_tokens(plain, [p])[0] for p in prompts]
+    del plain
+
+    busy = LLM(**common, enable_prefix_caching=True, max_num_batched_tokens=48, max_num_seqs=6)
+    cold = _tokens(busy, prompts)  # chunked, batched with each other, nothing cached
+    warm = _tokens(busy, prompts)  # every full block of every prompt now comes from the cache
+    noise = [p[::-1] for p in prompts[1:3]]  # unrelated traffic in the same steps
+    mixed = _tokens(busy, noise + prompts[::-1])[len(noise) :][::-1]
+    for name, got in (("cold batch", cold), ("warm cache", warm), ("reordered + noise", mixed)):
+        for i, (want, have) in enumerate(zip(alone, got)):
+            assert have == want, f"{dtype} {name}: prompt {i} ({len(prompts[i])} tokens)"
+    busy.engine.check_integrity()
+
+
+def _step(seqs, cache, d=32, hkv=2, bs=16):
+    """Attention metadata for (context length, query length, block table) triples on `cache`."""
+    import numpy as np
+    from pagoda.runtime.attention.base import AttentionMetadata
+
+    width = max(len(t) for _, _, t in seqs)
+    tables = torch.tensor([t + [0] * (width - len(t)) for _, _, t in seqs], dtype=torch.int32)
+    qlens = [n for _, n, _ in seqs]
+    slots = [t[p // bs] * bs + p % bs for s, n, t in seqs for p in range(s - n, s)]
+    return AttentionMetadata(
+        num_seqs=len(seqs),
+        num_decodes=sum(1 for n in qlens if n == 1),
+        num_tokens=sum(qlens),
+        max_query_len=max(qlens),
+        max_seq_len=max(s for s, _, _ in seqs),
+        query_start_loc=torch.from_numpy(np.cumsum([0, *qlens]).astype(np.int32)),
+        seq_lens=torch.tensor([s for s, _, _ in seqs], dtype=torch.int32),
+        block_tables=tables,
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        block_size=bs,
+        query_lens_host=qlens,
+        seq_lens_host=[s for s, _, _ in seqs],
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_row_does_not_depend_on_how_it_is_batched(dtype):
+    """One query row (the last of a 300-token sequence) gives bit-identical output as a decode,
+    as the last row of a chunk on cached context, as the last row of a fresh prompt, and beside
+    other sequences of other lengths (other buckets, other key padding)."""
+    from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
+
+    g = torch.Generator().manual_seed(0)
+    h, hkv, d, bs, n = 6, 2, 32, 16, 300
+    k_all = torch.randn(n, hkv, d, generator=g).to(dtype)
+    v_all = torch.randn(n, hkv, d, generator=g).to(dtype)
+    q_all = torch.randn(n, h, d, generator=g).to(dtype)
+    table = list(range(1, 1 + (n + bs - 1) // bs))
+    other = list(range(40, 40 + 1000 // bs + 1))
+    be = TorchAttentionBackend(h, hkv, d, d**-0.5)
+
+    def last_row(seqs, new: int, extra_q: int = 0) -> torch.Tensor:
+        cache = [torch.zeros(128, bs, hkv, d, dtype=dtype) for _ in range(2)]
+        flat = [c.view(-1, hkv, d) for c in cache]
+        for p in range(n - new):  # the context that is already cached
+            flat[0][table[p // bs] * bs + p % bs] = k_all[p]
+            flat[1][table[p // bs] * bs + p % bs] = v_all[p]
+        meta = _step(seqs, cache)
+        rows = torch.randn(extra_q, h, d, generator=g).to(dtype)
+        kx = torch.randn(extra_q, hkv, d, generator=g).to(dtype)
+        q = torch.cat(
+            [rows[: meta.num_decodes - 1], q_all[n - new :], rows[meta.num_decodes - 1 :]]
+        )
+        k = torch.cat([kx[: meta.num_decodes - 1], k_all[n - new :], kx[meta.num_decodes - 1 :]])
+        v = torch.cat([kx[: meta.num_decodes - 1], v_all[n - new :], kx[meta.num_decodes - 1 :]])
+        be.prepare(meta)
+        out = be.forward(q, k, v, *cache, meta)
+        return out[meta.num_decodes - 1 + new - 1 if meta.num_decodes else new - 1]
+
+    decode = last_row([(n, 1, table)], 1)
+    chunk = last_row([(n, 40, table)], 40)
+    fresh = last_row([(n, n, table)], n)
+    beside = last_row([(1000, 1, other), (n, 1, table), (64, 7, [100, 101, 102, 103])], 1, 8)
+    for name, got in (("chunk", chunk), ("fresh prompt", fresh), ("beside others", beside)):
+        assert torch.equal(got, decode), name
