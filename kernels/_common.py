@@ -10,14 +10,6 @@ import os
 
 import torch
 
-try:  # Triton is an optional extra; the torch references work without it.
-    import triton  # noqa: F401
-
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover - depends on the installation
-    HAS_TRITON = False
-
-
 # Triton decides at decoration time whether a kernel is interpreted, and the kernel modules are
 # decorated right after importing this one, so reading the switch once here matches them.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")

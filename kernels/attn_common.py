@@ -11,7 +11,7 @@ import math
 import torch
 import triton
 import triton.language as tl
-from pagoda.kernels._common import interpreter_enabled
+from pagoda.kernels._common import interpreter_enabled, next_pow2
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -26,6 +26,44 @@ def dot_precision(dtype: torch.dtype) -> str:
     if dtype == torch.bfloat16 and interpreter_enabled():
         return "upcast"
     return "default"
+
+
+def paged_strides(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+) -> tuple[int, ...]:
+    """The stride arguments both attention kernels take, in their order (``stride_q_tok`` ..
+    ``stride_bt_seq``); the head dimension of every tensor is contiguous (checked by the caller)."""
+    return (
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+    )
+
+
+def paged_meta(q: torch.Tensor, k_cache: torch.Tensor, config: dict) -> dict:
+    """Constexprs and launch options both attention kernels share, from shapes and the config."""
+    head_dim = q.shape[2]
+    return {
+        "HEAD_DIM": head_dim,
+        "HEAD_DIM_PADDED": max(next_pow2(head_dim), 16),
+        "BLOCK_SIZE": k_cache.shape[1],
+        "TILE_SIZE": next_pow2(max(int(config["TILE_SIZE"]), 16)),  # tl.dot: N, K >= 16
+        "DOT_PRECISION": dot_precision(q.dtype),
+        "num_warps": int(config["num_warps"]),
+        "num_stages": int(config["num_stages"]),
+    }
 
 
 @triton.jit

@@ -17,7 +17,14 @@ import torch
 import triton
 import triton.language as tl
 from pagoda.kernels._common import cdiv, next_pow2, prev_pow2
-from pagoda.kernels.attn_common import LOG2E, dot_precision, load_kv_tile, mma, online_softmax_step
+from pagoda.kernels.attn_common import (
+    LOG2E,
+    load_kv_tile,
+    mma,
+    online_softmax_step,
+    paged_meta,
+    paged_strides,
+)
 
 
 @triton.jit
@@ -223,28 +230,12 @@ def launch_decode_attention(
         block_tables,
         seq_lens,
         scale * LOG2E,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        block_tables.stride(0),
+        *paged_strides(q, out, k_cache, v_cache, block_tables),
         NUM_HEADS=num_heads,
         QUERIES_PER_KV=queries_per_kv,
-        HEAD_DIM=head_dim,
-        HEAD_DIM_PADDED=head_dim_padded,
-        BLOCK_SIZE=k_cache.shape[1],
-        TILE_SIZE=next_pow2(max(int(config["TILE_SIZE"]), 16)),  # tl.dot: N, K >= 16
         BLOCK_H=max(16, next_pow2(queries_per_kv)),
         NUM_SPLITS=num_splits,
-        DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=int(config["num_warps"]),
-        num_stages=int(config["num_stages"]),
+        **paged_meta(q, k_cache, config),
     )
     if num_splits > 1:
         _decode_stage2_kernel[(num_decodes, num_heads)](

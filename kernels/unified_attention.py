@@ -13,7 +13,14 @@ import torch
 import triton
 import triton.language as tl
 from pagoda.kernels._common import next_pow2
-from pagoda.kernels.attn_common import LOG2E, dot_precision, load_kv_tile, mma, online_softmax_step
+from pagoda.kernels.attn_common import (
+    LOG2E,
+    load_kv_tile,
+    mma,
+    online_softmax_step,
+    paged_meta,
+    paged_strides,
+)
 
 
 @triton.jit
@@ -164,7 +171,7 @@ def launch_unified_attention(
     Grid: ``(num_tokens - first_token) // BLOCK_Q + (num_seqs - first_seq)`` q-blocks × KV heads,
     an upper bound computed from shapes alone.
     """
-    num_tokens, num_heads, head_dim = q.shape
+    num_tokens, num_heads, _ = q.shape
     num_seqs = seq_lens.shape[0]
     num_kv_heads = k_cache.shape[2]
     queries_per_kv = num_heads // num_kv_heads
@@ -184,25 +191,9 @@ def launch_unified_attention(
         scale * LOG2E,
         first_seq,
         num_seqs,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        block_tables.stride(0),
+        *paged_strides(q, out, k_cache, v_cache, block_tables),
         QUERIES_PER_KV=queries_per_kv,
-        HEAD_DIM=head_dim,
-        HEAD_DIM_PADDED=max(next_pow2(head_dim), 16),
-        BLOCK_SIZE=k_cache.shape[1],
-        TILE_SIZE=next_pow2(max(int(config["TILE_SIZE"]), 16)),  # tl.dot: N, K >= 16
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
-        DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=int(config["num_warps"]),
-        num_stages=int(config["num_stages"]),
+        **paged_meta(q, k_cache, config),
     )

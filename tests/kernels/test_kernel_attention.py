@@ -75,9 +75,11 @@ def test_decode_only_batch(device, splits):
     torch.testing.assert_close(got, expected, **TOL[torch.float16])
 
 
-def test_long_context(device):
+@pytest.mark.parametrize("splits", [None, 1, 8], ids=["rule", "split1", "split8"])
+def test_long_context(device, splits):
     """> 1,000 tokens: a long decode (split and unsplit), a chunk deep into a long context, and a
-    1,030-token prefill from scratch; one KV head keeps the interpreter quick."""
+    1,030-token prefill from scratch; one KV head keeps the interpreter quick. ``None``: the
+    rule picks 4 splits here (1,300 tokens, 4 "SMs")."""
     from pagoda.kernels import paged_attention
 
     seqs = [(1, 1300), (24, 1100), (1030, 1030)]
@@ -92,9 +94,8 @@ def test_long_context(device):
     )
     args = batch.attention_args(scale=0.125)
     expected = reference.paged_attention(**args)
-    for splits in (None, 1, 8):  # None: the rule picks 4 here (1,300 tokens, 4 "SMs")
-        got = paged_attention(**args, num_decodes=1, num_kv_splits=splits)
-        torch.testing.assert_close(got, expected, **TOL[torch.float16])
+    got = paged_attention(**args, num_decodes=1, num_kv_splits=splits)
+    torch.testing.assert_close(got, expected, **TOL[torch.float16])
 
 
 def test_block_ids_near_end_of_large_pool(device):
@@ -134,7 +135,8 @@ def test_block_ids_near_end_of_large_pool(device):
         torch.testing.assert_close(got, expected, **TOL[torch.float16])
 
 
-def test_padding_rows_are_zero_and_out_is_reused(device):
+@pytest.mark.parametrize("splits", [1, 4])
+def test_padding_rows_are_zero_and_out_is_reused(device, splits):
     """CUDA-graph padding: sequences of length 0 give zeros (not NaN); ``out`` is filled in place."""
     from pagoda.kernels import paged_attention
 
@@ -150,14 +152,10 @@ def test_padding_rows_are_zero_and_out_is_reused(device):
     batch.seq_lens[1:] = 0
     out = torch.full_like(batch.q, float("nan"))
     args = batch.attention_args(scale=0.125)
-    for splits in (1, 4):
-        out.fill_(float("nan"))
-        got = paged_attention(**args, out=out, num_kv_splits=splits)
-        assert got.data_ptr() == out.data_ptr()
-        assert torch.equal(out[1:], torch.zeros_like(out[1:]))
-        torch.testing.assert_close(
-            out[:1], reference.paged_attention(**args)[:1], **TOL[torch.float16]
-        )
+    got = paged_attention(**args, out=out, num_kv_splits=splits)
+    assert got.data_ptr() == out.data_ptr()
+    assert torch.equal(out[1:], torch.zeros_like(out[1:]))
+    torch.testing.assert_close(out[:1], reference.paged_attention(**args)[:1], **TOL[torch.float16])
 
 
 def test_rejects_bad_inputs(device):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from pagoda.kernels import config as kc
@@ -130,3 +131,25 @@ def test_split_rule():
         )
         == 4
     )  # a tuned value wins, still bounded by the context length
+
+
+def test_search_order_first_directory_wins(tmp_path, monkeypatch):
+    """`pagoda serve --tuned-profile DIR` puts DIR/configs first: its file for a device replaces
+    files of that device further down the path (the packaged one included); fields it leaves out
+    come from default.json."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    shape = {"head_dim": 128, "num_seqs": 64, "max_seq_len": 4096}
+    save_kernel_config(
+        "decode_attention", shape, {"TILE_SIZE": 128}, device="NVIDIA H200", directory=first
+    )
+    save_kernel_config(
+        "decode_attention", shape, {"TILE_SIZE": 16}, device="NVIDIA H200", directory=second
+    )
+    monkeypatch.setenv(kc.CONFIG_DIR_ENV, f"{first}{os.pathsep}{second}")
+    clear_config_cache()
+    try:
+        cfg = get_kernel_config("decode_attention", shape, "NVIDIA H200")
+        default = get_kernel_config("decode_attention", shape, "default")
+        assert cfg == {**default, "TILE_SIZE": 128}  # not the packaged H200 stages/warps
+    finally:
+        clear_config_cache()
