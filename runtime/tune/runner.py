@@ -132,25 +132,19 @@ def tune(req: TuneRequest) -> TuneResult:
     from pagoda.runtime.tune.report import summary_table
 
     start = time.monotonic()
-    deadline = start + req.time_budget_s
     out = Path(req.output)
     base = EngineConfig.create(req.model, **req.engine_args)  # flag errors before loading
-    device = base.torch_device()
+    cuda = base.torch_device().type == "cuda"
     identity = {
-        "device": device_identity(device),
+        "device": device_identity(base.torch_device()),
         "model": normalize_model(req.model),
         "dtype": dtype_name(base.torch_dtype()),
     }
     previous = _previous(out, identity, req.force)
     loaded = _Lazy(lambda: load_model(req.model))
     max_model_len = req.max_model_len or loaded().config.max_position_embeddings
-    cuda = device.type == "cuda"
+    _check_shapes(previous, out, max_model_len, base.cache.block_size)
     plan = make_plan(max_model_len=max_model_len, cuda=cuda, quick=req.quick)
-    if previous is not None and any(
-        previous.get(k) not in (None, v)
-        for k, v in (("max_model_len", max_model_len), ("block_size", base.cache.block_size))
-    ):
-        raise ProfileError(f"{out} was tuned for another max_model_len/block_size; use --force")
     backend = base.attention_backend
     if backend == "auto":
         backend = "triton" if cuda else "torch"
@@ -158,28 +152,50 @@ def tune(req: TuneRequest) -> TuneResult:
     profile["attention_backend"] = backend
     save = lambda: write_profile(out, profile)  # noqa: E731
     save()
-    kernel_buckets = _kernel_buckets(loaded().config, base, plan, max_model_len) if cuda else []
-    if not kernel_buckets or backend != "triton":
+    buckets = _kernel_buckets(loaded().config, base, plan, max_model_len) if cuda else []
+    if not buckets or backend != "triton":
         print(f"kernels: {_skip_reason(base)}", file=sys.stderr)
-    bar = _progress_bar(plan.num_points + len(kernel_buckets), req.progress)
+    bar = _progress_bar(plan.num_points + len(buckets), req.progress)
 
     def progress(label: str) -> None:
         if bar is not None:
             bar.set_postfix_str(label, refresh=False)
             bar.update(1)
 
-    try:
-        profile["kernels"] = _tune_kernels(
-            loaded().config if cuda else None, base, kernel_buckets, out, profile.get("kernels"), backend,
-            start + 0.6 * req.time_budget_s, progress, save_cb=lambda k: (profile.update(kernels=k), save()),
-        )  # fmt: skip
+    def save_kernels(section: dict) -> None:
+        profile["kernels"] = section
         save()
+
+    try:
+        kernel_deadline = start + 0.6 * req.time_budget_s
+        model_config = loaded().config if cuda else None
+        save_kernels(
+            _tune_kernels(model_config, base, buckets, out, profile.get("kernels"), backend,
+                          kernel_deadline, progress, save_cb=save_kernels)
+        )  # fmt: skip
+        deadline = start + req.time_budget_s
         engine = _profile_engine(
             req, loaded, plan, max_model_len, out, profile, deadline, progress, save
         )
     finally:
         if bar is not None:
             bar.close()
+    usable = _finish(profile, engine, req, time.monotonic() - start)
+    save()
+    return TuneResult(profile, usable, summary_table(profile, out))
+
+
+def _check_shapes(previous: dict | None, out: Path, max_model_len: int, block_size: int) -> None:
+    """A profile measured for other shapes is not resumed (its points would not fit)."""
+    if previous is not None and any(
+        previous.get(k) not in (None, v)
+        for k, v in (("max_model_len", max_model_len), ("block_size", block_size))
+    ):
+        raise ProfileError(f"{out} was tuned for another max_model_len/block_size; use --force")
+
+
+def _finish(profile: dict, engine: dict, req: TuneRequest, spent: float) -> bool:
+    """Choose the knobs from the measured curves; True when there was enough to choose from."""
     profile["engine"] = engine
     usable = bool(engine["prefill"] and engine["decode"])
     if usable:
@@ -195,9 +211,8 @@ def tune(req: TuneRequest) -> TuneResult:
         profile["capacity"] = _capacity_section(choice, engine, prompt)
     profile["complete"] = bool(engine["complete"] and profile["kernels"].get("complete", True))
     profile["updated"] = now_iso()
-    profile["time_spent_s"] = round(profile.get("time_spent_s", 0.0) + time.monotonic() - start, 1)
-    save()
-    return TuneResult(profile, usable, summary_table(profile, out))
+    profile["time_spent_s"] = round(profile.get("time_spent_s", 0.0) + spent, 1)
+    return usable
 
 
 def _skeleton(
@@ -279,6 +294,9 @@ def _tune_kernels(
         previous=(previous or {}).get("buckets"),
         deadline=deadline,
         progress=progress,
+        checkpoint=lambda done: save_cb(
+            {"status": "partial", "buckets": list(done), "complete": False}
+        ),
     )
     section = {
         "status": "tuned" if complete else "partial",

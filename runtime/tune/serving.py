@@ -8,6 +8,7 @@ default (argparse cannot tell an explicit default from an omitted flag).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -15,6 +16,7 @@ from typing import Any
 
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.options import TUNED_PROFILE_ENV
+from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.tune.profile import (
     ProfileError,
     TunedProfile,
@@ -121,4 +123,23 @@ def apply_tuned_profile(
     return profile, args
 
 
-__all__ = ["ProfileError", "apply_tuned_profile", "check_profile", "profile_engine_args"]
+def apply_to_server_config(
+    cfg: ServerConfig, directory: str | None, mismatch: str = "error"
+) -> tuple[ServerConfig, TunedProfile | None]:
+    """`pagoda serve`'s hook: the ServerConfig with the profile's engine arguments applied."""
+    from pagoda.runtime.options import ENGINE_FLAGS
+
+    defaults = {dest: f.default for dest, f in ENGINE_FLAGS.items()}
+    profile, args = apply_tuned_profile(
+        directory,
+        model=cfg.model,
+        engine_args=cfg.engine_args,
+        defaults=defaults,
+        mismatch=mismatch,
+    )
+    if profile is None:
+        return cfg, None
+    return dataclasses.replace(cfg, engine_args=args), profile
+
+
+__all__ = ["ProfileError", "apply_to_server_config", "apply_tuned_profile", "check_profile"]

@@ -176,6 +176,7 @@ def tune_kernels(
     timer: Timer = cuda_timer,
     space: Callable[[str], list[dict]] = candidate_space,
     progress: Callable[[str], None] = lambda _: None,
+    checkpoint: Callable[[list[dict]], None] = lambda _: None,
 ) -> tuple[list[dict], bool]:
     """Sweep every bucket not already in ``previous``; save each winner as soon as it is known.
 
@@ -210,5 +211,6 @@ def tune_kernels(
                 source="pagoda tune: fastest candidate that matched the torch reference",
             )
         reports.append(result.as_json())
+        checkpoint(reports)  # an interrupted sweep resumes after this bucket
         progress(bucket.label)
     return reports, complete

@@ -125,3 +125,34 @@ def test_out_of_time_leaves_buckets_for_the_next_run(tmp_path):
 def test_default_device_name_is_refused(tmp_path):
     with pytest.raises(ValueError, match="default"):
         sweep.tune_kernels(SHAPE, [], device=DEVICE, device_label="default", out_dir=tmp_path)
+
+
+@pytest.mark.parametrize("bucket", [DECODE_BUCKET, PREFILL_BUCKET], ids=lambda b: b.kernel)
+def test_every_shipped_candidate_is_correct(bucket):
+    """The space `pagoda tune` tries on a GPU: no config in it is wrong or refused."""
+    from pagoda.runtime.tune.kernels import candidate_space
+
+    gen = torch.Generator().manual_seed(1)
+    space = candidate_space(bucket.kernel)
+    assert len(space) == len({tuple(sorted(c.items())) for c in space}) <= 27
+    failures = {str(c): sweep.check_candidate(bucket, SHAPE, c, DEVICE, gen) for c in space}
+    assert {c: why for c, why in failures.items() if why} == {}
+
+
+def test_buckets_follow_the_engine_limits():
+    from pagoda.runtime.tune.kernels import MAX_TIMED_TOKENS, plan_buckets
+
+    llama8b = AttentionShape(32, 8, 128, 16, torch.bfloat16)
+    buckets = plan_buckets(
+        llama8b, max_num_seqs=256, max_model_len=32768, max_num_batched_tokens=2048
+    )
+    decode = [b.shape for b in buckets if b.kernel == DECODE]
+    prefill = [b.shape["max_query_len"] for b in buckets if b.kernel == PREFILL]
+    assert {(s["num_seqs"], s["max_seq_len"]) for s in decode} >= {
+        (1, 512),
+        (64, 8192),
+        (256, 2048),
+    }
+    assert all(s["num_seqs"] * s["max_seq_len"] <= MAX_TIMED_TOKENS for s in decode)
+    assert (256, 32768) not in {(s["num_seqs"], s["max_seq_len"]) for s in decode}  # 64 GB of KV
+    assert prefill == [16, 64, 512, 2048]
