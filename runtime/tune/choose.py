@@ -12,6 +12,11 @@ latency is about ``t_P(C) + c*b``. The choice:
   among those whose mixed step still meets the ITL target;
 * ``max_num_batched_tokens`` = ``C + max_num_seqs`` (one token per decode slot plus the chunk).
 
+If no chunk fits next to that batch, the batch shrinks until the smallest chunk does. If the
+target cannot be met at all (a decode step alone, or the smallest chunk alone, exceeds it), the
+knobs maximise throughput instead (the KV-bound batch, the best-V_P chunk) and ``itl_met`` is
+false: shrinking the batch to one would not meet the target either, only add queueing.
+
 TTFT: a prompt of ``P`` tokens needs about ``P / V_P`` seconds of prefill, so the profile records
 the longest prompt that meets the TTFT target (``V_P * ttft``) and whether the reference prompt
 length does.
@@ -85,23 +90,27 @@ def choose_scheduler(
     )
     measured_max = max(int(p["batch"]) for p in decode)
     cap = max(1, min(kv_capacity_tokens // max(context, 1), 4 * measured_max, 1024))
-    reasons = []
-    if a > targets.itl_s:
-        batch, itl_met = 1, False
-        reasons.append(f"a decode step alone takes {a * 1e3:.1f} ms > ITL target")
-    else:
-        by_itl = int((targets.itl_s - a) / c) if c > 0 else cap
-        batch = _round_batch(max(1, min(by_itl, cap)))
-        itl_met = True
-        reasons.append("max_num_seqs " + ("by the ITL target" if by_itl < cap else "by KV/limit"))
     chunks = sorted((int(p["chunk_tokens"]), float(p["step_s"])) for p in prefill)
-    fits = [(ch, t) for ch, t in chunks if t + c * batch <= targets.itl_s]
-    if fits:
-        chunk, t_chunk = max(fits, key=lambda x: (x[0] / x[1], x[0]))
-    else:
-        chunk, t_chunk = chunks[0]
-        itl_met = False
-        reasons.append(f"even a {chunk}-token chunk breaks the ITL target")
+    best_vp = max(chunks, key=lambda x: (x[0] / x[1], x[0]))
+    itl = targets.itl_s
+    by_itl = int((itl - a) / c + 1e-9) if c > 0 else cap
+    batch = _round_batch(max(1, min(by_itl, cap)))
+    fits = [(ch, t) for ch, t in chunks if t + c * batch <= itl]
+    if a <= itl and not fits:  # fewer decodes per step make room for the smallest chunk
+        smaller = int((itl - chunks[0][1]) / c + 1e-9) if c > 0 else 0
+        if smaller >= 1:
+            batch = _round_batch(smaller)
+            fits = [chunks[0]]
+    if a <= itl and fits:
+        (chunk, t_chunk), itl_met = max(fits, key=lambda x: (x[0] / x[1], x[0])), True
+        reason = "max_num_seqs " + ("by the ITL target" if batch < cap else "by KV/limit")
+    else:  # no setting meets the ITL target here: serve for throughput and say so
+        (chunk, t_chunk), itl_met, batch = best_vp, False, _round_batch(cap)
+        reason = (
+            f"ITL target {itl * 1e3:.0f} ms unreachable on this node (decode step "
+            f"{a * 1e3:.1f} ms + {c * 1e3:.2f} ms/seq, chunk {chunks[0][1] * 1e3:.1f} ms): "
+            "knobs maximise throughput"
+        )
     v_p = chunk / t_chunk
     within_ttft = int(v_p * targets.ttft_s)
     step = a + c * batch
@@ -116,5 +125,5 @@ def choose_scheduler(
         max_prompt_tokens_within_ttft=within_ttft,
         itl_met=itl_met,
         ttft_met=prompt_tokens <= within_ttft,
-        reason="; ".join(reasons),
+        reason=reason,
     )

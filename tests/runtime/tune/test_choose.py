@@ -38,12 +38,30 @@ def test_kv_capacity_caps_the_batch():
     assert choice.chunk_tokens == 1024  # loose ITL: the best V_P wins
 
 
-def test_unreachable_itl_is_reported_not_hidden():
+def test_unreachable_itl_serves_for_throughput_and_says_so():
     choice = choose_scheduler(
-        PREFILL, DECODE, kv_capacity_tokens=1 << 20, targets=Targets(itl_s=0.005), prompt_tokens=64
+        PREFILL,
+        DECODE,
+        kv_capacity_tokens=512 * 100,
+        targets=Targets(itl_s=0.005),
+        prompt_tokens=64,
     )
-    assert not choice.itl_met and choice.max_num_seqs == 1 and choice.chunk_tokens == 64
-    assert "ITL" in choice.reason
+    assert not choice.itl_met and "unreachable" in choice.reason
+    assert choice.max_num_seqs == 96  # the KV-bound batch (100), rounded to a multiple of 8
+    assert choice.chunk_tokens == 1024  # the best V_P
+
+
+def test_batch_shrinks_to_make_room_for_a_chunk():
+    slow_prefill = [{"chunk_tokens": 64, "step_s": 0.020}, {"chunk_tokens": 512, "step_s": 0.1}]
+    choice = choose_scheduler(
+        slow_prefill,
+        DECODE,
+        kv_capacity_tokens=1 << 20,
+        targets=Targets(itl_s=0.05),
+        prompt_tokens=64,
+    )
+    # 40 decodes (40 ms) + a 64-token chunk (20 ms) > 50 ms: 30 leave room (24: multiple of 8)
+    assert choice.itl_met and choice.chunk_tokens == 64 and choice.max_num_seqs == 24
 
 
 def test_targets_are_validated():
