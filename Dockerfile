@@ -63,7 +63,7 @@ EXPOSE 8000
 ENTRYPOINT ["pagoda"]
 CMD ["serve", "--host", "0.0.0.0"]
 
-# ---- operator: kopf + aiohttp + prometheus-client on python slim, no torch --------------------------------------
+# ---- operator: kopf + aiohttp + prometheus-client on python slim, no torch ---------------
 FROM ${PYTHON_IMAGE} AS operator
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

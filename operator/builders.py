@@ -30,6 +30,7 @@ from pagoda.operator.names import (
 )
 from pagoda.operator.serve_args import engine_config, server_args
 from pagoda.operator.spec import InferenceServiceSpec
+from pagoda.runtime import options
 
 CONTAINER_NAME = "server"
 CONFIG_MOUNT = "/etc/pagoda"
@@ -145,7 +146,7 @@ def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
         ref = spec.api_key_secret
         env.append(
             {
-                "name": "PAGODA_API_KEY",
+                "name": options.API_KEY_ENV,
                 "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
             }
         )
@@ -197,9 +198,9 @@ def _container(spec: InferenceServiceSpec, mounts: list[dict[str, Any]]) -> dict
         "ports": [{"name": "http", "containerPort": SERVER_PORT, "protocol": "TCP"}],
         "env": _env(spec),
         "resources": _resources(spec),
-        "startupProbe": _probe("/health", PROBE_PERIOD_S, 5, startup_failures),
-        "livenessProbe": _probe("/health", PROBE_PERIOD_S, 5, 3),
-        "readinessProbe": _probe("/ready", 5, 3, 3),
+        "startupProbe": _probe(options.HEALTH_PATH, PROBE_PERIOD_S, 5, startup_failures),
+        "livenessProbe": _probe(options.HEALTH_PATH, PROBE_PERIOD_S, 5, 3),
+        "readinessProbe": _probe(options.READY_PATH, 5, 3, 3),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_S)]}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -270,7 +271,7 @@ def build_deployment(
                     CONFIG_HASH_ANNOTATION: config_hash_value,
                     "prometheus.io/scrape": "true",
                     "prometheus.io/port": str(SERVER_PORT),
-                    "prometheus.io/path": "/metrics",
+                    "prometheus.io/path": options.METRICS_PATH,
                     "kubectl.kubernetes.io/default-container": CONTAINER_NAME,
                 },
             },
@@ -312,7 +313,7 @@ def build_service_monitor(owner: Owner) -> dict[str, Any]:
         "endpoints": [
             {
                 "port": "http",
-                "path": "/metrics",
+                "path": options.METRICS_PATH,
                 "interval": "15s",
                 # the same target labels as the chart's runtime ServiceMonitor (alerts group by them)
                 "relabelings": [

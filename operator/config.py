@@ -7,9 +7,10 @@ import re
 from dataclasses import dataclass, field
 
 from pagoda.operator.fields import is_http_url
+from pagoda.runtime import options
 
 DEFAULT_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0"
-SERVER_PORT = 8000  # `pagoda serve --port`
+SERVER_PORT = options.DEFAULT_PORT  # `pagoda serve --port` in the pods
 LOG_FORMATS = ("plain", "full", "json")
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _PROM_DURATION = re.compile(r"^([0-9]+(ms|s|m|h))+$")

@@ -7,15 +7,11 @@ absolute path inside the image; anything that would make the runtime download we
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pagoda.operator.fields import SpecError
+from pagoda.runtime.options import BUILTIN_MODELS  # what the runtime image carries itself
 
-# Models the runtime image carries itself (`pagoda serve --model NAME`).
-BUILTIN_MODELS: Mapping[str, str] = {
-    "smollm2-135m": "SmolLM2-135M-Instruct, Q4_1 GGUF shipped inside the runtime image (CPU friendly)",
-}
 _DNS1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )

@@ -127,43 +127,67 @@ async def write_status(
 async def reconcile(
     api: KubeApi, body: Mapping[str, Any], config: OperatorConfig, logger: logging.Logger
 ) -> Result:
-    """Full reconcile of one InferenceService: validate, apply children, delete stale ones, status."""
+    """Full reconcile of one InferenceService: validate, apply children, delete stale ones, status.
+
+    `body` only locates the object: it is read again under its lock, so a handler holding an
+    older body (kopf hands out the one of the event it is processing) never writes old children.
+    """
     owner = Owner.from_body(body)
     async with object_lock(owner.uid):
+        fresh = await api.get(KIND, owner.namespace, owner.name)
+        meta = (fresh or {}).get("metadata") or {}
+        if fresh is None or meta.get("uid") != owner.uid or meta.get("deletionTimestamp"):
+            return Result(spec_error=None, status_changed=False)  # gone, or going
+        fresh.setdefault("apiVersion", body.get("apiVersion"))
+        fresh.setdefault("kind", body.get("kind"))
+        owner = Owner.from_body(fresh)
         current = await api.get("Deployment", owner.namespace, owner.name)
         current = current if owned_by(current, owner.uid) else None
         try:
-            spec = validation.parse(body, config)
-            await validation.check_cluster(api, spec, owner.namespace, logger)
-            replicas = ((current or {}).get("spec") or {}).get("replicas")
-            children = build_children(
-                owner,
-                spec,
-                current_replicas=replicas,
-                service_monitor=await api.has_resource("ServiceMonitor"),
-                prometheus_rule=await api.has_resource("PrometheusRule"),
-            )
-            live: dict[str, dict[str, Any]] = {}
-            for child in children.desired:
-                actual = current if child["kind"] == "Deployment" else _UNKNOWN
-                try:
-                    live[child["kind"]] = await apply_child(
-                        api, child, owner.uid, logger, actual=actual
-                    )
-                except ApiError as e:
-                    if e.status not in (400, 422):
-                        raise
-                    raise SpecError(
-                        "ChildRejected", f"the API server rejected the {child['kind']}: {e.message}"
-                    ) from e
-            for kind, name in children.absent:
-                await delete_child(api, kind, owner.namespace, name, owner.uid, logger)
+            live = await _apply_all(api, fresh, owner, current, config, logger)
         except SpecError as e:
-            changed = await write_status(api, body, current, spec_error=e, url=None)
+            changed = await write_status(api, fresh, current, spec_error=e, url=None, fresh=fresh)
             return Result(spec_error=e, status_changed=changed)
         url = config.service_url(owner.name, owner.namespace)
-        changed = await write_status(api, body, live["Deployment"], spec_error=None, url=url)
+        changed = await write_status(
+            api, fresh, live["Deployment"], spec_error=None, url=url, fresh=fresh
+        )
         return Result(spec_error=None, status_changed=changed)
+
+
+async def _apply_all(
+    api: KubeApi,
+    body: Mapping[str, Any],
+    owner: Owner,
+    current: Mapping[str, Any] | None,
+    config: OperatorConfig,
+    logger: logging.Logger,
+) -> dict[str, dict[str, Any]]:
+    """Validate, then create/patch every child and delete the ones that must not exist."""
+    spec = validation.parse(body, config)
+    await validation.check_cluster(api, spec, owner.namespace, logger)
+    replicas = ((current or {}).get("spec") or {}).get("replicas")
+    children = build_children(
+        owner,
+        spec,
+        current_replicas=replicas,
+        service_monitor=await api.has_resource("ServiceMonitor"),
+        prometheus_rule=await api.has_resource("PrometheusRule"),
+    )
+    live: dict[str, dict[str, Any]] = {}
+    for child in children.desired:
+        actual = current if child["kind"] == "Deployment" else _UNKNOWN
+        try:
+            live[child["kind"]] = await apply_child(api, child, owner.uid, logger, actual=actual)
+        except ApiError as e:
+            if e.status not in (400, 422):
+                raise
+            raise SpecError(
+                "ChildRejected", f"the API server rejected the {child['kind']}: {e.message}"
+            ) from e
+    for kind, name in children.absent:
+        await delete_child(api, kind, owner.namespace, name, owner.uid, logger)
+    return live
 
 
 def spec_error_in_status(body: Mapping[str, Any]) -> SpecError | None:
@@ -203,6 +227,8 @@ async def on_child_event(
             if kind == "Deployment" and event_type != "DELETED":
                 await write_status(api, fresh, child, spec_error=recorded, url=None, fresh=fresh)
             return
+        if (fresh.get("status") or {}).get("observedGeneration") != meta.get("generation"):
+            return  # a spec change not reconciled yet: its handler applies every child in order
         try:
             spec = validation.parse(fresh, config)
         except SpecError:

@@ -1,9 +1,10 @@
 """The contract with the runtime as the operator renders it: a spec → the `pagoda serve` command line.
 
-Pure. `server_args` is what the Deployment's container runs; `engine_config` is the effective
-configuration recorded in the ConfigMap (and hashed into the pod template, so a change rolls the
-pods). tests/operator/test_serve_args_contract.py parses every rendered command line with the real
-`pagoda serve` parser.
+Pure. Flag names, how each is written (`--x`/`--no-x`, lists) and the probe paths come from
+`pagoda.runtime.options`, the torch-free module `pagoda serve` builds its parser from, so the
+two cannot drift; tests/operator/test_serve_args_contract.py parses every rendered command line
+with the real parser. `engine_config` is the effective configuration recorded in the ConfigMap
+(and hashed into the pod template, so a change rolls the pods).
 """
 
 from __future__ import annotations
@@ -12,18 +13,35 @@ from typing import Any
 
 from pagoda.operator.config import SERVER_PORT
 from pagoda.operator.spec import InferenceServiceSpec
+from pagoda.runtime import options
+
+BIND_HOST = "0.0.0.0"  # the pod's address, not loopback (the runtime's default)
+
+
+def serve_values(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """`pagoda serve` flag values by destination name; None leaves the runtime's default."""
+    e = spec.engine
+    return {
+        "model": spec.model.server_arg,
+        "served_model_name": [spec.served_model_name],
+        "host": BIND_HOST,
+        "port": SERVER_PORT,
+        "drain_timeout": spec.drain_timeout_seconds,
+        "dtype": e.dtype,
+        "block_size": e.block_size,
+        "enable_prefix_caching": e.enable_prefix_caching,
+        "enable_chunked_prefill": e.enable_chunked_prefill,
+        "attention_backend": e.attention_backend,
+        "max_num_seqs": e.max_num_seqs,
+        "max_num_batched_tokens": e.max_num_batched_tokens,
+        "max_model_len": e.max_model_len,
+        "max_queue_len": e.max_queue_len,
+    }
 
 
 def server_args(spec: InferenceServiceSpec) -> list[str]:
-    """The full `pagoda serve` argument list for this spec."""
-    return [
-        "--model", spec.model.server_arg,
-        "--served-model-name", spec.served_model_name,
-        "--host", "0.0.0.0",
-        "--port", str(SERVER_PORT),
-        "--drain-timeout", str(spec.drain_timeout_seconds),
-        *spec.engine.server_args(),
-    ]  # fmt: skip
+    """The full `pagoda serve` argument list for this spec (`engine.extraArgs` last, as is)."""
+    return [*options.render_args(serve_values(spec)), *spec.engine.extra_args]
 
 
 def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:

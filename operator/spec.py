@@ -27,17 +27,21 @@ from pagoda.operator.fields import (
     quantity,
 )
 from pagoda.operator.model_ref import ModelRef
+from pagoda.runtime import options
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
-BLOCK_SIZES = (8, 16, 32, 64, 128)
+# The engine's choices and defaults are the runtime's (pagoda.runtime.options, torch-free); the
+# CRD's enums and defaults equal them (test_operator_crd.py). Aliases such as "half" are the CLI's
+# only: the CRD takes canonical names.
+DTYPES = options.DTYPES
+ATTENTION_BACKENDS = options.ATTENTION_BACKENDS
+BLOCK_SIZES = options.BLOCK_SIZES
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 MAX_NAME_LENGTH = 52  # leaves room for the "-config" suffix and pod-name hashes
 
 # Defaults shared with the CRD schema (test_operator_crd.py checks they agree).
 DEFAULT_REPLICAS = 1
 DEFAULT_STARTUP_TIMEOUT_S = 1800
-DEFAULT_DRAIN_TIMEOUT_S = 30
+DEFAULT_DRAIN_TIMEOUT_S = int(options.DEFAULT_DRAIN_TIMEOUT_S)  # the CRD's field is an integer
 DEFAULT_API_KEY_KEY = "api-key"
 DEFAULT_CPU = "1"
 DEFAULT_MEMORY = "2Gi"
@@ -84,11 +88,11 @@ class ResourcesSpec:
 class EngineSpec:
     """Flags of `pagoda serve`; None means "the runtime's own default"."""
 
-    dtype: str = "auto"
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    attention_backend: str = "auto"
-    block_size: int = 16
+    dtype: str = options.DEFAULT_DTYPE
+    enable_prefix_caching: bool = options.DEFAULT_ENABLE_PREFIX_CACHING
+    enable_chunked_prefill: bool = options.DEFAULT_ENABLE_CHUNKED_PREFILL
+    attention_backend: str = options.DEFAULT_ATTENTION_BACKEND
+    block_size: int = options.DEFAULT_BLOCK_SIZE
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
@@ -118,41 +122,21 @@ class EngineSpec:
         if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
             raise SpecError("InvalidSpec", f"{p}.extraArgs must be a list of strings")
         return cls(
-            dtype=choice(d, "dtype", p, DTYPES, "auto"),
-            enable_prefix_caching=bool_or(d, "enablePrefixCaching", p, True),
-            enable_chunked_prefill=bool_or(d, "enableChunkedPrefill", p, True),
-            attention_backend=choice(d, "attentionBackend", p, ATTENTION_BACKENDS, "auto"),
-            block_size=choice(d, "blockSize", p, BLOCK_SIZES, 16),
+            dtype=choice(d, "dtype", p, DTYPES, cls.dtype),
+            enable_prefix_caching=bool_or(d, "enablePrefixCaching", p, cls.enable_prefix_caching),
+            enable_chunked_prefill=bool_or(
+                d, "enableChunkedPrefill", p, cls.enable_chunked_prefill
+            ),
+            attention_backend=choice(
+                d, "attentionBackend", p, ATTENTION_BACKENDS, cls.attention_backend
+            ),
+            block_size=choice(d, "blockSize", p, BLOCK_SIZES, cls.block_size),
             max_num_seqs=opt_int(d, "maxNumSeqs", p, 1, 4096),
             max_num_batched_tokens=opt_int(d, "maxNumBatchedTokens", p, 1, 1 << 20),
             max_model_len=opt_int(d, "maxModelLen", p, 1, 1 << 20),
-            max_queue_len=opt_int(d, "maxQueueLen", p, 0, 1 << 20),
+            max_queue_len=opt_int(d, "maxQueueLen", p, 1, 1 << 20),
             extra_args=tuple(extra),
         )
-
-    def server_args(self) -> list[str]:
-        """`pagoda serve` flags for this engine configuration (model/host/port excluded)."""
-        args = ["--dtype", self.dtype, "--block-size", str(self.block_size)]
-        args.append(
-            "--enable-prefix-caching"
-            if self.enable_prefix_caching
-            else "--no-enable-prefix-caching"
-        )
-        args.append(
-            "--enable-chunked-prefill"
-            if self.enable_chunked_prefill
-            else "--no-enable-chunked-prefill"
-        )
-        args += ["--attention-backend", self.attention_backend]
-        for flag, value in (
-            ("--max-num-seqs", self.max_num_seqs),
-            ("--max-num-batched-tokens", self.max_num_batched_tokens),
-            ("--max-model-len", self.max_model_len),
-            ("--max-queue-len", self.max_queue_len),
-        ):
-            if value is not None:
-                args += [flag, str(value)]
-        return [*args, *self.extra_args]
 
 
 @dataclass(frozen=True)
@@ -238,10 +222,10 @@ class InferenceServiceSpec:
         names = [e.get("name") for e in self.env]
         if len(set(names)) != len(names):
             raise SpecError("InvalidSpec", "spec.env has duplicate names")
-        if self.api_key_secret is not None and "PAGODA_API_KEY" in names:
+        if self.api_key_secret is not None and options.API_KEY_ENV in names:
             raise SpecError(
                 "InvalidSpec",
-                "spec.env sets PAGODA_API_KEY and spec.apiKeySecretRef is set too; keep one",
+                f"spec.env sets {options.API_KEY_ENV} and spec.apiKeySecretRef is set too; keep one",
             )
 
     @property

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 from pagoda.operator.autoscaling.policy import Metrics
 from pagoda.operator.autoscaling.rules import selector
+from pagoda.runtime import options
 
 
 class MetricsUnavailable(Exception):
@@ -34,11 +35,11 @@ def queries(namespace: str, name: str, ttft_window: str = "1m") -> dict[str, str
     return {
         "ttft_p95": (
             "histogram_quantile(0.95, sum by (le) "
-            f"(rate(pagoda:time_to_first_token_seconds_bucket{sel}[{ttft_window}])))"
+            f"(rate({options.METRIC_TTFT}_bucket{sel}[{ttft_window}])))"
         ),
-        "waiting": f"sum(pagoda:num_requests_waiting{sel})",
-        "kv_cache": f"max(pagoda:kv_cache_usage_perc{sel})",
-        "newest": f"max(timestamp(pagoda:num_requests_waiting{sel}))",
+        "waiting": f"sum({options.METRIC_NUM_REQUESTS_WAITING}{sel})",
+        "kv_cache": f"max({options.METRIC_KV_CACHE_USAGE}{sel})",
+        "newest": f"max(timestamp({options.METRIC_NUM_REQUESTS_WAITING}{sel}))",
     }
 
 
@@ -101,7 +102,7 @@ class PrometheusSource:
         if got["waiting"] is None or got["newest"] is None:
             raise MetricsUnavailable(
                 "NoSamples",
-                f"no pagoda:num_requests_waiting series for {namespace}/{name} "
+                f"no {options.METRIC_NUM_REQUESTS_WAITING} series for {namespace}/{name} "
                 "(not scraped yet, or the namespace/inferenceservice labels are missing)",
             )
         return Metrics(

@@ -1,0 +1,157 @@
+"""The operator ↔ runtime contract: every container command line the operator renders is one the
+real `pagoda serve` parser (`pagoda.runtime.server.cli.build_parser`) accepts, with the values meant.
+
+Rendered for every example in examples/ and for a spread of CRD field combinations (every enum
+value, both booleans, optional integers at their CRD bounds, each kind of model reference,
+extraArgs). A flag renamed or a choice dropped on either side fails here, not as a crash-looping
+pod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import re
+import shlex
+from typing import Any
+
+import pytest
+import yaml
+from operator_harness import ROOT
+from pagoda.operator import builders, serve_args
+from pagoda.operator.autoscaling import prometheus, rules
+from pagoda.operator.builders import Owner
+from pagoda.operator.spec import ATTENTION_BACKENDS, BLOCK_SIZES, DTYPES, InferenceServiceSpec
+from pagoda.runtime import options
+from pagoda.runtime.server.cli import build_parser, server_config
+
+OWNER = Owner(name="chat", namespace="team-a", uid="u-1")
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def _examples() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for path in EXAMPLES:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "InferenceService":
+                out.append((f"{path.name}:{doc['metadata']['name']}", doc))
+    return out
+
+
+def _parse(args: list[str]) -> argparse.Namespace:
+    try:
+        return build_parser().parse_args(args)
+    except SystemExit as e:  # argparse reports the bad flag on stderr and exits 2
+        raise AssertionError(f"pagoda serve rejects the operator's args: {shlex.join(args)}") from e
+
+
+def check_rendered(spec: InferenceServiceSpec) -> argparse.Namespace:
+    """Build the Deployment and ConfigMap, parse their command line, compare the values."""
+    children = builders.build_children(OWNER, spec)
+    container = children.get("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["pagoda", "serve"]
+    args = container["args"]
+    serve_line = children.get("ConfigMap")["data"]["serve-args"]
+    assert shlex.split(serve_line) == ["pagoda", "serve", *args]  # what the ConfigMap records
+    parsed = _parse(args)
+    expected = {k: v for k, v in serve_args.serve_values(spec).items() if v is not None}
+    for dest, value in expected.items():
+        got = getattr(parsed, dest)
+        assert got == value or (isinstance(got, float) and got == float(value)), (dest, got, value)
+    assert parsed.port == container["ports"][0]["containerPort"] == options.DEFAULT_PORT
+    server_config(parsed)  # the runtime's own validation of the server flags accepts them
+    return parsed
+
+
+@pytest.mark.parametrize(("name", "doc"), _examples(), ids=[n for n, _ in _examples()])
+def test_every_example_renders_args_pagoda_serve_accepts(name: str, doc: dict[str, Any]) -> None:
+    spec = InferenceServiceSpec.from_dict(
+        doc["spec"], name=doc["metadata"]["name"], default_image="img:1"
+    )
+    check_rendered(spec)
+
+
+def _engine_spread() -> list[dict[str, Any]]:
+    """Every enum value and boolean at least once, integers at their CRD bounds, extraArgs."""
+    combos = [
+        {"dtype": d, "attentionBackend": a, "blockSize": b,
+         "enablePrefixCaching": p, "enableChunkedPrefill": c}
+        for d, a, b, p, c in itertools.product(
+            DTYPES, ATTENTION_BACKENDS, BLOCK_SIZES, (True, False), (True, False)
+        )
+    ]  # fmt: skip
+    rng = random.Random(11)
+    bounds = {
+        "maxNumSeqs": (1, 4096),
+        "maxModelLen": (1, 1 << 20),
+        "maxQueueLen": (1, 1 << 20),
+    }
+    for engine in combos:
+        for key, (lo, hi) in bounds.items():
+            engine[key] = rng.choice((None, lo, hi, rng.randint(lo, hi)))
+        if engine["maxNumSeqs"] is not None and rng.random() < 0.7:
+            engine["maxNumBatchedTokens"] = rng.choice((engine["maxNumSeqs"], 1 << 20))
+        if rng.random() < 0.3:
+            engine["extraArgs"] = rng.choice(
+                (["--seed", "7"], ["--kv-cache-memory", "1G"], ["--log-level", "debug"])
+            )
+    return [{k: v for k, v in e.items() if v is not None} for e in combos]
+
+
+MODELS = (
+    {"model": "smollm2-135m"},
+    {"model": "smollm2-135m", "servedModelName": "org/chat:v1.2"},
+    {"model": "pvc://models/llama-3.1-8b/hf", "servedModelName": "llama"},
+    {"model": "pvc://models"},
+    {"model": "file:///opt/models/m.gguf"},
+    {"model": "/opt/models/hf-dir"},
+)
+
+
+def test_crd_field_combinations_render_args_pagoda_serve_accepts() -> None:
+    spreads = _engine_spread()
+    assert len(spreads) == len(DTYPES) * len(ATTENTION_BACKENDS) * len(BLOCK_SIZES) * 4
+    seen: set[tuple[str, Any]] = set()
+    for i, engine in enumerate(spreads):
+        spec = {
+            **MODELS[i % len(MODELS)],
+            "engine": engine,
+            "drainTimeoutSeconds": (0, 30, 3600)[i % 3],
+        }
+        parsed = check_rendered(
+            InferenceServiceSpec.from_dict(spec, name="chat", default_image="img:1")
+        )
+        seen |= {("dtype", parsed.dtype), ("backend", parsed.attention_backend)}
+        seen |= {("prefix", parsed.enable_prefix_caching), ("block", parsed.block_size)}
+    assert {v for k, v in seen if k == "dtype"} == set(DTYPES)
+    assert {v for k, v in seen if k == "block"} == set(BLOCK_SIZES)
+    assert {v for k, v in seen if k == "prefix"} == {True, False}
+
+
+def test_runtime_defaults_are_the_operators() -> None:
+    """A spec that sets no engine field renders the runtime's own defaults (or leaves them)."""
+    spec = InferenceServiceSpec.from_dict({"model": "smollm2-135m"}, name="a", default_image="i")
+    parsed = check_rendered(spec)
+    defaults = build_parser().parse_args([])
+    for dest in ("dtype", "block_size", "attention_backend", "enable_prefix_caching",
+                 "enable_chunked_prefill", "max_num_seqs", "max_queue_len", "max_model_len"):  # fmt: skip
+        assert getattr(parsed, dest) == getattr(defaults, dest), dest
+    assert parsed.model in options.BUILTIN_MODELS
+
+
+def test_metric_names_in_queries_and_rules_are_the_runtimes() -> None:
+    """The autoscaler's PromQL and the alert rules only name metrics `pagoda serve` exports."""
+    exported = {
+        v
+        for k, v in vars(options).items()
+        if k.startswith("METRIC_") and str(v).startswith("pagoda:")
+    }
+    text = " ".join(prometheus.queries("ns", "chat").values())
+    text += json.dumps(rules.rules_document())
+    used = set(re.findall(r"pagoda:[A-Za-z0-9_]+", text))
+    assert used
+    for name in used:
+        base = re.sub(r"_(bucket|sum|count|total)$", "", name)
+        assert name in exported or base in exported, f"{name} is not a metric of pagoda serve"
