@@ -1,12 +1,29 @@
-"""SamplingParams: what a request asks of the sampler, validated once at the door."""
+"""SamplingParams: what a request asks of the sampler, validated once at the door.
+
+Errors are `ParamError(field, message)`: the server answers 400 naming `field` without parsing
+the message. Every number must be finite and in range, so no request can make the batched
+sampler fail (an error inside a step would take every request down with it).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 4
 MAX_N = 16
+MAX_TEMPERATURE = 100.0  # finite; above ~5 sampling is already near uniform
+MAX_TOP_K = 2**31 - 1  # the sampler holds top_k in an int64 tensor; larger means "off" anyway
+
+
+class ParamError(ValueError):
+    """A request value the engine cannot serve; `field` names it (as the request spells it)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
 
 
 @dataclass(frozen=True)
@@ -33,7 +50,6 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -44,40 +60,48 @@ class SamplingParams:
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, 1, None)
         _check_num("temperature", self.temperature)
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ParamError(
+                "temperature",
+                f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}",
+            )
         _check_num("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if (
-            not isinstance(self.top_k, int)
-            or isinstance(self.top_k, bool)
-            or (self.top_k < 1 and self.top_k != -1)
-        ):
-            raise ValueError(f"top_k must be -1 (off) or a positive integer, got {self.top_k!r}")
+            raise ParamError("top_p", f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k != -1:
+            _check_int("top_k", self.top_k, 1, MAX_TOP_K, "-1 (off) or ")
         _check_num("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise ParamError("min_p", f"min_p must be in [0, 1], got {self.min_p}")
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             _check_num(name, v)
             if not -2.0 <= v <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {v}")
+                raise ParamError(name, f"{name} must be in [-2, 2], got {v}")
         _check_num("repetition_penalty", self.repetition_penalty)
         if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+            raise ParamError(
+                "repetition_penalty",
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}",
+            )
         if self.seed is not None:
             _check_int("seed", self.seed, -(2**63), 2**64 - 1)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        self._check_stops()
+
+    def _check_stops(self) -> None:
         if len(self.stop) > MAX_STOP_STRINGS:
-            raise ValueError(
-                f"stop accepts at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}"
+            raise ParamError(
+                "stop", f"stop accepts at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}"
             )
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty strings")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise ValueError("stop_token_ids must be non-negative integers")
+            raise ParamError("stop", "stop strings must be non-empty strings")
+        if any(
+            isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**63
+            for t in self.stop_token_ids
+        ):
+            raise ParamError("stop_token_ids", "stop_token_ids must be non-negative integers")
 
     @property
     def greedy(self) -> bool:
@@ -90,14 +114,26 @@ class SamplingParams:
         )
 
 
+def _short(value: object) -> str:
+    """repr(value), cut to a length fit for an error message."""
+    text = repr(value)
+    return text if len(text) <= 100 else text[:100] + "..."
+
+
 def _check_num(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise ValueError(f"{name} must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ParamError(name, f"{name} must be a number, got {_short(value)}")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite:
+        raise ParamError(name, f"{name} must be a finite number, got {_short(value)}")
 
 
-def _check_int(name: str, value: object, lo: int, hi: int | None) -> None:
+def _check_int(name: str, value: object, lo: int, hi: int | None, prefix: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise ParamError(name, f"{name} must be {prefix}an integer, got {_short(value)}")
     if value < lo or (hi is not None and value > hi):
         bound = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
-        raise ValueError(f"{name} must be {bound}, got {value}")
+        raise ParamError(name, f"{name} must be {prefix}{bound}, got {_short(value)}")

@@ -6,25 +6,33 @@ work overlaps the model. The thread owns the core exclusively. The event loop ta
 through an inbox of commands (add, abort, call) and receives each step's outputs in one
 `loop.call_soon_threadsafe` batch, which fans them out to per-request asyncio queues.
 
-Failure model: a bad request is rejected before it reaches the thread (`validate`), and an error
-while adding one request fails only that request. An exception inside `step()` cannot be pinned
-on one request, so it is fatal: every stream fails, `error` is set and `/health` turns 503.
+The serving layer sees only this class and the immutable `EngineInfo` snapshot it publishes once
+the model is loaded (tokenizer, context length, vocabulary), never the core itself.
+
+Failure model: a bad request is rejected before it reaches the thread (`validate`, one path,
+errors are `ParamError(field, message)`); an error while adding one request fails only that
+request. An exception inside `step()` cannot be pinned on one request, so it is fatal: every
+stream fails, `error` is set and `/health` turns 503.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from pagoda.runtime.engine.core import EngineCore, EngineStats
+from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.outputs import StepOutput
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling import ParamError, SamplingParams
+
+if TYPE_CHECKING:
+    from pagoda.runtime.engine.core import EngineCore, EngineStats
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +132,8 @@ class AsyncEngine:
         self.max_queue_len = max_queue_len
         self.observer = observer
         self.retry_after = retry_after
-        self.core: EngineCore | None = None
+        self._core: EngineCore | None = None  # the engine thread's; never touched elsewhere
+        self.info: EngineInfo | None = None  # published once the model is loaded
         self.ready = False  # model loaded and one warm-up step done
         self.draining = False
         self.error: BaseException | None = None
@@ -190,17 +199,48 @@ class AsyncEngine:
         return len(left)
 
     # -- requests (event loop) ---------------------------------------------------------------
-    def add_request(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
-    ) -> RequestStream:
-        """Admit a request or raise: ValueError (bad input), EngineUnavailableError, QueueFullError."""
+    def loaded_info(self) -> EngineInfo:
+        """The engine's info, or EngineUnavailableError (503) while it cannot take requests."""
         if self.error is not None:
             raise EngineUnavailableError(f"engine loop died: {self.error!r}")
         if self.draining:
             raise EngineUnavailableError("server is shutting down", self.retry_after)
-        if not self.ready or self.core is None:
+        if not self.ready or self.info is None:
             raise EngineUnavailableError("model is still loading", self.retry_after)
-        self.core.validate(prompt_token_ids, params)  # read-only: safe off the engine thread
+        return self.info
+
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        """The one validation path: ParamError for bad input, EngineUnavailableError if down."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError("params must be a SamplingParams")
+        self.loaded_info().validate(prompt_token_ids, params)
+
+    def add_requests(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, prefix: str
+    ) -> list[RequestStream]:
+        """Admit a batch all-or-nothing (ids `prefix-0`, `prefix-1`, ...).
+
+        A batch larger than the queue bound can never be admitted: ParamError (400), not 503.
+        """
+        if len(prompts) > self.max_queue_len:
+            raise ParamError(
+                "prompt",
+                f"a batch of {len(prompts)} prompts is more than this server queues at once "
+                f"({self.max_queue_len}); send at most {self.max_queue_len} per request",
+            )
+        for ids in prompts:
+            self.validate(ids, params)
+        if len(self._queued) + len(prompts) > self.max_queue_len:
+            raise QueueFullError(
+                f"too many waiting requests ({len(self._queued)}); retry later", self.retry_after
+            )
+        return [self.add_request(ids, params, f"{prefix}-{i}") for i, ids in enumerate(prompts)]
+
+    def add_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> RequestStream:
+        """Admit a request or raise: ParamError (bad input), EngineUnavailableError, QueueFullError."""
+        self.validate(prompt_token_ids, params)
         if len(self._queued) >= self.max_queue_len:
             raise QueueFullError(
                 f"too many waiting requests ({len(self._queued)}); retry later", self.retry_after
@@ -225,6 +265,16 @@ class AsyncEngine:
             pending = [t for t, d in zip(stream.tokens, stream.done) if not d]
             self.observer.record_abort(stream.arrival_time, pending)
         stream._abort()
+
+    async def check_integrity(self) -> dict[str, Any]:
+        """Block-pool integrity check (raises if inconsistent) and stats, between steps."""
+
+        def probe(core: EngineCore) -> dict[str, Any]:
+            core.check_integrity()
+            return dataclasses.asdict(core.stats())
+
+        stats = await self.run_in_engine(probe)
+        return {"stats": stats, "in_flight": self.num_in_flight, "queued": self.num_queued}
 
     async def run_in_engine(self, fn: Callable[[EngineCore], Any]) -> Any:
         """Run `fn(core)` on the engine thread between steps (debug endpoints, tests)."""
@@ -276,10 +326,11 @@ class AsyncEngine:
 
     def _run(self) -> None:
         try:
-            self.core = self._factory()
-            self._warm_up(self.core)
+            self._core = core = self._factory()
+            self.info = EngineInfo.from_core(core)
+            self._warm_up(core)
             self._call_loop(self._set_ready)
-            self._serve(self.core)
+            self._serve(core)
         except BaseException as exc:
             log.exception("engine loop died")
             self.error = exc

@@ -107,8 +107,12 @@ class Tokenizer:
         return (self._tok.id_to_token(token_id) or "") if token_id is not None else ""
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        """Token ids; special tokens written in the text (e.g. ``<|im_start|>``) stay whole."""
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        """Token ids; special tokens written in the text (e.g. ``<|im_start|>``) stay whole.
+
+        `encode_batch` rather than `encode`: only the batch call releases the GIL, so a long
+        prompt tokenized on a worker thread does not stall the server's event loop.
+        """
+        ids = self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         bos = self.bos_token_id
         if add_special_tokens and self.add_bos_token and bos is not None and ids[:1] != [bos]:
             ids = [bos, *ids]

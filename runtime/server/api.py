@@ -2,13 +2,12 @@
 
 Client disconnects are watched explicitly (streaming and not): the moment the socket closes, the
 request is aborted and its KV blocks go back to the pool, instead of generating to the end.
+The app talks to the engine only through `AsyncEngine` (never its core).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,23 +15,21 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pagoda.runtime.engine.async_engine import AsyncEngine
-from pagoda.runtime.engine.core import EngineCore
+from pagoda.runtime.options import HEALTH_PATH, METRICS_PATH, READY_PATH
+from pagoda.runtime.server.chat import ChatEndpoint
+from pagoda.runtime.server.completions import CompletionEndpoint
 from pagoda.runtime.server.config import ServerConfig
+from pagoda.runtime.server.endpoint import Endpoint, Job
+from pagoda.runtime.server.http import ErrorGuard, read_body
 from pagoda.runtime.server.metrics import ServerMetrics
-from pagoda.runtime.server.protocol import (
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    parse_request,
-)
-from pagoda.runtime.server.serving import Job, OpenAIServing
+from pagoda.runtime.server.protocol import APIError
+from pagoda.runtime.server.serving import Serving
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
-
-log = logging.getLogger(__name__)
 
 
 class EventStream(StreamingResponse):
@@ -87,8 +84,7 @@ def error_response(e: APIError) -> JSONResponse:
 
 
 def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -> FastAPI:
-    serving = OpenAIServing(engine, cfg.served_model_names)
-    started = int(time.time())
+    serving = Serving(engine)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -97,9 +93,11 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
             yield
         finally:
             engine.stop()
+            serving.close()
 
     app = FastAPI(title="Pagoda", version="0.1.0", lifespan=lifespan)
     app.state.engine, app.state.metrics, app.state.config = engine, metrics, cfg
+    app.add_middleware(ErrorGuard)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
@@ -109,10 +107,20 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
     async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
         return error_response(APIError(e.status_code, str(e.detail)))
 
-    @app.exception_handler(Exception)
-    async def _internal(_: Request, e: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return error_response(APIError(500, f"internal error: {type(e).__name__}: {e}"))
+    endpoints = {
+        "/v1/completions": CompletionEndpoint(cfg.served_model_names, engine.max_queue_len),
+        "/v1/chat/completions": ChatEndpoint(cfg.served_model_names),
+    }
+    add_openai_routes(app, cfg, serving, endpoints)
+    add_probe_routes(app, engine, metrics)
+    if cfg.enable_debug_endpoints:
+        add_debug_routes(app, engine)
+    install_request_schemas(app, endpoints)
+    return app
+
+
+def authorizer(cfg: ServerConfig) -> Callable[[Request], None]:
+    """401 unless the request carries the API key (timing-safe comparison); no-op without one."""
 
     def authorize(raw: Request) -> None:
         if cfg.api_key is None:
@@ -122,6 +130,14 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
             token.strip().encode(), cfg.api_key.encode()
         ):
             raise APIError(401, "invalid or missing API key", code="invalid_api_key")
+
+    return authorize
+
+
+def add_openai_routes(
+    app: FastAPI, cfg: ServerConfig, serving: Serving, endpoints: dict[str, Endpoint]
+) -> None:
+    authorize, started = authorizer(cfg), int(time.time())
 
     async def run(raw: Request, job: Job) -> Response:
         serving.submit(job)
@@ -135,42 +151,39 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
             return Response(status_code=499)  # nobody is listening
         return JSONResponse(body)
 
-    @app.post("/v1/completions")
-    async def completions(raw: Request) -> Response:
-        authorize(raw)
-        req = parse_request(await raw.body(), CompletionRequest)
-        return await run(raw, serving.prepare_completion(req))
+    def route(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+        async def handle(raw: Request) -> Response:
+            authorize(raw)
+            body = await read_body(raw, cfg.max_request_bytes)
+            return await run(raw, await serving.prepare(endpoint, body))
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(raw: Request) -> Response:
-        authorize(raw)
-        req = parse_request(await raw.body(), ChatCompletionRequest)
-        return await run(raw, serving.prepare_chat(req))
+        return handle
+
+    for path, endpoint in endpoints.items():
+        app.add_api_route(path, route(endpoint), methods=["POST"], name=path)
 
     @app.get("/v1/models")
     async def models(raw: Request) -> dict[str, Any]:
         authorize(raw)
-        core = engine.core
+        info = serving.engine.info
         data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": started,
-                "owned_by": "pagoda",
-                "root": cfg.model,
-                "max_model_len": core.max_model_len if core is not None else None,
-            }
+            {"id": name, "object": "model", "created": started, "owned_by": "pagoda",
+             "root": cfg.model, "max_model_len": info.max_model_len if info else None}
             for name in cfg.served_model_names
-        ]
+        ]  # fmt: skip
         return {"object": "list", "data": data}
 
-    @app.get("/health")
+
+def add_probe_routes(app: FastAPI, engine: AsyncEngine, metrics: ServerMetrics) -> None:
+    """/health: the process works (200 while loading too); /ready: requests will be served."""
+
+    @app.get(HEALTH_PATH)
     async def health() -> JSONResponse:
         if engine.dead:
             return JSONResponse({"status": "dead", "error": repr(engine.error)}, status_code=503)
         return JSONResponse({"status": "ok" if engine.ready else "loading"})
 
-    @app.get("/ready")
+    @app.get(READY_PATH)
     async def ready() -> JSONResponse:
         if engine.dead:
             return JSONResponse({"status": "dead"}, status_code=503)
@@ -180,29 +193,44 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
             return JSONResponse({"status": "loading"}, status_code=503)
         return JSONResponse({"status": "ready"})
 
-    @app.get("/metrics")
+    @app.get(METRICS_PATH)
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    if cfg.enable_debug_endpoints:
 
-        @app.get("/debug/engine")
-        async def debug_engine() -> dict[str, Any]:
-            """Block-pool integrity and stats, checked on the engine thread between steps."""
+def add_debug_routes(app: FastAPI, engine: AsyncEngine) -> None:
+    @app.get("/debug/engine")
+    async def debug_engine() -> dict[str, Any]:
+        """Block-pool integrity and stats, checked on the engine thread between steps."""
+        try:
+            snapshot = await engine.check_integrity()
+        except Exception as e:
+            raise APIError(500, f"integrity check failed: {e!r}", code="integrity") from e
+        return {"integrity": "ok", **snapshot}
 
-            def probe(core: EngineCore) -> dict[str, Any]:
-                core.check_integrity()
-                return dataclasses.asdict(core.stats())
 
-            try:
-                stats = await engine.run_in_engine(probe)
-            except Exception as e:
-                raise APIError(500, f"integrity check failed: {e!r}", code="integrity") from e
-            return {
-                "integrity": "ok",
-                "stats": stats,
-                "in_flight": engine.num_in_flight,
-                "queued": engine.num_queued,
-            }
+def install_request_schemas(app: FastAPI, endpoints: dict[str, Endpoint]) -> None:
+    """Describe each POST body in /openapi.json with its pydantic model.
 
-    return app
+    The routes read raw bytes (so that every parse failure is our own 400, not FastAPI's 422),
+    which leaves FastAPI unaware of the models: add them to the generated document.
+    """
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            for path, endpoint in endpoints.items():
+                model = endpoint.request_model
+                schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                schemas.update(schema.pop("$defs", {}))
+                schemas[model.__name__] = schema
+                ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+                doc["paths"][path]["post"]["requestBody"] = {
+                    "required": True,
+                    "content": {"application/json": {"schema": ref}},
+                }
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

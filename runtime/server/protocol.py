@@ -1,13 +1,19 @@
-"""OpenAI request schemas and OpenAI-style errors.
+"""OpenAI request schemas, body parsing and OpenAI-style errors.
 
 Types are checked strictly (a string where a number belongs is a 400, not a silent cast); value
-ranges are checked once, by `SamplingParams`, whose ValueErrors name the field. Unknown fields
+ranges are checked once, by `SamplingParams`, whose `ParamError`s name the field. Unknown fields
 are ignored, as OpenAI's API does for fields it does not know.
+
+Any body, however hostile, parses to a request model or raises APIError 400: invalid UTF-8 or
+JSON, nesting deeper than the parser recurses, integers over Python's 4300-digit limit, lone
+surrogates (which no tokenizer accepts) and wrong types. Values echoed back in messages are cut
+to `MAX_ECHO` characters.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -16,9 +22,21 @@ HTTP_ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
     500: "internal_server_error",
     503: "service_unavailable",
 }
+MAX_ECHO = 300  # characters of a client value repeated in an error message
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def shorten(text: str, limit: int = MAX_ECHO) -> str:
+    """`text` cut to `limit` characters (with a note of how much was cut)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 class APIError(Exception):
@@ -33,6 +51,7 @@ class APIError(Exception):
         code: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
+        message = shorten(message, 4 * MAX_ECHO)  # messages quote values; bound the total
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers or {}
@@ -123,21 +142,60 @@ def _param_of(loc: tuple[Any, ...]) -> str | None:
     return out or None
 
 
-def parse_request(body: bytes, model: type[BaseModel]) -> Any:
-    """JSON bytes → request model, or an APIError 400 naming the offending field."""
+def _lone_surrogate_path(value: Any, path: str = "") -> str | None:
+    """The path of the first string holding a lone UTF-16 surrogate, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    if isinstance(value, (dict, list)):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            where = f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else key)
+            found = _lone_surrogate_path(item, where)
+            if found is not None:
+                return found
+    return None
+
+
+def load_json(body: bytes) -> Any:
+    """Bytes → JSON value, every failure an APIError 400 (never a 500)."""
     try:
         data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except RecursionError as e:
+        raise APIError(400, "request body is nested too deeply", code="invalid_json") from e
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, 4300-digit int limit
         raise APIError(400, f"request body is not valid JSON: {e}", code="invalid_json") from e
+    if _SURROGATE_ESCAPE.search(body):  # only \\uD8xx-\\uDFxx escapes make lone surrogates
+        try:
+            where = _lone_surrogate_path(data)
+        except RecursionError as e:
+            raise APIError(400, "request body is nested too deeply", code="invalid_json") from e
+        if where is not None:
+            raise APIError(
+                400, f"'{shorten(where, 100)}' holds a lone UTF-16 surrogate (invalid Unicode)",
+                param=shorten(where, 100), code="invalid_unicode",
+            )  # fmt: skip
+    return data
+
+
+def parse_request(body: bytes, model: type[BaseModel]) -> Any:
+    """JSON bytes → request model, or an APIError 400 naming the offending field."""
+    data = load_json(body)
     if not isinstance(data, dict):
         raise APIError(400, "request body must be a JSON object", code="invalid_json")
     try:
         return model.model_validate(data)
+    except RecursionError as e:
+        raise APIError(400, "request body is nested too deeply", code="invalid_json") from e
     except ValidationError as e:
-        err = e.errors(include_url=False)[0]
+        err = e.errors(include_url=False, include_input=False)[0]
         param = _param_of(tuple(err["loc"]))
+        param = shorten(param, 100) if param else None
         if err["type"] == "missing":
             msg, code = f"'{param}' is a required property", "missing_required_parameter"
         else:
-            msg, code = f"invalid value for '{param}': {err['msg']}", "invalid_type"
+            msg, code = f"invalid value for '{param}': {shorten(err['msg'])}", "invalid_type"
         raise APIError(400, msg, param=param, code=code) from e

@@ -1,17 +1,17 @@
-"""Completions and chat completions: request → engine requests → OpenAI responses or SSE chunks.
+"""Running jobs: body → Job (on a worker thread) → engine requests → OpenAI responses or SSE.
 
 Everything that can be rejected is rejected before the first engine request is added, so a bad
-request never leaves work behind; a batch of prompts is added all-or-nothing.
+request never leaves work behind; a batch of prompts is added all-or-nothing. The event loop
+only moves bytes and outputs: parsing, templating and tokenization run on `prep_pool`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
-import uuid
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pagoda.runtime.engine.async_engine import (
@@ -20,188 +20,76 @@ from pagoda.runtime.engine.async_engine import (
     QueueFullError,
     RequestStream,
 )
+from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.outputs import StepOutput
-from pagoda.runtime.model.tokenizer import Tokenizer
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling import ParamError
+from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings
-from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from pagoda.runtime.server.protocol import APIError, parse_request
 
-_SAMPLING_FIELDS = set(SamplingParams.__dataclass_fields__)
-
-
-@dataclass
-class Job:
-    """A validated request, ready to run: one engine request per prompt."""
-
-    kind: str  # "completion" | "chat"
-    id: str
-    model: str
-    prompts: list[list[int]]
-    prompt_texts: list[str | None]
-    params: SamplingParams
-    stream: bool
-    include_usage: bool
-    echo: bool = False
-    created: int = 0
-    streams: list[RequestStream] | None = None
-
-    @property
-    def num_choices(self) -> int:
-        return len(self.prompts) * self.params.n
+log = logging.getLogger("pagoda.server")
 
 
 def sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-class OpenAIServing:
-    def __init__(self, engine: AsyncEngine, served_model_names: Sequence[str]) -> None:
+def unavailable(e: EngineUnavailableError) -> APIError:
+    if isinstance(e, QueueFullError):
+        headers = {"Retry-After": str(e.retry_after or 1)}
+        return APIError(503, str(e), code="queue_full", headers=headers)
+    headers = {"Retry-After": str(e.retry_after)} if e.retry_after else None
+    return APIError(503, str(e), code="unavailable", headers=headers)
+
+
+def failure(job: Job, e: Exception) -> APIError | None:
+    """The API error for a request that failed in the engine; None for a server bug."""
+    if isinstance(e, ParamError):
+        return job.param_error(e)
+    if isinstance(e, EngineUnavailableError):
+        return unavailable(e)
+    if isinstance(e, ValueError):  # the core refused this request's input when adding it
+        return APIError(400, str(e), code="invalid_request")
+    return None
+
+
+class Serving:
+    """Prepares and runs jobs against one AsyncEngine (the only engine object it uses)."""
+
+    def __init__(self, engine: AsyncEngine, prep_threads: int = 2) -> None:
         self.engine = engine
-        self.names = tuple(served_model_names)
-        self._strings: TokenStrings | None = None
+        self.prep_pool = ThreadPoolExecutor(prep_threads, thread_name_prefix="pagoda-prep")
+        self._strings: tuple[EngineInfo, TokenStrings] | None = None
 
-    # -- validation ----------------------------------------------------------------------------
-    def _tokenizer(self) -> Tokenizer:
-        if self.engine.core is None:
-            raise APIError(503, "model is still loading", code="model_loading")
-        return self.engine.core.tokenizer
+    def close(self) -> None:
+        self.prep_pool.shutdown(wait=False, cancel_futures=True)
 
-    @property
-    def strings(self) -> TokenStrings:
-        if self._strings is None:
-            self._strings = TokenStrings(self._tokenizer())
-        return self._strings
+    def strings(self, info: EngineInfo) -> TokenStrings:
+        if self._strings is None or self._strings[0] is not info:
+            self._strings = (info, TokenStrings(info.tokenizer))
+        return self._strings[1]
 
-    def resolve_model(self, name: str | None) -> str:
-        if name is None:
-            return self.names[0]
-        if name not in self.names:
-            raise APIError(
-                404,
-                f"The model '{name}' does not exist; this server serves {', '.join(self.names)}",
-                param="model",
-                code="model_not_found",
-            )
-        return name
-
-    def sampling_params(
-        self, req: CompletionRequest | ChatCompletionRequest, renames: dict[str, str], **kw: Any
-    ) -> SamplingParams:
-        """Build SamplingParams; its ValueError (which names the field) becomes a 400."""
-        fields = {
-            "n": req.n,
-            "temperature": req.temperature,
-            "top_p": req.top_p,
-            "top_k": req.top_k,
-            "min_p": req.min_p,
-            "seed": req.seed,
-            "presence_penalty": req.presence_penalty,
-            "frequency_penalty": req.frequency_penalty,
-            "repetition_penalty": req.repetition_penalty,
-            "stop": tuple([req.stop] if isinstance(req.stop, str) else (req.stop or ())),
-            "stop_token_ids": tuple(req.stop_token_ids or ()),
-            "ignore_eos": req.ignore_eos,
-            "skip_special_tokens": req.skip_special_tokens,
-            "include_stop_str_in_output": req.include_stop_str_in_output,
-            **kw,
-        }
+    async def prepare(self, endpoint: Endpoint, body: bytes) -> Job:
+        """Parse and tokenize off the event loop; APIError for anything refused."""
         try:
-            return SamplingParams(**{k: v for k, v in fields.items() if v is not None or k in kw})
-        except ValueError as e:
-            word, _, rest = str(e).partition(" ")
-            param = renames.get(word, word) if word in _SAMPLING_FIELDS else None
-            message = f"{param} {rest}" if param else str(e)
-            raise APIError(400, message, param=param, code="invalid_value") from e
+            info = self.engine.loaded_info()
+        except EngineUnavailableError as e:
+            raise unavailable(e) from e
+        strings = self.strings(info)
 
-    def _check_prompts(self, prompts: list[list[int]], params: SamplingParams, param: str) -> None:
-        assert self.engine.core is not None
-        for ids in prompts:
-            try:
-                self.engine.core.validate(ids, params)
-            except ValueError as e:
-                message = str(e) if str(e).startswith(param) else f"{param}: {e}"
-                raise APIError(400, message, param=param, code="invalid_prompt") from e
+        def work() -> Job:
+            return endpoint.prepare(parse_request(body, endpoint.request_model), info, strings)
 
-    def prepare_completion(self, req: CompletionRequest) -> Job:
-        model = self.resolve_model(req.model)
-        tok = self._tokenizer()
-        p = req.prompt
-        if isinstance(p, str):
-            texts: list[str | None] = [p]
-            prompts = [tok.encode(p)]
-        elif p and isinstance(p[0], str):
-            texts, prompts = list(p), [tok.encode(s) for s in p]  # type: ignore[arg-type]
-        elif p and isinstance(p[0], list):
-            texts, prompts = [None] * len(p), [list(x) for x in p]  # type: ignore[arg-type]
-        else:
-            texts, prompts = [None], [list(p)]  # type: ignore[arg-type]
-        if not prompts:
-            raise APIError(400, "prompt must not be empty", param="prompt", code="invalid_prompt")
-        if req.best_of is not None and req.best_of != req.n:
-            raise APIError(400, "best_of other than n is not supported", param="best_of")
-        if req.echo and req.logprobs is not None:
-            raise APIError(400, "echo with logprobs is not supported", param="echo")
-        max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
-        params = self.sampling_params(req, {}, max_tokens=max_tokens, logprobs=req.logprobs)
-        self._check_prompts(prompts, params, "prompt")
-        return self._job("completion", "cmpl", model, prompts, texts, params, req, echo=req.echo)
+        return await asyncio.get_running_loop().run_in_executor(self.prep_pool, work)
 
-    def prepare_chat(self, req: ChatCompletionRequest) -> Job:
-        model = self.resolve_model(req.model)
-        tok = self._tokenizer()
-        if req.top_logprobs is not None and not req.logprobs:
-            raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
-        max_tokens, mt_param = req.max_tokens, "max_tokens"
-        if req.max_completion_tokens is not None:
-            max_tokens, mt_param = req.max_completion_tokens, "max_completion_tokens"
-        logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        renames = {"max_tokens": mt_param, "logprobs": "top_logprobs"}
-        params = self.sampling_params(req, renames, max_tokens=max_tokens, logprobs=logprobs)
-        try:
-            text = tok.apply_chat_template([m.as_template_dict() for m in req.messages])
-        except ValueError as e:
-            raise APIError(400, str(e), param="messages", code="invalid_messages") from e
-        except Exception as e:  # a template may raise anything on odd input
-            raise APIError(400, f"chat template failed: {e}", param="messages") from e
-        prompts = [tok.encode(text, add_special_tokens=False)]
-        self._check_prompts(prompts, params, "messages")
-        return self._job("chat", "chatcmpl", model, prompts, [text], params, req)
-
-    def _job(
-        self,
-        kind: str,
-        prefix: str,
-        model: str,
-        prompts: list[list[int]],
-        texts: list[str | None],
-        params: SamplingParams,
-        req: CompletionRequest | ChatCompletionRequest,
-        echo: bool = False,
-    ) -> Job:
-        include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-        return Job(
-            kind, f"{prefix}-{uuid.uuid4().hex}", model, prompts, texts, params, req.stream,
-            include_usage, echo, int(time.time()),
-        )  # fmt: skip
-
-    # -- running ---------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
-        """Add the job's engine requests (all or none); engine refusals become 503s."""
-        streams: list[RequestStream] = []
+        """Add the job's engine requests (all or none); refusals become 400s and 503s."""
         try:
-            for i, ids in enumerate(job.prompts):
-                streams.append(self.engine.add_request(ids, job.params, f"{job.id}-{i}"))
-        except (EngineUnavailableError, ValueError) as e:
-            for s in streams:
-                self.engine.abort(s.request_id)
-            if isinstance(e, QueueFullError):
-                raise APIError(503, str(e), code="queue_full",
-                               headers={"Retry-After": str(e.retry_after or 1)}) from e  # fmt: skip
-            if isinstance(e, EngineUnavailableError):
-                headers = {"Retry-After": str(e.retry_after)} if e.retry_after else None
-                raise APIError(503, str(e), code="unavailable", headers=headers) from e
-            raise APIError(400, str(e), param="prompt", code="invalid_prompt") from e
-        job.streams = streams
+            job.streams = self.engine.add_requests(job.prompts, job.params, job.id)
+        except ParamError as e:
+            raise job.param_error(e) from e
+        except EngineUnavailableError as e:
+            raise unavailable(e) from e
 
     def abort(self, job: Job) -> None:
         for s in job.streams or ():
@@ -239,7 +127,8 @@ class OpenAIServing:
             for t in tasks:
                 t.cancel()
 
-    def _usage(self, job: Job, tokens: list[int], cached: int) -> dict[str, Any]:
+    @staticmethod
+    def _usage(job: Job, tokens: list[int], cached: int) -> dict[str, Any]:
         prompt = sum(len(p) for p in job.prompts)
         out = sum(tokens)
         return {
@@ -249,11 +138,18 @@ class OpenAIServing:
             "prompt_tokens_details": {"cached_tokens": cached},
         }
 
-    def _head(self, job: Job, obj: str) -> dict[str, Any]:
-        return {"id": job.id, "object": obj, "created": job.created, "model": job.model}
-
     async def full_response(self, job: Job) -> dict[str, Any]:
-        k, chat = job.num_choices, job.kind == "chat"
+        """The whole response; a failure in the engine is raised as its APIError."""
+        try:
+            return await self._full_response(job)
+        except Exception as e:
+            err = failure(job, e)
+            if err is None:
+                raise
+            raise err from e
+
+    async def _full_response(self, job: Job) -> dict[str, Any]:
+        k, ep = job.num_choices, job.endpoint
         texts = [""] * k
         lps: list[list] = [[] for _ in range(k)]
         tokens, finish, stop = [0] * k, [None] * k, [None] * k
@@ -265,33 +161,18 @@ class OpenAIServing:
             if o.finished:
                 finish[idx], stop[idx] = o.finish_reason, o.stop_reason
                 cached = max(cached, o.num_cached_tokens)
-        want_lp = job.params.logprobs is not None
-        choices = []
-        for i in range(k):
-            c: dict[str, Any] = {"index": i}
-            if chat:
-                c["message"] = {"role": "assistant", "content": texts[i]}
-                c["logprobs"] = {"content": self.strings.chat(lps[i])} if want_lp else None
-            else:
-                prefix = self._echo_text(job, i) if job.echo else ""
-                c["text"] = prefix + texts[i]
-                c["logprobs"] = self.strings.completion(lps[i], 0) if want_lp else None
-            c["finish_reason"], c["stop_reason"] = finish[i], stop[i]
-            choices.append(c)
-        body = self._head(job, "chat.completion" if chat else "text_completion")
-        body["choices"] = choices
-        body["usage"] = self._usage(job, tokens, cached)
-        return body
-
-    def _echo_text(self, job: Job, choice: int) -> str:
-        i = choice // job.params.n
-        text = job.prompt_texts[i]
-        return text if text is not None else self._tokenizer().decode(job.prompts[i])
+        choices = [
+            {**ep.choice(job, i, texts[i], lps[i]), "finish_reason": finish[i],
+             "stop_reason": stop[i]}
+            for i in range(k)
+        ]  # fmt: skip
+        return {**ep.head(job, chunk=False), "choices": choices,
+                "usage": self._usage(job, tokens, cached)}  # fmt: skip
 
     async def stream_response(self, job: Job) -> AsyncIterator[str]:
         """SSE chunks; the last is `data: [DONE]`. Errors after the start become an error event."""
-        k, chat = job.num_choices, job.kind == "chat"
-        head = self._head(job, "chat.completion.chunk" if chat else "text_completion")
+        k, ep = job.num_choices, job.endpoint
+        head = ep.head(job, chunk=True)
         want_lp = job.params.logprobs is not None
         tokens, offsets, started = [0] * k, [0] * k, [False] * k
         cached = 0
@@ -303,32 +184,16 @@ class OpenAIServing:
             return sse(data)
 
         try:
-            if chat:
-                for i in range(k):
-                    delta = {"role": "assistant", "content": ""}
-                    yield chunk(
-                        {"index": i, "delta": delta, "logprobs": None, "finish_reason": None}
-                    )
+            for c in ep.opening(job):
+                yield chunk({**c, "finish_reason": None})
             async for idx, o in self._outputs(job):
                 tokens[idx] = o.num_output_tokens
-                text = o.new_text
-                if job.echo and not started[idx]:
-                    text = self._echo_text(job, idx) + text
-                started[idx] = True
-                if not (text or o.finished or (want_lp and o.new_logprobs)):
+                first, started[idx] = not started[idx], True
+                if not (o.new_text or o.finished or (want_lp and o.new_logprobs) or
+                        (first and job.echo)):  # fmt: skip
                     continue
-                c: dict[str, Any] = {"index": idx}
-                if chat:
-                    c["delta"] = {"content": text} if text else {}
-                    c["logprobs"] = (
-                        {"content": self.strings.chat(o.new_logprobs)} if want_lp else None
-                    )
-                else:
-                    c["text"] = text
-                    c["logprobs"] = (
-                        self.strings.completion(o.new_logprobs, offsets[idx]) if want_lp else None
-                    )
-                    offsets[idx] += len(text)
+                c = ep.delta(job, idx, o.new_text, o.new_logprobs, offsets[idx], first)
+                offsets[idx] += len(c.get("text", ""))
                 c["finish_reason"] = o.finish_reason if o.finished else None
                 if o.finished:
                     c["stop_reason"] = o.stop_reason
@@ -336,6 +201,10 @@ class OpenAIServing:
                 yield chunk(c)
             if job.include_usage:
                 yield sse({**head, "choices": [], "usage": self._usage(job, tokens, cached)})
-        except EngineUnavailableError as e:
-            yield sse(APIError(503, str(e), code="unavailable").body())
+        except Exception as e:  # headers are sent: the error becomes the stream's last event
+            err = failure(job, e)
+            if err is None:
+                log.exception("stream %s failed", job.id)
+                err = APIError(500, f"internal error ({type(e).__name__})", code="internal_error")
+            yield sse(err.body())
         yield "data: [DONE]\n\n"

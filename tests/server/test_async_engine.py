@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
 from pagoda.runtime.engine.async_engine import AsyncEngine, EngineUnavailableError, QueueFullError
 from pagoda.runtime.engine.core import EngineStats
 from pagoda.runtime.engine.outputs import StepOutput
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling import ParamError, SamplingParams
 from pagoda.runtime.server.api import create_app
 from pagoda.runtime.server.config import ServerConfig, parse_size
 from pagoda.runtime.server.metrics import ServerMetrics
@@ -39,7 +40,8 @@ class FakeTokenizer:
 class FakeCore:
     """EngineCore's interface; `gate` (when set) must be open for a step to run."""
 
-    max_model_len = 64
+    max_model_len = 20_000
+    model_config = SimpleNamespace(vocab_size=100)
 
     def __init__(self) -> None:
         self.tokenizer = FakeTokenizer()
@@ -149,10 +151,39 @@ async def test_queue_full_and_bad_input():
         engine.add_request([1], SamplingParams(max_tokens=2))
         with pytest.raises(QueueFullError):
             engine.add_request([1], SamplingParams(max_tokens=2))
-        with pytest.raises(ValueError, match="too long"):
-            engine.add_request([1] * 100, SamplingParams())
+        with pytest.raises(ParamError, match="maximum context length is 20000") as e:
+            engine.add_request([1] * 20_000, SamplingParams())
+        assert e.value.field == "prompt"
         core.gate.set()
         assert [o async for o in a][-1].finished
+    finally:
+        engine.stop()
+
+
+async def test_one_validation_path_with_the_field_as_data():
+    core = FakeCore()
+    engine = await started(core, max_queue_len=3)
+    core.gate = threading.Event()
+    try:
+        info = engine.info
+        assert (info.max_model_len, info.vocab_size, info.model_name) == (20_000, 100, "fake")
+        cases = [
+            ([[1] * 60], SamplingParams(max_tokens=19_941), "max_tokens"),  # > 20000: no capping
+            ([[]], SamplingParams(), "prompt"),
+            ([[1, 100]], SamplingParams(), "prompt"),  # outside the vocabulary
+            ([[1]] * 4, SamplingParams(), "prompt"),  # a batch that can never be queued
+        ]
+        for prompts, params, field in cases:
+            with pytest.raises(ParamError) as e:
+                engine.add_requests(prompts, params, "x")
+            assert e.value.field == field, e.value
+        assert engine.num_in_flight == 0  # all-or-nothing
+        engine.add_requests([[1] * 60], SamplingParams(max_tokens=19_940), "fits")  # exactly fits
+        engine.add_requests([[1]], SamplingParams(max_tokens=7), "short")
+        with pytest.raises(QueueFullError):
+            engine.add_requests([[1], [2]], SamplingParams(max_tokens=1), "busy")
+        assert engine.num_in_flight == 2
+        core.gate.set()
     finally:
         engine.stop()
 

@@ -1,0 +1,75 @@
+"""EngineInfo: what the serving layer may know about a loaded engine, frozen at load time.
+
+Why: the engine thread owns `EngineCore`; everything else reads this immutable snapshot instead
+(safe from any thread, including the tokenizer pool), and validates requests against it in one
+place before they are queued.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pagoda.runtime.sampling import ParamError, SamplingParams
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    model_name: str
+    max_model_len: int  # prompt + generated tokens of one sequence
+    vocab_size: int  # valid token ids are [0, vocab_size)
+    tokenizer: Any  # runtime.model.tokenizer.Tokenizer (thread-safe for encode/decode)
+    max_token_bytes: int = 64  # longest vocabulary entry in UTF-8 bytes: text per token bound
+
+    @classmethod
+    def from_core(cls, core: Any) -> EngineInfo:
+        """Snapshot of a constructed EngineCore (called on the engine thread)."""
+        return cls(
+            model_name=core.model_name,
+            max_model_len=core.max_model_len,
+            vocab_size=core.model_config.vocab_size,
+            tokenizer=core.tokenizer,
+            max_token_bytes=_max_token_bytes(core.tokenizer, core.model_config.vocab_size),
+        )
+
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise ParamError (field `prompt` or `max_tokens`) for a request that cannot run.
+
+        Like vLLM: a prompt must leave room for one token, and an explicit `max_tokens` must fit
+        in the context with the prompt (no silent capping); None means "whatever fits".
+        """
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise ParamError("prompt", "prompt must not be empty")
+        if n >= self.max_model_len:
+            raise ParamError(
+                "prompt",
+                f"prompt is {n} tokens; this model's maximum context length is "
+                f"{self.max_model_len} tokens, including at least one generated token",
+            )
+        vocab = self.vocab_size
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab
+               for t in prompt_token_ids):  # fmt: skip
+            raise ParamError("prompt", f"prompt token ids must be integers in [0, {vocab})")
+        if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
+            raise ParamError(
+                "max_tokens",
+                f"max_tokens is too large: this model's maximum context length is "
+                f"{self.max_model_len} tokens and the prompt has {n}, so at most "
+                f"{self.max_model_len - n} tokens can be generated, not {params.max_tokens}",
+            )
+
+
+def _max_token_bytes(tokenizer: Any, vocab_size: int) -> int:
+    """Longest vocabulary string in UTF-8 bytes (~30 ms for a 50k vocabulary, once at load).
+
+    Byte-level BPE writes each byte as one character and SentencePiece each character as
+    itself, so a token never stands for more bytes of text than its string has.
+    """
+    longest = 1
+    for i in range(getattr(tokenizer, "vocab_size", vocab_size)):
+        s = tokenizer.token_to_str(i)
+        if s:
+            longest = max(longest, len(s.encode("utf-8", "surrogatepass")))
+    return longest

@@ -1,0 +1,160 @@
+"""What completions and chat completions share: the `Job` a request becomes, and `Endpoint`, the
+base of the two classes that know one API's request fields and response shapes.
+
+An endpoint's `prepare` is pure and synchronous (parse, sampling params, templating,
+tokenization): the server runs it on a worker thread so that the event loop never does
+per-request heavy work. Validation against the engine (context length, token ids, queue bound)
+happens once, in `AsyncEngine.add_requests`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pagoda.runtime.engine.async_engine import RequestStream
+from pagoda.runtime.engine.info import EngineInfo
+from pagoda.runtime.request import TokenLogprob
+from pagoda.runtime.sampling import ParamError, SamplingParams
+from pagoda.runtime.server.logprobs import TokenStrings
+from pagoda.runtime.server.protocol import APIError, shorten
+from pydantic import BaseModel
+
+# A token's text is at most this many times longer (in bytes) than the token's own vocabulary
+# string; text longer than max_model_len * max_token_bytes * this cannot fit and is refused
+# without being tokenized (normalizers can shrink text a little; 4 is a wide margin).
+_SURELY_TOO_LONG_MARGIN = 4
+
+
+@dataclass
+class Job:
+    """A parsed request, ready to run: one engine request per prompt."""
+
+    endpoint: Endpoint
+    id: str
+    model: str
+    prompts: list[list[int]]
+    prompt_texts: list[str | None]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    strings: TokenStrings
+    renames: dict[str, str]  # engine field name → the request's (for ParamError → 400)
+    echo: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+    streams: list[RequestStream] | None = None
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts) * self.params.n
+
+    def param_error(self, e: ParamError) -> APIError:
+        """A ParamError from the engine, named as this API spells the field."""
+        return param_error(e, self.renames)
+
+
+class Endpoint(ABC):
+    """One OpenAI API: its request model, how a request becomes a Job, how outputs look."""
+
+    request_model: ClassVar[type[BaseModel]]
+    object_name: ClassVar[str]  # "text_completion" | "chat.completion"
+    chunk_object_name: ClassVar[str]
+    id_prefix: ClassVar[str]
+    renames: ClassVar[dict[str, str]] = {}  # engine field name → this API's name
+
+    def __init__(self, served_model_names: tuple[str, ...]) -> None:
+        self.names = served_model_names
+
+    # -- requests ------------------------------------------------------------------------------
+    @abstractmethod
+    def prepare(self, req: Any, info: EngineInfo, strings: TokenStrings) -> Job:
+        """Request model → Job (APIError 400/404 for what can be refused without the engine)."""
+
+    def resolve_model(self, name: str | None) -> str:
+        if name is None:
+            return self.names[0]
+        if name not in self.names:
+            raise APIError(
+                404,
+                f"The model '{shorten(name, 100)}' does not exist; this server serves "
+                f"{', '.join(self.names)}",
+                param="model",
+                code="model_not_found",
+            )
+        return name
+
+    def sampling_params(self, req: Any, renames: dict[str, str], **kw: Any) -> SamplingParams:
+        """SamplingParams from the fields both APIs share plus `kw`; ParamError → 400."""
+        fields = {
+            "n": req.n,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "top_k": req.top_k,
+            "min_p": req.min_p,
+            "seed": req.seed,
+            "presence_penalty": req.presence_penalty,
+            "frequency_penalty": req.frequency_penalty,
+            "repetition_penalty": req.repetition_penalty,
+            "stop": tuple([req.stop] if isinstance(req.stop, str) else (req.stop or ())),
+            "stop_token_ids": tuple(req.stop_token_ids or ()),
+            "ignore_eos": req.ignore_eos,
+            "skip_special_tokens": req.skip_special_tokens,
+            "include_stop_str_in_output": req.include_stop_str_in_output,
+        }
+        fields = {k: v for k, v in fields.items() if v is not None}
+        try:
+            return SamplingParams(**fields, **kw)
+        except ParamError as e:
+            raise param_error(e, renames) from e
+
+    def check_length(self, text: str, info: EngineInfo) -> None:
+        """Refuse text that cannot fit in the context before paying for its tokenization."""
+        if len(text) > info.max_model_len * info.max_token_bytes * _SURELY_TOO_LONG_MARGIN:
+            raise param_error(
+                ParamError(
+                    "prompt",
+                    f"prompt is {len(text)} characters, far more than this model's maximum "
+                    f"context length of {info.max_model_len} tokens",
+                ),
+                self.renames,
+            )
+
+    def job(self, req: Any, model: str, prompts: list[list[int]], texts: list[str | None],
+            params: SamplingParams, strings: TokenStrings, renames: dict[str, str] | None = None,
+            echo: bool = False) -> Job:  # fmt: skip
+        include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+        job_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        return Job(self, job_id, model, prompts, texts, params, req.stream, include_usage,
+                   strings, renames or self.renames, echo)  # fmt: skip
+
+    # -- responses -----------------------------------------------------------------------------
+    def head(self, job: Job, chunk: bool) -> dict[str, Any]:
+        obj = self.chunk_object_name if chunk else self.object_name
+        return {"id": job.id, "object": obj, "created": job.created, "model": job.model}
+
+    def opening(self, job: Job) -> list[dict[str, Any]]:
+        """Stream choices sent before any token (chat: the assistant role)."""
+        return []
+
+    @abstractmethod
+    def choice(self, job: Job, i: int, text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
+        """A full response's choice `i` (without finish_reason/stop_reason)."""
+
+    @abstractmethod
+    def delta(self, job: Job, i: int, text: str, lps: list[TokenLogprob], offset: int,
+              first: bool) -> dict[str, Any]:  # fmt: skip
+        """A stream chunk's choice `i` (without finish_reason); `offset`: text sent so far."""
+
+
+def param_error(e: ParamError, renames: dict[str, str]) -> APIError:
+    """ParamError → APIError 400 whose `param` (and message) use the request's field name."""
+    param = renames.get(e.field, e.field)
+    message = e.message
+    if message.startswith(e.field):
+        message = param + message[len(e.field) :]
+    elif not message.startswith(param):
+        message = f"{param}: {message}"
+    return APIError(400, message, param=param, code="invalid_value")
