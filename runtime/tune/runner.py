@@ -127,13 +127,14 @@ def _engine_config(req: TuneRequest, plan: Any, max_model_len: int) -> EngineCon
 
 def tune(req: TuneRequest) -> TuneResult:
     """Measure, choose, write ``profile.json`` (after every point) and return the summary."""
-    from pagoda.runtime.model.loader import load_model
+    from pagoda.runtime.model.loader import load_model, resolve_model_path
     from pagoda.runtime.tune.engine import make_plan
     from pagoda.runtime.tune.report import summary_table
 
     start = time.monotonic()
     out = Path(req.output)
     base = EngineConfig.create(req.model, **req.engine_args)  # flag errors before loading
+    resolve_model_path(req.model)  # a bad --model fails before anything is written
     cuda = base.torch_device().type == "cuda"
     identity = {
         "device": device_identity(base.torch_device()),
