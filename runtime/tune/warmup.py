@@ -36,12 +36,14 @@ class Geometry:
     device: torch.device
 
 
-def _pow2_upto(limit: int, start: int = 1) -> list[int]:
-    out, v = [], start
+def _grid(limit: int, start: int = 1) -> list[int]:
+    """Powers of two and the points halfway between them (in log scale) from ``start`` up to
+    ``limit``, plus ``limit``: nearest-bucket boundaries need not fall on powers of two."""
+    out, v = set(), start
     while v < limit:
-        out.append(v)
+        out.update({v, min(limit, (3 * v) // 2)})
         v *= 2
-    return [*out, limit] if limit >= start else out
+    return sorted(out | {limit}) if limit >= start else sorted(out)
 
 
 def kernel_cases(
@@ -53,8 +55,8 @@ def kernel_cases(
 
     seen: set = set()
     cases = []
-    for n in _pow2_upto(max_num_seqs):
-        for ctx in _pow2_upto(max_model_len, geo.block_size):
+    for n in _grid(max_num_seqs):
+        for ctx in _grid(max_model_len, geo.block_size):
             shape = {"head_dim": geo.head_dim, "num_seqs": n, "max_seq_len": ctx}
             cfg = get_kernel_config("decode_attention", shape, geo.device)
             splits = choose_num_splits(
@@ -68,7 +70,7 @@ def kernel_cases(
             if key not in seen:
                 seen.add(key)
                 cases.append((n, ctx, 0))
-    for q in _pow2_upto(min(max_num_batched_tokens, max_model_len - 1)):
+    for q in _grid(min(max_num_batched_tokens, max_model_len - 1)):
         cfg = get_kernel_config(
             "paged_attention", {"head_dim": geo.head_dim, "max_query_len": q}, geo.device
         )
