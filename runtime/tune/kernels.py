@@ -86,9 +86,15 @@ class BucketResult:
 
 
 def plan_buckets(
-    shape: AttentionShape, *, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int
+    shape: AttentionShape,
+    *,
+    max_num_seqs: int,
+    max_model_len: int,
+    max_num_batched_tokens: int,
+    quick: bool = False,
 ) -> list[Bucket]:
-    """Decode (batch × context) and prefill (max_query_len) buckets this engine can reach."""
+    """Decode (batch × context) and prefill (max_query_len) buckets this engine can reach;
+    ``quick``: the smallest of each."""
     d = shape.head_dim
     batches = sorted({b for b in (1, 4, 16, 64, 256) if b <= max_num_seqs} | {max_num_seqs})
     contexts = sorted({c for c in (512, 2048, 8192, 32768) if c <= max_model_len} | {max_model_len})
@@ -105,11 +111,16 @@ def plan_buckets(
                 PREFILL, {"head_dim": d, "max_query_len": q}, ((q, min(max_model_len, 2 * q)),) * n
             )
         )
+    if quick:
+        return [next(b for b in out if b.kernel == k) for k in (DECODE, PREFILL)]
     return out
 
 
-def candidate_space(kernel: str) -> list[dict[str, Any]]:
-    """The configs tried per bucket (small: a whole model should tune in ~10 min on one GPU)."""
+def candidate_space(kernel: str, quick: bool = False) -> list[dict[str, Any]]:
+    """The configs tried per bucket (small: a whole model should tune in ~10 min on one GPU);
+    ``quick``: two of them (smoke tests)."""
+    if quick:
+        return [c for c in candidate_space(kernel) if c["num_stages"] == 2][:2]
     pipes = [(4, 2), (4, 3), (8, 3)]
     if kernel == DECODE:
         rules = [

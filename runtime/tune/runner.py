@@ -13,6 +13,7 @@ from typing import Any
 
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.tune.choose import Targets, choose_scheduler
+from pagoda.runtime.tune.kernel_stage import kernel_buckets, kernel_target, run_kernel_stage
 from pagoda.runtime.tune.profile import (
     CONFIGS_DIR,
     PROFILE_FILE,
@@ -127,14 +128,14 @@ def _engine_config(req: TuneRequest, plan: Any, max_model_len: int) -> EngineCon
 
 def tune(req: TuneRequest) -> TuneResult:
     """Measure, choose, write ``profile.json`` (after every point) and return the summary."""
-    from pagoda.runtime.model.loader import load_model, resolve_model_path
+    from pagoda.runtime.model.loader import load_model, read_model_config
     from pagoda.runtime.tune.engine import make_plan
     from pagoda.runtime.tune.report import summary_table
 
     start = time.monotonic()
     out = Path(req.output)
     base = EngineConfig.create(req.model, **req.engine_args)  # flag errors before loading
-    resolve_model_path(req.model)  # a bad --model fails before anything is written
+    model_config = read_model_config(req.model)  # metadata only: a resumed run may load nothing
     cuda = base.torch_device().type == "cuda"
     identity = {
         "device": device_identity(base.torch_device()),
@@ -142,8 +143,7 @@ def tune(req: TuneRequest) -> TuneResult:
         "dtype": dtype_name(base.torch_dtype()),
     }
     previous = _previous(out, identity, req.force)
-    loaded = _Lazy(lambda: load_model(req.model))
-    max_model_len = req.max_model_len or loaded().config.max_position_embeddings
+    max_model_len = req.max_model_len or model_config.max_position_embeddings
     _check_shapes(previous, out, max_model_len, base.cache.block_size)
     plan = make_plan(max_model_len=max_model_len, cuda=cuda, quick=req.quick)
     backend = base.attention_backend
@@ -153,9 +153,11 @@ def tune(req: TuneRequest) -> TuneResult:
     profile["attention_backend"] = backend
     save = lambda: write_profile(out, profile)  # noqa: E731
     save()
-    buckets = _kernel_buckets(loaded().config, base, plan, max_model_len) if cuda else []
-    if not buckets or backend != "triton":
-        print(f"kernels: {_skip_reason(base)}", file=sys.stderr)
+    label, note = kernel_target(base, backend)
+    buckets = (
+        [] if label is None else kernel_buckets(model_config, base, plan, max_model_len, req.quick)
+    )
+    print(f"kernels: {note}", file=sys.stderr)
     bar = _progress_bar(plan.num_points + len(buckets), req.progress)
 
     def progress(label: str) -> None:
@@ -168,12 +170,17 @@ def tune(req: TuneRequest) -> TuneResult:
         save()
 
     try:
-        kernel_deadline = start + 0.6 * req.time_budget_s
-        model_config = loaded().config if cuda else None
-        save_kernels(
-            _tune_kernels(model_config, base, buckets, out, profile.get("kernels"), backend,
-                          kernel_deadline, progress, save_cb=save_kernels)
-        )  # fmt: skip
+        if label is None:
+            save_kernels({"status": "skipped", "note": note, "buckets": [], "complete": True})
+        else:
+            save_kernels(
+                run_kernel_stage(
+                    model_config, base, buckets, label=label, out=out,
+                    previous=profile.get("kernels"), deadline=start + 0.6 * req.time_budget_s,
+                    quick=req.quick, progress=progress, save=save_kernels,
+                )
+            )  # fmt: skip
+        loaded = _Lazy(lambda: load_model(req.model))
         deadline = start + req.time_budget_s
         engine = _profile_engine(
             req, loaded, plan, max_model_len, out, profile, deadline, progress, save
@@ -236,77 +243,6 @@ def _skeleton(
         "engine": prev.get("engine", {}),
         "kernels": prev.get("kernels", {}),
     }
-
-
-def _attention_shape(model_config: Any, base: EngineConfig) -> Any:
-    from pagoda.runtime.tune.kernels import AttentionShape
-
-    return AttentionShape(
-        num_heads=model_config.num_heads,
-        num_kv_heads=model_config.num_kv_heads,
-        head_dim=model_config.head_dim,
-        block_size=base.cache.block_size,
-        dtype=base.torch_dtype(),
-    )
-
-
-def _kernel_buckets(model_config: Any, base: EngineConfig, plan: Any, max_model_len: int) -> list:
-    from pagoda.runtime.tune.kernels import plan_buckets
-
-    return plan_buckets(
-        _attention_shape(model_config, base),
-        max_num_seqs=max(plan.decode_batches),
-        max_model_len=max_model_len,
-        max_num_batched_tokens=max(plan.chunk_sizes),
-    )
-
-
-def _skip_reason(base: EngineConfig) -> str:
-    if base.torch_device().type != "cuda":
-        return "skipped: CPU run (the Triton interpreter is not a performance target)"
-    return "skipped: the torch attention backend uses no Pagoda kernels"
-
-
-def _tune_kernels(
-    model_config: Any,
-    base: EngineConfig,
-    buckets: list,
-    out: Path,
-    previous: dict | None,
-    backend: str,
-    deadline: float,
-    progress: Any,
-    save_cb: Any,
-) -> dict[str, Any]:
-    """The ``kernels`` section; on a CPU (or the torch backend) one line says why it is skipped."""
-    if not buckets or backend != "triton":
-        return {"status": "skipped", "note": _skip_reason(base), "buckets": [], "complete": True}
-    from pagoda.kernels.config import config_file_name, device_name
-    from pagoda.runtime.tune.sweep import tune_kernels
-
-    device = base.torch_device()
-    label = device_name(device)
-    reports, complete = tune_kernels(
-        _attention_shape(model_config, base),
-        buckets,
-        device=device,
-        device_label=label,
-        out_dir=out / CONFIGS_DIR,
-        previous=(previous or {}).get("buckets"),
-        deadline=deadline,
-        progress=progress,
-        checkpoint=lambda done: save_cb(
-            {"status": "partial", "buckets": list(done), "complete": False}
-        ),
-    )
-    section = {
-        "status": "tuned" if complete else "partial",
-        "config_file": f"{CONFIGS_DIR}/{config_file_name(label)}",
-        "buckets": reports,
-        "complete": complete,
-    }
-    save_cb(section)
-    return section
 
 
 def _profile_engine(

@@ -1,0 +1,61 @@
+"""`pagoda tune` with the Triton backend under the interpreter: the kernel stage end to end.
+
+There is no GPU here, so this is how the CUDA orchestration is exercised: buckets from the
+model's shapes, candidates checked against the reference, winners saved bucket by bucket into
+``configs/``, the engine profile built with those configs, and a resume that sweeps nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
+
+import pytest
+from hf_oracle import make_tiny_llama
+
+pytest.importorskip("triton")
+
+from pagoda.runtime.tune import sweep
+from pagoda.runtime.tune.choose import Targets
+from pagoda.runtime.tune.kernel_stage import INTERPRETER_LABEL
+from pagoda.runtime.tune.runner import TuneRequest, tune
+
+if os.environ["TRITON_INTERPRET"] != "1":
+    pytest.skip("the interpreter path of the kernel stage", allow_module_level=True)
+
+
+def test_kernel_stage_through_the_interpreter(tmp_path, monkeypatch, capsys):
+    make_tiny_llama(tmp_path / "m")
+    request = TuneRequest(
+        model=str(tmp_path / "m"),
+        output=str(tmp_path / "profile"),
+        engine_args={"dtype": "float32", "attention_backend": "triton", "kv_cache_memory": 4 << 20},
+        max_model_len=128,
+        targets=Targets(ttft_s=60, itl_s=10),
+        quick=True,
+        progress=False,
+    )
+    result = tune(request)
+    assert result.usable and result.profile["complete"]
+    kernels = result.profile["kernels"]
+    assert (
+        kernels["status"] == "tuned"
+        and kernels["config_file"] == f"configs/{INTERPRETER_LABEL}.json"
+    )
+    assert [b["kernel"] for b in kernels["buckets"]] == ["decode_attention", "paged_attention"]
+    assert all(
+        b["config"] and b["rejected"] == [] and b["candidates"] >= 2 for b in kernels["buckets"]
+    )
+    saved = json.loads((tmp_path / "profile" / kernels["config_file"]).read_text())
+    for b in kernels["buckets"]:
+        assert saved["kernels"][b["kernel"]] == [{"shape": b["shape"], "config": b["config"]}]
+    assert "kernels: CPU under TRITON_INTERPRET=1" in capsys.readouterr().err
+    assert result.profile["engine"]["decode"] and result.profile["attention_backend"] == "triton"
+
+    swept = []
+    monkeypatch.setattr(sweep, "sweep_bucket", lambda *a, **k: swept.append(a))
+    again = tune(request)
+    assert swept == [] and again.profile["kernels"]["buckets"] == kernels["buckets"]
+    assert again.profile["engine"] == result.profile["engine"]
