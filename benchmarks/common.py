@@ -50,3 +50,66 @@ def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def cpu_model() -> str:
+    """The CPU's model name, family/model numbers and cores, as /proc/cpuinfo reports them."""
+    import os
+
+    name, family, model = "unknown CPU", "?", "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if key == "model name" and name == "unknown CPU":
+                    name = value
+                elif key == "cpu family" and family == "?":
+                    family = value
+                elif key == "model" and model == "?":
+                    model = value
+    except OSError:
+        pass
+    return f"{name} (family {family}, model {model}), {os.cpu_count()} cores"
+
+
+def cpu_matrix_units() -> str:
+    """Which bf16 matrix paths the CPU has: AMX tiles, AVX-512 BF16, or neither."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return "unknown"
+    amx = "amx_bf16" in flags
+    avx = "avx512_bf16" in flags
+    return f"AMX {'yes' if amx else 'no'}, AVX-512 BF16 {'yes' if avx else 'no'}"
+
+
+def machine() -> str:
+    """One line naming this machine: CPU model, cores, matrix units, GPU if any, torch build."""
+    gpu = "no GPU"
+    if torch.cuda.is_available():
+        gpu = f"GPU {torch.cuda.get_device_name(0)}"
+    return (
+        f"{cpu_model()}; {cpu_matrix_units()}; {gpu}; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
+
+
+def write_random_llama(path, config: dict, dtype: torch.dtype = torch.bfloat16) -> None:
+    """A Llama with random weights and a word-level tokenizer (token `w<i>` = id i) saved as a
+    Hugging Face directory at `path`: a model of any shape without downloads."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    cfg = dict(config)
+    cfg.setdefault("eos_token_id", 2)
+    cfg.setdefault("bos_token_id", 1)
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).to(dtype)
+    model.save_pretrained(path)
+    vocab = {f"w{i}": i for i in range(cfg["vocab_size"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path / "tokenizer.json"))

@@ -1,9 +1,11 @@
 """Batched sampling over one step's logits: penalties, temperature, top-k/top-p/min-p, seeds.
 
 Everything is tensor work over the [N, vocab] logits; the only per-request Python is building
-the parameter tensors and advancing per-request generators for seeded requests. Sampling uses
-the exponential race (argmax of p / Exp(1) noise), which draws exactly from p and lets a seeded
-request draw its noise from its own generator, so its output does not depend on its batch-mates.
+the parameter tensors and drawing each seeded request's uniform from its own generator. Sampling
+is inverse-CDF with one uniform per row (see `sampler_ops`): exact, far cheaper on CPU than a
+random number per vocabulary entry, and a seeded request's output does not depend on its
+batch-mates. Rows with top-k/top-p sample from their best candidates, the others from the whole
+vocabulary.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from dataclasses import dataclass
 
 import torch
 from pagoda.runtime.request import Request
+from pagoda.runtime.sampler_ops import argmax_rows, sample_candidates, sample_full
+
+TOP_P_CANDIDATES = 1024  # on CPU: candidates a top-p row without top-k starts from
 
 
 @dataclass
@@ -29,6 +34,10 @@ class SamplingBatch:
     prompt_mask: torch.Tensor | None  # [N, V] bool: token occurs in the prompt
     generators: list[tuple[int, torch.Generator]]  # (row, generator) for seeded rows
     max_logprobs: int | None  # largest logprobs k asked in the batch, None if no row asks
+    any_greedy: bool = False
+    candidate_rows: torch.Tensor | None = None  # sampled rows with top-k/top-p (None: none)
+    full_rows: torch.Tensor | None = None  # the other rows, when both kinds are present
+    num_candidates: int = 0  # candidates per candidate row (covers every row's top-k)
 
     @classmethod
     def build(cls, reqs: list[Request], vocab_size: int, device: torch.device) -> SamplingBatch:
@@ -61,6 +70,16 @@ class SamplingBatch:
                 if r.params.repetition_penalty != 1.0:
                     prompt_mask[i, torch.tensor(r.prompt_token_ids)] = True
         gens = [(i, r.generator) for i, r in enumerate(reqs) if r.generator is not None]
+        cand = [
+            i
+            for i, (p, g) in enumerate(zip(ps, greedy_host))
+            if not g and (p.top_k > 0 or p.top_p < 1)
+        ]
+        k = max((ps[i].top_k for i in cand), default=0)
+        if any(ps[i].top_k <= 0 for i in cand):  # a top-p row without top-k
+            k = max(k, TOP_P_CANDIDATES if device.type == "cpu" else vocab_size)
+        chosen = set(cand)
+        full = [i for i in range(n) if i not in chosen] if cand else []
         lps = [p.logprobs for p in ps if p.logprobs is not None]
 
         def dev(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -82,6 +101,10 @@ class SamplingBatch:
             prompt_mask=dev(prompt_mask),
             generators=gens,
             max_logprobs=max(lps) if lps else None,
+            any_greedy=any(greedy_host),
+            candidate_rows=dev(torch.tensor(cand)) if cand else None,
+            full_rows=dev(torch.tensor(full)) if cand and full else None,
+            num_candidates=min(k, vocab_size),
         )
 
 
@@ -129,19 +152,51 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
     raw = logits
     if b.output_counts is not None:
         logits = apply_penalties(logits, b)
-    greedy_tokens = logits.max(-1).indices  # (faster than argmax on CPU)
     if b.all_greedy:
-        tokens = greedy_tokens
+        tokens = argmax_rows(logits)
     else:
-        scaled = apply_top_k_top_p_min_p(logits / b.temperature.unsqueeze(1), b)
-        probs = scaled.softmax(-1)
-        noise = torch.empty_like(probs).exponential_()
-        for row, gen in b.generators:
-            noise[row].exponential_(generator=gen)
-        tokens = torch.where(b.greedy, greedy_tokens, (probs / noise).argmax(-1))
+        tokens = _sample_random(logits, b)
+        if b.any_greedy:
+            tokens = torch.where(b.greedy, argmax_rows(logits), tokens)
     if b.max_logprobs is None:
         return SamplerOutput(tokens, None, None, None)
     lp = raw.log_softmax(-1)
     chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1)
     top_lp, top_ids = lp.topk(b.max_logprobs, dim=-1) if b.max_logprobs else (None, None)
     return SamplerOutput(tokens, chosen, top_ids, top_lp)
+
+
+def _uniforms(b: SamplingBatch, n: int, device: torch.device) -> torch.Tensor:
+    """One uniform in [0, 1) per row; a seeded row draws from its own generator only."""
+    u = torch.rand(n, device=device)
+    for row, gen in b.generators:
+        u[row] = torch.rand(1, generator=gen, device=device)[0]
+    return u
+
+
+def _sample_random(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """Inverse-CDF sampling with one uniform per row, after temperature and the filters."""
+    u = _uniforms(b, logits.shape[0], logits.device)
+    inv_t = b.temperature.reciprocal()
+    if b.candidate_rows is None:  # no row asks for top-k/top-p: the whole vocabulary
+        return sample_full(logits, inv_t, b.min_p, u)
+    if b.full_rows is None:  # every row does
+        return sample_candidates(logits, inv_t, b.top_k, b.top_p, b.min_p, u, b.num_candidates)
+    tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    rows = b.full_rows
+    tokens[rows] = sample_full(logits[rows], inv_t[rows], _rows(b.min_p, rows), u[rows])
+    rows = b.candidate_rows
+    tokens[rows] = sample_candidates(
+        logits[rows],
+        inv_t[rows],
+        _rows(b.top_k, rows),
+        _rows(b.top_p, rows),
+        _rows(b.min_p, rows),
+        u[rows],
+        b.num_candidates,
+    )
+    return tokens
+
+
+def _rows(t: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    return None if t is None else t[rows]

@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.scheduler import Scheduler
@@ -22,6 +23,7 @@ from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.request import Request, RequestStatus
 from pagoda.runtime.sampling import SamplingParams
 from pagoda.runtime.worker.model_runner import ModelRunner
+from pagoda.runtime.worker.step_clock import StepClock
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,13 @@ class EngineCore:
         self.peak_blocks_used = 0  # high-water mark of blocks in use ...
         self.tokens_at_peak = 0  # ... the tokens the scheduled requests held then ...
         self.slots_at_peak = 0  # ... and the slots of their blocks (fragmentation = 1 - ratio)
+        self.clock: StepClock | None = None  # per-phase timing, see `enable_step_clock`
+
+    def enable_step_clock(self) -> StepClock:
+        """Time every step by phase from now on (benchmarks); returns the shared clock."""
+        sync = torch.cuda.synchronize if self.runner.device.type == "cuda" else None
+        self.clock = self.runner.clock = StepClock(sync)
+        return self.clock
 
     # -- requests ------------------------------------------------------------------------
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
@@ -129,6 +138,9 @@ class EngineCore:
 
     # -- the step --------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
+        clock = self.clock
+        if clock is not None:
+            clock.start()
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
@@ -139,23 +151,34 @@ class EngineCore:
                 s.request.num_computed_tokens + s.num_new_tokens for s in out.scheduled
             )
             self.slots_at_peak = sum(len(s.block_ids) for s in out.scheduled) * self.kv.block_size
+        if clock is not None:
+            clock.mark("schedule")
         result = self.runner.execute(out)
         self.scheduler.update_after_step(out)
         now = time.monotonic()
-        outputs = []
         for req, tok, lp in zip(result.requests, result.token_ids, result.logprobs):
             req.append_token(tok)
             if lp is not None:
                 req.logprobs.append(lp)
             if req.first_token_time is None:
                 req.first_token_time = now
-            detok = self._detok[req.request_id]
             req.check_stop_token()
+        if clock is not None:
+            clock.mark("update")
+        for req, tok in zip(result.requests, result.token_ids):
+            detok = self._detok[req.request_id]
             # a stop/EOS token adds no text; any other token may complete a stop string
             if req.status != RequestStatus.FINISHED_STOPPED and detok.add_tokens([tok]) is not None:
                 req.status = RequestStatus.FINISHED_STOPPED
                 req.stop_reason = detok.stop_string
-            outputs.append(self._emit(req, [tok], [lp] if lp is not None else []))
+        if clock is not None:
+            clock.mark("detokenize")
+        outputs = [
+            self._emit(req, [tok], [lp] if lp is not None else [])
+            for req, tok, lp in zip(result.requests, result.token_ids, result.logprobs)
+        ]
+        if clock is not None:
+            clock.mark("outputs")
         return outputs
 
     def _emit(self, req: Request, new_ids: list[int], new_lps: list) -> StepOutput:

@@ -22,6 +22,8 @@ from pagoda.runtime.model.ops import select_ops
 from pagoda.runtime.request import Request, TokenLogprob
 from pagoda.runtime.sampler import SamplerOutput, SamplingBatch, sample
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
+from pagoda.runtime.worker.host_memory import keep_freed_memory
+from pagoda.runtime.worker.step_clock import StepClock
 
 log = logging.getLogger(__name__)
 CPU_DEFAULT_KV_BYTES = 2 << 30
@@ -39,6 +41,8 @@ class ModelRunner:
         self.config = config
         self.device = config.torch_device()
         self.dtype = config.torch_dtype()
+        if self.device.type == "cpu":
+            keep_freed_memory()  # reuse the heap for the step's large temporaries
         mc = loaded.config
         self.model_config = mc
         self.block_size = config.cache.block_size
@@ -72,6 +76,7 @@ class ModelRunner:
             for _ in range(mc.num_layers)
         ]
         self.cuda_graphs: CudaGraphRunner | None = None
+        self.clock: StepClock | None = None  # set by EngineCore.enable_step_clock
 
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         """On CUDA with the Triton backend, record decode steps for padded batch sizes."""
@@ -123,7 +128,10 @@ class ModelRunner:
         reqs, so = self.execute_model(out)
         if so is None:
             return ModelRunnerOutput([], [], [])
-        return self._readback(reqs, so)
+        result = self._readback(reqs, so)
+        if self.clock is not None:
+            self.clock.mark("readback")
+        return result
 
     def execute_model(self, out: SchedulerOutput) -> tuple[list[Request], SamplerOutput | None]:
         """Inputs → forward → sampling, all queued on the device without waiting for it."""
@@ -149,6 +157,9 @@ class ModelRunner:
         slots = table[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
         sampling = [i for i, s in enumerate(sched) if s.samples]
         reqs = [sched[i].request for i in sampling]
+        clock = self.clock
+        if clock is not None:
+            clock.mark("prepare")
         graph = self.cuda_graphs
         if graph is not None and graph.can_run(out.num_decodes, len(sched), max_blocks):
             logits = graph.run(self, ids, positions, slots, table, seq_lens.astype(np.int32))
@@ -176,6 +187,8 @@ class ModelRunner:
                 meta,
                 self.to_device(cu[1:][sampling] - 1),
             )
+        if clock is not None:
+            clock.mark("forward")
         if not reqs:
             return [], None
         if self.logits_observer is not None:
@@ -184,7 +197,10 @@ class ModelRunner:
             if r.params.seed is not None and r.generator is None:
                 r.generator = torch.Generator(device=self.device).manual_seed(r.params.seed)
         batch = SamplingBatch.build(reqs, logits.shape[-1], self.device)
-        return reqs, sample(logits, batch)
+        so = sample(logits, batch)
+        if clock is not None:
+            clock.mark("sample")
+        return reqs, so
 
     def _readback(self, reqs: list[Request], so: SamplerOutput) -> ModelRunnerOutput:
         token_ids = so.token_ids.tolist()  # the step's one device→host sync

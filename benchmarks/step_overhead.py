@@ -1,0 +1,124 @@
+"""Host overhead of one engine step: a 1-layer random model (vocab 32k) makes the forward nearly
+free, so what remains is Python scheduling, input preparation, sampling, detokenization and
+output building. Decode steps are timed at 32/128/256 running sequences, greedy and sampled
+(temperature 0.6), with a per-phase breakdown.
+
+    .venv/bin/python -P benchmarks/step_overhead.py                 # the table (~1 min)
+    .venv/bin/python -P benchmarks/step_overhead.py --profile 256   # + cProfile of sampled steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, markdown_table, write_random_llama
+from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.model.loader import load_model
+
+TINY = dict(
+    vocab_size=32000,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+)
+PHASES = ("schedule", "prepare", "forward", "sample", "readback", "update", "detokenize", "outputs")
+
+
+def running_engine(loaded, n: int, temperature: float, prompt_len: int, steps: int, seed: int):
+    """An engine with `n` sequences past their prefill, each decoding one token per step."""
+    llm = LLM(
+        loaded=loaded,
+        max_num_seqs=n,
+        max_num_batched_tokens=max(2048, n * prompt_len),
+        kv_cache_memory=256 << 20,
+    )
+    engine, rng = llm.engine, random.Random(seed)
+    params = SamplingParams(temperature=temperature, max_tokens=steps + 16, ignore_eos=True)
+    for i in range(n):
+        ids = [rng.randrange(3, TINY["vocab_size"]) for _ in range(prompt_len)]
+        engine.add_request(f"r{i}", ids, params)
+    while engine.scheduler.waiting or any(
+        r.num_tokens - r.num_computed_tokens > 1 for r in engine.scheduler.running
+    ):
+        engine.step()
+    for _ in range(3):  # warm-up decode steps
+        engine.step()
+    return engine
+
+
+def measure(loaded, n: int, temperature: float, steps: int, prompt_len: int) -> dict:
+    engine = running_engine(loaded, n, temperature, prompt_len, steps, seed=n)
+    assert engine.scheduler.num_running == n
+    t = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    wall = (time.perf_counter() - t) / steps
+    clock = engine.enable_step_clock()  # phases in a second run (marks cost ~1 µs each)
+    for _ in range(steps):
+        engine.step()
+    return {"wall_ms": 1e3 * wall, **clock.per_step_ms()}
+
+
+def profile(loaded, n: int, steps: int, prompt_len: int) -> None:
+    engine = running_engine(loaded, n, 0.6, prompt_len, steps, seed=n)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        engine.step()
+    prof.disable()
+    print(f"\ncProfile, {steps} sampled steps at {n} sequences (tottime):")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seqs", type=int, nargs="+", default=[32, 128, 256])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--profile", type=int, metavar="N", help="cProfile sampled steps at N seqs")
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"machine: {machine()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        write_random_llama(Path(tmp), TINY)
+        loaded = load_model(tmp)
+    rows = []
+    for n in args.seqs:
+        for name, temp in (("greedy", 0.0), ("sampled T=0.6", 0.6)):
+            r = measure(loaded, n, temp, args.steps, args.prompt_len)
+            host = r["wall_ms"] - r.get("forward", 0.0)
+            rows.append(
+                [n, name, f"{r['wall_ms']:.2f}", f"{host:.2f}"]
+                + [f"{r.get(p, 0.0):.2f}" for p in PHASES]
+            )
+            print(f"  {n} seqs {name}: {r['wall_ms']:.2f} ms/step", flush=True)
+    print(f"\nms per decode step (dtype {loaded_dtype()}, vocab {TINY['vocab_size']}, 1 layer):")
+    print(markdown_table(["seqs", "sampling", "step", "step - forward", *PHASES], rows))
+    if args.profile:
+        profile(loaded, args.profile, args.steps, args.prompt_len)
+
+
+def loaded_dtype() -> str:
+    from pagoda.runtime.config import EngineConfig
+
+    return str(EngineConfig().torch_dtype()).replace("torch.", "")
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    main()
