@@ -1,0 +1,236 @@
+"""Decode throughput on nano-vllm's workload, with the step time against the memory floor.
+
+Workload (nano-vllm's bench.py): 256 requests of random token ids, input and output lengths
+uniform in 100-1024, temperature 0.6, ignore_eos. The model is a Llama of the chosen shape with
+random weights (vocab 32k) written to a temporary Hugging Face directory, so nothing is
+downloaded. Reported: output tok/s; the median decode step at full batch against the memory
+floor of such a step (weights plus the K/V it reads, at the copy bandwidth measured here); and
+HF transformers `generate` on the same model and requests as a floor baseline.
+
+    python -P benchmarks/gpu_throughput.py --shape 1b        # on a GPU node
+    python -P benchmarks/gpu_throughput.py --tiny            # CPU smoke run (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, write_random_llama
+from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.model.loader import load_model
+
+_LLAMA = dict(vocab_size=32000, max_position_embeddings=4096, rope_theta=500000.0)
+SHAPES = {
+    "1b": dict(  # Llama-3.2-1B
+        _LLAMA,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+    ),
+    "8b": dict(  # Llama-3.1-8B
+        _LLAMA,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+    ),
+    "tiny": dict(
+        _LLAMA,
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    ),
+}
+
+
+def workload(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[tuple[list[int], int]]:
+    """(prompt token ids, output length) pairs, lengths uniform in [lo, hi] as in nano-vllm."""
+    rng = random.Random(seed)
+    return [
+        ([rng.randrange(vocab) for _ in range(rng.randint(lo, hi))], rng.randint(lo, hi))
+        for _ in range(n)
+    ]
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes/s of a large device-to-device copy (read + write), best of a few."""
+    n = (1 << 30) if device.type == "cuda" else (1 << 26)
+    a = torch.empty(n, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(5):
+        sync(device)
+        t = time.perf_counter()
+        b.copy_(a)
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n / best
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_pagoda(loaded, reqs, args) -> dict:
+    llm = LLM(
+        loaded=loaded,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=2 * args.max_len + 1,
+    )
+    llm.generate([reqs[0][0][:8]], SamplingParams(max_tokens=4))  # warm-up (compiles, graphs)
+    engine = llm.engine
+    for i, (ids, out_len) in enumerate(reqs):
+        p = SamplingParams(temperature=0.6, max_tokens=out_len, ignore_eos=True)
+        engine.add_request(f"b{i}", ids, p)
+    steps, n_out = [], 0
+    t0 = time.perf_counter()
+    while engine.has_unfinished_requests():
+        running = engine.scheduler.running
+        all_decode = not engine.scheduler.waiting and all(
+            r.num_tokens - r.num_computed_tokens == 1 for r in running
+        )
+        context = sum(r.num_tokens for r in running)
+        t = time.perf_counter()
+        outs = engine.step()
+        steps.append((all_decode, len(running), context, time.perf_counter() - t))
+        n_out += sum(len(o.new_token_ids) for o in outs)
+    wall = time.perf_counter() - t0
+    full = max((s[1] for s in steps if s[0]), default=0)
+    at_full = [s for s in steps if s[0] and s[1] >= 0.9 * full]
+    return {
+        "seconds": wall,
+        "output_tokens": n_out,
+        "tok_s": n_out / wall,
+        "full_batch": full,
+        "step_ms": 1e3 * statistics.median(s[3] for s in at_full) if at_full else float("nan"),
+        "context": statistics.median(s[2] for s in at_full) if at_full else 0,
+        "num_steps": len(steps),
+    }
+
+
+def memory_floor_ms(cfg: dict, dtype_bytes: int, context_tokens: float, bandwidth: float) -> float:
+    """Milliseconds to read every weight once plus the K/V of `context_tokens` tokens."""
+    h, i, v, L = (cfg[k] for k in ("hidden_size", "intermediate_size", "vocab_size",
+                                    "num_hidden_layers"))  # fmt: skip
+    d = h // cfg["num_attention_heads"]
+    kv = cfg["num_key_value_heads"] * d
+    layer = h * (h + 2 * kv) + h * h + 3 * h * i
+    weights = (L * layer + v * h) * dtype_bytes  # the LM head; embedding rows are gathered
+    kv_bytes = context_tokens * L * 2 * kv * dtype_bytes
+    return 1e3 * (weights + kv_bytes) / bandwidth
+
+
+def run_hf(path: Path, reqs, batch: int, device: torch.device, dtype: torch.dtype) -> dict:
+    """HF `generate`, length-sorted left-padded batches; each batch generates its longest
+    output for every row (no per-row lengths), and only the requested tokens count."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    model.eval()
+    order = sorted(reqs, key=lambda r: len(r[0]))
+    n_out, t = 0, time.perf_counter()
+    for s in range(0, len(order), batch):
+        group = order[s : s + batch]
+        width = max(len(p) for p, _ in group)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in group], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in group])
+        new = max(o for _, o in group)
+        with torch.no_grad():
+            model.generate(
+                input_ids=ids,
+                attention_mask=mask.to(device),
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=True,
+                temperature=0.6,
+                top_k=0,
+                top_p=1.0,
+                pad_token_id=0,
+            )
+        n_out += sum(o for _, o in group)
+    sync(device)
+    dt = time.perf_counter() - t
+    return {"seconds": dt, "output_tokens": n_out, "tok_s": n_out / dt}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", choices=["1b", "8b"], default="1b")
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny shape, few requests")
+    ap.add_argument("--num-requests", type=int, default=256)
+    ap.add_argument("--min-len", type=int, default=100)
+    ap.add_argument("--max-len", type=int, default=1024)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    ap.add_argument("--hf-requests", type=int, default=64, help="requests for HF (0: skip)")
+    ap.add_argument("--hf-batch", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.tiny:
+        args.shape = "tiny"
+        args.num_requests, args.min_len, args.max_len = 8, 8, 32
+        args.max_num_seqs, args.max_num_batched_tokens = 8, 256
+        args.hf_requests, args.hf_batch = min(args.hf_requests, 4), 4
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16
+    cfg = SHAPES[args.shape]
+    print(f"machine: {machine()}")
+    print(f"shape {args.shape}: {cfg}")
+    reqs = workload(args.num_requests, args.min_len, args.max_len, cfg["vocab_size"], args.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp)
+        write_random_llama(path, cfg, dtype)
+        gc.collect()
+        res = run_pagoda(load_model(tmp), reqs, args)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        bw = copy_bandwidth(device)
+        floor = memory_floor_ms(cfg, 2, res["context"], bw)
+        print(
+            f"Pagoda: {res['output_tokens']} output tokens in {res['seconds']:.2f} s = "
+            f"{res['tok_s']:.1f} tok/s ({res['num_steps']} steps)"
+        )
+        print(
+            f"steady state at {res['full_batch']} running: {res['step_ms']:.2f} ms/step; memory "
+            f"floor {floor:.2f} ms ({res['context']:.0f} context tokens, {bw / 1e9:.0f} GB/s "
+            f"copy bandwidth) -> {res['step_ms'] / floor:.2f}x the floor"
+        )
+        res.update(floor_ms=floor, bandwidth=bw)
+        if args.hf_requests:
+            hf = run_hf(path, reqs[: args.hf_requests], args.hf_batch, device, dtype)
+            print(
+                f"HF generate (batch {args.hf_batch}, first {args.hf_requests} requests): "
+                f"{hf['tok_s']:.1f} tok/s -> Pagoda {res['tok_s'] / hf['tok_s']:.2f}x"
+            )
+            res["hf_tok_s"] = hf["tok_s"]
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""Smoke run of benchmarks/gpu_throughput.py with --tiny on CPU: the whole path (random model
+written as an HF directory, nano-vllm's workload, step timing, memory floor, HF baseline) runs
+and reports numbers that add up."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
+@pytest.mark.timeout(120)
+def test_tiny_run_reports_throughput_floor_and_baseline(capsys):
+    import gpu_throughput
+
+    res = gpu_throughput.main(["--tiny"])
+    reqs = gpu_throughput.workload(8, 8, 32, 512, 0)
+    assert res["output_tokens"] == sum(out for _, out in reqs)  # ignore_eos: every token counts
+    assert res["tok_s"] > 0 and res["hf_tok_s"] > 0
+    assert res["full_batch"] == 8 and res["step_ms"] > 0
+    assert 0 < res["floor_ms"] < res["step_ms"]
+    out = capsys.readouterr().out
+    assert "machine: " in out and "memory floor" in out and "HF generate" in out
