@@ -42,6 +42,7 @@ class OperatorConfig:
     metrics_max_age_s: float = 60.0  # older newest sample = stale metrics
     webhook_token: str | None = field(default=None, repr=False)  # POST /alerts bearer token
     alert_cooldown_s: float = 30.0  # one alert-driven step per service per cooldown
+    api_unready_after_s: float = 60.0  # /readyz is 503 once the API server failed this long
 
     def __post_init__(self) -> None:
         for ns in self.namespaces:
@@ -61,6 +62,7 @@ class OperatorConfig:
             "prometheus_timeout_s",
             "autoscale_interval_s",
             "metrics_max_age_s",
+            "api_unready_after_s",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

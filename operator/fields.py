@@ -15,7 +15,14 @@ _QUANTITY = re.compile(
     r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)))?$"
 )
 
+MAX_ECHO = 200  # characters of an offending value quoted in a message (the CRD caps messages)
 _HTTP_URL = re.compile(r"^https?://[^\s/?#]+(/[^\s]*)?$")
+
+
+def show(value: Any) -> str:
+    """`repr(value)`, cut to MAX_ECHO characters: a 1 MB field must not become a 1 MB message."""
+    text = repr(value)
+    return text if len(text) <= MAX_ECHO else f"{text[:MAX_ECHO]}... ({len(text)} characters)"
 
 
 def is_http_url(value: str) -> bool:
@@ -37,7 +44,7 @@ def opt_int(d: Mapping[str, Any], key: str, path: str, lo: int, hi: int) -> int 
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError("InvalidSpec", f"{path}.{key} must be an integer, got {value!r}")
+        raise SpecError("InvalidSpec", f"{path}.{key} must be an integer, got {show(value)}")
     if not lo <= value <= hi:
         raise SpecError("InvalidSpec", f"{path}.{key} must be between {lo} and {hi}, got {value}")
     return value
@@ -53,7 +60,7 @@ def opt_number(d: Mapping[str, Any], key: str, path: str, lo: float) -> float | 
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SpecError("InvalidSpec", f"{path}.{key} must be a number, got {value!r}")
+        raise SpecError("InvalidSpec", f"{path}.{key} must be a number, got {show(value)}")
     if value < lo:
         raise SpecError("InvalidSpec", f"{path}.{key} must be at least {lo}, got {value}")
     return float(value)
@@ -62,16 +69,35 @@ def opt_number(d: Mapping[str, Any], key: str, path: str, lo: float) -> float | 
 def bool_or(d: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
     value = d.get(key, default)
     if not isinstance(value, bool):
-        raise SpecError("InvalidSpec", f"{path}.{key} must be true or false, got {value!r}")
+        raise SpecError("InvalidSpec", f"{path}.{key} must be true or false, got {show(value)}")
     return value
 
 
-def opt_str(d: Mapping[str, Any], key: str, path: str) -> str | None:
+def opt_str(
+    d: Mapping[str, Any],
+    key: str,
+    path: str,
+    *,
+    max_len: int | None = None,
+    pattern: re.Pattern[str] | None = None,
+) -> str | None:
+    """A non-empty string within the CRD's maxLength and pattern, or None when absent."""
     value = d.get(key)
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise SpecError("InvalidSpec", f"{path}.{key} must be a non-empty string, got {value!r}")
+        raise SpecError(
+            "InvalidSpec", f"{path}.{key} must be a non-empty string, got {show(value)}"
+        )
+    if max_len is not None and len(value) > max_len:
+        raise SpecError(
+            "InvalidSpec",
+            f"{path}.{key} must be at most {max_len} characters, got {len(value)}: {show(value)}",
+        )
+    if pattern is not None and not pattern.match(value):
+        raise SpecError(
+            "InvalidSpec", f"{path}.{key} must match {pattern.pattern}, got {show(value)}"
+        )
     return value
 
 
@@ -79,14 +105,14 @@ def choice(d: Mapping[str, Any], key: str, path: str, choices: Sequence[Any], de
     value = d.get(key, default)
     if value not in choices:
         allowed = ", ".join(str(c) for c in choices)
-        raise SpecError("InvalidSpec", f"{path}.{key} must be one of {allowed}; got {value!r}")
+        raise SpecError("InvalidSpec", f"{path}.{key} must be one of {allowed}; got {show(value)}")
     return value
 
 
 def mapping(d: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
     value = d.get(key) or {}
     if not isinstance(value, Mapping):
-        raise SpecError("InvalidSpec", f"{path}.{key} must be an object, got {value!r}")
+        raise SpecError("InvalidSpec", f"{path}.{key} must be an object, got {show(value)}")
     return value
 
 
@@ -96,11 +122,11 @@ def quantity(d: Mapping[str, Any], key: str, path: str) -> str | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise SpecError(
-            "InvalidSpec", f"{path}.{key} must be a quantity such as 4 or 16Gi, got {value!r}"
+            "InvalidSpec", f"{path}.{key} must be a quantity such as 4 or 16Gi, got {show(value)}"
         )
     text = str(value)
     if not _QUANTITY.match(text):
         raise SpecError(
-            "InvalidSpec", f"{path}.{key} is not a valid non-negative quantity: {value!r}"
+            "InvalidSpec", f"{path}.{key} is not a valid non-negative quantity: {show(value)}"
         )
     return text

@@ -6,7 +6,9 @@
 * events of the children (Deployment, Service, ConfigMap, PDB labelled as ours) → restore a
   deleted or hand-edited child; a Deployment change refreshes the owner's status.
 * a resync loop (started at startup) re-reconciles everything every `resync_interval_s`;
-* the autoscaler loop (autoscaler.py, started at startup) evaluates every `autoscale_interval_s`.
+* every failure of these is retried with backoff by the path that needed it (retry.py);
+* the autoscaler loop (autoscaling/loop.py, started at startup) evaluates every
+  `autoscale_interval_s`.
 
 No timers or delete handlers, so kopf puts no finalizer on the CRs: deletion never waits for
 the operator, and the garbage collector removes the children through their owner references.
@@ -19,7 +21,6 @@ import contextlib
 import copy
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -37,51 +38,9 @@ from pagoda.operator.names import (
 )
 from pagoda.operator.operator_metrics import OperatorMetrics
 from pagoda.operator.reconcile import ChildConflict
+from pagoda.operator.retry import Reconciler, backoff
 
 log = logging.getLogger(__name__)
-
-
-def backoff(retry: int) -> float:
-    """Seconds before retry number `retry` (0-based): 1, 2, 4, ... capped at a minute."""
-    return min(2.0 ** max(retry, 0), 60.0)
-
-
-async def run_reconcile(
-    body: Mapping[str, Any],
-    api: KubeApi,
-    config: OperatorConfig,
-    logger: logging.Logger,
-    retry: int,
-    metrics: OperatorMetrics | None = None,
-    trigger: str = "handler",
-) -> None:
-    """Reconcile and map the outcome to kopf's error semantics."""
-    started = time.perf_counter()
-    try:
-        result = await reconcile.reconcile(api, body, config, logger)
-    except ApiError as e:
-        raise kopf.TemporaryError(
-            f"Kubernetes API call failed, retrying: {e}", delay=backoff(retry)
-        ) from e
-    finally:
-        if metrics is not None:
-            metrics.reconcile_duration.labels(trigger).observe(time.perf_counter() - started)
-    err = result.spec_error
-    if err is None:
-        if result.status_changed:
-            logger.info("Reconciled %s %s.", KIND, body["metadata"]["name"])
-        return
-    if result.status_changed:
-        await api.try_post_event(
-            body,
-            type_="Warning",
-            reason=err.reason,
-            message=err.message,
-            component=config.component_name,
-        )
-    if isinstance(err, ChildConflict):  # the garbage collector may free the name: try again later
-        raise kopf.TemporaryError(err.message, delay=max(backoff(retry), 10.0))
-    raise kopf.PermanentError(f"{err.reason}: {err.message}")
 
 
 # --- kopf handlers (registered by build_registry) --------------------------------------------
@@ -97,9 +56,9 @@ async def startup(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
         memo.api = KubeApi(
             request_timeout_s=config.request_timeout_s, connect_timeout_s=config.connect_timeout_s
         )
-    metrics = getattr(memo, "metrics", None)
+    memo.reconciler = Reconciler(memo.api, config, getattr(memo, "metrics", None))
     memo.resync_task = asyncio.create_task(
-        resync_loop(memo.api, config, logger, metrics), name="pagoda-resync"
+        resync_loop(memo.reconciler, logger), name="pagoda-resync"
     )
     autoscaler = getattr(memo, "autoscaler", None)
     if autoscaler is not None:
@@ -118,6 +77,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+    if getattr(memo, "reconciler", None) is not None:
+        await memo.reconciler.close()
     if getattr(memo, "api", None) is not None:
         await memo.api.close()
 
@@ -132,14 +93,7 @@ def isvc_index(
 async def reconcile_isvc(
     body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, retry: int, **_: Any
 ) -> None:
-    await run_reconcile(
-        copy.deepcopy(dict(body)),
-        memo.api,
-        memo.config,
-        logger,
-        retry,
-        getattr(memo, "metrics", None),
-    )
+    await memo.reconciler.run(copy.deepcopy(dict(body)), logger, retry, "handler")
 
 
 async def child_event(
@@ -163,35 +117,39 @@ async def child_event(
             memo.api, type, copy.deepcopy(dict(body)), owner, memo.config, logger
         )
     except (ApiError, ChildConflict) as e:
+        # kopf never retries event handlers: reconcile the owner again, with backoff
         logger.warning(
-            "Could not restore %s %s: %s (the resync will retry).",
-            body.get("kind"),
-            meta.get("name"),
-            e,
-        )
+            "Handling the %s event of %s %s failed: %s; reconciling %s %s again in %.0f s.",
+            type, body.get("kind"), meta.get("name"), e, KIND, owner["metadata"]["name"], backoff(0),
+        )  # fmt: skip
+        if metrics is not None:
+            metrics.reconcile_errors.labels("child_event", "transient").inc()
+        memo.reconciler.schedule(owner, "child_event", backoff(0), 1)
     finally:
         if metrics is not None:
             metrics.reconcile_duration.labels("child_event").observe(time.perf_counter() - started)
 
 
-async def resync_loop(
-    api: KubeApi,
-    config: OperatorConfig,
-    logger: logging.Logger,
-    metrics: OperatorMetrics | None = None,
-) -> None:
-    """Re-reconcile every InferenceService periodically; heals what no event announced."""
+async def resync_loop(reconciler: Reconciler, logger: logging.Logger) -> None:
+    """Re-reconcile every InferenceService periodically; heals what no event announced.
+
+    A failed reconcile is followed up with backoff (`Reconciler.run` schedules it), not left
+    to the next resync.
+    """
+    config = reconciler.config
     while True:
         await asyncio.sleep(config.resync_interval_s)
         try:
-            bodies = await api.list_all(KIND, config.namespaces)
+            bodies = await reconciler.api.list_all(KIND, config.namespaces)
         except ApiError as e:
             logger.warning("Resync could not list %s objects: %s", KIND, e)
             continue
         for body in bodies:
             try:
-                await run_reconcile(body, api, config, logger, 0, metrics, "resync")
-            except (kopf.TemporaryError, kopf.PermanentError) as e:
+                await reconciler.run(body, logger, 0, "resync")
+            except kopf.TemporaryError as e:
+                logger.warning("Resync of %s: %s", body["metadata"].get("name"), e)
+            except kopf.PermanentError as e:
                 logger.debug("Resync of %s: %s", body["metadata"].get("name"), e)
 
 

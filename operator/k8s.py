@@ -39,8 +39,22 @@ class ApiError(Exception):
 
     @property
     def transient(self) -> bool:
-        """Worth retrying as is: network trouble, throttling, server errors, RBAC being fixed."""
-        return self.status in (0, 401, 403, 408, 409, 429) or self.status >= 500
+        """Worth retrying with backoff: unreachable (0), 5xx, 429, 408, 409 (a concurrent
+        writer), 404 (something vanished between a read and a write), 401/403 (credentials or
+        RBAC being fixed). Other 4xx say the request itself is wrong: a retry cannot help."""
+        return self.status in (0, 401, 403, 404, 408, 409, 429) or self.status >= 500
+
+
+def error_from_response(status: int, reason: str, text: str) -> ApiError:
+    """An error response as ApiError, keeping its HTTP status whatever the body is (a Status
+    object from the API server, or plain text / HTML from a proxy in front of it)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        return ApiError(status, data.get("reason") or reason, str(data.get("message") or "")[:1024])
+    return ApiError(status, reason, " ".join(text.split())[:512])
 
 
 def event_body(
@@ -141,8 +155,11 @@ class KubeApi:
         connect_timeout_s: float = 10.0,
         discovery_ttl_s: float = 60.0,
         user_agent: str = USER_AGENT,
+        on_error: Callable[[int, str], None] | None = None,
     ) -> None:
         self._login = login
+        self._on_error = on_error  # (HTTP status, 0 if unreachable; method) of each failed call
+        self.failing_since: float | None = None  # monotonic time of the first failure in a row
         self._user_agent = user_agent
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, connect=connect_timeout_s)
         self._discovery_ttl_s = discovery_ttl_s
@@ -181,29 +198,51 @@ class KubeApi:
         content_type: str = "application/json",
     ) -> Any:  # fmt: skip
         """One API call; returns the decoded JSON body or raises :class:`ApiError`."""
+        try:
+            status, reason, text = await self._send(method, path, body, params, content_type)
+        except ApiError as e:
+            self._record(e.status, method)
+            raise
+        self._record(status, method)
+        if status >= 400:
+            raise error_from_response(status, reason, text)
+        try:
+            return json.loads(text) if text.strip() else None
+        except ValueError as e:  # a proxy's answer, not the API server's
+            raise ApiError(0, "InvalidResponse", f"{method} {path}: HTTP {status}, not JSON") from e
+
+    async def _send(
+        self, method: str, path: str, body: Any, params: Mapping[str, str] | None, ctype: str
+    ) -> tuple[int, str, str]:
+        """(status, reason, text) of one call; a rotated token gets one fresh login."""
+        payload = None if body is None else json.dumps(body)
         for attempt in (0, 1):
             session, server = await self._connect(fresh=attempt > 0)
             try:
-                url = server + path
-                payload = None if body is None else json.dumps(body)
                 async with session.request(
-                    method, url, data=payload, params=params, headers={"Content-Type": content_type}
-                ) as resp:
+                    method, server + path, data=payload, params=params,
+                    headers={"Content-Type": ctype},
+                ) as resp:  # fmt: skip
                     if resp.status == 401 and attempt == 0:
-                        continue  # rotated token: log in again once
-                    text = await resp.text()
-                    data = json.loads(text) if text.strip() else None
-                    if resp.status >= 400:
-                        data = data if isinstance(data, dict) else {}
-                        raise ApiError(
-                            resp.status,
-                            data.get("reason") or resp.reason or "",
-                            data.get("message") or "",
-                        )
-                    return data
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+                        continue
+                    return resp.status, resp.reason or "", await resp.text(errors="replace")
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                 raise ApiError(0, "Unavailable", f"{method} {path}: {e!r}") from e
-        raise ApiError(401, "Unauthorized", f"{method} {path}: credentials rejected twice")
+        return 401, "Unauthorized", "credentials rejected twice"
+
+    def _record(self, status: int, method: str) -> None:
+        """Health bookkeeping: when the API server stopped answering, and the error counter."""
+        if status == 0 or status >= 500:
+            if self.failing_since is None:
+                self.failing_since = time.monotonic()
+        else:
+            self.failing_since = None
+        if (status == 0 or status >= 400) and self._on_error is not None:
+            self._on_error(status, method)
+
+    def unreachable_for(self) -> float:
+        """Seconds since the API server last answered (0 while it answers; 5xx counts as not)."""
+        return 0.0 if self.failing_since is None else time.monotonic() - self.failing_since
 
     # --- typed helpers ----------------------------------------------------------------------
 

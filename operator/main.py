@@ -128,6 +128,12 @@ def _autoscaling_arguments(auto: argparse._ArgumentGroup) -> None:
         help="file with the bearer token POST /alerts requires (env PAGODA_WEBHOOK_TOKEN)",
     )
     auto.add_argument(
+        "--api-unready-after",
+        type=float,
+        default=60.0,
+        help="/readyz answers 503 once every API call failed for this long, s",
+    )
+    auto.add_argument(
         "--alert-cooldown",
         type=float,
         default=30.0,
@@ -152,6 +158,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         "ttft_window": args.ttft_window,
         "metrics_max_age_s": args.metrics_max_age,
         "alert_cooldown_s": args.alert_cooldown,
+        "api_unready_after_s": args.api_unready_after,
     }
     if args.prometheus_url:
         overrides["prometheus_url"] = args.prometheus_url
@@ -217,7 +224,9 @@ async def serve(
     metrics = OperatorMetrics()
     if api is None:
         api = KubeApi(
-            request_timeout_s=config.request_timeout_s, connect_timeout_s=config.connect_timeout_s
+            request_timeout_s=config.request_timeout_s,
+            connect_timeout_s=config.connect_timeout_s,
+            on_error=lambda status, verb: metrics.api_errors.labels(str(status), verb).inc(),
         )
     autoscaler = Autoscaler(api, config, metrics)
     memo = kopf.Memo(config=config, api=api, metrics=metrics, autoscaler=autoscaler)
@@ -225,7 +234,12 @@ async def serve(
     http = None
     if config.http_port is not None:  # before kopf, so the port is known once kopf is ready
         http = await _start_http(
-            config, metrics, autoscaler, lambda: task is None or not task.done(), ready.is_set
+            config,
+            metrics,
+            autoscaler,
+            lambda: task is None or not task.done(),
+            ready.is_set,
+            lambda: api.unreachable_for() if api is not None else 0.0,
         )
         if on_http_started is not None:
             on_http_started(http.port or 0)
@@ -257,11 +271,17 @@ async def _start_http(
     autoscaler: Autoscaler,
     is_alive: Callable[[], bool],
     is_ready: Callable[[], bool],
+    api_unreachable_for: Callable[[], float],
 ) -> OperatorHttpServer:
     """The operator's port: /healthz, /readyz, /metrics and the Alertmanager webhook."""
     assert config.http_port is not None
     http = OperatorHttpServer(
-        config.http_host, config.http_port, is_alive=is_alive, is_ready=is_ready
+        config.http_host,
+        config.http_port,
+        is_alive=is_alive,
+        is_ready=is_ready,
+        api_unreachable_for=api_unreachable_for,
+        api_unready_after_s=config.api_unready_after_s,
     )
     http.add_routes(metrics.routes())
     receiver = AlertReceiver(autoscaler.alert_scale_up, token=config.webhook_token, metrics=metrics)

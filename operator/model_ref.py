@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pagoda.operator.fields import SpecError
+from pagoda.operator.fields import SpecError, show
 from pagoda.runtime.options import BUILTIN_MODELS  # what the runtime image carries itself
 
 _DNS1123_SUBDOMAIN = re.compile(
@@ -30,9 +30,9 @@ class ModelRef:
 
     def __post_init__(self) -> None:
         if self.source not in ("builtin", "pvc", "image"):
-            raise SpecError("InvalidModel", f"unknown model source {self.source!r}")
+            raise SpecError("InvalidModel", f"unknown model source {show(self.source)}")
         if self.source == "pvc" and not self.claim:
-            raise SpecError("InvalidModel", f"{self.uri!r}: a pvc:// model needs a claim name")
+            raise SpecError("InvalidModel", f"{show(self.uri)}: a pvc:// model needs a claim name")
 
     @property
     def server_arg(self) -> str:
@@ -51,13 +51,14 @@ class ModelRef:
             claim, _, sub = uri[len("pvc://") :].partition("/")
             if not claim or len(claim) > 253 or not _DNS1123_SUBDOMAIN.match(claim):
                 raise SpecError(
-                    "InvalidModel", f"{uri!r}: expected pvc://CLAIM/PATH with a valid claim name"
+                    "InvalidModel",
+                    f"{show(uri)}: expected pvc://CLAIM/PATH with a valid claim name",
                 )
             return cls("pvc", uri, claim=claim, subpath=_clean_path(uri, sub))
         if uri.startswith("file://"):
             uri_path = uri[len("file://") :]
             if not uri_path.startswith("/"):
-                raise SpecError("InvalidModel", f"{uri!r}: expected file:///ABSOLUTE/PATH")
+                raise SpecError("InvalidModel", f"{show(uri)}: expected file:///ABSOLUTE/PATH")
             return cls("image", uri, subpath="/" + _clean_path(uri, uri_path))
         if uri.startswith("/"):
             return cls("image", uri, subpath="/" + _clean_path(uri, uri))
@@ -65,13 +66,13 @@ class ModelRef:
             scheme = uri.split("://", 1)[0]
             raise SpecError(
                 "UnsupportedModelURI",
-                f"{uri!r}: scheme {scheme}:// is not supported; the runtime never downloads weights. "
+                f"{show(uri)}: scheme {scheme[:32]}:// is not supported; the runtime never downloads weights. "
                 "Use a built-in name, pvc://CLAIM/PATH or an absolute path inside the image",
             )
         known = ", ".join(sorted(BUILTIN_MODELS))
         raise SpecError(
             "UnknownModel",
-            f"unknown built-in model {uri!r} (built-in: {known}); "
+            f"unknown built-in model {show(uri)} (built-in: {known}); "
             "for other weights use pvc://CLAIM/PATH or an absolute path inside the image",
         )
 
@@ -79,5 +80,5 @@ class ModelRef:
 def _clean_path(uri: str, path: str) -> str:
     parts = [p for p in path.split("/") if p not in ("", ".")]
     if any(p == ".." for p in parts):
-        raise SpecError("InvalidModel", f"{uri!r}: '..' is not allowed in model paths")
+        raise SpecError("InvalidModel", f"{show(uri)}: '..' is not allowed in model paths")
     return "/".join(parts)

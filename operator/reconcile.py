@@ -180,10 +180,12 @@ async def _apply_all(
         try:
             live[child["kind"]] = await apply_child(api, child, owner.uid, logger, actual=actual)
         except ApiError as e:
-            if e.status not in (400, 422):
-                raise
+            if e.transient:
+                raise  # retried with backoff
             raise SpecError(
-                "ChildRejected", f"the API server rejected the {child['kind']}: {e.message}"
+                "ChildRejected",
+                f"the API server rejected the {child['kind']} (HTTP {e.status} {e.reason}): "
+                f"{e.message}",
             ) from e
     for kind, name in children.absent:
         await delete_child(api, kind, owner.namespace, name, owner.uid, logger)

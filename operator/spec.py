@@ -25,6 +25,7 @@ from pagoda.operator.fields import (
     opt_number,
     opt_str,
     quantity,
+    show,
 )
 from pagoda.operator.model_ref import ModelRef
 from pagoda.runtime import options
@@ -49,6 +50,17 @@ DEFAULT_TOLERANCE = 0.1
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+# The CRD's length and size limits, enforced here too (the schema may not be applied).
+MAX_MODEL = 1024
+MAX_SERVED_NAME = 256
+MAX_IMAGE = 512
+MAX_URL = 2048
+MAX_SECRET_FIELD = 253
+MAX_ENV_NAME = 256
+MAX_EXTRA_ARGS, MAX_EXTRA_ARG = 64, 1024
+MAX_TOLERATIONS = 32
+MAX_ENV = 128
 
 
 def _or(value: float | None, default: float) -> float:
@@ -121,6 +133,11 @@ class EngineSpec:
         extra = d.get("extraArgs") or []
         if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
             raise SpecError("InvalidSpec", f"{p}.extraArgs must be a list of strings")
+        if len(extra) > MAX_EXTRA_ARGS or any(len(a) > MAX_EXTRA_ARG for a in extra):
+            raise SpecError(
+                "InvalidSpec",
+                f"{p}.extraArgs: at most {MAX_EXTRA_ARGS} items of at most {MAX_EXTRA_ARG} characters",
+            )
         return cls(
             dtype=choice(d, "dtype", p, DTYPES, cls.dtype),
             enable_prefix_caching=bool_or(d, "enablePrefixCaching", p, cls.enable_prefix_caching),
@@ -156,7 +173,7 @@ class AutoscalingSpec:
         if self.prometheus_url is not None and not is_http_url(self.prometheus_url):
             raise SpecError(
                 "InvalidSpec",
-                f"spec.autoscaling.prometheusURL must be an http(s) URL, got {self.prometheus_url!r}",
+                f"spec.autoscaling.prometheusURL must be an http(s) URL, got {show(self.prometheus_url)}",
             )
         if self.min_replicas > self.max_replicas:
             raise SpecError(
@@ -184,7 +201,7 @@ class AutoscalingSpec:
                 d, "scaleDownStabilizationSeconds", p, 0, 3600, 300
             ),
             tolerance=_or(opt_number(d, "tolerance", p, 0.0), DEFAULT_TOLERANCE),
-            prometheus_url=opt_str(d, "prometheusURL", p),
+            prometheus_url=opt_str(d, "prometheusURL", p, max_len=MAX_URL),
         )
 
     def clamp(self, replicas: int) -> int:
@@ -255,47 +272,35 @@ class InferenceServiceSpec:
         if not _DNS1035.match(name) or len(name) > MAX_NAME_LENGTH:
             raise SpecError(
                 "InvalidName",
-                f"metadata.name {name!r} must be a DNS-1035 label (lowercase letters, digits, '-', "
+                f"metadata.name {show(name)} must be a DNS-1035 label (lowercase letters, digits, '-', "
                 f"starting with a letter) of at most {MAX_NAME_LENGTH} characters",
             )
-        model_uri = spec.get("model")
-        if not isinstance(model_uri, str) or not model_uri:
-            raise SpecError("InvalidSpec", "spec.model is required")
-        model = ModelRef.parse(model_uri)
-        served = opt_str(spec, "servedModelName", "spec") or (
-            model.uri if model.source == "builtin" else name
-        )
-        secret = spec.get("apiKeySecretRef")
-        api_key_secret = None
-        if secret is not None:
-            if not isinstance(secret, Mapping) or not opt_str(
-                secret, "name", "spec.apiKeySecretRef"
-            ):
-                raise SpecError("InvalidSpec", "spec.apiKeySecretRef.name is required")
-            api_key_secret = SecretKeyRef(
-                secret["name"],
-                opt_str(secret, "key", "spec.apiKeySecretRef") or DEFAULT_API_KEY_KEY,
-            )
+        model = _model(spec)
+        served = opt_str(
+            spec, "servedModelName", "spec", max_len=MAX_SERVED_NAME, pattern=_SERVED_NAME
+        ) or (model.uri if model.source == "builtin" else name)
         node_selector = mapping(spec, "nodeSelector", "spec")
         if not all(isinstance(v, str) for v in node_selector.values()):
             raise SpecError("InvalidSpec", "spec.nodeSelector values must be strings")
         autoscaling = spec.get("autoscaling")
+        if autoscaling is not None and not isinstance(autoscaling, Mapping):
+            raise SpecError(
+                "InvalidSpec", f"spec.autoscaling must be an object, got {show(autoscaling)}"
+            )
         return cls(
             model=model,
             served_model_name=served,
-            image=opt_str(spec, "image", "spec") or default_image,
+            image=opt_str(spec, "image", "spec", max_len=MAX_IMAGE) or default_image,
             image_pull_policy=choice(
                 spec, "imagePullPolicy", "spec", PULL_POLICIES, "IfNotPresent"
             ),
             replicas=int_or(spec, "replicas", "spec", 0, 100, DEFAULT_REPLICAS),
             resources=ResourcesSpec.from_dict(mapping(spec, "resources", "spec")),
             engine=EngineSpec.from_dict(mapping(spec, "engine", "spec")),
-            autoscaling=AutoscalingSpec.from_dict(autoscaling)
-            if isinstance(autoscaling, Mapping)
-            else None,
-            api_key_secret=api_key_secret,
+            autoscaling=None if autoscaling is None else AutoscalingSpec.from_dict(autoscaling),
+            api_key_secret=_secret_ref(spec),
             node_selector=tuple(sorted(node_selector.items())),
-            tolerations=tuple(_list_of_objects(spec, "tolerations")),
+            tolerations=tuple(_list_of_objects(spec, "tolerations", MAX_TOLERATIONS)),
             env=tuple(_env(spec)),
             startup_timeout_seconds=int_or(
                 spec, "startupTimeoutSeconds", "spec", 30, 14400, DEFAULT_STARTUP_TIMEOUT_S
@@ -306,17 +311,48 @@ class InferenceServiceSpec:
         )
 
 
-def _list_of_objects(spec: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+def _model(spec: Mapping[str, Any]) -> ModelRef:
+    value = spec.get("model")
+    if value is None or value == "":
+        raise SpecError("InvalidSpec", "spec.model is required")
+    if not isinstance(value, str):
+        raise SpecError("InvalidSpec", f"spec.model must be a string, got {show(value)}")
+    if len(value) > MAX_MODEL:
+        raise SpecError(
+            "InvalidSpec",
+            f"spec.model must be at most {MAX_MODEL} characters, got {len(value)}: {show(value)}",
+        )
+    return ModelRef.parse(value)
+
+
+def _secret_ref(spec: Mapping[str, Any]) -> SecretKeyRef | None:
+    secret = spec.get("apiKeySecretRef")
+    if secret is None:
+        return None
+    p = "spec.apiKeySecretRef"
+    if not isinstance(secret, Mapping):
+        raise SpecError("InvalidSpec", f"{p} must be an object, got {show(secret)}")
+    name = opt_str(secret, "name", p, max_len=MAX_SECRET_FIELD)
+    if not name:
+        raise SpecError("InvalidSpec", f"{p}.name is required")
+    return SecretKeyRef(
+        name, opt_str(secret, "key", p, max_len=MAX_SECRET_FIELD) or DEFAULT_API_KEY_KEY
+    )
+
+
+def _list_of_objects(spec: Mapping[str, Any], key: str, max_items: int) -> list[Mapping[str, Any]]:
     value = spec.get(key) or []
     if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
         raise SpecError("InvalidSpec", f"spec.{key} must be a list of objects")
+    if len(value) > max_items:
+        raise SpecError("InvalidSpec", f"spec.{key} has {len(value)} items (at most {max_items})")
     return value
 
 
 def _env(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    env = _list_of_objects(spec, "env")
+    env = _list_of_objects(spec, "env", MAX_ENV)
     for item in env:
         name = item.get("name")
-        if not isinstance(name, str) or not _ENV_NAME.match(name):
-            raise SpecError("InvalidSpec", f"spec.env: invalid variable name {name!r}")
+        if not isinstance(name, str) or len(name) > MAX_ENV_NAME or not _ENV_NAME.match(name):
+            raise SpecError("InvalidSpec", f"spec.env: invalid variable name {show(name)}")
     return env

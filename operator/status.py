@@ -15,6 +15,8 @@ from pagoda.operator.names import now_iso, selector_labels
 from pagoda.operator.spec import SpecError
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded")
+MAX_MESSAGE = 32768  # the CRD's maxLength of a condition message (longer ones are rejected)
+MAX_REASON = 1024
 
 
 @dataclass(frozen=True)
@@ -129,8 +131,8 @@ def compute_status(
             {
                 "type": cond.type,
                 "status": status,
-                "reason": cond.reason,
-                "message": cond.message,
+                "reason": cond.reason[:MAX_REASON],
+                "message": cond.message[:MAX_MESSAGE],
                 "lastTransitionTime": (
                     prev.get("lastTransitionTime") if prev.get("status") == status else None
                 )
@@ -195,8 +197,8 @@ def with_condition(
     new = {
         "type": type_,
         "status": value,
-        "reason": reason,
-        "message": message,
+        "reason": reason[:MAX_REASON],
+        "message": message[:MAX_MESSAGE],
         "lastTransitionTime": (
             prev.get("lastTransitionTime") if prev.get("status") == value else None
         )

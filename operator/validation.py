@@ -13,6 +13,7 @@ from typing import Any
 
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.drift import parse_quantity
+from pagoda.operator.fields import show
 from pagoda.operator.k8s import ApiError, KubeApi
 from pagoda.operator.names import GPU_RESOURCE
 from pagoda.operator.spec import InferenceServiceSpec, SpecError
@@ -54,12 +55,12 @@ async def check_cluster(
         if pvc is None:
             raise SpecError(
                 "PVCNotFound",
-                f"PersistentVolumeClaim {spec.model.claim!r} (from spec.model {spec.model.uri!r}) "
-                f"does not exist in namespace {namespace!r}",
+                f"PersistentVolumeClaim {show(spec.model.claim)} (from spec.model {show(spec.model.uri)}) "
+                f"does not exist in namespace {show(namespace)}",
             )
         if ((pvc.get("status") or {}).get("phase")) == "Lost":
             raise SpecError(
-                "PVCLost", f"PersistentVolumeClaim {spec.model.claim!r} lost its volume"
+                "PVCLost", f"PersistentVolumeClaim {show(spec.model.claim)} lost its volume"
             )
     if spec.resources.gpus:
         try:

@@ -1,7 +1,9 @@
 """The operator's own HTTP port: liveness (/healthz) and readiness (/readyz).
 
-One aiohttp application so later features (e.g. an Alertmanager webhook at POST /alerts) can
-add routes to the same port with `add_routes`.
+/readyz is 503 while kopf starts and once the API server has failed every call for
+`api_unready_after_s` (the autoscaler lists the InferenceServices every interval, so an outage
+shows within one interval); /healthz stays 200 then: restarting cannot fix an API outage.
+One aiohttp application: other modules add routes (/metrics, POST /alerts) with `add_routes`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ from aiohttp import web
 
 class OperatorHttpServer:
     def __init__(
-        self, host: str, port: int, *, is_alive: Callable[[], bool], is_ready: Callable[[], bool]
+        self,
+        host: str,
+        port: int,
+        *,
+        is_alive: Callable[[], bool],
+        is_ready: Callable[[], bool],
+        api_unreachable_for: Callable[[], float] = lambda: 0.0,
+        api_unready_after_s: float = 60.0,
     ) -> None:
         self.host = host
         self.requested_port = port
@@ -21,6 +30,8 @@ class OperatorHttpServer:
         self.app.add_routes([web.get("/healthz", self._healthz), web.get("/readyz", self._readyz)])
         self._is_alive = is_alive
         self._is_ready = is_ready
+        self._api_unreachable_for = api_unreachable_for
+        self._api_unready_after_s = api_unready_after_s
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -35,10 +46,13 @@ class OperatorHttpServer:
         )
 
     async def _readyz(self, _: web.Request) -> web.Response:
-        ready = self._is_alive() and self._is_ready()
-        return web.json_response(
-            {"status": "ready" if ready else "starting"}, status=200 if ready else 503
-        )
+        if not (self._is_alive() and self._is_ready()):
+            return web.json_response({"status": "starting"}, status=503)
+        down = self._api_unreachable_for()
+        if down >= self._api_unready_after_s:
+            body = {"status": "api-unreachable", "unreachableSeconds": round(down, 1)}
+            return web.json_response(body, status=503)
+        return web.json_response({"status": "ready"})
 
     async def start(self) -> None:
         self._runner = web.AppRunner(self.app, access_log=None)

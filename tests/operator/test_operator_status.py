@@ -119,3 +119,10 @@ def test_other_writers_conditions_are_kept() -> None:
     body = {**ISVC, "status": {**mine, "conditions": [*mine["conditions"], foreign]}}
     again = compute_status(body, deploy(ready=1, updated=1, Available=("True", "x")))
     assert foreign in again["conditions"] and status_patch(body["status"], again) is None
+
+
+def test_condition_messages_fit_the_crd() -> None:
+    """The CRD caps a condition message at 32768 characters (a longer status is rejected)."""
+    body = {"metadata": {"name": "demo", "generation": 1}}
+    st = compute_status(body, None, spec_error=SpecError("InvalidSpec", "x" * 100_000))
+    assert max(len(c["message"]) for c in st["conditions"]) == 32768

@@ -1,0 +1,157 @@
+"""Running a reconcile, mapping its outcome to kopf's error semantics, and retrying failures.
+
+Every failed reconcile is retried with exponential backoff by the path that needed it:
+
+* a kopf handler (create/update/resume) raises `kopf.TemporaryError(delay=…)`, and kopf retries;
+  as a safety net a follow-up is also scheduled a little after kopf's retry, and skipped if any
+  reconcile of that object succeeded meanwhile (kopf stores its retry state in an annotation; a
+  failed PATCH of that annotation, e.g. a 409, would otherwise stall the handler until the resync);
+* a child event and a resync have no kopf retry (kopf never retries event handlers), so a failure
+  schedules the follow-up directly.
+
+A follow-up re-reads the object, so it always reconciles the latest spec; at most one runs per
+InferenceService; after `MAX_FOLLOW_UPS` failures in a row the periodic resync takes over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from pagoda.operator import reconcile
+from pagoda.operator.config import OperatorConfig
+from pagoda.operator.k8s import ApiError, KubeApi
+from pagoda.operator.names import KIND
+from pagoda.operator.operator_metrics import OperatorMetrics
+from pagoda.operator.reconcile import ChildConflict
+
+MAX_FOLLOW_UPS = 12  # 1 + 2 + 4 + … + 60 s: about 7 minutes of retries
+FOLLOW_UP_MARGIN_S = 2.0  # after kopf's own retry of a handler
+log = logging.getLogger(__name__)
+
+
+def backoff(retry: int) -> float:
+    """Seconds before retry number `retry` (0-based): 1, 2, 4, ... capped at a minute."""
+    return min(2.0 ** max(retry, 0), 60.0)
+
+
+class Reconciler:
+    """`reconcile.reconcile` with kopf's error semantics, metrics and follow-up retries."""
+
+    def __init__(
+        self, api: KubeApi, config: OperatorConfig, metrics: OperatorMetrics | None = None
+    ) -> None:
+        self.api = api
+        self.config = config
+        self.metrics = metrics
+        self._follow_ups: dict[str, asyncio.Task[None]] = {}
+        self._succeeded: dict[str, float] = {}  # uid → monotonic time of the last success
+
+    async def run(
+        self, body: Mapping[str, Any], logger: logging.Logger, retry: int, trigger: str
+    ) -> None:
+        """Reconcile once; raise kopf.TemporaryError / PermanentError (and schedule a
+        follow-up for a temporary one)."""
+        try:
+            await self._run(body, logger, retry, trigger)
+        except kopf.TemporaryError as e:
+            delay = (e.delay or 0.0) + (FOLLOW_UP_MARGIN_S if trigger == "handler" else 0.0)
+            self.schedule(body, trigger, delay, retry + 1)
+            raise
+
+    async def _run(
+        self, body: Mapping[str, Any], logger: logging.Logger, retry: int, trigger: str
+    ) -> None:
+        started = time.perf_counter()
+        uid = body["metadata"]["uid"]
+        try:
+            result = await reconcile.reconcile(self.api, body, self.config, logger)
+        except ApiError as e:
+            self._count_error(trigger, "transient" if e.transient else "permanent")
+            if e.transient:
+                raise kopf.TemporaryError(
+                    f"Kubernetes API call failed, retrying in {backoff(retry):.0f} s: {e}",
+                    delay=backoff(retry),
+                ) from e
+            logger.error("The API server refused a request that a retry cannot fix: %s", e)
+            raise kopf.PermanentError(f"the API server refused a request: {e}") from e
+        finally:
+            if self.metrics is not None:
+                self.metrics.reconcile_duration.labels(trigger).observe(
+                    time.perf_counter() - started
+                )
+        err = result.spec_error
+        if isinstance(err, ChildConflict):  # the garbage collector may free the name: try again
+            self._count_error(trigger, "transient")
+            if result.status_changed:
+                await self._warn(body, err)
+            raise kopf.TemporaryError(err.message, delay=max(backoff(retry), 10.0))
+        self._succeeded[uid] = time.monotonic()
+        if err is None:
+            if result.status_changed:
+                logger.info("Reconciled %s %s.", KIND, body["metadata"]["name"])
+            return
+        if result.status_changed:
+            await self._warn(body, err)
+        raise kopf.PermanentError(f"{err.reason}: {err.message}")
+
+    async def _warn(self, body: Mapping[str, Any], err: Exception) -> None:
+        await self.api.try_post_event(
+            body, type_="Warning", reason=getattr(err, "reason", "Error"),
+            message=getattr(err, "message", str(err)), component=self.config.component_name,
+        )  # fmt: skip
+
+    def _count_error(self, trigger: str, kind: str) -> None:
+        if self.metrics is not None:
+            self.metrics.reconcile_errors.labels(trigger, kind).inc()
+
+    # --- follow-ups ----------------------------------------------------------------------------
+
+    def schedule(self, body: Mapping[str, Any], trigger: str, delay: float, attempt: int) -> None:
+        """Reconcile this object again after `delay` s unless one succeeds meanwhile."""
+        meta = body["metadata"]
+        running = self._follow_ups.get(meta["uid"])
+        if running is not None and not running.done():
+            return  # one follow-up per object: it keeps retrying until a success
+        ref = {
+            "apiVersion": body.get("apiVersion"),
+            "kind": body.get("kind", KIND),
+            "metadata": {k: meta[k] for k in ("name", "namespace", "uid")},
+        }
+        self._follow_ups[meta["uid"]] = asyncio.create_task(
+            self._follow_up(ref, trigger, delay, attempt), name=f"pagoda-retry-{meta['name']}"
+        )
+
+    async def _follow_up(
+        self, ref: dict[str, Any], trigger: str, delay: float, attempt: int
+    ) -> None:
+        uid, name = ref["metadata"]["uid"], ref["metadata"]["name"]
+        for n in range(attempt, attempt + MAX_FOLLOW_UPS):
+            since = time.monotonic()
+            await asyncio.sleep(delay)
+            if self._succeeded.get(uid, float("-inf")) > since:
+                return  # kopf's retry (or another path) got there first
+            if self.metrics is not None:
+                self.metrics.reconcile_retries.labels(trigger).inc()
+            try:
+                await self._run(ref, log, n, trigger)
+                return
+            except kopf.TemporaryError as e:
+                delay = e.delay or backoff(n)
+                log.warning("Retrying %s %s in %.0f s: %s", KIND, name, delay, e)
+            except kopf.PermanentError:
+                return  # a condition says why; the spec or the cluster has to change
+        log.warning("%s %s: giving up retrying; the resync will try again.", KIND, name)
+
+    async def close(self) -> None:
+        for task in self._follow_ups.values():
+            task.cancel()
+        for task in self._follow_ups.values():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._follow_ups.clear()

@@ -1,0 +1,114 @@
+"""The emulator with a flaky API server in front: targeted and random faults, dropped watches.
+
+Faults hit only the operator's own requests (kopf's and `pagoda-operator`'s user agents), never
+the test's, and never discovery, CRD or namespace requests (what kopf needs to start at all):
+
+* `fail_next(...)`: the next N matching requests get an error, optionally a plain-text or HTML
+  body (what a proxy in front of the API server answers) instead of a Status object;
+* `chaos(rate, statuses, watch_drop_rate)`: each request fails with one of `statuses` with
+  probability `rate`; each watch is cut after 0.2–2 s with probability `watch_drop_rate`;
+* `calls`, `injected` and `dropped` count what happened (the operator's requests only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from dataclasses import dataclass
+
+import aiohttp.web
+import kmock
+from kube_emulator import Emulator, _status
+from operator_helpers import OPERATOR_AGENTS
+
+_REASONS = {
+    409: "Conflict",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+}
+_SPARED = ("customresourcedefinitions", "namespaces")
+
+
+@dataclass
+class Fault:
+    method: str
+    plural: str
+    status: int
+    times: int
+    subresource: str | None = None
+    text: str | None = None  # a non-JSON body (e.g. a proxy's HTML page)
+
+
+class FaultyEmulator(Emulator):
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.targeted: list[Fault] = []
+        self.rate = 0.0
+        self.statuses: tuple[int, ...] = (500, 429, 409)
+        self.watch_drop_rate = 0.0
+        self.rng = random.Random(1)
+        self.calls = 0
+        self.injected: Counter[int] = Counter()
+        self.dropped = 0
+
+    def fail_next(
+        self,
+        method: str,
+        plural: str,
+        status: int,
+        times: int = 1,
+        *,
+        subresource: str | None = None,
+        text: str | None = None,
+    ) -> Fault:
+        fault = Fault(method.upper(), plural, status, times, subresource, text)
+        self.targeted.append(fault)
+        return fault
+
+    def chaos(
+        self,
+        rate: float,
+        statuses: tuple[int, ...] = (500, 429, 409),
+        watch_drop_rate: float = 0.0,
+    ) -> None:
+        self.rate, self.statuses, self.watch_drop_rate = rate, statuses, watch_drop_rate
+
+    def _error(self, status: int, text: str | None) -> aiohttp.web.StreamResponse:
+        self.injected[status] += 1
+        if text is not None:
+            ctype = "text/html" if text.lstrip().startswith("<") else "text/plain"
+            return aiohttp.web.Response(status=status, text=text, content_type=ctype)
+        raise _status(status, _REASONS.get(status, "InternalError"), "injected fault")
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        res = request.resource
+        agent = request.headers.get("User-Agent", "")
+        if res is None or not res.plural or res.plural in _SPARED:
+            return await super()._handle(request)
+        if not agent.startswith(OPERATOR_AGENTS):
+            return await super()._handle(request)
+        self.calls += 1
+        if request.action == kmock.action.WATCH:
+            if self.rng.random() < self.watch_drop_rate:
+                self.dropped += 1
+                try:  # the connection breaks mid-stream, as when a load balancer drops it
+                    return await asyncio.wait_for(
+                        super()._handle(request), self.rng.uniform(0.2, 2.0)
+                    )
+                except asyncio.TimeoutError:
+                    raise ConnectionResetError("injected: watch stream dropped") from None
+            return await super()._handle(request)
+        for fault in self.targeted:
+            if (
+                fault.times > 0
+                and fault.method == request.method.value
+                and fault.plural == res.plural
+                and fault.subresource == request.subresource
+            ):
+                fault.times -= 1
+                return self._error(fault.status, fault.text)
+        if self.rate and self.rng.random() < self.rate:
+            return self._error(self.rng.choice(self.statuses), None)
+        return await super()._handle(request)

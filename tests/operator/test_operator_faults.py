@@ -1,0 +1,195 @@
+"""Regression tests of the operator's behaviour under API-server faults (issue 14, defects 1-6).
+
+The real kopf operator runs against the emulator behind `FaultyEmulator`, which fails chosen
+requests of the operator (never the test's own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import kmock
+import pytest
+from faulty_emulator import FaultyEmulator
+from operator_harness import DEPLOY, ISVC, load_crd, wait_for, write_kubeconfig
+from operator_helpers import (
+    CM,
+    EXAMPLE_SPEC,
+    children,
+    condition,
+    create_isvc,
+    mark_available,
+    operator_requests,
+    sample,
+)
+from pagoda.operator import k8s
+from pagoda.operator.k8s import ApiError, KubeApi
+
+
+@pytest.fixture
+async def emulator(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[FaultyEmulator]:
+    """Overrides conftest's: the same emulator with faults (kube and start_operator use it)."""
+    emu = FaultyEmulator()
+    emu.resources.load_bundled()
+    emu.declare_crd(load_crd())
+    async with emu, kmock.Server(emu, host="127.0.0.1") as server:
+        emu.port = server.port
+        emu.kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server.port)
+        monkeypatch.setenv("KUBECONFIG", str(emu.kubeconfig))
+        yield emu
+
+
+async def get(port: int | None, path: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}{path}") as r:
+        return r.status, await r.text()
+
+
+def ready(emulator: FaultyEmulator, name: str) -> bool:
+    body = emulator.live(ISVC, "default", name) or {}
+    generation = body.get("metadata", {}).get("generation")
+    cond = condition(emulator, name, "Ready")
+    return cond.get("status") == "True" and cond.get("observedGeneration") == generation
+
+
+async def test_error_responses_keep_their_status(emulator: FaultyEmulator, kube: KubeApi) -> None:
+    """Defect 3: a plain-text 413 and an HTML 502 (a proxy's answers) keep their status."""
+    api = KubeApi(user_agent=k8s.USER_AGENT, request_timeout_s=5)  # an operator agent: faulted
+    try:
+        emulator.fail_next("GET", "configmaps", 413, text="Request Entity Too Large")
+        emulator.fail_next("GET", "configmaps", 502, text="<html><h1>502 Bad Gateway</h1></html>")
+        emulator.fail_next("GET", "configmaps", 429)
+        errors = []
+        for _ in range(3):
+            with pytest.raises(ApiError) as e:
+                await api.get("ConfigMap", "default", "x")
+            errors.append(e.value)
+        assert [e.status for e in errors] == [413, 502, 429]
+        assert "Request Entity Too Large" in errors[0].message and "502 Bad Gateway" in str(
+            errors[1]
+        )
+        assert [e.transient for e in errors] == [False, True, True]
+        assert api.unreachable_for() == 0.0  # the last answer (429) came from a live server
+    finally:
+        await api.close()
+
+
+async def test_failed_restore_of_a_deleted_child_is_retried(
+    emulator: FaultyEmulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """Defect 1: one 500 on the Deployment POST that restores a deleted Deployment."""
+    await start_operator()
+    await create_isvc(kube, "heal", EXAMPLE_SPEC)
+    await wait_for(lambda: all(children(emulator, "heal").values()), what="children")
+    fault = emulator.fail_next("POST", "deployments", 500)
+    t0 = time.monotonic()
+    await kube.delete("Deployment", "default", "heal")
+    await wait_for(lambda: emulator.live(DEPLOY, "default", "heal"), timeout=10, what="restored")
+    assert fault.times == 0 and time.monotonic() - t0 < 10  # not the 300 s resync
+
+
+async def test_failed_status_write_on_a_child_event_is_retried(
+    emulator: FaultyEmulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """Defect 1: one 500 on the status PATCH after the Deployment became available."""
+    op = await start_operator()
+    await create_isvc(kube, "status", EXAMPLE_SPEC)
+    await wait_for(lambda: condition(emulator, "status", "Ready"), what="status")
+    fault = emulator.fail_next("PATCH", "inferenceservices", 500, subresource="status")
+    await mark_available(kube, "status")
+    await wait_for(lambda: ready(emulator, "status"), timeout=10, what="Ready after a retry")
+    assert fault.times == 0
+    _, text = await get(op.http_port, "/metrics")
+    assert sample(text, "pagoda_operator_api_errors_total", status="500", verb="PATCH") == 1
+    assert sample(text, "pagoda_operator_reconcile_retries_total", trigger="child_event") >= 1
+
+
+async def test_409_on_kopfs_progress_annotation_does_not_stall_the_create(
+    emulator: FaultyEmulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """Defect 2: a failed child create, then a 409 on kopf's own progress-annotation PATCH."""
+    await start_operator()
+    created = emulator.fail_next("POST", "configmaps", 500)
+    annotated = emulator.fail_next("PATCH", "inferenceservices", 409)
+    await create_isvc(kube, "stall", EXAMPLE_SPEC)
+    await wait_for(
+        lambda: all(children(emulator, "stall").values()) and condition(emulator, "stall", "Ready"),
+        timeout=12,
+        what="children and status despite the 409",
+    )
+    assert created.times == 0 and annotated.times == 0
+
+
+async def test_a_refused_child_becomes_a_condition_without_a_retry_storm(
+    emulator: FaultyEmulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """Defect 3: an HTML 413 on every ConfigMap POST → Degraded ChildRejected, no retry loop."""
+    await start_operator()
+    emulator.fail_next("POST", "configmaps", 413, times=100, text="<html>413 Too Large</html>")
+    await create_isvc(kube, "big", EXAMPLE_SPEC)
+    await wait_for(
+        lambda: condition(emulator, "big", "Degraded").get("reason") == "ChildRejected",
+        timeout=10,
+        what="ChildRejected",
+    )
+    assert "HTTP 413" in condition(emulator, "big", "Degraded")["message"]
+    start = len(emulator._requests)
+    await asyncio.sleep(2.0)
+    posts = [r for r in operator_requests(emulator, start) if r.url.path.endswith("/configmaps")]
+    assert len(posts) <= 1, f"{len(posts)} ConfigMap POSTs in 2 s after a permanent refusal"
+    assert emulator.live(CM, "default", "big-config") is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        ({"model": "m" * 1_000_000}, "spec.model must be at most 1024 characters"),
+        ({"model": 42}, "spec.model must be a string, got 42"),
+        ({**EXAMPLE_SPEC, "autoscaling": "yes"}, "spec.autoscaling must be an object"),
+        ({**EXAMPLE_SPEC, "image": "i" * 600}, "spec.image must be at most 512 characters"),
+        ({**EXAMPLE_SPEC, "servedModelName": "-bad"}, "spec.servedModelName must match"),
+    ],
+    ids=["huge-model", "model-int", "autoscaling-str", "long-image", "served-pattern"],
+)
+async def test_invalid_fields_get_a_clear_short_reason(
+    emulator: FaultyEmulator, kube: KubeApi, start_operator: Any, spec: dict, words: str
+) -> None:
+    """Defects 4 and 5: the CRD's limits hold without the schema; echoed values are cut."""
+    await start_operator()
+    await create_isvc(kube, "bad", spec)
+    await wait_for(
+        lambda: condition(emulator, "bad", "Degraded").get("status") == "True",
+        timeout=10,
+        what="Degraded",
+    )
+    cond = condition(emulator, "bad", "Degraded")
+    assert cond["reason"] == "InvalidSpec" and words in cond["message"], cond
+    assert len(cond["message"]) < 1000
+    assert not any(children(emulator, "bad").values())
+
+
+async def test_readyz_reports_an_unreachable_api_server(
+    emulator: FaultyEmulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """Defect 6: /readyz turns 503 once every call failed for api_unready_after_s, then recovers;
+    /healthz stays 200 (a restart cannot fix an outage); /metrics counts the errors."""
+    op = await start_operator(api_unready_after_s=1.0, autoscale_interval_s=0.3)
+    assert (await get(op.http_port, "/readyz"))[0] == 200
+    emulator.chaos(rate=1.0, statuses=(503,))
+    await wait_for(lambda: _status_is(op.http_port, "/readyz", 503), timeout=8, what="/readyz 503")
+    _, text = await get(op.http_port, "/readyz")
+    assert "api-unreachable" in text and (await get(op.http_port, "/healthz"))[0] == 200
+    emulator.chaos(rate=0.0)
+    await wait_for(lambda: _status_is(op.http_port, "/readyz", 200), timeout=8, what="/readyz 200")
+    _, metrics = await get(op.http_port, "/metrics")
+    assert sample(metrics, "pagoda_operator_api_errors_total", status="503") >= 1
+
+
+async def _status_is(port: int | None, path: str, want: int) -> bool:
+    return (await get(port, path))[0] == want
