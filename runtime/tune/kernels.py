@@ -139,7 +139,9 @@ def candidate_space(kernel: str, quick: bool = False) -> list[dict[str, Any]]:
 
 
 @dataclass
-class _Batch:
+class PagedBatch:
+    """Launcher arguments of one random paged batch (``num_decodes`` first sequences decode)."""
+
     args: dict[str, Any]
     num_decodes: int
 
@@ -149,7 +151,7 @@ def make_batch(
     seqs: Iterable[tuple[int, int]],
     device: torch.device,
     gen: torch.Generator,
-) -> _Batch:
+) -> PagedBatch:
     """Random q and paged K/V (blocks shuffled) for ``seqs`` = [(query_len, seq_len)]."""
     seqs = list(seqs)
     bs, hkv, d = shape.block_size, shape.num_kv_heads, shape.head_dim
@@ -162,8 +164,15 @@ def make_batch(
         table[i, :n] = perm[start : start + n]
         start += n
 
+    # Values are drawn on the device (a GB-sized cache drawn on the host would take minutes),
+    # from a device generator seeded by ``gen`` so runs stay reproducible.
+    dev_gen = gen
+    if device.type != "cpu":
+        seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+        dev_gen = torch.Generator(device=device).manual_seed(seed)
+
     def randn(*dims: int) -> torch.Tensor:
-        return torch.randn(dims, generator=gen).to(device=device, dtype=shape.dtype)
+        return torch.randn(dims, generator=dev_gen, device=device).to(shape.dtype)
 
     q_lens = [q for q, _ in seqs]
     qsl = torch.zeros(len(seqs) + 1, dtype=torch.int32)
@@ -180,7 +189,7 @@ def make_batch(
         "scale": d**-0.5,
     }
     num_decodes = next((i for i, (q, _) in enumerate(seqs) if q != 1), len(seqs))
-    return _Batch(args, num_decodes)
+    return PagedBatch(args, num_decodes)
 
 
 def num_splits_for(
@@ -198,7 +207,7 @@ def num_splits_for(
     )
 
 
-def launch(kernel: str, batch: _Batch, config: dict, splits: int, out: torch.Tensor) -> None:
+def launch(kernel: str, batch: PagedBatch, config: dict, splits: int, out: torch.Tensor) -> None:
     """Run one launcher with ``config`` exactly as ``paged_attention`` would for this bucket."""
     from pagoda.kernels import decode_attention, unified_attention
 

@@ -61,18 +61,6 @@ class TuneResult:
     summary: str
 
 
-class _Lazy:
-    """Load the model at most once, and only when something needs it (a resumed run may not)."""
-
-    def __init__(self, make: Any) -> None:
-        self._make, self._value = make, None
-
-    def __call__(self) -> Any:
-        if self._value is None:
-            self._value = self._make()
-        return self._value
-
-
 def dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -180,7 +168,7 @@ def tune(req: TuneRequest) -> TuneResult:
                     quick=req.quick, progress=progress, save=save_kernels,
                 )
             )  # fmt: skip
-        loaded = _Lazy(lambda: load_model(req.model))
+        loaded = lambda: load_model(req.model)  # noqa: E731 - only if a point is left to measure
         deadline = start + req.time_budget_s
         engine = _profile_engine(
             req, loaded, plan, max_model_len, out, profile, deadline, progress, save
@@ -195,10 +183,8 @@ def tune(req: TuneRequest) -> TuneResult:
 
 def _check_shapes(previous: dict | None, out: Path, max_model_len: int, block_size: int) -> None:
     """A profile measured for other shapes is not resumed (its points would not fit)."""
-    if previous is not None and any(
-        previous.get(k) not in (None, v)
-        for k, v in (("max_model_len", max_model_len), ("block_size", block_size))
-    ):
+    have = dict(zip(SHAPE_KEYS, (max_model_len, block_size), strict=True))
+    if previous is not None and any(previous.get(k) not in (None, v) for k, v in have.items()):
         raise ProfileError(f"{out} was tuned for another max_model_len/block_size; use --force")
 
 

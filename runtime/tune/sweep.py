@@ -20,6 +20,7 @@ from pagoda.runtime.tune.kernels import (
     AttentionShape,
     Bucket,
     BucketResult,
+    PagedBatch,
     Timer,
     candidate_space,
     launch,
@@ -83,24 +84,29 @@ def cuda_timer(fn: Callable[[], None]) -> float:
     return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
 
 
+def timing_inputs(
+    bucket: Bucket, shape: AttentionShape, device: torch.device, gen: torch.Generator
+) -> list[PagedBatch]:
+    """The bucket's batch, in enough copies (on CUDA) that rotating through them exceeds L2; every
+    candidate of the bucket is timed on the same inputs."""
+    first = make_batch(shape, bucket.seqs, device, gen)
+    if device.type != "cuda":
+        return [first]
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    size = sum(t.numel() * t.element_size() for t in first.args.values() if torch.is_tensor(t))
+    extra = min(-(-2 * l2 // size), 8) - 1
+    return [first, *(make_batch(shape, bucket.seqs, device, gen) for _ in range(extra))]
+
+
 def time_candidate(
     bucket: Bucket,
     shape: AttentionShape,
     config: dict,
     device: torch.device,
-    gen: torch.Generator,
+    copies: list[PagedBatch],
     timer: Timer,
 ) -> float:
-    """Milliseconds per launch; on CUDA the inputs rotate through copies larger than L2."""
-    first = make_batch(shape, bucket.seqs, device, gen)
-    copies = [first]
-    if device.type == "cuda":
-        l2 = torch.cuda.get_device_properties(device).L2_cache_size
-        size = sum(t.numel() * t.element_size() for t in first.args.values() if torch.is_tensor(t))
-        copies += [
-            make_batch(shape, bucket.seqs, device, gen)
-            for _ in range(min(-(-2 * l2 // size), 8) - 1)
-        ]
+    """Milliseconds per launch, rotating through ``copies``."""
     outs = [torch.empty_like(b.args["q"]) for b in copies]
     splits = num_splits_for(bucket, shape, config, device) if bucket.kernel == DECODE else 1
     turn = itertools.count()
@@ -141,6 +147,7 @@ def sweep_bucket(
     rejected: list[str] = []
     timed: dict[tuple, tuple[float, dict]] = {}
     baseline_ms = None
+    copies: list[PagedBatch] = []
     for i, config in enumerate(candidates):
         why = check_candidate(bucket, shape, config, device, gen)
         if why is not None:
@@ -148,7 +155,8 @@ def sweep_bucket(
             continue
         key = _launch_key(bucket, shape, config, device)
         if key not in timed:
-            timed[key] = (time_candidate(bucket, shape, config, device, gen, timer), config)
+            copies = copies or timing_inputs(bucket, shape, device, gen)
+            timed[key] = (time_candidate(bucket, shape, config, device, copies, timer), config)
         if i == 0:
             baseline_ms = timed[key][0]
     if not timed:

@@ -17,8 +17,8 @@ from hf_oracle import make_tiny_llama
 
 pytest.importorskip("triton")
 
+from pagoda.kernels import attention, decode_attention, unified_attention
 from pagoda.kernels import config as kc
-from pagoda.kernels import decode_attention, unified_attention
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
 from pagoda.runtime.tune import warmup
@@ -54,6 +54,7 @@ def launches(monkeypatch):
             real(**kw)
 
         monkeypatch.setattr(module, name, recorded)
+        monkeypatch.setattr(attention, name, recorded)  # the dispatcher's own reference
 
     wrap(decode_attention, "launch_decode_attention", "decode")
     wrap(unified_attention, "launch_unified_attention", "unified")
