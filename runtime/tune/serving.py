@@ -80,12 +80,16 @@ def profile_engine_args(
 
 
 def use_kernel_configs(profile: TunedProfile) -> None:
-    """Search ``DIR/configs`` before every other kernel-config directory (this process)."""
+    """Search ``DIR/configs``, then ``DIR`` itself, before every other kernel-config directory.
+
+    ``DIR`` itself covers a flat copy of the profile, e.g. a ConfigMap mounted as a volume, whose
+    keys cannot hold a ``/``: ``profile.json`` next to ``<Device>.json``.
+    """
     from pagoda.kernels.config import CONFIG_DIR_ENV, clear_config_cache
 
-    folder = str(profile.configs_dir)
-    rest = [p for p in os.environ.get(CONFIG_DIR_ENV, "").split(os.pathsep) if p and p != folder]
-    os.environ[CONFIG_DIR_ENV] = os.pathsep.join([folder, *rest])
+    ours = [str(profile.configs_dir), str(profile.directory)]
+    rest = [p for p in os.environ.get(CONFIG_DIR_ENV, "").split(os.pathsep) if p and p not in ours]
+    os.environ[CONFIG_DIR_ENV] = os.pathsep.join([*ours, *rest])
     clear_config_cache()
 
 

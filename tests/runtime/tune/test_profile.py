@@ -115,8 +115,13 @@ def test_apply_puts_the_profile_configs_first(tmp_path, monkeypatch, caplog):
         assert args["max_num_seqs"] == 12 and args["max_num_batched_tokens"] == 96
         EngineConfig.create("smollm2-135m", **args)  # a valid engine config
         dirs = os.environ[kc.CONFIG_DIR_ENV].split(os.pathsep)
-        assert dirs == [str(tmp_path / "configs"), "/elsewhere"]
+        assert dirs == [str(tmp_path / "configs"), str(tmp_path), "/elsewhere"]
         assert kc.get_kernel_config("rms_norm", {"hidden": 576}, "Tuned GPU")["num_warps"] == 2
+        # a flat copy (ConfigMap volume: no sub-folders) is found as well
+        kc.save_kernel_config(
+            "rms_norm", {"hidden": 576}, {"num_warps": 8}, device="Flat GPU", directory=tmp_path
+        )
+        assert kc.get_kernel_config("rms_norm", {"hidden": 576}, "Flat GPU")["num_warps"] == 8
         assert "tuned profile" in caplog.text and "max_num_seqs=12" in caplog.text
     finally:
         kc.clear_config_cache()
