@@ -31,6 +31,7 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks, enable_caching)
         self.req_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.req_block_ids: dict[str, list[int]] = {}  # the same, as ids (read every step)
         self._num_cached: dict[str, int] = {}  # leading blocks of a request registered by hash
         self._cached_before_step: dict[str, int] = {}
         self.prefix_queries = 0  # prompt tokens looked up
@@ -77,6 +78,15 @@ class KVCacheManager:
         blocks = self.req_blocks.setdefault(req.request_id, [])
         num_computed = req.num_computed_tokens + len(computed) * bs
         total = num_computed + num_new_tokens
+        rid = req.request_id
+        n_cached = self._num_cached.get(rid, 0)
+        if (
+            not computed
+            and total <= len(blocks) * bs
+            and (n_cached >= total // bs or not self._caches(req))
+        ):  # fast path (most decode steps): room in the last block and no block newly full
+            self._cached_before_step[rid] = n_cached
+            return True
         need = (total + bs - 1) // bs - len(blocks) - len(computed)
         revived = sum(1 for b in computed if b.ref_cnt == 0)  # leave the free queue when touched
         if max(need, 0) + revived > self.pool.num_free_blocks:
@@ -85,6 +95,7 @@ class KVCacheManager:
         blocks.extend(computed)
         if need > 0:
             blocks.extend(self.pool.get_new_blocks(need))
+        self.req_block_ids[rid] = [b.block_id for b in blocks]
         n_cached = self._num_cached.get(req.request_id, 0) + len(computed)
         self._cached_before_step[req.request_id] = n_cached
         if self._caches(req):
@@ -103,6 +114,7 @@ class KVCacheManager:
         their K/V will never be written because the request was unscheduled.
         """
         blocks = self.req_blocks.pop(req.request_id, [])
+        self.req_block_ids.pop(req.request_id, None)
         n_cached = self._num_cached.pop(req.request_id, 0)
         before = self._cached_before_step.pop(req.request_id, n_cached)
         if uncache_this_step:
@@ -116,7 +128,8 @@ class KVCacheManager:
         self._cached_before_step.clear()
 
     def block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self.req_blocks.get(request_id, ())]
+        """The request's block table (kept up to date by allocation; do not mutate)."""
+        return self.req_block_ids.get(request_id, [])
 
     @property
     def num_free_blocks(self) -> int:
