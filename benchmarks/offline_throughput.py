@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import gemm_peak, markdown_table, ragged_workload
+from common import gemm_peak, machine, markdown_table, ragged_workload
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
 
@@ -143,6 +143,7 @@ def main() -> int:
     ap.add_argument("--plot", type=Path, help="write a bar chart (PNG) here")
     args = ap.parse_args()
 
+    print(f"machine: {machine()}", flush=True)  # CPU model, cores, AMX or AVX-512 BF16
     loaded = load_model("smollm2-135m")
     prompts = ragged_workload(
         loaded.tokenizer, args.num_prompts, args.min_len, args.max_len, args.seed
