@@ -8,6 +8,7 @@ import json
 
 import httpx
 import pytest
+from server_testlib import MAX_MODEL_LEN
 
 pytestmark = pytest.mark.e2e
 MODEL = "smollm2-135m"
@@ -49,6 +50,30 @@ CASES = [
      "top_logprobs"),
     ("five-stop-strings", COMP, {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ("stop-type", CHAT, {"messages": MSGS, "stop": 5}, 400, "stop"),
+    # hostile input (issue 14): each of these once produced a 5xx or ran for minutes
+    ("deep-nesting", COMP, b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, None),
+    ("deep-nesting-top", CHAT, b"[" * 5000 + b"]" * 5000, 400, None),
+    ("lone-surrogate-prompt", COMP, b'{"prompt": "a\\ud800b"}', 400, "prompt"),
+    ("lone-surrogate-chat", CHAT, b'{"messages": [{"role": "user", "content": "\\udfff"}]}', 400,
+     "messages[0].content"),
+    ("huge-int-literal", COMP, b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", 400, None),
+    ("temperature-infinity", COMP, b'{"prompt": "x", "temperature": Infinity}', 400,
+     "temperature"),
+    ("temperature-1e308", CHAT, {"messages": MSGS, "temperature": 1e308}, 400, "temperature"),
+    ("temperature-overflow", COMP, b'{"prompt": "x", "temperature": 1e999}', 400, "temperature"),
+    ("top-p-nan", COMP, b'{"prompt": "x", "top_p": NaN}', 400, "top_p"),
+    ("max-tokens-1e9", COMP, {"prompt": "x", "max_tokens": 10**9}, 400, "max_tokens"),
+    ("max-tokens-2-70", CHAT, {"messages": MSGS, "max_tokens": 2**70}, 400, "max_tokens"),
+    ("max-tokens-over-context", COMP, {"prompt": "x", "max_tokens": MAX_MODEL_LEN}, 400,
+     "max_tokens"),
+    ("max-completion-tokens-over-context", CHAT,
+     {"messages": MSGS, "max_completion_tokens": MAX_MODEL_LEN}, 400, "max_completion_tokens"),
+    ("top-k-2-70", COMP, {"prompt": "x", "top_k": 2**70}, 400, "top_k"),
+    ("seed-2-70", COMP, {"prompt": "x", "seed": 2**70}, 400, "seed"),
+    ("token-id-2-70", COMP, {"prompt": [1, 2**70]}, 400, "prompt"),
+    ("batch-over-queue-bound", COMP, {"prompt": ["x"] * 600}, 400, "prompt"),
+    ("prompt-object", COMP, {"prompt": {"a": 1}}, 400, "prompt"),
+    ("message-not-object", CHAT, {"messages": [5]}, 400, "messages[0]"),
 ]
 # fmt: on
 
@@ -62,6 +87,7 @@ def check_error(r: httpx.Response, status: int, param: str | None) -> None:
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"}
+    assert len(r.content) < 2000, "client values are echoed truncated"
     assert err["param"] == param and err["message"]
     if param:
         assert param.split("[")[0].split(".")[0] in err["message"] or status == 404
@@ -98,3 +124,15 @@ async def test_bad_inputs_do_not_disturb_a_stream(server):
     assert lines[-1] == "data: [DONE]"
     assert json.loads(lines[-2][6:])["usage"]["completion_tokens"] == 24
     assert json.loads(lines[-3][6:])["choices"][0]["finish_reason"] == "length"
+
+
+def test_huge_model_name_is_not_echoed_in_full(http):
+    r = send(http, COMP, {"model": "m" * 1_000_000, "prompt": "x"})
+    check_error(r, 404, "model")
+    assert len(r.content) < 1000 and "more characters" in r.json()["error"]["message"]
+
+
+def test_escaped_surrogate_pair_is_valid(http):
+    """A pair of surrogate escapes is one valid character (U+10000), not a lone surrogate."""
+    r = send(http, COMP, b'{"prompt": "\\ud800\\udc00", "max_tokens": 2, "stop_token_ids": [1]}')
+    assert r.status_code == 200, r.text

@@ -1,0 +1,138 @@
+"""What the HTTP layer guarantees under hostile requests (docs/reliability.md): 415 for non-JSON
+bodies, 413 over --max-request-bytes, a responsive event loop while large bodies are refused,
+request schemas in /openapi.json, and a JSON 500 that keeps the connection for the next request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+from pagoda.runtime.options import DEFAULT_MAX_REQUEST_BYTES
+from pagoda.runtime.server.api import create_app
+from pagoda.runtime.server.config import ServerConfig
+from pagoda.runtime.server.metrics import ServerMetrics
+from server_testlib import free_port
+
+pytestmark = pytest.mark.e2e
+COMP = "/v1/completions"
+
+
+@pytest.fixture(scope="module")
+def http(server) -> httpx.Client:
+    with httpx.Client(base_url=server.base, timeout=60) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    "ctype", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; b=x"]
+)
+def test_cors_simple_content_types_are_415(http, ctype):
+    """Browsers send these cross-origin without a preflight: refuse them before parsing."""
+    r = http.post(
+        COMP, content=b'{"prompt": "x", "max_tokens": 1}', headers={"Content-Type": ctype}
+    )
+    assert r.status_code == 415, r.text
+    assert r.json()["error"]["code"] == "unsupported_media_type"
+    ok = http.post(COMP, content=b'{"prompt": "x", "max_tokens": 1}',
+                   headers={"Content-Type": "application/json; charset=utf-8"})  # fmt: skip
+    assert ok.status_code == 200, ok.text
+
+
+def test_openapi_describes_request_bodies(http):
+    doc = http.get("/openapi.json").json()
+    for path, model in (("/v1/completions", "CompletionRequest"),
+                        ("/v1/chat/completions", "ChatCompletionRequest")):  # fmt: skip
+        body = doc["paths"][path]["post"]["requestBody"]
+        ref = body["content"]["application/json"]["schema"]["$ref"]
+        assert ref == f"#/components/schemas/{model}"
+        schema = doc["components"]["schemas"][model]
+        assert "max_tokens" in schema["properties"] and "temperature" in schema["properties"]
+    assert "ChatMessage" in doc["components"]["schemas"]  # nested models resolve too
+
+
+async def test_health_stays_fast_while_large_bodies_are_refused(server):
+    """A 10 MB body (413), a 3 MB prompt (400 before tokenizing) and a 60 kB prompt (tokenized on
+    a worker thread, then 400) never hold the event loop: /health answers within 100 ms."""
+    big = json.dumps({"prompt": "lorem ipsum " * (10_000_000 // 12)}).encode()
+    mid = json.dumps({"prompt": "lorem ipsum " * (3_000_000 // 12)}).encode()
+    small = json.dumps({"prompt": "lorem ipsum dolor " * (60_000 // 18)}).encode()
+    assert len(big) > DEFAULT_MAX_REQUEST_BYTES > len(mid)
+    headers = {"Content-Type": "application/json"}
+    async with httpx.AsyncClient(base_url=server.base, timeout=120) as c, \
+               httpx.AsyncClient(base_url=server.base, timeout=5) as probe:  # fmt: skip
+        await probe.get("/health")  # connect first: measure answers, not TCP set-up
+        sends = [asyncio.ensure_future(c.post(COMP, content=b, headers=headers))
+                 for b in (big, mid, small, big)]  # fmt: skip
+        latencies = []
+        while not all(s.done() for s in sends) or len(latencies) < 10:
+            t0 = time.perf_counter()
+            assert (await probe.get("/health")).status_code == 200
+            latencies.append(time.perf_counter() - t0)
+            await asyncio.sleep(0.01)
+        codes = [s.result().status_code for s in sends]
+    assert codes == [413, 400, 400, 413], [s.result().text[:200] for s in sends]
+    print(f"/health during large bodies: {len(latencies)} probes, max {max(latencies) * 1e3:.1f} ms")
+    assert max(latencies) < 0.1, sorted(latencies)[-5:]
+
+
+@pytest.fixture
+def failing_server():
+    """The real app and ErrorGuard on uvicorn, plus one route that raises (nothing else does)."""
+    from pagoda.runtime.engine.async_engine import AsyncEngine
+    from test_async_engine import FakeCore  # a model-free engine core
+
+    metrics = ServerMetrics("fake")
+    app = create_app(ServerConfig(model="fake"), AsyncEngine(FakeCore, observer=metrics), metrics)
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("unexpected")
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.05)
+    yield port
+    server.should_exit = True
+    thread.join(10)
+
+
+def _exchange(sock: socket.socket, path: str) -> tuple[int, dict[str, str], bytes]:
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    length = int(headers["content-length"])
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return int(lines[0].split()[1]), headers, rest
+
+
+def test_unexpected_error_is_json_500_logged_with_id_and_keeps_the_connection(
+    failing_server, caplog
+):
+    caplog.set_level(logging.ERROR, logger="pagoda.server")
+    with socket.create_connection(("127.0.0.1", failing_server), timeout=10) as sock:
+        status, headers, body = _exchange(sock, "/boom")
+        assert status == 500 and headers.get("connection") != "close"
+        err = json.loads(body)["error"]
+        request_id = headers["x-request-id"]
+        assert err["type"] == "internal_server_error" and request_id in err["message"]
+        assert "unexpected" not in err["message"]  # no internals leak to the client
+        status, headers, body = _exchange(sock, "/health")  # same connection
+        assert status == 200 and json.loads(body)["status"] in ("ok", "loading")
+    assert any(request_id in r.getMessage() for r in caplog.records)
