@@ -78,7 +78,9 @@ async def test_health_stays_fast_while_large_bodies_are_refused(server):
             await asyncio.sleep(0.01)
         codes = [s.result().status_code for s in sends]
     assert codes == [413, 400, 400, 413], [s.result().text[:200] for s in sends]
-    print(f"/health during large bodies: {len(latencies)} probes, max {max(latencies) * 1e3:.1f} ms")
+    print(
+        f"/health during large bodies: {len(latencies)} probes, max {max(latencies) * 1e3:.1f} ms"
+    )
     assert max(latencies) < 0.1, sorted(latencies)[-5:]
 
 
