@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagoda.operator.autoscaling import rules
+from pagoda.operator.autotune.mount import TunedMount, mount_profile
 from pagoda.operator.config import SERVER_PORT
 from pagoda.operator.model_ref import ModelRef
 from pagoda.operator.names import (
@@ -349,21 +350,22 @@ def build_children(
     current_replicas: int | None = None,
     service_monitor: bool = False,
     prometheus_rule: bool = False,
+    tuned: TunedMount | None = None,
 ) -> Children:
     """Everything one InferenceService needs, in apply order (ConfigMap before the Deployment).
 
     `service_monitor` / `prometheus_rule` say whether those monitoring.coreos.com kinds exist;
     without them there is nothing to build or delete. The PrometheusRule exists only with
-    `spec.autoscaling` (its alerts ask the autoscaler for a step).
+    `spec.autoscaling` (its alerts ask the autoscaler for a step). `tuned`: the tuned profile the
+    pods mount (autotune/mount.py), None for the runtime's defaults.
     """
     cm = build_config_map(owner, spec)
-    desired = [
-        cm,
-        build_deployment(
-            owner, spec, config_hash_value=config_hash(cm), current_replicas=current_replicas
-        ),
-        build_service(owner),
-    ]
+    deployment = build_deployment(
+        owner, spec, config_hash_value=config_hash(cm), current_replicas=current_replicas
+    )
+    if tuned is not None:
+        mount_profile(deployment, tuned)
+    desired = [cm, deployment, build_service(owner)]
     absent: list[tuple[str, str]] = []
     if wants_pdb(spec):
         desired.append(build_pdb(owner))

@@ -43,6 +43,10 @@ class OperatorConfig:
     webhook_token: str | None = field(default=None, repr=False)  # POST /alerts bearer token
     alert_cooldown_s: float = 30.0  # one alert-driven step per service per cooldown
     api_unready_after_s: float = 60.0  # /readyz is 503 once the API server failed this long
+    # Autotuning (autotune/): tuning Jobs per GPU product, for services with spec.autotune.
+    autotune: bool = True
+    autotune_interval_s: float = 15.0
+    autotune_retry_base_s: float = 300.0  # a failed Job is retried after base × 2^(attempts−1)
 
     def __post_init__(self) -> None:
         for ns in self.namespaces:
@@ -63,6 +67,8 @@ class OperatorConfig:
             "autoscale_interval_s",
             "metrics_max_age_s",
             "api_unready_after_s",
+            "autotune_interval_s",
+            "autotune_retry_base_s",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

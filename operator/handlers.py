@@ -8,7 +8,9 @@
 * a resync loop (started at startup) re-reconciles everything every `resync_interval_s`;
 * every failure of these is retried with backoff by the path that needed it (retry.py);
 * the autoscaler loop (autoscaling/loop.py, started at startup) evaluates every
-  `autoscale_interval_s`.
+  `autoscale_interval_s`;
+* the autotuning loop (autotune/loop.py, started at startup unless `--no-autotune`) looks at
+  tuning Jobs and profiles every `autotune_interval_s`.
 
 No timers or delete handlers, so kopf puts no finalizer on the CRs: deletion never waits for
 the operator, and the garbage collector removes the children through their owner references.
@@ -21,10 +23,12 @@ import contextlib
 import copy
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 from pagoda.operator import reconcile
+from pagoda.operator.autotune.loop import Autotuner
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.k8s import ApiError, KubeApi
 from pagoda.operator.names import (
@@ -63,6 +67,10 @@ async def startup(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     autoscaler = getattr(memo, "autoscaler", None)
     if autoscaler is not None:
         memo.autoscale_task = asyncio.create_task(autoscaler.run(), name="pagoda-autoscale")
+    if config.autotune:
+        memo.autotune_task = asyncio.create_task(
+            autotune_loop(memo, logger).run(), name="pagoda-autotune"
+        )
     logger.info(
         "Pagoda operator started (%s, default image %s).",
         "cluster-wide" if config.clusterwide else "namespaces " + ",".join(config.namespaces),
@@ -71,7 +79,7 @@ async def startup(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
 
 
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    for name in ("resync_task", "autoscale_task"):
+    for name in ("resync_task", "autoscale_task", "autotune_task"):
         task = getattr(memo, name, None)
         if task is not None:
             task.cancel()
@@ -81,6 +89,15 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await memo.reconciler.close()
     if getattr(memo, "api", None) is not None:
         await memo.api.close()
+
+
+def autotune_loop(memo: kopf.Memo, logger: logging.Logger) -> Autotuner:
+    """The autotuning loop; a changed `status.autotune` reconciles the service (mount)."""
+
+    async def reconcile_now(body: Mapping[str, Any]) -> None:
+        await memo.reconciler.run(copy.deepcopy(dict(body)), logger, 0, "autotune")
+
+    return Autotuner(memo.api, memo.config, reconcile_now)
 
 
 def isvc_index(

@@ -39,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`pagoda operator`'s flags (the CLI in pagoda.runtime.cli calls this)."""
     _scope_and_api_arguments(parser)
     _autoscaling_arguments(parser.add_argument_group("autoscaling"))
+    _autotune_arguments(parser.add_argument_group("autotuning"))
 
 
 def _scope_and_api_arguments(parser: argparse.ArgumentParser) -> None:
@@ -141,6 +142,23 @@ def _autoscaling_arguments(auto: argparse._ArgumentGroup) -> None:
     )
 
 
+def _autotune_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--no-autotune",
+        action="store_true",
+        help="never start tuning Jobs, even for services with spec.autotune.enabled",
+    )
+    group.add_argument(
+        "--autotune-interval", type=float, default=15.0, help="look at tuning Jobs this often, s"
+    )
+    group.add_argument(
+        "--autotune-retry-base",
+        type=float,
+        default=300.0,
+        help="a failed tuning Job is retried after this × 2^(attempts-1), s (capped at 6 h)",
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
     overrides: dict[str, object] = {
         "http_host": args.http_host,
@@ -159,6 +177,9 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         "metrics_max_age_s": args.metrics_max_age,
         "alert_cooldown_s": args.alert_cooldown,
         "api_unready_after_s": args.api_unready_after,
+        "autotune": not args.no_autotune,
+        "autotune_interval_s": args.autotune_interval,
+        "autotune_retry_base_s": args.autotune_retry_base,
     }
     if args.prometheus_url:
         overrides["prometheus_url"] = args.prometheus_url

@@ -103,6 +103,11 @@ RESOURCES: Mapping[str, ResourceKind] = {
         "", "v1", "persistentvolumeclaims", "PersistentVolumeClaim"
     ),
     "Node": ResourceKind("", "v1", "nodes", "Node", namespaced=False),
+    # autotuning (autotune/): the tuning Job and its least-privilege hand-back RBAC
+    "Job": ResourceKind("batch", "v1", "jobs", "Job"),
+    "ServiceAccount": ResourceKind("", "v1", "serviceaccounts", "ServiceAccount"),
+    "Role": ResourceKind("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    "RoleBinding": ResourceKind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
 }
 # Maps inside a child that belong to the operator as a whole: keys missing from the desired
 # manifest are removed from the live object (a JSON merge patch alone would keep them).

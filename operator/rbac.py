@@ -17,6 +17,7 @@ class Permission:
     resource: str
     verbs: tuple[str, ...]
     why: str
+    feature: str | None = None  # granted only when this chart feature is on (None: always)
 
 
 _CHILD_VERBS = ("get", "list", "watch", "create", "patch")
@@ -40,7 +41,7 @@ API_PERMISSIONS: tuple[Permission, ...] = (
     Permission("", "namespaces", ("list", "watch"), "kopf, only with namespace glob patterns"),
     Permission("apps", "deployments", _CHILD_VERBS, "the model server; the autoscaler's replicas"),
     Permission("", "services", _CHILD_VERBS, "ClusterIP in front of the pods"),
-    Permission("", "configmaps", _CHILD_VERBS, "engine configuration"),
+    Permission("", "configmaps", _CHILD_VERBS, "engine configuration; tuned profiles"),
     Permission(
         "policy", "poddisruptionbudgets", (*_CHILD_VERBS, "delete"), "when more than one replica"
     ),
@@ -57,8 +58,21 @@ API_PERMISSIONS: tuple[Permission, ...] = (
         "per-service alerts, if the CRD exists",
     ),
     Permission("", "persistentvolumeclaims", ("get",), "pvc:// models must exist"),
-    Permission("", "nodes", ("list",), "GPU requests must fit some node"),
+    Permission("", "nodes", ("list",), "GPU requests must fit some node; GPU products to tune"),
+    # autotuning (autotune/, chart value autotune.enabled)
+    Permission("", "configmaps", ("delete",), "unused tuned profiles", "autotune"),
+    Permission("batch", "jobs", ("get", "create", "delete"), "one tuning Job per key", "autotune"),
+    Permission("", "serviceaccounts", ("create",), "the tuning Job's identity", "autotune"),
+    Permission(
+        "rbac.authorization.k8s.io", "roles", ("create",), "patch one profile ConfigMap", "autotune"
+    ),
+    Permission("rbac.authorization.k8s.io", "rolebindings", ("create",), "", "autotune"),
 )
+
+
+def permissions(features: frozenset[str] | set[str] = frozenset({"autotune"})) -> tuple[Permission, ...]:
+    """The permissions with these optional features on."""
+    return tuple(p for p in API_PERMISSIONS if p.feature is None or p.feature in features)
 
 
 def allowed(group: str, resource: str, verb: str) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagoda.operator import drift, status, validation
+from pagoda.operator.autotune import mount as autotune_mount
 from pagoda.operator.builders import Owner, build_children
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.k8s import ApiError, KubeApi
@@ -173,6 +174,7 @@ async def _apply_all(
         current_replicas=replicas,
         service_monitor=await api.has_resource("ServiceMonitor"),
         prometheus_rule=await api.has_resource("PrometheusRule"),
+        tuned=await autotune_mount.lookup(api, body, spec),
     )
     live: dict[str, dict[str, Any]] = {}
     for child in children.desired:
@@ -239,7 +241,10 @@ async def on_child_event(
         replicas = (
             ((actual or {}).get("spec") or {}).get("replicas") if kind == "Deployment" else None
         )
-        children = build_children(owner, spec, current_replicas=replicas, service_monitor=False)
+        tuned = await autotune_mount.lookup(api, fresh, spec) if kind == "Deployment" else None
+        children = build_children(
+            owner, spec, current_replicas=replicas, service_monitor=False, tuned=tuned
+        )
         if (kind, name) in children.absent:
             if actual is not None:
                 await delete_child(api, kind, owner.namespace, name, owner.uid, logger)

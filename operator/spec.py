@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagoda.operator.autotune.spec import AutotuneSpec
 from pagoda.operator.fields import (
     SpecError,
     bool_or,
@@ -224,6 +225,7 @@ class InferenceServiceSpec:
     resources: ResourcesSpec = field(default_factory=ResourcesSpec)
     engine: EngineSpec = field(default_factory=EngineSpec)
     autoscaling: AutoscalingSpec | None = None
+    autotune: AutotuneSpec = field(default_factory=AutotuneSpec)
     api_key_secret: SecretKeyRef | None = None
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Mapping[str, Any], ...] = ()
@@ -243,6 +245,10 @@ class InferenceServiceSpec:
             raise SpecError(
                 "InvalidSpec",
                 f"spec.env sets {options.API_KEY_ENV} and spec.apiKeySecretRef is set too; keep one",
+            )
+        if self.autotune.enabled and self.resources.gpus < 1:
+            raise SpecError(
+                "InvalidSpec", "spec.autotune.enabled tunes GPU nodes: set spec.resources.gpus >= 1"
             )
 
     @property
@@ -298,6 +304,7 @@ class InferenceServiceSpec:
             resources=ResourcesSpec.from_dict(mapping(spec, "resources", "spec")),
             engine=EngineSpec.from_dict(mapping(spec, "engine", "spec")),
             autoscaling=None if autoscaling is None else AutoscalingSpec.from_dict(autoscaling),
+            autotune=AutotuneSpec.from_dict(spec.get("autotune") or {}),
             api_key_secret=_secret_ref(spec),
             node_selector=tuple(sorted(node_selector.items())),
             tolerations=tuple(_list_of_objects(spec, "tolerations", MAX_TOLERATIONS)),

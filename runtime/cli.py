@@ -1,4 +1,5 @@
-"""`pagoda` command line: `pagoda serve` (OpenAI-compatible runtime) and `pagoda operator` (kopf).
+"""`pagoda` command line: `pagoda serve` (OpenAI-compatible runtime), `pagoda tune`, `pagoda operator`
+(kopf) and `pagoda publish-profile` (the tuning Job's hand-back, docs/operator.md).
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``;
 imports are lazy so `pagoda operator` never loads torch and `pagoda serve` never loads kopf.
@@ -15,6 +16,10 @@ SUBCOMMANDS = {
     "serve": ("pagoda.runtime.server.cli", "Run the OpenAI-compatible inference server."),
     "tune": ("pagoda.runtime.tune.cli", "Measure this node for a model; write a tuned profile."),
     "operator": ("pagoda.operator.main", "Run the Kubernetes operator (kopf)."),
+    "publish-profile": (
+        "pagoda.operator.autotune.publish",
+        "Write a tuned profile into its ConfigMap (the operator's tuning Job).",
+    ),
 }
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from chart_helpers import NAMESPACE, VALUE_SETS, of_kind, one, render, render_cached
 from pagoda.operator.names import RESOURCES
-from pagoda.operator.rbac import API_PERMISSIONS
+from pagoda.operator.rbac import API_PERMISSIONS, permissions
 
 Triple = tuple[str, str, str]  # (apiGroup, resource, verb)
 
@@ -22,8 +22,14 @@ CLUSTER_SCOPED = {
 } | {(r.group, r.plural) for r in RESOURCES.values() if not r.namespaced}
 
 
-def needed() -> set[Triple]:
-    return {(p.group, p.resource, verb) for p in API_PERMISSIONS for verb in p.verbs}
+def features(values: dict[str, Any]) -> set[str]:
+    """Optional permission features a value set switches on (rbac.Permission.feature)."""
+    return set() if (values.get("autotune") or {}).get("enabled") is False else {"autotune"}
+
+
+def needed(values: dict[str, Any] | None = None) -> set[Triple]:
+    chosen = permissions(features(values or {}))
+    return {(p.group, p.resource, verb) for p in chosen for verb in p.verbs}
 
 
 def triples(role: dict[str, Any]) -> set[Triple]:
@@ -109,7 +115,22 @@ def test_every_value_set_grants_the_same_permissions() -> None:
         granted = set().union(
             *(triples(r) for r in of_kind(docs, "ClusterRole") + of_kind(docs, "Role"))
         )
-        assert granted == needed(), name
+        assert granted == needed(VALUE_SETS[name]), name
+
+
+def test_autotune_off_drops_its_permissions_and_tells_the_operator() -> None:
+    docs = render_cached("autotune-off")
+    granted = set().union(
+        *(triples(r) for r in of_kind(docs, "ClusterRole") + of_kind(docs, "Role"))
+    )
+    assert not {r for (_, r, _) in granted} & {"jobs", "serviceaccounts", "roles", "rolebindings"}
+    assert ("", "configmaps", "delete") not in granted
+    (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--no-autotune" in container["args"]
+    (default,) = one(render_cached("defaults"), "Deployment")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert "--no-autotune" not in default["args"]
 
 
 def test_no_secret_access() -> None:

@@ -124,6 +124,21 @@ ClusterRole.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get"]
+{{- if .Values.autotune.enabled }}
+{{- /* autotuning: one Job per key; the Job's ServiceAccount may only get/patch its profile ConfigMap */}}
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["delete"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "create", "delete"]
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["create"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["create"]
+{{- end }}
 {{- end }}
 
 {{- define "pagoda.rbac.clusterRules" -}}

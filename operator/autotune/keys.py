@@ -1,0 +1,101 @@
+"""What a tuned profile is measured for, and which GPU products a service can land on. Pure.
+
+A key is everything that changes what `pagoda tune` measures: the GPU product, the model (as
+`pagoda serve --model` sees it, which is what the profile records), the engine settings that
+change shapes (dtype, attention backend, block size, max model length), the runtime image (other
+kernels, other engine) and the targets the scheduler knobs are chosen for. Services with equal
+keys in one namespace share one profile and one Job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pagoda.operator.names import GPU_RESOURCE
+from pagoda.operator.spec import InferenceServiceSpec
+
+PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA's GPU feature discovery
+PROFILE_PREFIX = "pagoda-tuned-"  # the ConfigMap
+JOB_PREFIX = "pagoda-tune-"  # the Job, its ServiceAccount, Role and RoleBinding
+HASH_LEN = 12
+
+
+@dataclass(frozen=True)
+class TuneKey:
+    product: str
+    model: str  # `pagoda tune/serve --model`
+    model_uri: str  # spec.model (decides the volume)
+    dtype: str
+    attention_backend: str
+    block_size: int
+    max_model_len: int | None
+    image: str
+    ttft_target_s: float
+    itl_target_s: float
+
+    @property
+    def digest(self) -> str:
+        raw = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(raw.encode()).hexdigest()[:HASH_LEN]
+
+    @property
+    def profile_name(self) -> str:
+        return PROFILE_PREFIX + self.digest
+
+    @property
+    def job_name(self) -> str:
+        return JOB_PREFIX + self.digest
+
+    def describe(self) -> str:
+        return (
+            f"{self.product} / {self.model_uri} / {self.dtype}"
+            f"{f' / max_model_len {self.max_model_len}' if self.max_model_len else ''}"
+        )
+
+
+def key_for(spec: InferenceServiceSpec, product: str) -> TuneKey:
+    e, t = spec.engine, spec.autotune
+    return TuneKey(
+        product=product,
+        model=spec.model.server_arg,
+        model_uri=spec.model.uri,
+        dtype=e.dtype,
+        attention_backend=e.attention_backend,
+        block_size=e.block_size,
+        max_model_len=e.max_model_len,
+        image=spec.image,
+        ttft_target_s=t.ttft_target_s,
+        itl_target_s=t.itl_target_s,
+    )
+
+
+def _gpus(node: Mapping[str, Any]) -> int:
+    raw = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, "0")
+    try:
+        return int(str(raw))
+    except ValueError:
+        return 0
+
+
+def products_for(spec: InferenceServiceSpec, nodes: Iterable[Mapping[str, Any]]) -> list[str]:
+    """GPU products the service's pods can land on, sorted.
+
+    A product pinned by `spec.nodeSelector` is the answer even before such a node exists (the Job
+    waits for one like the serving pods do). Otherwise: every product label among the nodes that
+    match the whole nodeSelector and have enough allocatable GPUs.
+    """
+    selector = dict(spec.node_selector)
+    if PRODUCT_LABEL in selector:
+        return [selector[PRODUCT_LABEL]]
+    need = max(1, spec.resources.gpus)
+    found = set()
+    for node in nodes:
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        product = labels.get(PRODUCT_LABEL)
+        if product and _gpus(node) >= need and all(labels.get(k) == v for k, v in selector.items()):
+            found.add(product)
+    return sorted(found)

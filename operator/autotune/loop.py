@@ -1,0 +1,245 @@
+"""The autotuning loop, the I/O shell over keys/profiles/jobs: every `autotune_interval_s`,
+
+1. read every InferenceService with `spec.autotune.enabled`, and the GPU products it can use;
+2. per key (one per namespace, shared): make sure the profile ConfigMap exists; if it holds no
+   profile, look at the key's Job: running → Tuning; failed or timed out → record it, post an
+   Event, delete the Job, retry after `base × 2^(attempts−1)` (never a tight loop: the attempt
+   count and start time live in the ConfigMap); none and not backing off → RBAC + a new Job;
+3. write `status.autotune` of each service; when it changed, reconcile the service (the
+   reconciler mounts a published profile: autotune/mount.py);
+4. delete profile ConfigMaps no service uses (their Job/ServiceAccount/Role/RoleBinding go with
+   them through owner references).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pagoda.operator import validation
+from pagoda.operator.autotune import jobs, profiles
+from pagoda.operator.autotune.keys import TuneKey, key_for, products_for
+from pagoda.operator.config import OperatorConfig
+from pagoda.operator.k8s import ApiError, KubeApi
+from pagoda.operator.names import KIND
+from pagoda.operator.spec import InferenceServiceSpec, SpecError
+
+log = logging.getLogger(__name__)
+TUNING, TUNED, FAILED = "Tuning", "Tuned", "TuningFailed"
+Reconcile = Callable[[Mapping[str, Any]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class KeyState:
+    state: str
+    reason: str
+    message: str
+    data_hash: str | None = None
+
+
+@dataclass
+class Tick:
+    """What one pass learned (shared keys are looked at once)."""
+
+    nodes: list[dict[str, Any]] | None = None
+    states: dict[tuple[str, str], KeyState] = field(default_factory=dict)
+    wanted: set[tuple[str, str]] = field(default_factory=set)
+    unsure: set[str] = field(default_factory=set)  # namespaces not to garbage-collect
+
+
+class Autotuner:
+    def __init__(self, api: KubeApi, config: OperatorConfig, reconcile: Reconcile) -> None:
+        self.api = api
+        self.config = config
+        self.reconcile = reconcile
+        self.clock: Callable[[], float] = time.time
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.autotune_interval_s)
+            try:
+                await self.tick()
+            except ApiError as e:
+                log.warning("Autotune pass failed (next pass in %.0f s): %s",
+                            self.config.autotune_interval_s, e)  # fmt: skip
+
+    async def tick(self) -> None:
+        t = Tick()
+        for body in await self.api.list_all(KIND, self.config.namespaces):
+            try:
+                await self._service(t, body)
+            except ApiError as e:
+                t.unsure.add(body["metadata"]["namespace"])
+                log.warning("Autotune of %s: %s", body["metadata"]["name"], e)
+        await self._collect(t)
+
+    async def _service(self, t: Tick, body: dict[str, Any]) -> None:
+        ns = body["metadata"]["namespace"]
+        try:
+            spec = validation.parse(body, self.config)
+        except SpecError:
+            t.unsure.add(ns)  # its keys are unknown: keep every profile there
+            return
+        if not spec.autotune.enabled:
+            if (body.get("status") or {}).get("autotune") is not None:
+                await self._write(body, None)
+            return
+        if t.nodes is None and not any(k == jobs.PRODUCT_LABEL for k, _ in spec.node_selector):
+            t.nodes = await self.api.list("Node")
+        keys = [key_for(spec, p) for p in products_for(spec, t.nodes or [])]
+        states = []
+        for key in keys:
+            t.wanted.add((ns, key.profile_name))
+            if (ns, key.profile_name) not in t.states:
+                t.states[ns, key.profile_name] = await self._key(key, spec, ns, body)
+            states.append(t.states[ns, key.profile_name])
+        await self._write(body, service_status(keys, states))
+
+    # --- one key ------------------------------------------------------------------------------
+
+    async def _key(
+        self, key: TuneKey, spec: InferenceServiceSpec, ns: str, body: Mapping[str, Any]
+    ) -> KeyState:
+        cm = await self._profile_config_map(key, ns)
+        if profiles.is_tuned(cm):
+            return KeyState(TUNED, "ProfilePublished", key.describe(), profiles.data_hash(cm))
+        attempts = profiles.Attempts.of(cm)
+        job = await self.api.get("Job", ns, key.job_name)
+        if job is not None and not _owned_by(job, cm):
+            await self.api.delete("Job", ns, key.job_name)  # left from an older ConfigMap
+            return KeyState(TUNING, "JobReplaced", "an old tuning Job is being removed")
+        outcome, reason, message = jobs.job_outcome(job)
+        if outcome == "running":
+            return KeyState(TUNING, "JobRunning", f"Job {key.job_name}, attempt {attempts.count}")
+        if outcome == "succeeded":
+            cm = await self.api.get("ConfigMap", ns, key.profile_name)
+            if profiles.is_tuned(cm):
+                return KeyState(TUNED, "ProfilePublished", key.describe(), profiles.data_hash(cm))
+            outcome, reason, message = "failed", "NoProfilePublished", "the Job published nothing"
+        if outcome == "failed":
+            return await self._failed(key, ns, attempts, reason, message)
+        retry_at = attempts.retry_at(self.config.autotune_retry_base_s)
+        if self.clock() < retry_at:
+            wait = retry_at - self.clock()
+            return KeyState(FAILED, _reason(attempts.failure), f"{attempts.failure or ''}; "
+                            f"attempt {attempts.count + 1} in {wait:.0f} s")  # fmt: skip
+        await self._start(key, spec, ns, cm, attempts)
+        return KeyState(TUNING, "JobStarted", f"Job {key.job_name}, attempt {attempts.count + 1}")
+
+    async def _profile_config_map(self, key: TuneKey, ns: str) -> dict[str, Any]:
+        cm = await self.api.get("ConfigMap", ns, key.profile_name)
+        if cm is not None:
+            return cm
+        try:
+            return await self.api.create(profiles.build_profile_config_map(key, ns))
+        except ApiError as e:
+            if e.status != 409:
+                raise
+        cm = await self.api.get("ConfigMap", ns, key.profile_name)
+        if cm is None:
+            raise ApiError(409, "Conflict", f"ConfigMap {key.profile_name} came and went")
+        return cm
+
+    async def _start(self, key: TuneKey, spec: InferenceServiceSpec, ns: str,
+                     cm: Mapping[str, Any], attempts: profiles.Attempts) -> None:  # fmt: skip
+        for obj in jobs.build_rbac(key, ns, cm):
+            await self._create(obj)
+        # recorded first: whatever happens to the Job, the next start waits its backoff
+        await self.api.patch("ConfigMap", ns, key.profile_name,
+                             profiles.start_patch(attempts, self.clock()))  # fmt: skip
+        await self._create(jobs.build_job(key, spec, ns, cm))
+        log.info("Started tuning Job %s/%s for %s.", ns, key.job_name, key.describe())
+
+    async def _failed(self, key: TuneKey, ns: str, attempts: profiles.Attempts,
+                      reason: str, message: str) -> KeyState:  # fmt: skip
+        await self.api.patch("ConfigMap", ns, key.profile_name,
+                             profiles.failure_patch(reason, message))  # fmt: skip
+        await self.api.delete("Job", ns, key.job_name)
+        wait = max(0.0, attempts.retry_at(self.config.autotune_retry_base_s) - self.clock())
+        log.warning("Tuning Job %s/%s failed (%s: %s); retrying in %.0f s.",
+                    ns, key.job_name, reason, message, wait)  # fmt: skip
+        return KeyState(FAILED, _reason(reason), f"{reason}: {message}; retry in {wait:.0f} s")
+
+    async def _create(self, obj: Mapping[str, Any]) -> None:
+        try:
+            await self.api.create(obj)
+        except ApiError as e:
+            if e.status != 409:
+                raise
+
+    # --- status, events, garbage collection ---------------------------------------------------
+
+    async def _write(self, body: Mapping[str, Any], new: dict[str, Any] | None) -> None:
+        old = (body.get("status") or {}).get("autotune")
+        if _same(old, new):
+            return
+        meta = body["metadata"]
+        patch = new if new is None or old is None else {**dict.fromkeys(old), **new}
+        await self.api.patch(KIND, meta["namespace"], meta["name"], {"status": {"autotune": patch}},
+                             subresource="status")  # fmt: skip
+        state = (new or {}).get("state")
+        if state in (FAILED, TUNED) and state != (old or {}).get("state"):
+            await self.api.try_post_event(
+                body, type_="Warning" if state == FAILED else "Normal", reason=state,
+                message=new["message"], component=self.config.component_name,
+            )  # fmt: skip
+        try:
+            await self.reconcile(body)  # mount (or unmount) the profile
+        except Exception as e:  # the reconciler retries on its own; this pass goes on
+            log.info("Reconcile after an autotune change of %s: %s", meta["name"], e)
+
+    async def _collect(self, t: Tick) -> None:
+        for cm in await self.api.list_all("ConfigMap", self.config.namespaces):
+            meta = cm["metadata"]
+            where = (meta["namespace"], meta["name"])
+            if not profiles.is_profile(cm) or where in t.wanted or meta["namespace"] in t.unsure:
+                continue
+            if await self.api.delete("ConfigMap", *where):
+                log.info("Deleted tuned profile %s/%s: no %s uses it.", *where, KIND)
+
+
+def service_status(keys: list[TuneKey], states: list[KeyState]) -> dict[str, Any]:
+    """status.autotune of one service from the states of its keys."""
+    if not keys:
+        return {"state": FAILED, "reason": "NoGPUNodes",
+                "message": "no node with a GPU product label matches this service"}  # fmt: skip
+    entries = [
+        {"product": k.product, "configMap": k.profile_name, "state": s.state,
+         **({"hash": s.data_hash} if s.data_hash else {})}
+        for k, s in zip(keys, states)
+    ]  # fmt: skip
+    worst = next((s for s in states if s.state == FAILED), None) or next(
+        (s for s in states if s.state == TUNING), states[0]
+    )
+    out: dict[str, Any] = {"state": worst.state, "reason": worst.reason, "message": worst.message}
+    if len(keys) == 1:
+        out.update(product=keys[0].product, profile=keys[0].profile_name)
+    else:
+        out["message"] += (f"; {len(keys)} GPU products: pin one with spec.nodeSelector"
+                           f"[{jobs.PRODUCT_LABEL}] to mount its profile")  # fmt: skip
+    out["profiles"] = entries
+    return out
+
+
+def _reason(text: str | None) -> str:
+    word = (text or "TuningFailed").split(":", 1)[0]
+    return word if word[:1].isupper() and word.isalnum() else "TuningFailed"
+
+
+def _owned_by(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> bool:
+    uid = owner["metadata"].get("uid")
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("uid") == uid for r in refs)
+
+
+def _same(old: Any, new: Any) -> bool:
+    """Equal apart from volatile message text ("retry in N s")."""
+
+    def strip(v: Any) -> Any:
+        return {k: x for k, x in v.items() if k != "message"} if isinstance(v, dict) else v
+
+    return strip(old) == strip(new)

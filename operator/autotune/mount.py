@@ -1,0 +1,73 @@
+"""The serving side: which tuned profile a service's pods mount, and how.
+
+The autotune loop records in `status.autotune` the profile ConfigMap chosen for a service (only
+when its pods can land on exactly one GPU product: one Deployment cannot mount a different
+ConfigMap per node). The reconciler trusts it only if it is the name the current spec and that
+product give, and only once the Job has published into it, so pods start on defaults and roll
+to the profile when it lands. The runtime is told `--tuned-profile-mismatch warn`: a profile
+that does not fit (say, a node relabelled by hand) serves on defaults instead of crash-looping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pagoda.operator.autotune import profiles
+from pagoda.operator.autotune.keys import key_for
+from pagoda.operator.spec import InferenceServiceSpec
+from pagoda.runtime import options
+
+MOUNT_PATH = "/etc/pagoda/tuned"
+VOLUME = "tuned-profile"
+PROFILE_ANNOTATION = "serving.pagoda.dev/tuned-profile"
+
+
+@dataclass(frozen=True)
+class TunedMount:
+    config_map: str
+    data_hash: str
+
+
+def chosen_profile(body: Mapping[str, Any], spec: InferenceServiceSpec) -> str | None:
+    """The profile ConfigMap status.autotune names, if it is the one this spec's key gives."""
+    if not spec.autotune.enabled:
+        return None
+    st = (body.get("status") or {}).get("autotune") or {}
+    product, name = st.get("product"), st.get("profile")
+    if not isinstance(product, str) or not isinstance(name, str):
+        return None
+    return name if key_for(spec, product).profile_name == name else None
+
+
+async def lookup(
+    api: Any, body: Mapping[str, Any], spec: InferenceServiceSpec
+) -> TunedMount | None:
+    """The profile to mount now (None: serve on defaults)."""
+    name = chosen_profile(body, spec)
+    if name is None:
+        return None
+    cm = await api.get("ConfigMap", body["metadata"]["namespace"], name)
+    if not profiles.is_tuned(cm) or not profiles.is_profile(cm):
+        return None
+    return TunedMount(name, profiles.data_hash(cm))
+
+
+def mount_profile(deployment: dict[str, Any], tuned: TunedMount) -> dict[str, Any]:
+    """Add the profile volume, mount, flags and a pod-template annotation (a new profile rolls)."""
+    template = deployment["spec"]["template"]
+    pod = template["spec"]
+    pod["volumes"] = [*pod["volumes"], {"name": VOLUME, "configMap": {"name": tuned.config_map}}]
+    container = pod["containers"][0]
+    container["volumeMounts"] = [
+        *container["volumeMounts"],
+        {"name": VOLUME, "mountPath": MOUNT_PATH, "readOnly": True},
+    ]
+    container["args"] = [
+        *container["args"],
+        *options.render_args({"tuned_profile": MOUNT_PATH, "tuned_profile_mismatch": "warn"}),
+    ]
+    annotations = template["metadata"]["annotations"]
+    annotations[PROFILE_ANNOTATION] = f"{tuned.config_map}@{tuned.data_hash}"
+    return deployment

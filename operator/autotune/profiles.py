@@ -1,0 +1,128 @@
+"""The tuned-profile ConfigMap: shared by every service with the same key, never owned by one.
+
+The operator pre-creates it empty (labels + the key in annotations); the tuning Job fills `data`
+with `profile.json` and the kernel configs (flat keys: `pagoda serve --tuned-profile` searches the
+directory itself). Retry bookkeeping lives in its annotations, so a restarted operator, or a Job
+deleted by hand, cannot turn into a tight retry loop. Pure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pagoda.operator.autotune.keys import TuneKey
+from pagoda.operator.names import (
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    LABEL_NAME,
+    LABEL_PART_OF,
+    MANAGED_BY,
+)
+
+COMPONENT = "tuned-profile"
+PROFILE_KEY = "profile.json"
+A = "serving.pagoda.dev/"
+KEY_ANNOTATION = A + "tune-key"  # the key as JSON (for people and for GC)
+ATTEMPTS_ANNOTATION = A + "tune-attempts"  # Jobs started so far
+STARTED_ANNOTATION = A + "tune-started"  # epoch seconds of the last Job start
+FAILURE_ANNOTATION = A + "tune-failure"  # "Reason: message" of the last failed Job
+PUBLISHED_ANNOTATION = A + "tune-published"  # written by `pagoda publish-profile`
+RETRY_BASE_S = 300.0
+RETRY_MAX_S = 6 * 3600.0
+
+
+def profile_labels() -> dict[str, str]:
+    return {
+        LABEL_NAME: "pagoda",
+        LABEL_COMPONENT: COMPONENT,
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_PART_OF: "pagoda",
+    }
+
+
+def is_profile(obj: Mapping[str, Any]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return labels.get(LABEL_COMPONENT) == COMPONENT and labels.get(LABEL_MANAGED_BY) == MANAGED_BY
+
+
+def build_profile_config_map(key: TuneKey, namespace: str) -> dict[str, Any]:
+    """The empty ConfigMap the Job's ServiceAccount may update (and nothing else)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": key.profile_name,
+            "namespace": namespace,
+            "labels": profile_labels(),
+            "annotations": {
+                KEY_ANNOTATION: json.dumps(asdict(key), sort_keys=True),
+                ATTEMPTS_ANNOTATION: "0",
+            },
+        },
+        "data": {},
+    }
+
+
+def is_tuned(cm: Mapping[str, Any] | None) -> bool:
+    return bool(cm) and PROFILE_KEY in (cm.get("data") or {})
+
+
+def data_hash(cm: Mapping[str, Any]) -> str:
+    raw = json.dumps(cm.get("data") or {}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def capacity(cm: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """`profile.json`'s `capacity` ({} when absent or unreadable)."""
+    try:
+        data = json.loads((cm or {}).get("data", {}).get(PROFILE_KEY) or "{}")
+    except ValueError:
+        return {}
+    cap = data.get("capacity") if isinstance(data, Mapping) else None
+    return cap if isinstance(cap, Mapping) else {}
+
+
+@dataclass(frozen=True)
+class Attempts:
+    """Retry bookkeeping from the ConfigMap's annotations."""
+
+    count: int
+    started: float | None
+    failure: str | None
+
+    @classmethod
+    def of(cls, cm: Mapping[str, Any]) -> Attempts:
+        ann = (cm.get("metadata") or {}).get("annotations") or {}
+        try:
+            count = int(ann.get(ATTEMPTS_ANNOTATION) or 0)
+            started = float(ann[STARTED_ANNOTATION]) if ann.get(STARTED_ANNOTATION) else None
+        except ValueError:
+            count, started = 0, None
+        return cls(count, started, ann.get(FAILURE_ANNOTATION) or None)
+
+    def retry_at(self, base_s: float = RETRY_BASE_S) -> float:
+        """Epoch seconds before which no new Job may start: base × 2^(attempts−1), capped."""
+        if not self.count or self.started is None:
+            return 0.0
+        return self.started + min(base_s * 2.0 ** (self.count - 1), max(RETRY_MAX_S, base_s))
+
+
+def start_patch(attempts: Attempts, now: float) -> dict[str, Any]:
+    """Recorded before a Job is created: the next attempt's number and start time."""
+    return {
+        "metadata": {
+            "annotations": {
+                ATTEMPTS_ANNOTATION: str(attempts.count + 1),
+                STARTED_ANNOTATION: f"{now:.0f}",
+            }
+        }
+    }
+
+
+def failure_patch(reason: str, message: str) -> dict[str, Any]:
+    text = f"{reason}: {message}"[:1024]
+    return {"metadata": {"annotations": {FAILURE_ANNOTATION: text}}}
