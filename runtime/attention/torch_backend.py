@@ -172,14 +172,18 @@ class TorchAttentionBackend(AttentionBackend):
         b, qp, h, d = q.shape
         hkv, g = k.shape[2], h // k.shape[2]
         qf = (q.float() * self.scale).view(b, qp, hkv, g, d).permute(0, 2, 1, 3, 4)
-        kt = k.float().permute(0, 2, 3, 1)  # [B, Hkv, D, Kp]
-        vf = v.float().permute(0, 2, 1, 3)  # [B, Hkv, Kp, D]
+        # Head-major float32 copies (one pass each; rows of D stay contiguous), so both GEMMs
+        # are plain batched BLAS calls with no hidden transposing copy of the keys.
+        kf = torch.empty(b, hkv, k.shape[1], d, dtype=torch.float32, device=q.device)
+        vf = torch.empty_like(kf)
+        kf.copy_(k.permute(0, 2, 1, 3))
+        vf.copy_(v.permute(0, 2, 1, 3))
         out = torch.empty(b, qp, hkv, g, d, dtype=q.dtype, device=q.device)
         step = bk.rows_per_call
         for i, r0 in enumerate(range(0, qp, step)):
             r1, n = min(r0 + step, qp), int(bk.key_len[i])
             rows = qf[:, :, r0:r1].reshape(b, hkv, (r1 - r0) * g, d)
-            s = torch.matmul(rows, kt[..., :n]).view(b, hkv, r1 - r0, g, n)
+            s = torch.matmul(rows, kf[:, :, :n].transpose(-1, -2)).view(b, hkv, r1 - r0, g, n)
             s.add_(bk.mask[:, :, r0:r1, :, :n])
             p = torch.softmax(s, dim=-1).view(b, hkv, (r1 - r0) * g, n)
             o = torch.matmul(p, vf[:, :, :n]).view(b, hkv, r1 - r0, g, d)
