@@ -156,10 +156,12 @@ class Autotuner:
 
     async def _failed(self, key: TuneKey, ns: str, attempts: profiles.Attempts,
                       reason: str, message: str) -> KeyState:  # fmt: skip
+        now = self.clock()
         await self.api.patch("ConfigMap", ns, key.profile_name,
-                             profiles.failure_patch(reason, message))  # fmt: skip
+                             profiles.failure_patch(reason, message, now))  # fmt: skip
         await self.api.delete("Job", ns, key.job_name)
-        wait = max(0.0, attempts.retry_at(self.config.autotune_retry_base_s) - self.clock())
+        seen = profiles.Attempts(attempts.count, attempts.started, reason, now)
+        wait = max(0.0, seen.retry_at(self.config.autotune_retry_base_s) - now)
         log.warning("Tuning Job %s/%s failed (%s: %s); retrying in %.0f s.",
                     ns, key.job_name, reason, message, wait)  # fmt: skip
         return KeyState(FAILED, _reason(reason), f"{reason}: {message}; retry in {wait:.0f} s")

@@ -30,6 +30,7 @@ KEY_ANNOTATION = A + "tune-key"  # the key as JSON (for people and for GC)
 ATTEMPTS_ANNOTATION = A + "tune-attempts"  # Jobs started so far
 STARTED_ANNOTATION = A + "tune-started"  # epoch seconds of the last Job start
 FAILURE_ANNOTATION = A + "tune-failure"  # "Reason: message" of the last failed Job
+FAILED_ANNOTATION = A + "tune-failed"  # epoch seconds the operator saw it fail
 PUBLISHED_ANNOTATION = A + "tune-published"  # written by `pagoda publish-profile`
 RETRY_BASE_S = 300.0
 RETRY_MAX_S = 6 * 3600.0
@@ -93,6 +94,7 @@ class Attempts:
     count: int
     started: float | None
     failure: str | None
+    failed: float | None = None
 
     @classmethod
     def of(cls, cm: Mapping[str, Any]) -> Attempts:
@@ -100,15 +102,18 @@ class Attempts:
         try:
             count = int(ann.get(ATTEMPTS_ANNOTATION) or 0)
             started = float(ann[STARTED_ANNOTATION]) if ann.get(STARTED_ANNOTATION) else None
+            failed = float(ann[FAILED_ANNOTATION]) if ann.get(FAILED_ANNOTATION) else None
         except ValueError:
-            count, started = 0, None
-        return cls(count, started, ann.get(FAILURE_ANNOTATION) or None)
+            count, started, failed = 0, None, None
+        return cls(count, started, ann.get(FAILURE_ANNOTATION) or None, failed)
 
     def retry_at(self, base_s: float = RETRY_BASE_S) -> float:
-        """Epoch seconds before which no new Job may start: base × 2^(attempts−1), capped."""
-        if not self.count or self.started is None:
+        """Epoch seconds before which no new Job may start: base × 2^(attempts−1) after the
+        last failure (or start, if the failure was never seen), capped."""
+        since = self.failed if self.failed is not None else self.started
+        if not self.count or since is None:
             return 0.0
-        return self.started + min(base_s * 2.0 ** (self.count - 1), max(RETRY_MAX_S, base_s))
+        return since + min(base_s * 2.0 ** (self.count - 1), max(RETRY_MAX_S, base_s))
 
 
 def start_patch(attempts: Attempts, now: float) -> dict[str, Any]:
@@ -117,12 +122,15 @@ def start_patch(attempts: Attempts, now: float) -> dict[str, Any]:
         "metadata": {
             "annotations": {
                 ATTEMPTS_ANNOTATION: str(attempts.count + 1),
-                STARTED_ANNOTATION: f"{now:.0f}",
+                STARTED_ANNOTATION: f"{now:.3f}",
+                FAILED_ANNOTATION: None,
             }
         }
     }
 
 
-def failure_patch(reason: str, message: str) -> dict[str, Any]:
+def failure_patch(reason: str, message: str, now: float) -> dict[str, Any]:
     text = f"{reason}: {message}"[:1024]
-    return {"metadata": {"annotations": {FAILURE_ANNOTATION: text}}}
+    return {
+        "metadata": {"annotations": {FAILURE_ANNOTATION: text, FAILED_ANNOTATION: f"{now:.3f}"}}
+    }
