@@ -136,3 +136,13 @@ def test_escaped_surrogate_pair_is_valid(http):
     """A pair of surrogate escapes is one valid character (U+10000), not a lone surrogate."""
     r = send(http, COMP, b'{"prompt": "\\ud800\\udc00", "max_tokens": 2, "stop_token_ids": [1]}')
     assert r.status_code == 200, r.text
+
+
+def test_without_max_tokens_a_request_gets_what_fits(http):
+    """No max_tokens: generate up to the end of the context (the one default, both APIs)."""
+    prompt = [1000] * (MAX_MODEL_LEN - 7)
+    r = send(http, COMP, {"prompt": prompt, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    assert usage["completion_tokens"] == 7 and usage["total_tokens"] == MAX_MODEL_LEN
+    assert r.json()["choices"][0]["finish_reason"] == "length"
