@@ -12,6 +12,9 @@ metrics are scraped every 15 s and both autoscalers evaluate every 15 s:
 
 * Pagoda: `pagoda.operator.autoscaling.policy.decide` itself, on p95 TTFT over the last minute and queue
   depth per ready replica (targets below), tolerance 10 %, x2 per step, down window 300 s;
+* Pagoda + prefill floor: the same, with the predictive floor a tuned profile enables (V_P =
+  prompt tokens / idle TTFT; queued prompt tokens = waiting × 30): at least
+  ⌈Q / (V_P · (TTFT target − ISL/V_P))⌉ replicas (pagoda.operator.autotune.floor);
 * HPA: the Kubernetes HPA algorithm on average waiting requests per pod (same queue target):
   pods without metrics count as 0 when scaling up and as on-target when scaling down, tolerance
   10 %, scale up by max(100 %, 4 pods) per 15 s, down window 300 s.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import heapq
 import json
 import math
@@ -58,6 +62,16 @@ class Capacity:
 
 # `python benchmarks/autoscale_sim.py --measure` on the 2-core development machine (shared).
 MEASURED = Capacity(slots=16, service_s=2.77, ttft0_s=0.128, ttft_busy_s=0.337, startup_s=10.6)
+
+TARGET_TTFT_S = 0.5
+PROMPT_TOKENS = 30  # the measured requests' prompt length
+
+
+def prefill_rate(cap: Capacity) -> float:
+    """V_P in this model: an idle replica's prompt tokens per second of first-token latency
+    (what `pagoda tune` records as capacity.prefill_tokens_per_s)."""
+    return PROMPT_TOKENS / cap.ttft0_s
+
 
 TARGET_TTFT_S = 0.5
 TARGET_QUEUE = 4.0
@@ -110,6 +124,27 @@ class PagodaScaler:
     def desired(self, o: Observation, now: float) -> int:
         m = Metrics(ttft_p95_s=o.ttft_p95_s, waiting=float(o.waiting), kv_cache_usage=o.kv)
         if not self.history:  # the operator seeds the history with the current count
+            self.history = ((now, o.current),)
+        d = decide(self.policy, m, current=o.current, ready=o.ready, history=self.history, now=now)
+        self.history = d.history
+        return d.replicas
+
+
+class PagodaFloorScaler(PagodaScaler):
+    """The same policy with a tuned profile's V_P: the predictive prefill floor (autotune)."""
+
+    name = "Pagoda + prefill floor"
+
+    def __init__(self, cap: Capacity = MEASURED) -> None:
+        super().__init__()
+        self.policy = dataclasses.replace(self.policy, prefill_tokens_per_s=prefill_rate(cap))
+
+    def desired(self, o: Observation, now: float) -> int:
+        m = Metrics(
+            ttft_p95_s=o.ttft_p95_s, waiting=float(o.waiting), kv_cache_usage=o.kv,
+            queued_prompt_tokens=o.waiting * PROMPT_TOKENS, mean_prompt_tokens=PROMPT_TOKENS,
+        )  # fmt: skip
+        if not self.history:
             self.history = ((now, o.current),)
         d = decide(self.policy, m, current=o.current, ready=o.ready, history=self.history, now=now)
         self.history = d.history
@@ -333,7 +368,11 @@ def run_all(cap: Capacity) -> dict[str, dict[str, Result]]:
     out: dict[str, dict[str, Result]] = {}
     for name, (traffic, duration) in SCENARIOS.items():
         out[name] = {}
-        for make in (PagodaScaler, HpaQueueScaler, lambda: HpaQueueScaler(TARGET_QUEUE / 4)):
+        makers = (
+            PagodaScaler, HpaQueueScaler, lambda: HpaQueueScaler(TARGET_QUEUE / 4),
+            lambda: PagodaFloorScaler(cap),
+        )  # fmt: skip
+        for make in makers:
             scaler = make()
             out[name][scaler.name] = simulate(traffic, duration, scaler, cap, seed=1)
     return out

@@ -15,7 +15,10 @@ The HPA's algorithm, on what users feel instead of CPU:
 * TTFT barely moves until a replica saturates, then shoots up, so a ratio below 1 overstates
   how far one can scale down: a scale down never goes below what keeps the fullest KV cache
   under 90 % (a load-proportional floor; benchmarks/autoscale_sim.py shows the saw-tooth
-  without it).
+  without it);
+* with a tuned profile's prefill rate V_P (`prefill_tokens_per_s`), never fewer replicas than
+  prefill the queued prompt tokens within the TTFT target (autotune/floor.py, llm-d's
+  `TTFT_target − ISL/V_P` rule): it acts when the queue forms, before TTFT rises.
 
 History is a tuple of (time, recommendation) pairs that each decision returns updated; the caller
 keeps it (one per InferenceService) and passes a monotonic clock reading.
@@ -26,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pagoda.operator.autotune.floor import prefill_floor
 from pagoda.operator.spec import DEFAULT_TOLERANCE, AutoscalingSpec
 
 MAX_SCALE_UP_FACTOR = 2  # at most double per step
@@ -47,6 +51,7 @@ class Policy:
     up_window_s: float = 0.0
     down_window_s: float = 300.0
     max_metric_age_s: float = 60.0
+    prefill_tokens_per_s: float | None = None  # V_P of a tuned profile: the predictive floor
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_replicas <= self.max_replicas:
@@ -91,6 +96,8 @@ class Metrics:
     waiting: float  # requests waiting, summed over the replicas
     kv_cache_usage: float | None = None  # the fullest replica, 0..1
     age_s: float = 0.0  # age of the newest sample
+    queued_prompt_tokens: float | None = None  # prompt tokens waiting, all replicas
+    mean_prompt_tokens: float | None = None  # ISL of the recent requests
 
     def __post_init__(self) -> None:
         if self.waiting < 0 or self.age_s < 0:
@@ -205,7 +212,17 @@ def decide(
         floor = math.ceil(base * metrics.kv_cache_usage / KV_CACHE_HIGH - 1e-9)
         if floor > rec:
             rec, reason = min(current, policy.clamp(floor)), "KVCacheHigh"
+    floor = prefill_floor(
+        metrics.queued_prompt_tokens,
+        policy.prefill_tokens_per_s,
+        policy.target_ttft_s,
+        metrics.mean_prompt_tokens,
+    )
+    if floor is not None and policy.clamp(floor) > rec:  # the queue cannot wait for TTFT to rise
+        rec, reason = policy.clamp(floor), "PrefillFloor"
     desired, history = _stabilize(policy, current, rec, history, now)
+    if floor is not None:  # a measured need, not an extrapolated ratio: no ×2 step cap
+        desired = max(desired, policy.clamp(floor))
     desired = policy.clamp(desired)
     if desired == current and rec != current:
         reason = "Stabilizing"

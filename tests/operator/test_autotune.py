@@ -1,0 +1,124 @@
+"""Pure parts of autotuning: keys and GPU products, Job outcome, retry backoff, status, the
+publisher's checks, and the predictive floor in the autoscaling policy."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+from pagoda.operator.autoscaling.policy import Metrics, Policy, decide
+from pagoda.operator.autotune import jobs, loop, profiles, publish
+from pagoda.operator.autotune.floor import prefill_floor
+from pagoda.operator.autotune.keys import PRODUCT_LABEL, key_for, products_for
+from pagoda.operator.spec import InferenceServiceSpec, SpecError
+
+
+def parse(**spec: object) -> InferenceServiceSpec:
+    base = {"model": "smollm2-135m", "resources": {"gpus": 1}, "autotune": {"enabled": True}}
+    return InferenceServiceSpec.from_dict({**base, **spec}, name="svc", default_image="img:1")
+
+
+def node(name: str, product: str | None, gpus: int, **labels: str) -> dict:
+    if product:
+        labels[PRODUCT_LABEL] = product
+    return {"metadata": {"name": name, "labels": labels},
+            "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}}}  # fmt: skip
+
+
+def test_products_follow_the_node_selector_and_gpu_capacity() -> None:
+    nodes = [
+        node("a", "H200", 8, pool="x"),
+        node("b", "A100", 1),
+        node("c", "L4", 0),
+        node("d", None, 8),
+    ]
+    assert products_for(parse(), nodes) == ["A100", "H200"]
+    assert products_for(parse(resources={"gpus": 2}), nodes) == ["H200"]
+    assert products_for(parse(nodeSelector={"pool": "x"}), nodes) == ["H200"]
+    assert products_for(parse(nodeSelector={PRODUCT_LABEL: "B200"}), nodes) == ["B200"]
+
+
+def test_key_changes_with_shapes_image_and_targets_only() -> None:
+    k = key_for(parse(), "H200")
+    assert key_for(parse(replicas=3, engine={"maxNumSeqs": 8}), "H200") == k  # not shapes
+    for other in (parse(engine={"dtype": "float16"}), parse(engine={"maxModelLen": 512}),
+                  parse(image="img:2"), parse(autotune={"enabled": True, "targets": {"ttftSeconds": 1}})):  # fmt: skip
+        assert key_for(other, "H200").digest != k.digest
+    assert key_for(parse(), "A100").profile_name != k.profile_name
+    assert len(k.profile_name) <= 63 and k.job_name.startswith("pagoda-tune-")
+
+
+def test_autotune_needs_gpus_and_a_sane_budget() -> None:
+    with pytest.raises(SpecError, match="gpus >= 1"):
+        parse(resources={"gpus": 0})
+    with pytest.raises(SpecError, match="timeBudgetSeconds"):
+        parse(autotune={"enabled": True, "timeBudgetSeconds": 5})
+    assert parse(autotune={"enabled": False}, resources={"gpus": 0}).autotune.enabled is False
+
+
+def test_job_outcome_and_backoff() -> None:
+    assert jobs.job_outcome(None)[0] == "absent"
+    assert jobs.job_outcome({"status": {"active": 1}})[0] == "running"
+    failed = {
+        "status": {
+            "conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]
+        }
+    }
+    assert jobs.job_outcome(failed)[:2] == ("failed", "DeadlineExceeded")
+    assert jobs.job_outcome({"status": {"succeeded": 1}})[0] == "succeeded"
+    a = profiles.Attempts(count=3, started=1000.0, failure="X: y", failed=2000.0)
+    assert a.retry_at(10.0) == 2000.0 + 40.0  # base × 2^(n−1) after the failure
+    assert (
+        profiles.Attempts(count=30, started=0.0, failure=None).retry_at(300.0)
+        == profiles.RETRY_MAX_S
+    )
+    assert profiles.Attempts(0, None, None).retry_at() == 0.0
+
+
+def test_service_status_is_the_worst_key_and_mounts_only_one_product() -> None:
+    spec = parse()
+    h, a = key_for(spec, "H200"), key_for(spec, "A100")
+    tuned = loop.KeyState(loop.TUNED, "ProfilePublished", "", "abc")
+    failed = loop.KeyState(loop.FAILED, "DeadlineExceeded", "timed out")
+    st = loop.service_status([h, a], [tuned, failed])
+    assert (st["state"], st["reason"]) == (
+        "TuningFailed",
+        "DeadlineExceeded",
+    ) and "profile" not in st
+    one = loop.service_status([h], [tuned])
+    assert one["state"] == "Tuned" and one["profile"] == h.profile_name
+    assert loop.service_status([], [])["reason"] == "NoGPUNodes"
+
+
+def test_publisher_refuses_a_missing_or_invalid_profile(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(publish.PublishError, match=r"profile\.json"):
+        publish.profile_data(tmp_path)
+    (tmp_path / "profile.json").write_text(json.dumps({"schema_version": 99}))
+    with pytest.raises(publish.PublishError):
+        publish.profile_data(tmp_path)
+    with pytest.raises(publish.PublishError, match="NAMESPACE/NAME"):
+        publish.split_target("just-a-name")
+
+
+def test_prefill_floor_rule() -> None:
+    # 4000 queued tokens, V_P 1000 tok/s, TTFT 2 s, ISL 1000: 1 s left per replica → 4 replicas
+    assert prefill_floor(4000, 1000.0, 2.0, 1000) == 4
+    assert prefill_floor(0, 1000.0, 2.0, 1000) is None  # no queue
+    assert prefill_floor(4000, None, 2.0, 1000) is None  # no profile
+    assert prefill_floor(4000, 1000.0, 0.5, 1000) is None  # target unreachable for one prompt
+
+
+def test_policy_floor_lifts_the_recommendation_past_the_step_cap() -> None:
+    base = dict(min_replicas=1, max_replicas=40, target_ttft_s=0.5, target_queue=4.0)
+    m = Metrics(ttft_p95_s=5.0, waiting=500, queued_prompt_tokens=500 * 30.0, mean_prompt_tokens=30)
+    plain = decide(Policy(**base), m, current=5, ready=5, history=((0.0, 5),), now=15.0)
+    floored = decide(Policy(**base, prefill_tokens_per_s=234.0), m, current=5, ready=5,
+                     history=((0.0, 5),), now=15.0)  # fmt: skip
+    assert plain.replicas == 10  # ×2 per step
+    assert floored.replicas == 40  # ⌈15000 / (234 · (0.5 − 30/234))⌉ = 173, clamped
+    idle = Metrics(ttft_p95_s=0.1, waiting=0, queued_prompt_tokens=0.0, mean_prompt_tokens=30)
+    same = decide(Policy(**base, prefill_tokens_per_s=234.0), idle, current=5, ready=5,
+                  history=((0.0, 5),), now=15.0)  # fmt: skip
+    assert same.replicas == decide(Policy(**base), idle, current=5, ready=5,
+                                   history=((0.0, 5),), now=15.0).replicas  # fmt: skip
