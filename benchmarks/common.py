@@ -90,9 +90,12 @@ def machine() -> str:
     gpu = "no GPU"
     if torch.cuda.is_available():
         gpu = f"GPU {torch.cuda.get_device_name(0)}"
+    import os
+
+    omp = os.environ.get("OMP_WAIT_POLICY", "default")
     return (
         f"{cpu_model()}; {cpu_matrix_units()}; {gpu}; torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads"
+        f"{torch.get_num_threads()} threads, OMP_WAIT_POLICY {omp}"
     )
 
 

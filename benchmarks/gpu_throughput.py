@@ -13,6 +13,10 @@ HF transformers `generate` on the same model and requests as a floor baseline.
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch (and OpenMP) load
+
 import argparse
 import gc
 import random

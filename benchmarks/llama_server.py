@@ -43,6 +43,22 @@ def _sources(log) -> Path:
     return Path(sorted(glob.glob(str(CACHE / "src" / "*" / "vendor" / "llama.cpp")))[-1])
 
 
+def _cpu_flags() -> list[str]:
+    """Native CPU flags, except on AMX machines: llama.cpp's AMX kernels die with SIGILL
+    (`tilezero`) inside these VMs, so there AVX-512 is enabled explicitly and AMX left out."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            amx = "amx_tile" in f.read()
+    except OSError:
+        amx = False
+    if not amx:
+        return ["-DGGML_NATIVE=ON"]
+    on = ("AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16", "AVX_VNNI", "AVX2", "FMA", "F16C",
+          "BMI2")  # fmt: skip
+    off = ("AMX_TILE", "AMX_INT8", "AMX_BF16")
+    return ["-DGGML_NATIVE=OFF", *(f"-DGGML_{f}=ON" for f in on), *(f"-DGGML_{f}=OFF" for f in off)]
+
+
 def build_llama_server(jobs: int | None = None) -> Path:
     """Path of the llama-server binary, building it first if the cache has none."""
     if BINARY.exists():
@@ -55,7 +71,7 @@ def build_llama_server(jobs: int | None = None) -> Path:
         with open(CACHE / "build.log", "a") as log:
             src = _sources(log)
             nice = ["nice", "-n", "19"]
-            flags = ["-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DCMAKE_BUILD_TYPE=Release"]
+            flags = ["-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release", *_cpu_flags()]
             _run([*nice, "cmake", "-S", str(src), "-B", str(CACHE / "build"), *flags], log)
             j = str(jobs or os.cpu_count() or 1)
             build = ["cmake", "--build", str(CACHE / "build"), "--target", "llama-server"]

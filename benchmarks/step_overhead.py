@@ -9,6 +9,10 @@ output building. Decode steps are timed at 32/128/256 running sequences, greedy 
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch (and OpenMP) load
+
 import argparse
 import cProfile
 import pstats
