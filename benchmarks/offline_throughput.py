@@ -11,9 +11,14 @@ KV-cache fragmentation at peak use, and the prefix-cache hit rate.
 
 from __future__ import annotations
 
+import os
+
+# Before torch loads OpenMP: spinning waits cost 10x on busy shared cores (docs/benchmarks.md).
+# Pagoda and the peers run in this one process, so the setting is the same for all of them.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
