@@ -12,6 +12,7 @@ after a restart a scale down waits a full window.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -30,6 +31,7 @@ from pagoda.operator.autoscaling.policy import (
     decide,
 )
 from pagoda.operator.autoscaling.prometheus import MetricsUnavailable, PrometheusSource
+from pagoda.operator.autotune.mount import tuned_prefill_rate
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.k8s import ApiError, KubeApi
 from pagoda.operator.locks import object_lock
@@ -167,16 +169,16 @@ class Autoscaler:
         if spec.autoscaling is None:
             await self._switch_off(body)
             return None
-        metrics, why = await self._read_metrics(spec, ns, name)
+        v_p = await tuned_prefill_rate(self.api, body, spec)  # the prefill floor's V_P
+        metrics, why = await self._read_metrics(spec, ns, name, prompt_len=v_p is not None)
+        policy = dataclasses.replace(self._policy(spec), prefill_tokens_per_s=v_p)
         async with object_lock(uid):
             fresh = await self.api.get(KIND, ns, name)
             deploy = await self.api.get("Deployment", ns, name)
             if fresh is None or fresh["metadata"].get("uid") != uid or not owned_by(deploy, uid):
                 return None  # gone, or the reconciler has not created the Deployment yet
             assert deploy is not None
-            return await self._decide_and_apply(
-                self._policy(spec), fresh, deploy, metrics, why, logger
-            )
+            return await self._decide_and_apply(policy, fresh, deploy, metrics, why, logger)
 
     async def _switch_off(self, body: Mapping[str, Any]) -> None:
         """No `spec.autoscaling` (any more): forget the state, drop what the autoscaler wrote."""
@@ -189,7 +191,7 @@ class Autoscaler:
                 await self._clear_status(meta["namespace"], meta["name"], meta["uid"])
 
     async def _read_metrics(
-        self, spec: InferenceServiceSpec, ns: str, name: str
+        self, spec: InferenceServiceSpec, ns: str, name: str, *, prompt_len: bool = False
     ) -> tuple[Metrics | None, tuple[str, str]]:
         """The reading (outside any lock: it may be slow), or None and (reason, message)."""
         assert spec.autoscaling is not None
@@ -201,7 +203,7 @@ class Autoscaler:
         if not url:
             return None, why
         try:
-            return await self.source.fetch(url, ns, name), why
+            return await self.source.fetch(url, ns, name, prompt_len=prompt_len), why
         except MetricsUnavailable as e:
             return None, (e.reason, e.message)
 

@@ -43,6 +43,15 @@ def queries(namespace: str, name: str, ttft_window: str = "1m") -> dict[str, str
     }
 
 
+def prompt_len_query(namespace: str, name: str, window: str = "1m") -> str:
+    """Mean prompt length of the recent requests (for the prefill floor of a tuned service)."""
+    sel = selector(namespace, name)
+    return (
+        f"sum(rate({options.METRIC_PROMPT_TOKENS}_total{sel}[{window}])) / "
+        f"sum(rate({options.METRIC_REQUEST_SUCCESS}_total{sel}[{window}]))"
+    )
+
+
 def scalar(body: Mapping[str, Any]) -> float | None:
     """The single value of an instant-vector answer; None for no series or NaN.
 
@@ -92,10 +101,15 @@ class PrometheusSource:
             raise MetricsUnavailable("QueryFailed", f"{url}: not JSON") from e
         return scalar(body)
 
-    async def fetch(self, base_url: str, namespace: str, name: str) -> Metrics:
-        """The current reading for one InferenceService, or MetricsUnavailable."""
+    async def fetch(
+        self, base_url: str, namespace: str, name: str, *, prompt_len: bool = False
+    ) -> Metrics:
+        """The current reading for one InferenceService, or MetricsUnavailable. `prompt_len`:
+        also the mean prompt length, for the queued prompt tokens of the prefill floor."""
         at = time.time()
         q = queries(namespace, name, self._ttft_window)
+        if prompt_len:
+            q["prompt_len"] = prompt_len_query(namespace, name, self._ttft_window)
         keys = list(q)
         values = await asyncio.gather(*(self._query(base_url, q[k], at) for k in keys))
         got = dict(zip(keys, values))
@@ -105,9 +119,13 @@ class PrometheusSource:
                 f"no {options.METRIC_NUM_REQUESTS_WAITING} series for {namespace}/{name} "
                 "(not scraped yet, or the namespace/inferenceservice labels are missing)",
             )
+        isl = got.get("prompt_len")
+        isl = isl if isl is not None and isl == isl and isl > 0 else None  # NaN: no requests
         return Metrics(
             ttft_p95_s=got["ttft_p95"],
             waiting=max(got["waiting"], 0.0),
             kv_cache_usage=got["kv_cache"],
             age_s=max(at - got["newest"], 0.0),
+            queued_prompt_tokens=None if isl is None else max(got["waiting"], 0.0) * isl,
+            mean_prompt_tokens=isl,
         )

@@ -54,6 +54,19 @@ async def lookup(
     return TunedMount(name, profiles.data_hash(cm))
 
 
+async def tuned_prefill_rate(
+    api: Any, body: Mapping[str, Any], spec: InferenceServiceSpec
+) -> float | None:
+    """V_P (`capacity.prefill_tokens_per_s`) of the profile this service mounts, else None."""
+    name = chosen_profile(body, spec)
+    if name is None:
+        return None
+    cm = await api.get("ConfigMap", body["metadata"]["namespace"], name)
+    value = profiles.capacity(cm).get("prefill_tokens_per_s")
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    return float(value) if ok else None
+
+
 def mount_profile(deployment: dict[str, Any], tuned: TunedMount) -> dict[str, Any]:
     """Add the profile volume, mount, flags and a pod-template annotation (a new profile rolls)."""
     template = deployment["spec"]["template"]

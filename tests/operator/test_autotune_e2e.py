@@ -9,6 +9,7 @@ Job controller by writing the Job's status.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pathlib
 import sys
@@ -16,10 +17,12 @@ import time
 from typing import Any
 
 import pytest
+from fake_prometheus import FakePrometheus
 from kube_emulator import Emulator
 from operator_harness import DEPLOY, wait_for
-from operator_helpers import CM, assert_permitted, create_isvc
+from operator_helpers import CM, assert_permitted, create_isvc, mark_available
 from pagoda.operator.autotune import jobs as jobs_mod
+from pagoda.operator.autotune.floor import prefill_floor
 from pagoda.operator.autotune.keys import PRODUCT_LABEL
 from pagoda.operator.autotune.mount import MOUNT_PATH, VOLUME
 from pagoda.operator.autotune.profiles import ATTEMPTS_ANNOTATION
@@ -210,3 +213,54 @@ async def test_autotune_jobs_profiles_mounts_failures_and_gc(
         if r.headers.get("User-Agent", "").startswith(PUBLISH_AGENT) and r.resource
     }
     assert publisher == {("GET", "configmaps", h200_profile), ("PATCH", "configmaps", h200_profile)}
+
+
+class PromptAwarePrometheus(FakePrometheus):
+    """The fake Prometheus, also answering the mean-prompt-length query of a tuned service."""
+
+    prompt_len = 30.0
+
+    def _value(self, q: str) -> float | None:
+        if "prompt_tokens_total" in q:
+            return self.prompt_len
+        return super()._value(q)
+
+
+async def test_tuned_service_gets_the_prefill_floor(
+    emulator: Emulator, kube: KubeApi, start_operator: Any, tuned_dir: pathlib.Path
+) -> None:
+    """With V_P from its mounted profile, a queue lifts the replicas past the ×2 step at once."""
+    prom = PromptAwarePrometheus()
+    await prom.start()
+    try:
+        await add_node(kube, "h200-a", H200)
+        await start_operator(prometheus_url=prom.url, autotune_interval_s=0.2,
+                             autoscale_interval_s=0.3, resync_interval_s=300.0)  # fmt: skip
+        auto = {"minReplicas": 1, "maxReplicas": 10, "targetTTFTSeconds": 5.0}
+        await create_isvc(kube, "fl", spec(nodeSelector={PRODUCT_LABEL: H200}, autoscaling=auto))
+        profile = await wait_for(lambda: autotune(emulator, "fl").get("profile"), what="profile")
+        await publish(tuned_dir, profile)
+        job = profile.replace("pagoda-tuned-", "pagoda-tune-")
+        await wait_for(lambda: emulator.live(JOBS, "default", job), what="job")
+        await finish_job(kube, job, ok=True)
+        await wait_for(lambda: mounted(emulator, "fl") == profile, 10, what="mounted")
+        await mark_available(kube, "fl", ready=1)
+        prom.ttft, prom.waiting = 6.0, 5000.0  # ratio 1.2: the ×2 cap alone would give 2
+        deploy = await wait_for(
+            lambda: (emulator.live(DEPLOY, "default", "fl") or {}).get("spec", {}).get("replicas", 0) > 1
+            and emulator.live(DEPLOY, "default", "fl"), 10, what="scaled up",
+        )  # fmt: skip
+        v_p = json.loads(emulator.live(CM, "default", profile)["data"]["profile.json"])["capacity"][
+            "prefill_tokens_per_s"
+        ]
+        assert deploy["spec"]["replicas"] == min(10, prefill_floor(5000 * 30.0, v_p, 5.0, 30.0))
+
+        def last_scale() -> str:
+            body = emulator.live("serving.pagoda.dev/v1alpha1/inferenceservices", "default", "fl")
+            return ((body.get("status") or {}).get("autoscaling") or {}).get("lastScaleReason", "")
+
+        reason = await wait_for(last_scale, what="status.autoscaling written")
+        assert reason.startswith("PrefillFloor"), reason
+        assert any("prompt_tokens_total" in q for q in prom.queries)
+    finally:
+        await prom.stop()
