@@ -61,6 +61,7 @@ SHAPES = {
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,
+        tie_word_embeddings=True,  # as the 1b shape
     ),
 }
 
