@@ -77,6 +77,7 @@ class ModelRunner:
         ]
         self.cuda_graphs: CudaGraphRunner | None = None
         self.clock: StepClock | None = None  # set by EngineCore.enable_step_clock
+        self._last_sampling: tuple[tuple[int, ...], SamplingBatch, list[Request]] | None = None
 
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         """On CUDA with the Triton backend, record decode steps for padded batch sizes."""
@@ -196,11 +197,23 @@ class ModelRunner:
         for r in reqs:
             if r.params.seed is not None and r.generator is None:
                 r.generator = torch.Generator(device=self.device).manual_seed(r.params.seed)
-        batch = SamplingBatch.build(reqs, logits.shape[-1], self.device)
+        batch = self._sampling_batch(reqs, logits.shape[-1])
         so = sample(logits, batch)
         if clock is not None:
             clock.mark("sample")
         return reqs, so
+
+    def _sampling_batch(self, reqs: list[Request], vocab_size: int) -> SamplingBatch:
+        """The step's sampling parameters, reused while the same requests sample in the same
+        order (steady decoding): params are frozen, generators are the requests' own objects.
+        Penalties depend on the tokens so far and are rebuilt every step."""
+        key = tuple(map(id, reqs))
+        cached = self._last_sampling
+        if cached is not None and cached[0] == key and cached[1].output_counts is None:
+            return cached[1]
+        batch = SamplingBatch.build(reqs, vocab_size, self.device)
+        self._last_sampling = (key, batch, reqs)  # holding reqs keeps their ids unique
+        return batch
 
     def _readback(self, reqs: list[Request], so: SamplerOutput) -> ModelRunnerOutput:
         token_ids = so.token_ids.tolist()  # the step's one device→host sync
