@@ -237,7 +237,8 @@ class KubeApi:
                 self.failing_since = time.monotonic()
         else:
             self.failing_since = None
-        if (status == 0 or status >= 400) and self._on_error is not None:
+        not_found_read = status == 404 and method == "GET"  # an answer, not an error
+        if (status == 0 or status >= 400) and not not_found_read and self._on_error is not None:
             self._on_error(status, method)
 
     def unreachable_for(self) -> float:

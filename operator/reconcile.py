@@ -229,7 +229,10 @@ async def on_child_event(
         recorded = spec_error_in_status(fresh)
         if recorded is not None:  # keep the last valid children alone until the spec is fixed
             if kind == "Deployment" and event_type != "DELETED":
-                await write_status(api, fresh, child, spec_error=recorded, url=None, fresh=fresh)
+                deployment = await api.get(kind, owner.namespace, name)  # not the event's copy
+                await write_status(
+                    api, fresh, deployment, spec_error=recorded, url=None, fresh=fresh
+                )
             return
         if (fresh.get("status") or {}).get("observedGeneration") != meta.get("generation"):
             return  # a spec change not reconciled yet: its handler applies every child in order
@@ -237,7 +240,9 @@ async def on_child_event(
             spec = validation.parse(fresh, config)
         except SpecError:
             return  # the create/update handler reports it
-        actual = None if event_type == "DELETED" else child
+        # the event's body may be older than the object (kopf batches events): read it again,
+        # so neither the restore nor the status is computed from a stale version
+        actual = await api.get(kind, owner.namespace, name)
         replicas = (
             ((actual or {}).get("spec") or {}).get("replicas") if kind == "Deployment" else None
         )
@@ -255,7 +260,7 @@ async def on_child_event(
         )
         if desired is None:
             return
-        if event_type == "DELETED":
+        if actual is None:
             logger.info("%s %s was deleted; restoring it.", kind, name)
         live = await apply_child(api, desired, owner.uid, logger, actual=actual)
         if kind == "Deployment":

@@ -51,6 +51,7 @@ class Reconciler:
         self.metrics = metrics
         self._follow_ups: dict[str, asyncio.Task[None]] = {}
         self._succeeded: dict[str, float] = {}  # uid → monotonic time of the last success
+        self._failed: dict[str, float] = {}  # uid → monotonic time of the last failure
 
     async def run(
         self, body: Mapping[str, Any], logger: logging.Logger, retry: int, trigger: str
@@ -115,9 +116,10 @@ class Reconciler:
     def schedule(self, body: Mapping[str, Any], trigger: str, delay: float, attempt: int) -> None:
         """Reconcile this object again after `delay` s unless one succeeds meanwhile."""
         meta = body["metadata"]
+        self._failed[meta["uid"]] = time.monotonic()
         running = self._follow_ups.get(meta["uid"])
         if running is not None and not running.done():
-            return  # one follow-up per object: it keeps retrying until a success
+            return  # one follow-up per object: it retries until a success after this failure
         ref = {
             "apiVersion": body.get("apiVersion"),
             "kind": body.get("kind", KIND),
@@ -132,16 +134,16 @@ class Reconciler:
     ) -> None:
         uid, name = ref["metadata"]["uid"], ref["metadata"]["name"]
         for n in range(attempt, attempt + MAX_FOLLOW_UPS):
-            since = time.monotonic()
             await asyncio.sleep(delay)
-            if self._succeeded.get(uid, float("-inf")) > since:
-                return  # kopf's retry (or another path) got there first
+            if self._succeeded.get(uid, float("-inf")) > self._failed.get(uid, float("inf")):
+                return  # kopf's retry (or another path) succeeded after the last failure
             if self.metrics is not None:
                 self.metrics.reconcile_retries.labels(trigger).inc()
             try:
                 await self._run(ref, log, n, trigger)
                 return
             except kopf.TemporaryError as e:
+                self._failed[uid] = time.monotonic()
                 delay = e.delay or backoff(n)
                 log.warning("Retrying %s %s in %.0f s: %s", KIND, name, delay, e)
             except kopf.PermanentError:

@@ -8,7 +8,7 @@ from typing import Any
 
 import kmock
 import pytest
-from kube_emulator import Emulator
+from faulty_emulator import FaultyEmulator
 from operator_harness import TEST_AGENT, RunningOperator, load_crd, write_kubeconfig
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.k8s import KubeApi
@@ -17,8 +17,9 @@ from pagoda.operator.k8s import KubeApi
 @pytest.fixture
 async def emulator(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[Emulator]:
-    emu = Emulator()
+) -> AsyncIterator[FaultyEmulator]:
+    """The API-server emulator; faults are off unless a test injects them."""
+    emu = FaultyEmulator()
     emu.resources.load_bundled()
     emu.declare_crd(load_crd())
     async with emu, kmock.Server(emu, host="127.0.0.1") as server:
@@ -29,7 +30,7 @@ async def emulator(
 
 
 @pytest.fixture
-async def kube(emulator: Emulator) -> AsyncIterator[KubeApi]:
+async def kube(emulator: FaultyEmulator) -> AsyncIterator[KubeApi]:
     """An API client for the test itself (its requests are told apart by the user agent)."""
     api = KubeApi(user_agent=TEST_AGENT, request_timeout_s=5)
     await api.request(

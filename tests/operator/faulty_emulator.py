@@ -6,13 +6,15 @@ the test's, and never discovery, CRD or namespace requests (what kopf needs to s
 * `fail_next(...)`: the next N matching requests get an error, optionally a plain-text or HTML
   body (what a proxy in front of the API server answers) instead of a Status object;
 * `chaos(rate, statuses, watch_drop_rate)`: each request fails with one of `statuses` with
-  probability `rate`; each watch is cut after 0.2–2 s with probability `watch_drop_rate`;
+  probability `rate` (409 only for writes); each watch is cut after 0.2–2 s with probability
+  `watch_drop_rate`;
 * `calls`, `injected` and `dropped` count what happened (the operator's requests only).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -82,6 +84,23 @@ class FaultyEmulator(Emulator):
             return aiohttp.web.Response(status=status, text=text, content_type=ctype)
         raise _status(status, _REASONS.get(status, "InternalError"), "injected fault")
 
+    async def _dropped_watch(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """A watch that streams the current objects, then breaks after 0.2-2 s, as when a load
+        balancer drops the connection (changes meanwhile reach the client on its next watch,
+        which replays every object). Served here, not by kmock: cancelling kmock's stream
+        mid-way leaves its event bus locked."""
+        self.dropped += 1
+        raw = request._raw_request
+        response = aiohttp.web.StreamResponse()
+        response.content_type = "application/json"
+        await response.prepare(raw)
+        for obj in self._matching(request):
+            await response.write(json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n")
+        await asyncio.sleep(self.rng.uniform(0.2, 2.0))
+        if raw.transport is not None:
+            raw.transport.close()  # no terminating chunk: the client sees a broken stream
+        return response
+
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         res = request.resource
         agent = request.headers.get("User-Agent", "")
@@ -92,13 +111,7 @@ class FaultyEmulator(Emulator):
         self.calls += 1
         if request.action == kmock.action.WATCH:
             if self.rng.random() < self.watch_drop_rate:
-                self.dropped += 1
-                try:  # the connection breaks mid-stream, as when a load balancer drops it
-                    return await asyncio.wait_for(
-                        super()._handle(request), self.rng.uniform(0.2, 2.0)
-                    )
-                except asyncio.TimeoutError:
-                    raise ConnectionResetError("injected: watch stream dropped") from None
+                return await self._dropped_watch(request)
             return await super()._handle(request)
         for fault in self.targeted:
             if (
@@ -110,5 +123,8 @@ class FaultyEmulator(Emulator):
                 fault.times -= 1
                 return self._error(fault.status, fault.text)
         if self.rate and self.rng.random() < self.rate:
-            return self._error(self.rng.choice(self.statuses), None)
+            # 409 is an answer to writes only: an API server never sends it for a read (and
+            # kopf, rightly, treats one on a list as fatal)
+            fits = [s for s in self.statuses if s != 409 or request.method.value != "GET"]
+            return self._error(self.rng.choice(fits or [500]), None)
         return await super()._handle(request)

@@ -7,16 +7,13 @@ requests of the operator (never the test's own).
 from __future__ import annotations
 
 import asyncio
-import pathlib
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import kmock
 import pytest
 from faulty_emulator import FaultyEmulator
-from operator_harness import DEPLOY, ISVC, load_crd, wait_for, write_kubeconfig
+from operator_harness import DEPLOY, ISVC, wait_for
 from operator_helpers import (
     CM,
     EXAMPLE_SPEC,
@@ -29,21 +26,6 @@ from operator_helpers import (
 )
 from pagoda.operator import k8s
 from pagoda.operator.k8s import ApiError, KubeApi
-
-
-@pytest.fixture
-async def emulator(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[FaultyEmulator]:
-    """Overrides conftest's: the same emulator with faults (kube and start_operator use it)."""
-    emu = FaultyEmulator()
-    emu.resources.load_bundled()
-    emu.declare_crd(load_crd())
-    async with emu, kmock.Server(emu, host="127.0.0.1") as server:
-        emu.port = server.port
-        emu.kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server.port)
-        monkeypatch.setenv("KUBECONFIG", str(emu.kubeconfig))
-        yield emu
 
 
 async def get(port: int | None, path: str) -> tuple[int, str]:

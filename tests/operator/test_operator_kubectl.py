@@ -74,7 +74,8 @@ async def test_kubectl_apply_get_scale_delete(
             emulator, "get", "inferenceservices.serving.pagoda.dev", "smollm2", "-o", "wide"
         )
     )
-    assert header[-2:] == ["AVAILABLE", "REASON"] and row[-2:] == ["1", "AsExpected"]
+    # TUNING (the autotune column) is empty without spec.autotune: no cell in the split row
+    assert header[-3:] == ["AVAILABLE", "REASON", "TUNING"] and row[-2:] == ["1", "AsExpected"]
 
     out = await kubectl(emulator, "scale", "isvc/smollm2", "--replicas=3")
     assert "scaled" in out
