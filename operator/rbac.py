@@ -70,7 +70,9 @@ API_PERMISSIONS: tuple[Permission, ...] = (
 )
 
 
-def permissions(features: frozenset[str] | set[str] = frozenset({"autotune"})) -> tuple[Permission, ...]:
+def permissions(
+    features: frozenset[str] | set[str] = frozenset({"autotune"}),
+) -> tuple[Permission, ...]:
     """The permissions with these optional features on."""
     return tuple(p for p in API_PERMISSIONS if p.feature is None or p.feature in features)
 

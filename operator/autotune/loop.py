@@ -25,7 +25,7 @@ from pagoda.operator.autotune import jobs, profiles
 from pagoda.operator.autotune.keys import TuneKey, key_for, products_for
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.k8s import ApiError, KubeApi
-from pagoda.operator.names import KIND
+from pagoda.operator.names import KIND, RESOURCES
 from pagoda.operator.spec import InferenceServiceSpec, SpecError
 
 log = logging.getLogger(__name__)
@@ -195,13 +195,24 @@ class Autotuner:
             log.info("Reconcile after an autotune change of %s: %s", meta["name"], e)
 
     async def _collect(self, t: Tick) -> None:
-        for cm in await self.api.list_all("ConfigMap", self.config.namespaces):
+        for cm in await self._profile_config_maps():
             meta = cm["metadata"]
             where = (meta["namespace"], meta["name"])
             if not profiles.is_profile(cm) or where in t.wanted or meta["namespace"] in t.unsure:
                 continue
             if await self.api.delete("ConfigMap", *where):
                 log.info("Deleted tuned profile %s/%s: no %s uses it.", *where, KIND)
+
+    async def _profile_config_maps(self) -> list[dict[str, Any]]:
+        """Profile ConfigMaps in the served namespaces (server-side label selector; the labels
+        are checked again by the caller, for API servers that ignore the selector)."""
+        res = RESOURCES["ConfigMap"]
+        selector = ",".join(f"{k}={v}" for k, v in profiles.profile_labels().items())
+        items: list[dict[str, Any]] = []
+        for ns in self.config.namespaces or (None,):
+            data = await self.api.request("GET", res.path(ns), params={"labelSelector": selector})
+            items += (data or {}).get("items") or []
+        return items
 
 
 def service_status(keys: list[TuneKey], states: list[KeyState]) -> dict[str, Any]:
