@@ -141,10 +141,13 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
     Flag("--seed", "engine seed (a request's `seed` overrides it)", DEFAULT_SEED, int),
     Flag("--max-model-len", "context length in tokens (default: the model's, capped to the KV "
          "cache)", None, int),
-    Flag("--max-num-seqs", "requests in one batch", DEFAULT_MAX_NUM_SEQS, int),
+    # Scheduler knobs default to None (= engine default) so that a tuned profile can tell an
+    # explicit flag from an omitted one.
+    Flag("--max-num-seqs", f"requests in one batch (default: {DEFAULT_MAX_NUM_SEQS}, or the tuned "
+         "profile's)", None, int),
     Flag("--max-num-batched-tokens", "token budget of one step (default: "
-         f"{DEFAULT_MAX_NUM_BATCHED_TOKENS}; without chunked prefill at least max_model_len)",
-         None, int),
+         f"{DEFAULT_MAX_NUM_BATCHED_TOKENS}, or the tuned profile's; without chunked prefill at "
+         "least max_model_len)", None, int),
     Flag("--block-size", "KV-cache block size in tokens", DEFAULT_BLOCK_SIZE, int,
          choices=BLOCK_SIZES),
     Flag("--enable-prefix-caching", "reuse the KV cache of shared prompt prefixes",

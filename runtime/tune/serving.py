@@ -2,8 +2,8 @@
 
 Applying means two things: ``DIR/configs`` goes first in ``$PAGODA_KERNEL_CONFIG_DIR`` (kernel
 launch configs), and the profile's ``max_num_batched_tokens``/``max_num_seqs`` become the engine
-arguments unless a flag set them. A flag counts as set when its value differs from the flag's
-default (argparse cannot tell an explicit default from an omitted flag).
+arguments unless a flag set them (those flags default to None, so an explicit `--max-num-seqs 64`
+wins over the profile even though 64 is also the engine's default).
 """
 
 from __future__ import annotations
@@ -66,8 +66,10 @@ def profile_engine_args(
     ``defaults`` maps each engine argument to its flag default (a value equal to it is "unset").
     """
     merged = dict(engine_args)
-    explicit = {k for k, v in engine_args.items() if v is not None and v != defaults.get(k)}
     tuned = profile.scheduler_args()
+    explicit = {
+        k for k, v in engine_args.items() if v is not None and (v != defaults.get(k) or k in tuned)
+    }
     if merged.get("enable_chunked_prefill") is False:
         tuned.pop("max_num_batched_tokens", None)  # must cover max_model_len then; engine default
     for key, value in tuned.items():

@@ -19,8 +19,8 @@ from pagoda.runtime.tune.profile import (
 )
 from pagoda.runtime.tune.serving import apply_tuned_profile, check_profile, profile_engine_args
 
-ENGINE_ARGS = {"dtype": "float32", "device": "cpu", "max_num_seqs": 64}
-DEFAULTS = {"max_num_seqs": 64, "max_num_batched_tokens": None, "dtype": "auto"}
+ENGINE_ARGS = {"dtype": "float32", "device": "cpu"}  # the scheduler flags were omitted
+DEFAULTS = {"max_num_seqs": None, "max_num_batched_tokens": None, "dtype": "auto"}
 
 
 def make_profile(folder, **overrides):
@@ -89,6 +89,9 @@ def test_flags_override_the_profile():
     assert profile_engine_args(P(), ENGINE_ARGS, DEFAULTS) == {
         **ENGINE_ARGS, "max_num_seqs": 12, "max_num_batched_tokens": 96,
     }  # fmt: skip
+    # an explicit flag wins even when it equals the engine's default (64)
+    same_as_default = {**ENGINE_ARGS, "max_num_seqs": 64}
+    assert profile_engine_args(P(), same_as_default, DEFAULTS)["max_num_seqs"] == 64
     # set explicitly: the flag wins, and a batch larger than the tuned budget gets the budget
     explicit = {**ENGINE_ARGS, "max_num_seqs": 128}
     assert profile_engine_args(P(), explicit, DEFAULTS) == {
