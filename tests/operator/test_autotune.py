@@ -122,3 +122,62 @@ def test_policy_floor_lifts_the_recommendation_past_the_step_cap() -> None:
                   history=((0.0, 5),), now=15.0)  # fmt: skip
     assert same.replicas == decide(Policy(**base), idle, current=5, ready=5,
                                    history=((0.0, 5),), now=15.0).replicas  # fmt: skip
+
+
+def test_rendered_commands_parse_with_the_real_runtime_parsers() -> None:
+    """The Job's `pagoda tune` line and the tuned Deployment's `pagoda serve` line."""
+    import argparse
+
+    from pagoda.operator.autotune.mount import MOUNT_PATH, TunedMount
+    from pagoda.operator.builders import Owner, build_children
+    from pagoda.runtime.server.cli import build_parser
+    from pagoda.runtime.tune import cli as tune_cli
+
+    spec = parse(engine={"maxModelLen": 512, "dtype": "bfloat16"})
+    key = key_for(spec, "H200")
+    tune_parser = argparse.ArgumentParser()
+    tune_cli.add_arguments(tune_parser)
+    t = tune_parser.parse_args(jobs.tune_args(key, spec))
+    assert (t.model, t.dtype, t.max_model_len, t.output) == (
+        "smollm2-135m",
+        "bfloat16",
+        512,
+        "/profile",
+    )
+    assert tune_cli.parse_duration(t.time_budget) == spec.autotune.time_budget_seconds
+    owner = Owner("svc", "default", "uid-1")
+    deploy = build_children(owner, spec, tuned=TunedMount("cm", "h")).get("Deployment")
+    s = build_parser().parse_args(deploy["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert (s.tuned_profile, s.tuned_profile_mismatch) == (MOUNT_PATH, "warn")
+
+
+def test_manifests_are_valid_kubernetes_objects() -> None:
+    import kubernetes_validate
+
+    spec = parse(
+        model="pvc://models/llama", tolerations=[{"key": "dedicated", "operator": "Exists"}]
+    )
+    key = key_for(spec, "H200")
+    cm = profiles.build_profile_config_map(key, "default")
+    cm["metadata"]["uid"] = "uid-cm"
+    for doc in (cm, *jobs.build_rbac(key, "default", cm), jobs.build_job(key, spec, "default", cm)):
+        kubernetes_validate.validate(doc, "1.32.0", strict=True)
+    job = jobs.build_job(key, spec, "default", cm)
+    volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+
+
+@pytest.mark.parametrize(
+    ("autotune", "resources", "ok"),
+    [({"enabled": True}, {"gpus": 1}, True), ({"enabled": True}, {}, False),
+     ({"enabled": False}, {}, True), ({"enabled": True, "timeBudgetSeconds": 10}, {"gpus": 1}, False)],
+)  # fmt: skip
+def test_crd_rules_for_autotune(autotune: dict, resources: dict, ok: bool) -> None:
+    from crd_schema import validate
+    from operator_harness import load_crd
+
+    doc = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
+           "metadata": {"name": "x"},
+           "spec": {"model": "m", "autotune": autotune, "resources": resources}}  # fmt: skip
+    errors = validate(load_crd(), doc)
+    assert (not errors) == ok, errors
