@@ -1,7 +1,8 @@
 """Every (group, resource, verbs) the operator process needs, kopf's calls included.
 
-The Helm chart's ClusterRole grants exactly these; the end-to-end tests check that each request
-the operator made is covered.
+The Helm chart's ClusterRole grants exactly these (`permissions(features)`: the autotuning rows
+only with the chart value `autotune.enabled`); the end-to-end tests check that each request the
+operator made is covered.
 """
 
 from __future__ import annotations
