@@ -54,6 +54,7 @@ class FaultyEmulator(Emulator):
         self.calls = 0
         self.injected: Counter[int] = Counter()
         self.dropped = 0
+        self._sure_drops = 0
 
     def fail_next(
         self,
@@ -76,6 +77,7 @@ class FaultyEmulator(Emulator):
         watch_drop_rate: float = 0.0,
     ) -> None:
         self.rate, self.statuses, self.watch_drop_rate = rate, statuses, watch_drop_rate
+        self._sure_drops = 2 if watch_drop_rate else 0  # the first watches after this: cut
 
     def _error(self, status: int, text: str | None) -> aiohttp.web.StreamResponse:
         self.injected[status] += 1
@@ -110,7 +112,8 @@ class FaultyEmulator(Emulator):
             return await super()._handle(request)
         self.calls += 1
         if request.action == kmock.action.WATCH:
-            if self.rng.random() < self.watch_drop_rate:
+            if self._sure_drops or self.rng.random() < self.watch_drop_rate:
+                self._sure_drops = max(0, self._sure_drops - 1)
                 return await self._dropped_watch(request)
             return await super()._handle(request)
         for fault in self.targeted:

@@ -145,8 +145,10 @@ async def run_script(kube: KubeApi, op: OperatorProcess, want: dict[str, Any]) -
         want[f"svc-{i}"] = (8 + i, 1)
     await create_isvc(kube, "broken", {"model": "hf://meta-llama/Llama-3.1-8B"})
     want["broken"] = "UnsupportedModelURI"
+    await create_isvc(kube, "invalid", {**EXAMPLE_SPEC, "replicas": 500})  # stays invalid
+    want["invalid"] = "InvalidSpec"
     await asyncio.sleep(0.3)
-    await op.kill()  # mid-reconcile: six services created 0.3 s ago
+    await op.kill()  # mid-reconcile: seven services created 0.3 s ago
     await patch_isvc(kube, "svc-0", {"spec": {"engine": {"maxNumSeqs": 64}}})  # while down
     want["svc-0"] = (64, 1)
     await op.start()
