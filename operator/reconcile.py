@@ -236,33 +236,45 @@ async def on_child_event(
             return
         if (fresh.get("status") or {}).get("observedGeneration") != meta.get("generation"):
             return  # a spec change not reconciled yet: its handler applies every child in order
-        try:
-            spec = validation.parse(fresh, config)
-        except SpecError:
-            return  # the create/update handler reports it
-        # the event's body may be older than the object (kopf batches events): read it again,
-        # so neither the restore nor the status is computed from a stale version
-        actual = await api.get(kind, owner.namespace, name)
-        replicas = (
-            ((actual or {}).get("spec") or {}).get("replicas") if kind == "Deployment" else None
-        )
-        tuned = await autotune_mount.lookup(api, fresh, spec) if kind == "Deployment" else None
-        children = build_children(
-            owner, spec, current_replicas=replicas, service_monitor=False, tuned=tuned
-        )
-        if (kind, name) in children.absent:
-            if actual is not None:
-                await delete_child(api, kind, owner.namespace, name, owner.uid, logger)
-            return
-        desired = next(
-            (c for c in children.desired if c["kind"] == kind and c["metadata"]["name"] == name),
-            None,
-        )
-        if desired is None:
-            return
-        if actual is None:
-            logger.info("%s %s was deleted; restoring it.", kind, name)
-        live = await apply_child(api, desired, owner.uid, logger, actual=actual)
-        if kind == "Deployment":
-            url = config.service_url(owner.name, owner.namespace)
-            await write_status(api, fresh, live, spec_error=None, url=url, fresh=fresh)
+        await _restore(api, fresh, owner, kind, name, config, logger)
+
+
+async def _restore(
+    api: KubeApi,
+    fresh: Mapping[str, Any],
+    owner: Owner,
+    kind: str,
+    name: str,
+    config: OperatorConfig,
+    logger: logging.Logger,
+) -> None:
+    """Make one child match the spec again (the owner's lock held); a Deployment also
+    refreshes the owner's status."""
+    try:
+        spec = validation.parse(fresh, config)
+    except SpecError:
+        return  # the create/update handler reports it
+    # the event's body may be older than the object (kopf batches events): read it again,
+    # so neither the restore nor the status is computed from a stale version
+    actual = await api.get(kind, owner.namespace, name)
+    replicas = ((actual or {}).get("spec") or {}).get("replicas") if kind == "Deployment" else None
+    tuned = await autotune_mount.lookup(api, fresh, spec) if kind == "Deployment" else None
+    children = build_children(
+        owner, spec, current_replicas=replicas, service_monitor=False, tuned=tuned
+    )
+    if (kind, name) in children.absent:
+        if actual is not None:
+            await delete_child(api, kind, owner.namespace, name, owner.uid, logger)
+        return
+    desired = next(
+        (c for c in children.desired if c["kind"] == kind and c["metadata"]["name"] == name),
+        None,
+    )
+    if desired is None:
+        return
+    if actual is None:
+        logger.info("%s %s was deleted; restoring it.", kind, name)
+    live = await apply_child(api, desired, owner.uid, logger, actual=actual)
+    if kind == "Deployment":
+        url = config.service_url(owner.name, owner.namespace)
+        await write_status(api, fresh, live, spec_error=None, url=url, fresh=fresh)
