@@ -5,7 +5,8 @@ A step's batch is flattened: T query tokens from B sequences laid end to end, *d
 absolute position, to all of its context: the tokens already in the paged cache plus the new ones.
 
 KV cache layout, per layer: ``k_cache`` and ``v_cache`` of shape
-``[num_blocks, block_size, num_kv_heads, head_dim]``; token ``t`` of a sequence lives in block
+``[num_blocks, block_size, num_kv_heads, head_dim]`` (a backend may choose another layout and
+element type through ``allocate_kv_cache``, as the CPU backend does); token ``t`` of a sequence lives in block
 ``block_tables[seq, t // block_size]`` at offset ``t % block_size``; ``slot_mapping[i]`` is
 ``block * block_size + offset`` for new token ``i`` (``-1``: do not write, e.g. padding).
 """
@@ -58,6 +59,20 @@ class AttentionBackend(ABC):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+
+    def cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """Element type of the KV cache (the model's by default)."""
+        return model_dtype
+
+    def allocate_kv_cache(
+        self, num_blocks: int, block_size: int, model_dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's (k_cache, v_cache), laid out as the module docstring says."""
+        shape = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        dt = self.cache_dtype(model_dtype)
+        return torch.zeros(shape, dtype=dt, device=device), torch.zeros(
+            shape, dtype=dt, device=device
+        )
 
     def prepare(self, meta: AttentionMetadata) -> None:  # noqa: B027 - optional hook
         """Build per-step tensors once (not once per layer); store them in ``meta.aux``."""

@@ -67,11 +67,9 @@ class ModelRunner:
         # Debug/test hook: called with (requests, float32 logits) of every step that samples.
         self.logits_observer: Callable[[list[Request], torch.Tensor], None] | None = None
         self.num_blocks = self._num_blocks()
-        shape = (self.num_blocks, self.block_size, mc.num_kv_heads, mc.head_dim)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = [
-            (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            self.backend.allocate_kv_cache(
+                self.num_blocks, self.block_size, self.dtype, self.device
             )
             for _ in range(mc.num_layers)
         ]
@@ -95,7 +93,7 @@ class ModelRunner:
     @property
     def bytes_per_block(self) -> int:
         mc = self.model_config
-        elem = torch.empty((), dtype=self.dtype).element_size()
+        elem = torch.empty((), dtype=self.backend.cache_dtype(self.dtype)).element_size()
         return 2 * mc.num_layers * self.block_size * mc.num_kv_heads * mc.head_dim * elem
 
     def _num_blocks(self) -> int:

@@ -48,6 +48,19 @@ def make_step(
     return q, k, v, k_cache, v_cache, meta
 
 
+def to_backend_layout(be: TorchAttentionBackend, cache: torch.Tensor) -> torch.Tensor:
+    """A [num_blocks, block_size, Hkv, D] cache copied into the backend's own layout."""
+    mine, _ = be.allocate_kv_cache(cache.shape[0], cache.shape[1], cache.dtype, cache.device)
+    mine.copy_(cache.permute(2, 0, 1, 3))
+    return mine
+
+
+def test_cache_layout_is_head_major_float32():
+    be = TorchAttentionBackend(6, 2, 32, 32**-0.5)
+    k, v = be.allocate_kv_cache(10, 16, torch.bfloat16, torch.device("cpu"))
+    assert k.shape == v.shape == (2, 10, 16, 32) and k.dtype == torch.float32
+
+
 @pytest.mark.parametrize(
     "seq_lens,query_lens",
     [
@@ -63,9 +76,9 @@ def make_step(
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_reference(seq_lens, query_lens, dtype):
-    q, k, v, kc, vc, meta = make_step(seq_lens, query_lens, dtype=dtype)
-    kc2, vc2 = kc.clone(), vc.clone()
+    q, k, v, kc2, vc2, meta = make_step(seq_lens, query_lens, dtype=dtype)
     be = TorchAttentionBackend(6, 2, 32, 32**-0.5)
+    kc, vc = to_backend_layout(be, kc2), to_backend_layout(be, vc2)
     be.prepare(meta)
     out = be.forward(q, k, v, kc, vc, meta)
     reference.write_kv_cache(k=k, v=v, k_cache=kc2, v_cache=vc2, slot_mapping=meta.slot_mapping)
@@ -81,7 +94,9 @@ def test_matches_reference(seq_lens, query_lens, dtype):
         scale=32**-0.5,
         num_decodes=meta.num_decodes,
     )
-    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    assert torch.equal(kc, to_backend_layout(be, kc2)) and torch.equal(
+        vc, to_backend_layout(be, vc2)
+    )
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
 

@@ -89,11 +89,11 @@ def test_attention_row_does_not_depend_on_how_it_is_batched(dtype):
     be = TorchAttentionBackend(h, hkv, d, d**-0.5)
 
     def last_row(seqs, new: int, extra_q: int = 0) -> torch.Tensor:
-        cache = [torch.zeros(128, bs, hkv, d, dtype=dtype) for _ in range(2)]
-        flat = [c.view(-1, hkv, d) for c in cache]
+        cache = list(be.allocate_kv_cache(128, bs, dtype, torch.device("cpu")))
+        flat = [c.view(hkv, -1, d) for c in cache]
         for p in range(n - new):  # the context that is already cached
-            flat[0][table[p // bs] * bs + p % bs] = k_all[p]
-            flat[1][table[p // bs] * bs + p % bs] = v_all[p]
+            flat[0][:, table[p // bs] * bs + p % bs] = k_all[p]
+            flat[1][:, table[p // bs] * bs + p % bs] = v_all[p]
         meta = _step(seqs, cache)
         rows = torch.randn(extra_q, h, d, generator=g).to(dtype)
         kx = torch.randn(extra_q, hkv, d, generator=g).to(dtype)
