@@ -161,6 +161,7 @@ async def resync_loop(reconciler: Reconciler, logger: logging.Logger) -> None:
         except ApiError as e:
             logger.warning("Resync could not list %s objects: %s", KIND, e)
             continue
+        reconciler.keep_only({b["metadata"]["uid"] for b in bodies})
         for body in bodies:
             try:
                 await reconciler.run(body, logger, 0, "resync")

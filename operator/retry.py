@@ -150,6 +150,12 @@ class Reconciler:
                 return  # a condition says why; the spec or the cluster has to change
         log.warning("%s %s: giving up retrying; the resync will try again.", KIND, name)
 
+    def keep_only(self, uids: set[str]) -> None:
+        """Forget the bookkeeping of objects that no longer exist (the resync lists them)."""
+        for book in (self._succeeded, self._failed):
+            for uid in set(book) - uids:
+                del book[uid]
+
     async def close(self) -> None:
         for task in self._follow_ups.values():
             task.cancel()
