@@ -43,6 +43,14 @@ class ModelRef:
             return f"{self.MOUNT_ROOT}/{self.subpath}" if self.subpath else self.MOUNT_ROOT
         return self.subpath
 
+    def add_volume(self, volumes: list[dict], mounts: list[dict]) -> None:
+        """Mount a `pvc://` model read-only at MOUNT_ROOT (nothing for other sources)."""
+        if self.source != "pvc":
+            return
+        claim = {"claimName": self.claim, "readOnly": True}
+        volumes.append({"name": "model", "persistentVolumeClaim": claim})
+        mounts.append({"name": "model", "mountPath": self.MOUNT_ROOT, "readOnly": True})
+
     @classmethod
     def parse(cls, uri: str) -> ModelRef:
         if uri in BUILTIN_MODELS:

@@ -115,11 +115,7 @@ def _volumes(model: ModelRef) -> tuple[list[dict[str, Any]], list[dict[str, Any]
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "dshm", "mountPath": "/dev/shm"},
     ]
-    if model.source == "pvc":
-        volumes.append(
-            {"name": "model", "persistentVolumeClaim": {"claimName": model.claim, "readOnly": True}}
-        )
-        mounts.append({"name": "model", "mountPath": ModelRef.MOUNT_ROOT, "readOnly": True})
+    model.add_volume(volumes, mounts)
     return volumes, mounts
 
 
