@@ -1,5 +1,29 @@
-"""Attention backends: one interface, a vectorized PyTorch backend (CPU) and a Triton backend (CUDA)."""
+"""Attention backends: one interface, a vectorized PyTorch backend (CPU) and a Triton backend (CUDA).
 
-from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata, get_attention_backend
+The factory lives here, above both backends, so that `base.py` imports neither of them.
+"""
+
+from __future__ import annotations
+
+import torch
+from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
+
+
+def get_attention_backend(
+    name: str, device: torch.device, num_heads: int, num_kv_heads: int, head_dim: int, scale: float
+) -> AttentionBackend:
+    """Resolve ``auto|torch|triton``: auto picks Triton on CUDA and the torch backend elsewhere."""
+    if name not in ("auto", "torch", "triton"):
+        raise ValueError(f"attention_backend must be auto, torch or triton, got {name!r}")
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "triton":
+        from pagoda.runtime.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend(num_heads, num_kv_heads, head_dim, scale)
+    from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
+
+    return TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale)
+
 
 __all__ = ["AttentionBackend", "AttentionMetadata", "get_attention_backend"]

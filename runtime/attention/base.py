@@ -40,10 +40,6 @@ class AttentionMetadata:
     # Backend-private, per-step tensors (masks, gather indices, split plans) built by `prepare`.
     aux: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def num_prefills(self) -> int:
-        return self.num_seqs - self.num_decodes
-
 
 class AttentionBackend(ABC):
     """Writes the step's new K/V into the paged cache, then attends over it."""
@@ -88,20 +84,3 @@ class AttentionBackend(ABC):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         """Store k/v at ``meta.slot_mapping``, then return attention output for every query token."""
-
-
-def get_attention_backend(
-    name: str, device: torch.device, num_heads: int, num_kv_heads: int, head_dim: int, scale: float
-) -> AttentionBackend:
-    """Resolve ``auto|torch|triton``: auto picks Triton on CUDA and the torch backend elsewhere."""
-    if name not in ("auto", "torch", "triton"):
-        raise ValueError(f"attention_backend must be auto, torch or triton, got {name!r}")
-    if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
-    if name == "triton":
-        from pagoda.runtime.attention.triton_backend import TritonAttentionBackend
-
-        return TritonAttentionBackend(num_heads, num_kv_heads, head_dim, scale)
-    from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
-
-    return TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale)

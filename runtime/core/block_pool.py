@@ -72,15 +72,13 @@ class FreeBlockQueue:
 class BlockPool:
     """Owns all `num_blocks` blocks; hands them out, takes them back, remembers full ones by hash."""
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
-        self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[bytes, KVCacheBlock] = {}
-        self.num_evictions = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -103,7 +101,6 @@ class BlockPool:
             if b.block_hash is not None:
                 del self.cached[b.block_hash]
                 b.block_hash = None
-                self.num_evictions += 1
             b.ref_cnt = 1
             out.append(b)
         return out

@@ -29,7 +29,7 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.pool = BlockPool(num_blocks, enable_caching)
+        self.pool = BlockPool(num_blocks)
         self.req_blocks: dict[str, list[KVCacheBlock]] = {}
         self.req_block_ids: dict[str, list[int]] = {}  # the same, as ids (read every step)
         self._num_cached: dict[str, int] = {}  # leading blocks of a request registered by hash

@@ -6,7 +6,7 @@ import pytest
 import torch
 from kernel_testlib import TOL, make_batch, mixed_seqs
 from pagoda.kernels import reference
-from pagoda.runtime.attention.base import AttentionMetadata, get_attention_backend
+from pagoda.runtime.attention import AttentionMetadata, get_attention_backend
 
 
 def _meta(batch, block_size: int) -> AttentionMetadata:
@@ -64,7 +64,10 @@ def test_triton_backend_matches_torch_backend(device, dtype):
         torch_be = get_attention_backend("torch", device, heads, kv_heads, head_dim, scale)
     except ImportError:  # the torch backend is optional for this comparison
         return
-    k2, v2 = batch.k_cache.clone(), batch.v_cache.clone()
+    # the torch backend keeps its own cache layout (head-major float32): copy the context in
+    k2, v2 = torch_be.allocate_kv_cache(*batch.k_cache.shape[:2], dtype, batch.k_cache.device)
+    k2.copy_(batch.k_cache.permute(2, 0, 1, 3))
+    v2.copy_(batch.v_cache.permute(2, 0, 1, 3))
     meta2 = _meta(batch, block_size)
     torch_be.prepare(meta2)
     want = torch_be.forward(batch.q, batch.k_new, batch.v_new, k2, v2, meta2)
