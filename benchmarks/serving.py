@@ -48,6 +48,9 @@ from llama_server import build_llama_server
 
 ROOT = Path(__file__).resolve().parents[1]
 PREAMBLE = 64
+# A fresh connection per request: llama-server closes idle keep-alive connections, and a request
+# sent on one just closed fails ("Server disconnected") through no fault of the server's speed.
+LIMITS = httpx.Limits(max_connections=512, max_keepalive_connections=0)
 
 
 @dataclass
@@ -147,7 +150,7 @@ def start_servers(args: argparse.Namespace, gguf_path: Path) -> list[Server]:
         servers.append(Server("pagoda", cmd, env))
     if "llama-server" in args.systems:
         binary = build_llama_server()  # cached; the first build takes minutes
-        ctx = str(args.llama_slots * 1024)  # each slot holds a 512-token prompt plus the output
+        ctx = str(args.llama_slots * 2048)  # per slot: Pagoda's --max-model-len
         cmd = [str(binary), "-m", str(gguf_path), "--host", "127.0.0.1", "--port", "{port}",
                "-np", str(args.llama_slots), "-c", ctx, "-cb", "-t", str(args.llama_threads),
                "-tb", str(args.llama_threads)]  # fmt: skip
@@ -210,7 +213,7 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> Result
 
 async def run_poisson(server: Server, bodies: list[dict], rate: float, seed: int) -> tuple:
     rng = random.Random(seed)
-    async with httpx.AsyncClient(timeout=1800, limits=httpx.Limits(max_connections=512)) as c:
+    async with httpx.AsyncClient(timeout=1800, limits=LIMITS) as c:
         url, tasks, start = server.base + "/v1/completions", [], time.perf_counter()
         for body in bodies:
             tasks.append(asyncio.ensure_future(one_request(c, url, body)))
@@ -224,7 +227,7 @@ async def run_concurrency(server: Server, bodies: list[dict], concurrency: int) 
     for b in bodies:
         queue.put_nowait(b)
     results: list[Result] = []
-    async with httpx.AsyncClient(timeout=1800, limits=httpx.Limits(max_connections=512)) as c:
+    async with httpx.AsyncClient(timeout=1800, limits=LIMITS) as c:
         url, start = server.base + "/v1/completions", time.perf_counter()
 
         async def worker() -> None:
@@ -241,7 +244,8 @@ def summarize(system: str, mode: str, load: float, results: list[Result], wall: 
     gaps = [g for r in ok for g in r.gaps]
     row = {"system": system, "mode": mode, "load": load, "requests": len(results),
            "errors": len(results) - len(ok), "seconds": wall,
-           "tok_s": sum(r.tokens for r in ok) / wall, "req_s": len(ok) / wall}  # fmt: skip
+           "tok_s": sum(r.tokens for r in ok) / wall, "req_s": len(ok) / wall,
+           "error_kinds": sorted({r.error or "no text" for r in results if r not in ok})[:3]}  # fmt: skip
     for q in (50, 90, 99):
         row[f"ttft_p{q}"] = pct(ttft, q)
         row[f"itl_p{q}"] = pct(gaps, q)
