@@ -35,7 +35,8 @@ def run_pagoda(loaded, prompts, out_len: int, dtype: str) -> dict:
     llm = LLM(loaded=loaded, dtype=dtype, max_num_seqs=256, max_num_batched_tokens=2048)
     llm.generate([{"prompt_token_ids": prompts[0][:16]}], SamplingParams(max_tokens=2))  # warm-up
     e = llm.engine
-    e.peak_blocks_used = e.tokens_at_peak = e.slots_at_peak = 0
+    peak = e.kv.peak
+    peak.reset()
     q0, h0 = e.kv.prefix_queries, e.kv.prefix_hits
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
     t = time.perf_counter()
@@ -48,10 +49,10 @@ def run_pagoda(loaded, prompts, out_len: int, dtype: str) -> dict:
         "seconds": dt,
         "output_tokens": n_out,
         "tok_s": n_out / dt,
-        "peak_blocks": e.peak_blocks_used,
-        "num_blocks": e.kv.pool.num_blocks,
-        "kv_waste": 1 - e.tokens_at_peak / max(1, e.slots_at_peak),  # empty slots in used blocks
-        "shared_blocks_saved": e.slots_at_peak // bs - e.peak_blocks_used,  # prefix sharing
+        "peak_blocks": peak.blocks,
+        "num_blocks": e.kv.num_blocks,
+        "kv_waste": 1 - peak.tokens / max(1, peak.slots),  # empty slots in used blocks
+        "shared_blocks_saved": peak.slots // bs - peak.blocks,  # prefix sharing
         "prefix_hit_rate": (e.kv.prefix_hits - h0) / max(1, e.kv.prefix_queries - q0),
     }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pagoda.runtime.core.block_pool import BlockPool, KVCacheBlock
 from pagoda.runtime.request import Request
@@ -25,6 +26,20 @@ def hash_block(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
     return h.digest()
 
 
+@dataclass
+class PeakUsage:
+    """The pool's high-water mark and, at that moment, the tokens held by the scheduled requests
+    and the slots of their blocks (fragmentation = 1 - tokens / slots; blocks saved by prefix
+    sharing = slots / block_size - blocks). Benchmarks read it; `reset` starts a new window."""
+
+    blocks: int = 0
+    tokens: int = 0
+    slots: int = 0
+
+    def reset(self) -> None:
+        self.blocks = self.tokens = self.slots = 0
+
+
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
         self.block_size = block_size
@@ -36,6 +51,16 @@ class KVCacheManager:
         self._cached_before_step: dict[str, int] = {}
         self.prefix_queries = 0  # prompt tokens looked up
         self.prefix_hits = 0  # of which found in the cache
+        self.peak = PeakUsage()
+
+    def record_peak(self, scheduled: Sequence) -> None:
+        """After scheduling: update `peak` when the pool's high-water mark rises (rarely)."""
+        used = self.pool.num_blocks - self.pool.num_free_blocks
+        if used <= self.peak.blocks:
+            return
+        self.peak.blocks = used
+        self.peak.tokens = sum(s.request.num_computed_tokens + s.num_new_tokens for s in scheduled)
+        self.peak.slots = sum(len(s.block_ids) for s in scheduled) * self.block_size
 
     def _caches(self, req: Request) -> bool:
         return self.enable_caching or req.cache_salt is not None
@@ -130,6 +155,10 @@ class KVCacheManager:
     def block_ids(self, request_id: str) -> list[int]:
         """The request's block table (kept up to date by allocation; do not mutate)."""
         return self.req_block_ids.get(request_id, [])
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
 
     @property
     def num_free_blocks(self) -> int:

@@ -64,9 +64,6 @@ class EngineCore:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._children: dict[str, list[str]] = {}  # request id → child ids (one per sample)
         self._parent: dict[str, tuple[str, int]] = {}
-        self.peak_blocks_used = 0  # high-water mark of blocks in use ...
-        self.tokens_at_peak = 0  # ... the tokens the scheduled requests held then ...
-        self.slots_at_peak = 0  # ... and the slots of their blocks (fragmentation = 1 - ratio)
         self.clock: StepClock | None = None  # per-phase timing, see `enable_step_clock`
 
     def enable_step_clock(self) -> StepClock:
@@ -144,13 +141,7 @@ class EngineCore:
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
-        used = self.kv.pool.num_blocks - self.kv.num_free_blocks
-        if used > self.peak_blocks_used:  # rare: only when the pool's high-water mark rises
-            self.peak_blocks_used = used
-            self.tokens_at_peak = sum(
-                s.request.num_computed_tokens + s.num_new_tokens for s in out.scheduled
-            )
-            self.slots_at_peak = sum(len(s.block_ids) for s in out.scheduled) * self.kv.block_size
+        self.kv.record_peak(out.scheduled)
         if clock is not None:
             clock.mark("schedule")
         result = self.runner.execute(out)
@@ -217,7 +208,7 @@ class EngineCore:
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
             kv_usage=self.kv.usage(),
-            num_blocks=self.kv.pool.num_blocks,
+            num_blocks=self.kv.num_blocks,
             num_free_blocks=self.kv.num_free_blocks,
             prefix_queries=self.kv.prefix_queries,
             prefix_hits=self.kv.prefix_hits,

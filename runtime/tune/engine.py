@@ -129,7 +129,7 @@ class EngineProfiler:
         needed = -(-context // bs) + batch * per_seq
         fits_len = context + steps + DECODE_SLACK < self.core.max_model_len
         limits = self.core.scheduler.config
-        return needed <= self.core.kv.pool.num_blocks and fits_len and batch <= limits.max_num_seqs
+        return needed <= self.core.kv.num_blocks and fits_len and batch <= limits.max_num_seqs
 
     def decode_point(self, batch: int, context: int, steps: int) -> dict:
         """Median seconds of a step in which ``batch`` sequences each decode at ``context``."""
@@ -163,7 +163,7 @@ class EngineProfiler:
 
     def kv_cache(self) -> dict:
         runner, bs = self.core.runner, self.core.kv.block_size
-        blocks = self.core.kv.pool.num_blocks
+        blocks = self.core.kv.num_blocks
         return {
             "num_blocks": blocks,
             "block_size": bs,

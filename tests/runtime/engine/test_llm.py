@@ -114,3 +114,11 @@ def test_abort_frees_blocks(llm):
     engine.abort_request("a")
     assert engine.stats().num_free_blocks == engine.stats().num_blocks
     assert not engine.has_unfinished_requests()
+
+
+def test_kv_manager_records_peak_usage(llm):
+    peak = llm.engine.kv.peak
+    peak.reset()
+    llm.generate(["The sea is", "Cats are"], SamplingParams(temperature=0, max_tokens=20))
+    assert 0 < peak.blocks <= llm.engine.kv.num_blocks
+    assert 0 < peak.tokens <= peak.slots and peak.slots % llm.config.cache.block_size == 0
