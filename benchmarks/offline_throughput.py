@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import gemm_peak, machine, markdown_table, ragged_workload
+from long_context import hf_long_context, long_context_ids, pagoda_long_context
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
 
@@ -147,6 +148,9 @@ def main() -> int:
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--plot", type=Path, help="write a bar chart (PNG) here")
+    ap.add_argument(
+        "--long-context", type=int, default=5000, help="context of the long case (0: skip it)"
+    )
     args = ap.parse_args()
 
     print(f"machine: {machine()}", flush=True)  # CPU model, cores, AMX or AVX-512 BF16
@@ -219,15 +223,26 @@ def main() -> int:
         f"{ours['kv_waste']:.1%} of the slots in requests' blocks empty (fragmentation); "
         f"prefix-cache hit rate {ours['prefix_hit_rate']:.1%}"
     )
+    long = long_context(loaded, args) if args.long_context else []
     if args.plot:
         plot(results, args.plot, len(prompts), n_prompt, args.output_len)
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {"results": results, "gemm_peaks": peaks, "prompt_tokens": n_prompt}, indent=2
-            )
-        )
+        out = {"results": results, "gemm_peaks": peaks, "prompt_tokens": n_prompt, "long": long}
+        args.json.write_text(json.dumps(out, indent=2))
     return 0
+
+
+def long_context(loaded, args) -> list[dict]:
+    """Single-stream decode at `--long-context` tokens of context, Pagoda vs HF bf16."""
+    ids = long_context_ids(loaded.tokenizer, args.long_context)
+    out_len = 32
+    rows = [pagoda_long_context(loaded, ids, args.long_context, out_len, args.dtype)]
+    if not args.skip_hf:
+        rows.append(hf_long_context(loaded.path, ids, args.long_context, out_len))
+    print()
+    table = [[r["system"], f"{r['prefill_s']:.1f}", f"{r['decode_tok_s']:.1f}"] for r in rows]
+    print(markdown_table(["long context", "prefill s", "decode tok/s"], table))
+    return rows
 
 
 if __name__ == "__main__":
