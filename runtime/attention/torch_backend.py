@@ -1,10 +1,10 @@
 """Vectorized PyTorch paged attention: the CPU production path, batch-invariant by construction.
 
-The KV cache is the backend's own: float32 (the attention math is float32 anyway, so no
-conversion pass per step; the capacity in tokens for a given memory budget is halved against a
-bf16 cache) and head-major, ``[Hkv, num_blocks, block_size, D]``, so that gathering a bucket's
-blocks yields ``[Hkv, B, Kp, D]``, directly the operand of a batched GEMM: one copy of the keys
-per step instead of three (gather, convert, transpose), which made decode at 5k context ~3x faster.
+The KV cache is the backend's own layout, head-major ``[Hkv, num_blocks, block_size, D]`` in the
+model's dtype, so that gathering a bucket's blocks yields ``[Hkv, B, Kp, D]``, directly the
+operand of a batched GEMM: one copy of the keys per step (the gather) instead of three (gather,
+convert, transpose). Decode reads K/V from memory, so bytes per element count: a float32 cache
+(tried) made the offline benchmark 25% slower than this bf16 one.
 Sequences are gathered through their block tables into padded batches. To keep padding small
 without a Python loop per sequence, sequences are grouped into a few *buckets* of similar size:
 decodes sorted by context length, prefill chunks by query length, each cut at the split points that
@@ -15,15 +15,16 @@ minimise padded area plus a per-call cost. Every index tensor and mask is built 
 prompt was chunked, or on what else is in the batch. A fused SDPA kernel cannot promise that: its
 blocking (and with it the rounding of each row) changes with the number of query rows, the key
 length and the causal fast path. So every query row, whether it is a decode, part of a chunk on
-cached context or part of a fresh prompt, goes through the same three steps, in float32:
-``scores = q @ K^T`` (one GEMM row per query row and head), ``softmax`` over the keys, ``p @ V``.
+cached context or part of a fresh prompt, goes through the same three steps:
+``scores = q @ K^T`` (one GEMM row per query row and head, in the cache's dtype with float32
+accumulation), ``softmax`` over the keys in float32, ``p @ V``, as Hugging Face's eager attention.
 Measured on oneDNN/MKL builds, each of these gives a row bit-identical results whatever the other
 rows are, provided (1) the GEMM has at least ``MIN_GEMM_ROWS`` rows (smaller ones take a GEMV path
 with another summation order) and (2) the key length is padded to a multiple of ``KEY_ALIGN`` with
 exact zeros after the softmax (masked keys contribute ``0 * v``, padded tails add ``+0``).
 ``tests/runtime/engine/test_invariance.py`` checks the end-to-end consequence on every machine the
-suite runs on. Computing in float32 also makes the bf16 model's attention more accurate than a
-bf16 SDPA, at the price of materialising scores (bounded by ``MAX_SCORE_ELEMS`` per call).
+suite runs on. The price is materialising the scores (bounded by ``MAX_SCORE_ELEMS`` per call,
+and computed in row slices that each read keys only up to their last row).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ PREFILL_CALL_COST = 64  # prefill rows are expensive, so splitting pays off soon
 KEY_ALIGN = 16  # key lengths are padded to a multiple of this (vector tails change rounding)
 MIN_GEMM_ROWS = 4  # fewer rows per GEMM take a GEMV path whose summation order differs
 MAX_SCORE_ELEMS = 1 << 24  # float32 scores per call (64 MiB): longer prefills go in row slices
+MAX_SLICE_ROWS = 256  # query rows per slice; a slice reads keys only up to its last row (causal)
 
 
 def plan_buckets(
@@ -132,7 +134,8 @@ class TorchAttentionBackend(AttentionBackend):
         min_rows = -(-MIN_GEMM_ROWS // group)  # query rows that make MIN_GEMM_ROWS GEMM rows
         qp = max(int(ql.max()), min_rows)
         # Row slices bound the score tensor; every slice has the same number of rows.
-        rows = max(min_rows, min(qp, MAX_SCORE_ELEMS // (len(seqs) * self.num_heads * kp)))
+        cap = min(qp, MAX_SLICE_ROWS, MAX_SCORE_ELEMS // (len(seqs) * self.num_heads * kp))
+        rows = max(min_rows, cap)
         qp = -(-qp // rows) * rows
         j = np.arange(qp)
         q_rows = qstart[seqs][:, None] + np.minimum(j[None, :], ql[:, None] - 1)
@@ -158,23 +161,20 @@ class TorchAttentionBackend(AttentionBackend):
             rows_per_call=rows,
         )
 
-    def cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
-        return torch.float32  # the attention math is float32: no conversion pass per step
-
     def allocate_kv_cache(self, num_blocks, block_size, model_dtype, device):
         """Head-major ``[num_kv_heads, num_blocks, block_size, head_dim]``: gathering a bucket's
         blocks yields ``[Hkv, B, Kp, D]``, already the batched-GEMM operand (no transpose)."""
         shape = (self.num_kv_heads, num_blocks, block_size, self.head_dim)
-        return (
-            torch.zeros(shape, dtype=torch.float32, device=device),
-            torch.zeros(shape, dtype=torch.float32, device=device),
+        dt = self.cache_dtype(model_dtype)
+        return torch.zeros(shape, dtype=dt, device=device), torch.zeros(
+            shape, dtype=dt, device=device
         )
 
     def forward(self, q, k, v, k_cache, v_cache, meta):
         hkv, nb, bs, d = k_cache.shape
         slots = meta.slot_mapping
-        k_cache.view(hkv, nb * bs, d).index_copy_(1, slots, k.transpose(0, 1).float())
-        v_cache.view(hkv, nb * bs, d).index_copy_(1, slots, v.transpose(0, 1).float())
+        k_cache.view(hkv, nb * bs, d).index_copy_(1, slots, k.transpose(0, 1))
+        v_cache.view(hkv, nb * bs, d).index_copy_(1, slots, v.transpose(0, 1))
         out = torch.empty_like(q)
         for bk in meta.aux["buckets"]:
             b, nblk = bk.blocks.shape
@@ -186,18 +186,22 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bk: _Bucket):
-        """[B, Qp, H, D] x [Hkv, B, Kp, D] (float32) → [B, Qp, H, D], in row slices."""
+        """[B, Qp, H, D] x [Hkv, B, Kp, D] → [B, Qp, H, D], in row slices.
+
+        Both GEMMs run in the cache's dtype (float32 accumulation inside); the softmax runs in
+        float32 on the scores, as Hugging Face's eager attention does.
+        """
         b, qp, h, d = q.shape
         hkv, g = k.shape[0], h // k.shape[0]
-        qf = (q.float() * self.scale).view(b, qp, hkv, g, d).permute(2, 0, 1, 3, 4)
+        qs = (q.float() * self.scale).to(k.dtype).view(b, qp, hkv, g, d).permute(2, 0, 1, 3, 4)
         out = torch.empty(b, qp, hkv, g, d, dtype=q.dtype, device=q.device)
         step = bk.rows_per_call
         for i, r0 in enumerate(range(0, qp, step)):
             r1, n = min(r0 + step, qp), int(bk.key_len[i])
-            rows = qf[:, :, r0:r1].reshape(hkv, b, (r1 - r0) * g, d)
-            s = torch.matmul(rows, k[:, :, :n].transpose(-1, -2)).view(hkv, b, r1 - r0, g, n)
-            s.add_(bk.mask[:, r0:r1, :, :n])
-            p = torch.softmax(s, dim=-1).view(hkv, b, (r1 - r0) * g, n)
+            rows = qs[:, :, r0:r1].reshape(hkv, b, (r1 - r0) * g, d)
+            s = torch.matmul(rows, k[:, :, :n].transpose(-1, -2))
+            s = s.view(hkv, b, r1 - r0, g, n).float().add_(bk.mask[:, r0:r1, :, :n])
+            p = torch.softmax(s, dim=-1).to(k.dtype).view(hkv, b, (r1 - r0) * g, n)
             o = torch.matmul(p, v[:, :, :n]).view(hkv, b, r1 - r0, g, d)
             out[:, r0:r1] = o.permute(1, 2, 0, 3, 4)
         return out.view(b, qp, h, d)

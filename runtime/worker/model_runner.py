@@ -30,6 +30,20 @@ CPU_DEFAULT_KV_BYTES = 2 << 30
 
 
 @dataclass
+class _StepInputs:
+    """Host arrays describing one step's flat batch (see `_prepare_inputs`)."""
+
+    ids: np.ndarray  # int64 [T] token ids
+    positions: np.ndarray  # int64 [T]
+    slots: np.ndarray  # int64 [T] cache slot of each new token
+    table: np.ndarray  # int32 [B, max_blocks] block tables
+    qlens: np.ndarray  # int64 [B] new tokens per request
+    seq_lens: np.ndarray  # int64 [B] context length including the new tokens
+    cu: np.ndarray  # int64 [B + 1] prefix sums of qlens
+    sampling: list[int]  # requests that sample a token this step
+
+
+@dataclass
 class ModelRunnerOutput:
     requests: list[Request]  # the requests that sampled, in row order
     token_ids: list[int]
@@ -134,58 +148,12 @@ class ModelRunner:
 
     def execute_model(self, out: SchedulerOutput) -> tuple[list[Request], SamplerOutput | None]:
         """Inputs → forward → sampling, all queued on the device without waiting for it."""
-        sched = out.scheduled
-        bs = self.block_size
-        qlens = np.fromiter((s.num_new_tokens for s in sched), dtype=np.int64, count=len(sched))
-        starts = np.fromiter(
-            (s.request.num_computed_tokens for s in sched), dtype=np.int64, count=len(sched)
-        )
-        seq_lens = starts + qlens
-        cu = np.zeros(len(sched) + 1, dtype=np.int64)
-        np.cumsum(qlens, out=cu[1:])
-        num_tokens = int(cu[-1])
-        ids = np.empty(num_tokens, dtype=np.int64)
-        for s, a, b, st in zip(sched, cu[:-1], cu[1:], starts):
-            ids[a:b] = s.request.token_ids[st : st + (b - a)]
-        seq_idx = np.repeat(np.arange(len(sched)), qlens)
-        positions = np.arange(num_tokens) - cu[:-1][seq_idx] + starts[seq_idx]
-        max_blocks = max(len(s.block_ids) for s in sched)
-        table = np.zeros((len(sched), max_blocks), dtype=np.int32)
-        for i, s in enumerate(sched):
-            table[i, : len(s.block_ids)] = s.block_ids
-        slots = table[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
-        sampling = [i for i, s in enumerate(sched) if s.samples]
-        reqs = [sched[i].request for i in sampling]
         clock = self.clock
+        inp = self._prepare_inputs(out)
+        reqs = [out.scheduled[i].request for i in inp.sampling]
         if clock is not None:
             clock.mark("prepare")
-        graph = self.cuda_graphs
-        if graph is not None and graph.can_run(out.num_decodes, len(sched), max_blocks):
-            logits = graph.run(self, ids, positions, slots, table, seq_lens.astype(np.int32))
-            logits = logits.index_select(0, self.to_device(np.asarray(sampling, dtype=np.int64)))
-        else:
-            meta = AttentionMetadata(
-                num_seqs=len(sched),
-                num_decodes=out.num_decodes,
-                num_tokens=num_tokens,
-                max_query_len=int(qlens.max()),
-                max_seq_len=int(seq_lens.max()),
-                query_start_loc=self.to_device(cu.astype(np.int32)),
-                seq_lens=self.to_device(seq_lens.astype(np.int32)),
-                block_tables=self.to_device(table),
-                slot_mapping=self.to_device(slots),
-                block_size=bs,
-                query_lens_host=qlens.tolist(),
-                seq_lens_host=seq_lens.tolist(),
-            )
-            self.backend.prepare(meta)
-            logits = self.model.forward(
-                self.to_device(ids),
-                self.to_device(positions),
-                self.kv_caches,
-                meta,
-                self.to_device(cu[1:][sampling] - 1),
-            )
+        logits = self._forward(out, inp)
         if clock is not None:
             clock.mark("forward")
         if not reqs:
@@ -200,6 +168,59 @@ class ModelRunner:
         if clock is not None:
             clock.mark("sample")
         return reqs, so
+
+    def _prepare_inputs(self, out: SchedulerOutput) -> _StepInputs:
+        """The step's flat token batch as host arrays (ragged: one run of tokens per request)."""
+        sched, bs = out.scheduled, self.block_size
+        qlens = np.fromiter((s.num_new_tokens for s in sched), dtype=np.int64, count=len(sched))
+        starts = np.fromiter(
+            (s.request.num_computed_tokens for s in sched), dtype=np.int64, count=len(sched)
+        )
+        cu = np.zeros(len(sched) + 1, dtype=np.int64)
+        np.cumsum(qlens, out=cu[1:])
+        num_tokens = int(cu[-1])
+        ids = np.empty(num_tokens, dtype=np.int64)
+        for s, a, b, st in zip(sched, cu[:-1], cu[1:], starts):
+            ids[a:b] = s.request.token_ids[st : st + (b - a)]
+        seq_idx = np.repeat(np.arange(len(sched)), qlens)
+        positions = np.arange(num_tokens) - cu[:-1][seq_idx] + starts[seq_idx]
+        table = np.zeros((len(sched), max(len(s.block_ids) for s in sched)), dtype=np.int32)
+        for i, s in enumerate(sched):
+            table[i, : len(s.block_ids)] = s.block_ids
+        slots = table[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
+        sampling = [i for i, s in enumerate(sched) if s.samples]
+        return _StepInputs(ids, positions, slots, table, qlens, starts + qlens, cu, sampling)
+
+    def _forward(self, out: SchedulerOutput, inp: _StepInputs) -> torch.Tensor:
+        """Logits of the sampling rows: a captured CUDA graph when one fits, else eager."""
+        graph = self.cuda_graphs
+        seq_lens = inp.seq_lens.astype(np.int32)
+        n, max_blocks = len(out.scheduled), inp.table.shape[1]
+        if graph is not None and graph.can_run(out.num_decodes, n, max_blocks):
+            logits = graph.run(self, inp.ids, inp.positions, inp.slots, inp.table, seq_lens)
+            return logits.index_select(0, self.to_device(np.asarray(inp.sampling, np.int64)))
+        meta = AttentionMetadata(
+            num_seqs=n,
+            num_decodes=out.num_decodes,
+            num_tokens=len(inp.ids),
+            max_query_len=int(inp.qlens.max()),
+            max_seq_len=int(inp.seq_lens.max()),
+            query_start_loc=self.to_device(inp.cu.astype(np.int32)),
+            seq_lens=self.to_device(seq_lens),
+            block_tables=self.to_device(inp.table),
+            slot_mapping=self.to_device(inp.slots),
+            block_size=self.block_size,
+            query_lens_host=inp.qlens.tolist(),
+            seq_lens_host=inp.seq_lens.tolist(),
+        )
+        self.backend.prepare(meta)
+        return self.model.forward(
+            self.to_device(inp.ids),
+            self.to_device(inp.positions),
+            self.kv_caches,
+            meta,
+            self.to_device(inp.cu[1:][inp.sampling] - 1),
+        )
 
     def _sampling_batch(self, reqs: list[Request], vocab_size: int) -> SamplingBatch:
         """The step's sampling parameters, reused while the same requests sample in the same

@@ -55,10 +55,10 @@ def to_backend_layout(be: TorchAttentionBackend, cache: torch.Tensor) -> torch.T
     return mine
 
 
-def test_cache_layout_is_head_major_float32():
+def test_cache_layout_is_head_major_in_the_model_dtype():
     be = TorchAttentionBackend(6, 2, 32, 32**-0.5)
     k, v = be.allocate_kv_cache(10, 16, torch.bfloat16, torch.device("cpu"))
-    assert k.shape == v.shape == (2, 10, 16, 32) and k.dtype == torch.float32
+    assert k.shape == v.shape == (2, 10, 16, 32) and k.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize(
