@@ -89,7 +89,14 @@ async def test_failed_status_write_on_a_child_event_is_retried(
     assert fault.times == 0
     _, text = await get(op.http_port, "/metrics")
     assert sample(text, "pagoda_operator_api_errors_total", status="500", verb="PATCH") == 1
-    assert sample(text, "pagoda_operator_reconcile_retries_total", trigger="child_event") >= 1
+    errors = sample(
+        text, "pagoda_operator_reconcile_errors_total", trigger="child_event", kind="transient"
+    )
+    assert errors == 1  # the failed child-event reconcile was counted as transient ...
+    # ... and followed up: by the retry (counted), unless another event's reconcile got there
+    # first (then the retry stands down, see retry.py): Ready was reached either way, above.
+    retries = sample(text, "pagoda_operator_reconcile_retries_total", trigger="child_event")
+    assert retries in (None, 1.0)
 
 
 async def test_409_on_kopfs_progress_annotation_does_not_stall_the_create(
