@@ -25,7 +25,9 @@ from pagoda.operator.names import (
     GPU_RESOURCE,
     KIND,
     LABEL_INSTANCE,
+    cache_env,
     config_map_name,
+    container_security,
     selector_labels,
     standard_labels,
 )
@@ -135,14 +137,7 @@ def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
 def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
     user = [dict(e) for e in spec.env]
     names = {e["name"] for e in user}
-    defaults = [
-        # The root filesystem is read-only; caches go to the /tmp emptyDir.
-        {"name": "HOME", "value": "/tmp"},
-        {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
-        {"name": "TRITON_CACHE_DIR", "value": "/tmp/.triton"},
-        {"name": "PYTHONUNBUFFERED", "value": "1"},
-    ]
-    env = [e for e in defaults if e["name"] not in names] + user
+    env = [e for e in cache_env() if e["name"] not in names] + user
     if spec.api_key_secret is not None:
         ref = spec.api_key_secret
         env.append(
@@ -199,14 +194,7 @@ def _container(spec: InferenceServiceSpec, mounts: list[dict[str, Any]]) -> dict
         "livenessProbe": _probe(options.HEALTH_PATH, PROBE_PERIOD_S, 5, 3),
         "readinessProbe": _probe(options.READY_PATH, 5, 3, 3),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_S)]}}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "privileged": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": container_security(),
         "volumeMounts": mounts,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }

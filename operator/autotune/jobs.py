@@ -16,7 +16,12 @@ from typing import Any
 from pagoda.operator.autotune.keys import PRODUCT_LABEL, TuneKey
 from pagoda.operator.autotune.profiles import profile_labels
 from pagoda.operator.model_ref import ModelRef
-from pagoda.operator.names import GPU_RESOURCE, LABEL_COMPONENT
+from pagoda.operator.names import (
+    GPU_RESOURCE,
+    LABEL_COMPONENT,
+    cache_env,
+    container_security,
+)
 from pagoda.operator.spec import InferenceServiceSpec
 from pagoda.runtime import options
 
@@ -26,20 +31,6 @@ TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where kopf's logi
 STARTUP_MARGIN_S = 900  # image pull + model load on top of the measuring budget
 PUBLISH_VERBS = ("get", "patch")
 RUN_AS_ID = 1000
-_SECURITY = {
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "privileged": False,
-    "readOnlyRootFilesystem": True,
-    "runAsNonRoot": True,
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
-_ENV = [
-    {"name": "HOME", "value": "/tmp"},
-    {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
-    {"name": "TRITON_CACHE_DIR", "value": "/tmp/.triton"},
-    {"name": "PYTHONUNBUFFERED", "value": "1"},
-]
 
 
 def _meta(kind: str, api_version: str, name: str, namespace: str, owner: Mapping[str, Any]):
@@ -141,12 +132,12 @@ def _containers(key: TuneKey, spec: InferenceServiceSpec, namespace: str, mounts
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["pagoda", "tune"],
         "args": tune_args(key, spec),
-        "env": _ENV,
+        "env": cache_env(),
         "resources": {
             "requests": {"cpu": r.cpu, "memory": r.memory, GPU_RESOURCE: "1"},
             "limits": {"memory": r.memory_limit or r.memory, GPU_RESOURCE: "1"},
         },
-        "securityContext": _SECURITY,
+        "securityContext": container_security(),
         "volumeMounts": mounts,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -156,9 +147,9 @@ def _containers(key: TuneKey, spec: InferenceServiceSpec, namespace: str, mounts
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["pagoda", "publish-profile"],
         "args": ["--dir", OUTPUT_DIR, "--configmap", f"{namespace}/{key.profile_name}"],
-        "env": _ENV,
+        "env": cache_env(),
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-        "securityContext": _SECURITY,
+        "securityContext": container_security(),
         "volumeMounts": [
             {"name": "profile", "mountPath": OUTPUT_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
