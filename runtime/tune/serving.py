@@ -58,18 +58,12 @@ def check_profile(
     return None
 
 
-def profile_engine_args(
-    profile: TunedProfile, engine_args: Mapping[str, Any], defaults: Mapping[str, Any]
-) -> dict[str, Any]:
-    """Engine arguments with the profile's scheduler knobs under the flags the user set.
-
-    ``defaults`` maps each engine argument to its flag default (a value equal to it is "unset").
-    """
+def profile_engine_args(profile: TunedProfile, engine_args: Mapping[str, Any]) -> dict[str, Any]:
+    """Engine arguments with the profile's scheduler knobs under the flags the user set (the
+    scheduler flags default to None, so a value present here was given on the command line)."""
     merged = dict(engine_args)
     tuned = profile.scheduler_args()
-    explicit = {
-        k for k, v in engine_args.items() if v is not None and (v != defaults.get(k) or k in tuned)
-    }
+    explicit = {k for k, v in engine_args.items() if v is not None}
     if merged.get("enable_chunked_prefill") is False:
         tuned.pop("max_num_batched_tokens", None)  # must cover max_model_len then; engine default
     for key, value in tuned.items():
@@ -112,7 +106,6 @@ def apply_tuned_profile(
     *,
     model: str,
     engine_args: Mapping[str, Any],
-    defaults: Mapping[str, Any],
     mismatch: str = "error",
 ) -> tuple[TunedProfile | None, dict[str, Any]]:
     """(profile or None, engine arguments to use). ProfileError when it must not be served."""
@@ -123,7 +116,7 @@ def apply_tuned_profile(
     profile = check_profile(directory, model=model, engine_args=args, mismatch=mismatch)
     if profile is None:
         return None, args
-    args = profile_engine_args(profile, args, defaults)
+    args = profile_engine_args(profile, args)
     use_kernel_configs(profile)
     log.info("%s", describe(profile, args))
     return profile, args
@@ -133,14 +126,10 @@ def apply_to_server_config(
     cfg: ServerConfig, directory: str | None, mismatch: str = "error"
 ) -> tuple[ServerConfig, TunedProfile | None]:
     """`pagoda serve`'s hook: the ServerConfig with the profile's engine arguments applied."""
-    from pagoda.runtime.options import ENGINE_FLAGS
-
-    defaults = {dest: f.default for dest, f in ENGINE_FLAGS.items()}
     profile, args = apply_tuned_profile(
         directory,
         model=cfg.model,
         engine_args=cfg.engine_args,
-        defaults=defaults,
         mismatch=mismatch,
     )
     if profile is None:

@@ -20,7 +20,6 @@ from pagoda.runtime.tune.profile import (
 from pagoda.runtime.tune.serving import apply_tuned_profile, check_profile, profile_engine_args
 
 ENGINE_ARGS = {"dtype": "float32", "device": "cpu"}  # the scheduler flags were omitted
-DEFAULTS = {"max_num_seqs": None, "max_num_batched_tokens": None, "dtype": "auto"}
 
 
 def make_profile(folder, **overrides):
@@ -72,7 +71,7 @@ def test_mismatch_under_warn_serves_on_defaults(tmp_path, caplog):
     make_profile(tmp_path, model="other-model")
     with caplog.at_level(logging.WARNING, "pagoda.serve"):
         profile, args = apply_tuned_profile(
-            str(tmp_path), model="smollm2-135m", engine_args=ENGINE_ARGS, defaults=DEFAULTS,
+            str(tmp_path), model="smollm2-135m", engine_args=ENGINE_ARGS,
             mismatch="warn",
         )  # fmt: skip
     assert profile is None and args == ENGINE_ARGS
@@ -86,20 +85,20 @@ def test_flags_override_the_profile():
             return {"max_num_batched_tokens": 96, "max_num_seqs": 12}
 
     # left at their defaults: the profile's knobs apply
-    assert profile_engine_args(P(), ENGINE_ARGS, DEFAULTS) == {
+    assert profile_engine_args(P(), ENGINE_ARGS) == {
         **ENGINE_ARGS, "max_num_seqs": 12, "max_num_batched_tokens": 96,
     }  # fmt: skip
     # an explicit flag wins even when it equals the engine's default (64)
     same_as_default = {**ENGINE_ARGS, "max_num_seqs": 64}
-    assert profile_engine_args(P(), same_as_default, DEFAULTS)["max_num_seqs"] == 64
+    assert profile_engine_args(P(), same_as_default)["max_num_seqs"] == 64
     # set explicitly: the flag wins, and a batch larger than the tuned budget gets the budget
     explicit = {**ENGINE_ARGS, "max_num_seqs": 128}
-    assert profile_engine_args(P(), explicit, DEFAULTS) == {
+    assert profile_engine_args(P(), explicit) == {
         **explicit, "max_num_batched_tokens": 128,
     }  # fmt: skip
     # without chunked prefill the budget must cover max_model_len: the profile's is not used
     no_chunk = {**ENGINE_ARGS, "enable_chunked_prefill": False}
-    assert "max_num_batched_tokens" not in profile_engine_args(P(), no_chunk, DEFAULTS)
+    assert "max_num_batched_tokens" not in profile_engine_args(P(), no_chunk)
 
 
 def test_apply_puts_the_profile_configs_first(tmp_path, monkeypatch, caplog):
@@ -111,7 +110,7 @@ def test_apply_puts_the_profile_configs_first(tmp_path, monkeypatch, caplog):
     )  # fmt: skip
     with caplog.at_level(logging.INFO, "pagoda.serve"):
         profile, args = apply_tuned_profile(
-            str(tmp_path), model="smollm2-135m", engine_args=ENGINE_ARGS, defaults=DEFAULTS
+            str(tmp_path), model="smollm2-135m", engine_args=ENGINE_ARGS
         )
     try:
         assert profile is not None and profile.created == "2026-11-30T21:00:00Z"
@@ -134,8 +133,6 @@ def test_env_names_the_profile(tmp_path, monkeypatch):
     make_profile(tmp_path)
     monkeypatch.setenv("PAGODA_TUNED_PROFILE", str(tmp_path))
     monkeypatch.setenv(kc.CONFIG_DIR_ENV, "")
-    profile, _ = apply_tuned_profile(
-        None, model="smollm2-135m", engine_args=ENGINE_ARGS, defaults=DEFAULTS
-    )
+    profile, _ = apply_tuned_profile(None, model="smollm2-135m", engine_args=ENGINE_ARGS)
     kc.clear_config_cache()
     assert profile is not None and json.loads((tmp_path / "profile.json").read_text())
