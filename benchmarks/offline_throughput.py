@@ -167,24 +167,7 @@ def main() -> int:
     peaks = {"bf16": gemm_peak(torch.bfloat16), "fp32": gemm_peak(torch.float32)}
     results = [run_pagoda(loaded, prompts, args.output_len, args.dtype)]
     print(results[-1], flush=True)
-    if not args.skip_hf:
-        configs = (
-            [(torch.bfloat16, 32)]
-            if args.quick
-            else [
-                (torch.float32, 8),
-                (torch.float32, 32),
-                (torch.bfloat16, 8),
-                (torch.bfloat16, 32),
-            ]
-        )
-        for dtype, batch in configs:
-            results.append(run_hf(loaded.path, prompts, args.output_len, dtype, batch, pad_id=2))
-            print(results[-1], flush=True)
-    cpp = run_llama_cpp(loaded.path, prompts, args.output_len)
-    if cpp:
-        results.append(cpp)
-        print(cpp, flush=True)
+    results += run_peers(args, loaded, prompts)
     # Pagoda again at the end: the machine drifts, so the ratio uses the mean of both runs.
     again = run_pagoda(loaded, prompts, args.output_len, args.dtype)
     print(again, flush=True)
@@ -193,6 +176,33 @@ def main() -> int:
     results[0]["seconds"] = results[0]["output_tokens"] / results[0]["tok_s"]
     peaks["bf16_after"] = gemm_peak(torch.bfloat16)
 
+    report(results, peaks, loaded, n_prompt)
+    long = long_context(loaded, args) if args.long_context else []
+    if args.plot:
+        plot(results, args.plot, len(prompts), n_prompt, args.output_len)
+    if args.json:
+        out = {"results": results, "gemm_peaks": peaks, "prompt_tokens": n_prompt, "long": long}
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+def run_peers(args, loaded, prompts) -> list[dict]:
+    """HF `generate` in each configuration asked for, then llama.cpp when it is installed."""
+    out = []
+    fp32, bf16 = torch.float32, torch.bfloat16
+    configs = [(bf16, 32)] if args.quick else [(fp32, 8), (fp32, 32), (bf16, 8), (bf16, 32)]
+    for dtype, batch in [] if args.skip_hf else configs:
+        out.append(run_hf(loaded.path, prompts, args.output_len, dtype, batch, pad_id=2))
+        print(out[-1], flush=True)
+    cpp = run_llama_cpp(loaded.path, prompts, args.output_len)
+    if cpp:
+        out.append(cpp)
+        print(cpp, flush=True)
+    return out
+
+
+def report(results: list[dict], peaks: dict, loaded, n_prompt: int) -> None:
+    """The table, Pagoda's ratio to the best HF configuration, GEMM efficiency and KV figures."""
     ours = results[0]
     hf = [r for r in results if r["system"].startswith("HF")]
     best_hf = max(hf, key=lambda r: r["tok_s"]) if hf else None
@@ -223,13 +233,6 @@ def main() -> int:
         f"{ours['kv_waste']:.1%} of the slots in requests' blocks empty (fragmentation); "
         f"prefix-cache hit rate {ours['prefix_hit_rate']:.1%}"
     )
-    long = long_context(loaded, args) if args.long_context else []
-    if args.plot:
-        plot(results, args.plot, len(prompts), n_prompt, args.output_len)
-    if args.json:
-        out = {"results": results, "gemm_peaks": peaks, "prompt_tokens": n_prompt, "long": long}
-        args.json.write_text(json.dumps(out, indent=2))
-    return 0
 
 
 def long_context(loaded, args) -> list[dict]:
