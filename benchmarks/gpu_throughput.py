@@ -95,9 +95,10 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_pagoda(loaded, reqs, args) -> dict:
+def run_pagoda(loaded, reqs, args, batch_invariant: bool = True) -> dict:
     llm = LLM(
         loaded=loaded,
+        batch_invariant=batch_invariant,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=2 * args.max_len + 1,
@@ -190,6 +191,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--hf-requests", type=int, default=64, help="requests for HF (0: skip)")
     ap.add_argument("--hf-batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--also-fast",
+        action="store_true",
+        help="also run with --no-batch-invariant (cuBLAS + split-KV) to show what invariance costs",
+    )
     args = ap.parse_args(argv)
     if args.tiny:
         args.shape = "tiny"
@@ -211,8 +217,18 @@ def main(argv: list[str] | None = None) -> dict:
         path = Path(tmp)
         write_random_llama(path, cfg, dtype)
         gc.collect()
-        res = run_pagoda(load_model(tmp), reqs, args)
+        loaded = load_model(tmp)
+        res = run_pagoda(loaded, reqs, args)
         gc.collect()
+        if args.also_fast:
+            fast = run_pagoda(loaded, reqs, args, batch_invariant=False)
+            print(
+                f"Pagoda --no-batch-invariant: {fast['tok_s']:.1f} tok/s, "
+                f"{fast['step_ms']:.2f} ms/step at {fast['full_batch']} running "
+                f"(default, batch-invariant: {res['tok_s']:.1f} tok/s, {res['step_ms']:.2f} ms)"
+            )
+            res["fast"] = fast
+            gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
         bw = copy_bandwidth(device)

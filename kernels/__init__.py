@@ -1,7 +1,8 @@
 """Pagoda's Triton kernels: one keyword-only launcher each, a torch reference beside them.
 
 Launchers (import needs Triton; the references in ``pagoda.kernels.reference`` do not):
-``paged_attention``, ``write_kv_cache``, ``rms_norm``, ``rotary_embedding``, ``silu_and_mul``.
+``linear`` (batch-invariant matmul), ``paged_attention``, ``write_kv_cache``, ``rms_norm``,
+``rotary_embedding``, ``silu_and_mul``.
 They are loaded lazily so ``import pagoda.kernels.reference`` works on machines without Triton.
 """
 
@@ -11,6 +12,7 @@ import importlib
 from typing import Any
 
 _LAUNCHERS = {
+    "linear": "pagoda.kernels.matmul",
     "paged_attention": "pagoda.kernels.attention",
     "write_kv_cache": "pagoda.kernels.kv_cache",
     "rms_norm": "pagoda.kernels.norm",

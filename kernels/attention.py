@@ -6,6 +6,10 @@
   batch then run in a second, unified launch that starts after the decodes.
 * A decode-only batch that needs no split uses the split-KV kernel with one segment: it has no
   sequence search and no causal mask, so it is the leaner of the two for one query token.
+* ``batch_invariant``: every row, decode or prefill, goes through the unified kernel with one
+  launch config per head size. Its tiles start at key 0 and a row's masked tiles add exact
+  zeros, so a row gets the same bits as a decode, in a chunk on cached context, in a fresh
+  prompt or beside any other sequences; no split-KV, whose merge order depends on the batch.
 
 Everything is decided from shapes and host ints, so the launcher can be captured in CUDA graphs.
 """
@@ -17,6 +21,9 @@ from pagoda.kernels._common import check_device
 from pagoda.kernels.config import get_kernel_config, num_sms
 from pagoda.kernels.decode_attention import choose_num_splits, launch_decode_attention
 from pagoda.kernels.unified_attention import launch_unified_attention
+
+# The config bucket every row uses in batch-invariant mode (mixed batches' tile shape).
+INVARIANT_QUERY_LEN = 64
 
 
 def _validate(
@@ -64,6 +71,7 @@ def paged_attention(
     out: torch.Tensor | None = None,
     num_decodes: int | None = None,
     num_kv_splits: int | None = None,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
     """Causal attention of a ragged batch against a paged KV cache.
 
@@ -73,7 +81,8 @@ def paged_attention(
     ``[B + 1]``. The first ``num_decodes`` sequences have one query token each (``None``: all of
     them when ``max_query_len == 1``, else none). ``max_seq_len`` only chooses the split count,
     so an upper bound is fine (e.g. under CUDA graphs). ``num_kv_splits`` (a power of two)
-    overrides the rule, for tests and benchmarks. Returns ``out``.
+    overrides the rule, for tests and benchmarks. ``batch_invariant`` ignores both and runs
+    every row the same way (module docstring). Returns ``out``.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -89,6 +98,8 @@ def paged_attention(
     head_dim = q.shape[2]
 
     first_seq = 0
+    if batch_invariant:
+        num_decodes, max_query_len = 0, INVARIANT_QUERY_LEN
     if num_decodes > 0:
         shape = {"head_dim": head_dim, "num_seqs": num_decodes, "max_seq_len": max_seq_len}
         cfg = get_kernel_config("decode_attention", shape, device)

@@ -142,6 +142,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     enable_cuda_graphs: bool = True
+    batch_invariant: bool = options.DEFAULT_BATCH_INVARIANT
 
     def __post_init__(self) -> None:
         if self.dtype not in options.DTYPES:

@@ -10,9 +10,16 @@ from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
 
 
 def get_attention_backend(
-    name: str, device: torch.device, num_heads: int, num_kv_heads: int, head_dim: int, scale: float
+    name: str,
+    device: torch.device,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scale: float,
+    batch_invariant: bool = False,
 ) -> AttentionBackend:
-    """Resolve ``auto|torch|triton``: auto picks Triton on CUDA and the torch backend elsewhere."""
+    """Resolve ``auto|torch|triton``: auto picks Triton on CUDA and the torch backend elsewhere.
+    ``batch_invariant`` selects the Triton kernels' invariant mode (the torch backend always is)."""
     if name not in ("auto", "torch", "triton"):
         raise ValueError(f"attention_backend must be auto, torch or triton, got {name!r}")
     if name == "auto":
@@ -20,7 +27,7 @@ def get_attention_backend(
     if name == "triton":
         from pagoda.runtime.attention.triton_backend import TritonAttentionBackend
 
-        return TritonAttentionBackend(num_heads, num_kv_heads, head_dim, scale)
+        return TritonAttentionBackend(num_heads, num_kv_heads, head_dim, scale, batch_invariant)
     from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
 
     return TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale)

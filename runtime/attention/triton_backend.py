@@ -3,7 +3,8 @@
 Two launches per layer and step: the KV-cache scatter and ``paged_attention``. Both decide
 everything from shapes and the metadata's host ints, so a decode step can be captured in a CUDA
 graph and replayed with new tensor contents. Nothing is precomputed in ``prepare``: the kernels
-read ``query_start_loc``/``seq_lens``/``block_tables`` directly.
+read ``query_start_loc``/``seq_lens``/``block_tables`` directly. With ``batch_invariant`` every
+row goes through one kernel with one launch config (see ``paged_attention``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,16 @@ class TritonAttentionBackend(AttentionBackend):
 
     name = "triton"
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        batch_invariant: bool = False,
+    ) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
+        self.batch_invariant = batch_invariant
         # Imported here so that choosing the torch backend never needs Triton installed.
         from pagoda.kernels import paged_attention, write_kv_cache
 
@@ -51,4 +60,5 @@ class TritonAttentionBackend(AttentionBackend):
             scale=self.scale,
             out=out,
             num_decodes=meta.num_decodes,
+            batch_invariant=self.batch_invariant,
         )

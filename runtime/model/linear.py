@@ -8,7 +8,8 @@ Packing also serves greedy determinism (docs/runtime.md, "What is guaranteed"): 
 GEMM gives every row the same bits whatever the number of rows M, for M >= 2, in bf16 and
 float32, while MKL's float32 `F.linear` changes its blocking (and rounding) with M. A single row
 takes a GEMV path with another summation order, so a lone row is computed as two.
-Weights on CUDA stay plain.
+Weights on CUDA stay plain; with ``invariant`` they go through ``pagoda.kernels.linear``, whose
+reduction order depends on the weight's shape alone (cuBLAS chooses its kernel by M).
 """
 
 from __future__ import annotations
@@ -38,13 +39,21 @@ def _can_pack(dtype: torch.dtype) -> bool:
 class Linear:
     """y = x @ weight.T + bias for 2-D x."""
 
-    __slots__ = ("bias", "packed", "weight")
+    __slots__ = ("bias", "kernel", "packed", "weight")
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, invariant: bool = False
+    ) -> None:
         self.bias = bias
         self.packed = None
+        self.kernel = None
         self.weight: torch.Tensor | None = weight
         cpu = weight.device.type == "cpu"
+        if invariant and weight.device.type == "cuda":
+            from pagoda.kernels import linear  # needs Triton, which CUDA installs have
+
+            self.kernel = linear
+            self.weight = weight.contiguous()
         if cpu and weight.dtype in PACKED_DTYPES and _can_pack(weight.dtype):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(
                 weight.contiguous(), PACK_BATCH_HINT
@@ -52,6 +61,8 @@ class Linear:
             self.weight = None  # the packed copy replaces it
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None:
+            return self.kernel(x=x, weight=self.weight, bias=self.bias)
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
         if x.shape[0] == 1:  # keep the GEMM path (and its rounding) for a lone row

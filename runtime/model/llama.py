@@ -7,6 +7,9 @@ sequence that samples), which saves the vocabulary projection on every prefill t
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
@@ -33,17 +36,19 @@ class _DeviceWeights:
 class LlamaLayer:
     __slots__ = ("attn_norm", "down", "gate_up", "mlp_norm", "o_proj", "qkv")
 
-    def __init__(self, w: _DeviceWeights, prefix: str, bias: bool) -> None:
+    def __init__(
+        self, w: _DeviceWeights, prefix: str, bias: bool, linear: Callable[..., Linear]
+    ) -> None:
         a = prefix + "self_attn."
         self.attn_norm = w[prefix + "input_layernorm.weight"]
         self.mlp_norm = w[prefix + "post_attention_layernorm.weight"]
         names = ("q_proj", "k_proj", "v_proj")
         bias_t = torch.cat([w[f"{a}{n}.bias"] for n in names]) if bias else None
-        self.qkv = Linear(torch.cat([w[f"{a}{n}.weight"] for n in names]), bias_t)
-        self.o_proj = Linear(w[a + "o_proj.weight"])
+        self.qkv = linear(torch.cat([w[f"{a}{n}.weight"] for n in names]), bias_t)
+        self.o_proj = linear(w[a + "o_proj.weight"])
         m = prefix + "mlp."
-        self.gate_up = Linear(torch.cat([w[m + "gate_proj.weight"], w[m + "up_proj.weight"]]))
-        self.down = Linear(w[m + "down_proj.weight"])
+        self.gate_up = linear(torch.cat([w[m + "gate_proj.weight"], w[m + "up_proj.weight"]]))
+        self.down = linear(w[m + "down_proj.weight"])
 
 
 class LlamaModel:
@@ -59,16 +64,18 @@ class LlamaModel:
         backend: AttentionBackend,
         ops: Ops,
         max_positions: int,
+        batch_invariant: bool = False,
     ) -> None:
         self.config = config
         self.dtype, self.device = dtype, device
         self.backend, self.ops = backend, ops
         w = _DeviceWeights(weights, device, dtype)
+        linear = functools.partial(Linear, invariant=batch_invariant)
         self.embed = w["model.embed_tokens.weight"]
         self.norm = w["model.norm.weight"]
-        self.lm_head = Linear(self.embed if config.tie_word_embeddings else w["lm_head.weight"])
+        self.lm_head = linear(self.embed if config.tie_word_embeddings else w["lm_head.weight"])
         self.layers = [
-            LlamaLayer(w, f"model.layers.{i}.", config.attention_bias)
+            LlamaLayer(w, f"model.layers.{i}.", config.attention_bias, linear)
             for i in range(config.num_layers)
         ]
         self.cos_sin_cache = build_cos_sin_cache(

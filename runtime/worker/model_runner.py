@@ -67,6 +67,7 @@ class ModelRunner:
             mc.num_kv_heads,
             mc.head_dim,
             mc.head_dim**-0.5,
+            batch_invariant=config.batch_invariant,
         )
         torch.manual_seed(config.seed)
         self.model = LlamaModel(
@@ -77,6 +78,7 @@ class ModelRunner:
             backend=self.backend,
             ops=select_ops(self.device, self.backend.name),
             max_positions=max(max_model_len, mc.max_position_embeddings),
+            batch_invariant=config.batch_invariant,
         )
         # Debug/test hook: called with (requests, float32 logits) of every step that samples.
         self.logits_observer: Callable[[list[Request], torch.Tensor], None] | None = None

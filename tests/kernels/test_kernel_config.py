@@ -26,6 +26,7 @@ REQUIRED = {
         "max_splits",
     },
     "write_kv_cache": {"num_warps"},
+    "matmul": {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"},
     "rms_norm": {"num_warps"},
     "rotary_embedding": {"num_warps"},
     "silu_and_mul": {"BLOCK", "num_warps"},

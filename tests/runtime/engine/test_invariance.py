@@ -112,3 +112,59 @@ def test_attention_row_does_not_depend_on_how_it_is_batched(dtype):
     beside = last_row([(1000, 1, other), (n, 1, table), (64, 7, [100, 101, 102, 103])], 1, 8)
     for name, got in (("chunk", chunk), ("fresh prompt", fresh), ("beside others", beside)):
         assert torch.equal(got, decode), name
+
+
+@pytest.fixture(scope="module")
+def random_model_gpu(tmp_path_factory):
+    """A SmolLM2-shaped model with random weights (the GGUF does not travel to GPU nodes)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    pytest.importorskip("triton")
+    from hf_oracle import make_tiny_llama
+    from pagoda.runtime.model.loader import load_model
+
+    path = tmp_path_factory.mktemp("random-smol")
+    make_tiny_llama(path, hidden_size=576, intermediate_size=1536, num_hidden_layers=6,
+                    num_attention_heads=9, num_key_value_heads=3, vocab_size=8192,
+                    max_position_embeddings=4096)  # fmt: skip
+    return load_model(str(path))
+
+
+def _logits_and_tokens(llm: LLM, prompts: list[list[int]]):
+    """Greedy tokens per prompt, and every logits row keyed by (prompt, tokens generated so far)."""
+    rows: dict[tuple[tuple[int, ...], int], torch.Tensor] = {}
+
+    def observe(reqs, logits):
+        for r, row in zip(reqs, logits.cpu()):
+            rows[(tuple(r.prompt_token_ids), r.num_output_tokens)] = row
+
+    llm.engine.runner.logits_observer = observe
+    tokens = _tokens(llm, prompts)
+    llm.engine.runner.logits_observer = None
+    return tokens, rows
+
+
+@pytest.mark.gpu
+def test_gpu_logits_invariant_to_cache_chunks_batch_and_graphs(random_model_gpu):
+    """On CUDA with the defaults (Triton kernels, CUDA graphs, batch-invariant mode): the same
+    bits for every logits row, alone and cold vs chunked, cached, batched and padded."""
+    g = torch.Generator().manual_seed(0)
+    lengths = [1, 17, 40, 95, 230, 700, 1500]
+    prompts = [torch.randint(3, 8192, (n,), generator=g).tolist() for n in lengths]
+    shared = torch.randint(3, 8192, (300,), generator=g).tolist()
+    prompts += [shared + prompts[1], shared + prompts[3]]
+    common = dict(loaded=random_model_gpu, dtype="bfloat16", max_model_len=2048)
+    plain = LLM(**common, enable_prefix_caching=False, enable_chunked_prefill=False)
+    alone = [_logits_and_tokens(plain, [p]) for p in prompts]
+    del plain
+    busy = LLM(**common, enable_prefix_caching=True, max_num_batched_tokens=64, max_num_seqs=8)
+    assert busy.engine.runner.cuda_graphs is not None
+    for name, order in (("cold", prompts), ("warm", prompts), ("reordered", prompts[::-1])):
+        noise = [p[::-1] for p in prompts[2:5]]
+        tokens, rows = _logits_and_tokens(busy, noise + order)
+        for i, p in enumerate(prompts):
+            want_tokens, want_rows = alone[i]
+            assert tokens[len(noise) + order.index(p)] == want_tokens[0], f"{name}: prompt {i}"
+            for key, row in want_rows.items():
+                assert torch.equal(rows[key], row), f"{name}: prompt {i} logits at {key[1]}"
+    busy.engine.check_integrity()

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Every GPU check of one session, on a CUDA node where Pagoda is not installed: the gpu-marked
+# tests (compiled kernels, batch invariance, CUDA graphs, the sync-free step), nano-vllm's
+# throughput workload on a Llama-3.2-1B-shaped random model, the cost of batch invariance,
+# `pagoda tune` on that model, and the kernel benchmark. Logs go to $OUT (or the first argument).
+#
+#   OUT=/tmp/gpu bash benchmarks/gpu_check.sh        # from the repository root
+set -u
+OUT=${OUT:-${1:-gpu-out}}
+mkdir -p "$OUT"
+ROOT=$PWD
+PKG=$(mktemp -d)
+mkdir -p "$PKG/pagoda"
+for d in runtime kernels operator; do ln -s "$ROOT/$d" "$PKG/pagoda/$d"; done
+export PYTHONPATH="$PKG:$ROOT/tests/runtime" PYTHONSAFEPATH=1 TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+PY="python3 -P"
+
+step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, print the tail
+    local name=$1 limit=$2 start=$SECONDS rc
+    shift 2
+    echo "=== $name"
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    rc=$?
+    tail -n "${TAIL:-25}" "$OUT/$name.log"
+    echo "=== $name: rc=$rc in $((SECONDS - start)) s"
+}
+
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+TAIL=12 step tests 170 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 160 \
+    tests/kernels tests/runtime/test_triton_engine.py tests/runtime/engine/test_invariance.py
+TAIL=8 step throughput 170 $PY benchmarks/gpu_throughput.py --shape 1b --also-fast
+TAIL=45 step invariance 80 $PY benchmarks/invariance_cost.py
+$PY -c "
+import sys, torch; sys.path.insert(0, 'benchmarks')
+from pathlib import Path
+from common import write_random_llama
+from gpu_throughput import SHAPES
+write_random_llama(Path('/tmp/llama-1b'), SHAPES['1b'], torch.bfloat16)
+" >"$OUT/model.log" 2>&1
+TAIL=30 step tune 110 $PY -m pagoda.runtime.cli tune --model /tmp/llama-1b --output /tmp/profile \
+    --time-budget 75s
+tar -czf "$OUT/profile.tgz" -C /tmp profile 2>/dev/null
+TAIL=30 step kernels 60 $PY benchmarks/kernels.py
