@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from pagoda.runtime.request import Request
 from pagoda.runtime.sampler_ops import argmax_rows, sample_candidates, sample_full
+from pagoda.runtime.sampling import SamplingParams
 
 TOP_P_CANDIDATES = 1024  # on CPU: candidates a top-p row without top-k starts from
 
@@ -43,7 +44,6 @@ class SamplingBatch:
     def build(cls, reqs: list[Request], vocab_size: int, device: torch.device) -> SamplingBatch:
         """Parameter tensors for the rows of `reqs`, built on the host and moved without a sync."""
         ps = [r.params for r in reqs]
-        n = len(ps)
         greedy_host = [p.greedy for p in ps]
         f32 = torch.float32
         temp = torch.tensor(
@@ -56,30 +56,8 @@ class SamplingBatch:
             top_p = torch.tensor([p.top_p for p in ps], dtype=f32)
         if any(p.min_p > 0 for p in ps):
             min_p = torch.tensor([p.min_p for p in ps], dtype=f32)
-        presence = frequency = repetition = counts = prompt_mask = None
-        if any(p.needs_penalties for p in ps):
-            presence = torch.tensor([p.presence_penalty for p in ps], dtype=f32)
-            frequency = torch.tensor([p.frequency_penalty for p in ps], dtype=f32)
-            repetition = torch.tensor([p.repetition_penalty for p in ps], dtype=f32)
-            counts = torch.zeros((n, vocab_size), dtype=f32)
-            prompt_mask = torch.zeros((n, vocab_size), dtype=torch.bool)
-            for i, r in enumerate(reqs):
-                out = r.output_token_ids
-                if out:
-                    counts[i].index_add_(0, torch.tensor(out), torch.ones(len(out), dtype=f32))
-                if r.params.repetition_penalty != 1.0:
-                    prompt_mask[i, torch.tensor(r.prompt_token_ids)] = True
-        gens = [(i, r.generator) for i, r in enumerate(reqs) if r.generator is not None]
-        cand = [
-            i
-            for i, (p, g) in enumerate(zip(ps, greedy_host))
-            if not g and (p.top_k > 0 or p.top_p < 1)
-        ]
-        k = max((ps[i].top_k for i in cand), default=0)
-        if any(ps[i].top_k <= 0 for i in cand):  # a top-p row without top-k
-            k = max(k, TOP_P_CANDIDATES if device.type == "cpu" else vocab_size)
-        chosen = set(cand)
-        full = [i for i in range(n) if i not in chosen] if cand else []
+        penalties = _penalties(reqs, vocab_size) if any(p.needs_penalties for p in ps) else None
+        cand, full, k = _candidate_rows(ps, greedy_host, vocab_size, device)
         lps = [p.logprobs for p in ps if p.logprobs is not None]
 
         def dev(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -87,6 +65,7 @@ class SamplingBatch:
                 return t
             return t.pin_memory().to(device, non_blocking=True)
 
+        presence, frequency, repetition, counts, prompt_mask = penalties or (None,) * 5
         return cls(
             temperature=dev(temp),
             greedy=dev(torch.tensor(greedy_host)),
@@ -99,13 +78,45 @@ class SamplingBatch:
             repetition=dev(repetition),
             output_counts=dev(counts),
             prompt_mask=dev(prompt_mask),
-            generators=gens,
+            generators=[(i, r.generator) for i, r in enumerate(reqs) if r.generator is not None],
             max_logprobs=max(lps) if lps else None,
             any_greedy=any(greedy_host),
             candidate_rows=dev(torch.tensor(cand)) if cand else None,
             full_rows=dev(torch.tensor(full)) if cand and full else None,
-            num_candidates=min(k, vocab_size),
+            num_candidates=k,
         )
+
+
+def _penalties(reqs: list[Request], vocab_size: int) -> tuple[torch.Tensor, ...]:
+    """Presence, frequency and repetition [N], output token counts [N, V] and the prompt mask."""
+    ps = [r.params for r in reqs]
+    f32 = torch.float32
+    presence = torch.tensor([p.presence_penalty for p in ps], dtype=f32)
+    frequency = torch.tensor([p.frequency_penalty for p in ps], dtype=f32)
+    repetition = torch.tensor([p.repetition_penalty for p in ps], dtype=f32)
+    counts = torch.zeros((len(reqs), vocab_size), dtype=f32)
+    prompt_mask = torch.zeros((len(reqs), vocab_size), dtype=torch.bool)
+    for i, r in enumerate(reqs):
+        out = r.output_token_ids
+        if out:
+            counts[i].index_add_(0, torch.tensor(out), torch.ones(len(out), dtype=f32))
+        if r.params.repetition_penalty != 1.0:
+            prompt_mask[i, torch.tensor(r.prompt_token_ids)] = True
+    return presence, frequency, repetition, counts, prompt_mask
+
+
+def _candidate_rows(
+    ps: list[SamplingParams], greedy: list[bool], vocab_size: int, device: torch.device
+) -> tuple[list[int], list[int], int]:
+    """Sampled rows with top-k/top-p, the other rows (empty when there are no candidate rows)
+    and the number of candidates that covers every candidate row."""
+    cand = [i for i, (p, g) in enumerate(zip(ps, greedy)) if not g and (p.top_k > 0 or p.top_p < 1)]
+    k = max((ps[i].top_k for i in cand), default=0)
+    if any(ps[i].top_k <= 0 for i in cand):  # a top-p row without top-k
+        k = max(k, TOP_P_CANDIDATES if device.type == "cpu" else vocab_size)
+    chosen = set(cand)
+    full = [i for i in range(len(ps)) if i not in chosen] if cand else []
+    return cand, full, min(k, vocab_size)
 
 
 @dataclass

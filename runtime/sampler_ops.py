@@ -11,6 +11,10 @@ number per vocabulary entry per row. Both are avoided by viewing a row as `CHUNK
   the distribution (up to float rounding of the sums) with one random number per row, so a
   seeded request's draws come from its own generator alone.
 
+On CPU, `argmax_rows` and `sample_full` run the fused C kernels of `sampler_native` when they
+are built (one pass over each row instead of five PyTorch ops); the PyTorch code below is the
+fallback and the GPU path, and defines the semantics the kernels follow.
+
 Top-k/top-p rows work on the `k` best candidates (`topk`, sorted) instead of a full sort. A top-p
 row without top-k starts from `num_candidates` candidates and falls back to the whole sorted
 vocabulary when they hold less than top_p of the mass (on CPU the check is a cheap host read;
@@ -20,6 +24,7 @@ on CUDA `num_candidates` is the vocabulary, so it never syncs).
 from __future__ import annotations
 
 import torch
+from pagoda.runtime import sampler_native
 
 CHUNK = 128  # vocabulary entries per chunk
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
@@ -47,6 +52,8 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """`x.argmax(-1)` for 2-D x (first maximum), vectorised on CPU through chunk maxima."""
     if x.device.type != "cpu" or x.shape[1] <= 2 * CHUNK:
         return x.argmax(-1)
+    if sampler_native.usable(x):
+        return sampler_native.argmax_rows(x)
     chunk = _per_chunk(x, "amax").argmax(-1)
     cols, _ = _chunk_cols(chunk, x.shape[1])
     inner = x.gather(1, cols).argmax(-1, keepdim=True)
@@ -94,6 +101,8 @@ def sample_full(
     logits: torch.Tensor, inv_temp: torch.Tensor, min_p: torch.Tensor | None, u: torch.Tensor
 ) -> torch.Tensor:
     """Sample from softmax(logits / T) over the whole vocabulary, after an optional min-p filter."""
+    if sampler_native.usable(logits):
+        return sampler_native.sample_rows(logits, inv_temp, min_p, u)
     w = exp_weights(logits, inv_temp, logits.amax(-1, keepdim=True))
     if min_p is not None:  # the best token has weight 1, so min-p compares against min_p itself
         w.masked_fill_(w < min_p.unsqueeze(1), 0.0)

@@ -1,12 +1,13 @@
 """The sampler draws from exactly the filtered distribution: chi-square goodness of fit against
 softmax(apply_top_k_top_p_min_p(logits / T)) for temperature / top-k / top-p / min-p combinations,
-on a vocabulary small enough to count and large enough for the chunked paths (with a tail)."""
+on a vocabulary small enough to count and large enough for the chunked paths (with a tail).
+Every test runs twice: with the native C kernels and with the PyTorch fallback."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from pagoda.runtime import sampler
+from pagoda.runtime import sampler, sampler_native
 from pagoda.runtime.request import Request
 from pagoda.runtime.sampler import SamplingBatch, apply_top_k_top_p_min_p, sample
 from pagoda.runtime.sampling import SamplingParams
@@ -14,6 +15,15 @@ from pagoda.runtime.sampling import SamplingParams
 V = 300  # 2 chunks of 128 plus a tail of 44
 DRAWS = 20000
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(params=["native", "torch"], autouse=True)
+def kernels(request, monkeypatch):
+    if request.param == "torch":
+        monkeypatch.setattr(sampler_native, "usable", lambda x: False)
+    elif not sampler_native.available():
+        pytest.skip("no C compiler for the native sampler kernels")
+    return request.param
 
 
 def _logits(seed: int, vocab: int = V) -> torch.Tensor:

@@ -1,0 +1,103 @@
+"""The native C sampler kernels: built here, argmax as torch's, edge rows never yield an invalid
+token, rows split over threads draw the same tokens, and a missing compiler falls back cleanly.
+(Their sampled distribution is tested by chi-square in test_sampler_distribution.py.)"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from pagoda.runtime import sampler_native, sampler_ops
+
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler"
+)
+
+
+def test_kernels_build_and_load_with_the_system_compiler():
+    assert sampler_native.available()
+    assert sampler_native.usable(torch.zeros(2, 3))
+    assert not sampler_native.usable(torch.zeros(2, 3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("vocab", [5, 128, 300, 1000])
+def test_argmax_matches_torch_including_ties_and_inf(vocab):
+    torch.manual_seed(0)
+    x = torch.randn(16, vocab)
+    x[0] = 0.0  # all tied: the first index wins
+    x[1, 2] = x[1, -1] = 100.0  # tie across chunks
+    x[2, -1] = 100.0  # maximum in the tail
+    x[3] = float("-inf")
+    x[4, 1] = float("inf")
+    assert sampler_native.argmax_rows(x).tolist() == x.argmax(-1).tolist()
+
+
+def test_sample_rows_edge_rows_yield_valid_tokens():
+    v = 300
+    x = torch.randn(6, v)
+    x[0] = float("-inf")  # no finite weight: the argmax (0)
+    x[1, 7] = float("inf")  # an infinite logit: that token
+    x[2, :] = float("-inf")
+    x[2, 299] = 0.0  # a single finite token, in the tail
+    x[3, :] = -1e30  # huge but finite: all weights equal
+    x[4, 123] = 50.0  # T = 0.01 below: every other weight underflows to zero
+    inv_t = torch.tensor([1.0, 1.0, 1.0, 1.0, 100.0, 0.01])
+    u = torch.tensor([0.5, 0.5, 0.9999999, 0.9999999, 0.0, 0.9999999])
+    tokens = sampler_native.sample_rows(x, inv_t, None, u).tolist()
+    assert tokens[:3] == [0, 7, 299]
+    assert all(0 <= t < v for t in tokens)
+    assert tokens[4] == 123
+
+
+def test_min_p_drops_tokens_below_the_threshold():
+    x = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05] + [1e-9] * 296]))
+    u = torch.linspace(0, 0.999, 200)
+    xs = x.expand(200, -1).contiguous()
+    tokens = sampler_native.sample_rows(xs, torch.ones(200), torch.full((200,), 0.5), u)
+    assert set(tokens.tolist()) == {0, 1}  # 0.3 >= 0.5 * 0.5; 0.15 is not
+
+
+def test_rows_split_over_threads_draw_the_same_tokens():
+    torch.manual_seed(1)
+    x, u = torch.randn(64, 1000) * 3, torch.rand(64)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = sampler_native.sample_rows(x, torch.full((64,), 1.5), None, u)
+        torch.set_num_threads(4)
+        four = sampler_native.sample_rows(x, torch.full((64,), 1.5), None, u)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, four)
+
+
+def test_native_and_torch_paths_pick_the_same_tokens_up_to_rounding():
+    torch.manual_seed(2)
+    x, u = torch.randn(128, 1000) * 2, torch.rand(128)
+    inv_t = torch.full((128,), 1 / 0.7)
+    native = sampler_native.sample_rows(x, inv_t, None, u)
+    fallback = sampler_ops.sample_weights(sampler_ops.exp_weights(x, inv_t, x.amax(-1, True)), u)
+    assert (native == fallback).float().mean() > 0.95  # differ only where u hits a boundary
+
+
+def test_missing_compiler_falls_back_to_torch(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no cached build to reuse
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    sampler_native._library.cache_clear()
+    try:
+        assert not sampler_native.available()
+        assert not sampler_native.usable(torch.zeros(2, 300))
+        x = torch.randn(4, 300)
+        assert sampler_ops.argmax_rows(x).tolist() == x.argmax(-1).tolist()
+    finally:
+        sampler_native._library.cache_clear()
+
+
+def test_disabled_by_environment(monkeypatch):
+    monkeypatch.setenv("PAGODA_NATIVE_SAMPLER", "0")
+    sampler_native._library.cache_clear()
+    try:
+        assert not sampler_native.available()
+    finally:
+        sampler_native._library.cache_clear()
