@@ -5,6 +5,10 @@ output building. Decode steps are timed at 32/128/256 running sequences, greedy 
 
     .venv/bin/python -P benchmarks/step_overhead.py                 # the table (~1 min)
     .venv/bin/python -P benchmarks/step_overhead.py --profile 256   # + cProfile of sampled steps
+    .venv/bin/python -P benchmarks/step_overhead.py --seqs 256 --samplers native torch  # A/B
+
+`--samplers native torch` times each case with the native C sampler kernels and with the PyTorch
+sampler, alternating in one run (the kernels are `pagoda.runtime.sampler_native`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, markdown_table, write_random_llama
-from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime import LLM, SamplingParams, sampler_native
 from pagoda.runtime.model.loader import load_model
 
 TINY = dict(
@@ -77,6 +81,13 @@ def measure(loaded, n: int, temperature: float, steps: int, prompt_len: int) -> 
     return {"wall_ms": 1e3 * wall, **clock.per_step_ms()}
 
 
+def use_sampler(kind: str) -> str:
+    """Switch the CPU sampler between the native kernels and PyTorch; the kind actually used."""
+    os.environ["PAGODA_NATIVE_SAMPLER"] = "1" if kind == "native" else "0"
+    sampler_native._library.cache_clear()
+    return "native" if sampler_native.available() else "torch"
+
+
 def profile(loaded, n: int, steps: int, prompt_len: int) -> None:
     engine = running_engine(loaded, n, 0.6, prompt_len, steps, seed=n)
     prof = cProfile.Profile()
@@ -88,14 +99,21 @@ def profile(loaded, n: int, steps: int, prompt_len: int) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(18)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seqs", type=int, nargs="+", default=[32, 128, 256])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--profile", type=int, metavar="N", help="cProfile sampled steps at N seqs")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
-    args = ap.parse_args()
+    ap.add_argument(
+        "--samplers",
+        nargs="+",
+        choices=["native", "torch"],
+        default=["native"],
+        help="CPU sampler implementations to time side by side",
+    )
+    args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"machine: {machine()}")
@@ -105,18 +123,21 @@ def main() -> None:
     rows = []
     for n in args.seqs:
         for name, temp in (("greedy", 0.0), ("sampled T=0.6", 0.6)):
-            r = measure(loaded, n, temp, args.steps, args.prompt_len)
-            host = sum(r.get(p, 0.0) for p in PHASES if p != "forward")
-            rows.append(
-                [n, name, f"{r['wall_ms']:.2f}", f"{host:.2f}"]
-                + [f"{r.get(p, 0.0):.2f}" for p in PHASES]
-            )
-            print(f"  {n} seqs {name}: {r['wall_ms']:.2f} ms/step", flush=True)
+            for kind in args.samplers:
+                used = use_sampler(kind)
+                r = measure(loaded, n, temp, args.steps, args.prompt_len)
+                host = sum(r.get(p, 0.0) for p in PHASES if p != "forward")
+                rows.append(
+                    [n, name, used, f"{r['wall_ms']:.2f}", f"{host:.2f}"]
+                    + [f"{r.get(p, 0.0):.2f}" for p in PHASES]
+                )
+                print(f"  {n} seqs {name} ({used}): {r['wall_ms']:.2f} ms/step", flush=True)
+    use_sampler(args.samplers[0])
     print(f"\nms per decode step (dtype {loaded_dtype()}, vocab {TINY['vocab_size']}, 1 layer):")
     print(
         "(step: wall time of a run without the clock; host: the clocked run's phases but forward)"
     )
-    print(markdown_table(["seqs", "sampling", "step", "host", *PHASES], rows))
+    print(markdown_table(["seqs", "sampling", "sampler", "step", "host", *PHASES], rows))
     if args.profile:
         profile(loaded, args.profile, args.steps, args.prompt_len)
 

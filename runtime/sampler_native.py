@@ -3,12 +3,14 @@
 Why C: exact inverse-CDF sampling needs the exponential of every vocabulary entry. As PyTorch
 ops that is five passes over the [N, vocab] float32 scores (max, scale, exp2, chunk sums, pick)
 with a 33 MB temporary: ~10 ms per step at [256, 32000] on a 2-core Zen 4, over the ~6 ms
-budget of a whole step. Here one call per block of rows does max, exp2 and the chunk sums with
-the row in L2 cache, then walks the cumulative sums: ~3x faster on one core, and the rows are
-split across torch's thread count (ctypes drops the GIL during the call).
+budget of a whole step. Here one call reads each row once: per 128-entry chunk, its maximum and
+its sum of exp2 relative to the running maximum while the chunk is in L1 (rescaled to the row
+maximum at the end, as online softmax does), then a walk of the cumulative sums picks the chunk
+and the token. ~3x faster than the PyTorch ops on one core; rows are split across torch's
+thread count (ctypes drops the GIL during the call).
 
-The source is built on first use with the system C compiler (`CC`, else `cc`/`gcc`) into
-$XDG_CACHE_HOME/pagoda/native (keyed by source, flags and CPU), then loaded with ctypes. With no
+The source is built on first use with the system C compiler (`CC`, else `cc`/`gcc`, ~0.2 s) into
+a cache (see `_cache_dir`; keyed by source, flags and CPU) and loaded with ctypes. With no
 compiler, a failed build or PAGODA_NATIVE_SAMPLER=0, `available()` is False and `sampler_ops`
 uses its PyTorch implementation: same distribution, different float rounding.
 """
@@ -201,6 +203,9 @@ def _cpu_key() -> str:
 
 
 def _cache_dir() -> Path:
+    """$PAGODA_CACHE_DIR/native, else under $XDG_CACHE_HOME/pagoda or ~/.cache/pagoda."""
+    if os.environ.get("PAGODA_CACHE_DIR"):
+        return Path(os.environ["PAGODA_CACHE_DIR"]) / "native"
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "pagoda" / "native"
 

@@ -82,7 +82,7 @@ def test_native_and_torch_paths_pick_the_same_tokens_up_to_rounding():
 
 
 def test_missing_compiler_falls_back_to_torch(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no cached build to reuse
+    monkeypatch.setenv("PAGODA_CACHE_DIR", str(tmp_path))  # no cached build to reuse
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     sampler_native._library.cache_clear()
     try:

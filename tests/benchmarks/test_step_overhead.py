@@ -1,0 +1,28 @@
+"""Smoke run of benchmarks/step_overhead.py: a few decode steps at a small batch, greedy and
+sampled, with the native and the PyTorch sampler side by side; the table has every phase."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
+@pytest.mark.timeout(180)
+def test_small_run_reports_each_sampler_and_phase(capsys, monkeypatch):
+    import step_overhead
+
+    monkeypatch.setenv("PAGODA_NATIVE_SAMPLER", "1")  # the run switches it; restored after
+
+    step_overhead.main(["--seqs", "4", "--steps", "2", "--samplers", "native", "torch"])
+    out = capsys.readouterr().out
+    assert "machine: " in out
+    table = [ln for ln in out.splitlines() if ln.startswith("| 4 |")]
+    assert len(table) == 4  # greedy and sampled, each with both samplers
+    assert {ln.split("|")[3].strip() for ln in table} <= {"native", "torch"}
+    header = next(ln for ln in out.splitlines() if ln.startswith("| seqs"))
+    assert all(p in header for p in step_overhead.PHASES)
+    assert step_overhead.use_sampler("native") in ("native", "torch")
