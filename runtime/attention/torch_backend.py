@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from pagoda.runtime.attention import cpu_kernel
 from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
 
 MAX_DECODE_BUCKETS = 3
@@ -99,8 +100,19 @@ class _Bucket:
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__(num_heads, num_kv_heads, head_dim, scale)
+        self.kernel: cpu_kernel.CpuKernel | None = None  # chosen by allocate_kv_cache
+
     def prepare(self, meta: AttentionMetadata) -> None:
-        """Plan the step's buckets and build their indices and masks."""
+        """Plan the step: host index tensors for the kernel, or buckets, indices and masks."""
+        if self.kernel is not None:
+            qlens = np.asarray(meta.query_lens_host, dtype=np.int32)
+            meta.aux["qstart"] = torch.from_numpy(
+                np.concatenate([[0], np.cumsum(qlens)]).astype(np.int32)
+            )
+            meta.aux["seq_lens"] = torch.tensor(meta.seq_lens_host, dtype=torch.int32)
+            return
         qlens = np.asarray(meta.query_lens_host, dtype=np.int64)
         slens = np.asarray(meta.seq_lens_host, dtype=np.int64)
         qstart = np.concatenate([[0], np.cumsum(qlens)[:-1]])
@@ -162,15 +174,39 @@ class TorchAttentionBackend(AttentionBackend):
         )
 
     def allocate_kv_cache(self, num_blocks, block_size, model_dtype, device):
-        """Head-major ``[num_kv_heads, num_blocks, block_size, head_dim]``: gathering a bucket's
-        blocks yields ``[Hkv, B, Kp, D]``, already the batched-GEMM operand (no transpose)."""
-        shape = (self.num_kv_heads, num_blocks, block_size, self.head_dim)
+        """The kernel's packed layout when it can run (see ``cpu_kernel_source``), else head-major
+        ``[num_kv_heads, num_blocks, block_size, head_dim]``: gathering a bucket's blocks yields
+        ``[Hkv, B, Kp, D]``, already the batched-GEMM operand (no transpose)."""
         dt = self.cache_dtype(model_dtype)
-        return torch.zeros(shape, dtype=dt, device=device), torch.zeros(
-            shape, dtype=dt, device=device
+        hkv, d = self.num_kv_heads, self.head_dim
+        usable = dt in (torch.float32, torch.bfloat16) and d % 16 == 0 and block_size % 16 == 0
+        self.kernel = cpu_kernel.load() if usable and device.type == "cpu" else None
+        if self.kernel is not None:
+            p = 4 // dt.itemsize  # values per 32-bit word
+            k_shape = (hkv, num_blocks, d // p, block_size, p)
+            v_shape = (hkv, num_blocks, block_size // p, d, p)
+        else:
+            k_shape = v_shape = (hkv, num_blocks, block_size, d)
+        return torch.zeros(k_shape, dtype=dt, device=device), torch.zeros(
+            v_shape, dtype=dt, device=device
         )
 
+    def write_kv(self, k, v, k_cache, v_cache, slots: torch.Tensor) -> None:
+        """Store ``k``/``v`` ``[T, Hkv, D]`` at ``slots`` in this backend's cache layout."""
+        if k_cache.dim() == 5:
+            self.kernel.write_kv(k, v, k_cache, v_cache, slots)
+            return
+        hkv, nb, bs, d = k_cache.shape
+        k_cache.view(hkv, nb * bs, d).index_copy_(1, slots, k.transpose(0, 1).to(k_cache.dtype))
+        v_cache.view(hkv, nb * bs, d).index_copy_(1, slots, v.transpose(0, 1).to(v_cache.dtype))
+
     def forward(self, q, k, v, k_cache, v_cache, meta):
+        if k_cache.dim() == 5:  # the kernel's layout: it reads the cache in place
+            self.kernel.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            aux = meta.aux
+            return self.kernel.attention(
+                q, k_cache, v_cache, meta.block_tables, aux["qstart"], aux["seq_lens"], self.scale
+            )
         hkv, nb, bs, d = k_cache.shape
         slots = meta.slot_mapping
         k_cache.view(hkv, nb * bs, d).index_copy_(1, slots, k.transpose(0, 1))

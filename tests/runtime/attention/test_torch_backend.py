@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from pagoda.kernels import reference
+from pagoda.runtime.attention import cpu_kernel
 from pagoda.runtime.attention.base import AttentionMetadata
 from pagoda.runtime.attention.torch_backend import TorchAttentionBackend, plan_buckets
 
@@ -48,17 +49,34 @@ def make_step(
     return q, k, v, k_cache, v_cache, meta
 
 
-def to_backend_layout(be: TorchAttentionBackend, cache: torch.Tensor) -> torch.Tensor:
-    """A [num_blocks, block_size, Hkv, D] cache copied into the backend's own layout."""
-    mine, _ = be.allocate_kv_cache(cache.shape[0], cache.shape[1], cache.dtype, cache.device)
-    mine.copy_(cache.permute(2, 0, 1, 3))
+@pytest.fixture(params=["kernel", "torch"], autouse=True)
+def path(request, monkeypatch) -> str:
+    """Every test runs on both CPU paths: the C++ kernel and the torch gather path."""
+    monkeypatch.setenv(cpu_kernel.ENV_SWITCH, request.param)
+    if request.param == "kernel" and cpu_kernel.load() is None:
+        pytest.fail("the CPU attention kernel did not build on this machine (is g++ installed?)")
+    return request.param
+
+
+def to_backend_layout(
+    be: TorchAttentionBackend, kc: torch.Tensor, vc: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[num_blocks, block_size, Hkv, D] caches copied into the backend's own layout."""
+    nb, bs, hkv, d = kc.shape
+    mine = be.allocate_kv_cache(nb, bs, kc.dtype, kc.device)
+    slots = torch.arange(nb * bs)
+    be.write_kv(kc.view(-1, hkv, d), vc.view(-1, hkv, d), *mine, slots)
     return mine
 
 
-def test_cache_layout_is_head_major_in_the_model_dtype():
+def test_cache_layout_is_head_major_in_the_model_dtype(path):
     be = TorchAttentionBackend(6, 2, 32, 32**-0.5)
     k, v = be.allocate_kv_cache(10, 16, torch.bfloat16, torch.device("cpu"))
-    assert k.shape == v.shape == (2, 10, 16, 32) and k.dtype == torch.bfloat16
+    assert k.dtype == v.dtype == torch.bfloat16
+    if path == "torch":
+        assert k.shape == v.shape == (2, 10, 16, 32)
+    else:  # bf16 pairs: keys are the lanes of K words, dims the lanes of V words
+        assert k.shape == (2, 10, 16, 16, 2) and v.shape == (2, 10, 8, 32, 2)
 
 
 @pytest.mark.parametrize(
@@ -78,7 +96,7 @@ def test_cache_layout_is_head_major_in_the_model_dtype():
 def test_matches_reference(seq_lens, query_lens, dtype):
     q, k, v, kc2, vc2, meta = make_step(seq_lens, query_lens, dtype=dtype)
     be = TorchAttentionBackend(6, 2, 32, 32**-0.5)
-    kc, vc = to_backend_layout(be, kc2), to_backend_layout(be, vc2)
+    kc, vc = to_backend_layout(be, kc2, vc2)
     be.prepare(meta)
     out = be.forward(q, k, v, kc, vc, meta)
     reference.write_kv_cache(k=k, v=v, k_cache=kc2, v_cache=vc2, slot_mapping=meta.slot_mapping)
@@ -94,9 +112,8 @@ def test_matches_reference(seq_lens, query_lens, dtype):
         scale=32**-0.5,
         num_decodes=meta.num_decodes,
     )
-    assert torch.equal(kc, to_backend_layout(be, kc2)) and torch.equal(
-        vc, to_backend_layout(be, vc2)
-    )
+    kc_want, vc_want = to_backend_layout(be, kc2, vc2)
+    assert torch.equal(kc, kc_want) and torch.equal(vc, vc_want)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
 

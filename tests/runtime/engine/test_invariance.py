@@ -90,10 +90,8 @@ def test_attention_row_does_not_depend_on_how_it_is_batched(dtype):
 
     def last_row(seqs, new: int, extra_q: int = 0) -> torch.Tensor:
         cache = list(be.allocate_kv_cache(128, bs, dtype, torch.device("cpu")))
-        flat = [c.view(hkv, -1, d) for c in cache]
-        for p in range(n - new):  # the context that is already cached
-            flat[0][:, table[p // bs] * bs + p % bs] = k_all[p]
-            flat[1][:, table[p // bs] * bs + p % bs] = v_all[p]
+        cached = torch.tensor([table[p // bs] * bs + p % bs for p in range(n - new)])
+        be.write_kv(k_all[: n - new], v_all[: n - new], *cache, cached)  # the cached context
         meta = _step(seqs, cache)
         rows = torch.randn(extra_q, h, d, generator=g).to(dtype)
         kx = torch.randn(extra_q, hkv, d, generator=g).to(dtype)
@@ -153,7 +151,10 @@ def test_gpu_logits_invariant_to_cache_chunks_batch_and_graphs(random_model_gpu)
     prompts = [torch.randint(3, 8192, (n,), generator=g).tolist() for n in lengths]
     shared = torch.randint(3, 8192, (300,), generator=g).tolist()
     prompts += [shared + prompts[1], shared + prompts[3]]
-    common = dict(loaded=random_model_gpu, dtype="bfloat16", max_model_len=2048)
+    # A fixed KV budget: each engine would otherwise take 90% of what the last one left free.
+    common = dict(
+        loaded=random_model_gpu, dtype="bfloat16", max_model_len=2048, kv_cache_memory=1 << 30
+    )
     plain = LLM(**common, enable_prefix_caching=False, enable_chunked_prefill=False)
     alone = [_logits_and_tokens(plain, [p]) for p in prompts]
     del plain
