@@ -5,7 +5,9 @@
 # `pagoda tune` on that model, and the kernel benchmark. Logs go to $OUT (or the first argument).
 #
 #   OUT=/tmp/gpu bash benchmarks/gpu_check.sh        # from the repository root
+#   STEPS="tests throughput" HF=0 SWEEP=1 ...         # a subset; no HF baseline; matmul sweep
 set -u
+STEPS=${STEPS:-tests throughput invariance tune kernels}
 OUT=${OUT:-${1:-gpu-out}}
 mkdir -p "$OUT"
 ROOT=$PWD
@@ -18,6 +20,7 @@ PY="python3 -P"
 step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, print the tail
     local name=$1 limit=$2 start=$SECONDS rc
     shift 2
+    [[ " $STEPS " == *" $name "* ]] || return 0
     echo "=== $name"
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
     rc=$?
@@ -29,9 +32,10 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >"
 cat "$OUT/gpu.txt"
 TAIL=12 step tests 170 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 160 \
     tests/kernels tests/runtime/test_triton_engine.py tests/runtime/engine/test_invariance.py
-TAIL=8 step throughput 170 $PY benchmarks/gpu_throughput.py --shape 1b --also-fast
-TAIL=45 step invariance 80 $PY benchmarks/invariance_cost.py
-$PY -c "
+TAIL=8 step throughput 170 $PY benchmarks/gpu_throughput.py --shape 1b --also-fast \
+    --hf-requests "${HF:-64}"
+TAIL=60 step invariance 150 $PY benchmarks/invariance_cost.py ${SWEEP:+--sweep}
+[[ " $STEPS " == *" tune "* ]] && $PY -c "
 import sys, torch; sys.path.insert(0, 'benchmarks')
 from pathlib import Path
 from common import write_random_llama

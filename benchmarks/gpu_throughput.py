@@ -66,6 +66,9 @@ SHAPES = {
 }
 
 
+PHASE_STEPS = (200, 230)  # steps whose phases are timed (mid-run: a full batch of decodes)
+
+
 def workload(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[tuple[list[int], int]]:
     """(prompt token ids, output length) pairs, lengths uniform in [lo, hi] as in nano-vllm."""
     rng = random.Random(seed)
@@ -99,6 +102,7 @@ def run_pagoda(loaded, reqs, args, batch_invariant: bool = True) -> dict:
     llm = LLM(
         loaded=loaded,
         batch_invariant=batch_invariant,
+        kv_cache_memory=int(args.kv_cache_gib * (1 << 30)),
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=2 * args.max_len + 1,
@@ -108,9 +112,14 @@ def run_pagoda(loaded, reqs, args, batch_invariant: bool = True) -> dict:
     for i, (ids, out_len) in enumerate(reqs):
         p = SamplingParams(temperature=0.6, max_tokens=out_len, ignore_eos=True)
         engine.add_request(f"b{i}", ids, p)
-    steps, n_out = [], 0
+    steps, n_out, phases = [], 0, {}
     t0 = time.perf_counter()
     while engine.has_unfinished_requests():
+        if len(steps) == PHASE_STEPS[0]:  # a window of synchronised, per-phase timed steps
+            clock = engine.enable_step_clock()
+        elif len(steps) == PHASE_STEPS[1]:
+            phases, engine.clock = clock.per_step_ms(), None
+            engine.runner.clock = None
         running = engine.scheduler.running
         all_decode = not engine.scheduler.waiting and all(
             r.num_tokens - r.num_computed_tokens == 1 for r in running
@@ -131,6 +140,7 @@ def run_pagoda(loaded, reqs, args, batch_invariant: bool = True) -> dict:
         "step_ms": 1e3 * statistics.median(s[3] for s in at_full) if at_full else float("nan"),
         "context": statistics.median(s[2] for s in at_full) if at_full else 0,
         "num_steps": len(steps),
+        "phases_ms": phases,
     }
 
 
@@ -192,6 +202,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--hf-batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=32.0,
+        help="KV cache per engine (fixed, so two engines in one process get the same)",
+    )
+    ap.add_argument(
         "--also-fast",
         action="store_true",
         help="also run with --no-batch-invariant (cuBLAS + split-KV) to show what invariance costs",
@@ -201,6 +217,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.shape = "tiny"
         args.num_requests, args.min_len, args.max_len = 8, 8, 32
         args.max_num_seqs, args.max_num_batched_tokens = 8, 256
+        args.kv_cache_gib = 0.0625
         args.hf_requests, args.hf_batch = min(args.hf_requests, 4), 4
     return args
 
@@ -227,6 +244,9 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{fast['step_ms']:.2f} ms/step at {fast['full_batch']} running "
                 f"(default, batch-invariant: {res['tok_s']:.1f} tok/s, {res['step_ms']:.2f} ms)"
             )
+            if fast["phases_ms"]:
+                parts = ", ".join(f"{k} {v:.2f}" for k, v in fast["phases_ms"].items())
+                print(f"  --no-batch-invariant phases (ms/step): {parts}")
             res["fast"] = fast
             gc.collect()
         if device.type == "cuda":
@@ -243,6 +263,9 @@ def main(argv: list[str] | None = None) -> dict:
             f"copy bandwidth) -> {res['step_ms'] / floor:.2f}x the floor"
         )
         res.update(floor_ms=floor, bandwidth=bw)
+        if res["phases_ms"]:
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in res["phases_ms"].items())
+            print(f"phases of steps {PHASE_STEPS} (ms/step, device synced at each mark): {parts}")
         if args.hf_requests:
             hf = run_hf(path, reqs[: args.hf_requests], args.hf_batch, device, dtype)
             print(

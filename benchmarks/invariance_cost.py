@@ -63,6 +63,37 @@ def gemm_rows(args, device, dtype) -> list[list[object]]:
     return rows
 
 
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) tried by --sweep; GROUP_M stays 8.
+CANDIDATES = [(64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 32, 128, 4, 4), (64, 64, 128, 4, 3),
+              (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 64, 64, 4, 4)]  # fmt: skip
+
+
+def sweep_rows(args, device, dtype) -> list[list[object]]:
+    """Per weight shape: the matmul config with the least summed time over args.sweep_rows."""
+    from pagoda.kernels import linear
+
+    rows = []
+    for name, (n, k) in args.shapes.items():
+        w = (torch.randn(n, k, device=device) / k**0.5).to(dtype)
+        xs = [torch.randn(m, k, device=device).to(dtype) for m in args.sweep_rows]
+        timed = []
+        for bm, bn, bk, warps, stages in CANDIDATES:
+            cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps,
+                       num_stages=stages)  # fmt: skip
+            try:
+                t = [bench_us(lambda x=x, w=w, c=cfg: linear(x=x, weight=w, config=c), device)
+                     for x in xs]  # fmt: skip
+            except Exception as e:
+                print(f"{name} {cfg}: {type(e).__name__}")
+                continue
+            timed.append((sum(t), t, cfg))
+        best = min(timed, key=lambda r: r[0])
+        blas = [bench_us(lambda x=x, w=w: F.linear(x, w), device) for x in xs]
+        rows.append([name, f"{n}x{k}", " / ".join(f"{v:.1f}" for v in best[1]),
+                     " / ".join(f"{v:.1f}" for v in blas), best[2]])  # fmt: skip
+    return rows
+
+
 def attention_rows(args, device, dtype) -> list[list[object]]:
     from pagoda.kernels import paged_attention
 
@@ -96,7 +127,9 @@ def attention_rows(args, device, dtype) -> list[list[object]]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run (TRITON_INTERPRET=1)")
+    ap.add_argument("--sweep", action="store_true", help="also sweep matmul launch configs")
     args = ap.parse_args(argv)
+    args.sweep_rows = [256, 4096]
     if args.tiny:
         args.shapes, args.rows = {"tiny": (96, 80)}, [1, 5]
         args.heads, args.attention = (4, 2, 32, 16), [(3, 40)]
@@ -117,7 +150,12 @@ def main(argv: list[str] | None = None) -> dict:
     attn = attention_rows(args, device, dtype)
     print(markdown_table(["decodes", "context", "fast us", "invariant us", "ratio",
                           "invariant KV GB/s", "fast path row same alone"], attn))  # fmt: skip
-    return {"gemm": gemm, "attention": attn}
+    res = {"gemm": gemm, "attention": attn}
+    if args.sweep:
+        res["sweep"] = sweep_rows(args, device, dtype)
+        print(markdown_table(["weight", "N x K", f"best us at M={args.sweep_rows}",
+                              "cuBLAS us", "best config"], res["sweep"]))  # fmt: skip
+    return res
 
 
 if __name__ == "__main__":

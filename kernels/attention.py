@@ -22,8 +22,9 @@ from pagoda.kernels.config import get_kernel_config, num_sms
 from pagoda.kernels.decode_attention import choose_num_splits, launch_decode_attention
 from pagoda.kernels.unified_attention import launch_unified_attention
 
-# The config bucket every row uses in batch-invariant mode (mixed batches' tile shape).
-INVARIANT_QUERY_LEN = 64
+# The config bucket every row uses in batch-invariant mode: the decode one, since decodes are
+# most of the attention work at high load (prompt rows are compute-cheap next to the GEMMs).
+INVARIANT_QUERY_LEN = 1
 
 
 def _validate(

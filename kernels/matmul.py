@@ -90,8 +90,11 @@ def linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    config: dict | None = None,
 ) -> torch.Tensor:
-    """``x [M, K] @ weight[N, K].T + bias`` in x's dtype, fp32 accumulation; batch-invariant."""
+    """``x [M, K] @ weight[N, K].T + bias`` in x's dtype, fp32 accumulation; batch-invariant.
+
+    ``config`` overrides the launch config (tuning sweeps); any fixed config is invariant."""
     _validate(x, weight, bias)
     device = check_device(x, weight, *(t for t in (bias, out) if t is not None))
     M, K = x.shape
@@ -102,7 +105,7 @@ def linear(
         raise ValueError(f"out must be [{M}, {N}] {x.dtype} with contiguous rows")
     if M == 0:
         return out
-    cfg = get_kernel_config("matmul", {"n": N, "k": K}, device)
+    cfg = config or get_kernel_config("matmul", {"n": N, "k": K}, device)
     bm, bn = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"])
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     _matmul_kernel[grid](

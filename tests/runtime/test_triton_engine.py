@@ -59,7 +59,9 @@ def smol_gpu(tmp_path_factory):
 def test_gpu_triton_matches_torch_and_graphs_match_eager(smol_gpu):
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 8192, (n,), generator=g).tolist() for n in [1, 16, 33, 300, 900]]
-    common = dict(dtype="float32", max_model_len=2048, max_num_batched_tokens=512)
+    common = dict(
+        dtype="float32", max_model_len=2048, max_num_batched_tokens=512, kv_cache_memory=1 << 30
+    )
     torch_out = greedy(LLM(loaded=smol_gpu, attention_backend="torch", **common), prompts, 12)
     eager = greedy(
         LLM(loaded=smol_gpu, attention_backend="triton", enable_cuda_graphs=False, **common),
@@ -75,7 +77,9 @@ def test_gpu_triton_matches_torch_and_graphs_match_eager(smol_gpu):
 
 @gpu
 def test_gpu_decode_step_never_syncs(smol_gpu):
-    llm = LLM(loaded=smol_gpu, attention_backend="triton", max_model_len=1024)
+    llm = LLM(
+        loaded=smol_gpu, attention_backend="triton", max_model_len=1024, kv_cache_memory=1 << 30
+    )
     engine = llm.engine
     for i in range(8):
         engine.add_request(
