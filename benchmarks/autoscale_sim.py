@@ -204,77 +204,107 @@ class Result:
     scale_events: int
 
 
+@dataclass
+class _Sim:
+    """The queueing model's state between ticks of DT seconds."""
+
+    rng: np.random.Generator
+    pool: list[Replica]
+    queue: collections.deque[float] = field(default_factory=collections.deque)  # arrivals
+    first_tokens: collections.deque[tuple[float, float]] = field(
+        default_factory=collections.deque
+    )  # (time, ttft)
+    minute: list[float] = field(default_factory=list)  # TTFTs of the current minute
+    minute_p95: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    replica_s: float = 0.0
+    events: int = 0
+
+
 def simulate(
     traffic: Callable[[float], float], duration: float, scaler, cap: Capacity, seed: int = 0
 ) -> Result:
-    rng = np.random.default_rng(seed)
-    queue: collections.deque[float] = collections.deque()
-    pool = [Replica(ready_at=0.0) for _ in range(4)]
-    first_tokens: collections.deque[tuple[float, float]] = collections.deque()  # (time, ttft)
-    minute: list[float] = []
-    minute_p95: list[float] = []
-    times, rates, counts = [], [], []
-    replica_s, events, snapshot = 0.0, 0, Observation(None, 0, 4, 4)
+    s = _Sim(np.random.default_rng(seed), [Replica(ready_at=0.0) for _ in range(4)])
     t = 0.0
     while t < duration:
         lam = traffic(t) * cap.rate
-        queue.extend(sorted(t + rng.uniform(0, DT, rng.poisson(lam * DT))))
-        for r in pool:
+        s.queue.extend(sorted(t + s.rng.uniform(0, DT, s.rng.poisson(lam * DT))))
+        for r in s.pool:
             while r.running and r.running[0] <= t:
                 heapq.heappop(r.running)
-        ready = [r for r in pool if r.ready_at < t + DT and not r.draining]
-        while queue and queue[0] < t + DT and ready:
-            # the ready replica that can start it first (a free slot, else its next finish)
-            arrival = queue[0]
-            start, _, r = min(
-                (
-                    max(arrival, r.ready_at, t if len(r.running) < cap.slots else r.running[0]),
-                    len(r.running),
-                    i,
-                )
-                for i, r in enumerate(ready)
-            )
-            if start >= t + DT:
-                break
-            queue.popleft()
-            r = ready[r]
-            if len(r.running) >= cap.slots:
-                heapq.heappop(r.running)
-            busy = len(r.running) / cap.slots
-            ttft = (start - arrival) + cap.ttft0_s + (cap.ttft_busy_s - cap.ttft0_s) * busy
-            heapq.heappush(r.running, start + rng.gamma(4.0, cap.service_s / 4.0))
-            first_tokens.append((arrival + ttft, ttft))
-            minute.append(ttft)
-        pool = [r for r in pool if not (r.draining and not r.running)]
-        replica_s += len(pool) * DT
+        _dispatch(s, t, cap)
+        s.pool = [r for r in s.pool if not (r.draining and not r.running)]
+        s.replica_s += len(s.pool) * DT
         if t % 60 < DT and t > 0:
-            minute_p95.append(float(np.percentile(minute, 95)) if minute else 0.0)
-            minute.clear()
+            s.minute_p95.append(float(np.percentile(s.minute, 95)) if s.minute else 0.0)
+            s.minute.clear()
         if t % EVAL_S < DT:  # scrape, then evaluate on the scraped values
-            while first_tokens and first_tokens[0][0] < t - 60:
-                first_tokens.popleft()
-            window = [v for _, v in first_tokens]
-            live = [r for r in pool if not r.draining]
-            snapshot = Observation(
-                ttft_p95_s=float(np.percentile(window, 95)) if window else None,
-                waiting=sum(1 for a in queue if a <= t),
-                ready=sum(1 for r in live if r.ready_at <= t),
-                current=len(live),
-                kv=max((len(r.running) / cap.slots for r in live if r.ready_at <= t), default=None),
-            )
-            want = scaler.desired(snapshot, t)
-            if want != len(live):
-                events += 1
-                pool = _resize(pool, live, want, t, cap)
-            times.append(t / 3600)
-            rates.append(lam)
-            counts.append(want)
+            _evaluate(s, t, lam, scaler, cap)
         t += DT
-    over = sum(1 for p in minute_p95 if p > TARGET_TTFT_S)
+    over = sum(1 for p in s.minute_p95 if p > TARGET_TTFT_S)
     return Result(
-        times, rates, counts, minute_p95, 100.0 * over / max(1, len(minute_p95)),
-        replica_s / 3600, events,
+        s.times, s.rates, s.counts, s.minute_p95, 100.0 * over / max(1, len(s.minute_p95)),
+        s.replica_s / 3600, s.events,
     )  # fmt: skip
+
+
+def _dispatch(s: _Sim, t: float, cap: Capacity) -> None:
+    """Admit the queued requests that a ready replica can start within this tick."""
+    ready = [r for r in s.pool if r.ready_at < t + DT and not r.draining]
+    while s.queue and s.queue[0] < t + DT and ready:
+        # the ready replica that can start it first (a free slot, else its next finish)
+        arrival = s.queue[0]
+        start, _, i = min(
+            (
+                max(arrival, r.ready_at, t if len(r.running) < cap.slots else r.running[0]),
+                len(r.running),
+                i,
+            )
+            for i, r in enumerate(ready)
+        )
+        if start >= t + DT:
+            break
+        s.queue.popleft()
+        _admit(s, ready[i], arrival, start, cap)
+
+
+def _admit(s: _Sim, r: Replica, arrival: float, start: float, cap: Capacity) -> None:
+    """Start a request on replica r (taking the slot that frees first when all are busy)."""
+    if len(r.running) >= cap.slots:
+        heapq.heappop(r.running)
+    busy = len(r.running) / cap.slots
+    ttft = (start - arrival) + cap.ttft0_s + (cap.ttft_busy_s - cap.ttft0_s) * busy
+    heapq.heappush(r.running, start + s.rng.gamma(4.0, cap.service_s / 4.0))
+    s.first_tokens.append((arrival + ttft, ttft))
+    s.minute.append(ttft)
+
+
+def _evaluate(s: _Sim, t: float, lam: float, scaler, cap: Capacity) -> None:
+    """Scrape the metrics, ask the autoscaler, resize the pool and record the decision."""
+    while s.first_tokens and s.first_tokens[0][0] < t - 60:
+        s.first_tokens.popleft()
+    live = [r for r in s.pool if not r.draining]
+    want = scaler.desired(_observe(s, live, t, cap), t)
+    if want != len(live):
+        s.events += 1
+        s.pool = _resize(s.pool, live, want, t, cap)
+    s.times.append(t / 3600)
+    s.rates.append(lam)
+    s.counts.append(want)
+
+
+def _observe(s: _Sim, live: list[Replica], t: float, cap: Capacity) -> Observation:
+    """What a scrape at time t sees: p95 TTFT over the last minute, queue, ready replicas."""
+    window = [v for _, v in s.first_tokens]
+    return Observation(
+        ttft_p95_s=float(np.percentile(window, 95)) if window else None,
+        waiting=sum(1 for a in s.queue if a <= t),
+        ready=sum(1 for r in live if r.ready_at <= t),
+        current=len(live),
+        kv=max((len(r.running) / cap.slots for r in live if r.ready_at <= t), default=None),
+    )
 
 
 def _resize(pool: list[Replica], live: list[Replica], want: int, t: float, cap: Capacity):
@@ -291,74 +321,10 @@ def _resize(pool: list[Replica], live: list[Replica], want: int, t: float, cap: 
 
 def measure() -> Capacity:
     """Start `pagoda serve` (embedded model, 16 slots) and time it idle and saturated."""
-    import asyncio
-    import socket
-    import subprocess
-    import time
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    from autoscale_measure import measure_replica
 
-    import aiohttp
-    import httpx
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [
-        sys.executable, "-m", "pagoda.runtime.cli", "serve", "--port", str(port),
-        "--kv-cache-memory", "128MiB", "--max-model-len", "512", "--max-num-seqs", "16",
-        "--log-level", "warning",
-    ]  # fmt: skip
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        while True:
-            try:
-                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() - t0 > 300:
-                raise RuntimeError("pagoda serve did not become ready")
-            time.sleep(0.1)
-        startup = time.monotonic() - t0
-        body = {
-            "model": "smollm2-135m", "max_tokens": 32, "ignore_eos": True, "temperature": 0, "stream": True,
-            "prompt": "Summarise in a few sentences why the sky looks blue during the day "
-            "and red at sunset, for a curious ten year old reader.",
-        }  # fmt: skip
-
-        async def one(s: aiohttp.ClientSession) -> tuple[float, float]:
-            start = time.monotonic()
-            first = None
-            async with s.post(f"{base}/v1/completions", json=body) as r:
-                assert r.status == 200, await r.text()
-                async for line in r.content:
-                    if first is None and line.startswith(b"data:"):
-                        first = time.monotonic() - start
-            return first or 0.0, time.monotonic() - start
-
-        async def run() -> tuple[float, float, float, float]:
-            async with aiohttp.ClientSession() as s:
-                idle = [await one(s) for _ in range(8)]
-                done: list[tuple[float, float]] = []
-                end = time.monotonic() + 45
-
-                async def worker() -> None:
-                    while time.monotonic() < end:
-                        done.append(await one(s))
-
-                t = time.monotonic()
-                await asyncio.gather(*(worker() for _ in range(16)))
-                elapsed = time.monotonic() - t
-            ttft0 = float(np.median([a for a, _ in idle[2:]]))
-            busy = float(np.median([a for a, _ in done]))
-            return ttft0, busy, len(done) / elapsed, float(np.mean([b for _, b in done]))
-
-        ttft0, busy, rps, _ = asyncio.run(run())
-        return Capacity(16, round(16 / rps, 2), round(ttft0, 3), round(busy, 3), round(startup, 1))
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    return Capacity(**measure_replica(ROOT))
 
 
 # --- output ---------------------------------------------------------------------------------
