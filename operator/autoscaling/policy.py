@@ -187,31 +187,11 @@ def decide(
     base = min(ready, current)
     if base < 1:
         return _hold(policy, current, history, now, "NoReadyReplicas", "no ready replica yet")
-    r = ratios(policy, metrics, base)
-    name, ratio = max(r.items(), key=lambda kv: kv[1])
+    name, ratio = max(ratios(policy, metrics, base).items(), key=lambda kv: kv[1])
     queue_per = metrics.waiting / base
     detail = _describe(policy, metrics, queue_per)
-    if abs(ratio - 1.0) <= policy.tolerance + 1e-9:
-        rec, reason = policy.clamp(current), "WithinTolerance"
-    else:
-        rec = policy.clamp(math.ceil(base * ratio - 1e-9))
-        above = ratio > 1.0
-        reason = (
-            {"ttft": "TTFTAboveTarget", "queue": "QueueAboveTarget"}[name]
-            if above
-            else "BelowTarget"
-        )
-    if rec == current == policy.max_replicas and ratio > 1.0 + policy.tolerance:
-        reason = "AtMaxReplicas"
-    if rec <= current and ready < current:
-        rec, reason = current, "ReplicasStarting"  # starting replicas have taken no load yet
-    elif rec < current and metrics.kv_cache_usage is not None and metrics.ttft_p95_s is not None:
-        # TTFT is flat until a replica saturates: never scale down so far that the fullest
-        # KV cache would pass KV_CACHE_HIGH on the remaining replicas (only with traffic in the
-        # window: an idle server's gauge still shows its last step)
-        floor = math.ceil(base * metrics.kv_cache_usage / KV_CACHE_HIGH - 1e-9)
-        if floor > rec:
-            rec, reason = min(current, policy.clamp(floor)), "KVCacheHigh"
+    rec, reason = _recommend(policy, name, ratio, base, current)
+    rec, reason = _hold_capacity(policy, metrics, base, current, ready, rec, reason)
     floor = prefill_floor(
         metrics.queued_prompt_tokens,
         policy.prefill_tokens_per_s,
@@ -232,6 +212,45 @@ def decide(
     return Decision(
         desired, rec, reason, message, ratio=ratio, queue_per_replica=queue_per, history=history
     )
+
+
+def _recommend(policy: Policy, name: str, ratio: float, base: int, current: int) -> tuple[int, str]:
+    """The replicas the largest ratio asks for (none within tolerance), with the reason."""
+    if abs(ratio - 1.0) <= policy.tolerance + 1e-9:
+        rec, reason = policy.clamp(current), "WithinTolerance"
+    else:
+        rec = policy.clamp(math.ceil(base * ratio - 1e-9))
+        above = ratio > 1.0
+        reason = (
+            {"ttft": "TTFTAboveTarget", "queue": "QueueAboveTarget"}[name]
+            if above
+            else "BelowTarget"
+        )
+    if rec == current == policy.max_replicas and ratio > 1.0 + policy.tolerance:
+        reason = "AtMaxReplicas"
+    return rec, reason
+
+
+def _hold_capacity(
+    policy: Policy,
+    metrics: Metrics,
+    base: int,
+    current: int,
+    ready: int,
+    rec: int,
+    reason: str,
+) -> tuple[int, str]:
+    """No scale-down while replicas are starting, nor below what the fullest KV cache needs."""
+    if rec <= current and ready < current:
+        return current, "ReplicasStarting"  # starting replicas have taken no load yet
+    if rec < current and metrics.kv_cache_usage is not None and metrics.ttft_p95_s is not None:
+        # TTFT is flat until a replica saturates: never scale down so far that the fullest
+        # KV cache would pass KV_CACHE_HIGH on the remaining replicas (only with traffic in the
+        # window: an idle server's gauge still shows its last step)
+        floor = math.ceil(base * metrics.kv_cache_usage / KV_CACHE_HIGH - 1e-9)
+        if floor > rec:
+            return min(current, policy.clamp(floor)), "KVCacheHigh"
+    return rec, reason
 
 
 def alert_step(policy: Policy, *, current: int, history: History, now: float) -> Decision:

@@ -19,14 +19,21 @@ def _table(title: str, header: list[str], rows: list[list[Any]]) -> list[str]:
 
 def summary_table(profile: dict[str, Any], directory: Path) -> str:
     """What was measured and chosen, in a few small tables."""
-    engine = profile.get("engine") or {}
     lines = [
         f"tuned profile: {directory}",
         f"device {profile['device']} | model {profile['model']} | dtype {profile['dtype']} | "
         f"max_model_len {profile['max_model_len']} | {profile.get('time_spent_s', 0):.1f} s spent"
         + ("" if profile.get("complete") else " | INCOMPLETE: rerun to resume"),
     ]
-    lines += _table(
+    lines += _engine_tables(profile.get("engine") or {})
+    lines += _kernel_table(profile.get("kernels") or {})
+    lines += _chosen_table(profile)
+    return "\n".join(lines)
+
+
+def _engine_tables(engine: dict[str, Any]) -> list[str]:
+    """The prefill and decode step measurements."""
+    lines = _table(
         "prefill (one step)",
         ["chunk tokens", "step ms", "V_P tok/s"],
         [
@@ -34,7 +41,7 @@ def summary_table(profile: dict[str, Any], directory: Path) -> str:
             for p in engine.get("prefill", [])
         ],
     )
-    lines += _table(
+    return lines + _table(
         "decode (one step)",
         ["batch", "context", "step ms", "tok/s"],
         [
@@ -42,8 +49,11 @@ def summary_table(profile: dict[str, Any], directory: Path) -> str:
             for p in engine.get("decode", [])
         ],
     )
-    kernels = profile.get("kernels") or {}
-    lines += _table(
+
+
+def _kernel_table(kernels: dict[str, Any]) -> list[str]:
+    """Each tuned kernel bucket against its pre-tuning config, or why the stage was skipped."""
+    lines = _table(
         "kernels (median ms; baseline = config before tuning)",
         ["kernel", "shape", "best", "baseline", "speedup", "rejected"],
         [
@@ -60,31 +70,27 @@ def summary_table(profile: dict[str, Any], directory: Path) -> str:
     )
     if kernels.get("status") == "skipped":
         lines += ["", f"kernels: {kernels.get('note')}"]
+    return lines
+
+
+def _chosen_table(profile: dict[str, Any]) -> list[str]:
+    """The scheduler knobs chosen and the capacity they give, once enough points are measured."""
     sched, cap = profile.get("scheduler"), profile.get("capacity")
-    if sched and cap:
-        targets = profile["targets"]
-        lines += _table(
-            f"chosen (TTFT target {targets['ttft_s']} s, ITL target {targets['itl_s']} s)",
+    if not (sched and cap):
+        return ["", "no scheduler knobs chosen yet (not enough points measured): rerun to resume"]
+    targets = profile["targets"]
+    met = f"ITL {'yes' if sched['itl_met'] else 'no'}, TTFT {'yes' if sched['ttft_met'] else 'no'}"
+    return _table(
+        f"chosen (TTFT target {targets['ttft_s']} s, ITL target {targets['itl_s']} s)",
+        ["max_num_seqs", "max_num_batched_tokens", "V_P tok/s", "decode tok/s", "KV tokens", "met"],
+        [
             [
-                "max_num_seqs",
-                "max_num_batched_tokens",
-                "V_P tok/s",
-                "decode tok/s",
-                "KV tokens",
-                "met",
-            ],
-            [
-                [
-                    sched["max_num_seqs"],
-                    sched["max_num_batched_tokens"],
-                    cap["prefill_tokens_per_s"],
-                    cap["decode_tokens_per_s"],
-                    cap["kv_capacity_tokens"],
-                    f"ITL {'yes' if sched['itl_met'] else 'no'}, "
-                    f"TTFT {'yes' if sched['ttft_met'] else 'no'}",
-                ]
-            ],
-        )
-    else:
-        lines += ["", "no scheduler knobs chosen yet (not enough points measured): rerun to resume"]
-    return "\n".join(lines)
+                sched["max_num_seqs"],
+                sched["max_num_batched_tokens"],
+                cap["prefill_tokens_per_s"],
+                cap["decode_tokens_per_s"],
+                cap["kv_capacity_tokens"],
+                met,
+            ]
+        ],
+    )

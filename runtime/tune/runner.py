@@ -116,12 +116,65 @@ def _engine_config(req: TuneRequest, plan: Any, max_model_len: int) -> EngineCon
 
 def tune(req: TuneRequest) -> TuneResult:
     """Measure, choose, write ``profile.json`` (after every point) and return the summary."""
-    from pagoda.runtime.model.loader import load_model, read_model_config
-    from pagoda.runtime.tune.engine import make_plan
+    from pagoda.runtime.model.loader import load_model
     from pagoda.runtime.tune.report import summary_table
 
     start = time.monotonic()
     out = Path(req.output)
+    setup = _setup(req, out)
+    profile = _skeleton(setup.previous, setup.identity, setup.base, setup.max_model_len, req)
+    profile["attention_backend"] = setup.backend
+    save = lambda: write_profile(out, profile)  # noqa: E731
+    save()
+    label, note = kernel_target(setup.base, setup.backend)
+    buckets = (
+        []
+        if label is None
+        else kernel_buckets(
+            setup.model_config, setup.base, setup.plan, setup.max_model_len, req.quick
+        )
+    )
+    print(f"kernels: {note}", file=sys.stderr)
+    bar = _progress_bar(setup.plan.num_points + len(buckets), req.progress)
+
+    def progress(label: str) -> None:
+        if bar is not None:
+            bar.set_postfix_str(label, refresh=False)
+            bar.update(1)
+
+    try:
+        kernels = _KernelStage(label, note, buckets, start + 0.6 * req.time_budget_s)
+        _run_kernels(setup, kernels, req, out, profile, progress, save)
+        loaded = lambda: load_model(req.model)  # noqa: E731 - only if a point is left to measure
+        deadline = start + req.time_budget_s
+        engine = _profile_engine(
+            req, loaded, setup.plan, setup.max_model_len, out, profile, deadline, progress, save
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    usable = _finish(profile, engine, req, time.monotonic() - start)
+    save()
+    return TuneResult(profile, usable, summary_table(profile, out))
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What a run measures, resolved (and checked against a previous run) before measuring."""
+
+    base: EngineConfig
+    model_config: Any
+    identity: dict[str, str]
+    previous: dict[str, Any] | None
+    max_model_len: int
+    plan: Any
+    backend: str
+
+
+def _setup(req: TuneRequest, out: Path) -> _Setup:
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.tune.engine import make_plan
+
     base = EngineConfig.create(req.model, **req.engine_args)  # flag errors before loading
     model_config = read_model_config(req.model)  # metadata only: a resumed run may load nothing
     cuda = base.torch_device().type == "cuda"
@@ -137,48 +190,36 @@ def tune(req: TuneRequest) -> TuneResult:
     backend = base.attention_backend
     if backend == "auto":
         backend = "triton" if cuda else "torch"
-    profile = _skeleton(previous, identity, base, max_model_len, req)
-    profile["attention_backend"] = backend
-    save = lambda: write_profile(out, profile)  # noqa: E731
-    save()
-    label, note = kernel_target(base, backend)
-    buckets = (
-        [] if label is None else kernel_buckets(model_config, base, plan, max_model_len, req.quick)
-    )
-    print(f"kernels: {note}", file=sys.stderr)
-    bar = _progress_bar(plan.num_points + len(buckets), req.progress)
+    return _Setup(base, model_config, identity, previous, max_model_len, plan, backend)
 
-    def progress(label: str) -> None:
-        if bar is not None:
-            bar.set_postfix_str(label, refresh=False)
-            bar.update(1)
+
+@dataclass(frozen=True)
+class _KernelStage:
+    label: str | None  # None: no kernel to tune here (`note` says why)
+    note: str
+    buckets: list[Any]
+    deadline: float  # monotonic time the sweep stops at
+
+
+def _run_kernels(
+    setup: _Setup, k: _KernelStage, req: TuneRequest, out: Path, profile: dict, progress, save
+) -> None:
+    """The kernel sweep (or a 'skipped' section saying why), saved after every bucket."""
 
     def save_kernels(section: dict) -> None:
         profile["kernels"] = section
         save()
 
-    try:
-        if label is None:
-            save_kernels({"status": "skipped", "note": note, "buckets": [], "complete": True})
-        else:
-            save_kernels(
-                run_kernel_stage(
-                    model_config, base, buckets, label=label, out=out,
-                    previous=profile.get("kernels"), deadline=start + 0.6 * req.time_budget_s,
-                    quick=req.quick, progress=progress, save=save_kernels,
-                )
-            )  # fmt: skip
-        loaded = lambda: load_model(req.model)  # noqa: E731 - only if a point is left to measure
-        deadline = start + req.time_budget_s
-        engine = _profile_engine(
-            req, loaded, plan, max_model_len, out, profile, deadline, progress, save
+    if k.label is None:
+        save_kernels({"status": "skipped", "note": k.note, "buckets": [], "complete": True})
+        return
+    save_kernels(
+        run_kernel_stage(
+            setup.model_config, setup.base, k.buckets, label=k.label, out=out,
+            previous=profile.get("kernels"), deadline=k.deadline, quick=req.quick,
+            progress=progress, save=save_kernels,
         )
-    finally:
-        if bar is not None:
-            bar.close()
-    usable = _finish(profile, engine, req, time.monotonic() - start)
-    save()
-    return TuneResult(profile, usable, summary_table(profile, out))
+    )  # fmt: skip
 
 
 def _check_shapes(previous: dict | None, out: Path, max_model_len: int, block_size: int) -> None:
