@@ -1,0 +1,62 @@
+"""Shared by the chart's monitoring tests: the rule and dashboard files, the series the runtime
+exports, and small readers of rules, relabelings and dashboard targets."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+from typing import Any
+
+import yaml
+from chart_helpers import CHART, require_tool
+
+FILES = CHART / "files"
+RULES_FILE = FILES / "prometheus-rules.yaml"
+DASHBOARD_FILE = FILES / "grafana-dashboard.json"
+# The runtime's metrics (runtime/server/metrics.py); histograms expose _bucket/_sum/_count.
+HISTOGRAMS = {
+    "pagoda:time_to_first_token_seconds",
+    "pagoda:inter_token_latency_seconds",
+    "pagoda:e2e_request_latency_seconds",
+    "pagoda:request_queue_time_seconds",
+}
+GAUGES = {
+    "pagoda:num_requests_running",
+    "pagoda:num_requests_waiting",
+    "pagoda:kv_cache_usage_perc",
+}
+COUNTERS = {
+    "pagoda:prefix_cache_queries_total",
+    "pagoda:prefix_cache_hits_total",
+    "pagoda:num_preemptions_total",
+    "pagoda:prompt_tokens_total",
+    "pagoda:generation_tokens_total",
+    "pagoda:request_success_total",
+}
+SERIES = GAUGES | COUNTERS | {f"{h}_{s}" for h in HISTOGRAMS for s in ("bucket", "sum", "count")}
+METRIC = re.compile(r"pagoda:[a-z0-9_]+")
+
+
+def rules() -> dict[str, Any]:
+    return yaml.safe_load(RULES_FILE.read_text())
+
+
+def alerts_by_name(groups: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["alert"]: r for g in groups["groups"] for r in g["rules"]}
+
+
+def promtool(*args: str, cwd: pathlib.Path) -> str:
+    result = subprocess.run(
+        [require_tool("promtool"), *args], cwd=cwd, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def relabel_targets(relabelings: list[dict[str, Any]], key: str, target: str) -> dict[str, str]:
+    return {r[target]: r[key][0] for r in relabelings if r.get(target)}
+
+
+def dashboard_targets(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [t for p in dashboard["panels"] for t in p.get("targets", [])]
