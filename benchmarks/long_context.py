@@ -5,11 +5,22 @@ are read once per step whatever the context). Pagoda's number is the decode rate
 is in the cache (the second request for the same prompt recomputes only its last partial block);
 HF `generate` (bf16, its KV cache grown in place) is the baseline, measured the same way: the time
 for `out_len + 1` new tokens minus the time for one.
+
+Run as a script, it compares Pagoda's CPU attention paths side by side, each in its own process,
+in interleaved rounds (the machine drifts): the C++ kernel, the torch gather path
+(``PAGODA_CPU_ATTENTION=torch``) and, with ``--old-ref``, the runtime of an older commit::
+
+    .venv/bin/python -P benchmarks/long_context.py --ctx 5000 --old-ref 37e8f81 [--hf]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -67,3 +78,105 @@ def long_context_ids(tokenizer, ctx: int) -> list[int]:
     while len(ids) < ctx:
         ids = ids + ids
     return ids[:ctx]
+
+
+def _child(args) -> None:
+    """One measurement in this process; prints a JSON line."""
+    import pagoda.runtime
+    from pagoda.runtime.model.loader import load_model
+
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    loaded = load_model("smollm2-135m")
+    ids = long_context_ids(loaded.tokenizer, args.ctx)
+    if args.child == "hf":
+        row = hf_long_context(loaded.path, ids, args.ctx, args.out_len)
+    else:
+        row = pagoda_long_context(loaded, ids, args.ctx, args.out_len, "bfloat16")
+    row["runtime"] = str(Path(pagoda.runtime.__file__).resolve().parent)
+    print("RESULT " + json.dumps(row), flush=True)
+
+
+def _old_tree(ref: str, into: Path) -> Path:
+    """`ref`'s runtime as an importable `pagoda` package under `into` (for PYTHONPATH)."""
+    root = Path(__file__).resolve().parent.parent
+    src = into / "src"
+    src.mkdir()
+    tar = subprocess.run(
+        ["git", "-C", str(root), "archive", ref, "runtime", "kernels", "operator"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=tar, check=True)
+    pkg = into / "pkg" / "pagoda"
+    pkg.mkdir(parents=True)
+    for name in ("runtime", "kernels", "operator"):
+        (pkg / name).symlink_to(src / name)
+    return pkg.parent
+
+
+def _run(variant: str, env: dict, args) -> dict:
+    cmd = [sys.executable, "-P", __file__, "--child", variant, "--ctx", str(args.ctx)]
+    cmd += ["--out-len", str(args.out_len), "--threads", str(args.threads)]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
+    if res.returncode or not lines:
+        raise RuntimeError(f"{variant} failed:\n{res.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--ctx", type=int, default=5000)
+    ap.add_argument("--out-len", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--old-ref", help="also run the runtime of this git commit")
+    ap.add_argument("--hf", action="store_true", help="also run HF generate (bf16)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        _child(args)
+        return 0
+    from common import machine, markdown_table
+
+    print(f"machine: {machine()}", flush=True)
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PAGODA_CPU_ATTENTION")}
+    with tempfile.TemporaryDirectory() as tmp:
+        variants = {
+            "kernel": dict(base, PAGODA_CPU_ATTENTION="kernel"),
+            "torch gather path": dict(base, PAGODA_CPU_ATTENTION="torch"),
+        }
+        if args.old_ref:
+            variants[f"old ({args.old_ref})"] = dict(
+                base, PYTHONPATH=str(_old_tree(args.old_ref, Path(tmp)))
+            )
+        if args.hf:
+            variants["hf"] = base
+        runs: dict[str, list[dict]] = {name: [] for name in variants}
+        for r in range(args.rounds):
+            for name, env in variants.items():
+                row = _run("hf" if name == "hf" else "pagoda", env, args)
+                runs[name].append(row)
+                print(f"round {r + 1} {name}: {row}", flush=True)
+    ref = next(iter(runs))
+    mean = {n: sum(x["decode_tok_s"] for x in rs) / len(rs) for n, rs in runs.items()}
+    table = [
+        [
+            n,
+            f"{min(x['prefill_s'] for x in rs):.1f}",
+            " / ".join(f"{x['decode_tok_s']:.1f}" for x in rs),
+            f"{mean[n]:.1f}",
+            f"{mean[ref] / mean[n]:.2f}x",
+        ]
+        for n, rs in runs.items()
+    ]
+    print()
+    print(f"{args.ctx}-token context, {args.out_len} tokens decoded, bf16, single stream")
+    heads = ["variant", "prefill s (best)", "decode tok/s per round", "mean", f"{ref} is"]
+    print(markdown_table(heads, table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.exit(main())
