@@ -45,18 +45,36 @@ def rotary_embedding(
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate-half rotary on q [T, H, D] and k [T, Hkv, D]; cache rows are cat(cos, sin).
+    """Rotate-half rotary on q [T, H, D] and k [T, Hkv, D], in place; cache rows are cat(cos, sin).
 
     With `positions=None`, `cos_sin_cache` already holds one row per token (see `gather_cos_sin`).
-    Returns new (q, k); q and k may be views into one fused qkv projection.
+    When q and k are adjacent views of one fused qkv projection (the model's case) they are
+    rotated as one tensor: half the kernel launches. Every product, sum and difference is rounded
+    to the input dtype as Hugging Face's `q * cos + rotate_half(q) * sin` rounds it.
+    Returns (q, k).
     """
     cs = cos_sin_cache if positions is None else gather_cos_sin(positions, cos_sin_cache, q.dtype)
     cos, sin = cs.unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2]
-    out = []
-    for x in (q, k):
+    qk = _joint_view(q, k)
+    for x in (q, k) if qk is None else (qk,):
         x1, x2 = x.chunk(2, dim=-1)
-        out.append(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
-    return out[0], out[1]
+        new1 = torch.mul(x1, cos)
+        tmp = torch.mul(x2, sin)
+        new1.sub_(tmp)  # x1 cos - x2 sin
+        torch.mul(x1, sin, out=tmp)
+        x2.mul_(cos).add_(tmp)  # x2 cos + x1 sin
+        x1.copy_(new1)
+    return q, k
+
+
+def _joint_view(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """[T, H + Hkv, D] over q and k when k's heads follow q's in memory, row by row."""
+    (t, h, d), hk = q.shape, k.shape[1]
+    if q.dtype != k.dtype or q.stride() != k.stride() or q.stride()[1:] != (d, 1):
+        return None
+    if k.data_ptr() != q.data_ptr() + h * d * q.element_size():
+        return None
+    return q.as_strided((t, h + hk, d), q.stride())
 
 
 def silu_and_mul(*, x: torch.Tensor) -> torch.Tensor:
