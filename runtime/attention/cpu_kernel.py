@@ -89,8 +89,10 @@ class CpuKernel:
     def __init__(self, path: Path) -> None:
         lib = ctypes.CDLL(str(path))
         p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-        lib.pagoda_attention.argtypes = [i32, p, p, p, p, p, i64, p, p] + [i32] * 7 + [f32, i64]
-        lib.pagoda_write_kv.argtypes = [i32, p, p, p, p, p] + [i32] * 5
+        lib.pagoda_attention.argtypes = (
+            [i32, p, p, p, p, p, i64, p, p] + [i32] * 7 + [f32, i64, i32]
+        )
+        lib.pagoda_write_kv.argtypes = [i32, p, p, p, p, p] + [i32] * 6
         lib.pagoda_attention.restype = lib.pagoda_write_kv.restype = i32
         self.lib, self.path = lib, path
 
@@ -102,7 +104,8 @@ class CpuKernel:
         slots = slots.to(torch.int64).contiguous()
         bf16 = int(k_cache.dtype == torch.bfloat16)
         args = (k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr())
-        self.lib.pagoda_write_kv(bf16, *args, slots.data_ptr(), k.shape[0], hkv, d, nb, bs)
+        nt = torch.get_num_threads()
+        self.lib.pagoda_write_kv(bf16, *args, slots.data_ptr(), k.shape[0], hkv, d, nb, bs, nt)
 
     def attention(
         self, q, k_cache, v_cache, block_tables, qstart, seq_lens, scale, wave: int = WAVE
@@ -137,6 +140,7 @@ class CpuKernel:
             bs,
             float(scale),
             wave,
+            torch.get_num_threads(),  # OpenMP's own count can differ on threads torch never used
         )
         if rc:
             raise ValueError(f"CPU attention kernel: unsupported shape (head_dim {d}, block {bs})")

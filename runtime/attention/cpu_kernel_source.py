@@ -196,10 +196,10 @@ static void finish(const Geo& g, const Tile& t, const int32_t* bt, const uint32_
 template <bool BF16>
 static void run(const Geo& g, const void* q, void* out, const uint32_t* kc, const uint32_t* vc,
                 const int32_t* bt, int64_t bts, const int32_t* qs, const int32_t* sl, int B,
-                int T, float scale, int64_t wave) {
+                int T, float scale, int64_t wave, int nt) {
   const int W = g.D / g.P, ndc = g.D / 16, per = std::max(1, std::min(MAXN, 24 / ndc));
   std::vector<uint32_t> qw((size_t)T * g.H * W);
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for schedule(static) num_threads(nt) if (T > 64)
   for (int64_t i = 0; i < (int64_t)T * g.H; ++i) {
     for (int d = 0; d < g.D; ++d) {
       float x = BF16 ? from_bf16(((const uint16_t*)q)[i * g.D + d]) : ((const float*)q)[i * g.D + d];
@@ -229,7 +229,7 @@ static void run(const Geo& g, const void* q, void* out, const uint32_t* kc, cons
     std::vector<std::pair<int, int>> tasks;  // (tile, first block) score tasks
     for (size_t i = w0; i < w1; ++i)
       for (int b = 0; b < tiles[i].nblk; b += KCHUNK) tasks.push_back({(int)i, b});
-    #pragma omp parallel
+    #pragma omp parallel num_threads(nt)
     {
       #pragma omp for schedule(dynamic, 1)
       for (size_t k = 0; k < tasks.size(); ++k) {
@@ -259,19 +259,20 @@ extern "C" {
 
 int pagoda_attention(int bf16, const void* q, void* out, const void* kc, const void* vc,
                      const int32_t* bt, int64_t bts, const int32_t* qs, const int32_t* sl, int B,
-                     int T, int H, int HKV, int D, int NB, int BS, float scale, int64_t wave) {
+                     int T, int H, int HKV, int D, int NB, int BS, float scale, int64_t wave,
+                     int nt) {
   if (D % 16 || BS % 16 || H % HKV) return 1;
   Geo g{H, HKV, D, NB, BS, bf16 ? 2 : 1, H / HKV};
-  if (bf16) run<true>(g, q, out, (const uint32_t*)kc, (const uint32_t*)vc, bt, bts, qs, sl, B, T, scale, wave);
-  else run<false>(g, q, out, (const uint32_t*)kc, (const uint32_t*)vc, bt, bts, qs, sl, B, T, scale, wave);
+  if (bf16) run<true>(g, q, out, (const uint32_t*)kc, (const uint32_t*)vc, bt, bts, qs, sl, B, T, scale, wave, std::max(1, nt));
+  else run<false>(g, q, out, (const uint32_t*)kc, (const uint32_t*)vc, bt, bts, qs, sl, B, T, scale, wave, std::max(1, nt));
   return 0;
 }
 
 // Store token t's k/v at slot[t] (skipped when negative) in the packed layout.
 int pagoda_write_kv(int bf16, const void* k, const void* v, void* kc, void* vc,
-                    const int64_t* slots, int T, int HKV, int D, int NB, int BS) {
+                    const int64_t* slots, int T, int HKV, int D, int NB, int BS, int nt) {
   const int P = bf16 ? 2 : 1, E = bf16 ? 2 : 4;
-  #pragma omp parallel for schedule(static) if (T > 64)
+  #pragma omp parallel for schedule(static) num_threads(std::max(1, nt)) if (T > 64)
   for (int t = 0; t < T; ++t) {
     int64_t s = slots[t];
     if (s < 0 || s >= (int64_t)NB * BS) continue;
