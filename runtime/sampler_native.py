@@ -20,7 +20,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import itertools
 import logging
 import os
 import platform
@@ -35,6 +34,7 @@ import torch
 log = logging.getLogger(__name__)
 
 MIN_ROWS_PER_THREAD = 8  # smaller batches run on the calling thread
+BLOCK_ROWS = 16  # rows a thread claims at a time
 FLAGS = ["-O3", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno", "-shared", "-fPIC"]
 LOG2E = 1.4426950408889634
 
@@ -149,41 +149,53 @@ static int64_t pick(const float *w, int64_t n, double target, double *acc) {
     return last;
 }
 
-/* Rows [r0, r1) of x [n, v]: sample from weights 2^((x - max) * scale) (min-p: weights below
-   min_p[r] dropped) with the uniform u[r]; a row with no finite weight gets its argmax. */
-int sample_rows(const float *x, int64_t v, const float *scale, const float *min_p,
-                const float *u, int64_t *out, int64_t r0, int64_t r1) {
+/* Row r of x [n, v]: a token from weights 2^((x - max) * s) (weights below mp dropped) with the
+   uniform u; a row with no finite weight gets its argmax. w: v + 2 * chunks floats of scratch. */
+static int64_t sample_row(const float *row, int64_t v, float s, float mp, float u, float *w) {
     int64_t nc = (v + CH - 1) / CH;
-    float *w = malloc(sizeof(float) * (size_t)(v + 2 * nc));
-    if (!w) return -1;
-    float *sums = w + v, *maxes = sums + nc;
-    for (int64_t r = r0; r < r1; r++) {
-        const float *row = x + r * v;
-        float s = scale[r], mp = min_p ? min_p[r] : 0.0f, m;
-        double total;
-        if (mp > 0.0f) {
-            m = span_max(row, v);
-            total = row_weights(row, v, s, -m * s, mp, w, sums);
-        } else {
-            total = online_sums(row, v, s, sums, maxes, &m);
-        }
-        double acc = 0.0, target = u[r] * total;
-        int64_t c = total > 0.0 && total < __builtin_inf() ? pick(sums, nc, target, &acc) : -1;
-        int64_t at = -1;
-        if (c >= 0) {
-            int64_t lo = c * CH, len = v - lo < CH ? v - lo : CH;
-            float chunk_sum; /* the online pass stored no weights: the chosen chunk's, now */
-            if (mp <= 0.0f) row_weights(row + lo, len, s, -m * s, 0.0f, w + lo, &chunk_sum);
-            at = pick(w + lo, len, target, &acc);
-        }
-        out[r] = at < 0 ? row_argmax(row, v) : c * CH + at;
+    float *sums = w + v, *maxes = sums + nc, m;
+    double total;
+    if (mp > 0.0f) {
+        m = span_max(row, v);
+        total = row_weights(row, v, s, -m * s, mp, w, sums);
+    } else {
+        total = online_sums(row, v, s, sums, maxes, &m);
     }
+    double acc = 0.0, target = u * total;
+    int64_t c = total > 0.0 && total < __builtin_inf() ? pick(sums, nc, target, &acc) : -1;
+    int64_t at = -1;
+    if (c >= 0) {
+        int64_t lo = c * CH, len = v - lo < CH ? v - lo : CH;
+        float chunk_sum; /* the online pass stored no weights: the chosen chunk's, now */
+        if (mp <= 0.0f) row_weights(row + lo, len, s, -m * s, 0.0f, w + lo, &chunk_sum);
+        at = pick(w + lo, len, target, &acc);
+    }
+    return at < 0 ? row_argmax(row, v) : c * CH + at;
+}
+
+/* Threads share the rows through *next: each claims `block` rows at a time, so one thread that
+   the OS deschedules on a busy machine holds up at most its current block. */
+static int64_t claim(int64_t *next, int64_t block, int64_t n, int64_t *end) {
+    int64_t r0 = __atomic_fetch_add(next, block, __ATOMIC_RELAXED);
+    *end = r0 + block < n ? r0 + block : n;
+    return r0;
+}
+
+int sample_rows(const float *x, int64_t v, const float *scale, const float *min_p,
+                const float *u, int64_t *out, int64_t n, int64_t *next, int64_t block) {
+    float *w = malloc(sizeof(float) * (size_t)(v + 2 * ((v + CH - 1) / CH)));
+    if (!w) return -1;
+    for (int64_t r, end; (r = claim(next, block, n, &end)) < n;)
+        for (; r < end; r++)
+            out[r] = sample_row(x + r * v, v, scale[r], min_p ? min_p[r] : 0.0f, u[r], w);
     free(w);
     return 0;
 }
 
-int argmax_rows(const float *x, int64_t v, int64_t *out, int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++) out[r] = row_argmax(x + r * v, v);
+int argmax_rows(const float *x, int64_t v, int64_t *out, int64_t n, int64_t *next,
+                int64_t block) {
+    for (int64_t r, end; (r = claim(next, block, n, &end)) < n;)
+        for (; r < end; r++) out[r] = row_argmax(x + r * v, v);
     return 0;
 }
 """
@@ -254,8 +266,8 @@ def _library() -> ctypes.CDLL | None:
         return None
     lib = ctypes.CDLL(str(path))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.sample_rows.argtypes = [p, i64, p, p, p, p, i64, i64]
-    lib.argmax_rows.argtypes = [p, i64, p, i64, i64]
+    lib.sample_rows.argtypes = [p, i64, p, p, p, p, i64, p, i64]
+    lib.argmax_rows.argtypes = [p, i64, p, i64, p, i64]
     lib.sample_rows.restype = lib.argmax_rows.restype = ctypes.c_int
     return lib
 
@@ -276,11 +288,14 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 
 
 def _over_rows(fn, n: int, *args) -> None:
-    """fn(*args, r0, r1) over blocks of rows, on up to torch.get_num_threads() threads."""
+    """fn(*args, n, next, block) on up to torch.get_num_threads() threads that claim blocks of
+    rows through the shared counter `next`."""
     threads = max(1, min(torch.get_num_threads(), n // MIN_ROWS_PER_THREAD))
-    first, *rest = itertools.pairwise([n * i // threads for i in range(threads + 1)])
-    futures = [_pool(threads - 1).submit(fn, *args, a, b) for a, b in rest]
-    codes = [fn(*args, *first)] + [f.result() for f in futures]
+    block = max(1, min(BLOCK_ROWS, n // threads))
+    counter = ctypes.c_int64(0)
+    call = (*args, n, ctypes.addressof(counter), block)
+    futures = [_pool(threads - 1).submit(fn, *call) for _ in range(threads - 1)]
+    codes = [fn(*call)] + [f.result() for f in futures]
     if any(codes):
         raise MemoryError("native sampler: out of memory for a row buffer")
 
