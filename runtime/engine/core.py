@@ -2,11 +2,20 @@
 
 Synchronous and single-threaded by design; `AsyncEngine` runs it on its own thread for the
 server, `LLM` drives it directly for offline batches.
+
+On CUDA the host work of building a step's outputs (incremental detokenization, `StepOutput`s)
+overlaps the next step's forward: `step()` queues step N on the device, then emits step N-1's
+outputs while the GPU runs, then reads step N's tokens back. Everything that decides what runs
+next (appending tokens, EOS/length stops, stop strings, freeing finished requests) still
+happens before the next schedule, so the tokens are the same; outputs arrive one step later.
+On the CPU the forward runs on the host itself, so there is nothing to overlap and outputs are
+emitted in their own step.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import logging
 import time
@@ -22,7 +31,7 @@ from pagoda.runtime.engine.outputs import StepOutput
 from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.request import Request, RequestStatus
 from pagoda.runtime.sampling import SamplingParams
-from pagoda.runtime.worker.model_runner import ModelRunner
+from pagoda.runtime.worker.model_runner import ModelRunner, ModelRunnerOutput
 from pagoda.runtime.worker.step_clock import StepClock
 
 log = logging.getLogger(__name__)
@@ -65,6 +74,13 @@ class EngineCore:
         self._children: dict[str, list[str]] = {}  # request id → child ids (one per sample)
         self._parent: dict[str, tuple[str, int]] = {}
         self.clock: StepClock | None = None  # per-phase timing, see `enable_step_clock`
+        # Emit a step's outputs during the next step's forward (module docstring).
+        self.overlap_outputs = self.runner.device.type == "cuda"
+        self._pending: ModelRunnerOutput | None = None
+        # Start-up objects (weights, tokenizer, graphs) never die: keep the collector off them,
+        # or a full collection every few hundred steps stalls a step by milliseconds.
+        gc.collect()
+        gc.freeze()
 
     def enable_step_clock(self) -> StepClock:
         """Time every step by phase from now on (benchmarks); returns the shared clock."""
@@ -131,7 +147,7 @@ class EngineCore:
             self._parent.pop(cid, None)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._pending is not None
 
     # -- the step --------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
@@ -140,12 +156,24 @@ class EngineCore:
             clock.start()
         out = self.scheduler.schedule()
         if out.is_empty:
-            return []
+            return self._emit_pending()
         self.kv.record_peak(out.scheduled)
         if clock is not None:
             clock.mark("schedule")
-        result = self.runner.execute(out)
+        reqs, so = self.runner.execute_model(out)  # queued on the device, not waited for
+        outputs = self._emit_pending()  # the previous step's, while the device works
+        result = self.runner.readback(reqs, so)
         self.scheduler.update_after_step(out)
+        self._update(result)
+        if self.overlap_outputs:
+            self._pending = result
+        else:
+            outputs += self._emit_result(result)
+        return outputs
+
+    def _update(self, result: ModelRunnerOutput) -> None:
+        """Fold the sampled tokens into their requests and settle which ones finished, before
+        anything is scheduled again (stop strings need the text, so those detokenize here)."""
         now = time.monotonic()
         for req, tok, lp in zip(result.requests, result.token_ids, result.logprobs):
             req.append_token(tok)
@@ -154,22 +182,36 @@ class EngineCore:
             if req.first_token_time is None:
                 req.first_token_time = now
             req.check_stop_token()
-        if clock is not None:
-            clock.mark("update")
-        for req, tok in zip(result.requests, result.token_ids):
             detok = self._detok[req.request_id]
-            # a stop/EOS token adds no text; any other token may complete a stop string
-            if req.status != RequestStatus.FINISHED_STOPPED and detok.add_tokens([tok]) is not None:
+            eager = detok.stop and req.status != RequestStatus.FINISHED_STOPPED
+            if eager and detok.add_tokens([tok]) is not None:  # completed a stop string
                 req.status = RequestStatus.FINISHED_STOPPED
                 req.stop_reason = detok.stop_string
-        if clock is not None:
-            clock.mark("detokenize")
-        outputs = [
-            self._emit(req, [tok], [lp] if lp is not None else [])
+            if req.is_finished:
+                self.scheduler.finish(req)
+        if self.clock is not None:
+            self.clock.mark("update")
+
+    def _emit_pending(self) -> list[StepOutput]:
+        pending, self._pending = self._pending, None
+        return self._emit_result(pending) if pending is not None else []
+
+    def _emit_result(self, result: ModelRunnerOutput) -> list[StepOutput]:
+        """Detokenize (requests without stop strings) and build the outputs of one step."""
+        live = [
+            (req, tok, lp)
             for req, tok, lp in zip(result.requests, result.token_ids, result.logprobs)
+            if req.request_id in self._detok  # else aborted since the step ran
         ]
-        if clock is not None:
-            clock.mark("outputs")
+        for req, tok, _ in live:
+            detok = self._detok[req.request_id]
+            if not detok.stop and req.status != RequestStatus.FINISHED_STOPPED:
+                detok.add_tokens([tok])  # a stop/EOS token adds no text
+        if self.clock is not None:
+            self.clock.mark("detokenize")
+        outputs = [self._emit(req, [tok], [lp] if lp is not None else []) for req, tok, lp in live]
+        if self.clock is not None:
+            self.clock.mark("outputs")
         return outputs
 
     def _emit(self, req: Request, new_ids: list[int], new_lps: list) -> StepOutput:
@@ -193,7 +235,6 @@ class EngineCore:
             first_token_time=req.first_token_time,
         )
         if finished:
-            self.scheduler.finish(req)
             del self._detok[req.request_id]
             del self._parent[req.request_id]
             siblings = self._children.get(parent, [])

@@ -140,7 +140,10 @@ class ModelRunner:
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step and read the sampled tokens back (the step's only device→host sync)."""
-        reqs, so = self.execute_model(out)
+        return self.readback(*self.execute_model(out))
+
+    def readback(self, reqs: list[Request], so: SamplerOutput | None) -> ModelRunnerOutput:
+        """Wait for a step queued by `execute_model` and read its sampled tokens back."""
         if so is None:
             return ModelRunnerOutput([], [], [])
         result = self._readback(reqs, so)
