@@ -289,13 +289,15 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 
 def _over_rows(fn, n: int, *args) -> None:
     """fn(*args, n, next, block) on up to torch.get_num_threads() threads that claim blocks of
-    rows through the shared counter `next`."""
+    rows through the shared counter `next` (the calling thread is one of them)."""
     threads = max(1, min(torch.get_num_threads(), n // MIN_ROWS_PER_THREAD))
     block = max(1, min(BLOCK_ROWS, n // threads))
     counter = ctypes.c_int64(0)
     call = (*args, n, ctypes.addressof(counter), block)
     futures = [_pool(threads - 1).submit(fn, *call) for _ in range(threads - 1)]
-    codes = [fn(*call)] + [f.result() for f in futures]
+    codes = [fn(*call)]
+    # a helper the OS has not run yet by now is not waited for: the rows are all claimed
+    codes += [f.result() for f in futures if not f.cancel()]
     if any(codes):
         raise MemoryError("native sampler: out of memory for a row buffer")
 
