@@ -98,7 +98,8 @@ static double online_sums(const float *x, int64_t v, float s, float *sums, float
         float cm = span_max(x + lo, len);
         m = cm > m ? cm : m;
         maxes[nc] = m;
-        sums[nc] = span_sum(x + lo, len, s, -m * s);
+        /* a chunk whose best weight underflows (2^-127 and below are 0 here) sums to 0 */
+        sums[nc] = (cm - m) * s > -127.0f ? span_sum(x + lo, len, s, -m * s) : 0.0f;
     }
     double total = 0.0;
     for (int64_t c = 0; c < nc; c++) {

@@ -106,6 +106,17 @@ def test_top_p_falls_back_when_candidates_hold_too_little_mass(monkeypatch):
     assert chi_square_p(draw([(lg, p)], DRAWS)[0], probs) > 1e-4
 
 
+def test_peaked_row_where_the_other_chunks_underflow():
+    """Chunks whose best weight is below 2^-127 of the row's are skipped: still exact."""
+    torch.manual_seed(5)
+    lg = _logits(7)
+    lg[130:140] += 150.0  # chunk 1 only; chunk 0 is summed before the maximum is known
+    p = SamplingParams(temperature=1.0)
+    counts = draw([(lg, p)], DRAWS)[0]
+    assert counts[130:140].sum() == DRAWS
+    assert chi_square_p(counts, exact(lg, p)) > 1e-4
+
+
 def test_small_vocabulary_path():
     torch.manual_seed(3)
     lg = _logits(4, vocab=50)
