@@ -5,7 +5,8 @@ the parameter tensors and drawing each seeded request's uniform from its own gen
 is inverse-CDF with one uniform per row (see `sampler_ops`): exact, far cheaper on CPU than a
 random number per vocabulary entry, and a seeded request's output does not depend on its
 batch-mates. Rows with top-k/top-p sample from their best candidates, the others from the whole
-vocabulary.
+vocabulary. On CPU, whole-vocabulary draws and greedy argmax run as fused C kernels
+(`sampler_native`, one pass per row) when a C compiler is there to build them.
 """
 
 from __future__ import annotations
