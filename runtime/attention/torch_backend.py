@@ -1,5 +1,12 @@
-"""Vectorized PyTorch paged attention: the CPU production path, batch-invariant by construction.
+"""CPU paged attention, batch-invariant by construction, on one of two paths chosen per process.
 
+**Kernel path** (default): ``cpu_kernel`` (C++, built on first use) reads K/V in place from a
+packed cache layout, one code path for decode and prefill rows; see ``cpu_kernel_source`` for its
+layout and why each row's result cannot depend on the rest of the step. ``allocate_kv_cache``
+picks it when it builds and the shapes suit it (bf16/float32, head_dim and block_size multiples
+of 16); ``forward`` tells the paths apart by the cache's rank (5: packed).
+
+**Torch path** (no compiler, ``PAGODA_CPU_ATTENTION=torch``), described below.
 The KV cache is the backend's own layout, head-major ``[Hkv, num_blocks, block_size, D]`` in the
 model's dtype, so that gathering a bucket's blocks yields ``[Hkv, B, Kp, D]``, directly the
 operand of a batched GEMM: one copy of the keys per step (the gather) instead of three (gather,
