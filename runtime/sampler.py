@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from pagoda.runtime import sampler_native
 from pagoda.runtime.request import Request
 from pagoda.runtime.sampler_ops import argmax_rows, sample_candidates, sample_full
 from pagoda.runtime.sampling import SamplingParams
@@ -160,7 +161,11 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, b: SamplingBatch) -> torch.Ten
 
 
 def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
-    """Pick one token per row of float32 `logits` [N, V]."""
+    """Pick one token per row of `logits` [N, V]: float32, or bfloat16, which the native CPU
+    kernels read as is (widening is exact, so the tokens are those of `logits.float()`) and
+    everything else converts first."""
+    if logits.dtype != torch.float32 and not _native_as_is(logits, b):
+        logits = logits.float()
     raw = logits
     if b.output_counts is not None:
         logits = apply_penalties(logits, b)
@@ -176,6 +181,12 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
     chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1)
     top_lp, top_ids = lp.topk(b.max_logprobs, dim=-1) if b.max_logprobs else (None, None)
     return SamplerOutput(tokens, chosen, top_ids, top_lp)
+
+
+def _native_as_is(logits: torch.Tensor, b: SamplingBatch) -> bool:
+    """Whether only the native kernels touch these logits (no penalties, logprobs, candidates)."""
+    plain = b.output_counts is None and b.max_logprobs is None and b.candidate_rows is None
+    return plain and sampler_native.usable(logits)
 
 
 def _uniforms(b: SamplingBatch, n: int, device: torch.device) -> torch.Tensor:

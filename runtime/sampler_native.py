@@ -7,7 +7,8 @@ budget of a whole step. Here one call reads each row once: per 128-entry chunk, 
 its sum of exp2 relative to the running maximum while the chunk is in L1 (rescaled to the row
 maximum at the end, as online softmax does), then a walk of the cumulative sums picks the chunk
 and the token. ~3x faster than the PyTorch ops on one core; rows are split across torch's
-thread count (ctypes drops the GIL during the call).
+thread count (ctypes drops the GIL during the call). The kernels read float32 or bfloat16 rows
+(bf16 widens exactly, so the tokens are the same as from the float32 copy, which need not be made).
 
 The source is built on first use with the system C compiler (`CC`, else `cc`/`gcc`, ~0.2 s) into
 a cache (see `_cache_dir`; keyed by source, flags and CPU) and loaded with ctypes. With no
@@ -37,12 +38,19 @@ MIN_ROWS_PER_THREAD = 8  # smaller batches run on the calling thread
 BLOCK_ROWS = 16  # rows a thread claims at a time
 FLAGS = ["-O3", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno", "-shared", "-fPIC"]
 LOG2E = 1.4426950408889634
+SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}  # the logits dtypes the kernels read
 
-SOURCE = r"""
+COMMON = r"""
 #include <stdint.h>
 #include <stdlib.h>
 #define CH 128
 #define NEG_INF (-__builtin_inff())
+
+/* bfloat16 is the upper half of a float32: widening is exact */
+static inline float bf16_to_f32(uint16_t h) {
+    union { uint32_t i; float f; } u = {(uint32_t)h << 16};
+    return u.f;
+}
 
 /* 2^y to ~1e-7 relative error for y <= 0 (0 below 2^-127): 2^round(y) from the exponent bits
    times a minimax polynomial of the fraction in [-0.5, 0.5]. Inline, so the loops vectorise. */
@@ -60,46 +68,71 @@ static inline float exp2_neg(float y) {
     return p * scale.f;
 }
 
-static float span_max(const float *x, int64_t n) {
+/* The entry whose cumulative interval holds target (acc: the mass before w[0]); rounding never
+   picks an entry of weight zero; -1 when every weight is zero. */
+static int64_t pick(const float *w, int64_t n, double target, double *acc) {
+    int64_t last = -1;
+    for (int64_t j = 0; j < n; j++) {
+        if (w[j] > 0.0f) {
+            last = j;
+            if (*acc + w[j] > target) return j;
+            *acc += w[j];
+        }
+    }
+    return last;
+}
+
+/* Threads share the rows through *next: each claims `block` rows at a time, so one thread that
+   the OS deschedules on a busy machine holds up at most its current block. */
+static int64_t claim(int64_t *next, int64_t block, int64_t n, int64_t *end) {
+    int64_t r0 = __atomic_fetch_add(next, block, __ATOMIC_RELAXED);
+    *end = r0 + block < n ? r0 + block : n;
+    return r0;
+}
+"""
+
+# Row kernels, instantiated per element type: @T@ the C type, @S@ the suffix, LD( the load.
+ROWS = r"""
+static float span_max_@S@(const @T@ *x, int64_t n) {
     float m = NEG_INF;
 #pragma omp simd reduction(max : m)
-    for (int64_t j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
+    for (int64_t j = 0; j < n; j++) m = LD(x[j]) > m ? LD(x[j]) : m;
     return m;
 }
 
 /* First index of the row maximum (as torch.argmax): chunk maxima, then inside the best chunk. */
-static int64_t row_argmax(const float *row, int64_t v) {
+static int64_t row_argmax_@S@(const @T@ *row, int64_t v) {
     float best = NEG_INF;
     int64_t at = 0;
     for (int64_t lo = 0; lo < v; lo += CH) {
-        float m = span_max(row + lo, v - lo < CH ? v - lo : CH);
+        float m = span_max_@S@(row + lo, v - lo < CH ? v - lo : CH);
         if (m > best) { best = m; at = lo; }
     }
-    while (at < v - 1 && row[at] != best) at++;
+    while (at < v - 1 && LD(row[at]) != best) at++;
     return at;
 }
 
 /* Sum of 2^(x*s + b) over n entries, straight from x: nothing is stored. */
-static float span_sum(const float *x, int64_t n, float s, float b) {
+static float span_sum_@S@(const @T@ *x, int64_t n, float s, float b) {
     float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-    for (int64_t j = 0; j < n; j++) acc += exp2_neg(x[j] * s + b);
+    for (int64_t j = 0; j < n; j++) acc += exp2_neg(LD(x[j]) * s + b);
     return acc;
 }
 
 /* Chunk sums of 2^((x - max) * s) in one pass over the row (no min-p): each chunk is summed
    relative to the running maximum while it is in L1, and rescaled to the row maximum at the end. */
-static double online_sums(const float *x, int64_t v, float s, float *sums, float *maxes,
+static double online_sums_@S@(const @T@ *x, int64_t v, float s, float *sums, float *maxes,
                           float *row_max) {
     float m = NEG_INF;
     int64_t nc = 0;
     for (int64_t lo = 0; lo < v; lo += CH, nc++) {
         int64_t len = v - lo < CH ? v - lo : CH;
-        float cm = span_max(x + lo, len);
+        float cm = span_max_@S@(x + lo, len);
         m = cm > m ? cm : m;
         maxes[nc] = m;
         /* a chunk whose best weight underflows (2^-127 and below are 0 here) sums to 0 */
-        sums[nc] = (cm - m) * s > -127.0f ? span_sum(x + lo, len, s, -m * s) : 0.0f;
+        sums[nc] = (cm - m) * s > -127.0f ? span_sum_@S@(x + lo, len, s, -m * s) : 0.0f;
     }
     double total = 0.0;
     for (int64_t c = 0; c < nc; c++) {
@@ -111,11 +144,11 @@ static double online_sums(const float *x, int64_t v, float s, float *sums, float
 }
 
 /* Weights 2^(x*s + b), zeroed below mp; returns their per-chunk sums and the total. */
-static double row_weights(const float *restrict x, int64_t v, float s, float b, float mp,
+static double row_weights_@S@(const @T@ *restrict x, int64_t v, float s, float b, float mp,
                           float *restrict w, float *restrict sums) {
 #pragma omp simd
     for (int64_t j = 0; j < v; j++) {
-        float e = exp2_neg(x[j] * s + b);
+        float e = exp2_neg(LD(x[j]) * s + b);
         w[j] = e >= mp ? e : 0.0f;
     }
     double total = 0.0;
@@ -136,31 +169,17 @@ static double row_weights(const float *restrict x, int64_t v, float s, float b, 
     return total;
 }
 
-/* The entry whose cumulative interval holds target (acc: the mass before w[0]); rounding never
-   picks an entry of weight zero; -1 when every weight is zero. */
-static int64_t pick(const float *w, int64_t n, double target, double *acc) {
-    int64_t last = -1;
-    for (int64_t j = 0; j < n; j++) {
-        if (w[j] > 0.0f) {
-            last = j;
-            if (*acc + w[j] > target) return j;
-            *acc += w[j];
-        }
-    }
-    return last;
-}
-
 /* Row r of x [n, v]: a token from weights 2^((x - max) * s) (weights below mp dropped) with the
    uniform u; a row with no finite weight gets its argmax. w: v + 2 * chunks floats of scratch. */
-static int64_t sample_row(const float *row, int64_t v, float s, float mp, float u, float *w) {
+static int64_t sample_row_@S@(const @T@ *row, int64_t v, float s, float mp, float u, float *w) {
     int64_t nc = (v + CH - 1) / CH;
     float *sums = w + v, *maxes = sums + nc, m;
     double total;
     if (mp > 0.0f) {
-        m = span_max(row, v);
-        total = row_weights(row, v, s, -m * s, mp, w, sums);
+        m = span_max_@S@(row, v);
+        total = row_weights_@S@(row, v, s, -m * s, mp, w, sums);
     } else {
-        total = online_sums(row, v, s, sums, maxes, &m);
+        total = online_sums_@S@(row, v, s, sums, maxes, &m);
     }
     double acc = 0.0, target = u * total;
     int64_t c = total > 0.0 && total < __builtin_inf() ? pick(sums, nc, target, &acc) : -1;
@@ -168,38 +187,37 @@ static int64_t sample_row(const float *row, int64_t v, float s, float mp, float 
     if (c >= 0) {
         int64_t lo = c * CH, len = v - lo < CH ? v - lo : CH;
         float chunk_sum; /* the online pass stored no weights: the chosen chunk's, now */
-        if (mp <= 0.0f) row_weights(row + lo, len, s, -m * s, 0.0f, w + lo, &chunk_sum);
+        if (mp <= 0.0f) row_weights_@S@(row + lo, len, s, -m * s, 0.0f, w + lo, &chunk_sum);
         at = pick(w + lo, len, target, &acc);
     }
-    return at < 0 ? row_argmax(row, v) : c * CH + at;
+    return at < 0 ? row_argmax_@S@(row, v) : c * CH + at;
 }
 
-/* Threads share the rows through *next: each claims `block` rows at a time, so one thread that
-   the OS deschedules on a busy machine holds up at most its current block. */
-static int64_t claim(int64_t *next, int64_t block, int64_t n, int64_t *end) {
-    int64_t r0 = __atomic_fetch_add(next, block, __ATOMIC_RELAXED);
-    *end = r0 + block < n ? r0 + block : n;
-    return r0;
-}
-
-int sample_rows(const float *x, int64_t v, const float *scale, const float *min_p,
+int sample_rows_@S@(const @T@ *x, int64_t v, const float *scale, const float *min_p,
                 const float *u, int64_t *out, int64_t n, int64_t *next, int64_t block) {
     float *w = malloc(sizeof(float) * (size_t)(v + 2 * ((v + CH - 1) / CH)));
     if (!w) return -1;
     for (int64_t r, end; (r = claim(next, block, n, &end)) < n;)
         for (; r < end; r++)
-            out[r] = sample_row(x + r * v, v, scale[r], min_p ? min_p[r] : 0.0f, u[r], w);
+            out[r] = sample_row_@S@(x + r * v, v, scale[r], min_p ? min_p[r] : 0.0f, u[r], w);
     free(w);
     return 0;
 }
 
-int argmax_rows(const float *x, int64_t v, int64_t *out, int64_t n, int64_t *next,
+int argmax_rows_@S@(const @T@ *x, int64_t v, int64_t *out, int64_t n, int64_t *next,
                 int64_t block) {
     for (int64_t r, end; (r = claim(next, block, n, &end)) < n;)
-        for (; r < end; r++) out[r] = row_argmax(x + r * v, v);
+        for (; r < end; r++) out[r] = row_argmax_@S@(x + r * v, v);
     return 0;
 }
 """
+
+
+def _instance(ctype: str, suffix: str, load: str) -> str:
+    return ROWS.replace("@T@", ctype).replace("@S@", suffix).replace("LD(", load + "(")
+
+
+SOURCE = COMMON + _instance("float", "f32", "") + _instance("uint16_t", "bf16", "bf16_to_f32")
 
 
 def _cpu_key() -> str:
@@ -267,9 +285,14 @@ def _library() -> ctypes.CDLL | None:
         return None
     lib = ctypes.CDLL(str(path))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.sample_rows.argtypes = [p, i64, p, p, p, p, i64, p, i64]
-    lib.argmax_rows.argtypes = [p, i64, p, i64, p, i64]
-    lib.sample_rows.restype = lib.argmax_rows.restype = ctypes.c_int
+    for suffix in SUFFIX.values():
+        sample, argmax = (
+            getattr(lib, f"sample_rows_{suffix}"),
+            getattr(lib, f"argmax_rows_{suffix}"),
+        )
+        sample.argtypes = [p, i64, p, p, p, p, i64, p, i64]
+        argmax.argtypes = [p, i64, p, i64, p, i64]
+        sample.restype = argmax.restype = ctypes.c_int
     return lib
 
 
@@ -279,8 +302,8 @@ def available() -> bool:
 
 
 def usable(x: torch.Tensor) -> bool:
-    """The kernels take 2-D float32 CPU tensors."""
-    return x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and available()
+    """The kernels take 2-D float32 or bfloat16 CPU tensors."""
+    return x.device.type == "cpu" and x.dtype in SUFFIX and x.dim() == 2 and available()
 
 
 @functools.cache
@@ -314,7 +337,8 @@ def sample_rows(
     uu = u.float().contiguous()
     out = torch.empty(n, dtype=torch.long)
     args = (x.data_ptr(), v, scale.data_ptr(), None if mp is None else mp.data_ptr())
-    _over_rows(_library().sample_rows, n, *args, uu.data_ptr(), out.data_ptr())
+    kernel = getattr(_library(), f"sample_rows_{SUFFIX[x.dtype]}")
+    _over_rows(kernel, n, *args, uu.data_ptr(), out.data_ptr())
     return out
 
 
@@ -322,5 +346,6 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """`x.argmax(-1)` (first maximum) in one pass over each row."""
     x = x.contiguous()
     out = torch.empty(x.shape[0], dtype=torch.long)
-    _over_rows(_library().argmax_rows, x.shape[0], x.data_ptr(), x.shape[1], out.data_ptr())
+    kernel = getattr(_library(), f"argmax_rows_{SUFFIX[x.dtype]}")
+    _over_rows(kernel, x.shape[0], x.data_ptr(), x.shape[1], out.data_ptr())
     return out

@@ -101,3 +101,35 @@ def test_disabled_by_environment(monkeypatch):
         assert not sampler_native.available()
     finally:
         sampler_native._library.cache_clear()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_bfloat16_logits_draw_the_tokens_of_their_float32_widening(temperature):
+    from pagoda.runtime.request import Request
+    from pagoda.runtime.sampler import SamplingBatch, sample
+    from pagoda.runtime.sampling import SamplingParams
+
+    torch.manual_seed(3)
+    logits = (torch.randn(40, 1000) * 3).bfloat16()
+    params = [SamplingParams(temperature=temperature, seed=i) for i in range(40)]
+
+    def run(x: torch.Tensor) -> list[int]:
+        reqs = [Request(f"r{i}", [1], p) for i, p in enumerate(params)]
+        for r in reqs:
+            r.generator = torch.Generator().manual_seed(r.params.seed)
+        return sample(x, SamplingBatch.build(reqs, 1000, torch.device("cpu"))).token_ids.tolist()
+
+    assert run(logits) == run(logits.float())
+    assert sampler_native.usable(logits)
+
+
+def test_bfloat16_logits_with_logprobs_are_widened_first():
+    from pagoda.runtime.request import Request
+    from pagoda.runtime.sampler import SamplingBatch, sample
+    from pagoda.runtime.sampling import SamplingParams
+
+    logits = torch.randn(3, 300).bfloat16()
+    reqs = [Request(f"r{i}", [1], SamplingParams(temperature=0, logprobs=2)) for i in range(3)]
+    out = sample(logits, SamplingBatch.build(reqs, 300, torch.device("cpu")))
+    assert out.logprobs.dtype == torch.float32
+    assert out.token_ids.tolist() == logits.float().argmax(-1).tolist()
