@@ -12,7 +12,7 @@ from pagoda.runtime.request import Request
 from pagoda.runtime.sampler import SamplingBatch, apply_top_k_top_p_min_p, sample
 from pagoda.runtime.sampling import SamplingParams
 
-V = 300  # 2 chunks of 128 plus a tail of 44
+V = 300  # PyTorch path: 2 chunks of 128 plus a tail of 44; native: a chunk of 256 and a tail
 DRAWS = 20000
 CPU = torch.device("cpu")
 
@@ -106,14 +106,16 @@ def test_top_p_falls_back_when_candidates_hold_too_little_mass(monkeypatch):
     assert chi_square_p(draw([(lg, p)], DRAWS)[0], probs) > 1e-4
 
 
-def test_peaked_row_where_the_other_chunks_underflow():
-    """Chunks whose best weight is below 2^-127 of the row's are skipped: still exact."""
+@pytest.mark.parametrize("peak", [130, 260], ids=["first-chunk", "tail-chunk"])
+def test_peaked_row_where_the_other_chunks_underflow(peak):
+    """Chunks whose weights all underflow are skipped (peak first: the later chunks) or rescaled
+    to zero (peak last: the earlier ones, summed before the maximum was known): still exact."""
     torch.manual_seed(5)
     lg = _logits(7)
-    lg[130:140] += 150.0  # chunk 1 only; chunk 0 is summed before the maximum is known
+    lg[peak : peak + 10] += 150.0
     p = SamplingParams(temperature=1.0)
     counts = draw([(lg, p)], DRAWS)[0]
-    assert counts[130:140].sum() == DRAWS
+    assert counts[peak : peak + 10].sum() == DRAWS
     assert chi_square_p(counts, exact(lg, p)) > 1e-4
 
 
