@@ -39,19 +39,13 @@ BLOCK_ROWS = 16  # rows a thread claims at a time
 FLAGS = ["-O3", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno", "-shared", "-fPIC"]
 LOG2E = 1.4426950408889634
 CHUNK = 256  # entries per chunk (CH in C); at 128, per-chunk reductions cost ~25% more
-SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}  # the logits dtypes the kernels read
+DTYPES = (torch.float32, torch.bfloat16)  # the logits dtypes the kernels read
 
-COMMON = r"""
+SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 #define CH @CHUNK@
 #define NEG_INF (-__builtin_inff())
-
-/* bfloat16 is the upper half of a float32: widening is exact */
-static inline float bf16_to_f32(uint16_t h) {
-    union { uint32_t i; float f; } u = {(uint32_t)h << 16};
-    return u.f;
-}
 
 /* 2^y to ~1e-7 relative error for y <= 0 (0 below 2^-127): 2^round(y) from the exponent bits
    times a minimax polynomial of the fraction in [-0.5, 0.5]. Inline, so the loops vectorise. */
@@ -69,6 +63,104 @@ static inline float exp2_neg(float y) {
     return p * scale.f;
 }
 
+/* Entries [lo, lo + len) of a float32 row, or of a bfloat16 row widened into buf (bfloat16 is
+   the upper half of a float32: exact). Everything below works on float32 chunks. */
+static const float *chunk(const void *row, int bf16, int64_t lo, int64_t len, float *buf) {
+    if (!bf16) return (const float *)row + lo;
+    const uint16_t *h = (const uint16_t *)row + lo;
+#pragma omp simd
+    for (int64_t j = 0; j < len; j++) {
+        union { uint32_t i; float f; } u = {(uint32_t)h[j] << 16};
+        buf[j] = u.f;
+    }
+    return buf;
+}
+
+static float span_max(const float *x, int64_t n) {
+    float m = NEG_INF;
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
+    return m;
+}
+
+static float span_sum(const float *x, int64_t n, float s, float b) {
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t j = 0; j < n; j++) acc += exp2_neg(x[j] * s + b);
+    return acc;
+}
+
+/* w = 2^(x*s + b), zeroed below mp; returns their sum. */
+static float span_weights(const float *restrict x, int64_t n, float s, float b, float mp,
+                          float *restrict w) {
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t j = 0; j < n; j++) {
+        float e = exp2_neg(x[j] * s + b);
+        w[j] = e >= mp ? e : 0.0f;
+        acc += w[j];
+    }
+    return acc;
+}
+
+static inline int64_t span_len(int64_t v, int64_t lo) { return v - lo < CH ? v - lo : CH; }
+
+/* First index of the row maximum (as torch.argmax): chunk maxima, then inside the best chunk. */
+static int64_t row_argmax(const void *row, int bf16, int64_t v) {
+    float buf[CH], best = NEG_INF;
+    int64_t at = 0;
+    for (int64_t lo = 0; lo < v; lo += CH) {
+        float m = span_max(chunk(row, bf16, lo, span_len(v, lo), buf), span_len(v, lo));
+        if (m > best) { best = m; at = lo; }
+    }
+    const float *c = chunk(row, bf16, at, span_len(v, at), buf);
+    int64_t j = 0;
+    while (j < span_len(v, at) - 1 && c[j] != best) j++;
+    return at + j;
+}
+
+/* Chunk sums of 2^((x - max) * s) in one pass over the row (no min-p): each chunk is summed
+   relative to the running maximum while it is in L1, and rescaled to the row maximum at the
+   end; a chunk whose best weight underflows (2^-127 and below are 0 here) sums to 0. */
+static double online_sums(const void *row, int bf16, int64_t v, float s, float *sums,
+                          float *maxes, float *row_max) {
+    float buf[CH], m = NEG_INF;
+    int64_t nc = 0;
+    for (int64_t lo = 0; lo < v; lo += CH, nc++) {
+        int64_t len = span_len(v, lo);
+        const float *c = chunk(row, bf16, lo, len, buf);
+        float cm = span_max(c, len);
+        m = cm > m ? cm : m;
+        maxes[nc] = m;
+        sums[nc] = (cm - m) * s > -127.0f ? span_sum(c, len, s, -m * s) : 0.0f;
+    }
+    double total = 0.0;
+    for (int64_t k = 0; k < nc; k++) {
+        sums[k] *= exp2_neg((maxes[k] - m) * s);
+        total += sums[k];
+    }
+    *row_max = m;
+    return total;
+}
+
+/* With min-p: the row maximum first (the threshold is relative to it), then weights and sums. */
+static double min_p_sums(const void *row, int bf16, int64_t v, float s, float mp, float *w,
+                         float *sums, float *row_max) {
+    float buf[CH], m = NEG_INF;
+    for (int64_t lo = 0; lo < v; lo += CH) {
+        float cm = span_max(chunk(row, bf16, lo, span_len(v, lo), buf), span_len(v, lo));
+        m = cm > m ? cm : m;
+    }
+    double total = 0.0;
+    for (int64_t lo = 0, c = 0; lo < v; lo += CH, c++) {
+        int64_t len = span_len(v, lo);
+        sums[c] = span_weights(chunk(row, bf16, lo, len, buf), len, s, -m * s, mp, w + lo);
+        total += sums[c];
+    }
+    *row_max = m;
+    return total;
+}
+
 /* The entry whose cumulative interval holds target (acc: the mass before w[0]); rounding never
    picks an entry of weight zero; -1 when every weight is zero. */
 static int64_t pick(const float *w, int64_t n, double target, double *acc) {
@@ -83,6 +175,26 @@ static int64_t pick(const float *w, int64_t n, double target, double *acc) {
     return last;
 }
 
+/* A token from weights 2^((x - max) * s) (weights below mp dropped) with the uniform u; a row
+   with no finite weight gets its argmax. w: v + 2 * chunks floats of scratch. */
+static int64_t sample_row(const void *row, int bf16, int64_t v, float s, float mp, float u,
+                          float *w) {
+    int64_t nc = (v + CH - 1) / CH;
+    float *sums = w + v, *maxes = sums + nc, m, buf[CH];
+    double total = mp > 0.0f ? min_p_sums(row, bf16, v, s, mp, w, sums, &m)
+                             : online_sums(row, bf16, v, s, sums, maxes, &m);
+    double acc = 0.0, target = u * total;
+    int64_t c = total > 0.0 && total < __builtin_inf() ? pick(sums, nc, target, &acc) : -1;
+    int64_t at = -1;
+    if (c >= 0) {
+        int64_t lo = c * CH, len = span_len(v, lo);
+        if (mp <= 0.0f) /* the online pass stored no weights: the chosen chunk's, now */
+            span_weights(chunk(row, bf16, lo, len, buf), len, s, -m * s, 0.0f, w + lo);
+        at = pick(w + lo, len, target, &acc);
+    }
+    return at < 0 ? row_argmax(row, bf16, v) : c * CH + at;
+}
+
 /* Threads share the rows through *next: each claims `block` rows at a time, so one thread that
    the OS deschedules on a busy machine holds up at most its current block. */
 static int64_t claim(int64_t *next, int64_t block, int64_t n, int64_t *end) {
@@ -90,139 +202,29 @@ static int64_t claim(int64_t *next, int64_t block, int64_t n, int64_t *end) {
     *end = r0 + block < n ? r0 + block : n;
     return r0;
 }
-"""
 
-# Row kernels, instantiated per element type: @T@ the C type, @S@ the suffix, LD( the load.
-ROWS = r"""
-static float span_max_@S@(const @T@ *x, int64_t n) {
-    float m = NEG_INF;
-#pragma omp simd reduction(max : m)
-    for (int64_t j = 0; j < n; j++) m = LD(x[j]) > m ? LD(x[j]) : m;
-    return m;
-}
-
-/* First index of the row maximum (as torch.argmax): chunk maxima, then inside the best chunk. */
-static int64_t row_argmax_@S@(const @T@ *row, int64_t v) {
-    float best = NEG_INF;
-    int64_t at = 0;
-    for (int64_t lo = 0; lo < v; lo += CH) {
-        float m = span_max_@S@(row + lo, v - lo < CH ? v - lo : CH);
-        if (m > best) { best = m; at = lo; }
-    }
-    while (at < v - 1 && LD(row[at]) != best) at++;
-    return at;
-}
-
-/* Sum of 2^(x*s + b) over n entries, straight from x: nothing is stored. */
-static float span_sum_@S@(const @T@ *x, int64_t n, float s, float b) {
-    float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t j = 0; j < n; j++) acc += exp2_neg(LD(x[j]) * s + b);
-    return acc;
-}
-
-/* Chunk sums of 2^((x - max) * s) in one pass over the row (no min-p): each chunk is summed
-   relative to the running maximum while it is in L1, and rescaled to the row maximum at the end. */
-static double online_sums_@S@(const @T@ *x, int64_t v, float s, float *sums, float *maxes,
-                          float *row_max) {
-    float m = NEG_INF;
-    int64_t nc = 0;
-    for (int64_t lo = 0; lo < v; lo += CH, nc++) {
-        int64_t len = v - lo < CH ? v - lo : CH;
-        float cm = span_max_@S@(x + lo, len);
-        m = cm > m ? cm : m;
-        maxes[nc] = m;
-        /* a chunk whose best weight underflows (2^-127 and below are 0 here) sums to 0 */
-        sums[nc] = (cm - m) * s > -127.0f ? span_sum_@S@(x + lo, len, s, -m * s) : 0.0f;
-    }
-    double total = 0.0;
-    for (int64_t c = 0; c < nc; c++) {
-        sums[c] *= exp2_neg((maxes[c] - m) * s);
-        total += sums[c];
-    }
-    *row_max = m;
-    return total;
-}
-
-/* Weights 2^(x*s + b), zeroed below mp; returns their per-chunk sums and the total. */
-static double row_weights_@S@(const @T@ *restrict x, int64_t v, float s, float b, float mp,
-                          float *restrict w, float *restrict sums) {
-#pragma omp simd
-    for (int64_t j = 0; j < v; j++) {
-        float e = exp2_neg(LD(x[j]) * s + b);
-        w[j] = e >= mp ? e : 0.0f;
-    }
-    double total = 0.0;
-    int64_t full = v / CH, c = 0;
-    for (; c < full; c++) {
-        float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t j = 0; j < CH; j++) acc += w[c * CH + j];
-        sums[c] = acc;
-        total += acc;
-    }
-    if (v % CH) {
-        float acc = 0.0f;
-        for (int64_t j = full * CH; j < v; j++) acc += w[j];
-        sums[c] = acc;
-        total += acc;
-    }
-    return total;
-}
-
-/* Row r of x [n, v]: a token from weights 2^((x - max) * s) (weights below mp dropped) with the
-   uniform u; a row with no finite weight gets its argmax. w: v + 2 * chunks floats of scratch. */
-static int64_t sample_row_@S@(const @T@ *row, int64_t v, float s, float mp, float u, float *w) {
-    int64_t nc = (v + CH - 1) / CH;
-    float *sums = w + v, *maxes = sums + nc, m;
-    double total;
-    if (mp > 0.0f) {
-        m = span_max_@S@(row, v);
-        total = row_weights_@S@(row, v, s, -m * s, mp, w, sums);
-    } else {
-        total = online_sums_@S@(row, v, s, sums, maxes, &m);
-    }
-    double acc = 0.0, target = u * total;
-    int64_t c = total > 0.0 && total < __builtin_inf() ? pick(sums, nc, target, &acc) : -1;
-    int64_t at = -1;
-    if (c >= 0) {
-        int64_t lo = c * CH, len = v - lo < CH ? v - lo : CH;
-        float chunk_sum; /* the online pass stored no weights: the chosen chunk's, now */
-        if (mp <= 0.0f) row_weights_@S@(row + lo, len, s, -m * s, 0.0f, w + lo, &chunk_sum);
-        at = pick(w + lo, len, target, &acc);
-    }
-    return at < 0 ? row_argmax_@S@(row, v) : c * CH + at;
-}
-
-int sample_rows_@S@(const @T@ *x, int64_t v, const float *scale, const float *min_p,
+/* x [n, v] float32 (bf16 = 0) or bfloat16 (bf16 = 1). */
+int sample_rows(const void *x, int bf16, int64_t v, const float *scale, const float *min_p,
                 const float *u, int64_t *out, int64_t n, int64_t *next, int64_t block) {
     float *w = malloc(sizeof(float) * (size_t)(v + 2 * ((v + CH - 1) / CH)));
     if (!w) return -1;
+    size_t row_bytes = (size_t)v * (bf16 ? 2 : 4);
     for (int64_t r, end; (r = claim(next, block, n, &end)) < n;)
         for (; r < end; r++)
-            out[r] = sample_row_@S@(x + r * v, v, scale[r], min_p ? min_p[r] : 0.0f, u[r], w);
+            out[r] = sample_row((const char *)x + r * row_bytes, bf16, v, scale[r],
+                                min_p ? min_p[r] : 0.0f, u[r], w);
     free(w);
     return 0;
 }
 
-int argmax_rows_@S@(const @T@ *x, int64_t v, int64_t *out, int64_t n, int64_t *next,
+int argmax_rows(const void *x, int bf16, int64_t v, int64_t *out, int64_t n, int64_t *next,
                 int64_t block) {
+    size_t row_bytes = (size_t)v * (bf16 ? 2 : 4);
     for (int64_t r, end; (r = claim(next, block, n, &end)) < n;)
-        for (; r < end; r++) out[r] = row_argmax_@S@(x + r * v, v);
+        for (; r < end; r++) out[r] = row_argmax((const char *)x + r * row_bytes, bf16, v);
     return 0;
 }
-"""
-
-
-def _instance(ctype: str, suffix: str, load: str) -> str:
-    return ROWS.replace("@T@", ctype).replace("@S@", suffix).replace("LD(", load + "(")
-
-
-SOURCE = (
-    COMMON.replace("@CHUNK@", str(CHUNK))
-    + _instance("float", "f32", "")
-    + _instance("uint16_t", "bf16", "bf16_to_f32")
-)
+""".replace("@CHUNK@", str(CHUNK))
 
 
 def _cpu_key() -> str:
@@ -289,15 +291,10 @@ def _library() -> ctypes.CDLL | None:
         log.warning("no C compiler could build the native sampler; using the PyTorch sampler")
         return None
     lib = ctypes.CDLL(str(path))
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    for suffix in SUFFIX.values():
-        sample, argmax = (
-            getattr(lib, f"sample_rows_{suffix}"),
-            getattr(lib, f"argmax_rows_{suffix}"),
-        )
-        sample.argtypes = [p, i64, p, p, p, p, i64, p, i64]
-        argmax.argtypes = [p, i64, p, i64, p, i64]
-        sample.restype = argmax.restype = ctypes.c_int
+    p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    lib.sample_rows.argtypes = [p, i32, i64, p, p, p, p, i64, p, i64]
+    lib.argmax_rows.argtypes = [p, i32, i64, p, i64, p, i64]
+    lib.sample_rows.restype = lib.argmax_rows.restype = ctypes.c_int
     return lib
 
 
@@ -308,7 +305,7 @@ def available() -> bool:
 
 def usable(x: torch.Tensor) -> bool:
     """The kernels take 2-D float32 or bfloat16 CPU tensors."""
-    return x.device.type == "cpu" and x.dtype in SUFFIX and x.dim() == 2 and available()
+    return x.device.type == "cpu" and x.dtype in DTYPES and x.dim() == 2 and available()
 
 
 @functools.cache
@@ -341,9 +338,9 @@ def sample_rows(
     mp = None if min_p is None else min_p.float().contiguous()
     uu = u.float().contiguous()
     out = torch.empty(n, dtype=torch.long)
-    args = (x.data_ptr(), v, scale.data_ptr(), None if mp is None else mp.data_ptr())
-    kernel = getattr(_library(), f"sample_rows_{SUFFIX[x.dtype]}")
-    _over_rows(kernel, n, *args, uu.data_ptr(), out.data_ptr())
+    bf16 = int(x.dtype == torch.bfloat16)
+    args = (x.data_ptr(), bf16, v, scale.data_ptr(), None if mp is None else mp.data_ptr())
+    _over_rows(_library().sample_rows, n, *args, uu.data_ptr(), out.data_ptr())
     return out
 
 
@@ -351,6 +348,6 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """`x.argmax(-1)` (first maximum) in one pass over each row."""
     x = x.contiguous()
     out = torch.empty(x.shape[0], dtype=torch.long)
-    kernel = getattr(_library(), f"argmax_rows_{SUFFIX[x.dtype]}")
-    _over_rows(kernel, x.shape[0], x.data_ptr(), x.shape[1], out.data_ptr())
+    args = (x.data_ptr(), int(x.dtype == torch.bfloat16), x.shape[1], out.data_ptr())
+    _over_rows(_library().argmax_rows, x.shape[0], *args)
     return out
