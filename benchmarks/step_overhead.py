@@ -54,7 +54,9 @@ def running_engine(loaded, n: int, temperature: float, prompt_len: int, steps: i
         kv_cache_memory=256 << 20,
     )
     engine, rng = llm.engine, random.Random(seed)
-    params = SamplingParams(temperature=temperature, max_tokens=steps + 16, ignore_eos=True)
+    # room for the clocked and the wall-time runs of `steps` each (and the warm-up): no request
+    # may finish while a run is timed
+    params = SamplingParams(temperature=temperature, max_tokens=2 * steps + 16, ignore_eos=True)
     for i in range(n):
         ids = [rng.randrange(3, TINY["vocab_size"]) for _ in range(prompt_len)]
         engine.add_request(f"r{i}", ids, params)
@@ -78,6 +80,7 @@ def measure(loaded, n: int, temperature: float, steps: int, prompt_len: int) -> 
     for _ in range(steps):
         engine.step()
     wall = (time.perf_counter() - t) / steps
+    assert engine.scheduler.num_running == n, "a request finished during the timed steps"
     return {"wall_ms": 1e3 * wall, **clock.per_step_ms()}
 
 
