@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `pagoda serve`; before torch loads OpenMP
+
 import torch
 from pagoda.runtime import LLM, SamplingParams
 

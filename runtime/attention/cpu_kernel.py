@@ -142,8 +142,10 @@ class CpuKernel:
             wave,
             torch.get_num_threads(),  # OpenMP's own count can differ on threads torch never used
         )
-        if rc:
+        if rc == 1:
             raise ValueError(f"CPU attention kernel: unsupported shape (head_dim {d}, block {bs})")
+        if rc:
+            raise ValueError("CPU attention kernel: a block table names a block outside the cache")
         return out
 
 

@@ -193,10 +193,23 @@ static void finish(const Geo& g, const Tile& t, const int32_t* bt, const uint32_
   }
 }
 
+// Every block a sequence reads must exist: a bad table would read outside the cache.
+static bool valid(const Geo& g, const int32_t* bt, int64_t bts, const int32_t* qs,
+                  const int32_t* sl, int B) {
+  for (int s = 0; s < B; ++s) {
+    int ql = qs[s + 1] - qs[s], nblk = (sl[s] + g.BS - 1) / g.BS;
+    if (ql < 1 || ql > sl[s] || nblk > bts) return false;
+    for (int b = 0; b < nblk; ++b)
+      if (bt[s * bts + b] < 0 || bt[s * bts + b] >= g.NB) return false;
+  }
+  return true;
+}
+
 template <bool BF16>
-static void run(const Geo& g, const void* q, void* out, const uint32_t* kc, const uint32_t* vc,
+static int run(const Geo& g, const void* q, void* out, const uint32_t* kc, const uint32_t* vc,
                 const int32_t* bt, int64_t bts, const int32_t* qs, const int32_t* sl, int B,
                 int T, float scale, int64_t wave, int nt) {
+  if (!valid(g, bt, bts, qs, sl, B)) return 2;
   const int W = g.D / g.P, ndc = g.D / 16, per = std::max(1, std::min(MAXN, 24 / ndc));
   std::vector<uint32_t> qw((size_t)T * g.H * W);
   #pragma omp parallel for schedule(static) num_threads(nt) if (T > 64)
@@ -253,6 +266,7 @@ static void run(const Geo& g, const void* q, void* out, const uint32_t* kc, cons
     }
     w0 = w1;
   }
+  return 0;
 }
 
 extern "C" {
@@ -263,9 +277,10 @@ int pagoda_attention(int bf16, const void* q, void* out, const void* kc, const v
                      int nt) {
   if (D % 16 || BS % 16 || H % HKV) return 1;
   Geo g{H, HKV, D, NB, BS, bf16 ? 2 : 1, H / HKV};
-  if (bf16) run<true>(g, q, out, (const uint32_t*)kc, (const uint32_t*)vc, bt, bts, qs, sl, B, T, scale, wave, std::max(1, nt));
-  else run<false>(g, q, out, (const uint32_t*)kc, (const uint32_t*)vc, bt, bts, qs, sl, B, T, scale, wave, std::max(1, nt));
-  return 0;
+  const uint32_t *k = (const uint32_t*)kc, *v = (const uint32_t*)vc;
+  nt = std::max(1, nt);
+  if (bf16) return run<true>(g, q, out, k, v, bt, bts, qs, sl, B, T, scale, wave, nt);
+  return run<false>(g, q, out, k, v, bt, bts, qs, sl, B, T, scale, wave, nt);
 }
 
 // Store token t's k/v at slot[t] (skipped when negative) in the packed layout.
