@@ -7,6 +7,8 @@ KV-cache fragmentation at peak use, and the prefix-cache hit rate.
 
     .venv/bin/python benchmarks/offline_throughput.py            # full run (~5 min on 2 cores)
     .venv/bin/python benchmarks/offline_throughput.py --quick    # HF bf16 batch 32 only
+    .venv/bin/python -P benchmarks/offline_throughput.py --skip-hf --long-context 0 --old-ref REF
+                        # before/after: Pagoda as of commit REF, interleaved with today's
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
 import json
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import gemm_peak, machine, markdown_table, ragged_workload
-from long_context import hf_long_context, long_context_ids, pagoda_long_context
+from long_context import _old_tree, hf_long_context, long_context_ids, pagoda_long_context
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
 
@@ -151,13 +155,20 @@ def main() -> int:
     ap.add_argument(
         "--long-context", type=int, default=5000, help="context of the long case (0: skip it)"
     )
+    ap.add_argument("--old-ref", help="also run Pagoda as of this git commit (before/after)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        return child_generate(args)
 
     print(f"machine: {machine()}", flush=True)  # CPU model, cores, AMX or AVX-512 BF16
     loaded = load_model("smollm2-135m")
     prompts = ragged_workload(
         loaded.tokenizer, args.num_prompts, args.min_len, args.max_len, args.seed
     )
+    if args.old_ref:
+        with tempfile.TemporaryDirectory() as tmp:
+            return before_after(args, loaded, prompts, _old_tree(args.old_ref, Path(tmp)))
     n_prompt = sum(len(p) for p in prompts)
     print(
         f"workload: {len(prompts)} prompts, {n_prompt} prompt tokens (mean {n_prompt / len(prompts):.0f}), "
@@ -183,6 +194,65 @@ def main() -> int:
     if args.json:
         out = {"results": results, "gemm_peaks": peaks, "prompt_tokens": n_prompt, "long": long}
         args.json.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+def timed_generate(loaded, prompts, out_len: int, dtype: str) -> dict:
+    """Output tok/s of one batch through `LLM` (public API only: older commits have it too)."""
+    llm = LLM(loaded=loaded, dtype=dtype, max_num_seqs=256, max_num_batched_tokens=2048)
+    llm.generate([{"prompt_token_ids": prompts[0][:16]}], SamplingParams(max_tokens=2))  # warm-up
+    params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+    t = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    dt = time.perf_counter() - t
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {"seconds": dt, "output_tokens": n_out, "tok_s": n_out / dt}
+
+
+def child_generate(args) -> int:
+    """`--child`: one timed batch with whatever `pagoda` PYTHONPATH provides; prints RESULT."""
+    import pagoda.runtime
+
+    loaded = load_model("smollm2-135m")
+    prompts = ragged_workload(
+        loaded.tokenizer, args.num_prompts, args.min_len, args.max_len, args.seed
+    )
+    row = timed_generate(loaded, prompts, args.output_len, args.dtype)
+    row["runtime"] = str(Path(pagoda.runtime.__file__).resolve().parent)
+    print("RESULT " + json.dumps(row), flush=True)
+    return 0
+
+
+def before_after(args, loaded, prompts, old_tree: Path, rounds: int = 2) -> int:
+    """Pagoda as of `--old-ref` (a child process importing that commit's runtime) and as of now
+    (this process), alternating for `rounds` rounds so that drift hits both alike."""
+    cmd = [sys.executable, "-P", __file__, "--child", "--dtype", args.dtype]
+    for flag in ("num_prompts", "min_len", "max_len", "output_len", "seed"):
+        cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    env = dict(os.environ, PYTHONPATH=str(old_tree))
+    runs: dict[str, list[float]] = {"before": [], "after": []}
+    for _ in range(rounds):
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
+        if res.returncode or not lines:
+            raise RuntimeError(f"Pagoda at {args.old_ref} failed:\n{res.stderr[-3000:]}")
+        old = json.loads(lines[-1][len("RESULT ") :])
+        if not old["runtime"].startswith(str(old_tree.parent.resolve())):  # the archive
+            raise RuntimeError(f"the child imported {old['runtime']}, not {args.old_ref}'s runtime")
+        runs["before"].append(old["tok_s"])
+        runs["after"].append(timed_generate(loaded, prompts, args.output_len, args.dtype)["tok_s"])
+        print(
+            f"before ({args.old_ref}) {runs['before'][-1]:.1f} tok/s, after {runs['after'][-1]:.1f}"
+        )
+    mean = {k: sum(v) / len(v) for k, v in runs.items()}
+    rows = [
+        [f"pagoda {k}", " / ".join(f"{x:.1f}" for x in v), f"{mean[k]:.1f}"]
+        for k, v in runs.items()
+    ]
+    print(markdown_table(["system", "output tok/s per round", "mean"], rows))
+    print(f"after / before ({args.old_ref}): {mean['after'] / mean['before']:.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps({"old_ref": args.old_ref, "runs": runs}, indent=2))
     return 0
 
 
