@@ -1,7 +1,8 @@
 """Incremental detokenization and stop strings.
 
 Text is produced a few tokens at a time without re-decoding the whole output, and never ends in
-half a UTF-8 character. Stop strings are searched in the new text plus the tail that could
+half a UTF-8 character: by `tokenizers`' own streaming decoder where it has one, else by decoding
+a short window twice. Stop strings are searched in the new text plus the tail that could
 complete one; a matched stop string is cut from the output. For streaming, `pop_delta` holds back
 the last characters that could still turn out to be the start of a stop string, so a stop
 string never leaks to a client.
@@ -25,9 +26,15 @@ class IncrementalDetokenizer:
         stop: Sequence[str] = (),
         include_stop: bool = False,
         skip_special_tokens: bool = True,
+        use_stream: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = list(prompt_ids[-_CONTEXT:])
+        self._step = (
+            tokenizer.stream_decoder(self.ids, skip_special_tokens=skip_special_tokens)
+            if use_stream
+            else None
+        )
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.stop = tuple(stop)
@@ -41,15 +48,23 @@ class IncrementalDetokenizer:
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
 
-    def add_tokens(self, new_ids: Sequence[int]) -> str | None:
-        """Append tokens; returns the matched stop string (output then ends there) or None."""
+    def _new_text(self, new_ids: Sequence[int]) -> str:
+        """Text the new ids complete; "" while a character is still incomplete."""
+        if self._step is not None:
+            return "".join(c for t in new_ids if (c := self._step(t)))
         self.ids.extend(new_ids)
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.ids[self.prefix_offset :])
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
-            return None  # incomplete character: wait for more bytes
-        new_text = full[len(prefix) :]
+            return ""  # incomplete character: wait for more bytes
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return full[len(prefix) :]
+
+    def add_tokens(self, new_ids: Sequence[int]) -> str | None:
+        """Append tokens; returns the matched stop string (output then ends there) or None."""
+        new_text = self._new_text(new_ids)
+        if not new_text:
+            return None
         start = max(0, len(self.text) - self.hold)
         self.text += new_text
         hits = [(i, s) for s in self.stop if (i := self.text.find(s, start)) != -1]

@@ -7,7 +7,7 @@ were learned with, so token ids match the original Hugging Face tokenizer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -120,6 +120,21 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def stream_decoder(
+        self, context: Sequence[int], *, skip_special_tokens: bool = True
+    ) -> Callable[[int], str | None] | None:
+        """`tokenizers`' own incremental decoder, seeded with `context` (the ids before the
+        first new one): one Rust call per token, ~10x cheaper than decoding two windows in
+        Python. Returns None when the installed `tokenizers` lacks it (< 0.22)."""
+        try:
+            from tokenizers.decoders import DecodeStream
+
+            stream = DecodeStream(skip_special_tokens=skip_special_tokens, ids=list(context))
+        except (ImportError, TypeError):
+            return None
+        tok = self._tok
+        return lambda token_id: stream.step(tok, token_id)
 
     def apply_chat_template(
         self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import pytest
 from pagoda.runtime.engine.detokenizer import IncrementalDetokenizer
+
+USE_STREAM = [True]
+
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["rust-stream", "two-windows"])
+def _path(request):
+    """Every test runs on both paths: tokenizers' DecodeStream and the Python fallback."""
+    USE_STREAM[0] = request.param
 
 
 def stream(tok, text: str, stop=(), include_stop=False):
     ids = tok.encode(text)
-    d = IncrementalDetokenizer(tok, tok.encode("Hello"), stop=stop, include_stop=include_stop)
+    d = IncrementalDetokenizer(
+        tok, tok.encode("Hello"), stop=stop, include_stop=include_stop, use_stream=USE_STREAM[0]
+    )
+    assert (d._step is not None) == USE_STREAM[0]
     deltas, matched = [], None
     for t in ids:
         matched = d.add_tokens([t])
