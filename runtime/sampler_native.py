@@ -11,7 +11,7 @@ thread count (ctypes drops the GIL during the call). The kernels read float32 or
 (bf16 widens exactly, so the tokens are the same as from the float32 copy, which need not be made).
 
 The source is built on first use with the system C compiler (`CC`, else `cc`/`gcc`, ~0.2 s) into
-a cache (see `_cache_dir`; keyed by source, flags and CPU) and loaded with ctypes. With no
+a cache (`pagoda.runtime.native`; keyed by source, flags, compiler and CPU) and loaded with ctypes. With no
 compiler, a failed build or PAGODA_NATIVE_SAMPLER=0, `available()` is False and `sampler_ops`
 uses its PyTorch implementation: same distribution, different float rounding.
 """
@@ -20,17 +20,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import platform
-import shutil
 import subprocess
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+from pagoda.runtime import native
 
 log = logging.getLogger(__name__)
 
@@ -227,58 +224,19 @@ int argmax_rows(const void *x, int bf16, int64_t v, int64_t *out, int64_t n, int
 """.replace("@CHUNK@", str(CHUNK))
 
 
-def _cpu_key() -> str:
-    """What -march=native depends on: the architecture and the CPU's feature flags."""
-    flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                flags = line
-                break
-    except OSError:
-        pass
-    return f"{platform.machine()} {flags}"
-
-
-def _cache_dir() -> Path:
-    """$PAGODA_CACHE_DIR/native, else under $XDG_CACHE_HOME/pagoda or ~/.cache/pagoda."""
-    if os.environ.get("PAGODA_CACHE_DIR"):
-        return Path(os.environ["PAGODA_CACHE_DIR"]) / "native"
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "pagoda" / "native"
-
-
-def _compile(cc: str, flags: list[str], target: Path) -> bool:
-    """Build SOURCE into `target` atomically (concurrent processes may race to build it)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        cmd = [cc, *flags, "-x", "c", "-", "-o", tmp]
-        done = subprocess.run(cmd, input=SOURCE, text=True, capture_output=True, timeout=120)
-        if done.returncode != 0:
-            log.info("native sampler build failed (%s): %s", " ".join(flags), done.stderr[-500:])
-            return False
-        os.replace(tmp, target)
-        return True
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _build() -> Path | None:
     """The cached shared library, built if missing; None when no compiler can build it."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = native.find_compiler("CC", ["cc", "gcc"])
     if not cc:
         return None
     for flags in (["-march=native", *FLAGS], FLAGS):
-        key = hashlib.sha256("\n".join([SOURCE, cc, *flags, _cpu_key()]).encode()).hexdigest()
-        path = _cache_dir() / f"sampler-{key[:20]}.so"
         try:
-            if path.exists() or _compile(cc, flags, path):
-                return path
-        except (OSError, subprocess.SubprocessError) as e:
-            log.info("native sampler build failed: %s", e)
+            return native.build(
+                SOURCE, name="sampler", compiler=cc, flags=flags, language="c",
+                directory=native.cache_dir() / "native",
+            )  # fmt: skip
+        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+            log.info("native sampler build failed (%s): %s", " ".join(flags), e)
     return None
 
 

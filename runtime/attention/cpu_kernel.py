@@ -7,9 +7,8 @@ called through ``ctypes``: ``torch.utils.cpp_extension`` would also work but com
 headers (~30 s here) for what is two C functions over raw pointers. OpenMP is the ``libgomp``
 that torch already loaded, so the kernel uses torch's thread count.
 
-The shared library is cached under ``$PAGODA_CACHE_DIR`` (default ``$XDG_CACHE_HOME/pagoda`` or
-``~/.cache/pagoda``), keyed by the source, the flags, the compiler and the CPU (it is built with
-``-march=native``). Without a compiler, ``load()`` returns None and the backend keeps its torch
+The shared library is cached by ``pagoda.runtime.native`` (keyed by the source, the flags, the
+compiler and the CPU: it is built with ``-march=native``). Without a compiler, ``load()`` returns None and the backend keeps its torch
 path; ``PAGODA_CPU_ATTENTION=torch`` asks for that path explicitly.
 """
 
@@ -17,16 +16,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
+from pagoda.runtime import native
 from pagoda.runtime.attention.cpu_kernel_source import SOURCE
 
 log = logging.getLogger(__name__)
@@ -36,51 +31,15 @@ ENV_SWITCH = "PAGODA_CPU_ATTENTION"  # "kernel" (default when it builds) or "tor
 WAVE = 1 << 23  # float32 scores per wave (32 MiB): long prefill steps go in several waves
 
 
-def _cpu_signature() -> str:
-    """What -march=native depends on: the CPU model and its feature flags."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor() or platform.machine()
-    keep = [ln for ln in lines if ln.startswith(("model name", "flags", "Features"))]
-    return "\n".join(dict.fromkeys(keep))
-
-
-def _cache_dir() -> Path:
-    if os.environ.get("PAGODA_CACHE_DIR"):
-        return Path(os.environ["PAGODA_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "pagoda"
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
 def build(cache_dir: Path | None = None) -> Path:
     """Compile the kernel into the cache (once per source, compiler and CPU); returns its path."""
-    cxx = _compiler()
+    cxx = native.find_compiler("CXX", ["g++", "c++", "clang++"])
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++, c++ or clang++) on PATH")
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE, " ".join(FLAGS), version, _cpu_signature()]).encode())
-    out_dir = cache_dir or _cache_dir()
-    target = out_dir / f"paged_attention_{key.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        src = Path(tmp) / "paged_attention.cpp"
-        src.write_text(SOURCE)
-        so = Path(tmp) / target.name
-        res = subprocess.run([cxx, *FLAGS, str(src), "-o", str(so)], capture_output=True, text=True)
-        if res.returncode:
-            raise RuntimeError(f"compiling the CPU attention kernel failed:\n{res.stderr[-2000:]}")
-        os.replace(so, target)  # atomic: concurrent builders agree on the file
-    return target
+    return native.build(
+        SOURCE, name="paged_attention", compiler=cxx, flags=FLAGS, language="c++",
+        directory=cache_dir,
+    )  # fmt: skip
 
 
 class CpuKernel:

@@ -1,0 +1,73 @@
+"""Build small C/C++ sources once per machine and cache the shared library (loaded by ctypes).
+
+The CPU attention kernel and the native sampler are a few C functions over raw pointers:
+compiling them with the system compiler takes a second, where ``torch.utils.cpp_extension``
+would compile torch's headers (~30 s). Libraries are built with ``-march=native``, so the cache
+key holds the source, the flags, the compiler's version and the CPU's model and feature flags.
+Cache: ``$PAGODA_CACHE_DIR``, else ``$XDG_CACHE_HOME/pagoda`` or ``~/.cache/pagoda``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    if os.environ.get("PAGODA_CACHE_DIR"):
+        return Path(os.environ["PAGODA_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "pagoda"
+
+
+def cpu_signature() -> str:
+    """What -march=native depends on: the CPU model and its feature flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = [ln for ln in lines if ln.startswith(("model name", "flags", "Features"))]
+    return "\n".join(dict.fromkeys(keep))
+
+
+def find_compiler(env: str, names: Sequence[str]) -> str | None:
+    """The compiler `$env` names (None if it does not exist: an explicit choice is not second-
+    guessed), else the first of `names` on PATH."""
+    if os.environ.get(env):
+        return shutil.which(os.environ[env])
+    return next((shutil.which(n) for n in names if shutil.which(n)), None)
+
+
+def build(
+    source: str,
+    *,
+    name: str,
+    compiler: str,
+    flags: Sequence[str],
+    language: str,
+    directory: Path | None = None,
+) -> Path:
+    """Compile `source` (``language`` "c" or "c++") into the cache unless already there; returns
+    the library's path. Raises RuntimeError with the compiler's message when the build fails."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    parts = [source, " ".join(flags), version, cpu_signature()]
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+    out_dir = directory or cache_dir()
+    target = out_dir / f"{name}_{key}.so"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        so = Path(tmp) / target.name
+        cmd = [compiler, *flags, "-x", language, "-", "-o", str(so)]
+        res = subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=300)
+        if res.returncode:
+            raise RuntimeError(f"compiling {name} failed:\n{res.stderr[-2000:]}")
+        os.replace(so, target)  # atomic: concurrent builders agree on the file
+    return target
