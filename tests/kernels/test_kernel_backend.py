@@ -64,10 +64,13 @@ def test_triton_backend_matches_torch_backend(device, dtype):
         torch_be = get_attention_backend("torch", device, heads, kv_heads, head_dim, scale)
     except ImportError:  # the torch backend is optional for this comparison
         return
-    # the torch backend keeps its own cache layout (head-major float32): copy the context in
-    k2, v2 = torch_be.allocate_kv_cache(*batch.k_cache.shape[:2], dtype, batch.k_cache.device)
-    k2.copy_(batch.k_cache.permute(2, 0, 1, 3))
-    v2.copy_(batch.v_cache.permute(2, 0, 1, 3))
+    # the torch backend keeps its own cache layout (packed for its CPU kernel, or head-major):
+    # write the whole context in through it
+    nb, bs = batch.k_cache.shape[:2]
+    k2, v2 = torch_be.allocate_kv_cache(nb, bs, dtype, batch.k_cache.device)
+    slots = torch.arange(nb * bs, device=batch.k_cache.device)
+    flat = (c.reshape(nb * bs, kv_heads, head_dim) for c in (batch.k_cache, batch.v_cache))
+    torch_be.write_kv(*flat, k2, v2, slots)
     meta2 = _meta(batch, block_size)
     torch_be.prepare(meta2)
     want = torch_be.forward(batch.q, batch.k_new, batch.v_new, k2, v2, meta2)
