@@ -88,7 +88,7 @@ def paged_attention(
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _validate(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out)
-    device = check_device(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out)
+    check_device(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out)
     num_seqs = seq_lens.shape[0]
     if num_seqs == 0 or q.shape[0] == 0:
         return out
@@ -96,42 +96,15 @@ def paged_attention(
         num_decodes = num_seqs if max_query_len == 1 else 0
     if not 0 <= num_decodes <= num_seqs:
         raise ValueError(f"num_decodes={num_decodes} outside [0, {num_seqs}]")
-    head_dim = q.shape[2]
-
     first_seq = 0
-    if batch_invariant:
-        num_decodes, max_query_len = 0, INVARIANT_QUERY_LEN
-    if num_decodes > 0:
-        shape = {"head_dim": head_dim, "num_seqs": num_decodes, "max_seq_len": max_seq_len}
-        cfg = get_kernel_config("decode_attention", shape, device)
-        if num_kv_splits is not None:
-            if num_kv_splits < 1 or num_kv_splits & (num_kv_splits - 1):
-                raise ValueError(f"num_kv_splits must be a power of two, got {num_kv_splits}")
-            splits = num_kv_splits
-        else:
-            splits = choose_num_splits(
-                num_decodes=num_decodes,
-                num_kv_heads=k_cache.shape[2],
-                max_seq_len=max_seq_len,
-                num_sms=num_sms(device),
-                config=cfg,
-            )
-        if splits > 1 or num_decodes == num_seqs:
-            launch_decode_attention(
-                q=q,
-                k_cache=k_cache,
-                v_cache=v_cache,
-                block_tables=block_tables,
-                seq_lens=seq_lens,
-                scale=scale,
-                out=out,
-                num_decodes=num_decodes,
-                num_splits=splits,
-                config=cfg,
-            )
-            first_seq = num_decodes
+    if num_decodes > 0 and not batch_invariant:
+        first_seq = _launch_decodes(
+            q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_decodes,
+            num_decodes == num_seqs, max_seq_len, num_kv_splits,
+        )  # fmt: skip
     if first_seq < num_seqs:
-        shape = {"head_dim": head_dim, "max_query_len": max_query_len}
+        bucket = INVARIANT_QUERY_LEN if batch_invariant else max_query_len
+        shape = {"head_dim": q.shape[2], "max_query_len": bucket}
         launch_unified_attention(
             q=q,
             k_cache=k_cache,
@@ -143,6 +116,52 @@ def paged_attention(
             out=out,
             first_seq=first_seq,
             first_token=first_seq,  # decodes have exactly one token each
-            config=get_kernel_config("paged_attention", shape, device),
+            config=get_kernel_config("paged_attention", shape, out.device),
         )
     return out
+
+
+def _launch_decodes(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    num_decodes: int,
+    decode_only: bool,
+    max_seq_len: int,
+    num_kv_splits: int | None,
+) -> int:
+    """Run the leading decodes through the split-KV kernel when it splits (or when the batch is
+    all decodes); returns how many sequences it took (0: the unified kernel does them)."""
+    shape = {"head_dim": q.shape[2], "num_seqs": num_decodes, "max_seq_len": max_seq_len}
+    cfg = get_kernel_config("decode_attention", shape, q.device)
+    if num_kv_splits is not None:
+        if num_kv_splits < 1 or num_kv_splits & (num_kv_splits - 1):
+            raise ValueError(f"num_kv_splits must be a power of two, got {num_kv_splits}")
+        splits = num_kv_splits
+    else:
+        splits = choose_num_splits(
+            num_decodes=num_decodes,
+            num_kv_heads=k_cache.shape[2],
+            max_seq_len=max_seq_len,
+            num_sms=num_sms(q.device),
+            config=cfg,
+        )
+    if splits == 1 and not decode_only:
+        return 0
+    launch_decode_attention(
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_tables=block_tables,
+        seq_lens=seq_lens,
+        scale=scale,
+        out=out,
+        num_decodes=num_decodes,
+        num_splits=splits,
+        config=cfg,
+    )
+    return num_decodes
