@@ -138,12 +138,9 @@ class ModelRunner:
             return t
         return t.pin_memory().to(self.device, non_blocking=True)
 
-    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step and read the sampled tokens back (the step's only device→host sync)."""
-        return self.readback(*self.execute_model(out))
-
     def readback(self, reqs: list[Request], so: SamplerOutput | None) -> ModelRunnerOutput:
-        """Wait for a step queued by `execute_model` and read its sampled tokens back."""
+        """Wait for a step queued by `execute_model` and read its sampled tokens back (the
+        step's only device→host sync)."""
         if so is None:
             return ModelRunnerOutput([], [], [])
         result = self._readback(reqs, so)

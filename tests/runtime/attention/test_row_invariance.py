@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from attention_testlib import step_meta
 from pagoda.runtime.attention import cpu_kernel
-from pagoda.runtime.attention.base import AttentionMetadata
 from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
 
 BS = 16
@@ -62,7 +62,7 @@ class Row:
             ks.append(kk[c - m :])
             vs.append(vv[c - m :])
             slots += [t[p // BS] * BS + p % BS for p in range(c - m, c)]
-        meta = _meta(seqs, slots)
+        meta = step_meta(seqs, slots, BS)
         self.be.prepare(meta)
         q, k, v = torch.cat(qs), torch.cat(ks), torch.cat(vs)
         if wave is None:
@@ -75,25 +75,6 @@ class Row:
             )
         mine = [s[2] is table for s in seqs].index(True)
         return out[int(meta.query_start_loc[mine]) + pos - (last + 1 - new)]
-
-
-def _meta(seqs, slots) -> AttentionMetadata:
-    width = max(len(t) for _, _, t in seqs)
-    qlens = [m for _, m, _ in seqs]
-    return AttentionMetadata(
-        num_seqs=len(seqs),
-        num_decodes=sum(1 for m in qlens if m == 1),
-        num_tokens=sum(qlens),
-        max_query_len=max(qlens),
-        max_seq_len=max(c for c, _, _ in seqs),
-        query_start_loc=torch.from_numpy(np.cumsum([0, *qlens]).astype(np.int32)),
-        seq_lens=torch.tensor([c for c, _, _ in seqs], dtype=torch.int32),
-        block_tables=torch.tensor([t + [0] * (width - len(t)) for _, _, t in seqs]).int(),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
-        block_size=BS,
-        query_lens_host=qlens,
-        seq_lens_host=[c for c, _, _ in seqs],
-    )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

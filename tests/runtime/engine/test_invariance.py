@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attention_testlib import step_meta
 from pagoda.runtime import LLM, SamplingParams
 
 LENGTHS = [1, 17, 40, 95, 230]
@@ -47,29 +48,10 @@ def test_greedy_invariant_to_cache_chunks_and_batch(smol, prompts, dtype):
     busy.engine.check_integrity()
 
 
-def _step(seqs, cache, d=32, hkv=2, bs=16):
-    """Attention metadata for (context length, query length, block table) triples on `cache`."""
-    import numpy as np
-    from pagoda.runtime.attention.base import AttentionMetadata
-
-    width = max(len(t) for _, _, t in seqs)
-    tables = torch.tensor([t + [0] * (width - len(t)) for _, _, t in seqs], dtype=torch.int32)
-    qlens = [n for _, n, _ in seqs]
+def _step(seqs, bs=16):
+    """Attention metadata for (context length, query length, block table) triples."""
     slots = [t[p // bs] * bs + p % bs for s, n, t in seqs for p in range(s - n, s)]
-    return AttentionMetadata(
-        num_seqs=len(seqs),
-        num_decodes=sum(1 for n in qlens if n == 1),
-        num_tokens=sum(qlens),
-        max_query_len=max(qlens),
-        max_seq_len=max(s for s, _, _ in seqs),
-        query_start_loc=torch.from_numpy(np.cumsum([0, *qlens]).astype(np.int32)),
-        seq_lens=torch.tensor([s for s, _, _ in seqs], dtype=torch.int32),
-        block_tables=tables,
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
-        block_size=bs,
-        query_lens_host=qlens,
-        seq_lens_host=[s for s, _, _ in seqs],
-    )
+    return step_meta(seqs, slots, bs)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -92,7 +74,7 @@ def test_attention_row_does_not_depend_on_how_it_is_batched(dtype):
         cache = list(be.allocate_kv_cache(128, bs, dtype, torch.device("cpu")))
         cached = torch.tensor([table[p // bs] * bs + p % bs for p in range(n - new)])
         be.write_kv(k_all[: n - new], v_all[: n - new], *cache, cached)  # the cached context
-        meta = _step(seqs, cache)
+        meta = _step(seqs)
         rows = torch.randn(extra_q, h, d, generator=g).to(dtype)
         kx = torch.randn(extra_q, hkv, d, generator=g).to(dtype)
         q = torch.cat(
