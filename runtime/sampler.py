@@ -5,8 +5,8 @@ the parameter tensors and drawing each seeded request's uniform from its own gen
 is inverse-CDF with one uniform per row (see `sampler_ops`): exact, far cheaper on CPU than a
 random number per vocabulary entry, and a seeded request's output does not depend on its
 batch-mates. Rows with top-k/top-p sample from their best candidates, the others from the whole
-vocabulary. On CPU, whole-vocabulary draws and greedy argmax run as fused C kernels
-(`sampler_native`, one pass per row) when a C compiler is there to build them.
+vocabulary. On CPU, whole-vocabulary draws, top-k/top-p draws and greedy argmax run as fused C
+kernels (`sampler_native`, one or two passes per row, no sort) when a C compiler can build them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pagoda.runtime.request import Request
 from pagoda.runtime.sampler_ops import argmax_rows, sample_candidates, sample_full
 from pagoda.runtime.sampling import SamplingParams
 
-TOP_P_CANDIDATES = 1024  # on CPU: candidates a top-p row without top-k starts from
+TOP_P_CANDIDATES = 1024  # PyTorch path on CPU: candidates a top-p row without top-k starts from
 
 
 @dataclass
@@ -184,8 +184,9 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
 
 
 def _native_as_is(logits: torch.Tensor, b: SamplingBatch) -> bool:
-    """Whether only the native kernels touch these logits (no penalties, logprobs, candidates)."""
-    plain = b.output_counts is None and b.max_logprobs is None and b.candidate_rows is None
+    """Whether only the native kernels touch these logits (no penalties, no logprobs; whole-
+    vocabulary and top-k/top-p rows alike)."""
+    plain = b.output_counts is None and b.max_logprobs is None
     return plain and sampler_native.usable(logits)
 
 

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from pagoda.runtime import native
+from pagoda.runtime import native, sampler_native_filter
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +222,7 @@ int argmax_rows(const void *x, int bf16, int64_t v, int64_t *out, int64_t n, int
     return 0;
 }
 """.replace("@CHUNK@", str(CHUNK))
+SOURCE += sampler_native_filter.SOURCE  # top-k / top-p / min-p: the same library
 
 
 def _build() -> Path | None:
@@ -252,7 +253,9 @@ def _library() -> ctypes.CDLL | None:
     p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     lib.sample_rows.argtypes = [p, i32, i64, p, p, p, p, i64, p, i64]
     lib.argmax_rows.argtypes = [p, i32, i64, p, i64, p, i64]
-    lib.sample_rows.restype = lib.argmax_rows.restype = ctypes.c_int
+    lib.sample_filtered_rows.argtypes = [p, i32, i64, p, p, p, p, p, p, i64, p, i64]
+    for fn in (lib.sample_rows, lib.argmax_rows, lib.sample_filtered_rows):
+        fn.restype = ctypes.c_int
     return lib
 
 
@@ -299,6 +302,32 @@ def sample_rows(
     bf16 = int(x.dtype == torch.bfloat16)
     args = (x.data_ptr(), bf16, v, scale.data_ptr(), None if mp is None else mp.data_ptr())
     _over_rows(_library().sample_rows, n, *args, uu.data_ptr(), out.data_ptr())
+    return out
+
+
+def sample_filtered_rows(
+    logits: torch.Tensor,
+    inv_temp: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    min_p: torch.Tensor | None,
+    u: torch.Tensor,
+) -> torch.Tensor:
+    """One token per row after min-p, top-k (>= vocab: off) and top-p (1: off), drawn with the
+    uniforms u, without sorting the rows (see `sampler_native_filter`)."""
+    x = logits.contiguous()
+    n, v = x.shape
+    params = [
+        (inv_temp.float() * LOG2E).contiguous(),
+        None if top_k is None else top_k.long().contiguous(),
+        None if top_p is None else top_p.float().contiguous(),
+        None if min_p is None else min_p.float().contiguous(),
+        u.float().contiguous(),
+    ]
+    out = torch.empty(n, dtype=torch.long)
+    ptrs = [None if t is None else t.data_ptr() for t in params]
+    bf16 = int(x.dtype == torch.bfloat16)
+    _over_rows(_library().sample_filtered_rows, n, x.data_ptr(), bf16, v, *ptrs, out.data_ptr())
     return out
 
 

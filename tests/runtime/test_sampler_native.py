@@ -103,15 +103,17 @@ def test_disabled_by_environment(monkeypatch):
         sampler_native._library.cache_clear()
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.7])
-def test_bfloat16_logits_draw_the_tokens_of_their_float32_widening(temperature):
+@pytest.mark.parametrize(
+    "temperature, filters", [(0.0, {}), (0.7, {}), (0.7, {"top_p": 0.9}), (0.7, {"top_k": 40})]
+)
+def test_bfloat16_logits_draw_the_tokens_of_their_float32_widening(temperature, filters):
     from pagoda.runtime.request import Request
     from pagoda.runtime.sampler import SamplingBatch, sample
     from pagoda.runtime.sampling import SamplingParams
 
     torch.manual_seed(3)
     logits = (torch.randn(40, 1000) * 3).bfloat16()
-    params = [SamplingParams(temperature=temperature, seed=i) for i in range(40)]
+    params = [SamplingParams(temperature=temperature, seed=i, **filters) for i in range(40)]
 
     def run(x: torch.Tensor) -> list[int]:
         reqs = [Request(f"r{i}", [1], p) for i, p in enumerate(params)]

@@ -1,0 +1,215 @@
+"""The native top-k / top-p / min-p kernel (`sampler_native.sample_filtered_rows`): chi-square
+against an exact float64 reference (ties ordered by index) on small vocabularies, through both of
+its candidate paths (block-maximum bounds, and the streaming top-k / flat-row top-p fallbacks);
+the same picks as the PyTorch `topk` path for the same uniforms; 32k rows with top_p near 1
+(where `topk` candidates fall short); bf16 as its float32 widening; edge rows; seeds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pagoda.runtime import sampler_native, sampler_ops
+from pagoda.runtime.request import Request
+from pagoda.runtime.sampler import SamplingBatch, apply_top_k_top_p_min_p, sample
+from pagoda.runtime.sampling import SamplingParams
+from test_sampler_distribution import chi_square_p
+
+pytestmark = pytest.mark.skipif(not sampler_native.available(), reason="no native kernels")
+DRAWS = 20000
+
+
+def reference(x: torch.Tensor, t: float, k: int = 0, p: float = 1.0, mp: float = 0.0):
+    """Exact probabilities of the filtered row in float64, ties ranked by index."""
+    s = x.double() / t
+    w = (s - s.max()).exp()
+    w = torch.where(w >= mp, w, 0.0)
+    order = s.sort(descending=True, stable=True).indices
+    ws = w[order]
+    if k:
+        ws[k:] = 0.0
+    if p < 1.0:
+        before = ws.cumsum(0) - ws
+        drop = before > p * ws.sum()
+        drop[0] = False
+        ws[drop] = 0.0
+    out = torch.zeros_like(w)
+    out[order] = ws
+    return out / out.sum()
+
+
+def native_draws(x, t, k=0, p=1.0, mp=0.0, n=DRAWS, dtype=torch.float32) -> torch.Tensor:
+    """Token counts of n draws from the row x, one uniform each."""
+    rows = x.to(dtype).expand(n, -1).contiguous()
+    tokens = sampler_native.sample_filtered_rows(
+        rows,
+        torch.full((n,), 1.0 / t),
+        torch.full((n,), k if k else x.numel()),
+        torch.full((n,), p),
+        torch.full((n,), mp) if mp else None,
+        torch.rand(n),
+    )
+    return torch.bincount(tokens, minlength=x.numel()).float()
+
+
+def _row(seed: int, vocab: int, scale: float) -> torch.Tensor:
+    return torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+CASES = [  # (vocab, scale, T, top_k, top_p, min_p)
+    (300, 2.0, 1.0, 7, 1.0, 0.0),  # top-k below the block count: block-maximum bound
+    (300, 2.0, 0.8, 40, 1.0, 0.0),  # top-k above it: streaming selection
+    (2000, 1.5, 1.0, 50, 1.0, 0.0),
+    (300, 3.0, 0.8, 0, 0.8, 0.0),  # peaked top-p: the block maxima cross p
+    (300, 0.3, 1.0, 0, 0.9, 0.0),  # flat top-p: the (1 - p) / V bound
+    (2000, 0.5, 1.0, 0, 0.95, 0.0),
+    (300, 2.0, 1.2, 40, 0.9, 0.0),
+    (2000, 2.0, 0.7, 5, 0.6, 0.0),
+    (300, 2.0, 2.0, 0, 0.5, 0.1),  # min-p + top-p
+    (300, 1.0, 1.0, 0, 0.9, 0.05),
+    (300, 2.0, 0.7, 150, 0.95, 0.02),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "V{}-s{}-T{}-k{}-p{}-m{}".format(*c))
+def test_distribution_matches_exact(case, dtype):
+    vocab, scale, t, k, p, mp = case
+    torch.manual_seed(0)
+    x = _row(vocab + int(10 * scale), vocab, scale).to(dtype).float()  # bf16-exact logits
+    probs = reference(x, t, k, p, mp)
+    assert chi_square_p(native_draws(x, t, k, p, mp, dtype=dtype), probs) > 1e-4
+
+
+def test_reference_matches_the_samplers_filters():
+    """The test's reference is `apply_top_k_top_p_min_p` on rows without ties."""
+    x = _row(1, 300, 2.0)
+    for _, _, t, k, p, mp in CASES:
+        params = SamplingParams(temperature=t, top_k=k or -1, top_p=p, min_p=mp)
+        b = SamplingBatch.build([Request("x", [1], params)], 300, torch.device("cpu"))
+        expected = apply_top_k_top_p_min_p(x[None] / t, b).softmax(-1)[0].double()
+        assert torch.allclose(reference(x, t, k, p, mp), expected, atol=1e-6)
+
+
+def test_the_test_rejects_a_wrong_distribution():
+    """Power check: a cut that keeps too much draws tokens the reference excludes, and the same
+    top-k set at temperature 1.0 fails against temperature 0.85."""
+    torch.manual_seed(1)
+    x = _row(3, 300, 1.0)
+    with pytest.raises(AssertionError, match="probability zero"):
+        chi_square_p(native_draws(x, 1.0, p=0.8), reference(x, 1.0, p=0.7))
+    assert chi_square_p(native_draws(x, 1.0, k=40), reference(x, 0.85, k=40)) < 1e-6
+
+
+@pytest.mark.parametrize("k, p", [(3, 1.0), (0, 0.5), (4, 0.9)])
+def test_ties_rank_by_index(k, p):
+    """Tied logits at the cut: the lower indices are kept (torch.sort leaves the order open; any
+    choice has the same distribution over logit values)."""
+    torch.manual_seed(2)
+    x = torch.zeros(300)
+    x[[10, 50, 120, 290]] = 3.0  # a tie group straddling top-k = 3
+    x[200] = 4.0
+    counts = native_draws(x, 1.0, k, p)
+    assert chi_square_p(counts, reference(x, 1.0, k, p)) > 1e-4
+
+
+def test_flat_row_keeps_exactly_the_first_tokens():
+    x = torch.zeros(1000)
+    counts = native_draws(x, 1.0, p=0.5)
+    assert set(counts.nonzero().flatten().tolist()) == set(range(501))  # before <= 0.5: 0..500
+
+
+@pytest.mark.parametrize("scale", [1.0, 3.0, 6.0])
+@pytest.mark.parametrize("k, p, mp", [(50, 1.0, 0.0), (0, 0.9, 0.0), (50, 0.9, 0.0),
+                                      (0, 0.9, 0.05), (1000, 0.99, 0.01), (0, 0.5, 0.0)])  # fmt: skip
+def test_same_picks_as_the_torch_path(monkeypatch, scale, k, p, mp):
+    """Same uniforms, same tokens as `topk` + cumsum (up to float rounding at boundaries)."""
+    torch.manual_seed(3)
+    n, v = 256, 32000
+    x, u, inv_t = torch.randn(n, v) * scale, torch.rand(n), torch.full((n,), 1 / 0.8)
+    args = (
+        x, inv_t, torch.full((n,), k) if k else None, torch.full((n,), p) if p < 1 else None,
+        torch.full((n,), mp) if mp else None, u, k if k else 1024,
+    )  # fmt: skip
+    native = sampler_ops.sample_candidates(*args)
+    monkeypatch.setattr(sampler_native, "usable", lambda x: False)
+    assert (native == sampler_ops.sample_candidates(*args)).float().mean() >= 0.99
+
+
+@pytest.mark.parametrize("p", [0.99, 0.999])
+def test_large_vocabulary_top_p_near_one_is_exact(p):
+    """32k rows whose kept set is far beyond 1024 tokens: the picks match the float64 sorted
+    reference for the same uniforms, deep into the tail."""
+    torch.manual_seed(4)
+    n, v = 64, 32000
+    x, u = torch.randn(n, v), torch.rand(n)
+    u[0], u[1] = 0.0, 1.0 - 1e-7  # the best token; the last kept one
+    tokens = sampler_native.sample_filtered_rows(
+        x, torch.ones(n), None, torch.full((n,), p), None, u
+    )
+    expected, kept = [], []
+    for row, ui in zip(x, u):
+        probs = reference(row, 1.0, p=p)
+        order = row.double().sort(descending=True, stable=True).indices
+        cum = probs[order].cumsum(0)
+        kept.append(int((probs > 0).sum()))
+        expected.append(
+            int(order[torch.searchsorted(cum, ui.double(), right=True).clamp(max=v - 1)])
+        )
+    assert min(kept) > 10000
+    assert (torch.tensor(expected) == tokens).float().mean() >= 0.95
+    assert tokens[0] == x[0].argmax()
+
+
+def test_bfloat16_rows_draw_the_tokens_of_their_widening():
+    torch.manual_seed(5)
+    x, u = (torch.randn(64, 3000) * 3).bfloat16(), torch.rand(64)
+    args = (torch.ones(64), torch.full((64,), 40), torch.full((64,), 0.9), None, u)
+    a = sampler_native.sample_filtered_rows(x, *args)
+    assert torch.equal(a, sampler_native.sample_filtered_rows(x.float(), *args))
+
+
+def test_edge_rows_yield_valid_tokens():
+    v = 300
+    x = torch.randn(6, v)
+    x[0] = float("-inf")  # nothing finite: the argmax (0)
+    x[1, 7] = float("inf")  # an infinite logit: that token
+    x[2, :] = float("-inf")
+    x[2, 299] = 0.0  # a single finite token, in the tail
+    x[4, 123] = 50.0  # T = 0.01: every other weight underflows
+    inv_t = torch.tensor([1.0, 1.0, 1.0, 1.0, 100.0, 1.0])
+    top_k = torch.tensor([5, 5, 5, 1, v, v])
+    top_p = torch.tensor([1.0, 0.9, 0.9, 1.0, 0.5, 0.0])
+    u = torch.full((6,), 0.9999999)
+    tokens = sampler_native.sample_filtered_rows(x, inv_t, top_k, top_p, None, u).tolist()
+    assert tokens[:3] == [0, 7, 299]
+    assert tokens[3] == int(x[3].argmax())  # top_k = 1
+    assert tokens[4] == 123
+    assert tokens[5] == int(x[5].argmax())  # top_p = 0 keeps the best token
+
+
+def test_rows_split_over_threads_and_seeded_requests_reproduce():
+    torch.manual_seed(6)
+    x = torch.randn(64, 2000) * 3
+    args = (torch.full((64,), 1.5), torch.full((64,), 30), torch.full((64,), 0.9), None)
+    u = torch.rand(64)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = sampler_native.sample_filtered_rows(x, *args, u)
+        torch.set_num_threads(4)
+        four = sampler_native.sample_filtered_rows(x, *args, u)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, four)
+
+    def run(rows: torch.Tensor, seeds: list[int | None]) -> list[int]:
+        ps = [SamplingParams(temperature=0.9, top_p=0.9, seed=s) for s in seeds]
+        reqs = [Request(f"r{i}", [1], p) for i, p in enumerate(ps)]
+        for r in reqs:
+            if r.params.seed is not None:
+                r.generator = torch.Generator().manual_seed(r.params.seed)
+        return sample(rows, SamplingBatch.build(reqs, 2000, torch.device("cpu"))).token_ids.tolist()
+
+    alone = [run(x[:1], [42])[0] for _ in range(1)]
+    batched = run(x[:3].flip(0), [None, None, 42])[2]  # x[0] last, seeded, among others
+    assert alone[0] == batched
