@@ -52,6 +52,7 @@ KEY_ALIGN = 16  # key lengths are padded to a multiple of this (vector tails cha
 MIN_GEMM_ROWS = 4  # fewer rows per GEMM take a GEMV path whose summation order differs
 MAX_SCORE_ELEMS = 1 << 24  # float32 scores per call (64 MiB): longer prefills go in row slices
 MAX_SLICE_ROWS = 256  # query rows per slice; a slice reads keys only up to its last row (causal)
+PV_KEY_CHUNK = 256  # float32 p @ V sums keys in chunks of this many (see `_p_times_v`)
 
 
 def plan_buckets(
@@ -245,6 +246,22 @@ class TorchAttentionBackend(AttentionBackend):
             s = torch.matmul(rows, k[:, :, :n].transpose(-1, -2))
             s = s.view(hkv, b, r1 - r0, g, n).float().add_(bk.mask[:, r0:r1, :, :n])
             p = torch.softmax(s, dim=-1).to(k.dtype).view(hkv, b, (r1 - r0) * g, n)
-            o = torch.matmul(p, v[:, :, :n]).view(hkv, b, r1 - r0, g, d)
+            o = _p_times_v(p, v[:, :, :n]).view(hkv, b, r1 - r0, g, d)
             out[:, r0:r1] = o.permute(1, 2, 0, 3, 4)
         return out.view(b, qp, h, d)
+
+
+def _p_times_v(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``p @ v`` over the keys. float32 goes in fixed chunks of ``PV_KEY_CHUNK`` keys summed in
+    order: MKL's float32 GEMM blocks the summed dimension by its length (on AVX-512 Xeons), so a
+    row's bits would depend on how many padded keys its batch-mates add; with every chunk
+    starting at the same key and holding at most one block, they cannot (the tail adds +0).
+    bf16 (oneDNN, float32 accumulation inside one call) keeps one call: per-chunk results would
+    round to bf16."""
+    n = v.shape[-2]
+    if v.dtype != torch.float32 or n <= PV_KEY_CHUNK:
+        return torch.matmul(p, v)
+    out = torch.matmul(p[..., :PV_KEY_CHUNK], v[..., :PV_KEY_CHUNK, :])
+    for c in range(PV_KEY_CHUNK, n, PV_KEY_CHUNK):
+        out.add_(torch.matmul(p[..., c : c + PV_KEY_CHUNK], v[..., c : c + PV_KEY_CHUNK, :]))
+    return out
