@@ -27,7 +27,10 @@ class RequestStatus(enum.IntEnum):
 
     @property
     def finish_reason(self) -> str | None:
-        return {3: "stop", 4: "length", 5: "abort"}.get(int(self))
+        return _FINISH_REASONS[self]
+
+
+_FINISH_REASONS = (None, None, None, "stop", "length", "abort")
 
 
 @dataclass
@@ -89,12 +92,13 @@ class Request:
 
     def check_stop_token(self) -> bool:
         """After appending: stop on a stop/EOS token or on the length limit."""
-        last = self.token_ids[-1]
-        if last in self.stop_ids and self.num_output_tokens > 0:
+        ids = self.token_ids
+        last, num_output = ids[-1], len(ids) - self.num_prompt_tokens
+        if last in self.stop_ids and num_output > 0:
             self.status = RequestStatus.FINISHED_STOPPED
             self.stop_reason = last if last in self.params.stop_token_ids else None
             return True
-        if self.num_output_tokens >= self.max_new_tokens:
+        if num_output >= self.max_new_tokens:
             self.status = RequestStatus.FINISHED_LENGTH
             return True
         return False

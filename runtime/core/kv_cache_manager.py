@@ -99,19 +99,19 @@ class KVCacheManager:
 
         Returns False, changing nothing, when the pool cannot supply them.
         """
-        bs = self.block_size
-        blocks = self.req_blocks.setdefault(req.request_id, [])
-        num_computed = req.num_computed_tokens + len(computed) * bs
-        total = num_computed + num_new_tokens
-        rid = req.request_id
-        n_cached = self._num_cached.get(rid, 0)
+        bs, rid = self.block_size, req.request_id
+        blocks = self.req_blocks.get(rid)
+        total = req.num_computed_tokens + len(computed) * bs + num_new_tokens
         if (
-            not computed
+            blocks is not None
+            and not computed
             and total <= len(blocks) * bs
-            and (n_cached >= total // bs or not self._caches(req))
-        ):  # fast path (most decode steps): room in the last block and no block newly full
-            self._cached_before_step[rid] = n_cached
+            and (self._num_cached.get(rid, 0) >= total // bs or not self._caches(req))
+        ):  # fast path (most decode steps): room in the last block and no block newly full;
+            # nothing changes, so nothing this step registered needs recording for `free`
             return True
+        if blocks is None:
+            blocks = self.req_blocks[rid] = []
         need = (total + bs - 1) // bs - len(blocks) - len(computed)
         revived = sum(1 for b in computed if b.ref_cnt == 0)  # leave the free queue when touched
         if max(need, 0) + revived > self.pool.num_free_blocks:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pagoda.runtime.request import Request
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     request: Request
     num_new_tokens: int  # tokens computed this step, starting at request.num_computed_tokens
@@ -17,7 +17,7 @@ class ScheduledRequest:
     def samples(self) -> bool:
         """True when this step reaches the end of the known tokens, so a new token is sampled."""
         r = self.request
-        return r.num_computed_tokens + self.num_new_tokens >= r.num_tokens
+        return r.num_computed_tokens + self.num_new_tokens >= len(r.token_ids)
 
 
 @dataclass

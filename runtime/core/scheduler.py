@@ -66,12 +66,14 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         plan: dict[str, ScheduledRequest] = {}
         preempted: list[Request] = []
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        partial = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
-        for req in decodes + partial:
+        decodes: list[Request] = []
+        partial: list[Request] = []
+        for r in self.running:
+            (decodes if len(r.token_ids) - r.num_computed_tokens == 1 else partial).append(r)
+        for req in decodes + partial if partial else decodes:
             if budget <= 0 or req.status != RequestStatus.RUNNING:
                 continue
-            n = req.num_tokens - req.num_computed_tokens
+            n = len(req.token_ids) - req.num_computed_tokens
             if n > budget and not self.config.enable_chunked_prefill:
                 continue
             n = min(n, budget)
@@ -84,19 +86,17 @@ class Scheduler:
             else:
                 plan[req.request_id] = ScheduledRequest(req, n, self.kv.block_ids(req.request_id))
                 budget -= n
+        num_running = len(plan)
         if not preempted:
             self._admit_waiting(plan, budget)
-        scheduled = sorted(plan.values(), key=lambda s: s.num_new_tokens != 1)  # stable
-        now = time.monotonic()
-        for s in scheduled:
-            if s.request.first_scheduled_time is None:
-                s.request.first_scheduled_time = now
-        return SchedulerOutput(
-            scheduled=scheduled,
-            num_decodes=sum(1 for s in scheduled if s.num_new_tokens == 1),
-            num_batched_tokens=sum(s.num_new_tokens for s in scheduled),
-            preempted=preempted,
-        )
+        scheduled = list(plan.values())
+        if partial or len(plan) > num_running:  # decodes first (stable)
+            scheduled.sort(key=lambda s: s.num_new_tokens != 1)
+            num_decodes = sum(1 for s in scheduled if s.num_new_tokens == 1)
+            num_tokens = sum(s.num_new_tokens for s in scheduled)
+        else:
+            num_decodes = num_tokens = len(scheduled)
+        return SchedulerOutput(scheduled, num_decodes, num_tokens, preempted)
 
     def _preempt(
         self, victim: Request, plan: dict[str, ScheduledRequest], out: list[Request]
@@ -130,6 +130,8 @@ class Scheduler:
             if req.num_preemptions == 0:
                 req.num_cached_tokens = num_cached
             req.status = RequestStatus.RUNNING
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = time.monotonic()
             self.running.append(req)
             plan[req.request_id] = ScheduledRequest(req, n, self.kv.block_ids(req.request_id))
             budget -= n

@@ -26,7 +26,7 @@ import torch
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.scheduler import Scheduler
-from pagoda.runtime.engine.detokenizer import IncrementalDetokenizer
+from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import StepOutput
 from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.request import Request, RequestStatus
@@ -70,9 +70,7 @@ class EngineCore:
         self.kv = KVCacheManager(self.runner.num_blocks, bs, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched_cfg, self.kv)
         self.runner.capture_cuda_graphs(sched_cfg.max_num_seqs, limit)
-        self._detok: dict[str, IncrementalDetokenizer] = {}
-        self._children: dict[str, list[str]] = {}  # request id → child ids (one per sample)
-        self._parent: dict[str, tuple[str, int]] = {}
+        self.outputs = OutputProcessor(self.tokenizer)
         self.clock: StepClock | None = None  # per-phase timing, see `enable_step_clock`
         # Emit a step's outputs during the next step's forward (module docstring).
         self.overlap_outputs = self.runner.device.type == "cuda"
@@ -108,43 +106,35 @@ class EngineCore:
         self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
     ) -> None:
         self.validate(prompt_token_ids, params)
-        if request_id in self._children:
+        if request_id in self.outputs:
             raise ValueError(f"duplicate request id {request_id!r}")
         salt = None
         if params.n > 1 and not self.config.cache.enable_prefix_caching:
             salt = hashlib.blake2b(request_id.encode(), digest_size=16).digest()  # siblings share
-        ids = []
+        reqs = []
         for i in range(params.n):
             child_params = params
             if params.n > 1 and params.seed is not None:
                 child_params = dataclasses.replace(params, seed=params.seed + i)
             cid = request_id if params.n == 1 else f"{request_id}#{i}"
-            req = Request(
-                cid,
-                list(prompt_token_ids),
-                child_params,
-                cache_salt=salt,
-                eos_token_ids=self.model_config.eos_token_ids,
-                max_model_len=self.max_model_len,
+            reqs.append(
+                Request(
+                    cid,
+                    list(prompt_token_ids),
+                    child_params,
+                    cache_salt=salt,
+                    eos_token_ids=self.model_config.eos_token_ids,
+                    max_model_len=self.max_model_len,
+                )
             )
-            self._detok[cid] = IncrementalDetokenizer(
-                self.tokenizer,
-                req.prompt_token_ids,
-                stop=params.stop,
-                include_stop=params.include_stop_str_in_output,
-                skip_special_tokens=params.skip_special_tokens,
-            )
-            self._parent[cid] = (request_id, i)
+        self.outputs.add(request_id, reqs)
+        for req in reqs:
             self.scheduler.add_request(req)
-            ids.append(cid)
-        self._children[request_id] = ids
 
     def abort_request(self, request_id: str) -> None:
         """Abort every sample of a request; its blocks are freed at once."""
-        for cid in self._children.pop(request_id, []):
+        for cid in self.outputs.abort(request_id):
             self.scheduler.abort(cid)
-            self._detok.pop(cid, None)
-            self._parent.pop(cid, None)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or self._pending is not None
@@ -168,81 +158,31 @@ class EngineCore:
         if self.overlap_outputs:
             self._pending = result
         else:
-            outputs += self._emit_result(result)
+            outputs += self.outputs.process(result, self.clock)
         return outputs
 
     def _update(self, result: ModelRunnerOutput) -> None:
         """Fold the sampled tokens into their requests and settle which ones finished, before
         anything is scheduled again (stop strings need the text, so those detokenize here)."""
         now = time.monotonic()
+        check_stop_string = self.outputs.check_stop_string
         for req, tok, lp in zip(result.requests, result.token_ids, result.logprobs):
-            req.append_token(tok)
+            req.token_ids.append(tok)
             if lp is not None:
                 req.logprobs.append(lp)
             if req.first_token_time is None:
                 req.first_token_time = now
             req.check_stop_token()
-            detok = self._detok[req.request_id]
-            eager = detok.stop and req.status != RequestStatus.FINISHED_STOPPED
-            if eager and detok.add_tokens([tok]) is not None:  # completed a stop string
-                req.status = RequestStatus.FINISHED_STOPPED
-                req.stop_reason = detok.stop_string
-            if req.is_finished:
+            if req.params.stop:
+                check_stop_string(req, tok)
+            if req.status >= RequestStatus.FINISHED_STOPPED:
                 self.scheduler.finish(req)
         if self.clock is not None:
             self.clock.mark("update")
 
     def _emit_pending(self) -> list[StepOutput]:
         pending, self._pending = self._pending, None
-        return self._emit_result(pending) if pending is not None else []
-
-    def _emit_result(self, result: ModelRunnerOutput) -> list[StepOutput]:
-        """Detokenize (requests without stop strings) and build the outputs of one step."""
-        live = [
-            (req, tok, lp)
-            for req, tok, lp in zip(result.requests, result.token_ids, result.logprobs)
-            if req.request_id in self._detok  # else aborted since the step ran
-        ]
-        for req, tok, _ in live:
-            detok = self._detok[req.request_id]
-            if not detok.stop and req.status != RequestStatus.FINISHED_STOPPED:
-                detok.add_tokens([tok])  # a stop/EOS token adds no text
-        if self.clock is not None:
-            self.clock.mark("detokenize")
-        outputs = [self._emit(req, [tok], [lp] if lp is not None else []) for req, tok, lp in live]
-        if self.clock is not None:
-            self.clock.mark("outputs")
-        return outputs
-
-    def _emit(self, req: Request, new_ids: list[int], new_lps: list) -> StepOutput:
-        finished = req.is_finished
-        detok = self._detok[req.request_id]
-        parent, index = self._parent[req.request_id]
-        delta = StepOutput(
-            request_id=parent,
-            index=index,
-            new_token_ids=new_ids,
-            new_text=detok.pop_delta(finished),
-            new_logprobs=new_lps,
-            finished=finished,
-            finish_reason=req.status.finish_reason,
-            stop_reason=req.stop_reason,
-            num_prompt_tokens=req.num_prompt_tokens,
-            num_cached_tokens=req.num_cached_tokens,
-            num_output_tokens=req.num_output_tokens,
-            arrival_time=req.arrival_time,
-            first_scheduled_time=req.first_scheduled_time,
-            first_token_time=req.first_token_time,
-        )
-        if finished:
-            del self._detok[req.request_id]
-            del self._parent[req.request_id]
-            siblings = self._children.get(parent, [])
-            if req.request_id in siblings:
-                siblings.remove(req.request_id)
-                if not siblings:
-                    del self._children[parent]
-        return delta
+        return self.outputs.process(pending, self.clock) if pending is not None else []
 
     def stats(self) -> EngineStats:
         return EngineStats(

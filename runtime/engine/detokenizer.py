@@ -60,6 +60,13 @@ class IncrementalDetokenizer:
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         return full[len(prefix) :]
 
+    def push(self, token_id: int) -> None:
+        """Append one token of a request without stop strings (the per-step fast path)."""
+        if self._step is None:
+            self.add_tokens([token_id])
+        elif c := self._step(token_id):
+            self.text += c
+
     def add_tokens(self, new_ids: Sequence[int]) -> str | None:
         """Append tokens; returns the matched stop string (output then ends there) or None."""
         new_text = self._new_text(new_ids)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pagoda.runtime.request import TokenLogprob
 
 
-@dataclass
+@dataclass(slots=True)
 class StepOutput:
     """New output of one sample (choice `index`) of request `request_id` in one engine step."""
 

@@ -123,4 +123,4 @@ class LlamaModel:
         h = h.index_select(0, logits_indices)
         residual = residual.index_select(0, logits_indices)
         x, _ = ops.rms_norm(x=h, weight=self.norm, eps=c.rms_norm_eps, residual=residual)
-        return self.lm_head(x).float()
+        return self.lm_head(x)  # model dtype: the sampler widens only when it must

@@ -7,6 +7,7 @@ is the sampled tokens (and their logprobs when asked), read back together at the
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +42,15 @@ class _StepInputs:
     seq_lens: np.ndarray  # int64 [B] context length including the new tokens
     cu: np.ndarray  # int64 [B + 1] prefix sums of qlens
     sampling: list[int]  # requests that sample a token this step
+
+
+def _block_table(block_ids: list[list[int]]) -> np.ndarray:
+    """[B, max blocks] int32 block tables, zero-padded, filled in one vectorised scatter."""
+    lens = np.fromiter(map(len, block_ids), dtype=np.int64, count=len(block_ids))
+    flat = np.fromiter(itertools.chain.from_iterable(block_ids), np.int32, count=int(lens.sum()))
+    table = np.zeros((len(block_ids), int(lens.max())), dtype=np.int32)
+    table[np.arange(table.shape[1]) < lens[:, None]] = flat  # row-major, as `flat` is
+    return table
 
 
 @dataclass
@@ -161,10 +171,7 @@ class ModelRunner:
         if not reqs:
             return [], None
         if self.logits_observer is not None:
-            self.logits_observer(reqs, logits)
-        for r in reqs:
-            if r.params.seed is not None and r.generator is None:
-                r.generator = torch.Generator(device=self.device).manual_seed(r.params.seed)
+            self.logits_observer(reqs, logits.float())
         batch = self._sampling_batch(reqs, logits.shape[-1])
         so = sample(logits, batch)
         if clock is not None:
@@ -172,25 +179,30 @@ class ModelRunner:
         return reqs, so
 
     def _prepare_inputs(self, out: SchedulerOutput) -> _StepInputs:
-        """The step's flat token batch as host arrays (ragged: one run of tokens per request)."""
-        sched, bs = out.scheduled, self.block_size
-        qlens = np.fromiter((s.num_new_tokens for s in sched), dtype=np.int64, count=len(sched))
-        starts = np.fromiter(
-            (s.request.num_computed_tokens for s in sched), dtype=np.int64, count=len(sched)
-        )
-        cu = np.zeros(len(sched) + 1, dtype=np.int64)
-        np.cumsum(qlens, out=cu[1:])
-        num_tokens = int(cu[-1])
-        ids = np.empty(num_tokens, dtype=np.int64)
-        for s, a, b, st in zip(sched, cu[:-1], cu[1:], starts):
-            ids[a:b] = s.request.token_ids[st : st + (b - a)]
-        seq_idx = np.repeat(np.arange(len(sched)), qlens)
-        positions = np.arange(num_tokens) - cu[:-1][seq_idx] + starts[seq_idx]
-        table = np.zeros((len(sched), max(len(s.block_ids) for s in sched)), dtype=np.int32)
-        for i, s in enumerate(sched):
-            table[i, : len(s.block_ids)] = s.block_ids
+        """The step's flat token batch as host arrays (ragged: one run of tokens per request).
+        Decodes (first, one token each) take their last token; only prefill chunks slice."""
+        sched, bs, nd = out.scheduled, self.block_size, out.num_decodes
+        n = len(sched)
+        reqs = [s.request for s in sched]
+        starts = np.fromiter((r.num_computed_tokens for r in reqs), dtype=np.int64, count=n)
+        if nd == n:
+            qlens = np.ones(n, dtype=np.int64)
+            cu = np.arange(n + 1, dtype=np.int64)
+            ids = np.fromiter((r.token_ids[-1] for r in reqs), dtype=np.int64, count=n)
+            positions, seq_idx = starts, np.arange(n)
+        else:
+            qlens = np.fromiter((s.num_new_tokens for s in sched), dtype=np.int64, count=n)
+            cu = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(qlens, out=cu[1:])
+            ids = np.empty(int(cu[-1]), dtype=np.int64)
+            ids[:nd] = np.fromiter((r.token_ids[-1] for r in reqs[:nd]), np.int64, count=nd)
+            for r, a, b, st in zip(reqs[nd:], cu[nd:-1], cu[nd + 1 :], starts[nd:]):
+                ids[a:b] = r.token_ids[st : st + (b - a)]
+            seq_idx = np.repeat(np.arange(n), qlens)
+            positions = np.arange(len(ids)) - cu[:-1][seq_idx] + starts[seq_idx]
+        table = _block_table([s.block_ids for s in sched])
         slots = table[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
-        sampling = [i for i, s in enumerate(sched) if s.samples]
+        sampling = list(range(nd)) + [i for i in range(nd, n) if sched[i].samples]
         return _StepInputs(ids, positions, slots, table, qlens, starts + qlens, cu, sampling)
 
     def _forward(self, out: SchedulerOutput, inp: _StepInputs) -> torch.Tensor:
@@ -232,6 +244,9 @@ class ModelRunner:
         cached = self._last_sampling
         if cached is not None and cached[0] == key and cached[1].output_counts is None:
             return cached[1]
+        for r in reqs:
+            if r.params.seed is not None and r.generator is None:
+                r.generator = torch.Generator(device=self.device).manual_seed(r.params.seed)
         batch = SamplingBatch.build(reqs, vocab_size, self.device)
         self._last_sampling = (key, batch, reqs)  # holding reqs keeps their ids unique
         return batch
