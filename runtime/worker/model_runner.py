@@ -180,30 +180,34 @@ class ModelRunner:
 
     def _prepare_inputs(self, out: SchedulerOutput) -> _StepInputs:
         """The step's flat token batch as host arrays (ragged: one run of tokens per request).
-        Decodes (first, one token each) take their last token; only prefill chunks slice."""
+        One-token rows (first: decodes, or a one-token prefill chunk) take one element; only
+        longer chunks slice. A row samples when it reaches the end of the known tokens."""
         sched, bs, nd = out.scheduled, self.block_size, out.num_decodes
         n = len(sched)
         reqs = [s.request for s in sched]
         starts = np.fromiter((r.num_computed_tokens for r in reqs), dtype=np.int64, count=n)
+        known = np.fromiter((len(r.token_ids) for r in reqs), dtype=np.int64, count=n)
+        one = (r.token_ids[r.num_computed_tokens] for r in reqs[:nd])
         if nd == n:
             qlens = np.ones(n, dtype=np.int64)
             cu = np.arange(n + 1, dtype=np.int64)
-            ids = np.fromiter((r.token_ids[-1] for r in reqs), dtype=np.int64, count=n)
+            ids = np.fromiter(one, dtype=np.int64, count=n)
             positions, seq_idx = starts, np.arange(n)
         else:
             qlens = np.fromiter((s.num_new_tokens for s in sched), dtype=np.int64, count=n)
             cu = np.zeros(n + 1, dtype=np.int64)
             np.cumsum(qlens, out=cu[1:])
             ids = np.empty(int(cu[-1]), dtype=np.int64)
-            ids[:nd] = np.fromiter((r.token_ids[-1] for r in reqs[:nd]), np.int64, count=nd)
+            ids[:nd] = np.fromiter(one, dtype=np.int64, count=nd)
             for r, a, b, st in zip(reqs[nd:], cu[nd:-1], cu[nd + 1 :], starts[nd:]):
                 ids[a:b] = r.token_ids[st : st + (b - a)]
             seq_idx = np.repeat(np.arange(n), qlens)
             positions = np.arange(len(ids)) - cu[:-1][seq_idx] + starts[seq_idx]
         table = _block_table([s.block_ids for s in sched])
         slots = table[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
-        sampling = list(range(nd)) + [i for i in range(nd, n) if sched[i].samples]
-        return _StepInputs(ids, positions, slots, table, qlens, starts + qlens, cu, sampling)
+        seq_lens = starts + qlens
+        sampling = np.flatnonzero(seq_lens >= known).tolist()
+        return _StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling)
 
     def _forward(self, out: SchedulerOutput, inp: _StepInputs) -> torch.Tensor:
         """Logits of the sampling rows: a captured CUDA graph when one fits, else eager."""

@@ -1,0 +1,39 @@
+"""ModelRunner input preparation: which token each row carries and which rows sample.
+
+One-token rows go through a fast path, and a one-token row is not always a decode: a prompt
+chunked down to one token by the step budget is one too, and it must carry the token at its
+position (not the request's last one) and must not sample until its prompt is done."""
+
+from __future__ import annotations
+
+from pagoda.runtime import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+
+def test_one_token_prefill_chunks_beside_decodes(smol):
+    common = dict(loaded=smol, dtype="float32", max_model_len=256, kv_cache_memory=32 << 20)
+    prompt = list(range(100, 112))
+    want = LLM(**common).generate([{"prompt_token_ids": prompt}], GREEDY)[0].outputs[0].token_ids
+
+    llm = LLM(**common, max_num_seqs=4, max_num_batched_tokens=4, enable_prefix_caching=False)
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(f"d{i}", [7 + i, 8, 9], params)
+    while any(r.num_computed_tokens == 0 for r in engine.scheduler.running) or (
+        engine.scheduler.waiting
+    ):
+        engine.step()
+    engine.add_request("long", prompt, GREEDY)
+    got, one_token_chunks = [], 0
+    while "long" in engine.outputs:
+        long_req = engine.scheduler.requests.get("long")
+        before = long_req.num_computed_tokens if long_req else None
+        out = engine.step()
+        if long_req is not None and before < len(prompt) - 1:
+            one_token_chunks += long_req.num_computed_tokens - before == 1
+        got += [t for o in out if o.request_id == "long" for t in o.new_token_ids]
+    assert one_token_chunks >= len(prompt) - 2  # the budget left the prompt one token per step
+    assert got == want
+    engine.check_integrity()
