@@ -1,36 +1,41 @@
 """C source of the native top-k / top-p / min-p sampling kernel (built with `sampler_native`).
 
 Why not `torch.topk`: on CPU, `topk(1024)` over [256, 32000] logits costs ~110 ms per step, 40x a
-whole-vocabulary draw. Here each row is reduced to a small candidate set by one scan and the
-sorted order is never materialised:
+whole-vocabulary draw. Here no row is sorted. One pass takes the maxima of 32-entry blocks and
+256-entry chunks; the maxima of disjoint groups are distinct entries, so they bound the answer:
 
-* top-k: a scan keeps the best entries in a buffer of 2k + 64; when it fills, a quickselect
-  keeps the k best and raises the entry threshold to the k-th value. A 256-entry chunk whose
-  maximum is below the threshold is skipped after one vectorised max, so after the first few
-  chunks a row costs about one pass at memory speed.
-* top-p without top-k: the exact filtered mass Z comes from the same one-pass chunk sums as a
-  whole-vocabulary draw. A kept token has at most mass (1 - p) Z at and below it, spread over at
-  most V tokens, so it weighs at least (1 - p) Z / V: only entries above half that bound (and
-  only chunks whose sum reaches it) become candidates. Exact for every top_p; a flat row simply
-  yields many candidates.
-* the cut and the draw: "keep tokens whose mass strictly above them is <= top_p * total" and
-  "the token whose cumulative interval holds u * kept mass" are both a weighted selection in
-  sorted order, done by quickselect on the candidates (partition around a pivot, sum the mass of
-  the better side, descend into the side that holds the target): O(candidates), no sort.
+* top-k: the k-th largest chunk (or block) maximum is at most the k-th largest entry, so only
+  the entries at or above it (blocks whose maximum reaches it) are gathered, ~k of them, and a
+  quickselect keeps the k best. k above the block count: one streaming pass with a 2k buffer.
+* top-p without top-k (exact for any top_p): the row's mass Z; the kept set lies within the best
+  64 entries iff their mass exceeds p * Z (the usual, peaked case). Otherwise (a flat row) a
+  histogram of the mass over log2-weight bins (1/16 wide) locates the bin where the cut falls and
+  the bin the draw falls in; only their entries are gathered and ordered, bins above the cut are
+  kept whole. Small vocabularies (<= 4096) simply take every entry as a candidate.
+* the cut and the draw: "keep tokens whose mass strictly above them is <= top_p * total" and "the
+  token whose cumulative interval holds u * kept mass" are weighted selections in sorted order,
+  done by quickselect (partition, sum the better side's mass, descend where the target is).
 
 Order: by logit descending, then by index ascending (torch.sort's order among equal logits is
 unspecified; any order gives the same distribution over logit values, this one is reproducible).
 Weights are 2^((x - max) * s) relative to the row's best token, as in `sampler_ops`; min-p drops
-weights below min_p, applied before top-k/top-p as in `apply_top_k_top_p_min_p` (top-k of the
-min-p survivors is the same set either way, since min-p is a threshold on the logit).
-The source expects the helpers of `sampler_native.SOURCE` (chunk, span_*, online_sums, ...).
+weights below min_p before top-k/top-p, as `apply_top_k_top_p_min_p` does (top-k of the min-p
+survivors is the same set either way: min-p is a threshold on the logit). Sums are in double,
+so picks match the float32 PyTorch path except where u falls within rounding of a boundary.
+The source expects the helpers of `sampler_native.SOURCE` (chunk, span_*, sample_row, claim).
 """
 
 from __future__ import annotations
 
 SOURCE = r"""
+#include <string.h>
 #define BLK 32 /* entries per block: block maxima bound the candidates */
-typedef struct { uint64_t key; float w; } cand_t; /* w: the logit while gathering top-k */
+#define HR 16 /* histogram bins per unit of log2 weight (flat top-p rows) */
+#define NBINS 1024 /* the last bin holds the weights below 2^-63.9 */
+#define FLAT_CANDIDATES 4096 /* top-p on a larger vocabulary: the histogram path when flat */
+#define TOP_P_FIRST 64 /* top-p first tries the best 64 entries */
+typedef struct { uint64_t key; float w; } cand_t; /* w: the logit until weights are known */
+typedef struct { float *w, *bm, *hist; double *cum; cand_t *c; } scratch_t; /* one thread's */
 
 /* Ascending key = descending logit, then ascending index (-0.0 counts as 0.0). */
 static inline uint64_t rank_key(float x, int64_t j) {
@@ -42,25 +47,34 @@ static inline uint64_t rank_key(float x, int64_t j) {
 static inline void swap_c(cand_t *a, cand_t *b) { cand_t t = *a; *a = *b; *b = t; }
 
 /* Puts a median-of-three pivot of c[lo, hi) (hi - lo >= 2, distinct keys) at its sorted place,
-   smaller keys before it and larger after; returns its position. */
-static int64_t partition(cand_t *c, int64_t lo, int64_t hi) {
-    int64_t mid = lo + (hi - lo) / 2, last = hi - 1;
+   smaller keys before it and larger after; returns its position, *left the smaller ones' mass.
+   Branch-free (Lomuto, always swapping): the comparisons are coin flips to a branch predictor. */
+static int64_t partition(cand_t *c, int64_t lo, int64_t hi, double *left) {
+    int64_t mid = lo + (hi - lo) / 2, last = hi - 1, i = lo;
     if (c[mid].key < c[lo].key) swap_c(&c[mid], &c[lo]);
     if (c[last].key < c[lo].key) swap_c(&c[last], &c[lo]);
     if (c[mid].key < c[last].key) swap_c(&c[mid], &c[last]);
     uint64_t pk = c[last].key;
-    int64_t i = lo;
-    for (int64_t j = lo; j < last; j++)
-        if (c[j].key < pk) swap_c(&c[i++], &c[j]);
+    double mass = 0.0;
+    for (int64_t j = lo; j < last; j++) {
+        cand_t x = c[j];
+        int64_t smaller = x.key < pk;
+        c[j] = c[i];
+        c[i] = x;
+        i += smaller;
+        mass += smaller ? (double)x.w : 0.0;
+    }
     swap_c(&c[i], &c[last]);
+    *left = mass;
     return i;
 }
 
 /* Reorders c[0, n) so that c[0, k) holds the k smallest keys (0 < k < n). */
 static void select_rank(cand_t *c, int64_t n, int64_t k) {
     int64_t lo = 0, hi = n;
+    double left;
     while (hi - lo > 1) {
-        int64_t p = partition(c, lo, hi);
+        int64_t p = partition(c, lo, hi, &left);
         if (p == k) return;
         if (p < k) lo = p + 1; else hi = p;
     }
@@ -78,9 +92,8 @@ static int64_t select_mass(cand_t *c, int64_t n, double target, double *before) 
     int64_t lo = 0, hi = n;
     double acc = 0.0;
     while (hi - lo > 16) {
-        int64_t p = partition(c, lo, hi);
-        double left = 0.0;
-        for (int64_t j = lo; j < p; j++) left += c[j].w;
+        double left;
+        int64_t p = partition(c, lo, hi, &left);
         if (acc + left > target) { hi = p; continue; }
         acc += left;
         if (acc + c[p].w > target || p == hi - 1) { *before = acc; return p; }
@@ -120,17 +133,21 @@ static int64_t gather_top_k(const void *row, int bf16, int64_t v, int64_t k, can
     return n;
 }
 
-/* Maxima of the row's BLK-entry blocks into bm; returns the row maximum. */
-static float block_maxima(const void *row, int bf16, int64_t v, float *bm) {
+/* Maxima of the row's BLK-entry blocks into bm and of its CH-entry chunks into cm; returns the
+   row maximum. */
+static float block_maxima(const void *row, int bf16, int64_t v, float *bm, float *cm) {
     float buf[CH], m = NEG_INF;
     for (int64_t lo = 0; lo < v; lo += CH) {
         int64_t len = span_len(v, lo);
         const float *x = chunk(row, bf16, lo, len, buf);
+        float cmax = NEG_INF;
         for (int64_t b = 0; b < len; b += BLK) {
             float bmax = span_max(x + b, len - b < BLK ? len - b : BLK);
             bm[(lo + b) / BLK] = bmax;
-            m = bmax > m ? bmax : m;
+            cmax = bmax > cmax ? bmax : cmax;
         }
+        cm[lo / CH] = cmax;
+        m = cmax > m ? cmax : m;
     }
     return m;
 }
@@ -168,7 +185,7 @@ static int64_t gather_floor(const void *row, int bf16, int64_t v, const float *b
     return n;
 }
 
-/* The finite block maxima as candidates (logit in .w, block number in the key). */
+/* The finite group maxima as candidates (logit in .w, group number in the key). */
 static int64_t block_candidates(const float *bm, int64_t nb, cand_t *c) {
     int64_t n = 0;
     for (int64_t b = 0; b < nb; b++)
@@ -189,48 +206,33 @@ static int64_t to_weights(cand_t *c, int64_t n, float s, float m, float mp, doub
     return kept;
 }
 
-/* Top-k candidates with their weights (min-p and zero weights dropped). When k is below the
-   number of blocks, the k-th best block maximum bounds the k-th best entry from below (k
-   distinct entries reach it): only entries at or above it are gathered. Else one streaming pass. */
-static int64_t top_k_candidates(const void *row, int bf16, int64_t v, int64_t k, float s,
-                                float mp, float *bm, cand_t *c, double *total) {
-    float m = block_maxima(row, bf16, v, bm);
-    if (!(m > NEG_INF && m < -NEG_INF)) return 0;
-    int64_t n = block_candidates(bm, (v + BLK - 1) / BLK, c);
-    if (k < n) {
-        select_rank(c, n, k);
-        float lo_x = c[0].w;
-        for (int64_t i = 1; i < k; i++) lo_x = c[i].w < lo_x ? c[i].w : lo_x;
-        n = gather_floor(row, bf16, v, bm, lo_x, c);
-    } else {
-        n = gather_top_k(row, bf16, v, k, c, 2 * k + 64 < v ? 2 * k + 64 : v);
-    }
-    if (n > k) { select_rank(c, n, k); n = k; }
-    return to_weights(c, n, s, m, mp, total);
+/* The k-th largest of the maxima g of ng disjoint groups (k < ng), a lower bound of the row's
+   k-th largest entry: k distinct entries reach it. */
+static float kth_largest(const float *g, int64_t ng, int64_t k, cand_t *c) {
+    int64_t n = block_candidates(g, ng, c);
+    if (k >= n) return NEG_INF; /* too few finite groups: no bound */
+    select_rank(c, n, k);
+    float lo_x = c[0].w;
+    for (int64_t i = 1; i < k; i++) lo_x = c[i].w < lo_x ? c[i].w : lo_x;
+    return lo_x;
 }
 
-/* Top-p candidates (no top-k): every entry that can be kept, with its weight; *total: the row's
-   mass after min-p (top-p's reference). The kept entries are the best ones up to the one where
-   the mass in order crosses p * total. The best block maxima whose mass crosses it are entries
-   too, so that crossing comes no later than the last of them: nothing below it is kept. A flat
-   row whose block maxima hold too little mass falls back to the bound (1 - p) * total / v on a
-   kept entry's weight (the entries at or below it, at most v, carry the remaining mass). */
-static int64_t top_p_candidates(const void *row, int bf16, int64_t v, float s, float p, float mp,
-                                float *bm, cand_t *c, double *total) {
-    float m = block_maxima(row, bf16, v, bm), lo_x;
-    if (!(m > NEG_INF && m < -NEG_INF)) return 0;
-    double z = row_mass(row, bf16, v, s, -m * s, mp), bmass, before;
-    if (!(z > 0.0 && z < __builtin_inf())) return 0;
-    p = p > 0.0f ? p : 0.0f;
-    int64_t n = to_weights(c, block_candidates(bm, (v + BLK - 1) / BLK, c), s, m, mp, &bmass);
-    if (bmass > (double)p * z) {
-        lo_x = bm[(uint32_t)c[select_mass(c, n, (double)p * z, &before)].key];
-    } else {
-        double cut = 0.5 * (1.0 - p) * z / (double)v; /* halved: float rounding of z */
-        lo_x = cut > 0.0 ? m + ((float)__builtin_log2(cut) - 1.0f) / s : NEG_INF;
-    }
-    *total = z;
-    return to_weights(c, gather_floor(row, bf16, v, bm, lo_x, c), s, m, mp, &bmass);
+/* Top-k candidates with their weights (min-p and zero weights dropped), given the row maximum m
+   and the block and chunk maxima (bm, then cm): the entries at or above a lower bound of the
+   k-th best one, from the chunk maxima when k is below their number, else the block maxima;
+   with too few blocks, one streaming pass. */
+static int64_t top_k_candidates(const void *row, int bf16, int64_t v, int64_t k, float s,
+                                float mp, float m, const float *bm, cand_t *c, double *total) {
+    int64_t nb = (v + BLK - 1) / BLK, nc = (v + CH - 1) / CH, n;
+    float lo_x = NEG_INF;
+    if (k < nc) lo_x = kth_largest(bm + nb, nc, k, c);
+    if (!(lo_x > NEG_INF) && k < nb) lo_x = kth_largest(bm, nb, k, c);
+    if (lo_x > NEG_INF)
+        n = gather_floor(row, bf16, v, bm, lo_x, c);
+    else
+        n = gather_top_k(row, bf16, v, k, c, 2 * k + 64 < v ? 2 * k + 64 : v);
+    if (n > k) { select_rank(c, n, k); n = k; }
+    return to_weights(c, n, s, m, mp, total);
 }
 
 /* The drawn token among n > 0 candidates: top-p's cut (p < 1) against `total`, then u. */
@@ -246,13 +248,145 @@ static int64_t pick_candidate(cand_t *c, int64_t n, double total, float p, float
     return (int64_t)(uint32_t)c[select_mass(c, n, (double)u * kept, &before)].key;
 }
 
+/* Bin of each weight 2^(x s + b) <= 1: HR bins per unit of log2 weight, the last one open. */
+static void span_bins(const float *x, int64_t n, float s, float b, int32_t *bin) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) {
+        float d = -(x[j] * s + b) * HR;
+        bin[j] = d < (float)(NBINS - 1) ? (int32_t)d : NBINS - 1; /* NaN, -inf: the last */
+    }
+}
+
+/* cum[i]: the mass of bins below i (the heavier weights), i <= NBINS, min-p applied. Four
+   interleaved histograms (hist: 4 * NBINS floats) keep the scatter-adds independent. */
+static void weight_histogram(const void *row, int bf16, int64_t v, float s, float b, float mp,
+                             float *hist, double *cum) {
+    float buf[CH], w[CH];
+    int32_t bin[CH];
+    memset(hist, 0, sizeof(float) * 4 * NBINS);
+    for (int64_t lo = 0; lo < v; lo += CH) {
+        int64_t len = span_len(v, lo), j = 0;
+        const float *x = chunk(row, bf16, lo, len, buf);
+        span_weights(x, len, s, b, mp, w);
+        span_bins(x, len, s, b, bin);
+        for (; j + 4 <= len; j += 4)
+            for (int q = 0; q < 4; q++) hist[q * NBINS + bin[j + q]] += w[j + q];
+        for (; j < len; j++) hist[bin[j]] += w[j];
+    }
+    cum[0] = 0.0;
+    for (int i = 0; i < NBINS; i++)
+        cum[i + 1] = cum[i] + ((double)hist[i] + hist[NBINS + i] + hist[2 * NBINS + i] +
+                               hist[3 * NBINS + i]);
+}
+
+/* The entries (positive weight) of bin `first` into c[0, *n1) and, unless `second` is -1, of
+   bin `second` into c[lim - *n2, lim): one pass for both. */
+static void gather_bins(const void *row, int bf16, int64_t v, float s, float b, float mp,
+                        int32_t first, int32_t second, cand_t *c, int64_t lim, int64_t *n1,
+                        int64_t *n2) {
+    float buf[CH], w[CH];
+    int32_t bin[CH];
+    *n1 = *n2 = 0;
+    for (int64_t lo = 0; lo < v; lo += CH) {
+        int64_t len = span_len(v, lo);
+        const float *x = chunk(row, bf16, lo, len, buf);
+        span_bins(x, len, s, b, bin);
+        int hit = 0;
+#pragma omp simd reduction(| : hit)
+        for (int64_t j = 0; j < len; j++) hit |= (bin[j] == first) | (bin[j] == second);
+        if (!hit) continue;
+        span_weights(x, len, s, b, mp, w);
+        for (int64_t g = 0; g < len; g += 16) { /* scalar work only where a group hits */
+            int64_t end = g + 16 < len ? g + 16 : len;
+            hit = 0;
+#pragma omp simd reduction(| : hit)
+            for (int64_t j = g; j < end; j++) hit |= (bin[j] == first) | (bin[j] == second);
+            for (int64_t j = g; hit && j < end; j++) {
+                if (!(w[j] > 0.0f) || (bin[j] != first && bin[j] != second)) continue;
+                cand_t *to = bin[j] == first ? &c[(*n1)++] : &c[lim - ++(*n2)];
+                to->key = rank_key(x[j], lo + j);
+                to->w = w[j];
+            }
+        }
+    }
+}
+
+/* Top-p over a row with many candidates (a flat distribution): the mass histogram gives the bin
+   where the cut falls and, unless u lands near that bin's share, the bin of the draw; one pass
+   gathers both, and only their entries are ordered (quickselect). Bins above the cut are kept
+   whole. -1: nothing to draw. */
+static int64_t flat_top_p(const void *row, int bf16, int64_t v, float s, float m, float mp,
+                          float p, float u, scratch_t *t) {
+    float b = -m * s;
+    double *cum = t->cum, before = 0.0;
+    weight_histogram(row, bf16, v, s, b, mp, t->hist, cum);
+    double target = (double)p * cum[NBINS]; /* the row's mass, as the histogram sums it */
+    if (!(cum[NBINS] > 0.0 && cum[NBINS] < __builtin_inf())) return -1;
+    int32_t cut = 0, at = 0, at_hi = 0;
+    while (cut < NBINS - 1 && cum[cut + 1] <= target) cut++;
+    /* the kept mass lies in [cum[cut], cum[cut + 1]]: the draw's bin is known unless it moves */
+    while (at < cut - 1 && cum[at + 1] <= u * cum[cut]) at++;
+    while (at_hi < cut && cum[at_hi + 1] <= u * cum[cut + 1]) at_hi++;
+    int64_t n, n2, r = -1;
+    gather_bins(row, bf16, v, s, b, mp, cut, at == at_hi && at < cut ? at : -1, t->c, v, &n, &n2);
+    if (n > 0) r = select_mass(t->c, n, target - cum[cut], &before);
+    double draw = u * (cum[cut] + (r >= 0 ? before + t->c[r].w : 0.0));
+    if (r >= 0 && draw >= cum[cut])
+        return (int64_t)(uint32_t)t->c[select_mass(t->c, r + 1, draw - cum[cut], &before)].key;
+    for (at = 0; at < cut - 1 && cum[at + 1] <= draw;) at++;
+    if (n2 == 0) /* the draw's bin was not gathered with the cut's (if it was, it is `at`) */
+        gather_bins(row, bf16, v, s, b, mp, -1, at, t->c, v, &n, &n2);
+    cand_t *c2 = t->c + v - n2;
+    return n2 > 0 ? (int64_t)(uint32_t)c2[select_mass(c2, n2, draw - cum[at], &before)].key : -1;
+}
+
+/* Top-p without top-k. The kept entries are the best ones up to the one where the mass in order
+   crosses p * total (total: the row's mass after min-p): within the best k entries iff their
+   mass exceeds p * total. Tried with the best TOP_P_FIRST (a cheap top-k selection) unless
+   even weights of 1 (the best one's) could not add up to it; else, the histogram path (or all
+   entries, for a small vocabulary). The block maxima's mass bounds the total from below: when
+   that already rules the first try out, the histogram path starts at once (it sums the total
+   itself). -1: nothing finite. */
+static int64_t top_p_row(const void *row, int bf16, int64_t v, float s, float p, float mp,
+                         float u, scratch_t *t) {
+    int64_t nb = (v + BLK - 1) / BLK, n;
+    float m = block_maxima(row, bf16, v, t->bm, t->bm + nb), acc = 0.0f;
+    if (!(m > NEG_INF && m < -NEG_INF)) return -1;
+    p = p > 0.0f ? p : 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = 0; i < nb; i++) {
+        float e = exp2_neg(t->bm[i] * s - m * s);
+        acc += e >= mp ? e : 0.0f;
+    }
+    if (v > FLAT_CANDIDATES && (double)p * acc >= TOP_P_FIRST)
+        return flat_top_p(row, bf16, v, s, m, mp, p, u, t);
+    double z = row_mass(row, bf16, v, s, -m * s, mp), mass;
+    if (!(z > 0.0 && z < __builtin_inf())) return -1;
+    double target = (double)p * z;
+    if (TOP_P_FIRST < v && TOP_P_FIRST > target) {
+        n = top_k_candidates(row, bf16, v, TOP_P_FIRST, s, mp, m, t->bm, t->c, &mass);
+        if (mass > target) return n > 0 ? pick_candidate(t->c, n, z, p, u) : -1;
+    }
+    if (v > FLAT_CANDIDATES) return flat_top_p(row, bf16, v, s, m, mp, p, u, t);
+    n = to_weights(t->c, gather_floor(row, bf16, v, t->bm, NEG_INF, t->c), s, m, mp, &mass);
+    return n > 0 ? pick_candidate(t->c, n, z, p, u) : -1;
+}
+
 static int64_t filtered_row(const void *row, int bf16, int64_t v, float s, int64_t k, float p,
-                            float mp, float u, float *w, cand_t *c) {
-    if (k >= v && !(p < 1.0f)) return sample_row(row, bf16, v, s, mp, u, w);
+                            float mp, float u, scratch_t *t) {
+    if (k >= v && !(p < 1.0f)) return sample_row(row, bf16, v, s, mp, u, t->w);
     double total = 0.0;
-    int64_t n = k < v ? top_k_candidates(row, bf16, v, k > 1 ? k : 1, s, mp, w, c, &total)
-                      : top_p_candidates(row, bf16, v, s, p, mp, w, c, &total);
-    return n > 0 ? pick_candidate(c, n, total, p, u) : row_argmax(row, bf16, v);
+    int64_t token = -1;
+    if (k < v) {
+        float m = block_maxima(row, bf16, v, t->bm, t->bm + (v + BLK - 1) / BLK);
+        int64_t n = m > NEG_INF && m < -NEG_INF
+                        ? top_k_candidates(row, bf16, v, k > 1 ? k : 1, s, mp, m, t->bm, t->c, &total)
+                        : 0;
+        token = n > 0 ? pick_candidate(t->c, n, total, p, u) : -1;
+    } else {
+        token = top_p_row(row, bf16, v, s, p, mp, u, t);
+    }
+    return token >= 0 ? token : row_argmax(row, bf16, v);
 }
 
 /* x [n, v] float32 (bf16 = 0) or bfloat16 (bf16 = 1); top_k (v or more: off), top_p (1: off)
@@ -260,17 +394,21 @@ static int64_t filtered_row(const void *row, int bf16, int64_t v, float s, int64
 int sample_filtered_rows(const void *x, int bf16, int64_t v, const float *scale,
                          const int64_t *top_k, const float *top_p, const float *min_p,
                          const float *u, int64_t *out, int64_t n, int64_t *next, int64_t block) {
-    float *w = malloc(sizeof(float) * (size_t)(v + 2 * ((v + CH - 1) / CH)));
-    cand_t *c = malloc(sizeof(cand_t) * (size_t)(v + 1));
-    int rc = w && c ? 0 : -1;
+    scratch_t t = {
+        malloc(sizeof(float) * (size_t)(v + 2 * ((v + CH - 1) / CH))),
+        malloc(sizeof(float) * (size_t)((v + BLK - 1) / BLK + (v + CH - 1) / CH)),
+        malloc(sizeof(float) * 4 * NBINS),
+        malloc(sizeof(double) * (NBINS + 1)),
+        malloc(sizeof(cand_t) * (size_t)(v + 1)),
+    };
+    int rc = t.w && t.bm && t.hist && t.cum && t.c ? 0 : -1;
     size_t row_bytes = (size_t)v * (bf16 ? 2 : 4);
     for (int64_t r, end; !rc && (r = claim(next, block, n, &end)) < n;)
         for (; r < end; r++)
             out[r] = filtered_row((const char *)x + r * row_bytes, bf16, v, scale[r],
                                   top_k ? top_k[r] : v, top_p ? top_p[r] : 1.0f,
-                                  min_p ? min_p[r] : 0.0f, u[r], w, c);
-    free(w);
-    free(c);
+                                  min_p ? min_p[r] : 0.0f, u[r], &t);
+    free(t.w), free(t.bm), free(t.hist), free(t.cum), free(t.c);
     return rc;
 }
 """

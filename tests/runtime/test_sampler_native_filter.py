@@ -38,17 +38,19 @@ def reference(x: torch.Tensor, t: float, k: int = 0, p: float = 1.0, mp: float =
 
 
 def native_draws(x, t, k=0, p=1.0, mp=0.0, n=DRAWS, dtype=torch.float32) -> torch.Tensor:
-    """Token counts of n draws from the row x, one uniform each."""
-    rows = x.to(dtype).expand(n, -1).contiguous()
-    tokens = sampler_native.sample_filtered_rows(
-        rows,
-        torch.full((n,), 1.0 / t),
-        torch.full((n,), k if k else x.numel()),
-        torch.full((n,), p),
-        torch.full((n,), mp) if mp else None,
-        torch.rand(n),
-    )
-    return torch.bincount(tokens, minlength=x.numel()).float()
+    """Token counts of n draws from the row x, one uniform each (in batches of <= 2048 rows)."""
+    counts = torch.zeros(x.numel())
+    for size in [2048] * (n // 2048) + [n % 2048]:
+        tokens = sampler_native.sample_filtered_rows(
+            x.to(dtype).expand(size, -1).contiguous(),
+            torch.full((size,), 1.0 / t),
+            torch.full((size,), k if k else x.numel()),
+            torch.full((size,), p),
+            torch.full((size,), mp) if mp else None,
+            torch.rand(size),
+        )
+        counts += torch.bincount(tokens, minlength=x.numel()).float()
+    return counts
 
 
 def _row(seed: int, vocab: int, scale: float) -> torch.Tensor:
@@ -78,6 +80,20 @@ def test_distribution_matches_exact(case, dtype):
     x = _row(vocab + int(10 * scale), vocab, scale).to(dtype).float()  # bf16-exact logits
     probs = reference(x, t, k, p, mp)
     assert chi_square_p(native_draws(x, t, k, p, mp, dtype=dtype), probs) > 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("p, mp", [(0.9, 0.0), (0.6, 0.0), (0.95, 0.3)])
+def test_flat_rows_of_a_large_vocabulary(p, mp, dtype):
+    """Above 4096 entries a flat top-p row takes the histogram path (cut and draw inside mass
+    bins): 300 live tokens of similar weight, the rest far below but not zero."""
+    torch.manual_seed(7)
+    x = torch.full((8192,), -30.0)
+    live = torch.randperm(8192, generator=torch.Generator().manual_seed(1))[:300]
+    x[live] = _row(2, 300, 0.7)
+    x = x.to(dtype).float()
+    counts = native_draws(x, 1.0, p=p, mp=mp, n=10000, dtype=dtype)
+    assert chi_square_p(counts, reference(x, 1.0, p=p, mp=mp)) > 1e-4
 
 
 def test_reference_matches_the_samplers_filters():
@@ -112,10 +128,19 @@ def test_ties_rank_by_index(k, p):
     assert chi_square_p(counts, reference(x, 1.0, k, p)) > 1e-4
 
 
-def test_flat_row_keeps_exactly_the_first_tokens():
-    x = torch.zeros(1000)
-    counts = native_draws(x, 1.0, p=0.5)
-    assert set(counts.nonzero().flatten().tolist()) == set(range(501))  # before <= 0.5: 0..500
+@pytest.mark.parametrize("vocab", [1000, 8192], ids=["all-candidates", "histogram"])
+def test_flat_row_keeps_exactly_the_first_tokens(vocab):
+    """All logits equal, top_p = 0.5: tokens 0..vocab/2 are kept (mass above <= 0.5), and the
+    draw walks them in order as u grows."""
+    u = torch.linspace(0, 1 - 1e-6, 3000)
+    x = torch.zeros(3000, vocab)
+    tokens = sampler_native.sample_filtered_rows(
+        x, torch.ones(3000), None, torch.full((3000,), 0.5), None, u
+    )
+    assert tokens[0] == 0 and tokens[-1] == vocab // 2
+    assert bool((tokens.diff() >= 0).all())  # in order
+    expected = (u.double() * (vocab // 2 + 1)).floor().long()
+    assert (tokens == expected).float().mean() > 0.99
 
 
 @pytest.mark.parametrize("scale", [1.0, 3.0, 6.0])
@@ -168,20 +193,20 @@ def test_bfloat16_rows_draw_the_tokens_of_their_widening():
     assert torch.equal(a, sampler_native.sample_filtered_rows(x.float(), *args))
 
 
-def test_edge_rows_yield_valid_tokens():
-    v = 300
+@pytest.mark.parametrize("v", [300, 8192])
+def test_edge_rows_yield_valid_tokens(v):
     x = torch.randn(6, v)
     x[0] = float("-inf")  # nothing finite: the argmax (0)
     x[1, 7] = float("inf")  # an infinite logit: that token
     x[2, :] = float("-inf")
-    x[2, 299] = 0.0  # a single finite token, in the tail
+    x[2, v - 1] = 0.0  # a single finite token, in the tail
     x[4, 123] = 50.0  # T = 0.01: every other weight underflows
     inv_t = torch.tensor([1.0, 1.0, 1.0, 1.0, 100.0, 1.0])
     top_k = torch.tensor([5, 5, 5, 1, v, v])
     top_p = torch.tensor([1.0, 0.9, 0.9, 1.0, 0.5, 0.0])
     u = torch.full((6,), 0.9999999)
     tokens = sampler_native.sample_filtered_rows(x, inv_t, top_k, top_p, None, u).tolist()
-    assert tokens[:3] == [0, 7, 299]
+    assert tokens[:3] == [0, 7, v - 1]
     assert tokens[3] == int(x[3].argmax())  # top_k = 1
     assert tokens[4] == 123
     assert tokens[5] == int(x[5].argmax())  # top_p = 0 keeps the best token
