@@ -91,26 +91,33 @@ struct Tile {  // row-heads rh = r * G + j of one sequence and kv head; rows r0.
   int t0, pos0;                 // step row and context position of row 0 of the sequence
 };
 
-template <bool BF16, int N>
-static void scores(const Geo& g, const uint32_t* qw, const uint32_t* kc, const int32_t* bt,
-                   const Tile& t, int b0, int b1, float* S) {
-  const int W = g.D / g.P, stride = t.nblk * g.BS;
-  const uint32_t* q[N];
-  for (int i = 0; i < N; ++i) {
-    int rh = t.rh0 + i, row = t.t0 + rh / g.G, head = t.kvh * g.G + rh % g.G;
-    q[i] = qw + ((int64_t)row * g.H + head) * W;
-  }
-  for (int b = b0; b < b1; ++b) {
-    const uint32_t* kb = kc + ((int64_t)t.kvh * g.NB + bt[b]) * W * g.BS;
-    for (int c = 0; c < g.BS; c += 16) {
-      vf acc[N];
-      for (int i = 0; i < N; ++i) acc[i] = splat(0.0f);
-      for (int w = 0; w < W; ++w) {
-        vu kv = ldu(kb + (int64_t)w * g.BS + c);
-        for (int i = 0; i < N; ++i) acc[i] = dp<BF16>(acc[i], kv, splatu(q[i][w]));
+// Scores of 16-key chunks j in [j0, j1) (chunk j: keys 16j.. of the row's context), U chunks at
+// a time so that N * U independent dpbf16 chains hide the instruction's latency. Each chunk's
+// accumulator sees the same operations whatever U is: acc = 0, then d words in order.
+template <bool BF16, int N, int U>
+static void scores(const Geo& g, const uint32_t* const* q, const uint32_t* kc, const int32_t* bt,
+                   int kvh, int stride, int j0, int j1, float* S) {
+  const int W = g.D / g.P, cpb = g.BS / 16;
+  const uint32_t* base = kc + (int64_t)kvh * g.NB * W * g.BS;
+  auto chunk = [&](int j) { return base + (int64_t)bt[j / cpb] * W * g.BS + (j % cpb) * 16; };
+  for (int j = j0; j + U <= j1; j += U) {
+    const uint32_t* kp[U];
+    for (int u = 0; u < U; ++u) kp[u] = chunk(j + u);
+    const uint32_t* nx[U];  // the next group's chunks: blocks are scattered, so fetch ahead
+    for (int u = 0; u < U; ++u) nx[u] = chunk(std::min(j + U + u, j1 - 1));
+    vf acc[N][U];
+    for (int i = 0; i < N; ++i) for (int u = 0; u < U; ++u) acc[i][u] = splat(0.0f);
+    for (int w = 0; w < W; ++w) {
+      for (int u = 0; u < U; ++u) __builtin_prefetch(nx[u] + (int64_t)w * g.BS);
+      vu kv[U];
+      for (int u = 0; u < U; ++u) kv[u] = ldu(kp[u] + (int64_t)w * g.BS);
+      for (int i = 0; i < N; ++i) {
+        vu qv = splatu(q[i][w]);
+        for (int u = 0; u < U; ++u) acc[i][u] = dp<BF16>(acc[i][u], kv[u], qv);
       }
-      for (int i = 0; i < N; ++i) std::memcpy(S + (int64_t)i * stride + b * g.BS + c, &acc[i], 64);
     }
+    for (int i = 0; i < N; ++i)
+      for (int u = 0; u < U; ++u) std::memcpy(S + (int64_t)i * stride + (j + u) * 16, &acc[i][u], 64);
   }
 }
 
@@ -141,38 +148,67 @@ static void softmax_row(float* s, int pos, int nblk_row, int BS) {
   }
 }
 
-template <bool BF16, int N>
+// acc[i * DU + u] += p_i @ V over blocks [b0, b1) for output dims (dc + u) * 16.., key words in
+// order; DU dim chunks at a time share each p word (more independent chains, same sums).
+template <bool BF16, int N, int DU>
 static void pv(const Geo& g, const float* const* pr, const uint32_t* vc, const int32_t* bt,
                int kvh, int dc, int b0, int b1, vf* acc) {
   const int KW = g.BS / g.P, W = g.D;  // key words per block, words per key word
+  const uint32_t* base = vc + (int64_t)kvh * g.NB * KW * W + dc * 16;
   for (int b = b0; b < b1; ++b) {
-    const uint32_t* vb = vc + ((int64_t)kvh * g.NB + bt[b]) * KW * W + dc * 16;
+    const uint32_t* vb = base + (int64_t)bt[b] * KW * W;
+    const uint32_t* nx = base + (int64_t)bt[std::min(b + 1, b1 - 1)] * KW * W;
     for (int k = 0; k < KW; ++k) {
-      vu vv = ldu(vb + (int64_t)k * W);
+      for (int u = 0; u < DU; ++u) __builtin_prefetch(nx + (int64_t)k * W + u * 16);
+      vu vv[DU];
+      for (int u = 0; u < DU; ++u) vv[u] = ldu(vb + (int64_t)k * W + u * 16);
       for (int i = 0; i < N; ++i) {
         uint32_t pw; std::memcpy(&pw, (const uint32_t*)pr[i] + b * KW + k, 4);
-        acc[i] = dp<BF16>(acc[i], vv, splatu(pw));
+        vu pv = splatu(pw);
+        for (int u = 0; u < DU; ++u) acc[i * DU + u] = dp<BF16>(acc[i * DU + u], vv[u], pv);
       }
     }
   }
 }
 
+// Chunks per group for n row-heads (12 chains at most; the choice never changes a result).
+static inline int group_for(int n) { return n <= 3 ? 4 : n <= 4 ? 3 : n <= 6 ? 2 : 1; }
+
 template <bool BF16, int N>
 static void scores_n(const Geo& g, const uint32_t* qw, const uint32_t* kc, const int32_t* bt,
                      const Tile& t, int b0, int b1, float* S, int n) {
   if constexpr (N > 1) { if (n < N) return scores_n<BF16, N - 1>(g, qw, kc, bt, t, b0, b1, S, n); }
-  scores<BF16, N>(g, qw, kc, bt, t, b0, b1, S);
-}
-template <bool BF16, int N>
-static void pv_n(const Geo& g, const float* const* pr, const uint32_t* vc, const int32_t* bt,
-                 int kvh, int dc, int b0, int b1, vf* acc, int n) {
-  if constexpr (N > 1) { if (n < N) return pv_n<BF16, N - 1>(g, pr, vc, bt, kvh, dc, b0, b1, acc, n); }
-  pv<BF16, N>(g, pr, vc, bt, kvh, dc, b0, b1, acc);
+  const int W = g.D / g.P, cpb = g.BS / 16, j0 = b0 * cpb, j1 = b1 * cpb;
+  const uint32_t* q[N];
+  for (int i = 0; i < N; ++i) {
+    int rh = t.rh0 + i, row = t.t0 + rh / g.G, head = t.kvh * g.G + rh % g.G;
+    q[i] = qw + ((int64_t)row * g.H + head) * W;
+  }
+  constexpr int U = N <= 3 ? 4 : N <= 4 ? 3 : N <= 6 ? 2 : 1;
+  const int stride = t.nblk * g.BS, jm = j0 + (j1 - j0) / U * U;
+  scores<BF16, N, U>(g, q, kc, bt, t.kvh, stride, j0, jm, S);
+  if (jm < j1) scores<BF16, N, 1>(g, q, kc, bt, t.kvh, stride, jm, j1, S);
 }
 
+template <bool BF16, int N>
+static void pv_n(const Geo& g, const float* const* pr, const uint32_t* vc, const int32_t* bt,
+                 int kvh, int dc, int du, int b0, int b1, vf* acc, int n) {
+  if constexpr (N > 1) { if (n < N) return pv_n<BF16, N - 1>(g, pr, vc, bt, kvh, dc, du, b0, b1, acc, n); }
+  if (du == 4) pv<BF16, N, (N <= 3 ? 4 : 1)>(g, pr, vc, bt, kvh, dc, b0, b1, acc);
+  else if (du == 2) pv<BF16, N, (N <= 6 ? 2 : 1)>(g, pr, vc, bt, kvh, dc, b0, b1, acc);
+  else pv<BF16, N, 1>(g, pr, vc, bt, kvh, dc, b0, b1, acc);
+}
+
+// Dim chunks per pv pass for n row-heads: at most 12 chains, and a divisor of the chunk count.
+static inline int dims_for(int n, int ndc) {
+  if (n <= 3 && ndc % 4 == 0) return 4;
+  return n <= 6 && ndc % 2 == 0 ? 2 : 1;
+}
+
+// Output dims [dc * 16, (dc + du) * 16) of a tile whose p rows are in S.
 template <bool BF16>
 static void finish(const Geo& g, const Tile& t, const int32_t* bt, const uint32_t* vc,
-                   const float* S, int dc, void* out) {
+                   const float* S, int dc, int du, void* out) {
   const int stride = t.nblk * g.BS;
   const float* pr[MAXN];
   int last[MAXN], common = t.nblk;
@@ -181,16 +217,39 @@ static void finish(const Geo& g, const Tile& t, const int32_t* bt, const uint32_
     last[i] = (t.pos0 + (t.rh0 + i) / g.G) / g.BS + 1;
     common = std::min(common, last[i]);
   }
-  vf acc[MAXN];
-  for (int i = 0; i < t.n; ++i) acc[i] = splat(0.0f);
-  pv_n<BF16, MAXN>(g, pr, vc, bt, t.kvh, dc, 0, common, acc, t.n);
+  vf acc[MAXN * 4];
+  for (int i = 0; i < t.n * du; ++i) acc[i] = splat(0.0f);
+  pv_n<BF16, MAXN>(g, pr, vc, bt, t.kvh, dc, du, 0, common, acc, t.n);
   for (int i = 0; i < t.n; ++i) {  // each row's own last blocks, one row at a time
-    if (last[i] > common) pv<BF16, 1>(g, pr + i, vc, bt, t.kvh, dc, common, last[i], acc + i);
+    if (last[i] > common) pv_n<BF16, 1>(g, pr + i, vc, bt, t.kvh, dc, du, common, last[i], acc + i * du, 1);
     int rh = t.rh0 + i, row = t.t0 + rh / g.G, head = t.kvh * g.G + rh % g.G;
-    int64_t o = ((int64_t)row * g.H + head) * g.D + dc * 16;
-    if (BF16) { vh h = to_bf16v(acc[i]); std::memcpy((uint16_t*)out + o, &h, 32); }
-    else std::memcpy((float*)out + o, &acc[i], 64);
+    for (int u = 0; u < du; ++u) {
+      int64_t o = ((int64_t)row * g.H + head) * g.D + (dc + u) * 16;
+      if (BF16) { vh h = to_bf16v(acc[i * du + u]); std::memcpy((uint16_t*)out + o, &h, 32); }
+      else std::memcpy((float*)out + o, &acc[i * du + u], 64);
+    }
   }
+}
+
+template <bool BF16>
+static void softmax_tile(const Geo& g, const Tile& t, float* S) {
+  for (int j = 0; j < t.n; ++j) {
+    int pos = t.pos0 + (t.rh0 + j) / g.G;
+    softmax_row<BF16>(S + (int64_t)j * t.nblk * g.BS, pos, pos / g.BS + 1, g.BS);
+  }
+}
+
+// A whole tile in one task (scores in this thread's scratch): no barrier between the phases.
+template <bool BF16>
+static void whole_tile(const Geo& g, const uint32_t* qw, const uint32_t* kc, const uint32_t* vc,
+                       const int32_t* bt, const Tile& t, void* out) {
+  static thread_local std::vector<float> buf;
+  const size_t need = (size_t)t.n * t.nblk * g.BS;
+  if (buf.size() < need) buf.resize(need);
+  scores_n<BF16, MAXN>(g, qw, kc, bt, t, 0, t.nblk, buf.data(), t.n);
+  softmax_tile<BF16>(g, t, buf.data());
+  const int ndc = g.D / 16, du = dims_for(t.n, ndc);
+  for (int dc = 0; dc < ndc; dc += du) finish<BF16>(g, t, bt, vc, buf.data(), dc, du, out);
 }
 
 // Every block a sequence reads must exist: a bad table would read outside the cache.
@@ -205,65 +264,92 @@ static bool valid(const Geo& g, const int32_t* bt, int64_t bts, const int32_t* q
   return true;
 }
 
+// q * scale, rounded to the cache's dtype (16 values at a time: D is a multiple of 16).
+template <bool BF16>
+static void scale_q(const void* q, uint32_t* qw, int64_t n, float scale, int nt) {
+  #pragma omp parallel for schedule(static) num_threads(nt) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; i += 16) {
+    if (BF16) {
+      vh h; std::memcpy(&h, (const uint16_t*)q + i, 32);
+      vf x = (vf)(__builtin_convertvector(h, vu) << 16) * scale;
+      h = to_bf16v(x); std::memcpy((uint16_t*)qw + i, &h, 32);
+    } else {
+      vf x = ld((const float*)q + i) * scale;
+      std::memcpy((float*)qw + i, &x, 64);
+    }
+  }
+}
+
+// One wave: whole tiles (one task each) beside split tiles (score tasks, then softmax, then pv).
+template <bool BF16>
+static void wave(const Geo& g, const uint32_t* qw, const uint32_t* kc, const uint32_t* vc,
+                 const int32_t* bt, int64_t bts, const std::vector<Tile>& tiles, size_t w0,
+                 size_t w1, bool split, float* Sp, void* out, int nt) {
+  const int ndc = g.D / 16;
+  std::vector<std::pair<int, int>> tasks, fin;  // (tile, first block; -1: whole), (tile, dc)
+  for (size_t i = w0; i < w1; ++i) {
+    if (!split) { tasks.push_back({(int)i, -1}); continue; }
+    for (int b = 0; b < tiles[i].nblk; b += KCHUNK) tasks.push_back({(int)i, b});
+    for (int dc = 0, du = dims_for(tiles[i].n, ndc); dc < ndc; dc += du) fin.push_back({(int)i, dc});
+  }
+  #pragma omp parallel num_threads(nt)
+  {
+    #pragma omp for schedule(dynamic, 1)
+    for (size_t k = 0; k < tasks.size(); ++k) {
+      const Tile& t = tiles[tasks[k].first];
+      const int b0 = tasks[k].second, b1 = std::min(t.nblk, b0 + KCHUNK);
+      if (b0 < 0) whole_tile<BF16>(g, qw, kc, vc, bt + t.seq * bts, t, out);
+      else scores_n<BF16, MAXN>(g, qw, kc, bt + t.seq * bts, t, b0, b1, Sp + t.scratch, t.n);
+    }
+    if (split) {
+      #pragma omp for schedule(dynamic, 1)
+      for (size_t i = w0; i < w1; ++i) softmax_tile<BF16>(g, tiles[i], Sp + tiles[i].scratch);
+      #pragma omp for schedule(dynamic, 1)
+      for (size_t k = 0; k < fin.size(); ++k) {
+        const Tile& t = tiles[fin[k].first];
+        finish<BF16>(g, t, bt + t.seq * bts, vc, Sp + t.scratch, fin[k].second,
+                     dims_for(t.n, ndc), out);
+      }
+    }
+  }
+}
+
 template <bool BF16>
 static int run(const Geo& g, const void* q, void* out, const uint32_t* kc, const uint32_t* vc,
                 const int32_t* bt, int64_t bts, const int32_t* qs, const int32_t* sl, int B,
-                int T, float scale, int64_t wave, int nt) {
+                int T, float scale, int64_t wave_floats, int nt) {
   if (!valid(g, bt, bts, qs, sl, B)) return 2;
   const int W = g.D / g.P, ndc = g.D / 16, per = std::max(1, std::min(MAXN, 24 / ndc));
   std::vector<uint32_t> qw((size_t)T * g.H * W);
-  #pragma omp parallel for schedule(static) num_threads(nt) if (T > 64)
-  for (int64_t i = 0; i < (int64_t)T * g.H; ++i) {
-    for (int d = 0; d < g.D; ++d) {
-      float x = BF16 ? from_bf16(((const uint16_t*)q)[i * g.D + d]) : ((const float*)q)[i * g.D + d];
-      x = x * scale;
-      if (BF16) ((uint16_t*)qw.data())[i * g.D + d] = to_bf16(x);
-      else std::memcpy((float*)qw.data() + i * g.D + d, &x, 4);
-    }
-  }
+  scale_q<BF16>(q, qw.data(), (int64_t)T * g.H * g.D, scale, nt);
   std::vector<Tile> tiles;
+  int maxblk = 0;
   for (int s = 0; s < B; ++s) {
     int ql = qs[s + 1] - qs[s], pos0 = sl[s] - ql;
     for (int h = 0; h < g.HKV; ++h)
       for (int rh = 0; rh < ql * g.G; rh += per) {
         int n = std::min(per, ql * g.G - rh), lastpos = pos0 + (rh + n - 1) / g.G;
         tiles.push_back({s, h, rh, n, lastpos / g.BS + 1, 0, qs[s], pos0});
+        maxblk = std::max(maxblk, lastpos / g.BS + 1);
       }
+  }
+  // Whole tiles when they are short or many enough to keep every thread busy; else split the
+  // scores of each tile over several tasks. Either way each row sees the same operations.
+  const int64_t most = (int64_t)per * maxblk * g.BS;  // scores of the largest tile
+  if (maxblk <= KCHUNK || ((int64_t)tiles.size() >= 8 * nt && most * nt <= wave_floats)) {
+    wave<BF16>(g, qw.data(), kc, vc, bt, bts, tiles, 0, tiles.size(), false, nullptr, out, nt);
+    return 0;
   }
   static thread_local std::vector<float> S;  // grown, never shrunk: no page faults per call
   size_t w0 = 0;
-  while (w0 < tiles.size()) {  // waves of tiles whose scores fit in `wave` floats
+  while (w0 < tiles.size()) {  // waves of tiles whose scores fit in `wave_floats` floats
     size_t w1 = w0; int64_t used = 0;
-    while (w1 < tiles.size() && (w1 == w0 || used + (int64_t)tiles[w1].n * tiles[w1].nblk * g.BS <= wave)) {
+    while (w1 < tiles.size() && (w1 == w0 || used + (int64_t)tiles[w1].n * tiles[w1].nblk * g.BS <= wave_floats)) {
       tiles[w1].scratch = used; used += (int64_t)tiles[w1].n * tiles[w1].nblk * g.BS; ++w1;
     }
     if ((int64_t)S.size() < used) S.resize(used);
-    float* const Sp = S.data();  // not S inside the region: each thread has its own thread_local
-    std::vector<std::pair<int, int>> tasks;  // (tile, first block) score tasks
-    for (size_t i = w0; i < w1; ++i)
-      for (int b = 0; b < tiles[i].nblk; b += KCHUNK) tasks.push_back({(int)i, b});
-    #pragma omp parallel num_threads(nt)
-    {
-      #pragma omp for schedule(dynamic, 1)
-      for (size_t k = 0; k < tasks.size(); ++k) {
-        const Tile& t = tiles[tasks[k].first];
-        int b0 = tasks[k].second, b1 = std::min(t.nblk, b0 + KCHUNK);
-        scores_n<BF16, MAXN>(g, qw.data(), kc, bt + t.seq * bts, t, b0, b1, Sp + t.scratch, t.n);
-      }
-      #pragma omp for schedule(dynamic, 1)
-      for (size_t i = w0; i < w1; ++i) {
-        const Tile& t = tiles[i];
-        for (int j = 0; j < t.n; ++j) {
-          int pos = t.pos0 + (t.rh0 + j) / g.G;
-          softmax_row<BF16>(Sp + t.scratch + (int64_t)j * t.nblk * g.BS, pos, pos / g.BS + 1, g.BS);
-        }
-      }
-      #pragma omp for schedule(dynamic, 1)
-      for (int64_t k = 0; k < (int64_t)(w1 - w0) * ndc; ++k) {
-        const Tile& t = tiles[w0 + k / ndc];
-        finish<BF16>(g, t, bt + t.seq * bts, vc, Sp + t.scratch, (int)(k % ndc), out);
-      }
-    }
+    // S.data(), not S, inside the region: each thread has its own thread_local
+    wave<BF16>(g, qw.data(), kc, vc, bt, bts, tiles, w0, w1, true, S.data(), out, nt);
     w0 = w1;
   }
   return 0;

@@ -1,0 +1,115 @@
+"""CPU paged-attention kernel timings: decode and prefill per layer, optionally against an older build.
+
+One layer of SmolLM2-135M attention by default (9 heads, 3 KV heads, head_dim 64, block 16,
+bf16). Decode: B sequences of one new token on `context` cached tokens, their blocks scattered
+over the cache; prefill: one fresh prompt of n tokens. With ``--old-ref REF`` the kernel source at
+git revision REF is built too and both are timed alternating call by call in this process (the
+machine is shared: alternation keeps load changes from favouring one side); medians are printed.
+
+    OMP_WAIT_POLICY=PASSIVE python -P benchmarks/cpu_attention.py --old-ref HEAD
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, markdown_table
+from pagoda.runtime import native
+from pagoda.runtime.attention import cpu_kernel
+
+SOURCE_PATH = "runtime/attention/cpu_kernel_source.py"
+
+
+def old_kernel(ref: str, cache: Path) -> cpu_kernel.CpuKernel:
+    """The kernel as it was at git revision `ref` (its source string, built with today's flags)."""
+    root = Path(__file__).resolve().parent.parent
+    text = subprocess.run(
+        ["git", "show", f"{ref}:{SOURCE_PATH}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    scope: dict = {}
+    exec(compile(text, f"{ref}:{SOURCE_PATH}", "exec"), scope)
+    path = native.build(
+        scope["SOURCE"], name="paged_attention_old", compiler="g++", flags=cpu_kernel.FLAGS,
+        language="c++", directory=cache,
+    )  # fmt: skip
+    return cpu_kernel.CpuKernel(path)
+
+
+def make_case(h, hkv, d, bs, batch, context, new, seed=0):
+    """Caches, a scattered block table, query and step tensors for one call."""
+    g = torch.Generator().manual_seed(seed)
+    nblk = -(-context // bs)
+    nb = batch * nblk + 1
+    kc = torch.randn(hkv, nb, d // 2, bs, 2, generator=g).to(torch.bfloat16)
+    vc = torch.randn(hkv, nb, bs // 2, d, 2, generator=g).to(torch.bfloat16)
+    perm = np.random.default_rng(seed).permutation(nb - 1) + 1
+    bt = torch.from_numpy(perm.reshape(batch, nblk).astype(np.int32))
+    q = torch.randn(batch * new, h, d, generator=g).to(torch.bfloat16)
+    qs = torch.arange(0, batch * new + 1, new, dtype=torch.int32)
+    sl = torch.full((batch,), context, dtype=torch.int32)
+    return q, kc, vc, bt, qs, sl
+
+
+def time_case(kernels, case, budget_s: float) -> list[float]:
+    """Median seconds per call of each kernel, calls alternating until the budget is spent."""
+    q, kc, vc, bt, qs, sl = case
+    scale = q.shape[-1] ** -0.5
+    times: list[list[float]] = [[] for _ in kernels]
+    outs = [k.attention(q, kc, vc, bt, qs, sl, scale) for k in kernels]  # warm-up
+    for o in outs[1:]:
+        assert torch.allclose(o.float(), outs[0].float(), atol=2e-2, rtol=2e-2)
+    end = time.perf_counter() + budget_s
+    while time.perf_counter() < end or len(times[0]) < 5:
+        for i, k in enumerate(kernels):
+            t = time.perf_counter()
+            k.attention(q, kc, vc, bt, qs, sl, scale)
+            times[i].append(time.perf_counter() - t)
+    return [float(np.median(t)) for t in times]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--old-ref", help="git revision whose kernel is timed beside this one")
+    ap.add_argument("--heads", type=int, nargs=3, default=[9, 3, 64], metavar=("H", "HKV", "D"))
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[300, 1000, 5000])
+    ap.add_argument("--prefill", type=int, nargs="+", default=[512, 1024])
+    ap.add_argument("--seconds", type=float, default=1.0, help="time budget per case")
+    args = ap.parse_args()
+    print(machine())
+    kernels = [cpu_kernel.load()]
+    names = ["new ms"]
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.old_ref:
+            kernels.append(old_kernel(args.old_ref, Path(tmp)))
+            names.append(f"{args.old_ref} ms")
+        h, hkv, d = args.heads
+        cases = [(f"decode B={b} ctx={c}", b, c, 1) for b in args.batches for c in args.contexts]
+        cases += [(f"prefill {n}", 1, n, n) for n in args.prefill]
+        rows = []
+        for name, b, c, n in cases:
+            med = time_case(kernels, make_case(h, hkv, d, 16, b, c, n), args.seconds)
+            kv_gb = 2 * b * c * hkv * d * 2 / 1e9
+            row = [name, *(f"{m * 1e3:.3f}" for m in med), f"{kv_gb / med[0]:.1f}"]
+            if len(med) > 1:
+                row.append(f"{med[1] / med[0]:.2f}x")
+            rows.append(row)
+        headers = ["case", *names, "new K/V GB/s"] + (["speed-up"] if args.old_ref else [])
+        print(markdown_table(headers, rows))
+
+
+if __name__ == "__main__":
+    main()
