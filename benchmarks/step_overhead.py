@@ -6,6 +6,7 @@ output building. Decode steps are timed at 32/128/256 running sequences, greedy 
     .venv/bin/python -P benchmarks/step_overhead.py                 # the table (~1 min)
     .venv/bin/python -P benchmarks/step_overhead.py --profile 256   # + cProfile of sampled steps
     .venv/bin/python -P benchmarks/step_overhead.py --seqs 256 --samplers native torch  # A/B
+    .venv/bin/python -P benchmarks/step_overhead.py --old-ref REF   # before/after, alternating
 
 `--samplers native torch` times each case with the native C sampler kernels and with the PyTorch
 sampler, alternating in one run (the kernels are `pagoda.runtime.sampler_native`).
@@ -19,8 +20,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch (and OpenMP)
 
 import argparse
 import cProfile
+import json
 import pstats
 import random
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, markdown_table, write_random_llama
+from long_context import _old_tree
 from pagoda.runtime import LLM, SamplingParams, sampler_native
 from pagoda.runtime.model.loader import load_model
 
@@ -102,6 +107,60 @@ def profile(loaded, n: int, steps: int, prompt_len: int) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(18)
 
 
+def measure_all(loaded, args) -> list[dict]:
+    """Every (seqs, sampling, sampler) case: wall ms per step and the clocked phases."""
+    rows = []
+    for n in args.seqs:
+        for name, temp in (("greedy", 0.0), ("sampled T=0.6", 0.6)):
+            for kind in args.samplers:
+                used = use_sampler(kind)
+                r = measure(loaded, n, temp, args.steps, args.prompt_len)
+                r["host_ms"] = sum(r.get(p, 0.0) for p in PHASES if p != "forward")
+                rows.append({"seqs": n, "sampling": name, "sampler": used, **r})
+                print(f"  {n} seqs {name} ({used}): {r['wall_ms']:.2f} ms/step", flush=True)
+    use_sampler(args.samplers[0])
+    return rows
+
+
+def before_after(args, rounds: int = 2) -> None:
+    """This tree and `--old-ref`'s runtime, each in a child process, alternating for `rounds`
+    rounds so that drift on a shared machine hits both alike; medians of the rounds."""
+    cmd = [sys.executable, "-P", __file__, "--child", "--steps", str(args.steps)]
+    cmd += ["--prompt-len", str(args.prompt_len), "--seqs", *map(str, args.seqs)]
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {"before": str(_old_tree(args.old_ref, Path(tmp))), "after": None}
+        runs: dict[str, list[list[dict]]] = {"before": [], "after": []}
+        for _ in range(rounds):
+            for label, tree in trees.items():
+                env = dict(os.environ)
+                if tree is not None:
+                    env["PYTHONPATH"] = tree
+                res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
+                if res.returncode or not lines:
+                    raise RuntimeError(f"{label} failed:\n{res.stderr[-3000:]}")
+                result = json.loads(lines[-1][len("RESULT ") :])
+                if tree is not None and not result["runtime"].startswith(tmp):
+                    raise RuntimeError(f"the child imported {result['runtime']}, not {tree}")
+                runs[label].append(result["rows"])
+                print(f"  round done: {label}", flush=True)
+    rows = []
+    for i, case in enumerate(runs["after"][0]):
+        med = {
+            k: {f: statistics.median(r[i][f] for r in runs[k]) for f in ("host_ms", "wall_ms")}
+            for k in runs
+        }
+        b, a = med["before"], med["after"]
+        ratio = f"{b['host_ms'] / a['host_ms']:.2f}x"
+        host = [f"{b['host_ms']:.2f}", f"{a['host_ms']:.2f}", ratio]
+        rows.append(
+            [case["seqs"], case["sampling"], *host, f"{b['wall_ms']:.2f}", f"{a['wall_ms']:.2f}"]
+        )
+    print(f"\nms per decode step, before = {args.old_ref}, after = this tree ({rounds} rounds):")
+    heads = ["seqs", "sampling", "host before", "host after", "host ratio"]
+    print(markdown_table([*heads, "step before", "step after"], rows))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seqs", type=int, nargs="+", default=[32, 128, 256])
@@ -116,31 +175,34 @@ def main(argv: list[str] | None = None) -> None:
         default=["native"],
         help="CPU sampler implementations to time side by side",
     )
+    ap.add_argument("--old-ref", help="also time the runtime of this git commit (before/after)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"machine: {machine()}")
+    if args.old_ref:
+        before_after(args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         write_random_llama(Path(tmp), TINY)
         loaded = load_model(tmp)
-    rows = []
-    for n in args.seqs:
-        for name, temp in (("greedy", 0.0), ("sampled T=0.6", 0.6)):
-            for kind in args.samplers:
-                used = use_sampler(kind)
-                r = measure(loaded, n, temp, args.steps, args.prompt_len)
-                host = sum(r.get(p, 0.0) for p in PHASES if p != "forward")
-                rows.append(
-                    [n, name, used, f"{r['wall_ms']:.2f}", f"{host:.2f}"]
-                    + [f"{r.get(p, 0.0):.2f}" for p in PHASES]
-                )
-                print(f"  {n} seqs {name} ({used}): {r['wall_ms']:.2f} ms/step", flush=True)
-    use_sampler(args.samplers[0])
+    rows = measure_all(loaded, args)
+    if args.child:
+        import pagoda.runtime
+
+        print("RESULT " + json.dumps({"runtime": pagoda.runtime.__file__, "rows": rows}))
+        return
+    table = [
+        [r["seqs"], r["sampling"], r["sampler"], f"{r['wall_ms']:.2f}", f"{r['host_ms']:.2f}"]
+        + [f"{r.get(p, 0.0):.2f}" for p in PHASES]
+        for r in rows
+    ]
     print(f"\nms per decode step (dtype {loaded_dtype()}, vocab {TINY['vocab_size']}, 1 layer):")
     print(
         "(step: wall time of a run without the clock; host: the clocked run's phases but forward)"
     )
-    print(markdown_table(["seqs", "sampling", "sampler", "step", "host", *PHASES], rows))
+    print(markdown_table(["seqs", "sampling", "sampler", "step", "host", *PHASES], table))
     if args.profile:
         profile(loaded, args.profile, args.steps, args.prompt_len)
 

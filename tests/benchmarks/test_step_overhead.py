@@ -26,3 +26,17 @@ def test_small_run_reports_each_sampler_and_phase(capsys, monkeypatch):
     header = next(ln for ln in out.splitlines() if ln.startswith("| seqs"))
     assert all(p in header for p in step_overhead.PHASES)
     assert step_overhead.use_sampler("native") in ("native", "torch")
+
+
+@pytest.mark.timeout(300)
+def test_old_ref_times_that_commits_runtime_beside_this_one(capsys):
+    import step_overhead
+
+    step_overhead.main(["--seqs", "2", "--steps", "1", "--old-ref", "HEAD"])
+    out = capsys.readouterr().out
+    assert "before = HEAD" in out
+    rows = [ln for ln in out.splitlines() if ln.startswith("| 2 |")]
+    assert len(rows) == 2  # greedy and sampled
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[4].endswith("x") and float(cells[5]) > 0 and float(cells[6]) > 0
