@@ -296,13 +296,17 @@ static void gather_bins(const void *row, int bf16, int64_t v, float s, float b, 
         for (int64_t j = 0; j < len; j++) hit |= (bin[j] == first) | (bin[j] == second);
         if (!hit) continue;
         span_weights(x, len, s, b, mp, w);
-        for (int64_t g = 0; g < len; g += 16) { /* scalar work only where a group hits */
+        for (int64_t g = 0; g < len; g += 16) { /* per 16 entries: a hit test, then a bit mask */
             int64_t end = g + 16 < len ? g + 16 : len;
             hit = 0;
 #pragma omp simd reduction(| : hit)
             for (int64_t j = g; j < end; j++) hit |= (bin[j] == first) | (bin[j] == second);
-            for (int64_t j = g; hit && j < end; j++) {
-                if (!(w[j] > 0.0f) || (bin[j] != first && bin[j] != second)) continue;
+            uint32_t mask = 0;
+            for (int64_t j = g; hit && j < end; j++)
+                mask |= (uint32_t)((bin[j] == first) | (bin[j] == second)) << (j - g);
+            for (; mask; mask &= mask - 1) { /* only the hits: no mispredicted branches */
+                int64_t j = g + __builtin_ctz(mask);
+                if (!(w[j] > 0.0f)) continue;
                 cand_t *to = bin[j] == first ? &c[(*n1)++] : &c[lim - ++(*n2)];
                 to->key = rank_key(x[j], lo + j);
                 to->w = w[j];
