@@ -6,7 +6,8 @@ whole-vocabulary draw. Here no row is sorted. One pass takes the maxima of 32-en
 
 * top-k: the k-th largest chunk (or block) maximum is at most the k-th largest entry, so only
   the entries at or above it (blocks whose maximum reaches it) are gathered, ~k of them, and a
-  quickselect keeps the k best. k above the block count: one streaming pass with a 2k buffer.
+  quickselect keeps the k best. k > 512: a count histogram over log2-weight bins gives the bin
+  of the k-th entry instead (the block bound gets loose as k nears the block count).
 * top-p without top-k (exact for any top_p): the row's mass Z; the kept set lies within the best
   64 entries iff their mass exceeds p * Z (the usual, peaked case). Otherwise (a flat row) a
   histogram of the mass over log2-weight bins (1/16 wide) locates the bin where the cut falls and
@@ -34,6 +35,7 @@ SOURCE = r"""
 #define NBINS 1024 /* the last bin holds the weights below 2^-63.9 */
 #define FLAT_CANDIDATES 4096 /* top-p on a larger vocabulary: the histogram path when flat */
 #define TOP_P_FIRST 64 /* top-p first tries the best 64 entries */
+#define TOP_K_BOUNDED 512 /* larger top-k: by the count histogram, not block maxima */
 typedef struct { uint64_t key; float w; } cand_t; /* w: the logit until weights are known */
 typedef struct { float *w, *bm, *hist; double *cum; cand_t *c; } scratch_t; /* one thread's */
 
@@ -105,32 +107,6 @@ static int64_t select_mass(cand_t *c, int64_t n, double target, double *before) 
     for (; j < hi - 1 && acc + c[j].w <= target; j++) acc += c[j].w;
     *before = acc;
     return j;
-}
-
-/* The k best entries of a row (finite keys) into c (capacity cap >= k + 1), logits in .w. */
-static int64_t gather_top_k(const void *row, int bf16, int64_t v, int64_t k, cand_t *c,
-                            int64_t cap) {
-    float buf[CH], thr = NEG_INF; /* entries must beat the k-th best so far */
-    int64_t n = 0;
-    for (int64_t lo = 0; lo < v; lo += CH) {
-        int64_t len = span_len(v, lo);
-        const float *x = chunk(row, bf16, lo, len, buf);
-        if (!(span_max(x, len) > thr)) continue;
-        for (int64_t j = 0; j < len; j++) {
-            if (!(x[j] > thr)) continue; /* an equal logit later in the row ranks after */
-            if (n == cap) {
-                select_rank(c, n, k);
-                n = k;
-                thr = c[0].w;
-                for (int64_t i = 1; i < k; i++) thr = c[i].w < thr ? c[i].w : thr;
-                if (!(x[j] > thr)) continue;
-            }
-            c[n].key = rank_key(x[j], lo + j);
-            c[n++].w = x[j];
-        }
-    }
-    if (n > k) { select_rank(c, n, k); n = k; }
-    return n;
 }
 
 /* Maxima of the row's BLK-entry blocks into bm and of its CH-entry chunks into cm; returns the
@@ -217,24 +193,6 @@ static float kth_largest(const float *g, int64_t ng, int64_t k, cand_t *c) {
     return lo_x;
 }
 
-/* Top-k candidates with their weights (min-p and zero weights dropped), given the row maximum m
-   and the block and chunk maxima (bm, then cm): the entries at or above a lower bound of the
-   k-th best one, from the chunk maxima when k is below their number, else the block maxima;
-   with too few blocks, one streaming pass. */
-static int64_t top_k_candidates(const void *row, int bf16, int64_t v, int64_t k, float s,
-                                float mp, float m, const float *bm, cand_t *c, double *total) {
-    int64_t nb = (v + BLK - 1) / BLK, nc = (v + CH - 1) / CH, n;
-    float lo_x = NEG_INF;
-    if (k < nc) lo_x = kth_largest(bm + nb, nc, k, c);
-    if (!(lo_x > NEG_INF) && k < nb) lo_x = kth_largest(bm, nb, k, c);
-    if (lo_x > NEG_INF)
-        n = gather_floor(row, bf16, v, bm, lo_x, c);
-    else
-        n = gather_top_k(row, bf16, v, k, c, 2 * k + 64 < v ? 2 * k + 64 : v);
-    if (n > k) { select_rank(c, n, k); n = k; }
-    return to_weights(c, n, s, m, mp, total);
-}
-
 /* The drawn token among n > 0 candidates: top-p's cut (p < 1) against `total`, then u. */
 static int64_t pick_candidate(cand_t *c, int64_t n, double total, float p, float u) {
     double before, kept = 0.0;
@@ -257,10 +215,11 @@ static void span_bins(const float *x, int64_t n, float s, float b, int32_t *bin)
     }
 }
 
-/* cum[i]: the mass of bins below i (the heavier weights), i <= NBINS, min-p applied. Four
-   interleaved histograms (hist: 4 * NBINS floats) keep the scatter-adds independent. */
+/* cum[i]: the mass (or with `counts`, the number of entries) of the bins below i (the heavier
+   weights), i <= NBINS, min-p applied to the mass. Four interleaved histograms (hist: 4 * NBINS
+   floats) keep the scatter-adds independent. */
 static void weight_histogram(const void *row, int bf16, int64_t v, float s, float b, float mp,
-                             float *hist, double *cum) {
+                             int counts, float *hist, double *cum) {
     float buf[CH], w[CH];
     int32_t bin[CH];
     memset(hist, 0, sizeof(float) * 4 * NBINS);
@@ -269,6 +228,8 @@ static void weight_histogram(const void *row, int bf16, int64_t v, float s, floa
         const float *x = chunk(row, bf16, lo, len, buf);
         span_weights(x, len, s, b, mp, w);
         span_bins(x, len, s, b, bin);
+        if (counts)
+            for (int64_t i = 0; i < len; i++) w[i] = 1.0f;
         for (; j + 4 <= len; j += 4)
             for (int q = 0; q < 4; q++) hist[q * NBINS + bin[j + q]] += w[j + q];
         for (; j < len; j++) hist[bin[j]] += w[j];
@@ -279,11 +240,12 @@ static void weight_histogram(const void *row, int bf16, int64_t v, float s, floa
                                hist[3 * NBINS + i]);
 }
 
-/* The entries (positive weight) of bin `first` into c[0, *n1) and, unless `second` is -1, of
-   bin `second` into c[lim - *n2, lim): one pass for both. */
+/* The entries (positive weight) of bins [lo_bin, first] into c[0, *n1) and, unless `second` is
+   -1, of bin `second` into c[lim - *n2, lim): one pass for both. */
+#define IN_BINS(k) ((((k) >= lo_bin) & ((k) <= first)) | ((k) == second))
 static void gather_bins(const void *row, int bf16, int64_t v, float s, float b, float mp,
-                        int32_t first, int32_t second, cand_t *c, int64_t lim, int64_t *n1,
-                        int64_t *n2) {
+                        int32_t lo_bin, int32_t first, int32_t second, cand_t *c, int64_t lim,
+                        int64_t *n1, int64_t *n2) {
     float buf[CH], w[CH];
     int32_t bin[CH];
     *n1 = *n2 = 0;
@@ -293,26 +255,58 @@ static void gather_bins(const void *row, int bf16, int64_t v, float s, float b, 
         span_bins(x, len, s, b, bin);
         int hit = 0;
 #pragma omp simd reduction(| : hit)
-        for (int64_t j = 0; j < len; j++) hit |= (bin[j] == first) | (bin[j] == second);
+        for (int64_t j = 0; j < len; j++) hit |= IN_BINS(bin[j]);
         if (!hit) continue;
         span_weights(x, len, s, b, mp, w);
         for (int64_t g = 0; g < len; g += 16) { /* per 16 entries: a hit test, then a bit mask */
             int64_t end = g + 16 < len ? g + 16 : len;
             hit = 0;
 #pragma omp simd reduction(| : hit)
-            for (int64_t j = g; j < end; j++) hit |= (bin[j] == first) | (bin[j] == second);
+            for (int64_t j = g; j < end; j++) hit |= IN_BINS(bin[j]);
             uint32_t mask = 0;
-            for (int64_t j = g; hit && j < end; j++)
-                mask |= (uint32_t)((bin[j] == first) | (bin[j] == second)) << (j - g);
+            for (int64_t j = g; hit && j < end; j++) mask |= (uint32_t)IN_BINS(bin[j]) << (j - g);
             for (; mask; mask &= mask - 1) { /* only the hits: no mispredicted branches */
                 int64_t j = g + __builtin_ctz(mask);
                 if (!(w[j] > 0.0f)) continue;
-                cand_t *to = bin[j] == first ? &c[(*n1)++] : &c[lim - ++(*n2)];
+                cand_t *to = bin[j] != second ? &c[(*n1)++] : &c[lim - ++(*n2)];
                 to->key = rank_key(x[j], lo + j);
                 to->w = w[j];
             }
         }
     }
+}
+
+/* Top-k by a count histogram: the bin of the k-th best entry, then the entries of that bin and
+   above (positive weights only), of which a quickselect keeps the k best. */
+static int64_t top_k_by_counts(const void *row, int bf16, int64_t v, int64_t k, float s,
+                               float mp, float m, scratch_t *t) {
+    int64_t n, n2;
+    int32_t cut = 0;
+    weight_histogram(row, bf16, v, s, -m * s, mp, 1, t->hist, t->cum);
+    while (cut < NBINS - 1 && t->cum[cut + 1] < (double)k) cut++;
+    gather_bins(row, bf16, v, s, -m * s, mp, 0, cut, -1, t->c, v + 1, &n, &n2);
+    return n > k ? (select_rank(t->c, n, k), k) : n;
+}
+
+/* Top-k candidates with their weights (min-p and zero weights dropped) into t->c, *total their
+   mass, given the row maximum m and the block and chunk maxima (t->bm): the entries at or above
+   a lower bound of the k-th best one, from the chunk maxima when k is below their number, else
+   the block maxima. A large k (or too few finite groups): the count histogram. */
+static int64_t top_k_candidates(const void *row, int bf16, int64_t v, int64_t k, float s,
+                                float mp, float m, scratch_t *t, double *total) {
+    int64_t nb = (v + BLK - 1) / BLK, nc = (v + CH - 1) / CH, n = 0;
+    float lo_x = NEG_INF;
+    if (k < nc) lo_x = kth_largest(t->bm + nb, nc, k, t->c);
+    if (!(lo_x > NEG_INF) && k < nb && k <= TOP_K_BOUNDED) lo_x = kth_largest(t->bm, nb, k, t->c);
+    if (!(lo_x > NEG_INF)) {
+        n = top_k_by_counts(row, bf16, v, k, s, mp, m, t);
+        *total = 0.0;
+        for (int64_t i = 0; i < n; i++) *total += t->c[i].w;
+        return n;
+    }
+    n = gather_floor(row, bf16, v, t->bm, lo_x, t->c);
+    if (n > k) { select_rank(t->c, n, k); n = k; }
+    return to_weights(t->c, n, s, m, mp, total);
 }
 
 /* Top-p over a row with many candidates (a flat distribution): the mass histogram gives the bin
@@ -323,7 +317,7 @@ static int64_t flat_top_p(const void *row, int bf16, int64_t v, float s, float m
                           float p, float u, scratch_t *t) {
     float b = -m * s;
     double *cum = t->cum, before = 0.0;
-    weight_histogram(row, bf16, v, s, b, mp, t->hist, cum);
+    weight_histogram(row, bf16, v, s, b, mp, 0, t->hist, cum);
     double target = (double)p * cum[NBINS]; /* the row's mass, as the histogram sums it */
     if (!(cum[NBINS] > 0.0 && cum[NBINS] < __builtin_inf())) return -1;
     int32_t cut = 0, at = 0, at_hi = 0;
@@ -332,15 +326,16 @@ static int64_t flat_top_p(const void *row, int bf16, int64_t v, float s, float m
     while (at < cut - 1 && cum[at + 1] <= u * cum[cut]) at++;
     while (at_hi < cut && cum[at_hi + 1] <= u * cum[cut + 1]) at_hi++;
     int64_t n, n2, r = -1;
-    gather_bins(row, bf16, v, s, b, mp, cut, at == at_hi && at < cut ? at : -1, t->c, v, &n, &n2);
+    gather_bins(row, bf16, v, s, b, mp, cut, cut, at == at_hi && at < cut ? at : -1, t->c, v + 1,
+                &n, &n2);
     if (n > 0) r = select_mass(t->c, n, target - cum[cut], &before);
     double draw = u * (cum[cut] + (r >= 0 ? before + t->c[r].w : 0.0));
     if (r >= 0 && draw >= cum[cut])
         return (int64_t)(uint32_t)t->c[select_mass(t->c, r + 1, draw - cum[cut], &before)].key;
     for (at = 0; at < cut - 1 && cum[at + 1] <= draw;) at++;
     if (n2 == 0) /* the draw's bin was not gathered with the cut's (if it was, it is `at`) */
-        gather_bins(row, bf16, v, s, b, mp, -1, at, t->c, v, &n, &n2);
-    cand_t *c2 = t->c + v - n2;
+        gather_bins(row, bf16, v, s, b, mp, 0, -1, at, t->c, v + 1, &n, &n2);
+    cand_t *c2 = t->c + v + 1 - n2;
     return n2 > 0 ? (int64_t)(uint32_t)c2[select_mass(c2, n2, draw - cum[at], &before)].key : -1;
 }
 
@@ -368,7 +363,7 @@ static int64_t top_p_row(const void *row, int bf16, int64_t v, float s, float p,
     if (!(z > 0.0 && z < __builtin_inf())) return -1;
     double target = (double)p * z;
     if (TOP_P_FIRST < v && TOP_P_FIRST > target) {
-        n = top_k_candidates(row, bf16, v, TOP_P_FIRST, s, mp, m, t->bm, t->c, &mass);
+        n = top_k_candidates(row, bf16, v, TOP_P_FIRST, s, mp, m, t, &mass);
         if (mass > target) return n > 0 ? pick_candidate(t->c, n, z, p, u) : -1;
     }
     if (v > FLAT_CANDIDATES) return flat_top_p(row, bf16, v, s, m, mp, p, u, t);
@@ -384,7 +379,7 @@ static int64_t filtered_row(const void *row, int bf16, int64_t v, float s, int64
     if (k < v) {
         float m = block_maxima(row, bf16, v, t->bm, t->bm + (v + BLK - 1) / BLK);
         int64_t n = m > NEG_INF && m < -NEG_INF
-                        ? top_k_candidates(row, bf16, v, k > 1 ? k : 1, s, mp, m, t->bm, t->c, &total)
+                        ? top_k_candidates(row, bf16, v, k > 1 ? k : 1, s, mp, m, t, &total)
                         : 0;
         token = n > 0 ? pick_candidate(t->c, n, total, p, u) : -1;
     } else {
