@@ -9,6 +9,8 @@ maximum at the end, as online softmax does), then a walk of the cumulative sums 
 and the token. ~3x faster than the PyTorch ops on one core; rows are split across torch's
 thread count (ctypes drops the GIL during the call). The kernels read float32 or bfloat16 rows
 (bf16 widens exactly, so the tokens are the same as from the float32 copy, which need not be made).
+Rows with top-k / top-p go to `sample_filtered_rows`, whose C source is `sampler_native_filter`
+(selection by block-maximum bounds and quickselect instead of `torch.topk`), in the same library.
 
 The source is built on first use with the system C compiler (`CC`, else `cc`/`gcc`, ~0.2 s) into
 a cache (`pagoda.runtime.native`; keyed by source, flags, compiler and CPU) and loaded with ctypes. With no
