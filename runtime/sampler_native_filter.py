@@ -110,9 +110,12 @@ static int64_t select_mass(cand_t *c, int64_t n, double target, double *before) 
 }
 
 /* Maxima of the row's BLK-entry blocks into bm and of its CH-entry chunks into cm; returns the
-   row maximum. */
-static float block_maxima(const void *row, int bf16, int64_t v, float *bm, float *cm) {
+   row maximum. With `mass`, also the row's mass of 2^((x - max) s), summed relative to the
+   running maximum while each chunk is in L1 (as online softmax does). */
+static float block_maxima(const void *row, int bf16, int64_t v, float *bm, float *cm, float s,
+                          double *mass) {
     float buf[CH], m = NEG_INF;
+    double z = 0.0;
     for (int64_t lo = 0; lo < v; lo += CH) {
         int64_t len = span_len(v, lo);
         const float *x = chunk(row, bf16, lo, len, buf);
@@ -123,8 +126,13 @@ static float block_maxima(const void *row, int bf16, int64_t v, float *bm, float
             cmax = bmax > cmax ? bmax : cmax;
         }
         cm[lo / CH] = cmax;
-        m = cmax > m ? cmax : m;
+        if (cmax > m) {
+            z *= exp2_neg((m - cmax) * s); /* 0 while m is -inf */
+            m = cmax;
+        }
+        if (mass && cmax > NEG_INF) z += span_sum(x, len, s, -m * s);
     }
+    if (mass) *mass = z;
     return m;
 }
 
@@ -343,24 +351,16 @@ static int64_t flat_top_p(const void *row, int bf16, int64_t v, float s, float m
    crosses p * total (total: the row's mass after min-p): within the best k entries iff their
    mass exceeds p * total. Tried with the best TOP_P_FIRST (a cheap top-k selection) unless
    even weights of 1 (the best one's) could not add up to it; else, the histogram path (or all
-   entries, for a small vocabulary). The block maxima's mass bounds the total from below: when
-   that already rules the first try out, the histogram path starts at once (it sums the total
-   itself). -1: nothing finite. */
+   entries, for a small vocabulary). -1: nothing finite. */
 static int64_t top_p_row(const void *row, int bf16, int64_t v, float s, float p, float mp,
                          float u, scratch_t *t) {
     int64_t nb = (v + BLK - 1) / BLK, n;
-    float m = block_maxima(row, bf16, v, t->bm, t->bm + nb), acc = 0.0f;
+    double z = 0.0, mass;
+    float m = block_maxima(row, bf16, v, t->bm, t->bm + nb, s, mp > 0.0f ? NULL : &z);
     if (!(m > NEG_INF && m < -NEG_INF)) return -1;
-    p = p > 0.0f ? p : 0.0f;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t i = 0; i < nb; i++) {
-        float e = exp2_neg(t->bm[i] * s - m * s);
-        acc += e >= mp ? e : 0.0f;
-    }
-    if (v > FLAT_CANDIDATES && (double)p * acc >= TOP_P_FIRST)
-        return flat_top_p(row, bf16, v, s, m, mp, p, u, t);
-    double z = row_mass(row, bf16, v, s, -m * s, mp), mass;
+    if (mp > 0.0f) z = row_mass(row, bf16, v, s, -m * s, mp); /* min-p needs the maximum first */
     if (!(z > 0.0 && z < __builtin_inf())) return -1;
+    p = p > 0.0f ? p : 0.0f;
     double target = (double)p * z;
     if (TOP_P_FIRST < v && TOP_P_FIRST > target) {
         n = top_k_candidates(row, bf16, v, TOP_P_FIRST, s, mp, m, t, &mass);
@@ -377,7 +377,7 @@ static int64_t filtered_row(const void *row, int bf16, int64_t v, float s, int64
     double total = 0.0;
     int64_t token = -1;
     if (k < v) {
-        float m = block_maxima(row, bf16, v, t->bm, t->bm + (v + BLK - 1) / BLK);
+        float m = block_maxima(row, bf16, v, t->bm, t->bm + (v + BLK - 1) / BLK, s, NULL);
         int64_t n = m > NEG_INF && m < -NEG_INF
                         ? top_k_candidates(row, bf16, v, k > 1 ? k : 1, s, mp, m, t, &total)
                         : 0;
