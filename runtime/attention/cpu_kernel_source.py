@@ -13,12 +13,16 @@ row's own blocks in key order. Tiles only share the loads. Built with ``-ffp-con
 that the compiler cannot fuse some multiply-adds and not others.
 """
 
-SOURCE = r"""
+from pagoda.runtime.attention.cpu_kernel_amx import AMX_SOURCE
+
+SOURCE = (
+    r"""
 #include <cstdint>
 #include <cstring>
 #include <cstdlib>
 #include <vector>
 #include <algorithm>
+#include <string>
 #include <omp.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -29,7 +33,8 @@ typedef uint32_t vu __attribute__((vector_size(64)));
 typedef int32_t vi __attribute__((vector_size(64)));
 typedef uint16_t vh __attribute__((vector_size(32)));
 
-static const int MAXN = 12;            // row-heads per tile (accumulators held in registers)
+static const int MAXN = 12;            // row-heads per AVX-512 tile (accumulators in registers)
+static const int AMXN = 16;            // row-heads per AMX tile (rows of a tile register)
 static const int KCHUNK = 32;          // blocks per score task
 
 static inline vf ld(const void* p) { vf v; std::memcpy(&v, p, 64); return v; }
@@ -84,12 +89,15 @@ static inline float hsum(vf v) {  // a fixed tree
   return v[0];
 }
 
-struct Geo { int H, HKV, D, NB, BS, P, G; };
+struct Geo { int H, HKV, D, NB, BS, P, G; bool amx; };
 struct Tile {  // row-heads rh = r * G + j of one sequence and kv head; rows r0.. of that sequence
   int seq, kvh, rh0, n, nblk;   // first flattened row-head, count, blocks the tile reads
   int64_t scratch;              // offset of its [n][nblk * BS] scores
   int t0, pos0;                 // step row and context position of row 0 of the sequence
 };
+"""
+    + AMX_SOURCE
+    + r"""
 
 // Scores of 16-key chunks j in [j0, j1) (chunk j: keys 16j.. of the row's context), U chunks at
 // a time so that N * U independent dpbf16 chains hide the instruction's latency. Each chunk's
@@ -140,9 +148,9 @@ static void softmax_row(float* s, int pos, int nblk_row, int BS) {
     l = l + e;
     std::memcpy(s + c, &e, 64);
   }
-  const float sum = hsum(l);
+  const float inv = 1.0f / hsum(l);  // a multiply per 16 keys, not a division
   for (int c = 0; c < nk; c += 16) {
-    vf p = ld(s + c) / sum;
+    vf p = ld(s + c) * inv;
     if (BF16) { vh h = to_bf16v(p); std::memcpy((uint16_t*)s + c, &h, 32); }
     else std::memcpy(s + c, &p, 64);
   }
@@ -204,11 +212,15 @@ static inline int dims_for(int n, int ndc) {
   if (n <= 3 && ndc % 4 == 0) return 4;
   return n <= 6 && ndc % 2 == 0 ? 2 : 1;
 }
+static inline int dims_at(const Geo& g, int n, int dc) {
+  return g.amx ? std::min(4, g.D / 16 - dc) : dims_for(n, g.D / 16);
+}
 
 // Output dims [dc * 16, (dc + du) * 16) of a tile whose p rows are in S.
 template <bool BF16>
 static void finish(const Geo& g, const Tile& t, const int32_t* bt, const uint32_t* vc,
                    const float* S, int dc, int du, void* out) {
+  if (BF16 && g.amx) return amx_finish(g, t, bt, vc, S, dc, du, out);
   const int stride = t.nblk * g.BS;
   const float* pr[MAXN];
   int last[MAXN], common = t.nblk;
@@ -231,12 +243,22 @@ static void finish(const Geo& g, const Tile& t, const int32_t* bt, const uint32_
   }
 }
 
+// AMX multiplies p by V over all the tile's blocks: p = 0 past each row's own blocks.
 template <bool BF16>
 static void softmax_tile(const Geo& g, const Tile& t, float* S) {
   for (int j = 0; j < t.n; ++j) {
-    int pos = t.pos0 + (t.rh0 + j) / g.G;
-    softmax_row<BF16>(S + (int64_t)j * t.nblk * g.BS, pos, pos / g.BS + 1, g.BS);
+    int pos = t.pos0 + (t.rh0 + j) / g.G, nb = pos / g.BS + 1;
+    float* s = S + (int64_t)j * t.nblk * g.BS;
+    softmax_row<BF16>(s, pos, nb, g.BS);
+    if (g.amx && nb < t.nblk) std::memset((uint16_t*)s + nb * g.BS, 0, (t.nblk - nb) * g.BS * 2);
   }
+}
+
+template <bool BF16>
+static void tile_scores(const Geo& g, const uint32_t* qw, const uint32_t* kc, const int32_t* bt,
+                        const Tile& t, int b0, int b1, float* S) {
+  if (BF16 && g.amx) return amx_scores(g, qw, kc, bt, t, b0 * g.BS / 16, b1 * g.BS / 16, S);
+  scores_n<BF16, MAXN>(g, qw, kc, bt, t, b0, b1, S, t.n);
 }
 
 // A whole tile in one task (scores in this thread's scratch): no barrier between the phases.
@@ -246,10 +268,12 @@ static void whole_tile(const Geo& g, const uint32_t* qw, const uint32_t* kc, con
   static thread_local std::vector<float> buf;
   const size_t need = (size_t)t.n * t.nblk * g.BS;
   if (buf.size() < need) buf.resize(need);
-  scores_n<BF16, MAXN>(g, qw, kc, bt, t, 0, t.nblk, buf.data(), t.n);
+  tile_scores<BF16>(g, qw, kc, bt, t, 0, t.nblk, buf.data());
   softmax_tile<BF16>(g, t, buf.data());
-  const int ndc = g.D / 16, du = dims_for(t.n, ndc);
-  for (int dc = 0; dc < ndc; dc += du) finish<BF16>(g, t, bt, vc, buf.data(), dc, du, out);
+  for (int dc = 0, du; dc < g.D / 16; dc += du) {
+    du = dims_at(g, t.n, dc);
+    finish<BF16>(g, t, bt, vc, buf.data(), dc, du, out);
+  }
 }
 
 // Every block a sequence reads must exist: a bad table would read outside the cache.
@@ -290,7 +314,7 @@ static void wave(const Geo& g, const uint32_t* qw, const uint32_t* kc, const uin
   for (size_t i = w0; i < w1; ++i) {
     if (!split) { tasks.push_back({(int)i, -1}); continue; }
     for (int b = 0; b < tiles[i].nblk; b += KCHUNK) tasks.push_back({(int)i, b});
-    for (int dc = 0, du = dims_for(tiles[i].n, ndc); dc < ndc; dc += du) fin.push_back({(int)i, dc});
+    for (int dc = 0; dc < ndc; dc += dims_at(g, tiles[i].n, dc)) fin.push_back({(int)i, dc});
   }
   #pragma omp parallel num_threads(nt)
   {
@@ -299,7 +323,7 @@ static void wave(const Geo& g, const uint32_t* qw, const uint32_t* kc, const uin
       const Tile& t = tiles[tasks[k].first];
       const int b0 = tasks[k].second, b1 = std::min(t.nblk, b0 + KCHUNK);
       if (b0 < 0) whole_tile<BF16>(g, qw, kc, vc, bt + t.seq * bts, t, out);
-      else scores_n<BF16, MAXN>(g, qw, kc, bt + t.seq * bts, t, b0, b1, Sp + t.scratch, t.n);
+      else tile_scores<BF16>(g, qw, kc, bt + t.seq * bts, t, b0, b1, Sp + t.scratch);
     }
     if (split) {
       #pragma omp for schedule(dynamic, 1)
@@ -308,9 +332,10 @@ static void wave(const Geo& g, const uint32_t* qw, const uint32_t* kc, const uin
       for (size_t k = 0; k < fin.size(); ++k) {
         const Tile& t = tiles[fin[k].first];
         finish<BF16>(g, t, bt + t.seq * bts, vc, Sp + t.scratch, fin[k].second,
-                     dims_for(t.n, ndc), out);
+                     dims_at(g, t.n, fin[k].second), out);
       }
     }
+    amx_done();  // hand the tile state back: torch's own AMX kernels configure tiles their way
   }
 }
 
@@ -319,7 +344,7 @@ static int run(const Geo& g, const void* q, void* out, const uint32_t* kc, const
                 const int32_t* bt, int64_t bts, const int32_t* qs, const int32_t* sl, int B,
                 int T, float scale, int64_t wave_floats, int nt) {
   if (!valid(g, bt, bts, qs, sl, B)) return 2;
-  const int W = g.D / g.P, ndc = g.D / 16, per = std::max(1, std::min(MAXN, 24 / ndc));
+  const int W = g.D / g.P, ndc = g.D / 16, per = g.amx ? AMXN : std::max(1, std::min(MAXN, 24 / ndc));
   std::vector<uint32_t> qw((size_t)T * g.H * W);
   scale_q<BF16>(q, qw.data(), (int64_t)T * g.H * g.D, scale, nt);
   std::vector<Tile> tiles;
@@ -355,6 +380,12 @@ static int run(const Geo& g, const void* q, void* out, const uint32_t* kc, const
   return 0;
 }
 
+// AMX when built for it and granted, unless PAGODA_CPU_AMX=0 (read once: one path per process).
+static bool use_amx() {
+  static const bool on = amx_granted() && !(std::getenv("PAGODA_CPU_AMX") && std::string(std::getenv("PAGODA_CPU_AMX")) == "0");
+  return on;
+}
+
 extern "C" {
 
 int pagoda_attention(int bf16, const void* q, void* out, const void* kc, const void* vc,
@@ -362,7 +393,8 @@ int pagoda_attention(int bf16, const void* q, void* out, const void* kc, const v
                      int T, int H, int HKV, int D, int NB, int BS, float scale, int64_t wave,
                      int nt) {
   if (D % 16 || BS % 16 || H % HKV) return 1;
-  Geo g{H, HKV, D, NB, BS, bf16 ? 2 : 1, H / HKV};
+  Geo g{H, HKV, D, NB, BS, bf16 ? 2 : 1, H / HKV, false};
+  g.amx = bf16 && D % 32 == 0 && D <= 512 && use_amx();
   const uint32_t *k = (const uint32_t*)kc, *v = (const uint32_t*)vc;
   nt = std::max(1, nt);
   if (bf16) return run<true>(g, q, out, k, v, bt, bts, qs, sl, B, T, scale, wave, nt);
@@ -394,3 +426,4 @@ int pagoda_write_kv(int bf16, const void* k, const void* v, void* kc, void* vc,
 
 }
 """
+)
