@@ -1,8 +1,9 @@
 """The native top-k / top-p / min-p kernel (`sampler_native.sample_filtered_rows`): chi-square
-against an exact float64 reference (ties ordered by index) on small vocabularies, through both of
-its candidate paths (block-maximum bounds, and the streaming top-k / flat-row top-p fallbacks);
-the same picks as the PyTorch `topk` path for the same uniforms; 32k rows with top_p near 1
-(where `topk` candidates fall short); bf16 as its float32 widening; edge rows; seeds."""
+against an exact float64 reference (ties ordered by index) through each of its paths (top-k by
+chunk or block maxima or a count histogram; top-p by the best 64, all entries, or the mass
+histogram of flat rows on a large vocabulary); the same picks as the PyTorch `topk` path for the
+same uniforms; 32k rows with top_p near 1 (where 1024 `topk` candidates fall short); bf16 as its
+float32 widening; edge rows; threads and seeds."""
 
 from __future__ import annotations
 
@@ -58,14 +59,14 @@ def _row(seed: int, vocab: int, scale: float) -> torch.Tensor:
 
 
 CASES = [  # (vocab, scale, T, top_k, top_p, min_p)
-    (300, 2.0, 1.0, 7, 1.0, 0.0),  # top-k below the block count: block-maximum bound
-    (300, 2.0, 0.8, 40, 1.0, 0.0),  # top-k above it: streaming selection
+    (300, 2.0, 1.0, 7, 1.0, 0.0),  # top-k below the block count (10): block-maximum bound
+    (300, 2.0, 0.8, 40, 1.0, 0.0),  # top-k above it: count histogram
     (2000, 1.5, 1.0, 50, 1.0, 0.0),
-    (300, 3.0, 0.8, 0, 0.8, 0.0),  # peaked top-p: the block maxima cross p
-    (300, 0.3, 1.0, 0, 0.9, 0.0),  # flat top-p: the (1 - p) / V bound
+    (300, 3.0, 0.8, 0, 0.8, 0.0),  # peaked top-p: within the best 64
+    (300, 0.3, 1.0, 0, 0.9, 0.0),  # flat top-p, small vocabulary: every entry a candidate
     (2000, 0.5, 1.0, 0, 0.95, 0.0),
     (300, 2.0, 1.2, 40, 0.9, 0.0),
-    (2000, 2.0, 0.7, 5, 0.6, 0.0),
+    (2000, 2.0, 0.7, 5, 0.6, 0.0),  # top-k below the chunk count (8): chunk-maximum bound
     (300, 2.0, 2.0, 0, 0.5, 0.1),  # min-p + top-p
     (300, 1.0, 1.0, 0, 0.9, 0.05),
     (300, 2.0, 0.7, 150, 0.95, 0.02),
