@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17"]
 ENV_SWITCH = "PAGODA_CPU_ATTENTION"  # "kernel" (default when it builds) or "torch"
+AMX_SWITCH = "PAGODA_CPU_AMX"  # "0": the AVX-512 loops even where AMX runs (read once per process)
 WAVE = 1 << 23  # float32 scores per wave (32 MiB): long prefill steps go in several waves
 
 
@@ -53,7 +54,14 @@ class CpuKernel:
         )
         lib.pagoda_write_kv.argtypes = [i32, p, p, p, p, p] + [i32] * 6
         lib.pagoda_attention.restype = lib.pagoda_write_kv.restype = i32
+        lib.pagoda_uses_amx.argtypes, lib.pagoda_uses_amx.restype = [], i32
         self.lib, self.path = lib, path
+
+    @property
+    def uses_amx(self) -> bool:
+        """bf16 caches go through AMX tiles (built for a CPU with AMX, granted by Linux, and
+        not turned off by ``PAGODA_CPU_AMX=0``); else through the AVX-512 loops."""
+        return bool(self.lib.pagoda_uses_amx())
 
     def write_kv(self, k, v, k_cache, v_cache, slots: torch.Tensor) -> None:
         """k, v ``[T, Hkv, D]`` into the packed caches at ``slots`` (int64; negative: skipped)."""

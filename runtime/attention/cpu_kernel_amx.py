@@ -31,7 +31,8 @@ static bool amx_granted() {
 }
 
 struct alignas(64) TileCfg { uint8_t palette, start; uint8_t pad[14]; uint16_t colsb[16]; uint8_t rows[16]; };
-static thread_local int amx_shape = 0;  // (rows, key words per p@V step) of this thread's config
+static thread_local int amx_shape = 0;
+static const int AHEAD = 2;  // chunks or blocks fetched ahead of the tile loads  // (rows, key words per p@V step) of this thread's config
 
 // tmm0-1: C (n rows of 16 floats); tmm2: A = q (n x 32 dims); tmm3: B = K chunk (32 dims x
 // 16 keys); tmm4: A = p (n x 2ks keys); tmm5: B = V (2ks keys x 16 dims); tmm6-7: more C.
@@ -61,8 +62,9 @@ static void amx_scores(const Geo& g, const uint32_t* qw, const uint32_t* kc, con
   const int64_t stride = (int64_t)t.nblk * g.BS * 4;
   for (int j = j0; j < j1; ++j) {
     const uint32_t* kp = base + (int64_t)bt[j / cpb] * W * g.BS + (j % cpb) * 16;
-    if (j + 1 < j1) {  // the next chunk's block is elsewhere: fetch it now
-      const uint32_t* nx = base + (int64_t)bt[(j + 1) / cpb] * W * g.BS + ((j + 1) % cpb) * 16;
+    if (j + AHEAD < j1) {  // later chunks' blocks are elsewhere: fetch them now
+      const int f = j + AHEAD;
+      const uint32_t* nx = base + (int64_t)bt[f / cpb] * W * g.BS + (f % cpb) * 16;
       for (int w = 0; w < W; ++w) __builtin_prefetch(nx + (int64_t)w * g.BS);
     }
     _tile_zero(0);
@@ -90,8 +92,8 @@ static void amx_finish(const Geo& g, const Tile& t, const int32_t* bt, const uin
   const uint32_t* base = vc + (int64_t)t.kvh * g.NB * KW * g.D;
   for (int b = 0; b < t.nblk; ++b) {
     const uint32_t* vb = base + (int64_t)bt[b] * KW * g.D;
-    if (b + 1 < t.nblk) {
-      const uint32_t* nx = base + (int64_t)bt[b + 1] * KW * g.D + dc * 16;
+    if (b + AHEAD < t.nblk) {
+      const uint32_t* nx = base + (int64_t)bt[b + AHEAD] * KW * g.D + dc * 16;
       for (int k = 0; k < KW; ++k) for (int u = 0; u < du; ++u) __builtin_prefetch(nx + (int64_t)k * g.D + u * 16);
     }
     for (int k = 0; k < KW; k += ks) {

@@ -6,14 +6,24 @@ Layout (per layer, ``P`` = 2 bf16 values or 1 float32 per 32-bit word, ``NB`` bl
 K ``[Hkv, NB, D/P, BS, P]`` (a 64-byte load is 16 keys' words: score lanes are keys) and
 V ``[Hkv, NB, BS/P, D, P]`` (a load is 16 dims of P consecutive keys: output lanes are dims).
 
+Work: a *tile* is up to 12 (AVX-512) or 16 (AMX) row-heads of one sequence and KV head. Its
+scores go to a scratch row per row-head, the softmax runs per row, then ``p @ V``. A step whose
+tiles are short, or numerous enough to keep every thread busy, runs each tile as one task (one
+OpenMP barrier per call); otherwise, in waves bounded by ``wave`` floats of scores, score tasks of
+``KCHUNK`` blocks, then the softmax, then ``p @ V`` by output-dim chunks. The inner loops are in
+``cpu_kernel_avx`` (AVX-512, float32 caches, CPUs without AMX) and ``cpu_kernel_amx`` (bf16 on
+CPUs with AMX); a process uses one of them for every row.
+
 Invariance: every (query row, head) pair owns its accumulators, and each is updated by the same
-sequence of operations whatever else is in its tile, wave or batch: scores by 16-key chunks at
-absolute positions (d in order), a max and a sum over the row's own blocks, ``p @ V`` over the
-row's own blocks in key order. Tiles only share the loads. Built with ``-ffp-contract=off`` so
-that the compiler cannot fuse some multiply-adds and not others.
+sequence of operations whatever else is in its tile, task, wave or batch: scores by 16-key chunks
+at absolute positions (d in order), a max and a sum over the row's own blocks, ``p @ V`` over the
+row's own blocks in key order. Tiles and groups of chunks only share the loads. Built with
+``-ffp-contract=off`` so that the compiler cannot fuse some multiply-adds and not others (the
+fused ones are written out: ``fma``).
 """
 
 from pagoda.runtime.attention.cpu_kernel_amx import AMX_SOURCE
+from pagoda.runtime.attention.cpu_kernel_avx import AVX_SOURCE
 
 SOURCE = (
     r"""
@@ -71,15 +81,24 @@ static inline vh to_bf16v(vf f) {
 }
 static inline float from_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; std::memcpy(&f, &u, 4); return f; }
 
+// a * b + c, fused where AVX-512 has it (-ffp-contract=off: the compiler never fuses on its own).
+static inline vf fma(vf a, vf b, vf c) {
+#if defined(__AVX512F__)
+  return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#else
+  return a * b + c;
+#endif
+}
+
 // exp for x <= 0 (Cephes expf polynomial, ~1 ulp); x below -87 gives ~0.
 static inline vf vexp(vf x) {
   x = x < -87.0f ? splat(-87.0f) : x;
-  vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  vf r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  vf n = fma(x, splat(1.44269504088896341f), splat(12582912.0f)) - 12582912.0f;
+  vf r = fma(n, splat(2.12194440e-4f), fma(n, splat(-0.693359375f), x));
   vf p = splat(1.9875691500E-4f);
-  p = p * r + 1.3981999507E-3f; p = p * r + 8.3334519073E-3f; p = p * r + 4.1665795894E-2f;
-  p = p * r + 1.6666665459E-1f; p = p * r + 5.0000001201E-1f;
-  vf e = (p * (r * r) + r) + 1.0f;
+  for (float c : {1.3981999507E-3f, 8.3334519073E-3f, 4.1665795894E-2f, 1.6666665459E-1f, 5.0000001201E-1f})
+    p = fma(p, r, splat(c));
+  vf e = fma(p, r * r, r) + 1.0f;
   vi k = (__builtin_convertvector(n, vi) + 127) << 23;
   return e * (vf)k;
 }
@@ -96,55 +115,33 @@ struct Tile {  // row-heads rh = r * G + j of one sequence and kv head; rows r0.
   int t0, pos0;                 // step row and context position of row 0 of the sequence
 };
 """
+    + AVX_SOURCE
     + AMX_SOURCE
     + r"""
-
-// Scores of 16-key chunks j in [j0, j1) (chunk j: keys 16j.. of the row's context), U chunks at
-// a time so that N * U independent dpbf16 chains hide the instruction's latency. Each chunk's
-// accumulator sees the same operations whatever U is: acc = 0, then d words in order.
-template <bool BF16, int N, int U>
-static void scores(const Geo& g, const uint32_t* const* q, const uint32_t* kc, const int32_t* bt,
-                   int kvh, int stride, int j0, int j1, float* S) {
-  const int W = g.D / g.P, cpb = g.BS / 16;
-  const uint32_t* base = kc + (int64_t)kvh * g.NB * W * g.BS;
-  auto chunk = [&](int j) { return base + (int64_t)bt[j / cpb] * W * g.BS + (j % cpb) * 16; };
-  for (int j = j0; j + U <= j1; j += U) {
-    const uint32_t* kp[U];
-    for (int u = 0; u < U; ++u) kp[u] = chunk(j + u);
-    const uint32_t* nx[U];  // the next group's chunks: blocks are scattered, so fetch ahead
-    for (int u = 0; u < U; ++u) nx[u] = chunk(std::min(j + U + u, j1 - 1));
-    vf acc[N][U];
-    for (int i = 0; i < N; ++i) for (int u = 0; u < U; ++u) acc[i][u] = splat(0.0f);
-    for (int w = 0; w < W; ++w) {
-      for (int u = 0; u < U; ++u) __builtin_prefetch(nx[u] + (int64_t)w * g.BS);
-      vu kv[U];
-      for (int u = 0; u < U; ++u) kv[u] = ldu(kp[u] + (int64_t)w * g.BS);
-      for (int i = 0; i < N; ++i) {
-        vu qv = splatu(q[i][w]);
-        for (int u = 0; u < U; ++u) acc[i][u] = dp<BF16>(acc[i][u], kv[u], qv);
-      }
-    }
-    for (int i = 0; i < N; ++i)
-      for (int u = 0; u < U; ++u) std::memcpy(S + (int64_t)i * stride + (j + u) * 16, &acc[i][u], 64);
-  }
-}
 
 // Row-head's softmax over its keys [0, pos]; p (bf16 or float) written in place at the start.
 template <bool BF16>
 static void softmax_row(float* s, int pos, int nblk_row, int BS) {
   const int nk = nblk_row * BS;
   vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  vf m = splat(-3.0e38f);
-  for (int c = 0; c < nk; c += 16) {
+  vf m0 = splat(-3.0e38f), m1 = m0;  // two chains: a maximum is exact in any order
+  const int full = std::min(nk, pos + 1) & ~31;  // 32-key steps with every key allowed
+  for (int c = 0; c < full; c += 32) {
+    vf x0 = ld(s + c), x1 = ld(s + c + 16);
+    m0 = x0 > m0 ? x0 : m0;
+    m1 = x1 > m1 ? x1 : m1;
+  }
+  for (int c = full; c < nk; c += 16) {
     vf x = ld(s + c);
     x = (lane + c) <= pos ? x : splat(-3.0e38f);
-    m = x > m ? x : m;
+    m0 = x > m0 ? x : m0;
   }
-  const float mx = hmax(m);
+  m0 = m1 > m0 ? m1 : m0;
+  const float mx = hmax(m0);
   vf l = splat(0.0f);
   for (int c = 0; c < nk; c += 16) {
     vf e = vexp(ld(s + c) - mx);
-    e = (lane + c) <= pos ? e : splat(0.0f);
+    if (c + 15 > pos) e = (lane + c) <= pos ? e : splat(0.0f);
     l = l + e;
     std::memcpy(s + c, &e, 64);
   }
@@ -156,62 +153,6 @@ static void softmax_row(float* s, int pos, int nblk_row, int BS) {
   }
 }
 
-// acc[i * DU + u] += p_i @ V over blocks [b0, b1) for output dims (dc + u) * 16.., key words in
-// order; DU dim chunks at a time share each p word (more independent chains, same sums).
-template <bool BF16, int N, int DU>
-static void pv(const Geo& g, const float* const* pr, const uint32_t* vc, const int32_t* bt,
-               int kvh, int dc, int b0, int b1, vf* acc) {
-  const int KW = g.BS / g.P, W = g.D;  // key words per block, words per key word
-  const uint32_t* base = vc + (int64_t)kvh * g.NB * KW * W + dc * 16;
-  for (int b = b0; b < b1; ++b) {
-    const uint32_t* vb = base + (int64_t)bt[b] * KW * W;
-    const uint32_t* nx = base + (int64_t)bt[std::min(b + 1, b1 - 1)] * KW * W;
-    for (int k = 0; k < KW; ++k) {
-      for (int u = 0; u < DU; ++u) __builtin_prefetch(nx + (int64_t)k * W + u * 16);
-      vu vv[DU];
-      for (int u = 0; u < DU; ++u) vv[u] = ldu(vb + (int64_t)k * W + u * 16);
-      for (int i = 0; i < N; ++i) {
-        uint32_t pw; std::memcpy(&pw, (const uint32_t*)pr[i] + b * KW + k, 4);
-        vu pv = splatu(pw);
-        for (int u = 0; u < DU; ++u) acc[i * DU + u] = dp<BF16>(acc[i * DU + u], vv[u], pv);
-      }
-    }
-  }
-}
-
-// Chunks per group for n row-heads (12 chains at most; the choice never changes a result).
-static inline int group_for(int n) { return n <= 3 ? 4 : n <= 4 ? 3 : n <= 6 ? 2 : 1; }
-
-template <bool BF16, int N>
-static void scores_n(const Geo& g, const uint32_t* qw, const uint32_t* kc, const int32_t* bt,
-                     const Tile& t, int b0, int b1, float* S, int n) {
-  if constexpr (N > 1) { if (n < N) return scores_n<BF16, N - 1>(g, qw, kc, bt, t, b0, b1, S, n); }
-  const int W = g.D / g.P, cpb = g.BS / 16, j0 = b0 * cpb, j1 = b1 * cpb;
-  const uint32_t* q[N];
-  for (int i = 0; i < N; ++i) {
-    int rh = t.rh0 + i, row = t.t0 + rh / g.G, head = t.kvh * g.G + rh % g.G;
-    q[i] = qw + ((int64_t)row * g.H + head) * W;
-  }
-  constexpr int U = N <= 3 ? 4 : N <= 4 ? 3 : N <= 6 ? 2 : 1;
-  const int stride = t.nblk * g.BS, jm = j0 + (j1 - j0) / U * U;
-  scores<BF16, N, U>(g, q, kc, bt, t.kvh, stride, j0, jm, S);
-  if (jm < j1) scores<BF16, N, 1>(g, q, kc, bt, t.kvh, stride, jm, j1, S);
-}
-
-template <bool BF16, int N>
-static void pv_n(const Geo& g, const float* const* pr, const uint32_t* vc, const int32_t* bt,
-                 int kvh, int dc, int du, int b0, int b1, vf* acc, int n) {
-  if constexpr (N > 1) { if (n < N) return pv_n<BF16, N - 1>(g, pr, vc, bt, kvh, dc, du, b0, b1, acc, n); }
-  if (du == 4) pv<BF16, N, (N <= 3 ? 4 : 1)>(g, pr, vc, bt, kvh, dc, b0, b1, acc);
-  else if (du == 2) pv<BF16, N, (N <= 6 ? 2 : 1)>(g, pr, vc, bt, kvh, dc, b0, b1, acc);
-  else pv<BF16, N, 1>(g, pr, vc, bt, kvh, dc, b0, b1, acc);
-}
-
-// Dim chunks per pv pass for n row-heads: at most 12 chains, and a divisor of the chunk count.
-static inline int dims_for(int n, int ndc) {
-  if (n <= 3 && ndc % 4 == 0) return 4;
-  return n <= 6 && ndc % 2 == 0 ? 2 : 1;
-}
 static inline int dims_at(const Geo& g, int n, int dc) {
   return g.amx ? std::min(4, g.D / 16 - dc) : dims_for(n, g.D / 16);
 }
@@ -387,6 +328,9 @@ static bool use_amx() {
 }
 
 extern "C" {
+
+// Whether bf16 rows take the AMX tile path in this process (1) or the AVX-512 loops (0).
+int pagoda_uses_amx() { return use_amx() ? 1 : 0; }
 
 int pagoda_attention(int bf16, const void* q, void* out, const void* kc, const void* vc,
                      const int32_t* bt, int64_t bts, const int32_t* qs, const int32_t* sl, int B,

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from pagoda.runtime import LLM, SamplingParams
@@ -59,3 +64,34 @@ def test_a_block_outside_the_cache_is_an_error_not_a_stray_read():
     assert kernel.attention(q, kc, vc, ok, qstart, lens, 0.1).shape == (1, 4, 32)
     with pytest.raises(ValueError, match="outside the cache"):
         kernel.attention(q, kc, vc, torch.tensor([[3, 8]], dtype=torch.int32), qstart, lens, 0.1)
+
+
+def _cpu_has_amx() -> bool:
+    try:
+        return "amx_bf16" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def test_amx_runs_where_the_cpu_has_it():
+    kernel = cpu_kernel.load()
+    assert kernel is not None, "the CPU attention kernel did not build (is g++ installed?)"
+    if os.environ.get(cpu_kernel.AMX_SWITCH) != "0":
+        assert kernel.uses_amx == _cpu_has_amx()
+
+
+@pytest.mark.skipif(not _cpu_has_amx(), reason="no AMX: the suite already runs the AVX-512 loops")
+def test_the_avx512_loops_on_a_cpu_with_amx():
+    """Where AMX runs the bf16 rows, the AVX-512 loops (what AMD Zen 4 runs) would go untested:
+    the invariance and reference tests of the kernel again, in a process with AMX turned off."""
+    here = Path(__file__).parent
+    env = {**os.environ, cpu_kernel.AMX_SWITCH: "0"}
+    probe = "from pagoda.runtime.attention import cpu_kernel; print(cpu_kernel.load().uses_amx)"
+    out = subprocess.run(
+        [sys.executable, "-P", "-c", probe], env=env, capture_output=True, text=True
+    )
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
+    tests = [str(here / "test_row_invariance.py"), str(here / "test_torch_backend.py")]
+    cmd = [sys.executable, "-P", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:]
