@@ -54,14 +54,14 @@ class CpuKernel:
         )
         lib.pagoda_write_kv.argtypes = [i32, p, p, p, p, p] + [i32] * 6
         lib.pagoda_attention.restype = lib.pagoda_write_kv.restype = i32
-        lib.pagoda_uses_amx.argtypes, lib.pagoda_uses_amx.restype = [], i32
         self.lib, self.path = lib, path
 
     @property
     def uses_amx(self) -> bool:
         """bf16 caches go through AMX tiles (built for a CPU with AMX, granted by Linux, and
         not turned off by ``PAGODA_CPU_AMX=0``); else through the AVX-512 loops."""
-        return bool(self.lib.pagoda_uses_amx())
+        probe = getattr(self.lib, "pagoda_uses_amx", None)  # absent from builds before AMX
+        return probe is not None and bool(probe())
 
     def write_kv(self, k, v, k_cache, v_cache, slots: torch.Tensor) -> None:
         """k, v ``[T, Hkv, D]`` into the packed caches at ``slots`` (int64; negative: skipped)."""
