@@ -12,6 +12,7 @@ machine is shared: alternation keeps load changes from favouring one side); medi
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,23 +28,27 @@ from pagoda.runtime import native
 from pagoda.runtime.attention import cpu_kernel
 
 SOURCE_PATH = "runtime/attention/cpu_kernel_source.py"
+SIBLING = re.compile(r"^from pagoda\.runtime\.attention\.(cpu_kernel_\w+) import (\w+)$", re.M)
+
+
+def _module_at(ref: str, path: str) -> dict:
+    """A kernel-source module as it was at `ref`, executed; its imports of sibling kernel-source
+    modules are read at `ref` too (not today's files)."""
+    root = Path(__file__).resolve().parent.parent
+    show = ["git", "show", f"{ref}:{path}"]
+    text = subprocess.run(show, cwd=root, capture_output=True, text=True, check=True).stdout
+    scope: dict = {}
+    for mod, name in SIBLING.findall(text):
+        scope[name] = _module_at(ref, f"runtime/attention/{mod}.py")[name]
+    exec(compile(SIBLING.sub("", text), f"{ref}:{path}", "exec"), scope)
+    return scope
 
 
 def old_kernel(ref: str, cache: Path) -> cpu_kernel.CpuKernel:
     """The kernel as it was at git revision `ref` (its source string, built with today's flags)."""
-    root = Path(__file__).resolve().parent.parent
-    text = subprocess.run(
-        ["git", "show", f"{ref}:{SOURCE_PATH}"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    scope: dict = {}
-    exec(compile(text, f"{ref}:{SOURCE_PATH}", "exec"), scope)
     path = native.build(
-        scope["SOURCE"], name="paged_attention_old", compiler="g++", flags=cpu_kernel.FLAGS,
-        language="c++", directory=cache,
+        _module_at(ref, SOURCE_PATH)["SOURCE"], name="paged_attention_old", compiler="g++",
+        flags=cpu_kernel.FLAGS, language="c++", directory=cache,
     )  # fmt: skip
     return cpu_kernel.CpuKernel(path)
 
