@@ -339,7 +339,8 @@ int pagoda_attention(int bf16, const void* q, void* out, const void* kc, const v
                      int nt) {
   if (D % 16 || BS % 16 || H % HKV) return 1;
   Geo g{H, HKV, D, NB, BS, bf16 ? 2 : 1, H / HKV, false};
-  g.amx = bf16 && D % 32 == 0 && D <= 512 && use_amx();
+  // AMX products: 32 dims of a score, up to 32 keys (whole blocks) of p @ V
+  g.amx = bf16 && D % 32 == 0 && D <= 512 && (BS <= 32 || BS % 32 == 0) && use_amx();
   const uint32_t *k = (const uint32_t*)kc, *v = (const uint32_t*)vc;
   nt = std::max(1, nt);
   if (bf16) return run<true>(g, q, out, k, v, bt, bts, qs, sl, B, T, scale, wave, nt);

@@ -95,3 +95,46 @@ def test_the_avx512_loops_on_a_cpu_with_amx():
     cmd = [sys.executable, "-P", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "h,hkv,d,bs", [(4, 2, 128, 64), (6, 3, 64, 48), (2, 1, 96, 32), (4, 4, 16, 16)]
+)
+def test_unusual_shapes_match_a_float64_reference(dtype, h, hkv, d, bs):
+    """Head dims and block sizes off the common path (AMX steps of 32 dims and 16 key pairs,
+    tiles of several chunks per block): decodes and prefill chunks on cached context."""
+    kernel = cpu_kernel.load()
+    assert kernel is not None, "the CPU attention kernel did not build (is g++ installed?)"
+    g = torch.Generator().manual_seed(0)
+    seqs = [(300, 1), (97, 1), (260, 70), (40, 40)]  # (context incl. new tokens, new tokens)
+    p = 4 // dtype.itemsize
+    nb = sum(-(-c // bs) for c, _ in seqs) + 3
+    kc, vc = (
+        torch.zeros(hkv, nb, d // p, bs, p, dtype=dtype),
+        torch.zeros(hkv, nb, bs // p, d, p, dtype=dtype),
+    )
+    width = max(-(-c // bs) for c, _ in seqs)
+    tables = torch.zeros(len(seqs), width, dtype=torch.int32)
+    perm, used, qs, refs = torch.randperm(nb, generator=g).tolist(), 0, [], []
+    for i, (c, m) in enumerate(seqs):
+        n = -(-c // bs)
+        tables[i, :n] = torch.tensor(perm[used : used + n], dtype=torch.int32)
+        used += n
+        k, v = (torch.randn(c, hkv, d, generator=g).to(dtype) for _ in range(2))
+        q = torch.randn(m, h, d, generator=g).to(dtype)
+        slots = torch.tensor([int(tables[i, t // bs]) * bs + t % bs for t in range(c)])
+        kernel.write_kv(k, v, kc, vc, slots)
+        kk, vv = (x.double().repeat_interleave(h // hkv, dim=1) for x in (k, v))
+        s = torch.einsum("qhd,khd->hqk", q.double() * d**-0.5, kk)
+        pos = torch.arange(c - m, c)[:, None]
+        s = s.masked_fill(torch.arange(c)[None, :] > pos, float("-inf"))
+        refs.append(torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vv))
+        qs.append(q)
+    qstart = torch.tensor(
+        [0, *torch.tensor([m for _, m in seqs]).cumsum(0).tolist()], dtype=torch.int32
+    )
+    lens = torch.tensor([c for c, _ in seqs], dtype=torch.int32)
+    out = kernel.attention(torch.cat(qs), kc, vc, tables, qstart, lens, d**-0.5)
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(out.double(), torch.cat(refs), atol=tol, rtol=tol)
