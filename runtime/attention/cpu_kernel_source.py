@@ -46,6 +46,7 @@ typedef uint16_t vh __attribute__((vector_size(32)));
 static const int MAXN = 12;            // row-heads per AVX-512 tile (accumulators in registers)
 static const int AMXN = 16;            // row-heads per AMX tile (rows of a tile register)
 static const int KCHUNK = 32;          // blocks per score task
+static const int SERIAL = 96;          // tile-blocks (~20 us) under which one thread runs a call
 
 static inline vf ld(const void* p) { vf v; std::memcpy(&v, p, 64); return v; }
 static inline vu ldu(const void* p) { vu v; std::memcpy(&v, p, 64); return v; }
@@ -291,6 +292,7 @@ static int run(const Geo& g, const void* q, void* out, const uint32_t* kc, const
   scale_q<BF16>(q, qw.data(), (int64_t)T * g.H * g.D, scale, nt);
   std::vector<Tile> tiles;
   int maxblk = 0;
+  int64_t work = 0;
   for (int s = 0; s < B; ++s) {
     int ql = qs[s + 1] - qs[s], pos0 = sl[s] - ql;
     for (int h = 0; h < g.HKV; ++h)
@@ -298,8 +300,12 @@ static int run(const Geo& g, const void* q, void* out, const uint32_t* kc, const
         int n = std::min(per, ql * g.G - rh), lastpos = pos0 + (rh + n - 1) / g.G;
         tiles.push_back({s, h, rh, n, lastpos / g.BS + 1, 0, qs[s], pos0});
         maxblk = std::max(maxblk, lastpos / g.BS + 1);
+        work += lastpos / g.BS + 1;
       }
   }
+  // Waking a sleeping thread (OMP_WAIT_POLICY=PASSIVE) costs more than a small call's work;
+  // a busy core can delay it by a time slice. The thread count never changes a result.
+  if (work < SERIAL) nt = 1;
   // Whole tiles when they are short or many enough to keep every thread busy; else split the
   // scores of each tile over several tasks. Either way each row sees the same operations.
   const int64_t most = (int64_t)per * maxblk * g.BS;  // scores of the largest tile
