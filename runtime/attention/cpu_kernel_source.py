@@ -328,6 +328,27 @@ static int run(const Geo& g, const void* q, void* out, const uint32_t* kc, const
   return 0;
 }
 
+// K element d of the token in slot o goes to word d / P, key o; V element d to key-word o / P,
+// dim d (P values of consecutive dims, or keys, share a word). Typed copies: no memcpy calls.
+template <typename E, int P>
+static void write_kv(const E* k, const E* v, E* kc, E* vc, const int64_t* slots, int T, int HKV,
+                     int D, int NB, int BS, int nt) {
+  #pragma omp parallel for schedule(static) num_threads(std::max(1, nt)) if (T > 64)
+  for (int t = 0; t < T; ++t) {
+    const int64_t s = slots[t];
+    if (s < 0 || s >= (int64_t)NB * BS) continue;
+    const int64_t b = s / BS, o = s % BS;
+    for (int h = 0; h < HKV; ++h) {
+      const int64_t blk = ((int64_t)h * NB + b) * BS * D, src = ((int64_t)t * HKV + h) * D;
+      E* kd = kc + blk + o * P;
+      E* vd = vc + blk + (o / P) * D * P + o % P;
+      for (int d = 0; d < D; d += P)
+        for (int i = 0; i < P; ++i) kd[(int64_t)(d / P) * BS * P + i] = k[src + d + i];
+      for (int d = 0; d < D; ++d) vd[(int64_t)d * P] = v[src + d];
+    }
+  }
+}
+
 // AMX when built for it and granted, unless PAGODA_CPU_AMX=0 (read once: one path per process).
 static bool use_amx() {
   static const bool on = amx_granted() && !(std::getenv("PAGODA_CPU_AMX") && std::string(std::getenv("PAGODA_CPU_AMX")) == "0");
@@ -356,26 +377,10 @@ int pagoda_attention(int bf16, const void* q, void* out, const void* kc, const v
 // Store token t's k/v at slot[t] (skipped when negative) in the packed layout.
 int pagoda_write_kv(int bf16, const void* k, const void* v, void* kc, void* vc,
                     const int64_t* slots, int T, int HKV, int D, int NB, int BS, int nt) {
-  const int P = bf16 ? 2 : 1, E = bf16 ? 2 : 4;
-  #pragma omp parallel for schedule(static) num_threads(std::max(1, nt)) if (T > 64)
-  for (int t = 0; t < T; ++t) {
-    int64_t s = slots[t];
-    if (s < 0 || s >= (int64_t)NB * BS) continue;
-    int64_t b = s / BS, o = s % BS;
-    for (int h = 0; h < HKV; ++h) {
-      int64_t blk = ((int64_t)h * NB + b) * BS * D;
-      for (int d = 0; d < D; ++d) {
-        int64_t src = ((int64_t)t * HKV + h) * D + d;
-        int64_t ko = blk + ((d / P) * BS + o) * P + d % P;
-        int64_t vo = blk + ((o / P) * D + d) * P + o % P;
-        std::memcpy((char*)kc + ko * E, (const char*)k + src * E, E);
-        std::memcpy((char*)vc + vo * E, (const char*)v + src * E, E);
-      }
-    }
-  }
+  if (bf16) write_kv<uint16_t, 2>((const uint16_t*)k, (const uint16_t*)v, (uint16_t*)kc, (uint16_t*)vc, slots, T, HKV, D, NB, BS, nt);
+  else write_kv<uint32_t, 1>((const uint32_t*)k, (const uint32_t*)v, (uint32_t*)kc, (uint32_t*)vc, slots, T, HKV, D, NB, BS, nt);
   return 0;
 }
-
 }
 """
 )
