@@ -4,7 +4,7 @@ The kernel reads K/V where they lie in the paged cache (no gather copy per step)
 path for decodes and prefill rows alike (see ``cpu_kernel_source.py`` for why it is batch
 invariant). It is plain C++ with OpenMP, compiled with the system compiler in about a second and
 called through ``ctypes``: ``torch.utils.cpp_extension`` would also work but compiles the torch
-headers (~30 s here) for what is two C functions over raw pointers. OpenMP is the ``libgomp``
+headers (~30 s here) for what is a few C functions over raw pointers. OpenMP is the ``libgomp``
 that torch already loaded, so the kernel uses torch's thread count.
 
 The shared library is cached by ``pagoda.runtime.native`` (keyed by the source, the flags, the
@@ -44,7 +44,7 @@ def build(cache_dir: Path | None = None) -> Path:
 
 
 class CpuKernel:
-    """The two entry points of the shared library, with tensors in and out."""
+    """The entry points of the shared library, with tensors in and out."""
 
     def __init__(self, path: Path) -> None:
         lib = ctypes.CDLL(str(path))
