@@ -91,7 +91,7 @@ def main() -> None:
     ap.add_argument("--heads", type=int, nargs=3, default=[9, 3, 64], metavar=("H", "HKV", "D"))
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256])
     ap.add_argument("--contexts", type=int, nargs="+", default=[300, 1000, 5000])
-    ap.add_argument("--prefill", type=int, nargs="+", default=[512, 1024])
+    ap.add_argument("--prefill", type=int, nargs="*", default=[512, 1024])
     ap.add_argument("--seconds", type=float, default=1.0, help="time budget per case")
     args = ap.parse_args()
     print(machine())
