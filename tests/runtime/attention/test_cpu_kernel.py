@@ -138,3 +138,32 @@ def test_unusual_shapes_match_a_float64_reference(dtype, h, hkv, d, bs):
     out = kernel.attention(torch.cat(qs), kc, vc, tables, qstart, lens, d**-0.5)
     tol = 3e-2 if dtype == torch.bfloat16 else 1e-5
     torch.testing.assert_close(out.double(), torch.cat(refs), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("h,hkv,d", [(9, 3, 64), (16, 1, 64), (4, 4, 32)])
+def test_a_row_is_the_same_at_every_place_in_a_tile(dtype, h, hkv, d):
+    """One query row in chunks of 1 to 20 rows, at every offset: its row-heads sit at every
+    place of a tile (AMX: 16 rows per tile; AVX-512: up to 12) and beside 0 to 15 others."""
+    kernel = cpu_kernel.load()
+    assert kernel is not None, "the CPU attention kernel did not build (is g++ installed?)"
+    g, bs, n, pos = torch.Generator().manual_seed(1), 16, 240, 200
+    p = 4 // dtype.itemsize
+    nblk = -(-n // bs)
+    kc = torch.zeros(hkv, nblk + 2, d // p, bs, p, dtype=dtype)
+    vc = torch.zeros(hkv, nblk + 2, bs // p, d, p, dtype=dtype)
+    table = torch.randperm(nblk + 2, generator=g)[:nblk].to(torch.int32)
+    k, v = (torch.randn(n, hkv, d, generator=g).to(dtype) for _ in range(2))
+    q = torch.randn(n, h, d, generator=g).to(dtype)
+    kernel.write_kv(k, v, kc, vc, table[torch.arange(n) // bs].long() * bs + torch.arange(n) % bs)
+
+    def row(first: int, last: int) -> torch.Tensor:  # the step's rows: positions first..last
+        qstart = torch.tensor([0, last - first + 1], dtype=torch.int32)
+        lens = torch.tensor([last + 1], dtype=torch.int32)
+        out = kernel.attention(q[first : last + 1], kc, vc, table[None], qstart, lens, d**-0.5)
+        return out[pos - first]
+
+    want = row(pos, pos)  # a decode
+    for size in range(2, 21):
+        for first in range(pos - size + 1, pos + 1):
+            assert torch.equal(row(first, first + size - 1), want), (size, first)
