@@ -92,8 +92,7 @@ class Request:
 
     def check_stop_token(self) -> bool:
         """After appending: stop on a stop/EOS token or on the length limit."""
-        ids = self.token_ids
-        last, num_output = ids[-1], len(ids) - self.num_prompt_tokens
+        last, num_output = self.token_ids[-1], self.num_output_tokens
         if last in self.stop_ids and num_output > 0:
             self.status = RequestStatus.FINISHED_STOPPED
             self.stop_reason = last if last in self.params.stop_token_ids else None

@@ -13,12 +13,6 @@ class ScheduledRequest:
     num_new_tokens: int  # tokens computed this step, starting at request.num_computed_tokens
     block_ids: list[int]  # the request's whole block table after allocation
 
-    @property
-    def samples(self) -> bool:
-        """True when this step reaches the end of the known tokens, so a new token is sampled."""
-        r = self.request
-        return r.num_computed_tokens + self.num_new_tokens >= len(r.token_ids)
-
 
 @dataclass
 class SchedulerOutput:

@@ -69,11 +69,11 @@ class Scheduler:
         decodes: list[Request] = []
         partial: list[Request] = []
         for r in self.running:
-            (decodes if len(r.token_ids) - r.num_computed_tokens == 1 else partial).append(r)
+            (decodes if r.num_tokens - r.num_computed_tokens == 1 else partial).append(r)
         for req in decodes + partial if partial else decodes:
             if budget <= 0 or req.status != RequestStatus.RUNNING:
                 continue
-            n = len(req.token_ids) - req.num_computed_tokens
+            n = req.num_tokens - req.num_computed_tokens
             if n > budget and not self.config.enable_chunked_prefill:
                 continue
             n = min(n, budget)

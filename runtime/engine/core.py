@@ -29,7 +29,7 @@ from pagoda.runtime.core.scheduler import Scheduler
 from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import StepOutput
 from pagoda.runtime.model.loader import LoadedModel, load_model
-from pagoda.runtime.request import Request, RequestStatus
+from pagoda.runtime.request import Request
 from pagoda.runtime.sampling import SamplingParams
 from pagoda.runtime.worker.model_runner import ModelRunner, ModelRunnerOutput
 from pagoda.runtime.worker.step_clock import StepClock
@@ -167,7 +167,7 @@ class EngineCore:
         now = time.monotonic()
         check_stop_string = self.outputs.check_stop_string
         for req, tok, lp in zip(result.requests, result.token_ids, result.logprobs):
-            req.token_ids.append(tok)
+            req.append_token(tok)
             if lp is not None:
                 req.logprobs.append(lp)
             if req.first_token_time is None:
@@ -175,7 +175,7 @@ class EngineCore:
             req.check_stop_token()
             if req.params.stop:
                 check_stop_string(req, tok)
-            if req.status >= RequestStatus.FINISHED_STOPPED:
+            if req.is_finished:
                 self.scheduler.finish(req)
         if self.clock is not None:
             self.clock.mark("update")

@@ -90,8 +90,7 @@ class OutputProcessor:
         return outputs
 
     def _output(self, s: _Sample, req: Request, tok: int, lp) -> StepOutput:
-        status = req.status
-        finished = status >= _STOPPED
+        finished = req.is_finished
         out = StepOutput(
             s.parent,
             s.index,
@@ -99,11 +98,11 @@ class OutputProcessor:
             s.detok.pop_delta(finished),
             [lp] if lp is not None else [],
             finished,
-            status.finish_reason,
+            req.status.finish_reason,
             req.stop_reason,
             req.num_prompt_tokens,
             req.num_cached_tokens,
-            len(req.token_ids) - req.num_prompt_tokens,
+            req.num_output_tokens,
             req.arrival_time,
             req.first_scheduled_time,
             req.first_token_time,
