@@ -1,0 +1,87 @@
+"""Native vs torch CPU elementwise ops (`runtime/model/cpu_ops.py` vs `ops.py`), per call.
+
+SmolLM2-135M shapes by default (hidden 576, intermediate 1536, 9 heads / 3 KV heads, head_dim
+64), at T = 1 (a decode step of one sequence) and T = 2048 (a prefill chunk). Each op's two
+versions are timed alternating call by call (the machine is shared: alternation keeps load
+changes from favouring one side); medians in microseconds are printed.
+
+    OMP_WAIT_POLICY=PASSIVE python -P benchmarks/cpu_ops.py --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, markdown_table
+from pagoda.runtime.model import cpu_ops, ops
+
+
+def cases(t: int, dtype: torch.dtype, hidden: int, inter: int, h: int, hk: int, d: int):
+    """(name, setup) pairs; setup() returns fresh keyword arguments for one call."""
+    x = torch.randn(t, hidden).to(dtype)
+    res = torch.randn(t, hidden).to(dtype)
+    w = torch.randn(hidden).to(dtype)
+    gate_up = torch.randn(t, 2 * inter).to(dtype)
+    qkv = torch.randn(t, (h + 2 * hk) * d).to(dtype)
+    angle = torch.rand(t, d // 2) * 6.28
+    cs = torch.cat([angle.cos(), angle.sin()], dim=-1).to(dtype)
+
+    def rope_args():  # q and k as the model makes them; fresh copies: the ops work in place
+        q, k, _ = qkv.clone().split([h * d, hk * d, hk * d], dim=-1)
+        return {"positions": None, "q": q.reshape(t, h, d), "k": k.reshape(t, hk, d),
+                "cos_sin_cache": cs}  # fmt: skip
+
+    return [
+        ("rms_norm", lambda: {"x": x, "weight": w, "eps": 1e-5}),
+        ("rms_norm+residual", lambda: {"x": x, "weight": w, "eps": 1e-5, "residual": res.clone()}),
+        ("rotary_embedding", rope_args),
+        ("silu_and_mul", lambda: {"x": gate_up.clone()}),
+    ]
+
+
+def time_pair(fa: Callable, fb: Callable, setup: Callable, reps: int) -> tuple[float, float]:
+    """Median seconds of fa and fb, called alternately on the same inputs."""
+    ta, tb = [], []
+    for _ in range(reps):
+        for fn, out in ((fa, ta), (fb, tb)):
+            kwargs = setup()
+            start = time.perf_counter()
+            fn(**kwargs)
+            out.append(time.perf_counter() - start)
+    return float(np.median(ta)), float(np.median(tb))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2048])
+    ap.add_argument("--reps", type=int, default=0, help="default: 2000 at T<=64, else 50")
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    got = cpu_ops.cpu_ops()
+    if got is None:
+        sys.exit("native CPU ops unavailable (no compiler, or PAGODA_CPU_OPS=torch)")
+    print(machine())
+    enabled = sorted(op for op, dt in cpu_ops._native_ops().enabled if dt == dtype)
+    print(f"native for {args.dtype}: {', '.join(enabled)}")
+    rows = []
+    for t in args.rows:
+        reps = args.reps or (2000 if t <= 64 else 50)
+        for name, setup in cases(t, dtype, 576, 1536, 9, 3, 64):
+            op = name.split("+")[0]
+            native, torch_fn = getattr(got, op), getattr(ops, op)
+            tn, tt = time_pair(native, torch_fn, setup, reps)
+            rows.append([t, name, f"{tt * 1e6:.1f}", f"{tn * 1e6:.1f}", f"{tt / tn:.2f}x"])
+    print(markdown_table(["T", "op", "torch us", "native us", "speed-up"], rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""Native CPU versions of the Llama layer's elementwise ops, bit-identical to `ops.py`'s.
+
+Why: a single-stream decode step on CPU (one row per sequence) spends ~8-10 ms of ~50 ms in
+~50 small ATen calls per layer (RMSNorm alone is pow, sum, div_, add_, rsqrt, mul and copies),
+each costing 5-15 us of dispatch. Here each op is one ctypes call into a small C library
+(`cpu_ops_source.py`) that keeps every rounding step of the PyTorch version:
+
+- `silu_and_mul` (bf16): silu from a 65,536-entry table made once by torch's own `F.silu` over
+  every bf16 bit pattern, so it is exact whatever exp torch uses; the product is rounded as
+  torch's bf16 mul rounds it. float32 keeps torch (its vectorised and scalar silu paths differ
+  in the last bit, so torch's own result depends on an element's position in the row).
+- `rotary_embedding` (bf16, float32): each product, sum and difference rounded to the dtype.
+- `rms_norm` (bf16, float32): the float32 sum of squares follows ATen's cascade summation for
+  the float lane count of ATen's sum kernel (8 under the AVX512 and AVX2 capabilities, since
+  the AVX512 build of that kernel is not registered); other capabilities keep torch.
+
+Each native op is checked against torch once when the library loads; a mismatch logs a warning
+and leaves that op (for that dtype) on torch. `PAGODA_CPU_OPS=torch` turns all of them off.
+Inputs the C code does not cover (other dtypes, odd strides) go to the torch versions.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from pagoda.runtime import native
+from pagoda.runtime.model import ops
+from pagoda.runtime.model.cpu_ops_source import SOURCE
+
+log = logging.getLogger(__name__)
+
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
+FLAGS += ["-shared", "-fPIC"]
+ENV_SWITCH = "PAGODA_CPU_OPS"  # "native" (default) or "torch"
+# Float lanes of ATen's sum kernel per capability: SumKernel.cpp registers with REGISTER_DISPATCH,
+# which leaves the AVX512 slot empty, so AVX512 runs the AVX2 kernel (8 lanes).
+LANES = {"AVX512": 8, "AVX2": 8}
+MAX_NORM_WIDTH = 32768  # from ATen's GRAIN_SIZE up, a one-row sum is split across threads
+NATIVE_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def build(cache_dir: Path | None = None) -> Path:
+    """Compile the library into the cache (once per source, compiler and CPU)."""
+    cc = native.find_compiler("CC", ["cc", "gcc", "clang"])
+    if cc is None:
+        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
+    return native.build(
+        SOURCE, name="cpu_ops", compiler=cc, flags=FLAGS, language="c", directory=cache_dir
+    )
+
+
+def silu_table() -> torch.Tensor:
+    """torch's bf16 `F.silu` of every bf16 bit pattern, indexed by the pattern."""
+    bits = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    return F.silu(bits).contiguous()
+
+
+def _lib(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+    lib.pagoda_silu_mul_bf16.argtypes = [p, p, p, i64, i64, i64, i64, i32]
+    lib.pagoda_rope.argtypes = [p, p, i32, i64, i64, i64, i64, i64, i64, i32]
+    lib.pagoda_rms_norm.argtypes = [p, p, p, p, i32, i64, i64, i64, f32, i32, i32]
+    for fn in (lib.pagoda_silu_mul_bf16, lib.pagoda_rope, lib.pagoda_rms_norm):
+        fn.restype = None
+    return lib
+
+
+class NativeOps:
+    """The three ops with `ops.py`'s keyword signatures; `enabled` holds (op, dtype) pairs
+    that run natively (the rest call the torch versions)."""
+
+    def __init__(self, lib: ctypes.CDLL, lanes: int | None) -> None:
+        self.lib, self.lanes = lib, lanes
+        self.table = silu_table()
+        self.enabled = {("silu_and_mul", torch.bfloat16)}
+        self.enabled |= {("rotary_embedding", dt) for dt in NATIVE_DTYPES}
+        if lanes is not None:
+            self.enabled |= {("rms_norm", dt) for dt in NATIVE_DTYPES}
+
+    def silu_and_mul(self, *, x: torch.Tensor) -> torch.Tensor:
+        """`ops.silu_and_mul`: [T, 2I] → silu(gate) * up; the gate half is overwritten too."""
+        if (
+            ("silu_and_mul", x.dtype) not in self.enabled
+            or x.dim() != 2
+            or x.stride(1) != 1
+            or x.shape[1] % 2
+            or x.device.type != "cpu"
+        ):
+            return ops.silu_and_mul(x=x)
+        t, n = x.shape[0], x.shape[1] // 2
+        out = torch.empty((t, n), dtype=x.dtype)
+        self.lib.pagoda_silu_mul_bf16(
+            x.data_ptr(), out.data_ptr(), self.table.data_ptr(), t, n, x.stride(0), n,
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
+    def rotary_embedding(
+        self,
+        *,
+        positions: torch.Tensor | None,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        is_neox: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`ops.rotary_embedding`, in place: q [T, H, D] and k [T, Hkv, D] (one call when they
+        are adjacent views of the fused qkv output)."""
+        cs = cos_sin_cache
+        if positions is not None:
+            cs = ops.gather_cos_sin(positions, cos_sin_cache, q.dtype)
+        if not self._rope_ok(q, k, cs):
+            return ops.rotary_embedding(positions=None, q=q, k=k, cos_sin_cache=cs)
+        qk = ops._joint_view(q, k)
+        for x in (q, k) if qk is None else (qk,):
+            t, h, d = x.shape
+            self.lib.pagoda_rope(
+                x.data_ptr(), cs.data_ptr(), int(x.dtype == torch.bfloat16), t, h, d,
+                x.stride(0), x.stride(1), cs.stride(0), torch.get_num_threads(),
+            )  # fmt: skip
+        return q, k
+
+    def _rope_ok(self, q: torch.Tensor, k: torch.Tensor, cs: torch.Tensor) -> bool:
+        if ("rotary_embedding", q.dtype) not in self.enabled or q.device.type != "cpu":
+            return False
+        if k.dtype != q.dtype or cs.dtype != q.dtype or q.dim() != 3 or k.dim() != 3:
+            return False
+        t, d = q.shape[0], q.shape[2]
+        if d % 2 or k.shape[0] != t or k.shape[2] != d or cs.shape != (t, d):
+            return False
+        return q.stride(2) == 1 and k.stride(2) == 1 and cs.stride(1) == 1
+
+    def rms_norm(
+        self,
+        *,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        residual: torch.Tensor | None = None,
+    ):
+        """`ops.rms_norm`: HF's RMSNorm of x (of x + residual, added in place, with a residual;
+        then returns (norm, residual))."""
+        if not self._norm_ok(x, weight, residual):
+            return ops.rms_norm(x=x, weight=weight, eps=eps, residual=residual)
+        t, n = x.shape
+        out = torch.empty((t, n), dtype=x.dtype)
+        self.lib.pagoda_rms_norm(
+            x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
+            out.data_ptr(), int(x.dtype == torch.bfloat16), t, n, x.stride(0), eps, self.lanes,
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return out if residual is None else (out, residual)
+
+    def _norm_ok(self, x: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None) -> bool:
+        if ("rms_norm", x.dtype) not in self.enabled or x.dim() != 2 or x.device.type != "cpu":
+            return False
+        n = x.shape[1]
+        if not (self.lanes <= n < MAX_NORM_WIDTH) or x.stride(1) != 1:
+            return False
+        if w.dtype != x.dtype or w.shape != (n,) or not w.is_contiguous():
+            return False
+        return res is None or (
+            res.dtype == x.dtype
+            and res.shape == x.shape
+            and res.is_contiguous()
+            and res.data_ptr() != x.data_ptr()
+        )
+
+    def as_ops(self) -> ops.Ops:
+        return ops.Ops(
+            self.rms_norm, self.rotary_embedding, self.silu_and_mul, pregather_rotary=True
+        )
+
+
+def cpu_ops() -> ops.Ops | None:
+    """The native ops (self-checked against torch), or None when `PAGODA_CPU_OPS=torch` or the
+    library cannot be built: the caller then keeps `ops.TORCH_OPS`."""
+    choice = os.environ.get(ENV_SWITCH, "native")
+    if choice not in ("native", "torch"):
+        raise ValueError(f"{ENV_SWITCH} must be native or torch, got {choice!r}")
+    if choice == "torch":
+        return None
+    native_ops = _native_ops()
+    return None if native_ops is None else native_ops.as_ops()
+
+
+@functools.cache
+def _native_ops() -> NativeOps | None:
+    try:
+        lib = _lib(build())
+    except (OSError, RuntimeError) as exc:
+        log.warning("native CPU ops unavailable, using the torch ops: %s", exc)
+        return None
+    from pagoda.runtime.model.cpu_ops_check import self_check
+
+    lanes = LANES.get(torch.backends.cpu.get_cpu_capability())
+    result = NativeOps(lib, lanes)
+    for op, dtype in sorted(self_check(result), key=str):
+        log.warning("native CPU %s (%s) differs from torch; using torch for it", op, dtype)
+        result.enabled.discard((op, dtype))
+    return result
