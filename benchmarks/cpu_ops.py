@@ -3,7 +3,8 @@
 SmolLM2-135M shapes by default (hidden 576, intermediate 1536, 9 heads / 3 KV heads, head_dim
 64), at T = 1 (a decode step of one sequence) and T = 2048 (a prefill chunk). Each op's two
 versions are timed alternating call by call (the machine is shared: alternation keeps load
-changes from favouring one side); medians in microseconds are printed.
+changes from favouring one side): at T <= 64 in blocks of 100 calls (warm caches, the
+dispatch cost), above one call per block; medians in microseconds are printed.
 
     OMP_WAIT_POLICY=PASSIVE python -P benchmarks/cpu_ops.py --dtype bfloat16
 """
@@ -47,15 +48,17 @@ def cases(t: int, dtype: torch.dtype, hidden: int, inter: int, h: int, hk: int, 
     ]
 
 
-def time_pair(fa: Callable, fb: Callable, setup: Callable, reps: int) -> tuple[float, float]:
-    """Median seconds of fa and fb, called alternately on the same inputs."""
+def time_pair(fa: Callable, fb: Callable, setup: Callable, calls: int, blocks: int):
+    """Median seconds per call of fa and fb: blocks of `calls` calls each, alternating A and B
+    block by block (inputs are made before a block starts, outside the timing)."""
     ta, tb = [], []
-    for _ in range(reps):
+    for _ in range(blocks):
         for fn, out in ((fa, ta), (fb, tb)):
-            kwargs = setup()
+            kwargs = [setup() for _ in range(calls)]
             start = time.perf_counter()
-            fn(**kwargs)
-            out.append(time.perf_counter() - start)
+            for kw in kwargs:
+                fn(**kw)
+            out.append((time.perf_counter() - start) / calls)
     return float(np.median(ta)), float(np.median(tb))
 
 
@@ -63,7 +66,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2048])
-    ap.add_argument("--reps", type=int, default=0, help="default: 2000 at T<=64, else 50")
+    ap.add_argument("--blocks", type=int, default=0, help="default: 40 at T<=64, else 30")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     got = cpu_ops.cpu_ops()
@@ -74,11 +77,12 @@ def main() -> None:
     print(f"native for {args.dtype}: {', '.join(enabled)}")
     rows = []
     for t in args.rows:
-        reps = args.reps or (2000 if t <= 64 else 50)
+        calls = 100 if t <= 64 else 1  # per timed block
+        blocks = args.blocks or (40 if t <= 64 else 30)
         for name, setup in cases(t, dtype, 576, 1536, 9, 3, 64):
             op = name.split("+")[0]
             native, torch_fn = getattr(got, op), getattr(ops, op)
-            tn, tt = time_pair(native, torch_fn, setup, reps)
+            tn, tt = time_pair(native, torch_fn, setup, calls, blocks)
             rows.append([t, name, f"{tt * 1e6:.1f}", f"{tn * 1e6:.1f}", f"{tt / tn:.2f}x"])
     print(markdown_table(["T", "op", "torch us", "native us", "speed-up"], rows))
 

@@ -23,15 +23,19 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.machinery
+import importlib.util
 import logging
 import os
+import sysconfig
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from pagoda.runtime import native
 from pagoda.runtime.model import ops
-from pagoda.runtime.model.cpu_ops_source import SOURCE
+from pagoda.runtime.model.cpu_ops_source import EXTENSION, SOURCE
 
 log = logging.getLogger(__name__)
 
@@ -43,26 +47,47 @@ ENV_SWITCH = "PAGODA_CPU_OPS"  # "native" (default) or "torch"
 LANES = {"AVX512": 8, "AVX2": 8}
 MAX_NORM_WIDTH = 32768  # from ATen's GRAIN_SIZE up, a one-row sum is split across threads
 NATIVE_DTYPES = (torch.bfloat16, torch.float32)
+PARALLEL_ROWS = 64  # more rows than this: spread over torch's thread count
 
 
-def build(cache_dir: Path | None = None) -> Path:
-    """Compile the library into the cache (once per source, compiler and CPU)."""
+def build(cache_dir: Path | None = None, extension: bool = False) -> Path:
+    """Compile the library (`extension`: as a CPython extension module) into the cache, once
+    per source, compiler, flags and CPU."""
     cc = native.find_compiler("CC", ["cc", "gcc", "clang"])
     if cc is None:
         raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
+    if not extension:
+        return native.build(
+            SOURCE, name="cpu_ops", compiler=cc, flags=FLAGS, language="c", directory=cache_dir
+        )
+    include = sysconfig.get_paths()["include"]
+    if not (Path(include) / "Python.h").exists():
+        raise RuntimeError(f"no Python.h in {include}")
+    flags = [*FLAGS, f"-I{include}"]
     return native.build(
-        SOURCE, name="cpu_ops", compiler=cc, flags=FLAGS, language="c", directory=cache_dir
+        EXTENSION, name="cpu_ops_ext", compiler=cc, flags=flags, language="c", directory=cache_dir
     )
 
 
 def silu_table() -> torch.Tensor:
-    """torch's bf16 `F.silu` of every bf16 bit pattern, indexed by the pattern."""
+    """torch's bf16 `F.silu` of every bf16 bit pattern, indexed by the pattern, as float32."""
     bits = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-    return F.silu(bits).contiguous()
+    return F.silu(bits).float().contiguous()
 
 
-def _lib(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))
+def load_library() -> Any:
+    """The three entry points, all called with integers (pointers, 0 for NULL) and one float:
+    from the extension module when it builds (fast calls), else through ctypes."""
+    try:
+        path = build(extension=True)
+        loader = importlib.machinery.ExtensionFileLoader("pagoda_cpu_ops", str(path))
+        spec = importlib.util.spec_from_loader("pagoda_cpu_ops", loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        return module
+    except (OSError, RuntimeError, ImportError) as exc:
+        log.info("CPU ops extension module unavailable, calling through ctypes: %s", exc)
+    lib = ctypes.CDLL(str(build()))
     p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     lib.pagoda_silu_mul_bf16.argtypes = [p, p, p, i64, i64, i64, i64, i32]
     lib.pagoda_rope.argtypes = [p, p, i32, i64, i64, i64, i64, i64, i64, i32]
@@ -72,11 +97,17 @@ def _lib(path: Path) -> ctypes.CDLL:
     return lib
 
 
+def _threads(t: int) -> int:
+    """OpenMP threads for t rows: waking a pool thread costs ~50 us, more than small ops."""
+    return torch.get_num_threads() if t > PARALLEL_ROWS else 1
+
+
 class NativeOps:
     """The three ops with `ops.py`'s keyword signatures; `enabled` holds (op, dtype) pairs
-    that run natively (the rest call the torch versions)."""
+    that run natively (the rest, and inputs the C code does not cover, call the torch versions).
+    The checks are kept few and cheap: at T=1 they cost as much as the op itself."""
 
-    def __init__(self, lib: ctypes.CDLL, lanes: int | None) -> None:
+    def __init__(self, lib: Any, lanes: int | None) -> None:
         self.lib, self.lanes = lib, lanes
         self.table = silu_table()
         self.enabled = {("silu_and_mul", torch.bfloat16)}
@@ -91,15 +122,14 @@ class NativeOps:
             or x.dim() != 2
             or x.stride(1) != 1
             or x.shape[1] % 2
-            or x.device.type != "cpu"
+            or not x.is_cpu
         ):
             return ops.silu_and_mul(x=x)
-        t, n = x.shape[0], x.shape[1] // 2
+        t, n = x.shape[0], x.shape[1] >> 1
         out = torch.empty((t, n), dtype=x.dtype)
         self.lib.pagoda_silu_mul_bf16(
-            x.data_ptr(), out.data_ptr(), self.table.data_ptr(), t, n, x.stride(0), n,
-            torch.get_num_threads(),
-        )  # fmt: skip
+            x.data_ptr(), out.data_ptr(), self.table.data_ptr(), t, n, x.stride(0), n, _threads(t)
+        )
         return out
 
     def rotary_embedding(
@@ -111,31 +141,44 @@ class NativeOps:
         cos_sin_cache: torch.Tensor,
         is_neox: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`ops.rotary_embedding`, in place: q [T, H, D] and k [T, Hkv, D] (one call when they
-        are adjacent views of the fused qkv output)."""
+        """`ops.rotary_embedding`, in place: q [T, H, D] and k [T, Hkv, D] (one call when k's
+        heads follow q's in memory, as in the fused qkv output)."""
         cs = cos_sin_cache
         if positions is not None:
             cs = ops.gather_cos_sin(positions, cos_sin_cache, q.dtype)
         if not self._rope_ok(q, k, cs):
             return ops.rotary_embedding(positions=None, q=q, k=k, cos_sin_cache=cs)
-        qk = ops._joint_view(q, k)
-        for x in (q, k) if qk is None else (qk,):
-            t, h, d = x.shape
-            self.lib.pagoda_rope(
-                x.data_ptr(), cs.data_ptr(), int(x.dtype == torch.bfloat16), t, h, d,
-                x.stride(0), x.stride(1), cs.stride(0), torch.get_num_threads(),
-            )  # fmt: skip
+        t, h, d = q.shape
+        bf, nt, cp, qs, ks = (
+            q.dtype == torch.bfloat16,
+            _threads(t),
+            cs.data_ptr(),
+            q.stride(),
+            k.stride(),
+        )
+        qp, kp, hk = q.data_ptr(), k.data_ptr(), k.shape[1]
+        rope = self.lib.pagoda_rope
+        if (
+            kp == qp + h * qs[1] * q.element_size()
+            and qs[1] == ks[1]
+            and (t == 1 or qs[0] == ks[0])
+        ):
+            rope(qp, cp, bf, t, h + hk, d, qs[0], qs[1], cs.stride(0), nt)  # one joint tensor
+        else:
+            rope(qp, cp, bf, t, h, d, qs[0], qs[1], cs.stride(0), nt)
+            rope(kp, cp, bf, t, hk, d, ks[0], ks[1], cs.stride(0), nt)
         return q, k
 
     def _rope_ok(self, q: torch.Tensor, k: torch.Tensor, cs: torch.Tensor) -> bool:
-        if ("rotary_embedding", q.dtype) not in self.enabled or q.device.type != "cpu":
+        if ("rotary_embedding", q.dtype) not in self.enabled or not q.is_cpu:
             return False
         if k.dtype != q.dtype or cs.dtype != q.dtype or q.dim() != 3 or k.dim() != 3:
             return False
-        t, d = q.shape[0], q.shape[2]
+        t, _, d = q.shape
         if d % 2 or k.shape[0] != t or k.shape[2] != d or cs.shape != (t, d):
             return False
-        return q.stride(2) == 1 and k.stride(2) == 1 and cs.stride(1) == 1
+        (_, qh, qe), (_, kh, ke) = q.stride(), k.stride()
+        return qe == 1 and ke == 1 and qh >= d and kh >= d and cs.stride(1) == 1  # no overlap
 
     def rms_norm(
         self,
@@ -145,26 +188,26 @@ class NativeOps:
         eps: float,
         residual: torch.Tensor | None = None,
     ):
-        """`ops.rms_norm`: HF's RMSNorm of x (of x + residual, added in place, with a residual;
-        then returns (norm, residual))."""
+        """`ops.rms_norm`: HF's RMSNorm of x, or with a residual of x + residual (added in
+        place), then returning (norm, residual)."""
         if not self._norm_ok(x, weight, residual):
             return ops.rms_norm(x=x, weight=weight, eps=eps, residual=residual)
         t, n = x.shape
         out = torch.empty((t, n), dtype=x.dtype)
         self.lib.pagoda_rms_norm(
-            x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
-            out.data_ptr(), int(x.dtype == torch.bfloat16), t, n, x.stride(0), eps, self.lanes,
-            torch.get_num_threads(),
+            x.data_ptr(), 0 if residual is None else residual.data_ptr(), weight.data_ptr(),
+            out.data_ptr(), x.dtype == torch.bfloat16, t, n, x.stride(0), eps, self.lanes,
+            _threads(t),
         )  # fmt: skip
         return out if residual is None else (out, residual)
 
     def _norm_ok(self, x: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None) -> bool:
-        if ("rms_norm", x.dtype) not in self.enabled or x.dim() != 2 or x.device.type != "cpu":
+        if ("rms_norm", x.dtype) not in self.enabled or x.dim() != 2 or not x.is_cpu:
             return False
         n = x.shape[1]
         if not (self.lanes <= n < MAX_NORM_WIDTH) or x.stride(1) != 1:
             return False
-        if w.dtype != x.dtype or w.shape != (n,) or not w.is_contiguous():
+        if w.dtype != x.dtype or w.shape != (n,) or w.stride(0) != 1:
             return False
         return res is None or (
             res.dtype == x.dtype
@@ -194,7 +237,7 @@ def cpu_ops() -> ops.Ops | None:
 @functools.cache
 def _native_ops() -> NativeOps | None:
     try:
-        lib = _lib(build())
+        lib = load_library()
     except (OSError, RuntimeError) as exc:
         log.warning("native CPU ops unavailable, using the torch ops: %s", exc)
         return None

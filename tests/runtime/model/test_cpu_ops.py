@@ -155,7 +155,7 @@ def test_self_check_catches_a_wrong_op(native):
     assert self_check(native) == set()
     broken = cpu_ops.NativeOps(native.lib, 16)  # the sum order of AVX-512 lanes: not ATen's
     broken.table = broken.table.clone()
-    broken.table[0x3F80] = torch.tensor(0.5, dtype=torch.bfloat16)  # silu(1.0) made wrong
+    broken.table[0x3F80] = 0.5  # silu(1.0) made wrong
     failed = self_check(broken)
     assert ("silu_and_mul", torch.bfloat16) in failed
     assert ("rms_norm", torch.float32) in failed
