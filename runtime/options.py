@@ -59,7 +59,7 @@ DEFAULT_MAX_NUM_SEQS = 64
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 DEFAULT_ENABLE_PREFIX_CACHING = True
 DEFAULT_ENABLE_CHUNKED_PREFILL = True
-# Greedy output independent of batch and cache on CUDA too (docs/runtime.md); the CPU path always is.
+# Greedy output independent of batch and cache (docs/runtime.md; on AMX CPUs in float32 only).
 DEFAULT_BATCH_INVARIANT = True
 
 # --- server -----------------------------------------------------------------------------------
@@ -156,8 +156,9 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          DEFAULT_ENABLE_PREFIX_CACHING, kind="bool"),
     Flag("--enable-chunked-prefill", "split long prompts across steps so decodes keep flowing",
          DEFAULT_ENABLE_CHUNKED_PREFILL, kind="bool"),
-    Flag("--batch-invariant", "CUDA: batch-invariant matmul and attention kernels, so greedy output "
-         "does not depend on the rest of the batch or the prefix cache (the CPU path always is)",
+    Flag("--batch-invariant", "batch-invariant matmul and attention kernels, so greedy output does "
+         "not depend on the rest of the batch or the prefix cache; off, CUDA uses cuBLAS and "
+         "split-KV and CPUs a faster bf16 GEMV for steps of a few sequences",
          DEFAULT_BATCH_INVARIANT, kind="bool"),
     Flag("--kv-cache-memory", "KV-cache budget, e.g. 512MiB or 2G (default: 2 GiB on CPU, 90%% "
          "of free memory on CUDA)", None, metavar="SIZE"),

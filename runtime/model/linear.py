@@ -18,16 +18,21 @@ import functools
 
 import torch
 import torch.nn.functional as F
+from pagoda.runtime.model import gemv
 
 PACK_BATCH_HINT = 2048  # oneDNN picks the blocked layout for this M; it serves small M well too
 PACKED_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_BATCH_HINT)
 
 
 @functools.cache
 def _can_pack(dtype: torch.dtype) -> bool:
     try:
         w = torch.zeros(32, 32, dtype=dtype)
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_BATCH_HINT)
+        packed = _pack(w)
         torch.ops.mkldnn._linear_pointwise(
             torch.zeros(2, 32, dtype=dtype), packed, None, "none", [], ""
         )
@@ -39,7 +44,7 @@ def _can_pack(dtype: torch.dtype) -> bool:
 class Linear:
     """y = x @ weight.T + bias for 2-D x."""
 
-    __slots__ = ("bias", "kernel", "packed", "weight")
+    __slots__ = ("bias", "gemv", "kernel", "packed", "weight")
 
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None = None, invariant: bool = False
@@ -47,6 +52,7 @@ class Linear:
         self.bias = bias
         self.packed = None
         self.kernel = None
+        self.gemv: gemv.GemvWeight | None = None  # decode-sized bf16 batches on AMX CPUs
         self.weight: torch.Tensor | None = weight
         cpu = weight.device.type == "cpu"
         if invariant and weight.device.type == "cuda":
@@ -55,16 +61,20 @@ class Linear:
             self.kernel = linear
             self.weight = weight.contiguous()
         if cpu and weight.dtype in PACKED_DTYPES and _can_pack(weight.dtype):
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(
-                weight.contiguous(), PACK_BATCH_HINT
-            )
+            self.packed = _pack(weight)
             self.weight = None  # the packed copy replaces it
+            if weight.dtype == torch.bfloat16 and gemv.wanted(invariant):
+                fast = gemv.load(_pack)
+                if fast is not None and fast.accepts(self.packed, *weight.shape):
+                    self.gemv = fast.bind(self.packed, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel is not None:
             return self.kernel(x=x, weight=self.weight, bias=self.bias)
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
+        if self.gemv is not None and x.shape[0] <= gemv.MAX_ROWS:
+            return self.gemv(x)
         if x.shape[0] == 1:  # keep the GEMM path (and its rounding) for a lone row
             return self._packed(x.expand(2, -1))[:1]
         return self._packed(x)
