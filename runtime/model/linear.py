@@ -73,7 +73,7 @@ class Linear:
             return self.kernel(x=x, weight=self.weight, bias=self.bias)
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
-        if self.gemv is not None and x.shape[0] <= gemv.MAX_ROWS:
+        if self.gemv is not None and 0 < x.shape[0] <= gemv.MAX_ROWS:
             return self.gemv(x)
         if x.shape[0] == 1:  # keep the GEMM path (and its rounding) for a lone row
             return self._packed(x.expand(2, -1))[:1]
