@@ -8,7 +8,8 @@ for `out_len + 1` new tokens minus the time for one.
 
 Run as a script, it compares Pagoda's CPU attention paths side by side, each in its own process,
 in interleaved rounds (the machine drifts): the C++ kernel, the torch gather path
-(``PAGODA_CPU_ATTENTION=torch``) and, with ``--old-ref``, the runtime of an older commit::
+(``PAGODA_CPU_ATTENTION=torch``), where the decode GEMV is on by default the kernel with oneDNN's
+GEMMs instead (``PAGODA_CPU_GEMV=0``) and, with ``--old-ref``, the runtime of an older commit::
 
     .venv/bin/python -P benchmarks/long_context.py --ctx 5000 --old-ref 37e8f81 [--hf]
 """
@@ -28,6 +29,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `pagoda serve`; before
 
 import torch
 from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.model import gemv
 
 
 def pagoda_long_context(loaded, ids: list[int], ctx: int, out_len: int, dtype: str) -> dict:
@@ -142,12 +144,15 @@ def main() -> int:
     from common import machine, markdown_table
 
     print(f"machine: {machine()}", flush=True)
-    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PAGODA_CPU_ATTENTION")}
+    skip = ("PYTHONPATH", "PAGODA_CPU_ATTENTION", gemv.ENV_SWITCH)
+    base = {k: v for k, v in os.environ.items() if k not in skip}
     with tempfile.TemporaryDirectory() as tmp:
         variants = {
             "kernel": dict(base, PAGODA_CPU_ATTENTION="kernel"),
             "torch gather path": dict(base, PAGODA_CPU_ATTENTION="torch"),
         }
+        if gemv.wanted():  # on by default here: also time the decode GEMMs on oneDNN
+            variants["kernel, oneDNN decode GEMMs"] = dict(variants["kernel"], PAGODA_CPU_GEMV="0")
         if args.old_ref:
             variants[f"old ({args.old_ref})"] = dict(
                 base, PYTHONPATH=str(_old_tree(args.old_ref, Path(tmp)))
