@@ -75,10 +75,12 @@ def silu_table() -> torch.Tensor:
     return F.silu(bits).float().contiguous()
 
 
-def load_library() -> Any:
+def load_library(extension: bool = True) -> Any:
     """The three entry points, all called with integers (pointers, 0 for NULL) and one float:
     from the extension module when it builds (fast calls), else through ctypes."""
     try:
+        if not extension:
+            raise RuntimeError("ctypes asked for")
         path = build(extension=True)
         loader = importlib.machinery.ExtensionFileLoader("pagoda_cpu_ops", str(path))
         spec = importlib.util.spec_from_loader("pagoda_cpu_ops", loader)
@@ -110,6 +112,7 @@ class NativeOps:
     def __init__(self, lib: Any, lanes: int | None) -> None:
         self.lib, self.lanes = lib, lanes
         self.table = silu_table()
+        self.table_ptr = self.table.data_ptr()
         self.enabled = {("silu_and_mul", torch.bfloat16)}
         self.enabled |= {("rotary_embedding", dt) for dt in NATIVE_DTYPES}
         if lanes is not None:
@@ -119,16 +122,18 @@ class NativeOps:
         """`ops.silu_and_mul`: [T, 2I] → silu(gate) * up; the gate half is overwritten too."""
         if (
             ("silu_and_mul", x.dtype) not in self.enabled
-            or x.dim() != 2
-            or x.stride(1) != 1
+            or x.ndim != 2
             or x.shape[1] % 2
             or not x.is_cpu
         ):
             return ops.silu_and_mul(x=x)
-        t, n = x.shape[0], x.shape[1] >> 1
-        out = torch.empty((t, n), dtype=x.dtype)
+        (t, n), (rs, cs) = x.shape, x.stride()
+        if cs != 1:
+            return ops.silu_and_mul(x=x)
+        n >>= 1
+        out = torch.empty(t, n, dtype=x.dtype)
         self.lib.pagoda_silu_mul_bf16(
-            x.data_ptr(), out.data_ptr(), self.table.data_ptr(), t, n, x.stride(0), n, _threads(t)
+            x.data_ptr(), out.data_ptr(), self.table_ptr, t, n, rs, n, _threads(t)
         )
         return out
 
@@ -172,7 +177,7 @@ class NativeOps:
     def _rope_ok(self, q: torch.Tensor, k: torch.Tensor, cs: torch.Tensor) -> bool:
         if ("rotary_embedding", q.dtype) not in self.enabled or not q.is_cpu:
             return False
-        if k.dtype != q.dtype or cs.dtype != q.dtype or q.dim() != 3 or k.dim() != 3:
+        if k.dtype != q.dtype or cs.dtype != q.dtype or q.ndim != 3 or k.ndim != 3:
             return False
         t, _, d = q.shape
         if d % 2 or k.shape[0] != t or k.shape[2] != d or cs.shape != (t, d):
@@ -192,22 +197,21 @@ class NativeOps:
         place), then returning (norm, residual)."""
         if not self._norm_ok(x, weight, residual):
             return ops.rms_norm(x=x, weight=weight, eps=eps, residual=residual)
-        t, n = x.shape
-        out = torch.empty((t, n), dtype=x.dtype)
+        (t, n), rs = x.shape, x.stride(0)
+        out = torch.empty_like(x) if rs == n else torch.empty(t, n, dtype=x.dtype)
         self.lib.pagoda_rms_norm(
             x.data_ptr(), 0 if residual is None else residual.data_ptr(), weight.data_ptr(),
-            out.data_ptr(), x.dtype == torch.bfloat16, t, n, x.stride(0), eps, self.lanes,
-            _threads(t),
+            out.data_ptr(), x.dtype == torch.bfloat16, t, n, rs, eps, self.lanes, _threads(t),
         )  # fmt: skip
         return out if residual is None else (out, residual)
 
     def _norm_ok(self, x: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None) -> bool:
-        if ("rms_norm", x.dtype) not in self.enabled or x.dim() != 2 or not x.is_cpu:
+        if ("rms_norm", x.dtype) not in self.enabled or x.ndim != 2 or not x.is_cpu:
             return False
         n = x.shape[1]
-        if not (self.lanes <= n < MAX_NORM_WIDTH) or x.stride(1) != 1:
+        if not (self.lanes <= n < MAX_NORM_WIDTH) or x.stride()[1] != 1:
             return False
-        if w.dtype != x.dtype or w.shape != (n,) or w.stride(0) != 1:
+        if w.dtype != x.dtype or w.shape != (n,) or w.stride() != (1,):
             return False
         return res is None or (
             res.dtype == x.dtype

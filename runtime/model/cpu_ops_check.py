@@ -57,6 +57,8 @@ def _check_rope(native: NativeOps, dtype: torch.dtype, g: torch.Generator) -> bo
 
 
 def _check_norm(native: NativeOps, dtype: torch.dtype, g: torch.Generator) -> bool:
+    """float32 rows show a sum taken in another order in about half of them: rows of 3 and 70
+    are enough to catch one."""
     for t in ROWS:
         for n in (64, 200, 576):
             x = (torch.randn(t, n, generator=g) * 3).to(dtype)
@@ -80,8 +82,11 @@ CHECKS = {"silu_and_mul": _check_silu, "rotary_embedding": _check_rope, "rms_nor
 def self_check(native: NativeOps) -> set[tuple[str, torch.dtype]]:
     """The enabled (op, dtype) pairs whose native result differs from torch's."""
     g = torch.Generator().manual_seed(0)
-    return {
+    failed = {
         (op, dtype)
         for op, dtype in sorted(native.enabled, key=str)
         if not CHECKS[op](native, dtype, g)
     }
+    if ("rms_norm", torch.float32) in failed:  # bf16 rounding can hide a wrong sum order
+        failed |= {("rms_norm", torch.bfloat16)} & native.enabled
+    return failed

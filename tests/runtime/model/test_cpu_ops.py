@@ -132,12 +132,13 @@ def test_rms_norm(native, dtype, t, width, edges):
     assert same_bits(oa, ob) and same_bits(ra, rb)
 
 
-def test_rms_norm_magnitudes(native):
-    """Rows from 1e-3 to 1e3 in float32, where any change of summation order shows."""
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_magnitudes(native, dtype):
+    """Rows from 1e-3 to 1e3; in float32 any change of summation order shows."""
     g = torch.Generator().manual_seed(3)
     for width in (64, 576, 960, 4096):
         x = torch.randn(400, width, generator=g) * 10 ** (torch.rand(400, 1, generator=g) * 6 - 3)
-        w = torch.randn(width, generator=g)
+        x, w = x.to(dtype), torch.randn(width, generator=g).to(dtype)
         assert same_bits(
             native.rms_norm(x=x, weight=w, eps=1e-5), ops.rms_norm(x=x, weight=w, eps=1e-5)
         )
@@ -154,11 +155,21 @@ def test_rms_norm_strided_rows(native):
 def test_self_check_catches_a_wrong_op(native):
     assert self_check(native) == set()
     broken = cpu_ops.NativeOps(native.lib, 16)  # the sum order of AVX-512 lanes: not ATen's
-    broken.table = broken.table.clone()
-    broken.table[0x3F80] = 0.5  # silu(1.0) made wrong
+    broken.table[0x3F80] = 0.5  # silu(1.0) made wrong (the table is the instance's own)
     failed = self_check(broken)
     assert ("silu_and_mul", torch.bfloat16) in failed
     assert ("rms_norm", torch.float32) in failed
+
+
+def test_ctypes_fallback(native):
+    """Without Python.h the same C functions are called through ctypes."""
+    lib = cpu_ops.load_library(extension=False)
+    assert lib is not native.lib
+    through_ctypes = cpu_ops.NativeOps(lib, native.lanes)
+    assert self_check(through_ctypes) == set()
+    x, w = values((3, 576), torch.bfloat16, 1, True), values((576,), torch.bfloat16, 2, False)
+    out = through_ctypes.rms_norm(x=x, weight=w, eps=1e-5)
+    assert same_bits(out, ops.rms_norm(x=x, weight=w, eps=1e-5))
 
 
 def test_switch(monkeypatch, native):
