@@ -25,7 +25,6 @@ import functools
 import logging
 import os
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -45,7 +44,7 @@ SOURCE = r"""
 #include <stdlib.h>
 #define CH @CHUNK@
 #define NEG_INF (-__builtin_inff())
-
+@CLAIM@
 /* 2^y to ~1e-7 relative error for y <= 0 (0 below 2^-127): 2^round(y) from the exponent bits
    times a minimax polynomial of the fraction in [-0.5, 0.5]. Inline, so the loops vectorise. */
 static inline float exp2_neg(float y) {
@@ -194,14 +193,6 @@ static int64_t sample_row(const void *row, int bf16, int64_t v, float s, float m
     return at < 0 ? row_argmax(row, bf16, v) : c * CH + at;
 }
 
-/* Threads share the rows through *next: each claims `block` rows at a time, so one thread that
-   the OS deschedules on a busy machine holds up at most its current block. */
-static int64_t claim(int64_t *next, int64_t block, int64_t n, int64_t *end) {
-    int64_t r0 = __atomic_fetch_add(next, block, __ATOMIC_RELAXED);
-    *end = r0 + block < n ? r0 + block : n;
-    return r0;
-}
-
 /* x [n, v] float32 (bf16 = 0) or bfloat16 (bf16 = 1). */
 int sample_rows(const void *x, int bf16, int64_t v, const float *scale, const float *min_p,
                 const float *u, int64_t *out, int64_t n, int64_t *next, int64_t block) {
@@ -223,7 +214,7 @@ int argmax_rows(const void *x, int bf16, int64_t v, int64_t *out, int64_t n, int
         for (; r < end; r++) out[r] = row_argmax((const char *)x + r * row_bytes, bf16, v);
     return 0;
 }
-""".replace("@CHUNK@", str(CHUNK))
+""".replace("@CHUNK@", str(CHUNK)).replace("@CLAIM@", native.CLAIM_C)
 SOURCE += sampler_native_filter.SOURCE  # top-k / top-p / min-p: the same library
 
 
@@ -271,23 +262,11 @@ def usable(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and x.dtype in DTYPES and x.dim() == 2 and available()
 
 
-@functools.cache
-def _pool(workers: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(workers, thread_name_prefix="pagoda-sampler")
-
-
 def _over_rows(fn, n: int, *args) -> None:
-    """fn(*args, n, next, block) on up to torch.get_num_threads() threads that claim blocks of
-    rows through the shared counter `next` (the calling thread is one of them)."""
+    """fn over the n rows on up to torch.get_num_threads() threads (`native.over_blocks`)."""
     threads = max(1, min(torch.get_num_threads(), n // MIN_ROWS_PER_THREAD))
     block = max(1, min(BLOCK_ROWS, n // threads))
-    counter = ctypes.c_int64(0)
-    call = (*args, n, ctypes.addressof(counter), block)
-    futures = [_pool(threads - 1).submit(fn, *call) for _ in range(threads - 1)]
-    codes = [fn(*call)]
-    # a helper the OS has not run yet by now is not waited for: the rows are all claimed
-    codes += [f.result() for f in futures if not f.cancel()]
-    if any(codes):
+    if any(native.over_blocks(fn, n, block, threads, *args)):
         raise MemoryError("native sampler: out of memory for a row buffer")
 
 

@@ -29,20 +29,21 @@ log = logging.getLogger(__name__)
 ENV_SWITCH = "PAGODA_CPU_GEMV"
 MAX_ROWS = 4  # measured: at 8 rows oneDNN's AMX tiles are as fast (the loop turns compute-bound)
 K_BLOCK = 32  # inputs per packed block (16 pairs)
+SERIAL_BELOW = 1 << 18  # weights of fewer elements run on the calling thread alone
 
 SOURCE = r"""
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 #include <stdlib.h>
-#include <omp.h>
+@CLAIM@
 #ifdef __AVX512BF16__
 // y[m, n] = bf16(sum_k x[m, k] w[n, k] + bias[n]) for M <= 8 rows, weights in oneDNN's
 // AB16b{nb}a2b layout (nb = 16 * V outputs per block). Each output is one float accumulator
 // updated pair by pair in key order: its bits do not depend on M or on the thread count.
 template <int V>
 static void run(const uint16_t* w, const uint16_t* x, int64_t ldx, uint16_t* y, int64_t ldy,
-                const uint16_t* bias, int M, int N, int K, int nt) {
+                const uint16_t* bias, int M, int N, int K, int64_t* next, int64_t claim_blocks) {
   const int NBLK = (N + 16 * V - 1) / (16 * V), KB = (K + 31) / 32, KP = KB * 16;
   uint32_t* xp = (uint32_t*)aligned_alloc(64, (size_t)M * KP * 4 + 64);
   for (int m = 0; m < M; ++m) {  // rows as pairs, zero-padded to whole blocks
@@ -51,8 +52,8 @@ static void run(const uint16_t* w, const uint16_t* x, int64_t ldx, uint16_t* y, 
     memset(row + K, 0, (size_t)(KP * 2 - K) * 2);
   }
   const int64_t blk = 32 * 16 * V;  // bf16 values per (n-block, k-block)
-  #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-  for (int nb = 0; nb < NBLK; ++nb) {
+  for (int64_t nb, end; (nb = claim(next, claim_blocks, NBLK, &end)) < NBLK;)
+  for (; nb < end; ++nb) {
     __m512 acc[8][V];
     for (int m = 0; m < M; ++m)
       for (int v = 0; v < V; ++v) acc[m][v] = _mm512_setzero_ps();
@@ -83,14 +84,15 @@ static void run(const uint16_t* w, const uint16_t* x, int64_t ldx, uint16_t* y, 
 }
 #endif
 
+// `nblocks` (the number of nb-wide output blocks), `next` and `block`: see native.over_blocks.
 extern "C" int pagoda_gemv_bf16(const uint16_t* w, int nb, const uint16_t* x, int64_t ldx,
                                 uint16_t* y, int64_t ldy, const uint16_t* bias, int M, int N,
-                                int K, int nt) {
+                                int K, int64_t nblocks, int64_t* next, int64_t block) {
 #ifdef __AVX512BF16__
-  if (M < 1 || M > 8) return 1;
-  if (nb == 16) run<1>(w, x, ldx, y, ldy, bias, M, N, K, nt);
-  else if (nb == 32) run<2>(w, x, ldx, y, ldy, bias, M, N, K, nt);
-  else if (nb == 64) run<4>(w, x, ldx, y, ldy, bias, M, N, K, nt);
+  if (M < 1 || M > 8 || nblocks != (N + nb - 1) / nb) return 1;
+  if (nb == 16) run<1>(w, x, ldx, y, ldy, bias, M, N, K, next, block);
+  else if (nb == 32) run<2>(w, x, ldx, y, ldy, bias, M, N, K, next, block);
+  else if (nb == 64) run<4>(w, x, ldx, y, ldy, bias, M, N, K, next, block);
   else return 1;
   return 0;
 #else
@@ -144,7 +146,7 @@ class Gemv:
 
     def __init__(self, lib: ctypes.CDLL, nb: int) -> None:
         p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-        lib.pagoda_gemv_bf16.argtypes = [p, i32, p, i64, p, i64, p, i32, i32, i32, i32]
+        lib.pagoda_gemv_bf16.argtypes = [p, i32, p, i64, p, i64, p, i32, i32, i32, i64, p, i64]
         lib.pagoda_gemv_bf16.restype = i32
         self.fn, self.nb = lib.pagoda_gemv_bf16, nb
 
@@ -159,7 +161,7 @@ class Gemv:
 class GemvWeight:
     """One packed weight (kept alive here) and what a call passes for it, worked out once."""
 
-    __slots__ = ("bias", "bias_ptr", "fn", "k", "n", "nb", "packed", "ptr", "serial")
+    __slots__ = ("bias", "bias_ptr", "blocks", "claim", "fn", "k", "n", "nb", "packed", "ptr")
 
     def __init__(self, gemv: Gemv, packed: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.fn, self.nb, self.packed = gemv.fn, gemv.nb, packed
@@ -167,7 +169,9 @@ class GemvWeight:
         self.ptr = torch.ops.mkldnn.data_ptr(packed)
         self.bias = None if bias is None else bias.contiguous()
         self.bias_ptr = None if self.bias is None else self.bias.data_ptr()
-        self.serial = self.n * self.k < 1 << 16  # waking a thread costs more than the work
+        self.blocks = -(-self.n // self.nb)
+        # ~8 claims a thread: a late or descheduled helper leaves little for the others
+        self.claim = max(1, self.blocks // 16)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M <= MAX_ROWS, K] bf16 -> [M, N] bf16."""
@@ -175,9 +179,11 @@ class GemvWeight:
         if x.stride(1) != 1:
             x = x.contiguous()
         y = torch.empty(m, self.n, dtype=torch.bfloat16)
-        nt = 1 if self.serial else torch.get_num_threads()
-        args = (x.data_ptr(), x.stride(0), y.data_ptr(), self.n, self.bias_ptr, m, self.n, self.k)
-        rc = self.fn(self.ptr, self.nb, *args, nt)
+        # a helper thread costs ~20-50 us to wake: worth it from ~1 MB of weights
+        threads = torch.get_num_threads() if self.n * self.k >= SERIAL_BELOW else 1
+        args = (self.ptr, self.nb, x.data_ptr(), x.stride(0), y.data_ptr(), self.n)
+        args += (self.bias_ptr, m, self.n, self.k)
+        rc = max(native.over_blocks(self.fn, self.blocks, self.claim, threads, *args))
         if rc:
             raise RuntimeError(f"CPU GEMV failed (code {rc}) for {m}x{self.k} @ {self.n}x{self.k}")
         return y
@@ -209,10 +215,9 @@ def load(pack) -> Gemv | None:
     if compiler is None:
         return None
     try:
-        flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-ffp-contract=off"]
-        path = native.build(
-            SOURCE, name="pagoda_gemv", compiler=compiler, flags=flags, language="c++"
-        )
+        flags = ["-O3", "-march=native", "-shared", "-fPIC", "-ffp-contract=off"]
+        source = SOURCE.replace("@CLAIM@", native.CLAIM_C)
+        path = native.build(source, name="gemv", compiler=compiler, flags=flags, language="c++")
         nb = probe_layout(pack)
         if nb is None:
             log.warning("CPU GEMV off: oneDNN's packed bf16 layout is not AB16b{16,32,64}a2b")
