@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 from pagoda.runtime.model import cpu_ops, ops
@@ -182,3 +184,57 @@ def test_switch(monkeypatch, native):
     monkeypatch.setenv(cpu_ops.ENV_SWITCH, "fast")
     with pytest.raises(ValueError):
         cpu_ops.cpu_ops()
+
+
+class CountingLib:
+    """The library's entry points, counting calls."""
+
+    def __init__(self, lib) -> None:
+        self.lib, self.calls = lib, Counter()
+
+    def __getattr__(self, name: str):
+        fn = getattr(self.lib, name)
+
+        def call(*args):
+            self.calls[name] += 1
+            return fn(*args)
+
+        return call
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_model_logits_unchanged(tmp_path, monkeypatch, native, dtype):
+    """A tiny Llama's logits at every prefill and decode step, bit for bit, with either set."""
+    pytest.importorskip("transformers")
+    from hf_oracle import make_tiny_llama
+    from pagoda.runtime import LLM, SamplingParams
+    from pagoda.runtime.model.loader import load_model
+    from pagoda.runtime.worker import model_runner
+
+    make_tiny_llama(tmp_path)
+    prompts = [[(7 * i + 3) % 300 for i in range(n)] for n in (5, 150)]
+    counting = CountingLib(native.lib)
+    runs = []
+    for chosen in (ops.TORCH_OPS, cpu_ops.NativeOps(counting, native.lanes).as_ops()):
+        monkeypatch.setattr(model_runner, "select_ops", lambda device, name, c=chosen: c)
+        llm = LLM(loaded=load_model(str(tmp_path)), dtype=dtype, kv_cache_memory=8 << 20,
+                  max_num_batched_tokens=128)  # fmt: skip
+        assert llm.engine.runner.model.ops is chosen
+        seen: dict[str, list[torch.Tensor]] = {}
+        llm.engine.runner.logits_observer = lambda reqs, lg, seen=seen: [
+            seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg)
+        ]
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts],
+            SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+        )
+        runs.append(([o.outputs[0].token_ids for o in outs], [seen[o.request_id] for o in outs]))
+    expected = {"pagoda_rms_norm", "pagoda_rope"} | (
+        {"pagoda_silu_mul_bf16"} if dtype == "bfloat16" else set()
+    )
+    assert set(counting.calls) == expected  # the native code did run
+    (tokens_a, logits_a), (tokens_b, logits_b) = runs
+    assert tokens_a == tokens_b
+    for rows_a, rows_b in zip(logits_a, logits_b):
+        assert len(rows_a) == len(rows_b) == 8
+        assert all(same_bits(a, b) for a, b in zip(rows_a, rows_b))
