@@ -39,13 +39,23 @@ from pagoda.runtime.model.cpu_ops_source import EXTENSION, SOURCE
 
 log = logging.getLogger(__name__)
 
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
+FLAGS = [
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-ffp-contract=off",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+]
 FLAGS += ["-shared", "-fPIC"]
 ENV_SWITCH = "PAGODA_CPU_OPS"  # "native" (default) or "torch"
 # Float lanes of ATen's sum kernel per capability: SumKernel.cpp registers with REGISTER_DISPATCH,
 # which leaves the AVX512 slot empty, so AVX512 runs the AVX2 kernel (8 lanes).
 LANES = {"AVX512": 8, "AVX2": 8}
-MAX_NORM_WIDTH = 32768  # from ATen's GRAIN_SIZE up, a one-row sum is split across threads
+# Elements per step of ATen's float32 silu vector loop (2 Vectorized<float>) per capability.
+SILU_BLOCK = {"AVX512": 32, "AVX2": 16}
+GRAIN_SIZE = 32768  # at::internal::GRAIN_SIZE: smaller elementwise ops run on one thread
+MAX_NORM_WIDTH = GRAIN_SIZE  # from here up, ATen splits a one-row sum across threads
 NATIVE_DTYPES = (torch.bfloat16, torch.float32)
 PARALLEL_ROWS = 64  # more rows than this: spread over torch's thread count
 
@@ -92,11 +102,26 @@ def load_library(extension: bool = True) -> Any:
     lib = ctypes.CDLL(str(build()))
     p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     lib.pagoda_silu_mul_bf16.argtypes = [p, p, p, i64, i64, i64, i64, i32]
+    lib.pagoda_silu_mul_f32.argtypes = [p, p, i64, i64, i64, i64, i64, i64, i32]
     lib.pagoda_rope.argtypes = [p, p, i32, i64, i64, i64, i64, i64, i64, i32]
     lib.pagoda_rms_norm.argtypes = [p, p, p, p, i32, i64, i64, i64, f32, i32, i32]
-    for fn in (lib.pagoda_silu_mul_bf16, lib.pagoda_rope, lib.pagoda_rms_norm):
+    for fn in (
+        lib.pagoda_silu_mul_bf16,
+        lib.pagoda_silu_mul_f32,
+        lib.pagoda_rope,
+        lib.pagoda_rms_norm,
+    ):
         fn.restype = None
     return lib
+
+
+def _aten_chunk(numel: int) -> int:
+    """The elements each thread takes in ATen's `parallel_for` over `numel` (OpenMP build)."""
+    threads = torch.get_num_threads()
+    if numel < GRAIN_SIZE or threads == 1:
+        return max(numel, 1)
+    threads = min(threads, -(-numel // GRAIN_SIZE))
+    return -(-numel // threads)
 
 
 def _threads(t: int) -> int:
@@ -109,11 +134,13 @@ class NativeOps:
     that run natively (the rest, and inputs the C code does not cover, call the torch versions).
     The checks are kept few and cheap: at T=1 they cost as much as the op itself."""
 
-    def __init__(self, lib: Any, lanes: int | None) -> None:
-        self.lib, self.lanes = lib, lanes
+    def __init__(self, lib: Any, lanes: int | None, silu_block: int | None = None) -> None:
+        self.lib, self.lanes, self.silu_block = lib, lanes, silu_block
         self.table = silu_table()
         self.table_ptr = self.table.data_ptr()
         self.enabled = {("silu_and_mul", torch.bfloat16)}
+        if silu_block is not None:
+            self.enabled.add(("silu_and_mul", torch.float32))
         self.enabled |= {("rotary_embedding", dt) for dt in NATIVE_DTYPES}
         if lanes is not None:
             self.enabled |= {("rms_norm", dt) for dt in NATIVE_DTYPES}
@@ -132,9 +159,15 @@ class NativeOps:
             return ops.silu_and_mul(x=x)
         n >>= 1
         out = torch.empty(t, n, dtype=x.dtype)
-        self.lib.pagoda_silu_mul_bf16(
-            x.data_ptr(), out.data_ptr(), self.table_ptr, t, n, rs, n, _threads(t)
-        )
+        if x.dtype == torch.bfloat16:
+            self.lib.pagoda_silu_mul_bf16(
+                x.data_ptr(), out.data_ptr(), self.table_ptr, t, n, rs, n, _threads(t)
+            )
+        else:
+            chunk, block = _aten_chunk(t * n), self.silu_block
+            self.lib.pagoda_silu_mul_f32(
+                x.data_ptr(), out.data_ptr(), t, n, rs, n, chunk, block, _threads(t)
+            )
         return out
 
     def rotary_embedding(
@@ -247,8 +280,8 @@ def _native_ops() -> NativeOps | None:
         return None
     from pagoda.runtime.model.cpu_ops_check import self_check
 
-    lanes = LANES.get(torch.backends.cpu.get_cpu_capability())
-    result = NativeOps(lib, lanes)
+    capability = torch.backends.cpu.get_cpu_capability()
+    result = NativeOps(lib, LANES.get(capability), SILU_BLOCK.get(capability))
     for op, dtype in sorted(self_check(result), key=str):
         log.warning("native CPU %s (%s) differs from torch; using torch for it", op, dtype)
         result.enabled.discard((op, dtype))

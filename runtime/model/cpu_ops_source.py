@@ -51,6 +51,77 @@ void pagoda_silu_mul_bf16(bf16 *x, bf16 *out, const float *table, int64_t t, int
         silu_mul_row(x + r * x_stride, x + r * x_stride + n, out + r * out_stride, table, n);
 }
 
+/* ---- silu(gate) * up for float32, as ATen computes it: x / (1 + exp(-x)), where exp is
+   Sleef_expf{8,16}_u10 (its xexpf, FMA, lane by lane here) for elements ATen's vector loop
+   covers and libm's expf for the scalar tail of each contiguous segment it is handed. ---- */
+static inline float u2f(uint32_t i) { union { uint32_t i; float f; } u = {i}; return u.f; }
+
+static inline float sleef_expf(float d) {
+    const float r_ln2 = 1.442695040888963407359924681001892137426645954152985934135449406931f;
+    const float l2u = 0.693145751953125f, l2l = 1.428606765330187045e-06f;
+    float y = rintf(d * r_ln2);
+    /* out of range or NaN, q cannot change the result (set by the last two lines, or NaN) */
+    int32_t q = (int32_t)(y > -1e9f && y < 1e9f ? y : 0.0f);
+    float qf = (float)q;
+    float s = fmaf(qf, -l2u, d);
+    s = fmaf(qf, -l2l, s);
+    float u = 0.000198527617612853646278381f;
+    u = fmaf(u, s, 0.00139304355252534151077271f);
+    u = fmaf(u, s, 0.00833336077630519866943359f);
+    u = fmaf(u, s, 0.0416664853692054748535156f);
+    u = fmaf(u, s, 0.166666671633720397949219f);
+    u = fmaf(u, s, 0.5f);
+    u = 1.0f + fmaf(s * s, u, s);
+    int32_t h = q >> 1;
+    u = u * u2f((uint32_t)(h + 0x7f) << 23);
+    u = u * u2f((uint32_t)(q - h + 0x7f) << 23);
+    u = d < -104.0f ? 0.0f : u;
+    return 100.0f < d ? INFINITY : u;
+}
+
+static void silu_mul_f32_vec(float *restrict g, const float *restrict u, float *restrict o,
+                             int64_t n) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) {
+        float s = g[j] / (1.0f + sleef_expf(-g[j]));
+        g[j] = s;
+        o[j] = s * u[j];
+    }
+}
+
+__attribute__((noinline)) static void silu_mul_f32_libm(float *g, const float *u, float *o,
+                                                        int64_t n) {
+    for (int64_t j = 0; j < n; j++) {
+        float s = g[j] / (1.0f + expf(-g[j]));
+        g[j] = s;
+        o[j] = s * u[j];
+    }
+}
+
+/* Row r of [t, n]: ATen hands its vector loop the segments between multiples of `chunk` (its
+   per-thread ranges over the t*n elements); each runs whole blocks of `block` elements through
+   the vector code and the rest through the scalar code. */
+static void silu_mul_f32_row(float *g, const float *u, float *o, int64_t r, int64_t n,
+                             int64_t chunk, int64_t block) {
+    int64_t a = r * n, end = a + n;
+    while (a < end) {
+        int64_t b = (a / chunk + 1) * chunk;
+        b = b < end ? b : end;
+        int64_t v = a + (b - a) / block * block, off = a - r * n;
+        silu_mul_f32_vec(g + off, u + off, o + off, v - a);
+        silu_mul_f32_libm(g + off + (v - a), u + off + (v - a), o + off + (v - a), b - v);
+        a = b;
+    }
+}
+
+void pagoda_silu_mul_f32(float *x, float *out, int64_t t, int64_t n, int64_t x_stride,
+                         int64_t out_stride, int64_t chunk, int64_t block, int nt) {
+#pragma omp parallel for PAR(t)
+    for (int64_t r = 0; r < t; r++)
+        silu_mul_f32_row(x + r * x_stride, x + r * x_stride + n, out + r * out_stride, r, n,
+                         chunk, block);
+}
+
 /* ---- rotate-half rotary, each product, sum and difference rounded as torch rounds it ---- */
 static void rope_row(void *xp, const void *cp, int64_t h, int64_t hs, int64_t half, int bf) {
     for (int64_t i = 0; i < h; i++) {
@@ -224,6 +295,16 @@ static PyObject *py_silu(PyObject *m, PyObject *const *args, Py_ssize_t n) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_silu_f32(PyObject *m, PyObject *const *args, Py_ssize_t n) {
+    int64_t a[9];
+    if (ints(args, n, 9, a, -1, NULL)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    pagoda_silu_mul_f32((float *)a[0], (float *)a[1], a[2], a[3], a[4], a[5], a[6], a[7],
+                        (int)a[8]);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_rope(PyObject *m, PyObject *const *args, Py_ssize_t n) {
     int64_t a[10];
     if (ints(args, n, 10, a, -1, NULL)) return NULL;
@@ -247,6 +328,7 @@ static PyObject *py_norm(PyObject *m, PyObject *const *args, Py_ssize_t n) {
 
 static PyMethodDef methods[] = {
     {"pagoda_silu_mul_bf16", (PyCFunction)(void (*)(void))py_silu, METH_FASTCALL, NULL},
+    {"pagoda_silu_mul_f32", (PyCFunction)(void (*)(void))py_silu_f32, METH_FASTCALL, NULL},
     {"pagoda_rope", (PyCFunction)(void (*)(void))py_rope, METH_FASTCALL, NULL},
     {"pagoda_rms_norm", (PyCFunction)(void (*)(void))py_norm, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},

@@ -46,6 +46,8 @@ def test_enabled_on_x86_capabilities(native):
     expected |= {(op, dt) for op in ("rotary_embedding",) for dt in DTYPES}
     if torch.backends.cpu.get_cpu_capability() in cpu_ops.LANES:
         expected |= {("rms_norm", dt) for dt in DTYPES}
+    if torch.backends.cpu.get_cpu_capability() in cpu_ops.SILU_BLOCK:
+        expected.add(("silu_and_mul", torch.float32))
     assert native.enabled == expected
 
 
@@ -58,6 +60,22 @@ def test_silu_and_mul(native, dtype, t, edges):
     out = native.silu_and_mul(x=x1)
     assert same_bits(out, ops.silu_and_mul(x=x2))
     assert same_bits(x1, x2)  # the gate half is overwritten with silu, as torch's in-place silu
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+@pytest.mark.parametrize("shape", [(1, 1573), (3, 1536), (21, 1573), (71, 509), (300, 1536)])
+def test_silu_and_mul_float32_thread_splits(native, threads, shape):
+    """float32 silu follows ATen's vector and scalar paths, which depend on how its threads
+    split the rows (the scalar tail of each piece); the gate half too."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = values((shape[0], 2 * shape[1]), torch.float32, seed=shape[0], edges=True, scale=20.0)
+        x1, x2 = x.clone(), x.clone()
+        assert same_bits(native.silu_and_mul(x=x1), ops.silu_and_mul(x=x2))
+        assert same_bits(x1, x2)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_silu_and_mul_every_bf16_gate(native):
@@ -167,7 +185,7 @@ def test_ctypes_fallback(native):
     """Without Python.h the same C functions are called through ctypes."""
     lib = cpu_ops.load_library(extension=False)
     assert lib is not native.lib
-    through_ctypes = cpu_ops.NativeOps(lib, native.lanes)
+    through_ctypes = cpu_ops.NativeOps(lib, native.lanes, native.silu_block)
     assert self_check(through_ctypes) == set()
     x, w = values((3, 576), torch.bfloat16, 1, True), values((576,), torch.bfloat16, 2, False)
     out = through_ctypes.rms_norm(x=x, weight=w, eps=1e-5)
@@ -215,7 +233,10 @@ def test_model_logits_unchanged(tmp_path, monkeypatch, native, dtype):
     prompts = [[(7 * i + 3) % 300 for i in range(n)] for n in (5, 150)]
     counting = CountingLib(native.lib)
     runs = []
-    for chosen in (ops.TORCH_OPS, cpu_ops.NativeOps(counting, native.lanes).as_ops()):
+    for chosen in (
+        ops.TORCH_OPS,
+        cpu_ops.NativeOps(counting, native.lanes, native.silu_block).as_ops(),
+    ):
         monkeypatch.setattr(model_runner, "select_ops", lambda device, name, c=chosen: c)
         llm = LLM(loaded=load_model(str(tmp_path)), dtype=dtype, kv_cache_memory=8 << 20,
                   max_num_batched_tokens=128)  # fmt: skip
@@ -229,9 +250,10 @@ def test_model_logits_unchanged(tmp_path, monkeypatch, native, dtype):
             SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
         )
         runs.append(([o.outputs[0].token_ids for o in outs], [seen[o.request_id] for o in outs]))
-    expected = {"pagoda_rms_norm", "pagoda_rope"} | (
-        {"pagoda_silu_mul_bf16"} if dtype == "bfloat16" else set()
-    )
+    silu = "pagoda_silu_mul_bf16" if dtype == "bfloat16" else "pagoda_silu_mul_f32"
+    entry = {"rms_norm": "pagoda_rms_norm", "rotary_embedding": "pagoda_rope", "silu_and_mul": silu}
+    dt = getattr(torch, dtype)
+    expected = {entry[op] for op, d in native.enabled if d == dt}
     assert set(counting.calls) == expected  # the native code did run
     (tokens_a, logits_a), (tokens_b, logits_b) = runs
     assert tokens_a == tokens_b
