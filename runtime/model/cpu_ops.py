@@ -2,13 +2,16 @@
 
 Why: a single-stream decode step on CPU (one row per sequence) spends ~8-10 ms of ~50 ms in
 ~50 small ATen calls per layer (RMSNorm alone is pow, sum, div_, add_, rsqrt, mul and copies),
-each costing 5-15 us of dispatch. Here each op is one ctypes call into a small C library
-(`cpu_ops_source.py`) that keeps every rounding step of the PyTorch version:
+each costing 5-15 us of dispatch. Here each op is one call into a small C library
+(`cpu_ops_source.py`; a CPython extension module where Python.h exists, ~0.2 us a call, else
+ctypes, ~2 us) that keeps every rounding step of the PyTorch version:
 
-- `silu_and_mul` (bf16): silu from a 65,536-entry table made once by torch's own `F.silu` over
-  every bf16 bit pattern, so it is exact whatever exp torch uses; the product is rounded as
-  torch's bf16 mul rounds it. float32 keeps torch (its vectorised and scalar silu paths differ
-  in the last bit, so torch's own result depends on an element's position in the row).
+- `silu_and_mul`, bf16: silu from a 65,536-entry table made once by torch's own `F.silu` over
+  every bf16 bit pattern (exact whatever exp torch uses); the product rounded as torch's bf16
+  mul rounds it. float32: ATen's x / (1 + exp(-x)) with its two exps, Sleef's expf (reproduced
+  in C) where its vector loop runs and libm's expf in the scalar tail of each segment its
+  threads take (so the result depends on torch's thread count, as torch's does). The float32
+  vector step (`SILU_BLOCK`) is known for the AVX512 and AVX2 capabilities; others keep torch.
 - `rotary_embedding` (bf16, float32): each product, sum and difference rounded to the dtype.
 - `rms_norm` (bf16, float32): the float32 sum of squares follows ATen's cascade summation for
   the float lane count of ATen's sum kernel (8 under the AVX512 and AVX2 capabilities, since

@@ -5,8 +5,10 @@ bf16 values are widened to float32 (exact), each operation runs in float32 and i
 rounded to bf16 to nearest even, as ATen's bf16 kernels do. The sum of squares of RMSNorm
 follows ATen's ``cascade_sum`` for a contiguous last-dimension reduction (SumKernel.cpp: lanes of
 ``Vectorized<float>``, 4-way ILP, 4 levels of 16-step cascades), so the float32 result is the
-one ``torch.sum`` gives on a CPU whose ATen capability has that many float lanes. Built with
--ffp-contract=off: no FMA contraction changes a rounding.
+one ``torch.sum`` gives when its sum kernel has that many float lanes. The float32 silu uses
+Sleef's xexpf with explicit ``fmaf`` where Sleef's AVX2/AVX-512 builds use FMA. Built with
+-ffp-contract=off: no other FMA contraction changes a rounding (-fno-trapping-math only lets
+the compiler if-convert, so those loops vectorise; it changes no value).
 """
 
 SOURCE = r"""
