@@ -7,9 +7,18 @@ changes from favouring one side): at T <= 64 in blocks of 100 calls (warm caches
 dispatch cost), above one call per block; medians in microseconds are printed.
 
     OMP_WAIT_POLICY=PASSIVE python -P benchmarks/cpu_ops.py --dtype bfloat16
+    OMP_WAIT_POLICY=PASSIVE python -P benchmarks/cpu_ops.py --decode   # whole-model A/B
+
+`--decode` times greedy single-sequence generation (32-token prompt, 65 tokens) of a random
+SmolLM2-135M-shaped model with the torch ops and with the native ops (forced through the model
+runner's `select_ops`), alternating, and checks that both give the same tokens.
 """
 
 from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch (and OpenMP) load
 
 import argparse
 import sys
@@ -21,7 +30,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown_table
+from common import machine, markdown_table, write_random_llama
 from pagoda.runtime.model import cpu_ops, ops
 
 
@@ -62,17 +71,57 @@ def time_pair(fa: Callable, fb: Callable, setup: Callable, calls: int, blocks: i
     return float(np.median(ta)), float(np.median(tb))
 
 
+SMOL = dict(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+    tie_word_embeddings=True, rope_theta=100000.0, rms_norm_eps=1e-5,
+)  # fmt: skip
+
+
+def decode_ab(dtype: str, reps: int = 6) -> None:
+    """Per-token time of single-stream greedy decoding, torch ops vs native ops."""
+    import tempfile
+
+    from pagoda.runtime import LLM, SamplingParams
+    from pagoda.runtime.model.loader import load_model
+    from pagoda.runtime.worker import model_runner
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_random_llama(Path(tmp), SMOL)
+        llms, original = {}, model_runner.select_ops
+        try:
+            for name, chosen in (("torch", ops.TORCH_OPS), ("native", cpu_ops.cpu_ops())):
+                model_runner.select_ops = lambda device, backend, c=chosen: c
+                llms[name] = LLM(loaded=load_model(tmp), dtype=dtype, kv_cache_memory=256 << 20)
+        finally:
+            model_runner.select_ops = original
+        prompt = [{"prompt_token_ids": [(7 * i + 3) % SMOL["vocab_size"] for i in range(32)]}]
+        params = SamplingParams(temperature=0, max_tokens=65, ignore_eos=True)
+        times, tokens = {name: [] for name in llms}, {}
+        for _ in range(reps):
+            for name, llm in llms.items():
+                start = time.perf_counter()
+                tokens[name] = llm.generate(prompt, params)[0].outputs[0].token_ids
+                times[name].append((time.perf_counter() - start) / 65)
+    print(f"same tokens: {tokens['torch'] == tokens['native']}")
+    rows = [[name, f"{np.median(ts[1:]) * 1e3:.2f}"] for name, ts in times.items()]
+    print(markdown_table(["ops", f"ms per token ({dtype}, median)"], rows))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2048])
     ap.add_argument("--blocks", type=int, default=0, help="default: 40 at T<=64, else 30")
+    ap.add_argument("--decode", action="store_true", help="whole-model decode A/B instead")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     got = cpu_ops.cpu_ops()
     if got is None:
         sys.exit("native CPU ops unavailable (no compiler, or PAGODA_CPU_OPS=torch)")
     print(machine())
+    if args.decode:
+        return decode_ab(args.dtype)
     enabled = sorted(op for op, dt in cpu_ops._native_ops().enabled if dt == dtype)
     print(f"native for {args.dtype}: {', '.join(enabled)}")
     rows = []
