@@ -42,15 +42,8 @@ from pagoda.runtime.model.cpu_ops_source import EXTENSION, SOURCE
 
 log = logging.getLogger(__name__)
 
-FLAGS = [
-    "-O3",
-    "-march=native",
-    "-fopenmp",
-    "-ffp-contract=off",
-    "-fno-math-errno",
-    "-fno-trapping-math",
-]
-FLAGS += ["-shared", "-fPIC"]
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
+FLAGS += ["-fno-trapping-math", "-shared", "-fPIC"]  # no value changes: see cpu_ops_source
 ENV_SWITCH = "PAGODA_CPU_OPS"  # "native" (default) or "torch"
 # Float lanes of ATen's sum kernel per capability: SumKernel.cpp registers with REGISTER_DISPATCH,
 # which leaves the AVX512 slot empty, so AVX512 runs the AVX2 kernel (8 lanes).
@@ -89,8 +82,8 @@ def silu_table() -> torch.Tensor:
 
 
 def load_library(extension: bool = True) -> Any:
-    """The three entry points, all called with integers (pointers, 0 for NULL) and one float:
-    from the extension module when it builds (fast calls), else through ctypes."""
+    """The C entry points, all called with integers (pointers, 0 for NULL) and floats: from
+    the extension module when it builds (fast calls), else through ctypes."""
     try:
         if not extension:
             raise RuntimeError("ctypes asked for")
