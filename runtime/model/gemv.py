@@ -27,7 +27,7 @@ from pagoda.runtime import native
 log = logging.getLogger(__name__)
 
 ENV_SWITCH = "PAGODA_CPU_GEMV"
-MAX_ROWS = 4  # measured: at 8 rows oneDNN's AMX tiles are as fast (the loop turns compute-bound)
+MAX_ROWS = 4  # rows the C kernel takes (at 8, oneDNN's AMX tiles were as fast)
 K_BLOCK = 32  # inputs per packed block (16 pairs)
 SERIAL_BELOW = 1 << 18  # weights of fewer elements run on the calling thread alone
 
@@ -37,24 +37,29 @@ SOURCE = r"""
 #include <string.h>
 #include <stdlib.h>
 @CLAIM@
+@POOL@
 #ifdef __AVX512BF16__
-// y[m, n] = bf16(sum_k x[m, k] w[n, k] + bias[n]) for M <= 8 rows, weights in oneDNN's
+// y[m, n] = bf16(sum_k x[m, k] w[n, k] + bias[n]) for M <= 4 rows, weights in oneDNN's
 // AB16b{nb}a2b layout (nb = 16 * V outputs per block). Each output is one float accumulator
 // updated pair by pair in key order: its bits do not depend on M or on the thread count.
-template <int V>
-static void run(const uint16_t* w, const uint16_t* x, int64_t ldx, uint16_t* y, int64_t ldy,
-                const uint16_t* bias, int M, int N, int K, int64_t* next, int64_t claim_blocks) {
+struct Job {
+  const uint16_t *w, *bias; const uint32_t* xp; uint16_t* y; int64_t ldy, next, claim;
+  int M, N, K;
+};
+
+template <int V, int M>  // compile-time sizes: the accumulators stay in registers
+static void run(void* arg) {
+  Job& j = *(Job*)arg;
+  const uint16_t *w = j.w, *bias = j.bias;
+  const uint32_t* xp = j.xp;
+  uint16_t* y = j.y;
+  const int64_t ldy = j.ldy;
+  const int N = j.N, K = j.K;
   const int NBLK = (N + 16 * V - 1) / (16 * V), KB = (K + 31) / 32, KP = KB * 16;
-  uint32_t* xp = (uint32_t*)aligned_alloc(64, (size_t)M * KP * 4 + 64);
-  for (int m = 0; m < M; ++m) {  // rows as pairs, zero-padded to whole blocks
-    uint16_t* row = (uint16_t*)(xp + (int64_t)m * KP);
-    memcpy(row, x + m * ldx, (size_t)K * 2);
-    memset(row + K, 0, (size_t)(KP * 2 - K) * 2);
-  }
   const int64_t blk = 32 * 16 * V;  // bf16 values per (n-block, k-block)
-  for (int64_t nb, end; (nb = claim(next, claim_blocks, NBLK, &end)) < NBLK;)
+  for (int64_t nb, end; (nb = claim(&j.next, j.claim, NBLK, &end)) < NBLK;)
   for (; nb < end; ++nb) {
-    __m512 acc[8][V];
+    __m512 acc[M][V];
     for (int m = 0; m < M; ++m)
       for (int v = 0; v < V; ++v) acc[m][v] = _mm512_setzero_ps();
     const uint16_t* wb = w + (int64_t)nb * KB * blk;
@@ -80,20 +85,31 @@ static void run(const uint16_t* w, const uint16_t* x, int64_t ldx, uint16_t* y, 
       }
     }
   }
-  free(xp);
 }
 #endif
 
-// `nblocks` (the number of nb-wide output blocks), `next` and `block`: see native.over_blocks.
+// y [M, N] = x [M, K] @ w^T (+ bias) on `threads` threads of the pool (see native.POOL_C).
 extern "C" int pagoda_gemv_bf16(const uint16_t* w, int nb, const uint16_t* x, int64_t ldx,
                                 uint16_t* y, int64_t ldy, const uint16_t* bias, int M, int N,
-                                int K, int64_t nblocks, int64_t* next, int64_t block) {
+                                int K, int threads) {
 #ifdef __AVX512BF16__
-  if (M < 1 || M > 8 || nblocks != (N + nb - 1) / nb) return 1;
-  if (nb == 16) run<1>(w, x, ldx, y, ldy, bias, M, N, K, next, block);
-  else if (nb == 32) run<2>(w, x, ldx, y, ldy, bias, M, N, K, next, block);
-  else if (nb == 64) run<4>(w, x, ldx, y, ldy, bias, M, N, K, next, block);
-  else return 1;
+  if (M < 1 || M > 4 || (nb != 16 && nb != 32 && nb != 64)) return 1;
+  const int KP = (K + 31) / 32 * 16, nblocks = (N + nb - 1) / nb;
+  uint32_t* xp = (uint32_t*)malloc((size_t)M * KP * 4);  // rows as pairs, zero-padded
+  if (!xp) return 3;
+  for (int m = 0; m < M; ++m) {
+    uint16_t* row = (uint16_t*)(xp + (int64_t)m * KP);
+    memcpy(row, x + m * ldx, (size_t)K * 2);
+    memset(row + K, 0, (size_t)(KP * 2 - K) * 2);
+  }
+  // ~8 claims a thread: a late or descheduled helper leaves little for the others
+  int64_t claim_blocks = nblocks / (8 * (threads > 0 ? threads : 1));
+  Job job{w, bias, xp, y, ldy, 0, claim_blocks > 0 ? claim_blocks : 1, M, N, K};
+  static const pool_fn fns[3][4] = {{run<1, 1>, run<1, 2>, run<1, 3>, run<1, 4>},
+                                    {run<2, 1>, run<2, 2>, run<2, 3>, run<2, 4>},
+                                    {run<4, 1>, run<4, 2>, run<4, 3>, run<4, 4>}};
+  pool_run(fns[nb == 16 ? 0 : nb == 32 ? 1 : 2][M - 1], &job, threads);
+  free(xp);
   return 0;
 #else
   return 2;
@@ -146,7 +162,7 @@ class Gemv:
 
     def __init__(self, lib: ctypes.CDLL, nb: int) -> None:
         p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-        lib.pagoda_gemv_bf16.argtypes = [p, i32, p, i64, p, i64, p, i32, i32, i32, i64, p, i64]
+        lib.pagoda_gemv_bf16.argtypes = [p, i32, p, i64, p, i64, p, i32, i32, i32, i32]
         lib.pagoda_gemv_bf16.restype = i32
         self.fn, self.nb = lib.pagoda_gemv_bf16, nb
 
@@ -161,7 +177,7 @@ class Gemv:
 class GemvWeight:
     """One packed weight (kept alive here) and what a call passes for it, worked out once."""
 
-    __slots__ = ("bias", "bias_ptr", "blocks", "claim", "fn", "k", "n", "nb", "packed", "ptr")
+    __slots__ = ("bias", "bias_ptr", "fn", "k", "n", "nb", "packed", "ptr")
 
     def __init__(self, gemv: Gemv, packed: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.fn, self.nb, self.packed = gemv.fn, gemv.nb, packed
@@ -169,9 +185,6 @@ class GemvWeight:
         self.ptr = torch.ops.mkldnn.data_ptr(packed)
         self.bias = None if bias is None else bias.contiguous()
         self.bias_ptr = None if self.bias is None else self.bias.data_ptr()
-        self.blocks = -(-self.n // self.nb)
-        # ~8 claims a thread: a late or descheduled helper leaves little for the others
-        self.claim = max(1, self.blocks // 16)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M <= MAX_ROWS, K] bf16 -> [M, N] bf16."""
@@ -183,7 +196,7 @@ class GemvWeight:
         threads = torch.get_num_threads() if self.n * self.k >= SERIAL_BELOW else 1
         args = (self.ptr, self.nb, x.data_ptr(), x.stride(0), y.data_ptr(), self.n)
         args += (self.bias_ptr, m, self.n, self.k)
-        rc = max(native.over_blocks(self.fn, self.blocks, self.claim, threads, *args))
+        rc = self.fn(*args, threads)
         if rc:
             raise RuntimeError(f"CPU GEMV failed (code {rc}) for {m}x{self.k} @ {self.n}x{self.k}")
         return y
@@ -215,8 +228,8 @@ def load(pack) -> Gemv | None:
     if compiler is None:
         return None
     try:
-        flags = ["-O3", "-march=native", "-shared", "-fPIC", "-ffp-contract=off"]
-        source = SOURCE.replace("@CLAIM@", native.CLAIM_C)
+        flags = ["-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-ffp-contract=off"]
+        source = SOURCE.replace("@CLAIM@", native.CLAIM_C).replace("@POOL@", native.POOL_C)
         path = native.build(source, name="gemv", compiler=compiler, flags=flags, language="c++")
         nb = probe_layout(pack)
         if nb is None:

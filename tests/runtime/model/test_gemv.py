@@ -31,7 +31,9 @@ def test_probe_finds_the_layout_onednn_packs_to():
     assert nb in (16, 32, 64), "oneDNN's bf16 packed layout changed: the GEMV would be off"
 
 
-@pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (100, 70), (49, 33), (4096, 64)])
+@pytest.mark.parametrize(
+    "shape", [(960, 576), (576, 1536), (100, 70), (49, 33), (4096, 64), (64, 20000)]
+)
 @pytest.mark.parametrize("rows", [1, 2, 3, gemv.MAX_ROWS])
 @pytest.mark.parametrize("bias", [False, True])
 def test_matches_onednn_within_bf16_rounding(monkeypatch, shape, rows, bias):
