@@ -95,11 +95,16 @@ TORCH_OPS = Ops(rms_norm, rotary_embedding, silu_and_mul, pregather_rotary=True)
 
 
 def select_ops(device: torch.device, backend_name: str) -> Ops:
-    """Fused Triton kernels on CUDA with the Triton backend; PyTorch everywhere else."""
+    """Fused Triton kernels on CUDA with the Triton backend; on CPU the native versions of these
+    ops (`cpu_ops`, bit-identical, one C call each) where they build; PyTorch otherwise."""
     if device.type == "cuda" and backend_name == "triton":
         from pagoda import kernels
 
         return Ops(kernels.rms_norm, kernels.rotary_embedding, kernels.silu_and_mul)
+    if device.type == "cpu":
+        from pagoda.runtime.model.cpu_ops import cpu_ops
+
+        return cpu_ops() or TORCH_OPS
     return TORCH_OPS
 
 
