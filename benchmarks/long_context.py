@@ -29,7 +29,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `pagoda serve`; before
 
 import torch
 from pagoda.runtime import LLM, SamplingParams
-from pagoda.runtime.model import gemv
 
 
 def pagoda_long_context(loaded, ids: list[int], ctx: int, out_len: int, dtype: str) -> dict:
@@ -142,6 +141,7 @@ def main() -> int:
         _child(args)
         return 0
     from common import machine, markdown_table
+    from pagoda.runtime.model import gemv  # this tree's (children may import an older one)
 
     print(f"machine: {machine()}", flush=True)
     skip = ("PYTHONPATH", "PAGODA_CPU_ATTENTION", gemv.ENV_SWITCH)
