@@ -158,7 +158,7 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          DEFAULT_ENABLE_CHUNKED_PREFILL, kind="bool"),
     Flag("--batch-invariant", "batch-invariant matmul and attention kernels, so greedy output does "
          "not depend on the rest of the batch or the prefix cache; off, CUDA uses cuBLAS and "
-         "split-KV and CPUs a faster bf16 GEMV for steps of a few sequences",
+         "split KV and CPUs a faster bf16 GEMV for steps of a few sequences",
          DEFAULT_BATCH_INVARIANT, kind="bool"),
     Flag("--kv-cache-memory", "KV-cache budget, e.g. 512MiB or 2G (default: 2 GiB on CPU, 90%% "
          "of free memory on CUDA)", None, metavar="SIZE"),
