@@ -1,0 +1,251 @@
+"""A bf16 GEMM on AMX tiles whose rows do not depend on the number of rows, over oneDNN's packed
+weights (read in place).
+
+oneDNN's AMX GEMM (``brg_matmul:avx10_1_512_amx``) picks its blocking, and with it the rounding
+of a row, by the number of rows M, so in bf16 a sequence's greedy tokens could depend on what it
+was batched with (docs/runtime.md, "What is guaranteed"). Here every output is one float32
+accumulator updated by ``tdpbf16ps`` over the K-blocks of 32 inputs in increasing order, then
+rounded once to bf16 (RNE, bias added in float32 first). AMX computes every row of a tile on its
+own, tasks never split K, and the last tile of a call is configured with fewer rows instead of
+padding: a row's bits are the same for every M, every thread count and every neighbour.
+
+The weights are the ``AB16b32a2b`` copy `Linear` packs for oneDNN (see `gemv.probe_layout`): a
+block of 32 outputs by 32 inputs is [16 pairs][32 outputs][2], i.e. two B tiles side by side in
+rows of 128 bytes. A task is an (M-chunk of up to 32 rows, N-block of 32 outputs) pair: 2 A tiles
+x 2 B tiles -> 4 C tiles. Tasks run M-chunks inner within bands of ROWS_PER_BAND rows, so a weight
+block is reused from cache across a band, and the threads of `native.POOL_C` claim them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+
+import torch
+from pagoda.runtime import native
+from pagoda.runtime.model import gemv
+
+log = logging.getLogger(__name__)
+
+NB = 32  # outputs per packed block: the layout the tiles read
+SERIAL_BELOW = 1 << 18  # multiply-adds below which the calling thread works alone
+
+SOURCE = r"""
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+@CLAIM@
+@POOL@
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+#include <sys/syscall.h>
+#define BAND 256  // rows per band: its M-chunks run one after another on each weight block
+
+static bool amx_granted() {  // Linux hands out the tile state only on request
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                                 18 /* XFEATURE_XTILEDATA */) == 0;
+  return ok;
+}
+
+struct alignas(64) TileCfg { uint8_t palette, start; uint8_t pad[14]; uint16_t colsb[16]; uint8_t rows[16]; };
+
+// tmm0-3: C (rows r0, r0, r1, r1 x 16 floats); tmm4-5: A (r0, r1 rows x 32 bf16);
+// tmm6-7: B (16 pairs x 16 outputs). r0 = min(rows, 16), r1 = rows - r0 (0: tiles unused).
+static void config(int rows) {
+  TileCfg c = {};
+  c.palette = 1;
+  const int r0 = rows < 16 ? rows : 16, r1 = rows - r0 > 0 ? rows - r0 : 1;
+  const int rs[8] = {r0, r0, r1, r1, r0, r1, 16, 16};
+  for (int i = 0; i < 8; ++i) { c.colsb[i] = 64; c.rows[i] = rs[i]; }
+  asm volatile("" : : "r"(&c) : "memory");  // GCC 12 drops the stores to c otherwise
+  _tile_loadconfig(&c);
+}
+
+struct Job {
+  const uint16_t *w, *x, *bias; uint16_t* y; int64_t ldx, ldy, next, claim;
+  int M, N, K, chunks, nblocks, tasks;
+};
+
+// Rows [m0, m0 + rows) x outputs [32 nb, 32 nb + 32): C over all K-blocks, then bf16 (+ bias).
+template <bool TWO>
+static void task(const Job& j, int m0, int rows, int nb) {
+  const int KB = (j.K + 31) / 32;
+  const uint16_t* a = j.x + m0 * j.ldx;
+  const uint16_t* w = j.w + (int64_t)nb * KB * 1024;
+  const int64_t sa = j.ldx * 2;
+  _tile_zero(0); _tile_zero(1);
+  if (TWO) { _tile_zero(2); _tile_zero(3); }
+  for (int kb = 0; kb < KB; ++kb) {
+    const uint16_t* wb = w + (int64_t)kb * 1024;
+    _tile_loadd(6, wb, 128);
+    _tile_loadd(7, wb + 32, 128);
+    _tile_loadd(4, a + kb * 32, sa);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if (TWO) {
+      _tile_loadd(5, a + 16 * j.ldx + kb * 32, sa);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  alignas(64) float c[32 * 32];
+  _tile_stored(0, c, 128); _tile_stored(1, c + 16, 128);
+  if (TWO) { _tile_stored(2, c + 16 * 32, 128); _tile_stored(3, c + 16 * 32 + 16, 128); }
+  const int n0 = nb * 32, left = j.N - n0;
+  const uint32_t full = left >= 32 ? 0xFFFFFFFFu : (1u << left) - 1;
+  const __mmask16 k0 = (__mmask16)full, k1 = (__mmask16)(full >> 16);
+  __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+  if (j.bias) {
+    b0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k0, j.bias + n0)), 16));
+    b1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k1, j.bias + n0 + 16)), 16));
+  }
+  for (int r = 0; r < rows; ++r) {
+    uint16_t* out = j.y + (int64_t)(m0 + r) * j.ldy + n0;
+    __m512 v0 = _mm512_load_ps(c + r * 32), v1 = _mm512_load_ps(c + r * 32 + 16);
+    if (j.bias) { v0 = _mm512_add_ps(v0, b0); v1 = _mm512_add_ps(v1, b1); }
+    _mm256_mask_storeu_epi16(out, k0, (__m256i)_mm512_cvtneps_pbh(v0));
+    _mm256_mask_storeu_epi16(out + 16, k1, (__m256i)_mm512_cvtneps_pbh(v1));
+  }
+}
+
+// Task t: its band (all bands before it are full), then N-block, then M-chunk (innermost).
+static void run(void* arg) {
+  Job& j = *(Job*)arg;
+  const int per_band_chunks = BAND / 32;
+  int shape = 0;
+  for (int64_t t, end; (t = claim(&j.next, j.claim, j.tasks, &end)) < j.tasks;)
+    for (; t < end; ++t) {
+      const int64_t band_tasks = (int64_t)per_band_chunks * j.nblocks;
+      const int band = t / band_tasks, in = t % band_tasks;
+      const int band_chunks = j.chunks - band * per_band_chunks < per_band_chunks
+                                  ? j.chunks - band * per_band_chunks : per_band_chunks;
+      const int nb = in / band_chunks, chunk = band * per_band_chunks + in % band_chunks;
+      const int m0 = chunk * 32, rows = j.M - m0 < 32 ? j.M - m0 : 32;
+      if (shape != rows) { config(rows); shape = rows; }
+      if (rows > 16) task<true>(j, m0, rows, nb); else task<false>(j, m0, rows, nb);
+    }
+  if (shape) _tile_release();  // hand the tile state back: other kernels configure their own
+}
+#endif
+
+// y [M, N] = x [M, K] @ w^T (+ bias), w packed AB16b32a2b; x rows at stride ldx (K padded here
+// to whole K-blocks when K % 32 != 0). 0: done; 1: bad arguments; 2: not built for AMX;
+// 3: no memory; 4: tile state not granted.
+extern "C" int pagoda_amx_gemm_bf16(const uint16_t* w, const uint16_t* x, int64_t ldx, uint16_t* y,
+                                    int64_t ldy, const uint16_t* bias, int M, int N, int K,
+                                    int threads) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+  if (M < 1 || N < 1 || K < 1 || ldx < K) return 1;
+  if (!amx_granted()) return 4;
+  uint16_t* padded = NULL;
+  if (K % 32) {  // the last K-block's A tile reads 32 inputs: give it zeros, not the next row
+    const int KP = (K + 31) / 32 * 32;
+    padded = (uint16_t*)malloc((size_t)M * KP * 2);
+    if (!padded) return 3;
+    for (int m = 0; m < M; ++m) {
+      memcpy(padded + (int64_t)m * KP, x + m * ldx, (size_t)K * 2);
+      memset(padded + (int64_t)m * KP + K, 0, (size_t)(KP - K) * 2);
+    }
+    x = padded; ldx = KP;
+  }
+  const int chunks = (M + 31) / 32, nblocks = (N + 31) / 32;
+  const int64_t tasks = (int64_t)chunks * nblocks;
+  const int th = threads > 0 ? threads : 1;
+  const int64_t per = tasks / (8 * th);  // ~8 claims a thread: a late helper leaves little
+  Job job{w, x, bias, y, ldx, ldy, 0, per > 0 ? per : 1, M, N, K, chunks, nblocks, (int)tasks};
+  pool_run(run, &job, threads);
+  free(padded);
+  return 0;
+#else
+  (void)w; (void)x; (void)ldx; (void)y; (void)ldy; (void)bias; (void)M; (void)N; (void)K;
+  (void)threads;
+  return 2;
+#endif
+}
+"""
+
+
+class AmxGemm:
+    """The compiled GEMM (see the module docstring); `bind` one packed weight to call it."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+        lib.pagoda_amx_gemm_bf16.argtypes = [p, p, i64, p, i64, p, i32, i32, i32, i32]
+        lib.pagoda_amx_gemm_bf16.restype = i32
+        self.fn = lib.pagoda_amx_gemm_bf16
+
+    def accepts(self, packed: torch.Tensor, n: int, k: int) -> bool:
+        """Whether a packed weight has the layout this GEMM reads (its size says so)."""
+        return torch.ops.mkldnn._nbytes(packed) == gemv.packed_nbytes(n, k, NB)
+
+    def bind(self, packed: torch.Tensor, bias: torch.Tensor | None) -> AmxWeight:
+        return AmxWeight(self, packed, bias)
+
+
+class AmxWeight:
+    """One packed weight (kept alive here) and what a call passes for it, worked out once."""
+
+    __slots__ = ("bias", "bias_ptr", "fn", "k", "n", "packed", "ptr")
+
+    def __init__(self, gemm: AmxGemm, packed: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.fn, self.packed = gemm.fn, packed
+        self.n, self.k = packed.shape
+        self.ptr = torch.ops.mkldnn.data_ptr(packed)
+        self.bias = None if bias is None else bias.to(torch.bfloat16).contiguous()
+        self.bias_ptr = None if self.bias is None else self.bias.data_ptr()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] bf16 -> [M, N] bf16, each row's bits independent of M."""
+        m = x.shape[0]
+        y = torch.empty(m, self.n, dtype=torch.bfloat16)
+        if m == 0:
+            return y
+        if x.stride(1) != 1 or x.stride(0) < self.k:
+            x = x.contiguous()
+        # a helper thread costs ~20-50 us to wake: worth it from ~0.25 M multiply-adds
+        threads = torch.get_num_threads() if m * self.n * self.k >= SERIAL_BELOW else 1
+        args = (self.ptr, x.data_ptr(), x.stride(0), y.data_ptr(), self.n, self.bias_ptr)
+        rc = self.fn(*args, m, self.n, self.k, threads)
+        if rc:
+            raise RuntimeError(f"AMX GEMM failed (code {rc}) for {m}x{self.k} @ {self.n}x{self.k}")
+        return y
+
+
+@functools.cache
+def load(pack) -> AmxGemm | None:
+    """The GEMM for weights packed by `pack`, or None: no compiler, no AMX (or tile state not
+    granted), oneDNN's layout is not ``AB16b32a2b``, or it disagrees with oneDNN on a probe."""
+    if "amx_bf16" not in native.cpu_signature():
+        return None
+    compiler = native.find_compiler("CXX", ("g++", "clang++"))
+    if compiler is None:
+        return None
+    try:
+        flags = ["-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-ffp-contract=off"]
+        source = SOURCE.replace("@CLAIM@", native.CLAIM_C).replace("@POOL@", native.POOL_C)
+        path = native.build(source, name="amx_gemm", compiler=compiler, flags=flags, language="c++")
+        if gemv.probe_layout(pack) != NB:
+            log.info("AMX GEMM off: oneDNN's packed bf16 layout is not AB16b32a2b")
+            return None
+        gemm = AmxGemm(ctypes.CDLL(str(path)))
+        return gemm if _self_check(gemm, pack) else None
+    except (OSError, RuntimeError, AttributeError) as exc:
+        log.warning("AMX GEMM unavailable: %s", exc)
+        return None
+
+
+def _self_check(gemm: AmxGemm, pack) -> bool:
+    """Compare with oneDNN on a shape padded in N, K and rows (bf16 tolerance: orders differ)."""
+    g = torch.Generator().manual_seed(0)
+    n, k, m = 200, 100, 40
+    w = (torch.randn(n, k, generator=g) * 0.1).to(torch.bfloat16)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    bias = torch.randn(n, generator=g).to(torch.bfloat16)
+    packed = pack(w)
+    want = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "").float()
+    got = gemm.bind(packed, bias)(x)
+    if got.shape == want.shape and torch.allclose(got.float(), want, rtol=2e-2, atol=2e-2):
+        return True
+    log.warning("AMX GEMM off: it disagrees with oneDNN on a probe (layout changed?)")
+    return False
