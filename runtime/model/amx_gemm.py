@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 NB = 32  # outputs per packed block: the layout the tiles read
 SERIAL_BELOW = 1 << 18  # multiply-adds below which the calling thread works alone
+STREAM_FROM = 1 << 20  # output bytes from which rows are stored around the caches
 
 SOURCE = r"""
 #include <immintrin.h>
@@ -40,6 +41,9 @@ SOURCE = r"""
 @POOL@
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
 #include <sys/syscall.h>
+#ifndef AHEAD
+#define AHEAD 2  // K-blocks (2 KiB each) fetched ahead when the weight streams
+#endif
 #define BAND 256  // rows per band: its M-chunks run one after another on each weight block
 
 static bool amx_granted() {  // Linux hands out the tile state only on request
@@ -64,7 +68,7 @@ static void config(int rows) {
 
 struct Job {
   const uint16_t *w, *x, *bias; uint16_t* y; int64_t ldx, ldy, next, claim;
-  int M, N, K, chunks, nblocks, tasks;
+  int M, N, K, chunks, nblocks, tasks, stream;
 };
 
 // Rows [m0, m0 + rows) x outputs [32 nb, 32 nb + 32): C over all K-blocks, then bf16 (+ bias).
@@ -76,8 +80,11 @@ static void task(const Job& j, int m0, int rows, int nb) {
   const int64_t sa = j.ldx * 2;
   _tile_zero(0); _tile_zero(1);
   if (TWO) { _tile_zero(2); _tile_zero(3); }
+  const bool fetch = j.chunks == 1;  // the weight streams from memory once: fetch ahead
   for (int kb = 0; kb < KB; ++kb) {
     const uint16_t* wb = w + (int64_t)kb * 1024;
+    if (fetch)  // past the weight's end at its last blocks: a prefetch does not fault
+      for (int l = 0; l < 1024; l += 32) _mm_prefetch((const char*)(wb + AHEAD * 1024 + l), _MM_HINT_T0);
     _tile_loadd(6, wb, 128);
     _tile_loadd(7, wb + 32, 128);
     _tile_loadd(4, a + kb * 32, sa);
@@ -100,12 +107,17 @@ static void task(const Job& j, int m0, int rows, int nb) {
     b0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k0, j.bias + n0)), 16));
     b1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k1, j.bias + n0 + 16)), 16));
   }
+  // a full row of 32 outputs is one aligned cache line: for large outputs store it around the
+  // caches (no read for ownership; the result is not read back before it leaves the cache)
+  const bool stream = j.stream && left >= 32;
   for (int r = 0; r < rows; ++r) {
     uint16_t* out = j.y + (int64_t)(m0 + r) * j.ldy + n0;
     __m512 v0 = _mm512_load_ps(c + r * 32), v1 = _mm512_load_ps(c + r * 32 + 16);
     if (j.bias) { v0 = _mm512_add_ps(v0, b0); v1 = _mm512_add_ps(v1, b1); }
-    _mm256_mask_storeu_epi16(out, k0, (__m256i)_mm512_cvtneps_pbh(v0));
-    _mm256_mask_storeu_epi16(out + 16, k1, (__m256i)_mm512_cvtneps_pbh(v1));
+    const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(v0)),
+                                         (__m256i)_mm512_cvtneps_pbh(v1), 1);
+    if (stream) _mm512_stream_si512((__m512i*)out, h);
+    else _mm512_mask_storeu_epi16(out, (__mmask32)full, h);
   }
 }
 
@@ -125,6 +137,7 @@ static void run(void* arg) {
       if (shape != rows) { config(rows); shape = rows; }
       if (rows > 16) task<true>(j, m0, rows, nb); else task<false>(j, m0, rows, nb);
     }
+  if (j.stream) _mm_sfence();  // streamed rows reach memory before the caller reads them
   if (shape) _tile_release();  // hand the tile state back: other kernels configure their own
 }
 #endif
@@ -134,9 +147,10 @@ static void run(void* arg) {
 // 3: no memory; 4: tile state not granted.
 extern "C" int pagoda_amx_gemm_bf16(const uint16_t* w, const uint16_t* x, int64_t ldx, uint16_t* y,
                                     int64_t ldy, const uint16_t* bias, int M, int N, int K,
-                                    int threads) {
+                                    int stream, int threads) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
   if (M < 1 || N < 1 || K < 1 || ldx < K) return 1;
+  stream = stream && (uintptr_t)y % 64 == 0 && ldy % 32 == 0;  // whole aligned lines only
   if (!amx_granted()) return 4;
   uint16_t* padded = NULL;
   if (K % 32) {  // the last K-block's A tile reads 32 inputs: give it zeros, not the next row
@@ -153,7 +167,7 @@ extern "C" int pagoda_amx_gemm_bf16(const uint16_t* w, const uint16_t* x, int64_
   const int64_t tasks = (int64_t)chunks * nblocks;
   const int th = threads > 0 ? threads : 1;
   const int64_t per = tasks / (8 * th);  // ~8 claims a thread: a late helper leaves little
-  Job job{w, x, bias, y, ldx, ldy, 0, per > 0 ? per : 1, M, N, K, chunks, nblocks, (int)tasks};
+  Job job{w, x, bias, y, ldx, ldy, 0, per > 0 ? per : 1, M, N, K, chunks, nblocks, (int)tasks, stream};
   pool_run(run, &job, threads);
   free(padded);
   return 0;
@@ -171,7 +185,7 @@ class AmxGemm:
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-        lib.pagoda_amx_gemm_bf16.argtypes = [p, p, i64, p, i64, p, i32, i32, i32, i32]
+        lib.pagoda_amx_gemm_bf16.argtypes = [p, p, i64, p, i64, p, i32, i32, i32, i32, i32]
         lib.pagoda_amx_gemm_bf16.restype = i32
         self.fn = lib.pagoda_amx_gemm_bf16
 
@@ -206,7 +220,8 @@ class AmxWeight:
         # a helper thread costs ~20-50 us to wake: worth it from ~0.25 M multiply-adds
         threads = torch.get_num_threads() if m * self.n * self.k >= SERIAL_BELOW else 1
         args = (self.ptr, x.data_ptr(), x.stride(0), y.data_ptr(), self.n, self.bias_ptr)
-        rc = self.fn(*args, m, self.n, self.k, threads)
+        stream = int(m * self.n * 2 >= STREAM_FROM)
+        rc = self.fn(*args, m, self.n, self.k, stream, threads)
         if rc:
             raise RuntimeError(f"AMX GEMM failed (code {rc}) for {m}x{self.k} @ {self.n}x{self.k}")
         return y
