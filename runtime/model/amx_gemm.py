@@ -44,7 +44,7 @@ SOURCE = r"""
 #ifndef AHEAD
 #define AHEAD 2  // K-blocks (2 KiB each) fetched ahead when the weight streams
 #endif
-#define BAND 256  // rows per band: its M-chunks run one after another on each weight block
+#define BAND 512  // rows per band: its M-chunks run one after another on each weight block
 
 static bool amx_granted() {  // Linux hands out the tile state only on request
   static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
@@ -71,16 +71,49 @@ struct Job {
   int M, N, K, chunks, nblocks, tasks, stream;
 };
 
-// Rows [m0, m0 + rows) x outputs [32 nb, 32 nb + 32): C over all K-blocks, then bf16 (+ bias).
+// A finished 32 x 32 block waiting in `c` to be rounded to bf16 (+ bias) and stored: its rows
+// are converted a few at a time inside the next block's K loop, where the vector work overlaps
+// the tile multiplies (and the tile stores have long reached the cache).
+struct Pending {
+  alignas(64) float c[32 * 32];
+  uint16_t* out;  // row 0 of the block in y
+  const uint16_t* bias;  // at the block's first output, or NULL
+  uint32_t mask;  // outputs of the block inside N
+  int rows, done;
+  bool stream;
+};
+
+static void finish_rows(const Job& j, Pending& p, int upto) {
+  if (upto > p.rows) upto = p.rows;
+  if (p.done >= upto) return;
+  const __mmask16 k0 = (__mmask16)p.mask, k1 = (__mmask16)(p.mask >> 16);
+  __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+  if (p.bias) {
+    b0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k0, p.bias)), 16));
+    b1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k1, p.bias + 16)), 16));
+  }
+  for (int r = p.done; r < upto; ++r) {
+    uint16_t* out = p.out + (int64_t)r * j.ldy;
+    __m512 v0 = _mm512_load_ps(p.c + r * 32), v1 = _mm512_load_ps(p.c + r * 32 + 16);
+    if (p.bias) { v0 = _mm512_add_ps(v0, b0); v1 = _mm512_add_ps(v1, b1); }
+    const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(v0)),
+                                         (__m256i)_mm512_cvtneps_pbh(v1), 1);
+    if (p.stream) _mm512_stream_si512((__m512i*)out, h);
+    else _mm512_mask_storeu_epi16(out, (__mmask32)p.mask, h);
+  }
+  p.done = upto;
+}
+
+// Rows [m0, m0 + rows) x outputs [32 nb, 32 nb + 32): C over all K-blocks in order, left in p
+// (after finishing the block p held).
 template <bool TWO>
-static void task(const Job& j, int m0, int rows, int nb) {
-  const int KB = (j.K + 31) / 32;
+static void task(const Job& j, int m0, int rows, int nb, bool fetch, Pending& p) {
+  const int KB = (j.K + 31) / 32, step = (p.rows - p.done + KB - 1) / KB;
   const uint16_t* a = j.x + m0 * j.ldx;
   const uint16_t* w = j.w + (int64_t)nb * KB * 1024;
   const int64_t sa = j.ldx * 2;
   _tile_zero(0); _tile_zero(1);
   if (TWO) { _tile_zero(2); _tile_zero(3); }
-  const bool fetch = j.chunks == 1;  // the weight streams from memory once: fetch ahead
   for (int kb = 0; kb < KB; ++kb) {
     const uint16_t* wb = w + (int64_t)kb * 1024;
     if (fetch)  // past the weight's end at its last blocks: a prefetch does not fault
@@ -95,30 +128,19 @@ static void task(const Job& j, int m0, int rows, int nb) {
       _tile_dpbf16ps(2, 5, 6);
       _tile_dpbf16ps(3, 5, 7);
     }
+    finish_rows(j, p, p.done + step);
   }
-  alignas(64) float c[32 * 32];
-  _tile_stored(0, c, 128); _tile_stored(1, c + 16, 128);
-  if (TWO) { _tile_stored(2, c + 16 * 32, 128); _tile_stored(3, c + 16 * 32 + 16, 128); }
+  finish_rows(j, p, p.rows);
+  _tile_stored(0, p.c, 128); _tile_stored(1, p.c + 16, 128);
+  if (TWO) { _tile_stored(2, p.c + 16 * 32, 128); _tile_stored(3, p.c + 16 * 32 + 16, 128); }
   const int n0 = nb * 32, left = j.N - n0;
-  const uint32_t full = left >= 32 ? 0xFFFFFFFFu : (1u << left) - 1;
-  const __mmask16 k0 = (__mmask16)full, k1 = (__mmask16)(full >> 16);
-  __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
-  if (j.bias) {
-    b0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k0, j.bias + n0)), 16));
-    b1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k1, j.bias + n0 + 16)), 16));
-  }
+  p.out = j.y + (int64_t)m0 * j.ldy + n0;
+  p.bias = j.bias ? j.bias + n0 : NULL;
+  p.mask = left >= 32 ? 0xFFFFFFFFu : (1u << left) - 1;
   // a full row of 32 outputs is one aligned cache line: for large outputs store it around the
   // caches (no read for ownership; the result is not read back before it leaves the cache)
-  const bool stream = j.stream && left >= 32;
-  for (int r = 0; r < rows; ++r) {
-    uint16_t* out = j.y + (int64_t)(m0 + r) * j.ldy + n0;
-    __m512 v0 = _mm512_load_ps(c + r * 32), v1 = _mm512_load_ps(c + r * 32 + 16);
-    if (j.bias) { v0 = _mm512_add_ps(v0, b0); v1 = _mm512_add_ps(v1, b1); }
-    const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(v0)),
-                                         (__m256i)_mm512_cvtneps_pbh(v1), 1);
-    if (stream) _mm512_stream_si512((__m512i*)out, h);
-    else _mm512_mask_storeu_epi16(out, (__mmask32)full, h);
-  }
+  p.stream = j.stream && left >= 32;
+  p.rows = rows; p.done = 0;
 }
 
 // Task t: its band (all bands before it are full), then N-block, then M-chunk (innermost).
@@ -126,6 +148,8 @@ static void run(void* arg) {
   Job& j = *(Job*)arg;
   const int per_band_chunks = BAND / 32;
   int shape = 0;
+  Pending p;
+  p.rows = p.done = 0;
   for (int64_t t, end; (t = claim(&j.next, j.claim, j.tasks, &end)) < j.tasks;)
     for (; t < end; ++t) {
       const int64_t band_tasks = (int64_t)per_band_chunks * j.nblocks;
@@ -135,8 +159,12 @@ static void run(void* arg) {
       const int nb = in / band_chunks, chunk = band * per_band_chunks + in % band_chunks;
       const int m0 = chunk * 32, rows = j.M - m0 < 32 ? j.M - m0 : 32;
       if (shape != rows) { config(rows); shape = rows; }
-      if (rows > 16) task<true>(j, m0, rows, nb); else task<false>(j, m0, rows, nb);
+      // the band's first chunk brings the weight block in from memory: fetch it ahead
+      const bool fetch = in % band_chunks == 0;
+      if (rows > 16) task<true>(j, m0, rows, nb, fetch, p);
+      else task<false>(j, m0, rows, nb, fetch, p);
     }
+  finish_rows(j, p, p.rows);
   if (j.stream) _mm_sfence();  // streamed rows reach memory before the caller reads them
   if (shape) _tile_release();  // hand the tile state back: other kernels configure their own
 }

@@ -103,3 +103,16 @@ def test_large_outputs_are_stored_whole(gemm):
     y = call(x)
     assert torch.equal(y[-7:], call(x[-7:]))
     assert torch.allclose(y.float(), x.float() @ w.float().T + b.float(), rtol=1 / 128, atol=1e-2)
+
+
+def test_onednn_still_right_after_it(gemm):
+    """It releases the tile state it configured: oneDNN's AMX GEMM on the same threads after it
+    gives the same bits as before it."""
+    w, b, g = _weights(576, 576, 6, True)
+    packed = _pack(w)
+    x = torch.randn(300, 576, generator=g).to(torch.bfloat16)
+    before = torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+    for m in (300, 7):
+        gemm.bind(packed, b)(x[:m])
+        after = torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+        assert torch.equal(after, before)
