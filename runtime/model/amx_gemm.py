@@ -12,8 +12,10 @@ padding: a row's bits are the same for every M, every thread count and every nei
 The weights are the ``AB16b32a2b`` copy `Linear` packs for oneDNN (see `gemv.probe_layout`): a
 block of 32 outputs by 32 inputs is [16 pairs][32 outputs][2], i.e. two B tiles side by side in
 rows of 128 bytes. A task is an (M-chunk of up to 32 rows, N-block of 32 outputs) pair: 2 A tiles
-x 2 B tiles -> 4 C tiles. Tasks run M-chunks inner within bands of ROWS_PER_BAND rows, so a weight
-block is reused from cache across a band, and the threads of `native.POOL_C` claim them.
+x 2 B tiles -> 4 C tiles, whose rows are rounded and stored while the next task multiplies.
+Tasks run M-chunks inner within bands of 512 rows, so a weight block comes from memory once per
+band (fetched ahead by the band's first chunk) and the band's rows stay in L2; the threads of
+`native.POOL_C` claim them. Outputs of 1 MiB or more are stored around the caches.
 """
 
 from __future__ import annotations
