@@ -62,6 +62,18 @@ def test_row_bits_do_not_depend_on_row_count(gemm, shape, bias):
         assert torch.equal(y[m - 1 :], call(x[m - 1 : m])), f"last row at M={m}"
 
 
+@pytest.mark.parametrize(("shape", "rows"), [((100, 70), 600), ((576, 576), 97)])
+def test_every_row_equals_the_row_alone(gemm, shape, rows):
+    """Every place in a tile (both A tiles, a partial last chunk) gives the lone row's bits."""
+    n, k = shape
+    w, b, g = _weights(n, k, 7, True)
+    x = torch.randn(rows, k, generator=g).to(torch.bfloat16)
+    call = gemm.bind(_pack(w), b)
+    alone = torch.cat([call(x[i : i + 1]) for i in range(rows)])
+    assert torch.equal(call(x), alone)
+    assert torch.equal(call(x[rows // 3 :]), alone[rows // 3 :])  # other chunk boundaries
+
+
 def test_row_bits_do_not_depend_on_thread_count(gemm):
     w, _, g = _weights(3072, 576, 2, False)
     x = torch.randn(1024, 576, generator=g).to(torch.bfloat16)
