@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import os
 
 import torch
 from pagoda.runtime import native
@@ -31,6 +32,7 @@ from pagoda.runtime.model import gemv
 log = logging.getLogger(__name__)
 
 NB = 32  # outputs per packed block: the layout the tiles read
+AMX_SWITCH = "PAGODA_CPU_AMX"  # "0": none of Pagoda's AMX code (this GEMM, the attention tiles)
 SERIAL_BELOW = 1 << 18  # multiply-adds below which the calling thread works alone
 STREAM_FROM = 1 << 20  # output bytes from which rows are stored around the caches
 
@@ -260,8 +262,9 @@ class AmxWeight:
 @functools.cache
 def load(pack) -> AmxGemm | None:
     """The GEMM for weights packed by `pack`, or None: no compiler, no AMX (or tile state not
-    granted), oneDNN's layout is not ``AB16b32a2b``, or it disagrees with oneDNN on a probe."""
-    if "amx_bf16" not in native.cpu_signature():
+    granted, or ``PAGODA_CPU_AMX=0``), oneDNN's layout is not ``AB16b32a2b``, or it disagrees
+    with oneDNN on a probe."""
+    if "amx_bf16" not in native.cpu_signature() or os.environ.get(AMX_SWITCH) == "0":
         return None
     compiler = native.find_compiler("CXX", ("g++", "clang++"))
     if compiler is None:

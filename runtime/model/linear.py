@@ -8,6 +8,9 @@ Packing also serves greedy determinism (docs/runtime.md, "What is guaranteed"): 
 GEMM gives every row the same bits whatever the number of rows M, for M >= 2, in bf16 and
 float32, while MKL's float32 `F.linear` changes its blocking (and rounding) with M. A single row
 takes a GEMV path with another summation order, so a lone row is computed as two.
+On CPUs with AMX, oneDNN's bf16 GEMM is not M-invariant; there `amx_gemm` (AMX tiles over the
+same packed weights, one summation order for every M, faster than oneDNN at every M measured)
+takes every bf16 call. Where it cannot run, bf16 steps of up to 4 rows take `gemv` (see there).
 Weights on CUDA stay plain; with ``invariant`` they go through ``pagoda.kernels.linear``, whose
 reduction order depends on the weight's shape alone (cuBLAS chooses its kernel by M).
 """
@@ -15,10 +18,11 @@ reduction order depends on the weight's shape alone (cuBLAS chooses its kernel b
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
-from pagoda.runtime.model import gemv
+from pagoda.runtime.model import amx_gemm, gemv
 
 PACK_BATCH_HINT = 2048  # oneDNN picks the blocked layout for this M; it serves small M well too
 PACKED_DTYPES = (torch.bfloat16, torch.float32)
@@ -44,7 +48,7 @@ def _can_pack(dtype: torch.dtype) -> bool:
 class Linear:
     """y = x @ weight.T + bias for 2-D x."""
 
-    __slots__ = ("bias", "gemv", "kernel", "packed", "weight")
+    __slots__ = ("bias", "fast", "fast_rows", "kernel", "packed", "weight")
 
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None = None, invariant: bool = False
@@ -52,7 +56,8 @@ class Linear:
         self.bias = bias
         self.packed = None
         self.kernel = None
-        self.gemv: gemv.GemvWeight | None = None  # decode-sized bf16 batches on AMX CPUs
+        self.fast: amx_gemm.AmxWeight | gemv.GemvWeight | None = None  # bf16, see the docstring
+        self.fast_rows = 0  # the most rows `fast` takes
         self.weight: torch.Tensor | None = weight
         cpu = weight.device.type == "cpu"
         if invariant and weight.device.type == "cuda":
@@ -63,21 +68,37 @@ class Linear:
         if cpu and weight.dtype in PACKED_DTYPES and _can_pack(weight.dtype):
             self.packed = _pack(weight)
             self.weight = None  # the packed copy replaces it
-            if weight.dtype == torch.bfloat16 and gemv.wanted(invariant):
-                fast = gemv.load(_pack)
-                if fast is not None and fast.accepts(self.packed, *weight.shape):
-                    self.gemv = fast.bind(self.packed, bias)
+            if weight.dtype == torch.bfloat16:
+                self._pick_fast_path(invariant)
+
+    def _pick_fast_path(self, invariant: bool) -> None:
+        n, k = self.packed.shape
+        amx = amx_gemm.load(_pack)
+        if amx is not None and amx.accepts(self.packed, n, k):
+            self.fast, self.fast_rows = amx.bind(self.packed, self.bias), 1 << 62
+            return
+        small = gemv.load(_pack) if gemv.wanted(invariant) else None
+        if small is not None and small.accepts(self.packed, n, k):
+            self.fast, self.fast_rows = small.bind(self.packed, self.bias), gemv.MAX_ROWS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel is not None:
             return self.kernel(x=x, weight=self.weight, bias=self.bias)
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
-        if self.gemv is not None and 0 < x.shape[0] <= gemv.MAX_ROWS:
-            return self.gemv(x)
+        if self.fast is not None and 0 < x.shape[0] <= self.fast_rows:
+            return self.fast(x)
         if x.shape[0] == 1:  # keep the GEMM path (and its rounding) for a lone row
             return self._packed(x.expand(2, -1))[:1]
         return self._packed(x)
 
     def _packed(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def bf16_rows_invariant() -> bool:
+    """Whether a bf16 row gets the same bits for every row count here (docs/runtime.md): yes
+    with oneDNN except on AMX, where yes when the AMX GEMM runs, and not with the GEMV."""
+    if os.environ.get(gemv.ENV_SWITCH) == "1":
+        return False
+    return not gemv.onednn_uses_amx() or amx_gemm.load(_pack) is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda.runtime.model import gemv
+from pagoda.runtime.model import amx_gemm, gemv
 from pagoda.runtime.model.linear import Linear, _can_pack, _pack
 
 pytestmark = pytest.mark.skipif(not _can_pack(torch.bfloat16), reason="no oneDNN bf16 packing")
@@ -12,10 +12,12 @@ pytestmark = pytest.mark.skipif(not _can_pack(torch.bfloat16), reason="no oneDNN
 
 @pytest.fixture(autouse=True)
 def _fresh_choice():
-    """`gemv.load` caches the choice made under this test's environment: forget it after."""
+    """`load` caches the choice made under this test's environment: forget it after."""
     gemv.load.cache_clear()
+    amx_gemm.load.cache_clear()
     yield
     gemv.load.cache_clear()
+    amx_gemm.load.cache_clear()
 
 
 def _forced(monkeypatch) -> gemv.Gemv:
@@ -70,12 +72,13 @@ def test_a_rows_bits_do_not_depend_on_the_other_rows(monkeypatch):
 
 
 def test_linear_takes_the_gemv_for_few_rows_only(monkeypatch):
+    monkeypatch.setenv(amx_gemm.AMX_SWITCH, "0")  # where AMX runs, its GEMM would take every row
     _forced(monkeypatch)
     lin = Linear((torch.randn(576, 576) * 0.05).to(torch.bfloat16))
-    assert lin.gemv is not None
+    assert isinstance(lin.fast, gemv.GemvWeight)
     calls = []
-    real = lin.gemv
-    lin.gemv = lambda x: calls.append(x.shape[0]) or real(x)
+    real = lin.fast
+    lin.fast = lambda x: calls.append(x.shape[0]) or real(x)
     x = torch.randn(gemv.MAX_ROWS + 1, 576).to(torch.bfloat16)
     lin(x[:1])
     lin(x[: gemv.MAX_ROWS])
@@ -86,7 +89,8 @@ def test_linear_takes_the_gemv_for_few_rows_only(monkeypatch):
 
 def test_switch_off_keeps_onednn(monkeypatch):
     monkeypatch.setenv(gemv.ENV_SWITCH, "0")
-    assert Linear(torch.randn(64, 64).to(torch.bfloat16), invariant=False).gemv is None
+    monkeypatch.setenv(amx_gemm.AMX_SWITCH, "0")
+    assert Linear(torch.randn(64, 64).to(torch.bfloat16), invariant=False).fast is None
 
 
 def test_auto_follows_batch_invariance(monkeypatch):
