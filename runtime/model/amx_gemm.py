@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 NB = 32  # outputs per packed block: the layout the tiles read
 AMX_SWITCH = "PAGODA_CPU_AMX"  # "0": none of Pagoda's AMX code (this GEMM, the attention tiles)
+ENV_SWITCH = "PAGODA_CPU_AMX_GEMM"  # "0": this GEMM only (bf16 matmuls back on oneDNN)
 SERIAL_BELOW = 1 << 18  # multiply-adds below which the calling thread works alone
 STREAM_FROM = 1 << 20  # output bytes from which rows are stored around the caches
 
@@ -262,9 +263,10 @@ class AmxWeight:
 @functools.cache
 def load(pack) -> AmxGemm | None:
     """The GEMM for weights packed by `pack`, or None: no compiler, no AMX (or tile state not
-    granted, or ``PAGODA_CPU_AMX=0``), oneDNN's layout is not ``AB16b32a2b``, or it disagrees
+    granted, or ``PAGODA_CPU_AMX=0`` / ``PAGODA_CPU_AMX_GEMM=0``), oneDNN's layout is not ``AB16b32a2b``, or it disagrees
     with oneDNN on a probe."""
-    if "amx_bf16" not in native.cpu_signature() or os.environ.get(AMX_SWITCH) == "0":
+    off = os.environ.get(AMX_SWITCH) == "0" or os.environ.get(ENV_SWITCH) == "0"
+    if "amx_bf16" not in native.cpu_signature() or off:
         return None
     compiler = native.find_compiler("CXX", ("g++", "clang++"))
     if compiler is None:
