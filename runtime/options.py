@@ -59,7 +59,7 @@ DEFAULT_MAX_NUM_SEQS = 64
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 DEFAULT_ENABLE_PREFIX_CACHING = True
 DEFAULT_ENABLE_CHUNKED_PREFILL = True
-# Greedy output independent of batch and cache (docs/runtime.md; on AMX CPUs in float32 only).
+# Greedy output independent of batch and cache (docs/runtime.md).
 DEFAULT_BATCH_INVARIANT = True
 
 # --- server -----------------------------------------------------------------------------------
