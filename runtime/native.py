@@ -100,9 +100,7 @@ POOL_C = r"""
 #include <sys/syscall.h>
 #include <linux/futex.h>
 #define POOL_MAX 64
-#ifndef POOL_SPIN_NS
-#define POOL_SPIN_NS 200000L  /* a library may define its own before this */
-#endif
+#define POOL_SPIN_NS 200000L
 typedef void (*pool_fn)(void*);
 static struct { pool_fn fn; void* ctx; int gen, open, active, sleepers, started; } P;
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
