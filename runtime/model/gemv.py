@@ -239,20 +239,21 @@ def load(pack) -> Gemv | None:
     except (OSError, RuntimeError, AttributeError) as exc:
         log.warning("CPU GEMV unavailable, decode rows use oneDNN: %s", exc)
         return None
-    return gemv if _self_check(gemv, pack) else None
+    return gemv if agrees_with_onednn(gemv, pack, 3, "CPU GEMV") else None
 
 
-def _self_check(gemv: Gemv, pack) -> bool:
-    """Compare with oneDNN on a padded random shape (summation orders differ: bf16 tolerance)."""
+def agrees_with_onednn(kernel: Gemv, pack, rows: int, what: str) -> bool:
+    """`kernel` (anything with ``bind(packed, bias)``) against oneDNN on a shape padded in N and
+    K, with `rows` rows (bf16 tolerance: the summation orders differ); a load-time check."""
     g = torch.Generator().manual_seed(0)
     n, k = 200, 100
     w = (torch.randn(n, k, generator=g) * 0.1).to(torch.bfloat16)
-    x = torch.randn(3, k, generator=g).to(torch.bfloat16)
+    x = torch.randn(rows, k, generator=g).to(torch.bfloat16)
     bias = torch.randn(n, generator=g).to(torch.bfloat16)
     packed = pack(w)
     want = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "").float()
-    got = gemv.bind(packed, bias)(x)
+    got = kernel.bind(packed, bias)(x)
     if got.shape == want.shape and torch.allclose(got.float(), want, rtol=2e-2, atol=2e-2):
         return True
-    log.warning("CPU GEMV off: it disagrees with oneDNN on a probe (layout changed?)")
+    log.warning("%s off: it disagrees with oneDNN on a probe (layout changed?)", what)
     return False
