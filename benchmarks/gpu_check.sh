@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >"
 cat "$OUT/gpu.txt"
 TAIL=12 step tests 170 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 160 \
     tests/kernels tests/runtime/test_triton_engine.py tests/runtime/engine/test_invariance.py
-TAIL=8 step throughput 170 $PY benchmarks/gpu_throughput.py --shape 1b --also-fast \
+TAIL=10 step throughput 230 $PY benchmarks/gpu_throughput.py --shape 1b --also-fast --also-async \
     --hf-requests "${HF:-64}"
 TAIL=60 step invariance 150 $PY benchmarks/invariance_cost.py ${SWEEP:+--sweep}
 [[ " $STEPS " == *" tune "* ]] && $PY -c "

@@ -98,10 +98,10 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_pagoda(loaded, reqs, args, batch_invariant: bool = True) -> dict:
+def run_pagoda(loaded, reqs, args, **engine_kw) -> dict:
     llm = LLM(
         loaded=loaded,
-        batch_invariant=batch_invariant,
+        **engine_kw,
         kv_cache_memory=int(args.kv_cache_gib * (1 << 30)),
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -122,7 +122,7 @@ def run_pagoda(loaded, reqs, args, batch_invariant: bool = True) -> dict:
             engine.runner.clock = None
         running = engine.scheduler.running
         all_decode = not engine.scheduler.waiting and all(
-            r.num_tokens - r.num_computed_tokens == 1 for r in running
+            r.num_tokens + r.num_pending - r.num_computed_tokens == 1 for r in running
         )
         context = sum(r.num_tokens for r in running)
         t = time.perf_counter()
@@ -212,6 +212,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also run with --no-batch-invariant (cuBLAS + split-KV) to show what invariance costs",
     )
+    ap.add_argument(
+        "--also-async",
+        action="store_true",
+        help="also run with --async-scheduling (step N+1 launched before step N is read back)",
+    )
     args = ap.parse_args(argv)
     if args.tiny:
         args.shape = "tiny"
@@ -220,6 +225,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.kv_cache_gib = 0.0625
         args.hf_requests, args.hf_batch = min(args.hf_requests, 4), 4
     return args
+
+
+def _variant(loaded, reqs, args, default: dict, flag: str, **engine_kw) -> dict:
+    """Run the workload again with one engine option changed; print it beside the default."""
+    other = run_pagoda(loaded, reqs, args, **engine_kw)
+    print(
+        f"Pagoda {flag}: {other['tok_s']:.1f} tok/s, {other['step_ms']:.2f} ms/step at "
+        f"{other['full_batch']} running (defaults: {default['tok_s']:.1f} tok/s, "
+        f"{default['step_ms']:.2f} ms) -> {other['tok_s'] / default['tok_s']:.2f}x"
+    )
+    if other["phases_ms"]:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in other["phases_ms"].items())
+        print(f"  {flag} phases (ms/step): {parts}")
+    gc.collect()
+    return other
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -238,17 +258,13 @@ def main(argv: list[str] | None = None) -> dict:
         res = run_pagoda(loaded, reqs, args)
         gc.collect()
         if args.also_fast:
-            fast = run_pagoda(loaded, reqs, args, batch_invariant=False)
-            print(
-                f"Pagoda --no-batch-invariant: {fast['tok_s']:.1f} tok/s, "
-                f"{fast['step_ms']:.2f} ms/step at {fast['full_batch']} running "
-                f"(default, batch-invariant: {res['tok_s']:.1f} tok/s, {res['step_ms']:.2f} ms)"
+            res["fast"] = _variant(
+                loaded, reqs, args, res, "--no-batch-invariant", batch_invariant=False
             )
-            if fast["phases_ms"]:
-                parts = ", ".join(f"{k} {v:.2f}" for k, v in fast["phases_ms"].items())
-                print(f"  --no-batch-invariant phases (ms/step): {parts}")
-            res["fast"] = fast
-            gc.collect()
+        if args.also_async:
+            res["async"] = _variant(
+                loaded, reqs, args, res, "--async-scheduling", async_scheduling=True
+            )
         if device.type == "cuda":
             torch.cuda.empty_cache()
         bw = copy_bandwidth(device)

@@ -143,6 +143,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     enable_cuda_graphs: bool = True
     batch_invariant: bool = options.DEFAULT_BATCH_INVARIANT
+    async_scheduling: bool = options.DEFAULT_ASYNC_SCHEDULING
 
     def __post_init__(self) -> None:
         if self.dtype not in options.DTYPES:

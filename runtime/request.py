@@ -55,6 +55,9 @@ class Request:
         self.token_ids: list[int] = list(self.prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self.num_computed_tokens = 0
+        # Async scheduling: tokens sampled on the device but not read back yet (0 or 1 when a
+        # step is scheduled); the scheduler counts them as known so the next step can run them.
+        self.num_pending = 0
         self.num_cached_tokens = 0  # prefix-cache hit at first scheduling
         self.status = RequestStatus.WAITING
         self.block_hashes: list[bytes] = []  # chained hashes of this request's full blocks
@@ -74,6 +77,12 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def ends_with_pending(self) -> bool:
+        """True when the tokens in flight already reach the length limit: scheduling this
+        request again could only compute a token that is never used (async scheduling)."""
+        return self.num_output_tokens + self.num_pending >= self.max_new_tokens
 
     @property
     def num_output_tokens(self) -> int:

@@ -68,12 +68,17 @@ class Scheduler:
         preempted: list[Request] = []
         decodes: list[Request] = []
         partial: list[Request] = []
-        for r in self.running:
-            (decodes if r.num_tokens - r.num_computed_tokens == 1 else partial).append(r)
+        for r in self.running:  # tokens in flight (async scheduling) count as known
+            behind = len(r.token_ids) + r.num_pending - r.num_computed_tokens
+            (decodes if behind == 1 else partial).append(r)
         for req in decodes + partial if partial else decodes:
             if budget <= 0 or req.status != RequestStatus.RUNNING:
                 continue
-            n = req.num_tokens - req.num_computed_tokens
+            if req.num_pending and req.ends_with_pending:
+                continue  # its last token is in flight: it finishes when that is read back
+            n = req.num_tokens + req.num_pending - req.num_computed_tokens
+            if n <= 0:
+                continue
             if n > budget and not self.config.enable_chunked_prefill:
                 continue
             n = min(n, budget)
@@ -116,6 +121,8 @@ class Scheduler:
     def _admit_waiting(self, plan: dict[str, ScheduledRequest], budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
+            if req.num_pending:
+                break  # preempted while a step of it was in flight: wait for its token
             computed, num_cached = self.kv.get_computed_blocks(req)
             n = req.num_tokens - num_cached
             if n > budget:

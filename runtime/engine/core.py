@@ -10,6 +10,16 @@ next (appending tokens, EOS/length stops, stop strings, freeing finished request
 happens before the next schedule, so the tokens are the same; outputs arrive one step later.
 On the CPU the forward runs on the host itself, so there is nothing to overlap and outputs are
 emitted in their own step.
+
+With async scheduling (`--async-scheduling`, as vLLM v1's) the host also schedules and launches
+step N+1 before reading step N back: each request sampling in step N counts its token as known
+(`Request.num_pending`), and the runner gathers that token on the device. The host's schedule,
+input preparation and bookkeeping then hide behind the device's forward instead of adding to it.
+What it costs: a request that stops (EOS, stop string) at step N has already been scheduled in
+step N+1, whose row is computed and dropped; the length limit is known ahead and never wasted.
+Steps run synchronously while a request with penalties is running (they need the host's token
+counts). Tokens are the same as without it (each request's draws come from its own generator in
+the same order; greedy output relies on batch invariance, the default).
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from pagoda.runtime.engine.outputs import StepOutput
 from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.request import Request
 from pagoda.runtime.sampling import SamplingParams
-from pagoda.runtime.worker.model_runner import ModelRunner, ModelRunnerOutput
+from pagoda.runtime.worker.model_runner import LaunchedStep, ModelRunner, ModelRunnerOutput
 from pagoda.runtime.worker.step_clock import StepClock
 
 log = logging.getLogger(__name__)
@@ -75,6 +85,9 @@ class EngineCore:
         # Emit a step's outputs during the next step's forward (module docstring).
         self.overlap_outputs = self.runner.device.type == "cuda"
         self._pending: ModelRunnerOutput | None = None
+        self.async_scheduling = self.runner.async_scheduling = config.async_scheduling
+        self._inflight: LaunchedStep | None = None  # async: launched, not read back yet
+        self._penalized: set[str] = set()  # requests whose steps must run synchronously
         # Start-up objects (weights, tokenizer, graphs) never die: keep the collector off them,
         # or a full collection every few hundred steps stalls a step by milliseconds.
         gc.collect()
@@ -130,17 +143,26 @@ class EngineCore:
         self.outputs.add(request_id, reqs)
         for req in reqs:
             self.scheduler.add_request(req)
+            if params.needs_penalties:
+                self._penalized.add(req.request_id)
 
     def abort_request(self, request_id: str) -> None:
         """Abort every sample of a request; its blocks are freed at once."""
         for cid in self.outputs.abort(request_id):
             self.scheduler.abort(cid)
+            self._penalized.discard(cid)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or self._pending is not None
+        return (
+            self.scheduler.has_unfinished()
+            or self._pending is not None
+            or self._inflight is not None
+        )
 
     # -- the step --------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
+        if self.async_scheduling:
+            return self._step_async()
         clock = self.clock
         if clock is not None:
             clock.start()
@@ -150,9 +172,9 @@ class EngineCore:
         self.kv.record_peak(out.scheduled)
         if clock is not None:
             clock.mark("schedule")
-        reqs, so = self.runner.execute_model(out)  # queued on the device, not waited for
+        launched = self.runner.execute_model(out)  # queued on the device, not waited for
         outputs = self._emit_pending()  # the previous step's, while the device works
-        result = self.runner.readback(reqs, so)
+        result = self.runner.readback(launched)
         self.scheduler.update_after_step(out)
         self._update(result)
         if self.overlap_outputs:
@@ -160,6 +182,43 @@ class EngineCore:
         else:
             outputs += self.outputs.process(result, self.clock)
         return outputs
+
+    def _step_async(self) -> list[StepOutput]:
+        """Schedule and launch step N+1, then read step N back while the device runs N+1."""
+        clock = self.clock
+        if clock is not None:
+            clock.start()
+        prev, self._inflight, outputs = self._inflight, None, []
+        if prev is not None and self._penalized:
+            outputs, prev = self._finish(prev), None  # penalties need every token on the host
+        out = self.scheduler.schedule()
+        if not out.is_empty:
+            self.kv.record_peak(out.scheduled)
+            if clock is not None:
+                clock.mark("schedule")
+            launched = self.runner.execute_model(out)
+            self.scheduler.update_after_step(out)
+            for req in launched.requests:
+                req.num_pending += 1
+            self._inflight = launched if launched.requests else None
+        if prev is not None:
+            outputs += self._finish(prev)
+        return outputs
+
+    def _finish(self, launched: LaunchedStep) -> list[StepOutput]:
+        """Read an async step back, fold its tokens in and build its outputs."""
+        result = self.runner.readback(launched)
+        for req in launched.requests:
+            req.num_pending -= 1
+        if any(r.is_finished for r in result.requests):  # stopped or aborted meanwhile: drop
+            keep = [i for i, r in enumerate(result.requests) if not r.is_finished]
+            result = ModelRunnerOutput(
+                [result.requests[i] for i in keep],
+                [result.token_ids[i] for i in keep],
+                [result.logprobs[i] for i in keep],
+            )
+        self._update(result)
+        return self.outputs.process(result, self.clock)
 
     def _update(self, result: ModelRunnerOutput) -> None:
         """Fold the sampled tokens into their requests and settle which ones finished, before
@@ -177,6 +236,7 @@ class EngineCore:
                 check_stop_string(req, tok)
             if req.is_finished:
                 self.scheduler.finish(req)
+                self._penalized.discard(req.request_id)
         if self.clock is not None:
             self.clock.mark("update")
 

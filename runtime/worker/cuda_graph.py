@@ -88,12 +88,13 @@ class CudaGraphRunner:
         )
 
     def run(
-        self, runner, ids, positions, slots, table: np.ndarray, seq_lens: np.ndarray
+        self, runner, ids: torch.Tensor, positions, slots, table: np.ndarray, seq_lens: np.ndarray
     ) -> torch.Tensor:
-        """Copy this step's inputs into the static buffers, replay, return logits [n, vocab]."""
+        """Copy this step's inputs (`ids` already on the device) into the static buffers,
+        replay, return logits [n, vocab]."""
         n = len(ids)
         b = next(s for s in self.sizes if s >= n)
-        self.input_ids[:n].copy_(runner.to_device(ids), non_blocking=True)
+        self.input_ids[:n].copy_(ids, non_blocking=True)
         self.positions[:n].copy_(runner.to_device(positions), non_blocking=True)
         self.slot_mapping[:n].copy_(runner.to_device(slots), non_blocking=True)
         self.seq_lens[:n].copy_(runner.to_device(seq_lens), non_blocking=True)

@@ -3,6 +3,11 @@
 Inputs are assembled on the host with NumPy (one slice of token ids per sequence, everything
 else vectorised) and moved to the device in one copy per tensor. The only device→host transfer
 is the sampled tokens (and their logprobs when asked), read back together at the end.
+
+With async scheduling a step may be prepared before the previous step's tokens are read back:
+a decode row whose token is still on the device gets it by a device-side gather from that step's
+sampled tokens, and on CUDA the readback copies into pinned memory behind an event, so waiting
+for step N does not wait for step N+1 queued after it.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class _StepInputs:
     seq_lens: np.ndarray  # int64 [B] context length including the new tokens
     cu: np.ndarray  # int64 [B + 1] prefix sums of qlens
     sampling: list[int]  # requests that sample a token this step
+    # Async scheduling: (rows of `ids`, rows of the in-flight step's tokens) to fill on device.
+    pending: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def _block_table(block_ids: list[list[int]]) -> np.ndarray:
@@ -58,6 +65,16 @@ class ModelRunnerOutput:
     requests: list[Request]  # the requests that sampled, in row order
     token_ids: list[int]
     logprobs: list[TokenLogprob | None]
+
+
+@dataclass
+class LaunchedStep:
+    """A step queued on the device: who samples, and where the results will be."""
+
+    requests: list[Request]  # the requests that sample, in row order
+    sampler_output: SamplerOutput | None  # device tensors
+    host: SamplerOutput | None = None  # pinned copies, valid once `ready` has fired (CUDA)
+    ready: torch.cuda.Event | None = None
 
 
 class ModelRunner:
@@ -102,6 +119,10 @@ class ModelRunner:
         self.cuda_graphs: CudaGraphRunner | None = None
         self.clock: StepClock | None = None  # set by EngineCore.enable_step_clock
         self._last_sampling: tuple[tuple[int, ...], SamplingBatch, list[Request]] | None = None
+        # Async scheduling (set by the engine): the last launched step's tokens and row of
+        # each request in them, for the next step's rows whose token is still on the device.
+        self.async_scheduling = False
+        self._inflight: tuple[torch.Tensor, dict[str, int]] | None = None
 
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         """On CUDA with the Triton backend, record decode steps for padded batch sizes."""
@@ -148,17 +169,19 @@ class ModelRunner:
             return t
         return t.pin_memory().to(self.device, non_blocking=True)
 
-    def readback(self, reqs: list[Request], so: SamplerOutput | None) -> ModelRunnerOutput:
+    def readback(self, step: LaunchedStep) -> ModelRunnerOutput:
         """Wait for a step queued by `execute_model` and read its sampled tokens back (the
         step's only device→host sync)."""
-        if so is None:
+        if step.sampler_output is None:
             return ModelRunnerOutput([], [], [])
-        result = self._readback(reqs, so)
+        if step.ready is not None:
+            step.ready.synchronize()  # this step only, not the ones queued after it
+        result = self._readback(step.requests, step.host or step.sampler_output)
         if self.clock is not None:
             self.clock.mark("readback")
         return result
 
-    def execute_model(self, out: SchedulerOutput) -> tuple[list[Request], SamplerOutput | None]:
+    def execute_model(self, out: SchedulerOutput) -> LaunchedStep:
         """Inputs → forward → sampling, all queued on the device without waiting for it."""
         clock = self.clock
         inp = self._prepare_inputs(out)
@@ -169,14 +192,36 @@ class ModelRunner:
         if clock is not None:
             clock.mark("forward")
         if not reqs:
-            return [], None
+            return LaunchedStep([], None)
         if self.logits_observer is not None:
             self.logits_observer(reqs, logits.float())
         batch = self._sampling_batch(reqs, logits.shape[-1])
-        so = sample(logits, batch)
+        step = LaunchedStep(reqs, sample(logits, batch))
+        if self.async_scheduling:
+            self._inflight = (
+                step.sampler_output.token_ids,
+                {r.request_id: i for i, r in enumerate(reqs)},
+            )
+            if self.device.type == "cuda":
+                self._copy_to_host(step)
         if clock is not None:
             clock.mark("sample")
-        return reqs, so
+        return step
+
+    @staticmethod
+    def _copy_to_host(step: LaunchedStep) -> None:
+        """Queue the sampled tensors' copy into pinned memory and mark it with an event."""
+        so = step.sampler_output
+        pinned = [
+            None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            for t in (so.token_ids, so.logprobs, so.top_ids, so.top_logprobs)
+        ]
+        for dst, src in zip(pinned, (so.token_ids, so.logprobs, so.top_ids, so.top_logprobs)):
+            if dst is not None:
+                dst.copy_(src, non_blocking=True)
+        step.host = SamplerOutput(*pinned)
+        step.ready = torch.cuda.Event()
+        step.ready.record()
 
     def _prepare_inputs(self, out: SchedulerOutput) -> _StepInputs:
         """The step's flat token batch as host arrays (ragged: one run of tokens per request).
@@ -187,18 +232,18 @@ class ModelRunner:
         reqs = [s.request for s in sched]
         starts = np.fromiter((r.num_computed_tokens for r in reqs), dtype=np.int64, count=n)
         known = np.fromiter((len(r.token_ids) for r in reqs), dtype=np.int64, count=n)
-        one = (r.token_ids[r.num_computed_tokens] for r in reqs[:nd])
+        one, pending = self._decode_ids(reqs[:nd], starts[:nd], known[:nd])
         if nd == n:
             qlens = np.ones(n, dtype=np.int64)
             cu = np.arange(n + 1, dtype=np.int64)
-            ids = np.fromiter(one, dtype=np.int64, count=n)
+            ids = one
             positions, seq_idx = starts, np.arange(n)
         else:
             qlens = np.fromiter((s.num_new_tokens for s in sched), dtype=np.int64, count=n)
             cu = np.zeros(n + 1, dtype=np.int64)
             np.cumsum(qlens, out=cu[1:])
             ids = np.empty(int(cu[-1]), dtype=np.int64)
-            ids[:nd] = np.fromiter(one, dtype=np.int64, count=nd)
+            ids[:nd] = one
             for r, a, b, st in zip(reqs[nd:], cu[nd:-1], cu[nd + 1 :], starts[nd:]):
                 ids[a:b] = r.token_ids[st : st + (b - a)]
             seq_idx = np.repeat(np.arange(n), qlens)
@@ -207,15 +252,48 @@ class ModelRunner:
         slots = table[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
         seq_lens = starts + qlens
         sampling = np.flatnonzero(seq_lens >= known).tolist()
-        return _StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling)
+        return _StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling, pending)
+
+    def _decode_ids(
+        self, reqs: list[Request], starts: np.ndarray, known: np.ndarray
+    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+        """One-token rows' ids; with async scheduling, a row whose token is still on the
+        device (computed == known) gets 0 here and is named in the returned (rows, sources)."""
+        n = len(reqs)
+        if self._inflight is None or not (starts == known).any():
+            ids = (r.token_ids[r.num_computed_tokens] for r in reqs)
+            return np.fromiter(ids, dtype=np.int64, count=n), None
+        rows = np.flatnonzero(starts == known)
+        ids = np.fromiter(
+            (
+                t[c] if c < len(t) else 0
+                for t, c in ((r.token_ids, r.num_computed_tokens) for r in reqs)
+            ),
+            dtype=np.int64,
+            count=n,
+        )
+        where = self._inflight[1]
+        src = np.fromiter(
+            (where[reqs[i].request_id] for i in rows), dtype=np.int64, count=len(rows)
+        )
+        return ids, (rows, src)
+
+    def _device_ids(self, inp: _StepInputs) -> torch.Tensor:
+        """The step's token ids on the device, in-flight tokens gathered there (no sync)."""
+        ids = self.to_device(inp.ids)
+        if inp.pending is not None:
+            rows, src = (self.to_device(a) for a in inp.pending)
+            ids.index_copy_(0, rows, self._inflight[0].index_select(0, src))
+        return ids
 
     def _forward(self, out: SchedulerOutput, inp: _StepInputs) -> torch.Tensor:
         """Logits of the sampling rows: a captured CUDA graph when one fits, else eager."""
         graph = self.cuda_graphs
         seq_lens = inp.seq_lens.astype(np.int32)
         n, max_blocks = len(out.scheduled), inp.table.shape[1]
+        ids = self._device_ids(inp)
         if graph is not None and graph.can_run(out.num_decodes, n, max_blocks):
-            logits = graph.run(self, inp.ids, inp.positions, inp.slots, inp.table, seq_lens)
+            logits = graph.run(self, ids, inp.positions, inp.slots, inp.table, seq_lens)
             return logits.index_select(0, self.to_device(np.asarray(inp.sampling, np.int64)))
         meta = AttentionMetadata(
             num_seqs=n,
@@ -233,7 +311,7 @@ class ModelRunner:
         )
         self.backend.prepare(meta)
         return self.model.forward(
-            self.to_device(inp.ids),
+            ids,
             self.to_device(inp.positions),
             self.kv_caches,
             meta,

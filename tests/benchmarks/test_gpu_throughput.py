@@ -16,11 +16,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 def test_tiny_run_reports_throughput_floor_and_baseline(capsys):
     import gpu_throughput
 
-    res = gpu_throughput.main(["--tiny"])
+    res = gpu_throughput.main(["--tiny", "--also-async"])
     reqs = gpu_throughput.workload(8, 8, 32, 512, 0)
     assert res["output_tokens"] == sum(out for _, out in reqs)  # ignore_eos: every token counts
     assert res["tok_s"] > 0 and res["hf_tok_s"] > 0
     assert res["full_batch"] == 8 and res["step_ms"] > 0
     assert 0 < res["floor_ms"] < res["step_ms"]
+    assert res["async"]["output_tokens"] == res["output_tokens"]  # the async engine's run
+    assert res["async"]["full_batch"] == 8
     out = capsys.readouterr().out
     assert "machine: " in out and "memory floor" in out and "HF generate" in out
+    assert "Pagoda --async-scheduling: " in out

@@ -2,7 +2,9 @@
 
 On CPU (Triton's interpreter) a tiny model keeps it quick: greedy tokens with the Triton backend
 equal the torch backend's over mixed decode/prefill steps. On CUDA (marked gpu): the same for
-a SmolLM2-shaped random model, CUDA-graph decode equals eager decode, and a decode step never syncs with the host.
+a SmolLM2-shaped random model, CUDA-graph decode equals eager decode, a decode step never syncs
+with the host, and async scheduling (in-flight tokens gathered on the device, readback behind an
+event) gives the same tokens and launches without a sync.
 """
 
 from __future__ import annotations
@@ -93,7 +95,55 @@ def test_gpu_decode_step_never_syncs(smol_gpu):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        reqs, so = engine.runner.execute_model(out)
+        launched = engine.runner.execute_model(out)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert so is not None and len(reqs) == 8
+    assert launched.sampler_output is not None and len(launched.requests) == 8
+
+
+@gpu
+def test_gpu_async_scheduling_matches_sync(smol_gpu):
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 8192, (n,), generator=g).tolist() for n in [1, 16, 33, 300, 900]]
+    common = dict(max_model_len=2048, max_num_batched_tokens=512, kv_cache_memory=1 << 30)
+    want = greedy(LLM(loaded=smol_gpu, **common), prompts, 24)
+    async_llm = LLM(loaded=smol_gpu, async_scheduling=True, **common)
+    assert async_llm.engine.runner.cuda_graphs is not None
+    assert greedy(async_llm, prompts, 24) == want
+    params = [SamplingParams(temperature=0.8, max_tokens=16, seed=i, logprobs=1) for i in range(3)]
+    sync_s = LLM(loaded=smol_gpu, **common).generate(
+        [{"prompt_token_ids": p} for p in prompts[:3]], params
+    )
+    async_s = async_llm.generate([{"prompt_token_ids": p} for p in prompts[:3]], params)
+    assert [o.outputs[0].token_ids for o in async_s] == [o.outputs[0].token_ids for o in sync_s]
+
+
+@gpu
+def test_gpu_async_step_launches_without_a_sync(smol_gpu):
+    """With a step in flight, the next one (its decode ids gathered on the device) and the
+    event-guarded readback of the first never block the host on the device."""
+    llm = LLM(loaded=smol_gpu, async_scheduling=True, max_model_len=1024, kv_cache_memory=1 << 30)
+    engine = llm.engine
+    for i in range(8):
+        engine.add_request(
+            f"r{i}", list(range(100 + i, 140 + i)), SamplingParams(max_tokens=20, seed=i)
+        )
+    for _ in range(3):
+        engine.step()
+    assert engine._inflight is not None
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = engine.scheduler.schedule()
+        launched = engine.runner.execute_model(out)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(launched.requests) == 8 and launched.ready is not None
+    engine.scheduler.update_after_step(out)
+    for r in launched.requests:
+        r.num_pending += 1
+    engine._finish(engine._inflight)
+    engine._inflight = launched
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.check_integrity()

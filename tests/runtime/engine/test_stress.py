@@ -21,7 +21,8 @@ def tiny(tmp_path_factory):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("caching", [True, False])
-def test_random_traffic_keeps_the_cache_consistent(tiny, seed, caching):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_random_traffic_keeps_the_cache_consistent(tiny, seed, caching, async_scheduling):
     rng = random.Random(seed)
     llm = LLM(
         loaded=tiny,
@@ -32,6 +33,7 @@ def test_random_traffic_keeps_the_cache_consistent(tiny, seed, caching):
         max_num_batched_tokens=40,
         max_model_len=120,
         enable_prefix_caching=caching,
+        async_scheduling=async_scheduling,
     )
     engine = llm.engine
     shared = [rng.randrange(3, 300) for _ in range(20)]

@@ -1,0 +1,132 @@
+"""Async scheduling (step N+1 launched before step N is read back) changes when tokens are read,
+never which: on the CPU, against the same engine without it — greedy, stop strings, seeded
+sampling with n > 1 and logprobs, penalties (which run synchronously), length limits, aborts
+and preemption. The random-traffic test (test_stress.py) runs it too."""
+
+from __future__ import annotations
+
+import pytest
+from pagoda.runtime import LLM, SamplingParams
+
+PROMPTS = ["The capital of France is", "Write a haiku about rivers.", "1, 2, 3, 4,"]
+PARAMS = [
+    SamplingParams(temperature=0, max_tokens=12),
+    SamplingParams(temperature=0, max_tokens=40, stop=[".", "\n"]),
+    SamplingParams(temperature=0.8, max_tokens=10, n=2, seed=7, logprobs=2),
+]
+
+
+def _llm(smol, **kw) -> LLM:
+    common = dict(loaded=smol, dtype="float32", max_model_len=256, kv_cache_memory=32 << 20)
+    return LLM(**{**common, **kw})
+
+
+@pytest.fixture(scope="module")
+def engines(smol):
+    return _llm(smol), _llm(smol, async_scheduling=True)
+
+
+def _summary(outputs):
+    return [
+        [(c.text, c.token_ids, c.finish_reason, c.stop_reason, c.logprobs) for c in o.outputs]
+        for o in outputs
+    ]
+
+
+def test_async_outputs_equal_sync_ones(engines):
+    sync, async_ = engines
+    assert not sync.engine.async_scheduling and async_.engine.async_scheduling
+    want = _summary(sync.generate(PROMPTS, PARAMS))
+    assert _summary(async_.generate(PROMPTS, PARAMS)) == want
+    async_.engine.check_integrity()
+    assert async_.engine.kv.num_free_blocks == async_.engine.kv.num_blocks
+
+
+def test_penalized_requests_equal_sync_ones(engines):
+    """Penalties count the tokens so far: while one runs, steps do not overlap."""
+    sync, async_ = engines
+    prompts = [*PROMPTS, "Name three colours:"]
+    params = [*PARAMS, SamplingParams(temperature=0, max_tokens=16, repetition_penalty=1.5)]
+    want = _summary(sync.generate(prompts, params))
+    assert _summary(async_.generate(prompts, params)) == want
+
+
+def _rows_per_step(engine) -> list[int]:
+    rows: list[int] = []
+    engine.runner.logits_observer = lambda reqs, logits: rows.append(len(reqs))
+    return rows
+
+
+def test_next_step_launches_before_the_last_is_read(engines):
+    _, llm = engines
+    engine = llm.engine
+    rows = _rows_per_step(engine)
+    try:
+        engine.add_request("a", [1, 2, 3, 4], SamplingParams(temperature=0, max_tokens=3))
+        assert engine.step() == []  # the prefill is launched; nothing has been read back yet
+        assert engine.scheduler.requests["a"].num_pending == 1
+        seen = engine.step()  # launches the first decode, reads the prefill's token
+        assert [len(o.new_token_ids) for o in seen] == [1]
+        while engine.has_unfinished_requests():
+            seen += engine.step()
+    finally:
+        engine.runner.logits_observer = None
+    assert sum(len(o.new_token_ids) for o in seen) == 3 and seen[-1].finish_reason == "length"
+    assert rows == [1, 1, 1]  # the length limit is known ahead: no row is computed for nothing
+    assert not engine.has_unfinished_requests() and engine.step() == []
+
+
+def test_a_stop_costs_one_dropped_row(engines):
+    sync, llm = engines
+    first = sync.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=4))[0]
+    stop_at = first.outputs[0].token_ids[1]  # greedy: the second token stops the request
+    rows = _rows_per_step(llm.engine)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop_at])
+        out = llm.generate([PROMPTS[0]], params)[0].outputs[0]
+    finally:
+        llm.engine.runner.logits_observer = None
+    assert out.token_ids == first.outputs[0].token_ids[:2] and out.finish_reason == "stop"
+    assert rows == [1, 1, 1]  # the third row ran before the stop was read, and was dropped
+
+
+def test_abort_while_in_flight_drops_its_token(engines):
+    _, llm = engines
+    engine = llm.engine
+    for rid in ("keep", "drop"):
+        engine.add_request(rid, [5, 6, 7], SamplingParams(temperature=0, max_tokens=6))
+    outs = engine.step() + engine.step()
+    assert engine.scheduler.requests["drop"].num_pending == 1
+    engine.abort_request("drop")
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    assert sum(len(o.new_token_ids) for o in outs if o.request_id == "keep") == 6
+    assert sum(len(o.new_token_ids) for o in outs if o.request_id == "drop") == 1
+    engine.check_integrity()
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_penalties_run_synchronously(engines):
+    _, llm = engines
+    engine = llm.engine
+    engine.add_request("p", [5, 6, 7], SamplingParams(max_tokens=4, frequency_penalty=1.0))
+    engine.add_request("q", [8, 9], SamplingParams(temperature=0, max_tokens=4))
+    engine.step()
+    engine.step()
+    req = engine.scheduler.requests["p"]
+    assert req.num_pending == 1 and req.num_output_tokens == 1  # one in flight at a time
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert not engine._penalized
+
+
+def test_preemption_in_flight_matches_sync(smol):
+    """A pool so small that requests are preempted while their step is in flight."""
+    kw = dict(num_blocks_override=6, block_size=16, max_num_seqs=4, max_model_len=96)
+    prompts = [f"Count from {i}: {i}, {i + 1}," for i in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    sync, async_ = _llm(smol, **kw), _llm(smol, async_scheduling=True, **kw)
+    want = _summary(sync.generate(prompts, params))
+    assert _summary(async_.generate(prompts, params)) == want
+    assert async_.engine.scheduler.num_preemptions > 0
+    async_.engine.check_integrity()
