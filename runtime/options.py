@@ -160,7 +160,7 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          DEFAULT_ENABLE_CHUNKED_PREFILL, kind="bool"),
     Flag("--batch-invariant", "batch-invariant matmul and attention kernels, so greedy output does "
          "not depend on the rest of the batch or the prefix cache; off, CUDA uses cuBLAS and "
-         "split KV and CPUs a faster bf16 GEMV for steps of a few sequences",
+         "split KV (the CPU kernels are invariant either way)",
          DEFAULT_BATCH_INVARIANT, kind="bool"),
     Flag("--async-scheduling", "schedule and launch the next step before reading the current "
          "one back, so host work hides behind the GPU's forward (a request that stops costs one "

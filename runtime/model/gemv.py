@@ -1,17 +1,21 @@
-"""bf16 GEMV for decode-sized batches on AMX CPUs, reading oneDNN's packed weights in place.
+"""bf16 GEMV/GEMM over oneDNN's packed weights, read in place, with rows independent of M.
 
 A decode step of a few sequences multiplies a handful of rows by every weight of the model: it
-is bound by memory bandwidth, and oneDNN's AMX GEMM streams the weights at ~11-16 GB/s there
-while a plain AVX-512 BF16 loop reaches ~21-25 GB/s on the same 2-core Xeon (single-stream
-decode ~1.25x faster). The loop reads the copy that `Linear` already packed for oneDNN (layout
-``AB16b{nb}a2b``: blocks of nb outputs by 32 inputs, pairs of inputs interleaved as AVX-512 BF16
-wants them), so weights take no extra memory. The layout is checked on a probe weight when the
-library loads; anything unexpected turns the GEMV off.
+is bound by memory bandwidth, and oneDNN's GEMM streams the weights slower than a plain AVX-512
+BF16 loop (on the 2-core Xeon ~11-16 GB/s on AMX against ~21-25), and each of its calls wakes
+OpenMP threads (~50 us, a whole scheduler slice when the other core is busy) where this kernel's
+pool (`native.POOL_C`) wakes no one between back-to-back calls. The loop reads the copy that
+`Linear` already packed for oneDNN (layout ``AB16b{nb}a2b``: blocks of nb outputs by 32 inputs,
+pairs of inputs interleaved as AVX-512 BF16 wants them), so weights take no extra memory. The
+layout is checked on a probe weight when the library loads; anything unexpected turns it off.
 
-Its summation order is not oneDNN's, so a row's bits depend on whether its step had few rows or
-many: it is used with ``--no-batch-invariant``, and by default only where oneDNN's bf16 GEMM does
-not give a row the same bits for every row count anyway (CPUs with AMX, docs/runtime.md "What is
-guaranteed"). ``PAGODA_CPU_GEMV=0`` turns it off, ``=1`` forces it on.
+Each output is one float32 accumulator updated pair by pair in key order, in tiles of up to 6
+rows, so a row's bits depend neither on M, nor on its place in a tile, nor on the threads. On
+CPUs without AMX (AMD Zen 4) it therefore takes every bf16 matmul, prefill included: as fast as
+oneDNN's ``avx512_core_bf16`` GEMM at large M and faster at decode sizes (docs/benchmarks.md),
+and the batch-invariance guarantee holds as with oneDNN. Where oneDNN runs on AMX tiles and the
+AMX GEMM (`amx_gemm`) is off, it takes steps of up to `MAX_ROWS` rows only (oneDNN is faster
+above, and not M-invariant there anyway). ``PAGODA_CPU_GEMV=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -39,52 +43,68 @@ SOURCE = r"""
 @CLAIM@
 @POOL@
 #ifdef __AVX512BF16__
-// y[m, n] = bf16(sum_k x[m, k] w[n, k] + bias[n]) for M <= 4 rows, weights in oneDNN's
-// AB16b{nb}a2b layout (nb = 16 * V outputs per block). Each output is one float accumulator
-// updated pair by pair in key order: its bits do not depend on M or on the thread count.
+// y[m, n] = bf16(sum_k x[m, k] w[n, k] + bias[n]), weights in oneDNN's AB16b{nb}a2b layout
+// (nb = 16 * V outputs per block). Each output is one float accumulator updated pair by pair in
+// key order: its bits depend neither on M, nor on the tile a row lands in, nor on the threads.
 struct Job {
-  const uint16_t *w, *bias; const uint32_t* xp; uint16_t* y; int64_t ldy, next, claim;
-  int M, N, K;
+  const uint16_t *w, *bias; const uint32_t* xp; uint16_t* y;
+  int64_t ldxp, ldy, next, claim;  // ldxp: row stride of xp in pairs
+  int M, N, K, MC;                 // MC: rows per task
 };
 
-template <int V, int M>  // compile-time sizes: the accumulators stay in registers
-static void run(void* arg) {
-  Job& j = *(Job*)arg;
-  const uint16_t *w = j.w, *bias = j.bias;
-  const uint32_t* xp = j.xp;
-  uint16_t* y = j.y;
-  const int64_t ldy = j.ldy;
-  const int N = j.N, K = j.K;
-  const int NBLK = (N + 16 * V - 1) / (16 * V), KB = (K + 31) / 32, KP = KB * 16;
+template <int V, int R>  // R rows from m0 by the 16 * V outputs of block nb, all in registers
+static inline void tile(const Job& j, int64_t nb, int64_t m0) {
+  const int KB = (j.K + 31) / 32, KP = KB * 16;
   const int64_t blk = 32 * 16 * V;  // bf16 values per (n-block, k-block)
-  for (int64_t nb, end; (nb = claim(&j.next, j.claim, NBLK, &end)) < NBLK;)
-  for (; nb < end; ++nb) {
-    __m512 acc[M][V];
-    for (int m = 0; m < M; ++m)
-      for (int v = 0; v < V; ++v) acc[m][v] = _mm512_setzero_ps();
-    const uint16_t* wb = w + (int64_t)nb * KB * blk;
-    for (int kp = 0; kp < KP; ++kp) {
-      const uint16_t* wp = wb + (int64_t)(kp / 16) * blk + (kp % 16) * 32 * V;
-      __m512bh b[V];
-      for (int v = 0; v < V; ++v) b[v] = (__m512bh)_mm512_loadu_si512(wp + 32 * v);
-      for (int m = 0; m < M; ++m) {
-        __m512bh a = (__m512bh)_mm512_set1_epi32((int)xp[(int64_t)m * KP + kp]);
-        for (int v = 0; v < V; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], a, b[v]);
-      }
-    }
-    for (int v = 0; v < V; ++v) {
-      const int n0 = nb * 16 * V + 16 * v;
-      if (n0 >= N) break;
-      const __mmask16 mask = N - n0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
-      __m512 bv = _mm512_setzero_ps();
-      if (bias) bv = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bias + n0)), 16));
-      for (int m = 0; m < M; ++m) {
-        __m256i o = (__m256i)_mm512_cvtneps_pbh(bias ? _mm512_add_ps(acc[m][v], bv) : acc[m][v]);
-        _mm256_mask_storeu_epi16(y + m * ldy + n0, mask, o);
-      }
+  const uint32_t* xp = j.xp + m0 * j.ldxp;
+  __m512 acc[R][V];
+  for (int m = 0; m < R; ++m)
+    for (int v = 0; v < V; ++v) acc[m][v] = _mm512_setzero_ps();
+  const uint16_t* wb = j.w + nb * KB * blk;
+  for (int kp = 0; kp < KP; ++kp) {
+    const uint16_t* wp = wb + (int64_t)(kp / 16) * blk + (kp % 16) * 32 * V;
+    __m512bh b[V];
+    for (int v = 0; v < V; ++v) b[v] = (__m512bh)_mm512_loadu_si512(wp + 32 * v);
+    for (int m = 0; m < R; ++m) {
+      __m512bh a = (__m512bh)_mm512_set1_epi32((int)xp[m * j.ldxp + kp]);
+      for (int v = 0; v < V; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], a, b[v]);
     }
   }
+  for (int v = 0; v < V; ++v) {
+    const int64_t n0 = nb * 16 * V + 16 * v;
+    if (n0 >= j.N) break;
+    const __mmask16 mask =
+        j.N - n0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (j.N - n0)) - 1);
+    __m512 bv = _mm512_setzero_ps();
+    if (j.bias) bv = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, j.bias + n0)), 16));
+    for (int m = 0; m < R; ++m) {
+      __m256i o = (__m256i)_mm512_cvtneps_pbh(j.bias ? _mm512_add_ps(acc[m][v], bv) : acc[m][v]);
+      _mm256_mask_storeu_epi16(j.y + (m0 + m) * j.ldy + n0, mask, o);
+    }
+  }
+}
+
+constexpr int RMAX = 6;  // rows per tile: 6 x 4 accumulators + 4 weight registers fit in 32
+
+template <int V>  // tasks = (n-block, run of MC rows), n-block major: its weights stay in L2
+static void run(void* arg) {
+  Job& j = *(Job*)arg;
+  const int64_t nblk = (j.N + 16 * V - 1) / (16 * V), mch = (j.M + j.MC - 1) / j.MC;
+  const int64_t tasks = nblk * mch;
+  for (int64_t t, end; (t = claim(&j.next, j.claim, tasks, &end)) < tasks;)
+    for (; t < end; ++t) {
+      const int64_t nb = t / mch, lo = t % mch * j.MC, hi = lo + j.MC < j.M ? lo + j.MC : j.M;
+      int64_t m = lo;
+      for (; m + RMAX <= hi; m += RMAX) tile<V, RMAX>(j, nb, m);
+      switch (hi - m) {
+        case 1: tile<V, 1>(j, nb, m); break;
+        case 2: tile<V, 2>(j, nb, m); break;
+        case 3: tile<V, 3>(j, nb, m); break;
+        case 4: tile<V, 4>(j, nb, m); break;
+        case 5: tile<V, 5>(j, nb, m); break;
+      }
+    }
 }
 #endif
 
@@ -93,23 +113,29 @@ extern "C" int pagoda_gemv_bf16(const uint16_t* w, int nb, const uint16_t* x, in
                                 uint16_t* y, int64_t ldy, const uint16_t* bias, int M, int N,
                                 int K, int threads) {
 #ifdef __AVX512BF16__
-  if (M < 1 || M > 4 || (nb != 16 && nb != 32 && nb != 64)) return 1;
-  const int KP = (K + 31) / 32 * 16, nblocks = (N + nb - 1) / nb;
-  uint32_t* xp = (uint32_t*)malloc((size_t)M * KP * 4);  // rows as pairs, zero-padded
-  if (!xp) return 3;
-  for (int m = 0; m < M; ++m) {
-    uint16_t* row = (uint16_t*)(xp + (int64_t)m * KP);
-    memcpy(row, x + m * ldx, (size_t)K * 2);
-    memset(row + K, 0, (size_t)(KP * 2 - K) * 2);
+  if (M < 1 || (nb != 16 && nb != 32 && nb != 64)) return 1;
+  const int KP = (K + 31) / 32 * 16;
+  const int64_t nblocks = (N + nb - 1) / nb;
+  const uint32_t* xp = (const uint32_t*)x;
+  uint32_t* copy = nullptr;
+  int64_t ldxp = ldx / 2;
+  if (K % 32 || ldx % 2 || (uintptr_t)x % 4) {  // rows as pairs, zero-padded to whole blocks
+    copy = (uint32_t*)malloc((size_t)M * KP * 4);
+    if (!copy) return 3;
+    for (int m = 0; m < M; ++m) {
+      uint16_t* row = (uint16_t*)(copy + (int64_t)m * KP);
+      memcpy(row, x + m * ldx, (size_t)K * 2);
+      memset(row + K, 0, (size_t)(KP * 2 - K) * 2);
+    }
+    xp = copy, ldxp = KP;
   }
+  const int MC = M <= 4 * RMAX ? M : 16 * RMAX;
+  const int64_t tasks = nblocks * ((M + MC - 1) / MC);
   // ~8 claims a thread: a late or descheduled helper leaves little for the others
-  int64_t claim_blocks = nblocks / (8 * (threads > 0 ? threads : 1));
-  Job job{w, bias, xp, y, ldy, 0, claim_blocks > 0 ? claim_blocks : 1, M, N, K};
-  static const pool_fn fns[3][4] = {{run<1, 1>, run<1, 2>, run<1, 3>, run<1, 4>},
-                                    {run<2, 1>, run<2, 2>, run<2, 3>, run<2, 4>},
-                                    {run<4, 1>, run<4, 2>, run<4, 3>, run<4, 4>}};
-  pool_run(fns[nb == 16 ? 0 : nb == 32 ? 1 : 2][M - 1], &job, threads);
-  free(xp);
+  const int64_t claim_tasks = tasks / (8 * (threads > 0 ? threads : 1));
+  Job job{w, bias, xp, y, ldxp, ldy, 0, claim_tasks > 0 ? claim_tasks : 1, M, N, K, MC};
+  pool_run(nb == 16 ? run<1> : nb == 32 ? run<2> : run<4>, &job, threads);
+  free(copy);
   return 0;
 #else
   return 2;
@@ -187,13 +213,13 @@ class GemvWeight:
         self.bias_ptr = None if self.bias is None else self.bias.data_ptr()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M <= MAX_ROWS, K] bf16 -> [M, N] bf16."""
+        """x [M, K] bf16 -> [M, N] bf16."""
         m = x.shape[0]
         if x.stride(1) != 1:
             x = x.contiguous()
         y = torch.empty(m, self.n, dtype=torch.bfloat16)
-        # a helper thread costs ~20-50 us to wake: worth it from ~1 MB of weights
-        threads = torch.get_num_threads() if self.n * self.k >= SERIAL_BELOW else 1
+        # a helper thread costs ~20-50 us to wake: worth it from ~1 MB of weights (at M = 1)
+        threads = torch.get_num_threads() if self.n * self.k * m >= SERIAL_BELOW else 1
         args = (self.ptr, self.nb, x.data_ptr(), x.stride(0), y.data_ptr(), self.n)
         args += (self.bias_ptr, m, self.n, self.k)
         rc = self.fn(*args, threads)
@@ -209,15 +235,19 @@ def onednn_uses_amx() -> bool:
     return ("AMX" in isa or isa in ("ALL", "DEFAULT")) and "amx_bf16" in native.cpu_signature()
 
 
-def wanted(invariant: bool = True) -> bool:
-    """``PAGODA_CPU_GEMV``: auto (default) means when the engine does not ask for batch-invariant
-    rows (``--no-batch-invariant``), or where oneDNN cannot give them anyway (AMX)."""
+def wanted() -> bool:
+    """``PAGODA_CPU_GEMV``: on unless ``0`` (``1`` and ``auto``, the default, mean on)."""
     choice = os.environ.get(ENV_SWITCH, "auto")
     if choice not in ("auto", "0", "1"):
         raise ValueError(f"{ENV_SWITCH} must be auto, 0 or 1, got {choice!r}")
-    if choice != "auto":
-        return choice == "1"
-    return not invariant or onednn_uses_amx()
+    return choice != "0"
+
+
+def max_rows() -> int:
+    """The row counts the kernel takes: all of them where oneDNN's bf16 GEMM is M-invariant (no
+    AMX), since the kernel is M-invariant too and replaces oneDNN whole; where oneDNN runs on
+    AMX tiles (faster from a few rows on, and not M-invariant anyway) decode steps only."""
+    return MAX_ROWS if onednn_uses_amx() else 1 << 62
 
 
 @functools.cache

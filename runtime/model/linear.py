@@ -10,7 +10,8 @@ float32, while MKL's float32 `F.linear` changes its blocking (and rounding) with
 takes a GEMV path with another summation order, so a lone row is computed as two.
 On CPUs with AMX, oneDNN's bf16 GEMM is not M-invariant; there `amx_gemm` (AMX tiles over the
 same packed weights, one summation order for every M, faster than oneDNN at every M measured)
-takes every bf16 call. Where it cannot run, bf16 steps of up to 4 rows take `gemv` (see there).
+takes every bf16 call. Without AMX every bf16 call goes to `gemv` (M-invariant too, faster at
+decode sizes); on AMX CPUs without the AMX GEMM, only steps of up to 4 rows (see there).
 Weights on CUDA stay plain; with ``invariant`` they go through ``pagoda.kernels.linear``, whose
 reduction order depends on the weight's shape alone (cuBLAS chooses its kernel by M).
 """
@@ -18,7 +19,6 @@ reduction order depends on the weight's shape alone (cuBLAS chooses its kernel b
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
@@ -69,17 +69,17 @@ class Linear:
             self.packed = _pack(weight)
             self.weight = None  # the packed copy replaces it
             if weight.dtype == torch.bfloat16:
-                self._pick_fast_path(invariant)
+                self._pick_fast_path()
 
-    def _pick_fast_path(self, invariant: bool) -> None:
+    def _pick_fast_path(self) -> None:
         n, k = self.packed.shape
         amx = amx_gemm.load(_pack)
         if amx is not None and amx.accepts(self.packed, n, k):
             self.fast, self.fast_rows = amx.bind(self.packed, self.bias), 1 << 62
             return
-        small = gemv.load(_pack) if gemv.wanted(invariant) else None
+        small = gemv.load(_pack) if gemv.wanted() else None
         if small is not None and small.accepts(self.packed, n, k):
-            self.fast, self.fast_rows = small.bind(self.packed, self.bias), gemv.MAX_ROWS
+            self.fast, self.fast_rows = small.bind(self.packed, self.bias), gemv.max_rows()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel is not None:
@@ -99,6 +99,4 @@ class Linear:
 def bf16_rows_invariant() -> bool:
     """Whether a bf16 row gets the same bits for every row count here (docs/runtime.md): yes
     with oneDNN except on AMX, where yes when the AMX GEMM runs, and not with the GEMV."""
-    if os.environ.get(gemv.ENV_SWITCH) == "1":
-        return False
     return not gemv.onednn_uses_amx() or amx_gemm.load(_pack) is not None

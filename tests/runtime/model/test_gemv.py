@@ -1,6 +1,14 @@
-"""The decode GEMV reads oneDNN's packed weights in place and agrees with oneDNN's GEMM."""
+"""The bf16 GEMV/GEMM reads oneDNN's packed weights in place, agrees with oneDNN's GEMM, and gives
+a row the same bits whatever the row count, its place in the batch or the threads; on CPUs
+without AMX it takes every row count (checked here in a process whose oneDNN is limited to
+AVX-512 BF16, which is what such CPUs run)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -36,7 +44,7 @@ def test_probe_finds_the_layout_onednn_packs_to():
 @pytest.mark.parametrize(
     "shape", [(960, 576), (576, 1536), (100, 70), (49, 33), (4096, 64), (64, 20000)]
 )
-@pytest.mark.parametrize("rows", [1, 2, 3, gemv.MAX_ROWS])
+@pytest.mark.parametrize("rows", [1, 2, 3, gemv.MAX_ROWS, 7, 50])
 @pytest.mark.parametrize("bias", [False, True])
 def test_matches_onednn_within_bf16_rounding(monkeypatch, shape, rows, bias):
     fast = _forced(monkeypatch)
@@ -54,28 +62,29 @@ def test_matches_onednn_within_bf16_rounding(monkeypatch, shape, rows, bias):
     assert torch.allclose(got.float(), want, rtol=1 / 128, atol=1e-2)
 
 
-def test_a_rows_bits_do_not_depend_on_the_other_rows(monkeypatch):
+@pytest.mark.parametrize("k", [576, 70])  # whole 32-key blocks (read in place) or padded
+def test_a_rows_bits_do_not_depend_on_the_other_rows(monkeypatch, k):
     fast = _forced(monkeypatch)
     g = torch.Generator().manual_seed(0)
-    w = (torch.randn(3072, 576, generator=g) * 0.05).to(torch.bfloat16)
-    x = torch.randn(gemv.MAX_ROWS, 576, generator=g).to(torch.bfloat16)
+    w = (torch.randn(1000, k, generator=g) * 0.05).to(torch.bfloat16)
+    x = torch.randn(230, k, generator=g).to(torch.bfloat16)
     call = fast.bind(_pack(w), None)
-    want = call(x[:1])
-    for m in range(2, gemv.MAX_ROWS + 1):
-        assert torch.equal(call(x[:m])[:1], want), f"row 0 at M={m}"
+    want = torch.cat([call(x[i : i + 1]) for i in range(len(x))])  # every row alone
+    for lo, m in [(0, 2), (0, 4), (1, 5), (3, 6), (0, 7), (5, 13), (0, 97), (2, 228)]:
+        assert torch.equal(call(x[lo : lo + m]), want[lo : lo + m]), f"rows {lo}..{lo + m}"
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        assert torch.equal(call(x)[:1], want), "thread count changed the bits"
+        assert torch.equal(call(x), want), "thread count changed the bits"
     finally:
         torch.set_num_threads(threads)
 
 
-def test_linear_takes_the_gemv_for_few_rows_only(monkeypatch):
+def test_linear_takes_the_gemv_for_the_rows_max_rows_says(monkeypatch):
     monkeypatch.setenv(amx_gemm.AMX_SWITCH, "0")  # where AMX runs, its GEMM would take every row
     _forced(monkeypatch)
     lin = Linear((torch.randn(576, 576) * 0.05).to(torch.bfloat16))
-    assert isinstance(lin.fast, gemv.GemvWeight)
+    assert isinstance(lin.fast, gemv.GemvWeight) and lin.fast_rows == gemv.max_rows()
     calls = []
     real = lin.fast
     lin.fast = lambda x: calls.append(x.shape[0]) or real(x)
@@ -84,7 +93,8 @@ def test_linear_takes_the_gemv_for_few_rows_only(monkeypatch):
     lin(x[: gemv.MAX_ROWS])
     lin(x)
     assert lin(x[:0]).shape == (0, 576)  # a prefill step with no row to sample
-    assert calls == [1, gemv.MAX_ROWS]
+    every = [] if gemv.onednn_uses_amx() else [gemv.MAX_ROWS + 1]
+    assert calls == [1, gemv.MAX_ROWS, *every]
 
 
 def test_switch_off_keeps_onednn(monkeypatch):
@@ -93,12 +103,49 @@ def test_switch_off_keeps_onednn(monkeypatch):
     assert Linear(torch.randn(64, 64).to(torch.bfloat16), invariant=False).fast is None
 
 
-def test_auto_follows_batch_invariance(monkeypatch):
+def test_rows_taken_follow_onednns_isa(monkeypatch):
     monkeypatch.delenv(gemv.ENV_SWITCH, raising=False)
-    assert gemv.wanted(invariant=False)
-    assert gemv.wanted(invariant=True) == gemv.onednn_uses_amx()
+    assert gemv.wanted()
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
-    assert not gemv.onednn_uses_amx() and not gemv.wanted(invariant=True)
+    assert not gemv.onednn_uses_amx() and gemv.max_rows() >= 1 << 32
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    amx = gemv.onednn_uses_amx()
+    assert gemv.max_rows() == (gemv.MAX_ROWS if amx else 1 << 62)
+
+
+NON_AMX_CHILD = textwrap.dedent("""
+    import torch
+    from pagoda.runtime.model import gemv
+    from pagoda.runtime.model.linear import Linear, bf16_rows_invariant
+    from pagoda.runtime.model.linear import _pack
+    if gemv.load(_pack) is None:
+        print("SKIP no AVX-512 BF16 GEMV"); raise SystemExit
+    assert not gemv.onednn_uses_amx() and bf16_rows_invariant()
+    g = torch.Generator().manual_seed(1)
+    w = (torch.randn(960, 576, generator=g) * 0.05).to(torch.bfloat16)
+    lin = Linear(w, invariant=True)
+    assert isinstance(lin.fast, gemv.GemvWeight), type(lin.fast)
+    x = torch.randn(300, 576, generator=g).to(torch.bfloat16)
+    full = lin(x)
+    for m in (1, 2, 5, 33, 299):
+        assert torch.equal(lin(x[:m]), full[:m]), m
+    ref = torch.ops.mkldnn._linear_pointwise(x, lin.packed, None, "none", [], "")
+    assert torch.allclose(full.float(), ref.float(), rtol=1 / 128, atol=1e-2)
+    print("OK nb", lin.fast.nb)
+""")
+
+
+def test_without_amx_the_kernel_takes_every_row_count():
+    """What a Zen 4 runs: oneDNN limited to AVX-512 BF16 (set before it loads, so a child)."""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "PYTHONSAFEPATH": "1"}
+    env.pop(gemv.ENV_SWITCH, None)
+    out = subprocess.run(
+        [sys.executable, "-P", "-c", NON_AMX_CHILD], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    if out.stdout.startswith("SKIP"):
+        pytest.skip(out.stdout.strip())
+    assert out.stdout.startswith("OK nb")
 
 
 def test_bad_switch_is_a_clear_error(monkeypatch):
