@@ -230,17 +230,11 @@ class AmxGemm:
         return AmxWeight(self, packed, bias)
 
 
-class AmxWeight:
-    """One packed weight (kept alive here) and what a call passes for it, worked out once."""
-
-    __slots__ = ("bias", "bias_ptr", "fn", "k", "n", "packed", "ptr")
+class AmxWeight(gemv.PackedWeight):
+    __slots__ = ()
 
     def __init__(self, gemm: AmxGemm, packed: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.fn, self.packed = gemm.fn, packed
-        self.n, self.k = packed.shape
-        self.ptr = torch.ops.mkldnn.data_ptr(packed)
-        self.bias = None if bias is None else bias.to(torch.bfloat16).contiguous()
-        self.bias_ptr = None if self.bias is None else self.bias.data_ptr()
+        super().__init__(gemm.fn, packed, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] bf16 -> [M, N] bf16, each row's bits independent of M."""

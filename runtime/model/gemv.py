@@ -200,17 +200,26 @@ class Gemv:
         return GemvWeight(self, packed, bias)
 
 
-class GemvWeight:
-    """One packed weight (kept alive here) and what a call passes for it, worked out once."""
+class PackedWeight:
+    """One oneDNN-packed bf16 weight (kept alive here) bound to a C kernel, with what each call
+    passes for it worked out once; the kernels' wrappers subclass it."""
 
-    __slots__ = ("bias", "bias_ptr", "fn", "k", "n", "nb", "packed", "ptr")
+    __slots__ = ("bias", "bias_ptr", "fn", "k", "n", "packed", "ptr")
 
-    def __init__(self, gemv: Gemv, packed: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.fn, self.nb, self.packed = gemv.fn, gemv.nb, packed
+    def __init__(self, fn, packed: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.fn, self.packed = fn, packed
         self.n, self.k = packed.shape
         self.ptr = torch.ops.mkldnn.data_ptr(packed)
-        self.bias = None if bias is None else bias.contiguous()
+        self.bias = None if bias is None else bias.to(torch.bfloat16).contiguous()
         self.bias_ptr = None if self.bias is None else self.bias.data_ptr()
+
+
+class GemvWeight(PackedWeight):
+    __slots__ = ("nb",)
+
+    def __init__(self, gemv: Gemv, packed: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__(gemv.fn, packed, bias)
+        self.nb = gemv.nb
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] bf16 -> [M, N] bf16."""
