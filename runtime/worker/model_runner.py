@@ -119,9 +119,9 @@ class ModelRunner:
         self.cuda_graphs: CudaGraphRunner | None = None
         self.clock: StepClock | None = None  # set by EngineCore.enable_step_clock
         self._last_sampling: tuple[tuple[int, ...], SamplingBatch, list[Request]] | None = None
-        # Async scheduling (set by the engine): the last launched step's tokens and row of
-        # each request in them, for the next step's rows whose token is still on the device.
-        self.async_scheduling = False
+        # Async scheduling: the last launched step's tokens and the row of each request in
+        # them, for the next step's rows whose token is still on the device.
+        self.async_scheduling = config.async_scheduling
         self._inflight: tuple[torch.Tensor, dict[str, int]] | None = None
 
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:

@@ -6,6 +6,7 @@ and preemption. The random-traffic test (test_stress.py) runs it too."""
 from __future__ import annotations
 
 import pytest
+from engine_testlib import summary
 from pagoda.runtime import LLM, SamplingParams
 
 PROMPTS = ["The capital of France is", "Write a haiku about rivers.", "1, 2, 3, 4,"]
@@ -26,18 +27,11 @@ def engines(smol):
     return _llm(smol), _llm(smol, async_scheduling=True)
 
 
-def _summary(outputs):
-    return [
-        [(c.text, c.token_ids, c.finish_reason, c.stop_reason, c.logprobs) for c in o.outputs]
-        for o in outputs
-    ]
-
-
 def test_async_outputs_equal_sync_ones(engines):
     sync, async_ = engines
     assert not sync.engine.async_scheduling and async_.engine.async_scheduling
-    want = _summary(sync.generate(PROMPTS, PARAMS))
-    assert _summary(async_.generate(PROMPTS, PARAMS)) == want
+    want = summary(sync.generate(PROMPTS, PARAMS))
+    assert summary(async_.generate(PROMPTS, PARAMS)) == want
     async_.engine.check_integrity()
     assert async_.engine.kv.num_free_blocks == async_.engine.kv.num_blocks
 
@@ -47,8 +41,8 @@ def test_penalized_requests_equal_sync_ones(engines):
     sync, async_ = engines
     prompts = [*PROMPTS, "Name three colours:"]
     params = [*PARAMS, SamplingParams(temperature=0, max_tokens=16, repetition_penalty=1.5)]
-    want = _summary(sync.generate(prompts, params))
-    assert _summary(async_.generate(prompts, params)) == want
+    want = summary(sync.generate(prompts, params))
+    assert summary(async_.generate(prompts, params)) == want
 
 
 def _rows_per_step(engine) -> list[int]:
@@ -126,7 +120,7 @@ def test_preemption_in_flight_matches_sync(smol):
     prompts = [f"Count from {i}: {i}, {i + 1}," for i in range(4)]
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     sync, async_ = _llm(smol, **kw), _llm(smol, async_scheduling=True, **kw)
-    want = _summary(sync.generate(prompts, params))
-    assert _summary(async_.generate(prompts, params)) == want
+    want = summary(sync.generate(prompts, params))
+    assert summary(async_.generate(prompts, params)) == want
     assert async_.engine.scheduler.num_preemptions > 0
     async_.engine.check_integrity()

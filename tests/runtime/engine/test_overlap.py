@@ -5,6 +5,7 @@ off — texts, tokens, stop strings, logprobs, n > 1, the final flush and aborts
 from __future__ import annotations
 
 import pytest
+from engine_testlib import summary
 from pagoda.runtime import LLM, SamplingParams
 
 PROMPTS = ["The capital of France is", "Write a haiku about rivers.", "1, 2, 3, 4,"]
@@ -24,17 +25,10 @@ def engines(smol):
     return plain, overlapped
 
 
-def _summary(outputs):
-    return [
-        [(c.text, c.token_ids, c.finish_reason, c.stop_reason, c.logprobs) for c in o.outputs]
-        for o in outputs
-    ]
-
-
 def test_overlapped_outputs_equal_plain_ones(engines):
     plain, overlapped = engines
-    want = _summary(plain.generate(PROMPTS, PARAMS))
-    assert _summary(overlapped.generate(PROMPTS, PARAMS)) == want
+    want = summary(plain.generate(PROMPTS, PARAMS))
+    assert summary(overlapped.generate(PROMPTS, PARAMS)) == want
     assert want[1][0][2] == "stop" or len(want[1][0][1]) == 40
     overlapped.engine.check_integrity()
 
