@@ -2,10 +2,10 @@
 
 The kernel reads K/V where they lie in the paged cache (no gather copy per step) and is one code
 path for decodes and prefill rows alike (see ``cpu_kernel_source.py`` for why it is batch
-invariant). It is plain C++ with OpenMP, compiled with the system compiler in about a second and
-called through ``ctypes``: ``torch.utils.cpp_extension`` would also work but compiles the torch
-headers (~30 s here) for what is a few C functions over raw pointers. OpenMP is the ``libgomp``
-that torch already loaded, so the kernel uses torch's thread count.
+invariant). It is plain C++ on the thread pool of ``native.POOL_C``, compiled with the system
+compiler in about a second and called through ``ctypes``: ``torch.utils.cpp_extension`` would also
+work but compiles the torch headers (~30 s here) for what is a few C functions over raw pointers.
+It is called with torch's thread count.
 
 The shared library is cached by ``pagoda.runtime.native`` (keyed by the source, the flags, the
 compiler and the CPU: it is built with ``-march=native``). Without a compiler, ``load()`` returns None and the backend keeps its torch
@@ -26,7 +26,10 @@ from pagoda.runtime.attention.cpu_kernel_source import SOURCE
 
 log = logging.getLogger(__name__)
 
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17"]
+# -fopenmp: the kernel no longer uses OpenMP, but benchmarks/cpu_attention.py builds older
+# revisions (which do) with these flags.
+FLAGS = ["-O3", "-march=native", "-pthread", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
+FLAGS += ["-std=c++17"]
 ENV_SWITCH = "PAGODA_CPU_ATTENTION"  # "kernel" (default when it builds) or "torch"
 AMX_SWITCH = "PAGODA_CPU_AMX"  # "0": the AVX-512 loops even where AMX runs (read once per process)
 WAVE = 1 << 23  # float32 scores per wave (32 MiB): long prefill steps go in several waves
@@ -107,7 +110,7 @@ class CpuKernel:
             bs,
             float(scale),
             wave,
-            torch.get_num_threads(),  # OpenMP's own count can differ on threads torch never used
+            torch.get_num_threads(),  # the pool's size
         )
         if rc == 1:
             raise ValueError(f"CPU attention kernel: unsupported shape (head_dim {d}, block {bs})")

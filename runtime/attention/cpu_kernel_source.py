@@ -8,11 +8,15 @@ V ``[Hkv, NB, BS/P, D, P]`` (a load is 16 dims of P consecutive keys: output lan
 
 Work: a *tile* is up to 12 (AVX-512) or 16 (AMX) row-heads of one sequence and KV head. Its
 scores go to a scratch row per row-head, the softmax runs per row, then ``p @ V``. A step whose
-tiles are short, or numerous enough to keep every thread busy, runs each tile as one task (one
-OpenMP barrier per call); otherwise, in waves bounded by ``wave`` floats of scores, score tasks of
-``KCHUNK`` blocks, then the softmax, then ``p @ V`` by output-dim chunks. The inner loops are in
+tiles are short, or numerous enough to keep every thread busy, runs each tile as one task;
+otherwise, in waves bounded by ``wave`` floats of scores, score tasks of ``KCHUNK`` blocks, then the softmax, then ``p @ V`` by output-dim chunks. The inner loops are in
 ``cpu_kernel_avx`` (AVX-512, float32 caches, CPUs without AMX) and ``cpu_kernel_amx`` (bf16 on
 CPUs with AMX); a process uses one of them for every row.
+
+Threads: ``native.POOL_C`` (no OpenMP). Tasks are claimed one at a time; between the phases of a
+split wave a thread waits only until the tasks already claimed are done, never for every thread
+to arrive (with OMP_WAIT_POLICY=PASSIVE an OpenMP barrier costs a scheduler slice, ~8 ms, when
+another process holds a core).
 
 Invariance: every (query row, head) pair owns its accumulators, and each is updated by the same
 sequence of operations whatever else is in its tile, task, wave or batch: scores by 16-key chunks
@@ -24,6 +28,7 @@ fused ones are written out: ``fma``).
 
 from pagoda.runtime.attention.cpu_kernel_amx import AMX_SOURCE
 from pagoda.runtime.attention.cpu_kernel_avx import AVX_SOURCE
+from pagoda.runtime.native import CLAIM_C, POOL_C
 
 SOURCE = (
     r"""
@@ -33,10 +38,13 @@ SOURCE = (
 #include <vector>
 #include <algorithm>
 #include <string>
-#include <omp.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+"""
+    + CLAIM_C
+    + POOL_C
+    + r"""
 
 typedef float vf __attribute__((vector_size(64)));
 typedef uint32_t vu __attribute__((vector_size(64)));
@@ -242,9 +250,8 @@ static bool valid(const Geo& g, const int32_t* bt, int64_t bts, const int32_t* q
 
 // q * scale, rounded to the cache's dtype (16 values at a time: D is a multiple of 16).
 template <bool BF16>
-static void scale_q(const void* q, uint32_t* qw, int64_t n, float scale, int nt) {
-  #pragma omp parallel for schedule(static) num_threads(nt) if (n > (1 << 16))
-  for (int64_t i = 0; i < n; i += 16) {
+static void scale_range(const void* q, uint32_t* qw, int64_t i0, int64_t i1, float scale) {
+  for (int64_t i = i0; i < i1; i += 16) {
     if (BF16) {
       vh h; std::memcpy(&h, (const uint16_t*)q + i, 32);
       vf x = (vf)(__builtin_convertvector(h, vu) << 16) * scale;
@@ -254,6 +261,66 @@ static void scale_q(const void* q, uint32_t* qw, int64_t n, float scale, int nt)
       std::memcpy((float*)qw + i, &x, 64);
     }
   }
+}
+struct ScaleJob { const void* q; uint32_t* qw; int64_t n; float scale; int64_t next; };
+template <bool BF16>
+static void scale_job(void* ctx) {
+  ScaleJob& j = *(ScaleJob*)ctx;
+  const int64_t block = 1 << 14;  // elements per claim (a multiple of 16)
+  for (int64_t i0, i1; (i0 = claim(&j.next, block, j.n, &i1)) < j.n;)
+    scale_range<BF16>(j.q, j.qw, i0, i1, j.scale);
+}
+template <bool BF16>
+static void scale_q(const void* q, uint32_t* qw, int64_t n, float scale, int nt) {
+  ScaleJob j{q, qw, n, scale, 0};
+  pool_run(scale_job<BF16>, &j, n > (1 << 16) ? nt : 1);
+}
+
+// Phases of a wave: tasks are claimed one at a time; a thread out of claims for a phase waits
+// only for the tasks others claimed (no barrier over threads: a helper that joins late claims
+// what is left, one the OS has not run yet holds nothing up).
+struct WaveJob {
+  const Geo* g; const uint32_t *qw, *kc, *vc; const int32_t* bt; int64_t bts;
+  const Tile* tiles; size_t w0, w1; float* Sp; void* out;
+  const std::pair<int, int>* tasks; const std::pair<int, int>* fin;
+  int64_t n[3], next[3], done[3];  // scores or whole tiles; softmax; p @ V (split waves only)
+  int phases;
+};
+
+// Claims and runs tasks of phase p; waits for all of them if `wait` (a later phase needs them).
+template <typename F>
+static void phase(WaveJob& j, int p, bool wait, F f) {
+  int64_t end;
+  for (int64_t k; (k = claim(&j.next[p], 1, j.n[p], &end)) < j.n[p];) {
+    f(k);
+    __atomic_add_fetch(&j.done[p], 1, __ATOMIC_RELEASE);
+  }
+  if (wait)
+    while (__atomic_load_n(&j.done[p], __ATOMIC_ACQUIRE) < j.n[p]) __builtin_ia32_pause();
+}
+
+template <bool BF16>
+static void wave_job(void* ctx) {
+  WaveJob& j = *(WaveJob*)ctx;
+  const Geo& g = *j.g;
+  phase(j, 0, j.phases > 1, [&](int64_t k) {
+    const Tile& t = j.tiles[j.tasks[k].first];
+    const int b0 = j.tasks[k].second, b1 = std::min(t.nblk, b0 + KCHUNK);
+    if (b0 < 0) whole_tile<BF16>(g, j.qw, j.kc, j.vc, j.bt + t.seq * j.bts, t, j.out);
+    else tile_scores<BF16>(g, j.qw, j.kc, j.bt + t.seq * j.bts, t, b0, b1, j.Sp + t.scratch);
+  });
+  if (j.phases > 1) {
+    phase(j, 1, true, [&](int64_t k) {
+      const Tile& t = j.tiles[j.w0 + k];
+      softmax_tile<BF16>(g, t, j.Sp + t.scratch);
+    });
+    phase(j, 2, false, [&](int64_t k) {
+      const Tile& t = j.tiles[j.fin[k].first];
+      finish<BF16>(g, t, j.bt + t.seq * j.bts, j.vc, j.Sp + t.scratch, j.fin[k].second,
+                   dims_at(g, t.n, j.fin[k].second), j.out);
+    });
+  }
+  amx_done();  // hand the tile state back: torch's own AMX kernels configure tiles their way
 }
 
 // One wave: whole tiles (one task each) beside split tiles (score tasks, then softmax, then pv).
@@ -268,27 +335,10 @@ static void wave(const Geo& g, const uint32_t* qw, const uint32_t* kc, const uin
     for (int b = 0; b < tiles[i].nblk; b += KCHUNK) tasks.push_back({(int)i, b});
     for (int dc = 0; dc < ndc; dc += dims_at(g, tiles[i].n, dc)) fin.push_back({(int)i, dc});
   }
-  #pragma omp parallel num_threads(nt)
-  {
-    #pragma omp for schedule(dynamic, 1)
-    for (size_t k = 0; k < tasks.size(); ++k) {
-      const Tile& t = tiles[tasks[k].first];
-      const int b0 = tasks[k].second, b1 = std::min(t.nblk, b0 + KCHUNK);
-      if (b0 < 0) whole_tile<BF16>(g, qw, kc, vc, bt + t.seq * bts, t, out);
-      else tile_scores<BF16>(g, qw, kc, bt + t.seq * bts, t, b0, b1, Sp + t.scratch);
-    }
-    if (split) {
-      #pragma omp for schedule(dynamic, 1)
-      for (size_t i = w0; i < w1; ++i) softmax_tile<BF16>(g, tiles[i], Sp + tiles[i].scratch);
-      #pragma omp for schedule(dynamic, 1)
-      for (size_t k = 0; k < fin.size(); ++k) {
-        const Tile& t = tiles[fin[k].first];
-        finish<BF16>(g, t, bt + t.seq * bts, vc, Sp + t.scratch, fin[k].second,
-                     dims_at(g, t.n, fin[k].second), out);
-      }
-    }
-    amx_done();  // hand the tile state back: torch's own AMX kernels configure tiles their way
-  }
+  WaveJob j{&g, qw, kc, vc, bt, bts, tiles.data(), w0, w1, Sp, out, tasks.data(), fin.data(),
+            {(int64_t)tasks.size(), (int64_t)(w1 - w0), (int64_t)fin.size()}, {0, 0, 0},
+            {0, 0, 0}, split ? 3 : 1};
+  pool_run(wave_job<BF16>, &j, nt);
 }
 
 template <bool BF16>
@@ -312,8 +362,8 @@ static int run(const Geo& g, const void* q, void* out, const uint32_t* kc, const
         work += lastpos / g.BS + 1;
       }
   }
-  // Waking a sleeping thread (OMP_WAIT_POLICY=PASSIVE) costs more than a small call's work;
-  // a busy core can delay it by a time slice. The thread count never changes a result.
+  // Waking a sleeping helper costs more than a small call's work; the thread count never
+  // changes a result.
   if (work < SERIAL) nt = 1;
   // Whole tiles when they are short or many enough to keep every thread busy; else split the
   // scores of each tile over several tasks. Either way each row sees the same operations.
@@ -340,10 +390,9 @@ static int run(const Geo& g, const void* q, void* out, const uint32_t* kc, const
 // K element d of the token in slot o goes to word d / P, key o; V element d to key-word o / P,
 // dim d (P values of consecutive dims, or keys, share a word). Typed copies: no memcpy calls.
 template <typename E, int P>
-static void write_kv(const E* k, const E* v, E* kc, E* vc, const int64_t* slots, int T, int HKV,
-                     int D, int NB, int BS, int nt) {
-  #pragma omp parallel for schedule(static) num_threads(std::max(1, nt)) if (T > 64)
-  for (int t = 0; t < T; ++t) {
+static void write_rows(const E* k, const E* v, E* kc, E* vc, const int64_t* slots, int t0, int t1,
+                       int HKV, int D, int NB, int BS) {
+  for (int t = t0; t < t1; ++t) {
     const int64_t s = slots[t];
     if (s < 0 || s >= (int64_t)NB * BS) continue;
     const int64_t b = s / BS, o = s % BS;
@@ -356,6 +405,20 @@ static void write_kv(const E* k, const E* v, E* kc, E* vc, const int64_t* slots,
       for (int d = 0; d < D; ++d) vd[(int64_t)d * P] = v[src + d];
     }
   }
+}
+template <typename E>
+struct KvJob { const E *k, *v; E *kc, *vc; const int64_t* slots; int T, HKV, D, NB, BS; int64_t next; };
+template <typename E, int P>
+static void kv_job(void* ctx) {
+  KvJob<E>& j = *(KvJob<E>*)ctx;
+  for (int64_t t0, t1; (t0 = claim(&j.next, 16, j.T, &t1)) < j.T;)
+    write_rows<E, P>(j.k, j.v, j.kc, j.vc, j.slots, (int)t0, (int)t1, j.HKV, j.D, j.NB, j.BS);
+}
+template <typename E, int P>
+static void write_kv(const E* k, const E* v, E* kc, E* vc, const int64_t* slots, int T, int HKV,
+                     int D, int NB, int BS, int nt) {
+  KvJob<E> j{k, v, kc, vc, slots, T, HKV, D, NB, BS, 0};
+  pool_run(kv_job<E, P>, &j, T > 64 ? std::max(1, nt) : 1);
 }
 
 // AMX when built for it and granted, unless PAGODA_CPU_AMX=0 (read once: one path per process).
