@@ -30,6 +30,13 @@ from pagoda.runtime.attention.cpu_kernel_amx import AMX_SOURCE
 from pagoda.runtime.attention.cpu_kernel_avx import AVX_SOURCE
 from pagoda.runtime.native import CLAIM_C, POOL_C
 
+# This library's own pool (POOL_C is static in each library): its helpers spin 20 us after a
+# job, not 200. Attention runs once a layer, ~1 ms apart in a decode step: a longer spin finds no
+# next call and only takes a core from the matmul pool's helper and the caller.
+_SPIN = "#define POOL_SPIN_NS 200000L"
+assert _SPIN in POOL_C
+ATTENTION_POOL_C = POOL_C.replace(_SPIN, "#define POOL_SPIN_NS 20000L")
+
 SOURCE = (
     r"""
 #include <cstdint>
@@ -43,7 +50,7 @@ SOURCE = (
 #endif
 """
     + CLAIM_C
-    + POOL_C
+    + ATTENTION_POOL_C
     + r"""
 
 typedef float vf __attribute__((vector_size(64)));
@@ -278,13 +285,15 @@ static void scale_q(const void* q, uint32_t* qw, int64_t n, float scale, int nt)
 
 // Phases of a wave: tasks are claimed one at a time; a thread out of claims for a phase waits
 // only for the tasks others claimed (no barrier over threads: a helper that joins late claims
-// what is left, one the OS has not run yet holds nothing up).
+// what is left, one the OS has not run yet holds nothing up). The wait spins ~20 us, then sleeps
+// on a futex: a thread whose claimed task is queued behind another process's thread then gets
+// the waiter's core instead of a spinning waiter holding it.
 struct WaveJob {
   const Geo* g; const uint32_t *qw, *kc, *vc; const int32_t* bt; int64_t bts;
   const Tile* tiles; size_t w0, w1; float* Sp; void* out;
   const std::pair<int, int>* tasks; const std::pair<int, int>* fin;
-  int64_t n[3], next[3], done[3];  // scores or whole tiles; softmax; p @ V (split waves only)
-  int phases;
+  int64_t n[3], next[3];  // scores or whole tiles; softmax; p @ V (split waves only)
+  int done[3], sleepers[3], phases;
 };
 
 // Claims and runs tasks of phase p; waits for all of them if `wait` (a later phase needs them).
@@ -293,10 +302,18 @@ static void phase(WaveJob& j, int p, bool wait, F f) {
   int64_t end;
   for (int64_t k; (k = claim(&j.next[p], 1, j.n[p], &end)) < j.n[p];) {
     f(k);
-    __atomic_add_fetch(&j.done[p], 1, __ATOMIC_RELEASE);
+    if (__atomic_add_fetch(&j.done[p], 1, __ATOMIC_SEQ_CST) == j.n[p] &&
+        __atomic_load_n(&j.sleepers[p], __ATOMIC_SEQ_CST))
+      syscall(SYS_futex, &j.done[p], FUTEX_WAKE_PRIVATE, POOL_MAX, NULL, NULL, 0);
   }
-  if (wait)
-    while (__atomic_load_n(&j.done[p], __ATOMIC_ACQUIRE) < j.n[p]) __builtin_ia32_pause();
+  if (!wait) return;
+  const long until = pool_now_ns() + 20000;
+  for (int i = 0, d; (d = __atomic_load_n(&j.done[p], __ATOMIC_SEQ_CST)) < j.n[p]; ++i) {
+    if ((i & 63) || pool_now_ns() < until) { __builtin_ia32_pause(); continue; }
+    __atomic_add_fetch(&j.sleepers[p], 1, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, &j.done[p], FUTEX_WAIT_PRIVATE, d, NULL, NULL, 0);
+    __atomic_sub_fetch(&j.sleepers[p], 1, __ATOMIC_SEQ_CST);
+  }
 }
 
 template <bool BF16>
@@ -337,7 +354,7 @@ static void wave(const Geo& g, const uint32_t* qw, const uint32_t* kc, const uin
   }
   WaveJob j{&g, qw, kc, vc, bt, bts, tiles.data(), w0, w1, Sp, out, tasks.data(), fin.data(),
             {(int64_t)tasks.size(), (int64_t)(w1 - w0), (int64_t)fin.size()}, {0, 0, 0},
-            {0, 0, 0}, split ? 3 : 1};
+            {0, 0, 0}, {0, 0, 0}, split ? 3 : 1};
   pool_run(wave_job<BF16>, &j, nt);
 }
 
