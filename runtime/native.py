@@ -100,7 +100,9 @@ POOL_C = r"""
 #include <sys/syscall.h>
 #include <linux/futex.h>
 #define POOL_MAX 64
-#define POOL_SPIN_NS 200000L
+#ifndef POOL_SPIN_NS
+#define POOL_SPIN_NS 200000L  /* a library may define its own before this */
+#endif
 typedef void (*pool_fn)(void*);
 static struct { pool_fn fn; void* ctx; int gen, open, active, sleepers, started; } P;
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
