@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, write_random_llama
+from kernel_profile import KernelProfile, print_top
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
 
@@ -98,7 +99,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_pagoda(loaded, reqs, args, **engine_kw) -> dict:
+def run_pagoda(loaded, reqs, args, prof: KernelProfile | None = None, **engine_kw) -> dict:
     llm = LLM(
         loaded=loaded,
         **engine_kw,
@@ -125,11 +126,17 @@ def run_pagoda(loaded, reqs, args, **engine_kw) -> dict:
             r.num_tokens + r.num_pending - r.num_computed_tokens == 1 for r in running
         )
         context = sum(r.num_tokens for r in running)
+        if prof is not None:
+            prof.before_step(len(steps))
         t = time.perf_counter()
         outs = engine.step()
         steps.append((all_decode, len(running), context, time.perf_counter() - t))
         n_out += sum(len(o.new_token_ids) for o in outs)
+        if prof is not None:
+            prof.after_step(len(steps) - 1)
     wall = time.perf_counter() - t0
+    if prof is not None:
+        prof.after_step(-1)  # a run shorter than the window
     full = max((s[1] for s in steps if s[0]), default=0)
     at_full = [s for s in steps if s[0] and s[1] >= 0.9 * full]
     return {
@@ -213,6 +220,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also run with --no-batch-invariant (cuBLAS + split-KV) to show what invariance costs",
     )
     ap.add_argument(
+        "--kernel-profile",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="torch.profiler over STEPS full-batch steps after the phase window: top kernels",
+    )
+    ap.add_argument(
         "--also-async",
         action="store_true",
         help="also run with --async-scheduling (step N+1 launched before step N is read back)",
@@ -255,7 +269,12 @@ def main(argv: list[str] | None = None) -> dict:
         write_random_llama(path, cfg, dtype)
         gc.collect()
         loaded = load_model(tmp)
-        res = run_pagoda(loaded, reqs, args)
+        start = 2 if args.tiny else PHASE_STEPS[1] + 5
+        prof = KernelProfile(start, args.kernel_profile, device) if args.kernel_profile else None
+        res = run_pagoda(loaded, reqs, args, prof)
+        if prof is not None:
+            res["kernels"] = prof.top()
+            print_top(res["kernels"], prof.steps, f"steps from {start}, defaults")
         gc.collect()
         if args.also_fast:
             res["fast"] = _variant(
