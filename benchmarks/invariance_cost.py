@@ -63,23 +63,17 @@ def gemm_rows(args, device, dtype) -> list[list[object]]:
     return rows
 
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) tried by --sweep; GROUP_M stays 8.
-CANDIDATES = [(64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 32, 128, 4, 4), (64, 64, 128, 4, 3),
-              (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 64, 64, 4, 4)]  # fmt: skip
-
-
 def sweep_rows(args, device, dtype) -> list[list[object]]:
     """Per weight shape: the matmul config with the least summed time over args.sweep_rows."""
     from pagoda.kernels import linear
+    from pagoda.runtime.tune.matmul import candidate_space
 
     rows = []
     for name, (n, k) in args.shapes.items():
         w = (torch.randn(n, k, device=device) / k**0.5).to(dtype)
         xs = [torch.randn(m, k, device=device).to(dtype) for m in args.sweep_rows]
         timed = []
-        for bm, bn, bk, warps, stages in CANDIDATES:
-            cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps,
-                       num_stages=stages)  # fmt: skip
+        for cfg in candidate_space():  # the space `pagoda tune` sweeps per weight shape
             try:
                 t = [bench_us(lambda x=x, w=w, c=cfg: linear(x=x, weight=w, config=c), device)
                      for x in xs]  # fmt: skip

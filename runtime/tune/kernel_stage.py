@@ -50,15 +50,23 @@ def attention_shape(model_config: Any, base: EngineConfig) -> Any:
 def kernel_buckets(
     model_config: Any, base: EngineConfig, plan: Any, max_model_len: int, quick: bool
 ) -> list:
-    """The buckets the engine profile's largest points (and so serving) can reach."""
+    """The buckets the engine profile's largest points (and so serving) can reach: with
+    batch-invariant matmuls (the default) each weight shape first, as the matmuls are most of a
+    GPU step; then attention."""
     from pagoda.runtime.tune.kernels import plan_buckets
+    from pagoda.runtime.tune.matmul import plan_matmul_buckets
 
-    return plan_buckets(
+    limits = dict(max_num_seqs=max(plan.decode_batches), quick=quick)
+    matmuls = []
+    if base.batch_invariant:
+        matmuls = plan_matmul_buckets(
+            model_config, base.torch_dtype(), max_num_batched_tokens=max(plan.chunk_sizes), **limits
+        )
+    return matmuls + plan_buckets(
         attention_shape(model_config, base),
-        max_num_seqs=max(plan.decode_batches),
         max_model_len=max_model_len,
         max_num_batched_tokens=max(plan.chunk_sizes),
-        quick=quick,
+        **limits,
     )
 
 

@@ -1,4 +1,5 @@
-"""Kernel sweep: for each attention launcher and shape bucket, time a small candidate space.
+"""Kernel sweep: for each attention launcher and shape bucket, time a small candidate space
+(the matmul buckets, one per weight shape, are planned and checked in `tune.matmul`).
 
 Buckets are the shapes the model will hit (its head dim, GQA ratio, block size and dtype; decode
 ``num_seqs`` × ``max_seq_len``; prefill ``max_query_len``), keyed like ``configs/<Device>.json``.
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from pagoda.runtime.tune import matmul
 
 DECODE = "decode_attention"
 PREFILL = "paged_attention"
@@ -119,6 +121,8 @@ def plan_buckets(
 def candidate_space(kernel: str, quick: bool = False) -> list[dict[str, Any]]:
     """The configs tried per bucket (small: a whole model should tune in ~10 min on one GPU);
     ``quick``: two of them (smoke tests)."""
+    if kernel == matmul.MATMUL:
+        return matmul.candidate_space(quick)
     if quick:
         return [c for c in candidate_space(kernel) if c["num_stages"] == 2][:2]
     pipes = [(4, 2), (4, 3), (8, 3)]

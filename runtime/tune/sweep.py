@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from pagoda.runtime.tune import matmul
 from pagoda.runtime.tune.kernels import (
     DECODE,
     TOL,
@@ -172,9 +173,40 @@ def sweep_bucket(
     )
 
 
+def sweep_matmul_bucket(
+    bucket: matmul.MatmulBucket,
+    candidates: list[dict],
+    device: torch.device,
+    *,
+    timer: Timer,
+    seed: int = 0,
+) -> BucketResult:
+    """Check every matmul candidate, time the survivors; the first candidate is the baseline."""
+    gen = torch.Generator().manual_seed(seed)
+    rejected: list[str] = []
+    timed: list[tuple[float, dict]] = []
+    baseline_ms = None
+    inputs: list = []
+    for i, config in enumerate(candidates):
+        why = matmul.check_candidate(bucket, config, device, gen)
+        if why is not None:
+            rejected.append(f"{config}: {why}")
+            continue
+        inputs = inputs or matmul.timing_inputs(bucket, device, gen)
+        timed.append((matmul.time_candidate(config, inputs, timer), config))
+        if i == 0:
+            baseline_ms = round(timed[-1][0], 4)
+    if not timed:
+        return BucketResult(bucket, None, None, baseline_ms, len(candidates), rejected)
+    best_ms, best = min(timed, key=lambda x: x[0])
+    return BucketResult(
+        bucket, dict(best), round(best_ms, 4), baseline_ms, len(candidates), rejected
+    )
+
+
 def tune_kernels(
     shape: AttentionShape,
-    buckets: list[Bucket],
+    buckets: list[Bucket | matmul.MatmulBucket],
     *,
     device: torch.device,
     device_label: str,
@@ -208,7 +240,10 @@ def tune_kernels(
             continue
         baseline = get_kernel_config(bucket.kernel, bucket.shape, device)
         candidates = [baseline, *(c for c in space(bucket.kernel) if c != baseline)]
-        result = sweep_bucket(bucket, shape, candidates, device, timer=timer)
+        if bucket.kernel == matmul.MATMUL:
+            result = sweep_matmul_bucket(bucket, candidates, device, timer=timer)
+        else:
+            result = sweep_bucket(bucket, shape, candidates, device, timer=timer)
         if result.config is not None:
             save_kernel_config(
                 bucket.kernel,

@@ -44,7 +44,11 @@ def test_kernel_stage_through_the_interpreter(tmp_path, monkeypatch, capsys):
         kernels["status"] == "tuned"
         and kernels["config_file"] == f"configs/{INTERPRETER_LABEL}.json"
     )
-    assert [b["kernel"] for b in kernels["buckets"]] == ["decode_attention", "paged_attention"]
+    assert [b["kernel"] for b in kernels["buckets"]] == [
+        "matmul",  # batch-invariant matmuls (the default): one bucket per weight shape, first
+        "decode_attention",
+        "paged_attention",
+    ]
     assert all(
         b["config"] and b["rejected"] == [] and b["candidates"] >= 2 for b in kernels["buckets"]
     )
@@ -56,6 +60,7 @@ def test_kernel_stage_through_the_interpreter(tmp_path, monkeypatch, capsys):
 
     swept = []
     monkeypatch.setattr(sweep, "sweep_bucket", lambda *a, **k: swept.append(a))
+    monkeypatch.setattr(sweep, "sweep_matmul_bucket", lambda *a, **k: swept.append(a))
     again = tune(request)
     assert swept == [] and again.profile["kernels"]["buckets"] == kernels["buckets"]
     assert again.profile["engine"] == result.profile["engine"]

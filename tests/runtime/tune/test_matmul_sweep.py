@@ -1,0 +1,106 @@
+"""Matmul tuning on small shapes under Triton's interpreter (compiled kernels on CUDA): buckets
+from the model's weight shapes, candidates rejected when wrong, refused or not batch-invariant,
+the fastest correct one saved where the runtime's lookup finds it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from pagoda import kernels
+from pagoda.kernels import config as kc
+from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.tune import matmul, sweep
+from pagoda.runtime.tune.kernels import candidate_space
+
+DEVICE = torch.device("cuda" if os.environ["TRITON_INTERPRET"] == "0" else "cpu")
+BUCKET = matmul.MatmulBucket("o", {"n": 48, "k": 80}, rows=(5, 40), dtype=torch.float32)
+GOOD = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=8, num_warps=4, num_stages=2)
+WRONG = {**GOOD, "BLOCK_N": 32}  # the patched kernel corrupts these
+VARIANT = {**GOOD, "BLOCK_M": 32}  # ... and makes these depend on M
+INVALID = {k: v for k, v in GOOD.items() if k != "num_warps"}
+timer = sweep.cuda_timer if DEVICE.type == "cuda" else sweep.wall_timer
+
+
+@pytest.fixture
+def faulty_linear(monkeypatch):
+    """`kernels.linear`, patched: BLOCK_N 32 is off by 2 %, BLOCK_M 32 adds M-dependent noise."""
+    real, calls = kernels.linear, []
+
+    def patched(*, x, weight, bias=None, out=None, config=None):
+        calls.append(config)
+        y = real(x=x, weight=weight, bias=bias, out=out, config=config)
+        if config["BLOCK_N"] == 32:
+            y.mul_(1.02)
+        if config["BLOCK_M"] == 32:
+            y.add_(1e-6 * x.shape[0])  # within tolerance, not bitwise
+        return y
+
+    monkeypatch.setattr(kernels, "linear", patched)
+    return calls
+
+
+def test_buckets_are_the_models_weight_shapes():
+    llama1b = ModelConfig(32000, 2048, 8192, 16, 32, 8, 64)
+    buckets = matmul.plan_matmul_buckets(
+        llama1b, torch.bfloat16, max_num_seqs=256, max_num_batched_tokens=16384, quick=False
+    )
+    got = {b.name: (b.shape["n"], b.shape["k"]) for b in buckets}
+    assert got == {
+        "qkv": (3072, 2048),
+        "o": (2048, 2048),
+        "gate_up": (16384, 2048),
+        "down": (2048, 8192),
+        "lm_head": (32000, 2048),
+    }
+    assert {b.rows for b in buckets} == {(256, matmul.MAX_PREFILL_ROWS)}
+    square = ModelConfig(64, 64, 48, 1, 4, 4, 16)  # o and lm_head are both 64x64
+    names = [b.name for b in matmul.plan_matmul_buckets(
+        square, torch.float32, max_num_seqs=8, max_num_batched_tokens=8, quick=False)]  # fmt: skip
+    assert names == ["qkv", "o+lm_head", "gate_up", "down"] and len(set(names)) == 4
+
+
+def test_wrong_refused_and_variant_candidates_are_rejected(faulty_linear):
+    result = sweep.sweep_matmul_bucket(BUCKET, [WRONG, INVALID, VARIANT, GOOD], DEVICE, timer=timer)
+    assert result.config == GOOD and result.median_ms > 0
+    assert result.default_ms is None  # the baseline (first candidate) was rejected
+    assert ["wrong output" in r for r in result.rejected] == [True, False, False]
+    assert "failed: KeyError" in result.rejected[1]
+    assert "not batch-invariant" in result.rejected[2]
+
+
+def test_tune_kernels_saves_the_matmul_winner(tmp_path, monkeypatch, faulty_linear):
+    monkeypatch.delenv(kc.CONFIG_DIR_ENV, raising=False)
+    kc.clear_config_cache()
+    out = tmp_path / "configs"
+    reports, complete = sweep.tune_kernels(
+        None, [BUCKET], device=DEVICE, device_label="Test GPU", out_dir=out, timer=timer,
+        space=lambda kernel: [WRONG, VARIANT, GOOD],
+    )  # fmt: skip
+    baseline = kc.get_kernel_config("matmul", BUCKET.shape, "default")
+    (r,) = reports
+    assert complete and r["kernel"] == "matmul" and r["candidates"] == 4
+    assert r["config"] in (GOOD, baseline) and len(r["rejected"]) == 2
+    saved = json.loads((out / "Test_GPU.json").read_text())
+    assert saved["kernels"]["matmul"] == [{"shape": BUCKET.shape, "config": r["config"]}]
+    monkeypatch.setenv(kc.CONFIG_DIR_ENV, str(out))
+    kc.clear_config_cache()
+    assert kc.get_kernel_config("matmul", {"n": 48, "k": 80}, "Test GPU") == r["config"]
+    kc.clear_config_cache()
+
+
+def test_every_shipped_candidate_is_correct_and_invariant():
+    """The space `pagoda tune` tries on a GPU: no config in it is wrong, refused or variant."""
+    gen = torch.Generator().manual_seed(1)
+    space = candidate_space(matmul.MATMUL)
+    assert space == matmul.candidate_space() and len(space) == len(matmul.CANDIDATES)
+    bucket = matmul.MatmulBucket("t", {"n": 136, "k": 200}, (1, 8), torch.float32)
+    failures = {str(c): matmul.check_candidate(bucket, c, DEVICE, gen) for c in space}
+    assert {c: why for c, why in failures.items() if why} == {}
