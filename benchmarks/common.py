@@ -101,9 +101,11 @@ def machine() -> str:
 
 def write_random_llama(path, config: dict, dtype: torch.dtype = torch.bfloat16) -> None:
     """A Llama with random weights and a word-level tokenizer (token `w<i>` = id i) saved as a
-    Hugging Face directory at `path`: a model of any shape without downloads."""
+    Hugging Face directory at `path`: a model of any shape without downloads. Its decoder is
+    ByteLevel, as that of byte-level BPE models (Llama 3, SmolLM, Qwen), so detokenizing costs
+    what it costs when serving them (the text is "w1w2...")."""
     import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     cfg = dict(config)
     cfg.setdefault("eos_token_id", 2)
@@ -115,4 +117,5 @@ def write_random_llama(path, config: dict, dtype: torch.dtype = torch.bfloat16) 
     vocab = {f"w{i}": i for i in range(cfg["vocab_size"])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.ByteLevel()
     tok.save(str(path / "tokenizer.json"))

@@ -159,6 +159,21 @@ def before_after(args, rounds: int = 2) -> None:
     print(f"\nms per decode step, before = {args.old_ref}, after = this tree ({rounds} rounds):")
     heads = ["seqs", "sampling", "host before", "host after", "host ratio"]
     print(markdown_table([*heads, "step before", "step after"], rows))
+    print("\nphases, median ms before / after:")
+    print(markdown_table(["seqs", "sampling", *PHASES], phase_rows(runs)))
+
+
+def phase_rows(runs: dict[str, list[list[dict]]]) -> list[list]:
+    """Per case, each clocked phase as 'before / after' (medians over the rounds): where a
+    host-time difference between the trees comes from."""
+    rows = []
+    for i, case in enumerate(runs["after"][0]):
+        cells = []
+        for p in PHASES:
+            b, a = (statistics.median(r[i].get(p, 0.0) for r in runs[k]) for k in runs)
+            cells.append(f"{b:.2f} / {a:.2f}")
+        rows.append([case["seqs"], case["sampling"], *cells])
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,14 +23,18 @@ class RequestStatus(enum.IntEnum):
 
     @property
     def finished(self) -> bool:
-        return self >= RequestStatus.FINISHED_STOPPED
+        return self >= FIRST_FINISHED
 
     @property
     def finish_reason(self) -> str | None:
-        return _FINISH_REASONS[self]
+        return FINISH_REASONS[self]
 
 
-_FINISH_REASONS = (None, None, None, "stop", "length", "abort")
+FINISH_REASONS = (None, None, None, "stop", "length", "abort")
+# Module-level aliases for the per-request loops of a step: reading a member off an Enum class
+# costs ~0.1 us (Python 3.11), a global ~0.02 us; at 256 requests that adds up per step.
+FIRST_FINISHED = RequestStatus.FINISHED_STOPPED
+RUNNING = RequestStatus.RUNNING
 
 
 @dataclass
@@ -94,14 +98,15 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.finished
+        return self.status >= FIRST_FINISHED
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
 
     def check_stop_token(self) -> bool:
         """After appending: stop on a stop/EOS token or on the length limit."""
-        last, num_output = self.token_ids[-1], self.num_output_tokens
+        ids = self.token_ids
+        last, num_output = ids[-1], len(ids) - self.num_prompt_tokens
         if last in self.stop_ids and num_output > 0:
             self.status = RequestStatus.FINISHED_STOPPED
             self.stop_reason = last if last in self.params.stop_token_ids else None

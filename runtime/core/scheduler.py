@@ -13,7 +13,7 @@ from collections import deque
 from pagoda.runtime.config import SchedulerConfig
 from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.sched_output import ScheduledRequest, SchedulerOutput
-from pagoda.runtime.request import Request, RequestStatus
+from pagoda.runtime.request import RUNNING, Request, RequestStatus
 
 
 class Scheduler:
@@ -71,25 +71,28 @@ class Scheduler:
         for r in self.running:  # tokens in flight (async scheduling) count as known
             behind = len(r.token_ids) + r.num_pending - r.num_computed_tokens
             (decodes if behind == 1 else partial).append(r)
+        allocate, block_ids = self.kv.allocate_slots, self.kv.block_ids  # per-request loop
+        chunked = self.config.enable_chunked_prefill
         for req in decodes + partial if partial else decodes:
-            if budget <= 0 or req.status != RequestStatus.RUNNING:
+            if budget <= 0 or req.status != RUNNING:
                 continue
             if req.num_pending and req.ends_with_pending:
                 continue  # its last token is in flight: it finishes when that is read back
-            n = req.num_tokens + req.num_pending - req.num_computed_tokens
+            n = len(req.token_ids) + req.num_pending - req.num_computed_tokens
             if n <= 0:
                 continue
-            if n > budget and not self.config.enable_chunked_prefill:
-                continue
-            n = min(n, budget)
-            while not self.kv.allocate_slots(req, n):
+            if n > budget:
+                if not chunked:
+                    continue
+                n = budget
+            while not allocate(req, n):
                 # The most recently arrived running request yields, even if it is `req` itself.
                 victim = max(self.running, key=lambda r: r.arrival_time)
                 budget += self._preempt(victim, plan, preempted)
                 if victim is req:
                     break
             else:
-                plan[req.request_id] = ScheduledRequest(req, n, self.kv.block_ids(req.request_id))
+                plan[req.request_id] = ScheduledRequest(req, n, block_ids(req.request_id))
                 budget -= n
         num_running = len(plan)
         if not preempted:

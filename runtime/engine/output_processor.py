@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pagoda.runtime.engine.detokenizer import IncrementalDetokenizer
 from pagoda.runtime.engine.outputs import StepOutput
 from pagoda.runtime.model.tokenizer import Tokenizer
-from pagoda.runtime.request import Request, RequestStatus
+from pagoda.runtime.request import FINISH_REASONS, FIRST_FINISHED, Request, RequestStatus
 from pagoda.runtime.worker.model_runner import ModelRunnerOutput
 from pagoda.runtime.worker.step_clock import StepClock
 
@@ -34,6 +34,7 @@ class _Sample:
 class OutputProcessor:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
+        tokenizer.stream_decoder(())  # builds its per-token tables now, not on a first request
         self.samples: dict[str, _Sample] = {}  # child id → its state
         self.children: dict[str, list[str]] = {}  # request id → live child ids
 
@@ -90,7 +91,8 @@ class OutputProcessor:
         return outputs
 
     def _output(self, s: _Sample, req: Request, tok: int, lp) -> StepOutput:
-        finished = req.is_finished
+        status = req.status  # read once: this runs per request per step
+        finished = status >= FIRST_FINISHED
         out = StepOutput(
             s.parent,
             s.index,
@@ -98,11 +100,11 @@ class OutputProcessor:
             s.detok.pop_delta(finished),
             [lp] if lp is not None else [],
             finished,
-            req.status.finish_reason,
+            FINISH_REASONS[status],
             req.stop_reason,
             req.num_prompt_tokens,
             req.num_cached_tokens,
-            req.num_output_tokens,
+            len(req.token_ids) - req.num_prompt_tokens,
             req.arrival_time,
             req.first_scheduled_time,
             req.first_token_time,

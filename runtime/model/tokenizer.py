@@ -7,10 +7,12 @@ were learned with, so token ids match the original Hugging Face tokenizer.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from pagoda.runtime.model.byte_stream import ByteStream, byte_pieces, is_plain_byte_level
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -91,6 +93,8 @@ class Tokenizer:
         self.eos_token_ids = tuple(eos_token_ids)
         self.add_bos_token = add_bos_token
         self._template = None
+        self._byte_level: bool | None = None  # decided on first use (byte_stream)
+        self._pieces: dict[bool, list[bytes]] = {}
         if chat_template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise_template_error
@@ -124,17 +128,32 @@ class Tokenizer:
     def stream_decoder(
         self, context: Sequence[int], *, skip_special_tokens: bool = True
     ) -> Callable[[int], str | None] | None:
-        """`tokenizers`' own incremental decoder, seeded with `context` (the ids before the
-        first new one): one Rust call per token, ~10x cheaper than decoding two windows in
-        Python. Returns None when the installed `tokenizers` lacks it (< 0.22)."""
+        """An incremental decoder seeded with `context` (the ids before the first new one):
+        for byte-level BPE a byte table (`byte_stream`), else `tokenizers`' own DecodeStream
+        (one Rust call per token, ~10x cheaper than decoding two windows in Python). Returns
+        None when neither applies (`tokenizers` < 0.22 and not byte-level)."""
+        fast = self._byte_stream(context, skip_special_tokens)
+        if fast is not None:
+            return fast.step
         try:
             from tokenizers.decoders import DecodeStream
 
             stream = DecodeStream(skip_special_tokens=skip_special_tokens, ids=list(context))
         except (ImportError, TypeError):
             return None
-        tok = self._tok
-        return lambda token_id: stream.step(tok, token_id)
+        return functools.partial(stream.step, self._tok)  # no Python frame per token
+
+    def _byte_stream(self, context: Sequence[int], skip_special: bool) -> ByteStream | None:
+        """The table-driven stream of `byte_stream` (same text, ~7x cheaper per token) where
+        the decoder is plain ByteLevel; the byte table is built once per setting (~0.1 s)."""
+        if self._byte_level is None:
+            self._byte_level = is_plain_byte_level(self._tok)
+        if not self._byte_level:
+            return None
+        pieces = self._pieces.get(skip_special)
+        if pieces is None:
+            pieces = self._pieces[skip_special] = byte_pieces(self._tok, skip_special)
+        return ByteStream.after(pieces, list(context))
 
     def apply_chat_template(
         self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True

@@ -35,8 +35,16 @@ def test_old_ref_times_that_commits_runtime_beside_this_one(capsys):
     step_overhead.main(["--seqs", "2", "--steps", "1", "--old-ref", "HEAD"])
     out = capsys.readouterr().out
     assert "before = HEAD" in out
-    rows = [ln for ln in out.splitlines() if ln.startswith("| 2 |")]
+    totals, phases = out.split("phases, median ms before / after:")
+    rows = [ln for ln in totals.splitlines() if ln.startswith("| 2 |")]
     assert len(rows) == 2  # greedy and sampled
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[4].endswith("x") and float(cells[5]) > 0 and float(cells[6]) > 0
+    phase_rows = [ln for ln in phases.splitlines() if ln.startswith("| 2 |")]
+    assert len(phase_rows) == 2
+    for row in phase_rows:  # each phase as "before / after", both measured
+        cells = [c.strip() for c in row.strip("|").split("|")][2:]
+        assert len(cells) == len(step_overhead.PHASES)
+        assert all(len(c.split(" / ")) == 2 for c in cells)
+        assert sum(float(c.split(" / ")[1]) for c in cells) > 0

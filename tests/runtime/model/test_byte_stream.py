@@ -1,0 +1,59 @@
+"""The byte-table stream decoder gives exactly DecodeStream's output, token by token."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from pagoda.runtime.model.byte_stream import ByteStream, byte_pieces, is_plain_byte_level
+from tokenizers.decoders import DecodeStream
+
+TEXT = " naïve café 日本語 🙂 Ünïcödé ✓ <|im_end|> done.\n\tcode: x = [1, 2]; # ok"
+
+
+def steps(step, ids):
+    return [step(t) for t in ids]
+
+
+def rust_steps(hf, ids, context, skip):
+    stream = DecodeStream(skip_special_tokens=skip, ids=list(context))
+    return steps(lambda t: stream.step(hf, t), ids)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_same_steps_as_decode_stream_on_text_and_random_ids(smol, skip):
+    tok = smol.tokenizer
+    hf = tok._tok
+    assert is_plain_byte_level(hf)
+    pieces = byte_pieces(hf, skip)
+    rng = random.Random(0)
+    specials = list(hf.get_added_tokens_decoder())
+    # Real text, random ids (split characters, invalid bytes) and special tokens mixed in.
+    cases = [tok.encode(TEXT), tok.encode(TEXT * 3)[7:]]
+    cases += [[rng.randrange(len(pieces)) for _ in range(200)] for _ in range(5)]
+    cases += [[rng.choice(specials + tok.encode("日本🙂")) for _ in range(100)]]
+    cases += [[*tok.encode("a 日"), len(pieces) + 5, *tok.encode("本 b")]]  # past the vocab
+    for ids in cases:
+        context = tok.encode("Hello there")
+        ours = ByteStream.after(pieces, context)
+        assert ours is not None
+        assert steps(ours.step, ids) == rust_steps(hf, ids, context, skip)
+
+
+def test_context_ending_mid_character_falls_back_to_decode_stream(smol):
+    tok = smol.tokenizer
+    pieces = byte_pieces(tok._tok, True)
+    emoji = tok.encode("🙂")
+    assert len(emoji) > 1  # a 4-byte character spread over byte tokens
+    assert ByteStream.after(pieces, emoji[:1]) is None
+    step = tok.stream_decoder(emoji[:1])
+    assert step is not None and not isinstance(getattr(step, "__self__", None), ByteStream)
+    # The tokenizer's own choice is the table stream for a clean context.
+    assert isinstance(tok.stream_decoder(tok.encode("Hi")).__self__, ByteStream)
+
+
+def test_skipped_specials_add_nothing_and_kept_ones_their_text(smol):
+    hf = smol.tokenizer._tok
+    special = next(i for i, t in hf.get_added_tokens_decoder().items() if t.special)
+    assert byte_pieces(hf, True)[special] == b""
+    assert byte_pieces(hf, False)[special] == hf.id_to_token(special).encode()
