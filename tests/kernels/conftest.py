@@ -36,3 +36,30 @@ def device(request: pytest.FixtureRequest) -> torch.device:
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def row_independent_dot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the interpreter, ``tl.dot`` with each output computed from its own row alone.
+
+    The interpreter's dot is numpy's ``matmul``, i.e. the host's BLAS, and OpenBLAS's Haswell
+    sgemm (picked on AMD Zen 5, or by ``OPENBLAS_CORETYPE=Haswell``) rounds a float32 row
+    differently by its position in a micro-tile: a batch-invariance test would then test the
+    host's BLAS, not the kernel. A GPU's MMA gives each row the same bits wherever it sits; this
+    dot does too (products summed over K per output, whatever the other rows), so the tests
+    check what they are about: grid, masks, configs and K order. Compiled kernels are untouched.
+    """
+    if not INTERPRET:
+        return
+    from triton.runtime import interpreter
+
+    matmul = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.primitive_bitwidth == 8 or b.dtype.primitive_bitwidth == 8:
+            return matmul(self, a, b, d, input_precision, max_num_imprecise_acc)
+        acc = d.data.dtype
+        prod = a.data.astype(acc)[..., :, :, None] * b.data.astype(acc)[..., None, :, :]
+        return interpreter.TensorHandle(prod.sum(axis=-2) + d.data, d.dtype.scalar)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)

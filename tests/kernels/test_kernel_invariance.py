@@ -3,8 +3,9 @@
 ``linear`` (the matmul the runtime uses on CUDA by default) and ``paged_attention`` with
 ``batch_invariant=True`` must give one row the same bits whatever M is, whether the row is a
 decode, the last row of a chunk on cached context or of a fresh prompt, and whatever sequences
-sit beside it. On the CPU interpreter this checks the logic; on CUDA (marked gpu) it checks the
-compiled kernels at model-sized shapes, where cuBLAS and split-KV would differ.
+sit beside it. On the CPU interpreter this checks the logic (with a dot that, like a GPU's MMA,
+rounds a row the same wherever it sits in a tile: `row_independent_dot`); on CUDA (marked gpu)
+it checks the compiled kernels at model-sized shapes, where cuBLAS and split-KV would differ.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from kernel_testlib import TOL
 from pagoda.kernels import reference
 
 LINEAR_DTYPES = [torch.float32, torch.bfloat16]
+pytestmark = pytest.mark.usefixtures("row_independent_dot")
 
 
 @pytest.mark.parametrize("bias", [False, True])
