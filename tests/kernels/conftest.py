@@ -43,7 +43,7 @@ def row_independent_dot(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under the interpreter, ``tl.dot`` with each output computed from its own row alone.
 
     The interpreter's dot is numpy's ``matmul``, i.e. the host's BLAS, and OpenBLAS's Haswell
-    sgemm (picked on AMD Zen 5, or by ``OPENBLAS_CORETYPE=Haswell``) rounds a float32 row
+    sgemm (``OPENBLAS_CORETYPE=Haswell``, set on the AMD Zen 5 machines) rounds a float32 row
     differently by its position in a micro-tile: a batch-invariance test would then test the
     host's BLAS, not the kernel. A GPU's MMA gives each row the same bits wherever it sits; this
     dot does too (products summed over K per output, whatever the other rows), so the tests
