@@ -16,6 +16,10 @@ oneDNN's ``avx512_core_bf16`` GEMM at large M and faster at decode sizes (docs/b
 and the batch-invariance guarantee holds as with oneDNN. Where oneDNN runs on AMX tiles and the
 AMX GEMM (`amx_gemm`) is off, it takes steps of up to `MAX_ROWS` rows only (oneDNN is faster
 above, and not M-invariant there anyway). ``PAGODA_CPU_GEMV=0`` turns it off.
+
+Runs of 19-48 rows (decode steps of that many sequences) sweep each weight block in chunks of
+keys through all their tiles, prefetching the next chunk, so memory and arithmetic overlap; the
+accumulators wait between chunks in float32, so the bits are those of the plain tiles.
 """
 
 from __future__ import annotations
@@ -52,24 +56,30 @@ struct Job {
   int M, N, K, MC;                 // MC: rows per task
 };
 
-template <int V, int R>  // R rows from m0 by the 16 * V outputs of block nb, all in registers
-static inline void tile(const Job& j, int64_t nb, int64_t m0) {
-  const int KB = (j.K + 31) / 32, KP = KB * 16;
+#define INLINE static inline __attribute__((always_inline))
+
+// acc += rows m0.. of x by block nb over key pairs [kp0, kp1), pair by pair in key order; the
+// first `lines` iterations each prefetch one cache line from `pf`
+template <int V, int R>
+INLINE void accumulate(const Job& j, int64_t nb, int64_t m0, int kp0, int kp1,
+                       __m512 (&acc)[R][V], const char* pf, int lines) {
   const int64_t blk = 32 * 16 * V;  // bf16 values per (n-block, k-block)
+  const uint16_t* wb = j.w + nb * ((j.K + 31) / 32) * blk;
   const uint32_t* xp = j.xp + m0 * j.ldxp;
-  __m512 acc[R][V];
-  for (int m = 0; m < R; ++m)
-    for (int v = 0; v < V; ++v) acc[m][v] = _mm512_setzero_ps();
-  const uint16_t* wb = j.w + nb * KB * blk;
-  for (int kp = 0; kp < KP; ++kp) {
+  for (int kp = kp0; kp < kp1; ++kp) {
     const uint16_t* wp = wb + (int64_t)(kp / 16) * blk + (kp % 16) * 32 * V;
     __m512bh b[V];
     for (int v = 0; v < V; ++v) b[v] = (__m512bh)_mm512_loadu_si512(wp + 32 * v);
+    if (kp - kp0 < lines) _mm_prefetch(pf + (int64_t)(kp - kp0) * 64, _MM_HINT_T0);
     for (int m = 0; m < R; ++m) {
       __m512bh a = (__m512bh)_mm512_set1_epi32((int)xp[m * j.ldxp + kp]);
       for (int v = 0; v < V; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], a, b[v]);
     }
   }
+}
+
+template <int V, int R>  // the tile's outputs: accumulators (+ bias) rounded to bf16
+INLINE void store(const Job& j, int64_t nb, int64_t m0, __m512 (&acc)[R][V]) {
   for (int v = 0; v < V; ++v) {
     const int64_t n0 = nb * 16 * V + 16 * v;
     if (n0 >= j.N) break;
@@ -85,24 +95,80 @@ static inline void tile(const Job& j, int64_t nb, int64_t m0) {
   }
 }
 
-constexpr int RMAX = 6;  // rows per tile: 6 x 4 accumulators + 4 weight registers fit in 32
+template <int V, int R>  // R rows from m0 by the 16 * V outputs of block nb, all keys in registers
+static void tile(const Job& j, int64_t nb, int64_t m0) {
+  __m512 acc[R][V];
+  for (int m = 0; m < R; ++m)
+    for (int v = 0; v < V; ++v) acc[m][v] = _mm512_setzero_ps();
+  accumulate<V, R>(j, nb, m0, 0, (j.K + 31) / 32 * 16, acc, nullptr, 0);
+  store<V, R>(j, nb, m0, acc);
+}
 
-template <int V>  // tasks = (n-block, run of MC rows), n-block major: its weights stay in L2
+// The same tile over one chunk of key pairs, its accumulators carried in `buf` (float32: exact)
+// from chunk to chunk; the last chunk writes the outputs.
+template <int V, int R>
+static void tile_chunk(const Job& j, int64_t nb, int64_t m0, int kp0, int kp1, float* buf,
+                       const char* pf, int lines) {
+  __m512 acc[R][V];
+  for (int m = 0; m < R; ++m)
+    for (int v = 0; v < V; ++v)
+      acc[m][v] = kp0 ? _mm512_load_ps(buf + (m * V + v) * 16) : _mm512_setzero_ps();
+  accumulate<V, R>(j, nb, m0, kp0, kp1, acc, pf, lines);
+  if (kp1 == (j.K + 31) / 32 * 16) return store<V, R>(j, nb, m0, acc);
+  for (int m = 0; m < R; ++m)
+    for (int v = 0; v < V; ++v) _mm512_store_ps(buf + (m * V + v) * 16, acc[m][v]);
+}
+
+constexpr int RMAX = 6;  // rows per tile: 6 x 4 accumulators + 4 weight registers fit in 32
+constexpr int KCHUNK = 64;  // key pairs a block's weights are swept in (V = 4: 16 KB, in L1)
+// Runs of rows swept chunk by chunk (below: up to three tiles, too little to overlap; above: the
+// arithmetic dominates and chunking measured 5 % slower at 64 rows on a Zen 5)
+constexpr int CHUNK_MIN_ROWS = 19, CHUNK_MAX_ROWS = 48;
+
+#define ROW_TILES(CALL)                         \
+  int64_t m = lo;                               \
+  for (; m + RMAX <= hi; m += RMAX) CALL(RMAX); \
+  switch (hi - m) {                             \
+    case 1: CALL(1); break;                     \
+    case 2: CALL(2); break;                     \
+    case 3: CALL(3); break;                     \
+    case 4: CALL(4); break;                     \
+    case 5: CALL(5); break;                     \
+  }
+
+// tasks = (n-block, run of MC rows), n-block major: its weights stay in L2. Tile by tile, a
+// block's first tile waits on memory for all its weights and the others compute from L2 with
+// memory idle; a run of CHUNK_MIN_ROWS..CHUNK_MAX_ROWS rows instead sweeps the keys in chunks,
+// every tile through a chunk before the next while they prefetch the next chunk (the next
+// block's first at the end), so the weights stream in step with the arithmetic (decode steps of
+// 24-32 sequences 7-10 % faster on a Zen 5). The bits are the same either way.
+template <int V>
 static void run(void* arg) {
   Job& j = *(Job*)arg;
   const int64_t nblk = (j.N + 16 * V - 1) / (16 * V), mch = (j.M + j.MC - 1) / j.MC;
   const int64_t tasks = nblk * mch;
+  const int KP = (j.K + 31) / 32 * 16;
+  const int64_t block = (int64_t)KP * 64 * V;  // bytes of a block's weights
+  alignas(64) float buf[16 * RMAX * 16 * V];  // MC rows by 16 V outputs
   for (int64_t t, end; (t = claim(&j.next, j.claim, tasks, &end)) < tasks;)
     for (; t < end; ++t) {
       const int64_t nb = t / mch, lo = t % mch * j.MC, hi = lo + j.MC < j.M ? lo + j.MC : j.M;
-      int64_t m = lo;
-      for (; m + RMAX <= hi; m += RMAX) tile<V, RMAX>(j, nb, m);
-      switch (hi - m) {
-        case 1: tile<V, 1>(j, nb, m); break;
-        case 2: tile<V, 2>(j, nb, m); break;
-        case 3: tile<V, 3>(j, nb, m); break;
-        case 4: tile<V, 4>(j, nb, m); break;
-        case 5: tile<V, 5>(j, nb, m); break;
+      if (hi - lo < CHUNK_MIN_ROWS || hi - lo > CHUNK_MAX_ROWS) {
+#define WHOLE(R) tile<V, R>(j, nb, m)
+        ROW_TILES(WHOLE)
+        continue;
+      }
+      const int tiles = (int)((hi - lo + RMAX - 1) / RMAX);
+      for (int kp0 = 0; kp0 < KP; kp0 += KCHUNK) {
+        const int kp1 = kp0 + KCHUNK < KP ? kp0 + KCHUNK : KP;
+        const char* wb = (const char*)j.w + nb * block;
+        const bool last = kp1 == KP;  // then prefetch the next block's first chunk, if any
+        const char* next = last ? wb + block : wb + (int64_t)kp1 * 64 * V;
+        const int per_tile = last && nb + 1 == nblk ? 0 : (KCHUNK * V + tiles - 1) / tiles;  // lines
+        int ti = 0;
+#define CHUNK(R) tile_chunk<V, R>(j, nb, m, kp0, kp1, buf + (m - lo) * 16 * V, \
+                                  next + (int64_t)(ti++) * per_tile * 64, per_tile)
+        ROW_TILES(CHUNK)
       }
     }
 }

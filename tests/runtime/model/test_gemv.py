@@ -44,7 +44,7 @@ def test_probe_finds_the_layout_onednn_packs_to():
 @pytest.mark.parametrize(
     "shape", [(960, 576), (576, 1536), (100, 70), (49, 33), (4096, 64), (64, 20000)]
 )
-@pytest.mark.parametrize("rows", [1, 2, 3, gemv.MAX_ROWS, 7, 50])
+@pytest.mark.parametrize("rows", [1, 2, 3, gemv.MAX_ROWS, 7, 24, 33, 50])  # 24, 33: key chunks
 @pytest.mark.parametrize("bias", [False, True])
 def test_matches_onednn_within_bf16_rounding(monkeypatch, shape, rows, bias):
     fast = _forced(monkeypatch)
@@ -70,7 +70,9 @@ def test_a_rows_bits_do_not_depend_on_the_other_rows(monkeypatch, k):
     x = torch.randn(230, k, generator=g).to(torch.bfloat16)
     call = fast.bind(_pack(w), None)
     want = torch.cat([call(x[i : i + 1]) for i in range(len(x))])  # every row alone
-    for lo, m in [(0, 2), (0, 4), (1, 5), (3, 6), (0, 7), (5, 13), (0, 97), (2, 228)]:
+    cases = [(0, 2), (0, 4), (1, 5), (3, 6), (0, 7), (5, 13), (0, 97), (2, 228)]
+    cases += [(0, 19), (7, 24), (1, 32), (9, 41), (0, 48)]  # runs swept in key chunks
+    for lo, m in cases:
         assert torch.equal(call(x[lo : lo + m]), want[lo : lo + m]), f"rows {lo}..{lo + m}"
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
