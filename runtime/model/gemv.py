@@ -95,19 +95,11 @@ INLINE void store(const Job& j, int64_t nb, int64_t m0, __m512 (&acc)[R][V]) {
   }
 }
 
-template <int V, int R>  // R rows from m0 by the 16 * V outputs of block nb, all keys in registers
-static void tile(const Job& j, int64_t nb, int64_t m0) {
-  __m512 acc[R][V];
-  for (int m = 0; m < R; ++m)
-    for (int v = 0; v < V; ++v) acc[m][v] = _mm512_setzero_ps();
-  accumulate<V, R>(j, nb, m0, 0, (j.K + 31) / 32 * 16, acc, nullptr, 0);
-  store<V, R>(j, nb, m0, acc);
-}
-
-// The same tile over one chunk of key pairs, its accumulators carried in `buf` (float32: exact)
-// from chunk to chunk; the last chunk writes the outputs.
+// R rows from m0 by the 16 * V outputs of block nb over key pairs [kp0, kp1), accumulating in
+// registers: all keys at once (kp0 = 0, kp1 = KP), or one chunk, the accumulators then carried
+// in `buf` (float32: exact) from chunk to chunk; the last chunk writes the outputs.
 template <int V, int R>
-static void tile_chunk(const Job& j, int64_t nb, int64_t m0, int kp0, int kp1, float* buf,
+static void tile(const Job& j, int64_t nb, int64_t m0, int kp0, int kp1, float* buf,
                        const char* pf, int lines) {
   __m512 acc[R][V];
   for (int m = 0; m < R; ++m)
@@ -154,19 +146,19 @@ static void run(void* arg) {
     for (; t < end; ++t) {
       const int64_t nb = t / mch, lo = t % mch * j.MC, hi = lo + j.MC < j.M ? lo + j.MC : j.M;
       if (hi - lo < CHUNK_MIN_ROWS || hi - lo > CHUNK_MAX_ROWS) {
-#define WHOLE(R) tile<V, R>(j, nb, m)
+#define WHOLE(R) tile<V, R>(j, nb, m, 0, KP, nullptr, nullptr, 0)
         ROW_TILES(WHOLE)
         continue;
       }
       const int tiles = (int)((hi - lo + RMAX - 1) / RMAX);
+      const char* wb = (const char*)j.w + nb * block;
       for (int kp0 = 0; kp0 < KP; kp0 += KCHUNK) {
         const int kp1 = kp0 + KCHUNK < KP ? kp0 + KCHUNK : KP;
-        const char* wb = (const char*)j.w + nb * block;
         const bool last = kp1 == KP;  // then prefetch the next block's first chunk, if any
         const char* next = last ? wb + block : wb + (int64_t)kp1 * 64 * V;
         const int per_tile = last && nb + 1 == nblk ? 0 : (KCHUNK * V + tiles - 1) / tiles;  // lines
         int ti = 0;
-#define CHUNK(R) tile_chunk<V, R>(j, nb, m, kp0, kp1, buf + (m - lo) * 16 * V, \
+#define CHUNK(R) tile<V, R>(j, nb, m, kp0, kp1, buf + (m - lo) * 16 * V, \
                                   next + (int64_t)(ti++) * per_tile * 64, per_tile)
         ROW_TILES(CHUNK)
       }
