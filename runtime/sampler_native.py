@@ -9,6 +9,9 @@ maximum at the end, as online softmax does), then a walk of the cumulative sums 
 and the token. ~3x faster than the PyTorch ops on one core; rows are split across torch's
 thread count (ctypes drops the GIL during the call). The kernels read float32 or bfloat16 rows
 (bf16 widens exactly, so the tokens are the same as from the float32 copy, which need not be made).
+The greedy argmax, the whole step's sampling at temperature 0, reads each row once with
+AVX-512 where the build has it (span maxima in four registers, then the first equal entry
+of the best span): ~1.5x the plain loop on data in cache.
 Rows with top-k / top-p go to `sample_filtered_rows`, whose C source is `sampler_native_filter`
 (selection by block-maximum bounds and quickselect instead of `torch.topk`), in the same library.
 
@@ -103,18 +106,82 @@ static float span_weights(const float *restrict x, int64_t n, float s, float b, 
 
 static inline int64_t span_len(int64_t v, int64_t lo) { return v - lo < CH ? v - lo : CH; }
 
-/* First index of the row maximum (as torch.argmax): chunk maxima, then inside the best chunk. */
+#ifdef __AVX512F__
+#include <immintrin.h>
+#define ARGMAX_SPAN 2048  /* entries per maximum: horizontal reductions stay rare */
+/* Maximum of entries [lo, lo + n) of a row, widened in registers: four accumulators, and a
+   bfloat16 pair per 32-bit lane split by a shift and a mask (max ignores the order). */
+static float span_max_raw(const void *row, int bf16, int64_t lo, int64_t n) {
+    __m512 a = _mm512_set1_ps(NEG_INF), b = a, c = a, d = a;
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    int64_t j = 0;
+    if (bf16) {
+        const uint16_t *h = (const uint16_t *)row + lo;
+        for (; j + 64 <= n; j += 64) {
+            __m512i x = _mm512_loadu_si512(h + j), y = _mm512_loadu_si512(h + j + 32);
+            a = _mm512_max_ps(_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)), a);
+            b = _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(x, hi)), b);
+            c = _mm512_max_ps(_mm512_castsi512_ps(_mm512_slli_epi32(y, 16)), c);
+            d = _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(y, hi)), d);
+        }
+    } else {
+        const float *f = (const float *)row + lo;
+        for (; j + 64 <= n; j += 64) {  /* NaN never wins: max returns its second operand */
+            a = _mm512_max_ps(_mm512_loadu_ps(f + j), a);
+            b = _mm512_max_ps(_mm512_loadu_ps(f + j + 16), b);
+            c = _mm512_max_ps(_mm512_loadu_ps(f + j + 32), c);
+            d = _mm512_max_ps(_mm512_loadu_ps(f + j + 48), d);
+        }
+    }
+    float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(a, b), _mm512_max_ps(c, d)));
+    float buf[64];
+    const float *t = chunk(row, bf16, lo + j, n - j, buf);
+    float tm = span_max(t, n - j);
+    return tm > m ? tm : m;
+}
+/* First index in [lo, lo + n) whose entry equals x, or -1. */
+static int64_t span_find(const void *row, int bf16, int64_t lo, int64_t n, float x) {
+    const __m512 want = _mm512_set1_ps(x);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 v = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                              _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + lo + j))), 16))
+                        : _mm512_loadu_ps((const float *)row + lo + j);
+        __mmask16 k = _mm512_cmp_ps_mask(v, want, _CMP_EQ_OQ);
+        if (k) return j + __builtin_ctz(k);
+    }
+    float buf[16];
+    const float *t = chunk(row, bf16, lo + j, n - j, buf);
+    for (int64_t i = 0; i < n - j; i++)
+        if (t[i] == x) return j + i;
+    return -1;
+}
+#else
+#define ARGMAX_SPAN CH
+static float span_max_raw(const void *row, int bf16, int64_t lo, int64_t n) {
+    float buf[CH];
+    return span_max(chunk(row, bf16, lo, n, buf), n);
+}
+static int64_t span_find(const void *row, int bf16, int64_t lo, int64_t n, float x) {
+    float buf[CH];
+    const float *c = chunk(row, bf16, lo, n, buf);
+    for (int64_t j = 0; j < n; j++)
+        if (c[j] == x) return j;
+    return -1;
+}
+#endif
+
+/* First index of the row maximum (as torch.argmax): span maxima, then inside the best span.
+   A row with no entry above -inf (all -inf or NaN) gives its first -inf, else 0. */
 static int64_t row_argmax(const void *row, int bf16, int64_t v) {
-    float buf[CH], best = NEG_INF;
+    float best = NEG_INF;
     int64_t at = 0;
-    for (int64_t lo = 0; lo < v; lo += CH) {
-        float m = span_max(chunk(row, bf16, lo, span_len(v, lo), buf), span_len(v, lo));
+    for (int64_t lo = 0; lo < v; lo += ARGMAX_SPAN) {
+        float m = span_max_raw(row, bf16, lo, v - lo < ARGMAX_SPAN ? v - lo : ARGMAX_SPAN);
         if (m > best) { best = m; at = lo; }
     }
-    const float *c = chunk(row, bf16, at, span_len(v, at), buf);
-    int64_t j = 0;
-    while (j < span_len(v, at) - 1 && c[j] != best) j++;
-    return at + j;
+    int64_t j = span_find(row, bf16, at, v - at < ARGMAX_SPAN ? v - at : ARGMAX_SPAN, best);
+    return j < 0 ? 0 : at + j;
 }
 
 /* Chunk sums of 2^((x - max) * s) in one pass over the row (no min-p): each chunk is summed

@@ -21,8 +21,9 @@ def test_kernels_build_and_load_with_the_system_compiler():
     assert not sampler_native.usable(torch.zeros(2, 3, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("vocab", [5, 128, 300, 1000])
-def test_argmax_matches_torch_including_ties_and_inf(vocab):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [5, 128, 300, 1000, 2047, 2048, 2049, 4160, 32000])
+def test_argmax_matches_torch_including_ties_and_inf(vocab, dtype):
     torch.manual_seed(0)
     x = torch.randn(16, vocab)
     x[0] = 0.0  # all tied: the first index wins
@@ -30,7 +31,15 @@ def test_argmax_matches_torch_including_ties_and_inf(vocab):
     x[2, -1] = 100.0  # maximum in the tail
     x[3] = float("-inf")
     x[4, 1] = float("inf")
-    assert sampler_native.argmax_rows(x).tolist() == x.argmax(-1).tolist()
+    x[5, vocab // 2 :] = 50.0  # ties from the middle on
+    x[6, -min(vocab, 70) :] = 60.0  # ties in the last vector and the scalar tail
+    x[7, vocab // 3] = -0.0  # -0 and +0 tie
+    x[7, vocab // 3 + 1 :] = 0.0
+    x[7, : vocab // 3] = -1.0
+    x[8] = -3.0e38  # huge negative, finite
+    x[8, vocab - 1] = -2.0e38
+    x = x.to(dtype)
+    assert sampler_native.argmax_rows(x).tolist() == x.float().argmax(-1).tolist()
 
 
 def test_sample_rows_edge_rows_yield_valid_tokens():
@@ -135,3 +144,30 @@ def test_bfloat16_logits_with_logprobs_are_widened_first():
     out = sample(logits, SamplingBatch.build(reqs, 300, torch.device("cpu")))
     assert out.logprobs.dtype == torch.float32
     assert out.token_ids.tolist() == logits.float().argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_portable_build_argmax_matches_torch(tmp_path, dtype):
+    """Without -march=native (no AVX-512 intrinsics) the plain C argmax gives the same tokens."""
+    import ctypes
+
+    from pagoda.runtime import native
+
+    cc = native.find_compiler("CC", ["cc", "gcc"])
+    path = native.build(
+        sampler_native.SOURCE, name="sampler_portable", compiler=cc,
+        flags=sampler_native.FLAGS, language="c", directory=tmp_path,
+    )  # fmt: skip
+    lib = ctypes.CDLL(str(path))
+    torch.manual_seed(1)
+    x = torch.randn(8, 2049)
+    x[1, 5] = x[1, 2000] = 9.0
+    x[2] = float("-inf")
+    x = x.to(dtype)
+    out = torch.empty(8, dtype=torch.long)
+    counter = ctypes.c_int64(0)
+    bf16 = int(dtype == torch.bfloat16)
+    args = (ctypes.c_void_p(x.data_ptr()), bf16, ctypes.c_int64(2049))
+    lib.argmax_rows(*args, ctypes.c_void_p(out.data_ptr()), ctypes.c_int64(8),
+                    ctypes.byref(counter), ctypes.c_int64(8))  # fmt: skip
+    assert out.tolist() == x.float().argmax(-1).tolist()
