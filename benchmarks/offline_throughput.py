@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import gemm_peak, machine, markdown_table, ragged_workload
+from common import cpu_model, gemm_peak, machine, markdown_table, ragged_workload
 from long_context import _old_tree, hf_long_context, long_context_ids, pagoda_long_context
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
@@ -132,8 +132,13 @@ def plot(results: list[dict], path: Path, n: int, n_prompt: int, out_len: int) -
     ax.barh(names, vals, color=colors)
     for y, v in enumerate(vals):
         ax.text(v, y, f" {v:.0f}", va="center")
+    ax.set_xlim(0, max(vals) * 1.12)  # room for the labels
     ax.set_xlabel("output tokens/s (higher is better)")
-    ax.set_title(f"{n} ragged prompts ({n_prompt} tokens), {out_len} new tokens each", fontsize=10)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    ax.set_title(
+        f"{n} ragged prompts ({n_prompt} tokens), {out_len} new tokens each\n{cpu_model()}, {when}",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -192,7 +197,8 @@ def main() -> int:
     if args.plot:
         plot(results, args.plot, len(prompts), n_prompt, args.output_len)
     if args.json:
-        out = {"results": results, "gemm_peaks": peaks, "prompt_tokens": n_prompt, "long": long}
+        out = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        out |= {"results": results, "gemm_peaks": peaks, "prompt_tokens": n_prompt, "long": long}
         args.json.write_text(json.dumps(out, indent=2))
     return 0
 
