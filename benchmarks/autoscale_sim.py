@@ -393,6 +393,10 @@ def main() -> int:
     args = p.parse_args()
     cap = MEASURED
     if args.measure:
+        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+        from common import machine
+
+        print(f"measuring one replica on: {machine()}", file=sys.stderr)
         cap = measure()
         print(json.dumps(cap.__dict__), file=sys.stderr)
     results = run_all(cap)
