@@ -290,7 +290,10 @@ def _build() -> Path | None:
     cc = native.find_compiler("CC", ["cc", "gcc"])
     if not cc:
         return None
-    for flags in (["-march=native", *FLAGS], FLAGS):
+    # 512-bit vectors where the CPU has them (GCC's -march=native tunes Intel CPUs for 256):
+    # whole-vocabulary sampling ~20 % faster on the Xeon
+    tuned = ["-march=native", *FLAGS]
+    for flags in (["-mprefer-vector-width=512", *tuned], tuned, FLAGS):
         try:
             return native.build(
                 SOURCE, name="sampler", compiler=cc, flags=flags, language="c",
