@@ -46,6 +46,19 @@ def gemm_peak(dtype: torch.dtype, size: int = 2048, seconds: float = 1.0) -> flo
     return 2 * size**3 / best
 
 
+def read_bandwidth(nbytes: int = 512 << 20, seconds: float = 1.0) -> float:
+    """Best-of bytes/s of a float32 `sum` over `nbytes` at torch's thread count: what this
+    machine gives a plain streaming read now (a floor for its memory bandwidth)."""
+    x = torch.ones(nbytes // 4)
+    x.sum()
+    best, end = math.inf, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return nbytes / best
+
+
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cpu_model, gemm_peak, machine, markdown_table, ragged_workload
+from common import cpu_model, gemm_peak, machine, markdown_table, ragged_workload, read_bandwidth
 from long_context import _old_tree, hf_long_context, long_context_ids, pagoda_long_context
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
@@ -44,9 +44,11 @@ def run_pagoda(loaded, prompts, out_len: int, dtype: str) -> dict:
     peak.reset()
     q0, h0 = e.kv.prefix_queries, e.kv.prefix_hits
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+    reads = count_reads(llm)
     t = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     dt = time.perf_counter() - t
+    e.runner.execute_model = reads.pop("original")
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     bs = llm.config.cache.block_size
     return {
@@ -59,7 +61,29 @@ def run_pagoda(loaded, prompts, out_len: int, dtype: str) -> dict:
         "kv_waste": 1 - peak.tokens / max(1, peak.slots),  # empty slots in used blocks
         "shared_blocks_saved": peak.slots // bs - peak.blocks,  # prefix sharing
         "prefix_hit_rate": (e.kv.prefix_hits - h0) / max(1, e.kv.prefix_queries - q0),
+        "bytes_read": reads["bytes"],
+        "steps": reads["steps"],
     }
+
+
+def count_reads(llm) -> dict:
+    """Count the bytes the engine's steps must read from memory at least: every weight once a
+    step and the K/V of every token each scheduled sequence attends to (its context)."""
+    runner = llm.engine.runner
+    mc = runner.model_config
+    params = mc.num_params - (0 if mc.tie_word_embeddings else mc.vocab_size * mc.hidden_size)
+    weights = params * torch.empty((), dtype=runner.dtype).element_size()  # no embedding table
+    kv_token = runner.bytes_per_block // runner.block_size
+    reads = {"bytes": 0, "steps": 0, "original": runner.execute_model}
+
+    def execute_model(out):
+        ctx = sum(s.request.num_computed_tokens + s.num_new_tokens for s in out.scheduled)
+        reads["bytes"] += weights + ctx * kv_token
+        reads["steps"] += 1
+        return reads["original"](out)
+
+    runner.execute_model = execute_model
+    return reads
 
 
 def run_hf(path: str, prompts, out_len: int, dtype: torch.dtype, batch: int, pad_id: int) -> dict:
@@ -191,6 +215,7 @@ def main() -> int:
     results[0]["tok_s"] = (results[0]["tok_s"] + again["tok_s"]) / 2
     results[0]["seconds"] = results[0]["output_tokens"] / results[0]["tok_s"]
     peaks["bf16_after"] = gemm_peak(torch.bfloat16)
+    peaks["read_bytes_s"] = read_bandwidth()
 
     report(results, peaks, loaded, n_prompt)
     long = long_context(loaded, args) if args.long_context else []
@@ -303,6 +328,14 @@ def report(results: list[dict], peaks: dict, loaded, n_prompt: int) -> None:
         f"the bf16 GEMM peak ({bf16_peak / 1e9:.0f} GFLOP/s, 2048^3, best of before/after the run) "
         f"and {flops / peaks['fp32']:.0%} of fp32 ({peaks['fp32'] / 1e9:.0f} GFLOP/s)"
     )
+    if "bytes_read" in ours:  # the mean run's figures scale with its mean time
+        rate = ours["bytes_read"] / ours["seconds"]
+        print(
+            f"pagoda reads at least {ours['bytes_read'] / 1e9:.1f} GB in {ours['steps']} steps "
+            f"(weights once a step, each scheduled sequence's K/V) = {rate / 1e9:.1f} GB/s, "
+            f"{rate / peaks['read_bytes_s']:.0%} of a plain 2-thread read here "
+            f"({peaks['read_bytes_s'] / 1e9:.1f} GB/s, float32 sum over 512 MiB)"
+        )
     print(
         f"KV cache: peak {ours['peak_blocks']} of {ours['num_blocks']} blocks in use "
         f"({ours['shared_blocks_saved']} more were saved by prefix sharing); "
