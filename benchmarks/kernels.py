@@ -23,6 +23,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import machine
+
 # Peak HBM bandwidth in TB/s by device-name fragment (vendor data sheets); --peak-tbps overrides.
 PEAK_TBPS = {
     "H200": 4.8,
@@ -292,9 +295,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(prefill_row(int(b), int(new), int(ctx or new), args, dtype))
         torch.cuda.empty_cache()
     header = (
-        f"Device: {name} (peak {peak} TB/s), torch {torch.__version__}, "
-        f"heads {args.heads}/{args.kv_heads} (q/kv), head dim {args.head_dim}, "
-        f"block size {args.block_size}, {args.dtype}"
+        machine()
+        + "\n"
+        + (
+            f"Device: {name} (peak {peak} TB/s), torch {torch.__version__}, "
+            f"heads {args.heads}/{args.kv_heads} (q/kv), head dim {args.head_dim}, "
+            f"block size {args.block_size}, {args.dtype}"
+        )
     )
     text = header + "\n\n" + table(rows, peak)
     target = next(
