@@ -158,3 +158,20 @@ def test_tokenizer_and_template_match_transformers(smol):
     ours = smol.tokenizer.apply_chat_template(msgs)
     assert ours == hf_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     assert smol.tokenizer.encode("2024") == [34, 32, 34, 36]  # digits split one by one (smollm)
+
+
+def test_fast_reader_reads_what_the_stock_reader_reads(smol):
+    """`_reader` (plain-ndarray slicing) gives the stock GGUFReader's fields and tensors, bit for
+    bit, on the embedded model: a gguf release that changed its parsing would show here."""
+    from pagoda.runtime.model.gguf_loader import _reader
+
+    stock, fast = gguf.GGUFReader(smol.path), _reader(smol.path)
+    assert stock.fields.keys() == fast.fields.keys()
+    for key, a in stock.fields.items():
+        b = fast.fields[key]
+        assert (a.types, a.data, a.offset) == (b.types, b.data, b.offset), key
+        assert len(a.parts) == len(b.parts), key
+        assert all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a.parts, b.parts))
+    assert [t.name for t in stock.tensors] == [t.name for t in fast.tensors]
+    for a, b in zip(stock.tensors, fast.tensors):
+        assert a.tensor_type == b.tensor_type and np.array_equal(a.data, b.data), a.name
