@@ -33,30 +33,30 @@ def ragged_workload(
     return prompts
 
 
+def best_seconds(fn, seconds: float = 1.0) -> float:
+    """Shortest of repeated calls of `fn` within `seconds` (after one warm-up call): the machine
+    is shared and noisy, so the best run is the one least disturbed."""
+    fn()
+    best, end = math.inf, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
 def gemm_peak(dtype: torch.dtype, size: int = 2048, seconds: float = 1.0) -> float:
     """Best-of GEMM throughput in FLOP/s on this machine, now (the machine is shared and noisy)."""
     a = torch.randn(size, size, dtype=dtype)
     b = torch.randn(size, size, dtype=dtype)
-    torch.mm(a, b)
-    best, end = math.inf, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t)
-    return 2 * size**3 / best
+    return 2 * size**3 / best_seconds(lambda: torch.mm(a, b), seconds)
 
 
 def read_bandwidth(nbytes: int = 512 << 20, seconds: float = 1.0) -> float:
     """Best-of bytes/s of a float32 `sum` over `nbytes` at torch's thread count: what this
     machine gives a plain streaming read now (a floor for its memory bandwidth)."""
     x = torch.ones(nbytes // 4)
-    x.sum()
-    best, end = math.inf, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t)
-    return nbytes / best
+    return nbytes / best_seconds(x.sum, seconds)
 
 
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
