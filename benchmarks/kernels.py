@@ -99,6 +99,19 @@ def fits(batch: int, ctx: int, args: argparse.Namespace, dtype: torch.dtype) -> 
     return 2.2 * kv < torch.cuda.mem_get_info()[0]  # paged + contiguous copies + headroom
 
 
+def vs_sdpa(run, out, sdpa, as_out, what: str) -> tuple[float | None, float | None]:
+    """SDPA's time on the same case and the kernel's largest difference from it (`as_out` lays
+    SDPA's result out as `out`); (None, None) where torch has no SDPA kernel for the shape or
+    dtype (it raises RuntimeError, ValueError or NotImplementedError for those)."""
+    try:
+        sdpa_us = bench_us(sdpa)
+        run()
+        return sdpa_us, float((out.float() - as_out(sdpa()).float()).abs().max())
+    except (RuntimeError, ValueError, NotImplementedError) as exc:
+        print(f"  SDPA failed for {what}: {exc}", file=sys.stderr)
+        return None, None
+
+
 def decode_row(batch: int, ctx: int, args: argparse.Namespace, dtype: torch.dtype) -> Row:
     from pagoda.kernels import paged_attention
     from pagoda.kernels.config import get_kernel_config, num_sms
@@ -143,13 +156,7 @@ def decode_row(batch: int, ctx: int, args: argparse.Namespace, dtype: torch.dtyp
     )
     bytes_moved = (k.numel() + v.numel() + q.numel() + out.numel()) * dtype.itemsize
     flops = 4 * batch * h * ctx * d
-    sdpa_us, err = None, None
-    try:
-        sdpa_us = bench_us(sdpa)
-        run()
-        err = float((out.float() - sdpa()[:, :, 0].float()).abs().max())
-    except RuntimeError as exc:  # e.g. no SDPA kernel for this shape/dtype
-        print(f"  SDPA failed at batch {batch} ctx {ctx}: {exc}", file=sys.stderr)
+    sdpa_us, err = vs_sdpa(run, out, sdpa, lambda r: r[:, :, 0], f"batch {batch} ctx {ctx}")
     return Row(
         "decode",
         batch,
@@ -215,14 +222,13 @@ def prefill_row(
     pairs = batch * (new * past + new * (new + 1) / 2)  # visible (query, key) pairs
     flops = 4 * h * d * pairs
     bytes_moved = (k.numel() + v.numel() + q.numel() + out.numel()) * dtype.itemsize
-    sdpa_us, err = None, None
-    try:
-        sdpa_us = bench_us(sdpa)
-        run()
-        ref = sdpa().transpose(1, 2).reshape(batch * new, h, d)
-        err = float((out.float() - ref.float()).abs().max())
-    except (RuntimeError, ValueError, NotImplementedError) as exc:
-        print(f"  SDPA failed for prefill {batch}x{new}/{ctx}: {exc}", file=sys.stderr)
+    sdpa_us, err = vs_sdpa(
+        run,
+        out,
+        sdpa,
+        lambda r: r.transpose(1, 2).reshape(out.shape),
+        f"prefill {batch}x{new}/{ctx}",
+    )
     case = "prefill" if new == ctx else "prefill chunk"
     return Row(case, batch, new, ctx, "-", t, bytes_moved / t / 1e3, flops / t / 1e6, sdpa_us, err)
 
@@ -295,13 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(prefill_row(int(b), int(new), int(ctx or new), args, dtype))
         torch.cuda.empty_cache()
     header = (
-        machine()
-        + "\n"
-        + (
-            f"Device: {name} (peak {peak} TB/s), torch {torch.__version__}, "
-            f"heads {args.heads}/{args.kv_heads} (q/kv), head dim {args.head_dim}, "
-            f"block size {args.block_size}, {args.dtype}"
-        )
+        f"{machine()}\nDevice: {name} (peak {peak} TB/s), torch {torch.__version__}, "
+        f"heads {args.heads}/{args.kv_heads} (q/kv), head dim {args.head_dim}, "
+        f"block size {args.block_size}, {args.dtype}"
     )
     text = header + "\n\n" + table(rows, peak)
     target = next(
