@@ -45,10 +45,7 @@ def source_at(ref: str) -> str:
 
 
 def build(source: str, name: str) -> gemv.Gemv:
-    source = source.replace("@CLAIM@", native.CLAIM_C).replace("@POOL@", native.POOL_C)
-    flags = ["-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-ffp-contract=off"]
-    cxx = native.find_compiler("CXX", ("g++", "clang++"))
-    path = native.build(source, name=name, compiler=cxx, flags=flags, language="c++")
+    path = gemv.build(source, name, native.find_compiler("CXX", ("g++", "clang++")))
     return gemv.Gemv(ctypes.CDLL(str(path)), gemv.probe_layout(_pack))
 
 

@@ -266,9 +266,7 @@ def load(pack) -> AmxGemm | None:
     if compiler is None:
         return None
     try:
-        flags = ["-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-ffp-contract=off"]
-        source = SOURCE.replace("@CLAIM@", native.CLAIM_C).replace("@POOL@", native.POOL_C)
-        path = native.build(source, name="amx_gemm", compiler=compiler, flags=flags, language="c++")
+        path = gemv.build(SOURCE, "amx_gemm", compiler)
         if gemv.probe_layout(pack) != NB:
             log.info("AMX GEMM off: oneDNN's packed bf16 layout is not AB16b32a2b")
             return None

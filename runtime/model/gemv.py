@@ -38,6 +38,7 @@ ENV_SWITCH = "PAGODA_CPU_GEMV"
 MAX_ROWS = 4  # rows the C kernel takes (at 8, oneDNN's AMX tiles were as fast)
 K_BLOCK = 32  # inputs per packed block (16 pairs)
 SERIAL_BELOW = 1 << 18  # weights of fewer elements run on the calling thread alone
+FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-ffp-contract=off"]
 
 SOURCE = r"""
 #include <immintrin.h>
@@ -317,6 +318,13 @@ def max_rows() -> int:
     return MAX_ROWS if onednn_uses_amx() else 1 << 62
 
 
+def build(source: str, name: str, compiler: str):
+    """Compile a kernel source of this family (this module's `SOURCE`, `amx_gemm`'s, or an older
+    revision's for an A/B) with the pool and claim code spliced in; returns the library path."""
+    source = source.replace("@CLAIM@", native.CLAIM_C).replace("@POOL@", native.POOL_C)
+    return native.build(source, name=name, compiler=compiler, flags=FLAGS, language="c++")
+
+
 @functools.cache
 def load(pack) -> Gemv | None:
     """The GEMV for weights packed by `pack`, or None (not buildable, or oneDNN's layout is not
@@ -325,9 +333,7 @@ def load(pack) -> Gemv | None:
     if compiler is None:
         return None
     try:
-        flags = ["-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-ffp-contract=off"]
-        source = SOURCE.replace("@CLAIM@", native.CLAIM_C).replace("@POOL@", native.POOL_C)
-        path = native.build(source, name="gemv", compiler=compiler, flags=flags, language="c++")
+        path = build(SOURCE, "gemv", compiler)
         nb = probe_layout(pack)
         if nb is None:
             log.warning("CPU GEMV off: oneDNN's packed bf16 layout is not AB16b{16,32,64}a2b")
