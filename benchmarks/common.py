@@ -59,6 +59,15 @@ def read_bandwidth(nbytes: int = 512 << 20, seconds: float = 1.0) -> float:
     return nbytes / best_seconds(x.sum, seconds)
 
 
+def until_decoding(engine) -> None:
+    """Step `engine` until nothing waits and every running request decodes one token a step
+    (all prefills done, chunked ones included): where decode-step benchmarks start timing."""
+    while engine.scheduler.waiting or any(
+        r.num_tokens - r.num_computed_tokens > 1 for r in engine.scheduler.running
+    ):
+        engine.step()
+
+
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]

@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_attention
 import cpu_gemv
-from common import machine, markdown_table
+from common import machine, markdown_table, until_decoding
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model import gemv
 from pagoda.runtime.model.linear import Linear, _pack
@@ -42,21 +42,19 @@ PARTS = ("gemv", "attention")
 
 def engine(loaded, n: int, context: int, steps: int, seed: int):
     """An engine with `n` sequences past their prefill, room for `steps` more tokens each."""
-    per_seq = context + steps + 32  # tokens, and 23,040 bytes of K/V per token (SmolLM2-135M)
+    mc, per_seq = loaded.config, context + steps + 32  # tokens a sequence may hold
+    kv_token = mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * 2  # bytes, bf16 K and V
     llm = LLM(
         loaded=loaded,
         max_num_seqs=n,
         max_model_len=per_seq,
-        kv_cache_memory=n * (per_seq + 32) * 23040,
+        kv_cache_memory=n * (per_seq + 32) * kv_token,
     )
     eng, rng = llm.engine, random.Random(seed)
     params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
     for i in range(n):
         eng.add_request(f"r{i}", [rng.randrange(3, 40000) for _ in range(context)], params)
-    while eng.scheduler.waiting or any(
-        r.num_tokens - r.num_computed_tokens > 1 for r in eng.scheduler.running
-    ):
-        eng.step()
+    until_decoding(eng)
     return eng
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown_table, write_random_llama
+from common import machine, markdown_table, until_decoding, write_random_llama
 from long_context import _old_tree
 from pagoda.runtime import LLM, SamplingParams, sampler_native
 from pagoda.runtime.model.loader import load_model
@@ -65,10 +65,7 @@ def running_engine(loaded, n: int, temperature: float, prompt_len: int, steps: i
     for i in range(n):
         ids = [rng.randrange(3, TINY["vocab_size"]) for _ in range(prompt_len)]
         engine.add_request(f"r{i}", ids, params)
-    while engine.scheduler.waiting or any(
-        r.num_tokens - r.num_computed_tokens > 1 for r in engine.scheduler.running
-    ):
-        engine.step()
+    until_decoding(engine)
     for _ in range(3):  # warm-up decode steps
         engine.step()
     return engine
