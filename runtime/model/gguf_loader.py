@@ -138,9 +138,9 @@ def _reader(path: str | Path):
 
     class Reader(gguf.GGUFReader):
         def _get(self, offset, dtype, count=1, override_order=None):
-            plain = self.__dict__.get("_plain")
-            if plain is None:
-                plain = self.__dict__["_plain"] = self.data.view(np.ndarray)
+            plain = getattr(self, "_plain", None)
+            if plain is None:  # `data` is set first thing in __init__, before any _get
+                plain = self._plain = self.data.view(np.ndarray)
             count = int(count)
             end = offset + int(np.dtype(dtype).itemsize) * count
             arr = plain[offset:end].view(dtype=dtype)[:count]
