@@ -76,6 +76,7 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9  # fraction of free GPU memory after loading weights
     enable_prefix_caching: bool = options.DEFAULT_ENABLE_PREFIX_CACHING
     num_blocks_override: int | None = None  # tests: an exact pool size
+    kv_cache_dtype: str = options.DEFAULT_KV_CACHE_DTYPE  # auto (the model's) or int8 (CPU)
 
     def __post_init__(self) -> None:
         if self.block_size not in options.BLOCK_SIZES:
@@ -87,6 +88,11 @@ class CacheConfig:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.num_blocks_override is not None:
             _positive("num_blocks_override", self.num_blocks_override)
+        if self.kv_cache_dtype not in options.KV_CACHE_DTYPES:
+            choices = ", ".join(options.KV_CACHE_DTYPES)
+            raise ValueError(
+                f"kv_cache_dtype must be one of {choices}, got {self.kv_cache_dtype!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -157,6 +163,13 @@ class EngineConfig:
             )
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        if self.cache.kv_cache_dtype == "int8" and (
+            self.device.startswith("cuda") or self.attention_backend == "triton"
+        ):
+            raise ValueError(
+                "kv_cache_dtype 'int8' runs on the CPU attention backend only; "
+                f"got device {self.device!r}, attention_backend {self.attention_backend!r}"
+            )
 
     @classmethod
     def create(cls, model: str = DEFAULT_MODEL, **kwargs: Any) -> EngineConfig:

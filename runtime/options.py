@@ -47,6 +47,7 @@ DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
 )
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
+KV_CACHE_DTYPES = ("auto", "int8")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 DEFAULT_DTYPE = "auto"
@@ -54,6 +55,7 @@ DEFAULT_DEVICE = "auto"
 DEFAULT_ATTENTION_BACKEND = "auto"
 DEFAULT_SEED = 0
 DEFAULT_BLOCK_SIZE = 16
+DEFAULT_KV_CACHE_DTYPE = "auto"
 DEFAULT_MAX_NUM_SEQS = 64
 # With chunked prefill; without it the default is max(this, max_model_len) so any prompt fits.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
@@ -168,6 +170,9 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          kind="bool"),
     Flag("--kv-cache-memory", "KV-cache budget, e.g. 512MiB or 2G (default: 2 GiB on CPU, 90%% "
          "of free memory on CUDA)", None, metavar="SIZE"),
+    Flag("--kv-cache-dtype", "auto: the model's dtype; int8 (CPU): 8-bit K/V with a scale per "
+         "token and head, ~1.9x the tokens per byte and fewer bytes read per decode step, at a "
+         "small cost in accuracy", DEFAULT_KV_CACHE_DTYPE, choices=KV_CACHE_DTYPES),
 )  # fmt: skip
 
 SERVER_FLAGS: Mapping[str, Flag] = _flags(

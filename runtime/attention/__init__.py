@@ -17,20 +17,27 @@ def get_attention_backend(
     head_dim: int,
     scale: float,
     batch_invariant: bool = False,
+    kv_cache_dtype: str = "auto",
 ) -> AttentionBackend:
     """Resolve ``auto|torch|triton``: auto picks Triton on CUDA and the torch backend elsewhere.
-    ``batch_invariant`` selects the Triton kernels' invariant mode (the torch backend always is)."""
+    ``batch_invariant`` selects the Triton kernels' invariant mode (the torch backend always is).
+    An int8 KV cache (``kv_cache_dtype="int8"``) is stored and read by the torch backend only."""
     if name not in ("auto", "torch", "triton"):
         raise ValueError(f"attention_backend must be auto, torch or triton, got {name!r}")
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
+    if kv_cache_dtype == "int8" and (name == "triton" or device.type != "cpu"):
+        raise ValueError(
+            "kv_cache_dtype 'int8' is a CPU feature (the torch attention backend on a CPU "
+            f"device); got attention backend {name!r} on {device.type}: use kv_cache_dtype 'auto'"
+        )
     if name == "triton":
         from pagoda.runtime.attention.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend(num_heads, num_kv_heads, head_dim, scale, batch_invariant)
     from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
 
-    return TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale)
+    return TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale, kv_cache_dtype)
 
 
 __all__ = ["AttentionBackend", "AttentionMetadata", "get_attention_backend"]

@@ -46,7 +46,14 @@ class AttentionBackend(ABC):
 
     name: str = "base"
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        kv_cache_dtype: str = "auto",
+    ) -> None:
         if num_heads % num_kv_heads:
             raise ValueError(
                 f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}"
@@ -55,10 +62,18 @@ class AttentionBackend(ABC):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.kv_cache_dtype = kv_cache_dtype  # "auto" (the model's dtype) or "int8"
 
     def cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """Element type of the KV cache (the model's by default)."""
-        return model_dtype
+        return torch.int8 if self.kv_cache_dtype == "int8" else model_dtype
+
+    def bytes_per_token(self, model_dtype: torch.dtype) -> int:
+        """Cache bytes one token takes in one layer (K and V); int8 adds a float32 scale per
+        token and KV head to its ``head_dim`` bytes."""
+        if self.kv_cache_dtype == "int8":
+            return 2 * self.num_kv_heads * (self.head_dim + 4)
+        return 2 * self.num_kv_heads * self.head_dim * model_dtype.itemsize
 
     def allocate_kv_cache(
         self, num_blocks: int, block_size: int, model_dtype: torch.dtype, device: torch.device

@@ -68,14 +68,15 @@ class CpuKernel:
 
     def write_kv(self, k, v, k_cache, v_cache, slots: torch.Tensor) -> None:
         """k, v ``[T, Hkv, D]`` into the packed caches at ``slots`` (int64; negative: skipped)."""
-        hkv, nb = k_cache.shape[:2]
-        bs, d = v_cache.shape[2] * v_cache.shape[4], v_cache.shape[3]
-        k, v = k.to(k_cache.dtype).contiguous(), v.to(v_cache.dtype).contiguous()
+        kind, hkv, nb, bs, d = geometry(k_cache, v_cache)
+        elem = torch.float32 if kind == INT8 else k_cache.dtype  # int8: quantized in the call
+        k, v = k.to(elem).contiguous(), v.to(elem).contiguous()
         slots = slots.to(torch.int64).contiguous()
-        bf16 = int(k_cache.dtype == torch.bfloat16)
         args = (k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr())
         nt = torch.get_num_threads()
-        self.lib.pagoda_write_kv(bf16, *args, slots.data_ptr(), k.shape[0], hkv, d, nb, bs, nt)
+        rc = self.lib.pagoda_write_kv(kind, *args, slots.data_ptr(), k.shape[0], hkv, d, nb, bs, nt)
+        if rc:
+            raise ValueError(f"CPU KV write: unsupported shape (head_dim {d}, block {bs})")
 
     def attention(
         self, q, k_cache, v_cache, block_tables, qstart, seq_lens, scale, wave: int = WAVE
@@ -85,14 +86,14 @@ class CpuKernel:
         ``qstart`` (B + 1) and ``seq_lens`` (B) are int32 CPU tensors built from host lists;
         ``wave`` bounds the float32 scores held at once (tiles are attended in waves)."""
         t, h, d = q.shape
-        hkv, nb = k_cache.shape[:2]
-        bs = v_cache.shape[2] * v_cache.shape[4]
-        q = q.to(k_cache.dtype).contiguous()
+        kind, hkv, nb, bs, _ = geometry(k_cache, v_cache)
+        dtype = q.dtype
+        q = q.to(torch.float32 if kind == INT8 else k_cache.dtype).contiguous()
         out = torch.empty_like(q)
         bt = block_tables if block_tables.dtype == torch.int32 else block_tables.int()
         bt = bt.contiguous()
         rc = self.lib.pagoda_attention(
-            int(k_cache.dtype == torch.bfloat16),
+            kind,
             q.data_ptr(),
             out.data_ptr(),
             k_cache.data_ptr(),
@@ -116,7 +117,33 @@ class CpuKernel:
             raise ValueError(f"CPU attention kernel: unsupported shape (head_dim {d}, block {bs})")
         if rc:
             raise ValueError("CPU attention kernel: a block table names a block outside the cache")
-        return out
+        return out if kind != INT8 else out.to(dtype)
+
+
+FLOAT32, BF16, INT8 = 0, 1, 2  # the kernel's cache kinds
+
+
+def packed_shapes(
+    num_kv_heads: int, num_blocks: int, block_size: int, head_dim: int, dtype: torch.dtype
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of one layer's (K, V) caches in the kernel's layout (``cpu_kernel_source``).
+
+    int8 caches are ``[Hkv, NB, BS, D + 4]`` bytes: the shape only sizes a block (D values and a
+    float32 scale per token); inside a block the bytes follow ``cpu_kernel_q8``'s layout."""
+    hkv, nb, bs, d = num_kv_heads, num_blocks, block_size, head_dim
+    if dtype == torch.int8:
+        return (hkv, nb, bs, d + 4), (hkv, nb, bs, d + 4)
+    p = 4 // dtype.itemsize  # values per 32-bit word
+    return (hkv, nb, d // p, bs, p), (hkv, nb, bs // p, d, p)
+
+
+def geometry(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """(kind, Hkv, num_blocks, block_size, head_dim) of caches shaped by ``packed_shapes``."""
+    hkv, nb = k_cache.shape[:2]
+    if k_cache.dtype == torch.int8:
+        return INT8, hkv, nb, k_cache.shape[2], k_cache.shape[3] - 4
+    kind = BF16 if k_cache.dtype == torch.bfloat16 else FLOAT32
+    return kind, hkv, nb, v_cache.shape[2] * v_cache.shape[4], v_cache.shape[3]
 
 
 def load() -> CpuKernel | None:

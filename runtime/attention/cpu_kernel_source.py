@@ -11,7 +11,8 @@ scores go to a scratch row per row-head, the softmax runs per row, then ``p @ V`
 tiles are short, or numerous enough to keep every thread busy, runs each tile as one task;
 otherwise, in waves bounded by ``wave`` floats of scores, score tasks of ``KCHUNK`` blocks, then the softmax, then ``p @ V`` by output-dim chunks. The inner loops are in
 ``cpu_kernel_avx`` (AVX-512, float32 caches, CPUs without AMX) and ``cpu_kernel_amx`` (bf16 on
-CPUs with AMX); a process uses one of them for every row.
+CPUs with AMX); a process uses one of them for every row. int8 caches (``--kv-cache-dtype int8``)
+have their own loops and layout, in ``cpu_kernel_q8``.
 
 Threads: ``native.POOL_C`` (no OpenMP). Tasks are claimed one at a time; between the phases of a
 split wave a thread waits only until the tasks already claimed are done, never for every thread
@@ -28,6 +29,7 @@ fused ones are written out: ``fma``).
 
 from pagoda.runtime.attention.cpu_kernel_amx import AMX_SOURCE
 from pagoda.runtime.attention.cpu_kernel_avx import AVX_SOURCE
+from pagoda.runtime.attention.cpu_kernel_q8 import Q8_SOURCE
 from pagoda.runtime.attention.cpu_kernel_waves import WAVES_SOURCE
 from pagoda.runtime.native import CLAIM_C, POOL_C
 
@@ -44,6 +46,7 @@ SOURCE = (
 #include <vector>
 #include <algorithm>
 #include <string>
+#include <cmath>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -133,7 +136,7 @@ static inline float hsum(vf v) {  // a fixed tree
   return v[0];
 }
 
-struct Geo { int H, HKV, D, NB, BS, P, G; bool amx; };
+struct Geo { int H, HKV, D, NB, BS, P, G; bool amx, q8; };  // P: q and p words (q8: float)
 struct Tile {  // row-heads rh = r * G + j of one sequence and kv head; rows r0.. of that sequence
   int seq, kvh, rh0, n, nblk;   // first flattened row-head, count, blocks the tile reads
   int64_t scratch;              // offset of its [n][nblk * BS] scores
@@ -142,6 +145,7 @@ struct Tile {  // row-heads rh = r * G + j of one sequence and kv head; rows r0.
 """
     + AVX_SOURCE
     + AMX_SOURCE
+    + Q8_SOURCE
     + r"""
 
 // Row-head's softmax over its keys [0, pos]; p (bf16 or float) written in place at the start.
@@ -197,9 +201,11 @@ static void finish(const Geo& g, const Tile& t, const int32_t* bt, const uint32_
   }
   vf acc[MAXN * 4];
   for (int i = 0; i < t.n * du; ++i) acc[i] = splat(0.0f);
-  pv_n<BF16, MAXN>(g, pr, vc, bt, t.kvh, dc, du, 0, common, acc, t.n);
+  if (g.q8) pv_q8_n<MAXN>(g, pr, vc, bt, t.kvh, dc, du, 0, common, acc, t.n);
+  else pv_n<BF16, MAXN>(g, pr, vc, bt, t.kvh, dc, du, 0, common, acc, t.n);
   for (int i = 0; i < t.n; ++i) {  // each row's own last blocks, one row at a time
-    if (last[i] > common) pv_n<BF16, 1>(g, pr + i, vc, bt, t.kvh, dc, du, common, last[i], acc + i * du, 1);
+    if (last[i] > common && g.q8) pv_q8_n<1>(g, pr + i, vc, bt, t.kvh, dc, du, common, last[i], acc + i * du, 1);
+    else if (last[i] > common) pv_n<BF16, 1>(g, pr + i, vc, bt, t.kvh, dc, du, common, last[i], acc + i * du, 1);
     int rh = t.rh0 + i, row = t.t0 + rh / g.G, head = t.kvh * g.G + rh % g.G;
     for (int u = 0; u < du; ++u) {
       int64_t o = ((int64_t)row * g.H + head) * g.D + (dc + u) * 16;
@@ -224,6 +230,7 @@ template <bool BF16>
 static void tile_scores(const Geo& g, const uint32_t* qw, const uint32_t* kc, const int32_t* bt,
                         const Tile& t, int b0, int b1, float* S) {
   if (BF16 && g.amx) return amx_scores(g, qw, kc, bt, t, b0 * g.BS / 16, b1 * g.BS / 16, S);
+  if (g.q8) return scores_q8_n<MAXN>(g, qw, kc, bt, t, b0, b1, S, t.n);
   scores_n<BF16, MAXN>(g, qw, kc, bt, t, b0, b1, S, t.n);
 }
 
@@ -302,12 +309,15 @@ extern "C" {
 // Whether bf16 rows take the AMX tile path in this process (1) or the AVX-512 loops (0).
 int pagoda_uses_amx() { return use_amx() ? 1 : 0; }
 
-int pagoda_attention(int bf16, const void* q, void* out, const void* kc, const void* vc,
+// kind: 0 float32 caches, 1 bf16, 2 int8 (float32 q and out).
+int pagoda_attention(int kind, const void* q, void* out, const void* kc, const void* vc,
                      const int32_t* bt, int64_t bts, const int32_t* qs, const int32_t* sl, int B,
                      int T, int H, int HKV, int D, int NB, int BS, float scale, int64_t wave,
                      int nt) {
-  if (D % 16 || BS % 16 || H % HKV) return 1;
-  Geo g{H, HKV, D, NB, BS, bf16 ? 2 : 1, H / HKV, false};
+  if (D % 16 || BS % 16 || H % HKV || kind < 0 || kind > 2) return 1;
+  if (kind == 2 && (D > 512 || BS > 128)) return 1;
+  const bool bf16 = kind == 1;
+  Geo g{H, HKV, D, NB, BS, bf16 ? 2 : 1, H / HKV, false, kind == 2};
   // AMX products: 32 dims of a score, up to 32 keys (whole blocks) of p @ V
   g.amx = bf16 && D % 32 == 0 && D <= 512 && (BS <= 32 || BS % 32 == 0) && use_amx();
   const uint32_t *k = (const uint32_t*)kc, *v = (const uint32_t*)vc;
@@ -317,9 +327,13 @@ int pagoda_attention(int bf16, const void* q, void* out, const void* kc, const v
 }
 
 // Store token t's k/v at slot[t] (skipped when negative) in the packed layout.
-int pagoda_write_kv(int bf16, const void* k, const void* v, void* kc, void* vc,
+int pagoda_write_kv(int kind, const void* k, const void* v, void* kc, void* vc,
                     const int64_t* slots, int T, int HKV, int D, int NB, int BS, int nt) {
-  if (bf16) write_kv<uint16_t, 2>((const uint16_t*)k, (const uint16_t*)v, (uint16_t*)kc, (uint16_t*)vc, slots, T, HKV, D, NB, BS, nt);
+  if (kind == 2) {  // float32 k/v in, int8 + scales out
+    if (D > 512 || D % 4 || BS % 4) return 1;
+    KvJobQ8 j{(const float*)k, (const float*)v, (uint8_t*)kc, (uint8_t*)vc, slots, T, HKV, D, NB, BS, 0};
+    pool_run(kv_job_q8, &j, T > 64 ? std::max(1, nt) : 1);
+  } else if (kind == 1) write_kv<uint16_t, 2>((const uint16_t*)k, (const uint16_t*)v, (uint16_t*)kc, (uint16_t*)vc, slots, T, HKV, D, NB, BS, nt);
   else write_kv<uint32_t, 1>((const uint32_t*)k, (const uint32_t*)v, (uint32_t*)kc, (uint32_t*)vc, slots, T, HKV, D, NB, BS, nt);
   return 0;
 }

@@ -115,9 +115,11 @@ static int run(const Geo& g, const void* q, void* out, const uint32_t* kc, const
                 const int32_t* bt, int64_t bts, const int32_t* qs, const int32_t* sl, int B,
                 int T, float scale, int64_t wave_floats, int nt) {
   if (!valid(g, bt, bts, qs, sl, B)) return 2;
-  const int W = g.D / g.P, ndc = g.D / 16, per = g.amx ? AMXN : std::max(1, std::min(MAXN, 24 / ndc));
+  const int W = g.q8 ? q8_q_words(g) : g.D / g.P, ndc = g.D / 16;
+  const int per = g.amx ? AMXN : std::max(1, std::min(MAXN, 24 / ndc));
   std::vector<uint32_t> qw((size_t)T * g.H * W);
-  scale_q<BF16>(q, qw.data(), (int64_t)T * g.H * g.D, scale, nt);
+  if (g.q8) quantize_q((const float*)q, qw.data(), (int64_t)T * g.H, g.D, scale, nt);
+  else scale_q<BF16>(q, qw.data(), (int64_t)T * g.H * g.D, scale, nt);
   std::vector<Tile> tiles;
   int maxblk = 0;
   int64_t work = 0;

@@ -108,8 +108,15 @@ class _Bucket:
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
-        super().__init__(num_heads, num_kv_heads, head_dim, scale)
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        kv_cache_dtype: str = "auto",
+    ) -> None:
+        super().__init__(num_heads, num_kv_heads, head_dim, scale, kv_cache_dtype)
         self.kernel: cpu_kernel.CpuKernel | None = None  # chosen by allocate_kv_cache
 
     def prepare(self, meta: AttentionMetadata) -> None:
@@ -184,47 +191,48 @@ class TorchAttentionBackend(AttentionBackend):
     def allocate_kv_cache(self, num_blocks, block_size, model_dtype, device):
         """The kernel's packed layout when it can run (see ``cpu_kernel_source``), else head-major
         ``[num_kv_heads, num_blocks, block_size, head_dim]``: gathering a bucket's blocks yields
-        ``[Hkv, B, Kp, D]``, already the batched-GEMM operand (no transpose)."""
+        ``[Hkv, B, Kp, D]``, already the batched-GEMM operand (no transpose). int8 caches hold
+        a float32 scale after each token's ``D`` values (torch path: ``[..., D + 4]`` rows)."""
         dt = self.cache_dtype(model_dtype)
         hkv, d = self.num_kv_heads, self.head_dim
-        usable = dt in (torch.float32, torch.bfloat16) and d % 16 == 0 and block_size % 16 == 0
+        usable = dt in (torch.float32, torch.bfloat16, torch.int8)
+        usable = usable and d % 16 == 0 and block_size % 16 == 0 and d <= 512
         self.kernel = cpu_kernel.load() if usable and device.type == "cpu" else None
         if self.kernel is not None:
-            p = 4 // dt.itemsize  # values per 32-bit word
-            k_shape = (hkv, num_blocks, d // p, block_size, p)
-            v_shape = (hkv, num_blocks, block_size // p, d, p)
+            k_shape, v_shape = cpu_kernel.packed_shapes(hkv, num_blocks, block_size, d, dt)
         else:
-            k_shape = v_shape = (hkv, num_blocks, block_size, d)
+            k_shape = v_shape = (hkv, num_blocks, block_size, d + 4 * (dt == torch.int8))
         return torch.zeros(k_shape, dtype=dt, device=device), torch.zeros(
             v_shape, dtype=dt, device=device
         )
 
     def write_kv(self, k, v, k_cache, v_cache, slots: torch.Tensor) -> None:
         """Store ``k``/``v`` ``[T, Hkv, D]`` at ``slots`` in this backend's cache layout."""
-        if k_cache.dim() == 5:
+        if self.kernel is not None:
             self.kernel.write_kv(k, v, k_cache, v_cache, slots)
             return
-        hkv, nb, bs, d = k_cache.shape
-        k_cache.view(hkv, nb * bs, d).index_copy_(1, slots, k.transpose(0, 1).to(k_cache.dtype))
-        v_cache.view(hkv, nb * bs, d).index_copy_(1, slots, v.transpose(0, 1).to(v_cache.dtype))
+        hkv, nb, bs, width = k_cache.shape
+        for x, cache in ((k, k_cache), (v, v_cache)):
+            rows = quantize_rows(x) if cache.dtype == torch.int8 else x.to(cache.dtype)
+            cache.view(hkv, nb * bs, width).index_copy_(1, slots, rows.transpose(0, 1))
 
     def forward(self, q, k, v, k_cache, v_cache, meta):
-        if k_cache.dim() == 5:  # the kernel's layout: it reads the cache in place
+        if self.kernel is not None:  # the kernel's layout: it reads the cache in place
             self.kernel.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             aux = meta.aux
             return self.kernel.attention(
                 q, k_cache, v_cache, meta.block_tables, aux["qstart"], aux["seq_lens"], self.scale
             )
-        hkv, nb, bs, d = k_cache.shape
-        slots = meta.slot_mapping
-        k_cache.view(hkv, nb * bs, d).index_copy_(1, slots, k.transpose(0, 1))
-        v_cache.view(hkv, nb * bs, d).index_copy_(1, slots, v.transpose(0, 1))
+        self.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        hkv, _, bs, width = k_cache.shape
         out = torch.empty_like(q)
         for bk in meta.aux["buckets"]:
             b, nblk = bk.blocks.shape
             flat = bk.blocks.reshape(-1)
-            kb = k_cache.index_select(1, flat).view(hkv, b, nblk * bs, d)
-            vb = v_cache.index_select(1, flat).view(hkv, b, nblk * bs, d)
+            kb = k_cache.index_select(1, flat).view(hkv, b, nblk * bs, width)
+            vb = v_cache.index_select(1, flat).view(hkv, b, nblk * bs, width)
+            if k_cache.dtype == torch.int8:
+                kb, vb = dequantize_rows(kb, q.dtype), dequantize_rows(vb, q.dtype)
             o = self._attend(q[bk.q_rows], kb, vb, bk)
             out.index_copy_(0, bk.dst, o.reshape(-1, *o.shape[2:]).index_select(0, bk.src))
         return out
@@ -249,6 +257,23 @@ class TorchAttentionBackend(AttentionBackend):
             o = _p_times_v(p, v[:, :, :n]).view(hkv, b, r1 - r0, g, d)
             out[:, r0:r1] = o.permute(1, 2, 0, 3, 4)
         return out.view(b, qp, h, d)
+
+
+def quantize_rows(x: torch.Tensor) -> torch.Tensor:
+    """``[..., D]`` → int8 ``[..., D + 4]``: D values scaled by 127 / absmax, rounded to nearest
+    even, then the float32 scale (absmax / 127) as 4 bytes; what the C++ kernel stores."""
+    x = x.float()
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    full = torch.full_like(amax, 127.0)  # tensor / tensor: a true division, as the kernel's
+    inv = torch.where(amax > 0, full / amax, torch.zeros_like(amax))
+    q = torch.round(x * inv).clamp_(-127, 127).to(torch.int8)
+    return torch.cat([q, (amax / full).view(torch.int8)], dim=-1)
+
+
+def dequantize_rows(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """int8 ``[..., D + 4]`` rows of `quantize_rows` → ``[..., D]`` values in `dtype`."""
+    scale = rows[..., -4:].contiguous().view(torch.float32)
+    return (rows[..., :-4].float() * scale).to(dtype)
 
 
 def _p_times_v(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

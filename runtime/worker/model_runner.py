@@ -95,6 +95,7 @@ class ModelRunner:
             mc.head_dim,
             mc.head_dim**-0.5,
             batch_invariant=config.batch_invariant,
+            kv_cache_dtype=config.cache.kv_cache_dtype,
         )
         torch.manual_seed(config.seed)
         self.model = LlamaModel(
@@ -139,9 +140,8 @@ class ModelRunner:
 
     @property
     def bytes_per_block(self) -> int:
-        mc = self.model_config
-        elem = torch.empty((), dtype=self.backend.cache_dtype(self.dtype)).element_size()
-        return 2 * mc.num_layers * self.block_size * mc.num_kv_heads * mc.head_dim * elem
+        layers = self.model_config.num_layers
+        return layers * self.block_size * self.backend.bytes_per_token(self.dtype)
 
     def _num_blocks(self) -> int:
         """From the memory budget: bytes on CPU, a fraction of free memory on GPU."""

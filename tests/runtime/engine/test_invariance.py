@@ -31,11 +31,19 @@ def _tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_greedy_invariant_to_cache_chunks_and_batch(smol, prompts, dtype):
+@pytest.mark.parametrize(
+    "dtype,kv_cache_dtype", [("bfloat16", "auto"), ("float32", "auto"), ("float32", "int8")]
+)
+def test_greedy_invariant_to_cache_chunks_and_batch(smol, prompts, dtype, kv_cache_dtype):
     if dtype == "bfloat16" and not bf16_rows_invariant():
         pytest.skip("bf16 GEMMs on AMX round a row by the row count (docs/runtime.md)")
-    common = dict(loaded=smol, dtype=dtype, max_model_len=512, kv_cache_memory=64 << 20)
+    common = dict(
+        loaded=smol,
+        dtype=dtype,
+        max_model_len=512,
+        kv_cache_memory=64 << 20,
+        kv_cache_dtype=kv_cache_dtype,
+    )
     plain = LLM(**common, enable_prefix_caching=False, enable_chunked_prefill=False)
     alone = [_tokens(plain, [p])[0] for p in prompts]
     del plain
@@ -57,8 +65,9 @@ def _step(seqs, bs=16):
     return step_meta(seqs, slots, bs)
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attention_row_does_not_depend_on_how_it_is_batched(dtype):
+def test_attention_row_does_not_depend_on_how_it_is_batched(dtype, kv_cache_dtype):
     """One query row (the last of a 300-token sequence) gives bit-identical output as a decode,
     as the last row of a chunk on cached context, as the last row of a fresh prompt, and beside
     other sequences of other lengths (other buckets, other key padding)."""
@@ -71,7 +80,7 @@ def test_attention_row_does_not_depend_on_how_it_is_batched(dtype):
     q_all = torch.randn(n, h, d, generator=g).to(dtype)
     table = list(range(1, 1 + (n + bs - 1) // bs))
     other = list(range(40, 40 + 1000 // bs + 1))
-    be = TorchAttentionBackend(h, hkv, d, d**-0.5)
+    be = TorchAttentionBackend(h, hkv, d, d**-0.5, kv_cache_dtype)
 
     def last_row(seqs, new: int, extra_q: int = 0) -> torch.Tensor:
         cache = list(be.allocate_kv_cache(128, bs, dtype, torch.device("cpu")))

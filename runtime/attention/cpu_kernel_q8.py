@@ -1,0 +1,223 @@
+"""int8 K/V loops of the CPU attention kernel (C++, spliced into ``cpu_kernel_source.SOURCE``).
+
+``--kv-cache-dtype int8`` halves the bytes a decode step reads per cached token (llama.cpp's
+``q8_0`` K/V cache does the same): every token's K and V of one KV head are stored as ``D`` int8
+values and one float32 scale (``absmax / 127``, round to nearest), so a head's token costs
+``D + 4`` bytes instead of ``2 D``. The queries, scores, softmax, ``p`` and the outputs stay
+float32; the int8 values are widened to float32 in registers as they are read.
+
+Layout per KV head and block (``BS`` keys): K ``[D/4 words][BS keys][4 dims]`` (a 64-byte load
+is 4 dims of 16 keys: score lanes are keys, as on the other paths), then the ``BS`` float32
+scales; V ``[BS/4 words][D dims][4 keys]`` (a load is 16 dims of 4 keys: output lanes are
+dims), then its ``BS`` scales. A score is ``k_scale * sum_d q_d k_d``; ``p @ V`` multiplies each
+key's probability by its V scale once per block and row, then sums ``p' * v`` in key order.
+
+These loops run on every CPU (AVX-512 or not: vector extensions the compiler lowers), AMX or not,
+and keep the invariance of the other paths: each accumulator belongs to one (row, head, 16 keys
+or 16 dims) and sees the same operations in the same order whatever shares its tile or step.
+"""
+
+Q8_SOURCE = r"""
+// acc + the sum of 4 byte products per 32-bit lane, a unsigned, b signed (AVX-512 VNNI's
+// vpdpbusd; elsewhere the same exact integer sums in plain vector code).
+static inline vi dpbusd(vi acc, vu a, vu b) {
+#if defined(__AVX512VNNI__)
+  return (vi)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)a, (__m512i)b);
+#else
+  for (int i = 0; i < 4; ++i) acc += (vi)((a >> (8 * i)) & 0xFFu) * ((vi)(b << (24 - 8 * i)) >> 24);
+  return acc;
+#endif
+}
+typedef uint8_t vb16 __attribute__((vector_size(16)));
+#ifndef Q8_AHEAD
+#define Q8_AHEAD 3
+#endif
+static inline vf round_even(vf x) { return (x + 12582912.0f) - 12582912.0f; }  // |x| < 2^22
+static inline int64_t q8_block_words(const Geo& g) { return (int64_t)g.BS * g.D / 4 + g.BS; }
+static inline int q8_q_words(const Geo& g) { return g.D / 4 + 2; }  // values, scale, sum
+
+// Scores of 16-key chunks [j0, j1), U at a time. K bytes are read as unsigned (k + 128, an xor
+// of the sign bit), so score = q_scale * k_scale * (dot - 128 * sum(q)), all sums exact.
+template <int N, int U>
+static void scores_q8(const Geo& g, const uint32_t* const* q, const uint32_t* kc, const int32_t* bt,
+                      int kvh, int stride, int j0, int j1, float* S) {
+  const int W = g.D / 4, cpb = g.BS / 16;
+  const int64_t bw = q8_block_words(g);
+  const uint32_t* base = kc + (int64_t)kvh * g.NB * bw;
+  auto blk = [&](int j) { return base + (int64_t)bt[j / cpb] * bw; };
+  const vu flip = splatu(0x80808080u);
+  for (int j = j0; j + U <= j1; j += U) {
+    const uint32_t *kp[U], *nx[U];
+    for (int u = 0; u < U; ++u) {
+      const int f = std::min(j + U + u, j1 - 1);  // the next group's chunk: fetched ahead
+      kp[u] = blk(j + u) + ((j + u) % cpb) * 16;
+      nx[u] = blk(f) + (f % cpb) * 16;
+      __builtin_prefetch(blk(f) + (int64_t)W * g.BS + (f % cpb) * 16);  // its scales
+    }
+    vi acc[N][U];
+    for (int i = 0; i < N; ++i) for (int u = 0; u < U; ++u) acc[i][u] = (vi)splatu(0);
+    for (int w = 0; w < W; ++w) {
+      for (int u = 0; u < U; ++u) __builtin_prefetch(nx[u] + (int64_t)w * g.BS);
+      vu kv[U];
+      for (int u = 0; u < U; ++u) kv[u] = ldu(kp[u] + (int64_t)w * g.BS) ^ flip;
+      for (int i = 0; i < N; ++i) {
+        const vu qv = splatu(q[i][w]);
+        for (int u = 0; u < U; ++u) acc[i][u] = dpbusd(acc[i][u], kv[u], qv);
+      }
+    }
+    for (int u = 0; u < U; ++u) {
+      const vf sc = ld((const float*)(blk(j + u) + (int64_t)W * g.BS) + ((j + u) % cpb) * 16);
+      for (int i = 0; i < N; ++i) {
+        float qs; std::memcpy(&qs, q[i] + W, 4);
+        const int32_t bias = 128 * (int32_t)q[i][W + 1];
+        const vf s = __builtin_convertvector(acc[i][u] - bias, vf) * (sc * qs);
+        std::memcpy(S + (int64_t)i * stride + (j + u) * 16, &s, 64);
+      }
+    }
+  }
+}
+
+// A row's p times each key's V scale, per 16-key group as unsigned bytes of the group's
+// maximum / 255 (four keys a word, the order of V's words) and that step.
+static inline void quantize_p(const float* p, const float* vscale, int BS, uint32_t* pq, float* step) {
+  for (int c = 0; c < BS; c += 16) {
+    const vf x = ld(p + c) * ld(vscale + c);
+#if defined(__AVX512F__)
+    const float m = _mm512_reduce_max_ps((__m512)x);  // p >= 0
+#else
+    const float m = hmax(x);
+#endif
+    const float inv = m > 0.0f ? 255.0f / m : 0.0f;
+    step[c / 16] = m / 255.0f;
+    const vb16 r = __builtin_convertvector(__builtin_convertvector(round_even(x * inv), vu), vb16);
+    std::memcpy(pq + c / 4, &r, 16);
+  }
+}
+
+// acc[i * DU + u] += p_i @ V over blocks [b0, b1) for output dims (dc + u) * 16..: exact integer
+// sums of a 16-key group, then one multiply-add by the group's step, groups in key order.
+template <int N, int DU>
+static void pv_q8(const Geo& g, const float* const* pr, const uint32_t* vc, const int32_t* bt,
+                  int kvh, int dc, int b0, int b1, vf* acc) {
+  const int KW = g.BS / 4;
+  const int64_t bw = q8_block_words(g);
+  const uint32_t* base = vc + (int64_t)kvh * g.NB * bw;
+  alignas(64) uint32_t pq[N][32];  // BS <= 128
+  float step[N][8];
+  for (int b = b0; b < b1; ++b) {
+    const uint32_t* vb = base + (int64_t)bt[b] * bw;
+    // blocks are scattered 1 KiB pieces (D = 64, BS = 16): fetch a few blocks ahead
+    const uint32_t* nb = base + (int64_t)bt[std::min(b + Q8_AHEAD, b1 - 1)] * bw;
+    const uint32_t* nx = nb + dc * 16;
+    for (int c = 0; c < g.BS; c += 16) __builtin_prefetch(nb + (int64_t)KW * g.D + c);  // scales
+    const float* sc = (const float*)(vb + (int64_t)KW * g.D);
+    for (int i = 0; i < N; ++i) quantize_p(pr[i] + (int64_t)b * g.BS, sc, g.BS, pq[i], step[i]);
+    for (int k0 = 0; k0 < KW; k0 += 4) {  // a group: 4 words of 4 keys
+      vi ia[N * DU];
+      for (int i = 0; i < N * DU; ++i) ia[i] = (vi)splatu(0);
+      for (int k = k0; k < k0 + 4; ++k) {
+        for (int u = 0; u < DU; ++u) __builtin_prefetch(nx + (int64_t)k * g.D + u * 16);
+        vu vv[DU];
+        for (int u = 0; u < DU; ++u) vv[u] = ldu(vb + (int64_t)k * g.D + dc * 16 + u * 16);
+        for (int i = 0; i < N; ++i) {
+          const vu pw = splatu(pq[i][k]);
+          for (int u = 0; u < DU; ++u) ia[i * DU + u] = dpbusd(ia[i * DU + u], pw, vv[u]);
+        }
+      }
+      for (int i = 0; i < N; ++i) {
+        const vf st = splat(step[i][k0 / 4]);
+        for (int u = 0; u < DU; ++u)
+          acc[i * DU + u] = fma(__builtin_convertvector(ia[i * DU + u], vf), st, acc[i * DU + u]);
+      }
+    }
+  }
+}
+
+template <int N>
+static void scores_q8_n(const Geo& g, const uint32_t* qw, const uint32_t* kc, const int32_t* bt,
+                        const Tile& t, int b0, int b1, float* S, int n) {
+  if constexpr (N > 1) { if (n < N) return scores_q8_n<N - 1>(g, qw, kc, bt, t, b0, b1, S, n); }
+  const int cpb = g.BS / 16, j0 = b0 * cpb, j1 = b1 * cpb;
+  const uint32_t* q[N];
+  for (int i = 0; i < N; ++i) {
+    int rh = t.rh0 + i, row = t.t0 + rh / g.G, head = t.kvh * g.G + rh % g.G;
+    q[i] = qw + ((int64_t)row * g.H + head) * q8_q_words(g);
+  }
+  constexpr int U = N <= 3 ? 4 : N <= 4 ? 3 : N <= 6 ? 2 : 1;
+  const int stride = t.nblk * g.BS, jm = j0 + (j1 - j0) / U * U;
+  scores_q8<N, U>(g, q, kc, bt, t.kvh, stride, j0, jm, S);
+  if (jm < j1) scores_q8<N, 1>(g, q, kc, bt, t.kvh, stride, jm, j1, S);
+}
+
+template <int N>
+static void pv_q8_n(const Geo& g, const float* const* pr, const uint32_t* vc, const int32_t* bt,
+                    int kvh, int dc, int du, int b0, int b1, vf* acc, int n) {
+  if constexpr (N > 1) { if (n < N) return pv_q8_n<N - 1>(g, pr, vc, bt, kvh, dc, du, b0, b1, acc, n); }
+  if (du == 4) pv_q8<N, (N <= 3 ? 4 : 1)>(g, pr, vc, bt, kvh, dc, b0, b1, acc);  // dims_for
+  else if (du == 2) pv_q8<N, (N <= 6 ? 2 : 1)>(g, pr, vc, bt, kvh, dc, b0, b1, acc);
+  else pv_q8<N, 1>(g, pr, vc, bt, kvh, dc, b0, b1, acc);
+}
+
+// D values -> int8 and their scale (absmax / 127; all zeros: scale 0).
+static inline float quantize_row(const float* x, int D, int8_t* q) {
+  float m = 0.0f;
+  for (int d = 0; d < D; ++d) m = std::max(m, std::fabs(x[d]));
+  const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+  for (int d = 0; d < D; ++d) q[d] = (int8_t)std::nearbyint(std::min(127.0f, std::max(-127.0f, x[d] * inv)));
+  return m / 127.0f;
+}
+
+// Tokens [t0, t1) of float32 k/v [T, HKV, D] into the int8 caches at their slots.
+static void write_rows_q8(const float* k, const float* v, uint8_t* kc, uint8_t* vc,
+                          const int64_t* slots, int t0, int t1, int HKV, int D, int NB, int BS) {
+  const int64_t bb = (int64_t)BS * (D + 4);  // bytes per block of one head
+  int8_t kq[512], vq[512];  // D <= 512
+  for (int t = t0; t < t1; ++t) {
+    const int64_t s = slots[t];
+    if (s < 0 || s >= (int64_t)NB * BS) continue;
+    const int64_t b = s / BS, o = s % BS;
+    for (int h = 0; h < HKV; ++h) {
+      const int64_t src = ((int64_t)t * HKV + h) * D;
+      const float ks = quantize_row(k + src, D, kq), vs = quantize_row(v + src, D, vq);
+      uint8_t* kd = kc + ((int64_t)h * NB + b) * bb;
+      uint8_t* vd = vc + ((int64_t)h * NB + b) * bb;
+      for (int d = 0; d < D; ++d) kd[(int64_t)(d / 4) * BS * 4 + o * 4 + d % 4] = (uint8_t)kq[d];
+      for (int d = 0; d < D; ++d) vd[(o / 4) * D * 4 + (int64_t)d * 4 + o % 4] = (uint8_t)vq[d];
+      std::memcpy(kd + (int64_t)BS * D + o * 4, &ks, 4);
+      std::memcpy(vd + (int64_t)BS * D + o * 4, &vs, 4);
+    }
+  }
+}
+// Row-heads [r0, r1) of q [T * H, D] (float32): q * scale as int8 words, the step, the sum.
+static void quantize_q_rows(const float* q, uint32_t* qw, int64_t r0, int64_t r1, int D, float scale) {
+  int8_t v[512];
+  float x[512];
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int d = 0; d < D; ++d) x[d] = q[r * D + d] * scale;
+    const float step = quantize_row(x, D, v);
+    uint32_t* out = qw + r * (D / 4 + 2);
+    std::memcpy(out, v, D);
+    std::memcpy(out + D / 4, &step, 4);
+    int32_t sum = 0;
+    for (int d = 0; d < D; ++d) sum += v[d];
+    std::memcpy(out + D / 4 + 1, &sum, 4);
+  }
+}
+struct QJob { const float* q; uint32_t* qw; int64_t rows; int D; float scale; int64_t next; };
+static void q_job(void* ctx) {
+  QJob& j = *(QJob*)ctx;
+  for (int64_t r0, r1; (r0 = claim(&j.next, 256, j.rows, &r1)) < j.rows;)
+    quantize_q_rows(j.q, j.qw, r0, r1, j.D, j.scale);
+}
+static void quantize_q(const float* q, uint32_t* qw, int64_t rows, int D, float scale, int nt) {
+  QJob j{q, qw, rows, D, scale, 0};
+  pool_run(q_job, &j, rows > 1024 ? nt : 1);
+}
+
+struct KvJobQ8 { const float *k, *v; uint8_t *kc, *vc; const int64_t* slots; int T, HKV, D, NB, BS; int64_t next; };
+static void kv_job_q8(void* ctx) {
+  KvJobQ8& j = *(KvJobQ8*)ctx;
+  for (int64_t t0, t1; (t0 = claim(&j.next, 16, j.T, &t1)) < j.T;)
+    write_rows_q8(j.k, j.v, j.kc, j.vc, j.slots, (int)t0, (int)t1, j.HKV, j.D, j.NB, j.BS);
+}
+"""
