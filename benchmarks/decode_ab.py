@@ -40,8 +40,9 @@ from pagoda.runtime.model.linear import Linear, _pack
 PARTS = ("gemv", "attention")
 
 
-def engine(loaded, n: int, context: int, steps: int, seed: int):
-    """An engine with `n` sequences past their prefill, room for `steps` more tokens each."""
+def engine(loaded, n: int, context: int, steps: int, seed: int, **engine_args):
+    """An engine with `n` sequences past their prefill, room for `steps` more tokens each
+    (`engine_args`: more `LLM` arguments, e.g. ``kv_cache_dtype``)."""
     mc, per_seq = loaded.config, context + steps + 32  # tokens a sequence may hold
     kv_token = mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * 2  # bytes, bf16 K and V
     llm = LLM(
@@ -49,6 +50,7 @@ def engine(loaded, n: int, context: int, steps: int, seed: int):
         max_num_seqs=n,
         max_model_len=per_seq,
         kv_cache_memory=n * (per_seq + 32) * kv_token,
+        **engine_args,
     )
     eng, rng = llm.engine, random.Random(seed)
     params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)

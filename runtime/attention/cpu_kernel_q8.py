@@ -33,6 +33,7 @@ typedef uint8_t vb16 __attribute__((vector_size(16)));
 #define Q8_AHEAD 3
 #endif
 static inline vf round_even(vf x) { return (x + 12582912.0f) - 12582912.0f; }  // |x| < 2^22
+#define PAGODA_UNROLL _Pragma("GCC unroll 16")
 static inline int64_t q8_block_words(const Geo& g) { return (int64_t)g.BS * g.D / 4 + g.BS; }
 static inline int q8_q_words(const Geo& g) { return g.D / 4 + 2; }  // values, scale, sum
 
@@ -46,27 +47,38 @@ static void scores_q8(const Geo& g, const uint32_t* const* q, const uint32_t* kc
   const uint32_t* base = kc + (int64_t)kvh * g.NB * bw;
   auto blk = [&](int j) { return base + (int64_t)bt[j / cpb] * bw; };
   const vu flip = splatu(0x80808080u);
+  alignas(64) uint32_t ql[N][128];  // the rows' q words side by side (D <= 512): one base register
+  for (int i = 0; i < N; ++i) std::memcpy(ql[i], q[i], W * 4);
   for (int j = j0; j + U <= j1; j += U) {
-    const uint32_t *kp[U], *nx[U];
-    for (int u = 0; u < U; ++u) {
-      const int f = std::min(j + U + u, j1 - 1);  // the next group's chunk: fetched ahead
-      kp[u] = blk(j + u) + ((j + u) % cpb) * 16;
-      nx[u] = blk(f) + (f % cpb) * 16;
-      __builtin_prefetch(blk(f) + (int64_t)W * g.BS + (f % cpb) * 16);  // its scales
+    const uint32_t* kp[U];
+    PAGODA_UNROLL
+    for (int u = 0; u < U; ++u) kp[u] = blk(j + u) + ((j + u) % cpb) * 16;
+    for (int u = 0; u < U; ++u) {  // the next group's chunks and scales, fetched in one burst
+      const int f = std::min(j + U + u, j1 - 1);
+      const uint32_t* nx = blk(f) + (f % cpb) * 16;
+      for (int w = 0; w < W; ++w) __builtin_prefetch(nx + (int64_t)w * g.BS);
+      __builtin_prefetch(blk(f) + (int64_t)W * g.BS + (f % cpb) * 16);
     }
     vi acc[N][U];
-    for (int i = 0; i < N; ++i) for (int u = 0; u < U; ++u) acc[i][u] = (vi)splatu(0);
+    PAGODA_UNROLL
+    for (int i = 0; i < N; ++i)
+      PAGODA_UNROLL
+      for (int u = 0; u < U; ++u) acc[i][u] = (vi)splatu(0);
     for (int w = 0; w < W; ++w) {
-      for (int u = 0; u < U; ++u) __builtin_prefetch(nx[u] + (int64_t)w * g.BS);
       vu kv[U];
+      PAGODA_UNROLL
       for (int u = 0; u < U; ++u) kv[u] = ldu(kp[u] + (int64_t)w * g.BS) ^ flip;
+      PAGODA_UNROLL
       for (int i = 0; i < N; ++i) {
-        const vu qv = splatu(q[i][w]);
+        const vu qv = splatu(ql[i][w]);
+        PAGODA_UNROLL
         for (int u = 0; u < U; ++u) acc[i][u] = dpbusd(acc[i][u], kv[u], qv);
       }
     }
+    PAGODA_UNROLL
     for (int u = 0; u < U; ++u) {
       const vf sc = ld((const float*)(blk(j + u) + (int64_t)W * g.BS) + ((j + u) % cpb) * 16);
+      PAGODA_UNROLL
       for (int i = 0; i < N; ++i) {
         float qs; std::memcpy(&qs, q[i] + W, 4);
         const int32_t bias = 128 * (int32_t)q[i][W + 1];
@@ -111,21 +123,29 @@ static void pv_q8(const Geo& g, const float* const* pr, const uint32_t* vc, cons
     const uint32_t* nx = nb + dc * 16;
     for (int c = 0; c < g.BS; c += 16) __builtin_prefetch(nb + (int64_t)KW * g.D + c);  // scales
     const float* sc = (const float*)(vb + (int64_t)KW * g.D);
+    PAGODA_UNROLL
     for (int i = 0; i < N; ++i) quantize_p(pr[i] + (int64_t)b * g.BS, sc, g.BS, pq[i], step[i]);
     for (int k0 = 0; k0 < KW; k0 += 4) {  // a group: 4 words of 4 keys
       vi ia[N * DU];
+      PAGODA_UNROLL
       for (int i = 0; i < N * DU; ++i) ia[i] = (vi)splatu(0);
       for (int k = k0; k < k0 + 4; ++k) {
+        PAGODA_UNROLL
         for (int u = 0; u < DU; ++u) __builtin_prefetch(nx + (int64_t)k * g.D + u * 16);
         vu vv[DU];
+        PAGODA_UNROLL
         for (int u = 0; u < DU; ++u) vv[u] = ldu(vb + (int64_t)k * g.D + dc * 16 + u * 16);
+        PAGODA_UNROLL
         for (int i = 0; i < N; ++i) {
           const vu pw = splatu(pq[i][k]);
+          PAGODA_UNROLL
           for (int u = 0; u < DU; ++u) ia[i * DU + u] = dpbusd(ia[i * DU + u], pw, vv[u]);
         }
       }
+      PAGODA_UNROLL
       for (int i = 0; i < N; ++i) {
         const vf st = splat(step[i][k0 / 4]);
+        PAGODA_UNROLL
         for (int u = 0; u < DU; ++u)
           acc[i * DU + u] = fma(__builtin_convertvector(ia[i * DU + u], vf), st, acc[i * DU + u]);
       }
