@@ -37,6 +37,7 @@ from pagoda.runtime import options
 DTYPES = options.DTYPES
 ATTENTION_BACKENDS = options.ATTENTION_BACKENDS
 BLOCK_SIZES = options.BLOCK_SIZES
+KV_CACHE_DTYPES = options.KV_CACHE_DTYPES
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 MAX_NAME_LENGTH = 52  # leaves room for the "-config" suffix and pod-name hashes
 
@@ -106,6 +107,7 @@ class EngineSpec:
     enable_chunked_prefill: bool = options.DEFAULT_ENABLE_CHUNKED_PREFILL
     attention_backend: str = options.DEFAULT_ATTENTION_BACKEND
     block_size: int = options.DEFAULT_BLOCK_SIZE
+    kv_cache_dtype: str = options.DEFAULT_KV_CACHE_DTYPE
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
@@ -149,6 +151,7 @@ class EngineSpec:
                 d, "attentionBackend", p, ATTENTION_BACKENDS, cls.attention_backend
             ),
             block_size=choice(d, "blockSize", p, BLOCK_SIZES, cls.block_size),
+            kv_cache_dtype=choice(d, "kvCacheDtype", p, KV_CACHE_DTYPES, cls.kv_cache_dtype),
             max_num_seqs=opt_int(d, "maxNumSeqs", p, 1, 4096),
             max_num_batched_tokens=opt_int(d, "maxNumBatchedTokens", p, 1, 1 << 20),
             max_model_len=opt_int(d, "maxModelLen", p, 1, 1 << 20),
@@ -245,6 +248,14 @@ class InferenceServiceSpec:
             raise SpecError(
                 "InvalidSpec",
                 f"spec.env sets {options.API_KEY_ENV} and spec.apiKeySecretRef is set too; keep one",
+            )
+        if self.engine.kv_cache_dtype == "int8" and (
+            self.resources.gpus > 0 or self.engine.attention_backend == "triton"
+        ):
+            raise SpecError(
+                "InvalidSpec",
+                "spec.engine.kvCacheDtype int8 runs on CPU pods only (resources.gpus 0, "
+                "attentionBackend auto or torch)",
             )
         if self.autotune.enabled and self.resources.gpus < 1:
             raise SpecError(

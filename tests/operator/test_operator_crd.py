@@ -128,6 +128,14 @@ def test_bad_examples_fail_with_a_readable_message(name: str, expected: str) -> 
         ),
         ({"model": "m", "engine": {"dtype": "int4"}}, "spec.engine.dtype: 'int4' is not one of"),
         (
+            {"model": "m", "resources": {"gpus": 1}, "engine": {"kvCacheDtype": "int8"}},
+            "kvCacheDtype int8 runs on CPU pods only",
+        ),
+        (
+            {"model": "m", "engine": {"kvCacheDtype": "int8", "attentionBackend": "triton"}},
+            "kvCacheDtype int8 runs on CPU pods only",
+        ),
+        (
             {"model": "m", "resources": {"memory": "-1Gi"}},
             "spec.resources.memory: '-1Gi' does not match",
         ),
@@ -178,6 +186,7 @@ def test_crd_defaults_equal_the_operator_defaults() -> None:
         "drainTimeoutSeconds": parsed.drain_timeout_seconds,
         "resources.gpus": parsed.resources.gpus,
         "engine.blockSize": parsed.engine.block_size,
+        "engine.kvCacheDtype": parsed.engine.kv_cache_dtype,
         "engine.enablePrefixCaching": parsed.engine.enable_prefix_caching,
         "engine.enableChunkedPrefill": parsed.engine.enable_chunked_prefill,
         "engine.dtype": parsed.engine.dtype,
@@ -197,6 +206,7 @@ def test_crd_enums_equal_the_operator_enums() -> None:
     assert tuple(engine["dtype"]["enum"]) == spec_mod.DTYPES
     assert tuple(engine["attentionBackend"]["enum"]) == spec_mod.ATTENTION_BACKENDS
     assert tuple(engine["blockSize"]["enum"]) == spec_mod.BLOCK_SIZES
+    assert tuple(engine["kvCacheDtype"]["enum"]) == spec_mod.KV_CACHE_DTYPES
     assert tuple(props["imagePullPolicy"]["enum"]) == spec_mod.PULL_POLICIES
 
 

@@ -97,6 +97,24 @@ def test_defaults() -> None:
             "spec.engine.dtype must be one of",
         ),
         (
+            {"model": "smollm2-135m", "engine": {"kvCacheDtype": "fp8"}},
+            "InvalidSpec",
+            "spec.engine.kvCacheDtype must be one of",
+        ),
+        (
+            {"model": "smollm2-135m", "resources": {"gpus": 1}, "engine": {"kvCacheDtype": "int8"}},
+            "InvalidSpec",
+            "kvCacheDtype int8 runs on CPU pods only",
+        ),
+        (
+            {
+                "model": "smollm2-135m",
+                "engine": {"kvCacheDtype": "int8", "attentionBackend": "triton"},
+            },
+            "InvalidSpec",
+            "kvCacheDtype int8 runs on CPU pods only",
+        ),
+        (
             {"model": "smollm2-135m", "engine": {"maxNumSeqs": 64, "maxNumBatchedTokens": 8}},
             "InvalidSpec",
             "must be >=",

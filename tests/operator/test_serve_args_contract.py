@@ -93,6 +93,8 @@ def _engine_spread() -> list[dict[str, Any]]:
             engine[key] = rng.choice((None, lo, hi, rng.randint(lo, hi)))
         if engine["maxNumSeqs"] is not None and rng.random() < 0.7:
             engine["maxNumBatchedTokens"] = rng.choice((engine["maxNumSeqs"], 1 << 20))
+        if engine["attentionBackend"] != "triton" and rng.random() < 0.5:
+            engine["kvCacheDtype"] = rng.choice(("auto", "int8"))
         if rng.random() < 0.3:
             engine["extraArgs"] = rng.choice(
                 (["--seed", "7"], ["--kv-cache-memory", "1G"], ["--log-level", "debug"])
