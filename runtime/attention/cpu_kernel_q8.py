@@ -89,43 +89,59 @@ static void scores_q8(const Geo& g, const uint32_t* const* q, const uint32_t* kc
   }
 }
 
-// A row's p times each key's V scale, per 16-key group as unsigned bytes of the group's
-// maximum / 255 (four keys a word, the order of V's words) and that step.
-static inline void quantize_p(const float* p, const float* vscale, int BS, uint32_t* pq, float* step) {
-  for (int c = 0; c < BS; c += 16) {
-    const vf x = ld(p + c) * ld(vscale + c);
+// A row's p (float, its first `nb` blocks) times each key's V scale, as unsigned bytes of
+// each 16-key group's maximum / 255 (four keys a word, the order of V's words), written over the
+// row's scratch: bytes at its start, the groups' steps (floats) from byte `width` (the tile's
+// keys per row). Once per row; `pv_q8` reads them for every slice of output dims.
+static void quantize_p_row(const Geo& g, float* s, int nb, int width, const int32_t* bt,
+                           const uint32_t* vc, int kvh) {
+  static thread_local std::vector<float> steps;
+  if ((int)steps.size() < width / 16 + 16) steps.resize(width / 16 + 16);
+  const int64_t bw = q8_block_words(g);
+  const uint32_t* base = vc + (int64_t)kvh * g.NB * bw;
+  uint8_t* bytes = (uint8_t*)s;
+  const int nk = nb * g.BS;
+  for (int k0 = 0; k0 < nk; k0 += 256) {  // 16 groups: their divisions in one vector each
+    const int k1 = std::min(nk, k0 + 256);
+    alignas(64) float mx[16] = {};
+    for (int k = k0; k < k1; k += 16) {  // p * v_scale in place, and each group's maximum
+      const float* sc = (const float*)(base + (int64_t)bt[k / g.BS] * bw + (int64_t)g.BS / 4 * g.D);
+      const vf x = ld(s + k) * ld(sc + k % g.BS);
+      std::memcpy(s + k, &x, 64);
 #if defined(__AVX512F__)
-    const float m = _mm512_reduce_max_ps((__m512)x);  // p >= 0
+      mx[(k - k0) / 16] = _mm512_reduce_max_ps((__m512)x);  // p >= 0
 #else
-    const float m = hmax(x);
+      mx[(k - k0) / 16] = hmax(x);
 #endif
-    const float inv = m > 0.0f ? 255.0f / m : 0.0f;
-    step[c / 16] = m / 255.0f;
-    const vb16 r = __builtin_convertvector(__builtin_convertvector(round_even(x * inv), vu), vb16);
-    std::memcpy(pq + c / 4, &r, 16);
+    }
+    const vf m = ld(mx);
+    const vf inv = m > 0.0f ? splat(255.0f) / m : splat(0.0f);
+    const vf step = m / 255.0f;
+    std::memcpy(steps.data() + k0 / 16, &step, 64);
+    for (int k = k0; k < k1; k += 16) {  // reads floats at 4k.., writes bytes at k..: behind
+      const vf y = round_even(ld(s + k) * inv[(k - k0) / 16]);
+      const vb16 r = __builtin_convertvector(__builtin_convertvector(y, vu), vb16);
+      std::memcpy(bytes + k, &r, 16);
+    }
   }
+  std::memcpy(bytes + width, steps.data(), (size_t)nk / 16 * 4);
 }
 
 // acc[i * DU + u] += p_i @ V over blocks [b0, b1) for output dims (dc + u) * 16..: exact integer
-// sums of a 16-key group, then one multiply-add by the group's step, groups in key order.
+// sums of a 16-key group, then one multiply-add by the group's step, groups in key order. p_i is
+// the row's scratch as `quantize_p_row` left it (`width` keys a row).
 template <int N, int DU>
-static void pv_q8(const Geo& g, const float* const* pr, const uint32_t* vc, const int32_t* bt,
-                  int kvh, int dc, int b0, int b1, vf* acc) {
+static void pv_q8(const Geo& g, const float* const* pr, int width, const uint32_t* vc,
+                  const int32_t* bt, int kvh, int dc, int b0, int b1, vf* acc) {
   const int KW = g.BS / 4;
   const int64_t bw = q8_block_words(g);
   const uint32_t* base = vc + (int64_t)kvh * g.NB * bw;
-  alignas(64) uint32_t pq[N][32];  // BS <= 128
-  float step[N][8];
   for (int b = b0; b < b1; ++b) {
     const uint32_t* vb = base + (int64_t)bt[b] * bw;
     // blocks are scattered 1 KiB pieces (D = 64, BS = 16): fetch a few blocks ahead
-    const uint32_t* nb = base + (int64_t)bt[std::min(b + Q8_AHEAD, b1 - 1)] * bw;
-    const uint32_t* nx = nb + dc * 16;
-    for (int c = 0; c < g.BS; c += 16) __builtin_prefetch(nb + (int64_t)KW * g.D + c);  // scales
-    const float* sc = (const float*)(vb + (int64_t)KW * g.D);
-    PAGODA_UNROLL
-    for (int i = 0; i < N; ++i) quantize_p(pr[i] + (int64_t)b * g.BS, sc, g.BS, pq[i], step[i]);
+    const uint32_t* nx = base + (int64_t)bt[std::min(b + Q8_AHEAD, b1 - 1)] * bw + dc * 16;
     for (int k0 = 0; k0 < KW; k0 += 4) {  // a group: 4 words of 4 keys
+      const int grp = (b * g.BS) / 16 + k0 / 4;
       vi ia[N * DU];
       PAGODA_UNROLL
       for (int i = 0; i < N * DU; ++i) ia[i] = (vi)splatu(0);
@@ -137,14 +153,14 @@ static void pv_q8(const Geo& g, const float* const* pr, const uint32_t* vc, cons
         for (int u = 0; u < DU; ++u) vv[u] = ldu(vb + (int64_t)k * g.D + dc * 16 + u * 16);
         PAGODA_UNROLL
         for (int i = 0; i < N; ++i) {
-          const vu pw = splatu(pq[i][k]);
+          const vu pw = splatu(((const uint32_t*)pr[i])[b * KW + k]);
           PAGODA_UNROLL
           for (int u = 0; u < DU; ++u) ia[i * DU + u] = dpbusd(ia[i * DU + u], pw, vv[u]);
         }
       }
       PAGODA_UNROLL
       for (int i = 0; i < N; ++i) {
-        const vf st = splat(step[i][k0 / 4]);
+        const vf st = splat(((const float*)((const uint8_t*)pr[i] + width))[grp]);
         PAGODA_UNROLL
         for (int u = 0; u < DU; ++u)
           acc[i * DU + u] = fma(__builtin_convertvector(ia[i * DU + u], vf), st, acc[i * DU + u]);
@@ -170,21 +186,33 @@ static void scores_q8_n(const Geo& g, const uint32_t* qw, const uint32_t* kc, co
 }
 
 template <int N>
-static void pv_q8_n(const Geo& g, const float* const* pr, const uint32_t* vc, const int32_t* bt,
-                    int kvh, int dc, int du, int b0, int b1, vf* acc, int n) {
-  if constexpr (N > 1) { if (n < N) return pv_q8_n<N - 1>(g, pr, vc, bt, kvh, dc, du, b0, b1, acc, n); }
-  if (du == 4) pv_q8<N, (N <= 3 ? 4 : 1)>(g, pr, vc, bt, kvh, dc, b0, b1, acc);  // dims_for
-  else if (du == 2) pv_q8<N, (N <= 6 ? 2 : 1)>(g, pr, vc, bt, kvh, dc, b0, b1, acc);
-  else pv_q8<N, 1>(g, pr, vc, bt, kvh, dc, b0, b1, acc);
+static void pv_q8_n(const Geo& g, const float* const* pr, int width, const uint32_t* vc,
+                    const int32_t* bt, int kvh, int dc, int du, int b0, int b1, vf* acc, int n) {
+  if constexpr (N > 1) { if (n < N) return pv_q8_n<N - 1>(g, pr, width, vc, bt, kvh, dc, du, b0, b1, acc, n); }
+  if (du == 4) pv_q8<N, (N <= 3 ? 4 : 1)>(g, pr, width, vc, bt, kvh, dc, b0, b1, acc);  // dims_for
+  else if (du == 2) pv_q8<N, (N <= 6 ? 2 : 1)>(g, pr, width, vc, bt, kvh, dc, b0, b1, acc);
+  else pv_q8<N, 1>(g, pr, width, vc, bt, kvh, dc, b0, b1, acc);
 }
 
-// D values -> int8 and their scale (absmax / 127; all zeros: scale 0).
-static inline float quantize_row(const float* x, int D, int8_t* q) {
-  float m = 0.0f;
-  for (int d = 0; d < D; ++d) m = std::max(m, std::fabs(x[d]));
-  const float inv = m > 0.0f ? 127.0f / m : 0.0f;
-  for (int d = 0; d < D; ++d) q[d] = (int8_t)std::nearbyint(std::min(127.0f, std::max(-127.0f, x[d] * inv)));
-  return m / 127.0f;
+// D values (times `mul`) -> int8 and their scale (absmax / 127; all zeros: scale 0), 16 at a
+// time (D % 16 == 0). Rounds to nearest even, as torch.round in `quantize_rows`.
+static inline float quantize_row(const float* x, int D, int8_t* q, float mul = 1.0f) {
+  vf m = splat(0.0f);
+  for (int d = 0; d < D; d += 16) {
+    const vf a = ld(x + d) * mul;
+    const vf b = a < 0.0f ? -a : a;
+    m = b > m ? b : m;
+  }
+  const float mx = hmax(m);  // a maximum: exact in any order
+  const float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+  for (int d = 0; d < D; d += 16) {
+    vf y = (ld(x + d) * mul) * inv;
+    y = y > 127.0f ? splat(127.0f) : y;
+    y = y < -127.0f ? splat(-127.0f) : y;
+    const vb16 r = (vb16)__builtin_convertvector(__builtin_convertvector(round_even(y), vi), vb16);
+    std::memcpy(q + d, &r, 16);
+  }
+  return mx / 127.0f;
 }
 
 // Tokens [t0, t1) of float32 k/v [T, HKV, D] into the int8 caches at their slots.
@@ -211,10 +239,8 @@ static void write_rows_q8(const float* k, const float* v, uint8_t* kc, uint8_t* 
 // Row-heads [r0, r1) of q [T * H, D] (float32): q * scale as int8 words, the step, the sum.
 static void quantize_q_rows(const float* q, uint32_t* qw, int64_t r0, int64_t r1, int D, float scale) {
   int8_t v[512];
-  float x[512];
   for (int64_t r = r0; r < r1; ++r) {
-    for (int d = 0; d < D; ++d) x[d] = q[r * D + d] * scale;
-    const float step = quantize_row(x, D, v);
+    const float step = quantize_row(q + r * D, D, v, scale);
     uint32_t* out = qw + r * (D / 4 + 2);
     std::memcpy(out, v, D);
     std::memcpy(out + D / 4, &step, 4);

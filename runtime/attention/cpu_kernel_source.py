@@ -201,10 +201,10 @@ static void finish(const Geo& g, const Tile& t, const int32_t* bt, const uint32_
   }
   vf acc[MAXN * 4];
   for (int i = 0; i < t.n * du; ++i) acc[i] = splat(0.0f);
-  if (g.q8) pv_q8_n<MAXN>(g, pr, vc, bt, t.kvh, dc, du, 0, common, acc, t.n);
+  if (g.q8) pv_q8_n<MAXN>(g, pr, stride, vc, bt, t.kvh, dc, du, 0, common, acc, t.n);
   else pv_n<BF16, MAXN>(g, pr, vc, bt, t.kvh, dc, du, 0, common, acc, t.n);
   for (int i = 0; i < t.n; ++i) {  // each row's own last blocks, one row at a time
-    if (last[i] > common && g.q8) pv_q8_n<1>(g, pr + i, vc, bt, t.kvh, dc, du, common, last[i], acc + i * du, 1);
+    if (last[i] > common && g.q8) pv_q8_n<1>(g, pr + i, stride, vc, bt, t.kvh, dc, du, common, last[i], acc + i * du, 1);
     else if (last[i] > common) pv_n<BF16, 1>(g, pr + i, vc, bt, t.kvh, dc, du, common, last[i], acc + i * du, 1);
     int rh = t.rh0 + i, row = t.t0 + rh / g.G, head = t.kvh * g.G + rh % g.G;
     for (int u = 0; u < du; ++u) {
@@ -215,13 +215,16 @@ static void finish(const Geo& g, const Tile& t, const int32_t* bt, const uint32_
   }
 }
 
-// AMX multiplies p by V over all the tile's blocks: p = 0 past each row's own blocks.
+// AMX multiplies p by V over all the tile's blocks: p = 0 past each row's own blocks. int8
+// caches: p then becomes the 8-bit p * v_scale that `pv_q8` reads (`quantize_p_row`).
 template <bool BF16>
-static void softmax_tile(const Geo& g, const Tile& t, float* S) {
+static void softmax_tile(const Geo& g, const Tile& t, float* S, const int32_t* bt,
+                         const uint32_t* vc) {
   for (int j = 0; j < t.n; ++j) {
     int pos = t.pos0 + (t.rh0 + j) / g.G, nb = pos / g.BS + 1;
     float* s = S + (int64_t)j * t.nblk * g.BS;
     softmax_row<BF16>(s, pos, nb, g.BS);
+    if (g.q8) quantize_p_row(g, s, nb, t.nblk * g.BS, bt, vc, t.kvh);
     if (g.amx && nb < t.nblk) std::memset((uint16_t*)s + nb * g.BS, 0, (t.nblk - nb) * g.BS * 2);
   }
 }
@@ -242,7 +245,7 @@ static void whole_tile(const Geo& g, const uint32_t* qw, const uint32_t* kc, con
   const size_t need = (size_t)t.n * t.nblk * g.BS;
   if (buf.size() < need) buf.resize(need);
   tile_scores<BF16>(g, qw, kc, bt, t, 0, t.nblk, buf.data());
-  softmax_tile<BF16>(g, t, buf.data());
+  softmax_tile<BF16>(g, t, buf.data(), bt, vc);
   for (int dc = 0, du; dc < g.D / 16; dc += du) {
     du = dims_at(g, t.n, dc);
     finish<BF16>(g, t, bt, vc, buf.data(), dc, du, out);
@@ -330,7 +333,7 @@ int pagoda_attention(int kind, const void* q, void* out, const void* kc, const v
 int pagoda_write_kv(int kind, const void* k, const void* v, void* kc, void* vc,
                     const int64_t* slots, int T, int HKV, int D, int NB, int BS, int nt) {
   if (kind == 2) {  // float32 k/v in, int8 + scales out
-    if (D > 512 || D % 4 || BS % 4) return 1;
+    if (D > 512 || D % 16 || BS % 16) return 1;
     KvJobQ8 j{(const float*)k, (const float*)v, (uint8_t*)kc, (uint8_t*)vc, slots, T, HKV, D, NB, BS, 0};
     pool_run(kv_job_q8, &j, T > 64 ? std::max(1, nt) : 1);
   } else if (kind == 1) write_kv<uint16_t, 2>((const uint16_t*)k, (const uint16_t*)v, (uint16_t*)kc, (uint16_t*)vc, slots, T, HKV, D, NB, BS, nt);

@@ -81,7 +81,7 @@ static void wave_job(void* ctx) {
   if (j.phases > 1) {
     phase(j, 1, true, [&](int64_t k) {
       const Tile& t = j.tiles[j.w0 + k];
-      softmax_tile<BF16>(g, t, j.Sp + t.scratch);
+      softmax_tile<BF16>(g, t, j.Sp + t.scratch, j.bt + t.seq * j.bts, j.vc);
     });
     phase(j, 2, false, [&](int64_t k) {
       const Tile& t = j.tiles[j.fin[k].first];
