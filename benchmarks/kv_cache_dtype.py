@@ -6,6 +6,7 @@ On the embedded model (bf16 weights), in one run:
   standard-library modules, teacher-forced in one prefill so every row reads the cache) against a
   float32 model with a float32 cache: mean and p99 KL divergence, top-1 agreement, perplexity;
 - **capacity**: tokens the default 2 GiB KV budget holds;
+- **prefill**: seconds to prefill a few long random prompts (time to first token's main part);
 - **decode speed**: steps of two engines (``auto`` and ``int8``) with the same sequences past
   their prefill, alternating in blocks (``decode_ab.compare``), at several batch sizes and context
   lengths::
@@ -115,11 +116,40 @@ def speed(loaded, cases: list[str], block_steps: int, blocks: int) -> list[list[
     return rows
 
 
+def prefill(loaded, case: str, rounds: int = 3) -> list[list[object]]:
+    """Seconds to prefill SEQSxTOKENS random prompts (one output token), engines alternating."""
+    import random
+    import time
+
+    from pagoda.runtime import SamplingParams
+
+    n, tokens = (int(x) for x in case.split("x"))
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 40000) for _ in range(tokens)] for _ in range(n)]
+    once = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    mc = loaded.config
+    budget = (n + 1) * (tokens + 32) * mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * 2
+    llms = {
+        kind: LLM(loaded=loaded, kv_cache_dtype=kind, max_model_len=tokens + 16,
+                  enable_prefix_caching=False, kv_cache_memory=budget)
+        for kind in KINDS
+    }  # fmt: skip
+    best = dict.fromkeys(KINDS, float("inf"))
+    for _ in range(rounds):
+        for kind, llm in llms.items():
+            t = time.perf_counter()
+            llm.generate(prompts, once)
+            best[kind] = min(best[kind], time.perf_counter() - t)
+    ratio = best["auto"] / best["int8"]
+    return [[n, tokens, f"{best['auto']:.2f}", f"{best['int8']:.2f}", f"{ratio:.2f}x"]]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", nargs="+", default=["32x512", "8x2000", "1x5000"],
                     help="SEQSxCONTEXT: running sequences and their prompt length")  # fmt: skip
     ap.add_argument("--text-tokens", type=int, default=1000)
+    ap.add_argument("--prefill", default="4x2000", help="SEQSxTOKENS prompts to prefill")
     ap.add_argument("--block-steps", type=int, default=5)
     ap.add_argument("--blocks", type=int, default=8, help="blocks per engine")
     args = ap.parse_args(argv)
@@ -132,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(heads, accuracy(loaded, args.text_tokens)))
     print(f"\nCapacity of the default {CPU_DEFAULT_KV_BYTES >> 30} GiB budget:\n")
     print(markdown_table(["kv_cache_dtype", "bytes per token", "tokens"], capacity(loaded)))
+    print("\nPrefill (best of 3, engines alternating; prefix caching off):\n")
+    heads = ["seqs", "tokens", "s auto", "s int8", "int8 vs auto"]
+    print(markdown_table(heads, prefill(loaded, args.prefill)))
     print("\nDecode steps (medians, engines alternating):\n")
     heads = [
         "seqs",

@@ -105,6 +105,8 @@ static void quantize_p_row(const Geo& g, float* s, int nb, int width, const int3
     const int k1 = std::min(nk, k0 + 256);
     alignas(64) float mx[16] = {};
     for (int k = k0; k < k1; k += 16) {  // p * v_scale in place, and each group's maximum
+      const int ahead = std::min(nb - 1, k / g.BS + 8);  // scales are one line a block: fetch ahead
+      __builtin_prefetch(base + (int64_t)bt[ahead] * bw + (int64_t)g.BS / 4 * g.D);
       const float* sc = (const float*)(base + (int64_t)bt[k / g.BS] * bw + (int64_t)g.BS / 4 * g.D);
       const vf x = ld(s + k) * ld(sc + k % g.BS);
       std::memcpy(s + k, &x, 64);

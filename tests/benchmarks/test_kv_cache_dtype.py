@@ -17,6 +17,7 @@ def test_accuracy_capacity_and_speed_tables(capsys):
     import kv_cache_dtype
 
     argv = ["--cases", "3x40", "--text-tokens", "120", "--blocks", "2", "--block-steps", "2"]
+    argv += ["--prefill", "2x64"]
     assert kv_cache_dtype.main(argv) == 0
     out = capsys.readouterr().out
     (bf16,), (int8,) = _rows(out, "bf16 model, bf16"), _rows(out, "bf16 model, int8")
@@ -25,5 +26,7 @@ def test_accuracy_capacity_and_speed_tables(capsys):
     (auto_cap,), (int8_cap,) = _rows(out, "auto"), _rows(out, "int8")
     assert int(int8_cap[1]) < int(auto_cap[1])  # bytes per token
     assert int(int8_cap[2].replace(",", "")) > int(auto_cap[2].replace(",", ""))
+    (pre,) = _rows(out, "2 | 64")
+    assert float(pre[2]) > 0 and float(pre[3]) > 0 and pre[4].endswith("x")
     (speed,) = _rows(out, "3 | 40")
     assert float(speed[2]) > 0 and float(speed[3]) > 0 and speed[6].endswith("x")
