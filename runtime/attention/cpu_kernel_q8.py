@@ -2,19 +2,26 @@
 
 ``--kv-cache-dtype int8`` halves the bytes a decode step reads per cached token (llama.cpp's
 ``q8_0`` K/V cache does the same): every token's K and V of one KV head are stored as ``D`` int8
-values and one float32 scale (``absmax / 127``, round to nearest), so a head's token costs
-``D + 4`` bytes instead of ``2 D``. The queries, scores, softmax, ``p`` and the outputs stay
-float32; the int8 values are widened to float32 in registers as they are read.
+values and one float32 scale (``absmax / 127``, round to nearest even), so a head's token costs
+``D + 4`` bytes instead of ``2 D``.
 
 Layout per KV head and block (``BS`` keys): K ``[D/4 words][BS keys][4 dims]`` (a 64-byte load
 is 4 dims of 16 keys: score lanes are keys, as on the other paths), then the ``BS`` float32
 scales; V ``[BS/4 words][D dims][4 keys]`` (a load is 16 dims of 4 keys: output lanes are
-dims), then its ``BS`` scales. A score is ``k_scale * sum_d q_d k_d``; ``p @ V`` multiplies each
-key's probability by its V scale once per block and row, then sums ``p' * v`` in key order.
+dims), then its ``BS`` scales.
 
-These loops run on every CPU (AVX-512 or not: vector extensions the compiler lowers), AMX or not,
-and keep the invariance of the other paths: each accumulator belongs to one (row, head, 16 keys
-or 16 dims) and sees the same operations in the same order whatever shares its tile or step.
+Arithmetic: integer dot products of bytes (AVX-512 VNNI ``vpdpbusd``; plain vector code with the
+same exact sums elsewhere), so the int8 values are never widened one by one. Scores: q is held
+as two int8 planes (``q ~ step * (254 hi + lo)``, ~15 bits; one plane doubled the error the
+cache adds), K's bytes are read as unsigned (``k + 128``) and the offset is taken out with
+``sum(q)``; then ``k_scale * step`` in float32. ``p @ V``: after the float32 softmax, each key's
+``p * v_scale`` is rounded to 8 bits per 16 keys (of the group's largest; ``quantize_p_row``,
+once per row), exact integer sums per group, then one float32 multiply-add per group, groups in
+key order.
+
+These loops run on every CPU with or without AMX and keep the invariance of the other paths:
+each accumulator belongs to one (row, head, 16 keys or 16 dims) and sees the same operations in
+the same order whatever shares its tile, step or batch.
 """
 
 Q8_SOURCE = r"""
@@ -35,10 +42,12 @@ typedef uint8_t vb16 __attribute__((vector_size(16)));
 static inline vf round_even(vf x) { return (x + 12582912.0f) - 12582912.0f; }  // |x| < 2^22
 #define PAGODA_UNROLL _Pragma("GCC unroll 16")
 static inline int64_t q8_block_words(const Geo& g) { return (int64_t)g.BS * g.D / 4 + g.BS; }
-static inline int q8_q_words(const Geo& g) { return g.D / 4 + 2; }  // values, scale, sum
+static inline int q8_q_words(const Geo& g) { return g.D / 2 + 2; }  // hi, lo, step, bias
 
-// Scores of 16-key chunks [j0, j1), U at a time. K bytes are read as unsigned (k + 128, an xor
-// of the sign bit), so score = q_scale * k_scale * (dot - 128 * sum(q)), all sums exact.
+// Scores of 16-key chunks [j0, j1), U at a time. q is two int8 planes, q ~ step * (254 hi + lo)
+// (`quantize_q_row`: ~15 bits, so rounding q costs far less than rounding K): the dot products
+// with hi, times 254, then those with lo, in one int32 accumulator. K bytes are read as unsigned
+// (k + 128, an xor of the sign bit): score = k_scale * step * (dot - bias), bias = 128 sum(q).
 template <int N, int U>
 static void scores_q8(const Geo& g, const uint32_t* const* q, const uint32_t* kc, const int32_t* bt,
                       int kvh, int stride, int j0, int j1, float* S) {
@@ -47,8 +56,8 @@ static void scores_q8(const Geo& g, const uint32_t* const* q, const uint32_t* kc
   const uint32_t* base = kc + (int64_t)kvh * g.NB * bw;
   auto blk = [&](int j) { return base + (int64_t)bt[j / cpb] * bw; };
   const vu flip = splatu(0x80808080u);
-  alignas(64) uint32_t ql[N][128];  // the rows' q words side by side (D <= 512): one base register
-  for (int i = 0; i < N; ++i) std::memcpy(ql[i], q[i], W * 4);
+  alignas(64) uint32_t ql[N][256];  // the rows' q words side by side (D <= 512): one base register
+  for (int i = 0; i < N; ++i) std::memcpy(ql[i], q[i], 2 * W * 4);
   for (int j = j0; j + U <= j1; j += U) {
     const uint32_t* kp[U];
     PAGODA_UNROLL
@@ -64,15 +73,23 @@ static void scores_q8(const Geo& g, const uint32_t* const* q, const uint32_t* kc
     for (int i = 0; i < N; ++i)
       PAGODA_UNROLL
       for (int u = 0; u < U; ++u) acc[i][u] = (vi)splatu(0);
-    for (int w = 0; w < W; ++w) {
-      vu kv[U];
-      PAGODA_UNROLL
-      for (int u = 0; u < U; ++u) kv[u] = ldu(kp[u] + (int64_t)w * g.BS) ^ flip;
-      PAGODA_UNROLL
-      for (int i = 0; i < N; ++i) {
-        const vu qv = splatu(ql[i][w]);
+    for (int plane = 0; plane < 2; ++plane) {
+      if (plane) {
         PAGODA_UNROLL
-        for (int u = 0; u < U; ++u) acc[i][u] = dpbusd(acc[i][u], kv[u], qv);
+        for (int i = 0; i < N; ++i)
+          PAGODA_UNROLL
+          for (int u = 0; u < U; ++u) acc[i][u] *= 254;
+      }
+      for (int w = 0; w < W; ++w) {
+        vu kv[U];
+        PAGODA_UNROLL
+        for (int u = 0; u < U; ++u) kv[u] = ldu(kp[u] + (int64_t)w * g.BS) ^ flip;
+        PAGODA_UNROLL
+        for (int i = 0; i < N; ++i) {
+          const vu qv = splatu(ql[i][plane * W + w]);
+          PAGODA_UNROLL
+          for (int u = 0; u < U; ++u) acc[i][u] = dpbusd(acc[i][u], kv[u], qv);
+        }
       }
     }
     PAGODA_UNROLL
@@ -80,8 +97,8 @@ static void scores_q8(const Geo& g, const uint32_t* const* q, const uint32_t* kc
       const vf sc = ld((const float*)(blk(j + u) + (int64_t)W * g.BS) + ((j + u) % cpb) * 16);
       PAGODA_UNROLL
       for (int i = 0; i < N; ++i) {
-        float qs; std::memcpy(&qs, q[i] + W, 4);
-        const int32_t bias = 128 * (int32_t)q[i][W + 1];
+        float qs; std::memcpy(&qs, q[i] + 2 * W, 4);
+        const int32_t bias = (int32_t)q[i][2 * W + 1];
         const vf s = __builtin_convertvector(acc[i][u] - bias, vf) * (sc * qs);
         std::memcpy(S + (int64_t)i * stride + (j + u) * 16, &s, 64);
       }
@@ -238,18 +255,39 @@ static void write_rows_q8(const float* k, const float* v, uint8_t* kc, uint8_t* 
     }
   }
 }
-// Row-heads [r0, r1) of q [T * H, D] (float32): q * scale as int8 words, the step, the sum.
-static void quantize_q_rows(const float* q, uint32_t* qw, int64_t r0, int64_t r1, int D, float scale) {
-  int8_t v[512];
-  for (int64_t r = r0; r < r1; ++r) {
-    const float step = quantize_row(q + r * D, D, v, scale);
-    uint32_t* out = qw + r * (D / 4 + 2);
-    std::memcpy(out, v, D);
-    std::memcpy(out + D / 4, &step, 4);
-    int32_t sum = 0;
-    for (int d = 0; d < D; ++d) sum += v[d];
-    std::memcpy(out + D / 4 + 1, &sum, 4);
+// One row-head of q (float32, times `scale`) as two int8 planes: hi = round(q / step1) as K's
+// values are rounded (step1 = absmax / 127), lo = round(254 * the remainder); written as hi
+// words, lo words, step1 / 254 and the bias 128 * (254 sum(hi) + sum(lo)) of unsigned K bytes.
+static void quantize_q_row(const float* q, int D, float scale, uint32_t* out) {
+  vf m = splat(0.0f);
+  for (int d = 0; d < D; d += 16) {
+    const vf a = ld(q + d) * scale;
+    const vf b = a < 0.0f ? -a : a;
+    m = b > m ? b : m;
   }
+  const float mx = hmax(m);
+  const float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+  vi sum = (vi)splatu(0);
+  for (int d = 0; d < D; d += 16) {
+    vf y = (ld(q + d) * scale) * inv;
+    y = y > 127.0f ? splat(127.0f) : y;
+    y = y < -127.0f ? splat(-127.0f) : y;
+    const vf hi = round_even(y), lo = round_even((y - hi) * 254.0f);
+    const vi h = __builtin_convertvector(hi, vi), l = __builtin_convertvector(lo, vi);
+    sum += h * 254 + l;
+    const vb16 hb = (vb16)__builtin_convertvector(h, vb16), lb = (vb16)__builtin_convertvector(l, vb16);
+    std::memcpy((uint8_t*)out + d, &hb, 16);
+    std::memcpy((uint8_t*)out + D + d, &lb, 16);
+  }
+  int32_t total = 0;
+  for (int i = 0; i < 16; ++i) total += sum[i];
+  const float step = mx / 127.0f / 254.0f;
+  const int32_t bias = 128 * total;
+  std::memcpy(out + D / 2, &step, 4);
+  std::memcpy(out + D / 2 + 1, &bias, 4);
+}
+static void quantize_q_rows(const float* q, uint32_t* qw, int64_t r0, int64_t r1, int D, float scale) {
+  for (int64_t r = r0; r < r1; ++r) quantize_q_row(q + r * D, D, scale, qw + r * (D / 2 + 2));
 }
 struct QJob { const float* q; uint32_t* qw; int64_t rows; int D; float scale; int64_t next; };
 static void q_job(void* ctx) {

@@ -76,8 +76,8 @@ def _reference(q, k, v, c, m, h, hkv, d):
 
 @pytest.mark.parametrize("h,hkv,d,bs", [(9, 3, 64, 16), (4, 2, 128, 64), (6, 3, 96, 48)])
 def test_int8_attention_matches_a_float64_reference(h, hkv, d, bs):
-    """Decodes and prefill chunks on cached context. The kernel also rounds q (int8 per row and
-    head) and p (8 bits per 16 keys), so the tolerance is a few hundredths of outputs of ~0.5."""
+    """Decodes and prefill chunks on cached context. The kernel also rounds q (two int8 planes,
+    ~15 bits) and p (8 bits per 16 keys): a tolerance of a few thousandths of outputs of ~0.5."""
     kernel, g = _kernel(), torch.Generator().manual_seed(0)
     seqs = [(300, 1), (97, 1), (260, 70), (40, 40), (1200, 1)]
     nb = sum(-(-c // bs) for c, _ in seqs) + 3
@@ -104,7 +104,8 @@ def test_int8_attention_matches_a_float64_reference(h, hkv, d, bs):
     want = torch.cat(refs)
     assert out.dtype == torch.float32
     err = (out.double() - want).abs()
-    assert err.max() < 0.06 and err.pow(2).mean().sqrt() < 0.01, (err.max(), err.pow(2).mean())
+    # measured: max 0.016, rms 0.0013 (q in one int8 plane instead of two: 0.034, 0.0031)
+    assert err.max() < 0.03 and err.pow(2).mean().sqrt() < 0.0025, (err.max(), err.pow(2).mean())
 
 
 @pytest.mark.parametrize("h,hkv,d", [(9, 3, 64), (16, 1, 64)])
