@@ -172,7 +172,8 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          "of free memory on CUDA)", None, metavar="SIZE"),
     Flag("--kv-cache-dtype", "auto: the model's dtype; int8 (CPU): 8-bit K/V with a scale per "
          "token and head, ~1.9x the tokens per byte and fewer bytes read per decode step, at a "
-         "small cost in accuracy", DEFAULT_KV_CACHE_DTYPE, choices=KV_CACHE_DTYPES),
+         "small cost in accuracy (and slower prefill on CPUs with AMX)", DEFAULT_KV_CACHE_DTYPE,
+         choices=KV_CACHE_DTYPES),
 )  # fmt: skip
 
 SERVER_FLAGS: Mapping[str, Flag] = _flags(
