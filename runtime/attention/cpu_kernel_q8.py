@@ -36,9 +36,7 @@ static inline vi dpbusd(vi acc, vu a, vu b) {
 #endif
 }
 typedef uint8_t vb16 __attribute__((vector_size(16)));
-#ifndef Q8_AHEAD
-#define Q8_AHEAD 3
-#endif
+static const int Q8_AHEAD = 3;  // V blocks fetched ahead (1 KiB each at D = 64, BS = 16)
 static inline vf round_even(vf x) { return (x + 12582912.0f) - 12582912.0f; }  // |x| < 2^22
 #define PAGODA_UNROLL _Pragma("GCC unroll 16")
 static inline int64_t q8_block_words(const Geo& g) { return (int64_t)g.BS * g.D / 4 + g.BS; }
@@ -215,14 +213,17 @@ static void pv_q8_n(const Geo& g, const float* const* pr, int width, const uint3
 
 // D values (times `mul`) -> int8 and their scale (absmax / 127; all zeros: scale 0), 16 at a
 // time (D % 16 == 0). Rounds to nearest even, as torch.round in `quantize_rows`.
-static inline float quantize_row(const float* x, int D, int8_t* q, float mul = 1.0f) {
+static inline float absmax(const float* x, int D, float mul) {
   vf m = splat(0.0f);
   for (int d = 0; d < D; d += 16) {
     const vf a = ld(x + d) * mul;
     const vf b = a < 0.0f ? -a : a;
     m = b > m ? b : m;
   }
-  const float mx = hmax(m);  // a maximum: exact in any order
+  return hmax(m);  // a maximum: exact in any order
+}
+static inline float quantize_row(const float* x, int D, int8_t* q, float mul = 1.0f) {
+  const float mx = absmax(x, D, mul);
   const float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
   for (int d = 0; d < D; d += 16) {
     vf y = (ld(x + d) * mul) * inv;
@@ -259,13 +260,7 @@ static void write_rows_q8(const float* k, const float* v, uint8_t* kc, uint8_t* 
 // values are rounded (step1 = absmax / 127), lo = round(254 * the remainder); written as hi
 // words, lo words, step1 / 254 and the bias 128 * (254 sum(hi) + sum(lo)) of unsigned K bytes.
 static void quantize_q_row(const float* q, int D, float scale, uint32_t* out) {
-  vf m = splat(0.0f);
-  for (int d = 0; d < D; d += 16) {
-    const vf a = ld(q + d) * scale;
-    const vf b = a < 0.0f ? -a : a;
-    m = b > m ? b : m;
-  }
-  const float mx = hmax(m);
+  const float mx = absmax(q, D, scale);
   const float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
   vi sum = (vi)splatu(0);
   for (int d = 0; d < D; d += 16) {
