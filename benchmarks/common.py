@@ -68,6 +68,11 @@ def until_decoding(engine) -> None:
         engine.step()
 
 
+def kv_bytes_per_token(config) -> int:
+    """Bytes one token's K and V take in a bf16 cache over all layers (sizes test budgets)."""
+    return config.num_layers * 2 * config.num_kv_heads * config.head_dim * 2
+
+
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]

@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_attention
 import cpu_gemv
-from common import machine, markdown_table, until_decoding
+from common import kv_bytes_per_token, machine, markdown_table, until_decoding
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model import gemv
 from pagoda.runtime.model.linear import Linear, _pack
@@ -43,13 +43,12 @@ PARTS = ("gemv", "attention")
 def engine(loaded, n: int, context: int, steps: int, seed: int, **engine_args):
     """An engine with `n` sequences past their prefill, room for `steps` more tokens each
     (`engine_args`: more `LLM` arguments, e.g. ``kv_cache_dtype``)."""
-    mc, per_seq = loaded.config, context + steps + 32  # tokens a sequence may hold
-    kv_token = mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * 2  # bytes, bf16 K and V
+    per_seq = context + steps + 32  # tokens a sequence may hold
     llm = LLM(
         loaded=loaded,
         max_num_seqs=n,
         max_model_len=per_seq,
-        kv_cache_memory=n * (per_seq + 32) * kv_token,
+        kv_cache_memory=n * (per_seq + 32) * kv_bytes_per_token(loaded.config),
         **engine_args,
     )
     eng, rng = llm.engine, random.Random(seed)

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown_table
+from common import kv_bytes_per_token, machine, markdown_table
 from decode_ab import compare, engine
 from pagoda.runtime import LLM
 from pagoda.runtime.worker.model_runner import CPU_DEFAULT_KV_BYTES
@@ -127,8 +127,7 @@ def prefill(loaded, case: str, rounds: int = 3) -> list[list[object]]:
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 40000) for _ in range(tokens)] for _ in range(n)]
     once = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    mc = loaded.config
-    budget = (n + 1) * (tokens + 32) * mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * 2
+    budget = (n + 1) * (tokens + 32) * kv_bytes_per_token(loaded.config)
     llms = {
         kind: LLM(loaded=loaded, kv_cache_dtype=kind, max_model_len=tokens + 16,
                   enable_prefix_caching=False, kv_cache_memory=budget)

@@ -21,11 +21,6 @@ BIND_HOST = "0.0.0.0"  # the pod's address, not loopback (the runtime's default)
 def serve_values(spec: InferenceServiceSpec) -> dict[str, Any]:
     """`pagoda serve` flag values by destination name; None leaves the runtime's default."""
     e = spec.engine
-    # Flags added after the first release render only when set: a new flag in every pod's command
-    # line would change every config hash, and an operator upgrade would roll all the pods.
-    kv_cache_dtype = (
-        e.kv_cache_dtype if e.kv_cache_dtype != options.DEFAULT_KV_CACHE_DTYPE else None
-    )
     return {
         "model": spec.model.server_arg,
         "served_model_name": [spec.served_model_name],
@@ -34,7 +29,7 @@ def serve_values(spec: InferenceServiceSpec) -> dict[str, Any]:
         "drain_timeout": spec.drain_timeout_seconds,
         "dtype": e.dtype,
         "block_size": e.block_size,
-        "kv_cache_dtype": kv_cache_dtype,
+        "kv_cache_dtype": _kv_cache_dtype_if_set(spec),
         "enable_prefix_caching": e.enable_prefix_caching,
         "enable_chunked_prefill": e.enable_chunked_prefill,
         "attention_backend": e.attention_backend,
@@ -69,6 +64,13 @@ def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
         "drainTimeoutSeconds": spec.drain_timeout_seconds,
         "args": server_args(spec),
     }
-    if e.kv_cache_dtype != options.DEFAULT_KV_CACHE_DTYPE:  # when set, as in `serve_values`
-        out["kvCacheDtype"] = e.kv_cache_dtype
+    if (kv_cache_dtype := _kv_cache_dtype_if_set(spec)) is not None:
+        out["kvCacheDtype"] = kv_cache_dtype
     return out
+
+
+def _kv_cache_dtype_if_set(spec: InferenceServiceSpec) -> str | None:
+    """Flags added after the first release render only when set: a new flag in every pod's
+    command line would change every config hash, and an operator upgrade would roll all pods."""
+    value = spec.engine.kv_cache_dtype
+    return None if value == options.DEFAULT_KV_CACHE_DTYPE else value

@@ -107,17 +107,7 @@ class _Bucket:
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
-
-    def __init__(
-        self,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        scale: float,
-        kv_cache_dtype: str = "auto",
-    ) -> None:
-        super().__init__(num_heads, num_kv_heads, head_dim, scale, kv_cache_dtype)
-        self.kernel: cpu_kernel.CpuKernel | None = None  # chosen by allocate_kv_cache
+    kernel: cpu_kernel.CpuKernel | None = None  # chosen by allocate_kv_cache
 
     def prepare(self, meta: AttentionMetadata) -> None:
         """Plan the step: host index tensors for the kernel, or buckets, indices and masks."""

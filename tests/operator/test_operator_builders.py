@@ -284,21 +284,6 @@ def test_spec_change_changes_the_pod_template_hash() -> None:
     assert template_hash(base) != template_hash(changed)
 
 
-def test_kv_cache_dtype_renders_only_when_set() -> None:
-    """A flag added after the first release: the default leaves every existing service's command
-    line and config hash as they were (an operator upgrade does not roll its pods); int8 shows."""
-    import json
-
-    for spec, want in (
-        ({"model": "smollm2-135m"}, None),
-        ({"model": "smollm2-135m", "engine": {"kvCacheDtype": "int8"}}, "int8"),
-    ):
-        cm = builders.build_config_map(OWNER, parse(spec))
-        args = container(build_children(OWNER, parse(spec)).get("Deployment"))["args"]
-        assert flag(args, "--kv-cache-dtype") == want
-        assert json.loads(cm["data"]["engine.json"]).get("kvCacheDtype") == want
-
-
 def test_config_map_records_the_engine_configuration() -> None:
     import json
 

@@ -157,3 +157,20 @@ def test_metric_names_in_queries_and_rules_are_the_runtimes() -> None:
     for name in used:
         base = re.sub(r"_(bucket|sum|count|total)$", "", name)
         assert name in exported or base in exported, f"{name} is not a metric of pagoda serve"
+
+
+def test_kv_cache_dtype_renders_only_when_set() -> None:
+    """A flag added after the first release: the default leaves every existing service's command
+    line and config hash as they were (an operator upgrade does not roll its pods); int8 shows."""
+    for doc, want in (
+        ({"model": "smollm2-135m"}, None),
+        ({"model": "smollm2-135m", "engine": {"kvCacheDtype": "int8"}}, "int8"),
+    ):
+        spec = InferenceServiceSpec.from_dict(doc, name=OWNER.name, default_image="img:1")
+        args = builders.build_children(OWNER, spec).get("Deployment")["spec"]["template"]["spec"][
+            "containers"
+        ][0]["args"]
+        got = args[args.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in args else None
+        assert got == want
+        engine = json.loads(builders.build_config_map(OWNER, spec)["data"]["engine.json"])
+        assert engine.get("kvCacheDtype") == want

@@ -26,3 +26,18 @@ def step_meta(seqs, slots, block_size: int) -> AttentionMetadata:
         query_lens_host=qlens,
         seq_lens_host=[c for c, _, _ in seqs],
     )
+
+
+def scattered_tables(contexts, block_size: int, num_blocks: int, generator):
+    """Block tables for sequences of `contexts` tokens over a random permutation of the cache's
+    blocks, and each sequence's slots (token t at block ``t // block_size``)."""
+    width = max(-(-c // block_size) for c in contexts)
+    tables = torch.zeros(len(contexts), width, dtype=torch.int32)
+    perm, used, slots = torch.randperm(num_blocks, generator=generator).tolist(), 0, []
+    for i, c in enumerate(contexts):
+        n = -(-c // block_size)
+        tables[i, :n] = torch.tensor(perm[used : used + n], dtype=torch.int32)
+        used += n
+        slots.append(torch.tensor([int(tables[i, t // block_size]) * block_size + t % block_size
+                                   for t in range(c)]))  # fmt: skip
+    return tables, slots

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from attention_testlib import scattered_tables
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.attention import cpu_kernel
 
@@ -114,17 +115,12 @@ def test_unusual_shapes_match_a_float64_reference(dtype, h, hkv, d, bs):
         torch.zeros(hkv, nb, d // p, bs, p, dtype=dtype),
         torch.zeros(hkv, nb, bs // p, d, p, dtype=dtype),
     )
-    width = max(-(-c // bs) for c, _ in seqs)
-    tables = torch.zeros(len(seqs), width, dtype=torch.int32)
-    perm, used, qs, refs = torch.randperm(nb, generator=g).tolist(), 0, [], []
-    for i, (c, m) in enumerate(seqs):
-        n = -(-c // bs)
-        tables[i, :n] = torch.tensor(perm[used : used + n], dtype=torch.int32)
-        used += n
+    tables, slots = scattered_tables([c for c, _ in seqs], bs, nb, g)
+    qs, refs = [], []
+    for (c, m), seq_slots in zip(seqs, slots):
         k, v = (torch.randn(c, hkv, d, generator=g).to(dtype) for _ in range(2))
         q = torch.randn(m, h, d, generator=g).to(dtype)
-        slots = torch.tensor([int(tables[i, t // bs]) * bs + t % bs for t in range(c)])
-        kernel.write_kv(k, v, kc, vc, slots)
+        kernel.write_kv(k, v, kc, vc, seq_slots)
         kk, vv = (x.double().repeat_interleave(h // hkv, dim=1) for x in (k, v))
         s = torch.einsum("qhd,khd->hqk", q.double() * d**-0.5, kk)
         pos = torch.arange(c - m, c)[:, None]

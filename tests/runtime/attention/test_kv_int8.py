@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attention_testlib import step_meta
+from attention_testlib import scattered_tables, step_meta
 from pagoda.runtime import LLM, native
 from pagoda.runtime.attention import cpu_kernel, get_attention_backend
 from pagoda.runtime.attention.base import AttentionMetadata
@@ -83,19 +83,13 @@ def test_int8_attention_matches_a_float64_reference(h, hkv, d, bs):
     nb = sum(-(-c // bs) for c, _ in seqs) + 3
     be = TorchAttentionBackend(h, hkv, d, d**-0.5, "int8")
     kc, vc = be.allocate_kv_cache(nb, bs, torch.float32, torch.device("cpu"))
-    width = max(-(-c // bs) for c, _ in seqs)
-    tables = torch.zeros(len(seqs), width, dtype=torch.int32)
-    perm, used, qs, refs = torch.randperm(nb, generator=g).tolist(), 0, [], []
-    for i, (c, m) in enumerate(seqs):
-        n = -(-c // bs)
-        tables[i, :n] = torch.tensor(perm[used : used + n], dtype=torch.int32)
-        used += n
+    tables, slots = scattered_tables([c for c, _ in seqs], bs, nb, g)
+    qs, refs = [], []
+    for (c, m), seq_slots in zip(seqs, slots):
         k = torch.randn(c, hkv, d, generator=g) * torch.linspace(0.3, 3, d)  # uneven channels
         v = torch.randn(c, hkv, d, generator=g)
         q = torch.randn(m, h, d, generator=g)
-        kernel.write_kv(
-            k, v, kc, vc, torch.tensor([int(tables[i, t // bs]) * bs + t % bs for t in range(c)])
-        )
+        kernel.write_kv(k, v, kc, vc, seq_slots)
         refs.append(_reference(q, k, v, c, m, h, hkv, d))
         qs.append(q)
     qstart = torch.tensor([0, *torch.tensor([m for _, m in seqs]).cumsum(0).tolist()]).int()
