@@ -1,10 +1,11 @@
 """CPU paged-attention kernel timings: decode and prefill per layer, optionally against an older build.
 
 One layer of SmolLM2-135M attention by default (9 heads, 3 KV heads, head_dim 64, block 16,
-bf16). Decode: B sequences of one new token on `context` cached tokens, their blocks scattered
-over the cache; prefill: one fresh prompt of n tokens. With ``--old-ref REF`` the kernel source at
-git revision REF is built too and both are timed alternating call by call in this process (the
-machine is shared: alternation keeps load changes from favouring one side); medians are printed.
+bf16; ``--dtype float32`` for what CPUs without native bf16 run). Decode: B sequences of one new
+token on `context` cached tokens, their blocks scattered over the cache; prefill: one fresh
+prompt of n tokens. With ``--old-ref REF`` the kernel source at git revision REF is built too and
+both are timed alternating call by call in this process (the machine is shared: alternation
+keeps load changes from favouring one side); medians are printed.
 
     OMP_WAIT_POLICY=PASSIVE python -P benchmarks/cpu_attention.py --old-ref HEAD
 """
@@ -53,16 +54,17 @@ def old_kernel(ref: str, cache: Path) -> cpu_kernel.CpuKernel:
     return cpu_kernel.CpuKernel(path)
 
 
-def make_case(h, hkv, d, bs, batch, context, new, seed=0):
+def make_case(h, hkv, d, bs, batch, context, new, seed=0, dtype=torch.bfloat16):
     """Caches, a scattered block table, query and step tensors for one call."""
     g = torch.Generator().manual_seed(seed)
     nblk = -(-context // bs)
     nb = batch * nblk + 1
-    kc = torch.randn(hkv, nb, d // 2, bs, 2, generator=g).to(torch.bfloat16)
-    vc = torch.randn(hkv, nb, bs // 2, d, 2, generator=g).to(torch.bfloat16)
+    k_shape, v_shape = cpu_kernel.packed_shapes(hkv, nb, bs, d, dtype)
+    kc = torch.randn(k_shape, generator=g).to(dtype)
+    vc = torch.randn(v_shape, generator=g).to(dtype)
     perm = np.random.default_rng(seed).permutation(nb - 1) + 1
     bt = torch.from_numpy(perm.reshape(batch, nblk).astype(np.int32))
-    q = torch.randn(batch * new, h, d, generator=g).to(torch.bfloat16)
+    q = torch.randn(batch * new, h, d, generator=g).to(dtype)
     qs = torch.arange(0, batch * new + 1, new, dtype=torch.int32)
     sl = torch.full((batch,), context, dtype=torch.int32)
     return q, kc, vc, bt, qs, sl
@@ -92,6 +94,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256])
     ap.add_argument("--contexts", type=int, nargs="+", default=[300, 1000, 5000])
     ap.add_argument("--prefill", type=int, nargs="*", default=[512, 1024])
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                    help="cache and query dtype (float32: what CPUs without native bf16 run)")  # fmt: skip
     ap.add_argument("--seconds", type=float, default=1.0, help="time budget per case")
     args = ap.parse_args()
     print(machine())
@@ -102,13 +106,14 @@ def main() -> None:
             kernels.append(old_kernel(args.old_ref, Path(tmp)))
             names.append(f"{args.old_ref} ms")
         h, hkv, d = args.heads
+        dtype = getattr(torch, args.dtype)
         cases = [(f"decode B={b} ctx={c}", b, c, 1) for b in args.batches for c in args.contexts]
         cases += [(f"prefill {n}", 1, n, n) for n in args.prefill]
         rows = []
         for name, b, c, n in cases:
-            med = time_case(kernels, make_case(h, hkv, d, 16, b, c, n), args.seconds)
+            med = time_case(kernels, make_case(h, hkv, d, 16, b, c, n, dtype=dtype), args.seconds)
             if n == 1:  # decode reads every cached K/V byte once
-                rate = f"{2 * b * c * hkv * d * 2 / 1e9 / med[0]:.1f} GB/s K/V"
+                rate = f"{2 * b * c * hkv * d * dtype.itemsize / 1e9 / med[0]:.1f} GB/s K/V"
             else:  # prefill: q @ K^T and p @ V over the causal half
                 rate = f"{4 * h * d * n * (n + 1) / 2 / 1e9 / med[0]:.0f} GFLOP/s"
             row = [name, *(f"{m * 1e3:.3f}" for m in med), rate]

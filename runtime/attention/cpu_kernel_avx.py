@@ -1,8 +1,9 @@
 """AVX-512 loops of the CPU attention kernel (C++, spliced into ``cpu_kernel_source.SOURCE``).
 
 Used for float32 caches and on CPUs without AMX (AMD Zen 4: ``vdpbf16ps``; others: plain vector
-arithmetic the compiler lowers). ``vdpbf16ps`` has a latency of several cycles, so both loops keep
-up to 12 independent accumulator chains in registers: the scores handle several 16-key chunks at
+arithmetic the compiler lowers; float32 caches on AVX2-only CPUs: ``cpu_kernel_avx2``).
+``vdpbf16ps`` has a latency of several cycles, so both loops keep up to ``CHAINS`` (12 with
+AVX-512) independent accumulator chains in registers: the scores handle several 16-key chunks at
 once, ``p @ V`` several 16-dim output chunks at once. Neither grouping changes any sum: every
 accumulator belongs to one (row, head, 16 keys or 16 dims) and sees the same operations, in the
 same order, whatever its neighbours (see ``cpu_kernel_source`` on invariance).
@@ -15,6 +16,9 @@ AVX_SOURCE = r"""
 template <bool BF16, int N, int U>
 static void scores(const Geo& g, const uint32_t* const* q, const uint32_t* kc, const int32_t* bt,
                    int kvh, int stride, int j0, int j1, float* S) {
+#if defined(PAGODA_AVX2_F32)
+  if constexpr (!BF16) return scores_f32<N, U>(g, q, kc, bt, kvh, stride, j0, j1, S);
+#endif
   const int W = g.D / g.P, cpb = g.BS / 16;
   const uint32_t* base = kc + (int64_t)kvh * g.NB * W * g.BS;
   auto chunk = [&](int j) { return base + (int64_t)bt[j / cpb] * W * g.BS + (j % cpb) * 16; };
@@ -44,6 +48,9 @@ static void scores(const Geo& g, const uint32_t* const* q, const uint32_t* kc, c
 template <bool BF16, int N, int DU>
 static void pv(const Geo& g, const float* const* pr, const uint32_t* vc, const int32_t* bt,
                int kvh, int dc, int b0, int b1, vf* acc) {
+#if defined(PAGODA_AVX2_F32)
+  if constexpr (!BF16) return pv_f32<N, DU>(g, pr, vc, bt, kvh, dc, b0, b1, acc);
+#endif
   const int KW = g.BS / g.P, W = g.D;  // key words per block, words per key word
   const uint32_t* base = vc + (int64_t)kvh * g.NB * KW * W + dc * 16;
   for (int b = b0; b < b1; ++b) {
@@ -72,7 +79,7 @@ static void scores_n(const Geo& g, const uint32_t* qw, const uint32_t* kc, const
     int rh = t.rh0 + i, row = t.t0 + rh / g.G, head = t.kvh * g.G + rh % g.G;
     q[i] = qw + ((int64_t)row * g.H + head) * W;
   }
-  constexpr int U = N <= 3 ? 4 : N <= 4 ? 3 : N <= 6 ? 2 : 1;
+  constexpr int U = std::max(1, std::min(4, CHAINS / N));  // N * U chains
   const int stride = t.nblk * g.BS, jm = j0 + (j1 - j0) / U * U;
   scores<BF16, N, U>(g, q, kc, bt, t.kvh, stride, j0, jm, S);
   if (jm < j1) scores<BF16, N, 1>(g, q, kc, bt, t.kvh, stride, jm, j1, S);
@@ -82,14 +89,14 @@ template <bool BF16, int N>
 static void pv_n(const Geo& g, const float* const* pr, const uint32_t* vc, const int32_t* bt,
                  int kvh, int dc, int du, int b0, int b1, vf* acc, int n) {
   if constexpr (N > 1) { if (n < N) return pv_n<BF16, N - 1>(g, pr, vc, bt, kvh, dc, du, b0, b1, acc, n); }
-  if (du == 4) pv<BF16, N, (N <= 3 ? 4 : 1)>(g, pr, vc, bt, kvh, dc, b0, b1, acc);
-  else if (du == 2) pv<BF16, N, (N <= 6 ? 2 : 1)>(g, pr, vc, bt, kvh, dc, b0, b1, acc);
+  if (du == 4) pv<BF16, N, (4 * N <= CHAINS ? 4 : 1)>(g, pr, vc, bt, kvh, dc, b0, b1, acc);
+  else if (du == 2) pv<BF16, N, (2 * N <= CHAINS ? 2 : 1)>(g, pr, vc, bt, kvh, dc, b0, b1, acc);
   else pv<BF16, N, 1>(g, pr, vc, bt, kvh, dc, b0, b1, acc);
 }
 
-// Dim chunks per pv pass for n row-heads: at most 12 chains, and a divisor of the chunk count.
+// Dim chunks per pv pass for n row-heads: at most CHAINS chains, and a divisor of the chunk count.
 static inline int dims_for(int n, int ndc) {
-  if (n <= 3 && ndc % 4 == 0) return 4;
-  return n <= 6 && ndc % 2 == 0 ? 2 : 1;
+  if (4 * n <= CHAINS && ndc % 4 == 0) return 4;
+  return 2 * n <= CHAINS && ndc % 2 == 0 ? 2 : 1;
 }
 """

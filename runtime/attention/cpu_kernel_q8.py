@@ -38,7 +38,6 @@ static inline vi dpbusd(vi acc, vu a, vu b) {
 typedef uint8_t vb16 __attribute__((vector_size(16)));
 static const int Q8_AHEAD = 3;  // V blocks fetched ahead (1 KiB each at D = 64, BS = 16)
 static inline vf round_even(vf x) { return (x + 12582912.0f) - 12582912.0f; }  // |x| < 2^22
-#define PAGODA_UNROLL _Pragma("GCC unroll 16")
 static inline int64_t q8_block_words(const Geo& g) { return (int64_t)g.BS * g.D / 4 + g.BS; }
 static inline int q8_q_words(const Geo& g) { return g.D / 2 + 2; }  // hi, lo, step, bias
 
@@ -196,7 +195,7 @@ static void scores_q8_n(const Geo& g, const uint32_t* qw, const uint32_t* kc, co
     int rh = t.rh0 + i, row = t.t0 + rh / g.G, head = t.kvh * g.G + rh % g.G;
     q[i] = qw + ((int64_t)row * g.H + head) * q8_q_words(g);
   }
-  constexpr int U = N <= 3 ? 4 : N <= 4 ? 3 : N <= 6 ? 2 : 1;
+  constexpr int U = std::max(1, std::min(4, CHAINS / N));
   const int stride = t.nblk * g.BS, jm = j0 + (j1 - j0) / U * U;
   scores_q8<N, U>(g, q, kc, bt, t.kvh, stride, j0, jm, S);
   if (jm < j1) scores_q8<N, 1>(g, q, kc, bt, t.kvh, stride, jm, j1, S);
@@ -206,8 +205,8 @@ template <int N>
 static void pv_q8_n(const Geo& g, const float* const* pr, int width, const uint32_t* vc,
                     const int32_t* bt, int kvh, int dc, int du, int b0, int b1, vf* acc, int n) {
   if constexpr (N > 1) { if (n < N) return pv_q8_n<N - 1>(g, pr, width, vc, bt, kvh, dc, du, b0, b1, acc, n); }
-  if (du == 4) pv_q8<N, (N <= 3 ? 4 : 1)>(g, pr, width, vc, bt, kvh, dc, b0, b1, acc);  // dims_for
-  else if (du == 2) pv_q8<N, (N <= 6 ? 2 : 1)>(g, pr, width, vc, bt, kvh, dc, b0, b1, acc);
+  if (du == 4) pv_q8<N, (4 * N <= CHAINS ? 4 : 1)>(g, pr, width, vc, bt, kvh, dc, b0, b1, acc);  // dims_for
+  else if (du == 2) pv_q8<N, (2 * N <= CHAINS ? 2 : 1)>(g, pr, width, vc, bt, kvh, dc, b0, b1, acc);
   else pv_q8<N, 1>(g, pr, width, vc, bt, kvh, dc, b0, b1, acc);
 }
 

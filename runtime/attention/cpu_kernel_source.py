@@ -29,6 +29,7 @@ fused ones are written out: ``fma``).
 
 from pagoda.runtime.attention.cpu_kernel_amx import AMX_SOURCE
 from pagoda.runtime.attention.cpu_kernel_avx import AVX_SOURCE
+from pagoda.runtime.attention.cpu_kernel_avx2 import AVX2_SOURCE
 from pagoda.runtime.attention.cpu_kernel_q8 import Q8_SOURCE
 from pagoda.runtime.attention.cpu_kernel_waves import WAVES_SOURCE
 from pagoda.runtime.native import CLAIM_C, POOL_C
@@ -47,7 +48,7 @@ SOURCE = (
 #include <algorithm>
 #include <string>
 #include <cmath>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__FMA__)
 #include <immintrin.h>
 #endif
 """
@@ -60,7 +61,16 @@ typedef uint32_t vu __attribute__((vector_size(64)));
 typedef int32_t vi __attribute__((vector_size(64)));
 typedef uint16_t vh __attribute__((vector_size(32)));
 
-static const int MAXN = 12;            // row-heads per AVX-512 tile (accumulators in registers)
+// 16-float accumulator chains a loop keeps in registers: AVX-512 has 32 of them; with AVX2 a
+// vector is two of the 16 ymm registers, and 12 chains would spill to the stack on every step.
+#if defined(__AVX512F__)
+static const int CHAINS = 12;
+#else
+static const int CHAINS = 6;
+#endif
+static const int MAXN = CHAINS;        // row-heads per vector tile (accumulators in registers)
+// Register loops: GCC leaves some rolled, and then keeps their accumulator arrays in memory.
+#define PAGODA_UNROLL _Pragma("GCC unroll 16")
 static const int AMXN = 16;            // row-heads per AMX tile (rows of a tile register)
 static const int KCHUNK = 32;          // blocks per score task
 static const int SERIAL = 96;          // tile-blocks (~20 us) under which one thread runs a call
@@ -70,6 +80,23 @@ static inline vu ldu(const void* p) { vu v; std::memcpy(&v, p, 64); return v; }
 static inline vf splat(float x) { vf v = {}; return v + x; }
 static inline vu splatu(uint32_t x) { vu v = {}; return v + x; }
 
+// a * b + c, fused where the CPU has it (-ffp-contract=off: the compiler never fuses on its own;
+// AVX2 + FMA: two 8-float halves).
+static inline vf fma(vf a, vf b, vf c) {
+#if defined(__AVX512F__)
+  return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+  __m256 x[2], y[2], z[2];
+  std::memcpy(x, &a, 64); std::memcpy(y, &b, 64); std::memcpy(z, &c, 64);
+  z[0] = _mm256_fmadd_ps(x[0], y[0], z[0]);
+  z[1] = _mm256_fmadd_ps(x[1], y[1], z[1]);
+  std::memcpy(&c, z, 64);
+  return c;
+#else
+  return a * b + c;
+#endif
+}
+
 // acc + a . b over word pairs: bf16 pairs (P = 2) or single floats (P = 1).
 template <bool BF16> static inline vf dp(vf acc, vu a, vu b);
 template <> inline vf dp<true>(vf acc, vu a, vu b) {
@@ -78,16 +105,10 @@ template <> inline vf dp<true>(vf acc, vu a, vu b) {
 #else
   vf alo = (vf)(a << 16), ahi = (vf)(a & 0xFFFF0000u);
   vf blo = (vf)(b << 16), bhi = (vf)(b & 0xFFFF0000u);
-  return (acc + ahi * bhi) + alo * blo;
+  return fma(alo, blo, fma(ahi, bhi, acc));
 #endif
 }
-template <> inline vf dp<false>(vf acc, vu a, vu b) {
-#if defined(__AVX512F__)
-  return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)acc);
-#else
-  return acc + (vf)a * (vf)b;
-#endif
-}
+template <> inline vf dp<false>(vf acc, vu a, vu b) { return fma((vf)a, (vf)b, acc); }
 
 // float -> bf16, round to nearest even (one instruction with AVX-512 BF16, which also flushes
 // denormals to zero: below 1e-38, far under anything attention weights or outputs resolve).
@@ -100,14 +121,6 @@ static inline vh to_bf16v(vf f) {
 #endif
 }
 
-// a * b + c, fused where AVX-512 has it (-ffp-contract=off: the compiler never fuses on its own).
-static inline vf fma(vf a, vf b, vf c) {
-#if defined(__AVX512F__)
-  return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#else
-  return a * b + c;
-#endif
-}
 
 // exp for x <= 0 (Cephes expf polynomial, ~1 ulp); x below -87 gives ~0 (never a denormal:
 // those are slow). AVX-512 rounds and scales by 2^n in one instruction each.
@@ -143,6 +156,7 @@ struct Tile {  // row-heads rh = r * G + j of one sequence and kv head; rows r0.
   int t0, pos0;                 // step row and context position of row 0 of the sequence
 };
 """
+    + AVX2_SOURCE
     + AVX_SOURCE
     + AMX_SOURCE
     + Q8_SOURCE
@@ -151,6 +165,9 @@ struct Tile {  // row-heads rh = r * G + j of one sequence and kv head; rows r0.
 // Row-head's softmax over its keys [0, pos]; p (bf16 or float) written in place at the start.
 template <bool BF16>
 static void softmax_row(float* s, int pos, int nblk_row, int BS) {
+#if defined(PAGODA_AVX2_F32)
+  if constexpr (!BF16) return softmax_row_f32(s, pos, nblk_row, BS);
+#endif
   const int nk = nblk_row * BS;
   vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   vf m0 = splat(-3.0e38f), m1 = m0;  // two chains: a maximum is exact in any order
