@@ -10,8 +10,36 @@ from pathlib import Path
 import pytest
 import torch
 from attention_testlib import scattered_tables
-from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime import LLM, SamplingParams, native
 from pagoda.runtime.attention import cpu_kernel
+from pagoda.runtime.attention.cpu_kernel_source import SOURCE
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+@pytest.fixture(scope="module", params=["native", "avx2"])
+def kernel(request) -> cpu_kernel.CpuKernel:
+    """The kernel built for this CPU, and built for AVX2 + FMA without AVX-512 (the loops of
+    `cpu_kernel_avx2`, which AVX-512 machines never build natively): both pass the same checks."""
+    if request.param == "native":
+        built = cpu_kernel.load()
+        assert built is not None, "the CPU attention kernel did not build (is g++ installed?)"
+        return built
+    cxx = native.find_compiler("CXX", ["g++", "c++", "clang++"])
+    if cxx is None or not {"avx2", "fma"} <= _cpu_flags():
+        pytest.skip("no C++ compiler, or this CPU cannot run AVX2 + FMA code")
+    flags = ["-march=haswell" if f == "-march=native" else f for f in cpu_kernel.FLAGS]
+    path = native.build(
+        SOURCE, name="paged_attention_avx2", compiler=cxx, flags=flags, language="c++"
+    )
+    return cpu_kernel.CpuKernel(path)
 
 
 def test_build_compiles_once_per_cache_dir_and_loads(tmp_path):
@@ -102,11 +130,9 @@ def test_the_avx512_loops_on_a_cpu_with_amx():
 @pytest.mark.parametrize(
     "h,hkv,d,bs", [(4, 2, 128, 64), (6, 3, 64, 48), (2, 1, 96, 32), (4, 4, 16, 16)]
 )
-def test_unusual_shapes_match_a_float64_reference(dtype, h, hkv, d, bs):
+def test_unusual_shapes_match_a_float64_reference(kernel, dtype, h, hkv, d, bs):
     """Head dims and block sizes off the common path (AMX steps of 32 dims and 16 key pairs,
     tiles of several chunks per block): decodes and prefill chunks on cached context."""
-    kernel = cpu_kernel.load()
-    assert kernel is not None, "the CPU attention kernel did not build (is g++ installed?)"
     g = torch.Generator().manual_seed(0)
     seqs = [(300, 1), (97, 1), (260, 70), (40, 40)]  # (context incl. new tokens, new tokens)
     p = 4 // dtype.itemsize
@@ -138,11 +164,10 @@ def test_unusual_shapes_match_a_float64_reference(dtype, h, hkv, d, bs):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("h,hkv,d", [(9, 3, 64), (16, 1, 64), (4, 4, 32)])
-def test_a_row_is_the_same_at_every_place_in_a_tile(dtype, h, hkv, d):
+def test_a_row_is_the_same_at_every_place_in_a_tile(kernel, dtype, h, hkv, d):
     """One query row in chunks of 1 to 20 rows, at every offset: its row-heads sit at every
-    place of a tile (AMX: 16 rows per tile; AVX-512: up to 12) and beside 0 to 15 others."""
-    kernel = cpu_kernel.load()
-    assert kernel is not None, "the CPU attention kernel did not build (is g++ installed?)"
+    place of a tile (AMX: 16 rows per tile; AVX-512: up to 12; AVX2: 6) and beside 0 to 15
+    others."""
     g, bs, n, pos = torch.Generator().manual_seed(1), 16, 240, 200
     p = 4 // dtype.itemsize
     nblk = -(-n // bs)
