@@ -206,13 +206,7 @@ def main() -> int:
         f"{args.output_len} output tokens each",
         flush=True,
     )
-    # The GEMM peak of the dtype Pagoda runs in, before and after (the machine is shared); bf16
-    # only where the CPU has it natively (emulated, 2048^3 takes minutes and means nothing).
-    gemm = (
-        "bf16"
-        if args.dtype in ("bfloat16", "bf16") or (args.dtype == "auto" and cpu_has_fast_bf16())
-        else "fp32"
-    )
+    gemm = gemm_dtype(args.dtype)
     peaks = {"dtype": gemm, "fp32": gemm_peak(torch.float32)}
     if gemm == "bf16":
         peaks["bf16"] = gemm_peak(torch.bfloat16)
@@ -238,6 +232,14 @@ def main() -> int:
         out |= {"results": results, "gemm_peaks": peaks, "prompt_tokens": n_prompt, "long": long}
         args.json.write_text(json.dumps(out, indent=2))
     return 0
+
+
+def gemm_dtype(dtype: str) -> str:
+    """The GEMM whose peak Pagoda's matmuls are compared with (measured before and after: the
+    machine is shared): bf16 only where the CPU has it natively (emulated, 2048^3 takes minutes
+    and means nothing)."""
+    bf16 = dtype in ("bfloat16", "bf16") or (dtype == "auto" and cpu_has_fast_bf16())
+    return "bf16" if bf16 else "fp32"
 
 
 def timed_generate(loaded, prompts, out_len: int, dtype: str) -> dict:

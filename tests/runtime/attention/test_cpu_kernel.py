@@ -15,15 +15,6 @@ from pagoda.runtime.attention import cpu_kernel
 from pagoda.runtime.attention.cpu_kernel_source import SOURCE
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
-
-
 @pytest.fixture(scope="module", params=["native", "avx2"])
 def kernel(request) -> cpu_kernel.CpuKernel:
     """The kernel built for this CPU, and built for AVX2 + FMA without AVX-512 (the loops of
@@ -33,7 +24,7 @@ def kernel(request) -> cpu_kernel.CpuKernel:
         assert built is not None, "the CPU attention kernel did not build (is g++ installed?)"
         return built
     cxx = native.find_compiler("CXX", ["g++", "c++", "clang++"])
-    if cxx is None or not {"avx2", "fma"} <= _cpu_flags():
+    if cxx is None or not {"avx2", "fma"} <= set(native.cpu_signature().split()):
         pytest.skip("no C++ compiler, or this CPU cannot run AVX2 + FMA code")
     flags = ["-march=haswell" if f == "-march=native" else f for f in cpu_kernel.FLAGS]
     path = native.build(
