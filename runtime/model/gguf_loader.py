@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model.quantized import QuantizedWeight, from_gguf
 from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
@@ -150,13 +151,17 @@ def _reader(path: str | Path):
     return Reader(str(path))
 
 
-def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
-    """Read config, dequantized float32 weights (HF names) and tokenizer from one GGUF file."""
+def load_gguf(
+    path: str | Path,
+) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer, dict[str, QuantizedWeight]]:
+    """Read config, dequantized float32 weights (HF names), tokenizer, and the raw blocks of the
+    weights stored in a format `qgemm` reads (Q4_0, Q4_1, Q8_0), rows in the same HF order."""
     import gguf
 
     reader = _reader(path)
     config = read_config(reader)
     weights: dict[str, torch.Tensor] = {}
+    quantized: dict[str, QuantizedWeight] = {}
     for t in reader.tensors:
         name = _hf_name(t.name)
         if name is None:
@@ -164,11 +169,34 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], T
         arr = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
         shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims fastest-first
         arr = arr.reshape(shape)
-        if config.architecture == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            arr = _unpermute(arr, config.num_heads)
-        elif config.architecture == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            arr = _unpermute(arr, config.num_kv_heads)
+        blocks = None
+        if len(shape) == 2 and name.endswith(".weight"):
+            blocks = from_gguf(t.tensor_type.name, t.data, shape[1])
+        heads = _permuted_heads(config, name)
+        if heads:
+            arr = _unpermute(arr, heads)
+            if blocks is not None:
+                blocks = QuantizedWeight(
+                    blocks.kind, _unpermute_rows(blocks.blocks, heads), blocks.cols
+                )
         weights[name] = torch.from_numpy(
             np.array(arr, dtype=np.float32, order="C")
         )  # own the memory
-    return config, weights, read_tokenizer(reader, config)
+        if blocks is not None:
+            quantized[name] = blocks
+    return config, weights, read_tokenizer(reader, config), quantized
+
+
+def _permuted_heads(config: ModelConfig, name: str) -> int:
+    """Heads whose rows llama.cpp interleaved in this tensor (0: not permuted)."""
+    if config.architecture != "llama":
+        return 0
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        return config.num_heads
+    if name.endswith(("k_proj.weight", "k_proj.bias")):
+        return config.num_kv_heads
+    return 0
+
+
+def _unpermute_rows(rows: torch.Tensor, n_heads: int) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(_unpermute(rows.numpy(), n_heads)))

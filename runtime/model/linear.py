@@ -12,6 +12,8 @@ On CPUs with AMX, oneDNN's bf16 GEMM is not M-invariant; there `amx_gemm` (AMX t
 same packed weights, one summation order for every M, faster than oneDNN at every M measured)
 takes every bf16 call. Without AMX every bf16 call goes to `gemv` (M-invariant too, faster at
 decode sizes); on AMX CPUs without the AMX GEMM, only steps of up to 4 rows (see there).
+float32 weights that came from GGUF Q4_0/Q4_1/Q8_0 blocks (CPUs without native bf16 compute in
+float32) are multiplied by the blocks themselves (`qgemm`, M-invariant, every call).
 Weights on CUDA stay plain; with ``invariant`` they go through ``pagoda.kernels.linear``, whose
 reduction order depends on the weight's shape alone (cuBLAS chooses its kernel by M).
 """
@@ -22,7 +24,8 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from pagoda.runtime.model import amx_gemm, gemv
+from pagoda.runtime.model import amx_gemm, gemv, qgemm
+from pagoda.runtime.model.quantized import QuantizedWeight
 
 PACK_BATCH_HINT = 2048  # oneDNN picks the blocked layout for this M; it serves small M well too
 PACKED_DTYPES = (torch.bfloat16, torch.float32)
@@ -51,15 +54,23 @@ class Linear:
     __slots__ = ("bias", "fast", "fast_rows", "kernel", "packed", "weight")
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None = None, invariant: bool = False
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        invariant: bool = False,
+        quantized: QuantizedWeight | None = None,
     ) -> None:
         self.bias = bias
         self.packed = None
         self.kernel = None
-        self.fast: amx_gemm.AmxWeight | gemv.GemvWeight | None = None  # bf16, see the docstring
+        # see the docstring: bf16 kernels, or float32 over the GGUF blocks `quantized`
+        self.fast: amx_gemm.AmxWeight | gemv.GemvWeight | qgemm.QGemmWeight | None = None
         self.fast_rows = 0  # the most rows `fast` takes
         self.weight: torch.Tensor | None = weight
         cpu = weight.device.type == "cpu"
+        f32 = cpu and weight.dtype == torch.float32
+        if f32 and quantized is not None and self._bind_quantized(quantized):
+            return
         if invariant and weight.device.type == "cuda":
             from pagoda.kernels import linear  # needs Triton, which CUDA installs have
 
@@ -70,6 +81,15 @@ class Linear:
             self.weight = None  # the packed copy replaces it
             if weight.dtype == torch.bfloat16:
                 self._pick_fast_path()
+
+    def _bind_quantized(self, quantized: QuantizedWeight) -> bool:
+        """Whether `qgemm` takes every call (then the float32 weight is dropped)."""
+        kernel = qgemm.load() if qgemm.wanted() else None
+        if kernel is None or (quantized.rows, quantized.cols) != tuple(self.weight.shape):
+            return False
+        self.fast, self.fast_rows = kernel.bind(quantized, self.bias), 1 << 62
+        self.weight = None
+        return True
 
     def _pick_fast_path(self) -> None:
         n, k = self.packed.shape
@@ -84,10 +104,10 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel is not None:
             return self.kernel(x=x, weight=self.weight, bias=self.bias)
+        if self.fast is not None and (0 < x.shape[0] <= self.fast_rows or self.packed is None):
+            return self.fast(x)
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
-        if self.fast is not None and 0 < x.shape[0] <= self.fast_rows:
-            return self.fast(x)
         if x.shape[0] == 1:  # keep the GEMM path (and its rounding) for a lone row
             return self._packed(x.expand(2, -1))[:1]
         return self._packed(x)

@@ -16,6 +16,7 @@ from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.ops import Ops, build_cos_sin_cache, gather_cos_sin
+from pagoda.runtime.model.quantized import QuantizedWeight, concat
 
 
 class _DeviceWeights:
@@ -23,14 +24,28 @@ class _DeviceWeights:
     peak is the model plus one layer's temporaries rather than two copies of every weight."""
 
     def __init__(
-        self, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype
+        self,
+        weights: dict[str, torch.Tensor],
+        device: torch.device,
+        dtype: torch.dtype,
+        quantized: dict[str, QuantizedWeight],
     ) -> None:
         self._w, self._device, self._dtype = weights, device, dtype
+        # GGUF blocks serve only float32 on the CPU: there `qgemm` computes the same weights
+        on_cpu_f32 = device.type == "cpu" and dtype == torch.float32
+        self._q = quantized if on_cpu_f32 else {}
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._w:
             raise ValueError(f"checkpoint is missing tensor {name!r}")
         return self._w[name].to(device=self._device, dtype=self._dtype)
+
+    def cat(self, names: list[str]) -> torch.Tensor:
+        return torch.cat([self[n] for n in names])
+
+    def quantized(self, names: list[str]) -> QuantizedWeight | None:
+        """The rows of `names` as one quantized weight, if all are alike (see `quantized`)."""
+        return concat([self._q.get(n) for n in names])
 
 
 class LlamaLayer:
@@ -42,13 +57,16 @@ class LlamaLayer:
         a = prefix + "self_attn."
         self.attn_norm = w[prefix + "input_layernorm.weight"]
         self.mlp_norm = w[prefix + "post_attention_layernorm.weight"]
-        names = ("q_proj", "k_proj", "v_proj")
-        bias_t = torch.cat([w[f"{a}{n}.bias"] for n in names]) if bias else None
-        self.qkv = linear(torch.cat([w[f"{a}{n}.weight"] for n in names]), bias_t)
-        self.o_proj = linear(w[a + "o_proj.weight"])
+        qkv = [f"{a}{n}.weight" for n in ("q_proj", "k_proj", "v_proj")]
+        bias_t = torch.cat([w[n[: -len("weight")] + "bias"] for n in qkv]) if bias else None
+        self.qkv = linear(w.cat(qkv), bias_t, quantized=w.quantized(qkv))
+        self.o_proj = linear(w[a + "o_proj.weight"], quantized=w.quantized([a + "o_proj.weight"]))
         m = prefix + "mlp."
-        self.gate_up = linear(torch.cat([w[m + "gate_proj.weight"], w[m + "up_proj.weight"]]))
-        self.down = linear(w[m + "down_proj.weight"])
+        gate_up = [m + "gate_proj.weight", m + "up_proj.weight"]
+        self.gate_up = linear(w.cat(gate_up), quantized=w.quantized(gate_up))
+        self.down = linear(
+            w[m + "down_proj.weight"], quantized=w.quantized([m + "down_proj.weight"])
+        )
 
 
 class LlamaModel:
@@ -59,6 +77,7 @@ class LlamaModel:
         config: ModelConfig,
         weights: dict[str, torch.Tensor],
         *,
+        quantized: dict[str, QuantizedWeight] | None = None,
         dtype: torch.dtype,
         device: torch.device,
         backend: AttentionBackend,
@@ -69,11 +88,14 @@ class LlamaModel:
         self.config = config
         self.dtype, self.device = dtype, device
         self.backend, self.ops = backend, ops
-        w = _DeviceWeights(weights, device, dtype)
+        w = _DeviceWeights(weights, device, dtype, quantized or {})
         linear = functools.partial(Linear, invariant=batch_invariant)
         self.embed = w["model.embed_tokens.weight"]
         self.norm = w["model.norm.weight"]
-        self.lm_head = linear(self.embed if config.tie_word_embeddings else w["lm_head.weight"])
+        head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+        self.lm_head = linear(
+            self.embed if config.tie_word_embeddings else w[head], quantized=w.quantized([head])
+        )
         self.layers = [
             LlamaLayer(w, f"model.layers.{i}.", config.attention_bias, linear)
             for i in range(config.num_layers)

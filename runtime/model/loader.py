@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model.quantized import QuantizedWeight
 from pagoda.runtime.model.tokenizer import Tokenizer
 from pagoda.runtime.options import BUILTIN_MODELS
 
@@ -21,6 +22,8 @@ class LoadedModel:
     config: ModelConfig
     weights: dict[str, torch.Tensor]
     tokenizer: Tokenizer
+    # raw GGUF blocks of the weights `qgemm` can read in place (float32 CPU models use them)
+    quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
 
 
 def builtin_model_path(name: str) -> Path:
@@ -75,13 +78,19 @@ def load_model(model: str) -> LoadedModel:
     if path.is_file() and path.suffix == ".gguf":
         from pagoda.runtime.model.gguf_loader import load_gguf
 
-        config, weights, tokenizer = load_gguf(path)
+        config, weights, tokenizer, quantized = load_gguf(path)
     elif path.is_dir():
         from pagoda.runtime.model.hf_loader import load_hf_dir
 
         config, weights, tokenizer = load_hf_dir(path)
+        quantized = {}
     else:
         raise ValueError(f"model path {path} must be a .gguf file or a Hugging Face directory")
     return LoadedModel(
-        name=model, path=str(path), config=config, weights=weights, tokenizer=tokenizer
+        name=model,
+        path=str(path),
+        config=config,
+        weights=weights,
+        tokenizer=tokenizer,
+        quantized=quantized,
     )

@@ -101,6 +101,7 @@ class ModelRunner:
         self.model = LlamaModel(
             mc,
             loaded.weights,
+            quantized=loaded.quantized,
             dtype=self.dtype,
             device=self.device,
             backend=self.backend,

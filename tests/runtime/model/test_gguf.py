@@ -117,7 +117,7 @@ def tiny_gguf(tmp_path_factory, smol):
 
 def test_every_tensor_type_dequantizes_and_unpermutes(tiny_gguf):
     path, _, expected = tiny_gguf
-    config, weights, _ = load_gguf(path)
+    config, weights, _, _ = load_gguf(path)
     assert (config.num_layers, config.num_heads, config.num_kv_heads, config.head_dim) == (
         2,
         HEADS,

@@ -1,0 +1,360 @@
+"""float32 matmuls that read GGUF-quantized weights (Q4_0, Q4_1, Q8_0) in place, any M.
+
+On CPUs without native bf16 (AVX2 only: AMD Zen 1-3, older Xeons) the model computes in float32
+and a decode step streams every weight from memory: 540 MB for the embedded 135M model, where
+its Q4_1/Q8_0 blocks are 96 MB. This kernel keeps the blocks (re-laid out once: 16 outputs by 32
+keys per unit, their scales as float32) and dequantizes a chunk of keys of one block of 16
+outputs into an L1 buffer, exactly as `gguf.quants` does (`quantized`), then sweeps every row
+tile of the task over it with FMAs. A weight is thus the same float32 value as in the
+dequantized model; each output is one accumulator updated key by key in order, carried between
+chunks in float32, so a row's bits depend neither on M, nor on its tile, nor on the threads (the
+batch-invariance guarantee of docs/runtime.md holds). AVX2 + FMA; ``PAGODA_CPU_QGEMM=0`` turns
+it off (oneDNN's float32 GEMM over the dequantized weights then runs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+
+import torch
+from pagoda.runtime import native
+from pagoda.runtime.model.quantized import QK, QuantizedWeight
+
+log = logging.getLogger(__name__)
+
+ENV_SWITCH = "PAGODA_CPU_QGEMM"
+NB = 16  # outputs per unit
+KINDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
+SERIAL_BELOW = 1 << 18  # multiply-adds below which the calling thread works alone
+FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-ffp-contract=off"]
+
+SOURCE = r"""
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+@CLAIM@
+@POOL@
+#if defined(__AVX2__) && defined(__FMA__)
+#define ALWAYS inline __attribute__((always_inline))
+#define INLINE static ALWAYS
+enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
+constexpr int NB = 16;      // outputs per unit: two vectors of 8
+constexpr int QK = 32;      // keys per unit (GGUF's block)
+constexpr int KC = 256;     // keys dequantized at a time: 16 KB of float32, in L1
+constexpr int RMAX = 6;     // rows per tile: 12 accumulators + 2 weights + 1 broadcast
+constexpr int MC_MAX = 96;  // rows per task
+constexpr int LEAN_ROWS = 2;  // up to this many rows: `lean`
+
+template <int QT> constexpr int qbytes() { return QT == Q8_0 ? 512 : 256; }
+template <int QT> constexpr int unit() { return qbytes<QT>() + (QT == Q4_1 ? 128 : 64); }
+
+struct Job {
+  const uint8_t* w; const float *x, *bias; float* y;
+  int64_t ldx, ldy, next, claim;
+  int M, N, K, MC;
+};
+
+// One unit's 32 keys x 16 outputs: weight k as two float32 vectors, computed as gguf.quants
+// does (d * q rounded, then + m rounded; d * (q - 8); q * d)
+template <int QT>
+struct Unit {
+  const uint8_t* q;
+  __m256 d0, d1, m0, m1;
+  ALWAYS explicit Unit(const uint8_t* u) : q(u) {
+    const float* sc = (const float*)(u + qbytes<QT>());
+    d0 = _mm256_loadu_ps(sc), d1 = _mm256_loadu_ps(sc + 8);
+    m0 = QT == Q4_1 ? _mm256_loadu_ps(sc + 16) : d0;
+    m1 = QT == Q4_1 ? _mm256_loadu_ps(sc + 24) : d1;
+  }
+  ALWAYS void at(int k, __m256& w0, __m256& w1) const {
+    __m256i q0, q1;
+    if (QT == Q8_0) {
+      const __m128i b = _mm_loadu_si128((const __m128i*)(q + k * 16));
+      q0 = _mm256_cvtepi8_epi32(b);
+      q1 = _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8));
+    } else {  // byte j: output j in the low nibble, output j + 8 in the high one
+      const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(q + k * 8)));
+      q0 = _mm256_and_si256(b, _mm256_set1_epi32(15));
+      q1 = _mm256_srli_epi32(b, 4);
+      if (QT == Q4_0) {
+        q0 = _mm256_sub_epi32(q0, _mm256_set1_epi32(8));
+        q1 = _mm256_sub_epi32(q1, _mm256_set1_epi32(8));
+      }
+    }
+    w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(q0), d0);
+    w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(q1), d1);
+    if (QT == Q4_1) w0 = _mm256_add_ps(w0, m0), w1 = _mm256_add_ps(w1, m1);
+  }
+};
+
+template <int QT>
+INLINE const uint8_t* unit_at(const Job& j, int64_t nb, int k) {
+  return j.w + (nb * (j.K / QK) + k / QK) * (int64_t)unit<QT>();
+}
+
+// rows [m0, m0 + R) of y at output block nb from staged float32 sums [R][16] (+ bias)
+INLINE void emit(const Job& j, int64_t nb, int64_t m0, int R, const float* out) {
+  const int64_t n0 = nb * NB;
+  if (n0 >= j.N) return;
+  const int valid = j.N - n0 < NB ? (int)(j.N - n0) : NB;
+  for (int r = 0; r < R; ++r) {
+    float* y = j.y + (m0 + r) * j.ldy + n0;
+    if (j.bias)
+      for (int i = 0; i < valid; ++i) y[i] = out[r * NB + i] + j.bias[n0 + i];
+    else
+      memcpy(y, out + r * NB, (size_t)valid * 4);
+  }
+}
+
+// keys [k0, k1) of output block nb as float32 [k][16]
+template <int QT>
+INLINE void dequant(const Job& j, int64_t nb, int k0, int k1, float* out) {
+  const uint8_t* u = unit_at<QT>(j, nb, k0);
+  for (int kb = k0; kb < k1; kb += QK, u += unit<QT>()) {
+    const Unit<QT> w(u);
+    for (int k = 0; k < QK; ++k, out += NB) {
+      __m256 w0, w1;
+      w.at(k, w0, w1);
+      _mm256_store_ps(out, w0);
+      _mm256_store_ps(out + 8, w1);
+    }
+  }
+}
+
+// R rows from m0 by the 16 outputs of block nb over keys [k0, k1) of `wb`; the accumulators
+// start at zero (k0 = 0) or from `acc_buf`, and go back there or, at the last key, to y
+template <int R>
+INLINE void tile(const Job& j, int64_t nb, int64_t m0, int k0, int k1, const float* wb,
+                 float* acc_buf) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 2; ++v)
+      acc[r][v] = k0 ? _mm256_load_ps(acc_buf + r * NB + 8 * v) : _mm256_setzero_ps();
+  const float* x = j.x + m0 * j.ldx;
+  for (int k = k0; k < k1; ++k, wb += NB) {
+    const __m256 b0 = _mm256_load_ps(wb), b1 = _mm256_load_ps(wb + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 a = _mm256_broadcast_ss(x + r * j.ldx + k);
+      acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
+    }
+  }
+  // staged through acc_buf (indexing `acc` in emit's loops would keep it in memory throughout)
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 2; ++v) _mm256_store_ps(acc_buf + r * NB + 8 * v, acc[r][v]);
+  if (k1 == j.K) emit(j, nb, m0, R, acc_buf);
+}
+
+// R (1 or 2) rows by output blocks nb and nb + 1, every key, dequantizing in registers: with
+// a row or two a buffer's store and reload would cost more than the arithmetic. Each output's
+// operations are those of `tile`, so the bits are the same.
+template <int QT, int R>
+static void lean(const Job& j, int64_t nb, int64_t m0) {
+  __m256 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm256_setzero_ps();
+  const int64_t nb1 = (nb + 1) * NB < j.N ? nb + 1 : nb;  // a lone last block: computed twice
+  const uint8_t *ua = unit_at<QT>(j, nb, 0), *ub = unit_at<QT>(j, nb1, 0);
+  const float* x = j.x + m0 * j.ldx;
+  for (int kb = 0; kb < j.K; kb += QK, ua += unit<QT>(), ub += unit<QT>()) {
+    const Unit<QT> a(ua), b(ub);
+    for (int k = 0; k < QK; ++k) {
+      __m256 w[4];
+      a.at(k, w[0], w[1]);
+      b.at(k, w[2], w[3]);
+      for (int r = 0; r < R; ++r) {
+        const __m256 xr = _mm256_broadcast_ss(x + r * j.ldx + kb + k);
+        for (int v = 0; v < 4; ++v) acc[r][v] = _mm256_fmadd_ps(xr, w[v], acc[r][v]);
+      }
+    }
+  }
+  alignas(32) float out[2][R * NB];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) _mm256_store_ps(out[v / 2] + r * NB + 8 * (v % 2), acc[r][v]);
+  emit(j, nb, m0, R, out[0]);
+  if (nb1 != nb) emit(j, nb1, m0, R, out[1]);
+}
+
+#define ROW_TILES(CALL)                         \
+  int64_t m = lo;                               \
+  for (; m + RMAX <= hi; m += RMAX) CALL(RMAX); \
+  switch (hi - m) {                             \
+    case 1: CALL(1); break;                     \
+    case 2: CALL(2); break;                     \
+    case 3: CALL(3); break;                     \
+    case 4: CALL(4); break;                     \
+    case 5: CALL(5); break;                     \
+  }
+
+// tasks = (output block, run of MC rows), block-major; each chunk of keys is dequantized once
+// per task and swept by all its row tiles while it sits in L1. With one or two rows, tasks are
+// pairs of output blocks instead, dequantized in registers (`lean`).
+template <int QT>
+static void run(void* arg) {
+  Job& j = *(Job*)arg;
+  const int64_t nblk = (j.N + NB - 1) / NB, mch = (j.M + j.MC - 1) / j.MC;
+  const int64_t tasks = j.M <= LEAN_ROWS ? (nblk + 1) / 2 : nblk * mch;
+  alignas(32) float wb[KC * NB];
+  alignas(32) float acc_buf[MC_MAX * NB];
+  for (int64_t t, end; (t = claim(&j.next, j.claim, tasks, &end)) < tasks;)
+    for (; t < end; ++t) {
+      if (j.M <= LEAN_ROWS) {
+        j.M == 1 ? lean<QT, 1>(j, 2 * t, 0) : lean<QT, 2>(j, 2 * t, 0);
+        continue;
+      }
+      const int64_t nb = t / mch, lo = t % mch * j.MC, hi = lo + j.MC < j.M ? lo + j.MC : j.M;
+      for (int k0 = 0; k0 < j.K; k0 += KC) {
+        const int k1 = k0 + KC < j.K ? k0 + KC : j.K;
+        dequant<QT>(j, nb, k0, k1, wb);
+#define TILE(R) tile<R>(j, nb, m, k0, k1, wb, acc_buf + (m - lo) * NB)
+        ROW_TILES(TILE)
+      }
+    }
+}
+#endif
+
+// y [M, N] = x [M, K] @ w^T (+ bias), w in this module's units, on `threads` pool threads
+extern "C" int pagoda_qgemm(int kind, const uint8_t* w, const float* x, int64_t ldx, float* y,
+                            int64_t ldy, const float* bias, int M, int N, int K, int threads) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (M < 1 || N < 1 || K < QK || K % QK || kind < 0 || kind > 2) return 1;
+  const int MC = M <= MC_MAX ? M : MC_MAX;
+  const int64_t blocks = (N + NB - 1) / NB;
+  const int64_t tasks = M <= LEAN_ROWS ? (blocks + 1) / 2 : blocks * ((M + MC - 1) / MC);
+  const int64_t per_claim = tasks / (8 * (threads > 0 ? threads : 1));  // ~8 claims a thread
+  Job job{w, x, bias, y, ldx, ldy, 0, per_claim > 0 ? per_claim : 1, M, N, K, MC};
+  pool_run(kind == Q4_0 ? run<Q4_0> : kind == Q4_1 ? run<Q4_1> : run<Q8_0>, &job, threads);
+  return 0;
+#else
+  (void)kind, (void)w, (void)x, (void)ldx, (void)y, (void)ldy, (void)bias;
+  (void)M, (void)N, (void)K, (void)threads;
+  return 2;
+#endif
+}
+"""
+
+
+def pack(weight: QuantizedWeight) -> torch.Tensor:
+    """The kernel's layout, uint8: per block of 16 outputs (rows padded with zero weights), per
+    32 keys, the integers [key][output] (Q4: output j and j + 8 share byte j) then d[16] and, for
+    Q4_1, m[16] as float32."""
+    q, d, m = weight.fields()
+    n, k = weight.rows, weight.cols
+    pad = -n % NB
+    if pad:
+        q = torch.cat([q, q.new_zeros(pad, k)])
+        d, m = (None if t is None else torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (d, m))
+    nblk, kb = (n + pad) // NB, k // QK
+    q = q.view(nblk, NB, kb, QK).permute(0, 2, 3, 1)  # [block, key block, key, output]
+    if weight.kind == "Q8_0":
+        ints = q.contiguous().view(torch.uint8).reshape(nblk, kb, QK * NB)
+    else:
+        if weight.kind == "Q4_0":
+            q = q + 8  # back to the stored nibble; the kernel subtracts 8
+        q = q.to(torch.uint8)
+        ints = (q[..., : NB // 2] | (q[..., NB // 2 :] << 4)).reshape(nblk, kb, QK * NB // 2)
+    scales = [s.view(nblk, NB, kb).transpose(1, 2).contiguous() for s in (d, m) if s is not None]
+    parts = [ints] + [s.view(torch.uint8).reshape(nblk, kb, NB * 4) for s in scales]
+    return torch.cat(parts, dim=-1).reshape(-1).contiguous()
+
+
+class QGemm:
+    """The compiled kernel."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+        lib.pagoda_qgemm.argtypes = [i32, p, p, i64, p, i64, p, i32, i32, i32, i32]
+        lib.pagoda_qgemm.restype = i32
+        self.fn = lib.pagoda_qgemm
+
+    def bind(self, weight: QuantizedWeight, bias: torch.Tensor | None) -> QGemmWeight:
+        return QGemmWeight(self, weight, bias)
+
+
+class QGemmWeight:
+    """One packed weight bound to the kernel: x float32 [M, K] -> [M, N]."""
+
+    __slots__ = ("bias", "bias_ptr", "fn", "k", "kind", "n", "packed", "ptr")
+
+    def __init__(self, kernel: QGemm, weight: QuantizedWeight, bias: torch.Tensor | None) -> None:
+        self.fn, self.kind = kernel.fn, KINDS[weight.kind]
+        self.n, self.k = weight.rows, weight.cols
+        self.packed = pack(weight)
+        self.ptr = self.packed.data_ptr()
+        self.bias = None if bias is None else bias.to(torch.float32).contiguous()
+        self.bias_ptr = None if self.bias is None else self.bias.data_ptr()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        m = x.shape[0]
+        y = torch.empty(m, self.n, dtype=torch.float32)
+        if m == 0:
+            return y
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.k:
+            raise ValueError(f"expected float32 [M, {self.k}], got {x.dtype} {tuple(x.shape)}")
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        threads = torch.get_num_threads() if self.n * self.k * m >= SERIAL_BELOW else 1
+        args = (self.kind, self.ptr, x.data_ptr(), x.stride(0), y.data_ptr(), self.n)
+        rc = self.fn(*args, self.bias_ptr, m, self.n, self.k, threads)
+        if rc:
+            raise RuntimeError(f"quantized GEMM failed (code {rc}) for {m}x{self.k} @ {self.n}")
+        return y
+
+
+def wanted() -> bool:
+    """``PAGODA_CPU_QGEMM``: on unless ``0`` (``1`` and ``auto``, the default, mean on)."""
+    choice = os.environ.get(ENV_SWITCH, "auto")
+    if choice not in ("auto", "0", "1"):
+        raise ValueError(f"{ENV_SWITCH} must be auto, 0 or 1, got {choice!r}")
+    return choice != "0"
+
+
+@functools.cache
+def load() -> QGemm | None:
+    """The kernel, or None (no compiler, no AVX2 + FMA, or it fails its load-time check)."""
+    compiler = native.find_compiler("CXX", ("g++", "clang++"))
+    if compiler is None:
+        return None
+    source = SOURCE.replace("@CLAIM@", native.CLAIM_C).replace("@POOL@", native.POOL_C)
+    try:
+        path = native.build(source, name="qgemm", compiler=compiler, flags=FLAGS, language="c++")
+        kernel = QGemm(ctypes.CDLL(str(path)))
+    except (OSError, RuntimeError) as exc:
+        log.warning("quantized CPU GEMM unavailable, float32 weights are used: %s", exc)
+        return None
+    return kernel if _agrees(kernel) else None
+
+
+def probe_weight(kind: str, rows: int, cols: int, seed: int = 0) -> QuantizedWeight:
+    """Random blocks of `kind` with modest, finite scales (tests and the load-time check)."""
+    from pagoda.runtime.model.quantized import BLOCK_BYTES
+
+    g = torch.Generator().manual_seed(seed)
+    nb = cols // QK
+    raw = torch.randint(0, 256, (rows, nb, BLOCK_BYTES[kind]), generator=g, dtype=torch.uint8)
+    scales = 2 if kind == "Q4_1" else 1
+    halves = (torch.rand(rows, nb, scales, generator=g) * 0.02 - 0.01).to(torch.float16)
+    raw[..., : 2 * scales] = halves.view(torch.uint8).view(rows, nb, 2 * scales)
+    return QuantizedWeight(kind, raw.view(rows, -1), cols)
+
+
+def _agrees(kernel: QGemm) -> bool:
+    """The kernel against float64 on probes of every kind, padded in N (a load-time check)."""
+    g = torch.Generator().manual_seed(1)
+    for kind in KINDS:
+        w = probe_weight(kind, 40, 96)
+        x = torch.randn(7, 96, generator=g)
+        bias = torch.randn(40, generator=g)
+        try:
+            got = kernel.bind(w, bias)(x).double()
+        except RuntimeError as exc:
+            log.warning("quantized CPU GEMM off: %s", exc)
+            return False
+        want = x.double() @ w.dequantize().double().T + bias.double()
+        if not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+            log.warning("quantized CPU GEMM off: it disagrees with float64 on a %s probe", kind)
+            return False
+    return True
