@@ -117,7 +117,7 @@ def tiny_gguf(tmp_path_factory, smol):
 
 def test_every_tensor_type_dequantizes_and_unpermutes(tiny_gguf):
     path, _, expected = tiny_gguf
-    config, weights, _, _ = load_gguf(path)
+    config, weights, _, quantized = load_gguf(path)
     assert (config.num_layers, config.num_heads, config.num_kv_heads, config.head_dim) == (
         2,
         HEADS,
@@ -128,6 +128,13 @@ def test_every_tensor_type_dequantizes_and_unpermutes(tiny_gguf):
     assert set(weights) == set(expected)
     for name, arr in expected.items():
         np.testing.assert_array_equal(weights[name].numpy(), arr, err_msg=name)
+    # the raw blocks kept for qgemm: rows un-permuted like the floats, the same values
+    stored = {"Q4_0", "Q4_1", "Q8_0"}
+    want = {n for n in expected if n.endswith("weight") and expected[n].ndim == 2}
+    want = {n for n in want if TYPES.get(n.split(".", 3)[-1], ("", Q.Q8_0))[1].name in stored}
+    assert set(quantized) == want and "model.layers.0.self_attn.q_proj.weight" in want
+    for name, blocks in quantized.items():
+        np.testing.assert_array_equal(blocks.dequantize().numpy(), expected[name], err_msg=name)
 
 
 def test_tiny_gguf_greedy_matches_transformers(tiny_gguf):

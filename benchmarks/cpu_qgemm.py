@@ -1,0 +1,75 @@
+"""The quantized float32 GEMM (`runtime/model/qgemm.py`) against oneDNN's packed float32 GEMM.
+
+A whole-model pass of SmolLM2-135M's weight shapes (each weight from memory, as in a forward:
+121 weights, 540 MB in float32) at several row counts, in the formats the embedded GGUF stores
+(Q4_1 layers, a Q8_0 vocabulary projection); the two passes alternate (the machine is shared).
+This is what a float32 CPU model (AVX2 only, no native bf16) runs with and without
+``PAGODA_CPU_QGEMM``. Prints weight bytes streamed per pass and the effective rates.
+
+    OMP_WAIT_POLICY=PASSIVE python -P benchmarks/cpu_qgemm.py
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch (and OpenMP) load
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from amx_gemm import MODEL, alternate, onednn
+from common import machine, markdown_table
+from pagoda.runtime.model import qgemm
+from pagoda.runtime.model.linear import _pack
+
+
+def compare(rows: list[int]) -> str:
+    kernel = qgemm.load()
+    kinds = ["Q4_1"] * (len(MODEL) - 1) + ["Q8_0"]
+    weights = [
+        qgemm.probe_weight(kind, n, k, seed=i) for i, (kind, (n, k)) in enumerate(zip(kinds, MODEL))
+    ]
+    ref = [(_as_linear(onednn(_pack(w.dequantize()))), w.cols) for w in weights]
+    mine = [(kernel.bind(w, None), w.cols) for w in weights]
+    f32_mb = sum(4 * n * k for n, k in MODEL) / 1e6
+    q_mb = sum(x.packed.numel() for x, _ in mine) / 1e6
+    out = []
+    for m in rows:
+        x = {k: torch.randn(m, k) for k in (576, 1536)}
+        flops = sum(2.0 * m * n * k for n, k in MODEL)
+        reps = max(3, min(20, int(2e11 / flops)))
+        alternate([ref, mine], x, 1)  # warm
+        a, b = alternate([ref, mine], x, reps)
+        out.append([m, f"{a * 1e3:.2f}", f"{b * 1e3:.2f}", f"{a / b:.2f}x",
+                    f"{f32_mb / 1e3 / a:.1f}", f"{q_mb / 1e3 / b:.1f}", f"{flops / b / 1e9:.0f}"])  # fmt: skip
+    head = ["M", "oneDNN f32 ms", "qgemm ms", "speedup", "oneDNN GB/s", "qgemm GB/s",
+            "qgemm GFLOP/s"]  # fmt: skip
+    return f"weights per pass: float32 {f32_mb:.0f} MB, quantized {q_mb:.0f} MB\n" + markdown_table(
+        head, out
+    )
+
+
+def _as_linear(fn):
+    """A lone row computed as two, as `Linear` does (oneDNN's GEMV path rounds otherwise)."""
+    return lambda x: fn(x.expand(2, -1))[:1] if x.shape[0] == 1 else fn(x)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 32, 128, 512])
+    args = ap.parse_args(argv)
+    print(machine())
+    if qgemm.load() is None:
+        print("the quantized GEMM is unavailable here (needs AVX2 + FMA and a C++ compiler)")
+        return 1
+    print(compare(args.rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The quantized float32 GEMM: it computes x @ W.T for W exactly the dequantized GGUF weight,
+gives a row the same bits whatever the row count, its place or the threads, and `Linear` routes
+every float32 call to it when the GGUF blocks are at hand (unless PAGODA_CPU_QGEMM=0)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pagoda.runtime.model import qgemm
+from pagoda.runtime.model.linear import Linear
+from pagoda.runtime.model.quantized import BLOCK_BYTES
+
+
+@pytest.fixture(scope="module")
+def kernel() -> qgemm.QGemm:
+    k = qgemm.load()
+    if k is None:
+        pytest.skip("no C++ compiler or no AVX2 + FMA on this CPU")
+    return k
+
+
+def _reference(w, x, bias):
+    want = x.double() @ w.dequantize().double().T
+    return want if bias is None else want + bias.double()
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCK_BYTES))
+@pytest.mark.parametrize("shape", [(40, 96), (100, 288), (960, 576), (33, 1536), (16, 32)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 6, 7, 97, 200])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_float64(kernel, kind, shape, rows, bias):
+    n, k = shape
+    g = torch.Generator().manual_seed(rows + n)
+    w = qgemm.probe_weight(kind, n, k, seed=rows)
+    b = torch.randn(n, generator=g) if bias else None
+    x = torch.randn(rows, k, generator=g)
+    got = kernel.bind(w, b)(x)
+    assert got.shape == (rows, n) and got.dtype == torch.float32
+    want = _reference(w, x, b)
+    # float32 sums of k products: error grows like sqrt(k) * eps * |terms|
+    tol = 4e-7 * k**0.5 * (x.abs().max() * w.dequantize().abs().max()).item() * 8
+    assert (got.double() - want).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCK_BYTES))
+def test_a_row_has_the_same_bits_for_every_row_count_place_and_thread_count(kernel, kind):
+    n, k = 200, 1536  # several key chunks; N not a multiple of the 16-output units
+    w = qgemm.probe_weight(kind, n, k, seed=3)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(4))
+    bound = kernel.bind(w, bias)
+    x = torch.randn(230, k, generator=torch.Generator().manual_seed(5))
+    full = bound(x)
+    for m in (1, 2, 3, 5, 6, 13, 97, 101):
+        for start in (0, 7, 230 - m):
+            assert torch.equal(bound(x[start : start + m]), full[start : start + m]), (m, start)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(bound(x), full)
+        assert torch.equal(bound(x[:1]), full[:1])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_strided_rows_and_empty_batches(kernel):
+    w = qgemm.probe_weight("Q4_1", 48, 64)
+    bound = kernel.bind(w, None)
+    x = torch.randn(5, 128)[:, ::2]  # not unit stride: copied
+    assert torch.equal(bound(x), bound(x.contiguous()))
+    assert bound(torch.empty(0, 64)).shape == (0, 48)
+    with pytest.raises(ValueError, match=r"float32 \[M, 64\]"):
+        bound(torch.randn(2, 32))
+
+
+def test_linear_takes_the_blocks_for_float32_only(kernel, monkeypatch):
+    w = qgemm.probe_weight("Q8_0", 64, 96)
+    dense = w.dequantize()
+    lin = Linear(dense, quantized=w)
+    assert isinstance(lin.fast, qgemm.QGemmWeight) and lin.weight is None and lin.packed is None
+    x = torch.randn(4, 96)
+    assert torch.allclose(lin(x), x @ dense.T, rtol=1e-5, atol=1e-5)
+    assert lin(x[:1]).shape == (1, 64)
+    assert not isinstance(Linear(dense.to(torch.bfloat16), quantized=w).fast, qgemm.QGemmWeight)
+    assert not isinstance(Linear(dense[:32], quantized=w).fast, qgemm.QGemmWeight)  # wrong shape
+    monkeypatch.setenv(qgemm.ENV_SWITCH, "0")
+    assert not isinstance(Linear(dense, quantized=w).fast, qgemm.QGemmWeight)
+    monkeypatch.setenv(qgemm.ENV_SWITCH, "yes")
+    with pytest.raises(ValueError, match="PAGODA_CPU_QGEMM"):
+        Linear(dense, quantized=w)
+
+
+def test_the_embedded_model_runs_on_the_blocks_in_float32(kernel):
+    from pagoda.runtime import LLM, SamplingParams
+
+    llm = LLM("smollm2-135m", dtype="float32", kv_cache_memory=16 << 20)
+    model = llm.engine.runner.model
+    linears = [model.lm_head] + [
+        getattr(layer, name)
+        for layer in model.layers
+        for name in ("qkv", "o_proj", "gate_up", "down")
+    ]
+    assert all(isinstance(x.fast, qgemm.QGemmWeight) for x in linears)
+    assert model.lm_head.fast.kind == qgemm.KINDS["Q8_0"]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    alone = llm.generate(["The capital of France is"], params)[0].outputs[0].token_ids
+    batch = ["The capital of France is", "Write a haiku about autumn leaves falling"] * 3
+    outs = llm.generate(batch, params)
+    assert all(o.outputs[0].token_ids == alone for o in outs[::2])  # batch-invariant
