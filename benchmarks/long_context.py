@@ -8,8 +8,10 @@ for `out_len + 1` new tokens minus the time for one.
 
 Run as a script, it compares Pagoda's CPU attention paths side by side, each in its own process,
 in interleaved rounds (the machine drifts): the C++ kernel, the torch gather path
-(``PAGODA_CPU_ATTENTION=torch``), where the AMX GEMM or the decode GEMV is on by default the
-kernel with oneDNN's matmuls instead (``PAGODA_CPU_AMX_GEMM=0 PAGODA_CPU_GEMV=0``) and, with
+(``PAGODA_CPU_ATTENTION=torch``), where the AMX GEMM, the decode GEMV or the quantized GEMM is on
+by default the
+kernel with oneDNN's matmuls instead (``PAGODA_CPU_AMX_GEMM=0 PAGODA_CPU_GEMV=0
+PAGODA_CPU_QGEMM=0``) and, with
 ``--old-ref``, the runtime of an older commit::
 
     .venv/bin/python -P benchmarks/long_context.py --ctx 5000 --old-ref 37e8f81 [--hf]
@@ -146,19 +148,20 @@ def main() -> int:
     from common import machine, markdown_table
 
     # this tree's modules (an --old-ref child may import an older tree without them)
-    from pagoda.runtime.model import amx_gemm, gemv
+    from pagoda.runtime.model import amx_gemm, gemv, qgemm
     from pagoda.runtime.model.linear import _pack
 
     print(f"machine: {machine()}", flush=True)
     skip = ("PYTHONPATH", "PAGODA_CPU_ATTENTION", gemv.ENV_SWITCH, amx_gemm.ENV_SWITCH)
+    skip += (qgemm.ENV_SWITCH,)
     base = {k: v for k, v in os.environ.items() if k not in skip}
     with tempfile.TemporaryDirectory() as tmp:
         variants = {
             "kernel": dict(base, PAGODA_CPU_ATTENTION="kernel"),
             "torch gather path": dict(base, PAGODA_CPU_ATTENTION="torch"),
         }
-        if gemv.wanted() or amx_gemm.load(_pack) is not None:  # also time oneDNN's matmuls
-            off = {gemv.ENV_SWITCH: "0", amx_gemm.ENV_SWITCH: "0"}
+        if gemv.wanted() or amx_gemm.load(_pack) is not None or qgemm.load() is not None:
+            off = {gemv.ENV_SWITCH: "0", amx_gemm.ENV_SWITCH: "0", qgemm.ENV_SWITCH: "0"}
             variants["kernel, oneDNN matmuls"] = dict(variants["kernel"], **off)
         if args.old_ref:
             variants[f"old ({args.old_ref})"] = dict(

@@ -3,12 +3,12 @@
 On CPUs without native bf16 (AVX2 only: AMD Zen 1-3, older Xeons) the model computes in float32
 and a decode step streams every weight from memory: 540 MB for the embedded 135M model, where
 its Q4_1/Q8_0 blocks are 96 MB. This kernel keeps the blocks (re-laid out once: 16 outputs by 32
-keys per unit, their scales as float32) and dequantizes a chunk of keys of one block of 16
+keys per unit, the same bytes per weight) and dequantizes a chunk of keys of one block of 16
 outputs into an L1 buffer, exactly as `gguf.quants` does (`quantized`), then sweeps every row
 tile of the task over it with FMAs. A weight is thus the same float32 value as in the
 dequantized model; each output is one accumulator updated key by key in order, carried between
 chunks in float32, so a row's bits depend neither on M, nor on its tile, nor on the threads (the
-batch-invariance guarantee of docs/runtime.md holds). AVX2 + FMA; ``PAGODA_CPU_QGEMM=0`` turns
+batch-invariance guarantee of docs/runtime.md holds). AVX2 + FMA + F16C; ``PAGODA_CPU_QGEMM=0`` turns
 it off (oneDNN's float32 GEMM over the dequantized weights then runs).
 """
 
@@ -37,7 +37,7 @@ SOURCE = r"""
 #include <string.h>
 @CLAIM@
 @POOL@
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define ALWAYS inline __attribute__((always_inline))
 #define INLINE static ALWAYS
 enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
@@ -50,7 +50,7 @@ constexpr int PF = 2;  // units prefetched ahead: 2 measured best (decode 1.45x 
 constexpr int LEAN_ROWS = 2;  // up to this many rows: `lean`
 
 template <int QT> constexpr int qbytes() { return QT == Q8_0 ? 512 : 256; }
-template <int QT> constexpr int unit() { return qbytes<QT>() + (QT == Q4_1 ? 128 : 64); }
+template <int QT> constexpr int unit() { return qbytes<QT>() + (QT == Q4_1 ? 64 : 32); }
 
 struct Job {
   const uint8_t* w; const float *x, *bias; float* y;
@@ -65,10 +65,10 @@ struct Unit {
   const uint8_t* q;
   __m256 d0, d1, m0, m1;
   ALWAYS explicit Unit(const uint8_t* u) : q(u) {
-    const float* sc = (const float*)(u + qbytes<QT>());
-    d0 = _mm256_loadu_ps(sc), d1 = _mm256_loadu_ps(sc + 8);
-    m0 = QT == Q4_1 ? _mm256_loadu_ps(sc + 16) : d0;
-    m1 = QT == Q4_1 ? _mm256_loadu_ps(sc + 24) : d1;
+    const __m128i* sc = (const __m128i*)(u + qbytes<QT>());  // float16, as GGUF stores them
+    d0 = _mm256_cvtph_ps(_mm_loadu_si128(sc)), d1 = _mm256_cvtph_ps(_mm_loadu_si128(sc + 1));
+    m0 = QT == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(sc + 2)) : d0;
+    m1 = QT == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(sc + 3)) : d1;
   }
   ALWAYS void at(int k, __m256& w0, __m256& w1) const {
     __m256i q0, q1;
@@ -226,7 +226,7 @@ static void run(void* arg) {
 // y [M, N] = x [M, K] @ w^T (+ bias), w in this module's units, on `threads` pool threads
 extern "C" int pagoda_qgemm(int kind, const uint8_t* w, const float* x, int64_t ldx, float* y,
                             int64_t ldy, const float* bias, int M, int N, int K, int threads) {
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
   if (M < 1 || N < 1 || K < QK || K % QK || kind < 0 || kind > 2) return 1;
   const int MC = M <= MC_MAX ? M : MC_MAX;
   const int64_t blocks = (N + NB - 1) / NB;
@@ -247,8 +247,8 @@ extern "C" int pagoda_qgemm(int kind, const uint8_t* w, const float* x, int64_t 
 def pack(weight: QuantizedWeight) -> torch.Tensor:
     """The kernel's layout, uint8: per block of 16 outputs (rows padded with zero weights), per
     32 keys, the integers [key][output] (Q4: output j and j + 8 share byte j) then d[16] and, for
-    Q4_1, m[16] as float32."""
-    q, d, m = weight.fields()
+    Q4_1, m[16] as float16 (as GGUF stores them; converted exactly in the kernel)."""
+    q, d, m = weight.fields(raw_scales=True)
     n, k = weight.rows, weight.cols
     pad = -n % NB
     if pad:
@@ -264,7 +264,7 @@ def pack(weight: QuantizedWeight) -> torch.Tensor:
         q = q.to(torch.uint8)
         ints = (q[..., : NB // 2] | (q[..., NB // 2 :] << 4)).reshape(nblk, kb, QK * NB // 2)
     scales = [s.view(nblk, NB, kb).transpose(1, 2).contiguous() for s in (d, m) if s is not None]
-    parts = [ints] + [s.view(torch.uint8).reshape(nblk, kb, NB * 4) for s in scales]
+    parts = [ints] + [s.view(torch.uint8).reshape(nblk, kb, NB * 2) for s in scales]
     return torch.cat(parts, dim=-1).reshape(-1).contiguous()
 
 

@@ -43,12 +43,16 @@ class QuantizedWeight:
     def rows(self) -> int:
         return self.blocks.shape[0]
 
-    def fields(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def fields(
+        self, raw_scales: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(q, d, m): q [rows, cols] the integers each weight is (q - 8 for Q4_0), d and m
-        [rows, cols // 32] float32 (m None but for Q4_1)."""
+        [rows, cols // 32] float32, or float16 as stored with `raw_scales` (m None but for
+        Q4_1)."""
         nb = self.cols // QK
         raw = self.blocks.view(self.rows, nb, BLOCK_BYTES[self.kind])
-        d = raw[..., :2].contiguous().view(torch.float16).float().squeeze(-1)
+        wide = (lambda t: t) if raw_scales else (lambda t: t.float())
+        d = wide(raw[..., :2].contiguous().view(torch.float16)).squeeze(-1)
         m = None
         if self.kind == "Q8_0":
             q = raw[..., 2:].contiguous().view(torch.int8)
@@ -57,7 +61,7 @@ class QuantizedWeight:
             nibbles = raw[..., start:]  # element i low nibble, element i + 16 high
             q = torch.cat([nibbles & 15, nibbles >> 4], dim=-1)
             if self.kind == "Q4_1":
-                m = raw[..., 2:4].contiguous().view(torch.float16).float().squeeze(-1)
+                m = wide(raw[..., 2:4].contiguous().view(torch.float16)).squeeze(-1)
             else:
                 q = q.to(torch.int8) - 8
         return q.reshape(self.rows, self.cols), d, m
