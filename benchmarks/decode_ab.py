@@ -35,7 +35,7 @@ import cpu_gemv
 from common import kv_bytes_per_token, machine, markdown_table, until_decoding
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model import gemv
-from pagoda.runtime.model.linear import Linear, _pack
+from pagoda.runtime.model.linear import _pack
 
 PARTS = ("gemv", "attention")
 
@@ -59,17 +59,11 @@ def engine(loaded, n: int, context: int, steps: int, seed: int, **engine_args):
     return eng
 
 
-def linears(model) -> list[Linear]:
-    """The model's linear layers (`runtime/model/llama.py`: four per layer and the LM head)."""
-    names = ("qkv", "o_proj", "gate_up", "down")
-    return [getattr(layer, n) for layer in model.layers for n in names] + [model.lm_head]
-
-
 def rebind(eng, old: dict) -> list[str]:
     """Point `eng`'s kernels at the old builds; returns what was rebound."""
     done = []
     if "gemv" in old:
-        layers = [x for x in linears(eng.runner.model) if isinstance(x.fast, gemv.GemvWeight)]
+        layers = [x for x in eng.runner.model.linears() if isinstance(x.fast, gemv.GemvWeight)]
         for lin in layers:
             lin.fast = old["gemv"].bind(lin.packed, lin.bias)
         if layers:

@@ -34,6 +34,7 @@ from common import cpu_model, gemm_peak, machine, markdown_table, ragged_workloa
 from long_context import _old_tree, hf_long_context, long_context_ids, pagoda_long_context
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.config import cpu_has_fast_bf16
+from pagoda.runtime.model import qgemm
 from pagoda.runtime.model.loader import load_model
 
 
@@ -71,9 +72,7 @@ def count_reads(llm) -> dict:
     """Count the bytes the engine's steps must read from memory at least: every weight once a
     step and the K/V of every token each scheduled sequence attends to (its context)."""
     runner = llm.engine.runner
-    mc = runner.model_config
-    params = mc.num_params - (0 if mc.tie_word_embeddings else mc.vocab_size * mc.hidden_size)
-    weights = params * runner.dtype.itemsize  # the embedding table is looked up, not read
+    weights = streamed_weight_bytes(runner.model)  # the embedding table is looked up, not read
     kv_token = runner.bytes_per_block // runner.block_size
     reads, original = {"bytes": 0, "steps": 0}, runner.execute_model
 
@@ -85,6 +84,19 @@ def count_reads(llm) -> dict:
 
     runner.execute_model = execute_model
     return reads
+
+
+def streamed_weight_bytes(model) -> int:
+    """What a step reads of the linear layers: GGUF blocks where `qgemm` multiplies by them
+    (float32 CPU models), else the weights in the model's dtype."""
+    total = 0
+    for lin in model.linears():
+        if isinstance(lin.fast, qgemm.QGemmWeight):
+            total += lin.fast.packed.numel()
+        else:
+            n, k = (lin.packed if lin.packed is not None else lin.weight).shape
+            total += n * k * model.dtype.itemsize
+    return total
 
 
 def run_hf(path: str, prompts, out_len: int, dtype: torch.dtype, batch: int, pad_id: int) -> dict:

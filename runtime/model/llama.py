@@ -106,6 +106,11 @@ class LlamaModel:
         c = config
         self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
 
+    def linears(self) -> list[Linear]:
+        """Every linear layer: four per decoder layer, then the LM head."""
+        names = ("qkv", "o_proj", "gate_up", "down")
+        return [getattr(layer, n) for layer in self.layers for n in names] + [self.lm_head]
+
     @torch.inference_mode()
     def forward(
         self,

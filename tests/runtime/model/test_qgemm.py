@@ -94,11 +94,8 @@ def test_the_embedded_model_runs_on_the_blocks_in_float32(kernel):
 
     llm = LLM("smollm2-135m", dtype="float32", kv_cache_memory=16 << 20)
     model = llm.engine.runner.model
-    linears = [model.lm_head] + [
-        getattr(layer, name)
-        for layer in model.layers
-        for name in ("qkv", "o_proj", "gate_up", "down")
-    ]
+    linears = model.linears()
+    assert len(linears) == 4 * len(model.layers) + 1
     assert all(isinstance(x.fast, qgemm.QGemmWeight) for x in linears)
     assert model.lm_head.fast.kind == qgemm.KINDS["Q8_0"]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
