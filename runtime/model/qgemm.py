@@ -47,7 +47,7 @@ constexpr int KC = 256;     // keys dequantized at a time: 16 KB of float32, in 
 constexpr int RMAX = 6;     // rows per tile: 12 accumulators + 2 weights + 1 broadcast
 constexpr int MC_MAX = 96;  // rows per task
 constexpr int PF = 2;  // units prefetched ahead: 2 measured best (decode 1.45x faster)
-constexpr int LEAN_ROWS = 2;  // up to this many rows: `lean`
+constexpr int LEAN_ROWS = 4;  // up to this many rows: `lean`
 
 template <int QT> constexpr int qbytes() { return QT == Q8_0 ? 512 : 256; }
 template <int QT> constexpr int unit() { return qbytes<QT>() + (QT == Q4_1 ? 64 : 32); }
@@ -151,39 +151,43 @@ INLINE void tile(const Job& j, int64_t nb, int64_t m0, int k0, int k1, const flo
   if (k1 == j.K) emit(j, nb, m0, R, acc_buf);
 }
 
-// R (1 or 2) rows by output blocks nb and nb + 1, every key, dequantizing in registers: with
-// a row or two a buffer's store and reload would cost more than the arithmetic. Each output's
-// operations are those of `tile`, so the bits are the same.
-template <int QT, int R>
+// R rows by U output blocks from nb (U = 2 for one or two rows, else 1: registers), every key,
+// dequantizing in registers: with a few rows a buffer's store and reload would cost more than
+// the arithmetic. Each output's operations are those of `tile`, so the bits are the same.
+template <int QT, int R, int U>
 static void lean(const Job& j, int64_t nb, int64_t m0) {
-  __m256 acc[R][4];
+  __m256 acc[R][2 * U];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < 4; ++v) acc[r][v] = _mm256_setzero_ps();
-  const int64_t nb1 = (nb + 1) * NB < j.N ? nb + 1 : nb;  // a lone last block: computed twice
+    for (int v = 0; v < 2 * U; ++v) acc[r][v] = _mm256_setzero_ps();
+  const int64_t nb1 = U == 2 && (nb + 1) * NB < j.N ? nb + 1 : nb;  // a lone last block: once
   const uint8_t *ua = unit_at<QT>(j, nb, 0), *ub = unit_at<QT>(j, nb1, 0);
   const float* x = j.x + m0 * j.ldx;
   for (int kb = 0; kb < j.K; kb += QK, ua += unit<QT>(), ub += unit<QT>()) {
     const Unit<QT> a(ua), b(ub);
     for (int l = 0; l < unit<QT>(); l += 64) {
       _mm_prefetch((const char*)ua + PF * unit<QT>() + l, _MM_HINT_T0);
-      _mm_prefetch((const char*)ub + PF * unit<QT>() + l, _MM_HINT_T0);
+      if (U == 2) _mm_prefetch((const char*)ub + PF * unit<QT>() + l, _MM_HINT_T0);
     }
     for (int k = 0; k < QK; ++k) {
       __m256 w[4];
       a.at(k, w[0], w[1]);
-      b.at(k, w[2], w[3]);
+      if (U == 2) b.at(k, w[2], w[3]);
       for (int r = 0; r < R; ++r) {
         const __m256 xr = _mm256_broadcast_ss(x + r * j.ldx + kb + k);
-        for (int v = 0; v < 4; ++v) acc[r][v] = _mm256_fmadd_ps(xr, w[v], acc[r][v]);
+        for (int v = 0; v < 2 * U; ++v) acc[r][v] = _mm256_fmadd_ps(xr, w[v], acc[r][v]);
       }
     }
   }
-  alignas(32) float out[2][R * NB];
+  alignas(32) float out[U][R * NB];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < 4; ++v) _mm256_store_ps(out[v / 2] + r * NB + 8 * (v % 2), acc[r][v]);
+    for (int v = 0; v < 2 * U; ++v)
+      _mm256_store_ps(out[v / 2] + r * NB + 8 * (v % 2), acc[r][v]);
   emit(j, nb, m0, R, out[0]);
-  if (nb1 != nb) emit(j, nb1, m0, R, out[1]);
+  if (U == 2 && nb1 != nb) emit(j, nb1, m0, R, out[U - 1]);
 }
+
+// output blocks per `lean` task
+static inline int64_t lean_units(int M) { return M <= 2 ? 2 : 1; }
 
 #define ROW_TILES(CALL)                         \
   int64_t m = lo;                               \
@@ -197,20 +201,23 @@ static void lean(const Job& j, int64_t nb, int64_t m0) {
   }
 
 // tasks = (output block, run of MC rows), block-major; each chunk of keys is dequantized once
-// per task and swept by all its row tiles while it sits in L1. With one or two rows, tasks are
-// pairs of output blocks instead, dequantized in registers (`lean`).
+// per task and swept by all its row tiles while it sits in L1. With up to 4 rows, tasks are
+// output blocks (pairs of them for one or two rows) dequantized in registers (`lean`).
 template <int QT>
 static void run(void* arg) {
   Job& j = *(Job*)arg;
   const int64_t nblk = (j.N + NB - 1) / NB, mch = (j.M + j.MC - 1) / j.MC;
-  const int64_t tasks = j.M <= LEAN_ROWS ? (nblk + 1) / 2 : nblk * mch;
+  const int64_t lu = lean_units(j.M);
+  const int64_t tasks = j.M <= LEAN_ROWS ? (nblk + lu - 1) / lu : nblk * mch;
   alignas(32) float wb[KC * NB];
   alignas(32) float acc_buf[MC_MAX * NB];
   for (int64_t t, end; (t = claim(&j.next, j.claim, tasks, &end)) < tasks;)
     for (; t < end; ++t) {
-      if (j.M <= LEAN_ROWS) {
-        j.M == 1 ? lean<QT, 1>(j, 2 * t, 0) : lean<QT, 2>(j, 2 * t, 0);
-        continue;
+      switch (j.M <= LEAN_ROWS ? j.M : 0) {
+        case 1: lean<QT, 1, 2>(j, 2 * t, 0); continue;
+        case 2: lean<QT, 2, 2>(j, 2 * t, 0); continue;
+        case 3: lean<QT, 3, 1>(j, t, 0); continue;
+        case 4: lean<QT, 4, 1>(j, t, 0); continue;
       }
       const int64_t nb = t / mch, lo = t % mch * j.MC, hi = lo + j.MC < j.M ? lo + j.MC : j.M;
       for (int k0 = 0; k0 < j.K; k0 += KC) {
@@ -230,7 +237,8 @@ extern "C" int pagoda_qgemm(int kind, const uint8_t* w, const float* x, int64_t 
   if (M < 1 || N < 1 || K < QK || K % QK || kind < 0 || kind > 2) return 1;
   const int MC = M <= MC_MAX ? M : MC_MAX;
   const int64_t blocks = (N + NB - 1) / NB;
-  const int64_t tasks = M <= LEAN_ROWS ? (blocks + 1) / 2 : blocks * ((M + MC - 1) / MC);
+  const int64_t lu = lean_units(M);
+  const int64_t tasks = M <= LEAN_ROWS ? (blocks + lu - 1) / lu : blocks * ((M + MC - 1) / MC);
   const int64_t per_claim = tasks / (8 * (threads > 0 ? threads : 1));  // ~8 claims a thread
   Job job{w, x, bias, y, ldx, ldy, 0, per_claim > 0 ? per_claim : 1, M, N, K, MC};
   pool_run(kind == Q4_0 ? run<Q4_0> : kind == Q4_1 ? run<Q4_1> : run<Q8_0>, &job, threads);
