@@ -109,6 +109,7 @@ class ModelRunner:
             max_positions=max(max_model_len, mc.max_position_embeddings),
             batch_invariant=config.batch_invariant,
         )
+        _log_quantized_layers(self.model)
         # Debug/test hook: called with (requests, float32 logits) of every step that samples.
         self.logits_observer: Callable[[list[Request], torch.Tensor], None] | None = None
         self.num_blocks = self._num_blocks()
@@ -346,3 +347,20 @@ class ModelRunner:
             k = r.params.logprobs
             lps.append(None if k is None else TokenLogprob(t, c, list(zip(ti[:k], tl[:k]))))
         return ModelRunnerOutput(reqs, token_ids, lps)
+
+
+def _log_quantized_layers(model: LlamaModel) -> None:
+    """Say when linear layers multiply by GGUF blocks (float32 CPU models): it sets decode speed."""
+    from pagoda.runtime.model.qgemm import QGemmWeight
+
+    layers = model.linears()
+    on_blocks = [x.fast for x in layers if isinstance(x.fast, QGemmWeight)]
+    if on_blocks:
+        mb = sum(w.packed.numel() for w in on_blocks) / 1e6
+        log.info(
+            "%d of %d linear layers multiply by the GGUF's quantized blocks (%.0f MB a step; "
+            "PAGODA_CPU_QGEMM=0 uses the float32 weights)",
+            len(on_blocks),
+            len(layers),
+            mb,
+        )
