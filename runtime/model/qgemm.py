@@ -21,7 +21,7 @@ import os
 
 import torch
 from pagoda.runtime import native
-from pagoda.runtime.model.quantized import QK, QuantizedWeight
+from pagoda.runtime.model.quantized import BLOCK_BYTES, QK, QuantizedWeight
 
 log = logging.getLogger(__name__)
 
@@ -259,9 +259,9 @@ def pack(weight: QuantizedWeight) -> torch.Tensor:
     q, d, m = weight.fields(raw_scales=True)
     n, k = weight.rows, weight.cols
     pad = -n % NB
-    if pad:
-        q = torch.cat([q, q.new_zeros(pad, k)])
-        d, m = (None if t is None else torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (d, m))
+    if pad:  # zero rows: zero weights, outputs never stored
+        q, d = _pad_rows(q, pad), _pad_rows(d, pad)
+        m = None if m is None else _pad_rows(m, pad)
     nblk, kb = (n + pad) // NB, k // QK
     q = q.view(nblk, NB, kb, QK).permute(0, 2, 3, 1)  # [block, key block, key, output]
     if weight.kind == "Q8_0":
@@ -274,6 +274,10 @@ def pack(weight: QuantizedWeight) -> torch.Tensor:
     scales = [s.view(nblk, NB, kb).transpose(1, 2).contiguous() for s in (d, m) if s is not None]
     parts = [ints] + [s.view(torch.uint8).reshape(nblk, kb, NB * 2) for s in scales]
     return torch.cat(parts, dim=-1).reshape(-1).contiguous()
+
+
+def _pad_rows(t: torch.Tensor, pad: int) -> torch.Tensor:
+    return torch.cat([t, t.new_zeros(pad, t.shape[1])])
 
 
 class QGemm:
@@ -345,8 +349,6 @@ def load() -> QGemm | None:
 
 def probe_weight(kind: str, rows: int, cols: int, seed: int = 0) -> QuantizedWeight:
     """Random blocks of `kind` with modest, finite scales (tests and the load-time check)."""
-    from pagoda.runtime.model.quantized import BLOCK_BYTES
-
     g = torch.Generator().manual_seed(seed)
     nb = cols // QK
     raw = torch.randint(0, 256, (rows, nb, BLOCK_BYTES[kind]), generator=g, dtype=torch.uint8)
@@ -357,19 +359,21 @@ def probe_weight(kind: str, rows: int, cols: int, seed: int = 0) -> QuantizedWei
 
 
 def _agrees(kernel: QGemm) -> bool:
-    """The kernel against float64 on probes of every kind, padded in N (a load-time check)."""
+    """The kernel against float64 on probes of every kind, padded in N, through both paths
+    (1 and 3 rows in registers, 7 through the buffer); a load-time check."""
     g = torch.Generator().manual_seed(1)
     for kind in KINDS:
         w = probe_weight(kind, 40, 96)
         x = torch.randn(7, 96, generator=g)
         bias = torch.randn(40, generator=g)
+        bound = kernel.bind(w, bias)
+        want = x.double() @ w.dequantize().double().T + bias.double()
         try:
-            got = kernel.bind(w, bias)(x).double()
+            got = [bound(x[:rows]).double() for rows in (1, 3, 7)]
         except RuntimeError as exc:
             log.warning("quantized CPU GEMM off: %s", exc)
             return False
-        want = x.double() @ w.dequantize().double().T + bias.double()
-        if not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+        if not all(torch.allclose(y, want[: len(y)], rtol=1e-4, atol=1e-5) for y in got):
             log.warning("quantized CPU GEMM off: it disagrees with float64 on a %s probe", kind)
             return False
     return True

@@ -103,3 +103,13 @@ def test_the_embedded_model_runs_on_the_blocks_in_float32(kernel):
     batch = ["The capital of France is", "Write a haiku about autumn leaves falling"] * 3
     outs = llm.generate(batch, params)
     assert all(o.outputs[0].token_ids == alone for o in outs[::2])  # batch-invariant
+
+
+def test_the_load_time_check_refuses_a_kernel_that_is_off(kernel):
+    class LoneRowOff:  # right through the buffer, wrong in registers (one row)
+        def bind(self, w, bias):
+            real = kernel.bind(w, bias)
+            return lambda x: real(x) * (1.001 if x.shape[0] == 1 else 1.0)
+
+    assert qgemm._agrees(kernel)
+    assert not qgemm._agrees(LoneRowOff())
