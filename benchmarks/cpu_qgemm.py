@@ -37,7 +37,7 @@ def compare(rows: list[int]) -> str:
     ref = [(_as_linear(onednn(_pack(w.dequantize()))), w.cols) for w in weights]
     mine = [(kernel.bind(w, None), w.cols) for w in weights]
     f32_mb = sum(4 * n * k for n, k in MODEL) / 1e6
-    q_mb = sum(x.packed.numel() for x, _ in mine) / 1e6
+    q_mb = sum(x.nbytes for x, _ in mine) / 1e6
     out = []
     for m in rows:
         x = {k: torch.randn(m, k) for k in (576, 1536)}

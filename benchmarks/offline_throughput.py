@@ -92,7 +92,7 @@ def streamed_weight_bytes(model) -> int:
     total = 0
     for lin in model.linears():
         if isinstance(lin.fast, qgemm.QGemmWeight):
-            total += lin.fast.packed.numel()
+            total += lin.fast.nbytes
         else:
             n, k = (lin.packed if lin.packed is not None else lin.weight).shape
             total += n * k * model.dtype.itemsize

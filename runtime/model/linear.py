@@ -21,6 +21,7 @@ reduction order depends on the weight's shape alone (cuBLAS chooses its kernel b
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +59,7 @@ class Linear:
         weight: torch.Tensor,
         bias: torch.Tensor | None = None,
         invariant: bool = False,
-        quantized: QuantizedWeight | None = None,
+        quantized: QuantizedWeight | Sequence[QuantizedWeight] | None = None,
     ) -> None:
         self.bias = bias
         self.packed = None
@@ -82,10 +83,12 @@ class Linear:
             if weight.dtype == torch.bfloat16:
                 self._pick_fast_path()
 
-    def _bind_quantized(self, quantized: QuantizedWeight) -> bool:
+    def _bind_quantized(self, quantized: QuantizedWeight | Sequence[QuantizedWeight]) -> bool:
         """Whether `qgemm` takes every call (then the float32 weight is dropped)."""
         kernel = qgemm.load() if qgemm.wanted() else None
-        if kernel is None or (quantized.rows, quantized.cols) != tuple(self.weight.shape):
+        parts = [quantized] if isinstance(quantized, QuantizedWeight) else list(quantized)
+        shape = (sum(p.rows for p in parts), parts[0].cols if parts else 0)
+        if kernel is None or not parts or shape != tuple(self.weight.shape):
             return False
         self.fast, self.fast_rows = kernel.bind(quantized, self.bias), 1 << 62
         self.weight = None

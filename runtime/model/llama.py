@@ -16,7 +16,7 @@ from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.ops import Ops, build_cos_sin_cache, gather_cos_sin
-from pagoda.runtime.model.quantized import QuantizedWeight, concat
+from pagoda.runtime.model.quantized import QuantizedWeight, stack
 
 
 class _DeviceWeights:
@@ -43,9 +43,9 @@ class _DeviceWeights:
     def cat(self, names: list[str]) -> torch.Tensor:
         return torch.cat([self[n] for n in names])
 
-    def quantized(self, names: list[str]) -> QuantizedWeight | None:
-        """The rows of `names` as one quantized weight, if all are alike (see `quantized`)."""
-        return concat([self._q.get(n) for n in names])
+    def quantized(self, names: list[str]) -> list[QuantizedWeight] | None:
+        """The rows of `names` as GGUF blocks, if all of them have some (see `quantized`)."""
+        return stack([self._q.get(n) for n in names])
 
 
 class LlamaLayer:

@@ -15,8 +15,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-QK = 32  # weights per block in all three formats
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+QK = 32  # weights per scale (Q6_K: per two scales) in every kind read here
+# kind: (weights per GGUF block, bytes per block)
+BLOCKS = {
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q8_0": (32, 34),
+    "Q4_K": (256, 144),
+    "Q6_K": (256, 210),
+}
+BLOCK_BYTES = {kind: nbytes for kind, (_, nbytes) in BLOCKS.items()}
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,11 +36,12 @@ class QuantizedWeight:
     cols: int
 
     def __post_init__(self) -> None:
-        if self.kind not in BLOCK_BYTES:
-            raise ValueError(f"quantization {self.kind!r} is not one of {sorted(BLOCK_BYTES)}")
-        if self.cols <= 0 or self.cols % QK:
-            raise ValueError(f"{self.kind} rows hold whole blocks of {QK}; got {self.cols} cols")
-        want = self.cols // QK * BLOCK_BYTES[self.kind]
+        if self.kind not in BLOCKS:
+            raise ValueError(f"quantization {self.kind!r} is not one of {sorted(BLOCKS)}")
+        size, nbytes = BLOCKS[self.kind]
+        if self.cols <= 0 or self.cols % size:
+            raise ValueError(f"{self.kind} rows hold whole blocks of {size}; got {self.cols} cols")
+        want = self.cols // size * nbytes
         b = self.blocks
         if b.dtype != torch.uint8 or b.dim() != 2 or b.shape[1] != want:
             raise ValueError(
@@ -46,9 +55,13 @@ class QuantizedWeight:
     def fields(
         self, raw_scales: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(q, d, m): q [rows, cols] the integers each weight is (q - 8 for Q4_0), d and m
-        [rows, cols // 32] float32, or float16 as stored with `raw_scales` (m None but for
-        Q4_1)."""
+        """(q, d, m): q [rows, cols] the integers each weight is (q - 8 for Q4_0, q - 32 for
+        Q6_K), d and m [rows, cols // 32] float32 (float16 as stored with `raw_scales`, for the
+        32-blocks): the scale and Q4_1's offset (added) or Q4_K's min (subtracted); Q6_K has a
+        scale per 16 keys, d for the first 16 of each 32 and m for the others; m is None for
+        Q4_0 and Q8_0."""
+        if self.kind in ("Q4_K", "Q6_K"):
+            return _k_fields(self)
         nb = self.cols // QK
         raw = self.blocks.view(self.rows, nb, BLOCK_BYTES[self.kind])
         wide = (lambda t: t) if raw_scales else (lambda t: t.float())
@@ -69,26 +82,69 @@ class QuantizedWeight:
     def dequantize(self) -> torch.Tensor:
         """float32 [rows, cols], bit for bit `gguf.quants.dequantize`."""
         q, d, m = self.fields()
-        w = q.float().view(self.rows, -1, QK) * d[..., None]
-        if m is not None:
+        q = q.float().view(self.rows, -1, QK)
+        if self.kind == "Q6_K":
+            w = torch.cat([q[..., :16] * d[..., None], q[..., 16:] * m[..., None]], dim=-1)
+        else:
+            w = q * d[..., None]
+        if self.kind == "Q4_1":
             w = w + m[..., None]
-        return w.view(self.rows, self.cols)
+        elif self.kind == "Q4_K":
+            w = w - m[..., None]
+        return w.reshape(self.rows, self.cols)
+
+
+def _k_fields(w: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`fields` of Q4_K and Q6_K, following gguf.quants (scales formed in float32 as it does)."""
+    n = w.blocks.shape[0] * (w.cols // 256)
+    raw = w.blocks.reshape(n, BLOCK_BYTES[w.kind])
+    half = lambda b: b.contiguous().view(torch.float16).float()  # noqa: E731
+    if w.kind == "Q4_K":
+        d, dmin, sc = half(raw[:, 0:2]), half(raw[:, 2:4]), raw[:, 4:16].view(n, 3, 4)
+        lo, hi, mix = sc[:, 0], sc[:, 1], sc[:, 2]
+        scale = torch.cat([lo & 0x3F, (mix & 0x0F) | ((lo >> 2) & 0x30)], dim=-1)
+        mins = torch.cat([hi & 0x3F, (mix >> 4) | ((hi >> 2) & 0x30)], dim=-1)
+        qs = raw[:, 16:].view(n, 4, 1, 32) >> torch.tensor([0, 4], dtype=torch.uint8).view(
+            1, 1, 2, 1
+        )
+        q = (qs & 0x0F).reshape(n, 256)
+        d_out, m_out = d * scale.float(), dmin * mins.float()  # [n, 8]: a pair per 32 keys
+    else:
+        ql, qh = raw[:, :128], raw[:, 128:192]
+        scales = raw[:, 192:208].contiguous().view(torch.int8).float()
+        d = half(raw[:, 208:210]) * scales  # [n, 16]: one per 16 keys
+        shifts = torch.tensor([0, 4], dtype=torch.uint8).view(1, 1, 2, 1)
+        low = ((ql.reshape(n, 2, 1, 64) >> shifts) & 0x0F).reshape(n, 8, 32)
+        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
+        high = ((qh.reshape(n, 2, 1, 32) >> shifts) & 0x03).reshape(n, 8, 32)
+        q = (low | (high << 4)).to(torch.int8).reshape(n, 256) - 32
+        d_out, m_out = d[:, 0::2], d[:, 1::2]
+    rows = w.blocks.shape[0]
+    return q.reshape(rows, w.cols), d_out.reshape(rows, -1), m_out.reshape(rows, -1)
 
 
 def from_gguf(kind: str, data: np.ndarray, cols: int) -> QuantizedWeight | None:
     """A GGUF tensor's raw blocks (uint8, one row of blocks per output), or None for a format
     `qgemm` does not read."""
-    if kind not in BLOCK_BYTES or cols % QK:
+    if kind not in BLOCKS or cols % BLOCKS[kind][0]:
         return None
-    raw = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1, cols // QK * BLOCK_BYTES[kind])
+    raw = np.ascontiguousarray(data, dtype=np.uint8).reshape(
+        -1, cols // BLOCKS[kind][0] * BLOCK_BYTES[kind]
+    )
     return QuantizedWeight(kind, torch.from_numpy(raw.copy()), cols)
 
 
-def concat(parts: Sequence[QuantizedWeight | None]) -> QuantizedWeight | None:
-    """Row-wise concatenation (q/k/v, gate/up), or None unless all are quantized alike."""
+def stack(parts: Sequence[QuantizedWeight | None]) -> list[QuantizedWeight] | None:
+    """The rows of `parts` in order (q/k/v, gate/up) as few weights as their kinds allow
+    (neighbours of one kind concatenated), or None unless every part is quantized and all have
+    the same columns."""
     if not parts or any(p is None for p in parts):
         return None
-    first = parts[0]
-    if any(p.kind != first.kind or p.cols != first.cols for p in parts):
+    if any(p.cols != parts[0].cols for p in parts):
         return None
-    return QuantizedWeight(first.kind, torch.cat([p.blocks for p in parts]), first.cols)
+    out: list[QuantizedWeight] = []
+    for p in parts:
+        if out and out[-1].kind == p.kind:
+            p = QuantizedWeight(p.kind, torch.cat([out.pop().blocks, p.blocks]), p.cols)
+        out.append(p)
+    return out

@@ -356,7 +356,7 @@ def _log_quantized_layers(model: LlamaModel) -> None:
     layers = model.linears()
     on_blocks = [x.fast for x in layers if isinstance(x.fast, QGemmWeight)]
     if on_blocks:
-        mb = sum(w.packed.numel() for w in on_blocks) / 1e6
+        mb = sum(w.nbytes for w in on_blocks) / 1e6
         log.info(
             "%d of %d linear layers multiply by the GGUF's quantized blocks (%.0f MB a step; "
             "PAGODA_CPU_QGEMM=0 uses the float32 weights)",

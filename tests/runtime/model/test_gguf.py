@@ -43,13 +43,30 @@ def roundtrip(w: np.ndarray, qtype) -> tuple[np.ndarray, np.ndarray]:
     return data, gguf.quants.dequantize(data, qtype).reshape(w.shape)
 
 
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory, smol):
+def random_k_blocks(arr: np.ndarray, qtype) -> tuple[np.ndarray, np.ndarray]:
+    """Random Q4_K / Q6_K blocks of arr's shape with moderate scales (gguf-py cannot quantize
+    to K kinds), and what they dequantize to."""
+    from pagoda.runtime.model.qgemm import probe_weight
+
+    rows, cols = arr.shape
+    blocks = probe_weight(qtype.name, rows, cols, seed=rows + cols).blocks.numpy().copy()
+    b = blocks.reshape(rows, cols // 256, -1)
+    if qtype == Q.Q6_K:  # int8 scales in [-3, 3], d = 2^-9
+        b[..., 192:208] = np.random.default_rng(rows).integers(-3, 4, b[..., 192:208].shape)
+        b[..., 208:210] = np.frombuffer(np.float16(2**-9).tobytes(), np.uint8)
+    else:  # 6-bit scales and mins at most 7
+        b[..., 4:16] &= 0x07
+    return blocks, gguf.quants.dequantize(blocks, qtype).reshape(arr.shape)
+
+
+def write_tiny_gguf(path, smol, hidden: int, ffn: int, types: dict, head_type):
+    """A 2-layer Llama GGUF with the tensor storage types `types` (HF suffix → (GGUF name,
+    type)); returns (HF model holding exactly the dequantized weights, those weights)."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
         vocab_size=49152,
-        hidden_size=H,
-        intermediate_size=FFN,
+        hidden_size=hidden,
+        intermediate_size=ffn,
         num_hidden_layers=2,
         num_attention_heads=HEADS,
         num_key_value_heads=KV,
@@ -60,12 +77,11 @@ def tiny_gguf(tmp_path_factory, smol):
     )
     model = transformers.LlamaForCausalLM(cfg).eval()
     sd = {k: (v * 4 if v.dim() > 1 else v).float().numpy() for k, v in model.state_dict().items()}
-    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(2)
     w.add_context_length(512)
-    w.add_embedding_length(H)
-    w.add_feed_forward_length(FFN)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV)
     w.add_rope_freq_base(10000.0)
@@ -85,12 +101,16 @@ def tiny_gguf(tmp_path_factory, smol):
     def put(gname, hfname, qtype, perm_heads=None):
         arr = sd[hfname]
         stored = permute(arr, perm_heads) if perm_heads else arr
-        data, deq = roundtrip(stored, qtype)
+        if qtype in (Q.Q4_K, Q.Q6_K):
+            data, deq = random_k_blocks(stored, qtype)
+        else:
+            data, deq = roundtrip(stored, qtype)
         w.add_tensor(gname, data, raw_shape=data.shape, raw_dtype=qtype)
         expected[hfname] = permute_back(deq, perm_heads) if perm_heads else deq
-        # independent of the permutation formulas: we got the original matrix back, up to rounding
-        err = np.abs(expected[hfname] - arr).mean()
-        assert err < 0.2 * np.abs(arr).mean() + 1e-6, (hfname, err)
+        if qtype not in (Q.Q4_K, Q.Q6_K):
+            # independent of the permutation formulas: the original matrix back, up to rounding
+            err = np.abs(expected[hfname] - arr).mean()
+            assert err < 0.2 * np.abs(arr).mean() + 1e-6, (hfname, err)
 
     def permute_back(arr, n):
         return (
@@ -100,10 +120,10 @@ def tiny_gguf(tmp_path_factory, smol):
         )
 
     put("token_embd.weight", "model.embed_tokens.weight", Q.Q8_0)
-    put("output.weight", "lm_head.weight", Q.Q8_0)
+    put("output.weight", "lm_head.weight", head_type)
     put("output_norm.weight", "model.norm.weight", Q.F32)
     for layer in range(2):
-        for suffix, (gname, qtype) in TYPES.items():
+        for suffix, (gname, qtype) in types.items():
             heads = HEADS if gname == "attn_q" else KV if gname == "attn_k" else None
             put(f"blk.{layer}.{gname}.weight", f"model.layers.{layer}.{suffix}", qtype, heads)
     w.write_header_to_file()
@@ -112,7 +132,31 @@ def tiny_gguf(tmp_path_factory, smol):
     w.close()
     # the oracle runs on exactly the dequantized weights
     model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in expected.items()})
-    return path, model, expected
+    return model, expected
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory, smol):
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    return path, *write_tiny_gguf(path, smol, H, FFN, TYPES, Q.Q8_0)
+
+
+K_TYPES = {  # as llama.cpp's Q4_K_M mixes them (v and down in Q6_K)
+    **TYPES,
+    "self_attn.q_proj.weight": ("attn_q", Q.Q4_K),
+    "self_attn.k_proj.weight": ("attn_k", Q.Q4_K),
+    "self_attn.v_proj.weight": ("attn_v", Q.Q6_K),
+    "self_attn.o_proj.weight": ("attn_output", Q.Q4_K),
+    "mlp.gate_proj.weight": ("ffn_gate", Q.Q4_K),
+    "mlp.up_proj.weight": ("ffn_up", Q.Q4_K),
+    "mlp.down_proj.weight": ("ffn_down", Q.Q6_K),
+}
+
+
+@pytest.fixture(scope="module")
+def k_quant_gguf(tmp_path_factory, smol):
+    path = tmp_path_factory.mktemp("gguf") / "k_quants.gguf"
+    return path, *write_tiny_gguf(path, smol, 256, 512, K_TYPES, Q.Q6_K)
 
 
 def test_every_tensor_type_dequantizes_and_unpermutes(tiny_gguf):
@@ -140,6 +184,25 @@ def test_every_tensor_type_dequantizes_and_unpermutes(tiny_gguf):
 def test_tiny_gguf_greedy_matches_transformers(tiny_gguf):
     path, model, _ = tiny_gguf
     llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20)
+    prompt = llm.tokenizer.encode("The river carries sediment to the sea, and")
+    (out,) = llm.generate(
+        {"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    )
+    assert out.outputs[0].token_ids == hf_greedy(model, prompt, 8)[0]
+
+
+def test_k_quant_gguf_runs_on_its_blocks_and_matches_transformers(k_quant_gguf):
+    from pagoda.runtime.model import qgemm
+
+    path, model, expected = k_quant_gguf
+    _, _, _, quantized = load_gguf(path)
+    assert {b.kind for b in quantized.values()} == {"Q4_K", "Q6_K", "Q8_0"}
+    for name, blocks in quantized.items():
+        np.testing.assert_array_equal(blocks.dequantize().numpy(), expected[name], err_msg=name)
+    llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20)
+    if qgemm.load() is not None:
+        layer = llm.engine.runner.model.layers[0]
+        assert layer.qkv.fast.kinds == ("Q4_K", "Q6_K") and layer.down.fast.kinds == ("Q6_K",)
     prompt = llm.tokenizer.encode("The river carries sediment to the sea, and")
     (out,) = llm.generate(
         {"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

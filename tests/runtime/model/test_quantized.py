@@ -1,5 +1,5 @@
 """GGUF blocks kept for `qgemm`: they dequantize to exactly what `gguf.quants` gives, rows
-concatenate and permute like the float weights, and malformed blocks are refused."""
+stack and permute like the float weights, and malformed blocks are refused."""
 
 from __future__ import annotations
 
@@ -8,17 +8,18 @@ import numpy as np
 import pytest
 import torch
 from pagoda.runtime.model.qgemm import probe_weight
-from pagoda.runtime.model.quantized import BLOCK_BYTES, QuantizedWeight, concat, from_gguf
+from pagoda.runtime.model.quantized import BLOCKS, QuantizedWeight, from_gguf, stack
 
 
-@pytest.mark.parametrize("kind", sorted(BLOCK_BYTES))
+@pytest.mark.parametrize("kind", sorted(BLOCKS))
 def test_dequantize_is_gguf_bit_for_bit(kind):
-    w = probe_weight(kind, 37, 96, seed=5)
+    cols = 3 * BLOCKS[kind][0]
+    w = probe_weight(kind, 37, cols, seed=5)
     want = gguf.quants.dequantize(w.blocks.numpy(), gguf.GGMLQuantizationType[kind])
-    np.testing.assert_array_equal(w.dequantize().numpy(), want.reshape(37, 96))
+    np.testing.assert_array_equal(w.dequantize().numpy(), want.reshape(37, cols))
 
 
-@pytest.mark.parametrize("kind", sorted(BLOCK_BYTES))
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])  # what gguf-py can quantize
 def test_quantize_roundtrip_through_gguf(kind):
     x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
     data = gguf.quants.quantize(x, gguf.GGMLQuantizationType[kind])
@@ -30,17 +31,20 @@ def test_quantize_roundtrip_through_gguf(kind):
 
 def test_other_formats_are_not_kept():
     assert from_gguf("F16", np.zeros((4, 64), np.uint8), 64) is None
-    assert from_gguf("Q4_K", np.zeros((4, 144), np.uint8), 256) is None
+    assert from_gguf("Q5_K", np.zeros((4, 176), np.uint8), 256) is None
+    assert from_gguf("Q4_K", np.zeros((4, 72), np.uint8), 128) is None  # not whole blocks
 
 
-def test_concat_stacks_rows_and_refuses_mixtures():
-    a, b = probe_weight("Q4_1", 16, 64, seed=1), probe_weight("Q4_1", 8, 64, seed=2)
-    both = concat([a, b])
-    assert both is not None and both.rows == 24
+def test_stack_merges_neighbours_of_one_kind_and_keeps_mixtures_apart():
+    a, b = probe_weight("Q4_1", 16, 256, seed=1), probe_weight("Q4_1", 8, 256, seed=2)
+    c = probe_weight("Q6_K", 8, 256, seed=3)
+    (both,) = stack([a, b])
+    assert both.rows == 24
     assert torch.equal(both.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
-    assert concat([a, probe_weight("Q8_0", 8, 64)]) is None
-    assert concat([a, probe_weight("Q4_1", 8, 96)]) is None
-    assert concat([a, None]) is None and concat([]) is None
+    parts = stack([a, b, c])  # Q4_K_M-style q/k in one kind, v in another
+    assert [(p.kind, p.rows) for p in parts] == [("Q4_1", 24), ("Q6_K", 8)]
+    assert stack([a, probe_weight("Q4_1", 8, 512)]) is None  # other columns
+    assert stack([a, None]) is None and stack([]) is None
 
 
 def test_malformed_blocks_are_refused():
