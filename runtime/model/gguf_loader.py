@@ -155,7 +155,7 @@ def load_gguf(
     path: str | Path,
 ) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer, dict[str, QuantizedWeight]]:
     """Read config, dequantized float32 weights (HF names), tokenizer, and the raw blocks of the
-    weights stored in a format `qgemm` reads (Q4_0, Q4_1, Q8_0), rows in the same HF order."""
+    weights stored in a format `qgemm` reads (`quantized.BLOCKS`), rows in the same HF order."""
     import gguf
 
     reader = _reader(path)

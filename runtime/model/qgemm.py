@@ -1,4 +1,4 @@
-"""float32 matmuls that read GGUF-quantized weights (Q4_0, Q4_1, Q8_0) in place, any M.
+"""float32 matmuls that read GGUF-quantized weights (Q4_0/1, Q8_0, Q4_K, Q6_K) in place, any M.
 
 On CPUs without native bf16 (AVX2 only: AMD Zen 1-3, older Xeons) the model computes in float32
 and a decode step streams every weight from memory: 540 MB for the embedded 135M model, where

@@ -1,10 +1,12 @@
-"""A GGUF weight kept in its quantized blocks (Q4_0, Q4_1, Q8_0), rows in Hugging Face order.
+"""A GGUF weight kept in its quantized blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K), rows in HF order.
 
 The loader dequantizes every tensor to float32, and on CPUs that compute in float32 (no native
 bf16) a decode step then streams 4 bytes per weight; the blocks it came from hold 4.5 to 8.5
 bits. `qgemm` multiplies by the blocks directly. Dequantizing here follows `gguf.quants` step by
-step (``d * q + m`` rounded twice, ``d * (q - 8)``, ``q * d``), so a weight is the same float32
-value either way and only the summation order of a matmul differs.
+step (``d * q + m`` rounded twice, ``d * (q - 8)``, ``q * d``; for the K kinds the sub-block
+scale ``d * sc`` and min ``dmin * m`` formed in float32 first, then ``D * q - M``), so a weight
+is the same float32 value either way and only the summation order of a matmul differs. Other
+kinds (Q5_K, IQ*, F16, ...) keep the float32 path.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ BLOCK_BYTES = {kind: nbytes for kind, (_, nbytes) in BLOCKS.items()}
 
 @dataclass(frozen=True, eq=False)
 class QuantizedWeight:
-    """`blocks`: uint8 [rows, cols // 32 * BLOCK_BYTES[kind]], GGUF's bytes row by row."""
+    """`blocks`: uint8 [rows, cols // block * bytes], GGUF's bytes row by row (`BLOCKS`)."""
 
     kind: str
     blocks: torch.Tensor
