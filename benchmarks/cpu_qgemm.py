@@ -2,7 +2,9 @@
 
 A whole-model pass of SmolLM2-135M's weight shapes (each weight from memory, as in a forward:
 121 weights, 540 MB in float32) at several row counts, in the formats the embedded GGUF stores
-(Q4_1 layers, a Q8_0 vocabulary projection); the two passes alternate (the machine is shared).
+(Q4_1 layers, a Q8_0 vocabulary projection; ``--layer-kind``/``--head-kind`` for others of
+block 32: SmolLM2's width 576 is not a multiple of the K kinds' 256); the two passes
+alternate (the machine is shared).
 This is what a float32 CPU model (AVX2 only, no native bf16) runs with and without
 ``PAGODA_CPU_QGEMM``. Prints weight bytes streamed per pass and the effective rates.
 
@@ -26,11 +28,12 @@ from amx_gemm import MODEL, alternate, onednn
 from common import machine, markdown_table
 from pagoda.runtime.model import qgemm
 from pagoda.runtime.model.linear import _pack
+from pagoda.runtime.model.quantized import BLOCKS
 
 
-def compare(rows: list[int]) -> str:
+def compare(rows: list[int], layer_kind: str, head_kind: str) -> str:
     kernel = qgemm.load()
-    kinds = ["Q4_1"] * (len(MODEL) - 1) + ["Q8_0"]
+    kinds = [layer_kind] * (len(MODEL) - 1) + [head_kind]
     weights = [
         qgemm.probe_weight(kind, n, k, seed=i) for i, (kind, (n, k)) in enumerate(zip(kinds, MODEL))
     ]
@@ -65,12 +68,18 @@ def _as_linear(fn):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 32, 128, 512])
+    ap.add_argument("--layer-kind", choices=sorted(qgemm.KINDS), default="Q4_1",
+                    help="the layers' format (the embedded GGUF's: Q4_1; llama.cpp's Q4_K_M: Q4_K)")  # fmt: skip
+    ap.add_argument("--head-kind", choices=sorted(qgemm.KINDS), default="Q8_0")
     args = ap.parse_args(argv)
     print(machine())
+    if any(k % BLOCKS[kind][0] for kind in (args.layer_kind, args.head_kind) for _, k in MODEL):
+        ap.error("SmolLM2's width 576 is not a whole number of the K kinds' 256-weight blocks")
     if qgemm.load() is None:
         print("the quantized GEMM is unavailable here (needs AVX2 + FMA and a C++ compiler)")
         return 1
-    print(compare(args.rows))
+    print(f"layers {args.layer_kind}, LM head {args.head_kind}")
+    print(compare(args.rows, args.layer_kind, args.head_kind))
     return 0
 
 
