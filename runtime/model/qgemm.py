@@ -1,4 +1,4 @@
-"""float32 matmuls that read GGUF-quantized weights (Q4_0/1, Q8_0, Q4_K, Q6_K) in place, any M.
+"""float32 matmuls that read GGUF-quantized weights (Q4_0/1, Q8_0, Q4/5/6_K) in place, any M.
 
 On CPUs without native bf16 (AVX2 only: AMD Zen 1-3, older Xeons) the model computes in float32
 and a decode step streams every weight from memory: 540 MB for the embedded 135M model, where
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 ENV_SWITCH = "PAGODA_CPU_QGEMM"
 NB = 16  # outputs per unit
-KINDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q4_K": 3, "Q6_K": 4}
+KINDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q4_K": 3, "Q6_K": 4, "Q5_K": 5}
 SERIAL_BELOW = 1 << 18  # multiply-adds below which the calling thread works alone
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-ffp-contract=off"]
 
@@ -41,7 +41,7 @@ SOURCE = r"""
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define ALWAYS inline __attribute__((always_inline))
 #define INLINE static ALWAYS
-enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, Q4_K = 3, Q6_K = 4 };
+enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, Q4_K = 3, Q6_K = 4, Q5_K = 5 };
 constexpr int NB = 16;      // outputs per unit: two vectors of 8
 constexpr int QK = 32;      // keys per unit (GGUF's block)
 constexpr int KC = 256;     // keys dequantized at a time: 16 KB of float32, in L1
@@ -51,10 +51,10 @@ constexpr int PF = 2;  // units prefetched ahead: 2 measured best (decode 1.45x 
 constexpr int LEAN_ROWS = 4;  // up to this many rows: `lean`
 
 // per unit: integers (two outputs a byte for the 4-bit kinds), then 16 scales and, but for Q4_0
-// and Q8_0, 16 more: Q4_1's m, Q4_K's min, Q6_K's scale for keys 16-31; float16 as GGUF stores
+// and Q8_0, 16 more: Q4_1's m, Q4/5_K's min, Q6_K's scale for keys 16-31; float16 as GGUF stores
 // them for the 32-blocks, float32 for the K kinds (products GGUF forms in float32)
-template <int QT> constexpr bool bytes8() { return QT == Q8_0 || QT == Q6_K; }
-template <int QT> constexpr bool wide() { return QT == Q4_K || QT == Q6_K; }
+template <int QT> constexpr bool bytes8() { return QT == Q8_0 || QT == Q6_K || QT == Q5_K; }
+template <int QT> constexpr bool wide() { return QT >= Q4_K; }
 template <int QT> constexpr int qbytes() { return bytes8<QT>() ? 512 : 256; }
 template <int QT> constexpr int unit() {
   return qbytes<QT>() + (QT == Q4_0 || QT == Q8_0 ? 1 : 2) * 16 * (wide<QT>() ? 4 : 2);
@@ -101,7 +101,7 @@ struct Unit {
     w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(q0), hi ? m0 : d0);
     w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(q1), hi ? m1 : d1);
     if (QT == Q4_1) w0 = _mm256_add_ps(w0, m0), w1 = _mm256_add_ps(w1, m1);
-    if (QT == Q4_K) w0 = _mm256_sub_ps(w0, m0), w1 = _mm256_sub_ps(w1, m1);
+    if (QT == Q4_K || QT == Q5_K) w0 = _mm256_sub_ps(w0, m0), w1 = _mm256_sub_ps(w1, m1);
   }
 };
 
@@ -248,14 +248,14 @@ static void run(void* arg) {
 extern "C" int pagoda_qgemm(int kind, const uint8_t* w, const float* x, int64_t ldx, float* y,
                             int64_t ldy, const float* bias, int M, int N, int K, int threads) {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (M < 1 || N < 1 || K < QK || K % QK || kind < 0 || kind > 4) return 1;
+  if (M < 1 || N < 1 || K < QK || K % QK || kind < 0 || kind > 5) return 1;
   const int MC = M <= MC_MAX ? M : MC_MAX;
   const int64_t blocks = (N + NB - 1) / NB;
   const int64_t lu = lean_units(M);
   const int64_t tasks = M <= LEAN_ROWS ? (blocks + lu - 1) / lu : blocks * ((M + MC - 1) / MC);
   const int64_t per_claim = tasks / (8 * (threads > 0 ? threads : 1));  // ~8 claims a thread
   Job job{w, x, bias, y, ldx, ldy, 0, per_claim > 0 ? per_claim : 1, M, N, K, MC};
-  pool_fn fns[] = {run<Q4_0>, run<Q4_1>, run<Q8_0>, run<Q4_K>, run<Q6_K>};
+  pool_fn fns[] = {run<Q4_0>, run<Q4_1>, run<Q8_0>, run<Q4_K>, run<Q6_K>, run<Q5_K>};
   pool_run(fns[kind], &job, threads);
   return 0;
 #else
@@ -279,7 +279,7 @@ def pack(weight: QuantizedWeight) -> torch.Tensor:
         m = None if m is None else _pad_rows(m, pad)
     nblk, kb = (n + pad) // NB, k // QK
     q = q.view(nblk, NB, kb, QK).permute(0, 2, 3, 1)  # [block, key block, key, output]
-    if weight.kind in ("Q8_0", "Q6_K"):
+    if weight.kind in ("Q8_0", "Q6_K", "Q5_K"):
         ints = q.to(torch.int8).contiguous().view(torch.uint8).reshape(nblk, kb, QK * NB)
     else:
         if weight.kind == "Q4_0":
@@ -382,7 +382,7 @@ def probe_weight(kind: str, rows: int, cols: int, seed: int = 0) -> QuantizedWei
     g = torch.Generator().manual_seed(seed)
     nb = cols // BLOCKS[kind][0]
     raw = torch.randint(0, 256, (rows, nb, BLOCK_BYTES[kind]), generator=g, dtype=torch.uint8)
-    at = {"Q4_1": (0, 2), "Q4_K": (0, 2), "Q6_K": (208, 1)}.get(kind, (0, 1))  # float16 fields
+    at = {"Q4_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, 1)}.get(kind, (0, 1))
     halves = (torch.rand(rows, nb, at[1], generator=g) * 0.02 - 0.01).to(torch.float16)
     raw[..., at[0] : at[0] + 2 * at[1]] = halves.view(torch.uint8).view(rows, nb, 2 * at[1])
     return QuantizedWeight(kind, raw.view(rows, -1), cols)

@@ -1,4 +1,4 @@
-"""A GGUF weight kept in its quantized blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K), rows in HF order.
+"""A GGUF weight kept in its quantized blocks (Q4_0/1, Q8_0, Q4/5/6_K), rows in HF order.
 
 The loader dequantizes every tensor to float32, and on CPUs that compute in float32 (no native
 bf16) a decode step then streams 4 bytes per weight; the blocks it came from hold 4.5 to 8.5
@@ -6,7 +6,7 @@ bits. `qgemm` multiplies by the blocks directly. Dequantizing here follows `gguf
 step (``d * q + m`` rounded twice, ``d * (q - 8)``, ``q * d``; for the K kinds the sub-block
 scale ``d * sc`` and min ``dmin * m`` formed in float32 first, then ``D * q - M``), so a weight
 is the same float32 value either way and only the summation order of a matmul differs. Other
-kinds (Q5_K, IQ*, F16, ...) keep the float32 path.
+kinds (Q5_0/1, Q2_K, Q3_K, IQ*, F16, ...) keep the float32 path.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ BLOCKS = {
     "Q8_0": (32, 34),
     "Q4_K": (256, 144),
     "Q6_K": (256, 210),
+    "Q5_K": (256, 176),
 }
 BLOCK_BYTES = {kind: nbytes for kind, (_, nbytes) in BLOCKS.items()}
 
@@ -62,7 +63,7 @@ class QuantizedWeight:
         32-blocks): the scale and Q4_1's offset (added) or Q4_K's min (subtracted); Q6_K has a
         scale per 16 keys, d for the first 16 of each 32 and m for the others; m is None for
         Q4_0 and Q8_0."""
-        if self.kind in ("Q4_K", "Q6_K"):
+        if self.kind in ("Q4_K", "Q5_K", "Q6_K"):
             return _k_fields(self)
         nb = self.cols // QK
         raw = self.blocks.view(self.rows, nb, BLOCK_BYTES[self.kind])
@@ -91,25 +92,27 @@ class QuantizedWeight:
             w = q * d[..., None]
         if self.kind == "Q4_1":
             w = w + m[..., None]
-        elif self.kind == "Q4_K":
+        elif self.kind in ("Q4_K", "Q5_K"):
             w = w - m[..., None]
         return w.reshape(self.rows, self.cols)
 
 
 def _k_fields(w: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`fields` of Q4_K and Q6_K, following gguf.quants (scales formed in float32 as it does)."""
+    """`fields` of the K kinds, following gguf.quants (scales formed in float32 as it does)."""
     n = w.blocks.shape[0] * (w.cols // 256)
     raw = w.blocks.reshape(n, BLOCK_BYTES[w.kind])
     half = lambda b: b.contiguous().view(torch.float16).float()  # noqa: E731
-    if w.kind == "Q4_K":
+    if w.kind in ("Q4_K", "Q5_K"):
         d, dmin, sc = half(raw[:, 0:2]), half(raw[:, 2:4]), raw[:, 4:16].view(n, 3, 4)
         lo, hi, mix = sc[:, 0], sc[:, 1], sc[:, 2]
         scale = torch.cat([lo & 0x3F, (mix & 0x0F) | ((lo >> 2) & 0x30)], dim=-1)
         mins = torch.cat([hi & 0x3F, (mix >> 4) | ((hi >> 2) & 0x30)], dim=-1)
-        qs = raw[:, 16:].view(n, 4, 1, 32) >> torch.tensor([0, 4], dtype=torch.uint8).view(
-            1, 1, 2, 1
-        )
-        q = (qs & 0x0F).reshape(n, 256)
+        start = 16 if w.kind == "Q4_K" else 48  # Q5_K: 32 bytes of fifth bits first
+        nibbles = torch.tensor([0, 4], dtype=torch.uint8).view(1, 1, 2, 1)
+        q = ((raw[:, start:].view(n, 4, 1, 32) >> nibbles) & 0x0F).reshape(n, 256)
+        if w.kind == "Q5_K":  # bit j of byte i: the fifth bit of key i of sub-block j
+            bits = torch.arange(8, dtype=torch.uint8).view(1, 1, 8, 1)
+            q = q | (((raw[:, 16:48].view(n, 1, 1, 32) >> bits) & 1).reshape(n, 256) << 4)
         d_out, m_out = d * scale.float(), dmin * mins.float()  # [n, 8]: a pair per 32 keys
     else:
         ql, qh = raw[:, :128], raw[:, 128:192]

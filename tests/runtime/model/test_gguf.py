@@ -44,7 +44,7 @@ def roundtrip(w: np.ndarray, qtype) -> tuple[np.ndarray, np.ndarray]:
 
 
 def random_k_blocks(arr: np.ndarray, qtype) -> tuple[np.ndarray, np.ndarray]:
-    """Random Q4_K / Q6_K blocks of arr's shape with moderate scales (gguf-py cannot quantize
+    """Random Q4_K / Q5_K / Q6_K blocks of arr's shape with moderate scales (gguf-py cannot quantize
     to K kinds), and what they dequantize to."""
     from pagoda.runtime.model.qgemm import probe_weight
 
@@ -101,13 +101,13 @@ def write_tiny_gguf(path, smol, hidden: int, ffn: int, types: dict, head_type):
     def put(gname, hfname, qtype, perm_heads=None):
         arr = sd[hfname]
         stored = permute(arr, perm_heads) if perm_heads else arr
-        if qtype in (Q.Q4_K, Q.Q6_K):
+        if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
             data, deq = random_k_blocks(stored, qtype)
         else:
             data, deq = roundtrip(stored, qtype)
         w.add_tensor(gname, data, raw_shape=data.shape, raw_dtype=qtype)
         expected[hfname] = permute_back(deq, perm_heads) if perm_heads else deq
-        if qtype not in (Q.Q4_K, Q.Q6_K):
+        if qtype not in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
             # independent of the permutation formulas: the original matrix back, up to rounding
             err = np.abs(expected[hfname] - arr).mean()
             assert err < 0.2 * np.abs(arr).mean() + 1e-6, (hfname, err)
@@ -146,7 +146,7 @@ K_TYPES = {  # as llama.cpp's Q4_K_M mixes them (v and down in Q6_K)
     "self_attn.q_proj.weight": ("attn_q", Q.Q4_K),
     "self_attn.k_proj.weight": ("attn_k", Q.Q4_K),
     "self_attn.v_proj.weight": ("attn_v", Q.Q6_K),
-    "self_attn.o_proj.weight": ("attn_output", Q.Q4_K),
+    "self_attn.o_proj.weight": ("attn_output", Q.Q5_K),  # as in Q5_K_M
     "mlp.gate_proj.weight": ("ffn_gate", Q.Q4_K),
     "mlp.up_proj.weight": ("ffn_up", Q.Q4_K),
     "mlp.down_proj.weight": ("ffn_down", Q.Q6_K),
@@ -196,7 +196,7 @@ def test_k_quant_gguf_runs_on_its_blocks_and_matches_transformers(k_quant_gguf):
 
     path, model, expected = k_quant_gguf
     _, _, _, quantized = load_gguf(path)
-    assert {b.kind for b in quantized.values()} == {"Q4_K", "Q6_K", "Q8_0"}
+    assert {b.kind for b in quantized.values()} == {"Q4_K", "Q5_K", "Q6_K", "Q8_0"}
     for name, blocks in quantized.items():
         np.testing.assert_array_equal(blocks.dequantize().numpy(), expected[name], err_msg=name)
     llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20)
