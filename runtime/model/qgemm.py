@@ -8,8 +8,8 @@ outputs into an L1 buffer, exactly as `gguf.quants` does (`quantized`), then swe
 tile of the task over it with FMAs. A weight is thus the same float32 value as in the
 dequantized model; each output is one accumulator updated key by key in order, carried between
 chunks in float32, so a row's bits depend neither on M, nor on its tile, nor on the threads (the
-batch-invariance guarantee of docs/runtime.md holds). AVX2 + FMA + F16C; ``PAGODA_CPU_QGEMM=0`` turns
-it off (oneDNN's float32 GEMM over the dequantized weights then runs).
+batch-invariance guarantee of docs/runtime.md holds). AVX2 + FMA + F16C; ``PAGODA_CPU_QGEMM=0``
+turns it off (oneDNN's float32 GEMM over the dequantized weights then runs).
 """
 
 from __future__ import annotations
