@@ -40,6 +40,20 @@ K_BLOCK = 32  # inputs per packed block (16 pairs)
 SERIAL_BELOW = 1 << 18  # weights of fewer elements run on the calling thread alone
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-ffp-contract=off"]
 
+# Rows [lo, hi) in tiles of RMAX (= 6) then one of the rest: CALL(R) for each, `m` its first row.
+ROW_TILES_C = r"""
+#define ROW_TILES(CALL)                         \
+  int64_t m = lo;                               \
+  for (; m + RMAX <= hi; m += RMAX) CALL(RMAX); \
+  switch (hi - m) {                             \
+    case 1: CALL(1); break;                     \
+    case 2: CALL(2); break;                     \
+    case 3: CALL(3); break;                     \
+    case 4: CALL(4); break;                     \
+    case 5: CALL(5); break;                     \
+  }
+"""
+
 SOURCE = r"""
 #include <immintrin.h>
 #include <stdint.h>
@@ -118,16 +132,7 @@ constexpr int KCHUNK = 64;  // key pairs a block's weights are swept in (V = 4: 
 // arithmetic dominates and chunking measured 5 % slower at 64 rows on a Zen 5)
 constexpr int CHUNK_MIN_ROWS = 19, CHUNK_MAX_ROWS = 48;
 
-#define ROW_TILES(CALL)                         \
-  int64_t m = lo;                               \
-  for (; m + RMAX <= hi; m += RMAX) CALL(RMAX); \
-  switch (hi - m) {                             \
-    case 1: CALL(1); break;                     \
-    case 2: CALL(2); break;                     \
-    case 3: CALL(3); break;                     \
-    case 4: CALL(4); break;                     \
-    case 5: CALL(5); break;                     \
-  }
+@ROW_TILES@
 
 // tasks = (n-block, run of MC rows), n-block major: its weights stay in L2. Tile by tile, a
 // block's first tile waits on memory for all its weights and the others compute from L2 with
@@ -319,9 +324,11 @@ def max_rows() -> int:
 
 
 def build(source: str, name: str, compiler: str):
-    """Compile a kernel source of this family (this module's `SOURCE`, `amx_gemm`'s, or an older
-    revision's for an A/B) with the pool and claim code spliced in; returns the library path."""
+    """Compile a kernel source of this family (this module's `SOURCE`, `amx_gemm`'s, `qgemm`'s,
+    or an older revision's for an A/B) with the pool, claim and row-tile code spliced in; returns
+    the library path."""
     source = source.replace("@CLAIM@", native.CLAIM_C).replace("@POOL@", native.POOL_C)
+    source = source.replace("@ROW_TILES@", ROW_TILES_C)
     return native.build(source, name=name, compiler=compiler, flags=FLAGS, language="c++")
 
 

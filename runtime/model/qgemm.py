@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import torch
 from pagoda.runtime import native
+from pagoda.runtime.model import gemv
 from pagoda.runtime.model.quantized import BLOCK_BYTES, BLOCKS, QK, QuantizedWeight
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,6 @@ ENV_SWITCH = "PAGODA_CPU_QGEMM"
 NB = 16  # outputs per unit
 KINDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q4_K": 3, "Q6_K": 4, "Q5_K": 5}
 SERIAL_BELOW = 1 << 18  # multiply-adds below which the calling thread works alone
-FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-ffp-contract=off"]
 
 SOURCE = r"""
 #include <immintrin.h>
@@ -203,16 +203,7 @@ static void lean(const Job& j, int64_t nb, int64_t m0) {
 // output blocks per `lean` task
 static inline int64_t lean_units(int M) { return M <= 2 ? 2 : 1; }
 
-#define ROW_TILES(CALL)                         \
-  int64_t m = lo;                               \
-  for (; m + RMAX <= hi; m += RMAX) CALL(RMAX); \
-  switch (hi - m) {                             \
-    case 1: CALL(1); break;                     \
-    case 2: CALL(2); break;                     \
-    case 3: CALL(3); break;                     \
-    case 4: CALL(4); break;                     \
-    case 5: CALL(5); break;                     \
-  }
+@ROW_TILES@
 
 // tasks = (output block, run of MC rows), block-major; each chunk of keys is dequantized once
 // per task and swept by all its row tiles while it sits in L1. With up to 4 rows, tasks are
@@ -367,9 +358,8 @@ def load() -> QGemm | None:
     compiler = native.find_compiler("CXX", ("g++", "clang++"))
     if compiler is None:
         return None
-    source = SOURCE.replace("@CLAIM@", native.CLAIM_C).replace("@POOL@", native.POOL_C)
     try:
-        path = native.build(source, name="qgemm", compiler=compiler, flags=FLAGS, language="c++")
+        path = gemv.build(SOURCE, "qgemm", compiler)  # gemv's flags and shared C pieces
         kernel = QGemm(ctypes.CDLL(str(path)))
     except (OSError, RuntimeError) as exc:
         log.warning("quantized CPU GEMM unavailable, float32 weights are used: %s", exc)

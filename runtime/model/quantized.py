@@ -67,8 +67,7 @@ class QuantizedWeight:
             return _k_fields(self)
         nb = self.cols // QK
         raw = self.blocks.view(self.rows, nb, BLOCK_BYTES[self.kind])
-        wide = (lambda t: t) if raw_scales else (lambda t: t.float())
-        d = wide(raw[..., :2].contiguous().view(torch.float16)).squeeze(-1)
+        d = _f16(raw[..., :2], raw_scales).squeeze(-1)
         m = None
         if self.kind == "Q8_0":
             q = raw[..., 2:].contiguous().view(torch.int8)
@@ -77,7 +76,7 @@ class QuantizedWeight:
             nibbles = raw[..., start:]  # element i low nibble, element i + 16 high
             q = torch.cat([nibbles & 15, nibbles >> 4], dim=-1)
             if self.kind == "Q4_1":
-                m = wide(raw[..., 2:4].contiguous().view(torch.float16)).squeeze(-1)
+                m = _f16(raw[..., 2:4], raw_scales).squeeze(-1)
             else:
                 q = q.to(torch.int8) - 8
         return q.reshape(self.rows, self.cols), d, m
@@ -97,13 +96,18 @@ class QuantizedWeight:
         return w.reshape(self.rows, self.cols)
 
 
+def _f16(pairs: torch.Tensor, keep: bool = False) -> torch.Tensor:
+    """Byte pairs as the float16 values they store, widened to float32 unless `keep`."""
+    halves = pairs.contiguous().view(torch.float16)
+    return halves if keep else halves.float()
+
+
 def _k_fields(w: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`fields` of the K kinds, following gguf.quants (scales formed in float32 as it does)."""
     n = w.blocks.shape[0] * (w.cols // 256)
     raw = w.blocks.reshape(n, BLOCK_BYTES[w.kind])
-    half = lambda b: b.contiguous().view(torch.float16).float()  # noqa: E731
     if w.kind in ("Q4_K", "Q5_K"):
-        d, dmin, sc = half(raw[:, 0:2]), half(raw[:, 2:4]), raw[:, 4:16].view(n, 3, 4)
+        d, dmin, sc = _f16(raw[:, 0:2]), _f16(raw[:, 2:4]), raw[:, 4:16].view(n, 3, 4)
         lo, hi, mix = sc[:, 0], sc[:, 1], sc[:, 2]
         scale = torch.cat([lo & 0x3F, (mix & 0x0F) | ((lo >> 2) & 0x30)], dim=-1)
         mins = torch.cat([hi & 0x3F, (mix >> 4) | ((hi >> 2) & 0x30)], dim=-1)
@@ -117,7 +121,7 @@ def _k_fields(w: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     else:
         ql, qh = raw[:, :128], raw[:, 128:192]
         scales = raw[:, 192:208].contiguous().view(torch.int8).float()
-        d = half(raw[:, 208:210]) * scales  # [n, 16]: one per 16 keys
+        d = _f16(raw[:, 208:210]) * scales  # [n, 16]: one per 16 keys
         shifts = torch.tensor([0, 4], dtype=torch.uint8).view(1, 1, 2, 1)
         low = ((ql.reshape(n, 2, 1, 64) >> shifts) & 0x0F).reshape(n, 8, 32)
         shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
