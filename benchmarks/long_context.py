@@ -3,16 +3,15 @@
 Decode speed at long context is dominated by reading the sequence's K/V every step (the weights
 are read once per step whatever the context). Pagoda's number is the decode rate after the prompt
 is in the cache (the second request for the same prompt recomputes only its last partial block);
-HF `generate` (bf16, or float32 on a CPU without native bf16; its KV cache grown in place) is the baseline, measured the same way: the time
-for `out_len + 1` new tokens minus the time for one.
+HF `generate` (bf16, or float32 on a CPU without native bf16; its KV cache grown in place) is the
+baseline, measured the same way: the time for `out_len + 1` new tokens minus the time for one.
 
 Run as a script, it compares Pagoda's CPU attention paths side by side, each in its own process,
 in interleaved rounds (the machine drifts): the C++ kernel, the torch gather path
-(``PAGODA_CPU_ATTENTION=torch``), where the AMX GEMM, the decode GEMV or the quantized GEMM is on
-by default the
-kernel with oneDNN's matmuls instead (``PAGODA_CPU_AMX_GEMM=0 PAGODA_CPU_GEMV=0
-PAGODA_CPU_QGEMM=0``) and, with
-``--old-ref``, the runtime of an older commit::
+(``PAGODA_CPU_ATTENTION=torch``), the kernel over an int8 K/V cache (``--kv-cache-dtype int8``),
+where the AMX GEMM, the decode GEMV or the quantized GEMM is on by default the kernel with
+oneDNN's matmuls instead (``PAGODA_CPU_AMX_GEMM=0 PAGODA_CPU_GEMV=0 PAGODA_CPU_QGEMM=0``) and,
+with ``--old-ref``, the runtime of an older commit::
 
     .venv/bin/python -P benchmarks/long_context.py --ctx 5000 --old-ref 37e8f81 [--hf]
 """
@@ -34,8 +33,16 @@ import torch
 from pagoda.runtime import LLM, SamplingParams
 
 
-def pagoda_long_context(loaded, ids: list[int], ctx: int, out_len: int, dtype: str) -> dict:
-    llm = LLM(loaded=loaded, dtype=dtype, max_model_len=ctx + out_len + 16, max_num_seqs=4)
+def pagoda_long_context(
+    loaded, ids: list[int], ctx: int, out_len: int, dtype: str, kv_cache_dtype: str = "auto"
+) -> dict:
+    llm = LLM(
+        loaded=loaded,
+        dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
+        max_model_len=ctx + out_len + 16,
+        max_num_seqs=4,
+    )
     prompt = {"prompt_token_ids": ids[:ctx]}
     t = time.perf_counter()
     llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1))
@@ -44,7 +51,7 @@ def pagoda_long_context(loaded, ids: list[int], ctx: int, out_len: int, dtype: s
     llm.generate(prompt, SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True))
     decode = time.perf_counter() - t
     return {
-        "system": f"pagoda ({dtype}), {ctx}-token context",
+        "system": f"pagoda ({dtype}, K/V {kv_cache_dtype}), {ctx}-token context",
         "prefill_s": prefill,
         "decode_tok_s": out_len / decode,
     }
@@ -98,8 +105,9 @@ def _child(args) -> None:
     ids = long_context_ids(loaded.tokenizer, args.ctx)
     if args.child == "hf":
         row = hf_long_context(loaded.path, ids, args.ctx, args.out_len)
-    else:
-        row = pagoda_long_context(loaded, ids, args.ctx, args.out_len, "auto")
+    else:  # "pagoda" or "pagoda-int8" (an int8 K/V cache)
+        kv = "int8" if args.child.endswith("int8") else "auto"
+        row = pagoda_long_context(loaded, ids, args.ctx, args.out_len, "auto", kv)
     row["runtime"] = str(Path(pagoda.runtime.__file__).resolve().parent)
     print("RESULT " + json.dumps(row), flush=True)
 
@@ -130,6 +138,12 @@ def _run(variant: str, env: dict, args) -> dict:
     if res.returncode or not lines:
         raise RuntimeError(f"{variant} failed:\n{res.stderr[-3000:]}")
     return json.loads(lines[-1][len("RESULT ") :])
+
+
+def _child_kind(variant: str) -> str:
+    if variant == "hf":
+        return "hf"
+    return "pagoda-int8" if "int8" in variant else "pagoda"
 
 
 def main() -> int:
@@ -163,6 +177,7 @@ def main() -> int:
         if gemv.wanted() or amx_gemm.load(_pack) is not None or qgemm.load() is not None:
             off = {gemv.ENV_SWITCH: "0", amx_gemm.ENV_SWITCH: "0", qgemm.ENV_SWITCH: "0"}
             variants["kernel, oneDNN matmuls"] = dict(variants["kernel"], **off)
+        variants["kernel, int8 K/V cache"] = variants["kernel"]
         if args.old_ref:
             variants[f"old ({args.old_ref})"] = dict(
                 base, PYTHONPATH=str(_old_tree(args.old_ref, Path(tmp)))
@@ -172,7 +187,7 @@ def main() -> int:
         runs: dict[str, list[dict]] = {name: [] for name in variants}
         for r in range(args.rounds):
             for name, env in variants.items():
-                row = _run("hf" if name == "hf" else "pagoda", env, args)
+                row = _run(_child_kind(name), env, args)
                 runs[name].append(row)
                 print(f"round {r + 1} {name}: {row}", flush=True)
     ref = next(iter(runs))

@@ -24,12 +24,29 @@ each accumulator belongs to one (row, head, 16 keys or 16 dims) and sees the sam
 the same order whatever shares its tile, step or batch.
 """
 
-Q8_SOURCE = r"""
+from pagoda.runtime.attention.cpu_kernel_q8_avx2 import Q8_AVX2_SOURCE
+
+Q8_SOURCE = (
+    r"""
 // acc + the sum of 4 byte products per 32-bit lane, a unsigned, b signed (AVX-512 VNNI's
-// vpdpbusd; elsewhere the same exact integer sums in plain vector code).
+// vpdpbusd; AVX2's vpmaddwd on 16-bit halves; elsewhere plain vector code): the same exact sums.
 static inline vi dpbusd(vi acc, vu a, vu b) {
 #if defined(__AVX512VNNI__)
   return (vi)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)a, (__m512i)b);
+#elif defined(__AVX2__)
+  // Per 256-bit half: a's and b's even and odd bytes widened in place to 16-bit lanes, then
+  // vpmaddwd adds each 32-bit lane's two products (|a| <= 255, |b| <= 128: int16, exact).
+  __m256i r[2], x[2], y[2];
+  std::memcpy(r, &acc, 64); std::memcpy(x, &a, 64); std::memcpy(y, &b, 64);
+  const __m256i low = _mm256_set1_epi16(0x00FF);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i ae = _mm256_and_si256(x[h], low), ao = _mm256_srli_epi16(x[h], 8);
+    const __m256i be = _mm256_srai_epi16(_mm256_slli_epi16(y[h], 8), 8);
+    const __m256i bo = _mm256_srai_epi16(y[h], 8);
+    r[h] = _mm256_add_epi32(r[h], _mm256_add_epi32(_mm256_madd_epi16(ae, be), _mm256_madd_epi16(ao, bo)));
+  }
+  std::memcpy(&acc, r, 64);
+  return acc;
 #else
   for (int i = 0; i < 4; ++i) acc += (vi)((a >> (8 * i)) & 0xFFu) * ((vi)(b << (24 - 8 * i)) >> 24);
   return acc;
@@ -185,6 +202,16 @@ static void pv_q8(const Geo& g, const float* const* pr, int width, const uint32_
   }
 }
 
+"""
+    + Q8_AVX2_SOURCE
+    + r"""
+#if defined(PAGODA_AVX2_Q8)
+#define SCORES_Q8 scores_q8_avx2
+#define PV_Q8 pv_q8_avx2
+#else
+#define SCORES_Q8 scores_q8
+#define PV_Q8 pv_q8
+#endif
 template <int N>
 static void scores_q8_n(const Geo& g, const uint32_t* qw, const uint32_t* kc, const int32_t* bt,
                         const Tile& t, int b0, int b1, float* S, int n) {
@@ -197,17 +224,17 @@ static void scores_q8_n(const Geo& g, const uint32_t* qw, const uint32_t* kc, co
   }
   constexpr int U = std::max(1, std::min(4, CHAINS / N));
   const int stride = t.nblk * g.BS, jm = j0 + (j1 - j0) / U * U;
-  scores_q8<N, U>(g, q, kc, bt, t.kvh, stride, j0, jm, S);
-  if (jm < j1) scores_q8<N, 1>(g, q, kc, bt, t.kvh, stride, jm, j1, S);
+  SCORES_Q8<N, U>(g, q, kc, bt, t.kvh, stride, j0, jm, S);
+  if (jm < j1) SCORES_Q8<N, 1>(g, q, kc, bt, t.kvh, stride, jm, j1, S);
 }
 
 template <int N>
 static void pv_q8_n(const Geo& g, const float* const* pr, int width, const uint32_t* vc,
                     const int32_t* bt, int kvh, int dc, int du, int b0, int b1, vf* acc, int n) {
   if constexpr (N > 1) { if (n < N) return pv_q8_n<N - 1>(g, pr, width, vc, bt, kvh, dc, du, b0, b1, acc, n); }
-  if (du == 4) pv_q8<N, (4 * N <= CHAINS ? 4 : 1)>(g, pr, width, vc, bt, kvh, dc, b0, b1, acc);  // dims_for
-  else if (du == 2) pv_q8<N, (2 * N <= CHAINS ? 2 : 1)>(g, pr, width, vc, bt, kvh, dc, b0, b1, acc);
-  else pv_q8<N, 1>(g, pr, width, vc, bt, kvh, dc, b0, b1, acc);
+  if (du == 4) PV_Q8<N, (4 * N <= CHAINS ? 4 : 1)>(g, pr, width, vc, bt, kvh, dc, b0, b1, acc);  // dims_for
+  else if (du == 2) PV_Q8<N, (2 * N <= CHAINS ? 2 : 1)>(g, pr, width, vc, bt, kvh, dc, b0, b1, acc);
+  else PV_Q8<N, 1>(g, pr, width, vc, bt, kvh, dc, b0, b1, acc);
 }
 
 // D values (times `mul`) -> int8 and their scale (absmax / 127; all zeros: scale 0), 16 at a
@@ -301,3 +328,4 @@ static void kv_job_q8(void* ctx) {
     write_rows_q8(j.k, j.v, j.kc, j.vc, j.slots, (int)t0, (int)t1, j.HKV, j.D, j.NB, j.BS);
 }
 """
+)

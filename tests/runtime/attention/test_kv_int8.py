@@ -25,6 +25,21 @@ def _kernel() -> cpu_kernel.CpuKernel:
     return kernel
 
 
+def _avx2_kernel() -> cpu_kernel.CpuKernel:
+    """Built for AVX2 + FMA without AVX-512: the loops of `cpu_kernel_q8_avx2`, which AVX-512
+    machines never build natively (the build is shared with test_cpu_kernel's)."""
+    if not {"avx2", "fma"} <= set(native.cpu_signature().split()):
+        pytest.skip("this CPU cannot run AVX2 + FMA code")
+    flags = ["-march=haswell" if f == "-march=native" else f for f in cpu_kernel.FLAGS]
+    path = native.build(
+        SOURCE, name="paged_attention_avx2", compiler="g++", flags=flags, language="c++"
+    )
+    return cpu_kernel.CpuKernel(path)
+
+
+KERNELS = {"native": _kernel, "avx2": _avx2_kernel}
+
+
 def _unpack(kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The kernel's packed int8 blocks → ``[T, Hkv, D + 4]`` rows as `quantize_rows` writes them
     (the layout of ``cpu_kernel_q8``, read back token by token)."""
@@ -102,10 +117,11 @@ def test_int8_attention_matches_a_float64_reference(h, hkv, d, bs):
     assert err.max() < 0.03 and err.pow(2).mean().sqrt() < 0.0025, (err.max(), err.pow(2).mean())
 
 
+@pytest.mark.parametrize("build", KERNELS)
 @pytest.mark.parametrize("h,hkv,d", [(9, 3, 64), (16, 1, 64)])
-def test_an_int8_row_is_the_same_at_every_place_in_a_tile(h, hkv, d):
+def test_an_int8_row_is_the_same_at_every_place_in_a_tile(h, hkv, d, build):
     """One query row in chunks of 1 to 14 rows at every offset: the same bits as a decode."""
-    kernel, g, bs, n, pos = _kernel(), torch.Generator().manual_seed(1), 16, 240, 200
+    kernel, g, bs, n, pos = KERNELS[build](), torch.Generator().manual_seed(1), 16, 240, 200
     be = TorchAttentionBackend(h, hkv, d, d**-0.5, "int8")
     kc, vc = be.allocate_kv_cache(-(-n // bs) + 2, bs, torch.bfloat16, torch.device("cpu"))
     table = torch.randperm(kc.shape[1], generator=g)[: -(-n // bs)].to(torch.int32)
@@ -125,19 +141,25 @@ def test_an_int8_row_is_the_same_at_every_place_in_a_tile(h, hkv, d):
             assert torch.equal(row(first, first + size - 1), want), (size, first)
 
 
-def test_a_build_without_avx512_gives_the_same_cache_and_output(tmp_path):
-    """The plain-vector fallbacks of the int8 loops (CPUs without AVX-512 VNNI): exact integer
-    sums, so the same bytes in the cache and the same outputs to float rounding."""
-    flags = ["-march=x86-64-v2" if f == "-march=native" else f for f in cpu_kernel.FLAGS]
-    path = native.build(
-        SOURCE, name="attention_portable", compiler="g++", flags=flags, language="c++",
-        directory=tmp_path,
-    )  # fmt: skip
+@pytest.mark.parametrize("build", ["x86-64-v2", "avx2"])
+def test_a_build_without_avx512_gives_the_same_cache_and_output(tmp_path, build):
+    """The plain-vector fallbacks of the int8 loops (x86-64-v2: no AVX2) and the AVX2 loops:
+    exact integer sums, so the same bytes in the cache and the same outputs to float rounding
+    (the softmax's multiply-adds are fused or not)."""
+    if build == "avx2":
+        other = _avx2_kernel()
+    else:
+        flags = ["-march=x86-64-v2" if f == "-march=native" else f for f in cpu_kernel.FLAGS]
+        path = native.build(
+            SOURCE, name="attention_portable", compiler="g++", flags=flags, language="c++",
+            directory=tmp_path,
+        )  # fmt: skip
+        other = cpu_kernel.CpuKernel(path)
     g, c = torch.Generator().manual_seed(2), 700
     k, v = (torch.randn(c, 3, 64, generator=g) for _ in range(2))
     q = torch.randn(5, 9, 64, generator=g)
     be, results = TorchAttentionBackend(9, 3, 64, 0.125, "int8"), []
-    for kernel in (_kernel(), cpu_kernel.CpuKernel(path)):
+    for kernel in (_kernel(), other):
         kc, vc = be.allocate_kv_cache(c // 16 + 1, 16, torch.float32, torch.device("cpu"))
         kernel.write_kv(k, v, kc, vc, torch.arange(c))
         table = torch.arange(kc.shape[1], dtype=torch.int32)[None]
