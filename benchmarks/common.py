@@ -69,8 +69,12 @@ def until_decoding(engine) -> None:
 
 
 def kv_bytes_per_token(config) -> int:
-    """Bytes one token's K and V take in a bf16 cache over all layers (sizes test budgets)."""
-    return config.num_layers * 2 * config.num_kv_heads * config.head_dim * 2
+    """Bytes one token's K and V take over all layers in a cache of the dtype `auto` picks on
+    this CPU (bf16, or float32 without native bf16): sizes test budgets."""
+    from pagoda.runtime.config import cpu_has_fast_bf16
+
+    elem = 2 if cpu_has_fast_bf16() else 4
+    return config.num_layers * 2 * config.num_kv_heads * config.head_dim * elem
 
 
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
