@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model.quantized import QuantizedWeight
+from pagoda.runtime.model.quantized import QuantizedWeight, from_dense
 from pagoda.runtime.model.tokenizer import Tokenizer
 from pagoda.runtime.options import BUILTIN_MODELS
 
@@ -83,7 +83,11 @@ def load_model(model: str) -> LoadedModel:
         from pagoda.runtime.model.hf_loader import load_hf_dir
 
         config, weights, tokenizer = load_hf_dir(path)
-        quantized = {}
+        quantized = {  # 16-bit matrices, read in place by `qgemm` where the model is float32
+            name: q
+            for name, t in weights.items()
+            if name.endswith(".weight") and (q := from_dense(t)) is not None
+        }
     else:
         raise ValueError(f"model path {path} must be a .gguf file or a Hugging Face directory")
     return LoadedModel(

@@ -1,4 +1,4 @@
-"""float32 matmuls that read GGUF-quantized weights (Q4_0/1, Q8_0, Q4/5/6_K) in place, any M.
+"""float32 matmuls that read GGUF-quantized (Q4_0/1, Q8_0, Q4/5/6_K) and 16-bit weights in place.
 
 On CPUs without native bf16 (AVX2 only: AMD Zen 1-3, older Xeons) the model computes in float32
 and a decode step streams every weight from memory: 540 MB for the embedded 135M model, where
@@ -23,13 +23,13 @@ from collections.abc import Sequence
 import torch
 from pagoda.runtime import native
 from pagoda.runtime.model import gemv
-from pagoda.runtime.model.quantized import BLOCK_BYTES, BLOCKS, QK, QuantizedWeight
+from pagoda.runtime.model.quantized import HALF_KINDS, QK, QuantizedWeight, probe_weight
 
 log = logging.getLogger(__name__)
 
 ENV_SWITCH = "PAGODA_CPU_QGEMM"
 NB = 16  # outputs per unit
-KINDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q4_K": 3, "Q6_K": 4, "Q5_K": 5}
+KINDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q4_K": 3, "Q6_K": 4, "Q5_K": 5, "F16": 6, "BF16": 7}
 SERIAL_BELOW = 1 << 18  # multiply-adds below which the calling thread works alone
 
 SOURCE = r"""
@@ -41,7 +41,7 @@ SOURCE = r"""
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define ALWAYS inline __attribute__((always_inline))
 #define INLINE static ALWAYS
-enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, Q4_K = 3, Q6_K = 4, Q5_K = 5 };
+enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, Q4_K = 3, Q6_K = 4, Q5_K = 5, F16 = 6, BF16 = 7 };
 constexpr int NB = 16;      // outputs per unit: two vectors of 8
 constexpr int QK = 32;      // keys per unit (GGUF's block)
 constexpr int KC = 256;     // keys dequantized at a time: 16 KB of float32, in L1
@@ -52,11 +52,14 @@ constexpr int LEAN_ROWS = 4;  // up to this many rows: `lean`
 
 // per unit: integers (two outputs a byte for the 4-bit kinds), then 16 scales and, but for Q4_0
 // and Q8_0, 16 more: Q4_1's m, Q4/5_K's min, Q6_K's scale for keys 16-31; float16 as GGUF stores
-// them for the 32-blocks, float32 for the K kinds (products GGUF forms in float32)
+// them for the 32-blocks, float32 for the K kinds (products GGUF forms in float32). F16 and BF16
+// units are the 16-bit values themselves, no scales.
+template <int QT> constexpr bool half16() { return QT == F16 || QT == BF16; }
 template <int QT> constexpr bool bytes8() { return QT == Q8_0 || QT == Q6_K || QT == Q5_K; }
-template <int QT> constexpr bool wide() { return QT >= Q4_K; }
-template <int QT> constexpr int qbytes() { return bytes8<QT>() ? 512 : 256; }
+template <int QT> constexpr bool wide() { return QT == Q4_K || QT == Q6_K || QT == Q5_K; }
+template <int QT> constexpr int qbytes() { return half16<QT>() ? 1024 : bytes8<QT>() ? 512 : 256; }
 template <int QT> constexpr int unit() {
+  if (half16<QT>()) return qbytes<QT>();
   return qbytes<QT>() + (QT == Q4_0 || QT == Q8_0 ? 1 : 2) * 16 * (wide<QT>() ? 4 : 2);
 }
 
@@ -73,6 +76,7 @@ struct Unit {
   const uint8_t* q;
   __m256 d0, d1, m0, m1;
   ALWAYS explicit Unit(const uint8_t* u) : q(u) {
+    if constexpr (half16<QT>()) return;  // no scales
     const uint8_t* sc = u + qbytes<QT>();
     const bool two = !(QT == Q4_0 || QT == Q8_0);
     d0 = scales(sc, 0), d1 = scales(sc, 1);
@@ -83,6 +87,16 @@ struct Unit {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)sc + i));
   }
   ALWAYS void at(int k, __m256& w0, __m256& w1) const {
+    if constexpr (half16<QT>()) {  // widened exactly: float16 by F16C, bfloat16 by a shift
+      const __m128i* h = (const __m128i*)(q + k * 32);
+      if (QT == F16) {
+        w0 = _mm256_cvtph_ps(_mm_loadu_si128(h)), w1 = _mm256_cvtph_ps(_mm_loadu_si128(h + 1));
+      } else {
+        w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(h)), 16));
+        w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(h + 1)), 16));
+      }
+      return;
+    }
     __m256i q0, q1;
     if (bytes8<QT>()) {
       const __m128i b = _mm_loadu_si128((const __m128i*)(q + k * 16));
@@ -239,14 +253,15 @@ static void run(void* arg) {
 extern "C" int pagoda_qgemm(int kind, const uint8_t* w, const float* x, int64_t ldx, float* y,
                             int64_t ldy, const float* bias, int M, int N, int K, int threads) {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (M < 1 || N < 1 || K < QK || K % QK || kind < 0 || kind > 5) return 1;
+  if (M < 1 || N < 1 || K < QK || K % QK || kind < 0 || kind > 7) return 1;
   const int MC = M <= MC_MAX ? M : MC_MAX;
   const int64_t blocks = (N + NB - 1) / NB;
   const int64_t lu = lean_units(M);
   const int64_t tasks = M <= LEAN_ROWS ? (blocks + lu - 1) / lu : blocks * ((M + MC - 1) / MC);
   const int64_t per_claim = tasks / (8 * (threads > 0 ? threads : 1));  // ~8 claims a thread
   Job job{w, x, bias, y, ldx, ldy, 0, per_claim > 0 ? per_claim : 1, M, N, K, MC};
-  pool_fn fns[] = {run<Q4_0>, run<Q4_1>, run<Q8_0>, run<Q4_K>, run<Q6_K>, run<Q5_K>};
+  pool_fn fns[] = {run<Q4_0>, run<Q4_1>, run<Q8_0>, run<Q4_K>,
+                   run<Q6_K>, run<Q5_K>, run<F16>, run<BF16>};
   pool_run(fns[kind], &job, threads);
   return 0;
 #else
@@ -261,10 +276,16 @@ extern "C" int pagoda_qgemm(int kind, const uint8_t* w, const float* x, int64_t 
 def pack(weight: QuantizedWeight) -> torch.Tensor:
     """The kernel's layout, uint8: per block of 16 outputs (rows padded with zero weights), per
     32 keys, the integers [key][output] (Q4: output j and j + 8 share byte j) then d[16] and, for
-    Q4_1, m[16] as float16 (as GGUF stores them; converted exactly in the kernel)."""
-    q, d, m = weight.fields(raw_scales=True)
+    Q4_1, m[16] as float16 (as GGUF stores them; converted exactly in the kernel); F16/BF16:
+    the 16-bit values [key][output]."""
     n, k = weight.rows, weight.cols
     pad = -n % NB
+    if weight.kind in HALF_KINDS:
+        v = weight.blocks.view(torch.int16)
+        v = _pad_rows(v, pad) if pad else v
+        v = v.view((n + pad) // NB, NB, k // QK, QK).permute(0, 2, 3, 1).contiguous()
+        return v.view(torch.uint8).reshape(-1)
+    q, d, m = weight.fields(raw_scales=True)
     if pad:  # zero rows: zero weights, outputs never stored
         q, d = _pad_rows(q, pad), _pad_rows(d, pad)
         m = None if m is None else _pad_rows(m, pad)
@@ -365,17 +386,6 @@ def load() -> QGemm | None:
         log.warning("quantized CPU GEMM unavailable, float32 weights are used: %s", exc)
         return None
     return kernel if _agrees(kernel) else None
-
-
-def probe_weight(kind: str, rows: int, cols: int, seed: int = 0) -> QuantizedWeight:
-    """Random blocks of `kind` with modest, finite scales (tests and the load-time check)."""
-    g = torch.Generator().manual_seed(seed)
-    nb = cols // BLOCKS[kind][0]
-    raw = torch.randint(0, 256, (rows, nb, BLOCK_BYTES[kind]), generator=g, dtype=torch.uint8)
-    at = {"Q4_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, 1)}.get(kind, (0, 1))
-    halves = (torch.rand(rows, nb, at[1], generator=g) * 0.02 - 0.01).to(torch.float16)
-    raw[..., at[0] : at[0] + 2 * at[1]] = halves.view(torch.uint8).view(rows, nb, 2 * at[1])
-    return QuantizedWeight(kind, raw.view(rows, -1), cols)
 
 
 def _agrees(kernel: QGemm) -> bool:

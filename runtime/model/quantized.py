@@ -1,12 +1,14 @@
-"""A GGUF weight kept in its quantized blocks (Q4_0/1, Q8_0, Q4/5/6_K), rows in HF order.
+"""A weight kept as stored: GGUF blocks (Q4_0/1, Q8_0, Q4/5/6_K) or 16-bit values (F16, BF16).
 
 The loader dequantizes every tensor to float32, and on CPUs that compute in float32 (no native
 bf16) a decode step then streams 4 bytes per weight; the blocks it came from hold 4.5 to 8.5
 bits. `qgemm` multiplies by the blocks directly. Dequantizing here follows `gguf.quants` step by
 step (``d * q + m`` rounded twice, ``d * (q - 8)``, ``q * d``; for the K kinds the sub-block
 scale ``d * sc`` and min ``dmin * m`` formed in float32 first, then ``D * q - M``), so a weight
-is the same float32 value either way and only the summation order of a matmul differs. Other
-kinds (Q5_0/1, Q2_K, Q3_K, IQ*, F16, ...) keep the float32 path.
+is the same float32 value either way and only the summation order of a matmul differs. float16
+and bfloat16 weights (GGUF F16/BF16 tensors, or a Hugging Face checkpoint's) widen exactly, so
+`qgemm` reads them at 2 bytes a weight too. Other kinds (Q5_0/1, Q2_K, Q3_K, IQ*, ...) keep the
+float32 path.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ BLOCKS = {
     "Q4_K": (256, 144),
     "Q6_K": (256, 210),
     "Q5_K": (256, 176),
+    "F16": (32, 64),  # 16-bit kinds: plain values, counted in blocks of 32 (the kernel's keys)
+    "BF16": (32, 64),
 }
+HALF_KINDS = {"F16": torch.float16, "BF16": torch.bfloat16}
 BLOCK_BYTES = {kind: nbytes for kind, (_, nbytes) in BLOCKS.items()}
 
 
@@ -62,7 +67,9 @@ class QuantizedWeight:
         Q6_K), d and m [rows, cols // 32] float32 (float16 as stored with `raw_scales`, for the
         32-blocks): the scale and Q4_1's offset (added) or Q4_K's min (subtracted); Q6_K has a
         scale per 16 keys, d for the first 16 of each 32 and m for the others; m is None for
-        Q4_0 and Q8_0."""
+        Q4_0 and Q8_0. Not for the 16-bit kinds, which have no integers."""
+        if self.kind in HALF_KINDS:
+            raise ValueError(f"{self.kind} weights are values, not integers and scales")
         if self.kind in ("Q4_K", "Q5_K", "Q6_K"):
             return _k_fields(self)
         nb = self.cols // QK
@@ -83,6 +90,8 @@ class QuantizedWeight:
 
     def dequantize(self) -> torch.Tensor:
         """float32 [rows, cols], bit for bit `gguf.quants.dequantize`."""
+        if self.kind in HALF_KINDS:
+            return self.blocks.view(HALF_KINDS[self.kind]).float()
         q, d, m = self.fields()
         q = q.float().view(self.rows, -1, QK)
         if self.kind == "Q6_K":
@@ -137,10 +146,32 @@ def from_gguf(kind: str, data: np.ndarray, cols: int) -> QuantizedWeight | None:
     `qgemm` does not read."""
     if kind not in BLOCKS or cols % BLOCKS[kind][0]:
         return None
-    raw = np.ascontiguousarray(data, dtype=np.uint8).reshape(
-        -1, cols // BLOCKS[kind][0] * BLOCK_BYTES[kind]
-    )
+    raw = np.ascontiguousarray(data).view(np.uint8)  # float16 arrays: their bytes
+    raw = raw.reshape(-1, cols // BLOCKS[kind][0] * BLOCK_BYTES[kind])
     return QuantizedWeight(kind, torch.from_numpy(raw.copy()), cols)
+
+
+def from_dense(t: torch.Tensor) -> QuantizedWeight | None:
+    """A float16 or bfloat16 matrix (a checkpoint's weight) as a 16-bit kind sharing its
+    memory, or None for other dtypes, shapes and widths `qgemm` cannot take."""
+    kind = {v: k for k, v in HALF_KINDS.items()}.get(t.dtype)
+    if kind is None or t.dim() != 2 or t.shape[1] % QK or not t.is_contiguous():
+        return None
+    return QuantizedWeight(kind, t.view(torch.uint8), t.shape[1])
+
+
+def probe_weight(kind: str, rows: int, cols: int, seed: int = 0) -> QuantizedWeight:
+    """Random blocks of `kind` with modest, finite scales (tests and `qgemm`'s load check)."""
+    g = torch.Generator().manual_seed(seed)
+    if kind in HALF_KINDS:
+        values = (torch.randn(rows, cols, generator=g) * 0.05).to(HALF_KINDS[kind])
+        return QuantizedWeight(kind, values.view(torch.uint8), cols)
+    nb = cols // BLOCKS[kind][0]
+    raw = torch.randint(0, 256, (rows, nb, BLOCK_BYTES[kind]), generator=g, dtype=torch.uint8)
+    at = {"Q4_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, 1)}.get(kind, (0, 1))
+    halves = (torch.rand(rows, nb, at[1], generator=g) * 0.02 - 0.01).to(torch.float16)
+    raw[..., at[0] : at[0] + 2 * at[1]] = halves.view(torch.uint8).view(rows, nb, 2 * at[1])
+    return QuantizedWeight(kind, raw.view(rows, -1), cols)
 
 
 def stack(parts: Sequence[QuantizedWeight | None]) -> list[QuantizedWeight] | None:

@@ -350,17 +350,20 @@ class ModelRunner:
 
 
 def _log_quantized_layers(model: LlamaModel) -> None:
-    """Say when linear layers multiply by GGUF blocks (float32 CPU models): it sets decode speed."""
+    """Say when linear layers multiply by stored blocks (float32 CPU models): it sets decode
+    speed."""
     from pagoda.runtime.model.qgemm import QGemmWeight
 
     layers = model.linears()
     on_blocks = [x.fast for x in layers if isinstance(x.fast, QGemmWeight)]
     if on_blocks:
         mb = sum(w.nbytes for w in on_blocks) / 1e6
+        kinds = sorted({k for w in on_blocks for k in w.kinds})
         log.info(
-            "%d of %d linear layers multiply by the GGUF's quantized blocks (%.0f MB a step; "
-            "PAGODA_CPU_QGEMM=0 uses the float32 weights)",
+            "%d of %d linear layers multiply by their stored %s weights (%.0f MB a step; "
+            "PAGODA_CPU_QGEMM=0 uses float32 copies)",
             len(on_blocks),
             len(layers),
+            "/".join(kinds),
             mb,
         )

@@ -173,7 +173,7 @@ def test_every_tensor_type_dequantizes_and_unpermutes(tiny_gguf):
     for name, arr in expected.items():
         np.testing.assert_array_equal(weights[name].numpy(), arr, err_msg=name)
     # the raw blocks kept for qgemm: rows un-permuted like the floats, the same values
-    stored = {"Q4_0", "Q4_1", "Q8_0"}
+    stored = {"Q4_0", "Q4_1", "Q8_0", "F16", "BF16"}
     want = {n for n in expected if n.endswith("weight") and expected[n].ndim == 2}
     want = {n for n in want if TYPES.get(n.split(".", 3)[-1], ("", Q.Q8_0))[1].name in stored}
     assert set(quantized) == want and "model.layers.0.self_attn.q_proj.weight" in want

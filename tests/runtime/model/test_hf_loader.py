@@ -70,6 +70,35 @@ def test_hf_directory_matches_transformers(tmp_path, case):
     assert llm.tokenizer.apply_chat_template([{"role": "user", "content": "w9"}]) == "w3 w9 w4 "
 
 
+def test_a_bf16_directory_runs_on_its_16_bit_weights_in_float32(tmp_path):
+    """A float32 CPU engine (no native bf16) reads a bf16 checkpoint's matrices in place through
+    `qgemm` (2 bytes a weight) and computes transformers' float32 model of those weights."""
+    import torch
+    from pagoda.runtime.model import qgemm
+
+    if qgemm.load() is None:
+        pytest.skip("no C++ compiler or no AVX2 + FMA + F16C here")
+    model = make_tiny_llama(tmp_path).to(torch.bfloat16)
+    model.save_pretrained(tmp_path)  # the same directory, now with bf16 safetensors
+    llm = LLM(str(tmp_path), dtype="float32", kv_cache_memory=8 << 20)
+    linears = llm.engine.runner.model.linears()
+    assert {getattr(x.fast, "kinds", None) for x in linears} == {("BF16",)}
+    assert all(x.weight is None and x.packed is None for x in linears)  # no float32 copies
+    seen = {}
+    llm.engine.runner.logits_observer = lambda reqs, lg: [
+        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg)
+    ]
+    prompt = [(5 * i + 1) % 300 for i in range(40)]
+    (out,) = llm.generate(
+        {"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    )
+    # loaded afresh: `model.float()` would keep the rotary frequencies rounded to bf16
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    ref_tokens, ref_logits = hf_greedy(ref, prompt, 6)
+    assert out.outputs[0].token_ids == ref_tokens
+    assert max(float((a - b).abs().max()) for a, b in zip(seen[out.request_id], ref_logits)) < 1e-3
+
+
 def test_unsupported_architecture_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
     with pytest.raises(ValueError, match="unsupported architecture"):

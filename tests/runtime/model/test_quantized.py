@@ -1,5 +1,6 @@
-"""GGUF blocks kept for `qgemm`: they dequantize to exactly what `gguf.quants` gives, rows
-stack and permute like the float weights, and malformed blocks are refused."""
+"""Weights kept as stored for `qgemm` (GGUF blocks, 16-bit values): they dequantize to exactly what
+`gguf.quants` gives, rows stack and permute like the float weights, and malformed blocks are
+refused."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import numpy as np
 import pytest
 import torch
 from pagoda.runtime.model.qgemm import probe_weight
-from pagoda.runtime.model.quantized import BLOCKS, QuantizedWeight, from_gguf, stack
+from pagoda.runtime.model.quantized import (
+    BLOCKS,
+    QuantizedWeight,
+    from_dense,
+    from_gguf,
+    stack,
+)
 
 
 @pytest.mark.parametrize("kind", sorted(BLOCKS))
@@ -29,8 +36,21 @@ def test_quantize_roundtrip_through_gguf(kind):
     np.testing.assert_array_equal(w.dequantize().numpy(), want)
 
 
+def test_16_bit_tensors_are_kept_as_their_values():
+    x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float16)
+    w = from_gguf("F16", x, 64)  # GGUF's reader gives float16 arrays for F16 tensors
+    assert w is not None and (w.kind, w.rows, w.cols) == ("F16", 4, 64)
+    np.testing.assert_array_equal(w.dequantize().numpy(), x.astype(np.float32))
+    t = torch.randn(48, 96).to(torch.bfloat16)
+    d = from_dense(t)
+    assert d is not None and d.kind == "BF16" and d.blocks.data_ptr() == t.data_ptr()  # shared
+    assert torch.equal(d.dequantize(), t.float())
+    assert from_dense(t.float()) is None and from_dense(t[:, :40].contiguous()) is None
+    assert from_dense(t.T) is None and from_dense(t[0]) is None  # not a row-major matrix
+
+
 def test_other_formats_are_not_kept():
-    assert from_gguf("F16", np.zeros((4, 64), np.uint8), 64) is None
+    assert from_gguf("F32", np.zeros((4, 64), np.float32), 64) is None
     assert from_gguf("Q5_0", np.zeros((4, 22), np.uint8), 32) is None
     assert from_gguf("Q4_K", np.zeros((4, 72), np.uint8), 128) is None  # not whole blocks
 
