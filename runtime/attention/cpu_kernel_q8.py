@@ -58,6 +58,22 @@ static inline vf round_even(vf x) { return (x + 12582912.0f) - 12582912.0f; }  /
 static inline int64_t q8_block_words(const Geo& g) { return (int64_t)g.BS * g.D / 4 + g.BS; }
 static inline int q8_q_words(const Geo& g) { return g.D / 2 + 2; }  // hi, lo, step, bias
 
+// The K words of U 16-key chunks from j into kp; the next group's chunks and scales are fetched
+// in one burst.
+template <int U, typename Blk>
+static inline __attribute__((always_inline)) void k_chunks(const Geo& g, Blk blk, int j, int j1,
+                                                          const uint32_t** kp) {
+  const int W = g.D / 4, cpb = g.BS / 16;
+  PAGODA_UNROLL
+  for (int u = 0; u < U; ++u) kp[u] = blk(j + u) + ((j + u) % cpb) * 16;
+  for (int u = 0; u < U; ++u) {
+    const int f = std::min(j + U + u, j1 - 1);
+    const uint32_t* nx = blk(f) + (f % cpb) * 16;
+    for (int w = 0; w < W; ++w) __builtin_prefetch(nx + (int64_t)w * g.BS);
+    __builtin_prefetch(blk(f) + (int64_t)W * g.BS + (f % cpb) * 16);
+  }
+}
+
 // Scores of 16-key chunks [j0, j1), U at a time. q is two int8 planes, q ~ step * (254 hi + lo)
 // (`quantize_q_row`: ~15 bits, so rounding q costs far less than rounding K): the dot products
 // with hi, times 254, then those with lo, in one int32 accumulator. K bytes are read as unsigned
@@ -74,14 +90,7 @@ static void scores_q8(const Geo& g, const uint32_t* const* q, const uint32_t* kc
   for (int i = 0; i < N; ++i) std::memcpy(ql[i], q[i], 2 * W * 4);
   for (int j = j0; j + U <= j1; j += U) {
     const uint32_t* kp[U];
-    PAGODA_UNROLL
-    for (int u = 0; u < U; ++u) kp[u] = blk(j + u) + ((j + u) % cpb) * 16;
-    for (int u = 0; u < U; ++u) {  // the next group's chunks and scales, fetched in one burst
-      const int f = std::min(j + U + u, j1 - 1);
-      const uint32_t* nx = blk(f) + (f % cpb) * 16;
-      for (int w = 0; w < W; ++w) __builtin_prefetch(nx + (int64_t)w * g.BS);
-      __builtin_prefetch(blk(f) + (int64_t)W * g.BS + (f % cpb) * 16);
-    }
+    k_chunks<U>(g, blk, j, j1, kp);
     vi acc[N][U];
     PAGODA_UNROLL
     for (int i = 0; i < N; ++i)

@@ -47,14 +47,7 @@ static void scores_q8_avx2(const Geo& g, const uint32_t* const* q, const uint32_
   }
   for (int j = j0; j + U <= j1; j += U) {
     const uint32_t* kp[U];
-    PAGODA_UNROLL
-    for (int u = 0; u < U; ++u) kp[u] = blk(j + u) + ((j + u) % cpb) * 16;
-    for (int u = 0; u < U; ++u) {  // the next group's chunks and scales, fetched in one burst
-      const int f = std::min(j + U + u, j1 - 1);
-      const uint32_t* nx = blk(f) + (f % cpb) * 16;
-      for (int w = 0; w < W; ++w) __builtin_prefetch(nx + (int64_t)w * g.BS);
-      __builtin_prefetch(blk(f) + (int64_t)W * g.BS + (f % cpb) * 16);
-    }
+    k_chunks<U>(g, blk, j, j1, kp);
     PAGODA_UNROLL
     for (int h = 0; h < 2; ++h) {
       __m256i acc[N][U];
