@@ -70,7 +70,8 @@ def test_hf_directory_matches_transformers(tmp_path, case):
     assert llm.tokenizer.apply_chat_template([{"role": "user", "content": "w9"}]) == "w3 w9 w4 "
 
 
-def test_a_bf16_directory_runs_on_its_16_bit_weights_in_float32(tmp_path):
+@pytest.mark.parametrize("case", ["llama-llama3-rope", "qwen2-tied"])  # qwen2: biases, tied head
+def test_a_bf16_directory_runs_on_its_16_bit_weights_in_float32(tmp_path, case):
     """A float32 CPU engine (no native bf16) reads a bf16 checkpoint's matrices in place through
     `qgemm` (2 bytes a weight) and computes transformers' float32 model of those weights."""
     import torch
@@ -78,7 +79,8 @@ def test_a_bf16_directory_runs_on_its_16_bit_weights_in_float32(tmp_path):
 
     if qgemm.load() is None:
         pytest.skip("no C++ compiler or no AVX2 + FMA + F16C here")
-    model = make_tiny_llama(tmp_path).to(torch.bfloat16)
+    arch, extra = CASES[case]
+    model = make_tiny_llama(tmp_path, arch=arch, **extra).to(torch.bfloat16)
     model.save_pretrained(tmp_path)  # the same directory, now with bf16 safetensors
     llm = LLM(str(tmp_path), dtype="float32", kv_cache_memory=8 << 20)
     linears = llm.engine.runner.model.linears()
