@@ -217,9 +217,11 @@ static void pv_q8(const Geo& g, const float* const* pr, int width, const uint32_
 #if defined(PAGODA_AVX2_Q8)
 #define SCORES_Q8 scores_q8_avx2
 #define PV_Q8 pv_q8_avx2
+#define QUANTIZE_P quantize_p_row_avx2
 #else
 #define SCORES_Q8 scores_q8
 #define PV_Q8 pv_q8
+#define QUANTIZE_P quantize_p_row
 #endif
 template <int N>
 static void scores_q8_n(const Geo& g, const uint32_t* qw, const uint32_t* kc, const int32_t* bt,

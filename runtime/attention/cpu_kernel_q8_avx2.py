@@ -11,7 +11,8 @@ with ``vpmaddwd`` (16-bit products, pairs summed into 32-bit lanes, exact):
   (``|Q| <= 32385``), so one pass replaces the generic two; ``sum(k * Q)`` is the generic
   ``dot - bias`` exactly (the same integer), so every score has the generic path's bits;
 - ``p @ V``: V's signed bytes widened the same way (even keys, odd keys), p's unsigned bytes
-  split likewise; the per-group integer sums and the float32 multiply-add are the generic ones.
+  split likewise; the per-group integer sums and the float32 multiply-add are the generic ones;
+  p's rounding to bytes (``quantize_p_row``) does the generic float operations on halves.
 
 Each half is a pass of its own (8 keys or 8 dims), which keeps the accumulators in registers.
 """
@@ -133,6 +134,52 @@ static void pv_q8_avx2(const Geo& g, const float* const* pr, int width, const ui
       }
     }
   }
+}
+
+static inline float hmax8(__m256 v) {  // a maximum: exact in any order
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+
+// `quantize_p_row` on 8-float halves: the same products, maxima, divisions and rounding, so the
+// same bytes and steps.
+static void quantize_p_row_avx2(const Geo& g, float* s, int nb, int width, const int32_t* bt,
+                                const uint32_t* vc, int kvh) {
+  static thread_local std::vector<float> steps;
+  if ((int)steps.size() < width / 16 + 16) steps.resize(width / 16 + 16);
+  const int64_t bw = q8_block_words(g);
+  const uint32_t* base = vc + (int64_t)kvh * g.NB * bw;
+  uint8_t* bytes = (uint8_t*)s;
+  const int nk = nb * g.BS;
+  const __m256 magic = _mm256_set1_ps(12582912.0f);  // round_even
+  for (int k0 = 0; k0 < nk; k0 += 256) {  // 16 groups at a time
+    const int k1 = std::min(nk, k0 + 256);
+    float mx[16] = {}, inv[16];
+    for (int k = k0; k < k1; k += 16) {  // p * v_scale in place, and each group's maximum
+      const int ahead = std::min(nb - 1, k / g.BS + 8);  // scales are one line a block
+      __builtin_prefetch(base + (int64_t)bt[ahead] * bw + (int64_t)g.BS / 4 * g.D);
+      const float* sc = (const float*)(base + (int64_t)bt[k / g.BS] * bw + (int64_t)g.BS / 4 * g.D);
+      const __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(s + k), _mm256_loadu_ps(sc + k % g.BS));
+      const __m256 x1 = _mm256_mul_ps(_mm256_loadu_ps(s + k + 8), _mm256_loadu_ps(sc + k % g.BS + 8));
+      _mm256_storeu_ps(s + k, x0), _mm256_storeu_ps(s + k + 8, x1);
+      mx[(k - k0) / 16] = hmax8(_mm256_max_ps(x0, x1));  // p >= 0
+    }
+    for (int i = 0; i < 16; ++i) {
+      inv[i] = mx[i] > 0.0f ? 255.0f / mx[i] : 0.0f;
+      steps[k0 / 16 + i] = mx[i] / 255.0f;
+    }
+    for (int k = k0; k < k1; k += 16) {  // reads floats at 4k.., writes bytes at k..: behind
+      const __m256 f = _mm256_set1_ps(inv[(k - k0) / 16]);
+      const __m256 y0 = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(s + k), f), magic), magic);
+      const __m256 y1 = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(s + k + 8), f), magic), magic);
+      const __m256i w = _mm256_permute4x64_epi64(
+          _mm256_packus_epi32(_mm256_cvttps_epi32(y0), _mm256_cvttps_epi32(y1)), 0xD8);  // 0..255
+      _mm_storeu_si128((__m128i*)(bytes + k),
+                       _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+    }
+  }
+  std::memcpy(bytes + width, steps.data(), (size_t)nk / 16 * 4);
 }
 #endif
 """

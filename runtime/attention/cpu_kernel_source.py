@@ -241,7 +241,7 @@ static void softmax_tile(const Geo& g, const Tile& t, float* S, const int32_t* b
     int pos = t.pos0 + (t.rh0 + j) / g.G, nb = pos / g.BS + 1;
     float* s = S + (int64_t)j * t.nblk * g.BS;
     softmax_row<BF16>(s, pos, nb, g.BS);
-    if (g.q8) quantize_p_row(g, s, nb, t.nblk * g.BS, bt, vc, t.kvh);
+    if (g.q8) QUANTIZE_P(g, s, nb, t.nblk * g.BS, bt, vc, t.kvh);
     if (g.amx && nb < t.nblk) std::memset((uint16_t*)s + nb * g.BS, 0, (t.nblk - nb) * g.BS * 2);
   }
 }
