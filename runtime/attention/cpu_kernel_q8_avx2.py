@@ -34,15 +34,17 @@ static void scores_q8_avx2(const Geo& g, const uint32_t* const* q, const uint32_
   const int64_t bw = q8_block_words(g);
   const uint32_t* base = kc + (int64_t)kvh * g.NB * bw;
   auto blk = [&](int j) { return base + (int64_t)bt[j / cpb] * bw; };
-  __m256i qe[N][128], qo[N][128];  // Q of dims (0, 2) and (1, 3) of each word, broadcast
+  // Q of dims (0, 2) and (1, 3) of each word, broadcast; word-major, so the rows' values of a
+  // word are neighbours (row-major at D = 512 strides put them 4 KiB apart: one L1 set)
+  __m256i qv[128 * 2 * N];
   float qs[N];
   for (int i = 0; i < N; ++i) {
     const int8_t *hi = (const int8_t*)q[i], *lo = hi + g.D;
     for (int w = 0; w < W; ++w) {
       int32_t Q[4];
       for (int d = 0; d < 4; ++d) Q[d] = 254 * hi[4 * w + d] + lo[4 * w + d];
-      qe[i][w] = _mm256_set1_epi32((int32_t)pair16(Q[0], Q[2]));
-      qo[i][w] = _mm256_set1_epi32((int32_t)pair16(Q[1], Q[3]));
+      qv[(w * N + i) * 2] = _mm256_set1_epi32((int32_t)pair16(Q[0], Q[2]));
+      qv[(w * N + i) * 2 + 1] = _mm256_set1_epi32((int32_t)pair16(Q[1], Q[3]));
     }
     std::memcpy(&qs[i], q[i] + 2 * W, 4);
   }
@@ -67,8 +69,8 @@ static void scores_q8_avx2(const Geo& g, const uint32_t* const* q, const uint32_
         for (int i = 0; i < N; ++i)
           PAGODA_UNROLL
           for (int u = 0; u < U; ++u)
-            acc[i][u] = _mm256_add_epi32(acc[i][u], _mm256_add_epi32(_mm256_madd_epi16(ke[u], qe[i][w]),
-                                                                     _mm256_madd_epi16(ko[u], qo[i][w])));
+            acc[i][u] = _mm256_add_epi32(acc[i][u], _mm256_add_epi32(_mm256_madd_epi16(ke[u], qv[(w * N + i) * 2]),
+                                                                     _mm256_madd_epi16(ko[u], qv[(w * N + i) * 2 + 1])));
       }
       PAGODA_UNROLL
       for (int u = 0; u < U; ++u) {
