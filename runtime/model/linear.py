@@ -12,9 +12,9 @@ On CPUs with AMX, oneDNN's bf16 GEMM is not M-invariant; there `amx_gemm` (AMX t
 same packed weights, one summation order for every M, faster than oneDNN at every M measured)
 takes every bf16 call. Without AMX every bf16 call goes to `gemv` (M-invariant too, faster at
 decode sizes); on AMX CPUs without the AMX GEMM, only steps of up to 4 rows (see there).
-float32 weights that came from GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K blocks (CPUs without native
-bf16 compute in float32) are multiplied by the blocks themselves (`qgemm`, M-invariant, every
-call).
+float32 weights that came from GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K blocks or from float16/bfloat16
+matrices (CPUs without native bf16 compute in float32) are multiplied by those stored weights
+themselves (`qgemm`, M-invariant, every call).
 Weights on CUDA stay plain; with ``invariant`` they go through ``pagoda.kernels.linear``, whose
 reduction order depends on the weight's shape alone (cuBLAS chooses its kernel by M).
 """

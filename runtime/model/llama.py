@@ -31,7 +31,7 @@ class _DeviceWeights:
         quantized: dict[str, QuantizedWeight],
     ) -> None:
         self._w, self._device, self._dtype = weights, device, dtype
-        # GGUF blocks serve only float32 on the CPU: there `qgemm` computes the same weights
+        # stored blocks serve only float32 on the CPU: there `qgemm` computes the same weights
         on_cpu_f32 = device.type == "cpu" and dtype == torch.float32
         self._q = quantized if on_cpu_f32 else {}
 
@@ -44,7 +44,7 @@ class _DeviceWeights:
         return torch.cat([self[n] for n in names])
 
     def quantized(self, names: list[str]) -> list[QuantizedWeight] | None:
-        """The rows of `names` as GGUF blocks, if all of them have some (see `quantized`)."""
+        """The rows of `names` as stored blocks, if all of them have some (see `quantized`)."""
         return stack([self._q.get(n) for n in names])
 
 
