@@ -146,6 +146,28 @@ def _child_kind(variant: str) -> str:
     return "pagoda-int8" if "int8" in variant else "pagoda"
 
 
+def print_table(runs: dict[str, list[dict]], args) -> None:
+    """Per variant: best prefill, decode rate per round, mean and the first variant's ratio."""
+    from common import markdown_table
+
+    ref = next(iter(runs))
+    mean = {n: sum(x["decode_tok_s"] for x in rs) / len(rs) for n, rs in runs.items()}
+    table = [
+        [
+            n,
+            f"{min(x['prefill_s'] for x in rs):.1f}",
+            " / ".join(f"{x['decode_tok_s']:.1f}" for x in rs),
+            f"{mean[n]:.1f}",
+            f"{mean[ref] / mean[n]:.2f}x",
+        ]
+        for n, rs in runs.items()
+    ]
+    print()
+    print(f"{args.ctx}-token context, {args.out_len} tokens decoded, dtype auto, single stream")
+    heads = ["variant", "prefill s (best)", "decode tok/s per round", "mean", f"{ref} is"]
+    print(markdown_table(heads, table))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--ctx", type=int, default=5000)
@@ -159,7 +181,7 @@ def main() -> int:
     if args.child:
         _child(args)
         return 0
-    from common import machine, markdown_table
+    from common import machine
 
     # this tree's modules (an --old-ref child may import an older tree without them)
     from pagoda.runtime.model import amx_gemm, gemv, qgemm
@@ -190,22 +212,7 @@ def main() -> int:
                 row = _run(_child_kind(name), env, args)
                 runs[name].append(row)
                 print(f"round {r + 1} {name}: {row}", flush=True)
-    ref = next(iter(runs))
-    mean = {n: sum(x["decode_tok_s"] for x in rs) / len(rs) for n, rs in runs.items()}
-    table = [
-        [
-            n,
-            f"{min(x['prefill_s'] for x in rs):.1f}",
-            " / ".join(f"{x['decode_tok_s']:.1f}" for x in rs),
-            f"{mean[n]:.1f}",
-            f"{mean[ref] / mean[n]:.2f}x",
-        ]
-        for n, rs in runs.items()
-    ]
-    print()
-    print(f"{args.ctx}-token context, {args.out_len} tokens decoded, dtype auto, single stream")
-    heads = ["variant", "prefill s (best)", "decode tok/s per round", "mean", f"{ref} is"]
-    print(markdown_table(heads, table))
+    print_table(runs, args)
     return 0
 
 

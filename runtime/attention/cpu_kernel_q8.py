@@ -29,24 +29,11 @@ from pagoda.runtime.attention.cpu_kernel_q8_avx2 import Q8_AVX2_SOURCE
 Q8_SOURCE = (
     r"""
 // acc + the sum of 4 byte products per 32-bit lane, a unsigned, b signed (AVX-512 VNNI's
-// vpdpbusd; AVX2's vpmaddwd on 16-bit halves; elsewhere plain vector code): the same exact sums.
+// vpdpbusd; elsewhere the same exact integer sums in plain vector code; AVX2 + FMA builds use
+// `cpu_kernel_q8_avx2` instead).
 static inline vi dpbusd(vi acc, vu a, vu b) {
 #if defined(__AVX512VNNI__)
   return (vi)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)a, (__m512i)b);
-#elif defined(__AVX2__)
-  // Per 256-bit half: a's and b's even and odd bytes widened in place to 16-bit lanes, then
-  // vpmaddwd adds each 32-bit lane's two products (|a| <= 255, |b| <= 128: int16, exact).
-  __m256i r[2], x[2], y[2];
-  std::memcpy(r, &acc, 64); std::memcpy(x, &a, 64); std::memcpy(y, &b, 64);
-  const __m256i low = _mm256_set1_epi16(0x00FF);
-  for (int h = 0; h < 2; ++h) {
-    const __m256i ae = _mm256_and_si256(x[h], low), ao = _mm256_srli_epi16(x[h], 8);
-    const __m256i be = _mm256_srai_epi16(_mm256_slli_epi16(y[h], 8), 8);
-    const __m256i bo = _mm256_srai_epi16(y[h], 8);
-    r[h] = _mm256_add_epi32(r[h], _mm256_add_epi32(_mm256_madd_epi16(ae, be), _mm256_madd_epi16(ao, bo)));
-  }
-  std::memcpy(&acc, r, 64);
-  return acc;
 #else
   for (int i = 0; i < 4; ++i) acc += (vi)((a >> (8 * i)) & 0xFFu) * ((vi)(b << (24 - 8 * i)) >> 24);
   return acc;

@@ -48,7 +48,7 @@ SOURCE = (
 #include <algorithm>
 #include <string>
 #include <cmath>
-#if defined(__AVX512F__) || defined(__FMA__) || defined(__AVX2__)
+#if defined(__AVX512F__) || defined(__FMA__)
 #include <immintrin.h>
 #endif
 """

@@ -32,6 +32,7 @@ BLOCKS = {
     "BF16": (32, 64),
 }
 HALF_KINDS = {"F16": torch.float16, "BF16": torch.bfloat16}
+_HALF_OF_DTYPE = {dtype: kind for kind, dtype in HALF_KINDS.items()}
 BLOCK_BYTES = {kind: nbytes for kind, (_, nbytes) in BLOCKS.items()}
 
 
@@ -154,7 +155,7 @@ def from_gguf(kind: str, data: np.ndarray, cols: int) -> QuantizedWeight | None:
 def from_dense(t: torch.Tensor) -> QuantizedWeight | None:
     """A float16 or bfloat16 matrix (a checkpoint's weight) as a 16-bit kind sharing its
     memory, or None for other dtypes, shapes and widths `qgemm` cannot take."""
-    kind = {v: k for k, v in HALF_KINDS.items()}.get(t.dtype)
+    kind = _HALF_OF_DTYPE.get(t.dtype)
     if kind is None or t.dim() != 2 or t.shape[1] % QK or not t.is_contiguous():
         return None
     return QuantizedWeight(kind, t.view(torch.uint8), t.shape[1])
