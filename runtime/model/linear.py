@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from pagoda.runtime.model import amx_gemm, gemv, qgemm
 from pagoda.runtime.model.quantized import QuantizedWeight
+from pagoda.runtime.sampler_ops import argmax_rows
 
 PACK_BATCH_HINT = 2048  # oneDNN picks the blocked layout for this M; it serves small M well too
 PACKED_DTYPES = (torch.bfloat16, torch.float32)
@@ -115,6 +116,18 @@ class Linear:
         if x.shape[0] == 1:  # keep the GEMM path (and its rounding) for a lone row
             return self._packed(x.expand(2, -1))[:1]
         return self._packed(x)
+
+    @property
+    def fuses_argmax(self) -> bool:
+        """Whether `argmax` can skip the outputs (`qgemm`, one part)."""
+        return isinstance(self.fast, qgemm.QGemmWeight) and len(self.fast.parts) == 1
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """`self(x).argmax(-1)` (first maximum; NaN never wins), fused where `fuses_argmax`:
+        a greedy step's LM head then never writes its [M, vocab] logits."""
+        if self.fuses_argmax:
+            return self.fast.argmax(x)
+        return argmax_rows(self(x))
 
     def _packed(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

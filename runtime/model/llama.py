@@ -93,9 +93,9 @@ class LlamaModel:
         self.embed = w["model.embed_tokens.weight"]
         self.norm = w["model.norm.weight"]
         head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
-        self.lm_head = linear(
-            self.embed if config.tie_word_embeddings else w[head], quantized=w.quantized([head])
-        )
+        head_weight = self.embed if config.tie_word_embeddings else w[head]
+        self.lm_head = linear(head_weight, quantized=w.quantized([head]))
+        self.vocab_size = head_weight.shape[0]  # the logits' width
         self.layers = [
             LlamaLayer(w, f"model.layers.{i}.", config.attention_bias, linear)
             for i in range(config.num_layers)
@@ -119,7 +119,10 @@ class LlamaModel:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,  # int64 [N] rows of the batch to project to the vocabulary
-    ) -> torch.Tensor:  # float32 [N, vocab]
+        greedy: bool = False,
+    ) -> torch.Tensor:
+        """The logits [N, vocab] of the rows `logits_indices`; with `greedy`, their argmax
+        token ids (int64 [N]), fused into the LM head where it can (`Linear.fuses_argmax`)."""
         c, ops = self.config, self.ops
         h = F.embedding(input_ids, self.embed)
         residual = None
@@ -150,4 +153,6 @@ class LlamaModel:
         h = h.index_select(0, logits_indices)
         residual = residual.index_select(0, logits_indices)
         x, _ = ops.rms_norm(x=h, weight=self.norm, eps=c.rms_norm_eps, residual=residual)
+        if greedy:
+            return self.lm_head.argmax(x)
         return self.lm_head(x)  # model dtype: the sampler widens only when it must

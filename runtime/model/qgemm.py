@@ -76,7 +76,9 @@ class QGemm:
         p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
         lib.pagoda_qgemm.argtypes = [i32, p, p, i64, p, i64, p, i32, i32, i32, i32]
         lib.pagoda_qgemm.restype = i32
-        self.fn = lib.pagoda_qgemm
+        lib.pagoda_qgemm_argmax.argtypes = [i32, p, p, i64, p, i32, i32, i32, i32, p]
+        lib.pagoda_qgemm_argmax.restype = i32
+        self.fn, self.argmax_fn = lib.pagoda_qgemm, lib.pagoda_qgemm_argmax
 
     def bind(
         self, weight: QuantizedWeight | Sequence[QuantizedWeight], bias: torch.Tensor | None
@@ -89,7 +91,7 @@ class QGemmWeight:
     """Row blocks of one weight (q/k/v may be stored in different kinds), packed and bound to
     the kernel: x float32 [M, K] -> [M, N], each part writing its columns of y in place."""
 
-    __slots__ = ("bias", "fn", "k", "kinds", "n", "nbytes", "parts")
+    __slots__ = ("argmax_fn", "bias", "fn", "k", "kinds", "n", "nbytes", "parts")
 
     def __init__(
         self, kernel: QGemm, parts: list[QuantizedWeight], bias: torch.Tensor | None
@@ -97,6 +99,7 @@ class QGemmWeight:
         if not parts or any(p.cols != parts[0].cols for p in parts):
             raise ValueError("quantized parts must share their number of columns")
         self.fn, self.k, self.n = kernel.fn, parts[0].cols, sum(p.rows for p in parts)
+        self.argmax_fn = kernel.argmax_fn
         self.kinds = tuple(p.kind for p in parts)
         self.bias = None if bias is None else bias.to(torch.float32).contiguous()
         self.parts: list[tuple[int, torch.Tensor, int, int]] = []  # kind, packed, row0, rows
@@ -106,16 +109,38 @@ class QGemmWeight:
             row0 += p.rows
         self.nbytes = sum(packed.numel() for _, packed, _, _ in self.parts)
 
+    def _checked(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """x with unit stride in K, and the threads its size deserves."""
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.k:
+            raise ValueError(f"expected float32 [M, {self.k}], got {x.dtype} {tuple(x.shape)}")
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        big = self.n * self.k * x.shape[0] >= SERIAL_BELOW
+        return x, torch.get_num_threads() if big else 1
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """`self(x).argmax(-1)` as `argmax_rows` computes it (first maximum, NaN never wins),
+        without storing the [M, N] outputs; for a weight of one part."""
+        if len(self.parts) != 1:
+            raise ValueError("argmax takes a weight of one part")
+        out = torch.zeros(x.shape[0], dtype=torch.long)
+        if x.shape[0] == 0:
+            return out
+        x, threads = self._checked(x)
+        kind, packed, _, rows = self.parts[0]
+        bias = None if self.bias is None else self.bias.data_ptr()
+        args = (kind, packed.data_ptr(), x.data_ptr(), x.stride(0), bias, x.shape[0], rows)
+        rc = self.argmax_fn(*args, self.k, threads, out.data_ptr())
+        if rc:
+            raise RuntimeError(f"quantized GEMM argmax failed (code {rc}) for {tuple(x.shape)}")
+        return out
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]
         y = torch.empty(m, self.n, dtype=torch.float32)
         if m == 0:
             return y
-        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.k:
-            raise ValueError(f"expected float32 [M, {self.k}], got {x.dtype} {tuple(x.shape)}")
-        if x.stride(1) != 1:
-            x = x.contiguous()
-        threads = torch.get_num_threads() if self.n * self.k * m >= SERIAL_BELOW else 1
+        x, threads = self._checked(x)
         xp, ldx, yp = x.data_ptr(), x.stride(0), y.data_ptr()
         for kind, packed, row0, rows in self.parts:
             bias = None if self.bias is None else self.bias.data_ptr() + 4 * row0

@@ -5,6 +5,7 @@ exactly as `gguf.quants` does (16-bit kinds: widened), swept by AVX2 FMA row til
 SOURCE = r"""
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 @CLAIM@
 @POOL@
@@ -33,10 +34,13 @@ template <int QT> constexpr int unit() {
   return qbytes<QT>() + (QT == Q4_0 || QT == Q8_0 ? 1 : 2) * 16 * (wide<QT>() ? 4 : 2);
 }
 
+// y null: argmax mode, each thread keeps its rows' running (max, index) in its own slot of
+// best / best_at ([max_slots][M]) instead of storing outputs
 struct Job {
   const uint8_t* w; const float *x, *bias; float* y;
+  float* best; int32_t* best_at;
   int64_t ldx, ldy, next, claim;
-  int M, N, K, MC;
+  int M, N, K, MC, slots, max_slots;
 };
 
 // One unit's 32 keys x 16 outputs: weight k as two float32 vectors, computed as gguf.quants
@@ -94,11 +98,32 @@ INLINE const uint8_t* unit_at(const Job& j, int64_t nb, int k) {
   return j.w + (nb * (j.K / QK) + k / QK) * (int64_t)unit<QT>();
 }
 
+// argmax mode: rows [m0, m0 + R)'s running maxima against outputs n0.. (the values emit would
+// store). A thread's claims increase, so its blocks of a row come in column order and a strictly
+// greater value is the first maximum so far; NaN never wins (as `argmax_rows`).
+INLINE void best_of(const Job& j, int64_t n0, int64_t m0, int R, int valid, const float* out) {
+  alignas(32) float v[NB];
+  for (int r = 0; r < R; ++r) {
+    const float* o = out + r * NB;
+    for (int i = 0; i < valid; ++i) v[i] = j.bias ? o[i] + j.bias[n0 + i] : o[i];
+    float& b = j.best[m0 + r];
+    if (valid == NB) {  // most blocks: nothing above the running maximum, one vector test
+      const __m256 bb = _mm256_set1_ps(b);
+      const int gt = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_load_ps(v), bb, _CMP_GT_OQ)) |
+                     _mm256_movemask_ps(_mm256_cmp_ps(_mm256_load_ps(v + 8), bb, _CMP_GT_OQ));
+      if (!gt) continue;
+    }
+    for (int i = 0; i < valid; ++i)
+      if (v[i] > b) b = v[i], j.best_at[m0 + r] = (int32_t)(n0 + i);
+  }
+}
+
 // rows [m0, m0 + R) of y at output block nb from staged float32 sums [R][16] (+ bias)
 INLINE void emit(const Job& j, int64_t nb, int64_t m0, int R, const float* out) {
   const int64_t n0 = nb * NB;
   if (n0 >= j.N) return;
   const int valid = j.N - n0 < NB ? (int)(j.N - n0) : NB;
+  if (!j.y) return best_of(j, n0, m0, R, valid, out);
   for (int r = 0; r < R; ++r) {
     float* y = j.y + (m0 + r) * j.ldy + n0;
     if (j.bias)
@@ -194,13 +219,19 @@ static inline int64_t lean_units(int M) { return M <= 2 ? 2 : 1; }
 // output blocks (pairs of them for one or two rows) dequantized in registers (`lean`).
 template <int QT>
 static void run(void* arg) {
-  Job& j = *(Job*)arg;
+  Job& shared = *(Job*)arg;
+  Job j = shared;  // this thread's: in argmax mode, its own slot of maxima
+  if (!j.y) {
+    const int slot = __atomic_fetch_add(&shared.slots, 1, __ATOMIC_RELAXED);
+    if (slot >= j.max_slots) return;  // a pool helper beyond `threads`: the others claim all
+    j.best += (int64_t)slot * j.M, j.best_at += (int64_t)slot * j.M;
+  }
   const int64_t nblk = (j.N + NB - 1) / NB, mch = (j.M + j.MC - 1) / j.MC;
   const int64_t lu = lean_units(j.M);
   const int64_t tasks = j.M <= LEAN_ROWS ? (nblk + lu - 1) / lu : nblk * mch;
   alignas(32) float wb[KC * NB];
   alignas(32) float acc_buf[MC_MAX * NB];
-  for (int64_t t, end; (t = claim(&j.next, j.claim, tasks, &end)) < tasks;)
+  for (int64_t t, end; (t = claim(&shared.next, j.claim, tasks, &end)) < tasks;)
     for (; t < end; ++t) {
       switch (j.M <= LEAN_ROWS ? j.M : 0) {
         case 1: lean<QT, 1, 2>(j, 2 * t, 0); continue;
@@ -219,24 +250,70 @@ static void run(void* arg) {
 }
 #endif
 
-// y [M, N] = x [M, K] @ w^T (+ bias), w in this module's units, on `threads` pool threads
-extern "C" int pagoda_qgemm(int kind, const uint8_t* w, const float* x, int64_t ldx, float* y,
-                            int64_t ldy, const float* bias, int M, int N, int K, int threads) {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (M < 1 || N < 1 || K < QK || K % QK || kind < 0 || kind > 7) return 1;
-  const int MC = M <= MC_MAX ? M : MC_MAX;
-  const int64_t blocks = (N + NB - 1) / NB;
-  const int64_t lu = lean_units(M);
-  const int64_t tasks = M <= LEAN_ROWS ? (blocks + lu - 1) / lu : blocks * ((M + MC - 1) / MC);
-  const int64_t per_claim = tasks / (8 * (threads > 0 ? threads : 1));  // ~8 claims a thread
-  Job job{w, x, bias, y, ldx, ldy, 0, per_claim > 0 ? per_claim : 1, M, N, K, MC};
+static int64_t tasks_for(int M, int N, int MC) {
+  const int64_t blocks = (N + NB - 1) / NB, lu = lean_units(M);
+  return M <= LEAN_ROWS ? (blocks + lu - 1) / lu : blocks * ((M + MC - 1) / MC);
+}
+
+static int launch(Job& job, int kind, int threads) {
+  if (job.M < 1 || job.N < 1 || job.K < QK || job.K % QK || kind < 0 || kind > 7) return 1;
+  const int64_t per_claim = tasks_for(job.M, job.N, job.MC) / (8 * threads);  // ~8 a thread
+  job.claim = per_claim > 0 ? per_claim : 1;
   pool_fn fns[] = {run<Q4_0>, run<Q4_1>, run<Q8_0>, run<Q4_K>,
                    run<Q6_K>, run<Q5_K>, run<F16>, run<BF16>};
   pool_run(fns[kind], &job, threads);
   return 0;
+}
+#endif
+
+// y [M, N] = x [M, K] @ w^T (+ bias), w in this module's units, on `threads` pool threads
+extern "C" int pagoda_qgemm(int kind, const uint8_t* w, const float* x, int64_t ldx, float* y,
+                            int64_t ldy, const float* bias, int M, int N, int K, int threads) {
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (threads < 1) threads = 1;
+  Job job{w, x, bias, y, nullptr, nullptr, ldx, ldy, 0, 1, M, N, K, M <= MC_MAX ? M : MC_MAX,
+          0, threads};
+  return launch(job, kind, threads);
 #else
   (void)kind, (void)w, (void)x, (void)ldx, (void)y, (void)ldy, (void)bias;
   (void)M, (void)N, (void)K, (void)threads;
+  return 2;
+#endif
+}
+
+// out [M] = the first index of each row's maximum of x @ w^T (+ bias), the outputs computed as
+// `pagoda_qgemm` computes them but never stored: a greedy step's LM head without its logits
+extern "C" int pagoda_qgemm_argmax(int kind, const uint8_t* w, const float* x, int64_t ldx,
+                                   const float* bias, int M, int N, int K, int threads,
+                                   int64_t* out) {
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (threads < 1) threads = 1;
+  if (M < 1) return 1;
+  const int64_t cells = (int64_t)threads * M;
+  float* best = (float*)malloc(cells * sizeof(float));
+  int32_t* at = (int32_t*)malloc(cells * sizeof(int32_t));
+  if (!best || !at) return free(best), free(at), 3;
+  for (int64_t i = 0; i < cells; ++i) best[i] = -__builtin_inff(), at[i] = -1;
+  Job job{w, x, bias, nullptr, best, at, ldx, 0, 0, 1, M, N, K, M <= MC_MAX ? M : MC_MAX,
+          0, threads};
+  const int rc = launch(job, kind, threads);
+  const int used = job.slots < threads ? job.slots : threads;
+  for (int m = 0; m < M && !rc; ++m) {  // slots hold disjoint columns: the best, lowest first
+    float b = -__builtin_inff();
+    int32_t a = -1;
+    for (int s = 0; s < used; ++s) {
+      const float v = best[(int64_t)s * M + m];
+      const int32_t i = at[(int64_t)s * M + m];
+      if (i >= 0 && (a < 0 || v > b || (v == b && i < a))) b = v, a = i;
+    }
+    out[m] = a < 0 ? 0 : a;  // no value above -inf (all -inf or NaN): 0
+  }
+  free(best), free(at);
+  return rc;
+#else
+  (void)kind, (void)w, (void)x, (void)ldx, (void)bias, (void)M, (void)N, (void)K;
+  (void)threads, (void)out;
   return 2;
 #endif
 }

@@ -188,17 +188,21 @@ class ModelRunner:
         clock = self.clock
         inp = self._prepare_inputs(out)
         reqs = [out.scheduled[i].request for i in inp.sampling]
+        batch = self._sampling_batch(reqs, self.model.vocab_size) if reqs else None
+        greedy = batch is not None and self._fused_greedy(batch)
         if clock is not None:
             clock.mark("prepare")
-        logits = self._forward(out, inp)
+        logits = self._forward(out, inp, greedy)
         if clock is not None:
             clock.mark("forward")
-        if not reqs:
+        if batch is None:
             return LaunchedStep([], None)
-        if self.logits_observer is not None:
-            self.logits_observer(reqs, logits.float())
-        batch = self._sampling_batch(reqs, logits.shape[-1])
-        step = LaunchedStep(reqs, sample(logits, batch))
+        if greedy:  # the LM head gave the tokens: no logits were written
+            step = LaunchedStep(reqs, SamplerOutput(logits, None, None, None))
+        else:
+            if self.logits_observer is not None:
+                self.logits_observer(reqs, logits.float())
+            step = LaunchedStep(reqs, sample(logits, batch))
         if self.async_scheduling:
             self._inflight = (
                 step.sampler_output.token_ids,
@@ -209,6 +213,17 @@ class ModelRunner:
         if clock is not None:
             clock.mark("sample")
         return step
+
+    def _fused_greedy(self, batch: SamplingBatch) -> bool:
+        """Whether the LM head can hand back the step's tokens itself: every row greedy, nothing
+        that reads the logits (penalties, logprobs, the observer), a kernel that fuses argmax."""
+        plain = batch.output_counts is None and batch.max_logprobs is None
+        return (
+            batch.all_greedy
+            and plain
+            and self.logits_observer is None
+            and self.model.lm_head.fuses_argmax
+        )
 
     @staticmethod
     def _copy_to_host(step: LaunchedStep) -> None:
@@ -288,13 +303,14 @@ class ModelRunner:
             ids.index_copy_(0, rows, self._inflight[0].index_select(0, src))
         return ids
 
-    def _forward(self, out: SchedulerOutput, inp: _StepInputs) -> torch.Tensor:
-        """Logits of the sampling rows: a captured CUDA graph when one fits, else eager."""
+    def _forward(self, out: SchedulerOutput, inp: _StepInputs, greedy: bool) -> torch.Tensor:
+        """Logits of the sampling rows (with `greedy`: their argmax tokens, from the LM head):
+        a captured CUDA graph when one fits, else eager."""
         graph = self.cuda_graphs
         seq_lens = inp.seq_lens.astype(np.int32)
         n, max_blocks = len(out.scheduled), inp.table.shape[1]
         ids = self._device_ids(inp)
-        if graph is not None and graph.can_run(out.num_decodes, n, max_blocks):
+        if graph is not None and not greedy and graph.can_run(out.num_decodes, n, max_blocks):
             logits = graph.run(self, ids, inp.positions, inp.slots, inp.table, seq_lens)
             return logits.index_select(0, self.to_device(np.asarray(inp.sampling, np.int64)))
         meta = AttentionMetadata(
@@ -318,6 +334,7 @@ class ModelRunner:
             self.kv_caches,
             meta,
             self.to_device(inp.cu[1:][inp.sampling] - 1),
+            greedy,
         )
 
     def _sampling_batch(self, reqs: list[Request], vocab_size: int) -> SamplingBatch:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda.runtime.model import qgemm
+from pagoda.runtime.model import qgemm, quantized
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.quantized import BLOCKS
+from pagoda.runtime.sampler_ops import argmax_rows
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +96,57 @@ def test_strided_rows_and_empty_batches(kernel):
     assert bound(torch.empty(0, 64)).shape == (0, 48)
     with pytest.raises(ValueError, match=r"float32 \[M, 64\]"):
         bound(torch.randn(2, 32))
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCKS))
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 97, 200])
+@pytest.mark.parametrize("bias", [False, True])
+def test_argmax_is_the_first_maximum_of_the_outputs_it_never_stores(kernel, kind, rows, bias):
+    n, k = 1000, 512  # 63 output blocks, the last one partial
+    g = torch.Generator().manual_seed(rows)
+    w = qgemm.probe_weight(kind, n, k, seed=rows)
+    b = torch.randn(n, generator=g) if bias else None
+    bound = kernel.bind(w, b)
+    x = torch.randn(rows, k, generator=g)
+    y = bound(x)
+    assert torch.equal(bound.argmax(x), y.argmax(-1))
+    assert torch.equal(bound.argmax(x), argmax_rows(y))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(bound.argmax(x), y.argmax(-1))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 7, 200])
+def test_argmax_ties_go_to_the_first_column_and_nan_never_wins(kernel, rows):
+    dense = torch.randn(1000, 64, generator=torch.Generator().manual_seed(0))
+    top = dense.abs().max() * 4
+    for col in (9, 700, 999, 31):  # equal best outputs in blocks far apart (other tasks)
+        dense[col] = top
+    w = quantized.from_dense(dense.to(torch.bfloat16))
+    bound = kernel.bind(w, None)
+    x = torch.rand(rows, 64, generator=torch.Generator().manual_seed(1)) + 0.5
+    for _ in range(5):  # the threads claim blocks in varying orders
+        assert (bound.argmax(x) == 9).all()
+    x[0, 3] = float("nan")  # every output of row 0 is NaN: 0, as argmax_rows gives
+    assert bound.argmax(x)[0] == 0 == argmax_rows(bound(x))[0]
+    assert (bound.argmax(x)[1:] == 9).all()
+
+
+def test_argmax_takes_one_part_and_any_batch(kernel):
+    w = qgemm.probe_weight("Q4_0", 48, 64)
+    bound = kernel.bind(w, None)
+    x = torch.randn(5, 128)[:, ::2]
+    assert torch.equal(bound.argmax(x), bound(x).argmax(-1))
+    assert bound.argmax(torch.empty(0, 64)).shape == (0,)
+    with pytest.raises(ValueError, match="one part"):
+        kernel.bind([w, w], None).argmax(x)
+    lin = Linear(w.dequantize(), quantized=w)
+    assert lin.fuses_argmax and torch.equal(lin.argmax(x), bound.argmax(x))
+    plain = Linear(w.dequantize())  # oneDNN: the outputs, then their argmax
+    assert not plain.fuses_argmax and torch.equal(plain.argmax(x), plain(x).argmax(-1))
 
 
 def test_linear_takes_the_blocks_for_float32_only(kernel, monkeypatch):
