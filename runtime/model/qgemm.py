@@ -1,9 +1,10 @@
-"""float32 matmuls that read GGUF-quantized (Q4_0/1, Q8_0, Q4/5/6_K) and 16-bit weights in place.
+"""float32 matmuls that read GGUF-quantized (Q4_0/1, Q5_0/1, Q8_0, IQ4_NL, Q3/4/5/6_K, IQ4_XS) and
+16-bit weights in place.
 
 On CPUs without native bf16 (AVX2 only: AMD Zen 1-3, older Xeons) the model computes in float32
 and a decode step streams every weight from memory: 540 MB for the embedded 135M model, where
 its Q4_1/Q8_0 blocks are 96 MB. This kernel keeps the blocks (re-laid out once: 16 outputs by 32
-keys per unit, the same bytes per weight) and dequantizes a chunk of keys of one block of 16
+keys per unit; 4-bit integers two a byte, wider ones and table values a byte each) and dequantizes a chunk of keys of one block of 16
 outputs into an L1 buffer, exactly as `gguf.quants` does (`quantized`), then sweeps every row
 tile of the task over it with FMAs. A weight is thus the same float32 value as in the
 dequantized model; each output is one accumulator updated key by key in order, carried between
@@ -30,7 +31,12 @@ log = logging.getLogger(__name__)
 
 ENV_SWITCH = "PAGODA_CPU_QGEMM"
 NB = 16  # outputs per unit
-KINDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q4_K": 3, "Q6_K": 4, "Q5_K": 5, "F16": 6, "BF16": 7}
+# each stored kind -> the kernel's unit layout (C enum) that holds it exactly: Q5_0 and IQ4_NL
+# as Q8_0 (int8 integers, a float16 scale), Q3_K and IQ4_XS as Q6_K (int8 integers, a float32
+# scale per 16 keys), Q5_1 as int8 integers with Q4_1's scale and offset
+KINDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q5_0": 2, "IQ4_NL": 2, "Q4_K": 3, "Q6_K": 4,
+         "Q3_K": 4, "IQ4_XS": 4, "Q5_K": 5, "F16": 6, "BF16": 7, "Q5_1": 8}  # fmt: skip
+BYTES8 = {2, 4, 5, 8}  # unit layouts with an int8 per weight (the others: two per byte)
 SERIAL_BELOW = 1 << 18  # multiply-adds below which the calling thread works alone
 
 
@@ -52,7 +58,7 @@ def pack(weight: QuantizedWeight) -> torch.Tensor:
         m = None if m is None else _pad_rows(m, pad)
     nblk, kb = (n + pad) // NB, k // QK
     q = q.view(nblk, NB, kb, QK).permute(0, 2, 3, 1)  # [block, key block, key, output]
-    if weight.kind in ("Q8_0", "Q6_K", "Q5_K"):
+    if KINDS[weight.kind] in BYTES8:
         ints = q.to(torch.int8).contiguous().view(torch.uint8).reshape(nblk, kb, QK * NB)
     else:
         if weight.kind == "Q4_0":

@@ -12,7 +12,7 @@ SOURCE = r"""
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define ALWAYS inline __attribute__((always_inline))
 #define INLINE static ALWAYS
-enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, Q4_K = 3, Q6_K = 4, Q5_K = 5, F16 = 6, BF16 = 7 };
+enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, Q4_K = 3, Q6_K = 4, Q5_K = 5, F16 = 6, BF16 = 7, Q5_1 = 8 };
 constexpr int NB = 16;      // outputs per unit: two vectors of 8
 constexpr int QK = 32;      // keys per unit (GGUF's block)
 constexpr int KC = 256;     // keys dequantized at a time: 16 KB of float32, in L1
@@ -22,11 +22,14 @@ constexpr int PF = 2;  // units prefetched ahead: 2 measured best (decode 1.45x 
 constexpr int LEAN_ROWS = 4;  // up to this many rows: `lean`
 
 // per unit: integers (two outputs a byte for the 4-bit kinds), then 16 scales and, but for Q4_0
-// and Q8_0, 16 more: Q4_1's m, Q4/5_K's min, Q6_K's scale for keys 16-31; float16 as GGUF stores
-// them for the 32-blocks, float32 for the K kinds (products GGUF forms in float32). F16 and BF16
-// units are the 16-bit values themselves, no scales.
+// and Q8_0, 16 more: Q4_1/Q5_1's m, Q4/5_K's min, Q6_K's scale for keys 16-31; float16 as GGUF
+// stores them for the 32-blocks, float32 for the K kinds (products GGUF forms in float32). F16
+// and BF16 units are the 16-bit values themselves, no scales. Other GGUF kinds come in one of
+// these layouts (`qgemm.KINDS`): Q5_0 and IQ4_NL as Q8_0, Q3_K and IQ4_XS as Q6_K.
 template <int QT> constexpr bool half16() { return QT == F16 || QT == BF16; }
-template <int QT> constexpr bool bytes8() { return QT == Q8_0 || QT == Q6_K || QT == Q5_K; }
+template <int QT> constexpr bool bytes8() {
+  return QT == Q8_0 || QT == Q6_K || QT == Q5_K || QT == Q5_1;
+}
 template <int QT> constexpr bool wide() { return QT == Q4_K || QT == Q6_K || QT == Q5_K; }
 template <int QT> constexpr int qbytes() { return half16<QT>() ? 1024 : bytes8<QT>() ? 512 : 256; }
 template <int QT> constexpr int unit() {
@@ -88,7 +91,7 @@ struct Unit {
     const bool hi = QT == Q6_K && k >= 16;  // Q6_K: a scale per 16 keys
     w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(q0), hi ? m0 : d0);
     w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(q1), hi ? m1 : d1);
-    if (QT == Q4_1) w0 = _mm256_add_ps(w0, m0), w1 = _mm256_add_ps(w1, m1);
+    if (QT == Q4_1 || QT == Q5_1) w0 = _mm256_add_ps(w0, m0), w1 = _mm256_add_ps(w1, m1);
     if (QT == Q4_K || QT == Q5_K) w0 = _mm256_sub_ps(w0, m0), w1 = _mm256_sub_ps(w1, m1);
   }
 };
@@ -257,11 +260,11 @@ static int64_t tasks_for(int M, int N, int MC) {
 }
 
 static int launch(Job& job, int kind, int threads) {
-  if (job.M < 1 || job.N < 1 || job.K < QK || job.K % QK || kind < 0 || kind > 7) return 1;
+  if (job.M < 1 || job.N < 1 || job.K < QK || job.K % QK || kind < 0 || kind > 8) return 1;
   const int64_t per_claim = tasks_for(job.M, job.N, job.MC) / (8 * threads);  // ~8 a thread
   job.claim = per_claim > 0 ? per_claim : 1;
   pool_fn fns[] = {run<Q4_0>, run<Q4_1>, run<Q8_0>, run<Q4_K>,
-                   run<Q6_K>, run<Q5_K>, run<F16>, run<BF16>};
+                   run<Q6_K>, run<Q5_K>, run<F16>, run<BF16>, run<Q5_1>};
   pool_run(fns[kind], &job, threads);
   return 0;
 }

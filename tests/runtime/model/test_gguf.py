@@ -43,17 +43,28 @@ def roundtrip(w: np.ndarray, qtype) -> tuple[np.ndarray, np.ndarray]:
     return data, gguf.quants.dequantize(data, qtype).reshape(w.shape)
 
 
-def random_k_blocks(arr: np.ndarray, qtype) -> tuple[np.ndarray, np.ndarray]:
-    """Random Q4_K / Q5_K / Q6_K blocks of arr's shape with moderate scales (gguf-py cannot quantize
-    to K kinds), and what they dequantize to."""
+# kinds gguf-py cannot quantize: random blocks (`probe_weight`) with moderate scales
+RANDOM_KINDS = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q3_K, Q.IQ4_XS, Q.IQ4_NL)
+F16_BYTES = {e: np.frombuffer(np.float16(2.0**e).tobytes(), np.uint8) for e in (-9, -14)}
+
+
+def random_blocks(arr: np.ndarray, qtype) -> tuple[np.ndarray, np.ndarray]:
+    """Random blocks of a `RANDOM_KINDS` type of arr's shape with moderate scales, and what
+    they dequantize to."""
     from pagoda.runtime.model.qgemm import probe_weight
 
     rows, cols = arr.shape
     blocks = probe_weight(qtype.name, rows, cols, seed=rows + cols).blocks.numpy().copy()
-    b = blocks.reshape(rows, cols // 256, -1)
+    b = blocks.reshape(rows, cols // gguf.GGML_QUANT_SIZES[qtype][0], -1)
     if qtype == Q.Q6_K:  # int8 scales in [-3, 3], d = 2^-9
         b[..., 192:208] = np.random.default_rng(rows).integers(-3, 4, b[..., 192:208].shape)
-        b[..., 208:210] = np.frombuffer(np.float16(2**-9).tobytes(), np.uint8)
+        b[..., 208:210] = F16_BYTES[-9]
+    elif qtype == Q.Q3_K:  # 6-bit scales - 32, q in [-4, 3]: |w| <= 2^-9 * 32 * 4
+        b[..., 108:110] = F16_BYTES[-9]
+    elif qtype == Q.IQ4_XS:  # 6-bit scales - 32, table values up to 127
+        b[..., 0:2] = F16_BYTES[-14]
+    elif qtype == Q.IQ4_NL:
+        b[..., 0:2] = F16_BYTES[-9]
     else:  # 6-bit scales and mins at most 7
         b[..., 4:16] &= 0x07
     return blocks, gguf.quants.dequantize(blocks, qtype).reshape(arr.shape)
@@ -101,13 +112,13 @@ def write_tiny_gguf(path, smol, hidden: int, ffn: int, types: dict, head_type):
     def put(gname, hfname, qtype, perm_heads=None):
         arr = sd[hfname]
         stored = permute(arr, perm_heads) if perm_heads else arr
-        if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
-            data, deq = random_k_blocks(stored, qtype)
+        if qtype in RANDOM_KINDS:
+            data, deq = random_blocks(stored, qtype)
         else:
             data, deq = roundtrip(stored, qtype)
         w.add_tensor(gname, data, raw_shape=data.shape, raw_dtype=qtype)
         expected[hfname] = permute_back(deq, perm_heads) if perm_heads else deq
-        if qtype not in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+        if qtype not in RANDOM_KINDS:
             # independent of the permutation formulas: the original matrix back, up to rounding
             err = np.abs(expected[hfname] - arr).mean()
             assert err < 0.2 * np.abs(arr).mean() + 1e-6, (hfname, err)
@@ -159,6 +170,24 @@ def k_quant_gguf(tmp_path_factory, smol):
     return path, *write_tiny_gguf(path, smol, 256, 512, K_TYPES, Q.Q6_K)
 
 
+OTHER_TYPES = {  # the other kinds qgemm reads (Q5_0/1 by gguf-py, the rest random blocks)
+    **TYPES,
+    "self_attn.q_proj.weight": ("attn_q", Q.Q5_0),
+    "self_attn.k_proj.weight": ("attn_k", Q.Q5_1),
+    "self_attn.v_proj.weight": ("attn_v", Q.IQ4_NL),
+    "self_attn.o_proj.weight": ("attn_output", Q.Q3_K),
+    "mlp.gate_proj.weight": ("ffn_gate", Q.IQ4_XS),
+    "mlp.up_proj.weight": ("ffn_up", Q.Q3_K),
+    "mlp.down_proj.weight": ("ffn_down", Q.IQ4_XS),
+}
+
+
+@pytest.fixture(scope="module")
+def other_quant_gguf(tmp_path_factory, smol):
+    path = tmp_path_factory.mktemp("gguf") / "other_quants.gguf"
+    return path, *write_tiny_gguf(path, smol, 256, 512, OTHER_TYPES, Q.Q5_1)
+
+
 def test_every_tensor_type_dequantizes_and_unpermutes(tiny_gguf):
     path, _, expected = tiny_gguf
     config, weights, _, quantized = load_gguf(path)
@@ -191,18 +220,32 @@ def test_tiny_gguf_greedy_matches_transformers(tiny_gguf):
     assert out.outputs[0].token_ids == hf_greedy(model, prompt, 8)[0]
 
 
-def test_k_quant_gguf_runs_on_its_blocks_and_matches_transformers(k_quant_gguf):
+@pytest.mark.parametrize(
+    ("fixture", "kinds", "qkv", "down"),
+    [
+        ("k_quant_gguf", {"Q4_K", "Q5_K", "Q6_K", "Q8_0"}, ("Q4_K", "Q6_K"), ("Q6_K",)),
+        (
+            "other_quant_gguf",
+            {"Q5_0", "Q5_1", "IQ4_NL", "Q3_K", "IQ4_XS", "Q8_0"},
+            ("Q5_0", "Q5_1", "IQ4_NL"),
+            ("IQ4_XS",),
+        ),
+    ],
+)
+def test_quantized_gguf_runs_on_its_blocks_and_matches_transformers(
+    request, fixture, kinds, qkv, down
+):
     from pagoda.runtime.model import qgemm
 
-    path, model, expected = k_quant_gguf
+    path, model, expected = request.getfixturevalue(fixture)
     _, _, _, quantized = load_gguf(path)
-    assert {b.kind for b in quantized.values()} == {"Q4_K", "Q5_K", "Q6_K", "Q8_0"}
+    assert {b.kind for b in quantized.values()} == kinds
     for name, blocks in quantized.items():
         np.testing.assert_array_equal(blocks.dequantize().numpy(), expected[name], err_msg=name)
     llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20)
     if qgemm.load() is not None:
         layer = llm.engine.runner.model.layers[0]
-        assert layer.qkv.fast.kinds == ("Q4_K", "Q6_K") and layer.down.fast.kinds == ("Q6_K",)
+        assert layer.qkv.fast.kinds == qkv and layer.down.fast.kinds == down
     prompt = llm.tokenizer.encode("The river carries sediment to the sea, and")
     (out,) = llm.generate(
         {"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

@@ -26,7 +26,7 @@ def test_dequantize_is_gguf_bit_for_bit(kind):
     np.testing.assert_array_equal(w.dequantize().numpy(), want.reshape(37, cols))
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])  # what gguf-py can quantize
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])  # gguf-py can
 def test_quantize_roundtrip_through_gguf(kind):
     x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
     data = gguf.quants.quantize(x, gguf.GGMLQuantizationType[kind])
@@ -51,7 +51,7 @@ def test_16_bit_tensors_are_kept_as_their_values():
 
 def test_other_formats_are_not_kept():
     assert from_gguf("F32", np.zeros((4, 64), np.float32), 64) is None
-    assert from_gguf("Q5_0", np.zeros((4, 22), np.uint8), 32) is None
+    assert from_gguf("Q2_K", np.zeros((4, 84), np.uint8), 256) is None
     assert from_gguf("Q4_K", np.zeros((4, 72), np.uint8), 128) is None  # not whole blocks
 
 
@@ -69,7 +69,7 @@ def test_stack_merges_neighbours_of_one_kind_and_keeps_mixtures_apart():
 
 def test_malformed_blocks_are_refused():
     with pytest.raises(ValueError, match="not one of"):
-        QuantizedWeight("Q5_0", torch.zeros(2, 22, dtype=torch.uint8), 32)
+        QuantizedWeight("Q2_K", torch.zeros(2, 84, dtype=torch.uint8), 256)
     with pytest.raises(ValueError, match="whole blocks"):
         QuantizedWeight("Q8_0", torch.zeros(2, 34, dtype=torch.uint8), 40)
     with pytest.raises(ValueError, match=r"uint8 \[rows, 68\]"):
