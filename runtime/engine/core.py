@@ -41,6 +41,7 @@ from pagoda.runtime.engine.outputs import StepOutput
 from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.request import Request
 from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.worker.host_memory import release_freed_memory
 from pagoda.runtime.worker.model_runner import LaunchedStep, ModelRunner, ModelRunnerOutput
 from pagoda.runtime.worker.step_clock import StepClock
 
@@ -68,6 +69,7 @@ class EngineCore:
         self.tokenizer = loaded.tokenizer
         limit = config.scheduler.max_model_len or loaded.config.max_position_embeddings
         self.runner = ModelRunner(config, loaded, limit)
+        del loaded  # the checkpoint's tensors (unless the caller holds them) are garbage now
         bs = config.cache.block_size
         capacity = self.runner.num_blocks * bs
         if limit > capacity:
@@ -92,6 +94,8 @@ class EngineCore:
         # or a full collection every few hundred steps stalls a step by milliseconds.
         gc.collect()
         gc.freeze()
+        if self.runner.device.type == "cpu":
+            release_freed_memory()  # the load's float32 temporaries, kept by the heap settings
 
     def enable_step_clock(self) -> StepClock:
         """Time every step by phase from now on (benchmarks); returns the shared clock."""

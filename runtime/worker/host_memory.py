@@ -38,3 +38,15 @@ def keep_freed_memory() -> bool:
     if not ok:
         log.info("mallopt refused the thresholds; large CPU temporaries stay mmapped")
     return ok
+
+
+def release_freed_memory() -> bool:
+    """Give the heap's free pages back to the kernel once (glibc `malloc_trim`): loading leaves
+    hundreds of MB of freed float32 temporaries (a GGUF dequantized before `qgemm` takes its
+    blocks, weights before bf16 conversion) that the thresholds above would otherwise keep
+    resident for the life of the process. Steps then fault in only what they reuse."""
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return False
+    return bool(trim(0))
