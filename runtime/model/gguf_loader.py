@@ -1,6 +1,7 @@
 """GGUF → (ModelConfig, HF-named float tensors, Tokenizer) through the `gguf` package.
 
-Quantized tensors (Q4_0, Q4_1, Q8_0, ...) are dequantized once at load time. llama.cpp stores the
+Quantized tensors (Q4_0, Q4_1, Q8_0, ...) are dequantized to float32 when the model builder reads
+them (`GGUFWeights`), one at a time from the memory-mapped file. llama.cpp stores the
 Q and K projections of Llama models permuted for its interleaved rotary; we undo that so one
 rotate-half rotary (Hugging Face layout) serves every loader.
 """
@@ -8,6 +9,7 @@ rotate-half rotary (Hugging Face layout) serves every loader.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -151,40 +153,68 @@ def _reader(path: str | Path):
     return Reader(str(path))
 
 
-def load_gguf(
-    path: str | Path,
-) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer, dict[str, QuantizedWeight]]:
-    """Read config, dequantized float32 weights (HF names), tokenizer, and the raw blocks of the
-    weights stored in a format `qgemm` reads (`quantized.BLOCKS`), rows in the same HF order."""
-    import gguf
+class GGUFWeights(Mapping[str, torch.Tensor]):
+    """The file's tensors by HF name, dequantized to float32 (Q/K rows un-permuted) on each
+    read, straight from the memory map: the model is built one tensor at a time, so loading
+    never holds a float32 copy of the whole model (an 8B GGUF: 32 GB) beside what the model
+    keeps (bf16 copies, `qgemm`'s blocks, or device tensors)."""
 
-    reader = _reader(path)
-    config = read_config(reader)
-    weights: dict[str, torch.Tensor] = {}
-    quantized: dict[str, QuantizedWeight] = {}
-    for t in reader.tensors:
-        name = _hf_name(t.name)
-        if name is None:
-            continue  # e.g. rope_freqs: recomputed from the config
+    def __init__(self, reader, config: ModelConfig) -> None:
+        self._reader, self._config = reader, config
+        named = ((_hf_name(t.name), t) for t in reader.tensors)
+        self._tensors = {name: t for name, t in named if name is not None}  # not e.g. rope_freqs
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        import gguf
+
+        t = self._tensors[name]
         arr = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims fastest-first
-        arr = arr.reshape(shape)
-        blocks = None
-        if len(shape) == 2 and name.endswith(".weight"):
-            blocks = from_gguf(t.tensor_type.name, t.data, shape[1])
-        heads = _permuted_heads(config, name)
+        arr = arr.reshape(_shape(t))
+        heads = _permuted_heads(self._config, name)
         if heads:
             arr = _unpermute(arr, heads)
+        return torch.from_numpy(np.array(arr, dtype=np.float32, order="C"))  # own the memory
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tensors
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def blocks(self) -> dict[str, QuantizedWeight]:
+        """The raw blocks of the matrices stored in a format `qgemm` reads (`quantized.BLOCKS`),
+        rows in the same HF order."""
+        out = {}
+        for name, t in self._tensors.items():
+            shape = _shape(t)
+            if len(shape) != 2 or not name.endswith(".weight"):
+                continue
+            blocks = from_gguf(t.tensor_type.name, t.data, shape[1])
+            heads = _permuted_heads(self._config, name)
+            if blocks is not None and heads:
+                rows = _unpermute_rows(blocks.blocks, heads)
+                blocks = QuantizedWeight(blocks.kind, rows, blocks.cols)
             if blocks is not None:
-                blocks = QuantizedWeight(
-                    blocks.kind, _unpermute_rows(blocks.blocks, heads), blocks.cols
-                )
-        weights[name] = torch.from_numpy(
-            np.array(arr, dtype=np.float32, order="C")
-        )  # own the memory
-        if blocks is not None:
-            quantized[name] = blocks
-    return config, weights, read_tokenizer(reader, config), quantized
+                out[name] = blocks
+        return out
+
+
+def _shape(t) -> tuple[int, ...]:
+    return tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims fastest-first
+
+
+def load_gguf(
+    path: str | Path,
+) -> tuple[ModelConfig, GGUFWeights, Tokenizer, dict[str, QuantizedWeight]]:
+    """Read config, the weights (HF names, float32 when read), tokenizer, and the raw blocks of
+    the weights stored in a format `qgemm` reads (`quantized.BLOCKS`), rows in the same HF order."""
+    reader = _reader(path)
+    config = read_config(reader)
+    weights = GGUFWeights(reader, config)
+    return config, weights, read_tokenizer(reader, config), weights.blocks()
 
 
 def _permuted_heads(config: ModelConfig, name: str) -> int:

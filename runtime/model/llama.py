@@ -8,7 +8,7 @@ sequence that samples), which saves the vocabulary projection on every prefill t
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +25,7 @@ class _DeviceWeights:
 
     def __init__(
         self,
-        weights: dict[str, torch.Tensor],
+        weights: Mapping[str, torch.Tensor],
         device: torch.device,
         dtype: torch.dtype,
         quantized: dict[str, QuantizedWeight],
@@ -75,7 +75,7 @@ class LlamaModel:
     def __init__(
         self,
         config: ModelConfig,
-        weights: dict[str, torch.Tensor],
+        weights: Mapping[str, torch.Tensor],
         *,
         quantized: dict[str, QuantizedWeight] | None = None,
         dtype: torch.dtype,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,7 @@ class LoadedModel:
     name: str
     path: str
     config: ModelConfig
-    weights: dict[str, torch.Tensor]
+    weights: Mapping[str, torch.Tensor]  # GGUF: dequantized when read (`GGUFWeights`)
     tokenizer: Tokenizer
     # raw GGUF blocks of the weights `qgemm` can read in place (float32 CPU models use them)
     quantized: dict[str, QuantizedWeight] = field(default_factory=dict)

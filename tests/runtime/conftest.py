@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -33,7 +34,9 @@ to build levees, to read the sky, and to move their houses when the river change
 
 @pytest.fixture(scope="session")
 def smol() -> LoadedModel:
-    return load_model("smollm2-135m")
+    """Shared by many engines, so its weights are dequantized once (a GGUF's are read lazily)."""
+    m = load_model("smollm2-135m")
+    return dataclasses.replace(m, weights=dict(m.weights))
 
 
 @pytest.fixture(scope="session")

@@ -210,6 +210,23 @@ def test_every_tensor_type_dequantizes_and_unpermutes(tiny_gguf):
         np.testing.assert_array_equal(blocks.dequantize().numpy(), expected[name], err_msg=name)
 
 
+def test_weights_are_dequantized_when_read_one_at_a_time(tiny_gguf, monkeypatch):
+    """Loading dequantizes nothing: a model build reads each tensor once, so no float32 copy of
+    the whole model exists beside the one being built."""
+    path, _, expected = tiny_gguf
+    calls = []
+    real = gguf.quants.dequantize
+    monkeypatch.setattr(gguf.quants, "dequantize", lambda *a: calls.append(1) or real(*a))
+    _, weights, _, quantized = load_gguf(path)
+    assert calls == [] and quantized
+    name = "model.layers.1.self_attn.k_proj.weight"  # Q4_1 and un-permuted
+    assert name in weights and "rope_freqs.weight" not in weights and len(weights) == len(expected)
+    first, second = weights[name], weights[name]
+    assert len(calls) == 2 and first.data_ptr() != second.data_ptr()  # fresh, owned, each read
+    np.testing.assert_array_equal(first.numpy(), expected[name])
+    assert first.dtype == torch.float32 and first.is_contiguous()
+
+
 def test_tiny_gguf_greedy_matches_transformers(tiny_gguf):
     path, model, _ = tiny_gguf
     llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20)
