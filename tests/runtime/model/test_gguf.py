@@ -152,40 +152,29 @@ def tiny_gguf(tmp_path_factory, smol):
     return path, *write_tiny_gguf(path, smol, H, FFN, TYPES, Q.Q8_0)
 
 
-K_TYPES = {  # as llama.cpp's Q4_K_M mixes them (v and down in Q6_K)
-    **TYPES,
-    "self_attn.q_proj.weight": ("attn_q", Q.Q4_K),
-    "self_attn.k_proj.weight": ("attn_k", Q.Q4_K),
-    "self_attn.v_proj.weight": ("attn_v", Q.Q6_K),
-    "self_attn.o_proj.weight": ("attn_output", Q.Q5_K),  # as in Q5_K_M
-    "mlp.gate_proj.weight": ("ffn_gate", Q.Q4_K),
-    "mlp.up_proj.weight": ("ffn_up", Q.Q4_K),
-    "mlp.down_proj.weight": ("ffn_down", Q.Q6_K),
-}
+def linear_types(*qtypes) -> dict:
+    """TYPES with the seven matrices of a layer (q, k, v, o, gate, up, down) stored as `qtypes`."""
+    names = [n for n in TYPES if n.endswith("proj.weight")]
+    return {**TYPES, **{n: (TYPES[n][0], q) for n, q in zip(names, qtypes, strict=True)}}
 
 
-@pytest.fixture(scope="module")
-def k_quant_gguf(tmp_path_factory, smol):
-    path = tmp_path_factory.mktemp("gguf") / "k_quants.gguf"
-    return path, *write_tiny_gguf(path, smol, 256, 512, K_TYPES, Q.Q6_K)
+# as llama.cpp's Q4_K_M mixes them (v and down in Q6_K; o as in Q5_K_M)
+K_TYPES = linear_types(Q.Q4_K, Q.Q4_K, Q.Q6_K, Q.Q5_K, Q.Q4_K, Q.Q4_K, Q.Q6_K)
+# the other kinds qgemm reads (Q5_0/1 quantized by gguf-py, the rest random blocks)
+OTHER_TYPES = linear_types(Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q3_K, Q.IQ4_XS, Q.Q3_K, Q.IQ4_XS)
 
 
-OTHER_TYPES = {  # the other kinds qgemm reads (Q5_0/1 by gguf-py, the rest random blocks)
-    **TYPES,
-    "self_attn.q_proj.weight": ("attn_q", Q.Q5_0),
-    "self_attn.k_proj.weight": ("attn_k", Q.Q5_1),
-    "self_attn.v_proj.weight": ("attn_v", Q.IQ4_NL),
-    "self_attn.o_proj.weight": ("attn_output", Q.Q3_K),
-    "mlp.gate_proj.weight": ("ffn_gate", Q.IQ4_XS),
-    "mlp.up_proj.weight": ("ffn_up", Q.Q3_K),
-    "mlp.down_proj.weight": ("ffn_down", Q.IQ4_XS),
-}
+def _gguf_fixture(name: str, types: dict, head_type):
+    @pytest.fixture(scope="module")
+    def written(tmp_path_factory, smol):
+        path = tmp_path_factory.mktemp("gguf") / f"{name}.gguf"
+        return path, *write_tiny_gguf(path, smol, 256, 512, types, head_type)
+
+    return written
 
 
-@pytest.fixture(scope="module")
-def other_quant_gguf(tmp_path_factory, smol):
-    path = tmp_path_factory.mktemp("gguf") / "other_quants.gguf"
-    return path, *write_tiny_gguf(path, smol, 256, 512, OTHER_TYPES, Q.Q5_1)
+k_quant_gguf = _gguf_fixture("k_quants", K_TYPES, Q.Q6_K)
+other_quant_gguf = _gguf_fixture("other_quants", OTHER_TYPES, Q.Q5_1)
 
 
 def test_every_tensor_type_dequantizes_and_unpermutes(tiny_gguf):
