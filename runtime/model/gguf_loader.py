@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model.quantized import QuantizedWeight, from_gguf
+from pagoda.runtime.model.quantized import QuantizedWeight, from_gguf, readable
 from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
@@ -184,22 +184,43 @@ class GGUFWeights(Mapping[str, torch.Tensor]):
     def __len__(self) -> int:
         return len(self._tensors)
 
-    def blocks(self) -> dict[str, QuantizedWeight]:
-        """The raw blocks of the matrices stored in a format `qgemm` reads (`quantized.BLOCKS`),
-        rows in the same HF order."""
-        out = {}
-        for name, t in self._tensors.items():
-            shape = _shape(t)
-            if len(shape) != 2 or not name.endswith(".weight"):
-                continue
-            blocks = from_gguf(t.tensor_type.name, t.data, shape[1])
-            heads = _permuted_heads(self._config, name)
-            if blocks is not None and heads:
-                rows = _unpermute_rows(blocks.blocks, heads)
-                blocks = QuantizedWeight(blocks.kind, rows, blocks.cols)
-            if blocks is not None:
-                out[name] = blocks
-        return out
+    def blocks(self) -> GGUFBlocks:
+        return GGUFBlocks(self._tensors, self._config)
+
+
+class GGUFBlocks(Mapping[str, QuantizedWeight]):
+    """The raw blocks of the matrices stored in a format `qgemm` reads (`quantized.readable`),
+    rows in the same HF order, copied out of the file when read: only float32 CPU models read
+    them, so a GPU or bf16 load copies none."""
+
+    def __init__(self, tensors: dict, config: ModelConfig) -> None:
+        self._config = config
+        self._tensors = {
+            name: t
+            for name, t in tensors.items()
+            if name.endswith(".weight")
+            and len(_shape(t)) == 2
+            and readable(t.tensor_type.name, _shape(t)[1])
+        }
+
+    def __getitem__(self, name: str) -> QuantizedWeight:
+        t = self._tensors[name]
+        blocks = from_gguf(t.tensor_type.name, t.data, _shape(t)[1])
+        heads = _permuted_heads(self._config, name)
+        if heads:
+            blocks = QuantizedWeight(
+                blocks.kind, _unpermute_rows(blocks.blocks, heads), blocks.cols
+            )
+        return blocks
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tensors
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
 
 
 def _shape(t) -> tuple[int, ...]:
@@ -208,7 +229,7 @@ def _shape(t) -> tuple[int, ...]:
 
 def load_gguf(
     path: str | Path,
-) -> tuple[ModelConfig, GGUFWeights, Tokenizer, dict[str, QuantizedWeight]]:
+) -> tuple[ModelConfig, GGUFWeights, Tokenizer, GGUFBlocks]:
     """Read config, the weights (HF names, float32 when read), tokenizer, and the raw blocks of
     the weights stored in a format `qgemm` reads (`quantized.BLOCKS`), rows in the same HF order."""
     reader = _reader(path)

@@ -28,7 +28,7 @@ class _DeviceWeights:
         weights: Mapping[str, torch.Tensor],
         device: torch.device,
         dtype: torch.dtype,
-        quantized: dict[str, QuantizedWeight],
+        quantized: Mapping[str, QuantizedWeight],
     ) -> None:
         self._w, self._device, self._dtype = weights, device, dtype
         # stored blocks serve only float32 on the CPU: there `qgemm` computes the same weights
@@ -77,7 +77,7 @@ class LlamaModel:
         config: ModelConfig,
         weights: Mapping[str, torch.Tensor],
         *,
-        quantized: dict[str, QuantizedWeight] | None = None,
+        quantized: Mapping[str, QuantizedWeight] | None = None,
         dtype: torch.dtype,
         device: torch.device,
         backend: AttentionBackend,

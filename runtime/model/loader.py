@@ -24,7 +24,7 @@ class LoadedModel:
     weights: Mapping[str, torch.Tensor]  # GGUF: dequantized when read (`GGUFWeights`)
     tokenizer: Tokenizer
     # raw GGUF blocks of the weights `qgemm` can read in place (float32 CPU models use them)
-    quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
+    quantized: Mapping[str, QuantizedWeight] = field(default_factory=dict)  # GGUF: read lazily
 
 
 def builtin_model_path(name: str) -> Path:

@@ -195,10 +195,15 @@ def _q3_k_fields(w: QuantizedWeight, raw: torch.Tensor) -> tuple[torch.Tensor, .
     return q.reshape(rows, w.cols), dl[:, 0::2].reshape(rows, -1), dl[:, 1::2].reshape(rows, -1)
 
 
+def readable(kind: str, cols: int) -> bool:
+    """Whether `qgemm` reads rows of `cols` weights stored as the GGUF type `kind`."""
+    return kind in BLOCKS and cols % BLOCKS[kind][0] == 0
+
+
 def from_gguf(kind: str, data: np.ndarray, cols: int) -> QuantizedWeight | None:
     """A GGUF tensor's raw blocks (uint8, one row of blocks per output), or None for a format
     `qgemm` does not read."""
-    if kind not in BLOCKS or cols % BLOCKS[kind][0]:
+    if not readable(kind, cols):
         return None
     raw = np.ascontiguousarray(data).view(np.uint8)  # float16 arrays: their bytes
     raw = raw.reshape(-1, cols // BLOCKS[kind][0] * BLOCK_BYTES[kind])

@@ -200,8 +200,8 @@ def test_every_tensor_type_dequantizes_and_unpermutes(tiny_gguf):
 
 
 def test_weights_are_dequantized_when_read_one_at_a_time(tiny_gguf, monkeypatch):
-    """Loading dequantizes nothing: a model build reads each tensor once, so no float32 copy of
-    the whole model exists beside the one being built."""
+    """Loading dequantizes and copies nothing: a model build reads each tensor once, so no
+    float32 copy of the whole model exists beside the one being built."""
     path, _, expected = tiny_gguf
     calls = []
     real = gguf.quants.dequantize
@@ -214,6 +214,9 @@ def test_weights_are_dequantized_when_read_one_at_a_time(tiny_gguf, monkeypatch)
     assert len(calls) == 2 and first.data_ptr() != second.data_ptr()  # fresh, owned, each read
     np.testing.assert_array_equal(first.numpy(), expected[name])
     assert first.dtype == torch.float32 and first.is_contiguous()
+    a, b = quantized[name], quantized[name]  # blocks too are copied out of the file when read
+    assert a.blocks.data_ptr() != b.blocks.data_ptr() and torch.equal(a.blocks, b.blocks)
+    assert "model.norm.weight" not in quantized and len(quantized) == len(list(quantized))
 
 
 def test_tiny_gguf_greedy_matches_transformers(tiny_gguf):
