@@ -153,7 +153,22 @@ def _reader(path: str | Path):
     return Reader(str(path))
 
 
-class GGUFWeights(Mapping[str, torch.Tensor]):
+class _ByName(Mapping):
+    """A mapping over `self._tensors` (HF name -> GGUF tensor) whose values are built on read."""
+
+    _tensors: dict
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tensors
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+
+class GGUFWeights(_ByName):
     """The file's tensors by HF name, dequantized to float32 (Q/K rows un-permuted) on each
     read, straight from the memory map: the model is built one tensor at a time, so loading
     never holds a float32 copy of the whole model (an 8B GGUF: 32 GB) beside what the model
@@ -175,20 +190,11 @@ class GGUFWeights(Mapping[str, torch.Tensor]):
             arr = _unpermute(arr, heads)
         return torch.from_numpy(np.array(arr, dtype=np.float32, order="C"))  # own the memory
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._tensors
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._tensors)
-
-    def __len__(self) -> int:
-        return len(self._tensors)
-
     def blocks(self) -> GGUFBlocks:
         return GGUFBlocks(self._tensors, self._config)
 
 
-class GGUFBlocks(Mapping[str, QuantizedWeight]):
+class GGUFBlocks(_ByName):
     """The raw blocks of the matrices stored in a format `qgemm` reads (`quantized.readable`),
     rows in the same HF order, copied out of the file when read: only float32 CPU models read
     them, so a GPU or bf16 load copies none."""
@@ -212,15 +218,6 @@ class GGUFBlocks(Mapping[str, QuantizedWeight]):
                 blocks.kind, _unpermute_rows(blocks.blocks, heads), blocks.cols
             )
         return blocks
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._tensors
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._tensors)
-
-    def __len__(self) -> int:
-        return len(self._tensors)
 
 
 def _shape(t) -> tuple[int, ...]:
