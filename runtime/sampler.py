@@ -42,6 +42,11 @@ class SamplingBatch:
     full_rows: torch.Tensor | None = None  # the other rows, when both kinds are present
     num_candidates: int = 0  # candidates per candidate row (covers every row's top-k)
 
+    @property
+    def plain(self) -> bool:
+        """No penalties and no logprobs: only the token choice reads the logits."""
+        return self.output_counts is None and self.max_logprobs is None
+
     @classmethod
     def build(cls, reqs: list[Request], vocab_size: int, device: torch.device) -> SamplingBatch:
         """Parameter tensors for the rows of `reqs`, built on the host and moved without a sync."""
@@ -186,8 +191,7 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
 def _native_as_is(logits: torch.Tensor, b: SamplingBatch) -> bool:
     """Whether only the native kernels touch these logits (no penalties, no logprobs; whole-
     vocabulary and top-k/top-p rows alike)."""
-    plain = b.output_counts is None and b.max_logprobs is None
-    return plain and sampler_native.usable(logits)
+    return b.plain and sampler_native.usable(logits)
 
 
 def _uniforms(b: SamplingBatch, n: int, device: torch.device) -> torch.Tensor:

@@ -175,7 +175,7 @@ class GGUFWeights(_ByName):
     keeps (bf16 copies, `qgemm`'s blocks, or device tensors)."""
 
     def __init__(self, reader, config: ModelConfig) -> None:
-        self._reader, self._config = reader, config
+        self._config = config  # the tensors' arrays view the reader's memory map, keeping it
         named = ((_hf_name(t.name), t) for t in reader.tensors)
         self._tensors = {name: t for name, t in named if name is not None}  # not e.g. rope_freqs
 

@@ -308,7 +308,7 @@ extern "C" int pagoda_qgemm_argmax(int kind, const uint8_t* w, const float* x, i
     for (int s = 0; s < used; ++s) {
       const float v = best[(int64_t)s * M + m];
       const int32_t i = at[(int64_t)s * M + m];
-      if (i >= 0 && (a < 0 || v > b || (v == b && i < a))) b = v, a = i;
+      if (i >= 0 && (v > b || (v == b && i < a))) b = v, a = i;  // kept values are > -inf
     }
     out[m] = a < 0 ? 0 : a;  // no value above -inf (all -inf or NaN): 0
   }

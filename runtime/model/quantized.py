@@ -132,6 +132,13 @@ def _bits(b: torch.Tensor) -> torch.Tensor:
     return ((b.unsqueeze(-1) >> shifts) & 1).flatten(-2)
 
 
+def _planes(b: torch.Tensor) -> torch.Tensor:
+    """uint8 [n, 32] -> [n, 256]: bit j of byte i at j * 32 + i (Q5_K's fifth bits, Q3_K's
+    high bits: one bit plane per sub-block of 32 keys)."""
+    shifts = torch.arange(8, dtype=torch.uint8).view(1, 8, 1)
+    return ((b.reshape(-1, 1, 32) >> shifts) & 1).reshape(-1, 256)
+
+
 def _f16(pairs: torch.Tensor, keep: bool = False) -> torch.Tensor:
     """Byte pairs as the float16 values they store, widened to float32 unless `keep`."""
     halves = pairs.contiguous().view(torch.float16)
@@ -150,9 +157,8 @@ def _k_fields(w: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
         start = 16 if w.kind == "Q4_K" else 48  # Q5_K: 32 bytes of fifth bits first
         nibbles = torch.tensor([0, 4], dtype=torch.uint8).view(1, 1, 2, 1)
         q = ((raw[:, start:].view(n, 4, 1, 32) >> nibbles) & 0x0F).reshape(n, 256)
-        if w.kind == "Q5_K":  # bit j of byte i: the fifth bit of key i of sub-block j
-            bits = torch.arange(8, dtype=torch.uint8).view(1, 1, 8, 1)
-            q = q | (((raw[:, 16:48].view(n, 1, 1, 32) >> bits) & 1).reshape(n, 256) << 4)
+        if w.kind == "Q5_K":
+            q = q | (_planes(raw[:, 16:48]) << 4)
         d_out, m_out = d * scale.float(), dmin * mins.float()  # [n, 8]: a pair per 32 keys
     elif w.kind == "Q3_K":
         return _q3_k_fields(w, raw)
@@ -189,8 +195,7 @@ def _q3_k_fields(w: QuantizedWeight, raw: torch.Tensor) -> tuple[torch.Tensor, .
     scale = (_nibbles(sc[:, :8]).to(torch.int8) | (high << 4).to(torch.int8)) - 32
     dl = d * scale.float()  # [n, 16]: one per 16 keys
     low = ((qs.reshape(n, 2, 1, 32) >> two.view(1, 1, 4, 1)) & 3).reshape(n, 256)
-    bit = (hmask.reshape(n, 1, 32) >> torch.arange(8, dtype=torch.uint8).view(1, 8, 1)) & 1
-    q = low.to(torch.int8) - ((bit.reshape(n, 256) ^ 1) << 2).to(torch.int8)
+    q = low.to(torch.int8) - ((_planes(hmask) ^ 1) << 2).to(torch.int8)
     rows = w.blocks.shape[0]
     return q.reshape(rows, w.cols), dl[:, 0::2].reshape(rows, -1), dl[:, 1::2].reshape(rows, -1)
 

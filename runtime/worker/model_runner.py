@@ -217,13 +217,8 @@ class ModelRunner:
     def _fused_greedy(self, batch: SamplingBatch) -> bool:
         """Whether the LM head can hand back the step's tokens itself: every row greedy, nothing
         that reads the logits (penalties, logprobs, the observer), a kernel that fuses argmax."""
-        plain = batch.output_counts is None and batch.max_logprobs is None
-        return (
-            batch.all_greedy
-            and plain
-            and self.logits_observer is None
-            and self.model.lm_head.fuses_argmax
-        )
+        plain = batch.plain and self.logits_observer is None
+        return batch.all_greedy and plain and self.model.lm_head.fuses_argmax
 
     @staticmethod
     def _copy_to_host(step: LaunchedStep) -> None:
