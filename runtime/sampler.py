@@ -11,12 +11,13 @@ kernels (`sampler_native`, one or two passes per row, no sort) when a C compiler
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from pagoda.runtime import sampler_native
 from pagoda.runtime.request import Request
-from pagoda.runtime.sampler_ops import argmax_rows, sample_candidates, sample_full
+from pagoda.runtime.sampler_ops import LOG2E, argmax_rows, sample_candidates, sample_full
 from pagoda.runtime.sampling import SamplingParams
 
 TOP_P_CANDIDATES = 1024  # PyTorch path on CPU: candidates a top-p row without top-k starts from
@@ -41,6 +42,10 @@ class SamplingBatch:
     candidate_rows: torch.Tensor | None = None  # sampled rows with top-k/top-p (None: none)
     full_rows: torch.Tensor | None = None  # the other rows, when both kinds are present
     num_candidates: int = 0  # candidates per candidate row (covers every row's top-k)
+    scale: torch.Tensor | None = None  # [N] float32 log2(e) / temperature, 0 on greedy rows
+    filtered: bool = False  # a sampled row asks for top-k, top-p or min-p
+    unfiltered_rows: torch.Tensor | None = None  # greedy or unfiltered rows, when filtered
+    min_p_rows: torch.Tensor | None = None  # sampled rows with min-p only, when filtered
 
     @property
     def plain(self) -> bool:
@@ -65,6 +70,8 @@ class SamplingBatch:
             min_p = torch.tensor([p.min_p for p in ps], dtype=f32)
         penalties = _penalties(reqs, vocab_size) if any(p.needs_penalties for p in ps) else None
         cand, full, k = _candidate_rows(ps, greedy_host, vocab_size, device)
+        plain = [i for i, (p, g) in enumerate(zip(ps, greedy_host)) if g or not p.filtered]
+        min_p_only = sorted(set(range(len(ps))) - set(plain) - set(cand))
         lps = [p.logprobs for p in ps if p.logprobs is not None]
 
         def dev(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -91,6 +98,10 @@ class SamplingBatch:
             candidate_rows=dev(torch.tensor(cand)) if cand else None,
             full_rows=dev(torch.tensor(full)) if cand and full else None,
             num_candidates=k,
+            scale=dev(torch.where(torch.tensor(greedy_host), 0.0, LOG2E / temp)),
+            filtered=len(plain) < len(ps),
+            unfiltered_rows=dev(torch.tensor(plain)) if plain and len(plain) < len(ps) else None,
+            min_p_rows=dev(torch.tensor(min_p_only)) if min_p_only else None,
         )
 
 
@@ -165,19 +176,44 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, b: SamplingBatch) -> torch.Ten
     return logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
 
 
-def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
+WholeSampler = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor]
+
+
+@dataclass
+class HeadSampling:
+    """What an LM head that samples needs (`Linear.sample`): per row log2(e) / temperature
+    (0: greedy) and a uniform; both None when every row is greedy."""
+
+    scale: torch.Tensor | None
+    u: torch.Tensor | None
+
+
+def head_sampling(b: SamplingBatch) -> HeadSampling:
+    """The rows' scales and uniforms (drawn now: a seeded row's from its own generator)."""
+    if b.all_greedy:
+        return HeadSampling(None, None)
+    return HeadSampling(b.scale, _uniforms(b, b.scale.shape[0], b.scale.device))
+
+
+def sample(
+    logits: torch.Tensor, b: SamplingBatch, whole: WholeSampler | None = None
+) -> SamplerOutput:
     """Pick one token per row of `logits` [N, V]: float32, or bfloat16, which the native CPU
     kernels read as is (widening is exact, so the tokens are those of `logits.float()`) and
-    everything else converts first."""
+    everything else converts first. `whole(logits, scale, u)`, where given, picks the tokens
+    of the greedy and unfiltered rows: the LM head's own sampler (`QGemm.sample_logits`), so
+    that they are the tokens it gives when it samples without writing logits."""
     if logits.dtype != torch.float32 and not _native_as_is(logits, b):
         logits = logits.float()
     raw = logits
     if b.output_counts is not None:
         logits = apply_penalties(logits, b)
-    if b.all_greedy:
+    if whole is not None:
+        tokens = _sample_whole(logits, b, whole)
+    elif b.all_greedy:
         tokens = argmax_rows(logits)
     else:
-        tokens = _sample_random(logits, b)
+        tokens = _sample_random(logits, b, _uniforms(b, logits.shape[0], logits.device))
         if b.any_greedy:
             tokens = torch.where(b.greedy, argmax_rows(logits), tokens)
     if b.max_logprobs is None:
@@ -186,6 +222,23 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
     chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1)
     top_lp, top_ids = lp.topk(b.max_logprobs, dim=-1) if b.max_logprobs else (None, None)
     return SamplerOutput(tokens, chosen, top_ids, top_lp)
+
+
+def _sample_whole(logits: torch.Tensor, b: SamplingBatch, whole: WholeSampler) -> torch.Tensor:
+    """Greedy and unfiltered rows by `whole`; min-p rows and top-k/top-p rows as `sample`
+    draws them otherwise."""
+    head = head_sampling(b)
+    if not b.filtered:
+        return whole(logits, head.scale, head.u)
+    u, inv_t = head.u, b.temperature.reciprocal()
+    tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    if (rows := b.unfiltered_rows) is not None:
+        tokens[rows] = whole(logits[rows], b.scale[rows], u[rows])
+    if (rows := b.min_p_rows) is not None:
+        tokens[rows] = sample_full(logits[rows], inv_t[rows], b.min_p[rows], u[rows])
+    if (rows := b.candidate_rows) is not None:
+        tokens[rows] = _candidates(logits, b, inv_t, u, rows)
+    return tokens
 
 
 def _native_as_is(logits: torch.Tensor, b: SamplingBatch) -> bool:
@@ -202,9 +255,8 @@ def _uniforms(b: SamplingBatch, n: int, device: torch.device) -> torch.Tensor:
     return u
 
 
-def _sample_random(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+def _sample_random(logits: torch.Tensor, b: SamplingBatch, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF sampling with one uniform per row, after temperature and the filters."""
-    u = _uniforms(b, logits.shape[0], logits.device)
     inv_t = b.temperature.reciprocal()
     if b.candidate_rows is None:  # no row asks for top-k/top-p: the whole vocabulary
         return sample_full(logits, inv_t, b.min_p, u)
@@ -214,7 +266,13 @@ def _sample_random(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     rows = b.full_rows
     tokens[rows] = sample_full(logits[rows], inv_t[rows], _rows(b.min_p, rows), u[rows])
     rows = b.candidate_rows
-    tokens[rows] = sample_candidates(
+    tokens[rows] = _candidates(logits, b, inv_t, u, rows)
+    return tokens
+
+
+def _candidates(logits, b: SamplingBatch, inv_t, u, rows: torch.Tensor) -> torch.Tensor:
+    """The top-k/top-p rows' tokens (`rows` of the batch)."""
+    return sample_candidates(
         logits[rows],
         inv_t[rows],
         _rows(b.top_k, rows),
@@ -223,7 +281,6 @@ def _sample_random(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
         u[rows],
         b.num_candidates,
     )
-    return tokens
 
 
 def _rows(t: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:

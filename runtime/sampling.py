@@ -108,6 +108,11 @@ class SamplingParams:
         return self.temperature < 1e-5
 
     @property
+    def filtered(self) -> bool:
+        """Whether top-k, top-p or min-p narrows the vocabulary a sampled token comes from."""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0
+
+    @property
     def needs_penalties(self) -> bool:
         return bool(
             self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0

@@ -118,16 +118,24 @@ class Linear:
         return self._packed(x)
 
     @property
-    def fuses_argmax(self) -> bool:
-        """Whether `argmax` can skip the outputs (`qgemm`, one part)."""
+    def fuses_sampling(self) -> bool:
+        """Whether `argmax` and `sample` can skip the outputs (`qgemm`, one part)."""
         return isinstance(self.fast, qgemm.QGemmWeight) and len(self.fast.parts) == 1
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
-        """`self(x).argmax(-1)` (first maximum; NaN never wins), fused where `fuses_argmax`:
+        """`self(x).argmax(-1)` (first maximum; NaN never wins), fused where `fuses_sampling`:
         a greedy step's LM head then never writes its [M, vocab] logits."""
-        if self.fuses_argmax:
+        if self.fuses_sampling:
             return self.fast.argmax(x)
         return argmax_rows(self(x))
+
+    def sample(self, x: torch.Tensor, scale: torch.Tensor | None, u: torch.Tensor | None):
+        """One token per row of `self(x)` without writing the outputs (`QGemmWeight.sample`:
+        scale = log2(e) / temperature, 0 on greedy rows, u the rows' uniforms); only where
+        `fuses_sampling`."""
+        if not self.fuses_sampling:
+            raise ValueError("this layer's kernel does not sample from its outputs")
+        return self.fast.sample(x, scale, u)
 
     def _packed(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

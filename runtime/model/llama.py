@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,9 @@ from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.ops import Ops, build_cos_sin_cache, gather_cos_sin
 from pagoda.runtime.model.quantized import QuantizedWeight, stack
+
+if TYPE_CHECKING:
+    from pagoda.runtime.sampler import HeadSampling
 
 
 class _DeviceWeights:
@@ -119,10 +123,10 @@ class LlamaModel:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,  # int64 [N] rows of the batch to project to the vocabulary
-        greedy: bool = False,
+        head: HeadSampling | None = None,
     ) -> torch.Tensor:
-        """The logits [N, vocab] of the rows `logits_indices`; with `greedy`, their argmax
-        token ids (int64 [N]), fused into the LM head where it can (`Linear.fuses_argmax`)."""
+        """The logits [N, vocab] of the rows `logits_indices`; with `head`, their tokens (int64
+        [N]) drawn inside the LM head, which must fuse sampling (`Linear.fuses_sampling`)."""
         c, ops = self.config, self.ops
         h = F.embedding(input_ids, self.embed)
         residual = None
@@ -153,6 +157,6 @@ class LlamaModel:
         h = h.index_select(0, logits_indices)
         residual = residual.index_select(0, logits_indices)
         x, _ = ops.rms_norm(x=h, weight=self.norm, eps=c.rms_norm_eps, residual=residual)
-        if greedy:
-            return self.lm_head.argmax(x)
+        if head is not None:
+            return self.lm_head.sample(x, head.scale, head.u)
         return self.lm_head(x)  # model dtype: the sampler widens only when it must

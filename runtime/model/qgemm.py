@@ -81,10 +81,12 @@ class QGemm:
     def __init__(self, lib: ctypes.CDLL) -> None:
         p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
         lib.pagoda_qgemm.argtypes = [i32, p, p, i64, p, i64, p, i32, i32, i32, i32]
-        lib.pagoda_qgemm.restype = i32
-        lib.pagoda_qgemm_argmax.argtypes = [i32, p, p, i64, p, i32, i32, i32, i32, p]
-        lib.pagoda_qgemm_argmax.restype = i32
-        self.fn, self.argmax_fn = lib.pagoda_qgemm, lib.pagoda_qgemm_argmax
+        lib.pagoda_qgemm_sample.argtypes = [i32, p, p, i64, p, i32, i32, i32, p, p, i32, p]
+        lib.pagoda_sample_logits.argtypes = [p, i64, i32, i32, p, p, i32, p]
+        for fn in (lib.pagoda_qgemm, lib.pagoda_qgemm_sample, lib.pagoda_sample_logits):
+            fn.restype = i32
+        self.fn, self.sample_fn = lib.pagoda_qgemm, lib.pagoda_qgemm_sample
+        self.logits_fn = lib.pagoda_sample_logits
 
     def bind(
         self, weight: QuantizedWeight | Sequence[QuantizedWeight], bias: torch.Tensor | None
@@ -92,12 +94,41 @@ class QGemm:
         parts = [weight] if isinstance(weight, QuantizedWeight) else list(weight)
         return QGemmWeight(self, parts, bias)
 
+    def sample_logits(
+        self, logits: torch.Tensor, scale: torch.Tensor | None, u: torch.Tensor | None
+    ) -> torch.Tensor:
+        """One token per row of float32 `logits` [M, N], picked as `QGemmWeight.sample` picks
+        it from outputs it never stores (the same code, so the same token)."""
+        if logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
+            raise ValueError(f"expected float32 [M, N] rows, got {logits.dtype} {logits.shape}")
+        m, n = logits.shape
+        out = torch.zeros(m, dtype=torch.long)
+        if m == 0:
+            return out
+        threads = torch.get_num_threads() if m * n >= SERIAL_BELOW else 1
+        args = (logits.data_ptr(), logits.stride(0), m, n, *_row_args(m, scale, u))
+        rc = self.logits_fn(*args, threads, out.data_ptr())
+        if rc:
+            raise RuntimeError(f"sampling from logits failed (code {rc}) for {m}x{n}")
+        return out
+
+
+def _row_args(m: int, scale: torch.Tensor | None, u: torch.Tensor | None) -> tuple:
+    """Pointers to the per-row scales (log2(e) / temperature, 0 on greedy rows) and uniforms,
+    float32 [m] (both None: every row greedy), kept alive by the caller's tensors."""
+    if scale is None:
+        return None, None
+    for t in (scale, u):
+        if t is None or t.dtype != torch.float32 or t.shape != (m,) or not t.is_contiguous():
+            raise ValueError(f"scale and u must be contiguous float32 [{m}]")
+    return scale.data_ptr(), u.data_ptr()
+
 
 class QGemmWeight:
     """Row blocks of one weight (q/k/v may be stored in different kinds), packed and bound to
     the kernel: x float32 [M, K] -> [M, N], each part writing its columns of y in place."""
 
-    __slots__ = ("argmax_fn", "bias", "fn", "k", "kinds", "n", "nbytes", "parts")
+    __slots__ = ("bias", "fn", "k", "kinds", "n", "nbytes", "parts", "sample_fn")
 
     def __init__(
         self, kernel: QGemm, parts: list[QuantizedWeight], bias: torch.Tensor | None
@@ -105,7 +136,7 @@ class QGemmWeight:
         if not parts or any(p.cols != parts[0].cols for p in parts):
             raise ValueError("quantized parts must share their number of columns")
         self.fn, self.k, self.n = kernel.fn, parts[0].cols, sum(p.rows for p in parts)
-        self.argmax_fn = kernel.argmax_fn
+        self.sample_fn = kernel.sample_fn
         self.kinds = tuple(p.kind for p in parts)
         self.bias = None if bias is None else bias.to(torch.float32).contiguous()
         self.parts: list[tuple[int, torch.Tensor, int, int]] = []  # kind, packed, row0, rows
@@ -127,8 +158,16 @@ class QGemmWeight:
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
         """`self(x).argmax(-1)` as `argmax_rows` computes it (first maximum, NaN never wins),
         without storing the [M, N] outputs; for a weight of one part."""
+        return self.sample(x, None, None)
+
+    def sample(
+        self, x: torch.Tensor, scale: torch.Tensor | None, u: torch.Tensor | None
+    ) -> torch.Tensor:
+        """One token per row of `self(x)`, the token `QGemm.sample_logits` picks from those
+        outputs with the rows' scales (log2(e) / temperature; 0: greedy) and uniforms, without
+        storing them; for a weight of one part (an LM head)."""
         if len(self.parts) != 1:
-            raise ValueError("argmax takes a weight of one part")
+            raise ValueError("sampling takes a weight of one part")
         out = torch.zeros(x.shape[0], dtype=torch.long)
         if x.shape[0] == 0:
             return out
@@ -136,9 +175,11 @@ class QGemmWeight:
         kind, packed, _, rows = self.parts[0]
         bias = None if self.bias is None else self.bias.data_ptr()
         args = (kind, packed.data_ptr(), x.data_ptr(), x.stride(0), bias, x.shape[0], rows)
-        rc = self.argmax_fn(*args, self.k, threads, out.data_ptr())
+        rc = self.sample_fn(
+            *args, self.k, *_row_args(x.shape[0], scale, u), threads, out.data_ptr()
+        )
         if rc:
-            raise RuntimeError(f"quantized GEMM argmax failed (code {rc}) for {tuple(x.shape)}")
+            raise RuntimeError(f"quantized GEMM sampling failed (code {rc}) for {tuple(x.shape)}")
         return out
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,9 @@
 """C++ of the quantized float32 GEMM (`qgemm`): units of 16 outputs by 32 keys, dequantized
 exactly as `gguf.quants` does (16-bit kinds: widened), swept by AVX2 FMA row tiles; compiled by
-`gemv.build`, which splices in the shared claim counter, thread pool and row-tile macro."""
+`gemv.build`, which splices in the shared claim counter, thread pool and row-tile macro; the
+sampling mode's code is `qgemm_sample_source`."""
+
+from pagoda.runtime.model import qgemm_sample_source as sample
 
 SOURCE = r"""
 #include <immintrin.h>
@@ -37,13 +40,13 @@ template <int QT> constexpr int unit() {
   return qbytes<QT>() + (QT == Q4_0 || QT == Q8_0 ? 1 : 2) * 16 * (wide<QT>() ? 4 : 2);
 }
 
-// y null: argmax mode, each thread keeps its rows' running (max, index) in its own slot of
-// best / best_at ([max_slots][M]) instead of storing outputs
+// y null: sampling mode (`qgemm_sample_source`): per row and output block, its maximum and its
+// sum of exponentials in `stats` (rows of sstride floats) instead of the outputs
 struct Job {
   const uint8_t* w; const float *x, *bias; float* y;
-  float* best; int32_t* best_at;
-  int64_t ldx, ldy, next, claim;
-  int M, N, K, MC, slots, max_slots;
+  float* stats; const float* scale;
+  int64_t ldx, ldy, next, claim, nbp, sstride;
+  int M, N, K, MC;
 };
 
 // One unit's 32 keys x 16 outputs: weight k as two float32 vectors, computed as gguf.quants
@@ -101,32 +104,14 @@ INLINE const uint8_t* unit_at(const Job& j, int64_t nb, int k) {
   return j.w + (nb * (j.K / QK) + k / QK) * (int64_t)unit<QT>();
 }
 
-// argmax mode: rows [m0, m0 + R)'s running maxima against outputs n0.. (the values emit would
-// store). A thread's claims increase, so its blocks of a row come in column order and a strictly
-// greater value is the first maximum so far; NaN never wins (as `argmax_rows`).
-INLINE void best_of(const Job& j, int64_t n0, int64_t m0, int R, int valid, const float* out) {
-  alignas(32) float v[NB];
-  for (int r = 0; r < R; ++r) {
-    const float* o = out + r * NB;
-    for (int i = 0; i < valid; ++i) v[i] = j.bias ? o[i] + j.bias[n0 + i] : o[i];
-    float& b = j.best[m0 + r];
-    if (valid == NB) {  // most blocks: nothing above the running maximum, one vector test
-      const __m256 bb = _mm256_set1_ps(b);
-      const int gt = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_load_ps(v), bb, _CMP_GT_OQ)) |
-                     _mm256_movemask_ps(_mm256_cmp_ps(_mm256_load_ps(v + 8), bb, _CMP_GT_OQ));
-      if (!gt) continue;
-    }
-    for (int i = 0; i < valid; ++i)
-      if (v[i] > b) b = v[i], j.best_at[m0 + r] = (int32_t)(n0 + i);
-  }
-}
+@SAMPLE_BODY@
 
 // rows [m0, m0 + R) of y at output block nb from staged float32 sums [R][16] (+ bias)
 INLINE void emit(const Job& j, int64_t nb, int64_t m0, int R, const float* out) {
   const int64_t n0 = nb * NB;
   if (n0 >= j.N) return;
   const int valid = j.N - n0 < NB ? (int)(j.N - n0) : NB;
-  if (!j.y) return best_of(j, n0, m0, R, valid, out);
+  if (!j.y) return block_stats(j, nb, m0, R, valid, out);
   for (int r = 0; r < R; ++r) {
     float* y = j.y + (m0 + r) * j.ldy + n0;
     if (j.bias)
@@ -223,12 +208,7 @@ static inline int64_t lean_units(int M) { return M <= 2 ? 2 : 1; }
 template <int QT>
 static void run(void* arg) {
   Job& shared = *(Job*)arg;
-  Job j = shared;  // this thread's: in argmax mode, its own slot of maxima
-  if (!j.y) {
-    const int slot = __atomic_fetch_add(&shared.slots, 1, __ATOMIC_RELAXED);
-    if (slot >= j.max_slots) return;  // a pool helper beyond `threads`: the others claim all
-    j.best += (int64_t)slot * j.M, j.best_at += (int64_t)slot * j.M;
-  }
+  const Job j = shared;  // a copy in this thread's registers and stack; `next` stays shared
   const int64_t nblk = (j.N + NB - 1) / NB, mch = (j.M + j.MC - 1) / j.MC;
   const int64_t lu = lean_units(j.M);
   const int64_t tasks = j.M <= LEAN_ROWS ? (nblk + lu - 1) / lu : nblk * mch;
@@ -275,8 +255,8 @@ extern "C" int pagoda_qgemm(int kind, const uint8_t* w, const float* x, int64_t 
                             int64_t ldy, const float* bias, int M, int N, int K, int threads) {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
   if (threads < 1) threads = 1;
-  Job job{w, x, bias, y, nullptr, nullptr, ldx, ldy, 0, 1, M, N, K, M <= MC_MAX ? M : MC_MAX,
-          0, threads};
+  Job job{w, x, bias, y, nullptr, nullptr, ldx, ldy, 0, 1, 0, 0, M, N, K,
+          M <= MC_MAX ? M : MC_MAX};
   return launch(job, kind, threads);
 #else
   (void)kind, (void)w, (void)x, (void)ldx, (void)y, (void)ldy, (void)bias;
@@ -285,39 +265,5 @@ extern "C" int pagoda_qgemm(int kind, const uint8_t* w, const float* x, int64_t 
 #endif
 }
 
-// out [M] = the first index of each row's maximum of x @ w^T (+ bias), the outputs computed as
-// `pagoda_qgemm` computes them but never stored: a greedy step's LM head without its logits
-extern "C" int pagoda_qgemm_argmax(int kind, const uint8_t* w, const float* x, int64_t ldx,
-                                   const float* bias, int M, int N, int K, int threads,
-                                   int64_t* out) {
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (threads < 1) threads = 1;
-  if (M < 1) return 1;
-  const int64_t cells = (int64_t)threads * M;
-  float* best = (float*)malloc(cells * sizeof(float));
-  int32_t* at = (int32_t*)malloc(cells * sizeof(int32_t));
-  if (!best || !at) return free(best), free(at), 3;
-  for (int64_t i = 0; i < cells; ++i) best[i] = -__builtin_inff(), at[i] = -1;
-  Job job{w, x, bias, nullptr, best, at, ldx, 0, 0, 1, M, N, K, M <= MC_MAX ? M : MC_MAX,
-          0, threads};
-  const int rc = launch(job, kind, threads);
-  const int used = job.slots < threads ? job.slots : threads;
-  for (int m = 0; m < M && !rc; ++m) {  // slots hold disjoint columns: the best, lowest first
-    float b = -__builtin_inff();
-    int32_t a = -1;
-    for (int s = 0; s < used; ++s) {
-      const float v = best[(int64_t)s * M + m];
-      const int32_t i = at[(int64_t)s * M + m];
-      if (i >= 0 && (v > b || (v == b && i < a))) b = v, a = i;  // kept values are > -inf
-    }
-    out[m] = a < 0 ? 0 : a;  // no value above -inf (all -inf or NaN): 0
-  }
-  free(best), free(at);
-  return rc;
-#else
-  (void)kind, (void)w, (void)x, (void)ldx, (void)bias, (void)M, (void)N, (void)K;
-  (void)threads, (void)out;
-  return 2;
-#endif
-}
-"""
+@SAMPLE_API@
+""".replace("@SAMPLE_BODY@", sample.BODY).replace("@SAMPLE_API@", sample.API)

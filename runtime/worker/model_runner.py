@@ -22,11 +22,19 @@ import torch
 from pagoda.runtime.attention import AttentionMetadata, get_attention_backend
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.core.sched_output import SchedulerOutput
+from pagoda.runtime.model import qgemm
 from pagoda.runtime.model.llama import LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.ops import select_ops
 from pagoda.runtime.request import Request, TokenLogprob
-from pagoda.runtime.sampler import SamplerOutput, SamplingBatch, sample
+from pagoda.runtime.sampler import (
+    HeadSampling,
+    SamplerOutput,
+    SamplingBatch,
+    WholeSampler,
+    head_sampling,
+    sample,
+)
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
 from pagoda.runtime.worker.host_memory import keep_freed_memory
 from pagoda.runtime.worker.step_clock import StepClock
@@ -110,6 +118,10 @@ class ModelRunner:
             batch_invariant=config.batch_invariant,
         )
         _log_quantized_layers(self.model)
+        # Where the LM head samples from its outputs (`qgemm`), steps that write logits pick the
+        # greedy and unfiltered rows with the same code: a row's token never depends on the path.
+        fused = self.model.lm_head.fuses_sampling
+        self._whole_sampler: WholeSampler | None = qgemm.load().sample_logits if fused else None
         # Debug/test hook: called with (requests, float32 logits) of every step that samples.
         self.logits_observer: Callable[[list[Request], torch.Tensor], None] | None = None
         self.num_blocks = self._num_blocks()
@@ -189,20 +201,20 @@ class ModelRunner:
         inp = self._prepare_inputs(out)
         reqs = [out.scheduled[i].request for i in inp.sampling]
         batch = self._sampling_batch(reqs, self.model.vocab_size) if reqs else None
-        greedy = batch is not None and self._fused_greedy(batch)
+        head = head_sampling(batch) if batch is not None and self._head_samples(batch) else None
         if clock is not None:
             clock.mark("prepare")
-        logits = self._forward(out, inp, greedy)
+        logits = self._forward(out, inp, head)
         if clock is not None:
             clock.mark("forward")
         if batch is None:
             return LaunchedStep([], None)
-        if greedy:  # the LM head gave the tokens: no logits were written
+        if head is not None:  # the LM head gave the tokens: no logits were written
             step = LaunchedStep(reqs, SamplerOutput(logits, None, None, None))
         else:
             if self.logits_observer is not None:
                 self.logits_observer(reqs, logits.float())
-            step = LaunchedStep(reqs, sample(logits, batch))
+            step = LaunchedStep(reqs, sample(logits, batch, self._whole_sampler))
         if self.async_scheduling:
             self._inflight = (
                 step.sampler_output.token_ids,
@@ -214,11 +226,12 @@ class ModelRunner:
             clock.mark("sample")
         return step
 
-    def _fused_greedy(self, batch: SamplingBatch) -> bool:
-        """Whether the LM head can hand back the step's tokens itself: every row greedy, nothing
-        that reads the logits (penalties, logprobs, the observer), a kernel that fuses argmax."""
-        plain = batch.plain and self.logits_observer is None
-        return batch.all_greedy and plain and self.model.lm_head.fuses_argmax
+    def _head_samples(self, batch: SamplingBatch) -> bool:
+        """Whether the LM head can hand back the step's tokens itself: no row filters (top-k,
+        top-p, min-p), nothing reads the logits (penalties, logprobs, the observer), and a
+        kernel that samples from its outputs (`Linear.fuses_sampling`)."""
+        plain = batch.plain and self.logits_observer is None and not batch.filtered
+        return plain and self._whole_sampler is not None
 
     @staticmethod
     def _copy_to_host(step: LaunchedStep) -> None:
@@ -298,14 +311,16 @@ class ModelRunner:
             ids.index_copy_(0, rows, self._inflight[0].index_select(0, src))
         return ids
 
-    def _forward(self, out: SchedulerOutput, inp: _StepInputs, greedy: bool) -> torch.Tensor:
-        """Logits of the sampling rows (with `greedy`: their argmax tokens, from the LM head):
+    def _forward(
+        self, out: SchedulerOutput, inp: _StepInputs, head: HeadSampling | None
+    ) -> torch.Tensor:
+        """Logits of the sampling rows (with `head`: their tokens, from the LM head):
         a captured CUDA graph when one fits, else eager."""
         graph = self.cuda_graphs
         seq_lens = inp.seq_lens.astype(np.int32)
         n, max_blocks = len(out.scheduled), inp.table.shape[1]
         ids = self._device_ids(inp)
-        if graph is not None and not greedy and graph.can_run(out.num_decodes, n, max_blocks):
+        if graph is not None and head is None and graph.can_run(out.num_decodes, n, max_blocks):
             logits = graph.run(self, ids, inp.positions, inp.slots, inp.table, seq_lens)
             return logits.index_select(0, self.to_device(np.asarray(inp.sampling, np.int64)))
         meta = AttentionMetadata(
@@ -329,7 +344,7 @@ class ModelRunner:
             self.kv_caches,
             meta,
             self.to_device(inp.cu[1:][inp.sampling] - 1),
-            greedy,
+            head,
         )
 
     def _sampling_batch(self, reqs: list[Request], vocab_size: int) -> SamplingBatch:

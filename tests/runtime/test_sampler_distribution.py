@@ -1,13 +1,16 @@
 """The sampler draws from exactly the filtered distribution: chi-square goodness of fit against
 softmax(apply_top_k_top_p_min_p(logits / T)) for temperature / top-k / top-p / min-p combinations,
 on a vocabulary small enough to count and large enough for the chunked paths (with a tail).
-Every test runs twice: with the native C kernels and with the PyTorch fallback."""
+Every test runs three times: with the native C kernels, with the PyTorch fallback, and with the
+unfiltered and greedy rows drawn by the LM head's own sampler (`QGemm.sample_logits`, where the
+quantized GEMM builds), as on CPUs whose LM head samples from its outputs."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from pagoda.runtime import sampler, sampler_native
+from pagoda.runtime.model import qgemm
 from pagoda.runtime.request import Request
 from pagoda.runtime.sampler import SamplingBatch, apply_top_k_top_p_min_p, sample
 from pagoda.runtime.sampling import SamplingParams
@@ -15,14 +18,19 @@ from pagoda.runtime.sampling import SamplingParams
 V = 300  # PyTorch path: 2 chunks of 128 plus a tail of 44; native: a chunk of 256 and a tail
 DRAWS = 20000
 CPU = torch.device("cpu")
+WHOLE: dict[str, sampler.WholeSampler] = {}  # "head": the LM head's sampler, in its run
 
 
-@pytest.fixture(params=["native", "torch"], autouse=True)
+@pytest.fixture(params=["native", "torch", "head"], autouse=True)
 def kernels(request, monkeypatch):
     if request.param == "torch":
         monkeypatch.setattr(sampler_native, "usable", lambda x: False)
     elif not sampler_native.available():
         pytest.skip("no C compiler for the native sampler kernels")
+    if request.param == "head":
+        if qgemm.load() is None:
+            pytest.skip("no quantized GEMM here (AVX2 + FMA and a C++ compiler)")
+        monkeypatch.setitem(WHOLE, "head", qgemm.load().sample_logits)
     return request.param
 
 
@@ -41,7 +49,8 @@ def draw(rows: list[tuple[torch.Tensor, SamplingParams]], repeats: int) -> torch
     """Counts [len(rows), V] from `repeats` copies of the batch `rows`, sampled in one call."""
     reqs = [Request(f"r{i}", [1], p) for i in range(repeats) for _, p in rows]
     logits = torch.stack([lg for _ in range(repeats) for lg, _ in rows])
-    tokens = sample(logits, SamplingBatch.build(reqs, logits.shape[1], CPU)).token_ids
+    batch = SamplingBatch.build(reqs, logits.shape[1], CPU)
+    tokens = sample(logits, batch, WHOLE.get("head")).token_ids
     counts = torch.zeros(len(rows), logits.shape[1])
     idx = torch.arange(len(tokens)) % len(rows)
     counts.index_put_((idx, tokens), torch.ones(len(tokens)), accumulate=True)

@@ -40,40 +40,75 @@ def test_one_token_prefill_chunks_beside_decodes(smol):
     engine.check_integrity()
 
 
-def test_an_all_greedy_step_takes_its_tokens_from_the_lm_head(smol):
-    """Where the LM head fuses argmax (float32 over GGUF blocks: `qgemm`), a step whose rows are
-    all greedy and read no logits gets its tokens from it, without writing logits; the tokens
-    are those of the logits path (taken when a row samples, asks logprobs, or is observed)."""
+def _head_llm(smol):
+    """The embedded model in float32 (its LM head on qgemm where it builds), forward spied on:
+    the list gets True for each step whose tokens came from the LM head."""
     llm = LLM(loaded=smol, dtype="float32", max_model_len=256, kv_cache_memory=32 << 20)
     runner = llm.engine.runner
-    if not runner.model.lm_head.fuses_argmax:
-        pytest.skip("no fused-argmax LM head here (qgemm needs AVX2 + FMA and a compiler)")
+    if not runner.model.lm_head.fuses_sampling:
+        pytest.skip("no LM head that samples here (qgemm needs AVX2 + FMA and a compiler)")
     calls: list[bool] = []
     forward = runner.model.forward
 
     def spy(*args, **kwargs):
-        calls.append(args[-1])  # greedy
+        calls.append(args[-1] is not None)  # head sampling
         return forward(*args, **kwargs)
 
     runner.model.forward = spy
-    prompts = ["The capital of France is", "Write a haiku about autumn leaves falling"]
+    return llm, calls
+
+
+PROMPTS = ["The capital of France is", "Write a haiku about autumn leaves falling"]
+
+
+def test_an_all_greedy_step_takes_its_tokens_from_the_lm_head(smol):
+    """Where the LM head samples (float32 over GGUF blocks: `qgemm`), a step whose rows read
+    no logits gets its tokens from it, without writing logits; the tokens are those of the
+    logits path (taken when a row asks logprobs or filters, or the logits are observed)."""
+    llm, calls = _head_llm(smol)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    fused = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    fused = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
     assert calls and all(calls)
 
     calls.clear()
     with_lp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2)
-    outs = llm.generate(prompts, [params, with_lp])
+    outs = llm.generate(PROMPTS, [params, with_lp])
     assert [o.outputs[0].token_ids for o in outs] == fused and not any(calls)
 
     calls.clear()
-    runner.logits_observer = lambda reqs, logits: None
-    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == fused
+    llm.engine.runner.logits_observer = lambda reqs, logits: None
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)] == fused
     assert not any(calls)
-    runner.logits_observer = None
+    llm.engine.check_integrity()
+
+
+def test_a_seeded_row_draws_the_same_tokens_whether_the_head_samples_or_not(smol):
+    """Sampled rows too: the LM head draws them (no logits written) when no row filters or
+    reads the logits; otherwise the logits are written and the same code draws the unfiltered
+    rows from them, so a seeded request's tokens do not depend on its batch-mates."""
+    llm, calls = _head_llm(smol)
+    seeded = [
+        SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True, seed=s) for s in (1, 2)
+    ]
+    fused = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, seeded)]
+    assert calls and all(calls)
+    other = llm.generate(PROMPTS[:1], seeded[1:])[0].outputs[0].token_ids
+    assert fused[0] != other  # another seed, other tokens
 
     calls.clear()
-    sampled = SamplingParams(temperature=0.8, max_tokens=8, ignore_eos=True, seed=1)
-    outs = llm.generate(prompts, [params, sampled])
+    top_p = SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True, top_p=0.9, seed=5)
+    outs = llm.generate(PROMPTS, [seeded[0], top_p])
     assert outs[0].outputs[0].token_ids == fused[0] and not any(calls)
+
+    calls.clear()
+    lp = SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True, seed=2, logprobs=1)
+    outs = llm.generate(PROMPTS, [seeded[0], lp])
+    assert [o.outputs[0].token_ids for o in outs] == fused and not any(calls)
+
+    calls.clear()
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    mixed = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, [greedy, seeded[1]])]
+    assert mixed[1] == fused[1] and all(calls)
+    llm.engine.runner.logits_observer = lambda reqs, logits: None
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, [greedy, seeded[1]])] == mixed
     llm.engine.check_integrity()
