@@ -37,49 +37,73 @@ INLINE float hmax8(__m256 v) {
   return _mm_cvtss_f32(_mm_max_ss(a, _mm_movehdup_ps(a)));
 }
 
-INLINE float hsum8(__m256 v) {
-  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-  return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
+// lanes of v[0..7] reduced, lane i of the result from v[i]: pairs first, as _mm256_hadd_ps does
+// ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)): one order whatever the other lanes hold
+template <bool MAX>
+INLINE __m256 reduce8(const __m256* v) {
+  auto pair = [](__m256 a, __m256 b) {
+    if (!MAX) return _mm256_hadd_ps(a, b);
+    return _mm256_max_ps(_mm256_shuffle_ps(a, b, 0x88), _mm256_shuffle_ps(a, b, 0xdd));
+  };
+  const __m256 lo = pair(pair(v[0], v[1]), pair(v[2], v[3]));
+  const __m256 hi = pair(pair(v[4], v[5]), pair(v[6], v[7]));
+  const __m256 x = _mm256_permute2f128_ps(lo, hi, 0x20), y = _mm256_permute2f128_ps(lo, hi, 0x31);
+  return MAX ? _mm256_max_ps(x, y) : _mm256_add_ps(x, y);
 }
 
-// 16 values' maximum (NaN never counts: -inf with no other value) and, for s > 0, their sum of
-// 2^((v - max) * s); a block holding +inf sums to +inf, which sends its row to the argmax
-INLINE void stats_of(__m256 a, __m256 b, float s, float* bm, float* bs) {
-  const float m = hmax8(_mm256_max_ps(b, _mm256_max_ps(a, _mm256_set1_ps(NEG_INF))));
-  *bm = m;
-  if (!(s > 0.0f) || m == NEG_INF || m == POS_INF) {
-    *bs = m == POS_INF && s > 0.0f ? POS_INF : 0.0f;
-    return;
+// n <= 8 blocks of 16 values (a[i]: the first 8, b[i]: the last 8), block i sampled at scale
+// lane i of s (0: greedy): each block's maximum (NaN never counts: -inf with no other value)
+// and, for s > 0, its sum of 2^((v - max) * s) (0 with no value above -inf, +inf when a value
+// is +inf, which sends the row to its argmax); a block's results never depend on the others
+INLINE void stats8(const __m256* a, const __m256* b, int n, __m256 s, float* bm, float* bs) {
+  const __m256 ninf = _mm256_set1_ps(NEG_INF), pinf = _mm256_set1_ps(POS_INF);
+  __m256 v[8];
+  for (int i = 0; i < 8; ++i) v[i] = i < n ? _mm256_max_ps(b[i], _mm256_max_ps(a[i], ninf)) : ninf;
+  const __m256 m = reduce8<true>(v);
+  _mm256_storeu_ps(bm, m);
+  const __m256 sampled = _mm256_cmp_ps(s, _mm256_setzero_ps(), _CMP_GT_OQ);
+  if (!_mm256_movemask_ps(sampled)) return _mm256_storeu_ps(bs, _mm256_setzero_ps());
+  const __m256 off = _mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), m), s);
+  for (int i = 0; i < 8; ++i) {
+    if (i >= n) { v[i] = _mm256_setzero_ps(); continue; }
+    const __m256i at = _mm256_set1_epi32(i);
+    const __m256 si = _mm256_permutevar8x32_ps(s, at), oi = _mm256_permutevar8x32_ps(off, at);
+    v[i] = _mm256_add_ps(exp2_neg8(_mm256_fmadd_ps(a[i], si, oi)),
+                         exp2_neg8(_mm256_fmadd_ps(b[i], si, oi)));
   }
-  const __m256 vs = _mm256_set1_ps(s), off = _mm256_set1_ps(-m * s);
-  *bs = hsum8(_mm256_add_ps(exp2_neg8(_mm256_fmadd_ps(a, vs, off)),
-                            exp2_neg8(_mm256_fmadd_ps(b, vs, off))));
-}
-
-INLINE void stats_of(const float* v, float s, float* bm, float* bs) {
-  stats_of(_mm256_load_ps(v), _mm256_load_ps(v + 8), s, bm, bs);
+  const __m256 finite = _mm256_and_ps(_mm256_cmp_ps(m, ninf, _CMP_NEQ_OQ),
+                                      _mm256_cmp_ps(m, pinf, _CMP_NEQ_OQ));
+  __m256 sum = _mm256_and_ps(reduce8<false>(v), _mm256_and_ps(finite, sampled));
+  sum = _mm256_blendv_ps(sum, pinf, _mm256_and_ps(_mm256_cmp_ps(m, pinf, _CMP_EQ_OQ), sampled));
+  _mm256_storeu_ps(bs, sum);
 }
 
 // sampling mode: rows [m0, m0 + R) at output block nb, from staged sums [R][16] (+ bias)
 INLINE void block_stats(const Job& j, int64_t nb, int64_t m0, int R, int valid, const float* out) {
   const int64_t n0 = nb * NB;
-  alignas(32) float v[NB];
+  alignas(32) float v[NB], scale[8] = {}, bm[8], bs[8];
+  __m256 a[8], b[8];
   for (int r = 0; r < R; ++r) {
     const float* o = out + r * NB;
-    float* st = j.stats + (m0 + r) * j.sstride;
-    const float s = j.scale ? j.scale[m0 + r] : 0.0f;
-    if (valid == NB) {  // as the scalar sums below, in two vectors
-      __m256 a = _mm256_load_ps(o), b = _mm256_load_ps(o + 8);
-      if (j.bias) {
-        a = _mm256_add_ps(a, _mm256_loadu_ps(j.bias + n0));
-        b = _mm256_add_ps(b, _mm256_loadu_ps(j.bias + n0 + 8));
-      }
-      stats_of(a, b, s, st + nb, st + j.nbp + nb);
-      continue;
+    if (valid < NB) {  // past N: -inf
+      for (int i = 0; i < NB; ++i) v[i] = i < valid ? o[i] : NEG_INF;
+      o = v;
     }
-    for (int i = 0; i < NB; ++i) v[i] = i >= valid ? NEG_INF : j.bias ? o[i] + j.bias[n0 + i] : o[i];
-    stats_of(v, s, st + nb, st + j.nbp + nb);
+    a[r] = _mm256_load_ps(o), b[r] = _mm256_load_ps(o + 8);
+    if (j.bias) {
+      alignas(32) float bias[NB];
+      for (int i = 0; i < NB; ++i) bias[i] = i < valid ? j.bias[n0 + i] : 0.0f;
+      a[r] = _mm256_add_ps(a[r], _mm256_load_ps(bias));
+      b[r] = _mm256_add_ps(b[r], _mm256_load_ps(bias + 8));
+    }
+  }
+  // not `j.scale ? j.scale[m0 + r] : 0` in the loop: GCC makes it a masked load, which from a
+  // null address with an empty mask takes a microcode assist on AMD (~40 % of an argmax GEMM)
+  if (j.scale) memcpy(scale, j.scale + m0, sizeof(float) * R);
+  stats8(a, b, R, _mm256_load_ps(scale), bm, bs);
+  for (int r = 0; r < R; ++r) {
+    float* st = j.stats + (m0 + r) * j.sstride;
+    st[nb] = bm[r], st[j.nbp + nb] = bs[r];
   }
 }
 
@@ -102,8 +126,9 @@ static void recompute(const Job& j, int64_t nb, int64_t m, float* v) {
   alignas(32) float o[NB];
   _mm256_store_ps(o, a0), _mm256_store_ps(o + 8, a1);
   const int64_t n0 = nb * NB;
-  for (int i = 0; i < NB; ++i)
-    v[i] = n0 + i >= j.N ? NEG_INF : j.bias ? o[i] + j.bias[n0 + i] : o[i];
+  for (int i = 0; i < NB; ++i) v[i] = n0 + i < j.N ? o[i] : NEG_INF;
+  if (j.bias)  // a branch of its own (see block_stats)
+    for (int i = 0; i < NB && n0 + i < j.N; ++i) v[i] += j.bias[n0 + i];
 }
 
 // the entry of w [n] whose cumulative interval holds target (acc: the mass before w[0]);
@@ -187,24 +212,31 @@ INLINE void stored_block(const float* row, int64_t N, int64_t nb, float* v) {
   for (int i = 0; i < NB; ++i) v[i] = n0 + i < N ? row[n0 + i] : NEG_INF;
 }
 
+// a row of stored logits' block stats, eight blocks at a time (as the GEMM's, a row at a time)
+static void stored_stats(const float* row, int64_t N, int64_t nbp, float s, float* st) {
+  alignas(32) float pad[8][NB];
+  __m256 a[8], b[8];
+  for (int64_t nb = 0; nb < nbp; nb += 8) {
+    for (int i = 0; i < 8; ++i) {
+      const float* v = row + (nb + i) * NB;
+      if ((nb + i + 1) * NB > N) stored_block(row, N, nb + i, pad[i]), v = pad[i];
+      a[i] = _mm256_loadu_ps(v), b[i] = _mm256_loadu_ps(v + 8);
+    }
+    stats8(a, b, 8, _mm256_set1_ps(s), st + nb, st + nbp + nb);
+  }
+}
+
 // QT < 0: stored logits (their stats first); else recomputed blocks of a weight of kind QT
 template <int QT>
 static void choose_rows(void* arg) {
   Rows& r = *(Rows*)arg;
-  alignas(32) float v[NB];
   for (int64_t m, end; (m = claim(&r.next, r.claim, r.M, &end)) < r.M;)
     for (; m < end; ++m) {
       float* st = r.stats + m * r.sstride;
       const float s = r.scale ? r.scale[m] : 0.0f, u = r.u ? r.u[m] : 0.0f;
       if constexpr (QT < 0) {
         const float* row = r.y + m * r.ldy;
-        int64_t nb = 0;
-        for (const float* b = row; (nb + 1) * NB <= r.N; ++nb, b += NB)  // whole blocks
-          stats_of(_mm256_loadu_ps(b), _mm256_loadu_ps(b + 8), s, st + nb, st + r.nbp + nb);
-        for (; nb < r.nbp; ++nb) {
-          stored_block(row, r.N, nb, v);
-          stats_of(v, s, st + nb, st + r.nbp + nb);
-        }
+        stored_stats(row, r.N, r.nbp, s, st);
         r.out[m] = choose(st, r.nbp, s, u, [&](int64_t nb, float* o) { stored_block(row, r.N, nb, o); });
       } else {
         r.out[m] = choose(st, r.nbp, s, u, [&](int64_t nb, float* o) { recompute<QT>(*r.job, nb, m, o); });
