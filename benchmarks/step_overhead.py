@@ -9,7 +9,10 @@ output building. Decode steps are timed at 32/128/256 running sequences, greedy 
     .venv/bin/python -P benchmarks/step_overhead.py --old-ref REF   # before/after, alternating
 
 `--samplers native torch` times each case with the native C sampler kernels and with the PyTorch
-sampler, alternating in one run (the kernels are `pagoda.runtime.sampler_native`).
+sampler, alternating in one run (the kernels are `pagoda.runtime.sampler_native`). `--head on off`
+does the same with and without the LM head's own sampling (`qgemm`'s sampling mode, float32
+models on AVX2 CPUs: the tokens come out of the forward, no logits are written); the sampler
+column says "+ LM head" where it ran.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch (and OpenMP)
 
 import argparse
 import cProfile
+import itertools
 import json
 import pstats
 import random
@@ -71,8 +75,12 @@ def running_engine(loaded, n: int, temperature: float, prompt_len: int, steps: i
     return engine
 
 
-def measure(loaded, n: int, temperature: float, steps: int, prompt_len: int) -> dict:
+def measure(
+    loaded, n: int, temperature: float, steps: int, prompt_len: int, head: bool = True
+) -> dict:
     engine = running_engine(loaded, n, temperature, prompt_len, steps, seed=n)
+    if not head:  # logits written and sampled after the forward, even where the head samples
+        engine.runner.head_sampling = False
     assert engine.scheduler.num_running == n
     clock = engine.enable_step_clock()  # phases (marks cost ~1 µs each) ...
     for _ in range(steps):
@@ -83,7 +91,7 @@ def measure(loaded, n: int, temperature: float, steps: int, prompt_len: int) -> 
         engine.step()
     wall = (time.perf_counter() - t) / steps
     assert engine.scheduler.num_running == n, "a request finished during the timed steps"
-    fused = getattr(engine.runner.model.lm_head, "fuses_sampling", False)  # older trees: no
+    fused = getattr(engine.runner, "head_sampling", False)  # older trees: no such thing
     return {"wall_ms": 1e3 * wall, "fused_head": fused, **clock.per_step_ms()}
 
 
@@ -110,10 +118,11 @@ def measure_all(loaded, args) -> list[dict]:
     rows = []
     for n in args.seqs:
         for name, temp in (("greedy", 0.0), ("sampled T=0.6", 0.6)):
-            for kind in args.samplers:
+            for kind, head in itertools.product(args.samplers, args.head):
                 used = use_sampler(kind)
-                r = measure(loaded, n, temp, args.steps, args.prompt_len)
+                r = measure(loaded, n, temp, args.steps, args.prompt_len, head == "on")
                 r["host_ms"] = sum(r.get(p, 0.0) for p in PHASES if p != "forward")
+                used += " + LM head" if r["fused_head"] else ""
                 rows.append({"seqs": n, "sampling": name, "sampler": used, **r})
                 print(f"  {n} seqs {name} ({used}): {r['wall_ms']:.2f} ms/step", flush=True)
     use_sampler(args.samplers[0])
@@ -187,6 +196,13 @@ def main(argv: list[str] | None = None) -> None:
         choices=["native", "torch"],
         default=["native"],
         help="CPU sampler implementations to time side by side",
+    )
+    ap.add_argument(
+        "--head",
+        nargs="+",
+        choices=["on", "off"],
+        default=["on"],
+        help="let the LM head sample where it can (qgemm), or not: side by side with both",
     )
     ap.add_argument("--old-ref", help="also time the runtime of this git commit (before/after)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -7,6 +7,9 @@ random number per vocabulary entry, and a seeded request's output does not depen
 batch-mates. Rows with top-k/top-p sample from their best candidates, the others from the whole
 vocabulary. On CPU, whole-vocabulary draws, top-k/top-p draws and greedy argmax run as fused C
 kernels (`sampler_native`, one or two passes per row, no sort) when a C compiler can build them.
+Where the LM head samples from its outputs (`qgemm`: float32 models on AVX2 CPUs), the runner
+asks it for the tokens when no row filters or reads the logits (`HeadSampling`), and otherwise
+passes its sampler as `whole`, which then draws the greedy and unfiltered rows from the logits.
 """
 
 from __future__ import annotations

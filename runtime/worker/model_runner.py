@@ -122,6 +122,7 @@ class ModelRunner:
         # greedy and unfiltered rows with the same code: a row's token never depends on the path.
         fused = self.model.lm_head.fuses_sampling
         self._whole_sampler: WholeSampler | None = qgemm.load().sample_logits if fused else None
+        self.head_sampling = fused  # whether the LM head may sample (benchmarks turn it off)
         # Debug/test hook: called with (requests, float32 logits) of every step that samples.
         self.logits_observer: Callable[[list[Request], torch.Tensor], None] | None = None
         self.num_blocks = self._num_blocks()
@@ -231,7 +232,7 @@ class ModelRunner:
         top-p, min-p), nothing reads the logits (penalties, logprobs, the observer), and a
         kernel that samples from its outputs (`Linear.fuses_sampling`)."""
         plain = batch.plain and self.logits_observer is None and not batch.filtered
-        return plain and self._whole_sampler is not None
+        return plain and self.head_sampling
 
     @staticmethod
     def _copy_to_host(step: LaunchedStep) -> None:

@@ -1,5 +1,6 @@
 """Smoke run of benchmarks/step_overhead.py: a few decode steps at a small batch, greedy and
-sampled, with the native and the PyTorch sampler side by side; the table has every phase."""
+sampled, with the native and the PyTorch sampler side by side, and with the LM head's sampling
+(where qgemm runs it) on and off; the table has every phase."""
 
 from __future__ import annotations
 
@@ -17,12 +18,15 @@ def test_small_run_reports_each_sampler_and_phase(capsys, monkeypatch):
 
     monkeypatch.setenv("PAGODA_NATIVE_SAMPLER", "1")  # the run switches it; restored after
 
-    step_overhead.main(["--seqs", "4", "--steps", "2", "--samplers", "native", "torch"])
+    args = ["--seqs", "4", "--steps", "2", "--samplers", "native", "torch", "--head", "on", "off"]
+    step_overhead.main(args)
     out = capsys.readouterr().out
     assert "machine: " in out
     table = [ln for ln in out.splitlines() if ln.startswith("| 4 |")]
-    assert len(table) == 4  # greedy and sampled, each with both samplers
-    assert {ln.split("|")[3].strip() for ln in table} <= {"native", "torch"}
+    assert len(table) == 8  # greedy and sampled, each with both samplers, head sampling or not
+    labels = [ln.split("|")[3].strip() for ln in table]
+    assert {lb.removesuffix(" + LM head") for lb in labels} <= {"native", "torch"}
+    assert not any(lb.endswith("LM head") for lb in labels[1::2])  # --head off
     header = next(ln for ln in out.splitlines() if ln.startswith("| seqs"))
     assert all(p in header for p in step_overhead.PHASES)
     assert step_overhead.use_sampler("native") in ("native", "torch")
