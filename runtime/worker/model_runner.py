@@ -232,7 +232,7 @@ class ModelRunner:
         top-p, min-p), nothing reads the logits (penalties, logprobs, the observer), and a
         kernel that samples from its outputs (`Linear.fuses_sampling`)."""
         plain = batch.plain and self.logits_observer is None and not batch.filtered
-        return plain and self.head_sampling
+        return plain and self.head_sampling and self._whole_sampler is not None
 
     @staticmethod
     def _copy_to_host(step: LaunchedStep) -> None:
