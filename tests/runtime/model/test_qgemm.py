@@ -12,14 +12,6 @@ from pagoda.runtime.model.quantized import BLOCKS
 from pagoda.runtime.sampler_ops import argmax_rows
 
 
-@pytest.fixture(scope="module")
-def kernel() -> qgemm.QGemm:
-    k = qgemm.load()
-    if k is None:
-        pytest.skip("no C++ compiler or no AVX2 + FMA on this CPU")
-    return k
-
-
 def _reference(w, x, bias):
     want = x.double() @ w.dequantize().double().T
     return want if bias is None else want + bias.double()

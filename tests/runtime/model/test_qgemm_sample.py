@@ -17,14 +17,6 @@ from pagoda.runtime.sampler_ops import argmax_rows
 LOG2E = math.log2(math.e)
 
 
-@pytest.fixture(scope="module")
-def kernel() -> qgemm.QGemm:
-    k = qgemm.load()
-    if k is None:
-        pytest.skip("no C++ compiler or no AVX2 + FMA on this CPU")
-    return k
-
-
 def _rows(m: int, seed: int, greedy_every: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     """Scales log2(e) / T for temperatures in [0.3, 1.5] (every `greedy_every`-th row greedy)
     and uniforms."""
