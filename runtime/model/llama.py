@@ -15,12 +15,30 @@ import torch
 import torch.nn.functional as F
 from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model import qgemm
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.ops import Ops, build_cos_sin_cache, gather_cos_sin
 from pagoda.runtime.model.quantized import QuantizedWeight, stack
 
 if TYPE_CHECKING:
     from pagoda.runtime.sampler import HeadSampling
+
+
+EMBED = "model.embed_tokens.weight"
+
+
+def _lookup_table(
+    embed: torch.Tensor, blocks: list[QuantizedWeight] | None, head: Linear, tied: bool
+) -> torch.Tensor | qgemm.QGemmWeight:
+    """What token embeddings are read from: where `qgemm` holds the table's GGUF blocks (float32
+    on an AVX2 CPU), those blocks, the LM head's own when tied, so that no float32 copy stays
+    (113 MB for the embedded model); else the float32 / bf16 table itself."""
+    if tied and head.fuses_sampling:
+        return head.fast
+    shape = None if blocks is None or len(blocks) != 1 else (blocks[0].rows, blocks[0].cols)
+    whole = shape == tuple(embed.shape)
+    kernel = qgemm.load() if whole and qgemm.wanted() else None
+    return embed if kernel is None else kernel.bind(blocks, None)
 
 
 class _DeviceWeights:
@@ -94,12 +112,13 @@ class LlamaModel:
         self.backend, self.ops = backend, ops
         w = _DeviceWeights(weights, device, dtype, quantized or {})
         linear = functools.partial(Linear, invariant=batch_invariant)
-        self.embed = w["model.embed_tokens.weight"]
+        embed = w[EMBED]
         self.norm = w["model.norm.weight"]
-        head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
-        head_weight = self.embed if config.tie_word_embeddings else w[head]
+        head = EMBED if config.tie_word_embeddings else "lm_head.weight"
+        head_weight = embed if config.tie_word_embeddings else w[head]
         self.lm_head = linear(head_weight, quantized=w.quantized([head]))
         self.vocab_size = head_weight.shape[0]  # the logits' width
+        self.embed = _lookup_table(embed, w.quantized([EMBED]), self.lm_head, head == EMBED)
         self.layers = [
             LlamaLayer(w, f"model.layers.{i}.", config.attention_bias, linear)
             for i in range(config.num_layers)
@@ -128,7 +147,8 @@ class LlamaModel:
         """The logits [N, vocab] of the rows `logits_indices`; with `head`, their tokens (int64
         [N]) drawn inside the LM head, which must fuse sampling (`Linear.fuses_sampling`)."""
         c, ops = self.config, self.ops
-        h = F.embedding(input_ids, self.embed)
+        e = self.embed
+        h = e.rows(input_ids) if isinstance(e, qgemm.QGemmWeight) else F.embedding(input_ids, e)
         residual = None
         T = h.shape[0]
         rope_pos, rope_cache = positions, self.cos_sin_cache

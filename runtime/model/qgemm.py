@@ -83,10 +83,12 @@ class QGemm:
         lib.pagoda_qgemm.argtypes = [i32, p, p, i64, p, i64, p, i32, i32, i32, i32]
         lib.pagoda_qgemm_sample.argtypes = [i32, p, p, i64, p, i32, i32, i32, p, p, i32, p]
         lib.pagoda_sample_logits.argtypes = [p, i64, i32, i32, p, p, i32, p]
-        for fn in (lib.pagoda_qgemm, lib.pagoda_qgemm_sample, lib.pagoda_sample_logits):
+        lib.pagoda_qgemm_rows.argtypes = [i32, p, i32, i32, p, i64, p]
+        fns = (lib.pagoda_qgemm, lib.pagoda_qgemm_sample, lib.pagoda_sample_logits)
+        for fn in (*fns, lib.pagoda_qgemm_rows):
             fn.restype = i32
-        self.fn, self.sample_fn = lib.pagoda_qgemm, lib.pagoda_qgemm_sample
-        self.logits_fn = lib.pagoda_sample_logits
+        self.fn, self.sample_fn, self.logits_fn = fns
+        self.rows_fn = lib.pagoda_qgemm_rows
 
     def bind(
         self, weight: QuantizedWeight | Sequence[QuantizedWeight], bias: torch.Tensor | None
@@ -128,7 +130,7 @@ class QGemmWeight:
     """Row blocks of one weight (q/k/v may be stored in different kinds), packed and bound to
     the kernel: x float32 [M, K] -> [M, N], each part writing its columns of y in place."""
 
-    __slots__ = ("bias", "fn", "k", "kinds", "n", "nbytes", "parts", "sample_fn")
+    __slots__ = ("bias", "fn", "k", "kinds", "n", "nbytes", "parts", "rows_fn", "sample_fn")
 
     def __init__(
         self, kernel: QGemm, parts: list[QuantizedWeight], bias: torch.Tensor | None
@@ -136,7 +138,7 @@ class QGemmWeight:
         if not parts or any(p.cols != parts[0].cols for p in parts):
             raise ValueError("quantized parts must share their number of columns")
         self.fn, self.k, self.n = kernel.fn, parts[0].cols, sum(p.rows for p in parts)
-        self.sample_fn = kernel.sample_fn
+        self.sample_fn, self.rows_fn = kernel.sample_fn, kernel.rows_fn
         self.kinds = tuple(p.kind for p in parts)
         self.bias = None if bias is None else bias.to(torch.float32).contiguous()
         self.parts: list[tuple[int, torch.Tensor, int, int]] = []  # kind, packed, row0, rows
@@ -180,6 +182,23 @@ class QGemmWeight:
         )
         if rc:
             raise RuntimeError(f"quantized GEMM sampling failed (code {rc}) for {tuple(x.shape)}")
+        return out
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """float32 [len(ids), K]: the weight's rows `ids` (`F.embedding` over the dequantized
+        weight, without keeping that float32 table); for a weight of one part."""
+        if len(self.parts) != 1:
+            raise ValueError("row lookups take a weight of one part")
+        ids = ids.to(torch.int64).contiguous()
+        out = torch.empty(ids.numel(), self.k, dtype=torch.float32)
+        kind, packed, _, rows = self.parts[0]
+        rc = self.rows_fn(
+            kind, packed.data_ptr(), rows, self.k, ids.data_ptr(), ids.numel(), out.data_ptr()
+        )
+        if rc == 4:
+            raise IndexError(f"token id out of range for an embedding of {rows} rows")
+        if rc:
+            raise RuntimeError(f"quantized row lookup failed (code {rc})")
         return out
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

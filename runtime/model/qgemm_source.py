@@ -265,5 +265,45 @@ extern "C" int pagoda_qgemm(int kind, const uint8_t* w, const float* x, int64_t 
 #endif
 }
 
+// out [n, K]: rows ids[0..n) of the weight [N, K] in float32, each weight the value the GEMM
+// multiplies by: an embedding table read from the units (an LM head's, when tied)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+template <int QT>
+static void rows_of(const Job& j, const int64_t* ids, int64_t n, float* out) {
+  alignas(32) float v[NB];
+  for (int64_t i = 0; i < n; ++i) {
+    const int lane = (int)(ids[i] % NB);
+    const uint8_t* u = unit_at<QT>(j, ids[i] / NB, 0);
+    for (int kb = 0; kb < j.K; kb += QK, u += unit<QT>()) {
+      const Unit<QT> w(u);
+      for (int k = 0; k < QK; ++k) {
+        __m256 w0, w1;
+        w.at(k, w0, w1);
+        _mm256_store_ps(v, w0), _mm256_store_ps(v + 8, w1);
+        out[i * j.K + kb + k] = v[lane];
+      }
+    }
+  }
+}
+#endif
+
+extern "C" int pagoda_qgemm_rows(int kind, const uint8_t* w, int N, int K, const int64_t* ids,
+                                 int64_t n, float* out) {
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (N < 1 || K < QK || K % QK || kind < 0 || kind > 8) return 1;
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= N) return 4;
+  Job job{w, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0, 0, 1, 0, 0, N, N, K, 1};
+  void (*fns[])(const Job&, const int64_t*, int64_t, float*) = {
+      rows_of<Q4_0>, rows_of<Q4_1>, rows_of<Q8_0>, rows_of<Q4_K>, rows_of<Q6_K>,
+      rows_of<Q5_K>, rows_of<F16>,  rows_of<BF16>, rows_of<Q5_1>};
+  fns[kind](job, ids, n, out);
+  return 0;
+#else
+  (void)kind, (void)w, (void)N, (void)K, (void)ids, (void)n, (void)out;
+  return 2;
+#endif
+}
+
 @SAMPLE_API@
 """.replace("@SAMPLE_BODY@", sample.BODY).replace("@SAMPLE_API@", sample.API)

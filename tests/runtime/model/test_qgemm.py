@@ -183,3 +183,18 @@ def test_the_load_time_check_refuses_a_kernel_that_is_off(kernel):
 
     assert qgemm._agrees(kernel)
     assert not qgemm._agrees(LoneRowOff())
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCKS))
+def test_row_lookups_are_the_dequantized_rows(kernel, kind):
+    """An embedding table read from the units: `F.embedding` over the dequantized weight,
+    bit for bit, any ids (repeated, the padded last block's rows), out-of-range ids refused."""
+    k = BLOCKS[kind][0] * 2
+    w = qgemm.probe_weight(kind, 40, k, seed=2)  # 3 blocks of 16 rows, the last one partial
+    bound = kernel.bind(w, None)
+    ids = torch.tensor([0, 39, 17, 17, 32, 5])
+    assert torch.equal(bound.rows(ids), torch.nn.functional.embedding(ids, w.dequantize()))
+    assert bound.rows(torch.empty(0, dtype=torch.long)).shape == (0, k)
+    for bad in (40, -1):
+        with pytest.raises(IndexError, match="out of range"):
+            bound.rows(torch.tensor([3, bad]))
