@@ -174,13 +174,19 @@ def start_servers(args: argparse.Namespace, gguf_path: Path) -> list[Server]:
 
 
 # -- clients -----------------------------------------------------------------------------------
-def request_body(system: str, prompt: str, out_len: int, eos_ids: list[int]) -> dict:
-    body = {"model": "smollm2-135m", "prompt": prompt, "max_tokens": out_len, "temperature": 0.0,
-            "stream": True}  # fmt: skip
+def request_body(
+    system: str, prompt: str, out_len: int, eos_ids: list[int], temperature: float = 0.0
+) -> dict:
+    """A streaming completion of exactly `out_len` tokens; with a temperature, drawn from the
+    whole vocabulary (llama.cpp's default top-k 40, top-p 0.95 and min-p 0.05 turned off)."""
+    body = {"model": "smollm2-135m", "prompt": prompt, "max_tokens": out_len,
+            "temperature": temperature, "stream": True}  # fmt: skip
     if system == "llama-cpp-python":  # its server has no ignore_eos
         body["logit_bias"] = {str(t): -100.0 for t in eos_ids}
     else:
         body["ignore_eos"] = True
+    if temperature > 0 and system != "pagoda":
+        body.update(top_k=0, top_p=1.0, min_p=0.0)
     return body
 
 
@@ -331,6 +337,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--min-len", type=int, default=16)
     p.add_argument("--max-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (every system)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--llama-threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--pagoda-args", default="", help="extra `pagoda serve` flags")
@@ -341,6 +348,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.rates, args.num_prompts, args.output_len = "0.5,2", 16, 32
     args.systems = args.systems.split(",")
+    if args.temperature < 0:
+        p.error("--temperature must be >= 0")
     unknown = set(args.systems) - {"pagoda", "llama-server", "llama-cpp-python"}
     if unknown:
         p.error(f"unknown system(s): {', '.join(sorted(unknown))}")
@@ -357,7 +366,9 @@ async def scenarios(args: argparse.Namespace, servers: list[Server], tok) -> lis
     for i, (mode, load, n) in enumerate(plan):
         prompts = ragged_prompts(tok, n, args.min_len, args.max_len, args.seed + i)
         for s in servers:
-            bodies = [request_body(s.name, p, args.output_len, eos) for p in prompts]
+            bodies = [
+                request_body(s.name, p, args.output_len, eos, args.temperature) for p in prompts
+            ]
             if mode == "poisson":
                 results, wall = await run_poisson(s, bodies, load, args.seed + i)
             else:
@@ -384,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for s in servers:
             s.stop()
-    print(f"\n## Serving ({started}, {machine()}, load average "
+    sampling = f"temperature {args.temperature}" if args.temperature > 0 else "greedy"
+    print(f"\n## Serving ({started}, {machine()}, {sampling}, load average "
           f"{os.getloadavg()[0]:.1f} at the end)\n")  # fmt: skip
     print(table(rows))
     print("\n" + verdict(rows, 32))
