@@ -45,6 +45,7 @@ class SamplingBatch:
     candidate_rows: torch.Tensor | None = None  # sampled rows with top-k/top-p (None: none)
     full_rows: torch.Tensor | None = None  # the other rows, when both kinds are present
     num_candidates: int = 0  # candidates per candidate row (covers every row's top-k)
+    # CPU only (see `_head_fields`):
     scale: torch.Tensor | None = None  # [N] float32 log2(e) / temperature, 0 on greedy rows
     filtered: bool = False  # a sampled row asks for top-k, top-p or min-p
     unfiltered_rows: torch.Tensor | None = None  # greedy or unfiltered rows, when filtered
@@ -73,8 +74,6 @@ class SamplingBatch:
             min_p = torch.tensor([p.min_p for p in ps], dtype=f32)
         penalties = _penalties(reqs, vocab_size) if any(p.needs_penalties for p in ps) else None
         cand, full, k = _candidate_rows(ps, greedy_host, vocab_size, device)
-        plain = [i for i, (p, g) in enumerate(zip(ps, greedy_host)) if g or not p.filtered]
-        min_p_only = sorted(set(range(len(ps))) - set(plain) - set(cand))
         lps = [p.logprobs for p in ps if p.logprobs is not None]
 
         def dev(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -101,10 +100,7 @@ class SamplingBatch:
             candidate_rows=dev(torch.tensor(cand)) if cand else None,
             full_rows=dev(torch.tensor(full)) if cand and full else None,
             num_candidates=k,
-            scale=dev(torch.where(torch.tensor(greedy_host), 0.0, LOG2E / temp)),
-            filtered=len(plain) < len(ps),
-            unfiltered_rows=dev(torch.tensor(plain)) if plain and len(plain) < len(ps) else None,
-            min_p_rows=dev(torch.tensor(min_p_only)) if min_p_only else None,
+            **(_head_fields(ps, greedy_host, cand, temp) if device.type == "cpu" else {}),
         )
 
 
@@ -124,6 +120,20 @@ def _penalties(reqs: list[Request], vocab_size: int) -> tuple[torch.Tensor, ...]
         if r.params.repetition_penalty != 1.0:
             prompt_mask[i, torch.tensor(r.prompt_token_ids)] = True
     return presence, frequency, repetition, counts, prompt_mask
+
+
+def _head_fields(ps: list[SamplingParams], greedy: list[bool], cand: list[int], temp) -> dict:
+    """What an LM head that samples reads (`head_sampling`, `sample`'s `whole`; CPU only): the
+    rows' scales, and which rows it may draw when some row filters."""
+    plain = [i for i, (p, g) in enumerate(zip(ps, greedy)) if g or not p.filtered]
+    min_p_only = sorted(set(range(len(ps))) - set(plain) - set(cand))
+    some = len(plain) < len(ps)
+    return {
+        "scale": torch.where(torch.tensor(greedy), 0.0, LOG2E / temp),
+        "filtered": some,
+        "unfiltered_rows": torch.tensor(plain) if plain and some else None,
+        "min_p_rows": torch.tensor(min_p_only) if min_p_only else None,
+    }
 
 
 def _candidate_rows(
