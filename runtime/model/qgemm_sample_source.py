@@ -188,11 +188,11 @@ static int64_t choose(float* st, int64_t nbp, float s, float u, Values values) {
     if (at >= 0) return at;
   }
   int64_t nb = 0;
-  while (st[nb] != m) ++nb;
+  while (st[nb] != m) ++nb;  // m is one of the maxima
   alignas(32) float v[NB];
-  values(nb, v);
+  values(nb, v);  // the bits the maximum came from, so m is among them (bounded all the same)
   int i = 0;
-  while (v[i] != m) ++i;
+  while (i < NB - 1 && v[i] != m) ++i;
   return nb * NB + i;
 }
 
