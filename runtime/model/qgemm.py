@@ -11,6 +11,8 @@ dequantized model; each output is one accumulator updated key by key in order, c
 chunks in float32, so a row's bits depend neither on M, nor on its tile, nor on the threads (the
 batch-invariance guarantee of docs/runtime.md holds). AVX2 + FMA + F16C; ``PAGODA_CPU_QGEMM=0``
 turns it off (oneDNN's float32 GEMM over the dequantized weights then runs).
+An LM head bound here can also hand back tokens instead of logits (`QGemmWeight.sample`, the
+sampling mode of `qgemm_sample_source`), and an embedding table its rows (`QGemmWeight.rows`).
 """
 
 from __future__ import annotations
