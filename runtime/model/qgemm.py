@@ -159,6 +159,13 @@ class QGemmWeight:
         big = self.n * self.k * x.shape[0] >= SERIAL_BELOW
         return x, torch.get_num_threads() if big else 1
 
+    def _one_part(self, what: str) -> tuple[int, torch.Tensor, int]:
+        """The kind, units and rows of a weight of one part (an LM head, an embedding)."""
+        if len(self.parts) != 1:
+            raise ValueError(f"{what}: only for a weight of one part")
+        kind, packed, _, rows = self.parts[0]
+        return kind, packed, rows
+
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
         """`self(x).argmax(-1)` as `argmax_rows` computes it (first maximum, NaN never wins),
         without storing the [M, N] outputs; for a weight of one part."""
@@ -170,13 +177,11 @@ class QGemmWeight:
         """One token per row of `self(x)`, the token `QGemm.sample_logits` picks from those
         outputs with the rows' scales (log2(e) / temperature; 0: greedy) and uniforms, without
         storing them; for a weight of one part (an LM head)."""
-        if len(self.parts) != 1:
-            raise ValueError("sampling takes a weight of one part")
+        kind, packed, rows = self._one_part("sampling")
         out = torch.zeros(x.shape[0], dtype=torch.long)
         if x.shape[0] == 0:
             return out
         x, threads = self._checked(x)
-        kind, packed, _, rows = self.parts[0]
         bias = None if self.bias is None else self.bias.data_ptr()
         args = (kind, packed.data_ptr(), x.data_ptr(), x.stride(0), bias, x.shape[0], rows)
         rc = self.sample_fn(
@@ -189,11 +194,9 @@ class QGemmWeight:
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """float32 [len(ids), K]: the weight's rows `ids` (`F.embedding` over the dequantized
         weight, without keeping that float32 table); for a weight of one part."""
-        if len(self.parts) != 1:
-            raise ValueError("row lookups take a weight of one part")
+        kind, packed, rows = self._one_part("row lookups")
         ids = ids.to(torch.int64).contiguous()
         out = torch.empty(ids.numel(), self.k, dtype=torch.float32)
-        kind, packed, _, rows = self.parts[0]
         rc = self.rows_fn(
             kind, packed.data_ptr(), rows, self.k, ids.data_ptr(), ids.numel(), out.data_ptr()
         )

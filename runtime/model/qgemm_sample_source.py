@@ -282,9 +282,7 @@ extern "C" int pagoda_qgemm_sample(int kind, const uint8_t* w, const float* x, i
           M <= MC_MAX ? M : MC_MAX};
   int rc = launch(job, kind, threads);
   if (!rc) {
-    pool_fn fns[] = {choose_rows<Q4_0>, choose_rows<Q4_1>, choose_rows<Q8_0>,
-                     choose_rows<Q4_K>, choose_rows<Q6_K>, choose_rows<Q5_K>,
-                     choose_rows<F16>,  choose_rows<BF16>, choose_rows<Q5_1>};
+    pool_fn fns[] = BY_KIND(choose_rows);
     Rows rows{&job, nullptr, stats, scale, u, out, 0, nbp, stride, 0, 1, M, N};
     choose_all(rows, fns[kind], threads);
   }

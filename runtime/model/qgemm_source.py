@@ -16,6 +16,9 @@ SOURCE = r"""
 #define ALWAYS inline __attribute__((always_inline))
 #define INLINE static ALWAYS
 enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, Q4_K = 3, Q6_K = 4, Q5_K = 5, F16 = 6, BF16 = 7, Q5_1 = 8 };
+constexpr int NKINDS = 9;
+// F's instance for each kind, in the enum's order: the table a kind number indexes
+#define BY_KIND(F) {F<Q4_0>, F<Q4_1>, F<Q8_0>, F<Q4_K>, F<Q6_K>, F<Q5_K>, F<F16>, F<BF16>, F<Q5_1>}
 constexpr int NB = 16;      // outputs per unit: two vectors of 8
 constexpr int QK = 32;      // keys per unit (GGUF's block)
 constexpr int KC = 256;     // keys dequantized at a time: 16 KB of float32, in L1
@@ -240,11 +243,10 @@ static int64_t tasks_for(int M, int N, int MC) {
 }
 
 static int launch(Job& job, int kind, int threads) {
-  if (job.M < 1 || job.N < 1 || job.K < QK || job.K % QK || kind < 0 || kind > 8) return 1;
+  if (job.M < 1 || job.N < 1 || job.K < QK || job.K % QK || kind < 0 || kind >= NKINDS) return 1;
   const int64_t per_claim = tasks_for(job.M, job.N, job.MC) / (8 * threads);  // ~8 a thread
   job.claim = per_claim > 0 ? per_claim : 1;
-  pool_fn fns[] = {run<Q4_0>, run<Q4_1>, run<Q8_0>, run<Q4_K>,
-                   run<Q6_K>, run<Q5_K>, run<F16>, run<BF16>, run<Q5_1>};
+  pool_fn fns[] = BY_KIND(run);
   pool_run(fns[kind], &job, threads);
   return 0;
 }
@@ -290,13 +292,11 @@ static void rows_of(const Job& j, const int64_t* ids, int64_t n, float* out) {
 extern "C" int pagoda_qgemm_rows(int kind, const uint8_t* w, int N, int K, const int64_t* ids,
                                  int64_t n, float* out) {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (N < 1 || K < QK || K % QK || kind < 0 || kind > 8) return 1;
+  if (N < 1 || K < QK || K % QK || kind < 0 || kind >= NKINDS) return 1;
   for (int64_t i = 0; i < n; ++i)
     if (ids[i] < 0 || ids[i] >= N) return 4;
   Job job{w, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0, 0, 1, 0, 0, N, N, K, 1};
-  void (*fns[])(const Job&, const int64_t*, int64_t, float*) = {
-      rows_of<Q4_0>, rows_of<Q4_1>, rows_of<Q8_0>, rows_of<Q4_K>, rows_of<Q6_K>,
-      rows_of<Q5_K>, rows_of<F16>,  rows_of<BF16>, rows_of<Q5_1>};
+  void (*fns[])(const Job&, const int64_t*, int64_t, float*) = BY_KIND(rows_of);
   fns[kind](job, ids, n, out);
   return 0;
 #else
