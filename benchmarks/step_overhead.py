@@ -7,12 +7,14 @@ output building. Decode steps are timed at 32/128/256 running sequences, greedy 
     .venv/bin/python -P benchmarks/step_overhead.py --profile 256   # + cProfile of sampled steps
     .venv/bin/python -P benchmarks/step_overhead.py --seqs 256 --samplers native torch  # A/B
     .venv/bin/python -P benchmarks/step_overhead.py --old-ref REF   # before/after, alternating
+    .venv/bin/python -P benchmarks/step_overhead.py --filters       # + top-p and top-k steps
 
 `--samplers native torch` times each case with the native C sampler kernels and with the PyTorch
 sampler, alternating in one run (the kernels are `pagoda.runtime.sampler_native`). `--head on off`
 does the same with and without the LM head's own sampling (`qgemm`'s sampling mode, float32
 models on AVX2 CPUs: the tokens come out of the forward, no logits are written); the sampler
-column says "+ LM head" where it ran.
+column says "+ LM head" where it ran. `--filters` adds sampled steps whose rows ask top-p 0.9
+and top-k 40 (the random model's rows are flat: top-p's hardest case for the sampler).
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ TINY = dict(
 PHASES = ("schedule", "prepare", "forward", "sample", "readback", "update", "detokenize", "outputs")
 
 
-def running_engine(loaded, n: int, temperature: float, prompt_len: int, steps: int, seed: int):
-    """An engine with `n` sequences past their prefill, each decoding one token per step."""
+def running_engine(loaded, n: int, sampling: dict, prompt_len: int, steps: int, seed: int):
+    """An engine with `n` sequences past their prefill, each decoding one token per step;
+    `sampling`: their SamplingParams' temperature and filters."""
     llm = LLM(
         loaded=loaded,
         max_num_seqs=n,
@@ -65,7 +68,7 @@ def running_engine(loaded, n: int, temperature: float, prompt_len: int, steps: i
     engine, rng = llm.engine, random.Random(seed)
     # room for the clocked and the wall-time runs of `steps` each (and the warm-up): no request
     # may finish while a run is timed
-    params = SamplingParams(temperature=temperature, max_tokens=2 * steps + 16, ignore_eos=True)
+    params = SamplingParams(**sampling, max_tokens=2 * steps + 16, ignore_eos=True)
     for i in range(n):
         ids = [rng.randrange(3, TINY["vocab_size"]) for _ in range(prompt_len)]
         engine.add_request(f"r{i}", ids, params)
@@ -75,10 +78,8 @@ def running_engine(loaded, n: int, temperature: float, prompt_len: int, steps: i
     return engine
 
 
-def measure(
-    loaded, n: int, temperature: float, steps: int, prompt_len: int, head: bool = True
-) -> dict:
-    engine = running_engine(loaded, n, temperature, prompt_len, steps, seed=n)
+def measure(loaded, n: int, sampling: dict, steps: int, prompt_len: int, head: bool = True) -> dict:
+    engine = running_engine(loaded, n, sampling, prompt_len, steps, seed=n)
     if not head:  # logits written and sampled after the forward, even where the head samples
         engine.runner.head_sampling = False
     assert engine.scheduler.num_running == n
@@ -103,7 +104,7 @@ def use_sampler(kind: str) -> str:
 
 
 def profile(loaded, n: int, steps: int, prompt_len: int) -> None:
-    engine = running_engine(loaded, n, 0.6, prompt_len, steps, seed=n)
+    engine = running_engine(loaded, n, {"temperature": 0.6}, prompt_len, steps, seed=n)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(steps):
@@ -117,10 +118,10 @@ def measure_all(loaded, args) -> list[dict]:
     """Every (seqs, sampling, sampler) case: wall ms per step and the clocked phases."""
     rows = []
     for n in args.seqs:
-        for name, temp in (("greedy", 0.0), ("sampled T=0.6", 0.6)):
+        for name, sampling in cases(args.filters):
             for kind, head in itertools.product(args.samplers, args.head):
                 used = use_sampler(kind)
-                r = measure(loaded, n, temp, args.steps, args.prompt_len, head == "on")
+                r = measure(loaded, n, sampling, args.steps, args.prompt_len, head == "on")
                 r["host_ms"] = sum(r.get(p, 0.0) for p in PHASES if p != "forward")
                 used += " + LM head" if r["fused_head"] else ""
                 rows.append({"seqs": n, "sampling": name, "sampler": used, **r})
@@ -129,11 +130,23 @@ def measure_all(loaded, args) -> list[dict]:
     return rows
 
 
+def cases(filters: bool) -> list[tuple[str, dict]]:
+    """(name, SamplingParams fields): greedy and sampled; with `filters` also top-p and top-k."""
+    out = [("greedy", {"temperature": 0.0}), ("sampled T=0.6", {"temperature": 0.6})]
+    if filters:
+        out += [
+            ("T=0.6 top-p 0.9", {"temperature": 0.6, "top_p": 0.9}),
+            ("T=0.6 top-k 40", {"temperature": 0.6, "top_k": 40}),
+        ]
+    return out
+
+
 def before_after(args, rounds: int = 2) -> None:
     """This tree and `--old-ref`'s runtime, each in a child process, alternating for `rounds`
     rounds so that drift on a shared machine hits both alike; medians of the rounds."""
     cmd = [sys.executable, "-P", __file__, "--child", "--steps", str(args.steps)]
     cmd += ["--prompt-len", str(args.prompt_len), "--seqs", *map(str, args.seqs)]
+    cmd += ["--filters"] if args.filters else []
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"before": str(_old_tree(args.old_ref, Path(tmp))), "after": None}
         runs: dict[str, list[list[dict]]] = {"before": [], "after": []}
@@ -203,6 +216,9 @@ def main(argv: list[str] | None = None) -> None:
         choices=["on", "off"],
         default=["on"],
         help="let the LM head sample where it can (qgemm), or not: side by side with both",
+    )
+    ap.add_argument(
+        "--filters", action="store_true", help="also time sampled steps with top-p and top-k"
     )
     ap.add_argument("--old-ref", help="also time the runtime of this git commit (before/after)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

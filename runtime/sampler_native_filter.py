@@ -225,15 +225,17 @@ static void span_bins(const float *x, int64_t n, float s, float b, int32_t *bin)
 
 /* cum[i]: the mass (or with `counts`, the number of entries) of the bins below i (the heavier
    weights), i <= NBINS, min-p applied to the mass. Four interleaved histograms (hist: 4 * NBINS
-   floats) keep the scatter-adds independent. */
+   floats) keep the scatter-adds independent. With `keep` (not with counts), the weights stay
+   there [v] for `gather_bins`. */
 static void weight_histogram(const void *row, int bf16, int64_t v, float s, float b, float mp,
-                             int counts, float *hist, double *cum) {
-    float buf[CH], w[CH];
+                             int counts, float *hist, double *cum, float *keep) {
+    float buf[CH], wbuf[CH];
     int32_t bin[CH];
     memset(hist, 0, sizeof(float) * 4 * NBINS);
     for (int64_t lo = 0; lo < v; lo += CH) {
         int64_t len = span_len(v, lo), j = 0;
         const float *x = chunk(row, bf16, lo, len, buf);
+        float *w = keep && !counts ? keep + lo : wbuf;
         span_weights(x, len, s, b, mp, w);
         span_bins(x, len, s, b, bin);
         if (counts)
@@ -249,12 +251,13 @@ static void weight_histogram(const void *row, int bf16, int64_t v, float s, floa
 }
 
 /* The entries (positive weight) of bins [lo_bin, first] into c[0, *n1) and, unless `second` is
-   -1, of bin `second` into c[lim - *n2, lim): one pass for both. */
+   -1, of bin `second` into c[lim - *n2, lim): one pass for both. `kept`: the row's weights as
+   `weight_histogram` kept them (else computed again). */
 #define IN_BINS(k) ((((k) >= lo_bin) & ((k) <= first)) | ((k) == second))
 static void gather_bins(const void *row, int bf16, int64_t v, float s, float b, float mp,
                         int32_t lo_bin, int32_t first, int32_t second, cand_t *c, int64_t lim,
-                        int64_t *n1, int64_t *n2) {
-    float buf[CH], w[CH];
+                        int64_t *n1, int64_t *n2, const float *kept) {
+    float buf[CH], wbuf[CH];
     int32_t bin[CH];
     *n1 = *n2 = 0;
     for (int64_t lo = 0; lo < v; lo += CH) {
@@ -265,14 +268,17 @@ static void gather_bins(const void *row, int bf16, int64_t v, float s, float b, 
 #pragma omp simd reduction(| : hit)
         for (int64_t j = 0; j < len; j++) hit |= IN_BINS(bin[j]);
         if (!hit) continue;
-        span_weights(x, len, s, b, mp, w);
-        for (int64_t g = 0; g < len; g += 16) { /* per 16 entries: a hit test, then a bit mask */
+        const float *w = kept ? kept + lo : wbuf;
+        if (!kept) span_weights(x, len, s, b, mp, wbuf);
+        for (int64_t g = 0; g < len; g += 16) { /* per 16 entries: a bit mask of the hits */
             int64_t end = g + 16 < len ? g + 16 : len;
-            hit = 0;
-#pragma omp simd reduction(| : hit)
-            for (int64_t j = g; j < end; j++) hit |= IN_BINS(bin[j]);
             uint32_t mask = 0;
-            for (int64_t j = g; hit && j < end; j++) mask |= (uint32_t)IN_BINS(bin[j]) << (j - g);
+            if (end - g == 16) {
+#pragma omp simd reduction(| : mask)
+                for (int64_t j = 0; j < 16; j++) mask |= (uint32_t)IN_BINS(bin[g + j]) << j;
+            } else {
+                for (int64_t j = g; j < end; j++) mask |= (uint32_t)IN_BINS(bin[j]) << (j - g);
+            }
             for (; mask; mask &= mask - 1) { /* only the hits: no mispredicted branches */
                 int64_t j = g + __builtin_ctz(mask);
                 if (!(w[j] > 0.0f)) continue;
@@ -290,9 +296,9 @@ static int64_t top_k_by_counts(const void *row, int bf16, int64_t v, int64_t k, 
                                float mp, float m, scratch_t *t) {
     int64_t n, n2;
     int32_t cut = 0;
-    weight_histogram(row, bf16, v, s, -m * s, mp, 1, t->hist, t->cum);
+    weight_histogram(row, bf16, v, s, -m * s, mp, 1, t->hist, t->cum, NULL);
     while (cut < NBINS - 1 && t->cum[cut + 1] < (double)k) cut++;
-    gather_bins(row, bf16, v, s, -m * s, mp, 0, cut, -1, t->c, v + 1, &n, &n2);
+    gather_bins(row, bf16, v, s, -m * s, mp, 0, cut, -1, t->c, v + 1, &n, &n2, NULL);
     return n > k ? (select_rank(t->c, n, k), k) : n;
 }
 
@@ -325,7 +331,7 @@ static int64_t flat_top_p(const void *row, int bf16, int64_t v, float s, float m
                           float p, float u, scratch_t *t) {
     float b = -m * s;
     double *cum = t->cum, before = 0.0;
-    weight_histogram(row, bf16, v, s, b, mp, 0, t->hist, cum);
+    weight_histogram(row, bf16, v, s, b, mp, 0, t->hist, cum, t->w);
     double target = (double)p * cum[NBINS]; /* the row's mass, as the histogram sums it */
     if (!(cum[NBINS] > 0.0 && cum[NBINS] < __builtin_inf())) return -1;
     int32_t cut = 0, at = 0, at_hi = 0;
@@ -335,14 +341,14 @@ static int64_t flat_top_p(const void *row, int bf16, int64_t v, float s, float m
     while (at_hi < cut && cum[at_hi + 1] <= u * cum[cut + 1]) at_hi++;
     int64_t n, n2, r = -1;
     gather_bins(row, bf16, v, s, b, mp, cut, cut, at == at_hi && at < cut ? at : -1, t->c, v + 1,
-                &n, &n2);
+                &n, &n2, t->w);
     if (n > 0) r = select_mass(t->c, n, target - cum[cut], &before);
     double draw = u * (cum[cut] + (r >= 0 ? before + t->c[r].w : 0.0));
     if (r >= 0 && draw >= cum[cut])
         return (int64_t)(uint32_t)t->c[select_mass(t->c, r + 1, draw - cum[cut], &before)].key;
     for (at = 0; at < cut - 1 && cum[at + 1] <= draw;) at++;
     if (n2 == 0) /* the draw's bin was not gathered with the cut's (if it was, it is `at`) */
-        gather_bins(row, bf16, v, s, b, mp, 0, -1, at, t->c, v + 1, &n, &n2);
+        gather_bins(row, bf16, v, s, b, mp, 0, -1, at, t->c, v + 1, &n, &n2, t->w);
     cand_t *c2 = t->c + v + 1 - n2;
     return n2 > 0 ? (int64_t)(uint32_t)c2[select_mass(c2, n2, draw - cum[at], &before)].key : -1;
 }
