@@ -56,9 +56,11 @@ TINY = dict(
 PHASES = ("schedule", "prepare", "forward", "sample", "readback", "update", "detokenize", "outputs")
 
 
-def running_engine(loaded, n: int, sampling: dict, prompt_len: int, steps: int, seed: int):
+def running_engine(
+    loaded, n: int, sampling: dict | list[dict], prompt_len: int, steps: int, seed: int
+):
     """An engine with `n` sequences past their prefill, each decoding one token per step;
-    `sampling`: their SamplingParams' temperature and filters."""
+    `sampling`: their SamplingParams' temperature and filters (a list: taken in turn)."""
     llm = LLM(
         loaded=loaded,
         max_num_seqs=n,
@@ -68,17 +70,20 @@ def running_engine(loaded, n: int, sampling: dict, prompt_len: int, steps: int, 
     engine, rng = llm.engine, random.Random(seed)
     # room for the clocked and the wall-time runs of `steps` each (and the warm-up): no request
     # may finish while a run is timed
-    params = SamplingParams(**sampling, max_tokens=2 * steps + 16, ignore_eos=True)
+    kinds = sampling if isinstance(sampling, list) else [sampling]
+    params = [SamplingParams(**k, max_tokens=2 * steps + 16, ignore_eos=True) for k in kinds]
     for i in range(n):
         ids = [rng.randrange(3, TINY["vocab_size"]) for _ in range(prompt_len)]
-        engine.add_request(f"r{i}", ids, params)
+        engine.add_request(f"r{i}", ids, params[i % len(params)])
     until_decoding(engine)
     for _ in range(3):  # warm-up decode steps
         engine.step()
     return engine
 
 
-def measure(loaded, n: int, sampling: dict, steps: int, prompt_len: int, head: bool = True) -> dict:
+def measure(
+    loaded, n: int, sampling: dict | list[dict], steps: int, prompt_len: int, head: bool = True
+) -> dict:
     engine = running_engine(loaded, n, sampling, prompt_len, steps, seed=n)
     if not head:  # logits written and sampled after the forward, even where the head samples
         engine.runner.head_sampling = False
@@ -92,8 +97,26 @@ def measure(loaded, n: int, sampling: dict, steps: int, prompt_len: int, head: b
         engine.step()
     wall = (time.perf_counter() - t) / steps
     assert engine.scheduler.num_running == n, "a request finished during the timed steps"
-    fused = getattr(engine.runner, "head_sampling", False)  # older trees: no such thing
+    fused = getattr(engine.runner, "head_sampling", False) and head_sampled(engine)
     return {"wall_ms": 1e3 * wall, "fused_head": fused, **clock.per_step_ms()}
+
+
+def head_sampled(engine) -> bool:
+    """Whether the LM head hands back a step's tokens (filters it cannot take, or none on this
+    CPU, send them through the logits): one more step with the forward's `head` argument spied."""
+    model, seen = engine.runner.model, []
+    forward = model.forward
+
+    def spy(*args, **kwargs):
+        seen.append((args[-1] if args else kwargs.get("head")) is not None)
+        return forward(*args, **kwargs)
+
+    model.forward = spy
+    try:
+        engine.step()
+    finally:
+        del model.forward  # the class's method again
+    return any(seen)
 
 
 def use_sampler(kind: str) -> str:
@@ -130,13 +153,16 @@ def measure_all(loaded, args) -> list[dict]:
     return rows
 
 
-def cases(filters: bool) -> list[tuple[str, dict]]:
-    """(name, SamplingParams fields): greedy and sampled; with `filters` also top-p and top-k."""
-    out = [("greedy", {"temperature": 0.0}), ("sampled T=0.6", {"temperature": 0.6})]
+def cases(filters: bool) -> list[tuple[str, dict | list[dict]]]:
+    """(name, SamplingParams fields): greedy and sampled; with `filters` also top-p, top-k, and
+    a batch whose rows alternate between plain sampling and top-k."""
+    plain, top_k = {"temperature": 0.6}, {"temperature": 0.6, "top_k": 40}
+    out = [("greedy", {"temperature": 0.0}), ("sampled T=0.6", plain)]
     if filters:
         out += [
             ("T=0.6 top-p 0.9", {"temperature": 0.6, "top_p": 0.9}),
-            ("T=0.6 top-k 40", {"temperature": 0.6, "top_k": 40}),
+            ("T=0.6 top-k 40", top_k),
+            ("half top-k 40", [plain, top_k]),
         ]
     return out
 

@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import torch
+
 # C side of `over_blocks`: threads share the work through *next, each claiming `block` items at a
 # time, so a thread the OS deschedules on a busy machine holds up at most its current block.
 CLAIM_C = """
@@ -168,3 +170,15 @@ def over_blocks(fn: Callable[..., int], n: int, block: int, threads: int, *args)
     futures = [_pool(threads - 1).submit(fn, *call) for _ in range(threads - 1)]
     codes = [fn(*call)]
     return codes + [f.result() for f in futures if not f.cancel()]
+
+
+def row_count(rows: torch.Tensor | None, n: int) -> int:
+    """How many rows a kernel that reads `rows` (int64 indices into n rows, in place; None: all
+    n) works on, after checking them: a bad index would read out of bounds."""
+    if rows is None:
+        return n
+    if rows.dtype != torch.int64 or rows.dim() != 1 or not rows.is_contiguous():
+        raise ValueError("rows must be a contiguous int64 vector")
+    if rows.numel() and not (int(rows.min()) >= 0 and int(rows.max()) < n):
+        raise IndexError(f"rows out of range for {n} rows")
+    return rows.numel()

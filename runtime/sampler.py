@@ -189,7 +189,8 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, b: SamplingBatch) -> torch.Ten
     return logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
 
 
-WholeSampler = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor]
+# `QGemm.sample_logits(logits, scale, u, rows)`
+WholeSampler = Callable[..., torch.Tensor]
 
 
 @dataclass
@@ -239,16 +240,16 @@ def sample(
 
 def _sample_whole(logits: torch.Tensor, b: SamplingBatch, whole: WholeSampler) -> torch.Tensor:
     """Greedy and unfiltered rows by `whole`; min-p rows and top-k/top-p rows as `sample`
-    draws them otherwise."""
+    draws them otherwise (reading their rows of `logits` in place)."""
     head = head_sampling(b)
     if not b.filtered:
         return whole(logits, head.scale, head.u)
     u, inv_t = head.u, b.temperature.reciprocal()
     tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
     if (rows := b.unfiltered_rows) is not None:
-        tokens[rows] = whole(logits[rows], b.scale[rows], u[rows])
+        tokens[rows] = whole(logits, b.scale[rows], u[rows], _all(rows, b))
     if (rows := b.min_p_rows) is not None:
-        tokens[rows] = sample_full(logits[rows], inv_t[rows], b.min_p[rows], u[rows])
+        tokens[rows] = sample_full(logits, inv_t[rows], b.min_p[rows], u[rows], _all(rows, b))
     if (rows := b.candidate_rows) is not None:
         tokens[rows] = _candidates(logits, b, inv_t, u, rows)
     return tokens
@@ -277,7 +278,7 @@ def _sample_random(logits: torch.Tensor, b: SamplingBatch, u: torch.Tensor) -> t
         return sample_candidates(logits, inv_t, b.top_k, b.top_p, b.min_p, u, b.num_candidates)
     tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
     rows = b.full_rows
-    tokens[rows] = sample_full(logits[rows], inv_t[rows], _rows(b.min_p, rows), u[rows])
+    tokens[rows] = sample_full(logits, inv_t[rows], _rows(b.min_p, rows), u[rows], rows)
     rows = b.candidate_rows
     tokens[rows] = _candidates(logits, b, inv_t, u, rows)
     return tokens
@@ -286,15 +287,25 @@ def _sample_random(logits: torch.Tensor, b: SamplingBatch, u: torch.Tensor) -> t
 def _candidates(logits, b: SamplingBatch, inv_t, u, rows: torch.Tensor) -> torch.Tensor:
     """The top-k/top-p rows' tokens (`rows` of the batch)."""
     return sample_candidates(
-        logits[rows],
-        inv_t[rows],
+        logits,
+        _rows(inv_t, rows),
         _rows(b.top_k, rows),
         _rows(b.top_p, rows),
         _rows(b.min_p, rows),
-        u[rows],
+        _rows(u, rows),
         b.num_candidates,
+        _all(rows, b),
     )
 
 
+def _all(rows: torch.Tensor, b: SamplingBatch) -> torch.Tensor | None:
+    """`rows` for the samplers' `rows` argument; None when they are the whole batch."""
+    return None if rows.numel() == b.greedy.shape[0] else rows
+
+
 def _rows(t: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
-    return None if t is None else t[rows]
+    """The `rows` of t (distinct, ascending); t itself when they are all of its rows, so that a
+    batch whose every row takes one path does not copy its [N, vocab] logits."""
+    if t is None or rows.numel() == t.shape[0]:
+        return t
+    return t[rows]

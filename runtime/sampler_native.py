@@ -260,15 +260,18 @@ static int64_t sample_row(const void *row, int bf16, int64_t v, float s, float m
     return at < 0 ? row_argmax(row, bf16, v) : c * CH + at;
 }
 
-/* x [n, v] float32 (bf16 = 0) or bfloat16 (bf16 = 1). */
-int sample_rows(const void *x, int bf16, int64_t v, const float *scale, const float *min_p,
-                const float *u, int64_t *out, int64_t n, int64_t *next, int64_t block) {
+/* x [., v] float32 (bf16 = 0) or bfloat16 (bf16 = 1); item r is the row rows[r] of x (rows
+   NULL: row r), the other arrays [n] per item. */
+#define ROW_AT(x, rows, r, row_bytes) ((const char *)(x) + ((rows) ? (rows)[r] : (r)) * (row_bytes))
+int sample_rows(const void *x, int bf16, int64_t v, const int64_t *rows, const float *scale,
+                const float *min_p, const float *u, int64_t *out, int64_t n, int64_t *next,
+                int64_t block) {
     float *w = malloc(sizeof(float) * (size_t)(v + 2 * ((v + CH - 1) / CH)));
     if (!w) return -1;
     size_t row_bytes = (size_t)v * (bf16 ? 2 : 4);
     for (int64_t r, end; (r = claim(next, block, n, &end)) < n;)
         for (; r < end; r++)
-            out[r] = sample_row((const char *)x + r * row_bytes, bf16, v, scale[r],
+            out[r] = sample_row(ROW_AT(x, rows, r, row_bytes), bf16, v, scale[r],
                                 min_p ? min_p[r] : 0.0f, u[r], w);
     free(w);
     return 0;
@@ -314,9 +317,9 @@ def _library() -> ctypes.CDLL | None:
         return None
     lib = ctypes.CDLL(str(path))
     p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    lib.sample_rows.argtypes = [p, i32, i64, p, p, p, p, i64, p, i64]
+    lib.sample_rows.argtypes = [p, i32, i64, p, p, p, p, p, i64, p, i64]
     lib.argmax_rows.argtypes = [p, i32, i64, p, i64, p, i64]
-    lib.sample_filtered_rows.argtypes = [p, i32, i64, p, p, p, p, p, p, i64, p, i64]
+    lib.sample_filtered_rows.argtypes = [p, i32, i64, p, p, p, p, p, p, p, i64, p, i64]
     for fn in (lib.sample_rows, lib.argmax_rows, lib.sample_filtered_rows):
         fn.restype = ctypes.c_int
     return lib
@@ -341,18 +344,26 @@ def _over_rows(fn, n: int, *args) -> None:
 
 
 def sample_rows(
-    logits: torch.Tensor, inv_temp: torch.Tensor, min_p: torch.Tensor | None, u: torch.Tensor
+    logits: torch.Tensor,
+    inv_temp: torch.Tensor,
+    min_p: torch.Tensor | None,
+    u: torch.Tensor,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One token per row from softmax(logits / T) after min-p, drawn with the uniforms u."""
+    """One token per row from softmax(logits / T) after min-p, drawn with the uniforms u; with
+    `rows`, for those rows of `logits` only (read in place, not copied), the other arguments
+    then per chosen row."""
     x = logits.contiguous()
-    n, v = x.shape
+    n, v = native.row_count(rows, x.shape[0]), x.shape[1]
     scale = (inv_temp.float() * LOG2E).contiguous()
     mp = None if min_p is None else min_p.float().contiguous()
     uu = u.float().contiguous()
     out = torch.empty(n, dtype=torch.long)
     bf16 = int(x.dtype == torch.bfloat16)
-    args = (x.data_ptr(), bf16, v, scale.data_ptr(), None if mp is None else mp.data_ptr())
-    _over_rows(_library().sample_rows, n, *args, uu.data_ptr(), out.data_ptr())
+    ptrs = [None if t is None else t.data_ptr() for t in (rows, scale, mp)]
+    _over_rows(
+        _library().sample_rows, n, x.data_ptr(), bf16, v, *ptrs, uu.data_ptr(), out.data_ptr()
+    )
     return out
 
 
@@ -363,12 +374,15 @@ def sample_filtered_rows(
     top_p: torch.Tensor | None,
     min_p: torch.Tensor | None,
     u: torch.Tensor,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token per row after min-p, top-k (>= vocab: off) and top-p (1: off), drawn with the
-    uniforms u, without sorting the rows (see `sampler_native_filter`)."""
+    uniforms u, without sorting the rows (see `sampler_native_filter`); `rows` as in
+    `sample_rows`."""
     x = logits.contiguous()
-    n, v = x.shape
+    n, v = native.row_count(rows, x.shape[0]), x.shape[1]
     params = [
+        rows,
         (inv_temp.float() * LOG2E).contiguous(),
         None if top_k is None else top_k.long().contiguous(),
         None if top_p is None else top_p.float().contiguous(),

@@ -394,11 +394,12 @@ static int64_t filtered_row(const void *row, int bf16, int64_t v, float s, int64
     return token >= 0 ? token : row_argmax(row, bf16, v);
 }
 
-/* x [n, v] float32 (bf16 = 0) or bfloat16 (bf16 = 1); top_k (v or more: off), top_p (1: off)
+/* x and rows as in sample_rows; top_k (v or more: off), top_p (1: off)
    and min_p (0: off) per row, each may be NULL. */
-int sample_filtered_rows(const void *x, int bf16, int64_t v, const float *scale,
-                         const int64_t *top_k, const float *top_p, const float *min_p,
-                         const float *u, int64_t *out, int64_t n, int64_t *next, int64_t block) {
+int sample_filtered_rows(const void *x, int bf16, int64_t v, const int64_t *rows,
+                         const float *scale, const int64_t *top_k, const float *top_p,
+                         const float *min_p, const float *u, int64_t *out, int64_t n,
+                         int64_t *next, int64_t block) {
     scratch_t t = {
         malloc(sizeof(float) * (size_t)(v + 2 * ((v + CH - 1) / CH))),
         malloc(sizeof(float) * (size_t)((v + BLK - 1) / BLK + (v + CH - 1) / CH)),
@@ -410,7 +411,7 @@ int sample_filtered_rows(const void *x, int bf16, int64_t v, const float *scale,
     size_t row_bytes = (size_t)v * (bf16 ? 2 : 4);
     for (int64_t r, end; !rc && (r = claim(next, block, n, &end)) < n;)
         for (; r < end; r++)
-            out[r] = filtered_row((const char *)x + r * row_bytes, bf16, v, scale[r],
+            out[r] = filtered_row(ROW_AT(x, rows, r, row_bytes), bf16, v, scale[r],
                                   top_k ? top_k[r] : v, top_p ? top_p[r] : 1.0f,
                                   min_p ? min_p[r] : 0.0f, u[r], &t);
     free(t.w), free(t.bm), free(t.hist), free(t.cum), free(t.c);

@@ -100,11 +100,19 @@ def exp_weights(logits: torch.Tensor, inv_temp: torch.Tensor, best: torch.Tensor
 
 
 def sample_full(
-    logits: torch.Tensor, inv_temp: torch.Tensor, min_p: torch.Tensor | None, u: torch.Tensor
+    logits: torch.Tensor,
+    inv_temp: torch.Tensor,
+    min_p: torch.Tensor | None,
+    u: torch.Tensor,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Sample from softmax(logits / T) over the whole vocabulary, after an optional min-p filter."""
+    """Sample from softmax(logits / T) over the whole vocabulary, after an optional min-p filter;
+    with `rows` (int64), for those rows of `logits` (the other arguments per chosen row): the
+    native kernels read them in place, where PyTorch would copy them."""
     if sampler_native.usable(logits):
-        return sampler_native.sample_rows(logits, inv_temp, min_p, u)
+        return sampler_native.sample_rows(logits, inv_temp, min_p, u, rows)
+    if rows is not None:
+        logits = logits[rows]
     w = exp_weights(logits, inv_temp, logits.amax(-1, keepdim=True))
     if min_p is not None:  # the best token has weight 1, so min-p compares against min_p itself
         w.masked_fill_(w < min_p.unsqueeze(1), 0.0)
@@ -119,15 +127,19 @@ def sample_candidates(
     min_p: torch.Tensor | None,
     u: torch.Tensor,
     k: int,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Sample rows that ask for top-k and/or top-p from their `k` best candidates.
+    """Sample rows that ask for top-k and/or top-p from their `k` best candidates (`rows` as in
+    `sample_full`).
 
     `k` covers every row's top-k; a top-p row without top-k whose candidates hold too little of
     its mass is redone over the whole vocabulary. On CPU the native kernel needs no `k`: it
     selects each row's candidates without `topk` (exact for any top_p).
     """
     if sampler_native.usable(logits):
-        return sampler_native.sample_filtered_rows(logits, inv_temp, top_k, top_p, min_p, u)
+        return sampler_native.sample_filtered_rows(logits, inv_temp, top_k, top_p, min_p, u, rows)
+    if rows is not None:
+        logits = logits[rows]
     v = logits.shape[1]
     k = min(k, v)
     vals, ids = logits.topk(k, dim=-1)  # sorted, best first (temperature keeps the order)

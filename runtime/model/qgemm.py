@@ -84,7 +84,7 @@ class QGemm:
         p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
         lib.pagoda_qgemm.argtypes = [i32, p, p, i64, p, i64, p, i32, i32, i32, i32]
         lib.pagoda_qgemm_sample.argtypes = [i32, p, p, i64, p, i32, i32, i32, p, p, i32, p]
-        lib.pagoda_sample_logits.argtypes = [p, i64, i32, i32, p, p, i32, p]
+        lib.pagoda_sample_logits.argtypes = [p, i64, p, i32, i32, p, p, i32, p]
         lib.pagoda_qgemm_rows.argtypes = [i32, p, i32, i32, p, i64, p]
         fns = (lib.pagoda_qgemm, lib.pagoda_qgemm_sample, lib.pagoda_sample_logits)
         for fn in (*fns, lib.pagoda_qgemm_rows):
@@ -99,18 +99,24 @@ class QGemm:
         return QGemmWeight(self, parts, bias)
 
     def sample_logits(
-        self, logits: torch.Tensor, scale: torch.Tensor | None, u: torch.Tensor | None
+        self,
+        logits: torch.Tensor,
+        scale: torch.Tensor | None,
+        u: torch.Tensor | None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One token per row of float32 `logits` [M, N], picked as `QGemmWeight.sample` picks
-        it from outputs it never stores (the same code, so the same token)."""
+        it from outputs it never stores (the same code, so the same token); with `rows`
+        (int64), for those rows only, read in place (scale and u then per chosen row)."""
         if logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
             raise ValueError(f"expected float32 [M, N] rows, got {logits.dtype} {logits.shape}")
-        m, n = logits.shape
+        m, n = native.row_count(rows, logits.shape[0]), logits.shape[1]
         out = torch.zeros(m, dtype=torch.long)
         if m == 0:
             return out
         threads = torch.get_num_threads() if m * n >= SERIAL_BELOW else 1
-        args = (logits.data_ptr(), logits.stride(0), m, n, *_row_args(m, scale, u))
+        idx = None if rows is None else rows.data_ptr()
+        args = (logits.data_ptr(), logits.stride(0), idx, m, n, *_row_args(m, scale, u))
         rc = self.logits_fn(*args, threads, out.data_ptr())
         if rc:
             raise RuntimeError(f"sampling from logits failed (code {rc}) for {m}x{n}")

@@ -200,6 +200,7 @@ static int64_t choose(float* st, int64_t nbp, float s, float u, Values values) {
 struct Rows {
   const Job* job;
   const float* y;
+  const int64_t* idx;  // stored logits: item m is the row idx[m] of y (null: row m)
   float* stats;
   const float *scale, *u;
   int64_t* out;
@@ -235,7 +236,7 @@ static void choose_rows(void* arg) {
       float* st = r.stats + m * r.sstride;
       const float s = r.scale ? r.scale[m] : 0.0f, u = r.u ? r.u[m] : 0.0f;
       if constexpr (QT < 0) {
-        const float* row = r.y + m * r.ldy;
+        const float* row = r.y + (r.idx ? r.idx[m] : m) * r.ldy;
         stored_stats(row, r.N, r.nbp, s, st);
         r.out[m] = choose(st, r.nbp, s, u, [&](int64_t nb, float* o) { stored_block(row, r.N, nb, o); });
       } else {
@@ -283,7 +284,7 @@ extern "C" int pagoda_qgemm_sample(int kind, const uint8_t* w, const float* x, i
   int rc = launch(job, kind, threads);
   if (!rc) {
     pool_fn fns[] = BY_KIND(choose_rows);
-    Rows rows{&job, nullptr, stats, scale, u, out, 0, nbp, stride, 0, 1, M, N};
+    Rows rows{&job, nullptr, nullptr, stats, scale, u, out, 0, nbp, stride, 0, 1, M, N};
     choose_all(rows, fns[kind], threads);
   }
   free(stats);
@@ -295,9 +296,10 @@ extern "C" int pagoda_qgemm_sample(int kind, const uint8_t* w, const float* x, i
 #endif
 }
 
-// out [M]: one token per row of the float32 logits y [M, N] (row stride ldy), as above
-extern "C" int pagoda_sample_logits(const float* y, int64_t ldy, int M, int N,
-                                    const float* scale, const float* u, int threads,
+// out [M]: one token per row of the float32 logits y [., N] (row stride ldy), as above; item m
+// is the row idx[m] of y (idx null: row m), scale and u per item
+extern "C" int pagoda_sample_logits(const float* y, int64_t ldy, const int64_t* idx, int M,
+                                    int N, const float* scale, const float* u, int threads,
                                     int64_t* out) {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
   if (threads < 1) threads = 1;
@@ -305,12 +307,13 @@ extern "C" int pagoda_sample_logits(const float* y, int64_t ldy, int M, int N,
   int64_t nbp, stride;
   float* stats = new_stats(M, N, &nbp, &stride);
   if (!stats) return 3;
-  Rows rows{nullptr, y, stats, scale, u, out, ldy, nbp, stride, 0, 1, M, N};
+  Rows rows{nullptr, y, idx, stats, scale, u, out, ldy, nbp, stride, 0, 1, M, N};
   choose_all(rows, choose_rows<-1>, threads);
   free(stats);
   return 0;
 #else
-  (void)y, (void)ldy, (void)M, (void)N, (void)scale, (void)u, (void)threads, (void)out;
+  (void)y, (void)ldy, (void)idx, (void)M, (void)N, (void)scale, (void)u, (void)threads;
+  (void)out;
   return 2;
 #endif
 }

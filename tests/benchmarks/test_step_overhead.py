@@ -55,14 +55,20 @@ def test_old_ref_times_that_commits_runtime_beside_this_one(capsys):
 
 
 @pytest.mark.timeout(180)
-def test_filters_add_top_p_and_top_k_cases(capsys):
+def test_filters_add_top_p_top_k_and_mixed_cases(capsys):
     import step_overhead
 
     step_overhead.main(["--seqs", "3", "--steps", "2", "--filters"])
     out = capsys.readouterr().out
     table = [ln for ln in out.splitlines() if ln.startswith("| 3 |")]
     cases = [ln.split("|")[2].strip() for ln in table]
-    assert cases == ["greedy", "sampled T=0.6", "T=0.6 top-p 0.9", "T=0.6 top-k 40"]
+    assert cases == [
+        "greedy",
+        "sampled T=0.6",
+        "T=0.6 top-p 0.9",
+        "T=0.6 top-k 40",
+        "half top-k 40",
+    ]
     assert all(float(ln.split("|")[4]) > 0 for ln in table)  # step ms
     names = [name for name, _ in step_overhead.cases(True)]
     assert names == cases and [n for n, _ in step_overhead.cases(False)] == cases[:2]

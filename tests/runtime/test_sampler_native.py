@@ -171,3 +171,27 @@ def test_portable_build_argmax_matches_torch(tmp_path, dtype):
     lib.argmax_rows(*args, ctypes.c_void_p(out.data_ptr()), ctypes.c_int64(8),
                     ctypes.byref(counter), ctypes.c_int64(8))  # fmt: skip
     assert out.tolist() == x.float().argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chosen_rows_are_read_in_place_with_the_tokens_of_a_copy(dtype):
+    """`rows`: a mixed batch's subsets are sampled without copying their [n, vocab] logits,
+    and each row gets the token it would get from a copy of just those rows."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(40, 3000, generator=g) * 3).to(dtype)
+    rows = torch.tensor([0, 3, 4, 17, 39])
+    n = len(rows)
+    inv_t, u = torch.full((n,), 1.3), torch.rand(n, generator=g)
+    min_p, top_p = torch.full((n,), 0.05), torch.full((n,), 0.8)
+    top_k = torch.tensor([5, 3000, 40, 1, 3000])
+    want = sampler_native.sample_rows(x[rows], inv_t, min_p, u)
+    assert torch.equal(sampler_native.sample_rows(x, inv_t, min_p, u, rows), want)
+    want = sampler_native.sample_filtered_rows(x[rows], inv_t, top_k, top_p, None, u)
+    got = sampler_native.sample_filtered_rows(x, inv_t, top_k, top_p, None, u, rows)
+    assert torch.equal(got, want)
+    empty = torch.empty(0, dtype=torch.long)
+    assert sampler_native.sample_rows(x, inv_t[:0], None, u[:0], empty).shape == (0,)
+    with pytest.raises(IndexError, match="out of range"):
+        sampler_native.sample_rows(x, inv_t[:1], None, u[:1], torch.tensor([40]))
+    with pytest.raises(ValueError, match="int64"):
+        sampler_native.sample_rows(x, inv_t[:1], None, u[:1], torch.tensor([1], dtype=torch.int32))

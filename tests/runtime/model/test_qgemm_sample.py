@@ -71,6 +71,17 @@ def test_a_rows_token_depends_on_its_own_logits_and_uniform_only(kernel):
     assert torch.equal(kernel.sample_logits(bound(x)[7:], scale[7:], u[7:]), alone[7:])
 
 
+def test_chosen_rows_of_stored_logits_are_read_in_place(kernel):
+    """`rows`: the tokens of a copy of those rows, without the copy."""
+    y = torch.randn(30, 700) * 3
+    rows = torch.tensor([1, 2, 9, 29])
+    scale, u = _rows(4, 5)
+    want = kernel.sample_logits(y[rows], scale, u)
+    assert torch.equal(kernel.sample_logits(y, scale, u, rows), want)
+    with pytest.raises(IndexError, match="out of range"):
+        kernel.sample_logits(y, scale, u, torch.tensor([0, 1, 2, 30]))
+
+
 def test_uniforms_walk_the_cdf_in_order(kernel):
     """u near 0 gives the first token of positive mass, u near 1 the last; the token index
     never decreases as u grows."""
