@@ -63,7 +63,7 @@ test-deps:
 # then the kernel benchmark. TORCH_SPEC= keeps the image's own CUDA build of torch.
 test-gpu: $(STAMP)
 	TRITON_INTERPRET=0 $(BIN)/python -m pytest -q -m gpu tests/kernels tests/runtime
-	TRITON_INTERPRET=0 $(BIN)/python benchmarks/kernels.py
+	TRITON_INTERPRET=0 $(BIN)/python benchmarks/kernel_speed.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

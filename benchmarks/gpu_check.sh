@@ -49,4 +49,4 @@ write_random_llama(Path('/tmp/llama-1b'), SHAPES['1b'], torch.bfloat16)
 TAIL=30 step tune 110 $PY -m pagoda.runtime.cli tune --model /tmp/llama-1b --output /tmp/profile \
     --time-budget 75s
 tar -czf "$OUT/profile.tgz" -C /tmp profile 2>/dev/null
-TAIL=30 step kernels 60 $PY benchmarks/kernels.py
+TAIL=30 step kernels 60 $PY benchmarks/kernel_speed.py

@@ -5,8 +5,8 @@ scattered over a paged cache, against ``torch.nn.functional.scaled_dot_product_a
 contiguous K/V of the same shapes. Bandwidth = bytes of K/V read + q + out, over the time.
 Prefill: a from-scratch causal prefill and a chunk on top of cached context.
 
-    python benchmarks/kernels.py                  # Llama-3-8B attention shapes, bf16
-    python benchmarks/kernels.py --output table.md
+    python benchmarks/kernel_speed.py                  # Llama-3-8B attention shapes, bf16
+    python benchmarks/kernel_speed.py --output table.md
 
 Prints a markdown table (paste into docs/benchmarks.md with the device name). Exits with a
 message on machines without CUDA: the CPU interpreter checks correctness, not speed.
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
         print(
-            "benchmarks/kernels.py needs a CUDA GPU; none is visible here. Kernel correctness "
+            "benchmarks/kernel_speed.py needs a CUDA GPU; none is visible here. Kernel correctness "
             "on CPU: TRITON_INTERPRET=1 pytest tests/kernels",
             file=sys.stderr,
         )
