@@ -175,10 +175,16 @@ def start_servers(args: argparse.Namespace, gguf_path: Path) -> list[Server]:
 
 # -- clients -----------------------------------------------------------------------------------
 def request_body(
-    system: str, prompt: str, out_len: int, eos_ids: list[int], temperature: float = 0.0
+    system: str,
+    prompt: str,
+    out_len: int,
+    eos_ids: list[int],
+    temperature: float = 0.0,
+    top_p: float = 1.0,
 ) -> dict:
     """A streaming completion of exactly `out_len` tokens; with a temperature, drawn from the
-    whole vocabulary (llama.cpp's default top-k 40, top-p 0.95 and min-p 0.05 turned off)."""
+    whole vocabulary, or its top-p nucleus (llama.cpp's default top-k 40, top-p 0.95 and min-p
+    0.05 turned off, so both servers apply the same filter)."""
     body = {"model": "smollm2-135m", "prompt": prompt, "max_tokens": out_len,
             "temperature": temperature, "stream": True}  # fmt: skip
     if system == "llama-cpp-python":  # its server has no ignore_eos
@@ -187,6 +193,8 @@ def request_body(
         body["ignore_eos"] = True
     if temperature > 0 and system != "pagoda":
         body.update(top_k=0, top_p=1.0, min_p=0.0)
+    if temperature > 0 and top_p < 1.0:
+        body["top_p"] = top_p
     return body
 
 
@@ -338,6 +346,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (every system)")
+    p.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--llama-threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--pagoda-args", default="", help="extra `pagoda serve` flags")
@@ -350,6 +359,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.systems = args.systems.split(",")
     if args.temperature < 0:
         p.error("--temperature must be >= 0")
+    if not 0.0 < args.top_p <= 1.0:
+        p.error("--top-p must be in (0, 1]")
     unknown = set(args.systems) - {"pagoda", "llama-server", "llama-cpp-python"}
     if unknown:
         p.error(f"unknown system(s): {', '.join(sorted(unknown))}")
@@ -367,7 +378,8 @@ async def scenarios(args: argparse.Namespace, servers: list[Server], tok) -> lis
         prompts = ragged_prompts(tok, n, args.min_len, args.max_len, args.seed + i)
         for s in servers:
             bodies = [
-                request_body(s.name, p, args.output_len, eos, args.temperature) for p in prompts
+                request_body(s.name, p, args.output_len, eos, args.temperature, args.top_p)
+                for p in prompts
             ]
             if mode == "poisson":
                 results, wall = await run_poisson(s, bodies, load, args.seed + i)
@@ -396,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in servers:
             s.stop()
     sampling = f"temperature {args.temperature}" if args.temperature > 0 else "greedy"
+    sampling += f", top-p {args.top_p}" if args.temperature > 0 and args.top_p < 1 else ""
     print(f"\n## Serving ({started}, {machine()}, {sampling}, load average "
           f"{os.getloadavg()[0]:.1f} at the end)\n")  # fmt: skip
     print(table(rows))
