@@ -14,8 +14,8 @@ passes its sampler as `whole`, which then draws the greedy and unfiltered rows f
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from pagoda.runtime import sampler_native
@@ -189,8 +189,17 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, b: SamplingBatch) -> torch.Ten
     return logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
 
 
-# `QGemm.sample_logits(logits, scale, u, rows)`
-WholeSampler = Callable[..., torch.Tensor]
+class WholeSampler(Protocol):
+    """`QGemm.sample_logits`: one token per row of `logits` (or of its `rows`), with per-row
+    scales log2(e) / temperature (0: greedy) and uniforms, both None when every row is greedy."""
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        scale: torch.Tensor | None,
+        u: torch.Tensor | None,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
 
 
 @dataclass
@@ -247,9 +256,9 @@ def _sample_whole(logits: torch.Tensor, b: SamplingBatch, whole: WholeSampler) -
     u, inv_t = head.u, b.temperature.reciprocal()
     tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
     if (rows := b.unfiltered_rows) is not None:
-        tokens[rows] = whole(logits, b.scale[rows], u[rows], _all(rows, b))
+        tokens[rows] = whole(logits, b.scale[rows], u[rows], rows)
     if (rows := b.min_p_rows) is not None:
-        tokens[rows] = sample_full(logits, inv_t[rows], b.min_p[rows], u[rows], _all(rows, b))
+        tokens[rows] = sample_full(logits, inv_t[rows], b.min_p[rows], u[rows], rows)
     if (rows := b.candidate_rows) is not None:
         tokens[rows] = _candidates(logits, b, inv_t, u, rows)
     return tokens
@@ -288,24 +297,17 @@ def _candidates(logits, b: SamplingBatch, inv_t, u, rows: torch.Tensor) -> torch
     """The top-k/top-p rows' tokens (`rows` of the batch)."""
     return sample_candidates(
         logits,
-        _rows(inv_t, rows),
+        inv_t[rows],
         _rows(b.top_k, rows),
         _rows(b.top_p, rows),
         _rows(b.min_p, rows),
-        _rows(u, rows),
+        u[rows],
         b.num_candidates,
-        _all(rows, b),
+        rows,
     )
 
 
-def _all(rows: torch.Tensor, b: SamplingBatch) -> torch.Tensor | None:
-    """`rows` for the samplers' `rows` argument; None when they are the whole batch."""
-    return None if rows.numel() == b.greedy.shape[0] else rows
-
-
 def _rows(t: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
-    """The `rows` of t (distinct, ascending); t itself when they are all of its rows, so that a
-    batch whose every row takes one path does not copy its [N, vocab] logits."""
-    if t is None or rows.numel() == t.shape[0]:
-        return t
-    return t[rows]
+    """The `rows` of a per-row parameter that may be absent (the logits are never indexed: the
+    samplers take `rows` and read them in place)."""
+    return None if t is None else t[rows]
