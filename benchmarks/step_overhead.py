@@ -56,11 +56,9 @@ TINY = dict(
 PHASES = ("schedule", "prepare", "forward", "sample", "readback", "update", "detokenize", "outputs")
 
 
-def running_engine(
-    loaded, n: int, sampling: dict | list[dict], prompt_len: int, steps: int, seed: int
-):
+def running_engine(loaded, n: int, sampling: list[dict], prompt_len: int, steps: int, seed: int):
     """An engine with `n` sequences past their prefill, each decoding one token per step;
-    `sampling`: their SamplingParams' temperature and filters (a list: taken in turn)."""
+    `sampling`: SamplingParams fields (temperature, filters), taken in turn by the requests."""
     llm = LLM(
         loaded=loaded,
         max_num_seqs=n,
@@ -70,8 +68,7 @@ def running_engine(
     engine, rng = llm.engine, random.Random(seed)
     # room for the clocked and the wall-time runs of `steps` each (and the warm-up): no request
     # may finish while a run is timed
-    kinds = sampling if isinstance(sampling, list) else [sampling]
-    params = [SamplingParams(**k, max_tokens=2 * steps + 16, ignore_eos=True) for k in kinds]
+    params = [SamplingParams(**k, max_tokens=2 * steps + 16, ignore_eos=True) for k in sampling]
     for i in range(n):
         ids = [rng.randrange(3, TINY["vocab_size"]) for _ in range(prompt_len)]
         engine.add_request(f"r{i}", ids, params[i % len(params)])
@@ -82,7 +79,7 @@ def running_engine(
 
 
 def measure(
-    loaded, n: int, sampling: dict | list[dict], steps: int, prompt_len: int, head: bool = True
+    loaded, n: int, sampling: list[dict], steps: int, prompt_len: int, head: bool = True
 ) -> dict:
     engine = running_engine(loaded, n, sampling, prompt_len, steps, seed=n)
     if not head:  # logits written and sampled after the forward, even where the head samples
@@ -127,7 +124,7 @@ def use_sampler(kind: str) -> str:
 
 
 def profile(loaded, n: int, steps: int, prompt_len: int) -> None:
-    engine = running_engine(loaded, n, {"temperature": 0.6}, prompt_len, steps, seed=n)
+    engine = running_engine(loaded, n, [{"temperature": 0.6}], prompt_len, steps, seed=n)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(steps):
@@ -153,15 +150,15 @@ def measure_all(loaded, args) -> list[dict]:
     return rows
 
 
-def cases(filters: bool) -> list[tuple[str, dict | list[dict]]]:
-    """(name, SamplingParams fields): greedy and sampled; with `filters` also top-p, top-k, and
-    a batch whose rows alternate between plain sampling and top-k."""
+def cases(filters: bool) -> list[tuple[str, list[dict]]]:
+    """(name, SamplingParams fields the requests take in turn): greedy and sampled; with
+    `filters` also top-p, top-k, and a batch whose rows alternate between plain and top-k."""
     plain, top_k = {"temperature": 0.6}, {"temperature": 0.6, "top_k": 40}
-    out = [("greedy", {"temperature": 0.0}), ("sampled T=0.6", plain)]
+    out = [("greedy", [{"temperature": 0.0}]), ("sampled T=0.6", [plain])]
     if filters:
         out += [
-            ("T=0.6 top-p 0.9", {"temperature": 0.6, "top_p": 0.9}),
-            ("T=0.6 top-k 40", top_k),
+            ("T=0.6 top-p 0.9", [{"temperature": 0.6, "top_p": 0.9}]),
+            ("T=0.6 top-k 40", [top_k]),
             ("half top-k 40", [plain, top_k]),
         ]
     return out
@@ -243,9 +240,7 @@ def main(argv: list[str] | None = None) -> None:
         default=["on"],
         help="let the LM head sample where it can (qgemm), or not: side by side with both",
     )
-    ap.add_argument(
-        "--filters", action="store_true", help="also time sampled steps with top-p and top-k"
-    )
+    ap.add_argument("--filters", action="store_true", help="also time top-p, top-k and mixed steps")
     ap.add_argument("--old-ref", help="also time the runtime of this git commit (before/after)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
