@@ -15,7 +15,8 @@ whole-vocabulary draw. Here no row is sorted. One pass takes the maxima of 32-en
   kept whole. Small vocabularies (<= 4096) simply take every entry as a candidate.
 * the cut and the draw: "keep tokens whose mass strictly above them is <= top_p * total" and "the
   token whose cumulative interval holds u * kept mass" are weighted selections in sorted order,
-  done by quickselect (partition, sum the better side's mass, descend where the target is).
+  done by quickselect (`sampler_native_select`); a flat row's cut bin of more than 256 entries
+  is first counting-sorted into 256 ranges of logits, so whole ranges are passed by their mass.
 
 Order: by logit descending, then by index ascending (torch.sort's order among equal logits is
 unspecified; any order gives the same distribution over logit values, this one is reproducible).
@@ -23,91 +24,20 @@ Weights are 2^((x - max) * s) relative to the row's best token, as in `sampler_o
 weights below min_p before top-k/top-p, as `apply_top_k_top_p_min_p` does (top-k of the min-p
 survivors is the same set either way: min-p is a threshold on the logit). Sums are in double,
 so picks match the float32 PyTorch path except where u falls within rounding of a boundary.
-The source expects the helpers of `sampler_native.SOURCE` (chunk, span_*, sample_row, claim).
+The source expects the helpers of `sampler_native.SOURCE` (chunk, span_*, sample_row, claim)
+and `sampler_native_select.SOURCE` (cand_t, rank_key, select_*, sort_ranges).
 """
 
 from __future__ import annotations
 
 SOURCE = r"""
-#include <string.h>
 #define BLK 32 /* entries per block: block maxima bound the candidates */
 #define HR 16 /* histogram bins per unit of log2 weight (flat top-p rows) */
 #define NBINS 1024 /* the last bin holds the weights below 2^-63.9 */
 #define FLAT_CANDIDATES 4096 /* top-p on a larger vocabulary: the histogram path when flat */
 #define TOP_P_FIRST 64 /* top-p first tries the best 64 entries */
 #define TOP_K_BOUNDED 512 /* larger top-k: by the count histogram, not block maxima */
-typedef struct { uint64_t key; float w; } cand_t; /* w: the logit until weights are known */
 typedef struct { float *w, *bm, *hist; double *cum; cand_t *c; } scratch_t; /* one thread's */
-
-/* Ascending key = descending logit, then ascending index (-0.0 counts as 0.0). */
-static inline uint64_t rank_key(float x, int64_t j) {
-    union { float f; uint32_t i; } u = {x + 0.0f};
-    uint32_t up = u.i ^ ((uint32_t)((int32_t)u.i >> 31) | 0x80000000u); /* ascending with x */
-    return ((uint64_t)~up << 32) | (uint32_t)j;
-}
-
-static inline void swap_c(cand_t *a, cand_t *b) { cand_t t = *a; *a = *b; *b = t; }
-
-/* Puts a median-of-three pivot of c[lo, hi) (hi - lo >= 2, distinct keys) at its sorted place,
-   smaller keys before it and larger after; returns its position, *left the smaller ones' mass.
-   Branch-free (Lomuto, always swapping): the comparisons are coin flips to a branch predictor. */
-static int64_t partition(cand_t *c, int64_t lo, int64_t hi, double *left) {
-    int64_t mid = lo + (hi - lo) / 2, last = hi - 1, i = lo;
-    if (c[mid].key < c[lo].key) swap_c(&c[mid], &c[lo]);
-    if (c[last].key < c[lo].key) swap_c(&c[last], &c[lo]);
-    if (c[mid].key < c[last].key) swap_c(&c[mid], &c[last]);
-    uint64_t pk = c[last].key;
-    double mass = 0.0;
-    for (int64_t j = lo; j < last; j++) {
-        cand_t x = c[j];
-        int64_t smaller = x.key < pk;
-        c[j] = c[i];
-        c[i] = x;
-        i += smaller;
-        mass += smaller ? (double)x.w : 0.0;
-    }
-    swap_c(&c[i], &c[last]);
-    *left = mass;
-    return i;
-}
-
-/* Reorders c[0, n) so that c[0, k) holds the k smallest keys (0 < k < n). */
-static void select_rank(cand_t *c, int64_t n, int64_t k) {
-    int64_t lo = 0, hi = n;
-    double left;
-    while (hi - lo > 1) {
-        int64_t p = partition(c, lo, hi, &left);
-        if (p == k) return;
-        if (p < k) lo = p + 1; else hi = p;
-    }
-}
-
-static void insertion_sort(cand_t *c, int64_t lo, int64_t hi) {
-    for (int64_t i = lo + 1; i < hi; i++)
-        for (int64_t j = i; j > lo && c[j].key < c[j - 1].key; j--) swap_c(&c[j], &c[j - 1]);
-}
-
-/* The position r of the candidate (weights w > 0) whose cumulative interval in key order holds
-   target, after reordering c[0, n) so that c[0, r) are exactly the candidates before it;
-   *before gets their mass. Past the total mass (rounding): the last candidate. n > 0. */
-static int64_t select_mass(cand_t *c, int64_t n, double target, double *before) {
-    int64_t lo = 0, hi = n;
-    double acc = 0.0;
-    while (hi - lo > 16) {
-        double left;
-        int64_t p = partition(c, lo, hi, &left);
-        if (acc + left > target) { hi = p; continue; }
-        acc += left;
-        if (acc + c[p].w > target || p == hi - 1) { *before = acc; return p; }
-        acc += c[p].w;
-        lo = p + 1;
-    }
-    insertion_sort(c, lo, hi);
-    int64_t j = lo;
-    for (; j < hi - 1 && acc + c[j].w <= target; j++) acc += c[j].w;
-    *before = acc;
-    return j;
-}
 
 /* Maxima of the row's BLK-entry blocks into bm and of its CH-entry chunks into cm; returns the
    row maximum. With `mass`, also the row's mass of 2^((x - max) s), summed relative to the
@@ -254,12 +184,28 @@ static void weight_histogram(const void *row, int bf16, int64_t v, float s, floa
    -1, of bin `second` into c[lim - *n2, lim): one pass for both. `kept`: the row's weights as
    `weight_histogram` kept them (else computed again). */
 #define IN_BINS(k) ((((k) >= lo_bin) & ((k) <= first)) | ((k) == second))
+/* Bit j set iff bin[j] is one of the wanted bins, for 16 entries: three compares into a mask
+   register with AVX-512 (the portable loop compiles to a horizontal OR of shifted lanes). */
+static inline uint32_t hit_mask16(const int32_t *bin, int32_t lo_bin, int32_t first,
+                                  int32_t second) {
+#ifdef __AVX512F__
+    __m512i b = _mm512_loadu_si512(bin);
+    __mmask16 in = _mm512_cmpge_epi32_mask(b, _mm512_set1_epi32(lo_bin));
+    in = _mm512_mask_cmple_epi32_mask(in, b, _mm512_set1_epi32(first));
+    return (uint32_t)(in | _mm512_cmpeq_epi32_mask(b, _mm512_set1_epi32(second)));
+#else
+    uint32_t mask = 0;
+#pragma omp simd reduction(| : mask)
+    for (int64_t j = 0; j < 16; j++) mask |= (uint32_t)IN_BINS(bin[j]) << j;
+    return mask;
+#endif
+}
 static void gather_bins(const void *row, int bf16, int64_t v, float s, float b, float mp,
                         int32_t lo_bin, int32_t first, int32_t second, cand_t *c, int64_t lim,
                         int64_t *n1, int64_t *n2, const float *kept) {
     float buf[CH], wbuf[CH];
     int32_t bin[CH];
-    *n1 = *n2 = 0;
+    int64_t k1 = 0, k2 = 0; /* counts in registers: stores to c may alias n1 and n2 */
     for (int64_t lo = 0; lo < v; lo += CH) {
         int64_t len = span_len(v, lo);
         const float *x = chunk(row, bf16, lo, len, buf);
@@ -272,22 +218,19 @@ static void gather_bins(const void *row, int bf16, int64_t v, float s, float b, 
         if (!kept) span_weights(x, len, s, b, mp, wbuf);
         for (int64_t g = 0; g < len; g += 16) { /* per 16 entries: a bit mask of the hits */
             int64_t end = g + 16 < len ? g + 16 : len;
-            uint32_t mask = 0;
-            if (end - g == 16) {
-#pragma omp simd reduction(| : mask)
-                for (int64_t j = 0; j < 16; j++) mask |= (uint32_t)IN_BINS(bin[g + j]) << j;
-            } else {
+            uint32_t mask = end - g == 16 ? hit_mask16(bin + g, lo_bin, first, second) : 0;
+            if (end - g < 16)
                 for (int64_t j = g; j < end; j++) mask |= (uint32_t)IN_BINS(bin[j]) << (j - g);
-            }
             for (; mask; mask &= mask - 1) { /* only the hits: no mispredicted branches */
                 int64_t j = g + __builtin_ctz(mask);
                 if (!(w[j] > 0.0f)) continue;
-                cand_t *to = bin[j] != second ? &c[(*n1)++] : &c[lim - ++(*n2)];
+                cand_t *to = bin[j] != second ? &c[k1++] : &c[lim - ++k2];
                 to->key = rank_key(x[j], lo + j);
                 to->w = w[j];
             }
         }
     }
+    *n1 = k1, *n2 = k2;
 }
 
 /* Top-k by a count histogram: the bin of the k-th best entry, then the entries of that bin and
@@ -342,15 +285,20 @@ static int64_t flat_top_p(const void *row, int bf16, int64_t v, float s, float m
     int64_t n, n2, r = -1;
     gather_bins(row, bf16, v, s, b, mp, cut, cut, at == at_hi && at < cut ? at : -1, t->c, v + 1,
                 &n, &n2, t->w);
-    if (n > 0) r = select_mass(t->c, n, target - cum[cut], &before);
+    ranges_t g;
+    const int many = n > SUB_ABOVE; /* then both selections below skip whole ranges */
+    if (many) sort_ranges(t->c, n, t->c + v + 1, &g);
+    if (n > 0) r = select_in(t->c, n, target - cum[cut], &before, many ? &g : NULL);
     double draw = u * (cum[cut] + (r >= 0 ? before + t->c[r].w : 0.0));
     if (r >= 0 && draw >= cum[cut])
-        return (int64_t)(uint32_t)t->c[select_mass(t->c, r + 1, draw - cum[cut], &before)].key;
+        return KEY_TOKEN(t->c[select_in(t->c, r + 1, draw - cum[cut], &before, many ? &g : NULL)]);
     for (at = 0; at < cut - 1 && cum[at + 1] <= draw;) at++;
     if (n2 == 0) /* the draw's bin was not gathered with the cut's (if it was, it is `at`) */
         gather_bins(row, bf16, v, s, b, mp, 0, -1, at, t->c, v + 1, &n, &n2, t->w);
+    if (n2 == 0) return -1;
     cand_t *c2 = t->c + v + 1 - n2;
-    return n2 > 0 ? (int64_t)(uint32_t)c2[select_mass(c2, n2, draw - cum[at], &before)].key : -1;
+    if (n2 > SUB_ABOVE) sort_ranges(c2, n2, t->c + v + 1, &g);
+    return KEY_TOKEN(c2[select_in(c2, n2, draw - cum[at], &before, n2 > SUB_ABOVE ? &g : NULL)]);
 }
 
 /* Top-p without top-k. The kept entries are the best ones up to the one where the mass in order
@@ -405,7 +353,7 @@ int sample_filtered_rows(const void *x, int bf16, int64_t v, const int64_t *rows
         malloc(sizeof(float) * (size_t)((v + BLK - 1) / BLK + (v + CH - 1) / CH)),
         malloc(sizeof(float) * 4 * NBINS),
         malloc(sizeof(double) * (NBINS + 1)),
-        malloc(sizeof(cand_t) * (size_t)(v + 1)),
+        malloc(sizeof(cand_t) * (size_t)(2 * (v + 1))), /* the second half: sort_ranges' */
     };
     int rc = t.w && t.bm && t.hist && t.cum && t.c ? 0 : -1;
     size_t row_bytes = (size_t)v * (bf16 ? 2 : 4);

@@ -186,6 +186,34 @@ def test_large_vocabulary_top_p_near_one_is_exact(p):
     assert tokens[0] == x[0].argmax()
 
 
+def _sorted_pick(row: torch.Tensor, t: float, p: float, u: float) -> int:
+    """The token float64 top-p picks for uniform u: logit descending, then index ascending."""
+    probs = reference(row, t, p=p)
+    order = row.double().sort(descending=True, stable=True).indices
+    at = torch.searchsorted(
+        probs[order].cumsum(0), torch.tensor(u, dtype=torch.float64), right=True
+    )
+    return int(order[at.clamp(max=row.numel() - 1)])
+
+
+@pytest.mark.parametrize("p", [0.5, 0.9])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_very_flat_rows_pick_the_sorted_token(p, dtype):
+    """Logits within ~0.1 of each other: the cut's mass bin holds thousands of entries (in bf16
+    mostly tied), which are selected from by ranges of logits rather than one quickselect; the
+    picks are those of the float64 sorted reference for the same uniforms."""
+    torch.manual_seed(6)
+    n, v = 48, 32000
+    x, u = (torch.randn(n, v) * 0.02).to(dtype), torch.rand(n)
+    u[0], u[1] = 0.0, 1.0 - 1e-7
+    tokens = sampler_native.sample_filtered_rows(
+        x, torch.full((n,), 1 / 0.7), None, torch.full((n,), p), None, u
+    )
+    expected = [_sorted_pick(row.float(), 0.7, p, float(ui)) for row, ui in zip(x, u)]
+    assert (torch.tensor(expected) == tokens).float().mean() >= 0.95
+    assert tokens[0] == x[0].float().argmax()
+
+
 def test_bfloat16_rows_draw_the_tokens_of_their_widening():
     torch.manual_seed(5)
     x, u = (torch.randn(64, 3000) * 3).bfloat16(), torch.rand(64)
