@@ -10,7 +10,7 @@ whole-vocabulary draw. Here no row is sorted. One pass takes the maxima of 32-en
   of the k-th entry instead (the block bound gets loose as k nears the block count).
 * top-p without top-k (exact for any top_p): the row's mass Z; the kept set lies within the best
   64 entries iff their mass exceeds p * Z (the usual, peaked case). Otherwise (a flat row) a
-  histogram of the mass over log2-weight bins (1/16 wide) locates the bin where the cut falls and
+  histogram of the mass over log2-weight bins (1/64 wide) locates the bin where the cut falls and
   the bin the draw falls in; only their entries are gathered and ordered, bins above the cut are
   kept whole. Small vocabularies (<= 4096) simply take every entry as a candidate.
 * the cut and the draw: "keep tokens whose mass strictly above them is <= top_p * total" and "the
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 SOURCE = r"""
 #define BLK 32 /* entries per block: block maxima bound the candidates */
-#define HR 16 /* histogram bins per unit of log2 weight (flat top-p rows) */
-#define NBINS 1024 /* the last bin holds the weights below 2^-63.9 */
+#define HR 64 /* histogram bins per unit of log2 weight (flat top-p rows) */
+#define NBINS 4096 /* the last bin holds the weights below 2^-63.98 */
 #define FLAT_CANDIDATES 4096 /* top-p on a larger vocabulary: the histogram path when flat */
 #define TOP_P_FIRST 64 /* top-p first tries the best 64 entries */
 #define TOP_K_BOUNDED 512 /* larger top-k: by the count histogram, not block maxima */
