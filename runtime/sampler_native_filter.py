@@ -18,8 +18,7 @@ whole-vocabulary draw. Here no row is sorted. One pass takes the maxima of 32-en
   done by quickselect (`sampler_native_select`); a flat row's cut bin of more than 256 entries
   is first counting-sorted into 256 ranges of logits, so whole ranges are passed by their mass.
 
-Order: by logit descending, then by index ascending (torch.sort's order among equal logits is
-unspecified; any order gives the same distribution over logit values, this one is reproducible).
+The order of candidates (logit descending, then index ascending) is `sampler_native_select`'s.
 Weights are 2^((x - max) * s) relative to the row's best token, as in `sampler_ops`; min-p drops
 weights below min_p before top-k/top-p, as `apply_top_k_top_p_min_p` does (top-k of the min-p
 survivors is the same set either way: min-p is a threshold on the logit). Sums are in double,
@@ -285,20 +284,19 @@ static int64_t flat_top_p(const void *row, int bf16, int64_t v, float s, float m
     int64_t n, n2, r = -1;
     gather_bins(row, bf16, v, s, b, mp, cut, cut, at == at_hi && at < cut ? at : -1, t->c, v + 1,
                 &n, &n2, t->w);
-    ranges_t g;
-    const int many = n > SUB_ABOVE; /* then both selections below skip whole ranges */
-    if (many) sort_ranges(t->c, n, t->c + v + 1, &g);
-    if (n > 0) r = select_in(t->c, n, target - cum[cut], &before, many ? &g : NULL);
+    ranges_t g; /* many candidates: both selections below skip whole ranges */
+    const ranges_t *gr = ranges_if_many(t->c, n, t->c + v + 1, &g);
+    if (n > 0) r = select_in(t->c, n, target - cum[cut], &before, gr);
     double draw = u * (cum[cut] + (r >= 0 ? before + t->c[r].w : 0.0));
     if (r >= 0 && draw >= cum[cut])
-        return KEY_TOKEN(t->c[select_in(t->c, r + 1, draw - cum[cut], &before, many ? &g : NULL)]);
+        return KEY_TOKEN(t->c[select_in(t->c, r + 1, draw - cum[cut], &before, gr)]);
     for (at = 0; at < cut - 1 && cum[at + 1] <= draw;) at++;
     if (n2 == 0) /* the draw's bin was not gathered with the cut's (if it was, it is `at`) */
         gather_bins(row, bf16, v, s, b, mp, 0, -1, at, t->c, v + 1, &n, &n2, t->w);
     if (n2 == 0) return -1;
     cand_t *c2 = t->c + v + 1 - n2;
-    if (n2 > SUB_ABOVE) sort_ranges(c2, n2, t->c + v + 1, &g);
-    return KEY_TOKEN(c2[select_in(c2, n2, draw - cum[at], &before, n2 > SUB_ABOVE ? &g : NULL)]);
+    gr = ranges_if_many(c2, n2, t->c + v + 1, &g);
+    return KEY_TOKEN(c2[select_in(c2, n2, draw - cum[at], &before, gr)]);
 }
 
 /* Top-p without top-k. The kept entries are the best ones up to the one where the mass in order

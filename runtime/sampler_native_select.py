@@ -140,6 +140,14 @@ static int64_t select_ranges(cand_t *c, int64_t lim, double target, double *befo
     return 0; /* lim < 1: not reached by the callers */
 }
 
+/* g after sorting c[0, n) into ranges when they are many (tmp: n scratch candidates), else
+   NULL with c untouched: what select_in takes. */
+static const ranges_t *ranges_if_many(cand_t *c, int64_t n, cand_t *tmp, ranges_t *g) {
+    if (n <= SUB_ABOVE) return NULL;
+    sort_ranges(c, n, tmp, g);
+    return g;
+}
+
 /* select_mass, through the ranges where given (c then sorted by sort_ranges). */
 static int64_t select_in(cand_t *c, int64_t lim, double target, double *before,
                          const ranges_t *g) {

@@ -161,6 +161,16 @@ def test_same_picks_as_the_torch_path(monkeypatch, scale, k, p, mp):
     assert (native == sampler_ops.sample_candidates(*args)).float().mean() >= 0.99
 
 
+def _sorted_pick(row: torch.Tensor, t: float, p: float, u: float) -> int:
+    """The token float64 top-p picks for uniform u: logit descending, then index ascending."""
+    probs = reference(row, t, p=p)
+    order = row.double().sort(descending=True, stable=True).indices
+    at = torch.searchsorted(
+        probs[order].cumsum(0), torch.tensor(u, dtype=torch.float64), right=True
+    )
+    return int(order[at.clamp(max=row.numel() - 1)])
+
+
 @pytest.mark.parametrize("p", [0.99, 0.999])
 def test_large_vocabulary_top_p_near_one_is_exact(p):
     """32k rows whose kept set is far beyond 1024 tokens: the picks match the float64 sorted
@@ -172,28 +182,11 @@ def test_large_vocabulary_top_p_near_one_is_exact(p):
     tokens = sampler_native.sample_filtered_rows(
         x, torch.ones(n), None, torch.full((n,), p), None, u
     )
-    expected, kept = [], []
-    for row, ui in zip(x, u):
-        probs = reference(row, 1.0, p=p)
-        order = row.double().sort(descending=True, stable=True).indices
-        cum = probs[order].cumsum(0)
-        kept.append(int((probs > 0).sum()))
-        expected.append(
-            int(order[torch.searchsorted(cum, ui.double(), right=True).clamp(max=v - 1)])
-        )
+    expected = [_sorted_pick(row, 1.0, p, float(ui)) for row, ui in zip(x, u)]
+    kept = [int((reference(row, 1.0, p=p) > 0).sum()) for row in x]
     assert min(kept) > 10000
     assert (torch.tensor(expected) == tokens).float().mean() >= 0.95
     assert tokens[0] == x[0].argmax()
-
-
-def _sorted_pick(row: torch.Tensor, t: float, p: float, u: float) -> int:
-    """The token float64 top-p picks for uniform u: logit descending, then index ascending."""
-    probs = reference(row, t, p=p)
-    order = row.double().sort(descending=True, stable=True).indices
-    at = torch.searchsorted(
-        probs[order].cumsum(0), torch.tensor(u, dtype=torch.float64), right=True
-    )
-    return int(order[at.clamp(max=row.numel() - 1)])
 
 
 @pytest.mark.parametrize("p", [0.5, 0.9])
