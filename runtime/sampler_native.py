@@ -31,7 +31,12 @@ import subprocess
 from pathlib import Path
 
 import torch
-from pagoda.runtime import native, sampler_native_filter, sampler_native_select
+from pagoda.runtime import (
+    native,
+    sampler_native_codes,
+    sampler_native_filter,
+    sampler_native_select,
+)
 
 log = logging.getLogger(__name__)
 
@@ -286,6 +291,7 @@ int argmax_rows(const void *x, int bf16, int64_t v, int64_t *out, int64_t n, int
 }
 """.replace("@CHUNK@", str(CHUNK)).replace("@CLAIM@", native.CLAIM_C)
 SOURCE += sampler_native_select.SOURCE  # candidates and weighted quickselect
+SOURCE += sampler_native_codes.SOURCE  # flat top-p rows by logit codes
 SOURCE += sampler_native_filter.SOURCE  # top-k / top-p / min-p: the same library
 
 

@@ -1,5 +1,5 @@
-"""C source of the sampler's selection primitives: candidates ordered by rank key, weighted
-quickselect, and ranges for large candidate sets; spliced before `sampler_native_filter`'s
+"""C source of the sampler's selection primitives: candidates ordered by rank key and weighted
+quickselect; spliced before `sampler_native_filter`'s
 row strategies (top-k / top-p / min-p), in the same library.
 
 The order: by logit descending, then by index ascending (torch.sort's order among equal logits
@@ -83,75 +83,6 @@ static int64_t select_mass(cand_t *c, int64_t n, double target, double *before) 
     for (; j < hi - 1 && acc + c[j].w <= target; j++) acc += c[j].w;
     *before = acc;
     return j;
-}
-
-/* A large candidate set (a flat row's cut bin: thousands of near-equal weights, many tied in
-   bf16) made cheap to select from: counting-sorted into SUB ranges of their logits, in key
-   order between ranges (index order kept within), each range's mass summed, so a selection
-   skips whole ranges and quickselects inside one (quickselect alone made ~3.4 partition
-   passes over all of them, twice: cut and draw). */
-#define SUB 256
-#define SUB_ABOVE 256 /* fewer candidates: plain quickselect */
-typedef struct { double mass[SUB]; int64_t start[SUB + 1]; } ranges_t;
-
-static inline uint32_t order_bits(uint64_t key) { return ~(uint32_t)(key >> 32); } /* with x */
-
-/* Reorders c[0, n) into ranges by order bits (tmp: n scratch candidates). */
-static void sort_ranges(cand_t *c, int64_t n, cand_t *tmp, ranges_t *g) {
-    uint32_t hi = 0, lo = UINT32_MAX;
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t o = order_bits(c[i].key);
-        hi = o > hi ? o : hi;
-        lo = o < lo ? o : lo;
-    }
-    int shift = 0;
-    while (((uint64_t)(hi - lo) >> shift) >= SUB) shift++;
-    int64_t at[SUB] = {0};
-    memset(g->mass, 0, sizeof g->mass);
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t r = (hi - order_bits(c[i].key)) >> shift; /* 0: the highest logits */
-        at[r]++;
-        g->mass[r] += c[i].w;
-    }
-    g->start[0] = 0;
-    for (int r = 0; r < SUB; r++) g->start[r + 1] = g->start[r] + at[r], at[r] = g->start[r];
-    for (int64_t i = 0; i < n; i++) tmp[at[(hi - order_bits(c[i].key)) >> shift]++] = c[i];
-    memcpy(c, tmp, sizeof(cand_t) * (size_t)n);
-}
-
-/* select_mass over c[0, lim) of candidates sorted into ranges: whole ranges before `lim` are
-   passed by their mass, the one holding target (or the last, past the total) is quickselected;
-   c[0, r) are then exactly the candidates before r. */
-static int64_t select_ranges(cand_t *c, int64_t lim, double target, double *before,
-                             const ranges_t *g) {
-    double acc = 0.0;
-    for (int r = 0; r < SUB; r++) {
-        int64_t lo = g->start[r], hi = g->start[r + 1] < lim ? g->start[r + 1] : lim;
-        if (lo >= hi) continue;
-        if (hi < lim && hi == g->start[r + 1] && acc + g->mass[r] <= target) {
-            acc += g->mass[r];
-            continue;
-        }
-        int64_t at = lo + select_mass(c + lo, hi - lo, target - acc, before);
-        *before += acc;
-        return at;
-    }
-    *before = 0.0;
-    return 0; /* lim < 1: not reached by the callers */
-}
-
-/* g after sorting c[0, n) into ranges when they are many (tmp: n scratch candidates), else
-   NULL with c untouched: what select_in takes. */
-static const ranges_t *ranges_if_many(cand_t *c, int64_t n, cand_t *tmp, ranges_t *g) {
-    if (n <= SUB_ABOVE) return NULL;
-    sort_ranges(c, n, tmp, g);
-    return g;
-}
-
-/* select_mass, through the ranges where given (c then sorted by sort_ranges). */
-static int64_t select_in(cand_t *c, int64_t lim, double target, double *before,
-                         const ranges_t *g) {
-    return g ? select_ranges(c, lim, target, before, g) : select_mass(c, lim, target, before);
 }
 
 #define KEY_TOKEN(cand) ((int64_t)(uint32_t)(cand).key) /* the vocabulary index in a key */

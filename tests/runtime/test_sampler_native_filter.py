@@ -215,8 +215,9 @@ def test_bfloat16_rows_draw_the_tokens_of_their_widening():
     assert torch.equal(a, sampler_native.sample_filtered_rows(x.float(), *args))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("v", [300, 8192])
-def test_edge_rows_yield_valid_tokens(v):
+def test_edge_rows_yield_valid_tokens(v, dtype):
     x = torch.randn(6, v)
     x[0] = float("-inf")  # nothing finite: the argmax (0)
     x[1, 7] = float("inf")  # an infinite logit: that token
@@ -227,11 +228,61 @@ def test_edge_rows_yield_valid_tokens(v):
     top_k = torch.tensor([5, 5, 5, 1, v, v])
     top_p = torch.tensor([1.0, 0.9, 0.9, 1.0, 0.5, 0.0])
     u = torch.full((6,), 0.9999999)
+    x = x.to(dtype)
     tokens = sampler_native.sample_filtered_rows(x, inv_t, top_k, top_p, None, u).tolist()
     assert tokens[:3] == [0, 7, v - 1]
     assert tokens[3] == int(x[3].argmax())  # top_k = 1
     assert tokens[4] == 123
     assert tokens[5] == int(x[5].argmax())  # top_p = 0 keeps the best token
+
+
+@pytest.mark.parametrize("p, mp", [(0.9, 0.0), (0.5, 0.0), (0.99, 0.02)])
+def test_bfloat16_flat_rows_draw_the_tokens_of_their_widening(p, mp):
+    """A bfloat16 row's codes are counted and its place in a code is arithmetic; its float32
+    widening sums weights per code and quickselects inside one: the same tokens, exactly."""
+    torch.manual_seed(8)
+    n, v = 64, 32000
+    x = torch.randn(n, v) * torch.tensor([0.02, 0.3, 1.0, 3.0]).repeat(n // 4)[:, None]
+    x, u = x.bfloat16(), torch.rand(n)
+    u[0], u[1] = 0.0, 1.0 - 1e-7
+    args = (torch.full((n,), 1 / 0.7), None, torch.full((n,), p), torch.full((n,), mp), u)
+    a = sampler_native.sample_filtered_rows(x, *args)
+    assert torch.equal(a, sampler_native.sample_filtered_rows(x.float(), *args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_non_finite_rows_leave_the_next_rows_alone(dtype):
+    """Rows with NaN, +-inf and -0.0 between ordinary ones (one thread, so they share the
+    per-code histograms, which each row clears): the ordinary rows draw what they draw alone,
+    and top-k above the block bounds (by codes) shares the same histograms."""
+    torch.manual_seed(9)
+    n, v = 8, 8192
+    x = torch.randn(n, v) * 0.5
+    x[1, ::7] = float("nan")
+    x[3, ::5] = float("-inf")
+    x[3, 11] = float("inf")
+    x[5, :100] = -0.0
+    x[5, 100:] = float("nan")
+    x = x.to(dtype)
+    u, inv_t = torch.rand(n), torch.full((n,), 1.3)
+    top_k = torch.tensor([v, 700, v, 700, v, v, 700, v])
+    top_p = torch.full((n,), 0.9)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        mixed = sampler_native.sample_filtered_rows(x, inv_t, top_k, top_p, None, u)
+    finally:
+        torch.set_num_threads(threads)
+    clean = [0, 2, 4, 6, 7]
+    alone = [
+        int(sampler_native.sample_filtered_rows(x[i : i + 1], inv_t[:1], top_k[i : i + 1],
+                                                top_p[:1], None, u[i : i + 1])[0])
+        for i in clean
+    ]  # fmt: skip
+    assert mixed[clean].tolist() == alone
+    assert mixed[3] == 11  # the infinite logit
+    assert mixed[5] < 100  # the -0.0 entries are the finite ones: one of them
+    assert not torch.isnan(x[1, mixed[1]].float())
 
 
 def test_rows_split_over_threads_and_seeded_requests_reproduce():
