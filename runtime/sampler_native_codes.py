@@ -8,16 +8,18 @@ code; walking the codes down from the highest, by their mass, finds the code whe
 falls, then the code the draw falls in. The entries of a bfloat16 code are equal, so the
 position inside it is arithmetic and the token is one scan for that code's n-th entry: a
 bfloat16 row is read twice, with no other pass (no block maxima, no row mass first). A float32
-code holds different values, so a float32 row takes its maximum first, sums its weights per
-code, and orders only the cut's and the draw's codes' entries (a few dozen on a flat row) by
+code holds different values, so a float32 row comes after the filter's block-maxima pass (and
+its try of the best 64 entries), sums its weights per code, and orders only the cut's and the draw's codes' entries (a few dozen on a flat row) by
 quickselect. Top-k above the block bounds walks the counts to the code of the k-th entry.
 
 Masses are counts times a weight, or sums of weights, in double: exact for equal weights, so a
 bfloat16 row and its float32 widening give the same token. The order inside a code is the
 candidates' (logit descending, then index ascending: `sampler_native_select`). Walks pass 16
 codes at a time by their sum, and jump over the empty codes around zero (the codes of tiny
-magnitudes: half of all codes). ~2.5x faster than the mass-bin histogram this replaced, whose
-cut bin held thousands of entries to gather and order on a flat row.
+magnitudes: half of all codes). Against the mass-bin histogram this replaced (whose cut bin held
+thousands of entries to gather and order), [256, 32000] bf16 rows at top-p 0.9 on a Zen 4:
+2.3-4.9x faster on flat rows, 1.3x on peaked ones; float32 rows within +-6 % (their weights
+are summed per code in double, a scatter of adds the count pass of bf16 rows does not need).
 """
 
 from __future__ import annotations
