@@ -1,0 +1,140 @@
+"""The native top-k / top-p kernel of a git commit against this tree's, alternating in one
+process: both libraries are built from their commit's C source and called on the same logits
+and uniforms, so machine noise falls on both alike; also says whether they picked the same tokens.
+
+    .venv/bin/python -P benchmarks/sampler_ab.py --old-ref fae1d13              # top-p 0.9
+    .venv/bin/python -P benchmarks/sampler_ab.py --old-ref HEAD~1 --top-k 700 --top-p 1
+
+Rows are randn * sigma (sigma 0.02: near uniform; 0.3, 1.0: flat; 3.0: spread) and a peaked
+row (8 strong tokens over randn * 2.5), in bf16 and float32; kernel milliseconds are the median
+over rounds of each round's best of `--reps` calls.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch (and OpenMP) load
+
+import argparse
+import ctypes
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, markdown_table
+from long_context import _old_tree
+from pagoda.runtime import native, sampler_native
+
+PRINT_SOURCE = "from pagoda.runtime import sampler_native as s; print(s.SOURCE, end='')"
+LOG2E = 1.4426950408889634
+
+
+def source_at(ref: str) -> str:
+    """The native sampler's whole C source as commit `ref` builds it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, PYTHONPATH=str(_old_tree(ref, Path(tmp))))
+        cmd = [sys.executable, "-P", "-c", PRINT_SOURCE]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+
+
+def load(source: str, name: str):
+    """`sample_filtered_rows` of `source`, built as the runtime builds it."""
+    cc = native.find_compiler("CC", ["cc", "gcc"])
+    flags = ["-mprefer-vector-width=512", "-march=native", *sampler_native.FLAGS]
+    directory = native.cache_dir() / "native"
+    path = native.build(
+        source, name=name, compiler=cc, flags=flags, language="c", directory=directory
+    )
+    fn = ctypes.CDLL(str(path)).sample_filtered_rows
+    p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    fn.argtypes = [p, i32, i64, p, p, p, p, p, p, p, i64, p, i64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def call(fn, x: torch.Tensor, params: list[torch.Tensor | None]) -> torch.Tensor:
+    """One token per row of x through `fn`, threaded as `sampler_native` threads it."""
+    n, v = x.shape
+    out = torch.empty(n, dtype=torch.long)
+    ptrs = [None if t is None else t.data_ptr() for t in params]
+    bf16 = int(x.dtype == torch.bfloat16)
+    sampler_native._over_rows(fn, n, x.data_ptr(), bf16, v, None, *ptrs, out.data_ptr())
+    return out
+
+
+def cases(rows: int, vocab: int) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    peaked = torch.randn(rows, vocab, generator=g) * 2.5
+    peaked[:, :8] += 9
+    for dtype in (torch.bfloat16, torch.float32):
+        name = str(dtype).removeprefix("torch.")
+        for sigma in (0.02, 0.3, 1.0, 3.0):
+            out.append(
+                (f"{name} σ {sigma}", (torch.randn(rows, vocab, generator=g) * sigma).to(dtype))
+            )
+        out.append((f"{name} peaked", peaked.to(dtype)))
+    return out
+
+
+def best_ms(fn, x, params, reps: int) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        call(fn, x, params)
+        best = min(best, time.perf_counter() - t)
+    return 1e3 * best
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--old-ref", required=True, help="the git commit to compare against")
+    ap.add_argument("--rows", type=int, default=256)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--temperature", type=float, default=0.6)
+    ap.add_argument("--top-p", type=float, default=0.9)
+    ap.add_argument("--top-k", type=int, default=0, help="0: off")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args(argv)
+    print(f"machine: {machine()}")
+    old, new = (
+        load(source_at(args.old_ref), "sampler_ab_old"),
+        load(sampler_native.SOURCE, "sampler_ab_new"),
+    )
+    n = args.rows
+    g = torch.Generator().manual_seed(1)
+    params = [
+        torch.full((n,), LOG2E / args.temperature),
+        torch.full((n,), args.top_k) if args.top_k else None,
+        torch.full((n,), args.top_p) if args.top_p < 1 else None,
+        None,
+        torch.rand(n, generator=g),
+    ]
+    table = []
+    for name, x in cases(n, args.vocab):
+        times: dict[str, list[float]] = {"old": [], "new": []}
+        for r in range(args.rounds):  # alternating which goes first
+            for key, fn in (
+                (("old", old), ("new", new)) if r % 2 == 0 else (("new", new), ("old", old))
+            ):
+                times[key].append(best_ms(fn, x, params, args.reps))
+        a, b = statistics.median(times["old"]), statistics.median(times["new"])
+        same = torch.equal(call(old, x, params), call(new, x, params))
+        table.append([name, f"{a:.2f}", f"{b:.2f}", f"{a / b:.2f}x", "yes" if same else "no"])
+    filters = f"top-k {args.top_k or 'off'}, top-p {args.top_p}, T {args.temperature}"
+    print(
+        f"\nkernel ms, [{n}, {args.vocab}], {filters}; before = {args.old_ref}, after = this tree"
+    )
+    print(markdown_table(["rows", "before", "after", "speed-up", "same tokens"], table))
+
+
+if __name__ == "__main__":
+    main()
