@@ -13,7 +13,9 @@ output building. Decode steps are timed at 32/128/256 running sequences, greedy 
 sampler, alternating in one run (the kernels are `pagoda.runtime.sampler_native`). `--head on off`
 does the same with and without the LM head's own sampling (`qgemm`'s sampling mode, float32
 models on AVX2 CPUs: the tokens come out of the forward, no logits are written); the sampler
-column says "+ LM head" where it ran. `--filters` adds sampled steps whose rows ask top-p 0.9
+column says "+ LM head" where it ran. `--extras` adds steps whose rows ask penalties (presence
+and frequency; repetition) or logprobs, which read every row's logits. `--filters` adds sampled
+steps whose rows ask top-p 0.9
 and top-k 40 (the random model's rows are flat: top-p's hardest case for the sampler).
 """
 
@@ -138,7 +140,7 @@ def measure_all(loaded, args) -> list[dict]:
     """Every (seqs, sampling, sampler) case: wall ms per step and the clocked phases."""
     rows = []
     for n in args.seqs:
-        for name, sampling in cases(args.filters):
+        for name, sampling in cases(args.filters, args.extras):
             for kind, head in itertools.product(args.samplers, args.head):
                 used = use_sampler(kind)
                 r = measure(loaded, n, sampling, args.steps, args.prompt_len, head == "on")
@@ -150,9 +152,10 @@ def measure_all(loaded, args) -> list[dict]:
     return rows
 
 
-def cases(filters: bool) -> list[tuple[str, list[dict]]]:
+def cases(filters: bool, extras: bool = False) -> list[tuple[str, list[dict]]]:
     """(name, SamplingParams fields the requests take in turn): greedy and sampled; with
-    `filters` also top-p, top-k, and a batch whose rows alternate between plain and top-k."""
+    `filters` also top-p, top-k, and a batch whose rows alternate between plain and top-k;
+    with `extras`, penalties and logprobs."""
     plain, top_k = {"temperature": 0.6}, {"temperature": 0.6, "top_k": 40}
     out = [("greedy", [{"temperature": 0.0}]), ("sampled T=0.6", [plain])]
     if filters:
@@ -160,6 +163,15 @@ def cases(filters: bool) -> list[tuple[str, list[dict]]]:
             ("T=0.6 top-p 0.9", [{"temperature": 0.6, "top_p": 0.9}]),
             ("T=0.6 top-k 40", [top_k]),
             ("half top-k 40", [plain, top_k]),
+        ]
+    if extras:
+        out += [
+            (
+                "T=0.6 presence+frequency",
+                [{**plain, "presence_penalty": 0.5, "frequency_penalty": 0.3}],
+            ),
+            ("T=0.6 repetition 1.1", [{**plain, "repetition_penalty": 1.1}]),
+            ("T=0.6 logprobs 5", [{**plain, "logprobs": 5}]),
         ]
     return out
 
@@ -170,6 +182,7 @@ def before_after(args, rounds: int = 2) -> None:
     cmd = [sys.executable, "-P", __file__, "--child", "--steps", str(args.steps)]
     cmd += ["--prompt-len", str(args.prompt_len), "--seqs", *map(str, args.seqs)]
     cmd += ["--filters"] if args.filters else []
+    cmd += ["--extras"] if args.extras else []
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"before": str(_old_tree(args.old_ref, Path(tmp))), "after": None}
         runs: dict[str, list[list[dict]]] = {"before": [], "after": []}
@@ -241,6 +254,7 @@ def main(argv: list[str] | None = None) -> None:
         help="let the LM head sample where it can (qgemm), or not: side by side with both",
     )
     ap.add_argument("--filters", action="store_true", help="also time top-p, top-k and mixed steps")
+    ap.add_argument("--extras", action="store_true", help="also time penalty and logprobs steps")
     ap.add_argument("--old-ref", help="also time the runtime of this git commit (before/after)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -71,6 +71,7 @@ class Request:
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.generator = None  # torch.Generator for seeded sampling, made by the model runner
+        self.seen_tokens = None  # penalties.SeenTokens, made by the sampler for penalties
         stops = set(self.params.stop_token_ids)
         if not self.params.ignore_eos:
             stops.update(self.eos_token_ids)

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import torch
 from pagoda.runtime import sampler_native
+from pagoda.runtime.penalties import Penalties
 from pagoda.runtime.request import Request
 from pagoda.runtime.sampler_ops import LOG2E, argmax_rows, sample_candidates, sample_full
 from pagoda.runtime.sampling import SamplingParams
@@ -34,11 +35,7 @@ class SamplingBatch:
     top_k: torch.Tensor | None  # [N] int64 (vocab size = off)
     top_p: torch.Tensor | None  # [N] float32
     min_p: torch.Tensor | None  # [N] float32
-    presence: torch.Tensor | None  # [N] float32
-    frequency: torch.Tensor | None
-    repetition: torch.Tensor | None
-    output_counts: torch.Tensor | None  # [N, V] float32 counts of generated tokens
-    prompt_mask: torch.Tensor | None  # [N, V] bool: token occurs in the prompt
+    penalties: Penalties | None  # the entries repetition/frequency/presence penalties touch
     generators: list[tuple[int, torch.Generator]]  # (row, generator) for seeded rows
     max_logprobs: int | None  # largest logprobs k asked in the batch, None if no row asks
     any_greedy: bool = False
@@ -54,7 +51,7 @@ class SamplingBatch:
     @property
     def plain(self) -> bool:
         """No penalties and no logprobs: only the token choice reads the logits."""
-        return self.output_counts is None and self.max_logprobs is None
+        return self.penalties is None and self.max_logprobs is None
 
     @classmethod
     def build(cls, reqs: list[Request], vocab_size: int, device: torch.device) -> SamplingBatch:
@@ -72,7 +69,7 @@ class SamplingBatch:
             top_p = torch.tensor([p.top_p for p in ps], dtype=f32)
         if any(p.min_p > 0 for p in ps):
             min_p = torch.tensor([p.min_p for p in ps], dtype=f32)
-        penalties = _penalties(reqs, vocab_size) if any(p.needs_penalties for p in ps) else None
+        penalties = Penalties.build(reqs) if any(p.needs_penalties for p in ps) else None
         cand, full, k = _candidate_rows(ps, greedy_host, vocab_size, device)
         lps = [p.logprobs for p in ps if p.logprobs is not None]
 
@@ -81,7 +78,6 @@ class SamplingBatch:
                 return t
             return t.pin_memory().to(device, non_blocking=True)
 
-        presence, frequency, repetition, counts, prompt_mask = penalties or (None,) * 5
         return cls(
             temperature=dev(temp),
             greedy=dev(torch.tensor(greedy_host)),
@@ -89,11 +85,7 @@ class SamplingBatch:
             top_k=dev(top_k),
             top_p=dev(top_p),
             min_p=dev(min_p),
-            presence=dev(presence),
-            frequency=dev(frequency),
-            repetition=dev(repetition),
-            output_counts=dev(counts),
-            prompt_mask=dev(prompt_mask),
+            penalties=penalties.to(dev) if penalties is not None else None,
             generators=[(i, r.generator) for i, r in enumerate(reqs) if r.generator is not None],
             max_logprobs=max(lps) if lps else None,
             any_greedy=any(greedy_host),
@@ -102,24 +94,6 @@ class SamplingBatch:
             num_candidates=k,
             **(_head_fields(ps, greedy_host, cand, temp) if device.type == "cpu" else {}),
         )
-
-
-def _penalties(reqs: list[Request], vocab_size: int) -> tuple[torch.Tensor, ...]:
-    """Presence, frequency and repetition [N], output token counts [N, V] and the prompt mask."""
-    ps = [r.params for r in reqs]
-    f32 = torch.float32
-    presence = torch.tensor([p.presence_penalty for p in ps], dtype=f32)
-    frequency = torch.tensor([p.frequency_penalty for p in ps], dtype=f32)
-    repetition = torch.tensor([p.repetition_penalty for p in ps], dtype=f32)
-    counts = torch.zeros((len(reqs), vocab_size), dtype=f32)
-    prompt_mask = torch.zeros((len(reqs), vocab_size), dtype=torch.bool)
-    for i, r in enumerate(reqs):
-        out = r.output_token_ids
-        if out:
-            counts[i].index_add_(0, torch.tensor(out), torch.ones(len(out), dtype=f32))
-        if r.params.repetition_penalty != 1.0:
-            prompt_mask[i, torch.tensor(r.prompt_token_ids)] = True
-    return presence, frequency, repetition, counts, prompt_mask
 
 
 def _head_fields(ps: list[SamplingParams], greedy: list[bool], cand: list[int], temp) -> dict:
@@ -156,16 +130,6 @@ class SamplerOutput:
     logprobs: torch.Tensor | None  # [N] chosen-token logprob
     top_ids: torch.Tensor | None  # [N, K]
     top_logprobs: torch.Tensor | None  # [N, K]
-
-
-def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
-    """vLLM/OpenAI semantics: repetition over prompt+output, presence/frequency over output."""
-    counts = b.output_counts
-    seen = (counts > 0) | b.prompt_mask
-    rep = b.repetition.unsqueeze(1)
-    logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
-    logits = logits - b.frequency.unsqueeze(1) * counts
-    return logits - b.presence.unsqueeze(1) * (counts > 0).float()
 
 
 def apply_top_k_top_p_min_p(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
@@ -228,23 +192,29 @@ def sample(
     that they are the tokens it gives when it samples without writing logits."""
     if logits.dtype != torch.float32 and not _native_as_is(logits, b):
         logits = logits.float()
-    raw = logits
-    if b.output_counts is not None:
-        logits = apply_penalties(logits, b)
-    if whole is not None:
-        tokens = _sample_whole(logits, b, whole)
-    elif b.all_greedy:
-        tokens = argmax_rows(logits)
-    else:
-        tokens = _sample_random(logits, b, _uniforms(b, logits.shape[0], logits.device))
-        if b.any_greedy:
-            tokens = torch.where(b.greedy, argmax_rows(logits), tokens)
+    restore = b.penalties.apply(logits) if b.penalties is not None else None
+    try:
+        tokens = _pick(logits, b, whole)
+    finally:
+        if restore is not None:  # logprobs are the model's, before penalties
+            restore()
     if b.max_logprobs is None:
         return SamplerOutput(tokens, None, None, None)
-    lp = raw.log_softmax(-1)
+    lp = logits.log_softmax(-1)
     chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1)
     top_lp, top_ids = lp.topk(b.max_logprobs, dim=-1) if b.max_logprobs else (None, None)
     return SamplerOutput(tokens, chosen, top_ids, top_lp)
+
+
+def _pick(logits: torch.Tensor, b: SamplingBatch, whole: WholeSampler | None) -> torch.Tensor:
+    if whole is not None:
+        return _sample_whole(logits, b, whole)
+    if b.all_greedy:
+        return argmax_rows(logits)
+    tokens = _sample_random(logits, b, _uniforms(b, logits.shape[0], logits.device))
+    if b.any_greedy:
+        tokens = torch.where(b.greedy, argmax_rows(logits), tokens)
+    return tokens
 
 
 def _sample_whole(logits: torch.Tensor, b: SamplingBatch, whole: WholeSampler) -> torch.Tensor:

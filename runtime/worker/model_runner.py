@@ -354,7 +354,7 @@ class ModelRunner:
         Penalties depend on the tokens so far and are rebuilt every step."""
         key = tuple(map(id, reqs))
         cached = self._last_sampling
-        if cached is not None and cached[0] == key and cached[1].output_counts is None:
+        if cached is not None and cached[0] == key and cached[1].penalties is None:
             return cached[1]
         for r in reqs:
             if r.params.seed is not None and r.generator is None:
