@@ -14,6 +14,8 @@ passes its sampler as `whole`, which then draws the greedy and unfiltered rows f
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,11 +75,7 @@ class SamplingBatch:
         cand, full, k = _candidate_rows(ps, greedy_host, vocab_size, device)
         lps = [p.logprobs for p in ps if p.logprobs is not None]
 
-        def dev(t: torch.Tensor | None) -> torch.Tensor | None:
-            if t is None or device.type != "cuda":
-                return t
-            return t.pin_memory().to(device, non_blocking=True)
-
+        dev = functools.partial(_to_device, device=device)
         return cls(
             temperature=dev(temp),
             greedy=dev(torch.tensor(greedy_host)),
@@ -94,6 +92,19 @@ class SamplingBatch:
             num_candidates=k,
             **(_head_fields(ps, greedy_host, cand, temp) if device.type == "cpu" else {}),
         )
+
+    def with_penalties(self, reqs: list[Request], device: torch.device) -> SamplingBatch:
+        """This batch with its penalties brought up to the requests' tokens so far (the other
+        fields hold while the same requests sample in the same order)."""
+        penalties = Penalties.build(reqs).to(functools.partial(_to_device, device=device))
+        return dataclasses.replace(self, penalties=penalties)
+
+
+def _to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """A host tensor on `device`, copied without a sync (from pinned memory) on CUDA."""
+    if t is None or device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _head_fields(ps: list[SamplingParams], greedy: list[bool], cand: list[int], temp) -> dict:

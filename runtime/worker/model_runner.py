@@ -351,11 +351,12 @@ class ModelRunner:
     def _sampling_batch(self, reqs: list[Request], vocab_size: int) -> SamplingBatch:
         """The step's sampling parameters, reused while the same requests sample in the same
         order (steady decoding): params are frozen, generators are the requests' own objects.
-        Penalties depend on the tokens so far and are rebuilt every step."""
+        Penalties depend on the tokens so far and are brought up to date every step."""
         key = tuple(map(id, reqs))
         cached = self._last_sampling
-        if cached is not None and cached[0] == key and cached[1].penalties is None:
-            return cached[1]
+        if cached is not None and cached[0] == key:
+            batch = cached[1]
+            return batch if batch.penalties is None else batch.with_penalties(reqs, self.device)
         for r in reqs:
             if r.params.seed is not None and r.generator is None:
                 r.generator = torch.Generator(device=self.device).manual_seed(r.params.seed)

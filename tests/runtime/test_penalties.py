@@ -95,3 +95,22 @@ def test_sample_penalises_the_choice_not_the_logprobs_nor_the_callers_logits():
     assert torch.equal(logits, before)
     lp = before.log_softmax(-1)
     assert torch.allclose(out.logprobs, lp[0, 8:9]) and out.top_ids[0].tolist() == [7, 8]
+
+
+def test_engine_repetition_penalty_matches_transformers(tmp_path):
+    """Steps of a batch reuse their sampling batch and bring only the penalties up to date: greedy
+    decoding with a repetition penalty picks transformers' tokens, request by request."""
+    from hf_oracle import make_tiny_llama
+    from pagoda.runtime import LLM
+
+    model = make_tiny_llama(tmp_path)
+    llm = LLM(str(tmp_path), dtype="float32", kv_cache_memory=8 << 20)
+    prompts = [[(7 * i + 3 * k) % 300 for i in range(n)] for k, n in ((1, 5), (2, 9), (3, 14))]
+    params = SamplingParams(temperature=0, repetition_penalty=1.8, max_tokens=24, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    for prompt, out in zip(prompts, outs):
+        ref = model.generate(
+            torch.tensor([prompt]), max_new_tokens=24, do_sample=False, repetition_penalty=1.8,
+            eos_token_id=None, pad_token_id=0,
+        )  # fmt: skip
+        assert out.outputs[0].token_ids == ref[0, len(prompt) :].tolist()
