@@ -69,7 +69,7 @@ class Penalties:
     presence: torch.Tensor  # [N] float32
     frequency: torch.Tensor
     repetition: torch.Tensor
-    out_rows: torch.Tensor  # [M] int64
+    out_rows: torch.Tensor  # [M] int64 (rows with a frequency or presence penalty)
     out_tokens: torch.Tensor  # [M] int64, distinct within a row
     out_counts: torch.Tensor  # [M] float32, >= 1
     rep_rows: torch.Tensor  # [R] int64 (rows whose repetition penalty is not 1)
@@ -89,7 +89,8 @@ class Penalties:
                 r.seen_tokens = SeenTokens(r.prompt_token_ids, p.repetition_penalty != 1.0)
             s = r.seen_tokens
             s.update(r.token_ids, r.num_prompt_tokens)
-            out.append((s.tok[: s.n], s.cnt[: s.n]))
+            counted = int(bool(p.frequency_penalty or p.presence_penalty))  # else subtracts 0
+            out.append((s.tok[: s.n * counted], s.cnt[: s.n * counted]))
             rep.append(s.rep[: s.n_rep])
 
         def rows_of(arrays: list[np.ndarray]) -> torch.Tensor:
@@ -116,21 +117,24 @@ class Penalties:
 
     @torch.inference_mode()  # the model's logits are inference tensors: written in place here
     def apply(self, logits: torch.Tensor) -> Callable[[], None]:
-        """Penalises `logits` [N, V] (float32) in place; returns what puts the originals back."""
-        if logits.dtype != torch.float32:
-            raise TypeError(f"penalties need float32 logits, got {logits.dtype}")
-        rep_at, out_at = (self.rep_rows, self.rep_tokens), (self.out_rows, self.out_tokens)
-        rep_was, out_was = logits[rep_at], logits[out_at]
+        """Penalises `logits` [N, V] (float32, contiguous) in place; returns what puts the
+        originals back. Entries are addressed flat (row * V + token: one index, no repeats)."""
+        if logits.dtype != torch.float32 or not logits.is_contiguous():
+            raise TypeError(f"penalties need contiguous float32 logits, got {logits.dtype}")
+        flat, v = logits.view(-1), logits.shape[1]
+        rep_at, out_at = self.rep_rows * v + self.rep_tokens, self.out_rows * v + self.out_tokens
+        rep_was, out_was = flat.index_select(0, rep_at), flat.index_select(0, out_at)
         if len(rep_was):
-            r = self.repetition[self.rep_rows]
-            logits[rep_at] = torch.where(rep_was > 0, rep_was / r, rep_was * r)
-        x = logits[out_at]
+            r = self.repetition.index_select(0, self.rep_rows)
+            flat.index_copy_(0, rep_at, torch.where(rep_was > 0, rep_was / r, rep_was * r))
+        x = flat.index_select(0, out_at)
         rows = self.out_rows
-        logits[out_at] = x - self.frequency[rows] * self.out_counts - self.presence[rows]
+        f, p = self.frequency.index_select(0, rows), self.presence.index_select(0, rows)
+        flat.index_copy_(0, out_at, x - f * self.out_counts - p)
 
         @torch.inference_mode()
         def restore() -> None:
-            logits[out_at] = out_was
-            logits[rep_at] = rep_was
+            flat.index_copy_(0, out_at, out_was)
+            flat.index_copy_(0, rep_at, rep_was)
 
         return restore

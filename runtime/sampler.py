@@ -201,13 +201,14 @@ def sample(
     everything else converts first. `whole(logits, scale, u)`, where given, picks the tokens
     of the greedy and unfiltered rows: the LM head's own sampler (`QGemm.sample_logits`), so
     that they are the tokens it gives when it samples without writing logits."""
+    given = logits
     if logits.dtype != torch.float32 and not _native_as_is(logits, b):
         logits = logits.float()
     restore = b.penalties.apply(logits) if b.penalties is not None else None
     try:
         tokens = _pick(logits, b, whole)
-    finally:
-        if restore is not None:  # logprobs are the model's, before penalties
+    finally:  # the caller's logits, and the logprobs' (the model's, before penalties), restored
+        if restore is not None and (logits is given or b.max_logprobs is not None):
             restore()
     if b.max_logprobs is None:
         return SamplerOutput(tokens, None, None, None)
