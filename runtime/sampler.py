@@ -212,6 +212,8 @@ def sample(
             restore()
     if b.max_logprobs is None:
         return SamplerOutput(tokens, None, None, None)
+    if sampler_native.usable(logits):
+        return SamplerOutput(tokens, *sampler_native.logprob_rows(logits, tokens, b.max_logprobs))
     lp = logits.log_softmax(-1)
     chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1)
     top_lp, top_ids = lp.topk(b.max_logprobs, dim=-1) if b.max_logprobs else (None, None)
@@ -247,9 +249,9 @@ def _sample_whole(logits: torch.Tensor, b: SamplingBatch, whole: WholeSampler) -
 
 
 def _native_as_is(logits: torch.Tensor, b: SamplingBatch) -> bool:
-    """Whether only the native kernels touch these logits (no penalties, no logprobs; whole-
-    vocabulary and top-k/top-p rows alike)."""
-    return b.plain and sampler_native.usable(logits)
+    """Whether only the native kernels touch these logits (no penalties; whole-vocabulary and
+    top-k/top-p rows, and logprobs, alike)."""
+    return b.penalties is None and sampler_native.usable(logits)
 
 
 def _uniforms(b: SamplingBatch, n: int, device: torch.device) -> torch.Tensor:

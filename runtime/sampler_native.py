@@ -35,6 +35,7 @@ from pagoda.runtime import (
     native,
     sampler_native_codes,
     sampler_native_filter,
+    sampler_native_logprobs,
     sampler_native_select,
 )
 
@@ -292,7 +293,10 @@ int argmax_rows(const void *x, int bf16, int64_t v, int64_t *out, int64_t n, int
 """.replace("@CHUNK@", str(CHUNK)).replace("@CLAIM@", native.CLAIM_C)
 SOURCE += sampler_native_select.SOURCE  # candidates and weighted quickselect
 SOURCE += sampler_native_codes.SOURCE  # flat top-p rows by logit codes
-SOURCE += sampler_native_filter.SOURCE  # top-k / top-p / min-p: the same library
+SOURCE += sampler_native_filter.SOURCE
+SOURCE += (
+    sampler_native_logprobs.SOURCE
+)  # log-softmax at chosen and best tokens  # top-k / top-p / min-p: the same library
 
 
 def _build() -> Path | None:
@@ -327,7 +331,8 @@ def _library() -> ctypes.CDLL | None:
     lib.sample_rows.argtypes = [p, i32, i64, p, p, p, p, p, i64, p, i64]
     lib.argmax_rows.argtypes = [p, i32, i64, p, i64, p, i64]
     lib.sample_filtered_rows.argtypes = [p, i32, i64, p, p, p, p, p, p, p, i64, p, i64]
-    for fn in (lib.sample_rows, lib.argmax_rows, lib.sample_filtered_rows):
+    lib.logprob_rows.argtypes = [p, i32, i64, p, p, i64, p, p, p, i64, p, i64]
+    for fn in (lib.sample_rows, lib.argmax_rows, lib.sample_filtered_rows, lib.logprob_rows):
         fn.restype = ctypes.c_int
     return lib
 
@@ -401,6 +406,31 @@ def sample_filtered_rows(
     bf16 = int(x.dtype == torch.bfloat16)
     _over_rows(_library().sample_filtered_rows, n, x.data_ptr(), bf16, v, *ptrs, out.data_ptr())
     return out
+
+
+def logprob_rows(
+    logits: torch.Tensor, tokens: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """`log_softmax(logits)` at each row's token [N], and (k > 0) the row's k best tokens [N, k]
+    with theirs, best first (ties by index), without writing the log-softmax (see
+    `sampler_native_logprobs`)."""
+    x = logits.contiguous()
+    n, v = x.shape
+    if not 0 <= k <= v:
+        raise ValueError(f"k must be in [0, {v}], got {k}")
+    t = tokens.long().contiguous()
+    if t.shape != (n,) or (n and not (int(t.min()) >= 0 and int(t.max()) < v)):
+        raise IndexError(f"tokens must be {n} indices below {v}")
+    chosen = torch.empty(n, dtype=torch.float32)
+    ids = torch.empty((n, k), dtype=torch.long) if k else None
+    lps = torch.empty((n, k), dtype=torch.float32) if k else None
+    ptrs = [None if a is None else a.data_ptr() for a in (ids, lps)]
+    bf16 = int(x.dtype == torch.bfloat16)
+    _over_rows(
+        _library().logprob_rows, n, x.data_ptr(), bf16, v, None, t.data_ptr(), k,
+        chosen.data_ptr(), *ptrs,
+    )  # fmt: skip
+    return chosen, ids, lps
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
