@@ -36,8 +36,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >"
 cat "$OUT/gpu.txt"
 TAIL=12 step tests 170 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 160 \
     tests/kernels tests/runtime/test_triton_engine.py tests/runtime/engine/test_invariance.py
-TAIL=30 step throughput 240 $PY benchmarks/gpu_throughput.py --shape 1b --also-fast --also-async \
-    --kernel-profile 10 --hf-requests "${HF:-64}"
+TAIL=40 step throughput 330 $PY benchmarks/gpu_throughput.py --shape 1b --also-fast --also-async \
+    --also-fast-async --kernel-profile 10 --hf-requests "${HF:-64}"
 TAIL=60 step invariance 150 $PY benchmarks/invariance_cost.py ${SWEEP:+--sweep}
 [[ " $STEPS " == *" tune "* ]] && $PY -c "
 import sys, torch; sys.path.insert(0, 'benchmarks')

@@ -231,6 +231,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also run with --async-scheduling (step N+1 launched before step N is read back)",
     )
+    ap.add_argument(
+        "--also-fast-async",
+        action="store_true",
+        help="also run with both --no-batch-invariant and --async-scheduling",
+    )
     args = ap.parse_args(argv)
     if args.tiny:
         args.shape = "tiny"
@@ -243,7 +248,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _variant(loaded, reqs, args, default: dict, flag: str, **engine_kw) -> dict:
     """Run the workload again with one engine option changed; print it beside the default."""
-    other = run_pagoda(loaded, reqs, args, **engine_kw)
+    start = 2 if args.tiny else PHASE_STEPS[1] + 5
+    prof = (
+        KernelProfile(start, args.kernel_profile, loaded_device()) if args.kernel_profile else None
+    )
+    other = run_pagoda(loaded, reqs, args, prof, **engine_kw)
     print(
         f"Pagoda {flag}: {other['tok_s']:.1f} tok/s, {other['step_ms']:.2f} ms/step at "
         f"{other['full_batch']} running (defaults: {default['tok_s']:.1f} tok/s, "
@@ -252,13 +261,20 @@ def _variant(loaded, reqs, args, default: dict, flag: str, **engine_kw) -> dict:
     if other["phases_ms"]:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in other["phases_ms"].items())
         print(f"  {flag} phases (ms/step): {parts}")
+    if prof is not None:
+        other["kernels"] = prof.top()
+        print_top(other["kernels"], prof.steps, f"steps from {start}, {flag}")
     gc.collect()
     return other
 
 
+def loaded_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = loaded_device()
     dtype = torch.bfloat16
     cfg = SHAPES[args.shape]
     print(f"machine: {machine()}")
@@ -284,6 +300,11 @@ def main(argv: list[str] | None = None) -> dict:
             res["async"] = _variant(
                 loaded, reqs, args, res, "--async-scheduling", async_scheduling=True
             )
+        if args.also_fast_async:
+            res["fast_async"] = _variant(
+                loaded, reqs, args, res, "--no-batch-invariant --async-scheduling",
+                batch_invariant=False, async_scheduling=True,
+            )  # fmt: skip
         if device.type == "cuda":
             torch.cuda.empty_cache()
         bw = copy_bandwidth(device)
