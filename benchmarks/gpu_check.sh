@@ -7,11 +7,12 @@
 #   OUT=/tmp/gpu bash benchmarks/gpu_check.sh        # from the repository root
 #   STEPS="tests throughput" HF=0 SWEEP=1 ...         # a subset; no HF baseline; matmul sweep
 #
-# All steps take ~13 min, more than one 10-minute device call: run it as two calls, the open
-# questions first: STEPS="throughput tests" (~7 min: async scheduling vs the default, the kernel
-# profile of a full-batch step, the async GPU tests), then STEPS="invariance tune kernels".
+# Steps run in this order: tests, tunetests, tune (matmul configs first), throughput (with the
+# tuned configs as one more run when tune ran first), invariance, kernels. All of them take more
+# than one 10-minute device call; 2026-12-04 ran STEPS="throughput tests" (~3.5 min), then
+# STEPS="tests tunetests tune throughput" HF=0.
 set -u
-STEPS=${STEPS:-tests throughput invariance tune kernels}
+STEPS=${STEPS:-tests tunetests tune throughput invariance kernels}
 OUT=${OUT:-${1:-gpu-out}}
 mkdir -p "$OUT"
 ROOT=$PWD
@@ -36,9 +37,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >"
 cat "$OUT/gpu.txt"
 TAIL=12 step tests 170 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 160 \
     tests/kernels tests/runtime/test_triton_engine.py tests/runtime/engine/test_invariance.py
-TAIL=40 step throughput 330 $PY benchmarks/gpu_throughput.py --shape 1b --also-fast --also-async \
-    --also-fast-async --kernel-profile 10 --hf-requests "${HF:-64}"
-TAIL=60 step invariance 150 $PY benchmarks/invariance_cost.py ${SWEEP:+--sweep}
+TAIL=8 step tunetests 120 $PY -m pytest -q -rs -p no:cacheprovider --timeout 110 \
+    tests/runtime/tune/test_matmul_sweep.py tests/runtime/tune/test_kernel_sweep.py
 [[ " $STEPS " == *" tune "* ]] && $PY -c "
 import sys, torch; sys.path.insert(0, 'benchmarks')
 from pathlib import Path
@@ -46,7 +46,13 @@ from common import write_random_llama
 from gpu_throughput import SHAPES
 write_random_llama(Path('/tmp/llama-1b'), SHAPES['1b'], torch.bfloat16)
 " >"$OUT/model.log" 2>&1
-TAIL=30 step tune 110 $PY -m pagoda.runtime.cli tune --model /tmp/llama-1b --output /tmp/profile \
-    --time-budget 75s
+TAIL=30 step tune 130 $PY -m pagoda.runtime.cli tune --model /tmp/llama-1b --output /tmp/profile \
+    --time-budget "${TUNE_BUDGET:-80s}"
 tar -czf "$OUT/profile.tgz" -C /tmp profile 2>/dev/null
+# After `tune`, the throughput run adds the defaults with its kernel configs (what tuning gains).
+TUNED=()
+[[ -d /tmp/profile/configs ]] && TUNED=(--kernel-config-dir /tmp/profile/configs)
+TAIL=40 step throughput 330 $PY benchmarks/gpu_throughput.py --shape 1b --also-sync --also-fast \
+    "${TUNED[@]}" --kernel-profile 10 --hf-requests "${HF:-64}"
+TAIL=60 step invariance 150 $PY benchmarks/invariance_cost.py ${SWEEP:+--sweep}
 TAIL=30 step kernels 60 $PY benchmarks/kernel_speed.py

@@ -67,6 +67,12 @@ SHAPES = {
 }
 
 
+# Engine options run beside the defaults (`--also-NAME`): the flag they stand for, the kwargs.
+VARIANTS = {
+    "fast": ("--no-batch-invariant", dict(batch_invariant=False)),
+    "sync": ("--no-async-scheduling", dict(async_scheduling=False)),
+    "async": ("--async-scheduling", dict(async_scheduling=True)),
+}
 PHASE_STEPS = (200, 230)  # steps whose phases are timed (mid-run: a full batch of decodes)
 
 
@@ -214,11 +220,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=32.0,
         help="KV cache per engine (fixed, so two engines in one process get the same)",
     )
-    ap.add_argument(
-        "--also-fast",
-        action="store_true",
-        help="also run with --no-batch-invariant (cuBLAS + split-KV) to show what invariance costs",
-    )
+    for name, (flag, _) in VARIANTS.items():
+        ap.add_argument(f"--also-{name}", action="store_true", help=f"also run with {flag}")
     ap.add_argument(
         "--kernel-profile",
         type=int,
@@ -227,14 +230,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="torch.profiler over STEPS full-batch steps after the phase window: top kernels",
     )
     ap.add_argument(
-        "--also-async",
-        action="store_true",
-        help="also run with --async-scheduling (step N+1 launched before step N is read back)",
-    )
-    ap.add_argument(
-        "--also-fast-async",
-        action="store_true",
-        help="also run with both --no-batch-invariant and --async-scheduling",
+        "--kernel-config-dir",
+        metavar="DIR",
+        help="also run the defaults with kernel configs searched in DIR first (the configs "
+        "folder of a `pagoda tune` output), to see what tuning gains",
     )
     args = ap.parse_args(argv)
     if args.tiny:
@@ -268,6 +267,23 @@ def _variant(loaded, reqs, args, default: dict, flag: str, **engine_kw) -> dict:
     return other
 
 
+def _tuned_variant(loaded, reqs, args, default: dict) -> dict:
+    """The defaults again with the kernel configs of ``args.kernel_config_dir`` searched first."""
+    from pagoda.kernels.config import CONFIG_DIR_ENV, clear_config_cache
+
+    before = os.environ.get(CONFIG_DIR_ENV)
+    os.environ[CONFIG_DIR_ENV] = args.kernel_config_dir
+    clear_config_cache()
+    try:
+        return _variant(loaded, reqs, args, default, f"kernels from {args.kernel_config_dir}")
+    finally:
+        if before is None:
+            os.environ.pop(CONFIG_DIR_ENV)
+        else:
+            os.environ[CONFIG_DIR_ENV] = before
+        clear_config_cache()
+
+
 def loaded_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -292,19 +308,11 @@ def main(argv: list[str] | None = None) -> dict:
             res["kernels"] = prof.top()
             print_top(res["kernels"], prof.steps, f"steps from {start}, defaults")
         gc.collect()
-        if args.also_fast:
-            res["fast"] = _variant(
-                loaded, reqs, args, res, "--no-batch-invariant", batch_invariant=False
-            )
-        if args.also_async:
-            res["async"] = _variant(
-                loaded, reqs, args, res, "--async-scheduling", async_scheduling=True
-            )
-        if args.also_fast_async:
-            res["fast_async"] = _variant(
-                loaded, reqs, args, res, "--no-batch-invariant --async-scheduling",
-                batch_invariant=False, async_scheduling=True,
-            )  # fmt: skip
+        for name, (flag, kw) in VARIANTS.items():
+            if getattr(args, f"also_{name}"):
+                res[name] = _variant(loaded, reqs, args, res, flag, **kw)
+        if args.kernel_config_dir:
+            res["tuned"] = _tuned_variant(loaded, reqs, args, res)
         if device.type == "cuda":
             torch.cuda.empty_cache()
         bw = copy_bandwidth(device)

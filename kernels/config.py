@@ -13,7 +13,9 @@ File layout (``configs/<Device_Name>.json``; ``default.json`` always exists)::
 Lookup: the bucket whose shape is nearest (sum of |log2| differences over the requested keys)
 wins; its config is laid over the nearest ``default.json`` bucket, so a tuned file may hold only
 some kernels or some fields. Directories in ``$PAGODA_KERNEL_CONFIG_DIR`` (``os.pathsep``
-separated) are searched before the packaged ``configs/`` folder.
+separated) are searched before the packaged ``configs/`` folder, kernel by kernel: the first
+device file that names a kernel gives its buckets, so a file holding only the matmuls leaves the
+packaged attention configs in force.
 """
 
 from __future__ import annotations
@@ -68,7 +70,9 @@ def _search_dirs() -> list[Path]:
 
 
 @functools.lru_cache(maxsize=64)
-def _load_file(device: str) -> dict[str, Any] | None:
+def _load_files(device: str) -> tuple[dict[str, Any], ...]:
+    """Every ``<device>.json`` on the search path, most specific (first searched) first."""
+    found = []
     for folder in _search_dirs():
         path = folder / config_file_name(device)
         if path.is_file():
@@ -76,8 +80,13 @@ def _load_file(device: str) -> dict[str, Any] | None:
                 data = json.load(fh)
             if not isinstance(data.get("kernels"), dict):
                 raise ValueError(f"{path}: expected a 'kernels' mapping")
-            return data
-    return None
+            found.append(data)
+    return tuple(found)
+
+
+def _load_file(device: str) -> dict[str, Any] | None:
+    files = _load_files(device)
+    return files[0] if files else None
 
 
 def _distance(want: Mapping[str, int], have: Mapping[str, Any]) -> float:
@@ -102,10 +111,11 @@ def _lookup(kernel: str, shape_items: tuple[tuple[str, int], ...], device: str) 
     if default is None or kernel not in default["kernels"]:
         raise KeyError(f"no default launch config for kernel {kernel!r} in {PACKAGE_CONFIG_DIR}")
     config = _nearest(default["kernels"][kernel], shape)
-    if device != DEFAULT_DEVICE:
-        tuned = _load_file(device)
-        if tuned is not None and tuned["kernels"].get(kernel):
-            config.update(_nearest(tuned["kernels"][kernel], shape))
+    if device != DEFAULT_DEVICE:  # the first file that tunes this kernel: a tuning run that
+        for tuned in _load_files(device):  # measured only the matmuls keeps the packaged rest
+            if tuned["kernels"].get(kernel):
+                config.update(_nearest(tuned["kernels"][kernel], shape))
+                break
     return config
 
 
@@ -119,7 +129,7 @@ def get_kernel_config(
 
 def clear_config_cache() -> None:
     """Forget loaded files (after a tuning run wrote new ones, or in tests)."""
-    _load_file.cache_clear()
+    _load_files.cache_clear()
     _lookup.cache_clear()
 
 

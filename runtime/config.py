@@ -149,7 +149,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     enable_cuda_graphs: bool = True
     batch_invariant: bool = options.DEFAULT_BATCH_INVARIANT
-    async_scheduling: bool = options.DEFAULT_ASYNC_SCHEDULING
+    async_scheduling: bool | None = options.DEFAULT_ASYNC_SCHEDULING  # None: on with CUDA
 
     def __post_init__(self) -> None:
         if self.dtype not in options.DTYPES:
@@ -189,6 +189,13 @@ class EngineConfig:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    def uses_async_scheduling(self) -> bool:
+        """The flag, or by default on with CUDA only: on a CPU the forward runs on the host, so
+        there is no device time to hide the next step's scheduling behind."""
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return self.torch_device().type == "cuda"
 
     def torch_dtype(self) -> torch.dtype:
         """auto: bfloat16 on CUDA and on CPUs with native bf16 matmul (AMX/AVX512-BF16), else float32."""

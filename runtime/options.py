@@ -63,8 +63,9 @@ DEFAULT_ENABLE_PREFIX_CACHING = True
 DEFAULT_ENABLE_CHUNKED_PREFILL = True
 # Greedy output independent of batch and cache (docs/runtime.md).
 DEFAULT_BATCH_INVARIANT = True
-# Launch step N+1 before reading step N back (docs/runtime.md); not yet measured on a GPU.
-DEFAULT_ASYNC_SCHEDULING = False
+# Launch step N+1 before reading step N back (docs/runtime.md). None: on with CUDA (1.54x output
+# tok/s on the H200, docs/benchmarks.md), off on CPU, where the forward runs on the host itself.
+DEFAULT_ASYNC_SCHEDULING = None
 
 # --- server -----------------------------------------------------------------------------------
 
@@ -166,7 +167,8 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          DEFAULT_BATCH_INVARIANT, kind="bool"),
     Flag("--async-scheduling", "schedule and launch the next step before reading the current "
          "one back, so host work hides behind the GPU's forward (a request that stops costs one "
-         "extra row; steps with penalties run synchronously)", DEFAULT_ASYNC_SCHEDULING,
+         "extra row; steps with penalties run synchronously); default: on with CUDA, off on CPU",
+         DEFAULT_ASYNC_SCHEDULING,
          kind="bool"),
     Flag("--kv-cache-memory", "KV-cache budget, e.g. 512MiB or 2G (default: 2 GiB on CPU, 90%% "
          "of free memory on CUDA)", None, metavar="SIZE"),

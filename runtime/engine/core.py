@@ -87,7 +87,7 @@ class EngineCore:
         # Emit a step's outputs during the next step's forward (module docstring).
         self.overlap_outputs = self.runner.device.type == "cuda"
         self._pending: ModelRunnerOutput | None = None
-        self.async_scheduling = config.async_scheduling
+        self.async_scheduling = config.uses_async_scheduling()
         self._inflight: LaunchedStep | None = None  # async: launched, not read back yet
         self._penalized: set[str] = set()  # requests whose steps must run synchronously
         # Start-up objects (weights, tokenizer, graphs) never die: keep the collector off them,

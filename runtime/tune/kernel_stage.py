@@ -86,7 +86,7 @@ def run_kernel_stage(
     """Sweep the buckets (resuming ``previous``); ``save`` gets the section after each bucket."""
     from pagoda.kernels.config import config_file_name
     from pagoda.runtime.tune.kernels import candidate_space
-    from pagoda.runtime.tune.sweep import cuda_timer, tune_kernels, wall_timer
+    from pagoda.runtime.tune.sweep import cuda_graph_timer, cuda_timer, tune_kernels, wall_timer
 
     device = base.torch_device()
     file = f"{CONFIGS_DIR}/{config_file_name(label)}"
@@ -109,6 +109,7 @@ def run_kernel_stage(
         previous=(previous or {}).get("buckets"),
         deadline=deadline,
         timer=cuda_timer if device.type == "cuda" else wall_timer,
+        matmul_timer=cuda_graph_timer if device.type == "cuda" else wall_timer,
         space=lambda kernel: candidate_space(kernel, quick),
         progress=progress,
         checkpoint=lambda done: save(section(done, False)),

@@ -5,8 +5,9 @@ whose launch config is chosen from the weight's ``(N, K)`` alone (that is what k
 independent of M). The matmuls are most of a decode step's forward on a GPU (the H200 profile
 of docs/benchmarks.md), and the best tile differs by shape and device: narrow weights at decode
 sizes want small tiles, prefill chunks large ones. So each weight shape is a bucket, timed at the
-engine's decode batch and at its prefill chunk (summed: a config must serve both, since it is
-fixed for every M), and the fastest correct candidate is saved as that shape's entry.
+engine's decode batch and at its prefill chunk (summed per row, `time_candidate`: a config must
+serve both, since it is fixed for every M), and the fastest correct candidate is saved as that
+shape's entry. On CUDA the times come from CUDA-graph replays, as in the engine's decode steps.
 
 A candidate is rejected when it raises, when it disagrees with a float32 torch matmul, or when
 a row's bits change with the rows around it (the guarantee the kernel exists for).
@@ -121,7 +122,10 @@ def _randn(dims: tuple[int, ...], dtype, device, gen: torch.Generator) -> torch.
 def time_candidate(
     config: dict, inputs: list[list[tuple[torch.Tensor, ...]]], timer: Timer
 ) -> float:
-    """Milliseconds summed over the bucket's row counts, rotating through weight copies."""
+    """Milliseconds to put the largest row count's rows through at each of the bucket's row
+    counts, summed (rotating through weight copies): per generated token, a decode row and a
+    prompt row weigh alike when prompts and outputs are about as long, so a config fast on
+    prefill chunks cannot win while a decode step (many per prompt chunk) is slow."""
     from pagoda.kernels import linear
 
     def runner(xs: list[tuple[torch.Tensor, ...]]) -> Callable[[], None]:
@@ -133,7 +137,8 @@ def time_candidate(
 
         return run
 
-    return sum(timer(runner(xs)) for xs in inputs)
+    most = max(xs[0][0].shape[0] for xs in inputs)
+    return sum(timer(runner(xs)) * most / xs[0][0].shape[0] for xs in inputs)
 
 
 def timing_inputs(

@@ -85,6 +85,35 @@ def cuda_timer(fn: Callable[[], None]) -> float:
     return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
 
 
+def cuda_graph_timer(fn: Callable[[], None], calls: int = 16, replays: int = 10) -> float:
+    """Median milliseconds per call over replays of a CUDA graph of ``calls`` calls: what a
+    kernel costs inside the engine's graphed decode steps. ``do_bench`` launches each call from
+    Python, and a kernel shorter than that launch (~20-40 us for Triton) times as the launch, so
+    every decode-sized matmul config would tie. ``fn`` must be capturable (no host syncs)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # compile and warm up off the capture
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()  # first replay uploads the graph
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    del graph
+    return statistics.median(times)
+
+
 def timing_inputs(
     bucket: Bucket, shape: AttentionShape, device: torch.device, gen: torch.Generator
 ) -> list[PagedBatch]:
@@ -214,6 +243,7 @@ def tune_kernels(
     previous: list[dict] | None = None,
     deadline: float = float("inf"),
     timer: Timer = cuda_timer,
+    matmul_timer: Timer | None = None,
     space: Callable[[str], list[dict]] = candidate_space,
     progress: Callable[[str], None] = lambda _: None,
     checkpoint: Callable[[list[dict]], None] = lambda _: None,
@@ -241,7 +271,7 @@ def tune_kernels(
         baseline = get_kernel_config(bucket.kernel, bucket.shape, device)
         candidates = [baseline, *(c for c in space(bucket.kernel) if c != baseline)]
         if bucket.kernel == matmul.MATMUL:
-            result = sweep_matmul_bucket(bucket, candidates, device, timer=timer)
+            result = sweep_matmul_bucket(bucket, candidates, device, timer=matmul_timer or timer)
         else:
             result = sweep_bucket(bucket, shape, candidates, device, timer=timer)
         if result.config is not None:

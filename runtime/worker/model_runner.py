@@ -137,7 +137,7 @@ class ModelRunner:
         self._last_sampling: tuple[tuple[int, ...], SamplingBatch, list[Request]] | None = None
         # Async scheduling: the last launched step's tokens and the row of each request in
         # them, for the next step's rows whose token is still on the device.
-        self.async_scheduling = config.async_scheduling
+        self.async_scheduling = config.uses_async_scheduling()
         self._inflight: tuple[torch.Tensor, dict[str, int]] | None = None
 
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:

@@ -135,9 +135,9 @@ def test_split_rule():
 
 
 def test_search_order_first_directory_wins(tmp_path, monkeypatch):
-    """`pagoda serve --tuned-profile DIR` puts DIR/configs first: its file for a device replaces
-    files of that device further down the path (the packaged one included); fields it leaves out
-    come from default.json."""
+    """`pagoda serve --tuned-profile DIR` puts DIR/configs first: for a kernel its file names, it
+    replaces files of that device further down the path (the packaged one included); fields it
+    leaves out come from default.json."""
     first, second = tmp_path / "first", tmp_path / "second"
     shape = {"head_dim": 128, "num_seqs": 64, "max_seq_len": 4096}
     save_kernel_config(
@@ -154,3 +154,16 @@ def test_search_order_first_directory_wins(tmp_path, monkeypatch):
         assert cfg == {**default, "TILE_SIZE": 128}  # not the packaged H200 stages/warps
     finally:
         clear_config_cache()
+
+
+def test_a_file_without_a_kernel_leaves_the_next_files_buckets(tuned_dir):
+    """A tuning run that measured only the matmuls keeps the packaged attention configs."""
+    attention = {"head_dim": 64, "num_seqs": 256, "max_seq_len": 2048}
+    packaged = get_kernel_config("decode_attention", attention, "NVIDIA H200")
+    tuned = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4,
+             "num_stages": 4}  # fmt: skip
+    save_kernel_config("matmul", {"n": 3072, "k": 2048}, tuned, device="NVIDIA H200")
+    clear_config_cache()
+    assert get_kernel_config("matmul", {"n": 3072, "k": 2048}, "NVIDIA H200") == tuned
+    assert get_kernel_config("decode_attention", attention, "NVIDIA H200") == packaged
+    assert packaged != get_kernel_config("decode_attention", attention, "default")

@@ -57,3 +57,16 @@ def test_stop_string_is_normalised_to_tuple():
 def test_bad_engine_config(make, field):
     with pytest.raises(ValueError, match=field):
         make()
+
+
+@pytest.mark.parametrize(
+    "kwargs,expected",
+    [
+        (dict(device="cuda"), True),  # a GPU's forward hides the next step's host work
+        (dict(device="cpu"), False),  # the forward runs on the host: nothing to hide behind
+        (dict(device="cuda", async_scheduling=False), False),
+        (dict(device="cpu", async_scheduling=True), True),
+    ],
+)
+def test_async_scheduling_default_follows_the_device(kwargs, expected):
+    assert EngineConfig.create(**kwargs).uses_async_scheduling() is expected

@@ -80,7 +80,11 @@ def test_gpu_triton_matches_torch_and_graphs_match_eager(smol_gpu):
 @gpu
 def test_gpu_decode_step_never_syncs(smol_gpu):
     llm = LLM(
-        loaded=smol_gpu, attention_backend="triton", max_model_len=1024, kv_cache_memory=1 << 30
+        loaded=smol_gpu,
+        attention_backend="triton",
+        async_scheduling=False,  # a synchronous step; the async one has its own test below
+        max_model_len=1024,
+        kv_cache_memory=1 << 30,
     )
     engine = llm.engine
     for i in range(8):
@@ -106,12 +110,12 @@ def test_gpu_async_scheduling_matches_sync(smol_gpu):
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 8192, (n,), generator=g).tolist() for n in [1, 16, 33, 300, 900]]
     common = dict(max_model_len=2048, max_num_batched_tokens=512, kv_cache_memory=1 << 30)
-    want = greedy(LLM(loaded=smol_gpu, **common), prompts, 24)
+    want = greedy(LLM(loaded=smol_gpu, async_scheduling=False, **common), prompts, 24)
     async_llm = LLM(loaded=smol_gpu, async_scheduling=True, **common)
     assert async_llm.engine.runner.cuda_graphs is not None
     assert greedy(async_llm, prompts, 24) == want
     params = [SamplingParams(temperature=0.8, max_tokens=16, seed=i, logprobs=1) for i in range(3)]
-    sync_s = LLM(loaded=smol_gpu, **common).generate(
+    sync_s = LLM(loaded=smol_gpu, async_scheduling=False, **common).generate(
         [{"prompt_token_ids": p} for p in prompts[:3]], params
     )
     async_s = async_llm.generate([{"prompt_token_ids": p} for p in prompts[:3]], params)

@@ -26,7 +26,7 @@ GOOD = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=8, num_warps=4, num_stag
 WRONG = {**GOOD, "BLOCK_N": 32}  # the patched kernel corrupts these
 VARIANT = {**GOOD, "BLOCK_M": 32}  # ... and makes these depend on M
 INVALID = {k: v for k, v in GOOD.items() if k != "num_warps"}
-timer = sweep.cuda_timer if DEVICE.type == "cuda" else sweep.wall_timer
+timer = sweep.cuda_graph_timer if DEVICE.type == "cuda" else sweep.wall_timer
 
 
 @pytest.fixture
@@ -104,3 +104,25 @@ def test_every_shipped_candidate_is_correct_and_invariant():
     bucket = matmul.MatmulBucket("t", {"n": 136, "k": 200}, (1, 8), torch.float32)
     failures = {str(c): matmul.check_candidate(bucket, c, DEVICE, gen) for c in space}
     assert {c: why for c, why in failures.items() if why} == {}
+
+
+def test_candidate_time_weighs_each_row_count_per_row():
+    """A decode-sized call counts as often as it takes to match the prefill chunk's rows."""
+    inputs = matmul.timing_inputs(BUCKET, torch.device("cpu"), torch.Generator().manual_seed(0))
+    ms = matmul.time_candidate(GOOD, inputs, timer=lambda fn: 1.5)
+    assert ms == 1.5 * 40 / 5 + 1.5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="needs CUDA")
+def test_graph_timer_replays_the_captured_calls():
+    x = torch.randn(256, 2048, device=DEVICE, dtype=torch.bfloat16)
+    w = torch.randn(2048, 2048, device=DEVICE, dtype=torch.bfloat16)
+    calls = []
+
+    def fn():
+        calls.append(1)
+        kernels.linear(x=x, weight=w, config=GOOD)
+
+    ms = sweep.cuda_graph_timer(fn, calls=8, replays=5)
+    assert 0 < ms < 10 and len(calls) == 3 + 8  # warm-ups, then captured once: replays skip Python
