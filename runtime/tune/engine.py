@@ -74,6 +74,9 @@ class EngineProfiler:
     """Measures one point at a time on a live engine (built with room for the largest point)."""
 
     def __init__(self, core: EngineCore, seed: int = 0) -> None:
+        if core.async_scheduling:
+            raise ValueError("the engine profile times synchronous steps (async_scheduling=False)")
+        core.overlap_outputs = False  # a step's outputs come back from that step, not the next
         self.core = core
         self.rng = np.random.default_rng(seed)
         self._ids = itertools.count()

@@ -85,3 +85,22 @@ def test_plans_fit_the_context():
     assert make_plan(max_model_len=4096, cuda=True, quick=False).num_points > plan.num_points
     with pytest.raises(ValueError, match="chunk_sizes"):
         EnginePlan((), (1,), (8,))
+
+
+def test_points_read_their_own_steps_outputs_as_on_cuda(core):
+    """On CUDA an engine emits a step's outputs during the next step; the profiler turns that
+    off, since each point reads the outputs of the step it timed (an async engine is refused)."""
+    core.overlap_outputs = True  # what EngineCore sets on CUDA
+    try:
+        profiler = EngineProfiler(core)
+        assert profiler.prefill_point(16, 1)["chunk_tokens"] == 16
+        assert profiler.decode_point(2, 24, 2)["batch"] == 2
+    finally:
+        core.overlap_outputs = False
+    assert not core.has_unfinished_requests()
+    core.async_scheduling = True
+    try:
+        with pytest.raises(ValueError, match="synchronous"):
+            EngineProfiler(core)
+    finally:
+        core.async_scheduling = False

@@ -83,9 +83,9 @@ def test_tune_kernels_saves_winners_and_resumes(tmp_path, monkeypatch, corruptin
         SHAPE, [DECODE_BUCKET, PREFILL_BUCKET], device=DEVICE, device_label="Test GPU",
         out_dir=out, timer=timer, space=space, progress=seen.append,
     )  # fmt: skip
-    # the packaged default config is the baseline (first candidate): checked and timed as well
+    # the packaged config for the device is the baseline (first candidate): checked and timed too
     baseline = {
-        b.kernel: kc.get_kernel_config(b.kernel, b.shape, "default")
+        b.kernel: kc.get_kernel_config(b.kernel, b.shape, DEVICE)
         for b in (DECODE_BUCKET, PREFILL_BUCKET)
     }
     assert complete and len(reports) == 2
