@@ -22,7 +22,7 @@ Weights are 2^((x - max) * s) relative to the row's best token, as in `sampler_o
 weights below min_p before top-k/top-p, as `apply_top_k_top_p_min_p` does (top-k of the min-p
 survivors is the same set either way: min-p is a threshold on the logit). Sums are in double,
 so picks match the float32 PyTorch path except where u falls within rounding of a boundary.
-The source expects the helpers of `sampler_native.SOURCE` (chunk, span_*, sample_row, claim),
+The source expects the helpers of `sampler_native_base.SOURCE` (chunk, span_*, sample_row, claim),
 `sampler_native_select.SOURCE` (cand_t, rank_key, select_*) and `sampler_native_codes.SOURCE`.
 """
 
