@@ -12,7 +12,6 @@ for step N does not wait for step N+1 queued after it.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from pagoda.runtime.sampler import (
     head_sampling,
     sample,
 )
+from pagoda.runtime.worker.block_table import BlockTables
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
 from pagoda.runtime.worker.host_memory import keep_freed_memory
 from pagoda.runtime.worker.step_clock import StepClock
@@ -57,15 +57,6 @@ class _StepInputs:
     sampling: list[int]  # requests that sample a token this step
     # Async scheduling: (rows of `ids`, rows of the in-flight step's tokens) to fill on device.
     pending: tuple[np.ndarray, np.ndarray] | None = None
-
-
-def _block_table(block_ids: list[list[int]]) -> np.ndarray:
-    """[B, max blocks] int32 block tables, zero-padded, filled in one vectorised scatter."""
-    lens = np.fromiter(map(len, block_ids), dtype=np.int64, count=len(block_ids))
-    flat = np.fromiter(itertools.chain.from_iterable(block_ids), np.int32, count=int(lens.sum()))
-    table = np.zeros((len(block_ids), int(lens.max())), dtype=np.int32)
-    table[np.arange(table.shape[1]) < lens[:, None]] = flat  # row-major, as `flat` is
-    return table
 
 
 @dataclass
@@ -133,6 +124,9 @@ class ModelRunner:
             for _ in range(mc.num_layers)
         ]
         self.cuda_graphs: CudaGraphRunner | None = None
+        # Rows for every running request, and as many again before finished ones are reclaimed.
+        max_blocks = -(-max_model_len // self.block_size) + 1
+        self.block_tables = BlockTables(2 * config.scheduler.max_num_seqs, max_blocks)
         self.clock: StepClock | None = None  # set by EngineCore.enable_step_clock
         self._last_sampling: tuple[tuple[int, ...], SamplingBatch, list[Request]] | None = None
         # Async scheduling: the last launched step's tokens and the row of each request in
@@ -274,7 +268,7 @@ class ModelRunner:
                 ids[a:b] = r.token_ids[st : st + (b - a)]
             seq_idx = np.repeat(np.arange(n), qlens)
             positions = np.arange(len(ids)) - cu[:-1][seq_idx] + starts[seq_idx]
-        table = _block_table([s.block_ids for s in sched])
+        table = self.block_tables.gather(sched)
         slots = table[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
         seq_lens = starts + qlens
         sampling = np.flatnonzero(seq_lens >= known).tolist()
