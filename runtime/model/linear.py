@@ -122,17 +122,10 @@ class Linear:
         """Whether `argmax` and `sample` can skip the outputs (`qgemm`, one part)."""
         return isinstance(self.fast, qgemm.QGemmWeight) and len(self.fast.parts) == 1
 
-    @property
-    def fuses_argmax(self) -> bool:
-        """Whether `argmax` can skip the outputs: `fuses_sampling`, or the bf16 GEMV (greedy
-        rows only) for the row counts it takes."""
-        return self.fuses_sampling or isinstance(self.fast, gemv.GemvWeight)
-
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
-        """`self(x).argmax(-1)` (first maximum; NaN never wins), fused where `fuses_argmax`:
-        a greedy step's LM head then never writes its [M, vocab] logits. The fused kernel is
-        the one `self(x)` would run, so the tokens are those of the written logits."""
-        if self.fuses_sampling or (self.fuses_argmax and 0 < x.shape[0] <= self.fast_rows):
+        """`self(x).argmax(-1)` (first maximum; NaN never wins), fused where `fuses_sampling`:
+        a greedy step's LM head then never writes its [M, vocab] logits."""
+        if self.fuses_sampling:
             return self.fast.argmax(x)
         return argmax_rows(self(x))
 

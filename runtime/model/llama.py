@@ -145,8 +145,7 @@ class LlamaModel:
         head: HeadSampling | None = None,
     ) -> torch.Tensor:
         """The logits [N, vocab] of the rows `logits_indices`; with `head`, their tokens (int64
-        [N]) drawn inside the LM head, which must fuse sampling (`Linear.fuses_sampling`), or
-        for greedy rows only (`head.scale` None) its argmax (`Linear.fuses_argmax`)."""
+        [N]) drawn inside the LM head, which must fuse sampling (`Linear.fuses_sampling`)."""
         c, ops = self.config, self.ops
         e = self.embed
         h = e.rows(input_ids) if isinstance(e, qgemm.QGemmWeight) else F.embedding(input_ids, e)
@@ -178,8 +177,6 @@ class LlamaModel:
         h = h.index_select(0, logits_indices)
         residual = residual.index_select(0, logits_indices)
         x, _ = ops.rms_norm(x=h, weight=self.norm, eps=c.rms_norm_eps, residual=residual)
-        if head is not None and head.scale is None:  # every row greedy
-            return self.lm_head.argmax(x)
         if head is not None:
             return self.lm_head.sample(x, head.scale, head.u)
         return self.lm_head(x)  # model dtype: the sampler widens only when it must

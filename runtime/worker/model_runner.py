@@ -113,8 +113,7 @@ class ModelRunner:
         # greedy and unfiltered rows with the same code: a row's token never depends on the path.
         fused = self.model.lm_head.fuses_sampling
         self._whole_sampler: WholeSampler | None = qgemm.load().sample_logits if fused else None
-        # whether the LM head may sample, or only take greedy rows' argmax (benchmarks turn it off)
-        self.head_sampling = self.model.lm_head.fuses_argmax
+        self.head_sampling = fused  # whether the LM head may sample (benchmarks turn it off)
         # Debug/test hook: called with (requests, float32 logits) of every step that samples.
         self.logits_observer: Callable[[list[Request], torch.Tensor], None] | None = None
         self.num_blocks = self._num_blocks()
@@ -225,12 +224,9 @@ class ModelRunner:
     def _head_samples(self, batch: SamplingBatch) -> bool:
         """Whether the LM head can hand back the step's tokens itself: no row filters (top-k,
         top-p, min-p), nothing reads the logits (penalties, logprobs, the observer), and a
-        kernel that samples from its outputs (`Linear.fuses_sampling`) or, when every row is
-        greedy, takes their argmax (`Linear.fuses_argmax`: the bf16 GEMV too)."""
+        kernel that samples from its outputs (`Linear.fuses_sampling`)."""
         plain = batch.plain and self.logits_observer is None and not batch.filtered
-        if not (plain and self.head_sampling):
-            return False
-        return batch.all_greedy or self._whole_sampler is not None  # else: argmax only
+        return plain and self.head_sampling and self._whole_sampler is not None
 
     @staticmethod
     def _copy_to_host(step: LaunchedStep) -> None:

@@ -154,31 +154,3 @@ def test_bad_switch_is_a_clear_error(monkeypatch):
     monkeypatch.setenv(gemv.ENV_SWITCH, "maybe")
     with pytest.raises(ValueError, match="PAGODA_CPU_GEMV"):
         gemv.wanted()
-
-
-@pytest.mark.parametrize("shape", [(1000, 576), (4100, 100), (49, 33)])  # tails in N and K
-@pytest.mark.parametrize("rows", [1, 5, 24, 50, 256])
-@pytest.mark.parametrize("bias", [False, True])
-def test_fused_argmax_is_the_argmax_of_the_outputs(monkeypatch, shape, rows, bias):
-    """Greedy LM head without writing its outputs: the token `argmax_rows` finds in them,
-    ties going to the first (equal weight rows in other blocks), NaN never winning."""
-    from pagoda.runtime.sampler_ops import argmax_rows
-
-    fast = _forced(monkeypatch)
-    g = torch.Generator().manual_seed(rows)
-    n, k = shape
-    w = (torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16)
-    w[n // 2] = w[n - 1] = w[3]  # ties across blocks: the first maximum wins
-    b = torch.randn(n, generator=g).to(torch.bfloat16) if bias else None
-    x = torch.randn(rows, k, generator=g).to(torch.bfloat16)
-    x[rows // 2] = w[3] * 40  # a row whose best output is the tied one
-    if rows > 2:
-        x[1, 0] = float("nan")  # every output NaN: token 0, as argmax_rows gives
-    weight = fast.bind(_pack(w), b)
-    want = argmax_rows(weight(x))
-    assert torch.equal(weight.argmax(x), want)
-    if b is None:
-        assert want[rows // 2] == 3
-    linear = Linear(w, b)
-    if isinstance(linear.fast, gemv.GemvWeight):
-        assert linear.fuses_argmax and torch.equal(linear.argmax(x), want)

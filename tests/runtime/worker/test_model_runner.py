@@ -112,35 +112,3 @@ def test_a_seeded_row_draws_the_same_tokens_whether_the_head_samples_or_not(smol
     llm.engine.runner.logits_observer = lambda reqs, logits: None
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, [greedy, seeded[1]])] == mixed
     llm.engine.check_integrity()
-
-
-def test_a_greedy_bf16_step_takes_the_argmax_from_the_gemv_head(smol):
-    """bf16 on CPUs without AMX: the GEMV that runs the LM head takes an all-greedy step's
-    argmax without writing logits (same tokens as from the logits); sampled steps write them."""
-    from pagoda.runtime.model import gemv
-
-    llm = LLM(loaded=smol, dtype="bfloat16", max_model_len=256, kv_cache_memory=32 << 20)
-    runner = llm.engine.runner
-    if not isinstance(runner.model.lm_head.fast, gemv.GemvWeight):
-        pytest.skip("the bf16 LM head is not on the GEMV here (AMX, or no AVX-512 BF16)")
-    calls: list[bool] = []
-    forward = runner.model.forward
-
-    def spy(*args, **kwargs):
-        calls.append(args[-1] is not None)
-        return forward(*args, **kwargs)
-
-    runner.model.forward = spy
-    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    fused = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy)]
-    assert calls and all(calls)
-    calls.clear()
-    runner.head_sampling = False
-    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy)] == fused
-    assert not any(calls)
-    runner.head_sampling = True
-    calls.clear()
-    sampled = SamplingParams(temperature=0.7, max_tokens=8, ignore_eos=True, seed=1)
-    llm.generate(PROMPTS, [greedy, sampled])  # every step has a sampled row
-    assert calls and not any(calls)
-    llm.engine.check_integrity()
