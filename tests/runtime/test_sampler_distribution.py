@@ -1,7 +1,8 @@
 """The sampler draws from exactly the filtered distribution: chi-square goodness of fit against
 softmax(apply_top_k_top_p_min_p(logits / T)) for temperature / top-k / top-p / min-p combinations,
 on a vocabulary small enough to count and large enough for the chunked paths (with a tail).
-Every test runs three times: with the native C kernels, with the PyTorch fallback, and with the
+Every test runs four times: with the native C kernels, with the PyTorch fallback (chunked, and
+as CUDA runs it: over whole rows), and with the
 unfiltered and greedy rows drawn by the LM head's own sampler (`QGemm.sample_logits`, where the
 quantized GEMM builds), as on CPUs whose LM head samples from its outputs."""
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda.runtime import sampler, sampler_native
+from pagoda.runtime import sampler, sampler_native, sampler_ops
 from pagoda.runtime.model import qgemm
 from pagoda.runtime.request import Request
 from pagoda.runtime.sampler import SamplingBatch, apply_top_k_top_p_min_p, sample
@@ -21,10 +22,12 @@ CPU = torch.device("cpu")
 WHOLE: dict[str, sampler.WholeSampler] = {}  # "head": the LM head's sampler, in its run
 
 
-@pytest.fixture(params=["native", "torch", "head"], autouse=True)
+@pytest.fixture(params=["native", "torch", "flat", "head"], autouse=True)
 def kernels(request, monkeypatch):
-    if request.param == "torch":
+    if request.param in ("torch", "flat"):
         monkeypatch.setattr(sampler_native, "usable", lambda x: False)
+    if request.param == "flat":  # CUDA's draw over whole rows (`pick_flat`), run on the CPU
+        monkeypatch.setattr(sampler_ops, "flat_draws", lambda w: True)
     elif not sampler_native.available():
         pytest.skip("no C compiler for the native sampler kernels")
     if request.param == "head":
@@ -152,3 +155,20 @@ def test_argmax_rows_matches_torch_including_ties():
     x[2, -1] = 100.0  # maximum in the tail
     x[3] = float("-inf")
     assert argmax_rows(x).tolist() == x.argmax(-1).tolist()
+
+
+def test_flat_draw_keeps_small_weights_deep_in_a_row():
+    """CUDA's whole-row draw sums in float64: a weight of 1e-6 after 30,000 weights of 1 keeps
+    its interval (float32 sums would have absorbed it), zero weights are never drawn, and even
+    u = 1 (which `rand` never gives) lands on the last positive weight, not the zero tail."""
+    w = torch.ones(2, 50_003)
+    w[:, 50_000] = 1e-6
+    w[:, 50_001:] = 0.0
+    w[:, 1:40_000:2] = 0.0
+    got = sampler_ops.pick_flat(w, torch.tensor([0.0, 1.0]))
+    assert got.tolist() == [0, 50_000]
+    cum = torch.cumsum(w[:1], -1, dtype=torch.float64)
+    target = (cum[0, 49_999] + 5e-7) / cum[0, -1]  # inside the 1e-6 interval
+    assert sampler_ops.pick_flat(w[:1], target.reshape(1)).item() == 50_000
+    draws = sampler_ops.pick_flat(w[:1].expand(5000, -1), torch.rand(5000))
+    assert bool((w[0, draws] > 0).all())
