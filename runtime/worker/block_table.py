@@ -23,8 +23,8 @@ class BlockTables:
         self.table = np.zeros((max_rows, max_blocks), dtype=np.int32)
         self.lens = np.zeros(max_rows, dtype=np.int64)  # blocks written per row
         self._row: dict[str, int] = {}  # request id -> its row
-        self._holder: list[tuple[Request, list[int]] | None] = [None] * max_rows
-        self._epoch = [0] * max_rows  # the holder's num_preemptions when written
+        # per row: the request, the block list written and its num_preemptions then
+        self._holder: list[tuple[Request, list[int], int] | None] = [None] * max_rows
         self._free = list(range(max_rows - 1, -1, -1))
 
     def gather(self, scheduled: Sequence[ScheduledRequest]) -> np.ndarray:
@@ -41,12 +41,14 @@ class BlockTables:
 
     def _write(self, req: Request, block_ids: list[int], row: int | None) -> int:
         """(Re)write a request's row. While a request keeps running its list only grows, so
-        only the new blocks are copied; after a preemption it is a new list from the start."""
+        only the new blocks are copied; after a preemption, or for a new request reusing a
+        finished one's id (and its row), the list is written from the start."""
         epoch = req.num_preemptions
-        kept = row is not None and self._holder[row][0] is req and self._epoch[row] == epoch
-        if row is None or self._holder[row][0] is not req:
+        if row is None:
             row = self._claim()
             self._row[req.request_id] = row
+        held = self._holder[row]
+        kept = held is not None and held[0] is req and held[2] == epoch
         n, had = len(block_ids), int(self.lens[row])
         if n > self.table.shape[1]:
             raise ValueError(f"{n} blocks exceed the table's {self.table.shape[1]} per request")
@@ -54,8 +56,7 @@ class BlockTables:
         self.table[row, start:n] = block_ids[start:]
         self.table[row, n:had] = 0
         self.lens[row] = n
-        self._holder[row] = (req, block_ids)
-        self._epoch[row] = epoch
+        self._holder[row] = (req, block_ids, epoch)
         return row
 
     def _claim(self) -> int:

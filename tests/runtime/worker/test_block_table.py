@@ -66,3 +66,14 @@ def test_rows_run_out_only_with_too_many_running_requests():
     np.testing.assert_array_equal(got, [[3, 4], [2, 0]])
     with pytest.raises(ValueError, match="blocks exceed"):
         tables.gather([ScheduledRequest(b, 1, [1, 2, 3, 4, 5])])
+
+
+def test_a_reused_request_id_takes_over_its_finished_holders_row():
+    tables = BlockTables(max_rows=2, max_blocks=4)
+    first = running("a")
+    tables.gather([ScheduledRequest(first, 1, [1, 2, 3])])
+    first.status = RequestStatus.FINISHED_STOPPED
+    again = running("a")  # a new request under the same id: no row may be orphaned
+    np.testing.assert_array_equal(tables.gather([ScheduledRequest(again, 1, [7])]), [[7]])
+    got = tables.gather([ScheduledRequest(again, 1, [7]), ScheduledRequest(running("b"), 1, [8])])
+    np.testing.assert_array_equal(got, [[7], [8]])
