@@ -245,13 +245,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _profiled_run(loaded, reqs, args, label: str, **engine_kw) -> dict:
+    """`run_pagoda`, with the kernel profile of `--kernel-profile` printed under `label`."""
+    start = 2 if args.tiny else PHASE_STEPS[1] + 5
+    prof = KernelProfile(start, args.kernel_profile, _device()) if args.kernel_profile else None
+    res = run_pagoda(loaded, reqs, args, prof, **engine_kw)
+    if prof is not None:
+        res["kernels"] = prof.top()
+        print_top(res["kernels"], prof.steps, f"steps from {start}, {label}")
+    return res
+
+
 def _variant(loaded, reqs, args, default: dict, flag: str, **engine_kw) -> dict:
     """Run the workload again with one engine option changed; print it beside the default."""
-    start = 2 if args.tiny else PHASE_STEPS[1] + 5
-    prof = (
-        KernelProfile(start, args.kernel_profile, loaded_device()) if args.kernel_profile else None
-    )
-    other = run_pagoda(loaded, reqs, args, prof, **engine_kw)
+    other = _profiled_run(loaded, reqs, args, flag, **engine_kw)
     print(
         f"Pagoda {flag}: {other['tok_s']:.1f} tok/s, {other['step_ms']:.2f} ms/step at "
         f"{other['full_batch']} running (defaults: {default['tok_s']:.1f} tok/s, "
@@ -260,9 +267,6 @@ def _variant(loaded, reqs, args, default: dict, flag: str, **engine_kw) -> dict:
     if other["phases_ms"]:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in other["phases_ms"].items())
         print(f"  {flag} phases (ms/step): {parts}")
-    if prof is not None:
-        other["kernels"] = prof.top()
-        print_top(other["kernels"], prof.steps, f"steps from {start}, {flag}")
     gc.collect()
     return other
 
@@ -284,13 +288,13 @@ def _tuned_variant(loaded, reqs, args, default: dict) -> dict:
         clear_config_cache()
 
 
-def loaded_device() -> torch.device:
+def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    device = loaded_device()
+    device = _device()
     dtype = torch.bfloat16
     cfg = SHAPES[args.shape]
     print(f"machine: {machine()}")
@@ -301,12 +305,7 @@ def main(argv: list[str] | None = None) -> dict:
         write_random_llama(path, cfg, dtype)
         gc.collect()
         loaded = load_model(tmp)
-        start = 2 if args.tiny else PHASE_STEPS[1] + 5
-        prof = KernelProfile(start, args.kernel_profile, device) if args.kernel_profile else None
-        res = run_pagoda(loaded, reqs, args, prof)
-        if prof is not None:
-            res["kernels"] = prof.top()
-            print_top(res["kernels"], prof.steps, f"steps from {start}, defaults")
+        res = _profiled_run(loaded, reqs, args, "defaults")
         gc.collect()
         for name, (flag, kw) in VARIANTS.items():
             if getattr(args, f"also_{name}"):
