@@ -101,6 +101,11 @@ class Tokenizer:
             self._template = env.from_string(chat_template)
 
     @property
+    def backend(self) -> HFTokenizer:
+        """The `tokenizers.Tokenizer` underneath (grammar compilers read its vocabulary)."""
+        return self._tok
+
+    @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 

@@ -1,0 +1,145 @@
+"""GrammarBitmask: the model runner's one hook for constrained rows (fill + apply, per step).
+
+Per step with constrained rows (`grammar_rows`, recomputed only when the batch changes):
+
+1. Each constrained request's matcher catches up with its output tokens: the usual single new
+   token per request goes through xgrammar's batched `accept_token` in one call; rebuilt or
+   lagging requests feed theirs one by one.
+2. Their bitmasks (1 bit per vocabulary entry: allowed) are filled on the host in one batched
+   xgrammar call into a preallocated buffer (pinned on CUDA). A request near the end of its
+   budget gets a single allowed token instead (`matcher.Closer`).
+3. The masks are applied to the logits in place (-inf where not allowed) before the sampler
+   runs, so penalties, temperature, top-k/top-p/min-p, seeds, logprobs (over the allowed tokens,
+   as vLLM reports them) and `n` work unchanged on the masked rows. CPU: xgrammar's C++ kernel
+   on the rows' positions. CUDA: the masks of the constrained rows are copied without a sync and
+   unpacked by `apply_bitmask_torch` (a few PyTorch ops, no JIT).
+
+Requests without a constraint are never looked at in steps whose batch did not change, and a
+batch without constrained rows costs one list scan when it changes (`grammar_rows`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+_SHIFTS: dict[torch.device, torch.Tensor] = {}
+
+
+def grammar_rows(reqs: list[Any]) -> list[int]:
+    """Rows of `reqs` whose output is constrained."""
+    return [i for i, r in enumerate(reqs) if r.params.structured_outputs is not None]
+
+
+def apply_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
+    """logits[rows[i], t] = -inf where bit t of bitmask[i] is 0 (bit t % 32 of int32 word t // 32,
+    xgrammar's layout); logits [N, V], bitmask [R, ceil(V / 32)] int32, rows [R] int64, all on
+    one device."""
+    v = logits.shape[1]
+    shifts = _SHIFTS.get(logits.device)
+    if shifts is None:
+        shifts = _SHIFTS[logits.device] = torch.arange(32, device=logits.device, dtype=torch.int32)
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).flatten(1)[:, :v].bool()
+    masked = logits.index_select(0, rows).masked_fill_(~allowed, float("-inf"))
+    logits.index_copy_(0, rows, masked)
+
+
+class GrammarBitmask:
+    """Fills and applies the bitmasks of a step's constrained rows (one per model runner)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, device: torch.device) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.device = device
+        self.words = (vocab_size + 31) // 32
+        self._host: torch.Tensor | None = None  # [rows, words] int32, grown on demand
+        self._ready = False
+
+    def _setup(self) -> None:
+        import xgrammar as xgr
+        from pagoda.runtime.structured.compiler import compiler_for
+        from pagoda.runtime.structured.matcher import Closer
+
+        self.xgr = xgr
+        self.compiler = compiler_for(self.tokenizer, self.vocab_size)
+        self.closer = Closer(self.compiler.info)
+        self.batch = xgr.BatchGrammarMatcher(max_threads=1)
+        self._ready = True
+
+    def _buffer(self, n: int) -> torch.Tensor:
+        if self._host is None or self._host.shape[0] < n:
+            rows = max(n, 2 * (self._host.shape[0] if self._host is not None else 8))
+            pin = self.device.type == "cuda"
+            self._host = torch.empty((rows, self.words), dtype=torch.int32, pin_memory=pin)
+        return self._host
+
+    def state_of(self, req: Any):
+        """The request's GrammarState, made (and its grammar compiled, offline) on first use."""
+        state = req.grammar
+        if state is None:
+            from pagoda.runtime.structured.matcher import GrammarState
+
+            spec = req.params.structured_outputs
+            state = req.grammar = GrammarState(self.compiler.compile(spec))
+        return state
+
+    @torch.inference_mode()
+    def apply(self, logits: torch.Tensor, reqs: list[Any], rows: list[int]) -> None:
+        """Mask the constrained `rows` of `logits` [len(reqs), V] in place (see the module
+        docstring). Rows of requests that already finished are left alone (their token is
+        dropped)."""
+        if not self._ready:
+            self._setup()
+        live = [i for i in rows if not reqs[i].is_finished]
+        if not live:
+            return
+        states = [self.state_of(reqs[i]) for i in live]
+        outputs = [reqs[i].output_token_ids for i in live]
+        self._catch_up(states, outputs)
+        cuda = self.device.type == "cuda"
+        host = self._buffer(len(live) if cuda else logits.shape[0])
+        at = list(range(len(live))) if cuda else live  # compact on CUDA, in place on CPU
+        free, free_at = [], []
+        for state, j, i in zip(states, at, live):
+            req = reqs[i]
+            left = req.max_new_tokens - req.num_output_tokens
+            token = self.closer.stop if state.broken else state.forced(self.closer, left)
+            if token is None:
+                free.append(state.matcher)
+                free_at.append(j)
+            else:  # one allowed token
+                host[j].zero_()
+                host[j, token // 32] = 1 << (token % 32) if token % 32 != 31 else -(1 << 31)
+        if free:
+            self.batch.batch_fill_next_token_bitmask(free, host, free_at)
+        if cuda:
+            mask = host[: len(live)].to(self.device, non_blocking=True)
+            rows_t = torch.tensor(live, dtype=torch.long).pin_memory()
+            apply_bitmask_torch(logits, mask, rows_t.to(self.device, non_blocking=True))
+        else:
+            self.xgr.apply_token_bitmask_inplace(logits, host[: logits.shape[0]], indices=live)
+
+    def _catch_up(self, states: list, outputs: list[list[int]]) -> None:
+        """Every matcher consumes its request's new tokens: single tokens in one batched call."""
+        one, tokens, singles = [], [], []
+        for state, out in zip(states, outputs):
+            n = state.pending(out)
+            if n == 1 and not state.broken:
+                one.append(state)
+                tokens.append(out[-1])
+            elif n < 0:
+                log.info("grammar state rebuilt from %d output tokens", len(out))
+                state.rebuild(out)
+            elif n > 1:
+                singles.append((state, out))
+        if one:
+            accepted = self.batch.batch_accept_token([s.matcher for s in one], tokens)
+            for state, t, ok in zip(one, tokens, accepted):
+                state.accept_one(t, ok)
+                if not ok:
+                    log.error("grammar refused a sampled token %d; ending the request", t)
+        for state, out in singles:
+            state.accept(out)

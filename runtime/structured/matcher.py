@@ -1,0 +1,124 @@
+"""GrammarState: one request's place in its grammar, always derived from its output tokens.
+
+The state is an xgrammar `GrammarMatcher` plus how many output tokens it has accepted. Before a
+step fills the request's bitmask, the matcher catches up with the tokens the request has now
+(`pending`): normally the one token sampled last step, after a rebuild all of them. So nothing
+else has to tell the matcher about tokens, and a request whose tokens were recomputed (preempted)
+or whose history no longer matches what the matcher saw is rebuilt from its tokens (`rebuild`).
+
+Ending within the budget (`Closer`): a small model can loop inside an unbounded string or array
+until `max_tokens` cuts the JSON in half. Close to the end of its budget a request is steered
+out: the closer finds a short way to a complete output from the current state (the grammar's
+forced text, else the first of a few closing characters the grammar allows: `"`, `}`, `]`, `,`,
+digits, letters) and, once that path needs all the tokens left, the bitmask allows only its next
+token, then EOS. The path is recomputed while there is slack, halving the gap each time, so the
+cost is a few hundred matcher steps per request near its end and nothing before.
+"""
+
+from __future__ import annotations
+
+import xgrammar as xgr
+
+# Characters tried, in order, where the grammar leaves a choice: close what is open first.
+CLOSING_CHARS = '"}],' + "0123456789" + "abcdefghijklmnopqrstuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+CLOSING_CHARS += " -._:;/'()<>=+*!?#%&@^`|~\\{[\n"
+MAX_PLAN = 4096  # longest way out searched (tokens)
+RETRY_EVERY = 16  # tokens between searches while no way out fits in the budget
+
+
+class Closer:
+    """Per tokenizer: the single-character tokens the closer may write, in `CLOSING_CHARS`
+    order."""
+
+    def __init__(self, info: xgr.TokenizerInfo) -> None:
+        single: dict[bytes, int] = {}
+        for i, b in enumerate(info.decoded_vocab):
+            if len(b) == 1 and b not in single:
+                single[b] = i
+        self.tokens = [single[c.encode()] for c in CLOSING_CHARS if c.encode() in single]
+        self.stop = info.stop_token_ids[0] if info.stop_token_ids else None
+
+    def plan(self, matcher: xgr.GrammarMatcher, limit: int) -> list[int] | None:
+        """Tokens that take `matcher` to a complete output (at most `limit`), or None."""
+        probe = matcher.fork()
+        plan: list[int] = []
+        while len(plan) <= limit:
+            if probe.is_completed():
+                return plan
+            jump = probe.find_jump_forward_tokens()
+            if jump and all(probe.accept_token(t) for t in jump):
+                plan += jump
+                continue
+            for t in self.tokens:
+                if probe.accept_token(t):
+                    plan.append(t)
+                    break
+            else:
+                return None
+        return None
+
+
+class GrammarState:
+    """A request's matcher, its progress through the output tokens and its way out."""
+
+    __slots__ = ("accepted", "broken", "check_at", "compiled", "matcher", "plan")
+
+    def __init__(self, compiled: xgr.CompiledGrammar) -> None:
+        self.compiled = compiled
+        self.matcher = xgr.GrammarMatcher(compiled)
+        self.accepted = 0  # output tokens the matcher has consumed
+        self.check_at = 0  # look for the way out once this few tokens are left (0: at once)
+        self.plan: list[int] | None = None  # forced tokens left, once the budget is tight
+        self.broken = False  # a token the grammar refused (a bug): only EOS is allowed
+
+    def rebuild(self, output: list[int]) -> None:
+        """Start again from the first output token (the history differs from what was seen)."""
+        self.matcher = xgr.GrammarMatcher(self.compiled)
+        self.accepted, self.plan, self.broken = 0, None, False
+        self.accept(output)
+
+    def accept(self, output: list[int]) -> None:
+        """Consume the output tokens not seen yet (one at a time; the batch path in `bitmask`
+        handles the common single new token)."""
+        for t in output[self.accepted :]:
+            self.accept_one(t, self.matcher.accept_token(t))
+
+    def accept_one(self, token: int, ok: bool) -> None:
+        """Bookkeeping after the matcher was offered `token` (`ok`: whether it took it)."""
+        self.accepted += 1
+        if not ok:
+            self.broken = True
+        if self.plan:
+            if self.plan[0] == token:
+                self.plan.pop(0)
+            else:
+                self.plan = None
+
+    def pending(self, output: list[int]) -> int:
+        """New output tokens to consume; -1 when the output no longer extends what was seen."""
+        n = len(output) - self.accepted
+        return n if n >= 0 else -1
+
+    def forced(self, closer: Closer, left: int) -> int | None:
+        """The only token allowed now when the budget (`left` tokens, this one included) is
+        down to the way out: the next planned token, EOS after it; None to sample freely."""
+        if self.plan is None and (self.check_at == 0 or left <= self.check_at):
+            self._look(closer, left)
+        if self.plan is None:
+            return None
+        return self.plan[0] if self.plan else closer.stop
+
+    def _look(self, closer: Closer, left: int) -> None:
+        if self.matcher.is_terminated():
+            self.check_at = -1
+            return
+        plan = closer.plan(self.matcher, min(left, MAX_PLAN))
+        if plan is None:  # no way out that fits (yet): look again a little later
+            self.check_at = max(left - RETRY_EVERY, 1)
+            return
+        need = len(plan) + 1  # + EOS
+        if need >= left:
+            self.plan = plan
+            return
+        # look again when half the slack is spent (every step once it is small)
+        self.check_at = max(left - max((left - need) // 2, 1), need)
