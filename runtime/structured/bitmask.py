@@ -55,17 +55,18 @@ class GrammarBitmask:
         self.vocab_size = vocab_size
         self.device = device
         self.words = (vocab_size + 31) // 32
+        # CUDA: masks of the constrained rows only, applied by `apply_bitmask_torch`
+        self.compact = device.type == "cuda"
         self._host: torch.Tensor | None = None  # [rows, words] int32, grown on demand
         self._ready = False
 
     def _setup(self) -> None:
         import xgrammar as xgr
         from pagoda.runtime.structured.compiler import compiler_for
-        from pagoda.runtime.structured.matcher import Closer
 
         self.xgr = xgr
         self.compiler = compiler_for(self.tokenizer, self.vocab_size)
-        self.closer = Closer(self.compiler.info)
+        self.closer = self.compiler.closer
         self.batch = xgr.BatchGrammarMatcher(max_threads=1)
         self._ready = True
 
@@ -99,9 +100,9 @@ class GrammarBitmask:
         states = [self.state_of(reqs[i]) for i in live]
         outputs = [reqs[i].output_token_ids for i in live]
         self._catch_up(states, outputs)
-        cuda = self.device.type == "cuda"
-        host = self._buffer(len(live) if cuda else logits.shape[0])
-        at = list(range(len(live))) if cuda else live  # compact on CUDA, in place on CPU
+        compact = self.compact
+        host = self._buffer(len(live) if compact else logits.shape[0])
+        at = list(range(len(live))) if compact else live  # compact on CUDA, in place on CPU
         free, free_at = [], []
         for state, j, i in zip(states, at, live):
             req = reqs[i]
@@ -115,10 +116,12 @@ class GrammarBitmask:
                 host[j, token // 32] = 1 << (token % 32) if token % 32 != 31 else -(1 << 31)
         if free:
             self.batch.batch_fill_next_token_bitmask(free, host, free_at)
-        if cuda:
+        if compact:
+            rows_t = torch.tensor(live, dtype=torch.long)
+            if self.device.type == "cuda":  # pinned: copied without a sync
+                rows_t = rows_t.pin_memory().to(self.device, non_blocking=True)
             mask = host[: len(live)].to(self.device, non_blocking=True)
-            rows_t = torch.tensor(live, dtype=torch.long).pin_memory()
-            apply_bitmask_torch(logits, mask, rows_t.to(self.device, non_blocking=True))
+            apply_bitmask_torch(logits, mask, rows_t)
         else:
             self.xgr.apply_token_bitmask_inplace(logits, host[: logits.shape[0]], indices=live)
 

@@ -24,6 +24,10 @@ CLOSING_CHARS = '"}],' + "0123456789" + "abcdefghijklmnopqrstuvwxyz" + "ABCDEFGH
 CLOSING_CHARS += " -._:;/'()<>=+*!?#%&@^`|~\\{[\n"
 MAX_PLAN = 4096  # longest way out searched (tokens)
 RETRY_EVERY = 16  # tokens between searches while no way out fits in the budget
+# Steering starts while this many tokens of slack are left: one token can make the way out
+# longer (opening an object with required fields); the margin is the first way out's length
+# (what a whole minimal output needs), within these bounds.
+MIN_MARGIN, MAX_MARGIN = 4, 64
 
 
 class Closer:
@@ -37,6 +41,8 @@ class Closer:
                 single[b] = i
         self.tokens = [single[c.encode()] for c in CLOSING_CHARS if c.encode() in single]
         self.stop = info.stop_token_ids[0] if info.stop_token_ids else None
+        self.vocab_size = info.vocab_size
+        self._mask = None  # a one-row bitmask, for the rare choice no closing character fits
 
     def plan(self, matcher: xgr.GrammarMatcher, limit: int) -> list[int] | None:
         """Tokens that take `matcher` to a complete output (at most `limit`), or None."""
@@ -53,15 +59,29 @@ class Closer:
                 if probe.accept_token(t):
                     plan.append(t)
                     break
-            else:
-                return None
+            else:  # e.g. inside a multi-byte character: the lowest token allowed
+                t = self._first_allowed(probe)
+                if t is None or not probe.accept_token(t):
+                    return None
+                plan.append(t)
         return None
+
+    def _first_allowed(self, matcher: xgr.GrammarMatcher) -> int | None:
+        if self._mask is None:
+            self._mask = xgr.allocate_token_bitmask(1, self.vocab_size)
+        matcher.fill_next_token_bitmask(self._mask)
+        words = self._mask[0].nonzero()
+        if not len(words):
+            return None
+        w = int(words[0])
+        bits = int(self._mask[0, w]) & 0xFFFFFFFF
+        return w * 32 + ((bits & -bits).bit_length() - 1)
 
 
 class GrammarState:
     """A request's matcher, its progress through the output tokens and its way out."""
 
-    __slots__ = ("accepted", "broken", "check_at", "compiled", "matcher", "plan")
+    __slots__ = ("accepted", "broken", "check_at", "compiled", "margin", "matcher", "plan")
 
     def __init__(self, compiled: xgr.CompiledGrammar) -> None:
         self.compiled = compiled
@@ -70,6 +90,7 @@ class GrammarState:
         self.check_at = 0  # look for the way out once this few tokens are left (0: at once)
         self.plan: list[int] | None = None  # forced tokens left, once the budget is tight
         self.broken = False  # a token the grammar refused (a bug): only EOS is allowed
+        self.margin: int | None = None  # slack kept for a longer way out (MIN/MAX_MARGIN)
 
     def rebuild(self, output: list[int]) -> None:
         """Start again from the first output token (the history differs from what was seen)."""
@@ -114,11 +135,13 @@ class GrammarState:
             return
         plan = closer.plan(self.matcher, min(left, MAX_PLAN))
         if plan is None:  # no way out that fits (yet): look again a little later
-            self.check_at = max(left - RETRY_EVERY, 1)
+            self.check_at = max(left - min(RETRY_EVERY, max(left // 4, 1)), 1)
             return
         need = len(plan) + 1  # + EOS
-        if need >= left:
+        if self.margin is None:  # the first way out: from (near) the start of the output
+            self.margin = min(max(need, MIN_MARGIN), MAX_MARGIN)
+        if need + self.margin >= left:
             self.plan = plan
             return
         # look again when half the slack is spent (every step once it is small)
-        self.check_at = max(left - max((left - need) // 2, 1), need)
+        self.check_at = max(left - max((left - need - self.margin) // 2, 1), need + self.margin)

@@ -1,0 +1,158 @@
+"""Mask correctness: for random grammars (JSON Schemas, regexes, EBNF) and random logits, every
+token the batched sampler picks on a constrained row is one an independent xgrammar matcher
+accepts at that point, whatever the row's sampling (greedy, temperature, top-k/top-p/min-p,
+penalties, logprobs, seeds), and unconstrained rows in the same batch are untouched.
+
+Each test runs on the CPU path (xgrammar's mask kernel, then the native C sampler or the LM
+head's own sampler) and on the CUDA path run on the CPU (`apply_bitmask_torch`, then the PyTorch
+sampler, chunked and over whole rows as CUDA draws). Walks end within their budget: JSON outputs
+are complete and validate against their schema.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+import torch
+import xgrammar as xgr
+from pagoda.runtime import sampler, sampler_native, sampler_ops
+from pagoda.runtime.model import qgemm
+from pagoda.runtime.request import Request
+from pagoda.runtime.sampler import SamplingBatch, sample
+from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.structured.bitmask import GrammarBitmask, apply_bitmask_torch, grammar_rows
+from pagoda.runtime.structured.params import StructuredOutputsParams
+from structured_testlib import random_ebnf, random_regex, random_schema
+
+CPU = torch.device("cpu")
+WHOLE: dict[str, sampler.WholeSampler] = {}
+
+
+@pytest.fixture(params=["native", "head", "torch", "flat"])
+def path(request, monkeypatch):
+    if request.param in ("torch", "flat"):
+        monkeypatch.setattr(sampler_native, "usable", lambda x: False)
+    if request.param == "flat":
+        monkeypatch.setattr(sampler_ops, "flat_draws", lambda w: True)
+    elif request.param in ("native", "head") and not sampler_native.available():
+        pytest.skip("no C compiler for the native sampler kernels")
+    if request.param == "head":
+        if qgemm.load() is None:
+            pytest.skip("no quantized GEMM here (AVX2 + FMA and a C++ compiler)")
+        monkeypatch.setitem(WHOLE, "head", qgemm.load().sample_logits)
+    return request.param
+
+
+SAMPLINGS = [
+    dict(temperature=0.0),
+    dict(temperature=0.8, seed=3),
+    dict(temperature=1.5, top_k=20),
+    dict(temperature=1.0, top_p=0.5),
+    dict(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, logprobs=3),
+    dict(temperature=1.0, min_p=0.2),
+    dict(temperature=0.9, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.5),
+    dict(temperature=0.0, logprobs=0, repetition_penalty=1.2),
+]
+
+
+def _requests(compiler, specs, max_tokens, eos):
+    reqs = []
+    for i, spec in enumerate(specs):
+        compiled = spec.with_compiled(compiler.compile(spec))
+        kw = SAMPLINGS[i % len(SAMPLINGS)]
+        params = SamplingParams(max_tokens=max_tokens, structured_outputs=compiled, **kw)
+        reqs.append(Request(f"r{i}", [1, 2, 3], params, eos_token_ids=eos))
+    return reqs
+
+
+def _walk(gb: GrammarBitmask, reqs, vocab: int, seed: int, free: int = 2) -> None:
+    """Sample every request to its end; `free` unconstrained greedy rows ride along."""
+    g = torch.Generator().manual_seed(seed)
+    refs = {r.request_id: xgr.GrammarMatcher(r.params.structured_outputs.compiled) for r in reqs}
+    others = [Request(f"u{i}", [5], SamplingParams(temperature=0, max_tokens=10**6))
+              for i in range(free)]  # fmt: skip
+    for _ in range(max(r.max_new_tokens for r in reqs) + 1):
+        live = [r for r in reqs if not r.is_finished]
+        if not live:
+            return
+        batch_reqs = live[:1] + others + live[1:]
+        logits = torch.randn(len(batch_reqs), vocab, generator=g) * 4
+        raw = logits.clone()
+        rows = grammar_rows(batch_reqs)
+        assert rows == [0, *range(1 + free, len(batch_reqs))]
+        gb.apply(logits, batch_reqs, rows)
+        out = sample(logits, SamplingBatch.build(batch_reqs, vocab, CPU), WHOLE.get("head"))
+        tokens = out.token_ids.tolist()
+        for i in range(1, 1 + free):  # unconstrained rows: the unmasked argmax
+            assert tokens[i] == int(raw[i].argmax())
+        for row in rows:
+            r, t = batch_reqs[row], tokens[row]
+            assert refs[r.request_id].accept_token(t), (
+                f"{r.request_id} sampled token {t} the grammar does not allow "
+                f"(after {r.num_output_tokens} tokens, {r.params})"
+            )
+            if out.logprobs is not None and r.params.logprobs is not None:
+                assert -1e4 < float(out.logprobs[row]) <= 1e-5
+            r.append_token(t)
+            r.check_stop_token()
+    raise AssertionError("requests did not finish")
+
+
+def _text(tok, r) -> str:
+    ids = r.output_token_ids
+    if ids and ids[-1] in r.stop_ids:
+        ids = ids[:-1]
+    return tok.decode(ids)
+
+
+def test_random_json_schemas(path, smol_tokenizer, compiler):
+    rng = random.Random(11)
+    schemas = [random_schema(rng) for _ in range(8)]
+    specs = [StructuredOutputsParams(json=s) for s in schemas]
+    eos = smol_tokenizer.eos_token_ids
+    reqs = _requests(compiler, specs, 72, eos)
+    gb = _bitmask(smol_tokenizer, path)
+    _walk(gb, reqs, smol_tokenizer.model_vocab_size, seed=1)
+    for r, s in zip(reqs, schemas):
+        assert r.status.finish_reason == "stop", (s, _text(smol_tokenizer, r))
+        jsonschema.validate(json.loads(_text(smol_tokenizer, r)), s)
+
+
+def test_random_regexes_and_grammars(path, smol_tokenizer, compiler):
+    rng = random.Random(5)
+    specs = [StructuredOutputsParams(regex=random_regex(rng)) for _ in range(4)]
+    specs += [StructuredOutputsParams(grammar=random_ebnf(rng)) for _ in range(3)]
+    specs += [StructuredOutputsParams(choice=("left", "right", "straight on"))]
+    reqs = _requests(compiler, specs, 40, smol_tokenizer.eos_token_ids)
+    _walk(_bitmask(smol_tokenizer, path), reqs, smol_tokenizer.model_vocab_size, seed=2)
+    for r, spec in zip(reqs, specs):
+        assert r.status.finish_reason in ("stop", "length")
+        if spec.choice:
+            assert _text(smol_tokenizer, r) in spec.choice
+
+
+def _bitmask(tok, path: str) -> GrammarBitmask:
+    gb = GrammarBitmask(tok, tok.model_vocab_size, CPU)
+    gb.compact = path in ("torch", "flat")  # the CUDA path's compact masks + torch unpacking
+    return gb
+
+
+def test_torch_apply_matches_xgrammar_kernel():
+    g = torch.Generator().manual_seed(0)
+    vocab, n = 1000, 6
+    logits = torch.randn(n, vocab, generator=g)
+    words = (vocab + 31) // 32
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (n, words), generator=g, dtype=torch.int32)
+    rows = [0, 2, 5]
+    want = logits.clone()
+    xgr.apply_token_bitmask_inplace(want, bitmask, indices=rows)
+    got = logits.clone()
+    apply_bitmask_torch(got, bitmask[rows], torch.tensor(rows))
+    assert torch.equal(got, want)
+    for dtype in (torch.bfloat16,):
+        got = logits.to(dtype)
+        apply_bitmask_torch(got, bitmask[rows], torch.tensor(rows))
+        assert torch.equal(torch.isinf(got), torch.isinf(want))
