@@ -161,9 +161,14 @@ class Tokenizer:
         return ByteStream.after(pieces, list(context))
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> str:
-        """Render messages with the model's own Jinja chat template (sandboxed)."""
+        """Render messages with the model's own Jinja chat template (sandboxed); `tools` (OpenAI
+        tool objects) are in its context as `tools`, as Hugging Face templates expect."""
         if self._template is None:
             raise ValueError("this model has no chat template; use completions instead of chat")
         for i, m in enumerate(messages):
@@ -174,6 +179,7 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt,
             bos_token=self._special(self.bos_token_id),
             eos_token=self._special(self.eos_token_ids[0] if self.eos_token_ids else None),
+            tools=list(tools) if tools else None,
         )
 
 

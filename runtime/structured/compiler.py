@@ -50,7 +50,8 @@ _KIND_NAMES = {
     "structural_tag": "structural tag",
 }
 
-CompileObserver = Callable[[str, float], None]  # (kind, seconds) for every compile that ran
+# (spec, seconds) for every compile that ran (not cache hits)
+CompileObserver = Callable[[StructuredOutputsParams, float], None]
 
 
 def tokenizer_info(tokenizer: Any, vocab_size: int) -> xgr.TokenizerInfo:
@@ -150,7 +151,7 @@ class GrammarCompiler:
             raise
         finally:
             if self.observer is not None:
-                self.observer(spec.kind, time.perf_counter() - start)
+                self.observer(spec, time.perf_counter() - start)
         with self._lock:
             self._store(key, compiled)
         return compiled
