@@ -15,7 +15,12 @@ def obj(props: dict[str, Any], required: list[str] | None = None, closed: bool =
     return s
 
 
-STR, INT, NUM, BOOL = {"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}
+STR, INT, NUM, BOOL = (
+    {"type": "string"},
+    {"type": "integer"},
+    {"type": "number"},
+    {"type": "boolean"},
+)
 SHORT = {"type": "string", "maxLength": 40}
 
 SCHEMAS: list[tuple[str, dict[str, Any]]] = [
