@@ -107,7 +107,7 @@ def _moe_align_kernel(
     num_experts,
     num_blocks,
     BLOCK_M: tl.constexpr,
-    BINS: tl.constexpr,  # power of two > num_experts: the last bin takes masked lanes
+    BINS: tl.constexpr,  # power of two > num_experts, >= a warp: the last bin takes masked lanes
     CHUNK: tl.constexpr,
 ):
     e = tl.program_id(0)
@@ -173,7 +173,7 @@ def moe_align_block_size(
     num_padded = torch.empty((1,), dtype=torch.int32, device=ids.device)
     _moe_align_kernel[(num_experts,)](
         ids, sorted_ids, expert_ids, num_padded, num_assign, num_experts, num_blocks,
-        BLOCK_M=block_m, BINS=next_pow2(num_experts + 1), CHUNK=ALIGN_CHUNK,
+        BLOCK_M=block_m, BINS=max(next_pow2(num_experts + 1), 64), CHUNK=ALIGN_CHUNK,
     )  # fmt: skip
     return sorted_ids, expert_ids, num_padded
 
