@@ -96,10 +96,10 @@ def make_paged(
     bs, hkv, d = args.block_size, args.kv_heads, args.head_dim
     per_seq = math.ceil(ctx / bs)
     num_blocks = batch * per_seq
-    k = torch.randn((batch, hkv, ctx, d), device=device, dtype=dtype)
+    k = torch.randn((batch, hkv, ctx, d), device="cuda", dtype=dtype)
     v = torch.randn_like(k)
     table = torch.randperm(num_blocks, device="cuda").view(batch, per_seq).to(torch.int32)
-    k_cache = torch.zeros((num_blocks, bs, hkv, d), device=device, dtype=dtype)
+    k_cache = torch.zeros((num_blocks, bs, hkv, d), device="cuda", dtype=dtype)
     v_cache = torch.zeros_like(k_cache)
     pad = per_seq * bs - ctx
     for b in range(batch):  # one sequence at a time keeps temporaries small
@@ -134,7 +134,7 @@ def decode_row(batch: int, ctx: int, args: argparse.Namespace, dtype: torch.dtyp
 
     h, d = args.heads, args.head_dim
     k, v, k_cache, v_cache, table = make_paged(batch, ctx, args, dtype)
-    q = torch.randn((batch, h, d), device=device, dtype=dtype)
+    q = torch.randn((batch, h, d), device="cuda", dtype=dtype)
     out = torch.empty_like(q)
     seq_lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
     qsl = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
@@ -194,7 +194,7 @@ def prefill_row(
 
     h, d = args.heads, args.head_dim
     k, v, k_cache, v_cache, table = make_paged(batch, ctx, args, dtype)
-    q = torch.randn((batch * new, h, d), device=device, dtype=dtype)
+    q = torch.randn((batch * new, h, d), device="cuda", dtype=dtype)
     out = torch.empty_like(q)
     seq_lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
     qsl = torch.arange(0, batch * new + 1, new, device="cuda", dtype=torch.int32)
