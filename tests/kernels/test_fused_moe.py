@@ -78,6 +78,18 @@ def test_kernel_matches_reference(device, dtype, E, top_k, T, experts):
     torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_kernel_matches_reference_over_several_tiles(device, dtype):
+    """K = 160 and N = 80: several K steps of 64 with a masked tail in both GEMMs, several N
+    tiles; 72 assignments over 16 experts."""
+    from pagoda.kernels import fused_experts
+
+    args = _inputs(24, 16, 3, dtype, device, k=160, n=80)
+    cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, GROUP_M=2, num_warps=4, num_stages=2)
+    got = fused_experts(**args, config=cfg)
+    torch.testing.assert_close(got.float(), reference.fused_experts(**args).float(), **TOL[dtype])
+
+
 def test_kernel_handles_int64_ids_and_no_tokens(device):
     from pagoda.kernels import fused_experts
 
