@@ -205,6 +205,9 @@ class RandomWeights(Mapping):
         out = torch.randn(shape, generator=gen, device=self._device, dtype=self._dtype)
         return out.mul_(0.02)
 
+    def __contains__(self, name: object) -> bool:  # Mapping's would draw the tensor
+        return name in self._shapes
+
     def __iter__(self):
         return iter(self._shapes)
 

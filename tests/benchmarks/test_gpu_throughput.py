@@ -80,6 +80,7 @@ def test_lazy_random_weights_have_the_checkpoints_names_and_shapes(tmp_path):
     assert w.dtype == torch.bfloat16 and tuple(w.shape) == saved[name]
     assert torch.equal(w, weights[name]) and 0.01 < w.float().std() < 0.03
     assert (weights["model.norm.weight"] == 1).all() and len(weights) == len(saved)
+    assert name in weights and "model.layers.0.mlp.experts.8.up_proj.weight" not in weights
 
 
 @pytest.mark.timeout(300)
