@@ -88,8 +88,8 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
     structured = StructuredOutputs(
         cfg.served_model_name,
         metrics.registry,
-        cache_bytes=getattr(cfg, "grammar_cache_bytes", None),
-        timeout_s=getattr(cfg, "grammar_compile_timeout", None),
+        cache_bytes=cfg.grammar_cache_bytes,
+        timeout_s=cfg.grammar_compile_timeout,
     )
     serving = Serving(engine, structured=structured)
 
@@ -127,9 +127,7 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
 
     endpoints = {
         "/v1/completions": CompletionEndpoint(cfg.served_model_names, engine.max_queue_len),
-        "/v1/chat/completions": ChatEndpoint(
-            cfg.served_model_names, getattr(cfg, "tool_call_parser", "auto")
-        ),
+        "/v1/chat/completions": ChatEndpoint(cfg.served_model_names, cfg.tool_call_parser),
     }
     add_openai_routes(app, cfg, serving, endpoints)
     add_probe_routes(app, engine, metrics)

@@ -19,14 +19,13 @@ import logging
 from typing import Any
 
 from pagoda.runtime.engine.info import EngineInfo
+from pagoda.runtime.options import METRIC_GRAMMAR_COMPILE, METRIC_STRUCTURED_REQUESTS
 from pagoda.runtime.sampling import ParamError
 from pagoda.runtime.server.protocol import APIError
 from pagoda.runtime.structured.params import StructuredOutputsParams
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 log = logging.getLogger("pagoda.server")
-METRIC_STRUCTURED_REQUESTS = "pagoda:structured_output_requests"  # counter, label type
-METRIC_GRAMMAR_COMPILE = "pagoda:grammar_compile_seconds"  # histogram, label type
 COMPILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TYPES = ("json", "json_object", "regex", "choice", "grammar", "structural_tag", "tool_calls")
 

@@ -250,7 +250,6 @@ def _prefix_overlap(text: str, tag: str) -> int:
 PARSERS: dict[str, type[ToolParser]] = {
     p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser)
 }
-PARSER_CHOICES = ("auto", *PARSERS)
 
 
 def detect(template: str | None) -> str | None:
