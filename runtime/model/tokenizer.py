@@ -8,6 +8,7 @@ were learned with, so token ids match the original Hugging Face tokenizer.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -98,6 +99,7 @@ class Tokenizer:
         if chat_template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise_template_error
+            env.filters["tojson"] = _tojson  # as transformers renders templates (no HTML escapes)
             self._template = env.from_string(chat_template)
 
     @property
@@ -181,6 +183,12 @@ class Tokenizer:
             eos_token=self._special(self.eos_token_ids[0] if self.eos_token_ids else None),
             tools=list(tools) if tools else None,
         )
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:  # fmt: skip
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)  # fmt: skip
 
 
 def _raise_template_error(message: str) -> None:

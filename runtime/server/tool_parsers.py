@@ -119,6 +119,7 @@ class _Partial:
     args: str  # the arguments value's text so far
     done: bool  # the object is closed
     args_done: bool
+    has_args: bool  # the arguments key has been written
 
 
 def _read_call(obj: str, done: bool) -> _Partial:
@@ -131,7 +132,7 @@ def _read_call(obj: str, done: bool) -> _Partial:
         if a is None or m.start() < a.start() or (end is not None and m.start() >= end):
             name = json.loads(f'"{m.group(1)}"')
             break
-    return _Partial(name, args.strip(), done, end is not None)
+    return _Partial(name, args.strip(), done, end is not None, a is not None)
 
 
 class ToolParser:
@@ -305,7 +306,7 @@ class ToolStream:
             if i > 0 and not self.parallel:
                 break
             part = _read_call(region[a:b] if b is not None else region[a:], b is not None)
-            if part.name is None:
+            if part.name is None or not part.has_args:  # a call starts once both are written
                 break
             if i == len(self.calls):
                 self.calls.append({"id": call_id(), "sent": 0})

@@ -9,14 +9,18 @@ or whose history no longer matches what the matcher saw is rebuilt from its toke
 Ending within the budget (`Closer`): a small model can loop inside an unbounded string or array
 until `max_tokens` cuts the JSON in half. Close to the end of its budget a request is steered
 out: the closer finds a short way to a complete output from the current state (the grammar's
-forced text, else the first of a few closing characters the grammar allows: `"`, `}`, `]`, `,`,
-digits, letters) and, once that path needs all the tokens left, the bitmask allows only its next
-token, then EOS. The path is recomputed while there is slack, halving the gap each time, so the
-cost is a few hundred matcher steps per request near its end and nothing before.
+forced text; else a character that completes the output; else the first of `"`, `}`, `]`, `,`,
+digits, letters... that moves the grammar on rather than extending the same string or number)
+and, once that path needs all the tokens left (plus a margin: one token can lengthen the way
+out), the bitmask allows only its next token, then EOS. The path is recomputed while there is
+slack, halving the gap each time: a few thousand matcher steps per request near its end, none
+before. It is a heuristic for grammars in general (JSON always closes); when it finds no way out
+in the budget, the request samples freely and may end by length.
 """
 
 from __future__ import annotations
 
+import torch
 import xgrammar as xgr
 
 # Characters tried, in order, where the grammar leaves a choice: close what is open first.
@@ -55,26 +59,49 @@ class Closer:
             if jump and all(probe.accept_token(t) for t in jump):
                 plan += jump
                 continue
-            for t in self.tokens:
-                if probe.accept_token(t):
-                    plan.append(t)
-                    break
-            else:  # e.g. inside a multi-byte character: the lowest token allowed
-                t = self._first_allowed(probe)
-                if t is None or not probe.accept_token(t):
-                    return None
-                plan.append(t)
+            t = self._choose(probe)
+            if t is None:
+                return None
+            plan.append(t)
         return None
 
-    def _first_allowed(self, matcher: xgr.GrammarMatcher) -> int | None:
+    def _choose(self, probe: xgr.GrammarMatcher) -> int | None:
+        """Accept and return the next token of the way out: one that completes the output if
+        any does; else the first (in `CLOSING_CHARS` order) that leaves the grammar somewhere
+        new (not another letter of the same string or digit of the same number), else the first
+        allowed at all."""
+        accepted = []
+        for t in self.tokens:
+            if probe.accept_token(t):
+                if probe.is_completed():
+                    return t
+                probe.rollback(1)
+                accepted.append(t)
+        if not accepted:  # e.g. inside a multi-byte character: the lowest token allowed
+            t = self._first_allowed(probe)
+            return t if t is not None and probe.accept_token(t) else None
+        before = self._allowed(probe).clone()
+        for t in accepted:
+            probe.accept_token(t)
+            if not torch.equal(self._allowed(probe), before):
+                return t
+            probe.rollback(1)
+        probe.accept_token(accepted[0])
+        return accepted[0]
+
+    def _allowed(self, matcher: xgr.GrammarMatcher) -> torch.Tensor:
         if self._mask is None:
             self._mask = xgr.allocate_token_bitmask(1, self.vocab_size)
         matcher.fill_next_token_bitmask(self._mask)
-        words = self._mask[0].nonzero()
+        return self._mask[0]
+
+    def _first_allowed(self, matcher: xgr.GrammarMatcher) -> int | None:
+        mask = self._allowed(matcher)
+        words = mask.nonzero()
         if not len(words):
             return None
         w = int(words[0])
-        bits = int(self._mask[0, w]) & 0xFFFFFFFF
+        bits = int(mask[w]) & 0xFFFFFFFF
         return w * 32 + ((bits & -bits).bit_length() - 1)
 
 

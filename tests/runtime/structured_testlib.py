@@ -1,11 +1,24 @@
-"""Random grammars for structured-output tests: JSON Schemas over the keywords xgrammar enforces,
-regexes and EBNF grammars, each from a seeded `random.Random`."""
+"""Structured-output test helpers: the embedded tokenizer, and random grammars (JSON Schemas over
+the keywords xgrammar enforces, regexes, EBNF grammars) from a seeded `random.Random`."""
 
 from __future__ import annotations
 
 import random
 import string
 from typing import Any
+
+
+def smol_tokenizer():
+    """The embedded model's tokenizer alone (no weights), with the model's vocabulary size."""
+    from pagoda.runtime.model.gguf_loader import _reader, read_config, read_tokenizer
+    from pagoda.runtime.model.loader import resolve_model_path
+
+    reader = _reader(resolve_model_path("smollm2-135m"))
+    config = read_config(reader)
+    tok = read_tokenizer(reader, config)
+    tok.model_vocab_size = config.vocab_size
+    return tok
+
 
 WORDS = ["alpha", "beta", "gamma", "delta", "red", "green", "blue", "north", "south", "x"]
 

@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import structured_testlib
 
 
 @pytest.fixture(scope="session")
 def smol_tokenizer():
-    from pagoda.runtime.model.gguf_loader import _reader, read_config, read_tokenizer
-    from pagoda.runtime.model.loader import resolve_model_path
-
-    reader = _reader(resolve_model_path("smollm2-135m"))
-    config = read_config(reader)
-    tok = read_tokenizer(reader, config)
-    tok.model_vocab_size = config.vocab_size
-    return tok
+    return structured_testlib.smol_tokenizer()
 
 
 @pytest.fixture(scope="session")
