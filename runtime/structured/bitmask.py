@@ -6,8 +6,10 @@ Per step with constrained rows (`grammar_rows`, recomputed only when the batch c
    token per request goes through xgrammar's batched `accept_token` in one call; rebuilt or
    lagging requests feed theirs one by one.
 2. Their bitmasks (1 bit per vocabulary entry: allowed) are filled on the host in one batched
-   xgrammar call into a preallocated buffer (pinned on CUDA). A request near the end of its
-   budget gets a single allowed token instead (`matcher.Closer`).
+   xgrammar call into a preallocated buffer (pinned on CUDA). Near the end of its budget a
+   request is steered to a complete output (`matcher.Closer`): first, where only a few tokens
+   are allowed and the grammar lets the open array or object close (or end), that is the only
+   token allowed; at the very end, the way out's tokens one by one.
 3. The masks are applied to the logits in place (-inf where not allowed) before the sampler
    runs, so penalties, temperature, top-k/top-p/min-p, seeds, logprobs (over the allowed tokens,
    as vLLM reports them) and `n` work unchanged on the masked rows. CPU: xgrammar's C++ kernel
@@ -23,9 +25,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
+STRUCTURAL = 4  # soft steering closes where fewer than vocabulary size / this tokens are allowed
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -45,6 +49,29 @@ def apply_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch
     allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).flatten(1)[:, :v].bool()
     masked = logits.index_select(0, rows).masked_fill_(~allowed, float("-inf"))
     logits.index_copy_(0, rows, masked)
+
+
+def soft_close(row: torch.Tensor, closes: list[int], vocab_size: int) -> int | None:
+    """Soft steering: the first of `closes` (EOS, `]`, `}`) a bitmask row allows, where it
+    allows few tokens (between values, not inside a string); else None."""
+    if _count(row) >= vocab_size // STRUCTURAL:
+        return None
+    return next((t for t in closes if _allows(row, t)), None)
+
+
+def _only(row: torch.Tensor, token: int) -> None:
+    """A bitmask row allowing `token` alone."""
+    row.zero_()
+    row[token // 32] = 1 << (token % 32) if token % 32 != 31 else -(1 << 31)
+
+
+def _allows(row: torch.Tensor, token: int) -> bool:
+    return bool((int(row[token // 32]) >> (token % 32)) & 1)
+
+
+def _count(row: torch.Tensor) -> int:
+    """Tokens a bitmask row allows."""
+    return int(np.unpackbits(row.numpy().view(np.uint8)).sum())
 
 
 class GrammarBitmask:
@@ -103,19 +130,26 @@ class GrammarBitmask:
         compact = self.compact
         host = self._buffer(len(live) if compact else logits.shape[0])
         at = list(range(len(live))) if compact else live  # compact on CUDA, in place on CPU
-        free, free_at = [], []
+        free, free_at, soft = [], [], []
         for state, j, i in zip(states, at, live):
             req = reqs[i]
             left = req.max_new_tokens - req.num_output_tokens
-            token = self.closer.stop if state.broken else state.forced(self.closer, left)
+            token, steer = (
+                (self.closer.stop, False) if state.broken else state.steer(self.closer, left)
+            )
             if token is None:
                 free.append(state.matcher)
                 free_at.append(j)
-            else:  # one allowed token
-                host[j].zero_()
-                host[j, token // 32] = 1 << (token % 32) if token % 32 != 31 else -(1 << 31)
+                if steer:
+                    soft.append(j)
+            else:
+                _only(host[j], token)
         if free:
             self.batch.batch_fill_next_token_bitmask(free, host, free_at)
+        for j in soft:  # near the end, between values: close rather than open something new
+            close = soft_close(host[j], self.closer.closes, self.vocab_size)
+            if close is not None:
+                _only(host[j], close)
         if compact:
             rows_t = torch.tensor(live, dtype=torch.long)
             if self.device.type == "cuda":  # pinned: copied without a sync

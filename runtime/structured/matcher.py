@@ -20,18 +20,28 @@ in the budget, the request samples freely and may end by length.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import xgrammar as xgr
 
 # Characters tried, in order, where the grammar leaves a choice: close what is open first.
 CLOSING_CHARS = '"}],' + "0123456789" + "abcdefghijklmnopqrstuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 CLOSING_CHARS += " -._:;/'()<>=+*!?#%&@^`|~\\{[\n"
+FINISH_CHARS = "\"}]).!?;>'\n0123456789"  # tried first for one that completes the output
 MAX_PLAN = 4096  # longest way out searched (tokens)
 RETRY_EVERY = 16  # tokens between searches while no way out fits in the budget
-# Steering starts while this many tokens of slack are left: one token can make the way out
-# longer (opening an object with required fields); the margin is the first way out's length
-# (what a whole minimal output needs), within these bounds.
-MIN_MARGIN, MAX_MARGIN = 4, 64
+# Two zones before the end, sized from the first way out found (`base`: what a whole minimal
+# output needs). Within `hard` tokens of slack the way out is forced token by token. Within
+# `soft` tokens, where the grammar allows only a few tokens (between values, not inside a
+# string) and lets the open array or object close, it closes: one token there could otherwise
+# open a new item whose way out no longer fits.
+HARD_MARGIN = (4, 16)  # base // 2, within these bounds
+SOFT_MARGIN = (16, 64)  # 2 * base, within these bounds
+LATE = 4  # slack left when the halving stops: forced this many tokens early, not looked at
+
+
+def _clamp(x: int, bounds: tuple[int, int]) -> int:
+    return min(max(x, bounds[0]), bounds[1])
 
 
 class Closer:
@@ -43,7 +53,13 @@ class Closer:
         for i, b in enumerate(info.decoded_vocab):
             if len(b) == 1 and b not in single:
                 single[b] = i
-        self.tokens = [single[c.encode()] for c in CLOSING_CHARS if c.encode() in single]
+        ids = [single[c.encode()] for c in CLOSING_CHARS if c.encode() in single]
+        self.tokens = np.array(ids, dtype=np.int64)
+        ids = [single[c.encode()] for c in FINISH_CHARS if c.encode() in single]
+        self.finishers = np.array(ids, dtype=np.int64)
+        # what soft steering closes with, in order: the end, then the open array or object
+        ends = [*info.stop_token_ids[:1], single.get(b"]"), single.get(b"}")]
+        self.closes = [t for t in ends if t is not None]
         self.stop = info.stop_token_ids[0] if info.stop_token_ids else None
         self.vocab_size = info.vocab_size
         self._mask = None  # a one-row bitmask, for the rare choice no closing character fits
@@ -69,25 +85,30 @@ class Closer:
         """Accept and return the next token of the way out: one that completes the output if
         any does; else the first (in `CLOSING_CHARS` order) that leaves the grammar somewhere
         new (not another letter of the same string or digit of the same number), else the first
-        allowed at all."""
-        accepted = []
-        for t in self.tokens:
-            if probe.accept_token(t):
-                if probe.is_completed():
-                    return t
-                probe.rollback(1)
-                accepted.append(t)
-        if not accepted:  # e.g. inside a multi-byte character: the lowest token allowed
-            t = self._first_allowed(probe)
-            return t if t is not None and probe.accept_token(t) else None
+        allowed at all. Which candidates are allowed is read off one bitmask."""
         before = self._allowed(probe).clone()
+        words = before.numpy()
+        for t in self._among(words, self.finishers):
+            probe.accept_token(t)
+            if probe.is_completed():
+                return t
+            probe.rollback(1)
+        accepted = self._among(words, self.tokens)
+        if not len(accepted):  # e.g. inside a multi-byte character: the lowest token allowed
+            t = _first_set(words)
+            return t if t is not None and probe.accept_token(t) else None
         for t in accepted:
             probe.accept_token(t)
             if not torch.equal(self._allowed(probe), before):
                 return t
             probe.rollback(1)
-        probe.accept_token(accepted[0])
-        return accepted[0]
+        probe.accept_token(int(accepted[0]))
+        return int(accepted[0])
+
+    @staticmethod
+    def _among(words: np.ndarray, tokens: np.ndarray) -> list[int]:
+        """The `tokens` a bitmask (int32 words) allows, in their order."""
+        return tokens[(words[tokens >> 5] >> (tokens & 31)) & 1 == 1].tolist()
 
     def _allowed(self, matcher: xgr.GrammarMatcher) -> torch.Tensor:
         if self._mask is None:
@@ -95,20 +116,21 @@ class Closer:
         matcher.fill_next_token_bitmask(self._mask)
         return self._mask[0]
 
-    def _first_allowed(self, matcher: xgr.GrammarMatcher) -> int | None:
-        mask = self._allowed(matcher)
-        words = mask.nonzero()
-        if not len(words):
-            return None
-        w = int(words[0])
-        bits = int(mask[w]) & 0xFFFFFFFF
-        return w * 32 + ((bits & -bits).bit_length() - 1)
+
+def _first_set(words: np.ndarray) -> int | None:
+    """The lowest token a bitmask allows."""
+    nz = np.flatnonzero(words)
+    if not len(nz):
+        return None
+    w = int(nz[0])
+    bits = int(words[w]) & 0xFFFFFFFF
+    return w * 32 + ((bits & -bits).bit_length() - 1)
 
 
 class GrammarState:
     """A request's matcher, its progress through the output tokens and its way out."""
 
-    __slots__ = ("accepted", "broken", "check_at", "compiled", "margin", "matcher", "plan")
+    __slots__ = ("accepted", "base", "broken", "check_at", "compiled", "matcher", "need", "plan")
 
     def __init__(self, compiled: xgr.CompiledGrammar) -> None:
         self.compiled = compiled
@@ -117,7 +139,8 @@ class GrammarState:
         self.check_at = 0  # look for the way out once this few tokens are left (0: at once)
         self.plan: list[int] | None = None  # forced tokens left, once the budget is tight
         self.broken = False  # a token the grammar refused (a bug): only EOS is allowed
-        self.margin: int | None = None  # slack kept for a longer way out (MIN/MAX_MARGIN)
+        self.base: int | None = None  # the first way out's length (sizes the margins)
+        self.need: int | None = None  # the latest way out's length (+ EOS)
 
     def rebuild(self, output: list[int]) -> None:
         """Start again from the first output token (the history differs from what was seen)."""
@@ -147,14 +170,16 @@ class GrammarState:
         n = len(output) - self.accepted
         return n if n >= 0 else -1
 
-    def forced(self, closer: Closer, left: int) -> int | None:
-        """The only token allowed now when the budget (`left` tokens, this one included) is
-        down to the way out: the next planned token, EOS after it; None to sample freely."""
+    def steer(self, closer: Closer, left: int) -> tuple[int | None, bool]:
+        """(the only token allowed now, or None; whether to close where few tokens are allowed)
+        for a budget of `left` tokens, this one included: the next planned token, EOS after
+        it, once the way out needs all but the hard margin; soft steering within the soft one."""
         if self.plan is None and (self.check_at == 0 or left <= self.check_at):
             self._look(closer, left)
-        if self.plan is None:
-            return None
-        return self.plan[0] if self.plan else closer.stop
+        if self.plan is not None:
+            return (self.plan[0] if self.plan else closer.stop), False
+        soft = self.need is not None and left <= self.need + _clamp(2 * self.base, SOFT_MARGIN)
+        return None, soft
 
     def _look(self, closer: Closer, left: int) -> None:
         if self.matcher.is_terminated():
@@ -164,11 +189,12 @@ class GrammarState:
         if plan is None:  # no way out that fits (yet): look again a little later
             self.check_at = max(left - min(RETRY_EVERY, max(left // 4, 1)), 1)
             return
-        need = len(plan) + 1  # + EOS
-        if self.margin is None:  # the first way out: from (near) the start of the output
-            self.margin = min(max(need, MIN_MARGIN), MAX_MARGIN)
-        if need + self.margin >= left:
+        self.need = need = len(plan) + 1  # + EOS
+        if self.base is None:  # the first way out: from (near) the start of the output
+            self.base = need
+        hard = _clamp(self.base // 2, HARD_MARGIN)
+        if need + hard + LATE >= left:
             self.plan = plan
             return
-        # look again when half the slack is spent (every step once it is small)
-        self.check_at = max(left - max((left - need - self.margin) // 2, 1), need + self.margin)
+        # look again when half the slack is spent
+        self.check_at = max(left - (left - need - hard) // 2, need + hard + LATE)

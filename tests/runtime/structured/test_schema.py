@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import xgrammar as xgr
 from pagoda.runtime.structured import schema as schemas
+from pagoda.runtime.structured.bitmask import soft_close
 from pagoda.runtime.structured.matcher import GrammarState
 from pagoda.runtime.structured.params import StructuredOutputsParams
 from structured_testlib import random_schema
@@ -95,9 +96,12 @@ def _random_outputs(compiler, tok, schema, n: int, seed: int) -> list[str]:
     for _ in range(n):
         state, ids = GrammarState(compiled), []
         for left in range(80, 0, -1):
-            token = state.forced(closer, left)
+            token, soft = state.steer(closer, left)
             if token is None:
                 state.matcher.fill_next_token_bitmask(mask)
+                if soft:  # as GrammarBitmask steers
+                    token = soft_close(mask[0], closer.closes, compiler.vocab_size)
+            if token is None:
                 allowed = np.flatnonzero(
                     np.unpackbits(mask.numpy().view(np.uint8), bitorder="little")
                 )
