@@ -114,6 +114,27 @@ async def test_regex_choice_grammar_and_json_object(aclient, server):
     jsonschema.validate(json.loads(r.choices[0].text), SCHEMAS[0][1])
 
 
+def test_logprobs_n_and_penalties_compose(client, server):
+    """Logprobs over the allowed tokens (ruled-out alternatives shown as -9999, never -inf,
+    which JSON cannot carry), n samples each following the grammar, penalties on top."""
+    so = {"choice": ["red", "green", "blue"]}
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "A colour?"}], n=3, seed=1,
+        temperature=1.0, logprobs=True, top_logprobs=5, presence_penalty=1.0, max_tokens=5,
+        extra_body={"structured_outputs": so},
+    )  # fmt: skip
+    for c in r.choices:
+        assert c.message.content in so["choice"]
+        for t in c.logprobs.content:
+            assert -9999.0 <= t.logprob <= 0.0
+            assert all(-9999.0 <= a.logprob <= 0.0 for a in t.top_logprobs)
+    body = {"model": MODEL, "prompt": "Colour:", "max_tokens": 5, "logprobs": 5, "stream": True,
+            "structured_outputs": so}  # fmt: skip
+    with httpx.stream("POST", f"{server.base}/v1/completions", json=body, timeout=60) as s:
+        text = "".join(s.iter_text())
+    assert "Infinity" not in text and "NaN" not in text
+
+
 def test_a_cut_budget_still_closes_the_json(client):
     """max_tokens just above what a minimal answer needs: the output is steered to its end."""
     schema = SCHEMAS[9][1]  # an order: an id and 1-3 lines
