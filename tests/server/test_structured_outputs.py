@@ -114,6 +114,25 @@ async def test_regex_choice_grammar_and_json_object(aclient, server):
     jsonschema.validate(json.loads(r.choices[0].text), SCHEMAS[0][1])
 
 
+def test_sdk_parse_with_a_pydantic_model(client):
+    """The SDK's `parse` sends a strict json_schema built from the model and parses the answer."""
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    class Pet(BaseModel):
+        name: str
+        kind: Literal["cat", "dog"]
+        age: int
+
+    r = client.chat.completions.parse(
+        model=MODEL, messages=[{"role": "user", "content": "Describe a pet."}],
+        response_format=Pet, max_tokens=80, temperature=0,
+    )  # fmt: skip
+    pet = r.choices[0].message.parsed
+    assert isinstance(pet, Pet) and pet.kind in ("cat", "dog")
+
+
 def test_logprobs_n_and_penalties_compose(client, server):
     """Logprobs over the allowed tokens (ruled-out alternatives shown as -9999, never -inf,
     which JSON cannot carry), n samples each following the grammar, penalties on top."""
