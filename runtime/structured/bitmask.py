@@ -12,9 +12,9 @@ Per step with constrained rows (`grammar_rows`, recomputed only when the batch c
    token allowed; at the very end, the way out's tokens one by one.
 3. The masks are applied to the logits in place (-inf where not allowed) before the sampler
    runs, so penalties, temperature, top-k/top-p/min-p, seeds, logprobs (over the allowed tokens,
-   as vLLM reports them) and `n` work unchanged on the masked rows. CPU: xgrammar's C++ kernel
-   on the rows' positions. CUDA: the masks of the constrained rows are copied without a sync and
-   unpacked by `apply_bitmask_torch` (a few PyTorch ops, no JIT).
+   as vLLM reports them) and `n` work unchanged on the masked rows. CPU: `mask_kernel` (C, a
+   word of 32 tokens at a time; xgrammar's kernel without a compiler). CUDA: the masks are
+   copied without a sync and unpacked by `apply_bitmask_torch` (a few PyTorch ops, no JIT).
 
 Requests without a constraint are never looked at in steps whose batch did not change, and a
 batch without constrained rows costs one list scan when it changes (`grammar_rows`).
@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pagoda.runtime.structured import mask_kernel
 
 log = logging.getLogger(__name__)
 STRUCTURAL = 4  # soft steering closes where fewer than vocabulary size / this tokens are allowed
@@ -82,8 +83,8 @@ class GrammarBitmask:
         self.vocab_size = vocab_size
         self.device = device
         self.words = (vocab_size + 31) // 32
-        # CUDA: masks of the constrained rows only, applied by `apply_bitmask_torch`
-        self.compact = device.type == "cuda"
+        # CPU: apply as CUDA does (`apply_bitmask_torch`), for tests of that path
+        self.torch_apply = False
         self._host: torch.Tensor | None = None  # [rows, words] int32, grown on demand
         self._ready = False
 
@@ -127,9 +128,8 @@ class GrammarBitmask:
         states = [self.state_of(reqs[i]) for i in live]
         outputs = [reqs[i].output_token_ids for i in live]
         self._catch_up(states, outputs)
-        compact = self.compact
-        host = self._buffer(len(live) if compact else logits.shape[0])
-        at = list(range(len(live))) if compact else live  # compact on CUDA, in place on CPU
+        host = self._buffer(len(live))
+        at = range(len(live))  # row j of the masks is the logits row live[j]
         free, free_at, soft = [], [], []
         for state, j, i in zip(states, at, live):
             req = reqs[i]
@@ -150,14 +150,18 @@ class GrammarBitmask:
             close = soft_close(host[j], self.closer.closes, self.vocab_size)
             if close is not None:
                 _only(host[j], close)
-        if compact:
-            rows_t = torch.tensor(live, dtype=torch.long)
-            if self.device.type == "cuda":  # pinned: copied without a sync
+        mask, rows_t = host[: len(live)], torch.tensor(live, dtype=torch.long)
+        if self.device.type == "cuda" or self.torch_apply:  # pinned: copied without a sync
+            if self.device.type == "cuda":
                 rows_t = rows_t.pin_memory().to(self.device, non_blocking=True)
-            mask = host[: len(live)].to(self.device, non_blocking=True)
+                mask = mask.to(self.device, non_blocking=True)
             apply_bitmask_torch(logits, mask, rows_t)
-        else:
-            self.xgr.apply_token_bitmask_inplace(logits, host[: logits.shape[0]], indices=live)
+        elif mask_kernel.available() and logits.is_contiguous():
+            mask_kernel.apply_mask(logits, mask, rows_t)
+        else:  # no C compiler: xgrammar's kernel, masks at the rows' positions
+            full = torch.full((logits.shape[0], self.words), -1, dtype=torch.int32)
+            full[rows_t] = mask
+            self.xgr.apply_token_bitmask_inplace(logits, full, indices=live)
 
     def _catch_up(self, states: list, outputs: list[list[int]]) -> None:
         """Every matcher consumes its request's new tokens: single tokens in one batched call."""

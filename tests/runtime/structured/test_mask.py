@@ -3,8 +3,8 @@ token the batched sampler picks on a constrained row is one an independent xgram
 accepts at that point, whatever the row's sampling (greedy, temperature, top-k/top-p/min-p,
 penalties, logprobs, seeds), and unconstrained rows in the same batch are untouched.
 
-Each test runs on the CPU path (xgrammar's mask kernel, then the native C sampler or the LM
-head's own sampler) and on the CUDA path run on the CPU (`apply_bitmask_torch`, then the PyTorch
+Each test runs on the CPU path (the C mask kernel, then the native C sampler or the LM head's
+own sampler) and on the CUDA path run on the CPU (`apply_bitmask_torch`, then the PyTorch
 sampler, chunked and over whole rows as CUDA draws). Walks end within their budget: JSON outputs
 are complete and validate against their schema.
 """
@@ -23,6 +23,7 @@ from pagoda.runtime.model import qgemm
 from pagoda.runtime.request import Request
 from pagoda.runtime.sampler import SamplingBatch, sample
 from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.structured import mask_kernel
 from pagoda.runtime.structured.bitmask import GrammarBitmask, apply_bitmask_torch, grammar_rows
 from pagoda.runtime.structured.params import StructuredOutputsParams
 from structured_testlib import random_ebnf, random_regex, random_schema
@@ -31,8 +32,10 @@ CPU = torch.device("cpu")
 WHOLE: dict[str, sampler.WholeSampler] = {}
 
 
-@pytest.fixture(params=["native", "head", "torch", "flat"])
+@pytest.fixture(params=["native", "head", "torch", "flat", "xgrammar-kernel"])
 def path(request, monkeypatch):
+    if request.param == "xgrammar-kernel":  # no C compiler for the mask kernel
+        monkeypatch.setattr(mask_kernel, "available", lambda: False)
     if request.param in ("torch", "flat"):
         monkeypatch.setattr(sampler_native, "usable", lambda x: False)
     if request.param == "flat":
@@ -136,8 +139,28 @@ def test_random_regexes_and_grammars(path, smol_tokenizer, compiler):
 
 def _bitmask(tok, path: str) -> GrammarBitmask:
     gb = GrammarBitmask(tok, tok.model_vocab_size, CPU)
-    gb.compact = path in ("torch", "flat")  # the CUDA path's compact masks + torch unpacking
+    gb.torch_apply = path in ("torch", "flat")  # the CUDA path's torch unpacking
     return gb
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_c_kernel_matches_xgrammar_kernel(dtype):
+    if not mask_kernel.available():
+        pytest.skip("no C compiler")
+    g = torch.Generator().manual_seed(1)
+    vocab, n = 1000, 6  # a tail word of 8 tokens
+    logits = torch.randn(n, vocab, generator=g).to(dtype)
+    words = (vocab + 31) // 32
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (n, words), generator=g, dtype=torch.int32)
+    bitmask[:, 3] = -1  # whole words allowed and masked
+    bitmask[:, 4] = 0
+    rows = [5, 0, 2]
+    want = logits.clone()
+    xgr.apply_token_bitmask_inplace(want, bitmask, indices=rows)
+    got = logits.clone()
+    mask_kernel.apply_mask(got, bitmask[rows], torch.tensor(rows))
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    assert torch.equal(got[~torch.isinf(got)], want[~torch.isinf(want)])
 
 
 def test_torch_apply_matches_xgrammar_kernel():
