@@ -186,8 +186,11 @@ class GrammarState:
             self.check_at = -1
             return
         plan = closer.plan(self.matcher, min(left, MAX_PLAN))
-        if plan is None:  # no way out that fits (yet): look again a little later
-            self.check_at = max(left - min(RETRY_EVERY, max(left // 4, 1)), 1)
+        if plan is None:
+            if self.base is None:  # none fits the whole budget: nothing to steer towards
+                self.check_at = -1
+            else:  # none fits what is left (yet): look again a little later
+                self.check_at = max(left - min(RETRY_EVERY, max(left // 4, 1)), 1)
             return
         self.need = need = len(plan) + 1  # + EOS
         if self.base is None:  # the first way out: from (near) the start of the output
