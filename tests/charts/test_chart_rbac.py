@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from chart_helpers import NAMESPACE, VALUE_SETS, of_kind, one, render, render_cached
-from pagoda.operator.names import RESOURCES
-from pagoda.operator.rbac import API_PERMISSIONS, permissions
+from pagoda.operator.kube.names import RESOURCES
+from pagoda.operator.kube.rbac import API_PERMISSIONS, permissions
 
 Triple = tuple[str, str, str]  # (apiGroup, resource, verb)
 

@@ -24,8 +24,8 @@ from operator_helpers import (
     operator_requests,
     sample,
 )
-from pagoda.operator import k8s
-from pagoda.operator.k8s import ApiError, KubeApi
+from pagoda.operator.kube import client as k8s
+from pagoda.operator.kube.client import ApiError, KubeApi
 
 
 async def get(port: int | None, path: str) -> tuple[int, str]:

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagoda.operator.autotune.spec import AutotuneSpec
-from pagoda.operator.fields import (
+from pagoda.operator.spec.autotune import AutotuneSpec
+from pagoda.operator.spec.fields import (
     SpecError,
     bool_or,
     choice,
@@ -28,7 +28,7 @@ from pagoda.operator.fields import (
     quantity,
     show,
 )
-from pagoda.operator.model_ref import ModelRef
+from pagoda.operator.spec.model_ref import ModelRef
 from pagoda.runtime import options
 
 # The engine's choices and defaults are the runtime's (pagoda.runtime.options, torch-free); the
