@@ -9,6 +9,7 @@ CamelCase reason that ends up in the `Degraded` condition.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -119,16 +120,16 @@ class EngineSpec:
             raise SpecError("InvalidSpec", f"spec.engine.dtype must be one of {', '.join(DTYPES)}")
         if self.block_size not in BLOCK_SIZES:
             raise SpecError("InvalidSpec", f"spec.engine.blockSize must be one of {BLOCK_SIZES}")
-        if (
-            self.max_num_seqs is not None
-            and self.max_num_batched_tokens is not None
-            and self.max_num_batched_tokens < self.max_num_seqs
-        ):
-            raise SpecError(
-                "InvalidSpec",
-                f"spec.engine.maxNumBatchedTokens ({self.max_num_batched_tokens}) must be >= "
-                f"maxNumSeqs ({self.max_num_seqs})",
-            )
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # flag names
+        for rule in options.CRD_ENGINE_RULES:  # as `pagoda serve` checks them: defaults filled in
+            filled = rule.filled(values)
+            if not rule.holds(filled):
+                unset = " when unset" if values.get(rule.smaller) is None else ""
+                raise SpecError(
+                    "InvalidSpec",
+                    f"spec.engine.{options.camel(rule.larger)} ({filled[rule.larger]}) must be >= "
+                    f"{options.camel(rule.smaller)} ({filled[rule.smaller]}{unset})",
+                )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EngineSpec:
