@@ -33,7 +33,7 @@ class OperatorConfig:
     debug: bool = False
     peering: str | None = None  # kopf peering object name; None runs standalone
     component_name: str = "pagoda-operator"
-    # Autoscaling (see autoscaler.py): where the metrics are and how often to look.
+    # Autoscaling (autoscaling/): where the metrics are and how often to look.
     prometheus_url: str | None = None  # per-CR spec.autoscaling.prometheusURL overrides it
     prometheus_timeout_s: float = 5.0
     autoscale_interval_s: float = 15.0
