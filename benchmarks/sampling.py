@@ -1,6 +1,6 @@
 """Sampler cost per decode step at large batch: top-k / top-p / min-p rows on CPU, the native
-kernel (`sampler_native_filter`, no sort or topk) against the PyTorch path (`topk` candidates),
-alternating in one run, with whole-vocabulary sampling as the floor.
+kernel (`runtime/sampling/csrc/filter.h`, no sort or topk) against the PyTorch path (`topk`
+candidates), alternating in one run, with whole-vocabulary sampling as the floor.
 
     .venv/bin/python -P benchmarks/sampling.py                       # 256 x 32000, fp32
     .venv/bin/python -P benchmarks/sampling.py --dtype bfloat16 --scales 1 4
@@ -24,10 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, markdown_table
-from pagoda.runtime import sampler_native
 from pagoda.runtime.request import Request
-from pagoda.runtime.sampler import SamplingBatch, sample
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling import native as sampler_native
+from pagoda.runtime.sampling.params import SamplingParams
+from pagoda.runtime.sampling.sampler import SamplingBatch, sample
 
 CASES = {
     "whole vocabulary": SamplingParams(temperature=0.8),

@@ -21,7 +21,7 @@ from pagoda.runtime.model.ops import Ops, build_cos_sin_cache, gather_cos_sin
 from pagoda.runtime.model.quantized import QuantizedWeight, stack
 
 if TYPE_CHECKING:
-    from pagoda.runtime.sampler import HeadSampling
+    from pagoda.runtime.sampling.sampler import HeadSampling
 
 
 EMBED = "model.embed_tokens.weight"

@@ -26,7 +26,7 @@ from pagoda.runtime.model.llama import LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.ops import select_ops
 from pagoda.runtime.request import Request, TokenLogprob
-from pagoda.runtime.sampler import (
+from pagoda.runtime.sampling.sampler import (
     HeadSampling,
     SamplerOutput,
     SamplingBatch,

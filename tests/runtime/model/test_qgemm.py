@@ -9,7 +9,7 @@ import torch
 from pagoda.runtime.model import qgemm, quantized
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.quantized import BLOCKS
-from pagoda.runtime.sampler_ops import argmax_rows
+from pagoda.runtime.sampling.ops import argmax_rows
 
 
 def _reference(w, x, bias):

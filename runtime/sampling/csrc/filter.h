@@ -1,34 +1,31 @@
-"""C source of the native top-k / top-p / min-p sampling kernel (built with `sampler_native`).
+/* The top-k / top-p / min-p sampling kernel (`sample_filtered_rows`).
 
-Why not `torch.topk`: on CPU, `topk(1024)` over [256, 32000] logits costs ~110 ms per step, 40x a
-whole-vocabulary draw. Here no row is sorted. One pass takes the maxima of 32-entry blocks and
-256-entry chunks; the maxima of disjoint groups are distinct entries, so they bound the answer:
+   Why not `torch.topk`: on CPU, `topk(1024)` over [256, 32000] logits costs ~110 ms per step, 40x a
+   whole-vocabulary draw. Here no row is sorted. One pass takes the maxima of 32-entry blocks and
+   256-entry chunks; the maxima of disjoint groups are distinct entries, so they bound the answer:
 
-* top-k: the k-th largest chunk (or block) maximum is at most the k-th largest entry, so only
-  the entries at or above it (blocks whose maximum reaches it) are gathered, ~k of them, and a
-  quickselect keeps the k best. k > 512: counts per logit code give the code of the k-th entry
-  instead (the block bound gets loose as k nears the block count; `sampler_native_codes`).
-* top-p without top-k (exact for any top_p), vocabulary above 4096: by logit codes
-  (`sampler_native_codes`): a bfloat16 row in one counting pass, a float32 row after the block
-  maxima pass, whose best 64 entries are tried first (the usual, peaked case: the kept set
-  lies within them iff their mass exceeds p * Z). Smaller vocabularies take the best 64, else
-  every entry, as candidates.
-* the cut and the draw: "keep tokens whose mass strictly above them is <= top_p * total" and "the
-  token whose cumulative interval holds u * kept mass" are weighted selections in sorted order,
-  done by quickselect (`sampler_native_select`).
+   * top-k: the k-th largest chunk (or block) maximum is at most the k-th largest entry, so only
+     the entries at or above it (blocks whose maximum reaches it) are gathered, ~k of them, and a
+     quickselect keeps the k best. k > 512: counts per logit code give the code of the k-th entry
+     instead (the block bound gets loose as k nears the block count; codes.h).
+   * top-p without top-k (exact for any top_p), vocabulary above 4096: by logit codes
+     (codes.h): a bfloat16 row in one counting pass, a float32 row after the block
+     maxima pass, whose best 64 entries are tried first (the usual, peaked case: the kept set
+     lies within them iff their mass exceeds p * Z). Smaller vocabularies take the best 64, else
+     every entry, as candidates.
+   * the cut and the draw: "keep tokens whose mass strictly above them is <= top_p * total" and "the
+     token whose cumulative interval holds u * kept mass" are weighted selections in sorted order,
+     done by quickselect (select.h).
 
-The order of candidates (logit descending, then index ascending) is `sampler_native_select`'s.
-Weights are 2^((x - max) * s) relative to the row's best token, as in `sampler_ops`; min-p drops
-weights below min_p before top-k/top-p, as `apply_top_k_top_p_min_p` does (top-k of the min-p
-survivors is the same set either way: min-p is a threshold on the logit). Sums are in double,
-so picks match the float32 PyTorch path except where u falls within rounding of a boundary.
-The source expects the helpers of `sampler_native_base.SOURCE` (chunk, span_*, sample_row, claim),
-`sampler_native_select.SOURCE` (cand_t, rank_key, select_*) and `sampler_native_codes.SOURCE`.
-"""
-
-from __future__ import annotations
-
-SOURCE = r"""
+   The order of candidates (logit descending, then index ascending) is select.h's.
+   Weights are 2^((x - max) * s) relative to the row's best token, as in `sampling/ops.py`; min-p drops
+   weights below min_p before top-k/top-p, as `apply_top_k_top_p_min_p` does (top-k of the min-p
+   survivors is the same set either way: min-p is a threshold on the logit). Sums are in double,
+   so picks match the float32 PyTorch path except where u falls within rounding of a boundary. */
+#pragma once
+#include "rows.h"
+#include "select.h"
+#include "codes.h"
 #define BLK 32 /* entries per block: block maxima bound the candidates */
 #define BY_CODES 4096 /* top-p on a larger vocabulary: by codes (sampler_native_codes) */
 #define TOP_P_FIRST 64 /* top-p first tries the best 64 entries */
@@ -226,4 +223,3 @@ int sample_filtered_rows(const void *x, int bf16, int64_t v, const int64_t *rows
     free(t.w), free(t.bm), free(t.c), codes_free(&t.h);
     return rc;
 }
-"""

@@ -1,17 +1,13 @@
-"""C source of the sampler's selection primitives: candidates ordered by rank key and weighted
-quickselect; spliced before `sampler_native_filter`'s
-row strategies (top-k / top-p / min-p), in the same library.
+/* The sampler's selection primitives: candidates ordered by rank key, and weighted quickselect,
+   for the row strategies of filter.h (top-k / top-p / min-p) and logprobs.h.
 
-The order: by logit descending, then by index ascending (torch.sort's order among equal logits
-is unspecified; any order gives the same distribution over logit values, this one is
-reproducible). A selection by mass ("the candidate whose cumulative interval in key order holds
-a target") is a quickselect: partition, sum the better side's mass, descend where the target
-is. Sums are in double.
-"""
-
-from __future__ import annotations
-
-SOURCE = r"""
+   The order: by logit descending, then by index ascending (torch.sort's order among equal logits
+   is unspecified; any order gives the same distribution over logit values, this one is
+   reproducible). A selection by mass ("the candidate whose cumulative interval in key order holds
+   a target") is a quickselect: partition, sum the better side's mass, descend where the target
+   is. Sums are in double. */
+#pragma once
+#include <stdint.h>
 #include <string.h>
 typedef struct { uint64_t key; float w; } cand_t; /* w: the logit until weights are known */
 
@@ -86,4 +82,3 @@ static int64_t select_mass(cand_t *c, int64_t n, double target, double *before) 
 }
 
 #define KEY_TOKEN(cand) ((int64_t)(uint32_t)(cand).key) /* the vocabulary index in a key */
-"""

@@ -1,15 +1,19 @@
-"""The native sampler's own C source: chunked row maxima and exp2 sums, one-uniform sampling of
-whole rows (`sample_rows`), the greedy argmax (`argmax_rows`), and the helpers the top-k/top-p,
-logit-code and logprob sources after it use (chunk, span_*, sample_row, claim).
-`sampler_native` appends those and builds the whole as one library.
-"""
+/* The sampler's row helpers: chunked row maxima and exp2 sums, one-uniform sampling of a whole
+   row (`sample_row`), the greedy argmax (`row_argmax`), and what the top-k/top-p (filter.h),
+   logit-code (codes.h) and logprob (logprobs.h) kernels share (chunk, span_*, claim, ROW_AT).
 
-SOURCE = r"""
+   A row is read once per draw: per CH-entry chunk, its maximum and its sum of exp2 relative to
+   the running maximum while the chunk is in L1 (rescaled to the row maximum at the end, as
+   online softmax does), then a walk of the cumulative sums picks the chunk and the token. Rows
+   are float32 or bfloat16 (bf16 widens exactly, so the tokens are the same as from the float32
+   copy). The greedy argmax reads each row once with AVX-512 where the build has it (span
+   maxima in four registers, then the first equal entry of the best span). */
+#pragma once
 #include <stdint.h>
 #include <stdlib.h>
-#define CH @CHUNK@
+#define CH 256 /* entries per chunk; at 128, per-chunk reductions cost ~25% more */
 #define NEG_INF (-__builtin_inff())
-@CLAIM@
+#include "claim.h"
 /* 2^y to ~1e-7 relative error for y <= 0 (0 below 2^-127): 2^round(y) from the exponent bits
    times a minimax polynomial of the fraction in [-0.5, 0.5]. Inline, so the loops vectorise. */
 static inline float exp2_neg(float y) {
@@ -225,25 +229,3 @@ static int64_t sample_row(const void *row, int bf16, int64_t v, float s, float m
 /* x [., v] float32 (bf16 = 0) or bfloat16 (bf16 = 1); item r is the row rows[r] of x (rows
    NULL: row r), the other arrays [n] per item. */
 #define ROW_AT(x, rows, r, row_bytes) ((const char *)(x) + ((rows) ? (rows)[r] : (r)) * (row_bytes))
-int sample_rows(const void *x, int bf16, int64_t v, const int64_t *rows, const float *scale,
-                const float *min_p, const float *u, int64_t *out, int64_t n, int64_t *next,
-                int64_t block) {
-    float *w = malloc(sizeof(float) * (size_t)(v + 2 * ((v + CH - 1) / CH)));
-    if (!w) return -1;
-    size_t row_bytes = (size_t)v * (bf16 ? 2 : 4);
-    for (int64_t r, end; (r = claim(next, block, n, &end)) < n;)
-        for (; r < end; r++)
-            out[r] = sample_row(ROW_AT(x, rows, r, row_bytes), bf16, v, scale[r],
-                                min_p ? min_p[r] : 0.0f, u[r], w);
-    free(w);
-    return 0;
-}
-
-int argmax_rows(const void *x, int bf16, int64_t v, int64_t *out, int64_t n, int64_t *next,
-                int64_t block) {
-    size_t row_bytes = (size_t)v * (bf16 ? 2 : 4);
-    for (int64_t r, end; (r = claim(next, block, n, &end)) < n;)
-        for (; r < end; r++) out[r] = row_argmax((const char *)x + r * row_bytes, bf16, v);
-    return 0;
-}
-"""

@@ -11,7 +11,7 @@ number per vocabulary entry per row. Both are avoided by viewing a row as `CHUNK
   the distribution (up to float rounding of the sums) with one random number per row, so a
   seeded request's draws come from its own generator alone.
 
-On CPU, `argmax_rows` and `sample_full` run the fused C kernels of `sampler_native` when they
+On CPU, `argmax_rows` and `sample_full` run the fused C kernels of `native` when they
 are built (one pass over each row instead of five PyTorch ops); the PyTorch code below is the
 fallback and the GPU path, and defines the semantics the kernels follow.
 
@@ -19,14 +19,14 @@ Top-k/top-p rows work on the `k` best candidates (`topk`, sorted) instead of a f
 row without top-k starts from `num_candidates` candidates and falls back to the whole sorted
 vocabulary when they hold less than top_p of the mass (on CPU the check is a cheap host read;
 on CUDA `num_candidates` is the vocabulary, so it never syncs). On CPU with the kernels built,
-`sample_candidates` runs `sampler_native.sample_filtered_rows` instead: per-row selection and
+`sample_candidates` runs `native.sample_filtered_rows` instead: per-row selection and
 quickselect, no `topk` (which costs ~110 ms per step at [256, 32000] on 2 cores).
 """
 
 from __future__ import annotations
 
 import torch
-from pagoda.runtime import sampler_native
+from pagoda.runtime.sampling import native
 
 CHUNK = 128  # vocabulary entries per chunk
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
@@ -54,8 +54,8 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """`x.argmax(-1)` for 2-D x (first maximum), vectorised on CPU through chunk maxima."""
     if x.device.type != "cpu" or x.shape[1] <= 2 * CHUNK:
         return x.argmax(-1)
-    if sampler_native.usable(x):
-        return sampler_native.argmax_rows(x)
+    if native.usable(x):
+        return native.argmax_rows(x)
     chunk = _per_chunk(x, "amax").argmax(-1)
     cols, _ = _chunk_cols(chunk, x.shape[1])
     inner = x.gather(1, cols).argmax(-1, keepdim=True)
@@ -129,8 +129,8 @@ def sample_full(
     """Sample from softmax(logits / T) over the whole vocabulary, after an optional min-p filter;
     with `rows` (int64), for those rows of `logits` (the other arguments per chosen row): the
     native kernels read them in place, where PyTorch would copy them."""
-    if sampler_native.usable(logits):
-        return sampler_native.sample_rows(logits, inv_temp, min_p, u, rows)
+    if native.usable(logits):
+        return native.sample_rows(logits, inv_temp, min_p, u, rows)
     if rows is not None:
         logits = logits[rows]
     w = exp_weights(logits, inv_temp, logits.amax(-1, keepdim=True))
@@ -156,8 +156,8 @@ def sample_candidates(
     its mass is redone over the whole vocabulary. On CPU the native kernel needs no `k`: it
     selects each row's candidates without `topk` (exact for any top_p).
     """
-    if sampler_native.usable(logits):
-        return sampler_native.sample_filtered_rows(logits, inv_temp, top_k, top_p, min_p, u, rows)
+    if native.usable(logits):
+        return native.sample_filtered_rows(logits, inv_temp, top_k, top_p, min_p, u, rows)
     if rows is not None:
         logits = logits[rows]
     v = logits.shape[1]

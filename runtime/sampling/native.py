@@ -3,22 +3,20 @@
 Why C: exact inverse-CDF sampling needs the exponential of every vocabulary entry. As PyTorch
 ops that is five passes over the [N, vocab] float32 scores (max, scale, exp2, chunk sums, pick)
 with a 33 MB temporary: ~10 ms per step at [256, 32000] on a 2-core Zen 4, over the ~6 ms
-budget of a whole step. Here one call reads each row once: per 256-entry chunk, its maximum and
-its sum of exp2 relative to the running maximum while the chunk is in L1 (rescaled to the row
-maximum at the end, as online softmax does), then a walk of the cumulative sums picks the chunk
-and the token. ~3x faster than the PyTorch ops on one core; rows are split across torch's
-thread count (ctypes drops the GIL during the call). The kernels read float32 or bfloat16 rows
-(bf16 widens exactly, so the tokens are the same as from the float32 copy, which need not be made).
-The greedy argmax, the whole step's sampling at temperature 0, reads each row once with
-AVX-512 where the build has it (span maxima in four registers, then the first equal entry
-of the best span): ~1.5x the plain loop on data in cache.
-Rows with top-k / top-p go to `sample_filtered_rows`, whose C source is `sampler_native_filter`
-(selection by block-maximum bounds and quickselect instead of `torch.topk`), in the same library.
+budget of a whole step. Here one call reads each row once (``csrc/rows.h``): ~3x faster than
+the PyTorch ops on one core; rows are split across torch's thread count (ctypes drops the GIL
+during the call). The kernels read float32 or bfloat16 rows (bf16 widens exactly, so the tokens
+are the same as from the float32 copy, which need not be made). The greedy argmax, the whole
+step's sampling at temperature 0, reads each row once with AVX-512 where the build has it:
+~1.5x the plain loop on data in cache. Rows with top-k / top-p go to `sample_filtered_rows`
+(``csrc/filter.h``: selection by block-maximum bounds and quickselect instead of
+`torch.topk`), in the same library.
 
-The source is built on first use with the system C compiler (`CC`, else `cc`/`gcc`, ~0.2 s) into
-a cache (`pagoda.runtime.native`; keyed by source, flags, compiler and CPU) and loaded with ctypes. With no
-compiler, a failed build or PAGODA_NATIVE_SAMPLER=0, `available()` is False and `sampler_ops`
-uses its PyTorch implementation: same distribution, different float rounding.
+The library (``csrc/sampler.c`` and the headers it includes) is built on first use with the
+system C compiler (`CC`, else `cc`/`gcc`, ~0.2 s) into a cache (`pagoda.runtime.cpu.build`;
+keyed by the sources, flags, compiler and CPU) and loaded with ctypes. With no compiler, a
+failed build or PAGODA_NATIVE_SAMPLER=0, `available()` is False and `sampling.ops` uses its
+PyTorch implementation: same distribution, different float rounding.
 """
 
 from __future__ import annotations
@@ -31,14 +29,7 @@ import subprocess
 from pathlib import Path
 
 import torch
-from pagoda.runtime import (
-    native,
-    sampler_native_base,
-    sampler_native_codes,
-    sampler_native_filter,
-    sampler_native_logprobs,
-    sampler_native_select,
-)
+from pagoda.runtime.cpu import build, calls
 
 log = logging.getLogger(__name__)
 
@@ -46,21 +37,13 @@ MIN_ROWS_PER_THREAD = 8  # smaller batches run on the calling thread
 BLOCK_ROWS = 16  # rows a thread claims at a time
 FLAGS = ["-O3", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno", "-shared", "-fPIC"]
 LOG2E = 1.4426950408889634
-CHUNK = 256  # entries per chunk (CH in C); at 128, per-chunk reductions cost ~25% more
 DTYPES = (torch.float32, torch.bfloat16)  # the logits dtypes the kernels read
-
-SOURCE = sampler_native_base.SOURCE.replace("@CHUNK@", str(CHUNK)).replace(
-    "@CLAIM@", native.CLAIM_C
-)
-SOURCE += sampler_native_select.SOURCE  # candidates and weighted quickselect
-SOURCE += sampler_native_codes.SOURCE  # flat top-p rows by logit codes
-SOURCE += sampler_native_filter.SOURCE  # top-k / top-p / min-p
-SOURCE += sampler_native_logprobs.SOURCE  # log-softmax at chosen and best tokens
+SOURCE = Path(__file__).parent / "csrc" / "sampler.c"
 
 
 def _build() -> Path | None:
     """The cached shared library, built if missing; None when no compiler can build it."""
-    cc = native.find_compiler("CC", ["cc", "gcc"])
+    cc = build.find_compiler("CC", ["cc", "gcc"])
     if not cc:
         return None
     # 512-bit vectors where the CPU has them (GCC's -march=native tunes Intel CPUs for 256):
@@ -68,9 +51,9 @@ def _build() -> Path | None:
     tuned = ["-march=native", *FLAGS]
     for flags in (["-mprefer-vector-width=512", *tuned], tuned, FLAGS):
         try:
-            return native.build(
-                SOURCE, name="sampler", compiler=cc, flags=flags, language="c",
-                directory=native.cache_dir() / "native",
+            return build.build(
+                SOURCE, name="sampler", compiler=cc, flags=flags,
+                directory=build.cache_dir() / "native",
             )  # fmt: skip
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             log.info("native sampler build failed (%s): %s", " ".join(flags), e)
@@ -107,10 +90,10 @@ def usable(x: torch.Tensor) -> bool:
 
 
 def _over_rows(fn, n: int, *args) -> None:
-    """fn over the n rows on up to torch.get_num_threads() threads (`native.over_blocks`)."""
+    """fn over the n rows on up to torch.get_num_threads() threads (`calls.over_blocks`)."""
     threads = max(1, min(torch.get_num_threads(), n // MIN_ROWS_PER_THREAD))
     block = max(1, min(BLOCK_ROWS, n // threads))
-    if any(native.over_blocks(fn, n, block, threads, *args)):
+    if any(calls.over_blocks(fn, n, block, threads, *args)):
         raise MemoryError("native sampler: out of memory for a row buffer")
 
 
@@ -125,7 +108,7 @@ def sample_rows(
     `rows`, for those rows of `logits` only (read in place, not copied), the other arguments
     then per chosen row."""
     x = logits.contiguous()
-    n, v = native.row_count(rows, x.shape[0]), x.shape[1]
+    n, v = calls.row_count(rows, x.shape[0]), x.shape[1]
     scale = (inv_temp.float() * LOG2E).contiguous()
     mp = None if min_p is None else min_p.float().contiguous()
     uu = u.float().contiguous()
@@ -148,10 +131,10 @@ def sample_filtered_rows(
     rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token per row after min-p, top-k (>= vocab: off) and top-p (1: off), drawn with the
-    uniforms u, without sorting the rows (see `sampler_native_filter`); `rows` as in
+    uniforms u, without sorting the rows (see ``csrc/filter.h``); `rows` as in
     `sample_rows`."""
     x = logits.contiguous()
-    n, v = native.row_count(rows, x.shape[0]), x.shape[1]
+    n, v = calls.row_count(rows, x.shape[0]), x.shape[1]
     params = [
         rows,
         (inv_temp.float() * LOG2E).contiguous(),
@@ -172,7 +155,7 @@ def logprob_rows(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """`log_softmax(logits)` at each row's token [N], and (k > 0) the row's k best tokens [N, k]
     with theirs, best first (ties by index), without writing the log-softmax (see
-    `sampler_native_logprobs`)."""
+    ``csrc/logprobs.h``)."""
     x = logits.contiguous()
     n, v = x.shape
     if not 0 <= k <= v:

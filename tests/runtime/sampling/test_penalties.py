@@ -7,10 +7,10 @@ from __future__ import annotations
 import random
 
 import torch
-from pagoda.runtime.penalties import Penalties, SeenTokens
 from pagoda.runtime.request import Request
-from pagoda.runtime.sampler import SamplingBatch, sample
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling.params import SamplingParams
+from pagoda.runtime.sampling.penalties import Penalties, SeenTokens
+from pagoda.runtime.sampling.sampler import SamplingBatch, sample
 
 V = 300
 

@@ -1,19 +1,15 @@
-"""C source of the native logprobs kernel: each row's log-softmax at the chosen token and its k
-best tokens, spliced after `sampler_native_filter` (whose block maxima and top-k bounds it
-reuses) in the native sampler's library.
+/* The logprobs kernel (`logprob_rows`): each row's log-softmax at the chosen token and its k best
+   tokens, with filter.h's block maxima and top-k bounds.
 
-Why: `log_softmax` over [256, 32000] logits writes a 33 MB tensor (after a float32 copy of
-bfloat16 logits) only for `gather` and `topk` to read a few entries of it: ~12 ms a step on a
-2-core Zen 4. Here one pass gives the row maximum, the block maxima and the row's mass (as
-top-p takes them), log Z = max + ln(mass); the k best come from the entries at or above the
-k-th best block (or chunk) maximum, and only those entries are ordered. Values are x - log Z
-with the mass summed by `exp2_neg` (~1e-7 relative): float32 rounding, as PyTorch's. Ties
-rank by index, as everywhere in the sampler.
-"""
-
-from __future__ import annotations
-
-SOURCE = r"""
+   Why: `log_softmax` over [256, 32000] logits writes a 33 MB tensor (after a float32 copy of
+   bfloat16 logits) only for `gather` and `topk` to read a few entries of it: ~12 ms a step on a
+   2-core Zen 4. Here one pass gives the row maximum, the block maxima and the row's mass (as
+   top-p takes them), log Z = max + ln(mass); the k best come from the entries at or above the
+   k-th best block (or chunk) maximum, and only those entries are ordered. Values are x - log Z
+   with the mass summed by `exp2_neg` (~1e-7 relative): float32 rounding, as PyTorch's. Ties
+   rank by index, as everywhere in the sampler. */
+#pragma once
+#include "filter.h"
 #define LOG2E_F 1.44269504f /* block_maxima at this scale: the mass of e^(x - max) */
 /* The k best entries of a row (k <= v; logit in .w) into c[0, k), best first. */
 static void best_k(const void *row, int bf16, int64_t v, int64_t k, float *bm, cand_t *c) {
@@ -54,4 +50,3 @@ int logprob_rows(const void *x, int bf16, int64_t v, const int64_t *rows, const 
     free(bm), free(c);
     return rc;
 }
-"""

@@ -1,30 +1,28 @@
-"""C source of selection by logit codes: top-p of a large vocabulary and large top-k, spliced
-between `sampler_native_select` and `sampler_native_filter` in the native sampler's library.
+/* Selection by logit codes: top-p of a large vocabulary and large top-k, for filter.h.
 
-A row with a large kept set (a flat top-p row keeps thousands of tokens) cannot be ordered
-cheaply, but it need not be: every logit has a 16-bit code (the upper half of its float32 bits,
-sign-ordered), and codes are ordered as the logits are. One pass counts the row's entries per
-code; walking the codes down from the highest, by their mass, finds the code where top-p's cut
-falls, then the code the draw falls in. The entries of a bfloat16 code are equal, so the
-position inside it is arithmetic and the token is one scan for that code's n-th entry: a
-bfloat16 row is read twice, with no other pass (no block maxima, no row mass first). A float32
-code holds different values, so a float32 row comes after the filter's block-maxima pass (and
-its try of the best 64 entries), sums its weights per code, and orders only the cut's and the draw's codes' entries (a few dozen on a flat row) by
-quickselect. Top-k above the block bounds walks the counts to the code of the k-th entry.
+   A row with a large kept set (a flat top-p row keeps thousands of tokens) cannot be ordered
+   cheaply, but it need not be: every logit has a 16-bit code (the upper half of its float32 bits,
+   sign-ordered), and codes are ordered as the logits are. One pass counts the row's entries per
+   code; walking the codes down from the highest, by their mass, finds the code where top-p's cut
+   falls, then the code the draw falls in. The entries of a bfloat16 code are equal, so the
+   position inside it is arithmetic and the token is one scan for that code's n-th entry: a
+   bfloat16 row is read twice, with no other pass (no block maxima, no row mass first). A float32
+   code holds different values, so a float32 row comes after the filter's block-maxima pass (and
+   its try of the best 64 entries), sums its weights per code, and orders only the cut's and the
+   draw's codes' entries (a few dozen on a flat row) by quickselect. Top-k above the block
+   bounds walks the counts to the code of the k-th entry.
 
-Masses are counts times a weight, or sums of weights, in double: exact for equal weights, so a
-bfloat16 row and its float32 widening give the same token. The order inside a code is the
-candidates' (logit descending, then index ascending: `sampler_native_select`). Walks pass 16
-codes at a time by their sum, and jump over the empty codes around zero (the codes of tiny
-magnitudes: half of all codes). Against the mass-bin histogram this replaced (whose cut bin held
-thousands of entries to gather and order), [256, 32000] bf16 rows at top-p 0.9 on a Zen 4:
-2.3-4.9x faster on flat rows, 1.3x on peaked ones; float32 rows within +-6 % (their weights
-are summed per code in double, a scatter of adds the count pass of bf16 rows does not need).
-"""
-
-from __future__ import annotations
-
-SOURCE = r"""
+   Masses are counts times a weight, or sums of weights, in double: exact for equal weights, so a
+   bfloat16 row and its float32 widening give the same token. The order inside a code is the
+   candidates' (logit descending, then index ascending: select.h). Walks pass 16
+   codes at a time by their sum, and jump over the empty codes around zero (the codes of tiny
+   magnitudes: half of all codes). Against the mass-bin histogram this replaced (whose cut bin held
+   thousands of entries to gather and order), [256, 32000] bf16 rows at top-p 0.9 on a Zen 4:
+   2.3-4.9x faster on flat rows, 1.3x on peaked ones; float32 rows within +-6 % (their weights
+   are summed per code in double, a scatter of adds the count pass of bf16 rows does not need). */
+#pragma once
+#include "rows.h"
+#include "select.h"
 #define CODES 65536 /* 16-bit codes (0xffff, a NaN's, also takes the non-finite entries) */
 #define GRP 16 /* codes per group: walks pass whole groups by their sums */
 enum { BY_COUNT, BY_WEIGHT, BY_MASS }; /* a code's value in a walk: its count, count times its
@@ -355,4 +353,3 @@ static codes_t codes_alloc(void) {
 }
 
 static void codes_free(codes_t *h) { free(h->count), free(h->mass), free(h->group); }
-"""

@@ -2,11 +2,11 @@
 
 Everything is tensor work over the [N, vocab] logits; the only per-request Python is building
 the parameter tensors and drawing each seeded request's uniform from its own generator. Sampling
-is inverse-CDF with one uniform per row (see `sampler_ops`): exact, far cheaper on CPU than a
+is inverse-CDF with one uniform per row (see `ops`): exact, far cheaper on CPU than a
 random number per vocabulary entry, and a seeded request's output does not depend on its
 batch-mates. Rows with top-k/top-p sample from their best candidates, the others from the whole
 vocabulary. On CPU, whole-vocabulary draws, top-k/top-p draws and greedy argmax run as fused C
-kernels (`sampler_native`, one or two passes per row, no sort) when a C compiler can build them.
+kernels (`native`, one or two passes per row, no sort) when a C compiler can build them.
 Where the LM head samples from its outputs (`qgemm`: float32 models on AVX2 CPUs), the runner
 asks it for the tokens when no row filters or reads the logits (`HeadSampling`), and otherwise
 passes its sampler as `whole`, which then draws the greedy and unfiltered rows from the logits.
@@ -17,14 +17,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
-from pagoda.runtime import sampler_native
-from pagoda.runtime.penalties import Penalties
-from pagoda.runtime.request import Request
-from pagoda.runtime.sampler_ops import LOG2E, argmax_rows, sample_candidates, sample_full
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling import native
+from pagoda.runtime.sampling.ops import LOG2E, argmax_rows, sample_candidates, sample_full
+from pagoda.runtime.sampling.params import SamplingParams
+from pagoda.runtime.sampling.penalties import Penalties
+
+if TYPE_CHECKING:
+    from pagoda.runtime.request import Request
 
 TOP_P_CANDIDATES = 1024  # PyTorch path on CPU: candidates a top-p row without top-k starts from
 
@@ -212,8 +214,8 @@ def sample(
             restore()
     if b.max_logprobs is None:
         return SamplerOutput(tokens, None, None, None)
-    if sampler_native.usable(logits):
-        return SamplerOutput(tokens, *sampler_native.logprob_rows(logits, tokens, b.max_logprobs))
+    if native.usable(logits):
+        return SamplerOutput(tokens, *native.logprob_rows(logits, tokens, b.max_logprobs))
     lp = logits.log_softmax(-1)
     chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1)
     top_lp, top_ids = lp.topk(b.max_logprobs, dim=-1) if b.max_logprobs else (None, None)
@@ -251,7 +253,7 @@ def _sample_whole(logits: torch.Tensor, b: SamplingBatch, whole: WholeSampler) -
 def _native_as_is(logits: torch.Tensor, b: SamplingBatch) -> bool:
     """Whether only the native kernels touch these logits (no penalties; whole-vocabulary and
     top-k/top-p rows, and logprobs, alike)."""
-    return b.penalties is None and sampler_native.usable(logits)
+    return b.penalties is None and native.usable(logits)
 
 
 def _uniforms(b: SamplingBatch, n: int, device: torch.device) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from pagoda.runtime.config import CacheConfig, EngineConfig, SchedulerConfig
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling.params import SamplingParams
 
 
 @pytest.mark.parametrize(

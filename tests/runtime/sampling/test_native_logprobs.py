@@ -1,4 +1,4 @@
-"""The native logprobs kernel (`sampler_native.logprob_rows`): PyTorch's log_softmax at the
+"""The native logprobs kernel (`native.logprob_rows`): PyTorch's log_softmax at the
 chosen tokens and its top-k, for float32 and bfloat16 rows (read as they are), k from 0 to the
 whole vocabulary, ties by index, -inf entries; and `sample` returning them for bf16 logits."""
 
@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda.runtime import sampler_native
 from pagoda.runtime.request import Request
-from pagoda.runtime.sampler import SamplingBatch, sample
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling import native
+from pagoda.runtime.sampling.params import SamplingParams
+from pagoda.runtime.sampling.sampler import SamplingBatch, sample
 
-pytestmark = pytest.mark.skipif(not sampler_native.available(), reason="no native kernels")
+pytestmark = pytest.mark.skipif(not native.available(), reason="no native kernels")
 
 
 def torch_reference(x: torch.Tensor, tokens: torch.Tensor, k: int):
@@ -27,7 +27,7 @@ def test_matches_log_softmax_and_its_top_k(v, k, dtype):
     torch.manual_seed(v + k)
     x = (torch.randn(40, v) * torch.linspace(0.1, 8, 40)[:, None]).to(dtype)
     tokens = torch.randint(0, v, (40,))
-    chosen, ids, lps = sampler_native.logprob_rows(x, tokens, k)
+    chosen, ids, lps = native.logprob_rows(x, tokens, k)
     want_c, want_ids, want_lps = torch_reference(x.float(), tokens, k)
     torch.testing.assert_close(chosen.double(), want_c, rtol=1e-6, atol=1e-5)
     if k == 0:
@@ -41,12 +41,12 @@ def test_infinite_and_missing_entries():
     x = torch.randn(3, 100)
     x[0, 10:] = float("-inf")  # fewer finite entries than k
     x[1, 4] = float("nan")  # a NaN is never among the best
-    chosen, ids, lps = sampler_native.logprob_rows(x, torch.tensor([50, 4, 0]), 12)
+    chosen, ids, lps = native.logprob_rows(x, torch.tensor([50, 4, 0]), 12)
     assert chosen[0] == float("-inf") and set(ids[0, :10].tolist()) == set(range(10))
     assert lps[0, 10:].eq(float("-inf")).all()
     assert 4 not in ids[1].tolist()
     with pytest.raises(IndexError):
-        sampler_native.logprob_rows(x, torch.tensor([0, 1, 100]), 2)
+        native.logprob_rows(x, torch.tensor([0, 1, 100]), 2)
 
 
 def test_sample_returns_them_for_bfloat16_logits_as_for_their_float32_copy():

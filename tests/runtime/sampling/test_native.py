@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from pagoda.runtime import sampler_native, sampler_ops
+from pagoda.runtime.sampling import native, ops
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler"
@@ -16,9 +16,9 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_kernels_build_and_load_with_the_system_compiler():
-    assert sampler_native.available()
-    assert sampler_native.usable(torch.zeros(2, 3))
-    assert not sampler_native.usable(torch.zeros(2, 3, dtype=torch.float64))
+    assert native.available()
+    assert native.usable(torch.zeros(2, 3))
+    assert not native.usable(torch.zeros(2, 3, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -39,7 +39,7 @@ def test_argmax_matches_torch_including_ties_and_inf(vocab, dtype):
     x[8] = -3.0e38  # huge negative, finite
     x[8, vocab - 1] = -2.0e38
     x = x.to(dtype)
-    assert sampler_native.argmax_rows(x).tolist() == x.float().argmax(-1).tolist()
+    assert native.argmax_rows(x).tolist() == x.float().argmax(-1).tolist()
 
 
 def test_sample_rows_edge_rows_yield_valid_tokens():
@@ -53,7 +53,7 @@ def test_sample_rows_edge_rows_yield_valid_tokens():
     x[4, 123] = 50.0  # T = 0.01 below: every other weight underflows to zero
     inv_t = torch.tensor([1.0, 1.0, 1.0, 1.0, 100.0, 0.01])
     u = torch.tensor([0.5, 0.5, 0.9999999, 0.9999999, 0.0, 0.9999999])
-    tokens = sampler_native.sample_rows(x, inv_t, None, u).tolist()
+    tokens = native.sample_rows(x, inv_t, None, u).tolist()
     assert tokens[:3] == [0, 7, 299]
     assert all(0 <= t < v for t in tokens)
     assert tokens[4] == 123
@@ -63,7 +63,7 @@ def test_min_p_drops_tokens_below_the_threshold():
     x = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05] + [1e-9] * 296]))
     u = torch.linspace(0, 0.999, 200)
     xs = x.expand(200, -1).contiguous()
-    tokens = sampler_native.sample_rows(xs, torch.ones(200), torch.full((200,), 0.5), u)
+    tokens = native.sample_rows(xs, torch.ones(200), torch.full((200,), 0.5), u)
     assert set(tokens.tolist()) == {0, 1}  # 0.3 >= 0.5 * 0.5; 0.15 is not
 
 
@@ -73,9 +73,9 @@ def test_rows_split_over_threads_draw_the_same_tokens():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = sampler_native.sample_rows(x, torch.full((64,), 1.5), None, u)
+        one = native.sample_rows(x, torch.full((64,), 1.5), None, u)
         torch.set_num_threads(4)
-        four = sampler_native.sample_rows(x, torch.full((64,), 1.5), None, u)
+        four = native.sample_rows(x, torch.full((64,), 1.5), None, u)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, four)
@@ -85,31 +85,31 @@ def test_native_and_torch_paths_pick_the_same_tokens_up_to_rounding():
     torch.manual_seed(2)
     x, u = torch.randn(128, 1000) * 2, torch.rand(128)
     inv_t = torch.full((128,), 1 / 0.7)
-    native = sampler_native.sample_rows(x, inv_t, None, u)
-    fallback = sampler_ops.sample_weights(sampler_ops.exp_weights(x, inv_t, x.amax(-1, True)), u)
-    assert (native == fallback).float().mean() > 0.95  # differ only where u hits a boundary
+    kernel = native.sample_rows(x, inv_t, None, u)
+    fallback = ops.sample_weights(ops.exp_weights(x, inv_t, x.amax(-1, True)), u)
+    assert (kernel == fallback).float().mean() > 0.95  # differ only where u hits a boundary
 
 
 def test_missing_compiler_falls_back_to_torch(monkeypatch, tmp_path):
     monkeypatch.setenv("PAGODA_CACHE_DIR", str(tmp_path))  # no cached build to reuse
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    sampler_native._library.cache_clear()
+    native._library.cache_clear()
     try:
-        assert not sampler_native.available()
-        assert not sampler_native.usable(torch.zeros(2, 300))
+        assert not native.available()
+        assert not native.usable(torch.zeros(2, 300))
         x = torch.randn(4, 300)
-        assert sampler_ops.argmax_rows(x).tolist() == x.argmax(-1).tolist()
+        assert ops.argmax_rows(x).tolist() == x.argmax(-1).tolist()
     finally:
-        sampler_native._library.cache_clear()
+        native._library.cache_clear()
 
 
 def test_disabled_by_environment(monkeypatch):
     monkeypatch.setenv("PAGODA_NATIVE_SAMPLER", "0")
-    sampler_native._library.cache_clear()
+    native._library.cache_clear()
     try:
-        assert not sampler_native.available()
+        assert not native.available()
     finally:
-        sampler_native._library.cache_clear()
+        native._library.cache_clear()
 
 
 @pytest.mark.parametrize(
@@ -117,8 +117,8 @@ def test_disabled_by_environment(monkeypatch):
 )
 def test_bfloat16_logits_draw_the_tokens_of_their_float32_widening(temperature, filters):
     from pagoda.runtime.request import Request
-    from pagoda.runtime.sampler import SamplingBatch, sample
-    from pagoda.runtime.sampling import SamplingParams
+    from pagoda.runtime.sampling.params import SamplingParams
+    from pagoda.runtime.sampling.sampler import SamplingBatch, sample
 
     torch.manual_seed(3)
     logits = (torch.randn(40, 1000) * 3).bfloat16()
@@ -131,13 +131,13 @@ def test_bfloat16_logits_draw_the_tokens_of_their_float32_widening(temperature, 
         return sample(x, SamplingBatch.build(reqs, 1000, torch.device("cpu"))).token_ids.tolist()
 
     assert run(logits) == run(logits.float())
-    assert sampler_native.usable(logits)
+    assert native.usable(logits)
 
 
 def test_bfloat16_logits_with_logprobs_are_widened_first():
     from pagoda.runtime.request import Request
-    from pagoda.runtime.sampler import SamplingBatch, sample
-    from pagoda.runtime.sampling import SamplingParams
+    from pagoda.runtime.sampling.params import SamplingParams
+    from pagoda.runtime.sampling.sampler import SamplingBatch, sample
 
     logits = torch.randn(3, 300).bfloat16()
     reqs = [Request(f"r{i}", [1], SamplingParams(temperature=0, logprobs=2)) for i in range(3)]
@@ -151,13 +151,12 @@ def test_portable_build_argmax_matches_torch(tmp_path, dtype):
     """Without -march=native (no AVX-512 intrinsics) the plain C argmax gives the same tokens."""
     import ctypes
 
-    from pagoda.runtime import native
+    from pagoda.runtime.cpu import build
 
-    cc = native.find_compiler("CC", ["cc", "gcc"])
-    path = native.build(
-        sampler_native.SOURCE, name="sampler_portable", compiler=cc,
-        flags=sampler_native.FLAGS, language="c", directory=tmp_path,
-    )  # fmt: skip
+    cc = build.find_compiler("CC", ["cc", "gcc"])
+    path = build.build(
+        native.SOURCE, name="sampler_portable", compiler=cc, flags=native.FLAGS, directory=tmp_path
+    )
     lib = ctypes.CDLL(str(path))
     torch.manual_seed(1)
     x = torch.randn(8, 2049)
@@ -184,14 +183,14 @@ def test_chosen_rows_are_read_in_place_with_the_tokens_of_a_copy(dtype):
     inv_t, u = torch.full((n,), 1.3), torch.rand(n, generator=g)
     min_p, top_p = torch.full((n,), 0.05), torch.full((n,), 0.8)
     top_k = torch.tensor([5, 3000, 40, 1, 3000])
-    want = sampler_native.sample_rows(x[rows], inv_t, min_p, u)
-    assert torch.equal(sampler_native.sample_rows(x, inv_t, min_p, u, rows), want)
-    want = sampler_native.sample_filtered_rows(x[rows], inv_t, top_k, top_p, None, u)
-    got = sampler_native.sample_filtered_rows(x, inv_t, top_k, top_p, None, u, rows)
+    want = native.sample_rows(x[rows], inv_t, min_p, u)
+    assert torch.equal(native.sample_rows(x, inv_t, min_p, u, rows), want)
+    want = native.sample_filtered_rows(x[rows], inv_t, top_k, top_p, None, u)
+    got = native.sample_filtered_rows(x, inv_t, top_k, top_p, None, u, rows)
     assert torch.equal(got, want)
     empty = torch.empty(0, dtype=torch.long)
-    assert sampler_native.sample_rows(x, inv_t[:0], None, u[:0], empty).shape == (0,)
+    assert native.sample_rows(x, inv_t[:0], None, u[:0], empty).shape == (0,)
     with pytest.raises(IndexError, match="out of range"):
-        sampler_native.sample_rows(x, inv_t[:1], None, u[:1], torch.tensor([40]))
+        native.sample_rows(x, inv_t[:1], None, u[:1], torch.tensor([40]))
     with pytest.raises(ValueError, match="int64"):
-        sampler_native.sample_rows(x, inv_t[:1], None, u[:1], torch.tensor([1], dtype=torch.int32))
+        native.sample_rows(x, inv_t[:1], None, u[:1], torch.tensor([1], dtype=torch.int32))

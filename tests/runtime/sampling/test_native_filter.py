@@ -1,4 +1,4 @@
-"""The native top-k / top-p / min-p kernel (`sampler_native.sample_filtered_rows`): chi-square
+"""The native top-k / top-p / min-p kernel (`native.sample_filtered_rows`): chi-square
 against an exact float64 reference (ties ordered by index) through each of its paths (top-k by
 chunk or block maxima or a count histogram; top-p by the best 64, all entries, or the mass
 histogram of flat rows on a large vocabulary); the same picks as the PyTorch `topk` path for the
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda.runtime import sampler_native, sampler_ops
 from pagoda.runtime.request import Request
-from pagoda.runtime.sampler import SamplingBatch, apply_top_k_top_p_min_p, sample
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling import native, ops
+from pagoda.runtime.sampling.params import SamplingParams
+from pagoda.runtime.sampling.sampler import SamplingBatch, apply_top_k_top_p_min_p, sample
 from test_sampler_distribution import chi_square_p
 
-pytestmark = pytest.mark.skipif(not sampler_native.available(), reason="no native kernels")
+pytestmark = pytest.mark.skipif(not native.available(), reason="no native kernels")
 DRAWS = 20000
 
 
@@ -42,7 +42,7 @@ def native_draws(x, t, k=0, p=1.0, mp=0.0, n=DRAWS, dtype=torch.float32) -> torc
     """Token counts of n draws from the row x, one uniform each (in batches of <= 2048 rows)."""
     counts = torch.zeros(x.numel())
     for size in [2048] * (n // 2048) + [n % 2048]:
-        tokens = sampler_native.sample_filtered_rows(
+        tokens = native.sample_filtered_rows(
             x.to(dtype).expand(size, -1).contiguous(),
             torch.full((size,), 1.0 / t),
             torch.full((size,), k if k else x.numel()),
@@ -135,7 +135,7 @@ def test_flat_row_keeps_exactly_the_first_tokens(vocab):
     draw walks them in order as u grows."""
     u = torch.linspace(0, 1 - 1e-6, 3000)
     x = torch.zeros(3000, vocab)
-    tokens = sampler_native.sample_filtered_rows(
+    tokens = native.sample_filtered_rows(
         x, torch.ones(3000), None, torch.full((3000,), 0.5), None, u
     )
     assert tokens[0] == 0 and tokens[-1] == vocab // 2
@@ -156,9 +156,9 @@ def test_same_picks_as_the_torch_path(monkeypatch, scale, k, p, mp):
         x, inv_t, torch.full((n,), k) if k else None, torch.full((n,), p) if p < 1 else None,
         torch.full((n,), mp) if mp else None, u, k if k else 1024,
     )  # fmt: skip
-    native = sampler_ops.sample_candidates(*args)
-    monkeypatch.setattr(sampler_native, "usable", lambda x: False)
-    assert (native == sampler_ops.sample_candidates(*args)).float().mean() >= 0.99
+    kernel = ops.sample_candidates(*args)
+    monkeypatch.setattr(native, "usable", lambda x: False)
+    assert (kernel == ops.sample_candidates(*args)).float().mean() >= 0.99
 
 
 def _sorted_pick(row: torch.Tensor, t: float, p: float, u: float) -> int:
@@ -179,9 +179,7 @@ def test_large_vocabulary_top_p_near_one_is_exact(p):
     n, v = 64, 32000
     x, u = torch.randn(n, v), torch.rand(n)
     u[0], u[1] = 0.0, 1.0 - 1e-7  # the best token; the last kept one
-    tokens = sampler_native.sample_filtered_rows(
-        x, torch.ones(n), None, torch.full((n,), p), None, u
-    )
+    tokens = native.sample_filtered_rows(x, torch.ones(n), None, torch.full((n,), p), None, u)
     expected = [_sorted_pick(row, 1.0, p, float(ui)) for row, ui in zip(x, u)]
     kept = [int((reference(row, 1.0, p=p) > 0).sum()) for row in x]
     assert min(kept) > 10000
@@ -199,7 +197,7 @@ def test_very_flat_rows_pick_the_sorted_token(p, dtype):
     n, v = 48, 32000
     x, u = (torch.randn(n, v) * 0.02).to(dtype), torch.rand(n)
     u[0], u[1] = 0.0, 1.0 - 1e-7
-    tokens = sampler_native.sample_filtered_rows(
+    tokens = native.sample_filtered_rows(
         x, torch.full((n,), 1 / 0.7), None, torch.full((n,), p), None, u
     )
     expected = [_sorted_pick(row.float(), 0.7, p, float(ui)) for row, ui in zip(x, u)]
@@ -211,8 +209,8 @@ def test_bfloat16_rows_draw_the_tokens_of_their_widening():
     torch.manual_seed(5)
     x, u = (torch.randn(64, 3000) * 3).bfloat16(), torch.rand(64)
     args = (torch.ones(64), torch.full((64,), 40), torch.full((64,), 0.9), None, u)
-    a = sampler_native.sample_filtered_rows(x, *args)
-    assert torch.equal(a, sampler_native.sample_filtered_rows(x.float(), *args))
+    a = native.sample_filtered_rows(x, *args)
+    assert torch.equal(a, native.sample_filtered_rows(x.float(), *args))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -229,7 +227,7 @@ def test_edge_rows_yield_valid_tokens(v, dtype):
     top_p = torch.tensor([1.0, 0.9, 0.9, 1.0, 0.5, 0.0])
     u = torch.full((6,), 0.9999999)
     x = x.to(dtype)
-    tokens = sampler_native.sample_filtered_rows(x, inv_t, top_k, top_p, None, u).tolist()
+    tokens = native.sample_filtered_rows(x, inv_t, top_k, top_p, None, u).tolist()
     assert tokens[:3] == [0, 7, v - 1]
     assert tokens[3] == int(x[3].argmax())  # top_k = 1
     assert tokens[4] == 123
@@ -246,8 +244,8 @@ def test_bfloat16_flat_rows_draw_the_tokens_of_their_widening(p, mp):
     x, u = x.bfloat16(), torch.rand(n)
     u[0], u[1] = 0.0, 1.0 - 1e-7
     args = (torch.full((n,), 1 / 0.7), None, torch.full((n,), p), torch.full((n,), mp), u)
-    a = sampler_native.sample_filtered_rows(x, *args)
-    assert torch.equal(a, sampler_native.sample_filtered_rows(x.float(), *args))
+    a = native.sample_filtered_rows(x, *args)
+    assert torch.equal(a, native.sample_filtered_rows(x.float(), *args))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -270,12 +268,12 @@ def test_non_finite_rows_leave_the_next_rows_alone(dtype):
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        mixed = sampler_native.sample_filtered_rows(x, inv_t, top_k, top_p, None, u)
+        mixed = native.sample_filtered_rows(x, inv_t, top_k, top_p, None, u)
     finally:
         torch.set_num_threads(threads)
     clean = [0, 2, 4, 6, 7]
     alone = [
-        int(sampler_native.sample_filtered_rows(x[i : i + 1], inv_t[:1], top_k[i : i + 1],
+        int(native.sample_filtered_rows(x[i : i + 1], inv_t[:1], top_k[i : i + 1],
                                                 top_p[:1], None, u[i : i + 1])[0])
         for i in clean
     ]  # fmt: skip
@@ -293,9 +291,9 @@ def test_rows_split_over_threads_and_seeded_requests_reproduce():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = sampler_native.sample_filtered_rows(x, *args, u)
+        one = native.sample_filtered_rows(x, *args, u)
         torch.set_num_threads(4)
-        four = sampler_native.sample_filtered_rows(x, *args, u)
+        four = native.sample_filtered_rows(x, *args, u)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, four)

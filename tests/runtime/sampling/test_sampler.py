@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from pagoda.runtime.request import Request
-from pagoda.runtime.sampler import SamplingBatch, apply_top_k_top_p_min_p, sample
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling.params import SamplingParams
+from pagoda.runtime.sampling.sampler import SamplingBatch, apply_top_k_top_p_min_p, sample
 
 V = 50
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda.runtime import sampler, sampler_native, sampler_ops
 from pagoda.runtime.model import qgemm
 from pagoda.runtime.request import Request
-from pagoda.runtime.sampler import SamplingBatch, apply_top_k_top_p_min_p, sample
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling import native, ops, sampler
+from pagoda.runtime.sampling.params import SamplingParams
+from pagoda.runtime.sampling.sampler import SamplingBatch, apply_top_k_top_p_min_p, sample
 
 V = 300  # PyTorch path: 2 chunks of 128 plus a tail of 44; native: a chunk of 256 and a tail
 DRAWS = 20000
@@ -25,10 +25,10 @@ WHOLE: dict[str, sampler.WholeSampler] = {}  # "head": the LM head's sampler, in
 @pytest.fixture(params=["native", "torch", "flat", "head"], autouse=True)
 def kernels(request, monkeypatch):
     if request.param in ("torch", "flat"):
-        monkeypatch.setattr(sampler_native, "usable", lambda x: False)
+        monkeypatch.setattr(native, "usable", lambda x: False)
     if request.param == "flat":  # CUDA's draw over whole rows (`pick_flat`), run on the CPU
-        monkeypatch.setattr(sampler_ops, "flat_draws", lambda w: True)
-    elif not sampler_native.available():
+        monkeypatch.setattr(ops, "flat_draws", lambda w: True)
+    elif not native.available():
         pytest.skip("no C compiler for the native sampler kernels")
     if request.param == "head":
         if qgemm.load() is None:
@@ -147,7 +147,7 @@ def test_the_test_rejects_a_wrong_distribution():
 
 
 def test_argmax_rows_matches_torch_including_ties():
-    from pagoda.runtime.sampler_ops import argmax_rows
+    from pagoda.runtime.sampling.ops import argmax_rows
 
     x = torch.randn(64, 1000)
     x[0] = 0.0  # all tied: the first index wins
@@ -165,10 +165,10 @@ def test_flat_draw_keeps_small_weights_deep_in_a_row():
     w[:, 50_000] = 1e-6
     w[:, 50_001:] = 0.0
     w[:, 1:40_000:2] = 0.0
-    got = sampler_ops.pick_flat(w, torch.tensor([0.0, 1.0]))
+    got = ops.pick_flat(w, torch.tensor([0.0, 1.0]))
     assert got.tolist() == [0, 50_000]
     cum = torch.cumsum(w[:1], -1, dtype=torch.float64)
     target = (cum[0, 49_999] + 5e-7) / cum[0, -1]  # inside the 1e-6 interval
-    assert sampler_ops.pick_flat(w[:1], target.reshape(1)).item() == 50_000
-    draws = sampler_ops.pick_flat(w[:1].expand(5000, -1), torch.rand(5000))
+    assert ops.pick_flat(w[:1], target.reshape(1)).item() == 50_000
+    draws = ops.pick_flat(w[:1].expand(5000, -1), torch.rand(5000))
     assert bool((w[0, draws] > 0).all())
