@@ -198,7 +198,7 @@ def main() -> int:
     from common import machine
 
     # this tree's modules (an --old-ref child may import an older tree without them)
-    from pagoda.runtime.model import amx_gemm, gemv, qgemm
+    from pagoda.runtime.cpu import amx_gemm, gemv, qgemm
     from pagoda.runtime.model.linear import _pack
 
     print(f"machine: {machine()}", flush=True)

@@ -14,14 +14,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"runtime": "pagoda.runtime", "operator": "pagoda.operator", "kernels": "pagoda.kernels"}
-# Cycles being removed by work in progress elsewhere (issue 36): the CPU ops move into
-# runtime/cpu/, the operator into subpackages. Delete an entry when its cycle is gone.
+# Cycles being removed by work in progress elsewhere (issue 36): the operator into subpackages.
+# Delete an entry when its cycle is gone.
 KNOWN_CYCLES = [
-    [
-        "pagoda.runtime.model.cpu_ops",
-        "pagoda.runtime.model.cpu_ops_check",
-        "pagoda.runtime.model.ops",
-    ],
     ["pagoda.operator", "pagoda.operator.autoscaling", "pagoda.operator.autotune"],
 ]
 

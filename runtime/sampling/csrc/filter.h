@@ -18,8 +18,8 @@
      done by quickselect (select.h).
 
    The order of candidates (logit descending, then index ascending) is select.h's.
-   Weights are 2^((x - max) * s) relative to the row's best token, as in `sampling/ops.py`; min-p drops
-   weights below min_p before top-k/top-p, as `apply_top_k_top_p_min_p` does (top-k of the min-p
+   Weights are 2^((x - max) * s) relative to the row's best token, as in `sampling/ops.py`; min-p
+   drops weights below min_p before top-k/top-p, as `apply_top_k_top_p_min_p` does (top-k of the min-p
    survivors is the same set either way: min-p is a threshold on the logit). Sums are in double,
    so picks match the float32 PyTorch path except where u falls within rounding of a boundary. */
 #pragma once
@@ -27,7 +27,7 @@
 #include "select.h"
 #include "codes.h"
 #define BLK 32 /* entries per block: block maxima bound the candidates */
-#define BY_CODES 4096 /* top-p on a larger vocabulary: by codes (sampler_native_codes) */
+#define BY_CODES 4096 /* top-p on a larger vocabulary: by codes (codes.h) */
 #define TOP_P_FIRST 64 /* top-p first tries the best 64 entries */
 #define TOP_K_BOUNDED 512 /* larger top-k: by codes, not block maxima */
 typedef struct { float *w, *bm; cand_t *c; codes_t h; } scratch_t; /* one thread's */

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda.runtime.model import qgemm
+from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.request import Request
 from pagoda.runtime.sampling import native, ops, sampler
 from pagoda.runtime.sampling.params import SamplingParams

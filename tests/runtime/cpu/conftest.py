@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from pagoda.runtime.model import qgemm
+from pagoda.runtime.cpu import qgemm
 
 
 @pytest.fixture(scope="module")

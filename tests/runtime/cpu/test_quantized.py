@@ -8,8 +8,8 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from pagoda.runtime.model.qgemm import probe_weight
-from pagoda.runtime.model.quantized import (
+from pagoda.runtime.cpu.qgemm import probe_weight
+from pagoda.runtime.cpu.quantized import (
     BLOCKS,
     QuantizedWeight,
     from_dense,

@@ -1,4 +1,4 @@
-"""The CPU attention kernel on the thread pool (native.POOL_C): any thread count, any wave size,
+"""The CPU attention kernel on the thread pool (csrc/pool.h): any thread count, any wave size,
 late-joining helpers and concurrent callers give the same bits as one thread alone."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from pagoda.runtime.attention import cpu_kernel
+from pagoda.runtime.cpu import attention as cpu_attention
 
 RERUN = "PAGODA_TEST_THREADS_RERUN"
 
@@ -40,7 +40,7 @@ def step(dtype: torch.dtype, h: int = 8, hkv: int = 2, d: int = 64, bs: int = 16
     width = max(-(-c // bs) for c, _ in seqs)
     tables = torch.zeros(len(seqs), width, dtype=torch.int32)
     perm, used = torch.randperm(nb, generator=g).tolist(), 0
-    kernel = cpu_kernel.load()
+    kernel = cpu_attention.load()
     assert kernel is not None, "the CPU attention kernel did not build (is g++ installed?)"
     for i, (c, _) in enumerate(seqs):
         n = -(-c // bs)
@@ -65,7 +65,7 @@ def test_threads_and_waves_do_not_change_a_bit(dtype):
         want = kernel.attention(*args)
     for nt in (2, 7):
         with threads(nt):
-            for wave in (1 << 14, 1 << 17, cpu_kernel.WAVE):
+            for wave in (1 << 14, 1 << 17, cpu_attention.WAVE):
                 for _ in range(5):
                     assert torch.equal(kernel.attention(*args, wave=wave), want), (nt, wave)
 
@@ -86,7 +86,7 @@ def test_write_kv_on_threads_matches_one_thread(dtype):
     g = torch.Generator().manual_seed(5)
     hkv, d, bs, nb, t = 3, 64, 16, 40, 300
     p = 4 // dtype.itemsize
-    kernel = cpu_kernel.load()
+    kernel = cpu_attention.load()
     assert kernel is not None, "the CPU attention kernel did not build (is g++ installed?)"
     k, v = (torch.randn(t, hkv, d, generator=g).to(dtype) for _ in range(2))
     slots = torch.randperm(nb * bs, generator=g)[:t]
@@ -105,10 +105,10 @@ def test_write_kv_on_threads_matches_one_thread(dtype):
 
 def test_the_avx512_loops_on_threads_too():
     """Where AMX runs the bf16 rows: this file again with PAGODA_CPU_AMX=0 (what Zen 4 runs)."""
-    kernel = cpu_kernel.load()
+    kernel = cpu_attention.load()
     if os.environ.get(RERUN) == "1" or kernel is None or not kernel.uses_amx:
         pytest.skip("the bf16 rows already take the AVX-512 loops here")
-    env = {**os.environ, cpu_kernel.AMX_SWITCH: "0", RERUN: "1"}
+    env = {**os.environ, cpu_attention.AMX_SWITCH: "0", RERUN: "1"}
     cmd = [sys.executable, "-P", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
     res = subprocess.run([*cmd, str(Path(__file__))], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-3000:]

@@ -1,36 +1,33 @@
-"""int8 K/V loops of the CPU attention kernel (C++, spliced into ``cpu_kernel_source.SOURCE``).
-
-``--kv-cache-dtype int8`` halves the bytes a decode step reads per cached token (llama.cpp's
-``q8_0`` K/V cache does the same): every token's K and V of one KV head are stored as ``D`` int8
-values and one float32 scale (``absmax / 127``, round to nearest even), so a head's token costs
-``D + 4`` bytes instead of ``2 D``.
-
-Layout per KV head and block (``BS`` keys): K ``[D/4 words][BS keys][4 dims]`` (a 64-byte load
-is 4 dims of 16 keys: score lanes are keys, as on the other paths), then the ``BS`` float32
-scales; V ``[BS/4 words][D dims][4 keys]`` (a load is 16 dims of 4 keys: output lanes are
-dims), then its ``BS`` scales.
-
-Arithmetic: integer dot products of bytes (AVX-512 VNNI ``vpdpbusd``; plain vector code with the
-same exact sums elsewhere), so the int8 values are never widened one by one. Scores: q is held
-as two int8 planes (``q ~ step * (254 hi + lo)``, ~15 bits; one plane doubled the error the
-cache adds), K's bytes are read as unsigned (``k + 128``) and the offset is taken out with
-``sum(q)``; then ``k_scale * step`` in float32. ``p @ V``: after the float32 softmax, each key's
-``p * v_scale`` is rounded to 8 bits per 16 keys (of the group's largest; ``quantize_p_row``,
-once per row), exact integer sums per group, then one float32 multiply-add per group, groups in
-key order.
-
-These loops run on every CPU with or without AMX and keep the invariance of the other paths:
-each accumulator belongs to one (row, head, 16 keys or 16 dims) and sees the same operations in
-the same order whatever shares its tile, step or batch.
-"""
-
-from pagoda.runtime.attention.cpu_kernel_q8_avx2 import Q8_AVX2_SOURCE
-
-Q8_SOURCE = (
-    r"""
+// int8 K/V loops of the CPU attention kernel.
+//
+// `--kv-cache-dtype int8` halves the bytes a decode step reads per cached token (llama.cpp's
+// `q8_0` K/V cache does the same): every token's K and V of one KV head are stored as `D` int8
+// values and one float32 scale (`absmax / 127`, round to nearest even), so a head's token costs
+// `D + 4` bytes instead of `2 D`.
+//
+// Layout per KV head and block (`BS` keys): K `[D/4 words][BS keys][4 dims]` (a 64-byte load
+// is 4 dims of 16 keys: score lanes are keys, as on the other paths), then the `BS` float32
+// scales; V `[BS/4 words][D dims][4 keys]` (a load is 16 dims of 4 keys: output lanes are
+// dims), then its `BS` scales.
+//
+// Arithmetic: integer dot products of bytes (AVX-512 VNNI `vpdpbusd`; plain vector code with the
+// same exact sums elsewhere), so the int8 values are never widened one by one. Scores: q is held
+// as two int8 planes (`q ~ step * (254 hi + lo)`, ~15 bits; one plane doubled the error the
+// cache adds), K's bytes are read as unsigned (`k + 128`) and the offset is taken out with
+// `sum(q)`; then `k_scale * step` in float32. `p @ V`: after the float32 softmax, each key's
+// `p * v_scale` is rounded to 8 bits per 16 keys (of the group's largest; `quantize_p_row`,
+// once per row), exact integer sums per group, then one float32 multiply-add per group, groups in
+// key order.
+//
+// These loops run on every CPU with or without AMX and keep the invariance of the other paths:
+// each accumulator belongs to one (row, head, 16 keys or 16 dims) and sees the same operations in
+// the same order whatever shares its tile, step or batch.
+#pragma once
+#include "common.h"
+#include "avx2.h"
 // acc + the sum of 4 byte products per 32-bit lane, a unsigned, b signed (AVX-512 VNNI's
 // vpdpbusd; elsewhere the same exact integer sums in plain vector code; AVX2 + FMA builds use
-// `cpu_kernel_q8_avx2` instead).
+// q8_avx2.h instead).
 static inline vi dpbusd(vi acc, vu a, vu b) {
 #if defined(__AVX512VNNI__)
   return (vi)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)a, (__m512i)b);
@@ -198,9 +195,8 @@ static void pv_q8(const Geo& g, const float* const* pr, int width, const uint32_
   }
 }
 
-"""
-    + Q8_AVX2_SOURCE
-    + r"""
+#include "q8_avx2.h"
+
 #if defined(PAGODA_AVX2_Q8)
 #define SCORES_Q8 scores_q8_avx2
 #define PV_Q8 pv_q8_avx2
@@ -325,5 +321,3 @@ static void kv_job_q8(void* ctx) {
   for (int64_t t0, t1; (t0 = claim(&j.next, 16, j.T, &t1)) < j.T;)
     write_rows_q8(j.k, j.v, j.kc, j.vc, j.slots, (int)t0, (int)t1, j.HKV, j.D, j.NB, j.BS);
 }
-"""
-)

@@ -1,16 +1,15 @@
-"""C++ of `qgemm`'s sampling mode: a step's tokens from the LM head without its logits.
-
-Per (row, block of 16 outputs) the GEMM keeps two floats instead of sixteen: the block's maximum
-and its sum of 2^((v - max) * s) (s = log2(e) / temperature). A row's token then comes from
-those, one uniform and the 16 outputs of one block, recomputed with the GEMM's own operations
-(same bits): inverse CDF over groups of 16 blocks, over the chosen group's blocks, then over the
-chosen block's weights. Greedy rows (s = 0) take the first block holding the row maximum and the
-first output equal to it: `argmax_rows` exactly. `pagoda_sample_logits` runs the same code over
-stored logits, so a row's token is the same whether the step's logits were written or not.
-Spliced into `qgemm_source.SOURCE` (BODY inside its AVX2 section, API at the end).
-"""
-
-BODY = r"""
+// `qgemm`'s sampling mode: a step's tokens from the LM head without its logits.
+//
+// Per (row, block of 16 outputs) the GEMM keeps two floats instead of sixteen: the block's maximum
+// and its sum of 2^((v - max) * s) (s = log2(e) / temperature). A row's token then comes from
+// those, one uniform and the 16 outputs of one block, recomputed with the GEMM's own operations
+// (same bits): inverse CDF over groups of 16 blocks, over the chosen group's blocks, then over the
+// chosen block's weights. Greedy rows (s = 0) take the first block holding the row maximum and the
+// first output equal to it: `argmax_rows` exactly. `pagoda_sample_logits` runs the same code over
+// stored logits, so a row's token is the same whether the step's logits were written or not.
+// Included twice by qgemm.cpp: the kernels inside its AVX2 section, then (QGEMM_SAMPLE_API
+// defined) the entry points at its end.
+#ifndef QGEMM_SAMPLE_API
 constexpr int GROUP = 16;  // blocks per group: the inverse CDF walks groups, blocks, outputs
 constexpr float NEG_INF = -__builtin_inff(), POS_INF = __builtin_inff();
 
@@ -264,9 +263,7 @@ static void choose_all(Rows& rows, pool_fn fn, int threads) {
   rows.claim = rows.M / (8 * threads) > 0 ? rows.M / (8 * threads) : 1;
   pool_run(fn, &rows, rows.M >= 8 ? threads : 1);
 }
-"""
-
-API = r"""
+#else
 // out [M]: one token per row of x @ w^T (+ bias) as `pagoda_sample_logits` would pick it from
 // the stored outputs, which are never stored: scale[m] = log2(e) / temperature (0: greedy;
 // scale null: every row greedy), u[m] in [0, 1) the row's uniform
@@ -317,4 +314,4 @@ extern "C" int pagoda_sample_logits(const float* y, int64_t ldy, const int64_t* 
   return 2;
 #endif
 }
-"""
+#endif

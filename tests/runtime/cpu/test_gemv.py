@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 import torch
-from pagoda.runtime.model import amx_gemm, gemv
+from pagoda.runtime.cpu import amx_gemm, gemv
 from pagoda.runtime.model.linear import Linear, _can_pack, _pack
 
 pytestmark = pytest.mark.skipif(not _can_pack(torch.bfloat16), reason="no oneDNN bf16 packing")
@@ -117,7 +117,7 @@ def test_rows_taken_follow_onednns_isa(monkeypatch):
 
 NON_AMX_CHILD = textwrap.dedent("""
     import torch
-    from pagoda.runtime.model import gemv
+    from pagoda.runtime.cpu import gemv
     from pagoda.runtime.model.linear import Linear, bf16_rows_invariant
     from pagoda.runtime.model.linear import _pack
     if gemv.load(_pack) is None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda.runtime.model import qgemm, quantized
+from pagoda.runtime.cpu import qgemm, quantized
+from pagoda.runtime.cpu.quantized import BLOCKS
 from pagoda.runtime.model.linear import Linear
-from pagoda.runtime.model.quantized import BLOCKS
 from pagoda.runtime.sampling.ops import argmax_rows
 
 

@@ -1,15 +1,15 @@
-"""AVX-512 loops of the CPU attention kernel (C++, spliced into ``cpu_kernel_source.SOURCE``).
-
-Used for float32 caches and on CPUs without AMX (AMD Zen 4: ``vdpbf16ps``; others: plain vector
-arithmetic the compiler lowers; float32 caches on AVX2-only CPUs: ``cpu_kernel_avx2``).
-``vdpbf16ps`` has a latency of several cycles, so both loops keep up to ``CHAINS`` (12 with
-AVX-512) independent accumulator chains in registers: the scores handle several 16-key chunks at
-once, ``p @ V`` several 16-dim output chunks at once. Neither grouping changes any sum: every
-accumulator belongs to one (row, head, 16 keys or 16 dims) and sees the same operations, in the
-same order, whatever its neighbours (see ``cpu_kernel_source`` on invariance).
-"""
-
-AVX_SOURCE = r"""
+// AVX-512 loops of the CPU attention kernel (the generic vector loops).
+//
+// Used for float32 caches and on CPUs without AMX (AMD Zen 4: `vdpbf16ps`; others: plain vector
+// arithmetic the compiler lowers; float32 caches on AVX2-only CPUs: avx2.h).
+// `vdpbf16ps` has a latency of several cycles, so both loops keep up to `CHAINS` (12 with
+// AVX-512) independent accumulator chains in registers: the scores handle several 16-key chunks at
+// once, `p @ V` several 16-dim output chunks at once. Neither grouping changes any sum: every
+// accumulator belongs to one (row, head, 16 keys or 16 dims) and sees the same operations, in the
+// same order, whatever its neighbours (see attention.cpp on invariance).
+#pragma once
+#include "common.h"
+#include "avx2.h"
 // Scores of 16-key chunks j in [j0, j1) (chunk j: keys 16j.. of the row's context), U chunks at
 // a time so that N * U independent dpbf16 chains hide the instruction's latency. Each chunk's
 // accumulator sees the same operations whatever U is: acc = 0, then d words in order.
@@ -99,4 +99,3 @@ static inline int dims_for(int n, int ndc) {
   if (4 * n <= CHAINS && ndc % 4 == 0) return 4;
   return 2 * n <= CHAINS && ndc % 2 == 0 ? 2 : 1;
 }
-"""

@@ -10,51 +10,51 @@ from pathlib import Path
 import pytest
 import torch
 from attention_testlib import scattered_tables
-from pagoda.runtime import LLM, SamplingParams, native
-from pagoda.runtime.attention import cpu_kernel
-from pagoda.runtime.attention.cpu_kernel_source import SOURCE
+from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.cpu import attention as cpu_attention
+from pagoda.runtime.cpu import build as builder
 
 
 @pytest.fixture(scope="module", params=["native", "avx2"])
-def kernel(request) -> cpu_kernel.CpuKernel:
+def kernel(request) -> cpu_attention.CpuKernel:
     """The kernel built for this CPU, and built for AVX2 + FMA without AVX-512 (the loops of
-    `cpu_kernel_avx2`, which AVX-512 machines never build natively): both pass the same checks."""
+    csrc/attention/avx2.h, which AVX-512 machines never build natively): both pass the same checks."""
     if request.param == "native":
-        built = cpu_kernel.load()
+        built = cpu_attention.load()
         assert built is not None, "the CPU attention kernel did not build (is g++ installed?)"
         return built
-    cxx = native.find_compiler("CXX", ["g++", "c++", "clang++"])
-    if cxx is None or not {"avx2", "fma"} <= set(native.cpu_signature().split()):
+    cxx = builder.find_compiler("CXX", ["g++", "c++", "clang++"])
+    if cxx is None or not {"avx2", "fma"} <= set(builder.cpu_signature().split()):
         pytest.skip("no C++ compiler, or this CPU cannot run AVX2 + FMA code")
-    flags = ["-march=haswell" if f == "-march=native" else f for f in cpu_kernel.FLAGS]
-    path = native.build(
-        SOURCE, name="paged_attention_avx2", compiler=cxx, flags=flags, language="c++"
+    flags = ["-march=haswell" if f == "-march=native" else f for f in cpu_attention.FLAGS]
+    path = builder.build(
+        cpu_attention.SOURCE, name="paged_attention_avx2", compiler=cxx, flags=flags
     )
-    return cpu_kernel.CpuKernel(path)
+    return cpu_attention.CpuKernel(path)
 
 
 def test_build_compiles_once_per_cache_dir_and_loads(tmp_path):
-    first = cpu_kernel.build(tmp_path)
+    first = cpu_attention.build(tmp_path)
     stamp = first.stat().st_mtime_ns
-    again = cpu_kernel.build(tmp_path)
+    again = cpu_attention.build(tmp_path)
     assert again == first and again.stat().st_mtime_ns == stamp  # cached, not rebuilt
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary files left
-    assert cpu_kernel.CpuKernel(first).lib.pagoda_attention is not None
+    assert cpu_attention.CpuKernel(first).lib.pagoda_attention is not None
 
 
 def test_without_a_compiler_the_build_says_so(tmp_path, monkeypatch):
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing to run there
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
-        cpu_kernel.build(tmp_path / "cache")
+        cpu_attention.build(tmp_path / "cache")
 
 
 def test_the_switch_picks_the_path_and_rejects_unknown_values(monkeypatch):
-    monkeypatch.setenv(cpu_kernel.ENV_SWITCH, "torch")
-    assert cpu_kernel.load() is None
-    monkeypatch.setenv(cpu_kernel.ENV_SWITCH, "sdpa")
+    monkeypatch.setenv(cpu_attention.ENV_SWITCH, "torch")
+    assert cpu_attention.load() is None
+    monkeypatch.setenv(cpu_attention.ENV_SWITCH, "sdpa")
     with pytest.raises(ValueError, match="kernel or torch"):
-        cpu_kernel.load()
+        cpu_attention.load()
 
 
 @pytest.mark.slow
@@ -65,7 +65,7 @@ def test_both_paths_generate_the_same_greedy_tokens_in_float32(smol, corpus_ids,
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     tokens = {}
     for path, rank in (("kernel", 5), ("torch", 4)):  # the packed layout, or head-major
-        monkeypatch.setenv(cpu_kernel.ENV_SWITCH, path)
+        monkeypatch.setenv(cpu_attention.ENV_SWITCH, path)
         llm = LLM(loaded=smol, dtype="float32", max_model_len=512, max_num_batched_tokens=128)
         assert llm.engine.runner.kv_caches[0][0].dim() == rank
         tokens[path] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
@@ -74,7 +74,7 @@ def test_both_paths_generate_the_same_greedy_tokens_in_float32(smol, corpus_ids,
 
 
 def test_a_block_outside_the_cache_is_an_error_not_a_stray_read():
-    kernel = cpu_kernel.load()
+    kernel = cpu_attention.load()
     assert kernel is not None, "the CPU attention kernel did not build (is g++ installed?)"
     kc = torch.zeros(2, 8, 16, 16, 2, dtype=torch.bfloat16)  # 8 blocks of 16, D = 32
     vc = torch.zeros(2, 8, 8, 32, 2, dtype=torch.bfloat16)
@@ -94,9 +94,9 @@ def _cpu_has_amx() -> bool:
 
 
 def test_amx_runs_where_the_cpu_has_it():
-    kernel = cpu_kernel.load()
+    kernel = cpu_attention.load()
     assert kernel is not None, "the CPU attention kernel did not build (is g++ installed?)"
-    if os.environ.get(cpu_kernel.AMX_SWITCH) != "0":
+    if os.environ.get(cpu_attention.AMX_SWITCH) != "0":
         assert kernel.uses_amx == _cpu_has_amx()
 
 
@@ -105,8 +105,8 @@ def test_the_avx512_loops_on_a_cpu_with_amx():
     """Where AMX runs the bf16 rows, the AVX-512 loops (what AMD Zen 4 runs) would go untested:
     the invariance and reference tests of the kernel again, in a process with AMX turned off."""
     here = Path(__file__).parent
-    env = {**os.environ, cpu_kernel.AMX_SWITCH: "0"}
-    probe = "from pagoda.runtime.attention import cpu_kernel; print(cpu_kernel.load().uses_amx)"
+    env = {**os.environ, cpu_attention.AMX_SWITCH: "0"}
+    probe = "from pagoda.runtime.cpu import attention; print(attention.load().uses_amx)"
     out = subprocess.run(
         [sys.executable, "-P", "-c", probe], env=env, capture_output=True, text=True
     )

@@ -1,15 +1,16 @@
-"""Builds, caches and calls the C++ paged-attention kernel of the CPU backend.
+"""Builds, caches and calls the C++ paged-attention kernel of the CPU attention backend.
 
-The kernel reads K/V where they lie in the paged cache (no gather copy per step) and is one code
-path for decodes and prefill rows alike (see ``cpu_kernel_source.py`` for why it is batch
-invariant). It is plain C++ on the thread pool of ``native.POOL_C``, compiled with the system
-compiler in about a second and called through ``ctypes``: ``torch.utils.cpp_extension`` would also
-work but compiles the torch headers (~30 s here) for what is a few C functions over raw pointers.
-It is called with torch's thread count.
+The kernel (``csrc/attention/``) reads K/V where they lie in the paged cache (no gather copy per
+step) and is one code path for decodes and prefill rows alike (see ``attention.cpp`` for why it
+is batch invariant). It is plain C++ on the thread pool of ``csrc/pool.h``, compiled with the
+system compiler in about a second and called through ``ctypes``: ``torch.utils.cpp_extension``
+would also work but compiles the torch headers (~30 s here) for what is a few C functions over
+raw pointers. It is called with torch's thread count.
 
-The shared library is cached by ``pagoda.runtime.native`` (keyed by the source, the flags, the
-compiler and the CPU: it is built with ``-march=native``). Without a compiler, ``load()`` returns None and the backend keeps its torch
-path; ``PAGODA_CPU_ATTENTION=torch`` asks for that path explicitly.
+The shared library is cached by ``pagoda.runtime.cpu.build`` (keyed by the sources, the flags,
+the compiler and the CPU: it is built with ``-march=native``). Without a compiler, ``load()``
+returns None and the backend keeps its torch path; ``PAGODA_CPU_ATTENTION=torch`` asks for that
+path explicitly.
 """
 
 from __future__ import annotations
@@ -21,15 +22,15 @@ import os
 from pathlib import Path
 
 import torch
-from pagoda.runtime import native
-from pagoda.runtime.attention.cpu_kernel_source import SOURCE
+from pagoda.runtime.cpu import build as builder
 
 log = logging.getLogger(__name__)
 
-# -fopenmp: the kernel no longer uses OpenMP, but benchmarks/cpu_attention.py builds older
-# revisions (which do) with these flags.
+# -fopenmp: unused since the kernel has its own pool; kept so that the built library stays the
+# one measured (dropping it is a change to measure on its own).
 FLAGS = ["-O3", "-march=native", "-pthread", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 FLAGS += ["-std=c++17"]
+SOURCE = Path(__file__).parent / "csrc" / "attention" / "attention.cpp"
 ENV_SWITCH = "PAGODA_CPU_ATTENTION"  # "kernel" (default when it builds) or "torch"
 AMX_SWITCH = "PAGODA_CPU_AMX"  # "0": the AVX-512 loops even where AMX runs (read once per process)
 WAVE = 1 << 23  # float32 scores per wave (32 MiB): long prefill steps go in several waves
@@ -37,13 +38,12 @@ WAVE = 1 << 23  # float32 scores per wave (32 MiB): long prefill steps go in sev
 
 def build(cache_dir: Path | None = None) -> Path:
     """Compile the kernel into the cache (once per source, compiler and CPU); returns its path."""
-    cxx = native.find_compiler("CXX", ["g++", "c++", "clang++"])
+    cxx = builder.find_compiler("CXX", ["g++", "c++", "clang++"])
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++, c++ or clang++) on PATH")
-    return native.build(
-        SOURCE, name="paged_attention", compiler=cxx, flags=FLAGS, language="c++",
-        directory=cache_dir,
-    )  # fmt: skip
+    return builder.build(
+        SOURCE, name="paged_attention", compiler=cxx, flags=FLAGS, directory=cache_dir
+    )
 
 
 class CpuKernel:
@@ -126,10 +126,10 @@ FLOAT32, BF16, INT8 = 0, 1, 2  # the kernel's cache kinds
 def packed_shapes(
     num_kv_heads: int, num_blocks: int, block_size: int, head_dim: int, dtype: torch.dtype
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Shapes of one layer's (K, V) caches in the kernel's layout (``cpu_kernel_source``).
+    """Shapes of one layer's (K, V) caches in the kernel's layout (``attention.cpp``).
 
     int8 caches are ``[Hkv, NB, BS, D + 4]`` bytes: the shape only sizes a block (D values and a
-    float32 scale per token); inside a block the bytes follow ``cpu_kernel_q8``'s layout."""
+    float32 scale per token); inside a block the bytes follow ``q8.h``'s layout."""
     hkv, nb, bs, d = num_kv_heads, num_blocks, block_size, head_dim
     if dtype == torch.int8:
         return (hkv, nb, bs, d + 4), (hkv, nb, bs, d + 4)

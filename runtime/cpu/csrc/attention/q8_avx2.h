@@ -1,23 +1,22 @@
-"""AVX2 loops of the CPU attention kernel for int8 caches (C++, spliced into ``cpu_kernel_q8``).
-
-The generic int8 loops work on 64-byte vector types and an emulated ``vpdpbusd``; on a CPU whose
-registers hold 32 bytes GCC lowers them through the stack, which made ``--kv-cache-dtype int8``
-slower than float32 caches on AVX2 machines (Zen 3, 5k context: 27 vs 43 tok/s) although it reads
-a quarter of the bytes. These loops hold 8-lane halves in ``__m256i`` registers and multiply
-with ``vpmaddwd`` (16-bit products, pairs summed into 32-bit lanes, exact):
-
-- scores: K's signed bytes are widened in place (even dims, odd dims of each 4-byte word) and
-  multiplied by q's two planes folded into one 16-bit value, ``Q = 254 hi + lo``
-  (``|Q| <= 32385``), so one pass replaces the generic two; ``sum(k * Q)`` is the generic
-  ``dot - bias`` exactly (the same integer), so every score has the generic path's bits;
-- ``p @ V``: V's signed bytes widened the same way (even keys, odd keys), p's unsigned bytes
-  split likewise; the per-group integer sums and the float32 multiply-add are the generic ones;
-  p's rounding to bytes (``quantize_p_row``) does the generic float operations on halves.
-
-Each half is a pass of its own (8 keys or 8 dims), which keeps the accumulators in registers.
-"""
-
-Q8_AVX2_SOURCE = r"""
+// AVX2 loops of the CPU attention kernel for int8 caches: a part of q8.h, included between its
+// generic loops (whose layout helpers it uses) and their dispatch.
+//
+// The generic int8 loops work on 64-byte vector types and an emulated `vpdpbusd`; on a CPU whose
+// registers hold 32 bytes GCC lowers them through the stack, which made `--kv-cache-dtype int8`
+// slower than float32 caches on AVX2 machines (Zen 3, 5k context: 27 vs 43 tok/s) although it reads
+// a quarter of the bytes. These loops hold 8-lane halves in `__m256i` registers and multiply
+// with `vpmaddwd` (16-bit products, pairs summed into 32-bit lanes, exact):
+//
+// - scores: K's signed bytes are widened in place (even dims, odd dims of each 4-byte word) and
+//   multiplied by q's two planes folded into one 16-bit value, `Q = 254 hi + lo`
+//   (`|Q| <= 32385`), so one pass replaces the generic two; `sum(k * Q)` is the generic
+//   `dot - bias` exactly (the same integer), so every score has the generic path's bits;
+// - `p @ V`: V's signed bytes widened the same way (even keys, odd keys), p's unsigned bytes
+//   split likewise; the per-group integer sums and the float32 multiply-add are the generic ones;
+//   p's rounding to bytes (`quantize_p_row`) does the generic float operations on halves.
+//
+// Each half is a pass of its own (8 keys or 8 dims), which keeps the accumulators in registers.
+#pragma once
 #if defined(PAGODA_AVX2_F32)
 #define PAGODA_AVX2_Q8 1
 static inline __m256i even16(__m256i x) { return _mm256_srai_epi16(_mm256_slli_epi16(x, 8), 8); }
@@ -26,7 +25,7 @@ static inline uint32_t pair16(int32_t lo, int32_t hi) {
   return (uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16;
 }
 
-// Scores of 16-key chunks [j0, j1), U at a time, for N rows (see the module docstring).
+// Scores of 16-key chunks [j0, j1), U at a time, for N rows (see the top).
 template <int N, int U>
 static void scores_q8_avx2(const Geo& g, const uint32_t* const* q, const uint32_t* kc,
                            const int32_t* bt, int kvh, int stride, int j0, int j1, float* S) {
@@ -86,7 +85,7 @@ static void scores_q8_avx2(const Geo& g, const uint32_t* const* q, const uint32_
   }
 }
 
-// acc[i * DU + u] += p_i @ V over blocks [b0, b1), as `pv_q8` (see the module docstring).
+// acc[i * DU + u] += p_i @ V over blocks [b0, b1), as `pv_q8` (see the top).
 template <int N, int DU>
 static void pv_q8_avx2(const Geo& g, const float* const* pr, int width, const uint32_t* vc,
                        const int32_t* bt, int kvh, int dc, int b0, int b1, vf* acc) {
@@ -184,4 +183,3 @@ static void quantize_p_row_avx2(const Geo& g, float* s, int nb, int width, const
   std::memcpy(bytes + width, steps.data(), (size_t)nk / 16 * 4);
 }
 #endif
-"""

@@ -1,7 +1,7 @@
 """qgemm's sampling mode: an LM head that hands back tokens without writing its logits picks
 exactly the tokens `QGemm.sample_logits` picks from the written logits (greedy rows: the first
 maximum, as `argmax_rows`), whatever the kind, rows, bias or threads; and those draws follow
-softmax(logits / T) (chi-square, in tests/runtime/test_sampler_distribution.py too)."""
+softmax(logits / T) (chi-square, in tests/runtime/sampling/test_sampler_distribution.py too)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import math
 
 import pytest
 import torch
-from pagoda.runtime.model import qgemm
+from pagoda.runtime.cpu import qgemm
+from pagoda.runtime.cpu.quantized import BLOCKS
 from pagoda.runtime.model.linear import Linear
-from pagoda.runtime.model.quantized import BLOCKS
 from pagoda.runtime.sampling.ops import argmax_rows
 
 LOG2E = math.log2(math.e)

@@ -6,8 +6,9 @@ from collections import Counter
 
 import pytest
 import torch
-from pagoda.runtime.model import cpu_ops, ops
-from pagoda.runtime.model.cpu_ops_check import same_bits, self_check
+from pagoda.runtime.cpu import ops as cpu_ops
+from pagoda.runtime.cpu.ops import same_bits, self_check
+from pagoda.runtime.model import ops
 
 DTYPES = (torch.bfloat16, torch.float32)
 ROWS = (1, 3, 70, 300)
@@ -16,7 +17,7 @@ EDGES = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-40, -1e-41, 3e
 
 @pytest.fixture(scope="module")
 def native() -> cpu_ops.NativeOps:
-    result = cpu_ops._native_ops()
+    result = cpu_ops._native_ops(ops.TORCH_OPS)
     if result is None:
         pytest.skip("the native CPU ops library cannot be built here")
     return result
@@ -174,7 +175,9 @@ def test_rms_norm_strided_rows(native):
 
 def test_self_check_catches_a_wrong_op(native):
     assert self_check(native) == set()
-    broken = cpu_ops.NativeOps(native.lib, 16)  # the sum order of AVX-512 lanes: not ATen's
+    broken = cpu_ops.NativeOps(
+        native.lib, ops.TORCH_OPS, 16
+    )  # the sum order of AVX-512 lanes: not ATen's
     broken.table[0x3F80] = 0.5  # silu(1.0) made wrong (the table is the instance's own)
     failed = self_check(broken)
     assert ("silu_and_mul", torch.bfloat16) in failed
@@ -185,7 +188,7 @@ def test_ctypes_fallback(native):
     """Without Python.h the same C functions are called through ctypes."""
     lib = cpu_ops.load_library(extension=False)
     assert lib is not native.lib
-    through_ctypes = cpu_ops.NativeOps(lib, native.lanes, native.silu_block)
+    through_ctypes = cpu_ops.NativeOps(lib, ops.TORCH_OPS, native.lanes, native.silu_block)
     assert self_check(through_ctypes) == set()
     x, w = values((3, 576), torch.bfloat16, 1, True), values((576,), torch.bfloat16, 2, False)
     out = through_ctypes.rms_norm(x=x, weight=w, eps=1e-5)
@@ -194,14 +197,14 @@ def test_ctypes_fallback(native):
 
 def test_switch(monkeypatch, native):
     monkeypatch.setenv(cpu_ops.ENV_SWITCH, "torch")
-    assert cpu_ops.cpu_ops() is None
+    assert cpu_ops.cpu_ops(ops.TORCH_OPS) is None
     monkeypatch.setenv(cpu_ops.ENV_SWITCH, "native")
-    got = cpu_ops.cpu_ops()
+    got = cpu_ops.cpu_ops(ops.TORCH_OPS)
     assert got is not None and got.pregather_rotary
     assert got.rms_norm.__self__ is native
     monkeypatch.setenv(cpu_ops.ENV_SWITCH, "fast")
     with pytest.raises(ValueError):
-        cpu_ops.cpu_ops()
+        cpu_ops.cpu_ops(ops.TORCH_OPS)
 
 
 class CountingLib:
@@ -235,7 +238,7 @@ def test_model_logits_unchanged(tmp_path, monkeypatch, native, dtype):
     runs = []
     for chosen in (
         ops.TORCH_OPS,
-        cpu_ops.NativeOps(counting, native.lanes, native.silu_block).as_ops(),
+        cpu_ops.NativeOps(counting, ops.TORCH_OPS, native.lanes, native.silu_block).as_ops(),
     ):
         monkeypatch.setattr(model_runner, "select_ops", lambda device, name, c=chosen: c)
         llm = LLM(loaded=load_model(str(tmp_path)), dtype=dtype, kv_cache_memory=8 << 20,

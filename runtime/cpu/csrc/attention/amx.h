@@ -1,26 +1,25 @@
-"""AMX tile path of the CPU attention kernel (C++, spliced into ``cpu_kernel_source.SOURCE``).
-
-On CPUs with AMX (Sapphire Rapids and later) one ``tdpbf16ps`` does the work of 16 AVX-512
-``vdpbf16ps``: the scores and ``p @ V`` of bf16 caches run on tiles when the kernel is built for
-such a CPU and Linux grants the tile state; elsewhere (AMD Zen 4, float32 caches, head_dim not a
-multiple of 32) the AVX-512 loops run. A process uses one path for every row.
-
-The packed cache layout is already the AMX operand layout: 32 dims of a 16-key chunk of K are a
-B tile (16 rows = pairs of dims, 16 keys per row) and 16 dims of a block of V (16 or 32 keys) are
-a B tile (8 or 16 rows = pairs of keys, 16 dims per row); the A tiles are query rows (pairs of
-dims) and probability rows (pairs of keys). The scores tile is stored, the softmax runs on it as
-on the AVX-512 path, and ``p @ V`` keeps up to four 16-dim accumulator tiles over the blocks.
-
-Invariance: AMX computes every row of a tile on its own (the rows of A never mix), so a query
-row's result does not depend on which rows share its tile (``test_cpu_kernel`` checks a row at
-every place of a tile, and ``test_row_invariance`` whole steps). Each row sees the same operations
-whatever the tile: scores per 16-key chunk over d in fixed 32-dim steps; ``p @ V`` over the
-tile's blocks in order, where a row whose keys end before the tile's last block has p = 0 there:
-those steps add exact zeros (the instruction flushes denormals, so an accumulator is never one
-that a zero addend would change).
-"""
-
-AMX_SOURCE = r"""
+// AMX tile path of the CPU attention kernel.
+//
+// On CPUs with AMX (Sapphire Rapids and later) one `tdpbf16ps` does the work of 16 AVX-512
+// `vdpbf16ps`: the scores and `p @ V` of bf16 caches run on tiles when the kernel is built for
+// such a CPU and Linux grants the tile state; elsewhere (AMD Zen 4, float32 caches, head_dim not a
+// multiple of 32) the AVX-512 loops run. A process uses one path for every row.
+//
+// The packed cache layout is already the AMX operand layout: 32 dims of a 16-key chunk of K are a
+// B tile (16 rows = pairs of dims, 16 keys per row) and 16 dims of a block of V (16 or 32 keys) are
+// a B tile (8 or 16 rows = pairs of keys, 16 dims per row); the A tiles are query rows (pairs of
+// dims) and probability rows (pairs of keys). The scores tile is stored, the softmax runs on it as
+// on the AVX-512 path, and `p @ V` keeps up to four 16-dim accumulator tiles over the blocks.
+//
+// Invariance: AMX computes every row of a tile on its own (the rows of A never mix), so a query
+// row's result does not depend on which rows share its tile (`test_cpu_attention` checks a row
+// at every place of a tile, and `test_row_invariance` whole steps). Each row sees the same
+// operations whatever the tile: scores per 16-key chunk over d in fixed 32-dim steps; `p @ V`
+// over the tile's blocks in order, where a row whose keys end before the tile's last block has
+// p = 0 there: those steps add exact zeros (the instruction flushes denormals, so an accumulator
+// is never one that a zero addend would change).
+#pragma once
+#include "common.h"
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -124,4 +123,3 @@ static void amx_scores(const Geo&, const uint32_t*, const uint32_t*, const int32
 static void amx_finish(const Geo&, const Tile&, const int32_t*, const uint32_t*, const float*,
                        int, int, void*) {}
 #endif
-"""

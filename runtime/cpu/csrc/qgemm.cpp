@@ -1,17 +1,12 @@
-"""C++ of the quantized float32 GEMM (`qgemm`): units of 16 outputs by 32 keys, dequantized
-exactly as `gguf.quants` does (16-bit kinds: widened), swept by AVX2 FMA row tiles; compiled by
-`gemv.build`, which splices in the shared claim counter, thread pool and row-tile macro; the
-sampling mode's code is `qgemm_sample_source`."""
-
-from pagoda.runtime.model import qgemm_sample_source as sample
-
-SOURCE = r"""
+// The quantized float32 GEMM (`pagoda.runtime.cpu.qgemm`): units of 16 outputs by 32 keys,
+// dequantized exactly as `gguf.quants` does (16-bit kinds: widened), swept by AVX2 FMA row
+// tiles; the sampling mode's code is qgemm_sample.h.
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-@CLAIM@
-@POOL@
+#include "claim.h"
+#include "pool.h"
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define ALWAYS inline __attribute__((always_inline))
 #define INLINE static ALWAYS
@@ -107,7 +102,7 @@ INLINE const uint8_t* unit_at(const Job& j, int64_t nb, int k) {
   return j.w + (nb * (j.K / QK) + k / QK) * (int64_t)unit<QT>();
 }
 
-@SAMPLE_BODY@
+#include "qgemm_sample.h"  // the sampling mode's kernels
 
 // rows [m0, m0 + R) of y at output block nb from staged float32 sums [R][16] (+ bias)
 INLINE void emit(const Job& j, int64_t nb, int64_t m0, int R, const float* out) {
@@ -203,7 +198,7 @@ static void lean(const Job& j, int64_t nb, int64_t m0) {
 // output blocks per `lean` task
 static inline int64_t lean_units(int M) { return M <= 2 ? 2 : 1; }
 
-@ROW_TILES@
+#include "row_tiles.h"
 
 // tasks = (output block, run of MC rows), block-major; each chunk of keys is dequantized once
 // per task and swept by all its row tiles while it sits in L1. With up to 4 rows, tasks are
@@ -305,5 +300,5 @@ extern "C" int pagoda_qgemm_rows(int kind, const uint8_t* w, int N, int K, const
 #endif
 }
 
-@SAMPLE_API@
-""".replace("@SAMPLE_BODY@", sample.BODY).replace("@SAMPLE_API@", sample.API)
+#define QGEMM_SAMPLE_API  // the sampling mode's entry points
+#include "qgemm_sample.h"

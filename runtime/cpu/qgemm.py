@@ -12,7 +12,7 @@ chunks in float32, so a row's bits depend neither on M, nor on its tile, nor on 
 batch-invariance guarantee of docs/runtime.md holds). AVX2 + FMA + F16C; ``PAGODA_CPU_QGEMM=0``
 turns it off (oneDNN's float32 GEMM over the dequantized weights then runs).
 An LM head bound here can also hand back tokens instead of logits (`QGemmWeight.sample`, the
-sampling mode of `qgemm_sample_source`), and an embedding table its rows (`QGemmWeight.rows`).
+sampling mode of ``csrc/qgemm_sample.h``), and an embedding table its rows (`QGemmWeight.rows`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,8 @@ import os
 from collections.abc import Sequence
 
 import torch
-from pagoda.runtime import native
-from pagoda.runtime.model import gemv
-from pagoda.runtime.model.qgemm_source import SOURCE
-from pagoda.runtime.model.quantized import HALF_KINDS, QK, QuantizedWeight, probe_weight
+from pagoda.runtime.cpu import build, calls, gemv
+from pagoda.runtime.cpu.quantized import HALF_KINDS, QK, QuantizedWeight, probe_weight
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +108,7 @@ class QGemm:
         (int64), for those rows only, read in place (scale and u then per chosen row)."""
         if logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
             raise ValueError(f"expected float32 [M, N] rows, got {logits.dtype} {logits.shape}")
-        m, n = native.row_count(rows, logits.shape[0]), logits.shape[1]
+        m, n = calls.row_count(rows, logits.shape[0]), logits.shape[1]
         out = torch.zeros(m, dtype=torch.long)
         if m == 0:
             return out
@@ -239,11 +237,11 @@ def wanted() -> bool:
 @functools.cache
 def load() -> QGemm | None:
     """The kernel, or None (no compiler, no AVX2 + FMA, or it fails its load-time check)."""
-    compiler = native.find_compiler("CXX", ("g++", "clang++"))
+    compiler = build.find_compiler("CXX", ("g++", "clang++"))
     if compiler is None:
         return None
     try:
-        path = gemv.build(SOURCE, "qgemm", compiler)  # gemv's flags and shared C pieces
+        path = gemv.compile_kernel("qgemm", compiler)  # gemv's flags and shared headers
         kernel = QGemm(ctypes.CDLL(str(path)))
     except (OSError, RuntimeError) as exc:
         log.warning("quantized CPU GEMM unavailable, float32 weights are used: %s", exc)

@@ -1,19 +1,18 @@
-"""AVX2 loops of the CPU attention kernel for float32 caches (C++, spliced before ``cpu_kernel_avx``).
-
-CPUs with AVX2 and no AVX-512 (AMD Zen 1-3, older Intel) run the model in float32 (``--dtype
-auto``), so their caches are float32. The generic loops in ``cpu_kernel_avx`` work on 16-float
-vector types; GCC lowers a 64-byte vector on a CPU whose registers hold 32 bytes through the
-stack (each fused multiply-add a load, a store and a few shuffles), which measured 7 GFLOP/s on
-a prefill where the CPU's GEMM peak is 68. These loops do the same sums on 8-float halves held in
-``__m256`` registers: the scores of a 16-key chunk are two halves of 8 keys, ``p @ V`` two halves
-of 8 output dims.
-
-Invariance is that of the generic loops: every accumulator belongs to one (row, head, 8 keys or
-8 dims), starts at zero (scores) or at the caller's value (``p @ V``), and sees one fused
-multiply-add per word, in order, whatever N, U or DU.
-"""
-
-AVX2_SOURCE = r"""
+// AVX2 loops of the CPU attention kernel for float32 caches (used by avx512.h's generic loops).
+//
+// CPUs with AVX2 and no AVX-512 (AMD Zen 1-3, older Intel) run the model in float32 (`--dtype
+// auto`), so their caches are float32. The generic loops in avx512.h work on 16-float
+// vector types; GCC lowers a 64-byte vector on a CPU whose registers hold 32 bytes through the
+// stack (each fused multiply-add a load, a store and a few shuffles), which measured 7 GFLOP/s on
+// a prefill where the CPU's GEMM peak is 68. These loops do the same sums on 8-float halves held in
+// `__m256` registers: the scores of a 16-key chunk are two halves of 8 keys, `p @ V` two halves
+// of 8 output dims.
+//
+// Invariance is that of the generic loops: every accumulator belongs to one (row, head, 8 keys or
+// 8 dims), starts at zero (scores) or at the caller's value (`p @ V`), and sees one fused
+// multiply-add per word, in order, whatever N, U or DU.
+#pragma once
+#include "common.h"
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 #define PAGODA_AVX2_F32 1
 
@@ -150,4 +149,3 @@ static void softmax_row_f32(float* s, int pos, int nblk_row, int BS) {
   for (int c = 0; c < nk; c += 8) _mm256_storeu_ps(s + c, (__m256)(ld8(s + c) * inv));
 }
 #endif
-"""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda.runtime.model import amx_gemm
+from pagoda.runtime.cpu import amx_gemm
 from pagoda.runtime.model.linear import _can_pack, _pack
 
 pytestmark = pytest.mark.skipif(not _can_pack(torch.bfloat16), reason="no oneDNN bf16 packing")

@@ -1,17 +1,14 @@
-"""C source of the native CPU elementwise ops (see ``cpu_ops.py``): one call per op instead of
-the 5-15 ATen calls the PyTorch versions make, with every rounding step of those calls kept.
+/* The native CPU elementwise ops (bound by `pagoda.runtime.cpu.ops`): one call per op instead of
+   the 5-15 ATen calls the PyTorch versions make, with every rounding step of those calls kept.
 
-bf16 values are widened to float32 (exact), each operation runs in float32 and its result is
-rounded to bf16 to nearest even, as ATen's bf16 kernels do. The sum of squares of RMSNorm
-follows ATen's ``cascade_sum`` for a contiguous last-dimension reduction (SumKernel.cpp: lanes of
-``Vectorized<float>``, 4-way ILP, 4 levels of 16-step cascades), so the float32 result is the
-one ``torch.sum`` gives when its sum kernel has that many float lanes. The float32 silu uses
-Sleef's xexpf with explicit ``fmaf`` where Sleef's AVX2/AVX-512 builds use FMA. Built with
--ffp-contract=off: no other FMA contraction changes a rounding (-fno-trapping-math only lets
-the compiler if-convert, so those loops vectorise; it changes no value).
-"""
-
-SOURCE = r"""
+   bf16 values are widened to float32 (exact), each operation runs in float32 and its result is
+   rounded to bf16 to nearest even, as ATen's bf16 kernels do. The sum of squares of RMSNorm
+   follows ATen's `cascade_sum` for a contiguous last-dimension reduction (SumKernel.cpp: lanes of
+   `Vectorized<float>`, 4-way ILP, 4 levels of 16-step cascades), so the float32 result is the
+   one `torch.sum` gives when its sum kernel has that many float lanes. The float32 silu uses
+   Sleef's xexpf with explicit `fmaf` where Sleef's AVX2/AVX-512 builds use FMA. Built with
+   -ffp-contract=off: no other FMA contraction changes a rounding (-fno-trapping-math only lets
+   the compiler if-convert, so those loops vectorise; it changes no value). */
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
@@ -257,87 +254,3 @@ void pagoda_rms_norm(void *x, void *res, const void *w, void *out, int bf, int64
                          (const float *)w, (float *)out + r * n, n, eps, lanes);
     }
 }
-"""
-
-# Built with SOURCE into a CPython extension where Python.h is found: a METH_FASTCALL call with
-# integer arguments costs ~0.2 us, a ctypes call with argtypes ~2 us (the ops run ~1 us at T=1).
-EXTENSION = (
-    r"""
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-"""
-    + SOURCE
-    + r"""
-/* args[0..n) as integers; args[fpos], if fpos >= 0, as a float into *f. */
-static int ints(PyObject *const *args, Py_ssize_t n, Py_ssize_t want, int64_t *out, int fpos,
-                float *f) {
-    if (n != want) {
-        PyErr_Format(PyExc_TypeError, "expected %zd arguments, got %zd", want, n);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (i == fpos) {
-            *f = (float)PyFloat_AsDouble(args[i]);
-            out[i] = 0;
-        } else {
-            out[i] = (int64_t)PyLong_AsLongLong(args[i]);
-        }
-        if (PyErr_Occurred()) return -1;
-    }
-    return 0;
-}
-
-static PyObject *py_silu(PyObject *m, PyObject *const *args, Py_ssize_t n) {
-    int64_t a[8];
-    if (ints(args, n, 8, a, -1, NULL)) return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    pagoda_silu_mul_bf16((bf16 *)a[0], (bf16 *)a[1], (const float *)a[2], a[3], a[4], a[5], a[6],
-                         (int)a[7]);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
-}
-
-static PyObject *py_silu_f32(PyObject *m, PyObject *const *args, Py_ssize_t n) {
-    int64_t a[9];
-    if (ints(args, n, 9, a, -1, NULL)) return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    pagoda_silu_mul_f32((float *)a[0], (float *)a[1], a[2], a[3], a[4], a[5], a[6], a[7],
-                        (int)a[8]);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
-}
-
-static PyObject *py_rope(PyObject *m, PyObject *const *args, Py_ssize_t n) {
-    int64_t a[10];
-    if (ints(args, n, 10, a, -1, NULL)) return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    pagoda_rope((void *)a[0], (const void *)a[1], (int)a[2], a[3], a[4], a[5], a[6], a[7], a[8],
-                (int)a[9]);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
-}
-
-static PyObject *py_norm(PyObject *m, PyObject *const *args, Py_ssize_t n) {
-    int64_t a[11];
-    float eps = 0.0f;
-    if (ints(args, n, 11, a, 8, &eps)) return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    pagoda_rms_norm((void *)a[0], (void *)a[1], (const void *)a[2], (void *)a[3], (int)a[4], a[5],
-                    a[6], a[7], eps, (int)a[9], (int)a[10]);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
-}
-
-static PyMethodDef methods[] = {
-    {"pagoda_silu_mul_bf16", (PyCFunction)(void (*)(void))py_silu, METH_FASTCALL, NULL},
-    {"pagoda_silu_mul_f32", (PyCFunction)(void (*)(void))py_silu_f32, METH_FASTCALL, NULL},
-    {"pagoda_rope", (PyCFunction)(void (*)(void))py_rope, METH_FASTCALL, NULL},
-    {"pagoda_rms_norm", (PyCFunction)(void (*)(void))py_norm, METH_FASTCALL, NULL},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "pagoda_cpu_ops", NULL, -1, methods};
-
-PyMODINIT_FUNC PyInit_pagoda_cpu_ops(void) { return PyModule_Create(&module); }
-"""
-)
