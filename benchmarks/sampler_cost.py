@@ -2,8 +2,8 @@
 kernel (`runtime/sampling/csrc/filter.h`, no sort or topk) against the PyTorch path (`topk`
 candidates), alternating in one run, with whole-vocabulary sampling as the floor.
 
-    .venv/bin/python -P benchmarks/sampling.py                       # 256 x 32000, fp32
-    .venv/bin/python -P benchmarks/sampling.py --dtype bfloat16 --scales 1 4
+    .venv/bin/python -P benchmarks/sampler_cost.py                   # 256 x 32000, fp32
+    .venv/bin/python -P benchmarks/sampler_cost.py --dtype bfloat16 --scales 1 4
 
 Logits are randn * scale: scale 1 is a flat row (top_p=0.9 keeps ~80% of the vocabulary),
 scale 4 a peaked one (entropy ~2.4 nats, top_p=0.9 keeps a few hundred tokens).
