@@ -38,7 +38,7 @@ template <int QT> constexpr int unit() {
   return qbytes<QT>() + (QT == Q4_0 || QT == Q8_0 ? 1 : 2) * 16 * (wide<QT>() ? 4 : 2);
 }
 
-// y null: sampling mode (`qgemm_sample_source`): per row and output block, its maximum and its
+// y null: sampling mode (qgemm_sample.h): per row and output block, its maximum and its
 // sum of exponentials in `stats` (rows of sstride floats) instead of the outputs
 struct Job {
   const uint8_t* w; const float *x, *bias; float* y;
