@@ -210,7 +210,7 @@ def bitmask_cost(rows: int = 16, batch: int = 32, steps: int = 50) -> str:
     """Host time of `GrammarBitmask.apply` (catch-up + fill + apply) per step."""
     import torch
     from pagoda.runtime.request import Request
-    from pagoda.runtime.sampling import SamplingParams
+    from pagoda.runtime.sampling.params import SamplingParams
     from pagoda.runtime.structured.bitmask import GrammarBitmask
     from pagoda.runtime.structured.params import StructuredOutputsParams as Spec
     from structured_testlib import smol_tokenizer

@@ -20,7 +20,7 @@ from typing import Any
 
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.options import METRIC_GRAMMAR_COMPILE, METRIC_STRUCTURED_REQUESTS
-from pagoda.runtime.sampling import ParamError
+from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.server.protocol import APIError
 from pagoda.runtime.structured.params import StructuredOutputsParams
 from prometheus_client import CollectorRegistry, Counter, Histogram

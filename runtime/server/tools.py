@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pagoda.runtime.sampling import ParamError
+from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest
 from pagoda.runtime.server.tool_parsers import PARSERS, ToolParser, detect
 from pagoda.runtime.structured import schema as schemas

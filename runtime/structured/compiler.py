@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import xgrammar as xgr
-from pagoda.runtime.sampling import ParamError
+from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.structured import schema as schemas
 from pagoda.runtime.structured.matcher import Closer
 from pagoda.runtime.structured.params import StructuredOutputsParams, parse_schema_text

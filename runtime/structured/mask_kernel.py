@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import torch
-from pagoda.runtime import native
+from pagoda.runtime.cpu import build
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "csrc" / "mask.c"
@@ -24,14 +24,17 @@ FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    cc = native.find_compiler("CC", ["cc", "gcc"])
+    cc = build.find_compiler("CC", ["cc", "gcc"])
     if cc is None:
         return None
-    try:
-        path = native.build(SOURCE.read_text(), name="grammar_mask", compiler=cc, flags=FLAGS,
-                            language="c", directory=native.cache_dir() / "native")  # fmt: skip
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        log.info("grammar mask kernel build failed: %s", e)
+    for flags in (FLAGS, [f for f in FLAGS if f != "-march=native"]):
+        try:
+            path = build.build(SOURCE, name="grammar_mask", compiler=cc, flags=flags,
+                               directory=build.cache_dir() / "native")  # fmt: skip
+            break
+        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+            log.info("grammar mask kernel build failed (%s): %s", " ".join(flags), e)
+    else:
         return None
     lib = ctypes.CDLL(str(path))
     p, i64 = ctypes.c_void_p, ctypes.c_int64

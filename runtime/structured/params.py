@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pagoda.runtime.sampling import ParamError
+from pagoda.runtime.sampling.params import ParamError
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 MAX_SPEC_CHARS = 1 << 20  # a schema, regex or grammar longer than this is refused (400)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import xgrammar as xgr
-from pagoda.runtime.sampling import ParamError, SamplingParams
+from pagoda.runtime.sampling.params import ParamError, SamplingParams
 from pagoda.runtime.structured.compiler import GrammarCompiler
 from pagoda.runtime.structured.params import MAX_SPEC_CHARS
 from pagoda.runtime.structured.params import StructuredOutputsParams as Spec

@@ -18,11 +18,13 @@ import jsonschema
 import pytest
 import torch
 import xgrammar as xgr
-from pagoda.runtime import sampler, sampler_native, sampler_ops
-from pagoda.runtime.model import qgemm
+from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.request import Request
-from pagoda.runtime.sampler import SamplingBatch, sample
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling import native as sampler_native
+from pagoda.runtime.sampling import ops as sampler_ops
+from pagoda.runtime.sampling import sampler
+from pagoda.runtime.sampling.params import SamplingParams
+from pagoda.runtime.sampling.sampler import SamplingBatch, sample
 from pagoda.runtime.structured import mask_kernel
 from pagoda.runtime.structured.bitmask import GrammarBitmask, apply_bitmask_torch, grammar_rows
 from pagoda.runtime.structured.params import StructuredOutputsParams

@@ -45,7 +45,7 @@ def test_refused_with_the_path(schema, where):
 
 
 def test_refusals_reach_the_client_as_param_errors(compiler):
-    from pagoda.runtime.sampling import ParamError
+    from pagoda.runtime.sampling.params import ParamError
 
     spec = StructuredOutputsParams(json={"uniqueItems": True}, field="response_format")
     with pytest.raises(ParamError) as e:
