@@ -79,9 +79,10 @@ async def _suite(c: openai.AsyncOpenAI, combos_of) -> list[str]:
 
 
 async def test_schema_suite_outputs_all_validate(aclient):
-    """Each of the 55 schemas in two of the four (stream, temperature) settings, alternating."""
+    """Each of the 55 schemas in one of the four (stream, temperature) settings, in turn (the
+    slow test below runs every schema in every setting)."""
     assert len(SCHEMAS) >= 50
-    failures = await _suite(aclient, lambda i: COMBOS[:2] if i % 2 else COMBOS[2:])
+    failures = await _suite(aclient, lambda i: [COMBOS[i % len(COMBOS)]])
     assert not failures, "\n".join(failures)
 
 
