@@ -137,7 +137,11 @@ def tool_grammar(
             continue
         where = f"tools[{i}].function.parameters"
         try:
-            schema = schemas.check(f.parameters if f.parameters is not None else NO_PARAMETERS)
+            # length-bounded strings as patterns: a tool grammar's tags hold newlines, so its
+            # masks cannot rule out control bytes (see `GrammarCompiler.printable`)
+            schema = schemas.check(
+                f.parameters if f.parameters is not None else NO_PARAMETERS, length_patterns=True
+            )
             grammar = xgr.Grammar.from_json_schema(
                 json.dumps(schema), any_whitespace=False, strict_mode=True
             )

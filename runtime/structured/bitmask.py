@@ -113,6 +113,7 @@ class GrammarBitmask:
 
             spec = req.params.structured_outputs
             state = req.grammar = GrammarState(self.compiler.compile(spec))
+            state.printable = spec.compact_json
         return state
 
     @torch.inference_mode()
@@ -130,7 +131,7 @@ class GrammarBitmask:
         self._catch_up(states, outputs)
         host = self._buffer(len(live))
         at = range(len(live))  # row j of the masks is the logits row live[j]
-        free, free_at, soft = [], [], []
+        free, free_at, soft, printable = [], [], [], []
         for state, j, i in zip(states, at, live):
             req = reqs[i]
             left = req.max_new_tokens - req.num_output_tokens
@@ -142,10 +143,14 @@ class GrammarBitmask:
                 free_at.append(j)
                 if steer:
                     soft.append(j)
+                if state.printable:
+                    printable.append(j)
             else:
                 _only(host[j], token)
         if free:
             self.batch.batch_fill_next_token_bitmask(free, host, free_at)
+        if printable:  # compact JSON never holds a byte below 0x20 (see `compiler.printable`)
+            host[printable] &= self.compiler.printable
         for j in soft:  # near the end, between values: close rather than open something new
             close = soft_close(host[j], self.closer.closes, self.vocab_size)
             if close is not None:

@@ -29,6 +29,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+import torch
 import xgrammar as xgr
 from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.structured import schema as schemas
@@ -118,6 +120,19 @@ class GrammarCompiler:
     def closer(self) -> Closer:
         """The way-out search for this tokenizer (reads the vocabulary once: ~0.5 s)."""
         return Closer(self.info)
+
+    @functools.cached_property
+    def printable(self) -> torch.Tensor:
+        """Bitmask words [ceil(V / 32)] int32 of the tokens with no byte below 0x20 (and EOS).
+
+        xgrammar (0.2.9) lets a string with `minLength`/`maxLength` hold raw control characters
+        (a tab, a NUL), which JSON forbids; compact JSON (the default) has none anywhere, so
+        its masks are ANDed with this. With free whitespace, such strings become patterns
+        instead (`schema.check(length_patterns=True)`)."""
+        ok = np.array([not any(c < 0x20 for c in b) for b in self.info.decoded_vocab], bool)
+        ok = np.concatenate([ok, np.zeros(-len(ok) % 32, bool)])
+        ok[self.info.stop_token_ids] = True
+        return torch.from_numpy(np.packbits(ok, bitorder="little").view(np.int32).copy())
 
     @property
     def cache_size_bytes(self) -> int:
@@ -223,7 +238,8 @@ class GrammarCompiler:
         kind, where = spec.kind, spec.field
         try:
             if kind == "json":
-                checked = schemas.check(parse_schema_text(spec.json, where))
+                schema = parse_schema_text(spec.json, where)
+                checked = schemas.check(schema, length_patterns=not spec.disable_any_whitespace)
                 return self._json(json.dumps(checked), spec)
             if kind == "json_object":
                 return self._json('{"type": "object"}', spec)

@@ -130,7 +130,8 @@ def _first_set(words: np.ndarray) -> int | None:
 class GrammarState:
     """A request's matcher, its progress through the output tokens and its way out."""
 
-    __slots__ = ("accepted", "base", "broken", "check_at", "compiled", "matcher", "need", "plan")
+    __slots__ = ("accepted", "base", "broken", "check_at", "compiled", "matcher", "need", "plan",
+                 "printable")  # fmt: skip
 
     def __init__(self, compiled: xgr.CompiledGrammar) -> None:
         self.compiled = compiled
@@ -141,6 +142,7 @@ class GrammarState:
         self.broken = False  # a token the grammar refused (a bug): only EOS is allowed
         self.base: int | None = None  # the first way out's length (sizes the margins)
         self.need: int | None = None  # the latest way out's length (+ EOS)
+        self.printable = False  # compact JSON: tokens with bytes below 0x20 are never allowed
 
     def rebuild(self, output: list[int]) -> None:
         """Start again from the first output token (the history differs from what was seen)."""

@@ -77,6 +77,11 @@ class StructuredOutputsParams:
         return next(k for k in KINDS if getattr(self, k) not in (None, False))
 
     @property
+    def compact_json(self) -> bool:
+        """JSON without free whitespace: its text never holds a byte below 0x20."""
+        return self.kind in ("json", "json_object") and self.disable_any_whitespace
+
+    @property
     def key(self) -> tuple:
         """What identifies the compiled grammar (for one tokenizer)."""
         value = getattr(self, self.kind)

@@ -63,9 +63,11 @@ class SchemaError(ValueError):
         self.path = path
 
 
-def check(schema: Any) -> Any:
+def check(schema: Any, length_patterns: bool = False) -> Any:
     """The schema checked against its metaschema and normalised for xgrammar (a new object;
-    the argument is not changed); SchemaError for what cannot be enforced."""
+    the argument is not changed); SchemaError for what cannot be enforced. `length_patterns`:
+    strings with minLength/maxLength become patterns of as many characters (for grammars whose
+    masks cannot rule out control bytes: xgrammar lets such strings hold them raw)."""
     if isinstance(schema, bool):
         if not schema:
             raise SchemaError("", "the schema `false` allows no output")
@@ -81,12 +83,12 @@ def check(schema: Any) -> Any:
     except RecursionError as e:
         raise SchemaError("", "the schema is nested too deeply") from e
     try:
-        return _normalise(schema, "")
+        return _normalise(schema, "", length_patterns)
     except RecursionError as e:
         raise SchemaError("", "the schema is nested too deeply") from e
 
 
-def _normalise(s: Any, path: str) -> Any:
+def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     if not isinstance(s, dict):
         return s
     for key, what in UNSUPPORTED.items():
@@ -97,15 +99,15 @@ def _normalise(s: Any, path: str) -> Any:
     out = dict(s)
     for key in _SCHEMA_MAPS:
         if isinstance(s.get(key), dict):
-            out[key] = {k: _normalise(v, f"{path}/{key}/{k}") for k, v in s[key].items()}
+            out[key] = {k: _normalise(v, f"{path}/{key}/{k}", lp) for k, v in s[key].items()}
     for key in _SCHEMA_LISTS:
         if isinstance(s.get(key), list):
-            out[key] = [_normalise(v, f"{path}/{key}/{i}") for i, v in enumerate(s[key])]
+            out[key] = [_normalise(v, f"{path}/{key}/{i}", lp) for i, v in enumerate(s[key])]
     for key in _SCHEMA_ONE:
         if isinstance(s.get(key), dict):
-            out[key] = _normalise(s[key], f"{path}/{key}")
+            out[key] = _normalise(s[key], f"{path}/{key}", lp)
         elif key == "items" and isinstance(s.get(key), list):  # draft-7 tuple form
-            out[key] = [_normalise(v, f"{path}/items/{i}") for i, v in enumerate(s[key])]
+            out[key] = [_normalise(v, f"{path}/items/{i}", lp) for i, v in enumerate(s[key])]
     if "allOf" in out:
         out = _merge_all_of(out, path)
     if "oneOf" in out:
@@ -113,6 +115,9 @@ def _normalise(s: Any, path: str) -> Any:
     _fill_required(out, path)
     if "pattern" in out and ("minLength" in out or "maxLength" in out):
         out = _pattern_lengths(out, path)
+    elif lp and ("minLength" in out or "maxLength" in out):
+        lo, hi = out.pop("minLength", 0), out.pop("maxLength", None)
+        out["pattern"] = f"^.{{{lo},{'' if hi is None else hi}}}$"
     return out
 
 

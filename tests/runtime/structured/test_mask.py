@@ -139,6 +139,35 @@ def test_random_regexes_and_grammars(path, smol_tokenizer, compiler):
             assert _text(smol_tokenizer, r) in spec.choice
 
 
+def test_json_strings_never_take_raw_control_bytes(path, smol_tokenizer, compiler):
+    """xgrammar (0.2.9) lets a length-bounded string hold a raw tab or NUL, which JSON forbids:
+    logits that favour such tokens still give valid JSON (compact: the printable mask; with
+    free whitespace: lengths as patterns)."""
+    schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 8},
+              "t": {"type": ["string", "null"], "minLength": 2}}, "required": ["s", "t"]}  # fmt: skip
+    control = [i for i, b in enumerate(compiler.info.decoded_vocab) if b and b[0] < 0x20]
+    vocab, eos = smol_tokenizer.model_vocab_size, smol_tokenizer.eos_token_ids
+    for free_ws in (False, True):
+        spec = StructuredOutputsParams(json=schema, disable_any_whitespace=not free_ws)
+        reqs = _requests(compiler, [spec] * 2, 40, eos)
+        gb = _bitmask(smol_tokenizer, path)
+        for _ in range(41):
+            live = [r for r in reqs if not r.is_finished]
+            if not live:
+                break
+            logits = torch.randn(len(live), vocab)
+            logits[:, control] += 50.0
+            gb.apply(logits, live, list(range(len(live))))
+            out = sample(logits, SamplingBatch.build(live, vocab, CPU), WHOLE.get("head"))
+            for r, t in zip(live, out.token_ids.tolist()):
+                r.append_token(t)
+                r.check_stop_token()
+        for r in reqs:
+            text = _text(smol_tokenizer, r)
+            assert r.status.finish_reason == "stop", text
+            jsonschema.validate(json.loads(text), schema)
+
+
 def _bitmask(tok, path: str) -> GrammarBitmask:
     gb = GrammarBitmask(tok, tok.model_vocab_size, CPU)
     gb.torch_apply = path in ("torch", "flat")  # the CUDA path's torch unpacking
