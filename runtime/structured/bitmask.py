@@ -151,6 +151,14 @@ class GrammarBitmask:
             self.batch.batch_fill_next_token_bitmask(free, host, free_at)
         if printable:  # compact JSON never holds a byte below 0x20 (see `compiler.printable`)
             host[printable] &= self.compiler.printable
+        if free_at:  # output is text: no invalid UTF-8 (see `compiler.utf8`)
+            valid, after = self.compiler.utf8
+            host[free_at] &= valid
+            for j, i in zip(free_at, (live[k] for k in free_at)):
+                out = reqs[i].token_ids
+                ban = after.get(out[-1]) if reqs[i].num_output_tokens else None
+                if ban is not None:
+                    host[j] &= ban
         for j in soft:  # near the end, between values: close rather than open something new
             close = soft_close(host[j], self.closer.closes, self.vocab_size)
             if close is not None:

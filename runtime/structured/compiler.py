@@ -122,6 +122,27 @@ class GrammarCompiler:
         return Closer(self.info)
 
     @functools.cached_property
+    def utf8(self) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """(bitmask words of the tokens whose bytes hold no invalid UTF-8 inside them, and per
+        token ending with a lead byte whose next byte is restricted, the words of the tokens
+        that may follow it). xgrammar (0.2.9) accepts UTF-8-encoded surrogates (ED A0..BF) in
+        JSON strings, and overlong forms in patterns: text no client can decode."""
+        vocab = self.info.decoded_vocab
+        good = np.array([_valid_inside(b) for b in vocab], bool)
+        good[self.info.stop_token_ids] = True
+        after: dict[int, torch.Tensor] = {}
+        bans: dict[int, torch.Tensor] = {}
+        for i, b in enumerate(vocab):
+            if b and b[-1] in _RESTRICTED:
+                lo, hi = _RESTRICTED[b[-1]]
+                if b[-1] not in bans:
+                    ok = np.array([not (t and not lo <= t[0] <= hi and 0x80 <= t[0] <= 0xBF)
+                                   for t in vocab], bool)  # fmt: skip
+                    bans[b[-1]] = _words(ok)
+                after[i] = bans[b[-1]]
+        return _words(good), after
+
+    @functools.cached_property
     def printable(self) -> torch.Tensor:
         """Bitmask words [ceil(V / 32)] int32 of the tokens with no byte below 0x20 (and EOS).
 
@@ -130,9 +151,8 @@ class GrammarCompiler:
         its masks are ANDed with this. With free whitespace, such strings become patterns
         instead (`schema.check(length_patterns=True)`)."""
         ok = np.array([not any(c < 0x20 for c in b) for b in self.info.decoded_vocab], bool)
-        ok = np.concatenate([ok, np.zeros(-len(ok) % 32, bool)])
         ok[self.info.stop_token_ids] = True
-        return torch.from_numpy(np.packbits(ok, bitorder="little").view(np.int32).copy())
+        return _words(ok)
 
     @property
     def cache_size_bytes(self) -> int:
@@ -269,6 +289,28 @@ class GrammarCompiler:
             max_whitespace_cnt=MAX_WHITESPACE if free else None,
             strict_mode=True,
         )
+
+
+# lead byte -> the range its first continuation byte must be in (RFC 3629)
+_RESTRICTED = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+
+
+def _valid_inside(b: bytes) -> bool:
+    """No invalid UTF-8 within these bytes (a sequence cut at either end is fine)."""
+    for k, c in enumerate(b):
+        if c in (0xC0, 0xC1) or c >= 0xF5:
+            return False
+        if c in _RESTRICTED and k + 1 < len(b):
+            lo, hi = _RESTRICTED[c]
+            if not lo <= b[k + 1] <= hi:
+                return False
+    return True
+
+
+def _words(ok: np.ndarray) -> torch.Tensor:
+    """A bitmask row (int32 words, xgrammar's layout) from one bool per token."""
+    ok = np.concatenate([ok, np.zeros(-len(ok) % 32, bool)])
+    return torch.from_numpy(np.packbits(ok, bitorder="little").view(np.int32).copy())
 
 
 def _named(e: ParamError, field: str) -> ParamError:

@@ -168,6 +168,22 @@ def test_json_strings_never_take_raw_control_bytes(path, smol_tokenizer, compile
             jsonschema.validate(json.loads(text), schema)
 
 
+def test_no_invalid_utf8_after_a_lead_byte(smol_tokenizer, compiler):
+    """xgrammar (0.2.9) lets a JSON string take a UTF-8-encoded surrogate (ED A0..BF): after a
+    token ending in ED only continuation bytes 80..9F may follow."""
+    vocab = compiler.info.decoded_vocab
+    single = {b[0]: i for i, b in enumerate(vocab) if len(b) == 1}
+    spec = StructuredOutputsParams(json={"type": "string"})
+    spec = spec.with_compiled(compiler.compile(spec))
+    req = Request("u", [1], SamplingParams(max_tokens=50, structured_outputs=spec))
+    for byte in (ord('"'), 0xED):
+        req.append_token(single[byte])
+    logits = torch.zeros(1, smol_tokenizer.model_vocab_size)
+    GrammarBitmask(smol_tokenizer, smol_tokenizer.model_vocab_size, CPU).apply(logits, [req], [0])
+    allowed = {vocab[i][0] for i in torch.isfinite(logits[0]).nonzero().flatten().tolist()}
+    assert allowed and allowed <= set(range(0x80, 0xA0))
+
+
 def _bitmask(tok, path: str) -> GrammarBitmask:
     gb = GrammarBitmask(tok, tok.model_vocab_size, CPU)
     gb.torch_apply = path in ("torch", "flat")  # the CUDA path's torch unpacking

@@ -6,16 +6,18 @@ check it for rewritten schemas and for random ones."""
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 
 import jsonschema
 import numpy as np
 import pytest
-import xgrammar as xgr
+import torch
+from pagoda.runtime.request import Request
+from pagoda.runtime.sampling.params import SamplingParams
 from pagoda.runtime.structured import schema as schemas
-from pagoda.runtime.structured.bitmask import soft_close
-from pagoda.runtime.structured.matcher import GrammarState
+from pagoda.runtime.structured.bitmask import GrammarBitmask
 from pagoda.runtime.structured.params import StructuredOutputsParams
 from structured_testlib import random_schema
 
@@ -85,45 +87,50 @@ def test_rewrites_are_exact():
     assert original == {"type": "object", "required": ["a"]}  # the client's dict is not changed
 
 
-def _random_outputs(compiler, tok, schema, n: int, seed: int) -> list[str]:
-    """n outputs of random allowed tokens, each ended by the closer within 80 tokens."""
-    spec = StructuredOutputsParams(json=schema)
-    compiled = compiler.compile(spec)
-    closer = compiler.closer
-    rng = random.Random(seed)
-    mask = xgr.allocate_token_bitmask(1, compiler.vocab_size)
+@functools.cache
+def _odd_tokens(compiler) -> np.ndarray:
+    return np.array([i for i, b in enumerate(compiler.info.decoded_vocab)
+                     if b and (b[0] < 0x20 or b[0] >= 0x80 or b'"' in b or b"\\" in b)])  # fmt: skip
+
+
+def _random_outputs(compiler, tok, schema, n: int, seed: int, free_ws: bool = False) -> list[str]:
+    """n outputs of 80 tokens at most, each token drawn at random from those the step's mask
+    (`GrammarBitmask`, as the engine applies it) allows, favouring odd ones: bytes below 0x20,
+    quotes, backslashes, pieces of multi-byte characters."""
+    vocab = compiler.vocab_size
+    odd = _odd_tokens(compiler)
+    spec = StructuredOutputsParams(json=schema, disable_any_whitespace=not free_ws)
+    spec = spec.with_compiled(compiler.compile(spec))
+    gb = GrammarBitmask(tok, vocab, torch.device("cpu"))
+    rng = np.random.default_rng(seed)
     outs = []
-    for _ in range(n):
-        state, ids = GrammarState(compiled), []
-        for left in range(80, 0, -1):
-            token, soft = state.steer(closer, left)
-            if token is None:
-                state.matcher.fill_next_token_bitmask(mask)
-                if soft:  # as GrammarBitmask steers
-                    token = soft_close(mask[0], closer.closes, compiler.vocab_size)
-            if token is None:
-                allowed = np.flatnonzero(
-                    np.unpackbits(mask.numpy().view(np.uint8), bitorder="little")
-                )
-                token = int(allowed[rng.randrange(len(allowed))])
-            ids.append(token)
-            state.accept(ids)
-            if state.matcher.is_terminated():
-                break
-        assert state.matcher.is_terminated(), (schema, tok.decode(ids))
-        outs.append(tok.decode(ids[:-1]))
+    for k in range(n):
+        req = Request(f"w{k}", [1], SamplingParams(max_tokens=80, structured_outputs=spec),
+                      eos_token_ids=tok.eos_token_ids)  # fmt: skip
+        while not req.is_finished:
+            weights = rng.random(vocab, dtype=np.float32)
+            weights[odd] += 1.0
+            logits = torch.from_numpy(weights[None].copy())
+            gb.apply(logits, [req], [0])
+            w = np.where(np.isfinite(logits[0].numpy()), weights, 0.0)
+            token = int(rng.choice(vocab, p=w / w.sum()))
+            req.append_token(token)
+            req.check_stop_token()
+        assert req.status.finish_reason == "stop", (schema, tok.decode(req.output_token_ids))
+        outs.append(tok.decode(req.output_token_ids[:-1]))
     return outs
 
 
 @pytest.mark.parametrize("schema", REWRITTEN)
 def test_rewritten_schemas_only_allow_valid_output(schema, compiler, smol_tokenizer):
-    for text in _random_outputs(compiler, smol_tokenizer, schema, 6, seed=0):
+    for text in _random_outputs(compiler, smol_tokenizer, schema, 3, seed=0):
         jsonschema.validate(json.loads(text), schema)
 
 
-def test_random_schemas_only_allow_valid_output(compiler, smol_tokenizer):
+@pytest.mark.parametrize("free_ws", [False, True])
+def test_random_schemas_only_allow_valid_output(compiler, smol_tokenizer, free_ws):
     rng = random.Random(2024)
-    for i in range(25):
+    for i in range(30):
         schema = random_schema(rng)
-        for text in _random_outputs(compiler, smol_tokenizer, schema, 2, seed=i):
+        for text in _random_outputs(compiler, smol_tokenizer, schema, 1, i, free_ws):
             jsonschema.validate(json.loads(text), schema)
