@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -280,7 +281,7 @@ def main() -> None:
         proc.wait(30)
     tps = {k: sum(x["tokens"] for x in v) / sum(x["seconds"] for x in v) for k, v in runs.items()}
     pairs = sorted(h["tokens"] / f["tokens"] for f, h in zip(runs["free"], runs["half"]))
-    ratio = pairs[len(pairs) // 2]
+    ratio = statistics.median(pairs)
     print()
     print(markdown_table(
         ["run", "output tok/s", "requests finished", "tokens / request"],
