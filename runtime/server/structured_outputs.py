@@ -109,7 +109,7 @@ class StructuredOutputs:
 
         comp = compiler_for(info.tokenizer, info.vocab_size)
         comp.configure(cache_bytes=self.cache_bytes, timeout_s=self.timeout_s)
-        _ = comp.closer  # the vocabulary scan, here rather than in the first constrained step
+        comp.prepare()  # vocabulary tables, here rather than in the first constrained step
         name, hist = self.model_name, self.compile_seconds
         comp.observer = lambda spec, seconds: hist.labels(name, _label(spec)).observe(seconds)
         return comp

@@ -48,9 +48,9 @@ class Closer:
     """Per tokenizer: the single-character tokens the closer may write, in `CLOSING_CHARS`
     order."""
 
-    def __init__(self, info: xgr.TokenizerInfo) -> None:
+    def __init__(self, info: xgr.TokenizerInfo, vocab: list[bytes] | None = None) -> None:
         single: dict[bytes, int] = {}
-        for i, b in enumerate(info.decoded_vocab):
+        for i, b in enumerate(info.decoded_vocab if vocab is None else vocab):
             if len(b) == 1 and b not in single:
                 single[b] = i
         ids = [single[c.encode()] for c in CLOSING_CHARS if c.encode() in single]

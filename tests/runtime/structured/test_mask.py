@@ -145,7 +145,7 @@ def test_json_strings_never_take_raw_control_bytes(path, smol_tokenizer, compile
     free whitespace: lengths as patterns)."""
     schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 8},
               "t": {"type": ["string", "null"], "minLength": 2}}, "required": ["s", "t"]}  # fmt: skip
-    control = [i for i, b in enumerate(compiler.info.decoded_vocab) if b and b[0] < 0x20]
+    control = [i for i, b in enumerate(compiler.decoded_vocab) if b and b[0] < 0x20]
     vocab, eos = smol_tokenizer.model_vocab_size, smol_tokenizer.eos_token_ids
     for free_ws in (False, True):
         spec = StructuredOutputsParams(json=schema, disable_any_whitespace=not free_ws)
@@ -171,7 +171,7 @@ def test_json_strings_never_take_raw_control_bytes(path, smol_tokenizer, compile
 def test_no_invalid_utf8_after_a_lead_byte(smol_tokenizer, compiler):
     """xgrammar (0.2.9) lets a JSON string take a UTF-8-encoded surrogate (ED A0..BF): after a
     token ending in ED only continuation bytes 80..9F may follow."""
-    vocab = compiler.info.decoded_vocab
+    vocab = compiler.decoded_vocab
     single = {b[0]: i for i, b in enumerate(vocab) if len(b) == 1}
     spec = StructuredOutputsParams(json={"type": "string"})
     spec = spec.with_compiled(compiler.compile(spec))

@@ -89,7 +89,7 @@ def test_rewrites_are_exact():
 
 @functools.cache
 def _odd_tokens(compiler) -> np.ndarray:
-    return np.array([i for i, b in enumerate(compiler.info.decoded_vocab)
+    return np.array([i for i, b in enumerate(compiler.decoded_vocab)
                      if b and (b[0] < 0x20 or b[0] >= 0x80 or b'"' in b or b"\\" in b)])  # fmt: skip
 
 
