@@ -116,11 +116,10 @@ class GuardedH11Protocol(H11Protocol):
         self._deadline = None
         if self._phase == _BUSY or self.transport.is_closing():
             return
-        started = self.cycle is not None and self.cycle.response_started
         if self._phase == _HEAD and not self._got_bytes:
             self._close(None)  # nothing sent: nothing to answer
-        elif started:
-            self._close(None)
+        elif self._phase == _BODY and self.cycle is not None and self.cycle.response_started:
+            self._close(None)  # answered already (a 413 while the upload went on)
         else:
             what = "headers" if self._phase == _HEAD else "body"
             limit = self.header_timeout if self._phase == _HEAD else self.body_timeout
