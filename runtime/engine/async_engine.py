@@ -244,17 +244,38 @@ class AsyncEngine:
             raise TypeError("params must be a SamplingParams")
         self.loaded_info().validate(prompt_token_ids, params)
 
+    def check_prompts(
+        self, info: EngineInfo, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> None:
+        """The per-prompt checks of `add_requests` (ParamError), safe on any thread: they read
+        the immutable `info` and fixed limits only. The server runs them on its worker thread,
+        so a 4 MiB body of token ids (2 M ids, about a second of Python) is never scanned on
+        the event loop; it then calls `add_requests(..., checked=True)`."""
+        self.check_size(len(prompts), params)
+        for ids in prompts:
+            info.validate(ids, params)
+            time.sleep(0)  # let the event loop's thread take the GIL between prompts
+
     def add_requests(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, prefix: str
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        prefix: str,
+        *,
+        checked: bool = False,
     ) -> list[RequestStream]:
         """Admit a batch all-or-nothing (ids `prefix-0`, `prefix-1`, ...).
 
         More sequences (prompts × n) than `max_seqs_per_request` can never be admitted:
-        ParamError (400), not 503. A full queue is QueueFullError (503).
+        ParamError (400), not 503. A full queue is QueueFullError (503). `checked`: the
+        prompts passed `check_prompts` already (the engine's availability is checked here).
         """
         self.check_size(len(prompts), params)
-        for ids in prompts:
-            self.validate(ids, params)
+        if checked:
+            self.loaded_info()
+        else:
+            for ids in prompts:
+                self.validate(ids, params)
         seqs = len(prompts) * params.n
         bulk = seqs > 1
         self._check_room(seqs, bulk)

@@ -163,6 +163,7 @@ def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path) -> Footprint:
     bs = cfg.cache.block_size
     per_block = kv_bytes_per_token(mc, cfg.torch_dtype(), cfg.cache.kv_cache_dtype) * bs
     host, source = host_available()
+    derived = False
     if device.type == "cpu":
         _fits(fp, fp.device_bytes + fp.block_tables, host, f"on this machine ({source})")
     else:
@@ -171,9 +172,16 @@ def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path) -> Footprint:
             budget = int(total * cfg.cache.gpu_memory_utilization) - (total - free)
             budget -= fp.weights + GPU_HEADROOM
             fp = estimate_with_kv(fp, mc, cfg, max(budget, 0), per_block)
+            derived = True
         where = f"free on {device} ({gib(total)} in all)"
         _fits(fp, fp.device_bytes, free, where, exclude=("block tables",))
         _fits(fp, fp.block_tables, host, f"on the host ({source})", only=("block tables",))
+    if fp.kv_blocks < 2 and derived:
+        raise ValueError(
+            f"{device} has {gib(fp.kv_cache)} left for the KV cache after the weights "
+            f"({gib(fp.weights)}) and headroom, fewer than 2 blocks of {bs} tokens "
+            f"({gib(per_block)} each); use a larger GPU or a smaller model"
+        )
     if fp.kv_blocks < 2:
         raise ValueError(
             f"the KV cache ({gib(fp.kv_cache)}) holds fewer than 2 blocks of {bs} tokens "
@@ -218,10 +226,12 @@ def _meminfo_available() -> int:
         return _UNLIMITED
 
 
-def _cgroup_headroom() -> int | None:
+def _cgroup_headroom(
+    proc: Path = Path("/proc/self/cgroup"), sys_root: Path = Path("/sys/fs/cgroup")
+) -> int | None:
     """limit - usage (+ reclaimable page cache) of this process's memory cgroup, v2 or v1."""
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        lines = proc.read_text().splitlines()
     except OSError:
         return None
     v2 = next((ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")), None)
@@ -229,11 +239,11 @@ def _cgroup_headroom() -> int | None:
                if "memory" in ln.split(":", 2)[1].split(",")), None)  # fmt: skip
     candidates = []
     if v2 is not None:
-        root = Path("/sys/fs/cgroup")
+        root = sys_root
         candidates += [(root / v2.lstrip("/"), "memory.max", "memory.current", "inactive_file"),
                        (root, "memory.max", "memory.current", "inactive_file")]  # fmt: skip
     if v1 is not None:
-        root = Path("/sys/fs/cgroup/memory")
+        root = sys_root / "memory"
         candidates += [
             (root / v1.lstrip("/"), "memory.limit_in_bytes", "memory.usage_in_bytes",
              "total_inactive_file"),

@@ -83,7 +83,12 @@ class Serving:
         strings = self.strings(info)
 
         def work() -> Job:
-            return endpoint.prepare(parse_request(body, endpoint.request_model), info, strings)
+            job = endpoint.prepare(parse_request(body, endpoint.request_model), info, strings)
+            try:  # off the event loop: scanning 2 M token ids takes a second
+                self.engine.check_prompts(info, job.prompts, job.params)
+            except ParamError as e:
+                raise job.param_error(e) from e
+            return job
 
         pool = self.prep_pool if len(body) <= BULK_BODY_BYTES else self.bulk_pool
         return await asyncio.get_running_loop().run_in_executor(pool, work)
@@ -91,7 +96,7 @@ class Serving:
     def submit(self, job: Job) -> None:
         """Add the job's engine requests (all or none); refusals become 400s and 503s."""
         try:
-            job.streams = self.engine.add_requests(job.prompts, job.params, job.id)
+            job.streams = self.engine.add_requests(job.prompts, job.params, job.id, checked=True)
         except ParamError as e:
             raise job.param_error(e) from e
         except EngineUnavailableError as e:
