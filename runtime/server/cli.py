@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -31,7 +32,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from pagoda.runtime import options
 from pagoda.runtime.options import ENGINE_FLAGS, SERVER_FLAGS, Flag
 from pagoda.runtime.server.config import ServerConfig
-from pagoda.runtime.server.listen import bind_sockets, close_all, start_listening
+from pagoda.runtime.server.listen import (
+    bind_sockets,
+    close_all,
+    ensure_fd_limit,
+    start_listening,
+)
 
 DESCRIPTION = "Run the OpenAI-compatible inference server."
 
@@ -133,20 +139,19 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    try:
-        cfg = server_config(args)
-        engine_kwargs = options.engine_kwargs(vars(args))
-        sockets = bind_sockets(cfg.host, cfg.port)  # before torch loads: a port in use is instant
-    except ValueError as e:
-        fail(str(e))
+    sockets: list = []
     try:
         with held_logs():
+            cfg = server_config(args)
+            engine_kwargs = options.engine_kwargs(vars(args))
+            cfg = fit_connections(cfg)
+            sockets = bind_sockets(cfg.host, cfg.port)  # before torch: a port in use is instant
             from pagoda.runtime.server.launch import preflight, serve
 
             engine_cfg, profile = preflight(
                 cfg, engine_kwargs, args.tuned_profile, args.tuned_profile_mismatch
             )
-        start_listening(sockets, cfg.host)
+            start_listening(sockets, cfg.host)
     except ValueError as e:  # a ProfileError/KernelConfigError too: one line, exit 2
         close_all(sockets)
         fail(str(e))
@@ -155,3 +160,16 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("pagoda.serve").debug("start-up check failed", exc_info=True)
         fail(f"{type(e).__name__}: {e}")
     return serve(cfg, engine_cfg, profile, sockets)
+
+
+def fit_connections(cfg: ServerConfig) -> ServerConfig:
+    """--max-connections within the open-file limit: the default shrinks to fit (a warning),
+    an explicit value that cannot fit is a ValueError."""
+    default = options.DEFAULT_MAX_CONNECTIONS
+    cap = ensure_fd_limit(cfg.max_connections, adjustable=cfg.max_connections == default)
+    if cap == cfg.max_connections:
+        return cfg
+    logging.getLogger("pagoda.serve").warning(
+        "the open-file limit (ulimit -n) holds %d connections, not %d", cap, default
+    )
+    return dataclasses.replace(cfg, max_connections=cap)

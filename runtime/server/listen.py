@@ -65,6 +65,36 @@ def start_listening(sockets: list[socket.socket], host: str) -> None:
             raise ValueError(_bind_error(host, addr[1], addr, e)) from e
 
 
+FD_MARGIN = 256  # model files, the engine's threads, the metrics endpoint, a burst of accepts
+
+
+def ensure_fd_limit(max_connections: int, *, adjustable: bool = False) -> int:
+    """Raise this process's soft open-file limit (up to the hard one) so that
+    `max_connections` sockets fit with room to spare, and return the cap to use: the same, or
+    (`adjustable`: the flag was left at its default) what the hard limit allows. ValueError
+    (one line) when an explicit cap cannot fit."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return max_connections
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 2 * max_connections + FD_MARGIN  # accepted connections wait a moment before eviction
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY or soft >= max_connections + FD_MARGIN:
+        return max_connections
+    if adjustable and soft >= 2 * FD_MARGIN:
+        return soft - FD_MARGIN
+    raise ValueError(
+        f"--max-connections {max_connections} needs at least {max_connections + FD_MARGIN} "
+        f"open files, and this process may open {soft} (ulimit -n); lower --max-connections "
+        "or raise the limit"
+    )
+
+
 def close_all(sockets: list[socket.socket]) -> None:
     for sock in sockets:
         with contextlib.suppress(OSError):

@@ -166,3 +166,21 @@ def test_connection_cap_closes_the_oldest_waiting_then_refuses_with_503(server):
         s.settimeout(5)
         assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
         s.close()
+
+
+def test_the_open_file_limit_is_raised_for_the_connection_cap_or_refused():
+    resource = pytest.importorskip("resource")
+    from pagoda.runtime.server.listen import FD_MARGIN, ensure_fd_limit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard < 4 * FD_MARGIN:
+        pytest.skip(f"hard open-file limit {hard}")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (FD_MARGIN + 100, hard))
+        assert ensure_fd_limit(100) == 100
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == 2 * 100 + FD_MARGIN  # raised
+        with pytest.raises(ValueError, match=f"--max-connections {hard} needs at least"):
+            ensure_fd_limit(hard)  # cannot fit under the hard limit
+        assert ensure_fd_limit(hard, adjustable=True) == hard - FD_MARGIN  # the default shrinks
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
