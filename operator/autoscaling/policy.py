@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pagoda.operator.autoscaling.demand import Demand, demand_floor, request_work
 from pagoda.operator.autotune.floor import prefill_floor
 from pagoda.operator.spec import DEFAULT_TOLERANCE, AutoscalingSpec
 
@@ -52,6 +53,10 @@ class Policy:
     down_window_s: float = 300.0
     max_metric_age_s: float = 60.0
     prefill_tokens_per_s: float | None = None  # V_P of a tuned profile: the predictive floor
+    decode_tokens_per_s: float | None = None  # V_D of a tuned profile: the demand floor
+    target_utilization: float = 0.85  # share of a replica's measured capacity the floor plans for
+    lead_s: float = 30.0  # how far ahead the demand floor extrapolates a rising arrival rate
+    max_scale_down_fraction: float = 1.0  # of the replicas, per evaluation
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_replicas <= self.max_replicas:
@@ -70,6 +75,14 @@ class Policy:
             raise ValueError("windows must be >= 0")
         if self.max_metric_age_s <= 0:
             raise ValueError("max_metric_age_s must be > 0")
+        for name in ("prefill_tokens_per_s", "decode_tokens_per_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 or None, got {value}")
+        if not 0 < self.target_utilization <= 1:
+            raise ValueError(f"target_utilization must be in (0, 1], got {self.target_utilization}")
+        if self.lead_s < 0:
+            raise ValueError(f"lead_s must be >= 0, got {self.lead_s}")
 
     @classmethod
     def from_spec(cls, spec: AutoscalingSpec, *, max_metric_age_s: float = 60.0) -> Policy:
@@ -98,10 +111,17 @@ class Metrics:
     age_s: float = 0.0  # age of the newest sample
     queued_prompt_tokens: float | None = None  # prompt tokens waiting, all replicas
     mean_prompt_tokens: float | None = None  # ISL of the recent requests
+    mean_output_tokens: float | None = None  # OSL of the recent requests
+    arrival_rate: float | None = None  # requests/s arriving, recent (30 s)
+    arrival_rate_slow: float | None = None  # requests/s arriving (2 min)
 
     def __post_init__(self) -> None:
         if self.waiting < 0 or self.age_s < 0:
             raise ValueError("waiting and age_s must be >= 0")
+        for name in ("mean_output_tokens", "arrival_rate", "arrival_rate_slow"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be >= 0 or None, got {value}")
         if self.ttft_p95_s is not None and not (self.ttft_p95_s >= 0):
             raise ValueError(f"ttft_p95_s must be >= 0 or None, got {self.ttft_p95_s}")
 
@@ -155,7 +175,8 @@ def _stabilize(
     if up > current:
         return min(up, MAX_SCALE_UP_FACTOR * max(current, 1)), history
     if down < current:
-        return down, history
+        step = math.floor(current * (1 - policy.max_scale_down_fraction) + 1e-9)
+        return max(down, min(step, current - 1)), history
     return current, history
 
 
@@ -187,22 +208,26 @@ def decide(
     base = min(ready, current)
     if base < 1:
         return _hold(policy, current, history, now, "NoReadyReplicas", "no ready replica yet")
-    name, ratio = max(ratios(policy, metrics, base).items(), key=lambda kv: kv[1])
+    demand = _demand(policy, metrics)
+    rs = ratios(policy, metrics, base)
+    if demand is not None and metrics.waiting <= 0 and rs.get("ttft", 0.0) > 1.0:
+        # the minute's p95 still holds a backlog that is gone; the demand floor sizes the load
+        rs["ttft"] = 1.0
+    name, ratio = max(rs.items(), key=lambda kv: kv[1])
     queue_per = metrics.waiting / base
     detail = _describe(policy, metrics, queue_per)
     rec, reason = _recommend(policy, name, ratio, base, current)
+    if demand is not None and ratio <= 1.0 + policy.tolerance + 1e-9:
+        # on target or below: TTFT is flat until the slots run out, so its ratio cannot say how
+        # many replicas the load needs; the demand floor (below) can
+        rec, reason = policy.min_replicas, "BelowTarget"
     rec, reason = _hold_capacity(policy, metrics, base, current, ready, rec, reason)
-    floor = prefill_floor(
-        metrics.queued_prompt_tokens,
-        policy.prefill_tokens_per_s,
-        policy.target_ttft_s,
-        metrics.mean_prompt_tokens,
-    )
-    if floor is not None and policy.clamp(floor) > rec:  # the queue cannot wait for TTFT to rise
-        rec, reason = policy.clamp(floor), "PrefillFloor"
+    if demand is not None:
+        detail += f", {demand.describe()}"
+    rec, reason, floor = _floors(policy, metrics, demand, base, current, rec, reason)
     desired, history = _stabilize(policy, current, rec, history, now)
-    if floor is not None:  # a measured need, not an extrapolated ratio: no ×2 step cap
-        desired = max(desired, policy.clamp(floor))
+    if floor is not None and floor > desired:  # a measured need, not a ratio: no ×2 step cap
+        desired = floor
     desired = policy.clamp(desired)
     if desired == current and rec != current:
         reason = "Stabilizing"
@@ -212,6 +237,44 @@ def decide(
     return Decision(
         desired, rec, reason, message, ratio=ratio, queue_per_replica=queue_per, history=history
     )
+
+
+def _demand(policy: Policy, m: Metrics) -> Demand | None:
+    work = request_work(
+        m.mean_prompt_tokens, m.mean_output_tokens, policy.prefill_tokens_per_s,
+        policy.decode_tokens_per_s,
+    )  # fmt: skip
+    return demand_floor(
+        work_s=work, waiting=m.waiting, arrival_rate=m.arrival_rate,
+        arrival_rate_slow=m.arrival_rate_slow, utilization=policy.target_utilization,
+        lead_s=policy.lead_s,
+    )  # fmt: skip
+
+
+def _floors(
+    policy: Policy,
+    m: Metrics,
+    demand: Demand | None,
+    base: int,
+    current: int,
+    rec: int,
+    reason: str,
+) -> tuple[int, str, int | None]:
+    """Raise the recommendation to the predictive floors: the demand floor and the prefill
+    floor (queued prompt tokens against the TTFT budget). Returns (rec, reason, floor)."""
+    prefill = prefill_floor(
+        m.queued_prompt_tokens, policy.prefill_tokens_per_s, policy.target_ttft_s,
+        m.mean_prompt_tokens,
+    )  # fmt: skip
+    floor = None
+    for value, why in ((demand and demand.replicas, "DemandFloor"), (prefill, "PrefillFloor")):
+        if value is None:
+            continue
+        value = policy.clamp(value)
+        floor = value if floor is None else max(floor, value)
+        if value > rec:
+            rec, reason = value, why
+    return rec, reason, floor
 
 
 def _recommend(policy: Policy, name: str, ratio: float, base: int, current: int) -> tuple[int, str]:
