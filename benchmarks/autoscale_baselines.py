@@ -48,7 +48,9 @@ class Behavior:
         up = f"up {self.up_percent:g}%/{self.up_pods} pods per {self.up_period_s:g}s"
         if self.up_window_s:
             up += f", window {self.up_window_s:g}s"
-        down = f"down {self.down_percent:g}%/{self.down_period_s:g}s, window {self.down_window_s:g}s"
+        down = (
+            f"down {self.down_percent:g}%/{self.down_period_s:g}s, window {self.down_window_s:g}s"
+        )
         return f"{up}; {down}"
 
 

@@ -85,9 +85,9 @@ def _advance(
             need = prompt[i] + output[i]
             best = -1
             for r in range(r_max):
-                if alive[r] and not draining[r] and ready_at[r] < t1 and n_run[r] < slots:
-                    if kv_res[r] + need <= kv_cap and (best < 0 or n_run[r] < n_run[best]):
-                        best = r
+                takes = alive[r] and not draining[r] and ready_at[r] < t1 and n_run[r] < slots
+                if takes and kv_res[r] + need <= kv_cap and (best < 0 or n_run[r] < n_run[best]):
+                    best = r
             if best < 0:
                 break
             for k in range(slots):
@@ -117,9 +117,9 @@ def _advance(
             while left > 1e-12:
                 h = -1
                 for k in range(slots):
-                    if s_req[r, k] >= 0 and s_phase[r, k] == 1:
-                        if h < 0 or s_seq[r, k] < s_seq[r, h]:
-                            h = k
+                    prefilling = s_req[r, k] >= 0 and s_phase[r, k] == 1
+                    if prefilling and (h < 0 or s_seq[r, k] < s_seq[r, h]):
+                        h = k
                 if h < 0:  # decode only
                     if b > 0:
                         adv = left / steps[b]

@@ -31,7 +31,8 @@ from pagoda.operator.autoscaling.policy import (
     decide,
 )
 from pagoda.operator.autoscaling.prometheus import MetricsUnavailable, PrometheusSource
-from pagoda.operator.autotune.mount import tuned_prefill_rate
+from pagoda.operator.autotune import profiles
+from pagoda.operator.autotune.mount import chosen_profile
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.k8s import ApiError, KubeApi
 from pagoda.operator.locks import object_lock
@@ -83,6 +84,25 @@ def autoscaling_status(
         new["lastScaleReason"] = scaled[0][:1024]
         new["lastScaleSource"] = scaled[1]
     return new
+
+
+async def tuned_rates(
+    api: KubeApi, body: Mapping[str, Any], spec: InferenceServiceSpec
+) -> tuple[float | None, float | None]:
+    """V_P and V_D (`capacity.prefill_tokens_per_s`, `capacity.decode_tokens_per_s`) of the
+    tuned profile this service mounts; None for each one it lacks (no profile: both)."""
+    name = chosen_profile(body, spec)
+    if name is None:
+        return None, None
+    cm = await api.get("ConfigMap", body["metadata"]["namespace"], name)
+    cap = profiles.capacity(cm)
+
+    def rate(key: str) -> float | None:
+        v = cap.get(key)
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+        return float(v) if ok else None
+
+    return rate("prefill_tokens_per_s"), rate("decode_tokens_per_s")
 
 
 class Autoscaler:
@@ -169,9 +189,13 @@ class Autoscaler:
         if spec.autoscaling is None:
             await self._switch_off(body)
             return None
-        v_p = await tuned_prefill_rate(self.api, body, spec)  # the prefill floor's V_P
-        metrics, why = await self._read_metrics(spec, ns, name, prompt_len=v_p is not None)
-        policy = dataclasses.replace(self._policy(spec), prefill_tokens_per_s=v_p)
+        v_p, v_d = await tuned_rates(self.api, body, spec)  # the predictive floors' V_P, V_D
+        metrics, why = await self._read_metrics(
+            spec, ns, name, prompt_len=v_p is not None, demand=None not in (v_p, v_d)
+        )
+        policy = dataclasses.replace(
+            self._policy(spec), prefill_tokens_per_s=v_p, decode_tokens_per_s=v_d
+        )
         async with object_lock(uid):
             fresh = await self.api.get(KIND, ns, name)
             deploy = await self.api.get("Deployment", ns, name)
@@ -191,7 +215,13 @@ class Autoscaler:
                 await self._clear_status(meta["namespace"], meta["name"], meta["uid"])
 
     async def _read_metrics(
-        self, spec: InferenceServiceSpec, ns: str, name: str, *, prompt_len: bool = False
+        self,
+        spec: InferenceServiceSpec,
+        ns: str,
+        name: str,
+        *,
+        prompt_len: bool = False,
+        demand: bool = False,
     ) -> tuple[Metrics | None, tuple[str, str]]:
         """The reading (outside any lock: it may be slow), or None and (reason, message)."""
         assert spec.autoscaling is not None
@@ -203,7 +233,7 @@ class Autoscaler:
         if not url:
             return None, why
         try:
-            return await self.source.fetch(url, ns, name, prompt_len=prompt_len), why
+            return await self.source.fetch(url, ns, name, prompt_len=prompt_len, demand=demand), why
         except MetricsUnavailable as e:
             return None, (e.reason, e.message)
 

@@ -54,9 +54,8 @@ class Policy:
     max_metric_age_s: float = 60.0
     prefill_tokens_per_s: float | None = None  # V_P of a tuned profile: the predictive floor
     decode_tokens_per_s: float | None = None  # V_D of a tuned profile: the demand floor
-    target_utilization: float = 0.85  # share of a replica's measured capacity the floor plans for
+    target_utilization: float = 0.9  # share of a replica's measured capacity the floor plans for
     lead_s: float = 30.0  # how far ahead the demand floor extrapolates a rising arrival rate
-    max_scale_down_fraction: float = 1.0  # of the replicas, per evaluation
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_replicas <= self.max_replicas:
@@ -175,8 +174,7 @@ def _stabilize(
     if up > current:
         return min(up, MAX_SCALE_UP_FACTOR * max(current, 1)), history
     if down < current:
-        step = math.floor(current * (1 - policy.max_scale_down_fraction) + 1e-9)
-        return max(down, min(step, current - 1)), history
+        return down, history
     return current, history
 
 
