@@ -60,16 +60,18 @@ PAGODA_SETTINGS: dict = {"down_window_s": 180.0}
 SEED = 1
 
 # `python benchmarks/autoscale_sim.py --measure` (autoscale_measure.py) on AMD EPYC family 26
-# model 2 (Zen 5), 2 vCPUs, AVX-512 BF16, no AMX, torch 2.13.0+cpu, bfloat16, 2026-12-04; the
-# machine was shared with other work. Embedded SmolLM2-135M, --max-num-seqs 16,
-# --max-model-len 8192, --kv-cache-memory 1GiB.
+# model 2 (Zen 5), 2 vCPUs, AVX-512 BF16, no AMX, torch 2.13.0+cpu (bfloat16), 2026-12-04, a
+# machine shared with other work: embedded SmolLM2-135M, --max-num-seqs 16, --max-model-len 8192,
+# --kv-cache-memory 1GiB. Start-up, prefill and decode from the 19:20 UTC run (load average ≈ 1;
+# idle TTFT medians 0.059 / 0.367 / 1.129 s at 32 / 512 / 2048 prompt tokens, fitted); the KV
+# capacity from the 20:03 UTC run's gauge probe (that run's timings are not used: load ≈ 5).
 MEASURED = Capacity(
     slots=16,
     startup_s=9.9,
-    overhead_s=0.0195,
-    prefill_tokens_per_s=1398.0,
+    overhead_s=0.0674,
+    prefill_tokens_per_s=1915.0,
     decode_step_s=((1, 0.01422), (2, 0.01755), (4, 0.01953), (8, 0.02764), (16, 0.0345)),
-    kv_tokens=46300,
+    kv_tokens=44500,
 )
 
 
@@ -88,6 +90,7 @@ class Pagoda:
             decode_tokens_per_s=cap.decode_tokens_per_s(), **PAGODA_SETTINGS,
         )  # fmt: skip
         self.history: tuple[tuple[float, int], ...] = ()
+        self.correction = 1.0
 
     def label(self) -> str:
         return (
@@ -100,13 +103,17 @@ class Pagoda:
         m = Metrics(
             ttft_p95_s=o.ttft_p95_s, waiting=float(o.waiting), kv_cache_usage=o.kv_max,
             queued_prompt_tokens=None if isl is None else o.waiting * isl, mean_prompt_tokens=isl,
-            mean_output_tokens=o.mean_output, arrival_rate=o.arrival_rate,
+            mean_output_tokens=o.mean_output, completion_rate=o.completion_rate,
+            arrival_rate=o.arrival_rate,
             arrival_rate_slow=o.arrival_rate_slow,
         )  # fmt: skip
         if not self.history:  # the operator seeds the history with the current count
             self.history = ((now, o.current),)
-        d = decide(self.policy, m, current=o.current, ready=o.ready, history=self.history, now=now)
-        self.history = d.history
+        d = decide(
+            self.policy, m, current=o.current, ready=o.ready, history=self.history, now=now,
+            correction=self.correction,
+        )  # fmt: skip
+        self.history, self.correction = d.history, d.correction
         return d.replicas
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-DRAIN_S = 60.0  # a backlog is planned to be through within a minute
+DRAIN_S = 20.0  # a backlog is planned to be through this soon (new arrivals queue behind it)
 SLOPE_BASE_S = 45.0  # the two arrival-rate windows' centres lie 15 s and 60 s back
 
 

@@ -34,6 +34,9 @@ from pagoda.operator.autotune.floor import prefill_floor
 from pagoda.operator.spec import DEFAULT_TOLERANCE, AutoscalingSpec
 
 MAX_SCALE_UP_FACTOR = 2  # at most double per step
+CORRECTION_GAIN = 0.1  # per evaluation that shows the profile overstates a replica's capacity
+CORRECTION_DECAY = 0.002  # per evaluation without: back to the profile in about an hour
+CORRECTION_MAX = 3.0
 KV_CACHE_HIGH = 0.9  # scale down keeps the fullest KV cache below this
 _MAX_RATIO = 1e6  # stands in for "infinitely over target" (target queue depth 0)
 
@@ -111,13 +114,14 @@ class Metrics:
     queued_prompt_tokens: float | None = None  # prompt tokens waiting, all replicas
     mean_prompt_tokens: float | None = None  # ISL of the recent requests
     mean_output_tokens: float | None = None  # OSL of the recent requests
+    completion_rate: float | None = None  # requests/s finishing (1 min)
     arrival_rate: float | None = None  # requests/s arriving, recent (30 s)
     arrival_rate_slow: float | None = None  # requests/s arriving (2 min)
 
     def __post_init__(self) -> None:
         if self.waiting < 0 or self.age_s < 0:
             raise ValueError("waiting and age_s must be >= 0")
-        for name in ("mean_output_tokens", "arrival_rate", "arrival_rate_slow"):
+        for name in ("mean_output_tokens", "completion_rate", "arrival_rate", "arrival_rate_slow"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ValueError(f"{name} must be >= 0 or None, got {value}")
@@ -134,6 +138,7 @@ class Decision:
     ratio: float | None = None
     queue_per_replica: float | None = None
     history: History = ()
+    correction: float = 1.0  # the demand floor's learned capacity correction (keep, pass back)
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
@@ -179,12 +184,18 @@ def _stabilize(
 
 
 def _hold(
-    policy: Policy, current: int, history: History, now: float, reason: str, message: str
+    policy: Policy,
+    current: int,
+    history: History,
+    now: float,
+    reason: str,
+    message: str,
+    correction: float = 1.0,
 ) -> Decision:
     """Keep the current count and record it, so no scale down follows straight after."""
     held = policy.clamp(current)
     history = (*_prune(history, now, policy), (now, held))
-    return Decision(held, None, reason, message, history=history)
+    return Decision(held, None, reason, message, history=history, correction=correction)
 
 
 def decide(
@@ -196,28 +207,33 @@ def decide(
     history: History,
     now: float,
     unavailable: str = "no metrics",
+    correction: float = 1.0,
 ) -> Decision:
-    """Desired replicas for this evaluation. `metrics` None means unavailable (`unavailable` says why)."""
+    """Desired replicas for this evaluation. `metrics` None means unavailable (`unavailable` says
+    why). `correction`: the previous decision's, 1.0 at first."""
     if metrics is None:
-        return _hold(policy, current, history, now, "MetricsUnavailable", unavailable)
+        return _hold(policy, current, history, now, "MetricsUnavailable", unavailable, correction)
     if metrics.age_s > policy.max_metric_age_s:
         msg = f"newest sample is {metrics.age_s:.0f} s old (> {policy.max_metric_age_s:.0f} s)"
-        return _hold(policy, current, history, now, "MetricsUnavailable", msg)
+        return _hold(policy, current, history, now, "MetricsUnavailable", msg, correction)
     base = min(ready, current)
     if base < 1:
-        return _hold(policy, current, history, now, "NoReadyReplicas", "no ready replica yet")
-    demand = _demand(policy, metrics)
-    rs = ratios(policy, metrics, base)
-    if demand is not None and metrics.waiting <= 0 and rs.get("ttft", 0.0) > 1.0:
-        # the minute's p95 still holds a backlog that is gone; the demand floor sizes the load
-        rs["ttft"] = 1.0
-    name, ratio = max(rs.items(), key=lambda kv: kv[1])
+        return _hold(
+            policy, current, history, now, "NoReadyReplicas", "no ready replica yet", correction
+        )
+    name, ratio = max(ratios(policy, metrics, base).items(), key=lambda kv: kv[1])
+    demand = _demand(policy, metrics, correction)
+    if demand is not None:
+        correction = _learn(policy, metrics, ratio, demand, correction, ready, current)
+        demand = _demand(policy, metrics, correction)
     queue_per = metrics.waiting / base
     detail = _describe(policy, metrics, queue_per)
     rec, reason = _recommend(policy, name, ratio, base, current)
-    if demand is not None and ratio <= 1.0 + policy.tolerance + 1e-9:
-        # on target or below: TTFT is flat until the slots run out, so its ratio cannot say how
-        # many replicas the load needs; the demand floor (below) can
+    if demand is not None:
+        # With the load measured, the floors size the fleet, up and down: a ratio of TTFT or
+        # queue depth only says the load outran the fleet, not by how much (a backlog keeps the
+        # minute's p95 high after it has drained, and TTFT is flat below saturation). The demand
+        # floor's backlog term and its learned correction are the feedback (_learn).
         rec, reason = policy.min_replicas, "BelowTarget"
     rec, reason = _hold_capacity(policy, metrics, base, current, ready, rec, reason)
     if demand is not None:
@@ -233,20 +249,42 @@ def decide(
         reason = "OutsideBounds"  # the spec's bounds moved past the current count
     message = f"{detail}; ratio {ratio:.2f} ({name}); {base} ready of {current}; recommend {rec}"
     return Decision(
-        desired, rec, reason, message, ratio=ratio, queue_per_replica=queue_per, history=history
-    )
+        desired, rec, reason, message, ratio=ratio, queue_per_replica=queue_per, history=history,
+        correction=correction,
+    )  # fmt: skip
 
 
-def _demand(policy: Policy, m: Metrics) -> Demand | None:
+def _demand(policy: Policy, m: Metrics, correction: float) -> Demand | None:
     work = request_work(
         m.mean_prompt_tokens, m.mean_output_tokens, policy.prefill_tokens_per_s,
         policy.decode_tokens_per_s,
     )  # fmt: skip
+    work = None if work is None else work * correction
     return demand_floor(
         work_s=work, waiting=m.waiting, arrival_rate=m.arrival_rate,
         arrival_rate_slow=m.arrival_rate_slow, utilization=policy.target_utilization,
         lead_s=policy.lead_s,
     )  # fmt: skip
+
+
+def _learn(
+    policy: Policy,
+    m: Metrics,
+    ratio: float,
+    demand: Demand,
+    correction: float,
+    ready: int,
+    current: int,
+) -> float:
+    """The profile's capacity, corrected by what the fleet shows. Every replica the floor asked
+    for is serving (none starting, at least the floor's count) and still requests wait with the
+    ratio over target: the profile promised more than the replicas do (another context length,
+    another GPU clock), so each request costs CORRECTION_GAIN more. Otherwise the correction
+    decays slowly back towards the profile, and the next overload measures it again."""
+    overloaded = ratio > 1.0 + policy.tolerance and m.waiting > 0
+    if overloaded and ready >= current >= demand.replicas:
+        return min(CORRECTION_MAX, correction * (1.0 + CORRECTION_GAIN))
+    return max(1.0, correction * (1.0 - CORRECTION_DECAY))
 
 
 def _floors(
@@ -260,10 +298,12 @@ def _floors(
 ) -> tuple[int, str, int | None]:
     """Raise the recommendation to the predictive floors: the demand floor and the prefill
     floor (queued prompt tokens against the TTFT budget). Returns (rec, reason, floor)."""
-    prefill = prefill_floor(
-        m.queued_prompt_tokens, policy.prefill_tokens_per_s, policy.target_ttft_s,
-        m.mean_prompt_tokens,
-    )  # fmt: skip
+    prefill = None
+    if demand is None:  # the demand floor's backlog term already counts the queue's prefill
+        prefill = prefill_floor(
+            m.queued_prompt_tokens, policy.prefill_tokens_per_s, policy.target_ttft_s,
+            m.mean_prompt_tokens,
+        )  # fmt: skip
     floor = None
     for value, why in ((demand and demand.replicas, "DemandFloor"), (prefill, "PrefillFloor")):
         if value is None:
