@@ -16,8 +16,9 @@ so a fleet serving λ requests/s is busy λ × work replicas' worth. The floor p
   for are ready when the load they are for arrives;
 * the **backlog**: the waiting requests, to be through within `DRAIN_S`;
 
-at `utilization` of each replica's measured capacity. Without the profile's rates, an arrival
-rate or the request lengths (no request finished in the window) there is no floor.
+at `utilization` of each replica's measured capacity, the cost scaled by a correction learned
+from the fleet (`learn_correction`). Without the profile's rates, an arrival rate or the request
+lengths (no request finished in the window) there is no floor.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+CORRECTION_GAIN = 0.1  # per evaluation that shows the profile overstates a replica's capacity
+CORRECTION_DECAY = 0.002  # per evaluation without (every 15 s: a 20 % correction fades in ~25 min)
+CORRECTION_MAX = 3.0
 DRAIN_S = 20.0  # a backlog is planned to be through this soon (new arrivals queue behind it)
 SLOPE_BASE_S = 45.0  # the two arrival-rate windows' centres lie 15 s and 60 s back
 
@@ -72,3 +76,17 @@ def demand_floor(
     if busy <= 0:
         return None
     return Demand(max(1, math.ceil(busy / utilization - 1e-9)), lam, work_s)
+
+
+def learn_correction(correction: float, *, overloaded: bool) -> float:
+    """The factor on a request's cost that corrects the profile by what the fleet shows.
+
+    `overloaded`: every replica the floor asked for is serving (none starting, at least the
+    floor's count) and still requests wait with the ratio over target, so the profile promised
+    more than the replicas do (another context length, another clock): each such evaluation makes
+    a request cost CORRECTION_GAIN more. Otherwise the correction decays slowly back towards the
+    profile's numbers, and the next overload measures it again.
+    """
+    if overloaded:
+        return min(CORRECTION_MAX, correction * (1.0 + CORRECTION_GAIN))
+    return max(1.0, correction * (1.0 - CORRECTION_DECAY))

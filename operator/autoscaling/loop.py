@@ -49,6 +49,7 @@ class _State:
     """Per InferenceService, in memory: recommendations and the last scale up (monotonic s)."""
 
     history: History
+    correction: float = 1.0  # the demand floor's learned capacity correction
     last_scale_up: float | None = None
     last_reason: str | None = None
 
@@ -254,9 +255,9 @@ class Autoscaler:
         state = self._states.setdefault(uid, _State(history=((now, current),)))
         decision = decide(
             policy, metrics, current=current, ready=ready, history=state.history, now=now,
-            unavailable=f"{why[0]}: {why[1]}",
+            unavailable=f"{why[0]}: {why[1]}", correction=state.correction,
         )  # fmt: skip
-        state.history = decision.history
+        state.history, state.correction = decision.history, decision.correction
         unavailable = None
         if decision.reason == "MetricsUnavailable":
             unavailable = why if metrics is None else ("StaleMetrics", decision.message)

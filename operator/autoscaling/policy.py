@@ -16,12 +16,21 @@ The HPA's algorithm, on what users feel instead of CPU:
   how far one can scale down: a scale down never goes below what keeps the fullest KV cache
   under 90 % (a load-proportional floor; benchmarks/autoscale_sim.py shows the saw-tooth
   without it);
-* with a tuned profile's prefill rate V_P (`prefill_tokens_per_s`), never fewer replicas than
-  prefill the queued prompt tokens within the TTFT target (autotune/floor.py, llm-d's
-  `TTFT_target − ISL/V_P` rule): it acts when the queue forms, before TTFT rises.
+* with a tuned profile's prefill *and* decode rates (V_P, V_D) the **demand floor** (demand.py)
+  sizes the fleet instead, up and down: the arrival rate, extrapolated over the lead time while it
+  climbs, times what a request of the recent mean lengths costs a replica (ISL/V_P + OSL/V_D),
+  plus the backlog, at 90 % utilization. A ratio over target then only says the load outran the
+  fleet, not by how much (a drained backlog keeps the minute's p95 high), so it no longer
+  extrapolates; a fleet at the floor that still queues raises a learned capacity correction
+  (demand.learn_correction) that the caller keeps like the history. The floor is not held to the
+  ×2 step: it is a measured need;
+* with V_P alone (an older profile), never fewer replicas than prefill the queued prompt tokens
+  within the TTFT target (autotune/floor.py, llm-d's `TTFT_target − ISL/V_P` rule): it acts when
+  the queue forms, before TTFT rises.
 
-History is a tuple of (time, recommendation) pairs that each decision returns updated; the caller
-keeps it (one per InferenceService) and passes a monotonic clock reading.
+History is a tuple of (time, recommendation) pairs that each decision returns updated, with the
+capacity correction; the caller keeps both (one per InferenceService) and passes a monotonic
+clock reading.
 """
 
 from __future__ import annotations
@@ -29,14 +38,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pagoda.operator.autoscaling.demand import Demand, demand_floor, request_work
+from pagoda.operator.autoscaling.demand import (
+    Demand,
+    demand_floor,
+    learn_correction,
+    request_work,
+)
 from pagoda.operator.autotune.floor import prefill_floor
 from pagoda.operator.spec import DEFAULT_TOLERANCE, AutoscalingSpec
 
 MAX_SCALE_UP_FACTOR = 2  # at most double per step
-CORRECTION_GAIN = 0.1  # per evaluation that shows the profile overstates a replica's capacity
-CORRECTION_DECAY = 0.002  # per evaluation without: back to the profile in about an hour
-CORRECTION_MAX = 3.0
 KV_CACHE_HIGH = 0.9  # scale down keeps the fullest KV cache below this
 _MAX_RATIO = 1e6  # stands in for "infinitely over target" (target queue depth 0)
 
@@ -224,7 +235,9 @@ def decide(
     name, ratio = max(ratios(policy, metrics, base).items(), key=lambda kv: kv[1])
     demand = _demand(policy, metrics, correction)
     if demand is not None:
-        correction = _learn(policy, metrics, ratio, demand, correction, ready, current)
+        overloaded = ratio > 1.0 + policy.tolerance and metrics.waiting > 0
+        at_floor = ready >= current >= demand.replicas
+        correction = learn_correction(correction, overloaded=overloaded and at_floor)
         demand = _demand(policy, metrics, correction)
     queue_per = metrics.waiting / base
     detail = _describe(policy, metrics, queue_per)
@@ -238,7 +251,7 @@ def decide(
     rec, reason = _hold_capacity(policy, metrics, base, current, ready, rec, reason)
     if demand is not None:
         detail += f", {demand.describe()}"
-    rec, reason, floor = _floors(policy, metrics, demand, base, current, rec, reason)
+    rec, reason, floor = _floors(policy, metrics, demand, rec, reason)
     desired, history = _stabilize(policy, current, rec, history, now)
     if floor is not None and floor > desired:  # a measured need, not a ratio: no ×2 step cap
         desired = floor
@@ -267,52 +280,23 @@ def _demand(policy: Policy, m: Metrics, correction: float) -> Demand | None:
     )  # fmt: skip
 
 
-def _learn(
-    policy: Policy,
-    m: Metrics,
-    ratio: float,
-    demand: Demand,
-    correction: float,
-    ready: int,
-    current: int,
-) -> float:
-    """The profile's capacity, corrected by what the fleet shows. Every replica the floor asked
-    for is serving (none starting, at least the floor's count) and still requests wait with the
-    ratio over target: the profile promised more than the replicas do (another context length,
-    another GPU clock), so each request costs CORRECTION_GAIN more. Otherwise the correction
-    decays slowly back towards the profile, and the next overload measures it again."""
-    overloaded = ratio > 1.0 + policy.tolerance and m.waiting > 0
-    if overloaded and ready >= current >= demand.replicas:
-        return min(CORRECTION_MAX, correction * (1.0 + CORRECTION_GAIN))
-    return max(1.0, correction * (1.0 - CORRECTION_DECAY))
-
-
 def _floors(
-    policy: Policy,
-    m: Metrics,
-    demand: Demand | None,
-    base: int,
-    current: int,
-    rec: int,
-    reason: str,
+    policy: Policy, m: Metrics, demand: Demand | None, rec: int, reason: str
 ) -> tuple[int, str, int | None]:
-    """Raise the recommendation to the predictive floors: the demand floor and the prefill
-    floor (queued prompt tokens against the TTFT budget). Returns (rec, reason, floor)."""
-    prefill = None
-    if demand is None:  # the demand floor's backlog term already counts the queue's prefill
-        prefill = prefill_floor(
+    """Raise the recommendation to the predictive floor: the demand floor, or without it the
+    prefill floor (queued prompt tokens against the TTFT budget). Returns (rec, reason, floor)."""
+    if demand is not None:  # its backlog term already counts the queue's prefill
+        floor, why = demand.replicas, "DemandFloor"
+    else:
+        floor = prefill_floor(
             m.queued_prompt_tokens, policy.prefill_tokens_per_s, policy.target_ttft_s,
             m.mean_prompt_tokens,
         )  # fmt: skip
-    floor = None
-    for value, why in ((demand and demand.replicas, "DemandFloor"), (prefill, "PrefillFloor")):
-        if value is None:
-            continue
-        value = policy.clamp(value)
-        floor = value if floor is None else max(floor, value)
-        if value > rec:
-            rec, reason = value, why
-    return rec, reason, floor
+        why = "PrefillFloor"
+    if floor is None:
+        return rec, reason, None
+    floor = policy.clamp(floor)
+    return (floor, why, floor) if floor > rec else (rec, reason, floor)
 
 
 def _recommend(policy: Policy, name: str, ratio: float, base: int, current: int) -> tuple[int, str]:
