@@ -83,19 +83,26 @@ class Pagoda:
 
     name = "Pagoda"
 
-    def __init__(self, shape: Shape, cap: Capacity) -> None:
+    def __init__(self, shape: Shape, cap: Capacity, profile_error: float = 1.0) -> None:
+        """`profile_error`: the tuned profile's rates times this (> 1: it promises more than
+        the replicas do), to see what a wrong profile costs."""
         self.policy = Policy(
             MIN_REPLICAS, MAX_REPLICAS, target_ttft_s=shape.target_ttft_s,
-            target_queue=PAGODA_QUEUE_TARGET, prefill_tokens_per_s=cap.prefill_tokens_per_s,
-            decode_tokens_per_s=cap.decode_tokens_per_s(), **PAGODA_SETTINGS,
+            target_queue=PAGODA_QUEUE_TARGET,
+            prefill_tokens_per_s=cap.prefill_tokens_per_s * profile_error,
+            decode_tokens_per_s=cap.decode_tokens_per_s() * profile_error, **PAGODA_SETTINGS,
         )  # fmt: skip
+        self.profile_error = profile_error
         self.history: tuple[tuple[float, int], ...] = ()
         self.correction = 1.0
 
     def label(self) -> str:
+        rates = "tuned V_P, V_D"
+        if self.profile_error != 1.0:
+            rates += f" x{self.profile_error:g} (profile {self.profile_error - 1:+.0%})"
         return (
             f"targetTTFTSeconds {self.policy.target_ttft_s:g}, targetQueueDepth 4, "
-            f"scaleDownStabilizationSeconds {self.policy.down_window_s:g}; tuned V_P, V_D"
+            f"scaleDownStabilizationSeconds {self.policy.down_window_s:g}; {rates}"
         )
 
     def desired(self, o: Observation, now: float) -> int:
@@ -115,6 +122,32 @@ class Pagoda:
         )  # fmt: skip
         self.history, self.correction = d.history, d.correction
         return d.replicas
+
+
+class Clairvoyant:
+    """A reference, not an autoscaler: it knows the requests of the next `startup + 2 × 15 s` and
+    keeps the replicas their work needs at 90 %, so new ones are ready when the load comes. What
+    no policy that reacts to measurements can beat; the rest of a miss is the load's own."""
+
+    name = "clairvoyant (reference)"
+
+    def __init__(self, shape: Shape, cap: Capacity) -> None:
+        reqs = requests_for(shape.name, cap)
+        step = float(cap.step_table()[cap.slots])
+        work = reqs.prompt / cap.prefill_tokens_per_s + reqs.output * step / cap.slots
+        bins = np.zeros(int(shape.duration_s // EVAL_S) + 8)
+        idx = np.minimum((reqs.arrival // EVAL_S).astype(int), len(bins) - 1)
+        np.add.at(bins, idx, work)
+        self.need = np.ceil(bins / EVAL_S / 0.9).astype(int)
+        self.ahead = 1 + math.ceil((cap.startup_s + EVAL_S) / EVAL_S)
+
+    def label(self) -> str:
+        return "knows the next minute's requests; 90 % of their work"
+
+    def desired(self, o: Observation, now: float) -> int:
+        i = int(now // EVAL_S)
+        want = int(self.need[i : i + self.ahead + 1].max())
+        return max(MIN_REPLICAS, min(MAX_REPLICAS, want))
 
 
 # --- one run ----------------------------------------------------------------------------------
@@ -372,12 +405,16 @@ def plot(rows: dict[str, dict], path: pathlib.Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def evaluate(shapes: list[str], cap: Capacity, quick: bool, jobs: int) -> dict[str, dict]:
+def evaluate(
+    shapes: list[str], cap: Capacity, quick: bool, jobs: int, errors: list[float] = ()
+) -> dict[str, dict]:
     rows: dict[str, dict] = {}
     for name in shapes:
         shape = SHAPES[name]
         t0 = time.monotonic()
         pagoda = simulate(shape, Pagoda(shape, cap), cap)
+        wrong = [simulate(shape, Pagoda(shape, cap, e), cap) for e in errors]
+        oracle = simulate(shape, Clairvoyant(shape, cap), cap)
         tuned = tune(shape, quick, jobs)
         by = {fam: [r for r, _ in rows] for fam, rows in tuned.items()}
         factory = {id(r): f for rows in tuned.values() for r, f in rows}
@@ -390,11 +427,13 @@ def evaluate(shapes: list[str], cap: Capacity, quick: bool, jobs: int) -> dict[s
             c5 = cheapest_within(by[fam], 5.0)
             if c5 is not None and c5 is not r:
                 table_rows.append((f"{fam} (cheapest ≤ 5 %)", c5))
+        table_rows += [("*Pagoda, wrong profile*", r) for r in wrong]
+        table_rows.append(("*clairvoyant (reference)*", oracle))
         plot_ref_pick = ref or min(best.values(), key=lambda r: r.violation_pct)
         plot_ref = simulate(shape, factory[id(plot_ref_pick)](), cap)
         rows[name] = {
             "pagoda": pagoda, "ref": ref, "best": list(best.values()), "rows": table_rows,
-            "plot_ref": plot_ref, "runs": sum(len(v) for v in by.values()),
+            "plot_ref": plot_ref, "runs": sum(len(v) for v in by.values()), "oracle": oracle,
             "seconds": time.monotonic() - t0,
         }  # fmt: skip
         print(
@@ -412,6 +451,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--plot", default=str(ROOT / "docs" / "autoscale-sim.png"))
     p.add_argument("--json", help="write the table's numbers here")
+    p.add_argument(
+        "--profile-errors", type=float, nargs="*", default=[1.2, 0.8],
+        help="also run Pagoda with the profile's V_P and V_D times each (robustness rows)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     from common import machine
 
@@ -431,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     MEASURED_IN_USE[0] = cap
     print(f"machine (simulation only): {machine()}")
     print(f"replica: {cap}")
-    rows = evaluate(args.shapes, cap, args.quick, args.jobs)
+    rows = evaluate(args.shapes, cap, args.quick, args.jobs, args.profile_errors)
     print()
     print(table(rows))
     print()

@@ -170,10 +170,15 @@ def test_a_small_end_to_end_run_prints_every_autoscaler(
 
     monkeypatch.setattr(sim, "baseline_grid", tiny_grid)
     sim.requests_for.cache_clear()
-    assert sim.main(["--shapes", "tiny", "--jobs", "1", "--plot", str(tmp_path / "p.png")]) == 0
+    argv = ["--shapes", "tiny", "--jobs", "1", "--plot", str(tmp_path / "p.png")]
+    assert sim.main([*argv, "--profile-errors", "1.2"]) == 0
     out = capsys.readouterr().out
     rows = [ln for ln in out.splitlines() if ln.startswith("| tiny |")]
     names = {ln.split("|")[2].strip().removesuffix(" (cheapest ≤ 5 %)") for ln in rows}
-    assert names == {"**Pagoda**", bl.HpaTtft.name, bl.HpaKv.name, bl.HpaQueue.name, bl.Keda.name}
+    assert names == {
+        "**Pagoda**", bl.HpaTtft.name, bl.HpaKv.name, bl.HpaQueue.name, bl.Keda.name,
+        "*Pagoda, wrong profile*", "*clairvoyant (reference)*",
+    }  # fmt: skip
+    assert "profile +20%" in out
     assert "busy all the time" in out and (tmp_path / "p.png").stat().st_size > 10_000
     sim.requests_for.cache_clear()
