@@ -3,8 +3,8 @@
 It runs on CUDA with the Triton backend. On a CPU it is skipped with one line, except when the
 user asks for it explicitly (``--attention-backend triton`` with ``TRITON_INTERPRET=1``): then the
 same sweep runs through the interpreter, which exercises the tuner end to end (tests) but whose
-timings are not performance data; its configs go to ``configs/cpu-interpreter.json``, a file no
-serving device reads.
+timings are not performance data; its configs go to ``cpu-interpreter.json`` in the profile
+folder, a file no serving device reads.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from pagoda.runtime.config import EngineConfig
-from pagoda.runtime.tune.profile import CONFIGS_DIR
 
 INTERPRETER_LABEL = "cpu-interpreter"
 CPU_SKIP = "skipped: CPU run (the Triton interpreter is not a performance target)"
@@ -52,9 +51,10 @@ def kernel_buckets(
 ) -> list:
     """The buckets the engine profile's largest points (and so serving) can reach: with
     batch-invariant matmuls (the default) each weight shape first, as the matmuls are most of a
-    GPU step; then attention."""
+    GPU step; then the fused-MoE expert shape of an MoE model; then attention."""
     from pagoda.runtime.tune.kernels import plan_buckets
     from pagoda.runtime.tune.matmul import plan_matmul_buckets
+    from pagoda.runtime.tune.moe import model_moe_shape, plan_moe_buckets
 
     limits = dict(max_num_seqs=max(plan.decode_batches), quick=quick)
     matmuls = []
@@ -62,6 +62,10 @@ def kernel_buckets(
         matmuls = plan_matmul_buckets(
             model_config, base.torch_dtype(), max_num_batched_tokens=max(plan.chunk_sizes), **limits
         )
+    matmuls += plan_moe_buckets(  # MoE models only: the expert GEMMs, most of their step
+        model_moe_shape(base.model, model_config), base.torch_dtype(),
+        batch_invariant=base.batch_invariant, max_num_batched_tokens=max(plan.chunk_sizes), **limits,
+    )  # fmt: skip
     return matmuls + plan_buckets(
         attention_shape(model_config, base),
         max_model_len=max_model_len,
@@ -89,7 +93,7 @@ def run_kernel_stage(
     from pagoda.runtime.tune.sweep import cuda_graph_timer, cuda_timer, tune_kernels, wall_timer
 
     device = base.torch_device()
-    file = f"{CONFIGS_DIR}/{config_file_name(label)}"
+    file = config_file_name(label)  # in the profile folder, beside profile.json
 
     def section(reports: list[dict], complete: bool) -> dict[str, Any]:
         status = "tuned" if complete else "partial"
@@ -105,7 +109,7 @@ def run_kernel_stage(
         buckets,
         device=device,
         device_label=label,
-        out_dir=out / CONFIGS_DIR,
+        out_dir=out,
         previous=(previous or {}).get("buckets"),
         deadline=deadline,
         timer=cuda_timer if device.type == "cuda" else wall_timer,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from pagoda.runtime.tune import matmul
+from pagoda.runtime.tune import matmul, moe
 
 DECODE = "decode_attention"
 PREFILL = "paged_attention"
@@ -62,31 +62,6 @@ class Bucket:
         return f"{self.kernel} " + " ".join(f"{k}={v}" for k, v in self.shape.items())
 
 
-@dataclass
-class BucketResult:
-    bucket: Bucket
-    config: dict[str, Any] | None  # None: every candidate was rejected
-    median_ms: float | None
-    default_ms: float | None
-    tried: int
-    rejected: list[str]
-
-    def as_json(self) -> dict[str, Any]:
-        speedup = None
-        if self.median_ms and self.default_ms:
-            speedup = round(self.default_ms / self.median_ms, 3)
-        return {
-            "kernel": self.bucket.kernel,
-            "shape": dict(self.bucket.shape),
-            "config": self.config,
-            "median_ms": self.median_ms,
-            "default_ms": self.default_ms,
-            "speedup": speedup,
-            "candidates": self.tried,
-            "rejected": self.rejected,
-        }
-
-
 def plan_buckets(
     shape: AttentionShape,
     *,
@@ -123,6 +98,8 @@ def candidate_space(kernel: str, quick: bool = False) -> list[dict[str, Any]]:
     ``quick``: two of them (smoke tests)."""
     if kernel == matmul.MATMUL:
         return matmul.candidate_space(quick)
+    if kernel == moe.FUSED_MOE:
+        return moe.candidate_space(quick)
     if quick:
         return [c for c in candidate_space(kernel) if c["num_stages"] == 2][:2]
     pipes = [(4, 2), (4, 3), (8, 3)]

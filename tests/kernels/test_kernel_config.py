@@ -30,6 +30,7 @@ REQUIRED = {
     "rms_norm": {"num_warps"},
     "rotary_embedding": {"num_warps"},
     "silu_and_mul": {"BLOCK", "num_warps"},
+    "fused_moe": {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"},
 }
 
 
@@ -135,7 +136,7 @@ def test_split_rule():
 
 
 def test_search_order_first_directory_wins(tmp_path, monkeypatch):
-    """`pagoda serve --tuned-profile DIR` puts DIR/configs first: for a kernel its file names, it
+    """`pagoda serve --tuned-profile DIR` puts DIR first: for a kernel its file names, it
     replaces files of that device further down the path (the packaged one included); fields it
     leaves out come from default.json."""
     first, second = tmp_path / "first", tmp_path / "second"

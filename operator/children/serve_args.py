@@ -1,0 +1,78 @@
+"""The contract with the runtime as the operator renders it: a spec → the `pagoda serve` command line.
+
+Pure. Flag names, how each is written (`--x`/`--no-x`, lists) and the probe paths come from
+`pagoda.runtime.options`, the torch-free module `pagoda serve` builds its parser from, so the
+two cannot drift; tests/operator/test_serve_args_contract.py parses every rendered command line
+with the real parser. `engine_config` is the effective configuration recorded in the ConfigMap
+(and hashed into the pod template, so a change rolls the pods).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pagoda.operator.kube.names import SERVER_PORT
+from pagoda.runtime import options
+
+if TYPE_CHECKING:
+    from pagoda.operator.spec.inference_service import InferenceServiceSpec
+
+BIND_HOST = "0.0.0.0"  # the pod's address, not loopback (the runtime's default)
+
+
+def serve_values(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """`pagoda serve` flag values by destination name; None leaves the runtime's default."""
+    e = spec.engine
+    return {
+        "model": spec.model.server_arg,
+        "served_model_name": [spec.served_model_name],
+        "host": BIND_HOST,
+        "port": SERVER_PORT,
+        "drain_timeout": spec.drain_timeout_seconds,
+        "dtype": e.dtype,
+        "block_size": e.block_size,
+        "kv_cache_dtype": _kv_cache_dtype_if_set(spec),
+        "enable_prefix_caching": e.enable_prefix_caching,
+        "enable_chunked_prefill": e.enable_chunked_prefill,
+        "attention_backend": e.attention_backend,
+        "max_num_seqs": e.max_num_seqs,
+        "max_num_batched_tokens": e.max_num_batched_tokens,
+        "max_model_len": e.max_model_len,
+        "max_queue_len": e.max_queue_len,
+    }
+
+
+def server_args(spec: InferenceServiceSpec) -> list[str]:
+    """The full `pagoda serve` argument list for this spec (`engine.extraArgs` last, as is)."""
+    return [*options.render_args(serve_values(spec)), *spec.engine.extra_args]
+
+
+def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """The effective engine configuration recorded in the ConfigMap (and hashed into the pods)."""
+    e = spec.engine
+    out: dict[str, Any] = {
+        "model": spec.model.uri,
+        "modelPath": spec.model.server_arg,
+        "servedModelName": spec.served_model_name,
+        "dtype": e.dtype,
+        "blockSize": e.block_size,
+        "enablePrefixCaching": e.enable_prefix_caching,
+        "enableChunkedPrefill": e.enable_chunked_prefill,
+        "attentionBackend": e.attention_backend,
+        "maxNumSeqs": e.max_num_seqs,
+        "maxNumBatchedTokens": e.max_num_batched_tokens,
+        "maxModelLen": e.max_model_len,
+        "maxQueueLen": e.max_queue_len,
+        "drainTimeoutSeconds": spec.drain_timeout_seconds,
+        "args": server_args(spec),
+    }
+    if (kv_cache_dtype := _kv_cache_dtype_if_set(spec)) is not None:
+        out["kvCacheDtype"] = kv_cache_dtype
+    return out
+
+
+def _kv_cache_dtype_if_set(spec: InferenceServiceSpec) -> str | None:
+    """Flags added after the first release render only when set: a new flag in every pod's
+    command line would change every config hash, and an operator upgrade would roll all pods."""
+    value = spec.engine.kv_cache_dtype
+    return None if value == options.DEFAULT_KV_CACHE_DTYPE else value

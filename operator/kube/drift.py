@@ -1,0 +1,137 @@
+"""Pure comparison of a desired child with the live object, and the merge patch that fixes it.
+
+The live object has fields the API server defaulted (`protocol`, `terminationMessagePath`, ...)
+and fields other controllers own (`status`, `clusterIP`, annotations from `kubectl rollout
+restart`). So "in sync" means: everything we want is there (desired ⊆ live, lists compared
+element-wise), and maps we own wholly (`OWNED_MAPS`) have no extra keys. The fix is a JSON merge
+patch (RFC 7386): our fields replace theirs, lists are replaced whole, and extra keys of owned
+maps are set to null.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping, Sequence
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from pagoda.operator.kube.names import OWNED_MAPS
+
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
+_SUFFIX = {
+    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
+    "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"),
+    "P": Decimal("1e15"), "E": Decimal("1e18"),
+    "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40),
+    "Pi": Decimal(2**50), "Ei": Decimal(2**60),
+}  # fmt: skip
+_QUANTITY_MAPS = frozenset({"requests", "limits"})
+
+
+def parse_quantity(value: Any) -> Decimal | None:
+    """A Kubernetes quantity ("500m", "16Gi", 2) as a Decimal; None if it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return Decimal(str(value))
+    if not isinstance(value, str):
+        return None
+    m = _QUANTITY.match(value.strip())
+    if not m:
+        return None
+    try:
+        number = Decimal(m.group(1))
+    except InvalidOperation:
+        return None
+    suffix = m.group(2) or ""
+    if suffix[:1] in ("e", "E"):
+        return number * (Decimal(10) ** int(suffix[1:]))
+    return number * _SUFFIX[suffix]
+
+
+def _equal(desired: Any, actual: Any, quantities: bool) -> bool:
+    if desired == actual:
+        return True
+    if quantities:
+        a, b = parse_quantity(desired), parse_quantity(actual)
+        return a is not None and a == b
+    return False
+
+
+def is_subset(desired: Any, actual: Any, *, _quantities: bool = False) -> bool:
+    """Whether everything in `desired` is present and equal in `actual`."""
+    if isinstance(desired, Mapping):
+        if not isinstance(actual, Mapping):
+            return False
+        return all(
+            key in actual
+            and is_subset(value, actual[key], _quantities=_quantities or key in _QUANTITY_MAPS)
+            for key, value in desired.items()
+        )
+    if isinstance(desired, Sequence) and not isinstance(desired, str):
+        if (
+            not isinstance(actual, Sequence)
+            or isinstance(actual, str)
+            or len(desired) != len(actual)
+        ):
+            return False
+        return all(
+            is_subset(d, a, _quantities=_quantities) for d, a in zip(desired, actual, strict=True)
+        )
+    return _equal(desired, actual, _quantities)
+
+
+def _dig(obj: Mapping[str, Any] | None, path: Sequence[str]) -> Any:
+    for key in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _extra_keys(
+    desired: Mapping[str, Any], actual: Mapping[str, Any], path: Sequence[str]
+) -> set[str]:
+    live = _dig(actual, path)
+    want = _dig(desired, path) or {}
+    return set(live) - set(want) if isinstance(live, Mapping) else set()
+
+
+def needs_update(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> bool:
+    """Whether the live object drifted from the desired one (see the module docstring)."""
+    if not is_subset(_comparable(desired), actual):
+        return True
+    return any(_extra_keys(desired, actual, path) for path in OWNED_MAPS.get(desired["kind"], ()))
+
+
+def _comparable(desired: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a desired manifest that is ours to enforce (identity fields excluded)."""
+    body = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind", "metadata")}
+    meta = desired.get("metadata") or {}
+    body["metadata"] = {
+        k: meta[k] for k in ("labels", "annotations", "ownerReferences") if k in meta
+    }
+    return body
+
+
+def merge_patch(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch turning `actual` into something `needs_update` accepts."""
+    patch = copy.deepcopy(_comparable(desired))
+    for path in OWNED_MAPS.get(desired["kind"], ()):
+        extra = _extra_keys(desired, actual, path)
+        if not extra:
+            continue
+        if _dig(desired, path) is None:  # we want no such map at all
+            _put(patch, path, None)
+        else:
+            target = _dig(patch, path)
+            for key in extra:
+                target[key] = None
+    return patch
+
+
+def _put(obj: dict[str, Any], path: Sequence[str], value: Any) -> None:
+    for key in path[:-1]:
+        obj = obj.setdefault(key, {})
+    obj[path[-1]] = value

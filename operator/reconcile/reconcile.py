@@ -1,0 +1,220 @@
+"""Reconciliation: make the children match the spec, then make the status match the children.
+
+Level-based and idempotent: every path (create/update/resume handlers, child watch events, the
+periodic resync, the autotuner) converges on the same state and writes only on real change
+(children through apply.py). Kopf-specific error mapping lives in retry.py; here API failures
+surface as `ApiError` and spec problems as `SpecError`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pagoda.operator.autotune import mount as autotune_mount
+from pagoda.operator.children.build import build_children
+from pagoda.operator.children.owner import Owner
+from pagoda.operator.kube.client import ApiError, KubeApi
+from pagoda.operator.kube.locks import object_lock
+from pagoda.operator.kube.names import KIND, owned_by
+from pagoda.operator.reconcile.apply import UNKNOWN, apply_child, delete_child
+from pagoda.operator.spec import status, validation
+from pagoda.operator.spec.fields import SpecError
+
+if TYPE_CHECKING:
+    from pagoda.operator.spec.config import OperatorConfig
+
+# Degraded reasons only a full reconcile may clear (child events keep them as they are).
+STICKY_REASONS = validation.SPEC_REASONS | {"ResourceConflict"}
+
+
+@dataclass(frozen=True)
+class Result:
+    spec_error: SpecError | None
+    status_changed: bool
+
+
+async def write_status(
+    api: KubeApi,
+    body: Mapping[str, Any],
+    deployment: Mapping[str, Any] | None,
+    *,
+    spec_error: SpecError | None,
+    url: str | None,
+    fresh: Mapping[str, Any] | None = None,
+) -> bool:
+    """Patch /status with what changed, against a fresh read of the object. True if it wrote.
+
+    `fresh` may be passed when the caller read the object under the same per-object lock
+    (only code holding that lock writes status, so it cannot be stale).
+    """
+    meta = body["metadata"]
+    if fresh is None:
+        fresh = await api.get(KIND, meta["namespace"], meta["name"])
+    if fresh is None or fresh["metadata"].get("uid") != meta.get("uid"):
+        return False  # deleted (or replaced) meanwhile
+    # Stamp the generation that was reconciled, not a newer one that arrived in between.
+    target = {**fresh, "metadata": {**fresh["metadata"], "generation": meta.get("generation")}}
+    new = status.compute_status(target, deployment, spec_error=spec_error, url=url)
+    patch = status.status_patch(fresh.get("status"), new)
+    if patch is None:
+        return False
+    await api.patch(KIND, meta["namespace"], meta["name"], {"status": patch}, subresource="status")
+    return True
+
+
+async def reconcile(
+    api: KubeApi, body: Mapping[str, Any], config: OperatorConfig, logger: logging.Logger
+) -> Result:
+    """Full reconcile of one InferenceService: validate, apply children, delete stale ones, status.
+
+    `body` only locates the object: it is read again under its lock, so a handler holding an
+    older body (kopf hands out the one of the event it is processing) never writes old children.
+    """
+    owner = Owner.from_body(body)
+    async with object_lock(owner.uid):
+        fresh = await api.get(KIND, owner.namespace, owner.name)
+        meta = (fresh or {}).get("metadata") or {}
+        if fresh is None or meta.get("uid") != owner.uid or meta.get("deletionTimestamp"):
+            return Result(spec_error=None, status_changed=False)  # gone, or going
+        fresh.setdefault("apiVersion", body.get("apiVersion"))
+        fresh.setdefault("kind", body.get("kind"))
+        owner = Owner.from_body(fresh)
+        current = await api.get("Deployment", owner.namespace, owner.name)
+        current = current if owned_by(current, owner.uid) else None
+        try:
+            live = await _apply_all(api, fresh, owner, current, config, logger)
+        except SpecError as e:
+            changed = await write_status(api, fresh, current, spec_error=e, url=None, fresh=fresh)
+            return Result(spec_error=e, status_changed=changed)
+        url = config.service_url(owner.name, owner.namespace)
+        changed = await write_status(
+            api, fresh, live["Deployment"], spec_error=None, url=url, fresh=fresh
+        )
+        return Result(spec_error=None, status_changed=changed)
+
+
+async def _apply_all(
+    api: KubeApi,
+    body: Mapping[str, Any],
+    owner: Owner,
+    current: Mapping[str, Any] | None,
+    config: OperatorConfig,
+    logger: logging.Logger,
+) -> dict[str, dict[str, Any]]:
+    """Validate, then create/patch every child and delete the ones that must not exist."""
+    spec = validation.parse(body, config)
+    await validation.check_cluster(api, spec, owner.namespace, logger)
+    replicas = ((current or {}).get("spec") or {}).get("replicas")
+    children = build_children(
+        owner,
+        spec,
+        current_replicas=replicas,
+        service_monitor=await api.has_resource("ServiceMonitor"),
+        prometheus_rule=await api.has_resource("PrometheusRule"),
+        tuned=await autotune_mount.lookup(api, body, spec),
+    )
+    live: dict[str, dict[str, Any]] = {}
+    for child in children.desired:
+        actual = current if child["kind"] == "Deployment" else UNKNOWN
+        try:
+            live[child["kind"]] = await apply_child(api, child, owner.uid, logger, actual=actual)
+        except ApiError as e:
+            if e.transient:
+                raise  # retried with backoff
+            raise SpecError(
+                "ChildRejected",
+                f"the API server rejected the {child['kind']} (HTTP {e.status} {e.reason}): "
+                f"{e.message}",
+            ) from e
+    for kind, name in children.absent:
+        await delete_child(api, kind, owner.namespace, name, owner.uid, logger)
+    return live
+
+
+def spec_error_in_status(body: Mapping[str, Any]) -> SpecError | None:
+    """The spec (or name-conflict) problem recorded for the current generation, if any."""
+    cond = status.condition(body, "Degraded")
+    generation = (body.get("metadata") or {}).get("generation")
+    recorded = cond.get("status") == "True" and cond.get("reason") in STICKY_REASONS
+    if recorded and cond.get("observedGeneration") == generation:
+        return SpecError(cond["reason"], cond.get("message") or "")
+    return None
+
+
+async def on_child_event(
+    api: KubeApi,
+    event_type: str | None,
+    child: Mapping[str, Any],
+    owner_body: Mapping[str, Any],
+    config: OperatorConfig,
+    logger: logging.Logger,
+) -> None:
+    """A child changed or vanished: restore it if needed; a Deployment change refreshes status.
+
+    `owner_body` (from kopf's index) only locates the owner; decisions use a fresh read taken
+    under the owner's lock, so a lagging index cannot resurrect an old condition.
+    """
+    owner = Owner.from_body(owner_body)
+    kind, name = child["kind"], child["metadata"]["name"]
+    if not owned_by(child, owner.uid):
+        return  # labelled like ours but controlled by something else (or an older owner)
+    async with object_lock(owner.uid):
+        fresh = await api.get(KIND, owner.namespace, owner.name)
+        meta = (fresh or {}).get("metadata") or {}
+        if fresh is None or meta.get("uid") != owner.uid or meta.get("deletionTimestamp"):
+            return  # the owner is going away too: the garbage collector is at work
+        recorded = spec_error_in_status(fresh)
+        if recorded is not None:  # keep the last valid children alone until the spec is fixed
+            if kind == "Deployment" and event_type != "DELETED":
+                deployment = await api.get(kind, owner.namespace, name)  # not the event's copy
+                await write_status(
+                    api, fresh, deployment, spec_error=recorded, url=None, fresh=fresh
+                )
+            return
+        if (fresh.get("status") or {}).get("observedGeneration") != meta.get("generation"):
+            return  # a spec change not reconciled yet: its handler applies every child in order
+        await _restore(api, fresh, owner, kind, name, config, logger)
+
+
+async def _restore(
+    api: KubeApi,
+    fresh: Mapping[str, Any],
+    owner: Owner,
+    kind: str,
+    name: str,
+    config: OperatorConfig,
+    logger: logging.Logger,
+) -> None:
+    """Make one child match the spec again (the owner's lock held); a Deployment also
+    refreshes the owner's status."""
+    try:
+        spec = validation.parse(fresh, config)
+    except SpecError:
+        return  # the create/update handler reports it
+    # the event's body may be older than the object (kopf batches events): read it again,
+    # so neither the restore nor the status is computed from a stale version
+    actual = await api.get(kind, owner.namespace, name)
+    replicas = ((actual or {}).get("spec") or {}).get("replicas") if kind == "Deployment" else None
+    tuned = await autotune_mount.lookup(api, fresh, spec) if kind == "Deployment" else None
+    children = build_children(
+        owner, spec, current_replicas=replicas, service_monitor=False, tuned=tuned
+    )
+    if (kind, name) in children.absent:
+        if actual is not None:
+            await delete_child(api, kind, owner.namespace, name, owner.uid, logger)
+        return
+    desired = next(
+        (c for c in children.desired if c["kind"] == kind and c["metadata"]["name"] == name),
+        None,
+    )
+    if desired is None:
+        return
+    if actual is None:
+        logger.info("%s %s was deleted; restoring it.", kind, name)
+    live = await apply_child(api, desired, owner.uid, logger, actual=actual)
+    if kind == "Deployment":
+        url = config.service_url(owner.name, owner.namespace)
+        await write_status(api, fresh, live, spec_error=None, url=url, fresh=fresh)

@@ -1,0 +1,226 @@
+"""Running a reconcile, mapping its outcome to kopf's error semantics, and retrying failures.
+
+`Reconciler` is what the kopf handlers (handlers.py) and the background loops call: a handler's
+reconcile (`run`), a child's event (`child_event`), the periodic resync (`resync_loop`) and the
+autotuner's "the mounted profile changed" (`after_autotune`).
+
+Every failed reconcile is retried with exponential backoff by the path that needed it:
+
+* a kopf handler (create/update/resume) raises `kopf.TemporaryError(delay=…)`, and kopf retries;
+  as a safety net a follow-up is also scheduled a little after kopf's retry, and skipped if any
+  reconcile of that object succeeded meanwhile (kopf stores its retry state in an annotation; a
+  failed PATCH of that annotation, e.g. a 409, would otherwise stall the handler until the resync);
+* a child event and a resync have no kopf retry (kopf never retries event handlers), so a failure
+  schedules the follow-up directly.
+
+A follow-up re-reads the object, so it always reconciles the latest spec; at most one runs per
+InferenceService; after `MAX_FOLLOW_UPS` failures in a row the periodic resync takes over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import kopf
+from pagoda.operator.kube.client import ApiError, KubeApi
+from pagoda.operator.kube.names import KIND
+from pagoda.operator.reconcile import reconcile
+from pagoda.operator.reconcile.apply import ChildConflict
+
+if TYPE_CHECKING:
+    from pagoda.operator.spec.config import OperatorConfig
+    from pagoda.operator.web.metrics import OperatorMetrics
+
+MAX_FOLLOW_UPS = 12  # 1 + 2 + 4 + … + 60 s: about 7 minutes of retries
+FOLLOW_UP_MARGIN_S = 2.0  # after kopf's own retry of a handler
+log = logging.getLogger(__name__)
+
+
+def backoff(retry: int) -> float:
+    """Seconds before retry number `retry` (0-based): 1, 2, 4, ... capped at a minute."""
+    return min(2.0 ** max(retry, 0), 60.0)
+
+
+class Reconciler:
+    """`reconcile.reconcile` with kopf's error semantics, metrics and follow-up retries."""
+
+    def __init__(
+        self, api: KubeApi, config: OperatorConfig, metrics: OperatorMetrics | None = None
+    ) -> None:
+        self.api = api
+        self.config = config
+        self.metrics = metrics
+        self._follow_ups: dict[str, asyncio.Task[None]] = {}
+        self._succeeded: dict[str, float] = {}  # uid → monotonic time of the last success
+        self._failed: dict[str, float] = {}  # uid → monotonic time of the last failure
+
+    async def run(
+        self, body: Mapping[str, Any], logger: logging.Logger, retry: int, trigger: str
+    ) -> None:
+        """Reconcile once; raise kopf.TemporaryError / PermanentError (and schedule a
+        follow-up for a temporary one)."""
+        try:
+            await self._run(body, logger, retry, trigger)
+        except kopf.TemporaryError as e:
+            delay = (e.delay or 0.0) + (FOLLOW_UP_MARGIN_S if trigger == "handler" else 0.0)
+            self.schedule(body, trigger, delay, retry + 1)
+            raise
+
+    async def _run(
+        self, body: Mapping[str, Any], logger: logging.Logger, retry: int, trigger: str
+    ) -> None:
+        started = time.perf_counter()
+        uid = body["metadata"]["uid"]
+        try:
+            result = await reconcile.reconcile(self.api, body, self.config, logger)
+        except ApiError as e:
+            self._count_error(trigger, "transient" if e.transient else "permanent")
+            if e.transient:
+                raise kopf.TemporaryError(
+                    f"Kubernetes API call failed, retrying in {backoff(retry):.0f} s: {e}",
+                    delay=backoff(retry),
+                ) from e
+            logger.error("The API server refused a request that a retry cannot fix: %s", e)
+            raise kopf.PermanentError(f"the API server refused a request: {e}") from e
+        finally:
+            if self.metrics is not None:
+                self.metrics.reconcile_duration.labels(trigger).observe(
+                    time.perf_counter() - started
+                )
+        err = result.spec_error
+        if isinstance(err, ChildConflict):  # the garbage collector may free the name: try again
+            self._count_error(trigger, "transient")
+            if result.status_changed:
+                await self._warn(body, err)
+            raise kopf.TemporaryError(err.message, delay=max(backoff(retry), 10.0))
+        self._succeeded[uid] = time.monotonic()
+        if err is None:
+            if result.status_changed:
+                logger.info("Reconciled %s %s.", KIND, body["metadata"]["name"])
+            return
+        if result.status_changed:
+            await self._warn(body, err)
+        raise kopf.PermanentError(f"{err.reason}: {err.message}")
+
+    async def _warn(self, body: Mapping[str, Any], err: Exception) -> None:
+        await self.api.try_post_event(
+            body, type_="Warning", reason=getattr(err, "reason", "Error"),
+            message=getattr(err, "message", str(err)), component=self.config.component_name,
+        )  # fmt: skip
+
+    def _count_error(self, trigger: str, kind: str) -> None:
+        if self.metrics is not None:
+            self.metrics.reconcile_errors.labels(trigger, kind).inc()
+
+    async def child_event(
+        self,
+        event_type: str | None,
+        child: Mapping[str, Any],
+        owner: Mapping[str, Any],
+        logger: logging.Logger,
+    ) -> None:
+        """A child of `owner` changed or vanished: restore it (reconcile.on_child_event).
+
+        kopf never retries event handlers: a failure reconciles the owner again, with backoff.
+        """
+        started = time.perf_counter()
+        try:
+            await reconcile.on_child_event(self.api, event_type, child, owner, self.config, logger)
+        except (ApiError, ChildConflict) as e:
+            logger.warning(
+                "Handling the %s event of %s %s failed: %s; reconciling %s %s again in %.0f s.",
+                event_type, child.get("kind"), child["metadata"].get("name"), e, KIND,
+                owner["metadata"]["name"], backoff(0),
+            )  # fmt: skip
+            self._count_error("child_event", "transient")
+            self.schedule(owner, "child_event", backoff(0), 1)
+        finally:
+            if self.metrics is not None:
+                self.metrics.reconcile_duration.labels("child_event").observe(
+                    time.perf_counter() - started
+                )
+
+    async def after_autotune(self, body: Mapping[str, Any]) -> None:
+        """The autotuner changed `status.autotune`: reconcile, so the pods mount the profile."""
+        await self.run(copy.deepcopy(dict(body)), log, 0, "autotune")
+
+    async def resync_loop(self, logger: logging.Logger) -> None:
+        """Re-reconcile every InferenceService periodically; heals what no event announced.
+
+        A failed reconcile is followed up with backoff (`run` schedules it), not left to the
+        next resync.
+        """
+        while True:
+            await asyncio.sleep(self.config.resync_interval_s)
+            try:
+                bodies = await self.api.list_all(KIND, self.config.namespaces)
+            except ApiError as e:
+                logger.warning("Resync could not list %s objects: %s", KIND, e)
+                continue
+            self.keep_only({b["metadata"]["uid"] for b in bodies})
+            for body in bodies:
+                try:
+                    await self.run(body, logger, 0, "resync")
+                except kopf.TemporaryError as e:
+                    logger.warning("Resync of %s: %s", body["metadata"].get("name"), e)
+                except kopf.PermanentError as e:
+                    logger.debug("Resync of %s: %s", body["metadata"].get("name"), e)
+
+    # --- follow-ups ----------------------------------------------------------------------------
+
+    def schedule(self, body: Mapping[str, Any], trigger: str, delay: float, attempt: int) -> None:
+        """Reconcile this object again after `delay` s unless one succeeds meanwhile."""
+        meta = body["metadata"]
+        self._failed[meta["uid"]] = time.monotonic()
+        running = self._follow_ups.get(meta["uid"])
+        if running is not None and not running.done():
+            return  # one follow-up per object: it retries until a success after this failure
+        ref = {
+            "apiVersion": body.get("apiVersion"),
+            "kind": body.get("kind", KIND),
+            "metadata": {k: meta[k] for k in ("name", "namespace", "uid")},
+        }
+        self._follow_ups[meta["uid"]] = asyncio.create_task(
+            self._follow_up(ref, trigger, delay, attempt), name=f"pagoda-retry-{meta['name']}"
+        )
+
+    async def _follow_up(
+        self, ref: dict[str, Any], trigger: str, delay: float, attempt: int
+    ) -> None:
+        uid, name = ref["metadata"]["uid"], ref["metadata"]["name"]
+        for n in range(attempt, attempt + MAX_FOLLOW_UPS):
+            await asyncio.sleep(delay)
+            if self._succeeded.get(uid, float("-inf")) > self._failed.get(uid, float("inf")):
+                return  # kopf's retry (or another path) succeeded after the last failure
+            if self.metrics is not None:
+                self.metrics.reconcile_retries.labels(trigger).inc()
+            try:
+                await self._run(ref, log, n, trigger)
+                return
+            except kopf.TemporaryError as e:
+                self._failed[uid] = time.monotonic()
+                delay = e.delay or backoff(n)
+                log.warning("Retrying %s %s in %.0f s: %s", KIND, name, delay, e)
+            except kopf.PermanentError:
+                return  # a condition says why; the spec or the cluster has to change
+        log.warning("%s %s: giving up retrying; the resync will try again.", KIND, name)
+
+    def keep_only(self, uids: set[str]) -> None:
+        """Forget the bookkeeping of objects that no longer exist (the resync lists them)."""
+        for book in (self._succeeded, self._failed):
+            for uid in set(book) - uids:
+                del book[uid]
+
+    async def close(self) -> None:
+        for task in self._follow_ups.values():
+            task.cancel()
+        for task in self._follow_ups.values():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._follow_ups.clear()

@@ -1,0 +1,117 @@
+"""Operator settings: one frozen dataclass, validated on construction, built from CLI args/env."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from pagoda.operator.kube.names import SERVER_PORT
+from pagoda.operator.spec.fields import is_http_url
+
+DEFAULT_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0"
+LOG_FORMATS = ("plain", "full", "json")
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_PROM_DURATION = re.compile(r"^([0-9]+(ms|s|m|h))+$")
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """How the operator runs. Empty `namespaces` means cluster-wide."""
+
+    namespaces: tuple[str, ...] = ()
+    default_image: str = DEFAULT_IMAGE
+    http_host: str = "0.0.0.0"
+    http_port: int | None = 8080  # liveness/readiness endpoint; None disables it
+    watch_timeout_s: float = 300.0  # server-side timeout of one watch request
+    request_timeout_s: float = 30.0  # one API request (non-watch)
+    connect_timeout_s: float = 10.0
+    resync_interval_s: float = 300.0  # periodic re-reconcile (heals drift the watches missed)
+    cluster_domain: str = "cluster.local"
+    log_format: str = "plain"
+    verbose: bool = False
+    debug: bool = False
+    peering: str | None = None  # kopf peering object name; None runs standalone
+    component_name: str = "pagoda-operator"
+    # Autoscaling (autoscaling/): where the metrics are and how often to look.
+    prometheus_url: str | None = None  # per-CR spec.autoscaling.prometheusURL overrides it
+    prometheus_timeout_s: float = 5.0
+    autoscale_interval_s: float = 15.0
+    ttft_window: str = "1m"  # PromQL range of the TTFT rate()
+    metrics_max_age_s: float = 60.0  # older newest sample = stale metrics
+    webhook_token: str | None = field(default=None, repr=False)  # POST /alerts bearer token
+    alert_cooldown_s: float = 30.0  # one alert-driven step per service per cooldown
+    api_unready_after_s: float = 60.0  # /readyz is 503 once the API server failed this long
+    # Autotuning (autotune/): tuning Jobs per GPU product, for services with spec.autotune.
+    autotune: bool = True
+    autotune_interval_s: float = 15.0
+    autotune_retry_base_s: float = 300.0  # a failed Job is retried after base × 2^(attempts−1)
+
+    def __post_init__(self) -> None:
+        for ns in self.namespaces:
+            if not _NAMESPACE.match(ns) or len(ns) > 63:
+                raise ValueError(f"invalid namespace {ns!r}")
+        if len(set(self.namespaces)) != len(self.namespaces):
+            raise ValueError("namespaces must be unique")
+        if not self.default_image or any(c.isspace() for c in self.default_image):
+            raise ValueError(f"invalid default image {self.default_image!r}")
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ValueError(f"http_port must be in 0..65535, got {self.http_port}")
+        for name in (
+            "watch_timeout_s",
+            "request_timeout_s",
+            "connect_timeout_s",
+            "resync_interval_s",
+            "prometheus_timeout_s",
+            "autoscale_interval_s",
+            "metrics_max_age_s",
+            "api_unready_after_s",
+            "autotune_interval_s",
+            "autotune_retry_base_s",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"log_format must be one of {LOG_FORMATS}, got {self.log_format!r}")
+        if not self.cluster_domain or "/" in self.cluster_domain:
+            raise ValueError(f"invalid cluster domain {self.cluster_domain!r}")
+        if self.prometheus_url is not None and not is_http_url(self.prometheus_url):
+            raise ValueError(f"prometheus_url must be an http(s) URL, got {self.prometheus_url!r}")
+        if not _PROM_DURATION.match(self.ttft_window):
+            raise ValueError(
+                f"ttft_window must be a PromQL duration like 1m, got {self.ttft_window!r}"
+            )
+        if self.alert_cooldown_s < 0:
+            raise ValueError(f"alert_cooldown_s must be >= 0, got {self.alert_cooldown_s}")
+        if self.webhook_token is not None and (
+            not self.webhook_token or any(c.isspace() for c in self.webhook_token)
+        ):
+            raise ValueError("webhook token must be non-empty and without whitespace")
+
+    @property
+    def clusterwide(self) -> bool:
+        return not self.namespaces
+
+    def service_url(self, name: str, namespace: str) -> str:
+        """OpenAI base URL of an InferenceService inside the cluster."""
+        return f"http://{name}.{namespace}.svc.{self.cluster_domain}:{SERVER_PORT}/v1"
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> OperatorConfig:
+        """Defaults overridable by env (PAGODA_OPERATOR_NAMESPACES, PAGODA_DEFAULT_IMAGE,
+        PAGODA_CLUSTER_DOMAIN, PAGODA_PROMETHEUS_URL, PAGODA_WEBHOOK_TOKEN), then by `overrides`."""
+        env: dict[str, object] = {}
+        if os.environ.get("PAGODA_DEFAULT_IMAGE"):
+            env["default_image"] = os.environ["PAGODA_DEFAULT_IMAGE"]
+        if os.environ.get("PAGODA_OPERATOR_NAMESPACES"):
+            env["namespaces"] = tuple(
+                n for n in os.environ["PAGODA_OPERATOR_NAMESPACES"].split(",") if n
+            )
+        if os.environ.get("PAGODA_CLUSTER_DOMAIN"):
+            env["cluster_domain"] = os.environ["PAGODA_CLUSTER_DOMAIN"]
+        if os.environ.get("PAGODA_PROMETHEUS_URL"):
+            env["prometheus_url"] = os.environ["PAGODA_PROMETHEUS_URL"]
+        if os.environ.get("PAGODA_WEBHOOK_TOKEN", "").strip():
+            env["webhook_token"] = os.environ["PAGODA_WEBHOOK_TOKEN"].strip()
+        env.update(overrides)
+        return cls(**env)  # type: ignore[arg-type]

@@ -1,0 +1,377 @@
+"""The InferenceService spec as frozen dataclasses: parsed, defaulted and checked.
+
+The CRD's OpenAPI schema (crds/inferenceservice.yaml) is the first line of defence; this module
+is the second, so the operator behaves the same on an API server that applies the schema and on
+one that does not (an emulator, or a CR written before a schema change). Defaults here must equal
+the CRD's defaults (a test compares them). Every problem raises :class:`SpecError` with a
+CamelCase reason that ends up in the `Degraded` condition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pagoda.operator.spec.autotune import AutotuneSpec
+from pagoda.operator.spec.fields import (
+    SpecError,
+    bool_or,
+    choice,
+    int_or,
+    is_http_url,
+    mapping,
+    opt_int,
+    opt_number,
+    opt_str,
+    quantity,
+    show,
+)
+from pagoda.operator.spec.model_ref import ModelRef
+from pagoda.runtime import options
+
+# The engine's choices and defaults are the runtime's (pagoda.runtime.options, torch-free); the
+# CRD's enums and defaults equal them (test_operator_crd.py). Aliases such as "half" are the CLI's
+# only: the CRD takes canonical names.
+DTYPES = options.DTYPES
+ATTENTION_BACKENDS = options.ATTENTION_BACKENDS
+BLOCK_SIZES = options.BLOCK_SIZES
+KV_CACHE_DTYPES = options.KV_CACHE_DTYPES
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+MAX_NAME_LENGTH = 52  # leaves room for the "-config" suffix and pod-name hashes
+
+# Defaults shared with the CRD schema (test_operator_crd.py checks they agree).
+DEFAULT_REPLICAS = 1
+DEFAULT_STARTUP_TIMEOUT_S = 1800
+DEFAULT_DRAIN_TIMEOUT_S = int(options.DEFAULT_DRAIN_TIMEOUT_S)  # the CRD's field is an integer
+DEFAULT_API_KEY_KEY = "api-key"
+DEFAULT_CPU = "1"
+DEFAULT_MEMORY = "2Gi"
+DEFAULT_TOLERANCE = 0.1
+
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+# The CRD's length and size limits, enforced here too (the schema may not be applied).
+MAX_MODEL = 1024
+MAX_SERVED_NAME = 256
+MAX_IMAGE = 512
+MAX_URL = 2048
+MAX_SECRET_FIELD = 253
+MAX_ENV_NAME = 256
+MAX_EXTRA_ARGS, MAX_EXTRA_ARG = 64, 1024
+MAX_TOLERATIONS = 32
+MAX_ENV = 128
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+# --- the spec ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResourcesSpec:
+    gpus: int = 0
+    cpu: str = DEFAULT_CPU
+    memory: str = DEFAULT_MEMORY
+    cpu_limit: str | None = None
+    memory_limit: str | None = None  # None: equal to the memory request
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.gpus <= 16:
+            raise SpecError(
+                "InvalidSpec", f"spec.resources.gpus must be between 0 and 16, got {self.gpus}"
+            )
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ResourcesSpec:
+        p = "spec.resources"
+        return cls(
+            gpus=int_or(d, "gpus", p, 0, 16, 0),
+            cpu=quantity(d, "cpu", p) or DEFAULT_CPU,
+            memory=quantity(d, "memory", p) or DEFAULT_MEMORY,
+            cpu_limit=quantity(d, "cpuLimit", p),
+            memory_limit=quantity(d, "memoryLimit", p),
+        )
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Flags of `pagoda serve`; None means "the runtime's own default"."""
+
+    dtype: str = options.DEFAULT_DTYPE
+    enable_prefix_caching: bool = options.DEFAULT_ENABLE_PREFIX_CACHING
+    enable_chunked_prefill: bool = options.DEFAULT_ENABLE_CHUNKED_PREFILL
+    attention_backend: str = options.DEFAULT_ATTENTION_BACKEND
+    block_size: int = options.DEFAULT_BLOCK_SIZE
+    kv_cache_dtype: str = options.DEFAULT_KV_CACHE_DTYPE
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    max_queue_len: int | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise SpecError("InvalidSpec", f"spec.engine.dtype must be one of {', '.join(DTYPES)}")
+        if self.block_size not in BLOCK_SIZES:
+            raise SpecError("InvalidSpec", f"spec.engine.blockSize must be one of {BLOCK_SIZES}")
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # flag names
+        for rule in options.CRD_ENGINE_RULES:  # as `pagoda serve` checks them: defaults filled in
+            filled = rule.filled(values)
+            if not rule.holds(filled):
+                unset = " when unset" if values.get(rule.smaller) is None else ""
+                raise SpecError(
+                    "InvalidSpec",
+                    f"spec.engine.{options.camel(rule.larger)} ({filled[rule.larger]}) must be >= "
+                    f"{options.camel(rule.smaller)} ({filled[rule.smaller]}{unset})",
+                )
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EngineSpec:
+        p = "spec.engine"
+        extra = d.get("extraArgs") or []
+        if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+            raise SpecError("InvalidSpec", f"{p}.extraArgs must be a list of strings")
+        if len(extra) > MAX_EXTRA_ARGS or any(len(a) > MAX_EXTRA_ARG for a in extra):
+            raise SpecError(
+                "InvalidSpec",
+                f"{p}.extraArgs: at most {MAX_EXTRA_ARGS} items of at most {MAX_EXTRA_ARG} characters",
+            )
+        return cls(
+            dtype=choice(d, "dtype", p, DTYPES, cls.dtype),
+            enable_prefix_caching=bool_or(d, "enablePrefixCaching", p, cls.enable_prefix_caching),
+            enable_chunked_prefill=bool_or(
+                d, "enableChunkedPrefill", p, cls.enable_chunked_prefill
+            ),
+            attention_backend=choice(
+                d, "attentionBackend", p, ATTENTION_BACKENDS, cls.attention_backend
+            ),
+            block_size=choice(d, "blockSize", p, BLOCK_SIZES, cls.block_size),
+            kv_cache_dtype=choice(d, "kvCacheDtype", p, KV_CACHE_DTYPES, cls.kv_cache_dtype),
+            max_num_seqs=opt_int(d, "maxNumSeqs", p, 1, 4096),
+            max_num_batched_tokens=opt_int(d, "maxNumBatchedTokens", p, 1, 1 << 20),
+            max_model_len=opt_int(d, "maxModelLen", p, 1, 1 << 20),
+            max_queue_len=opt_int(d, "maxQueueLen", p, 1, 1 << 20),
+            extra_args=tuple(extra),
+        )
+
+
+@dataclass(frozen=True)
+class AutoscalingSpec:
+    max_replicas: int
+    min_replicas: int = 1
+    target_ttft_seconds: float | None = None
+    target_queue_depth: float | None = None
+    scale_up_stabilization_seconds: int = 0
+    scale_down_stabilization_seconds: int = 300
+    tolerance: float = DEFAULT_TOLERANCE  # no change while |metric/target - 1| is within it
+    prometheus_url: str | None = None  # overrides the operator's --prometheus-url
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.tolerance <= 1:
+            raise SpecError("InvalidSpec", "spec.autoscaling.tolerance must be in [0, 1]")
+        if self.prometheus_url is not None and not is_http_url(self.prometheus_url):
+            raise SpecError(
+                "InvalidSpec",
+                f"spec.autoscaling.prometheusURL must be an http(s) URL, got {show(self.prometheus_url)}",
+            )
+        if self.min_replicas > self.max_replicas:
+            raise SpecError(
+                "InvalidSpec",
+                f"spec.autoscaling.minReplicas ({self.min_replicas}) must be <= maxReplicas ({self.max_replicas})",
+            )
+        if self.target_ttft_seconds is None and self.target_queue_depth is None:
+            raise SpecError(
+                "InvalidSpec", "spec.autoscaling needs targetTTFTSeconds or targetQueueDepth"
+            )
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> AutoscalingSpec:
+        p = "spec.autoscaling"
+        max_replicas = opt_int(d, "maxReplicas", p, 1, 100)
+        if max_replicas is None:
+            raise SpecError("InvalidSpec", f"{p}.maxReplicas is required")
+        return cls(
+            max_replicas=max_replicas,
+            min_replicas=int_or(d, "minReplicas", p, 1, 100, 1),
+            target_ttft_seconds=opt_number(d, "targetTTFTSeconds", p, 0.001),
+            target_queue_depth=opt_number(d, "targetQueueDepth", p, 0.0),
+            scale_up_stabilization_seconds=int_or(d, "scaleUpStabilizationSeconds", p, 0, 3600, 0),
+            scale_down_stabilization_seconds=int_or(
+                d, "scaleDownStabilizationSeconds", p, 0, 3600, 300
+            ),
+            tolerance=_or(opt_number(d, "tolerance", p, 0.0), DEFAULT_TOLERANCE),
+            prometheus_url=opt_str(d, "prometheusURL", p, max_len=MAX_URL),
+        )
+
+    def clamp(self, replicas: int) -> int:
+        return max(self.min_replicas, min(self.max_replicas, replicas))
+
+
+@dataclass(frozen=True)
+class SecretKeyRef:
+    name: str
+    key: str = DEFAULT_API_KEY_KEY
+
+
+@dataclass(frozen=True)
+class InferenceServiceSpec:
+    model: ModelRef
+    served_model_name: str
+    image: str
+    image_pull_policy: str = "IfNotPresent"
+    replicas: int = DEFAULT_REPLICAS
+    resources: ResourcesSpec = field(default_factory=ResourcesSpec)
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    autoscaling: AutoscalingSpec | None = None
+    autotune: AutotuneSpec = field(default_factory=AutotuneSpec)
+    api_key_secret: SecretKeyRef | None = None
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    env: tuple[Mapping[str, Any], ...] = ()
+    startup_timeout_seconds: int = DEFAULT_STARTUP_TIMEOUT_S
+    drain_timeout_seconds: int = DEFAULT_DRAIN_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if self.image_pull_policy not in PULL_POLICIES:
+            raise SpecError(
+                "InvalidSpec", f"spec.imagePullPolicy must be one of {', '.join(PULL_POLICIES)}"
+            )
+        names = [e.get("name") for e in self.env]
+        if len(set(names)) != len(names):
+            raise SpecError("InvalidSpec", "spec.env has duplicate names")
+        if self.api_key_secret is not None and options.API_KEY_ENV in names:
+            raise SpecError(
+                "InvalidSpec",
+                f"spec.env sets {options.API_KEY_ENV} and spec.apiKeySecretRef is set too; keep one",
+            )
+        if self.engine.kv_cache_dtype == "int8" and (
+            self.resources.gpus > 0 or self.engine.attention_backend == "triton"
+        ):
+            raise SpecError(
+                "InvalidSpec",
+                "spec.engine.kvCacheDtype int8 runs on CPU pods only (resources.gpus 0, "
+                "attentionBackend auto or torch)",
+            )
+        if self.autotune.enabled and self.resources.gpus < 1:
+            raise SpecError(
+                "InvalidSpec", "spec.autotune.enabled tunes GPU nodes: set spec.resources.gpus >= 1"
+            )
+
+    @property
+    def min_replicas(self) -> int:
+        """The fewest replicas the service may run with (decides whether a PDB makes sense)."""
+        return self.autoscaling.min_replicas if self.autoscaling else self.replicas
+
+    def desired_replicas(self, current: int | None) -> int | None:
+        """The Deployment's replicas as the reconciler writes them; None: not the reconciler's.
+
+        One field, one writer. Without `spec.autoscaling` the reconciler owns the number and
+        writes `spec.replicas` (a hand-scaled Deployment is scaled back). With it the reconciler
+        writes the number once, `minReplicas`, when it creates the Deployment (`current` None),
+        and afterwards leaves it out of what it applies: the autoscaler is the only writer (it
+        also clamps it into new bounds at its next evaluation).
+        """
+        if self.autoscaling is None:
+            return self.replicas
+        return self.autoscaling.min_replicas if current is None else None
+
+    @classmethod
+    def from_dict(
+        cls, spec: Mapping[str, Any], *, name: str, default_image: str
+    ) -> InferenceServiceSpec:
+        if not isinstance(spec, Mapping):
+            raise SpecError("InvalidSpec", "spec must be an object")
+        if not _DNS1035.match(name) or len(name) > MAX_NAME_LENGTH:
+            raise SpecError(
+                "InvalidName",
+                f"metadata.name {show(name)} must be a DNS-1035 label (lowercase letters, digits, '-', "
+                f"starting with a letter) of at most {MAX_NAME_LENGTH} characters",
+            )
+        model = _model(spec)
+        served = opt_str(
+            spec, "servedModelName", "spec", max_len=MAX_SERVED_NAME, pattern=_SERVED_NAME
+        ) or (model.uri if model.source == "builtin" else name)
+        node_selector = mapping(spec, "nodeSelector", "spec")
+        if not all(isinstance(v, str) for v in node_selector.values()):
+            raise SpecError("InvalidSpec", "spec.nodeSelector values must be strings")
+        autoscaling = spec.get("autoscaling")
+        if autoscaling is not None and not isinstance(autoscaling, Mapping):
+            raise SpecError(
+                "InvalidSpec", f"spec.autoscaling must be an object, got {show(autoscaling)}"
+            )
+        return cls(
+            model=model,
+            served_model_name=served,
+            image=opt_str(spec, "image", "spec", max_len=MAX_IMAGE) or default_image,
+            image_pull_policy=choice(
+                spec, "imagePullPolicy", "spec", PULL_POLICIES, "IfNotPresent"
+            ),
+            replicas=int_or(spec, "replicas", "spec", 0, 100, DEFAULT_REPLICAS),
+            resources=ResourcesSpec.from_dict(mapping(spec, "resources", "spec")),
+            engine=EngineSpec.from_dict(mapping(spec, "engine", "spec")),
+            autoscaling=None if autoscaling is None else AutoscalingSpec.from_dict(autoscaling),
+            autotune=AutotuneSpec.from_dict(spec.get("autotune") or {}),
+            api_key_secret=_secret_ref(spec),
+            node_selector=tuple(sorted(node_selector.items())),
+            tolerations=tuple(_list_of_objects(spec, "tolerations", MAX_TOLERATIONS)),
+            env=tuple(_env(spec)),
+            startup_timeout_seconds=int_or(
+                spec, "startupTimeoutSeconds", "spec", 30, 14400, DEFAULT_STARTUP_TIMEOUT_S
+            ),
+            drain_timeout_seconds=int_or(
+                spec, "drainTimeoutSeconds", "spec", 0, 3600, DEFAULT_DRAIN_TIMEOUT_S
+            ),
+        )
+
+
+def _model(spec: Mapping[str, Any]) -> ModelRef:
+    value = spec.get("model")
+    if value is None or value == "":
+        raise SpecError("InvalidSpec", "spec.model is required")
+    if not isinstance(value, str):
+        raise SpecError("InvalidSpec", f"spec.model must be a string, got {show(value)}")
+    if len(value) > MAX_MODEL:
+        raise SpecError(
+            "InvalidSpec",
+            f"spec.model must be at most {MAX_MODEL} characters, got {len(value)}: {show(value)}",
+        )
+    return ModelRef.parse(value)
+
+
+def _secret_ref(spec: Mapping[str, Any]) -> SecretKeyRef | None:
+    secret = spec.get("apiKeySecretRef")
+    if secret is None:
+        return None
+    p = "spec.apiKeySecretRef"
+    if not isinstance(secret, Mapping):
+        raise SpecError("InvalidSpec", f"{p} must be an object, got {show(secret)}")
+    name = opt_str(secret, "name", p, max_len=MAX_SECRET_FIELD)
+    if not name:
+        raise SpecError("InvalidSpec", f"{p}.name is required")
+    return SecretKeyRef(
+        name, opt_str(secret, "key", p, max_len=MAX_SECRET_FIELD) or DEFAULT_API_KEY_KEY
+    )
+
+
+def _list_of_objects(spec: Mapping[str, Any], key: str, max_items: int) -> list[Mapping[str, Any]]:
+    value = spec.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+        raise SpecError("InvalidSpec", f"spec.{key} must be a list of objects")
+    if len(value) > max_items:
+        raise SpecError("InvalidSpec", f"spec.{key} has {len(value)} items (at most {max_items})")
+    return value
+
+
+def _env(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    env = _list_of_objects(spec, "env", MAX_ENV)
+    for item in env:
+        name = item.get("name")
+        if not isinstance(name, str) or len(name) > MAX_ENV_NAME or not _ENV_NAME.match(name):
+            raise SpecError("InvalidSpec", f"spec.env: invalid variable name {show(name)}")
+    return env

@@ -1,0 +1,217 @@
+"""InferenceService status: conditions (Ready, Progressing, Degraded), replicas, selector, url.
+
+Pure functions: `compute_status` derives the whole status from the Deployment and the spec
+check; `status_patch` returns only what changed (None when nothing did), so the operator writes
+status on real change only. `status.autoscaling` belongs to the autoscaler and is never touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pagoda.operator.kube.names import now_iso, selector_labels
+
+if TYPE_CHECKING:
+    from pagoda.operator.spec.fields import SpecError
+
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded")
+MAX_MESSAGE = 32768  # the CRD's maxLength of a condition message (longer ones are rejected)
+MAX_REASON = 1024
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+    def __post_init__(self) -> None:
+        if self.type not in CONDITION_TYPES:
+            raise ValueError(f"unknown condition type {self.type!r}")
+        if not self.reason or not self.reason[0].isupper() or not self.reason.isalnum():
+            raise ValueError(f"condition reason must be CamelCase, got {self.reason!r}")
+
+
+def _deployment_condition(deployment: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
+    for cond in (deployment.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_:
+            return cond
+    return {}
+
+
+def _conditions(
+    deployment: Mapping[str, Any] | None, spec_error: SpecError | None
+) -> list[Condition]:
+    if deployment is None:
+        if spec_error is not None:
+            return [
+                Condition("Ready", False, spec_error.reason, spec_error.message),
+                Condition(
+                    "Progressing", False, spec_error.reason, "not rolling out an invalid spec"
+                ),
+                Condition("Degraded", True, spec_error.reason, spec_error.message),
+            ]
+        return [
+            Condition("Ready", False, "DeploymentMissing", "the Deployment does not exist yet"),
+            Condition("Progressing", True, "Creating", "creating the Deployment"),
+            Condition("Degraded", False, "AsExpected", ""),
+        ]
+    st = deployment.get("status") or {}
+    desired = int((deployment.get("spec") or {}).get("replicas", 1) or 0)
+    ready, updated, total = (
+        int(st.get(k) or 0) for k in ("readyReplicas", "updatedReplicas", "replicas")
+    )
+    generation = (deployment.get("metadata") or {}).get("generation")
+    observed = generation is None or int(st.get("observedGeneration") or 0) >= int(generation)
+    available = _deployment_condition(deployment, "Available").get("status") == "True"
+    counts = f"{ready}/{desired} replicas ready, {updated}/{desired} updated"
+
+    if desired == 0:
+        ready_cond = Condition("Ready", False, "ScaledToZero", "spec.replicas is 0")
+    elif available and ready >= 1:
+        ready_cond = Condition("Ready", True, "Available", counts)
+    else:
+        ready_cond = Condition("Ready", False, "Unavailable", counts)
+
+    if spec_error is not None:
+        degraded = Condition("Degraded", True, spec_error.reason, spec_error.message)
+        progressing = Condition(
+            "Progressing", False, spec_error.reason, "keeping the last valid Deployment"
+        )
+        return [ready_cond, progressing, degraded]
+    degraded = _rollout_degraded(deployment)
+    if not observed:
+        progressing = Condition(
+            "Progressing", True, "RollingOut", "waiting for the Deployment controller"
+        )
+    elif updated < desired or ready < desired or total > desired:
+        progressing = Condition("Progressing", True, "RollingOut", counts)
+    else:
+        progressing = Condition("Progressing", False, "RolloutComplete", counts)
+    return [ready_cond, progressing, degraded]
+
+
+def _rollout_degraded(deployment: Mapping[str, Any]) -> Condition:
+    """Degraded from the Deployment controller's conditions: a stalled or failing rollout."""
+    stalled = _deployment_condition(deployment, "Progressing")
+    failure = _deployment_condition(deployment, "ReplicaFailure")
+    if stalled.get("status") == "False" and stalled.get("reason") == "ProgressDeadlineExceeded":
+        degraded = Condition(
+            "Degraded",
+            True,
+            "RolloutStalled",
+            stalled.get("message") or "progress deadline exceeded",
+        )
+    elif failure.get("status") == "True":
+        degraded = Condition(
+            "Degraded", True, "ReplicaFailure", failure.get("message") or "pods cannot be created"
+        )
+    else:
+        degraded = Condition("Degraded", False, "AsExpected", "")
+    return degraded
+
+
+def compute_status(
+    body: Mapping[str, Any],
+    deployment: Mapping[str, Any] | None,
+    *,
+    spec_error: SpecError | None = None,
+    url: str | None = None,
+) -> dict[str, Any]:
+    """The full status this InferenceService should have now."""
+    meta = body.get("metadata") or {}
+    generation = meta.get("generation")
+    old = {c.get("type"): c for c in ((body.get("status") or {}).get("conditions") or [])}
+    conditions = []
+    for cond in _conditions(deployment, spec_error):
+        status = "True" if cond.status else "False"
+        prev = old.get(cond.type) or {}
+        conditions.append(
+            {
+                "type": cond.type,
+                "status": status,
+                "reason": cond.reason[:MAX_REASON],
+                "message": cond.message[:MAX_MESSAGE],
+                "lastTransitionTime": (
+                    prev.get("lastTransitionTime") if prev.get("status") == status else None
+                )
+                or now_iso(),
+                **({"observedGeneration": generation} if generation is not None else {}),
+            }
+        )
+    # Conditions of other writers (e.g. the autoscaler's MetricsUnavailable) are kept as they are.
+    conditions += [c for t, c in old.items() if t not in CONDITION_TYPES]
+    dst = (deployment or {}).get("status") or {}
+    status: dict[str, Any] = {
+        "conditions": conditions,
+        "replicas": int(dst.get("replicas") or 0),
+        "readyReplicas": int(dst.get("readyReplicas") or 0),
+        "updatedReplicas": int(dst.get("updatedReplicas") or 0),
+        "selector": ",".join(f"{k}={v}" for k, v in selector_labels(meta.get("name", "")).items()),
+    }
+    if generation is not None:
+        status["observedGeneration"] = generation
+    if url is not None:
+        status["url"] = url
+    return status
+
+
+def status_patch(
+    current: Mapping[str, Any] | None, desired: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """Keys of `desired` that differ from `current` (a merge patch for /status), or None."""
+    current = current or {}
+    changed = {k: v for k, v in desired.items() if current.get(k) != v}
+    return changed or None
+
+
+def condition(body: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
+    """A condition of an InferenceService body ({} when absent)."""
+    for cond in (body.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_:
+            return cond
+    return {}
+
+
+def with_condition(
+    conditions: list[Mapping[str, Any]] | None,
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    generation: int | None = None,
+) -> list[dict[str, Any]]:
+    """`conditions` with `type_` set; its lastTransitionTime is kept while the status holds.
+
+    For writers other than the reconciler (the autoscaler's MetricsUnavailable).
+    """
+    value = "True" if status else "False"
+    out: list[dict[str, Any]] = []
+    prev: Mapping[str, Any] = {}
+    for cond in conditions or []:
+        if cond.get("type") == type_:
+            prev = cond
+        else:
+            out.append(dict(cond))
+    new = {
+        "type": type_,
+        "status": value,
+        "reason": reason[:MAX_REASON],
+        "message": message[:MAX_MESSAGE],
+        "lastTransitionTime": (
+            prev.get("lastTransitionTime") if prev.get("status") == value else None
+        )
+        or now_iso(),
+    }
+    if generation is not None:
+        new["observedGeneration"] = generation
+    return [*out, new]
+
+
+def without_condition(
+    conditions: list[Mapping[str, Any]] | None, type_: str
+) -> list[dict[str, Any]]:
+    return [dict(c) for c in conditions or [] if c.get("type") != type_]

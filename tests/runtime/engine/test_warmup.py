@@ -1,0 +1,91 @@
+"""Warm-up covers every attention kernel variant serving then hits (Triton backend).
+
+Under the interpreter nothing compiles, so coverage is checked directly: both launchers are
+wrapped to record each launch's compile key (launch config, split count, block-table width
+class); every key seen while serving a varied workload must already have been seen in warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
+
+import pytest
+from hf_oracle import make_tiny_llama
+
+pytest.importorskip("triton")
+
+from pagoda.kernels import attention, decode_attention, unified_attention
+from pagoda.kernels import config as kc
+from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.engine import warmup
+from pagoda.runtime.model.loader import load_model
+
+if os.environ["TRITON_INTERPRET"] != "1":
+    pytest.skip("coverage is checked under the interpreter", allow_module_level=True)
+
+
+@pytest.fixture
+def split_friendly_configs(tmp_path, monkeypatch):
+    """default.json with short split segments, so small contexts use several split counts."""
+    data = json.loads((kc.PACKAGE_CONFIG_DIR / "default.json").read_text())
+    for bucket in data["kernels"]["decode_attention"]:
+        bucket["config"]["min_tokens_per_split"] = 16
+    (tmp_path / "default.json").write_text(json.dumps(data))
+    monkeypatch.setenv(kc.CONFIG_DIR_ENV, str(tmp_path))
+    kc.clear_config_cache()
+    yield
+    kc.clear_config_cache()
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    seen: list[tuple] = []
+
+    def wrap(module, name, kind):
+        real = getattr(module, name)
+
+        def recorded(**kw):
+            width = kw["block_tables"].stride(0)
+            cls = "one" if width == 1 else "div16" if width % 16 == 0 else "other"
+            seen.append((kind, tuple(sorted(kw["config"].items())), kw.get("num_splits"), cls))
+            real(**kw)
+
+        monkeypatch.setattr(module, name, recorded)
+        monkeypatch.setattr(attention, name, recorded)  # the dispatcher's own reference
+
+    wrap(decode_attention, "launch_decode_attention", "decode")
+    wrap(unified_attention, "launch_unified_attention", "unified")
+    return seen
+
+
+def test_serving_hits_only_warmed_variants(tmp_path, split_friendly_configs, launches):
+    make_tiny_llama(tmp_path / "m")
+    args = dict(dtype="float32", kv_cache_memory=4 << 20, max_num_batched_tokens=48, max_num_seqs=4)
+    llm = LLM(str(tmp_path / "m"), loaded=load_model(str(tmp_path / "m")), attention_backend="triton",
+              max_model_len=96, **args)  # fmt: skip
+    warmup.warm_up(llm.engine)
+    warmed = set(launches)
+    assert {k[2] for k in warmed if k[0] == "decode"} >= {1, 2, 4}  # several split counts
+    launches.clear()
+    prompts = [[(7 * i + n) % 290 + 3 for i in range(n)] for n in (3, 17, 40, 70, 5)]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    assert launches and set(launches) <= warmed, set(launches) - warmed
+
+
+def test_kernel_cases_are_one_per_variant(split_friendly_configs):
+    import torch
+
+    geo = warmup.Geometry(4, 2, 16, 16, torch.float32, torch.device("cpu"))
+    cases = warmup.kernel_cases(geo, max_num_seqs=4, max_model_len=96, max_num_batched_tokens=48)
+    decodes = [c for c in cases if c[2] == 0]
+    prefills = [c for c in cases if c[2] > 0]
+    assert len(decodes) == len(set(decodes)) and prefills and all(c[0] == 0 for c in prefills)
+    assert (
+        warmup._widths(1) == [1, 2, 16]
+        and warmup._widths(16) == [16, 17]
+        and warmup._widths(5) == [5, 16]
+    )

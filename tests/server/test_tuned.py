@@ -1,0 +1,97 @@
+"""`pagoda serve --tuned-profile`: identity matching, flags over the profile's knobs, and the
+profile's kernel configs first on the search path."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from pagoda.kernels import config as kc
+from pagoda.runtime.config import EngineConfig
+from pagoda.runtime.server.tuned import (
+    apply_tuned_profile,
+    check_profile,
+    profile_engine_kwargs,
+)
+from pagoda.runtime.tuned_profile import ProfileError
+from profile_testlib import make_profile
+
+ENGINE_ARGS = {"dtype": "float32", "device": "cpu"}  # the scheduler flags were omitted
+
+
+def test_mismatch_names_every_difference(tmp_path):
+    make_profile(tmp_path, device="NVIDIA H200", dtype="bfloat16")
+    with pytest.raises(ProfileError) as err:
+        check_profile(str(tmp_path), model="smollm2-135m/", engine_kwargs=ENGINE_ARGS)
+    msg = str(err.value)
+    assert "device 'NVIDIA H200' (profile) != 'cpu: " in msg
+    assert "dtype 'bfloat16' (profile) != 'float32' (this server)" in msg
+    assert "model" not in msg.split("setup:")[1]  # a trailing slash names the same model
+    assert "--tuned-profile-mismatch=warn" in msg
+
+
+def test_mismatch_under_warn_serves_on_defaults(tmp_path, caplog):
+    make_profile(tmp_path, model="other-model")
+    with caplog.at_level(logging.WARNING, "pagoda.serve"):
+        profile, args = apply_tuned_profile(
+            str(tmp_path), model="smollm2-135m", engine_kwargs=ENGINE_ARGS,
+            mismatch="warn",
+        )  # fmt: skip
+    assert profile is None and args == ENGINE_ARGS
+    assert "model 'other-model' (profile) != 'smollm2-135m'" in caplog.text
+    assert "serving on defaults" in caplog.text
+
+
+def test_flags_override_the_profile():
+    class P:
+        def scheduler_args(self):
+            return {"max_num_batched_tokens": 96, "max_num_seqs": 12}
+
+    # left at their defaults: the profile's knobs apply
+    assert profile_engine_kwargs(P(), ENGINE_ARGS) == {
+        **ENGINE_ARGS, "max_num_seqs": 12, "max_num_batched_tokens": 96,
+    }  # fmt: skip
+    # an explicit flag wins even when it equals the engine's default (64)
+    same_as_default = {**ENGINE_ARGS, "max_num_seqs": 64}
+    assert profile_engine_kwargs(P(), same_as_default)["max_num_seqs"] == 64
+    # set explicitly: the flag wins, and a batch larger than the tuned budget gets the budget
+    explicit = {**ENGINE_ARGS, "max_num_seqs": 128}
+    assert profile_engine_kwargs(P(), explicit) == {
+        **explicit, "max_num_batched_tokens": 128,
+    }  # fmt: skip
+    # without chunked prefill the budget must cover max_model_len: the profile's is not used
+    no_chunk = {**ENGINE_ARGS, "enable_chunked_prefill": False}
+    assert "max_num_batched_tokens" not in profile_engine_kwargs(P(), no_chunk)
+
+
+def test_apply_puts_the_profile_configs_first(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(kc.CONFIG_DIR_ENV, "/elsewhere")
+    make_profile(tmp_path)
+    kc.save_kernel_config(
+        "rms_norm", {"hidden": 576}, {"num_warps": 2}, device="Tuned GPU", directory=tmp_path
+    )
+    with caplog.at_level(logging.INFO, "pagoda.serve"):
+        profile, args = apply_tuned_profile(
+            str(tmp_path), model="smollm2-135m", engine_kwargs=ENGINE_ARGS
+        )
+    try:
+        assert profile is not None and profile.created == "2026-11-30T21:00:00Z"
+        assert args["max_num_seqs"] == 12 and args["max_num_batched_tokens"] == 96
+        EngineConfig.create("smollm2-135m", **args)  # a valid engine config
+        assert kc.config_dirs() == (tmp_path,)
+        assert kc._search_dirs() == [tmp_path, kc.Path("/elsewhere"), kc.PACKAGE_CONFIG_DIR]
+        assert kc.get_kernel_config("rms_norm", {"hidden": 576}, "Tuned GPU")["num_warps"] == 2
+        assert "tuned profile" in caplog.text and "max_num_seqs=12" in caplog.text
+    finally:
+        kc.set_config_dirs(())
+
+
+def test_env_names_the_profile(tmp_path, monkeypatch):
+    make_profile(tmp_path)
+    monkeypatch.setenv("PAGODA_TUNED_PROFILE", str(tmp_path))
+    try:
+        profile, _ = apply_tuned_profile(None, model="smollm2-135m", engine_kwargs=ENGINE_ARGS)
+    finally:
+        kc.set_config_dirs(())
+    assert profile is not None and json.loads((tmp_path / "profile.json").read_text())
