@@ -160,7 +160,7 @@ def test_a_small_end_to_end_run_prints_every_autoscaler(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     shape = traffic.Shape(
-        "tiny", 900.0, 0.5, traffic.synthetic(lambda t: 1.0 if t < 300 else 3.0, 900.0), "test"
+        "tiny", 360.0, 0.5, traffic.synthetic(lambda t: 1.0 if t < 120 else 3.0, 360.0), "test"
     )
     monkeypatch.setitem(traffic.SHAPES, "tiny", shape)
     full = sim.baseline_grid
