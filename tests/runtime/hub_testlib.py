@@ -160,7 +160,9 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 )
                 return
             siblings = [{"rfilename": name} for name in sorted(repo.files)]
-            self._json({"id": repo_id, "sha": commit, "siblings": siblings, "private": repo.private})
+            self._json(
+                {"id": repo_id, "sha": commit, "siblings": siblings, "private": repo.private}
+            )
 
         def _resolve(self, repo_id: str, rev: str, name: str) -> None:
             repo = self._repo(repo_id)
@@ -212,9 +214,8 @@ def tiny_checkpoint(folder: pathlib.Path, *, pad_bytes: int = 0) -> pathlib.Path
     (folder / "original").mkdir()
     (folder / "original" / "consolidated.safetensors").write_bytes(b"\0" * 4096)
     if pad_bytes:
-        from safetensors.numpy import save_file
-
         import numpy as np
+        from safetensors.numpy import save_file
 
         save_file({"pad": np.zeros(pad_bytes // 4, np.float32)}, str(folder / "extra.safetensors"))
     return folder

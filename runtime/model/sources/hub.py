@@ -87,11 +87,25 @@ def fetch(
     """Download (or find in the cache) → (snapshot directory, {file: size}, commit)."""
     quiet_http_logs()
     try:
-        return _fetch(ref, root, size_limit)
-    except DownloadError:
+        try:
+            return _fetch(ref, root, size_limit)
+        except DownloadError:
+            raise
+        except Exception as e:
+            raise classify(ref, e) from e
+    except DownloadError as e:
+        if e.detail == errors.OUT_OF_SPACE:  # do not leave the disk full of partial files
+            _remove_partial_blobs(root, ref)
         raise
-    except Exception as e:
-        raise classify(ref, e) from e
+
+
+def _remove_partial_blobs(root: Path, ref: HfURI) -> None:
+    from huggingface_hub.file_download import repo_folder_name
+
+    blobs = root / repo_folder_name(repo_id=ref.repo, repo_type="model") / "blobs"
+    for partial in blobs.glob("*.incomplete"):
+        with contextlib.suppress(OSError):
+            partial.unlink()
 
 
 def _fetch(ref: HfURI, root: Path, size_limit: int | None) -> tuple[Path, dict[str, int], str]:

@@ -57,18 +57,22 @@ def client() -> Any:
     return session.client("s3", config=config)
 
 
-def _list(s3: Any, ref: S3URI) -> dict[str, tuple[str, int, str]]:
-    """{relative path: (key, size, etag)} of the objects the engine reads under the prefix."""
+def _list(s3: Any, ref: S3URI) -> tuple[dict[str, tuple[str, int, str]], int]:
+    """({relative path: (key, size, etag)} of the objects the engine reads under the prefix,
+    how many objects are under it in all)."""
     objects: dict[str, tuple[str, int, str]] = {}
     folder = f"{ref.prefix}/" if ref.prefix else ""
+    seen = 0
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=ref.bucket, Prefix=ref.prefix):
         for obj in page.get("Contents") or []:
             key, size, etag = obj["Key"], int(obj.get("Size") or 0), obj.get("ETag", "")
             if key == ref.prefix and key.endswith(".gguf"):
-                return {key.rpartition("/")[2]: (key, size, etag)}  # one GGUF file
-            if key.startswith(folder) and wanted(key[len(folder) :]):
-                objects[key[len(folder) :]] = (key, size, etag)
-    return objects
+                return {key.rpartition("/")[2]: (key, size, etag)}, 1  # one GGUF file
+            if key.startswith(folder):
+                seen += 1
+                if wanted(key[len(folder) :]):
+                    objects[key[len(folder) :]] = (key, size, etag)
+    return objects, seen
 
 
 def _etags(local: Path) -> dict[str, str]:
@@ -94,16 +98,16 @@ def fetch(
 
 def _fetch(ref: S3URI, root: Path, size_limit: int | None) -> tuple[Path, dict[str, int], None]:
     s3 = client()
-    objects = _list(s3, ref)
+    objects, seen = _list(s3, ref)
     where = f"s3://{ref.bucket}/{ref.prefix + '/' if ref.prefix else ''}"
-    if not objects:
+    if not seen:
         raise DownloadError(
-            errors.NOT_FOUND, f"{ref.uri}: no model files under {where} (empty or missing prefix)"
+            errors.NOT_FOUND, f"{ref.uri}: no objects under {where} (empty or missing prefix)"
         )
     single = next(iter(objects)) if len(objects) == 1 and ref.prefix.endswith(".gguf") else None
     local = cache.s3_dir(root, ref.bucket, ref.prefix.rpartition("/")[0] if single else ref.prefix)
     if single is None:
-        check_layout(ref.uri, sorted(objects), where)
+        check_layout(ref.uri, sorted(objects), f"{where} ({seen} objects; a GGUF file: name it)")
     known = _etags(local)
     todo = {
         rel: obj
