@@ -28,8 +28,7 @@ from pagoda.operator.autoscaling.policy import (
     decide,
 )
 from pagoda.operator.autoscaling.prometheus import MetricsUnavailable, PrometheusSource
-from pagoda.operator.autotune import profiles
-from pagoda.operator.autotune.mount import chosen_profile
+from pagoda.operator.autotune.mount import tuned_rates
 from pagoda.operator.kube.client import ApiError, KubeApi
 from pagoda.operator.kube.locks import object_lock
 from pagoda.operator.kube.names import API_VERSION, KIND, now_iso, owned_by
@@ -88,25 +87,6 @@ def autoscaling_status(
         new["lastScaleReason"] = scaled[0][:1024]
         new["lastScaleSource"] = scaled[1]
     return new
-
-
-async def tuned_rates(
-    api: KubeApi, body: Mapping[str, Any], spec: InferenceServiceSpec
-) -> tuple[float | None, float | None]:
-    """V_P and V_D (`capacity.prefill_tokens_per_s`, `capacity.decode_tokens_per_s`) of the
-    tuned profile this service mounts; None for each one it lacks (no profile: both)."""
-    name = chosen_profile(body, spec)
-    if name is None:
-        return None, None
-    cm = await api.get("ConfigMap", body["metadata"]["namespace"], name)
-    cap = profiles.capacity(cm)
-
-    def rate(key: str) -> float | None:
-        v = cap.get(key)
-        ok = isinstance(v, int | float) and not isinstance(v, bool) and v > 0
-        return float(v) if ok else None
-
-    return rate("prefill_tokens_per_s"), rate("decode_tokens_per_s")
 
 
 class Autoscaler:

@@ -220,7 +220,7 @@ async def test_the_floors_rates_come_from_the_mounted_profile(
     it is a positive number."""
     import json
 
-    from pagoda.operator.autoscaling import loop
+    from pagoda.operator.autotune import mount
 
     class Api:
         async def get(self, kind: str, ns: str, name: str) -> dict[str, Any]:
@@ -228,7 +228,7 @@ async def test_the_floors_rates_come_from_the_mounted_profile(
             return {"data": {"profile.json": json.dumps({"capacity": capacity})}}
 
     monkeypatch.setattr(
-        loop, "chosen_profile", lambda b, s: None if capacity is None else "tuned-x"
+        mount, "chosen_profile", lambda b, s: None if capacity is None else "tuned-x"
     )
     body = {"metadata": {"namespace": "default", "name": "x"}}
-    assert await loop.tuned_rates(Api(), body, None) == want  # type: ignore[arg-type]
+    assert await mount.tuned_rates(Api(), body, None) == want  # type: ignore[arg-type]
