@@ -1,20 +1,22 @@
 """Autoscaling simulation: Pagoda's policy against tuned HPA/KEDA baselines, token by token.
 
-    python benchmarks/autoscale_sim.py                 # all shapes, full grids, table + plot
-    python benchmarks/autoscale_sim.py --quick         # a coarse grid (a few minutes)
+    python benchmarks/autoscale_sim.py                 # all shapes, full grids (≈ 35 min, 2 cores)
+    python benchmarks/autoscale_sim.py --quick         # a coarser behaviour grid
     python benchmarks/autoscale_sim.py --measure       # re-measure one `pagoda serve` replica
 
 Traffic (autoscale_traffic.py): three synthetic shapes and the Azure LLM inference trace 2023
-(conversation and code services, their arrival times and token counts, at 3x their rate). The
+(conversation and code services, their arrival times and token counts, at 3x and 1.5x). The
 fleet (autoscale_engine.py) is a token-level model of `pagoda serve` replicas whose numbers were
 measured from the real server (`MEASURED`, `--measure`). Metrics are scraped and every
 autoscaler evaluates every 15 s, on what Prometheus would show: the TTFT histogram's p95 over the
 last minute (the runtime's buckets, `histogram_quantile`), waiting and running requests, each
-replica's KV-cache usage, the counters' recent prompt length.
+replica's KV-cache usage, the counters' recent request lengths and arrival rates.
 
 * **Pagoda**: `pagoda.operator.autoscaling.policy.decide` itself, configured once and never tuned
-  per shape: `targetTTFTSeconds` = the SLO, `targetQueueDepth` 4, defaults otherwise, and the
-  tuned profile's prefill rate V_P (the predictive floor), as the operator runs it;
+  per shape: `targetTTFTSeconds` = the SLO, `targetQueueDepth` 4,
+  `scaleDownStabilizationSeconds` 180, defaults otherwise, and a tuned profile's V_P and V_D
+  (the demand floor), as the operator runs it; also with the profile's rates off by ±20 %;
+* **a clairvoyant reference** that knows the next minute's requests;
 * **the baselines** (autoscale_baselines.py), each grid-searched per shape over its target and
   its HPA `behavior` (scale-up policies, scale-down windows and policies; KEDA also
   `minReplicaCount`, `cooldownPeriod`, `pollingInterval`), the target refined around the best.
