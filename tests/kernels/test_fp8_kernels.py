@@ -199,9 +199,11 @@ def test_fp8_linear_rows_do_not_depend_on_the_number_of_rows(device, mode):
     for n, k in _gemm_shapes(device):
         wq, ws, _ = _operands(n, k, 1, device)
         x = torch.randn(max(counts), k, device=device, dtype=torch.bfloat16)
-        run = lambda rows: fp8_linear(  # noqa: E731
-            x=rows, weight=wq, weight_scale=ws, weight_only=mode == "weight_only", config=cfg
-        )
+        wo = mode == "weight_only"
+
+        def run(rows, wq=wq, ws=ws, wo=wo):
+            return fp8_linear(x=rows, weight=wq, weight_scale=ws, weight_only=wo, config=cfg)
+
         full = run(x)
         for m in counts[:-1]:
             assert torch.equal(run(x[-m:]), full[-m:]), f"[{n}x{k}] rows differ at M={m}"

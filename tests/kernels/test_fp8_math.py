@@ -114,7 +114,7 @@ def test_saturation_with_a_static_scale():
     q, s = fp8.quantize_per_token(x, scale)
     assert s is scale  # 200 is a tie between 192 and 208: to the even code, 192
     assert q.float().tolist() == [[192.0, 192.0, 448.0, 448.0, 448.0, -448.0, 448.0, -448.0, 0.0]]
-    with pytest.raises(ValueError, match="one element|1 element"):
+    with pytest.raises(ValueError, match="1 element"):
         fp8.quantize_per_token(x, torch.tensor([0.5, 0.5]))
 
 
