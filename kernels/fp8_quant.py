@@ -1,10 +1,11 @@
 """Activation quantization to FP8 (E4M3), one program per token; and the cast the FP8 kernels share.
 
 ``quantize_fp8`` turns ``x [M, K]`` (16/32-bit) into E4M3 codes and a float32 scale, with the
-numerics of `pagoda.kernels.fp8.quantize_per_token` bit for bit:
+numerics of `pagoda.kernels.fp8.quantize_per_token` bit for bit. A program owns ``ROWS`` rows
+(config ``fp8_quant``, keyed by ``hidden`` = K) and walks them in ``BLOCK``-wide slices:
 
-* dynamic (``scale=None``): the program reads its row once for ``amax``, writes the row's scale
-  ``max(amax, 1e-12) / 448``, then reads the row again and writes ``e4m3(x / scale)``;
+* dynamic (``scale=None``): it reads its rows once for each row's ``amax``, writes each row's
+  scale ``max(amax, 1e-12) / 448``, then reads the rows again and writes ``e4m3(x / scale)``;
 * static (a one-element ``scale``, a checkpoint's ``input_scale``): every row uses it.
 
 A row's codes depend on that row alone, so the FP8 GEMM behind it stays batch-invariant.
@@ -52,32 +53,38 @@ def _quantize_rows_kernel(
     x_ptr,  # [M, K] 16/32-bit
     q_ptr,  # [M, K] float8e4nv
     scale_ptr,  # [M] float32 written (DYNAMIC), or [1] float32 read
+    M,
     K,
     stride_xm,
     stride_qm,
     DYNAMIC: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
     AMAX_MIN: tl.constexpr,
     QMAX: tl.constexpr,
     EMULATE_CAST: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_mask = rows < M
+    rows = rows.to(tl.int64)
     offs = tl.arange(0, BLOCK)
-    x_row = x_ptr + row * stride_xm
-    q_row = q_ptr + row * stride_qm
+    x_rows = x_ptr + rows[:, None] * stride_xm  # [ROWS, 1]
+    q_rows = q_ptr + rows[:, None] * stride_qm
     if DYNAMIC:
-        amax = tl.zeros([BLOCK], dtype=tl.float32)
+        amax = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
         for k0 in range(0, K, BLOCK):
-            x = tl.load(x_row + k0 + offs, mask=offs < K - k0, other=0.0).to(tl.float32)
+            mask = row_mask[:, None] & (offs[None, :] < K - k0)
+            x = tl.load(x_rows + k0 + offs[None, :], mask=mask, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(x))
-        scale = tl.div_rn(tl.maximum(tl.max(amax, axis=0), AMAX_MIN), QMAX)
-        tl.store(scale_ptr + row, scale)
+        scale = tl.div_rn(tl.maximum(tl.max(amax, axis=1), AMAX_MIN), QMAX)  # [ROWS]
+        tl.store(scale_ptr + rows, scale, mask=row_mask)
     else:
-        scale = tl.load(scale_ptr)
+        scale = tl.zeros([ROWS], dtype=tl.float32) + tl.load(scale_ptr)
     for k0 in range(0, K, BLOCK):
-        mask = offs < K - k0
-        x = tl.load(x_row + k0 + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(q_row + k0 + offs, to_fp8(tl.div_rn(x, scale), EMULATE_CAST), mask=mask)
+        mask = row_mask[:, None] & (offs[None, :] < K - k0)
+        x = tl.load(x_rows + k0 + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+        q = to_fp8(tl.div_rn(x, scale[:, None]), EMULATE_CAST)
+        tl.store(q_rows + k0 + offs[None, :], q, mask=mask)
 
 
 def quantize_fp8(
@@ -114,14 +121,17 @@ def quantize_fp8(
     if M == 0:
         return out, result_scale
     cfg = get_kernel_config("fp8_quant", {"hidden": K}, device)
-    _quantize_rows_kernel[(M,)](
+    rows = int(cfg["ROWS"])
+    _quantize_rows_kernel[(triton.cdiv(M, rows),)](
         x,
         out,
         result_scale,
+        M,
         K,
         x.stride(0),
         out.stride(0),
         DYNAMIC=scale is None,
+        ROWS=rows,
         BLOCK=min(next_pow2(max(K, 16)), int(cfg["BLOCK"])),
         AMAX_MIN=AMAX_FLOOR,
         QMAX=FP8_MAX,

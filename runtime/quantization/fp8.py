@@ -37,10 +37,10 @@ from dataclasses import dataclass
 
 import torch
 from pagoda.kernels.fp8 import FP8_DTYPE, dequantize, quantize_weight
+from pagoda.runtime.options import QUANTIZATIONS
 
 ONLINE, SERIALIZED_FP8, COMPRESSED_TENSORS = "online", "fp8", "compressed-tensors"
 ACTIVATIONS = ("dynamic", "static", "none")  # per token | per tensor from the checkpoint | W8A16
-QUANTIZATIONS = ("fp8",)  # what --quantization accepts (None: the checkpoint's own, or none)
 
 
 @dataclass(frozen=True)
