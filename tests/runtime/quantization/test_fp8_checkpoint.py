@@ -198,3 +198,16 @@ def test_online_quantization_and_kv_scales():
     }
     assert fp8.checkpoint_kv_scales(ct, attn)[1].tolist() == [pytest.approx(0.2)]
     assert fp8.checkpoint_kv_scales({}, attn) is None
+
+
+def test_the_engine_refuses_quantization_it_cannot_serve():
+    """`quantization="fp8"` is a valid engine setting (`pagoda tune` sweeps its kernels), but the
+    model loader builds no FP8 layers: the engine says so instead of serving 16-bit weights."""
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.engine.core import EngineCore
+
+    config = EngineConfig.create("/nonexistent", quantization="fp8")
+    with pytest.raises(ValueError, match="does not build FP8 layers"):
+        EngineCore(config)
+    with pytest.raises(ValueError, match="quantization must be one of fp8"):
+        EngineConfig.create("/nonexistent", quantization="awq")
