@@ -422,8 +422,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--moe", default="128,768,2048,8", help="E,N,K,TOPK of the fused-MoE rows")
     p.add_argument("--moe-tokens", default="1,16,64,256,1024,4096")
-    p.add_argument("--fp8", default="llama3-8b", choices=["", *FP8_SHAPES],
-                   help="the model whose weight shapes the FP8 GEMM rows use ('' skips them)")  # fmt: skip
+    p.add_argument(
+        "--fp8",
+        default="llama3-8b",
+        choices=["", *FP8_SHAPES],
+        help="the model whose weight shapes the FP8 GEMM rows use ('' skips them)",
+    )
     p.add_argument("--fp8-tokens", default="1,16,64,256,1024,4096")
     p.add_argument("--no-attention", action="store_true", help="only the MoE and FP8 rows")
     p.add_argument("--peak-tbps", type=float, default=None, help="peak HBM bandwidth override")

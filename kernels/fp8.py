@@ -69,8 +69,8 @@ def quantize_per_token(
     returned as it is."""
     _check_float_matrix("x", x)
     if scale is None:
-        scale = scale_from_amax(x.abs().amax(dim=1)) if x.shape[1] else x.new_ones(x.shape[0])
-        scale = scale.float()
+        amax = x.abs().amax(dim=1) if x.shape[1] else x.new_zeros(x.shape[0])
+        scale = scale_from_amax(amax)
         return quantize(x, scale[:, None]), scale
     _check_scale("scale", scale, 1)
     return quantize(x, scale.reshape(1, 1)), scale
