@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pagoda.operator.kube.names import SERVER_PORT
+from pagoda.operator.kube.names import MODEL_CACHE_MOUNT, SERVER_PORT
 from pagoda.runtime import options
 
 if TYPE_CHECKING:
@@ -39,6 +39,8 @@ def serve_values(spec: InferenceServiceSpec) -> dict[str, Any]:
         "max_num_batched_tokens": e.max_num_batched_tokens,
         "max_model_len": e.max_model_len,
         "max_queue_len": e.max_queue_len,
+        # hf:// and s3:// only (None otherwise, so other services' config hashes do not change)
+        "download_dir": MODEL_CACHE_MOUNT if spec.model.remote else None,
     }
 
 

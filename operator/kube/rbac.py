@@ -58,7 +58,10 @@ API_PERMISSIONS: tuple[Permission, ...] = (
         ("get", "create", "patch", "delete"),
         "per-service alerts, if the CRD exists",
     ),
-    Permission("", "persistentvolumeclaims", ("get",), "pvc:// models must exist"),
+    Permission("", "persistentvolumeclaims", ("get",), "pvc:// models, spec.modelCache must exist"),
+    Permission(
+        "", "pods", ("get", "list", "watch"), "a container's termination message → conditions"
+    ),
     Permission("", "nodes", ("list",), "GPU requests must fit some node; GPU products to tune"),
     # autotuning (autotune/, chart value autotune.enabled)
     Permission("", "configmaps", ("delete",), "unused tuned profiles", "autotune"),

@@ -24,6 +24,7 @@ from pagoda.operator.spec import status, validation
 from pagoda.operator.spec.fields import SpecError
 
 if TYPE_CHECKING:
+    from pagoda.operator.reconcile.pods import PodFailures
     from pagoda.operator.spec.config import OperatorConfig
 
 # Degraded reasons only a full reconcile may clear (child events keep them as they are).
@@ -44,6 +45,7 @@ async def write_status(
     spec_error: SpecError | None,
     url: str | None,
     fresh: Mapping[str, Any] | None = None,
+    pods: PodFailures | None = None,
 ) -> bool:
     """Patch /status with what changed, against a fresh read of the object. True if it wrote.
 
@@ -57,7 +59,10 @@ async def write_status(
         return False  # deleted (or replaced) meanwhile
     # Stamp the generation that was reconciled, not a newer one that arrived in between.
     target = {**fresh, "metadata": {**fresh["metadata"], "generation": meta.get("generation")}}
-    new = status.compute_status(target, deployment, spec_error=spec_error, url=url)
+    failure = pods.failure(meta["namespace"], meta["name"]) if pods is not None else None
+    new = status.compute_status(
+        target, deployment, spec_error=spec_error, url=url, pod_failure=failure
+    )
     patch = status.status_patch(fresh.get("status"), new)
     if patch is None:
         return False
@@ -66,7 +71,11 @@ async def write_status(
 
 
 async def reconcile(
-    api: KubeApi, body: Mapping[str, Any], config: OperatorConfig, logger: logging.Logger
+    api: KubeApi,
+    body: Mapping[str, Any],
+    config: OperatorConfig,
+    logger: logging.Logger,
+    pods: PodFailures | None = None,
 ) -> Result:
     """Full reconcile of one InferenceService: validate, apply children, delete stale ones, status.
 
@@ -91,7 +100,7 @@ async def reconcile(
             return Result(spec_error=e, status_changed=changed)
         url = config.service_url(owner.name, owner.namespace)
         changed = await write_status(
-            api, fresh, live["Deployment"], spec_error=None, url=url, fresh=fresh
+            api, fresh, live["Deployment"], spec_error=None, url=url, fresh=fresh, pods=pods
         )
         return Result(spec_error=None, status_changed=changed)
 
@@ -151,6 +160,7 @@ async def on_child_event(
     owner_body: Mapping[str, Any],
     config: OperatorConfig,
     logger: logging.Logger,
+    pods: PodFailures | None = None,
 ) -> None:
     """A child changed or vanished: restore it if needed; a Deployment change refreshes status.
 
@@ -176,7 +186,32 @@ async def on_child_event(
             return
         if (fresh.get("status") or {}).get("observedGeneration") != meta.get("generation"):
             return  # a spec change not reconciled yet: its handler applies every child in order
-        await _restore(api, fresh, owner, kind, name, config, logger)
+        await _restore(api, fresh, owner, kind, name, config, logger, pods)
+
+
+async def on_pods_changed(
+    api: KubeApi, owner_body: Mapping[str, Any], config: OperatorConfig, pods: PodFailures
+) -> Mapping[str, Any] | None:
+    """The owner's pods' named failure changed: write the status again (under the owner's lock,
+    from a fresh read, like a Deployment event). Returns the owner as read (None: gone)."""
+    owner = Owner.from_body(owner_body)
+    async with object_lock(owner.uid):
+        fresh = await api.get(KIND, owner.namespace, owner.name)
+        meta = (fresh or {}).get("metadata") or {}
+        if fresh is None or meta.get("uid") != owner.uid or meta.get("deletionTimestamp"):
+            return None
+        fresh.setdefault("apiVersion", owner_body.get("apiVersion"))
+        fresh.setdefault("kind", owner_body.get("kind", KIND))
+        if (fresh.get("status") or {}).get("observedGeneration") != meta.get("generation"):
+            return fresh  # a spec change not reconciled yet: its reconcile reads the registry
+        deployment = await api.get("Deployment", owner.namespace, owner.name)
+        deployment = deployment if owned_by(deployment, owner.uid) else None
+        recorded = spec_error_in_status(fresh)
+        url = None if recorded else config.service_url(owner.name, owner.namespace)
+        await write_status(
+            api, fresh, deployment, spec_error=recorded, url=url, fresh=fresh, pods=pods
+        )
+        return fresh
 
 
 async def _restore(
@@ -187,6 +222,7 @@ async def _restore(
     name: str,
     config: OperatorConfig,
     logger: logging.Logger,
+    pods: PodFailures | None = None,
 ) -> None:
     """Make one child match the spec again (the owner's lock held); a Deployment also
     refreshes the owner's status."""
@@ -217,4 +253,4 @@ async def _restore(
     live = await apply_child(api, desired, owner.uid, logger, actual=actual)
     if kind == "Deployment":
         url = config.service_url(owner.name, owner.namespace)
-        await write_status(api, fresh, live, spec_error=None, url=url, fresh=fresh)
+        await write_status(api, fresh, live, spec_error=None, url=url, fresh=fresh, pods=pods)

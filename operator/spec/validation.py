@@ -53,17 +53,9 @@ async def check_cluster(
 ) -> None:
     """Raise SpecError when the cluster cannot run this spec as written."""
     if spec.model.source == "pvc" and spec.model.claim:
-        pvc = await api.get("PersistentVolumeClaim", namespace, spec.model.claim)
-        if pvc is None:
-            raise SpecError(
-                "PVCNotFound",
-                f"PersistentVolumeClaim {show(spec.model.claim)} (from spec.model {show(spec.model.uri)}) "
-                f"does not exist in namespace {show(namespace)}",
-            )
-        if ((pvc.get("status") or {}).get("phase")) == "Lost":
-            raise SpecError(
-                "PVCLost", f"PersistentVolumeClaim {show(spec.model.claim)} lost its volume"
-            )
+        await _check_claim(api, namespace, spec.model.claim, f"spec.model {show(spec.model.uri)}")
+    if spec.model.remote and spec.model_cache.claim_name:
+        await _check_claim(api, namespace, spec.model_cache.claim_name, "spec.modelCache")
     if spec.resources.gpus:
         try:
             nodes = await api.list("Node")
@@ -80,3 +72,15 @@ async def check_cluster(
                 f"each replica requests {spec.resources.gpus} {GPU_RESOURCE} but no node{where} "
                 f"offers that many (the most on one node: {capacity})",
             )
+
+
+async def _check_claim(api: KubeApi, namespace: str, claim: str, where: str) -> None:
+    pvc = await api.get("PersistentVolumeClaim", namespace, claim)
+    if pvc is None:
+        raise SpecError(
+            "PVCNotFound",
+            f"PersistentVolumeClaim {show(claim)} (from {where}) does not exist in namespace "
+            f"{show(namespace)}",
+        )
+    if ((pvc.get("status") or {}).get("phase")) == "Lost":
+        raise SpecError("PVCLost", f"PersistentVolumeClaim {show(claim)} lost its volume")

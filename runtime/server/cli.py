@@ -38,6 +38,7 @@ from pagoda.runtime.server.listen import (
     ensure_fd_limit,
     start_listening,
 )
+from pagoda.runtime.termination import exit_error
 
 DESCRIPTION = "Run the OpenAI-compatible inference server."
 
@@ -71,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = DefaultsHelpFormatter
 
     def error(message: str) -> NoReturn:  # one line, like every other start-up error
-        fail(f"{message} (see `pagoda serve --help`)")
+        fail(ValueError(f"{message} (see `pagoda serve --help`)"))
 
     p.error = error  # type: ignore[method-assign]
     engine = p.add_argument_group("engine")
@@ -109,24 +110,32 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     )
 
 
-def fail(message: str) -> NoReturn:
-    """The one line on stderr, exit 2."""
-    print(f"pagoda serve: error: {' '.join(str(message).split())[:1000]}", file=sys.stderr)
-    sys.exit(2)
+def fail(error: BaseException) -> NoReturn:
+    """One line on stderr and the termination message (`runtime/termination.py`); exit 2."""
+    sys.exit(exit_error("pagoda serve", error))
+
+
+LIVE_LOGGERS = ("pagoda.runtime.model.sources",)  # a download's progress is shown as it goes
 
 
 @contextlib.contextmanager
 def held_logs() -> Iterator[None]:
     """Hold log records while start-up is checked: printed once it passes, dropped when it
-    fails, so a refused start is exactly one line."""
+    fails, so a refused start is exactly one line (a download's progress is not held)."""
     root = logging.getLogger()
     held: list[logging.LogRecord] = []
+    handlers = root.handlers
 
     class Hold(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            held.append(record)
+            if record.name.startswith(LIVE_LOGGERS):
+                for h in handlers:
+                    if record.levelno >= h.level:
+                        h.handle(record)
+            else:
+                held.append(record)
 
-    handlers, root.handlers = root.handlers, [Hold()]
+    root.handlers = [Hold()]
     try:
         yield
     finally:
@@ -149,16 +158,17 @@ def run(args: argparse.Namespace) -> int:
             from pagoda.runtime.server.launch import preflight, serve
 
             engine_cfg, profile = preflight(
-                cfg, engine_kwargs, args.tuned_profile, args.tuned_profile_mismatch
-            )
+                cfg, engine_kwargs, args.tuned_profile, args.tuned_profile_mismatch,
+                download_dir=args.download_dir,
+            )  # fmt: skip
             start_listening(sockets, cfg.host)
-    except ValueError as e:  # a ProfileError/KernelConfigError too: one line, exit 2
+    except ValueError as e:  # a ProfileError, KernelConfigError, failed download too
         close_all(sockets)
-        fail(str(e))
+        fail(e)
     except Exception as e:  # a checkpoint or profile that breaks a reader in a way not foreseen
         close_all(sockets)
         logging.getLogger("pagoda.serve").debug("start-up check failed", exc_info=True)
-        fail(f"{type(e).__name__}: {e}")
+        fail(ValueError(f"{type(e).__name__}: {e}"))
     return serve(cfg, engine_cfg, profile, sockets)
 
 

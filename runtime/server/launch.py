@@ -20,6 +20,7 @@ import uvicorn
 from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.model.loader import read_model_config, resolve_model_path
+from pagoda.runtime.model.sources.fetch import resolve_model
 from pagoda.runtime.server import memory
 from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.connections import guarded_protocol
@@ -35,22 +36,25 @@ def preflight(
     engine_kwargs: Mapping[str, Any],
     tuned_profile: str | None = None,
     tuned_profile_mismatch: str = "error",
+    download_dir: str | None = None,
 ) -> tuple[EngineConfig, TunedProfile | None]:
     """The one `EngineConfig` of this server, and the tuned profile applied to it (if any).
 
     ValueError (a ProfileError, a KernelConfigError too) naming what does not fit: the flags
     together, the profile, the model, the kernel configs or this machine's memory.
     """
+    # hf:// and s3:// → a local copy, downloaded now or found in --download-dir (offline too)
+    model_path = resolve_model(cfg.model, download_dir)
     profile, kwargs = apply_tuned_profile(
         tuned_profile, model=cfg.model, engine_kwargs=engine_kwargs, mismatch=tuned_profile_mismatch
     )
-    model_config = read_model_config(cfg.model)  # an unknown --model fails here, before the bind
+    model_config = read_model_config(model_path)  # an unknown --model fails here
     check_context(kwargs, model_config)
-    engine_cfg = EngineConfig.create(cfg.model, **kwargs)
+    engine_cfg = EngineConfig.create(model_path, **kwargs)
     check_step_budget(engine_kwargs, engine_cfg)
     check_kernel_configs(engine_cfg)
     try:
-        memory.check(model_config, engine_cfg, resolve_model_path(cfg.model))
+        memory.check(model_config, engine_cfg, resolve_model_path(model_path))
     except ValueError as e:
         if profile is None:
             raise
