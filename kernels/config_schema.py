@@ -61,6 +61,7 @@ WARPS = Param(1, 32, pow2=True)
 STAGES = Param(1, 8)
 TILE = Param(16, 256, pow2=True)  # tl.dot needs >= 16; larger tiles do not fit shared memory
 GROUP = Param(1, 128)
+ROWS = Param(1, 64, pow2=True)  # rows per program
 _GEMM = {"BLOCK_M": TILE, "BLOCK_N": TILE, "BLOCK_K": TILE, "GROUP_M": GROUP,
          "num_warps": WARPS, "num_stages": STAGES}  # fmt: skip
 
@@ -91,9 +92,15 @@ KERNELS: Mapping[str, KernelSchema] = {
     "rotary_embedding": KernelSchema(("heads", "rotary_dim"), {"num_warps": WARPS}),
     "matmul": KernelSchema(("n", "k"), _GEMM),
     "silu_and_mul": KernelSchema(
-        ("intermediate",), {"BLOCK": Param(16, 1 << 16, pow2=True), "num_warps": WARPS}
+        ("intermediate",),
+        {"BLOCK": Param(16, 1 << 16, pow2=True), "num_warps": WARPS, "ROWS": ROWS},
+        optional=("ROWS",),
     ),
     "fused_moe": KernelSchema(("experts", "intermediate", "hidden", "itemsize", "tokens"), _GEMM),
+    "fp8_matmul": KernelSchema(("n", "k"), _GEMM),
+    "fp8_quant": KernelSchema(
+        ("hidden",), {"ROWS": ROWS, "BLOCK": Param(16, 1 << 16, pow2=True), "num_warps": WARPS}
+    ),
 }
 # fmt: on
 SHAPE_VALUE = Param(1, 1 << 40)
