@@ -32,6 +32,7 @@ from pagoda.operator.kube.client import ApiError, KubeApi
 from pagoda.operator.kube.names import KIND
 from pagoda.operator.reconcile import reconcile
 from pagoda.operator.reconcile.apply import ChildConflict
+from pagoda.operator.reconcile.reconcile import StatusWriteError
 
 if TYPE_CHECKING:
     from pagoda.operator.spec.config import OperatorConfig
@@ -59,6 +60,7 @@ class Reconciler:
         self._follow_ups: dict[str, asyncio.Task[None]] = {}
         self._succeeded: dict[str, float] = {}  # uid → monotonic time of the last success
         self._failed: dict[str, float] = {}  # uid → monotonic time of the last failure
+        self._status_warned: dict[str, tuple[int, str]] = {}  # uid → refused write's (code, reason)
 
     async def run(
         self, body: Mapping[str, Any], logger: logging.Logger, retry: int, trigger: str
@@ -79,6 +81,15 @@ class Reconciler:
         uid = body["metadata"]["uid"]
         try:
             result = await reconcile.reconcile(self.api, body, self.config, logger)
+        except StatusWriteError as e:  # whatever its code: the user would see nothing otherwise
+            self._count_error(trigger, "status")
+            delay = backoff(retry)
+            logger.error("Could not write the status (retrying in %.0f s): %s", delay, e)
+            await self._warn_status(body, e)
+            raise kopf.TemporaryError(
+                f"the API server refused the status write, retrying in {delay:.0f} s: {e}",
+                delay=delay,
+            ) from e
         except ApiError as e:
             self._count_error(trigger, "transient" if e.transient else "permanent")
             if e.transient:
@@ -100,6 +111,7 @@ class Reconciler:
                 await self._warn(body, err)
             raise kopf.TemporaryError(err.message, delay=max(backoff(retry), 10.0))
         self._succeeded[uid] = time.monotonic()
+        self._status_warned.pop(uid, None)
         if err is None:
             if result.status_changed:
                 logger.info("Reconciled %s %s.", KIND, body["metadata"]["name"])
@@ -112,6 +124,20 @@ class Reconciler:
         await self.api.try_post_event(
             body, type_="Warning", reason=getattr(err, "reason", "Error"),
             message=getattr(err, "message", str(err)), component=self.config.component_name,
+        )  # fmt: skip
+
+    async def _warn_status(self, body: Mapping[str, Any], err: ApiError) -> None:
+        """A Warning Event naming the refused status write's code, once per distinct refusal
+        until a reconcile of the object succeeds (the retries are in the operator's log)."""
+        uid = body["metadata"]["uid"]
+        if self._status_warned.get(uid) == (err.status, err.reason):
+            return
+        self._status_warned[uid] = (err.status, err.reason)
+        await self.api.try_post_event(
+            body, type_="Warning", reason="StatusWriteFailed",
+            message=f"The API server refused the status write (HTTP {err.status} {err.reason}): "
+            f"{err.message}; retrying with backoff (1 s doubling to 60 s)",
+            component=self.config.component_name,
         )  # fmt: skip
 
     def _count_error(self, trigger: str, kind: str) -> None:
@@ -138,7 +164,10 @@ class Reconciler:
                 event_type, child.get("kind"), child["metadata"].get("name"), e, KIND,
                 owner["metadata"]["name"], backoff(0),
             )  # fmt: skip
-            self._count_error("child_event", "transient")
+            status_refused = isinstance(e, StatusWriteError)
+            self._count_error("child_event", "status" if status_refused else "transient")
+            if status_refused:
+                await self._warn_status(owner, e)
             self.schedule(owner, "child_event", backoff(0), 1)
         finally:
             if self.metrics is not None:
@@ -164,6 +193,9 @@ class Reconciler:
                 logger.warning("Resync could not list %s objects: %s", KIND, e)
                 continue
             self.keep_only({b["metadata"]["uid"] for b in bodies})
+            listed = {(b["metadata"]["namespace"], b["metadata"]["name"]) for b in bodies}
+            for gone in set(self.api.status_failures) - listed:
+                self.api.forget_status(*gone)
             for body in bodies:
                 try:
                     await self.run(body, logger, 0, "resync")
@@ -213,7 +245,7 @@ class Reconciler:
 
     def keep_only(self, uids: set[str]) -> None:
         """Forget the bookkeeping of objects that no longer exist (the resync lists them)."""
-        for book in (self._succeeded, self._failed):
+        for book in (self._succeeded, self._failed, self._status_warned):
             for uid in set(book) - uids:
                 del book[uid]
 

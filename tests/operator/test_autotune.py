@@ -35,7 +35,8 @@ def test_products_follow_the_node_selector_and_gpu_capacity() -> None:
         node("d", None, 8),
     ]
     assert products_for(parse(), nodes) == ["A100", "H200"]
-    assert products_for(parse(resources={"gpus": 2}), nodes) == ["H200"]
+    two_gpus = parse(resources={"gpus": 2}, autotune={"enabled": False})
+    assert products_for(two_gpus, nodes) == ["H200"]
     assert products_for(parse(nodeSelector={"pool": "x"}), nodes) == ["H200"]
     assert products_for(parse(nodeSelector={PRODUCT_LABEL: "B200"}), nodes) == ["B200"]
 
@@ -56,6 +57,9 @@ def test_autotune_needs_gpus_and_a_sane_budget() -> None:
     with pytest.raises(SpecError, match="timeBudgetSeconds"):
         parse(autotune={"enabled": True, "timeBudgetSeconds": 5})
     assert parse(autotune={"enabled": False}, resources={"gpus": 0}).autotune.enabled is False
+    # a profile measured on one GPU does not describe a tensor-parallel server
+    with pytest.raises(SpecError, match="cannot tune a tensor-parallel one"):
+        parse(resources={"gpus": 2})
 
 
 def test_job_outcome_and_backoff() -> None:
