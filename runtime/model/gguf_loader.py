@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model.quantized import QuantizedWeight, from_gguf, readable
+from pagoda.runtime.cpu.quantized import QuantizedWeight, from_gguf, readable
 from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
