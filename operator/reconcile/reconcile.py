@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 from pagoda.operator.autotune import mount as autotune_mount
 from pagoda.operator.children.build import build_children
 from pagoda.operator.children.owner import Owner
-from pagoda.operator.kube.client import ApiError, KubeApi
+from pagoda.operator.kube.client import MERGE_PATCH, ApiError, KubeApi
 from pagoda.operator.kube.locks import object_lock
-from pagoda.operator.kube.names import KIND, WORKLOAD_KINDS, owned_by, workload_name
+from pagoda.operator.kube.names import KIND, RESOURCES, WORKLOAD_KINDS, owned_by, workload_name
 from pagoda.operator.reconcile.apply import UNKNOWN, apply_child, delete_child
 from pagoda.operator.spec import status, validation
 from pagoda.operator.spec.fields import SpecError
@@ -26,6 +26,7 @@ from pagoda.operator.spec.fields import SpecError
 if TYPE_CHECKING:
     from pagoda.operator.spec.config import OperatorConfig
 
+log = logging.getLogger(__name__)
 # Degraded reasons only a full reconcile may clear (child events keep them as they are).
 STICKY_REASONS = validation.SPEC_REASONS | {"ResourceConflict"}
 
@@ -37,9 +38,14 @@ class Result:
 
 
 class StatusWriteError(ApiError):
-    """The API server refused the status write. Told apart from other API errors: whatever its
-    code (a 422 from a CRD older than the operator, say), it is retried with backoff and posted
-    as an Event (reconcile/retry.py), since the user sees nothing while status cannot be written."""
+    """The status write failed. Told apart from other API errors: a refusal (`refused`: a 4xx
+    such as a 422 from a CRD older than the operator, or a 403), whatever its code, is retried
+    with backoff and posted as an Event (reconcile/retry.py), since the user sees nothing while
+    status cannot be written; an outage or a conflict is retried as any transient error."""
+
+    @property
+    def refused(self) -> bool:
+        return 400 <= self.status < 500 and self.status not in (404, 408, 409, 429)
 
 
 async def live_workload(api: KubeApi, owner: Owner) -> dict[str, Any] | None:
@@ -89,8 +95,31 @@ async def write_status(
             KIND, meta["namespace"], meta["name"], {"status": patch}, subresource="status"
         )
     except ApiError as e:
+        if e.status == 422:
+            await _report_refusal(api, fresh, e)
         raise StatusWriteError(e.status, e.reason, e.message) from e
     return True
+
+
+async def _report_refusal(api: KubeApi, fresh: Mapping[str, Any], error: ApiError) -> None:
+    """A 422 refuses the status's content (say, a CRD older than the operator that lacks a new
+    field): put the refusal in the part every version of the schema has, a `Degraded` condition,
+    so `kubectl get/describe` shows why nothing else changes. Best effort; the next full write
+    that succeeds replaces it (the failure still counts for /readyz until then)."""
+    meta = fresh["metadata"]
+    conditions = status.with_condition(
+        (fresh.get("status") or {}).get("conditions"), "Degraded", True, "StatusRejected",
+        f"the API server refused this object's status (HTTP {error.status} {error.reason}): "
+        f"{error.message}; retrying with backoff (is the CRD older than the operator?)",
+        meta.get("generation"),
+    )  # fmt: skip
+    path = RESOURCES[KIND].path(meta["namespace"], meta["name"], "status")
+    try:  # not api.patch: this write succeeding does not mean the status can be written
+        await api.request(
+            "PATCH", path, body={"status": {"conditions": conditions}}, content_type=MERGE_PATCH
+        )
+    except ApiError as e:
+        log.warning("Could not report the refused status write of %s either: %s", meta["name"], e)
 
 
 async def reconcile(

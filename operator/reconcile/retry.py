@@ -25,7 +25,7 @@ import copy
 import logging
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import kopf
 from pagoda.operator.kube.client import ApiError, KubeApi
@@ -81,16 +81,9 @@ class Reconciler:
         uid = body["metadata"]["uid"]
         try:
             result = await reconcile.reconcile(self.api, body, self.config, logger)
-        except StatusWriteError as e:  # whatever its code: the user would see nothing otherwise
-            self._count_error(trigger, "status")
-            delay = backoff(retry)
-            logger.error("Could not write the status (retrying in %.0f s): %s", delay, e)
-            await self._warn_status(body, e)
-            raise kopf.TemporaryError(
-                f"the API server refused the status write, retrying in {delay:.0f} s: {e}",
-                delay=delay,
-            ) from e
         except ApiError as e:
+            if isinstance(e, StatusWriteError) and e.refused:  # the user would see nothing else
+                await self._status_refused(body, e, logger, retry, trigger)
             self._count_error(trigger, "transient" if e.transient else "permanent")
             if e.transient:
                 raise kopf.TemporaryError(
@@ -125,6 +118,24 @@ class Reconciler:
             body, type_="Warning", reason=getattr(err, "reason", "Error"),
             message=getattr(err, "message", str(err)), component=self.config.component_name,
         )  # fmt: skip
+
+    async def _status_refused(
+        self,
+        body: Mapping[str, Any],
+        err: StatusWriteError,
+        logger: logging.Logger,
+        retry: int,
+        trigger: str,
+    ) -> NoReturn:
+        """A refused status write, whatever its code: an Event, and a retry with backoff."""
+        self._count_error(trigger, "status")
+        delay = backoff(retry)
+        logger.error("The API server refused the status write (retrying in %.0f s): %s", delay, err)
+        await self._warn_status(body, err)
+        raise kopf.TemporaryError(
+            f"the API server refused the status write, retrying in {delay:.0f} s: {err}",
+            delay=delay,
+        ) from err
 
     async def _warn_status(self, body: Mapping[str, Any], err: ApiError) -> None:
         """A Warning Event naming the refused status write's code, once per distinct refusal
@@ -164,7 +175,7 @@ class Reconciler:
                 event_type, child.get("kind"), child["metadata"].get("name"), e, KIND,
                 owner["metadata"]["name"], backoff(0),
             )  # fmt: skip
-            status_refused = isinstance(e, StatusWriteError)
+            status_refused = isinstance(e, StatusWriteError) and e.refused
             self._count_error("child_event", "status" if status_refused else "transient")
             if status_refused:
                 await self._warn_status(owner, e)
