@@ -29,7 +29,13 @@ from pagoda.operator.autoscaling.alerts import AlertReceiver
 from pagoda.operator.autoscaling.loop import Autoscaler
 from pagoda.operator.autotune.loop import Autotuner
 from pagoda.operator.kube.client import KubeApi
-from pagoda.operator.kube.names import LABEL_MANAGED_BY, MANAGED_BY, RESOURCES, WATCHED_CHILD_KINDS
+from pagoda.operator.kube.names import (
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    RESOURCES,
+    WATCHED_CHILD_KINDS,
+    pod_labels,
+)
 from pagoda.operator.reconcile.retry import Reconciler
 from pagoda.operator.spec.config import LOG_FORMATS, OperatorConfig
 from pagoda.operator.web.metrics import OperatorMetrics
@@ -233,6 +239,8 @@ def kopf_settings(config: OperatorConfig) -> kopf.OperatorSettings:
         for kind in WATCHED_CHILD_KINDS:
             res = RESOURCES[kind]
             selectors[res.group, res.plural] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+        pods = RESOURCES["Pod"]
+        selectors[pods.group, pods.plural] = ",".join(f"{k}={v}" for k, v in pod_labels().items())
     return s
 
 

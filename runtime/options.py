@@ -139,7 +139,8 @@ def _flags(*flags: Flag) -> Mapping[str, Flag]:
 
 
 ENGINE_FLAGS: Mapping[str, Flag] = _flags(
-    Flag("--model", f"built-in name ({', '.join(BUILTIN_MODELS)}), GGUF file or HF directory",
+    Flag("--model", f"built-in name ({', '.join(BUILTIN_MODELS)}), GGUF file, HF directory, "
+         "hf://ORG/NAME[@REVISION] or s3://BUCKET/PREFIX (downloaded into --download-dir)",
          DEFAULT_MODEL),
     Flag("--dtype", "weights/activations dtype; auto: bfloat16 on CUDA and on CPUs with native "
          "bf16 matmul, else float32", DEFAULT_DTYPE, choices=(*DTYPES, *DTYPE_ALIASES)),
@@ -196,6 +197,9 @@ SERVER_FLAGS: Mapping[str, Flag] = _flags(
          None, metavar="DIR"),
     Flag("--tuned-profile-mismatch", "a profile measured for another device/model/dtype: error "
          "refuses to start, warn serves on defaults", "error", choices=TUNED_PROFILE_MISMATCH),
+    Flag("--download-dir", "where hf:// and s3:// models are downloaded and found again (with "
+         "HF_HUB_OFFLINE=1 only found); default: $PAGODA_DOWNLOAD_DIR or ~/.cache/pagoda/models",
+         None, metavar="DIR"),
     Flag("--log-level", "log verbosity", DEFAULT_LOG_LEVEL, choices=LOG_LEVELS),
     Flag("--enable-debug-endpoints", "GET /debug/engine (tests only)", False, kind="switch",
          hidden=True),

@@ -1,5 +1,6 @@
 """The Deployment: one `server` container running `pagoda serve`, its probes, resources, volumes
-and restricted security context. Pure.
+and restricted security context (+ the `model-download` init container of an hf:// or s3://
+model, children/model_cache.py). Pure.
 
 `replicas` is left out once the autoscaler owns it (see
 `InferenceServiceSpec.desired_replicas`).
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from pagoda.operator.children.model_cache import add_model_download
 from pagoda.operator.children.owner import adopt, child
 from pagoda.operator.children.serve_args import server_args
 from pagoda.operator.kube.names import (
@@ -133,6 +135,7 @@ def _pod_spec(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
         "containers": [_container(spec, mounts)],
         "volumes": volumes,
     }
+    add_model_download(pod_spec, spec, readers=(CONTAINER_NAME,))  # hf://, s3:// only
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if tolerations:

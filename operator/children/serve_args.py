@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from pagoda.operator.kube.names import (
     LWS_LEADER_ADDRESS_ENV,
     LWS_WORKER_INDEX_ENV,
+    MODEL_CACHE_MOUNT,
     SERVER_PORT,
     WORKER,
 )
@@ -47,6 +48,8 @@ def serve_values(spec: InferenceServiceSpec, role: str | None = None) -> dict[st
         "max_num_batched_tokens": e.max_num_batched_tokens,
         "max_model_len": e.max_model_len,
         "max_queue_len": e.max_queue_len,
+        # hf:// and s3:// only (None otherwise, so other services' config hashes do not change)
+        "download_dir": MODEL_CACHE_MOUNT if spec.model.remote else None,
         **parallel_values(spec, role),
     }
 

@@ -33,6 +33,7 @@ COMPONENT = "inference-server"
 CONFIG_HASH_ANNOTATION = "serving.pagoda.dev/config-hash"
 GPU_RESOURCE = "nvidia.com/gpu"
 SERVER_PORT = options.DEFAULT_PORT  # `pagoda serve --port` in the pods (port `http`)
+MODEL_CACHE_MOUNT = "/var/cache/pagoda/models"  # hf:// and s3:// models: `--download-dir` in pods
 
 
 def selector_labels(name: str) -> dict[str, str]:
@@ -139,6 +140,8 @@ RESOURCES: Mapping[str, ResourceKind] = {
     "LeaderWorkerSet": ResourceKind(
         "leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet"
     ),
+    # watched only (kopf): a container's termination message → the owner's conditions
+    "Pod": ResourceKind("", "v1", "pods", "Pod"),
     # autotuning (autotune/): the tuning Job and its least-privilege hand-back RBAC
     "Job": ResourceKind("batch", "v1", "jobs", "Job"),
     "ServiceAccount": ResourceKind("", "v1", "serviceaccounts", "ServiceAccount"),
@@ -167,6 +170,11 @@ WATCHED_CHILD_KINDS = (
     "ConfigMap",
     "PodDisruptionBudget",
 )
+
+
+def pod_labels() -> dict[str, str]:
+    """What the pod watch filters on: the serving pods the operator's Deployments create."""
+    return {LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: COMPONENT}
 
 
 def container_security() -> dict[str, Any]:

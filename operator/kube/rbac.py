@@ -69,7 +69,10 @@ API_PERMISSIONS: tuple[Permission, ...] = (
         (*_CHILD_VERBS, "delete"),
         "multi-node groups; the autoscaler's replicas; deleted on a switch to one node",
     ),
-    Permission("", "persistentvolumeclaims", ("get",), "pvc:// models must exist"),
+    Permission("", "persistentvolumeclaims", ("get",), "pvc:// models, spec.modelCache must exist"),
+    Permission(
+        "", "pods", ("get", "list", "watch"), "a container's termination message → conditions"
+    ),
     Permission("", "nodes", ("list",), "GPU requests must fit some node; GPU products to tune"),
     # autotuning (autotune/, chart value autotune.enabled)
     Permission("", "configmaps", ("delete",), "unused tuned profiles", "autotune"),

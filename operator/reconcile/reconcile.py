@@ -24,6 +24,7 @@ from pagoda.operator.spec import status, validation
 from pagoda.operator.spec.fields import SpecError
 
 if TYPE_CHECKING:
+    from pagoda.operator.reconcile.pods import PodFailures
     from pagoda.operator.spec.config import OperatorConfig
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ async def write_status(
     url: str | None,
     fresh: Mapping[str, Any] | None = None,
     kind: str = "Deployment",
+    pods: PodFailures | None = None,
 ) -> bool:
     """Patch /status with what changed, against a fresh read of the object. True if it wrote.
 
@@ -86,7 +88,10 @@ async def write_status(
         return False  # deleted (or replaced) meanwhile
     # Stamp the generation that was reconciled, not a newer one that arrived in between.
     target = {**fresh, "metadata": {**fresh["metadata"], "generation": meta.get("generation")}}
-    new = status.compute_status(target, workload, spec_error=spec_error, url=url, kind=kind)
+    failure = pods.failure(meta["namespace"], meta["name"]) if pods is not None else None
+    new = status.compute_status(
+        target, workload, spec_error=spec_error, url=url, kind=kind, pod_failure=failure
+    )
     patch = status.status_patch(fresh.get("status"), new)
     if patch is None:
         return False
@@ -123,7 +128,11 @@ async def _report_refusal(api: KubeApi, fresh: Mapping[str, Any], error: ApiErro
 
 
 async def reconcile(
-    api: KubeApi, body: Mapping[str, Any], config: OperatorConfig, logger: logging.Logger
+    api: KubeApi,
+    body: Mapping[str, Any],
+    config: OperatorConfig,
+    logger: logging.Logger,
+    pods: PodFailures | None = None,
 ) -> Result:
     """Full reconcile of one InferenceService: validate, apply children, delete stale ones, status.
 
@@ -147,7 +156,9 @@ async def reconcile(
             changed = await write_status(api, fresh, current, spec_error=e, url=None, fresh=fresh)
             return Result(spec_error=e, status_changed=changed)
         url = config.service_url(owner.name, owner.namespace)
-        changed = await write_status(api, fresh, workload, spec_error=None, url=url, fresh=fresh)
+        changed = await write_status(
+            api, fresh, workload, spec_error=None, url=url, fresh=fresh, pods=pods
+        )
         return Result(spec_error=None, status_changed=changed)
 
 
@@ -210,8 +221,9 @@ async def on_child_event(
     owner_body: Mapping[str, Any],
     config: OperatorConfig,
     logger: logging.Logger,
+    pods: PodFailures | None = None,
 ) -> None:
-    """A child changed or vanished: restore it if needed; a Deployment change refreshes status.
+    """A child changed or vanished: restore it if needed; a workload change refreshes status.
 
     `owner_body` (from kopf's index) only locates the owner; decisions use a fresh read taken
     under the owner's lock, so a lagging index cannot resurrect an old condition.
@@ -235,7 +247,31 @@ async def on_child_event(
             return
         if (fresh.get("status") or {}).get("observedGeneration") != meta.get("generation"):
             return  # a spec change not reconciled yet: its handler applies every child in order
-        await _restore(api, fresh, owner, kind, name, config, logger)
+        await _restore(api, fresh, owner, kind, name, config, logger, pods)
+
+
+async def on_pods_changed(
+    api: KubeApi, owner_body: Mapping[str, Any], config: OperatorConfig, pods: PodFailures
+) -> Mapping[str, Any] | None:
+    """The owner's pods' named failure changed: write the status again (under the owner's lock,
+    from a fresh read, like a workload's event). Returns the owner as read (None: gone)."""
+    owner = Owner.from_body(owner_body)
+    async with object_lock(owner.uid):
+        fresh = await api.get(KIND, owner.namespace, owner.name)
+        meta = (fresh or {}).get("metadata") or {}
+        if fresh is None or meta.get("uid") != owner.uid or meta.get("deletionTimestamp"):
+            return None
+        fresh.setdefault("apiVersion", owner_body.get("apiVersion"))
+        fresh.setdefault("kind", owner_body.get("kind", KIND))
+        if (fresh.get("status") or {}).get("observedGeneration") != meta.get("generation"):
+            return fresh  # a spec change not reconciled yet: its reconcile reads the registry
+        workload = await live_workload(api, owner)
+        recorded = spec_error_in_status(fresh)
+        url = None if recorded else config.service_url(owner.name, owner.namespace)
+        await write_status(
+            api, fresh, workload, spec_error=recorded, url=url, fresh=fresh, pods=pods
+        )
+        return fresh
 
 
 async def _restore(
@@ -246,6 +282,7 @@ async def _restore(
     name: str,
     config: OperatorConfig,
     logger: logging.Logger,
+    pods: PodFailures | None = None,
 ) -> None:
     """Make one child match the spec again (the owner's lock held); the workload (Deployment or
     LeaderWorkerSet) also refreshes the owner's status."""
@@ -278,4 +315,4 @@ async def _restore(
     if workload:
         live.setdefault("kind", kind)
         url = config.service_url(owner.name, owner.namespace)
-        await write_status(api, fresh, live, spec_error=None, url=url, fresh=fresh)
+        await write_status(api, fresh, live, spec_error=None, url=url, fresh=fresh, pods=pods)

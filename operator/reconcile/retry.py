@@ -32,6 +32,7 @@ from pagoda.operator.kube.client import ApiError, KubeApi
 from pagoda.operator.kube.names import KIND
 from pagoda.operator.reconcile import reconcile
 from pagoda.operator.reconcile.apply import ChildConflict
+from pagoda.operator.reconcile.pods import PodFailures
 from pagoda.operator.reconcile.reconcile import StatusWriteError
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ class Reconciler:
         self._follow_ups: dict[str, asyncio.Task[None]] = {}
         self._succeeded: dict[str, float] = {}  # uid → monotonic time of the last success
         self._failed: dict[str, float] = {}  # uid → monotonic time of the last failure
+        self.pods = PodFailures()  # the serving pods' named failures (pod events fill it)
         self._status_warned: dict[str, tuple[int, str]] = {}  # uid → refused write's (code, reason)
 
     async def run(
@@ -80,7 +82,7 @@ class Reconciler:
         started = time.perf_counter()
         uid = body["metadata"]["uid"]
         try:
-            result = await reconcile.reconcile(self.api, body, self.config, logger)
+            result = await reconcile.reconcile(self.api, body, self.config, logger, self.pods)
         except ApiError as e:
             if isinstance(e, StatusWriteError) and e.refused:  # the user would see nothing else
                 await self._status_refused(body, e, logger, retry, trigger)
@@ -168,7 +170,9 @@ class Reconciler:
         """
         started = time.perf_counter()
         try:
-            await reconcile.on_child_event(self.api, event_type, child, owner, self.config, logger)
+            await reconcile.on_child_event(
+                self.api, event_type, child, owner, self.config, logger, self.pods
+            )
         except (ApiError, ChildConflict) as e:
             logger.warning(
                 "Handling the %s event of %s %s failed: %s; reconciling %s %s again in %.0f s.",
@@ -185,6 +189,34 @@ class Reconciler:
                 self.metrics.reconcile_duration.labels("child_event").observe(
                     time.perf_counter() - started
                 )
+
+    async def pod_event(
+        self,
+        event_type: str | None,
+        pod: Mapping[str, Any],
+        owner: Mapping[str, Any] | None,
+        logger: logging.Logger,
+    ) -> None:
+        """A serving pod changed: a container's named failure (its termination message) that
+        appears or clears changes the owner's conditions; a new one is also a Warning Event."""
+        changed, new = self.pods.observe(event_type, pod)
+        if owner is None or (not changed and new is None):
+            return
+        try:
+            fresh = await reconcile.on_pods_changed(self.api, owner, self.config, self.pods)
+            if fresh is not None and new is not None:
+                logger.warning("%s: %s", new.reason, new.description)
+                await self.api.try_post_event(
+                    fresh, type_="Warning", reason=new.reason, message=new.description,
+                    component=self.config.component_name,
+                )  # fmt: skip
+        except ApiError as e:
+            logger.warning("Updating the status after a pod event failed: %s; retrying.", e)
+            status_refused = isinstance(e, StatusWriteError) and e.refused
+            self._count_error("pod_event", "status" if status_refused else "transient")
+            if status_refused:
+                await self._warn_status(owner, e)
+            self.schedule(owner, "pod_event", backoff(0), 1)
 
     async def after_autotune(self, body: Mapping[str, Any]) -> None:
         """The autotuner changed `status.autotune`: reconcile, so the pods mount the profile."""

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagoda.operator.kube.drift import parse_quantity
 from pagoda.operator.kube.names import MAX_GROUP_NAME_LENGTH
 from pagoda.operator.spec.autotune import AutotuneSpec
 from pagoda.operator.spec.fields import (
@@ -54,6 +55,9 @@ DEFAULT_MEMORY = "2Gi"
 DEFAULT_TOLERANCE = 0.1
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
 # The CRD's length and size limits, enforced here too (the schema may not be applied).
@@ -216,6 +220,38 @@ class AutoscalingSpec:
 
 
 @dataclass(frozen=True)
+class ModelCacheSpec:
+    """Where hf:// and s3:// models are downloaded: a PersistentVolumeClaim shared by the
+    replicas (`claim_name`), else an emptyDir per pod, optionally capped at `size_limit`."""
+
+    claim_name: str | None = None
+    size_limit: str | None = None  # a quantity; the emptyDir's sizeLimit
+
+    def __post_init__(self) -> None:
+        if self.claim_name and self.size_limit:
+            raise SpecError(
+                "InvalidSpec",
+                "spec.modelCache: sizeLimit caps the default emptyDir; a claimName's size is the "
+                "PersistentVolumeClaim's own: set one of them",
+            )
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelCacheSpec:
+        p = "spec.modelCache"
+        claim = opt_str(d, "claimName", p, max_len=MAX_SECRET_FIELD)
+        if claim is not None and not _DNS1123_SUBDOMAIN.match(claim):
+            raise SpecError("InvalidSpec", f"{p}.claimName {show(claim)} is not a valid PVC name")
+        limit = quantity(d, "sizeLimit", p)
+        if limit is not None and not parse_quantity(limit):
+            raise SpecError("InvalidSpec", f"{p}.sizeLimit must be more than 0")
+        return cls(claim_name=claim, size_limit=limit)
+
+    @property
+    def size_limit_bytes(self) -> int | None:
+        return None if self.size_limit is None else int(parse_quantity(self.size_limit) or 0)
+
+
+@dataclass(frozen=True)
 class SecretKeyRef:
     name: str
     key: str = DEFAULT_API_KEY_KEY
@@ -234,6 +270,8 @@ class InferenceServiceSpec:
     autotune: AutotuneSpec = field(default_factory=AutotuneSpec)
     parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
     api_key_secret: SecretKeyRef | None = None
+    model_cache: ModelCacheSpec = field(default_factory=ModelCacheSpec)
+    model_secret: str | None = None  # a Secret whose keys the model-download container gets as env
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Mapping[str, Any], ...] = ()
     env: tuple[Mapping[str, Any], ...] = ()
@@ -260,6 +298,17 @@ class InferenceServiceSpec:
                 "InvalidSpec",
                 "spec.engine.kvCacheDtype int8 runs on CPU pods only (resources.gpus 0, "
                 "attentionBackend auto or torch)",
+            )
+        if not self.model.remote and (self.model_secret or self.model_cache != ModelCacheSpec()):
+            raise SpecError(
+                "InvalidSpec",
+                "spec.modelCache and spec.modelSecretRef apply to hf:// and s3:// models only",
+            )
+        if self.autotune.enabled and self.model.remote:
+            raise SpecError(
+                "InvalidSpec",
+                "spec.autotune does not tune hf:// or s3:// models yet: tune with the model on a "
+                "PersistentVolumeClaim (pvc://) or run `pagoda tune` by hand",
             )
         if self.autotune.enabled and self.resources.gpus < 1:
             raise SpecError(
@@ -352,6 +401,8 @@ class InferenceServiceSpec:
             autotune=AutotuneSpec.from_dict(spec.get("autotune") or {}),
             parallelism=parallelism,
             api_key_secret=_secret_ref(spec),
+            model_cache=ModelCacheSpec.from_dict(mapping(spec, "modelCache", "spec")),
+            model_secret=_model_secret(spec),
             node_selector=tuple(sorted(node_selector.items())),
             tolerations=tuple(_list_of_objects(spec, "tolerations", MAX_TOLERATIONS)),
             env=tuple(_env(spec)),
@@ -391,6 +442,19 @@ def _secret_ref(spec: Mapping[str, Any]) -> SecretKeyRef | None:
     return SecretKeyRef(
         name, opt_str(secret, "key", p, max_len=MAX_SECRET_FIELD) or DEFAULT_API_KEY_KEY
     )
+
+
+def _model_secret(spec: Mapping[str, Any]) -> str | None:
+    ref = spec.get("modelSecretRef")
+    if ref is None:
+        return None
+    p = "spec.modelSecretRef"
+    if not isinstance(ref, Mapping):
+        raise SpecError("InvalidSpec", f"{p} must be an object, got {show(ref)}")
+    name = opt_str(ref, "name", p, max_len=MAX_SECRET_FIELD)
+    if not name or not _DNS1123_SUBDOMAIN.match(name):
+        raise SpecError("InvalidSpec", f"{p}.name must be a Secret's name, got {show(name)}")
+    return name
 
 
 def _list_of_objects(spec: Mapping[str, Any], key: str, max_items: int) -> list[Mapping[str, Any]]:

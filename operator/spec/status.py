@@ -1,7 +1,9 @@
 """InferenceService status: conditions (Ready, Progressing, Degraded), replicas, selector, url.
 
 Pure functions: `compute_status` derives the whole status from the workload (the Deployment, or
-a multi-node service's LeaderWorkerSet) and the spec check; `status_patch` returns only what changed (None when nothing did), so the operator writes
+a multi-node service's LeaderWorkerSet), the spec check and the pods' named failures (a
+container's termination message, spec/pod_failure.py); `status_patch` returns only what changed
+(None when nothing did), so the operator writes
 status on real change only. `status.autoscaling` belongs to the autoscaler and is never touched.
 """
 
@@ -15,6 +17,7 @@ from pagoda.operator.kube.names import leader_selector_labels, now_iso, selector
 
 if TYPE_CHECKING:
     from pagoda.operator.spec.fields import SpecError
+    from pagoda.operator.spec.pod_failure import PodFailure
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded")
 MAX_MESSAGE = 32768  # the CRD's maxLength of a condition message (longer ones are rejected)
@@ -128,6 +131,19 @@ def _rollout_degraded(deployment: Mapping[str, Any]) -> Condition:
     return degraded
 
 
+def _with_pod_failure(conditions: list[Condition], failure: PodFailure) -> list[Condition]:
+    """A pod's named failure (e.g. ModelDownloadFailed) becomes Degraded's reason, and Ready's
+    while no replica is ready (a service that serves stays Ready)."""
+    out = []
+    for cond in conditions:
+        if cond.type == "Degraded" or (cond.type == "Ready" and cond.reason == "Unavailable"):
+            cond = Condition(
+                cond.type, cond.type == "Degraded", failure.reason, failure.description
+            )
+        out.append(cond)
+    return out
+
+
 def compute_status(
     body: Mapping[str, Any],
     deployment: Mapping[str, Any] | None,
@@ -135,6 +151,7 @@ def compute_status(
     spec_error: SpecError | None = None,
     url: str | None = None,
     kind: str = "Deployment",
+    pod_failure: PodFailure | None = None,
 ) -> dict[str, Any]:
     """The full status this InferenceService should have now. `deployment`: the workload, a
     Deployment or a LeaderWorkerSet (`kind`, when there is none yet); for a LeaderWorkerSet the
@@ -144,7 +161,10 @@ def compute_status(
     old = {c.get("type"): c for c in ((body.get("status") or {}).get("conditions") or [])}
     kind = (deployment or {}).get("kind") or kind
     conditions = []
-    for cond in _conditions(deployment, spec_error, kind):
+    computed = _conditions(deployment, spec_error, kind)
+    if pod_failure is not None and spec_error is None and deployment is not None:
+        computed = _with_pod_failure(computed, pod_failure)
+    for cond in computed:
         status = "True" if cond.status else "False"
         prev = old.get(cond.type) or {}
         conditions.append(

@@ -60,17 +60,9 @@ async def check_cluster(
 ) -> None:
     """Raise SpecError when the cluster cannot run this spec as written."""
     if spec.model.source == "pvc" and spec.model.claim:
-        pvc = await api.get("PersistentVolumeClaim", namespace, spec.model.claim)
-        if pvc is None:
-            raise SpecError(
-                "PVCNotFound",
-                f"PersistentVolumeClaim {show(spec.model.claim)} (from spec.model {show(spec.model.uri)}) "
-                f"does not exist in namespace {show(namespace)}",
-            )
-        if ((pvc.get("status") or {}).get("phase")) == "Lost":
-            raise SpecError(
-                "PVCLost", f"PersistentVolumeClaim {show(spec.model.claim)} lost its volume"
-            )
+        await _check_claim(api, namespace, spec.model.claim, f"spec.model {show(spec.model.uri)}")
+    if spec.model.remote and spec.model_cache.claim_name:
+        await _check_claim(api, namespace, spec.model_cache.claim_name, "spec.modelCache")
     if spec.multi_node and not await api.has_resource("LeaderWorkerSet"):
         raise SpecError(
             "LeaderWorkerSetNotInstalled",
@@ -108,3 +100,15 @@ def check_gpu_capacity(spec: InferenceServiceSpec, capacities: list[int]) -> Non
         f"a group of {pods} pods (spec.parallelism.nodes) with {gpus} {GPU_RESOURCE} each does "
         f"not fit: the nodes{where} have room for {room} such pod{'s' if room > 1 else ''}",
     )
+
+
+async def _check_claim(api: KubeApi, namespace: str, claim: str, where: str) -> None:
+    pvc = await api.get("PersistentVolumeClaim", namespace, claim)
+    if pvc is None:
+        raise SpecError(
+            "PVCNotFound",
+            f"PersistentVolumeClaim {show(claim)} (from {where}) does not exist in namespace "
+            f"{show(namespace)}",
+        )
+    if ((pvc.get("status") or {}).get("phase")) == "Lost":
+        raise SpecError("PVCLost", f"PersistentVolumeClaim {show(claim)} lost its volume")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from typing import Any
 
 # Before torch loads libgomp: OpenMP threads that spin at barriers while another process holds
@@ -27,6 +26,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from pagoda.runtime import options
 from pagoda.runtime.options import ENGINE_FLAGS, PARALLEL_FLAGS, SERVER_FLAGS, Flag
 from pagoda.runtime.server.config import ServerConfig
+from pagoda.runtime.termination import exit_error
 
 DESCRIPTION = "Run the OpenAI-compatible inference server."
 
@@ -115,9 +115,9 @@ def run(args: argparse.Namespace) -> int:
         engine_kwargs = options.engine_kwargs(vars(args))
         parallelism(args)
         engine_cfg, profile = preflight(
-            cfg, engine_kwargs, args.tuned_profile, args.tuned_profile_mismatch
-        )
-    except ValueError as e:  # a ProfileError too: refused profiles exit 2 with one line
-        print(f"pagoda serve: error: {' '.join(str(e).split())[:1000]}", file=sys.stderr)
-        return 2
+            cfg, engine_kwargs, args.tuned_profile, args.tuned_profile_mismatch,
+            download_dir=args.download_dir,
+        )  # fmt: skip
+    except ValueError as e:  # a ProfileError, a failed download too: exit 2 with one line
+        return exit_error("pagoda serve", e)  # + the termination message (runtime/termination.py)
     return serve(cfg, engine_cfg, profile)

@@ -12,6 +12,7 @@ import uvicorn
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.model.loader import read_model_config
+from pagoda.runtime.model.sources.fetch import resolve_model
 from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.draining import DrainingServer
 from pagoda.runtime.server.tuned import apply_tuned_profile
@@ -23,6 +24,7 @@ def preflight(
     engine_kwargs: Mapping[str, Any],
     tuned_profile: str | None = None,
     tuned_profile_mismatch: str = "error",
+    download_dir: str | None = None,
 ) -> tuple[EngineConfig, TunedProfile | None]:
     """The one `EngineConfig` of this server, and the tuned profile applied to it (if any).
 
@@ -30,14 +32,16 @@ def preflight(
     model: the model's metadata (not its weights) is read here, so an unknown `--model` or a
     flag combination its context length makes impossible fails before the HTTP server starts.
     """
+    # hf:// and s3:// → a local copy, downloaded now or found in --download-dir (offline too)
+    model_path = resolve_model(cfg.model, download_dir)
     profile, kwargs = apply_tuned_profile(
         tuned_profile, model=cfg.model, engine_kwargs=engine_kwargs, mismatch=tuned_profile_mismatch
     )
     if kwargs.get("max_model_len") is None:
-        kwargs["max_model_len"] = read_model_config(cfg.model).max_position_embeddings
+        kwargs["max_model_len"] = read_model_config(model_path).max_position_embeddings
     else:
-        read_model_config(cfg.model)  # an unknown --model fails here, before the bind
-    return EngineConfig.create(cfg.model, **kwargs), profile
+        read_model_config(model_path)  # an unknown --model fails here, before the bind
+    return EngineConfig.create(model_path, **kwargs), profile
 
 
 def serve(cfg: ServerConfig, engine_cfg: EngineConfig, profile: TunedProfile | None = None) -> int:

@@ -127,6 +127,9 @@ ClusterRole.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
 {{- if .Values.autotune.enabled }}
 {{- /* autotuning: one Job per key; the Job's ServiceAccount may only get/patch its profile ConfigMap */}}
 - apiGroups: [""]
