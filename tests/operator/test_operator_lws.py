@@ -336,3 +336,14 @@ def test_status_counts_groups_and_selects_leaders() -> None:
         for c in status.compute_status(body, None, kind="LeaderWorkerSet")["conditions"]
     }
     assert missing["Ready"]["reason"] == "LeaderWorkerSetMissing"
+
+
+def test_a_remote_model_is_downloaded_by_every_pod_of_a_group() -> None:
+    """The model-download init container lands in both templates (one pod-template builder)."""
+    spec = parse({"model": "hf://org/llama@main", "parallelism": {"nodes": 2}})
+    lws = build_children(OWNER, spec).get("LeaderWorkerSet")
+    for template in templates(lws):
+        (init,) = template["spec"]["initContainers"]
+        assert init["name"] == "model-download"
+        assert "--download-dir" in server(template)["args"]
+    assert lws_errors(lws) == []

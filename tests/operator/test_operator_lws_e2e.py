@@ -4,7 +4,9 @@ LeaderWorkerSet CRD installed (the test plays LWS's controller by writing the LW
 A multi-node InferenceService becomes a LeaderWorkerSet (valid against the upstream schema as
 stored), its Service selects the leaders, its status follows the groups; switching to one node
 and back replaces one kind by the other; the autoscaler scales groups; without the LWS CRD the
-spec gets a condition that says what to install. Every call stays within the chart's RBAC.
+spec gets a condition that says what to install; a rank whose share of the model does not fit
+its GPUs (`ModelDoesNotFit: ...` in its container's termination message) becomes the service's
+condition through the pod watch. Every call stays within the chart's RBAC.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from operator_harness import DEPLOY, wait_for
 from operator_helpers import SVC, assert_permitted, condition, create_isvc, patch_isvc
 from pagoda.operator.kube import names
 from pagoda.operator.kube.client import ApiError, KubeApi
+from pagoda.runtime.termination import Termination
 
 pytestmark = pytest.mark.e2e
 GROUP_SPEC = {"model": "smollm2-135m", "parallelism": {"nodes": 2}}
@@ -163,3 +166,50 @@ async def test_without_the_lws_crd_a_group_is_a_condition(
     assert "kubernetes-sigs/lws" in cond["message"]
     assert emulator.live(DEPLOY, "default", "grp") is None
     assert events(emulator, "grp", "LeaderWorkerSetNotInstalled")[0]["type"] == "Warning"
+
+
+DOES_NOT_FIT = Termination(
+    "ModelDoesNotFit",
+    None,
+    "weights 70.6 GiB + one 8192-token sequence of KV cache 1.3 GiB per rank exceed the 44.2 GiB "
+    "free on NVIDIA L40S (bfloat16, tensor-parallel size 2); would fit: --quantization fp8 "
+    "(35.3 GiB per rank), --tensor-parallel-size 4, or fewer GPUs per rank with more nodes",
+).line()
+
+
+async def test_a_rank_that_cannot_fit_the_model_is_a_condition(
+    lws: FaultyEmulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """ModelDoesNotFit through the generic pod-failure mechanism (reconcile/pods.py): a worker's
+    `server` container exits 2 with it, the kubelet keeps it as the termination message, and the
+    InferenceService shows it as Degraded/Ready=False with the numbers, and a Warning Event."""
+    await start_operator()
+    await create_isvc(kube, "fit", GROUP_SPEC)
+    stored = await wait_for(lambda: group(lws, "fit"), what="the LeaderWorkerSet")
+    worker = stored["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    labels = {**worker["metadata"]["labels"], "leaderworkerset.sigs.k8s.io/worker-index": "1"}
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "fit-lws-0-1", "namespace": "default", "labels": labels},
+           "spec": worker["spec"]}  # fmt: skip
+    await kube.create(pod)
+    terminated = {"exitCode": 2, "reason": "Error", "message": DOES_NOT_FIT}
+    status = {"phase": "Running", "containerStatuses": [
+        {"name": "server", "ready": False, "restartCount": 2,
+         "state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": {"terminated": terminated}},
+    ]}  # fmt: skip
+    await kube.patch("Pod", "default", "fit-lws-0-1", {"status": status}, subresource="status")
+    degraded = await wait_for(
+        lambda: (c := condition(lws, "fit", "Degraded")).get("reason") == "ModelDoesNotFit" and c,
+        timeout=10,
+        what="Degraded=ModelDoesNotFit",
+    )
+    assert degraded["status"] == "True" and "70.6 GiB" in degraded["message"]
+    assert (
+        "--tensor-parallel-size 4" in degraded["message"]
+        and "pod fit-lws-0-1" in degraded["message"]
+    )
+    ready = condition(lws, "fit", "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ModelDoesNotFit")
+    (event,) = await wait_for(lambda: events(lws, "fit", "ModelDoesNotFit"), what="the Event")
+    assert event["type"] == "Warning" and "44.2 GiB" in event["message"]
+    assert_permitted(lws)
