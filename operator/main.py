@@ -28,6 +28,7 @@ from pagoda.operator import handlers  # noqa: F401  (importing it registers the 
 from pagoda.operator.autoscaling.alerts import AlertReceiver
 from pagoda.operator.autoscaling.loop import Autoscaler
 from pagoda.operator.autotune.loop import Autotuner
+from pagoda.operator.children.model_cache import add_model_download
 from pagoda.operator.kube.client import KubeApi
 from pagoda.operator.kube.names import (
     LABEL_MANAGED_BY,
@@ -267,7 +268,11 @@ async def serve(
         )
     autoscaler = Autoscaler(api, config, metrics)
     reconciler = Reconciler(api, config, metrics)
-    autotuner = Autotuner(api, config, reconciler.after_autotune) if config.autotune else None
+    autotuner = (
+        Autotuner(api, config, reconciler.after_autotune, pod_parts=add_model_download)
+        if config.autotune
+        else None
+    )
     memo = kopf.Memo(
         config=config,
         api=api,

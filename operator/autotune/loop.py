@@ -57,10 +57,17 @@ class Tick:
 
 
 class Autotuner:
-    def __init__(self, api: KubeApi, config: OperatorConfig, reconcile: Reconcile) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        config: OperatorConfig,
+        reconcile: Reconcile,
+        pod_parts: jobs.PodParts | None = None,
+    ) -> None:
         self.api = api
         self.config = config
         self.reconcile = reconcile
+        self.pod_parts = pod_parts  # what the model adds to a pod (jobs.build_job)
         self.clock: Callable[[], float] = time.time
 
     async def run(self) -> None:
@@ -166,7 +173,8 @@ class Autotuner:
         # recorded first: whatever happens to the RBAC or the Job, the next start waits its backoff
         await self.api.patch("ConfigMap", ns, key.profile_name,
                              profiles.start_patch(attempts, self.clock()))  # fmt: skip
-        for obj in [*jobs.build_rbac(key, ns, cm), jobs.build_job(key, spec, ns, cm)]:
+        job = jobs.build_job(key, spec, ns, cm, pod_parts=self.pod_parts)
+        for obj in [*jobs.build_rbac(key, ns, cm), job]:
             try:
                 await self._create(obj)
             except ApiError as e:

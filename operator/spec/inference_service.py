@@ -304,12 +304,6 @@ class InferenceServiceSpec:
                 "InvalidSpec",
                 "spec.modelCache and spec.modelSecretRef apply to hf:// and s3:// models only",
             )
-        if self.autotune.enabled and self.model.remote:
-            raise SpecError(
-                "InvalidSpec",
-                "spec.autotune does not tune hf:// or s3:// models yet: tune with the model on a "
-                "PersistentVolumeClaim (pvc://) or run `pagoda tune` by hand",
-            )
         if self.autotune.enabled and self.resources.gpus < 1:
             raise SpecError(
                 "InvalidSpec", "spec.autotune.enabled tunes GPU nodes: set spec.resources.gpus >= 1"
