@@ -229,9 +229,9 @@ class Autotuner:
         patch = new if new is None or old is None else {**dict.fromkeys(old), **new}
         await self.api.patch(KIND, meta["namespace"], meta["name"], {"status": {"autotune": patch}},
                              subresource="status")  # fmt: skip
-        state = (new or {}).get("state")
-        changed = state != (old or {}).get("state")
-        if state in (FAILED, TUNED) and (changed or state == FAILED):
+        state, was = (new or {}).get("state"), old or {}
+        failed_anew = state == FAILED and (new or {}).get("message") != was.get("message")
+        if state in (FAILED, TUNED) and (state != was.get("state") or failed_anew):
             assert new is not None
             await self.api.try_post_event(
                 body, type_="Warning" if state == FAILED else "Normal", reason=state,
