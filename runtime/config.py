@@ -152,8 +152,16 @@ class EngineConfig:
     enable_cuda_graphs: bool = True
     batch_invariant: bool = options.DEFAULT_BATCH_INVARIANT
     async_scheduling: bool | None = options.DEFAULT_ASYNC_SCHEDULING  # None: on with CUDA
+    # "fp8": quantize a 16-bit checkpoint's linear layers at load (None: the checkpoint's own
+    # quantization, if any; see pagoda.runtime.quantization.fp8)
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
+        if self.quantization is not None and self.quantization not in options.QUANTIZATIONS:
+            choices = ", ".join(options.QUANTIZATIONS)
+            raise ValueError(
+                f"quantization must be one of {choices} or None, got {self.quantization!r}"
+            )
         if self.dtype not in options.DTYPES:
             raise ValueError(
                 f"dtype must be one of {', '.join(options.DTYPES)}; got {self.dtype!r}"

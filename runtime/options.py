@@ -49,6 +49,7 @@ DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 KV_CACHE_DTYPES = ("auto", "int8")
+QUANTIZATIONS = ("fp8",)  # engine `quantization` (None: the checkpoint's own, if any)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 DEFAULT_DTYPE = "auto"

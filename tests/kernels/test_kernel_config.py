@@ -31,6 +31,8 @@ REQUIRED = {
     "rotary_embedding": {"num_warps"},
     "silu_and_mul": {"BLOCK", "num_warps"},
     "fused_moe": {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"},
+    "fp8_matmul": {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"},
+    "fp8_quant": {"ROWS", "BLOCK", "num_warps"},
 }
 
 
