@@ -232,7 +232,78 @@ SERVER_FLAGS: Mapping[str, Flag] = _flags(
          hidden=True),
 )  # fmt: skip
 
-SERVE_FLAGS: Mapping[str, Flag] = MappingProxyType({**ENGINE_FLAGS, **SERVER_FLAGS})
+# --- tensor parallelism over one pod or a multi-node group (docs/operator.md, LeaderWorkerSet) ---
+
+DEFAULT_TENSOR_PARALLEL_SIZE = 1
+DEFAULT_NNODES = 1
+DEFAULT_NODE_RANK = 0
+DEFAULT_MASTER_ADDR = "127.0.0.1"  # with one node; a group needs the leader's address
+DEFAULT_MASTER_PORT = 29500  # torch.distributed's customary rendezvous port
+MAX_TENSOR_PARALLEL_SIZE = 1024
+
+PARALLEL_FLAGS: Mapping[str, Flag] = _flags(
+    Flag("--tensor-parallel-size", "ranks the model is sharded over, across all nodes (one per "
+         "GPU; processes on CPU)", DEFAULT_TENSOR_PARALLEL_SIZE, int, metavar="N"),
+    Flag("--nnodes", "nodes (pods) of the group; each runs N / nnodes ranks",
+         DEFAULT_NNODES, int, metavar="M"),
+    Flag("--node-rank", "this node's index in the group: 0 runs the HTTP server and rank 0; "
+         "others are headless workers that join the group and run the steps rank 0 broadcasts",
+         DEFAULT_NODE_RANK, int, metavar="R"),
+    Flag("--master-addr", "address of node 0, where torch.distributed meets (default: "
+         f"{DEFAULT_MASTER_ADDR}, required with --nnodes > 1)", None, metavar="HOST"),
+    Flag("--master-port", "node 0's torch.distributed rendezvous port", DEFAULT_MASTER_PORT, int,
+         metavar="P"),
+)  # fmt: skip
+
+SERVE_FLAGS: Mapping[str, Flag] = MappingProxyType(
+    {**ENGINE_FLAGS, **SERVER_FLAGS, **PARALLEL_FLAGS}
+)
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """Where this process sits in a tensor-parallel group; validated once (ValueError names the
+    flag). Rank r of the group runs on node r // ranks_per_node."""
+
+    tensor_parallel_size: int = DEFAULT_TENSOR_PARALLEL_SIZE
+    nnodes: int = DEFAULT_NNODES
+    node_rank: int = DEFAULT_NODE_RANK
+    master_addr: str | None = None
+    master_port: int = DEFAULT_MASTER_PORT
+
+    def __post_init__(self) -> None:
+        tp, nodes = self.tensor_parallel_size, self.nnodes
+        if not 1 <= tp <= MAX_TENSOR_PARALLEL_SIZE:
+            raise ValueError(f"--tensor-parallel-size must be in 1..{MAX_TENSOR_PARALLEL_SIZE}, "
+                             f"got {tp}")  # fmt: skip
+        if not 1 <= nodes <= tp or tp % nodes:
+            raise ValueError(f"--nnodes ({nodes}) must divide --tensor-parallel-size ({tp}): "
+                             "every node runs the same number of ranks")  # fmt: skip
+        if not 0 <= self.node_rank < nodes:
+            raise ValueError(f"--node-rank must be in 0..{nodes - 1} (--nnodes {nodes}), got "
+                             f"{self.node_rank}")  # fmt: skip
+        if nodes > 1 and not self.master_addr:
+            raise ValueError(f"--nnodes {nodes} needs --master-addr (node 0's address)")
+        if not 1 <= self.master_port <= 65535:
+            raise ValueError(f"--master-port must be in 1..65535, got {self.master_port}")
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tensor_parallel_size // self.nnodes
+
+    @property
+    def is_worker(self) -> bool:
+        """A headless node: no HTTP server; it runs the steps rank 0 broadcasts."""
+        return self.node_rank > 0
+
+    @property
+    def address(self) -> str:
+        return self.master_addr or DEFAULT_MASTER_ADDR
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> Parallelism:
+        """From flag values by destination (an argparse Namespace's `vars`)."""
+        return cls(**{d: values[d] for d in PARALLEL_FLAGS if values.get(d) is not None})
 
 
 def flag(dest: str) -> Flag:

@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from pagoda.runtime import options
-from pagoda.runtime.options import ENGINE_FLAGS, SERVER_FLAGS, Flag
+from pagoda.runtime.options import ENGINE_FLAGS, PARALLEL_FLAGS, SERVER_FLAGS, Flag
 from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.listen import (
     bind_sockets,
@@ -81,6 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     server = p.add_argument_group("server")
     for f in SERVER_FLAGS.values():
         _add(server, f)
+    distributed = p.add_argument_group("tensor parallelism")
+    for f in PARALLEL_FLAGS.values():
+        _add(distributed, f)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,6 +147,18 @@ def held_logs() -> Iterator[None]:
         root.handle(record)
 
 
+def parallelism(args: argparse.Namespace) -> options.Parallelism:
+    """The tensor-parallel flags, validated (ValueError). This runtime runs one rank: a larger
+    group is refused here, before anything loads, rather than served on one device."""
+    layout = options.Parallelism.from_values(vars(args))
+    if layout.tensor_parallel_size > 1:
+        raise ValueError(
+            f"--tensor-parallel-size {layout.tensor_parallel_size}: this runtime serves a model "
+            "on one device only; use --tensor-parallel-size 1 (one GPU per server)"
+        )
+    return layout
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -153,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         with held_logs():
             cfg = server_config(args)
             engine_kwargs = options.engine_kwargs(vars(args))
+            parallelism(args)
             cfg = fit_connections(cfg)
             sockets = bind_sockets(cfg.host, cfg.port)  # before torch: a port in use is instant
             from pagoda.runtime.server.launch import preflight, serve
