@@ -62,9 +62,9 @@ def connect(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=10)
 
 
-def read_until_closed(sock: socket.socket) -> tuple[bytes, float]:
-    """Everything the server sends until it closes; (bytes, seconds it took)."""
-    t0, data = time.monotonic(), b""
+def read_until_closed(sock: socket.socket, t0: float | None = None) -> tuple[bytes, float]:
+    """Everything the server sends until it closes; (bytes, seconds since `t0`, or since now)."""
+    t0, data = time.monotonic() if t0 is None else t0, b""
     while True:
         try:
             chunk = sock.recv(65536)
@@ -93,6 +93,7 @@ def in_thread(fn, *args):
 
 def test_stalled_clients_are_closed_within_the_timeouts_while_health_stays_fast(server):
     port = server.port
+    sent = time.monotonic()  # the server's deadlines start after this
     silent = connect(port)
     half_headers = connect(port)
     half_headers.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Ty")
@@ -102,7 +103,7 @@ def test_stalled_clients_are_closed_within_the_timeouts_while_health_stays_fast(
                          b'{"prompt": "')  # fmt: skip
     dripping = connect(port)  # a byte at a time, never quite stalling: the deadline is total
     dripping.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n")
-    waits = {name: in_thread(read_until_closed, s) for name, s in
+    waits = {name: in_thread(read_until_closed, s, sent) for name, s in
              (("silent", silent), ("half_headers", half_headers),
               ("stalled_body", stalled_body), ("dripping", dripping))}  # fmt: skip
     probes = []
@@ -116,16 +117,17 @@ def test_stalled_clients_are_closed_within_the_timeouts_while_health_stays_fast(
     for name, (thread, out) in waits.items():
         thread.join(5)
         results[name] = out[0]
-    assert results["silent"] == (b"", pytest.approx(HEADER_TIMEOUT, abs=SLACK))
+    data, took = results["silent"]
+    assert data == b"" and HEADER_TIMEOUT <= took <= HEADER_TIMEOUT + SLACK, took
     for name, limit in (("half_headers", HEADER_TIMEOUT), ("stalled_body", BODY_TIMEOUT),
                         ("dripping", BODY_TIMEOUT)):  # fmt: skip
         data, took = results[name]
         assert data.startswith(b"HTTP/1.1 408 "), (name, data)
-        assert b"request_timeout" in data and limit - 0.1 <= took <= limit + SLACK, (name, took)
+        assert b"request_timeout" in data and limit <= took <= limit + SLACK, (name, took)
     assert all(code == 200 for code, _ in probes)
     print(f"/health while 4 connections stalled: {len(probes)} probes, "
           f"max {max(t for _, t in probes) * 1e3:.1f} ms")  # fmt: skip
-    assert max(t for _, t in probes) < 0.5
+    assert max(t for _, t in probes) < 1.0  # never blocked behind a stalled client
 
 
 def test_a_kept_alive_connection_gets_the_header_deadline_for_its_next_request(server):
