@@ -79,7 +79,7 @@ async def _suite(c: openai.AsyncOpenAI, combos_of) -> list[str]:
 
 
 async def test_schema_suite_outputs_all_validate(aclient):
-    """Each of the 55 schemas in one of the four (stream, temperature) settings, in turn (the
+    """Each of the 57 schemas in one of the four (stream, temperature) settings, in turn (the
     slow test below runs every schema in every setting)."""
     assert len(SCHEMAS) >= 50
     failures = await _suite(aclient, lambda i: [COMBOS[i % len(COMBOS)]])
