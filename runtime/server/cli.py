@@ -111,6 +111,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         enable_debug_endpoints=args.enable_debug_endpoints,
         log_level=args.log_level,
         tool_call_parser=args.tool_call_parser,
+        allow_chat_special_tokens=args.allow_chat_special_tokens,
         grammar_compile_timeout=args.grammar_compile_timeout,
         grammar_cache_bytes=_size("grammar_cache_size", args.grammar_cache_size),
     )

@@ -44,6 +44,13 @@ def shorten(text: str, limit: int = MAX_ECHO) -> str:
     return f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
+def _scalar(value: Any) -> str:
+    """A client's value as JSON when it is a scalar (cut short), else its JSON type."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return shorten(json.dumps(value), 100)
+    return "an array" if isinstance(value, list) else "an object"
+
+
 class APIError(Exception):
     """An error answered as ``{"error": {"message", "type", "param", "code"}}``."""
 
@@ -127,7 +134,7 @@ class _SamplingFields(_Strict):
             return data
         for name, (allowed, why) in NO_OP_VALUES.items():
             if name in data and data[name] not in allowed:
-                raise APIError(400, f"{name}={shorten(json.dumps(data[name]), 100)} is not "
+                raise APIError(400, f"{name}={_scalar(data[name])} is not "
                                f"supported: {why}", param=name, code="unsupported_value")  # fmt: skip
         for name, key in GUIDED.items():
             if name in data:
