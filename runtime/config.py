@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from pagoda.runtime import options
+from pagoda.runtime.model.family import FamilyConfig
 from pagoda.runtime.options import DEFAULT_MODEL
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -26,7 +27,8 @@ def _positive(name: str, value: int) -> None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of a Llama-family decoder (Llama, Mistral, Qwen2, SmolLM)."""
+    """Architecture of a Llama-family decoder (Llama, Mistral, Qwen2/3, Gemma 3, Mixtral, ...);
+    what a family changes in the Llama layer is in `family` (`runtime/model/family.py`)."""
 
     vocab_size: int
     hidden_size: int
@@ -44,6 +46,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "llama"
+    family: FamilyConfig = field(default_factory=FamilyConfig)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers"):
@@ -56,15 +59,21 @@ class ModelConfig:
             )
         if self.rms_norm_eps <= 0 or self.rope_theta <= 0:
             raise ValueError("rms_norm_eps and rope_theta must be positive")
+        for name in ("window_layers", "moe_layers"):
+            if len(getattr(self.family, name)) not in (0, self.num_layers):
+                raise ValueError(f"{name} must name each of the {self.num_layers} layers")
 
     @property
     def num_params(self) -> int:
         """Parameter count (embedding counted once when tied)."""
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
         attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
-        layer = attn + 3 * h * i + 2 * h
+        f = self.family
+        moe = sum(f.has_experts(n) for n in range(self.num_layers))
+        experts = moe * f.num_experts * (3 * h * f.moe_intermediate_size + h)  # + the router
+        mlps = (self.num_layers - moe) * 3 * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * layer + emb + h
+        return self.num_layers * (attn + 2 * h) + mlps + emb + h
 
 
 @dataclass(frozen=True)
