@@ -1,9 +1,11 @@
 # syntax=docker/dockerfile:1
-# Pagoda images (`make image` builds all three):
-#   runtime   `pagoda serve` on a CUDA PyTorch base    docker build --target runtime -t pagoda-runtime .
-#   operator  `pagoda operator`, slim, no torch         docker build --target operator -t pagoda-operator .
-#   cpu-demo  CPU torch + embedded SmolLM2-135M         docker build --target cpu-demo -t pagoda-cpu-demo .
-#             docker run --rm -p 8000:8000 pagoda-cpu-demo
+# Pagoda images. `make image` builds all three as pagoda-<target>:dev (IMAGES=, IMAGE_PREFIX= and
+# IMAGE_TAG= choose which and how they are named); none is published. docs/deploy.md takes them
+# to a cluster.
+#   runtime   `pagoda serve` on a CUDA PyTorch base    docker build --target runtime -t pagoda-runtime:dev .
+#   operator  `pagoda operator`, slim, no torch         docker build --target operator -t pagoda-operator:dev .
+#   cpu-demo  CPU torch + embedded SmolLM2-135M         docker build --target cpu-demo -t pagoda-cpu-demo:dev .
+#             docker run --rm -p 8000:8000 pagoda-cpu-demo:dev
 # Each runs as the numeric non-root user 1000 (what the operator's pods and the Helm chart set)
 # with ENTRYPOINT ["pagoda"], and works with a read-only root filesystem (HOME and caches in /tmp).
 

@@ -20,6 +20,9 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ARGS ?=
 PYTEST_ARGS ?=
+IMAGES ?= runtime operator cpu-demo
+IMAGE_PREFIX ?=
+IMAGE_TAG ?= dev
 
 .PHONY: install serve test test-deps test-gpu lint format bench chart-lint sync-crds image operator clean
 
@@ -47,7 +50,7 @@ install: $(STAMP)
 serve: $(SERVE_STAMP)
 	@echo "Pagoda: OpenAI API at http://$(HOST):$(PORT)/v1 (metrics at /metrics); Ctrl-C stops."
 	@echo "  curl http://$(HOST):$(PORT)/v1/chat/completions -H 'Content-Type: application/json' \\"
-	@echo "       -d '{\"model\": \"smollm2-135m\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'"
+	@echo "    -d '{\"model\": \"smollm2-135m\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 32, \"temperature\": 0.2, \"top_p\": 0.9}'"
 	$(BIN)/pagoda serve --host $(HOST) --port $(PORT) $(ARGS)
 
 test: $(STAMP)
@@ -87,10 +90,12 @@ sync-crds:
 operator: $(STAMP)
 	$(BIN)/pagoda operator $(ARGS)
 
-image:
-	docker build --target runtime -t pagoda-runtime:dev .
-	docker build --target operator -t pagoda-operator:dev .
-	docker build --target cpu-demo -t pagoda-cpu-demo:dev .
+# Images (docs/deploy.md): `make image IMAGES="operator cpu-demo"` builds a subset;
+# IMAGE_PREFIX=registry.example.com/team/ IMAGE_TAG=0.1.0 names them for a registry.
+image: $(addprefix image-,$(IMAGES))
+
+image-%:
+	docker build --target $* -t $(IMAGE_PREFIX)pagoda-$*:$(IMAGE_TAG) .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -51,7 +51,7 @@ TAIL=30 step tune 130 $PY -m pagoda.runtime.cli tune --model /tmp/llama-1b --out
 tar -czf "$OUT/profile.tgz" -C /tmp profile 2>/dev/null
 # After `tune`, the throughput run adds the defaults with its kernel configs (what tuning gains).
 TUNED=()
-[[ -d /tmp/profile/configs ]] && TUNED=(--kernel-config-dir /tmp/profile/configs)
+ls /tmp/profile/*.json 2>/dev/null | grep -qv '/profile.json$' && TUNED=(--kernel-config-dir /tmp/profile)
 TAIL=40 step throughput 330 $PY benchmarks/gpu_throughput.py --shape 1b --also-sync --also-fast \
     "${TUNED[@]}" --kernel-profile 10 --hf-requests "${HF:-64}"
 TAIL=60 step invariance 150 $PY benchmarks/invariance_cost.py ${SWEEP:+--sweep}

@@ -232,8 +232,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--kernel-config-dir",
         metavar="DIR",
-        help="also run the defaults with kernel configs searched in DIR first (the configs "
-        "folder of a `pagoda tune` output), to see what tuning gains",
+        help="also run the defaults with kernel configs searched in DIR first (a `pagoda tune` "
+        "output folder), to see what tuning gains",
     )
     args = ap.parse_args(argv)
     if args.tiny:
@@ -273,19 +273,13 @@ def _variant(loaded, reqs, args, default: dict, flag: str, **engine_kw) -> dict:
 
 def _tuned_variant(loaded, reqs, args, default: dict) -> dict:
     """The defaults again with the kernel configs of ``args.kernel_config_dir`` searched first."""
-    from pagoda.kernels.config import CONFIG_DIR_ENV, clear_config_cache
+    from pagoda.kernels.config import set_config_dirs
 
-    before = os.environ.get(CONFIG_DIR_ENV)
-    os.environ[CONFIG_DIR_ENV] = args.kernel_config_dir
-    clear_config_cache()
+    before = set_config_dirs([args.kernel_config_dir])
     try:
         return _variant(loaded, reqs, args, default, f"kernels from {args.kernel_config_dir}")
     finally:
-        if before is None:
-            os.environ.pop(CONFIG_DIR_ENV)
-        else:
-            os.environ[CONFIG_DIR_ENV] = before
-        clear_config_cache()
+        set_config_dirs(before)
 
 
 def _device() -> torch.device:

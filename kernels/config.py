@@ -12,10 +12,11 @@ File layout (``configs/<Device_Name>.json``; ``default.json`` always exists)::
 
 Lookup: the bucket whose shape is nearest (sum of |log2| differences over the requested keys)
 wins; its config is laid over the nearest ``default.json`` bucket, so a tuned file may hold only
-some kernels or some fields. Directories in ``$PAGODA_KERNEL_CONFIG_DIR`` (``os.pathsep``
-separated) are searched before the packaged ``configs/`` folder, kernel by kernel: the first
-device file that names a kernel gives its buckets, so a file holding only the matmuls leaves the
-packaged attention configs in force.
+some kernels or some fields. The search path, kernel by kernel: the directories given to
+:func:`set_config_dirs` (a tuned profile's, set by `pagoda serve --tuned-profile`), then those in
+``$PAGODA_KERNEL_CONFIG_DIR`` (``os.pathsep`` separated), then the packaged ``configs/`` folder.
+The first device file that names a kernel gives its buckets, so a file holding only the matmuls
+leaves the packaged attention configs in force.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ import torch
 PACKAGE_CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 CONFIG_DIR_ENV = "PAGODA_KERNEL_CONFIG_DIR"
 DEFAULT_DEVICE = "default"
+_config_dirs: tuple[Path, ...] = ()  # set_config_dirs: searched first
 
 
 def config_file_name(device_name: str) -> str:
@@ -64,9 +66,23 @@ def num_sms(device: torch.device | None) -> int:
     return _cuda_device_info(index)[1]
 
 
+def set_config_dirs(dirs: Iterable[str | os.PathLike[str]]) -> tuple[Path, ...]:
+    """Search ``dirs`` first from now on (replacing the previous call's); returns those, so a
+    caller can put them back. Loaded files are forgotten."""
+    global _config_dirs
+    previous, _config_dirs = _config_dirs, tuple(Path(d) for d in dirs)
+    clear_config_cache()
+    return previous
+
+
+def config_dirs() -> tuple[Path, ...]:
+    """The directories :func:`set_config_dirs` put first."""
+    return _config_dirs
+
+
 def _search_dirs() -> list[Path]:
-    extra = [Path(p) for p in os.environ.get(CONFIG_DIR_ENV, "").split(os.pathsep) if p]
-    return [*extra, PACKAGE_CONFIG_DIR]
+    env = [Path(p) for p in os.environ.get(CONFIG_DIR_ENV, "").split(os.pathsep) if p]
+    return [*dict.fromkeys([*_config_dirs, *env]), PACKAGE_CONFIG_DIR]
 
 
 @functools.lru_cache(maxsize=64)
@@ -145,7 +161,7 @@ def save_kernel_config(
     """Insert or replace one tuned bucket in ``<directory>/<device>.json``; returns the path.
 
     The file is rewritten atomically so a runtime starting concurrently never reads half of it.
-    ``directory`` defaults to the first entry of ``$PAGODA_KERNEL_CONFIG_DIR``, else the package.
+    ``directory`` defaults to the first directory on the search path (see the module docstring).
     """
     if directory is None:
         directory = _search_dirs()[0]

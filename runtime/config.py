@@ -7,6 +7,7 @@ defaults come from `pagoda.runtime.options` (the contract shared with the operat
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,28 +122,29 @@ class SchedulerConfig:
     auto_batched_tokens: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.max_num_batched_tokens is None or self.auto_batched_tokens:
-            object.__setattr__(self, "auto_batched_tokens", True)
-            budget = options.DEFAULT_MAX_NUM_BATCHED_TOKENS
-            if not self.enable_chunked_prefill and self.max_model_len is not None:
-                budget = max(budget, self.max_model_len)
-            object.__setattr__(self, "max_num_batched_tokens", max(budget, self.max_num_seqs))
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
-            _positive(name, getattr(self, name))
+        _positive("max_num_seqs", self.max_num_seqs)
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
-        if (
-            not self.enable_chunked_prefill
-            and self.max_model_len is not None
-            and self.max_num_batched_tokens < self.max_model_len
-        ):
-            raise ValueError(
-                "without chunked prefill, max_num_batched_tokens "
-                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len}) "
-                "so that any prompt fits in one step"
-            )
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+        if self.max_num_batched_tokens is None or self.auto_batched_tokens:
+            object.__setattr__(self, "auto_batched_tokens", True)
+            values = self._values(options.DEFAULT_MAX_NUM_BATCHED_TOKENS)
+            for rule in options.ENGINE_RULES:  # the smallest default that fits every rule
+                values = rule.lift(values)
+            object.__setattr__(self, "max_num_batched_tokens", values["max_num_batched_tokens"])
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        values = self._values(self.max_num_batched_tokens)
+        for rule in options.ENGINE_RULES:
+            if not rule.holds(values):
+                raise ValueError(rule.error(values))
+
+    def _values(self, max_num_batched_tokens: int) -> dict[str, Any]:
+        """The fields by flag name, as `options.ENGINE_RULES` read them."""
+        return {
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": max_num_batched_tokens,
+            "max_model_len": self.max_model_len,
+            "enable_chunked_prefill": self.enable_chunked_prefill,
+        }
 
 
 @dataclass(frozen=True)
@@ -170,8 +172,7 @@ class EngineConfig:
             raise ValueError(
                 f"attention_backend must be one of {choices}, got {self.attention_backend!r}"
             )
-        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
-            raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        check_device(self.device)
         if self.cache.kv_cache_dtype == "int8" and (
             self.device.startswith("cuda") or self.attention_backend == "triton"
         ):
@@ -194,10 +195,14 @@ class EngineConfig:
         top = {k: v for k, v in kwargs.items() if k in top_keys}
         return cls(model=model, cache=cache, scheduler=sched, **top)
 
+    def with_max_model_len(self, max_model_len: int) -> EngineConfig:
+        """This config for a context length known only later (the model's, or what the KV cache
+        holds); a token budget left to its default is worked out again."""
+        sched = dataclasses.replace(self.scheduler, max_model_len=max_model_len)
+        return dataclasses.replace(self, scheduler=sched)
+
     def torch_device(self) -> torch.device:
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        return resolve_device(self.device)
 
     def uses_async_scheduling(self) -> bool:
         """The flag, or by default on with CUDA only: on a CPU the forward runs on the host, so
@@ -207,12 +212,29 @@ class EngineConfig:
         return self.torch_device().type == "cuda"
 
     def torch_dtype(self) -> torch.dtype:
-        """auto: bfloat16 on CUDA and on CPUs with native bf16 matmul (AMX/AVX512-BF16), else float32."""
-        if self.dtype != "auto":
-            return DTYPES[self.dtype]
-        if self.torch_device().type == "cuda":
-            return torch.bfloat16
-        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+        return resolve_dtype(self.dtype, self.torch_device())
+
+
+def check_device(device: str) -> None:
+    if device not in ("auto", "cpu") and not device.startswith("cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda[:N], got {device!r}")
+
+
+def resolve_device(device: str = options.DEFAULT_DEVICE) -> torch.device:
+    """`--device`: auto is CUDA when there is one, else the CPU."""
+    check_device(device)
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """auto: bfloat16 on CUDA and on CPUs with native bf16 matmul (AMX/AVX512-BF16), else float32."""
+    if dtype != "auto":
+        return DTYPES[dtype]
+    if device.type == "cuda":
+        return torch.bfloat16
+    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
 
 
 def cpu_has_fast_bf16() -> bool:

@@ -1,5 +1,5 @@
 """The runtime ↔ operator contract: `pagoda serve` flags with their choices and defaults, the
-built-in models, the port, the probe paths and the metric names.
+rules between them, the built-in models, the port, the probe paths and the metric names.
 
 Why one module: the operator renders `pagoda serve` container args and queries the server's
 metrics; the runtime parses those args and exports those metrics. Both sides read the names from
@@ -11,6 +11,7 @@ The names below are a public API for the operator: rename nothing without updati
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -218,6 +219,101 @@ def render_args(values: Mapping[str, Any]) -> list[str]:
         if value is not None:
             out += flag(dest).render(value)
     return out
+
+
+def parse_size(text: str | int) -> int:
+    """'512MiB', '2G', '1.5gb', '1048576' → bytes (K/M/G/T are powers of 1024, as for memory)."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ValueError(f"kv_cache_memory: cannot parse size {text!r} (e.g. 512MiB, 2G)")
+    scale = 1024 ** " kmgt".index((m.group(2) or " ").lower())
+    return int(float(m.group(1)) * scale)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def engine_kwargs(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Flag values by destination (an argparse Namespace's `vars`) → the keyword arguments of
+    `EngineConfig.create`: the engine flags that are set (None leaves the engine's default),
+    `--dtype` aliases resolved, `--kv-cache-memory` parsed (ValueError names a bad size)."""
+    out = {d: values[d] for d in ENGINE_FLAGS if d != "model" and values.get(d) is not None}
+    if "dtype" in out:
+        out["dtype"] = DTYPE_ALIASES.get(out["dtype"], out["dtype"])
+    if "kv_cache_memory" in out:
+        out["kv_cache_memory"] = parse_size(out["kv_cache_memory"])
+    return out
+
+
+# --- rules between engine flags (each stated once) --------------------------------------------
+
+
+def camel(dest: str) -> str:
+    """`max_num_seqs` → `maxNumSeqs` (the InferenceService's `spec.engine` field name)."""
+    head, *rest = dest.split("_")
+    return head + "".join(w.capitalize() for w in rest)
+
+
+@dataclass(frozen=True)
+class AtLeast:
+    """`larger >= smaller` whenever both are set (None: unset), unless the bool flag `unless` is
+    on. The runtime's `SchedulerConfig` checks it; the CRD's CEL rule (`cel`) and the operator's
+    spec check are tested against it (tests/operator/test_engine_rules.py)."""
+
+    larger: str
+    smaller: str
+    unless: str | None = None
+    why: str = ""  # appended to the error message
+
+    def holds(self, values: Mapping[str, Any]) -> bool:
+        if self.unless is not None and values.get(self.unless):
+            return True
+        big, small = values.get(self.larger), values.get(self.smaller)
+        return big is None or small is None or big >= small
+
+    def error(self, values: Mapping[str, Any]) -> str:
+        """The message when `holds(values)` is False."""
+        when = (
+            f"without {self.unless.removeprefix('enable_').replace('_', ' ')}, "
+            if self.unless
+            else ""
+        )
+        return (
+            f"{when}{self.larger} ({values.get(self.larger)}) must be >= {self.smaller} "
+            f"({values.get(self.smaller)}){self.why}"
+        )
+
+    def lift(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """`values` with `larger` raised to `smaller` where the rule would fail (to fill a
+        default that must fit, e.g. the token budget of a batch given explicitly)."""
+        out = dict(values)
+        if not self.holds(out):
+            out[self.larger] = out[self.smaller]
+        return out
+
+    def cel(self) -> str:
+        """The rule as the CRD's CEL on `spec.engine` (`self` is the engine object)."""
+        big, small = camel(self.larger), camel(self.smaller)
+        skip = [f"!has(self.{big})", f"!has(self.{small})"]
+        if self.unless is not None:
+            skip.append(f"(!has(self.{camel(self.unless)}) || self.{camel(self.unless)})")
+        return " || ".join([*skip, f"self.{big} >= self.{small}"])
+
+    def cel_message(self) -> str:
+        return f"{camel(self.larger)} must be >= {camel(self.smaller)}"
+
+
+BATCH_COVERS_SEQS = AtLeast("max_num_batched_tokens", "max_num_seqs")
+BATCH_COVERS_CONTEXT = AtLeast(
+    "max_num_batched_tokens",
+    "max_model_len",
+    unless="enable_chunked_prefill",
+    why=" so that any prompt fits in one step",
+)
+ENGINE_RULES = (BATCH_COVERS_SEQS, BATCH_COVERS_CONTEXT)
+CRD_ENGINE_RULES = (BATCH_COVERS_SEQS,)  # max_model_len defaults to the model's: no CEL for it
 
 
 # --- `pagoda tune` flags (the operator's tuning Job renders these) ----------------------------

@@ -1,8 +1,8 @@
 """The tuned-profile ConfigMap: shared by every service with the same key, never owned by one.
 
 The operator pre-creates it empty (labels + the key in annotations); the tuning Job fills `data`
-with `profile.json` and the kernel configs (flat keys: `pagoda serve --tuned-profile` searches the
-directory itself). Retry bookkeeping lives in its annotations, so a restarted operator, or a Job
+with the files of the profile folder (`pagoda.runtime.tuned_profile`: `profile.json` and the kernel
+configs, whose names are valid keys). Retry bookkeeping lives in its annotations, so a restarted operator, or a Job
 deleted by hand, cannot turn into a tight retry loop. Pure.
 """
 
@@ -22,9 +22,9 @@ from pagoda.operator.names import (
     LABEL_PART_OF,
     MANAGED_BY,
 )
+from pagoda.runtime.tuned_profile import PROFILE_FILE as PROFILE_KEY
 
 COMPONENT = "tuned-profile"
-PROFILE_KEY = "profile.json"
 A = "serving.pagoda.dev/"
 KEY_ANNOTATION = A + "tune-key"  # the key as JSON (for people and for GC)
 ATTEMPTS_ANNOTATION = A + "tune-attempts"  # Jobs started so far

@@ -1,9 +1,8 @@
 """`pagoda publish-profile --dir DIR --configmap NS/NAME`: the tuning Job's hand-back.
 
-Reads the profile `pagoda tune` wrote (validated with the runtime's own loader), flattens it into
-ConfigMap keys (`profile.json` and `<Device>.json`: `pagoda serve --tuned-profile` searches the
-directory itself for kernel configs, and ConfigMap keys cannot hold `/`) and writes them into the
-one ConfigMap the operator pre-created, with a merge patch: the Job's Role allows only `get`
+Reads the profile `pagoda tune` wrote (validated with the runtime's own torch-free loader,
+`pagoda.runtime.tuned_profile`: the folder's files are the ConfigMap's keys as they are) and
+writes them into the one ConfigMap the operator pre-created, with a merge patch: the Job's Role allows only `get`
 and `patch` on that name. Logs in like the operator (service account, else kubeconfig).
 """
 
@@ -11,18 +10,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import pathlib
-import re
 import sys
 from typing import Any
 
-from pagoda.operator.autotune.profiles import KEY_ANNOTATION, PROFILE_KEY, PUBLISHED_ANNOTATION
+from pagoda.operator.autotune.profiles import KEY_ANNOTATION, PUBLISHED_ANNOTATION
 from pagoda.operator.names import now_iso
+from pagoda.runtime import tuned_profile
 
 DESCRIPTION = "Write a tuned profile into its ConfigMap (run by the operator's tuning Job)."
-MAX_BYTES = 900 * 1024  # a ConfigMap holds at most 1 MiB, metadata included
-_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 
 
 class PublishError(Exception):
@@ -36,24 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def profile_data(directory: str | pathlib.Path) -> dict[str, str]:
     """`{"profile.json": ..., "<Device>.json": ...}` from a `pagoda tune` output directory."""
-    from pagoda.runtime.tune.profile import CONFIGS_DIR, ProfileError, load_profile
-
-    folder = pathlib.Path(directory)
     try:
-        load_profile(folder)
-    except ProfileError as e:
+        return tuned_profile.profile_files(directory)
+    except tuned_profile.ProfileError as e:
         raise PublishError(str(e)) from e
-    data = {PROFILE_KEY: (folder / PROFILE_KEY).read_text()}
-    configs = folder / CONFIGS_DIR
-    for path in sorted(configs.glob("*.json")) if configs.is_dir() else []:
-        if not _KEY.match(path.name) or path.name == PROFILE_KEY:
-            raise PublishError(f"{path.name!r} cannot be a ConfigMap key")
-        json.loads(path.read_text())  # only valid JSON goes out
-        data[path.name] = path.read_text()
-    size = sum(len(k) + len(v.encode()) for k, v in data.items())
-    if size > MAX_BYTES:
-        raise PublishError(f"the profile is {size} bytes; a ConfigMap holds at most {MAX_BYTES}")
-    return data
 
 
 def split_target(target: str) -> tuple[str, str]:

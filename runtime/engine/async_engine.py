@@ -28,11 +28,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pagoda.runtime.engine.info import EngineInfo
-from pagoda.runtime.engine.outputs import StepOutput
+from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.sampling import ParamError, SamplingParams
 
 if TYPE_CHECKING:
-    from pagoda.runtime.engine.core import EngineCore, EngineStats
+    from pagoda.runtime.engine.core import EngineCore
 
 log = logging.getLogger(__name__)
 

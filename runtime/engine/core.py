@@ -30,39 +30,26 @@ import hashlib
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.scheduler import Scheduler
 from pagoda.runtime.engine.output_processor import OutputProcessor
-from pagoda.runtime.engine.outputs import StepOutput
+from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.request import Request
 from pagoda.runtime.sampling import SamplingParams
 from pagoda.runtime.worker.host_memory import release_freed_memory
-from pagoda.runtime.worker.model_runner import LaunchedStep, ModelRunner, ModelRunnerOutput
+from pagoda.runtime.worker.model_runner import ModelRunner
+from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
 from pagoda.runtime.worker.step_clock import StepClock
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    kv_usage: float
-    num_blocks: int
-    num_free_blocks: int
-    prefix_queries: int
-    prefix_hits: int
-    num_preemptions: int
-
-
 class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
-        self.config = config
         loaded = loaded or load_model(config.model)
         self.model_name = loaded.name
         self.model_config = loaded.config
@@ -79,10 +66,12 @@ class EngineCore:
             )
             limit = capacity
         self.max_model_len = limit
-        sched_cfg = dataclasses.replace(config.scheduler, max_model_len=limit)
+        if config.scheduler.max_model_len != limit:  # left to the model, or capped to the cache
+            config = config.with_max_model_len(limit)
+        self.config = config
         self.kv = KVCacheManager(self.runner.num_blocks, bs, config.cache.enable_prefix_caching)
-        self.scheduler = Scheduler(sched_cfg, self.kv)
-        self.runner.capture_cuda_graphs(sched_cfg.max_num_seqs, limit)
+        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.runner.capture_cuda_graphs(config.scheduler.max_num_seqs, limit)
         self.outputs = OutputProcessor(self.tokenizer)
         self.clock: StepClock | None = None  # per-phase timing, see `enable_step_clock`
         # Emit a step's outputs during the next step's forward (module docstring).

@@ -24,8 +24,8 @@ class LLM:
         self, model: str = DEFAULT_MODEL, *, loaded: LoadedModel | None = None, **engine_args: Any
     ) -> None:
         """`loaded` reuses weights already in memory (tests, benchmarks) instead of reading `model`."""
-        self.config = EngineConfig.create(model, **engine_args)
-        self.engine = EngineCore(self.config, loaded)
+        self.engine = EngineCore(EngineConfig.create(model, **engine_args), loaded)
+        self.config = self.engine.config  # with the context length resolved
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 

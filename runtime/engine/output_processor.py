@@ -16,7 +16,7 @@ from pagoda.runtime.engine.detokenizer import IncrementalDetokenizer
 from pagoda.runtime.engine.outputs import StepOutput
 from pagoda.runtime.model.tokenizer import Tokenizer
 from pagoda.runtime.request import FINISH_REASONS, FIRST_FINISHED, Request, RequestStatus
-from pagoda.runtime.worker.model_runner import ModelRunnerOutput
+from pagoda.runtime.worker.outputs import ModelRunnerOutput
 from pagoda.runtime.worker.step_clock import StepClock
 
 _STOPPED = RequestStatus.FINISHED_STOPPED

@@ -1,4 +1,5 @@
-"""What the engine hands back: per-step deltas (streaming) and finished results (offline)."""
+"""What the engine hands back: per-step deltas (streaming), finished results (offline) and the
+stats snapshot the server's metrics read."""
 
 from __future__ import annotations
 
@@ -57,3 +58,17 @@ class RequestOutput:
             out.finish_reason, out.stop_reason = delta.finish_reason, delta.stop_reason
             self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
         self.finished = all(o.finish_reason is not None for o in self.outputs)
+
+
+@dataclass
+class EngineStats:
+    """Scheduler and KV-cache counters after a step (gauges and cumulative counters)."""
+
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    num_blocks: int
+    num_free_blocks: int
+    prefix_queries: int
+    prefix_hits: int
+    num_preemptions: int

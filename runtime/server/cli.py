@@ -1,4 +1,5 @@
-"""`pagoda serve`: flags (named like vLLM's where they mean the same) → ServerConfig → uvicorn.
+"""`pagoda serve`: flags (named like vLLM's where they mean the same) → ServerConfig (HTTP) and
+one EngineConfig (`launch.preflight`, with the tuned profile applied) → uvicorn.
 
 The flags, their choices and defaults come from `pagoda.runtime.options`, the contract the
 operator renders container args from. `build_parser()` imports neither torch nor uvicorn, so the
@@ -24,8 +25,8 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from pagoda.runtime import options
-from pagoda.runtime.options import DTYPE_ALIASES, ENGINE_FLAGS, SERVER_FLAGS, Flag
-from pagoda.runtime.server.config import ServerConfig, parse_size
+from pagoda.runtime.options import ENGINE_FLAGS, SERVER_FLAGS, Flag
+from pagoda.runtime.server.config import ServerConfig
 
 DESCRIPTION = "Run the OpenAI-compatible inference server."
 
@@ -72,21 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def engine_args(args: argparse.Namespace) -> dict[str, object]:
-    """Engine keyword arguments for `EngineConfig.create`; None leaves the engine's default."""
-    out: dict[str, object] = {}
-    for dest in ENGINE_FLAGS:
-        value = getattr(args, dest)
-        if dest != "model" and value is not None:
-            out[dest] = value
-    out["dtype"] = DTYPE_ALIASES.get(args.dtype, args.dtype)
-    if args.kv_cache_memory is not None:
-        out["kv_cache_memory"] = parse_size(args.kv_cache_memory)
-    return out
-
-
 def server_config(args: argparse.Namespace) -> ServerConfig:
-    """Flags → validated ServerConfig (ValueError names the bad flag)."""
+    """The HTTP side's flags → validated ServerConfig (ValueError names the bad flag)."""
     return ServerConfig(
         model=args.model,
         served_model_names=tuple(args.served_model_name or ()),
@@ -98,7 +86,6 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         drain_timeout=args.drain_timeout,
         enable_debug_endpoints=args.enable_debug_endpoints,
         log_level=args.log_level,
-        engine_args=engine_args(args),
     )
 
 
@@ -107,12 +94,13 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     from pagoda.runtime.server.launch import preflight, serve
-    from pagoda.runtime.tune.serving import apply_to_server_config
 
     try:
         cfg = server_config(args)
-        cfg, profile = apply_to_server_config(cfg, args.tuned_profile, args.tuned_profile_mismatch)
-        engine_cfg = preflight(cfg)
+        engine_kwargs = options.engine_kwargs(vars(args))
+        engine_cfg, profile = preflight(
+            cfg, engine_kwargs, args.tuned_profile, args.tuned_profile_mismatch
+        )
     except ValueError as e:  # a ProfileError too: refused profiles exit 2 with one line
         print(f"pagoda serve: error: {' '.join(str(e).split())[:1000]}", file=sys.stderr)
         return 2

@@ -2,24 +2,9 @@
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from pagoda.runtime import options
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str | int) -> int:
-    """'512MiB', '2G', '1.5gb', '1048576' → bytes (K/M/G/T are powers of 1024, as for memory)."""
-    if isinstance(text, int):
-        return text
-    m = _SIZE.match(str(text))
-    if not m:
-        raise ValueError(f"kv_cache_memory: cannot parse size {text!r} (e.g. 512MiB, 2G)")
-    scale = 1024 ** " kmgt".index((m.group(2) or " ").lower())
-    return int(float(m.group(1)) * scale)
 
 
 @dataclass(frozen=True)
@@ -36,7 +21,6 @@ class ServerConfig:
     drain_timeout: float = options.DEFAULT_DRAIN_TIMEOUT_S
     enable_debug_endpoints: bool = False
     log_level: str = options.DEFAULT_LOG_LEVEL
-    engine_args: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if not self.served_model_names:

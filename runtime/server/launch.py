@@ -5,7 +5,8 @@ Split from `cli.py` because this side imports torch and uvicorn; the parser must
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 import uvicorn
 from pagoda.runtime.config import EngineConfig
@@ -13,23 +14,30 @@ from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.model.loader import read_model_config
 from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.draining import DrainingServer
-from pagoda.runtime.tune.profile import TunedProfile
+from pagoda.runtime.server.tuned import apply_tuned_profile
+from pagoda.runtime.tuned_profile import TunedProfile
 
 
-def preflight(cfg: ServerConfig) -> EngineConfig:
-    """Validate the flags against each other and the model's config; ValueError on failure.
+def preflight(
+    cfg: ServerConfig,
+    engine_kwargs: Mapping[str, Any],
+    tuned_profile: str | None = None,
+    tuned_profile_mismatch: str = "error",
+) -> tuple[EngineConfig, TunedProfile | None]:
+    """The one `EngineConfig` of this server, and the tuned profile applied to it (if any).
 
-    Reads the model's metadata (not its weights), so an unknown `--model` or a flag combination
-    the model makes impossible fails before the HTTP server starts.
+    ValueError (a ProfileError too) when the flags do not fit together, the profile, or the
+    model: the model's metadata (not its weights) is read here, so an unknown `--model` or a
+    flag combination its context length makes impossible fails before the HTTP server starts.
     """
-    engine_cfg = EngineConfig.create(cfg.model, **cfg.engine_args)
-    model_cfg = read_model_config(cfg.model)
-    sched = engine_cfg.scheduler
-    # what EngineCore will do with the model's context length (re-runs the scheduler's checks)
-    dataclasses.replace(
-        sched, max_model_len=sched.max_model_len or model_cfg.max_position_embeddings
+    profile, kwargs = apply_tuned_profile(
+        tuned_profile, model=cfg.model, engine_kwargs=engine_kwargs, mismatch=tuned_profile_mismatch
     )
-    return engine_cfg
+    if kwargs.get("max_model_len") is None:
+        kwargs["max_model_len"] = read_model_config(cfg.model).max_position_embeddings
+    else:
+        read_model_config(cfg.model)  # an unknown --model fails here, before the bind
+    return EngineConfig.create(cfg.model, **kwargs), profile
 
 
 def serve(cfg: ServerConfig, engine_cfg: EngineConfig, profile: TunedProfile | None = None) -> int:
@@ -39,9 +47,9 @@ def serve(cfg: ServerConfig, engine_cfg: EngineConfig, profile: TunedProfile | N
     engine reports ready, so `/ready` turns 200 only when no JIT compile is left to pay.
     """
     from pagoda.runtime.engine.core import EngineCore
+    from pagoda.runtime.engine.warmup import warm_up
     from pagoda.runtime.server.api import create_app
     from pagoda.runtime.server.metrics import ServerMetrics
-    from pagoda.runtime.tune.warmup import warm_up
 
     metrics = ServerMetrics(cfg.served_model_name)
     if profile is not None:

@@ -15,8 +15,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 
-from pagoda.runtime.engine.core import EngineStats
-from pagoda.runtime.engine.outputs import StepOutput
+from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.options import (
     METRIC_E2E_LATENCY,
     METRIC_GENERATION_TOKENS,

@@ -1,7 +1,7 @@
 """`pagoda tune`: measure this node for one model and write a tuned profile (see docs/runtime.md).
 
-Order: load the model; on CUDA sweep the attention kernels (their winners land in
-``DIR/configs`` at once); then profile the engine with those kernels; choose the scheduler knobs;
+Order: load the model; on CUDA sweep the kernels (their winners land in ``DIR/<Device>.json``
+at once); then profile the engine with those kernels; choose the scheduler knobs;
 write ``DIR/profile.json`` after every measured point, so an interrupted or out-of-time run
 resumes where it stopped. ``--force`` starts from scratch.
 """
@@ -17,7 +17,8 @@ from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see pagoda serve: busy cores, spinning OMP
 
-from pagoda.runtime.options import DTYPE_ALIASES, TUNE_FLAGS, Flag
+from pagoda.runtime import options
+from pagoda.runtime.options import TUNE_FLAGS, Flag
 
 DESCRIPTION = "Measure this node for a model and write a tuned profile (kernels + scheduler)."
 log = logging.getLogger("pagoda.tune")
@@ -49,23 +50,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    from pagoda.runtime.server.config import parse_size
-
-    out: dict[str, Any] = {
-        "dtype": DTYPE_ALIASES.get(args.dtype, args.dtype),
-        "device": args.device,
-        "attention_backend": args.attention_backend,
-        "block_size": args.block_size,
-    }
-    if args.kv_cache_memory is not None:
-        out["kv_cache_memory"] = parse_size(args.kv_cache_memory)
-    return out
+    """The engine flags `pagoda tune` takes, as `EngineConfig.create` arguments (the context
+    length apart: it is a shape the profile is measured for)."""
+    return {k: v for k, v in options.engine_kwargs(vars(args)).items() if k != "max_model_len"}
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from pagoda.runtime.tune.profile import ProfileError
     from pagoda.runtime.tune.runner import TuneRequest, tune
+    from pagoda.runtime.tuned_profile import ProfileError
 
     try:
         from pagoda.runtime.tune.choose import Targets

@@ -3,8 +3,8 @@
 It runs on CUDA with the Triton backend. On a CPU it is skipped with one line, except when the
 user asks for it explicitly (``--attention-backend triton`` with ``TRITON_INTERPRET=1``): then the
 same sweep runs through the interpreter, which exercises the tuner end to end (tests) but whose
-timings are not performance data; its configs go to ``configs/cpu-interpreter.json``, a file no
-serving device reads.
+timings are not performance data; its configs go to ``cpu-interpreter.json`` in the profile
+folder, a file no serving device reads.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from pagoda.runtime.config import EngineConfig
-from pagoda.runtime.tune.profile import CONFIGS_DIR
 
 INTERPRETER_LABEL = "cpu-interpreter"
 CPU_SKIP = "skipped: CPU run (the Triton interpreter is not a performance target)"
@@ -89,7 +88,7 @@ def run_kernel_stage(
     from pagoda.runtime.tune.sweep import cuda_graph_timer, cuda_timer, tune_kernels, wall_timer
 
     device = base.torch_device()
-    file = f"{CONFIGS_DIR}/{config_file_name(label)}"
+    file = config_file_name(label)  # in the profile folder, beside profile.json
 
     def section(reports: list[dict], complete: bool) -> dict[str, Any]:
         status = "tuned" if complete else "partial"
@@ -105,7 +104,7 @@ def run_kernel_stage(
         buckets,
         device=device,
         device_label=label,
-        out_dir=out / CONFIGS_DIR,
+        out_dir=out,
         previous=(previous or {}).get("buckets"),
         deadline=deadline,
         timer=cuda_timer if device.type == "cuda" else wall_timer,

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -14,15 +12,17 @@ from typing import Any
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.tune.choose import Targets, choose_scheduler
 from pagoda.runtime.tune.kernel_stage import kernel_buckets, kernel_target, run_kernel_stage
-from pagoda.runtime.tune.profile import (
-    CONFIGS_DIR,
+from pagoda.runtime.tuned_profile import (
     PROFILE_FILE,
     SCHEMA_VERSION,
     ProfileError,
+    check_layout,
     device_identity,
+    kernel_config_files,
     normalize_model,
     now_iso,
     read_json,
+    remove_profile,
     versions,
     write_profile,
 )
@@ -68,9 +68,9 @@ def dtype_name(dtype: Any) -> str:
 def _previous(out: Path, identity: dict[str, str], force: bool) -> dict[str, Any] | None:
     """The profile to resume, None for a fresh start; refuses to mix two setups in one DIR."""
     if force:
-        (out / PROFILE_FILE).unlink(missing_ok=True)
-        shutil.rmtree(out / CONFIGS_DIR, ignore_errors=True)
+        remove_profile(out)
         return None
+    check_layout(out)
     data = read_json(out / PROFILE_FILE)
     if data is None:
         return None
@@ -288,15 +288,13 @@ def _profile_engine(
     save: Any,
 ) -> dict[str, Any]:
     """Build the engine with the freshly tuned kernels first in the search path, then measure."""
-    from pagoda.kernels.config import CONFIG_DIR_ENV, clear_config_cache
+    from pagoda.kernels.config import config_dirs, set_config_dirs
     from pagoda.runtime.engine.core import EngineCore
     from pagoda.runtime.tune.engine import EngineProfiler, measure_engine
 
-    configs = out / CONFIGS_DIR
-    old_env = os.environ.get(CONFIG_DIR_ENV)
-    if configs.is_dir():
-        os.environ[CONFIG_DIR_ENV] = os.pathsep.join(filter(None, [str(configs), old_env]))
-        clear_config_cache()
+    before = config_dirs()
+    if kernel_config_files(out):
+        set_config_dirs([out, *before])
 
     def make_profiler() -> EngineProfiler:
         core = EngineCore(_engine_config(req, plan, max_model_len), loaded())
@@ -321,12 +319,8 @@ def _profile_engine(
             checkpoint=checkpoint,
         )
     finally:
-        if configs.is_dir():
-            if old_env is None:
-                os.environ.pop(CONFIG_DIR_ENV, None)
-            else:
-                os.environ[CONFIG_DIR_ENV] = old_env
-            clear_config_cache()
+        if config_dirs() != before:
+            set_config_dirs(before)
 
 
 def _scheduler_section(choice: Any) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from pagoda.runtime.sampler import (
 from pagoda.runtime.worker.block_table import BlockTables
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
 from pagoda.runtime.worker.host_memory import keep_freed_memory
+from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
 from pagoda.runtime.worker.step_clock import StepClock
 
 log = logging.getLogger(__name__)
@@ -58,23 +59,6 @@ class _StepInputs:
     sampling: list[int]  # requests that sample a token this step
     # Async scheduling: (rows of `ids`, rows of the in-flight step's tokens) to fill on device.
     pending: tuple[np.ndarray, np.ndarray] | None = None
-
-
-@dataclass
-class ModelRunnerOutput:
-    requests: list[Request]  # the requests that sampled, in row order
-    token_ids: list[int]
-    logprobs: list[TokenLogprob | None]
-
-
-@dataclass
-class LaunchedStep:
-    """A step queued on the device: who samples, and where the results will be."""
-
-    requests: list[Request]  # the requests that sample, in row order
-    sampler_output: SamplerOutput | None  # device tensors
-    host: SamplerOutput | None = None  # pinned copies, valid once `ready` has fired (CUDA)
-    ready: torch.cuda.Event | None = None
 
 
 class ModelRunner:

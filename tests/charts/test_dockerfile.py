@@ -97,8 +97,12 @@ def expand(value: str) -> str:
 
 def test_stages_are_the_ones_make_image_builds() -> None:
     assert list(STAGES) == ["wheel", *FINAL_STAGES]
-    makefile = (ROOT / "Makefile").read_text()
-    assert set(re.findall(r"--target (\S+)", makefile)) == set(FINAL_STAGES)
+    commands = subprocess.run(
+        ["make", "-n", "image"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    assert re.findall(r"--target (\S+) -t pagoda-(\S+):dev", commands) == [
+        (name, name) for name in FINAL_STAGES
+    ]
 
 
 def test_runtime_stage_is_a_pinned_cuda_pytorch_base_that_satisfies_pyproject() -> None:

@@ -135,7 +135,7 @@ def test_split_rule():
 
 
 def test_search_order_first_directory_wins(tmp_path, monkeypatch):
-    """`pagoda serve --tuned-profile DIR` puts DIR/configs first: for a kernel its file names, it
+    """`pagoda serve --tuned-profile DIR` puts DIR first: for a kernel its file names, it
     replaces files of that device further down the path (the packaged one included); fields it
     leaves out come from default.json."""
     first, second = tmp_path / "first", tmp_path / "second"

@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import httpx
 import pytest
 from pagoda.runtime.engine.async_engine import AsyncEngine, EngineUnavailableError, QueueFullError
-from pagoda.runtime.engine.core import EngineStats
-from pagoda.runtime.engine.outputs import StepOutput
+from pagoda.runtime.engine.outputs import EngineStats, StepOutput
+from pagoda.runtime.options import parse_size
 from pagoda.runtime.sampling import ParamError, SamplingParams
 from pagoda.runtime.server.api import create_app
-from pagoda.runtime.server.config import ServerConfig, parse_size
+from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.metrics import ServerMetrics
 from prometheus_client import generate_latest
 

@@ -128,15 +128,15 @@ def test_bad_flags_exit_with_one_line_before_binding(args: list[str], needle: st
 
 
 def test_without_chunked_prefill_the_default_budget_fits_the_context() -> None:
-    import dataclasses
-
     from pagoda.runtime.server.cli import server_config
     from pagoda.runtime.server.launch import preflight
 
-    engine_cfg = preflight(
-        server_config(build_parser().parse_args(["--no-enable-chunked-prefill"]))
-    )
-    sched = dataclasses.replace(engine_cfg.scheduler, max_model_len=8192)  # as EngineCore does
+    def engine_config(*argv: str):
+        args = build_parser().parse_args(argv)
+        return preflight(server_config(args), options.engine_kwargs(vars(args)))[0]
+
+    sched = engine_config("--no-enable-chunked-prefill").scheduler
+    assert sched.max_model_len == 8192  # the model's, resolved once before the engine starts
     assert sched.max_num_batched_tokens == 8192
-    chunked = preflight(server_config(build_parser().parse_args(["--max-model-len", "8192"])))
+    chunked = engine_config("--max-model-len", "8192")
     assert chunked.scheduler.max_num_batched_tokens == options.DEFAULT_MAX_NUM_BATCHED_TOKENS

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from attention_testlib import scattered_tables, step_meta
-from pagoda.runtime import LLM, native
+from pagoda.runtime import LLM, native, options
 from pagoda.runtime.attention import cpu_kernel, get_attention_backend
 from pagoda.runtime.attention.base import AttentionMetadata
 from pagoda.runtime.attention.cpu_kernel_source import SOURCE
@@ -243,7 +243,8 @@ def test_bad_or_unsupported_choices_are_clear_errors():
 
 def test_the_serve_flag_reaches_the_engine_config():
     args = cli.build_parser().parse_args(["--kv-cache-dtype", "int8"])
-    assert EngineConfig.create(**cli.engine_args(args)).cache.kv_cache_dtype == "int8"
+    engine_kwargs = options.engine_kwargs(vars(args))
+    assert EngineConfig.create(**engine_kwargs).cache.kv_cache_dtype == "int8"
     assert cli.build_parser().parse_args([]).kv_cache_dtype == "auto"
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["--kv-cache-dtype", "fp4"])

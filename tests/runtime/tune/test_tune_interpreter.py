@@ -2,7 +2,7 @@
 
 There is no GPU here, so this is how the CUDA orchestration is exercised: buckets from the
 model's shapes, candidates checked against the reference, winners saved bucket by bucket into
-``configs/``, the engine profile built with those configs, and a resume that sweeps nothing.
+the profile folder, the engine profile built with those configs, and a resume that sweeps nothing.
 """
 
 from __future__ import annotations
@@ -40,10 +40,7 @@ def test_kernel_stage_through_the_interpreter(tmp_path, monkeypatch, capsys):
     result = tune(request)
     assert result.usable and result.profile["complete"]
     kernels = result.profile["kernels"]
-    assert (
-        kernels["status"] == "tuned"
-        and kernels["config_file"] == f"configs/{INTERPRETER_LABEL}.json"
-    )
+    assert kernels["status"] == "tuned" and kernels["config_file"] == f"{INTERPRETER_LABEL}.json"
     assert [b["kernel"] for b in kernels["buckets"]] == [
         "matmul",  # batch-invariant matmuls (the default): one bucket per weight shape, first
         "decode_attention",

@@ -1,10 +1,17 @@
-"""The tuned-profile format: ``DIR/profile.json`` plus ``DIR/configs/<Device>.json`` kernel configs.
+"""The tuned profile: one flat folder, the same on disk and in the operator's ConfigMap.
 
-Why a folder and not one file: the kernel configs keep the format ``pagoda.kernels.config`` already
-reads (``save_kernel_config``), so serving with a profile only prepends ``DIR/configs`` to the
-kernel-config search path. ``profile.json`` holds who it was measured for (device, model, dtype),
-the measured curves, and the scheduler knobs chosen from them. Fields are documented in
-docs/runtime.md ("Tuning"); ``SCHEMA_VERSION`` changes only when a field changes meaning.
+Layout (every file name is also a valid ConfigMap key, so the operator's tuning Job copies the
+folder into a ConfigMap as it is, and the pod mounts that ConfigMap back as the same folder)::
+
+    DIR/profile.json        who it was measured for (device, model, dtype), the measured
+                            curves, and the scheduler knobs chosen from them
+    DIR/<Device>.json       kernel launch configs in the format `pagoda.kernels.config` reads
+                            (`save_kernel_config`); serving puts DIR first on its search path
+
+Torch-free (the operator image has no torch): `pagoda tune` writes profiles with this module,
+`pagoda publish-profile` (operator) reads them, and `pagoda serve --tuned-profile` loads them.
+Fields are documented in docs/runtime.md ("Tuning"); ``SCHEMA_VERSION`` changes only when a
+field changes meaning.
 """
 
 from __future__ import annotations
@@ -14,18 +21,24 @@ import functools
 import json
 import os
 import platform
+import re
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 SCHEMA_VERSION = 1
 PROFILE_FILE = "profile.json"
-CONFIGS_DIR = "configs"
 IDENTITY_KEYS = ("device", "model", "dtype")
+SCHEDULER_KEYS = ("max_num_batched_tokens", "max_num_seqs")  # what serving applies
+MAX_BYTES = 900 * 1024  # a ConfigMap holds at most 1 MiB, metadata included
+_FILE_NAME = re.compile(r"^[-._a-zA-Z0-9]+\.json$")  # a ConfigMap key, and a kernel-config name
+_OLD_CONFIGS_DIR = "configs"  # where kernel configs were before the layout was flat
 
 
 class ProfileError(ValueError):
@@ -48,6 +61,8 @@ def cpu_model_name() -> str:
 def device_identity(device: torch.device) -> str:
     """What a profile is bound to: the GPU product name, or ``cpu: <CPU model>``."""
     if device.type == "cuda":
+        import torch
+
         return torch.cuda.get_device_name(device)
     return f"cpu: {cpu_model_name()}"
 
@@ -73,7 +88,7 @@ def versions() -> dict[str, str | None]:
 
     return {
         "pagoda": version("pagoda"),
-        "torch": torch.__version__,
+        "torch": version("torch"),
         "triton": version("triton"),
         "python": sys.version.split()[0],
     }
@@ -105,15 +120,10 @@ class TunedProfile:
     def created(self) -> str:
         return self.data["created"]
 
-    @property
-    def configs_dir(self) -> Path:
-        return self.directory / CONFIGS_DIR
-
     def scheduler_args(self) -> dict[str, int]:
         """The engine keyword arguments the profile chose (empty if it chose none)."""
         sched = self.data.get("scheduler") or {}
-        keys = ("max_num_batched_tokens", "max_num_seqs")
-        return {k: int(sched[k]) for k in keys if isinstance(sched.get(k), int)}
+        return {k: int(sched[k]) for k in SCHEDULER_KEYS if isinstance(sched.get(k), int)}
 
     def mismatches(self, *, device: str, model: str, dtype: str) -> list[str]:
         """Readable differences between this profile and the engine about to use it."""
@@ -157,15 +167,66 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data
 
 
+def check_layout(folder: Path) -> None:
+    """Refuse a folder in the old layout (kernel configs in ``configs/``): serving would
+    silently run without its tuned kernels."""
+    old = folder / _OLD_CONFIGS_DIR
+    if old.is_dir() and any(old.glob("*.json")):
+        raise ProfileError(
+            f"tuned profile {folder}: kernel configs in {old}/ are the layout of an older "
+            f"`pagoda tune`; move them up into {folder} or re-run `pagoda tune --force`"
+        )
+
+
 def load_profile(directory: str | os.PathLike[str]) -> TunedProfile:
     """Load and validate ``DIR/profile.json``; ProfileError says what is wrong."""
     folder = Path(directory)
     if not folder.is_dir():
         raise ProfileError(f"tuned profile {folder}: no such directory")
+    check_layout(folder)
     data = read_json(folder / PROFILE_FILE)
     if data is None:
         raise ProfileError(f"tuned profile {folder}: no {PROFILE_FILE} (run `pagoda tune` first)")
     return TunedProfile(folder, data)
+
+
+def kernel_config_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """The kernel-config files of a profile folder (every ``*.json`` but ``profile.json``; not
+    hidden files such as a write in progress)."""
+    found = Path(directory).glob("*.json")
+    return sorted(p for p in found if p.name != PROFILE_FILE and p.name[0] != "." and p.is_file())
+
+
+def profile_files(directory: str | os.PathLike[str]) -> dict[str, str]:
+    """``{file name: text}`` of a valid profile folder: the ConfigMap's ``data`` as it is.
+
+    ProfileError when the profile is invalid, a file name cannot be a ConfigMap key, a kernel
+    config is not JSON, or the whole does not fit in a ConfigMap.
+    """
+    folder = Path(directory)
+    load_profile(folder)
+    files = {PROFILE_FILE: (folder / PROFILE_FILE).read_text()}
+    for path in kernel_config_files(folder):
+        if not _FILE_NAME.match(path.name):
+            raise ProfileError(f"{path.name!r} cannot be a ConfigMap key")
+        text = path.read_text()
+        try:
+            json.loads(text)  # only valid JSON goes out
+        except json.JSONDecodeError as e:
+            raise ProfileError(f"{path}: cannot read JSON ({e})") from e
+        files[path.name] = text
+    size = sum(len(k) + len(v.encode()) for k, v in files.items())
+    if size > MAX_BYTES:
+        raise ProfileError(f"the profile is {size} bytes; a ConfigMap holds at most {MAX_BYTES}")
+    return files
+
+
+def remove_profile(directory: Path) -> None:
+    """Delete ``profile.json`` and the kernel configs (``pagoda tune --force``)."""
+    (directory / PROFILE_FILE).unlink(missing_ok=True)
+    for path in kernel_config_files(directory):
+        path.unlink()
+    shutil.rmtree(directory / _OLD_CONFIGS_DIR, ignore_errors=True)
 
 
 def write_profile(directory: Path, data: dict[str, Any]) -> Path:

@@ -20,8 +20,8 @@ pytest.importorskip("triton")
 from pagoda.kernels import attention, decode_attention, unified_attention
 from pagoda.kernels import config as kc
 from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.engine import warmup
 from pagoda.runtime.model.loader import load_model
-from pagoda.runtime.tune import warmup
 
 if os.environ["TRITON_INTERPRET"] != "1":
     pytest.skip("coverage is checked under the interpreter", allow_module_level=True)

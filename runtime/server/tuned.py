@@ -1,0 +1,112 @@
+"""`pagoda serve --tuned-profile DIR`: check the profile fits this server, then apply it.
+
+Applying means two things: ``DIR`` goes first on the kernel-config search path
+(`pagoda.kernels.config.set_config_dirs`), and the profile's ``max_num_batched_tokens``/
+``max_num_seqs`` become engine arguments unless a flag set them (those flags default to None, so
+an explicit `--max-num-seqs 64` wins over the profile even though 64 is also the engine's
+default). The profile's format is `pagoda.runtime.tuned_profile`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from pagoda.runtime import options
+from pagoda.runtime.config import resolve_device, resolve_dtype
+from pagoda.runtime.tuned_profile import ProfileError, TunedProfile, device_identity, load_profile
+
+log = logging.getLogger("pagoda.serve")
+
+
+def check_profile(
+    directory: str, *, model: str, engine_kwargs: Mapping[str, Any], mismatch: str = "error"
+) -> TunedProfile | None:
+    """The profile when it was measured for this device/model/dtype.
+
+    Otherwise ProfileError naming every difference (``mismatch="error"``), or None after a
+    warning (``"warn"``: the server runs on its defaults). A missing or malformed profile is
+    always an error: the operator mounted something, and serving silently without it would hide
+    that.
+    """
+    if mismatch not in options.TUNED_PROFILE_MISMATCH:
+        raise ValueError(f"tuned-profile-mismatch must be error or warn, got {mismatch!r}")
+    profile = load_profile(directory)
+    device = resolve_device(engine_kwargs.get("device", options.DEFAULT_DEVICE))
+    dtype = resolve_dtype(engine_kwargs.get("dtype", options.DEFAULT_DTYPE), device)
+    problems = profile.mismatches(
+        device=device_identity(device), model=model, dtype=str(dtype).removeprefix("torch.")
+    )
+    if not problems:
+        return profile
+    msg = f"tuned profile {directory} was measured for another setup: {'; '.join(problems)}"
+    if mismatch == "error":
+        raise ProfileError(
+            f"{msg} (run `pagoda tune` on this node, or pass --tuned-profile-mismatch=warn "
+            "to serve on defaults)"
+        )
+    log.warning("%s; ignoring it and serving on defaults", msg)
+    return None
+
+
+def profile_engine_kwargs(
+    profile: TunedProfile, engine_kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Engine arguments with the profile's scheduler knobs under the flags the user set (the
+    scheduler flags default to None, so a value present here was given on the command line)."""
+    merged = dict(engine_kwargs)
+    tuned = profile.scheduler_args()
+    explicit = {k for k, v in engine_kwargs.items() if v is not None}
+    if merged.get("enable_chunked_prefill") is False:
+        tuned.pop("max_num_batched_tokens", None)  # must cover max_model_len then; engine default
+    for key, value in tuned.items():
+        if key not in explicit:
+            merged[key] = value
+    if "max_num_batched_tokens" not in explicit:  # the tuned budget is a default: it must fit
+        merged = options.BATCH_COVERS_SEQS.lift(merged)
+    return merged
+
+
+def use_kernel_configs(profile: TunedProfile) -> None:
+    """Search ``DIR`` before every other kernel-config directory."""
+    from pagoda.kernels.config import set_config_dirs
+
+    set_config_dirs([profile.directory])
+
+
+def describe(profile: TunedProfile, engine_kwargs: Mapping[str, Any]) -> str:
+    """The start-up log line."""
+    cap = profile.data.get("capacity") or {}
+    return (
+        f"tuned profile {profile.directory}: device {profile.device!r}, model {profile.model!r}, "
+        f"dtype {profile.dtype}, created {profile.created}; max_num_seqs="
+        f"{engine_kwargs.get('max_num_seqs')} max_num_batched_tokens="
+        f"{engine_kwargs.get('max_num_batched_tokens')}; V_P "
+        f"{cap.get('prefill_tokens_per_s')} tok/s, decode {cap.get('decode_tokens_per_s')} tok/s"
+    )
+
+
+def apply_tuned_profile(
+    directory: str | None,
+    *,
+    model: str,
+    engine_kwargs: Mapping[str, Any],
+    mismatch: str = "error",
+) -> tuple[TunedProfile | None, dict[str, Any]]:
+    """(profile or None, engine arguments to use). ProfileError when it must not be served."""
+    kwargs = dict(engine_kwargs)
+    directory = directory or os.environ.get(options.TUNED_PROFILE_ENV) or None
+    if directory is None:
+        return None, kwargs
+    profile = check_profile(directory, model=model, engine_kwargs=kwargs, mismatch=mismatch)
+    if profile is None:
+        return None, kwargs
+    kwargs = profile_engine_kwargs(profile, kwargs)
+    use_kernel_configs(profile)
+    log.info("%s", describe(profile, kwargs))
+    return profile, kwargs
+
+
+__all__ = ["ProfileError", "apply_tuned_profile", "check_profile"]

@@ -1,0 +1,59 @@
+"""Each rule between engine flags is stated once, in `pagoda.runtime.options`; the CRD's CEL
+(crds/, copied into the chart), the operator's spec check and the runtime's config must agree with
+that statement on every combination."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from crd_schema import validate, version_schema
+from operator_harness import load_crd
+from pagoda.operator.spec import InferenceServiceSpec, SpecError
+from pagoda.runtime import options
+
+VALUES = (None, 1, 8, 64)
+
+
+def engine_validations() -> list[dict[str, str]]:
+    schema = version_schema(load_crd())
+    return schema["properties"]["spec"]["properties"]["engine"]["x-kubernetes-validations"]
+
+
+def test_the_crd_states_the_rules_as_options_renders_them() -> None:
+    assert engine_validations() == [
+        {"rule": r.cel(), "message": r.cel_message()} for r in options.CRD_ENGINE_RULES
+    ]
+
+
+@pytest.mark.parametrize("rule", options.CRD_ENGINE_RULES, ids=lambda r: r.cel_message())
+def test_crd_operator_and_runtime_agree_with_the_rule(rule: options.AtLeast) -> None:
+    from pagoda.runtime.config import SchedulerConfig
+
+    crd = load_crd()
+    for big, small in itertools.product(VALUES, VALUES):
+        values = {rule.larger: big, rule.smaller: small}
+        holds = rule.holds(values)
+        engine = {options.camel(k): v for k, v in values.items() if v is not None}
+        doc = {
+            "apiVersion": "serving.pagoda.dev/v1alpha1",
+            "kind": "InferenceService",
+            "metadata": {"name": "chat", "namespace": "default"},
+            "spec": {"model": "smollm2-135m", "engine": engine},
+        }
+        crd_errors = [e for e in validate(crd, doc) if rule.cel_message() in e]
+        assert bool(crd_errors) != holds, (values, crd_errors)
+        try:
+            InferenceServiceSpec.from_dict(doc["spec"], name="chat", default_image="img:1")
+            operator_ok = True
+        except SpecError:
+            operator_ok = False
+        assert operator_ok == holds, values
+        if big is None or small is None:
+            continue  # the runtime fills an unset flag (its default, or the tuned profile's)
+        try:
+            SchedulerConfig(**{k: v for k, v in values.items() if v is not None})
+            runtime_ok = True
+        except ValueError:
+            runtime_ok = False
+        assert runtime_ok == holds, values
