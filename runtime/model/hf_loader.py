@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model.family import FamilyConfig
+from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model.safetensors_weights import SafetensorsWeights
 from pagoda.runtime.model.tokenizer import Tokenizer
 from tokenizers import Tokenizer as HFTokenizer

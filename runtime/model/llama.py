@@ -6,7 +6,7 @@ sequence that samples), which saves the vocabulary projection on every prefill t
 
 The other families subclass the two classes here and change only what differs (named in
 `ModelConfig.family`): `qwen3` adds per-head q/k norms, `gemma3` its norms, GeGLU and scales,
-`moe` swaps the MLP for a mixture of experts. Llama, Mistral (with its sliding window) and
+`moe` swaps the MLP for a mixture of experts (`make_mlp`). Llama, Mistral (with its sliding window) and
 Qwen2 are this file as it stands.
 """
 
@@ -249,11 +249,7 @@ class LlamaModel:
         return w.quantized([head])
 
     def make_mlp(self, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
-        """Layer `index`'s MLP: gated, or a mixture of experts where the family has them."""
-        if self.config.family.has_experts(index):
-            from pagoda.runtime.model.moe import SparseMoE
-
-            return SparseMoE.from_weights(self, w, prefix, ctx)
+        """Layer `index`'s MLP (`moe.py`'s models put experts where the family has them)."""
         return GatedMLP(ctx, w, prefix + "mlp.")
 
     def rope_table(self, index: int) -> str:

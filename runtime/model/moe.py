@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 from pagoda.kernels.reference import grouped_experts
 from pagoda.runtime.model.linear import Linear
-from pagoda.runtime.model.llama import DeviceWeights, LayerContext, LlamaModel
+from pagoda.runtime.model.llama import DeviceWeights, GatedMLP, LayerContext, LlamaModel
 from pagoda.runtime.model.quantized import QuantizedWeight, stack
 from pagoda.runtime.model.qwen3 import Qwen3Model
 
@@ -156,10 +156,17 @@ class _ExpertTensors:
         return tuple(out)
 
 
+def _make_mlp(model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
+    if model.config.family.has_experts(index):
+        return SparseMoE.from_weights(model, w, prefix, ctx)
+    return GatedMLP(ctx, w, prefix + "mlp.")
+
+
 class MixtralModel(LlamaModel):
     """Llama attention (with Mistral's sliding window when set), experts in every layer."""
 
     moe_names = ("block_sparse_moe.", ("w1", "w3", "w2"))
+    make_mlp = _make_mlp
 
 
 class Qwen3MoeModel(Qwen3Model):
@@ -167,3 +174,4 @@ class Qwen3MoeModel(Qwen3Model):
     `mlp_only_layers`), a dense MLP of `intermediate_size` elsewhere."""
 
     moe_names = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
+    make_mlp = _make_mlp
