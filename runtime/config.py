@@ -49,6 +49,7 @@ class FamilyConfig:
     # Gemma 3's layer: (1 + w) RMSNorm, norms after attention and around the MLP, the embedding
     # scaled by sqrt(hidden_size) in the model's dtype
     gemma_norms: bool = False
+    norms_hold_one_plus_w: bool = False  # the checkpoint stores 1 + w (llama.cpp's Gemma GGUFs)
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
     hidden_act: str = "silu"  # the gated MLP's activation (`ACTIVATIONS`)
     # mixture of experts: router softmax, top-k, SwiGLU experts

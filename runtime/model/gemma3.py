@@ -70,8 +70,11 @@ class Gemma3Model(LlamaModel):
         return gelu_tanh_and_mul if act == "gelu_tanh" else self.ops.silu_and_mul
 
     def norm_weight(self, weight: torch.Tensor) -> torch.Tensor:
-        """1 + w in float32, as Gemma's norm computes it (then the model's dtype for float32)."""
-        one_plus = 1.0 + weight.float()
+        """1 + w in float32, as Gemma's norm computes it (then the model's dtype for float32);
+        GGUF files hold 1 + w already."""
+        one_plus = weight.float()
+        if not self.config.family.norms_hold_one_plus_w:
+            one_plus = 1.0 + one_plus
         return one_plus if self.dtype != torch.float32 else one_plus.to(self.dtype)
 
     def head_blocks(self, w: DeviceWeights, head: str) -> list[QuantizedWeight] | None:
