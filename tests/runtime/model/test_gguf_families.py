@@ -47,7 +47,11 @@ EXPERTS = {  # (HF expert names gate, up, down) -> llama.cpp's stacked tensors
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's convert-time permutation of a Llama model's Q/K rows."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def _byte_level_vocab(n: int) -> tuple[list[str], list[int], list[str]]:
@@ -102,7 +106,9 @@ def write_gguf(path, hf_dir, arch: str, window: int | None = None) -> dict[str, 
     if experts:
         w.add_expert_count(experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
-        w.add_expert_feed_forward_length(getattr(cfg, "moe_intermediate_size", cfg.intermediate_size))
+        w.add_expert_feed_forward_length(
+            getattr(cfg, "moe_intermediate_size", cfg.intermediate_size)
+        )
     if window:
         w.add_sliding_window(window)
     if gemma:
@@ -176,14 +182,16 @@ def write_gguf(path, hf_dir, arch: str, window: int | None = None) -> dict[str, 
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in expected.items()}
 
 
+QWEN3MOE = dict(head_dim=64, vocab_size=300, num_experts=8, num_experts_per_tok=2,
+                moe_intermediate_size=64, norm_topk_prob=True)  # fmt: skip
+GEMMA3 = dict(head_dim=64, vocab_size=320, sliding_window=7, num_hidden_layers=2,
+              query_pre_attn_scalar=64)  # fmt: skip
+MIXTRAL = dict(head_dim=32, vocab_size=300, num_local_experts=4, num_experts_per_tok=2)
 CASES = {
     "qwen3": ("Qwen3", dict(head_dim=64, vocab_size=300), None),
-    "qwen3moe": ("Qwen3Moe", dict(head_dim=64, vocab_size=300, num_experts=8, num_experts_per_tok=2,
-                                  moe_intermediate_size=64, norm_topk_prob=True), None),  # fmt: skip
-    "gemma3": ("Gemma3Text", dict(head_dim=64, vocab_size=320, sliding_window=7,
-                                  num_hidden_layers=2, query_pre_attn_scalar=64), 7),  # fmt: skip
-    "llama": ("Mixtral", dict(head_dim=32, vocab_size=300, num_local_experts=4,
-                              num_experts_per_tok=2), None),  # fmt: skip
+    "qwen3moe": ("Qwen3Moe", QWEN3MOE, None),
+    "gemma3": ("Gemma3Text", GEMMA3, 7),
+    "llama": ("Mixtral", MIXTRAL, None),
 }
 GGUF_ARCH = {"qwen3": "qwen3", "qwen3moe": "qwen3moe", "gemma3": "gemma3", "llama": "llama"}
 
@@ -193,10 +201,14 @@ def _oracle(tmp_path, tensors: dict[str, torch.Tensor]):
     from safetensors.torch import load_file, save_file
 
     (tmp_path / "oracle").mkdir()
-    (tmp_path / "oracle" / "config.json").write_bytes((tmp_path / "hf" / "config.json").read_bytes())
+    (tmp_path / "oracle" / "config.json").write_bytes(
+        (tmp_path / "hf" / "config.json").read_bytes()
+    )
     saved = load_file(str(tmp_path / "hf" / "model.safetensors"))
     save_file({**saved, **tensors}, str(tmp_path / "oracle" / "model.safetensors"))
-    oracle = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "oracle", dtype=torch.float32)
+    oracle = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "oracle", dtype=torch.float32
+    )
     return oracle.eval()
 
 
@@ -211,7 +223,7 @@ def test_gguf_family_matches_transformers_on_its_dequantized_weights(tmp_path, c
     path = tmp_path / f"{case}.gguf"
     expected = write_gguf(path, tmp_path / "hf", GGUF_ARCH[case], window)
     model = _oracle(tmp_path, expected)
-    config, weights, _, blocks = load_gguf(path)
+    config, weights, _, _ = load_gguf(path)
     assert config.architecture == ("mixtral" if case == "llama" else case)
     for name, want in expected.items():
         if "experts." not in name:  # Gemma's norms as stored: 1 + w
