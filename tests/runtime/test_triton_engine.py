@@ -42,6 +42,22 @@ def test_triton_backend_matches_torch_backend_on_cpu(tmp_path):
     assert ours == theirs
 
 
+@pytest.mark.skipif(not INTERPRET, reason="CPU run of Triton kernels needs TRITON_INTERPRET=1")
+@pytest.mark.parametrize("name", ["gemma3-window", "qwen3moe-top8-d128"])
+def test_new_architectures_on_the_triton_backend_match_transformers(tmp_path, name):
+    """Sliding windows, Gemma's layer, experts (the CPU grouped path) and head size 128 through
+    the Triton attention kernels, chunked and batched: transformers' tokens and logits."""
+    from arch_cases import build, check, generate
+
+    loaded, prompts, reference, engine_args = build(name, tmp_path)
+    llm = LLM(
+        loaded=loaded, attention_backend="triton", dtype="float32", kv_cache_memory=8 << 20,
+        max_num_batched_tokens=16, max_num_seqs=4, **engine_args,
+    )  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts), reference)):
+        check(got, want, f"{name}: prompt {i}")
+
+
 gpu = pytest.mark.gpu
 
 
