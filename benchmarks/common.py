@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import random
 import time
+import zlib
+from collections.abc import Mapping
 
 import torch
 
@@ -135,18 +137,107 @@ def write_random_llama(path, config: dict, dtype: torch.dtype = torch.bfloat16) 
     Hugging Face directory at `path`: a model of any shape without downloads. Its decoder is
     ByteLevel, as that of byte-level BPE models (Llama 3, SmolLM, Qwen), so detokenizing costs
     what it costs when serving them (the text is "w1w2...")."""
+    write_random_model(path, config, dtype, "LlamaForCausalLM")
+
+
+def _hf_config(config: dict, architecture: str):
     import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     cfg = dict(config)
     cfg.setdefault("eos_token_id", 2)
     cfg.setdefault("bos_token_id", 1)
-    torch.manual_seed(0)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).to(dtype)
-    model.save_pretrained(path)
-    vocab = {f"w{i}": i for i in range(cfg["vocab_size"])}
+    model_class = getattr(transformers, architecture)
+    return model_class, model_class.config_class(**cfg)
+
+
+def _write_tokenizer(path, vocab_size: int) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.decoder = decoders.ByteLevel()
     tok.save(str(path / "tokenizer.json"))
+
+
+def write_random_model(
+    path, config: dict, dtype: torch.dtype = torch.bfloat16, architecture: str = "LlamaForCausalLM"
+) -> None:
+    """`write_random_llama` for any transformers causal-LM class (`Qwen3MoeForCausalLM`, ...)."""
+    model_class, hf_config = _hf_config(config, architecture)
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = model_class(hf_config).to(dtype)
+    model.save_pretrained(path)
+    _write_tokenizer(path, hf_config.vocab_size)
+
+
+def checkpoint_shapes(config: dict, architecture: str) -> dict[str, torch.Size]:
+    """Tensor names and shapes of the checkpoint `save_pretrained` would write, from a model on
+    the meta device (no memory): transformers 5 stores fused experts but saves them per expert
+    (`...experts.<e>.gate_proj.weight`), as hub checkpoints are."""
+    model_class, hf_config = _hf_config(config, architecture)
+    with torch.device("meta"):
+        model = model_class(hf_config)
+    state = model.state_dict()
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4: modules are stored as saved
+        return {k: v.shape for k, v in state.items()}
+    return {k: v.shape for k, v in revert_weight_conversion(model, state).items()}
+
+
+class RandomWeights(Mapping):
+    """A checkpoint's tensors by name, drawn when read on `device` (seeded by the name, so a
+    second read gives the same values): norms are ones, other vectors zeros, matrices
+    N(0, 0.02) as transformers initialises them. Nothing is kept, so the model that reads them
+    is the only copy: a 30B model without writing 60 GB to disk or holding it twice."""
+
+    def __init__(self, shapes: dict[str, torch.Size], dtype: torch.dtype, device) -> None:
+        self._shapes, self._dtype, self._device = shapes, dtype, torch.device(device)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        shape = self._shapes[name]
+        if len(shape) == 1:
+            fill = 1.0 if "norm" in name else 0.0
+            return torch.full(shape, fill, dtype=self._dtype, device=self._device)
+        gen = torch.Generator(device=self._device).manual_seed(zlib.crc32(name.encode()))
+        out = torch.randn(shape, generator=gen, device=self._device, dtype=self._dtype)
+        return out.mul_(0.02)
+
+    def __contains__(self, name: object) -> bool:  # Mapping's would draw the tensor
+        return name in self._shapes
+
+    def __iter__(self):
+        return iter(self._shapes)
+
+    def __len__(self) -> int:
+        return len(self._shapes)
+
+
+def random_weight_model(path, config: dict, architecture: str, dtype: torch.dtype, device):
+    """A `LoadedModel` whose config.json and tokenizer are written to `path` and whose weights
+    are `RandomWeights` on `device` (for shapes too large to write: `write_random_model` is
+    the small-model path, and the one HF's own `generate` can read)."""
+    import json
+
+    from pagoda.runtime.model.hf_loader import read_tokenizer
+    from pagoda.runtime.model.loader import LoadedModel, read_model_config
+
+    _, hf_config = _hf_config(config, architecture)
+    data = hf_config.to_dict()
+    data["architectures"] = [architecture]
+    if "num_experts" in config:  # hub spelling (Qwen3-MoE), besides transformers 5's own
+        data["num_experts"] = config["num_experts"]
+    data["dtype"] = str(dtype).removeprefix("torch.")
+    (path / "config.json").write_text(json.dumps(data, indent=2))
+    _write_tokenizer(path, hf_config.vocab_size)
+    model_config = read_model_config(str(path))
+    weights = RandomWeights(checkpoint_shapes(config, architecture), dtype, device)
+    return LoadedModel(
+        name=str(path),
+        path=str(path),
+        config=model_config,
+        weights=weights,
+        tokenizer=read_tokenizer(path, model_config),
+    )

@@ -8,11 +8,15 @@
 #   STEPS="tests throughput" HF=0 SWEEP=1 ...         # a subset; no HF baseline; matmul sweep
 #
 # Steps run in this order: tests, tunetests, tune (matmul configs first), throughput (with the
-# tuned configs as one more run when tune ran first), invariance, kernels. All of them take more
-# than one 10-minute device call; 2026-12-04 ran STEPS="throughput tests" (~3.5 min), then
-# STEPS="tests tunetests tune throughput" HF=0.
+# tuned configs as one more run when tune ran first), invariance, kernels, then the fused-MoE
+# ones: moetests (kernel vs reference compiled, Qwen3-30B-A3B expert shape invariance and graph
+# capture, the sweep), moekernels (kernel_speed's MoE rows), moe (nano-vllm's workload on a
+# Qwen3-30B-A3B-shaped random model, default and swept MoE configs side by side, step vs floor).
+# All of them take more than one 10-minute device call; 2026-12-04 ran STEPS="throughput tests"
+# (~3.5 min), then STEPS="tests tunetests tune throughput" HF=0. The MoE steps alone:
+# STEPS="moetests moekernels moe".
 set -u
-STEPS=${STEPS:-tests tunetests tune throughput invariance kernels}
+STEPS=${STEPS:-tests tunetests tune throughput invariance kernels moetests moekernels moe}
 OUT=${OUT:-${1:-gpu-out}}
 mkdir -p "$OUT"
 ROOT=$PWD
@@ -55,4 +59,9 @@ ls /tmp/profile/*.json 2>/dev/null | grep -qv '/profile.json$' && TUNED=(--kerne
 TAIL=40 step throughput 330 $PY benchmarks/gpu_throughput.py --shape 1b --also-sync --also-fast \
     "${TUNED[@]}" --kernel-profile 10 --hf-requests "${HF:-64}"
 TAIL=60 step invariance 150 $PY benchmarks/invariance_cost.py ${SWEEP:+--sweep}
-TAIL=30 step kernels 60 $PY benchmarks/kernel_speed.py
+TAIL=30 step kernels 60 $PY benchmarks/kernel_speed.py --moe ""
+TAIL=12 step moetests 200 $PY -m pytest -q -rs -p no:cacheprovider --timeout 190 \
+    tests/kernels/test_fused_moe.py tests/runtime/tune/test_moe_sweep.py
+TAIL=20 step moekernels 150 $PY benchmarks/kernel_speed.py --no-attention
+TAIL=40 step moe 540 $PY benchmarks/gpu_throughput.py --shape qwen3-30b-a3b --tune-moe \
+    --hf-requests 0 --kernel-profile 5

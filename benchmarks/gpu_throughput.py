@@ -7,7 +7,16 @@ downloaded. Reported: output tok/s; the median decode step at full batch against
 floor of such a step (weights plus the K/V it reads, at the copy bandwidth measured here); and
 HF transformers `generate` on the same model and requests as a floor baseline.
 
+`--shape qwen3-30b-a3b` is a mixture-of-experts model of Qwen3-30B-A3B's shape (48 layers,
+128 experts, top-8). Its 61 GB of random weights are drawn on the GPU as the engine reads them
+(no checkpoint is written, so there is no HF baseline). Its floor counts the experts a
+full batch activates (expected distinct experts under uniform routing, all 128 at 256
+sequences). `--tune-moe` first sweeps the fused-MoE launch configs for that expert shape
+(`runtime/tune/moe.py`, as `pagoda tune` does) and runs again with them: the packaged defaults
+and the tuned configs side by side.
+
     python -P benchmarks/gpu_throughput.py --shape 1b        # on a GPU node
+    python -P benchmarks/gpu_throughput.py --shape qwen3-30b-a3b --tune-moe --hf-requests 0
     python -P benchmarks/gpu_throughput.py --tiny            # CPU smoke run (seconds)
 """
 
@@ -29,7 +38,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, write_random_llama
+from common import machine, random_weight_model, write_random_model
 from kernel_profile import KernelProfile, print_top
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
@@ -53,6 +62,36 @@ SHAPES = {
         num_attention_heads=32,
         num_key_value_heads=8,
     ),
+    "qwen3-30b-a3b": dict(  # Qwen3-30B-A3B: 30.5B parameters, 3.3B active per token
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        max_position_embeddings=4096,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+    ),
+    "tiny-moe": dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+    ),
     "tiny": dict(
         _LLAMA,
         vocab_size=512,
@@ -65,6 +104,9 @@ SHAPES = {
         tie_word_embeddings=True,  # as the 1b shape
     ),
 }
+
+ARCHITECTURES = {"qwen3-30b-a3b": "Qwen3MoeForCausalLM", "tiny-moe": "Qwen3MoeForCausalLM"}
+LAZY_WEIGHTS_BYTES = 16 << 30  # larger models draw their weights on the device, unwritten
 
 
 # Engine options run beside the defaults (`--also-NAME`): the flag they stand for, the kwargs.
@@ -157,13 +199,29 @@ def run_pagoda(loaded, reqs, args, prof: KernelProfile | None = None, **engine_k
     }
 
 
-def memory_floor_ms(cfg: dict, dtype_bytes: int, context_tokens: float, bandwidth: float) -> float:
-    """Milliseconds to read every weight once plus the K/V of `context_tokens` tokens."""
-    h, i, v, L = (cfg[k] for k in ("hidden_size", "intermediate_size", "vocab_size",
-                                    "num_hidden_layers"))  # fmt: skip
-    d = h // cfg["num_attention_heads"]
-    kv = cfg["num_key_value_heads"] * d
-    layer = h * (h + 2 * kv) + h * h + 3 * h * i
+def active_experts(cfg: dict, batch: int) -> float:
+    """Expected distinct experts per layer that `batch` tokens route to, each picking top-k of
+    E uniformly: E (1 - (1 - k/E)^batch). 0 for a dense model."""
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+    if not experts:
+        return 0.0
+    return experts * (1.0 - (1.0 - cfg["num_experts_per_tok"] / experts) ** max(batch, 1))
+
+
+def memory_floor_ms(
+    cfg: dict, dtype_bytes: int, context_tokens: float, bandwidth: float, batch: int = 1
+) -> float:
+    """Milliseconds to read every weight a step of `batch` sequences touches once (an MoE
+    layer: the router and the active experts) plus the K/V of `context_tokens` tokens."""
+    h, v, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    d = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
+    mlp = 3 * h * cfg["intermediate_size"]
+    if active_experts(cfg, batch):
+        n = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+        experts = cfg.get("num_experts") or cfg["num_local_experts"]
+        mlp = h * experts + active_experts(cfg, batch) * 3 * h * n
+    layer = h * (q + 2 * kv) + q * h + mlp
     weights = (L * layer + v * h) * dtype_bytes  # the LM head; embedding rows are gathered
     kv_bytes = context_tokens * L * 2 * kv * dtype_bytes
     return 1e3 * (weights + kv_bytes) / bandwidth
@@ -204,8 +262,18 @@ def run_hf(path: Path, reqs, batch: int, device: torch.device, dtype: torch.dtyp
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", choices=["1b", "8b"], default="1b")
-    ap.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny shape, few requests")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="1b")
+    ap.add_argument(
+        "--tiny",
+        action="store_true",
+        help="CPU smoke run: tiny shape (tiny-moe for an MoE --shape), few requests",
+    )
+    ap.add_argument(
+        "--tune-moe",
+        action="store_true",
+        help="MoE shapes on CUDA: sweep the fused-MoE configs for the expert shape first, then "
+        "run again with them beside the packaged defaults",
+    )
     ap.add_argument("--num-requests", type=int, default=256)
     ap.add_argument("--min-len", type=int, default=100)
     ap.add_argument("--max-len", type=int, default=1024)
@@ -236,8 +304,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "output folder), to see what tuning gains",
     )
     args = ap.parse_args(argv)
+    if args.tune_moe and args.kernel_config_dir:
+        ap.error("--tune-moe writes its own config directory; drop --kernel-config-dir")
+    if args.tune_moe and args.shape not in ARCHITECTURES:
+        ap.error(f"--tune-moe needs an MoE --shape ({', '.join(ARCHITECTURES)})")
     if args.tiny:
-        args.shape = "tiny"
+        args.shape = "tiny-moe" if args.shape in ARCHITECTURES else "tiny"
         args.num_requests, args.min_len, args.max_len = 8, 8, 32
         args.max_num_seqs, args.max_num_batched_tokens = 8, 256
         args.kv_cache_gib = 0.0625
@@ -286,6 +358,48 @@ def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _load(path: Path, args, cfg: dict, dtype: torch.dtype, device: torch.device):
+    """(the model, whether HF can load it): a checkpoint written to `path`, or for models over
+    `LAZY_WEIGHTS_BYTES` random weights drawn on the device as the engine reads them."""
+    from common import checkpoint_shapes
+
+    arch = ARCHITECTURES.get(args.shape, "LlamaForCausalLM")
+    size = sum(s.numel() for s in checkpoint_shapes(cfg, arch).values()) * dtype.itemsize
+    if size > LAZY_WEIGHTS_BYTES:
+        print(f"{size / 1e9:.1f} GB of random weights drawn on {device}, not written")
+        return random_weight_model(path, cfg, arch, dtype, device), False
+    write_random_model(path, cfg, dtype, arch)
+    gc.collect()
+    return load_model(str(path)), True
+
+
+def _tune_moe(args, cfg: dict, dtype: torch.dtype, device: torch.device, out: Path) -> None:
+    """The fused-MoE sweep of `pagoda tune` for this shape alone, saved under `out`."""
+    from pagoda.kernels.config import device_name
+    from pagoda.runtime.tune.moe import MoeShape, write_moe_configs
+    from pagoda.runtime.tune.sweep import cuda_graph_timer
+
+    if device.type != "cuda":
+        print("--tune-moe: skipped, no CUDA device (the interpreter is no timing target)")
+        return
+    moe = MoeShape(
+        cfg["num_experts"], cfg["moe_intermediate_size"], cfg["hidden_size"],
+        cfg["num_experts_per_tok"],
+    )  # fmt: skip
+    t = time.perf_counter()
+    reports = write_moe_configs(
+        moe, dtype, device, out, label=device_name(device), timer=cuda_graph_timer,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+    )  # fmt: skip
+    for r in reports:
+        print(
+            f"fused_moe {r['shape']}: default {r['default_ms']} ms, tuned {r['median_ms']} ms "
+            f"({r['speedup']}x) with {r['config']}; {len(r['rejected'])}/{r['candidates']} "
+            f"rejected [{time.perf_counter() - t:.0f} s]"
+        )
+    args.kernel_config_dir = str(out)
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     device = _device()
@@ -295,10 +409,11 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"shape {args.shape}: {cfg}")
     reqs = workload(args.num_requests, args.min_len, args.max_len, cfg["vocab_size"], args.seed)
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp)
-        write_random_llama(path, cfg, dtype)
-        gc.collect()
-        loaded = load_model(tmp)
+        path = Path(tmp) / "model"
+        path.mkdir()
+        loaded, hf_readable = _load(path, args, cfg, dtype, device)
+        if args.tune_moe:
+            _tune_moe(args, cfg, dtype, device, Path(tmp) / "configs")
         res = _profiled_run(loaded, reqs, args, "defaults")
         gc.collect()
         for name, (flag, kw) in VARIANTS.items():
@@ -309,21 +424,30 @@ def main(argv: list[str] | None = None) -> dict:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         bw = copy_bandwidth(device)
-        floor = memory_floor_ms(cfg, 2, res["context"], bw)
+        floor = memory_floor_ms(cfg, 2, res["context"], bw, batch=res["full_batch"])
         print(
             f"Pagoda: {res['output_tokens']} output tokens in {res['seconds']:.2f} s = "
             f"{res['tok_s']:.1f} tok/s ({res['num_steps']} steps)"
         )
+        active = active_experts(cfg, res["full_batch"])
+        experts = f", {active:.1f} experts active per layer" if active else ""
         print(
             f"steady state at {res['full_batch']} running: {res['step_ms']:.2f} ms/step; memory "
-            f"floor {floor:.2f} ms ({res['context']:.0f} context tokens, {bw / 1e9:.0f} GB/s "
-            f"copy bandwidth) -> {res['step_ms'] / floor:.2f}x the floor"
+            f"floor {floor:.2f} ms ({res['context']:.0f} context tokens{experts}, "
+            f"{bw / 1e9:.0f} GB/s copy bandwidth) -> {res['step_ms'] / floor:.2f}x the floor"
         )
-        res.update(floor_ms=floor, bandwidth=bw)
+        for name in ("tuned", "fast"):
+            if name in res:
+                other = res[name]
+                print(f"  {name}: {other['step_ms']:.2f} ms/step -> "
+                      f"{other['step_ms'] / floor:.2f}x the floor")  # fmt: skip
+        res.update(floor_ms=floor, bandwidth=bw, active_experts=active)
         if res["phases_ms"]:
             parts = ", ".join(f"{k} {v:.2f}" for k, v in res["phases_ms"].items())
             print(f"phases of steps {PHASE_STEPS} (ms/step, device synced at each mark): {parts}")
-        if args.hf_requests:
+        if args.hf_requests and not hf_readable:
+            print("HF generate: skipped (the weights were never written)")
+        elif args.hf_requests:
             hf = run_hf(path, reqs[: args.hf_requests], args.hf_batch, device, dtype)
             print(
                 f"HF generate (batch {args.hf_batch}, first {args.hf_requests} requests): "

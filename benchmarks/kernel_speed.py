@@ -8,6 +8,13 @@ Prefill: a from-scratch causal prefill and a chunk on top of cached context.
     python benchmarks/kernel_speed.py                  # Llama-3-8B attention shapes, bf16
     python benchmarks/kernel_speed.py --output table.md
 
+Fused MoE (``--moe E,N,K,TOPK``, default Qwen3-30B-A3B's 128,768,2048,8; ``--moe ''`` skips it):
+``fused_experts`` at ``--moe-tokens`` tokens with uniform random top-k routing, in its
+batch-invariant config and in the per-token-count one (timed as CUDA-graph replays, as in the
+engine's decode steps), against the torch reference (one matmul pair per expert with tokens,
+launched from Python: it reads the expert counts on the host). Bandwidth = bytes of the active
+experts' weights + tokens in and out, over the time.
+
 Prints a markdown table (paste into docs/benchmarks.md with the device name). Exits with a
 message on machines without CUDA: the CPU interpreter checks correctness, not speed.
 """
@@ -72,6 +79,14 @@ def bench_us(fn) -> float:
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3
+
+
+def graph_us(fn) -> float:
+    """Median time in µs of `fn` replayed from a CUDA graph: the launches of a multi-kernel
+    operator as the engine's graphed steps see them, without Python's launch overhead."""
+    import triton.testing
+
+    return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")) * 1e3
 
 
 def make_paged(
@@ -252,6 +267,58 @@ def table(rows: list[Row], peak: float | None) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class MoeRow:
+    tokens: int
+    active: int  # experts with at least one token
+    invariant_us: float
+    by_tokens_us: float
+    gbps: float  # of the invariant config
+    tflops: float
+    reference_us: float
+    max_err: float
+
+
+def moe_row(
+    tokens: int, shape: tuple[int, int, int, int], dtype: torch.dtype, device: str = "cuda"
+) -> MoeRow:
+    from pagoda.kernels import fused_experts
+    from pagoda.kernels import fused_moe_reference as reference
+
+    E, N, K, top_k = shape
+    x = torch.randn((tokens, K), device=device, dtype=dtype)
+    w13 = torch.randn((E, 2 * N, K), device=device, dtype=dtype) * K**-0.5
+    w2 = torch.randn((E, K, N), device=device, dtype=dtype) * N**-0.5
+    ids = torch.rand((tokens, E), device=device).topk(top_k, dim=1).indices.to(torch.int32)
+    weights = torch.rand((tokens, top_k), device=device).softmax(dim=-1)
+    args = (x, w13, w2, weights, ids)
+    inv = graph_us(lambda: fused_experts(*args))
+    by_tokens = graph_us(lambda: fused_experts(*args, batch_invariant=False))
+    ref = bench_us(lambda: reference.fused_experts(*args))  # reads counts on the host
+    err = float((fused_experts(*args).float() - reference.fused_experts(*args).float()).abs().max())
+    active = int(torch.unique(ids).numel())
+    moved = (active * 3 * N * K + 2 * tokens * K) * dtype.itemsize
+    flops = 2 * tokens * top_k * 3 * N * K
+    return MoeRow(tokens, active, inv, by_tokens, moved / inv / 1e3, flops / inv / 1e6, ref, err)
+
+
+def moe_table(rows: list[MoeRow], peak: float | None) -> str:
+    head = (
+        "| tokens | active experts | fused µs (invariant) | fused µs (by tokens) | GB/s | "
+        "% of peak | TFLOP/s | torch reference µs | reference / fused | max abs diff |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    lines = [head]
+    for r in rows:
+        pct = f"{100 * r.gbps / (peak * 1e3):.0f}%" if peak else "n/a"
+        lines.append(
+            f"| {r.tokens} | {r.active} | {r.invariant_us:.1f} | {r.by_tokens_us:.1f} | "
+            f"{r.gbps:.0f} | {pct} | {r.tflops:.1f} | {r.reference_us:.1f} | "
+            f"{r.reference_us / r.invariant_us:.2f}× | {r.max_err:.1e} |"
+        )
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--heads", type=int, default=32)
@@ -264,6 +331,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--prefill", default="4x2048,1x512/8192", help="BxNEW (from scratch) or BxNEW/CTX"
     )
+    p.add_argument("--moe", default="128,768,2048,8", help="E,N,K,TOPK of the fused-MoE rows")
+    p.add_argument("--moe-tokens", default="1,16,64,256,1024,4096")
+    p.add_argument("--no-attention", action="store_true", help="only the fused-MoE rows")
     p.add_argument("--peak-tbps", type=float, default=None, help="peak HBM bandwidth override")
     p.add_argument("--output", default=None, help="also write the markdown table here")
     return p.parse_args(argv)
@@ -286,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     peak = peak_tbps(name, args.peak_tbps)
     torch.manual_seed(0)
     rows: list[Row] = []
-    for batch in (int(x) for x in args.batches.split(",")):
+    if args.no_attention:
+        args.batches, args.prefill = "", ""
+    for batch in (int(x) for x in filter(None, args.batches.split(","))):
         for ctx in (int(x) for x in args.contexts.split(",")):
             if not fits(batch, ctx, args, dtype):
                 print(
@@ -305,7 +377,11 @@ def main(argv: list[str] | None = None) -> int:
         f"heads {args.heads}/{args.kv_heads} (q/kv), head dim {args.head_dim}, "
         f"block size {args.block_size}, {args.dtype}"
     )
-    text = header + "\n\n" + table(rows, peak)
+    text = header + ("\n\n" + table(rows, peak) if rows else "")
+    if args.moe:
+        shape = tuple(int(v) for v in args.moe.split(","))
+        moe = [moe_row(int(t), shape, dtype) for t in args.moe_tokens.split(",")]
+        text += f"\n\nFused MoE, E,N,K,top-k = {args.moe}:\n\n" + moe_table(moe, peak)
     target = next(
         (r for r in rows if r.case == "decode" and (r.batch, r.context) == (64, 4096)), None
     )

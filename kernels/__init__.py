@@ -2,7 +2,8 @@
 
 Launchers (import needs Triton; the references in ``pagoda.kernels.reference`` do not):
 ``linear`` (batch-invariant matmul), ``paged_attention``, ``write_kv_cache``, ``rms_norm``,
-``rotary_embedding``, ``silu_and_mul``.
+``rotary_embedding``, ``silu_and_mul``, ``fused_experts`` (mixture-of-experts MLP; its reference is
+``pagoda.kernels.fused_moe_reference``).
 They are loaded lazily so ``import pagoda.kernels.reference`` works on machines without Triton.
 """
 
@@ -18,6 +19,7 @@ _LAUNCHERS = {
     "rms_norm": "pagoda.kernels.norm",
     "rotary_embedding": "pagoda.kernels.rotary",
     "silu_and_mul": "pagoda.kernels.activation",
+    "fused_experts": "pagoda.kernels.fused_moe",
 }
 
 __all__ = sorted(_LAUNCHERS)

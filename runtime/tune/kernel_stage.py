@@ -51,9 +51,10 @@ def kernel_buckets(
 ) -> list:
     """The buckets the engine profile's largest points (and so serving) can reach: with
     batch-invariant matmuls (the default) each weight shape first, as the matmuls are most of a
-    GPU step; then attention."""
+    GPU step; then the fused-MoE expert shape of an MoE model; then attention."""
     from pagoda.runtime.tune.kernels import plan_buckets
     from pagoda.runtime.tune.matmul import plan_matmul_buckets
+    from pagoda.runtime.tune.moe import model_moe_shape, plan_moe_buckets
 
     limits = dict(max_num_seqs=max(plan.decode_batches), quick=quick)
     matmuls = []
@@ -61,6 +62,10 @@ def kernel_buckets(
         matmuls = plan_matmul_buckets(
             model_config, base.torch_dtype(), max_num_batched_tokens=max(plan.chunk_sizes), **limits
         )
+    matmuls += plan_moe_buckets(  # MoE models only: the expert GEMMs, most of their step
+        model_moe_shape(base.model, model_config), base.torch_dtype(),
+        batch_invariant=base.batch_invariant, max_num_batched_tokens=max(plan.chunk_sizes), **limits,
+    )  # fmt: skip
     return matmuls + plan_buckets(
         attention_shape(model_config, base),
         max_model_len=max_model_len,

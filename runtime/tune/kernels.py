@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from pagoda.runtime.tune import matmul
+from pagoda.runtime.tune import matmul, moe
 
 DECODE = "decode_attention"
 PREFILL = "paged_attention"
@@ -123,6 +123,8 @@ def candidate_space(kernel: str, quick: bool = False) -> list[dict[str, Any]]:
     ``quick``: two of them (smoke tests)."""
     if kernel == matmul.MATMUL:
         return matmul.candidate_space(quick)
+    if kernel == moe.FUSED_MOE:
+        return moe.candidate_space(quick)
     if quick:
         return [c for c in candidate_space(kernel) if c["num_stages"] == 2][:2]
     pipes = [(4, 2), (4, 3), (8, 3)]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from pagoda.runtime.tune import matmul
+from pagoda.runtime.tune import matmul, moe
 from pagoda.runtime.tune.kernels import (
     DECODE,
     TOL,
@@ -235,7 +235,7 @@ def sweep_matmul_bucket(
 
 def tune_kernels(
     shape: AttentionShape,
-    buckets: list[Bucket | matmul.MatmulBucket],
+    buckets: list[Bucket | matmul.MatmulBucket | moe.MoeBucket],
     *,
     device: torch.device,
     device_label: str,
@@ -272,6 +272,8 @@ def tune_kernels(
         candidates = [baseline, *(c for c in space(bucket.kernel) if c != baseline)]
         if bucket.kernel == matmul.MATMUL:
             result = sweep_matmul_bucket(bucket, candidates, device, timer=matmul_timer or timer)
+        elif bucket.kernel == moe.FUSED_MOE:
+            result = moe.sweep_moe_bucket(bucket, candidates, device, timer=matmul_timer or timer)
         else:
             result = sweep_bucket(bucket, shape, candidates, device, timer=timer)
         if result.config is not None:

@@ -30,6 +30,7 @@ REQUIRED = {
     "rms_norm": {"num_warps"},
     "rotary_embedding": {"num_warps"},
     "silu_and_mul": {"BLOCK", "num_warps"},
+    "fused_moe": {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"},
 }
 
 

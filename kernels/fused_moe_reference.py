@@ -1,0 +1,83 @@
+"""Pure-PyTorch references for ``pagoda.kernels.fused_moe`` (no Triton needed), same signatures.
+
+``fused_experts`` is grouped by expert, as an efficient CPU path would be: the assignments are
+sorted by expert once, each expert that has tokens runs one gate/up matmul and one down matmul
+over all of its rows, and the weighted rows land at their assignment's index; there is no
+per-token Python loop. Rounding points follow the kernel (fp32 products rounded once per
+matmul; gate and up rounded to the input dtype before SiLU-and-mul). One difference: the down
+projection is rounded to the dtype before the routing weight multiplies it (the kernel weighs
+its fp32 accumulator), under one ulp of the dtype.
+
+The top-k outputs of a token are summed in slot order in fp32 rather than ``index_add_``-ed into
+the output: on CUDA ``index_add_`` accumulates with atomics in the dtype, in an order that
+changes run to run, and this way a token's sum does not depend on the other tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def moe_align_block_size(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernel's alignment, in torch: ``(sorted_ids, expert_ids, num_padded)`` laid out as
+    ``pagoda.kernels.fused_moe.moe_align_block_size`` returns them (tests compare them)."""
+    ids = topk_ids.reshape(-1).long()
+    num_assign = ids.numel()
+    slots = -(-(num_assign + min(num_experts, num_assign) * (block_m - 1)) // block_m) * block_m
+    counts = torch.zeros(num_experts, dtype=torch.long, device=ids.device)
+    counts.scatter_add_(0, ids, torch.ones_like(ids))
+    padded = (counts + block_m - 1) // block_m * block_m
+    first = torch.cumsum(padded, 0) - padded  # each expert's first slot
+    order = torch.argsort(ids, stable=True)  # by expert, index order within one
+    rank = (
+        torch.arange(num_assign, device=ids.device) - (torch.cumsum(counts, 0) - counts)[ids[order]]
+    )
+    sorted_ids = torch.full((slots,), num_assign, dtype=torch.int32, device=ids.device)
+    sorted_ids[first[ids[order]] + rank] = order.to(torch.int32)
+    ends = torch.cumsum(padded, 0)
+    starts = torch.arange(0, slots, block_m, device=ids.device)
+    expert_ids = torch.searchsorted(ends, starts, right=True).to(torch.int32)
+    expert_ids[expert_ids >= num_experts] = -1
+    return sorted_ids, expert_ids, ends[-1:].to(torch.int32)
+
+
+def fused_experts(
+    hidden_states: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+    config: dict | None = None,
+    batch_invariant: bool = True,
+) -> torch.Tensor:
+    """``sum_j w[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t))``, ``e = ids[t, j]``; ``[T, K]``
+    in ``hidden_states``' dtype. ``config`` and ``batch_invariant`` are launch hints (ignored)."""
+    del config, batch_invariant
+    if activation != "silu":
+        raise ValueError(f"activation {activation!r} is not supported; choose from ('silu',)")
+    T, K = hidden_states.shape
+    E = w2.shape[0]
+    top_k = topk_ids.shape[1]
+    dtype = hidden_states.dtype
+    ids = topk_ids.reshape(-1).long()
+    weights = topk_weights.reshape(-1).float()
+    order = torch.argsort(ids, stable=True)  # assignments grouped by expert
+    counts = torch.bincount(ids, minlength=E).tolist()  # one host read per call, not per token
+    rows = torch.empty((T * top_k, K), dtype=dtype, device=hidden_states.device)
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        sel = order[start : start + n]
+        start += n
+        x = hidden_states[sel // top_k]
+        gate, up = F.linear(x, w13[e]).chunk(2, dim=-1)  # rounded to the dtype, as stored
+        h = (F.silu(gate.float()) * up.float()).to(dtype)
+        y = F.linear(h, w2[e]).float() * weights[sel, None]
+        rows[sel] = y.to(dtype)
+    return rows.view(T, top_k, K).float().sum(dim=1).to(dtype)

@@ -1,0 +1,43 @@
+"""benchmarks/kernel_speed.py's fused-MoE rows under Triton's interpreter (the script itself
+needs CUDA): the row's arithmetic and the table, with a wall-clock timer in place of CUDA's."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+if os.environ["TRITON_INTERPRET"] != "1":
+    pytest.skip("the interpreter run of the MoE rows", allow_module_level=True)
+
+
+def test_moe_rows_and_table(monkeypatch):
+    import kernel_speed
+
+    def wall_us(fn) -> float:
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e6
+
+    monkeypatch.setattr(kernel_speed, "graph_us", wall_us)
+    monkeypatch.setattr(kernel_speed, "bench_us", wall_us)
+    shape = (8, 24, 32, 2)  # E, N, K, top-k
+    rows = [kernel_speed.moe_row(t, shape, torch.bfloat16, "cpu") for t in (1, 9)]
+    assert rows[0].active == 2 and 2 <= rows[1].active <= 8
+    for r in rows:
+        assert r.invariant_us > 0 and r.by_tokens_us > 0 and r.reference_us > 0
+        assert r.max_err < 0.1  # bf16 rounding of the same sums
+        moved = (r.active * 3 * 24 * 32 + 2 * r.tokens * 32) * 2
+        assert r.gbps == pytest.approx(moved / r.invariant_us / 1e3)
+    table = kernel_speed.moe_table(rows, peak=4.8).splitlines()
+    assert len(table) == 4 and table[0].startswith("| tokens | active experts |")
+    assert table[2].startswith("| 1 | 2 |")
