@@ -6,8 +6,6 @@ a sequence does not own, so they also work on huge, lazily-allocated pools in th
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 
@@ -148,55 +146,3 @@ def silu_and_mul(*, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.T
         return result
     out.copy_(result)
     return out
-
-
-def grouped_experts(
-    x: torch.Tensor,  # [T, K]
-    topk_weights: torch.Tensor,  # float32 [T, k]
-    topk_ids: torch.Tensor,  # [T, k] expert of each pick
-    expert,  # (e, rows [n, K]) -> [n, K] in x's dtype
-) -> torch.Tensor:
-    """``sum_j topk_weights[t, j] * expert(topk_ids[t, j], x[t])``, grouped by expert: the picks
-    sorted by expert, one call per expert that has tokens, each product (in float32, rounded to
-    x's dtype) index-added back in expert order, as Hugging Face's MoE loop adds them. Reads the
-    per-expert counts on the host: the CPU path, and the reference of ``fused_experts``."""
-    k = topk_ids.shape[1]
-    flat = topk_ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    token = order // k  # the token of each pick, by expert
-    weight = topk_weights.reshape(-1).index_select(0, order)
-    out = torch.zeros_like(x)
-    start = 0
-    for e, n in enumerate(torch.bincount(flat).tolist()):
-        if n:
-            rows = token[start : start + n]
-            y = expert(e, x.index_select(0, rows))
-            out.index_add_(0, rows, (y * weight[start : start + n, None]).to(out.dtype))
-            start += n
-    return out
-
-
-def fused_experts(
-    hidden_states: torch.Tensor,  # [T, K]
-    w13: torch.Tensor,  # [E, 2N, K]: gate rows 0..N-1, then up
-    w2: torch.Tensor,  # [E, K, N]
-    topk_weights: torch.Tensor,  # float32 [T, k]
-    topk_ids: torch.Tensor,  # int32 [T, k]
-    *,
-    activation: str = "silu",
-) -> torch.Tensor:
-    """The fused-MoE launcher's reference: for each token, the weighted sum over its top-k
-    experts of ``(act(x W_gate^T) * (x W_up^T)) W_down^T`` (``activation``: silu or gelu_tanh)."""
-    n = w13.shape[1] // 2
-    if activation == "silu":
-        act = torch.nn.functional.silu
-    elif activation == "gelu_tanh":
-        act = functools.partial(torch.nn.functional.gelu, approximate="tanh")
-    else:
-        raise ValueError(f"activation must be silu or gelu_tanh, got {activation!r}")
-
-    def expert(e: int, rows: torch.Tensor) -> torch.Tensor:
-        gate_up = torch.nn.functional.linear(rows, w13[e])
-        return torch.nn.functional.linear(act(gate_up[:, :n]) * gate_up[:, n:], w2[e])
-
-    return grouped_experts(hidden_states, topk_weights, topk_ids.long(), expert)

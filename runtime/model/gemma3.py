@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -59,11 +60,7 @@ class Gemma3Model(LlamaModel):
         ctx = super().layer_context(linear)
         # float32: (1 + w) * norm(x) is `ops.rms_norm` with weight 1 + w (native on the CPU)
         norm = ctx.rms_norm if self.dtype == torch.float32 else gemma_rms_norm
-        return LayerContext(
-            ops=ctx.ops, backend=ctx.backend, rms_norm=norm, act_and_mul=self._act_and_mul(),
-            linear=linear, eps=ctx.eps, num_heads=ctx.num_heads, num_kv_heads=ctx.num_kv_heads,
-            head_dim=ctx.head_dim,
-        )  # fmt: skip
+        return dataclasses.replace(ctx, rms_norm=norm, act_and_mul=self._act_and_mul())
 
     def _act_and_mul(self) -> Callable[..., torch.Tensor]:
         act = self.config.family.hidden_act

@@ -92,6 +92,7 @@ class LayerContext:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    batch_invariant: bool = False  # the engine's --batch-invariant (the fused-MoE kernel's too)
 
     @property
     def qkv_sizes(self) -> list[int]:
@@ -214,6 +215,7 @@ class LlamaModel:
         self.dtype, self.device = dtype, device
         self.backend, self.ops = backend, ops
         w = DeviceWeights(weights, device, dtype, quantized or {})
+        self.batch_invariant = batch_invariant
         linear = functools.partial(Linear, invariant=batch_invariant)
         ctx = self.layer_context(linear)
         self.rms_norm = ctx.rms_norm
@@ -238,6 +240,7 @@ class LlamaModel:
             ops=self.ops, backend=self.backend, rms_norm=self.ops.rms_norm,
             act_and_mul=self.ops.silu_and_mul, linear=linear, eps=c.rms_norm_eps,
             num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+            batch_invariant=self.batch_invariant,
         )  # fmt: skip
 
     def norm_weight(self, weight: torch.Tensor) -> torch.Tensor:

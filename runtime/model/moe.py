@@ -5,13 +5,14 @@ experts of each token, whose probabilities are renormalised to sum to 1 (Mixtral
 with `norm_topk_prob`). Each expert is a SwiGLU MLP; a token's output is the weighted sum of its
 experts' outputs.
 
-- CPU: grouped by expert (`kernels.reference.grouped_experts`): the picks sorted by expert, one
-  gate/up and one down matmul per expert that has tokens, index-added back; no per-token loop.
-  The experts' matmuls are the dense layers' `Linear`s (packed once, a row's bits independent of
-  how many rows share the call), so a token's output does not depend on the rest of the batch.
-- CUDA: `pagoda.kernels.fused_moe.fused_experts` (one grouped Triton GEMM, no host sync, CUDA
-  graphs); where that kernel is not installed, every expert over every token (same result,
-  E times the work), logged once.
+- CPU: grouped by expert (`grouped_experts`): the picks sorted by expert, one gate/up and one
+  down matmul per expert that has tokens, each weighted product rounded to the model's dtype and
+  index-added back in expert order, as transformers adds them; no per-token loop. The experts'
+  matmuls are the dense layers' `Linear`s (packed once, a row's bits independent of how many
+  rows share the call), so a token's output does not depend on the rest of the batch.
+- CUDA: `pagoda.kernels.fused_moe.fused_experts` (expert-aligned grouped Triton GEMMs, no host
+  sync, so CUDA graphs capture it; batch-invariant with `--batch-invariant`); where that kernel
+  cannot be imported, every expert over every token (same result, E times the work), logged.
 
 Expert weights come per expert (Hugging Face: `experts.{e}.w1` / `gate_proj` ...) or stacked
 `[E, N, K]` under `experts.{name}.weight` (the GGUF loader's names for `ffn_*_exps`).
@@ -23,13 +24,36 @@ import logging
 from collections.abc import Callable
 
 import torch
-from pagoda.kernels.reference import grouped_experts
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.llama import DeviceWeights, GatedMLP, LayerContext, LlamaModel
 from pagoda.runtime.model.quantized import QuantizedWeight, stack
 from pagoda.runtime.model.qwen3 import Qwen3Model
 
 log = logging.getLogger(__name__)
+
+
+def grouped_experts(
+    x: torch.Tensor,  # [T, K]
+    topk_weights: torch.Tensor,  # float32 [T, k]
+    topk_ids: torch.Tensor,  # [T, k]
+    expert: Callable[[int, torch.Tensor], torch.Tensor],  # (e, rows [n, K]) -> [n, K]
+) -> torch.Tensor:
+    """``sum_j topk_weights[t, j] * expert(topk_ids[t, j], x[t])`` grouped by expert (module
+    docstring). Reads the per-expert counts on the host: the CPU path."""
+    k = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    token = order // k  # the token of each pick, by expert
+    weight = topk_weights.reshape(-1).index_select(0, order)
+    out = torch.zeros_like(x)
+    start = 0
+    for e, n in enumerate(torch.bincount(flat).tolist()):
+        if n:
+            rows = token[start : start + n]
+            y = expert(e, x.index_select(0, rows))
+            out.index_add_(0, rows, (y * weight[start : start + n, None]).to(out.dtype))
+            start += n
+    return out
 
 
 def _fused_kernel() -> Callable[..., torch.Tensor] | None:
@@ -57,6 +81,7 @@ class SparseMoE:
         self.router, self.experts, self.w13, self.w2 = router, experts, w13, w2
         self.top_k, self.renormalize, self.round_weights = top_k, renormalize, round_weights
         self.act_and_mul = ctx.act_and_mul
+        self.batch_invariant = ctx.batch_invariant
         self.fused = _fused_kernel() if w13 is not None else None
         if w13 is not None and self.fused is None:
             log.warning("no fused-MoE kernel here: every expert runs over every token")
@@ -102,7 +127,10 @@ class SparseMoE:
         if self.round_weights:  # Qwen3-MoE hands the experts weights in the model's dtype
             weights = weights.to(x.dtype).float()
         if self.fused is not None:
-            return self.fused(x, self.w13, self.w2, weights, ids.to(torch.int32))
+            return self.fused(
+                x, self.w13, self.w2, weights, ids.to(torch.int32),
+                batch_invariant=self.batch_invariant,
+            )  # fmt: skip
         if self.w13 is not None:
             return self._every_expert(x, weights, ids)
         return grouped_experts(x, weights, ids, self._expert)
