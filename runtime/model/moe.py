@@ -97,9 +97,14 @@ class SparseMoE:
         tensors = _ExpertTensors(w, p + "experts.", names, f.num_experts)
         w13 = w2 = None
         experts: list[tuple[Linear, Linear]] = []
-        if w.device.type == "cuda":
-            w13 = torch.stack([torch.cat(tensors.weights(e)[:2]) for e in range(f.num_experts)])
-            w2 = torch.stack([tensors.weights(e)[2] for e in range(f.num_experts)])
+        if w.device.type == "cuda":  # stacked for the fused kernel: [E, 2N, K] and [E, K, N]
+            w13_rows, w2_rows = [], []
+            for e in range(f.num_experts):
+                gate, up, down = tensors.weights(e)
+                w13_rows.append(torch.cat([gate, up]))
+                w2_rows.append(down)
+            w13, w2 = torch.stack(w13_rows), torch.stack(w2_rows)
+            del w13_rows, w2_rows
         else:
             for e in range(f.num_experts):
                 gate, up, down = tensors.weights(e)

@@ -68,7 +68,7 @@ def generate(llm: LLM, prompts: list[list[int]]):
     """(greedy tokens, per-step float32 logits) of each prompt, all in one batch."""
     seen: dict[str, list[torch.Tensor]] = {}
     llm.engine.runner.logits_observer = lambda reqs, lg: [
-        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg)
+        seen.setdefault(r.request_id, []).append(row.cpu()) for r, row in zip(reqs, lg)
     ]
     params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
