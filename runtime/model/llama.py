@@ -74,6 +74,14 @@ class DeviceWeights:
     def cat(self, names: list[str]) -> torch.Tensor:
         return torch.cat([self[n] for n in names])
 
+    def biases(self, weight_names: list[str]) -> torch.Tensor | None:
+        """The biases of these matrices, concatenated, where the checkpoint has them (all or
+        none: q/k/v of Qwen2, a Llama's with attention_bias or mlp_bias)."""
+        names = [n[: -len("weight")] + "bias" for n in weight_names]
+        if not any(n in self._w for n in names):
+            return None
+        return self.cat(names)  # a missing one is reported by name
+
     def quantized(self, names: list[str]) -> list[QuantizedWeight] | None:
         """The rows of `names` as stored blocks, if all of them have some (see `quantized`)."""
         return stack([self._q.get(n) for n in names])
@@ -123,9 +131,9 @@ class GatedMLP:
         names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
     ) -> None:
         gate_up = [f"{prefix}{names[0]}.weight", f"{prefix}{names[1]}.weight"]
-        down = f"{prefix}{names[2]}.weight"
-        self.gate_up = ctx.linear(w.cat(gate_up), quantized=w.quantized(gate_up))
-        self.down = ctx.linear(w[down], quantized=w.quantized([down]))
+        down = [f"{prefix}{names[2]}.weight"]
+        self.gate_up = ctx.linear(w.cat(gate_up), w.biases(gate_up), quantized=w.quantized(gate_up))
+        self.down = ctx.linear(w[down[0]], w.biases(down), quantized=w.quantized(down))
         self.act_and_mul = ctx.act_and_mul
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -147,13 +155,9 @@ class LlamaLayer:
         self.attn_norm = model.norm_weight(w[prefix + "input_layernorm.weight"])
         self.mlp_norm = model.norm_weight(w[prefix + "post_attention_layernorm.weight"])
         qkv = [f"{a}{n}.weight" for n in ("q_proj", "k_proj", "v_proj")]
-        bias = None
-        if c.attention_bias:
-            bias = torch.cat([w[n[: -len("weight")] + "bias"] for n in qkv])
-        self.qkv = ctx.linear(w.cat(qkv), bias, quantized=w.quantized(qkv))
-        self.o_proj = ctx.linear(
-            w[a + "o_proj.weight"], quantized=w.quantized([a + "o_proj.weight"])
-        )
+        self.qkv = ctx.linear(w.cat(qkv), w.biases(qkv), quantized=w.quantized(qkv))
+        o = [a + "o_proj.weight"]
+        self.o_proj = ctx.linear(w[o[0]], w.biases(o), quantized=w.quantized(o))
         self.window = c.family.window(index)  # this layer's sliding window, or None
         self.rope = model.rope_table(index)
         self.mlp = model.make_mlp(w, prefix, index, ctx)

@@ -14,6 +14,12 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 CASES = {
     "qwen3-d64": ("Qwen3", dict(head_dim=64), {}),
     "qwen3-d128-tied": ("Qwen3", dict(head_dim=128, tie_word_embeddings=True), {}),
+    "qwen3-window-layers": (  # a window on the layers from max_window_layers on
+        "Qwen3",
+        dict(head_dim=64, use_sliding_window=True, sliding_window=10, max_window_layers=1),
+        {},
+    ),
+    "llama-biases": ("Llama", dict(attention_bias=True, mlp_bias=True), {}),
     "mistral-window": ("Mistral", dict(sliding_window=11, num_hidden_layers=3), {}),
     "gemma3-window": (
         "Gemma3Text",
