@@ -220,19 +220,29 @@ def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
     if not path.exists():
         raise ValueError(f"{model_dir} has no tokenizer.json")
     tcfg = _read_json(model_dir / "tokenizer_config.json")
-    template = tcfg.get("chat_template")
-    jinja = model_dir / "chat_template.jinja"
-    if template is None and jinja.exists():
-        template = jinja.read_text()
+    jinja = model_dir / "chat_template.jinja"  # takes priority, as in transformers
+    template = jinja.read_text() if jinja.exists() else tcfg.get("chat_template")
     if isinstance(template, list):  # named templates: take "default"
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    hf_tok = HFTokenizer.from_file(str(path))
     return Tokenizer(
-        HFTokenizer.from_file(str(path)),
+        hf_tok,
         chat_template=template,
         bos_token_id=config.bos_token_id,
         eos_token_ids=config.eos_token_ids,
-        add_bos_token=bool(tcfg.get("add_bos_token", False)),
+        add_bos_token=_adds_bos(hf_tok, config.bos_token_id, tcfg),
     )
+
+
+def _adds_bos(tok: HFTokenizer, bos: int | None, tcfg: Mapping[str, Any]) -> bool:
+    """Whether a prompt's text gets BOS first: what tokenizer.json's post-processor does (Llama
+    3, Gemma), as transformers 5 decides with a tokenizer.json; else tokenizer_config.json's
+    add_bos_token."""
+    if bos is not None and tok.post_processor is not None:
+        with_special = tok.encode("a", add_special_tokens=True).ids
+        if len(with_special) > len(tok.encode("a", add_special_tokens=False).ids):
+            return with_special[0] == bos
+    return bool(tcfg.get("add_bos_token", False))
 
 
 def load_hf_dir(

@@ -151,6 +151,26 @@ def test_chat_template_from_either_file(tmp_path, where):
     assert tok.apply_chat_template([{"role": "user", "content": "w9"}]) == "<user>w9"
 
 
+def test_chat_template_jinja_wins_and_bos_follows_the_post_processor(tmp_path):
+    """As transformers 5 reads a directory: chat_template.jinja over tokenizer_config.json's
+    template, and BOS where tokenizer.json's post-processor puts it (Llama 3, Gemma)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    make_tiny_model(tmp_path, "Qwen3", head_dim=64, bos_token_id=1)
+    (tmp_path / "chat_template.jinja").write_text("{{ bos_token }}{{ messages[0]['content'] }}")
+    tok = load_model(str(tmp_path)).tokenizer
+    assert tok.apply_chat_template([{"role": "user", "content": "w9"}]) == "w1w9"
+    assert tok.encode("w5 w6") == [5, 6]  # no post-processor, no add_bos_token
+    hf = HFTokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    hf.post_processor = TemplateProcessing(single="w1 $A", special_tokens=[("w1", 1)])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = load_model(str(tmp_path)).tokenizer
+    assert tok.encode("w5 w6") == [1, 5, 6]
+    assert tok.encode("w1 w5") == [1, 5]  # not twice
+    assert tok.encode("w5", add_special_tokens=False) == [5]
+
+
 def test_unsupported_architecture_names_what_is_supported(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
     with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*supported: .*Qwen3MoeForCausalLM"):
