@@ -5,8 +5,10 @@
     pagoda operator --log-format json --http-port 8080
     pagoda operator --prometheus-url http://prometheus:9090 --webhook-token-file /etc/token
 
-`serve(config)` is the whole operator as a coroutine (the end-to-end tests run it directly):
-kopf, the autoscaler loop, and one HTTP port with /healthz, /readyz, /metrics and POST /alerts.
+`serve(config)` is the whole operator as a coroutine (the end-to-end tests run it directly): it
+builds the parts (API client, reconciler, autoscaler, autotuner, metrics) into kopf's `memo`, runs
+kopf with the handlers of handlers.py, and one HTTP port with /healthz, /readyz, /metrics and
+POST /alerts.
 `run(args)` adds logging setup and `asyncio.run`. SIGTERM/SIGINT stop it cleanly (kopf).
 """
 
@@ -22,14 +24,16 @@ import threading
 from collections.abc import Callable
 
 import kopf
-from pagoda.operator import handlers
+from pagoda.operator import handlers  # noqa: F401  (importing it registers the kopf handlers)
 from pagoda.operator.autoscaling.alerts import AlertReceiver
 from pagoda.operator.autoscaling.loop import Autoscaler
-from pagoda.operator.config import LOG_FORMATS, OperatorConfig
-from pagoda.operator.k8s import KubeApi
-from pagoda.operator.names import LABEL_MANAGED_BY, MANAGED_BY, RESOURCES, WATCHED_CHILD_KINDS
-from pagoda.operator.operator_metrics import OperatorMetrics
-from pagoda.operator.webapp import OperatorHttpServer
+from pagoda.operator.autotune.loop import Autotuner
+from pagoda.operator.kube.client import KubeApi
+from pagoda.operator.kube.names import LABEL_MANAGED_BY, MANAGED_BY, RESOURCES, WATCHED_CHILD_KINDS
+from pagoda.operator.reconcile.retry import Reconciler
+from pagoda.operator.spec.config import LOG_FORMATS, OperatorConfig
+from pagoda.operator.web.metrics import OperatorMetrics
+from pagoda.operator.web.server import OperatorHttpServer
 
 STORAGE_PREFIX = "serving.pagoda.dev"
 log = logging.getLogger(__name__)
@@ -250,7 +254,16 @@ async def serve(
             on_error=lambda status, verb: metrics.api_errors.labels(str(status), verb).inc(),
         )
     autoscaler = Autoscaler(api, config, metrics)
-    memo = kopf.Memo(config=config, api=api, metrics=metrics, autoscaler=autoscaler)
+    reconciler = Reconciler(api, config, metrics)
+    autotuner = Autotuner(api, config, reconciler.after_autotune) if config.autotune else None
+    memo = kopf.Memo(
+        config=config,
+        api=api,
+        metrics=metrics,
+        reconciler=reconciler,
+        autoscaler=autoscaler,
+        autotuner=autotuner,
+    )
     task: asyncio.Task[None] | None = None
     http = None
     if config.http_port is not None:  # before kopf, so the port is known once kopf is ready
@@ -266,7 +279,6 @@ async def serve(
             on_http_started(http.port or 0)
     task = asyncio.create_task(
         kopf.operator(
-            registry=handlers.build_registry(),
             settings=kopf_settings(config),
             clusterwide=config.clusterwide,
             namespaces=list(config.namespaces),

@@ -266,6 +266,16 @@ class AtLeast:
     smaller: str
     unless: str | None = None
     why: str = ""  # appended to the error message
+    # The runtime's value of `smaller` when the flag is unset (None: not known up front, e.g. the
+    # model's context length). The CRD's CEL and the operator check with it filled in.
+    smaller_default: Any = None
+
+    def filled(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """`values` with `smaller` set to `smaller_default` where unset."""
+        out = dict(values)
+        if out.get(self.smaller) is None:
+            out[self.smaller] = self.smaller_default
+        return out
 
     def holds(self, values: Mapping[str, Any]) -> bool:
         if self.unless is not None and values.get(self.unless):
@@ -296,16 +306,24 @@ class AtLeast:
     def cel(self) -> str:
         """The rule as the CRD's CEL on `spec.engine` (`self` is the engine object)."""
         big, small = camel(self.larger), camel(self.smaller)
-        skip = [f"!has(self.{big})", f"!has(self.{small})"]
+        skip = [f"!has(self.{big})"]
+        if self.smaller_default is None:
+            skip.append(f"!has(self.{small})")
+            bound = f"self.{small}"
+        else:
+            bound = f"(has(self.{small}) ? self.{small} : {self.smaller_default})"
         if self.unless is not None:
             skip.append(f"(!has(self.{camel(self.unless)}) || self.{camel(self.unless)})")
-        return " || ".join([*skip, f"self.{big} >= self.{small}"])
+        return " || ".join([*skip, f"self.{big} >= {bound}"])
 
     def cel_message(self) -> str:
-        return f"{camel(self.larger)} must be >= {camel(self.smaller)}"
+        unset = "" if self.smaller_default is None else f" ({self.smaller_default} when unset)"
+        return f"{camel(self.larger)} must be >= {camel(self.smaller)}{unset}"
 
 
-BATCH_COVERS_SEQS = AtLeast("max_num_batched_tokens", "max_num_seqs")
+BATCH_COVERS_SEQS = AtLeast(
+    "max_num_batched_tokens", "max_num_seqs", smaller_default=DEFAULT_MAX_NUM_SEQS
+)
 BATCH_COVERS_CONTEXT = AtLeast(
     "max_num_batched_tokens",
     "max_model_len",

@@ -15,18 +15,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"runtime": "pagoda.runtime", "operator": "pagoda.operator", "kernels": "pagoda.kernels"}
 # Cycles being removed by work in progress elsewhere (issue 36): the CPU ops move into
-# runtime/cpu/, the operator into subpackages. Delete an entry when its cycle is gone.
+# runtime/cpu/. Delete an entry when its cycle is gone.
 KNOWN_CYCLES = [
     [
         "pagoda.runtime.model.cpu_ops",
         "pagoda.runtime.model.cpu_ops_check",
         "pagoda.runtime.model.ops",
     ],
-    ["pagoda.operator", "pagoda.operator.autoscaling", "pagoda.operator.autotune"],
 ]
 
 
-def _modules() -> dict[str, Path]:
+def project_modules() -> dict[str, Path]:
     found = {}
     for folder, package in PACKAGES.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
@@ -37,12 +36,12 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _runtime_imports(tree: ast.AST):
-    """Import nodes, skipping the bodies of ``if TYPE_CHECKING:``."""
+def _runtime_imports(tree: ast.AST, *, typing: bool = False):
+    """Import nodes, skipping the bodies of ``if TYPE_CHECKING:`` unless `typing`."""
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if not typing and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             stack.extend(node.orelse)
             continue
         if isinstance(node, ast.Import | ast.ImportFrom):
@@ -50,13 +49,13 @@ def _runtime_imports(tree: ast.AST):
         stack.extend(ast.iter_child_nodes(node))
 
 
-def module_graph() -> dict[str, set[str]]:
-    """module → the project modules it imports."""
-    modules = _modules()
+def module_graph(*, typing: bool = False) -> dict[str, set[str]]:
+    """module → the project modules it imports (with `typing`, also under TYPE_CHECKING)."""
+    modules = project_modules()
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        for node in _runtime_imports(ast.parse(path.read_text(), str(path))):
+        for node in _runtime_imports(ast.parse(path.read_text(), str(path)), typing=typing):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             else:
@@ -79,7 +78,7 @@ def module_graph() -> dict[str, set[str]]:
 
 def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     """folder (the package a module sits in; a package's ``__init__`` sits in it) → folders."""
-    modules = _modules()
+    modules = project_modules()
 
     def folder(m: str) -> str:
         return m if modules[m].name == "__init__.py" else m.rpartition(".")[0]

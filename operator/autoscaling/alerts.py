@@ -14,11 +14,13 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from pagoda.operator.k8s import ApiError
-from pagoda.operator.operator_metrics import OperatorMetrics
+from pagoda.operator.kube.client import ApiError
+
+if TYPE_CHECKING:
+    from pagoda.operator.web.metrics import OperatorMetrics
 
 ACTIONS = ("scale_up",)
 MAX_BODY_BYTES = 1 << 20

@@ -17,11 +17,8 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pagoda.operator import status as status_mod
-from pagoda.operator import validation
-from pagoda.operator.autoscaling.alerts import ScaleUpRequest
 from pagoda.operator.autoscaling.policy import (
     Decision,
     History,
@@ -32,12 +29,18 @@ from pagoda.operator.autoscaling.policy import (
 )
 from pagoda.operator.autoscaling.prometheus import MetricsUnavailable, PrometheusSource
 from pagoda.operator.autotune.mount import tuned_prefill_rate
-from pagoda.operator.config import OperatorConfig
-from pagoda.operator.k8s import ApiError, KubeApi
-from pagoda.operator.locks import object_lock
-from pagoda.operator.names import API_VERSION, KIND, now_iso, owned_by
-from pagoda.operator.operator_metrics import OperatorMetrics
-from pagoda.operator.spec import InferenceServiceSpec, SpecError
+from pagoda.operator.kube.client import ApiError, KubeApi
+from pagoda.operator.kube.locks import object_lock
+from pagoda.operator.kube.names import API_VERSION, KIND, now_iso, owned_by
+from pagoda.operator.spec import status as status_mod
+from pagoda.operator.spec import validation
+from pagoda.operator.spec.fields import SpecError
+
+if TYPE_CHECKING:
+    from pagoda.operator.autoscaling.alerts import ScaleUpRequest
+    from pagoda.operator.spec.config import OperatorConfig
+    from pagoda.operator.spec.inference_service import InferenceServiceSpec
+    from pagoda.operator.web.metrics import OperatorMetrics
 
 CONDITION = "MetricsUnavailable"
 log = logging.getLogger(__name__)

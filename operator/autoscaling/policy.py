@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 
 from pagoda.operator.autotune.floor import prefill_floor
-from pagoda.operator.spec import DEFAULT_TOLERANCE, AutoscalingSpec
+from pagoda.operator.spec.inference_service import DEFAULT_TOLERANCE, AutoscalingSpec
 
 MAX_SCALE_UP_FACTOR = 2  # at most double per step
 KV_CACHE_HIGH = 0.9  # scale down keeps the fullest KV cache below this

@@ -17,9 +17,10 @@ import functools
 import json
 import pathlib
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pagoda.operator.spec import InferenceServiceSpec
+if TYPE_CHECKING:
+    from pagoda.operator.spec.inference_service import InferenceServiceSpec
 
 RULES_FILE = pathlib.Path(__file__).with_name("prometheus-rules.yaml")
 ALERT_TTFT_FACTOR = 2.0

@@ -11,19 +11,21 @@ key. Everything here is owned by that ConfigMap, so deleting it removes the lot.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.autotune.keys import PRODUCT_LABEL, TuneKey
 from pagoda.operator.autotune.profiles import profile_labels
-from pagoda.operator.model_ref import ModelRef
-from pagoda.operator.names import (
+from pagoda.operator.kube.names import (
     GPU_RESOURCE,
     LABEL_COMPONENT,
     cache_env,
     container_security,
 )
-from pagoda.operator.spec import InferenceServiceSpec
 from pagoda.runtime import options
+
+if TYPE_CHECKING:
+    from pagoda.operator.spec.inference_service import InferenceServiceSpec
+    from pagoda.operator.spec.model_ref import ModelRef
 
 JOB_COMPONENT = "tuning-job"
 OUTPUT_DIR = "/profile"

@@ -13,10 +13,12 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pagoda.operator.names import GPU_RESOURCE
-from pagoda.operator.spec import InferenceServiceSpec
+from pagoda.operator.kube.names import GPU_RESOURCE
+
+if TYPE_CHECKING:
+    from pagoda.operator.spec.inference_service import InferenceServiceSpec
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA's GPU feature discovery
 PROFILE_PREFIX = "pagoda-tuned-"  # the ConfigMap

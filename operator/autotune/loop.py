@@ -18,15 +18,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pagoda.operator import validation
 from pagoda.operator.autotune import jobs, profiles
 from pagoda.operator.autotune.keys import TuneKey, key_for, products_for
-from pagoda.operator.config import OperatorConfig
-from pagoda.operator.k8s import ApiError, KubeApi
-from pagoda.operator.names import KIND, RESOURCES
-from pagoda.operator.spec import InferenceServiceSpec, SpecError
+from pagoda.operator.kube.client import ApiError, KubeApi
+from pagoda.operator.kube.names import KIND, RESOURCES
+from pagoda.operator.spec import validation
+from pagoda.operator.spec.fields import SpecError
+
+if TYPE_CHECKING:
+    from pagoda.operator.spec.config import OperatorConfig
+    from pagoda.operator.spec.inference_service import InferenceServiceSpec
 
 log = logging.getLogger(__name__)
 TUNING, TUNED, FAILED = "Tuning", "Tuned", "TuningFailed"

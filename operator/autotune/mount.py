@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.autotune import profiles
 from pagoda.operator.autotune.keys import key_for
-from pagoda.operator.spec import InferenceServiceSpec
 from pagoda.runtime import options
+
+if TYPE_CHECKING:
+    from pagoda.operator.spec.inference_service import InferenceServiceSpec
 
 MOUNT_PATH = "/etc/pagoda/tuned"
 VOLUME = "tuned-profile"

@@ -12,10 +12,9 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pagoda.operator.autotune.keys import TuneKey
-from pagoda.operator.names import (
+from pagoda.operator.kube.names import (
     LABEL_COMPONENT,
     LABEL_MANAGED_BY,
     LABEL_NAME,
@@ -23,6 +22,9 @@ from pagoda.operator.names import (
     MANAGED_BY,
 )
 from pagoda.runtime.tuned_profile import PROFILE_FILE as PROFILE_KEY
+
+if TYPE_CHECKING:
+    from pagoda.operator.autotune.keys import TuneKey
 
 COMPONENT = "tuned-profile"
 A = "serving.pagoda.dev/"

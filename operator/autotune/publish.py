@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from pagoda.operator.autotune.profiles import KEY_ANNOTATION, PUBLISHED_ANNOTATION
-from pagoda.operator.names import now_iso
+from pagoda.operator.kube.names import now_iso
 from pagoda.runtime import tuned_profile
 
 DESCRIPTION = "Write a tuned profile into its ConfigMap (run by the operator's tuning Job)."
@@ -57,7 +57,7 @@ async def publish(api: Any, namespace: str, name: str, data: dict[str, str]) -> 
 
 
 async def _main(directory: str, target: str) -> None:
-    from pagoda.operator.k8s import KubeApi
+    from pagoda.operator.kube.client import KubeApi
 
     namespace, name = split_target(target)
     data = profile_data(directory)
@@ -70,7 +70,7 @@ async def _main(directory: str, target: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pagoda.operator.k8s import ApiError
+    from pagoda.operator.kube.client import ApiError
 
     try:
         asyncio.run(_main(args.dir, args.configmap))

@@ -62,31 +62,6 @@ class Bucket:
         return f"{self.kernel} " + " ".join(f"{k}={v}" for k, v in self.shape.items())
 
 
-@dataclass
-class BucketResult:
-    bucket: Bucket
-    config: dict[str, Any] | None  # None: every candidate was rejected
-    median_ms: float | None
-    default_ms: float | None
-    tried: int
-    rejected: list[str]
-
-    def as_json(self) -> dict[str, Any]:
-        speedup = None
-        if self.median_ms and self.default_ms:
-            speedup = round(self.default_ms / self.median_ms, 3)
-        return {
-            "kernel": self.bucket.kernel,
-            "shape": dict(self.bucket.shape),
-            "config": self.config,
-            "median_ms": self.median_ms,
-            "default_ms": self.default_ms,
-            "speedup": speedup,
-            "candidates": self.tried,
-            "rejected": self.rejected,
-        }
-
-
 def plan_buckets(
     shape: AttentionShape,
     *,

@@ -266,7 +266,7 @@ def sweep_moe_bucket(
     seed: int = 0,
 ) -> Any:
     """Check every candidate, time the survivors; the first candidate is the baseline."""
-    from pagoda.runtime.tune.kernels import BucketResult
+    from pagoda.runtime.tune.results import BucketResult
 
     gen = torch.Generator().manual_seed(seed)
     rejected: list[str] = []

@@ -20,7 +20,6 @@ from pagoda.runtime.tune.kernels import (
     TOL,
     AttentionShape,
     Bucket,
-    BucketResult,
     PagedBatch,
     Timer,
     candidate_space,
@@ -28,6 +27,7 @@ from pagoda.runtime.tune.kernels import (
     make_batch,
     num_splits_for,
 )
+from pagoda.runtime.tune.results import BucketResult
 
 
 def _check_seqs(bucket: Bucket, gen: torch.Generator) -> list[tuple[int, int]]:

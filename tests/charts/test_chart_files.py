@@ -17,7 +17,7 @@ from chart_helpers import (
     render_cached,
     validation_errors,
 )
-from pagoda.operator import config
+from pagoda.operator.spec import config
 
 README = (ROOT / "README.md").read_text()
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+

@@ -27,7 +27,10 @@ from monitoring_helpers import (
     RULES_FILE,
     relabel_targets,
 )
-from pagoda.operator import builders, names
+from pagoda.operator.children.monitoring import build_service_monitor
+from pagoda.operator.children.owner import Owner
+from pagoda.operator.children.service import build_service
+from pagoda.operator.kube import names
 
 # --- scraping --------------------------------------------------------------------------------
 
@@ -36,7 +39,7 @@ def test_runtime_service_monitor_selects_operator_built_services_and_adds_keys()
     docs = render_cached("monitoring")
     monitor = one(docs, "ServiceMonitor", f"{RELEASE}-runtime")
     selector = monitor["spec"]["selector"]["matchLabels"]
-    service = builders.build_service(builders.Owner(name="llama", namespace="team-a", uid="u"))
+    service = build_service(Owner(name="llama", namespace="team-a", uid="u"))
     assert selector.items() <= service["metadata"]["labels"].items()
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
@@ -154,9 +157,7 @@ def test_value_sets_render_monitoring_only_when_enabled() -> None:
 def test_operator_built_service_monitor_adds_the_same_labels() -> None:
     chart = one(render_cached("monitoring"), "ServiceMonitor", f"{RELEASE}-runtime")
     (chart_endpoint,) = chart["spec"]["endpoints"]
-    built = builders.build_service_monitor(
-        builders.Owner(name="llama", namespace="team-a", uid="u")
-    )
+    built = build_service_monitor(Owner(name="llama", namespace="team-a", uid="u"))
     (endpoint,) = built["spec"]["endpoints"]
     expected = relabel_targets(chart_endpoint["relabelings"], "sourceLabels", "targetLabel")
     got = relabel_targets(endpoint.get("relabelings", []), "sourceLabels", "targetLabel")

@@ -1,4 +1,4 @@
-"""The chart's RBAC grants exactly what the operator uses: `pagoda.operator.rbac.API_PERMISSIONS`
+"""The chart's RBAC grants exactly what the operator uses: `pagoda.operator.kube.rbac.API_PERMISSIONS`
 (every group/resource/verb its API client and kopf call), nothing more, never `*`."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from chart_helpers import NAMESPACE, VALUE_SETS, of_kind, one, render, render_cached
-from pagoda.operator.names import RESOURCES
-from pagoda.operator.rbac import API_PERMISSIONS, permissions
+from pagoda.operator.kube.names import RESOURCES
+from pagoda.operator.kube.rbac import API_PERMISSIONS, permissions
 
 Triple = tuple[str, str, str]  # (apiGroup, resource, verb)
 
@@ -58,7 +58,7 @@ def is_cluster_scoped(triple: Triple) -> bool:
 
 def test_permissions_cover_every_resource_the_api_client_knows() -> None:
     """Every kind in the operator's REST client has at least one permission (a new kind added
-    to operator/k8s.py without RBAC (operator/rbac.py) would fail here and in the cluster)."""
+    to operator/kube/names.py without RBAC (operator/kube/rbac.py) would fail here and in the cluster)."""
     granted = {(p.group, p.resource) for p in API_PERMISSIONS}
     for kind, res in RESOURCES.items():
         assert (res.group, res.plural) in granted, f"{kind} has no entry in API_PERMISSIONS"

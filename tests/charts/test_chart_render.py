@@ -23,7 +23,7 @@ from chart_helpers import (
     validation_errors,
 )
 from pagoda.operator import main as operator_main
-from pagoda.operator.webapp import OperatorHttpServer
+from pagoda.operator.web.server import OperatorHttpServer
 
 SELECTOR_KEYS = {
     "app.kubernetes.io/name",

@@ -25,8 +25,9 @@ from chart_helpers import (
     render_files,
     validation_errors,
 )
-from pagoda.operator import builders
-from pagoda.operator.spec import InferenceServiceSpec
+from pagoda.operator.children.deployment import build_deployment
+from pagoda.operator.children.owner import Owner
+from pagoda.operator.spec.inference_service import InferenceServiceSpec
 
 DEPLOY = (ROOT / "docs" / "deploy.md").read_text()
 README = (ROOT / "README.md").read_text()
@@ -163,8 +164,8 @@ def test_cpu_example_runs_the_cpu_demo_image() -> None:
     spec = InferenceServiceSpec.from_dict(
         doc["spec"], name=doc["metadata"]["name"], default_image="pagoda-runtime:dev"
     )
-    owner = builders.Owner(name=doc["metadata"]["name"], namespace="default", uid="u1")
-    deployment = builders.build_deployment(owner, spec, config_hash_value="h")
+    owner = Owner(name=doc["metadata"]["name"], namespace="default", uid="u1")
+    deployment = build_deployment(owner, spec, config_hash_value="h")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "pagoda-cpu-demo:dev"
     assert "nvidia.com/gpu" not in container["resources"]["requests"]

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 import pytest
 from chart_helpers import ROOT, operator_container, render_cached
 from packaging.requirements import Requirement
-from pagoda.operator import builders, config
 from pagoda.operator import main as operator_main
+from pagoda.operator.children.deployment import RUN_AS_ID
+from pagoda.operator.spec import config
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
@@ -163,7 +164,7 @@ def test_final_stages_run_pagoda_as_a_numeric_non_root_user(name: str) -> None:
     user = stage.last("USER")
     uid, _, gid = user.partition(":")
     assert uid.isdigit() and int(uid) != 0 and (not gid or (gid.isdigit() and int(gid) != 0))
-    assert int(uid) == builders.RUN_AS_ID, "the operator's pods set runAsUser to this uid"
+    assert int(uid) == RUN_AS_ID, "the operator's pods set runAsUser to this uid"
     assert json.loads(stage.last("ENTRYPOINT")) == ["pagoda"]
     assert "pagoda" in PYPROJECT["project"]["scripts"]
     position = {ins: n for n, (ins, _) in enumerate(stage.instructions)}  # last of each
@@ -182,7 +183,7 @@ def test_commands_and_ports_per_stage() -> None:
     chart_pod = render_cached("defaults")
     assert operator_container(chart_pod)["ports"][0]["containerPort"] == default_port
     pod = next(d for d in chart_pod if d["kind"] == "Deployment")["spec"]["template"]["spec"]
-    assert pod["securityContext"]["runAsUser"] == builders.RUN_AS_ID
+    assert pod["securityContext"]["runAsUser"] == RUN_AS_ID
 
 
 def _python_snippet() -> tuple[str, list[str]]:

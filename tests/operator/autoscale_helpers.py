@@ -13,7 +13,7 @@ import pytest
 from kube_emulator import Emulator
 from operator_harness import DEPLOY, ISVC
 from operator_helpers import mark_available
-from pagoda.operator.k8s import ApiError, KubeApi
+from pagoda.operator.kube.client import ApiError, KubeApi
 
 
 def require_tool(*names: str) -> str:

@@ -10,8 +10,8 @@ import kmock
 import pytest
 from faulty_emulator import FaultyEmulator
 from operator_harness import TEST_AGENT, RunningOperator, load_crd, write_kubeconfig
-from pagoda.operator.config import OperatorConfig
-from pagoda.operator.k8s import KubeApi
+from pagoda.operator.kube.client import KubeApi
+from pagoda.operator.spec.config import OperatorConfig
 
 
 @pytest.fixture

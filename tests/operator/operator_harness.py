@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 from pagoda.operator import main
-from pagoda.operator.config import OperatorConfig
+from pagoda.operator.spec.config import OperatorConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "inferenceservice.yaml"

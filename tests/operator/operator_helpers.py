@@ -9,8 +9,9 @@ from typing import Any
 import yaml
 from kube_emulator import Emulator
 from operator_harness import DEPLOY, ISVC, ROOT
-from pagoda.operator import k8s, rbac
-from pagoda.operator.k8s import KubeApi
+from pagoda.operator.kube import client as k8s
+from pagoda.operator.kube import rbac
+from pagoda.operator.kube.client import KubeApi
 from prometheus_client.parser import text_string_to_metric_families
 
 SVC, CM, PDB = "v1/services", "v1/configmaps", "policy/v1/poddisruptionbudgets"

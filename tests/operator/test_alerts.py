@@ -17,8 +17,8 @@ from operator_harness import wait_for
 from operator_helpers import EXAMPLE_SPEC, create_isvc, operator_requests, sample
 from pagoda.operator import main
 from pagoda.operator.autoscaling.alerts import ScaleUpRequest, authorized, parse_payload
-from pagoda.operator.config import OperatorConfig
-from pagoda.operator.k8s import KubeApi
+from pagoda.operator.kube.client import KubeApi
+from pagoda.operator.spec.config import OperatorConfig
 
 TOKEN = "s3cret-token"
 

@@ -39,8 +39,8 @@ from kube_emulator import Emulator
 from operator_harness import ROOT, wait_for
 from operator_helpers import condition, create_isvc, patch_isvc
 from pagoda.operator.autoscaling import rules
-from pagoda.operator.k8s import KubeApi
-from pagoda.operator.spec import InferenceServiceSpec
+from pagoda.operator.kube.client import KubeApi
+from pagoda.operator.spec.inference_service import InferenceServiceSpec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 TOKEN = "e2e-webhook-token"

@@ -17,7 +17,7 @@ from fake_prometheus import FakePrometheus
 from kube_emulator import Emulator
 from operator_harness import wait_for
 from operator_helpers import ISVC, assert_permitted, condition, create_isvc, patch_isvc, sample
-from pagoda.operator.k8s import KubeApi
+from pagoda.operator.kube.client import KubeApi
 
 pytestmark = pytest.mark.e2e
 RULES = "monitoring.coreos.com/v1/prometheusrules"

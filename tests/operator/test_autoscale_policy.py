@@ -17,7 +17,8 @@ from pagoda.operator.autoscaling.policy import (
     alert_step,
     decide,
 )
-from pagoda.operator.spec import AutoscalingSpec, InferenceServiceSpec, SpecError
+from pagoda.operator.spec.fields import SpecError
+from pagoda.operator.spec.inference_service import AutoscalingSpec, InferenceServiceSpec
 
 TTFT = Policy(min_replicas=1, max_replicas=10, target_ttft_s=0.5, down_window_s=0)
 QUEUE = Policy(min_replicas=1, max_replicas=10, target_queue=2.0, down_window_s=0)

@@ -11,7 +11,8 @@ from pagoda.operator.autoscaling.policy import Metrics, Policy, decide
 from pagoda.operator.autotune import jobs, loop, profiles, publish
 from pagoda.operator.autotune.floor import prefill_floor
 from pagoda.operator.autotune.keys import PRODUCT_LABEL, key_for, products_for
-from pagoda.operator.spec import InferenceServiceSpec, SpecError
+from pagoda.operator.spec.fields import SpecError
+from pagoda.operator.spec.inference_service import InferenceServiceSpec
 
 
 def parse(**spec: object) -> InferenceServiceSpec:
@@ -129,7 +130,8 @@ def test_rendered_commands_parse_with_the_real_runtime_parsers() -> None:
     import argparse
 
     from pagoda.operator.autotune.mount import MOUNT_PATH, TunedMount
-    from pagoda.operator.builders import Owner, build_children
+    from pagoda.operator.children.build import build_children
+    from pagoda.operator.children.owner import Owner
     from pagoda.runtime.server.cli import build_parser
     from pagoda.runtime.tune import cli as tune_cli
 

@@ -26,7 +26,7 @@ from pagoda.operator.autotune.floor import prefill_floor
 from pagoda.operator.autotune.keys import PRODUCT_LABEL
 from pagoda.operator.autotune.mount import MOUNT_PATH, VOLUME
 from pagoda.operator.autotune.profiles import ATTEMPTS_ANNOTATION
-from pagoda.operator.k8s import KubeApi
+from pagoda.operator.kube.client import KubeApi
 
 pytestmark = pytest.mark.e2e
 JOBS, SAS, ROLES = "batch/v1/jobs", "v1/serviceaccounts", "rbac.authorization.k8s.io/v1/roles"

@@ -1,6 +1,8 @@
 """Each rule between engine flags is stated once, in `pagoda.runtime.options`; the CRD's CEL
 (crds/, copied into the chart), the operator's spec check and the runtime's config must agree with
-that statement on every combination."""
+that statement on every combination, an unset flag included: the runtime fills it with its
+default (`smaller_default`), so a spec that `pagoda serve` would refuse at start (a pod in a crash
+loop) is refused up front."""
 
 from __future__ import annotations
 
@@ -9,10 +11,11 @@ import itertools
 import pytest
 from crd_schema import validate, version_schema
 from operator_harness import load_crd
-from pagoda.operator.spec import InferenceServiceSpec, SpecError
+from pagoda.operator.spec.fields import SpecError
+from pagoda.operator.spec.inference_service import InferenceServiceSpec
 from pagoda.runtime import options
 
-VALUES = (None, 1, 8, 64)
+VALUES = (None, 1, 8, 64, 100)
 
 
 def engine_validations() -> list[dict[str, str]]:
@@ -33,7 +36,7 @@ def test_crd_operator_and_runtime_agree_with_the_rule(rule: options.AtLeast) -> 
     crd = load_crd()
     for big, small in itertools.product(VALUES, VALUES):
         values = {rule.larger: big, rule.smaller: small}
-        holds = rule.holds(values)
+        holds = rule.holds(rule.filled(values))
         engine = {options.camel(k): v for k, v in values.items() if v is not None}
         doc = {
             "apiVersion": "serving.pagoda.dev/v1alpha1",
@@ -49,11 +52,26 @@ def test_crd_operator_and_runtime_agree_with_the_rule(rule: options.AtLeast) -> 
         except SpecError:
             operator_ok = False
         assert operator_ok == holds, values
-        if big is None or small is None:
-            continue  # the runtime fills an unset flag (its default, or the tuned profile's)
-        try:
+        try:  # an unset flag: the runtime's default (the token budget is lifted to fit)
             SchedulerConfig(**{k: v for k, v in values.items() if v is not None})
             runtime_ok = True
         except ValueError:
             runtime_ok = False
         assert runtime_ok == holds, values
+
+
+def test_the_runtime_default_is_the_one_the_rule_fills_in() -> None:
+    from pagoda.runtime.config import SchedulerConfig
+
+    assert options.BATCH_COVERS_SEQS.smaller_default == SchedulerConfig().max_num_seqs
+    # the gap this closes: a budget below the default batch with maxNumSeqs unset
+    with pytest.raises(
+        SpecError, match=r"maxNumBatchedTokens \(8\) must be >= maxNumSeqs \(64 when unset\)"
+    ):
+        InferenceServiceSpec.from_dict(
+            {"model": "smollm2-135m", "engine": {"maxNumBatchedTokens": 8}},
+            name="chat",
+            default_image="img:1",
+        )
+    with pytest.raises(ValueError, match="must be >="):
+        SchedulerConfig(max_num_batched_tokens=8)

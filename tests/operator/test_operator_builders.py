@@ -12,9 +12,13 @@ import jsonschema
 import kubernetes_validate
 import kubernetes_validate.utils
 import pytest
-from pagoda.operator import builders, names
-from pagoda.operator.builders import Owner, build_children
-from pagoda.operator.spec import InferenceServiceSpec
+from pagoda.operator.children.build import build_children
+from pagoda.operator.children.config_map import build_config_map, config_hash
+from pagoda.operator.children.deployment import PRESTOP_SLEEP_S, build_deployment
+from pagoda.operator.children.owner import Owner
+from pagoda.operator.children.service import build_service
+from pagoda.operator.kube import names
+from pagoda.operator.spec.inference_service import InferenceServiceSpec
 
 K8S_VERSIONS = (
     "1.32.0",
@@ -139,7 +143,7 @@ def test_every_child_passes_kubernetes_validate_strict(
 
 
 def test_validation_is_not_vacuous() -> None:
-    deploy = builders.build_deployment(OWNER, CPU, config_hash_value="h")
+    deploy = build_deployment(OWNER, CPU, config_hash_value="h")
     container(deploy)["securityContext"]["runAsNonRot"] = True
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deploy, "1.32.0", strict=True)
@@ -180,7 +184,7 @@ def test_selectors_use_only_fixed_labels() -> None:
 
 
 def test_deployment_runs_pagoda_serve_with_engine_args() -> None:
-    c = container(builders.build_deployment(OWNER, GPU, config_hash_value="h"))
+    c = container(build_deployment(OWNER, GPU, config_hash_value="h"))
     args = c["args"]
     assert c["command"] == ["pagoda", "serve"]
     assert flag(args, "--model") == "/mnt/models/llama-3.1-8b"
@@ -196,7 +200,7 @@ def test_deployment_runs_pagoda_serve_with_engine_args() -> None:
     assert flag(args, "--drain-timeout") == "60"
     assert "--no-enable-prefix-caching" in args and "--no-enable-chunked-prefill" in args
     assert args[-2:] == ["--seed", "7"]
-    cpu_args = container(builders.build_deployment(OWNER, CPU, config_hash_value="h"))["args"]
+    cpu_args = container(build_deployment(OWNER, CPU, config_hash_value="h"))["args"]
     assert (
         flag(cpu_args, "--model") == "smollm2-135m"
         and flag(cpu_args, "--served-model-name") == "smollm2-135m"
@@ -205,20 +209,20 @@ def test_deployment_runs_pagoda_serve_with_engine_args() -> None:
 
 
 def test_probes_drain_and_grace_period() -> None:
-    deploy = builders.build_deployment(OWNER, GPU, config_hash_value="h")
+    deploy = build_deployment(OWNER, GPU, config_hash_value="h")
     c = container(deploy)
     assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
     startup = c["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # startupTimeoutSeconds
-    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", str(builders.PRESTOP_SLEEP_S)]
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", str(PRESTOP_SLEEP_S)]
     grace = deploy["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert grace > builders.PRESTOP_SLEEP_S + 60  # preStop + --drain-timeout fit inside
+    assert grace > PRESTOP_SLEEP_S + 60  # preStop + --drain-timeout fit inside
     assert deploy["spec"]["progressDeadlineSeconds"] > 600
 
 
 def test_restricted_security_context() -> None:
-    pod = builders.build_deployment(OWNER, CPU, config_hash_value="h")["spec"]["template"]["spec"]
+    pod = build_deployment(OWNER, CPU, config_hash_value="h")["spec"]["template"]["spec"]
     sc = pod["containers"][0]["securityContext"]
     assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]} and sc["seccompProfile"] == {
@@ -233,7 +237,7 @@ def test_restricted_security_context() -> None:
 
 
 def test_gpu_resources_volume_key_and_scheduling() -> None:
-    pod = builders.build_deployment(OWNER, GPU, config_hash_value="h")["spec"]["template"]["spec"]
+    pod = build_deployment(OWNER, GPU, config_hash_value="h")["spec"]["template"]["spec"]
     c = pod["containers"][0]
     assert c["resources"] == {
         "requests": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2"},
@@ -253,22 +257,22 @@ def test_gpu_resources_volume_key_and_scheduling() -> None:
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"
     ]
-    cpu = builders.build_deployment(OWNER, CPU, config_hash_value="h")["spec"]["template"]["spec"]
+    cpu = build_deployment(OWNER, CPU, config_hash_value="h")["spec"]["template"]["spec"]
     assert "nvidia.com/gpu" not in cpu["containers"][0]["resources"]["limits"]
     assert "tolerations" not in cpu and "nodeSelector" not in cpu
     assert not [v for v in cpu["volumes"] if v["name"] == "model"]
 
 
 def test_prometheus_annotations_and_config_hash() -> None:
-    cm = builders.build_config_map(OWNER, GPU)
-    deploy = builders.build_deployment(OWNER, GPU, config_hash_value=builders.config_hash(cm))
+    cm = build_config_map(OWNER, GPU)
+    deploy = build_deployment(OWNER, GPU, config_hash_value=config_hash(cm))
     annotations = deploy["spec"]["template"]["metadata"]["annotations"]
     assert (
         annotations["prometheus.io/scrape"] == "true"
         and annotations["prometheus.io/port"] == "8000"
     )
     assert annotations["prometheus.io/path"] == "/metrics"
-    assert annotations[names.CONFIG_HASH_ANNOTATION] == builders.config_hash(cm)
+    assert annotations[names.CONFIG_HASH_ANNOTATION] == config_hash(cm)
 
 
 def test_spec_change_changes_the_pod_template_hash() -> None:
@@ -287,7 +291,7 @@ def test_spec_change_changes_the_pod_template_hash() -> None:
 def test_config_map_records_the_engine_configuration() -> None:
     import json
 
-    cm = builders.build_config_map(OWNER, GPU)
+    cm = build_config_map(OWNER, GPU)
     assert cm["metadata"]["name"] == "demo-config"
     engine = json.loads(cm["data"]["engine.json"])
     assert (
@@ -300,9 +304,7 @@ def test_config_map_records_the_engine_configuration() -> None:
 
 def test_replicas_follow_spec_or_autoscaler() -> None:
     assert (
-        builders.build_deployment(OWNER, GPU, config_hash_value="h", current_replicas=7)["spec"][
-            "replicas"
-        ]
+        build_deployment(OWNER, GPU, config_hash_value="h", current_replicas=7)["spec"]["replicas"]
         == 3
     )
     auto = parse(
@@ -314,9 +316,9 @@ def test_replicas_follow_spec_or_autoscaler() -> None:
     )
 
     def replicas(current: int | None) -> int | None:
-        return builders.build_deployment(
-            OWNER, auto, config_hash_value="h", current_replicas=current
-        )["spec"].get("replicas")
+        return build_deployment(OWNER, auto, config_hash_value="h", current_replicas=current)[
+            "spec"
+        ].get("replicas")
 
     assert replicas(None) == 2  # new Deployment: minReplicas
     # afterwards the autoscaler is the only writer: the reconciler leaves the field out
@@ -324,10 +326,10 @@ def test_replicas_follow_spec_or_autoscaler() -> None:
 
 
 def test_gpu_rollout_does_not_surge() -> None:
-    assert builders.build_deployment(OWNER, GPU, config_hash_value="h")["spec"]["strategy"]["rollingUpdate"] == {
+    assert build_deployment(OWNER, GPU, config_hash_value="h")["spec"]["strategy"]["rollingUpdate"] == {
         "maxSurge": 0, "maxUnavailable": 1,
     }  # fmt: skip
-    assert builders.build_deployment(OWNER, CPU, config_hash_value="h")["spec"]["strategy"]["rollingUpdate"] == {
+    assert build_deployment(OWNER, CPU, config_hash_value="h")["spec"]["strategy"]["rollingUpdate"] == {
         "maxSurge": 1, "maxUnavailable": 0,
     }  # fmt: skip
 
@@ -336,7 +338,7 @@ def test_gpu_rollout_does_not_surge() -> None:
 
 
 def test_service() -> None:
-    svc = builders.build_service(OWNER)
+    svc = build_service(OWNER)
     assert svc["spec"]["type"] == "ClusterIP"
     assert svc["spec"]["ports"] == [
         {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
@@ -380,7 +382,7 @@ def test_builders_are_pure() -> None:
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_events_are_valid(version: str) -> None:
-    from pagoda.operator.k8s import event_body
+    from pagoda.operator.kube.client import event_body
 
     owner = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
              "metadata": {"name": OWNER.name, "namespace": OWNER.namespace, "uid": OWNER.uid}}  # fmt: skip
@@ -395,24 +397,25 @@ def test_events_are_valid(version: str) -> None:
     assert event["involvedObject"]["uid"] == OWNER.uid and len(event["message"]) == 1024
 
 
-def test_children_are_adopted_as_kopf_adopts() -> None:
-    """`_adopt` stands in for kopf.adopt (kopf imports aiohttp): same references and labels."""
-    import kopf
+def test_the_owners_labels_never_replace_the_standard_ones() -> None:
+    """`kopf.adopt` adds the owner's labels only where the child sets none: an owner labelled
+    like the children cannot change their selectors or the managed-by label."""
+    owner = Owner(
+        name="demo", namespace="team-a", uid="u",
+        labels=(("app.kubernetes.io/managed-by", "someone"), ("app.kubernetes.io/name", "x"),
+                ("team", "a")),
+    )  # fmt: skip
+    for child in build_children(owner, GPU, service_monitor=True, prometheus_rule=True).desired:
+        labels = child["metadata"]["labels"]
+        assert names.standard_labels("demo").items() <= labels.items(), child["kind"]
+        assert labels["team"] == "a"
+        assert len(child["metadata"]["ownerReferences"]) == 1
 
-    owner = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
-             "metadata": {"name": OWNER.name, "namespace": OWNER.namespace, "uid": OWNER.uid,
-                          "labels": dict(OWNER.labels)}}  # fmt: skip
-    for child in build_children(OWNER, GPU, service_monitor=True, prometheus_rule=True).desired:
-        bare = copy.deepcopy(child)
-        bare["metadata"].pop("ownerReferences")
-        bare["metadata"]["labels"] = names.standard_labels(OWNER.name)
-        kopf.adopt(bare, owner=owner)
-        assert bare == child
 
-
-def test_builders_import_without_aiohttp() -> None:
-    """The pure half of the operator (spec, builders, status, drift, policy, rules) needs
-    neither aiohttp nor kopf: a fresh interpreter that refuses to import them loads it."""
+def test_spec_and_policy_import_without_aiohttp() -> None:
+    """The pure half of the operator below the children (spec, status, drift, the serve_args
+    contract, the autoscaling policy and rules) needs neither aiohttp nor kopf: a fresh
+    interpreter that refuses to import them loads it. (The children use `kopf.adopt`.)"""
     code = textwrap.dedent(
         """
         import sys
@@ -424,14 +427,16 @@ def test_builders_import_without_aiohttp() -> None:
                 return None
 
         sys.meta_path.insert(0, Refuse())
-        from pagoda.operator import builders, drift, names, serve_args, spec, status
         from pagoda.operator.autoscaling import policy, rules
-        owner = builders.Owner(name="a", namespace="b", uid="u")
-        parsed = spec.InferenceServiceSpec.from_dict(
+        from pagoda.operator.children import serve_args
+        from pagoda.operator.kube import drift, names
+        from pagoda.operator.spec import inference_service, status
+        parsed = inference_service.InferenceServiceSpec.from_dict(
             {"model": "smollm2-135m", "autoscaling": {"maxReplicas": 2, "targetQueueDepth": 1}},
             name="a", default_image="img:1")
-        kinds = [c["kind"] for c in builders.build_children(owner, parsed, prometheus_rule=True).desired]
-        assert "PrometheusRule" in kinds, kinds
+        assert "--served-model-name" in serve_args.server_args(parsed)
+        assert rules.service_rules("b", "a", parsed)["groups"]
+        assert policy.Policy.from_spec(parsed.autoscaling).max_replicas == 2
         assert not {m for m in sys.modules if m.split(".")[0] in ("aiohttp", "kopf")}
         """
     )

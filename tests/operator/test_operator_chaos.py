@@ -39,10 +39,10 @@ from operator_helpers import (
     patch_isvc,
     sample,
 )
-from pagoda.operator import k8s
-from pagoda.operator.config import OperatorConfig
-from pagoda.operator.k8s import ApiError, KubeApi
-from pagoda.operator.status import compute_status, status_patch
+from pagoda.operator.kube import client as k8s
+from pagoda.operator.kube.client import ApiError, KubeApi
+from pagoda.operator.spec.config import OperatorConfig
+from pagoda.operator.spec.status import compute_status, status_patch
 
 pytestmark = pytest.mark.e2e
 FAULT_RATE, WATCH_DROP_RATE = 0.2, 0.4

@@ -17,7 +17,7 @@ from kube_emulator import Emulator
 from operator_harness import DEPLOY, wait_for
 from operator_helpers import create_isvc
 from pagoda.operator import main
-from pagoda.operator.k8s import KubeApi
+from pagoda.operator.kube.client import KubeApi
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from crd_schema import apply_defaults, defaults, validate, version_schema
 from operator_harness import ROOT, load_crd
-from pagoda.operator import spec as spec_mod
-from pagoda.operator.config import OperatorConfig
-from pagoda.operator.spec import InferenceServiceSpec
+from pagoda.operator.spec import inference_service as spec_mod
+from pagoda.operator.spec.config import OperatorConfig
+from pagoda.operator.spec.inference_service import InferenceServiceSpec
 
 K8S_VERSIONS = (
     "1.32.0",

@@ -7,16 +7,17 @@ from decimal import Decimal
 
 import pytest
 from kube_emulator import merge_patch as apply_merge_patch
-from pagoda.operator import builders, drift
-from pagoda.operator.builders import Owner
-from pagoda.operator.spec import InferenceServiceSpec
+from pagoda.operator.children.build import build_children
+from pagoda.operator.children.owner import Owner
+from pagoda.operator.kube import drift
+from pagoda.operator.spec.inference_service import InferenceServiceSpec
 
 OWNER = Owner("demo", "default", "uid-1")
 
 
 def deployment(spec: dict) -> dict:
     parsed = InferenceServiceSpec.from_dict(spec, name="demo", default_image="img:1")
-    return builders.build_children(OWNER, parsed).get("Deployment")
+    return build_children(OWNER, parsed).get("Deployment")
 
 
 def served(desired: dict) -> dict:

@@ -29,8 +29,8 @@ from operator_helpers import (
     patch_isvc,
     writes_during,
 )
-from pagoda.operator.k8s import KubeApi
-from pagoda.operator.names import CONFIG_HASH_ANNOTATION
+from pagoda.operator.kube.client import KubeApi
+from pagoda.operator.kube.names import CONFIG_HASH_ANNOTATION
 
 pytestmark = pytest.mark.e2e
 

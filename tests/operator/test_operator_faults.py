@@ -24,8 +24,8 @@ from operator_helpers import (
     operator_requests,
     sample,
 )
-from pagoda.operator import k8s
-from pagoda.operator.k8s import ApiError, KubeApi
+from pagoda.operator.kube import client as k8s
+from pagoda.operator.kube.client import ApiError, KubeApi
 
 
 async def get(port: int | None, path: str) -> tuple[int, str]:
@@ -94,7 +94,7 @@ async def test_failed_status_write_on_a_child_event_is_retried(
     )
     assert errors == 1  # the failed child-event reconcile was counted as transient ...
     # ... and followed up: by the retry (counted), unless another event's reconcile got there
-    # first (then the retry stands down, see retry.py): Ready was reached either way, above.
+    # first (then the retry stands down, see reconcile/retry.py): Ready was reached either way, above.
     retries = sample(text, "pagoda_operator_reconcile_retries_total", trigger="child_event")
     assert retries in (None, 1.0)
 

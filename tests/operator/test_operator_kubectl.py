@@ -13,7 +13,7 @@ import pytest
 from kube_emulator import Emulator
 from operator_harness import DEPLOY, ISVC, ROOT, wait_for
 from operator_helpers import children, condition, mark_available
-from pagoda.operator.k8s import KubeApi
+from pagoda.operator.kube.client import KubeApi
 
 pytestmark = [
     pytest.mark.e2e,

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from pagoda.operator.config import OperatorConfig
-from pagoda.operator.spec import InferenceServiceSpec, ModelRef, SpecError
+from pagoda.operator.spec.config import OperatorConfig
+from pagoda.operator.spec.fields import SpecError
+from pagoda.operator.spec.inference_service import InferenceServiceSpec
+from pagoda.operator.spec.model_ref import ModelRef
 
 
 def parse(spec: dict[str, Any], name: str = "demo") -> InferenceServiceSpec:

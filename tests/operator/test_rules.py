@@ -12,10 +12,10 @@ import pytest
 import yaml
 from autoscale_helpers import require_tool
 from operator_harness import ROOT
-from pagoda.operator import builders
 from pagoda.operator.autoscaling import rules
-from pagoda.operator.builders import Owner
-from pagoda.operator.spec import InferenceServiceSpec
+from pagoda.operator.children.build import build_children
+from pagoda.operator.children.owner import Owner
+from pagoda.operator.spec.inference_service import InferenceServiceSpec
 
 CHART_RULES = ROOT / "charts" / "pagoda" / "files" / "prometheus-rules.yaml"
 REGENERATE = (
@@ -73,16 +73,14 @@ def test_thresholds() -> None:
 
 def test_builder_adds_the_rule_only_with_autoscaling() -> None:
     owner = Owner("chat", "ns", "uid-1")
-    kinds = [
-        c["kind"] for c in builders.build_children(owner, spec(), prometheus_rule=True).desired
-    ]
+    kinds = [c["kind"] for c in build_children(owner, spec(), prometheus_rule=True).desired]
     assert "PrometheusRule" in kinds
     plain = InferenceServiceSpec.from_dict(
         {"model": "smollm2-135m"}, name="chat", default_image="i"
     )
-    children = builders.build_children(owner, plain, prometheus_rule=True)
+    children = build_children(owner, plain, prometheus_rule=True)
     assert ("PrometheusRule", "chat-alerts") in children.absent
-    off = builders.build_children(owner, spec(), prometheus_rule=False)
+    off = build_children(owner, spec(), prometheus_rule=False)
     assert "PrometheusRule" not in [c["kind"] for c in off.desired]
     assert ("PrometheusRule", "chat-alerts") not in off.absent
 

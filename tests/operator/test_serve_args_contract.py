@@ -20,10 +20,17 @@ from typing import Any
 import pytest
 import yaml
 from operator_harness import ROOT
-from pagoda.operator import builders, serve_args
 from pagoda.operator.autoscaling import prometheus, rules
-from pagoda.operator.builders import Owner
-from pagoda.operator.spec import ATTENTION_BACKENDS, BLOCK_SIZES, DTYPES, InferenceServiceSpec
+from pagoda.operator.children import serve_args
+from pagoda.operator.children.build import build_children
+from pagoda.operator.children.config_map import build_config_map
+from pagoda.operator.children.owner import Owner
+from pagoda.operator.spec.inference_service import (
+    ATTENTION_BACKENDS,
+    BLOCK_SIZES,
+    DTYPES,
+    InferenceServiceSpec,
+)
 from pagoda.runtime import options
 from pagoda.runtime.server.cli import build_parser, server_config
 
@@ -49,7 +56,7 @@ def _parse(args: list[str]) -> argparse.Namespace:
 
 def check_rendered(spec: InferenceServiceSpec) -> argparse.Namespace:
     """Build the Deployment and ConfigMap, parse their command line, compare the values."""
-    children = builders.build_children(OWNER, spec)
+    children = build_children(OWNER, spec)
     container = children.get("Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["pagoda", "serve"]
     args = container["args"]
@@ -167,10 +174,10 @@ def test_kv_cache_dtype_renders_only_when_set() -> None:
         ({"model": "smollm2-135m", "engine": {"kvCacheDtype": "int8"}}, "int8"),
     ):
         spec = InferenceServiceSpec.from_dict(doc, name=OWNER.name, default_image="img:1")
-        args = builders.build_children(OWNER, spec).get("Deployment")["spec"]["template"]["spec"][
+        args = build_children(OWNER, spec).get("Deployment")["spec"]["template"]["spec"][
             "containers"
         ][0]["args"]
         got = args[args.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in args else None
         assert got == want
-        engine = json.loads(builders.build_config_map(OWNER, spec)["data"]["engine.json"])
+        engine = json.loads(build_config_map(OWNER, spec)["data"]["engine.json"])
         assert engine.get("kvCacheDtype") == want

@@ -94,7 +94,7 @@ app.kubernetes.io/component: operator
 {{- end }}
 
 {{/*
-The operator's RBAC, mirroring pagoda.operator.k8s.API_PERMISSIONS exactly
+The operator's RBAC, mirroring pagoda.operator.kube.rbac.API_PERMISSIONS exactly
 (tests/charts/test_chart_rbac.py compares them). Namespaced resources go to the ClusterRole
 (all namespaces) or to one Role per watched namespace; cluster-scoped ones always go to the
 ClusterRole.

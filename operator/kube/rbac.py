@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagoda.operator.names import GROUP, PLURAL
+from pagoda.operator.kube.names import GROUP, PLURAL
 
 
 @dataclass(frozen=True)

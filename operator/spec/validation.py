@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pagoda.operator.config import OperatorConfig
-from pagoda.operator.drift import parse_quantity
-from pagoda.operator.fields import show
-from pagoda.operator.k8s import ApiError, KubeApi
-from pagoda.operator.names import GPU_RESOURCE
-from pagoda.operator.spec import InferenceServiceSpec, SpecError
+from pagoda.operator.kube.client import ApiError, KubeApi
+from pagoda.operator.kube.drift import parse_quantity
+from pagoda.operator.kube.names import GPU_RESOURCE
+from pagoda.operator.spec.fields import SpecError, show
+from pagoda.operator.spec.inference_service import InferenceServiceSpec
+
+if TYPE_CHECKING:
+    from pagoda.operator.spec.config import OperatorConfig
 
 # Reasons that come from the spec (or the cluster's answer to it), not from a failing rollout.
 SPEC_REASONS = frozenset(

@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 import kopf
-from pagoda.operator.names import RESOURCES, now_iso
+from pagoda.operator.kube.names import RESOURCES, now_iso
 
 USER_AGENT = "pagoda-operator/0.1"
 MERGE_PATCH = "application/merge-patch+json"

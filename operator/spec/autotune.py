@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pagoda.operator.fields import SpecError, bool_or, int_or, opt_number, show
+from pagoda.operator.spec.fields import SpecError, bool_or, int_or, opt_number, show
 from pagoda.runtime import options
 
 DEFAULT_TIME_BUDGET_S = 900  # `pagoda tune --time-budget 15m`

@@ -1,5 +1,9 @@
 """Running a reconcile, mapping its outcome to kopf's error semantics, and retrying failures.
 
+`Reconciler` is what the kopf handlers (handlers.py) and the background loops call: a handler's
+reconcile (`run`), a child's event (`child_event`), the periodic resync (`resync_loop`) and the
+autotuner's "the mounted profile changed" (`after_autotune`).
+
 Every failed reconcile is retried with exponential backoff by the path that needed it:
 
 * a kopf handler (create/update/resume) raises `kopf.TemporaryError(delay=…)`, and kopf retries;
@@ -17,18 +21,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kopf
-from pagoda.operator import reconcile
-from pagoda.operator.config import OperatorConfig
-from pagoda.operator.k8s import ApiError, KubeApi
-from pagoda.operator.names import KIND
-from pagoda.operator.operator_metrics import OperatorMetrics
-from pagoda.operator.reconcile import ChildConflict
+from pagoda.operator.kube.client import ApiError, KubeApi
+from pagoda.operator.kube.names import KIND
+from pagoda.operator.reconcile import reconcile
+from pagoda.operator.reconcile.apply import ChildConflict
+
+if TYPE_CHECKING:
+    from pagoda.operator.spec.config import OperatorConfig
+    from pagoda.operator.web.metrics import OperatorMetrics
 
 MAX_FOLLOW_UPS = 12  # 1 + 2 + 4 + … + 60 s: about 7 minutes of retries
 FOLLOW_UP_MARGIN_S = 2.0  # after kopf's own retry of a handler
@@ -110,6 +117,60 @@ class Reconciler:
     def _count_error(self, trigger: str, kind: str) -> None:
         if self.metrics is not None:
             self.metrics.reconcile_errors.labels(trigger, kind).inc()
+
+    async def child_event(
+        self,
+        event_type: str | None,
+        child: Mapping[str, Any],
+        owner: Mapping[str, Any],
+        logger: logging.Logger,
+    ) -> None:
+        """A child of `owner` changed or vanished: restore it (reconcile.on_child_event).
+
+        kopf never retries event handlers: a failure reconciles the owner again, with backoff.
+        """
+        started = time.perf_counter()
+        try:
+            await reconcile.on_child_event(self.api, event_type, child, owner, self.config, logger)
+        except (ApiError, ChildConflict) as e:
+            logger.warning(
+                "Handling the %s event of %s %s failed: %s; reconciling %s %s again in %.0f s.",
+                event_type, child.get("kind"), child["metadata"].get("name"), e, KIND,
+                owner["metadata"]["name"], backoff(0),
+            )  # fmt: skip
+            self._count_error("child_event", "transient")
+            self.schedule(owner, "child_event", backoff(0), 1)
+        finally:
+            if self.metrics is not None:
+                self.metrics.reconcile_duration.labels("child_event").observe(
+                    time.perf_counter() - started
+                )
+
+    async def after_autotune(self, body: Mapping[str, Any]) -> None:
+        """The autotuner changed `status.autotune`: reconcile, so the pods mount the profile."""
+        await self.run(copy.deepcopy(dict(body)), log, 0, "autotune")
+
+    async def resync_loop(self, logger: logging.Logger) -> None:
+        """Re-reconcile every InferenceService periodically; heals what no event announced.
+
+        A failed reconcile is followed up with backoff (`run` schedules it), not left to the
+        next resync.
+        """
+        while True:
+            await asyncio.sleep(self.config.resync_interval_s)
+            try:
+                bodies = await self.api.list_all(KIND, self.config.namespaces)
+            except ApiError as e:
+                logger.warning("Resync could not list %s objects: %s", KIND, e)
+                continue
+            self.keep_only({b["metadata"]["uid"] for b in bodies})
+            for body in bodies:
+                try:
+                    await self.run(body, logger, 0, "resync")
+                except kopf.TemporaryError as e:
+                    logger.warning("Resync of %s: %s", body["metadata"].get("name"), e)
+                except kopf.PermanentError as e:
+                    logger.debug("Resync of %s: %s", body["metadata"].get("name"), e)
 
     # --- follow-ups ----------------------------------------------------------------------------
 

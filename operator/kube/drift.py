@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from pagoda.operator.names import OWNED_MAPS
+from pagoda.operator.kube.names import OWNED_MAPS
 
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
 _SUFFIX = {

@@ -9,11 +9,13 @@ with the real parser. `engine_config` is the effective configuration recorded in
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pagoda.operator.config import SERVER_PORT
-from pagoda.operator.spec import InferenceServiceSpec
+from pagoda.operator.kube.names import SERVER_PORT
 from pagoda.runtime import options
+
+if TYPE_CHECKING:
+    from pagoda.operator.spec.inference_service import InferenceServiceSpec
 
 BIND_HOST = "0.0.0.0"  # the pod's address, not loopback (the runtime's default)
 

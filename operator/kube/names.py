@@ -1,7 +1,8 @@
 """Names every other operator module agrees on: the API group, labels, selectors, owned kinds.
 
-The bottom floor of the operator: it imports nothing from `pagoda.operator`, so any module may
-import it. Pure constants and tiny pure helpers only (no I/O, no kopf, no aiohttp).
+The bottom floor of the operator: it imports nothing from `pagoda.operator` (from the runtime only
+its torch-free options, for the port), so any module may import it. Pure constants and tiny pure
+helpers only (no I/O, no kopf, no aiohttp).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from pagoda.runtime import options
 
 # --- the custom resource ----------------------------------------------------------------------
 GROUP = "serving.pagoda.dev"
@@ -29,6 +32,7 @@ MANAGED_BY = "pagoda-operator"
 COMPONENT = "inference-server"
 CONFIG_HASH_ANNOTATION = "serving.pagoda.dev/config-hash"
 GPU_RESOURCE = "nvidia.com/gpu"
+SERVER_PORT = options.DEFAULT_PORT  # `pagoda serve --port` in the pods (port `http`)
 
 
 def selector_labels(name: str) -> dict[str, str]:

@@ -9,13 +9,14 @@ CamelCase reason that ends up in the `Degraded` condition.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagoda.operator.autotune.spec import AutotuneSpec
-from pagoda.operator.fields import (
+from pagoda.operator.spec.autotune import AutotuneSpec
+from pagoda.operator.spec.fields import (
     SpecError,
     bool_or,
     choice,
@@ -28,7 +29,7 @@ from pagoda.operator.fields import (
     quantity,
     show,
 )
-from pagoda.operator.model_ref import ModelRef
+from pagoda.operator.spec.model_ref import ModelRef
 from pagoda.runtime import options
 
 # The engine's choices and defaults are the runtime's (pagoda.runtime.options, torch-free); the
@@ -119,16 +120,16 @@ class EngineSpec:
             raise SpecError("InvalidSpec", f"spec.engine.dtype must be one of {', '.join(DTYPES)}")
         if self.block_size not in BLOCK_SIZES:
             raise SpecError("InvalidSpec", f"spec.engine.blockSize must be one of {BLOCK_SIZES}")
-        if (
-            self.max_num_seqs is not None
-            and self.max_num_batched_tokens is not None
-            and self.max_num_batched_tokens < self.max_num_seqs
-        ):
-            raise SpecError(
-                "InvalidSpec",
-                f"spec.engine.maxNumBatchedTokens ({self.max_num_batched_tokens}) must be >= "
-                f"maxNumSeqs ({self.max_num_seqs})",
-            )
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # flag names
+        for rule in options.CRD_ENGINE_RULES:  # as `pagoda serve` checks them: defaults filled in
+            filled = rule.filled(values)
+            if not rule.holds(filled):
+                unset = " when unset" if values.get(rule.smaller) is None else ""
+                raise SpecError(
+                    "InvalidSpec",
+                    f"spec.engine.{options.camel(rule.larger)} ({filled[rule.larger]}) must be >= "
+                    f"{options.camel(rule.smaller)} ({filled[rule.smaller]}{unset})",
+                )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EngineSpec:

@@ -6,11 +6,10 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from pagoda.operator.fields import is_http_url
-from pagoda.runtime import options
+from pagoda.operator.kube.names import SERVER_PORT
+from pagoda.operator.spec.fields import is_http_url
 
 DEFAULT_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0"
-SERVER_PORT = options.DEFAULT_PORT  # `pagoda serve --port` in the pods
 LOG_FORMATS = ("plain", "full", "json")
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _PROM_DURATION = re.compile(r"^([0-9]+(ms|s|m|h))+$")
@@ -34,7 +33,7 @@ class OperatorConfig:
     debug: bool = False
     peering: str | None = None  # kopf peering object name; None runs standalone
     component_name: str = "pagoda-operator"
-    # Autoscaling (see autoscaler.py): where the metrics are and how often to look.
+    # Autoscaling (autoscaling/): where the metrics are and how often to look.
     prometheus_url: str | None = None  # per-CR spec.autoscaling.prometheusURL overrides it
     prometheus_timeout_s: float = 5.0
     autoscale_interval_s: float = 15.0

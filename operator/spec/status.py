@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pagoda.operator.names import now_iso, selector_labels
-from pagoda.operator.spec import SpecError
+from pagoda.operator.kube.names import now_iso, selector_labels
+
+if TYPE_CHECKING:
+    from pagoda.operator.spec.fields import SpecError
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded")
 MAX_MESSAGE = 32768  # the CRD's maxLength of a condition message (longer ones are rejected)

@@ -1,9 +1,9 @@
 """Reconciliation: make the children match the spec, then make the status match the children.
 
 Level-based and idempotent: every path (create/update/resume handlers, child watch events, the
-periodic resync) converges on the same state, writes only on real change, and treats "already
-exists" (409) and "already gone" (404) as normal. Kopf-specific error mapping lives in
-handlers.py; here API failures surface as `ApiError` and spec problems as `SpecError`.
+periodic resync, the autotuner) converges on the same state and writes only on real change
+(children through apply.py). Kopf-specific error mapping lives in retry.py; here API failures
+surface as `ApiError` and spec problems as `SpecError`.
 """
 
 from __future__ import annotations
@@ -11,89 +11,29 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pagoda.operator import drift, status, validation
 from pagoda.operator.autotune import mount as autotune_mount
-from pagoda.operator.builders import Owner, build_children
-from pagoda.operator.config import OperatorConfig
-from pagoda.operator.k8s import ApiError, KubeApi
-from pagoda.operator.locks import object_lock
-from pagoda.operator.names import KIND, MONITORING_KINDS, owned_by
-from pagoda.operator.spec import SpecError
+from pagoda.operator.children.build import build_children
+from pagoda.operator.children.owner import Owner
+from pagoda.operator.kube.client import ApiError, KubeApi
+from pagoda.operator.kube.locks import object_lock
+from pagoda.operator.kube.names import KIND, owned_by
+from pagoda.operator.reconcile.apply import UNKNOWN, apply_child, delete_child
+from pagoda.operator.spec import status, validation
+from pagoda.operator.spec.fields import SpecError
 
-_UNKNOWN: Any = object()
+if TYPE_CHECKING:
+    from pagoda.operator.spec.config import OperatorConfig
+
 # Degraded reasons only a full reconcile may clear (child events keep them as they are).
 STICKY_REASONS = validation.SPEC_REASONS | {"ResourceConflict"}
-
-
-class ChildConflict(SpecError):
-    """A child's name is taken by an object this InferenceService does not control."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__("ResourceConflict", message)
 
 
 @dataclass(frozen=True)
 class Result:
     spec_error: SpecError | None
     status_changed: bool
-
-
-async def apply_child(
-    api: KubeApi,
-    desired: Mapping[str, Any],
-    owner_uid: str,
-    logger: logging.Logger,
-    *,
-    actual: Any = _UNKNOWN,
-) -> dict[str, Any]:
-    """Create the child, or patch it when it drifted; returns the live object."""
-    kind, meta = desired["kind"], desired["metadata"]
-    for attempt in range(3):
-        if actual is _UNKNOWN or attempt:
-            actual = await api.get(kind, meta["namespace"], meta["name"])
-        if actual is None:
-            try:
-                created = await api.create(desired)
-            except ApiError as e:
-                if e.status == 409:  # someone (another reconcile, a human) created it meanwhile
-                    continue
-                raise
-            logger.info("Created %s %s.", kind, meta["name"])
-            return created
-        if not owned_by(actual, owner_uid):
-            raise ChildConflict(
-                f"{kind} {meta['name']!r} exists and is not controlled by this {KIND}"
-            )
-        if not drift.needs_update(desired, actual):
-            return dict(actual)
-        try:
-            patched = await api.patch(
-                kind, meta["namespace"], meta["name"], drift.merge_patch(desired, actual)
-            )
-        except ApiError as e:
-            if e.status == 404:  # deleted meanwhile: create it on the next attempt
-                continue
-            raise
-        logger.info("Updated %s %s.", kind, meta["name"])
-        return patched
-    raise ApiError(409, "Conflict", f"{kind} {meta['name']!r} kept changing while being applied")
-
-
-async def delete_child(
-    api: KubeApi, kind: str, namespace: str, name: str, owner_uid: str, logger: logging.Logger
-) -> None:
-    """Delete a child that should no longer exist (only if it is ours)."""
-    if kind in MONITORING_KINDS and not await api.has_resource(kind):
-        return
-    actual = await api.get(kind, namespace, name)
-    if (
-        actual is not None
-        and owned_by(actual, owner_uid)
-        and await api.delete(kind, namespace, name)
-    ):
-        logger.info("Deleted %s %s.", kind, name)
 
 
 async def write_status(
@@ -178,7 +118,7 @@ async def _apply_all(
     )
     live: dict[str, dict[str, Any]] = {}
     for child in children.desired:
-        actual = current if child["kind"] == "Deployment" else _UNKNOWN
+        actual = current if child["kind"] == "Deployment" else UNKNOWN
         try:
             live[child["kind"]] = await apply_child(api, child, owner.uid, logger, actual=actual)
         except ApiError as e:

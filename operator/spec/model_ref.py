@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pagoda.operator.fields import SpecError, show
+from pagoda.operator.spec.fields import SpecError, show
 from pagoda.runtime.options import BUILTIN_MODELS  # what the runtime image carries itself
 
 _DNS1123_SUBDOMAIN = re.compile(

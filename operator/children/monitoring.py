@@ -1,0 +1,56 @@
+"""The monitoring.coreos.com children: the ServiceMonitor that scrapes the pods, and the
+PrometheusRule with this service's alerts (autoscaling/rules.py). Pure.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pagoda.operator.autoscaling import rules
+from pagoda.operator.children.owner import adopt, child
+from pagoda.operator.kube.names import LABEL_INSTANCE, selector_labels
+from pagoda.runtime import options
+
+if TYPE_CHECKING:
+    from pagoda.operator.children.owner import Owner
+    from pagoda.operator.spec.inference_service import InferenceServiceSpec
+
+
+def _prom_name(label: str) -> str:
+    """A Kubernetes label as Prometheus' service discovery names it (non-alphanumerics → _)."""
+    return "".join(c if c.isalnum() else "_" for c in label)
+
+
+def _relabel(source: str, target: str) -> dict[str, Any]:
+    return {"action": "replace", "sourceLabels": [source], "targetLabel": target}
+
+
+def build_service_monitor(owner: Owner) -> dict[str, Any]:
+    obj = child(owner, "ServiceMonitor", "monitoring.coreos.com/v1", owner.name)
+    obj["spec"] = {
+        "selector": {"matchLabels": selector_labels(owner.name)},
+        "endpoints": [
+            {
+                "port": "http",
+                "path": options.METRICS_PATH,
+                "interval": "15s",
+                # the same target labels as the chart's runtime ServiceMonitor (alerts group by them)
+                "relabelings": [
+                    _relabel("__meta_kubernetes_namespace", "namespace"),
+                    _relabel(
+                        f"__meta_kubernetes_pod_label_{_prom_name(LABEL_INSTANCE)}",
+                        "inferenceservice",
+                    ),
+                    _relabel("__meta_kubernetes_pod_name", "pod"),
+                ],
+            }
+        ],
+    }
+    return adopt(obj, owner)
+
+
+def build_prometheus_rule(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
+    """This service's alerts (rules.py), so Alertmanager can ask POST /alerts for a step."""
+    obj = child(owner, "PrometheusRule", "monitoring.coreos.com/v1", rules.rule_name(owner.name))
+    obj["spec"] = rules.service_rules(owner.namespace, owner.name, spec)
+    return adopt(obj, owner)
