@@ -1,4 +1,4 @@
-"""The row-invariant AMX GEMM (`runtime/model/amx_gemm.py`) against oneDNN's packed bf16 GEMM.
+"""The row-invariant AMX GEMM (`runtime/cpu/amx_gemm.py`) against oneDNN's packed bf16 GEMM.
 
 For each SmolLM2-135M weight shape and row count M, calls alternate between the two (the
 machine is shared: A/B in one run) and the medians are compared (one weight called again and
@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, markdown_table
-from pagoda.runtime.model import amx_gemm, gemv
+from pagoda.runtime.cpu import amx_gemm, gemv
 from pagoda.runtime.model.linear import _pack
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]  # (N, K)

@@ -3,7 +3,7 @@
 One layer of SmolLM2-135M attention by default (9 heads, 3 KV heads, head_dim 64, block 16,
 bf16; ``--dtype float32`` for what CPUs without native bf16 run). Decode: B sequences of one new
 token on `context` cached tokens, their blocks scattered over the cache; prefill: one fresh
-prompt of n tokens. With ``--old-ref REF`` the kernel source at git revision REF is built too and
+prompt of n tokens. With ``--old-ref REF`` the kernel as git revision REF builds it is built too and
 both are timed alternating call by call in this process (the machine is shared: alternation
 keeps load changes from favouring one side); medians are printed.
 
@@ -13,10 +13,7 @@ keeps load changes from favouring one side); medians are printed.
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,33 +22,22 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, markdown_table
-from pagoda.runtime import native
-from pagoda.runtime.attention import cpu_kernel
+from long_context import library_at
+from pagoda.runtime.cpu import attention as cpu_attention
 
-SOURCE_PATH = "runtime/attention/cpu_kernel_source.py"
-SIBLING = re.compile(r"^from pagoda\.runtime\.attention\.(cpu_kernel_\w+) import (\w+)$", re.M)
-
-
-def _module_at(ref: str, path: str) -> dict:
-    """A kernel-source module as it was at `ref`, executed; its imports of sibling kernel-source
-    modules are read at `ref` too (not today's files)."""
-    root = Path(__file__).resolve().parent.parent
-    show = ["git", "show", f"{ref}:{path}"]
-    text = subprocess.run(show, cwd=root, capture_output=True, text=True, check=True).stdout
-    scope: dict = {}
-    for mod, name in SIBLING.findall(text):
-        scope[name] = _module_at(ref, f"runtime/attention/{mod}.py")[name]
-    exec(compile(SIBLING.sub("", text), f"{ref}:{path}", "exec"), scope)
-    return scope
+# prints the attention kernel's library as a commit builds it
+BUILD = """
+try:
+    from pagoda.runtime.cpu import attention
+except ImportError:  # a commit from before runtime/cpu/
+    from pagoda.runtime.attention import cpu_kernel as attention
+print(attention.build())
+"""
 
 
-def old_kernel(ref: str, cache: Path) -> cpu_kernel.CpuKernel:
-    """The kernel as it was at git revision `ref` (its source string, built with today's flags)."""
-    path = native.build(
-        _module_at(ref, SOURCE_PATH)["SOURCE"], name="paged_attention_old", compiler="g++",
-        flags=cpu_kernel.FLAGS, language="c++", directory=cache,
-    )  # fmt: skip
-    return cpu_kernel.CpuKernel(path)
+def old_kernel(ref: str) -> cpu_attention.CpuKernel:
+    """The kernel as git revision `ref` builds it (its sources, flags and build code)."""
+    return cpu_attention.CpuKernel(library_at(ref, BUILD))
 
 
 def make_case(h, hkv, d, bs, batch, context, new, seed=0, dtype=torch.bfloat16):
@@ -59,7 +45,7 @@ def make_case(h, hkv, d, bs, batch, context, new, seed=0, dtype=torch.bfloat16):
     g = torch.Generator().manual_seed(seed)
     nblk = -(-context // bs)
     nb = batch * nblk + 1
-    k_shape, v_shape = cpu_kernel.packed_shapes(hkv, nb, bs, d, dtype)
+    k_shape, v_shape = cpu_attention.packed_shapes(hkv, nb, bs, d, dtype)
     kc = torch.randn(k_shape, generator=g).to(dtype)
     vc = torch.randn(v_shape, generator=g).to(dtype)
     perm = np.random.default_rng(seed).permutation(nb - 1) + 1
@@ -99,29 +85,28 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.0, help="time budget per case")
     args = ap.parse_args()
     print(machine())
-    kernels = [cpu_kernel.load()]
+    kernels = [cpu_attention.load()]
     names = ["new ms"]
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.old_ref:
-            kernels.append(old_kernel(args.old_ref, Path(tmp)))
-            names.append(f"{args.old_ref} ms")
-        h, hkv, d = args.heads
-        dtype = getattr(torch, args.dtype)
-        cases = [(f"decode B={b} ctx={c}", b, c, 1) for b in args.batches for c in args.contexts]
-        cases += [(f"prefill {n}", 1, n, n) for n in args.prefill]
-        rows = []
-        for name, b, c, n in cases:
-            med = time_case(kernels, make_case(h, hkv, d, 16, b, c, n, dtype=dtype), args.seconds)
-            if n == 1:  # decode reads every cached K/V byte once
-                rate = f"{2 * b * c * hkv * d * dtype.itemsize / 1e9 / med[0]:.1f} GB/s K/V"
-            else:  # prefill: q @ K^T and p @ V over the causal half
-                rate = f"{4 * h * d * n * (n + 1) / 2 / 1e9 / med[0]:.0f} GFLOP/s"
-            row = [name, *(f"{m * 1e3:.3f}" for m in med), rate]
-            if len(med) > 1:
-                row.append(f"{med[1] / med[0]:.2f}x")
-            rows.append(row)
-        headers = ["case", *names, "new rate"] + (["speed-up"] if args.old_ref else [])
-        print(markdown_table(headers, rows))
+    if args.old_ref:
+        kernels.append(old_kernel(args.old_ref))
+        names.append(f"{args.old_ref} ms")
+    h, hkv, d = args.heads
+    dtype = getattr(torch, args.dtype)
+    cases = [(f"decode B={b} ctx={c}", b, c, 1) for b in args.batches for c in args.contexts]
+    cases += [(f"prefill {n}", 1, n, n) for n in args.prefill]
+    rows = []
+    for name, b, c, n in cases:
+        med = time_case(kernels, make_case(h, hkv, d, 16, b, c, n, dtype=dtype), args.seconds)
+        if n == 1:  # decode reads every cached K/V byte once
+            rate = f"{2 * b * c * hkv * d * dtype.itemsize / 1e9 / med[0]:.1f} GB/s K/V"
+        else:  # prefill: q @ K^T and p @ V over the causal half
+            rate = f"{4 * h * d * n * (n + 1) / 2 / 1e9 / med[0]:.0f} GFLOP/s"
+        row = [name, *(f"{m * 1e3:.3f}" for m in med), rate]
+        if len(med) > 1:
+            row.append(f"{med[1] / med[0]:.2f}x")
+        rows.append(row)
+    headers = ["case", *names, "new rate"] + (["speed-up"] if args.old_ref else [])
+    print(markdown_table(headers, rows))
 
 
 if __name__ == "__main__":

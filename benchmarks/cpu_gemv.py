@@ -1,4 +1,4 @@
-"""The CPU GEMV (`runtime/model/gemv.py`) of this tree against that of a git revision.
+"""The CPU GEMV (`runtime/cpu/gemv.py`) of this tree against that of a git revision.
 
 A whole-model pass (SmolLM2-135M's 121 weight shapes, each from memory as in a forward pass) at
 several row counts, the two kernels' passes alternating in this process (the machine is shared:
@@ -16,9 +16,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch (and OpenMP)
 
 import argparse
 import ctypes
-import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,24 +26,24 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from amx_gemm import MODEL
 from common import machine, markdown_table
-from pagoda.runtime import native
-from pagoda.runtime.model import gemv
+from long_context import library_at
+from pagoda.runtime.cpu import build, gemv
 from pagoda.runtime.model.linear import _pack
 
-ROOT = Path(__file__).resolve().parents[1]
+# prints the GEMV library as a commit builds it
+BUILD = """
+try:
+    from pagoda.runtime.cpu import build, gemv
+    print(gemv.compile_kernel("gemv", build.find_compiler("CXX", ("g++", "clang++"))))
+except ImportError:  # a commit from before runtime/cpu/
+    from pagoda.runtime import native
+    from pagoda.runtime.model import gemv
+    print(gemv.build(gemv.SOURCE, "gemv", native.find_compiler("CXX", ("g++", "clang++"))))
+"""
 
 
-def source_at(ref: str) -> str:
-    """The kernel source of `runtime/model/gemv.py` at git revision `ref`."""
-    text = subprocess.run(
-        ["git", "show", f"{ref}:runtime/model/gemv.py"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    return re.search(r'SOURCE = r"""(.*?)"""', text, re.S).group(1)
-
-
-def build(source: str, name: str) -> gemv.Gemv:
-    path = gemv.build(source, name, native.find_compiler("CXX", ("g++", "clang++")))
+def kernel(path: Path) -> gemv.Gemv:
+    """The GEMV of the library at `path`, for this oneDNN's packed layout."""
     return gemv.Gemv(ctypes.CDLL(str(path)), gemv.probe_layout(_pack))
 
 
@@ -80,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     if gemv.load(_pack) is None:
         print("the CPU GEMV is unavailable here (needs AVX-512 BF16 and a C++ compiler)")
         return 1
+    compiler = build.find_compiler("CXX", ("g++", "clang++"))
     kernels = {
-        "before": build(source_at(args.old_ref), "gemv_before"),
-        "after": build(gemv.SOURCE, "gemv"),
+        "before": kernel(library_at(args.old_ref, BUILD)),
+        "after": kernel(gemv.compile_kernel("gemv", compiler)),
     }
     heads = ["rows", f"ms before ({args.old_ref})", "ms after", "ratio", "same bits"]
     print(markdown_table(heads, compare(kernels, args.rows, args.reps)))

@@ -1,4 +1,4 @@
-"""Native vs torch CPU elementwise ops (`runtime/model/cpu_ops.py` vs `ops.py`), per call.
+"""Native vs torch CPU elementwise ops (`runtime/cpu/ops.py` vs `runtime/model/ops.py`), per call.
 
 SmolLM2-135M shapes by default (hidden 576, intermediate 1536, 9 heads / 3 KV heads, head_dim
 64), at T = 1 (a decode step of one sequence) and T = 2048 (a prefill chunk). Each op's two
@@ -31,7 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, markdown_table, write_random_llama
-from pagoda.runtime.model import cpu_ops, ops
+from pagoda.runtime.cpu import ops as cpu_ops
+from pagoda.runtime.model import ops
 
 
 def cases(t: int, dtype: torch.dtype, hidden: int, inter: int, h: int, hk: int, d: int):
@@ -90,7 +91,10 @@ def decode_ab(dtype: str, reps: int = 6) -> None:
         write_random_llama(Path(tmp), SMOL)
         llms, original = {}, model_runner.select_ops
         try:
-            for name, chosen in (("torch", ops.TORCH_OPS), ("native", cpu_ops.cpu_ops())):
+            for name, chosen in (
+                ("torch", ops.TORCH_OPS),
+                ("native", cpu_ops.cpu_ops(ops.TORCH_OPS)),
+            ):
                 model_runner.select_ops = lambda device, backend, c=chosen: c
                 llms[name] = LLM(loaded=load_model(tmp), dtype=dtype, kv_cache_memory=256 << 20)
         finally:
@@ -116,13 +120,13 @@ def main() -> None:
     ap.add_argument("--decode", action="store_true", help="whole-model decode A/B instead")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
-    got = cpu_ops.cpu_ops()
+    got = cpu_ops.cpu_ops(ops.TORCH_OPS)
     if got is None:
         sys.exit("native CPU ops unavailable (no compiler, or PAGODA_CPU_OPS=torch)")
     print(machine())
     if args.decode:
         return decode_ab(args.dtype)
-    enabled = sorted(op for op, dt in cpu_ops._native_ops().enabled if dt == dtype)
+    enabled = sorted(op for op, dt in cpu_ops._native_ops(ops.TORCH_OPS).enabled if dt == dtype)
     print(f"native for {args.dtype}: {', '.join(enabled)}")
     rows = []
     for t in args.rows:

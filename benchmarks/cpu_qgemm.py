@@ -1,4 +1,4 @@
-"""The quantized float32 GEMM (`runtime/model/qgemm.py`) against oneDNN's packed float32 GEMM.
+"""The quantized float32 GEMM (`runtime/cpu/qgemm.py`) against oneDNN's packed float32 GEMM.
 
 A whole-model pass of SmolLM2-135M's weight shapes (each weight from memory, as in a forward:
 121 weights, 540 MB in float32) at several row counts, in the formats the embedded GGUF stores
@@ -26,9 +26,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from amx_gemm import MODEL, alternate, onednn
 from common import machine, markdown_table
-from pagoda.runtime.model import qgemm
+from pagoda.runtime.cpu import qgemm
+from pagoda.runtime.cpu.quantized import BLOCKS
 from pagoda.runtime.model.linear import _pack
-from pagoda.runtime.model.quantized import BLOCKS
 
 
 def compare(rows: list[int], layer_kind: str, head_kind: str) -> str:

@@ -25,7 +25,6 @@ import argparse
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_attention
 import cpu_gemv
 from common import kv_bytes_per_token, machine, markdown_table, until_decoding
+from long_context import library_at
 from pagoda.runtime import LLM, SamplingParams
-from pagoda.runtime.model import gemv
+from pagoda.runtime.cpu import gemv
 from pagoda.runtime.model.linear import _pack
 
 PARTS = ("gemv", "attention")
@@ -109,10 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_model("smollm2-135m")
     old = {}
     if "gemv" in args.parts and gemv.load(_pack) is not None:
-        old["gemv"] = cpu_gemv.build(cpu_gemv.source_at(args.old_ref), "gemv_before")
+        old["gemv"] = cpu_gemv.kernel(library_at(args.old_ref, cpu_gemv.BUILD))
     if "attention" in args.parts:
-        cache = Path(tempfile.mkdtemp(prefix="pagoda-ab-"))
-        old["attention"] = cpu_attention.old_kernel(args.old_ref, cache)
+        old["attention"] = cpu_attention.old_kernel(args.old_ref)
     steps = args.block_steps * args.blocks + 4
     rows = []
     for n in args.seqs:

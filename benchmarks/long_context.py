@@ -130,6 +130,20 @@ def _old_tree(ref: str, into: Path) -> Path:
     return pkg.parent
 
 
+def library_at(ref: str, code: str) -> Path:
+    """A native library as git revision `ref` builds it (its sources, flags and build code):
+    `code` runs in `ref`'s runtime, in a fresh process, and prints the library's path (in the
+    shared build cache, so it outlives the extracted tree)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, PYTHONPATH=str(_old_tree(ref, Path(tmp))))
+        cmd = [sys.executable, "-P", "-c", code]
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    path = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+    if res.returncode or not Path(path).is_file():
+        raise RuntimeError(f"building the library of {ref} failed:\n{res.stderr[-2000:]}")
+    return Path(path)
+
+
 def _run(variant: str, env: dict, args) -> dict:
     cmd = [sys.executable, "-P", __file__, "--child", variant, "--ctx", str(args.ctx)]
     cmd += ["--out-len", str(args.out_len), "--threads", str(args.threads)]
@@ -184,7 +198,7 @@ def main() -> int:
     from common import machine
 
     # this tree's modules (an --old-ref child may import an older tree without them)
-    from pagoda.runtime.model import amx_gemm, gemv, qgemm
+    from pagoda.runtime.cpu import amx_gemm, gemv, qgemm
     from pagoda.runtime.model.linear import _pack
 
     print(f"machine: {machine()}", flush=True)

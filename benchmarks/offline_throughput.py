@@ -34,7 +34,7 @@ from common import cpu_model, gemm_peak, machine, markdown_table, ragged_workloa
 from long_context import _old_tree, hf_long_context, long_context_ids, pagoda_long_context
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.config import cpu_has_fast_bf16
-from pagoda.runtime.model import qgemm
+from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.model.loader import load_model
 
 

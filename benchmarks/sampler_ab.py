@@ -1,5 +1,5 @@
 """The native top-k / top-p kernel of a git commit against this tree's, alternating in one
-process: both libraries are built from their commit's C source and called on the same logits
+process: both libraries are built from their commit's C sources and called on the same logits
 and uniforms, so machine noise falls on both alike; also says whether they picked the same tokens.
 
     .venv/bin/python -P benchmarks/sampler_ab.py --old-ref fae1d13              # top-p 0.9
@@ -19,9 +19,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch (and OpenMP)
 import argparse
 import ctypes
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,29 +27,22 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, markdown_table
-from long_context import _old_tree
-from pagoda.runtime import native, sampler_native
+from long_context import library_at
+from pagoda.runtime.sampling import native
 
-PRINT_SOURCE = "from pagoda.runtime import sampler_native as s; print(s.SOURCE, end='')"
 LOG2E = 1.4426950408889634
+# prints the native sampler's library as a commit builds it
+BUILD = """
+try:
+    from pagoda.runtime.sampling.native import _build
+except ImportError:  # a commit from before runtime/sampling/
+    from pagoda.runtime.sampler_native import _build
+print(_build())
+"""
 
 
-def source_at(ref: str) -> str:
-    """The native sampler's whole C source as commit `ref` builds it."""
-    with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, PYTHONPATH=str(_old_tree(ref, Path(tmp))))
-        cmd = [sys.executable, "-P", "-c", PRINT_SOURCE]
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
-
-
-def load(source: str, name: str):
-    """`sample_filtered_rows` of `source`, built as the runtime builds it."""
-    cc = native.find_compiler("CC", ["cc", "gcc"])
-    flags = ["-mprefer-vector-width=512", "-march=native", *sampler_native.FLAGS]
-    directory = native.cache_dir() / "native"
-    path = native.build(
-        source, name=name, compiler=cc, flags=flags, language="c", directory=directory
-    )
+def load(path: Path):
+    """`sample_filtered_rows` of the library at `path`."""
     fn = ctypes.CDLL(str(path)).sample_filtered_rows
     p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     fn.argtypes = [p, i32, i64, p, p, p, p, p, p, p, i64, p, i64]
@@ -60,12 +51,12 @@ def load(source: str, name: str):
 
 
 def call(fn, x: torch.Tensor, params: list[torch.Tensor | None]) -> torch.Tensor:
-    """One token per row of x through `fn`, threaded as `sampler_native` threads it."""
+    """One token per row of x through `fn`, threaded as `native` threads it."""
     n, v = x.shape
     out = torch.empty(n, dtype=torch.long)
     ptrs = [None if t is None else t.data_ptr() for t in params]
     bf16 = int(x.dtype == torch.bfloat16)
-    sampler_native._over_rows(fn, n, x.data_ptr(), bf16, v, None, *ptrs, out.data_ptr())
+    native._over_rows(fn, n, x.data_ptr(), bf16, v, None, *ptrs, out.data_ptr())
     return out
 
 
@@ -105,10 +96,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args(argv)
     print(f"machine: {machine()}")
-    old, new = (
-        load(source_at(args.old_ref), "sampler_ab_old"),
-        load(sampler_native.SOURCE, "sampler_ab_new"),
-    )
+    path = native._build()
+    if path is None:
+        sys.exit("the native sampler does not build here")
+    old, new = load(library_at(args.old_ref, BUILD)), load(path)
     n = args.rows
     g = torch.Generator().manual_seed(1)
     params = [

@@ -10,7 +10,7 @@ output building. Decode steps are timed at 32/128/256 running sequences, greedy 
     .venv/bin/python -P benchmarks/step_overhead.py --filters       # + top-p and top-k steps
 
 `--samplers native torch` times each case with the native C sampler kernels and with the PyTorch
-sampler, alternating in one run (the kernels are `pagoda.runtime.sampler_native`). `--head on off`
+sampler, alternating in one run (the kernels are `pagoda.runtime.sampling.native`). `--head on off`
 does the same with and without the LM head's own sampling (`qgemm`'s sampling mode, float32
 models on AVX2 CPUs: the tokens come out of the forward, no logits are written); the sampler
 column says "+ LM head" where it ran. `--extras` adds steps whose rows ask penalties (presence
@@ -43,8 +43,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, markdown_table, until_decoding, write_random_llama
 from long_context import _old_tree
-from pagoda.runtime import LLM, SamplingParams, sampler_native
+from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
+from pagoda.runtime.sampling import native as sampler_native
 
 TINY = dict(
     vocab_size=32000,

@@ -13,7 +13,7 @@ _EXPORTS = {
     "LLM": "pagoda.runtime.engine.llm",
     "CompletionOutput": "pagoda.runtime.engine.outputs",
     "RequestOutput": "pagoda.runtime.engine.outputs",
-    "SamplingParams": "pagoda.runtime.sampling",
+    "SamplingParams": "pagoda.runtime.sampling.params",
 }
 __all__ = list(_EXPORTS)
 

@@ -10,7 +10,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling.params import SamplingParams
 
 
 class RequestStatus(enum.IntEnum):

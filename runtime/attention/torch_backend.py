@@ -41,8 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from pagoda.runtime.attention import cpu_kernel
 from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
+from pagoda.runtime.cpu import attention as cpu_kernel
 
 MAX_DECODE_BUCKETS = 3
 MAX_PREFILL_BUCKETS = 4

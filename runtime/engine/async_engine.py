@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
-from pagoda.runtime.sampling import ParamError, SamplingParams
+from pagoda.runtime.sampling.params import ParamError, SamplingParams
 
 if TYPE_CHECKING:
     from pagoda.runtime.engine.core import EngineCore

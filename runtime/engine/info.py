@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagoda.runtime.sampling import ParamError, SamplingParams
+from pagoda.runtime.sampling.params import ParamError, SamplingParams
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pagoda.runtime.config import DEFAULT_MODEL, EngineConfig
 from pagoda.runtime.engine.core import EngineCore
 from pagoda.runtime.engine.outputs import CompletionOutput, RequestOutput
 from pagoda.runtime.model.loader import LoadedModel
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling.params import SamplingParams
 
 PromptType = str | Sequence[int] | dict[str, Any]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 from pagoda.runtime.engine.core import EngineCore
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling.params import SamplingParams
 
 log = logging.getLogger(__name__)
 SCRATCH_BLOCKS = 16

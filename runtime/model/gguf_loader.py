@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from pagoda.runtime.config import FamilyConfig, ModelConfig
-from pagoda.runtime.model.quantized import QuantizedWeight, from_gguf, readable
+from pagoda.runtime.cpu.quantized import QuantizedWeight, from_gguf, readable
 from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer, build_gemma_tokenizer
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3")

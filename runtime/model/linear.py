@@ -26,9 +26,9 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from pagoda.runtime.model import amx_gemm, gemv, qgemm
-from pagoda.runtime.model.quantized import QuantizedWeight
-from pagoda.runtime.sampler_ops import argmax_rows
+from pagoda.runtime.cpu import amx_gemm, gemv, qgemm
+from pagoda.runtime.cpu.quantized import QuantizedWeight
+from pagoda.runtime.sampling.ops import argmax_rows
 
 PACK_BATCH_HINT = 2048  # oneDNN picks the blocked layout for this M; it serves small M well too
 PACKED_DTYPES = (torch.bfloat16, torch.float32)

@@ -21,13 +21,13 @@ import torch
 import torch.nn.functional as F
 from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model import qgemm
+from pagoda.runtime.cpu import qgemm
+from pagoda.runtime.cpu.quantized import QuantizedWeight, stack
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.ops import Ops, build_cos_sin_cache, gather_cos_sin
-from pagoda.runtime.model.quantized import QuantizedWeight, stack
 
 if TYPE_CHECKING:
-    from pagoda.runtime.sampler import HeadSampling
+    from pagoda.runtime.sampling.sampler import HeadSampling
 
 
 EMBED = "model.embed_tokens.weight"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model.quantized import QuantizedWeight
+from pagoda.runtime.cpu.quantized import QuantizedWeight
 from pagoda.runtime.model.tokenizer import Tokenizer
 from pagoda.runtime.options import BUILTIN_MODELS
 

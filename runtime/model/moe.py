@@ -24,9 +24,9 @@ import logging
 from collections.abc import Callable
 
 import torch
+from pagoda.runtime.cpu.quantized import QuantizedWeight, stack
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.llama import DeviceWeights, GatedMLP, LayerContext, LlamaModel
-from pagoda.runtime.model.quantized import QuantizedWeight, stack
 from pagoda.runtime.model.qwen3 import Qwen3Model
 
 log = logging.getLogger(__name__)

@@ -120,9 +120,9 @@ def select_ops(device: torch.device, backend_name: str) -> Ops:
 
         return Ops(kernels.rms_norm, kernels.rotary_embedding, kernels.silu_and_mul)
     if device.type == "cpu":
-        from pagoda.runtime.model.cpu_ops import cpu_ops
+        from pagoda.runtime.cpu.ops import cpu_ops
 
-        return cpu_ops() or TORCH_OPS
+        return cpu_ops(TORCH_OPS) or TORCH_OPS
     return TORCH_OPS
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
-from pagoda.runtime.model.quantized import QuantizedWeight, from_dense
+from pagoda.runtime.cpu.quantized import QuantizedWeight, from_dense
 
 INDEX = "model.safetensors.index.json"
 _PREFIXES = (  # stored prefix -> the text model's (Gemma3ForConditionalGeneration)

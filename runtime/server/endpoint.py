@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from pagoda.runtime.engine.async_engine import RequestStream
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.request import TokenLogprob
-from pagoda.runtime.sampling import ParamError, SamplingParams
+from pagoda.runtime.sampling.params import ParamError, SamplingParams
 from pagoda.runtime.server.logprobs import TokenStrings
 from pagoda.runtime.server.protocol import APIError, shorten
 from pydantic import BaseModel

@@ -22,7 +22,7 @@ from pagoda.runtime.engine.async_engine import (
 )
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.outputs import StepOutput
-from pagoda.runtime.sampling import ParamError
+from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings
 from pagoda.runtime.server.protocol import APIError, parse_request

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from pagoda.runtime.engine.core import EngineCore
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling.params import SamplingParams
 
 DECODE_SLACK = 16  # extra tokens a decode request may generate before the timed steps
 

@@ -21,13 +21,13 @@ import torch
 from pagoda.runtime.attention import AttentionMetadata, get_attention_backend
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.core.sched_output import SchedulerOutput
-from pagoda.runtime.model import qgemm
+from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.model.llama import LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.ops import select_ops
 from pagoda.runtime.model.registry import build_model
 from pagoda.runtime.request import Request, TokenLogprob
-from pagoda.runtime.sampler import (
+from pagoda.runtime.sampling.sampler import (
     HeadSampling,
     SamplerOutput,
     SamplingBatch,
@@ -362,7 +362,7 @@ class ModelRunner:
 def _log_quantized_layers(model: LlamaModel) -> None:
     """Say when linear layers multiply by stored blocks (float32 CPU models): it sets decode
     speed."""
-    from pagoda.runtime.model.qgemm import QGemmWeight
+    from pagoda.runtime.cpu.qgemm import QGemmWeight
 
     layers = model.linears()
     on_blocks = [x.fast for x in layers if isinstance(x.fast, QGemmWeight)]

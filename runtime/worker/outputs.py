@@ -12,7 +12,7 @@ from pagoda.runtime.request import Request, TokenLogprob
 
 if TYPE_CHECKING:
     import torch
-    from pagoda.runtime.sampler import SamplerOutput
+    from pagoda.runtime.sampling.sampler import SamplerOutput
 
 
 @dataclass

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 def test_before_after_reports_each_row_count_with_equal_bits(capsys):
     import cpu_gemv
-    from pagoda.runtime.model import gemv
+    from pagoda.runtime.cpu import gemv
     from pagoda.runtime.model.linear import _pack
 
     if gemv.load(_pack) is None:

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 def test_reports_each_row_count_and_agreement(capsys):
     import cpu_qgemm
-    from pagoda.runtime.model import qgemm
+    from pagoda.runtime.cpu import qgemm
 
     if qgemm.load() is None:
         pytest.skip("the quantized GEMM needs AVX2 + FMA + F16C and a C++ compiler")

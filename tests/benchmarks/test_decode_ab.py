@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 def test_two_engines_alternate_and_agree_on_tokens(capsys):
     import decode_ab
-    from pagoda.runtime.attention import cpu_kernel
+    from pagoda.runtime.cpu import attention as cpu_attention
 
     argv = ["--old-ref", "HEAD", "--seqs", "3", "--context", "40", "--blocks", "2"]
     assert decode_ab.main([*argv, "--block-steps", "2"]) == 0
@@ -18,7 +18,7 @@ def test_two_engines_alternate_and_agree_on_tokens(capsys):
     rows = [ln for ln in out.splitlines() if ln.startswith("| 3 |")]
     assert len(rows) == 1
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
-    if cpu_kernel.load() is not None:
+    if cpu_attention.load() is not None:
         assert "attention" in cells[1]  # the old build really replaced the engine's kernel
     assert float(cells[2]) > 0 and float(cells[3]) > 0 and cells[4].endswith("x")
     assert cells[5] == "True"  # HEAD's kernels and this tree's give the same tokens

@@ -12,7 +12,7 @@ def test_count_reads_counts_weights_once_a_step_and_each_context():
     import offline_throughput
     import torch
     from pagoda.runtime import LLM, SamplingParams
-    from pagoda.runtime.model import qgemm
+    from pagoda.runtime.cpu import qgemm
     from pagoda.runtime.model.loader import load_model
 
     llm = LLM(loaded=load_model("smollm2-135m"), enable_prefix_caching=False)

@@ -1,5 +1,5 @@
-"""Smoke run of benchmarks/sampler_ab.py: a commit's native sampler built from its own source
-beside this tree's, on every row kind; against a commit whose source is this tree's, the two
+"""Smoke run of benchmarks/sampler_ab.py: a commit's native sampler built from its own sources
+beside this tree's, on every row kind; against a commit whose sources are this tree's, the two
 libraries must pick the same tokens on every row."""
 
 from __future__ import annotations
@@ -8,17 +8,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from pagoda.runtime import sampler_native
+from pagoda.runtime.sampling import native
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-pytestmark = pytest.mark.skipif(not sampler_native.available(), reason="no native kernels")
+pytestmark = pytest.mark.skipif(not native.available(), reason="no native kernels")
 
 
 @pytest.mark.timeout(300)
 def test_head_beside_this_tree_reports_every_row_kind(capsys):
     import sampler_ab
 
-    same_source = sampler_ab.source_at("HEAD") == sampler_native.SOURCE
+    same_source = sampler_ab.library_at("HEAD", sampler_ab.BUILD) == native._build()
     sampler_ab.main(["--old-ref", "HEAD", "--rows", "16", "--vocab", "8192", "--rounds", "1",
                      "--reps", "1", "--top-k", "700"])  # fmt: skip
     out = capsys.readouterr().out

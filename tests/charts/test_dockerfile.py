@@ -271,6 +271,11 @@ def test_the_wheel_built_from_the_context_has_every_package(tmp_path: pathlib.Pa
     ):
         assert module in names
     assert any(re.fullmatch(r"pagoda/kernels/configs/.+\.json", n) for n in names)
+    csrc = [
+        p.relative_to(ROOT).as_posix() for p in ROOT.glob("runtime/**/csrc/**/*") if p.is_file()
+    ]
+    assert csrc  # the C/C++ sources the runtime builds on first use
+    assert sorted(c for c in csrc if f"pagoda/{c}" not in names) == []
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "pagoda = pagoda.runtime.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 

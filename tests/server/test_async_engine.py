@@ -16,7 +16,7 @@ import pytest
 from pagoda.runtime.engine.async_engine import AsyncEngine, EngineUnavailableError, QueueFullError
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.options import parse_size
-from pagoda.runtime.sampling import ParamError, SamplingParams
+from pagoda.runtime.sampling.params import ParamError, SamplingParams
 from pagoda.runtime.server.api import create_app
 from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.metrics import ServerMetrics

@@ -6,35 +6,36 @@ from __future__ import annotations
 import pytest
 import torch
 from attention_testlib import scattered_tables, step_meta
-from pagoda.runtime import LLM, native, options
-from pagoda.runtime.attention import cpu_kernel, get_attention_backend
+from pagoda.runtime import LLM, options
+from pagoda.runtime.attention import get_attention_backend
 from pagoda.runtime.attention.base import AttentionMetadata
-from pagoda.runtime.attention.cpu_kernel_source import SOURCE
 from pagoda.runtime.attention.torch_backend import (
     TorchAttentionBackend,
     dequantize_rows,
     quantize_rows,
 )
 from pagoda.runtime.config import CacheConfig, EngineConfig
+from pagoda.runtime.cpu import attention as cpu_attention
+from pagoda.runtime.cpu import build as builder
 from pagoda.runtime.server import cli
 
 
-def _kernel() -> cpu_kernel.CpuKernel:
-    kernel = cpu_kernel.load()
+def _kernel() -> cpu_attention.CpuKernel:
+    kernel = cpu_attention.load()
     assert kernel is not None, "the CPU attention kernel did not build (is g++ installed?)"
     return kernel
 
 
-def _avx2_kernel() -> cpu_kernel.CpuKernel:
-    """Built for AVX2 + FMA without AVX-512: the loops of `cpu_kernel_q8_avx2`, which AVX-512
-    machines never build natively (the build is shared with test_cpu_kernel's)."""
-    if not {"avx2", "fma"} <= set(native.cpu_signature().split()):
+def _avx2_kernel() -> cpu_attention.CpuKernel:
+    """Built for AVX2 + FMA without AVX-512: the loops of csrc/attention/q8_avx2.h, which AVX-512
+    machines never build natively (the build is shared with test_cpu_attention's)."""
+    if not {"avx2", "fma"} <= set(builder.cpu_signature().split()):
         pytest.skip("this CPU cannot run AVX2 + FMA code")
-    flags = ["-march=haswell" if f == "-march=native" else f for f in cpu_kernel.FLAGS]
-    path = native.build(
-        SOURCE, name="paged_attention_avx2", compiler="g++", flags=flags, language="c++"
+    flags = ["-march=haswell" if f == "-march=native" else f for f in cpu_attention.FLAGS]
+    path = builder.build(
+        cpu_attention.SOURCE, name="paged_attention_avx2", compiler="g++", flags=flags
     )
-    return cpu_kernel.CpuKernel(path)
+    return cpu_attention.CpuKernel(path)
 
 
 KERNELS = {"native": _kernel, "avx2": _avx2_kernel}
@@ -42,7 +43,7 @@ KERNELS = {"native": _kernel, "avx2": _avx2_kernel}
 
 def _unpack(kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The kernel's packed int8 blocks → ``[T, Hkv, D + 4]`` rows as `quantize_rows` writes them
-    (the layout of ``cpu_kernel_q8``, read back token by token)."""
+    (the layout of ``csrc/attention/q8.h``, read back token by token)."""
     hkv, nb, bs, width = kc.shape
     d, ks, vs = width - 4, [], []
     for slot in slots.tolist():
@@ -149,12 +150,12 @@ def test_a_build_without_avx512_gives_the_same_cache_and_output(tmp_path, build)
     if build == "avx2":
         other = _avx2_kernel()
     else:
-        flags = ["-march=x86-64-v2" if f == "-march=native" else f for f in cpu_kernel.FLAGS]
-        path = native.build(
-            SOURCE, name="attention_portable", compiler="g++", flags=flags, language="c++",
+        flags = ["-march=x86-64-v2" if f == "-march=native" else f for f in cpu_attention.FLAGS]
+        path = builder.build(
+            cpu_attention.SOURCE, name="attention_portable", compiler="g++", flags=flags,
             directory=tmp_path,
         )  # fmt: skip
-        other = cpu_kernel.CpuKernel(path)
+        other = cpu_attention.CpuKernel(path)
     g, c = torch.Generator().manual_seed(2), 700
     k, v = (torch.randn(c, 3, 64, generator=g) for _ in range(2))
     q = torch.randn(5, 9, 64, generator=g)
@@ -181,7 +182,7 @@ def test_the_torch_path_reads_an_int8_cache_like_the_kernel(monkeypatch):
     k, v, kx, vx = (torch.randn(n, 2, 32, generator=g) for n in (21, 21, len(cached), len(cached)))
     outs = []
     for path in ("kernel", "torch"):
-        monkeypatch.setenv(cpu_kernel.ENV_SWITCH, path)
+        monkeypatch.setenv(cpu_attention.ENV_SWITCH, path)
         be = TorchAttentionBackend(6, 2, 32, 32**-0.5, "int8")
         kc, vc = be.allocate_kv_cache(16, bs, torch.float32, torch.device("cpu"))
         assert (be.kernel is None) == (path == "torch") and kc.shape == (2, 16, bs, 36)
@@ -211,7 +212,7 @@ def test_the_embedded_model_with_an_int8_cache_stays_close_to_float32(
 ):
     """Next-token distributions over 400 positions of real text: the int8 cache moves them about
     as far from a float32 model as bf16 does (measured: mean KL 0.003 vs 0.001)."""
-    monkeypatch.setenv(cpu_kernel.ENV_SWITCH, path)
+    monkeypatch.setenv(cpu_attention.ENV_SWITCH, path)
     ids = corpus_ids[:400]
     ref = torch.log_softmax(_teacher_forced_logits(smol, ids, dtype="float32"), -1)
     got = torch.log_softmax(_teacher_forced_logits(smol, ids, kv_cache_dtype="int8"), -1)
@@ -252,7 +253,7 @@ def test_the_serve_flag_reaches_the_engine_config():
 
 def test_packed_shapes_and_geometry_agree_for_int8():
     """The Python side of the layout the C++ reads: a block's size and the head dim."""
-    ks, vs = cpu_kernel.packed_shapes(3, 10, 32, 64, torch.int8)
+    ks, vs = cpu_attention.packed_shapes(3, 10, 32, 64, torch.int8)
     assert ks == vs == (3, 10, 32, 68)
     kc, vc = torch.zeros(ks, dtype=torch.int8), torch.zeros(vs, dtype=torch.int8)
-    assert cpu_kernel.geometry(kc, vc) == (cpu_kernel.INT8, 3, 10, 32, 64)
+    assert cpu_attention.geometry(kc, vc) == (cpu_attention.INT8, 3, 10, 32, 64)

@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 import torch
 from attention_testlib import step_meta
-from pagoda.runtime.attention import cpu_kernel
 from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
+from pagoda.runtime.cpu import attention as cpu_attention
 
 BS = 16
 
 
 @pytest.fixture(params=["kernel", "torch"])
 def path(request, monkeypatch) -> str:
-    monkeypatch.setenv(cpu_kernel.ENV_SWITCH, request.param)
-    if request.param == "kernel" and cpu_kernel.load() is None:
+    monkeypatch.setenv(cpu_attention.ENV_SWITCH, request.param)
+    if request.param == "kernel" and cpu_attention.load() is None:
         pytest.fail("the CPU attention kernel did not build on this machine (is g++ installed?)")
     return request.param
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 from pagoda.kernels import reference
-from pagoda.runtime.attention import cpu_kernel
 from pagoda.runtime.attention.base import AttentionMetadata
 from pagoda.runtime.attention.torch_backend import TorchAttentionBackend, plan_buckets
+from pagoda.runtime.cpu import attention as cpu_attention
 
 
 def make_step(
@@ -52,8 +52,8 @@ def make_step(
 @pytest.fixture(params=["kernel", "torch"], autouse=True)
 def path(request, monkeypatch) -> str:
     """Every test runs on both CPU paths: the C++ kernel and the torch gather path."""
-    monkeypatch.setenv(cpu_kernel.ENV_SWITCH, request.param)
-    if request.param == "kernel" and cpu_kernel.load() is None:
+    monkeypatch.setenv(cpu_attention.ENV_SWITCH, request.param)
+    if request.param == "kernel" and cpu_attention.load() is None:
         pytest.fail("the CPU attention kernel did not build on this machine (is g++ installed?)")
     return request.param
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pagoda.runtime.core.kv_cache_manager import KVCacheManager, hash_block
 from pagoda.runtime.request import Request
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling.params import SamplingParams
 
 
 def req(rid, ids, salt=None):

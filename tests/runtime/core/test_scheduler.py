@@ -6,7 +6,7 @@ from pagoda.runtime.config import SchedulerConfig
 from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.scheduler import Scheduler
 from pagoda.runtime.request import Request, RequestStatus
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling.params import SamplingParams
 
 BS = 4
 

@@ -51,7 +51,7 @@ F16_BYTES = {e: np.frombuffer(np.float16(2.0**e).tobytes(), np.uint8) for e in (
 def random_blocks(arr: np.ndarray, qtype) -> tuple[np.ndarray, np.ndarray]:
     """Random blocks of a `RANDOM_KINDS` type of arr's shape with moderate scales, and what
     they dequantize to."""
-    from pagoda.runtime.model.qgemm import probe_weight
+    from pagoda.runtime.cpu.qgemm import probe_weight
 
     rows, cols = arr.shape
     blocks = probe_weight(qtype.name, rows, cols, seed=rows + cols).blocks.numpy().copy()
@@ -244,7 +244,7 @@ def test_tiny_gguf_greedy_matches_transformers(tiny_gguf):
 def test_quantized_gguf_runs_on_its_blocks_and_matches_transformers(
     request, fixture, kinds, qkv, down
 ):
-    from pagoda.runtime.model import qgemm
+    from pagoda.runtime.cpu import qgemm
 
     path, model, expected = request.getfixturevalue(fixture)
     _, _, _, quantized = load_gguf(path)

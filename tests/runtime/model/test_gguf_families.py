@@ -214,7 +214,7 @@ def _oracle(tmp_path, tensors: dict[str, torch.Tensor]):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_gguf_family_matches_transformers_on_its_dequantized_weights(tmp_path, case):
-    from pagoda.runtime.model import qgemm
+    from pagoda.runtime.cpu import qgemm
 
     arch, overrides, window = CASES[case]
     if case == "gemma3":  # llama.cpp's Gemma 3: a global layer every sixth, head-size scale

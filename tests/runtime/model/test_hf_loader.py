@@ -75,7 +75,7 @@ def test_a_bf16_directory_runs_on_its_16_bit_weights_in_float32(tmp_path, case):
     """A float32 CPU engine (no native bf16) reads a bf16 checkpoint's matrices in place through
     `qgemm` (2 bytes a weight) and computes transformers' float32 model of those weights."""
     import torch
-    from pagoda.runtime.model import qgemm
+    from pagoda.runtime.cpu import qgemm
 
     if qgemm.load() is None:
         pytest.skip("no C++ compiler or no AVX2 + FMA + F16C here")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda.runtime.model import amx_gemm
-from pagoda.runtime.model.gemv import onednn_uses_amx
+from pagoda.runtime.cpu import amx_gemm
+from pagoda.runtime.cpu.gemv import onednn_uses_amx
 from pagoda.runtime.model.linear import Linear, _pack, bf16_rows_invariant
 
 SHAPES = [(3072, 576), (576, 576), (576, 1536), (960, 576), (4096, 576)]  # SmolLM2's, in order

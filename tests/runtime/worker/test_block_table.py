@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pagoda.runtime.core.sched_output import ScheduledRequest
 from pagoda.runtime.request import Request, RequestStatus
-from pagoda.runtime.sampling import SamplingParams
+from pagoda.runtime.sampling.params import SamplingParams
 from pagoda.runtime.worker.block_table import BlockTables
 
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from pagoda.runtime.model import qgemm
+from pagoda.runtime.cpu import qgemm
 
 SCRIPT = r"""
 import json, os

@@ -1,0 +1,66 @@
+"""The native logprobs kernel (`native.logprob_rows`): PyTorch's log_softmax at the
+chosen tokens and its top-k, for float32 and bfloat16 rows (read as they are), k from 0 to the
+whole vocabulary, ties by index, -inf entries; and `sample` returning them for bf16 logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pagoda.runtime.request import Request
+from pagoda.runtime.sampling import native
+from pagoda.runtime.sampling.params import SamplingParams
+from pagoda.runtime.sampling.sampler import SamplingBatch, sample
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="no native kernels")
+
+
+def torch_reference(x: torch.Tensor, tokens: torch.Tensor, k: int):
+    """log_softmax in float64; top-k ordered by value, then index (stable sort)."""
+    lp = x.double().log_softmax(-1)
+    order = lp.sort(dim=-1, descending=True, stable=True).indices[:, :k]
+    return lp.gather(1, tokens[:, None])[:, 0], order, lp.gather(1, order)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("v, k", [(32000, 5), (32000, 20), (300, 20), (50, 50), (8192, 0)])
+def test_matches_log_softmax_and_its_top_k(v, k, dtype):
+    torch.manual_seed(v + k)
+    x = (torch.randn(40, v) * torch.linspace(0.1, 8, 40)[:, None]).to(dtype)
+    tokens = torch.randint(0, v, (40,))
+    chosen, ids, lps = native.logprob_rows(x, tokens, k)
+    want_c, want_ids, want_lps = torch_reference(x.float(), tokens, k)
+    torch.testing.assert_close(chosen.double(), want_c, rtol=1e-6, atol=1e-5)
+    if k == 0:
+        assert ids is None and lps is None
+        return
+    assert torch.equal(ids, want_ids)  # bf16 rows tie often: ranked by index
+    torch.testing.assert_close(lps.double(), want_lps, rtol=1e-6, atol=1e-5)
+
+
+def test_infinite_and_missing_entries():
+    x = torch.randn(3, 100)
+    x[0, 10:] = float("-inf")  # fewer finite entries than k
+    x[1, 4] = float("nan")  # a NaN is never among the best
+    chosen, ids, lps = native.logprob_rows(x, torch.tensor([50, 4, 0]), 12)
+    assert chosen[0] == float("-inf") and set(ids[0, :10].tolist()) == set(range(10))
+    assert lps[0, 10:].eq(float("-inf")).all()
+    assert 4 not in ids[1].tolist()
+    with pytest.raises(IndexError):
+        native.logprob_rows(x, torch.tensor([0, 1, 100]), 2)
+
+
+def test_sample_returns_them_for_bfloat16_logits_as_for_their_float32_copy():
+    torch.manual_seed(3)
+    x = (torch.randn(6, 2000) * 3).bfloat16()
+    ps = [SamplingParams(temperature=0.8, seed=i, logprobs=3) for i in range(6)]
+    reqs = [Request(f"r{i}", [1], p) for i, p in enumerate(ps)]
+
+    def run(logits):
+        for r in reqs:
+            r.generator = torch.Generator().manual_seed(r.params.seed)
+        return sample(logits, SamplingBatch.build(reqs, 2000, torch.device("cpu")))
+
+    a, b = run(x), run(x.float())
+    assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.top_ids, b.top_ids)
+    torch.testing.assert_close(a.logprobs, b.logprobs)
+    torch.testing.assert_close(a.top_logprobs, b.top_logprobs)

@@ -1,0 +1,72 @@
+"""SamplingParams and EngineConfig reject bad values with a message naming the field."""
+
+from __future__ import annotations
+
+import pytest
+from pagoda.runtime.config import CacheConfig, EngineConfig, SchedulerConfig
+from pagoda.runtime.sampling.params import SamplingParams
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(temperature=-0.1), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_k=0), "top_k"),
+        (dict(min_p=2.0), "min_p"),
+        (dict(n=0), "n"),
+        (dict(logprobs=21), "logprobs"),
+        (dict(stop=["a", "b", "c", "d", "e"]), "stop"),
+        (dict(presence_penalty=3.0), "presence_penalty"),
+        (dict(repetition_penalty=0.0), "repetition_penalty"),
+        (dict(temperature="hot"), "temperature"),
+        (dict(seed=1.5), "seed"),
+    ],
+)
+def test_bad_sampling_params(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_stop_string_is_normalised_to_tuple():
+    assert SamplingParams(stop="x").stop == ("x",)
+
+
+@pytest.mark.parametrize(
+    "make,field",
+    [
+        (lambda: CacheConfig(block_size=12), "block_size"),
+        (lambda: SchedulerConfig(max_num_seqs=0), "max_num_seqs"),
+        (
+            lambda: SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=16),
+            "max_num_batched_tokens",
+        ),
+        (
+            lambda: SchedulerConfig(
+                enable_chunked_prefill=False, max_num_batched_tokens=512, max_model_len=1024
+            ),
+            "max_num_batched_tokens",
+        ),
+        (lambda: EngineConfig.create(dtype="float8"), "dtype"),
+        (lambda: EngineConfig.create(bogus=1), "bogus"),
+        (lambda: EngineConfig.create(attention_backend="cuda"), "attention_backend"),
+    ],
+)
+def test_bad_engine_config(make, field):
+    with pytest.raises(ValueError, match=field):
+        make()
+
+
+@pytest.mark.parametrize(
+    "kwargs,expected",
+    [
+        (dict(device="cuda"), True),  # a GPU's forward hides the next step's host work
+        (dict(device="cpu"), False),  # the forward runs on the host: nothing to hide behind
+        (dict(device="cuda", async_scheduling=False), False),
+        (dict(device="cpu", async_scheduling=True), True),
+    ],
+)
+def test_async_scheduling_default_follows_the_device(kwargs, expected):
+    assert EngineConfig.create(**kwargs).uses_async_scheduling() is expected
