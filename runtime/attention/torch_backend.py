@@ -1,10 +1,12 @@
 """CPU paged attention, batch-invariant by construction, on one of two paths chosen per process.
 
-**Kernel path** (default): ``cpu_kernel`` (C++, built on first use) reads K/V in place from a
-packed cache layout, one code path for decode and prefill rows; see ``cpu_kernel_source`` for its
-layout and why each row's result cannot depend on the rest of the step. ``allocate_kv_cache``
-picks it when it builds and the shapes suit it (bf16/float32, head_dim and block_size multiples
-of 16); ``forward`` tells the paths apart by the cache's rank (5: packed).
+**Kernel path** (default): ``pagoda.runtime.cpu.attention`` (C++, built on first use) reads K/V
+in place from a packed cache layout, one code path for decode and prefill rows; see its
+``csrc/attention/attention.cpp`` for the layout and why each row's result cannot depend on the
+rest of the step. A window layer's rows read only their window's blocks there (each tile starts
+at its first row's window). ``allocate_kv_cache`` picks it when it builds and the shapes suit it
+(bf16/float32/int8, head_dim and block_size multiples of 16, no attention soft cap);
+``forward`` tells the paths apart by the cache's rank (5: packed).
 
 **Torch path** (no compiler, ``PAGODA_CPU_ATTENTION=torch``), described below.
 The KV cache is the backend's own layout, head-major ``[Hkv, num_blocks, block_size, D]`` in the
@@ -203,7 +205,7 @@ class TorchAttentionBackend(AttentionBackend):
         )
 
     def allocate_kv_cache(self, num_blocks, block_size, model_dtype, device):
-        """The kernel's packed layout when it can run (see ``cpu_kernel_source``), else head-major
+        """The kernel's packed layout when it can run (see ``attention.cpp``), else head-major
         ``[num_kv_heads, num_blocks, block_size, head_dim]``: gathering a bucket's blocks yields
         ``[Hkv, B, Kp, D]``, already the batched-GEMM operand (no transpose). int8 caches hold
         a float32 scale after each token's ``D`` values (torch path: ``[..., D + 4]`` rows)."""
@@ -211,8 +213,9 @@ class TorchAttentionBackend(AttentionBackend):
         hkv, d = self.num_kv_heads, self.head_dim
         usable = dt in (torch.float32, torch.bfloat16, torch.int8)
         usable = usable and d % 16 == 0 and block_size % 16 == 0 and d <= 512
-        # the kernel has no sliding window or soft cap yet: such models take the torch path
-        usable = usable and self.sliding_window is None and self.softcap is None
+        # the kernel takes sliding windows (it reads only the window's blocks), not soft caps:
+        # a model with a soft cap takes the torch path
+        usable = usable and self.softcap is None
         self.kernel = cpu_kernel.load() if usable and device.type == "cpu" else None
         if self.kernel is not None:
             k_shape, v_shape = cpu_kernel.packed_shapes(hkv, num_blocks, block_size, d, dt)
@@ -237,8 +240,9 @@ class TorchAttentionBackend(AttentionBackend):
             self.kernel.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             aux = meta.aux
             return self.kernel.attention(
-                q, k_cache, v_cache, meta.block_tables, aux["qstart"], aux["seq_lens"], self.scale
-            )
+                q, k_cache, v_cache, meta.block_tables, aux["qstart"], aux["seq_lens"], self.scale,
+                window=window,
+            )  # fmt: skip
         self.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         hkv, _, bs, width = k_cache.shape
         out = torch.empty_like(q)
