@@ -29,7 +29,7 @@ HF_ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3moe",
 }
-SUPPORTED = HF_ARCHITECTURES  # the name other modules used before the families grew
+SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
 # sparse in the published multimodal checkpoints).
 _DEFAULTS: dict[str, dict[str, Any]] = {
