@@ -27,7 +27,9 @@ class ChatEndpoint(Endpoint):
             max_tokens = req.max_completion_tokens
             renames = {**renames, "max_tokens": "max_completion_tokens"}
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = self.sampling_params(req, renames, max_tokens=max_tokens, logprobs=logprobs)
+        params = self.sampling_params(
+            req, renames, info.sampling_defaults, max_tokens=max_tokens, logprobs=logprobs
+        )
         messages = [m.as_template_dict() for m in req.messages]
         self.check_length("".join(str(m.get("content", "")) for m in messages), info)
         try:

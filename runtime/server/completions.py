@@ -27,8 +27,9 @@ class CompletionEndpoint(Endpoint):
         if req.echo and req.logprobs is not None:
             raise APIError(400, "echo with logprobs is not supported", param="echo")
         params = self.sampling_params(
-            req, self.renames, max_tokens=req.max_tokens, logprobs=req.logprobs
-        )
+            req, self.renames, info.sampling_defaults, max_tokens=req.max_tokens,
+            logprobs=req.logprobs,
+        )  # fmt: skip
         texts, prompts = self._prompts(req.prompt, info)
         return self.job(req, model, prompts, texts, params, strings, echo=req.echo)
 
