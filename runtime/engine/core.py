@@ -59,6 +59,7 @@ class EngineCore:
         self.model_name = loaded.name
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
+        self.sampling_defaults = dict(loaded.sampling_defaults)  # generation_config.json's
         limit = config.scheduler.max_model_len or loaded.config.max_position_embeddings
         self.runner = ModelRunner(config, loaded, limit)
         del loaded  # the checkpoint's tensors (unless the caller holds them) are garbage now

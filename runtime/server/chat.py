@@ -50,8 +50,10 @@ class ChatEndpoint(Endpoint):
         extra = {}
         if setup is not None and setup.parser is not None and setup.parser.name == "mistral":
             extra["skip_special_tokens"] = False  # [TOOL_CALLS] is a special token
-        params = self.sampling_params(req, renames, max_tokens=max_tokens, logprobs=logprobs,
-                                      structured_outputs=spec, **extra)  # fmt: skip
+        params = self.sampling_params(
+            req, renames, info.sampling_defaults, max_tokens=max_tokens, logprobs=logprobs,
+            structured_outputs=spec, **extra,
+        )  # fmt: skip
         raw = [m.as_template_dict() for m in req.messages]
         self.check_length("".join(str(m.get("content", "")) for m in raw), info)
         messages, listed = tools.template_messages(raw, setup, template)

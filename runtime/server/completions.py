@@ -28,7 +28,7 @@ class CompletionEndpoint(Endpoint):
         if req.echo and req.logprobs is not None:
             raise APIError(400, "echo with logprobs is not supported", param="echo")
         params = self.sampling_params(
-            req, self.renames, max_tokens=req.max_tokens, logprobs=req.logprobs,
+            req, self.renames, info.sampling_defaults, max_tokens=req.max_tokens, logprobs=req.logprobs,
             structured_outputs=spec_from_request(req),
         )  # fmt: skip
         texts, prompts = self._prompts(req.prompt, info)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -91,8 +92,12 @@ class Endpoint(ABC):
             )
         return name
 
-    def sampling_params(self, req: Any, renames: dict[str, str], **kw: Any) -> SamplingParams:
-        """SamplingParams from the fields both APIs share plus `kw`; ParamError → 400."""
+    def sampling_params(
+        self, req: Any, renames: dict[str, str], defaults: Mapping[str, Any] = {}, **kw: Any
+    ) -> SamplingParams:
+        """SamplingParams from the fields both APIs share plus `kw`, `defaults` (the model's
+        generation config, `EngineInfo.sampling_defaults`) where the request leaves a field out,
+        as vLLM does; ParamError → 400."""
         fields = {
             "n": req.n,
             "temperature": req.temperature,
@@ -110,7 +115,7 @@ class Endpoint(ABC):
             "include_stop_str_in_output": req.include_stop_str_in_output,
             "logit_bias": req.logit_bias,
         }
-        fields = {k: v for k, v in fields.items() if v is not None}
+        fields = {**defaults, **{k: v for k, v in fields.items() if v is not None}}
         try:
             return SamplingParams(**{**fields, **kw})
         except ParamError as e:

@@ -26,6 +26,7 @@ from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.model.llama import LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.ops import select_ops
+from pagoda.runtime.model.registry import build_model
 from pagoda.runtime.request import Request, TokenLogprob
 from pagoda.runtime.sampling.sampler import (
     HeadSampling,
@@ -78,12 +79,14 @@ class ModelRunner:
             mc.num_heads,
             mc.num_kv_heads,
             mc.head_dim,
-            mc.head_dim**-0.5,
+            mc.family.attention_scale(mc.head_dim),
             batch_invariant=config.batch_invariant,
             kv_cache_dtype=config.cache.kv_cache_dtype,
+            sliding_window=mc.family.sliding_window,
+            softcap=mc.family.attn_logit_softcapping,
         )
         torch.manual_seed(config.seed)
-        self.model = LlamaModel(
+        self.model = build_model(
             mc,
             loaded.weights,
             quantized=loaded.quantized,
