@@ -51,8 +51,8 @@ def _validate(
     if out.shape != q.shape or out.dtype != q.dtype:
         raise ValueError(f"out must match q: {tuple(out.shape)}/{out.dtype} vs {tuple(q.shape)}")
     if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (q.dtype, FP8_DTYPE):
-        raise ValueError(f"k_cache/v_cache must be q's dtype ({q.dtype}) or float8_e4m3fn, got "
-                         f"{k_cache.dtype}, {v_cache.dtype}")  # fmt: skip
+        raise ValueError(f"q/k_cache/v_cache dtypes differ: the caches must be q's dtype "
+                         f"({q.dtype}) or float8_e4m3fn, got {k_cache.dtype}, {v_cache.dtype}")  # fmt: skip
     if q.stride(2) != 1 or out.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
         raise ValueError("the head dimension of q, out and the caches must be contiguous")
     for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens)):

@@ -20,13 +20,14 @@ import numpy as np
 import torch
 from pagoda.runtime import options
 from pagoda.runtime.attention import AttentionMetadata, get_attention_backend
-from pagoda.runtime.config import EngineConfig
+from pagoda.runtime.config import EngineConfig, fp8_runs_on
 from pagoda.runtime.core.sched_output import SchedulerOutput
 from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.model.llama import LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.ops import select_ops
 from pagoda.runtime.model.registry import build_model
+from pagoda.runtime.quantization.fp8 import engine_scheme
 from pagoda.runtime.request import Request, TokenLogprob
 from pagoda.runtime.sampling.sampler import (
     HeadSampling,
@@ -85,6 +86,10 @@ class ModelRunner:
             softcap=mc.family.attn_logit_softcapping,
         )
         torch.manual_seed(config.seed)
+        fp8 = engine_scheme(config.quantization, loaded.fp8_scheme, fp8_runs_on(self.device))
+        if loaded.fp8_scheme is not None and fp8 is None:
+            log.info("FP8 checkpoint: no FP8 kernels on %s, weights dequantized to %s at load",
+                     self.device, self.dtype)  # fmt: skip
         self.model = build_model(
             mc,
             loaded.weights,
@@ -95,6 +100,7 @@ class ModelRunner:
             ops=select_ops(self.device, self.backend.name),
             max_positions=max(max_model_len, mc.max_position_embeddings),
             batch_invariant=config.batch_invariant,
+            fp8=fp8,
         )
         _log_quantized_layers(self.model)
         # Where the LM head samples from its outputs (`qgemm`), steps that write logits pick the
