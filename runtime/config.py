@@ -321,11 +321,11 @@ def fp8_problems(cfg: EngineConfig) -> list[str]:
                         ("kv_cache_dtype 'fp8'", fp8_kv)) if on
     )  # fmt: skip
     if not fp8_runs_on(device):
-        if device.type == "cuda":
+        if device.type == "cuda" and torch.cuda.is_available():
             major, minor = torch.cuda.get_device_capability(device)
             where = f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
         else:
-            where = "a CPU"
+            where = "a CPU" if device.type == "cpu" else f"{device}, which this machine lacks"
         return [
             f"{what} needs a GPU with FP8 tensor cores (CUDA compute capability 8.9 or later: "
             f"Ada, Hopper, Blackwell); this is {where}. FP8 checkpoints load without "
