@@ -488,7 +488,8 @@ DEFAULT_ITL_TARGET_S = 0.1
 
 TUNE_FLAGS: Mapping[str, Flag] = _flags(
     *(ENGINE_FLAGS[d] for d in ("model", "dtype", "device", "attention_backend", "max_model_len",
-                                "block_size", "kv_cache_memory")),
+                                "block_size", "kv_cache_memory", "kv_cache_dtype",
+                                "quantization")),
     Flag("--output", "directory the tuned profile is written to (resumed if it holds one)",
          None, metavar="DIR"),
     Flag("--time-budget", "stop measuring after this long, e.g. 15m, 90s (rerun to resume)",

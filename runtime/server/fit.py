@@ -16,7 +16,9 @@ What it counts, per rank of ``tensor_parallel_size``:
   ranks. On a CPU in float32, layers that multiply by the stored 16-bit or GGUF blocks (`qgemm`)
   hold the file's bytes, so the smaller of the two counts there: a floor, like `memory.py`'s.
 * the KV cache of one sequence of ``max_model_len`` tokens (whole blocks), with each rank's KV
-  heads (split over the ranks; one each when there are fewer heads than ranks).
+  heads (split over the ranks; one each when there are fewer heads than ranks); where the
+  cache's size is fixed up front and smaller (``--kv-cache-memory``, the CPU's default 2 GiB),
+  that size: the engine then shortens ``max_model_len`` to what the cache holds.
 * against: on CUDA, what the runner gives the model and its cache (``gpu_memory_utilization`` of
   the device, less what other processes hold, less `memory.GPU_HEADROOM`); on a CPU, the memory
   this process may still allocate (`memory.host_available`: MemAvailable or the cgroup limit).
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig, fp8_runs_on
 from pagoda.runtime.server import memory
 from pagoda.runtime.server.memory import gib
@@ -127,34 +130,56 @@ def check(
         weights = min(weights, memory.checkpoint_bytes(model_path) or weights)
     have, where = usable(cfg, device)
     kv = plan.kv_bytes(mc)
-    if weights + kv <= have:
+    budget = kv_budget(cfg, plan.kv_bytes_per_token(mc), device)
+    budgeted = budget is not None and budget < kv
+    if weights + (budget if budgeted else kv) <= have:
         return plan
     fp8_here = device.type == "cuda" and fp8_runs_on(device)
-    raise ReasonedError(message(mc, plan, weights, kv, have, where, fp8_here), reason=REASON)
+    text = message(mc, plan, weights, budget if budgeted else kv, have, where, fp8_here, budgeted)
+    raise ReasonedError(text, reason=REASON)
+
+
+def kv_budget(cfg: EngineConfig, per_token: int, device: torch.device) -> int | None:
+    """A KV-cache size fixed up front (--kv-cache-memory, a test's block count, the CPU's
+    default), or None where the runner takes what is free (CUDA). A cache smaller than one
+    full sequence makes the engine shorten max_model_len to it (with a warning), so the smaller
+    of the two is what must fit."""
+    cache = cfg.cache
+    if cache.num_blocks_override is not None:
+        return cache.num_blocks_override * cache.block_size * per_token
+    if cache.kv_cache_memory is not None:
+        return cache.kv_cache_memory
+    return options.DEFAULT_CPU_KV_CACHE_MEMORY if device.type == "cpu" else None
 
 
 def message(
-    mc: ModelConfig, plan: Plan, weights: int, kv: int, have: int, where: str, fp8_here: bool
-) -> str:
-    """One line: what is needed, what there is, and what would fit (module docstring)."""
+    mc: ModelConfig, plan: Plan, weights: int, kv: int, have: int, where: str, fp8_here: bool,
+    budgeted: bool = False,
+) -> str:  # fmt: skip
+    """One line: what is needed, what there is, and what would fit (module docstring);
+    ``budgeted``: ``kv`` is the fixed KV-cache size, smaller than one full sequence."""
     kind = "FP8" if plan.fp8_weights else str(plan.dtype).removeprefix("torch.")
+    kv_kind = "fp8" if plan.fp8_kv else str(plan.dtype).removeprefix("torch.")
     params = mc.num_params / 1e9
     ranks = f" per GPU over {plan.tp} ranks" if plan.tp > 1 else ""
+    what = "--kv-cache-memory" if budgeted else f"one {plan.max_model_len}-token sequence"
     head = (
         f"the model ({params:.1f}B parameters) needs {gib(weights + kv)}{ranks}: weights "
-        f"{gib(weights)} ({kind}) + KV cache {gib(kv)} for one {plan.max_model_len}-token "
-        f"sequence ({'fp8' if plan.fp8_kv else kind} KV), but {gib(max(have, 0))} is {where}"
+        f"{gib(weights)} ({kind}) + KV cache {gib(kv)} for {what} ({kv_kind} KV), but "
+        f"{gib(max(have, 0))} is {where}"
     )
-    fixes = would_fit(mc, plan, weights, have, fp8_here, cuda="usable on" in where)
+    fixes = would_fit(mc, plan, weights, have, fp8_here, "usable on" in where, budgeted)
     tail = "; would fit: " + ", ".join(fixes) if fixes else "; nothing smaller fits this device"
     return head + tail
 
 
 def would_fit(
-    mc: ModelConfig, plan: Plan, weights: int, have: int, fp8_here: bool, cuda: bool
-) -> list[str]:
+    mc: ModelConfig, plan: Plan, weights: int, have: int, fp8_here: bool, cuda: bool,
+    budgeted: bool = False,
+) -> list[str]:  # fmt: skip
     """Changes that make weights + one sequence fit, each with what it would need (``weights``:
-    this plan's, as counted)."""
+    this plan's, as counted; ``budgeted``: the KV cache's size is set, so a smaller one is the
+    shorter context)."""
     out = []
     if fp8_here and not (plan.fp8_weights and plan.fp8_kv):
         for fp8 in (Plan(**{**plan.__dict__, "fp8_weights": True}),
@@ -172,6 +197,11 @@ def would_fit(
     room = have - weights
     if room > 0:
         tokens = room // plan.kv_bytes_per_token(mc) // plan.block_size * plan.block_size
-        if tokens >= plan.block_size:
+        if tokens >= plan.block_size and budgeted:
+            size = plan.kv_bytes(mc, tokens)
+            out.append(
+                f"--kv-cache-memory {size >> 20}MiB ({tokens} tokens; {gib(weights + size)})"
+            )
+        elif tokens >= plan.block_size:
             out.append(f"--max-model-len {tokens} ({gib(weights + plan.kv_bytes(mc, tokens))})")
     return out

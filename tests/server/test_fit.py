@@ -95,14 +95,19 @@ def test_a_gpu_without_fp8_is_offered_more_gpus_or_a_shorter_context(tmp_path, g
     fit.check(mc, EngineConfig.create("m", device="cuda", max_model_len=tokens), tmp_path)
 
 
-def test_cpu_counts_host_memory_and_suggests_a_shorter_context(tmp_path, monkeypatch):
-    monkeypatch.setattr(memory, "host_available", lambda: (20 * GIB, "MemAvailable"))
+def test_cpu_counts_host_memory_and_suggests_a_smaller_cache(tmp_path, monkeypatch):
+    """On a CPU the KV cache has a size (2 GiB by default, or --kv-cache-memory); one smaller than
+    a full sequence shortens the context, so that size is what must fit, and what to lower."""
+    monkeypatch.setattr(memory, "host_available", lambda: (16 * GIB, "MemAvailable"))
     mc = ModelConfig(**LLAMA_8B)
     cfg = EngineConfig.create("m", device="cpu", dtype="bfloat16", max_model_len=131072)
-    with pytest.raises(ReasonedError, match=r"is on this machine \(MemAvailable\); would fit: "
-                                            r"--max-model-len \d+ \(") as err:  # fmt: skip
+    with pytest.raises(ReasonedError, match=r"KV cache 2\.0 GiB for --kv-cache-memory \(bfloat16 "
+                                            r"KV\), but 16\.0 GiB is on this machine \(MemAvailable"
+                                            r"\); would fit: --kv-cache-memory \d+MiB \(") as err:  # fmt: skip
         fit.check(mc, cfg, tmp_path)
     assert "tensor-parallel" not in str(err.value) and "fp8" not in str(err.value)
+    fit.check(mc, EngineConfig.create("m", device="cpu", dtype="bfloat16", max_model_len=4096,
+                                      kv_cache_memory=512 << 20), tmp_path)  # fmt: skip
 
 
 def test_an_fp8_checkpoint_counts_as_fp8_only_where_fp8_runs(tmp_path, gpu):
@@ -132,4 +137,4 @@ def test_pagoda_serve_exits_2_with_model_does_not_fit_in_the_termination_message
     assert len(lines) == 1 and lines[0].startswith("pagoda serve: error: the model (70.6B"), lines
     written = log.read_text()
     assert written.startswith("ModelDoesNotFit: the model (70.6B parameters) needs ")
-    assert "131072-token sequence" in written and written.count("\n") == 1
+    assert "+ KV cache 2.0 GiB for --kv-cache-memory" in written and written.count("\n") == 1
