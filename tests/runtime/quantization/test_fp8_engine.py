@@ -200,3 +200,53 @@ def test_fp8_kv_cache_reads_the_checkpoints_kv_scales(tmp_path):
     assert k_scale.tolist() == pytest.approx([0.1, 0.1])  # per tensor, with per-head V's
     assert v_scale.tolist() == pytest.approx([0.02, 0.03])
     assert len(greedy(llm, 3)[0]) == 3
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_greedy_tokens_invariant_to_batch_chunking_and_cache(tmp_path):
+    """FP8 weights and KV on a GPU with FP8: a prompt's greedy tokens are the same alone, in a
+    batch, chunked or whole, with its prefix cached or not (compiled kernels, CUDA graphs)."""
+    from pagoda.kernels.fp8 import fp8_supported
+    from pagoda.runtime.model.fp8_linear import Fp8Linear
+
+    if not torch.cuda.is_available() or INTERPRET or not fp8_supported("cuda"):
+        pytest.skip("needs a CUDA GPU with FP8 and compiled Triton kernels (TRITON_INTERPRET=0)")
+    make_tiny_llama(tmp_path, hidden_size=576, intermediate_size=1536, num_hidden_layers=8,
+                    num_attention_heads=9, num_key_value_heads=3, vocab_size=8192,
+                    max_position_embeddings=2048)  # fmt: skip
+    loaded = load_model(str(tmp_path))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 8192, (n,), generator=g).tolist() for n in (1, 16, 33, 300, 900)]
+    common = dict(quantization="fp8", kv_cache_dtype="fp8", kv_cache_memory=1 << 30,
+                  max_model_len=2048, max_num_seqs=8)  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+    def run(llm, batch):
+        outs = llm.generate([{"prompt_token_ids": p} for p in batch], params)
+        return [o.outputs[0].token_ids for o in outs]
+
+    chunked = LLM(loaded=loaded, max_num_batched_tokens=64, **common)
+    assert isinstance(chunked.engine.runner.model.layers[0].qkv, Fp8Linear)
+    batched = run(chunked, prompts)
+    alone = [run(chunked, [p])[0] for p in prompts]  # prefixes now cached
+    whole = run(LLM(loaded=loaded, max_num_batched_tokens=2048, **common), prompts[::-1])[::-1]
+    assert batched == alone == whole
+
+
+@interpreted
+def test_warm_up_launches_the_fp8_cache_variants(monkeypatch):
+    """Warm-up's scratch cache has the engine cache's dtype and scale size, so the KV_FP8
+    variants (and the scales' stride specialisation) compile before /ready."""
+    import pagoda.kernels as kernels
+    from pagoda.runtime.engine import warmup
+
+    geo = warmup.Geometry(4, 2, 16, 16, torch.float32, torch.device("cpu"), torch.float8_e4m3fn, 2)
+    seen, real = [], kernels.paged_attention
+
+    def recorded(**kw):
+        seen.append((kw["k_cache"].dtype, tuple(kw["k_scale"].shape)))
+        return real(**kw)
+
+    monkeypatch.setattr(kernels, "paged_attention", recorded)
+    assert warmup.run_kernel_case(geo, 2, 16, 5) == len(seen) > 0
+    assert set(seen) == {(torch.float8_e4m3fn, (2,))}
