@@ -326,8 +326,9 @@ def fp8_problems(cfg: EngineConfig) -> list[str]:
             where = f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
         else:
             where = "a CPU" if device.type == "cpu" else f"{device}, which this machine lacks"
+        verb = "need" if " and " in what else "needs"
         return [
-            f"{what} needs a GPU with FP8 tensor cores (CUDA compute capability 8.9 or later: "
+            f"{what} {verb} a GPU with FP8 tensor cores (CUDA compute capability 8.9 or later: "
             f"Ada, Hopper, Blackwell); this is {where}. FP8 checkpoints load without "
             "--quantization (dequantized to --dtype); on a CPU, --kv-cache-dtype int8 halves "
             "the KV cache"

@@ -367,11 +367,15 @@ class ModelRunner:
 
 
 def _log_quantized_layers(model: LlamaModel) -> None:
-    """Say when linear layers multiply by stored blocks (float32 CPU models): it sets decode
-    speed."""
+    """Say when linear layers run in FP8, or multiply by stored blocks (float32 CPU models):
+    it sets decode speed."""
     from pagoda.runtime.cpu.qgemm import QGemmWeight
 
     layers = model.linears()
+    fp8 = [x for x in layers if hasattr(x, "weight_scale")]  # `fp8_linear.Fp8Linear`
+    if fp8:
+        log.info("%d of %d linear layers run in FP8 (%.0f MB of E4M3 weights and scales)",
+                 len(fp8), len(layers), sum(x.nbytes for x in fp8) / 1e6)  # fmt: skip
     on_blocks = [x.fast for x in layers if isinstance(x.fast, QGemmWeight)]
     if on_blocks:
         mb = sum(w.nbytes for w in on_blocks) / 1e6

@@ -150,7 +150,7 @@ def test_fp8_gemm_serves_the_checkpoint_and_online_quantization_alike(tmp_path):
         assert torch.equal(x.weight_scale, y.weight_scale)
     assert type(served.engine.runner.model.lm_head).__name__ == "Linear"  # the head stays 16-bit
     ours, theirs = [], []
-    assert greedy(served, first=ours) == greedy(online)
+    assert greedy(served, 3, first=ours) == greedy(online, 3)
     # against the dense twin (activations are FP8 too): the prompts' logits within FP8's
     # error, and the same pick wherever the dense model's top two are further apart than that
     dense = LLM(loaded=load_model(str(deq)), kv_cache_memory=2 << 20, **ENGINE)
@@ -250,3 +250,22 @@ def test_warm_up_launches_the_fp8_cache_variants(monkeypatch):
     monkeypatch.setattr(kernels, "paged_attention", recorded)
     assert warmup.run_kernel_case(geo, 2, 16, 5) == len(seen) > 0
     assert set(seen) == {(torch.float8_e4m3fn, (2,))}
+
+
+def test_pagoda_serve_refuses_fp8_on_a_cpu_in_one_line(tmp_path):
+    """Without the interpreter a CPU runs no FP8 kernel: exit 2, one line, before loading."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PAGODA_TERMINATION_LOG": str(tmp_path / "t")}
+    cmd = [sys.executable, "-P", "-m", "pagoda.runtime.cli", "serve", "--device", "cpu",
+           "--port", "0", "--quantization", "fp8", "--kv-cache-dtype", "fp8"]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=root, env=env)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
+    assert lines[0].startswith("pagoda serve: error: quantization 'fp8' and kv_cache_dtype 'fp8' "
+                               "need a GPU with FP8 tensor cores")  # fmt: skip
+    assert "this is a CPU" in lines[0]
+    assert (tmp_path / "t").read_text().startswith("InvalidConfiguration: ")
