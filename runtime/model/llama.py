@@ -144,7 +144,8 @@ def linear_layer(ctx: LayerContext, w: DeviceWeights, names: list[str]) -> Linea
         from pagoda.runtime.model.fp8_linear import Fp8Linear
 
         return Fp8Linear(fp8, bias, weight_only=w.fp8.activations == "none")
-    return ctx.linear(w.cat(names), bias, quantized=w.quantized(names))
+    weight = w[names[0]] if len(names) == 1 else w.cat(names)  # one matrix: no copy
+    return ctx.linear(weight, bias, quantized=w.quantized(names))
 
 
 @dataclass(frozen=True)
