@@ -21,8 +21,8 @@ __all__ = ["DEFAULT_MODEL", "CacheConfig", "EngineConfig", "ModelConfig", "Sched
 
 
 def _positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    """A positive integer (a bool is not one), at most `options.SIZE_LIMITS[name]` if named there."""
+    options.check_int(name, value)
 
 
 @dataclass(frozen=True)
