@@ -19,7 +19,9 @@ tok/s (the completion tokens of every response's `usage` over the wall time from
 request sent to the last response read), TTFT (the first SSE event carrying text; the whole
 response without streaming), ITL (between SSE events carrying text: one event can carry several
 tokens when the server coalesces them for a client reading slower than they are made), TPOT
-((end - TTFT) / (tokens - 1), per request); the streaming/non-streaming throughput ratio; each
+((end - TTFT) / (tokens - 1), per request), the server's CPU time per output token (its
+processes' user + system time from /proc: what the HTTP side costs, even on a machine whose
+other load makes throughput noisy); the streaming/non-streaming throughput ratio; each
 server's start-to-ready time (process start to `/ready` 200); and the offline engine's figure
 (`LLM` through gpu_throughput.run_pagoda) on the same model and `nano` requests, measured in this
 process before the servers start.
@@ -208,7 +210,7 @@ def drive(pool, url: str, work: list[bytes], clients: int, stream: bool) -> list
     start_at = time.perf_counter() + (1.0 if pool is not None else 0.0)
     if pool is None:
         return client_process(url, work, clients, stream, start_at)
-    procs = pool._processes  # noqa: SLF001 - the pool's size
+    procs = pool.size
     jobs = [
         (url, work[i::procs], max(1, clients // procs + (i < clients % procs)), stream, start_at)
         for i in range(procs)
@@ -261,6 +263,17 @@ class Server:
         except OSError:
             kids = ""
         return [self.proc.pid, *map(int, kids.split())]
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server's processes so far (from /proc; 0 elsewhere)."""
+        total = 0.0
+        for pid in self.pids():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -325,12 +338,13 @@ def fmt_row(r: dict) -> list[str]:
     tpot = "/".join(f"{1e3 * r[f'tpot_p{q}']:.1f}" for q in (50, 99)) if r["stream"] else "-"
     events = f"{r['events_per_token']:.2f}" if r["stream"] else "-"
     return [r["server"], r["workload"], "yes" if r["stream"] else "no", r["round"],
-            r["requests"], r["errors"], f"{r['tok_s']:.1f}", ttft, itl, tpot, events]  # fmt: skip
+            r["requests"], r["errors"], f"{r['tok_s']:.1f}", ttft, itl, tpot, events,
+            f"{r['cpu_ms_per_token']:.2f}"]  # fmt: skip
 
 
 HEADERS = ["server", "workload", "stream", "round", "req", "err", "out tok/s",
            "TTFT p50/p90/p99 (s)", "ITL p50/p90/p99 (ms)", "TPOT p50/p99 (ms)",
-           "events/token"]  # fmt: skip
+           "events/token", "server CPU ms/token"]  # fmt: skip
 
 
 def ratios(rows: list[dict], offline: float | None) -> list[str]:
@@ -344,9 +358,15 @@ def ratios(rows: list[dict], offline: float | None) -> list[str]:
                 vals = [r["tok_s"] for r in rows
                         if (r["server"], r["workload"], r["stream"]) == (server, wl, stream)]  # fmt: skip
                 med[stream] = statistics.median(vals) if vals else float("nan")
+            cpu = {}
+            for stream in (False, True):
+                vals = [r["cpu_ms_per_token"] for r in rows
+                        if (r["server"], r["workload"], r["stream"]) == (server, wl, stream)]  # fmt: skip
+                cpu[stream] = statistics.median(vals) if vals else float("nan")
             line = (
                 f"{server} {wl}: streaming {med[True]:.1f} / non-streaming {med[False]:.1f} "
-                f"tok/s = {med[True] / med[False]:.2f}x"
+                f"tok/s = {med[True] / med[False]:.2f}x (server CPU {cpu[True]:.2f} / "
+                f"{cpu[False]:.2f} ms per token)"
             )
             if offline and wl == "nano":
                 line += (
@@ -401,8 +421,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     cuda = torch.cuda.is_available()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="a model the server can load (default on CPU: smollm2-135m)")
-    ap.add_argument("--shape", help="a random model of gpu_throughput's SHAPES (default on CUDA: 1b)")
-    ap.add_argument("--tiny", action="store_true", help="smoke run: tiny random model, few requests")
+    ap.add_argument(
+        "--shape", help="a random model of gpu_throughput's SHAPES (default on CUDA: 1b)"
+    )
+    ap.add_argument(
+        "--tiny", action="store_true", help="smoke run: tiny random model, few requests"
+    )
     ap.add_argument("--workloads", nargs="+", choices=["nano", "chat"], default=["nano", "chat"])
     ap.add_argument("--num-requests", type=int, help="per workload (256 on CUDA, 32 on CPU)")
     ap.add_argument("--clients", type=int, help="concurrent clients (256 on CUDA, 32 on CPU)")
@@ -452,15 +476,21 @@ def run(args, servers: list[Server], work: dict, pool) -> list[dict]:
                     spy = None
                     if args.py_spy and stream and not spied:
                         spy, spied = py_spy(s, args.py_spy), True
+                    cpu = s.cpu_seconds()
                     records = drive(pool, s.base + path, payloads, args.clients, stream)
+                    cpu = s.cpu_seconds() - cpu
                     if spy is not None:
                         spy.send_signal(signal.SIGINT)
                         spy.wait(60)
                     row = {"server": s.label, "workload": wl, "stream": stream, "round": rnd,
                            **summarize(records)}  # fmt: skip
+                    row["cpu_ms_per_token"] = 1e3 * cpu / max(1, row["tokens"])
                     rows.append(row)
                     print("| " + " | ".join(str(c) for c in fmt_row(row)) + " |", flush=True)
     return rows
+
+
+FORMATS = {".svg": "flamegraph", ".json": "speedscope"}  # else collapsed stacks (text)
 
 
 def py_spy(server: Server, out: str):
@@ -469,7 +499,7 @@ def py_spy(server: Server, out: str):
         print("--py-spy: py-spy is not installed; no profile")
         return None
     cmd = [exe, "record", "-o", out, "--pid", str(server.proc.pid), "--subprocesses",
-           "--rate", "200", "--format", "speedscope" if out.endswith(".json") else "flamegraph"]  # fmt: skip
+           "--rate", "200", "--threads", "--format", FORMATS.get(Path(out).suffix, "raw")]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
@@ -514,6 +544,7 @@ def main(argv: list[str] | None = None) -> dict:
                 import multiprocessing
 
                 pool = multiprocessing.get_context("spawn").Pool(args.client_procs)
+                pool.size = args.client_procs
             for s in servers:  # first-request costs are not part of any run
                 drive(pool, s.base + "/v1/completions", bodies("nano", nano[:2], True, "bench"),
                       2, True)  # fmt: skip
