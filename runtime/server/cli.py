@@ -110,6 +110,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         drain_timeout=args.drain_timeout,
         enable_debug_endpoints=args.enable_debug_endpoints,
         log_level=args.log_level,
+        engine_process=args.engine_process,
     )
 
 

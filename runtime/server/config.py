@@ -26,6 +26,7 @@ class ServerConfig:
     drain_timeout: float = options.DEFAULT_DRAIN_TIMEOUT_S
     enable_debug_endpoints: bool = False
     log_level: str = options.DEFAULT_LOG_LEVEL
+    engine_process: bool = options.DEFAULT_ENGINE_PROCESS
 
     def __post_init__(self) -> None:
         if not self.served_model_names:

@@ -11,6 +11,7 @@ and the memory the configuration will allocate against what this machine has fre
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 from collections.abc import Mapping
@@ -100,6 +101,14 @@ def check_kernel_configs(engine_cfg: EngineConfig) -> None:
     check_config_files(engine_cfg.torch_device())
 
 
+def build_core(engine_cfg: EngineConfig) -> Any:
+    """The engine's core, loaded and warmed up (in the engine process, or on its thread)."""
+    from pagoda.runtime.engine.core import EngineCore
+    from pagoda.runtime.engine.warmup import warm_up
+
+    return warm_up(EngineCore(engine_cfg))
+
+
 def serve(
     cfg: ServerConfig,
     engine_cfg: EngineConfig,
@@ -112,8 +121,6 @@ def serve(
     The engine factory warms up every kernel variant the configured shapes reach before the
     engine reports ready, so `/ready` turns 200 only when no JIT compile is left to pay.
     """
-    from pagoda.runtime.engine.core import EngineCore
-    from pagoda.runtime.engine.warmup import warm_up
     from pagoda.runtime.server.api import create_app
     from pagoda.runtime.server.listen import bind_sockets, bound_port, start_listening
     from pagoda.runtime.server.metrics import ServerMetrics
@@ -125,11 +132,13 @@ def serve(
     if profile is not None:
         metrics.set_tuned_profile(profile.device, profile.model, profile.created)
     engine = AsyncEngine(
-        lambda: warm_up(EngineCore(engine_cfg)),
+        functools.partial(build_core, engine_cfg),  # pickles: it may cross to the engine process
         max_queue_len=cfg.max_queue_len,
         max_seqs_per_request=cfg.max_seqs_per_request,
         max_num_seqs=engine_cfg.scheduler.max_num_seqs,
         observer=metrics,
+        engine_process=cfg.engine_process,
+        log_level=cfg.log_level,
     )
     app = create_app(cfg, engine, metrics)
     uv_cfg = uvicorn.Config(
