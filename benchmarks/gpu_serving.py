@@ -28,7 +28,7 @@ process before the servers start.
 
     python -P benchmarks/gpu_serving.py                      # GPU: Llama-3.2-1B-shaped, 256 clients
     python -P benchmarks/gpu_serving.py --model smollm2-135m # CPU: embedded model, 32 clients
-    python -P benchmarks/gpu_serving.py --servers "" "--engine-process"   # A/B of two servers
+    python -P benchmarks/gpu_serving.py --servers thread=--no-engine-process process=  # A/B
     python -P benchmarks/gpu_serving.py --tiny               # smoke run (seconds, CI)
 
 On a CUDA device the defaults are nano-vllm's (a random Llama-3.2-1B-shaped model written to a
@@ -287,7 +287,12 @@ class Server:
 
 
 def start_servers(specs: list[str], common: list[str], timeout: float) -> list[Server]:
-    servers = [Server(spec or "default", [*common, *spec.split()]) for spec in specs]
+    servers = []
+    for spec in specs:  # "FLAGS" or "LABEL=FLAGS" (a label lets flags start with "--")
+        label, eq, flags = spec.partition("=")
+        if not eq or label.startswith("-"):
+            label, flags = spec.strip() or "default", spec
+        servers.append(Server(label, [*common, *flags.split()]))
     deadline = time.perf_counter() + timeout
     try:
         while not all(s.poll_ready() for s in servers):
@@ -434,7 +439,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-len", type=int, help="nano: max input/output tokens (1024; CPU 128)")
     ap.add_argument("--rounds", type=int, default=1, help="streaming/non-streaming rounds")
     ap.add_argument("--servers", nargs="+", default=[""],
-                    help="one server per entry, each with these extra `pagoda serve` flags")  # fmt: skip
+                    help="one server per entry, each with these extra `pagoda serve` flags "
+                         "(LABEL=FLAGS names it)")  # fmt: skip
     ap.add_argument("--server-args", default="", help="extra flags for every server")
     ap.add_argument("--client-procs", type=int, help="client processes (4 on CUDA, 1 on CPU)")
     ap.add_argument("--max-num-seqs", type=int, help="engine batch (256 on CUDA, 32 on CPU)")

@@ -159,7 +159,10 @@ class EngineProcClient:
 
         rx = self._rx
         while rx is not None and rx.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            kind, payload = rx.recv_multipart(zmq.NOBLOCK)
+            try:
+                kind, payload = rx.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
             try:
                 self._handle(kind, payload)
             except Exception:  # one bad message must not stop the loop from reading on
@@ -195,9 +198,11 @@ class EngineProcClient:
     def _on_exit(self) -> None:
         if self.exited:
             return
-        self._on_readable()  # the last messages (the error that ended the loop) first
-        self.exited = True
         self.proc.join(1)
+        if self.proc.exitcode == 1 and self._rx is not None and self.engine.error is None:
+            self._rx.poll(1000)  # the error that ended the loop, sent just before it exited
+        self._on_readable()  # the last messages first
+        self.exited = True
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self.proc.sentinel)
         if not self.stopping:
