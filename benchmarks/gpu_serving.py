@@ -21,7 +21,8 @@ response without streaming), ITL (between SSE events carrying text: one event ca
 tokens when the server coalesces them for a client reading slower than they are made), TPOT
 ((end - TTFT) / (tokens - 1), per request), the server's CPU time per output token (its
 processes' user + system time from /proc: what the HTTP side costs, even on a machine whose
-other load makes throughput noisy); the streaming/non-streaming throughput ratio; each
+other load makes throughput noisy) and that of its API process alone (with the engine in a
+process of its own: the HTTP side's cost per token); the streaming/non-streaming throughput ratio; each
 server's start-to-ready time (process start to `/ready` 200); and the offline engine's figure
 (`LLM` through gpu_throughput.run_pagoda) on the same model and `nano` requests, measured in this
 process before the servers start.
@@ -264,10 +265,11 @@ class Server:
             kids = ""
         return [self.proc.pid, *map(int, kids.split())]
 
-    def cpu_seconds(self) -> float:
-        """User + system CPU time of the server's processes so far (from /proc; 0 elsewhere)."""
+    def cpu_seconds(self, api_only: bool = False) -> float:
+        """User + system CPU time of the server's processes so far (from /proc; 0 elsewhere);
+        `api_only`: of the HTTP (API) process alone, without an engine process."""
         total = 0.0
-        for pid in self.pids():
+        for pid in self.pids()[:1] if api_only else self.pids():
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
             except OSError:
@@ -344,12 +346,12 @@ def fmt_row(r: dict) -> list[str]:
     events = f"{r['events_per_token']:.2f}" if r["stream"] else "-"
     return [r["server"], r["workload"], "yes" if r["stream"] else "no", r["round"],
             r["requests"], r["errors"], f"{r['tok_s']:.1f}", ttft, itl, tpot, events,
-            f"{r['cpu_ms_per_token']:.2f}"]  # fmt: skip
+            f"{r['cpu_ms_per_token']:.2f}", f"{r['api_cpu_us_per_token']:.0f}"]  # fmt: skip
 
 
 HEADERS = ["server", "workload", "stream", "round", "req", "err", "out tok/s",
            "TTFT p50/p90/p99 (s)", "ITL p50/p90/p99 (ms)", "TPOT p50/p99 (ms)",
-           "events/token", "server CPU ms/token"]  # fmt: skip
+           "events/token", "server CPU ms/token", "API process CPU µs/token"]  # fmt: skip
 
 
 def ratios(rows: list[dict], offline: float | None) -> list[str]:
@@ -482,15 +484,16 @@ def run(args, servers: list[Server], work: dict, pool) -> list[dict]:
                     spy = None
                     if args.py_spy and stream and not spied:
                         spy, spied = py_spy(s, args.py_spy), True
-                    cpu = s.cpu_seconds()
+                    cpu, api = s.cpu_seconds(), s.cpu_seconds(api_only=True)
                     records = drive(pool, s.base + path, payloads, args.clients, stream)
-                    cpu = s.cpu_seconds() - cpu
+                    cpu, api = s.cpu_seconds() - cpu, s.cpu_seconds(api_only=True) - api
                     if spy is not None:
                         spy.send_signal(signal.SIGINT)
                         spy.wait(60)
                     row = {"server": s.label, "workload": wl, "stream": stream, "round": rnd,
                            **summarize(records)}  # fmt: skip
                     row["cpu_ms_per_token"] = 1e3 * cpu / max(1, row["tokens"])
+                    row["api_cpu_us_per_token"] = 1e6 * api / max(1, row["tokens"])
                     rows.append(row)
                     print("| " + " | ".join(str(c) for c in fmt_row(row)) + " |", flush=True)
     return rows
