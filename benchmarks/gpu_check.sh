@@ -15,8 +15,9 @@
 # then the FP8 ones: fp8tests (quantization, GEMM and KV write compiled against the references,
 # bit for bit where the maths is, the GEMM's invariance at Llama-3-8B shapes, the FP8 sweep) and
 # fp8kernels (kernel_speed's FP8 GEMM rows vs bf16 at Llama-3-8B shapes); then serving
-# (benchmarks/gpu_serving.py: `pagoda serve` under 256 HTTP clients on nano-vllm's workload and a
-# chat mix, streaming and not, beside the offline engine; needs .gpu-wheels/, see gpu_wheels.sh).
+# (benchmarks/gpu_serving.py: `pagoda serve` under 256 HTTP clients on nano-vllm's workload,
+# streaming and not, with the engine in its own process and on a thread side by side, beside the
+# offline engine; needs .gpu-wheels/, see gpu_wheels.sh).
 # All of them take more than one 10-minute device call; 2026-12-04 ran STEPS="throughput tests"
 # (~3.5 min), then STEPS="tests tunetests tune throughput" HF=0. The MoE steps alone:
 # STEPS="moetests moekernels moe"; the FP8 ones: STEPS="fp8tests fp8kernels".
@@ -80,4 +81,4 @@ TAIL=15 step fp8tests 240 $PY -m pytest -q -rs -p no:cacheprovider --timeout 230
     tests/kernels/test_fp8_kernels.py tests/runtime/tune/test_fp8_sweep.py
 TAIL=40 step fp8kernels 200 $PY benchmarks/kernel_speed.py --no-attention --moe "" --fp8 llama3-8b
 TAIL=30 step serving 420 $PY benchmarks/gpu_serving.py --shape 1b --json "$OUT/serving.json" \
-    ${SERVING_ARGS:-}
+    --workloads nano --servers process=--engine-process thread=--no-engine-process ${SERVING_ARGS:-}

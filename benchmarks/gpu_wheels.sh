@@ -9,7 +9,7 @@ set -euo pipefail
 PY=${1:-.venv/bin/python}
 DEST=.gpu-wheels
 PKGS="fastapi starlette pydantic pydantic-core annotated-types annotated-doc typing-inspection
-typing-extensions uvicorn click h11 anyio gguf opentelemetry-api"
+typing-extensions uvicorn click h11 anyio gguf opentelemetry-api pyzmq msgspec orjson"
 SPECS=$("$PY" - $PKGS <<'PY'
 import importlib.metadata as m, sys
 print(" ".join(f"{d}=={m.version(d)}" for d in sys.argv[1:]))
