@@ -193,15 +193,18 @@ class AsyncEngine:
         retry_after: int = 1,
         engine_process: bool = False,
         log_level: str = "info",
+        engine_client: EngineProcClient | None = None,
     ) -> None:
         """`max_queue_len`: sequences waiting for their first token; `max_seqs_per_request`
         (default and at most: half of `max_queue_len`): prompts × n of one request;
         `max_num_seqs`: the core's batch, whose slots bulk requests share (None: no rule);
-        `engine_process`: run the core in a child process (`core_factory` must pickle)."""
+        `engine_process`: run the core in a child process (`core_factory` must pickle);
+        `engine_client`: that process, spawned already (`EngineProcClient.spawn`)."""
         self._factory = core_factory
         self.engine_process = engine_process
         self._log_level = log_level
         self._client: EngineProcClient | None = None  # engine_process: the child's end here
+        self._spawned = engine_client
         self.max_queue_len = max_queue_len
         half = max(1, max_queue_len // 2)
         self.max_seqs_per_request = min(max_seqs_per_request or half, half)
@@ -242,8 +245,8 @@ class AsyncEngine:
         if self.engine_process:
             from pagoda.runtime.engine.core_client import EngineProcClient
 
-            self._client = EngineProcClient(self._factory, self, self._log_level)
-            self._client.start(self._loop)
+            self._client = self._spawned or EngineProcClient(self._log_level)
+            self._client.start(self._loop, self._factory, self)
             return
         self._thread = threading.Thread(target=self._run, name="pagoda-engine", daemon=True)
         self._thread.start()

@@ -7,13 +7,16 @@ message is decoded and fanned out to the request streams by the loop itself, onc
 
 The child is started with `spawn` (a forked copy of a process that has started threads or
 OpenMP is unsafe) and is not a daemon, so it may start processes of its own (tensor-parallel
-workers). Its death while serving, for any reason (an exception, SIGKILL, out of memory), is
+workers). `pagoda serve` spawns it first thing (`spawn()`), so that it imports torch and the
+engine while the server checks its flags and model; the core factory follows as its first
+command once the engine's configuration is known (`start()`). Its death while serving, for any reason (an exception, SIGKILL, out of memory), is
 seen through its process sentinel: every request fails with 503 and `/health` turns 503.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import multiprocessing
 import os
@@ -38,10 +41,10 @@ class EngineDeadError(RuntimeError):
 
 
 class EngineProcClient:
-    def __init__(
-        self, factory: Callable[[], Any], engine: AsyncEngine, log_level: str = "info"
-    ) -> None:
-        self.factory, self.engine, self.log_level = factory, engine, log_level
+    def __init__(self, log_level: str = "info") -> None:
+        self.log_level = log_level
+        self.factory: Callable[[], Any] | None = None
+        self.engine: AsyncEngine | None = None
         self.proc: Any = None
         self.stopping = False
         self.exited = False
@@ -58,30 +61,50 @@ class EngineProcClient:
         self._rx_fd: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+    def spawn(self) -> EngineProcClient:
+        """Start the process (it imports the engine, then waits for `start`)."""
         import zmq
 
-        self._loop = loop
-        try:
-            pickle.dumps(self.factory)
-        except Exception as e:
-            raise TypeError(f"the engine process needs a picklable core factory: {e}") from e
         self._dir = tempfile.mkdtemp(prefix="pagoda-engine-")
         in_addr, out_addr = f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
         self._ctx = zmq.Context(1)
         self._tx = self._ctx.socket(zmq.PUSH)
         self._tx.setsockopt(zmq.SNDHWM, 0)
-        self._tx.bind(in_addr)
+        self._tx.connect(in_addr)  # connecting, not binding: sends queue before the child binds
         self._rx = self._ctx.socket(zmq.PULL)
         self._rx.setsockopt(zmq.RCVHWM, 0)
         self._rx.bind(out_addr)
         ctx = multiprocessing.get_context("spawn")
         self.proc = ctx.Process(
             target=run_engine_core,
-            args=(self.factory, in_addr, out_addr, os.getpid(), self.log_level),
+            args=(in_addr, out_addr, os.getpid(), self.log_level),
             name="pagoda-engine-core",
         )
         self.proc.start()
+        # Before multiprocessing's own exit handler, which would wait for this (non-daemon)
+        # process forever if the server exits without stopping it (an error in start-up).
+        atexit.register(self._stop_at_exit)
+        return self
+
+    def _stop_at_exit(self) -> None:
+        if not self.stopping:
+            self.stop(timeout=2)
+
+    def start(
+        self, loop: asyncio.AbstractEventLoop, factory: Callable[[], Any], engine: AsyncEngine
+    ) -> None:
+        """Hand the process its core factory (spawning it first if `spawn` was not called);
+        the engine's callbacks run on `loop` from now on."""
+        import zmq
+
+        try:
+            pickle.dumps(factory)
+        except Exception as e:
+            raise TypeError(f"the engine process needs a picklable core factory: {e}") from e
+        if self.proc is None:
+            self.spawn()
+        self._loop, self.factory, self.engine = loop, factory, engine
+        self._tx.send(pickle.dumps([("load", factory)]), zmq.NOBLOCK)
         self._rx_fd = self._rx.getsockopt(zmq.FD)
         loop.add_reader(self._rx_fd, self._on_readable)
         loop.add_reader(self.proc.sentinel, self._on_exit)
@@ -114,9 +137,8 @@ class EngineProcClient:
         self._close()
 
     def _close(self) -> None:
-        if self._loop is not None and not self._loop.is_closed():
-            if self._rx_fd is not None:
-                self._loop.remove_reader(self._rx_fd)
+        if self._loop is not None and not self._loop.is_closed() and self._rx_fd is not None:
+            self._loop.remove_reader(self._rx_fd)
             self._loop.remove_reader(self.proc.sentinel)
         for sock in (self._tx, self._rx):
             if sock is not None:

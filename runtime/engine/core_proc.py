@@ -7,10 +7,14 @@ less throughput than without streaming on an H200). vLLM v1 runs its EngineCore 
 process for the same reason. Here the child owns the `EngineCore`; the API process keeps every
 request's bookkeeping (`AsyncEngine`) and talks to it through `core_client.EngineProcClient`.
 
-Wire: two ZeroMQ sockets over `ipc://` paths the API process binds.
+Wire: two ZeroMQ sockets over `ipc://` paths in a directory of the API process's; each side
+binds the socket it reads and connects the one it writes (a connected socket queues messages
+before its peer is there).
 
 - API → engine (PUSH → PULL): one pickled list of commands per event-loop iteration:
-  `("add", rid, ids, params)`, `("abort", rid)`, `("call", call_id, fn)`, `("stop",)`.
+  `("load", factory)` (first: the process is started before the server knows its engine
+  config, and imports the engine's modules meanwhile), `("add", rid, ids, params)`,
+  `("abort", rid)`, `("call", call_id, fn)`, `("stop",)`.
 - engine → API (PUSH → PULL): multipart `[kind, payload]`:
   - `o`: one message per step for every request in it: MessagePack of `(outputs, stats)`,
     decoded straight into `StepOutput`s and `EngineStats` (msgspec Structs), never per token;
@@ -47,6 +51,8 @@ log = logging.getLogger(__name__)
 # One step's message: (outputs, stats); the decoder builds the Structs directly.
 StepMessage = tuple[list[StepOutput], EngineStats | None]
 PARENT_CHECK_S = 1.0  # how often a busy loop checks that its parent is still there
+# Imported while the API process checks its flags and model (they are what a load needs).
+PRELOAD = ("torch", "pagoda.runtime.engine.core", "pagoda.runtime.engine.warmup")
 
 
 def first_step(core: EngineCore) -> None:
@@ -78,6 +84,19 @@ class EngineCoreProc:
 
     def send(self, kind: bytes, payload: bytes) -> None:
         self.outbox.send_multipart((kind, payload))
+
+    def wait_for_factory(self) -> Callable[[], EngineCore] | None:
+        """The `load` command's factory; None when told to stop (or orphaned) first."""
+        while True:
+            if not self.inbox.poll(int(PARENT_CHECK_S * 1000)):
+                if os.getppid() != self.parent_pid:
+                    return None
+                continue
+            for cmd in pickle.loads(self.inbox.recv()):
+                if cmd[0] == "load":
+                    return cmd[1]
+                if cmd[0] == "stop":
+                    return None
 
     def run(self, factory: Callable[[], EngineCore]) -> int:
         """Load, warm up, serve until told to stop; the exit code."""
@@ -154,8 +173,18 @@ class EngineCoreProc:
             self.stopping = True
 
 
+def preload() -> None:
+    """Import what loading will need, before the factory arrives (errors surface at load)."""
+    import importlib
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            return
+
+
 def run_engine_core(
-    factory: Callable[[], EngineCore],
     in_addr: str,
     out_addr: str,
     parent_pid: int,
@@ -171,11 +200,14 @@ def run_engine_core(
     ctx = zmq.Context(1)
     inbox = ctx.socket(zmq.PULL)
     inbox.setsockopt(zmq.RCVHWM, 0)
-    inbox.connect(in_addr)
+    inbox.bind(in_addr)
     outbox = ctx.socket(zmq.PUSH)
     outbox.setsockopt(zmq.SNDHWM, 0)
     outbox.connect(out_addr)
-    code = EngineCoreProc(inbox, outbox, parent_pid).run(factory)
+    proc = EngineCoreProc(inbox, outbox, parent_pid)
+    preload()
+    factory = proc.wait_for_factory()
+    code = 0 if factory is None else proc.run(factory)
     outbox.close(linger=5000)  # deliver the last messages (the error, a final step)
     inbox.close(linger=0)
     ctx.term()

@@ -114,9 +114,11 @@ def serve(
     engine_cfg: EngineConfig,
     profile: TunedProfile | None = None,
     sockets: list[socket.socket] | None = None,
+    engine_client: Any = None,
 ) -> int:
-    """Load the model on the engine thread and serve on `sockets` (bound by the caller; bound
-    here from `cfg` when None) until drained; the exit code.
+    """Load the model in the engine process (`engine_client`: spawned already by the caller)
+    or on the engine thread and serve on `sockets` (bound by the caller; bound here from `cfg`
+    when None) until drained; the exit code.
 
     The engine factory warms up every kernel variant the configured shapes reach before the
     engine reports ready, so `/ready` turns 200 only when no JIT compile is left to pay.
@@ -139,6 +141,7 @@ def serve(
         observer=metrics,
         engine_process=cfg.engine_process,
         log_level=cfg.log_level,
+        engine_client=engine_client,
     )
     app = create_app(cfg, engine, metrics)
     uv_cfg = uvicorn.Config(
