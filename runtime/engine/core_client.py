@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -163,6 +164,8 @@ class EngineProcClient:
             self._next_call += 1
             self._calls[self._next_call] = fut
             cmd = ("call", self._next_call, fn)
+        elif cmd[0] == "add":
+            cmd = (*cmd[:3], portable(cmd[3]))
         if not self._pending and self._loop is not None:
             self._loop.call_soon(self._flush)
         self._pending.append(cmd)
@@ -171,8 +174,22 @@ class EngineProcClient:
         import zmq
 
         cmds, self._pending = self._pending, []
-        if cmds and self._tx is not None:
-            self._tx.send(pickle.dumps(cmds, protocol=5), zmq.NOBLOCK)
+        if not cmds or self._tx is None:
+            return
+        try:
+            data = pickle.dumps(cmds, protocol=5)
+        except Exception:  # one command that does not pickle fails alone
+            data = pickle.dumps([c for c in cmds if self._sendable(c)], protocol=5)
+        self._tx.send(data, zmq.NOBLOCK)
+
+    def _sendable(self, cmd: tuple) -> bool:
+        try:
+            pickle.dumps(cmd, protocol=5)
+            return True
+        except Exception as e:
+            if cmd[0] == "add" and self.engine is not None:
+                self.engine._fail(cmd[1], ValueError(f"request cannot reach the engine: {e}"))
+            return False
 
     # -- engine → API ----------------------------------------------------------------------
     def _on_readable(self) -> None:
@@ -241,6 +258,16 @@ class EngineProcClient:
             if not fut.done():
                 fut.set_exception(EngineDeadError(f"engine process died: {exc!r}"))
         self._calls.clear()
+
+
+def portable(params: Any) -> Any:
+    """`params` as the engine process can receive them: a grammar compiled here (xgrammar's
+    `CompiledGrammar` does not pickle) is left out, and the engine compiles it again from the
+    spec (its compiler caches per spec, so once per distinct grammar)."""
+    so = getattr(params, "structured_outputs", None)
+    if so is not None and getattr(so, "compiled", None) is not None:
+        params = dataclasses.replace(params, structured_outputs=so.with_compiled(None))
+    return params
 
 
 def _load_error(data: bytes) -> BaseException:
