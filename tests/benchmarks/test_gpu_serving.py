@@ -80,6 +80,7 @@ def test_tiny_run_streams_and_not_beside_the_offline_engine(capsys, tmp_path):
         if r["workload"] == "nano":  # ignore_eos: every requested token is generated
             assert r["tokens"] == sum(n for _, n in nano)
         assert r["ttft_p50"] > 0 and r["cpu_ms_per_token"] >= 0
+        assert 0 <= r["api_cpu_us_per_token"] <= 1e3 * r["cpu_ms_per_token"] + 1e-9
         if r["stream"]:
             assert r["itl_p50"] >= 0 and 0 < r["events_per_token"] <= 1
     assert res["offline"]["output_tokens"] == sum(n for _, n in nano)
