@@ -240,6 +240,9 @@ SERVER_FLAGS: Mapping[str, Flag] = _flags(
     Flag("--tool-call-parser", "how tool calls are read from the model's output; auto: from "
          "the chat template (hermes for templates that do not render tools)",
          DEFAULT_TOOL_CALL_PARSER, choices=TOOL_CALL_PARSERS),
+    Flag("--allow-chat-special-tokens", "read special-token text in chat message content "
+         "(e.g. <|im_start|>) as control tokens, as vLLM does; by default it is plain text, so "
+         "no client can forge a turn (trusted deployments only)", False, kind="switch"),
     Flag("--grammar-compile-timeout", "seconds a structured-output grammar may take to compile "
          "before the request gets a 400 (the compile finishes in the background and is cached)",
          DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S, float, metavar="S"),

@@ -108,6 +108,8 @@ class EngineCore:
         vocab = self.model_config.vocab_size
         if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if params.logit_bias and params.logit_bias[-1][0] >= vocab:  # sorted by id
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         if params.structured_outputs is not None:  # offline: compiled here (server: before)
             from pagoda.runtime.structured.compiler import compiler_for
 

@@ -55,6 +55,9 @@ class EngineInfo:
         if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab
                for t in prompt_token_ids):  # fmt: skip
             raise ParamError("prompt", f"prompt token ids must be integers in [0, {vocab})")
+        if params.logit_bias and params.logit_bias[-1][0] >= vocab:  # sorted by id
+            raise ParamError("logit_bias", f"logit_bias token id {params.logit_bias[-1][0]} is "
+                             f"not in this model's vocabulary [0, {vocab})")  # fmt: skip
         if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
             raise ParamError(
                 "max_tokens",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -134,6 +135,8 @@ class Tokenizer:
         self._template = None
         self._byte_level: bool | None = None  # decided on first use (byte_stream)
         self._pieces: dict[bool, list[bytes]] = {}
+        self._as_text: HFTokenizer | None = None  # a copy that reads special-token text as text
+        self._specials: re.Pattern | bool | None = False  # False: not looked up yet
         if chat_template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise_template_error
@@ -175,6 +178,25 @@ class Tokenizer:
         if add_special_tokens and self.add_bos_token and bos is not None and ids[:1] != [bos]:
             ids = [bos, *ids]
         return ids
+
+    def encode_as_text(self, text: str) -> list[int]:
+        """Token ids of `text` with special-token text (``<|im_start|>``) read as plain text,
+        as user content must be; no BOS."""
+        if self._as_text is None:
+            copy = HFTokenizer.from_str(self._tok.to_str())
+            copy.encode_special_tokens = True
+            self._as_text = copy
+        return self._as_text.encode_batch([text], add_special_tokens=False)[0].ids
+
+    @property
+    def special_text(self) -> re.Pattern | None:
+        """A pattern that finds the text of any special token; None when there are none."""
+        if self._specials is False:
+            texts = [t.content for t in self._tok.get_added_tokens_decoder().values()
+                     if t.special and t.content]  # fmt: skip
+            texts.sort(key=len, reverse=True)
+            self._specials = re.compile("|".join(map(re.escape, texts))) if texts else None
+        return self._specials  # type: ignore[return-value]
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -16,6 +16,8 @@ MAX_STOP_STRINGS = 4
 MAX_N = 16
 MAX_TEMPERATURE = 100.0  # finite; above ~5 sampling is already near uniform
 MAX_TOP_K = 2**31 - 1  # the sampler holds top_k in an int64 tensor; larger means "off" anyway
+MAX_LOGIT_BIAS = 300  # entries of one request's logit_bias
+LOGIT_BIAS_LIMIT = 100.0  # values are clipped to [-this, this], as OpenAI defines them
 
 
 class ParamError(ValueError):
@@ -51,6 +53,9 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # OpenAI's logit_bias: (token id, value) pairs, sorted by id; a {id: value} mapping (ids as
+    # ints or decimal strings, as JSON spells them) is accepted and converted; values clipped
+    logit_bias: tuple[tuple[int, float], ...] = ()
     # pagoda.runtime.structured.params.StructuredOutputsParams: the grammar the output follows
     structured_outputs: Any = None
 
@@ -92,6 +97,7 @@ class SamplingParams:
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         self._check_stops()
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
         if self.structured_outputs is not None:
             if not hasattr(self.structured_outputs, "key"):  # no import: structured needs us
                 raise ParamError("structured_outputs", "structured_outputs must be a "
@@ -127,6 +133,37 @@ class SamplingParams:
         return bool(
             self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
         )
+
+
+def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    """{token id: bias} (or pairs) → sorted (id, value clipped to ±100) pairs; ParamError for
+    ids that are not non-negative integers, values that are not finite numbers, too many."""
+    if not value:
+        return ()
+    pairs = list(value.items()) if isinstance(value, dict) else value
+    if not isinstance(pairs, (list, tuple)):
+        raise ParamError("logit_bias", f"logit_bias must map token ids to numbers, got "
+                         f"{_short(value)}")  # fmt: skip
+    if len(pairs) > MAX_LOGIT_BIAS:
+        raise ParamError("logit_bias", f"logit_bias accepts at most {MAX_LOGIT_BIAS} token ids, "
+                         f"got {len(pairs)}")  # fmt: skip
+    out: dict[int, float] = {}
+    for pair in pairs:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ParamError("logit_bias", f"logit_bias entries must be (token id, value), got "
+                             f"{_short(pair)}")  # fmt: skip
+        key, bias = pair
+        token = key if isinstance(key, int) and not isinstance(key, bool) else None
+        if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 18:
+            token = int(key)
+        if token is None or token < 0:
+            raise ParamError("logit_bias", f"logit_bias keys must be token ids (non-negative "
+                             f"integers), got {_short(key)}")  # fmt: skip
+        _check_num("logit_bias", bias)
+        if token in out:
+            raise ParamError("logit_bias", f"logit_bias gives token {token} twice")
+        out[token] = max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, float(bias)))
+    return tuple(sorted(out.items()))
 
 
 def _short(value: object) -> str:

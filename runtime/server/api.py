@@ -127,7 +127,9 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
 
     endpoints = {
         "/v1/completions": CompletionEndpoint(cfg.served_model_names, engine.max_seqs_per_request),
-        "/v1/chat/completions": ChatEndpoint(cfg.served_model_names, cfg.tool_call_parser),
+        "/v1/chat/completions": ChatEndpoint(
+            cfg.served_model_names, cfg.tool_call_parser, cfg.allow_chat_special_tokens
+        ),
     }
     add_openai_routes(app, cfg, serving, endpoints)
     add_probe_routes(app, engine, metrics)

@@ -1,5 +1,6 @@
 """`/v1/chat/completions`: messages → the model's chat template → assistant messages, with
-tool calls (`tools.py` before the run, `tool_parsers.py` after) and structured outputs."""
+tool calls (`tools.py` before the run, `tool_parsers.py` after) and structured outputs; message
+content is tokenized as text (`chat_prompt.py`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.request import TokenLogprob
 from pagoda.runtime.server import tools
+from pagoda.runtime.server.chat_prompt import encode_chat
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings
 from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest
@@ -21,9 +23,12 @@ class ChatEndpoint(Endpoint):
     id_prefix = "chatcmpl"
     renames = {"prompt": "messages", "logprobs": "top_logprobs"}
 
-    def __init__(self, served_model_names: tuple[str, ...], tool_parser: str = "auto") -> None:
+    def __init__(self, served_model_names: tuple[str, ...], tool_parser: str = "auto",
+                 allow_special_tokens: bool = False) -> None:  # fmt: skip
         super().__init__(served_model_names)
         self.tool_parser = tool_parser  # --tool-call-parser: auto (from the template) or a name
+        # --allow-chat-special-tokens: content's special-token text as control tokens
+        self.content_as_text = not allow_special_tokens
 
     def prepare(self, req: ChatCompletionRequest, info: EngineInfo, strings: TokenStrings) -> Job:
         model = self.resolve_model(req.model)
@@ -37,10 +42,10 @@ class ChatEndpoint(Endpoint):
         setup = tools.prepare(req, template, self.tool_parser)
         spec = spec_from_request(req)
         if setup is not None and setup.grammar is not None:
-            if spec is not None:
+            if spec is not None and setup.choice != "auto":
                 raise APIError(400, "tool_choice required or a named function cannot be combined "
                                "with response_format or structured_outputs", param="tool_choice")  # fmt: skip
-            spec = setup.grammar
+            spec = spec or setup.grammar  # auto with strict tools: the answer's format first
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         extra = {}
         if setup is not None and setup.parser is not None and setup.parser.name == "mistral":
@@ -59,7 +64,7 @@ class ChatEndpoint(Endpoint):
         except Exception as e:  # a template may raise anything on odd input
             raise APIError(400, f"chat template failed: {e}", param="messages") from e
         self.check_length(text, info)
-        prompts = [info.tokenizer.encode(text, add_special_tokens=False)]
+        prompts = [encode_chat(info.tokenizer, messages, listed, text, self.content_as_text)]
         job = self.job(req, model, prompts, [text], params, strings, renames)
         job.tools = setup if setup is not None and setup.parser is not None else None
         return job

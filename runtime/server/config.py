@@ -28,6 +28,7 @@ class ServerConfig:
     log_level: str = options.DEFAULT_LOG_LEVEL
     engine_process: bool = options.DEFAULT_ENGINE_PROCESS
     tool_call_parser: str = options.DEFAULT_TOOL_CALL_PARSER
+    allow_chat_special_tokens: bool = False  # content's special-token text: control tokens
     grammar_compile_timeout: float = options.DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S
     grammar_cache_bytes: int = options.parse_size(options.DEFAULT_GRAMMAR_CACHE_SIZE)
 

@@ -113,6 +113,7 @@ class Endpoint(ABC):
             "ignore_eos": req.ignore_eos,
             "skip_special_tokens": req.skip_special_tokens,
             "include_stop_str_in_output": req.include_stop_str_in_output,
+            "logit_bias": req.logit_bias,
         }
         fields = {**defaults, **{k: v for k, v in fields.items() if v is not None}}
         try:

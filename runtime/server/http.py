@@ -1,8 +1,9 @@
 """HTTP plumbing that keeps hostile requests away from the handlers.
 
 - `read_body`: 415 unless the body is JSON (so a web page cannot POST here cross-origin without
-  a CORS preflight: text/plain and form encodings are refused), 413 over `--max-request-bytes`,
-  read in chunks so a large upload never blocks the event loop.
+  a CORS preflight: text/plain and form encodings are refused) and uncompressed (a gzip or
+  deflate `Content-Encoding` would otherwise read as invalid UTF-8), 413 over
+  `--max-request-bytes`, read in chunks so a large upload never blocks the event loop.
 - `ErrorGuard`: an ASGI middleware giving every request an id (`X-Request-Id`), and turning any
   unhandled exception into a well-formed JSON 500 that names the id, logged with it, without
   closing the keep-alive connection (Starlette's own handler re-raises, and uvicorn then drops
@@ -16,7 +17,7 @@ import logging
 import re
 import uuid
 
-from pagoda.runtime.server.protocol import APIError
+from pagoda.runtime.server.protocol import APIError, shorten
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -27,12 +28,18 @@ DRAIN_FACTOR = 16  # an over-size body is read (and dropped) up to this many tim
 
 
 async def read_body(raw: Request, limit: int) -> bytes:
-    """The request body, or APIError 415 (not JSON) / 413 (over `limit` bytes)."""
+    """The request body, or APIError 415 (not JSON, or compressed) / 413 (over `limit` bytes)."""
     ctype = raw.headers.get("content-type")
     if ctype is not None and not _JSON_TYPE.match(ctype):
         raise APIError(
             415, "request body must be JSON (Content-Type: application/json)",
             code="unsupported_media_type",
+        )  # fmt: skip
+    encoding = raw.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise APIError(
+            415, f"request bodies with Content-Encoding: {shorten(encoding, 40)} are not "
+            "supported; send uncompressed JSON", code="unsupported_media_type",
         )  # fmt: skip
     declared = raw.headers.get("content-length", "")
     too_big = declared.isdigit() and int(declared) > limit

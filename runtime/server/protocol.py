@@ -1,22 +1,27 @@
 """OpenAI request schemas, body parsing and OpenAI-style errors.
 
 Types are checked strictly (a string where a number belongs is a 400, not a silent cast); value
-ranges are checked once, by `SamplingParams`, whose `ParamError`s name the field. Unknown fields
-are ignored, as OpenAI's API does for fields it does not know.
+ranges are checked once, by `SamplingParams`, whose `ParamError`s name the field. A field the
+server does not honour is refused with a 400 naming it (as OpenAI refuses arguments it does not
+know), never silently ignored: unknown fields, OpenAI's fields for features this server lacks
+(`audio`, `reasoning_effort`, ...), and values of accepted fields that would change nothing here
+(`store: true`, `service_tier: "flex"`, `modalities: ["audio"]`). vLLM's retired `guided_*`
+fields get a pointer to `structured_outputs`.
 
 Any body, however hostile, parses to a request model or raises APIError 400: invalid UTF-8 or
-JSON, nesting deeper than the parser recurses, integers over Python's 4300-digit limit, lone
-surrogates (which no tokenizer accepts) and wrong types. Values echoed back in messages are cut
-to `MAX_ECHO` characters.
+JSON, duplicate keys in an object (which JSON parsers resolve differently), nesting deeper than
+the parser recurses, integers over Python's 4300-digit limit, lone surrogates (which no
+tokenizer accepts), wrong types and content parts other than text (named in the error). Values
+echoed back in messages are cut to `MAX_ECHO` characters.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 HTTP_ERROR_TYPES = {
     400: "invalid_request_error",
@@ -37,6 +42,13 @@ def shorten(text: str, limit: int = MAX_ECHO) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def _scalar(value: Any) -> str:
+    """A client's value as JSON when it is a scalar (cut short), else its JSON type."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return shorten(json.dumps(value), 100)
+    return "an array" if isinstance(value, list) else "an object"
 
 
 class APIError(Exception):
@@ -64,11 +76,24 @@ class APIError(Exception):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+
+
+# Fields that clients send, accepted only with the values that ask for what this server does
+# anyway: (allowed values, why others are refused)
+NO_OP_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
+    "store": ((False, None), "this server does not store completions"),
+    "service_tier": (("auto", "default", None), "this server has a single service tier"),
+    "modalities": ((["text"], None), "this server generates text only"),
+}
+# vLLM's retired guided decoding fields → the structured_outputs key that replaced them
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+          "guided_grammar": "grammar", "guided_decoding_backend": None,
+          "guided_whitespace_pattern": None}  # fmt: skip
 
 
 class _SamplingFields(_Strict):
@@ -94,6 +119,30 @@ class _SamplingFields(_Strict):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[str, float] | None = None
+    # accepted with the values that change nothing here (NO_OP_VALUES), hints with no effect
+    store: bool | None = None
+    service_tier: str | None = None
+    metadata: dict[str, str] | None = None
+    prompt_cache_key: str | None = None  # prefix caching is automatic
+    safety_identifier: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_what_is_not_honoured(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for name, (allowed, why) in NO_OP_VALUES.items():
+            if name in data and data[name] not in allowed:
+                raise APIError(400, f"{name}={_scalar(data[name])} is not "
+                               f"supported: {why}", param=name, code="unsupported_value")  # fmt: skip
+        for name, key in GUIDED.items():
+            if name in data:
+                hint = (f'; use "structured_outputs": {{"{key}": ...}}' if key else
+                        "; structured outputs always use xgrammar here")  # fmt: skip
+                raise APIError(400, f"{name} is not supported{hint}", param=name,
+                               code="unsupported_parameter")  # fmt: skip
+        return data
 
 
 class JsonSchemaSpec(_Strict):
@@ -131,6 +180,11 @@ class _StructuredFields(_SamplingFields):
 
 
 class CompletionRequest(_StructuredFields):
+    # "must be ...": the message a wrong prompt gets (pydantic would name one union branch)
+    error_hints: ClassVar[dict[str, str]] = {
+        "prompt": "prompt must be a string, a list of strings, a list of token ids (integers) "
+        "or a list of lists of token ids",
+    }
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None
     echo: bool = False
@@ -179,12 +233,31 @@ class NamedToolChoice(_Strict):
 
 class ChatCompletionRequest(_StructuredFields):
     messages: list[ChatMessage] = Field(min_length=1)
+    modalities: list[str] | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_parts_only(cls, data: Any) -> Any:
+        """A content part other than text is named in the 400 (not "Input should be ...")."""
+        messages = data.get("messages") if isinstance(data, dict) else None
+        for i, m in enumerate(messages if isinstance(messages, list) else ()):
+            parts = m.get("content") if isinstance(m, dict) else None
+            for j, part in enumerate(parts if isinstance(parts, list) else ()):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    raise APIError(
+                        400, f"messages[{i}].content[{j}]: content parts of type "
+                        f"{shorten(kind, 40)!r} are not supported; this model reads text only "
+                        "(parts of type 'text')",
+                        param=f"messages[{i}].content[{j}].type", code="unsupported_content",
+                    )  # fmt: skip
+        return data
 
 
 def _param_of(loc: tuple[Any, ...]) -> str | None:
@@ -220,10 +293,22 @@ def _lone_surrogate_path(value: Any, path: str = "") -> str | None:
     return None
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict; APIError 400 naming a key given twice (parsers disagree on
+    which one wins: the first, the last, or an error)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise APIError(400, f"duplicate key {shorten(key, 100)!r} in a JSON object of the "
+                       "request body", param=shorten(key, 100), code="duplicate_key")  # fmt: skip
+    return obj
+
+
 def load_json(body: bytes) -> Any:
     """Bytes → JSON value, every failure an APIError 400 (never a 500)."""
     try:
-        data = json.loads(body)
+        data = json.loads(body, object_pairs_hook=_unique_keys)
     except RecursionError as e:
         raise APIError(400, "request body is nested too deeply", code="invalid_json") from e
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, 4300-digit int limit
@@ -257,8 +342,14 @@ def parse_request(body: bytes, model: type[BaseModel]) -> Any:
             err = max(errors, key=lambda x: len(x["loc"]))
         param = _param_of(tuple(err["loc"]))
         param = shorten(param, 100) if param else None
+        hint = getattr(model, "error_hints", {}).get(str(err["loc"][0]) if err["loc"] else "")
         if err["type"] == "missing":
             msg, code = f"'{param}' is a required property", "missing_required_parameter"
+        elif err["type"] == "extra_forbidden":
+            msg, code = f"unrecognized request argument '{param}': this server does not " \
+                "support it", "unsupported_parameter"  # fmt: skip
+        elif hint is not None:
+            msg, code = f"invalid value for '{param}': {hint}", "invalid_type"
         else:
             msg, code = f"invalid value for '{param}': {shorten(err['msg'])}", "invalid_type"
         raise APIError(400, msg, param=param, code=code) from e

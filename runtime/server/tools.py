@@ -13,6 +13,11 @@
 * Enforcing: `required` (one call or more; one if `parallel_tool_calls` is false) and a named
   function (exactly that call) compile to an xgrammar structural tag in the parser's own format,
   each call's arguments constrained by its `parameters` schema, so they always parse and match.
+* `auto` with a tool marked `strict: true` (OpenAI's promise that arguments follow the schema;
+  the Agents SDK's default): free text, but once the output starts a call (`TRIGGERS`) it must
+  be a call to one of the tools with arguments matching its schema (hermes and llama3_json;
+  one call without `parallel_tool_calls`). A response format in the same request constrains
+  the answer instead.
 * `none`: the tools are left out of the prompt and the output is plain content.
 """
 
@@ -38,6 +43,9 @@ FORMATS = {
     "llama3_json": ("", '{{"name": "{name}", "parameters": ', "}", "; ", ""),
     "mistral": ("[TOOL_CALLS][", '{{"name": "{name}", "arguments": ', "}", ", ", "]"),
 }
+# tool_choice auto with strict tools: text that starts a call, per parser (mistral's marker is a
+# special token, and its calls one JSON array: not enforced under auto)
+TRIGGERS = {"hermes": "<tool_call>", "llama3_json": '{"name": "'}
 HERMES_SYSTEM = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
@@ -118,14 +126,18 @@ def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -
     if kind != "auto":
         only = choice.function.name if kind == "function" else None
         setup.grammar = tool_grammar(name, tools, only, parallel)
+    elif name in TRIGGERS and any(t.function.strict for t in tools):
+        setup.grammar = tool_grammar(name, tools, None, parallel, free=True)
     return setup
 
 
 def tool_grammar(
-    parser: str, tools: list, only: str | None, parallel: bool
+    parser: str, tools: list, only: str | None, parallel: bool, free: bool = False
 ) -> StructuredOutputsParams:
     """The structural tag forcing calls in `parser`'s format: exactly `only`, else at least one
-    of the tools (just one without `parallel`), each with arguments matching its schema."""
+    of the tools (just one without `parallel`), each with arguments matching its schema. `free`
+    (tool_choice auto with strict tools): any text, but what starts a call (`TRIGGERS`) must go
+    on as a call to one of the tools with arguments matching its schema."""
     import xgrammar as xgr
     from xgrammar import structural_tag as st
 
@@ -153,8 +165,12 @@ def tool_grammar(
             begin=begin.format(name=f.name), content=st.GrammarFormat(grammar=str(grammar)),
             end=end,
         ))  # fmt: skip
-    if only is not None:
-        body: Any = tags[0]
+    if free:
+        body: Any = st.TriggeredTagsFormat(
+            triggers=[TRIGGERS[parser]], tags=tags, stop_after_first=not parallel
+        )
+    elif only is not None:
+        body = tags[0]
     else:
         body = st.TagsWithSeparatorFormat(
             tags=tags, separator=sep, at_least_one=True, stop_after_first=not parallel

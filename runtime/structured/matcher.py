@@ -38,6 +38,7 @@ RETRY_EVERY = 16  # tokens between searches while no way out fits in the budget
 HARD_MARGIN = (4, 16)  # base // 2, within these bounds
 SOFT_MARGIN = (16, 64)  # 2 * base, within these bounds
 LATE = 4  # slack left when the halving stops: forced this many tokens early, not looked at
+CIRCLE = 16  # visits to one place (its bitmask) that tell a way out walks in a circle
 
 
 def _clamp(x: int, bounds: tuple[int, int]) -> int:
@@ -65,28 +66,48 @@ class Closer:
         self._mask = None  # a one-row bitmask, for the rare choice no closing character fits
 
     def plan(self, matcher: xgr.GrammarMatcher, limit: int) -> list[int] | None:
-        """Tokens that take `matcher` to a complete output (at most `limit`), or None."""
+        """Tokens that take `matcher` to a complete output (at most `limit`), or None. Greedy
+        first (`_choose`); where that walks in a circle (`a.a.a.` in an e-mail's name part
+        never reaches its `@`) or finds nothing, again, never taking a step it kept taking."""
+        plan, steps = self._walk(matcher, limit, frozenset())
+        if plan is not None:
+            return plan
+        avoid = frozenset(step for step, n in steps.items() if n > 2)
+        return self._walk(matcher, limit, avoid)[0] if avoid else None
+
+    def _walk(self, matcher: xgr.GrammarMatcher, limit: int, avoid: frozenset):
+        """(the way out or None, how often each step (place, token) was taken); None as soon
+        as one place is visited more than `CIRCLE` times. Places are told apart by their
+        bitmasks."""
         probe = matcher.fork()
         plan: list[int] = []
+        visits: dict[bytes, int] = {}
+        steps: dict[tuple[bytes, int], int] = {}
         while len(plan) <= limit:
             if probe.is_completed():
-                return plan
+                return plan, steps
             jump = probe.find_jump_forward_tokens()
             if jump and all(probe.accept_token(t) for t in jump):
                 plan += jump
                 continue
-            t = self._choose(probe)
+            before = self._allowed(probe).clone()
+            place = before.numpy().tobytes()
+            visits[place] = visits.get(place, 0) + 1
+            if visits[place] > CIRCLE:
+                return None, steps
+            t = self._choose(probe, before, {t for p, t in avoid if p == place})
             if t is None:
-                return None
+                return None, steps
+            steps[place, t] = steps.get((place, t), 0) + 1
             plan.append(t)
-        return None
+        return None, steps
 
-    def _choose(self, probe: xgr.GrammarMatcher) -> int | None:
+    def _choose(self, probe: xgr.GrammarMatcher, before: torch.Tensor, avoid: set[int]):
         """Accept and return the next token of the way out: one that completes the output if
-        any does; else the first (in `CLOSING_CHARS` order) that leaves the grammar somewhere
-        new (not another letter of the same string or digit of the same number), else the first
-        allowed at all. Which candidates are allowed is read off one bitmask."""
-        before = self._allowed(probe).clone()
+        any does; else the first (in `CLOSING_CHARS` order, not in `avoid`) that leaves the
+        grammar somewhere new (not another letter of the same string or digit of the same
+        number), else the first allowed. Which candidates are allowed is read off one bitmask
+        (`before`, this place's)."""
         words = before.numpy()
         for t in self._among(words, self.finishers):
             probe.accept_token(t)
@@ -98,6 +119,8 @@ class Closer:
             t = _first_set(words)
             return t if t is not None and probe.accept_token(t) else None
         for t in accepted:
+            if t in avoid:
+                continue
             probe.accept_token(t)
             if not torch.equal(self._allowed(probe), before):
                 return t

@@ -2,15 +2,16 @@
 grammar allows validates against the schema the client sent.
 
 xgrammar (0.2.x) compiles some keywords loosely without an error: it ignores `uniqueItems`,
-`not`, `if`/`then`/`else`, `contains`, `dependentRequired`/`dependentSchemas`, `minLength` and
-`maxLength` beside a `pattern`, the second branch of an `allOf`, `required` names that are not
+`not`, `if`/`then`/`else`, `multipleOf` on numbers, `contains`, `dependentRequired`/
+`dependentSchemas`, `minLength` and `maxLength` beside a `pattern`, the second branch of an `allOf`, `required` names that are not
 in `properties`, and turns an overlapping `oneOf` into `anyOf`. A grammar that allows invalid
 output is worse than a refusal, so (as vLLM does for features its xgrammar backend lacks):
 
 * what can be said exactly in keywords xgrammar enforces is rewritten: `allOf` of compatible
   object schemas is merged; a `required` name missing from `properties` gets an open schema
   there; lengths already implied by a pattern (its width, from Python's regex parser) are
-  dropped, and a pattern that is one repeated character class takes them into its count;
+  dropped, and a pattern that is one repeated character class takes them into its count; a
+  number schema with a whole `multipleOf` becomes an integer one;
 * what cannot is refused: `check` raises `SchemaError(path, message)`, a 400 naming the keyword.
 
 The schema itself is first checked against its metaschema with `jsonschema` (bad types,
@@ -113,6 +114,8 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     if "oneOf" in out:
         _check_one_of(out["oneOf"], f"{path}/oneOf")
     _fill_required(out, path)
+    if "multipleOf" in out:
+        out = _multiple_of(out, path)
     if "pattern" in out and ("minLength" in out or "maxLength" in out):
         out = _pattern_lengths(out, path)
     elif lp and ("minLength" in out or "maxLength" in out):
@@ -196,6 +199,22 @@ def _fill_required(s: dict, path: str) -> None:
             "is false: no object can satisfy this schema",
         )
     s["properties"] = {**props, **{r: extra if isinstance(extra, dict) else {} for r in missing}}
+
+
+def _multiple_of(s: dict, path: str) -> dict:
+    """xgrammar enforces `multipleOf` on integers only (it drops it for numbers): a number
+    schema with a whole multipleOf becomes an integer one (its outputs are multiples); others
+    are refused."""
+    step, kind = s["multipleOf"], s.get("type")
+    whole = isinstance(step, int) or (isinstance(step, float) and step.is_integer())
+    if kind == "integer" and whole:
+        return s
+    if kind == "number" and whole:
+        return {**s, "type": "integer", "multipleOf": int(step)}
+    raise SchemaError(
+        f"{path}/multipleOf",
+        "multipleOf is supported for integer and number schemas with a whole step only",
+    )
 
 
 def _pattern_lengths(s: dict, path: str) -> dict:

@@ -1,6 +1,6 @@
 """JSON Schemas for the structured-output suite: what extraction and agent clients send (nested
 objects, arrays with minItems/maxItems, enums, patterns, numeric ranges, required,
-additionalProperties false, anyOf, $ref, tuples, nullable fields), each with a short prompt."""
+additionalProperties false, anyOf, $ref, tuples, nullable fields, formats, multipleOf), each with a short prompt."""
 
 from __future__ import annotations
 
@@ -143,6 +143,11 @@ SCHEMAS: list[tuple[str, dict[str, Any]]] = [
     ("a merged profile", {"allOf": [obj({"id": INT}, closed=False),
                                     {"properties": {"email": SHORT}, "required": ["email"]}]}),
     ("an open record", {"type": "object", "required": ["id"], "properties": {"id": INT}}),
+    ("a contact", obj({"email": {"type": "string", "format": "email"},
+                       "since": {"type": "string", "format": "date"}})),
+    ("a meeting", obj({"starts": {"type": "string", "format": "date-time"},
+                       "minutes": {"type": "integer", "multipleOf": 15, "minimum": 15,
+                                   "maximum": 240}})),
 ]  # fmt: skip
 
 

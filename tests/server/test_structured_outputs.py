@@ -79,7 +79,7 @@ async def _suite(c: openai.AsyncOpenAI, combos_of) -> list[str]:
 
 
 async def test_schema_suite_outputs_all_validate(aclient):
-    """Each of the 55 schemas in one of the four (stream, temperature) settings, in turn (the
+    """Each of the 57 schemas in one of the four (stream, temperature) settings, in turn (the
     slow test below runs every schema in every setting)."""
     assert len(SCHEMAS) >= 50
     failures = await _suite(aclient, lambda i: [COMBOS[i % len(COMBOS)]])
@@ -223,6 +223,29 @@ async def test_auto_turns_hermes_output_into_tool_calls(aclient):
     text, finish, calls = await _chat(aclient, False, messages=user, tools=TOOLS,
                                       max_tokens=8, temperature=0)  # fmt: skip
     assert not calls and finish == "length" and text
+
+
+async def test_auto_with_strict_tools_gives_only_valid_calls(aclient):
+    """tool_choice auto, strict tools (the Agents SDK's default): whatever the model writes,
+    every call it makes names a listed tool with arguments matching its schema. SmolLM2 rarely
+    calls on its own: a logit_bias towards the text of `<tool_call>` makes it start calls, the
+    grammar has to finish them (without `strict` it writes `<tool_call><tool_call>...`)."""
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    user = [{"role": "user", "content": "What is the weather in Paris?"}]
+    bias = {str(t): 30 for t in (44, 19324, 79, 4350, 46)}  # "<", "tool", "_", "call", ">"
+
+    async def one(stream, temp, seed):
+        text, finish, calls = await _chat(aclient, stream, messages=user, tools=strict,
+                                          max_tokens=80, temperature=temp, seed=seed,
+                                          logit_bias=bias)  # fmt: skip
+        for name, args in calls:
+            jsonschema.validate(json.loads(args), PARAMS[name])
+        assert (finish == "tool_calls") == bool(calls) or finish == "length", (text, calls)
+        return len(calls), text
+
+    made = await asyncio.gather(*(one(st, t, s) for st in (False, True) for t in (0.0, 1.0)
+                                  for s in range(2)))  # fmt: skip
+    assert sum(n for n, _ in made) >= len(made) // 2, made
 
 
 async def test_tool_results_round_trip(aclient):

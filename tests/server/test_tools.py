@@ -130,6 +130,27 @@ def test_required_and_named_grammars(compiler, parser, one, two):
     assert _accepts(compiler, named, two) and not _accepts(compiler, named, one)
 
 
+@pytest.mark.parametrize(
+    ("parser", "call", "wrong"),
+    [("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>',
+      '<tool_call>\n{"name": "get_weather", "arguments": {"city": 7}}'),
+     ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Rome"}}',
+      '{"name": "nope", "parameters": {}}')],
+)  # fmt: skip
+def test_auto_with_strict_tools_enforces_what_starts_a_call(compiler, parser, call, wrong):
+    """tool_choice auto, a tool with strict: true: free text, but a call that has begun must
+    be a valid call; without strict (or with a response format) auto is not constrained."""
+    strict = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}, *TOOLS[1:]]
+    setup = tools.prepare(_request(tools=strict), QWEN_LIKE, parser)
+    assert setup.grammar is not None
+    assert _accepts(compiler, setup.grammar, "Just text, no call.")
+    assert _accepts(compiler, setup.grammar, "Let me look. " + call)
+    m = xgr.GrammarMatcher(compiler.compile(setup.grammar))
+    assert not m.accept_string(wrong)
+    assert tools.prepare(_request(), QWEN_LIKE, parser).grammar is None
+    assert tools.prepare(_request(tools=strict), QWEN_LIKE, "mistral").grammar is None
+
+
 def test_mistral_grammar(compiler):
     spec = tools.tool_grammar("mistral", _request().tools, None, parallel=True)
     text = '[TOOL_CALLS][{"name": "now", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "X"}}]'

@@ -58,6 +58,15 @@ def test_the_way_out_completes(compiler, smol_tokenizer, spec):
     assert plan is not None and all(m.accept_token(t) for t in plan) and m.is_completed()
 
 
+@pytest.mark.parametrize("prefix", ['"', '"ab.c', '"x@y'])
+def test_the_way_out_does_not_walk_in_circles(compiler, prefix):
+    """An e-mail's name part: the greedy way out (`}.}.}.` ...) never reached its `@`."""
+    m = xgr.GrammarMatcher(compiler.compile(Spec(json={"type": "string", "format": "email"})))
+    assert m.accept_string(prefix)
+    plan = compiler.closer.plan(m, 64)
+    assert plan is not None and all(m.accept_token(t) for t in plan) and m.is_completed()
+
+
 def test_a_tight_budget_is_met(compiler, smol_tokenizer):
     """40 tokens, logits that favour anything but closing: the answer still ends with EOS
     inside the budget (forced at the end), as valid JSON."""

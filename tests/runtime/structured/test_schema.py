@@ -38,6 +38,8 @@ from structured_testlib import random_schema
         ({"type": "strin"}, "/type"),
         ({"type": "integer", "minimum": "0"}, "/minimum"),
         ({"allOf": [{"type": "object", "additionalProperties": False}]}, "/allOf/0/additionalProperties"),
+        ({"type": "number", "multipleOf": 0.5}, "/multipleOf"),
+        ({"multipleOf": 3}, "/multipleOf"),
     ],
 )  # fmt: skip
 def test_refused_with_the_path(schema, where):
@@ -73,6 +75,12 @@ REWRITTEN = [
          "required": ["kind", "x"], "additionalProperties": False},
         {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"],
          "additionalProperties": False}]},
+    # multipleOf: kept on integers, a whole step on numbers makes them integers
+    {"type": "integer", "multipleOf": 7, "minimum": -50, "maximum": 50},
+    {"type": "number", "multipleOf": 5, "minimum": 1, "maximum": 100},
+    # formats xgrammar writes: the way out must still close them (e-mail's name part loops)
+    {"type": "object", "properties": {"email": {"type": "string", "format": "email"},
+     "when": {"type": "string", "format": "date-time"}}, "required": ["email", "when"]},
 ]  # fmt: skip
 
 
@@ -82,6 +90,7 @@ def test_rewrites_are_exact():
     assert schemas.check(REWRITTEN[2]) == {"type": "string", "pattern": "^[A-Z]{3}$"}
     assert schemas.check(REWRITTEN[3])["pattern"] == "^[a-z]{2,4}$"
     assert schemas.check(REWRITTEN[4])["pattern"] == "^[0-9]{0,2}$"
+    assert schemas.check(REWRITTEN[8])["type"] == "integer"
     original = {"type": "object", "required": ["a"]}
     schemas.check(original)
     assert original == {"type": "object", "required": ["a"]}  # the client's dict is not changed
