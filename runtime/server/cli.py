@@ -148,15 +148,9 @@ def held_logs() -> Iterator[None]:
 
 
 def parallelism(args: argparse.Namespace) -> options.Parallelism:
-    """The tensor-parallel flags, validated (ValueError). This runtime runs one rank: a larger
-    group is refused here, before anything loads, rather than served on one device."""
-    layout = options.Parallelism.from_values(vars(args))
-    if layout.tensor_parallel_size > 1:
-        raise ValueError(
-            f"--tensor-parallel-size {layout.tensor_parallel_size}: this runtime serves a model "
-            "on one device only; use --tensor-parallel-size 1 (one GPU per server)"
-        )
-    return layout
+    """The tensor-parallel flags, validated (ValueError); against the model and this node's
+    devices in `launch.preflight`."""
+    return options.Parallelism.from_values(vars(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -168,14 +162,16 @@ def run(args: argparse.Namespace) -> int:
         with held_logs():
             cfg = server_config(args)
             engine_kwargs = options.engine_kwargs(vars(args))
-            parallelism(args)
+            layout = parallelism(args)
+            if layout.is_worker:  # a headless node of a group: no HTTP server
+                return serve_worker_node(args, engine_kwargs, layout)
             cfg = fit_connections(cfg)
             sockets = bind_sockets(cfg.host, cfg.port)  # before torch: a port in use is instant
             from pagoda.runtime.server.launch import preflight, serve
 
             engine_cfg, profile = preflight(
                 cfg, engine_kwargs, args.tuned_profile, args.tuned_profile_mismatch,
-                download_dir=args.download_dir,
+                download_dir=args.download_dir, parallel=layout,
             )  # fmt: skip
             start_listening(sockets, cfg.host)
     except ValueError as e:  # a ProfileError, KernelConfigError, failed download too
@@ -186,6 +182,25 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("pagoda.serve").debug("start-up check failed", exc_info=True)
         fail(ValueError(f"{type(e).__name__}: {e}"))
     return serve(cfg, engine_cfg, profile, sockets)
+
+
+def serve_worker_node(
+    args: argparse.Namespace, engine_kwargs: dict[str, Any], layout: options.Parallelism
+) -> int:
+    """`--node-rank R` > 0: this node's ranks of the group, headless, until rank 0 stops them
+    (they run the steps it broadcasts); the same checks as node 0 first (exit 2)."""
+    from pagoda.runtime.distributed.worker_proc import serve_node
+    from pagoda.runtime.server.launch import preflight
+
+    cfg = server_config(args)
+    try:
+        engine_cfg, _ = preflight(
+            cfg, engine_kwargs, args.tuned_profile, args.tuned_profile_mismatch,
+            download_dir=args.download_dir, parallel=layout,
+        )  # fmt: skip
+    except ValueError as e:
+        fail(e)
+    return serve_node(engine_cfg)
 
 
 def fit_connections(cfg: ServerConfig) -> ServerConfig:

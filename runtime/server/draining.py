@@ -16,6 +16,7 @@ from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.server.config import ServerConfig
 
 log = logging.getLogger("pagoda.serve")
+DEAD_LINGER_S = 1.0  # probes and balancers see /health 503 before the process goes
 
 
 class DrainingServer(uvicorn.Server):
@@ -61,9 +62,22 @@ class DrainingServer(uvicorn.Server):
             names = ", ".join(self.cfg.served_model_names)
             url = f"http://{self.cfg.host}:{self.config.port}/v1"
             log.info("ready: OpenAI API at %s serving %s (metrics at /metrics)", url, names)
+            await self._watch_engine()
         elif engine.dead:
             log.error("engine failed to start: %s", _one_line(engine.error))
             self.exit_code = 1
+            self.should_exit = True
+
+    async def _watch_engine(self) -> None:
+        """After start-up: an engine that dies (its thread, or a tensor-parallel rank) ends the
+        server with exit code 1, after `/health` has answered 503 for DEAD_LINGER_S."""
+        engine = self.engine
+        while not (engine.dead or self.should_exit):
+            await asyncio.sleep(0.1)
+        if engine.dead and not self.should_exit:
+            log.error("engine died: %s; exiting", _one_line(engine.error))
+            self.exit_code = 1
+            await asyncio.sleep(DEAD_LINGER_S)
             self.should_exit = True
 
 

@@ -11,12 +11,15 @@ and the memory the configuration will allocate against what this machine has fre
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 import uvicorn
+from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.model.loader import read_model_config, resolve_model_path
@@ -37,6 +40,7 @@ def preflight(
     tuned_profile: str | None = None,
     tuned_profile_mismatch: str = "error",
     download_dir: str | None = None,
+    parallel: options.Parallelism | None = None,
 ) -> tuple[EngineConfig, TunedProfile | None]:
     """The one `EngineConfig` of this server, and the tuned profile applied to it (if any).
 
@@ -51,6 +55,9 @@ def preflight(
     model_config = read_model_config(model_path)  # an unknown --model fails here
     check_context(kwargs, model_config)
     engine_cfg = EngineConfig.create(model_path, **kwargs)
+    if parallel is not None:
+        engine_cfg = dataclasses.replace(engine_cfg, parallel=parallel)
+    check_parallel(model_config, engine_cfg)
     check_step_budget(engine_kwargs, engine_cfg)
     check_kernel_configs(engine_cfg)
     try:
@@ -76,6 +83,23 @@ def check_context(kwargs: dict[str, Any], model_config: ModelConfig) -> None:
         raise ValueError(
             f"max_model_len {asked} is more than the model's context length ({context} tokens, "
             "from its metadata); lower --max-model-len"
+        )
+
+
+def check_parallel(model_config: ModelConfig, engine_cfg: EngineConfig) -> None:
+    """--tensor-parallel-size against the model (heads, widths that must divide) and, on CUDA,
+    the GPUs this node has for its ranks (one each)."""
+    par = engine_cfg.parallel
+    if par.tensor_parallel_size == 1:
+        return
+    from pagoda.runtime.distributed.layout import check
+
+    check(model_config, par.tensor_parallel_size)
+    device = engine_cfg.torch_device()
+    if device.type == "cuda" and par.ranks_per_node > torch.cuda.device_count():
+        raise ValueError(
+            f"--tensor-parallel-size {par.tensor_parallel_size} runs {par.ranks_per_node} ranks "
+            f"on this node, one per GPU, and it has {torch.cuda.device_count()}"
         )
 
 
@@ -125,7 +149,7 @@ def serve(
     if profile is not None:
         metrics.set_tuned_profile(profile.device, profile.model, profile.created)
     engine = AsyncEngine(
-        lambda: warm_up(EngineCore(engine_cfg)),
+        lambda: warm_up(EngineCore(engine_cfg, on_failure=engine.fail)),
         max_queue_len=cfg.max_queue_len,
         max_seqs_per_request=cfg.max_seqs_per_request,
         max_num_seqs=engine_cfg.scheduler.max_num_seqs,
