@@ -88,7 +88,7 @@ class Executor:
                     return
                 rank = sentinels.pop(s)
                 p = self.procs[rank]
-                p.join(0)
+                p.join(1.0)  # reap it: its exit code names a kill (-9) or a crash (1)
                 self.fail(TensorParallelFailure(
                     f"tensor-parallel rank {rank} (pid {p.pid}) exited with code {p.exitcode}"
                 ))  # fmt: skip
