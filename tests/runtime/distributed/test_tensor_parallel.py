@@ -13,36 +13,38 @@ norms, and a mixture of experts split by width.
 from __future__ import annotations
 
 import pytest
-from arch_cases import CASES, build, check, generate
+from arch_cases import CASES, NEW, check, generate
+from arch_cases import prompts as prompts_
+from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM
+from pagoda.runtime.model.loader import load_model
 
 transformers = pytest.importorskip("transformers")
 
-CASES["qwen3-kv1-vocab301"] = (
-    "Qwen3",
-    dict(head_dim=64, num_key_value_heads=1, vocab_size=301),
-    {},
-)
-TP_CASES = ["llama-biases", "qwen3-kv1-vocab301", "gemma3-window", "qwen3moe-top2-step2"]
+TP_CASES = {
+    **{name: CASES[name] for name in ("llama-biases", "gemma3-window", "qwen3moe-top2-step2")},
+    "qwen3-kv1-vocab301": ("Qwen3", dict(head_dim=64, num_key_value_heads=1, vocab_size=301), {}),
+}
 POOL = dict(num_blocks_override=7, block_size=16, max_model_len=96, max_num_batched_tokens=16,
             max_num_seqs=3, dtype="float32")  # fmt: skip
 
 
 @pytest.mark.parametrize("name", TP_CASES)
 def test_two_ranks_give_one_ranks_tokens(tmp_path, name):
-    loaded, prompts, reference, engine_args = build(name, tmp_path)
+    arch, overrides, engine_args = TP_CASES[name]
+    hf = make_tiny_model(tmp_path, arch, **overrides)
+    prompts = prompts_()
+    reference = [hf_greedy_plain(hf, p, NEW) for p in prompts]
+    loaded = load_model(str(tmp_path))
     one = LLM(str(tmp_path), loaded=loaded, **POOL, **engine_args)
     want = generate(one, prompts) + generate(one, prompts[::-1])[::-1]
-    two = LLM(str(tmp_path), loaded=loaded, tensor_parallel_size=2, **POOL, **engine_args)
-    try:
+    with LLM(str(tmp_path), loaded=loaded, tensor_parallel_size=2, **POOL, **engine_args) as two:
         got = generate(two, prompts)  # cold: chunked, preempted
         got += generate(two, prompts[::-1])[::-1]  # warm: the shared prefix from the cache
         core = two.engine
         assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
         assert core.runner.backend.num_kv_heads == 1  # this rank's: split 2/2 or replicated
         core.check_integrity()
-    finally:
-        two.engine.close()
     assert [t for t, _ in got] == [t for t, _ in want]
     for i, g in enumerate(got):
         check(g, reference[i % len(prompts)], f"{name}: prompt {i}, two ranks")
