@@ -79,6 +79,7 @@ def serve_steps(spec: WorkerSpec, rank: int) -> None:
     from pagoda.runtime.distributed.group import TPGroup
     from pagoda.runtime.distributed.layout import check
     from pagoda.runtime.distributed.step_channel import StepChannel
+    from pagoda.runtime.engine.warmup import warm_kernels
     from pagoda.runtime.model.loader import load_model
     from pagoda.runtime.worker.model_runner import ModelRunner
 
@@ -93,6 +94,9 @@ def serve_steps(spec: WorkerSpec, rank: int) -> None:
     # as EngineCore: the context is capped to what the (agreed) KV cache holds
     limit = min(spec.max_model_len, runner.num_blocks * config.cache.block_size)
     runner.capture_cuda_graphs(config.scheduler.max_num_seqs, limit)
+    sched = config.scheduler
+    warm_kernels(runner, max_num_seqs=sched.max_num_seqs, max_model_len=limit,
+                 max_num_batched_tokens=sched.max_num_batched_tokens)  # fmt: skip
     channel = StepChannel(tp)
     steps = 0
     while (step := channel.receive()) is not None:
