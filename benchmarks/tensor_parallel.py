@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, write_random_llama
 from gpu_throughput import SHAPES
 from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.options import parse_size
 
 TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)  # fmt: skip
@@ -42,7 +43,7 @@ TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_l
 def run(path: Path, tp: int, prompts: list[list[int]], args) -> dict:
     kw = dict(dtype=args.dtype, max_num_seqs=args.batch, tensor_parallel_size=tp)
     if args.kv_cache_memory:
-        kw["kv_cache_memory"] = args.kv_cache_memory
+        kw["kv_cache_memory"] = parse_size(args.kv_cache_memory)
     with LLM(str(path), **kw) as llm:
         params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
         llm.generate(prompts[:2], params)  # warm: first steps compile
