@@ -48,3 +48,37 @@ def test_two_ranks_give_one_ranks_tokens(tmp_path, name):
     assert [t for t, _ in got] == [t for t, _ in want]
     for i, g in enumerate(got):
         check(g, reference[i % len(prompts)], f"{name}: prompt {i}, two ranks")
+
+
+def test_the_other_ranks_leave_when_rank_0_dies(tmp_path):
+    """Rank 0 gone without a word (os._exit, as a kill would): its rank exits within seconds
+    instead of waiting for the next step forever."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    make_tiny_model(tmp_path, "Llama")
+    script = f"""
+import os
+from pagoda.runtime import LLM
+if __name__ == "__main__":
+    llm = LLM({str(tmp_path)!r}, tensor_parallel_size=2, dtype="float32", kv_cache_memory=1 << 24)
+    print(next(iter(llm.engine.executor.procs.values())).pid, flush=True)
+    os._exit(0)
+"""
+    (tmp_path / "rank0.py").write_text(script)
+    out = subprocess.run([sys.executable, "-P", str(tmp_path / "rank0.py")], capture_output=True,
+                         text=True, timeout=180)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    pid = int(out.stdout.split()[-1])
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        try:  # a zombie (exited, not reaped by its new parent) has left too
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        except OSError:
+            break
+        time.sleep(0.1)
+    assert time.monotonic() < deadline, "rank 1 outlived rank 0"
