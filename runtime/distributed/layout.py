@@ -46,6 +46,11 @@ class TPLayout:
         head = self.rank * num_kv_heads // self.size
         return head, head + 1
 
+    def local_heads(self, num_heads: int, num_kv_heads: int) -> tuple[int, int]:
+        """How many query and KV heads this rank computes (its attention backend's)."""
+        (q0, q1), (k0, k1) = self.heads(num_heads), self.kv_heads(num_kv_heads)
+        return q1 - q0, k1 - k0
+
     def vocab(self, vocab_size: int) -> tuple[int, int]:
         """This rank's rows of the padded vocabulary [start, stop) (stop may pass vocab_size)."""
         part = -(-vocab_size // self.size)

@@ -276,7 +276,7 @@ class LlamaModel:
         c, tp = self.config, self.tp
         heads, kv_heads = c.num_heads, c.num_kv_heads
         if tp is not None:  # this rank's (layout.py: KV heads replicated when fewer than ranks)
-            heads, kv_heads = heads // tp.size, max(1, kv_heads // tp.size)
+            heads, kv_heads = tp.layout.local_heads(heads, kv_heads)
         return LayerContext(
             ops=self.ops, backend=self.backend, rms_norm=self.ops.rms_norm,
             act_and_mul=self.ops.silu_and_mul, linear=linear, eps=c.rms_norm_eps,

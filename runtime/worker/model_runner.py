@@ -71,7 +71,7 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         heads, kv_heads = mc.num_heads, mc.num_kv_heads
         if tp is not None:  # this rank's (layout.py: KV heads replicated when fewer than ranks)
-            heads, kv_heads = heads // tp.size, max(1, kv_heads // tp.size)
+            heads, kv_heads = tp.layout.local_heads(heads, kv_heads)
         self.backend = get_attention_backend(
             config.attention_backend,
             self.device,

@@ -24,6 +24,11 @@ def test_heads_split_and_kv_heads_split_or_replicated():
         assert {h // 4 for h in range(q0, q1)} == {k0}
 
 
+def test_local_head_counts():
+    assert TPLayout(1, 4).local_heads(8, 8) == (2, 2)
+    assert TPLayout(3, 4).local_heads(8, 2) == (2, 1)  # a replicated KV head
+
+
 def test_the_vocabulary_is_padded_to_a_multiple_of_the_ranks():
     assert [TPLayout(r, 2).vocab(301) for r in range(2)] == [(0, 151), (151, 302)]
 
