@@ -50,6 +50,21 @@ def test_two_ranks_give_one_ranks_tokens(tmp_path, name):
         check(g, reference[i % len(prompts)], f"{name}: prompt {i}, two ranks")
 
 
+def test_async_scheduling_broadcasts_tokens_still_on_the_device(tmp_path):
+    """With async scheduling (the default on CUDA) a decode row's token comes from the step
+    still in flight, gathered on rank 0's device and broadcast from there: same tokens."""
+    hf = make_tiny_model(tmp_path, "Llama")
+    prompts = prompts_()
+    reference = [hf_greedy_plain(hf, p, NEW) for p in prompts]
+    args = dict(tensor_parallel_size=2, async_scheduling=True, max_num_batched_tokens=16, max_num_seqs=4,
+                dtype="float32", kv_cache_memory=16 << 20)  # fmt: skip
+    with LLM(str(tmp_path), **args) as two:
+        assert two.engine.async_scheduling
+        got = generate(two, prompts)
+    for i, g in enumerate(got):
+        check(g, reference[i], f"async, prompt {i}")
+
+
 def test_the_other_ranks_leave_when_rank_0_dies(tmp_path):
     """Rank 0 gone without a word (os._exit, as a kill would): its rank exits within seconds
     instead of waiting for the next step forever."""
