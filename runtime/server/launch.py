@@ -6,7 +6,9 @@ Split from `cli.py` because this side imports torch and uvicorn; the parser must
 What `preflight` checks, each a ValueError with one line (the CLI prints it and exits 2): the
 tuned profile (its fields and kernel configs), the model's metadata (not its weights), every
 size against its range and the model's context, the kernel-config files the device will read,
-and the memory the configuration will allocate against what this machine has free.
+whether the weights and one full-length sequence fit a device at all (`fit.py`, reason
+ModelDoesNotFit), and the memory the configuration will allocate against what this machine has
+free.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.model.loader import read_model_config, resolve_model_path
 from pagoda.runtime.model.sources.fetch import resolve_model
-from pagoda.runtime.server import memory
+from pagoda.runtime.server import fit, memory
 from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.connections import guarded_protocol
 from pagoda.runtime.server.draining import DrainingServer
@@ -45,7 +47,9 @@ def preflight(
     """The one `EngineConfig` of this server, and the tuned profile applied to it (if any).
 
     ValueError (a ProfileError, a KernelConfigError too) naming what does not fit: the flags
-    together, the profile, the model, the kernel configs or this machine's memory.
+    together, the profile, the model, the kernel configs or this machine's memory; a model
+    whose weights and one full-length sequence do not fit one rank is a `ReasonedError` with
+    reason ModelDoesNotFit (`fit.check`).
     """
     # hf:// and s3:// → a local copy, downloaded now or found in --download-dir (offline too)
     model_path = resolve_model(cfg.model, download_dir)
@@ -60,6 +64,8 @@ def preflight(
     check_parallel(model_config, engine_cfg)
     check_step_budget(engine_kwargs, engine_cfg)
     check_kernel_configs(engine_cfg)
+    fit.check(model_config, engine_cfg, resolve_model_path(model_path),
+              engine_cfg.parallel.tensor_parallel_size)  # fmt: skip
     try:
         memory.check(model_config, engine_cfg, resolve_model_path(model_path))
     except ValueError as e:
@@ -95,6 +101,11 @@ def check_parallel(model_config: ModelConfig, engine_cfg: EngineConfig) -> None:
     from pagoda.runtime.distributed.layout import check
 
     check(model_config, par.tensor_parallel_size)
+    if engine_cfg.quantization is not None:
+        raise ValueError(
+            f"--quantization {engine_cfg.quantization} with --tensor-parallel-size "
+            f"{par.tensor_parallel_size}: FP8 layers are not split over ranks yet"
+        )
     device = engine_cfg.torch_device()
     if device.type == "cuda" and par.ranks_per_node > torch.cuda.device_count():
         raise ValueError(
