@@ -14,7 +14,9 @@ free.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import os
 import socket
 from collections.abc import Mapping
 from typing import Any
@@ -135,20 +137,35 @@ def check_kernel_configs(engine_cfg: EngineConfig) -> None:
     check_config_files(engine_cfg.torch_device())
 
 
+def build_core(engine_cfg: EngineConfig, on_failure: Any = None) -> Any:
+    """The engine's core, loaded and warmed up (in the engine process, or on its thread).
+    `on_failure`: told from another thread that a tensor-parallel rank died; by default the
+    process exits 1 at once (the engine process: the API process then sees it dead)."""
+    from pagoda.runtime.engine.core import EngineCore
+    from pagoda.runtime.engine.warmup import warm_up
+
+    return warm_up(EngineCore(engine_cfg, on_failure=on_failure or _end_engine_process))
+
+
+def _end_engine_process(exc: BaseException) -> None:
+    log.error("%s: the engine process exits", exc)
+    os._exit(1)
+
+
 def serve(
     cfg: ServerConfig,
     engine_cfg: EngineConfig,
     profile: TunedProfile | None = None,
     sockets: list[socket.socket] | None = None,
+    engine_client: Any = None,
 ) -> int:
-    """Load the model on the engine thread and serve on `sockets` (bound by the caller; bound
-    here from `cfg` when None) until drained; the exit code.
+    """Load the model in the engine process (`engine_client`: spawned already by the caller)
+    or on the engine thread and serve on `sockets` (bound by the caller; bound here from `cfg`
+    when None) until drained; the exit code.
 
     The engine factory warms up every kernel variant the configured shapes reach before the
     engine reports ready, so `/ready` turns 200 only when no JIT compile is left to pay.
     """
-    from pagoda.runtime.engine.core import EngineCore
-    from pagoda.runtime.engine.warmup import warm_up
     from pagoda.runtime.server.api import create_app
     from pagoda.runtime.server.listen import bind_sockets, bound_port, start_listening
     from pagoda.runtime.server.metrics import ServerMetrics
@@ -159,12 +176,20 @@ def serve(
     metrics = ServerMetrics(cfg.served_model_name)
     if profile is not None:
         metrics.set_tuned_profile(profile.device, profile.model, profile.created)
+    # pickles: it may cross to the engine process; on the engine thread a dead tensor-parallel
+    # rank marks the engine dead here (in the engine process it ends that process)
+    factory = functools.partial(build_core, engine_cfg)
+    if not cfg.engine_process and engine_client is None:
+        factory = lambda: build_core(engine_cfg, engine.fail)  # noqa: E731
     engine = AsyncEngine(
-        lambda: warm_up(EngineCore(engine_cfg, on_failure=engine.fail)),
+        factory,
         max_queue_len=cfg.max_queue_len,
         max_seqs_per_request=cfg.max_seqs_per_request,
         max_num_seqs=engine_cfg.scheduler.max_num_seqs,
         observer=metrics,
+        engine_process=cfg.engine_process,
+        log_level=cfg.log_level,
+        engine_client=engine_client,
     )
     app = create_app(cfg, engine, metrics)
     uv_cfg = uvicorn.Config(

@@ -31,17 +31,22 @@ def children(pid: int) -> list[int]:
 
 
 def rank_processes(pid: int) -> list[int]:
-    """The server's tensor-parallel ranks: its children that run `pagoda.runtime` (spawn's
-    resource tracker is a child too)."""
-    found = []
-    for child in children(pid):
-        try:
-            cmd = Path(f"/proc/{child}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"spawn_main" in cmd:
-            found.append(child)
-    return found
+    """The server's tensor-parallel ranks: the spawned processes under it (children of the
+    engine process, or of the server itself with --no-engine-process) that start none."""
+    spawned: dict[int, list[int]] = {}
+
+    def walk(p: int) -> None:
+        for child in children(p):
+            try:
+                cmd = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"spawn_main" in cmd:
+                spawned[child] = [c for c in children(child)]
+            walk(child)
+
+    walk(pid)
+    return [p for p, kids in spawned.items() if not any(k in spawned for k in kids)]
 
 
 def test_a_dead_rank_ends_the_server_with_health_503_first(tmp_path):
