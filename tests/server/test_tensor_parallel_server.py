@@ -49,13 +49,14 @@ def rank_processes(pid: int) -> list[int]:
     return [p for p, kids in spawned.items() if not any(k in spawned for k in kids)]
 
 
-def test_a_dead_rank_ends_the_server_with_health_503_first(tmp_path):
+@pytest.mark.parametrize("where", ["--engine-process", "--no-engine-process"])
+def test_a_dead_rank_ends_the_server_with_health_503_first(tmp_path, where):
     from hf_oracle import make_tiny_model
 
     make_tiny_model(tmp_path, "Llama")
     srv = ServerProcess(
         "--model", str(tmp_path), "--tensor-parallel-size", "2", "--device", "cpu",
-        "--dtype", "float32", "--kv-cache-memory", "16MiB", "--max-model-len", "256",
+        "--dtype", "float32", "--kv-cache-memory", "16MiB", "--max-model-len", "256", where,
     )  # fmt: skip
     try:
         srv.wait_ready()
