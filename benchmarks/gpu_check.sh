@@ -19,13 +19,15 @@
 # (the 8b shape, bf16 vs FP8 weights + KV: output tok/s and KV capacity); then serving
 # (benchmarks/gpu_serving.py: `pagoda serve` under 256 HTTP clients on nano-vllm's workload,
 # streaming and not, with the engine in its own process and on a thread side by side, beside the
-# offline engine; needs .gpu-wheels/, see gpu_wheels.sh).
+# offline engine; needs .gpu-wheels/, see gpu_wheels.sh), then tensor
+# parallelism: tptests (two NCCL ranks against one, CUDA graphs) and tp (one rank vs two on an
+# 8B shape), which need two GPUs.
 # All of them take more than one 10-minute device call; 2026-12-04 ran STEPS="throughput tests"
 # (~3.5 min), then STEPS="tests tunetests tune throughput" HF=0. The MoE steps alone:
 # STEPS="moetests moekernels moe"; the FP8 ones: STEPS="fp8tests fp8kernels" and
 # STEPS="fp8engine fp8throughput" (each about one 10-minute call).
 set -u
-STEPS=${STEPS:-tests tunetests tune throughput invariance kernels moetests moekernels moe fp8tests fp8kernels fp8engine fp8throughput serving}
+STEPS=${STEPS:-tests tunetests tune throughput invariance kernels moetests moekernels moe fp8tests fp8kernels fp8engine fp8throughput serving tptests tp}
 OUT=${OUT:-${1:-gpu-out}}
 mkdir -p "$OUT"
 ROOT=$PWD
@@ -93,3 +95,8 @@ TAIL=40 step fp8throughput 540 $PY benchmarks/gpu_throughput.py --shape 8b --als
     --hf-requests 0 --kv-cache-gib 24
 TAIL=30 step serving 420 $PY benchmarks/gpu_serving.py --shape 1b --json "$OUT/serving.json" \
     --workloads nano --servers process=--engine-process thread=--no-engine-process ${SERVING_ARGS:-}
+# Tensor parallelism (two GPUs or more; on one GPU the test skips and the benchmark says so):
+# NCCL ranks with the all-reduces in the CUDA graphs against one rank, tokens and output tok/s.
+TAIL=10 step tptests 200 $PY -m pytest -q -rs -p no:cacheprovider --timeout 190 -m gpu \
+    tests/runtime/distributed/test_tensor_parallel_gpu.py
+TAIL=12 step tp 400 $PY benchmarks/tensor_parallel.py --shape 8b --tp 2

@@ -238,6 +238,8 @@ class EngineConfig:
     # "fp8": quantize a 16-bit checkpoint's linear layers at load (None: the checkpoint's own
     # quantization, if any; see pagoda.runtime.quantization.fp8)
     quantization: str | None = None
+    # tensor parallelism: ranks, nodes, rendezvous (pagoda.runtime.distributed)
+    parallel: options.Parallelism = field(default_factory=options.Parallelism)
 
     def __post_init__(self) -> None:
         if self.quantization is not None and self.quantization not in options.QUANTIZATIONS:
@@ -271,12 +273,15 @@ class EngineConfig:
         cache_keys = {f for f in CacheConfig.__dataclass_fields__}
         sched_keys = {f for f in SchedulerConfig.__dataclass_fields__} - {"auto_batched_tokens"}
         top_keys = {f for f in cls.__dataclass_fields__} - {"cache", "scheduler", "model"}
-        unknown = set(kwargs) - cache_keys - sched_keys - top_keys
+        par_keys = set(options.PARALLEL_FLAGS)  # tensor_parallel_size, nnodes, ...
+        unknown = set(kwargs) - cache_keys - sched_keys - top_keys - par_keys
         if unknown:
             raise ValueError(f"unknown engine argument(s): {', '.join(sorted(unknown))}")
         cache = CacheConfig(**{k: v for k, v in kwargs.items() if k in cache_keys})
         sched = SchedulerConfig(**{k: v for k, v in kwargs.items() if k in sched_keys})
         top = {k: v for k, v in kwargs.items() if k in top_keys}
+        if any(k in par_keys for k in kwargs):
+            top["parallel"] = options.Parallelism.from_values(kwargs)
         return cls(model=model, cache=cache, scheduler=sched, **top)
 
     def with_max_model_len(self, max_model_len: int) -> EngineConfig:

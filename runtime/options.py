@@ -278,7 +278,8 @@ PARALLEL_FLAGS: Mapping[str, Flag] = _flags(
          DEFAULT_NODE_RANK, int, metavar="R"),
     Flag("--master-addr", "address of node 0, where torch.distributed meets (default: "
          f"{DEFAULT_MASTER_ADDR}, required with --nnodes > 1)", None, metavar="HOST"),
-    Flag("--master-port", "node 0's torch.distributed rendezvous port", DEFAULT_MASTER_PORT, int,
+    Flag("--master-port", "node 0's torch.distributed rendezvous port (with --nnodes > 1; the "
+         "ranks of one node meet on a free loopback port)", DEFAULT_MASTER_PORT, int,
          metavar="P"),
 )  # fmt: skip
 

@@ -279,6 +279,15 @@ class AsyncEngine:
         """Sequences accepted that have no output yet (the bound of `max_queue_len`)."""
         return self._num_queued
 
+    def fail(self, exc: BaseException) -> None:
+        """Mark the engine dead from any thread (a tensor-parallel rank died): `/health` turns
+        503, every stream fails, the server exits (`DrainingServer`)."""
+        if self.error is None:
+            self.error = exc
+        self._wake.set()  # the engine thread's next step raises it too
+        if self._loop is not None:
+            self._call_loop(self._fail_all, exc)
+
     def stop(self, timeout: float = 10.0) -> None:
         self._stop = True
         if self._client is not None:
@@ -577,8 +586,11 @@ class AsyncEngine:
             self._serve(core)
         except BaseException as exc:
             log.exception("engine loop died")
-            self.error = exc
+            self.error = self.error or exc
             self._call_loop(self._fail_all, exc)
+        finally:
+            if self._core is not None:  # stops a tensor-parallel group's other ranks
+                self._core.close()
 
     def _warm_up(self, core: EngineCore) -> None:
         """One real step, so the first client does not pay for lazy initialisation."""

@@ -29,10 +29,10 @@ import gc
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
-from pagoda.runtime.config import EngineConfig
+from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.scheduler import Scheduler
 from pagoda.runtime.engine.output_processor import OutputProcessor
@@ -49,14 +49,30 @@ log = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+    """With `config.parallel.tensor_parallel_size` > 1 this process is rank 0 of a group
+    (`pagoda.runtime.distributed`): it starts the other ranks and sends them every step;
+    `on_failure` hears, from another thread, that one of them died. `close()` stops them."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        loaded: LoadedModel | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
         loaded = loaded or load_model(config.model)
         self.model_name = loaded.name
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.sampling_defaults = dict(loaded.sampling_defaults)  # generation_config.json's
         limit = config.scheduler.max_model_len or loaded.config.max_position_embeddings
-        self.runner = ModelRunner(config, loaded, limit)
+        self.executor = start_group(config, loaded.config, limit, on_failure)
+        tp = self.executor.group if self.executor is not None else None
+        try:
+            self.runner = ModelRunner(config, loaded, limit, tp)
+        except BaseException:
+            if self.executor is not None:
+                self.executor.close()
+            raise
         del loaded  # the checkpoint's tensors (unless the caller holds them) are garbage now
         bs = config.cache.block_size
         capacity = self.runner.num_blocks * bs
@@ -161,6 +177,8 @@ class EngineCore:
 
     # -- the step --------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
+        if self.executor is not None:
+            self.executor.check()  # a rank is gone: never wait on it
         if self.async_scheduling:
             return self._step_async()
         clock = self.clock
@@ -263,3 +281,20 @@ class EngineCore:
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks, if any (idempotent)."""
+        if self.executor is not None:
+            self.executor.close(self.runner.channel if hasattr(self, "runner") else None)
+
+
+def start_group(config: EngineConfig, model: ModelConfig, max_model_len: int, on_failure):
+    """The executor of a tensor-parallel group (its other ranks started and joined), or None
+    for one rank. ValueError when the model cannot be split that way."""
+    if config.parallel.tensor_parallel_size == 1:
+        return None
+    from pagoda.runtime.distributed.executor import Executor
+    from pagoda.runtime.distributed.layout import check
+
+    check(model, config.parallel.tensor_parallel_size)
+    return Executor(config, max_model_len, on_failure)

@@ -107,6 +107,7 @@ class EngineCoreProc:
             self.send(b"r", pickle.dumps(info))
             self.send(b"s", self.encoder.encode(core.stats()))
             self.serve(core)
+            core.close()  # a tensor-parallel group's other ranks stop with it
             return 0
         except BaseException as exc:
             log.exception("engine loop died")

@@ -18,7 +18,9 @@ PromptType = str | Sequence[int] | dict[str, Any]
 class LLM:
     """Batch generation in-process. Engine keyword arguments are those of `EngineConfig.create`
     (e.g. ``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``, ``enable_prefix_caching``,
-    ``enable_chunked_prefill``, ``dtype``, ``kv_cache_memory``, ``max_model_len``)."""
+    ``enable_chunked_prefill``, ``dtype``, ``kv_cache_memory``, ``max_model_len``,
+    ``tensor_parallel_size``: ranks started as processes, so a script that uses it needs the
+    ``if __name__ == "__main__":`` guard, as with any spawned process)."""
 
     def __init__(
         self, model: str = DEFAULT_MODEL, *, loaded: LoadedModel | None = None, **engine_args: Any
@@ -28,6 +30,16 @@ class LLM:
         self.config = self.engine.config  # with the context length resolved
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """Stop the engine's other tensor-parallel ranks, if any (`with LLM(...) as llm:`)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What `generate` uses without params: the model's generation_config.json sampling

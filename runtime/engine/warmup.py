@@ -150,33 +150,46 @@ def _engine_steps(core: EngineCore) -> int:
     return steps
 
 
+def warm_kernels(runner, *, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int):
+    """The attention kernel variants of these shapes, compiled on `runner`'s device (this
+    rank's heads in a tensor-parallel group); the number of launches (0 off Triton)."""
+    if runner.backend.name != "triton":
+        return 0
+    backend = runner.backend
+    geo = Geometry(
+        backend.num_heads,
+        backend.num_kv_heads,
+        runner.model_config.head_dim,
+        runner.block_size,
+        runner.dtype,
+        runner.device,
+        runner.kv_caches[0][0].dtype if runner.kv_caches else None,
+        _kv_scale_size(runner),
+    )
+    cases = kernel_cases(
+        geo,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
+    launches = sum(run_kernel_case(geo, *case) for case in cases)
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize(runner.device)
+    return launches
+
+
 def warm_up(core: EngineCore) -> EngineCore:
-    """Compile (or touch) every variant serving can hit; returns ``core`` for factory chaining."""
+    """Compile (or touch) every variant serving can hit; returns ``core`` for factory chaining.
+    The other ranks of a tensor-parallel group compile their kernels themselves
+    (`distributed/worker_proc.py`) and run these steps with rank 0."""
     start = time.monotonic()
-    launches = 0
-    runner = core.runner
-    if runner.backend.name == "triton":
-        mc, sched = core.model_config, core.scheduler.config
-        geo = Geometry(
-            mc.num_heads,
-            mc.num_kv_heads,
-            mc.head_dim,
-            core.kv.block_size,
-            runner.dtype,
-            runner.device,
-            runner.kv_caches[0][0].dtype if runner.kv_caches else None,
-            _kv_scale_size(runner),
-        )
-        cases = kernel_cases(
-            geo,
-            max_num_seqs=sched.max_num_seqs,
-            max_model_len=core.max_model_len,
-            max_num_batched_tokens=sched.max_num_batched_tokens,
-        )
-        for case in cases:
-            launches += run_kernel_case(geo, *case)
-        if runner.device.type == "cuda":
-            torch.cuda.synchronize(runner.device)
+    sched = core.scheduler.config
+    launches = warm_kernels(
+        core.runner,
+        max_num_seqs=sched.max_num_seqs,
+        max_model_len=core.max_model_len,
+        max_num_batched_tokens=sched.max_num_batched_tokens,
+    )
     steps = _engine_steps(core)
     log.info(
         "warm-up: %d attention launches over the configured shapes, %d engine steps, %.1f s",

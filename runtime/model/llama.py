@@ -23,6 +23,13 @@ from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.quantized import QuantizedWeight, stack
+from pagoda.runtime.distributed.group import TPGroup
+from pagoda.runtime.distributed.parallel_linear import (
+    column_linear,
+    qkv_linear,
+    row_linear,
+    vocab_parallel,
+)
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.ops import Ops, build_cos_sin_cache, gather_cos_sin
 
@@ -118,6 +125,28 @@ class DeviceWeights:
             return fp8.fuse(parts)
         return fp8.quantize_linear(torch.cat([self._w[n].to(self.device) for n in names]))
 
+    def length(self, name: str, dim: int) -> int:
+        """The size of tensor `name` along `dim`."""
+        if name not in self._w:
+            raise ValueError(f"checkpoint is missing tensor {name!r}")
+        return self._w[name].shape[dim]
+
+    def part(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+        """Rows (dim 0) or columns (dim 1) [start, stop) of `name`, cut before the move to the
+        device, zero-padded past its end (a vocabulary rounded up for tensor parallelism)."""
+        if name not in self._w:
+            raise ValueError(f"checkpoint is missing tensor {name!r}")
+        t = self._w[name]
+        if t.dtype == torch.float8_e4m3fn:  # with its scale, as `self[name]` reads it
+            t = self._dequantized(name, t)
+        have = max(0, min(stop, t.shape[dim]) - start)
+        piece = t.narrow(dim, start, have).to(device=self.device, dtype=self.dtype)
+        if have < stop - start:
+            pad = list(piece.shape)
+            pad[dim] = stop - start - have
+            piece = torch.cat([piece, piece.new_zeros(pad)], dim)
+        return piece.contiguous()
+
     def cat(self, names: list[str]) -> torch.Tensor:
         return torch.cat([self[n] for n in names])
 
@@ -158,10 +187,11 @@ class LayerContext:
     act_and_mul: Callable[..., Any]  # the gated MLP's activation (`ops.silu_and_mul`, GeGLU)
     linear: Callable[..., Linear]
     eps: float
-    num_heads: int
+    num_heads: int  # this rank's (all of them without tensor parallelism)
     num_kv_heads: int
     head_dim: int
     batch_invariant: bool = False  # the engine's --batch-invariant (the fused-MoE kernel's too)
+    tp: TPGroup | None = None  # the tensor-parallel group (distributed/parallel_linear.py)
 
     @property
     def qkv_sizes(self) -> list[int]:
@@ -191,9 +221,13 @@ class GatedMLP:
         prefix: str,
         names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
     ) -> None:
-        self.gate_up = linear_layer(ctx, w, [f"{prefix}{names[0]}.weight",
-                                             f"{prefix}{names[1]}.weight"])  # fmt: skip
-        self.down = linear_layer(ctx, w, [f"{prefix}{names[2]}.weight"])
+        gate_up = [f"{prefix}{names[0]}.weight", f"{prefix}{names[1]}.weight"]
+        down = f"{prefix}{names[2]}.weight"
+        if ctx.tp is None:
+            self.gate_up = linear_layer(ctx, w, gate_up)
+            self.down = linear_layer(ctx, w, [down])
+        else:  # gate/up column-parallel, down row-parallel (distributed/parallel_linear.py)
+            self.gate_up, self.down = column_linear(ctx, w, gate_up), row_linear(ctx, w, down)
         self.act_and_mul = ctx.act_and_mul
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -214,8 +248,12 @@ class LlamaLayer:
         self.ctx, self.index = ctx, index
         self.attn_norm = model.norm_weight(w[prefix + "input_layernorm.weight"])
         self.mlp_norm = model.norm_weight(w[prefix + "post_attention_layernorm.weight"])
-        self.qkv = linear_layer(ctx, w, [f"{a}{n}.weight" for n in ("q_proj", "k_proj", "v_proj")])
-        self.o_proj = linear_layer(ctx, w, [a + "o_proj.weight"])
+        qkv = [f"{a}{n}.weight" for n in ("q_proj", "k_proj", "v_proj")]
+        o = a + "o_proj.weight"
+        if ctx.tp is None:
+            self.qkv, self.o_proj = linear_layer(ctx, w, qkv), linear_layer(ctx, w, [o])
+        else:  # this rank's heads (distributed/parallel_linear.py)
+            self.qkv, self.o_proj = qkv_linear(ctx, w, qkv, c), row_linear(ctx, w, o)
         self.kv_scales = model.kv_scales(w, a.rstrip("."))  # an FP8 KV cache's (k, v) scales
         self.window = c.family.window(index)  # this layer's sliding window, or None
         self.rope = model.rope_table(index)
@@ -259,7 +297,9 @@ class LlamaLayer:
 
 
 class LlamaModel:
-    """Inference-only forward; every tensor lives on one device in one dtype."""
+    """Inference-only forward; every tensor lives on one device in one dtype. With `tp`, this
+    rank's part of the model (`pagoda.runtime.distributed`): its heads, MLP rows and vocabulary
+    rows; the forward then runs on every rank of the group together."""
 
     layer_class: type[LlamaLayer] = LlamaLayer
 
@@ -275,6 +315,7 @@ class LlamaModel:
         ops: Ops,
         max_positions: int,
         batch_invariant: bool = False,
+        tp: TPGroup | None = None,
         fp8: Fp8Scheme | None = None,
     ) -> None:
         """``fp8``: the linear layers it names run in the FP8 GEMM (`quantization.fp8`; the
@@ -282,19 +323,24 @@ class LlamaModel:
         self.config = config
         self.dtype, self.device = dtype, device
         self.backend, self.ops = backend, ops
-        w = DeviceWeights(weights, device, dtype, quantized or {}, fp8)
+        self.tp = tp  # stored GGUF blocks are not split: a group multiplies float matrices
+        quantized = {} if tp is not None else quantized or {}
+        w = DeviceWeights(weights, device, dtype, quantized, fp8)
         self.batch_invariant = batch_invariant
         linear = functools.partial(Linear, invariant=batch_invariant)
         ctx = self.layer_context(linear)
         self.rms_norm = ctx.rms_norm
-        embed = w[EMBED]
         self.norm = self.norm_weight(w["model.norm.weight"])
         tied = config.tie_word_embeddings or "lm_head.weight" not in w
         head = EMBED if tied else "lm_head.weight"
-        head_weight = embed if tied else w[head]
-        self.lm_head = linear(head_weight, quantized=self.head_blocks(w, head))
-        self.vocab_size = head_weight.shape[0]  # the logits' width
-        self.embed = _lookup_table(embed, w.quantized([EMBED]), self.lm_head, head == EMBED)
+        if tp is not None:
+            self.embed, self.lm_head, self.vocab_size = vocab_parallel(ctx, w, EMBED, head)
+        else:
+            embed = w[EMBED]
+            head_weight = embed if tied else w[head]
+            self.lm_head = linear(head_weight, quantized=self.head_blocks(w, head))
+            self.vocab_size = head_weight.shape[0]  # the logits' width
+            self.embed = _lookup_table(embed, w.quantized([EMBED]), self.lm_head, head == EMBED)
         self.rope_caches = self.build_rope_caches(max_positions)
         self.layers = [
             self.layer_class(self, w, f"model.layers.{i}.", i, ctx)
@@ -303,12 +349,15 @@ class LlamaModel:
 
     # -- what subclasses change --------------------------------------------------------------
     def layer_context(self, linear: Callable[..., Linear]) -> LayerContext:
-        c = self.config
+        c, tp = self.config, self.tp
+        heads, kv_heads = c.num_heads, c.num_kv_heads
+        if tp is not None:  # this rank's (layout.py: KV heads replicated when fewer than ranks)
+            heads, kv_heads = tp.layout.local_heads(heads, kv_heads)
         return LayerContext(
             ops=self.ops, backend=self.backend, rms_norm=self.ops.rms_norm,
             act_and_mul=self.ops.silu_and_mul, linear=linear, eps=c.rms_norm_eps,
-            num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-            batch_invariant=self.batch_invariant,
+            num_heads=heads, num_kv_heads=kv_heads, head_dim=c.head_dim,
+            batch_invariant=self.batch_invariant, tp=tp,
         )  # fmt: skip
 
     def norm_weight(self, weight: torch.Tensor) -> torch.Tensor:
@@ -361,8 +410,8 @@ class LlamaModel:
         return {name: cache.to(self.device) for name, cache in caches.items()}
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        e = self.embed
-        return e.rows(input_ids) if isinstance(e, qgemm.QGemmWeight) else F.embedding(input_ids, e)
+        e = self.embed  # a table, or an object that looks rows up (`qgemm`, vocabulary-parallel)
+        return F.embedding(input_ids, e) if isinstance(e, torch.Tensor) else e.rows(input_ids)
 
     def logits(self, x: torch.Tensor, head: HeadSampling | None) -> torch.Tensor:
         if head is not None:

@@ -14,6 +14,11 @@ experts' outputs.
   sync, so CUDA graphs capture it; batch-invariant with `--batch-invariant`); where that kernel
   cannot be imported, every expert over every token (same result, E times the work), logged.
 
+Tensor parallelism (`pagoda.runtime.distributed`) splits each expert's intermediate width, as
+vLLM's fused-MoE layer does: every rank holds rows [r N/R, (r+1) N/R) of every expert's gate and
+up and those columns of its down, routes every token itself (the router is replicated), and the
+ranks' partial outputs are summed by one all-reduce per layer.
+
 Expert weights come per expert (Hugging Face: `experts.{e}.w1` / `gate_proj` ...) or stacked
 `[E, N, K]` under `experts.{name}.weight` (the GGUF loader's names for `ffn_*_exps`).
 """
@@ -82,6 +87,7 @@ class SparseMoE:
         self.top_k, self.renormalize, self.round_weights = top_k, renormalize, round_weights
         self.act_and_mul = ctx.act_and_mul
         self.batch_invariant = ctx.batch_invariant
+        self.tp = ctx.tp
         self.fused = _fused_kernel() if w13 is not None else None
         if w13 is not None and self.fused is None:
             log.warning("no fused-MoE kernel here: every expert runs over every token")
@@ -95,6 +101,8 @@ class SparseMoE:
         p = prefix + block
         router = ctx.linear(w[p + "gate.weight"], quantized=w.quantized([p + "gate.weight"]))
         tensors = _ExpertTensors(w, p + "experts.", names, f.num_experts)
+        if ctx.tp is not None:
+            tensors.rows = ctx.tp.layout.even(f.moe_intermediate_size)
         w13 = w2 = None
         experts: list[tuple[Linear, Linear]] = []
         if w.device.type == "cuda":  # stacked for the fused kernel: [E, 2N, K] and [E, K, N]
@@ -125,6 +133,10 @@ class SparseMoE:
         return [self.router, *(x for pair in self.experts for x in pair)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._experts(x)
+        return out if self.tp is None else self.tp.all_reduce(out)
+
+    def _experts(self, x: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(self.router(x).float(), dim=-1)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:
@@ -160,6 +172,7 @@ class _ExpertTensors:
 
     def __init__(self, w: DeviceWeights, prefix: str, names: tuple[str, str, str], n: int):
         self.w, self.prefix, self.names, self.n = w, prefix, names, n
+        self.rows: tuple[int, int] | None = None  # this rank's intermediate rows (tensor parallel)
         self.stacked = f"{prefix}{names[0]}.weight" in w
         self._stack = [w[f"{prefix}{x}.weight"] for x in names] if self.stacked else None
 
@@ -167,10 +180,16 @@ class _ExpertTensors:
         return f"{self.prefix}{e}.{self.names[which]}.weight"
 
     def weights(self, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(gate [N, K], up [N, K], down [K, N]) of expert `e`."""
+        """(gate [N, K], up [N, K], down [K, N]) of expert `e`; with `rows`, this rank's
+        rows of gate and up and those columns of down."""
         if self._stack is not None:
-            return tuple(t[e] for t in self._stack)  # type: ignore[return-value]
-        return tuple(self.w[self._name(e, i)] for i in range(3))  # type: ignore[return-value]
+            gate, up, down = (t[e] for t in self._stack)
+        else:
+            gate, up, down = (self.w[self._name(e, i)] for i in range(3))
+        if self.rows is None:
+            return gate, up, down
+        a, b = self.rows
+        return gate[a:b].contiguous(), up[a:b].contiguous(), down[:, a:b].contiguous()
 
     def blocks(self, e: int) -> tuple[QuantizedWeight | None, ...]:
         """Stored blocks of (gate, up, down) for `qgemm` (float32 CPU models), or Nones."""

@@ -160,15 +160,9 @@ def held_logs() -> Iterator[None]:
 
 
 def parallelism(args: argparse.Namespace) -> options.Parallelism:
-    """The tensor-parallel flags, validated (ValueError). This runtime runs one rank: a larger
-    group is refused here, before anything loads, rather than served on one device."""
-    layout = options.Parallelism.from_values(vars(args))
-    if layout.tensor_parallel_size > 1:
-        raise ValueError(
-            f"--tensor-parallel-size {layout.tensor_parallel_size}: this runtime serves a model "
-            "on one device only; use --tensor-parallel-size 1 (one GPU per server)"
-        )
-    return layout
+    """The tensor-parallel flags, validated (ValueError); against the model and this node's
+    devices in `launch.preflight`."""
+    return options.Parallelism.from_values(vars(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -182,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
             cfg = server_config(args)
             engine_kwargs = options.engine_kwargs(vars(args))
             layout = parallelism(args)
+            if layout.is_worker:  # a headless node of a group: no HTTP server
+                return serve_worker_node(args, engine_kwargs, layout)
             cfg = fit_connections(cfg)
             sockets = bind_sockets(cfg.host, cfg.port)  # before torch: a port in use is instant
             if cfg.engine_process:  # it imports torch and the engine while this one checks
@@ -192,8 +188,7 @@ def run(args: argparse.Namespace) -> int:
 
             engine_cfg, profile = preflight(
                 cfg, engine_kwargs, args.tuned_profile, args.tuned_profile_mismatch,
-                download_dir=args.download_dir,
-                tensor_parallel_size=layout.tensor_parallel_size,
+                download_dir=args.download_dir, parallel=layout,
             )  # fmt: skip
             start_listening(sockets, cfg.host)
     except ValueError as e:  # a ProfileError, KernelConfigError, failed download too
@@ -211,6 +206,25 @@ def run(args: argparse.Namespace) -> int:
 def stop_engine(engine: Any) -> None:
     if engine is not None:
         engine.stop(timeout=5)
+
+
+def serve_worker_node(
+    args: argparse.Namespace, engine_kwargs: dict[str, Any], layout: options.Parallelism
+) -> int:
+    """`--node-rank R` > 0: this node's ranks of the group, headless, until rank 0 stops them
+    (they run the steps it broadcasts); the same checks as node 0 first (exit 2)."""
+    from pagoda.runtime.distributed.worker_proc import serve_node
+    from pagoda.runtime.server.launch import preflight
+
+    cfg = server_config(args)
+    try:
+        engine_cfg, _ = preflight(
+            cfg, engine_kwargs, args.tuned_profile, args.tuned_profile_mismatch,
+            download_dir=args.download_dir, parallel=layout,
+        )  # fmt: skip
+    except ValueError as e:
+        fail(e)
+    return serve_node(engine_cfg)
 
 
 def fit_connections(cfg: ServerConfig) -> ServerConfig:

@@ -13,13 +13,17 @@ free.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import os
 import socket
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 import uvicorn
+from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.model.loader import read_model_config, resolve_model_path
@@ -40,7 +44,7 @@ def preflight(
     tuned_profile: str | None = None,
     tuned_profile_mismatch: str = "error",
     download_dir: str | None = None,
-    tensor_parallel_size: int = 1,
+    parallel: options.Parallelism | None = None,
 ) -> tuple[EngineConfig, TunedProfile | None]:
     """The one `EngineConfig` of this server, and the tuned profile applied to it (if any).
 
@@ -57,9 +61,13 @@ def preflight(
     model_config = read_model_config(model_path)  # an unknown --model fails here
     check_context(kwargs, model_config)
     engine_cfg = EngineConfig.create(model_path, **kwargs)
+    if parallel is not None:
+        engine_cfg = dataclasses.replace(engine_cfg, parallel=parallel)
+    check_parallel(model_config, engine_cfg)
     check_step_budget(engine_kwargs, engine_cfg)
     check_kernel_configs(engine_cfg)
-    fit.check(model_config, engine_cfg, resolve_model_path(model_path), tensor_parallel_size)
+    fit.check(model_config, engine_cfg, resolve_model_path(model_path),
+              engine_cfg.parallel.tensor_parallel_size)  # fmt: skip
     try:
         memory.check(model_config, engine_cfg, resolve_model_path(model_path))
     except ValueError as e:
@@ -86,6 +94,28 @@ def check_context(kwargs: dict[str, Any], model_config: ModelConfig) -> None:
         )
 
 
+def check_parallel(model_config: ModelConfig, engine_cfg: EngineConfig) -> None:
+    """--tensor-parallel-size against the model (heads, widths that must divide) and, on CUDA,
+    the GPUs this node has for its ranks (one each)."""
+    par = engine_cfg.parallel
+    if par.tensor_parallel_size == 1:
+        return
+    from pagoda.runtime.distributed.layout import check
+
+    check(model_config, par.tensor_parallel_size)
+    if engine_cfg.quantization is not None:
+        raise ValueError(
+            f"--quantization {engine_cfg.quantization} with --tensor-parallel-size "
+            f"{par.tensor_parallel_size}: FP8 layers are not split over ranks yet"
+        )
+    device = engine_cfg.torch_device()
+    if device.type == "cuda" and par.ranks_per_node > torch.cuda.device_count():
+        raise ValueError(
+            f"--tensor-parallel-size {par.tensor_parallel_size} runs {par.ranks_per_node} ranks "
+            f"on this node, one per GPU, and it has {torch.cuda.device_count()}"
+        )
+
+
 def check_step_budget(flags: Mapping[str, Any], engine_cfg: EngineConfig) -> None:
     """An explicit --max-num-batched-tokens above what one step can ever schedule (every
     sequence slot with a full context) is a typo, not a setting."""
@@ -107,12 +137,19 @@ def check_kernel_configs(engine_cfg: EngineConfig) -> None:
     check_config_files(engine_cfg.torch_device())
 
 
-def build_core(engine_cfg: EngineConfig) -> Any:
-    """The engine's core, loaded and warmed up (in the engine process, or on its thread)."""
+def build_core(engine_cfg: EngineConfig, on_failure: Any = None) -> Any:
+    """The engine's core, loaded and warmed up (in the engine process, or on its thread).
+    `on_failure`: told from another thread that a tensor-parallel rank died; by default the
+    process exits 1 at once (the engine process: the API process then sees it dead)."""
     from pagoda.runtime.engine.core import EngineCore
     from pagoda.runtime.engine.warmup import warm_up
 
-    return warm_up(EngineCore(engine_cfg))
+    return warm_up(EngineCore(engine_cfg, on_failure=on_failure or _end_engine_process))
+
+
+def _end_engine_process(exc: BaseException) -> None:
+    log.error("%s: the engine process exits", exc)
+    os._exit(1)
 
 
 def serve(
@@ -139,8 +176,13 @@ def serve(
     metrics = ServerMetrics(cfg.served_model_name)
     if profile is not None:
         metrics.set_tuned_profile(profile.device, profile.model, profile.created)
+    # pickles: it may cross to the engine process; on the engine thread a dead tensor-parallel
+    # rank marks the engine dead here (in the engine process it ends that process)
+    factory = functools.partial(build_core, engine_cfg)
+    if not cfg.engine_process and engine_client is None:
+        factory = lambda: build_core(engine_cfg, engine.fail)  # noqa: E731
     engine = AsyncEngine(
-        functools.partial(build_core, engine_cfg),  # pickles: it may cross to the engine process
+        factory,
         max_queue_len=cfg.max_queue_len,
         max_seqs_per_request=cfg.max_seqs_per_request,
         max_num_seqs=engine_cfg.scheduler.max_num_seqs,

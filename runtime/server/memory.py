@@ -120,6 +120,8 @@ def estimate(
     sched, cache = cfg.scheduler, cfg.cache
     max_len = sched.max_model_len or mc.max_position_embeddings
     weights = checkpoint_bytes(model_path)
+    if device.type == "cuda":  # tensor parallel: each GPU holds one rank's share (checked on one)
+        weights = -(-weights // cfg.parallel.tensor_parallel_size)
     per_token = kv_bytes_per_token(mc, dtype, cache.kv_cache_dtype)
     if cache.num_blocks_override is not None:
         kv = cache.num_blocks_override * cache.block_size * per_token
@@ -129,6 +131,8 @@ def estimate(
         kv = options.DEFAULT_CPU_KV_CACHE_MEMORY
     else:
         kv = 0  # the runner takes what is free after the weights
+    if device.type == "cpu" and cache.num_blocks_override is None:
+        kv *= cfg.parallel.ranks_per_node  # a budget per rank, every rank on this host
     blocks = kv // (per_token * cache.block_size)
     width = math.ceil(max_len / cache.block_size)
     rows = 2 * sched.max_num_seqs

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -23,6 +22,8 @@ from pagoda.runtime.attention import AttentionMetadata, get_attention_backend
 from pagoda.runtime.config import EngineConfig, fp8_runs_on
 from pagoda.runtime.core.sched_output import SchedulerOutput
 from pagoda.runtime.cpu import qgemm
+from pagoda.runtime.distributed.group import TPGroup
+from pagoda.runtime.distributed.step_channel import StepChannel
 from pagoda.runtime.model.llama import LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.ops import select_ops
@@ -43,42 +44,40 @@ from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
 from pagoda.runtime.worker.host_memory import keep_freed_memory
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
 from pagoda.runtime.worker.step_clock import StepClock
+from pagoda.runtime.worker.step_inputs import StepInputs
 
 log = logging.getLogger(__name__)
 CPU_DEFAULT_KV_BYTES = options.DEFAULT_CPU_KV_CACHE_MEMORY
 
 
-@dataclass
-class _StepInputs:
-    """Host arrays describing one step's flat batch (see `_prepare_inputs`)."""
-
-    ids: np.ndarray  # int64 [T] token ids
-    positions: np.ndarray  # int64 [T]
-    slots: np.ndarray  # int64 [T] cache slot of each new token
-    table: np.ndarray  # int32 [B, max_blocks] block tables
-    qlens: np.ndarray  # int64 [B] new tokens per request
-    seq_lens: np.ndarray  # int64 [B] context length including the new tokens
-    cu: np.ndarray  # int64 [B + 1] prefix sums of qlens
-    sampling: list[int]  # requests that sample a token this step
-    # Async scheduling: (rows of `ids`, rows of the in-flight step's tokens) to fill on device.
-    pending: tuple[np.ndarray, np.ndarray] | None = None
-
-
 class ModelRunner:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> None:
+    """With `tp`, this rank's part of a tensor-parallel model (`pagoda.runtime.distributed`):
+    its heads, KV cache and weights; rank 0 sends every step to the others before running it."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        loaded: LoadedModel,
+        max_model_len: int,
+        tp: TPGroup | None = None,
+    ) -> None:
         self.config = config
-        self.device = config.torch_device()
+        self.tp = tp
+        self.device = tp.device if tp is not None else config.torch_device()
         self.dtype = config.torch_dtype()
         if self.device.type == "cpu":
             keep_freed_memory()  # reuse the heap for the step's large temporaries
         mc = loaded.config
         self.model_config = mc
         self.block_size = config.cache.block_size
+        heads, kv_heads = mc.num_heads, mc.num_kv_heads
+        if tp is not None:  # this rank's (layout.py: KV heads replicated when fewer than ranks)
+            heads, kv_heads = tp.layout.local_heads(heads, kv_heads)
         self.backend = get_attention_backend(
             config.attention_backend,
             self.device,
-            mc.num_heads,
-            mc.num_kv_heads,
+            heads,
+            kv_heads,
             mc.head_dim,
             mc.family.attention_scale(mc.head_dim),
             batch_invariant=config.batch_invariant,
@@ -88,6 +87,11 @@ class ModelRunner:
         )
         torch.manual_seed(config.seed)
         fp8 = engine_scheme(config.quantization, loaded.fp8_scheme, fp8_runs_on(self.device))
+        if fp8 is not None and tp is not None:
+            raise ValueError(
+                f"FP8 layers are not split over tensor-parallel ranks yet: use "
+                f"--tensor-parallel-size 1 with FP8, or a 16-bit model over {tp.size} ranks"
+            )
         if loaded.fp8_scheme is not None and fp8 is None:
             log.info("FP8 checkpoint: no FP8 kernels on %s, weights dequantized to %s at load",
                      self.device, self.dtype)  # fmt: skip
@@ -101,6 +105,7 @@ class ModelRunner:
             ops=select_ops(self.device, self.backend.name),
             max_positions=max(max_model_len, mc.max_position_embeddings),
             batch_invariant=config.batch_invariant,
+            tp=tp,
             fp8=fp8,
         )
         _log_quantized_layers(self.model)
@@ -112,6 +117,9 @@ class ModelRunner:
         # Debug/test hook: called with (requests, float32 logits) of every step that samples.
         self.logits_observer: Callable[[list[Request], torch.Tensor], None] | None = None
         self.num_blocks = self._num_blocks()
+        if tp is not None:  # the same pool on every rank: what the fullest device holds
+            self.num_blocks = tp.agree_min(self.num_blocks)
+        self.channel = StepChannel(tp) if tp is not None and tp.rank == 0 else None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = [
             self.backend.allocate_kv_cache(
                 self.num_blocks, self.block_size, self.dtype, self.device
@@ -199,7 +207,7 @@ class ModelRunner:
         head = head_sampling(batch) if plain else None
         if clock is not None:
             clock.mark("prepare")
-        logits = self._forward(out, inp, head)
+        logits = self._forward(inp, head)
         if clock is not None:
             clock.mark("forward")
         if batch is None:
@@ -262,7 +270,7 @@ class ModelRunner:
         step.ready = torch.cuda.Event()
         step.ready.record()
 
-    def _prepare_inputs(self, out: SchedulerOutput) -> _StepInputs:
+    def _prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
         """The step's flat token batch as host arrays (ragged: one run of tokens per request).
         One-token rows (first: decodes, or a one-token prefill chunk) take one element; only
         longer chunks slice. A row samples when it reaches the end of the known tokens."""
@@ -291,7 +299,7 @@ class ModelRunner:
         slots = table[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
         seq_lens = starts + qlens
         sampling = np.flatnonzero(seq_lens >= known).tolist()
-        return _StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling, pending)
+        return StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling, nd, pending)
 
     def _decode_ids(
         self, reqs: list[Request], starts: np.ndarray, known: np.ndarray
@@ -317,7 +325,7 @@ class ModelRunner:
         )
         return ids, (rows, src)
 
-    def _device_ids(self, inp: _StepInputs) -> torch.Tensor:
+    def _device_ids(self, inp: StepInputs) -> torch.Tensor:
         """The step's token ids on the device, in-flight tokens gathered there (no sync)."""
         ids = self.to_device(inp.ids)
         if inp.pending is not None:
@@ -325,22 +333,29 @@ class ModelRunner:
             ids.index_copy_(0, rows, self._inflight[0].index_select(0, src))
         return ids
 
-    def _forward(
-        self, out: SchedulerOutput, inp: _StepInputs, head: HeadSampling | None
+    def _forward(self, inp: StepInputs, head: HeadSampling | None) -> torch.Tensor:
+        """Logits of the sampling rows (with `head`: their tokens, from the LM head). In a
+        tensor-parallel group, rank 0 first sends the step to the other ranks."""
+        ids = self._device_ids(inp)
+        if self.channel is not None:
+            self.channel.send(inp, ids)
+        return self.forward_step(inp, ids, head)
+
+    def forward_step(
+        self, inp: StepInputs, ids: torch.Tensor, head: HeadSampling | None = None
     ) -> torch.Tensor:
-        """Logits of the sampling rows (with `head`: their tokens, from the LM head):
-        a captured CUDA graph when one fits, else eager."""
+        """The forward of a prepared step (`ids` on the device): a captured CUDA graph when
+        one fits, else eager. The other ranks of a group run it with rank 0's inputs."""
         graph = self.cuda_graphs
         seq_lens = inp.seq_lens.astype(np.int32)
-        n, max_blocks = len(out.scheduled), inp.table.shape[1]
-        ids = self._device_ids(inp)
-        if graph is not None and head is None and graph.can_run(out.num_decodes, n, max_blocks):
+        n, max_blocks, nd = len(inp.qlens), inp.table.shape[1], inp.num_decodes
+        if graph is not None and head is None and graph.can_run(nd, n, max_blocks):
             logits = graph.run(self, ids, inp.positions, inp.slots, inp.table, seq_lens)
             return logits.index_select(0, self.to_device(np.asarray(inp.sampling, np.int64)))
         meta = AttentionMetadata(
             num_seqs=n,
-            num_decodes=out.num_decodes,
-            num_tokens=len(inp.ids),
+            num_decodes=nd,
+            num_tokens=ids.shape[0],
             max_query_len=int(inp.qlens.max()),
             max_seq_len=int(inp.seq_lens.max()),
             query_start_loc=self.to_device(inp.cu.astype(np.int32)),

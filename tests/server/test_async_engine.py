@@ -52,6 +52,9 @@ class FakeCore:
         self.crash_on_step = False
         self.fail_add = False
 
+    def close(self) -> None:  # EngineCore's: stops a tensor-parallel group's other ranks
+        self.closed = True
+
     def validate(self, ids, params) -> None:
         if not ids:
             raise ValueError("prompt must not be empty")
@@ -247,6 +250,28 @@ async def test_dead_loop_fails_streams_and_health():
     text = generate_latest(metrics.registry).decode()
     assert 'pagoda:time_to_first_token_seconds_count{model_name="fake"} 1.0' in text
     assert 'pagoda:generation_tokens_total{model_name="fake"} 2.0' in text
+
+
+async def test_failure_from_another_thread_fails_streams_and_health_then_closes_the_core():
+    """What a tensor-parallel rank's death does (`AsyncEngine.fail` from the executor's watch):
+    the engine is dead at once, a stream waiting on a step fails, /health turns 503; the core
+    is closed (its other ranks stopped) when the engine thread ends."""
+    core = FakeCore()
+    metrics = ServerMetrics("fake")
+    engine = await started(core, observer=metrics)
+    app = create_app(ServerConfig(model="fake"), engine, metrics)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        core.gate = threading.Event()  # the step never runs: as if waiting on a dead rank
+        stream = engine.add_request([1], SamplingParams(max_tokens=5))
+        threading.Thread(target=engine.fail, args=(RuntimeError("rank 1 exited"),)).start()
+        with pytest.raises(EngineUnavailableError, match="rank 1 exited"):
+            [o async for o in stream]
+        assert engine.dead
+        assert (await client.get("/health")).status_code == 503
+    core.gate.set()
+    engine.stop()
+    assert getattr(core, "closed", False)
 
 
 def test_metrics_weighted_itl():

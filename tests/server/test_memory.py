@@ -91,3 +91,23 @@ def test_a_container_limit_lower_than_memavailable_wins(tmp_path, version):
     assert memory._cgroup_headroom(proc, tmp_path / "sys") == GIB + GIB // 2
     (folder / names[0]).write_text("max\n" if version == "v2" else f"{1 << 62}\n")
     assert memory._cgroup_headroom(proc, tmp_path / "sys") is None
+
+
+def test_tensor_parallel_ranks_share_the_host_and_split_the_weights_over_gpus(checkpoint, host):
+    """On the CPU every rank's KV budget is on this host; on CUDA each GPU holds one rank's
+    share of the weights (a model larger than one GPU fits on two)."""
+    import torch
+
+    one = EngineConfig.create("m", device="cpu", dtype="bfloat16", kv_cache_memory=GIB)
+    two = EngineConfig.create("m", device="cpu", dtype="bfloat16", kv_cache_memory=GIB,
+                              tensor_parallel_size=2)  # fmt: skip
+    cpu = torch.device("cpu")
+    assert memory.estimate(MODEL, two, checkpoint, cpu).kv_cache == 2 * GIB
+    assert memory.estimate(MODEL, two, checkpoint, cpu).weights == 2 * GIB
+    host(3 * GIB + GIB // 2)  # one rank's 1 GiB of KV fits beside the weights, two ranks' do not
+    memory.check(MODEL, one, checkpoint)
+    with pytest.raises(ValueError, match=r"KV cache 2\.0 GiB"):
+        memory.check(MODEL, two, checkpoint)
+    cuda = torch.device("cuda")
+    assert memory.estimate(MODEL, one, checkpoint, cuda).weights == 2 * GIB
+    assert memory.estimate(MODEL, two, checkpoint, cuda).weights == GIB

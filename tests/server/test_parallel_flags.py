@@ -1,7 +1,7 @@
 """The tensor-parallel flags of `pagoda serve` (the contract the operator renders for a pod or a
 LeaderWorkerSet group): parsed from `options.PARALLEL_FLAGS`, validated once by
-`options.Parallelism`, and, while this runtime runs one rank only, a larger group is refused
-with one line and exit 2 instead of being served on one device."""
+`options.Parallelism`; a group the model cannot be split over (heads that do not divide) or
+this node cannot hold (fewer GPUs than ranks) is refused with one line and exit 2."""
 
 from __future__ import annotations
 
@@ -66,13 +66,27 @@ def test_impossible_layouts_name_the_flag(argv: list[str], words: str) -> None:
         layout(*argv)
 
 
-def test_more_than_one_rank_is_refused_with_one_line_and_exit_2() -> None:
-    """Never served silently on one device: one line naming the flag, exit 2, no traceback."""
-    cmd = [sys.executable, "-P", "-m", "pagoda.runtime.cli", "serve", "--port", "0",
-           "--tensor-parallel-size", "2"]  # fmt: skip
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        # the embedded model has 9 attention heads and 3 KV heads
+        (["--tensor-parallel-size", "2"], "--tensor-parallel-size 2 does not divide the model's 9 "
+         "attention heads"),
+        (["--tensor-parallel-size", "9"], "does not divide the model's MLP width (1536)"),
+        (["--tensor-parallel-size", "3", "--device", "cuda"], "runs 3 ranks on this node, one "
+         "per GPU, and it has"),
+    ],
+)  # fmt: skip
+def test_a_group_the_model_or_node_cannot_hold_is_one_line_and_exit_2(argv, words) -> None:
+    """Checked before anything loads: one line naming the flag, exit 2, no traceback."""
+    import torch
+
+    if "cuda" in argv and torch.cuda.device_count() >= 3:
+        pytest.skip("this node has the GPUs")
+    cmd = [sys.executable, "-P", "-m", "pagoda.runtime.cli", "serve", "--port", "0", *argv]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert result.returncode == 2, result
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pagoda serve: error:"), result.stderr
-    assert "--tensor-parallel-size 2" in lines[0] and "one device" in lines[0]
+    assert words in lines[0], lines[0]
     assert "Traceback" not in result.stderr and "Uvicorn" not in result.stderr + result.stdout

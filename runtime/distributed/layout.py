@@ -1,0 +1,83 @@
+"""Which part of a model one tensor-parallel rank holds (pure arithmetic, no communication).
+
+Megatron-style sharding, as vLLM's: rank r of N holds
+
+- query heads ``[r H/N, (r+1) H/N)`` (H must divide by N);
+- KV heads ``[r Hkv/N, (r+1) Hkv/N)`` when N divides Hkv, else (N a multiple of Hkv) the one
+  KV head its query heads read, ``r Hkv / N``: the KV heads are then *replicated*, each held by
+  N / Hkv ranks, so the grouped-query mapping of every query head is what it was on one device;
+- rows ``[r I/N, (r+1) I/N)`` of the MLP's gate and up (and those columns of down), per expert
+  for a mixture of experts (I must divide by N);
+- rows ``[r V'/N, (r+1) V'/N)`` of the embedding and LM head, V' the vocabulary rounded up to a
+  multiple of N (the padding rows are zeros on the embedding side and cut from the logits).
+
+`check` names what does not divide, before anything is loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagoda.runtime.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class TPLayout:
+    rank: int
+    size: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.size:
+            raise ValueError(f"rank {self.rank} is outside a group of {self.size}")
+
+    def even(self, n: int) -> tuple[int, int]:
+        """This rank's [start, stop) of `n` rows split evenly (`check` made sure N divides n)."""
+        part = n // self.size
+        return self.rank * part, (self.rank + 1) * part
+
+    def heads(self, num_heads: int) -> tuple[int, int]:
+        """This rank's query heads [start, stop)."""
+        return self.even(num_heads)
+
+    def kv_heads(self, num_kv_heads: int) -> tuple[int, int]:
+        """This rank's KV heads [start, stop): its share, or the one it replicates."""
+        if num_kv_heads >= self.size:
+            return self.even(num_kv_heads)
+        head = self.rank * num_kv_heads // self.size
+        return head, head + 1
+
+    def local_heads(self, num_heads: int, num_kv_heads: int) -> tuple[int, int]:
+        """How many query and KV heads this rank computes (its attention backend's)."""
+        (q0, q1), (k0, k1) = self.heads(num_heads), self.kv_heads(num_kv_heads)
+        return q1 - q0, k1 - k0
+
+    def vocab(self, vocab_size: int) -> tuple[int, int]:
+        """This rank's rows of the padded vocabulary [start, stop) (stop may pass vocab_size)."""
+        part = -(-vocab_size // self.size)
+        return self.rank * part, (self.rank + 1) * part
+
+
+def check(config: ModelConfig, size: int) -> None:
+    """ValueError, one line, if `config` cannot be split over `size` ranks."""
+    if size == 1:
+        return
+    flag = f"--tensor-parallel-size {size}"
+    h, kv = config.num_heads, config.num_kv_heads
+    if h % size:
+        raise ValueError(f"{flag} does not divide the model's {h} attention heads")
+    if kv % size and size % kv:
+        raise ValueError(
+            f"{flag}: the model's {kv} KV heads can neither be split over {size} ranks nor "
+            f"replicated evenly ({size} is not a multiple of {kv})"
+        )
+    f = config.family
+    dense = f.num_experts == 0 or any(not f.has_experts(i) for i in range(config.num_layers))
+    if dense and config.intermediate_size % size:
+        raise ValueError(
+            f"{flag} does not divide the model's MLP width ({config.intermediate_size})"
+        )
+    if f.num_experts and f.moe_intermediate_size % size:
+        raise ValueError(
+            f"{flag} does not divide the experts' width (moe_intermediate_size "
+            f"{f.moe_intermediate_size})"
+        )

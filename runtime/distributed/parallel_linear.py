@@ -1,0 +1,141 @@
+"""Tensor-parallel layers: column- and row-parallel linears, the vocabulary-parallel embedding
+and LM head (Megatron-LM's, as vLLM's `VocabParallelEmbedding` / `RowParallelLinear`).
+
+Each is a plain `Linear` over this rank's slice of the checkpoint's matrix (`layout.py` says
+which), plus at most one collective:
+
+- column-parallel (q/k/v, gate/up): rows of W, output columns stay on their rank, no
+  communication; the biases' rows go with them;
+- row-parallel (o, down): columns of W, each rank's partial product summed by an all-reduce;
+  the bias is added once, after it;
+- vocabulary-parallel embedding: each rank looks up the ids in its rows (zeros for the others),
+  summed by an all-reduce (exact: one term is non-zero);
+- LM head: each rank's logits for its vocabulary rows, all-gathered into [M, vocab] on every
+  rank (the sampler runs on rank 0; an all-gather is one collective that CUDA graphs capture).
+
+Without a group (one rank) `column_linear` and `row_linear` build exactly the layers
+`Linear` always built, stored GGUF blocks included (`qgemm`); with one, float matrices only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.distributed.group import TPGroup
+from pagoda.runtime.model.linear import Linear
+
+if TYPE_CHECKING:
+    from pagoda.runtime.model.llama import DeviceWeights, LayerContext
+
+
+def _bias(name: str) -> str:
+    return name[: -len("weight")] + "bias"
+
+
+def column_linear(
+    ctx: LayerContext,
+    w: DeviceWeights,
+    names: list[str],
+    parts: Sequence[tuple[int, int]] | None = None,
+) -> Linear:
+    """The matrices `names` stacked (q/k/v, gate/up), this rank's rows of each: `parts[i]`
+    of `names[i]`, or an even share."""
+    tp = ctx.tp
+    if tp is None:
+        return ctx.linear(w.cat(names), w.biases(names), quantized=w.quantized(names))
+    if parts is None:
+        parts = [tp.layout.even(w.length(n, 0)) for n in names]
+    weight = torch.cat([w.part(n, 0, *p) for n, p in zip(names, parts)])
+    bias = None
+    if any(_bias(n) in w for n in names):  # all or none, a missing one named by `part`
+        bias = torch.cat([w.part(_bias(n), 0, *p) for n, p in zip(names, parts)])
+    return ctx.linear(weight, bias)
+
+
+def qkv_linear(ctx: LayerContext, w: DeviceWeights, names: list[str], c: ModelConfig) -> Linear:
+    """q, k and v stacked: this rank's query heads and its KV heads (shared or replicated)."""
+    if ctx.tp is None:
+        return column_linear(ctx, w, names)
+    lay, d = ctx.tp.layout, c.head_dim
+    q = lay.heads(c.num_heads)
+    kv = lay.kv_heads(c.num_kv_heads)
+    rows = [(q[0] * d, q[1] * d), (kv[0] * d, kv[1] * d), (kv[0] * d, kv[1] * d)]
+    return column_linear(ctx, w, names, rows)
+
+
+class RowParallelLinear:
+    """x (this rank's input columns) @ W[:, columns].T, summed over ranks, + bias."""
+
+    __slots__ = ("bias", "inner", "tp")
+    fast = None  # no stored-block kernel (`model_runner._log_quantized_layers` asks)
+
+    def __init__(self, inner: Linear, bias: torch.Tensor | None, tp: TPGroup) -> None:
+        self.inner, self.bias, self.tp = inner, bias, tp
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.tp.all_reduce(self.inner(x))
+        return y if self.bias is None else y + self.bias
+
+
+def row_linear(ctx: LayerContext, w: DeviceWeights, name: str) -> Linear | RowParallelLinear:
+    """o_proj / down_proj: this rank's input columns, summed across ranks."""
+    tp = ctx.tp
+    if tp is None:
+        return ctx.linear(w[name], w.biases([name]), quantized=w.quantized([name]))
+    cols = tp.layout.even(w.length(name, 1))
+    bias = w.biases([name])  # added once, after the sum
+    return RowParallelLinear(ctx.linear(w.part(name, 1, *cols)), bias, tp)
+
+
+class VocabParallelEmbedding:
+    """Rows [start, start + n) of the (padded) embedding table; a lookup is summed over ranks."""
+
+    def __init__(self, table: torch.Tensor, start: int, tp: TPGroup) -> None:
+        self.table, self.start, self.tp = table, start, tp
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.table.shape[0])
+        out = F.embedding(local.masked_fill(outside, 0), self.table)
+        out.masked_fill_(outside.unsqueeze(1), 0)
+        return self.tp.all_reduce(out)
+
+
+class ParallelLMHead:
+    """This rank's vocabulary rows of the LM head; the logits are all-gathered, padding cut."""
+
+    fast = None
+    fuses_sampling = False  # the sampler needs every rank's logits
+
+    def __init__(self, inner: Linear, vocab_size: int, tp: TPGroup) -> None:
+        self.inner, self.vocab_size, self.tp = inner, vocab_size, tp
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.tp.gather_columns(self.inner(x))
+        if logits.shape[1] == self.vocab_size:
+            return logits
+        return logits[:, : self.vocab_size].contiguous()
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        return self(x).argmax(-1)
+
+
+def vocab_parallel(
+    ctx: LayerContext, w: DeviceWeights, embed: str, head: str
+) -> tuple[VocabParallelEmbedding, ParallelLMHead, int]:
+    """(embedding, LM head, vocabulary size) of this rank; `head == embed` when tied."""
+    tp = ctx.tp
+    assert tp is not None
+    start, stop = tp.layout.vocab(w.length(embed, 0))
+    table = w.part(embed, 0, start, stop)  # zero rows past the vocabulary
+    vocab = w.length(head, 0)
+    head_rows = table if head == embed else w.part(head, 0, *tp.layout.vocab(vocab))
+    return (
+        VocabParallelEmbedding(table, start, tp),
+        ParallelLMHead(ctx.linear(head_rows), vocab, tp),
+        vocab,
+    )

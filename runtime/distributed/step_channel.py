@@ -1,0 +1,66 @@
+"""Rank 0 → the other ranks: each step's prepared inputs (vLLM's executor broadcasting the
+scheduler's output, one level lower: the arrays the forward reads, not the requests).
+
+Rank 0 alone schedules, samples and owns the requests; the other ranks hold no request state,
+only their part of the weights and KV cache, and run the forward rank 0 tells them to. A step
+crosses in three broadcasts:
+
+1. a fixed header (int64 [8], control group): what follows and its sizes, or "stop";
+2. the host arrays (int64, control group): positions, slots, block tables, query and sequence
+   lengths, their prefix sums, the sampling rows;
+3. the token ids (device group): from rank 0's device, so a token sampled by the step still in
+   flight (async scheduling) is broadcast without the host reading it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from pagoda.runtime.distributed.group import TPGroup
+from pagoda.runtime.worker.step_inputs import StepInputs
+
+STOP, STEP = 0, 1
+HEADER = 8
+
+
+class StepChannel:
+    def __init__(self, tp: TPGroup) -> None:
+        self.tp = tp
+        self._header = torch.zeros(HEADER, dtype=torch.int64)
+
+    def send(self, inp: StepInputs, ids: torch.Tensor) -> None:
+        """Rank 0: broadcast the step (`ids` on the device) to the other ranks."""
+        t, (b, width), s = ids.shape[0], inp.table.shape, len(inp.sampling)
+        h = self._header
+        h.copy_(torch.tensor([STEP, t, b, width, s, inp.num_decodes, 0, 0]))
+        self.tp.broadcast_host(h)
+        parts = (inp.positions, inp.slots, inp.table.reshape(-1), inp.qlens, inp.seq_lens, inp.cu)
+        payload = np.concatenate([*(np.asarray(p, dtype=np.int64) for p in parts),
+                                  np.asarray(inp.sampling, dtype=np.int64)])  # fmt: skip
+        self.tp.broadcast_host(torch.from_numpy(payload))
+        self.tp.broadcast(ids)
+
+    def stop(self) -> None:
+        """Rank 0: tell the other ranks to leave their loop."""
+        self._header.zero_()
+        self.tp.broadcast_host(self._header)
+
+    def receive(self) -> tuple[StepInputs, torch.Tensor] | None:
+        """Another rank: the next step's inputs and its token ids on this rank's device, or
+        None when rank 0 stops. Waits as long as rank 0 stays idle."""
+        h = self.tp.broadcast_host(self._header).tolist()
+        if h[0] == STOP:
+            return None
+        t, b, width, s, nd = h[1:6]
+        payload = torch.empty(2 * t + b * width + 3 * b + 1 + s, dtype=torch.int64)
+        a = self.tp.broadcast_host(payload).numpy()
+        cuts = np.cumsum([t, t, b * width, b, b, b + 1])
+        positions, slots, table, qlens, seq_lens, cu, sampling = np.split(a, cuts)
+        ids = torch.empty(t, dtype=torch.int64, device=self.tp.device)
+        self.tp.broadcast(ids)
+        inp = StepInputs(
+            ids=np.empty(0, dtype=np.int64),  # on the device: `ids`
+            positions=positions, slots=slots, table=table.reshape(b, width).astype(np.int32),
+            qlens=qlens, seq_lens=seq_lens, cu=cu, sampling=sampling.tolist(), num_decodes=nd,
+        )  # fmt: skip
+        return inp, ids

@@ -1,0 +1,27 @@
+"""One step's flat batch as host arrays: what `ModelRunner` builds from a `SchedulerOutput` and
+what rank 0 of a tensor-parallel group broadcasts to the others (`distributed/step_channel.py`).
+
+Plain data in its own module, so the runner and the channel share it without importing each
+other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class StepInputs:
+    ids: np.ndarray  # int64 [T] token ids
+    positions: np.ndarray  # int64 [T]
+    slots: np.ndarray  # int64 [T] cache slot of each new token
+    table: np.ndarray  # int32 [B, max_blocks] block tables
+    qlens: np.ndarray  # int64 [B] new tokens per request
+    seq_lens: np.ndarray  # int64 [B] context length including the new tokens
+    cu: np.ndarray  # int64 [B + 1] prefix sums of qlens
+    sampling: list[int]  # requests that sample a token this step
+    num_decodes: int = 0  # the first rows with one new token each
+    # Async scheduling: (rows of `ids`, rows of the in-flight step's tokens) to fill on device.
+    pending: tuple[np.ndarray, np.ndarray] | None = None

@@ -1,0 +1,54 @@
+"""Which heads, rows and vocabulary each rank holds, and the sizes that cannot be split."""
+
+from __future__ import annotations
+
+import pytest
+from pagoda.runtime.config import FamilyConfig, ModelConfig
+from pagoda.runtime.distributed.layout import TPLayout, check
+
+
+def model(heads=8, kv=2, inter=64, **family) -> ModelConfig:
+    return ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=inter, num_layers=2,
+                       num_heads=heads, num_kv_heads=kv, head_dim=8,
+                       family=FamilyConfig(**family))  # fmt: skip
+
+
+def test_heads_split_and_kv_heads_split_or_replicated():
+    lays = [TPLayout(r, 4) for r in range(4)]
+    assert [x.heads(8) for x in lays] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert [x.kv_heads(8) for x in lays] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    # 2 KV heads over 4 ranks: each is held by the two ranks whose query heads read it
+    assert [x.kv_heads(2) for x in lays] == [(0, 1), (0, 1), (1, 2), (1, 2)]
+    for x in lays:  # query head h reads KV head h // (8 // 2): the rank's own KV head
+        (q0, q1), (k0, _) = x.heads(8), x.kv_heads(2)
+        assert {h // 4 for h in range(q0, q1)} == {k0}
+
+
+def test_local_head_counts():
+    assert TPLayout(1, 4).local_heads(8, 8) == (2, 2)
+    assert TPLayout(3, 4).local_heads(8, 2) == (2, 1)  # a replicated KV head
+
+
+def test_the_vocabulary_is_padded_to_a_multiple_of_the_ranks():
+    assert [TPLayout(r, 2).vocab(301) for r in range(2)] == [(0, 151), (151, 302)]
+
+
+@pytest.mark.parametrize(
+    ("config", "size", "words"),
+    [
+        (model(heads=6, kv=6), 4, "does not divide the model's 6 attention heads"),
+        (model(heads=12, kv=3), 4, "3 KV heads can neither be split over 4 ranks"),
+        (model(inter=66), 4, "does not divide the model's MLP width (66)"),
+        (model(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=30), 4,
+         "experts' width (moe_intermediate_size 30)"),
+    ],
+)  # fmt: skip
+def test_what_does_not_divide_is_named(config, size, words):
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        check(config, size)
+    check(config, 1)
+
+
+def test_a_rank_outside_the_group_is_refused():
+    with pytest.raises(ValueError, match="outside a group of 2"):
+        TPLayout(2, 2)
