@@ -48,6 +48,7 @@ from pagoda.kernels.attn_common import (
     window_arg,
 )
 
+
 @triton.jit
 def _find_seq(query_start_loc_ptr, q_block_idx, first_seq, last_seq, BLOCK_Q: tl.constexpr):
     """Last sequence in ``[first_seq, last_seq)`` whose first query tile is <= ``q_block_idx``.
