@@ -32,8 +32,8 @@ from pagoda.runtime.tune.results import BucketResult
 
 def _check_seqs(bucket: Bucket, gen: torch.Generator) -> list[tuple[int, int]]:
     """A small ragged batch that compiles to the same kernel variant as the bucket."""
-    if bucket.kernel == DECODE:
-        n, top = min(bucket.shape["num_seqs"], 4), min(bucket.shape["max_seq_len"], 1024)
+    if bucket.kernel == DECODE or bucket.shape.get("max_query_len") == 1:  # decodes
+        n, top = min(len(bucket.seqs), 4), min(max(s for _, s in bucket.seqs), 1024)
         lens = torch.randint(1, top + 1, (n,), generator=gen).tolist()
         return [(1, int(s)) for s in [top, *lens[1:]]]
     q = min(bucket.shape["max_query_len"], 128)
@@ -235,6 +235,28 @@ def sweep_matmul_bucket(
     )
 
 
+def invariant_tile(bucket: Bucket, reports: list[dict], device: torch.device) -> int:
+    """The ``TILE_SIZE`` the batch-invariant prefill launch will run with: the decode bucket's,
+    as chosen earlier in this sweep, else as configured now."""
+    from pagoda.kernels.config import get_kernel_config
+
+    decode_shape = {**bucket.shape, "max_query_len": 1}
+    for r in reports:
+        if r["kernel"] == bucket.kernel and r["shape"] == decode_shape and r.get("config"):
+            return int(r["config"]["TILE_SIZE"])
+    return int(get_kernel_config(bucket.kernel, decode_shape, device)["TILE_SIZE"])
+
+
+def _with_tile(candidates: list[dict], tile: int) -> list[dict]:
+    """``candidates`` with ``TILE_SIZE`` set to ``tile``, duplicates dropped, order kept."""
+    out: list[dict] = []
+    for c in candidates:
+        forced = {**c, "TILE_SIZE": tile}
+        if forced not in out:
+            out.append(forced)
+    return out
+
+
 def tune_kernels(
     shape: AttentionShape,
     buckets: list[Bucket | matmul.MatmulBucket | fp8_matmul.Fp8Bucket | moe.MoeBucket],
@@ -272,6 +294,8 @@ def tune_kernels(
             continue
         baseline = get_kernel_config(bucket.kernel, bucket.shape, device)
         candidates = [baseline, *(c for c in space(bucket.kernel) if c != baseline)]
+        if getattr(bucket, "invariant", False) and bucket.shape["max_query_len"] != 1:
+            candidates = _with_tile(candidates, invariant_tile(bucket, reports, device))
         if bucket.kernel in (matmul.MATMUL, fp8_matmul.FP8_MATMUL):
             result = sweep_matmul_bucket(bucket, candidates, device, timer=matmul_timer or timer)
         elif bucket.kernel == moe.FUSED_MOE:

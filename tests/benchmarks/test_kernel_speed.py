@@ -70,3 +70,34 @@ def test_fp8_rows_and_table(monkeypatch):
     assert kernel_speed.parse_args(["--fp8", ""]).fp8 == ""
     with pytest.raises(SystemExit):
         kernel_speed.parse_args(["--fp8", "llama-9000"])
+
+
+def test_prefill_and_invariant_decode_rows(monkeypatch):
+    """The prefill rows (one per path, SDPA timed once) and the batch-invariant decode rows, on
+    tiny shapes: every path agrees with SDPA."""
+    import kernel_speed
+
+    timed = []
+
+    def wall_us(fn) -> float:
+        timed.append(fn)
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e6
+
+    monkeypatch.setattr(kernel_speed, "bench_us", wall_us)
+    args = kernel_speed.parse_args(
+        ["--heads", "4", "--kv-heads", "2", "--head-dim", "32",
+         "--prefill-paths", "flash,flash-invariant,unified"]
+    )  # fmt: skip
+    rows = kernel_speed.prefill_rows(2, 24, 40, args, torch.float32, "cpu")
+    assert [r.case for r in rows] == [
+        "prefill chunk (flash)", "prefill chunk (flash-invariant)", "prefill chunk (unified)"
+    ]  # fmt: skip
+    assert len(timed) == 4  # three paths and SDPA once
+    rows += kernel_speed.invariant_decode_rows(3, 33, args, torch.float32, "cpu")
+    assert [r.case for r in rows[3:]] == ["decode (flash-invariant)", "decode (unified-invariant)"]
+    for r in rows:
+        assert r.triton_us > 0 and r.sdpa_us > 0 and r.max_err < 1e-4
+    table = kernel_speed.table(rows, peak=None).splitlines()
+    assert len(table) == 7 and table[2].startswith("| prefill chunk (flash) | 2 | 24 | 40 |")
