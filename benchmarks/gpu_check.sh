@@ -15,11 +15,15 @@
 # then the FP8 ones: fp8tests (quantization, GEMM and KV write compiled against the references,
 # bit for bit where the maths is, the GEMM's invariance at Llama-3-8B shapes, the FP8 sweep) and
 # fp8kernels (kernel_speed's FP8 GEMM rows vs bf16 at Llama-3-8B shapes).
+# The prefill kernel's own steps (~3 min): prefill, its tests compiled (against the reference at
+# Llama-3-8B shapes, and a row's bits as a decode, in a chunk and in a prompt: the tensor-core
+# assumption of its batch invariance), then prefillspeed, kernel_speed's prefill rows (flash, flash-invariant
+# and unified against SDPA) and batch-invariant decodes (flash one-token launch vs unified).
 # All of them take more than one 10-minute device call; 2026-12-04 ran STEPS="throughput tests"
 # (~3.5 min), then STEPS="tests tunetests tune throughput" HF=0. The MoE steps alone:
 # STEPS="moetests moekernels moe"; the FP8 ones: STEPS="fp8tests fp8kernels".
 set -u
-STEPS=${STEPS:-tests tunetests tune throughput invariance kernels moetests moekernels moe fp8tests fp8kernels}
+STEPS=${STEPS:-prefill prefillspeed tests tunetests tune throughput invariance kernels moetests moekernels moe fp8tests fp8kernels}
 OUT=${OUT:-${1:-gpu-out}}
 mkdir -p "$OUT"
 ROOT=$PWD
@@ -42,6 +46,11 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, print the
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
+TAIL=12 step prefill 100 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 90 \
+    tests/kernels/test_prefill_attention.py tests/kernels/test_kernel_invariance.py
+TAIL=20 step prefillspeed 150 $PY benchmarks/kernel_speed.py --batches "" --moe "" --fp8 "" \
+    --prefill-paths flash,flash-invariant,unified,unified-invariant \
+    --prefill 4x2048,1x512/8192,1x2048/8192
 TAIL=12 step tests 170 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 160 \
     tests/kernels tests/runtime/test_triton_engine.py tests/runtime/engine/test_invariance.py
 TAIL=8 step tunetests 120 $PY -m pytest -q -rs -p no:cacheprovider --timeout 110 \

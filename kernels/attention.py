@@ -114,7 +114,7 @@ def paged_attention(
         num_decodes = num_seqs if max_query_len == 1 else 0
     if not 0 <= num_decodes <= num_seqs:
         raise ValueError(f"num_decodes={num_decodes} outside [0, {num_seqs}]")
-    if flash_prefill:
+    if flash_prefill and k_cache.dtype == q.dtype:  # other cache formats: the older kernels
         _flash_launches(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
             max_seq_len, scale, out, num_decodes, num_kv_splits, batch_invariant, sliding_window,

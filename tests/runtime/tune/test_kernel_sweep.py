@@ -187,3 +187,32 @@ def test_invariant_prefill_buckets_share_the_decode_tile(tmp_path, monkeypatch):
     )  # fmt: skip
     assert complete and reports[1]["config"]["TILE_SIZE"] == reports[0]["config"]["TILE_SIZE"]
     assert reports[1]["candidates"] == 2  # the baseline and one BLOCK_M: TILE_SIZE is fixed
+
+
+def test_invariant_prefill_candidates_must_match_the_decode_bits(monkeypatch):
+    """A batch-invariant prefill candidate whose rows round differently from the decode
+    launch's (simulated: 1 ulp-sized change, well inside the reference tolerance) is rejected;
+    an agreeing one passes."""
+    if DEVICE.type == "cpu":  # a GPU's MMA rounds a row alike wherever it sits; make numpy's too
+        from triton.runtime import interpreter
+
+        def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+            prod = a.data.astype(d.data.dtype)[..., :, :, None] * b.data.astype(d.data.dtype)
+            return interpreter.TensorHandle(prod.sum(axis=-2) + d.data, d.dtype.scalar)
+
+        monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+    real = prefill_attention.launch_prefill_attention
+
+    def nudged(**kw):
+        real(**kw)
+        if kw["config"]["BLOCK_M"] == 64 and not kw.get("one_token_per_seq"):
+            kw["out"].mul_(1 + 2**-20)
+
+    monkeypatch.setattr(prefill_attention, "launch_prefill_attention", nudged)
+    bucket = Bucket(PREFILL, {"head_dim": 16, "max_query_len": 2048}, ((16, 40),), invariant=True)
+    decode = {**GOOD[PREFILL], "TILE_SIZE": 32}
+    gen = torch.Generator().manual_seed(0)
+    for block_m, verdict in ((16, None), (64, "not batch-invariant")):
+        config = {**decode, "BLOCK_M": block_m}
+        why = sweep.check_candidate(bucket, SHAPE, config, DEVICE, gen, decode_config=decode)
+        assert why == verdict if verdict is None else verdict in why
