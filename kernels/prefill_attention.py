@@ -329,7 +329,13 @@ def launch_prefill_attention(
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
     queries_per_kv = num_heads // num_kv_heads
-    block_m = next_pow2(max(int(config["BLOCK_M"]), 16, queries_per_kv))
+    dim_padded = max(next_pow2(head_dim), 16)
+    # Configs are sized for heads of up to 128; wider heads (Gemma's 256) get tiles shrunk in
+    # proportion, so the K/V stages and the query tile keep their shared-memory and register
+    # size. A function of the head size only: both launches of batch-invariant mode shrink alike.
+    shrink = max(1, dim_padded // 128)
+    tile = max(next_pow2(max(int(config["TILE_SIZE"]), 16)) // shrink, 16)  # tl.dot: N, K >= 16
+    block_m = next_pow2(max(int(config["BLOCK_M"]) // shrink, 16, queries_per_kv))
     block_q = block_m // queries_per_kv
     num_seqs = last_seq - first_seq
     if one_token_per_seq:
@@ -353,15 +359,15 @@ def launch_prefill_attention(
         *paged_strides(q, out, k_cache, v_cache, block_tables),
         QUERIES_PER_KV=queries_per_kv,
         HEAD_DIM=head_dim,
-        HEAD_DIM_PADDED=max(next_pow2(head_dim), 16),
+        HEAD_DIM_PADDED=dim_padded,
         BLOCK_SIZE=k_cache.shape[1],
-        TILE_SIZE=next_pow2(max(int(config["TILE_SIZE"]), 16)),  # tl.dot: N, K >= 16
+        TILE_SIZE=tile,
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
         DOT_PRECISION=dot_precision(q.dtype),
         SOFTCAP=softcap_arg(softcap),
         ONE_TOKEN_PER_SEQ=one_token_per_seq,
-        DIM_PADDED=head_dim != max(next_pow2(head_dim), 16),
+        DIM_PADDED=head_dim != dim_padded,
         num_warps=int(config["num_warps"]),
         num_stages=int(config["num_stages"]),
     )

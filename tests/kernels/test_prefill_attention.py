@@ -53,6 +53,35 @@ def test_matches_reference(device, config, dtype, group, head_dim, block_size):
     torch.testing.assert_close(got, reference.paged_attention(**args), **TOL[dtype])
 
 
+def test_wide_heads_shrink_the_tiles(device, monkeypatch):
+    """Head size 256 (Gemma): the 128-row, 64-key config runs with 64 rows and 32 keys, so the
+    query tile and the K/V stages keep their size; results match the reference."""
+    from pagoda.kernels import prefill_attention
+
+    seen = []
+    kernel = prefill_attention._prefill_attention_kernel
+    monkeypatch.setattr(
+        prefill_attention,
+        "_prefill_attention_kernel",
+        type("Spy", (), {"__getitem__": lambda self, grid: _spy(kernel[grid], seen)})(),
+    )
+    batch = make_batch(
+        [(40, 40), (9, 30)], num_heads=4, num_kv_heads=2, head_dim=256, block_size=16,
+        dtype=torch.float32, device=device,
+    )  # fmt: skip
+    got, args = _launch(batch, CONFIGS["m128-t64"])
+    assert (seen[0]["BLOCK_M"], seen[0]["TILE_SIZE"]) == (64, 32)
+    torch.testing.assert_close(got, reference.paged_attention(**args), **TOL[torch.float32])
+
+
+def _spy(launch, seen):
+    def run(*args, **kwargs):
+        seen.append(kwargs)
+        return launch(*args, **kwargs)
+
+    return run
+
+
 @pytest.mark.parametrize(("window", "softcap"), [(1, None), (19, None), (40, 2.0), (None, 2.0)])
 @pytest.mark.parametrize("config", ["m16-t16", "m128-t64"])
 def test_window_and_softcap(device, config, window, softcap):
