@@ -7,7 +7,8 @@ Prefill: a from-scratch causal prefill and a chunk on top of cached context, thr
 of ``--prefill-paths``: the prefill kernel (``flash``, as serving runs it without batch
 invariance), the prefill kernel in batch-invariant mode (``flash-invariant``, serving's default),
 and the unified kernel the prefill kernel replaced (``unified``, ``unified-invariant``), each
-against SDPA on contiguous K/V. ``--invariant-decodes`` times decode batches in batch-invariant
+against SDPA on contiguous K/V; ``--prefill-sweep N`` adds the N fastest configs of
+``pagoda tune``'s candidate space that agree with SDPA. ``--invariant-decodes`` times decode batches in batch-invariant
 mode, where decodes run in the prefill kernel's one-token launch, beside the unified kernel
 that ran them before.
 
@@ -63,6 +64,7 @@ PEAK_TBPS = {
     "RTX 4090": 1.008,
 }
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+SWEEP_TOL = 0.05  # --prefill-sweep: largest |diff| from SDPA a candidate may show (bf16 outputs)
 
 
 @dataclass
@@ -305,7 +307,7 @@ def prefill_rows(
     flops = 4 * h * d * pairs
     bytes_moved = (k.numel() + v.numel() + q.numel() + out.numel()) * dtype.itemsize
     case = "prefill" if new == ctx else "prefill chunk"
-    rows, sdpa_us = [], None
+    rows, sdpa_us, want = [], None, None
     for path in filter(None, args.prefill_paths.split(",")):
         t = bench_us(lambda path=path: run(path))
         if sdpa_us is None:
@@ -323,7 +325,35 @@ def prefill_rows(
             Row(f"{case} ({path})", batch, new, ctx, "-", t, bytes_moved / t / 1e3,
                 flops / t / 1e6, sdpa_us, err)
         )  # fmt: skip
-    return rows
+    if not args.prefill_sweep:
+        return rows
+    from pagoda.kernels.prefill_attention import launch_prefill_attention
+    from pagoda.runtime.tune.kernels import PREFILL, candidate_space
+
+    def launch(config: dict) -> None:
+        launch_prefill_attention(
+            q=q, k_cache=k_cache, v_cache=v_cache, block_tables=table, seq_lens=seq_lens,
+            query_start_loc=qsl, scale=scale, out=out, first_seq=0, last_seq=batch,
+            first_token=0, last_token=batch * new, config=config,
+        )  # fmt: skip
+
+    swept = []
+    for config in candidate_space(PREFILL):
+        label = "M{BLOCK_M} T{TILE_SIZE} w{num_warps} s{num_stages}".format(**config)
+        try:
+            t = bench_us(lambda config=config: launch(config))
+        except Exception as exc:  # a config the compiler refuses (shared memory, registers)
+            print(f"  {case} {label}: {type(exc).__name__}", file=sys.stderr)
+            continue
+        err = float((out.float() - want.float()).abs().max()) if want is not None else None
+        if err is not None and err > SWEEP_TOL:
+            print(f"  {case} {label}: wrong output ({err:.2e})", file=sys.stderr)
+            continue
+        swept.append(
+            Row(f"{case} (swept {label})", batch, new, ctx, "-", t, bytes_moved / t / 1e3,
+                flops / t / 1e6, sdpa_us, err)
+        )  # fmt: skip
+    return rows + sorted(swept, key=lambda r: r.triton_us)[: args.prefill_sweep]
 
 
 def table(rows: list[Row], peak: float | None) -> str:
@@ -494,6 +524,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--prefill-paths",
         default="flash,flash-invariant,unified",
         help=f"comma-separated, of {', '.join(PATHS)}",
+    )
+    p.add_argument(
+        "--prefill-sweep",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time the prefill kernel over `pagoda tune`'s candidate configs and show the "
+        "N fastest that match SDPA per prefill case (0: off)",
     )
     p.add_argument(
         "--invariant-decodes",
