@@ -10,6 +10,7 @@ tokenizer from it (the merges follow the vocabulary's order, as transformers der
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -136,7 +137,13 @@ class Tokenizer:
         if chat_template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise_template_error
+            env.filters["tojson"] = _tojson  # as transformers renders templates (no HTML escapes)
             self._template = env.from_string(chat_template)
+
+    @property
+    def backend(self) -> HFTokenizer:
+        """The `tokenizers.Tokenizer` underneath (grammar compilers read its vocabulary)."""
+        return self._tok
 
     @property
     def vocab_size(self) -> int:
@@ -194,9 +201,14 @@ class Tokenizer:
         return ByteStream.after(pieces, list(context))
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> str:
-        """Render messages with the model's own Jinja chat template (sandboxed)."""
+        """Render messages with the model's own Jinja chat template (sandboxed); `tools` (OpenAI
+        tool objects) are in its context as `tools`, as Hugging Face templates expect."""
         if self._template is None:
             raise ValueError("this model has no chat template; use completions instead of chat")
         for i, m in enumerate(messages):
@@ -207,7 +219,14 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt,
             bos_token=self._special(self.bos_token_id),
             eos_token=self._special(self.eos_token_ids[0] if self.eos_token_ids else None),
+            tools=list(tools) if tools else None,
         )
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:  # fmt: skip
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)  # fmt: skip
 
 
 def _raise_template_error(message: str) -> None:

@@ -22,6 +22,8 @@ from pagoda.runtime.request import TokenLogprob
 from pagoda.runtime.sampling.params import ParamError, SamplingParams
 from pagoda.runtime.server.logprobs import TokenStrings
 from pagoda.runtime.server.protocol import APIError, shorten
+from pagoda.runtime.server.tool_parsers import ToolStream
+from pagoda.runtime.server.tools import ToolSetup
 from pydantic import BaseModel
 
 # A token's text is at most this many times longer (in bytes) than the token's own vocabulary
@@ -47,6 +49,9 @@ class Job:
     echo: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     streams: list[RequestStream] | None = None
+    tools: ToolSetup | None = None  # chat with tools: how calls are parsed
+    tool_streams: dict[int, ToolStream] = field(default_factory=dict)  # per choice, streaming
+    called: set[int] = field(default_factory=set)  # choices whose output held tool calls
 
     @property
     def num_choices(self) -> int:
@@ -111,7 +116,7 @@ class Endpoint(ABC):
         }
         fields = {**defaults, **{k: v for k, v in fields.items() if v is not None}}
         try:
-            return SamplingParams(**fields, **kw)
+            return SamplingParams(**{**fields, **kw})
         except ParamError as e:
             raise param_error(e, renames) from e
 
@@ -150,8 +155,13 @@ class Endpoint(ABC):
 
     @abstractmethod
     def delta(self, job: Job, i: int, text: str, lps: list[TokenLogprob], offset: int,
-              first: bool) -> dict[str, Any]:  # fmt: skip
-        """A stream chunk's choice `i` (without finish_reason); `offset`: text sent so far."""
+              first: bool, final: bool) -> dict[str, Any] | None:  # fmt: skip
+        """A stream chunk's choice `i` (without finish_reason); `offset`: text sent so far;
+        `final`: the choice's last chunk. None: nothing to send yet."""
+
+    def finish_reason(self, job: Job, i: int, reason: str | None) -> str | None:
+        """The finish reason a client sees (chat: `tool_calls` when the output held calls)."""
+        return "tool_calls" if reason == "stop" and i in job.called else reason
 
 
 def param_error(e: ParamError, renames: dict[str, str]) -> APIError:
