@@ -32,11 +32,10 @@ from pagoda.kernels.decode_attention import choose_num_splits, launch_decode_att
 from pagoda.kernels.prefill_attention import launch_prefill_attention
 from pagoda.kernels.unified_attention import launch_unified_attention
 
-# The config bucket every row uses in batch-invariant mode: the decode one, since decodes are
-# most of the attention work at high load (prompt rows are compute-cheap next to the GEMMs).
+# The unified kernel's bucket for every row in batch-invariant mode (``flash_prefill=False``).
 INVARIANT_QUERY_LEN = 1
-# The prefill kernel's buckets in batch-invariant mode: decodes, and every other sequence (a
-# chunk-sized bucket: prompt rows are most of its work).
+# The prefill kernel's buckets in batch-invariant mode: ``max_query_len`` 1 for the decodes, and
+# this chunk-sized one for every other sequence.
 INVARIANT_PREFILL_LEN = 2048
 FLASH = "prefill_attention"  # the prefill kernel's name in the config files
 
