@@ -15,7 +15,7 @@
 # then the FP8 ones: fp8tests (quantization, GEMM and KV write compiled against the references,
 # bit for bit where the maths is, the GEMM's invariance at Llama-3-8B shapes, the FP8 sweep) and
 # fp8kernels (kernel_speed's FP8 GEMM rows vs bf16 at Llama-3-8B shapes).
-# The prefill kernel's own steps (~3 min): prefill, its tests compiled (against the reference at
+# The prefill kernel's own steps (~4 min): prefill, its tests compiled (against the reference at
 # Llama-3-8B shapes, and a row's bits as a decode, in a chunk and in a prompt: the tensor-core
 # assumption of its batch invariance), then prefillspeed, kernel_speed's prefill rows (flash, flash-invariant
 # and unified against SDPA) and batch-invariant decodes (flash one-token launch vs unified), then
@@ -48,7 +48,7 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, print the
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
-TAIL=12 step prefill 100 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 90 \
+TAIL=12 step prefill 200 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 190 \
     tests/kernels/test_prefill_attention.py tests/kernels/test_kernel_invariance.py
 TAIL=20 step prefillspeed 150 $PY benchmarks/kernel_speed.py --batches "" --moe "" --fp8 "" \
     --prefill-paths flash,flash-invariant,unified,unified-invariant \
