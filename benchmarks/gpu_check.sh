@@ -14,7 +14,9 @@
 # Qwen3-30B-A3B-shaped random model, default and swept MoE configs side by side, step vs floor),
 # then the FP8 ones: fp8tests (quantization, GEMM and KV write compiled against the references,
 # bit for bit where the maths is, the GEMM's invariance at Llama-3-8B shapes, the FP8 sweep) and
-# fp8kernels (kernel_speed's FP8 GEMM rows vs bf16 at Llama-3-8B shapes).
+# fp8kernels (kernel_speed's FP8 GEMM rows vs bf16 at Llama-3-8B shapes), fp8engine (FP8 KV
+# attention compiled, FP8 greedy tokens invariant to batch and chunking) and fp8throughput
+# (the 8b shape, bf16 vs FP8 weights + KV: output tok/s and KV capacity).
 # The prefill kernel's own steps (~4 min): prefill, its tests compiled (against the reference at
 # Llama-3-8B shapes, and a row's bits as a decode, in a chunk and in a prompt: the tensor-core
 # assumption of its batch invariance), then prefillspeed, kernel_speed's prefill rows (flash, flash-invariant
@@ -23,9 +25,10 @@
 # per case, for the packaged NVIDIA_H200.json.
 # All of them take more than one 10-minute device call; 2026-12-04 ran STEPS="throughput tests"
 # (~3.5 min), then STEPS="tests tunetests tune throughput" HF=0. The MoE steps alone:
-# STEPS="moetests moekernels moe"; the FP8 ones: STEPS="fp8tests fp8kernels".
+# STEPS="moetests moekernels moe"; the FP8 ones: STEPS="fp8tests fp8kernels" and
+# STEPS="fp8engine fp8throughput" (each about one 10-minute call).
 set -u
-STEPS=${STEPS:-prefill prefillspeed tests tunetests tune throughput invariance kernels moetests moekernels moe fp8tests fp8kernels}
+STEPS=${STEPS:-prefill prefillspeed tests tunetests tune throughput invariance kernels moetests moekernels moe fp8tests fp8kernels fp8engine fp8throughput}
 OUT=${OUT:-${1:-gpu-out}}
 mkdir -p "$OUT"
 ROOT=$PWD
@@ -84,3 +87,11 @@ TAIL=40 step moe 540 $PY benchmarks/gpu_throughput.py --shape qwen3-30b-a3b --tu
 TAIL=15 step fp8tests 240 $PY -m pytest -q -rs -p no:cacheprovider --timeout 230 \
     tests/kernels/test_fp8_kernels.py tests/runtime/tune/test_fp8_sweep.py
 TAIL=40 step fp8kernels 200 $PY benchmarks/kernel_speed.py --no-attention --moe "" --fp8 llama3-8b
+# FP8 in the engine: FP8 KV attention compiled against the reference, the FP8 model's greedy
+# tokens invariant to batch and chunking; then nano-vllm's workload at the Llama-3-8B shape,
+# bf16 and --quantization fp8 --kv-cache-dtype fp8 side by side (target >= 1.5x output tok/s),
+# with the KV capacity of both
+TAIL=15 step fp8engine 240 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 230 \
+    -k "attention or gpu" tests/kernels/test_fp8_kernels.py tests/runtime/quantization/test_fp8_engine.py
+TAIL=40 step fp8throughput 540 $PY benchmarks/gpu_throughput.py --shape 8b --also-fp8 \
+    --hf-requests 0 --kv-cache-gib 24

@@ -28,8 +28,9 @@ launch config. A decode row (``BLOCK_M`` 16) and a chunk row (``BLOCK_M`` 128) w
 ``TILE_SIZE`` therefore run the same sequence of operations; ``paged_attention`` keeps
 ``TILE_SIZE`` the same for both in batch-invariant mode.
 
-KV dtype: tiles are read by :func:`_load_kv` and converted to the query's dtype there; a cache
-in another format (FP8 with scales) adds its dequantization in that one place.
+KV dtype: tiles are read by :func:`_load_kv` and converted to the query's dtype there. An E4M3
+cache (``float8_e4m3fn``) is widened exactly, its K scale joins the softmax scale and its V
+scale multiplies the output, as in the other two kernels.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ import triton.language as tl
 from pagoda.kernels._common import next_pow2
 from pagoda.kernels.attn_common import (
     dot_precision,
+    kv_scale_args,
+    kv_scales,
     mma,
     paged_strides,
     score_scale,
@@ -187,6 +190,9 @@ def _prefill_attention_kernel(
     first_seq,  # this launch covers sequences [first_seq, last_seq)
     last_seq,
     window,  # keys a query sees, its own included (`attn_common.NO_WINDOW`: all of them)
+    k_scale_ptr,  # [1] or [num_kv_heads] float32 (stride_kv_scale 0 or 1), read when KV_FP8
+    v_scale_ptr,  # [1] or [num_kv_heads] float32
+    stride_kv_scale,
     stride_q_tok,
     stride_q_head,
     stride_o_tok,
@@ -209,6 +215,7 @@ def _prefill_attention_kernel(
     SOFTCAP: tl.constexpr,
     ONE_TOKEN_PER_SEQ: tl.constexpr,  # decodes: program i is sequence first_seq + i
     DIM_PADDED: tl.constexpr,  # HEAD_DIM < HEAD_DIM_PADDED: loads mask the padding
+    KV_FP8: tl.constexpr,  # an E4M3 cache: tiles widened in `_load_kv`, scales applied here
 ):
     kv_head = tl.program_id(1)
     if ONE_TOKEN_PER_SEQ:
@@ -248,6 +255,10 @@ def _prefill_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
     acc_l = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
     ones = tl.full([TILE_SIZE, 16], 1.0, dtype=compute_dtype)
+    # An E4M3 cache: the K scale joins the softmax scale, the V scale multiplies the output once.
+    k_s, v_s = kv_scales(k_scale_ptr, v_scale_ptr, kv_head, stride_kv_scale, KV_FP8)
+    if KV_FP8:
+        scale = scale * k_s
 
     q_abs = context_len + q_pos  # [BLOCK_M] absolute position (padding rows: past the last)
     q_first = context_len + q_block_local * BLOCK_Q  # first query of the tile
@@ -283,6 +294,8 @@ def _prefill_attention_kernel(
     l_i = tl.max(acc_l, axis=1)
     # Rows with an empty context (CUDA-graph padding) get zeros rather than 0/0.
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    if KV_FP8:
+        acc = acc * v_s
     tl.store(
         out_ptr + tok[:, None] * stride_o_tok + head[:, None] * stride_o_head + offs_d[None, :],
         acc.to(out_ptr.dtype.element_ty),
@@ -291,11 +304,14 @@ def _prefill_attention_kernel(
 
 
 def check_kv_dtype(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    """The cache formats the kernel reads: the query's dtype (`_load_kv` converts in one place)."""
-    if not q.dtype == k_cache.dtype == v_cache.dtype:
+    """The cache formats the kernel reads: the query's dtype, or E4M3 (``float8_e4m3fn``) with
+    its scales (`_load_kv` widens the tiles in one place)."""
+    from pagoda.kernels.fp8 import FP8_DTYPE
+
+    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (q.dtype, FP8_DTYPE):
         raise ValueError(
-            f"prefill attention reads caches in the query's dtype; got q {q.dtype}, "
-            f"k_cache {k_cache.dtype}, v_cache {v_cache.dtype}"
+            f"prefill attention reads caches in the query's dtype or float8_e4m3fn; got q "
+            f"{q.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}"
         )
 
 
@@ -317,10 +333,13 @@ def launch_prefill_attention(
     one_token_per_seq: bool = False,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Attend for sequences ``[first_seq, last_seq)``, whose query rows are the tokens
     ``[first_token, last_token)``, in one launch (module docstring). ``one_token_per_seq``: each
     of them has exactly one query token (decodes); the grid is then one program per sequence.
+    ``k_scale``/``v_scale``: an E4M3 cache's scales (`attn_common.kv_scale_args`).
 
     Grid: ``(last_token - first_token) // BLOCK_Q + (last_seq - first_seq)`` query tiles × KV
     heads, an upper bound from host ints only (CUDA-graph capturable); spare programs exit.
@@ -357,6 +376,7 @@ def launch_prefill_attention(
         first_seq,
         last_seq,
         window_arg(sliding_window),
+        *kv_scale_args(k_cache, k_scale, v_scale, seq_lens),
         *paged_strides(q, out, k_cache, v_cache, block_tables),
         QUERIES_PER_KV=queries_per_kv,
         HEAD_DIM=head_dim,
@@ -369,6 +389,7 @@ def launch_prefill_attention(
         SOFTCAP=softcap_arg(softcap),
         ONE_TOKEN_PER_SEQ=one_token_per_seq,
         DIM_PADDED=head_dim != dim_padded,
+        KV_FP8=k_cache.dtype != q.dtype,
         num_warps=int(config["num_warps"]),
         num_stages=int(config["num_stages"]),
     )

@@ -48,7 +48,7 @@ DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
 )
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
-KV_CACHE_DTYPES = ("auto", "int8")
+KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 QUANTIZATIONS = ("fp8",)  # engine `quantization` (None: the checkpoint's own, if any)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -201,8 +201,14 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          "of free memory on CUDA)", None, metavar="SIZE"),
     Flag("--kv-cache-dtype", "auto: the model's dtype; int8 (CPU): 8-bit K/V with a scale per "
          "token and head, ~1.9x the tokens per byte and fewer bytes read per decode step, at a "
-         "small cost in accuracy (and slower prefill on CPUs with AMX)", DEFAULT_KV_CACHE_DTYPE,
+         "small cost in accuracy (and slower prefill on CPUs with AMX); fp8 (CUDA, compute "
+         "capability 8.9+, Triton attention): E4M3 K/V with a scale per layer (the checkpoint's "
+         "k_scale/v_scale, else 1.0), 2x the tokens of bf16", DEFAULT_KV_CACHE_DTYPE,
          choices=KV_CACHE_DTYPES),
+    Flag("--quantization", "fp8: quantize a 16-bit checkpoint's linear layers to FP8 (E4M3) at "
+         "load, one scale per output channel, activations per token (CUDA, compute capability "
+         "8.9+); unset: the checkpoint's own FP8 format if it has one (dequantized on devices "
+         "without FP8)", None, choices=QUANTIZATIONS),
 )  # fmt: skip
 
 SERVER_FLAGS: Mapping[str, Flag] = _flags(
@@ -496,7 +502,8 @@ DEFAULT_ITL_TARGET_S = 0.1
 
 TUNE_FLAGS: Mapping[str, Flag] = _flags(
     *(ENGINE_FLAGS[d] for d in ("model", "dtype", "device", "attention_backend", "max_model_len",
-                                "block_size", "kv_cache_memory")),
+                                "block_size", "kv_cache_memory", "kv_cache_dtype",
+                                "quantization")),
     Flag("--output", "directory the tuned profile is written to (resumed if it holds one)",
          None, metavar="DIR"),
     Flag("--time-budget", "stop measuring after this long, e.g. 15m, 90s (rerun to resume)",

@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
         with held_logs():
             cfg = server_config(args)
             engine_kwargs = options.engine_kwargs(vars(args))
-            parallelism(args)
+            layout = parallelism(args)
             cfg = fit_connections(cfg)
             sockets = bind_sockets(cfg.host, cfg.port)  # before torch: a port in use is instant
             from pagoda.runtime.server.launch import preflight, serve
@@ -186,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
             engine_cfg, profile = preflight(
                 cfg, engine_kwargs, args.tuned_profile, args.tuned_profile_mismatch,
                 download_dir=args.download_dir,
+                tensor_parallel_size=layout.tensor_parallel_size,
             )  # fmt: skip
             start_listening(sockets, cfg.host)
     except ValueError as e:  # a ProfileError, KernelConfigError, failed download too

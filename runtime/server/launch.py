@@ -6,7 +6,9 @@ Split from `cli.py` because this side imports torch and uvicorn; the parser must
 What `preflight` checks, each a ValueError with one line (the CLI prints it and exits 2): the
 tuned profile (its fields and kernel configs), the model's metadata (not its weights), every
 size against its range and the model's context, the kernel-config files the device will read,
-and the memory the configuration will allocate against what this machine has free.
+whether the weights and one full-length sequence fit a device at all (`fit.py`, reason
+ModelDoesNotFit), and the memory the configuration will allocate against what this machine has
+free.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.model.loader import read_model_config, resolve_model_path
 from pagoda.runtime.model.sources.fetch import resolve_model
-from pagoda.runtime.server import memory
+from pagoda.runtime.server import fit, memory
 from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.connections import guarded_protocol
 from pagoda.runtime.server.draining import DrainingServer
@@ -37,11 +39,14 @@ def preflight(
     tuned_profile: str | None = None,
     tuned_profile_mismatch: str = "error",
     download_dir: str | None = None,
+    tensor_parallel_size: int = 1,
 ) -> tuple[EngineConfig, TunedProfile | None]:
     """The one `EngineConfig` of this server, and the tuned profile applied to it (if any).
 
     ValueError (a ProfileError, a KernelConfigError too) naming what does not fit: the flags
-    together, the profile, the model, the kernel configs or this machine's memory.
+    together, the profile, the model, the kernel configs or this machine's memory; a model
+    whose weights and one full-length sequence do not fit one rank is a `ReasonedError` with
+    reason ModelDoesNotFit (`fit.check`).
     """
     # hf:// and s3:// → a local copy, downloaded now or found in --download-dir (offline too)
     model_path = resolve_model(cfg.model, download_dir)
@@ -53,6 +58,7 @@ def preflight(
     engine_cfg = EngineConfig.create(model_path, **kwargs)
     check_step_budget(engine_kwargs, engine_cfg)
     check_kernel_configs(engine_cfg)
+    fit.check(model_config, engine_cfg, resolve_model_path(model_path), tensor_parallel_size)
     try:
         memory.check(model_config, engine_cfg, resolve_model_path(model_path))
     except ValueError as e:
