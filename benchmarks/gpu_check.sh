@@ -16,7 +16,10 @@
 # bit for bit where the maths is, the GEMM's invariance at Llama-3-8B shapes, the FP8 sweep) and
 # fp8kernels (kernel_speed's FP8 GEMM rows vs bf16 at Llama-3-8B shapes), fp8engine (FP8 KV
 # attention compiled, FP8 greedy tokens invariant to batch and chunking) and fp8throughput
-# (the 8b shape, bf16 vs FP8 weights + KV: output tok/s and KV capacity).
+# (the 8b shape, bf16 vs FP8 weights + KV: output tok/s and KV capacity); then serving
+# (benchmarks/gpu_serving.py: `pagoda serve` under 256 HTTP clients on nano-vllm's workload,
+# streaming and not, with the engine in its own process and on a thread side by side, beside the
+# offline engine; needs .gpu-wheels/, see gpu_wheels.sh).
 # The prefill kernel's own steps (~4 min): prefill, its tests compiled (against the reference at
 # Llama-3-8B shapes, and a row's bits as a decode, in a chunk and in a prompt: the tensor-core
 # assumption of its batch invariance), then prefillspeed, kernel_speed's prefill rows (flash, flash-invariant
@@ -28,7 +31,7 @@
 # STEPS="moetests moekernels moe"; the FP8 ones: STEPS="fp8tests fp8kernels" and
 # STEPS="fp8engine fp8throughput" (each about one 10-minute call).
 set -u
-STEPS=${STEPS:-prefill prefillspeed tests tunetests tune throughput invariance kernels moetests moekernels moe fp8tests fp8kernels fp8engine fp8throughput}
+STEPS=${STEPS:-prefill prefillspeed tests tunetests tune throughput invariance kernels moetests moekernels moe fp8tests fp8kernels fp8engine fp8throughput serving}
 OUT=${OUT:-${1:-gpu-out}}
 mkdir -p "$OUT"
 ROOT=$PWD
@@ -36,6 +39,12 @@ PKG=$(mktemp -d)
 mkdir -p "$PKG/pagoda"
 for d in runtime kernels operator; do ln -s "$ROOT/$d" "$PKG/pagoda/$d"; done
 export PYTHONPATH="$PKG:$ROOT/tests/runtime" PYTHONSAFEPATH=1 TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+# The serving steps need fastapi, uvicorn, pydantic, gguf ...: wheels brought along in .gpu-wheels/
+# (benchmarks/gpu_wheels.sh makes the folder), installed into a scratch site directory.
+if ls "$ROOT"/.gpu-wheels/*.whl >/dev/null 2>&1; then
+    python3 -m pip install --quiet --no-index --no-deps --target "$PKG/site" "$ROOT"/.gpu-wheels/*.whl
+    export PYTHONPATH="$PYTHONPATH:$PKG/site"
+fi
 PY="python3 -P"
 
 step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, print the tail
@@ -95,3 +104,5 @@ TAIL=15 step fp8engine 240 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --tim
     -k "attention or gpu" tests/kernels/test_fp8_kernels.py tests/runtime/quantization/test_fp8_engine.py
 TAIL=40 step fp8throughput 540 $PY benchmarks/gpu_throughput.py --shape 8b --also-fp8 \
     --hf-requests 0 --kv-cache-gib 24
+TAIL=30 step serving 420 $PY benchmarks/gpu_serving.py --shape 1b --json "$OUT/serving.json" \
+    --workloads nano --servers process=--engine-process thread=--no-engine-process ${SERVING_ARGS:-}

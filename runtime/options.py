@@ -95,6 +95,7 @@ DEFAULT_MAX_CONNECTIONS = 1024
 MAX_TIMEOUT_S = 3600.0
 MAX_CONNECTIONS_LIMIT = 1 << 20
 DEFAULT_LOG_LEVEL = "info"
+DEFAULT_ENGINE_PROCESS = True  # the step loop in its own process (docs/benchmarks.md, serving)
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
 DEFAULT_TOOL_CALL_PARSER = "auto"
 DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S = 10.0
@@ -248,6 +249,9 @@ SERVER_FLAGS: Mapping[str, Flag] = _flags(
          "HF_HUB_OFFLINE=1 only found); default: $PAGODA_DOWNLOAD_DIR or ~/.cache/pagoda/models",
          None, metavar="DIR"),
     Flag("--log-level", "log verbosity", DEFAULT_LOG_LEVEL, choices=LOG_LEVELS),
+    Flag("--engine-process", "run the engine's step loop in a process of its own beside the "
+         "HTTP server's (no GIL shared with streaming); --no-engine-process runs it on a "
+         "thread of the server", DEFAULT_ENGINE_PROCESS, kind="bool"),
     Flag("--enable-debug-endpoints", "GET /debug/engine (tests only)", False, kind="switch",
          hidden=True),
 )  # fmt: skip

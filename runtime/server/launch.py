@@ -13,6 +13,7 @@ free.
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 from collections.abc import Mapping
@@ -106,20 +107,28 @@ def check_kernel_configs(engine_cfg: EngineConfig) -> None:
     check_config_files(engine_cfg.torch_device())
 
 
+def build_core(engine_cfg: EngineConfig) -> Any:
+    """The engine's core, loaded and warmed up (in the engine process, or on its thread)."""
+    from pagoda.runtime.engine.core import EngineCore
+    from pagoda.runtime.engine.warmup import warm_up
+
+    return warm_up(EngineCore(engine_cfg))
+
+
 def serve(
     cfg: ServerConfig,
     engine_cfg: EngineConfig,
     profile: TunedProfile | None = None,
     sockets: list[socket.socket] | None = None,
+    engine_client: Any = None,
 ) -> int:
-    """Load the model on the engine thread and serve on `sockets` (bound by the caller; bound
-    here from `cfg` when None) until drained; the exit code.
+    """Load the model in the engine process (`engine_client`: spawned already by the caller)
+    or on the engine thread and serve on `sockets` (bound by the caller; bound here from `cfg`
+    when None) until drained; the exit code.
 
     The engine factory warms up every kernel variant the configured shapes reach before the
     engine reports ready, so `/ready` turns 200 only when no JIT compile is left to pay.
     """
-    from pagoda.runtime.engine.core import EngineCore
-    from pagoda.runtime.engine.warmup import warm_up
     from pagoda.runtime.server.api import create_app
     from pagoda.runtime.server.listen import bind_sockets, bound_port, start_listening
     from pagoda.runtime.server.metrics import ServerMetrics
@@ -131,11 +140,14 @@ def serve(
     if profile is not None:
         metrics.set_tuned_profile(profile.device, profile.model, profile.created)
     engine = AsyncEngine(
-        lambda: warm_up(EngineCore(engine_cfg)),
+        functools.partial(build_core, engine_cfg),  # pickles: it may cross to the engine process
         max_queue_len=cfg.max_queue_len,
         max_seqs_per_request=cfg.max_seqs_per_request,
         max_num_seqs=engine_cfg.scheduler.max_num_seqs,
         observer=metrics,
+        engine_process=cfg.engine_process,
+        log_level=cfg.log_level,
+        engine_client=engine_client,
     )
     app = create_app(cfg, engine, metrics)
     uv_cfg = uvicorn.Config(
