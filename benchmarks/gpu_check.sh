@@ -22,12 +22,18 @@
 # offline engine; needs .gpu-wheels/, see gpu_wheels.sh), then tensor
 # parallelism: tptests (two NCCL ranks against one, CUDA graphs) and tp (one rank vs two on an
 # 8B shape), which need two GPUs.
+# The prefill kernel's own steps (~4 min): prefill, its tests compiled (against the reference at
+# Llama-3-8B shapes, and a row's bits as a decode, in a chunk and in a prompt: the tensor-core
+# assumption of its batch invariance), then prefillspeed, kernel_speed's prefill rows (flash, flash-invariant
+# and unified against SDPA) and batch-invariant decodes (flash one-token launch vs unified), then
+# prefillsweep (~4 min, not in the default STEPS): the 5 fastest of tune's 27 prefill configs
+# per case, for the packaged NVIDIA_H200.json.
 # All of them take more than one 10-minute device call; 2026-12-04 ran STEPS="throughput tests"
 # (~3.5 min), then STEPS="tests tunetests tune throughput" HF=0. The MoE steps alone:
 # STEPS="moetests moekernels moe"; the FP8 ones: STEPS="fp8tests fp8kernels" and
 # STEPS="fp8engine fp8throughput" (each about one 10-minute call).
 set -u
-STEPS=${STEPS:-tests tunetests tune throughput invariance kernels moetests moekernels moe fp8tests fp8kernels fp8engine fp8throughput serving tptests tp}
+STEPS=${STEPS:-prefill prefillspeed tests tunetests tune throughput invariance kernels moetests moekernels moe fp8tests fp8kernels fp8engine fp8throughput serving tptests tp}
 OUT=${OUT:-${1:-gpu-out}}
 mkdir -p "$OUT"
 ROOT=$PWD
@@ -56,6 +62,13 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, print the
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
+TAIL=12 step prefill 200 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 190 \
+    tests/kernels/test_prefill_attention.py tests/kernels/test_kernel_invariance.py
+TAIL=20 step prefillspeed 150 $PY benchmarks/kernel_speed.py --batches "" --moe "" --fp8 "" \
+    --prefill-paths flash,flash-invariant,unified,unified-invariant \
+    --prefill 4x2048,1x512/8192,1x2048/8192
+TAIL=30 step prefillsweep 300 $PY benchmarks/kernel_speed.py --batches "" --moe "" --fp8 "" \
+    --invariant-decodes "" --prefill-paths flash --prefill 4x2048,1x512/8192 --prefill-sweep 5
 TAIL=12 step tests 170 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 160 \
     tests/kernels tests/runtime/test_triton_engine.py tests/runtime/engine/test_invariance.py
 TAIL=8 step tunetests 120 $PY -m pytest -q -rs -p no:cacheprovider --timeout 110 \

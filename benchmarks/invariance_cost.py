@@ -4,7 +4,7 @@ For Llama-3.2-1B's weight shapes it times cuBLAS (`F.linear`) against Pagoda's b
 `linear` at decode and prefill row counts, and counts the row counts at which cuBLAS gives the
 last rows other bits than when they are computed among more rows. For decode attention it times
 the fast path (split-KV chosen from the batch) against the batch-invariant one (every row
-through the unified kernel) and checks the fast path's rows the same way.
+through the prefill kernel, decodes in its one-token launch) and checks the fast path's rows the same way.
 
     python -P benchmarks/invariance_cost.py            # on a GPU node
     TRITON_INTERPRET=1 python -P benchmarks/invariance_cost.py --tiny   # CPU smoke run

@@ -3,7 +3,14 @@
 Decode: ``paged_attention`` for batch × context (default 1/16/64/256 × 512/4k/32k) with K/V
 scattered over a paged cache, against ``torch.nn.functional.scaled_dot_product_attention`` on
 contiguous K/V of the same shapes. Bandwidth = bytes of K/V read + q + out, over the time.
-Prefill: a from-scratch causal prefill and a chunk on top of cached context.
+Prefill: a from-scratch causal prefill and a chunk on top of cached context, through each path
+of ``--prefill-paths``: the prefill kernel (``flash``, as serving runs it without batch
+invariance), the prefill kernel in batch-invariant mode (``flash-invariant``, serving's default),
+and the unified kernel the prefill kernel replaced (``unified``, ``unified-invariant``), each
+against SDPA on contiguous K/V; ``--prefill-sweep N`` adds the N fastest configs of
+``pagoda tune``'s candidate space that agree with SDPA. ``--invariant-decodes`` times decode batches in batch-invariant
+mode, where decodes run in the prefill kernel's one-token launch, beside the unified kernel
+that ran them before.
 
     python benchmarks/kernel_speed.py                  # Llama-3-8B attention shapes, bf16
     python benchmarks/kernel_speed.py --output table.md
@@ -57,6 +64,7 @@ PEAK_TBPS = {
     "RTX 4090": 1.008,
 }
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+SWEEP_TOL = 0.05  # --prefill-sweep: largest |diff| from SDPA a candidate may show (bf16 outputs)
 
 
 @dataclass
@@ -98,16 +106,16 @@ def graph_us(fn) -> float:
 
 
 def make_paged(
-    batch: int, ctx: int, args: argparse.Namespace, dtype: torch.dtype
+    batch: int, ctx: int, args: argparse.Namespace, dtype: torch.dtype, device: str = "cuda"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Contiguous K/V ``[B, Hkv, ctx, D]`` and the same data scattered over shuffled pages."""
     bs, hkv, d = args.block_size, args.kv_heads, args.head_dim
     per_seq = math.ceil(ctx / bs)
     num_blocks = batch * per_seq
-    k = torch.randn((batch, hkv, ctx, d), device="cuda", dtype=dtype)
+    k = torch.randn((batch, hkv, ctx, d), device=device, dtype=dtype)
     v = torch.randn_like(k)
-    table = torch.randperm(num_blocks, device="cuda").view(batch, per_seq).to(torch.int32)
-    k_cache = torch.zeros((num_blocks, bs, hkv, d), device="cuda", dtype=dtype)
+    table = torch.randperm(num_blocks, device=device).view(batch, per_seq).to(torch.int32)
+    k_cache = torch.zeros((num_blocks, bs, hkv, d), device=device, dtype=dtype)
     v_cache = torch.zeros_like(k_cache)
     pad = per_seq * bs - ctx
     for b in range(batch):  # one sequence at a time keeps temporaries small
@@ -194,21 +202,74 @@ def decode_row(batch: int, ctx: int, args: argparse.Namespace, dtype: torch.dtyp
     )
 
 
-def prefill_row(
-    batch: int, new: int, ctx: int, args: argparse.Namespace, dtype: torch.dtype
-) -> Row:
-    """``batch`` sequences of ``new`` tokens on top of ``ctx - new`` cached ones."""
+# --prefill-paths / --invariant-decodes: paged_attention's arguments per path
+PATHS = {
+    "flash": {"batch_invariant": False},
+    "flash-invariant": {"batch_invariant": True},
+    "unified": {"batch_invariant": False, "flash_prefill": False},
+    "unified-invariant": {"batch_invariant": True, "flash_prefill": False},
+}
+
+
+def invariant_decode_rows(
+    batch: int, ctx: int, args: argparse.Namespace, dtype: torch.dtype, device: str = "cuda"
+) -> list[Row]:
+    """A decode batch in batch-invariant mode: the prefill kernel's one-token launch and the
+    unified kernel, on the same cache, each against SDPA."""
     from pagoda.kernels import paged_attention
 
     h, d = args.heads, args.head_dim
-    k, v, k_cache, v_cache, table = make_paged(batch, ctx, args, dtype)
-    q = torch.randn((batch * new, h, d), device="cuda", dtype=dtype)
+    k, v, k_cache, v_cache, table = make_paged(batch, ctx, args, dtype, device)
+    q = torch.randn((batch, h, d), device=device, dtype=dtype)
     out = torch.empty_like(q)
-    seq_lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
-    qsl = torch.arange(0, batch * new + 1, new, device="cuda", dtype=torch.int32)
+    seq_lens = torch.full((batch,), ctx, device=device, dtype=torch.int32)
+    qsl = torch.arange(batch + 1, device=device, dtype=torch.int32)
     scale = d**-0.5
 
-    def run() -> None:
+    def sdpa() -> torch.Tensor:
+        return F.scaled_dot_product_attention(q[:, :, None, :], k, v, scale=scale, enable_gqa=True)
+
+    rows = []
+    for path in ("flash-invariant", "unified-invariant"):
+
+        def run(path: str = path) -> None:
+            paged_attention(
+                q=q, k_cache=k_cache, v_cache=v_cache, block_tables=table, seq_lens=seq_lens,
+                query_start_loc=qsl, max_query_len=1, max_seq_len=ctx, scale=scale, out=out,
+                num_decodes=batch, **PATHS[path],
+            )  # fmt: skip
+
+        t = bench_us(run)
+        bytes_moved = (k.numel() + v.numel() + q.numel() + out.numel()) * dtype.itemsize
+        sdpa_us, err = vs_sdpa(run, out, sdpa, lambda r: r[:, :, 0], f"batch {batch} ctx {ctx}")
+        rows.append(
+            Row(f"decode ({path})", batch, 1, ctx, "1", t, bytes_moved / t / 1e3,
+                4 * batch * h * ctx * d / t / 1e6, sdpa_us, err)
+        )  # fmt: skip
+    return rows
+
+
+def prefill_rows(
+    batch: int,
+    new: int,
+    ctx: int,
+    args: argparse.Namespace,
+    dtype: torch.dtype,
+    device: str = "cuda",
+) -> list[Row]:
+    """``batch`` sequences of ``new`` tokens on top of ``ctx - new`` cached ones, one row per
+    path of ``--prefill-paths``; SDPA is timed once."""
+    from pagoda.kernels import paged_attention
+
+    h, d = args.heads, args.head_dim
+    k, v, k_cache, v_cache, table = make_paged(batch, ctx, args, dtype, device)
+    q = torch.randn((batch * new, h, d), device=device, dtype=dtype)
+    out = torch.empty_like(q)
+    seq_lens = torch.full((batch,), ctx, device=device, dtype=torch.int32)
+    qsl = torch.arange(0, batch * new + 1, new, device=device, dtype=torch.int32)
+    scale = d**-0.5
+
+    def run(path: str) -> None:
         paged_attention(
             q=q,
             k_cache=k_cache,
@@ -221,6 +282,7 @@ def prefill_row(
             scale=scale,
             out=out,
             num_decodes=0,
+            **PATHS[path],
         )
 
     q4 = q.view(batch, new, h, d).transpose(1, 2)
@@ -240,20 +302,58 @@ def prefill_row(
             q4, k, v, attn_mask=mask, scale=scale, enable_gqa=True
         )
 
-    t = bench_us(run)
     past = ctx - new
     pairs = batch * (new * past + new * (new + 1) / 2)  # visible (query, key) pairs
     flops = 4 * h * d * pairs
     bytes_moved = (k.numel() + v.numel() + q.numel() + out.numel()) * dtype.itemsize
-    sdpa_us, err = vs_sdpa(
-        run,
-        out,
-        sdpa,
-        lambda r: r.transpose(1, 2).reshape(out.shape),
-        f"prefill {batch}x{new}/{ctx}",
-    )
     case = "prefill" if new == ctx else "prefill chunk"
-    return Row(case, batch, new, ctx, "-", t, bytes_moved / t / 1e3, flops / t / 1e6, sdpa_us, err)
+    rows, sdpa_us, want = [], None, None
+    for path in filter(None, args.prefill_paths.split(",")):
+        t = bench_us(lambda path=path: run(path))
+        if sdpa_us is None:
+            sdpa_us, err = vs_sdpa(
+                lambda path=path: run(path),
+                out,
+                sdpa,
+                lambda r: r.transpose(1, 2).reshape(out.shape),
+                f"prefill {batch}x{new}/{ctx}",
+            )
+            want = sdpa().transpose(1, 2).reshape(out.shape) if sdpa_us is not None else None
+        run(path)
+        err = float((out.float() - want.float()).abs().max()) if want is not None else None
+        rows.append(
+            Row(f"{case} ({path})", batch, new, ctx, "-", t, bytes_moved / t / 1e3,
+                flops / t / 1e6, sdpa_us, err)
+        )  # fmt: skip
+    if not args.prefill_sweep:
+        return rows
+    from pagoda.kernels.prefill_attention import launch_prefill_attention
+    from pagoda.runtime.tune.kernels import PREFILL, candidate_space
+
+    def launch(config: dict) -> None:
+        launch_prefill_attention(
+            q=q, k_cache=k_cache, v_cache=v_cache, block_tables=table, seq_lens=seq_lens,
+            query_start_loc=qsl, scale=scale, out=out, first_seq=0, last_seq=batch,
+            first_token=0, last_token=batch * new, config=config,
+        )  # fmt: skip
+
+    swept = []
+    for config in candidate_space(PREFILL):
+        label = "M{BLOCK_M} T{TILE_SIZE} w{num_warps} s{num_stages}".format(**config)
+        try:
+            t = bench_us(lambda config=config: launch(config))
+        except Exception as exc:  # a config the compiler refuses (shared memory, registers)
+            print(f"  {case} {label}: {type(exc).__name__}", file=sys.stderr)
+            continue
+        err = float((out.float() - want.float()).abs().max()) if want is not None else None
+        if err is not None and err > SWEEP_TOL:
+            print(f"  {case} {label}: wrong output ({err:.2e})", file=sys.stderr)
+            continue
+        swept.append(
+            Row(f"{case} (swept {label})", batch, new, ctx, "-", t, bytes_moved / t / 1e3,
+                flops / t / 1e6, sdpa_us, err)
+        )  # fmt: skip
+    return rows + sorted(swept, key=lambda r: r.triton_us)[: args.prefill_sweep]
 
 
 def table(rows: list[Row], peak: float | None) -> str:
@@ -420,6 +520,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--prefill", default="4x2048,1x512/8192", help="BxNEW (from scratch) or BxNEW/CTX"
     )
+    p.add_argument(
+        "--prefill-paths",
+        default="flash,flash-invariant,unified",
+        help=f"comma-separated, of {', '.join(PATHS)}",
+    )
+    p.add_argument(
+        "--prefill-sweep",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time the prefill kernel over `pagoda tune`'s candidate configs and show the "
+        "N fastest that match SDPA per prefill case (0: off)",
+    )
+    p.add_argument(
+        "--invariant-decodes",
+        default="1x4096,64x4096,256x2048",
+        help="BxCTX decode batches timed in batch-invariant mode ('' skips them)",
+    )
     p.add_argument("--moe", default="128,768,2048,8", help="E,N,K,TOPK of the fused-MoE rows")
     p.add_argument("--moe-tokens", default="1,16,64,256,1024,4096")
     p.add_argument(
@@ -453,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     rows: list[Row] = []
     if args.no_attention:
-        args.batches, args.prefill = "", ""
+        args.batches, args.prefill, args.invariant_decodes = "", "", ""
     for batch in (int(x) for x in filter(None, args.batches.split(","))):
         for ctx in (int(x) for x in args.contexts.split(",")):
             if not fits(batch, ctx, args, dtype):
@@ -466,8 +584,13 @@ def main(argv: list[str] | None = None) -> int:
     for spec in filter(None, args.prefill.split(",")):
         b, rest = spec.split("x")
         new, _, ctx = rest.partition("/")
-        rows.append(prefill_row(int(b), int(new), int(ctx or new), args, dtype))
+        rows += prefill_rows(int(b), int(new), int(ctx or new), args, dtype)
         torch.cuda.empty_cache()
+    for spec in filter(None, args.invariant_decodes.split(",")):
+        b, ctx = (int(x) for x in spec.split("x"))
+        if fits(b, ctx, args, dtype):
+            rows += invariant_decode_rows(b, ctx, args, dtype)
+            torch.cuda.empty_cache()
     header = (
         f"{machine()}\nDevice: {name} (peak {peak} TB/s), torch {torch.__version__}, "
         f"heads {args.heads}/{args.kv_heads} (q/kv), head dim {args.head_dim}, "

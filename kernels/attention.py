@@ -9,10 +9,16 @@
 * ``sliding_window``: each query sees its last W keys (its own included), and both kernels start
   at the window's first tile, so a window layer reads only the window's blocks; the split count
   of the decodes is chosen for the window's length. ``softcap`` caps the scores (Gemma).
-* ``batch_invariant``: every row, decode or prefill, goes through the unified kernel with one
-  launch config per head size. Its tiles start at key 0 and a row's masked tiles add exact
-  zeros, so a row gets the same bits as a decode, in a chunk on cached context, in a fresh
-  prompt or beside any other sequences; no split-KV, whose merge order depends on the batch.
+* Prefill rows (sequences after the decodes) run in the FlashAttention-2-style prefill kernel
+  (``prefill_attention.py``; ``flash_prefill=False`` keeps them in the unified kernel). The
+  decodes then always take the split-KV kernel (one segment when the rule asks for no split).
+* ``batch_invariant``: every row goes through the prefill kernel, the decodes in a launch with
+  the ``max_query_len`` 1 config and the other sequences in one with the
+  ``INVARIANT_PREFILL_LEN`` config, both with the decode config's ``TILE_SIZE``. Its K/V tiles
+  start at key 0, a row's masked tiles leave it exactly as it was, and its reductions over keys
+  run on the MMA, so a row gets the same bits as a decode, in a chunk on cached context, in a
+  fresh prompt or beside any other sequences; no split-KV, whose merge order depends on the
+  batch. With ``flash_prefill=False`` every row goes through the unified kernel with one config.
 
 Everything is decided from shapes and host ints, so the launcher can be captured in CUDA graphs.
 """
@@ -25,11 +31,15 @@ from pagoda.kernels.attn_common import kv_scale_args
 from pagoda.kernels.config import get_kernel_config, num_sms
 from pagoda.kernels.decode_attention import choose_num_splits, launch_decode_attention
 from pagoda.kernels.fp8 import FP8_DTYPE
+from pagoda.kernels.prefill_attention import launch_prefill_attention
 from pagoda.kernels.unified_attention import launch_unified_attention
 
-# The config bucket every row uses in batch-invariant mode: the decode one, since decodes are
-# most of the attention work at high load (prompt rows are compute-cheap next to the GEMMs).
+# The unified kernel's bucket for every row in batch-invariant mode (``flash_prefill=False``).
 INVARIANT_QUERY_LEN = 1
+# The prefill kernel's buckets in batch-invariant mode: ``max_query_len`` 1 for the decodes, and
+# this chunk-sized one for every other sequence.
+INVARIANT_PREFILL_LEN = 2048
+FLASH = "prefill_attention"  # the prefill kernel's name in the config files
 
 
 def _validate(
@@ -83,6 +93,7 @@ def paged_attention(
     softcap: float | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    flash_prefill: bool = True,
 ) -> torch.Tensor:
     """Causal attention of a ragged batch against a paged KV cache (module docstring).
 
@@ -96,7 +107,9 @@ def paged_attention(
     every row the same way (module docstring). An E4M3 cache (``float8_e4m3fn``, written by
     `write_kv_cache` with ``k_scale``/``v_scale``) is read with the same scales: float32, one
     element or one per KV head; its tiles are widened to q's dtype (exact), the K scale joins
-    the softmax scale and the V scale multiplies the output. Returns ``out``.
+    the softmax scale and the V scale multiplies the output. ``flash_prefill=False`` runs the
+    prefill rows in the unified kernel instead of the prefill kernel (comparisons). Returns
+    ``out``.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -111,6 +124,13 @@ def paged_attention(
         num_decodes = num_seqs if max_query_len == 1 else 0
     if not 0 <= num_decodes <= num_seqs:
         raise ValueError(f"num_decodes={num_decodes} outside [0, {num_seqs}]")
+    if flash_prefill:
+        _flash_launches(
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
+            max_seq_len, scale, out, num_decodes, num_kv_splits, batch_invariant, sliding_window,
+            softcap, k_scale, v_scale,
+        )  # fmt: skip
+        return out
     first_seq = 0
     if num_decodes > 0 and not batch_invariant:
         first_seq = _launch_decodes(
@@ -195,3 +215,61 @@ def _launch_decodes(
         v_scale=v_scale,
     )
     return num_decodes
+
+
+def flash_configs(
+    head_dim: int, max_query_len: int, device: torch.device | str | None, batch_invariant: bool
+) -> tuple[dict, dict]:
+    """(decode config, prefill config) of the prefill kernel. Batch-invariant: fixed buckets, and
+    the prefill launch takes the decode config's ``TILE_SIZE`` so both visit the same tiles."""
+    decode = get_kernel_config(FLASH, {"head_dim": head_dim, "max_query_len": 1}, device)
+    bucket = INVARIANT_PREFILL_LEN if batch_invariant else max_query_len
+    prefill = get_kernel_config(FLASH, {"head_dim": head_dim, "max_query_len": bucket}, device)
+    if batch_invariant:
+        prefill["TILE_SIZE"] = decode["TILE_SIZE"]
+    return decode, prefill
+
+
+def _flash_launches(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+    out: torch.Tensor,
+    num_decodes: int,
+    num_kv_splits: int | None,
+    batch_invariant: bool,
+    sliding_window: int | None,
+    softcap: float | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+) -> None:
+    """Decodes (split-KV, or the prefill kernel's decode launch when batch-invariant), then the
+    other sequences in the prefill kernel."""
+    num_seqs, num_tokens = seq_lens.shape[0], q.shape[0]
+    decode_cfg, prefill_cfg = flash_configs(q.shape[2], max_query_len, out.device, batch_invariant)
+    common = dict(
+        q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens,
+        query_start_loc=query_start_loc, scale=scale, out=out, sliding_window=sliding_window,
+        softcap=softcap, k_scale=k_scale, v_scale=v_scale,
+    )  # fmt: skip
+    if num_decodes > 0 and batch_invariant:
+        launch_prefill_attention(
+            **common, first_seq=0, last_seq=num_decodes, first_token=0, last_token=num_decodes,
+            config=decode_cfg, one_token_per_seq=True,
+        )  # fmt: skip
+    elif num_decodes > 0:
+        _launch_decodes(
+            q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_decodes, True,
+            max_seq_len, num_kv_splits, sliding_window, softcap, k_scale, v_scale,
+        )  # fmt: skip
+    if num_decodes < num_seqs:
+        launch_prefill_attention(
+            **common, first_seq=num_decodes, last_seq=num_seqs, first_token=num_decodes,
+            last_token=num_tokens, config=prefill_cfg,
+        )  # fmt: skip

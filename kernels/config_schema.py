@@ -80,6 +80,11 @@ KERNELS: Mapping[str, KernelSchema] = {
         {"BLOCK_M": TILE, "TILE_SIZE": Param(16, 512, pow2=True), "num_warps": WARPS,
          "num_stages": STAGES},
     ),
+    "prefill_attention": KernelSchema(
+        ("head_dim", "max_query_len"),
+        {"BLOCK_M": TILE, "TILE_SIZE": Param(16, 512, pow2=True), "num_warps": WARPS,
+         "num_stages": STAGES},
+    ),
     "decode_attention": KernelSchema(
         ("head_dim", "num_seqs", "max_seq_len"),
         {"TILE_SIZE": Param(16, 512, pow2=True), "num_warps": WARPS, "num_stages": STAGES,

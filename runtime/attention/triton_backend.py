@@ -3,8 +3,10 @@
 Two launches per layer and step: the KV-cache scatter and ``paged_attention``. Both decide
 everything from shapes and the metadata's host ints, so a decode step can be captured in a CUDA
 graph and replayed with new tensor contents. Nothing is precomputed in ``prepare``: the kernels
-read ``query_start_loc``/``seq_lens``/``block_tables`` directly. With ``batch_invariant`` every
-row goes through one kernel with one launch config (see ``paged_attention``).
+read ``query_start_loc``/``seq_lens``/``block_tables`` directly. Prefill and mixed batches run
+their prompt rows in the FlashAttention-2-style prefill kernel and their decodes in the split-KV
+decode kernel; with ``batch_invariant`` every row goes through the prefill kernel with fixed
+configs (see ``paged_attention``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ split count) or a new integer specialisation (an argument equal to 1, or divisib
 the H200 the first steps after start took 0.4–0.7 s each while that happened, in front of the
 first users. Serving decides every variant from host ints (``paged_attention``'s rules), so the
 set is enumerable: each decode (batch, context) bucket's config and split count, and each
-prefill ``max_query_len`` bucket's config, with block-table widths in each specialisation class.
+prefill ``max_query_len`` bucket's config of the prefill kernel (batch-invariant: its decode and
+its prefill config), with block-table widths in each specialisation class.
 Everything runs on a scratch cache of a few blocks, never on the engine's KV cache.
 
 Then a few small engine steps (prefills of 16k and odd lengths, decodes) cover the other
@@ -49,12 +50,22 @@ def _grid(limit: int, start: int = 1) -> list[int]:
 
 
 def kernel_cases(
-    geo: Geometry, *, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int
+    geo: Geometry,
+    *,
+    max_num_seqs: int,
+    max_model_len: int,
+    max_num_batched_tokens: int,
+    batch_invariant: bool = False,
 ) -> list[tuple[int, int, int]]:
-    """(num_decodes, max_seq_len, prefill_len) cases, one per distinct compiled variant."""
+    """(num_decodes, max_seq_len, prefill_len) cases, one per distinct compiled variant.
+    Batch-invariant: every row runs in the prefill kernel with two fixed configs, so one decode
+    case and one prefill case cover it."""
+    from pagoda.kernels.attention import flash_configs
     from pagoda.kernels.config import get_kernel_config, num_sms
     from pagoda.kernels.decode_attention import choose_num_splits
 
+    if batch_invariant:
+        return [(1, min(max_model_len, geo.block_size), 0), (0, 2, 2)]
     seen: set = set()
     cases = []
     for n in _grid(max_num_seqs):
@@ -73,10 +84,8 @@ def kernel_cases(
                 seen.add(key)
                 cases.append((n, ctx, 0))
     for q in _grid(min(max_num_batched_tokens, max_model_len - 1)):
-        cfg = get_kernel_config(
-            "paged_attention", {"head_dim": geo.head_dim, "max_query_len": q}, geo.device
-        )
-        key = ("unified", *sorted(cfg.items()))
+        cfg = flash_configs(geo.head_dim, q, geo.device, batch_invariant=False)[1]
+        key = ("prefill", *sorted(cfg.items()))
         if key not in seen:
             seen.add(key)
             cases.append((0, q, q))
@@ -89,7 +98,9 @@ def _widths(need: int) -> list[int]:
     return sorted({w for w in (need if need == 1 else None, odd, -(-need // 16) * 16) if w})
 
 
-def run_kernel_case(geo: Geometry, num_decodes: int, max_seq_len: int, prefill: int) -> int:
+def run_kernel_case(
+    geo: Geometry, num_decodes: int, max_seq_len: int, prefill: int, batch_invariant: bool = False
+) -> int:
     """Launch one case at every table width; returns the number of launches."""
     from pagoda.kernels import paged_attention
 
@@ -124,6 +135,7 @@ def run_kernel_case(geo: Geometry, num_decodes: int, max_seq_len: int, prefill: 
             max_seq_len=max_seq_len,
             scale=geo.head_dim**-0.5,
             num_decodes=num_decodes,
+            batch_invariant=batch_invariant,
             **scales,
         )
     return len(_widths(need))
@@ -166,13 +178,15 @@ def warm_kernels(runner, *, max_num_seqs: int, max_model_len: int, max_num_batch
         runner.kv_caches[0][0].dtype if runner.kv_caches else None,
         _kv_scale_size(runner),
     )
+    invariant = bool(getattr(backend, "batch_invariant", False))
     cases = kernel_cases(
         geo,
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
         max_num_batched_tokens=max_num_batched_tokens,
+        batch_invariant=invariant,
     )
-    launches = sum(run_kernel_case(geo, *case) for case in cases)
+    launches = sum(run_kernel_case(geo, *case, batch_invariant=invariant) for case in cases)
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
     return launches

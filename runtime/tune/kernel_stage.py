@@ -81,6 +81,7 @@ def kernel_buckets(
         attention_shape(model_config, base),
         max_model_len=max_model_len,
         max_num_batched_tokens=max(plan.chunk_sizes),
+        batch_invariant=base.batch_invariant,
         **limits,
     )
 

@@ -4,6 +4,11 @@ GEMM's in `tune.fp8_matmul`).
 
 Buckets are the shapes the model will hit (its head dim, GQA ratio, block size and dtype; decode
 ``num_seqs`` × ``max_seq_len``; prefill ``max_query_len``), keyed like ``configs/<Device>.json``.
+The prefill rows run in the prefill kernel (``prefill_attention``). With batch invariance (the
+default) it has two buckets, as ``paged_attention`` looks them up: the decodes
+(``max_query_len`` 1, timed on a decode batch) and every other row (``INVARIANT_PREFILL_LEN``,
+timed on the engine's chunk); the second is swept with the first one's ``TILE_SIZE``, which the
+launcher imposes on it.
 Every candidate is first run on fresh random inputs and compared with the torch reference
 (``pagoda.kernels.reference``): a candidate that raises or disagrees is rejected and never saved.
 Survivors are timed (``triton.testing.do_bench``, median, inputs rotated through copies larger
@@ -24,7 +29,7 @@ import torch
 from pagoda.runtime.tune import fp8_matmul, matmul, moe
 
 DECODE = "decode_attention"
-PREFILL = "paged_attention"
+PREFILL = "prefill_attention"
 MAX_TIMED_TOKENS = (
     1 << 21
 )  # batch × context of one timed decode bucket (8 GB of bf16 KV at 8 heads)
@@ -57,6 +62,7 @@ class Bucket:
     kernel: str
     shape: dict[str, int] = field(hash=False)
     seqs: tuple[tuple[int, int], ...]
+    invariant: bool = False  # a batch-invariant prefill bucket (`TILE_SIZE` shared, see above)
 
     @property
     def label(self) -> str:
@@ -70,9 +76,11 @@ def plan_buckets(
     max_model_len: int,
     max_num_batched_tokens: int,
     quick: bool = False,
+    batch_invariant: bool = False,
 ) -> list[Bucket]:
     """Decode (batch × context) and prefill (max_query_len) buckets this engine can reach;
-    ``quick``: the smallest of each."""
+    ``quick``: the smallest of each. ``batch_invariant``: only the prefill kernel's two fixed
+    buckets, as every row runs in it then."""
     d = shape.head_dim
     batches = sorted({b for b in (1, 4, 16, 64, 256) if b <= max_num_seqs} | {max_num_seqs})
     contexts = sorted({c for c in (512, 2048, 8192, 32768) if c <= max_model_len} | {max_model_len})
@@ -82,6 +90,8 @@ def plan_buckets(
             shp = {"head_dim": d, "num_seqs": b, "max_seq_len": ctx}
             out.append(Bucket(DECODE, shp, ((1, ctx),) * b))
     top = min(max_num_batched_tokens, max_model_len)
+    if batch_invariant:  # every row, decodes too, runs in the prefill kernel
+        return invariant_prefill_buckets(shape, max_num_seqs, max_model_len, top)
     for q in sorted({q for q in (16, 64, 512, 2048) if q <= top} | {top}):
         n = max(1, min(8, max_num_batched_tokens // q))
         out.append(
@@ -92,6 +102,25 @@ def plan_buckets(
     if quick:
         return [next(b for b in out if b.kernel == k) for k in (DECODE, PREFILL)]
     return out
+
+
+def invariant_prefill_buckets(
+    shape: AttentionShape, max_num_seqs: int, max_model_len: int, chunk: int
+) -> list[Bucket]:
+    """The prefill kernel's batch-invariant buckets: its decode launch (a decode batch at up to
+    2k of context) and its prefill launch (up to 4 chunks of ``chunk`` tokens over cache)."""
+    from pagoda.kernels.attention import INVARIANT_PREFILL_LEN
+
+    d = shape.head_dim
+    ctx = min(2048, max_model_len)
+    chunk = max(2, min(chunk, 4096, max_model_len))
+    prefill = ((chunk, min(2 * chunk, max_model_len)),) * max(1, min(4, 8192 // chunk))
+    return [
+        Bucket(PREFILL, {"head_dim": d, "max_query_len": 1}, ((1, ctx),) * min(max_num_seqs, 64),
+               invariant=True),
+        Bucket(PREFILL, {"head_dim": d, "max_query_len": INVARIANT_PREFILL_LEN}, prefill,
+               invariant=True),
+    ]  # fmt: skip
 
 
 def candidate_space(kernel: str, quick: bool = False) -> list[dict[str, Any]]:
@@ -118,7 +147,7 @@ def candidate_space(kernel: str, quick: bool = False) -> list[dict[str, Any]]:
         ]
     return [
         {"BLOCK_M": m, "TILE_SIZE": t, "num_warps": w, "num_stages": s}
-        for m, t, (w, s) in itertools.product((32, 64, 128), (32, 64), pipes)
+        for m, t, (w, s) in itertools.product((16, 64, 128), (32, 64, 128), pipes)
     ]
 
 
@@ -192,8 +221,9 @@ def num_splits_for(
 
 
 def launch(kernel: str, batch: PagedBatch, config: dict, splits: int, out: torch.Tensor) -> None:
-    """Run one launcher with ``config`` exactly as ``paged_attention`` would for this bucket."""
-    from pagoda.kernels import decode_attention, unified_attention
+    """Run one launcher with ``config`` exactly as ``paged_attention`` would for this bucket:
+    the prefill kernel takes leading decodes in its one-token launch, the rest in one more."""
+    from pagoda.kernels import decode_attention, prefill_attention
 
     a = batch.args
     common = {k: a[k] for k in ("q", "k_cache", "v_cache", "block_tables", "seq_lens", "scale")}
@@ -201,12 +231,15 @@ def launch(kernel: str, batch: PagedBatch, config: dict, splits: int, out: torch
         decode_attention.launch_decode_attention(
             **common, out=out, num_decodes=batch.num_decodes, num_splits=splits, config=config
         )
-    else:
-        unified_attention.launch_unified_attention(
-            **common,
-            query_start_loc=a["query_start_loc"],
-            out=out,
-            first_seq=0,
-            first_token=0,
-            config=config,
+        return
+    nd, num_seqs, num_tokens = batch.num_decodes, a["seq_lens"].shape[0], a["q"].shape[0]
+    common.update(query_start_loc=a["query_start_loc"], out=out, config=config)
+    if nd:
+        prefill_attention.launch_prefill_attention(
+            **common, first_seq=0, last_seq=nd, first_token=0, last_token=nd,
+            one_token_per_seq=True,
+        )  # fmt: skip
+    if nd < num_seqs:
+        prefill_attention.launch_prefill_attention(
+            **common, first_seq=nd, last_seq=num_seqs, first_token=nd, last_token=num_tokens
         )

@@ -32,19 +32,26 @@ from pagoda.runtime.tune.results import BucketResult
 
 def _check_seqs(bucket: Bucket, gen: torch.Generator) -> list[tuple[int, int]]:
     """A small ragged batch that compiles to the same kernel variant as the bucket."""
-    if bucket.kernel == DECODE:
-        n, top = min(bucket.shape["num_seqs"], 4), min(bucket.shape["max_seq_len"], 1024)
+    if bucket.kernel == DECODE or bucket.shape.get("max_query_len") == 1:  # decodes
+        n, top = min(len(bucket.seqs), 4), min(max(s for _, s in bucket.seqs), 1024)
         lens = torch.randint(1, top + 1, (n,), generator=gen).tolist()
         return [(1, int(s)) for s in [top, *lens[1:]]]
-    q = min(bucket.shape["max_query_len"], 128)
+    q = min(bucket.shape["max_query_len"], max(n for n, _ in bucket.seqs), 128)
     short = max(q // 3, 1)
-    return [(q, min(bucket.seqs[0][1], 2 * q)), (short, short + 7)]
+    return [(q, max(q, min(bucket.seqs[0][1], 2 * q))), (short, short + 7)]
 
 
 def check_candidate(
-    bucket: Bucket, shape: AttentionShape, config: dict, device: torch.device, gen: torch.Generator
+    bucket: Bucket,
+    shape: AttentionShape,
+    config: dict,
+    device: torch.device,
+    gen: torch.Generator,
+    decode_config: dict | None = None,
 ) -> str | None:
-    """None when ``config`` matches the torch reference on fresh random inputs, else why not."""
+    """None when ``config`` matches the torch reference on fresh random inputs, else why not.
+    With ``decode_config`` (a batch-invariant prefill bucket), the last row of every sequence
+    must also equal, bit for bit, that row computed alone by the decode launch."""
     from pagoda.kernels import reference
 
     batch = make_batch(shape, _check_seqs(bucket, gen), device, gen)
@@ -64,6 +71,30 @@ def check_candidate(
     err = (got - want).abs().max().item()
     if err > tol * (1.0 + want.abs().max().item()):
         return f"wrong output: max |diff| {err:.3g} > tolerance"
+    if decode_config is not None:
+        return _check_row_invariance(batch, out, decode_config)
+    return None
+
+
+def _check_row_invariance(batch: PagedBatch, out: torch.Tensor, decode_config: dict) -> str | None:
+    """Each sequence's last row against the same row as a decode (the prefill kernel's one-token
+    launch with ``decode_config``): a prefill config whose MMA rounds a row differently from
+    the decode config's would break batch-invariant serving."""
+    from pagoda.kernels.prefill_attention import launch_prefill_attention
+
+    a = batch.args
+    n = a["seq_lens"].shape[0]
+    last = (a["query_start_loc"][1:] - 1).long()
+    q = a["q"][last].contiguous()
+    alone = torch.full_like(q, float("nan"))
+    launch_prefill_attention(
+        q=q, k_cache=a["k_cache"], v_cache=a["v_cache"], block_tables=a["block_tables"],
+        seq_lens=a["seq_lens"], query_start_loc=torch.arange(n + 1, device=q.device).int(),
+        scale=a["scale"], out=alone, first_seq=0, last_seq=n, first_token=0, last_token=n,
+        config=decode_config, one_token_per_seq=True,
+    )  # fmt: skip
+    if not torch.equal(alone, out[last]):
+        return "not batch-invariant: a row's bits differ from its decode's"
     return None
 
 
@@ -171,15 +202,17 @@ def sweep_bucket(
     *,
     timer: Timer,
     seed: int = 0,
+    decode_config: dict | None = None,
 ) -> BucketResult:
-    """Check every candidate, time the survivors; the first candidate is the baseline."""
+    """Check every candidate, time the survivors; the first candidate is the baseline.
+    ``decode_config``: also check each candidate's rows against it (`check_candidate`)."""
     gen = torch.Generator().manual_seed(seed)
     rejected: list[str] = []
     timed: dict[tuple, tuple[float, dict]] = {}
     baseline_ms = None
     copies: list[PagedBatch] = []
     for i, config in enumerate(candidates):
-        why = check_candidate(bucket, shape, config, device, gen)
+        why = check_candidate(bucket, shape, config, device, gen, decode_config)
         if why is not None:
             rejected.append(f"{config}: {why}")
             continue
@@ -235,6 +268,29 @@ def sweep_matmul_bucket(
     )
 
 
+def invariant_decode_config(bucket: Bucket, reports: list[dict], device: torch.device) -> dict:
+    """The config of the batch-invariant decode launch a prefill bucket must agree with: as
+    chosen earlier in this sweep, else as configured now. Its ``TILE_SIZE`` is imposed on the
+    prefill launch."""
+    from pagoda.kernels.config import get_kernel_config
+
+    decode_shape = {**bucket.shape, "max_query_len": 1}
+    for r in reports:
+        if r["kernel"] == bucket.kernel and r["shape"] == decode_shape and r.get("config"):
+            return dict(r["config"])
+    return get_kernel_config(bucket.kernel, decode_shape, device)
+
+
+def _with_tile(candidates: list[dict], tile: int) -> list[dict]:
+    """``candidates`` with ``TILE_SIZE`` set to ``tile``, duplicates dropped, order kept."""
+    out: list[dict] = []
+    for c in candidates:
+        forced = {**c, "TILE_SIZE": tile}
+        if forced not in out:
+            out.append(forced)
+    return out
+
+
 def tune_kernels(
     shape: AttentionShape,
     buckets: list[Bucket | matmul.MatmulBucket | fp8_matmul.Fp8Bucket | moe.MoeBucket],
@@ -272,12 +328,20 @@ def tune_kernels(
             continue
         baseline = get_kernel_config(bucket.kernel, bucket.shape, device)
         candidates = [baseline, *(c for c in space(bucket.kernel) if c != baseline)]
+        decode_config = None
+        if getattr(bucket, "invariant", False) and bucket.shape["max_query_len"] != 1:
+            decode_config = invariant_decode_config(bucket, reports, device)
+            candidates = _with_tile(candidates, int(decode_config["TILE_SIZE"]))
+            if device.type != "cuda":  # the interpreter's dot is the host BLAS: its rounding
+                decode_config = None  # of a row may follow the row's place in a micro-tile
         if bucket.kernel in (matmul.MATMUL, fp8_matmul.FP8_MATMUL):
             result = sweep_matmul_bucket(bucket, candidates, device, timer=matmul_timer or timer)
         elif bucket.kernel == moe.FUSED_MOE:
             result = moe.sweep_moe_bucket(bucket, candidates, device, timer=matmul_timer or timer)
         else:
-            result = sweep_bucket(bucket, shape, candidates, device, timer=timer)
+            result = sweep_bucket(
+                bucket, shape, candidates, device, timer=timer, decode_config=decode_config
+            )
         if result.config is not None:
             save_kernel_config(
                 bucket.kernel,

@@ -70,3 +70,61 @@ def test_fp8_rows_and_table(monkeypatch):
     assert kernel_speed.parse_args(["--fp8", ""]).fp8 == ""
     with pytest.raises(SystemExit):
         kernel_speed.parse_args(["--fp8", "llama-9000"])
+
+
+def test_prefill_and_invariant_decode_rows(monkeypatch):
+    """The prefill rows (one per path, SDPA timed once) and the batch-invariant decode rows, on
+    tiny shapes: every path agrees with SDPA."""
+    import kernel_speed
+
+    timed = []
+
+    def wall_us(fn) -> float:
+        timed.append(fn)
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e6
+
+    monkeypatch.setattr(kernel_speed, "bench_us", wall_us)
+    args = kernel_speed.parse_args(
+        ["--heads", "4", "--kv-heads", "2", "--head-dim", "32",
+         "--prefill-paths", "flash,flash-invariant,unified"]
+    )  # fmt: skip
+    rows = kernel_speed.prefill_rows(2, 24, 40, args, torch.float32, "cpu")
+    assert [r.case for r in rows] == [
+        "prefill chunk (flash)", "prefill chunk (flash-invariant)", "prefill chunk (unified)"
+    ]  # fmt: skip
+    assert len(timed) == 4  # three paths and SDPA once
+    rows += kernel_speed.invariant_decode_rows(3, 33, args, torch.float32, "cpu")
+    assert [r.case for r in rows[3:]] == ["decode (flash-invariant)", "decode (unified-invariant)"]
+    for r in rows:
+        assert r.triton_us > 0 and r.sdpa_us > 0 and r.max_err < 1e-4
+    table = kernel_speed.table(rows, peak=None).splitlines()
+    assert len(table) == 7 and table[2].startswith("| prefill chunk (flash) | 2 | 24 | 40 |")
+
+
+def test_prefill_sweep_rows(monkeypatch):
+    """--prefill-sweep N: the N fastest candidates (configs from `pagoda tune`'s space), checked
+    against SDPA, after the path rows."""
+    import kernel_speed
+    from pagoda.runtime.tune import kernels as tune_kernels
+
+    def wall_us(fn) -> float:
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e6
+
+    monkeypatch.setattr(kernel_speed, "bench_us", wall_us)
+    space = [
+        {"BLOCK_M": m, "TILE_SIZE": t, "num_warps": 4, "num_stages": 2}
+        for m, t in ((16, 16), (64, 32), (32, 64))
+    ]
+    monkeypatch.setattr(tune_kernels, "candidate_space", lambda kernel: space)
+    args = kernel_speed.parse_args(
+        ["--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--prefill-paths", "flash",
+         "--prefill-sweep", "2"]
+    )  # fmt: skip
+    rows = kernel_speed.prefill_rows(1, 40, 40, args, torch.float32, "cpu")
+    assert [r.case.split(" (")[1].split()[0] for r in rows] == ["flash)", "swept", "swept"]
+    assert all(r.max_err < 1e-4 for r in rows)
+    assert rows[1].triton_us <= rows[2].triton_us

@@ -277,9 +277,10 @@ def test_write_kv_cache_fp8_errors(device):
 # --- attention over an FP8 cache -------------------------------------------------------------
 
 ATTN_PATHS = {
-    "one-launch": {},
+    "prefill-kernel": {},
     "split4": {"num_kv_splits": 4},
     "invariant": {"batch_invariant": True},
+    "unified": {"flash_prefill": False},
 }
 
 

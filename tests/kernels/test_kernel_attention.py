@@ -17,12 +17,15 @@ CASES = [
     (torch.bfloat16, 64, 8, 32),
     (torch.float32, 128, 3, 16),
 ]
-# How the decodes are handled: one unified launch for the whole mixed batch, or split-KV with
-# 4 segments for the decodes plus a unified launch for the prefills. (The launcher's own rule
-# picks splits only for long contexts: see test_long_context.)
+# How the batch is handled: split-KV decodes (one segment, or 4) and the prefill kernel for the
+# other sequences; every row in the prefill kernel (batch-invariant); the unified kernel for the
+# whole mixed batch in one launch. (The launcher's own rule picks splits only for long
+# contexts: see test_long_context.)
 PATHS = {
-    "one-launch": {"num_decodes": None},
+    "flash": {"num_decodes": None},
     "split4": {"num_kv_splits": 4},
+    "invariant": {"batch_invariant": True},
+    "unified": {"num_decodes": None, "flash_prefill": False},
 }
 
 

@@ -17,6 +17,7 @@ from pagoda.kernels.config import (
 
 REQUIRED = {
     "paged_attention": {"BLOCK_M", "TILE_SIZE", "num_warps", "num_stages"},
+    "prefill_attention": {"BLOCK_M", "TILE_SIZE", "num_warps", "num_stages"},
     "decode_attention": {
         "TILE_SIZE",
         "num_warps",

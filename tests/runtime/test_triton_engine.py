@@ -189,3 +189,49 @@ def test_gpu_new_architectures_match_transformers_with_graphs(tmp_path, name):
         check(g, want, f"{name}: prompt {i}")
     eager = generate(LLM(**common, enable_cuda_graphs=False), prompts)
     assert [t for t, _ in eager] == [t for t, _ in got]
+
+
+@pytest.mark.skipif(not INTERPRET, reason="CPU run of Triton kernels needs TRITON_INTERPRET=1")
+def test_triton_backend_logits_invariant_to_chunks_cache_and_batch_on_cpu(tmp_path, monkeypatch):
+    """Batch-invariant mode (the default) on the Triton backend: every logits row has the same
+    bits alone and cold as when its prompt is chunked mid-block, read from the prefix cache, and
+    batched with other traffic (decodes in the prefill kernel's one-token launch, prompt rows in
+    its 128-row launch). The interpreter's dot is made row-independent, as a GPU's MMA is (see
+    tests/kernels/conftest.py, ``row_independent_dot``)."""
+    from triton.runtime import interpreter
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        prod = a.data.astype(d.data.dtype)[..., :, :, None] * b.data.astype(d.data.dtype)
+        return interpreter.TensorHandle(prod.sum(axis=-2) + d.data, d.dtype.scalar)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+    make_tiny_llama(tmp_path)
+    loaded = load_model(str(tmp_path))
+    shared = [(3 * i + 7) % 290 + 5 for i in range(35)]
+    prompts = [[(5 * i + n) % 290 + 5 for i in range(n)] for n in (1, 17, 40)]
+    prompts += [shared + prompts[1], [*shared, 9, 8, 7]]
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    common = dict(loaded=loaded, attention_backend="triton", dtype="float32", max_model_len=128,
+                  kv_cache_memory=4 << 20)  # fmt: skip
+
+    def run(llm, batch):
+        rows = {}
+
+        def observe(reqs, logits):
+            for r, row in zip(reqs, logits, strict=True):
+                rows[(tuple(r.prompt_token_ids), r.num_output_tokens)] = row.clone()
+
+        llm.engine.runner.logits_observer = observe
+        outs = llm.generate([{"prompt_token_ids": p} for p in batch], params)
+        return [o.outputs[0].token_ids for o in outs], rows
+
+    plain = LLM(**common, enable_prefix_caching=False, enable_chunked_prefill=False)
+    alone = [run(plain, [p]) for p in prompts]
+    busy = LLM(**common, enable_prefix_caching=True, max_num_batched_tokens=24, max_num_seqs=4)
+    for name in ("cold", "warm"):
+        noise = [p[::-1] for p in prompts[1:3]]
+        tokens, rows = run(busy, noise + prompts)
+        for i, (want_tokens, want_rows) in enumerate(alone):
+            assert tokens[len(noise) + i] == want_tokens[0], f"{name}: prompt {i}"
+            for key, row in want_rows.items():
+                assert torch.equal(rows[key], row), f"{name}: prompt {i} logits at {key[1]}"

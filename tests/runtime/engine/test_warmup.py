@@ -17,7 +17,7 @@ from hf_oracle import make_tiny_llama
 
 pytest.importorskip("triton")
 
-from pagoda.kernels import attention, decode_attention, unified_attention
+from pagoda.kernels import attention, decode_attention, prefill_attention, unified_attention
 from pagoda.kernels import config as kc
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.engine import warmup
@@ -50,7 +50,8 @@ def launches(monkeypatch):
         def recorded(**kw):
             width = kw["block_tables"].stride(0)
             cls = "one" if width == 1 else "div16" if width % 16 == 0 else "other"
-            seen.append((kind, tuple(sorted(kw["config"].items())), kw.get("num_splits"), cls))
+            split = kw.get("num_splits", kw.get("one_token_per_seq", False))
+            seen.append((kind, tuple(sorted(kw["config"].items())), split, cls))
             real(**kw)
 
         monkeypatch.setattr(module, name, recorded)
@@ -58,17 +59,24 @@ def launches(monkeypatch):
 
     wrap(decode_attention, "launch_decode_attention", "decode")
     wrap(unified_attention, "launch_unified_attention", "unified")
+    wrap(prefill_attention, "launch_prefill_attention", "prefill")
     return seen
 
 
-def test_serving_hits_only_warmed_variants(tmp_path, split_friendly_configs, launches):
+@pytest.mark.parametrize("invariant", [False, True], ids=["by-shape", "batch-invariant"])
+def test_serving_hits_only_warmed_variants(tmp_path, split_friendly_configs, launches, invariant):
+    """Per-shape configs: split counts and prefill buckets; batch-invariant: the prefill
+    kernel's decode and prefill launches only."""
     make_tiny_llama(tmp_path / "m")
     args = dict(dtype="float32", kv_cache_memory=4 << 20, max_num_batched_tokens=48, max_num_seqs=4)
     llm = LLM(str(tmp_path / "m"), loaded=load_model(str(tmp_path / "m")), attention_backend="triton",
-              max_model_len=96, **args)  # fmt: skip
+              max_model_len=96, batch_invariant=invariant, **args)  # fmt: skip
     warmup.warm_up(llm.engine)
     warmed = set(launches)
-    assert {k[2] for k in warmed if k[0] == "decode"} >= {1, 2, 4}  # several split counts
+    if invariant:
+        assert {(k[0], k[2]) for k in warmed} == {("prefill", True), ("prefill", False)}
+    else:
+        assert {k[2] for k in warmed if k[0] == "decode"} >= {1, 2, 4}  # several split counts
     launches.clear()
     prompts = [[(7 * i + n) % 290 + 3 for i in range(n)] for n in (3, 17, 40, 70, 5)]
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)

@@ -137,7 +137,7 @@ def test_kernel_stage_sweeps_fp8_buckets_end_to_end(tmp_path, monkeypatch):
     base = _base(str(tmp_path), quantization="fp8", dtype="float32", kv_cache_memory=4 << 20)
     plan = SimpleNamespace(decode_batches=[4], chunk_sizes=[32])
     buckets = kernel_buckets(TINY, base, plan, max_model_len=64, quick=True)
-    assert [b.kernel for b in buckets][2:] == ["decode_attention", "paged_attention"]
+    assert [b.kernel for b in buckets][2:] == ["prefill_attention", "prefill_attention"]
     buckets = buckets[:2]  # the attention sweep has its own tests
     sections = []
     section = run_kernel_stage(

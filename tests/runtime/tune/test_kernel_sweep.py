@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("triton")
 
 from pagoda.kernels import config as kc
-from pagoda.kernels import decode_attention, unified_attention
+from pagoda.kernels import decode_attention, prefill_attention
 from pagoda.runtime.tune import sweep
 from pagoda.runtime.tune.kernels import DECODE, PREFILL, AttentionShape, Bucket
 
@@ -51,7 +51,7 @@ def corrupting_kernels(monkeypatch):
         monkeypatch.setattr(module, name, patched)
 
     wrap(decode_attention, "launch_decode_attention")
-    wrap(unified_attention, "launch_unified_attention")
+    wrap(prefill_attention, "launch_prefill_attention")
     return calls
 
 
@@ -156,3 +156,63 @@ def test_buckets_follow_the_engine_limits():
     assert all(s["num_seqs"] * s["max_seq_len"] <= MAX_TIMED_TOKENS for s in decode)
     assert (256, 32768) not in {(s["num_seqs"], s["max_seq_len"]) for s in decode}  # 64 GB of KV
     assert prefill == [16, 64, 512, 2048]
+
+
+def test_invariant_prefill_buckets_share_the_decode_tile(tmp_path, monkeypatch):
+    """Batch-invariant: the prefill kernel's decode and prefill buckets only (every row runs in
+    it), and the prefill bucket is swept and saved with the decode bucket's TILE_SIZE."""
+    from pagoda.kernels.attention import INVARIANT_PREFILL_LEN
+    from pagoda.runtime.tune.kernels import plan_buckets
+
+    llama8b = AttentionShape(32, 8, 128, 16, torch.bfloat16)
+    planned = plan_buckets(
+        llama8b, max_num_seqs=256, max_model_len=32768, max_num_batched_tokens=2048,
+        batch_invariant=True,
+    )  # fmt: skip
+    assert [(b.kernel, b.shape["max_query_len"], b.invariant) for b in planned] == [
+        (PREFILL, 1, True),
+        (PREFILL, INVARIANT_PREFILL_LEN, True),
+    ]
+    assert planned[0].seqs == ((1, 2048),) * 64 and planned[1].seqs == ((2048, 4096),) * 4
+    monkeypatch.delenv(kc.CONFIG_DIR_ENV, raising=False)
+    kc.clear_config_cache()
+    buckets = [
+        Bucket(PREFILL, {"head_dim": 16, "max_query_len": 1}, ((1, 40),) * 2, invariant=True),
+        Bucket(PREFILL, {"head_dim": 16, "max_query_len": 2048}, ((16, 40),), invariant=True),
+    ]
+    space = [{**GOOD[PREFILL], "TILE_SIZE": t} for t in (16, 32)]
+    reports, complete = sweep.tune_kernels(
+        SHAPE, buckets, device=DEVICE, device_label="Test GPU", out_dir=tmp_path, timer=timer,
+        space=lambda kernel: space,
+    )  # fmt: skip
+    assert complete and reports[1]["config"]["TILE_SIZE"] == reports[0]["config"]["TILE_SIZE"]
+    assert reports[1]["candidates"] == 2  # the baseline and one BLOCK_M: TILE_SIZE is fixed
+
+
+def test_invariant_prefill_candidates_must_match_the_decode_bits(monkeypatch):
+    """A batch-invariant prefill candidate whose rows round differently from the decode
+    launch's (simulated: 1 ulp-sized change, well inside the reference tolerance) is rejected;
+    an agreeing one passes."""
+    if DEVICE.type == "cpu":  # a GPU's MMA rounds a row alike wherever it sits; make numpy's too
+        from triton.runtime import interpreter
+
+        def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+            prod = a.data.astype(d.data.dtype)[..., :, :, None] * b.data.astype(d.data.dtype)
+            return interpreter.TensorHandle(prod.sum(axis=-2) + d.data, d.dtype.scalar)
+
+        monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+    real = prefill_attention.launch_prefill_attention
+
+    def nudged(**kw):
+        real(**kw)
+        if kw["config"]["BLOCK_M"] == 64 and not kw.get("one_token_per_seq"):
+            kw["out"].mul_(1 + 2**-20)
+
+    monkeypatch.setattr(prefill_attention, "launch_prefill_attention", nudged)
+    bucket = Bucket(PREFILL, {"head_dim": 16, "max_query_len": 2048}, ((16, 40),), invariant=True)
+    decode = {**GOOD[PREFILL], "TILE_SIZE": 32}
+    gen = torch.Generator().manual_seed(0)
+    for block_m, verdict in ((16, None), (64, "not batch-invariant")):
+        config = {**decode, "BLOCK_M": block_m}
+        why = sweep.check_candidate(bucket, SHAPE, config, DEVICE, gen, decode_config=decode)
+        assert why == verdict if verdict is None else verdict in why
