@@ -53,7 +53,8 @@ from autoscale_traffic import SHAPES, Requests, Shape
 from pagoda.operator.autoscaling.policy import Metrics, Policy, decide
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-EVAL_S = 15.0
+EVAL_S = 15.0  # the HPA's sync period (kube-controller-manager's default) and the scrape interval
+PAGODA_EVAL_S = 5.0  # the operator's --autoscale-interval, on a 5 s scrape of the runtime pods
 MIN_REPLICAS, MAX_REPLICAS = 1, 40
 PAGODA_QUEUE_TARGET = 4.0
 # Pagoda's one configuration, the same on every shape: spec.autoscaling's
@@ -95,8 +96,10 @@ class Pagoda:
             decode_tokens_per_s=cap.decode_tokens_per_s() * profile_error, **PAGODA_SETTINGS,
         )  # fmt: skip
         self.profile_error = profile_error
+        self.interval_s = PAGODA_EVAL_S
         self.history: tuple[tuple[float, int], ...] = ()
         self.correction = 1.0
+        self.bursts: tuple = ()
 
     def label(self) -> str:
         rates = "tuned V_P, V_D"
@@ -113,16 +116,16 @@ class Pagoda:
             ttft_p95_s=o.ttft_p95_s, waiting=float(o.waiting), kv_cache_usage=o.kv_max,
             queued_prompt_tokens=None if isl is None else o.waiting * isl, mean_prompt_tokens=isl,
             mean_output_tokens=o.mean_output, completion_rate=o.completion_rate,
-            arrival_rate=o.arrival_rate,
-            arrival_rate_slow=o.arrival_rate_slow,
+            arrival_rate=o.arrival_rate, arrival_rate_slow=o.arrival_rate_slow,
+            arrival_rate_fast=o.arrival_rate_fast,
         )  # fmt: skip
         if not self.history:  # the operator seeds the history with the current count
             self.history = ((now, o.current),)
         d = decide(
             self.policy, m, current=o.current, ready=o.ready, history=self.history, now=now,
-            correction=self.correction,
+            correction=self.correction, bursts=self.bursts,
         )  # fmt: skip
-        self.history, self.correction = d.history, d.correction
+        self.history, self.correction, self.bursts = d.history, d.correction, d.bursts
         return d.replicas
 
 
@@ -183,6 +186,7 @@ def simulate(shape: Shape, scaler, cap: Capacity, seed: int = SEED) -> Result:
     reqs = requests_for(shape.name, cap, seed)
     fleet = Fleet(cap, reqs.arrival, reqs.prompt, reqs.output, start_replicas(reqs, cap))
     times, counts, events = [], [], 0
+    interval = getattr(scaler, "interval_s", EVAL_S)
     t = 0.0
     while t < shape.duration_s:
         fleet.advance(t)
@@ -193,7 +197,7 @@ def simulate(shape: Shape, scaler, cap: Capacity, seed: int = SEED) -> Result:
             fleet.resize(want)
         times.append(t / 3600)
         counts.append(want)
-        t += EVAL_S
+        t += interval
     hours = fleet.replica_seconds / 3600
     fleet.advance(shape.duration_s + 120.0)  # let the last minutes' requests finish
     p95 = minute_p95(reqs.arrival, fleet.ttft, shape.duration_s)
