@@ -291,6 +291,8 @@ def decide(
 
 
 def _demand(policy: Policy, m: Metrics, correction: float) -> Demand | None:
+    if policy.prefill_tokens_per_s is None or policy.decode_tokens_per_s is None:
+        return None  # no tuned profile with both rates: no demand floor
     work = request_work(
         m.mean_prompt_tokens, m.mean_output_tokens, policy.prefill_tokens_per_s,
         policy.decode_tokens_per_s,
