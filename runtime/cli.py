@@ -65,6 +65,14 @@ def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object | Non
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, module = build_parser(argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    prog = f"pagoda {chosen}" if module is not None else "pagoda"
+
+    def error(message: str) -> NoReturn:  # e.g. unrecognized arguments: one line, exit 2
+        print(f"{prog}: error: {message} (see `{prog} --help`)", file=sys.stderr)
+        sys.exit(2)
+
+    parser.error = error  # type: ignore[method-assign]
     args = parser.parse_args(argv)
     if module is None:
         parser.print_help()

@@ -32,7 +32,7 @@ from pagoda.operator.autoscaling.prometheus import MetricsUnavailable, Prometheu
 from pagoda.operator.autotune.mount import tuned_rates
 from pagoda.operator.kube.client import ApiError, KubeApi
 from pagoda.operator.kube.locks import object_lock
-from pagoda.operator.kube.names import API_VERSION, KIND, now_iso, owned_by
+from pagoda.operator.kube.names import API_VERSION, KIND, now_iso, owned_by, workload_name
 from pagoda.operator.spec import status as status_mod
 from pagoda.operator.spec import validation
 from pagoda.operator.spec.fields import SpecError
@@ -185,7 +185,9 @@ class Autoscaler:
         )
         async with object_lock(uid):
             fresh = await self.api.get(KIND, ns, name)
-            deploy = await self.api.get("Deployment", ns, name)
+            deploy = await self.api.get(
+                spec.workload_kind, ns, workload_name(spec.workload_kind, name)
+            )
             if fresh is None or fresh["metadata"].get("uid") != uid or not owned_by(deploy, uid):
                 return None  # gone, or the reconciler has not created the Deployment yet
             assert deploy is not None
@@ -284,7 +286,9 @@ class Autoscaler:
         policy = self._policy(spec)
         uid = body["metadata"]["uid"]
         async with object_lock(uid):
-            deploy = await self.api.get("Deployment", req.namespace, req.name)
+            deploy = await self.api.get(
+                spec.workload_kind, req.namespace, workload_name(spec.workload_kind, req.name)
+            )
             if not owned_by(deploy, uid):
                 return "NoDeployment"
             assert deploy is not None
@@ -329,7 +333,9 @@ class Autoscaler:
         if meta.get("resourceVersion"):
             patch["metadata"] = {"resourceVersion": meta["resourceVersion"]}
         try:
-            await self.api.patch("Deployment", meta["namespace"], meta["name"], patch)
+            await self.api.patch(
+                deploy.get("kind") or "Deployment", meta["namespace"], meta["name"], patch
+            )
         except ApiError as e:
             if e.status == 409:
                 return False

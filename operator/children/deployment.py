@@ -143,6 +143,13 @@ def _pod_spec(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
     return pod_spec
 
 
+def rolling_update(spec: InferenceServiceSpec) -> dict[str, int]:
+    """GPUs are scarce: roll one replica down before the next comes up instead of surging."""
+    if spec.resources.gpus:
+        return {"maxSurge": 0, "maxUnavailable": 1}
+    return {"maxSurge": 1, "maxUnavailable": 0}
+
+
 def build_deployment(
     owner: Owner,
     spec: InferenceServiceSpec,
@@ -153,12 +160,7 @@ def build_deployment(
     """The Deployment. `replicas` is left out once the autoscaler owns it (one field, one writer:
     see `InferenceServiceSpec.desired_replicas`), so applying this never rewrites its choice."""
     obj = child(owner, "Deployment", "apps/v1", owner.name)
-    # GPUs are scarce: roll one replica down before the next comes up instead of surging.
-    rolling = (
-        {"maxSurge": 0, "maxUnavailable": 1}
-        if spec.resources.gpus
-        else {"maxSurge": 1, "maxUnavailable": 0}
-    )
+    rolling = rolling_update(spec)
     replicas = spec.desired_replicas(current_replicas)
     obj["spec"] = {
         **({"replicas": replicas} if replicas is not None else {}),
@@ -166,18 +168,26 @@ def build_deployment(
         "progressDeadlineSeconds": spec.startup_timeout_seconds + 300,
         "selector": {"matchLabels": selector_labels(owner.name)},
         "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
-        "template": {
-            "metadata": {
-                "labels": standard_labels(owner.name),
-                "annotations": {
-                    CONFIG_HASH_ANNOTATION: config_hash_value,
-                    "prometheus.io/scrape": "true",
-                    "prometheus.io/port": str(SERVER_PORT),
-                    "prometheus.io/path": options.METRICS_PATH,
-                    "kubectl.kubernetes.io/default-container": CONTAINER_NAME,
-                },
-            },
-            "spec": _pod_spec(owner, spec),
-        },
+        "template": pod_template(owner, spec, config_hash_value=config_hash_value),
     }
     return adopt(obj, owner)
+
+
+def pod_template(
+    owner: Owner, spec: InferenceServiceSpec, *, config_hash_value: str
+) -> dict[str, Any]:
+    """The pod template of the server: the Deployment's, and a LeaderWorkerSet group's leader's
+    (children/leaderworkerset.py derives its workers' from it), so both run the same pod."""
+    return {
+        "metadata": {
+            "labels": standard_labels(owner.name),
+            "annotations": {
+                CONFIG_HASH_ANNOTATION: config_hash_value,
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(SERVER_PORT),
+                "prometheus.io/path": options.METRICS_PATH,
+                "kubectl.kubernetes.io/default-container": CONTAINER_NAME,
+            },
+        },
+        "spec": _pod_spec(owner, spec),
+    }

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagoda.operator.kube.drift import parse_quantity
+from pagoda.operator.kube.names import MAX_GROUP_NAME_LENGTH
 from pagoda.operator.spec.autotune import AutotuneSpec
 from pagoda.operator.spec.fields import (
     SpecError,
@@ -31,6 +32,7 @@ from pagoda.operator.spec.fields import (
     show,
 )
 from pagoda.operator.spec.model_ref import ModelRef
+from pagoda.operator.spec.parallelism import ParallelismSpec
 from pagoda.runtime import options
 
 # The engine's choices and defaults are the runtime's (pagoda.runtime.options, torch-free); the
@@ -266,6 +268,7 @@ class InferenceServiceSpec:
     engine: EngineSpec = field(default_factory=EngineSpec)
     autoscaling: AutoscalingSpec | None = None
     autotune: AutotuneSpec = field(default_factory=AutotuneSpec)
+    parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
     api_key_secret: SecretKeyRef | None = None
     model_cache: ModelCacheSpec = field(default_factory=ModelCacheSpec)
     model_secret: str | None = None  # a Secret whose keys the model-download container gets as env
@@ -301,16 +304,32 @@ class InferenceServiceSpec:
                 "InvalidSpec",
                 "spec.modelCache and spec.modelSecretRef apply to hf:// and s3:// models only",
             )
-        if self.autotune.enabled and self.model.remote:
-            raise SpecError(
-                "InvalidSpec",
-                "spec.autotune does not tune hf:// or s3:// models yet: tune with the model on a "
-                "PersistentVolumeClaim (pvc://) or run `pagoda tune` by hand",
-            )
         if self.autotune.enabled and self.resources.gpus < 1:
             raise SpecError(
                 "InvalidSpec", "spec.autotune.enabled tunes GPU nodes: set spec.resources.gpus >= 1"
             )
+        self.parallelism.check(self.resources.gpus)
+        if self.autotune.enabled and self.tensor_parallel_size > 1:
+            raise SpecError(
+                "InvalidSpec",
+                "spec.autotune.enabled measures a server on one GPU; it cannot tune a "
+                f"tensor-parallel one (tensor-parallel size {self.tensor_parallel_size})",
+            )
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """Ranks the model is sharded over (`pagoda serve --tensor-parallel-size`)."""
+        return self.parallelism.tensor_size(self.resources.gpus)
+
+    @property
+    def multi_node(self) -> bool:
+        """A group of several pods: a LeaderWorkerSet instead of a Deployment."""
+        return self.parallelism.nodes > 1
+
+    @property
+    def workload_kind(self) -> str:
+        """The kind that runs the pods (what the autoscaler scales)."""
+        return "LeaderWorkerSet" if self.multi_node else "Deployment"
 
     @property
     def min_replicas(self) -> int:
@@ -354,6 +373,14 @@ class InferenceServiceSpec:
             raise SpecError(
                 "InvalidSpec", f"spec.autoscaling must be an object, got {show(autoscaling)}"
             )
+        parallelism = ParallelismSpec.from_dict(spec.get("parallelism") or {})
+        if parallelism.nodes > 1 and len(name) > MAX_GROUP_NAME_LENGTH:
+            raise SpecError(
+                "InvalidName",
+                f"metadata.name of a multi-node service (spec.parallelism.nodes > 1) must be at "
+                f"most {MAX_GROUP_NAME_LENGTH} characters (its pods' names and labels add the "
+                f"group's), got {len(name)}",
+            )
         return cls(
             model=model,
             served_model_name=served,
@@ -366,6 +393,7 @@ class InferenceServiceSpec:
             engine=EngineSpec.from_dict(mapping(spec, "engine", "spec")),
             autoscaling=None if autoscaling is None else AutoscalingSpec.from_dict(autoscaling),
             autotune=AutotuneSpec.from_dict(spec.get("autotune") or {}),
+            parallelism=parallelism,
             api_key_secret=_secret_ref(spec),
             model_cache=ModelCacheSpec.from_dict(mapping(spec, "modelCache", "spec")),
             model_secret=_model_secret(spec),

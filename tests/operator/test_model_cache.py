@@ -65,8 +65,6 @@ def test_model_cache_shapes() -> None:
         ({"model": "hf://o/m", "modelCache": {"claimName": "x", "sizeLimit": "1Gi"}}, "set one"),
         ({"model": "hf://o/m", "modelCache": {"claimName": "Bad_Name"}}, "not a valid PVC name"),
         ({"model": "hf://o/m", "modelSecretRef": {}}, "must be a Secret's name"),
-        ({"model": "hf://o/m", "resources": {"gpus": 1}, "autotune": {"enabled": True}},
-         "does not tune hf:// or s3://"),
     ],
 )  # fmt: skip
 def test_invalid_combinations(fields: dict[str, Any], words: str) -> None:
