@@ -1,25 +1,31 @@
 """Autoscaling simulation: Pagoda's policy against tuned HPA/KEDA baselines, token by token.
 
-    python benchmarks/autoscale_sim.py                 # all shapes, full grids (≈ 35 min, 2 cores)
+    python benchmarks/autoscale_sim.py                 # all shapes, full grids (≈ 45 min, 2 cores)
     python benchmarks/autoscale_sim.py --quick         # a coarser behaviour grid
     python benchmarks/autoscale_sim.py --measure       # re-measure one `pagoda serve` replica
 
 Traffic (autoscale_traffic.py): three synthetic shapes and the Azure LLM inference trace 2023
 (conversation and code services, their arrival times and token counts, at 3x and 1.5x). The
 fleet (autoscale_engine.py) is a token-level model of `pagoda serve` replicas whose numbers were
-measured from the real server (`MEASURED`, `--measure`). Metrics are scraped and every
-autoscaler evaluates every 15 s, on what Prometheus would show: the TTFT histogram's p95 over the
-last minute (the runtime's buckets, `histogram_quantile`), waiting and running requests, each
-replica's KV-cache usage, the counters' recent request lengths and arrival rates.
+measured from the real server (`MEASURED`, `--measure`). Every autoscaler reads, when it
+evaluates, what Prometheus would show were it scraped that instant: the TTFT histogram's p95 over
+the last minute (the runtime's buckets, `histogram_quantile`), waiting and running requests, each
+replica's KV-cache usage, the counters' recent request lengths and arrival rates (15 s, 30 s, 2
+min). The HPA evaluates every 15 s (kube-controller-manager's default sync period, which managed
+clusters do not let one change); KEDA's own poll (activation, scale to zero) every 5, 15 or 30 s;
+the operator every 5 s (its default, on the 5 s scrape its ServiceMonitors ask for).
 
 * **Pagoda**: `pagoda.operator.autoscaling.policy.decide` itself, configured once and never tuned
   per shape: `targetTTFTSeconds` = the SLO, `targetQueueDepth` 4,
   `scaleDownStabilizationSeconds` 180, defaults otherwise, and a tuned profile's V_P and V_D
-  (the demand floor), as the operator runs it; also with the profile's rates off by ±20 %;
+  (the demand and burst floors), as the operator runs it; also with the profile's rates off by
+  ±20 %;
 * **a clairvoyant reference** that knows the next minute's requests;
 * **the baselines** (autoscale_baselines.py), each grid-searched per shape over its target and
   its HPA `behavior` (scale-up policies, scale-down windows and policies; KEDA also
-  `minReplicaCount`, `cooldownPeriod`, `pollingInterval`), the target refined around the best.
+  `minReplicaCount`, `cooldownPeriod`, `pollingInterval`), the target refined around the best;
+  the cheapest within 5 % also re-run with the HPA controller every 5 s, to show what a faster
+  sync period would give it.
 
 Scored per shape: the percent of minutes whose p95 TTFT (of the requests *arriving* in that
 minute; one never served counts as infinite) exceeds the SLO, and replica-hours (starting and
@@ -108,7 +114,8 @@ class Pagoda:
             rates += f" x{self.profile_error:g} (profile {self.profile_error - 1:+.0%})"
         return (
             f"targetTTFTSeconds {self.policy.target_ttft_s:g}, targetQueueDepth 4, "
-            f"scaleDownStabilizationSeconds {self.policy.down_window_s:g}; {rates}"
+            f"scaleDownStabilizationSeconds {self.policy.down_window_s:g}; {rates}; "
+            f"every {self.interval_s:g}s"
         )
 
     def desired(self, o: Observation, now: float) -> int:

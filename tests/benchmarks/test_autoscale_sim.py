@@ -184,3 +184,24 @@ def test_a_small_end_to_end_run_prints_every_autoscaler(
     assert "profile +20%" in out
     assert "busy all the time" in out and (tmp_path / "p.png").stat().st_size > 10_000
     sim.requests_for.cache_clear()
+
+
+def test_the_clairvoyant_prefills_a_clump_of_long_prompts_within_the_slo() -> None:
+    """40 prompts of 4,000 tokens in one second, then nothing: their work at 90 % over the 15 s
+    bin asks for 7 replicas, but prefilling all of them within 8 s (less the longest prompt's own
+    2.1 s) takes ⌈40 × 4000 / (1915 × 0.9 × (1 + 5.7))⌉ = 14; the clairvoyant holds them ahead
+    of the clump, which then meets the SLO."""
+    arrival = 60.0 + np.linspace(0.0, 0.99, 40)
+    reqs = traffic.Requests(arrival, np.full(40, 4000), np.full(40, 16))
+    shape = traffic.Shape("clump", 180.0, 8.0, lambda work_s, seed: reqs, "test")
+    traffic.SHAPES[shape.name] = shape
+    try:
+        oracle = sim.Clairvoyant(shape, CAP)
+        result = sim.simulate(shape, oracle, CAP)
+    finally:
+        del traffic.SHAPES[shape.name]
+        sim.requests_for.cache_clear()
+    budget = 8.0 - CAP.overhead_s - float(CAP.step_table()[CAP.slots]) - 4000 / 1915.0
+    want = math.ceil(40 * 4000 / (1915.0 * 0.9 * (1.0 + budget)))
+    assert int(oracle.need[4]) == want and want > 7
+    assert result.violation_pct == 0.0
