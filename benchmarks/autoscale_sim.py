@@ -93,17 +93,26 @@ class Pagoda:
 
     name = "Pagoda"
 
-    def __init__(self, shape: Shape, cap: Capacity, profile_error: float = 1.0) -> None:
+    def __init__(
+        self,
+        shape: Shape,
+        cap: Capacity,
+        profile_error: float = 1.0,
+        interval_s: float = PAGODA_EVAL_S,
+        **policy: float,
+    ) -> None:
         """`profile_error`: the tuned profile's rates times this (> 1: it promises more than
-        the replicas do), to see what a wrong profile costs."""
+        the replicas do), to see what a wrong profile costs; `interval_s` and `policy` (Policy
+        fields): the variants of `--ablation`."""
         self.policy = Policy(
             MIN_REPLICAS, MAX_REPLICAS, target_ttft_s=shape.target_ttft_s,
             target_queue=PAGODA_QUEUE_TARGET,
             prefill_tokens_per_s=cap.prefill_tokens_per_s * profile_error,
-            decode_tokens_per_s=cap.decode_tokens_per_s() * profile_error, **PAGODA_SETTINGS,
+            decode_tokens_per_s=cap.decode_tokens_per_s() * profile_error,
+            **{**PAGODA_SETTINGS, **policy},
         )  # fmt: skip
         self.profile_error = profile_error
-        self.interval_s = PAGODA_EVAL_S
+        self.interval_s = interval_s
         self.history: tuple[tuple[float, int], ...] = ()
         self.correction = 1.0
         self.bursts: tuple = ()
@@ -368,6 +377,42 @@ def _rank(r: Result) -> tuple:
     return (2, r.violation_pct, r.replica_hours)
 
 
+# --- what each part of the policy does -----------------------------------------------------------
+
+# Pagoda with one part changed at a time (`--ablation`): (label, Pagoda's keyword arguments).
+ABLATION: list[tuple[str, dict]] = [
+    ("as configured", {}),
+    ("evaluated every 15 s (the HPA's cadence)", {"interval_s": EVAL_S}),
+    ("without the burst floor", {"burst_window_s": 0.0}),
+    ("planning at 90 % of a replica", {"target_utilization": 0.9}),
+]
+
+
+def _run_ablation(i: int) -> tuple[float, float]:
+    (_, kw), name = _TASKS[i]
+    r = simulate(SHAPES[name], Pagoda(SHAPES[name], MEASURED_IN_USE[0], **kw), MEASURED_IN_USE[0])
+    return r.violation_pct, r.replica_hours
+
+
+def ablation(shapes: list[str], jobs: int) -> str:
+    """A table: each variant's minutes over and replica-hours per shape, run side by side."""
+    _TASKS[:] = [(v, name) for v in ABLATION for name in shapes]
+    if jobs <= 1:
+        got = [_run_ablation(i) for i in range(len(_TASKS))]
+    else:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            got = pool.map(_run_ablation, range(len(_TASKS)), chunksize=1)
+    out = [
+        "| Pagoda | " + " | ".join(shapes) + " |",
+        "|---|" + "---|" * len(shapes),
+    ]
+    cells = iter(got)
+    for label, _ in ABLATION:
+        row = [f"{over:.1f} %, {hours:.1f}" for over, hours in (next(cells) for _ in shapes)]
+        out.append(f"| {label} | " + " | ".join(row) + " |")
+    return "\n".join(out)
+
+
 # --- output -----------------------------------------------------------------------------------
 
 
@@ -499,6 +544,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", default=str(ROOT / "docs" / "autoscale-sim.png"))
     p.add_argument("--json", help="write the table's numbers here")
     p.add_argument(
+        "--ablation", action="store_true",
+        help="only Pagoda, with one part of its policy changed at a time (≈ 1 min)",
+    )  # fmt: skip
+    p.add_argument(
         "--profile-errors", type=float, nargs="*", default=[1.2, 0.8],
         help="also run Pagoda with the profile's V_P and V_D times each (robustness rows)",
     )  # fmt: skip
@@ -521,6 +570,9 @@ def main(argv: list[str] | None = None) -> int:
     MEASURED_IN_USE[0] = cap
     print(f"machine (simulation only): {machine()}")
     print(f"replica: {cap}")
+    if args.ablation:
+        print(ablation(args.shapes, args.jobs))
+        return 0
     rows = evaluate(args.shapes, cap, args.quick, args.jobs, args.profile_errors)
     print()
     print(table(rows))

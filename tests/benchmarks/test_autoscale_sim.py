@@ -205,3 +205,19 @@ def test_the_clairvoyant_prefills_a_clump_of_long_prompts_within_the_slo() -> No
     want = math.ceil(40 * 4000 / (1915.0 * 0.9 * (1.0 + budget)))
     assert int(oracle.need[4]) == want and want > 7
     assert result.violation_pct == 0.0
+
+
+def test_the_ablation_table_runs_each_variant_on_each_shape(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    shape = traffic.Shape(
+        "tiny-ab", 240.0, 0.5, traffic.synthetic(lambda t: 1.0 if t < 120 else 3.0, 240.0), "test"
+    )
+    monkeypatch.setitem(traffic.SHAPES, shape.name, shape)
+    monkeypatch.setattr(sim, "ABLATION", sim.ABLATION[:2])
+    sim.requests_for.cache_clear()
+    assert sim.main(["--ablation", "--shapes", shape.name, "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [ln for ln in out.splitlines() if ln.startswith("| ") and "%" in ln]
+    assert [r.split("|")[1].strip() for r in rows] == [label for label, _ in sim.ABLATION[:2]]
+    sim.requests_for.cache_clear()
