@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import pathlib
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,9 +34,12 @@ class MotoS3:
         iam = self._client(
             "iam", {**base, "AWS_ACCESS_KEY_ID": "admin", "AWS_SECRET_ACCESS_KEY": "x"}
         )
-        iam.create_user(UserName="pagoda")
-        iam.put_user_policy(UserName="pagoda", PolicyName="s3", PolicyDocument=json.dumps(POLICY))
-        key = iam.create_access_key(UserName="pagoda")["AccessKey"]
+        # moto keeps its backends per process, not per server: a second server in the same
+        # pytest run already sees the first one's users, so each instance names its own.
+        user = f"pagoda-{uuid.uuid4().hex[:8]}"
+        iam.create_user(UserName=user)
+        iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument=json.dumps(POLICY))
+        key = iam.create_access_key(UserName=user)["AccessKey"]
         self.env = {
             **base,
             "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
