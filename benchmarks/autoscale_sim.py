@@ -56,6 +56,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from autoscale_baselines import UP, Behavior, HpaKv, HpaQueue, HpaTtft, Keda, behaviors
 from autoscale_engine import Capacity, Fleet, Observation
 from autoscale_traffic import SHAPES, Requests, Shape
+from pagoda.operator.autoscaling.bursts import Bursts
 from pagoda.operator.autoscaling.policy import Metrics, Policy, decide
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -115,7 +116,7 @@ class Pagoda:
         self.interval_s = interval_s
         self.history: tuple[tuple[float, int], ...] = ()
         self.correction = 1.0
-        self.bursts: tuple = ()
+        self.bursts = Bursts()
 
     def label(self) -> str:
         rates = "tuned V_P, V_D"
@@ -384,6 +385,7 @@ ABLATION: list[tuple[str, dict]] = [
     ("as configured", {}),
     ("evaluated every 15 s (the HPA's cadence)", {"interval_s": EVAL_S}),
     ("without the burst floor", {"burst_window_s": 0.0}),
+    ("without the burst schedule", {"burst_memory_s": 0.0}),
     ("planning at 90 % of a replica", {"target_utilization": 0.9}),
 ]
 

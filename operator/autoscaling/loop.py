@@ -17,9 +17,10 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pagoda.operator.autoscaling.bursts import Bursts
 from pagoda.operator.autoscaling.policy import (
     Decision,
     History,
@@ -39,7 +40,6 @@ from pagoda.operator.spec.fields import SpecError
 
 if TYPE_CHECKING:
     from pagoda.operator.autoscaling.alerts import ScaleUpRequest
-    from pagoda.operator.autoscaling.bursts import Samples
     from pagoda.operator.spec.config import OperatorConfig
     from pagoda.operator.spec.inference_service import InferenceServiceSpec
     from pagoda.operator.web.metrics import OperatorMetrics
@@ -54,7 +54,7 @@ class _State:
 
     history: History
     correction: float = 1.0  # the demand floor's learned capacity correction
-    bursts: Samples = ()  # the burst floor's recent needs
+    bursts: Bursts = field(default_factory=Bursts)  # the burst floor's memory
     last_scale_up: float | None = None
     last_reason: str | None = None
 

@@ -77,6 +77,7 @@ class Policy:
     target_utilization: float = 0.95  # share of a replica's measured capacity the floor plans for
     lead_s: float = 30.0  # how far ahead the demand floor extrapolates a rising arrival rate
     burst_window_s: float = 900.0  # the burst floor's memory (0: no burst floor)
+    burst_memory_s: float = 7200.0  # how long bursts are remembered to schedule the next (0: not)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_replicas <= self.max_replicas:
@@ -105,6 +106,8 @@ class Policy:
             raise ValueError(f"lead_s must be >= 0, got {self.lead_s}")
         if self.burst_window_s < 0:
             raise ValueError(f"burst_window_s must be >= 0, got {self.burst_window_s}")
+        if self.burst_memory_s < 0:
+            raise ValueError(f"burst_memory_s must be >= 0, got {self.burst_memory_s}")
 
     @classmethod
     def from_spec(cls, spec: AutoscalingSpec, *, max_metric_age_s: float = 60.0) -> Policy:
@@ -161,7 +164,7 @@ class Decision:
     queue_per_replica: float | None = None
     history: History = ()
     correction: float = 1.0  # the demand floor's learned capacity correction (keep, pass back)
-    bursts: bursts_mod.Samples = ()  # the burst floor's samples (keep, pass back)
+    bursts: bursts_mod.Bursts = dataclasses.field(default_factory=bursts_mod.Bursts)
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
@@ -214,7 +217,7 @@ def _hold(
     reason: str,
     message: str,
     correction: float = 1.0,
-    bursts: bursts_mod.Samples = (),
+    bursts: bursts_mod.Bursts = bursts_mod.Bursts(),
 ) -> Decision:
     """Keep the current count and record it, so no scale down follows straight after."""
     held = policy.clamp(current)
@@ -234,10 +237,10 @@ def decide(
     now: float,
     unavailable: str = "no metrics",
     correction: float = 1.0,
-    bursts: bursts_mod.Samples = (),
+    bursts: bursts_mod.Bursts = bursts_mod.Bursts(),
 ) -> Decision:
     """Desired replicas for this evaluation. `metrics` None means unavailable (`unavailable` says
-    why). `correction` and `bursts`: the previous decision's (1.0 and () at first)."""
+    why). `correction` and `bursts`: the previous decision's (1.0 and Bursts() at first)."""
     if metrics is None:
         return _hold(
             policy, current, history, now, "MetricsUnavailable", unavailable, correction, bursts
@@ -306,23 +309,31 @@ def _demand(policy: Policy, m: Metrics, correction: float) -> Demand | None:
 
 
 def _burst(
-    policy: Policy, m: Metrics, demand: Demand | None, samples: bursts_mod.Samples, now: float
-) -> tuple[Demand | None, bursts_mod.Samples]:
+    policy: Policy, m: Metrics, demand: Demand | None, state: bursts_mod.Bursts, now: float
+) -> tuple[Demand | None, bursts_mod.Bursts]:
     """Record this evaluation's fast need and raise the demand to the burst floor while bursts
-    recur (bursts.py). Returns the demand (its `burst` set when the burst floor is the larger)
-    and the samples to keep."""
+    recur or one is due (bursts.py). Returns the demand (its `burst` set when the burst floor is
+    the larger) and the state to keep."""
     if demand is None or policy.burst_window_s <= 0 or m.arrival_rate_fast is None:
-        return demand, samples
+        return demand, state
     fast = m.arrival_rate_fast * demand.work_s
     slow = (m.arrival_rate_slow or 0.0) * demand.work_s
-    samples = bursts_mod.record(samples, now, fast, slow, policy.burst_window_s)
-    need = bursts_mod.burst_need(samples)
-    if need is None:
-        return demand, samples
+    state = bursts_mod.record(state, now, fast, slow, policy.burst_window_s, policy.burst_memory_s)
+    needs = [
+        n
+        for n in (
+            bursts_mod.burst_need(state),
+            bursts_mod.scheduled_need(state, now, policy.lead_s),
+        )
+        if n is not None
+    ]
+    if not needs:
+        return demand, state
+    need = max(needs)
     replicas = math.ceil(need / policy.target_utilization - 1e-9)
     if replicas <= demand.replicas:
-        return demand, samples
-    return dataclasses.replace(demand, replicas=replicas, burst=need), samples
+        return demand, state
+    return dataclasses.replace(demand, replicas=replicas, burst=need), state
 
 
 def _floors(

@@ -67,4 +67,4 @@ def test_the_burst_samples_carry_over_between_evaluations() -> None:
     out = asyncio.run(run())
     need = math.ceil(40 * 0.2 / POLICY.target_utilization)  # 8 replicas busy in a burst
     assert out[-1] == (need, "BurstFloor"), out  # the quiet after the second burst stays up
-    assert len(scaler._states["u1"].bursts) == len(out)
+    assert len(scaler._states["u1"].bursts.samples) == len(out)
