@@ -26,7 +26,8 @@ The HPA's algorithm, on what users feel instead of CPU:
   ×2 step: it is a measured need;
 * with the demand floor, the **burst floor** (bursts.py): while bursts recur (two or more rises of
   the 15 s arrival rate above twice the 2-minute one within `burst_window_s`), never fewer than
-  the largest 15 s need of that window, so the next burst finds its capacity standing;
+  the largest 15 s need of that window, so the next burst finds its capacity standing; bursts
+  farther apart at a steady interval are scheduled: their need is held while the next is due;
 * with V_P alone (an older profile), never fewer replicas than prefill the queued prompt tokens
   within the TTFT target (autotune/floor.py, llm-d's `TTFT_target − ISL/V_P` rule): it acts when
   the queue forms, before TTFT rises.
