@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import hashlib
 import itertools
 import json
 import math
@@ -339,13 +340,57 @@ def _run_task(i: int) -> Result:
 MEASURED_IN_USE = [MEASURED]
 
 
+# Baseline results from an earlier run (`--baselines-cache`): (shape, autoscaler, setting) ->
+# (minutes over %, replica-hours, scale events). Valid only for the same replica and the same
+# simulator, traffic and baseline code (`_cache_key`); Pagoda's rows are always simulated.
+_CACHE: dict[str, list] = {}
+
+
+def _cache_key(cap: Capacity) -> str:
+    """What the baselines' results depend on: the replica and the code that simulates them."""
+    h = hashlib.sha256(repr(cap).encode())
+    for name in ("autoscale_baselines.py", "autoscale_engine.py", "autoscale_traffic.py"):
+        h.update((pathlib.Path(__file__).resolve().parent / name).read_bytes())
+    h.update(repr((SEED, EVAL_S, FAST_SYNC_S, MIN_REPLICAS, MAX_REPLICAS)).encode())
+    return h.hexdigest()[:16]
+
+
+def _task_key(task) -> str:
+    shape_name, make = task
+    scaler = make()
+    return f"{shape_name}|{scaler.name}|{scaler.label()}"
+
+
 def run_many(tasks: list, jobs: int) -> list[Result]:
-    _TASKS[:] = tasks
-    if jobs <= 1:
-        return [_run_task(i) for i in range(len(tasks))]
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(jobs) as pool:
-        return pool.map(_run_task, range(len(tasks)), chunksize=1)
+    keys = [_task_key(t) for t in tasks]
+    todo = [i for i, k in enumerate(keys) if k not in _CACHE]
+    _TASKS[:] = [tasks[i] for i in todo]
+    if jobs <= 1 or len(todo) <= 1:
+        fresh = [_run_task(i) for i in range(len(todo))]
+    else:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            fresh = pool.map(_run_task, range(len(todo)), chunksize=1)
+    for i, r in zip(todo, fresh):
+        _CACHE[keys[i]] = [r.violation_pct, r.replica_hours, r.scale_events]
+    out = []
+    for k in keys:
+        over, hours, events = _CACHE[k]
+        family, setting = k.split("|")[1:]
+        out.append(Result(family, setting, over, hours, events))
+    return out
+
+
+def load_cache(path: pathlib.Path, cap: Capacity) -> None:
+    if path.exists():
+        doc = json.loads(path.read_text())
+        if doc.get("key") == _cache_key(cap):
+            _CACHE.update(doc["results"])
+        else:
+            print(f"{path}: made by other code or another replica, not used", file=sys.stderr)
+
+
+def save_cache(path: pathlib.Path, cap: Capacity) -> None:
+    path.write_text(json.dumps({"key": _cache_key(cap), "results": _CACHE}))
 
 
 def tune(shape: Shape, quick: bool, jobs: int) -> dict[str, list[tuple[Result, Factory]]]:
@@ -546,6 +591,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", default=str(ROOT / "docs" / "autoscale-sim.png"))
     p.add_argument("--json", help="write the table's numbers here")
     p.add_argument(
+        "--baselines-cache", metavar="FILE",
+        help="reuse the baselines' results kept here by an earlier run of the same code and "
+        "replica (Pagoda is always simulated), and keep this run's there",
+    )  # fmt: skip
+    p.add_argument(
         "--ablation", action="store_true",
         help="only Pagoda, with one part of its policy changed at a time (≈ 1 min)",
     )  # fmt: skip
@@ -575,7 +625,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.ablation:
         print(ablation(args.shapes, args.jobs))
         return 0
+    cache = pathlib.Path(args.baselines_cache) if args.baselines_cache else None
+    if cache is not None:
+        load_cache(cache, cap)
     rows = evaluate(args.shapes, cap, args.quick, args.jobs, args.profile_errors)
+    if cache is not None:
+        save_cache(cache, cap)
     print()
     print(table(rows))
     print()
