@@ -6,6 +6,9 @@
   batch then run in a second, unified launch that starts after the decodes.
 * A decode-only batch that needs no split uses the split-KV kernel with one segment: it has no
   sequence search and no causal mask, so it is the leaner of the two for one query token.
+* ``sliding_window``: each query sees its last W keys (its own included), and both kernels start
+  at the window's first tile, so a window layer reads only the window's blocks; the split count
+  of the decodes is chosen for the window's length. ``softcap`` caps the scores (Gemma).
 * ``batch_invariant``: every row, decode or prefill, goes through the unified kernel with one
   launch config per head size. Its tiles start at key 0 and a row's masked tiles add exact
   zeros, so a row gets the same bits as a decode, in a chunk on cached context, in a fresh
@@ -73,8 +76,10 @@ def paged_attention(
     num_decodes: int | None = None,
     num_kv_splits: int | None = None,
     batch_invariant: bool = False,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Causal attention of a ragged batch against a paged KV cache.
+    """Causal attention of a ragged batch against a paged KV cache (module docstring).
 
     Shapes: ``q``/``out`` ``[T, H, D]`` (head dim contiguous); caches
     ``[num_blocks, block_size, Hkv, D]``; ``block_tables`` int32 ``[B, max_blocks]``;
@@ -100,7 +105,7 @@ def paged_attention(
     if num_decodes > 0 and not batch_invariant:
         first_seq = _launch_decodes(
             q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_decodes,
-            num_decodes == num_seqs, max_seq_len, num_kv_splits,
+            num_decodes == num_seqs, max_seq_len, num_kv_splits, sliding_window, softcap,
         )  # fmt: skip
     if first_seq < num_seqs:
         bucket = INVARIANT_QUERY_LEN if batch_invariant else max_query_len
@@ -117,6 +122,8 @@ def paged_attention(
             first_seq=first_seq,
             first_token=first_seq,  # decodes have exactly one token each
             config=get_kernel_config("paged_attention", shape, out.device),
+            sliding_window=sliding_window,
+            softcap=softcap,
         )
     return out
 
@@ -133,9 +140,13 @@ def _launch_decodes(
     decode_only: bool,
     max_seq_len: int,
     num_kv_splits: int | None,
+    sliding_window: int | None,
+    softcap: float | None,
 ) -> int:
     """Run the leading decodes through the split-KV kernel when it splits (or when the batch is
     all decodes); returns how many sequences it took (0: the unified kernel does them)."""
+    if sliding_window is not None:
+        max_seq_len = min(max_seq_len, sliding_window)  # the keys a decode reads
     shape = {"head_dim": q.shape[2], "num_seqs": num_decodes, "max_seq_len": max_seq_len}
     cfg = get_kernel_config("decode_attention", shape, q.device)
     if num_kv_splits is not None:
@@ -163,5 +174,7 @@ def _launch_decodes(
         num_decodes=num_decodes,
         num_splits=splits,
         config=cfg,
+        sliding_window=sliding_window,
+        softcap=softcap,
     )
     return num_decodes

@@ -14,6 +14,31 @@ import triton.language as tl
 from pagoda.kernels._common import interpreter_enabled, next_pow2
 
 LOG2E = 1.0 / math.log(2.0)
+NO_WINDOW = (
+    1 << 30
+)  # the `window` argument of layers without a sliding window: longer than any context
+
+
+def window_arg(sliding_window: int | None) -> int:
+    """The kernels' ``window`` argument: the keys a query sees, its own included."""
+    if sliding_window is None:
+        return NO_WINDOW
+    if not 0 < sliding_window <= NO_WINDOW:
+        raise ValueError(f"sliding_window must be in [1, {NO_WINDOW}], got {sliding_window}")
+    return int(sliding_window)
+
+
+def score_scale(scale: float, softcap: float | None) -> float:
+    """The factor the kernels multiply q . k by: in log2 units, or, with a soft cap, the natural
+    scale (the cap applies to natural scores; :func:`scores` converts after it)."""
+    return scale * LOG2E if not softcap else scale
+
+
+def softcap_arg(softcap: float | None) -> float:
+    """The ``SOFTCAP`` constexpr: 0.0 for none."""
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be positive, got {softcap}")
+    return float(softcap or 0.0)
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -75,6 +100,19 @@ def mma(a, b, DOT_PRECISION: tl.constexpr):
         return tl.dot(a, b, input_precision="ieee")
     else:
         return tl.dot(a, b)
+
+
+@triton.jit
+def scores(q, k, scale, SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """q . k^T in log2 units (`score_scale`); with ``SOFTCAP`` c > 0, c * tanh(s / c) of the
+    natural scores s first (Gemma's attention logit soft cap)."""
+    s = mma(q, k, DOT_PRECISION) * scale
+    if SOFTCAP > 0:
+        x = s / SOFTCAP
+        t = tl.exp2(-2.0 * 1.4426950408889634 * tl.abs(x))  # exp(-2|x|), no overflow
+        th = (1.0 - t) / (1.0 + t)
+        s = tl.where(x < 0, -th, th) * (SOFTCAP * 1.4426950408889634)
+    return s
 
 
 @triton.jit

@@ -18,16 +18,18 @@ import triton
 import triton.language as tl
 from pagoda.kernels._common import cdiv, next_pow2, prev_pow2
 from pagoda.kernels.attn_common import (
-    LOG2E,
     load_kv_tile,
-    mma,
     online_softmax_step,
     paged_meta,
     paged_strides,
+    score_scale,
+    scores,
+    softcap_arg,
+    window_arg,
 )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window"])
 def _decode_stage1_kernel(
     out_ptr,  # [num_tokens, NUM_HEADS, HEAD_DIM], written directly when NUM_SPLITS == 1
     mid_o_ptr,  # [num_decodes, NUM_HEADS, NUM_SPLITS, HEAD_DIM_PADDED] float32 partial outputs
@@ -37,7 +39,8 @@ def _decode_stage1_kernel(
     v_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
     block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32
     seq_lens_ptr,  # [num_seqs] int32
-    scale_log2,  # float32: softmax scale * log2(e)
+    scale,  # float32: softmax scale * log2(e) (with SOFTCAP: the softmax scale, see `scores`)
+    window,  # keys the query sees, its own included (`attn_common.NO_WINDOW`: all of them)
     stride_q_tok,
     stride_q_head,
     stride_o_tok,
@@ -58,15 +61,18 @@ def _decode_stage1_kernel(
     BLOCK_H: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
     seq_len = tl.load(seq_lens_ptr + seq)
-    # Tile-aligned segment length, from the true length of this sequence.
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), TILE_SIZE) * TILE_SIZE
-    kv_lo = split * split_len
+    # The query at seq_len - 1 sees the keys [kv_first, seq_len): its window, or all of them.
+    kv_first = tl.maximum(seq_len - window, 0)
+    # Tile-aligned segment length, from the true length of this sequence's visible keys.
+    split_len = tl.cdiv(tl.cdiv(seq_len - kv_first, NUM_SPLITS), TILE_SIZE) * TILE_SIZE
+    kv_lo = kv_first + split * split_len
     kv_hi = tl.minimum(kv_lo + split_len, seq_len)
 
     offs_h = tl.arange(0, BLOCK_H)
@@ -87,7 +93,7 @@ def _decode_stage1_kernel(
     acc = tl.zeros([BLOCK_H, HEAD_DIM_PADDED], dtype=tl.float32)
 
     bt_row = block_tables_ptr + seq * stride_bt_seq
-    # The single query sits at position seq_len - 1, so every cached key is visible.
+    # The single query sits at position seq_len - 1, so every key from kv_first on is visible.
     for kv_start in range(kv_lo, kv_hi, TILE_SIZE):
         kv_pos = kv_start + offs_t  # [TILE_SIZE]
         kv_mask = kv_pos < kv_hi
@@ -108,7 +114,7 @@ def _decode_stage1_kernel(
             stride_v_head,
             BLOCK_SIZE,
         )
-        s = mma(q, k, DOT_PRECISION) * scale_log2  # [BLOCK_H, TILE_SIZE]
+        s = scores(q, k, scale, SOFTCAP, DOT_PRECISION)  # [BLOCK_H, TILE_SIZE]
         s = tl.where(kv_mask[None, :] & head_mask[:, None], s, float("-inf"))
         m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION)
 
@@ -197,8 +203,11 @@ def launch_decode_attention(
     num_decodes: int,
     num_splits: int,
     config: dict,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
-    """Attention for the first ``num_decodes`` sequences (one query token each).
+    """Attention for the first ``num_decodes`` sequences (one query token each), over their
+    last ``sliding_window`` keys when given (only those tiles are read).
 
     Grid: stage 1 ``(num_decodes, num_kv_heads, num_splits)``; stage 2 ``(num_decodes, heads)``,
     skipped when ``num_splits == 1`` (stage 1 then writes ``out`` itself).
@@ -229,12 +238,14 @@ def launch_decode_attention(
         v_cache,
         block_tables,
         seq_lens,
-        scale * LOG2E,
+        score_scale(scale, softcap),
+        window_arg(sliding_window),
         *paged_strides(q, out, k_cache, v_cache, block_tables),
         NUM_HEADS=num_heads,
         QUERIES_PER_KV=queries_per_kv,
         BLOCK_H=max(16, next_pow2(queries_per_kv)),
         NUM_SPLITS=num_splits,
+        SOFTCAP=softcap_arg(softcap),
         **paged_meta(q, k_cache, config),
     )
     if num_splits > 1:

@@ -23,8 +23,15 @@ def paged_attention(
     out: torch.Tensor | None = None,
     num_decodes: int | None = None,
     num_kv_splits: int | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Causal attention by absolute position, gathered through the block tables (float32 maths)."""
+    """Causal attention by absolute position, gathered through the block tables (float32 maths).
+
+    With ``sliding_window`` W, the query at position p sees the keys p - W + 1 .. p (as Hugging
+    Face's sliding-window mask); with ``softcap`` c, scores are c * tanh(scores / c) before the
+    mask (Gemma). Only the window's blocks are read.
+    """
     del max_query_len, max_seq_len, num_decodes, num_kv_splits  # planning hints only
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -38,17 +45,24 @@ def paged_attention(
         if seq_len == 0:
             out[lo:hi] = 0
             continue
-        n_blocks = -(-seq_len // block_size)
-        blocks = block_tables[seq, :n_blocks].long()
-        k = k_cache[blocks].reshape(-1, num_kv_heads, k_cache.shape[3])[:seq_len].float()
-        v = v_cache[blocks].reshape(-1, num_kv_heads, v_cache.shape[3])[:seq_len].float()
+        first = 0 if sliding_window is None else max(0, seq_len - (hi - lo) - sliding_window + 1)
+        b0, n_blocks = first // block_size, -(-seq_len // block_size)
+        blocks = block_tables[seq, b0:n_blocks].long()  # the window's blocks only
+        start, d = b0 * block_size, k_cache.shape[3]
+        k = k_cache[blocks].reshape(-1, num_kv_heads, d)[: seq_len - start].float()
+        v = v_cache[blocks].reshape(-1, num_kv_heads, d)[: seq_len - start].float()
         k = k.repeat_interleave(group, dim=1)  # [S, H, D]
         v = v.repeat_interleave(group, dim=1)
         qs = q[lo:hi].float()  # [L, H, D]
         scores = torch.einsum("lhd,shd->hls", qs, k) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         q_pos = torch.arange(seq_len - (hi - lo), seq_len, device=q.device)
-        k_pos = torch.arange(seq_len, device=q.device)
-        scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        k_pos = torch.arange(start, seq_len, device=q.device)
+        hidden = k_pos[None, None, :] > q_pos[None, :, None]
+        if sliding_window is not None:
+            hidden |= k_pos[None, None, :] <= q_pos[None, :, None] - sliding_window
+        scores = scores.masked_fill(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[lo:hi] = torch.einsum("hls,shd->lhd", probs, v).to(out.dtype)
     return out

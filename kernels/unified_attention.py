@@ -14,12 +14,14 @@ import triton
 import triton.language as tl
 from pagoda.kernels._common import next_pow2
 from pagoda.kernels.attn_common import (
-    LOG2E,
     load_kv_tile,
-    mma,
     online_softmax_step,
     paged_meta,
     paged_strides,
+    score_scale,
+    scores,
+    softcap_arg,
+    window_arg,
 )
 
 
@@ -50,7 +52,7 @@ def _find_seq(
     return lo - 1
 
 
-@triton.jit(do_not_specialize=["first_seq", "num_seqs"])
+@triton.jit(do_not_specialize=["first_seq", "num_seqs", "window"])
 def _unified_attention_kernel(
     out_ptr,  # [num_tokens, NUM_HEADS, HEAD_DIM]
     q_ptr,  # [num_tokens, NUM_HEADS, HEAD_DIM]
@@ -59,9 +61,10 @@ def _unified_attention_kernel(
     block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32
     seq_lens_ptr,  # [num_seqs] int32, context length including the new tokens
     query_start_loc_ptr,  # [num_seqs + 1] int32
-    scale_log2,  # float32: softmax scale * log2(e)
+    scale,  # float32: softmax scale * log2(e) (with SOFTCAP: the softmax scale, see `scores`)
     first_seq,  # sequences before this one are handled elsewhere (split-KV decode)
     num_seqs,
+    window,  # keys a query sees, its own included (`attn_common.NO_WINDOW`: all of them)
     stride_q_tok,
     stride_q_head,
     stride_o_tok,
@@ -81,6 +84,7 @@ def _unified_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     q_block_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -117,10 +121,15 @@ def _unified_attention_kernel(
     q_abs = context_len + q_pos  # [BLOCK_M] absolute position of each query token
     # The last query of this block sees keys [0, context_len + its index]; nothing beyond.
     kv_end = tl.minimum(seq_len, context_len + (q_block_local + 1) * BLOCK_Q)
+    # With a sliding window no query of this block sees a key before kv_need: start at the
+    # tile holding it and load nothing before it. Tiles stay at multiples of TILE_SIZE from
+    # key 0, and keys a row cannot see leave its state exactly as it was, so a row's bits do not
+    # depend on the block it is in.
+    kv_need = tl.maximum(context_len + q_block_local * BLOCK_Q - window + 1, 0)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
-    for kv_start in range(0, kv_end, TILE_SIZE):
+    for kv_start in range(kv_need // TILE_SIZE * TILE_SIZE, kv_end, TILE_SIZE):
         kv_pos = kv_start + offs_t  # [TILE_SIZE]
-        kv_mask = kv_pos < kv_end
+        kv_mask = (kv_pos < kv_end) & (kv_pos >= kv_need)
         k, v = load_kv_tile(
             k_cache_ptr,
             v_cache_ptr,
@@ -138,8 +147,9 @@ def _unified_attention_kernel(
             stride_v_head,
             BLOCK_SIZE,
         )
-        s = mma(q, k, DOT_PRECISION) * scale_log2  # [BLOCK_M, TILE_SIZE]
+        s = scores(q, k, scale, SOFTCAP, DOT_PRECISION)  # [BLOCK_M, TILE_SIZE]
         visible = (kv_pos[None, :] <= q_abs[:, None]) & kv_mask[None, :] & row_mask[:, None]
+        visible = visible & (kv_pos[None, :] > q_abs[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION)
 
@@ -165,8 +175,12 @@ def launch_unified_attention(
     first_seq: int,
     first_token: int,
     config: dict,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
-    """Attend for sequences ``first_seq..`` (tokens ``first_token..``), one launch.
+    """Attend for sequences ``first_seq..`` (tokens ``first_token..``), one launch; with
+    ``sliding_window`` W a query sees its last W keys (itself included) and reads only their
+    tiles; ``softcap`` caps the scores (`attn_common.scores`).
 
     Grid: ``(num_tokens - first_token) // BLOCK_Q + (num_seqs - first_seq)`` q-blocks × KV heads,
     an upper bound computed from shapes alone.
@@ -188,12 +202,14 @@ def launch_unified_attention(
         block_tables,
         seq_lens,
         query_start_loc,
-        scale * LOG2E,
+        score_scale(scale, softcap),
         first_seq,
         num_seqs,
+        window_arg(sliding_window),
         *paged_strides(q, out, k_cache, v_cache, block_tables),
         QUERIES_PER_KV=queries_per_kv,
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
+        SOFTCAP=softcap_arg(softcap),
         **paged_meta(q, k_cache, config),
     )

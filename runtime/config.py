@@ -17,7 +17,9 @@ from pagoda.runtime.options import DEFAULT_MODEL
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 assert ("auto", *DTYPES) == options.DTYPES
-__all__ = ["DEFAULT_MODEL", "CacheConfig", "EngineConfig", "ModelConfig", "SchedulerConfig"]
+__all__ = [
+    "DEFAULT_MODEL", "CacheConfig", "EngineConfig", "FamilyConfig", "ModelConfig", "SchedulerConfig",
+]  # fmt: skip
 
 
 def _positive(name: str, value: int) -> None:
@@ -25,9 +27,82 @@ def _positive(name: str, value: int) -> None:
     options.check_int(name, value)
 
 
+# What a model family changes in the Llama decoder, read once from the checkpoint's config by
+# the loaders; the model files (runtime/model/qwen3.py, gemma3.py, moe.py) read these fields, the
+# attention backends only the sliding window and the soft cap.
+ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU (Llama, Qwen, Mixtral) and GeGLU (Gemma)
+
+
+@dataclass(frozen=True)
+class FamilyConfig:
+    """The defaults are Llama's: a Llama, Mistral or Qwen2 checkpoint changes nothing here but
+    Mistral's sliding window."""
+
+    # attention
+    qk_norm: bool = False  # an RMSNorm over each head of q and of k before rotary (Qwen3, Gemma 3)
+    sliding_window: int | None = None  # keys a window layer sees, its own position included
+    window_layers: tuple[bool, ...] = ()  # per layer: True = a window layer; () = all of them
+    local_rope_theta: float | None = None  # window layers' rotary base (Gemma 3), no scaling
+    query_pre_attn_scalar: float | None = None  # softmax scale = this ** -0.5 (None: head_dim)
+    # scores = cap * tanh(scores / cap) (Gemma 2's; Gemma 3 configs carry it unused)
+    attn_logit_softcapping: float | None = None
+    # Gemma 3's layer: (1 + w) RMSNorm, norms after attention and around the MLP, the embedding
+    # scaled by sqrt(hidden_size) in the model's dtype
+    gemma_norms: bool = False
+    norms_hold_one_plus_w: bool = False  # the checkpoint stores 1 + w (llama.cpp's Gemma GGUFs)
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    hidden_act: str = "silu"  # the gated MLP's activation (`ACTIVATIONS`)
+    # mixture of experts: router softmax, top-k, SwiGLU experts
+    num_experts: int = 0  # 0: a dense MLP in every layer
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True  # renormalise the top-k probabilities to sum to 1 (Mixtral: yes)
+    round_topk_to_model_dtype: bool = False  # Qwen3-MoE rounds the routing weights (HF does)
+    moe_layers: tuple[bool, ...] = ()  # per layer: True = experts; () = all (when num_experts)
+
+    def __post_init__(self) -> None:
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(
+                f"hidden activation {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}"
+            )
+        for name in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if self.num_experts:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(
+                    f"num_experts_per_tok must be in [1, {self.num_experts}], "
+                    f"got {self.num_experts_per_tok}"
+                )
+            if self.moe_intermediate_size < 1:
+                raise ValueError("moe_intermediate_size must be positive")
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer`, or None where it attends to its whole context."""
+        if self.sliding_window is None:
+            return None
+        if self.window_layers and not self.window_layers[layer]:
+            return None
+        return self.sliding_window
+
+    def has_experts(self, layer: int) -> bool:
+        """Whether `layer`'s MLP is a mixture of experts."""
+        if not self.num_experts:
+            return False
+        return not self.moe_layers or self.moe_layers[layer]
+
+    def attention_scale(self, head_dim: int) -> float:
+        """The softmax scale applied to q . k."""
+        return (self.query_pre_attn_scalar or head_dim) ** -0.5
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of a Llama-family decoder (Llama, Mistral, Qwen2, SmolLM)."""
+    """Architecture of a Llama-family decoder (Llama, Mistral, Qwen2/3, Gemma 3, Mixtral, ...);
+    what a family changes in the Llama layer is in `family`."""
 
     vocab_size: int
     hidden_size: int
@@ -45,6 +120,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "llama"
+    family: FamilyConfig = field(default_factory=FamilyConfig)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers"):
@@ -57,15 +133,21 @@ class ModelConfig:
             )
         if self.rms_norm_eps <= 0 or self.rope_theta <= 0:
             raise ValueError("rms_norm_eps and rope_theta must be positive")
+        for name in ("window_layers", "moe_layers"):
+            if len(getattr(self.family, name)) not in (0, self.num_layers):
+                raise ValueError(f"{name} must name each of the {self.num_layers} layers")
 
     @property
     def num_params(self) -> int:
         """Parameter count (embedding counted once when tied)."""
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
         attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
-        layer = attn + 3 * h * i + 2 * h
+        f = self.family
+        moe = sum(f.has_experts(n) for n in range(self.num_layers))
+        experts = moe * f.num_experts * (3 * h * f.moe_intermediate_size + h)  # + the router
+        mlps = (self.num_layers - moe) * 3 * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * layer + emb + h
+        return self.num_layers * (attn + 2 * h) + mlps + emb + h
 
 
 @dataclass(frozen=True)

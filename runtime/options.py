@@ -95,6 +95,10 @@ DEFAULT_MAX_CONNECTIONS = 1024
 MAX_TIMEOUT_S = 3600.0
 MAX_CONNECTIONS_LIMIT = 1 << 20
 DEFAULT_LOG_LEVEL = "info"
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
+DEFAULT_TOOL_CALL_PARSER = "auto"
+DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S = 10.0
+DEFAULT_GRAMMAR_CACHE_SIZE = "256MiB"
 API_KEY_ENV = "PAGODA_API_KEY"
 TUNED_PROFILE_ENV = "PAGODA_TUNED_PROFILE"  # same as --tuned-profile
 TUNED_PROFILE_MISMATCH = ("error", "warn")
@@ -121,6 +125,8 @@ METRIC_PREFIX_CACHE_QUERIES = "pagoda:prefix_cache_queries"  # counter
 METRIC_PREFIX_CACHE_HITS = "pagoda:prefix_cache_hits"  # counter
 METRIC_NUM_PREEMPTIONS = "pagoda:num_preemptions"  # counter
 METRIC_TUNED_PROFILE_INFO = "pagoda:tuned_profile_info"  # gauge 1, labels device/model/created
+METRIC_STRUCTURED_REQUESTS = "pagoda:structured_output_requests"  # counter, label type
+METRIC_GRAMMAR_COMPILE = "pagoda:grammar_compile_seconds"  # histogram, label type
 
 # --- `pagoda serve` flags ---------------------------------------------------------------------
 
@@ -224,6 +230,14 @@ SERVER_FLAGS: Mapping[str, Flag] = _flags(
          None, metavar="DIR"),
     Flag("--tuned-profile-mismatch", "a profile measured for another device/model/dtype: error "
          "refuses to start, warn serves on defaults", "error", choices=TUNED_PROFILE_MISMATCH),
+    Flag("--tool-call-parser", "how tool calls are read from the model's output; auto: from "
+         "the chat template (hermes for templates that do not render tools)",
+         DEFAULT_TOOL_CALL_PARSER, choices=TOOL_CALL_PARSERS),
+    Flag("--grammar-compile-timeout", "seconds a structured-output grammar may take to compile "
+         "before the request gets a 400 (the compile finishes in the background and is cached)",
+         DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S, float, metavar="S"),
+    Flag("--grammar-cache-size", "compiled grammars kept (LRU by their token-mask tables), e.g. "
+         "256MiB", DEFAULT_GRAMMAR_CACHE_SIZE, metavar="SIZE"),
     Flag("--download-dir", "where hf:// and s3:// models are downloaded and found again (with "
          "HF_HUB_OFFLINE=1 only found); default: $PAGODA_DOWNLOAD_DIR or ~/.cache/pagoda/models",
          None, metavar="DIR"),

@@ -72,6 +72,7 @@ class Request:
         self.first_token_time: float | None = None
         self.generator = None  # torch.Generator for seeded sampling, made by the model runner
         self.seen_tokens = None  # penalties.SeenTokens, made by the sampler for penalties
+        self.grammar = None  # structured.matcher.GrammarState, made when a constrained row samples
         stops = set(self.params.stop_token_ids)
         if not self.params.ignore_eos:
             stops.update(self.eos_token_ids)

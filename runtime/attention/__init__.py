@@ -18,10 +18,14 @@ def get_attention_backend(
     scale: float,
     batch_invariant: bool = False,
     kv_cache_dtype: str = "auto",
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> AttentionBackend:
     """Resolve ``auto|torch|triton``: auto picks Triton on CUDA and the torch backend elsewhere.
     ``batch_invariant`` selects the Triton kernels' invariant mode (the torch backend always is).
-    An int8 KV cache (``kv_cache_dtype="int8"``) is stored and read by the torch backend only."""
+    An int8 KV cache (``kv_cache_dtype="int8"``) is stored and read by the torch backend only.
+    ``sliding_window`` and ``softcap`` as ``AttentionBackend`` takes them."""
     if name not in ("auto", "torch", "triton"):
         raise ValueError(f"attention_backend must be auto, torch or triton, got {name!r}")
     if name == "auto":
@@ -34,10 +38,16 @@ def get_attention_backend(
     if name == "triton":
         from pagoda.runtime.attention.triton_backend import TritonAttentionBackend
 
-        return TritonAttentionBackend(num_heads, num_kv_heads, head_dim, scale, batch_invariant)
+        return TritonAttentionBackend(
+            num_heads, num_kv_heads, head_dim, scale, batch_invariant,
+            sliding_window=sliding_window, softcap=softcap,
+        )  # fmt: skip
     from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
 
-    return TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale, kv_cache_dtype)
+    return TorchAttentionBackend(
+        num_heads, num_kv_heads, head_dim, scale, kv_cache_dtype,
+        sliding_window=sliding_window, softcap=softcap,
+    )  # fmt: skip
 
 
 __all__ = ["AttentionBackend", "AttentionMetadata", "get_attention_backend"]

@@ -2,7 +2,9 @@
 
 A step's batch is flattened: T query tokens from B sequences laid end to end, *decodes first*
 (sequences with exactly one new token), then prefill chunks. Every sequence attends, causally by
-absolute position, to all of its context: the tokens already in the paged cache plus the new ones.
+absolute position, to all of its context: the tokens already in the paged cache plus the new ones;
+in a layer with a sliding window of W keys, a query at position p sees only the keys p - W + 1 .. p
+(Hugging Face's definition), and a backend reads only those keys' blocks.
 
 KV cache layout, per layer: ``k_cache`` and ``v_cache`` of shape
 ``[num_blocks, block_size, num_kv_heads, head_dim]`` (a backend may choose another layout and
@@ -53,7 +55,12 @@ class AttentionBackend(ABC):
         head_dim: int,
         scale: float,
         kv_cache_dtype: str = "auto",
+        *,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
+        """``sliding_window``: the window of the model's window layers (None: it has none);
+        ``softcap``: scores become softcap * tanh(scores / softcap) before the softmax (Gemma)."""
         if num_heads % num_kv_heads:
             raise ValueError(
                 f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}"
@@ -63,6 +70,8 @@ class AttentionBackend(ABC):
         self.head_dim = head_dim
         self.scale = scale
         self.kv_cache_dtype = kv_cache_dtype  # "auto" (the model's dtype) or "int8"
+        self.sliding_window = sliding_window
+        self.softcap = softcap
 
     def cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """Element type of the KV cache (the model's by default)."""
@@ -97,5 +106,7 @@ class AttentionBackend(ABC):
         k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
+        window: int | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
-        """Store k/v at ``meta.slot_mapping``, then return attention output for every query token."""
+        """Store k/v at ``meta.slot_mapping``, then return attention output for every query token;
+        ``window``: this layer's sliding window (the backend's ``sliding_window``), or None."""

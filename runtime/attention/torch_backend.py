@@ -1,10 +1,12 @@
 """CPU paged attention, batch-invariant by construction, on one of two paths chosen per process.
 
-**Kernel path** (default): ``cpu_kernel`` (C++, built on first use) reads K/V in place from a
-packed cache layout, one code path for decode and prefill rows; see ``cpu_kernel_source`` for its
-layout and why each row's result cannot depend on the rest of the step. ``allocate_kv_cache``
-picks it when it builds and the shapes suit it (bf16/float32, head_dim and block_size multiples
-of 16); ``forward`` tells the paths apart by the cache's rank (5: packed).
+**Kernel path** (default): ``pagoda.runtime.cpu.attention`` (C++, built on first use) reads K/V
+in place from a packed cache layout, one code path for decode and prefill rows; see its
+``csrc/attention/attention.cpp`` for the layout and why each row's result cannot depend on the
+rest of the step. A window layer's rows read only their window's blocks there (each tile starts
+at its first row's window). ``allocate_kv_cache`` picks it when it builds and the shapes suit it
+(bf16/float32/int8, head_dim and block_size multiples of 16, no attention soft cap);
+``forward`` tells the paths apart by the cache's rank (5: packed).
 
 **Torch path** (no compiler, ``PAGODA_CPU_ATTENTION=torch``), described below.
 The KV cache is the backend's own layout, head-major ``[Hkv, num_blocks, block_size, D]`` in the
@@ -53,6 +55,7 @@ MIN_GEMM_ROWS = 4  # fewer rows per GEMM take a GEMV path whose summation order 
 MAX_SCORE_ELEMS = 1 << 24  # float32 scores per call (64 MiB): longer prefills go in row slices
 MAX_SLICE_ROWS = 256  # query rows per slice; a slice reads keys only up to its last row (causal)
 PV_KEY_CHUNK = 256  # float32 p @ V sums keys in chunks of this many (see `_p_times_v`)
+WINDOW_ALIGN = PV_KEY_CHUNK  # a window layer's keys start at a multiple of this (see `_plan`)
 
 
 def plan_buckets(
@@ -110,7 +113,8 @@ class TorchAttentionBackend(AttentionBackend):
     kernel: cpu_kernel.CpuKernel | None = None  # chosen by allocate_kv_cache
 
     def prepare(self, meta: AttentionMetadata) -> None:
-        """Plan the step: host index tensors for the kernel, or buckets, indices and masks."""
+        """Plan the step: host index tensors for the kernel, or buckets, indices and masks (the
+        window layers' buckets are planned on their first call, `_buckets`)."""
         if self.kernel is not None:
             qlens = np.asarray(meta.query_lens_host, dtype=np.int32)
             meta.aux["qstart"] = torch.from_numpy(
@@ -118,34 +122,52 @@ class TorchAttentionBackend(AttentionBackend):
             )
             meta.aux["seq_lens"] = torch.tensor(meta.seq_lens_host, dtype=torch.int32)
             return
+        meta.aux["buckets"] = self._plan(meta, None)
+
+    def _buckets(self, meta: AttentionMetadata, window: int | None) -> list[_Bucket]:
+        if window is None:
+            return meta.aux["buckets"]
+        key = ("buckets", window)
+        if key not in meta.aux:
+            meta.aux[key] = self._plan(meta, window)
+        return meta.aux[key]
+
+    def _plan(self, meta: AttentionMetadata, window: int | None) -> list[_Bucket]:
         qlens = np.asarray(meta.query_lens_host, dtype=np.int64)
         slens = np.asarray(meta.seq_lens_host, dtype=np.int64)
         qstart = np.concatenate([[0], np.cumsum(qlens)[:-1]])
+        # the first key each sequence reads: 0, or where its first query's window starts
+        # (rounded down to WINDOW_ALIGN keys, so that a row's keys sit at the same offsets in
+        # the score and p @ V chunks whatever the chunk it came in)
+        first = np.zeros_like(slens)
+        if window is not None:
+            first = np.maximum(slens - qlens - window + 1, 0) // WINDOW_ALIGN * WINDOW_ALIGN
         nd = meta.num_decodes
         buckets: list[_Bucket] = []
+        plan = (qlens, slens, qstart, first, window)
         if nd:
-            order = np.argsort(slens[:nd], kind="stable")
-            padded = -(-slens[order] // KEY_ALIGN) * KEY_ALIGN
-            buckets += self._make(meta, order, plan_buckets(padded), qlens, slens, qstart)
+            order = np.argsort(slens[:nd] - first[:nd], kind="stable")
+            padded = -(-(slens - first)[order] // KEY_ALIGN) * KEY_ALIGN
+            buckets += self._make(meta, order, plan_buckets(padded), plan)
         prefills = np.arange(nd, len(qlens))
         if len(prefills):
             order = prefills[np.argsort(qlens[prefills], kind="stable")]
             ends = plan_buckets(qlens[order], MAX_PREFILL_BUCKETS, PREFILL_CALL_COST)
-            buckets += self._make(meta, order, ends, qlens, slens, qstart)
-        meta.aux["buckets"] = buckets
+            buckets += self._make(meta, order, ends, plan)
+        return buckets
 
-    def _make(self, meta, order, ends, qlens, slens, qstart) -> list[_Bucket]:
+    def _make(self, meta, order, ends, plan) -> list[_Bucket]:
         out, start = [], 0
         for end in ends:
-            out.append(self._bucket(meta, order[start:end], qlens, slens, qstart))
+            out.append(self._bucket(meta, order[start:end], *plan))
             start = end
         return out
 
-    def _bucket(self, meta, seqs, qlens, slens, qstart) -> _Bucket:
+    def _bucket(self, meta, seqs, qlens, slens, qstart, first, window) -> _Bucket:
         bs, dev = meta.block_size, meta.block_tables.device
-        ql, sl = qlens[seqs], slens[seqs]
+        ql, sl, f = qlens[seqs], slens[seqs], first[seqs]
         align = bs * KEY_ALIGN // math.gcd(bs, KEY_ALIGN)
-        kp = int(-(-sl.max() // align) * align)
+        kp = int(-(-(sl - f).max() // align) * align)
         nblk = kp // bs
         group = self.num_heads // self.num_kv_heads
         min_rows = -(-MIN_GEMM_ROWS // group)  # query rows that make MIN_GEMM_ROWS GEMM rows
@@ -159,14 +181,18 @@ class TorchAttentionBackend(AttentionBackend):
         valid = j[None, :] < ql[:, None]
         src = np.flatnonzero(valid.ravel())
         q_pos = (sl - ql)[:, None] + np.minimum(j[None, :], ql[:, None] - 1)  # [B, Qp]
-        allowed = np.arange(kp)[None, None, :] <= q_pos[:, :, None]
+        k_pos = f[:, None, None] + np.arange(kp)[None, None, :]  # [B, 1, Kp] absolute
+        allowed = k_pos <= q_pos[:, :, None]
+        if window is not None:
+            allowed &= k_pos > q_pos[:, :, None] - window
         mask = np.where(allowed, np.float32(0), np.float32(-np.inf))[:, :, None, :]
-        cols = np.minimum(np.arange(nblk), meta.block_tables.shape[1] - 1)
-        blocks = meta.block_tables[torch.from_numpy(seqs).to(dev)][
-            :, torch.from_numpy(cols).to(dev)
-        ]
+        cols = np.minimum(
+            f[:, None] // bs + np.arange(nblk)[None, :], meta.block_tables.shape[1] - 1
+        )
+        rows_t = torch.from_numpy(seqs).to(dev)[:, None]
+        blocks = meta.block_tables[rows_t, torch.from_numpy(cols).to(dev)]
         slice_end = np.arange(rows - 1, qp, rows)  # each slice needs keys up to its last row
-        need = q_pos[:, slice_end].max(axis=0) + 1
+        need = (q_pos[:, slice_end] - f[:, None]).max(axis=0) + 1
         key_len = np.minimum(-(-need // KEY_ALIGN) * KEY_ALIGN, kp)
         return _Bucket(
             q_rows=torch.from_numpy(q_rows).to(dev),
@@ -179,7 +205,7 @@ class TorchAttentionBackend(AttentionBackend):
         )
 
     def allocate_kv_cache(self, num_blocks, block_size, model_dtype, device):
-        """The kernel's packed layout when it can run (see ``cpu_kernel_source``), else head-major
+        """The kernel's packed layout when it can run (see ``attention.cpp``), else head-major
         ``[num_kv_heads, num_blocks, block_size, head_dim]``: gathering a bucket's blocks yields
         ``[Hkv, B, Kp, D]``, already the batched-GEMM operand (no transpose). int8 caches hold
         a float32 scale after each token's ``D`` values (torch path: ``[..., D + 4]`` rows)."""
@@ -187,6 +213,9 @@ class TorchAttentionBackend(AttentionBackend):
         hkv, d = self.num_kv_heads, self.head_dim
         usable = dt in (torch.float32, torch.bfloat16, torch.int8)
         usable = usable and d % 16 == 0 and block_size % 16 == 0 and d <= 512
+        # the kernel takes sliding windows (it reads only the window's blocks), not soft caps:
+        # a model with a soft cap takes the torch path
+        usable = usable and self.softcap is None
         self.kernel = cpu_kernel.load() if usable and device.type == "cpu" else None
         if self.kernel is not None:
             k_shape, v_shape = cpu_kernel.packed_shapes(hkv, num_blocks, block_size, d, dt)
@@ -206,17 +235,18 @@ class TorchAttentionBackend(AttentionBackend):
             rows = quantize_rows(x) if cache.dtype == torch.int8 else x.to(cache.dtype)
             cache.view(hkv, nb * bs, width).index_copy_(1, slots, rows.transpose(0, 1))
 
-    def forward(self, q, k, v, k_cache, v_cache, meta):
+    def forward(self, q, k, v, k_cache, v_cache, meta, window=None):
         if self.kernel is not None:  # the kernel's layout: it reads the cache in place
             self.kernel.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             aux = meta.aux
             return self.kernel.attention(
-                q, k_cache, v_cache, meta.block_tables, aux["qstart"], aux["seq_lens"], self.scale
-            )
+                q, k_cache, v_cache, meta.block_tables, aux["qstart"], aux["seq_lens"], self.scale,
+                window=window,
+            )  # fmt: skip
         self.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         hkv, _, bs, width = k_cache.shape
         out = torch.empty_like(q)
-        for bk in meta.aux["buckets"]:
+        for bk in self._buckets(meta, window):
             b, nblk = bk.blocks.shape
             flat = bk.blocks.reshape(-1)
             kb = k_cache.index_select(1, flat).view(hkv, b, nblk * bs, width)
@@ -242,7 +272,10 @@ class TorchAttentionBackend(AttentionBackend):
             r1, n = min(r0 + step, qp), int(bk.key_len[i])
             rows = qs[:, :, r0:r1].reshape(hkv, b, (r1 - r0) * g, d)
             s = torch.matmul(rows, k[:, :, :n].transpose(-1, -2))
-            s = s.view(hkv, b, r1 - r0, g, n).float().add_(bk.mask[:, r0:r1, :, :n])
+            s = s.view(hkv, b, r1 - r0, g, n).float()
+            if self.softcap is not None:  # as Hugging Face's eager attention: before the mask
+                s = torch.tanh(s.div_(self.softcap)).mul_(self.softcap)
+            s = s.add_(bk.mask[:, r0:r1, :, :n])
             p = torch.softmax(s, dim=-1).to(k.dtype).view(hkv, b, (r1 - r0) * g, n)
             o = _p_times_v(p, v[:, :, :n]).view(hkv, b, r1 - r0, g, d)
             out[:, r0:r1] = o.permute(1, 2, 0, 3, 4)

@@ -25,8 +25,13 @@ class TritonAttentionBackend(AttentionBackend):
         head_dim: int,
         scale: float,
         batch_invariant: bool = False,
+        *,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
-        super().__init__(num_heads, num_kv_heads, head_dim, scale)
+        super().__init__(
+            num_heads, num_kv_heads, head_dim, scale, sliding_window=sliding_window, softcap=softcap
+        )
         self.batch_invariant = batch_invariant
         # Imported here so that choosing the torch backend never needs Triton installed.
         from pagoda.kernels import paged_attention, write_kv_cache
@@ -42,8 +47,10 @@ class TritonAttentionBackend(AttentionBackend):
         k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
+        window: int | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
-        """Store k/v at ``meta.slot_mapping`` (-1 skipped), then attend causally over the cache."""
+        """Store k/v at ``meta.slot_mapping`` (-1 skipped), then attend causally over the cache
+        (over the last ``window`` keys of each query when given: the kernels read only those)."""
         self._write_kv_cache(
             k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=meta.slot_mapping
         )
@@ -61,4 +68,6 @@ class TritonAttentionBackend(AttentionBackend):
             out=out,
             num_decodes=meta.num_decodes,
             batch_invariant=self.batch_invariant,
+            sliding_window=window,
+            softcap=self.softcap,
         )

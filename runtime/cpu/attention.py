@@ -53,7 +53,7 @@ class CpuKernel:
         lib = ctypes.CDLL(str(path))
         p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
         lib.pagoda_attention.argtypes = (
-            [i32, p, p, p, p, p, i64, p, p] + [i32] * 7 + [f32, i64, i32]
+            [i32, p, p, p, p, p, i64, p, p] + [i32] * 7 + [f32, i64, i32, i32]
         )
         lib.pagoda_write_kv.argtypes = [i32, p, p, p, p, p] + [i32] * 6
         lib.pagoda_attention.restype = lib.pagoda_write_kv.restype = i32
@@ -79,12 +79,15 @@ class CpuKernel:
             raise ValueError(f"CPU KV write: unsupported shape (head_dim {d}, block {bs})")
 
     def attention(
-        self, q, k_cache, v_cache, block_tables, qstart, seq_lens, scale, wave: int = WAVE
-    ) -> torch.Tensor:
+        self, q, k_cache, v_cache, block_tables, qstart, seq_lens, scale, wave: int = WAVE,
+        window: int | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         """Causal paged attention for every row of ``q [T, H, D]``; returns ``[T, H, D]``.
 
         ``qstart`` (B + 1) and ``seq_lens`` (B) are int32 CPU tensors built from host lists;
-        ``wave`` bounds the float32 scores held at once (tiles are attended in waves)."""
+        ``wave`` bounds the float32 scores held at once (tiles are attended in waves);
+        ``window``: a sliding window of that many keys (the query's own included), whose
+        blocks alone are read."""
         t, h, d = q.shape
         kind, hkv, nb, bs, _ = geometry(k_cache, v_cache)
         dtype = q.dtype
@@ -112,6 +115,7 @@ class CpuKernel:
             float(scale),
             wave,
             torch.get_num_threads(),  # the pool's size
+            int(window or 0),
         )
         if rc == 1:
             raise ValueError(f"CPU attention kernel: unsupported shape (head_dim {d}, block {bs})")

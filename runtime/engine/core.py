@@ -59,6 +59,7 @@ class EngineCore:
         self.model_name = loaded.name
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
+        self.sampling_defaults = dict(loaded.sampling_defaults)  # generation_config.json's
         limit = config.scheduler.max_model_len or loaded.config.max_position_embeddings
         self.runner = ModelRunner(config, loaded, limit)
         del loaded  # the checkpoint's tensors (unless the caller holds them) are garbage now
@@ -112,6 +113,10 @@ class EngineCore:
         vocab = self.model_config.vocab_size
         if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if params.structured_outputs is not None:  # offline: compiled here (server: before)
+            from pagoda.runtime.structured.compiler import compiler_for
+
+            compiler_for(self.tokenizer, vocab).compile(params.structured_outputs)
 
     def add_request(
         self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
@@ -196,6 +201,11 @@ class EngineCore:
                 clock.mark("schedule")
             launched = self.runner.execute_model(out)
             self.scheduler.update_after_step(out)
+            if launched.deferred is not None:  # constrained rows: their masks need step N
+                if prev is not None:
+                    outputs += self._finish(prev)
+                    prev = None
+                self.runner.sample_deferred(launched)
             for req in launched.requests:
                 req.num_pending += 1
             self._inflight = launched if launched.requests else None

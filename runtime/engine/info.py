@@ -7,8 +7,8 @@ place before they are queued.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pagoda.runtime.sampling.params import ParamError, SamplingParams
@@ -21,6 +21,8 @@ class EngineInfo:
     vocab_size: int  # valid token ids are [0, vocab_size)
     tokenizer: Any  # runtime.model.tokenizer.Tokenizer (thread-safe for encode/decode)
     max_token_bytes: int = 64  # longest vocabulary entry in UTF-8 bytes: text per token bound
+    # the model's generation_config.json sampling fields: defaults for what a request leaves out
+    sampling_defaults: Mapping[str, float | int] = field(default_factory=dict)
 
     @classmethod
     def from_core(cls, core: Any) -> EngineInfo:
@@ -31,6 +33,7 @@ class EngineInfo:
             vocab_size=core.model_config.vocab_size,
             tokenizer=core.tokenizer,
             max_token_bytes=_max_token_bytes(core.tokenizer, core.model_config.vocab_size),
+            sampling_defaults=dict(getattr(core, "sampling_defaults", {})),
         )
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:

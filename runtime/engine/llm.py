@@ -29,6 +29,11 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` uses without params: the model's generation_config.json sampling
+        fields over `SamplingParams`' defaults (as vLLM's LLM)."""
+        return SamplingParams(**self.engine.sampling_defaults)
+
     def _to_ids(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt)
@@ -54,7 +59,7 @@ class LLM:
         ):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)  # type: ignore[arg-type]
-        params = params or SamplingParams()
+        params = params or self.get_default_sampling_params()
         plist = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError("params must be one SamplingParams or one per prompt")

@@ -1,9 +1,13 @@
 """GGUF → (ModelConfig, HF-named float tensors, Tokenizer) through the `gguf` package.
 
-Quantized tensors (Q4_0, Q4_1, Q8_0, ...) are dequantized to float32 when the model builder reads
-them (`GGUFWeights`), one at a time from the memory-mapped file. llama.cpp stores the
-Q and K projections of Llama models permuted for its interleaved rotary; we undo that so one
-rotate-half rotary (Hugging Face layout) serves every loader.
+Architectures as llama.cpp names them: llama (Mixtral too, with experts), mistral, qwen2, qwen3,
+qwen3moe, gemma3. Quantized tensors (Q4_0, Q4_1, Q8_0, ...) are dequantized to float32 when the
+model builder reads them (`GGUFWeights`), one at a time from the memory-mapped file. llama.cpp
+stores the Q and K projections of Llama models permuted for its interleaved rotary; we undo that
+so one rotate-half rotary (Hugging Face layout) serves every loader. Mixture-of-experts tensors
+(`ffn_*_exps`, [E, N, K]) keep their stacked shape under `...experts.{gate,up,down}.weight`
+names (`moe.py` slices them, blocks included). Gemma's norms are stored as 1 + w
+(`FamilyConfig.norms_hold_one_plus_w`).
 """
 
 from __future__ import annotations
@@ -14,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.cpu.quantized import QuantizedWeight, from_gguf, readable
-from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer
+from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer, build_gemma_tokenizer
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3")
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -26,10 +30,30 @@ _LAYER_NAMES = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+_GEMMA3_NAMES = {  # Gemma 3's four norms a layer; the rest as above
+    **_LAYER_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_MOE_NAMES = {  # llama.cpp's expert tensors -> (router | stacked experts) under the MoE block
+    "ffn_gate_inp": "gate",
+    "ffn_gate_exps": "experts.{gate}",
+    "ffn_up_exps": "experts.{up}",
+    "ffn_down_exps": "experts.{down}",
+}
+_MOE_BLOCKS = {  # architecture -> (block prefix, expert weight names) as the models read them
+    "mixtral": ("block_sparse_moe.", {"gate": "w1", "up": "w3", "down": "w2"}),
+    "qwen3moe": ("mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
+}
+GEMMA3_SWA_PATTERN = 6  # llama.cpp's: every sixth layer is global
+GEMMA3_LOCAL_THETA = 10_000.0
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -51,22 +75,76 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _hf_name(name: str) -> str | None:
+def _hf_name(name: str, architecture: str = "llama") -> str | None:
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     m = _BLOCK.match(name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    if not m:
+        return None
+    layer, part, kind = m.groups()
+    names = _GEMMA3_NAMES if architecture == "gemma3" else _LAYER_NAMES
+    if part in names:
+        return f"model.layers.{layer}.{names[part]}.{kind}"
+    if part in _MOE_NAMES and architecture in _MOE_BLOCKS:
+        block, experts = _MOE_BLOCKS[architecture]
+        return f"model.layers.{layer}.{block}{_MOE_NAMES[part].format(**experts)}.{kind}"
     return None
 
 
-def read_config(reader) -> ModelConfig:
-    arch = _field(reader, "general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise ValueError(
-            f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
+def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads: int, hidden: int):
+    """`FamilyConfig` from llama.cpp's keys, with llama.cpp's built-in values where a family has
+    none in the file (Gemma 3's layer pattern, local rotary base and query scale)."""
+    p = f"{gguf_arch}."
+    fields: dict = {"qk_norm": arch in ("qwen3", "qwen3moe", "gemma3")}
+    window = _field(reader, p + "attention.sliding_window")
+    if arch in ("gemma3", "mistral", "mixtral") and window:
+        fields["sliding_window"] = int(window)
+    if arch == "gemma3":
+        pattern = _field(reader, p + "attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)
+        if isinstance(pattern, list):  # a flag per layer
+            fields["window_layers"] = tuple(bool(x) for x in pattern)
+        else:
+            fields["window_layers"] = tuple(bool((i + 1) % int(pattern)) for i in range(layers))
+        # llama.cpp: 27B (62 layers) scales by hidden / heads, the others by the head size
+        scalar = hidden // heads if layers == 62 else head_dim
+        cap = _field(reader, p + "final_logit_softcapping")
+        fields.update(
+            gemma_norms=True,
+            norms_hold_one_plus_w=True,
+            hidden_act="gelu_tanh",
+            local_rope_theta=float(_field(reader, p + "rope.freq_base_swa", GEMMA3_LOCAL_THETA)),
+            query_pre_attn_scalar=float(scalar),
+            final_logit_softcapping=float(cap) if cap else None,
         )
-    p = f"{arch}."
+    experts = int(_field(reader, p + "expert_count", 0) or 0)
+    if experts:
+        names = {t.name for t in reader.tensors}
+        fields.update(
+            num_experts=experts,
+            num_experts_per_tok=int(_field(reader, p + "expert_used_count")),
+            moe_intermediate_size=int(
+                _field(reader, p + "expert_feed_forward_length", 0)
+                or _field(reader, p + "feed_forward_length")
+            ),
+            # llama.cpp renormalises the top-k weights of both (Qwen3-MoE's releases do too)
+            norm_topk_prob=bool(_field(reader, p + "expert_weights_norm", True)),
+            moe_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in names for i in range(layers)),
+        )
+        if arch == "qwen3moe":
+            fields["round_topk_to_model_dtype"] = True
+    return FamilyConfig(**fields)
+
+
+def read_config(reader) -> ModelConfig:
+    gguf_arch = _field(reader, "general.architecture")
+    if gguf_arch not in SUPPORTED_ARCHS:
+        raise ValueError(
+            f"unsupported GGUF architecture {gguf_arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
+        )
+    p = f"{gguf_arch}."
+    arch = gguf_arch
+    if arch == "llama" and _field(reader, p + "expert_count", 0):
+        arch = "mixtral"  # llama.cpp stores Mixtral as llama with experts
     hidden = int(_field(reader, p + "embedding_length"))
     heads = int(_field(reader, p + "attention.head_count"))
     kv_heads = int(_field(reader, p + "attention.head_count_kv", heads))
@@ -89,11 +167,12 @@ def read_config(reader) -> ModelConfig:
         eos.append(int(eot))
     names = {t.name for t in reader.tensors}
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    layers = int(_field(reader, p + "block_count"))
     return ModelConfig(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=int(_field(reader, p + "feed_forward_length")),
-        num_layers=int(_field(reader, p + "block_count")),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
@@ -106,27 +185,33 @@ def read_config(reader) -> ModelConfig:
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=tuple(e for e in eos if e >= 0),
         architecture=arch,
+        family=_family(reader, gguf_arch, arch, layers, head_dim, heads, hidden),
     )
 
 
 def read_tokenizer(reader, config: ModelConfig) -> Tokenizer:
     model = _field(reader, "tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ValueError(
-            f"unsupported GGUF tokenizer {model!r}: only byte-level BPE ('gpt2') is supported"
-        )
-    hf_tok = build_bpe_tokenizer(
+    tokens, types = (
         _field(reader, "tokenizer.ggml.tokens"),
-        _field(reader, "tokenizer.ggml.merges", []),
         _field(reader, "tokenizer.ggml.token_type"),
-        _field(reader, "tokenizer.ggml.pre"),
     )
+    if model == "llama" and config.architecture == "gemma3":  # SentencePiece, Gemma's variant
+        hf_tok = build_gemma_tokenizer(tokens, types)
+    elif model == "gpt2":
+        merges = _field(reader, "tokenizer.ggml.merges", [])
+        hf_tok = build_bpe_tokenizer(tokens, merges, types, _field(reader, "tokenizer.ggml.pre"))
+    else:
+        raise ValueError(
+            f"unsupported GGUF tokenizer {model!r}: byte-level BPE ('gpt2') is read, and "
+            "SentencePiece ('llama') for gemma3"
+        )
     return Tokenizer(
         hf_tok,
         chat_template=_field(reader, "tokenizer.chat_template"),
         bos_token_id=config.bos_token_id,
         eos_token_ids=config.eos_token_ids,
-        add_bos_token=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+        # llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise
+        add_bos_token=bool(_field(reader, "tokenizer.ggml.add_bos_token", model == "llama")),
     )
 
 
@@ -176,7 +261,7 @@ class GGUFWeights(_ByName):
 
     def __init__(self, reader, config: ModelConfig) -> None:
         self._config = config  # the tensors' arrays view the reader's memory map, keeping it
-        named = ((_hf_name(t.name), t) for t in reader.tensors)
+        named = ((_hf_name(t.name, config.architecture), t) for t in reader.tensors)
         self._tensors = {name: t for name, t in named if name is not None}  # not e.g. rope_freqs
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -205,13 +290,13 @@ class GGUFBlocks(_ByName):
             name: t
             for name, t in tensors.items()
             if name.endswith(".weight")
-            and len(_shape(t)) == 2
-            and readable(t.tensor_type.name, _shape(t)[1])
+            and len(_shape(t)) in (2, 3)  # 3: stacked experts, their rows one after another
+            and readable(t.tensor_type.name, _shape(t)[-1])
         }
 
     def __getitem__(self, name: str) -> QuantizedWeight:
         t = self._tensors[name]
-        blocks = from_gguf(t.tensor_type.name, t.data, _shape(t)[1])
+        blocks = from_gguf(t.tensor_type.name, t.data, _shape(t)[-1])  # experts: E * N rows
         heads = _permuted_heads(self._config, name)
         if heads:
             blocks = QuantizedWeight(
@@ -237,7 +322,7 @@ def load_gguf(
 
 def _permuted_heads(config: ModelConfig, name: str) -> int:
     """Heads whose rows llama.cpp interleaved in this tensor (0: not permuted)."""
-    if config.architecture != "llama":
+    if config.architecture not in ("llama", "mixtral"):  # both "llama" in the file
         return 0
     if name.endswith(("q_proj.weight", "q_proj.bias")):
         return config.num_heads

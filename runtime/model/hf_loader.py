@@ -1,24 +1,65 @@
-"""Hugging Face model directory → (ModelConfig, tensors, Tokenizer) for Llama/Mistral/Qwen2."""
+"""Hugging Face model directory → (ModelConfig, tensors, Tokenizer, sampling defaults).
+
+Reads `config.json` (for Gemma 3's multimodal checkpoints, its `text_config`), the safetensors
+weights (`safetensors_weights`: one file or shards named by `model.safetensors.index.json`, read
+lazily), `tokenizer.json` with the chat template of `tokenizer_config.json` or
+`chat_template.jinja`, and `generation_config.json` (EOS ids, sampling defaults).
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-import torch
-from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.config import FamilyConfig, ModelConfig
+from pagoda.runtime.model.safetensors_weights import SafetensorsWeights
 from pagoda.runtime.model.tokenizer import Tokenizer
 from tokenizers import Tokenizer as HFTokenizer
 
-SUPPORTED = {
+# `architectures` in config.json -> `ModelConfig.architecture`
+HF_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",  # its text model; the vision tower is not read
+    "MixtralForCausalLM": "mixtral",
+    "Qwen3MoeForCausalLM": "qwen3moe",
 }
+SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
+# What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
+# sparse in the published multimodal checkpoints).
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3": {
+        "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
+        "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "head_dim": 256, "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10_000.0, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+        "max_position_embeddings": 131_072, "tie_word_embeddings": True,
+        "hidden_activation": "gelu_pytorch_tanh", "bos_token_id": 2, "eos_token_id": 1,
+    },
+    "qwen3moe": {"num_experts_per_tok": 8, "norm_topk_prob": False},  # 128 experts (below)
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
+}  # fmt: skip
+# generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
+SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+_ACTIVATIONS.update({"gelu_tanh": "gelu_tanh", "gelu_python_tanh": "gelu_tanh"})
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path.name} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{path.name} must hold a JSON object")
+    return data
 
 
 def _as_ids(value) -> tuple[int, ...]:
@@ -27,27 +68,119 @@ def _as_ids(value) -> tuple[int, ...]:
     return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
 
 
-def read_config(model_dir: Path) -> ModelConfig:
-    cfg = _read_json(model_dir / "config.json")
-    if not cfg:
-        raise ValueError(f"{model_dir} has no config.json")
+def architecture(cfg: Mapping[str, Any]) -> str:
+    """`ModelConfig.architecture` of a config.json, or ValueError naming what is supported."""
     archs = cfg.get("architectures") or []
-    arch = next((SUPPORTED[a] for a in archs if a in SUPPORTED), None)
+    arch = next((HF_ARCHITECTURES[a] for a in archs if a in HF_ARCHITECTURES), None)
     if arch is None:
-        raise ValueError(f"unsupported architecture {archs}; supported: {', '.join(SUPPORTED)}")
+        found = ", ".join(archs) if archs else "none named in config.json"
+        raise ValueError(
+            f"unsupported architecture ({found}); supported: {', '.join(HF_ARCHITECTURES)}"
+        )
+    return arch
+
+
+def _rope(cfg: Mapping[str, Any], kind: str | None) -> tuple[float, dict | None]:
+    """(theta, rope_scaling) from transformers 5's `rope_parameters` (keyed by layer kind for
+    Gemma 3) or the older `rope_theta` / `rope_scaling`."""
+    params = cfg.get("rope_parameters") or {}
+    if kind is not None and isinstance(params.get(kind), dict):
+        params = params[kind]
+    theta = params.get("rope_theta") or cfg.get("rope_theta") or 10000.0
+    scaling = cfg.get("rope_scaling")
+    if params.get("rope_type", "default") != "default":
+        scaling = params
+    return float(theta), scaling
+
+
+def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None):
+    if window is None:
+        return ()
+    types = cfg.get("layer_types")
+    if types:
+        if len(types) != n:
+            raise ValueError(f"layer_types names {len(types)} layers, the model has {n}")
+        return tuple(t == "sliding_attention" for t in types)
+    if arch == "gemma3":  # the older configs: every `sliding_window_pattern`-th layer is global
+        pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
+        return tuple(bool((i + 1) % pattern) for i in range(n))
+    if arch in ("qwen2", "qwen3", "qwen3moe"):  # layers from max_window_layers on slide
+        first = int(cfg.get("max_window_layers", 0))
+        return tuple(i >= first for i in range(n))
+    return ()  # Mistral, Mixtral: every layer
+
+
+def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
+    window = cfg.get("sliding_window")
+    if arch in ("qwen2", "qwen3", "qwen3moe") and not cfg.get("use_sliding_window", False):
+        return None  # Qwen configs carry a window they do not use unless told to
+    if arch not in ("mistral", "mixtral", "gemma3", "qwen2", "qwen3", "qwen3moe"):
+        return None
+    return int(window) if window else None
+
+
+def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
+    window = _sliding_window(cfg, arch)
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+    if act not in _ACTIVATIONS:
+        raise ValueError(f"unsupported hidden activation {act!r}")
+    fields: dict[str, Any] = {
+        "sliding_window": window,
+        "window_layers": _window_layers(cfg, arch, n, window),
+        "hidden_act": _ACTIVATIONS[act],
+    }
+    if arch in ("qwen3", "qwen3moe", "gemma3"):
+        fields["qk_norm"] = True
+    if arch == "gemma3":
+        local = cfg.get("rope_local_base_freq") or _rope(cfg, "sliding_attention")[0]
+        fields.update(
+            gemma_norms=True,
+            local_rope_theta=float(local),
+            query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]),
+            # attn_logit_softcapping is in Gemma 3's config (inherited from Gemma 2's) but its
+            # attention never applies it, in transformers as in llama.cpp: neither do we
+            final_logit_softcapping=cfg.get("final_logit_softcapping"),
+        )
+    if arch == "mixtral":
+        fields.update(
+            num_experts=int(cfg["num_local_experts"]),
+            num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+            moe_intermediate_size=int(cfg["intermediate_size"]),
+        )
+    if arch == "qwen3moe":
+        # the hub's configs say num_experts; transformers 5 writes num_local_experts
+        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 128)
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        dense = set(cfg.get("mlp_only_layers") or [])
+        fields.update(
+            num_experts=experts,
+            num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+            moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+            round_topk_to_model_dtype=True,
+            moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n)),
+        )
+    return FamilyConfig(**fields)
+
+
+def read_config(model_dir: Path) -> ModelConfig:
+    top = _read_json(model_dir / "config.json")
+    if not top:
+        raise ValueError(f"{model_dir} has no config.json")
+    arch = architecture(top)
+    cfg = top.get("text_config") or top  # Gemma3ForConditionalGeneration: the text model
+    cfg = {**_DEFAULTS.get(arch, {}), **{k: v for k, v in cfg.items() if v is not None}}
     gen = _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
-    rope = cfg.get("rope_parameters") or {}
-    rope_theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
-    scaling = cfg.get("rope_scaling")
-    if scaling is None and rope.get("rope_type", "default") != "default":
-        scaling = rope
+    layers = int(cfg["num_hidden_layers"])
+    rope_theta, scaling = _rope(cfg, "full_attention" if arch == "gemma3" else None)
     eos = _as_ids(gen.get("eos_token_id")) or _as_ids(cfg.get("eos_token_id"))
+    eos = eos or _as_ids(top.get("eos_token_id"))
     return ModelConfig(
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=int(cfg["hidden_size"]),
         intermediate_size=int(cfg["intermediate_size"]),
-        num_layers=int(cfg["num_hidden_layers"]),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
@@ -55,24 +188,31 @@ def read_config(model_dir: Path) -> ModelConfig:
         rope_theta=rope_theta,
         rope_scaling=scaling,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", top.get("tie_word_embeddings"))),
         attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
-        bos_token_id=cfg.get("bos_token_id"),
+        bos_token_id=cfg.get("bos_token_id", top.get("bos_token_id")),
         eos_token_ids=eos,
         architecture=arch,
+        family=_family(cfg, arch, layers),
     )
 
 
-def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+def read_sampling_defaults(model_dir: Path) -> dict[str, float | int]:
+    """generation_config.json's sampling fields (`SAMPLING_DEFAULTS`) that are set, for the
+    requests that leave them out (as vLLM's `generation_config="auto"`)."""
+    gen = _read_json(model_dir / "generation_config.json")
+    out: dict[str, float | int] = {}
+    for key in SAMPLING_DEFAULTS:
+        value = gen.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = int(value) if key == "top_k" else float(value)
+    if out.get("top_k") == 0:  # transformers' "off"
+        out["top_k"] = -1
+    return out
 
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{model_dir} has no *.safetensors files")
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
-        weights.update(load_file(str(f)))
-    return weights
+
+def read_weights(model_dir: Path) -> SafetensorsWeights:
+    return SafetensorsWeights.open(model_dir)
 
 
 def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
@@ -80,22 +220,35 @@ def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
     if not path.exists():
         raise ValueError(f"{model_dir} has no tokenizer.json")
     tcfg = _read_json(model_dir / "tokenizer_config.json")
-    template = tcfg.get("chat_template")
-    jinja = model_dir / "chat_template.jinja"
-    if template is None and jinja.exists():
-        template = jinja.read_text()
+    jinja = model_dir / "chat_template.jinja"  # takes priority, as in transformers
+    template = jinja.read_text() if jinja.exists() else tcfg.get("chat_template")
     if isinstance(template, list):  # named templates: take "default"
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    hf_tok = HFTokenizer.from_file(str(path))
     return Tokenizer(
-        HFTokenizer.from_file(str(path)),
+        hf_tok,
         chat_template=template,
         bos_token_id=config.bos_token_id,
         eos_token_ids=config.eos_token_ids,
-        add_bos_token=bool(tcfg.get("add_bos_token", False)),
+        add_bos_token=_adds_bos(hf_tok, config.bos_token_id, tcfg),
     )
 
 
-def load_hf_dir(model_dir: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+def _adds_bos(tok: HFTokenizer, bos: int | None, tcfg: Mapping[str, Any]) -> bool:
+    """Whether a prompt's text gets BOS first: what tokenizer.json's post-processor does (Llama
+    3, Gemma), as transformers 5 decides with a tokenizer.json; else tokenizer_config.json's
+    add_bos_token."""
+    if bos is not None and tok.post_processor is not None:
+        with_special = tok.encode("a", add_special_tokens=True).ids
+        if len(with_special) > len(tok.encode("a", add_special_tokens=False).ids):
+            return with_special[0] == bos
+    return bool(tcfg.get("add_bos_token", False))
+
+
+def load_hf_dir(
+    model_dir: str | Path,
+) -> tuple[ModelConfig, SafetensorsWeights, Tokenizer, dict[str, float | int]]:
     model_dir = Path(model_dir)
     config = read_config(model_dir)
-    return config, read_weights(model_dir), read_tokenizer(model_dir, config)
+    weights = read_weights(model_dir)
+    return config, weights, read_tokenizer(model_dir, config), read_sampling_defaults(model_dir)

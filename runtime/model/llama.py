@@ -3,13 +3,19 @@
 Weights are packed at load time: q/k/v into one matrix and gate/up into one, so a layer is four
 matmuls. Logits are computed only for the rows the caller asks for (the last token of each
 sequence that samples), which saves the vocabulary projection on every prefill token.
+
+The other families subclass the two classes here and change only what differs (named in
+`ModelConfig.family`): `qwen3` adds per-head q/k norms, `gemma3` its norms, GeGLU and scales,
+`moe` swaps the MLP for a mixture of experts (`make_mlp`). Llama, Mistral (with its sliding window) and
+Qwen2 are this file as it stands.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +47,7 @@ def _lookup_table(
     return embed if kernel is None else kernel.bind(blocks, None)
 
 
-class _DeviceWeights:
+class DeviceWeights:
     """Checkpoint tensors moved to the device one at a time, as the layers are built, so the
     peak is the model plus one layer's temporaries rather than two copies of every weight."""
 
@@ -52,47 +58,149 @@ class _DeviceWeights:
         dtype: torch.dtype,
         quantized: Mapping[str, QuantizedWeight],
     ) -> None:
-        self._w, self._device, self._dtype = weights, device, dtype
+        self._w, self.device, self.dtype = weights, device, dtype
         # stored blocks serve only float32 on the CPU: there `qgemm` computes the same weights
         on_cpu_f32 = device.type == "cpu" and dtype == torch.float32
         self._q = quantized if on_cpu_f32 else {}
 
+    def __contains__(self, name: str) -> bool:
+        return name in self._w
+
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._w:
             raise ValueError(f"checkpoint is missing tensor {name!r}")
-        return self._w[name].to(device=self._device, dtype=self._dtype)
+        return self._w[name].to(device=self.device, dtype=self.dtype)
 
     def cat(self, names: list[str]) -> torch.Tensor:
         return torch.cat([self[n] for n in names])
+
+    def biases(self, weight_names: list[str]) -> torch.Tensor | None:
+        """The biases of these matrices, concatenated, where the checkpoint has them (all or
+        none: q/k/v of Qwen2, a Llama's with attention_bias or mlp_bias)."""
+        names = [n[: -len("weight")] + "bias" for n in weight_names]
+        if not any(n in self._w for n in names):
+            return None
+        return self.cat(names)  # a missing one is reported by name
 
     def quantized(self, names: list[str]) -> list[QuantizedWeight] | None:
         """The rows of `names` as stored blocks, if all of them have some (see `quantized`)."""
         return stack([self._q.get(n) for n in names])
 
 
-class LlamaLayer:
-    __slots__ = ("attn_norm", "down", "gate_up", "mlp_norm", "o_proj", "qkv")
+@dataclass(frozen=True)
+class LayerContext:
+    """What every layer of one model shares: its ops, attention backend and shapes."""
+
+    ops: Ops
+    backend: AttentionBackend
+    rms_norm: Callable[..., Any]  # `ops.rms_norm`, or Gemma's (1 + w) variant
+    act_and_mul: Callable[..., Any]  # the gated MLP's activation (`ops.silu_and_mul`, GeGLU)
+    linear: Callable[..., Linear]
+    eps: float
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    batch_invariant: bool = False  # the engine's --batch-invariant (the fused-MoE kernel's too)
+
+    @property
+    def qkv_sizes(self) -> list[int]:
+        kv = self.num_kv_heads * self.head_dim
+        return [self.num_heads * self.head_dim, kv, kv]
+
+
+@dataclass
+class Step:
+    """What every layer of one forward reads besides its input."""
+
+    meta: AttentionMetadata
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    # per rotary table ("global", "local"): (positions, cache), or (None, this step's rows)
+    rope: dict[str, tuple[torch.Tensor | None, torch.Tensor]]
+
+
+class GatedMLP:
+    """down(act(gate(x)) * up(x)), gate and up in one matmul."""
+
+    __slots__ = ("act_and_mul", "down", "gate_up")
 
     def __init__(
-        self, w: _DeviceWeights, prefix: str, bias: bool, linear: Callable[..., Linear]
+        self,
+        ctx: LayerContext,
+        w: DeviceWeights,
+        prefix: str,
+        names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
     ) -> None:
-        a = prefix + "self_attn."
-        self.attn_norm = w[prefix + "input_layernorm.weight"]
-        self.mlp_norm = w[prefix + "post_attention_layernorm.weight"]
+        gate_up = [f"{prefix}{names[0]}.weight", f"{prefix}{names[1]}.weight"]
+        down = [f"{prefix}{names[2]}.weight"]
+        self.gate_up = ctx.linear(w.cat(gate_up), w.biases(gate_up), quantized=w.quantized(gate_up))
+        self.down = ctx.linear(w[down[0]], w.biases(down), quantized=w.quantized(down))
+        self.act_and_mul = ctx.act_and_mul
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act_and_mul(x=self.gate_up(x)))
+
+    def linears(self) -> list[Linear]:
+        return [self.gate_up, self.down]
+
+
+class LlamaLayer:
+    """x + attention(norm(x)), then + mlp(norm(x)); the residual adds are fused into the norms
+    (`__call__` hands back the MLP's output and the residual it is still to be added to)."""
+
+    def __init__(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        c, a = model.config, prefix + "self_attn."
+        self.ctx, self.index = ctx, index
+        self.attn_norm = model.norm_weight(w[prefix + "input_layernorm.weight"])
+        self.mlp_norm = model.norm_weight(w[prefix + "post_attention_layernorm.weight"])
         qkv = [f"{a}{n}.weight" for n in ("q_proj", "k_proj", "v_proj")]
-        bias_t = torch.cat([w[n[: -len("weight")] + "bias"] for n in qkv]) if bias else None
-        self.qkv = linear(w.cat(qkv), bias_t, quantized=w.quantized(qkv))
-        self.o_proj = linear(w[a + "o_proj.weight"], quantized=w.quantized([a + "o_proj.weight"]))
-        m = prefix + "mlp."
-        gate_up = [m + "gate_proj.weight", m + "up_proj.weight"]
-        self.gate_up = linear(w.cat(gate_up), quantized=w.quantized(gate_up))
-        self.down = linear(
-            w[m + "down_proj.weight"], quantized=w.quantized([m + "down_proj.weight"])
-        )
+        self.qkv = ctx.linear(w.cat(qkv), w.biases(qkv), quantized=w.quantized(qkv))
+        o = [a + "o_proj.weight"]
+        self.o_proj = ctx.linear(w[o[0]], w.biases(o), quantized=w.quantized(o))
+        self.window = c.family.window(index)  # this layer's sliding window, or None
+        self.rope = model.rope_table(index)
+        self.mlp = model.make_mlp(w, prefix, index, ctx)
+
+    def linears(self) -> list[Linear]:
+        return [self.qkv, self.o_proj, *self.mlp.linears()]
+
+    def __call__(
+        self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        norm, eps = self.ctx.rms_norm, self.ctx.eps
+        if residual is None:
+            residual = h
+            x = norm(x=h, weight=self.attn_norm, eps=eps)
+        else:
+            x, residual = norm(x=h, weight=self.attn_norm, eps=eps, residual=residual)
+        h = self.attention(x, step)
+        x, residual = norm(x=h, weight=self.mlp_norm, eps=eps, residual=residual)
+        return self.mlp(x), residual
+
+    def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        ctx = self.ctx
+        t, d = x.shape[0], ctx.head_dim
+        q, k, v = self.qkv(x).split(ctx.qkv_sizes, dim=-1)
+        q = q.reshape(t, ctx.num_heads, d)
+        k = k.reshape(t, ctx.num_kv_heads, d)
+        v = v.reshape(t, ctx.num_kv_heads, d)
+        q, k = self.before_rotary(q, k)
+        positions, rows = step.rope[self.rope]
+        q, k = ctx.ops.rotary_embedding(positions=positions, q=q, k=k, cos_sin_cache=rows)
+        k_cache, v_cache = step.kv_caches[self.index]
+        out = ctx.backend.forward(q, k, v, k_cache, v_cache, step.meta, window=self.window)
+        return self.o_proj(out.reshape(t, ctx.num_heads * d))
+
+    def before_rotary(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a family does to q [T, H, D] and k [T, Hkv, D] before rotary: nothing here."""
+        return q, k
 
 
 class LlamaModel:
     """Inference-only forward; every tensor lives on one device in one dtype."""
+
+    layer_class: type[LlamaLayer] = LlamaLayer
 
     def __init__(
         self,
@@ -110,29 +218,88 @@ class LlamaModel:
         self.config = config
         self.dtype, self.device = dtype, device
         self.backend, self.ops = backend, ops
-        w = _DeviceWeights(weights, device, dtype, quantized or {})
+        w = DeviceWeights(weights, device, dtype, quantized or {})
+        self.batch_invariant = batch_invariant
         linear = functools.partial(Linear, invariant=batch_invariant)
+        ctx = self.layer_context(linear)
+        self.rms_norm = ctx.rms_norm
         embed = w[EMBED]
-        self.norm = w["model.norm.weight"]
-        head = EMBED if config.tie_word_embeddings else "lm_head.weight"
-        head_weight = embed if config.tie_word_embeddings else w[head]
-        self.lm_head = linear(head_weight, quantized=w.quantized([head]))
+        self.norm = self.norm_weight(w["model.norm.weight"])
+        tied = config.tie_word_embeddings or "lm_head.weight" not in w
+        head = EMBED if tied else "lm_head.weight"
+        head_weight = embed if tied else w[head]
+        self.lm_head = linear(head_weight, quantized=self.head_blocks(w, head))
         self.vocab_size = head_weight.shape[0]  # the logits' width
         self.embed = _lookup_table(embed, w.quantized([EMBED]), self.lm_head, head == EMBED)
+        self.rope_caches = self.build_rope_caches(max_positions)
         self.layers = [
-            LlamaLayer(w, f"model.layers.{i}.", config.attention_bias, linear)
+            self.layer_class(self, w, f"model.layers.{i}.", i, ctx)
             for i in range(config.num_layers)
         ]
-        self.cos_sin_cache = build_cos_sin_cache(
-            config.head_dim, config.rope_theta, config.rope_scaling, max_positions
-        ).to(device)
-        c = config
-        self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+
+    # -- what subclasses change --------------------------------------------------------------
+    def layer_context(self, linear: Callable[..., Linear]) -> LayerContext:
+        c = self.config
+        return LayerContext(
+            ops=self.ops, backend=self.backend, rms_norm=self.ops.rms_norm,
+            act_and_mul=self.ops.silu_and_mul, linear=linear, eps=c.rms_norm_eps,
+            num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+            batch_invariant=self.batch_invariant,
+        )  # fmt: skip
+
+    def norm_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """A norm's weight as `rms_norm` takes it."""
+        return weight
+
+    def head_blocks(self, w: DeviceWeights, head: str) -> list[QuantizedWeight] | None:
+        """The LM head's stored blocks, for `qgemm` (float32 CPU models)."""
+        return w.quantized([head])
+
+    def make_mlp(self, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
+        """Layer `index`'s MLP (`moe.py`'s models put experts where the family has them)."""
+        return GatedMLP(ctx, w, prefix + "mlp.")
+
+    def rope_table(self, index: int) -> str:
+        """The rotary table layer `index` reads: "local" for Gemma 3's window layers."""
+        f = self.config.family
+        return "local" if f.local_rope_theta and f.window(index) is not None else "global"
+
+    def build_rope_caches(self, max_positions: int) -> dict[str, torch.Tensor]:
+        c, f = self.config, self.config.family
+        caches = {
+            "global": build_cos_sin_cache(c.head_dim, c.rope_theta, c.rope_scaling, max_positions)
+        }
+        if f.local_rope_theta and f.sliding_window is not None:
+            caches["local"] = build_cos_sin_cache(
+                c.head_dim, f.local_rope_theta, None, max_positions
+            )
+        return {name: cache.to(self.device) for name, cache in caches.items()}
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        e = self.embed
+        return e.rows(input_ids) if isinstance(e, qgemm.QGemmWeight) else F.embedding(input_ids, e)
+
+    def logits(self, x: torch.Tensor, head: HeadSampling | None) -> torch.Tensor:
+        if head is not None:
+            return self.lm_head.sample(x, head.scale, head.u)
+        return self.lm_head(x)  # model dtype: the sampler widens only when it must
+
+    # -----------------------------------------------------------------------------------------
+    @property
+    def cos_sin_cache(self) -> torch.Tensor:
+        return self.rope_caches["global"]
 
     def linears(self) -> list[Linear]:
-        """Every linear layer: four per decoder layer, then the LM head."""
-        names = ("qkv", "o_proj", "gate_up", "down")
-        return [getattr(layer, n) for layer in self.layers for n in names] + [self.lm_head]
+        """Every linear layer, layer by layer (attention, then the MLP's), then the LM head."""
+        return [x for layer in self.layers for x in layer.linears()] + [self.lm_head]
+
+    def _rope_rows(self, positions: torch.Tensor, dtype: torch.dtype) -> dict:
+        if not self.ops.pregather_rotary:
+            return {name: (positions, cache) for name, cache in self.rope_caches.items()}
+        return {
+            name: (None, gather_cos_sin(positions, cache, dtype))
+            for name, cache in self.rope_caches.items()
+        }
 
     @torch.inference_mode()
     def forward(
@@ -146,37 +313,12 @@ class LlamaModel:
     ) -> torch.Tensor:
         """The logits [N, vocab] of the rows `logits_indices`; with `head`, their tokens (int64
         [N]) drawn inside the LM head, which must fuse sampling (`Linear.fuses_sampling`)."""
-        c, ops = self.config, self.ops
-        e = self.embed
-        h = e.rows(input_ids) if isinstance(e, qgemm.QGemmWeight) else F.embedding(input_ids, e)
+        h = self.embed_tokens(input_ids)
+        step = Step(meta, kv_caches, self._rope_rows(positions, h.dtype))
         residual = None
-        T = h.shape[0]
-        rope_pos, rope_cache = positions, self.cos_sin_cache
-        if ops.pregather_rotary:
-            rope_pos, rope_cache = None, gather_cos_sin(positions, self.cos_sin_cache, h.dtype)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            if residual is None:
-                residual = h
-                x = ops.rms_norm(x=h, weight=layer.attn_norm, eps=c.rms_norm_eps)
-            else:
-                x, residual = ops.rms_norm(
-                    x=h, weight=layer.attn_norm, eps=c.rms_norm_eps, residual=residual
-                )
-            qkv = layer.qkv(x)
-            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = q.reshape(T, c.num_heads, c.head_dim)
-            k = k.reshape(T, c.num_kv_heads, c.head_dim)
-            v = v.reshape(T, c.num_kv_heads, c.head_dim)
-            q, k = ops.rotary_embedding(positions=rope_pos, q=q, k=k, cos_sin_cache=rope_cache)
-            attn = self.backend.forward(q, k, v, k_cache, v_cache, meta)
-            h = layer.o_proj(attn.reshape(T, self.q_size))
-            x, residual = ops.rms_norm(
-                x=h, weight=layer.mlp_norm, eps=c.rms_norm_eps, residual=residual
-            )
-            h = layer.down(ops.silu_and_mul(x=layer.gate_up(x)))
+        for layer in self.layers:
+            h, residual = layer(h, residual, step)
         h = h.index_select(0, logits_indices)
         residual = residual.index_select(0, logits_indices)
-        x, _ = ops.rms_norm(x=h, weight=self.norm, eps=c.rms_norm_eps, residual=residual)
-        if head is not None:
-            return self.lm_head.sample(x, head.scale, head.u)
-        return self.lm_head(x)  # model dtype: the sampler widens only when it must
+        x, _ = self.rms_norm(x=h, weight=self.norm, eps=self.config.rms_norm_eps, residual=residual)
+        return self.logits(x, head)

@@ -1,4 +1,7 @@
-"""Resolve `--model` (a built-in name, a GGUF file, an HF directory, hf:// or s3://) and load it."""
+"""Resolve `--model` (a built-in name, a GGUF file, an HF directory, hf:// or s3://) and load it.
+
+What each format and architecture covers: docs/runtime.md, "Supported models".
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from pathlib import Path
 
 import torch
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.cpu.quantized import QuantizedWeight, from_dense
+from pagoda.runtime.cpu.quantized import QuantizedWeight
 from pagoda.runtime.model.tokenizer import Tokenizer
 from pagoda.runtime.options import BUILTIN_MODELS
 
@@ -24,7 +27,9 @@ class LoadedModel:
     weights: Mapping[str, torch.Tensor]  # GGUF: dequantized when read (`GGUFWeights`)
     tokenizer: Tokenizer
     # raw GGUF blocks of the weights `qgemm` can read in place (float32 CPU models use them)
-    quantized: Mapping[str, QuantizedWeight] = field(default_factory=dict)  # GGUF: read lazily
+    quantized: Mapping[str, QuantizedWeight] = field(default_factory=dict)  # read lazily
+    # generation_config.json's sampling fields: defaults for requests that leave them out
+    sampling_defaults: Mapping[str, float | int] = field(default_factory=dict)
 
 
 def builtin_model_path(name: str) -> Path:
@@ -84,15 +89,12 @@ def load_model(model: str) -> LoadedModel:
         from pagoda.runtime.model.gguf_loader import load_gguf
 
         config, weights, tokenizer, quantized = load_gguf(path)
+        defaults: Mapping[str, float | int] = {}
     elif path.is_dir():
         from pagoda.runtime.model.hf_loader import load_hf_dir
 
-        config, weights, tokenizer = load_hf_dir(path)
-        quantized = {  # 16-bit matrices, read in place by `qgemm` where the model is float32
-            name: q
-            for name, t in weights.items()
-            if name.endswith(".weight") and (q := from_dense(t)) is not None
-        }
+        config, weights, tokenizer, defaults = load_hf_dir(path)
+        quantized = weights.blocks()  # 16-bit matrices, read in place by float32 CPU models
     else:
         raise ValueError(f"model path {path} must be a .gguf file or a Hugging Face directory")
     return LoadedModel(
@@ -102,4 +104,5 @@ def load_model(model: str) -> LoadedModel:
         weights=weights,
         tokenizer=tokenizer,
         quantized=quantized,
+        sampling_defaults=defaults,
     )

@@ -30,6 +30,18 @@ def rms_norm(
     return out if residual is None else (out, residual)
 
 
+def gemma_rms_norm(
+    *, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+):
+    """Gemma's RMSNorm: normalise in float32, scale by ``weight`` = 1 + w (float32), round once
+    (Llama's rounds before scaling). `rms_norm`'s signature; for a float32 model both are one."""
+    if residual is not None:
+        residual.add_(x)
+        x = residual
+    out = (F.rms_norm(x.float(), weight.shape, None, eps) * weight).to(x.dtype)
+    return out if residual is None else (out, residual)
+
+
 def gather_cos_sin(
     positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
@@ -81,6 +93,12 @@ def silu_and_mul(*, x: torch.Tensor) -> torch.Tensor:
     """[T, 2I] → silu(x[:, :I]) * x[:, I:] (the gate half of `x` is overwritten)."""
     gate, up = x.chunk(2, dim=-1)
     return torch.mul(F.silu(gate, inplace=True), up)
+
+
+def gelu_tanh_and_mul(*, x: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] → gelu_tanh(x[:, :I]) * x[:, I:] (GeGLU, as Gemma's MLP computes it)."""
+    gate, up = x.chunk(2, dim=-1)
+    return torch.mul(F.gelu(gate, approximate="tanh"), up)
 
 
 @dataclass(frozen=True)

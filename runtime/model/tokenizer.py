@@ -2,18 +2,21 @@
 
 GGUF files carry the vocabulary and merges but not the pre-tokenizer itself, only its llama.cpp
 name (`tokenizer.ggml.pre`); `PRE_TOKENIZER_SPLITS` maps those names to the regexes the merges
-were learned with, so token ids match the original Hugging Face tokenizer.
+were learned with, so token ids match the original Hugging Face tokenizer. Gemma's GGUFs carry a
+SentencePiece vocabulary without merges: `build_gemma_tokenizer` rebuilds Hugging Face's Gemma
+tokenizer from it (the merges follow the vocabulary's order, as transformers derives them).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pagoda.runtime.model.byte_stream import ByteStream, byte_pieces, is_plain_byte_level
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 _LLAMA3_SPLIT = (
@@ -32,6 +35,7 @@ PRE_TOKENIZER_SPLITS = {
     "deepseek-r1-qwen": _QWEN2_SPLIT,
 }
 _CONTROL, _USER_DEFINED = 3, 4
+SPIECE_SPACE = "\u2581"
 
 
 def _pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
@@ -57,21 +61,56 @@ def build_bpe_tokenizer(
     tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, ignore_merges=False))
     tok.pre_tokenizer = _pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()
-    types = list(token_types or [])
-    special = [
-        AddedToken(t, special=True, normalized=False)
-        for t, ty in zip(tokens, types)
-        if ty == _CONTROL
-    ]
-    user = [
-        AddedToken(t, special=False, normalized=False)
-        for t, ty in zip(tokens, types)
-        if ty == _USER_DEFINED
-    ]
+    _add_typed_tokens(tok, tokens, list(token_types or []))
+    return tok
+
+
+def _add_typed_tokens(tok: HFTokenizer, tokens: Sequence[str], types: Sequence[int]) -> None:
+    """Control tokens as special tokens, user-defined ones as plain added tokens (kept whole)."""
+    special = [AddedToken(t, special=True, normalized=False)
+               for t, ty in zip(tokens, types) if ty == _CONTROL]  # fmt: skip
+    user = [AddedToken(t, special=False, normalized=False)
+            for t, ty in zip(tokens, types) if ty == _USER_DEFINED]  # fmt: skip
     if special:
         tok.add_special_tokens(special)
     if user:
         tok.add_tokens(user)
+
+
+def merges_from_vocabulary(vocab: dict[str, int], priority: dict[str, float]) -> list[tuple]:
+    """BPE merges implied by a vocabulary: every split of a token into two vocabulary tokens,
+    best `priority` first, then shorter left and right parts (transformers' `generate_merges`)."""
+    found = []
+    for token, score in priority.items():
+        local = [
+            (token[:i], token[i:], score)
+            for i in range(1, len(token))
+            if token[:i] in vocab and token[i:] in vocab
+        ]
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        found.extend(local)
+    found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(left, right) for left, right, _ in found]
+
+
+def build_gemma_tokenizer(tokens: Sequence[str], token_types: Sequence[int] | None) -> HFTokenizer:
+    """Hugging Face's Gemma tokenizer from a GGUF's SentencePiece vocabulary: BPE with byte
+    fallback, spaces as "\u2581", no prefix space. Tokens of two or more spaces are stored with
+    real spaces and renamed; the merges follow the order of the vocabulary (Gemma's scores do
+    not), as transformers rebuilds them."""
+    spelled = [SPIECE_SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
+    vocab = {t: i for i, t in enumerate(spelled)}
+    merges = merges_from_vocabulary(vocab, {t: -i for i, t in enumerate(spelled)})
+    unk = "<unk>" if "<unk>" in vocab else None
+    tok = HFTokenizer(
+        models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
+    )
+    tok.normalizer = normalizers.Replace(" ", SPIECE_SPACE)
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    _add_typed_tokens(tok, spelled, list(token_types or []))
     return tok
 
 
@@ -98,7 +137,13 @@ class Tokenizer:
         if chat_template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise_template_error
+            env.filters["tojson"] = _tojson  # as transformers renders templates (no HTML escapes)
             self._template = env.from_string(chat_template)
+
+    @property
+    def backend(self) -> HFTokenizer:
+        """The `tokenizers.Tokenizer` underneath (grammar compilers read its vocabulary)."""
+        return self._tok
 
     @property
     def vocab_size(self) -> int:
@@ -156,9 +201,14 @@ class Tokenizer:
         return ByteStream.after(pieces, list(context))
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> str:
-        """Render messages with the model's own Jinja chat template (sandboxed)."""
+        """Render messages with the model's own Jinja chat template (sandboxed); `tools` (OpenAI
+        tool objects) are in its context as `tools`, as Hugging Face templates expect."""
         if self._template is None:
             raise ValueError("this model has no chat template; use completions instead of chat")
         for i, m in enumerate(messages):
@@ -169,7 +219,14 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt,
             bos_token=self._special(self.bos_token_id),
             eos_token=self._special(self.eos_token_ids[0] if self.eos_token_ids else None),
+            tools=list(tools) if tools else None,
         )
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:  # fmt: skip
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)  # fmt: skip
 
 
 def _raise_template_error(message: str) -> None:

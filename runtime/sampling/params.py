@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 4
@@ -50,6 +51,8 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # pagoda.runtime.structured.params.StructuredOutputsParams: the grammar the output follows
+    structured_outputs: Any = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -89,6 +92,13 @@ class SamplingParams:
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         self._check_stops()
+        if self.structured_outputs is not None:
+            if not hasattr(self.structured_outputs, "key"):  # no import: structured needs us
+                raise ParamError("structured_outputs", "structured_outputs must be a "
+                                 "StructuredOutputsParams")  # fmt: skip
+            if self.ignore_eos:
+                raise ParamError("ignore_eos", "ignore_eos cannot be combined with structured "
+                                 "outputs: the output ends when the grammar is complete")  # fmt: skip
 
     def _check_stops(self) -> None:
         if len(self.stop) > MAX_STOP_STRINGS:

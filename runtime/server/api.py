@@ -27,6 +27,7 @@ from pagoda.runtime.server.http import ErrorGuard, read_body
 from pagoda.runtime.server.metrics import ServerMetrics
 from pagoda.runtime.server.protocol import APIError
 from pagoda.runtime.server.serving import Serving
+from pagoda.runtime.server.structured_outputs import StructuredOutputs
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
@@ -84,14 +85,31 @@ def error_response(e: APIError) -> JSONResponse:
 
 
 def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -> FastAPI:
-    serving = Serving(engine)
+    structured = StructuredOutputs(
+        cfg.served_model_name,
+        metrics.registry,
+        cache_bytes=cfg.grammar_cache_bytes,
+        timeout_s=cfg.grammar_compile_timeout,
+    )
+    serving = Serving(engine, structured=structured)
+
+    async def prepare_grammars() -> None:
+        """Once ready, make the grammar compiler (xgrammar's import and a vocabulary scan,
+        a few seconds) so that the first constrained request does not wait for it."""
+        try:
+            await engine.wait_started()
+            await structured.compiler(engine.loaded_info())
+        except Exception:  # the engine failed (reported elsewhere) or is shutting down
+            return
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine.start()
+        warm = asyncio.ensure_future(prepare_grammars())
         try:
             yield
         finally:
+            warm.cancel()
             engine.stop()
             serving.close()
 
@@ -109,7 +127,7 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
 
     endpoints = {
         "/v1/completions": CompletionEndpoint(cfg.served_model_names, engine.max_seqs_per_request),
-        "/v1/chat/completions": ChatEndpoint(cfg.served_model_names),
+        "/v1/chat/completions": ChatEndpoint(cfg.served_model_names, cfg.tool_call_parser),
     }
     add_openai_routes(app, cfg, serving, endpoints)
     add_probe_routes(app, engine, metrics)

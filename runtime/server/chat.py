@@ -1,4 +1,5 @@
-"""`/v1/chat/completions`: messages → the model's chat template → assistant messages."""
+"""`/v1/chat/completions`: messages → the model's chat template → assistant messages, with
+tool calls (`tools.py` before the run, `tool_parsers.py` after) and structured outputs."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from typing import Any
 
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.request import TokenLogprob
+from pagoda.runtime.server import tools
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings
 from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest
+from pagoda.runtime.server.structured_outputs import spec_from_request
 
 
 class ChatEndpoint(Endpoint):
@@ -18,6 +21,10 @@ class ChatEndpoint(Endpoint):
     id_prefix = "chatcmpl"
     renames = {"prompt": "messages", "logprobs": "top_logprobs"}
 
+    def __init__(self, served_model_names: tuple[str, ...], tool_parser: str = "auto") -> None:
+        super().__init__(served_model_names)
+        self.tool_parser = tool_parser  # --tool-call-parser: auto (from the template) or a name
+
     def prepare(self, req: ChatCompletionRequest, info: EngineInfo, strings: TokenStrings) -> Job:
         model = self.resolve_model(req.model)
         if req.top_logprobs is not None and not req.logprobs:
@@ -26,19 +33,36 @@ class ChatEndpoint(Endpoint):
         if req.max_completion_tokens is not None:  # OpenAI's newer name; errors must use it
             max_tokens = req.max_completion_tokens
             renames = {**renames, "max_tokens": "max_completion_tokens"}
+        template = info.tokenizer.chat_template
+        setup = tools.prepare(req, template, self.tool_parser)
+        spec = spec_from_request(req)
+        if setup is not None and setup.grammar is not None:
+            if spec is not None:
+                raise APIError(400, "tool_choice required or a named function cannot be combined "
+                               "with response_format or structured_outputs", param="tool_choice")  # fmt: skip
+            spec = setup.grammar
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = self.sampling_params(req, renames, max_tokens=max_tokens, logprobs=logprobs)
-        messages = [m.as_template_dict() for m in req.messages]
-        self.check_length("".join(str(m.get("content", "")) for m in messages), info)
+        extra = {}
+        if setup is not None and setup.parser is not None and setup.parser.name == "mistral":
+            extra["skip_special_tokens"] = False  # [TOOL_CALLS] is a special token
+        params = self.sampling_params(
+            req, renames, info.sampling_defaults, max_tokens=max_tokens, logprobs=logprobs,
+            structured_outputs=spec, **extra,
+        )  # fmt: skip
+        raw = [m.as_template_dict() for m in req.messages]
+        self.check_length("".join(str(m.get("content", "")) for m in raw), info)
+        messages, listed = tools.template_messages(raw, setup, template)
         try:
-            text = info.tokenizer.apply_chat_template(messages)
+            text = info.tokenizer.apply_chat_template(messages, tools=listed)
         except ValueError as e:
             raise APIError(400, str(e), param="messages", code="invalid_messages") from e
         except Exception as e:  # a template may raise anything on odd input
             raise APIError(400, f"chat template failed: {e}", param="messages") from e
         self.check_length(text, info)
         prompts = [info.tokenizer.encode(text, add_special_tokens=False)]
-        return self.job(req, model, prompts, [text], params, strings, renames)
+        job = self.job(req, model, prompts, [text], params, strings, renames)
+        job.tools = setup if setup is not None and setup.parser is not None else None
+        return job
 
     def opening(self, job: Job) -> list[dict[str, Any]]:
         delta = {"role": "assistant", "content": ""}
@@ -48,10 +72,27 @@ class ChatEndpoint(Endpoint):
         return {"content": job.strings.chat(lps)} if job.params.logprobs is not None else None
 
     def choice(self, job: Job, i: int, text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
-        message = {"role": "assistant", "content": text}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if job.tools is not None:
+            content, calls = job.tools.parser.parse(text, job.tools.parallel)
+            if calls:
+                job.called.add(i)
+                message = {"role": "assistant", "content": content,
+                           "tool_calls": [c.openai() for c in calls]}  # fmt: skip
         return {"index": i, "message": message, "logprobs": self._logprobs(job, lps)}
 
     def delta(self, job: Job, i: int, text: str, lps: list[TokenLogprob], offset: int,
-              first: bool) -> dict[str, Any]:  # fmt: skip
-        delta = {"content": text} if text else {}
-        return {"index": i, "delta": delta, "logprobs": self._logprobs(job, lps)}
+              first: bool, final: bool) -> dict[str, Any] | None:  # fmt: skip
+        logprobs = self._logprobs(job, lps)
+        if job.tools is None:
+            delta = {"content": text} if text else {}
+        else:
+            stream = job.tool_streams.get(i)
+            if stream is None:
+                stream = job.tool_streams[i] = job.tools.parser.stream(job.tools.parallel)
+            delta = stream.feed(text, final)
+            if stream.called:
+                job.called.add(i)
+            if not delta and not final and not lps:
+                return None
+        return {"index": i, "delta": delta, "logprobs": logprobs}

@@ -110,7 +110,17 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         drain_timeout=args.drain_timeout,
         enable_debug_endpoints=args.enable_debug_endpoints,
         log_level=args.log_level,
+        tool_call_parser=args.tool_call_parser,
+        grammar_compile_timeout=args.grammar_compile_timeout,
+        grammar_cache_bytes=_size("grammar_cache_size", args.grammar_cache_size),
     )
+
+
+def _size(name: str, text: str) -> int:
+    try:
+        return options.parse_size(text)
+    except ValueError as e:
+        raise ValueError(f"{name}: cannot parse size {text!r} (e.g. 256MiB, 1G)") from e
 
 
 def fail(error: BaseException) -> NoReturn:

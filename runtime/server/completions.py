@@ -9,6 +9,7 @@ from pagoda.runtime.request import TokenLogprob
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings
 from pagoda.runtime.server.protocol import APIError, CompletionRequest
+from pagoda.runtime.server.structured_outputs import spec_from_request
 
 
 class CompletionEndpoint(Endpoint):
@@ -27,8 +28,9 @@ class CompletionEndpoint(Endpoint):
         if req.echo and req.logprobs is not None:
             raise APIError(400, "echo with logprobs is not supported", param="echo")
         params = self.sampling_params(
-            req, self.renames, max_tokens=req.max_tokens, logprobs=req.logprobs
-        )
+            req, self.renames, info.sampling_defaults, max_tokens=req.max_tokens, logprobs=req.logprobs,
+            structured_outputs=spec_from_request(req),
+        )  # fmt: skip
         texts, prompts = self._prompts(req.prompt, info)
         return self.job(req, model, prompts, texts, params, strings, echo=req.echo)
 
@@ -65,7 +67,7 @@ class CompletionEndpoint(Endpoint):
         return {"index": i, "text": prefix + text, "logprobs": logprobs}
 
     def delta(self, job: Job, i: int, text: str, lps: list[TokenLogprob], offset: int,
-              first: bool) -> dict[str, Any]:  # fmt: skip
+              first: bool, final: bool) -> dict[str, Any]:  # fmt: skip
         if job.echo and first:
             text = self._echo(job, i) + text
         want = job.params.logprobs is not None

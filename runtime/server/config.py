@@ -26,6 +26,9 @@ class ServerConfig:
     drain_timeout: float = options.DEFAULT_DRAIN_TIMEOUT_S
     enable_debug_endpoints: bool = False
     log_level: str = options.DEFAULT_LOG_LEVEL
+    tool_call_parser: str = options.DEFAULT_TOOL_CALL_PARSER
+    grammar_compile_timeout: float = options.DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S
+    grammar_cache_bytes: int = options.parse_size(options.DEFAULT_GRAMMAR_CACHE_SIZE)
 
     def __post_init__(self) -> None:
         if not self.served_model_names:
@@ -48,6 +51,16 @@ class ServerConfig:
         check_seconds("drain_timeout", self.drain_timeout)
         if self.log_level not in options.LOG_LEVELS:
             raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
+        if self.tool_call_parser not in options.TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"tool_call_parser must be one of {', '.join(options.TOOL_CALL_PARSERS)}"
+            )
+        if not self.grammar_compile_timeout > 0:
+            raise ValueError(
+                f"grammar_compile_timeout must be > 0, got {self.grammar_compile_timeout!r}"
+            )
+        if self.grammar_cache_bytes < 0:
+            raise ValueError(f"grammar_cache_size must be >= 0, got {self.grammar_cache_bytes!r}")
 
     @property
     def served_model_name(self) -> str:

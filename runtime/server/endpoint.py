@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -21,6 +22,8 @@ from pagoda.runtime.request import TokenLogprob
 from pagoda.runtime.sampling.params import ParamError, SamplingParams
 from pagoda.runtime.server.logprobs import TokenStrings
 from pagoda.runtime.server.protocol import APIError, shorten
+from pagoda.runtime.server.tool_parsers import ToolStream
+from pagoda.runtime.server.tools import ToolSetup
 from pydantic import BaseModel
 
 # A token's text is at most this many times longer (in bytes) than the token's own vocabulary
@@ -46,6 +49,9 @@ class Job:
     echo: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     streams: list[RequestStream] | None = None
+    tools: ToolSetup | None = None  # chat with tools: how calls are parsed
+    tool_streams: dict[int, ToolStream] = field(default_factory=dict)  # per choice, streaming
+    called: set[int] = field(default_factory=set)  # choices whose output held tool calls
 
     @property
     def num_choices(self) -> int:
@@ -86,8 +92,12 @@ class Endpoint(ABC):
             )
         return name
 
-    def sampling_params(self, req: Any, renames: dict[str, str], **kw: Any) -> SamplingParams:
-        """SamplingParams from the fields both APIs share plus `kw`; ParamError → 400."""
+    def sampling_params(
+        self, req: Any, renames: dict[str, str], defaults: Mapping[str, Any] = {}, **kw: Any
+    ) -> SamplingParams:
+        """SamplingParams from the fields both APIs share plus `kw`, `defaults` (the model's
+        generation config, `EngineInfo.sampling_defaults`) where the request leaves a field out,
+        as vLLM does; ParamError → 400."""
         fields = {
             "n": req.n,
             "temperature": req.temperature,
@@ -104,9 +114,9 @@ class Endpoint(ABC):
             "skip_special_tokens": req.skip_special_tokens,
             "include_stop_str_in_output": req.include_stop_str_in_output,
         }
-        fields = {k: v for k, v in fields.items() if v is not None}
+        fields = {**defaults, **{k: v for k, v in fields.items() if v is not None}}
         try:
-            return SamplingParams(**fields, **kw)
+            return SamplingParams(**{**fields, **kw})
         except ParamError as e:
             raise param_error(e, renames) from e
 
@@ -145,8 +155,13 @@ class Endpoint(ABC):
 
     @abstractmethod
     def delta(self, job: Job, i: int, text: str, lps: list[TokenLogprob], offset: int,
-              first: bool) -> dict[str, Any]:  # fmt: skip
-        """A stream chunk's choice `i` (without finish_reason); `offset`: text sent so far."""
+              first: bool, final: bool) -> dict[str, Any] | None:  # fmt: skip
+        """A stream chunk's choice `i` (without finish_reason); `offset`: text sent so far;
+        `final`: the choice's last chunk. None: nothing to send yet."""
+
+    def finish_reason(self, job: Job, i: int, reason: str | None) -> str | None:
+        """The finish reason a client sees (chat: `tool_calls` when the output held calls)."""
+        return "tool_calls" if reason == "stop" and i in job.called else reason
 
 
 def param_error(e: ParamError, renames: dict[str, str]) -> APIError:

@@ -26,6 +26,12 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
+def _finite(logprob: float) -> float:
+    """A logprob as JSON can carry it: tokens a grammar ruled out have -inf (shown as -9999, as
+    vLLM does), and a forced token's 0 may round a hair above it."""
+    return min(max(logprob, -9999.0), 0.0)
+
+
 class TokenStrings:
     """Cached id → text / bytes for one tokenizer (the vocabulary is small and fixed)."""
 
@@ -57,10 +63,11 @@ class TokenStrings:
         return [
             {
                 "token": self.text(lp.token_id),
-                "logprob": lp.logprob,
+                "logprob": _finite(lp.logprob),
                 "bytes": self.bytes(lp.token_id),
                 "top_logprobs": [
-                    {"token": self.text(t), "logprob": v, "bytes": self.bytes(t)} for t, v in lp.top
+                    {"token": self.text(t), "logprob": _finite(v), "bytes": self.bytes(t)}
+                    for t, v in lp.top
                 ],
             }
             for lp in lps
@@ -74,12 +81,12 @@ class TokenStrings:
             tokens.append(s)
             offsets.append(offset)
             offset += len(s)
-            top = {self.text(t): v for t, v in lp.top}
-            top.setdefault(s, lp.logprob)
+            top = {self.text(t): _finite(v) for t, v in lp.top}
+            top.setdefault(s, _finite(lp.logprob))
             tops.append(top)
         return {
             "tokens": tokens,
-            "token_logprobs": [lp.logprob for lp in lps],
+            "token_logprobs": [_finite(lp.logprob) for lp in lps],
             "top_logprobs": tops,
             "text_offset": offsets,
         }

@@ -96,7 +96,41 @@ class _SamplingFields(_Strict):
     include_stop_str_in_output: bool = False
 
 
-class CompletionRequest(_SamplingFields):
+class JsonSchemaSpec(_Strict):
+    """OpenAI `response_format.json_schema`."""
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class StructuredOutputsField(BaseModel):
+    """vLLM's `structured_outputs` extra: one of json, regex, choice, grammar, json_object,
+    structural_tag. Unknown keys are refused (a constraint must never be silently dropped)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+    json_: dict[str, Any] | bool | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: dict[str, Any] | str | None = None
+    disable_any_whitespace: bool | None = None
+
+
+class _StructuredFields(_SamplingFields):
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
+
+
+class CompletionRequest(_StructuredFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None
     echo: bool = False
@@ -122,11 +156,35 @@ class ChatMessage(BaseModel):
         return data
 
 
-class ChatCompletionRequest(_SamplingFields):
+class FunctionDefinition(_Strict):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class ChatCompletionRequest(_StructuredFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 def _param_of(loc: tuple[Any, ...]) -> str | None:
@@ -137,6 +195,8 @@ def _param_of(loc: tuple[Any, ...]) -> str | None:
             out += f"[{part}]"
         elif part in ("str", "int", "float", "bool") or "[" in str(part):
             break  # pydantic names the union member it tried; not a field
+        elif str(part)[:1].isupper():
+            continue  # a model of a union (NamedToolChoice): its fields follow
         else:
             out += f".{part}" if out else str(part)
     return out or None
@@ -191,7 +251,10 @@ def parse_request(body: bytes, model: type[BaseModel]) -> Any:
     except RecursionError as e:
         raise APIError(400, "request body is nested too deeply", code="invalid_json") from e
     except ValidationError as e:
-        err = e.errors(include_url=False, include_input=False)[0]
+        errors = e.errors(include_url=False, include_input=False)
+        err = errors[0]
+        if err["type"] == "literal_error":  # "auto" | {...}: the object branch says more
+            err = max(errors, key=lambda x: len(x["loc"]))
         param = _param_of(tuple(err["loc"]))
         param = shorten(param, 100) if param else None
         if err["type"] == "missing":

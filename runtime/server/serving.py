@@ -8,6 +8,7 @@ only moves bytes and outputs: parsing, templating and tokenization run on `prep_
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -26,6 +27,8 @@ from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings
 from pagoda.runtime.server.protocol import APIError, parse_request
+from pagoda.runtime.server.structured_outputs import StructuredOutputs
+from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("pagoda.server")
 BULK_BODY_BYTES = 64 << 10
@@ -57,13 +60,19 @@ def failure(job: Job, e: Exception) -> APIError | None:
 class Serving:
     """Prepares and runs jobs against one AsyncEngine (the only engine object it uses)."""
 
-    def __init__(self, engine: AsyncEngine, prep_threads: int = 2) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        prep_threads: int = 2,
+        structured: StructuredOutputs | None = None,
+    ) -> None:
         self.engine = engine
         self.prep_pool = ThreadPoolExecutor(prep_threads, thread_name_prefix="pagoda-prep")
         # Large bodies (seconds of tokenizing at worst) queue on their own thread, so they
         # never hold the threads that small requests are prepared on (docs/reliability.md).
         self.bulk_pool = ThreadPoolExecutor(1, thread_name_prefix="pagoda-prep-bulk")
         self._strings: tuple[EngineInfo, TokenStrings] | None = None
+        self.structured = structured or StructuredOutputs("", CollectorRegistry())
 
     def close(self) -> None:
         self.prep_pool.shutdown(wait=False, cancel_futures=True)
@@ -91,7 +100,15 @@ class Serving:
             return job
 
         pool = self.prep_pool if len(body) <= BULK_BODY_BYTES else self.bulk_pool
-        return await asyncio.get_running_loop().run_in_executor(pool, work)
+        job = await asyncio.get_running_loop().run_in_executor(pool, work)
+        spec = job.params.structured_outputs
+        if spec is not None:  # the grammar, compiled on the compiler's threads (time-bounded)
+            try:
+                compiled = await self.structured.compile(info, spec)
+            except ParamError as e:
+                raise job.param_error(e) from e
+            job.params = dataclasses.replace(job.params, structured_outputs=compiled)
+        return job
 
     def submit(self, job: Job) -> None:
         """Add the job's engine requests (all or none); refusals become 400s and 503s."""
@@ -101,6 +118,8 @@ class Serving:
             raise job.param_error(e) from e
         except EngineUnavailableError as e:
             raise unavailable(e) from e
+        if job.params.structured_outputs is not None:
+            self.structured.count(job.params.structured_outputs)
 
     def abort(self, job: Job) -> None:
         for s in job.streams or ():
@@ -172,11 +191,9 @@ class Serving:
             if o.finished:
                 finish[idx], stop[idx] = o.finish_reason, o.stop_reason
                 cached = max(cached, o.num_cached_tokens)
-        choices = [
-            {**ep.choice(job, i, texts[i], lps[i]), "finish_reason": finish[i],
-             "stop_reason": stop[i]}
-            for i in range(k)
-        ]  # fmt: skip
+        choices = [ep.choice(job, i, texts[i], lps[i]) for i in range(k)]
+        for i, c in enumerate(choices):
+            c.update(finish_reason=ep.finish_reason(job, i, finish[i]), stop_reason=stop[i])
         return {**ep.head(job, chunk=False), "choices": choices,
                 "usage": self._usage(job, tokens, cached)}  # fmt: skip
 
@@ -203,9 +220,14 @@ class Serving:
                 if not (o.new_text or o.finished or (want_lp and o.new_logprobs) or
                         (first and job.echo)):  # fmt: skip
                     continue
-                c = ep.delta(job, idx, o.new_text, o.new_logprobs, offsets[idx], first)
+                c = ep.delta(job, idx, o.new_text, o.new_logprobs, offsets[idx], first,
+                             o.finished)  # fmt: skip
+                if c is None:  # held back (a tool-call parser waits for more text)
+                    continue
                 offsets[idx] += len(c.get("text", ""))
-                c["finish_reason"] = o.finish_reason if o.finished else None
+                c["finish_reason"] = (
+                    ep.finish_reason(job, idx, o.finish_reason) if o.finished else None
+                )
                 if o.finished:
                     c["stop_reason"] = o.stop_reason
                     cached = max(cached, o.num_cached_tokens)

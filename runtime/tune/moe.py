@@ -77,17 +77,19 @@ def moe_shape_from_hf(cfg: Mapping[str, Any]) -> MoeShape | None:
 
 def model_moe_shape(model: str, model_config: Any) -> MoeShape | None:
     """The served model's expert shape: its ``config.json`` when it is a directory, else the
-    model config's ``num_experts``/``moe_intermediate_size``/``num_experts_per_tok``."""
+    model config's (`ModelConfig.family`)."""
     from pagoda.runtime.model.loader import resolve_model_path
 
     path = resolve_model_path(model)
     if path.is_dir() and (path / "config.json").is_file():
         return moe_shape_from_hf(json.loads((path / "config.json").read_text()))
-    names = ("num_experts", "moe_intermediate_size", "hidden_size", "num_experts_per_tok")
-    values = [getattr(model_config, n, None) for n in names]
-    if not values[0]:
+    f = model_config.family  # a GGUF: the loader's reading of its expert keys
+    if not f.num_experts:
         return None
-    return moe_shape_from_hf(dict(zip(names, values, strict=True)))
+    return moe_shape_from_hf({
+        "num_experts": f.num_experts, "moe_intermediate_size": f.moe_intermediate_size,
+        "hidden_size": model_config.hidden_size, "num_experts_per_tok": f.num_experts_per_tok,
+    })  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.model.llama import LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.ops import select_ops
+from pagoda.runtime.model.registry import build_model
 from pagoda.runtime.request import Request, TokenLogprob
 from pagoda.runtime.sampling.sampler import (
     HeadSampling,
@@ -35,6 +36,7 @@ from pagoda.runtime.sampling.sampler import (
     head_sampling,
     sample,
 )
+from pagoda.runtime.structured.bitmask import GrammarBitmask, grammar_rows
 from pagoda.runtime.worker.block_table import BlockTables
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
 from pagoda.runtime.worker.host_memory import keep_freed_memory
@@ -77,12 +79,14 @@ class ModelRunner:
             mc.num_heads,
             mc.num_kv_heads,
             mc.head_dim,
-            mc.head_dim**-0.5,
+            mc.family.attention_scale(mc.head_dim),
             batch_invariant=config.batch_invariant,
             kv_cache_dtype=config.cache.kv_cache_dtype,
+            sliding_window=mc.family.sliding_window,
+            softcap=mc.family.attn_logit_softcapping,
         )
         torch.manual_seed(config.seed)
-        self.model = LlamaModel(
+        self.model = build_model(
             mc,
             loaded.weights,
             quantized=loaded.quantized,
@@ -118,6 +122,9 @@ class ModelRunner:
         # them, for the next step's rows whose token is still on the device.
         self.async_scheduling = config.uses_async_scheduling()
         self._inflight: tuple[torch.Tensor, dict[str, int]] | None = None
+        # Structured outputs: bitmasks of constrained rows, applied to the logits before sampling
+        self.grammar = GrammarBitmask(loaded.tokenizer, mc.vocab_size, self.device)
+        self._grammar_rows: list[int] = []  # constrained rows of the cached sampling batch
 
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         """On CUDA with the Triton backend, record decode steps for padded batch sizes."""
@@ -181,7 +188,9 @@ class ModelRunner:
         inp = self._prepare_inputs(out)
         reqs = [out.scheduled[i].request for i in inp.sampling]
         batch = self._sampling_batch(reqs, self.model.vocab_size) if reqs else None
-        head = head_sampling(batch) if batch is not None and self._head_samples(batch) else None
+        rows = self._grammar_rows if batch is not None else []
+        plain = batch is not None and not rows and self._head_samples(batch)
+        head = head_sampling(batch) if plain else None
         if clock is not None:
             clock.mark("prepare")
         logits = self._forward(out, inp, head)
@@ -191,20 +200,39 @@ class ModelRunner:
             return LaunchedStep([], None)
         if head is not None:  # the LM head gave the tokens: no logits were written
             step = LaunchedStep(reqs, SamplerOutput(logits, None, None, None))
+        elif rows and self.async_scheduling:  # masks need the in-flight step's tokens first
+            return LaunchedStep(reqs, None, deferred=(logits, batch, rows))
         else:
+            if rows:
+                self.grammar.apply(logits, reqs, rows)
             if self.logits_observer is not None:
                 self.logits_observer(reqs, logits.float())
             step = LaunchedStep(reqs, sample(logits, batch, self._whole_sampler))
-        if self.async_scheduling:
-            self._inflight = (
-                step.sampler_output.token_ids,
-                {r.request_id: i for i, r in enumerate(reqs)},
-            )
-            if self.device.type == "cuda":
-                self._copy_to_host(step)
+        self._launched(step)
         if clock is not None:
             clock.mark("sample")
         return step
+
+    def sample_deferred(self, step: LaunchedStep) -> None:
+        """Sample a step launched with constrained rows under async scheduling, once the
+        previous step's tokens are folded in: the bitmasks were filled while the forward ran."""
+        logits, batch, rows = step.deferred
+        step.deferred = None
+        self.grammar.apply(logits, step.requests, rows)
+        if self.logits_observer is not None:
+            self.logits_observer(step.requests, logits.float())
+        step.sampler_output = sample(logits, batch, self._whole_sampler)
+        self._launched(step)
+
+    def _launched(self, step: LaunchedStep) -> None:
+        """Async scheduling: remember the step's token tensor for the next step's gathers."""
+        if self.async_scheduling:
+            self._inflight = (
+                step.sampler_output.token_ids,
+                {r.request_id: i for i, r in enumerate(step.requests)},
+            )
+            if self.device.type == "cuda":
+                self._copy_to_host(step)
 
     def _head_samples(self, batch: SamplingBatch) -> bool:
         """Whether the LM head can hand back the step's tokens itself: no row filters (top-k,
@@ -340,6 +368,7 @@ class ModelRunner:
             if r.params.seed is not None and r.generator is None:
                 r.generator = torch.Generator(device=self.device).manual_seed(r.params.seed)
         batch = SamplingBatch.build(reqs, vocab_size, self.device)
+        self._grammar_rows = grammar_rows(reqs)
         self._last_sampling = (key, batch, reqs)  # holding reqs keeps their ids unique
         return batch
 

@@ -6,7 +6,7 @@ Plain data in its own module, so the engine's output side reads it without impor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.request import Request, TokenLogprob
 
@@ -30,3 +30,6 @@ class LaunchedStep:
     sampler_output: SamplerOutput | None  # device tensors
     host: SamplerOutput | None = None  # pinned copies, valid once `ready` has fired (CUDA)
     ready: torch.cuda.Event | None = None
+    # Async scheduling with constrained rows: (logits, sampling batch, grammar rows) waiting for
+    # the previous step's tokens before their bitmasks are filled (`ModelRunner.sample_deferred`)
+    deferred: tuple[torch.Tensor, Any, list[int]] | None = None

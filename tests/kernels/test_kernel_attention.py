@@ -177,3 +177,68 @@ def test_rejects_bad_inputs(device):
         paged_attention(**args, num_kv_splits=3)
     with pytest.raises(ValueError, match="dtypes differ"):
         paged_attention(**{**args, "q": batch.q.float()}, out=None)
+
+
+def _poison_outside_windows(batch, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copies of the caches with NaN in every key and value slot no query of its sequence sees
+    (the positions before the first query's window): a kernel that reads one of them, even
+    to mask it, returns NaN."""
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    bs = k_cache.shape[1]
+    for seq, (q_len, s_len) in enumerate(zip(batch.query_lens, batch.seq_lens_host)):
+        for pos in range(max(0, s_len - q_len - window + 1)):
+            blk = int(batch.block_tables[seq, pos // bs])
+            k_cache[blk, pos % bs] = float("nan")
+            v_cache[blk, pos % bs] = float("nan")
+    return k_cache, v_cache
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize(
+    ("dtype", "head_dim", "window"),
+    [
+        (torch.float32, 64, 1),
+        (torch.bfloat16, 128, 5),
+        (torch.float16, 64, 16),
+        (torch.float32, 128, 37),
+    ],
+    ids=["f32-d64-w1", "bf16-d128-w5", "f16-d64-w16", "f32-d128-w37"],
+)
+def test_sliding_window_reads_only_the_window(device, dtype, head_dim, window, path):
+    """Windows shorter than some contexts, at and off block edges: the kernels match the
+    reference and never touch a key outside the window (those are NaN here)."""
+    from pagoda.kernels import paged_attention
+
+    block_size = 16
+    batch = make_batch(
+        [*mixed_seqs(block_size), (1, 70), (20, 60)],
+        num_heads=4, num_kv_heads=2, head_dim=head_dim, block_size=block_size,
+        dtype=dtype, device=device,
+    )  # fmt: skip
+    args = batch.attention_args(scale=head_dim**-0.5)
+    expected = reference.paged_attention(**args, sliding_window=window)
+    k_cache, v_cache = _poison_outside_windows(batch, window)
+    got = paged_attention(
+        **{**args, "k_cache": k_cache, "v_cache": v_cache},
+        **{"num_decodes": batch.num_decodes, **PATHS[path]}, sliding_window=window,
+    )  # fmt: skip
+    torch.testing.assert_close(got, expected, **TOL[dtype])
+    # the window matters: attending to the whole context gives other rows
+    full = reference.paged_attention(**args)
+    assert not torch.allclose(full[-1].float(), expected[-1].float(), **TOL[dtype])
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_softcap_matches_reference(device, path):
+    from pagoda.kernels import paged_attention
+
+    batch = make_batch(
+        mixed_seqs(16), num_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
+        dtype=torch.float32, device=device,
+    )  # fmt: skip
+    args = batch.attention_args(scale=0.5)  # large scores, so that the cap bites
+    expected = reference.paged_attention(**args, softcap=3.0, sliding_window=20)
+    kwargs = {"num_decodes": batch.num_decodes, **PATHS[path]}
+    got = paged_attention(**args, **kwargs, softcap=3.0, sliding_window=20)
+    torch.testing.assert_close(got, expected, **TOL[torch.float32])
+    assert not torch.allclose(expected, reference.paged_attention(**args, sliding_window=20))

@@ -90,8 +90,14 @@ def _batch(seqs: list[tuple[int, torch.Tensor, list[int]]], device) -> dict:
     }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_attention_row_does_not_depend_on_how_it_is_batched(device, dtype):
+@pytest.mark.parametrize(
+    ("dtype", "window"),
+    [(torch.float32, None), (torch.bfloat16, None), (torch.float32, 37)],
+    ids=["float32", "bfloat16", "float32-window37"],
+)
+def test_attention_row_does_not_depend_on_how_it_is_batched(device, dtype, window):
+    """With a sliding window too: a chunk starts reading at its first row's window, a decode at
+    its own, and the row's bits stay the same."""
     from pagoda.kernels import paged_attention
 
     cuda = device.type == "cuda"
@@ -121,11 +127,13 @@ def test_attention_row_does_not_depend_on_how_it_is_batched(device, dtype):
     for name, seqs in cases.items():
         batch = _batch(seqs, device)
         out = paged_attention(
-            k_cache=k_cache, v_cache=v_cache, scale=scale, batch_invariant=True, **batch
-        )
+            k_cache=k_cache, v_cache=v_cache, scale=scale, batch_invariant=True,
+            sliding_window=window, **batch,
+        )  # fmt: skip
         got[name] = out[-1]
         assert torch.equal(got[name], got["decode"]), name
     ref = reference.paged_attention(
-        k_cache=k_cache, v_cache=v_cache, scale=scale, **_batch(cases["decode"], device)
-    )
+        k_cache=k_cache, v_cache=v_cache, scale=scale, sliding_window=window,
+        **_batch(cases["decode"], device),
+    )  # fmt: skip
     torch.testing.assert_close(got["decode"], ref[-1], **TOL[dtype])

@@ -56,3 +56,67 @@ def make_tiny_llama(path, **overrides):
     template = "{% for m in messages %}w3 {{ m['content'] }} w4 {% endfor %}"
     (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
     return model
+
+
+def hf_greedy_plain(model, prompt: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy decoding by recomputing the whole sequence each step (no KV cache, no `generate`
+    processors): model(ids).logits[0, -1].argmax(). The reference for sliding windows, where a
+    cache's eviction rules would be one more thing under test."""
+    ids, tokens, logits = list(prompt), [], []
+    with torch.no_grad():
+        for _ in range(n):
+            step = model(torch.tensor([ids]), use_cache=False).logits[0, -1].float()
+            logits.append(step)
+            tokens.append(int(step.argmax()))
+            ids.append(tokens[-1])
+    return tokens, logits
+
+
+# config class prefix -> the causal LM class transformers builds from it
+_LM_CLASSES = {"Gemma3Text": "Gemma3ForCausalLM"}
+
+
+def make_tiny_model(path, arch: str, scale: float = 3.0, **overrides):
+    """A small random `arch` model (a transformers config class prefix: Llama, Mistral, Qwen3,
+    Gemma3Text, Mixtral, Qwen3Moe) saved to `path` with a word-level tokenizer and a chat
+    template; returns the transformers model (float32, eval). Matrices are scaled by `scale` so
+    greedy picks are well separated; every 1-D weight (norms, biases) gets noise too, so that a
+    norm read as w where (1 + w) was meant, or the other way round, changes the tokens."""
+    import json
+
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    cfg = dict(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=2,
+        bos_token_id=1,
+        pad_token_id=0,
+    )
+    cfg.update(overrides)
+    torch.manual_seed(0)
+    config = getattr(transformers, f"{arch}Config")(**cfg)
+    lm_class = _LM_CLASSES.get(arch, f"{arch}ForCausalLM")
+    model = getattr(transformers, lm_class)(config).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(scale)
+            else:
+                p.add_(0.2 * torch.randn(p.shape, generator=g))
+    model.save_pretrained(path)
+    tok = Tokenizer(
+        models.WordLevel({f"w{i}": i for i in range(cfg["vocab_size"])}, unk_token="w0")
+    )
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path / "tokenizer.json"))
+    template = "{% for m in messages %}w3 {{ m['content'] }} w4 {% endfor %}"
+    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    return model

@@ -42,6 +42,22 @@ def test_triton_backend_matches_torch_backend_on_cpu(tmp_path):
     assert ours == theirs
 
 
+@pytest.mark.skipif(not INTERPRET, reason="CPU run of Triton kernels needs TRITON_INTERPRET=1")
+@pytest.mark.parametrize("name", ["gemma3-window", "qwen3moe-top8-d128"])
+def test_new_architectures_on_the_triton_backend_match_transformers(tmp_path, name):
+    """Sliding windows, Gemma's layer, experts (the CPU grouped path) and head size 128 through
+    the Triton attention kernels, chunked and batched: transformers' tokens and logits."""
+    from arch_cases import build, check, generate
+
+    loaded, prompts, reference, engine_args = build(name, tmp_path)
+    llm = LLM(
+        loaded=loaded, attention_backend="triton", dtype="float32", kv_cache_memory=8 << 20,
+        max_num_batched_tokens=16, max_num_seqs=4, **engine_args,
+    )  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts), reference)):
+        check(got, want, f"{name}: prompt {i}")
+
+
 gpu = pytest.mark.gpu
 
 
@@ -151,3 +167,25 @@ def test_gpu_async_step_launches_without_a_sync(smol_gpu):
     while engine.has_unfinished_requests():
         engine.step()
     engine.check_integrity()
+
+
+@gpu
+@pytest.mark.parametrize("name", ["gemma3-window", "mixtral-top2-window", "qwen3moe-top8-d128"])
+def test_gpu_new_architectures_match_transformers_with_graphs(tmp_path, name):
+    """On CUDA in float32 with the defaults (Triton attention with sliding windows, the fused
+    MoE kernel, CUDA graphs): transformers' greedy tokens and logits (within 1e-3), and graph
+    decode equal to eager decode."""
+    if not torch.cuda.is_available() or INTERPRET:
+        pytest.skip("needs CUDA with compiled Triton kernels (TRITON_INTERPRET=0)")
+    from arch_cases import build, check, generate
+
+    loaded, prompts, reference, engine_args = build(name, tmp_path)
+    common = dict(loaded=loaded, dtype="float32", kv_cache_memory=256 << 20,
+                  max_num_batched_tokens=16, max_num_seqs=4, **engine_args)  # fmt: skip
+    llm = LLM(**common)
+    assert llm.engine.runner.cuda_graphs is not None
+    got = generate(llm, prompts)
+    for i, (g, want) in enumerate(zip(got, reference)):
+        check(g, want, f"{name}: prompt {i}")
+    eager = generate(LLM(**common, enable_cuda_graphs=False), prompts)
+    assert [t for t, _ in eager] == [t for t, _ in got]

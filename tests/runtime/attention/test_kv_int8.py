@@ -80,20 +80,25 @@ def test_the_kernel_stores_what_quantize_rows_computes():
     assert torch.equal(got_k, quantize_rows(k)) and torch.equal(got_v, quantize_rows(v))
 
 
-def _reference(q, k, v, c, m, h, hkv, d):
-    """float64 attention of m query rows at the end of a c-token context over dequantized K/V."""
+def _reference(q, k, v, c, m, h, hkv, d, window=None):
+    """float64 attention of m query rows at the end of a c-token context over dequantized K/V
+    (each row over its last `window` keys when given)."""
     kk, vv = (dequantize_rows(quantize_rows(x), torch.float64) for x in (k, v))
     kk, vv = (x.repeat_interleave(h // hkv, dim=1) for x in (kk, vv))
     s = torch.einsum("qhd,khd->hqk", q.double() * d**-0.5, kk)
-    pos = torch.arange(c - m, c)[:, None]
-    s = s.masked_fill(torch.arange(c)[None, :] > pos, float("-inf"))
+    pos, keys = torch.arange(c - m, c)[:, None], torch.arange(c)[None, :]
+    s = s.masked_fill(keys > pos, float("-inf"))
+    if window is not None:
+        s = s.masked_fill(keys <= pos - window, float("-inf"))
     return torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vv)
 
 
+@pytest.mark.parametrize("window", [None, 37])
 @pytest.mark.parametrize("h,hkv,d,bs", [(9, 3, 64, 16), (4, 2, 128, 64), (6, 3, 96, 48)])
-def test_int8_attention_matches_a_float64_reference(h, hkv, d, bs):
-    """Decodes and prefill chunks on cached context. The kernel also rounds q (two int8 planes,
-    ~15 bits) and p (8 bits per 16 keys): a tolerance of a few thousandths of outputs of ~0.5."""
+def test_int8_attention_matches_a_float64_reference(h, hkv, d, bs, window):
+    """Decodes and prefill chunks on cached context, with and without a sliding window. The
+    kernel also rounds q (two int8 planes, ~15 bits) and p (8 bits per 16 keys): a tolerance
+    of a few thousandths of outputs of ~0.5."""
     kernel, g = _kernel(), torch.Generator().manual_seed(0)
     seqs = [(300, 1), (97, 1), (260, 70), (40, 40), (1200, 1)]
     nb = sum(-(-c // bs) for c, _ in seqs) + 3
@@ -106,11 +111,11 @@ def test_int8_attention_matches_a_float64_reference(h, hkv, d, bs):
         v = torch.randn(c, hkv, d, generator=g)
         q = torch.randn(m, h, d, generator=g)
         kernel.write_kv(k, v, kc, vc, seq_slots)
-        refs.append(_reference(q, k, v, c, m, h, hkv, d))
+        refs.append(_reference(q, k, v, c, m, h, hkv, d, window))
         qs.append(q)
     qstart = torch.tensor([0, *torch.tensor([m for _, m in seqs]).cumsum(0).tolist()]).int()
     lens = torch.tensor([c for c, _ in seqs], dtype=torch.int32)
-    out = kernel.attention(torch.cat(qs), kc, vc, tables, qstart, lens, d**-0.5)
+    out = kernel.attention(torch.cat(qs), kc, vc, tables, qstart, lens, d**-0.5, window=window)
     want = torch.cat(refs)
     assert out.dtype == torch.float32
     err = (out.double() - want).abs()
@@ -118,10 +123,12 @@ def test_int8_attention_matches_a_float64_reference(h, hkv, d, bs):
     assert err.max() < 0.03 and err.pow(2).mean().sqrt() < 0.0025, (err.max(), err.pow(2).mean())
 
 
+@pytest.mark.parametrize("window", [None, 50])
 @pytest.mark.parametrize("build", KERNELS)
 @pytest.mark.parametrize("h,hkv,d", [(9, 3, 64), (16, 1, 64)])
-def test_an_int8_row_is_the_same_at_every_place_in_a_tile(h, hkv, d, build):
-    """One query row in chunks of 1 to 14 rows at every offset: the same bits as a decode."""
+def test_an_int8_row_is_the_same_at_every_place_in_a_tile(h, hkv, d, build, window):
+    """One query row in chunks of 1 to 14 rows at every offset: the same bits as a decode
+    (with a window, chunks whose first row's window starts blocks earlier)."""
     kernel, g, bs, n, pos = KERNELS[build](), torch.Generator().manual_seed(1), 16, 240, 200
     be = TorchAttentionBackend(h, hkv, d, d**-0.5, "int8")
     kc, vc = be.allocate_kv_cache(-(-n // bs) + 2, bs, torch.bfloat16, torch.device("cpu"))
@@ -133,7 +140,9 @@ def test_an_int8_row_is_the_same_at_every_place_in_a_tile(h, hkv, d, build):
     def row(first: int, last: int) -> torch.Tensor:
         qstart = torch.tensor([0, last - first + 1], dtype=torch.int32)
         lens = torch.tensor([last + 1], dtype=torch.int32)
-        out = kernel.attention(q[first : last + 1], kc, vc, table[None], qstart, lens, d**-0.5)
+        out = kernel.attention(
+            q[first : last + 1], kc, vc, table[None], qstart, lens, d**-0.5, window=window
+        )
         return out[pos - first]
 
     want = row(pos, pos)

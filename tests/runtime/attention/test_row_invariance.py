@@ -29,11 +29,11 @@ def path(request, monkeypatch) -> str:
 class Row:
     """One sequence's K/V/Q, and steps whose query rows include its position `pos`."""
 
-    def __init__(self, h, hkv, d, n, dtype, seed=0):
+    def __init__(self, h, hkv, d, n, dtype, seed=0, window=None):
         self.g = torch.Generator().manual_seed(seed)
-        self.shape, self.dtype = (h, hkv, d), dtype
+        self.shape, self.dtype, self.window = (h, hkv, d), dtype, window
         self.k, self.v, self.q = (self._randn(n, x) for x in (hkv, hkv, h))
-        self.be = TorchAttentionBackend(h, hkv, d, d**-0.5)
+        self.be = TorchAttentionBackend(h, hkv, d, d**-0.5, sliding_window=window)
 
     def _randn(self, n, heads) -> torch.Tensor:
         return torch.randn(n, heads, self.shape[2], generator=self.g).to(self.dtype)
@@ -66,7 +66,7 @@ class Row:
         self.be.prepare(meta)
         q, k, v = torch.cat(qs), torch.cat(ks), torch.cat(vs)
         if wave is None:
-            out = self.be.forward(q, k, v, kc, vc, meta)
+            out = self.be.forward(q, k, v, kc, vc, meta, window=self.window)
         else:  # the kernel with a small score budget: many waves
             self.be.write_kv(k, v, kc, vc, meta.slot_mapping)
             aux = meta.aux
@@ -98,5 +98,27 @@ def test_row_is_bit_identical_however_the_step_is_composed(path, dtype, h, hkv, 
     }
     if path == "kernel":
         got["many waves"] = r.output(pos, near, last=pos + 5, new=40, others=[(300, 64)], wave=4096)
+    for name, out in got.items():
+        assert torch.equal(out, want), name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("window", [37, 700])
+def test_window_row_is_bit_identical_however_the_step_is_composed(path, dtype, window):
+    """A window layer's row: chunks whose first row's window starts elsewhere read other keys
+    before the row's own window, and the row keeps its bits."""
+    n, pos = 1200, 1100
+    r = Row(9, 3, 64, n, dtype, window=window)
+    nblk = -(-n // BS)
+    near = list(range(1, 1 + nblk))
+    far = [int(b) for b in np.random.default_rng(0).permutation(np.arange(100, 100 + 3 * nblk))]
+    want = r.output(pos, near)  # a decode
+    got = {
+        "other blocks": r.output(pos, far[:nblk]),
+        "chunk of 40": r.output(pos, near, new=40),
+        "chunk of 300": r.output(pos, far[:nblk], last=pos + 3, new=300),
+        "fresh prompt": r.output(pos, far[:nblk], new=pos + 1),
+        "beside others": r.output(pos, near, others=[(50, 1), (700, 1), (30, 12), (300, 64)]),
+    }
     for name, out in got.items():
         assert torch.equal(out, want), name

@@ -125,3 +125,40 @@ def test_bucket_plan_reduces_padding():
     padded = sum((e - s) * lens[e - 1] for s, e in zip([0, *ends[:-1]], ends))
     assert padded < 0.3 * len(lens) * lens[-1]
     assert plan_buckets(np.array([64] * 8)) == [8]  # equal lengths: one call
+
+
+@pytest.mark.parametrize(
+    "seq_lens,query_lens",
+    [
+        ([16, 17, 300, 1000, 2], [1] * 5),  # decodes, windows shorter and longer than contexts
+        ([100, 37, 600], [20, 37, 300]),  # chunks on cached context, a fresh prompt
+        ([5, 290, 200, 16], [1, 1, 50, 16]),  # mixed step
+    ],
+)
+@pytest.mark.parametrize("window", [1, 17, 300])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("softcap", [None, 2.0])
+def test_sliding_window_and_softcap_match_reference(path, seq_lens, query_lens, window, dtype,
+                                                    softcap):  # fmt: skip
+    """A window layer's rows, with and without a soft cap, against the reference; the same
+    backend still attends to the whole context in layers without a window. The kernel takes
+    windows; a soft cap sends the model to the torch path."""
+    q, k, v, kc2, vc2, meta = make_step(seq_lens, query_lens, dtype=dtype)
+    be = TorchAttentionBackend(6, 2, 32, 32**-0.5, sliding_window=window, softcap=softcap)
+    kc, vc = to_backend_layout(be, kc2, vc2)
+    assert (be.kernel is not None) == (path == "kernel" and softcap is None)
+    be.prepare(meta)
+    windowed = be.forward(q, k, v, kc, vc, meta, window=window)
+    full = be.forward(q, k, v, kc, vc, meta)
+    reference.write_kv_cache(k=k, v=v, k_cache=kc2, v_cache=vc2, slot_mapping=meta.slot_mapping)
+    args = dict(
+        q=q, k_cache=kc2, v_cache=vc2, block_tables=meta.block_tables, seq_lens=meta.seq_lens,
+        query_start_loc=meta.query_start_loc, max_query_len=meta.max_query_len,
+        max_seq_len=meta.max_seq_len, scale=32**-0.5, softcap=softcap,
+    )  # fmt: skip
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    want = reference.paged_attention(**args, sliding_window=window)
+    torch.testing.assert_close(windowed.float(), want.float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(
+        full.float(), reference.paged_attention(**args).float(), atol=tol, rtol=tol
+    )

@@ -117,13 +117,15 @@ def test_the_avx512_loops_on_a_cpu_with_amx():
     assert res.returncode == 0, res.stdout[-3000:]
 
 
+@pytest.mark.parametrize("window", [None, 45])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(
     "h,hkv,d,bs", [(4, 2, 128, 64), (6, 3, 64, 48), (2, 1, 96, 32), (4, 4, 16, 16)]
 )
-def test_unusual_shapes_match_a_float64_reference(kernel, dtype, h, hkv, d, bs):
+def test_unusual_shapes_match_a_float64_reference(kernel, dtype, h, hkv, d, bs, window):
     """Head dims and block sizes off the common path (AMX steps of 32 dims and 16 key pairs,
-    tiles of several chunks per block): decodes and prefill chunks on cached context."""
+    tiles of several chunks per block): decodes and prefill chunks on cached context, with and
+    without a sliding window (each query sees its last `window` keys)."""
     g = torch.Generator().manual_seed(0)
     seqs = [(300, 1), (97, 1), (260, 70), (40, 40)]  # (context incl. new tokens, new tokens)
     p = 4 // dtype.itemsize
@@ -140,25 +142,28 @@ def test_unusual_shapes_match_a_float64_reference(kernel, dtype, h, hkv, d, bs):
         kernel.write_kv(k, v, kc, vc, seq_slots)
         kk, vv = (x.double().repeat_interleave(h // hkv, dim=1) for x in (k, v))
         s = torch.einsum("qhd,khd->hqk", q.double() * d**-0.5, kk)
-        pos = torch.arange(c - m, c)[:, None]
-        s = s.masked_fill(torch.arange(c)[None, :] > pos, float("-inf"))
+        pos, keys = torch.arange(c - m, c)[:, None], torch.arange(c)[None, :]
+        s = s.masked_fill(keys > pos, float("-inf"))
+        if window is not None:
+            s = s.masked_fill(keys <= pos - window, float("-inf"))
         refs.append(torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vv))
         qs.append(q)
     qstart = torch.tensor(
         [0, *torch.tensor([m for _, m in seqs]).cumsum(0).tolist()], dtype=torch.int32
     )
     lens = torch.tensor([c for c, _ in seqs], dtype=torch.int32)
-    out = kernel.attention(torch.cat(qs), kc, vc, tables, qstart, lens, d**-0.5)
+    out = kernel.attention(torch.cat(qs), kc, vc, tables, qstart, lens, d**-0.5, window=window)
     tol = 3e-2 if dtype == torch.bfloat16 else 1e-5
     torch.testing.assert_close(out.double(), torch.cat(refs), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("window", [None, 50])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("h,hkv,d", [(9, 3, 64), (16, 1, 64), (4, 4, 32)])
-def test_a_row_is_the_same_at_every_place_in_a_tile(kernel, dtype, h, hkv, d):
+def test_a_row_is_the_same_at_every_place_in_a_tile(kernel, dtype, h, hkv, d, window):
     """One query row in chunks of 1 to 20 rows, at every offset: its row-heads sit at every
     place of a tile (AMX: 16 rows per tile; AVX-512: up to 12; AVX2: 6) and beside 0 to 15
-    others."""
+    others. With a window, the chunk's first row's window starts one block earlier or not."""
     g, bs, n, pos = torch.Generator().manual_seed(1), 16, 240, 200
     p = 4 // dtype.itemsize
     nblk = -(-n // bs)
@@ -172,7 +177,9 @@ def test_a_row_is_the_same_at_every_place_in_a_tile(kernel, dtype, h, hkv, d):
     def row(first: int, last: int) -> torch.Tensor:  # the step's rows: positions first..last
         qstart = torch.tensor([0, last - first + 1], dtype=torch.int32)
         lens = torch.tensor([last + 1], dtype=torch.int32)
-        out = kernel.attention(q[first : last + 1], kc, vc, table[None], qstart, lens, d**-0.5)
+        out = kernel.attention(
+            q[first : last + 1], kc, vc, table[None], qstart, lens, d**-0.5, window=window
+        )
         return out[pos - first]
 
     want = row(pos, pos)  # a decode

@@ -254,7 +254,7 @@ def test_quantized_gguf_runs_on_its_blocks_and_matches_transformers(
     llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20)
     if qgemm.load() is not None:
         layer = llm.engine.runner.model.layers[0]
-        assert layer.qkv.fast.kinds == qkv and layer.down.fast.kinds == down
+        assert layer.qkv.fast.kinds == qkv and layer.mlp.down.fast.kinds == down
     prompt = llm.tokenizer.encode("The river carries sediment to the sea, and")
     (out,) = llm.generate(
         {"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

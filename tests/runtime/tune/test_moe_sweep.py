@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from types import SimpleNamespace
 
 os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
 
@@ -19,7 +18,7 @@ pytest.importorskip("transformers")
 import transformers
 from pagoda.kernels import config as kc
 from pagoda.kernels import fused_moe
-from pagoda.runtime.config import EngineConfig, ModelConfig
+from pagoda.runtime.config import EngineConfig, FamilyConfig, ModelConfig
 from pagoda.runtime.tune import moe, sweep
 from pagoda.runtime.tune.engine import make_plan
 from pagoda.runtime.tune.kernel_stage import kernel_buckets
@@ -71,8 +70,9 @@ def test_expert_shape_from_real_hf_configs(tmp_path):
         moe.moe_shape_from_hf({**nested["text_config"], "num_experts_per_tok": 5})
     gguf = tmp_path / "m.gguf"  # not a directory: the model config's attributes decide
     gguf.write_bytes(b"")
-    attrs = SimpleNamespace(**nested["text_config"])
-    assert moe.model_moe_shape(str(gguf), attrs) == moe.MoeShape(4, 8, 16, 2)
+    family = FamilyConfig(num_experts=4, moe_intermediate_size=8, num_experts_per_tok=2)
+    experts = ModelConfig(256, 16, 96, 2, 4, 2, 4, family=family)
+    assert moe.model_moe_shape(str(gguf), experts) == moe.MoeShape(4, 8, 16, 2)
     assert moe.model_moe_shape(str(gguf), ModelConfig(256, 64, 96, 2, 4, 2, 16)) is None
 
 
@@ -179,14 +179,11 @@ def test_pagoda_tune_sweeps_the_moe_bucket_of_an_moe_model(tmp_path):
     """`pagoda tune` end to end through the interpreter on a tiny Qwen3-MoE checkpoint: the
     expert shape read from its config.json, its bucket swept (two candidates) and saved."""
     from hf_oracle import make_tiny_llama
-    from pagoda.runtime.model.hf_loader import SUPPORTED
     from pagoda.runtime.tune.choose import Targets
     from pagoda.runtime.tune.runner import TuneRequest, tune
 
     if os.environ["TRITON_INTERPRET"] != "1":
         pytest.skip("the interpreter path of the kernel stage")
-    if "Qwen3MoeForCausalLM" not in SUPPORTED:
-        pytest.skip("the engine does not serve Qwen3MoeForCausalLM yet")
     make_tiny_llama(
         tmp_path / "m", arch="Qwen3Moe", head_dim=16, moe_intermediate_size=32, num_experts=8,
         num_experts_per_tok=2, norm_topk_prob=True,

@@ -79,7 +79,7 @@ static void amx_scores(const Geo& g, const uint32_t* qw, const uint32_t* kc, con
   }
 }
 
-// acc tile += p (rows of S, bf16) @ V over blocks [0, nblk) for output dims dc * 16..
+// acc tile += p (rows of S, bf16) @ V over blocks [blo, nblk) for output dims dc * 16..
 #define PAGODA_PV_STEP(C, DC)                                                   \
   if (DC < du) { _tile_loadd(5, vb + (int64_t)k * g.D + (dc + DC) * 16, g.D * 4); \
                  _tile_dpbf16ps(C, 4, 5); }
@@ -92,7 +92,7 @@ static void amx_finish(const Geo& g, const Tile& t, const int32_t* bt, const uin
   amx_config(t.n, ks);
   _tile_zero(0); _tile_zero(1); _tile_zero(6); _tile_zero(7);
   const uint32_t* base = vc + (int64_t)t.kvh * g.NB * KW * g.D;
-  for (int b = 0; b < t.nblk; ++b) {
+  for (int b = t.blo; b < t.nblk; ++b) {
     const uint32_t* vb = base + (int64_t)bt[b] * KW * g.D;
     if (b + AHEAD < t.nblk) {
       const uint32_t* nx = base + (int64_t)bt[b + AHEAD] * KW * g.D + dc * 16;

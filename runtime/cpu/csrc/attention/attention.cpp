@@ -48,37 +48,43 @@
 #include "q8.h"
 
 
-// Row-head's softmax over its keys [0, pos]; p (bf16 or float) written in place at the start.
+// Row-head's softmax over its keys [lo, pos] (lo: its window's start, else 0); the scratch holds
+// scores from key c0 (a multiple of 16, <= lo: the tile's first block), and p (bf16 or float)
+// is written in place there, exact zeros before lo. Keys sit in the same lanes, added in the same
+// order, whatever c0 is (leading zeros add nothing), so a row's bits do not depend on its tile.
 template <bool BF16>
-static void softmax_row(float* s, int pos, int nblk_row, int BS) {
+static void softmax_row(float* s, int lo, int pos, int c0, int nblk_row, int BS) {
 #if defined(PAGODA_AVX2_F32)
-  if constexpr (!BF16) return softmax_row_f32(s, pos, nblk_row, BS);
+  if constexpr (!BF16) return softmax_row_f32(s, lo, pos, c0, nblk_row, BS);
 #endif
   const int nk = nblk_row * BS;
   vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   vf m0 = splat(-3.0e38f), m1 = m0;  // two chains: a maximum is exact in any order
-  const int full = std::min(nk, pos + 1) & ~31;  // 32-key steps with every key allowed
-  for (int c = 0; c < full; c += 32) {
+  // 32-key steps over [start, full), where every key is allowed (lo <= key <= pos)
+  const int start = std::max(c0, (lo + 15) & ~15);
+  const int full = start + std::max(0, (std::min(nk, pos + 1) - start) / 32 * 32);
+  for (int c = start; c < full; c += 32) {
     vf x0 = ld(s + c), x1 = ld(s + c + 16);
     m0 = x0 > m0 ? x0 : m0;
     m1 = x1 > m1 ? x1 : m1;
   }
-  for (int c = full; c < nk; c += 16) {
+  for (int c = c0; c < nk; c += 16) {
+    if (c >= start && c < full) continue;
     vf x = ld(s + c);
-    x = (lane + c) <= pos ? x : splat(-3.0e38f);
+    x = ((lane + c) <= pos) & ((lane + c) >= lo) ? x : splat(-3.0e38f);
     m0 = x > m0 ? x : m0;
   }
   m0 = m1 > m0 ? m1 : m0;
   const float mx = hmax(m0);
   vf l = splat(0.0f);
-  for (int c = 0; c < nk; c += 16) {
+  for (int c = c0; c < nk; c += 16) {
     vf e = vexp(ld(s + c) - mx);
-    if (c + 15 > pos) e = (lane + c) <= pos ? e : splat(0.0f);
+    if (c + 15 > pos || c < lo) e = ((lane + c) <= pos) & ((lane + c) >= lo) ? e : splat(0.0f);
     l = l + e;
     std::memcpy(s + c, &e, 64);
   }
   const float inv = 1.0f / hsum(l);  // a multiply per 16 keys, not a division
-  for (int c = 0; c < nk; c += 16) {
+  for (int c = c0; c < nk; c += 16) {
     vf p = ld(s + c) * inv;
     if (BF16) { vh h = to_bf16v(p); std::memcpy((uint16_t*)s + c, &h, 32); }
     else std::memcpy(s + c, &p, 64);
@@ -104,8 +110,8 @@ static void finish(const Geo& g, const Tile& t, const int32_t* bt, const uint32_
   }
   vf acc[MAXN * 4];
   for (int i = 0; i < t.n * du; ++i) acc[i] = splat(0.0f);
-  if (g.q8) pv_q8_n<MAXN>(g, pr, stride, vc, bt, t.kvh, dc, du, 0, common, acc, t.n);
-  else pv_n<BF16, MAXN>(g, pr, vc, bt, t.kvh, dc, du, 0, common, acc, t.n);
+  if (g.q8) pv_q8_n<MAXN>(g, pr, stride, vc, bt, t.kvh, dc, du, t.blo, common, acc, t.n);
+  else pv_n<BF16, MAXN>(g, pr, vc, bt, t.kvh, dc, du, t.blo, common, acc, t.n);
   for (int i = 0; i < t.n; ++i) {  // each row's own last blocks, one row at a time
     if (last[i] > common && g.q8) pv_q8_n<1>(g, pr + i, stride, vc, bt, t.kvh, dc, du, common, last[i], acc + i * du, 1);
     else if (last[i] > common) pv_n<BF16, 1>(g, pr + i, vc, bt, t.kvh, dc, du, common, last[i], acc + i * du, 1);
@@ -126,8 +132,8 @@ static void softmax_tile(const Geo& g, const Tile& t, float* S, const int32_t* b
   for (int j = 0; j < t.n; ++j) {
     int pos = t.pos0 + (t.rh0 + j) / g.G, nb = pos / g.BS + 1;
     float* s = S + (int64_t)j * t.nblk * g.BS;
-    softmax_row<BF16>(s, pos, nb, g.BS);
-    if (g.q8) QUANTIZE_P(g, s, nb, t.nblk * g.BS, bt, vc, t.kvh);
+    softmax_row<BF16>(s, first_key(g, pos), pos, t.blo * g.BS, nb, g.BS);
+    if (g.q8) QUANTIZE_P(g, s, t.blo * g.BS, nb, t.nblk * g.BS, bt, vc, t.kvh);
     if (g.amx && nb < t.nblk) std::memset((uint16_t*)s + nb * g.BS, 0, (t.nblk - nb) * g.BS * 2);
   }
 }
@@ -147,7 +153,7 @@ static void whole_tile(const Geo& g, const uint32_t* qw, const uint32_t* kc, con
   static thread_local std::vector<float> buf;
   const size_t need = (size_t)t.n * t.nblk * g.BS;
   if (buf.size() < need) buf.resize(need);
-  tile_scores<BF16>(g, qw, kc, bt, t, 0, t.nblk, buf.data());
+  tile_scores<BF16>(g, qw, kc, bt, t, t.blo, t.nblk, buf.data());
   softmax_tile<BF16>(g, t, buf.data(), bt, vc);
   for (int dc = 0, du; dc < g.D / 16; dc += du) {
     du = dims_at(g, t.n, dc);
@@ -265,7 +271,7 @@ static void wave(const Geo& g, const uint32_t* qw, const uint32_t* kc, const uin
   std::vector<std::pair<int, int>> tasks, fin;  // (tile, first block; -1: whole), (tile, dc)
   for (size_t i = w0; i < w1; ++i) {
     if (!split) { tasks.push_back({(int)i, -1}); continue; }
-    for (int b = 0; b < tiles[i].nblk; b += KCHUNK) tasks.push_back({(int)i, b});
+    for (int b = tiles[i].blo; b < tiles[i].nblk; b += KCHUNK) tasks.push_back({(int)i, b});
     for (int dc = 0; dc < ndc; dc += dims_at(g, tiles[i].n, dc)) fin.push_back({(int)i, dc});
   }
   WaveJob j{&g, qw, kc, vc, bt, bts, tiles.data(), w0, w1, Sp, out, tasks.data(), fin.data(),
@@ -285,16 +291,18 @@ static int run(const Geo& g, const void* q, void* out, const uint32_t* kc, const
   if (g.q8) quantize_q((const float*)q, qw.data(), (int64_t)T * g.H, g.D, scale, nt);
   else scale_q<BF16>(q, qw.data(), (int64_t)T * g.H * g.D, scale, nt);
   std::vector<Tile> tiles;
-  int maxblk = 0;
+  int maxblk = 0, maxspan = 0;  // the most blocks a tile's scratch holds, and reads
   int64_t work = 0;
   for (int s = 0; s < B; ++s) {
     int ql = qs[s + 1] - qs[s], pos0 = sl[s] - ql;
     for (int h = 0; h < g.HKV; ++h)
       for (int rh = 0; rh < ql * g.G; rh += per) {
         int n = std::min(per, ql * g.G - rh), lastpos = pos0 + (rh + n - 1) / g.G;
-        tiles.push_back({s, h, rh, n, lastpos / g.BS + 1, 0, qs[s], pos0});
-        maxblk = std::max(maxblk, lastpos / g.BS + 1);
-        work += lastpos / g.BS + 1;
+        int nblk = lastpos / g.BS + 1, blo = first_key(g, pos0 + rh / g.G) / g.BS;
+        tiles.push_back({s, h, rh, n, nblk, 0, qs[s], pos0, blo});
+        maxblk = std::max(maxblk, nblk);
+        maxspan = std::max(maxspan, nblk - blo);
+        work += nblk - blo;
       }
   }
   // Waking a sleeping helper costs more than a small call's work; the thread count never
@@ -303,7 +311,7 @@ static int run(const Geo& g, const void* q, void* out, const uint32_t* kc, const
   // Whole tiles when they are short or many enough to keep every thread busy; else split the
   // scores of each tile over several tasks. Either way each row sees the same operations.
   const int64_t most = (int64_t)per * maxblk * g.BS;  // scores of the largest tile
-  if (maxblk <= KCHUNK || ((int64_t)tiles.size() >= 8 * nt && most * nt <= wave_floats)) {
+  if (maxspan <= KCHUNK || ((int64_t)tiles.size() >= 8 * nt && most * nt <= wave_floats)) {
     wave<BF16>(g, qw.data(), kc, vc, bt, bts, tiles, 0, tiles.size(), false, nullptr, out, nt);
     return 0;
   }
@@ -367,15 +375,16 @@ extern "C" {
 // Whether bf16 rows take the AMX tile path in this process (1) or the AVX-512 loops (0).
 int pagoda_uses_amx() { return use_amx() ? 1 : 0; }
 
-// kind: 0 float32 caches, 1 bf16, 2 int8 (float32 q and out).
+// kind: 0 float32 caches, 1 bf16, 2 int8 (float32 q and out). window: the keys a query sees
+// (itself included), 0 for all of them.
 int pagoda_attention(int kind, const void* q, void* out, const void* kc, const void* vc,
                      const int32_t* bt, int64_t bts, const int32_t* qs, const int32_t* sl, int B,
                      int T, int H, int HKV, int D, int NB, int BS, float scale, int64_t wave,
-                     int nt) {
-  if (D % 16 || BS % 16 || H % HKV || kind < 0 || kind > 2) return 1;
+                     int nt, int window) {
+  if (D % 16 || BS % 16 || H % HKV || kind < 0 || kind > 2 || window < 0) return 1;
   if (kind == 2 && D > 512) return 1;
   const bool bf16 = kind == 1;
-  Geo g{H, HKV, D, NB, BS, bf16 ? 2 : 1, H / HKV, false, kind == 2};
+  Geo g{H, HKV, D, NB, BS, bf16 ? 2 : 1, H / HKV, false, kind == 2, window};
   // AMX products: 32 dims of a score, up to 32 keys (whole blocks) of p @ V
   g.amx = bf16 && D % 32 == 0 && D <= 512 && (BS <= 32 || BS % 32 == 0) && use_amx();
   const uint32_t *k = (const uint32_t*)kc, *v = (const uint32_t*)vc;

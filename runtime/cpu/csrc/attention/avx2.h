@@ -118,27 +118,30 @@ static inline vf8 vexp8(vf8 x) {
 
 // `softmax_row` for float32 p on 8-float halves; the sum keeps the 16-lane order (lanes 0-7 and
 // 8-15 in two vectors, then `hsum`'s tree), so p is what the generic loop computes.
-static void softmax_row_f32(float* s, int pos, int nblk_row, int BS) {
+static void softmax_row_f32(float* s, int lo, int pos, int c0, int nblk_row, int BS) {
   const int nk = nblk_row * BS;
   const vi8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
   vf8 m[4] = {splat8(-3.0e38f), splat8(-3.0e38f), splat8(-3.0e38f), splat8(-3.0e38f)};
-  const int full = std::min(nk, pos + 1) & ~31;  // 32-key steps with every key allowed
-  for (int c = 0; c < full; c += 32)
+  // 32-key steps over [start, full), where every key is allowed (lo <= key <= pos)
+  const int start = std::max(c0, (lo + 15) & ~15);
+  const int full = start + std::max(0, (std::min(nk, pos + 1) - start) / 32 * 32);
+  for (int c = start; c < full; c += 32)
     for (int i = 0; i < 4; ++i) { vf8 x = ld8(s + c + 8 * i); m[i] = x > m[i] ? x : m[i]; }
-  for (int c = full; c < nk; c += 8) {
+  for (int c = c0; c < nk; c += 8) {
+    if (c >= start && c < full) continue;
     vf8 x = ld8(s + c);
-    x = (lane + c) <= pos ? x : splat8(-3.0e38f);
+    x = ((lane + c) <= pos) & ((lane + c) >= lo) ? x : splat8(-3.0e38f);
     m[0] = x > m[0] ? x : m[0];
   }
   for (int i = 1; i < 4; ++i) m[0] = m[i] > m[0] ? m[i] : m[0];
   float mx = m[0][0];
   for (int i = 1; i < 8; ++i) mx = m[0][i] > mx ? m[0][i] : mx;
   vf8 l0 = splat8(0.0f), l1 = l0;
-  for (int c = 0; c < nk; c += 16) {
+  for (int c = c0; c < nk; c += 16) {
     vf8 e0 = vexp8(ld8(s + c) - mx), e1 = vexp8(ld8(s + c + 8) - mx);
-    if (c + 15 > pos) {
-      e0 = (lane + c) <= pos ? e0 : splat8(0.0f);
-      e1 = (lane + c + 8) <= pos ? e1 : splat8(0.0f);
+    if (c + 15 > pos || c < lo) {
+      e0 = ((lane + c) <= pos) & ((lane + c) >= lo) ? e0 : splat8(0.0f);
+      e1 = ((lane + c + 8) <= pos) & ((lane + c + 8) >= lo) ? e1 : splat8(0.0f);
     }
     l0 = l0 + e0, l1 = l1 + e1;
     _mm256_storeu_ps(s + c, (__m256)e0), _mm256_storeu_ps(s + c + 8, (__m256)e1);
@@ -146,6 +149,6 @@ static void softmax_row_f32(float* s, int pos, int nblk_row, int BS) {
   vf8 t = l0 + l1;  // hsum: lanes i + 8, then 4, 2, 1
   for (int w = 4; w >= 1; w >>= 1) for (int i = 0; i < w; ++i) t[i] = t[i] + t[i + w];
   const vf8 inv = splat8(1.0f / t[0]);
-  for (int c = 0; c < nk; c += 8) _mm256_storeu_ps(s + c, (__m256)(ld8(s + c) * inv));
+  for (int c = c0; c < nk; c += 8) _mm256_storeu_ps(s + c, (__m256)(ld8(s + c) * inv));
 }
 #endif

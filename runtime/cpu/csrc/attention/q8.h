@@ -117,7 +117,7 @@ static void scores_q8(const Geo& g, const uint32_t* const* q, const uint32_t* kc
 // each 16-key group's maximum / 255 (four keys a word, the order of V's words), written over the
 // row's scratch: bytes at its start, the groups' steps (floats) from byte `width` (the tile's
 // keys per row). Once per row; `pv_q8` reads them for every slice of output dims.
-static void quantize_p_row(const Geo& g, float* s, int nb, int width, const int32_t* bt,
+static void quantize_p_row(const Geo& g, float* s, int c0, int nb, int width, const int32_t* bt,
                            const uint32_t* vc, int kvh) {
   static thread_local std::vector<float> steps;
   if ((int)steps.size() < width / 16 + 16) steps.resize(width / 16 + 16);
@@ -125,7 +125,7 @@ static void quantize_p_row(const Geo& g, float* s, int nb, int width, const int3
   const uint32_t* base = vc + (int64_t)kvh * g.NB * bw;
   uint8_t* bytes = (uint8_t*)s;
   const int nk = nb * g.BS;
-  for (int k0 = 0; k0 < nk; k0 += 256) {  // 16 groups: their divisions in one vector each
+  for (int k0 = c0; k0 < nk; k0 += 256) {  // 16 groups: their divisions in one vector each
     const int k1 = std::min(nk, k0 + 256);
     alignas(64) float mx[16] = {};
     for (int k = k0; k < k1; k += 16) {  // p * v_scale in place, and each group's maximum

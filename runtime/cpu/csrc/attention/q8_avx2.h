@@ -145,8 +145,8 @@ static inline float hmax8(__m256 v) {  // a maximum: exact in any order
 
 // `quantize_p_row` on 8-float halves: the same products, maxima, divisions and rounding, so the
 // same bytes and steps.
-static void quantize_p_row_avx2(const Geo& g, float* s, int nb, int width, const int32_t* bt,
-                                const uint32_t* vc, int kvh) {
+static void quantize_p_row_avx2(const Geo& g, float* s, int c0, int nb, int width,
+                                const int32_t* bt, const uint32_t* vc, int kvh) {
   static thread_local std::vector<float> steps;
   if ((int)steps.size() < width / 16 + 16) steps.resize(width / 16 + 16);
   const int64_t bw = q8_block_words(g);
@@ -154,7 +154,7 @@ static void quantize_p_row_avx2(const Geo& g, float* s, int nb, int width, const
   uint8_t* bytes = (uint8_t*)s;
   const int nk = nb * g.BS;
   const __m256 magic = _mm256_set1_ps(12582912.0f);  // round_even
-  for (int k0 = 0; k0 < nk; k0 += 256) {  // 16 groups at a time
+  for (int k0 = c0; k0 < nk; k0 += 256) {  // 16 groups at a time
     const int k1 = std::min(nk, k0 + 256);
     float mx[16] = {}, inv[16];
     for (int k = k0; k < k1; k += 16) {  // p * v_scale in place, and each group's maximum

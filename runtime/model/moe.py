@@ -1,0 +1,210 @@
+"""Mixture-of-experts MLP and the two families built on it: Mixtral and Qwen3-MoE.
+
+The router is a linear layer to one logit per expert; its softmax (float32) picks the top-k
+experts of each token, whose probabilities are renormalised to sum to 1 (Mixtral, and Qwen3-MoE
+with `norm_topk_prob`). Each expert is a SwiGLU MLP; a token's output is the weighted sum of its
+experts' outputs.
+
+- CPU: grouped by expert (`grouped_experts`): the picks sorted by expert, one gate/up and one
+  down matmul per expert that has tokens, each weighted product rounded to the model's dtype and
+  index-added back in expert order, as transformers adds them; no per-token loop. The experts'
+  matmuls are the dense layers' `Linear`s (packed once, a row's bits independent of how many
+  rows share the call), so a token's output does not depend on the rest of the batch.
+- CUDA: `pagoda.kernels.fused_moe.fused_experts` (expert-aligned grouped Triton GEMMs, no host
+  sync, so CUDA graphs capture it; batch-invariant with `--batch-invariant`); where that kernel
+  cannot be imported, every expert over every token (same result, E times the work), logged.
+
+Expert weights come per expert (Hugging Face: `experts.{e}.w1` / `gate_proj` ...) or stacked
+`[E, N, K]` under `experts.{name}.weight` (the GGUF loader's names for `ffn_*_exps`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+from pagoda.runtime.cpu.quantized import QuantizedWeight, stack
+from pagoda.runtime.model.linear import Linear
+from pagoda.runtime.model.llama import DeviceWeights, GatedMLP, LayerContext, LlamaModel
+from pagoda.runtime.model.qwen3 import Qwen3Model
+
+log = logging.getLogger(__name__)
+
+
+def grouped_experts(
+    x: torch.Tensor,  # [T, K]
+    topk_weights: torch.Tensor,  # float32 [T, k]
+    topk_ids: torch.Tensor,  # [T, k]
+    expert: Callable[[int, torch.Tensor], torch.Tensor],  # (e, rows [n, K]) -> [n, K]
+) -> torch.Tensor:
+    """``sum_j topk_weights[t, j] * expert(topk_ids[t, j], x[t])`` grouped by expert (module
+    docstring). Reads the per-expert counts on the host: the CPU path."""
+    k = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    token = order // k  # the token of each pick, by expert
+    weight = topk_weights.reshape(-1).index_select(0, order)
+    out = torch.zeros_like(x)
+    start = 0
+    for e, n in enumerate(torch.bincount(flat).tolist()):
+        if n:
+            rows = token[start : start + n]
+            y = expert(e, x.index_select(0, rows))
+            out.index_add_(0, rows, (y * weight[start : start + n, None]).to(out.dtype))
+            start += n
+    return out
+
+
+def _fused_kernel() -> Callable[..., torch.Tensor] | None:
+    try:
+        from pagoda.kernels.fused_moe import fused_experts
+    except ImportError:  # no Triton, or a build without the fused-MoE kernel
+        return None
+    return fused_experts
+
+
+class SparseMoE:
+    """Router + experts of one layer (module docstring)."""
+
+    def __init__(
+        self,
+        ctx: LayerContext,
+        router: Linear,
+        experts: list[tuple[Linear, Linear]],  # (gate_up, down) per expert, for the CPU path
+        w13: torch.Tensor | None,  # [E, 2N, K] and [E, K, N] on CUDA
+        w2: torch.Tensor | None,
+        top_k: int,
+        renormalize: bool,
+        round_weights: bool,
+    ) -> None:
+        self.router, self.experts, self.w13, self.w2 = router, experts, w13, w2
+        self.top_k, self.renormalize, self.round_weights = top_k, renormalize, round_weights
+        self.act_and_mul = ctx.act_and_mul
+        self.batch_invariant = ctx.batch_invariant
+        self.fused = _fused_kernel() if w13 is not None else None
+        if w13 is not None and self.fused is None:
+            log.warning("no fused-MoE kernel here: every expert runs over every token")
+
+    @classmethod
+    def from_weights(
+        cls, model: LlamaModel, w: DeviceWeights, prefix: str, ctx: LayerContext
+    ) -> SparseMoE:
+        f = model.config.family
+        block, names = model.moe_names  # type: ignore[attr-defined]
+        p = prefix + block
+        router = ctx.linear(w[p + "gate.weight"], quantized=w.quantized([p + "gate.weight"]))
+        tensors = _ExpertTensors(w, p + "experts.", names, f.num_experts)
+        w13 = w2 = None
+        experts: list[tuple[Linear, Linear]] = []
+        if w.device.type == "cuda":  # stacked for the fused kernel: [E, 2N, K] and [E, K, N]
+            w13_rows, w2_rows = [], []
+            for e in range(f.num_experts):
+                gate, up, down = tensors.weights(e)
+                w13_rows.append(torch.cat([gate, up]))
+                w2_rows.append(down)
+            w13, w2 = torch.stack(w13_rows), torch.stack(w2_rows)
+            del w13_rows, w2_rows
+        else:
+            for e in range(f.num_experts):
+                gate, up, down = tensors.weights(e)
+                qg, qu, qd = tensors.blocks(e)
+                gate_up_q = None if qg is None or qu is None else stack([*qg, *qu])
+                experts.append(
+                    (
+                        ctx.linear(torch.cat([gate, up]), quantized=gate_up_q),
+                        ctx.linear(down, quantized=qd),
+                    )
+                )
+        return cls(
+            ctx, router, experts, w13, w2, f.num_experts_per_tok, f.norm_topk_prob,
+            f.round_topk_to_model_dtype,
+        )  # fmt: skip
+
+    def linears(self) -> list[Linear]:
+        return [self.router, *(x for pair in self.experts for x in pair)]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(self.router(x).float(), dim=-1)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.round_weights:  # Qwen3-MoE hands the experts weights in the model's dtype
+            weights = weights.to(x.dtype).float()
+        if self.fused is not None:
+            return self.fused(
+                x, self.w13, self.w2, weights, ids.to(torch.int32),
+                batch_invariant=self.batch_invariant,
+            )  # fmt: skip
+        if self.w13 is not None:
+            return self._every_expert(x, weights, ids)
+        return grouped_experts(x, weights, ids, self._expert)
+
+    def _expert(self, e: int, rows: torch.Tensor) -> torch.Tensor:
+        gate_up, down = self.experts[e]
+        return down(self.act_and_mul(x=gate_up(rows)))
+
+    def _every_expert(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
+        """Without the fused kernel on CUDA: no host sync (CUDA graphs), E times the work."""
+        dense = torch.zeros(x.shape[0], self.w13.shape[0], device=x.device)
+        dense.scatter_(1, ids, weights)  # [T, E], 0 where an expert is not picked
+        out = torch.zeros_like(x)
+        for e in range(self.w13.shape[0]):
+            y = torch.nn.functional.linear(self.act_and_mul(x=x @ self.w13[e].T), self.w2[e])
+            out += (y * dense[:, e : e + 1]).to(out.dtype)
+        return out
+
+
+class _ExpertTensors:
+    """One layer's expert weights, per expert or stacked (read once, then sliced)."""
+
+    def __init__(self, w: DeviceWeights, prefix: str, names: tuple[str, str, str], n: int):
+        self.w, self.prefix, self.names, self.n = w, prefix, names, n
+        self.stacked = f"{prefix}{names[0]}.weight" in w
+        self._stack = [w[f"{prefix}{x}.weight"] for x in names] if self.stacked else None
+
+    def _name(self, e: int, which: int) -> str:
+        return f"{self.prefix}{e}.{self.names[which]}.weight"
+
+    def weights(self, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(gate [N, K], up [N, K], down [K, N]) of expert `e`."""
+        if self._stack is not None:
+            return tuple(t[e] for t in self._stack)  # type: ignore[return-value]
+        return tuple(self.w[self._name(e, i)] for i in range(3))  # type: ignore[return-value]
+
+    def blocks(self, e: int) -> tuple[QuantizedWeight | None, ...]:
+        """Stored blocks of (gate, up, down) for `qgemm` (float32 CPU models), or Nones."""
+        if not self.stacked:
+            return tuple(self.w.quantized([self._name(e, i)]) for i in range(3))
+        out = []
+        for name in self.names:
+            q = self.w.quantized([f"{self.prefix}{name}.weight"])
+            if q is None:
+                out.append(None)
+                continue
+            rows = q[0].rows // self.n  # stacked: expert e's rows follow expert e - 1's
+            out.append(
+                [QuantizedWeight(q[0].kind, q[0].blocks[e * rows : (e + 1) * rows], q[0].cols)]
+            )
+        return tuple(out)
+
+
+def _make_mlp(model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
+    if model.config.family.has_experts(index):
+        return SparseMoE.from_weights(model, w, prefix, ctx)
+    return GatedMLP(ctx, w, prefix + "mlp.")
+
+
+class MixtralModel(LlamaModel):
+    """Llama attention (with Mistral's sliding window when set), experts in every layer."""
+
+    moe_names = ("block_sparse_moe.", ("w1", "w3", "w2"))
+    make_mlp = _make_mlp
+
+
+class Qwen3MoeModel(Qwen3Model):
+    """Qwen3 attention; experts where `FamilyConfig.moe_layers` says (`decoder_sparse_step`,
+    `mlp_only_layers`), a dense MLP of `intermediate_size` elsewhere."""
+
+    moe_names = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
+    make_mlp = _make_mlp

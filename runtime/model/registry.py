@@ -1,0 +1,38 @@
+"""The architectures the engine runs, by `ModelConfig.architecture`, and the model class of each.
+
+The loaders name the architecture from the checkpoint (`hf_loader.HF_ARCHITECTURES`,
+`gguf_loader.SUPPORTED_ARCHS`); `build_model` picks the class that computes it.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model.llama import LlamaModel
+
+# architecture -> (module in pagoda.runtime.model, class)
+MODEL_CLASSES = {
+    "llama": ("llama", "LlamaModel"),
+    "mistral": ("llama", "LlamaModel"),
+    "qwen2": ("llama", "LlamaModel"),
+    "qwen3": ("qwen3", "Qwen3Model"),
+    "gemma3": ("gemma3", "Gemma3Model"),
+    "mixtral": ("moe", "MixtralModel"),
+    "qwen3moe": ("moe", "Qwen3MoeModel"),
+}
+
+
+def model_class(config: ModelConfig) -> type[LlamaModel]:
+    if config.architecture not in MODEL_CLASSES:
+        raise ValueError(
+            f"no model for architecture {config.architecture!r}; "
+            f"supported: {', '.join(MODEL_CLASSES)}"
+        )
+    module, name = MODEL_CLASSES[config.architecture]
+    return getattr(importlib.import_module(f"pagoda.runtime.model.{module}"), name)
+
+
+def build_model(config: ModelConfig, weights, **kwargs) -> LlamaModel:
+    """The model of `config.architecture` over `weights` (`LlamaModel`'s keyword arguments)."""
+    return model_class(config)(config, weights, **kwargs)

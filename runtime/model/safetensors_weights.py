@@ -1,0 +1,136 @@
+"""A Hugging Face checkpoint's safetensors tensors by name, read from the files when asked.
+
+Which files: the shards `model.safetensors.index.json` names (so that a directory holding both
+sharded and consolidated copies, as some Mistral repositories do, is read once), else
+`model.safetensors`, else every `*.safetensors`. Tensors are read one at a time from the
+memory-mapped files as the model is built: loading never holds a second copy of the checkpoint.
+Gemma 3's multimodal checkpoints keep the text model under `language_model`: those names are
+mapped to the text model's (`model.layers...`, `lm_head.weight`); vision weights are not listed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import torch
+from pagoda.runtime.cpu.quantized import QuantizedWeight, from_dense
+
+INDEX = "model.safetensors.index.json"
+_PREFIXES = (  # stored prefix -> the text model's (Gemma3ForConditionalGeneration)
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
+_SKIP = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.")
+_SKIP += ("model.multi_modal_projector.",)
+
+
+def _text_name(stored: str) -> str | None:
+    if stored.startswith(_SKIP):
+        return None
+    for old, new in _PREFIXES:
+        if stored.startswith(old):
+            return new + stored[len(old) :]
+    return stored
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The safetensors files holding the checkpoint (module docstring); ValueError if none."""
+    index = model_dir / INDEX
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{INDEX} is unreadable or has no weight_map: {e}") from e
+        files = [model_dir / f for f in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.exists()]
+        if missing:
+            raise ValueError(f"{INDEX} names shards that are not there: {', '.join(missing)}")
+        return files
+    single = model_dir / "model.safetensors"
+    files = [single] if single.exists() else sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{model_dir} has no *.safetensors files")
+    return files
+
+
+class SafetensorsWeights(Mapping):
+    """name -> tensor as stored (its dtype), read on access (module docstring)."""
+
+    def __init__(self, files: list[Path]) -> None:
+        from safetensors import safe_open
+
+        self._handles = [safe_open(str(f), framework="pt") for f in files]
+        self._where: dict[str, tuple[int, str]] = {}  # name -> (handle, stored name)
+        for i, handle in enumerate(self._handles):
+            for stored in handle.keys():  # noqa: SIM118 - safe_open is not iterable
+                name = _text_name(stored)
+                if name is not None:
+                    self._where[name] = (i, stored)
+
+    @classmethod
+    def open(cls, model_dir: Path) -> SafetensorsWeights:
+        return cls(checkpoint_files(Path(model_dir)))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        i, stored = self._where[name]
+        return self._handles[i].get_tensor(stored)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._where
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def dtype_and_shape(self, name: str) -> tuple[str, list[int]]:
+        """The stored dtype ("BF16", "F32", ...) and shape, without reading the tensor."""
+        i, stored = self._where[name]
+        s = self._handles[i].get_slice(stored)
+        return s.get_dtype(), list(s.get_shape())
+
+    def blocks(self) -> Dense16Blocks:
+        return Dense16Blocks(self)
+
+
+class Dense16Blocks(Mapping):
+    """The float16/bfloat16 matrices as 16-bit `QuantizedWeight`s (read in place by `qgemm` in
+    float32 CPU models), built on access: a GPU or bf16 load reads none of them twice."""
+
+    def __init__(self, weights: SafetensorsWeights) -> None:
+        self._w = weights
+        self._names = [
+            n
+            for n in weights
+            if n.endswith(".weight")
+            and (shape := weights.dtype_and_shape(n))[0] in ("F16", "BF16")
+            and len(shape[1]) == 2
+        ]
+        self._set = set(self._names)
+
+    def __getitem__(self, name: str) -> QuantizedWeight:
+        if name not in self._set:
+            raise KeyError(name)
+        q = from_dense(self._w[name])
+        if q is None:
+            raise KeyError(name)
+        return q
+
+    def get(self, name, default=None):
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._set
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)

@@ -1,0 +1,328 @@
+"""Tool-call parsers: a model's output text → OpenAI `tool_calls`, whole or as stream deltas.
+
+Three formats, those of the model families served here (names as vLLM's `--tool-call-parser`):
+
+* `hermes` (Hermes 2 Pro, Qwen 2.5/3, and the prompt Pagoda adds for templates without tools):
+  ``<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>``, one block per call,
+  after optional text;
+* `llama3_json` (Llama 3.1-3.3): the whole output is ``{"name": "f", "parameters": {...}}``
+  (after an optional ``<|python_tag|>``), several separated by ``;``;
+* `mistral`: text, then ``[TOOL_CALLS]`` and a JSON array of ``{"name", "arguments"}`` objects.
+
+All three are read by one scanner: a format says where its calls start (`_start`) and at which
+JSON depth the call objects sit; inside the call region every top-level object is one call, and
+its `arguments` (or `parameters`) value is streamed as raw JSON text as it arrives, so a client
+sees OpenAI's chunk sequence: the call's id, type and name first, then argument deltas. Text
+before the call region is content (streamed too, holding back only what could begin a call
+marker). Output that does not parse as calls stays content (what vLLM's parsers do).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+ARG_KEYS = ("arguments", "parameters")
+_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
+
+
+def call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # JSON text of an object
+    id: str = field(default_factory=call_id)
+
+    def openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}  # fmt: skip
+
+
+def _value_end(text: str, start: int) -> int | None:
+    """End (exclusive) of the JSON value starting at `start` (skipping leading whitespace), or
+    None when the text stops inside it."""
+    i, n = start, len(text)
+    while i < n and text[i] in " \t\r\n":
+        i += 1
+    if i == n:
+        return None
+    depth, in_str, esc = 0, False, False
+    scalar = text[i] not in '{["'
+    for j in range(i, n):
+        c = text[j]
+        if in_str:
+            if esc:
+                esc = False
+            elif c == "\\":
+                esc = True
+            elif c == '"':
+                in_str = False
+                if depth == 0:
+                    return j + 1
+            continue
+        if scalar:
+            if c in ",}] \t\r\n":
+                return j
+            continue
+        if c == '"':
+            in_str = True
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+    return None
+
+
+def _objects(region: str, depth_of_calls: int) -> list[tuple[int, int | None]]:
+    """(start, end or None) of the JSON objects at `depth_of_calls` in `region`."""
+    spans: list[tuple[int, int | None]] = []
+    depth, in_str, esc, start = 0, False, False, -1
+    for j, c in enumerate(region):
+        if in_str:
+            if esc:
+                esc = False
+            elif c == "\\":
+                esc = True
+            elif c == '"':
+                in_str = False
+            continue
+        if c == '"' and depth > depth_of_calls:
+            in_str = True
+        elif c in "{[":
+            if c == "{" and depth == depth_of_calls:
+                start = j
+            depth += 1
+        elif c in "}]" and depth > 0:
+            depth -= 1
+            if c == "}" and depth == depth_of_calls and start >= 0:
+                spans.append((start, j + 1))
+                start = -1
+    if start >= 0:
+        spans.append((start, None))
+    return spans
+
+
+@dataclass
+class _Partial:
+    """What is known so far of one call object's text."""
+
+    name: str | None
+    args: str  # the arguments value's text so far
+    done: bool  # the object is closed
+    args_done: bool
+    has_args: bool  # the arguments key has been written
+
+
+def _read_call(obj: str, done: bool) -> _Partial:
+    a = _ARGS.search(obj)
+    start = a.end() if a else len(obj)
+    end = _value_end(obj, start) if a else None
+    args = obj[start:end] if end is not None else obj[start:]
+    name = None
+    for m in _NAME.finditer(obj):  # the call's own name, not one inside the arguments
+        if a is None or m.start() < a.start() or (end is not None and m.start() >= end):
+            name = json.loads(f'"{m.group(1)}"')
+            break
+    return _Partial(name, args.strip(), done, end is not None, a is not None)
+
+
+class ToolParser:
+    """One output format. Subclasses say where calls start and how deep the call objects are."""
+
+    name: ClassVar[str]
+    markers: ClassVar[tuple[str, ...]]  # chat-template text that identifies the format
+    call_depth: ClassVar[int] = 0
+
+    def _start(self, text: str, final: bool) -> int | None:
+        """Where the call region begins (None: not begun; content may continue)."""
+        raise NotImplementedError
+
+    def _held(self, text: str) -> int:
+        """How many trailing characters could still turn into the call marker."""
+        return 0
+
+    def parse(self, text: str, parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
+        """(content, calls) of a whole output; calls whose JSON is broken leave it as content.
+        Without `parallel`, the first call only."""
+        start = self._start(text, True)
+        if start is None:
+            return text, []
+        calls: list[ToolCall] = []
+        for a, b in _objects(text[start:], self.call_depth)[: None if parallel else 1]:
+            if b is None:
+                return text, []
+            part = _read_call(text[start + a : start + b], True)
+            if part.name is None or not part.args_done:
+                return text, []
+            try:
+                args = json.loads(part.args)
+                if isinstance(args, str):  # some models write the arguments as a JSON string
+                    json.loads(args)
+            except ValueError:
+                return text, []
+            calls.append(ToolCall(part.name, args if isinstance(args, str) else part.args))
+        if not calls:
+            return text, []
+        content = text[: start - len(self.marker_text(text, start))].strip() or None
+        return content, calls
+
+    def marker_text(self, text: str, start: int) -> str:
+        """The marker just before `start` (left out of the content)."""
+        return ""
+
+    def stream(self, parallel: bool = True) -> ToolStream:
+        return ToolStream(self, parallel)
+
+
+class HermesParser(ToolParser):
+    name = "hermes"
+    markers = ("<tool_call>",)
+    TAG = "<tool_call>"
+
+    def _start(self, text: str, final: bool) -> int | None:
+        i = text.find(self.TAG)
+        return None if i < 0 else i + len(self.TAG)
+
+    def marker_text(self, text: str, start: int) -> str:
+        return self.TAG
+
+    def _held(self, text: str) -> int:
+        return _prefix_overlap(text, self.TAG)
+
+
+class Llama3JsonParser(ToolParser):
+    name = "llama3_json"
+    markers = ("<|python_tag|>", '"parameters"')
+    TAG = "<|python_tag|>"
+
+    def _start(self, text: str, final: bool) -> int | None:
+        stripped = text.lstrip()
+        lead = len(text) - len(stripped)
+        if stripped.startswith(self.TAG):
+            return lead + len(self.TAG)
+        if stripped.startswith("{"):
+            return lead
+        return None
+
+    def marker_text(self, text: str, start: int) -> str:
+        return self.TAG if text[:start].rstrip().endswith(self.TAG) else ""
+
+    def _held(self, text: str) -> int:
+        stripped = text.lstrip()
+        if not stripped or self.TAG.startswith(stripped):
+            return len(text)  # undecided: the first character tells
+        return 0
+
+
+class MistralParser(ToolParser):
+    name = "mistral"
+    markers = ("[TOOL_CALLS]",)
+    TAG = "[TOOL_CALLS]"
+    call_depth = 1  # objects inside the JSON array
+
+    def _start(self, text: str, final: bool) -> int | None:
+        i = text.find(self.TAG)
+        return None if i < 0 else i + len(self.TAG)
+
+    def marker_text(self, text: str, start: int) -> str:
+        return self.TAG
+
+    def _held(self, text: str) -> int:
+        return _prefix_overlap(text, self.TAG)
+
+
+def _prefix_overlap(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that begins `tag`."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-k:]):
+            return k
+    return 0
+
+
+PARSERS: dict[str, type[ToolParser]] = {
+    p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser)
+}
+
+
+def detect(template: str | None) -> str | None:
+    """The parser a chat template's tool format calls for, when exactly one fits."""
+    if not template:
+        return None
+    found = [name for name, p in PARSERS.items() if all(m in template for m in p.markers[:1])]
+    if "llama3_json" in found and "<|python_tag|>" not in template:
+        found.remove("llama3_json")
+    return found[0] if len(found) == 1 else None
+
+
+class ToolStream:
+    """Incremental parsing of one choice's text into OpenAI chat deltas."""
+
+    def __init__(self, parser: ToolParser, parallel: bool = True) -> None:
+        self.parser = parser
+        self.parallel = parallel
+        self.text = ""
+        self.content_sent = 0  # characters of content sent
+        self.region: int | None = None  # where the call region starts, once known
+        self.calls: list[dict[str, Any]] = []  # per call: its id, argument characters sent
+
+    @property
+    def called(self) -> bool:
+        return bool(self.calls)
+
+    def feed(self, delta: str, final: bool = False) -> dict[str, Any]:
+        """The OpenAI `delta` for this much more text ({} when nothing can be sent yet); with
+        `final`, everything left (text that never became a call is content after all)."""
+        self.text += delta
+        p, text, out = self.parser, self.text, {}
+        if self.region is None:
+            self.region = p._start(text, final)
+        if final and not self.calls and not p.parse(text, self.parallel)[1]:
+            end = len(text)
+        elif self.region is None:
+            end = len(text) if final else len(text) - p._held(text)
+        else:
+            end = max(self.region - len(p.marker_text(text, self.region)), self.content_sent)
+        if end > self.content_sent:
+            out["content"] = text[self.content_sent : end]
+            self.content_sent = end
+        if self.region is not None and end < len(text):
+            calls = self._call_deltas(text[self.region :])
+            if calls:
+                out["tool_calls"] = calls
+        return out
+
+    def _call_deltas(self, region: str) -> list[dict[str, Any]]:
+        deltas = []
+        for i, (a, b) in enumerate(_objects(region, self.parser.call_depth)):
+            if i > 0 and not self.parallel:
+                break
+            part = _read_call(region[a:b] if b is not None else region[a:], b is not None)
+            if part.name is None or not part.has_args:  # a call starts once both are written
+                break
+            if i == len(self.calls):
+                self.calls.append({"id": call_id(), "sent": 0})
+                deltas.append({"index": i, "id": self.calls[i]["id"], "type": "function",
+                               "function": {"name": part.name, "arguments": ""}})  # fmt: skip
+            state, args = self.calls[i], part.args
+            if args.startswith('"'):  # arguments written as a JSON string: sent once whole
+                if not (part.args_done and state["sent"] == 0):
+                    continue
+                try:
+                    args = json.loads(args)
+                except ValueError:
+                    continue
+                state["sent"] = -1
+            elif len(args) <= state["sent"]:
+                continue
+            deltas.append({"index": i, "function": {"arguments": args[max(state["sent"], 0) :]}})
+            state["sent"] = len(args) if state["sent"] >= 0 else -1
+        return deltas

@@ -1,0 +1,222 @@
+"""Tool calling on the request side: `tools`, `tool_choice`, `parallel_tool_calls` → the prompt
+(through the model's own chat template) and, for `required` or a named function, a grammar.
+
+* Checking: a tool needs a name (letters, digits, `_`, `-`; at most 64) unique in the list, and
+  its `parameters` must be a JSON Schema constrained decoding can enforce; a named
+  `tool_choice` must name one of the tools. Each failure is a 400 naming the field.
+* Rendering: the tools go to the chat template as `tools=` (OpenAI's `{"type": "function",
+  "function": {...}}` shape, as Hugging Face templates expect), and an assistant message's
+  `tool_calls[].function.arguments` is handed over as an object. A template that never mentions
+  `tools` gets them instead as a Hermes-style system prompt (the one Qwen 2.5's template writes),
+  its assistant calls as `<tool_call>` blocks and `role: "tool"` results as `<tool_response>`
+  blocks in a user turn; its output is then read with the `hermes` parser.
+* Enforcing: `required` (one call or more; one if `parallel_tool_calls` is false) and a named
+  function (exactly that call) compile to an xgrammar structural tag in the parser's own format,
+  each call's arguments constrained by its `parameters` schema, so they always parse and match.
+* `none`: the tools are left out of the prompt and the output is plain content.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pagoda.runtime.sampling.params import ParamError
+from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest
+from pagoda.runtime.server.tool_parsers import PARSERS, ToolParser, detect
+from pagoda.runtime.structured import schema as schemas
+from pagoda.runtime.structured.params import StructuredOutputsParams
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
+# (prefix, call begin with {name} and {key}, call end, separator, suffix) per parser
+FORMATS = {
+    "hermes": ("", '<tool_call>\n{{"name": "{name}", "arguments": ', "}\n</tool_call>", "\n", ""),
+    "llama3_json": ("", '{{"name": "{name}", "parameters": ', "}", "; ", ""),
+    "mistral": ("[TOOL_CALLS][", '{{"name": "{name}", "arguments": ', "}", ", ", "]"),
+}
+HERMES_SYSTEM = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    "{tools}\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+
+
+@dataclass
+class ToolSetup:
+    """A request's tool calling, decided before it runs."""
+
+    parser: ToolParser | None  # None: output is plain content (tool_choice none)
+    choice: str  # "none" | "auto" | "required" | "function"
+    parallel: bool
+    tools: list[dict[str, Any]]  # OpenAI tool objects, as the template receives them
+    grammar: StructuredOutputsParams | None = None  # required / named function
+
+
+def template_supports_tools(template: str | None) -> bool:
+    return bool(template) and re.search(r"\btools\b", template) is not None
+
+
+def parser_for(template: str | None, configured: str) -> str | None:
+    """The parser in use: `--tool-call-parser`, else detected from the template (hermes for a
+    template that does not render tools: Pagoda's own prompt writes that format)."""
+    if configured != "auto":
+        return configured
+    if not template_supports_tools(template):
+        return "hermes"
+    return detect(template)
+
+
+def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -> ToolSetup | None:
+    """Check the request's tool fields; None when it has no tools (and asks for none)."""
+    tools, choice = req.tools, req.tool_choice
+    if not tools:
+        if choice not in (None, "none"):
+            raise APIError(400, "tool_choice requires tools", param="tool_choice")
+        return None
+    names: set[str] = set()
+    for i, t in enumerate(tools):
+        name = t.function.name
+        if not _NAME.match(name):
+            raise APIError(
+                400,
+                f"tools[{i}].function.name must be 1-64 letters, digits, '_' or '-', got "
+                f"{name[:80]!r}",
+                param=f"tools[{i}].function.name",
+            )
+        if name in names:
+            raise APIError(400, f"tools[{i}].function.name: {name!r} is given twice",
+                           param=f"tools[{i}].function.name")  # fmt: skip
+        names.add(name)
+    kind = "auto" if choice is None else choice if isinstance(choice, str) else "function"
+    if kind == "function" and choice.function.name not in names:
+        raise APIError(
+            400,
+            f"tool_choice names {choice.function.name[:80]!r}, which is not among the tools",
+            param="tool_choice.function.name",
+        )
+    parallel = req.parallel_tool_calls is not False
+    listed = [t.model_dump(exclude_none=True) for t in tools]
+    if kind == "none":
+        return ToolSetup(None, kind, parallel, listed)
+    name = parser_for(template, configured)
+    if name is None:
+        if kind == "auto":
+            raise APIError(
+                400,
+                "tool_choice auto: this model's chat template renders tools in a format no "
+                "tool-call parser here reads; start the server with --tool-call-parser",
+                param="tool_choice",
+            )
+        name = "hermes"
+    setup = ToolSetup(PARSERS[name](), kind, parallel, listed)
+    if kind != "auto":
+        only = choice.function.name if kind == "function" else None
+        setup.grammar = tool_grammar(name, tools, only, parallel)
+    return setup
+
+
+def tool_grammar(
+    parser: str, tools: list, only: str | None, parallel: bool
+) -> StructuredOutputsParams:
+    """The structural tag forcing calls in `parser`'s format: exactly `only`, else at least one
+    of the tools (just one without `parallel`), each with arguments matching its schema."""
+    import xgrammar as xgr
+    from xgrammar import structural_tag as st
+
+    prefix, begin, end, sep, suffix = FORMATS[parser]
+    tags = []
+    for i, t in enumerate(tools):
+        f = t.function
+        if only is not None and f.name != only:
+            continue
+        where = f"tools[{i}].function.parameters"
+        try:
+            # length-bounded strings as patterns: a tool grammar's tags hold newlines, so its
+            # masks cannot rule out control bytes (see `GrammarCompiler.printable`)
+            schema = schemas.check(
+                f.parameters if f.parameters is not None else NO_PARAMETERS, length_patterns=True
+            )
+            grammar = xgr.Grammar.from_json_schema(
+                json.dumps(schema), any_whitespace=False, strict_mode=True
+            )
+        except schemas.SchemaError as e:
+            raise APIError(400, f"{where}: {e}", param=where) from e
+        except (RuntimeError, ValueError) as e:
+            raise APIError(400, f"{where}: invalid JSON Schema: {e}", param=where) from e
+        tags.append(st.TagFormat(
+            begin=begin.format(name=f.name), content=st.GrammarFormat(grammar=str(grammar)),
+            end=end,
+        ))  # fmt: skip
+    if only is not None:
+        body: Any = tags[0]
+    else:
+        body = st.TagsWithSeparatorFormat(
+            tags=tags, separator=sep, at_least_one=True, stop_after_first=not parallel
+        )
+    if prefix or suffix:
+        body = st.SequenceFormat(elements=[st.ConstStringFormat(value=prefix), body,
+                                           st.ConstStringFormat(value=suffix)])  # fmt: skip
+    text = st.StructuralTag(format=body).model_dump_json()
+    try:
+        return StructuredOutputsParams(structural_tag=text, field="tools")
+    except ParamError as e:
+        raise APIError(400, e.message, param="tools") from e
+
+
+def template_messages(
+    messages: list[dict[str, Any]], setup: ToolSetup | None, template: str | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """(messages, tools) for the chat template: tools only when they are in play."""
+    active = setup is not None and setup.choice != "none"
+    if template_supports_tools(template):
+        return [_arguments_as_objects(m) for m in messages], setup.tools if active else None
+    out = [_hermes_message(m) for m in messages]
+    if active:
+        listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in setup.tools)
+        prompt = HERMES_SYSTEM.format(tools=listed)
+        if out and out[0].get("role") == "system":
+            out[0] = {**out[0], "content": f"{out[0].get('content', '')}\n\n{prompt}"}
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+    return out, None
+
+
+def _arguments_as_objects(m: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message's call arguments as objects (templates write them with tojson)."""
+    calls = m.get("tool_calls")
+    if not isinstance(calls, list):
+        return m
+    fixed = []
+    for c in calls:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+            with contextlib.suppress(ValueError):  # not JSON: the template gets the text
+                fn = {**fn, "arguments": json.loads(fn["arguments"])}
+            c = {**c, "function": fn}
+        fixed.append(c)
+    return {**m, "tool_calls": fixed}
+
+
+def _hermes_message(m: dict[str, Any]) -> dict[str, Any]:
+    """A message for a template without tools: calls and results written out in Hermes form."""
+    role = m.get("role")
+    if role == "tool":
+        return {"role": "user",
+                "content": f"<tool_response>\n{m.get('content', '')}\n</tool_response>"}  # fmt: skip
+    calls = m.get("tool_calls")
+    if role == "assistant" and isinstance(calls, list) and calls:
+        blocks = []
+        for c in _arguments_as_objects(m)["tool_calls"]:
+            fn = c.get("function", {}) if isinstance(c, dict) else {}
+            call = {"name": fn.get("name"), "arguments": fn.get("arguments", {})}
+            blocks.append(f"<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>")
+        text = m.get("content") or ""
+        content = "\n".join([text, *blocks] if text else blocks)
+        return {k: v for k, v in m.items() if k != "tool_calls"} | {"content": content}
+    return m

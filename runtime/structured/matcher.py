@@ -1,0 +1,205 @@
+"""GrammarState: one request's place in its grammar, always derived from its output tokens.
+
+The state is an xgrammar `GrammarMatcher` plus how many output tokens it has accepted. Before a
+step fills the request's bitmask, the matcher catches up with the tokens the request has now
+(`pending`): normally the one token sampled last step, after a rebuild all of them. So nothing
+else has to tell the matcher about tokens, and a request whose tokens were recomputed (preempted)
+or whose history no longer matches what the matcher saw is rebuilt from its tokens (`rebuild`).
+
+Ending within the budget (`Closer`): a small model can loop inside an unbounded string or array
+until `max_tokens` cuts the JSON in half. Close to the end of its budget a request is steered
+out: the closer finds a short way to a complete output from the current state (the grammar's
+forced text; else a character that completes the output; else the first of `"`, `}`, `]`, `,`,
+digits, letters... that moves the grammar on rather than extending the same string or number)
+and, once that path needs all the tokens left (plus a margin: one token can lengthen the way
+out), the bitmask allows only its next token, then EOS. The path is recomputed while there is
+slack, halving the gap each time: a few thousand matcher steps per request near its end, none
+before. It is a heuristic for grammars in general (JSON always closes); when it finds no way out
+in the budget, the request samples freely and may end by length.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import xgrammar as xgr
+
+# Characters tried, in order, where the grammar leaves a choice: close what is open first.
+CLOSING_CHARS = '"}],' + "0123456789" + "abcdefghijklmnopqrstuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+CLOSING_CHARS += " -._:;/'()<>=+*!?#%&@^`|~\\{[\n"
+FINISH_CHARS = "\"}]).!?;>'\n0123456789"  # tried first for one that completes the output
+MAX_PLAN = 4096  # longest way out searched (tokens)
+RETRY_EVERY = 16  # tokens between searches while no way out fits in the budget
+# Two zones before the end, sized from the first way out found (`base`: what a whole minimal
+# output needs). Within `hard` tokens of slack the way out is forced token by token. Within
+# `soft` tokens, where the grammar allows only a few tokens (between values, not inside a
+# string) and lets the open array or object close, it closes: one token there could otherwise
+# open a new item whose way out no longer fits.
+HARD_MARGIN = (4, 16)  # base // 2, within these bounds
+SOFT_MARGIN = (16, 64)  # 2 * base, within these bounds
+LATE = 4  # slack left when the halving stops: forced this many tokens early, not looked at
+
+
+def _clamp(x: int, bounds: tuple[int, int]) -> int:
+    return min(max(x, bounds[0]), bounds[1])
+
+
+class Closer:
+    """Per tokenizer: the single-character tokens the closer may write, in `CLOSING_CHARS`
+    order."""
+
+    def __init__(self, info: xgr.TokenizerInfo, vocab: list[bytes] | None = None) -> None:
+        single: dict[bytes, int] = {}
+        for i, b in enumerate(info.decoded_vocab if vocab is None else vocab):
+            if len(b) == 1 and b not in single:
+                single[b] = i
+        ids = [single[c.encode()] for c in CLOSING_CHARS if c.encode() in single]
+        self.tokens = np.array(ids, dtype=np.int64)
+        ids = [single[c.encode()] for c in FINISH_CHARS if c.encode() in single]
+        self.finishers = np.array(ids, dtype=np.int64)
+        # what soft steering closes with, in order: the end, then the open array or object
+        ends = [*info.stop_token_ids[:1], single.get(b"]"), single.get(b"}")]
+        self.closes = [t for t in ends if t is not None]
+        self.stop = info.stop_token_ids[0] if info.stop_token_ids else None
+        self.vocab_size = info.vocab_size
+        self._mask = None  # a one-row bitmask, for the rare choice no closing character fits
+
+    def plan(self, matcher: xgr.GrammarMatcher, limit: int) -> list[int] | None:
+        """Tokens that take `matcher` to a complete output (at most `limit`), or None."""
+        probe = matcher.fork()
+        plan: list[int] = []
+        while len(plan) <= limit:
+            if probe.is_completed():
+                return plan
+            jump = probe.find_jump_forward_tokens()
+            if jump and all(probe.accept_token(t) for t in jump):
+                plan += jump
+                continue
+            t = self._choose(probe)
+            if t is None:
+                return None
+            plan.append(t)
+        return None
+
+    def _choose(self, probe: xgr.GrammarMatcher) -> int | None:
+        """Accept and return the next token of the way out: one that completes the output if
+        any does; else the first (in `CLOSING_CHARS` order) that leaves the grammar somewhere
+        new (not another letter of the same string or digit of the same number), else the first
+        allowed at all. Which candidates are allowed is read off one bitmask."""
+        before = self._allowed(probe).clone()
+        words = before.numpy()
+        for t in self._among(words, self.finishers):
+            probe.accept_token(t)
+            if probe.is_completed():
+                return t
+            probe.rollback(1)
+        accepted = self._among(words, self.tokens)
+        if not len(accepted):  # e.g. inside a multi-byte character: the lowest token allowed
+            t = _first_set(words)
+            return t if t is not None and probe.accept_token(t) else None
+        for t in accepted:
+            probe.accept_token(t)
+            if not torch.equal(self._allowed(probe), before):
+                return t
+            probe.rollback(1)
+        probe.accept_token(int(accepted[0]))
+        return int(accepted[0])
+
+    @staticmethod
+    def _among(words: np.ndarray, tokens: np.ndarray) -> list[int]:
+        """The `tokens` a bitmask (int32 words) allows, in their order."""
+        return tokens[(words[tokens >> 5] >> (tokens & 31)) & 1 == 1].tolist()
+
+    def _allowed(self, matcher: xgr.GrammarMatcher) -> torch.Tensor:
+        if self._mask is None:
+            self._mask = xgr.allocate_token_bitmask(1, self.vocab_size)
+        matcher.fill_next_token_bitmask(self._mask)
+        return self._mask[0]
+
+
+def _first_set(words: np.ndarray) -> int | None:
+    """The lowest token a bitmask allows."""
+    nz = np.flatnonzero(words)
+    if not len(nz):
+        return None
+    w = int(nz[0])
+    bits = int(words[w]) & 0xFFFFFFFF
+    return w * 32 + ((bits & -bits).bit_length() - 1)
+
+
+class GrammarState:
+    """A request's matcher, its progress through the output tokens and its way out."""
+
+    __slots__ = ("accepted", "base", "broken", "check_at", "compiled", "matcher", "need", "plan",
+                 "printable")  # fmt: skip
+
+    def __init__(self, compiled: xgr.CompiledGrammar) -> None:
+        self.compiled = compiled
+        self.matcher = xgr.GrammarMatcher(compiled)
+        self.accepted = 0  # output tokens the matcher has consumed
+        self.check_at = 0  # look for the way out once this few tokens are left (0: at once)
+        self.plan: list[int] | None = None  # forced tokens left, once the budget is tight
+        self.broken = False  # a token the grammar refused (a bug): only EOS is allowed
+        self.base: int | None = None  # the first way out's length (sizes the margins)
+        self.need: int | None = None  # the latest way out's length (+ EOS)
+        self.printable = False  # compact JSON: tokens with bytes below 0x20 are never allowed
+
+    def rebuild(self, output: list[int]) -> None:
+        """Start again from the first output token (the history differs from what was seen)."""
+        self.matcher = xgr.GrammarMatcher(self.compiled)
+        self.accepted, self.plan, self.broken = 0, None, False
+        self.accept(output)
+
+    def accept(self, output: list[int]) -> None:
+        """Consume the output tokens not seen yet (one at a time; the batch path in `bitmask`
+        handles the common single new token)."""
+        for t in output[self.accepted :]:
+            self.accept_one(t, self.matcher.accept_token(t))
+
+    def accept_one(self, token: int, ok: bool) -> None:
+        """Bookkeeping after the matcher was offered `token` (`ok`: whether it took it)."""
+        self.accepted += 1
+        if not ok:
+            self.broken = True
+        if self.plan:
+            if self.plan[0] == token:
+                self.plan.pop(0)
+            else:
+                self.plan = None
+
+    def pending(self, output: list[int]) -> int:
+        """New output tokens to consume; -1 when the output no longer extends what was seen."""
+        n = len(output) - self.accepted
+        return n if n >= 0 else -1
+
+    def steer(self, closer: Closer, left: int) -> tuple[int | None, bool]:
+        """(the only token allowed now, or None; whether to close where few tokens are allowed)
+        for a budget of `left` tokens, this one included: the next planned token, EOS after
+        it, once the way out needs all but the hard margin; soft steering within the soft one."""
+        if self.plan is None and (self.check_at == 0 or left <= self.check_at):
+            self._look(closer, left)
+        if self.plan is not None:
+            return (self.plan[0] if self.plan else closer.stop), False
+        soft = self.need is not None and left <= self.need + _clamp(2 * self.base, SOFT_MARGIN)
+        return None, soft
+
+    def _look(self, closer: Closer, left: int) -> None:
+        if self.matcher.is_terminated():
+            self.check_at = -1
+            return
+        plan = closer.plan(self.matcher, min(left, MAX_PLAN))
+        if plan is None:
+            if self.base is None:  # none fits the whole budget: nothing to steer towards
+                self.check_at = -1
+            else:  # none fits what is left (yet): look again a little later
+                self.check_at = max(left - min(RETRY_EVERY, max(left // 4, 1)), 1)
+            return
+        self.need = need = len(plan) + 1  # + EOS
+        if self.base is None:  # the first way out: from (near) the start of the output
+            self.base = need
+        hard = _clamp(self.base // 2, HARD_MARGIN)
+        if need + hard + LATE >= left:
+            self.plan = plan
+            return
+        # look again when half the slack is spent
+        self.check_at = max(left - (left - need - hard) // 2, need + hard + LATE)

@@ -1,0 +1,245 @@
+"""JSON Schemas checked and normalised before xgrammar compiles them, so that every output the
+grammar allows validates against the schema the client sent.
+
+xgrammar (0.2.x) compiles some keywords loosely without an error: it ignores `uniqueItems`,
+`not`, `if`/`then`/`else`, `contains`, `dependentRequired`/`dependentSchemas`, `minLength` and
+`maxLength` beside a `pattern`, the second branch of an `allOf`, `required` names that are not
+in `properties`, and turns an overlapping `oneOf` into `anyOf`. A grammar that allows invalid
+output is worse than a refusal, so (as vLLM does for features its xgrammar backend lacks):
+
+* what can be said exactly in keywords xgrammar enforces is rewritten: `allOf` of compatible
+  object schemas is merged; a `required` name missing from `properties` gets an open schema
+  there; lengths already implied by a pattern (its width, from Python's regex parser) are
+  dropped, and a pattern that is one repeated character class takes them into its count;
+* what cannot is refused: `check` raises `SchemaError(path, message)`, a 400 naming the keyword.
+
+The schema itself is first checked against its metaschema with `jsonschema` (bad types,
+unknown `type` names, a non-regex `pattern`): also a 400 with the path.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jsonschema
+
+try:  # Python's own regex parser, used for the width of a pattern only
+    import re._parser as sre_parse  # type: ignore[import-not-found]
+except ImportError:  # Python < 3.11
+    import sre_parse  # type: ignore[no-redef]
+
+# Keywords whose constraint xgrammar does not enforce (see the module docstring).
+UNSUPPORTED = {
+    "uniqueItems": "uniqueItems: true",
+    "not": "not",
+    "if": "if/then/else",
+    "then": "if/then/else",
+    "else": "if/then/else",
+    "contains": "contains",
+    "minContains": "minContains",
+    "maxContains": "maxContains",
+    "dependentRequired": "dependentRequired",
+    "dependentSchemas": "dependentSchemas",
+    "dependencies": "dependencies",
+    "unevaluatedItems": "unevaluatedItems",
+    "unevaluatedProperties": "unevaluatedProperties",
+}
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONE = ("additionalProperties", "items", "propertyNames")
+_PRIMITIVES = ("string", "number", "integer", "boolean", "null", "object", "array")
+_SINGLE = re.compile(  # one atom (a class, an escape, a character or `.`) and its count
+    r"^\^?((?:\[(?:\\.|[^\]\\])+\]|\\[dwsDWS]|\\.|[^\\()\[\]{}*+?|^$.]|\.))"
+    r"(\*|\+|\?|\{\d+\}|\{\d+,\d*\})?\$?$"
+)
+
+
+class SchemaError(ValueError):
+    """A schema that cannot be enforced exactly; `path` is where (JSON pointer style)."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{message} (at {path or '/'})")
+        self.path = path
+
+
+def check(schema: Any, length_patterns: bool = False) -> Any:
+    """The schema checked against its metaschema and normalised for xgrammar (a new object;
+    the argument is not changed); SchemaError for what cannot be enforced. `length_patterns`:
+    strings with minLength/maxLength become patterns of as many characters (for grammars whose
+    masks cannot rule out control bytes: xgrammar lets such strings hold them raw)."""
+    if isinstance(schema, bool):
+        if not schema:
+            raise SchemaError("", "the schema `false` allows no output")
+        return schema
+    if not isinstance(schema, dict):
+        raise SchemaError("", "a JSON Schema must be an object or a boolean")
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        where = "/" + "/".join(map(str, e.absolute_path))
+        raise SchemaError(where, f"invalid JSON Schema: {e.message}") from e
+    except RecursionError as e:
+        raise SchemaError("", "the schema is nested too deeply") from e
+    try:
+        return _normalise(schema, "", length_patterns)
+    except RecursionError as e:
+        raise SchemaError("", "the schema is nested too deeply") from e
+
+
+def _normalise(s: Any, path: str, lp: bool = False) -> Any:
+    if not isinstance(s, dict):
+        return s
+    for key, what in UNSUPPORTED.items():
+        if key in s and not (key == "uniqueItems" and s[key] is False):
+            raise SchemaError(f"{path}/{key}", f"{what} is not supported by constrained decoding")
+    if "$ref" in s and not str(s["$ref"]).startswith("#"):
+        raise SchemaError(f"{path}/$ref", "only local references (#/...) are supported")
+    out = dict(s)
+    for key in _SCHEMA_MAPS:
+        if isinstance(s.get(key), dict):
+            out[key] = {k: _normalise(v, f"{path}/{key}/{k}", lp) for k, v in s[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(s.get(key), list):
+            out[key] = [_normalise(v, f"{path}/{key}/{i}", lp) for i, v in enumerate(s[key])]
+    for key in _SCHEMA_ONE:
+        if isinstance(s.get(key), dict):
+            out[key] = _normalise(s[key], f"{path}/{key}", lp)
+        elif key == "items" and isinstance(s.get(key), list):  # draft-7 tuple form
+            out[key] = [_normalise(v, f"{path}/items/{i}", lp) for i, v in enumerate(s[key])]
+    if "allOf" in out:
+        out = _merge_all_of(out, path)
+    if "oneOf" in out:
+        _check_one_of(out["oneOf"], f"{path}/oneOf")
+    _fill_required(out, path)
+    if "pattern" in out and ("minLength" in out or "maxLength" in out):
+        out = _pattern_lengths(out, path)
+    elif lp and ("minLength" in out or "maxLength" in out):
+        lo, hi = out.pop("minLength", 0), out.pop("maxLength", None)
+        out["pattern"] = f"^.{{{lo},{'' if hi is None else hi}}}$"
+    return out
+
+
+def _merge_all_of(s: dict, path: str) -> dict:
+    """`allOf` folded into its parent where the branches' keywords do not conflict."""
+    merged = {k: v for k, v in s.items() if k != "allOf"}
+    for i, branch in enumerate(s["allOf"]):
+        where = f"{path}/allOf/{i}"
+        if branch is True:
+            continue
+        if not isinstance(branch, dict) or "$ref" in branch or "anyOf" in branch:
+            raise SchemaError(where, "allOf is supported only over inline object schemas")
+        for key, value in branch.items():
+            if key == "properties":
+                props = dict(merged.get("properties", {}))
+                for name, sub in value.items():
+                    if name in props and props[name] != sub:
+                        raise SchemaError(f"{where}/properties/{name}",
+                                          "allOf branches constrain this property differently")  # fmt: skip
+                    props[name] = sub
+                merged["properties"] = props
+            elif key == "required":
+                merged["required"] = list(dict.fromkeys([*merged.get("required", []), *value]))
+            elif key == "additionalProperties":
+                raise SchemaError(f"{where}/additionalProperties",
+                                  "additionalProperties inside allOf is not supported")  # fmt: skip
+            elif key in merged and merged[key] != value:
+                raise SchemaError(f"{where}/{key}", f"allOf branches disagree on {key}")
+            else:
+                merged[key] = value
+    return merged
+
+
+def _check_one_of(branches: list, path: str) -> None:
+    """oneOf is enforced exactly only when at most one branch can match any value: here, when
+    the branches have distinct single types (integer and number overlap), or are objects told
+    apart by a required property with distinct `const` values."""
+    types = [b.get("type") if isinstance(b, dict) else None for b in branches]
+    if all(isinstance(t, str) for t in types):
+        kinds = ["number" if t == "integer" else t for t in types]
+        if len(set(kinds)) == len(kinds):
+            return
+    if all(isinstance(b, dict) and b.get("type") == "object" for b in branches):
+        common = set.intersection(*(set(b.get("required", ())) for b in branches))
+        for name in sorted(common):
+            consts = [
+                b.get("properties", {}).get(name, {}).get("const", _MISSING) for b in branches
+            ]
+            if _MISSING not in consts and len({repr(c) for c in consts}) == len(consts):
+                return
+    raise SchemaError(
+        path,
+        "oneOf is supported only when its branches cannot overlap (distinct types, or a "
+        "required property with a distinct const per branch); use anyOf otherwise",
+    )
+
+
+_MISSING = object()
+
+
+def _fill_required(s: dict, path: str) -> None:
+    """Give every required name a schema in `properties` (xgrammar only writes the listed
+    ones); with additionalProperties false such a name can never be written: refused."""
+    required = s.get("required")
+    if not isinstance(required, list) or not required:
+        return
+    props = s.get("properties", {})
+    missing = [r for r in required if r not in props]
+    if not missing:
+        return
+    extra = s.get("additionalProperties", True)
+    if extra is False:
+        raise SchemaError(
+            f"{path}/required",
+            f"required property {missing[0]!r} is not in properties and additionalProperties "
+            "is false: no object can satisfy this schema",
+        )
+    s["properties"] = {**props, **{r: extra if isinstance(extra, dict) else {} for r in missing}}
+
+
+def _pattern_lengths(s: dict, path: str) -> dict:
+    """minLength/maxLength beside a pattern (xgrammar keeps only the pattern): dropped when the
+    pattern's own width lies within them, folded into a single repeated class's count, else
+    refused."""
+    lo, hi = s.get("minLength", 0), s.get("maxLength")
+    pattern = s["pattern"]
+    try:
+        width_lo, width_hi = sre_parse.parse(pattern).getwidth()
+    except Exception as e:  # Python's dialect differs from ECMA 262 on a few escapes
+        raise SchemaError(f"{path}/pattern", f"cannot read the pattern: {e}") from e
+    out = {k: v for k, v in s.items() if k not in ("minLength", "maxLength")}
+    # xgrammar matches a pattern against the whole string, anchored or not: its width bounds
+    # the string's length (an unanchored pattern is stricter there than JSON Schema's search)
+    if width_lo >= lo and (hi is None or width_hi <= hi):
+        return out
+    m = _SINGLE.match(pattern)
+    if m:
+        atom, rep = m.group(1), m.group(2) or "{1}"
+        a, b = _counts(rep)
+        a, b = max(a, lo), b if hi is None else (hi if b is None else min(b, hi))
+        if b is not None and a > b:
+            raise SchemaError(
+                f"{path}/pattern", "pattern and minLength/maxLength exclude each other"
+            )
+        out["pattern"] = f"^{atom}{{{a},{'' if b is None else b}}}$"
+        return out
+    raise SchemaError(
+        f"{path}/pattern",
+        "minLength/maxLength beside a pattern are supported when the pattern's own length "
+        "range lies within them, or when the pattern is one repeated character class",
+    )
+
+
+def _counts(rep: str) -> tuple[int, int | None]:
+    if rep == "*":
+        return 0, None
+    if rep == "+":
+        return 1, None
+    if rep == "?":
+        return 0, 1
+    body = rep[1:-1]
+    if "," not in body:
+        return int(body), int(body)
+    a, b = body.split(",")
+    return int(a), int(b) if b else None

@@ -1,0 +1,89 @@
+"""Tiny checkpoints of every architecture, and how they are run against transformers: shared
+by tests/runtime/model/test_architectures.py and the Triton-backend run in test_triton_engine.py."""
+
+from __future__ import annotations
+
+import torch
+from hf_oracle import hf_greedy_plain, make_tiny_model
+from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.model.loader import load_model
+
+NEW = 6
+SLIDING, FULL = "sliding_attention", "full_attention"
+# name: (transformers config class prefix, config overrides, extra engine arguments)
+CASES = {
+    "qwen3-d64": ("Qwen3", dict(head_dim=64), {}),
+    "qwen3-d128-tied": ("Qwen3", dict(head_dim=128, tie_word_embeddings=True), {}),
+    "qwen3-window-layers": (  # a window on the layers from max_window_layers on
+        "Qwen3",
+        dict(head_dim=64, use_sliding_window=True, sliding_window=10, max_window_layers=1),
+        {},
+    ),
+    "llama-biases": ("Llama", dict(attention_bias=True, mlp_bias=True), {}),
+    "mistral-window": ("Mistral", dict(sliding_window=11, num_hidden_layers=3), {}),
+    "gemma3-window": (
+        "Gemma3Text",
+        dict(head_dim=64, sliding_window=9, num_hidden_layers=3, layer_types=[SLIDING, FULL, SLIDING],
+             query_pre_attn_scalar=48, rope_parameters={
+                 FULL: {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
+                 SLIDING: {"rope_type": "default", "rope_theta": 10000.0}}),
+        {},
+    ),
+    "gemma3-softcaps-d128": (
+        "Gemma3Text",
+        dict(head_dim=128, sliding_window=16, num_hidden_layers=4, sliding_window_pattern=2,
+             attn_logit_softcapping=4.0, final_logit_softcapping=6.0),
+        {},
+    ),
+    "mixtral-top1": ("Mixtral", dict(num_local_experts=8, num_experts_per_tok=1), {}),
+    "mixtral-top2-window": (
+        "Mixtral", dict(num_local_experts=6, num_experts_per_tok=2, sliding_window=13), {}
+    ),
+    "qwen3moe-top8-d128": (
+        "Qwen3Moe",
+        dict(head_dim=128, num_experts=16, num_experts_per_tok=8, moe_intermediate_size=32,
+             norm_topk_prob=True, num_hidden_layers=3, mlp_only_layers=[1]),
+        {},
+    ),
+    "qwen3moe-top2-step2": (
+        "Qwen3Moe",
+        dict(head_dim=64, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+             norm_topk_prob=False, num_hidden_layers=2, decoder_sparse_step=2),
+        {},
+    ),
+}  # fmt: skip
+PREEMPTING = {"mixtral-top2-window", "gemma3-window"}  # these also run in a pool too small
+
+
+def prompts() -> list[list[int]]:
+    """Three prompts, two longer than every window, two sharing a 48-token prefix."""
+    shared = [(7 * i + 3) % 290 + 5 for i in range(48)]
+    return [[*shared, 11, 12, 13, 14, 15], [(5 * i + 1) % 290 + 5 for i in range(23)], shared]
+
+
+def build(name: str, path):
+    """(loaded checkpoint, prompts, transformers' greedy tokens and logits per prompt, extra
+    engine arguments) for case `name`, its checkpoint written to `path`."""
+    arch, overrides, engine_args = CASES[name]
+    model = make_tiny_model(path, arch, **overrides)
+    reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
+    return load_model(str(path)), prompts(), reference, engine_args
+
+
+def generate(llm: LLM, prompts: list[list[int]]):
+    """(greedy tokens, per-step float32 logits) of each prompt, all in one batch."""
+    seen: dict[str, list[torch.Tensor]] = {}
+    llm.engine.runner.logits_observer = lambda reqs, lg: [
+        seen.setdefault(r.request_id, []).append(row.cpu()) for r, row in zip(reqs, lg)
+    ]
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    return [(o.outputs[0].token_ids, seen[o.request_id]) for o in outs]
+
+
+def check(got, want, what: str) -> None:
+    """Tokens equal, logits within 1e-3 at every step."""
+    (tokens, logits), (ref_tokens, ref_logits) = got, want
+    assert tokens == ref_tokens, what
+    worst = max(float((a - b).abs().max()) for a, b in zip(logits, ref_logits))
+    assert worst < 1e-3, f"{what}: logits differ by {worst}"

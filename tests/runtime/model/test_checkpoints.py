@@ -1,0 +1,186 @@
+"""Checkpoints as they come: shards with an index, 16-bit weights, Gemma 3's multimodal layout,
+generation_config.json (EOS ids, sampling defaults), both chat template files, and a clear
+refusal of an architecture the engine does not run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hf_oracle import hf_greedy_plain, make_tiny_model
+from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.model.hf_loader import HF_ARCHITECTURES
+from pagoda.runtime.model.loader import load_model, read_model_config
+
+transformers = pytest.importorskip("transformers")
+PROMPT = [(7 * i + 3) % 290 + 5 for i in range(30)]
+GREEDY = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+
+
+def _tokens(llm: LLM, prompt=PROMPT, params=GREEDY) -> list[int]:
+    return llm.generate({"prompt_token_ids": prompt}, params)[0].outputs[0].token_ids
+
+
+def test_sharded_checkpoint_reads_the_shards_its_index_names(tmp_path):
+    model = make_tiny_model(tmp_path, "Qwen3", head_dim=64)
+    model.save_pretrained(tmp_path, max_shard_size="100KB")  # many shards + the index
+    (tmp_path / "model.safetensors").unlink(missing_ok=True)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 3
+    # a stray copy in another layout, as some repositories ship beside the shards: not read
+    from safetensors.torch import save_file
+
+    save_file(
+        {"tok_embeddings.weight": torch.zeros(3, 3)}, str(tmp_path / "consolidated.safetensors")
+    )
+    loaded = load_model(str(tmp_path))
+    assert "tok_embeddings.weight" not in loaded.weights
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20)
+    assert _tokens(llm) == hf_greedy_plain(model, PROMPT, 5)[0]
+
+
+def test_missing_shard_is_one_clear_error(tmp_path):
+    model = make_tiny_model(tmp_path, "Qwen3", head_dim=64)
+    model.save_pretrained(tmp_path, max_shard_size="100KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    (tmp_path / sorted(set(index["weight_map"].values()))[1]).unlink()
+    with pytest.raises(ValueError, match="names shards that are not there"):
+        load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_checkpoint_matches_transformers_in_float32(tmp_path, dtype):
+    make_tiny_model(tmp_path, "Gemma3Text", head_dim=64, sliding_window=8).to(
+        dtype
+    ).save_pretrained(tmp_path)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    llm = LLM(str(tmp_path), dtype="float32", kv_cache_memory=8 << 20)
+    assert _tokens(llm) == hf_greedy_plain(ref, PROMPT, 5)[0]
+
+
+def test_gemma3_multimodal_checkpoint_serves_its_text_model(tmp_path):
+    """Gemma3ForConditionalGeneration (the 4B-27B releases): the text model under
+    `language_model`, its config in `text_config`; the vision tower is not read."""
+    text = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=7,
+                sliding_window_pattern=3)  # fmt: skip
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14)  # fmt: skip
+    cfg = transformers.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=299,
+        boi_token_index=297, eoi_token_index=298,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0) if p.dim() > 1 else p.add_(0.2 * torch.randn(p.shape))
+    model.save_pretrained(tmp_path)
+    make_tiny_model(tmp_path / "tok", "Llama")  # borrow its tokenizer files
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / f).write_bytes((tmp_path / "tok" / f).read_bytes())
+    loaded = load_model(str(tmp_path))
+    assert loaded.config.architecture == "gemma3"
+    assert loaded.config.family.window_layers == (True, True, False)
+    assert not any("vision" in n for n in loaded.weights)
+    llm = LLM(
+        loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, max_num_batched_tokens=16,
+        max_num_seqs=4,
+    )  # fmt: skip
+    want = []
+    ids = list(PROMPT)
+    with torch.no_grad():
+        for _ in range(5):
+            want.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+            ids.append(want[-1])
+    assert _tokens(llm) == want
+
+
+def test_generation_config_gives_eos_ids_and_sampling_defaults(tmp_path):
+    model = make_tiny_model(tmp_path, "Qwen3", head_dim=64)
+    greedy = hf_greedy_plain(model, PROMPT, 6)[0]
+    gen = {"eos_token_id": [2, greedy[2]], "temperature": 0.6, "top_p": 0.9, "top_k": 20,
+           "repetition_penalty": 1.05, "do_sample": True}  # fmt: skip
+    (tmp_path / "generation_config.json").write_text(json.dumps(gen))
+    loaded = load_model(str(tmp_path))
+    assert loaded.config.eos_token_ids == (2, greedy[2])
+    assert loaded.sampling_defaults == {
+        "temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.05,
+    }  # fmt: skip
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20)
+    defaults = llm.get_default_sampling_params()
+    assert (defaults.temperature, defaults.top_p, defaults.top_k) == (0.6, 0.9, 20)
+    assert defaults.repetition_penalty == 1.05
+    # the second EOS id ends generation (it is the third greedy token)
+    out = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(temperature=0, max_tokens=6))
+    assert out[0].outputs[0].token_ids == greedy[:3]
+    assert out[0].outputs[0].finish_reason == "stop"
+
+
+def test_server_requests_take_the_generation_config_defaults(tmp_path):
+    from pagoda.runtime.engine.info import EngineInfo
+    from pagoda.runtime.server.completions import CompletionEndpoint
+    from pagoda.runtime.server.protocol import CompletionRequest
+
+    endpoint = CompletionEndpoint(("m",), max_batch=8)
+    info = EngineInfo(
+        "m", 512, 300, tokenizer=None, sampling_defaults={"temperature": 0.6, "top_k": 20}
+    )
+    strings = None
+    left_out = endpoint.prepare(CompletionRequest(prompt=[5, 6, 7]), info, strings)
+    assert (left_out.params.temperature, left_out.params.top_k) == (0.6, 20)
+    given = endpoint.prepare(CompletionRequest(prompt=[5, 6], temperature=0.0), info, strings)
+    assert (given.params.temperature, given.params.top_k) == (0.0, 20)
+
+
+@pytest.mark.parametrize("where", ["tokenizer_config.json", "chat_template.jinja"])
+def test_chat_template_from_either_file(tmp_path, where):
+    make_tiny_model(tmp_path, "Qwen3", head_dim=64)
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    if where == "chat_template.jinja":
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": False}))
+        (tmp_path / where).write_text(template)
+    else:
+        named = [{"name": "tool_use", "template": "x"}, {"name": "default", "template": template}]
+        (tmp_path / where).write_text(json.dumps({"chat_template": named}))
+    tok = load_model(str(tmp_path)).tokenizer
+    assert tok.apply_chat_template([{"role": "user", "content": "w9"}]) == "<user>w9"
+
+
+def test_chat_template_jinja_wins_and_bos_follows_the_post_processor(tmp_path):
+    """As transformers 5 reads a directory: chat_template.jinja over tokenizer_config.json's
+    template, and BOS where tokenizer.json's post-processor puts it (Llama 3, Gemma)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    make_tiny_model(tmp_path, "Qwen3", head_dim=64, bos_token_id=1)
+    (tmp_path / "chat_template.jinja").write_text("{{ bos_token }}{{ messages[0]['content'] }}")
+    tok = load_model(str(tmp_path)).tokenizer
+    assert tok.apply_chat_template([{"role": "user", "content": "w9"}]) == "w1w9"
+    assert tok.encode("w5 w6") == [5, 6]  # no post-processor, no add_bos_token
+    hf = HFTokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    hf.post_processor = TemplateProcessing(single="w1 $A", special_tokens=[("w1", 1)])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = load_model(str(tmp_path)).tokenizer
+    assert tok.encode("w5 w6") == [1, 5, 6]
+    assert tok.encode("w1 w5") == [1, 5]  # not twice
+    assert tok.encode("w5", add_special_tokens=False) == [5]
+
+
+def test_unsupported_architecture_names_what_is_supported(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*supported: .*Qwen3MoeForCausalLM"):
+        read_model_config(str(tmp_path))
+    result = subprocess.run(
+        [sys.executable, "-P", "-m", "pagoda.runtime.cli", "serve", "--port", "0", "--model",
+         str(tmp_path)],
+        capture_output=True, text=True, timeout=180, cwd=Path(__file__).resolve().parents[3],
+    )  # fmt: skip
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unsupported architecture" in lines[0], result.stderr
+    assert all(name in lines[0] for name in HF_ARCHITECTURES)

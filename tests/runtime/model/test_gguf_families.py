@@ -1,0 +1,259 @@
+"""GGUF files of the newer families (qwen3, qwen3moe, gemma3; Mixtral as llama with experts),
+written here the way llama.cpp's converter writes them (its tensor names, stacked expert
+tensors, Gemma's norms stored as 1 + w, Q8_0 matrices): the engine matches transformers running
+on exactly the dequantized weights, token for token, with experts multiplied from their blocks.
+Gemma's SentencePiece vocabulary tokenizes as transformers reads the same file."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from hf_oracle import hf_greedy_plain, make_tiny_model
+from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.model.gguf_loader import load_gguf
+
+transformers = pytest.importorskip("transformers")
+
+# HF layer suffix -> llama.cpp name (per family where they differ)
+NAMES = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
+    "block_sparse_moe.gate": "ffn_gate_inp",
+}
+GEMMA3_NAMES = {
+    **NAMES,
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+EXPERTS = {  # (HF expert names gate, up, down) -> llama.cpp's stacked tensors
+    ("gate_proj", "up_proj", "down_proj"): ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
+    ("w1", "w3", "w2"): ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
+}
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's convert-time permutation of a Llama model's Q/K rows."""
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def _byte_level_vocab(n: int) -> tuple[list[str], list[int], list[str]]:
+    """A small byte-level BPE vocabulary of n tokens (all 256 bytes, a few merges)."""
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    alphabet = sorted(ByteLevel.alphabet())
+    merged = ["Ġt", "he", "Ġthe", "in", "Ġin"]
+    tokens = [*alphabet, *merged, "<|endoftext|>"]
+    tokens += [f"<extra_{i}>" for i in range(n - len(tokens))]
+    types = [1] * len(tokens)
+    types[len(alphabet) + len(merged)] = 3
+    return tokens, types, ["Ġ t", "h e", "Ġt he", "i n", "Ġ in"]
+
+
+def _spm_vocab(n: int) -> tuple[list[str], list[int]]:
+    """A Gemma-style SentencePiece vocabulary of n tokens: control tokens, byte fallbacks,
+    pieces with "\u2581" for spaces, one run of real spaces (as Gemma's files store them)."""
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    types = [3, 3, 3, 2, 3, 3]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [6] * 256
+    pieces = ["\u2581", "  ", *"abcdefghijklmnopqrstuvwxyz", "\u2581t", "he", "\u2581the", "an",
+              "nd", "\u2581and", "\u2581a", "at", "\u2581c", "\u2581cat", "\u2581h", "\u2581hat"]  # fmt: skip
+    tokens += pieces
+    types += [1] * len(pieces)
+    tokens += [f"<unused{i}>" for i in range(n - len(tokens))]
+    types += [5] * (n - len(types))
+    return tokens, types
+
+
+def write_gguf(path, hf_dir, arch: str, window: int | None = None) -> dict[str, torch.Tensor]:
+    """The checkpoint in `hf_dir` as llama.cpp's converter writes it; returns the checkpoint's
+    tensors as the file dequantizes them (for the oracle)."""
+    from safetensors.torch import load_file
+
+    cfg = transformers.AutoConfig.from_pretrained(hf_dir)
+    sd = {k: v.float().numpy() for k, v in load_file(str(hf_dir / "model.safetensors")).items()}
+    gemma = arch == "gemma3"
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(
+            getattr(cfg, "moe_intermediate_size", cfg.intermediate_size)
+        )
+    if window:
+        w.add_sliding_window(window)
+    if gemma:
+        tokens, types = _spm_vocab(cfg.vocab_size)
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores([0.0] * len(tokens))
+        w.add_token_types(types)
+        w.add_add_bos_token(True)
+        w.add_bos_token_id(2)
+        w.add_eos_token_id(1)
+    else:
+        tokens, types, merges = _byte_level_vocab(cfg.vocab_size)
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_eos_token_id(len(tokens) - 1)
+    expected: dict[str, np.ndarray] = {}
+
+    def put(gname: str, arr: np.ndarray, hf: str, qtype=Q.Q8_0, heads: int = 0, shift=0.0):
+        stored = _permute(arr, heads) if heads else arr
+        stored = stored + shift
+        if arr.ndim == 1 or qtype == Q.F32:
+            data, back = stored.astype(np.float32), stored.astype(np.float32)
+            qtype = Q.F32
+        else:
+            data = gguf.quants.quantize(stored, qtype)
+            back = gguf.quants.dequantize(data, qtype).reshape(stored.shape)
+        w.add_tensor(gname, data, raw_shape=data.shape, raw_dtype=qtype)
+        back = back - shift
+        expected[hf] = _permute_back(back, heads) if heads else back
+
+    def _permute_back(a, n):
+        return a.reshape(n, a.shape[0] // n // 2, 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+
+    shift = 1.0 if gemma else 0.0  # llama.cpp stores Gemma's norms as 1 + w
+    names = GEMMA3_NAMES if gemma else NAMES
+    put("token_embd.weight", sd["model.embed_tokens.weight"], "model.embed_tokens.weight")
+    put("output_norm.weight", sd["model.norm.weight"], "model.norm.weight", shift=shift)
+    if "lm_head.weight" in sd and not cfg.tie_word_embeddings:
+        put("output.weight", sd["lm_head.weight"], "lm_head.weight")
+    llama = arch == "llama"
+    for i in range(cfg.num_hidden_layers):
+        pre = f"model.layers.{i}."
+        for suffix, gname in names.items():
+            hf = f"{pre}{suffix}.weight"
+            if hf in sd:
+                heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}
+                norm = gname.endswith("norm")
+                qtype = Q.F32 if gname == "ffn_gate_inp" else Q.Q8_0
+                put(f"blk.{i}.{gname}.weight", sd[hf], hf, qtype, heads.get(gname, 0) if llama else 0,
+                    shift if norm else 0.0)  # fmt: skip
+        for hf_names, g_names in EXPERTS.items():
+            block = "block_sparse_moe." if hf_names[0] == "w1" else "mlp."
+            first = f"{pre}{block}experts.0.{hf_names[0]}.weight"
+            if first not in sd:
+                continue
+            for hf_name, gname in zip(hf_names, g_names):
+                per = [f"{pre}{block}experts.{e}.{hf_name}.weight" for e in range(experts)]
+                stacked = np.stack([sd[n] for n in per])
+                put(f"blk.{i}.{gname}.weight", stacked, "stacked")
+                for e, n in enumerate(per):
+                    expected[n] = expected["stacked"][e]
+                del expected["stacked"]
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in expected.items()}
+
+
+QWEN3MOE = dict(head_dim=64, vocab_size=300, num_experts=8, num_experts_per_tok=2,
+                moe_intermediate_size=64, norm_topk_prob=True)  # fmt: skip
+GEMMA3 = dict(head_dim=64, vocab_size=320, sliding_window=7, num_hidden_layers=2,
+              query_pre_attn_scalar=64)  # fmt: skip
+MIXTRAL = dict(head_dim=32, vocab_size=300, num_local_experts=4, num_experts_per_tok=2)
+CASES = {
+    "qwen3": ("Qwen3", dict(head_dim=64, vocab_size=300), None),
+    "qwen3moe": ("Qwen3Moe", QWEN3MOE, None),
+    "gemma3": ("Gemma3Text", GEMMA3, 7),
+    "llama": ("Mixtral", MIXTRAL, None),
+}
+GGUF_ARCH = {"qwen3": "qwen3", "qwen3moe": "qwen3moe", "gemma3": "gemma3", "llama": "llama"}
+
+
+def _oracle(tmp_path, tensors: dict[str, torch.Tensor]):
+    """transformers' model of the checkpoint with `tensors` (the file's values) in float32."""
+    from safetensors.torch import load_file, save_file
+
+    (tmp_path / "oracle").mkdir()
+    (tmp_path / "oracle" / "config.json").write_bytes(
+        (tmp_path / "hf" / "config.json").read_bytes()
+    )
+    saved = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    save_file({**saved, **tensors}, str(tmp_path / "oracle" / "model.safetensors"))
+    oracle = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "oracle", dtype=torch.float32
+    )
+    return oracle.eval()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gguf_family_matches_transformers_on_its_dequantized_weights(tmp_path, case):
+    from pagoda.runtime.cpu import qgemm
+
+    arch, overrides, window = CASES[case]
+    if case == "gemma3":  # llama.cpp's Gemma 3: a global layer every sixth, head-size scale
+        overrides = {**overrides, "layer_types": ["sliding_attention"] * 2}
+    make_tiny_model(tmp_path / "hf", arch, **overrides)
+    path = tmp_path / f"{case}.gguf"
+    expected = write_gguf(path, tmp_path / "hf", GGUF_ARCH[case], window)
+    model = _oracle(tmp_path, expected)
+    config, weights, _, _ = load_gguf(path)
+    assert config.architecture == ("mixtral" if case == "llama" else case)
+    for name, want in expected.items():
+        if "experts." not in name:  # Gemma's norms as stored: 1 + w
+            shift = 1.0 if case == "gemma3" and name.endswith("norm.weight") else 0.0
+            torch.testing.assert_close(weights[name] - shift, want, rtol=0, atol=1e-6, msg=name)
+    llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20, max_num_batched_tokens=16,
+              max_num_seqs=4)  # fmt: skip
+    if config.family.num_experts and qgemm.load() is not None:  # experts from their Q8_0 blocks
+        moe = llm.engine.runner.model.layers[0].mlp
+        assert all(pair[0].fast.kinds == ("Q8_0",) for pair in moe.experts)
+    prompts = [[(7 * i + 3) % 250 + 5 for i in range(n)] for n in (3, 29)]
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+    )
+    for out, p in zip(outs, prompts):
+        assert out.outputs[0].token_ids == hf_greedy_plain(model, p, 6)[0], f"{case}: {len(p)}"
+
+
+def test_gemma3_sentencepiece_vocabulary_tokenizes_as_transformers_reads_it(tmp_path):
+    make_tiny_model(tmp_path / "hf", "Gemma3Text", head_dim=64, vocab_size=320,
+                    num_hidden_layers=1)  # fmt: skip
+    path = tmp_path / "gemma.gguf"
+    write_gguf(path, tmp_path / "hf", "gemma3", 7)
+    _, _, ours, _ = load_gguf(path)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    texts = ["the cat and the hat", "  two  spaces   and\ttabs", "that hat, éclair 🙂",
+             "<start_of_turn>user\nthe cat<end_of_turn>", "andandand the"]  # fmt: skip
+    for text in texts:
+        want = theirs.encode(text, add_special_tokens=False)
+        assert ours.encode(text, add_special_tokens=False) == want, text
+        assert ours.decode(want, skip_special_tokens=False) == theirs.decode(want), text
+    assert ours.encode("the cat")[:1] == [2]  # <bos>, as llama.cpp adds it

@@ -1,0 +1,84 @@
+"""GrammarState and the way out: the state follows the tokens (rebuilt when they are not what it
+saw), the way out completes the grammar, and a budget is met: forced to its end, then EOS."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import xgrammar as xgr
+from pagoda.runtime.request import Request
+from pagoda.runtime.sampling.params import SamplingParams
+from pagoda.runtime.structured.bitmask import GrammarBitmask
+from pagoda.runtime.structured.matcher import GrammarState
+from pagoda.runtime.structured.params import StructuredOutputsParams as Spec
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "string"}, "b": {"type": "array", "items": {"type": "integer"},
+                                                  "minItems": 2}},
+    "required": ["a", "b"],
+}  # fmt: skip
+
+
+def test_the_state_is_rebuilt_from_the_tokens(compiler, smol_tokenizer):
+    """What a preempted request's matcher would need if its tokens ever changed: the state is
+    rebuilt from the output, and then allows what a fresh matcher fed those tokens allows."""
+    compiled = compiler.compile(Spec(json=SCHEMA))
+    ids = smol_tokenizer.encode('{"a": "xy", "b": [1', add_special_tokens=False)
+    state = GrammarState(compiled)
+    state.accept(ids)
+    other = smol_tokenizer.encode('{"a": "', add_special_tokens=False)
+    assert state.pending(other) == -1
+    state.rebuild(other)
+    fresh = xgr.GrammarMatcher(compiled)
+    assert all(fresh.accept_token(t) for t in other)
+    a, b = (xgr.allocate_token_bitmask(1, compiler.vocab_size) for _ in range(2))
+    state.matcher.fill_next_token_bitmask(a)
+    fresh.fill_next_token_bitmask(b)
+    assert torch.equal(a, b) and state.accepted == len(other)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [Spec(json=SCHEMA), Spec(regex=r"(\w+ )+\w+\."), Spec(grammar='root ::= "(" [0-9]+ ("," [0-9]+)* ")"'),
+     Spec(json_object=True)],
+)  # fmt: skip
+def test_the_way_out_completes(compiler, smol_tokenizer, spec):
+    m = xgr.GrammarMatcher(compiler.compile(spec))
+    prefix = {
+        "json": '{"a": "a long',
+        "regex": "one two",
+        "grammar": "(12,3",
+        "json_object": '{"k": [1, {',
+    }
+    assert m.accept_string(prefix[spec.kind])
+    plan = compiler.closer.plan(m, 64)
+    assert plan is not None and all(m.accept_token(t) for t in plan) and m.is_completed()
+
+
+def test_a_tight_budget_is_met(compiler, smol_tokenizer):
+    """40 tokens, logits that favour anything but closing: the answer still ends with EOS
+    inside the budget (forced at the end), as valid JSON."""
+    spec = Spec(json=SCHEMA).with_compiled(compiler.compile(Spec(json=SCHEMA)))
+    vocab = smol_tokenizer.model_vocab_size
+    req = Request("t", [1], SamplingParams(max_tokens=40, structured_outputs=spec),
+                  eos_token_ids=smol_tokenizer.eos_token_ids)  # fmt: skip
+    gb = GrammarBitmask(smol_tokenizer, vocab, torch.device("cpu"))
+    letter = smol_tokenizer.encode("a", add_special_tokens=False)[0]
+    while not req.is_finished:
+        logits = torch.zeros(1, vocab)
+        logits[0, letter] = 10.0  # the model would write "aaaa..." forever
+        gb.apply(logits, [req], [0])
+        req.append_token(int(logits.argmax()))
+        req.check_stop_token()
+    assert req.status.finish_reason == "stop" and req.num_output_tokens <= 40
+    text = smol_tokenizer.decode(req.output_token_ids[:-1])
+    assert set(json.loads(text)) == {"a", "b"}
+
+
+def test_no_steering_when_nothing_fits(compiler):
+    state = GrammarState(compiler.compile(Spec(json=SCHEMA)))
+    assert state.steer(compiler.closer, 3) == (None, False)  # the shortest answer needs more
+    assert state.check_at == -1  # and it is not searched for again

@@ -1,0 +1,136 @@
+"""JSON Schemas before xgrammar: what it would enforce loosely is rewritten exactly or refused.
+
+The property behind it: every output the compiled grammar allows validates against the schema
+the client sent. Random walks through the grammar (random allowed tokens, ended by the closer)
+check it for rewritten schemas and for random ones."""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+from pagoda.runtime.request import Request
+from pagoda.runtime.sampling.params import SamplingParams
+from pagoda.runtime.structured import schema as schemas
+from pagoda.runtime.structured.bitmask import GrammarBitmask
+from pagoda.runtime.structured.params import StructuredOutputsParams
+from structured_testlib import random_schema
+
+
+@pytest.mark.parametrize(
+    ("schema", "where"),
+    [
+        ({"type": "array", "uniqueItems": True}, "/uniqueItems"),
+        ({"not": {"type": "string"}}, "/not"),
+        ({"type": "string", "if": {"minLength": 1}, "then": {"minLength": 2}}, "/if"),
+        ({"type": "array", "contains": {"type": "integer"}}, "/contains"),
+        ({"type": "object", "properties": {"a": {"dependentRequired": {"a": ["b"]}}}},
+         "/properties/a/dependentRequired"),
+        ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "/oneOf"),
+        ({"type": "object", "required": ["a"], "additionalProperties": False}, "/required"),
+        ({"type": "string", "pattern": "^(ab)+$", "maxLength": 5}, "/pattern"),
+        ({"$ref": "https://example.com/schema.json"}, "/$ref"),
+        ({"type": "strin"}, "/type"),
+        ({"type": "integer", "minimum": "0"}, "/minimum"),
+        ({"allOf": [{"type": "object", "additionalProperties": False}]}, "/allOf/0/additionalProperties"),
+    ],
+)  # fmt: skip
+def test_refused_with_the_path(schema, where):
+    with pytest.raises(schemas.SchemaError) as e:
+        schemas.check(schema)
+    assert e.value.path == where
+
+
+def test_refusals_reach_the_client_as_param_errors(compiler):
+    from pagoda.runtime.sampling.params import ParamError
+
+    spec = StructuredOutputsParams(json={"uniqueItems": True}, field="response_format")
+    with pytest.raises(ParamError) as e:
+        compiler.compile(spec)
+    assert e.value.field == "response_format"
+    assert "uniqueItems" in e.value.message
+
+
+REWRITTEN = [
+    # allOf of objects: merged (xgrammar drops the second branch's required)
+    {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+               {"properties": {"b": {"type": "string"}}, "required": ["b"]}]},
+    # required name without a property schema: written anyway
+    {"type": "object", "required": ["id", "name"], "properties": {"id": {"type": "integer"}}},
+    # lengths implied by the pattern: dropped; one repeated class: folded into its count
+    {"type": "string", "pattern": "^[A-Z]{3}$", "minLength": 3, "maxLength": 3},
+    {"type": "string", "pattern": "^[a-z]+$", "minLength": 2, "maxLength": 4},
+    {"type": "string", "pattern": "[0-9]*", "maxLength": 2},
+    # disjoint oneOf: kept (xgrammar enforces it exactly)
+    {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+    {"oneOf": [
+        {"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}},
+         "required": ["kind", "x"], "additionalProperties": False},
+        {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"],
+         "additionalProperties": False}]},
+]  # fmt: skip
+
+
+def test_rewrites_are_exact():
+    s = schemas.check(REWRITTEN[0])
+    assert "allOf" not in s and s["required"] == ["a", "b"]
+    assert schemas.check(REWRITTEN[2]) == {"type": "string", "pattern": "^[A-Z]{3}$"}
+    assert schemas.check(REWRITTEN[3])["pattern"] == "^[a-z]{2,4}$"
+    assert schemas.check(REWRITTEN[4])["pattern"] == "^[0-9]{0,2}$"
+    original = {"type": "object", "required": ["a"]}
+    schemas.check(original)
+    assert original == {"type": "object", "required": ["a"]}  # the client's dict is not changed
+
+
+@functools.cache
+def _odd_tokens(compiler) -> np.ndarray:
+    return np.array([i for i, b in enumerate(compiler.decoded_vocab)
+                     if b and (b[0] < 0x20 or b[0] >= 0x80 or b'"' in b or b"\\" in b)])  # fmt: skip
+
+
+def _random_outputs(compiler, tok, schema, n: int, seed: int, free_ws: bool = False) -> list[str]:
+    """n outputs of 80 tokens at most, each token drawn at random from those the step's mask
+    (`GrammarBitmask`, as the engine applies it) allows, favouring odd ones: bytes below 0x20,
+    quotes, backslashes, pieces of multi-byte characters."""
+    vocab = compiler.vocab_size
+    odd = _odd_tokens(compiler)
+    spec = StructuredOutputsParams(json=schema, disable_any_whitespace=not free_ws)
+    spec = spec.with_compiled(compiler.compile(spec))
+    gb = GrammarBitmask(tok, vocab, torch.device("cpu"))
+    rng = np.random.default_rng(seed)
+    outs = []
+    for k in range(n):
+        req = Request(f"w{k}", [1], SamplingParams(max_tokens=80, structured_outputs=spec),
+                      eos_token_ids=tok.eos_token_ids)  # fmt: skip
+        while not req.is_finished:
+            weights = rng.random(vocab, dtype=np.float32)
+            weights[odd] += 1.0
+            logits = torch.from_numpy(weights[None].copy())
+            gb.apply(logits, [req], [0])
+            w = np.where(np.isfinite(logits[0].numpy()), weights, 0.0)
+            token = int(rng.choice(vocab, p=w / w.sum()))
+            req.append_token(token)
+            req.check_stop_token()
+        assert req.status.finish_reason == "stop", (schema, tok.decode(req.output_token_ids))
+        outs.append(tok.decode(req.output_token_ids[:-1]))
+    return outs
+
+
+@pytest.mark.parametrize("schema", REWRITTEN)
+def test_rewritten_schemas_only_allow_valid_output(schema, compiler, smol_tokenizer):
+    for text in _random_outputs(compiler, smol_tokenizer, schema, 3, seed=0):
+        jsonschema.validate(json.loads(text), schema)
+
+
+@pytest.mark.parametrize("free_ws", [False, True])
+def test_random_schemas_only_allow_valid_output(compiler, smol_tokenizer, free_ws):
+    rng = random.Random(2024)
+    for i in range(30):
+        schema = random_schema(rng)
+        for text in _random_outputs(compiler, smol_tokenizer, schema, 1, i, free_ws):
+            jsonschema.validate(json.loads(text), schema)

@@ -1,0 +1,109 @@
+"""Tool-call parsers: whole outputs and streams (split anywhere) give the same calls and content;
+what is not a well-formed call stays content; the parser is detected from chat templates."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from pagoda.runtime import options
+from pagoda.runtime.server.tool_parsers import (
+    PARSERS,
+    HermesParser,
+    Llama3JsonParser,
+    MistralParser,
+    detect,
+)
+
+CASES = [
+    (HermesParser(), 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+     '"who": {"name": "nested"}}}\n</tool_call>\n<tool_call>\n{"name": "add", "arguments": '
+     '{"a": 1, "b": [2, "}"]}}\n</tool_call>',
+     "Sure.", [("get_weather", {"city": "Paris", "who": {"name": "nested"}}),
+               ("add", {"a": 1, "b": [2, "}"]})]),
+    (HermesParser(), '<tool_call>\n{"arguments": {"x": "é\\"q"}, "name": "late_name"}\n</tool_call>',
+     None, [("late_name", {"x": 'é"q'})]),
+    (Llama3JsonParser(), '<|python_tag|>{"name": "f", "parameters": {"a": 1}}; '
+     '{"name": "g", "parameters": {}}', None, [("f", {"a": 1}), ("g", {})]),
+    (Llama3JsonParser(), '  {"name": "f", "parameters": {"q": "x"}}', None, [("f", {"q": "x"})]),
+    (MistralParser(), 'Let me see. [TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}, '
+     '{"name": "g", "arguments": "{\\"b\\": 2}"}]', "Let me see.",
+     [("f", {"a": 1}), ("g", {"b": 2})]),
+]  # fmt: skip
+PLAIN = [
+    (HermesParser(), "No tools needed: 2 + 2 = 4."),
+    (HermesParser(), "<tool_call>\n{not json at all\n</tool_call>"),
+    (Llama3JsonParser(), "The answer is {probably} 4."),
+    (Llama3JsonParser(), '{"name": "f"}'),  # no arguments
+    (MistralParser(), "Plain [text] with brackets."),
+]
+
+
+@pytest.mark.parametrize(("parser", "text", "content", "calls"), CASES)
+def test_whole_outputs(parser, text, content, calls):
+    got_content, got = parser.parse(text)
+    assert got_content == content
+    assert [(c.name, json.loads(c.arguments)) for c in got] == calls
+    assert len({c.id for c in got}) == len(got) and all(c.id.startswith("call_") for c in got)
+    first = parser.parse(text, parallel=False)[1]
+    assert [c.name for c in first] == [calls[0][0]]
+
+
+def _streamed(parser, text: str, seed: int) -> tuple[str, list, list[dict]]:
+    rng = random.Random(seed)
+    stream, deltas, i = parser.stream(), [], 0
+    while i < len(text):
+        k = rng.randint(1, 7)
+        deltas.append(stream.feed(text[i : i + k]))
+        i += k
+    deltas.append(stream.feed("", final=True))
+    content = "".join(d.get("content", "") for d in deltas)
+    calls: dict[int, list] = {}
+    for d in deltas:
+        for c in d.get("tool_calls", ()):
+            if "id" in c:  # the first delta of a call: id, type and name, no arguments yet
+                assert c["index"] not in calls and c["type"] == "function"
+                assert c["function"]["arguments"] == ""
+                calls[c["index"]] = [c["function"]["name"], ""]
+            calls[c["index"]][1] += c["function"].get("arguments", "")
+    return content, [calls[i] for i in sorted(calls)], deltas
+
+
+@pytest.mark.parametrize(("parser", "text", "content", "calls"), CASES)
+@pytest.mark.parametrize("seed", range(4))
+def test_streams_give_the_same_calls(parser, text, content, calls, seed):
+    got_content, got, _ = _streamed(parser, text, seed)
+    assert got_content.strip() == (content or "")
+    assert [(n, json.loads(a)) for n, a in got] == calls
+
+
+@pytest.mark.parametrize(("parser", "text"), PLAIN)
+def test_what_is_not_a_call_stays_content(parser, text):
+    assert parser.parse(text) == (text, [])
+    content, calls, _ = _streamed(parser, text, 0)
+    assert content == text and calls == []
+
+
+def test_a_call_cut_short_streams_what_it_has():
+    """max_tokens inside the arguments: the whole response keeps the text as content; a stream
+    has sent the call's start (and finish_reason `length` tells the client it is cut)."""
+    text = '<tool_call>\n{"name": "f", "arguments": {"a": 1\n'
+    assert HermesParser().parse(text) == (text, [])
+    content, calls, _ = _streamed(HermesParser(), text, 0)
+    assert content == "" and calls == [["f", '{"a": 1']]
+
+
+def test_content_is_not_held_longer_than_a_marker_could_need():
+    stream = HermesParser().stream()
+    assert stream.feed("Hello <tool") == {"content": "Hello "}
+    assert stream.feed("box> done") == {"content": "<toolbox> done"}
+
+
+def test_detection_from_chat_templates():
+    assert detect("{% for tool in tools %}...<tool_call>\n{{ tool }}</tool_call>") == "hermes"
+    assert detect('{%- if tools %}<|python_tag|>{{ t }} "parameters"') == "llama3_json"
+    assert detect("[AVAILABLE_TOOLS]{{ tools }}[TOOL_CALLS]") == "mistral"
+    assert detect("<tool_call> and [TOOL_CALLS]") is None  # ambiguous
+    assert detect("{{ messages }}") is None and detect(None) is None
+    assert set(PARSERS) == set(options.TOOL_CALL_PARSERS) - {"auto"}

@@ -1,0 +1,164 @@
+"""Tool calling before the run: tools and tool results rendered through a chat template that
+knows them (a Qwen 2.5-style template) and through one that does not (SmolLM2's: Pagoda's Hermes
+prompt); the grammar of `required` / named calls in each parser's format; checks and 400s."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import structured_testlib
+import xgrammar as xgr
+from pagoda.runtime.model.tokenizer import Tokenizer
+from pagoda.runtime.server import tools
+from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest
+from pagoda.runtime.structured.compiler import compiler_for
+
+QWEN_LIKE = """{%- if tools %}<|im_start|>system
+{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{% else %}You are helpful.{% endif %}
+
+# Tools
+<tools>{% for tool in tools %}
+{{ tool | tojson }}{% endfor %}
+</tools><|im_end|>
+{% elif messages[0]['role'] == 'system' %}<|im_start|>system
+{{ messages[0]['content'] }}<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == "user" or (message.role == "assistant" and not message.tool_calls) %}
+<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{%- elif message.role == "assistant" %}
+<|im_start|>assistant{% for tc in message.tool_calls %}{% set tc = tc.function %}
+<tool_call>
+{"name": "{{ tc.name }}", "arguments": {{ tc.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{%- elif message.role == "tool" %}
+<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{%- endif %}
+{%- endfor %}
+{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather <now>",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                    "required": ["city"]}}},
+    {"type": "function", "function": {"name": "now"}},
+]  # fmt: skip
+HISTORY = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "21 C"},
+]  # fmt: skip
+
+
+def _request(**kw) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"messages": HISTORY, "tools": TOOLS, **kw})
+
+
+def _render(tokenizer, template, req):
+    setup = tools.prepare(req, template, "auto")
+    raw = [m.as_template_dict() for m in req.messages]
+    messages, listed = tools.template_messages(raw, setup, template)
+    t = Tokenizer(tokenizer.backend, chat_template=template, bos_token_id=None,
+                  eos_token_ids=tokenizer.eos_token_ids)  # fmt: skip
+    return setup, t.apply_chat_template(messages, tools=listed)
+
+
+@pytest.fixture(scope="module")
+def smol_tokenizer():
+    return structured_testlib.smol_tokenizer()
+
+
+def test_a_template_with_tools_renders_them_and_the_round_trip(smol_tokenizer):
+    setup, text = _render(smol_tokenizer, QWEN_LIKE, _request())
+    assert setup.parser.name == "hermes" and setup.choice == "auto"
+    assert json.dumps(TOOLS[0], ensure_ascii=False) in text  # no HTML escapes (<now>)
+    assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in text  # an object
+    assert "<tool_response>\n21 C\n</tool_response>" in text
+
+
+def test_a_template_without_tools_gets_the_hermes_prompt(smol_tokenizer):
+    setup, text = _render(smol_tokenizer, smol_tokenizer.chat_template, _request())
+    assert setup.parser.name == "hermes"
+    assert "<tools>\n" + json.dumps(TOOLS[0], ensure_ascii=False) in text
+    assert (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    )
+    assert "<|im_start|>user\n<tool_response>\n21 C\n</tool_response><|im_end|>" in text
+    # the history renders without tools too (tool_choice none): calls and results stay readable
+    setup, text = _render(
+        smol_tokenizer, smol_tokenizer.chat_template, _request(tool_choice="none")
+    )
+    assert setup.parser is None and "<tools>" not in text and "<tool_response>" in text
+
+
+def _accepts(compiler, spec, text: str) -> bool:
+    m = xgr.GrammarMatcher(compiler.compile(spec))
+    return m.accept_string(text) and m.is_completed()
+
+
+@pytest.fixture(scope="module")
+def compiler(smol_tokenizer):
+    return compiler_for(smol_tokenizer, smol_tokenizer.model_vocab_size)
+
+
+@pytest.mark.parametrize(
+    ("parser", "one", "two"),
+    [
+        ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>',
+         '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'),
+        ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Rome"}}',
+         '{"name": "now", "parameters": {}}'),
+    ],
+)  # fmt: skip
+def test_required_and_named_grammars(compiler, parser, one, two):
+    req = _request()
+    required = tools.tool_grammar(parser, req.tools, None, parallel=True)
+    sep = tools.FORMATS[parser][3]
+    assert _accepts(compiler, required, one) and _accepts(compiler, required, one + sep + two)
+    assert not _accepts(compiler, required, "")  # at least one call
+    assert not _accepts(compiler, required, one.replace('"Rome"', "7"))  # schema enforced
+    single = tools.tool_grammar(parser, req.tools, None, parallel=False)
+    assert _accepts(compiler, single, two) and not _accepts(compiler, single, one + sep + two)
+    named = tools.tool_grammar(parser, req.tools, "now", parallel=True)
+    assert _accepts(compiler, named, two) and not _accepts(compiler, named, one)
+
+
+def test_mistral_grammar(compiler):
+    spec = tools.tool_grammar("mistral", _request().tools, None, parallel=True)
+    text = '[TOOL_CALLS][{"name": "now", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "X"}}]'
+    assert _accepts(compiler, spec, text)
+
+
+@pytest.mark.parametrize(
+    ("kw", "param"),
+    [
+        (dict(tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice.function.name"),
+        (dict(tools=[{"type": "function", "function": {"name": "a b"}}]), "tools[0].function.name"),
+        (dict(tools=[TOOLS[1], TOOLS[1]]), "tools[1].function.name"),
+        (dict(tools=None, tool_choice="required"), "tool_choice"),
+        (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "array", "uniqueItems": True}}}], tool_choice="required"),
+         "tools[0].function.parameters"),
+    ],
+)  # fmt: skip
+def test_bad_tools_are_400s_naming_the_field(kw, param):
+    with pytest.raises(APIError) as e:
+        tools.prepare(_request(**kw), QWEN_LIKE, "auto")
+    assert e.value.status == 400 and e.value.param == param
+
+
+def test_a_template_in_an_unknown_format():
+    odd = "{% for m in messages %}{{ m.content }}{% endfor %}{{ tools }}"
+    with pytest.raises(APIError) as e:
+        tools.prepare(_request(), odd, "auto")
+    assert e.value.param == "tool_choice"
+    assert tools.prepare(_request(), odd, "llama3_json").parser.name == "llama3_json"
+    setup = tools.prepare(_request(tool_choice="required"), odd, "auto")
+    assert setup.parser.name == "hermes" and setup.grammar is not None
