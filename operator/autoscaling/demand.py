@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 CORRECTION_PERIOD_S = 15.0  # the gain and decay below are per this much time
 CORRECTION_GAIN = 0.1  # per period of evidence that the profile overstates a replica's capacity
-CORRECTION_DECAY = 0.0005  # per period without (a 20 % correction fades in ~1.5 h)
+CORRECTION_DECAY = 0.0001  # per period without (a 20 % correction fades in ~7.5 h)
 CORRECTION_MAX = 3.0
 DRAIN_S = 20.0  # a backlog is planned to be through this soon (new arrivals queue behind it)
 SLOPE_BASE_S = 45.0  # the two arrival-rate windows' centres lie 15 s and 60 s back
