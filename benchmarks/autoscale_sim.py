@@ -39,6 +39,7 @@ import argparse
 import dataclasses
 import functools
 import hashlib
+import inspect
 import itertools
 import json
 import math
@@ -347,11 +348,14 @@ _CACHE: dict[str, list] = {}
 
 
 def _cache_key(cap: Capacity) -> str:
-    """What the baselines' results depend on: the replica and the code that simulates them."""
+    """What the baselines' results depend on: the replica and the code that simulates and
+    scores them."""
     h = hashlib.sha256(repr(cap).encode())
     for name in ("autoscale_baselines.py", "autoscale_engine.py", "autoscale_traffic.py"):
         h.update((pathlib.Path(__file__).resolve().parent / name).read_bytes())
     h.update(repr((SEED, EVAL_S, FAST_SYNC_S, MIN_REPLICAS, MAX_REPLICAS)).encode())
+    for fn in (simulate, minute_p95, start_replicas, requests_for.__wrapped__):
+        h.update(inspect.getsource(fn).encode())  # the scoring, in this file
     return h.hexdigest()[:16]
 
 
@@ -626,6 +630,7 @@ def main(argv: list[str] | None = None) -> int:
         print(ablation(args.shapes, args.jobs))
         return 0
     cache = pathlib.Path(args.baselines_cache) if args.baselines_cache else None
+    _CACHE.clear()
     if cache is not None:
         load_cache(cache, cap)
     rows = evaluate(args.shapes, cap, args.quick, args.jobs, args.profile_errors)

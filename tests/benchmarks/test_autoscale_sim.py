@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import math
 import re
 import sys
@@ -220,4 +221,38 @@ def test_the_ablation_table_runs_each_variant_on_each_shape(
     out = capsys.readouterr().out
     rows = [ln for ln in out.splitlines() if ln.startswith("| ") and "%" in ln]
     assert [r.split("|")[1].strip() for r in rows] == [label for label, _ in sim.ABLATION[:2]]
+    sim.requests_for.cache_clear()
+
+
+def test_the_baselines_cache_is_reused_only_by_the_same_code_and_replica(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    shape = traffic.Shape(
+        "tiny-cache", 240.0, 0.5, traffic.synthetic(lambda t: 1.0 if t < 120 else 3.0, 240.0), "t"
+    )
+    monkeypatch.setitem(traffic.SHAPES, shape.name, shape)
+    full = sim.baseline_grid
+    monkeypatch.setattr(
+        sim, "baseline_grid", lambda s, quick=False: {
+            k: (v[0][:2], v[1][:1]) for k, v in full(s, quick=True).items()
+        },
+    )  # fmt: skip
+    sim.requests_for.cache_clear()
+    cache = tmp_path / "base.json"
+    argv = ["--shapes", shape.name, "--jobs", "1", "--plot", "", "--profile-errors"]
+
+    def table() -> list[str]:
+        assert sim.main([*argv, "--baselines-cache", str(cache)]) == 0
+        return [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| tiny-cache")]
+
+    first = table()
+    doc = json.loads(cache.read_text())
+    assert doc["key"] == sim._cache_key(CAP) and len(doc["results"]) >= 8
+    assert table() == first  # reused: the same table
+    for v in doc["results"].values():
+        v[0] = 99.0  # a kept result is what the table shows ...
+    cache.write_text(json.dumps(doc))
+    assert any("| 99.0 % |" in ln for ln in table())
+    cache.write_text(json.dumps({**doc, "key": "other code"}))  # ... but only for the same code
+    assert table() == first
     sim.requests_for.cache_clear()
