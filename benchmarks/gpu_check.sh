@@ -14,12 +14,18 @@
 # Qwen3-30B-A3B-shaped random model, default and swept MoE configs side by side, step vs floor),
 # then the FP8 ones: fp8tests (quantization, GEMM and KV write compiled against the references,
 # bit for bit where the maths is, the GEMM's invariance at Llama-3-8B shapes, the FP8 sweep) and
-# fp8kernels (kernel_speed's FP8 GEMM rows vs bf16 at Llama-3-8B shapes).
+# fp8kernels (kernel_speed's FP8 GEMM rows vs bf16 at Llama-3-8B shapes), fp8engine (FP8 KV
+# attention compiled, FP8 greedy tokens invariant to batch and chunking) and fp8throughput
+# (the 8b shape, bf16 vs FP8 weights + KV: output tok/s and KV capacity); then serving
+# (benchmarks/gpu_serving.py: `pagoda serve` under 256 HTTP clients on nano-vllm's workload,
+# streaming and not, with the engine in its own process and on a thread side by side, beside the
+# offline engine; needs .gpu-wheels/, see gpu_wheels.sh).
 # All of them take more than one 10-minute device call; 2026-12-04 ran STEPS="throughput tests"
 # (~3.5 min), then STEPS="tests tunetests tune throughput" HF=0. The MoE steps alone:
-# STEPS="moetests moekernels moe"; the FP8 ones: STEPS="fp8tests fp8kernels".
+# STEPS="moetests moekernels moe"; the FP8 ones: STEPS="fp8tests fp8kernels" and
+# STEPS="fp8engine fp8throughput" (each about one 10-minute call).
 set -u
-STEPS=${STEPS:-tests tunetests tune throughput invariance kernels moetests moekernels moe fp8tests fp8kernels}
+STEPS=${STEPS:-tests tunetests tune throughput invariance kernels moetests moekernels moe fp8tests fp8kernels fp8engine fp8throughput serving}
 OUT=${OUT:-${1:-gpu-out}}
 mkdir -p "$OUT"
 ROOT=$PWD
@@ -27,6 +33,12 @@ PKG=$(mktemp -d)
 mkdir -p "$PKG/pagoda"
 for d in runtime kernels operator; do ln -s "$ROOT/$d" "$PKG/pagoda/$d"; done
 export PYTHONPATH="$PKG:$ROOT/tests/runtime" PYTHONSAFEPATH=1 TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+# The serving steps need fastapi, uvicorn, pydantic, gguf ...: wheels brought along in .gpu-wheels/
+# (benchmarks/gpu_wheels.sh makes the folder), installed into a scratch site directory.
+if ls "$ROOT"/.gpu-wheels/*.whl >/dev/null 2>&1; then
+    python3 -m pip install --quiet --no-index --no-deps --target "$PKG/site" "$ROOT"/.gpu-wheels/*.whl
+    export PYTHONPATH="$PYTHONPATH:$PKG/site"
+fi
 PY="python3 -P"
 
 step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, print the tail
@@ -71,3 +83,13 @@ TAIL=40 step moe 540 $PY benchmarks/gpu_throughput.py --shape qwen3-30b-a3b --tu
 TAIL=15 step fp8tests 240 $PY -m pytest -q -rs -p no:cacheprovider --timeout 230 \
     tests/kernels/test_fp8_kernels.py tests/runtime/tune/test_fp8_sweep.py
 TAIL=40 step fp8kernels 200 $PY benchmarks/kernel_speed.py --no-attention --moe "" --fp8 llama3-8b
+# FP8 in the engine: FP8 KV attention compiled against the reference, the FP8 model's greedy
+# tokens invariant to batch and chunking; then nano-vllm's workload at the Llama-3-8B shape,
+# bf16 and --quantization fp8 --kv-cache-dtype fp8 side by side (target >= 1.5x output tok/s),
+# with the KV capacity of both
+TAIL=15 step fp8engine 240 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 230 \
+    -k "attention or gpu" tests/kernels/test_fp8_kernels.py tests/runtime/quantization/test_fp8_engine.py
+TAIL=40 step fp8throughput 540 $PY benchmarks/gpu_throughput.py --shape 8b --also-fp8 \
+    --hf-requests 0 --kv-cache-gib 24
+TAIL=30 step serving 420 $PY benchmarks/gpu_serving.py --shape 1b --json "$OUT/serving.json" \
+    --workloads nano --servers process=--engine-process thread=--no-engine-process ${SERVING_ARGS:-}

@@ -114,7 +114,11 @@ VARIANTS = {
     "fast": ("--no-batch-invariant", dict(batch_invariant=False)),
     "sync": ("--no-async-scheduling", dict(async_scheduling=False)),
     "async": ("--async-scheduling", dict(async_scheduling=True)),
-}
+    # FP8 weights (quantized at load) and FP8 KV cache: issue 39's target is >= 1.5x the
+    # default's output tok/s at the 8b shape on Hopper
+    "fp8": ("--quantization fp8 --kv-cache-dtype fp8",
+            dict(quantization="fp8", kv_cache_dtype="fp8")),
+}  # fmt: skip
 PHASE_STEPS = (200, 230)  # steps whose phases are timed (mid-run: a full batch of decodes)
 
 
@@ -158,6 +162,7 @@ def run_pagoda(loaded, reqs, args, prof: KernelProfile | None = None, **engine_k
     )
     llm.generate([reqs[0][0][:8]], SamplingParams(max_tokens=4))  # warm-up (compiles, graphs)
     engine = llm.engine
+    kv_tokens = engine.runner.num_blocks * engine.runner.block_size  # what the fixed budget holds
     for i, (ids, out_len) in enumerate(reqs):
         p = SamplingParams(temperature=0.6, max_tokens=out_len, ignore_eos=True)
         engine.add_request(f"b{i}", ids, p)
@@ -196,6 +201,7 @@ def run_pagoda(loaded, reqs, args, prof: KernelProfile | None = None, **engine_k
         "context": statistics.median(s[2] for s in at_full) if at_full else 0,
         "num_steps": len(steps),
         "phases_ms": phases,
+        "kv_tokens": kv_tokens,
     }
 
 
@@ -334,7 +340,9 @@ def _variant(loaded, reqs, args, default: dict, flag: str, **engine_kw) -> dict:
     print(
         f"Pagoda {flag}: {other['tok_s']:.1f} tok/s, {other['step_ms']:.2f} ms/step at "
         f"{other['full_batch']} running (defaults: {default['tok_s']:.1f} tok/s, "
-        f"{default['step_ms']:.2f} ms) -> {other['tok_s'] / default['tok_s']:.2f}x"
+        f"{default['step_ms']:.2f} ms) -> {other['tok_s'] / default['tok_s']:.2f}x; KV cache "
+        f"{other['kv_tokens']} tokens in {args.kv_cache_gib:g} GiB (defaults: "
+        f"{default['kv_tokens']})"
     )
     if other["phases_ms"]:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in other["phases_ms"].items())
@@ -352,6 +360,23 @@ def _tuned_variant(loaded, reqs, args, default: dict) -> dict:
         return _variant(loaded, reqs, args, default, f"kernels from {args.kernel_config_dir}")
     finally:
         set_config_dirs(before)
+
+
+def kv_capacity_line(mc, dtype: torch.dtype, device: torch.device, args) -> str:
+    """KV tokens one engine would get here with the default budget (gpu_memory_utilization 0.9
+    of this GPU, less the weights and headroom, as the runner computes it), bf16 vs FP8 weights
+    and KV (`pagoda.runtime.server.fit.Plan`'s sizes)."""
+    from pagoda.runtime.server.fit import Plan
+    from pagoda.runtime.server.memory import GPU_HEADROOM
+
+    total = torch.cuda.get_device_properties(device).total_memory
+    parts = []
+    for name, fp8 in (("bf16", False), ("fp8", True)):
+        plan = Plan(dtype, fp8, fp8, 1, 2 * args.max_len + 1)
+        room = int(total * 0.9) - plan.weight_bytes(mc) - GPU_HEADROOM
+        parts.append(f"{name} {room // plan.kv_bytes_per_token(mc)} tokens "
+                     f"(weights {plan.weight_bytes(mc) / 2**30:.1f} GiB)")  # fmt: skip
+    return f"KV capacity at the default budget on this GPU (computed): {', '.join(parts)}"
 
 
 def _device() -> torch.device:
@@ -429,6 +454,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"Pagoda: {res['output_tokens']} output tokens in {res['seconds']:.2f} s = "
             f"{res['tok_s']:.1f} tok/s ({res['num_steps']} steps)"
         )
+        if device.type == "cuda":
+            print(kv_capacity_line(loaded.config, dtype, device, args))
         active = active_experts(cfg, res["full_batch"])
         experts = f", {active:.1f} experts active per layer" if active else ""
         print(

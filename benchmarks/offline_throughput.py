@@ -88,11 +88,12 @@ def count_reads(llm) -> dict:
 
 def streamed_weight_bytes(model) -> int:
     """What a step reads of the linear layers: GGUF blocks where `qgemm` multiplies by them
-    (float32 CPU models), else the weights in the model's dtype."""
+    (float32 CPU models), FP8 weights and scales (`Fp8Linear`), else the weights in the
+    model's dtype."""
     total = 0
     for lin in model.linears():
-        if isinstance(lin.fast, qgemm.QGemmWeight):
-            total += lin.fast.nbytes
+        if isinstance(lin.fast, qgemm.QGemmWeight) or hasattr(lin, "weight_scale"):
+            total += (lin.fast or lin).nbytes  # GGUF blocks; FP8 codes and their scales
         else:
             n, k = (lin.packed if lin.packed is not None else lin.weight).shape
             total += n * k * model.dtype.itemsize

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import torch
 from pagoda.kernels._common import check_device
+from pagoda.kernels.attn_common import kv_scale_args
 from pagoda.kernels.config import get_kernel_config, num_sms
 from pagoda.kernels.decode_attention import choose_num_splits, launch_decode_attention
+from pagoda.kernels.fp8 import FP8_DTYPE
 from pagoda.kernels.unified_attention import launch_unified_attention
 
 # The config bucket every row uses in batch-invariant mode: the decode one, since decodes are
@@ -48,8 +50,9 @@ def _validate(
         raise ValueError(f"q {tuple(q.shape)} does not fit cache {tuple(k_cache.shape)}")
     if out.shape != q.shape or out.dtype != q.dtype:
         raise ValueError(f"out must match q: {tuple(out.shape)}/{out.dtype} vs {tuple(q.shape)}")
-    if not q.dtype == k_cache.dtype == v_cache.dtype:
-        raise ValueError(f"q/k_cache/v_cache dtypes differ: {q.dtype}, {k_cache.dtype}")
+    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (q.dtype, FP8_DTYPE):
+        raise ValueError(f"q/k_cache/v_cache dtypes differ: the caches must be q's dtype "
+                         f"({q.dtype}) or float8_e4m3fn, got {k_cache.dtype}, {v_cache.dtype}")  # fmt: skip
     if q.stride(2) != 1 or out.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
         raise ValueError("the head dimension of q, out and the caches must be contiguous")
     for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens)):
@@ -78,6 +81,8 @@ def paged_attention(
     batch_invariant: bool = False,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a ragged batch against a paged KV cache (module docstring).
 
@@ -88,12 +93,17 @@ def paged_attention(
     them when ``max_query_len == 1``, else none). ``max_seq_len`` only chooses the split count,
     so an upper bound is fine (e.g. under CUDA graphs). ``num_kv_splits`` (a power of two)
     overrides the rule, for tests and benchmarks. ``batch_invariant`` ignores both and runs
-    every row the same way (module docstring). Returns ``out``.
+    every row the same way (module docstring). An E4M3 cache (``float8_e4m3fn``, written by
+    `write_kv_cache` with ``k_scale``/``v_scale``) is read with the same scales: float32, one
+    element or one per KV head; its tiles are widened to q's dtype (exact), the K scale joins
+    the softmax scale and the V scale multiplies the output. Returns ``out``.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _validate(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out)
-    check_device(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out)
+    scales = [t for t in (k_scale, v_scale) if t is not None]
+    check_device(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, *scales)
+    kv_scale_args(k_cache, k_scale, v_scale, seq_lens)  # validated once, before any launch
     num_seqs = seq_lens.shape[0]
     if num_seqs == 0 or q.shape[0] == 0:
         return out
@@ -106,6 +116,7 @@ def paged_attention(
         first_seq = _launch_decodes(
             q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_decodes,
             num_decodes == num_seqs, max_seq_len, num_kv_splits, sliding_window, softcap,
+            k_scale, v_scale,
         )  # fmt: skip
     if first_seq < num_seqs:
         bucket = INVARIANT_QUERY_LEN if batch_invariant else max_query_len
@@ -124,6 +135,8 @@ def paged_attention(
             config=get_kernel_config("paged_attention", shape, out.device),
             sliding_window=sliding_window,
             softcap=softcap,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
     return out
 
@@ -142,6 +155,8 @@ def _launch_decodes(
     num_kv_splits: int | None,
     sliding_window: int | None,
     softcap: float | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
 ) -> int:
     """Run the leading decodes through the split-KV kernel when it splits (or when the batch is
     all decodes); returns how many sequences it took (0: the unified kernel does them)."""
@@ -176,5 +191,7 @@ def _launch_decodes(
         config=cfg,
         sliding_window=sliding_window,
         softcap=softcap,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )
     return num_decodes

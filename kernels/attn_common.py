@@ -77,6 +77,35 @@ def paged_strides(
     )
 
 
+def kv_scale_args(
+    k_cache: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    fallback: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(k_scale, v_scale, stride)`` for the kernels' scale pointers: an E4M3 cache
+    (``float8_e4m3fn``) needs float32 scales of one element (stride 0) or one per KV head
+    (stride 1), the ones it was written with; a 16/32-bit cache takes none (``fallback``, never
+    read, stands in)."""
+    from pagoda.kernels.fp8 import FP8_DTYPE
+
+    if k_cache.dtype != FP8_DTYPE:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(f"k_scale/v_scale are for float8_e4m3fn caches, not {k_cache.dtype}")
+        return fallback, fallback, 0
+    hkv = k_cache.shape[2]
+    if k_scale is None or v_scale is None:
+        raise ValueError("a float8_e4m3fn KV cache needs its k_scale and v_scale")
+    sizes = {k_scale.numel(), v_scale.numel()}
+    bad = any(s.dtype != torch.float32 or not s.is_contiguous() for s in (k_scale, v_scale))
+    if bad or len(sizes) != 1 or sizes.isdisjoint({1, hkv}):
+        raise ValueError(
+            f"k_scale and v_scale must be contiguous float32 with 1 or Hkv={hkv} elements each, "
+            f"got {tuple(k_scale.shape)} {k_scale.dtype}, {tuple(v_scale.shape)} {v_scale.dtype}"
+        )
+    return k_scale, v_scale, 0 if sizes == {1} else 1
+
+
 def paged_meta(q: torch.Tensor, k_cache: torch.Tensor, config: dict) -> dict:
     """Constexprs and launch options both attention kernels share, from shapes and the config."""
     head_dim = q.shape[2]
@@ -86,6 +115,7 @@ def paged_meta(q: torch.Tensor, k_cache: torch.Tensor, config: dict) -> dict:
         "BLOCK_SIZE": k_cache.shape[1],
         "TILE_SIZE": next_pow2(max(int(config["TILE_SIZE"]), 16)),  # tl.dot: N, K >= 16
         "DOT_PRECISION": dot_precision(q.dtype),
+        "KV_FP8": k_cache.dtype != q.dtype,  # E4M3: tiles widened to q's dtype, scales applied
         "num_warps": int(config["num_warps"]),
         "num_stages": int(config["num_stages"]),
     }
@@ -149,6 +179,25 @@ def load_kv_tile(
         mask=kv_mask[:, None] & dim_mask[None, :],
         other=0.0,
     )  # [TILE, HEAD_DIM_PADDED]
+    return k, v
+
+
+@triton.jit
+def kv_scales(k_scale_ptr, v_scale_ptr, kv_head, stride_scale, KV_FP8: tl.constexpr):
+    """This KV head's (K, V) scales of an E4M3 cache; (1, 1) for a 16/32-bit one (not read)."""
+    if KV_FP8:
+        return tl.load(k_scale_ptr + kv_head * stride_scale), tl.load(
+            v_scale_ptr + kv_head * stride_scale
+        )
+    return 1.0, 1.0
+
+
+@triton.jit
+def widen_kv(k, v, dtype, KV_FP8: tl.constexpr):
+    """E4M3 tiles as ``dtype`` (q's): exact, every E4M3 value is a float16/bfloat16/float32
+    value, so ``q·k`` and ``p·v`` run on the 16-bit path with the scales applied outside."""
+    if KV_FP8:
+        return k.to(dtype), v.to(dtype)
     return k, v
 
 

@@ -18,6 +18,8 @@ import triton
 import triton.language as tl
 from pagoda.kernels._common import cdiv, next_pow2, prev_pow2
 from pagoda.kernels.attn_common import (
+    kv_scale_args,
+    kv_scales,
     load_kv_tile,
     online_softmax_step,
     paged_meta,
@@ -25,6 +27,7 @@ from pagoda.kernels.attn_common import (
     score_scale,
     scores,
     softcap_arg,
+    widen_kv,
     window_arg,
 )
 
@@ -41,6 +44,9 @@ def _decode_stage1_kernel(
     seq_lens_ptr,  # [num_seqs] int32
     scale,  # float32: softmax scale * log2(e) (with SOFTCAP: the softmax scale, see `scores`)
     window,  # keys the query sees, its own included (`attn_common.NO_WINDOW`: all of them)
+    k_scale_ptr,  # [1] or [num_kv_heads] float32 (stride_kv_scale 0 or 1), read when KV_FP8
+    v_scale_ptr,  # [1] or [num_kv_heads] float32
+    stride_kv_scale,
     stride_q_tok,
     stride_q_head,
     stride_o_tok,
@@ -62,6 +68,7 @@ def _decode_stage1_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -91,6 +98,11 @@ def _decode_stage1_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, HEAD_DIM_PADDED], dtype=tl.float32)
+    # An E4M3 cache: the K scale joins the softmax scale, the V scale multiplies each segment's
+    # normalised output (the log-sum-exp, from the scores, already has the K scale).
+    k_s, v_s = kv_scales(k_scale_ptr, v_scale_ptr, kv_head, stride_kv_scale, KV_FP8)
+    if KV_FP8:
+        scale = scale * k_s
 
     bt_row = block_tables_ptr + seq * stride_bt_seq
     # The single query sits at position seq_len - 1, so every key from kv_first on is visible.
@@ -114,12 +126,15 @@ def _decode_stage1_kernel(
             stride_v_head,
             BLOCK_SIZE,
         )
+        k, v = widen_kv(k, v, q.dtype, KV_FP8)
         s = scores(q, k, scale, SOFTCAP, DOT_PRECISION)  # [BLOCK_H, TILE_SIZE]
         s = tl.where(kv_mask[None, :] & head_mask[:, None], s, float("-inf"))
         m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION)
 
     empty = l_i == 0.0
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if KV_FP8:
+        acc = acc * v_s
     if NUM_SPLITS == 1:
         tl.store(
             out_ptr + seq * stride_o_tok + head[:, None] * stride_o_head + offs_d[None, :],
@@ -205,9 +220,12 @@ def launch_decode_attention(
     config: dict,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Attention for the first ``num_decodes`` sequences (one query token each), over their
-    last ``sliding_window`` keys when given (only those tiles are read).
+    last ``sliding_window`` keys when given (only those tiles are read); ``k_scale``/``v_scale``:
+    an E4M3 cache's scales (`attn_common.kv_scale_args`).
 
     Grid: stage 1 ``(num_decodes, num_kv_heads, num_splits)``; stage 2 ``(num_decodes, heads)``,
     skipped when ``num_splits == 1`` (stage 1 then writes ``out`` itself).
@@ -240,6 +258,7 @@ def launch_decode_attention(
         seq_lens,
         score_scale(scale, softcap),
         window_arg(sliding_window),
+        *kv_scale_args(k_cache, k_scale, v_scale, seq_lens),
         *paged_strides(q, out, k_cache, v_cache, block_tables),
         NUM_HEADS=num_heads,
         QUERIES_PER_KV=queries_per_kv,

@@ -14,6 +14,8 @@ import triton
 import triton.language as tl
 from pagoda.kernels._common import next_pow2
 from pagoda.kernels.attn_common import (
+    kv_scale_args,
+    kv_scales,
     load_kv_tile,
     online_softmax_step,
     paged_meta,
@@ -21,6 +23,7 @@ from pagoda.kernels.attn_common import (
     score_scale,
     scores,
     softcap_arg,
+    widen_kv,
     window_arg,
 )
 
@@ -65,6 +68,9 @@ def _unified_attention_kernel(
     first_seq,  # sequences before this one are handled elsewhere (split-KV decode)
     num_seqs,
     window,  # keys a query sees, its own included (`attn_common.NO_WINDOW`: all of them)
+    k_scale_ptr,  # [1] or [num_kv_heads] float32 (stride_kv_scale 0 or 1), read when KV_FP8
+    v_scale_ptr,  # [1] or [num_kv_heads] float32
+    stride_kv_scale,
     stride_q_tok,
     stride_q_head,
     stride_o_tok,
@@ -85,6 +91,7 @@ def _unified_attention_kernel(
     BLOCK_Q: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     q_block_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -117,6 +124,10 @@ def _unified_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
+    # An E4M3 cache: the K scale joins the softmax scale, the V scale multiplies the output once.
+    k_s, v_s = kv_scales(k_scale_ptr, v_scale_ptr, kv_head, stride_kv_scale, KV_FP8)
+    if KV_FP8:
+        scale = scale * k_s
 
     q_abs = context_len + q_pos  # [BLOCK_M] absolute position of each query token
     # The last query of this block sees keys [0, context_len + its index]; nothing beyond.
@@ -147,6 +158,7 @@ def _unified_attention_kernel(
             stride_v_head,
             BLOCK_SIZE,
         )
+        k, v = widen_kv(k, v, q.dtype, KV_FP8)
         s = scores(q, k, scale, SOFTCAP, DOT_PRECISION)  # [BLOCK_M, TILE_SIZE]
         visible = (kv_pos[None, :] <= q_abs[:, None]) & kv_mask[None, :] & row_mask[:, None]
         visible = visible & (kv_pos[None, :] > q_abs[:, None] - window)
@@ -155,6 +167,8 @@ def _unified_attention_kernel(
 
     # Rows with an empty context (padding) get zeros rather than 0/0.
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    if KV_FP8:
+        acc = acc * v_s
     tl.store(
         out_ptr + tok[:, None] * stride_o_tok + head[:, None] * stride_o_head + offs_d[None, :],
         acc.to(out_ptr.dtype.element_ty),
@@ -177,10 +191,13 @@ def launch_unified_attention(
     config: dict,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Attend for sequences ``first_seq..`` (tokens ``first_token..``), one launch; with
     ``sliding_window`` W a query sees its last W keys (itself included) and reads only their
-    tiles; ``softcap`` caps the scores (`attn_common.scores`).
+    tiles; ``softcap`` caps the scores (`attn_common.scores`); ``k_scale``/``v_scale``: an E4M3
+    cache's scales (`attn_common.kv_scale_args`).
 
     Grid: ``(num_tokens - first_token) // BLOCK_Q + (num_seqs - first_seq)`` q-blocks × KV heads,
     an upper bound computed from shapes alone.
@@ -206,6 +223,7 @@ def launch_unified_attention(
         first_seq,
         num_seqs,
         window_arg(sliding_window),
+        *kv_scale_args(k_cache, k_scale, v_scale, seq_lens),
         *paged_strides(q, out, k_cache, v_cache, block_tables),
         QUERIES_PER_KV=queries_per_kv,
         BLOCK_M=block_m,

@@ -159,7 +159,8 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9  # fraction of free GPU memory after loading weights
     enable_prefix_caching: bool = options.DEFAULT_ENABLE_PREFIX_CACHING
     num_blocks_override: int | None = None  # tests: an exact pool size
-    kv_cache_dtype: str = options.DEFAULT_KV_CACHE_DTYPE  # auto (the model's) or int8 (CPU)
+    # auto (the model's), int8 (CPU attention) or fp8 (E4M3, Triton attention on FP8 GPUs)
+    kv_cache_dtype: str = options.DEFAULT_KV_CACHE_DTYPE
 
     def __post_init__(self) -> None:
         if self.block_size not in options.BLOCK_SIZES:
@@ -254,6 +255,8 @@ class EngineConfig:
                 f"attention_backend must be one of {choices}, got {self.attention_backend!r}"
             )
         check_device(self.device)
+        for problem in fp8_problems(self):
+            raise ValueError(problem)
         if self.cache.kv_cache_dtype == "int8" and (
             self.device.startswith("cuda") or self.attention_backend == "triton"
         ):
@@ -294,6 +297,49 @@ class EngineConfig:
 
     def torch_dtype(self) -> torch.dtype:
         return resolve_dtype(self.dtype, self.torch_device())
+
+
+def fp8_runs_on(device: torch.device) -> bool:
+    """Whether the FP8 Triton kernels (GEMM, FP8 KV cache) run on `device`: a CUDA GPU with FP8
+    tensor cores (compute capability 8.9+: Ada, Hopper, later), or the CPU under
+    ``TRITON_INTERPRET=1`` (Triton's interpreter: correctness tests only)."""
+    from pagoda.kernels._common import interpreter_enabled
+    from pagoda.kernels.fp8 import fp8_supported
+
+    return fp8_supported(device) if device.type == "cuda" else interpreter_enabled()
+
+
+def fp8_problems(cfg: EngineConfig) -> list[str]:
+    """Why `cfg`'s FP8 settings (``quantization``, ``kv_cache_dtype``) cannot run here: one line
+    each, empty when they can (or are not asked for)."""
+    fp8_kv = cfg.cache.kv_cache_dtype == "fp8"
+    if cfg.quantization != "fp8" and not fp8_kv:
+        return []
+    device = cfg.torch_device()
+    what = " and ".join(
+        w for w, on in (("quantization 'fp8'", cfg.quantization == "fp8"),
+                        ("kv_cache_dtype 'fp8'", fp8_kv)) if on
+    )  # fmt: skip
+    if not fp8_runs_on(device):
+        if device.type == "cuda" and torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability(device)
+            where = f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
+        else:
+            where = "a CPU" if device.type == "cpu" else f"{device}, which this machine lacks"
+        verb = "need" if " and " in what else "needs"
+        return [
+            f"{what} {verb} a GPU with FP8 tensor cores (CUDA compute capability 8.9 or later: "
+            f"Ada, Hopper, Blackwell); this is {where}. FP8 checkpoints load without "
+            "--quantization (dequantized to --dtype); on a CPU, --kv-cache-dtype int8 halves "
+            "the KV cache"
+        ]
+    backend = cfg.attention_backend
+    if backend == "auto":
+        backend = "triton" if device.type == "cuda" else "torch"
+    if fp8_kv and backend == "torch":
+        return ["kv_cache_dtype 'fp8' is read by the Triton attention backend only; use "
+                "--attention-backend auto or triton"]  # fmt: skip
+    return []
 
 
 def check_device(device: str) -> None:

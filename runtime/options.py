@@ -48,7 +48,7 @@ DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
 )
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
-KV_CACHE_DTYPES = ("auto", "int8")
+KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 QUANTIZATIONS = ("fp8",)  # engine `quantization` (None: the checkpoint's own, if any)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -95,6 +95,7 @@ DEFAULT_MAX_CONNECTIONS = 1024
 MAX_TIMEOUT_S = 3600.0
 MAX_CONNECTIONS_LIMIT = 1 << 20
 DEFAULT_LOG_LEVEL = "info"
+DEFAULT_ENGINE_PROCESS = True  # the step loop in its own process (docs/benchmarks.md, serving)
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
 DEFAULT_TOOL_CALL_PARSER = "auto"
 DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S = 10.0
@@ -201,8 +202,14 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          "of free memory on CUDA)", None, metavar="SIZE"),
     Flag("--kv-cache-dtype", "auto: the model's dtype; int8 (CPU): 8-bit K/V with a scale per "
          "token and head, ~1.9x the tokens per byte and fewer bytes read per decode step, at a "
-         "small cost in accuracy (and slower prefill on CPUs with AMX)", DEFAULT_KV_CACHE_DTYPE,
+         "small cost in accuracy (and slower prefill on CPUs with AMX); fp8 (CUDA, compute "
+         "capability 8.9+, Triton attention): E4M3 K/V with a scale per layer (the checkpoint's "
+         "k_scale/v_scale, else 1.0), 2x the tokens of bf16", DEFAULT_KV_CACHE_DTYPE,
          choices=KV_CACHE_DTYPES),
+    Flag("--quantization", "fp8: quantize a 16-bit checkpoint's linear layers to FP8 (E4M3) at "
+         "load, one scale per output channel, activations per token (CUDA, compute capability "
+         "8.9+); unset: the checkpoint's own FP8 format if it has one (dequantized on devices "
+         "without FP8)", None, choices=QUANTIZATIONS),
 )  # fmt: skip
 
 SERVER_FLAGS: Mapping[str, Flag] = _flags(
@@ -242,6 +249,9 @@ SERVER_FLAGS: Mapping[str, Flag] = _flags(
          "HF_HUB_OFFLINE=1 only found); default: $PAGODA_DOWNLOAD_DIR or ~/.cache/pagoda/models",
          None, metavar="DIR"),
     Flag("--log-level", "log verbosity", DEFAULT_LOG_LEVEL, choices=LOG_LEVELS),
+    Flag("--engine-process", "run the engine's step loop in a process of its own beside the "
+         "HTTP server's (no GIL shared with streaming); --no-engine-process runs it on a "
+         "thread of the server", DEFAULT_ENGINE_PROCESS, kind="bool"),
     Flag("--enable-debug-endpoints", "GET /debug/engine (tests only)", False, kind="switch",
          hidden=True),
 )  # fmt: skip
@@ -496,7 +506,8 @@ DEFAULT_ITL_TARGET_S = 0.1
 
 TUNE_FLAGS: Mapping[str, Flag] = _flags(
     *(ENGINE_FLAGS[d] for d in ("model", "dtype", "device", "attention_backend", "max_model_len",
-                                "block_size", "kv_cache_memory")),
+                                "block_size", "kv_cache_memory", "kv_cache_dtype",
+                                "quantization")),
     Flag("--output", "directory the tuned profile is written to (resumed if it holds one)",
          None, metavar="DIR"),
     Flag("--time-budget", "stop measuring after this long, e.g. 15m, 90s (rerun to resume)",

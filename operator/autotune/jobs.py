@@ -86,6 +86,8 @@ def tune_args(key: TuneKey, spec: InferenceServiceSpec) -> list[str]:
         "attention_backend": key.attention_backend,
         "block_size": key.block_size,
         "max_model_len": key.max_model_len,
+        "quantization": key.quantization,
+        "kv_cache_dtype": key.kv_cache_dtype if key.kv_cache_dtype != "auto" else None,
         "output": OUTPUT_DIR,
         "time_budget": f"{spec.autotune.time_budget_seconds}s",
         "ttft_target": key.ttft_target_s,

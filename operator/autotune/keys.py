@@ -2,7 +2,8 @@
 
 A key is everything that changes what `pagoda tune` measures: the GPU product, the model (as
 `pagoda serve --model` sees it, which is what the profile records), the engine settings that
-change shapes (dtype, attention backend, block size, max model length), the runtime image (other
+change shapes (dtype, attention backend, block size, max model length, FP8 weights and KV cache),
+the runtime image (other
 kernels, other engine) and the targets the scheduler knobs are chosen for. Services with equal
 keys in one namespace share one profile and one Job.
 """
@@ -38,10 +39,19 @@ class TuneKey:
     image: str
     ttft_target_s: float
     itl_target_s: float
+    # FP8 weights / KV change the shapes and kernels swept (the FP8 GEMM, the FP8-cache
+    # attention); at their defaults they stay out of the digest, so existing profiles keep
+    # their names
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
 
     @property
     def digest(self) -> str:
-        raw = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        fields = asdict(self)
+        for name, unset in (("quantization", None), ("kv_cache_dtype", "auto")):
+            if fields[name] == unset:
+                del fields[name]
+        raw = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(raw.encode()).hexdigest()[:HASH_LEN]
 
     @property
@@ -53,9 +63,12 @@ class TuneKey:
         return JOB_PREFIX + self.digest
 
     def describe(self) -> str:
+        fp8 = [f"{n} fp8" for n, v in (("quantization", self.quantization),
+                                       ("kv", self.kv_cache_dtype)) if v == "fp8"]  # fmt: skip
         return (
             f"{self.product} / {self.model_uri} / {self.dtype}"
             f"{f' / max_model_len {self.max_model_len}' if self.max_model_len else ''}"
+            f"{''.join(f' / {x}' for x in fp8)}"
         )
 
 
@@ -72,6 +85,8 @@ def key_for(spec: InferenceServiceSpec, product: str) -> TuneKey:
         image=spec.image,
         ttft_target_s=t.ttft_target_s,
         itl_target_s=t.itl_target_s,
+        quantization=e.quantization,
+        kv_cache_dtype=e.kv_cache_dtype,
     )
 
 

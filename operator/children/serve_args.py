@@ -41,6 +41,7 @@ def serve_values(spec: InferenceServiceSpec, role: str | None = None) -> dict[st
         "dtype": e.dtype,
         "block_size": e.block_size,
         "kv_cache_dtype": _kv_cache_dtype_if_set(spec),
+        "quantization": e.quantization,  # None (unset) renders nothing
         "enable_prefix_caching": e.enable_prefix_caching,
         "enable_chunked_prefill": e.enable_chunked_prefill,
         "attention_backend": e.attention_backend,
@@ -96,6 +97,8 @@ def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
     }
     if (kv_cache_dtype := _kv_cache_dtype_if_set(spec)) is not None:
         out["kvCacheDtype"] = kv_cache_dtype
+    if e.quantization is not None:  # only when set, as kvCacheDtype (config hashes stay)
+        out["quantization"] = e.quantization
     if spec.tensor_parallel_size > 1:
         out["tensorParallelSize"] = spec.tensor_parallel_size
     if spec.multi_node:

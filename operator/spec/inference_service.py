@@ -42,6 +42,7 @@ DTYPES = options.DTYPES
 ATTENTION_BACKENDS = options.ATTENTION_BACKENDS
 BLOCK_SIZES = options.BLOCK_SIZES
 KV_CACHE_DTYPES = options.KV_CACHE_DTYPES
+QUANTIZATIONS = options.QUANTIZATIONS
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 MAX_NAME_LENGTH = 52  # leaves room for the "-config" suffix and pod-name hashes
 
@@ -115,6 +116,7 @@ class EngineSpec:
     attention_backend: str = options.DEFAULT_ATTENTION_BACKEND
     block_size: int = options.DEFAULT_BLOCK_SIZE
     kv_cache_dtype: str = options.DEFAULT_KV_CACHE_DTYPE
+    quantization: str | None = None  # None: the checkpoint's own (16-bit, or its FP8 format)
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
@@ -159,6 +161,11 @@ class EngineSpec:
             ),
             block_size=choice(d, "blockSize", p, BLOCK_SIZES, cls.block_size),
             kv_cache_dtype=choice(d, "kvCacheDtype", p, KV_CACHE_DTYPES, cls.kv_cache_dtype),
+            quantization=(
+                choice(d, "quantization", p, QUANTIZATIONS, None)
+                if d.get("quantization") is not None
+                else None
+            ),
             max_num_seqs=opt_int(d, "maxNumSeqs", p, 1, 4096),
             max_num_batched_tokens=opt_int(d, "maxNumBatchedTokens", p, 1, 1 << 20),
             max_model_len=opt_int(d, "maxModelLen", p, 1, 1 << 20),
@@ -298,6 +305,14 @@ class InferenceServiceSpec:
                 "InvalidSpec",
                 "spec.engine.kvCacheDtype int8 runs on CPU pods only (resources.gpus 0, "
                 "attentionBackend auto or torch)",
+            )
+        fp8 = [n for n, on in (("kvCacheDtype fp8", self.engine.kv_cache_dtype == "fp8"),
+                               ("quantization fp8", self.engine.quantization == "fp8")) if on]  # fmt: skip
+        if fp8 and (self.resources.gpus < 1 or self.engine.attention_backend == "torch"):
+            raise SpecError(
+                "InvalidSpec",
+                f"spec.engine.{' and '.join(fp8)} runs on GPU pods only (resources.gpus >= 1 on "
+                "GPUs with FP8: Ada, Hopper or later; attentionBackend auto or triton)",
             )
         if not self.model.remote and (self.model_secret or self.model_cache != ModelCacheSpec()):
             raise SpecError(

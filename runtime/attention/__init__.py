@@ -24,7 +24,8 @@ def get_attention_backend(
 ) -> AttentionBackend:
     """Resolve ``auto|torch|triton``: auto picks Triton on CUDA and the torch backend elsewhere.
     ``batch_invariant`` selects the Triton kernels' invariant mode (the torch backend always is).
-    An int8 KV cache (``kv_cache_dtype="int8"``) is stored and read by the torch backend only.
+    An int8 KV cache (``kv_cache_dtype="int8"``) is stored and read by the torch backend only,
+    an FP8 one (``"fp8"``, E4M3 with per-layer scales) by the Triton backend only.
     ``sliding_window`` and ``softcap`` as ``AttentionBackend`` takes them."""
     if name not in ("auto", "torch", "triton"):
         raise ValueError(f"attention_backend must be auto, torch or triton, got {name!r}")
@@ -35,12 +36,17 @@ def get_attention_backend(
             "kv_cache_dtype 'int8' is a CPU feature (the torch attention backend on a CPU "
             f"device); got attention backend {name!r} on {device.type}: use kv_cache_dtype 'auto'"
         )
+    if kv_cache_dtype == "fp8" and name != "triton":
+        raise ValueError(
+            "kv_cache_dtype 'fp8' is read by the Triton attention backend only (CUDA GPUs with "
+            "FP8); use attention backend auto or triton"
+        )
     if name == "triton":
         from pagoda.runtime.attention.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend(
             num_heads, num_kv_heads, head_dim, scale, batch_invariant,
-            sliding_window=sliding_window, softcap=softcap,
+            sliding_window=sliding_window, softcap=softcap, kv_cache_dtype=kv_cache_dtype,
         )  # fmt: skip
     from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
 

@@ -69,12 +69,14 @@ class AttentionBackend(ABC):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
-        self.kv_cache_dtype = kv_cache_dtype  # "auto" (the model's dtype) or "int8"
+        self.kv_cache_dtype = kv_cache_dtype  # "auto" (the model's dtype), "int8" or "fp8"
         self.sliding_window = sliding_window
         self.softcap = softcap
 
     def cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """Element type of the KV cache (the model's by default)."""
+        if self.kv_cache_dtype == "fp8":
+            return torch.float8_e4m3fn
         return torch.int8 if self.kv_cache_dtype == "int8" else model_dtype
 
     def bytes_per_token(self, model_dtype: torch.dtype) -> int:
@@ -82,7 +84,7 @@ class AttentionBackend(ABC):
         token and KV head to its ``head_dim`` bytes."""
         if self.kv_cache_dtype == "int8":
             return 2 * self.num_kv_heads * (self.head_dim + 4)
-        return 2 * self.num_kv_heads * self.head_dim * model_dtype.itemsize
+        return 2 * self.num_kv_heads * self.head_dim * self.cache_dtype(model_dtype).itemsize
 
     def allocate_kv_cache(
         self, num_blocks: int, block_size: int, model_dtype: torch.dtype, device: torch.device
@@ -107,6 +109,8 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         window: int | None = None,
+        kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         """Store k/v at ``meta.slot_mapping``, then return attention output for every query token;
-        ``window``: this layer's sliding window (the backend's ``sliding_window``), or None."""
+        ``window``: this layer's sliding window (the backend's ``sliding_window``), or None;
+        ``kv_scales``: this layer's (k_scale, v_scale), float32, with an FP8 cache only."""

@@ -235,7 +235,9 @@ class TorchAttentionBackend(AttentionBackend):
             rows = quantize_rows(x) if cache.dtype == torch.int8 else x.to(cache.dtype)
             cache.view(hkv, nb * bs, width).index_copy_(1, slots, rows.transpose(0, 1))
 
-    def forward(self, q, k, v, k_cache, v_cache, meta, window=None):
+    def forward(self, q, k, v, k_cache, v_cache, meta, window=None, kv_scales=None):
+        if kv_scales is not None:  # get_attention_backend gives FP8 caches to Triton only
+            raise ValueError("the torch attention backend has no FP8 KV cache")
         if self.kernel is not None:  # the kernel's layout: it reads the cache in place
             self.kernel.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             aux = meta.aux

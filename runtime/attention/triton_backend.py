@@ -28,10 +28,14 @@ class TritonAttentionBackend(AttentionBackend):
         *,
         sliding_window: int | None = None,
         softcap: float | None = None,
+        kv_cache_dtype: str = "auto",
     ) -> None:
+        if kv_cache_dtype not in ("auto", "fp8"):
+            raise ValueError(f"the Triton backend stores KV as auto or fp8, not {kv_cache_dtype!r}")
         super().__init__(
-            num_heads, num_kv_heads, head_dim, scale, sliding_window=sliding_window, softcap=softcap
-        )
+            num_heads, num_kv_heads, head_dim, scale, kv_cache_dtype,
+            sliding_window=sliding_window, softcap=softcap,
+        )  # fmt: skip
         self.batch_invariant = batch_invariant
         # Imported here so that choosing the torch backend never needs Triton installed.
         from pagoda.kernels import paged_attention, write_kv_cache
@@ -48,12 +52,16 @@ class TritonAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         window: int | None = None,
+        kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         """Store k/v at ``meta.slot_mapping`` (-1 skipped), then attend causally over the cache
-        (over the last ``window`` keys of each query when given: the kernels read only those)."""
+        (over the last ``window`` keys of each query when given: the kernels read only those).
+        An FP8 cache is written and read with this layer's ``kv_scales``."""
+        k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)
         self._write_kv_cache(
-            k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=meta.slot_mapping
-        )
+            k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=meta.slot_mapping,
+            k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         return self._paged_attention(
             q=q,
@@ -70,4 +78,6 @@ class TritonAttentionBackend(AttentionBackend):
             batch_invariant=self.batch_invariant,
             sliding_window=window,
             softcap=self.softcap,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )

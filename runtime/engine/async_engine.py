@@ -1,10 +1,20 @@
-"""AsyncEngine: the synchronous `EngineCore` on its own thread, behind an asyncio façade.
+"""AsyncEngine: the synchronous `EngineCore` behind an asyncio façade, in a process of its own
+or on a thread of the server's.
 
-Why a thread: a step is long (tens of ms of model compute) and must not block the event loop
-that accepts requests and streams tokens; PyTorch releases the GIL inside its kernels, so HTTP
-work overlaps the model. The thread owns the core exclusively. The event loop talks to it only
-through an inbox of commands (add, abort, call) and receives each step's outputs in one
-`loop.call_soon_threadsafe` batch, which fans them out to per-request asyncio queues.
+Why not on the event loop: a step is long (tens of ms of model compute) and must not block the
+loop that accepts requests and streams tokens. Two ways to run it:
+
+- `engine_process=True` (`pagoda serve`'s default, `core_proc.py`): the core runs in a child
+  process; the step loop's host work and the API's per-token work no longer share a GIL.
+  Commands go out as one message per loop iteration, each step's outputs come back as one.
+- `engine_process=False` (`--no-engine-process`; tests with fake cores): the core runs on a
+  thread of this process (PyTorch releases the GIL inside its kernels, so HTTP work overlaps
+  the model's). The thread owns the core exclusively; the event loop talks to it through an
+  inbox of commands (add, abort, call) and receives each step's outputs in one
+  `loop.call_soon_threadsafe` batch.
+
+Either way each step's outputs are fanned out to per-request streams by the event loop, once
+per step, and a reader that falls behind gets its pending tokens coalesced into one delta.
 
 The serving layer sees only this class and the immutable `EngineInfo` snapshot it publishes once
 the model is loaded (tokenizer, context length, vocabulary), never the core itself.
@@ -28,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import itertools
 import logging
 import threading
@@ -36,12 +45,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pagoda.runtime.engine.core_proc import first_step
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.sampling.params import ParamError, SamplingParams
 
 if TYPE_CHECKING:
     from pagoda.runtime.engine.core import EngineCore
+    from pagoda.runtime.engine.core_client import EngineProcClient
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +77,13 @@ class StepObserver(Protocol):
     def record_abort(self, arrival_time: float, tokens_per_sample: Sequence[int]) -> None: ...
 
 
-_END = object()
-
-
 class RequestStream:
-    """The outputs of one request (all `n` samples), consumed with `async for`."""
+    """The outputs of one request (all `n` samples), consumed with `async for`.
+
+    Deltas a reader has not taken yet are coalesced per sample: a client that reads slower
+    than tokens are made gets all its pending tokens as one delta (one SSE event), rather than
+    a queue of one event per token that it falls further behind on.
+    """
 
     def __init__(self, request_id: str, n: int) -> None:
         self.request_id = request_id
@@ -79,17 +92,30 @@ class RequestStream:
         self.done = [False] * n
         self.tokens = [0] * n  # output tokens so far, per sample
         self.finished = False  # every sample finished, or the request failed/aborted
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._pending: dict[int, StepOutput] = {}  # sample index -> delta not read yet
+        self._error: BaseException | None = None
+        self._ended = False  # nothing comes after what is pending
+        self._waiter: asyncio.Future[None] | None = None
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
 
     def _put(self, out: StepOutput) -> bool:
-        """Event loop: queue one delta; True once every sample has finished."""
-        self.tokens[out.index] = out.num_output_tokens
-        self._queue.put_nowait(out)
+        """Event loop: add one delta; True once every sample has finished."""
+        i = out.index
+        self.tokens[i] = out.num_output_tokens
+        prev = self._pending.get(i)
+        if prev is None:
+            self._pending[i] = out
+        else:
+            self._pending[i] = _merge(prev, out)
         if out.finished:
-            self.done[out.index] = True
+            self.done[i] = True
             if all(self.done):
-                self.finished = True
-                self._queue.put_nowait(_END)
+                self.finished = self._ended = True
+        self._wake()
         return self.finished
 
     def _abort(self) -> None:
@@ -105,25 +131,52 @@ class RequestStream:
                     finish_reason="abort",
                     num_output_tokens=self.tokens[i],
                 )
-                self._queue.put_nowait(end)
-        self.finished = True
-        self._queue.put_nowait(_END)
+                prev = self._pending.get(i)
+                self._pending[i] = end if prev is None else _merge(prev, end)
+        self.finished = self._ended = True
+        self._wake()
 
     def _fail(self, exc: BaseException) -> None:
-        self.finished = True
-        self._queue.put_nowait(exc)
+        self.finished = self._ended = True
+        self._error = exc
+        self._wake()
 
     def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> StepOutput:
-        item = await self._queue.get()
-        if item is _END:
-            self._queue.put_nowait(_END)  # stay exhausted
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            raise item
-        return item
+        while True:
+            if self._pending:
+                return self._pending.pop(next(iter(self._pending)))
+            if self._error is not None:
+                raise self._error
+            if self._ended:
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+
+def _merge(a: StepOutput, b: StepOutput) -> StepOutput:
+    """Delta `a` followed by delta `b` of the same sample, as one."""
+    return StepOutput(
+        a.request_id,
+        a.index,
+        a.new_token_ids + b.new_token_ids,
+        a.new_text + b.new_text,
+        a.new_logprobs + b.new_logprobs if b.new_logprobs else a.new_logprobs,
+        b.finished,
+        b.finish_reason,
+        b.stop_reason,
+        a.num_prompt_tokens or b.num_prompt_tokens,
+        max(a.num_cached_tokens, b.num_cached_tokens),
+        max(a.num_output_tokens, b.num_output_tokens),
+        a.arrival_time,
+        a.first_scheduled_time if a.first_scheduled_time is not None else b.first_scheduled_time,
+        a.first_token_time if a.first_token_time is not None else b.first_token_time,
+    )
 
 
 class AsyncEngine:
@@ -138,11 +191,20 @@ class AsyncEngine:
         max_num_seqs: int | None = None,
         observer: StepObserver | None = None,
         retry_after: int = 1,
+        engine_process: bool = False,
+        log_level: str = "info",
+        engine_client: EngineProcClient | None = None,
     ) -> None:
         """`max_queue_len`: sequences waiting for their first token; `max_seqs_per_request`
         (default and at most: half of `max_queue_len`): prompts × n of one request;
-        `max_num_seqs`: the core's batch, whose slots bulk requests share (None: no rule)."""
+        `max_num_seqs`: the core's batch, whose slots bulk requests share (None: no rule);
+        `engine_process`: run the core in a child process (`core_factory` must pickle);
+        `engine_client`: that process, spawned already (`EngineProcClient.spawn`)."""
         self._factory = core_factory
+        self.engine_process = engine_process
+        self._log_level = log_level
+        self._client: EngineProcClient | None = None  # engine_process: the child's end here
+        self._spawned = engine_client
         self.max_queue_len = max_queue_len
         half = max(1, max_queue_len // 2)
         self.max_seqs_per_request = min(max_seqs_per_request or half, half)
@@ -177,9 +239,15 @@ class AsyncEngine:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the engine thread (it loads the model, warms up, then serves)."""
+        """Start the engine process or thread (it loads the model, warms up, then serves)."""
         self._loop = asyncio.get_running_loop()
         self._started = self._loop.create_future()
+        if self.engine_process:
+            from pagoda.runtime.engine.core_client import EngineProcClient
+
+            self._client = self._spawned or EngineProcClient(self._log_level)
+            self._client.start(self._loop, self._factory, self)
+            return
         self._thread = threading.Thread(target=self._run, name="pagoda-engine", daemon=True)
         self._thread.start()
 
@@ -190,11 +258,15 @@ class AsyncEngine:
 
     @property
     def alive(self) -> bool:
+        if self._client is not None:
+            return self.error is None and self._client.alive
         return self.error is None and self._thread is not None and self._thread.is_alive()
 
     @property
     def dead(self) -> bool:
-        """The loop failed, or its thread ended without being asked to stop."""
+        """The loop failed, or its thread or process ended without being asked to stop."""
+        if self._client is not None:
+            return self.error is not None or self._client.died
         thread_gone = self._thread is not None and not self._thread.is_alive() and not self._stop
         return self.error is not None or thread_gone
 
@@ -209,6 +281,9 @@ class AsyncEngine:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop = True
+        if self._client is not None:
+            self._client.stop(timeout)
+            return
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -417,15 +492,12 @@ class AsyncEngine:
     async def check_integrity(self) -> dict[str, Any]:
         """Block-pool integrity check (raises if inconsistent) and stats, between steps."""
 
-        def probe(core: EngineCore) -> dict[str, Any]:
-            core.check_integrity()
-            return dataclasses.asdict(core.stats())
-
-        stats = await self.run_in_engine(probe)
+        stats = await self.run_in_engine(_integrity_probe)
         return {"stats": stats, "in_flight": self.num_in_flight, "queued": self.num_queued}
 
     async def run_in_engine(self, fn: Callable[[EngineCore], Any]) -> Any:
-        """Run `fn(core)` on the engine thread between steps (debug endpoints, tests)."""
+        """Run `fn(core)` in the engine between steps (debug endpoints, tests); with an engine
+        process `fn` and its result must pickle (a module-level function, not a lambda)."""
         if not self.alive:
             raise EngineUnavailableError("engine loop is not running")
         assert self._loop is not None
@@ -434,10 +506,22 @@ class AsyncEngine:
         return await fut
 
     def _post(self, cmd: tuple) -> None:
+        if self._client is not None:
+            self._client.post(cmd)
+            return
         self._inbox.append(cmd)
         self._wake.set()
 
-    # -- event-loop callbacks (scheduled from the engine thread) -----------------------------
+    # -- event-loop callbacks (scheduled from the engine thread, or the process's messages) ---
+    def _record(self, outputs: Sequence[StepOutput], stats: EngineStats | None) -> None:
+        """One step's metrics (engine process: on the event loop, before the fan-out)."""
+        if self.observer is None:
+            return
+        try:
+            self.observer.record_step(outputs, stats)
+        except Exception:  # metrics must never take the engine down
+            log.exception("metrics update failed")
+
     def _dispatch(self, outputs: list[StepOutput]) -> None:
         released = False
         for out in outputs:
@@ -498,10 +582,7 @@ class AsyncEngine:
 
     def _warm_up(self, core: EngineCore) -> None:
         """One real step, so the first client does not pay for lazy initialisation."""
-        ids = core.tokenizer.encode("Hello") or [0]
-        core.add_request("__warmup__", ids, SamplingParams(max_tokens=1, temperature=0.0))
-        while core.has_unfinished_requests():
-            core.step()
+        first_step(core)
         self._stats(core)
 
     def _stats(self, core: EngineCore, outputs: Sequence[StepOutput] = ()) -> None:
@@ -554,6 +635,14 @@ def reserved(slots: int) -> int:
     """Of `slots` (the core's batch, the waiting queue), those kept for single-sequence
     requests: an eighth, at least one, never all of them."""
     return min(slots - 1, max(1, slots // 8))
+
+
+def _integrity_probe(core: EngineCore) -> dict[str, Any]:
+    """`check_integrity`'s call (module level: it crosses to the engine process)."""
+    import msgspec
+
+    core.check_integrity()
+    return msgspec.structs.asdict(core.stats())
 
 
 def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

@@ -1,15 +1,21 @@
 """What the engine hands back: per-step deltas (streaming), finished results (offline) and the
-stats snapshot the server's metrics read."""
+stats snapshot the server's metrics read.
+
+`StepOutput` and `EngineStats` are msgspec Structs (array-like, untracked by the collector):
+cheaper to build than dataclasses on the engine's per-step path, and one step's outputs cross
+from the engine process to the API process as one MessagePack message decoded straight back
+into them (`core_proc.py`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
 from pagoda.runtime.request import TokenLogprob
 
 
-@dataclass(slots=True)
-class StepOutput:
+class StepOutput(msgspec.Struct, array_like=True, gc=False):
     """New output of one sample (choice `index`) of request `request_id` in one engine step."""
 
     request_id: str
@@ -60,8 +66,7 @@ class RequestOutput:
         self.finished = all(o.finish_reason is not None for o in self.outputs)
 
 
-@dataclass
-class EngineStats:
+class EngineStats(msgspec.Struct, array_like=True, gc=False):
     """Scheduler and KV-cache counters after a step (gauges and cumulative counters)."""
 
     num_running: int

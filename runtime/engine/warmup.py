@@ -34,6 +34,8 @@ class Geometry:
     block_size: int
     dtype: torch.dtype
     device: torch.device
+    cache_dtype: torch.dtype | None = None  # an FP8 cache's (None: `dtype`)
+    kv_scale_size: int = 1  # an FP8 cache's scales: 1 (per tensor) or Hkv (their stride differs)
 
 
 def _grid(limit: int, start: int = 1) -> list[int]:
@@ -98,7 +100,11 @@ def run_kernel_case(geo: Geometry, num_decodes: int, max_seq_len: int, prefill: 
     q = torch.zeros((tokens, geo.num_heads, geo.head_dim), dtype=geo.dtype, device=dev)
     cache = torch.zeros(
         (SCRATCH_BLOCKS, bs, geo.num_kv_heads, geo.head_dim), dtype=geo.dtype, device=dev
-    )
+    ).to(geo.cache_dtype or geo.dtype)
+    scales = {}
+    if cache.dtype != geo.dtype:  # FP8: the kernels' KV_FP8 variants, scales as the layers'
+        one = torch.ones(geo.kv_scale_size, dtype=torch.float32, device=dev)
+        scales = {"k_scale": one, "v_scale": one}
     qsl = torch.tensor(
         [0, *torch.tensor([q_ for q_, _ in seqs]).cumsum(0).tolist()], dtype=torch.int32
     )
@@ -118,8 +124,16 @@ def run_kernel_case(geo: Geometry, num_decodes: int, max_seq_len: int, prefill: 
             max_seq_len=max_seq_len,
             scale=geo.head_dim**-0.5,
             num_decodes=num_decodes,
+            **scales,
         )
     return len(_widths(need))
+
+
+def _kv_scale_size(runner) -> int:
+    """The size of the first layer's FP8 KV scales (1 without an FP8 cache)."""
+    layers = getattr(runner.model, "layers", None) or [None]
+    scales = getattr(layers[0], "kv_scales", None)
+    return scales[0].numel() if scales is not None else 1
 
 
 def _engine_steps(core: EngineCore) -> int:
@@ -150,6 +164,8 @@ def warm_up(core: EngineCore) -> EngineCore:
             core.kv.block_size,
             runner.dtype,
             runner.device,
+            runner.kv_caches[0][0].dtype if runner.kv_caches else None,
+            _kv_scale_size(runner),
         )
         cases = kernel_cases(
             geo,

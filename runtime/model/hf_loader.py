@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model.safetensors_weights import SafetensorsWeights
 from pagoda.runtime.model.tokenizer import Tokenizer
 from tokenizers import Tokenizer as HFTokenizer
+
+if TYPE_CHECKING:
+    from pagoda.runtime.quantization.fp8 import Fp8Scheme
 
 # `architectures` in config.json -> `ModelConfig.architecture`
 HF_ARCHITECTURES = {
@@ -168,6 +171,7 @@ def read_config(model_dir: Path) -> ModelConfig:
     if not top:
         raise ValueError(f"{model_dir} has no config.json")
     arch = architecture(top)
+    read_quantization(model_dir)  # a quantization it cannot load fails with the metadata
     cfg = top.get("text_config") or top  # Gemma3ForConditionalGeneration: the text model
     cfg = {**_DEFAULTS.get(arch, {}), **{k: v for k, v in cfg.items() if v is not None}}
     gen = _read_json(model_dir / "generation_config.json")
@@ -195,6 +199,14 @@ def read_config(model_dir: Path) -> ModelConfig:
         architecture=arch,
         family=_family(cfg, arch, layers),
     )
+
+
+def read_quantization(model_dir: Path) -> Fp8Scheme | None:
+    """The FP8 format config.json's `quantization_config` declares (None: a 16/32-bit
+    checkpoint); ValueError, one line, for a quantization this runtime does not load."""
+    from pagoda.runtime.quantization.fp8 import scheme_from_hf_config
+
+    return scheme_from_hf_config(_read_json(model_dir / "config.json"))
 
 
 def read_sampling_defaults(model_dir: Path) -> dict[str, float | int]:

@@ -27,6 +27,8 @@ from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.ops import Ops, build_cos_sin_cache, gather_cos_sin
 
 if TYPE_CHECKING:
+    from pagoda.runtime.model.fp8_linear import Fp8Linear
+    from pagoda.runtime.quantization.fp8 import Fp8LinearWeights, Fp8Scheme
     from pagoda.runtime.sampling.sampler import HeadSampling
 
 
@@ -57,11 +59,18 @@ class DeviceWeights:
         device: torch.device,
         dtype: torch.dtype,
         quantized: Mapping[str, QuantizedWeight],
+        fp8: Fp8Scheme | None = None,
     ) -> None:
         self._w, self.device, self.dtype = weights, device, dtype
         # stored blocks serve only float32 on the CPU: there `qgemm` computes the same weights
         on_cpu_f32 = device.type == "cpu" and dtype == torch.float32
         self._q = quantized if on_cpu_f32 else {}
+        self.fp8 = fp8  # the linear layers it names run in the FP8 GEMM (`fp8_weights`)
+
+    @property
+    def stored(self) -> Mapping[str, torch.Tensor]:
+        """The checkpoint's tensors as stored (dtype, device), e.g. its FP8 scales."""
+        return self._w
 
     def __contains__(self, name: str) -> bool:
         return name in self._w
@@ -69,7 +78,45 @@ class DeviceWeights:
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._w:
             raise ValueError(f"checkpoint is missing tensor {name!r}")
-        return self._w[name].to(device=self.device, dtype=self.dtype)
+        t = self._w[name]
+        if t.dtype == torch.float8_e4m3fn:  # an FP8 checkpoint's weight read as dense values
+            return self._dequantized(name, t)
+        return t.to(device=self.device, dtype=self.dtype)
+
+    def _dequantized(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """``weight · weight_scale`` (per tensor or per output channel) in the model's dtype:
+        how an FP8 checkpoint runs where its layers do not run in FP8 (a CPU, an older GPU)."""
+        from pagoda.kernels.fp8 import dequantize
+
+        scale_name = name.removesuffix("weight") + "weight_scale"
+        if not name.endswith(".weight") or scale_name not in self._w or t.dim() != 2:
+            raise ValueError(f"checkpoint tensor {name} is float8_e4m3fn without a per-tensor "
+                             f"or per-channel {scale_name}")  # fmt: skip
+        scale = self._w[scale_name].float().reshape(-1)
+        if scale.numel() not in (1, t.shape[0]):
+            raise ValueError(f"{scale_name} has {scale.numel()} elements; expected 1 or "
+                             f"{t.shape[0]} (block-wise scales are not supported)")  # fmt: skip
+        return dequantize(t.to(self.device), scale.to(self.device).reshape(-1, 1), self.dtype)
+
+    def fp8_weights(self, names: list[str]) -> Fp8LinearWeights | None:
+        """The matrices `names` (stacked: q/k/v, gate/up) as one FP8 GEMM operand when the
+        engine runs them in FP8: read from an FP8 checkpoint, or quantized now from the stored
+        16/32-bit values (one scale per output channel); None when they stay 16-bit."""
+        if self.fp8 is None:
+            return None
+        from pagoda.runtime.quantization import fp8
+
+        modules = [n.removesuffix(".weight") for n in names]
+        wanted = [self.fp8.quantizes(m) for m in modules]
+        if not any(wanted):
+            return None
+        if not all(wanted):
+            raise ValueError(f"the FP8 checkpoint quantizes some of {', '.join(modules)} but not "
+                             "all; they run as one fused layer")  # fmt: skip
+        if self.fp8.serialized:
+            parts = [fp8.load_linear(self._w, m, self.fp8).to(self.device) for m in modules]
+            return fp8.fuse(parts)
+        return fp8.quantize_linear(torch.cat([self._w[n].to(self.device) for n in names]))
 
     def cat(self, names: list[str]) -> torch.Tensor:
         return torch.cat([self[n] for n in names])
@@ -85,6 +132,20 @@ class DeviceWeights:
     def quantized(self, names: list[str]) -> list[QuantizedWeight] | None:
         """The rows of `names` as stored blocks, if all of them have some (see `quantized`)."""
         return stack([self._q.get(n) for n in names])
+
+
+def linear_layer(ctx: LayerContext, w: DeviceWeights, names: list[str]) -> Linear | Fp8Linear:
+    """The layer multiplying by the checkpoint matrices `names` stacked (with their biases):
+    the FP8 GEMM where the engine runs them in FP8 (`DeviceWeights.fp8_weights`), else
+    `ctx.linear` (`linear.Linear`)."""
+    bias = w.biases(names)
+    fp8 = w.fp8_weights(names)
+    if fp8 is not None:
+        from pagoda.runtime.model.fp8_linear import Fp8Linear
+
+        return Fp8Linear(fp8, bias, weight_only=w.fp8.activations == "none")
+    weight = w[names[0]] if len(names) == 1 else w.cat(names)  # one matrix: no copy
+    return ctx.linear(weight, bias, quantized=w.quantized(names))
 
 
 @dataclass(frozen=True)
@@ -130,10 +191,9 @@ class GatedMLP:
         prefix: str,
         names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
     ) -> None:
-        gate_up = [f"{prefix}{names[0]}.weight", f"{prefix}{names[1]}.weight"]
-        down = [f"{prefix}{names[2]}.weight"]
-        self.gate_up = ctx.linear(w.cat(gate_up), w.biases(gate_up), quantized=w.quantized(gate_up))
-        self.down = ctx.linear(w[down[0]], w.biases(down), quantized=w.quantized(down))
+        self.gate_up = linear_layer(ctx, w, [f"{prefix}{names[0]}.weight",
+                                             f"{prefix}{names[1]}.weight"])  # fmt: skip
+        self.down = linear_layer(ctx, w, [f"{prefix}{names[2]}.weight"])
         self.act_and_mul = ctx.act_and_mul
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -154,10 +214,9 @@ class LlamaLayer:
         self.ctx, self.index = ctx, index
         self.attn_norm = model.norm_weight(w[prefix + "input_layernorm.weight"])
         self.mlp_norm = model.norm_weight(w[prefix + "post_attention_layernorm.weight"])
-        qkv = [f"{a}{n}.weight" for n in ("q_proj", "k_proj", "v_proj")]
-        self.qkv = ctx.linear(w.cat(qkv), w.biases(qkv), quantized=w.quantized(qkv))
-        o = [a + "o_proj.weight"]
-        self.o_proj = ctx.linear(w[o[0]], w.biases(o), quantized=w.quantized(o))
+        self.qkv = linear_layer(ctx, w, [f"{a}{n}.weight" for n in ("q_proj", "k_proj", "v_proj")])
+        self.o_proj = linear_layer(ctx, w, [a + "o_proj.weight"])
+        self.kv_scales = model.kv_scales(w, a.rstrip("."))  # an FP8 KV cache's (k, v) scales
         self.window = c.family.window(index)  # this layer's sliding window, or None
         self.rope = model.rope_table(index)
         self.mlp = model.make_mlp(w, prefix, index, ctx)
@@ -189,7 +248,9 @@ class LlamaLayer:
         positions, rows = step.rope[self.rope]
         q, k = ctx.ops.rotary_embedding(positions=positions, q=q, k=k, cos_sin_cache=rows)
         k_cache, v_cache = step.kv_caches[self.index]
-        out = ctx.backend.forward(q, k, v, k_cache, v_cache, step.meta, window=self.window)
+        out = ctx.backend.forward(
+            q, k, v, k_cache, v_cache, step.meta, window=self.window, kv_scales=self.kv_scales
+        )
         return self.o_proj(out.reshape(t, ctx.num_heads * d))
 
     def before_rotary(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,11 +275,14 @@ class LlamaModel:
         ops: Ops,
         max_positions: int,
         batch_invariant: bool = False,
+        fp8: Fp8Scheme | None = None,
     ) -> None:
+        """``fp8``: the linear layers it names run in the FP8 GEMM (`quantization.fp8`; the
+        runner passes it only where the FP8 kernels run)."""
         self.config = config
         self.dtype, self.device = dtype, device
         self.backend, self.ops = backend, ops
-        w = DeviceWeights(weights, device, dtype, quantized or {})
+        w = DeviceWeights(weights, device, dtype, quantized or {}, fp8)
         self.batch_invariant = batch_invariant
         linear = functools.partial(Linear, invariant=batch_invariant)
         ctx = self.layer_context(linear)
@@ -254,6 +318,27 @@ class LlamaModel:
     def head_blocks(self, w: DeviceWeights, head: str) -> list[QuantizedWeight] | None:
         """The LM head's stored blocks, for `qgemm` (float32 CPU models)."""
         return w.quantized([head])
+
+    def kv_scales(self, w: DeviceWeights, attn: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The (k_scale, v_scale) an FP8 KV cache stores layer ``attn``'s keys and values with:
+        the checkpoint's calibrated ones (`quantization.fp8.checkpoint_kv_scales`), else 1.0
+        (vLLM's default: E4M3 holds |x| up to 448, and K/V rarely exceed a few dozen); None
+        without an FP8 cache."""
+        if self.backend.kv_cache_dtype != "fp8":
+            return None
+        from pagoda.runtime.quantization.fp8 import checkpoint_kv_scales
+
+        found = checkpoint_kv_scales(w.stored, attn)
+        if found is None:
+            one = torch.ones(1, dtype=torch.float32, device=self.device)
+            return one, one
+        hkv = self.config.num_kv_heads
+        if any(s.numel() not in (1, hkv) for s in found):
+            raise ValueError(f"{attn}: KV scales must have 1 or {hkv} elements each, got "
+                             f"{found[0].numel()} and {found[1].numel()}")  # fmt: skip
+        n = max(s.numel() for s in found)  # the kernels take both per tensor or both per head
+        k, v = (s.expand(n).contiguous().to(self.device) for s in found)
+        return k, v
 
     def make_mlp(self, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
         """Layer `index`'s MLP (`moe.py`'s models put experts where the family has them)."""

@@ -9,12 +9,16 @@ import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.cpu.quantized import QuantizedWeight
 from pagoda.runtime.model.tokenizer import Tokenizer
 from pagoda.runtime.options import BUILTIN_MODELS
+
+if TYPE_CHECKING:
+    from pagoda.runtime.quantization.fp8 import Fp8Scheme
 
 __all__ = ["BUILTIN_MODELS", "LoadedModel", "load_model", "read_model_config"]
 
@@ -30,6 +34,8 @@ class LoadedModel:
     quantized: Mapping[str, QuantizedWeight] = field(default_factory=dict)  # read lazily
     # generation_config.json's sampling fields: defaults for requests that leave them out
     sampling_defaults: Mapping[str, float | int] = field(default_factory=dict)
+    # the checkpoint's own FP8 format (config.json's quantization_config), None: 16/32-bit
+    fp8_scheme: Fp8Scheme | None = None
 
 
 def builtin_model_path(name: str) -> Path:
@@ -90,11 +96,13 @@ def load_model(model: str) -> LoadedModel:
 
         config, weights, tokenizer, quantized = load_gguf(path)
         defaults: Mapping[str, float | int] = {}
+        scheme = None
     elif path.is_dir():
-        from pagoda.runtime.model.hf_loader import load_hf_dir
+        from pagoda.runtime.model.hf_loader import load_hf_dir, read_quantization
 
         config, weights, tokenizer, defaults = load_hf_dir(path)
         quantized = weights.blocks()  # 16-bit matrices, read in place by float32 CPU models
+        scheme = read_quantization(path)
     else:
         raise ValueError(f"model path {path} must be a .gguf file or a Hugging Face directory")
     return LoadedModel(
@@ -105,4 +113,5 @@ def load_model(model: str) -> LoadedModel:
         tokenizer=tokenizer,
         quantized=quantized,
         sampling_defaults=defaults,
+        fp8_scheme=scheme,
     )

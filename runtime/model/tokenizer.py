@@ -140,6 +140,15 @@ class Tokenizer:
             env.filters["tojson"] = _tojson  # as transformers renders templates (no HTML escapes)
             self._template = env.from_string(chat_template)
 
+    def __reduce__(self) -> tuple:
+        """Pickles as its parts (the compiled template and byte tables are rebuilt): the engine
+        process sends its tokenizer to the API process once."""
+        return (
+            _rebuild,
+            (self._tok.to_str(), self.chat_template, self.bos_token_id, self.eos_token_ids,
+             self.add_bos_token),
+        )  # fmt: skip
+
     @property
     def backend(self) -> HFTokenizer:
         """The `tokenizers.Tokenizer` underneath (grammar compilers read its vocabulary)."""
@@ -221,6 +230,22 @@ class Tokenizer:
             eos_token=self._special(self.eos_token_ids[0] if self.eos_token_ids else None),
             tools=list(tools) if tools else None,
         )
+
+
+def _rebuild(
+    data: str,
+    chat_template: str | None,
+    bos_token_id: int | None,
+    eos_token_ids: Sequence[int],
+    add_bos_token: bool,
+) -> Tokenizer:
+    return Tokenizer(
+        HFTokenizer.from_str(data),
+        chat_template=chat_template,
+        bos_token_id=bos_token_id,
+        eos_token_ids=eos_token_ids,
+        add_bos_token=add_bos_token,
+    )
 
 
 def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,

@@ -191,6 +191,24 @@ def resolve_scheme(quantization: str | None, hf_config: Mapping | None) -> Fp8Sc
     return ONLINE_SCHEME if quantization == "fp8" else None
 
 
+def engine_scheme(
+    quantization: str | None, checkpoint: Fp8Scheme | None, fp8_runs: bool
+) -> Fp8Scheme | None:
+    """The scheme the model's linear layers run in the FP8 GEMM with, or None (16-bit).
+
+    ``checkpoint``: the checkpoint's own format (it wins, as in :func:`resolve_scheme`);
+    ``fp8_runs``: whether the FP8 kernels run on the engine's device. Where they do not, an FP8
+    checkpoint is dequantized to the model's dtype at load (correct, and FP8 checkpoints load
+    everywhere), while ``quantization="fp8"`` (a request for FP8 compute) is refused."""
+    scheme = checkpoint or (ONLINE_SCHEME if quantization == "fp8" else None)
+    if scheme is None or fp8_runs:
+        return scheme
+    if quantization == "fp8":
+        raise ValueError("quantization 'fp8' needs a GPU with FP8 tensor cores (CUDA compute "
+                         "capability 8.9 or later)")  # fmt: skip
+    return None
+
+
 @dataclass(frozen=True)
 class Fp8LinearWeights:
     """One linear layer's `fp8_linear` operands: E4M3 ``weight [N, K]``, float32

@@ -110,6 +110,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         drain_timeout=args.drain_timeout,
         enable_debug_endpoints=args.enable_debug_endpoints,
         log_level=args.log_level,
+        engine_process=args.engine_process,
         tool_call_parser=args.tool_call_parser,
         grammar_compile_timeout=args.grammar_compile_timeout,
         grammar_cache_bytes=_size("grammar_cache_size", args.grammar_cache_size),
@@ -174,28 +175,41 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     sockets: list = []
+    engine = None
     try:
         with held_logs():
             cfg = server_config(args)
             engine_kwargs = options.engine_kwargs(vars(args))
-            parallelism(args)
+            layout = parallelism(args)
             cfg = fit_connections(cfg)
             sockets = bind_sockets(cfg.host, cfg.port)  # before torch: a port in use is instant
+            if cfg.engine_process:  # it imports torch and the engine while this one checks
+                from pagoda.runtime.engine.core_client import EngineProcClient
+
+                engine = EngineProcClient(cfg.log_level).spawn()
             from pagoda.runtime.server.launch import preflight, serve
 
             engine_cfg, profile = preflight(
                 cfg, engine_kwargs, args.tuned_profile, args.tuned_profile_mismatch,
                 download_dir=args.download_dir,
+                tensor_parallel_size=layout.tensor_parallel_size,
             )  # fmt: skip
             start_listening(sockets, cfg.host)
     except ValueError as e:  # a ProfileError, KernelConfigError, failed download too
         close_all(sockets)
+        stop_engine(engine)
         fail(e)
     except Exception as e:  # a checkpoint or profile that breaks a reader in a way not foreseen
         close_all(sockets)
+        stop_engine(engine)
         logging.getLogger("pagoda.serve").debug("start-up check failed", exc_info=True)
         fail(ValueError(f"{type(e).__name__}: {e}"))
-    return serve(cfg, engine_cfg, profile, sockets)
+    return serve(cfg, engine_cfg, profile, sockets, engine)
+
+
+def stop_engine(engine: Any) -> None:
+    if engine is not None:
+        engine.stop(timeout=5)
 
 
 def fit_connections(cfg: ServerConfig) -> ServerConfig:

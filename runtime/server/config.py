@@ -26,6 +26,7 @@ class ServerConfig:
     drain_timeout: float = options.DEFAULT_DRAIN_TIMEOUT_S
     enable_debug_endpoints: bool = False
     log_level: str = options.DEFAULT_LOG_LEVEL
+    engine_process: bool = options.DEFAULT_ENGINE_PROCESS
     tool_call_parser: str = options.DEFAULT_TOOL_CALL_PARSER
     grammar_compile_timeout: float = options.DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S
     grammar_cache_bytes: int = options.parse_size(options.DEFAULT_GRAMMAR_CACHE_SIZE)

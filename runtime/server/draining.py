@@ -1,7 +1,9 @@
 """DrainingServer: uvicorn whose exit signals drain the engine instead of stopping at once.
 
 SIGTERM/SIGINT start a drain: /ready turns 503, new requests get 503, in-flight requests run for
-up to --drain-timeout seconds, then the process exits 0. A second SIGINT exits at once.
+up to --drain-timeout seconds, then the process exits 0. A second SIGINT exits at once. An
+engine that dies (its process killed, its loop failed) turns /health 503; two seconds later the
+process exits 1.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.server.config import ServerConfig
 
 log = logging.getLogger("pagoda.serve")
+DEAD_GRACE_S = 2.0  # an engine dead while serving: seconds of 503s before the process exits
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn.Server whose exit signals drain the engine first; exits 1 if loading fails."""
+    """uvicorn.Server whose exit signals drain the engine first; exits 1 if loading fails or
+    the engine dies while serving."""
 
     def __init__(self, config: uvicorn.Config, engine: AsyncEngine, cfg: ServerConfig) -> None:
         super().__init__(config)
@@ -64,6 +68,16 @@ class DrainingServer(uvicorn.Server):
         elif engine.dead:
             log.error("engine failed to start: %s", _one_line(engine.error))
             self.exit_code = 1
+            self.should_exit = True
+            return
+        while not (engine.dead or self.should_exit):
+            await asyncio.sleep(0.1)
+        if engine.dead and not self.should_exit:
+            # /health is 503 and every stream got its error; give probes and clients a moment
+            # to see it, then exit non-zero so that the pod restarts at once.
+            log.error("engine died: %s; exiting", _one_line(engine.error))
+            self.exit_code = 1
+            await asyncio.sleep(DEAD_GRACE_S)
             self.should_exit = True
 
 

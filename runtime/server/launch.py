@@ -6,11 +6,14 @@ Split from `cli.py` because this side imports torch and uvicorn; the parser must
 What `preflight` checks, each a ValueError with one line (the CLI prints it and exits 2): the
 tuned profile (its fields and kernel configs), the model's metadata (not its weights), every
 size against its range and the model's context, the kernel-config files the device will read,
-and the memory the configuration will allocate against what this machine has free.
+whether the weights and one full-length sequence fit a device at all (`fit.py`, reason
+ModelDoesNotFit), and the memory the configuration will allocate against what this machine has
+free.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 from collections.abc import Mapping
@@ -21,7 +24,7 @@ from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.model.loader import read_model_config, resolve_model_path
 from pagoda.runtime.model.sources.fetch import resolve_model
-from pagoda.runtime.server import memory
+from pagoda.runtime.server import fit, memory
 from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.connections import guarded_protocol
 from pagoda.runtime.server.draining import DrainingServer
@@ -37,11 +40,14 @@ def preflight(
     tuned_profile: str | None = None,
     tuned_profile_mismatch: str = "error",
     download_dir: str | None = None,
+    tensor_parallel_size: int = 1,
 ) -> tuple[EngineConfig, TunedProfile | None]:
     """The one `EngineConfig` of this server, and the tuned profile applied to it (if any).
 
     ValueError (a ProfileError, a KernelConfigError too) naming what does not fit: the flags
-    together, the profile, the model, the kernel configs or this machine's memory.
+    together, the profile, the model, the kernel configs or this machine's memory; a model
+    whose weights and one full-length sequence do not fit one rank is a `ReasonedError` with
+    reason ModelDoesNotFit (`fit.check`).
     """
     # hf:// and s3:// → a local copy, downloaded now or found in --download-dir (offline too)
     model_path = resolve_model(cfg.model, download_dir)
@@ -53,6 +59,7 @@ def preflight(
     engine_cfg = EngineConfig.create(model_path, **kwargs)
     check_step_budget(engine_kwargs, engine_cfg)
     check_kernel_configs(engine_cfg)
+    fit.check(model_config, engine_cfg, resolve_model_path(model_path), tensor_parallel_size)
     try:
         memory.check(model_config, engine_cfg, resolve_model_path(model_path))
     except ValueError as e:
@@ -100,20 +107,28 @@ def check_kernel_configs(engine_cfg: EngineConfig) -> None:
     check_config_files(engine_cfg.torch_device())
 
 
+def build_core(engine_cfg: EngineConfig) -> Any:
+    """The engine's core, loaded and warmed up (in the engine process, or on its thread)."""
+    from pagoda.runtime.engine.core import EngineCore
+    from pagoda.runtime.engine.warmup import warm_up
+
+    return warm_up(EngineCore(engine_cfg))
+
+
 def serve(
     cfg: ServerConfig,
     engine_cfg: EngineConfig,
     profile: TunedProfile | None = None,
     sockets: list[socket.socket] | None = None,
+    engine_client: Any = None,
 ) -> int:
-    """Load the model on the engine thread and serve on `sockets` (bound by the caller; bound
-    here from `cfg` when None) until drained; the exit code.
+    """Load the model in the engine process (`engine_client`: spawned already by the caller)
+    or on the engine thread and serve on `sockets` (bound by the caller; bound here from `cfg`
+    when None) until drained; the exit code.
 
     The engine factory warms up every kernel variant the configured shapes reach before the
     engine reports ready, so `/ready` turns 200 only when no JIT compile is left to pay.
     """
-    from pagoda.runtime.engine.core import EngineCore
-    from pagoda.runtime.engine.warmup import warm_up
     from pagoda.runtime.server.api import create_app
     from pagoda.runtime.server.listen import bind_sockets, bound_port, start_listening
     from pagoda.runtime.server.metrics import ServerMetrics
@@ -125,11 +140,14 @@ def serve(
     if profile is not None:
         metrics.set_tuned_profile(profile.device, profile.model, profile.created)
     engine = AsyncEngine(
-        lambda: warm_up(EngineCore(engine_cfg)),
+        functools.partial(build_core, engine_cfg),  # pickles: it may cross to the engine process
         max_queue_len=cfg.max_queue_len,
         max_seqs_per_request=cfg.max_seqs_per_request,
         max_num_seqs=engine_cfg.scheduler.max_num_seqs,
         observer=metrics,
+        engine_process=cfg.engine_process,
+        log_level=cfg.log_level,
+        engine_client=engine_client,
     )
     app = create_app(cfg, engine, metrics)
     uv_cfg = uvicorn.Config(

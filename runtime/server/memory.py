@@ -88,6 +88,8 @@ def kv_bytes_per_token(mc: ModelConfig, dtype: torch.dtype, kv_cache_dtype: str)
     """KV-cache bytes of one token over every layer (attention/base.py `bytes_per_token`)."""
     if kv_cache_dtype == "int8":
         per_layer = 2 * mc.num_kv_heads * (mc.head_dim + 4)
+    elif kv_cache_dtype == "fp8":
+        per_layer = 2 * mc.num_kv_heads * mc.head_dim
     else:
         per_layer = 2 * mc.num_kv_heads * mc.head_dim * dtype.itemsize
     return mc.num_layers * per_layer

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import orjson
 from pagoda.runtime.engine.async_engine import (
     AsyncEngine,
     EngineUnavailableError,
@@ -35,7 +36,12 @@ BULK_BODY_BYTES = 64 << 10
 
 
 def sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    """One SSE event; orjson (about 10x json's speed: this runs per token per stream), json
+    for what orjson refuses (lone surrogates, non-string keys)."""
+    try:
+        return f"data: {orjson.dumps(data).decode()}\n\n"
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 def unavailable(e: EngineUnavailableError) -> APIError:

@@ -20,13 +20,14 @@ import numpy as np
 import torch
 from pagoda.runtime import options
 from pagoda.runtime.attention import AttentionMetadata, get_attention_backend
-from pagoda.runtime.config import EngineConfig
+from pagoda.runtime.config import EngineConfig, fp8_runs_on
 from pagoda.runtime.core.sched_output import SchedulerOutput
 from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.model.llama import LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.ops import select_ops
 from pagoda.runtime.model.registry import build_model
+from pagoda.runtime.quantization.fp8 import engine_scheme
 from pagoda.runtime.request import Request, TokenLogprob
 from pagoda.runtime.sampling.sampler import (
     HeadSampling,
@@ -86,6 +87,10 @@ class ModelRunner:
             softcap=mc.family.attn_logit_softcapping,
         )
         torch.manual_seed(config.seed)
+        fp8 = engine_scheme(config.quantization, loaded.fp8_scheme, fp8_runs_on(self.device))
+        if loaded.fp8_scheme is not None and fp8 is None:
+            log.info("FP8 checkpoint: no FP8 kernels on %s, weights dequantized to %s at load",
+                     self.device, self.dtype)  # fmt: skip
         self.model = build_model(
             mc,
             loaded.weights,
@@ -96,6 +101,7 @@ class ModelRunner:
             ops=select_ops(self.device, self.backend.name),
             max_positions=max(max_model_len, mc.max_position_embeddings),
             batch_invariant=config.batch_invariant,
+            fp8=fp8,
         )
         _log_quantized_layers(self.model)
         # Where the LM head samples from its outputs (`qgemm`), steps that write logits pick the
@@ -387,11 +393,15 @@ class ModelRunner:
 
 
 def _log_quantized_layers(model: LlamaModel) -> None:
-    """Say when linear layers multiply by stored blocks (float32 CPU models): it sets decode
-    speed."""
+    """Say when linear layers run in FP8, or multiply by stored blocks (float32 CPU models):
+    it sets decode speed."""
     from pagoda.runtime.cpu.qgemm import QGemmWeight
 
     layers = model.linears()
+    fp8 = [x for x in layers if hasattr(x, "weight_scale")]  # `fp8_linear.Fp8Linear`
+    if fp8:
+        log.info("%d of %d linear layers run in FP8 (%.0f MB of E4M3 weights and scales)",
+                 len(fp8), len(layers), sum(x.nbytes for x in fp8) / 1e6)  # fmt: skip
     on_blocks = [x.fast for x in layers if isinstance(x.fast, QGemmWeight)]
     if on_blocks:
         mb = sum(w.nbytes for w in on_blocks) / 1e6

@@ -272,3 +272,91 @@ def test_write_kv_cache_fp8_errors(device):
     with pytest.raises(ValueError, match="dtypes differ"):
         write_kv_cache(k=k, v=k, k_cache=cache, v_cache=bf16, slot_mapping=args["slot_mapping"],
                        k_scale=one, v_scale=one)  # fmt: skip
+
+
+# --- attention over an FP8 cache -------------------------------------------------------------
+
+ATTN_PATHS = {
+    "one-launch": {},
+    "split4": {"num_kv_splits": 4},
+    "invariant": {"batch_invariant": True},
+}
+
+
+def _fp8_batch(device, dtype, per_head, group=2, head_dim=64, block_size=16):
+    """A mixed batch (`kernel_testlib.mixed_seqs`) whose caches are quantized to E4M3 with
+    per-tensor or per-KV-head scales (heads of different magnitudes)."""
+    from kernel_testlib import make_batch, mixed_seqs
+
+    kv_heads = 2
+    b = make_batch(mixed_seqs(block_size), num_heads=kv_heads * group, num_kv_heads=kv_heads,
+                   head_dim=head_dim, block_size=block_size, dtype=dtype, device=device)  # fmt: skip
+    mags = torch.tensor([0.5, 4.0], device=device)[None, None, :, None]
+    k, v = (b.k_cache.float() * mags).to(dtype), b.v_cache
+    if per_head:
+        k_scale = (k.float().abs().amax(dim=(0, 1, 3)) / 448).contiguous()
+        v_scale = (v.float().abs().amax(dim=(0, 1, 3)) / 448).contiguous()
+    else:
+        k_scale = (k.float().abs().amax() / 448).reshape(1)
+        v_scale = torch.ones(1, device=device)  # vLLM's uncalibrated default
+    b.k_cache = fp8.quantize(k, k_scale.reshape(1, 1, -1, 1))
+    b.v_cache = fp8.quantize(v, v_scale.reshape(1, 1, -1, 1))
+    return b, k_scale, v_scale
+
+
+@pytest.mark.parametrize("path", list(ATTN_PATHS))
+@pytest.mark.parametrize("per_head", [False, True], ids=["per-tensor", "per-head"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_paged_attention_reads_fp8_cache_like_the_reference(device, dtype, per_head, path):
+    """Both kernels (unified; split-KV decodes) and the invariant mode over an E4M3 cache:
+    `fp8.paged_attention` (the pool dequantized in float32, then float64-free attention)."""
+    from kernel_testlib import TOL
+    from pagoda.kernels import paged_attention
+
+    b, k_scale, v_scale = _fp8_batch(device, dtype, per_head)
+    args = b.attention_args(scale=64**-0.5)
+    want = fp8.paged_attention(**args, k_scale=k_scale, v_scale=v_scale)
+    got = paged_attention(**args, k_scale=k_scale, v_scale=v_scale, num_decodes=b.num_decodes,
+                          **ATTN_PATHS[path])  # fmt: skip
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+
+
+def test_fp8_cache_written_and_read_by_the_kernels(device):
+    """write_kv_cache (E4M3, per-head scales) then paged_attention: the reference of both, and
+    within FP8's error of attention over the unquantized keys and values."""
+    from kernel_testlib import make_batch, mixed_seqs
+    from pagoda.kernels import paged_attention, reference, write_kv_cache
+
+    b = make_batch(mixed_seqs(16), num_heads=6, num_kv_heads=2, head_dim=32, block_size=16,
+                   dtype=torch.bfloat16, device=device)  # fmt: skip
+    k_scale = (b.k_cache.float().abs().amax(dim=(0, 1, 3)) / 448).contiguous()
+    v_scale = (b.v_cache.float().abs().amax(dim=(0, 1, 3)) / 448).contiguous()
+    kc, vc = fp8.quantize(b.k_cache, k_scale.reshape(1, 1, -1, 1)), torch.zeros_like(b.v_cache)
+    vc = fp8.quantize(b.v_cache, v_scale.reshape(1, 1, -1, 1))
+    scales = dict(k_scale=k_scale, v_scale=v_scale)
+    write_kv_cache(k=b.k_new, v=b.v_new, k_cache=kc, v_cache=vc, slot_mapping=b.slot_mapping,
+                   **scales)  # fmt: skip
+    args = b.attention_args(scale=32**-0.5)
+    got = paged_attention(**{**args, "k_cache": kc, "v_cache": vc}, num_decodes=b.num_decodes,
+                          **scales)  # fmt: skip
+    want = fp8.paged_attention(**{**args, "k_cache": kc, "v_cache": vc}, **scales)
+    torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
+    exact = reference.paged_attention(**args)  # the bf16 cache the new rows were written into
+    assert (got.float() - exact.float()).abs().max() < 0.15 * exact.float().abs().max()
+
+
+def test_paged_attention_fp8_cache_errors(device):
+    from pagoda.kernels import paged_attention
+
+    b, k_scale, v_scale = _fp8_batch(device, torch.float32, per_head=True)
+    args = b.attention_args(scale=0.1)
+    with pytest.raises(ValueError, match="needs its k_scale and v_scale"):
+        paged_attention(**args)
+    with pytest.raises(ValueError, match="1 or Hkv=2"):
+        paged_attention(**args, k_scale=torch.ones(3, device=device), v_scale=v_scale)
+    plain = {**args, "k_cache": b.k_cache.float(), "v_cache": b.v_cache.float()}
+    with pytest.raises(ValueError, match="are for float8_e4m3fn caches"):
+        paged_attention(**plain, k_scale=k_scale, v_scale=v_scale)
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        paged_attention(**{**args, "k_cache": b.k_cache.to(torch.float16)})

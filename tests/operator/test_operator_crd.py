@@ -136,6 +136,19 @@ def test_bad_examples_fail_with_a_readable_message(name: str, expected: str) -> 
             "kvCacheDtype int8 runs on CPU pods only",
         ),
         (
+            {"model": "m", "engine": {"kvCacheDtype": "fp8"}},
+            "engine.kvCacheDtype fp8 and engine.quantization fp8 run on GPU pods only",
+        ),
+        (
+            {
+                "model": "m",
+                "resources": {"gpus": 1},
+                "engine": {"quantization": "fp8", "attentionBackend": "torch"},
+            },
+            "engine.kvCacheDtype fp8 and engine.quantization fp8 run on GPU pods only",
+        ),
+        ({"model": "m", "engine": {"quantization": "awq"}}, "'awq' is not one of ['fp8']"),
+        (
             {"model": "m", "resources": {"memory": "-1Gi"}},
             "spec.resources.memory: '-1Gi' does not match",
         ),
@@ -239,6 +252,7 @@ def test_crd_enums_equal_the_operator_enums() -> None:
     assert tuple(engine["attentionBackend"]["enum"]) == spec_mod.ATTENTION_BACKENDS
     assert tuple(engine["blockSize"]["enum"]) == spec_mod.BLOCK_SIZES
     assert tuple(engine["kvCacheDtype"]["enum"]) == spec_mod.KV_CACHE_DTYPES
+    assert tuple(engine["quantization"]["enum"]) == spec_mod.QUANTIZATIONS
     assert tuple(props["imagePullPolicy"]["enum"]) == spec_mod.PULL_POLICIES
 
 
@@ -248,3 +262,12 @@ def test_default_image_comes_from_operator_settings() -> None:
         {"model": "smollm2-135m"}, name="x", default_image=config.default_image
     )
     assert parsed.image == "registry.example/pagoda:9"
+
+
+def test_fp8_on_gpu_pods_is_valid() -> None:
+    doc = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
+           "metadata": {"name": "x"}}  # fmt: skip
+    for engine in ({"quantization": "fp8"}, {"kvCacheDtype": "fp8", "attentionBackend": "triton"},
+                   {"quantization": "fp8", "kvCacheDtype": "fp8"}):  # fmt: skip
+        spec = {"model": "m", "resources": {"gpus": 1}, "engine": engine}
+        assert validate(load_crd(), {**doc, "spec": spec}) == [], engine

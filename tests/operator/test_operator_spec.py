@@ -101,9 +101,32 @@ def test_defaults() -> None:
             "spec.engine.dtype must be one of",
         ),
         (
-            {"model": "smollm2-135m", "engine": {"kvCacheDtype": "fp8"}},
+            {"model": "smollm2-135m", "engine": {"kvCacheDtype": "fp4"}},
             "InvalidSpec",
             "spec.engine.kvCacheDtype must be one of",
+        ),
+        (
+            {"model": "smollm2-135m", "engine": {"quantization": "awq"}},
+            "InvalidSpec",
+            "spec.engine.quantization must be one of fp8",
+        ),
+        (
+            {"model": "smollm2-135m", "engine": {"kvCacheDtype": "fp8"}},
+            "InvalidSpec",
+            "spec.engine.kvCacheDtype fp8 runs on GPU pods only",
+        ),
+        (
+            {
+                "model": "smollm2-135m",
+                "resources": {"gpus": 1},
+                "engine": {
+                    "quantization": "fp8",
+                    "kvCacheDtype": "fp8",
+                    "attentionBackend": "torch",
+                },
+            },
+            "InvalidSpec",
+            "spec.engine.kvCacheDtype fp8 and quantization fp8 runs on GPU pods only",
         ),
         (
             {"model": "smollm2-135m", "resources": {"gpus": 1}, "engine": {"kvCacheDtype": "int8"}},

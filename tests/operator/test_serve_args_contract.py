@@ -102,6 +102,9 @@ def _engine_spread() -> list[dict[str, Any]]:
             engine["maxNumBatchedTokens"] = rng.choice((engine["maxNumSeqs"], 1 << 20))
         if engine["attentionBackend"] != "triton" and rng.random() < 0.5:
             engine["kvCacheDtype"] = rng.choice(("auto", "int8"))
+        elif engine["attentionBackend"] != "torch" and rng.random() < 0.5:  # GPU pods
+            engine["kvCacheDtype"] = rng.choice(("auto", "fp8"))
+            engine["quantization"] = rng.choice((None, "fp8"))
         if rng.random() < 0.3:
             engine["extraArgs"] = rng.choice(
                 (["--seed", "7"], ["--kv-cache-memory", "1G"], ["--log-level", "debug"])
@@ -129,14 +132,19 @@ def test_crd_field_combinations_render_args_pagoda_serve_accepts() -> None:
             "engine": engine,
             "drainTimeoutSeconds": (0, 30, 3600)[i % 3],
         }
+        if "fp8" in (engine.get("kvCacheDtype"), engine.get("quantization")):
+            spec["resources"] = {"gpus": 1}  # FP8 runs on GPU pods only
         parsed = check_rendered(
             InferenceServiceSpec.from_dict(spec, name="chat", default_image="img:1")
         )
         seen |= {("dtype", parsed.dtype), ("backend", parsed.attention_backend)}
         seen |= {("prefix", parsed.enable_prefix_caching), ("block", parsed.block_size)}
+        seen |= {("kv", parsed.kv_cache_dtype), ("quantization", parsed.quantization)}
     assert {v for k, v in seen if k == "dtype"} == set(DTYPES)
     assert {v for k, v in seen if k == "block"} == set(BLOCK_SIZES)
     assert {v for k, v in seen if k == "prefix"} == {True, False}
+    assert {v for k, v in seen if k == "kv"} == set(options.KV_CACHE_DTYPES)
+    assert {v for k, v in seen if k == "quantization"} == {None, *options.QUANTIZATIONS}
 
 
 def test_runtime_defaults_are_the_operators() -> None:
@@ -166,18 +174,29 @@ def test_metric_names_in_queries_and_rules_are_the_runtimes() -> None:
         assert name in exported or base in exported, f"{name} is not a metric of pagoda serve"
 
 
-def test_kv_cache_dtype_renders_only_when_set() -> None:
-    """A flag added after the first release: the default leaves every existing service's command
-    line and config hash as they were (an operator upgrade does not roll its pods); int8 shows."""
+@pytest.mark.parametrize(("field", "flag", "value", "gpus"), [
+    ("kvCacheDtype", "--kv-cache-dtype", "int8", 0),
+    ("kvCacheDtype", "--kv-cache-dtype", "fp8", 1),
+    ("quantization", "--quantization", "fp8", 1),
+])  # fmt: skip
+def test_new_engine_fields_render_only_when_set(field, flag, value, gpus) -> None:
+    """Flags added after the first release: the default leaves every existing service's command
+    line and config hash as they were (an operator upgrade does not roll its pods); a value set
+    shows, and the real `pagoda serve` parser reads it back."""
+    from pagoda.runtime.server.cli import build_parser
+
     for doc, want in (
-        ({"model": "smollm2-135m"}, None),
-        ({"model": "smollm2-135m", "engine": {"kvCacheDtype": "int8"}}, "int8"),
+        ({"model": "smollm2-135m", "resources": {"gpus": gpus}}, None),
+        ({"model": "smollm2-135m", "resources": {"gpus": gpus}, "engine": {field: value}}, value),
     ):
         spec = InferenceServiceSpec.from_dict(doc, name=OWNER.name, default_image="img:1")
         args = build_children(OWNER, spec).get("Deployment")["spec"]["template"]["spec"][
             "containers"
         ][0]["args"]
-        got = args[args.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in args else None
+        got = args[args.index(flag) + 1] if flag in args else None
         assert got == want
         engine = json.loads(build_config_map(OWNER, spec)["data"]["engine.json"])
-        assert engine.get("kvCacheDtype") == want
+        assert engine.get(field) == want
+        dest = flag.removeprefix("--").replace("-", "_")
+        parsed = vars(build_parser().parse_args(args))[dest]
+        assert parsed == (want or options.SERVE_FLAGS[dest].default)

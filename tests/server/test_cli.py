@@ -166,10 +166,11 @@ def test_memory_check_names_what_to_lower(monkeypatch) -> None:
     with pytest.raises(ValueError, match=r"600\.0 MiB is on this machine .*lower --kv-cache"):
         engine_config("--kv-cache-memory", "512MiB")
     monkeypatch.setattr(memory, "host_available", lambda: (100 << 20, "MemAvailable"))
-    monkeypatch.setattr(memory, "checkpoint_bytes", lambda path: 1 << 20)
+    monkeypatch.setattr(memory, "checkpoint_bytes", lambda path: 1 << 20)  # float32: read in place
+    f32 = ("--dtype", "float32", "--kv-cache-memory", "16MiB")
     with pytest.raises(ValueError, match=r"block tables .*lower --max-num-seqs or --max-model-len"):
-        engine_config("--kv-cache-memory", "16MiB", "--max-num-seqs", "16384")
-    cfg = engine_config("--kv-cache-memory", "16MiB", "--max-num-seqs", "256")
+        engine_config(*f32, "--max-num-seqs", "16384")
+    cfg = engine_config(*f32, "--max-num-seqs", "256")
     assert cfg.scheduler.max_num_seqs == 256  # what fits is left alone
 
 

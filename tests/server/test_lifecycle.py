@@ -89,5 +89,6 @@ def test_sigterm_drains_in_flight_stream_then_exits_0(keyed):
     assert events[-1] == "data: [DONE]"
     chunks = [json.loads(e[6:]) for e in events[:-1]]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    assert sum(1 for c in chunks if c["choices"][0]["text"]) >= 30  # nearly every token
+    # every token's text arrived (a reader that paused gets the tokens it missed coalesced)
+    assert len("".join(c["choices"][0]["text"] for c in chunks)) >= 40
     assert keyed.proc.wait(30) == 0, keyed.output()

@@ -241,8 +241,10 @@ def test_an_int8_cache_holds_about_twice_the_tokens(smol):
 
 
 def test_bad_or_unsupported_choices_are_clear_errors():
-    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, int8"):
-        CacheConfig(kv_cache_dtype="fp8")
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, int8, fp8"):
+        CacheConfig(kv_cache_dtype="fp4")
+    with pytest.raises(ValueError, match="Triton attention backend only"):
+        get_attention_backend("torch", torch.device("cpu"), 4, 2, 64, 0.1, kv_cache_dtype="fp8")
     with pytest.raises(ValueError, match="CPU attention backend only"):
         EngineConfig.create(device="cuda", kv_cache_dtype="int8")
     with pytest.raises(ValueError, match="CPU attention backend only"):

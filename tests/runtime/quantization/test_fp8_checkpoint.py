@@ -200,14 +200,17 @@ def test_online_quantization_and_kv_scales():
     assert fp8.checkpoint_kv_scales({}, attn) is None
 
 
-def test_the_engine_refuses_quantization_it_cannot_serve():
-    """`quantization="fp8"` is a valid engine setting (`pagoda tune` sweeps its kernels), but the
-    model loader builds no FP8 layers: the engine says so instead of serving 16-bit weights."""
+def test_engine_quantization_choices_and_the_plan():
+    """Only fp8 is a quantization; a checkpoint's own FP8 format wins; where the FP8 kernels do
+    not run, an FP8 checkpoint is dequantized (None) and ``quantization="fp8"`` refused."""
     from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.engine.core import EngineCore
 
-    config = EngineConfig.create("/nonexistent", quantization="fp8")
-    with pytest.raises(ValueError, match="does not build FP8 layers"):
-        EngineCore(config)
     with pytest.raises(ValueError, match="quantization must be one of fp8"):
         EngineConfig.create("/nonexistent", quantization="awq")
+    ckpt = fp8.scheme_from_hf_config({"quantization_config": CT_DYNAMIC})
+    assert fp8.engine_scheme(None, None, True) is None
+    assert fp8.engine_scheme("fp8", None, True) is fp8.ONLINE_SCHEME
+    assert fp8.engine_scheme("fp8", ckpt, True) is ckpt
+    assert fp8.engine_scheme(None, ckpt, False) is None
+    with pytest.raises(ValueError, match="FP8 tensor cores"):
+        fp8.engine_scheme("fp8", ckpt, False)

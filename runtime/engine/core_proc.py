@@ -1,0 +1,214 @@
+"""EngineCoreProc: the engine's step loop in a process of its own, beside the API process.
+
+Why: in one process the API's event loop (HTTP parsing, SSE encoding, the asyncio fan-out of
+every token) and the step loop's host work (schedule, prepare, sample, detokenize) take turns on
+one GIL; whichever holds it stalls the other, and streaming pays most (issue 40 measured 46%
+less throughput than without streaming on an H200). vLLM v1 runs its EngineCore in its own
+process for the same reason. Here the child owns the `EngineCore`; the API process keeps every
+request's bookkeeping (`AsyncEngine`) and talks to it through `core_client.EngineProcClient`.
+
+Wire: two ZeroMQ sockets over `ipc://` paths in a directory of the API process's; each side
+binds the socket it reads and connects the one it writes (a connected socket queues messages
+before its peer is there).
+
+- API → engine (PUSH → PULL): one pickled list of commands per event-loop iteration:
+  `("load", factory)` (first: the process is started before the server knows its engine
+  config, and imports the engine's modules meanwhile), `("add", rid, ids, params)`,
+  `("abort", rid)`, `("call", call_id, fn)`, `("stop",)`.
+- engine → API (PUSH → PULL): multipart `[kind, payload]`:
+  - `o`: one message per step for every request in it: MessagePack of `(outputs, stats)`,
+    decoded straight into `StepOutput`s and `EngineStats` (msgspec Structs), never per token;
+  - `s`: stats only (commands applied while nothing runs);
+  - `r`: the pickled `EngineInfo`, once the model is loaded and one real step has run;
+  - `f`: pickled `(rid, error)`: adding that request failed (nothing else is touched);
+  - `c`: pickled `(call_id, result, error)` of a `call`;
+  - `x`: the pickled error that ended the loop; the process then exits 1.
+
+The child ignores SIGINT (a terminal's Ctrl-C reaches the whole process group; the API process
+drains and then stops it) and exits on its own when its parent is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from pagoda.runtime.engine.info import EngineInfo
+from pagoda.runtime.engine.outputs import EngineStats, StepOutput
+from pagoda.runtime.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagoda.runtime.engine.core import EngineCore
+
+log = logging.getLogger(__name__)
+
+# One step's message: (outputs, stats); the decoder builds the Structs directly.
+StepMessage = tuple[list[StepOutput], EngineStats | None]
+PARENT_CHECK_S = 1.0  # how often a busy loop checks that its parent is still there
+# Imported while the API process checks its flags and model (they are what a load needs).
+PRELOAD = ("torch", "pagoda.runtime.engine.core", "pagoda.runtime.engine.warmup")
+
+
+def first_step(core: EngineCore) -> None:
+    """One real step before ready, so the first client does not pay for lazy initialisation."""
+    ids = core.tokenizer.encode("Hello") or [0]
+    core.add_request("__warmup__", ids, SamplingParams(max_tokens=1, temperature=0.0))
+    while core.has_unfinished_requests():
+        core.step()
+
+
+def dump_error(exc: BaseException) -> bytes:
+    """An exception as the API process can load it: itself where it pickles and loads back,
+    else a RuntimeError naming it (a custom exception's arguments may not round-trip)."""
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)
+        return data
+    except Exception:
+        return pickle.dumps(RuntimeError(f"{type(exc).__name__}: {exc}"))
+
+
+class EngineCoreProc:
+    """The child's loop: apply commands, step, send one message per step."""
+
+    def __init__(self, inbox: Any, outbox: Any, parent_pid: int) -> None:
+        self.inbox, self.outbox, self.parent_pid = inbox, outbox, parent_pid
+        self.encoder = msgspec.msgpack.Encoder()
+        self.stopping = False
+
+    def send(self, kind: bytes, payload: bytes) -> None:
+        self.outbox.send_multipart((kind, payload))
+
+    def wait_for_factory(self) -> Callable[[], EngineCore] | None:
+        """The `load` command's factory; None when told to stop (or orphaned) first."""
+        while True:
+            if not self.inbox.poll(int(PARENT_CHECK_S * 1000)):
+                if os.getppid() != self.parent_pid:
+                    return None
+                continue
+            for cmd in pickle.loads(self.inbox.recv()):
+                if cmd[0] == "load":
+                    return cmd[1]
+                if cmd[0] == "stop":
+                    return None
+
+    def run(self, factory: Callable[[], EngineCore]) -> int:
+        """Load, warm up, serve until told to stop; the exit code."""
+        try:
+            core = factory()
+            info = EngineInfo.from_core(core)
+            first_step(core)
+            self.send(b"r", pickle.dumps(info))
+            self.send(b"s", self.encoder.encode(core.stats()))
+            self.serve(core)
+            return 0
+        except BaseException as exc:
+            log.exception("engine loop died")
+            self.send(b"x", dump_error(exc))
+            return 1
+
+    def serve(self, core: EngineCore) -> None:
+        zmq_poll, encode = self.inbox.poll, self.encoder.encode
+        checked = time.monotonic()
+        while not self.stopping:
+            busy = core.has_unfinished_requests()
+            had_cmds = False
+            if zmq_poll(0 if busy else int(PARENT_CHECK_S * 1000)):
+                had_cmds = self.apply_all(core)
+            if self.stopping:
+                return
+            if not core.has_unfinished_requests():
+                if had_cmds:
+                    self.send(b"s", encode(core.stats()))
+                elif not busy and os.getppid() != self.parent_pid:
+                    log.warning("the API process is gone; the engine process exits")
+                    return
+                continue
+            outputs = core.step()
+            self.send(b"o", encode((outputs, core.stats())))
+            if time.monotonic() - checked > PARENT_CHECK_S:
+                checked = time.monotonic()
+                if os.getppid() != self.parent_pid:
+                    log.warning("the API process is gone; the engine process exits")
+                    return
+
+    def apply_all(self, core: EngineCore) -> bool:
+        """Apply every command waiting in the socket; True if there was any."""
+        import zmq
+
+        n = 0
+        while True:
+            try:
+                data = self.inbox.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return n > 0
+            for cmd in pickle.loads(data):
+                n += 1
+                self.apply(core, cmd)
+
+    def apply(self, core: EngineCore, cmd: tuple) -> None:
+        kind = cmd[0]
+        if kind == "add":
+            _, rid, ids, params = cmd
+            try:
+                core.add_request(rid, ids, params)
+            except Exception as exc:  # this request only
+                self.send(b"f", pickle.dumps((rid, dump_error(exc))))
+        elif kind == "abort":
+            core.abort_request(cmd[1])
+        elif kind == "call":
+            _, call_id, fn = cmd
+            try:
+                payload = pickle.dumps((call_id, fn(core), None))
+            except Exception as exc:  # the call's (or its result's pickling) only
+                payload = pickle.dumps((call_id, None, dump_error(exc)))
+            self.send(b"c", payload)
+        elif kind == "stop":
+            self.stopping = True
+
+
+def preload() -> None:
+    """Import what loading will need, before the factory arrives (errors surface at load)."""
+    import importlib
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            return
+
+
+def run_engine_core(
+    in_addr: str,
+    out_addr: str,
+    parent_pid: int,
+    log_level: str = "info",
+) -> None:
+    """Entry point of the engine process (spawned by `core_client.EngineProcClient`)."""
+    import zmq
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    ctx = zmq.Context(1)
+    inbox = ctx.socket(zmq.PULL)
+    inbox.setsockopt(zmq.RCVHWM, 0)
+    inbox.bind(in_addr)
+    outbox = ctx.socket(zmq.PUSH)
+    outbox.setsockopt(zmq.SNDHWM, 0)
+    outbox.connect(out_addr)
+    proc = EngineCoreProc(inbox, outbox, parent_pid)
+    preload()
+    factory = proc.wait_for_factory()
+    code = 0 if factory is None else proc.run(factory)
+    outbox.close(linger=5000)  # deliver the last messages (the error, a final step)
+    inbox.close(linger=0)
+    ctx.term()
+    os._exit(code)  # no atexit work: torch's and the sockets' teardown is the OS's

@@ -1,0 +1,207 @@
+"""Does the model fit? Weights plus the KV cache of one full-length sequence, against the memory
+one device (one rank) has, before anything loads.
+
+`pagoda serve` asks this first in `launch.preflight`. A model that cannot serve even one
+``max_model_len`` sequence exits 2 with one line, written to the pod's termination message with
+the reason ``ModelDoesNotFit`` (`runtime/termination.py`; the operator turns it into a condition
+on the InferenceService), giving the numbers and what would fit: FP8 weights (and KV cache) on a
+GPU that has FP8, more GPUs (tensor parallelism), a shorter context.
+
+What it counts, per rank of ``tensor_parallel_size``:
+
+* weights from the model's shape (`ModelConfig`), not the file: the decoder's projections at one
+  byte plus a float32 scale per output channel where they run in FP8 (``--quantization fp8``, or
+  an FP8 checkpoint on a GPU with FP8; elsewhere an FP8 checkpoint is dequantized at load), the
+  rest (embeddings, LM head, experts, norms) in the model's dtype; everything split over the
+  ranks. On a CPU in float32, layers that multiply by the stored 16-bit or GGUF blocks (`qgemm`)
+  hold the file's bytes, so the smaller of the two counts there: a floor, like `memory.py`'s.
+* the KV cache of one sequence of ``max_model_len`` tokens (whole blocks), with each rank's KV
+  heads (split over the ranks; one each when there are fewer heads than ranks); where the
+  cache's size is fixed up front and smaller (``--kv-cache-memory``, the CPU's default 2 GiB),
+  that size: the engine then shortens ``max_model_len`` to what the cache holds.
+* against: on CUDA, what the runner gives the model and its cache (``gpu_memory_utilization`` of
+  the device, less what other processes hold, less `memory.GPU_HEADROOM`); on a CPU, the memory
+  this process may still allocate (`memory.host_available`: MemAvailable or the cgroup limit).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from pagoda.runtime import options
+from pagoda.runtime.config import EngineConfig, ModelConfig, fp8_runs_on
+from pagoda.runtime.server import memory
+from pagoda.runtime.server.memory import gib
+from pagoda.runtime.termination import ReasonedError
+
+REASON = "ModelDoesNotFit"
+TP_SIZES = (2, 4, 8, 16, 32, 64)  # the group sizes suggested (GPUs of the same size)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one rank holds: the served dtype, FP8 projections or not, FP8 KV or not, ranks."""
+
+    dtype: torch.dtype
+    fp8_weights: bool
+    fp8_kv: bool
+    tp: int = 1
+    max_model_len: int = 0
+    block_size: int = 16
+
+    def weight_bytes(self, mc: ModelConfig) -> int:
+        """The weights of one rank (module docstring)."""
+        h, d, i, n = mc.hidden_size, mc.head_dim, mc.intermediate_size, mc.num_layers
+        item = self.dtype.itemsize
+        f = mc.family
+        moe = sum(f.has_experts(x) for x in range(n))
+        attn_rows = (mc.num_heads + 2 * mc.num_kv_heads) * d + h  # qkv's rows, o's rows
+        attn = h * d * (2 * mc.num_heads + 2 * mc.num_kv_heads)  # q, k, v, o
+        mlp = (n - moe) * 3 * h * i
+        if self.fp8_weights:  # one byte each, a float32 scale per output row
+            rows = n * attn_rows + (n - moe) * (2 * i + h)
+            projections = n * attn + mlp + 4 * rows
+        else:
+            projections = (n * attn + mlp) * item
+        experts = moe * f.num_experts * (3 * h * f.moe_intermediate_size + h) * item
+        embed = mc.vocab_size * h * (1 if mc.tie_word_embeddings else 2) * item
+        norms = (2 * n + 1) * h * item
+        return math.ceil((projections + experts + embed) / self.tp) + norms
+
+    def kv_heads(self, mc: ModelConfig) -> int:
+        """KV heads on one rank: split over the ranks, replicated when there are fewer."""
+        return max(1, mc.num_kv_heads // self.tp)
+
+    def kv_bytes_per_token(self, mc: ModelConfig) -> int:
+        item = 1 if self.fp8_kv else self.dtype.itemsize
+        return mc.num_layers * 2 * self.kv_heads(mc) * mc.head_dim * item
+
+    def kv_bytes(self, mc: ModelConfig, tokens: int | None = None) -> int:
+        """One sequence of ``tokens`` (default ``max_model_len``), in whole blocks."""
+        tokens = self.max_model_len if tokens is None else tokens
+        blocks = -(-tokens // self.block_size)
+        return blocks * self.block_size * self.kv_bytes_per_token(mc)
+
+    def need(self, mc: ModelConfig) -> int:
+        return self.weight_bytes(mc) + self.kv_bytes(mc)
+
+
+def plan_of(cfg: EngineConfig, model_path: Path, tp: int = 1) -> Plan:
+    """The plan `cfg` serves `model_path` with (its FP8 settings as the loader applies them)."""
+    device = cfg.torch_device()
+    scheme = None
+    if model_path.is_dir():
+        from pagoda.runtime.model.hf_loader import read_quantization
+
+        scheme = read_quantization(model_path)
+    fp8 = (cfg.quantization == "fp8" or scheme is not None) and fp8_runs_on(device)
+    return Plan(cfg.torch_dtype(), fp8, cfg.cache.kv_cache_dtype == "fp8", tp,
+                cfg.scheduler.max_model_len or 0, cfg.cache.block_size)  # fmt: skip
+
+
+def usable(cfg: EngineConfig, device: torch.device) -> tuple[int, str]:
+    """Bytes one rank has for weights and KV cache, and how that figure came about."""
+    if device.type != "cuda":
+        have, source = memory.host_available()
+        return have, f"on this machine ({source})"
+    free, total = memory.device_available(device)
+    util = cfg.cache.gpu_memory_utilization
+    have = int(total * util) - (total - free) - memory.GPU_HEADROOM
+    return have, (
+        f"usable on {device} ({gib(total)} in all × gpu-memory-utilization {util:g}, less "
+        f"{gib(total - free)} in use and {gib(memory.GPU_HEADROOM)} headroom)"
+    )
+
+
+def check(
+    mc: ModelConfig, cfg: EngineConfig, model_path: Path, tensor_parallel_size: int = 1
+) -> Plan:
+    """The plan when weights + one ``max_model_len`` sequence fit one rank; else a
+    `ReasonedError` (reason ``ModelDoesNotFit``) with the numbers and what would fit."""
+    device = cfg.torch_device()
+    plan = plan_of(cfg, model_path, tensor_parallel_size)
+    if not plan.max_model_len:
+        plan = Plan(**{**plan.__dict__, "max_model_len": mc.max_position_embeddings})
+    weights = plan.weight_bytes(mc)
+    if device.type == "cpu" and plan.dtype == torch.float32:  # stored blocks read in place
+        weights = min(weights, memory.checkpoint_bytes(model_path) or weights)
+    have, where = usable(cfg, device)
+    kv = plan.kv_bytes(mc)
+    budget = kv_budget(cfg, plan.kv_bytes_per_token(mc), device)
+    budgeted = budget is not None and budget < kv
+    if weights + (budget if budgeted else kv) <= have:
+        return plan
+    fp8_here = device.type == "cuda" and fp8_runs_on(device)
+    text = message(mc, plan, weights, budget if budgeted else kv, have, where, fp8_here, budgeted)
+    raise ReasonedError(text, reason=REASON)
+
+
+def kv_budget(cfg: EngineConfig, per_token: int, device: torch.device) -> int | None:
+    """A KV-cache size fixed up front (--kv-cache-memory, a test's block count, the CPU's
+    default), or None where the runner takes what is free (CUDA). A cache smaller than one
+    full sequence makes the engine shorten max_model_len to it (with a warning), so the smaller
+    of the two is what must fit."""
+    cache = cfg.cache
+    if cache.num_blocks_override is not None:
+        return cache.num_blocks_override * cache.block_size * per_token
+    if cache.kv_cache_memory is not None:
+        return cache.kv_cache_memory
+    return options.DEFAULT_CPU_KV_CACHE_MEMORY if device.type == "cpu" else None
+
+
+def message(
+    mc: ModelConfig, plan: Plan, weights: int, kv: int, have: int, where: str, fp8_here: bool,
+    budgeted: bool = False,
+) -> str:  # fmt: skip
+    """One line: what is needed, what there is, and what would fit (module docstring);
+    ``budgeted``: ``kv`` is the fixed KV-cache size, smaller than one full sequence."""
+    kind = "FP8" if plan.fp8_weights else str(plan.dtype).removeprefix("torch.")
+    kv_kind = "fp8" if plan.fp8_kv else str(plan.dtype).removeprefix("torch.")
+    params = mc.num_params / 1e9
+    ranks = f" per GPU over {plan.tp} ranks" if plan.tp > 1 else ""
+    what = "--kv-cache-memory" if budgeted else f"one {plan.max_model_len}-token sequence"
+    head = (
+        f"the model ({params:.1f}B parameters) needs {gib(weights + kv)}{ranks}: weights "
+        f"{gib(weights)} ({kind}) + KV cache {gib(kv)} for {what} ({kv_kind} KV), but "
+        f"{gib(max(have, 0))} is {where}"
+    )
+    fixes = would_fit(mc, plan, weights, have, fp8_here, "usable on" in where, budgeted)
+    tail = "; would fit: " + ", ".join(fixes) if fixes else "; nothing smaller fits this device"
+    return head + tail
+
+
+def would_fit(
+    mc: ModelConfig, plan: Plan, weights: int, have: int, fp8_here: bool, cuda: bool,
+    budgeted: bool = False,
+) -> list[str]:  # fmt: skip
+    """Changes that make weights + one sequence fit, each with what it would need (``weights``:
+    this plan's, as counted; ``budgeted``: the KV cache's size is set, so a smaller one is the
+    shorter context)."""
+    out = []
+    if fp8_here and not (plan.fp8_weights and plan.fp8_kv):
+        for fp8 in (Plan(**{**plan.__dict__, "fp8_weights": True}),
+                    Plan(**{**plan.__dict__, "fp8_weights": True, "fp8_kv": True})):  # fmt: skip
+            if fp8.need(mc) <= have:
+                flags = "--quantization fp8" + (" --kv-cache-dtype fp8" if fp8.fp8_kv else "")
+                out.append(f"{flags} ({gib(fp8.need(mc))})")
+                break
+    if cuda:
+        for tp in (t for t in TP_SIZES if t > plan.tp):
+            wider = Plan(**{**plan.__dict__, "tp": tp})
+            if wider.need(mc) <= have:
+                out.append(f"--tensor-parallel-size {tp} ({gib(wider.need(mc))} per GPU)")
+                break
+    room = have - weights
+    if room > 0:
+        tokens = room // plan.kv_bytes_per_token(mc) // plan.block_size * plan.block_size
+        if tokens >= plan.block_size and budgeted:
+            size = plan.kv_bytes(mc, tokens)
+            out.append(
+                f"--kv-cache-memory {size >> 20}MiB ({tokens} tokens; {gib(weights + size)})"
+            )
+        elif tokens >= plan.block_size:
+            out.append(f"--max-model-len {tokens} ({gib(weights + plan.kv_bytes(mc, tokens))})")
+    return out

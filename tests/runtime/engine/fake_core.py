@@ -1,0 +1,96 @@
+"""A fake engine core for the engine-process tests: EngineCore's interface without a model.
+
+Module level so that a spawned engine process can import it (its factory crosses by pickle).
+One token per running sample per step; a prompt starting with 99 is refused when added, one
+starting with 98 makes the step raise (the loop dies), and a step sleeps `step_s`.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from pagoda.runtime.engine.outputs import EngineStats, StepOutput
+
+
+class FakeTokenizer:
+    vocab_size = 100
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) % 90 for c in text] or [1]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(97 + i % 26) for i in ids)
+
+    def token_to_str(self, i: int) -> str:
+        return chr(97 + i % 26)
+
+
+class FakeCore:
+    max_model_len = 20_000
+    model_config = SimpleNamespace(vocab_size=100)
+
+    def __init__(self, step_s: float = 0.002, fail_load: bool = False) -> None:
+        if fail_load:
+            raise ValueError("model file is corrupt")
+        self.tokenizer = FakeTokenizer()
+        self.model_name = "fake"
+        self.step_s = step_s
+        self.reqs: dict[str, dict] = {}
+        self.aborted: list[str] = []
+        self.crash = False
+
+    def add_request(self, rid, ids, params) -> None:
+        if ids[0] == 99:
+            raise ValueError("prompt refused by the core")
+        self.crash = self.crash or ids[0] == 98
+        for i in range(params.n):
+            self.reqs[f"{rid}#{i}"] = {"rid": rid, "i": i, "left": params.max_tokens, "out": 0}
+
+    def abort_request(self, rid) -> None:
+        self.aborted.append(rid)
+        for key in [k for k, r in self.reqs.items() if r["rid"] == rid]:
+            del self.reqs[key]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.reqs)
+
+    def step(self) -> list[StepOutput]:
+        if self.crash:
+            raise RuntimeError("boom")
+        now, outs = time.monotonic(), []
+        for key, r in list(self.reqs.items()):
+            r["left"] -= 1
+            r["out"] += 1
+            done = r["left"] == 0
+            reason = "length" if done else None
+            outs.append(
+                StepOutput(
+                    r["rid"],
+                    r["i"],
+                    [r["out"]],
+                    "x",
+                    [],
+                    done,
+                    reason,
+                    num_prompt_tokens=3,
+                    num_output_tokens=r["out"],
+                    arrival_time=now,
+                    first_token_time=now,
+                )
+            )
+            if done:
+                del self.reqs[key]
+        time.sleep(self.step_s)
+        return outs
+
+    def stats(self) -> EngineStats:
+        return EngineStats(len(self.reqs), 0, 0.0, 10, 10, 0, 0, 0)
+
+    def check_integrity(self) -> None:
+        pass
+
+
+def aborted(core: FakeCore) -> list[str]:
+    """`run_in_engine` probe: the request ids the core was asked to abort."""
+    return list(core.aborted)

@@ -1,0 +1,57 @@
+"""`pagoda serve` with its engine in a process of its own (the default): the engine process
+killed while a stream runs turns the stream into an error event and /health into 503, and the
+server then exits 1 (the pod restarts at once instead of serving errors)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from server_testlib import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+
+def engine_pid(server_pid: int) -> int:
+    kids = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    for pid in map(int, kids):
+        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    raise AssertionError(f"no engine process among {kids}")
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_engine_process_fails_streams_health_and_the_server():
+    srv = ServerProcess(
+        "--kv-cache-memory", "32MiB", "--max-model-len", "256", "--log-level", "info"
+    )  # fmt: skip
+    try:
+        srv.wait_ready()
+        body = {"prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True,
+                "stream": True}  # fmt: skip
+        with httpx.Client(base_url=srv.base, timeout=60) as c:
+            assert c.get("/health").json() == {"status": "ok"}
+            with c.stream("POST", "/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                lines = (line for line in r.iter_lines() if line.startswith("data: "))
+                first = json.loads(next(lines)[6:])
+                assert first["choices"][0]["finish_reason"] is None
+                os.kill(engine_pid(srv.proc.pid), signal.SIGKILL)
+                rest = list(lines)
+            assert rest[-1] == "data: [DONE]"
+            error = json.loads(rest[-2][6:])["error"]
+            assert error["code"] == "unavailable" and "exited with code -9" in error["message"]
+            health = c.get("/health")
+            assert health.status_code == 503 and health.json()["status"] == "dead"
+        deadline = time.monotonic() + 30
+        while srv.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert srv.proc.returncode == 1, srv.output()[-2000:]
+        assert "engine died" in srv.output()
+    finally:
+        srv.stop()

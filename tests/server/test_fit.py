@@ -1,0 +1,140 @@
+"""Does the model fit? (`server/fit.py`): weights + one full-length sequence against one rank's
+memory, the one-line ModelDoesNotFit with what would fit, and `pagoda serve` exiting 2 with it in
+the termination message before anything loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from pagoda.runtime import config
+from pagoda.runtime.config import EngineConfig, ModelConfig
+from pagoda.runtime.server import fit, memory
+from pagoda.runtime.termination import ReasonedError
+
+GIB = 1 << 30
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                num_heads=32, num_kv_heads=8, head_dim=128, max_position_embeddings=131072)  # fmt: skip
+LLAMA_70B = dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_layers=80,
+                 num_heads=64, num_kv_heads=8, head_dim=128, max_position_embeddings=131072)  # fmt: skip
+HF_NAMES = dict(num_layers="num_hidden_layers", num_heads="num_attention_heads",
+                num_kv_heads="num_key_value_heads")  # fmt: skip
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """A CUDA device of `total` bytes with `free` of them free, FP8 or not (no GPU needed)."""
+
+    def set_gpu(total: int, free: int | None = None, fp8: bool = True) -> None:
+        monkeypatch.setattr(memory, "device_available", lambda d: (free or total, total))
+        monkeypatch.setattr(fit, "fp8_runs_on", lambda d: fp8 and d.type == "cuda")
+        monkeypatch.setattr(config, "fp8_runs_on", lambda d: fp8 and d.type == "cuda")
+
+    return set_gpu
+
+
+def test_weights_and_kv_per_rank():
+    mc = ModelConfig(**LLAMA_8B)
+    bf16 = fit.Plan(torch.bfloat16, False, False, 1, 8192)
+    assert bf16.weight_bytes(mc) == pytest.approx(mc.num_params * 2, rel=1e-3)
+    fp8 = fit.Plan(torch.bfloat16, True, False, 1, 8192)
+    embed = 2 * 128256 * 4096 * 2  # untied embedding and LM head stay 16-bit
+    projections = mc.num_params - 2 * 128256 * 4096
+    assert fp8.weight_bytes(mc) == pytest.approx(embed + projections, rel=1e-3)
+    assert bf16.kv_bytes_per_token(mc) == 32 * 2 * 8 * 128 * 2  # 128 KiB a token
+    assert fit.Plan(torch.bfloat16, False, True).kv_bytes_per_token(mc) == 64 << 10
+    tp2 = fit.Plan(torch.bfloat16, False, False, 2, 8192)
+    assert tp2.weight_bytes(mc) == pytest.approx(bf16.weight_bytes(mc) / 2, rel=1e-3)
+    assert tp2.kv_heads(mc) == 4 and fit.Plan(torch.bfloat16, False, False, 16).kv_heads(mc) == 1
+    assert bf16.kv_bytes(mc, 17) == 32 * bf16.kv_bytes_per_token(mc)  # whole blocks of 16
+
+
+def test_70b_on_one_80gib_gpu_names_fp8_and_two_gpus(tmp_path, gpu):
+    gpu(80 * GIB)
+    mc = ModelConfig(**LLAMA_70B)
+    cfg = EngineConfig.create("m", device="cuda", max_model_len=8192)
+    with pytest.raises(ReasonedError) as err:
+        fit.check(mc, cfg, tmp_path)
+    e = err.value
+    assert e.reason == "ModelDoesNotFit"
+    msg = str(e)
+    assert msg.startswith(
+        "the model (70.6B parameters) needs 133.9 GiB: weights 131.4 GiB (bfloat16)"
+    )
+    assert "+ KV cache 2.5 GiB for one 8192-token sequence" in msg
+    assert "is usable on cuda (80.0 GiB in all × gpu-memory-utilization 0.9" in msg
+    fixes = msg.split("; would fit: ")[1]
+    assert fixes.startswith("--quantization fp8 (") and "--tensor-parallel-size 2 (" in fixes
+    assert "--max-model-len" not in fixes  # the weights alone are too large
+    assert "\n" not in msg and len(msg) < 600
+    # FP8 as suggested fits
+    assert fit.check(mc, EngineConfig.create("m", device="cuda", max_model_len=8192,
+                                             quantization="fp8"), tmp_path).fp8_weights  # fmt: skip
+
+
+def test_a_gpu_without_fp8_is_offered_more_gpus_or_a_shorter_context(tmp_path, gpu):
+    gpu(24 * GIB, fp8=False)
+    mc = ModelConfig(**LLAMA_8B)
+    with pytest.raises(ReasonedError) as err:
+        fit.check(mc, EngineConfig.create("m", device="cuda", max_model_len=131072), tmp_path)
+    msg = str(err.value)
+    assert "KV cache 16.0 GiB for one 131072-token sequence" in msg and "fp8" not in msg
+    fixes = msg.split("; would fit: ")[1]
+    assert fixes.startswith("--tensor-parallel-size 2 (")
+    tokens = int(fixes.split("--max-model-len ")[1].split()[0])
+    plan = fit.Plan(torch.bfloat16, False, False, 1, tokens)
+    usable = int(24 * GIB * 0.9) - memory.GPU_HEADROOM
+    assert plan.need(mc) <= usable < plan.need(mc) + 16 * plan.kv_bytes_per_token(mc)
+    # and so it does
+    fit.check(mc, EngineConfig.create("m", device="cuda", max_model_len=tokens), tmp_path)
+
+
+def test_cpu_counts_host_memory_and_suggests_a_smaller_cache(tmp_path, monkeypatch):
+    """On a CPU the KV cache has a size (2 GiB by default, or --kv-cache-memory); one smaller than
+    a full sequence shortens the context, so that size is what must fit, and what to lower."""
+    monkeypatch.setattr(memory, "host_available", lambda: (16 * GIB, "MemAvailable"))
+    mc = ModelConfig(**LLAMA_8B)
+    cfg = EngineConfig.create("m", device="cpu", dtype="bfloat16", max_model_len=131072)
+    with pytest.raises(ReasonedError, match=r"KV cache 2\.0 GiB for --kv-cache-memory \(bfloat16 "
+                                            r"KV\), but 16\.0 GiB is on this machine \(MemAvailable"
+                                            r"\); would fit: --kv-cache-memory \d+MiB \(") as err:  # fmt: skip
+        fit.check(mc, cfg, tmp_path)
+    assert "tensor-parallel" not in str(err.value) and "fp8" not in str(err.value)
+    fit.check(mc, EngineConfig.create("m", device="cpu", dtype="bfloat16", max_model_len=4096,
+                                      kv_cache_memory=512 << 20), tmp_path)  # fmt: skip
+
+
+def test_an_fp8_checkpoint_counts_as_fp8_only_where_fp8_runs(tmp_path, gpu):
+    hf = {**{HF_NAMES.get(k, k): v for k, v in LLAMA_8B.items()},
+          "architectures": ["LlamaForCausalLM"],
+          "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    gpu(80 * GIB, fp8=True)
+    assert fit.plan_of(EngineConfig.create("m", device="cuda"), tmp_path).fp8_weights
+    gpu(80 * GIB, fp8=False)  # dequantized at load: 16-bit weights
+    assert not fit.plan_of(EngineConfig.create("m", device="cuda"), tmp_path).fp8_weights
+
+
+def test_pagoda_serve_exits_2_with_model_does_not_fit_in_the_termination_message(tmp_path):
+    """A 70B-shaped config.json (no weights: nothing loads before the check) on this CPU."""
+    model = tmp_path / "model"
+    model.mkdir()
+    hf = {HF_NAMES.get(k, k): v for k, v in LLAMA_70B.items()}
+    (model / "config.json").write_text(json.dumps({**hf, "architectures": ["LlamaForCausalLM"]}))
+    log = tmp_path / "termination-log"
+    env = {**os.environ, "PAGODA_TERMINATION_LOG": str(log)}
+    cmd = [sys.executable, "-P", "-m", "pagoda.runtime.cli", "serve", "--model", str(model),
+           "--device", "cpu", "--dtype", "bfloat16", "--port", "0"]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT, env=env)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pagoda serve: error: the model (70.6B"), lines
+    written = log.read_text()
+    assert written.startswith("ModelDoesNotFit: the model (70.6B parameters) needs ")
+    assert "+ KV cache 2.0 GiB for --kv-cache-memory" in written and written.count("\n") == 1
