@@ -54,6 +54,8 @@ class Behavior:
         return f"{up}; {down}"
 
 
+SYNC_S = 15.0  # the HPA controller's default sync period (a cluster-wide flag; fixed on GKE/EKS)
+
 UP = {"default": Behavior(), "fast": Behavior(up_percent=900.0, up_pods=10)}
 DOWN = {
     "default": {},
@@ -80,9 +82,15 @@ class Hpa(abc.ABC):
         self.target, self.b, self.lo, self.hi = target, behavior, lo, hi
         self.recs: deque[tuple[float, int]] = deque()
         self.events: deque[tuple[float, int]] = deque()  # (time, replica change)
+        self.interval_s = (
+            SYNC_S  # kube-controller-manager's --horizontal-pod-autoscaler-sync-period
+        )
+
+    def sync(self) -> str:
+        return "" if self.interval_s == SYNC_S else f"; HPA sync {self.interval_s:g}s"
 
     def label(self) -> str:
-        return f"target {self.target:g}; {self.b.label()}"
+        return f"target {self.target:g}; {self.b.label()}{self.sync()}"
 
     # --- the metric: (raw recommendation) ---------------------------------------------------
 
@@ -204,7 +212,7 @@ class Keda(Hpa):
         return (
             f"threshold {self.target:g}/replica, min {self.min_replicas}, activation "
             f"{self.activation:g}, cooldown {self.cooldown_s:g}s, polling {self.polling_s:g}s; "
-            f"{self.b.label()}"
+            f"{self.b.label()}{self.sync()}"
         )
 
     def recommend(self, o: Observation) -> int:

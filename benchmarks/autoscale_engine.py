@@ -188,12 +188,13 @@ class Observation:
     kv_max: float | None  # the fullest ready replica
     ttft_p95_s: float | None  # histogram_quantile(0.95, ...[1m]); None: no first token
     ttft_count: int  # first tokens in the window
-    mean_prompt: float | None  # recent prompt tokens per request (counters, 1m)
-    mean_output: float | None  # recent output tokens per request (counters, 1m)
+    mean_prompt: float | None  # prompt tokens per first token, last minute (counters, 1m)
+    mean_output: float | None  # output tokens per finished request, last minute (counters, 1m)
     completion_rate: float  # requests/s finishing, last minute
     arrival_rate: float  # requests/s arriving, last 30 s (completions + change in flight)
     arrival_rate_slow: float  # the same over the last 2 minutes
     queued_prompt_tokens: float  # exact prompt tokens waiting
+    arrival_rate_fast: float = 0.0  # the same over the last 15 s
 
 
 # The runtime's TTFT histogram buckets (runtime/server/metrics.py LATENCY_BUCKETS).
@@ -293,7 +294,8 @@ class Fleet:
 
         old = back(window_s)
         sl = slice(old[1], events)
-        window = self.ev_v[sl][self.ev_t[sl] > t - window_s]
+        recent = self.ev_t[sl] > t - window_s
+        window, prompts = self.ev_v[sl][recent], self.ev_p[sl][recent]
         current, ready = self.counts()
         rdy = self._live() & (self.ready_at <= t)
         kv = self._kv_usage()[rdy] if ready else None
@@ -306,10 +308,10 @@ class Fleet:
             kv_mean=None if kv is None else float(kv.mean()),
             kv_max=None if kv is None else float(kv.max()),
             ttft_p95_s=histogram_quantile(0.95, window), ttft_count=len(window),
-            mean_prompt=(self.counters[2] - old[4]) / done if done > 0 else None,
+            mean_prompt=float(prompts.mean()) if len(prompts) else None,
             mean_output=(self.counters[3] - old[5]) / done if done > 0 else None,
             completion_rate=rate(window_s, 3), arrival_rate=rate(30.0, 2),
-            arrival_rate_slow=rate(120.0, 2),
+            arrival_rate_slow=rate(120.0, 2), arrival_rate_fast=rate(15.0, 2),
             queued_prompt_tokens=float(self.prompt[head:arrived].sum()),
         )  # fmt: skip
 

@@ -1,25 +1,31 @@
 """Autoscaling simulation: Pagoda's policy against tuned HPA/KEDA baselines, token by token.
 
-    python benchmarks/autoscale_sim.py                 # all shapes, full grids (≈ 35 min, 2 cores)
+    python benchmarks/autoscale_sim.py                 # all shapes, full grids (≈ 45 min, 2 cores)
     python benchmarks/autoscale_sim.py --quick         # a coarser behaviour grid
     python benchmarks/autoscale_sim.py --measure       # re-measure one `pagoda serve` replica
 
 Traffic (autoscale_traffic.py): three synthetic shapes and the Azure LLM inference trace 2023
 (conversation and code services, their arrival times and token counts, at 3x and 1.5x). The
 fleet (autoscale_engine.py) is a token-level model of `pagoda serve` replicas whose numbers were
-measured from the real server (`MEASURED`, `--measure`). Metrics are scraped and every
-autoscaler evaluates every 15 s, on what Prometheus would show: the TTFT histogram's p95 over the
-last minute (the runtime's buckets, `histogram_quantile`), waiting and running requests, each
-replica's KV-cache usage, the counters' recent request lengths and arrival rates.
+measured from the real server (`MEASURED`, `--measure`). Every autoscaler reads, when it
+evaluates, what Prometheus would show were it scraped that instant: the TTFT histogram's p95 over
+the last minute (the runtime's buckets, `histogram_quantile`), waiting and running requests, each
+replica's KV-cache usage, the counters' recent request lengths and arrival rates (15 s, 30 s, 2
+min). The HPA evaluates every 15 s (kube-controller-manager's default sync period, which managed
+clusters do not let one change); KEDA's own poll (activation, scale to zero) every 5, 15 or 30 s;
+the operator every 5 s (its default, on the 5 s scrape its ServiceMonitors ask for).
 
 * **Pagoda**: `pagoda.operator.autoscaling.policy.decide` itself, configured once and never tuned
   per shape: `targetTTFTSeconds` = the SLO, `targetQueueDepth` 4,
   `scaleDownStabilizationSeconds` 180, defaults otherwise, and a tuned profile's V_P and V_D
-  (the demand floor), as the operator runs it; also with the profile's rates off by ±20 %;
+  (the demand and burst floors), as the operator runs it; also with the profile's rates off by
+  ±20 %;
 * **a clairvoyant reference** that knows the next minute's requests;
 * **the baselines** (autoscale_baselines.py), each grid-searched per shape over its target and
   its HPA `behavior` (scale-up policies, scale-down windows and policies; KEDA also
-  `minReplicaCount`, `cooldownPeriod`, `pollingInterval`), the target refined around the best.
+  `minReplicaCount`, `cooldownPeriod`, `pollingInterval`), the target refined around the best;
+  the cheapest within 5 % also re-run with the HPA controller every 5 s, to show what a faster
+  sync period would give it.
 
 Scored per shape: the percent of minutes whose p95 TTFT (of the requests *arriving* in that
 minute; one never served counts as infinite) exceeds the SLO, and replica-hours (starting and
@@ -32,6 +38,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import hashlib
+import inspect
 import itertools
 import json
 import math
@@ -50,10 +58,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from autoscale_baselines import UP, Behavior, HpaKv, HpaQueue, HpaTtft, Keda, behaviors
 from autoscale_engine import Capacity, Fleet, Observation
 from autoscale_traffic import SHAPES, Requests, Shape
+from pagoda.operator.autoscaling.bursts import Bursts
 from pagoda.operator.autoscaling.policy import Metrics, Policy, decide
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-EVAL_S = 15.0
+EVAL_S = 15.0  # the HPA's sync period (kube-controller-manager's default) and the scrape interval
+PAGODA_EVAL_S = 5.0  # the operator's --autoscale-interval, on a 5 s scrape of the runtime pods
+FAST_SYNC_S = 5.0  # a sensitivity row: the cheapest baseline with the HPA controller this fast
 MIN_REPLICAS, MAX_REPLICAS = 1, 40
 PAGODA_QUEUE_TARGET = 4.0
 # Pagoda's one configuration, the same on every shape: spec.autoscaling's
@@ -85,18 +96,29 @@ class Pagoda:
 
     name = "Pagoda"
 
-    def __init__(self, shape: Shape, cap: Capacity, profile_error: float = 1.0) -> None:
+    def __init__(
+        self,
+        shape: Shape,
+        cap: Capacity,
+        profile_error: float = 1.0,
+        interval_s: float = PAGODA_EVAL_S,
+        **policy: float,
+    ) -> None:
         """`profile_error`: the tuned profile's rates times this (> 1: it promises more than
-        the replicas do), to see what a wrong profile costs."""
+        the replicas do), to see what a wrong profile costs; `interval_s` and `policy` (Policy
+        fields): the variants of `--ablation`."""
         self.policy = Policy(
             MIN_REPLICAS, MAX_REPLICAS, target_ttft_s=shape.target_ttft_s,
             target_queue=PAGODA_QUEUE_TARGET,
             prefill_tokens_per_s=cap.prefill_tokens_per_s * profile_error,
-            decode_tokens_per_s=cap.decode_tokens_per_s() * profile_error, **PAGODA_SETTINGS,
+            decode_tokens_per_s=cap.decode_tokens_per_s() * profile_error,
+            **{**PAGODA_SETTINGS, **policy},
         )  # fmt: skip
         self.profile_error = profile_error
+        self.interval_s = interval_s
         self.history: tuple[tuple[float, int], ...] = ()
         self.correction = 1.0
+        self.bursts = Bursts()
 
     def label(self) -> str:
         rates = "tuned V_P, V_D"
@@ -104,7 +126,8 @@ class Pagoda:
             rates += f" x{self.profile_error:g} (profile {self.profile_error - 1:+.0%})"
         return (
             f"targetTTFTSeconds {self.policy.target_ttft_s:g}, targetQueueDepth 4, "
-            f"scaleDownStabilizationSeconds {self.policy.down_window_s:g}; {rates}"
+            f"scaleDownStabilizationSeconds {self.policy.down_window_s:g}; {rates}; "
+            f"every {self.interval_s:g}s"
         )
 
     def desired(self, o: Observation, now: float) -> int:
@@ -113,25 +136,31 @@ class Pagoda:
             ttft_p95_s=o.ttft_p95_s, waiting=float(o.waiting), kv_cache_usage=o.kv_max,
             queued_prompt_tokens=None if isl is None else o.waiting * isl, mean_prompt_tokens=isl,
             mean_output_tokens=o.mean_output, completion_rate=o.completion_rate,
-            arrival_rate=o.arrival_rate,
-            arrival_rate_slow=o.arrival_rate_slow,
+            arrival_rate=o.arrival_rate, arrival_rate_slow=o.arrival_rate_slow,
+            arrival_rate_fast=o.arrival_rate_fast,
         )  # fmt: skip
         if not self.history:  # the operator seeds the history with the current count
             self.history = ((now, o.current),)
         d = decide(
             self.policy, m, current=o.current, ready=o.ready, history=self.history, now=now,
-            correction=self.correction,
+            correction=self.correction, bursts=self.bursts,
         )  # fmt: skip
-        self.history, self.correction = d.history, d.correction
+        self.history, self.correction, self.bursts = d.history, d.correction, d.bursts
         return d.replicas
 
 
 class Clairvoyant:
     """A reference, not an autoscaler: it knows the requests of the next `startup + 2 × 15 s` and
-    keeps the replicas their work needs at 90 %, so new ones are ready when the load comes. What
-    no policy that reacts to measurements can beat; the rest of a miss is the load's own."""
+    holds the replicas they need, so new ones are ready when the load comes. What they need is
+    the larger of two counts: their work at 90 % (prefill + decode share, per 15 s), and the
+    replicas that prefill every stretch of arrivals within the SLO — for every window [a, b]
+    (0.25 s steps, up to 90 s long) the prompt tokens arriving in it over V_P × 90 % × (b − a + the
+    budget), the budget being the SLO less the fixed overhead, a decode step and the p95 prompt's
+    own prefill (llm-d's `TTFT − ISL/V_P` on the long prompts that set a p95). A minute it misses
+    needs more than `MAX_REPLICAS`, or its requests' own prefill is over the SLO."""
 
     name = "clairvoyant (reference)"
+    RES_S, LOOKBACK_S, UTIL = 0.25, 90.0, 0.9
 
     def __init__(self, shape: Shape, cap: Capacity) -> None:
         reqs = requests_for(shape.name, cap)
@@ -140,11 +169,35 @@ class Clairvoyant:
         bins = np.zeros(int(shape.duration_s // EVAL_S) + 8)
         idx = np.minimum((reqs.arrival // EVAL_S).astype(int), len(bins) - 1)
         np.add.at(bins, idx, work)
-        self.need = np.ceil(bins / EVAL_S / 0.9).astype(int)
+        self.need = np.maximum(
+            np.ceil(bins / EVAL_S / self.UTIL).astype(int), self._prefill_need(reqs, shape, cap)
+        )
         self.ahead = 1 + math.ceil((cap.startup_s + EVAL_S) / EVAL_S)
 
+    def _prefill_need(self, reqs: Requests, shape: Shape, cap: Capacity) -> np.ndarray:
+        """Per 15 s bin: the replicas that prefill each window of arrivals ending in it in time."""
+        res, v_p = self.RES_S, cap.prefill_tokens_per_s * self.UTIL
+        long = float(np.percentile(reqs.prompt, 95)) / cap.prefill_tokens_per_s
+        budget = shape.target_ttft_s - cap.overhead_s - float(cap.step_table()[cap.slots]) - long
+        n_bins = int(shape.duration_s // EVAL_S) + 8
+        out = np.zeros(n_bins, dtype=int)
+        if budget <= 0:
+            return out
+        n = n_bins * int(EVAL_S / res)
+        tokens = np.zeros(n)
+        np.add.at(tokens, np.minimum((reqs.arrival / res).astype(int), n - 1), reqs.prompt)
+        cum = np.r_[0.0, np.cumsum(tokens)]
+        per, back = int(EVAL_S / res), int(self.LOOKBACK_S / res)
+        for i in range(n_bins):
+            b = np.arange(i * per, (i + 1) * per)
+            a = np.arange(max(0, b[0] - back), b[-1] + 1)
+            span = (b[:, None] - a[None, :] + 1) * res
+            need = (cum[b + 1][:, None] - cum[a][None, :]) / (v_p * (span + budget))
+            out[i] = math.ceil(float(np.where(span > 0, need, 0.0).max()) - 1e-9)
+        return out
+
     def label(self) -> str:
-        return "knows the next minute's requests; 90 % of their work"
+        return "knows the next minute's requests; their work at 90 %, every prefill within the SLO"
 
     def desired(self, o: Observation, now: float) -> int:
         i = int(now // EVAL_S)
@@ -183,6 +236,7 @@ def simulate(shape: Shape, scaler, cap: Capacity, seed: int = SEED) -> Result:
     reqs = requests_for(shape.name, cap, seed)
     fleet = Fleet(cap, reqs.arrival, reqs.prompt, reqs.output, start_replicas(reqs, cap))
     times, counts, events = [], [], 0
+    interval = getattr(scaler, "interval_s", EVAL_S)
     t = 0.0
     while t < shape.duration_s:
         fleet.advance(t)
@@ -193,7 +247,7 @@ def simulate(shape: Shape, scaler, cap: Capacity, seed: int = SEED) -> Result:
             fleet.resize(want)
         times.append(t / 3600)
         counts.append(want)
-        t += EVAL_S
+        t += interval
     hours = fleet.replica_seconds / 3600
     fleet.advance(shape.duration_s + 120.0)  # let the last minutes' requests finish
     p95 = minute_p95(reqs.arrival, fleet.ttft, shape.duration_s)
@@ -234,7 +288,7 @@ def baseline_grid(shape: Shape, quick: bool = False) -> dict[str, tuple[list[flo
         {"min_replicas": m, "cooldown_s": c, "polling_s": p, "activation": 0.0}
         for m in (0, 1)
         for c in (60.0, 300.0)
-        for p in ((15.0,) if quick else (15.0, 30.0))
+        for p in ((5.0, 15.0) if quick else (5.0, 15.0, 30.0))
     ]
     keda_bs = [replace_b(UP[u], down_window_s=w) for u in UP for w in (60.0, 300.0)]
     return {
@@ -287,13 +341,60 @@ def _run_task(i: int) -> Result:
 MEASURED_IN_USE = [MEASURED]
 
 
+# Baseline results from an earlier run (`--baselines-cache`): (shape, autoscaler, setting) ->
+# (minutes over %, replica-hours, scale events). Valid only for the same replica and the same
+# simulator, traffic and baseline code (`_cache_key`); Pagoda's rows are always simulated.
+_CACHE: dict[str, list] = {}
+
+
+def _cache_key(cap: Capacity) -> str:
+    """What the baselines' results depend on: the replica and the code that simulates and
+    scores them."""
+    h = hashlib.sha256(repr(cap).encode())
+    for name in ("autoscale_baselines.py", "autoscale_engine.py", "autoscale_traffic.py"):
+        h.update((pathlib.Path(__file__).resolve().parent / name).read_bytes())
+    h.update(repr((SEED, EVAL_S, FAST_SYNC_S, MIN_REPLICAS, MAX_REPLICAS)).encode())
+    for fn in (simulate, minute_p95, start_replicas, requests_for.__wrapped__):
+        h.update(inspect.getsource(fn).encode())  # the scoring, in this file
+    return h.hexdigest()[:16]
+
+
+def _task_key(task) -> str:
+    shape_name, make = task
+    scaler = make()
+    return f"{shape_name}|{scaler.name}|{scaler.label()}"
+
+
 def run_many(tasks: list, jobs: int) -> list[Result]:
-    _TASKS[:] = tasks
-    if jobs <= 1:
-        return [_run_task(i) for i in range(len(tasks))]
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(jobs) as pool:
-        return pool.map(_run_task, range(len(tasks)), chunksize=1)
+    keys = [_task_key(t) for t in tasks]
+    todo = [i for i, k in enumerate(keys) if k not in _CACHE]
+    _TASKS[:] = [tasks[i] for i in todo]
+    if jobs <= 1 or len(todo) <= 1:
+        fresh = [_run_task(i) for i in range(len(todo))]
+    else:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            fresh = pool.map(_run_task, range(len(todo)), chunksize=1)
+    for i, r in zip(todo, fresh):
+        _CACHE[keys[i]] = [r.violation_pct, r.replica_hours, r.scale_events]
+    out = []
+    for k in keys:
+        over, hours, events = _CACHE[k]
+        family, setting = k.split("|")[1:]
+        out.append(Result(family, setting, over, hours, events))
+    return out
+
+
+def load_cache(path: pathlib.Path, cap: Capacity) -> None:
+    if path.exists():
+        doc = json.loads(path.read_text())
+        if doc.get("key") == _cache_key(cap):
+            _CACHE.update(doc["results"])
+        else:
+            print(f"{path}: made by other code or another replica, not used", file=sys.stderr)
+
+
+def save_cache(path: pathlib.Path, cap: Capacity) -> None:
+    path.write_text(json.dumps({"key": _cache_key(cap), "results": _CACHE}))
 
 
 def tune(shape: Shape, quick: bool, jobs: int) -> dict[str, list[tuple[Result, Factory]]]:
@@ -324,6 +425,43 @@ def _rank(r: Result) -> tuple:
         if r.violation_pct <= limit + 1e-9:
             return (i, r.replica_hours)
     return (2, r.violation_pct, r.replica_hours)
+
+
+# --- what each part of the policy does -----------------------------------------------------------
+
+# Pagoda with one part changed at a time (`--ablation`): (label, Pagoda's keyword arguments).
+ABLATION: list[tuple[str, dict]] = [
+    ("as configured", {}),
+    ("evaluated every 15 s (the HPA's cadence)", {"interval_s": EVAL_S}),
+    ("without the burst floor", {"burst_window_s": 0.0}),
+    ("without the burst schedule", {"burst_memory_s": 0.0}),
+    ("planning at 90 % of a replica", {"target_utilization": 0.9}),
+]
+
+
+def _run_ablation(i: int) -> tuple[float, float]:
+    (_, kw), name = _TASKS[i]
+    r = simulate(SHAPES[name], Pagoda(SHAPES[name], MEASURED_IN_USE[0], **kw), MEASURED_IN_USE[0])
+    return r.violation_pct, r.replica_hours
+
+
+def ablation(shapes: list[str], jobs: int) -> str:
+    """A table: each variant's minutes over and replica-hours per shape, run side by side."""
+    _TASKS[:] = [(v, name) for v in ABLATION for name in shapes]
+    if jobs <= 1:
+        got = [_run_ablation(i) for i in range(len(_TASKS))]
+    else:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            got = pool.map(_run_ablation, range(len(_TASKS)), chunksize=1)
+    out = [
+        "| Pagoda | " + " | ".join(shapes) + " |",
+        "|---|" + "---|" * len(shapes),
+    ]
+    cells = iter(got)
+    for label, _ in ABLATION:
+        row = [f"{over:.1f} %, {hours:.1f}" for over, hours in (next(cells) for _ in shapes)]
+        out.append(f"| {label} | " + " | ".join(row) + " |")
+    return "\n".join(out)
 
 
 # --- output -----------------------------------------------------------------------------------
@@ -429,10 +567,13 @@ def evaluate(
             c5 = cheapest_within(by[fam], 5.0)
             if c5 is not None and c5 is not r:
                 table_rows.append((f"{fam} (cheapest ≤ 5 %)", c5))
-        table_rows += [("*Pagoda, wrong profile*", r) for r in wrong]
-        table_rows.append(("*clairvoyant (reference)*", oracle))
         plot_ref_pick = ref or min(best.values(), key=lambda r: r.violation_pct)
         plot_ref = simulate(shape, factory[id(plot_ref_pick)](), cap)
+        fast = factory[id(plot_ref_pick)]()
+        fast.interval_s = FAST_SYNC_S  # the same setting, were the HPA controller run every 5 s
+        table_rows.append((f"*{plot_ref_pick.family}, HPA sync 5 s*", simulate(shape, fast, cap)))
+        table_rows += [("*Pagoda, wrong profile*", r) for r in wrong]
+        table_rows.append(("*clairvoyant (reference)*", oracle))
         rows[name] = {
             "pagoda": pagoda, "ref": ref, "best": list(best.values()), "rows": table_rows,
             "plot_ref": plot_ref, "runs": sum(len(v) for v in by.values()), "oracle": oracle,
@@ -453,6 +594,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--plot", default=str(ROOT / "docs" / "autoscale-sim.png"))
     p.add_argument("--json", help="write the table's numbers here")
+    p.add_argument(
+        "--baselines-cache", metavar="FILE",
+        help="reuse the baselines' results kept here by an earlier run of the same code and "
+        "replica (Pagoda is always simulated), and keep this run's there",
+    )  # fmt: skip
+    p.add_argument(
+        "--ablation", action="store_true",
+        help="only Pagoda, with one part of its policy changed at a time (≈ 1 min)",
+    )  # fmt: skip
     p.add_argument(
         "--profile-errors", type=float, nargs="*", default=[1.2, 0.8],
         help="also run Pagoda with the profile's V_P and V_D times each (robustness rows)",
@@ -476,7 +626,16 @@ def main(argv: list[str] | None = None) -> int:
     MEASURED_IN_USE[0] = cap
     print(f"machine (simulation only): {machine()}")
     print(f"replica: {cap}")
+    if args.ablation:
+        print(ablation(args.shapes, args.jobs))
+        return 0
+    cache = pathlib.Path(args.baselines_cache) if args.baselines_cache else None
+    _CACHE.clear()
+    if cache is not None:
+        load_cache(cache, cap)
     rows = evaluate(args.shapes, cap, args.quick, args.jobs, args.profile_errors)
+    if cache is not None:
+        save_cache(cache, cap)
     print()
     print(table(rows))
     print()

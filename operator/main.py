@@ -122,8 +122,8 @@ def _autoscaling_arguments(auto: argparse._ArgumentGroup) -> None:
     auto.add_argument(
         "--autoscale-interval",
         type=float,
-        default=15.0,
-        help="evaluate every service this often, s",
+        default=5.0,
+        help="evaluate every service this often, s (the pods are scraped every 5 s)",
     )
     auto.add_argument(
         "--ttft-window", default="1m", help="PromQL range of the p95 TTFT rate (default 1m)"

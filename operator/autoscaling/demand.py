@@ -17,8 +17,10 @@ so a fleet serving λ requests/s is busy λ × work replicas' worth. The floor p
 * the **backlog**: the waiting requests, to be through within `DRAIN_S`;
 
 at `utilization` of each replica's measured capacity, the cost scaled by a correction learned
-from the fleet (`learn_correction`). Without the profile's rates, an arrival rate or the request
-lengths (no request finished in the window) there is no floor.
+from the fleet (`learn_correction`). Nothing arriving and nothing waiting is a demand of zero (an
+idle service: a p95 TTFT still high from a burst it has served asks for nothing). Without the
+profile's rates, an arrival rate or the request lengths (no first token in the window) there is
+no floor.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-CORRECTION_GAIN = 0.1  # per evaluation that shows the profile overstates a replica's capacity
-CORRECTION_DECAY = 0.002  # per evaluation without (every 15 s: a 20 % correction fades in ~25 min)
+CORRECTION_PERIOD_S = 15.0  # the gain and decay below are per this much time
+CORRECTION_GAIN = 0.1  # per period of evidence that the profile overstates a replica's capacity
+CORRECTION_DECAY = 0.0001  # per period without (a 20 % correction fades in ~7.5 h)
 CORRECTION_MAX = 3.0
 DRAIN_S = 20.0  # a backlog is planned to be through this soon (new arrivals queue behind it)
 SLOPE_BASE_S = 45.0  # the two arrival-rate windows' centres lie 15 s and 60 s back
@@ -38,9 +41,13 @@ class Demand:
     replicas: int
     arrival_rate: float  # λ after extrapolation, requests/s
     work_s: float  # replica-seconds one request costs
+    burst: float | None = None  # busy replicas the recent bursts needed, when that sets `replicas`
 
     def describe(self) -> str:
-        return f"demand {self.arrival_rate:.1f} req/s x {self.work_s:.3f} s"
+        text = f"demand {self.arrival_rate:.1f} req/s x {self.work_s:.3f} s"
+        if self.burst is not None:
+            text += f", bursts {self.burst:.1f} replicas busy"
+        return text
 
 
 def request_work(
@@ -67,26 +74,30 @@ def demand_floor(
     lead_s: float,
 ) -> Demand | None:
     """Fewest replicas that serve the coming demand at `utilization` (None: no floor)."""
+    if arrival_rate is not None and arrival_rate <= 0 and waiting <= 0:
+        return Demand(0, 0.0, work_s or 0.0)  # idle: nothing arrives, nothing waits
     if work_s is None or work_s <= 0 or arrival_rate is None:
         return None
     lam = max(arrival_rate, 0.0)
     if arrival_rate_slow is not None and lam > arrival_rate_slow:
         lam += (lam - arrival_rate_slow) / SLOPE_BASE_S * lead_s
     busy = lam * work_s + max(waiting, 0.0) * work_s / DRAIN_S
-    if busy <= 0:
-        return None
-    return Demand(max(1, math.ceil(busy / utilization - 1e-9)), lam, work_s)
+    return Demand(math.ceil(busy / utilization - 1e-9), lam, work_s)
 
 
-def learn_correction(correction: float, *, overloaded: bool) -> float:
+def learn_correction(
+    correction: float, *, overloaded: bool, elapsed_s: float = CORRECTION_PERIOD_S
+) -> float:
     """The factor on a request's cost that corrects the profile by what the fleet shows.
 
     `overloaded`: every replica the floor asked for is serving (none starting, at least the
     floor's count) and still requests wait with the ratio over target, so the profile promised
-    more than the replicas do (another context length, another clock): each such evaluation makes
-    a request cost CORRECTION_GAIN more. Otherwise the correction decays slowly back towards the
-    profile's numbers, and the next overload measures it again.
+    more than the replicas do (another context length, another clock): each CORRECTION_PERIOD_S
+    of it makes a request cost CORRECTION_GAIN more. Otherwise the correction decays slowly back
+    towards the profile's numbers, and the next overload measures it again. `elapsed_s`: the time
+    since the previous evaluation, so the rates do not depend on the evaluation interval.
     """
+    periods = min(max(elapsed_s, 0.0), 4 * CORRECTION_PERIOD_S) / CORRECTION_PERIOD_S
     if overloaded:
-        return min(CORRECTION_MAX, correction * (1.0 + CORRECTION_GAIN))
-    return max(1.0, correction * (1.0 - CORRECTION_DECAY))
+        return min(CORRECTION_MAX, correction * (1.0 + CORRECTION_GAIN) ** periods)
+    return max(1.0, correction * (1.0 - CORRECTION_DECAY) ** periods)

@@ -6,7 +6,8 @@ patch `spec.replicas` (with a resourceVersion precondition, so a concurrent writ
 retry next interval), post an Event per scale, and write `status.autoscaling` and the
 `MetricsUnavailable` condition only when they changed. Alert-driven steps (alerts.py) go through
 the same lock and history. The history lives in memory and is seeded with the current count, so
-after a restart a scale down waits a full window.
+after a restart a scale down waits a full window; the learned correction and the burst floor's
+samples live beside it and start afresh.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pagoda.operator.autoscaling.bursts import Bursts
 from pagoda.operator.autoscaling.policy import (
     Decision,
     History,
@@ -52,6 +54,7 @@ class _State:
 
     history: History
     correction: float = 1.0  # the demand floor's learned capacity correction
+    bursts: Bursts = field(default_factory=Bursts)  # the burst floor's memory
     last_scale_up: float | None = None
     last_reason: str | None = None
 
@@ -240,9 +243,10 @@ class Autoscaler:
         state = self._states.setdefault(uid, _State(history=((now, current),)))
         decision = decide(
             policy, metrics, current=current, ready=ready, history=state.history, now=now,
-            unavailable=f"{why[0]}: {why[1]}", correction=state.correction,
+            unavailable=f"{why[0]}: {why[1]}", correction=state.correction, bursts=state.bursts,
         )  # fmt: skip
         state.history, state.correction = decision.history, decision.correction
+        state.bursts = decision.bursts
         unavailable = None
         if decision.reason == "MetricsUnavailable":
             unavailable = why if metrics is None else ("StaleMetrics", decision.message)

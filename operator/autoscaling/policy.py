@@ -24,21 +24,28 @@ The HPA's algorithm, on what users feel instead of CPU:
   extrapolates; a fleet at the floor that still queues raises a learned capacity correction
   (demand.learn_correction) that the caller keeps like the history. The floor is not held to the
   ×2 step: it is a measured need;
+* with the demand floor, the **burst floor** (bursts.py): while bursts recur (two or more rises of
+  the 15 s arrival rate above twice the 2-minute one within `burst_window_s`), never fewer than
+  the largest 15 s need of that window, so the next burst finds its capacity standing; bursts
+  farther apart at a steady interval are scheduled: their need is held while the next is due;
 * with V_P alone (an older profile), never fewer replicas than prefill the queued prompt tokens
   within the TTFT target (autotune/floor.py, llm-d's `TTFT_target − ISL/V_P` rule): it acts when
   the queue forms, before TTFT rises.
 
 History is a tuple of (time, recommendation) pairs that each decision returns updated, with the
-capacity correction; the caller keeps both (one per InferenceService) and passes a monotonic
-clock reading.
+capacity correction and the burst samples; the caller keeps all three (one per InferenceService)
+and passes a monotonic clock reading.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
+from pagoda.operator.autoscaling import bursts as bursts_mod
 from pagoda.operator.autoscaling.demand import (
+    CORRECTION_PERIOD_S,
     Demand,
     demand_floor,
     learn_correction,
@@ -68,8 +75,10 @@ class Policy:
     max_metric_age_s: float = 60.0
     prefill_tokens_per_s: float | None = None  # V_P of a tuned profile: the predictive floor
     decode_tokens_per_s: float | None = None  # V_D of a tuned profile: the demand floor
-    target_utilization: float = 0.9  # share of a replica's measured capacity the floor plans for
+    target_utilization: float = 0.95  # share of a replica's measured capacity the floor plans for
     lead_s: float = 30.0  # how far ahead the demand floor extrapolates a rising arrival rate
+    burst_window_s: float = 900.0  # the burst floor's memory (0: no burst floor)
+    burst_memory_s: float = 7200.0  # how long bursts are remembered to schedule the next (0: not)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_replicas <= self.max_replicas:
@@ -96,6 +105,10 @@ class Policy:
             raise ValueError(f"target_utilization must be in (0, 1], got {self.target_utilization}")
         if self.lead_s < 0:
             raise ValueError(f"lead_s must be >= 0, got {self.lead_s}")
+        if self.burst_window_s < 0:
+            raise ValueError(f"burst_window_s must be >= 0, got {self.burst_window_s}")
+        if self.burst_memory_s < 0:
+            raise ValueError(f"burst_memory_s must be >= 0, got {self.burst_memory_s}")
 
     @classmethod
     def from_spec(cls, spec: AutoscalingSpec, *, max_metric_age_s: float = 60.0) -> Policy:
@@ -128,11 +141,13 @@ class Metrics:
     completion_rate: float | None = None  # requests/s finishing (1 min)
     arrival_rate: float | None = None  # requests/s arriving, recent (30 s)
     arrival_rate_slow: float | None = None  # requests/s arriving (2 min)
+    arrival_rate_fast: float | None = None  # requests/s arriving (15 s): the burst floor
 
     def __post_init__(self) -> None:
         if self.waiting < 0 or self.age_s < 0:
             raise ValueError("waiting and age_s must be >= 0")
-        for name in ("mean_output_tokens", "completion_rate", "arrival_rate", "arrival_rate_slow"):
+        rates = ("arrival_rate", "arrival_rate_slow", "arrival_rate_fast")
+        for name in ("mean_output_tokens", "completion_rate", *rates):
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ValueError(f"{name} must be >= 0 or None, got {value}")
@@ -150,6 +165,7 @@ class Decision:
     queue_per_replica: float | None = None
     history: History = ()
     correction: float = 1.0  # the demand floor's learned capacity correction (keep, pass back)
+    bursts: bursts_mod.Bursts = dataclasses.field(default_factory=bursts_mod.Bursts)
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
@@ -202,11 +218,14 @@ def _hold(
     reason: str,
     message: str,
     correction: float = 1.0,
+    bursts: bursts_mod.Bursts = bursts_mod.Bursts(),
 ) -> Decision:
     """Keep the current count and record it, so no scale down follows straight after."""
     held = policy.clamp(current)
     history = (*_prune(history, now, policy), (now, held))
-    return Decision(held, None, reason, message, history=history, correction=correction)
+    return Decision(
+        held, None, reason, message, history=history, correction=correction, bursts=bursts
+    )
 
 
 def decide(
@@ -219,26 +238,34 @@ def decide(
     now: float,
     unavailable: str = "no metrics",
     correction: float = 1.0,
+    bursts: bursts_mod.Bursts = bursts_mod.Bursts(),
 ) -> Decision:
     """Desired replicas for this evaluation. `metrics` None means unavailable (`unavailable` says
-    why). `correction`: the previous decision's, 1.0 at first."""
+    why). `correction` and `bursts`: the previous decision's (1.0 and Bursts() at first)."""
     if metrics is None:
-        return _hold(policy, current, history, now, "MetricsUnavailable", unavailable, correction)
+        return _hold(
+            policy, current, history, now, "MetricsUnavailable", unavailable, correction, bursts
+        )
     if metrics.age_s > policy.max_metric_age_s:
         msg = f"newest sample is {metrics.age_s:.0f} s old (> {policy.max_metric_age_s:.0f} s)"
-        return _hold(policy, current, history, now, "MetricsUnavailable", msg, correction)
+        return _hold(policy, current, history, now, "MetricsUnavailable", msg, correction, bursts)
     base = min(ready, current)
     if base < 1:
         return _hold(
-            policy, current, history, now, "NoReadyReplicas", "no ready replica yet", correction
-        )
+            policy, current, history, now, "NoReadyReplicas", "no ready replica yet", correction,
+            bursts,
+        )  # fmt: skip
     name, ratio = max(ratios(policy, metrics, base).items(), key=lambda kv: kv[1])
     demand = _demand(policy, metrics, correction)
     if demand is not None:
         overloaded = ratio > 1.0 + policy.tolerance and metrics.waiting > 0
         at_floor = ready >= current >= demand.replicas
-        correction = learn_correction(correction, overloaded=overloaded and at_floor)
+        elapsed = now - history[-1][0] if history else CORRECTION_PERIOD_S
+        correction = learn_correction(
+            correction, overloaded=overloaded and at_floor, elapsed_s=elapsed
+        )
         demand = _demand(policy, metrics, correction)
+        demand, bursts = _burst(policy, metrics, demand, bursts, now)
     queue_per = metrics.waiting / base
     detail = _describe(policy, metrics, queue_per)
     rec, reason = _recommend(policy, name, ratio, base, current)
@@ -263,11 +290,13 @@ def decide(
     message = f"{detail}; ratio {ratio:.2f} ({name}); {base} ready of {current}; recommend {rec}"
     return Decision(
         desired, rec, reason, message, ratio=ratio, queue_per_replica=queue_per, history=history,
-        correction=correction,
+        correction=correction, bursts=bursts,
     )  # fmt: skip
 
 
 def _demand(policy: Policy, m: Metrics, correction: float) -> Demand | None:
+    if policy.prefill_tokens_per_s is None or policy.decode_tokens_per_s is None:
+        return None  # no tuned profile with both rates: no demand floor
     work = request_work(
         m.mean_prompt_tokens, m.mean_output_tokens, policy.prefill_tokens_per_s,
         policy.decode_tokens_per_s,
@@ -280,13 +309,42 @@ def _demand(policy: Policy, m: Metrics, correction: float) -> Demand | None:
     )  # fmt: skip
 
 
+def _burst(
+    policy: Policy, m: Metrics, demand: Demand | None, state: bursts_mod.Bursts, now: float
+) -> tuple[Demand | None, bursts_mod.Bursts]:
+    """Record this evaluation's fast need and raise the demand to the burst floor while bursts
+    recur or one is due (bursts.py). Returns the demand (its `burst` set when the burst floor is
+    the larger) and the state to keep."""
+    if demand is None or policy.burst_window_s <= 0 or m.arrival_rate_fast is None:
+        return demand, state
+    fast = m.arrival_rate_fast * demand.work_s
+    slow = (m.arrival_rate_slow or 0.0) * demand.work_s
+    state = bursts_mod.record(state, now, fast, slow, policy.burst_window_s, policy.burst_memory_s)
+    needs = [
+        n
+        for n in (
+            bursts_mod.burst_need(state),
+            bursts_mod.scheduled_need(state, now, policy.lead_s),
+        )
+        if n is not None
+    ]
+    if not needs:
+        return demand, state
+    need = max(needs)
+    replicas = math.ceil(need / policy.target_utilization - 1e-9)
+    if replicas <= demand.replicas:
+        return demand, state
+    return dataclasses.replace(demand, replicas=replicas, burst=need), state
+
+
 def _floors(
     policy: Policy, m: Metrics, demand: Demand | None, rec: int, reason: str
 ) -> tuple[int, str, int | None]:
     """Raise the recommendation to the predictive floor: the demand floor, or without it the
     prefill floor (queued prompt tokens against the TTFT budget). Returns (rec, reason, floor)."""
     if demand is not None:  # its backlog term already counts the queue's prefill
-        floor, why = demand.replicas, "DemandFloor"
+        floor = demand.replicas
+        why = "BurstFloor" if demand.burst is not None else "DemandFloor"
     else:
         floor = prefill_floor(
             m.queued_prompt_tokens, policy.prefill_tokens_per_s, policy.target_ttft_s,

@@ -44,21 +44,30 @@ def queries(namespace: str, name: str, ttft_window: str = "1m") -> dict[str, str
 
 
 def prompt_len_query(namespace: str, name: str, window: str = "1m") -> str:
-    """Mean prompt length of the recent requests (for the prefill floor of a tuned service)."""
+    """Mean prompt length of the recent requests (for the prefill floor of a tuned service).
+
+    The runtime counts a request's prompt tokens when its first token comes, so they are divided
+    by the first tokens of the same window (the TTFT histogram's count), not by the finished
+    requests: under a burst those lag the first tokens by the whole decode.
+    """
     sel = selector(namespace, name)
     return (
         f"sum(rate({options.METRIC_PROMPT_TOKENS}_total{sel}[{window}])) / "
-        f"sum(rate({options.METRIC_REQUEST_SUCCESS}_total{sel}[{window}]))"
+        f"sum(rate({options.METRIC_TTFT}_count{sel}[{window}]))"
     )
 
 
-ARRIVAL_WINDOWS = {"arrival_rate": 30, "arrival_rate_slow": 120}  # seconds
+# Seconds. The 15 s rate feeds the burst floor and needs a scrape every 5 s (three samples in
+# the window; the chart's and the operator's ServiceMonitors scrape so); on a slower scrape it
+# has no value and the burst floor stays off.
+ARRIVAL_WINDOWS = {"arrival_rate": 30, "arrival_rate_slow": 120, "arrival_rate_fast": 15}
 
 
 def demand_queries(namespace: str, name: str, window: str = "1m") -> dict[str, str]:
     """The demand floor's inputs (a service whose tuned profile gives V_P and V_D):
 
-    * `arrival_rate`, `arrival_rate_slow`: requests arriving per second over 30 s and 2 min.
+    * `arrival_rate`, `arrival_rate_slow`, `arrival_rate_fast`: requests arriving per second over
+      30 s, 2 min and 15 s.
       Every request that arrived in the window has either finished or is still in flight, so
       arrivals = finished + the change in running + waiting (no new runtime counter needed);
     * `output_len`: mean output tokens of the recent requests.

@@ -36,7 +36,7 @@ class OperatorConfig:
     # Autoscaling (autoscaling/): where the metrics are and how often to look.
     prometheus_url: str | None = None  # per-CR spec.autoscaling.prometheusURL overrides it
     prometheus_timeout_s: float = 5.0
-    autoscale_interval_s: float = 15.0
+    autoscale_interval_s: float = 5.0  # the burst floor reads 15 s rates: keep it at 5 s
     ttft_window: str = "1m"  # PromQL range of the TTFT rate()
     metrics_max_age_s: float = 60.0  # older newest sample = stale metrics
     webhook_token: str | None = field(default=None, repr=False)  # POST /alerts bearer token

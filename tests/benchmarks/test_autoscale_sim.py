@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import math
 import re
 import sys
@@ -175,10 +176,83 @@ def test_a_small_end_to_end_run_prints_every_autoscaler(
     out = capsys.readouterr().out
     rows = [ln for ln in out.splitlines() if ln.startswith("| tiny |")]
     names = {ln.split("|")[2].strip().removesuffix(" (cheapest ≤ 5 %)") for ln in rows}
-    assert names == {
+    fast_sync = {n for n in names if n.endswith(", HPA sync 5 s*")}
+    assert len(fast_sync) == 1 and "HPA sync 5s" in out  # the plotted baseline, re-run every 5 s
+    assert names - fast_sync == {
         "**Pagoda**", bl.HpaTtft.name, bl.HpaKv.name, bl.HpaQueue.name, bl.Keda.name,
         "*Pagoda, wrong profile*", "*clairvoyant (reference)*",
     }  # fmt: skip
     assert "profile +20%" in out
     assert "busy all the time" in out and (tmp_path / "p.png").stat().st_size > 10_000
+    sim.requests_for.cache_clear()
+
+
+def test_the_clairvoyant_prefills_a_clump_of_long_prompts_within_the_slo() -> None:
+    """40 prompts of 4,000 tokens in one second, then nothing: their work at 90 % over the 15 s
+    bin asks for 7 replicas, but prefilling all of them within 8 s (less the longest prompt's own
+    2.1 s) takes ⌈40 × 4000 / (1915 × 0.9 × (1 + 5.7))⌉ = 14; the clairvoyant holds them ahead
+    of the clump, which then meets the SLO."""
+    arrival = 60.0 + np.linspace(0.0, 0.99, 40)
+    reqs = traffic.Requests(arrival, np.full(40, 4000), np.full(40, 16))
+    shape = traffic.Shape("clump", 180.0, 8.0, lambda work_s, seed: reqs, "test")
+    traffic.SHAPES[shape.name] = shape
+    try:
+        oracle = sim.Clairvoyant(shape, CAP)
+        result = sim.simulate(shape, oracle, CAP)
+    finally:
+        del traffic.SHAPES[shape.name]
+        sim.requests_for.cache_clear()
+    budget = 8.0 - CAP.overhead_s - float(CAP.step_table()[CAP.slots]) - 4000 / 1915.0
+    want = math.ceil(40 * 4000 / (1915.0 * 0.9 * (1.0 + budget)))
+    assert int(oracle.need[4]) == want and want > 7
+    assert result.violation_pct == 0.0
+
+
+def test_the_ablation_table_runs_each_variant_on_each_shape(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    shape = traffic.Shape(
+        "tiny-ab", 240.0, 0.5, traffic.synthetic(lambda t: 1.0 if t < 120 else 3.0, 240.0), "test"
+    )
+    monkeypatch.setitem(traffic.SHAPES, shape.name, shape)
+    monkeypatch.setattr(sim, "ABLATION", sim.ABLATION[:2])
+    sim.requests_for.cache_clear()
+    assert sim.main(["--ablation", "--shapes", shape.name, "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [ln for ln in out.splitlines() if ln.startswith("| ") and "%" in ln]
+    assert [r.split("|")[1].strip() for r in rows] == [label for label, _ in sim.ABLATION[:2]]
+    sim.requests_for.cache_clear()
+
+
+def test_the_baselines_cache_is_reused_only_by_the_same_code_and_replica(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    shape = traffic.Shape(
+        "tiny-cache", 240.0, 0.5, traffic.synthetic(lambda t: 1.0 if t < 120 else 3.0, 240.0), "t"
+    )
+    monkeypatch.setitem(traffic.SHAPES, shape.name, shape)
+    full = sim.baseline_grid
+    monkeypatch.setattr(
+        sim, "baseline_grid", lambda s, quick=False: {
+            k: (v[0][:2], v[1][:1]) for k, v in full(s, quick=True).items()
+        },
+    )  # fmt: skip
+    sim.requests_for.cache_clear()
+    cache = tmp_path / "base.json"
+    argv = ["--shapes", shape.name, "--jobs", "1", "--plot", "", "--profile-errors"]
+
+    def table() -> list[str]:
+        assert sim.main([*argv, "--baselines-cache", str(cache)]) == 0
+        return [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| tiny-cache")]
+
+    first = table()
+    doc = json.loads(cache.read_text())
+    assert doc["key"] == sim._cache_key(CAP) and len(doc["results"]) >= 8
+    assert table() == first  # reused: the same table
+    for v in doc["results"].values():
+        v[0] = 99.0  # a kept result is what the table shows ...
+    cache.write_text(json.dumps(doc))
+    assert any("| 99.0 % |" in ln for ln in table())
+    cache.write_text(json.dumps({**doc, "key": "other code"}))  # ... but only for the same code
+    assert table() == first
     sim.requests_for.cache_clear()

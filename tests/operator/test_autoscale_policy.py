@@ -308,6 +308,7 @@ TUNED = Policy(
     min_replicas=1, max_replicas=40, target_ttft_s=0.5, target_queue=4.0, down_window_s=0,
     prefill_tokens_per_s=1000.0, decode_tokens_per_s=500.0,
 )  # fmt: skip
+U = TUNED.target_utilization  # the share of a replica's capacity the floors plan for
 
 
 def load(rate: float, slow: float | None = None, **kw: float) -> Metrics:
@@ -336,7 +337,10 @@ def test_demand_floor_arithmetic() -> None:
     assert backlog is not None and backlog.replicas == math.ceil((9 + 600 * 0.2 / DRAIN_S) / 0.9)
     assert demand_floor(work_s=None, waiting=0, arrival_rate=45.0, arrival_rate_slow=None,
                         utilization=0.9, lead_s=30.0) is None  # fmt: skip
-    assert demand_floor(work_s=0.2, waiting=0, arrival_rate=0.0, arrival_rate_slow=0.0,
+    idle = demand_floor(work_s=None, waiting=0, arrival_rate=0.0, arrival_rate_slow=0.0,
+                        utilization=0.9, lead_s=30.0)  # fmt: skip
+    assert idle is not None and idle.replicas == 0  # nothing arrives, nothing waits: no need
+    assert demand_floor(work_s=None, waiting=3, arrival_rate=0.0, arrival_rate_slow=0.0,
                         utilization=0.9, lead_s=30.0) is None  # fmt: skip
 
 
@@ -359,7 +363,7 @@ def test_rising_arrivals_scale_up_before_ttft_moves() -> None:
     steady = run(TUNED, load(45.0), current=10)
     assert steady.replicas == 10
     rising = run(TUNED, load(60.0, slow=45.0), current=10)
-    assert rising.reason == "DemandFloor" and rising.replicas == math.ceil(70 * 0.2 / 0.9)
+    assert rising.reason == "DemandFloor" and rising.replicas == math.ceil(70 * 0.2 / U)
 
 
 def test_a_gone_backlog_in_the_ttft_window_does_not_scale_up() -> None:
@@ -367,6 +371,32 @@ def test_a_gone_backlog_in_the_ttft_window_does_not_scale_up() -> None:
     demand floor sizes the fleet (no ×2 step on a stale ratio)."""
     cleared = run(TUNED, load(45.0, ttft_p95_s=3.0), current=12)
     assert (cleared.replicas, cleared.correction) == (10, 1.0), cleared.message
+
+
+def test_a_served_burst_with_nothing_arriving_does_not_scale_up() -> None:
+    """The last minute's p95 TTFT is 15 s from a burst already served, nothing arrives and
+    nothing waits: the demand is zero, so the replicas do not run up on the stale p95 (the
+    TTFT ratio alone would double them)."""
+    idle = Metrics(ttft_p95_s=15.0, waiting=0.0, arrival_rate=0.0, arrival_rate_slow=3.0)
+    d = run(TUNED, idle, current=24)
+    assert (d.replicas, d.reason) == (1, "BelowTarget"), d.message
+    assert run(replace(TUNED, decode_tokens_per_s=None), idle, current=24).replicas == 40
+
+
+def test_the_correction_learns_at_the_same_pace_whatever_the_interval() -> None:
+    """A minute of overload at the floor makes a request cost 1.1^4 more, evaluated every 15 s
+    or every 5 s."""
+
+    def learn(step: float) -> float:
+        current, correction, history = 12, 1.0, ((0.0, 12),)
+        for i in range(1, round(60 / step) + 1):
+            m = load(45.0, ttft_p95_s=3.0, waiting=100.0)
+            d = decide(TUNED, m, current=current, ready=current, history=history, now=step * i,
+                       correction=correction)  # fmt: skip
+            current, correction, history = d.replicas, d.correction, d.history
+        return correction
+
+    assert learn(15.0) == pytest.approx(1.1**4) and learn(5.0) == pytest.approx(1.1**4)
 
 
 def test_a_fleet_at_the_floor_that_still_queues_learns_the_profile_is_optimistic() -> None:
@@ -424,11 +454,11 @@ def test_step_load_with_the_demand_floor_tracks_the_load_without_oscillating() -
         d = decide(p, m, current=current, ready=current, history=history, now=15.0 * i)
         history, current = d.history, d.replicas
         out.append(current)
-    need = math.ceil(90 * 0.2 / 0.9)
+    need = math.ceil(90 * 0.2 / U)
     assert out[40] >= need  # the first evaluation after the step
     assert max(out) <= 2 * need  # no run to maxReplicas
     assert _reversals(out) <= 4, out
-    assert out[-1] == math.ceil(20 * 0.2 / 0.9)
+    assert out[-1] == math.ceil(20 * 0.2 / U)
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from autoscale_helpers import require_tool
 from pagoda.operator.autoscaling.prometheus import (
     MetricsUnavailable,
     demand_queries,
+    prompt_len_query,
     queries,
     scalar,
 )
@@ -70,7 +71,7 @@ def test_demand_queries_on_a_real_prometheus_engine(tmp_path: pathlib.Path) -> N
     generated tokens over finished requests; another service's series change nothing."""
     promtool = require_tool("promtool")
     q = demand_queries("ns", "chat")
-    assert set(q) == {"arrival_rate", "arrival_rate_slow", "output_len"}
+    assert set(q) == {"arrival_rate", "arrival_rate_slow", "arrival_rate_fast", "output_len"}
     series = []
     for isvc, scale in (("chat", 1), ("other", 7)):
         labels = f'namespace="ns",inferenceservice="{isvc}",model_name="m"'
@@ -86,6 +87,40 @@ def test_demand_queries_on_a_real_prometheus_engine(tmp_path: pathlib.Path) -> N
         for key, want in (("arrival_rate", 3.0), ("arrival_rate_slow", 3.0), ("output_len", 64.0))
     ]
     doc = {"tests": [{"interval": "15s", "input_series": series, "promql_expr_test": tests}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(doc))
+    run = subprocess.run(
+        [promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert run.returncode == 0, textwrap.shorten(run.stdout + run.stderr, 3000)
+
+
+def test_fast_arrival_rate_and_prompt_length_on_a_5s_scrape(tmp_path: pathlib.Path) -> None:
+    """On the 5 s scrape the chart and the operator's ServiceMonitor use, promtool evaluates the
+    15 s arrival rate (the burst floor's input) 10 s after the load tripled: it shows all of it. The mean prompt length
+    divides prompt tokens by first tokens (the TTFT histogram's count), both counted at the first
+    token, so a burst whose requests have not finished yet does not inflate it."""
+    promtool = require_tool("promtool")
+    q = {**demand_queries("ns", "chat"), "prompt_len": prompt_len_query("ns", "chat")}
+    labels = 'namespace="ns",inferenceservice="chat",model_name="m"'
+    # 61 samples at 5 s: 1 request/s finishes (5 per sample) until 285 s, then 3/s; in flight
+    # stays at 4. First tokens lead the finishes: 2/s of 1,000-token prompts.
+    done = "0+5x57 300+15x2"
+    series = [
+        {
+            "series": f'pagoda:request_success_total{{finished_reason="stop",{labels}}}',
+            "values": done,
+        },
+        {"series": f"pagoda:num_requests_running{{{labels}}}", "values": "4+0x60"},
+        {"series": f"pagoda:num_requests_waiting{{{labels}}}", "values": "0+0x60"},
+        {"series": f"pagoda:generation_tokens_total{{{labels}}}", "values": "0+160x60"},
+        {"series": f"pagoda:time_to_first_token_seconds_count{{{labels}}}", "values": "0+10x60"},
+        {"series": f"pagoda:prompt_tokens_total{{{labels}}}", "values": "0+10000x60"},
+    ]
+    tests = [
+        {"expr": q[key], "eval_time": "300s", "exp_samples": [{"labels": "{}", "value": want}]}
+        for key, want in (("arrival_rate_fast", 3.0), ("prompt_len", 1000.0))
+    ]
+    doc = {"tests": [{"interval": "5s", "input_series": series, "promql_expr_test": tests}]}
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(doc))
     run = subprocess.run(
         [promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True

@@ -363,7 +363,7 @@ def test_service_monitor_only_when_the_api_exists() -> None:
     sm = build_children(OWNER, CPU, service_monitor=True).get("ServiceMonitor")
     assert sm["spec"]["selector"]["matchLabels"] == names.selector_labels("demo")
     (endpoint,) = sm["spec"]["endpoints"]
-    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == ("http", "/metrics", "15s")
+    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == ("http", "/metrics", "5s")
     targets = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
     assert targets == {
         "namespace": ["__meta_kubernetes_namespace"],

@@ -1,0 +1,98 @@
+"""The burst floor: the fleet a service's bursts need, standing before they land. Pure.
+
+The demand floor (demand.py) sizes the fleet for the arrival rate of the last 30 s. A service
+whose requests come in bursts (a minute or two of many requests, then quiet) needs its bursts'
+capacity *standing* when the next one lands: a replica asked for when a burst is seen serves a
+start-up later, after the burst's first requests have queued past any TTFT target. So every
+evaluation records the **fast need**: the arrival rate of the last 15 s times what a request
+costs a replica (replicas busy). A sample whose fast need exceeds `ONSET_RATIO` × the slow need
+(the 2-minute rate's) while the sample before did not is a burst **onset**.
+
+Two ways a burst is known to be coming:
+
+* **recurring** (`burst_need`): while at least `MIN_ONSETS` onsets fall within the window
+  (`burst_window_s`, 15 min), the floor holds the largest fast need of the window;
+* **scheduled** (`scheduled_need`): bursts farther apart than the window, at a steady interval
+  (a job every half hour or hour). Each burst is remembered for `burst_memory_s` (2 h) with the
+  largest fast need of its first `PEAK_S`; from the last two, the next one is expected one
+  interval after the last, and the floor holds their need from `lead_s` + `JITTER` × the
+  interval (at least `MIN_AHEAD_S`) before it until as long after. The burst, when it lands,
+  becomes the new last one. A burst that does not come costs that stretch at the burst's need.
+
+A level shift (one step up) or an isolated burst holds nothing: the demand floor follows them
+down after the scale-down window, as before. The caller keeps the state, like the history.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+ONSET_RATIO = 2.0  # a fast need this many times the slow one is a burst
+MIN_ONSETS = 2  # bursts within the window before the floor holds their need
+IDLE_BUSY = 0.5  # slow needs below this count as this: from idle, any real arrival is an onset
+PEAK_S = 120.0  # a burst's need: the largest fast need this long from its onset
+MERGE_S = 120.0  # an onset this soon after a remembered burst's is the same burst
+JITTER = 0.05  # a scheduled burst is held this share of its interval either side
+MIN_AHEAD_S = 60.0  # ... and at least this long either side (plus the lead before)
+
+Sample = tuple[float, float, bool]  # (time, fast need in busy replicas, above the onset ratio)
+Samples = tuple[Sample, ...]
+Onset = tuple[float, float]  # (time of a burst's onset, its need in busy replicas)
+
+
+@dataclass(frozen=True)
+class Bursts:
+    """What the burst floor remembers between evaluations (keep it, pass it back)."""
+
+    samples: Samples = ()  # every evaluation's fast need within the window
+    onsets: tuple[Onset, ...] = ()  # distinct bursts within the memory, oldest first
+
+
+def record(
+    state: Bursts, now: float, fast: float, slow: float, window_s: float, memory_s: float = 0.0
+) -> Bursts:
+    """Append this evaluation's fast need (`slow`: the same from the 2-minute rate), note a new
+    burst or the current one's need, and forget what is older than the window (samples) and the
+    memory (bursts)."""
+    kept = tuple(s for s in state.samples if now - s[0] <= window_s)
+    above = fast > ONSET_RATIO * max(slow, IDLE_BUSY)
+    onset = above and bool(kept) and not kept[-1][2]
+    onsets = tuple(o for o in state.onsets if now - o[0] <= memory_s)
+    if onsets and now - onsets[-1][0] <= PEAK_S:
+        onsets = (*onsets[:-1], (onsets[-1][0], max(onsets[-1][1], fast)))
+    elif onset and memory_s > 0 and not (onsets and now - onsets[-1][0] <= MERGE_S):
+        onsets = (*onsets, (now, fast))
+    return Bursts((*kept, (now, fast, above)), onsets)
+
+
+def onsets(samples: Samples) -> int:
+    """Rises above the onset ratio within the samples (the first sample cannot be one)."""
+    return sum(1 for a, b in itertools.pairwise(samples) if b[2] and not a[2])
+
+
+def burst_need(state: Bursts) -> float | None:
+    """Busy replicas the recent bursts needed, if they recur within the window (None: no floor)."""
+    if onsets(state.samples) < MIN_ONSETS:
+        return None
+    return max(s[1] for s in state.samples)
+
+
+def expected(state: Bursts, now: float, lead_s: float) -> tuple[float, float] | None:
+    """(time, busy replicas) of the next scheduled burst when `now` is within its hold, else None.
+    The last two bursts set the interval and the need."""
+    if len(state.onsets) < 2:
+        return None
+    (t0, need0), (t1, need1) = state.onsets[-2:]
+    interval = t1 - t0
+    due = t1 + interval
+    margin = max(MIN_AHEAD_S, JITTER * interval)
+    if due - margin - lead_s <= now <= due + margin:
+        return due, max(need0, need1)
+    return None
+
+
+def scheduled_need(state: Bursts, now: float, lead_s: float) -> float | None:
+    """Busy replicas the next scheduled burst needs while it is due (None: none due)."""
+    due = expected(state, now, lead_s)
+    return None if due is None else due[1]

@@ -1,0 +1,144 @@
+"""The burst floor (operator/autoscaling/bursts.py) and how decide() applies it: recurring bursts
+keep the fleet their largest recent burst needed; a level shift or an isolated burst holds
+nothing, so the demand floor still follows the load down."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from pagoda.operator.autoscaling import bursts
+from pagoda.operator.autoscaling.policy import Metrics, Policy, decide
+
+# A tuned profile's rates: a 100-token prompt and a 50-token output cost 0.1 + 0.1 = 0.2 s. No
+# lead (the demand floor's extrapolation of a rising rate), so each count below is one formula.
+TUNED = Policy(
+    min_replicas=1, max_replicas=40, target_ttft_s=0.5, target_queue=4.0, down_window_s=60,
+    prefill_tokens_per_s=1000.0, decode_tokens_per_s=500.0, lead_s=0.0,
+)  # fmt: skip
+U = TUNED.target_utilization
+
+
+def reading(fast: float, slow: float, rate: float | None = None) -> Metrics:
+    """Requests/s over 15 s (`fast`), 2 min (`slow`) and 30 s (`rate`, default the fast one)."""
+    return Metrics(
+        ttft_p95_s=0.1, waiting=0.0, mean_prompt_tokens=100.0, mean_output_tokens=50.0,
+        arrival_rate=fast if rate is None else rate, arrival_rate_slow=slow,
+        arrival_rate_fast=fast,
+    )  # fmt: skip
+
+
+def drive(policy: Policy, loads: list[tuple[float, float]], current: int = 2) -> list[int]:
+    """Evaluate every 5 s on (fast, slow) arrival rates, applying each decision."""
+    history, samples, out = ((0.0, current),), bursts.Bursts(), []
+    for i, (fast, slow) in enumerate(loads, start=1):
+        d = decide(policy, reading(fast, slow), current=current, ready=current, history=history,
+                   now=5.0 * i, bursts=samples)  # fmt: skip
+        history, samples, current = d.history, d.bursts, d.replicas
+        out.append(current)
+    return out
+
+
+def test_onsets_count_rises_above_twice_the_slow_need() -> None:
+    s = bursts.Bursts()
+    for t, fast, slow in ((0, 1.0, 1.0), (5, 3.0, 1.0), (10, 3.0, 1.2), (15, 1.0, 1.5),
+                          (20, 4.0, 1.5), (25, 0.0, 1.5)):  # fmt: skip
+        s = bursts.record(s, t, fast, slow, window_s=60.0)
+    assert [x[2] for x in s.samples] == [False, True, True, False, True, False]
+    assert bursts.onsets(s.samples) == 2 and bursts.burst_need(s) == 4.0
+    assert s.onsets == ()  # no memory asked for: nothing scheduled
+    # the window drops the old samples: one onset left, no floor
+    s = bursts.record(s, 71.0, 0.0, 1.5, window_s=60.0)
+    assert bursts.onsets(s.samples) == 1 and bursts.burst_need(s) is None
+
+
+def test_from_idle_any_real_arrival_is_an_onset() -> None:
+    s = bursts.record(bursts.Bursts(), 0.0, 0.0, 0.0, window_s=60.0)
+    s = bursts.record(s, 5.0, 1.5, 0.0, window_s=60.0)  # slow counts as IDLE_BUSY (0.5)
+    s = bursts.record(s, 10.0, 0.9, 0.1, window_s=60.0)  # under 2 x 0.5: not a burst
+    assert [x[2] for x in s.samples] == [False, True, False]
+
+
+def test_bursts_remembered_with_their_peak_and_merged_when_close() -> None:
+    s = bursts.Bursts()
+    for t, fast in ((0, 1.0), (5, 3.0), (10, 6.0), (15, 1.0), (20, 5.0), (200, 1.0), (205, 4.0)):
+        s = bursts.record(s, t, fast, 1.0, window_s=60.0, memory_s=300.0)
+    # the onset at 20 s is the first burst's (within MERGE_S); its need is its largest fast need
+    assert s.onsets == ((5, 6.0), (205, 4.0))
+    s = bursts.record(s, 306.0, 1.0, 1.0, window_s=60.0, memory_s=300.0)
+    assert s.onsets == ((205, 4.0),)  # the memory forgets the first
+
+
+def test_the_next_burst_is_expected_one_interval_after_the_last() -> None:
+    s = bursts.Bursts(onsets=((100.0, 8.0), (1900.0, 6.0)))
+    margin = max(bursts.MIN_AHEAD_S, bursts.JITTER * 1800.0)
+    due = 3700.0
+    assert bursts.scheduled_need(s, due - margin - 30.0 - 1.0, lead_s=30.0) is None
+    assert bursts.expected(s, due - margin - 30.0, lead_s=30.0) == (due, 8.0)
+    assert bursts.scheduled_need(s, due + margin, lead_s=30.0) == 8.0
+    assert bursts.scheduled_need(s, due + margin + 1.0, lead_s=30.0) is None
+    assert bursts.scheduled_need(bursts.Bursts(onsets=s.onsets[1:]), due, lead_s=30.0) is None
+
+
+def test_recurring_bursts_hold_the_largest_need_between_them() -> None:
+    """30 s bursts of 40 req/s (8 replicas busy) every 2 minutes over 1 req/s: after the second
+    burst the fleet stays at the bursts' need in the quiet stretches, where the demand floor
+    alone (down window 60 s) falls back to 1."""
+    quiet, burst = (1.0, 1.0), (40.0, 4.0)
+    cycle = [quiet] * 18 + [burst] * 6
+    held = drive(TUNED, cycle * 4)
+    need = math.ceil(40 * 0.2 / U)
+    assert max(held) == need
+    assert min(held[2 * len(cycle) :]) == need  # from the second burst's end on
+    alone = drive(replace(TUNED, burst_window_s=0), cycle * 4)
+    assert min(alone[2 * len(cycle) :]) == 1
+
+
+def test_a_level_shift_and_a_lone_burst_hold_nothing() -> None:
+    """One step up and back down, or a single burst: one onset, no burst floor; the fleet is back
+    at the demand floor after the scale-down window."""
+    step = drive(TUNED, [(1.0, 1.0)] * 4 + [(40.0, 4.0)] * 60 + [(1.0, 1.0)] * 30)
+    assert step[63] == math.ceil(40 * 0.2 / U) and step[-1] == 1
+    d = decide(TUNED, reading(40.0, 4.0), current=2, ready=2, history=(), now=0.0)
+    assert d.reason == "DemandFloor" and len(d.bursts.samples) == 1
+
+
+def test_the_burst_floor_says_so_and_is_off_without_a_fast_rate() -> None:
+    quiet, burst = (1.0, 1.0), (40.0, 4.0)
+    samples, history, current = bursts.Bursts(), ((0.0, 2),), 2
+    for i, (fast, slow) in enumerate([quiet, burst, quiet, burst, quiet], start=1):
+        d = decide(TUNED, reading(fast, slow), current=current, ready=current, history=history,
+                   now=5.0 * i, bursts=samples)  # fmt: skip
+        samples, history, current = d.bursts, d.history, d.replicas
+    assert d.reason == "BurstFloor" and "bursts 8.0 replicas busy" in d.message, d.message
+    no_fast = replace(reading(1.0, 1.0), arrival_rate_fast=None)
+    d = decide(TUNED, no_fast, current=current, ready=current, history=history, now=30.0,
+               bursts=samples)  # fmt: skip
+    assert d.bursts == samples and d.reason != "BurstFloor"  # nothing recorded, nothing held
+
+
+@pytest.mark.parametrize("bad", [{"burst_window_s": -1.0}, {"burst_memory_s": -1.0}])
+def test_policy_rejects_a_negative_burst_window(bad: dict) -> None:
+    with pytest.raises(ValueError):
+        replace(TUNED, **bad)
+
+
+def test_metrics_reject_a_negative_fast_rate() -> None:
+    with pytest.raises(ValueError):
+        reading(-1.0, 1.0)
+
+
+def test_bursts_every_half_hour_find_their_replicas_standing() -> None:
+    """A minute of 40 req/s (8 replicas busy) every 30 minutes over 1 req/s: farther apart than
+    the window, so they do not recur within it; after two, the third finds its replicas up
+    before it lands, and the quiet between holds the demand floor's 1."""
+    quiet, burst = (1.0, 1.0), (40.0, 4.0)
+    cycle = [quiet] * 348 + [burst] * 12  # 5 s evaluations: a burst every 1,800 s
+    need = math.ceil(40 * 0.2 / U)
+    held = drive(TUNED, cycle * 3)
+    third = 2 * len(cycle) + 348
+    assert held[third - 2] == need and held[third - 40] == 1  # up 10 s before, not 200 s
+    assert min(held[len(cycle) : third - 40]) == 1
+    alone = drive(replace(TUNED, burst_memory_s=0.0), cycle * 3)
+    assert alone[third - 2] == 1
