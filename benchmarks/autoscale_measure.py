@@ -1,10 +1,20 @@
-"""Measures one `pagoda serve` replica for autoscale_sim.py (`--measure`): startup time, idle
-and saturated time to first token, and saturated throughput with 16 streaming clients."""
+"""Measures one `pagoda serve` replica for autoscale_sim.py (`--measure`): the token-level
+capacity model the simulator replays.
+
+* start-up: process start → `/ready`;
+* prefill: idle time to first token of prompts of 32, 512 and 2048 tokens (token ids, one output
+  token), fitted as `overhead + prompt tokens / V_P` (least squares);
+* decode step curve: `b` streaming requests at once (32-token prompts, 64 output tokens each),
+  the mean gap between their tokens, for b = 1, 2, 4, 8, 16 (`--max-num-seqs`);
+* KV-cache capacity in tokens: the `pagoda:kv_cache_usage_perc` gauge while a request of known
+  length runs.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -14,23 +24,30 @@ import aiohttp
 import httpx
 import numpy as np
 
-MEASURE_REQUEST = {
-    "model": "smollm2-135m", "max_tokens": 32, "ignore_eos": True, "temperature": 0, "stream": True,
-    "prompt": "Summarise in a few sentences why the sky looks blue during the day "
-    "and red at sunset, for a curious ten year old reader.",
-}  # fmt: skip
+SLOTS = 16
+MAX_MODEL_LEN = 8192
+KV_CACHE_MEMORY = "1GiB"
+PREFILL_LENGTHS = (32, 512, 2048)
+DECODE_BATCHES = (1, 2, 4, 8, 16)
+DECODE_TOKENS = 64
 
 
-def measure_replica(root: pathlib.Path) -> dict[str, float]:
-    """Start `pagoda serve` (embedded model, 16 slots) from `root` and time it idle and
-    saturated: the fields of autoscale_sim.Capacity."""
+def _prompt(n: int, salt: int) -> list[int]:
+    """`n` token ids, different per `salt` (so the prefix cache never hits)."""
+    rng = np.random.default_rng(salt)
+    return [int(x) for x in rng.integers(100, 40000, n)]
+
+
+def measure_replica(root: pathlib.Path) -> dict:
+    """Start `pagoda serve` (embedded model) from `root` and measure it: the fields of
+    autoscale_sim.Capacity."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     cmd = [
-        sys.executable, "-m", "pagoda.runtime.cli", "serve", "--port", str(port),
-        "--kv-cache-memory", "128MiB", "--max-model-len", "512", "--max-num-seqs", "16",
-        "--log-level", "warning",
+        sys.executable, "-P", "-m", "pagoda.runtime.cli", "serve", "--port", str(port),
+        "--kv-cache-memory", KV_CACHE_MEMORY, "--max-model-len", str(MAX_MODEL_LEN),
+        "--max-num-seqs", str(SLOTS), "--log-level", "warning",
     ]  # fmt: skip
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=root)
@@ -38,11 +55,7 @@ def measure_replica(root: pathlib.Path) -> dict[str, float]:
     try:
         _wait_ready(proc, base, t0)
         startup = time.monotonic() - t0
-        ttft0, busy, rps = asyncio.run(_load_test(base))
-        return {
-            "slots": 16, "service_s": round(16 / rps, 2), "ttft0_s": round(ttft0, 3),
-            "ttft_busy_s": round(busy, 3), "startup_s": round(startup, 1),
-        }  # fmt: skip
+        return {"slots": SLOTS, "startup_s": round(startup, 1), **asyncio.run(_measure(base))}
     finally:
         proc.terminate()
         proc.wait(30)
@@ -61,33 +74,61 @@ def _wait_ready(proc, base: str, t0: float) -> None:
         time.sleep(0.1)
 
 
-async def _timed_request(s, base: str) -> tuple[float, float]:
-    """One streamed completion: (time to the first data line, total time)."""
+async def _stream(s, base: str, prompt: list[int], max_tokens: int) -> list[float]:
+    """One streamed completion: the arrival time of each data line (time 0 = sent)."""
+    body = {
+        "model": "smollm2-135m", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+        "temperature": 0, "stream": True,
+    }  # fmt: skip
     start = time.monotonic()
-    first = None
-    async with s.post(f"{base}/v1/completions", json=MEASURE_REQUEST) as r:
+    times = []
+    async with s.post(f"{base}/v1/completions", json=body) as r:
         assert r.status == 200, await r.text()
         async for line in r.content:
-            if first is None and line.startswith(b"data:"):
-                first = time.monotonic() - start
-    return first or 0.0, time.monotonic() - start
+            if line.startswith(b"data:") and not line.startswith(b"data: [DONE]"):
+                times.append(time.monotonic() - start)
+    return times
 
 
-async def _load_test(base: str) -> tuple[float, float, float]:
-    """Idle TTFT (median of 8 sequential requests, the first 2 as warm-up), then 16 clients for
-    45 s: (idle TTFT, busy TTFT, requests/s)."""
+async def _kv_usage(s, base: str) -> float:
+    async with s.get(f"{base}/metrics") as r:
+        text = await r.text()
+    m = re.search(r"^pagoda:kv_cache_usage_perc\{[^}]*\} ([0-9.eE+-]+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+async def _measure(base: str) -> dict:
+    salt = iter(range(1, 10_000))
     async with aiohttp.ClientSession() as s:
-        idle = [await _timed_request(s, base) for _ in range(8)]
-        done: list[tuple[float, float]] = []
-        end = time.monotonic() + 45
-
-        async def worker() -> None:
-            while time.monotonic() < end:
-                done.append(await _timed_request(s, base))
-
-        t = time.monotonic()
-        await asyncio.gather(*(worker() for _ in range(16)))
-        elapsed = time.monotonic() - t
-    ttft0 = float(np.median([a for a, _ in idle[2:]]))
-    busy = float(np.median([a for a, _ in done]))
-    return ttft0, busy, len(done) / elapsed
+        for _ in range(3):  # warm-up: first shapes
+            await _stream(s, base, _prompt(512, next(salt)), 4)
+        xs, ys = [], []
+        for n in PREFILL_LENGTHS:
+            for _ in range(3):
+                t = await _stream(s, base, _prompt(n, next(salt)), 1)
+                xs.append(n)
+                ys.append(t[0])
+        # least squares on each length's median (the machine is shared: single runs stray)
+        med = [float(np.median([y for x, y in zip(xs, ys) if x == n])) for n in PREFILL_LENGTHS]
+        slope, overhead = np.polyfit(PREFILL_LENGTHS, med, 1)
+        steps = {}
+        for b in DECODE_BATCHES:
+            runs = await asyncio.gather(
+                *(_stream(s, base, _prompt(32, next(salt)), DECODE_TOKENS) for _ in range(b))
+            )
+            # the gaps after every stream's first token (all prefills done): decode steps only
+            settled = max(r[0] for r in runs)
+            gaps = [np.diff([x for x in r if x > settled]) for r in runs]
+            steps[b] = float(np.median(np.concatenate(gaps)))
+        # KV capacity: one long request's tokens over the gauge while it decodes
+        probe = asyncio.ensure_future(_stream(s, base, _prompt(2048, next(salt)), 512))
+        await asyncio.sleep(2 * med[-1] + 1.0)  # past its prefill, well before its end
+        usage = await _kv_usage(s, base)
+        await probe
+    return {
+        "overhead_s": round(float(overhead), 4),
+        "prefill_tokens_per_s": round(1.0 / float(slope), 0),
+        "decode_step_s": {b: round(v, 5) for b, v in steps.items()},
+        "kv_tokens": int(round(2048 / usage, -2)) if usage > 0 else 0,
+        "prefill_samples": [[x, round(y, 4)] for x, y in zip(xs, ys)],
+    }

@@ -1,409 +1,496 @@
-"""Autoscaling simulation: Pagoda's policy against an HPA-style baseline on queue depth alone.
+"""Autoscaling simulation: Pagoda's policy against tuned HPA/KEDA baselines, token by token.
 
-    python benchmarks/autoscale_sim.py                  # table + docs/autoscale-sim.png
-    python benchmarks/autoscale_sim.py --measure        # re-measure one `pagoda serve` replica
+    python benchmarks/autoscale_sim.py                 # all shapes, full grids (≈ 35 min, 2 cores)
+    python benchmarks/autoscale_sim.py --quick         # a coarser behaviour grid
+    python benchmarks/autoscale_sim.py --measure       # re-measure one `pagoda serve` replica
 
-Bursty traffic (steps, spikes, a compressed diurnal sine) is replayed against a queueing model
-of replicas whose numbers come from the real runtime (`--measure`, stored in MEASURED): each
-replica runs at most `slots` requests at once (`--max-num-seqs`), a request holds its slot for
-`service_s`, its first token comes `ttft0_s` after admission, a new replica serves after
-`startup_s`; the Service spreads requests over ready replicas (one shared FIFO). As in a cluster,
-metrics are scraped every 15 s and both autoscalers evaluate every 15 s:
+Traffic (autoscale_traffic.py): three synthetic shapes and the Azure LLM inference trace 2023
+(conversation and code services, their arrival times and token counts, at 3x and 1.5x). The
+fleet (autoscale_engine.py) is a token-level model of `pagoda serve` replicas whose numbers were
+measured from the real server (`MEASURED`, `--measure`). Metrics are scraped and every
+autoscaler evaluates every 15 s, on what Prometheus would show: the TTFT histogram's p95 over the
+last minute (the runtime's buckets, `histogram_quantile`), waiting and running requests, each
+replica's KV-cache usage, the counters' recent request lengths and arrival rates.
 
-* Pagoda: `pagoda.operator.autoscaling.policy.decide` itself, on p95 TTFT over the last minute and queue
-  depth per ready replica (targets below), tolerance 10 %, x2 per step, down window 300 s;
-* Pagoda + prefill floor: the same, with the predictive floor a tuned profile enables (V_P =
-  prompt tokens / idle TTFT; queued prompt tokens = waiting × 30): at least
-  ⌈Q / (V_P · (TTFT target − ISL/V_P))⌉ replicas (pagoda.operator.autotune.floor);
-* HPA: the Kubernetes HPA algorithm on average waiting requests per pod (same queue target):
-  pods without metrics count as 0 when scaling up and as on-target when scaling down, tolerance
-  10 %, scale up by max(100 %, 4 pods) per 15 s, down window 300 s.
+* **Pagoda**: `pagoda.operator.autoscaling.policy.decide` itself, configured once and never tuned
+  per shape: `targetTTFTSeconds` = the SLO, `targetQueueDepth` 4,
+  `scaleDownStabilizationSeconds` 180, defaults otherwise, and a tuned profile's V_P and V_D
+  (the demand floor), as the operator runs it; also with the profile's rates off by ±20 %;
+* **a clairvoyant reference** that knows the next minute's requests;
+* **the baselines** (autoscale_baselines.py), each grid-searched per shape over its target and
+  its HPA `behavior` (scale-up policies, scale-down windows and policies; KEDA also
+  `minReplicaCount`, `cooldownPeriod`, `pollingInterval`), the target refined around the best.
 
-Reported per scenario: percent of minutes whose p95 TTFT exceeds the target, replica-hours
-(starting and draining replicas included), and scale events.
+Scored per shape: the percent of minutes whose p95 TTFT (of the requests *arriving* in that
+minute; one never served counts as infinite) exceeds the SLO, and replica-hours (starting and
+draining replicas included). A baseline's best setting is the cheapest with ≤ 1 % of minutes
+over; if none, the cheapest with ≤ 5 %; if none, the one with the fewest minutes over.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
-import heapq
+import functools
+import itertools
 import json
 import math
+import multiprocessing
+import os
 import pathlib
 import sys
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from autoscale_baselines import UP, Behavior, HpaKv, HpaQueue, HpaTtft, Keda, behaviors
+from autoscale_engine import Capacity, Fleet, Observation
+from autoscale_traffic import SHAPES, Requests, Shape
 from pagoda.operator.autoscaling.policy import Metrics, Policy, decide
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EVAL_S = 15.0
-DT = 0.5
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """One replica, measured with `--measure` (prompt ~30 tokens, 32 output tokens)."""
-
-    slots: int  # --max-num-seqs
-    service_s: float  # mean time a request holds a slot at full batch
-    ttft0_s: float  # first token after admission, idle replica
-    ttft_busy_s: float  # first token after admission, full batch
-    startup_s: float  # process start -> /ready (model load)
-
-    @property
-    def rate(self) -> float:
-        """Saturated throughput, requests/s."""
-        return self.slots / self.service_s
-
-
-# `python benchmarks/autoscale_sim.py --measure` on the 2-core development machine (shared).
-MEASURED = Capacity(slots=16, service_s=2.77, ttft0_s=0.128, ttft_busy_s=0.337, startup_s=10.6)
-
-TARGET_TTFT_S = 0.5
-PROMPT_TOKENS = 30  # the measured requests' prompt length
-
-
-def prefill_rate(cap: Capacity) -> float:
-    """V_P in this model: an idle replica's prompt tokens per second of first-token latency
-    (what `pagoda tune` records as capacity.prefill_tokens_per_s)."""
-    return PROMPT_TOKENS / cap.ttft0_s
-
-
-TARGET_TTFT_S = 0.5
-TARGET_QUEUE = 4.0
 MIN_REPLICAS, MAX_REPLICAS = 1, 40
+PAGODA_QUEUE_TARGET = 4.0
+# Pagoda's one configuration, the same on every shape: spec.autoscaling's
+# scaleDownStabilizationSeconds (default 300); everything else at its default.
+PAGODA_SETTINGS: dict = {"down_window_s": 180.0}
+SEED = 1
+
+# `python benchmarks/autoscale_sim.py --measure` (autoscale_measure.py) on AMD EPYC family 26
+# model 2 (Zen 5), 2 vCPUs, AVX-512 BF16, no AMX, torch 2.13.0+cpu (bfloat16), 2026-12-04, a
+# machine shared with other work: embedded SmolLM2-135M, --max-num-seqs 16, --max-model-len 8192,
+# --kv-cache-memory 1GiB. Start-up, prefill and decode from the 19:20 UTC run (load average ≈ 1;
+# idle TTFT medians 0.059 / 0.367 / 1.129 s at 32 / 512 / 2048 prompt tokens, fitted); the KV
+# capacity from the 20:03 UTC run's gauge probe (that run's timings are not used: load ≈ 5).
+MEASURED = Capacity(
+    slots=16,
+    startup_s=9.9,
+    overhead_s=0.0674,
+    prefill_tokens_per_s=1915.0,
+    decode_step_s=((1, 0.01422), (2, 0.01755), (4, 0.01953), (8, 0.02764), (16, 0.0345)),
+    kv_tokens=44500,
+)
 
 
-# --- traffic: requests/s as a function of time, in units of one replica's throughput ------
+# --- Pagoda -----------------------------------------------------------------------------------
 
 
-def steps(t: float) -> float:
-    return [2, 8, 3, 12, 2][min(int(t // 3600), 4)]
+class Pagoda:
+    """The operator's policy as the operator runs it (policy.decide, history kept between calls)."""
 
+    name = "Pagoda"
 
-def spikes(t: float) -> float:
-    return 12.0 if t % 1800 < 120 else 3.0  # 2-minute bursts every half hour
-
-
-def diurnal(t: float) -> float:
-    return 6.5 + 5.5 * math.sin(2 * math.pi * t / 21600 - math.pi / 2)  # a 6 h "day"
-
-
-SCENARIOS: dict[str, tuple[Callable[[float], float], float]] = {
-    "steps": (steps, 5 * 3600.0),
-    "spikes": (spikes, 4 * 3600.0),
-    "diurnal": (diurnal, 6 * 3600.0),
-}
-
-
-# --- autoscalers ------------------------------------------------------------------------------
-
-
-@dataclass
-class Observation:
-    ttft_p95_s: float | None
-    waiting: int
-    ready: int
-    current: int
-    kv: float | None = None  # fullest replica's share of slots in use (KV cache proxy)
-
-
-class PagodaScaler:
-    name = "Pagoda (TTFT + queue)"
-
-    def __init__(self) -> None:
+    def __init__(self, shape: Shape, cap: Capacity, profile_error: float = 1.0) -> None:
+        """`profile_error`: the tuned profile's rates times this (> 1: it promises more than
+        the replicas do), to see what a wrong profile costs."""
         self.policy = Policy(
-            MIN_REPLICAS, MAX_REPLICAS, target_ttft_s=TARGET_TTFT_S, target_queue=TARGET_QUEUE
-        )
+            MIN_REPLICAS, MAX_REPLICAS, target_ttft_s=shape.target_ttft_s,
+            target_queue=PAGODA_QUEUE_TARGET,
+            prefill_tokens_per_s=cap.prefill_tokens_per_s * profile_error,
+            decode_tokens_per_s=cap.decode_tokens_per_s() * profile_error, **PAGODA_SETTINGS,
+        )  # fmt: skip
+        self.profile_error = profile_error
         self.history: tuple[tuple[float, int], ...] = ()
+        self.correction = 1.0
+
+    def label(self) -> str:
+        rates = "tuned V_P, V_D"
+        if self.profile_error != 1.0:
+            rates += f" x{self.profile_error:g} (profile {self.profile_error - 1:+.0%})"
+        return (
+            f"targetTTFTSeconds {self.policy.target_ttft_s:g}, targetQueueDepth 4, "
+            f"scaleDownStabilizationSeconds {self.policy.down_window_s:g}; {rates}"
+        )
 
     def desired(self, o: Observation, now: float) -> int:
-        m = Metrics(ttft_p95_s=o.ttft_p95_s, waiting=float(o.waiting), kv_cache_usage=o.kv)
+        isl = o.mean_prompt
+        m = Metrics(
+            ttft_p95_s=o.ttft_p95_s, waiting=float(o.waiting), kv_cache_usage=o.kv_max,
+            queued_prompt_tokens=None if isl is None else o.waiting * isl, mean_prompt_tokens=isl,
+            mean_output_tokens=o.mean_output, completion_rate=o.completion_rate,
+            arrival_rate=o.arrival_rate,
+            arrival_rate_slow=o.arrival_rate_slow,
+        )  # fmt: skip
         if not self.history:  # the operator seeds the history with the current count
             self.history = ((now, o.current),)
-        d = decide(self.policy, m, current=o.current, ready=o.ready, history=self.history, now=now)
-        self.history = d.history
-        return d.replicas
-
-
-class PagodaFloorScaler(PagodaScaler):
-    """The same policy with a tuned profile's V_P: the predictive prefill floor (autotune)."""
-
-    name = "Pagoda + prefill floor"
-
-    def __init__(self, cap: Capacity = MEASURED) -> None:
-        super().__init__()
-        self.policy = dataclasses.replace(self.policy, prefill_tokens_per_s=prefill_rate(cap))
-
-    def desired(self, o: Observation, now: float) -> int:
-        m = Metrics(
-            ttft_p95_s=o.ttft_p95_s, waiting=float(o.waiting), kv_cache_usage=o.kv,
-            queued_prompt_tokens=o.waiting * PROMPT_TOKENS, mean_prompt_tokens=PROMPT_TOKENS,
+        d = decide(
+            self.policy, m, current=o.current, ready=o.ready, history=self.history, now=now,
+            correction=self.correction,
         )  # fmt: skip
-        if not self.history:
-            self.history = ((now, o.current),)
-        d = decide(self.policy, m, current=o.current, ready=o.ready, history=self.history, now=now)
-        self.history = d.history
+        self.history, self.correction = d.history, d.correction
         return d.replicas
 
 
-class HpaQueueScaler:
-    """kube-controller-manager's replica calculator + default behaviour, on a Pods metric."""
+class Clairvoyant:
+    """A reference, not an autoscaler: it knows the requests of the next `startup + 2 × 15 s` and
+    keeps the replicas their work needs at 90 %, so new ones are ready when the load comes. What
+    no policy that reacts to measurements can beat; the rest of a miss is the load's own."""
 
-    name = "HPA (queue depth)"
+    name = "clairvoyant (reference)"
 
-    def __init__(self, target: float = TARGET_QUEUE) -> None:
-        self.target = target
-        self.name = f"HPA (queue {target:g}/pod)"
-        self.recs: collections.deque[tuple[float, int]] = collections.deque()
-        self.ups: collections.deque[tuple[float, int]] = collections.deque()
+    def __init__(self, shape: Shape, cap: Capacity) -> None:
+        reqs = requests_for(shape.name, cap)
+        step = float(cap.step_table()[cap.slots])
+        work = reqs.prompt / cap.prefill_tokens_per_s + reqs.output * step / cap.slots
+        bins = np.zeros(int(shape.duration_s // EVAL_S) + 8)
+        idx = np.minimum((reqs.arrival // EVAL_S).astype(int), len(bins) - 1)
+        np.add.at(bins, idx, work)
+        self.need = np.ceil(bins / EVAL_S / 0.9).astype(int)
+        self.ahead = 1 + math.ceil((cap.startup_s + EVAL_S) / EVAL_S)
+
+    def label(self) -> str:
+        return "knows the next minute's requests; 90 % of their work"
 
     def desired(self, o: Observation, now: float) -> int:
-        missing = o.current - o.ready
-        if o.ready == 0:
-            rec = o.current
-        else:
-            ratio = o.waiting / (o.ready * self.target)
-            if missing and ratio > 1:  # missing pods count as 0 when scaling up
-                ratio = o.waiting / (o.current * self.target)
-            elif missing and ratio < 1:  # and as on target when scaling down
-                ratio = (o.waiting + missing * self.target) / (o.current * self.target)
-            rec = o.current if abs(ratio - 1) <= 0.1 else math.ceil(ratio * o.current)
-        rec = max(MIN_REPLICAS, min(MAX_REPLICAS, rec))
-        self.recs.append((now, rec))
-        while self.recs and now - self.recs[0][0] > 300:
-            self.recs.popleft()
-        if rec > o.current:
-            limit = max(2 * o.current, o.current + 4)  # 100 % or 4 pods per 15 s
-            return min(rec, limit)
-        return min(o.current, max(r for _, r in self.recs))  # 300 s down window
+        i = int(now // EVAL_S)
+        want = int(self.need[i : i + self.ahead + 1].max())
+        return max(MIN_REPLICAS, min(MAX_REPLICAS, want))
 
 
-# --- the queueing model -----------------------------------------------------------------------
-
-
-@dataclass
-class Replica:
-    ready_at: float
-    running: list[float] = field(default_factory=list)  # heap of finish times
-    draining: bool = False
+# --- one run ----------------------------------------------------------------------------------
 
 
 @dataclass
 class Result:
-    times: list[float]
-    rate: list[float]
-    replicas: list[int]
-    minute_p95: list[float]
+    family: str
+    setting: str
     violation_pct: float
     replica_hours: float
     scale_events: int
+    times_h: list[float] = dataclasses.field(default_factory=list, repr=False)
+    replicas: list[int] = dataclasses.field(default_factory=list, repr=False)
+    minute_p95: list[float] = dataclasses.field(default_factory=list, repr=False)
 
 
-@dataclass
-class _Sim:
-    """The queueing model's state between ticks of DT seconds."""
-
-    rng: np.random.Generator
-    pool: list[Replica]
-    queue: collections.deque[float] = field(default_factory=collections.deque)  # arrivals
-    first_tokens: collections.deque[tuple[float, float]] = field(
-        default_factory=collections.deque
-    )  # (time, ttft)
-    minute: list[float] = field(default_factory=list)  # TTFTs of the current minute
-    minute_p95: list[float] = field(default_factory=list)
-    times: list[float] = field(default_factory=list)
-    rates: list[float] = field(default_factory=list)
-    counts: list[int] = field(default_factory=list)
-    replica_s: float = 0.0
-    events: int = 0
+@functools.cache
+def requests_for(name: str, cap: Capacity, seed: int = SEED) -> Requests:
+    return SHAPES[name].make(cap.work_s, seed)
 
 
-def simulate(
-    traffic: Callable[[float], float], duration: float, scaler, cap: Capacity, seed: int = 0
-) -> Result:
-    s = _Sim(np.random.default_rng(seed), [Replica(ready_at=0.0) for _ in range(4)])
+def start_replicas(reqs: Requests, cap: Capacity) -> int:
+    """Warm replicas at t = 0 (every autoscaler alike): the first 2 minutes' work at 70 %."""
+    first = reqs.arrival < 120.0
+    work = sum(cap.work_s(p, g) for p, g in zip(reqs.prompt[first], reqs.output[first]))
+    return max(MIN_REPLICAS, min(MAX_REPLICAS, math.ceil(work / 120.0 / 0.7)))
+
+
+def simulate(shape: Shape, scaler, cap: Capacity, seed: int = SEED) -> Result:
+    reqs = requests_for(shape.name, cap, seed)
+    fleet = Fleet(cap, reqs.arrival, reqs.prompt, reqs.output, start_replicas(reqs, cap))
+    times, counts, events = [], [], 0
     t = 0.0
-    while t < duration:
-        lam = traffic(t) * cap.rate
-        s.queue.extend(sorted(t + s.rng.uniform(0, DT, s.rng.poisson(lam * DT))))
-        for r in s.pool:
-            while r.running and r.running[0] <= t:
-                heapq.heappop(r.running)
-        _dispatch(s, t, cap)
-        s.pool = [r for r in s.pool if not (r.draining and not r.running)]
-        s.replica_s += len(s.pool) * DT
-        if t % 60 < DT and t > 0:
-            s.minute_p95.append(float(np.percentile(s.minute, 95)) if s.minute else 0.0)
-            s.minute.clear()
-        if t % EVAL_S < DT:  # scrape, then evaluate on the scraped values
-            _evaluate(s, t, lam, scaler, cap)
-        t += DT
-    over = sum(1 for p in s.minute_p95 if p > TARGET_TTFT_S)
-    return Result(
-        s.times, s.rates, s.counts, s.minute_p95, 100.0 * over / max(1, len(s.minute_p95)),
-        s.replica_s / 3600, s.events,
-    )  # fmt: skip
+    while t < shape.duration_s:
+        fleet.advance(t)
+        o = fleet.observe()
+        want = scaler.desired(o, t)
+        if want != o.current:
+            events += 1
+            fleet.resize(want)
+        times.append(t / 3600)
+        counts.append(want)
+        t += EVAL_S
+    hours = fleet.replica_seconds / 3600
+    fleet.advance(shape.duration_s + 120.0)  # let the last minutes' requests finish
+    p95 = minute_p95(reqs.arrival, fleet.ttft, shape.duration_s)
+    over = 100.0 * float(np.mean(p95 > shape.target_ttft_s))
+    return Result(scaler.name, scaler.label(), over, hours, events, times, counts, p95.tolist())
 
 
-def _dispatch(s: _Sim, t: float, cap: Capacity) -> None:
-    """Admit the queued requests that a ready replica can start within this tick."""
-    ready = [r for r in s.pool if r.ready_at < t + DT and not r.draining]
-    while s.queue and s.queue[0] < t + DT and ready:
-        # the ready replica that can start it first (a free slot, else its next finish)
-        arrival = s.queue[0]
-        start, _, i = min(
-            (
-                max(arrival, r.ready_at, t if len(r.running) < cap.slots else r.running[0]),
-                len(r.running),
-                i,
-            )
-            for i, r in enumerate(ready)
-        )
-        if start >= t + DT:
-            break
-        s.queue.popleft()
-        _admit(s, ready[i], arrival, start, cap)
-
-
-def _admit(s: _Sim, r: Replica, arrival: float, start: float, cap: Capacity) -> None:
-    """Start a request on replica r (taking the slot that frees first when all are busy)."""
-    if len(r.running) >= cap.slots:
-        heapq.heappop(r.running)
-    busy = len(r.running) / cap.slots
-    ttft = (start - arrival) + cap.ttft0_s + (cap.ttft_busy_s - cap.ttft0_s) * busy
-    heapq.heappush(r.running, start + s.rng.gamma(4.0, cap.service_s / 4.0))
-    s.first_tokens.append((arrival + ttft, ttft))
-    s.minute.append(ttft)
-
-
-def _evaluate(s: _Sim, t: float, lam: float, scaler, cap: Capacity) -> None:
-    """Scrape the metrics, ask the autoscaler, resize the pool and record the decision."""
-    while s.first_tokens and s.first_tokens[0][0] < t - 60:
-        s.first_tokens.popleft()
-    live = [r for r in s.pool if not r.draining]
-    want = scaler.desired(_observe(s, live, t, cap), t)
-    if want != len(live):
-        s.events += 1
-        s.pool = _resize(s.pool, live, want, t, cap)
-    s.times.append(t / 3600)
-    s.rates.append(lam)
-    s.counts.append(want)
-
-
-def _observe(s: _Sim, live: list[Replica], t: float, cap: Capacity) -> Observation:
-    """What a scrape at time t sees: p95 TTFT over the last minute, queue, ready replicas."""
-    window = [v for _, v in s.first_tokens]
-    return Observation(
-        ttft_p95_s=float(np.percentile(window, 95)) if window else None,
-        waiting=sum(1 for a in s.queue if a <= t),
-        ready=sum(1 for r in live if r.ready_at <= t),
-        current=len(live),
-        kv=max((len(r.running) / cap.slots for r in live if r.ready_at <= t), default=None),
-    )
-
-
-def _resize(pool: list[Replica], live: list[Replica], want: int, t: float, cap: Capacity):
-    if want > len(live):
-        return pool + [Replica(ready_at=t + cap.startup_s) for _ in range(want - len(live))]
-    # like the ReplicaSet controller: not-ready pods first, then the least busy; they drain
-    for r in sorted(live, key=lambda x: (x.ready_at <= t, len(x.running)))[: len(live) - want]:
-        r.draining = True
-    return [r for r in pool if not (r.draining and not r.running)]
-
-
-# --- measuring one replica ------------------------------------------------------------------
-
-
-def measure() -> Capacity:
-    """Start `pagoda serve` (embedded model, 16 slots) and time it idle and saturated."""
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-    from autoscale_measure import measure_replica
-
-    return Capacity(**measure_replica(ROOT))
-
-
-# --- output ---------------------------------------------------------------------------------
-
-
-def run_all(cap: Capacity) -> dict[str, dict[str, Result]]:
-    out: dict[str, dict[str, Result]] = {}
-    for name, (traffic, duration) in SCENARIOS.items():
-        out[name] = {}
-        makers = (
-            PagodaScaler, HpaQueueScaler, lambda: HpaQueueScaler(TARGET_QUEUE / 4),
-            lambda: PagodaFloorScaler(cap),
-        )  # fmt: skip
-        for make in makers:
-            scaler = make()
-            out[name][scaler.name] = simulate(traffic, duration, scaler, cap, seed=1)
+def minute_p95(arrival: np.ndarray, ttft: np.ndarray, duration_s: float) -> np.ndarray:
+    """p95 TTFT of the requests arriving in each minute (never served: infinite)."""
+    ttft = np.where(np.isnan(ttft), np.inf, ttft)
+    minutes = int(duration_s // 60)
+    edges = np.searchsorted(arrival, 60.0 * np.arange(minutes + 1))
+    out = np.zeros(minutes)
+    for m in range(minutes):
+        chunk = ttft[edges[m] : edges[m + 1]]
+        out[m] = np.percentile(chunk, 95, method="higher") if len(chunk) else 0.0
     return out
 
 
-def table(results: dict[str, dict[str, Result]]) -> str:
-    lines = [
-        "| traffic | autoscaler | minutes with p95 TTFT > target | replica-hours | scale events |",
-        "|---|---|---|---|---|",
+# --- the grids --------------------------------------------------------------------------------
+
+Factory = Callable[[], object]
+
+
+def _log_grid(lo: float, hi: float, per_octave: int = 1) -> list[float]:
+    n = round(math.log2(hi / lo) * per_octave)
+    return [float(f"{lo * 2 ** (i / per_octave):.3g}") for i in range(n + 1)]
+
+
+def baseline_grid(shape: Shape, quick: bool = False) -> dict[str, tuple[list[float], list]]:
+    """Per baseline: (targets, the other knobs as factories taking a target)."""
+    slo = shape.target_ttft_s
+    lo, hi = MIN_REPLICAS, MAX_REPLICAS
+    bs = behaviors((60.0, 300.0) if quick else (60.0, 180.0, 300.0))
+    if quick:
+        bs = [b for b in bs if b.down_percent == 100.0]
+    keda_knobs = [
+        {"min_replicas": m, "cooldown_s": c, "polling_s": p, "activation": 0.0}
+        for m in (0, 1)
+        for c in (60.0, 300.0)
+        for p in ((15.0,) if quick else (15.0, 30.0))
     ]
-    for scenario, by in results.items():
-        for name, r in by.items():
+    keda_bs = [replace_b(UP[u], down_window_s=w) for u in UP for w in (60.0, 300.0)]
+    return {
+        HpaTtft.name: (
+            [round(slo * f, 3) for f in _log_grid(0.125, 1.0, 2)],
+            [lambda x, b=b: HpaTtft(x, b, lo, hi) for b in bs],
+        ),
+        HpaKv.name: (_log_grid(0.0025, 0.64), [lambda x, b=b: HpaKv(x, b, lo, hi) for b in bs]),
+        HpaQueue.name: (
+            _log_grid(0.25, 16.0),
+            [lambda x, b=b: HpaQueue(x, b, lo, hi) for b in bs],
+        ),
+        Keda.name: (
+            _log_grid(1.0, 32.0),
+            [lambda x, b=b, k=k: Keda(x, b, lo, hi, **k) for b in keda_bs for k in keda_knobs],
+        ),
+    }
+
+
+def replace_b(b: Behavior, **kw) -> Behavior:
+    return dataclasses.replace(b, **kw)
+
+
+def choose(results: list[Result]) -> Result:
+    """The best setting: the cheapest with ≤ 1 % of minutes over, else ≤ 5 %, else the fewest."""
+    for limit in (1.0, 5.0):
+        ok = [r for r in results if r.violation_pct <= limit + 1e-9]
+        if ok:
+            return min(ok, key=lambda r: (r.replica_hours, r.violation_pct))
+    return min(results, key=lambda r: (r.violation_pct, r.replica_hours))
+
+
+def cheapest_within(results: list[Result], limit: float) -> Result | None:
+    ok = [r for r in results if r.violation_pct <= limit + 1e-9]
+    return min(ok, key=lambda r: r.replica_hours) if ok else None
+
+
+# --- running many settings (processes) ----------------------------------------------------------
+
+_TASKS: list = []
+
+
+def _run_task(i: int) -> Result:
+    shape_name, make = _TASKS[i]
+    r = simulate(SHAPES[shape_name], make(), MEASURED_IN_USE[0])
+    r.times_h, r.replicas, r.minute_p95 = [], [], []  # summaries only across processes
+    return r
+
+
+MEASURED_IN_USE = [MEASURED]
+
+
+def run_many(tasks: list, jobs: int) -> list[Result]:
+    _TASKS[:] = tasks
+    if jobs <= 1:
+        return [_run_task(i) for i in range(len(tasks))]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(jobs) as pool:
+        return pool.map(_run_task, range(len(tasks)), chunksize=1)
+
+
+def tune(shape: Shape, quick: bool, jobs: int) -> dict[str, list[tuple[Result, Factory]]]:
+    """Every baseline's grid on `shape`, then its target refined around its two best settings:
+    per baseline, each result with the factory that rebuilds its autoscaler."""
+    grid = baseline_grid(shape, quick)
+    made = [
+        (fam, functools.partial(mk, x))
+        for fam, (targets, makers) in grid.items()
+        for mk, x in itertools.product(makers, targets)
+    ]
+    by: dict[str, list[tuple[Result, Factory]]] = {fam: [] for fam in grid}
+    for (fam, f), r in zip(made, run_many([(shape.name, f) for _, f in made], jobs)):
+        by[fam].append((r, f))
+    extra = []
+    for fam, rows in by.items():
+        for _, f in sorted(rows, key=lambda row: _rank(row[0]))[:2]:
+            mk, x = f.func, f.args[0]
+            for k in (-2, -1, 1, 2):
+                extra.append((fam, functools.partial(mk, float(f"{x * 2 ** (k / 4):.3g}"))))
+    for (fam, f), r in zip(extra, run_many([(shape.name, f) for _, f in extra], jobs)):
+        by[fam].append((r, f))
+    return by
+
+
+def _rank(r: Result) -> tuple:
+    for i, limit in enumerate((1.0, 5.0)):
+        if r.violation_pct <= limit + 1e-9:
+            return (i, r.replica_hours)
+    return (2, r.violation_pct, r.replica_hours)
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def table(rows: dict[str, dict]) -> str:
+    out = [
+        "| traffic | autoscaler | setting | minutes over SLO | replica-hours | scale events |",
+        "|---|---|---|---|---|---|",
+    ]
+    for shape_name, d in rows.items():
+        for label, r in d["rows"]:
+            out.append(
+                f"| {shape_name} | {label} | {r.setting} | {r.violation_pct:.1f} % "
+                f"| {r.replica_hours:.1f} | {r.scale_events} |"
+            )
+    return "\n".join(out)
+
+
+def work_bound(shape: Shape, cap: Capacity) -> float:
+    """Replica-hours if every replica were busy all the time (no autoscaler can spend less)."""
+    reqs = requests_for(shape.name, cap)
+    keep = reqs.arrival < shape.duration_s
+    step = float(cap.step_table()[cap.slots])
+    work = reqs.prompt[keep] / cap.prefill_tokens_per_s + reqs.output[keep] * step / cap.slots
+    return float(work.sum()) / 3600
+
+
+def verdicts(rows: dict[str, dict], cap: Capacity) -> str:
+    lines = []
+    for shape_name, d in rows.items():
+        p, ref, all_best = d["pagoda"], d["ref"], d["best"]
+        lines.append(
+            f"* {shape_name}: all replicas busy all the time would take "
+            f"{work_bound(SHAPES[shape_name], cap):.1f} replica-hours"
+        )
+        if ref is not None:
+            ratio = p.replica_hours / ref.replica_hours
             lines.append(
-                f"| {scenario} | {name} | {r.violation_pct:.1f} % | {r.replica_hours:.1f} "
-                f"| {r.scale_events} |"
+                f"* {shape_name}: Pagoda {p.violation_pct:.1f} % over, {p.replica_hours:.1f} "
+                f"replica-hours = {ratio:.2f}x the cheapest baseline within 5 % ({ref.family}, "
+                f"{ref.replica_hours:.1f}); targets ≤ 1 % and ≤ 0.80x: "
+                f"{'met' if p.violation_pct <= 1.0 and ratio <= 0.8 else 'NOT met'}"
+            )
+        else:
+            fewest = min(r.violation_pct for r in all_best)
+            lines.append(
+                f"* {shape_name}: no baseline within 5 %; Pagoda {p.violation_pct:.1f} % over vs "
+                f"the best baseline's {fewest:.1f} %: "
+                f"{'met' if p.violation_pct < fewest and p.violation_pct <= 1.0 else 'NOT met'}"
             )
     return "\n".join(lines)
 
 
-def plot(results: dict[str, dict[str, Result]], cap: Capacity, path: pathlib.Path) -> None:
+def plot(rows: dict[str, dict], path: pathlib.Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, len(results), figsize=(5 * len(results), 6.5), sharex="col")
-    for col, (scenario, by) in enumerate(results.items()):
+    names = list(rows)
+    fig, axes = plt.subplots(
+        2, len(names), figsize=(4.2 * len(names), 6.2), sharex="col", squeeze=False
+    )
+    for col, name in enumerate(names):
         top, bottom = axes[0][col], axes[1][col]
-        first = next(iter(by.values()))
-        top.plot(first.times, [r / cap.rate for r in first.rate], color="grey", lw=1,
-                 label="load (replicas' worth)")  # fmt: skip
-        for name, r in list(by.items())[:2]:  # Pagoda and the HPA with the same queue target
-            top.step(r.times, r.replicas, where="post", lw=1.0, label=name)
-            minutes = [(i + 1) / 60 for i in range(len(r.minute_p95))]
-            bottom.plot(minutes, r.minute_p95, lw=0.8, label=name)
-        bottom.axhline(TARGET_TTFT_S, color="black", ls="--", lw=0.8, label="target")
+        shape = SHAPES[name]
+        for r, color in ((rows[name]["pagoda"], "C0"), (rows[name]["plot_ref"], "C3")):
+            top.step(r.times_h, r.replicas, where="post", lw=1.0, color=color, label=r.family)
+            minutes = [(i + 0.5) / 60 for i in range(len(r.minute_p95))]
+            bottom.plot(minutes, np.minimum(r.minute_p95, 1e3), lw=0.8, color=color)
+        bottom.axhline(shape.target_ttft_s, color="black", ls="--", lw=0.8, label="SLO")
         bottom.set_yscale("log")
-        top.set_title(scenario)
-        top.set_ylabel("replicas")
-        bottom.set_ylabel("p95 TTFT per minute, s")
+        top.set_title(name)
+        top.legend(fontsize=6, loc="upper right")
         bottom.set_xlabel("hours")
-    axes[0][0].legend(fontsize=7)
+    axes[0][0].set_ylabel("replicas")
+    axes[1][0].set_ylabel("p95 TTFT of each minute's arrivals, s")
     axes[1][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
-def main() -> int:
+def evaluate(
+    shapes: list[str], cap: Capacity, quick: bool, jobs: int, errors: list[float] = ()
+) -> dict[str, dict]:
+    rows: dict[str, dict] = {}
+    for name in shapes:
+        shape = SHAPES[name]
+        t0 = time.monotonic()
+        pagoda = simulate(shape, Pagoda(shape, cap), cap)
+        wrong = [simulate(shape, Pagoda(shape, cap, e), cap) for e in errors]
+        oracle = simulate(shape, Clairvoyant(shape, cap), cap)
+        tuned = tune(shape, quick, jobs)
+        by = {fam: [r for r, _ in rows] for fam, rows in tuned.items()}
+        factory = {id(r): f for rows in tuned.values() for r, f in rows}
+        best = {fam: choose(rs) for fam, rs in by.items()}
+        within = [r for r in (cheapest_within(rs, 5.0) for rs in by.values()) if r is not None]
+        ref = min(within, key=lambda r: r.replica_hours) if within else None
+        table_rows = [("**Pagoda**", pagoda)]
+        for fam, r in best.items():
+            table_rows.append((fam, r))
+            c5 = cheapest_within(by[fam], 5.0)
+            if c5 is not None and c5 is not r:
+                table_rows.append((f"{fam} (cheapest ≤ 5 %)", c5))
+        table_rows += [("*Pagoda, wrong profile*", r) for r in wrong]
+        table_rows.append(("*clairvoyant (reference)*", oracle))
+        plot_ref_pick = ref or min(best.values(), key=lambda r: r.violation_pct)
+        plot_ref = simulate(shape, factory[id(plot_ref_pick)](), cap)
+        rows[name] = {
+            "pagoda": pagoda, "ref": ref, "best": list(best.values()), "rows": table_rows,
+            "plot_ref": plot_ref, "runs": sum(len(v) for v in by.values()), "oracle": oracle,
+            "seconds": time.monotonic() - t0,
+        }  # fmt: skip
+        print(
+            f"{name}: {rows[name]['runs']} baseline runs in {rows[name]['seconds']:.0f} s",
+            file=sys.stderr,
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--measure", action="store_true", help="measure a replica here first")
+    p.add_argument("--quick", action="store_true", help="a coarse grid (fewer behaviours)")
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--plot", default=str(ROOT / "docs" / "autoscale-sim.png"))
-    args = p.parse_args()
+    p.add_argument("--json", help="write the table's numbers here")
+    p.add_argument(
+        "--profile-errors", type=float, nargs="*", default=[1.2, 0.8],
+        help="also run Pagoda with the profile's V_P and V_D times each (robustness rows)",
+    )  # fmt: skip
+    args = p.parse_args(argv)
+    from common import machine
+
     cap = MEASURED
     if args.measure:
-        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-        from common import machine
+        from autoscale_measure import measure_replica
 
         print(f"measuring one replica on: {machine()}", file=sys.stderr)
-        cap = measure()
-        print(json.dumps(cap.__dict__), file=sys.stderr)
-    results = run_all(cap)
-    print(f"capacity per replica: {cap} -> {cap.rate:.2f} requests/s")
-    print(f"targets: p95 TTFT {TARGET_TTFT_S} s, queue {TARGET_QUEUE:g}/replica\n")
-    print(table(results))
-    plot(results, cap, pathlib.Path(args.plot))
+        m = measure_replica(ROOT)
+        print(json.dumps(m), file=sys.stderr)
+        cap = Capacity(
+            slots=m["slots"], startup_s=m["startup_s"], overhead_s=m["overhead_s"],
+            prefill_tokens_per_s=m["prefill_tokens_per_s"],
+            decode_step_s=tuple((int(b), s) for b, s in m["decode_step_s"].items()),
+            kv_tokens=m["kv_tokens"],
+        )  # fmt: skip
+    MEASURED_IN_USE[0] = cap
+    print(f"machine (simulation only): {machine()}")
+    print(f"replica: {cap}")
+    rows = evaluate(args.shapes, cap, args.quick, args.jobs, args.profile_errors)
+    print()
+    print(table(rows))
+    print()
+    print(verdicts(rows, cap))
+    if args.plot:
+        plot(rows, pathlib.Path(args.plot))
+    if args.json:
+        doc = {
+            name: [{"autoscaler": lab, **{k: v for k, v in dataclasses.asdict(r).items()
+                                          if k not in ("times_h", "replicas", "minute_p95")}}
+                   for lab, r in d["rows"]]
+            for name, d in rows.items()
+        }  # fmt: skip
+        pathlib.Path(args.json).write_text(json.dumps(doc, indent=1))
     return 0
 
 

@@ -11,12 +11,15 @@
 # tuned configs as one more run when tune ran first), invariance, kernels, then the fused-MoE
 # ones: moetests (kernel vs reference compiled, Qwen3-30B-A3B expert shape invariance and graph
 # capture, the sweep), moekernels (kernel_speed's MoE rows), moe (nano-vllm's workload on a
-# Qwen3-30B-A3B-shaped random model, default and swept MoE configs side by side, step vs floor).
+# Qwen3-30B-A3B-shaped random model, default and swept MoE configs side by side, step vs floor),
+# then the FP8 ones: fp8tests (quantization, GEMM and KV write compiled against the references,
+# bit for bit where the maths is, the GEMM's invariance at Llama-3-8B shapes, the FP8 sweep) and
+# fp8kernels (kernel_speed's FP8 GEMM rows vs bf16 at Llama-3-8B shapes).
 # All of them take more than one 10-minute device call; 2026-12-04 ran STEPS="throughput tests"
 # (~3.5 min), then STEPS="tests tunetests tune throughput" HF=0. The MoE steps alone:
-# STEPS="moetests moekernels moe".
+# STEPS="moetests moekernels moe"; the FP8 ones: STEPS="fp8tests fp8kernels".
 set -u
-STEPS=${STEPS:-tests tunetests tune throughput invariance kernels moetests moekernels moe}
+STEPS=${STEPS:-tests tunetests tune throughput invariance kernels moetests moekernels moe fp8tests fp8kernels}
 OUT=${OUT:-${1:-gpu-out}}
 mkdir -p "$OUT"
 ROOT=$PWD
@@ -65,3 +68,6 @@ TAIL=12 step moetests 200 $PY -m pytest -q -rs -p no:cacheprovider --timeout 190
 TAIL=20 step moekernels 150 $PY benchmarks/kernel_speed.py --no-attention
 TAIL=40 step moe 540 $PY benchmarks/gpu_throughput.py --shape qwen3-30b-a3b --tune-moe \
     --hf-requests 0 --kernel-profile 5
+TAIL=15 step fp8tests 240 $PY -m pytest -q -rs -p no:cacheprovider --timeout 230 \
+    tests/kernels/test_fp8_kernels.py tests/runtime/tune/test_fp8_sweep.py
+TAIL=40 step fp8kernels 200 $PY benchmarks/kernel_speed.py --no-attention --moe "" --fp8 llama3-8b

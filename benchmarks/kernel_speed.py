@@ -15,6 +15,14 @@ engine's decode steps), against the torch reference (one matmul pair per expert 
 launched from Python: it reads the expert counts on the host). Bandwidth = bytes of the active
 experts' weights + tokens in and out, over the time.
 
+FP8 GEMM (``--fp8 SHAPE``, default ``llama3-8b``: its qkv, o, gate_up and down weights; ``--fp8 ''``
+skips it): `fp8_linear` at ``--fp8-tokens`` rows, with the per-token activation quantization
+(what serving runs) and on activations already in FP8 (the GEMM alone), against the batch-invariant
+bf16 `linear` on the same weight in bf16, and, as ceilings that are not batch-invariant, cuBLAS
+bf16 (``torch.matmul``) and cuBLAS FP8 with row-wise scales (``torch._scaled_mm``, n/a where
+torch lacks it). All timed as CUDA-graph replays (decode-sized GEMMs are shorter than a Python
+launch). Bandwidth = weight bytes + activations in and out, over the time of the FP8 GEMM.
+
 Prints a markdown table (paste into docs/benchmarks.md with the device name). Exits with a
 message on machines without CUDA: the CPU interpreter checks correctness, not speed.
 """
@@ -319,6 +327,87 @@ def moe_table(rows: list[MoeRow], peak: float | None) -> str:
     return "\n".join(lines)
 
 
+FP8_SHAPES = {  # name -> {weight: (N, K)}
+    "llama3-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+                  "down": (4096, 14336)},
+    "llama3.2-1b": {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048),
+                    "down": (2048, 8192)},
+}  # fmt: skip
+
+
+@dataclass
+class Fp8Row:
+    weight: str
+    n: int
+    k: int
+    tokens: int
+    fp8_us: float  # per-token quantization + FP8 GEMM
+    gemm_us: float  # FP8 GEMM on FP8 activations
+    bf16_us: float  # batch-invariant bf16 `linear`
+    cublas_us: float | None  # torch.matmul, bf16
+    scaled_mm_us: float | None  # torch._scaled_mm, FP8 row-wise
+    gbps: float  # of fp8_us
+    tflops: float  # of fp8_us
+    max_err: float  # fp8_linear vs its reference, relative to the output's max
+
+
+def _scaled_mm_us(xq, xs, wq, ws) -> float | None:
+    """cuBLAS FP8 with row-wise scales; None where this torch/GPU has no such kernel."""
+    try:
+        run = lambda: torch._scaled_mm(  # noqa: E731
+            xq, wq.T, scale_a=xs[:, None], scale_b=ws[None, :], out_dtype=torch.bfloat16
+        )
+        run()
+        return graph_us(run)
+    except (RuntimeError, AttributeError, TypeError) as exc:
+        print(f"  torch._scaled_mm unavailable: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return None
+
+
+def fp8_row(weight: str, n: int, k: int, tokens: int, device: str = "cuda") -> Fp8Row:
+    from pagoda.kernels import fp8, fp8_linear, linear
+
+    w = torch.randn((n, k), device=device) / k**0.5
+    wq, ws = fp8.quantize_weight(w)
+    wb = w.to(torch.bfloat16)
+    x = torch.randn((tokens, k), device=device, dtype=torch.bfloat16)
+    xq, xs = fp8.quantize_per_token(x)
+    out = torch.empty((tokens, n), device=device, dtype=torch.bfloat16)
+    dyn = graph_us(lambda: fp8_linear(x=x, weight=wq, weight_scale=ws, out=out))
+    gemm = graph_us(lambda: fp8_linear(x=xq, x_scale=xs, weight=wq, weight_scale=ws, out=out))
+    bf16 = graph_us(lambda: linear(x=x, weight=wb, out=out))
+    cublas = scaled = None
+    if device == "cuda":
+        cublas = graph_us(lambda: torch.matmul(x, wb.T, out=out))
+        scaled = _scaled_mm_us(xq, xs, wq, ws)
+    got = fp8_linear(x=x, weight=wq, weight_scale=ws).float()
+    want = fp8.fp8_linear(x=x, weight=wq, weight_scale=ws, out_dtype=torch.float32)
+    err = float((got - want).abs().max() / want.abs().max())
+    moved = n * k + tokens * k * 2 + tokens * n * 2  # FP8 weight, bf16 in and out
+    flops = 2 * tokens * n * k
+    return Fp8Row(weight, n, k, tokens, dyn, gemm, bf16, cublas, scaled, moved / dyn / 1e3,
+                  flops / dyn / 1e6, err)  # fmt: skip
+
+
+def fp8_table(rows: list[Fp8Row], peak: float | None) -> str:
+    head = (
+        "| weight | N×K | tokens | FP8 µs (quant + GEMM) | FP8 GEMM µs | bf16 µs | "
+        "bf16 / FP8 | GB/s | % of peak | TFLOP/s | cuBLAS bf16 µs | cuBLAS FP8 µs | "
+        "max rel. diff vs reference |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    lines = [head]
+    opt = lambda v: f"{v:.1f}" if v is not None else "n/a"  # noqa: E731
+    for r in rows:
+        pct = f"{100 * r.gbps / (peak * 1e3):.0f}%" if peak else "n/a"
+        lines.append(
+            f"| {r.weight} | {r.n}×{r.k} | {r.tokens} | {r.fp8_us:.1f} | {r.gemm_us:.1f} | "
+            f"{r.bf16_us:.1f} | {r.bf16_us / r.fp8_us:.2f}× | {r.gbps:.0f} | {pct} | "
+            f"{r.tflops:.1f} | {opt(r.cublas_us)} | {opt(r.scaled_mm_us)} | {r.max_err:.1e} |"
+        )
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--heads", type=int, default=32)
@@ -333,7 +422,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--moe", default="128,768,2048,8", help="E,N,K,TOPK of the fused-MoE rows")
     p.add_argument("--moe-tokens", default="1,16,64,256,1024,4096")
-    p.add_argument("--no-attention", action="store_true", help="only the fused-MoE rows")
+    p.add_argument(
+        "--fp8",
+        default="llama3-8b",
+        choices=["", *FP8_SHAPES],
+        help="the model whose weight shapes the FP8 GEMM rows use ('' skips them)",
+    )
+    p.add_argument("--fp8-tokens", default="1,16,64,256,1024,4096")
+    p.add_argument("--no-attention", action="store_true", help="only the MoE and FP8 rows")
     p.add_argument("--peak-tbps", type=float, default=None, help="peak HBM bandwidth override")
     p.add_argument("--output", default=None, help="also write the markdown table here")
     return p.parse_args(argv)
@@ -382,6 +478,13 @@ def main(argv: list[str] | None = None) -> int:
         shape = tuple(int(v) for v in args.moe.split(","))
         moe = [moe_row(int(t), shape, dtype) for t in args.moe_tokens.split(",")]
         text += f"\n\nFused MoE, E,N,K,top-k = {args.moe}:\n\n" + moe_table(moe, peak)
+    if args.fp8:
+        fp8 = [
+            fp8_row(weight, n, k, int(t))
+            for weight, (n, k) in FP8_SHAPES[args.fp8].items()
+            for t in args.fp8_tokens.split(",")
+        ]
+        text += f"\n\nFP8 GEMM, {args.fp8} weights:\n\n" + fp8_table(fp8, peak)
     target = next(
         (r for r in rows if r.case == "decode" and (r.batch, r.context) == (64, 4096)), None
     )

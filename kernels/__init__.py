@@ -3,7 +3,9 @@
 Launchers (import needs Triton; the references in ``pagoda.kernels.reference`` do not):
 ``linear`` (batch-invariant matmul), ``paged_attention``, ``write_kv_cache``, ``rms_norm``,
 ``rotary_embedding``, ``silu_and_mul``, ``fused_experts`` (mixture-of-experts MLP; its reference is
-``pagoda.kernels.fused_moe_reference``).
+``pagoda.kernels.fused_moe_reference``), ``fp8_linear`` (batch-invariant FP8 GEMM) and
+``quantize_fp8`` (per-token FP8 activations); the FP8 references and math are in
+``pagoda.kernels.fp8``.
 They are loaded lazily so ``import pagoda.kernels.reference`` works on machines without Triton.
 """
 
@@ -20,6 +22,8 @@ _LAUNCHERS = {
     "rotary_embedding": "pagoda.kernels.rotary",
     "silu_and_mul": "pagoda.kernels.activation",
     "fused_experts": "pagoda.kernels.fused_moe",
+    "fp8_linear": "pagoda.kernels.fp8_matmul",
+    "quantize_fp8": "pagoda.kernels.fp8_quant",
 }
 
 __all__ = sorted(_LAUNCHERS)

@@ -17,6 +17,12 @@ some kernels or some fields. The search path, kernel by kernel: the directories 
 ``$PAGODA_KERNEL_CONFIG_DIR`` (``os.pathsep`` separated), then the packaged ``configs/`` folder.
 The first device file that names a kernel gives its buckets, so a file holding only the matmuls
 leaves the packaged attention configs in force.
+
+Every file is validated when it is read (`pagoda.kernels.config_schema`: known kernels, known
+parameters, power-of-two tile sizes in range), so a broken file fails at start-up with its name
+and field, not at a kernel launch. ``default.json`` is read from the packaged folder and from
+``$PAGODA_KERNEL_CONFIG_DIR`` only: the directories of :func:`set_config_dirs` (a tuned profile)
+apply to the device they were measured on, never as every device's default.
 """
 
 from __future__ import annotations
@@ -25,23 +31,29 @@ import functools
 import json
 import math
 import os
-import re
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from pagoda.kernels.config_schema import KernelConfigError, read_config_file, validate
+from pagoda.kernels.config_schema import file_name as config_file_name
+
+__all__ = [
+    "KernelConfigError",
+    "check_config_files",
+    "clear_config_cache",
+    "config_file_name",
+    "get_kernel_config",
+    "save_kernel_config",
+    "set_config_dirs",
+]
 
 PACKAGE_CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 CONFIG_DIR_ENV = "PAGODA_KERNEL_CONFIG_DIR"
 DEFAULT_DEVICE = "default"
 _config_dirs: tuple[Path, ...] = ()  # set_config_dirs: searched first
-
-
-def config_file_name(device_name: str) -> str:
-    """``"NVIDIA H200"`` → ``"NVIDIA_H200.json"`` (anything but letters/digits/-/. becomes _)."""
-    return re.sub(r"[^A-Za-z0-9.\-]+", "_", device_name.strip()) + ".json"
 
 
 @functools.lru_cache(maxsize=16)
@@ -80,24 +92,31 @@ def config_dirs() -> tuple[Path, ...]:
     return _config_dirs
 
 
-def _search_dirs() -> list[Path]:
+def _search_dirs(device: str | None = None) -> list[Path]:
     env = [Path(p) for p in os.environ.get(CONFIG_DIR_ENV, "").split(os.pathsep) if p]
-    return [*dict.fromkeys([*_config_dirs, *env]), PACKAGE_CONFIG_DIR]
+    first = [] if device == DEFAULT_DEVICE else list(_config_dirs)  # profiles: their device only
+    return [*dict.fromkeys([*first, *env]), PACKAGE_CONFIG_DIR]
 
 
 @functools.lru_cache(maxsize=64)
 def _load_files(device: str) -> tuple[dict[str, Any], ...]:
-    """Every ``<device>.json`` on the search path, most specific (first searched) first."""
+    """Every ``<device>.json`` on the search path, most specific (first searched) first, each
+    validated (KernelConfigError names the file and the field)."""
     found = []
-    for folder in _search_dirs():
+    for folder in _search_dirs(device):
         path = folder / config_file_name(device)
         if path.is_file():
-            with path.open() as fh:
-                data = json.load(fh)
-            if not isinstance(data.get("kernels"), dict):
-                raise ValueError(f"{path}: expected a 'kernels' mapping")
-            found.append(data)
+            complete = device == DEFAULT_DEVICE and folder == PACKAGE_CONFIG_DIR
+            found.append(read_config_file(path, complete=complete))
     return tuple(found)
+
+
+def check_config_files(device: torch.device | str | None = None) -> None:
+    """Read and validate the files ``device`` (and every device) would use, now: serving calls
+    this before it binds, so a broken file is one line at start-up. KernelConfigError if not."""
+    name = device if isinstance(device, str) else device_name(device)
+    _load_files(DEFAULT_DEVICE)
+    _load_files(name)
 
 
 def _load_file(device: str) -> dict[str, Any] | None:
@@ -164,14 +183,13 @@ def save_kernel_config(
     ``directory`` defaults to the first directory on the search path (see the module docstring).
     """
     if directory is None:
-        directory = _search_dirs()[0]
+        directory = _search_dirs(device)[0]
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / config_file_name(device)
     data: dict[str, Any] = {"device": device, "kernels": {}}
     if path.is_file():
-        with path.open() as fh:
-            data = json.load(fh)
+        data = read_config_file(path)
     if source is not None:
         data["source"] = source
     shape_dict = {k: int(v) for k, v in shape.items()}
@@ -180,6 +198,7 @@ def save_kernel_config(
     ]
     buckets.append({"shape": shape_dict, "config": dict(config)})
     data["kernels"][kernel] = buckets
+    validate(data, path)  # never write a file that serving would refuse
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
     with os.fdopen(fd, "w") as fh:
         json.dump(data, fh, indent=2, sort_keys=False)

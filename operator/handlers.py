@@ -10,6 +10,8 @@ the autoscaler and the autotuner), and delegates.
   `kopf.TemporaryError` with exponential backoff (both decided by the Reconciler);
 * events of the children (Deployment, Service, ConfigMap, PDB labelled as ours) → restore a
   deleted or hand-edited child; a Deployment change refreshes the owner's status;
+* events of the serving pods → a container's named failure (e.g. the model download's
+  `ModelDownloadFailed/NotFound: ...` termination message) becomes the owner's condition;
 * startup starts the background loops: the resync (everything again every `resync_interval_s`),
   the autoscaler (autoscaling/loop.py) and, unless `--no-autotune`, the autotuner
   (autotune/loop.py); cleanup stops them.
@@ -34,6 +36,7 @@ from pagoda.operator.kube.names import (
     MANAGED_BY,
     RESOURCES,
     WATCHED_CHILD_KINDS,
+    pod_labels,
 )
 
 
@@ -99,6 +102,24 @@ async def child_event(
     owner = next(iter(store), None) if store else None
     if owner is not None:
         await memo.reconciler.child_event(type, copy.deepcopy(dict(body)), owner, logger)
+
+
+@kopf.on.event("", "v1", "pods", labels=pod_labels())
+async def pod_event(
+    type: str | None,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    logger: logging.Logger,
+    isvc_index: kopf.Index,
+    **_: Any,
+) -> None:
+    """A serving pod changed: a container that failed with a named reason (its termination
+    message) becomes the owner's condition (reconcile/pods.py)."""
+    meta = body.get("metadata") or {}
+    owner_name = (meta.get("labels") or {}).get(LABEL_INSTANCE)
+    store = isvc_index.get((meta.get("namespace"), owner_name)) if owner_name else None
+    owner = next(iter(store), None) if store else None
+    await memo.reconciler.pod_event(type, copy.deepcopy(dict(body)), owner, logger)
 
 
 for _kind in WATCHED_CHILD_KINDS:

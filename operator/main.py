@@ -28,12 +28,19 @@ from pagoda.operator import handlers  # noqa: F401  (importing it registers the 
 from pagoda.operator.autoscaling.alerts import AlertReceiver
 from pagoda.operator.autoscaling.loop import Autoscaler
 from pagoda.operator.autotune.loop import Autotuner
+from pagoda.operator.children.model_cache import add_model_download
 from pagoda.operator.kube.client import KubeApi
-from pagoda.operator.kube.names import LABEL_MANAGED_BY, MANAGED_BY, RESOURCES, WATCHED_CHILD_KINDS
+from pagoda.operator.kube.names import (
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    RESOURCES,
+    WATCHED_CHILD_KINDS,
+    pod_labels,
+)
 from pagoda.operator.reconcile.retry import Reconciler
 from pagoda.operator.spec.config import LOG_FORMATS, OperatorConfig
 from pagoda.operator.web.metrics import OperatorMetrics
-from pagoda.operator.web.server import OperatorHttpServer
+from pagoda.operator.web.server import OperatorHttpServer, StatusFailure
 
 STORAGE_PREFIX = "serving.pagoda.dev"
 log = logging.getLogger(__name__)
@@ -136,7 +143,8 @@ def _autoscaling_arguments(auto: argparse._ArgumentGroup) -> None:
         "--api-unready-after",
         type=float,
         default=60.0,
-        help="/readyz answers 503 once every API call failed for this long, s",
+        help="/readyz answers 503 once every API call, or the status writes of some "
+        "InferenceService, failed for this long, s",
     )
     auto.add_argument(
         "--alert-cooldown",
@@ -217,7 +225,10 @@ def kopf_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=STORAGE_PREFIX, key="last-handled-configuration"
     )
-    s.posting.level = logging.WARNING  # handler failures become Events; routine logs do not
+    # kopf (>= 1.45) posts no Events from log lines unless `posting.loggers` is on; the operator
+    # posts its own (spec errors, refused status writes, tuning failures, scaling), and kopf's
+    # explicit event calls stay at WARNING and above.
+    s.posting.level = logging.WARNING
     s.posting.reporting_component = config.component_name
     s.posting.reporting_instance = os.environ.get("HOSTNAME", config.component_name)
     s.peering.standalone = config.peering is None
@@ -229,6 +240,8 @@ def kopf_settings(config: OperatorConfig) -> kopf.OperatorSettings:
         for kind in WATCHED_CHILD_KINDS:
             res = RESOURCES[kind]
             selectors[res.group, res.plural] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+        pods = RESOURCES["Pod"]
+        selectors[pods.group, pods.plural] = ",".join(f"{k}={v}" for k, v in pod_labels().items())
     return s
 
 
@@ -255,7 +268,11 @@ async def serve(
         )
     autoscaler = Autoscaler(api, config, metrics)
     reconciler = Reconciler(api, config, metrics)
-    autotuner = Autotuner(api, config, reconciler.after_autotune) if config.autotune else None
+    autotuner = (
+        Autotuner(api, config, reconciler.after_autotune, pod_parts=add_model_download)
+        if config.autotune
+        else None
+    )
     memo = kopf.Memo(
         config=config,
         api=api,
@@ -274,6 +291,7 @@ async def serve(
             lambda: task is None or not task.done(),
             ready.is_set,
             lambda: api.unreachable_for() if api is not None else 0.0,
+            api.status_unwritable,
         )
         if on_http_started is not None:
             on_http_started(http.port or 0)
@@ -305,6 +323,7 @@ async def _start_http(
     is_alive: Callable[[], bool],
     is_ready: Callable[[], bool],
     api_unreachable_for: Callable[[], float],
+    status_unwritable: Callable[[], StatusFailure | None],
 ) -> OperatorHttpServer:
     """The operator's port: /healthz, /readyz, /metrics and the Alertmanager webhook."""
     assert config.http_port is not None
@@ -315,6 +334,7 @@ async def _start_http(
         is_ready=is_ready,
         api_unreachable_for=api_unreachable_for,
         api_unready_after_s=config.api_unready_after_s,
+        status_unwritable=status_unwritable,
     )
     http.add_routes(metrics.routes())
     receiver = AlertReceiver(autoscaler.alert_scale_up, token=config.webhook_token, metrics=metrics)

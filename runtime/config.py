@@ -21,8 +21,8 @@ __all__ = ["DEFAULT_MODEL", "CacheConfig", "EngineConfig", "ModelConfig", "Sched
 
 
 def _positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    """A positive integer (a bool is not one), at most `options.SIZE_LIMITS[name]` if named there."""
+    options.check_int(name, value)
 
 
 @dataclass(frozen=True)
@@ -152,8 +152,16 @@ class EngineConfig:
     enable_cuda_graphs: bool = True
     batch_invariant: bool = options.DEFAULT_BATCH_INVARIANT
     async_scheduling: bool | None = options.DEFAULT_ASYNC_SCHEDULING  # None: on with CUDA
+    # "fp8": quantize a 16-bit checkpoint's linear layers at load (None: the checkpoint's own
+    # quantization, if any; see pagoda.runtime.quantization.fp8)
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
+        if self.quantization is not None and self.quantization not in options.QUANTIZATIONS:
+            choices = ", ".join(options.QUANTIZATIONS)
+            raise ValueError(
+                f"quantization must be one of {choices} or None, got {self.quantization!r}"
+            )
         if self.dtype not in options.DTYPES:
             raise ValueError(
                 f"dtype must be one of {', '.join(options.DTYPES)}; got {self.dtype!r}"

@@ -49,6 +49,7 @@ DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 KV_CACHE_DTYPES = ("auto", "int8")
+QUANTIZATIONS = ("fp8",)  # engine `quantization` (None: the checkpoint's own, if any)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 DEFAULT_DTYPE = "auto"
@@ -57,6 +58,7 @@ DEFAULT_ATTENTION_BACKEND = "auto"
 DEFAULT_SEED = 0
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_KV_CACHE_DTYPE = "auto"
+DEFAULT_CPU_KV_CACHE_MEMORY = 2 << 30  # bytes; on CUDA the default is a share of free memory
 DEFAULT_MAX_NUM_SEQS = 64
 # With chunked prefill; without it the default is max(this, max_model_len) so any prompt fits.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
@@ -64,6 +66,11 @@ DEFAULT_ENABLE_PREFIX_CACHING = True
 DEFAULT_ENABLE_CHUNKED_PREFILL = True
 # Greedy output independent of batch and cache (docs/runtime.md).
 DEFAULT_BATCH_INVARIANT = True
+# The largest values `pagoda serve` accepts at all (a CRD may state the same maxima). Below them,
+# `pagoda serve` still checks each against the model's context and this machine's memory.
+MAX_NUM_SEQS_LIMIT = 16384
+MAX_NUM_BATCHED_TOKENS_LIMIT = 1 << 21  # 2,097,152 tokens in one step
+MAX_MODEL_LEN_LIMIT = 1 << 24  # 16,777,216 tokens (and never more than the model's context)
 # Launch step N+1 before reading step N back (docs/runtime.md). None: on with CUDA (1.54x output
 # tok/s on the H200, docs/benchmarks.md), off on CPU, where the forward runs on the host itself.
 DEFAULT_ASYNC_SCHEDULING = None
@@ -72,9 +79,21 @@ DEFAULT_ASYNC_SCHEDULING = None
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
-DEFAULT_MAX_QUEUE_LEN = 512
+DEFAULT_MAX_QUEUE_LEN = 512  # sequences (prompts × n) waiting for their first token
+# One request's prompts × n; more is a 400. At most half the queue: one request never fills it.
+DEFAULT_MAX_SEQS_PER_REQUEST = 256
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 DEFAULT_MAX_REQUEST_BYTES = 4 << 20  # a 128k-token prompt as token ids is ~1 MiB of JSON
+MAX_REQUEST_BYTES_LIMIT = 1 << 30
+# Slow clients (docs/reliability.md): a connection must send its request line and headers within
+# HEADER_TIMEOUT of opening (or of the first byte of a keep-alive request), and its whole body
+# within BODY_TIMEOUT of the headers; beyond MAX_CONNECTIONS open connections, the oldest one
+# still waiting for its headers is closed, or the new one gets 503.
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_MAX_CONNECTIONS = 1024
+MAX_TIMEOUT_S = 3600.0
+MAX_CONNECTIONS_LIMIT = 1 << 20
 DEFAULT_LOG_LEVEL = "info"
 API_KEY_ENV = "PAGODA_API_KEY"
 TUNED_PROFILE_ENV = "PAGODA_TUNED_PROFILE"  # same as --tuned-profile
@@ -139,7 +158,8 @@ def _flags(*flags: Flag) -> Mapping[str, Flag]:
 
 
 ENGINE_FLAGS: Mapping[str, Flag] = _flags(
-    Flag("--model", f"built-in name ({', '.join(BUILTIN_MODELS)}), GGUF file or HF directory",
+    Flag("--model", f"built-in name ({', '.join(BUILTIN_MODELS)}), GGUF file, HF directory, "
+         "hf://ORG/NAME[@REVISION] or s3://BUCKET/PREFIX (downloaded into --download-dir)",
          DEFAULT_MODEL),
     Flag("--dtype", "weights/activations dtype; auto: bfloat16 on CUDA and on CPUs with native "
          "bf16 matmul, else float32", DEFAULT_DTYPE, choices=(*DTYPES, *DTYPE_ALIASES)),
@@ -184,10 +204,18 @@ SERVER_FLAGS: Mapping[str, Flag] = _flags(
          kind="multi", metavar="NAME"),
     Flag("--host", "address to bind (0.0.0.0 for all interfaces)", DEFAULT_HOST),
     Flag("--port", "TCP port", DEFAULT_PORT, int),
-    Flag("--max-queue-len", "waiting requests before 503 + Retry-After", DEFAULT_MAX_QUEUE_LEN,
-         int),
+    Flag("--max-queue-len", "sequences (prompts × n) waiting for their first token before 503 + "
+         "Retry-After", DEFAULT_MAX_QUEUE_LEN, int),
+    Flag("--max-seqs-per-request", "largest prompts × n in one request (400 above; at most half "
+         "of --max-queue-len)", DEFAULT_MAX_SEQS_PER_REQUEST, int),
     Flag("--max-request-bytes", "largest request body accepted (413 above)",
          DEFAULT_MAX_REQUEST_BYTES, int),
+    Flag("--max-connections", "open client connections; beyond it the oldest one still sending "
+         "its headers is closed, else the new one gets 503", DEFAULT_MAX_CONNECTIONS, int),
+    Flag("--header-timeout", "seconds a connection gets to send its request line and headers",
+         DEFAULT_HEADER_TIMEOUT_S, float, metavar="S"),
+    Flag("--body-timeout", "seconds a request gets to send its whole body after the headers "
+         "(408, then the connection is closed)", DEFAULT_BODY_TIMEOUT_S, float, metavar="S"),
     Flag("--api-key", f"require `Authorization: Bearer KEY` on /v1 (or env {API_KEY_ENV})", None),
     Flag("--drain-timeout", "seconds in-flight requests get on SIGTERM",
          DEFAULT_DRAIN_TIMEOUT_S, float),
@@ -196,12 +224,86 @@ SERVER_FLAGS: Mapping[str, Flag] = _flags(
          None, metavar="DIR"),
     Flag("--tuned-profile-mismatch", "a profile measured for another device/model/dtype: error "
          "refuses to start, warn serves on defaults", "error", choices=TUNED_PROFILE_MISMATCH),
+    Flag("--download-dir", "where hf:// and s3:// models are downloaded and found again (with "
+         "HF_HUB_OFFLINE=1 only found); default: $PAGODA_DOWNLOAD_DIR or ~/.cache/pagoda/models",
+         None, metavar="DIR"),
     Flag("--log-level", "log verbosity", DEFAULT_LOG_LEVEL, choices=LOG_LEVELS),
     Flag("--enable-debug-endpoints", "GET /debug/engine (tests only)", False, kind="switch",
          hidden=True),
 )  # fmt: skip
 
-SERVE_FLAGS: Mapping[str, Flag] = MappingProxyType({**ENGINE_FLAGS, **SERVER_FLAGS})
+# --- tensor parallelism over one pod or a multi-node group (docs/operator.md, LeaderWorkerSet) ---
+
+DEFAULT_TENSOR_PARALLEL_SIZE = 1
+DEFAULT_NNODES = 1
+DEFAULT_NODE_RANK = 0
+DEFAULT_MASTER_ADDR = "127.0.0.1"  # with one node; a group needs the leader's address
+DEFAULT_MASTER_PORT = 29500  # torch.distributed's customary rendezvous port
+MAX_TENSOR_PARALLEL_SIZE = 1024
+
+PARALLEL_FLAGS: Mapping[str, Flag] = _flags(
+    Flag("--tensor-parallel-size", "ranks the model is sharded over, across all nodes (one per "
+         "GPU; processes on CPU)", DEFAULT_TENSOR_PARALLEL_SIZE, int, metavar="N"),
+    Flag("--nnodes", "nodes (pods) of the group; each runs N / nnodes ranks",
+         DEFAULT_NNODES, int, metavar="M"),
+    Flag("--node-rank", "this node's index in the group: 0 runs the HTTP server and rank 0; "
+         "others are headless workers that join the group and run the steps rank 0 broadcasts",
+         DEFAULT_NODE_RANK, int, metavar="R"),
+    Flag("--master-addr", "address of node 0, where torch.distributed meets (default: "
+         f"{DEFAULT_MASTER_ADDR}, required with --nnodes > 1)", None, metavar="HOST"),
+    Flag("--master-port", "node 0's torch.distributed rendezvous port", DEFAULT_MASTER_PORT, int,
+         metavar="P"),
+)  # fmt: skip
+
+SERVE_FLAGS: Mapping[str, Flag] = MappingProxyType(
+    {**ENGINE_FLAGS, **SERVER_FLAGS, **PARALLEL_FLAGS}
+)
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """Where this process sits in a tensor-parallel group; validated once (ValueError names the
+    flag). Rank r of the group runs on node r // ranks_per_node."""
+
+    tensor_parallel_size: int = DEFAULT_TENSOR_PARALLEL_SIZE
+    nnodes: int = DEFAULT_NNODES
+    node_rank: int = DEFAULT_NODE_RANK
+    master_addr: str | None = None
+    master_port: int = DEFAULT_MASTER_PORT
+
+    def __post_init__(self) -> None:
+        tp, nodes = self.tensor_parallel_size, self.nnodes
+        if not 1 <= tp <= MAX_TENSOR_PARALLEL_SIZE:
+            raise ValueError(f"--tensor-parallel-size must be in 1..{MAX_TENSOR_PARALLEL_SIZE}, "
+                             f"got {tp}")  # fmt: skip
+        if not 1 <= nodes <= tp or tp % nodes:
+            raise ValueError(f"--nnodes ({nodes}) must divide --tensor-parallel-size ({tp}): "
+                             "every node runs the same number of ranks")  # fmt: skip
+        if not 0 <= self.node_rank < nodes:
+            raise ValueError(f"--node-rank must be in 0..{nodes - 1} (--nnodes {nodes}), got "
+                             f"{self.node_rank}")  # fmt: skip
+        if nodes > 1 and not self.master_addr:
+            raise ValueError(f"--nnodes {nodes} needs --master-addr (node 0's address)")
+        if not 1 <= self.master_port <= 65535:
+            raise ValueError(f"--master-port must be in 1..65535, got {self.master_port}")
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tensor_parallel_size // self.nnodes
+
+    @property
+    def is_worker(self) -> bool:
+        """A headless node: no HTTP server; it runs the steps rank 0 broadcasts."""
+        return self.node_rank > 0
+
+    @property
+    def address(self) -> str:
+        return self.master_addr or DEFAULT_MASTER_ADDR
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> Parallelism:
+        """From flag values by destination (an argparse Namespace's `vars`)."""
+        return cls(**{d: values[d] for d in PARALLEL_FLAGS if values.get(d) is not None})
 
 
 def flag(dest: str) -> Flag:
@@ -245,6 +347,44 @@ def engine_kwargs(values: Mapping[str, Any]) -> dict[str, Any]:
     if "kv_cache_memory" in out:
         out["kv_cache_memory"] = parse_size(out["kv_cache_memory"])
     return out
+
+
+# --- the range of each size (stated once; the runtime's configs and the profile loader use it) -
+
+SIZE_LIMITS: Mapping[str, int] = MappingProxyType(
+    {
+        "max_num_seqs": MAX_NUM_SEQS_LIMIT,
+        "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS_LIMIT,
+        "max_model_len": MAX_MODEL_LEN_LIMIT,
+    }
+)
+
+
+def check_int(name: str, value: Any, low: int = 1, high: int | None = None) -> int:
+    """`value` when it is an integer in [low, high]; ValueError naming `name` otherwise.
+
+    Strict: a bool is not an integer (JSON's `true`), nor is a float such as `1e9`.
+    """
+    high = SIZE_LIMITS.get(name) if high is None else high
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if not ok or value < low or (high is not None and value > high):
+        bound = f"in {low}..{high}" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be an integer {bound}, got {_short(value)}")
+    return value
+
+
+def check_seconds(name: str, value: Any, low: float = 0.0, high: float = MAX_TIMEOUT_S) -> float:
+    """A finite number of seconds in [low, high] (not a bool, not NaN); ValueError otherwise."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not low <= value <= high:  # NaN fails both comparisons
+        raise ValueError(f"{name} must be a number of seconds in {low:g}..{high:g}, got "
+                         f"{_short(value)}")  # fmt: skip
+    return float(value)
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 200 else "a huge int"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # --- rules between engine flags (each stated once) --------------------------------------------

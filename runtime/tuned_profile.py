@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pagoda.runtime import options
+
 if TYPE_CHECKING:
     import torch
 
@@ -37,6 +39,8 @@ PROFILE_FILE = "profile.json"
 IDENTITY_KEYS = ("device", "model", "dtype")
 SCHEDULER_KEYS = ("max_num_batched_tokens", "max_num_seqs")  # what serving applies
 MAX_BYTES = 900 * 1024  # a ConfigMap holds at most 1 MiB, metadata included
+MAX_DEPTH = 32  # profile.json nests 4 deep
+MAX_NAME_CHARS = 4096  # device, model (a path), dtype, created
 _FILE_NAME = re.compile(r"^[-._a-zA-Z0-9]+\.json$")  # a ConfigMap key, and a kernel-config name
 _OLD_CONFIGS_DIR = "configs"  # where kernel configs were before the layout was flat
 
@@ -123,7 +127,7 @@ class TunedProfile:
     def scheduler_args(self) -> dict[str, int]:
         """The engine keyword arguments the profile chose (empty if it chose none)."""
         sched = self.data.get("scheduler") or {}
-        return {k: int(sched[k]) for k in SCHEDULER_KEYS if isinstance(sched.get(k), int)}
+        return {k: sched[k] for k in SCHEDULER_KEYS if k in sched}  # checked by `validate`
 
     def mismatches(self, *, device: str, model: str, dtype: str) -> list[str]:
         """Readable differences between this profile and the engine about to use it."""
@@ -137,34 +141,53 @@ class TunedProfile:
 
 
 def validate(data: Any, where: Path | str) -> None:
-    """Raise ProfileError naming the first field that is missing or of the wrong type."""
+    """Raise ProfileError naming the file and the first field that is missing, of the wrong
+    type or out of range (what serving reads; other fields are the tuner's report)."""
     if not isinstance(data, dict):
-        raise ProfileError(f"{where}: expected a JSON object")
-    if data.get("schema_version") != SCHEMA_VERSION:
+        raise ProfileError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    version = data.get("schema_version")
+    if isinstance(version, bool) or version != SCHEMA_VERSION:
         raise ProfileError(
-            f"{where}: schema_version {data.get('schema_version')!r} is not {SCHEMA_VERSION}; "
+            f"{where}: schema_version {_show(version)} is not {SCHEMA_VERSION}; "
             "re-run `pagoda tune --force`"
         )
     for key in (*IDENTITY_KEYS, "created"):
-        if not isinstance(data.get(key), str) or not data[key]:
-            raise ProfileError(f"{where}: field {key!r} must be a non-empty string")
+        value = data.get(key)
+        if not isinstance(value, str) or not value or len(value) > MAX_NAME_CHARS:
+            raise ProfileError(f"{where}: field {key!r} must be a non-empty string of at most "
+                               f"{MAX_NAME_CHARS} characters, got {_show(value)}")  # fmt: skip
     for key in ("engine", "scheduler", "capacity", "kernels"):
         if key in data and not isinstance(data[key], dict):
-            raise ProfileError(f"{where}: field {key!r} must be an object")
-    for key, value in (data.get("scheduler") or {}).items():
-        if key.startswith("max_num") and (not isinstance(value, int) or value < 1):
-            raise ProfileError(f"{where}: scheduler.{key} must be a positive integer")
+            raise ProfileError(f"{where}: field {key!r} must be an object, got "
+                               f"{_show(data[key])}")  # fmt: skip
+    scheduler = data.get("scheduler") or {}
+    for key in SCHEDULER_KEYS:
+        if key in scheduler:
+            try:
+                options.check_int(f"scheduler.{key}", scheduler[key], 1, options.SIZE_LIMITS[key])
+            except ValueError as e:
+                raise ProfileError(f"{where}: {e}") from e
+    for key, value in (data.get("capacity") or {}).items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ProfileError(f"{where}: capacity.{key} must be a number, got {_show(value)}")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object at ``path`` or None when there is no file; bad JSON is a ProfileError."""
-    if not path.is_file():
+    """The JSON at ``path`` or None when there is no file; ProfileError (naming the file) for
+    anything a broken or hostile file can do: too large, not UTF-8, nested thousands deep,
+    truncated, unreadable."""
+    from pagoda.kernels.config_schema import read_json_file
+
+    if not path.exists():
         return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ProfileError(f"{path}: cannot read JSON ({e})") from e
-    return data
+    if not path.is_file():
+        raise ProfileError(f"{path}: not a regular file")
+    return read_json_file(path, MAX_BYTES, MAX_DEPTH, ProfileError)
 
 
 def check_layout(folder: Path) -> None:
@@ -179,15 +202,35 @@ def check_layout(folder: Path) -> None:
 
 
 def load_profile(directory: str | os.PathLike[str]) -> TunedProfile:
-    """Load and validate ``DIR/profile.json``; ProfileError says what is wrong."""
+    """Load and validate ``DIR/profile.json`` and the kernel configs beside it; ProfileError
+    names the file and the field that is wrong."""
     folder = Path(directory)
-    if not folder.is_dir():
-        raise ProfileError(f"tuned profile {folder}: no such directory")
-    check_layout(folder)
-    data = read_json(folder / PROFILE_FILE)
-    if data is None:
-        raise ProfileError(f"tuned profile {folder}: no {PROFILE_FILE} (run `pagoda tune` first)")
-    return TunedProfile(folder, data)
+    try:
+        if not folder.is_dir():
+            raise ProfileError(f"tuned profile {folder}: no such directory")
+        check_layout(folder)
+        data = read_json(folder / PROFILE_FILE)
+        if data is None:
+            raise ProfileError(
+                f"tuned profile {folder}: no {PROFILE_FILE} (run `pagoda tune` first)"
+            )
+        profile = TunedProfile(folder, data)
+        check_kernel_configs(folder)
+    except OSError as e:  # a folder we may not list, a file that vanished meanwhile
+        raise ProfileError(f"tuned profile {folder}: {e.strerror or e}") from e
+    return profile
+
+
+def check_kernel_configs(folder: Path) -> None:
+    """Every kernel-config file of a profile, read as serving would (known kernels, parameters
+    in range, the file named for its device); ProfileError naming the file and the field."""
+    from pagoda.kernels.config_schema import KernelConfigError, read_config_file
+
+    for path in kernel_config_files(folder):
+        try:
+            read_config_file(path, max_bytes=MAX_BYTES)
+        except KernelConfigError as e:
+            raise ProfileError(f"tuned profile: {e}") from e
 
 
 def kernel_config_files(directory: str | os.PathLike[str]) -> list[Path]:
@@ -204,17 +247,12 @@ def profile_files(directory: str | os.PathLike[str]) -> dict[str, str]:
     config is not JSON, or the whole does not fit in a ConfigMap.
     """
     folder = Path(directory)
-    load_profile(folder)
+    load_profile(folder)  # profile.json and every kernel config validated
     files = {PROFILE_FILE: (folder / PROFILE_FILE).read_text()}
     for path in kernel_config_files(folder):
         if not _FILE_NAME.match(path.name):
             raise ProfileError(f"{path.name!r} cannot be a ConfigMap key")
-        text = path.read_text()
-        try:
-            json.loads(text)  # only valid JSON goes out
-        except json.JSONDecodeError as e:
-            raise ProfileError(f"{path}: cannot read JSON ({e})") from e
-        files[path.name] = text
+        files[path.name] = path.read_text()
     size = sum(len(k) + len(v.encode()) for k, v in files.items())
     if size > MAX_BYTES:
         raise ProfileError(f"the profile is {size} bytes; a ConfigMap holds at most {MAX_BYTES}")

@@ -28,10 +28,10 @@ from pagoda.operator.autoscaling.policy import (
     decide,
 )
 from pagoda.operator.autoscaling.prometheus import MetricsUnavailable, PrometheusSource
-from pagoda.operator.autotune.mount import tuned_prefill_rate
+from pagoda.operator.autotune.mount import tuned_rates
 from pagoda.operator.kube.client import ApiError, KubeApi
 from pagoda.operator.kube.locks import object_lock
-from pagoda.operator.kube.names import API_VERSION, KIND, now_iso, owned_by
+from pagoda.operator.kube.names import API_VERSION, KIND, now_iso, owned_by, workload_name
 from pagoda.operator.spec import status as status_mod
 from pagoda.operator.spec import validation
 from pagoda.operator.spec.fields import SpecError
@@ -51,6 +51,7 @@ class _State:
     """Per InferenceService, in memory: recommendations and the last scale up (monotonic s)."""
 
     history: History
+    correction: float = 1.0  # the demand floor's learned capacity correction
     last_scale_up: float | None = None
     last_reason: str | None = None
 
@@ -172,12 +173,18 @@ class Autoscaler:
         if spec.autoscaling is None:
             await self._switch_off(body)
             return None
-        v_p = await tuned_prefill_rate(self.api, body, spec)  # the prefill floor's V_P
-        metrics, why = await self._read_metrics(spec, ns, name, prompt_len=v_p is not None)
-        policy = dataclasses.replace(self._policy(spec), prefill_tokens_per_s=v_p)
+        v_p, v_d = await tuned_rates(self.api, body, spec)  # the predictive floors' V_P, V_D
+        metrics, why = await self._read_metrics(
+            spec, ns, name, prompt_len=v_p is not None, demand=None not in (v_p, v_d)
+        )
+        policy = dataclasses.replace(
+            self._policy(spec), prefill_tokens_per_s=v_p, decode_tokens_per_s=v_d
+        )
         async with object_lock(uid):
             fresh = await self.api.get(KIND, ns, name)
-            deploy = await self.api.get("Deployment", ns, name)
+            deploy = await self.api.get(
+                spec.workload_kind, ns, workload_name(spec.workload_kind, name)
+            )
             if fresh is None or fresh["metadata"].get("uid") != uid or not owned_by(deploy, uid):
                 return None  # gone, or the reconciler has not created the Deployment yet
             assert deploy is not None
@@ -194,7 +201,13 @@ class Autoscaler:
                 await self._clear_status(meta["namespace"], meta["name"], meta["uid"])
 
     async def _read_metrics(
-        self, spec: InferenceServiceSpec, ns: str, name: str, *, prompt_len: bool = False
+        self,
+        spec: InferenceServiceSpec,
+        ns: str,
+        name: str,
+        *,
+        prompt_len: bool = False,
+        demand: bool = False,
     ) -> tuple[Metrics | None, tuple[str, str]]:
         """The reading (outside any lock: it may be slow), or None and (reason, message)."""
         assert spec.autoscaling is not None
@@ -206,7 +219,7 @@ class Autoscaler:
         if not url:
             return None, why
         try:
-            return await self.source.fetch(url, ns, name, prompt_len=prompt_len), why
+            return await self.source.fetch(url, ns, name, prompt_len=prompt_len, demand=demand), why
         except MetricsUnavailable as e:
             return None, (e.reason, e.message)
 
@@ -227,9 +240,9 @@ class Autoscaler:
         state = self._states.setdefault(uid, _State(history=((now, current),)))
         decision = decide(
             policy, metrics, current=current, ready=ready, history=state.history, now=now,
-            unavailable=f"{why[0]}: {why[1]}",
+            unavailable=f"{why[0]}: {why[1]}", correction=state.correction,
         )  # fmt: skip
-        state.history = decision.history
+        state.history, state.correction = decision.history, decision.correction
         unavailable = None
         if decision.reason == "MetricsUnavailable":
             unavailable = why if metrics is None else ("StaleMetrics", decision.message)
@@ -269,7 +282,9 @@ class Autoscaler:
         policy = self._policy(spec)
         uid = body["metadata"]["uid"]
         async with object_lock(uid):
-            deploy = await self.api.get("Deployment", req.namespace, req.name)
+            deploy = await self.api.get(
+                spec.workload_kind, req.namespace, workload_name(spec.workload_kind, req.name)
+            )
             if not owned_by(deploy, uid):
                 return "NoDeployment"
             assert deploy is not None
@@ -314,7 +329,9 @@ class Autoscaler:
         if meta.get("resourceVersion"):
             patch["metadata"] = {"resourceVersion": meta["resourceVersion"]}
         try:
-            await self.api.patch("Deployment", meta["namespace"], meta["name"], patch)
+            await self.api.patch(
+                deploy.get("kind") or "Deployment", meta["namespace"], meta["name"], patch
+            )
         except ApiError as e:
             if e.status == 409:
                 return False

@@ -16,12 +16,21 @@ The HPA's algorithm, on what users feel instead of CPU:
   how far one can scale down: a scale down never goes below what keeps the fullest KV cache
   under 90 % (a load-proportional floor; benchmarks/autoscale_sim.py shows the saw-tooth
   without it);
-* with a tuned profile's prefill rate V_P (`prefill_tokens_per_s`), never fewer replicas than
-  prefill the queued prompt tokens within the TTFT target (autotune/floor.py, llm-d's
-  `TTFT_target − ISL/V_P` rule): it acts when the queue forms, before TTFT rises.
+* with a tuned profile's prefill *and* decode rates (V_P, V_D) the **demand floor** (demand.py)
+  sizes the fleet instead, up and down: the arrival rate, extrapolated over the lead time while it
+  climbs, times what a request of the recent mean lengths costs a replica (ISL/V_P + OSL/V_D),
+  plus the backlog, at 90 % utilization. A ratio over target then only says the load outran the
+  fleet, not by how much (a drained backlog keeps the minute's p95 high), so it no longer
+  extrapolates; a fleet at the floor that still queues raises a learned capacity correction
+  (demand.learn_correction) that the caller keeps like the history. The floor is not held to the
+  ×2 step: it is a measured need;
+* with V_P alone (an older profile), never fewer replicas than prefill the queued prompt tokens
+  within the TTFT target (autotune/floor.py, llm-d's `TTFT_target − ISL/V_P` rule): it acts when
+  the queue forms, before TTFT rises.
 
-History is a tuple of (time, recommendation) pairs that each decision returns updated; the caller
-keeps it (one per InferenceService) and passes a monotonic clock reading.
+History is a tuple of (time, recommendation) pairs that each decision returns updated, with the
+capacity correction; the caller keeps both (one per InferenceService) and passes a monotonic
+clock reading.
 """
 
 from __future__ import annotations
@@ -29,6 +38,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pagoda.operator.autoscaling.demand import (
+    Demand,
+    demand_floor,
+    learn_correction,
+    request_work,
+)
 from pagoda.operator.autotune.floor import prefill_floor
 from pagoda.operator.spec.inference_service import DEFAULT_TOLERANCE, AutoscalingSpec
 
@@ -52,6 +67,9 @@ class Policy:
     down_window_s: float = 300.0
     max_metric_age_s: float = 60.0
     prefill_tokens_per_s: float | None = None  # V_P of a tuned profile: the predictive floor
+    decode_tokens_per_s: float | None = None  # V_D of a tuned profile: the demand floor
+    target_utilization: float = 0.9  # share of a replica's measured capacity the floor plans for
+    lead_s: float = 30.0  # how far ahead the demand floor extrapolates a rising arrival rate
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_replicas <= self.max_replicas:
@@ -70,6 +88,14 @@ class Policy:
             raise ValueError("windows must be >= 0")
         if self.max_metric_age_s <= 0:
             raise ValueError("max_metric_age_s must be > 0")
+        for name in ("prefill_tokens_per_s", "decode_tokens_per_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 or None, got {value}")
+        if not 0 < self.target_utilization <= 1:
+            raise ValueError(f"target_utilization must be in (0, 1], got {self.target_utilization}")
+        if self.lead_s < 0:
+            raise ValueError(f"lead_s must be >= 0, got {self.lead_s}")
 
     @classmethod
     def from_spec(cls, spec: AutoscalingSpec, *, max_metric_age_s: float = 60.0) -> Policy:
@@ -98,10 +124,18 @@ class Metrics:
     age_s: float = 0.0  # age of the newest sample
     queued_prompt_tokens: float | None = None  # prompt tokens waiting, all replicas
     mean_prompt_tokens: float | None = None  # ISL of the recent requests
+    mean_output_tokens: float | None = None  # OSL of the recent requests
+    completion_rate: float | None = None  # requests/s finishing (1 min)
+    arrival_rate: float | None = None  # requests/s arriving, recent (30 s)
+    arrival_rate_slow: float | None = None  # requests/s arriving (2 min)
 
     def __post_init__(self) -> None:
         if self.waiting < 0 or self.age_s < 0:
             raise ValueError("waiting and age_s must be >= 0")
+        for name in ("mean_output_tokens", "completion_rate", "arrival_rate", "arrival_rate_slow"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be >= 0 or None, got {value}")
         if self.ttft_p95_s is not None and not (self.ttft_p95_s >= 0):
             raise ValueError(f"ttft_p95_s must be >= 0 or None, got {self.ttft_p95_s}")
 
@@ -115,6 +149,7 @@ class Decision:
     ratio: float | None = None
     queue_per_replica: float | None = None
     history: History = ()
+    correction: float = 1.0  # the demand floor's learned capacity correction (keep, pass back)
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
@@ -160,12 +195,18 @@ def _stabilize(
 
 
 def _hold(
-    policy: Policy, current: int, history: History, now: float, reason: str, message: str
+    policy: Policy,
+    current: int,
+    history: History,
+    now: float,
+    reason: str,
+    message: str,
+    correction: float = 1.0,
 ) -> Decision:
     """Keep the current count and record it, so no scale down follows straight after."""
     held = policy.clamp(current)
     history = (*_prune(history, now, policy), (now, held))
-    return Decision(held, None, reason, message, history=history)
+    return Decision(held, None, reason, message, history=history, correction=correction)
 
 
 def decide(
@@ -177,32 +218,43 @@ def decide(
     history: History,
     now: float,
     unavailable: str = "no metrics",
+    correction: float = 1.0,
 ) -> Decision:
-    """Desired replicas for this evaluation. `metrics` None means unavailable (`unavailable` says why)."""
+    """Desired replicas for this evaluation. `metrics` None means unavailable (`unavailable` says
+    why). `correction`: the previous decision's, 1.0 at first."""
     if metrics is None:
-        return _hold(policy, current, history, now, "MetricsUnavailable", unavailable)
+        return _hold(policy, current, history, now, "MetricsUnavailable", unavailable, correction)
     if metrics.age_s > policy.max_metric_age_s:
         msg = f"newest sample is {metrics.age_s:.0f} s old (> {policy.max_metric_age_s:.0f} s)"
-        return _hold(policy, current, history, now, "MetricsUnavailable", msg)
+        return _hold(policy, current, history, now, "MetricsUnavailable", msg, correction)
     base = min(ready, current)
     if base < 1:
-        return _hold(policy, current, history, now, "NoReadyReplicas", "no ready replica yet")
+        return _hold(
+            policy, current, history, now, "NoReadyReplicas", "no ready replica yet", correction
+        )
     name, ratio = max(ratios(policy, metrics, base).items(), key=lambda kv: kv[1])
+    demand = _demand(policy, metrics, correction)
+    if demand is not None:
+        overloaded = ratio > 1.0 + policy.tolerance and metrics.waiting > 0
+        at_floor = ready >= current >= demand.replicas
+        correction = learn_correction(correction, overloaded=overloaded and at_floor)
+        demand = _demand(policy, metrics, correction)
     queue_per = metrics.waiting / base
     detail = _describe(policy, metrics, queue_per)
     rec, reason = _recommend(policy, name, ratio, base, current)
+    if demand is not None:
+        # With the load measured, the floors size the fleet, up and down: a ratio of TTFT or
+        # queue depth only says the load outran the fleet, not by how much (a backlog keeps the
+        # minute's p95 high after it has drained, and TTFT is flat below saturation). The demand
+        # floor's backlog term and its learned correction are the feedback (_learn).
+        rec, reason = policy.min_replicas, "BelowTarget"
     rec, reason = _hold_capacity(policy, metrics, base, current, ready, rec, reason)
-    floor = prefill_floor(
-        metrics.queued_prompt_tokens,
-        policy.prefill_tokens_per_s,
-        policy.target_ttft_s,
-        metrics.mean_prompt_tokens,
-    )
-    if floor is not None and policy.clamp(floor) > rec:  # the queue cannot wait for TTFT to rise
-        rec, reason = policy.clamp(floor), "PrefillFloor"
+    if demand is not None:
+        detail += f", {demand.describe()}"
+    rec, reason, floor = _floors(policy, metrics, demand, rec, reason)
     desired, history = _stabilize(policy, current, rec, history, now)
-    if floor is not None:  # a measured need, not an extrapolated ratio: no ×2 step cap
-        desired = max(desired, policy.clamp(floor))
+    if floor is not None and floor > desired:  # a measured need, not a ratio: no ×2 step cap
+        desired = floor
     desired = policy.clamp(desired)
     if desired == current and rec != current:
         reason = "Stabilizing"
@@ -210,8 +262,41 @@ def decide(
         reason = "OutsideBounds"  # the spec's bounds moved past the current count
     message = f"{detail}; ratio {ratio:.2f} ({name}); {base} ready of {current}; recommend {rec}"
     return Decision(
-        desired, rec, reason, message, ratio=ratio, queue_per_replica=queue_per, history=history
-    )
+        desired, rec, reason, message, ratio=ratio, queue_per_replica=queue_per, history=history,
+        correction=correction,
+    )  # fmt: skip
+
+
+def _demand(policy: Policy, m: Metrics, correction: float) -> Demand | None:
+    work = request_work(
+        m.mean_prompt_tokens, m.mean_output_tokens, policy.prefill_tokens_per_s,
+        policy.decode_tokens_per_s,
+    )  # fmt: skip
+    work = None if work is None else work * correction
+    return demand_floor(
+        work_s=work, waiting=m.waiting, arrival_rate=m.arrival_rate,
+        arrival_rate_slow=m.arrival_rate_slow, utilization=policy.target_utilization,
+        lead_s=policy.lead_s,
+    )  # fmt: skip
+
+
+def _floors(
+    policy: Policy, m: Metrics, demand: Demand | None, rec: int, reason: str
+) -> tuple[int, str, int | None]:
+    """Raise the recommendation to the predictive floor: the demand floor, or without it the
+    prefill floor (queued prompt tokens against the TTFT budget). Returns (rec, reason, floor)."""
+    if demand is not None:  # its backlog term already counts the queue's prefill
+        floor, why = demand.replicas, "DemandFloor"
+    else:
+        floor = prefill_floor(
+            m.queued_prompt_tokens, policy.prefill_tokens_per_s, policy.target_ttft_s,
+            m.mean_prompt_tokens,
+        )  # fmt: skip
+        why = "PrefillFloor"
+    if floor is None:
+        return rec, reason, None
+    floor = policy.clamp(floor)
+    return (floor, why, floor) if floor > rec else (rec, reason, floor)
 
 
 def _recommend(policy: Policy, name: str, ratio: float, base: int, current: int) -> tuple[int, str]:

@@ -52,6 +52,38 @@ def prompt_len_query(namespace: str, name: str, window: str = "1m") -> str:
     )
 
 
+ARRIVAL_WINDOWS = {"arrival_rate": 30, "arrival_rate_slow": 120}  # seconds
+
+
+def demand_queries(namespace: str, name: str, window: str = "1m") -> dict[str, str]:
+    """The demand floor's inputs (a service whose tuned profile gives V_P and V_D):
+
+    * `arrival_rate`, `arrival_rate_slow`: requests arriving per second over 30 s and 2 min.
+      Every request that arrived in the window has either finished or is still in flight, so
+      arrivals = finished + the change in running + waiting (no new runtime counter needed);
+    * `output_len`: mean output tokens of the recent requests.
+    """
+    sel = selector(namespace, name)
+    done = f"{options.METRIC_REQUEST_SUCCESS}_total{sel}"
+    out = {}
+    for key, s in ARRIVAL_WINDOWS.items():
+        in_flight = " + ".join(
+            f"sum(delta({m}{sel}[{s}s]))"
+            for m in (options.METRIC_NUM_REQUESTS_RUNNING, options.METRIC_NUM_REQUESTS_WAITING)
+        )
+        out[key] = f"sum(increase({done}[{s}s])) / {s} + ({in_flight}) / {s}"
+    out["output_len"] = (
+        f"sum(rate({options.METRIC_GENERATION_TOKENS}_total{sel}[{window}])) / "
+        f"sum(rate({done}[{window}]))"
+    )
+    return out
+
+
+def _positive(value: float | None) -> float | None:
+    """A mean or rate that exists: None for no requests (NaN) or nonsense."""
+    return value if value is not None and value == value and value > 0 else None
+
+
 def scalar(body: Mapping[str, Any]) -> float | None:
     """The single value of an instant-vector answer; None for no series or NaN.
 
@@ -102,14 +134,23 @@ class PrometheusSource:
         return scalar(body)
 
     async def fetch(
-        self, base_url: str, namespace: str, name: str, *, prompt_len: bool = False
+        self,
+        base_url: str,
+        namespace: str,
+        name: str,
+        *,
+        prompt_len: bool = False,
+        demand: bool = False,
     ) -> Metrics:
         """The current reading for one InferenceService, or MetricsUnavailable. `prompt_len`:
-        also the mean prompt length, for the queued prompt tokens of the prefill floor."""
+        also the mean prompt length, for the queued prompt tokens of the prefill floor;
+        `demand`: also the arrival rates and the mean output length (the demand floor)."""
         at = time.time()
         q = queries(namespace, name, self._ttft_window)
-        if prompt_len:
+        if prompt_len or demand:
             q["prompt_len"] = prompt_len_query(namespace, name, self._ttft_window)
+        if demand:
+            q.update(demand_queries(namespace, name, self._ttft_window))
         keys = list(q)
         values = await asyncio.gather(*(self._query(base_url, q[k], at) for k in keys))
         got = dict(zip(keys, values))
@@ -119,8 +160,8 @@ class PrometheusSource:
                 f"no {options.METRIC_NUM_REQUESTS_WAITING} series for {namespace}/{name} "
                 "(not scraped yet, or the namespace/inferenceservice labels are missing)",
             )
-        isl = got.get("prompt_len")
-        isl = isl if isl is not None and isl == isl and isl > 0 else None  # NaN: no requests
+        isl = _positive(got.get("prompt_len"))  # NaN: no requests
+        rates = {k: got.get(k) for k in ARRIVAL_WINDOWS}
         return Metrics(
             ttft_p95_s=got["ttft_p95"],
             waiting=max(got["waiting"], 0.0),
@@ -128,4 +169,6 @@ class PrometheusSource:
             age_s=max(at - got["newest"], 0.0),
             queued_prompt_tokens=None if isl is None else max(got["waiting"], 0.0) * isl,
             mean_prompt_tokens=isl,
+            mean_output_tokens=_positive(got.get("output_len")),
+            **{k: None if v is None or v != v else max(v, 0.0) for k, v in rates.items()},
         )

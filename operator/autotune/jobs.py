@@ -10,7 +10,7 @@ key. Everything here is owned by that ConfigMap, so deleting it removes the lot.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.autotune.keys import PRODUCT_LABEL, TuneKey
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from pagoda.operator.spec.inference_service import InferenceServiceSpec
     from pagoda.operator.spec.model_ref import ModelRef
 
+PodParts = Callable[[dict[str, Any], "InferenceServiceSpec", tuple[str, ...]], None]
 JOB_COMPONENT = "tuning-job"
 OUTPUT_DIR = "/profile"
 TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where kopf's login looks
@@ -163,9 +164,19 @@ def _containers(key: TuneKey, spec: InferenceServiceSpec, namespace: str, mounts
 
 
 def build_job(
-    key: TuneKey, spec: InferenceServiceSpec, namespace: str, profile_cm: Mapping[str, Any]
+    key: TuneKey,
+    spec: InferenceServiceSpec,
+    namespace: str,
+    profile_cm: Mapping[str, Any],
+    *,
+    pod_parts: PodParts | None = None,
 ) -> dict[str, Any]:
-    """One attempt at tuning `key`: no Job-level retries (the operator retries with backoff)."""
+    """One attempt at tuning `key`: no Job-level retries (the operator retries with backoff).
+
+    `pod_parts(pod_spec, spec, readers)` adds what the serving pods add for the model too (main.py
+    passes children/model_cache.py's `add_model_download`: an hf:// or s3:// model is downloaded
+    by an init container before `tune` reads it offline); autotune/ may not import children/.
+    """
     job = _meta("Job", "batch/v1", key.job_name, namespace, profile_cm)
     volumes, mounts = _volumes(spec.model)
     tune, publish = _containers(key, spec, namespace, mounts)
@@ -199,6 +210,8 @@ def build_job(
             },
         },
     }
+    if pod_parts is not None:
+        pod_parts(job["spec"]["template"]["spec"], spec, ("tune",))
     return job
 
 

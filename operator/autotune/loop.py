@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 TUNING, TUNED, FAILED = "Tuning", "Tuned", "TuningFailed"
+JOB_NOT_CREATED = "JobNotCreated"  # the API server refused the Job (or its RBAC)
 Reconcile = Callable[[Mapping[str, Any]], Awaitable[None]]
 
 
@@ -55,10 +57,17 @@ class Tick:
 
 
 class Autotuner:
-    def __init__(self, api: KubeApi, config: OperatorConfig, reconcile: Reconcile) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        config: OperatorConfig,
+        reconcile: Reconcile,
+        pod_parts: jobs.PodParts | None = None,
+    ) -> None:
         self.api = api
         self.config = config
         self.reconcile = reconcile
+        self.pod_parts = pod_parts  # what the model adds to a pod (jobs.build_job)
         self.clock: Callable[[], float] = time.time
 
     async def run(self) -> None:
@@ -127,11 +136,23 @@ class Autotuner:
             return await self._failed(key, ns, attempts, reason, message)
         retry_at = attempts.retry_at(self.config.autotune_retry_base_s)
         if self.clock() < retry_at:
-            wait = retry_at - self.clock()
-            return KeyState(FAILED, _reason(attempts.failure), f"{attempts.failure or ''}; "
-                            f"attempt {attempts.count + 1} in {wait:.0f} s")  # fmt: skip
-        await self._start(key, spec, ns, cm, attempts)
+            return self._waiting(attempts)
+        try:
+            await self._start(key, spec, ns, cm, attempts)
+        except ApiError as e:  # RBAC or the Job refused: the cause goes to the status and Event
+            if e.status == 0:
+                raise  # unreachable: the failure cannot be recorded either; the next pass retries
+            return await self._not_started(key, ns, attempts, e)
         return KeyState(TUNING, "JobStarted", f"Job {key.job_name}, attempt {attempts.count + 1}")
+
+    def _waiting(self, attempts: profiles.Attempts) -> KeyState:
+        """Backing off after a failed attempt: its cause, and when the next one starts (a time,
+        not a countdown, so the message changes once per attempt, not once per pass)."""
+        failure = attempts.failure or f"attempt {attempts.count} ended without a result"
+        at = _iso(attempts.retry_at(self.config.autotune_retry_base_s))
+        return KeyState(
+            FAILED, _reason(failure), f"{failure}; attempt {attempts.count + 1} at {at}"
+        )
 
     async def _profile_config_map(self, key: TuneKey, ns: str) -> dict[str, Any]:
         cm = await self.api.get("ConfigMap", ns, key.profile_name)
@@ -149,13 +170,31 @@ class Autotuner:
 
     async def _start(self, key: TuneKey, spec: InferenceServiceSpec, ns: str,
                      cm: Mapping[str, Any], attempts: profiles.Attempts) -> None:  # fmt: skip
-        for obj in jobs.build_rbac(key, ns, cm):
-            await self._create(obj)
-        # recorded first: whatever happens to the Job, the next start waits its backoff
+        # recorded first: whatever happens to the RBAC or the Job, the next start waits its backoff
         await self.api.patch("ConfigMap", ns, key.profile_name,
                              profiles.start_patch(attempts, self.clock()))  # fmt: skip
-        await self._create(jobs.build_job(key, spec, ns, cm))
+        job = jobs.build_job(key, spec, ns, cm, pod_parts=self.pod_parts)
+        for obj in [*jobs.build_rbac(key, ns, cm), job]:
+            try:
+                await self._create(obj)
+            except ApiError as e:
+                what = f"creating {obj['kind']} {ns}/{obj['metadata']['name']}"
+                raise ApiError(e.status, e.reason, f"{what}: {e.message}") from e
         log.info("Started tuning Job %s/%s for %s.", ns, key.job_name, key.describe())
+
+    async def _not_started(self, key: TuneKey, ns: str, attempts: profiles.Attempts,
+                           error: ApiError) -> KeyState:  # fmt: skip
+        """Attempt `attempts.count + 1` could not create its objects: recorded as its failure."""
+        now = self.clock()
+        message = f"HTTP {error.status} {error.reason}, {error.message}"
+        await self.api.patch("ConfigMap", ns, key.profile_name,
+                             profiles.failure_patch(JOB_NOT_CREATED, message, now))  # fmt: skip
+        seen = profiles.Attempts(
+            attempts.count + 1, now, f"{JOB_NOT_CREATED}: {message}"[:1024], now
+        )
+        state = self._waiting(seen)
+        log.warning("Tuning Job %s/%s not started: %s", ns, key.job_name, state.message)
+        return state
 
     async def _failed(self, key: TuneKey, ns: str, attempts: profiles.Attempts,
                       reason: str, message: str) -> KeyState:  # fmt: skip
@@ -163,11 +202,12 @@ class Autotuner:
         await self.api.patch("ConfigMap", ns, key.profile_name,
                              profiles.failure_patch(reason, message, now))  # fmt: skip
         await self.api.delete("Job", ns, key.job_name)
-        seen = profiles.Attempts(attempts.count, attempts.started, reason, now)
-        wait = max(0.0, seen.retry_at(self.config.autotune_retry_base_s) - now)
-        log.warning("Tuning Job %s/%s failed (%s: %s); retrying in %.0f s.",
-                    ns, key.job_name, reason, message, wait)  # fmt: skip
-        return KeyState(FAILED, _reason(reason), f"{reason}: {message}; retry in {wait:.0f} s")
+        seen = profiles.Attempts(
+            attempts.count, attempts.started, f"{reason}: {message}"[:1024], now
+        )
+        state = self._waiting(seen)
+        log.warning("Tuning Job %s/%s failed: %s", ns, key.job_name, state.message)
+        return state
 
     async def _create(self, obj: Mapping[str, Any]) -> None:
         try:
@@ -179,19 +219,26 @@ class Autotuner:
     # --- status, events, garbage collection ---------------------------------------------------
 
     async def _write(self, body: Mapping[str, Any], new: dict[str, Any] | None) -> None:
+        """Write status.autotune when it changed; a new failure (each failed attempt: its message
+        names the cause and the next attempt) is also a Warning Event; reconcile when more than
+        the message changed (the profile to mount may have)."""
         old = (body.get("status") or {}).get("autotune")
-        if _same(old, new):
+        if old == new:
             return
         meta = body["metadata"]
         patch = new if new is None or old is None else {**dict.fromkeys(old), **new}
         await self.api.patch(KIND, meta["namespace"], meta["name"], {"status": {"autotune": patch}},
                              subresource="status")  # fmt: skip
-        state = (new or {}).get("state")
-        if state in (FAILED, TUNED) and state != (old or {}).get("state"):
+        state, was = (new or {}).get("state"), old or {}
+        failed_anew = state == FAILED and (new or {}).get("message") != was.get("message")
+        if state in (FAILED, TUNED) and (state != was.get("state") or failed_anew):
+            assert new is not None
             await self.api.try_post_event(
                 body, type_="Warning" if state == FAILED else "Normal", reason=state,
                 message=new["message"], component=self.config.component_name,
             )  # fmt: skip
+        if _same(old, new):
+            return  # only the message: nothing to mount or unmount
         try:
             await self.reconcile(body)  # mount (or unmount) the profile
         except Exception as e:  # the reconciler retries on its own; this pass goes on
@@ -239,6 +286,12 @@ def service_status(keys: list[TuneKey], states: list[KeyState]) -> dict[str, Any
                            f"[{jobs.PRODUCT_LABEL}] to mount its profile")  # fmt: skip
     out["profiles"] = entries
     return out
+
+
+def _iso(epoch_s: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch_s, datetime.timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
 
 
 def _reason(text: str | None) -> str:

@@ -56,17 +56,24 @@ async def lookup(
     return TunedMount(name, profiles.data_hash(cm))
 
 
-async def tuned_prefill_rate(
+async def tuned_rates(
     api: Any, body: Mapping[str, Any], spec: InferenceServiceSpec
-) -> float | None:
-    """V_P (`capacity.prefill_tokens_per_s`) of the profile this service mounts, else None."""
+) -> tuple[float | None, float | None]:
+    """V_P and V_D (`capacity.prefill_tokens_per_s`, `capacity.decode_tokens_per_s`) of the
+    profile this service mounts: the autoscaler's predictive floors. None for each one it lacks
+    (no profile: both)."""
     name = chosen_profile(body, spec)
     if name is None:
-        return None
+        return None, None
     cm = await api.get("ConfigMap", body["metadata"]["namespace"], name)
-    value = profiles.capacity(cm).get("prefill_tokens_per_s")
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-    return float(value) if ok else None
+    cap = profiles.capacity(cm)
+
+    def rate(key: str) -> float | None:
+        v = cap.get(key)
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+        return float(v) if ok else None
+
+    return rate("prefill_tokens_per_s"), rate("decode_tokens_per_s")
 
 
 def mount_profile(deployment: dict[str, Any], tuned: TunedMount) -> dict[str, Any]:

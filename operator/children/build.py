@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 from pagoda.operator.autoscaling import rules
 from pagoda.operator.autotune.mount import mount_profile
 from pagoda.operator.children.config_map import build_config_map, config_hash
-from pagoda.operator.children.deployment import build_deployment
+from pagoda.operator.children.deployment import build_deployment, pod_template, rolling_update
+from pagoda.operator.children.leaderworkerset import build_leader_worker_set
 from pagoda.operator.children.monitoring import build_prometheus_rule, build_service_monitor
 from pagoda.operator.children.pdb import build_pdb, wants_pdb
 from pagoda.operator.children.service import build_service
+from pagoda.operator.kube.names import lws_name
 
 if TYPE_CHECKING:
     from pagoda.operator.autotune.mount import TunedMount
@@ -35,6 +37,11 @@ class Children:
     def get(self, kind: str) -> dict[str, Any]:
         return next(c for c in self.desired if c["kind"] == kind)
 
+    @property
+    def workload(self) -> dict[str, Any]:
+        """The Deployment, or the LeaderWorkerSet of a multi-node service."""
+        return next(c for c in self.desired if c["kind"] in ("Deployment", "LeaderWorkerSet"))
+
 
 def build_children(
     owner: Owner,
@@ -45,7 +52,8 @@ def build_children(
     prometheus_rule: bool = False,
     tuned: TunedMount | None = None,
 ) -> Children:
-    """Everything one InferenceService needs, in apply order (ConfigMap before the Deployment).
+    """Everything one InferenceService needs, in apply order (ConfigMap before the workload: a
+    Deployment, or a LeaderWorkerSet with `spec.parallelism.nodes` > 1).
 
     `service_monitor` / `prometheus_rule` say whether those monitoring.coreos.com kinds exist;
     without them there is nothing to build or delete. The PrometheusRule exists only with
@@ -53,13 +61,24 @@ def build_children(
     pods mount (autotune/mount.py), None for the runtime's defaults.
     """
     cm = build_config_map(owner, spec)
-    deployment = build_deployment(
-        owner, spec, config_hash_value=config_hash(cm), current_replicas=current_replicas
-    )
-    if tuned is not None:
-        mount_profile(deployment, tuned)
-    desired = [cm, deployment, build_service(owner)]
     absent: list[tuple[str, str]] = []
+    if spec.multi_node:  # one of the two kinds: switching deletes the other
+        workload = build_leader_worker_set(
+            owner,
+            spec,
+            pod_template=pod_template(owner, spec, config_hash_value=config_hash(cm)),
+            rolling_update=rolling_update(spec),
+            current_replicas=current_replicas,
+        )
+        absent.append(("Deployment", owner.name))
+    else:
+        workload = build_deployment(
+            owner, spec, config_hash_value=config_hash(cm), current_replicas=current_replicas
+        )
+        if tuned is not None:  # tuning is for one-GPU servers only (the spec refuses the rest)
+            mount_profile(workload, tuned)
+        absent.append(("LeaderWorkerSet", lws_name(owner.name)))
+    desired = [cm, workload, build_service(owner, leaders_only=spec.multi_node)]
     if wants_pdb(spec):
         desired.append(build_pdb(owner))
     else:

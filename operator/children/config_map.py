@@ -28,6 +28,10 @@ def build_config_map(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]
         "engine.json": json.dumps(cfg, indent=2, sort_keys=True) + "\n",
         "serve-args": shlex.join(["pagoda", "serve", *cfg["args"]]) + "\n",
     }
+    if "workerArgs" in cfg:  # a multi-node group's workers (the leader's line is serve-args)
+        obj["data"]["worker-serve-args"] = (
+            shlex.join(["pagoda", "serve", *cfg["workerArgs"]]) + "\n"
+        )
     return adopt(obj, owner)
 
 

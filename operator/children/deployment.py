@@ -1,5 +1,6 @@
 """The Deployment: one `server` container running `pagoda serve`, its probes, resources, volumes
-and restricted security context. Pure.
+and restricted security context (+ the `model-download` init container of an hf:// or s3://
+model, children/model_cache.py). Pure.
 
 `replicas` is left out once the autoscaler owns it (see
 `InferenceServiceSpec.desired_replicas`).
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from pagoda.operator.children.model_cache import add_model_download
 from pagoda.operator.children.owner import adopt, child
 from pagoda.operator.children.serve_args import server_args
 from pagoda.operator.kube.names import (
@@ -133,11 +135,19 @@ def _pod_spec(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
         "containers": [_container(spec, mounts)],
         "volumes": volumes,
     }
+    add_model_download(pod_spec, spec, readers=(CONTAINER_NAME,))  # hf://, s3:// only
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if tolerations:
         pod_spec["tolerations"] = tolerations
     return pod_spec
+
+
+def rolling_update(spec: InferenceServiceSpec) -> dict[str, int]:
+    """GPUs are scarce: roll one replica down before the next comes up instead of surging."""
+    if spec.resources.gpus:
+        return {"maxSurge": 0, "maxUnavailable": 1}
+    return {"maxSurge": 1, "maxUnavailable": 0}
 
 
 def build_deployment(
@@ -150,12 +160,7 @@ def build_deployment(
     """The Deployment. `replicas` is left out once the autoscaler owns it (one field, one writer:
     see `InferenceServiceSpec.desired_replicas`), so applying this never rewrites its choice."""
     obj = child(owner, "Deployment", "apps/v1", owner.name)
-    # GPUs are scarce: roll one replica down before the next comes up instead of surging.
-    rolling = (
-        {"maxSurge": 0, "maxUnavailable": 1}
-        if spec.resources.gpus
-        else {"maxSurge": 1, "maxUnavailable": 0}
-    )
+    rolling = rolling_update(spec)
     replicas = spec.desired_replicas(current_replicas)
     obj["spec"] = {
         **({"replicas": replicas} if replicas is not None else {}),
@@ -163,18 +168,26 @@ def build_deployment(
         "progressDeadlineSeconds": spec.startup_timeout_seconds + 300,
         "selector": {"matchLabels": selector_labels(owner.name)},
         "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
-        "template": {
-            "metadata": {
-                "labels": standard_labels(owner.name),
-                "annotations": {
-                    CONFIG_HASH_ANNOTATION: config_hash_value,
-                    "prometheus.io/scrape": "true",
-                    "prometheus.io/port": str(SERVER_PORT),
-                    "prometheus.io/path": options.METRICS_PATH,
-                    "kubectl.kubernetes.io/default-container": CONTAINER_NAME,
-                },
-            },
-            "spec": _pod_spec(owner, spec),
-        },
+        "template": pod_template(owner, spec, config_hash_value=config_hash_value),
     }
     return adopt(obj, owner)
+
+
+def pod_template(
+    owner: Owner, spec: InferenceServiceSpec, *, config_hash_value: str
+) -> dict[str, Any]:
+    """The pod template of the server: the Deployment's, and a LeaderWorkerSet group's leader's
+    (children/leaderworkerset.py derives its workers' from it), so both run the same pod."""
+    return {
+        "metadata": {
+            "labels": standard_labels(owner.name),
+            "annotations": {
+                CONFIG_HASH_ANNOTATION: config_hash_value,
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(SERVER_PORT),
+                "prometheus.io/path": options.METRICS_PATH,
+                "kubectl.kubernetes.io/default-container": CONTAINER_NAME,
+            },
+        },
+        "spec": _pod_spec(owner, spec),
+    }

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pagoda.operator.kube.names import SERVER_PORT
+from pagoda.operator.kube.names import (
+    LWS_LEADER_ADDRESS_ENV,
+    LWS_WORKER_INDEX_ENV,
+    MODEL_CACHE_MOUNT,
+    SERVER_PORT,
+    WORKER,
+)
 from pagoda.runtime import options
 
 if TYPE_CHECKING:
@@ -20,8 +26,11 @@ if TYPE_CHECKING:
 BIND_HOST = "0.0.0.0"  # the pod's address, not loopback (the runtime's default)
 
 
-def serve_values(spec: InferenceServiceSpec) -> dict[str, Any]:
-    """`pagoda serve` flag values by destination name; None leaves the runtime's default."""
+def serve_values(spec: InferenceServiceSpec, role: str | None = None) -> dict[str, Any]:
+    """`pagoda serve` flag values by destination name; None leaves the runtime's default.
+
+    `role`: a multi-node group's `worker` pods also get their node rank (the leader's is 0).
+    """
     e = spec.engine
     return {
         "model": spec.model.server_arg,
@@ -39,12 +48,31 @@ def serve_values(spec: InferenceServiceSpec) -> dict[str, Any]:
         "max_num_batched_tokens": e.max_num_batched_tokens,
         "max_model_len": e.max_model_len,
         "max_queue_len": e.max_queue_len,
+        # hf:// and s3:// only (None otherwise, so other services' config hashes do not change)
+        "download_dir": MODEL_CACHE_MOUNT if spec.model.remote else None,
+        **parallel_values(spec, role),
     }
 
 
-def server_args(spec: InferenceServiceSpec) -> list[str]:
+def parallel_values(spec: InferenceServiceSpec, role: str | None = None) -> dict[str, Any]:
+    """The tensor-parallel flags, rendered only when used (one rank changes no command line).
+
+    In a LeaderWorkerSet group every pod meets at the leader, whose address LWS's pod webhook puts
+    in each container's env (`$(VAR)` in args is expanded by the kubelet from it), as is each
+    worker's index in the group, its node rank.
+    """
+    tp = spec.tensor_parallel_size
+    out: dict[str, Any] = {"tensor_parallel_size": tp if tp > 1 else None}
+    if spec.multi_node:
+        out["nnodes"] = spec.parallelism.nodes
+        out["master_addr"] = f"$({LWS_LEADER_ADDRESS_ENV})"
+        out["node_rank"] = f"$({LWS_WORKER_INDEX_ENV})" if role == WORKER else None
+    return out
+
+
+def server_args(spec: InferenceServiceSpec, role: str | None = None) -> list[str]:
     """The full `pagoda serve` argument list for this spec (`engine.extraArgs` last, as is)."""
-    return [*options.render_args(serve_values(spec)), *spec.engine.extra_args]
+    return [*options.render_args(serve_values(spec, role)), *spec.engine.extra_args]
 
 
 def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
@@ -68,6 +96,11 @@ def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
     }
     if (kv_cache_dtype := _kv_cache_dtype_if_set(spec)) is not None:
         out["kvCacheDtype"] = kv_cache_dtype
+    if spec.tensor_parallel_size > 1:
+        out["tensorParallelSize"] = spec.tensor_parallel_size
+    if spec.multi_node:
+        out["nodes"] = spec.parallelism.nodes
+        out["workerArgs"] = server_args(spec, WORKER)
     return out
 
 

@@ -160,6 +160,9 @@ class KubeApi:
         self._login = login
         self._on_error = on_error  # (HTTP status, 0 if unreachable; method) of each failed call
         self.failing_since: float | None = None  # monotonic time of the first failure in a row
+        # (namespace, name) → (monotonic time of the first failure, the error) of status writes
+        # failing since their last success: /readyz reports an operator that cannot write status
+        self.status_failures: dict[tuple[str | None, str], tuple[float, ApiError]] = {}
         self._user_agent = user_agent
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, connect=connect_timeout_s)
         self._discovery_ttl_s = discovery_ttl_s
@@ -245,6 +248,17 @@ class KubeApi:
         """Seconds since the API server last answered (0 while it answers; 5xx counts as not)."""
         return 0.0 if self.failing_since is None else time.monotonic() - self.failing_since
 
+    def status_unwritable(self) -> tuple[float, str, ApiError] | None:
+        """The status write failing the longest: (seconds, "namespace/name", its last error)."""
+        if not self.status_failures:
+            return None
+        (ns, name), (since, error) = min(self.status_failures.items(), key=lambda kv: kv[1][0])
+        return time.monotonic() - since, f"{ns}/{name}", error
+
+    def forget_status(self, namespace: str | None, name: str) -> None:
+        """The object is gone: its failing status writes no longer count."""
+        self.status_failures.pop((namespace, name), None)
+
     # --- typed helpers ----------------------------------------------------------------------
 
     async def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
@@ -289,7 +303,19 @@ class KubeApi:
         subresource: str | None = None,
     ) -> dict[str, Any]:
         path = RESOURCES[kind].path(namespace, name, subresource)
-        return await self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+        if subresource != "status":
+            return await self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+        try:
+            out = await self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+        except ApiError as e:
+            if e.status == 404:  # gone: nothing left to write
+                self.forget_status(namespace, name)
+            else:
+                since = self.status_failures.get((namespace, name), (time.monotonic(), e))[0]
+                self.status_failures[namespace, name] = (since, e)
+            raise
+        self.forget_status(namespace, name)
+        return out
 
     async def delete(self, kind: str, namespace: str | None, name: str) -> bool:
         try:

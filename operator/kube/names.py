@@ -33,6 +33,7 @@ COMPONENT = "inference-server"
 CONFIG_HASH_ANNOTATION = "serving.pagoda.dev/config-hash"
 GPU_RESOURCE = "nvidia.com/gpu"
 SERVER_PORT = options.DEFAULT_PORT  # `pagoda serve --port` in the pods (port `http`)
+MODEL_CACHE_MOUNT = "/var/cache/pagoda/models"  # hf:// and s3:// models: `--download-dir` in pods
 
 
 def selector_labels(name: str) -> dict[str, str]:
@@ -46,6 +47,34 @@ def standard_labels(name: str) -> dict[str, str]:
 
 def config_map_name(name: str) -> str:
     return f"{name}-config"
+
+
+# --- multi-node groups (LeaderWorkerSet, kubernetes-sigs/lws) -----------------------------------
+LABEL_ROLE = "serving.pagoda.dev/role"  # on a group's pods: leader (serves HTTP) or worker
+LEADER, WORKER = "leader", "worker"
+LWS_SUFFIX = "-lws"
+# LWS names its headless Service after itself: a suffix keeps it off our Service's name. Its
+# worker StatefulSets are named LWS-GROUP and their pods' controller-revision-hash label adds an
+# 11-character hash; 63 - 11 - 3 (group index up to 99) - len(LWS_SUFFIX) leaves this:
+MAX_GROUP_NAME_LENGTH = 45
+# Set by LWS's pod webhook in every container of a group; `$(VAR)` in args expands to them.
+LWS_LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
+LWS_GROUP_SIZE_ENV = "LWS_GROUP_SIZE"
+LWS_WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
+
+
+def lws_name(name: str) -> str:
+    return name + LWS_SUFFIX
+
+
+def workload_name(kind: str, name: str) -> str:
+    """The name of the InferenceService `name`'s Deployment or LeaderWorkerSet."""
+    return lws_name(name) if kind == "LeaderWorkerSet" else name
+
+
+def leader_selector_labels(name: str) -> dict[str, str]:
+    """The group leaders of a multi-node service (the pods that serve HTTP)."""
+    return {**selector_labels(name), LABEL_ROLE: LEADER}
 
 
 def owned_by(obj: Mapping[str, Any] | None, uid: str) -> bool:
@@ -107,6 +136,12 @@ RESOURCES: Mapping[str, ResourceKind] = {
         "", "v1", "persistentvolumeclaims", "PersistentVolumeClaim"
     ),
     "Node": ResourceKind("", "v1", "nodes", "Node", namespaced=False),
+    # multi-node services (spec.parallelism.nodes > 1), only if the LWS CRD is installed
+    "LeaderWorkerSet": ResourceKind(
+        "leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet"
+    ),
+    # watched only (kopf): a container's termination message → the owner's conditions
+    "Pod": ResourceKind("", "v1", "pods", "Pod"),
     # autotuning (autotune/): the tuning Job and its least-privilege hand-back RBAC
     "Job": ResourceKind("batch", "v1", "jobs", "Job"),
     "ServiceAccount": ResourceKind("", "v1", "serviceaccounts", "ServiceAccount"),
@@ -117,10 +152,29 @@ RESOURCES: Mapping[str, ResourceKind] = {
 # manifest are removed from the live object (a JSON merge patch alone would keep them).
 OWNED_MAPS: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "Deployment": (("spec", "template", "spec", "nodeSelector"),),
+    "LeaderWorkerSet": tuple(
+        ("spec", "leaderWorkerTemplate", template, "spec", "nodeSelector")
+        for template in ("leaderTemplate", "workerTemplate")
+    ),
     "ConfigMap": (("data",),),
+    "Service": (("spec", "selector"),),  # a leaders-only selector loses its role key on a switch
 }
 MONITORING_KINDS = ("ServiceMonitor", "PrometheusRule")  # only if the Prometheus Operator is there
-WATCHED_CHILD_KINDS = ("Deployment", "Service", "ConfigMap", "PodDisruptionBudget")
+# Kinds served only when their CRD is installed: nothing to build, read or delete without it.
+OPTIONAL_KINDS = (*MONITORING_KINDS, "LeaderWorkerSet")
+WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")  # what runs the pods (one per service)
+WATCHED_CHILD_KINDS = (
+    "Deployment",
+    "LeaderWorkerSet",
+    "Service",
+    "ConfigMap",
+    "PodDisruptionBudget",
+)
+
+
+def pod_labels() -> dict[str, str]:
+    """What the pod watch filters on: the serving pods the operator's Deployments create."""
+    return {LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: COMPONENT}
 
 
 def container_security() -> dict[str, Any]:

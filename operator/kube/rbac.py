@@ -40,7 +40,12 @@ API_PERMISSIONS: tuple[Permission, ...] = (
         "kopf resource scanning",
     ),
     Permission("", "namespaces", ("list", "watch"), "kopf, only with namespace glob patterns"),
-    Permission("apps", "deployments", _CHILD_VERBS, "the model server; the autoscaler's replicas"),
+    Permission(
+        "apps",
+        "deployments",
+        (*_CHILD_VERBS, "delete"),
+        "the model server; the autoscaler's replicas; deleted on a switch to a multi-node group",
+    ),
     Permission("", "services", _CHILD_VERBS, "ClusterIP in front of the pods"),
     Permission("", "configmaps", _CHILD_VERBS, "engine configuration; tuned profiles"),
     Permission(
@@ -58,7 +63,16 @@ API_PERMISSIONS: tuple[Permission, ...] = (
         ("get", "create", "patch", "delete"),
         "per-service alerts, if the CRD exists",
     ),
-    Permission("", "persistentvolumeclaims", ("get",), "pvc:// models must exist"),
+    Permission(
+        "leaderworkerset.x-k8s.io",
+        "leaderworkersets",
+        (*_CHILD_VERBS, "delete"),
+        "multi-node groups; the autoscaler's replicas; deleted on a switch to one node",
+    ),
+    Permission("", "persistentvolumeclaims", ("get",), "pvc:// models, spec.modelCache must exist"),
+    Permission(
+        "", "pods", ("get", "list", "watch"), "a container's termination message → conditions"
+    ),
     Permission("", "nodes", ("list",), "GPU requests must fit some node; GPU products to tune"),
     # autotuning (autotune/, chart value autotune.enabled)
     Permission("", "configmaps", ("delete",), "unused tuned profiles", "autotune"),

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.kube import drift
 from pagoda.operator.kube.client import ApiError
-from pagoda.operator.kube.names import KIND, MONITORING_KINDS, owned_by
+from pagoda.operator.kube.names import KIND, OPTIONAL_KINDS, owned_by
 from pagoda.operator.spec.fields import SpecError
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ async def delete_child(
     api: KubeApi, kind: str, namespace: str, name: str, owner_uid: str, logger: logging.Logger
 ) -> None:
     """Delete a child that should no longer exist (only if it is ours)."""
-    if kind in MONITORING_KINDS and not await api.has_resource(kind):
+    if kind in OPTIONAL_KINDS and not await api.has_resource(kind):
         return
     actual = await api.get(kind, namespace, name)
     if (

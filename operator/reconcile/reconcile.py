@@ -16,16 +16,18 @@ from typing import TYPE_CHECKING, Any
 from pagoda.operator.autotune import mount as autotune_mount
 from pagoda.operator.children.build import build_children
 from pagoda.operator.children.owner import Owner
-from pagoda.operator.kube.client import ApiError, KubeApi
+from pagoda.operator.kube.client import MERGE_PATCH, ApiError, KubeApi
 from pagoda.operator.kube.locks import object_lock
-from pagoda.operator.kube.names import KIND, owned_by
+from pagoda.operator.kube.names import KIND, RESOURCES, WORKLOAD_KINDS, owned_by, workload_name
 from pagoda.operator.reconcile.apply import UNKNOWN, apply_child, delete_child
 from pagoda.operator.spec import status, validation
 from pagoda.operator.spec.fields import SpecError
 
 if TYPE_CHECKING:
+    from pagoda.operator.reconcile.pods import PodFailures
     from pagoda.operator.spec.config import OperatorConfig
 
+log = logging.getLogger(__name__)
 # Degraded reasons only a full reconcile may clear (child events keep them as they are).
 STICKY_REASONS = validation.SPEC_REASONS | {"ResourceConflict"}
 
@@ -36,19 +38,48 @@ class Result:
     status_changed: bool
 
 
+class StatusWriteError(ApiError):
+    """The status write failed. Told apart from other API errors: a refusal (`refused`: a 4xx
+    such as a 422 from a CRD older than the operator, or a 403), whatever its code, is retried
+    with backoff and posted as an Event (reconcile/retry.py), since the user sees nothing while
+    status cannot be written; an outage or a conflict is retried as any transient error."""
+
+    @property
+    def refused(self) -> bool:
+        return 400 <= self.status < 500 and self.status not in (404, 408, 409, 429)
+
+
+async def live_workload(api: KubeApi, owner: Owner) -> dict[str, Any] | None:
+    """The Deployment or LeaderWorkerSet this InferenceService controls now (either kind: the
+    spec may have just switched), with `kind` filled in."""
+    for kind in WORKLOAD_KINDS:
+        if kind != "Deployment" and not await api.has_resource(kind):
+            continue
+        obj = await api.get(kind, owner.namespace, workload_name(kind, owner.name))
+        if owned_by(obj, owner.uid):
+            assert obj is not None
+            obj.setdefault("kind", kind)
+            return obj
+    return None
+
+
 async def write_status(
     api: KubeApi,
     body: Mapping[str, Any],
-    deployment: Mapping[str, Any] | None,
+    workload: Mapping[str, Any] | None,
     *,
     spec_error: SpecError | None,
     url: str | None,
     fresh: Mapping[str, Any] | None = None,
+    kind: str = "Deployment",
+    pods: PodFailures | None = None,
 ) -> bool:
     """Patch /status with what changed, against a fresh read of the object. True if it wrote.
 
+    `workload`: the Deployment or LeaderWorkerSet (`kind`: the one wanted, when it is missing).
     `fresh` may be passed when the caller read the object under the same per-object lock
-    (only code holding that lock writes status, so it cannot be stale).
+    (only code holding that lock writes status, so it cannot be stale). A refused write raises
+    `StatusWriteError`.
     """
     meta = body["metadata"]
     if fresh is None:
@@ -57,16 +88,51 @@ async def write_status(
         return False  # deleted (or replaced) meanwhile
     # Stamp the generation that was reconciled, not a newer one that arrived in between.
     target = {**fresh, "metadata": {**fresh["metadata"], "generation": meta.get("generation")}}
-    new = status.compute_status(target, deployment, spec_error=spec_error, url=url)
+    failure = pods.failure(meta["namespace"], meta["name"]) if pods is not None else None
+    new = status.compute_status(
+        target, workload, spec_error=spec_error, url=url, kind=kind, pod_failure=failure
+    )
     patch = status.status_patch(fresh.get("status"), new)
     if patch is None:
         return False
-    await api.patch(KIND, meta["namespace"], meta["name"], {"status": patch}, subresource="status")
+    try:
+        await api.patch(
+            KIND, meta["namespace"], meta["name"], {"status": patch}, subresource="status"
+        )
+    except ApiError as e:
+        if e.status == 422:
+            await _report_refusal(api, fresh, e)
+        raise StatusWriteError(e.status, e.reason, e.message) from e
     return True
 
 
+async def _report_refusal(api: KubeApi, fresh: Mapping[str, Any], error: ApiError) -> None:
+    """A 422 refuses the status's content (say, a CRD older than the operator that lacks a new
+    field): put the refusal in the part every version of the schema has, a `Degraded` condition,
+    so `kubectl get/describe` shows why nothing else changes. Best effort; the next full write
+    that succeeds replaces it (the failure still counts for /readyz until then)."""
+    meta = fresh["metadata"]
+    conditions = status.with_condition(
+        (fresh.get("status") or {}).get("conditions"), "Degraded", True, "StatusRejected",
+        f"the API server refused this object's status (HTTP {error.status} {error.reason}): "
+        f"{error.message}; retrying with backoff (is the CRD older than the operator?)",
+        meta.get("generation"),
+    )  # fmt: skip
+    path = RESOURCES[KIND].path(meta["namespace"], meta["name"], "status")
+    try:  # not api.patch: this write succeeding does not mean the status can be written
+        await api.request(
+            "PATCH", path, body={"status": {"conditions": conditions}}, content_type=MERGE_PATCH
+        )
+    except ApiError as e:
+        log.warning("Could not report the refused status write of %s either: %s", meta["name"], e)
+
+
 async def reconcile(
-    api: KubeApi, body: Mapping[str, Any], config: OperatorConfig, logger: logging.Logger
+    api: KubeApi,
+    body: Mapping[str, Any],
+    config: OperatorConfig,
+    logger: logging.Logger,
+    pods: PodFailures | None = None,
 ) -> Result:
     """Full reconcile of one InferenceService: validate, apply children, delete stale ones, status.
 
@@ -78,20 +144,20 @@ async def reconcile(
         fresh = await api.get(KIND, owner.namespace, owner.name)
         meta = (fresh or {}).get("metadata") or {}
         if fresh is None or meta.get("uid") != owner.uid or meta.get("deletionTimestamp"):
+            api.forget_status(owner.namespace, owner.name)  # its refused writes no longer matter
             return Result(spec_error=None, status_changed=False)  # gone, or going
         fresh.setdefault("apiVersion", body.get("apiVersion"))
         fresh.setdefault("kind", body.get("kind"))
         owner = Owner.from_body(fresh)
-        current = await api.get("Deployment", owner.namespace, owner.name)
-        current = current if owned_by(current, owner.uid) else None
+        current = await live_workload(api, owner)
         try:
-            live = await _apply_all(api, fresh, owner, current, config, logger)
+            workload = await _apply_all(api, fresh, owner, current, config, logger)
         except SpecError as e:
             changed = await write_status(api, fresh, current, spec_error=e, url=None, fresh=fresh)
             return Result(spec_error=e, status_changed=changed)
         url = config.service_url(owner.name, owner.namespace)
         changed = await write_status(
-            api, fresh, live["Deployment"], spec_error=None, url=url, fresh=fresh
+            api, fresh, workload, spec_error=None, url=url, fresh=fresh, pods=pods
         )
         return Result(spec_error=None, status_changed=changed)
 
@@ -103,8 +169,10 @@ async def _apply_all(
     current: Mapping[str, Any] | None,
     config: OperatorConfig,
     logger: logging.Logger,
-) -> dict[str, dict[str, Any]]:
-    """Validate, then create/patch every child and delete the ones that must not exist."""
+) -> dict[str, Any]:
+    """Validate, then create/patch every child and delete the ones that must not exist; returns
+    the live workload. `current`: the workload of either kind (its replicas carry over a switch
+    between a Deployment and a LeaderWorkerSet, so the autoscaler's choice survives it)."""
     spec = validation.parse(body, config)
     await validation.check_cluster(api, spec, owner.namespace, logger)
     replicas = ((current or {}).get("spec") or {}).get("replicas")
@@ -118,7 +186,7 @@ async def _apply_all(
     )
     live: dict[str, dict[str, Any]] = {}
     for child in children.desired:
-        actual = current if child["kind"] == "Deployment" else UNKNOWN
+        actual = current if child["kind"] == (current or {}).get("kind") else UNKNOWN
         try:
             live[child["kind"]] = await apply_child(api, child, owner.uid, logger, actual=actual)
         except ApiError as e:
@@ -129,9 +197,11 @@ async def _apply_all(
                 f"the API server rejected the {child['kind']} (HTTP {e.status} {e.reason}): "
                 f"{e.message}",
             ) from e
-    for kind, name in children.absent:
+    for kind, name in children.absent:  # after the new workload: a switch replaces, not stops
         await delete_child(api, kind, owner.namespace, name, owner.uid, logger)
-    return live
+    workload = live[spec.workload_kind]
+    workload.setdefault("kind", spec.workload_kind)
+    return workload
 
 
 def spec_error_in_status(body: Mapping[str, Any]) -> SpecError | None:
@@ -151,8 +221,9 @@ async def on_child_event(
     owner_body: Mapping[str, Any],
     config: OperatorConfig,
     logger: logging.Logger,
+    pods: PodFailures | None = None,
 ) -> None:
-    """A child changed or vanished: restore it if needed; a Deployment change refreshes status.
+    """A child changed or vanished: restore it if needed; a workload change refreshes status.
 
     `owner_body` (from kopf's index) only locates the owner; decisions use a fresh read taken
     under the owner's lock, so a lagging index cannot resurrect an old condition.
@@ -168,15 +239,39 @@ async def on_child_event(
             return  # the owner is going away too: the garbage collector is at work
         recorded = spec_error_in_status(fresh)
         if recorded is not None:  # keep the last valid children alone until the spec is fixed
-            if kind == "Deployment" and event_type != "DELETED":
-                deployment = await api.get(kind, owner.namespace, name)  # not the event's copy
+            if kind in WORKLOAD_KINDS and event_type != "DELETED":
+                workload = await api.get(kind, owner.namespace, name)  # not the event's copy
                 await write_status(
-                    api, fresh, deployment, spec_error=recorded, url=None, fresh=fresh
+                    api, fresh, workload, spec_error=recorded, url=None, fresh=fresh, kind=kind
                 )
             return
         if (fresh.get("status") or {}).get("observedGeneration") != meta.get("generation"):
             return  # a spec change not reconciled yet: its handler applies every child in order
-        await _restore(api, fresh, owner, kind, name, config, logger)
+        await _restore(api, fresh, owner, kind, name, config, logger, pods)
+
+
+async def on_pods_changed(
+    api: KubeApi, owner_body: Mapping[str, Any], config: OperatorConfig, pods: PodFailures
+) -> Mapping[str, Any] | None:
+    """The owner's pods' named failure changed: write the status again (under the owner's lock,
+    from a fresh read, like a workload's event). Returns the owner as read (None: gone)."""
+    owner = Owner.from_body(owner_body)
+    async with object_lock(owner.uid):
+        fresh = await api.get(KIND, owner.namespace, owner.name)
+        meta = (fresh or {}).get("metadata") or {}
+        if fresh is None or meta.get("uid") != owner.uid or meta.get("deletionTimestamp"):
+            return None
+        fresh.setdefault("apiVersion", owner_body.get("apiVersion"))
+        fresh.setdefault("kind", owner_body.get("kind", KIND))
+        if (fresh.get("status") or {}).get("observedGeneration") != meta.get("generation"):
+            return fresh  # a spec change not reconciled yet: its reconcile reads the registry
+        workload = await live_workload(api, owner)
+        recorded = spec_error_in_status(fresh)
+        url = None if recorded else config.service_url(owner.name, owner.namespace)
+        await write_status(
+            api, fresh, workload, spec_error=recorded, url=url, fresh=fresh, pods=pods
+        )
+        return fresh
 
 
 async def _restore(
@@ -187,9 +282,10 @@ async def _restore(
     name: str,
     config: OperatorConfig,
     logger: logging.Logger,
+    pods: PodFailures | None = None,
 ) -> None:
-    """Make one child match the spec again (the owner's lock held); a Deployment also
-    refreshes the owner's status."""
+    """Make one child match the spec again (the owner's lock held); the workload (Deployment or
+    LeaderWorkerSet) also refreshes the owner's status."""
     try:
         spec = validation.parse(fresh, config)
     except SpecError:
@@ -197,7 +293,8 @@ async def _restore(
     # the event's body may be older than the object (kopf batches events): read it again,
     # so neither the restore nor the status is computed from a stale version
     actual = await api.get(kind, owner.namespace, name)
-    replicas = ((actual or {}).get("spec") or {}).get("replicas") if kind == "Deployment" else None
+    workload = kind in WORKLOAD_KINDS
+    replicas = ((actual or {}).get("spec") or {}).get("replicas") if workload else None
     tuned = await autotune_mount.lookup(api, fresh, spec) if kind == "Deployment" else None
     children = build_children(
         owner, spec, current_replicas=replicas, service_monitor=False, tuned=tuned
@@ -215,6 +312,7 @@ async def _restore(
     if actual is None:
         logger.info("%s %s was deleted; restoring it.", kind, name)
     live = await apply_child(api, desired, owner.uid, logger, actual=actual)
-    if kind == "Deployment":
+    if workload:
+        live.setdefault("kind", kind)
         url = config.service_url(owner.name, owner.namespace)
-        await write_status(api, fresh, live, spec_error=None, url=url, fresh=fresh)
+        await write_status(api, fresh, live, spec_error=None, url=url, fresh=fresh, pods=pods)

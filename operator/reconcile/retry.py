@@ -25,13 +25,15 @@ import copy
 import logging
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import kopf
 from pagoda.operator.kube.client import ApiError, KubeApi
 from pagoda.operator.kube.names import KIND
 from pagoda.operator.reconcile import reconcile
 from pagoda.operator.reconcile.apply import ChildConflict
+from pagoda.operator.reconcile.pods import PodFailures
+from pagoda.operator.reconcile.reconcile import StatusWriteError
 
 if TYPE_CHECKING:
     from pagoda.operator.spec.config import OperatorConfig
@@ -59,6 +61,8 @@ class Reconciler:
         self._follow_ups: dict[str, asyncio.Task[None]] = {}
         self._succeeded: dict[str, float] = {}  # uid → monotonic time of the last success
         self._failed: dict[str, float] = {}  # uid → monotonic time of the last failure
+        self.pods = PodFailures()  # the serving pods' named failures (pod events fill it)
+        self._status_warned: dict[str, tuple[int, str]] = {}  # uid → refused write's (code, reason)
 
     async def run(
         self, body: Mapping[str, Any], logger: logging.Logger, retry: int, trigger: str
@@ -78,8 +82,10 @@ class Reconciler:
         started = time.perf_counter()
         uid = body["metadata"]["uid"]
         try:
-            result = await reconcile.reconcile(self.api, body, self.config, logger)
+            result = await reconcile.reconcile(self.api, body, self.config, logger, self.pods)
         except ApiError as e:
+            if isinstance(e, StatusWriteError) and e.refused:  # the user would see nothing else
+                await self._status_refused(body, e, logger, retry, trigger)
             self._count_error(trigger, "transient" if e.transient else "permanent")
             if e.transient:
                 raise kopf.TemporaryError(
@@ -100,6 +106,7 @@ class Reconciler:
                 await self._warn(body, err)
             raise kopf.TemporaryError(err.message, delay=max(backoff(retry), 10.0))
         self._succeeded[uid] = time.monotonic()
+        self._status_warned.pop(uid, None)
         if err is None:
             if result.status_changed:
                 logger.info("Reconciled %s %s.", KIND, body["metadata"]["name"])
@@ -112,6 +119,38 @@ class Reconciler:
         await self.api.try_post_event(
             body, type_="Warning", reason=getattr(err, "reason", "Error"),
             message=getattr(err, "message", str(err)), component=self.config.component_name,
+        )  # fmt: skip
+
+    async def _status_refused(
+        self,
+        body: Mapping[str, Any],
+        err: StatusWriteError,
+        logger: logging.Logger,
+        retry: int,
+        trigger: str,
+    ) -> NoReturn:
+        """A refused status write, whatever its code: an Event, and a retry with backoff."""
+        self._count_error(trigger, "status")
+        delay = backoff(retry)
+        logger.error("The API server refused the status write (retrying in %.0f s): %s", delay, err)
+        await self._warn_status(body, err)
+        raise kopf.TemporaryError(
+            f"the API server refused the status write, retrying in {delay:.0f} s: {err}",
+            delay=delay,
+        ) from err
+
+    async def _warn_status(self, body: Mapping[str, Any], err: ApiError) -> None:
+        """A Warning Event naming the refused status write's code, once per distinct refusal
+        until a reconcile of the object succeeds (the retries are in the operator's log)."""
+        uid = body["metadata"]["uid"]
+        if self._status_warned.get(uid) == (err.status, err.reason):
+            return
+        self._status_warned[uid] = (err.status, err.reason)
+        await self.api.try_post_event(
+            body, type_="Warning", reason="StatusWriteFailed",
+            message=f"The API server refused the status write (HTTP {err.status} {err.reason}): "
+            f"{err.message}; retrying with backoff (1 s doubling to 60 s)",
+            component=self.config.component_name,
         )  # fmt: skip
 
     def _count_error(self, trigger: str, kind: str) -> None:
@@ -131,20 +170,53 @@ class Reconciler:
         """
         started = time.perf_counter()
         try:
-            await reconcile.on_child_event(self.api, event_type, child, owner, self.config, logger)
+            await reconcile.on_child_event(
+                self.api, event_type, child, owner, self.config, logger, self.pods
+            )
         except (ApiError, ChildConflict) as e:
             logger.warning(
                 "Handling the %s event of %s %s failed: %s; reconciling %s %s again in %.0f s.",
                 event_type, child.get("kind"), child["metadata"].get("name"), e, KIND,
                 owner["metadata"]["name"], backoff(0),
             )  # fmt: skip
-            self._count_error("child_event", "transient")
+            status_refused = isinstance(e, StatusWriteError) and e.refused
+            self._count_error("child_event", "status" if status_refused else "transient")
+            if status_refused:
+                await self._warn_status(owner, e)
             self.schedule(owner, "child_event", backoff(0), 1)
         finally:
             if self.metrics is not None:
                 self.metrics.reconcile_duration.labels("child_event").observe(
                     time.perf_counter() - started
                 )
+
+    async def pod_event(
+        self,
+        event_type: str | None,
+        pod: Mapping[str, Any],
+        owner: Mapping[str, Any] | None,
+        logger: logging.Logger,
+    ) -> None:
+        """A serving pod changed: a container's named failure (its termination message) that
+        appears or clears changes the owner's conditions; a new one is also a Warning Event."""
+        changed, new = self.pods.observe(event_type, pod)
+        if owner is None or (not changed and new is None):
+            return
+        try:
+            fresh = await reconcile.on_pods_changed(self.api, owner, self.config, self.pods)
+            if fresh is not None and new is not None:
+                logger.warning("%s: %s", new.reason, new.description)
+                await self.api.try_post_event(
+                    fresh, type_="Warning", reason=new.reason, message=new.description,
+                    component=self.config.component_name,
+                )  # fmt: skip
+        except ApiError as e:
+            logger.warning("Updating the status after a pod event failed: %s; retrying.", e)
+            status_refused = isinstance(e, StatusWriteError) and e.refused
+            self._count_error("pod_event", "status" if status_refused else "transient")
+            if status_refused:
+                await self._warn_status(owner, e)
+            self.schedule(owner, "pod_event", backoff(0), 1)
 
     async def after_autotune(self, body: Mapping[str, Any]) -> None:
         """The autotuner changed `status.autotune`: reconcile, so the pods mount the profile."""
@@ -164,6 +236,9 @@ class Reconciler:
                 logger.warning("Resync could not list %s objects: %s", KIND, e)
                 continue
             self.keep_only({b["metadata"]["uid"] for b in bodies})
+            listed = {(b["metadata"]["namespace"], b["metadata"]["name"]) for b in bodies}
+            for gone in set(self.api.status_failures) - listed:
+                self.api.forget_status(*gone)
             for body in bodies:
                 try:
                     await self.run(body, logger, 0, "resync")
@@ -213,7 +288,7 @@ class Reconciler:
 
     def keep_only(self, uids: set[str]) -> None:
         """Forget the bookkeeping of objects that no longer exist (the resync lists them)."""
-        for book in (self._succeeded, self._failed):
+        for book in (self._succeeded, self._failed, self._status_warned):
             for uid in set(book) - uids:
                 del book[uid]
 

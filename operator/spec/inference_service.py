@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagoda.operator.kube.drift import parse_quantity
+from pagoda.operator.kube.names import MAX_GROUP_NAME_LENGTH
 from pagoda.operator.spec.autotune import AutotuneSpec
 from pagoda.operator.spec.fields import (
     SpecError,
@@ -30,6 +32,7 @@ from pagoda.operator.spec.fields import (
     show,
 )
 from pagoda.operator.spec.model_ref import ModelRef
+from pagoda.operator.spec.parallelism import ParallelismSpec
 from pagoda.runtime import options
 
 # The engine's choices and defaults are the runtime's (pagoda.runtime.options, torch-free); the
@@ -52,6 +55,9 @@ DEFAULT_MEMORY = "2Gi"
 DEFAULT_TOLERANCE = 0.1
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
 # The CRD's length and size limits, enforced here too (the schema may not be applied).
@@ -214,6 +220,38 @@ class AutoscalingSpec:
 
 
 @dataclass(frozen=True)
+class ModelCacheSpec:
+    """Where hf:// and s3:// models are downloaded: a PersistentVolumeClaim shared by the
+    replicas (`claim_name`), else an emptyDir per pod, optionally capped at `size_limit`."""
+
+    claim_name: str | None = None
+    size_limit: str | None = None  # a quantity; the emptyDir's sizeLimit
+
+    def __post_init__(self) -> None:
+        if self.claim_name and self.size_limit:
+            raise SpecError(
+                "InvalidSpec",
+                "spec.modelCache: sizeLimit caps the default emptyDir; a claimName's size is the "
+                "PersistentVolumeClaim's own: set one of them",
+            )
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelCacheSpec:
+        p = "spec.modelCache"
+        claim = opt_str(d, "claimName", p, max_len=MAX_SECRET_FIELD)
+        if claim is not None and not _DNS1123_SUBDOMAIN.match(claim):
+            raise SpecError("InvalidSpec", f"{p}.claimName {show(claim)} is not a valid PVC name")
+        limit = quantity(d, "sizeLimit", p)
+        if limit is not None and not parse_quantity(limit):
+            raise SpecError("InvalidSpec", f"{p}.sizeLimit must be more than 0")
+        return cls(claim_name=claim, size_limit=limit)
+
+    @property
+    def size_limit_bytes(self) -> int | None:
+        return None if self.size_limit is None else int(parse_quantity(self.size_limit) or 0)
+
+
+@dataclass(frozen=True)
 class SecretKeyRef:
     name: str
     key: str = DEFAULT_API_KEY_KEY
@@ -230,7 +268,10 @@ class InferenceServiceSpec:
     engine: EngineSpec = field(default_factory=EngineSpec)
     autoscaling: AutoscalingSpec | None = None
     autotune: AutotuneSpec = field(default_factory=AutotuneSpec)
+    parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
     api_key_secret: SecretKeyRef | None = None
+    model_cache: ModelCacheSpec = field(default_factory=ModelCacheSpec)
+    model_secret: str | None = None  # a Secret whose keys the model-download container gets as env
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Mapping[str, Any], ...] = ()
     env: tuple[Mapping[str, Any], ...] = ()
@@ -258,10 +299,37 @@ class InferenceServiceSpec:
                 "spec.engine.kvCacheDtype int8 runs on CPU pods only (resources.gpus 0, "
                 "attentionBackend auto or torch)",
             )
+        if not self.model.remote and (self.model_secret or self.model_cache != ModelCacheSpec()):
+            raise SpecError(
+                "InvalidSpec",
+                "spec.modelCache and spec.modelSecretRef apply to hf:// and s3:// models only",
+            )
         if self.autotune.enabled and self.resources.gpus < 1:
             raise SpecError(
                 "InvalidSpec", "spec.autotune.enabled tunes GPU nodes: set spec.resources.gpus >= 1"
             )
+        self.parallelism.check(self.resources.gpus)
+        if self.autotune.enabled and self.tensor_parallel_size > 1:
+            raise SpecError(
+                "InvalidSpec",
+                "spec.autotune.enabled measures a server on one GPU; it cannot tune a "
+                f"tensor-parallel one (tensor-parallel size {self.tensor_parallel_size})",
+            )
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """Ranks the model is sharded over (`pagoda serve --tensor-parallel-size`)."""
+        return self.parallelism.tensor_size(self.resources.gpus)
+
+    @property
+    def multi_node(self) -> bool:
+        """A group of several pods: a LeaderWorkerSet instead of a Deployment."""
+        return self.parallelism.nodes > 1
+
+    @property
+    def workload_kind(self) -> str:
+        """The kind that runs the pods (what the autoscaler scales)."""
+        return "LeaderWorkerSet" if self.multi_node else "Deployment"
 
     @property
     def min_replicas(self) -> int:
@@ -305,6 +373,14 @@ class InferenceServiceSpec:
             raise SpecError(
                 "InvalidSpec", f"spec.autoscaling must be an object, got {show(autoscaling)}"
             )
+        parallelism = ParallelismSpec.from_dict(spec.get("parallelism") or {})
+        if parallelism.nodes > 1 and len(name) > MAX_GROUP_NAME_LENGTH:
+            raise SpecError(
+                "InvalidName",
+                f"metadata.name of a multi-node service (spec.parallelism.nodes > 1) must be at "
+                f"most {MAX_GROUP_NAME_LENGTH} characters (its pods' names and labels add the "
+                f"group's), got {len(name)}",
+            )
         return cls(
             model=model,
             served_model_name=served,
@@ -317,7 +393,10 @@ class InferenceServiceSpec:
             engine=EngineSpec.from_dict(mapping(spec, "engine", "spec")),
             autoscaling=None if autoscaling is None else AutoscalingSpec.from_dict(autoscaling),
             autotune=AutotuneSpec.from_dict(spec.get("autotune") or {}),
+            parallelism=parallelism,
             api_key_secret=_secret_ref(spec),
+            model_cache=ModelCacheSpec.from_dict(mapping(spec, "modelCache", "spec")),
+            model_secret=_model_secret(spec),
             node_selector=tuple(sorted(node_selector.items())),
             tolerations=tuple(_list_of_objects(spec, "tolerations", MAX_TOLERATIONS)),
             env=tuple(_env(spec)),
@@ -357,6 +436,19 @@ def _secret_ref(spec: Mapping[str, Any]) -> SecretKeyRef | None:
     return SecretKeyRef(
         name, opt_str(secret, "key", p, max_len=MAX_SECRET_FIELD) or DEFAULT_API_KEY_KEY
     )
+
+
+def _model_secret(spec: Mapping[str, Any]) -> str | None:
+    ref = spec.get("modelSecretRef")
+    if ref is None:
+        return None
+    p = "spec.modelSecretRef"
+    if not isinstance(ref, Mapping):
+        raise SpecError("InvalidSpec", f"{p} must be an object, got {show(ref)}")
+    name = opt_str(ref, "name", p, max_len=MAX_SECRET_FIELD)
+    if not name or not _DNS1123_SUBDOMAIN.match(name):
+        raise SpecError("InvalidSpec", f"{p}.name must be a Secret's name, got {show(name)}")
+    return name
 
 
 def _list_of_objects(spec: Mapping[str, Any], key: str, max_items: int) -> list[Mapping[str, Any]]:

@@ -1,7 +1,9 @@
 """Where an InferenceService's weights come from: `spec.model` parsed into a :class:`ModelRef`.
 
-A built-in name (carried by the runtime image), `pvc://CLAIM/PATH` (mounted read-only) or an
-absolute path inside the image; anything that would make the runtime download weights is refused.
+A built-in name (carried by the runtime image), `pvc://CLAIM/PATH` (mounted read-only), an
+absolute path inside the image, or `hf://ORG/NAME[@REVISION]` / `s3://BUCKET/PREFIX`, which a
+`model-download` init container fetches into the model cache (children/model_cache.py). The URI
+grammar is the runtime's (pagoda.runtime.model.sources.uri).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from pagoda.operator.spec.fields import SpecError, show
+from pagoda.runtime.model.sources.uri import SCHEMES, is_remote, parse_uri
 from pagoda.runtime.options import BUILTIN_MODELS  # what the runtime image carries itself
 
 _DNS1123_SUBDOMAIN = re.compile(
@@ -19,7 +22,8 @@ _DNS1123_SUBDOMAIN = re.compile(
 
 @dataclass(frozen=True)
 class ModelRef:
-    """Where the weights come from: `builtin`, `pvc` (mounted read-only) or `image` (a path in it)."""
+    """Where the weights come from: `builtin`, `pvc` (mounted read-only), `image` (a path in it),
+    or `hf` / `s3` (downloaded by an init container)."""
 
     source: str
     uri: str
@@ -29,15 +33,20 @@ class ModelRef:
     MOUNT_ROOT = "/mnt/models"
 
     def __post_init__(self) -> None:
-        if self.source not in ("builtin", "pvc", "image"):
+        if self.source not in ("builtin", "pvc", "image", "hf", "s3"):
             raise SpecError("InvalidModel", f"unknown model source {show(self.source)}")
         if self.source == "pvc" and not self.claim:
             raise SpecError("InvalidModel", f"{show(self.uri)}: a pvc:// model needs a claim name")
 
     @property
+    def remote(self) -> bool:
+        """Downloaded into the model cache (hf://, s3://) rather than carried or mounted."""
+        return self.source in ("hf", "s3")
+
+    @property
     def server_arg(self) -> str:
-        """The value of `pagoda serve --model`."""
-        if self.source == "builtin":
+        """The value of `pagoda serve --model` (a remote URI as is, with `--download-dir`)."""
+        if self.source == "builtin" or self.remote:
             return self.uri
         if self.source == "pvc":
             return f"{self.MOUNT_ROOT}/{self.subpath}" if self.subpath else self.MOUNT_ROOT
@@ -70,18 +79,26 @@ class ModelRef:
             return cls("image", uri, subpath="/" + _clean_path(uri, uri_path))
         if uri.startswith("/"):
             return cls("image", uri, subpath="/" + _clean_path(uri, uri))
+        if is_remote(uri):
+            try:
+                parsed = parse_uri(uri)
+            except ValueError as e:
+                raise SpecError("InvalidModel", str(e)) from e
+            return cls(uri[: uri.index("://")], parsed.uri)
         if "://" in uri:
             scheme = uri.split("://", 1)[0]
             raise SpecError(
                 "UnsupportedModelURI",
-                f"{show(uri)}: scheme {scheme[:32]}:// is not supported; the runtime never downloads weights. "
-                "Use a built-in name, pvc://CLAIM/PATH or an absolute path inside the image",
+                f"{show(uri)}: scheme {scheme[:32]}:// is not supported. Use a built-in name, "
+                f"{', '.join(s + '...' for s in SCHEMES)}, pvc://CLAIM/PATH or an absolute path "
+                "inside the image",
             )
         known = ", ".join(sorted(BUILTIN_MODELS))
         raise SpecError(
             "UnknownModel",
             f"unknown built-in model {show(uri)} (built-in: {known}); "
-            "for other weights use pvc://CLAIM/PATH or an absolute path inside the image",
+            "for other weights use hf://ORG/NAME, s3://BUCKET/PREFIX, pvc://CLAIM/PATH or an "
+            "absolute path inside the image",
         )
 
 

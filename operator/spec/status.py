@@ -1,7 +1,9 @@
 """InferenceService status: conditions (Ready, Progressing, Degraded), replicas, selector, url.
 
-Pure functions: `compute_status` derives the whole status from the Deployment and the spec
-check; `status_patch` returns only what changed (None when nothing did), so the operator writes
+Pure functions: `compute_status` derives the whole status from the workload (the Deployment, or
+a multi-node service's LeaderWorkerSet), the spec check and the pods' named failures (a
+container's termination message, spec/pod_failure.py); `status_patch` returns only what changed
+(None when nothing did), so the operator writes
 status on real change only. `status.autoscaling` belongs to the autoscaler and is never touched.
 """
 
@@ -11,10 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pagoda.operator.kube.names import now_iso, selector_labels
+from pagoda.operator.kube.names import leader_selector_labels, now_iso, selector_labels
 
 if TYPE_CHECKING:
     from pagoda.operator.spec.fields import SpecError
+    from pagoda.operator.spec.pod_failure import PodFailure
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded")
 MAX_MESSAGE = 32768  # the CRD's maxLength of a condition message (longer ones are rejected)
@@ -42,8 +45,16 @@ def _deployment_condition(deployment: Mapping[str, Any], type_: str) -> Mapping[
     return {}
 
 
+def _group_size(workload: Mapping[str, Any]) -> int | None:
+    """Pods per group of a LeaderWorkerSet; None for a Deployment."""
+    if workload.get("kind") != "LeaderWorkerSet":
+        return None
+    template = (workload.get("spec") or {}).get("leaderWorkerTemplate") or {}
+    return int(template.get("size") or 1)
+
+
 def _conditions(
-    deployment: Mapping[str, Any] | None, spec_error: SpecError | None
+    deployment: Mapping[str, Any] | None, spec_error: SpecError | None, kind: str = "Deployment"
 ) -> list[Condition]:
     if deployment is None:
         if spec_error is not None:
@@ -55,8 +66,8 @@ def _conditions(
                 Condition("Degraded", True, spec_error.reason, spec_error.message),
             ]
         return [
-            Condition("Ready", False, "DeploymentMissing", "the Deployment does not exist yet"),
-            Condition("Progressing", True, "Creating", "creating the Deployment"),
+            Condition("Ready", False, f"{kind}Missing", f"the {kind} does not exist yet"),
+            Condition("Progressing", True, "Creating", f"creating the {kind}"),
             Condition("Degraded", False, "AsExpected", ""),
         ]
     st = deployment.get("status") or {}
@@ -66,8 +77,13 @@ def _conditions(
     )
     generation = (deployment.get("metadata") or {}).get("generation")
     observed = generation is None or int(st.get("observedGeneration") or 0) >= int(generation)
-    available = _deployment_condition(deployment, "Available").get("status") == "True"
-    counts = f"{ready}/{desired} replicas ready, {updated}/{desired} updated"
+    group = _group_size(deployment)
+    if group is None:
+        available = _deployment_condition(deployment, "Available").get("status") == "True"
+        counts = f"{ready}/{desired} replicas ready, {updated}/{desired} updated"
+    else:  # LWS's Available means every group is ready; one ready group serves
+        available = True
+        counts = f"{ready}/{desired} groups of {group} pods ready, {updated}/{desired} updated"
 
     if desired == 0:
         ready_cond = Condition("Ready", False, "ScaledToZero", "spec.replicas is 0")
@@ -84,8 +100,9 @@ def _conditions(
         return [ready_cond, progressing, degraded]
     degraded = _rollout_degraded(deployment)
     if not observed:
+        controller = deployment.get("kind") or "Deployment"
         progressing = Condition(
-            "Progressing", True, "RollingOut", "waiting for the Deployment controller"
+            "Progressing", True, "RollingOut", f"waiting for the {controller} controller"
         )
     elif updated < desired or ready < desired or total > desired:
         progressing = Condition("Progressing", True, "RollingOut", counts)
@@ -114,19 +131,40 @@ def _rollout_degraded(deployment: Mapping[str, Any]) -> Condition:
     return degraded
 
 
+def _with_pod_failure(conditions: list[Condition], failure: PodFailure) -> list[Condition]:
+    """A pod's named failure (e.g. ModelDownloadFailed) becomes Degraded's reason, and Ready's
+    while no replica is ready (a service that serves stays Ready)."""
+    out = []
+    for cond in conditions:
+        if cond.type == "Degraded" or (cond.type == "Ready" and cond.reason == "Unavailable"):
+            cond = Condition(
+                cond.type, cond.type == "Degraded", failure.reason, failure.description
+            )
+        out.append(cond)
+    return out
+
+
 def compute_status(
     body: Mapping[str, Any],
     deployment: Mapping[str, Any] | None,
     *,
     spec_error: SpecError | None = None,
     url: str | None = None,
+    kind: str = "Deployment",
+    pod_failure: PodFailure | None = None,
 ) -> dict[str, Any]:
-    """The full status this InferenceService should have now."""
+    """The full status this InferenceService should have now. `deployment`: the workload, a
+    Deployment or a LeaderWorkerSet (`kind`, when there is none yet); for a LeaderWorkerSet the
+    replicas count groups and the selector picks their leaders."""
     meta = body.get("metadata") or {}
     generation = meta.get("generation")
     old = {c.get("type"): c for c in ((body.get("status") or {}).get("conditions") or [])}
+    kind = (deployment or {}).get("kind") or kind
     conditions = []
-    for cond in _conditions(deployment, spec_error):
+    computed = _conditions(deployment, spec_error, kind)
+    if pod_failure is not None and spec_error is None and deployment is not None:
+        computed = _with_pod_failure(computed, pod_failure)
+    for cond in computed:
         status = "True" if cond.status else "False"
         prev = old.get(cond.type) or {}
         conditions.append(
@@ -145,12 +183,13 @@ def compute_status(
     # Conditions of other writers (e.g. the autoscaler's MetricsUnavailable) are kept as they are.
     conditions += [c for t, c in old.items() if t not in CONDITION_TYPES]
     dst = (deployment or {}).get("status") or {}
+    selector = leader_selector_labels if kind == "LeaderWorkerSet" else selector_labels
     status: dict[str, Any] = {
         "conditions": conditions,
         "replicas": int(dst.get("replicas") or 0),
         "readyReplicas": int(dst.get("readyReplicas") or 0),
         "updatedReplicas": int(dst.get("updatedReplicas") or 0),
-        "selector": ",".join(f"{k}={v}" for k, v in selector_labels(meta.get("name", "")).items()),
+        "selector": ",".join(f"{k}={v}" for k, v in selector(meta.get("name", "")).items()),
     }
     if generation is not None:
         status["observedGeneration"] = generation

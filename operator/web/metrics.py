@@ -67,7 +67,8 @@ class OperatorMetrics:
         self.reconcile_errors = Counter(
             "pagoda_operator_reconcile_errors",
             "Reconciles that failed, by trigger and kind (transient: retried with backoff; "
-            "permanent: a condition says why).",
+            "permanent: a condition says why; status: a refused status write, retried with "
+            "backoff and posted as an Event).",
             ["trigger", "kind"],
             registry=r,
         )

@@ -1,8 +1,11 @@
 """The operator's own HTTP port: liveness (/healthz) and readiness (/readyz).
 
-/readyz is 503 while kopf starts and once the API server has failed every call for
+/readyz is 503 while kopf starts, once the API server has failed every call for
 `api_unready_after_s` (the autoscaler lists the InferenceServices every interval, so an outage
-shows within one interval); /healthz stays 200 then: restarting cannot fix an API outage.
+shows within one interval), and once the status of some InferenceService could not be written for
+that long (a status write refused, say with a 422 from a CRD older than the operator: the users of
+that service see nothing new, and the reconciler keeps retrying it with backoff). /healthz stays
+200 then: restarting cannot fix either.
 One aiohttp application: other modules add routes (/metrics, POST /alerts) with `add_routes`.
 """
 
@@ -11,6 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from aiohttp import web
+
+# (seconds failing, "namespace/name", the last error) of the status write failing the longest
+StatusFailure = tuple[float, str, Exception]
 
 
 class OperatorHttpServer:
@@ -23,6 +29,7 @@ class OperatorHttpServer:
         is_ready: Callable[[], bool],
         api_unreachable_for: Callable[[], float] = lambda: 0.0,
         api_unready_after_s: float = 60.0,
+        status_unwritable: Callable[[], StatusFailure | None] = lambda: None,
     ) -> None:
         self.host = host
         self.requested_port = port
@@ -32,6 +39,7 @@ class OperatorHttpServer:
         self._is_ready = is_ready
         self._api_unreachable_for = api_unreachable_for
         self._api_unready_after_s = api_unready_after_s
+        self._status_unwritable = status_unwritable
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -51,6 +59,16 @@ class OperatorHttpServer:
         down = self._api_unreachable_for()
         if down >= self._api_unready_after_s:
             body = {"status": "api-unreachable", "unreachableSeconds": round(down, 1)}
+            return web.json_response(body, status=503)
+        failing = self._status_unwritable()
+        if failing is not None and failing[0] >= self._api_unready_after_s:
+            seconds, where, error = failing
+            body = {
+                "status": "status-unwritable",
+                "failingSeconds": round(seconds, 1),
+                "inferenceService": where,
+                "error": str(error)[:1024],
+            }
             return web.json_response(body, status=503)
         return web.json_response({"status": "ready"})
 

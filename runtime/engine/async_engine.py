@@ -13,6 +13,15 @@ Failure model: a bad request is rejected before it reaches the thread (`validate
 errors are `ParamError(field, message)`); an error while adding one request fails only that
 request. An exception inside `step()` cannot be pinned on one request, so it is fatal: every
 stream fails, `error` is set and `/health` turns 503.
+
+Fair sharing (docs/reliability.md): limits count sequences, prompts × n. The waiting queue holds
+`max_queue_len` of them; one request may ask for at most `max_seqs_per_request`, and never more
+than half the queue. Requests of several sequences ("bulk") may together fill the queue but for
+a reserve kept for single-sequence requests. A bulk request is not handed to the core all at
+once either: its prompts wait here and are fed round-robin with the other bulk requests, so that
+together they hold at most `max_num_seqs` minus a reserve of the core's sequence slots. A
+single-sequence request goes to the core at once and finds a reserved slot, so a short request
+is never queued behind the thousands of sequences one client asked for.
 """
 
 from __future__ import annotations
@@ -125,11 +134,20 @@ class AsyncEngine:
         core_factory: Callable[[], EngineCore],
         *,
         max_queue_len: int = 512,
+        max_seqs_per_request: int | None = None,
+        max_num_seqs: int | None = None,
         observer: StepObserver | None = None,
         retry_after: int = 1,
     ) -> None:
+        """`max_queue_len`: sequences waiting for their first token; `max_seqs_per_request`
+        (default and at most: half of `max_queue_len`): prompts × n of one request;
+        `max_num_seqs`: the core's batch, whose slots bulk requests share (None: no rule)."""
         self._factory = core_factory
         self.max_queue_len = max_queue_len
+        half = max(1, max_queue_len // 2)
+        self.max_seqs_per_request = min(max_seqs_per_request or half, half)
+        self.bulk_queue = max_queue_len - reserved(max_queue_len)  # room bulk requests share
+        self.bulk_slots = None if max_num_seqs is None else max_num_seqs - reserved(max_num_seqs)
         self.observer = observer
         self.retry_after = retry_after
         self._core: EngineCore | None = None  # the engine thread's; never touched elsewhere
@@ -138,7 +156,17 @@ class AsyncEngine:
         self.draining = False
         self.error: BaseException | None = None
         self._streams: dict[str, RequestStream] = {}
-        self._queued: set[str] = set()  # accepted, no output yet: the waiting queue we bound
+        self._queued: dict[str, tuple[int, bool]] = {}  # no output yet: id -> (seqs, bulk)
+        self._num_queued = 0  # their sum: the waiting queue we bound
+        self._bulk_queued = 0  # the part of it from bulk requests
+        # Multi-sequence requests: prompts not handed to the core yet, per request batch
+        # (round-robin order), and the unfinished sequences of those handed over.
+        self._backlog: collections.OrderedDict[str, collections.deque[tuple]] = (
+            collections.OrderedDict()
+        )
+        self._bulk: dict[str, int] = {}  # request id -> unfinished sequences in the core
+        self._bulk_seqs = 0
+        self._feed_pending = False
         self._inbox: collections.deque[tuple] = collections.deque()
         self._wake = threading.Event()
         self._stop = False
@@ -176,7 +204,8 @@ class AsyncEngine:
 
     @property
     def num_queued(self) -> int:
-        return len(self._queued)
+        """Sequences accepted that have no output yet (the bound of `max_queue_len`)."""
+        return self._num_queued
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop = True
@@ -215,52 +244,171 @@ class AsyncEngine:
             raise TypeError("params must be a SamplingParams")
         self.loaded_info().validate(prompt_token_ids, params)
 
+    def check_prompts(
+        self, info: EngineInfo, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> None:
+        """The per-prompt checks of `add_requests` (ParamError), safe on any thread: they read
+        the immutable `info` and fixed limits only. The server runs them on its worker thread,
+        so a 4 MiB body of token ids (2 M ids, about a second of Python) is never scanned on
+        the event loop; it then calls `add_requests(..., checked=True)`."""
+        self.check_size(len(prompts), params)
+        for ids in prompts:
+            info.validate(ids, params)
+            time.sleep(0)  # let the event loop's thread take the GIL between prompts
+
     def add_requests(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, prefix: str
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        prefix: str,
+        *,
+        checked: bool = False,
     ) -> list[RequestStream]:
         """Admit a batch all-or-nothing (ids `prefix-0`, `prefix-1`, ...).
 
-        A batch larger than the queue bound can never be admitted: ParamError (400), not 503.
+        More sequences (prompts × n) than `max_seqs_per_request` can never be admitted:
+        ParamError (400), not 503. A full queue is QueueFullError (503). `checked`: the
+        prompts passed `check_prompts` already (the engine's availability is checked here).
         """
-        if len(prompts) > self.max_queue_len:
+        self.check_size(len(prompts), params)
+        if checked:
+            self.loaded_info()
+        else:
+            for ids in prompts:
+                self.validate(ids, params)
+        seqs = len(prompts) * params.n
+        bulk = seqs > 1
+        self._check_room(seqs, bulk)
+        rids = [f"{prefix}-{i}" for i in range(len(prompts))]
+        if any(rid in self._streams for rid in rids):
+            raise ValueError(f"duplicate request id prefix {prefix!r}")
+        streams = [self._admit(rid, params, bulk) for rid in rids]
+        if bulk and self.bulk_slots is not None:  # shared out round-robin (`_feed`)
+            self._backlog[prefix] = collections.deque(
+                (rid, list(ids), params) for rid, ids in zip(rids, prompts)
+            )
+            self._feed()
+        else:
+            for rid, ids in zip(rids, prompts):
+                self._post(("add", rid, list(ids), params))
+        return streams
+
+    def check_size(self, num_prompts: int, params: SamplingParams) -> None:
+        """ParamError when prompts × n exceeds what one request may ask for."""
+        seqs, cap = num_prompts * params.n, self.max_seqs_per_request
+        if seqs > cap:
+            field = "n" if num_prompts == 1 else "prompt"
             raise ParamError(
-                "prompt",
-                f"a batch of {len(prompts)} prompts is more than this server queues at once "
-                f"({self.max_queue_len}); send at most {self.max_queue_len} per request",
+                field,
+                f"{field}: this request asks for {num_prompts} prompt(s) × n={params.n} = {seqs} "
+                f"sequences; this server takes at most {cap} per request",
             )
-        for ids in prompts:
-            self.validate(ids, params)
-        if len(self._queued) + len(prompts) > self.max_queue_len:
-            raise QueueFullError(
-                f"too many waiting requests ({len(self._queued)}); retry later", self.retry_after
-            )
-        return [self.add_request(ids, params, f"{prefix}-{i}") for i, ids in enumerate(prompts)]
 
     def add_request(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
     ) -> RequestStream:
         """Admit a request or raise: ParamError (bad input), EngineUnavailableError, QueueFullError."""
+        self.check_size(1, params)
         self.validate(prompt_token_ids, params)
-        if len(self._queued) >= self.max_queue_len:
-            raise QueueFullError(
-                f"too many waiting requests ({len(self._queued)}); retry later", self.retry_after
-            )
+        self._check_room(params.n, params.n > 1)
         rid = request_id or f"req-{next(self._ids)}"
         if rid in self._streams:
             raise ValueError(f"duplicate request id {rid!r}")
-        stream = RequestStream(rid, params.n)
-        self._streams[rid] = stream
-        self._queued.add(rid)
+        stream = self._admit(rid, params, params.n > 1)
         self._post(("add", rid, list(prompt_token_ids), params))
         return stream
+
+    def _check_room(self, seqs: int, bulk: bool) -> None:
+        full = self._num_queued + seqs > self.max_queue_len
+        if full or (bulk and self._bulk_queued + seqs > self.bulk_queue):
+            raise QueueFullError(
+                f"too many waiting sequences ({self._num_queued} of {self.max_queue_len}"
+                f"{', of which multi-sequence requests may fill ' if bulk else ''}"
+                f"{self.bulk_queue if bulk else ''}); retry later",
+                self.retry_after,
+            )
+
+    def _admit(self, rid: str, params: SamplingParams, bulk: bool) -> RequestStream:
+        stream = RequestStream(rid, params.n)
+        self._streams[rid] = stream
+        self._queued[rid] = (params.n, bulk)
+        self._num_queued += params.n
+        self._bulk_queued += params.n if bulk else 0
+        return stream
+
+    def _unqueue(self, rid: str) -> None:
+        seqs, bulk = self._queued.pop(rid, (0, False))
+        self._num_queued -= seqs
+        self._bulk_queued -= seqs if bulk else 0
+
+    def _feed(self) -> None:
+        """Hand waiting prompts of multi-sequence requests to the core, one per request in
+        turn, while they hold fewer than `bulk_slots` sequences there (at least one prompt
+        whenever none is there, so a prompt with n above the share still runs)."""
+        assert self.bulk_slots is not None
+        while self._backlog:
+            prefix, prompts = next(iter(self._backlog.items()))
+            rid, ids, params = prompts[0]
+            if self._bulk_seqs and self._bulk_seqs + params.n > self.bulk_slots:
+                return
+            prompts.popleft()
+            if prompts:
+                self._backlog.move_to_end(prefix)
+            else:
+                del self._backlog[prefix]
+            self._bulk[rid] = params.n
+            self._bulk_seqs += params.n
+            self._post(("add", rid, ids, params))
+
+    def _feed_soon(self) -> None:
+        if self._loop is None:
+            self._feed()
+        elif not self._feed_pending:
+            self._feed_pending = True
+            self._loop.call_soon(self._fed_later)
+
+    def _fed_later(self) -> None:
+        self._feed_pending = False
+        self._feed()
+
+    def _release(self, rid: str, seqs: int | None = None) -> None:
+        """`seqs` (all when None) of a multi-sequence request's core sequences are done."""
+        held = self._bulk.get(rid)
+        if held is None:
+            return
+        done = held if seqs is None else min(seqs, held)
+        self._bulk_seqs -= done
+        if held == done:
+            del self._bulk[rid]
+        else:
+            self._bulk[rid] = held - done
+
+    def _drop_waiting(self, rid: str) -> bool:
+        """Remove a prompt still waiting here for the core; True if it was."""
+        prefix = rid.rpartition("-")[0]
+        prompts = self._backlog.get(prefix)
+        if prompts is None:
+            return False
+        kept = collections.deque(p for p in prompts if p[0] != rid)
+        if len(kept) == len(prompts):
+            return False
+        if kept:
+            self._backlog[prefix] = kept
+        else:
+            del self._backlog[prefix]
+        return True
 
     def abort(self, request_id: str) -> None:
         """Abort a request still running (no-op otherwise); its blocks are freed next iteration."""
         stream = self._streams.pop(request_id, None)
-        self._queued.discard(request_id)
+        self._unqueue(request_id)
         if stream is None or stream.finished:
             return
-        self._post(("abort", request_id))
+        if not self._drop_waiting(request_id):
+            self._post(("abort", request_id))
+        if request_id in self._bulk:
+            self._release(request_id)
+            self._feed_soon()  # after the caller's other aborts (a job aborts all its prompts)
         if self.observer is not None and not stream.done[0]:
             pending = [t for t, d in zip(stream.tokens, stream.done) if not d]
             self.observer.record_abort(stream.arrival_time, pending)
@@ -291,21 +439,33 @@ class AsyncEngine:
 
     # -- event-loop callbacks (scheduled from the engine thread) -----------------------------
     def _dispatch(self, outputs: list[StepOutput]) -> None:
+        released = False
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue  # aborted meanwhile
-            self._queued.discard(out.request_id)
+            if out.request_id in self._queued:
+                self._unqueue(out.request_id)
+            if out.finished and out.request_id in self._bulk:
+                self._release(out.request_id, 1)
+                released = True
             if stream._put(out):
                 del self._streams[out.request_id]
+        if released and self._backlog:
+            self._feed()
 
     def _fail(self, request_id: str, exc: BaseException) -> None:
-        self._queued.discard(request_id)
+        self._unqueue(request_id)
         stream = self._streams.pop(request_id, None)
         if stream is not None:
             stream._fail(exc)
+        if request_id in self._bulk:
+            self._release(request_id)
+            if self._backlog:
+                self._feed()
 
     def _fail_all(self, exc: BaseException) -> None:
+        self._backlog.clear()
         for rid in list(self._streams):
             self._fail(rid, EngineUnavailableError(f"engine loop died: {exc!r}"))
         if self._started is not None and not self._started.done():
@@ -388,6 +548,12 @@ class AsyncEngine:
                     result, exc = None, e
                 self._call_loop(_settle, fut, result, exc)
         return n > 0
+
+
+def reserved(slots: int) -> int:
+    """Of `slots` (the core's batch, the waiting queue), those kept for single-sequence
+    requests: an eighth, at least one, never all of them."""
+    return min(slots - 1, max(1, slots // 8))
 
 
 def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

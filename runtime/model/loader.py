@@ -1,4 +1,4 @@
-"""Resolve `--model` (a built-in name, a GGUF file or an HF directory) and load it."""
+"""Resolve `--model` (a built-in name, a GGUF file, an HF directory, hf:// or s3://) and load it."""
 
 from __future__ import annotations
 
@@ -42,6 +42,10 @@ def builtin_model_path(name: str) -> Path:
 def resolve_model_path(model: str) -> Path:
     if model in BUILTIN_MODELS:
         return builtin_model_path(model)
+    if model.startswith(("hf://", "s3://")):  # the download dir's copy, fetched if missing
+        from pagoda.runtime.model.sources.fetch import resolve_model
+
+        return Path(resolve_model(model))
     path = Path(model).expanduser()
     if not path.exists():
         known = ", ".join(BUILTIN_MODELS)

@@ -108,7 +108,7 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
         return error_response(APIError(e.status_code, str(e.detail)))
 
     endpoints = {
-        "/v1/completions": CompletionEndpoint(cfg.served_model_names, engine.max_queue_len),
+        "/v1/completions": CompletionEndpoint(cfg.served_model_names, engine.max_seqs_per_request),
         "/v1/chat/completions": ChatEndpoint(cfg.served_model_names),
     }
     add_openai_routes(app, cfg, serving, endpoints)

@@ -5,19 +5,24 @@ The flags, their choices and defaults come from `pagoda.runtime.options`, the co
 operator renders container args from. `build_parser()` imports neither torch nor uvicorn, so the
 operator (and its tests) can parse those args with the real parser.
 
-Start-up order: flags are validated, the model is resolved and its config read *before* the HTTP
-server binds, so a bad `--model` or an impossible flag combination exits 2 with one line on
-stderr. Loading the weights happens after the bind (`/health` answers, `/ready` is 503 until
-warm); a failure there exits 1, also with one line.
+Start-up order: flags are parsed (a bad value: one line, exit 2), the listening sockets are
+bound (a port in use or a foreign host: one line, exit 2, before torch is even imported), then
+`launch.preflight` reads the model's metadata and checks every size against the model and this
+machine's memory (one line, exit 2). Only then does the model load, behind the already-bound
+port (`/health` answers, `/ready` is 503 until warm); a failure there exits 1, also with one
+line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import logging
 import os
 import sys
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NoReturn
 
 # Before torch loads libgomp: OpenMP threads that spin at barriers while another process holds
 # a core make a CPU step 10-20x slower on shared or CPU-limited nodes (measured on 2 busy cores:
@@ -25,8 +30,15 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from pagoda.runtime import options
-from pagoda.runtime.options import ENGINE_FLAGS, SERVER_FLAGS, Flag
+from pagoda.runtime.options import ENGINE_FLAGS, PARALLEL_FLAGS, SERVER_FLAGS, Flag
 from pagoda.runtime.server.config import ServerConfig
+from pagoda.runtime.server.listen import (
+    bind_sockets,
+    close_all,
+    ensure_fd_limit,
+    start_listening,
+)
+from pagoda.runtime.termination import exit_error
 
 DESCRIPTION = "Run the OpenAI-compatible inference server."
 
@@ -58,12 +70,20 @@ def _add(group: argparse._ActionsContainer, f: Flag) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Every `pagoda serve` flag, from `options` (engine flags first, then the HTTP side)."""
     p.formatter_class = DefaultsHelpFormatter
+
+    def error(message: str) -> NoReturn:  # one line, like every other start-up error
+        fail(ValueError(f"{message} (see `pagoda serve --help`)"))
+
+    p.error = error  # type: ignore[method-assign]
     engine = p.add_argument_group("engine")
     for f in ENGINE_FLAGS.values():
         _add(engine, f)
     server = p.add_argument_group("server")
     for f in SERVER_FLAGS.values():
         _add(server, f)
+    distributed = p.add_argument_group("tensor parallelism")
+    for f in PARALLEL_FLAGS.values():
+        _add(distributed, f)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,26 +102,100 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         port=args.port,
         api_key=args.api_key or os.environ.get(options.API_KEY_ENV) or None,
         max_queue_len=args.max_queue_len,
+        max_seqs_per_request=args.max_seqs_per_request,
         max_request_bytes=args.max_request_bytes,
+        max_connections=args.max_connections,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
         drain_timeout=args.drain_timeout,
         enable_debug_endpoints=args.enable_debug_endpoints,
         log_level=args.log_level,
     )
 
 
+def fail(error: BaseException) -> NoReturn:
+    """One line on stderr and the termination message (`runtime/termination.py`); exit 2."""
+    sys.exit(exit_error("pagoda serve", error))
+
+
+LIVE_LOGGERS = ("pagoda.runtime.model.sources",)  # a download's progress is shown as it goes
+
+
+@contextlib.contextmanager
+def held_logs() -> Iterator[None]:
+    """Hold log records while start-up is checked: printed once it passes, dropped when it
+    fails, so a refused start is exactly one line (a download's progress is not held)."""
+    root = logging.getLogger()
+    held: list[logging.LogRecord] = []
+    handlers = root.handlers
+
+    class Hold(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.name.startswith(LIVE_LOGGERS):
+                for h in handlers:
+                    if record.levelno >= h.level:
+                        h.handle(record)
+            else:
+                held.append(record)
+
+    root.handlers = [Hold()]
+    try:
+        yield
+    finally:
+        root.handlers = handlers
+    for record in held:
+        root.handle(record)
+
+
+def parallelism(args: argparse.Namespace) -> options.Parallelism:
+    """The tensor-parallel flags, validated (ValueError). This runtime runs one rank: a larger
+    group is refused here, before anything loads, rather than served on one device."""
+    layout = options.Parallelism.from_values(vars(args))
+    if layout.tensor_parallel_size > 1:
+        raise ValueError(
+            f"--tensor-parallel-size {layout.tensor_parallel_size}: this runtime serves a model "
+            "on one device only; use --tensor-parallel-size 1 (one GPU per server)"
+        )
+    return layout
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from pagoda.runtime.server.launch import preflight, serve
-
+    sockets: list = []
     try:
-        cfg = server_config(args)
-        engine_kwargs = options.engine_kwargs(vars(args))
-        engine_cfg, profile = preflight(
-            cfg, engine_kwargs, args.tuned_profile, args.tuned_profile_mismatch
-        )
-    except ValueError as e:  # a ProfileError too: refused profiles exit 2 with one line
-        print(f"pagoda serve: error: {' '.join(str(e).split())[:1000]}", file=sys.stderr)
-        return 2
-    return serve(cfg, engine_cfg, profile)
+        with held_logs():
+            cfg = server_config(args)
+            engine_kwargs = options.engine_kwargs(vars(args))
+            parallelism(args)
+            cfg = fit_connections(cfg)
+            sockets = bind_sockets(cfg.host, cfg.port)  # before torch: a port in use is instant
+            from pagoda.runtime.server.launch import preflight, serve
+
+            engine_cfg, profile = preflight(
+                cfg, engine_kwargs, args.tuned_profile, args.tuned_profile_mismatch,
+                download_dir=args.download_dir,
+            )  # fmt: skip
+            start_listening(sockets, cfg.host)
+    except ValueError as e:  # a ProfileError, KernelConfigError, failed download too
+        close_all(sockets)
+        fail(e)
+    except Exception as e:  # a checkpoint or profile that breaks a reader in a way not foreseen
+        close_all(sockets)
+        logging.getLogger("pagoda.serve").debug("start-up check failed", exc_info=True)
+        fail(ValueError(f"{type(e).__name__}: {e}"))
+    return serve(cfg, engine_cfg, profile, sockets)
+
+
+def fit_connections(cfg: ServerConfig) -> ServerConfig:
+    """--max-connections within the open-file limit: the default shrinks to fit (a warning),
+    an explicit value that cannot fit is a ValueError."""
+    default = options.DEFAULT_MAX_CONNECTIONS
+    cap = ensure_fd_limit(cfg.max_connections, adjustable=cfg.max_connections == default)
+    if cap == cfg.max_connections:
+        return cfg
+    logging.getLogger("pagoda.serve").warning(
+        "the open-file limit (ulimit -n) holds %d connections, not %d", cap, default
+    )
+    return dataclasses.replace(cfg, max_connections=cap)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagoda.runtime import options
+from pagoda.runtime.options import check_int, check_seconds
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,11 @@ class ServerConfig:
     port: int = options.DEFAULT_PORT
     api_key: str | None = None
     max_queue_len: int = options.DEFAULT_MAX_QUEUE_LEN
+    max_seqs_per_request: int = options.DEFAULT_MAX_SEQS_PER_REQUEST
     max_request_bytes: int = options.DEFAULT_MAX_REQUEST_BYTES
+    max_connections: int = options.DEFAULT_MAX_CONNECTIONS
+    header_timeout: float = options.DEFAULT_HEADER_TIMEOUT_S
+    body_timeout: float = options.DEFAULT_BODY_TIMEOUT_S
     drain_timeout: float = options.DEFAULT_DRAIN_TIMEOUT_S
     enable_debug_endpoints: bool = False
     log_level: str = options.DEFAULT_LOG_LEVEL
@@ -27,22 +32,20 @@ class ServerConfig:
             object.__setattr__(self, "served_model_names", (self.model,))
         if any(not isinstance(n, str) or not n for n in self.served_model_names):
             raise ValueError("served_model_name entries must be non-empty strings")
-        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be in 0..65535, got {self.port!r}")
+        check_int("port", self.port, 0, 65535)
         if not self.host:
             raise ValueError("host must not be empty")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must not be empty when set")
-        if not isinstance(self.max_queue_len, int) or self.max_queue_len < 1:
-            raise ValueError(
-                f"max_queue_len must be a positive integer, got {self.max_queue_len!r}"
-            )
-        if not isinstance(self.max_request_bytes, int) or self.max_request_bytes < 1024:
-            raise ValueError(
-                f"max_request_bytes must be an integer >= 1024, got {self.max_request_bytes!r}"
-            )
-        if self.drain_timeout < 0:
-            raise ValueError(f"drain_timeout must be >= 0, got {self.drain_timeout!r}")
+        check_int("max_queue_len", self.max_queue_len, 1, 1 << 24)
+        check_int("max_seqs_per_request", self.max_seqs_per_request, 1, 1 << 24)
+        check_int(
+            "max_request_bytes", self.max_request_bytes, 1024, options.MAX_REQUEST_BYTES_LIMIT
+        )
+        check_int("max_connections", self.max_connections, 1, options.MAX_CONNECTIONS_LIMIT)
+        check_seconds("header_timeout", self.header_timeout, 0.01)
+        check_seconds("body_timeout", self.body_timeout, 0.01)
+        check_seconds("drain_timeout", self.drain_timeout)
         if self.log_level not in options.LOG_LEVELS:
             raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
 

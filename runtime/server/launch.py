@@ -1,21 +1,34 @@
-"""Start-up of `pagoda serve`: check everything checkable before binding, then run uvicorn.
+"""Start-up of `pagoda serve`: check everything checkable before the model loads, then serve on
+the sockets `server/cli.py` bound first.
 
 Split from `cli.py` because this side imports torch and uvicorn; the parser must not.
+
+What `preflight` checks, each a ValueError with one line (the CLI prints it and exits 2): the
+tuned profile (its fields and kernel configs), the model's metadata (not its weights), every
+size against its range and the model's context, the kernel-config files the device will read,
+and the memory the configuration will allocate against what this machine has free.
 """
 
 from __future__ import annotations
 
+import logging
+import socket
 from collections.abc import Mapping
 from typing import Any
 
 import uvicorn
-from pagoda.runtime.config import EngineConfig
+from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.engine.async_engine import AsyncEngine
-from pagoda.runtime.model.loader import read_model_config
+from pagoda.runtime.model.loader import read_model_config, resolve_model_path
+from pagoda.runtime.model.sources.fetch import resolve_model
+from pagoda.runtime.server import memory
 from pagoda.runtime.server.config import ServerConfig
+from pagoda.runtime.server.connections import guarded_protocol
 from pagoda.runtime.server.draining import DrainingServer
-from pagoda.runtime.server.tuned import apply_tuned_profile
+from pagoda.runtime.server.tuned import apply_tuned_profile, describe
 from pagoda.runtime.tuned_profile import TunedProfile
+
+log = logging.getLogger("pagoda.serve")
 
 
 def preflight(
@@ -23,25 +36,78 @@ def preflight(
     engine_kwargs: Mapping[str, Any],
     tuned_profile: str | None = None,
     tuned_profile_mismatch: str = "error",
+    download_dir: str | None = None,
 ) -> tuple[EngineConfig, TunedProfile | None]:
     """The one `EngineConfig` of this server, and the tuned profile applied to it (if any).
 
-    ValueError (a ProfileError too) when the flags do not fit together, the profile, or the
-    model: the model's metadata (not its weights) is read here, so an unknown `--model` or a
-    flag combination its context length makes impossible fails before the HTTP server starts.
+    ValueError (a ProfileError, a KernelConfigError too) naming what does not fit: the flags
+    together, the profile, the model, the kernel configs or this machine's memory.
     """
+    # hf:// and s3:// → a local copy, downloaded now or found in --download-dir (offline too)
+    model_path = resolve_model(cfg.model, download_dir)
     profile, kwargs = apply_tuned_profile(
         tuned_profile, model=cfg.model, engine_kwargs=engine_kwargs, mismatch=tuned_profile_mismatch
     )
-    if kwargs.get("max_model_len") is None:
-        kwargs["max_model_len"] = read_model_config(cfg.model).max_position_embeddings
-    else:
-        read_model_config(cfg.model)  # an unknown --model fails here, before the bind
-    return EngineConfig.create(cfg.model, **kwargs), profile
+    model_config = read_model_config(model_path)  # an unknown --model fails here
+    check_context(kwargs, model_config)
+    engine_cfg = EngineConfig.create(model_path, **kwargs)
+    check_step_budget(engine_kwargs, engine_cfg)
+    check_kernel_configs(engine_cfg)
+    try:
+        memory.check(model_config, engine_cfg, resolve_model_path(model_path))
+    except ValueError as e:
+        if profile is None:
+            raise
+        tuned = ", ".join(f"{k} {v}" for k, v in profile.scheduler_args().items())
+        raise ValueError(f"{e} (tuned profile {profile.directory} sets {tuned})") from e
+    if profile is not None:
+        log.info("%s", describe(profile, kwargs))
+    return engine_cfg, profile
 
 
-def serve(cfg: ServerConfig, engine_cfg: EngineConfig, profile: TunedProfile | None = None) -> int:
-    """Bind, load the model on the engine thread, serve until drained; the exit code.
+def check_context(kwargs: dict[str, Any], model_config: ModelConfig) -> None:
+    """`max_model_len` defaults to the model's context length and may not exceed it (the RoPE
+    of a longer context is untrained; vLLM refuses it too)."""
+    context = model_config.max_position_embeddings
+    asked = kwargs.get("max_model_len")
+    if asked is None:
+        kwargs["max_model_len"] = context
+    elif isinstance(asked, int) and not isinstance(asked, bool) and asked > context:
+        raise ValueError(
+            f"max_model_len {asked} is more than the model's context length ({context} tokens, "
+            "from its metadata); lower --max-model-len"
+        )
+
+
+def check_step_budget(flags: Mapping[str, Any], engine_cfg: EngineConfig) -> None:
+    """An explicit --max-num-batched-tokens above what one step can ever schedule (every
+    sequence slot with a full context) is a typo, not a setting."""
+    sched = engine_cfg.scheduler
+    reachable = sched.max_num_seqs * sched.max_model_len
+    if flags.get("max_num_batched_tokens") is not None and sched.max_num_batched_tokens > reachable:
+        raise ValueError(
+            f"max_num_batched_tokens {sched.max_num_batched_tokens} is more than one step can "
+            f"ever schedule (max_num_seqs {sched.max_num_seqs} × max_model_len "
+            f"{sched.max_model_len} = {reachable})"
+        )
+
+
+def check_kernel_configs(engine_cfg: EngineConfig) -> None:
+    """The kernel-config files this device will read (its own and the defaults), validated
+    now rather than at the first kernel launch."""
+    from pagoda.kernels.config import check_config_files
+
+    check_config_files(engine_cfg.torch_device())
+
+
+def serve(
+    cfg: ServerConfig,
+    engine_cfg: EngineConfig,
+    profile: TunedProfile | None = None,
+    sockets: list[socket.socket] | None = None,
+) -> int:
+    """Load the model on the engine thread and serve on `sockets` (bound by the caller; bound
+    here from `cfg` when None) until drained; the exit code.
 
     The engine factory warms up every kernel variant the configured shapes reach before the
     engine reports ready, so `/ready` turns 200 only when no JIT compile is left to pay.
@@ -49,23 +115,33 @@ def serve(cfg: ServerConfig, engine_cfg: EngineConfig, profile: TunedProfile | N
     from pagoda.runtime.engine.core import EngineCore
     from pagoda.runtime.engine.warmup import warm_up
     from pagoda.runtime.server.api import create_app
+    from pagoda.runtime.server.listen import bind_sockets, bound_port, start_listening
     from pagoda.runtime.server.metrics import ServerMetrics
 
+    if sockets is None:
+        sockets = bind_sockets(cfg.host, cfg.port)
+        start_listening(sockets, cfg.host)
     metrics = ServerMetrics(cfg.served_model_name)
     if profile is not None:
         metrics.set_tuned_profile(profile.device, profile.model, profile.created)
     engine = AsyncEngine(
-        lambda: warm_up(EngineCore(engine_cfg)), max_queue_len=cfg.max_queue_len, observer=metrics
+        lambda: warm_up(EngineCore(engine_cfg)),
+        max_queue_len=cfg.max_queue_len,
+        max_seqs_per_request=cfg.max_seqs_per_request,
+        max_num_seqs=engine_cfg.scheduler.max_num_seqs,
+        observer=metrics,
     )
     app = create_app(cfg, engine, metrics)
     uv_cfg = uvicorn.Config(
         app,
         host=cfg.host,
-        port=cfg.port,
+        port=bound_port(sockets),
+        http=guarded_protocol(cfg.max_connections, cfg.header_timeout, cfg.body_timeout),
         log_level=cfg.log_level,
         access_log=cfg.log_level == "debug",
         timeout_graceful_shutdown=5,
     )
+    log.info("listening on http://%s:%d (the model loads now)", cfg.host, bound_port(sockets))
     server = DrainingServer(uv_cfg, engine, cfg)
-    server.run()
+    server.run(sockets=sockets)
     return server.exit_code

@@ -28,6 +28,7 @@ from pagoda.runtime.server.logprobs import TokenStrings
 from pagoda.runtime.server.protocol import APIError, parse_request
 
 log = logging.getLogger("pagoda.server")
+BULK_BODY_BYTES = 64 << 10
 
 
 def sse(data: dict[str, Any]) -> str:
@@ -59,10 +60,14 @@ class Serving:
     def __init__(self, engine: AsyncEngine, prep_threads: int = 2) -> None:
         self.engine = engine
         self.prep_pool = ThreadPoolExecutor(prep_threads, thread_name_prefix="pagoda-prep")
+        # Large bodies (seconds of tokenizing at worst) queue on their own thread, so they
+        # never hold the threads that small requests are prepared on (docs/reliability.md).
+        self.bulk_pool = ThreadPoolExecutor(1, thread_name_prefix="pagoda-prep-bulk")
         self._strings: tuple[EngineInfo, TokenStrings] | None = None
 
     def close(self) -> None:
         self.prep_pool.shutdown(wait=False, cancel_futures=True)
+        self.bulk_pool.shutdown(wait=False, cancel_futures=True)
 
     def strings(self, info: EngineInfo) -> TokenStrings:
         if self._strings is None or self._strings[0] is not info:
@@ -78,14 +83,20 @@ class Serving:
         strings = self.strings(info)
 
         def work() -> Job:
-            return endpoint.prepare(parse_request(body, endpoint.request_model), info, strings)
+            job = endpoint.prepare(parse_request(body, endpoint.request_model), info, strings)
+            try:  # off the event loop: scanning 2 M token ids takes a second
+                self.engine.check_prompts(info, job.prompts, job.params)
+            except ParamError as e:
+                raise job.param_error(e) from e
+            return job
 
-        return await asyncio.get_running_loop().run_in_executor(self.prep_pool, work)
+        pool = self.prep_pool if len(body) <= BULK_BODY_BYTES else self.bulk_pool
+        return await asyncio.get_running_loop().run_in_executor(pool, work)
 
     def submit(self, job: Job) -> None:
         """Add the job's engine requests (all or none); refusals become 400s and 503s."""
         try:
-            job.streams = self.engine.add_requests(job.prompts, job.params, job.id)
+            job.streams = self.engine.add_requests(job.prompts, job.params, job.id, checked=True)
         except ParamError as e:
             raise job.param_error(e) from e
         except EngineUnavailableError as e:

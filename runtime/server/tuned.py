@@ -95,7 +95,8 @@ def apply_tuned_profile(
     engine_kwargs: Mapping[str, Any],
     mismatch: str = "error",
 ) -> tuple[TunedProfile | None, dict[str, Any]]:
-    """(profile or None, engine arguments to use). ProfileError when it must not be served."""
+    """(profile or None, engine arguments to use). ProfileError when it must not be served.
+    The caller logs `describe` once every other start-up check has passed."""
     kwargs = dict(engine_kwargs)
     directory = directory or os.environ.get(options.TUNED_PROFILE_ENV) or None
     if directory is None:
@@ -105,8 +106,7 @@ def apply_tuned_profile(
         return None, kwargs
     kwargs = profile_engine_kwargs(profile, kwargs)
     use_kernel_configs(profile)
-    log.info("%s", describe(profile, kwargs))
     return profile, kwargs
 
 
-__all__ = ["ProfileError", "apply_tuned_profile", "check_profile"]
+__all__ = ["ProfileError", "apply_tuned_profile", "check_profile", "describe"]

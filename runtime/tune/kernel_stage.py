@@ -49,19 +49,30 @@ def attention_shape(model_config: Any, base: EngineConfig) -> Any:
 def kernel_buckets(
     model_config: Any, base: EngineConfig, plan: Any, max_model_len: int, quick: bool
 ) -> list:
-    """The buckets the engine profile's largest points (and so serving) can reach: with
-    batch-invariant matmuls (the default) each weight shape first, as the matmuls are most of a
-    GPU step; then the fused-MoE expert shape of an MoE model; then attention."""
+    """The buckets the engine profile's largest points (and so serving) can reach: the FP8
+    weight shapes of a model served in FP8 (its layers' GEMMs always run in Pagoda's kernel);
+    with batch-invariant matmuls (the default) each 16-bit weight shape (only the LM head in
+    FP8), as the matmuls are most of a GPU step; then the fused-MoE expert shape of an MoE
+    model; then attention."""
+    from pagoda.runtime.tune.fp8_matmul import model_serves_fp8, plan_fp8_buckets
     from pagoda.runtime.tune.kernels import plan_buckets
     from pagoda.runtime.tune.matmul import plan_matmul_buckets
     from pagoda.runtime.tune.moe import model_moe_shape, plan_moe_buckets
 
     limits = dict(max_num_seqs=max(plan.decode_batches), quick=quick)
+    chunk = max(plan.chunk_sizes)
+    fp8 = model_serves_fp8(base.model, base.quantization)
     matmuls = []
-    if base.batch_invariant:
-        matmuls = plan_matmul_buckets(
-            model_config, base.torch_dtype(), max_num_batched_tokens=max(plan.chunk_sizes), **limits
+    if fp8:
+        matmuls = plan_fp8_buckets(
+            model_config, base.torch_dtype(), max_num_batched_tokens=chunk, **limits
         )
+    if base.batch_invariant:
+        sixteen_bit = ("lm_head",) if fp8 else None
+        matmuls += plan_matmul_buckets(
+            model_config, base.torch_dtype(), max_num_batched_tokens=chunk, names=sixteen_bit,
+            **limits,
+        )  # fmt: skip
     matmuls += plan_moe_buckets(  # MoE models only: the expert GEMMs, most of their step
         model_moe_shape(base.model, model_config), base.torch_dtype(),
         batch_invariant=base.batch_invariant, max_num_batched_tokens=max(plan.chunk_sizes), **limits,

@@ -1,5 +1,6 @@
 """Kernel sweep: for each attention launcher and shape bucket, time a small candidate space
-(the matmul buckets, one per weight shape, are planned and checked in `tune.matmul`).
+(the matmul buckets, one per weight shape, are planned and checked in `tune.matmul`, the FP8
+GEMM's in `tune.fp8_matmul`).
 
 Buckets are the shapes the model will hit (its head dim, GQA ratio, block size and dtype; decode
 ``num_seqs`` × ``max_seq_len``; prefill ``max_query_len``), keyed like ``configs/<Device>.json``.
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from pagoda.runtime.tune import matmul, moe
+from pagoda.runtime.tune import fp8_matmul, matmul, moe
 
 DECODE = "decode_attention"
 PREFILL = "paged_attention"
@@ -100,6 +101,8 @@ def candidate_space(kernel: str, quick: bool = False) -> list[dict[str, Any]]:
         return matmul.candidate_space(quick)
     if kernel == moe.FUSED_MOE:
         return moe.candidate_space(quick)
+    if kernel == fp8_matmul.FP8_MATMUL:
+        return fp8_matmul.candidate_space(quick)
     if quick:
         return [c for c in candidate_space(kernel) if c["num_stages"] == 2][:2]
     pipes = [(4, 2), (4, 3), (8, 3)]

@@ -48,33 +48,45 @@ class MatmulBucket:
         return f"matmul {self.name} n={self.shape['n']} k={self.shape['k']}"
 
 
-def weight_shapes(mc: Any) -> dict[str, tuple[int, int]]:
-    """(N, K) of each matmul of a Llama-family layer and of the LM head; weights of one shape
-    share a bucket (and its config), named together."""
+def named_weight_shapes(mc: Any) -> dict[str, tuple[int, int]]:
+    """(N, K) of each matmul of a Llama-family layer and of the LM head, by name."""
     h, d = mc.hidden_size, mc.head_dim
     q, kv = mc.num_heads * d, mc.num_kv_heads * d
-    named = {
+    return {
         "qkv": (q + 2 * kv, h),
         "o": (h, q),
         "gate_up": (2 * mc.intermediate_size, h),
         "down": (h, mc.intermediate_size),
         "lm_head": (mc.vocab_size, h),
     }
+
+
+def weight_shapes(mc: Any, names: tuple[str, ...] | None = None) -> dict[str, tuple[int, int]]:
+    """The shapes of :func:`named_weight_shapes` (those in ``names``, default all); weights of
+    one shape share a bucket (and its config), named together."""
     shapes: dict[tuple[int, int], list[str]] = {}
-    for name, nk in named.items():
-        shapes.setdefault(nk, []).append(name)
+    for name, nk in named_weight_shapes(mc).items():
+        if names is None or name in names:
+            shapes.setdefault(nk, []).append(name)
     return {"+".join(names): nk for nk, names in shapes.items()}
 
 
 def plan_matmul_buckets(
-    mc: Any, dtype: torch.dtype, *, max_num_seqs: int, max_num_batched_tokens: int, quick: bool
+    mc: Any,
+    dtype: torch.dtype,
+    *,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    quick: bool,
+    names: tuple[str, ...] | None = None,
 ) -> list[MatmulBucket]:
-    """A bucket per weight shape, timed at the largest decode batch and prefill chunk."""
+    """A bucket per weight shape (of ``names``, default all), timed at the largest decode batch
+    and prefill chunk."""
     rows = (max_num_seqs, min(max_num_batched_tokens, MAX_PREFILL_ROWS))
     rows = tuple(sorted(set(rows)))
     buckets = [
         MatmulBucket(name, {"n": n, "k": k}, rows, dtype)
-        for name, (n, k) in weight_shapes(mc).items()
+        for name, (n, k) in weight_shapes(mc, names).items()
     ]
     return buckets[:1] if quick else buckets
 

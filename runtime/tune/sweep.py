@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from pagoda.runtime.tune import matmul, moe
+from pagoda.runtime.tune import fp8_matmul, matmul, moe
 from pagoda.runtime.tune.kernels import (
     DECODE,
     TOL,
@@ -203,26 +203,28 @@ def sweep_bucket(
 
 
 def sweep_matmul_bucket(
-    bucket: matmul.MatmulBucket,
+    bucket: matmul.MatmulBucket | fp8_matmul.Fp8Bucket,
     candidates: list[dict],
     device: torch.device,
     *,
     timer: Timer,
     seed: int = 0,
 ) -> BucketResult:
-    """Check every matmul candidate, time the survivors; the first candidate is the baseline."""
+    """Check every matmul (bf16 or FP8) candidate, time the survivors; the first candidate is
+    the baseline."""
+    impl = fp8_matmul if bucket.kernel == fp8_matmul.FP8_MATMUL else matmul
     gen = torch.Generator().manual_seed(seed)
     rejected: list[str] = []
     timed: list[tuple[float, dict]] = []
     baseline_ms = None
     inputs: list = []
     for i, config in enumerate(candidates):
-        why = matmul.check_candidate(bucket, config, device, gen)
+        why = impl.check_candidate(bucket, config, device, gen)
         if why is not None:
             rejected.append(f"{config}: {why}")
             continue
-        inputs = inputs or matmul.timing_inputs(bucket, device, gen)
-        timed.append((matmul.time_candidate(config, inputs, timer), config))
+        inputs = inputs or impl.timing_inputs(bucket, device, gen)
+        timed.append((impl.time_candidate(config, inputs, timer), config))
         if i == 0:
             baseline_ms = round(timed[-1][0], 4)
     if not timed:
@@ -235,7 +237,7 @@ def sweep_matmul_bucket(
 
 def tune_kernels(
     shape: AttentionShape,
-    buckets: list[Bucket | matmul.MatmulBucket | moe.MoeBucket],
+    buckets: list[Bucket | matmul.MatmulBucket | fp8_matmul.Fp8Bucket | moe.MoeBucket],
     *,
     device: torch.device,
     device_label: str,
@@ -270,7 +272,7 @@ def tune_kernels(
             continue
         baseline = get_kernel_config(bucket.kernel, bucket.shape, device)
         candidates = [baseline, *(c for c in space(bucket.kernel) if c != baseline)]
-        if bucket.kernel == matmul.MATMUL:
+        if bucket.kernel in (matmul.MATMUL, fp8_matmul.FP8_MATMUL):
             result = sweep_matmul_bucket(bucket, candidates, device, timer=matmul_timer or timer)
         elif bucket.kernel == moe.FUSED_MOE:
             result = moe.sweep_moe_bucket(bucket, candidates, device, timer=matmul_timer or timer)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from pagoda.runtime import options
 from pagoda.runtime.attention import AttentionMetadata, get_attention_backend
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.core.sched_output import SchedulerOutput
@@ -41,7 +42,7 @@ from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
 from pagoda.runtime.worker.step_clock import StepClock
 
 log = logging.getLogger(__name__)
-CPU_DEFAULT_KV_BYTES = 2 << 30
+CPU_DEFAULT_KV_BYTES = options.DEFAULT_CPU_KV_CACHE_MEMORY
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""benchmarks/kernel_speed.py's fused-MoE rows under Triton's interpreter (the script itself
+"""benchmarks/kernel_speed.py's fused-MoE and FP8 GEMM rows under Triton's interpreter (the script itself
 needs CUDA): the row's arithmetic and the table, with a wall-clock timer in place of CUDA's."""
 
 from __future__ import annotations
@@ -41,3 +41,32 @@ def test_moe_rows_and_table(monkeypatch):
     table = kernel_speed.moe_table(rows, peak=4.8).splitlines()
     assert len(table) == 4 and table[0].startswith("| tokens | active experts |")
     assert table[2].startswith("| 1 | 2 |")
+
+
+def test_fp8_rows_and_table(monkeypatch):
+    import kernel_speed
+
+    calls = []
+
+    def wall_us(fn) -> float:
+        calls.append(fn)
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e6
+
+    monkeypatch.setattr(kernel_speed, "graph_us", wall_us)
+    rows = [kernel_speed.fp8_row("o", 40, 96, t, "cpu") for t in (1, 5)]
+    for r in rows:
+        assert r.fp8_us > 0 and r.gemm_us > 0 and r.bf16_us > 0
+        assert r.cublas_us is None and r.scaled_mm_us is None  # CUDA only
+        assert r.max_err < 2e-2  # one bf16 rounding of the same sums
+        moved = 40 * 96 + r.tokens * 96 * 2 + r.tokens * 40 * 2
+        assert r.gbps == pytest.approx(moved / r.fp8_us / 1e3)
+        assert r.tflops == pytest.approx(2 * r.tokens * 40 * 96 / r.fp8_us / 1e6)
+    assert len(calls) == 6  # quant + GEMM, GEMM alone, bf16, per row
+    table = kernel_speed.fp8_table(rows, peak=4.8).splitlines()
+    assert len(table) == 4 and table[0].startswith("| weight | N×K | tokens |")
+    assert table[3].startswith("| o | 40×96 | 5 |") and table[3].count("n/a") == 2
+    assert kernel_speed.parse_args(["--fp8", ""]).fp8 == ""
+    with pytest.raises(SystemExit):
+        kernel_speed.parse_args(["--fp8", "llama-9000"])

@@ -31,6 +31,8 @@ REQUIRED = {
     "rotary_embedding": {"num_warps"},
     "silu_and_mul": {"BLOCK", "num_warps"},
     "fused_moe": {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"},
+    "fp8_matmul": {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"},
+    "fp8_quant": {"ROWS", "BLOCK", "num_warps"},
 }
 
 
@@ -168,3 +170,70 @@ def test_a_file_without_a_kernel_leaves_the_next_files_buckets(tuned_dir):
     assert get_kernel_config("matmul", {"n": 3072, "k": 2048}, "NVIDIA H200") == tuned
     assert get_kernel_config("decode_attention", attention, "NVIDIA H200") == packaged
     assert packaged != get_kernel_config("decode_attention", attention, "default")
+
+
+def test_every_packaged_file_passes_the_load_time_check():
+    from pagoda.kernels.config_schema import KERNELS, read_config_file
+
+    assert set(KERNELS) == set(REQUIRED)
+    for kernel, params in REQUIRED.items():
+        assert params <= set(KERNELS[kernel].params), kernel
+    for path in PACKAGE_CONFIG_DIR.glob("*.json"):
+        read_config_file(path, complete=path.name == "default.json")
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[]", "expected a JSON object, got an array"),
+        ('{"device": "Test GPU", "kernels": {"matmul": [{"shape": ', "not valid JSON"),
+        ("[" * 100_000, "nests deeper than 16 levels"),
+        ('{"device": "Test GPU", "kernels": []}', "field 'kernels' must be an object"),
+        ('{"device": "Test GPU", "kernels": {"matmul": [{"shape": {"n": 64}, '
+         '"config": {"BLOCK_M": 1000000000}}]}}', "kernels.matmul[0].config.BLOCK_M must be"),
+        ('{"device": "Test GPU", "kernels": {"paged_attention": [{"shape": {"head_dim": 64}, '
+         '"config": {"num_warps": 3}}]}}', "power of two"),
+        ('{"device": "Test GPU", "kernels": {"rms_norm": [{"shape": {"hidden": 64}, '
+         '"config": {"num_warps": true}}]}}', "must be a number, got True"),
+        ('{"device": "Test GPU", "kernels": {"rms_norm": [{"shape": {"hidden": 64}, '
+         '"config": {"BLOCK_Q": 16}}]}}', "'BLOCK_Q' is not a parameter of rms_norm"),
+        ('{"device": "Test GPU", "kernels": {"rms_norm": [{"shape": {"width": 64}, '
+         '"config": {"num_warps": 4}}]}}', "'width' is not a shape key of rms_norm"),
+        ('{"device": "Test GPU", "kernels": {"rms_norm": [{"shape": {"hidden": -1}, '
+         '"config": {"num_warps": 4}}]}}', "shape.hidden must be in"),
+        ('{"device": "Test GPU", "kernels": {"decode_attention": [{"shape": {"head_dim": 64}, '
+         '"config": {"waves": 1e999}}]}}', "config.waves must be in"),
+        ('{"device": "Test GPU", "kernels": {"rms_norm": [{"shape": {"hidden": 64}, '
+         '"config": {"num_warps": ' + "9" * 5000 + "}}]}}", "an integer of 5000 digits"),
+    ],
+)  # fmt: skip
+def test_a_broken_file_is_one_clear_error_at_load_not_at_launch(tuned_dir, text, needle):
+    (tuned_dir / "Test_GPU.json").write_text(text)
+    with pytest.raises(kc.KernelConfigError) as err:
+        kc.check_config_files("Test GPU")
+    assert "Test_GPU.json" in str(err.value) and needle in str(err.value), err.value
+    with pytest.raises(kc.KernelConfigError):  # the same error, never a KeyError/AttributeError
+        get_kernel_config("rms_norm", {"hidden": 64}, "Test GPU")
+
+
+def test_a_profiles_configs_apply_to_its_device_only(tmp_path):
+    """A tuned folder's default.json is not everyone's default; its device file is its own."""
+    shape = {"hidden": 576}
+    packaged = get_kernel_config("rms_norm", shape, "default")
+    for device, warps in (("default", 1), ("Tuned GPU", 2)):
+        save_kernel_config("rms_norm", shape, {"num_warps": warps}, device=device,
+                           directory=tmp_path)  # fmt: skip
+    previous = kc.set_config_dirs([tmp_path])
+    try:
+        assert get_kernel_config("rms_norm", shape, "default") == packaged
+        assert get_kernel_config("rms_norm", shape, "Some Other GPU") == packaged
+        assert get_kernel_config("rms_norm", shape, "Tuned GPU")["num_warps"] == 2
+        kc.check_config_files("Tuned GPU")
+    finally:
+        kc.set_config_dirs(previous)
+
+
+def test_save_refuses_a_config_serving_would_refuse(tuned_dir):
+    with pytest.raises(kc.KernelConfigError, match="BLOCK_M must be a power of two"):
+        save_kernel_config("matmul", {"n": 64, "k": 64}, {"BLOCK_M": 48}, device="Test GPU")
+    assert not (tuned_dir / "Test_GPU.json").exists()

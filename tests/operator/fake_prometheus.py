@@ -17,6 +17,8 @@ class FakePrometheus:
         self.ttft: float | None = 0.1  # None: no first tokens in the window (NaN)
         self.waiting: float | None = 0.0  # None: no series at all
         self.kv_cache = 0.2
+        self.arrival_rate: float | None = None  # the demand floor's inputs; None: no data
+        self.output_len: float | None = None
         self.age_s = 0.0
         self.status = 200  # e.g. 503 to fail every query
         self.queries: list[str] = []
@@ -34,6 +36,10 @@ class FakePrometheus:
             return float("nan") if self.ttft is None else self.ttft
         if self.waiting is None:
             return None
+        if "increase(pagoda:request_success_total" in q:  # arrivals (both windows)
+            return self.arrival_rate
+        if "generation_tokens_total" in q:
+            return self.output_len
         if "timestamp(" in q:
             return time.time() - self.age_s
         if "num_requests_waiting" in q:

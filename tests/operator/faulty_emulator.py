@@ -4,7 +4,8 @@ Faults hit only the operator's own requests (kopf's and `pagoda-operator`'s user
 the test's, and never discovery, CRD or namespace requests (what kopf needs to start at all):
 
 * `fail_next(...)`: the next N matching requests get an error, optionally a plain-text or HTML
-  body (what a proxy in front of the API server answers) instead of a Status object;
+  body (what a proxy in front of the API server answers) instead of a Status object, optionally
+  only those whose body satisfies `when` (a 422 for some content only, as a schema would);
 * `chaos(rate, statuses, watch_drop_rate)`: each request fails with one of `statuses` with
   probability `rate` (409 only for writes); each watch is cut after 0.2–2 s with probability
   `watch_drop_rate`;
@@ -17,7 +18,9 @@ import asyncio
 import json
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp.web
 import kmock
@@ -25,7 +28,9 @@ from kube_emulator import Emulator, _status
 from operator_helpers import OPERATOR_AGENTS
 
 _REASONS = {
+    403: "Forbidden",
     409: "Conflict",
+    422: "Invalid",
     429: "TooManyRequests",
     500: "InternalError",
     503: "ServiceUnavailable",
@@ -41,6 +46,7 @@ class Fault:
     times: int
     subresource: str | None = None
     text: str | None = None  # a non-JSON body (e.g. a proxy's HTML page)
+    when: Callable[[Any], bool] | None = None  # only requests whose body satisfies it
 
 
 class FaultyEmulator(Emulator):
@@ -65,8 +71,9 @@ class FaultyEmulator(Emulator):
         *,
         subresource: str | None = None,
         text: str | None = None,
+        when: Callable[[Any], bool] | None = None,
     ) -> Fault:
-        fault = Fault(method.upper(), plural, status, times, subresource, text)
+        fault = Fault(method.upper(), plural, status, times, subresource, text, when)
         self.targeted.append(fault)
         return fault
 
@@ -122,6 +129,7 @@ class FaultyEmulator(Emulator):
                 and fault.method == request.method.value
                 and fault.plural == res.plural
                 and fault.subresource == request.subresource
+                and (fault.when is None or fault.when(request.data))
             ):
                 fault.times -= 1
                 return self._error(fault.status, fault.text)

@@ -202,3 +202,33 @@ async def test_prometheus_rule_per_autoscaled_service(
     await wait_for(lambda: emulator.live(RULES, "default", "chat-alerts") is None, what="deleted")
     assert emulator.live(ISVC, "default", "chat") is not None
     assert_permitted(emulator)
+
+
+@pytest.mark.parametrize(
+    ("capacity", "want"),
+    [
+        ({"prefill_tokens_per_s": 1400.0, "decode_tokens_per_s": 460}, (1400.0, 460.0)),
+        ({"prefill_tokens_per_s": 1400.0}, (1400.0, None)),  # an older profile: prefill floor only
+        ({"prefill_tokens_per_s": True, "decode_tokens_per_s": -1}, (None, None)),
+        (None, (None, None)),  # no profile mounted
+    ],
+)
+async def test_the_floors_rates_come_from_the_mounted_profile(
+    monkeypatch: pytest.MonkeyPatch, capacity: dict | None, want: tuple
+) -> None:
+    """V_P and V_D for the predictive floors: from the tuned profile's `capacity`, each only when
+    it is a positive number."""
+    import json
+
+    from pagoda.operator.autotune import mount
+
+    class Api:
+        async def get(self, kind: str, ns: str, name: str) -> dict[str, Any]:
+            assert (kind, ns, name) == ("ConfigMap", "default", "tuned-x")
+            return {"data": {"profile.json": json.dumps({"capacity": capacity})}}
+
+    monkeypatch.setattr(
+        mount, "chosen_profile", lambda b, s: None if capacity is None else "tuned-x"
+    )
+    body = {"metadata": {"namespace": "default", "name": "x"}}
+    assert await mount.tuned_rates(Api(), body, None) == want  # type: ignore[arg-type]

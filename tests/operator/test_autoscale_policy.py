@@ -10,6 +10,7 @@ import random
 from dataclasses import replace
 
 import pytest
+from pagoda.operator.autoscaling.demand import DRAIN_S, demand_floor, request_work
 from pagoda.operator.autoscaling.policy import (
     Decision,
     Metrics,
@@ -298,3 +299,155 @@ def test_flat_ttft_below_saturation_does_not_saw_tooth() -> None:
     without, with_kv = run_with(kv=False), run_with(kv=True)
     assert _reversals(without) >= 6  # down too far, overload, back up, ...
     assert _reversals(with_kv) == 0 and 11 <= with_kv[-1] <= 12, with_kv
+
+
+# --- the predictive floors: demand (tuned V_P and V_D) and prefill ---------------------------
+
+# A tuned profile's rates: a 100-token prompt and a 50-token output cost 0.1 + 0.1 = 0.2 s.
+TUNED = Policy(
+    min_replicas=1, max_replicas=40, target_ttft_s=0.5, target_queue=4.0, down_window_s=0,
+    prefill_tokens_per_s=1000.0, decode_tokens_per_s=500.0,
+)  # fmt: skip
+
+
+def load(rate: float, slow: float | None = None, **kw: float) -> Metrics:
+    """A reading of a service at `rate` requests/s (recent) and `slow` (2 min), fast TTFT."""
+    kw.setdefault("ttft_p95_s", 0.08)
+    return Metrics(
+        waiting=kw.pop("waiting", 0.0), mean_prompt_tokens=100.0, mean_output_tokens=50.0,
+        arrival_rate=rate, arrival_rate_slow=rate if slow is None else slow, **kw,
+    )  # fmt: skip
+
+
+def test_demand_floor_arithmetic() -> None:
+    assert request_work(100, 50, 1000.0, 500.0) == pytest.approx(0.2)
+    assert request_work(None, 50, 1000.0, 500.0) is None
+    assert request_work(100, 50, 1000.0, None) is None
+    flat = demand_floor(work_s=0.2, waiting=0, arrival_rate=45.0, arrival_rate_slow=45.0,
+                        utilization=0.9, lead_s=30.0)  # fmt: skip
+    assert flat is not None and flat.replicas == 10  # 45 x 0.2 = 9 busy at 90 %
+    rising = demand_floor(work_s=0.2, waiting=0, arrival_rate=45.0, arrival_rate_slow=30.0,
+                          utilization=0.9, lead_s=30.0)  # fmt: skip
+    # 15 req/s more over the 45 s between the windows: +10 req/s over the 30 s lead
+    assert rising is not None and rising.arrival_rate == pytest.approx(55.0)
+    assert rising.replicas == math.ceil(55 * 0.2 / 0.9)
+    backlog = demand_floor(work_s=0.2, waiting=600, arrival_rate=45.0, arrival_rate_slow=45.0,
+                           utilization=0.9, lead_s=30.0)  # fmt: skip
+    assert backlog is not None and backlog.replicas == math.ceil((9 + 600 * 0.2 / DRAIN_S) / 0.9)
+    assert demand_floor(work_s=None, waiting=0, arrival_rate=45.0, arrival_rate_slow=None,
+                        utilization=0.9, lead_s=30.0) is None  # fmt: skip
+    assert demand_floor(work_s=0.2, waiting=0, arrival_rate=0.0, arrival_rate_slow=0.0,
+                        utilization=0.9, lead_s=30.0) is None  # fmt: skip
+
+
+def test_scale_down_stops_at_the_demand_not_at_the_ttft_ratio() -> None:
+    """40 replicas, p95 TTFT 0.08 s (ratio 0.16): the ratio would keep ⌈40 × 0.16⌉ = 7, which the
+    load (45 req/s × 0.2 s = 9 replicas busy) would overrun; the demand floor keeps 10."""
+    d = run(TUNED, load(45.0), current=40)
+    assert (d.replicas, d.reason) == (10, "DemandFloor"), d.message
+    untuned = run(replace(TUNED, decode_tokens_per_s=None), load(45.0), current=40)
+    assert untuned.replicas == 7  # no profile: the HPA-style ratio alone
+    # long prompts: TTFT sits at 0.7 of the target whatever the fleet (prefill time, not
+    # queueing); the ratio would hold ⌈40 × 0.7⌉ = 28 replicas, the demand needs 10
+    prompts = run(TUNED, load(45.0, ttft_p95_s=0.35), current=40)
+    assert (prompts.replicas, prompts.reason) == (10, "DemandFloor"), prompts.message
+
+
+def test_rising_arrivals_scale_up_before_ttft_moves() -> None:
+    """The arrival rate doubles within two minutes while TTFT is still fine: the floor adds the
+    replicas the load will need by the time they are ready."""
+    steady = run(TUNED, load(45.0), current=10)
+    assert steady.replicas == 10
+    rising = run(TUNED, load(60.0, slow=45.0), current=10)
+    assert rising.reason == "DemandFloor" and rising.replicas == math.ceil(70 * 0.2 / 0.9)
+
+
+def test_a_gone_backlog_in_the_ttft_window_does_not_scale_up() -> None:
+    """p95 TTFT of the last minute is 3 s, but nothing waits any more: the burst is served and the
+    demand floor sizes the fleet (no ×2 step on a stale ratio)."""
+    cleared = run(TUNED, load(45.0, ttft_p95_s=3.0), current=12)
+    assert (cleared.replicas, cleared.correction) == (10, 1.0), cleared.message
+
+
+def test_a_fleet_at_the_floor_that_still_queues_learns_the_profile_is_optimistic() -> None:
+    """All the floor's replicas serve and requests still wait with TTFT over target: each such
+    evaluation makes a request cost 10 % more, so the floor grows until the queue stops; without
+    overload the correction decays slowly back to the profile's numbers."""
+    current, correction, seen = 12, 1.0, []
+    for i in range(4):
+        m = load(45.0, ttft_p95_s=3.0, waiting=100.0)
+        d = decide(TUNED, m, current=current, ready=current, history=(), now=15.0 * i,
+                   correction=correction)  # fmt: skip
+        current, correction = d.replicas, d.correction
+        seen.append((current, round(correction, 3)))
+    assert [c for _, c in seen] == [1.1, 1.21, 1.331, 1.464]
+    assert [n for n, _ in seen] == sorted(n for n, _ in seen) and seen[-1][0] > 12
+    starting = decide(TUNED, load(45.0, ttft_p95_s=3.0, waiting=100.0), current=20, ready=10,
+                      history=(), now=0.0, correction=1.2)  # fmt: skip
+    assert starting.correction < 1.2  # replicas still starting: no evidence against the profile
+    calm = decide(TUNED, load(45.0), current=current, ready=current, history=(), now=99.0,
+                  correction=correction)  # fmt: skip
+    assert 1.0 < calm.correction < correction
+
+
+def test_prefill_floor_scales_up_ahead_of_a_queue_the_budget_cannot_hold() -> None:
+    """TTFT has not risen yet (0.2 s) but 3000 prompt tokens wait: at V_P 1000 tok/s and a
+    budget of 0.5 − 100/1000 = 0.4 s they need ⌈3 / 0.4⌉ = 8 replicas now, past the ×2 cap."""
+    m = load(5.0, ttft_p95_s=0.2, waiting=30.0, queued_prompt_tokens=3000.0)
+    d = run(replace(TUNED, target_queue=None, decode_tokens_per_s=None), m, current=2)
+    assert (d.replicas, d.reason) == (8, "PrefillFloor"), d.message
+
+
+def test_scale_down_is_held_while_a_floor_says_the_fleet_is_needed() -> None:
+    """A long quiet TTFT (ratio 0.1) over the whole down window: the replicas fall to the demand
+    floor after the window and stay there while the load lasts."""
+    p = replace(TUNED, down_window_s=180)
+    steps = [(15.0 * i, load(45.0, ttft_p95_s=0.05)) for i in range(1, 30)]
+    out = seq(p, steps, current=30)
+    assert out[: 180 // 15 - 1] == [30] * (180 // 15 - 1)  # the window holds the seed
+    assert out[-1] == 10 and min(out) == 10
+
+
+def test_step_load_with_the_demand_floor_tracks_the_load_without_oscillating() -> None:
+    """Closed loop: TTFT flat until the fleet saturates, arrivals 20 → 90 → 20 req/s. The floor
+    reaches the load's size at once, and settles back without a saw-tooth."""
+    p = replace(TUNED, down_window_s=180)
+    current, history, out = 5, ((0.0, 5),), []
+    prev = 20.0
+    for i in range(1, 200):
+        rate = 90.0 if 40 <= i < 120 else 20.0
+        busy = rate * 0.2
+        ttft_p95 = 0.08 if busy <= current else 0.08 + 5 * (busy / current - 1)
+        m = load(rate, slow=prev, ttft_p95_s=ttft_p95,
+                 waiting=0.0 if busy <= current else 50.0 * (busy - current))  # fmt: skip
+        prev = 0.75 * prev + 0.25 * rate  # the 2-minute rate lags
+        d = decide(p, m, current=current, ready=current, history=history, now=15.0 * i)
+        history, current = d.history, d.replicas
+        out.append(current)
+    need = math.ceil(90 * 0.2 / 0.9)
+    assert out[40] >= need  # the first evaluation after the step
+    assert max(out) <= 2 * need  # no run to maxReplicas
+    assert _reversals(out) <= 4, out
+    assert out[-1] == math.ceil(20 * 0.2 / 0.9)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"decode_tokens_per_s": 0.0},
+        {"prefill_tokens_per_s": -1.0},
+        {"target_utilization": 0.0},
+        {"target_utilization": 1.5},
+        {"lead_s": -1.0},
+    ],
+)
+def test_policy_rejects_bad_floor_settings(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        replace(TUNED, **kwargs)
+
+
+def test_metrics_reject_negative_rates() -> None:
+    with pytest.raises(ValueError):
+        Metrics(ttft_p95_s=None, waiting=0, arrival_rate=-1.0)
+    with pytest.raises(ValueError):
+        Metrics(ttft_p95_s=None, waiting=0, mean_output_tokens=float("nan"))

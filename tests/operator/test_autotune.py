@@ -35,7 +35,8 @@ def test_products_follow_the_node_selector_and_gpu_capacity() -> None:
         node("d", None, 8),
     ]
     assert products_for(parse(), nodes) == ["A100", "H200"]
-    assert products_for(parse(resources={"gpus": 2}), nodes) == ["H200"]
+    two_gpus = parse(resources={"gpus": 2}, autotune={"enabled": False})
+    assert products_for(two_gpus, nodes) == ["H200"]
     assert products_for(parse(nodeSelector={"pool": "x"}), nodes) == ["H200"]
     assert products_for(parse(nodeSelector={PRODUCT_LABEL: "B200"}), nodes) == ["B200"]
 
@@ -56,6 +57,9 @@ def test_autotune_needs_gpus_and_a_sane_budget() -> None:
     with pytest.raises(SpecError, match="timeBudgetSeconds"):
         parse(autotune={"enabled": True, "timeBudgetSeconds": 5})
     assert parse(autotune={"enabled": False}, resources={"gpus": 0}).autotune.enabled is False
+    # a profile measured on one GPU does not describe a tensor-parallel server
+    with pytest.raises(SpecError, match="cannot tune a tensor-parallel one"):
+        parse(resources={"gpus": 2})
 
 
 def test_job_outcome_and_backoff() -> None:
@@ -183,3 +187,27 @@ def test_crd_rules_for_autotune(autotune: dict, resources: dict, ok: bool) -> No
            "spec": {"model": "m", "autotune": autotune, "resources": resources}}  # fmt: skip
     errors = validate(load_crd(), doc)
     assert (not errors) == ok, errors
+
+
+def test_a_remote_model_is_downloaded_before_tuning() -> None:
+    """The tuning Job of an hf:// model gets what its serving pods get: the model-cache volume and
+    the download init container (first), and `tune` reads the cache offline."""
+    import kubernetes_validate
+    from pagoda.operator.autotune.jobs import build_job
+    from pagoda.operator.children.model_cache import add_model_download
+
+    spec = parse(model="hf://org/llama@main", modelSecretRef={"name": "hf"})
+    key = key_for(spec, "H200")
+    cm = {"metadata": {"name": key.profile_name, "uid": "u-1"}}
+    job = build_job(key, spec, "team-a", cm, pod_parts=add_model_download)
+    pod = job["spec"]["template"]["spec"]
+    download, tune = pod["initContainers"]
+    assert (download["name"], tune["name"]) == ("model-download", "tune")
+    assert tune["args"][tune["args"].index("--model") + 1] == "hf://org/llama@main"
+    assert {"HF_HUB_OFFLINE", "PAGODA_DOWNLOAD_DIR"} <= {e["name"] for e in tune["env"]}
+    assert any(m["name"] == "model-cache" and m["readOnly"] for m in tune["volumeMounts"])
+    assert not any(m["name"] == "model-cache" for m in pod["containers"][0]["volumeMounts"])
+    kubernetes_validate.validate(job, "1.32.0", strict=True)
+    assert "initContainers" in job["spec"]["template"]["spec"]
+    plain = build_job(key_for(parse(), "H200"), parse(), "team-a", cm, pod_parts=add_model_download)
+    assert [c["name"] for c in plain["spec"]["template"]["spec"]["initContainers"]] == ["tune"]

@@ -3,10 +3,20 @@ real Prometheus in test_autoscale_e2e.py."""
 
 from __future__ import annotations
 
+import pathlib
+import subprocess
+import textwrap
 from typing import Any
 
 import pytest
-from pagoda.operator.autoscaling.prometheus import MetricsUnavailable, queries, scalar
+import yaml
+from autoscale_helpers import require_tool
+from pagoda.operator.autoscaling.prometheus import (
+    MetricsUnavailable,
+    demand_queries,
+    queries,
+    scalar,
+)
 from pagoda.operator.autoscaling.rules import selector
 
 
@@ -52,3 +62,32 @@ def test_queries_select_one_service() -> None:
         '{namespace="team-a",inferenceservice="chat"}[30s])))'
     )
     assert all('inferenceservice="chat"' in v for v in q.values())
+
+
+def test_demand_queries_on_a_real_prometheus_engine(tmp_path: pathlib.Path) -> None:
+    """promtool evaluates the demand floor's PromQL over scraped series (every 15 s): 2 requests/s
+    finish while the in-flight count grows by 1/s, so 3 arrive per second; the output length is
+    generated tokens over finished requests; another service's series change nothing."""
+    promtool = require_tool("promtool")
+    q = demand_queries("ns", "chat")
+    assert set(q) == {"arrival_rate", "arrival_rate_slow", "output_len"}
+    series = []
+    for isvc, scale in (("chat", 1), ("other", 7)):
+        labels = f'namespace="ns",inferenceservice="{isvc}",model_name="m"'
+        for metric, values in (
+            ('pagoda:request_success_total{finished_reason="stop",', f"0+{30 * scale}x40"),
+            ("pagoda:num_requests_running{", f"5+{15 * scale}x40"),
+            ("pagoda:num_requests_waiting{", "0+0x40"),
+            ("pagoda:generation_tokens_total{", f"0+{30 * 64 * scale}x40"),
+        ):
+            series.append({"series": f"{metric}{labels}}}", "values": values})
+    tests = [
+        {"expr": q[key], "eval_time": "5m", "exp_samples": [{"labels": "{}", "value": want}]}
+        for key, want in (("arrival_rate", 3.0), ("arrival_rate_slow", 3.0), ("output_len", 64.0))
+    ]
+    doc = {"tests": [{"interval": "15s", "input_series": series, "promql_expr_test": tests}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(doc))
+    run = subprocess.run(
+        [promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert run.returncode == 0, textwrap.shorten(run.stdout + run.stderr, 3000)

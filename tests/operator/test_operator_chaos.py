@@ -143,7 +143,7 @@ async def run_script(kube: KubeApi, op: OperatorProcess, want: dict[str, Any]) -
     for i in range(5):
         await create_isvc(kube, f"svc-{i}", _spec(8 + i))
         want[f"svc-{i}"] = (8 + i, 1)
-    await create_isvc(kube, "broken", {"model": "hf://meta-llama/Llama-3.1-8B"})
+    await create_isvc(kube, "broken", {"model": "gs://bucket/llama-3.1-8b"})
     want["broken"] = "UnsupportedModelURI"
     await create_isvc(kube, "invalid", {**EXAMPLE_SPEC, "replicas": 500})  # stays invalid
     want["invalid"] = "InvalidSpec"

@@ -86,7 +86,7 @@ def test_schema_is_structural_and_preserves_unknown_fields_only_for_status_autos
             assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}], path
 
 
-@pytest.mark.parametrize("name", ["smollm2-cpu.yaml", "llama-gpu.yaml"])
+@pytest.mark.parametrize("name", ["smollm2-cpu.yaml", "llama-gpu.yaml", "qwen3-hf.yaml"])
 def test_examples_validate_against_the_crd(name: str) -> None:
     isvcs = _isvcs(EXAMPLES / name)
     assert isvcs, f"{name} has no InferenceService"
@@ -140,6 +140,32 @@ def test_bad_examples_fail_with_a_readable_message(name: str, expected: str) -> 
             "spec.resources.memory: '-1Gi' does not match",
         ),
         ({"model": "m", "env": [{"value": "x"}]}, "'name' is a required property"),
+        (
+            {"model": "m", "parallelism": {"nodes": 2, "tensorParallelSize": 3}},
+            "tensorParallelSize must be a multiple of nodes",
+        ),
+        (
+            {
+                "model": "m",
+                "resources": {"gpus": 8},
+                "parallelism": {"nodes": 2, "tensorParallelSize": 8},
+            },
+            "tensorParallelSize must equal resources.gpus × parallelism.nodes",
+        ),
+        (
+            {"model": "m", "resources": {"gpus": 2}, "autotune": {"enabled": True}},
+            "cannot tune a tensor-parallel one",
+        ),
+        (
+            {
+                "model": "m",
+                "resources": {"gpus": 1},
+                "autotune": {"enabled": True},
+                "parallelism": {"nodes": 2},
+            },
+            "cannot tune a tensor-parallel one",
+        ),
+        ({"model": "m", "parallelism": {"nodes": 65}}, "65 is greater than the maximum of 64"),
         ({}, "spec: 'model' is a required property"),
     ],
 )
@@ -164,6 +190,11 @@ def test_metadata_name_rule() -> None:
     for bad in ("Upper", "1starts-with-digit", "x" * 53):
         (error,) = validate(load_crd(), {**doc, "metadata": {"name": bad}})
         assert error.startswith("<root>: metadata.name must be a DNS-1035 label")
+    group = {**doc, "spec": {"model": "m", "parallelism": {"nodes": 2}}}
+    assert validate(load_crd(), {**group, "metadata": {"name": "x" * 45}}) == []
+    (error,) = validate(load_crd(), {**group, "metadata": {"name": "x" * 46}})
+    assert "multi-node service (spec.parallelism.nodes > 1) must be at most 45" in error
+    assert validate(load_crd(), {**doc, "metadata": {"name": "x" * 52}}) == []
 
 
 def test_crd_defaults_equal_the_operator_defaults() -> None:
@@ -196,6 +227,7 @@ def test_crd_defaults_equal_the_operator_defaults() -> None:
         "autoscaling.scaleDownStabilizationSeconds": parsed.autoscaling.scale_down_stabilization_seconds,
         "autoscaling.tolerance": parsed.autoscaling.tolerance,
         "apiKeySecretRef.key": parsed.api_key_secret.key,
+        "parallelism.nodes": parsed.parallelism.nodes,
     }
     assert declared == expected
 

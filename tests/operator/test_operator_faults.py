@@ -7,6 +7,7 @@ requests of the operator (never the test's own).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -182,3 +183,123 @@ async def test_readyz_reports_an_unreachable_api_server(
 
 async def _status_is(port: int | None, path: str, want: int) -> bool:
     return (await get(port, path))[0] == want
+
+
+# --- errors that reach the user (issue 42, items 8 and 9) ------------------------------------
+
+
+def events(emulator: FaultyEmulator, name: str, reason: str) -> list[dict[str, Any]]:
+    return [
+        e for e in emulator.live_all("v1/events")
+        if e["involvedObject"]["name"] == name and e["reason"] == reason
+    ]  # fmt: skip
+
+
+async def test_a_refused_status_write_is_an_event_and_retried_with_backoff(
+    emulator: FaultyEmulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """One 422 on the status PATCH: a Warning Event with the code, and the status written by a
+    retry within seconds (before: "failed permanently", no Event, status null until the resync)."""
+    op = await start_operator()
+    fault = emulator.fail_next("PATCH", "inferenceservices", 422, subresource="status")
+    t0 = time.monotonic()
+    await create_isvc(kube, "st", EXAMPLE_SPEC)
+    (event,) = await wait_for(
+        lambda: events(emulator, "st", "StatusWriteFailed"), timeout=30, what="an Event"
+    )
+    assert event["type"] == "Warning" and "HTTP 422 Invalid" in event["message"]
+    await wait_for(
+        lambda: condition(emulator, "st", "Ready") and ready_or_progressing(emulator, "st"),
+        timeout=30,
+        what="the status, written by a retry",
+    )
+    assert fault.times == 0 and time.monotonic() - t0 < 30
+    _, text = await get(op.http_port, "/metrics")
+    assert sample(text, "pagoda_operator_reconcile_errors_total", kind="status") == 1
+
+
+def ready_or_progressing(emulator: FaultyEmulator, name: str) -> bool:
+    return condition(emulator, name, "Degraded").get("reason") == "AsExpected"
+
+
+async def test_a_status_refused_for_its_content_is_a_condition_and_turns_readyz(
+    emulator: FaultyEmulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """A 422 on every full status write (as from a CRD older than the operator): `Degraded`
+    says why (the conditions alone are accepted), one Event, /readyz 503 naming the object;
+    when the writes are accepted again the status is written and /readyz is 200."""
+    op = await start_operator(api_unready_after_s=1.0)
+
+    def full(body: Any) -> bool:
+        return isinstance(body, dict) and "replicas" in (body.get("status") or {})
+
+    fault = emulator.fail_next(
+        "PATCH", "inferenceservices", 422, times=10**6, subresource="status", when=full
+    )
+    await create_isvc(kube, "old", EXAMPLE_SPEC)
+    cond = await wait_for(
+        lambda: (
+            condition(emulator, "old", "Degraded").get("reason") == "StatusRejected"
+            and condition(emulator, "old", "Degraded")
+        ),
+        timeout=30,
+        what="Degraded StatusRejected",
+    )
+    assert cond["status"] == "True" and "HTTP 422 Invalid" in cond["message"]
+    await wait_for(lambda: _status_is(op.http_port, "/readyz", 503), timeout=10, what="503")
+    _, text = await get(op.http_port, "/readyz")
+    body = json.loads(text)
+    assert body["status"] == "status-unwritable" and body["inferenceService"] == "default/old"
+    assert "422" in body["error"] and (await get(op.http_port, "/healthz"))[0] == 200
+    await asyncio.sleep(2.5)  # retries meanwhile (1 s, 2 s): one Event per refusal, not per retry
+    assert len(events(emulator, "old", "StatusWriteFailed")) == 1
+    assert emulator.injected[422] >= 3
+
+    fault.times = 0  # the CRD is fixed
+    await wait_for(
+        lambda: ready_or_progressing(emulator, "old"), timeout=30, what="the full status"
+    )
+    await wait_for(lambda: _status_is(op.http_port, "/readyz", 200), timeout=10, what="200")
+
+
+async def test_a_refused_tuning_job_names_its_cause_for_each_attempt(
+    emulator: FaultyEmulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """A 403 on creating the tuning Job: status.autotune.message and the Event carry the code and
+    reason, for each attempt (before: "; attempt 2 in 3 s", stale, without the cause)."""
+    labels = {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    await kube.request("POST", "/api/v1/nodes", body={"metadata": {"name": "n", "labels": labels}})
+    await kube.request(
+        "PATCH", "/api/v1/nodes/n/status", body={"status": {"allocatable": {"nvidia.com/gpu": "8"}}},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+    await start_operator(autotune_interval_s=0.2, autotune_retry_base_s=1.0)
+    fault = emulator.fail_next("POST", "jobs", 403, times=2)
+    spec = {"model": "smollm2-135m", "resources": {"gpus": 1}, "autotune": {"enabled": True}}
+    await create_isvc(kube, "tn", spec)
+
+    def message(attempt: int) -> str | None:
+        text = tuning(emulator, "tn").get("message") or ""
+        return text if f"; attempt {attempt} at " in text else None
+
+    first = await wait_for(lambda: message(2), timeout=30, what="the first refusal")
+    assert tuning(emulator, "tn")["state"] == "TuningFailed"
+    assert tuning(emulator, "tn")["reason"] == "JobNotCreated"
+    assert "HTTP 403 Forbidden, creating Job default/pagoda-tune-" in first
+    await wait_for(
+        lambda: [e["message"] for e in events(emulator, "tn", "TuningFailed")] == [first]
+    )
+    second = await wait_for(lambda: message(3), timeout=30, what="the second attempt's refusal")
+    assert "HTTP 403 Forbidden" in second
+    await wait_for(
+        lambda: [e["message"] for e in events(emulator, "tn", "TuningFailed")] == [first, second],
+        what="an Event per attempt",
+    )
+    await wait_for(lambda: tuning(emulator, "tn").get("state") == "Tuning", timeout=30)
+    assert fault.times == 0 and emulator.live("batch/v1/jobs", "default", first.split(
+        "creating Job default/")[1].split(":")[0])  # fmt: skip
+
+
+def tuning(emulator: FaultyEmulator, name: str) -> dict[str, Any]:
+    body = emulator.live(ISVC, "default", name) or {}
+    return (body.get("status") or {}).get("autotune") or {}

@@ -12,7 +12,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "numpy", "triton", "transformers", "gguf", "fastapi", "uvicorn")
-ALLOWED_RUNTIME = {"pagoda.runtime", "pagoda.runtime.options", "pagoda.runtime.tuned_profile"}
+ALLOWED_RUNTIME = {
+    "pagoda.runtime",
+    "pagoda.runtime.options",
+    "pagoda.runtime.tuned_profile",
+    "pagoda.runtime.termination",  # the termination-message format (pod failures → conditions)
+    "pagoda.runtime.model",  # empty package
+    "pagoda.runtime.model.sources",  # empty package
+    "pagoda.runtime.model.sources.uri",  # the hf:// and s3:// grammar
+}
 
 SCRIPT = """
 import importlib, importlib.abc, json, pathlib, pkgutil, sys, tempfile

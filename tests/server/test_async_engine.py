@@ -180,9 +180,10 @@ async def test_one_validation_path_with_the_field_as_data():
         assert engine.num_in_flight == 0  # all-or-nothing
         engine.add_requests([[1] * 60], SamplingParams(max_tokens=19_940), "fits")  # exactly fits
         engine.add_requests([[1]], SamplingParams(max_tokens=7), "short")
+        engine.add_requests([[1]], SamplingParams(max_tokens=7), "third")
         with pytest.raises(QueueFullError):
-            engine.add_requests([[1], [2]], SamplingParams(max_tokens=1), "busy")
-        assert engine.num_in_flight == 2
+            engine.add_requests([[2]], SamplingParams(max_tokens=1), "busy")
+        assert engine.num_in_flight == 3
         core.gate.set()
     finally:
         engine.stop()
@@ -270,3 +271,90 @@ def test_server_config_validation():
     with pytest.raises(ValueError, match="port"):
         ServerConfig(port=70000)
     assert ServerConfig(model="m").served_model_name == "m"
+
+
+async def test_sequences_count_against_the_queue_and_the_per_request_cap():
+    """prompts × n is what counts: one request may ask for at most half the queue (and
+    --max-seqs-per-request), and multi-sequence requests leave room for single ones."""
+    core = FakeCore()
+    engine = await started(core, max_queue_len=16, max_seqs_per_request=100)
+    core.gate = threading.Event()
+    try:
+        assert engine.max_seqs_per_request == 8  # half the queue, whatever the flag says
+        with pytest.raises(ParamError, match=r"3 prompt.* × n=3 = 9 sequences") as e:
+            engine.add_requests([[1], [2], [3]], SamplingParams(n=3), "a")
+        assert e.value.field == "prompt"
+        with pytest.raises(ParamError) as e:
+            engine.add_requests([[1]], SamplingParams(n=9), "b")
+        assert e.value.field == "n"
+        engine.add_requests([[1], [2]], SamplingParams(n=4, max_tokens=2), "c")  # 8
+        assert engine.num_queued == 8
+        engine.add_requests([[1]], SamplingParams(n=6, max_tokens=2), "d")  # 14 = 16 - reserve
+        with pytest.raises(QueueFullError, match="multi-sequence requests may fill 14"):
+            engine.add_requests([[1], [2]], SamplingParams(max_tokens=2), "e")
+        single = engine.add_request([1], SamplingParams(max_tokens=2))  # the reserved place
+        assert engine.num_queued == 15
+        core.gate.set()
+        assert [o async for o in single][-1].finished
+        await asyncio.sleep(0.1)
+        assert engine.num_queued == 0 and engine.num_in_flight == 0
+    finally:
+        engine.stop()
+
+
+class CountingCore(FakeCore):
+    """Records the order requests reach the core and the most sequences it held at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: list[str] = []
+        self.most = 0
+
+    def add_request(self, rid, ids, params) -> None:
+        super().add_request(rid, ids, params)
+        self.order.append(rid)
+        self.most = max(self.most, len(self.reqs))
+
+
+async def test_bulk_requests_share_the_batch_and_a_short_request_overtakes_them():
+    core = CountingCore()
+    engine = await started(core, max_queue_len=512, max_num_seqs=16)  # 14 slots for bulk
+    try:
+        a = engine.add_requests([[1]] * 40, SamplingParams(max_tokens=20), "a")
+        b = engine.add_requests([[2]] * 10, SamplingParams(n=2, max_tokens=20), "b")
+        await asyncio.sleep(0.01)
+        assert core.most <= 14
+        t0 = time.monotonic()
+        short = [o async for o in engine.add_request([3], SamplingParams(max_tokens=2))]
+        took = time.monotonic() - t0
+        assert short[-1].finished and took < 1.0, took
+        assert any(not s.finished for s in a), "the short request waited for the bulk ones"
+        for s in (*a, *b):
+            assert [o async for o in s][-1].finished
+        assert core.most <= 15  # 14 bulk + the short one
+        bulk_order = [r.rsplit("-", 1)[0] for r in core.order if r[0] in "ab"]
+        assert bulk_order[:14] == ["a"] * 14  # a came first and filled the bulk slots
+        turns = bulk_order[14:30]  # then a and b take turns while both wait
+        assert turns.count("b") >= 6 and turns.count("a") >= 6, bulk_order
+        assert engine.num_queued == 0 and not engine._bulk and engine._bulk_seqs == 0
+    finally:
+        engine.stop()
+
+
+async def test_aborting_a_waiting_bulk_prompt_never_reaches_the_core():
+    core = CountingCore()
+    engine = await started(core, max_num_seqs=4)  # 3 bulk slots
+    core.gate = threading.Event()
+    try:
+        core.order.clear()  # the warm-up request
+        streams = engine.add_requests([[1]] * 6, SamplingParams(max_tokens=3), "x")
+        await asyncio.sleep(0.05)
+        assert core.order == ["x-0", "x-1", "x-2"]  # the rest wait their turn here
+        for s in streams:
+            engine.abort(s.request_id)
+        core.gate.set()
+        await asyncio.sleep(0.1)
+        assert core.order == ["x-0", "x-1", "x-2"] and sorted(core.aborted) == core.order
+        assert engine.num_queued == 0 and engine._bulk_seqs == 0 and not engine._backlog
+    finally:
+        engine.stop()

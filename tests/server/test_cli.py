@@ -116,6 +116,8 @@ def test_version() -> None:
         (["--max-num-seqs", "0"], "max_num_seqs"),
         (["--kv-cache-memory", "lots"], "kv_cache_memory"),
         (["--port", "70000"], "port"),
+        (["--max-num-seqs", "1e9"], "invalid int value: '1e9'"),  # argparse's, on one line
+        (["--kv-cache-memory", "100T"], "--kv-cache-memory 100.0 TiB is more than the"),
     ],
 )
 def test_bad_flags_exit_with_one_line_before_binding(args: list[str], needle: str) -> None:
@@ -125,16 +127,116 @@ def test_bad_flags_exit_with_one_line_before_binding(args: list[str], needle: st
     assert len(lines) == 1 and lines[0].startswith("pagoda serve: error:"), result.stderr
     assert needle in lines[0]
     assert "Traceback" not in result.stderr and "Uvicorn" not in result.stderr + result.stdout
+    assert "listening on" not in result.stderr + result.stdout
 
 
-def test_without_chunked_prefill_the_default_budget_fits_the_context() -> None:
+def engine_config(*argv: str, profile: str | None = None):
     from pagoda.runtime.server.cli import server_config
     from pagoda.runtime.server.launch import preflight
 
-    def engine_config(*argv: str):
-        args = build_parser().parse_args(argv)
-        return preflight(server_config(args), options.engine_kwargs(vars(args)))[0]
+    args = build_parser().parse_args(argv)
+    return preflight(server_config(args), options.engine_kwargs(vars(args)), profile)[0]
 
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (("--max-model-len", "1000000000"),
+         "max_model_len 1000000000 is more than the model's context length (8192 tokens"),
+        (("--max-model-len", "16384"), "more than the model's context length"),
+        (("--max-num-seqs", "1000000000"), "max_num_seqs must be an integer in 1..16384"),
+        (("--max-num-batched-tokens", "100000000000"),
+         "max_num_batched_tokens must be an integer in 1..2097152"),
+        (("--max-num-batched-tokens", "1000000"),
+         "more than one step can ever schedule (max_num_seqs 64 × max_model_len 8192"),
+        (("--kv-cache-memory", "1KiB"), "holds fewer than 2 blocks"),
+        (("--kv-cache-memory", "100T"), "lower --kv-cache-memory"),
+    ],
+)  # fmt: skip
+def test_impossible_sizes_are_refused_before_loading(argv, needle) -> None:
+    with pytest.raises(ValueError) as err:
+        engine_config(*argv)
+    assert needle in str(err.value), err.value
+
+
+def test_memory_check_names_what_to_lower(monkeypatch) -> None:
+    from pagoda.runtime.server import memory
+
+    monkeypatch.setattr(memory, "host_available", lambda: (600 << 20, "MemAvailable"))
+    with pytest.raises(ValueError, match=r"600\.0 MiB is on this machine .*lower --kv-cache"):
+        engine_config("--kv-cache-memory", "512MiB")
+    monkeypatch.setattr(memory, "host_available", lambda: (100 << 20, "MemAvailable"))
+    monkeypatch.setattr(memory, "checkpoint_bytes", lambda path: 1 << 20)
+    with pytest.raises(ValueError, match=r"block tables .*lower --max-num-seqs or --max-model-len"):
+        engine_config("--kv-cache-memory", "16MiB", "--max-num-seqs", "16384")
+    cfg = engine_config("--kv-cache-memory", "16MiB", "--max-num-seqs", "256")
+    assert cfg.scheduler.max_num_seqs == 256  # what fits is left alone
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "needle"),
+    [
+        ({"max_num_seqs": 1_000_000_000}, "scheduler.max_num_seqs must be an integer in 1..16384"),
+        ({"max_num_seqs": True}, "scheduler.max_num_seqs must be an integer in 1..16384, got True"),
+        ({"max_num_batched_tokens": 1e9}, "got 1000000000.0"),
+    ],
+)
+def test_a_profiles_sizes_are_checked_like_flags(tmp_path, scheduler, needle) -> None:
+    from pagoda.kernels import config as kc
+    from pagoda.runtime.tuned_profile import ProfileError
+    from profile_testlib import make_profile
+
+    make_profile(tmp_path, scheduler=scheduler)
+    try:
+        with pytest.raises(ProfileError) as err:
+            engine_config("--dtype", "float32", "--device", "cpu", profile=str(tmp_path))
+    finally:
+        kc.set_config_dirs(())
+    assert "profile.json" in str(err.value) and needle in str(err.value), err.value
+
+
+def test_a_profile_within_bounds_but_too_big_for_this_machine_names_the_profile(
+    tmp_path, monkeypatch
+) -> None:
+    from pagoda.kernels import config as kc
+    from pagoda.runtime.server import memory
+    from profile_testlib import make_profile
+
+    monkeypatch.setattr(memory, "host_available", lambda: (100 << 20, "MemAvailable"))
+    monkeypatch.setattr(memory, "checkpoint_bytes", lambda path: 1 << 20)
+    make_profile(tmp_path, scheduler={"max_num_seqs": 16384, "max_num_batched_tokens": 16384})
+    try:
+        with pytest.raises(ValueError, match=r"tuned profile .* sets max_num_batched_tokens 16384"):
+            engine_config("--dtype", "float32", "--device", "cpu", "--kv-cache-memory", "16MiB",
+                          profile=str(tmp_path))  # fmt: skip
+    finally:
+        kc.set_config_dirs(())
+
+
+def test_a_port_in_use_or_a_foreign_host_fails_at_once_with_one_line() -> None:
+    import socket
+    import time
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for args, needle in (
+            (["--port", str(port)], f"port {port} is already in use on 127.0.0.1:{port}"),
+            (["--host", "192.0.2.1"], "host '192.0.2.1' is not an address of this machine"),
+            (["--host", "no-such-host.invalid"], "is not an address or a name"),
+        ):
+            t0 = time.monotonic()
+            result = pagoda("serve", "--port", "0", *args)
+            took = time.monotonic() - t0
+            assert result.returncode == 2, result
+            lines = result.stderr.strip().splitlines()
+            assert len(lines) == 1 and needle in lines[0], result.stderr
+            assert not result.stdout
+            print(f"{args}: exit 2 after {took:.2f} s")
+
+
+def test_without_chunked_prefill_the_default_budget_fits_the_context() -> None:
     sched = engine_config("--no-enable-chunked-prefill").scheduler
     assert sched.max_model_len == 8192  # the model's, resolved once before the engine starts
     assert sched.max_num_batched_tokens == 8192

@@ -84,6 +84,54 @@ async def test_health_stays_fast_while_large_bodies_are_refused(server):
     assert max(latencies) < 0.1, sorted(latencies)[-5:]
 
 
+async def test_a_short_request_is_served_while_one_request_asks_for_thousands(server):
+    """Fair sharing: sequences (prompts × n) count, one request may ask for at most half the
+    queue, its sequences share the batch round-robin with a reserve for single requests, and
+    large bodies are tokenized on their own thread. A 2-token request finishes within 2 s
+    while a refused 8,192-sequence request, an admitted 256-sequence one and two 3.7 MB bodies
+    of text prompts are handled."""
+    refused = {"prompt": [[1, 2, 3, k] for k in range(512)], "n": 16, "max_tokens": 4}
+    too_many = {"prompt": [[1, 2, 3, k] for k in range(20)], "n": 16, "max_tokens": 4}
+    admitted = {"prompt": [[1, 2, 3, k] for k in range(16)], "n": 16, "max_tokens": 8,
+                "ignore_eos": True}  # fmt: skip
+    texts = json.dumps({"prompt": ["lorem ipsum dolor sit amet " * 540] * 256, "max_tokens": 1})
+    headers = {"Content-Type": "application/json"}
+    async with httpx.AsyncClient(base_url=server.base, timeout=300) as c:
+
+        async def short() -> float:
+            t0 = time.perf_counter()
+            r = await c.post(COMP, json={"prompt": "Hi", "max_tokens": 2})
+            assert r.status_code == 200, r.text
+            return time.perf_counter() - t0
+
+        await short()  # warm
+        big = [asyncio.ensure_future(c.post(COMP, json=admitted)),
+               asyncio.ensure_future(c.post(COMP, json=refused)),
+               asyncio.ensure_future(c.post(COMP, json=too_many)),
+               *(asyncio.ensure_future(c.post(COMP, content=texts, headers=headers))
+                 for _ in range(2))]  # fmt: skip
+        await asyncio.sleep(0.5)
+        times = []
+        for _ in range(3):
+            times.append(await short())
+            assert not big[0].done(), "the admitted request finished first: nothing was shown"
+        results = await asyncio.gather(*big)
+    ok, refused_r, too_many_r, *text_rs = results
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == 256, ok.text[:300]
+    assert refused_r.status_code == 400 and "512 prompts" in refused_r.text, refused_r.text
+    assert too_many_r.status_code == 400, too_many_r.text
+    assert "20 prompt(s) × n=16 = 320 sequences" in too_many_r.json()["error"]["message"]
+    assert all(r.status_code == 400 and "maximum context length" in r.text for r in text_rs)
+    print(f"2-token requests beside them: {', '.join(f'{t:.2f} s' for t in times)}")
+    assert max(times) < 2.0, times
+    async with httpx.AsyncClient(base_url=server.base, timeout=30) as c:
+        deadline = time.monotonic() + 30
+        while (d := (await c.get("/debug/engine")).json())["in_flight"] or d["queued"]:
+            assert time.monotonic() < deadline, d
+            await asyncio.sleep(0.1)
+        assert d["integrity"] == "ok"
+
+
 @pytest.fixture
 def failing_server():
     """The real app and ErrorGuard on uvicorn, plus one route that raises (nothing else does)."""

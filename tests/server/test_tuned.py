@@ -12,6 +12,7 @@ from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.server.tuned import (
     apply_tuned_profile,
     check_profile,
+    describe,
     profile_engine_kwargs,
 )
 from pagoda.runtime.tuned_profile import ProfileError
@@ -65,16 +66,15 @@ def test_flags_override_the_profile():
     assert "max_num_batched_tokens" not in profile_engine_kwargs(P(), no_chunk)
 
 
-def test_apply_puts_the_profile_configs_first(tmp_path, monkeypatch, caplog):
+def test_apply_puts_the_profile_configs_first(tmp_path, monkeypatch):
     monkeypatch.setenv(kc.CONFIG_DIR_ENV, "/elsewhere")
     make_profile(tmp_path)
     kc.save_kernel_config(
         "rms_norm", {"hidden": 576}, {"num_warps": 2}, device="Tuned GPU", directory=tmp_path
     )
-    with caplog.at_level(logging.INFO, "pagoda.serve"):
-        profile, args = apply_tuned_profile(
-            str(tmp_path), model="smollm2-135m", engine_kwargs=ENGINE_ARGS
-        )
+    profile, args = apply_tuned_profile(
+        str(tmp_path), model="smollm2-135m", engine_kwargs=ENGINE_ARGS
+    )
     try:
         assert profile is not None and profile.created == "2026-11-30T21:00:00Z"
         assert args["max_num_seqs"] == 12 and args["max_num_batched_tokens"] == 96
@@ -82,7 +82,8 @@ def test_apply_puts_the_profile_configs_first(tmp_path, monkeypatch, caplog):
         assert kc.config_dirs() == (tmp_path,)
         assert kc._search_dirs() == [tmp_path, kc.Path("/elsewhere"), kc.PACKAGE_CONFIG_DIR]
         assert kc.get_kernel_config("rms_norm", {"hidden": 576}, "Tuned GPU")["num_warps"] == 2
-        assert "tuned profile" in caplog.text and "max_num_seqs=12" in caplog.text
+        line = describe(profile, args)  # logged once every start-up check passed
+        assert "tuned profile" in line and "max_num_seqs=12" in line
     finally:
         kc.set_config_dirs(())
 

@@ -1,0 +1,92 @@
+"""The demand floor: replicas for the requests arriving now and over the next `lead_s`. Pure.
+
+TTFT and queue depth report overload once it has happened, and say nothing about how far a
+scale down can go (TTFT is flat until the batch slots run out). A tuned profile measures what one
+replica does at its chosen batch: prefill V_P and decode V_D tokens per second
+(`capacity.prefill_tokens_per_s`, `capacity.decode_tokens_per_s`). With the recent requests'
+mean prompt and output lengths (ISL, OSL, from the counters) one request costs
+
+    work = ISL / V_P + OSL / V_D   replica-seconds,
+
+so a fleet serving λ requests/s is busy λ × work replicas' worth. The floor plans for:
+
+* the **arrival rate** λ and its trend: when the recent rate (`arrival_rate`, 30 s) runs above
+  the slower one (`arrival_rate_slow`, 2 min) the load is climbing, and the floor extrapolates it
+  over `lead_s` (an evaluation interval plus a replica's start-up), so that the replicas it asks
+  for are ready when the load they are for arrives;
+* the **backlog**: the waiting requests, to be through within `DRAIN_S`;
+
+at `utilization` of each replica's measured capacity, the cost scaled by a correction learned
+from the fleet (`learn_correction`). Without the profile's rates, an arrival rate or the request
+lengths (no request finished in the window) there is no floor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+CORRECTION_GAIN = 0.1  # per evaluation that shows the profile overstates a replica's capacity
+CORRECTION_DECAY = 0.002  # per evaluation without (every 15 s: a 20 % correction fades in ~25 min)
+CORRECTION_MAX = 3.0
+DRAIN_S = 20.0  # a backlog is planned to be through this soon (new arrivals queue behind it)
+SLOPE_BASE_S = 45.0  # the two arrival-rate windows' centres lie 15 s and 60 s back
+
+
+@dataclass(frozen=True)
+class Demand:
+    replicas: int
+    arrival_rate: float  # λ after extrapolation, requests/s
+    work_s: float  # replica-seconds one request costs
+
+    def describe(self) -> str:
+        return f"demand {self.arrival_rate:.1f} req/s x {self.work_s:.3f} s"
+
+
+def request_work(
+    prompt_tokens: float | None,
+    output_tokens: float | None,
+    prefill_tokens_per_s: float | None,
+    decode_tokens_per_s: float | None,
+) -> float | None:
+    """Replica-seconds of one request of these mean lengths (None: something unknown)."""
+    if None in (prompt_tokens, output_tokens, prefill_tokens_per_s, decode_tokens_per_s):
+        return None
+    if prefill_tokens_per_s <= 0 or decode_tokens_per_s <= 0:  # type: ignore[operator]
+        return None
+    return prompt_tokens / prefill_tokens_per_s + output_tokens / decode_tokens_per_s  # type: ignore[operator]
+
+
+def demand_floor(
+    *,
+    work_s: float | None,
+    waiting: float,
+    arrival_rate: float | None,
+    arrival_rate_slow: float | None,
+    utilization: float,
+    lead_s: float,
+) -> Demand | None:
+    """Fewest replicas that serve the coming demand at `utilization` (None: no floor)."""
+    if work_s is None or work_s <= 0 or arrival_rate is None:
+        return None
+    lam = max(arrival_rate, 0.0)
+    if arrival_rate_slow is not None and lam > arrival_rate_slow:
+        lam += (lam - arrival_rate_slow) / SLOPE_BASE_S * lead_s
+    busy = lam * work_s + max(waiting, 0.0) * work_s / DRAIN_S
+    if busy <= 0:
+        return None
+    return Demand(max(1, math.ceil(busy / utilization - 1e-9)), lam, work_s)
+
+
+def learn_correction(correction: float, *, overloaded: bool) -> float:
+    """The factor on a request's cost that corrects the profile by what the fleet shows.
+
+    `overloaded`: every replica the floor asked for is serving (none starting, at least the
+    floor's count) and still requests wait with the ratio over target, so the profile promised
+    more than the replicas do (another context length, another clock): each such evaluation makes
+    a request cost CORRECTION_GAIN more. Otherwise the correction decays slowly back towards the
+    profile's numbers, and the next overload measures it again.
+    """
+    if overloaded:
+        return min(CORRECTION_MAX, correction * (1.0 + CORRECTION_GAIN))
+    return max(1.0, correction * (1.0 - CORRECTION_DECAY))

@@ -1,0 +1,97 @@
+"""hf:// and s3:// models in a pod: the model-cache volume, the `model-download` init container
+that fills it, and what the containers that read it need. Pure; shared by every pod template
+that serves or tunes a remote model (the Deployment today, a LeaderWorkerSet's templates or the
+tuning Job alike) through `add_model_download`.
+
+* the volume `model-cache`: `spec.modelCache.claimName`'s PersistentVolumeClaim (shared by the
+  replicas: a scale-up finds the model there), else an emptyDir (`sizeLimit` when set);
+* the init container `model-download`: the runtime image's `pagoda download --model URI
+  --download-dir /var/cache/pagoda/models` (the only container that reaches the network and gets
+  `spec.modelSecretRef`'s keys: HF_TOKEN, AWS_* ...). Its failure leaves
+  `ModelDownloadFailed/<Detail>: ...` in its termination message, which the operator turns into
+  a condition (reconcile/pods.py);
+* the readers: the volume mounted read-only at the same path, `HF_HUB_OFFLINE=1` and
+  `PAGODA_DOWNLOAD_DIR`, so `pagoda serve --model URI --download-dir ...` (and `pagoda tune
+  --model URI`) only look into the cache.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pagoda.operator.kube.names import MODEL_CACHE_MOUNT, cache_env, container_security
+
+if TYPE_CHECKING:
+    from pagoda.operator.spec.inference_service import InferenceServiceSpec
+
+VOLUME = "model-cache"
+INIT_CONTAINER = "model-download"
+OFFLINE_ENV = {"name": "HF_HUB_OFFLINE", "value": "1"}
+DOWNLOAD_DIR_ENV = "PAGODA_DOWNLOAD_DIR"  # for readers without --download-dir (pagoda tune)
+TERMINATION_LOG = "/dev/termination-log"  # the kubelet's default terminationMessagePath
+
+
+def cache_volume(spec: InferenceServiceSpec) -> dict[str, Any]:
+    cache = spec.model_cache
+    if cache.claim_name:
+        return {"name": VOLUME, "persistentVolumeClaim": {"claimName": cache.claim_name}}
+    return {"name": VOLUME, "emptyDir": {"sizeLimit": cache.size_limit} if cache.size_limit else {}}
+
+
+def download_args(spec: InferenceServiceSpec) -> list[str]:
+    args = ["--model", spec.model.uri, "--download-dir", MODEL_CACHE_MOUNT]
+    if spec.model_cache.size_limit_bytes:
+        args += ["--download-size-limit", str(spec.model_cache.size_limit_bytes)]
+    return args
+
+
+def download_container(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """The init container that downloads the model (or finds it in a shared cache)."""
+    user = [dict(e) for e in spec.env]  # e.g. HF_ENDPOINT, proxies
+    names = {e["name"] for e in user}
+    env = [e for e in cache_env() if e["name"] not in names] + user
+    env.append({"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"})
+    r = spec.resources
+    container: dict[str, Any] = {
+        "name": INIT_CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["pagoda", "download"],
+        "args": download_args(spec),
+        "env": env,
+        "resources": {
+            "requests": {"cpu": r.cpu, "memory": r.memory},
+            "limits": {"memory": r.memory_limit or r.memory},
+        },
+        "securityContext": container_security(),
+        "volumeMounts": [
+            {"name": VOLUME, "mountPath": MODEL_CACHE_MOUNT},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if spec.model_secret:
+        container["envFrom"] = [{"secretRef": {"name": spec.model_secret}}]
+    return container
+
+
+def add_model_download(
+    pod_spec: dict[str, Any], spec: InferenceServiceSpec, readers: tuple[str, ...]
+) -> None:
+    """For a remote model: add the cache volume, the download init container (first, before
+    any other init container) and, to the containers named in `readers` (init or not), the
+    read-only mount and the offline switch. Nothing for other models. Needs a `tmp` volume."""
+    if not spec.model.remote:
+        return
+    pod_spec.setdefault("volumes", []).append(cache_volume(spec))
+    pod_spec["initContainers"] = [download_container(spec), *pod_spec.get("initContainers", [])]
+    for container in (*pod_spec["initContainers"], *pod_spec.get("containers", [])):
+        if container["name"] in readers:
+            container.setdefault("volumeMounts", []).append(
+                {"name": VOLUME, "mountPath": MODEL_CACHE_MOUNT, "readOnly": True}
+            )
+            added = [dict(OFFLINE_ENV), {"name": DOWNLOAD_DIR_ENV, "value": MODEL_CACHE_MOUNT}]
+            names = {e["name"] for e in added}
+            env = [e for e in container.get("env", []) if e["name"] not in names]
+            container["env"] = [*env, *added]

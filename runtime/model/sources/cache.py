@@ -1,0 +1,172 @@
+"""The download directory (`--download-dir`, like vLLM's): its layout, completion manifests that
+let a model be found again without network, and the free-space check before a download.
+
+    DOWNLOAD_DIR/
+      models--ORG--NAME/...            hf://  huggingface_hub's cache layout (blobs/, snapshots/COMMIT/)
+      s3/BUCKET/PREFIX/...             s3://  the objects under PREFIX, by their path below it
+      .pagoda/manifests/KEY.json       one per completed download: the URI, the local path
+                                       (relative, so a volume mounted elsewhere still works),
+                                       every file with its size, the commit (hf://)
+
+A manifest is written last, after every file is in place: a download cut short leaves none, so
+an offline lookup (`HF_HUB_OFFLINE=1`) never returns a partial model.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+from pagoda.runtime.model.sources.errors import OUT_OF_SPACE, DownloadError, from_os_error
+from pagoda.runtime.model.sources.uri import HfURI, ModelURI
+
+DOWNLOAD_DIR_ENV = "PAGODA_DOWNLOAD_DIR"  # the default of --download-dir
+OFFLINE_ENV = "HF_HUB_OFFLINE"  # 1: never touch the network, use the cache (hf:// and s3://)
+MANIFESTS = Path(".pagoda") / "manifests"
+MANIFEST_VERSION = 1
+
+
+def default_download_dir() -> Path:
+    """`$PAGODA_DOWNLOAD_DIR`, else `$XDG_CACHE_HOME/pagoda/models` (~/.cache/pagoda/models)."""
+    if os.environ.get(DOWNLOAD_DIR_ENV):
+        return Path(os.environ[DOWNLOAD_DIR_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "pagoda" / "models"
+
+
+def offline_from_env() -> bool:
+    return os.environ.get(OFFLINE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def s3_dir(root: Path, bucket: str, prefix: str) -> Path:
+    return root.joinpath("s3", bucket, *[p for p in prefix.split("/") if p])
+
+
+def manifest_path(root: Path, ref: ModelURI) -> Path:
+    readable = re.sub(r"[^A-Za-z0-9._@-]+", "--", ref.uri.replace("://", "--", 1))[:150]
+    digest = hashlib.sha256(ref.uri.encode()).hexdigest()[:8]
+    return root / MANIFESTS / f"{readable}-{digest}.json"
+
+
+def record(
+    root: Path, ref: ModelURI, path: Path, files: Mapping[str, int], commit: str | None = None
+) -> None:
+    """Mark a download complete (atomically: a reader sees the old manifest or the new one)."""
+    target = manifest_path(root, ref)
+    data = {
+        "version": MANIFEST_VERSION,
+        "uri": ref.uri,
+        "path": os.path.relpath(path, root),
+        "commit": commit,
+        "files": dict(sorted(files.items())),
+        "completed": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, target)
+    except OSError as e:
+        raise from_os_error(ref.uri, e) from e
+
+
+def lookup(root: Path, ref: ModelURI) -> Path | None:
+    """The local copy of a completed download of `ref`, if every file is still there."""
+    try:
+        data = json.loads(manifest_path(root, ref).read_text())
+        path = (root / data["path"]).resolve()
+        files = data["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if data.get("uri") != ref.uri or not path.exists():
+        return None
+    base = path if path.is_dir() else path.parent
+    for name, size in files.items():
+        try:
+            if (base / name).stat().st_size != size:
+                return None
+        except OSError:
+            return None
+    return path
+
+
+def cached_commit(root: Path, ref: HfURI) -> str | None:
+    """The commit a completed hf:// download recorded (None: none recorded)."""
+    try:
+        return json.loads(manifest_path(root, ref).read_text()).get("commit")
+    except (OSError, ValueError):
+        return None
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes the files under `path` occupy (blocks, as a volume's size limit counts them)."""
+    total = 0
+    for dirpath, _, filenames in os.walk(path):
+        for name in filenames:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            total += getattr(st, "st_blocks", 0) * 512 or st.st_size
+    return total
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def check_space(uri: str, root: Path, needed: int, size_limit: int | None = None) -> None:
+    """OutOfSpace before any byte is written when `needed` more bytes do not fit: the volume's
+    free space and, with `size_limit` (an emptyDir's sizeLimit), what is left of that limit."""
+    if needed <= 0:
+        return
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError as e:
+        raise from_os_error(uri, e) from e
+    room, where = free, f"{human(free)} free in {root}"
+    if size_limit is not None:
+        used = disk_usage(root)
+        left = max(0, size_limit - used)
+        if left < room:
+            room = left
+            where = (
+                f"{human(left)} left of the {human(size_limit)} size limit of {root} "
+                f"({human(used)} used)"
+            )
+    if needed > room:
+        raise DownloadError(OUT_OF_SPACE, f"{uri}: needs {human(needed)} more but only {where}")
+
+
+def ensure_dir(uri: str, root: Path) -> None:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise from_os_error(uri, e) from e
+
+
+__all__ = [
+    "DOWNLOAD_DIR_ENV",
+    "OFFLINE_ENV",
+    "cached_commit",
+    "check_space",
+    "default_download_dir",
+    "disk_usage",
+    "ensure_dir",
+    "human",
+    "lookup",
+    "manifest_path",
+    "offline_from_env",
+    "record",
+    "s3_dir",
+]

@@ -1,0 +1,77 @@
+"""`--model hf://…` / `s3://…` → a local path the loaders read: from the download directory's
+cache when a complete copy is there, else downloaded (docs/runtime.md, "Model sources").
+
+* online: hf:// asks the Hub which commit the revision is now (one request) and fetches only
+  missing files; a commit-hash revision already complete in the cache needs no request at all;
+  s3:// lists the prefix and fetches only new or changed objects. An unreachable endpoint falls
+  back to a complete cached copy, with a warning.
+* offline (`HF_HUB_OFFLINE=1`, what the operator sets in the serving container): only the cache;
+  a model not (completely) in it is a `NotCached` failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+from pagoda.runtime.model.sources import cache, errors
+from pagoda.runtime.model.sources.errors import DownloadError
+from pagoda.runtime.model.sources.uri import HfURI, is_remote, parse_uri
+from pagoda.runtime.termination import ReasonedError
+
+log = logging.getLogger("pagoda.runtime.model.sources")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def resolve_model(
+    model: str,
+    download_dir: str | Path | None = None,
+    *,
+    offline: bool | None = None,
+    size_limit: int | None = None,
+) -> str:
+    """The local path of `model`; anything but an hf:// or s3:// URI is returned as is.
+
+    `download_dir` None: `$PAGODA_DOWNLOAD_DIR` or ~/.cache/pagoda/models; `offline` None: from
+    `HF_HUB_OFFLINE`; `size_limit`: bytes the download dir may hold in all (an emptyDir's
+    sizeLimit). Raises DownloadError (a ValueError) with one line saying what failed.
+    """
+    if not is_remote(model):
+        return model
+    try:
+        ref = parse_uri(model)
+    except ValueError as e:
+        raise ReasonedError(str(e), reason="InvalidModel") from e
+    root = Path(download_dir).expanduser() if download_dir else cache.default_download_dir()
+    offline = cache.offline_from_env() if offline is None else offline
+    cached = cache.lookup(root, ref)
+    if offline:
+        if cached is None:
+            raise DownloadError(
+                errors.NOT_CACHED,
+                f"{ref.uri}: no complete copy in the download directory {root}, and "
+                f"{cache.OFFLINE_ENV}=1 forbids downloading (run `pagoda download --model "
+                f"{ref.uri} --download-dir {root}` first)",
+            )
+        return str(cached)
+    immutable = isinstance(ref, HfURI) and bool(ref.revision and _COMMIT.match(ref.revision))
+    if cached is not None and immutable:
+        return str(cached)
+    cache.ensure_dir(ref.uri, root)
+    try:
+        if isinstance(ref, HfURI):
+            from pagoda.runtime.model.sources import hub
+
+            path, files, commit = hub.fetch(ref, root, size_limit=size_limit)
+        else:
+            from pagoda.runtime.model.sources import s3
+
+            path, files, commit = s3.fetch(ref, root, size_limit=size_limit)
+    except DownloadError as e:
+        if e.detail == errors.UNREACHABLE and cached is not None:
+            log.warning("%s; using the copy in the download directory: %s", e, cached)
+            return str(cached)
+        raise
+    cache.record(root, ref, path, files, commit)
+    return str(path)

@@ -1,0 +1,216 @@
+"""`hf://ORG/NAME[@REVISION]` with huggingface_hub: what the engine reads, into the download dir.
+
+`HF_ENDPOINT` (a mirror, or a local server in tests) and `HF_TOKEN` are huggingface_hub's own
+settings. The revision is resolved to a commit first, then only the files the engine reads are
+listed (ALLOW_PATTERNS, top level of the repo), their sizes checked against the free space, and
+`snapshot_download` fetches them into huggingface_hub's cache layout under the download dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from pagoda.runtime.model.sources import errors
+from pagoda.runtime.model.sources.cache import check_space
+from pagoda.runtime.model.sources.errors import DownloadError, from_os_error
+from pagoda.runtime.model.sources.progress import Progress
+from pagoda.runtime.model.sources.uri import HfURI
+
+# What runtime/model/hf_loader.py reads from a checkpoint directory.
+ALLOW_PATTERNS = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+)
+MAX_WORKERS = 4
+log = logging.getLogger("pagoda.runtime.model.sources")
+
+
+def quiet_http_logs() -> None:
+    """One INFO line per HTTP request (httpx, botocore) would drown the progress lines."""
+    for name in ("httpx", "httpx2", "botocore", "boto3", "s3transfer"):
+        if logging.getLogger(name).level == logging.NOTSET:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def wanted(path: str) -> bool:
+    """A top-level file the engine reads (subfolders such as original/ are left out)."""
+    return "/" not in path and any(fnmatch.fnmatchcase(path, p) for p in ALLOW_PATTERNS)
+
+
+def check_layout(uri: str, names: list[str], where: str) -> None:
+    """NotFound unless the listing holds a loadable checkpoint (config + safetensors)."""
+    if "config.json" not in names:
+        raise DownloadError(errors.NOT_FOUND, f"{uri}: no config.json in {where}")
+    if not any(n.endswith(".safetensors") for n in names):
+        raise DownloadError(
+            errors.NOT_FOUND,
+            f"{uri}: no *.safetensors weights in {where} (the engine reads safetensors; "
+            "for a GGUF file download it and pass its path)",
+        )
+
+
+def _silent_tqdm() -> type:
+    from tqdm.auto import tqdm
+
+    class Silent(tqdm):  # huggingface_hub's bars draw with '\r'; Progress logs lines instead
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    return Silent
+
+
+def _blob_bytes(blobs: Path) -> int:
+    total = 0
+    if blobs.is_dir():
+        for entry in os.scandir(blobs):
+            with contextlib.suppress(OSError):
+                total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def fetch(
+    ref: HfURI, root: Path, *, size_limit: int | None = None
+) -> tuple[Path, dict[str, int], str]:
+    """Download (or find in the cache) → (snapshot directory, {file: size}, commit)."""
+    quiet_http_logs()
+    try:
+        try:
+            return _fetch(ref, root, size_limit)
+        except DownloadError:
+            raise
+        except Exception as e:
+            raise classify(ref, e) from e
+    except DownloadError as e:
+        if e.detail == errors.OUT_OF_SPACE:  # do not leave the disk full of partial files
+            _remove_partial_blobs(root, ref)
+        raise
+
+
+def _remove_partial_blobs(root: Path, ref: HfURI) -> None:
+    from huggingface_hub.file_download import repo_folder_name
+
+    blobs = root / repo_folder_name(repo_id=ref.repo, repo_type="model") / "blobs"
+    for partial in blobs.glob("*.incomplete"):
+        with contextlib.suppress(OSError):
+            partial.unlink()
+
+
+def _fetch(ref: HfURI, root: Path, size_limit: int | None) -> tuple[Path, dict[str, int], str]:
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.file_download import repo_folder_name
+    from huggingface_hub.hf_api import RepoFile
+
+    # Read at call time (huggingface_hub reads HF_ENDPOINT once, when first imported).
+    endpoint = os.environ.get("HF_ENDPOINT") or None
+    token = os.environ.get("HF_TOKEN") or None  # None: huggingface_hub's token file, if any
+    api = HfApi(endpoint=endpoint, token=token)
+    commit = api.model_info(ref.repo, revision=ref.revision).sha
+    if not commit:
+        raise DownloadError(errors.FAILED, f"{ref.uri}: the Hub answered without a commit")
+    files = {
+        f.path: int(f.size or 0)
+        for f in api.list_repo_tree(ref.repo, revision=commit)
+        if isinstance(f, RepoFile) and wanted(f.path)
+    }
+    check_layout(ref.uri, sorted(files), f"repo {ref.repo} at {commit[:12]}")
+    storage = root / repo_folder_name(repo_id=ref.repo, repo_type="model")
+    snapshot = storage / "snapshots" / commit
+    needed = sum(size for name, size in files.items() if not (snapshot / name).exists())
+    if needed == 0 and all((snapshot / name).exists() for name in files):
+        log.info("%s: all %d files at %s are in %s", ref.uri, len(files), commit[:12], root)
+        return snapshot, files, commit
+    check_space(ref.uri, root, needed, size_limit)
+    blobs = storage / "blobs"
+    before = _blob_bytes(blobs)
+    measure = lambda: _blob_bytes(blobs) - before  # noqa: E731
+    with Progress(ref.uri, needed, len(files), measure=measure):
+        path = snapshot_download(
+            ref.repo,
+            revision=commit,
+            cache_dir=root,
+            endpoint=endpoint,
+            token=token,
+            allow_patterns=sorted(files),
+            max_workers=MAX_WORKERS,
+            tqdm_class=_silent_tqdm(),
+        )
+    return Path(path), files, commit
+
+
+def _status(error: BaseException) -> int | None:
+    response = getattr(error, "response", None)
+    return getattr(response, "status_code", None)
+
+
+def is_network_error(error: BaseException) -> bool:
+    """A connection, DNS or timeout failure anywhere in the exception's chain."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ConnectionError | TimeoutError):
+            return True
+        name = type(e).__name__
+        module = type(e).__module__.split(".")[0]
+        if module in ("httpx", "httpx2", "httpcore", "requests", "urllib3") and any(
+            w in name for w in ("Connect", "Timeout", "Network", "Proxy", "Protocol")
+        ):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def classify(ref: HfURI, error: Exception) -> DownloadError:
+    """A huggingface_hub (or I/O) failure → DownloadError with its class."""
+    from huggingface_hub import errors as hf_errors
+
+    uri = ref.uri
+    status = _status(error)
+    if isinstance(error, hf_errors.RevisionNotFoundError):
+        return DownloadError(
+            errors.NOT_FOUND, f"{uri}: revision {ref.revision!r} not found in {ref.repo}"
+        )
+    if isinstance(error, hf_errors.GatedRepoError):
+        return DownloadError(
+            errors.UNAUTHORIZED,
+            f"{uri}: gated repo (HTTP {status}): accept its terms on the Hub and set HF_TOKEN to "
+            "a token of that account",
+        )
+    if isinstance(error, hf_errors.RepositoryNotFoundError):
+        if status == 404:
+            return DownloadError(errors.NOT_FOUND, f"{uri}: repository {ref.repo} not found")
+        return DownloadError(
+            errors.UNAUTHORIZED,
+            f"{uri}: repository {ref.repo} not found or not accessible (HTTP {status}): it "
+            "does not exist, or it is private and HF_TOKEN is missing or has no access",
+        )
+    if isinstance(error, hf_errors.HfHubHTTPError) and status is not None:
+        said = getattr(error, "server_message", None) or str(error).split("\n")[0]
+        what = " ".join(str(said).split())[:300]
+        if status == 401:
+            what = f"HF_TOKEN is missing, invalid or expired ({what})"
+        return errors.for_status(uri, status, what)
+    if is_network_error(error) or isinstance(error, hf_errors.LocalEntryNotFoundError):
+        endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+        return DownloadError(
+            errors.UNREACHABLE, f"{uri}: cannot reach {endpoint}: {type(error).__name__}: {error}"
+        )
+    cause: BaseException | None = error
+    while cause is not None:  # ENOSPC, maybe wrapped by a worker thread
+        if isinstance(cause, OSError) and cause.errno is not None:
+            return from_os_error(uri, cause)
+        cause = cause.__cause__ or cause.__context__
+    return DownloadError(errors.FAILED, f"{uri}: {type(error).__name__}: {error}")

@@ -1,0 +1,173 @@
+"""`s3://BUCKET/PREFIX` with boto3: the checkpoint files under PREFIX/ into the download dir.
+
+boto3 reads its usual settings from the environment: `AWS_ACCESS_KEY_ID`,
+`AWS_SECRET_ACCESS_KEY` (+ `AWS_SESSION_TOKEN`), `AWS_REGION` / `AWS_DEFAULT_REGION`, and
+`AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_S3`) for S3-compatible stores (MinIO, Ceph, R2, GCS's
+XML API). `PAGODA_S3_ADDRESSING_STYLE` (path | virtual | auto, default auto) picks the URL form;
+S3-compatible stores usually want `path`. Without credentials the requests go unsigned
+(public buckets).
+
+PREFIX names a folder (the files the engine reads: ALLOW_PATTERNS, at its top level) or one
+`.gguf` object. Files already present with the size and ETag of a completed download are kept.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pagoda.runtime.model.sources import cache, errors
+from pagoda.runtime.model.sources.errors import DownloadError, from_os_error
+from pagoda.runtime.model.sources.hub import (
+    check_layout,
+    is_network_error,
+    log,
+    quiet_http_logs,
+    wanted,
+)
+from pagoda.runtime.model.sources.progress import Progress
+from pagoda.runtime.model.sources.uri import S3URI
+
+ADDRESSING_STYLE_ENV = "PAGODA_S3_ADDRESSING_STYLE"
+ETAGS_FILE = ".pagoda-etags"  # etags of the files of the last completed download, beside them
+_DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
+           "ExpiredToken", "AllAccessDisabled", "AccountProblem", "403", "401"}  # fmt: skip
+_MISSING = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
+
+
+def client() -> Any:
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    style = os.environ.get(ADDRESSING_STYLE_ENV, "auto")
+    if style not in ("auto", "path", "virtual"):
+        raise DownloadError(
+            errors.FAILED, f"{ADDRESSING_STYLE_ENV} must be auto, path or virtual, got {style!r}"
+        )
+    session = boto3.session.Session()
+    config = Config(
+        s3={"addressing_style": style},
+        retries={"max_attempts": 3, "mode": "standard"},
+        connect_timeout=10,
+        read_timeout=60,
+        **({} if session.get_credentials() is not None else {"signature_version": UNSIGNED}),
+    )
+    return session.client("s3", config=config)
+
+
+def _list(s3: Any, ref: S3URI) -> tuple[dict[str, tuple[str, int, str]], int]:
+    """({relative path: (key, size, etag)} of the objects the engine reads under the prefix,
+    how many objects are under it in all)."""
+    objects: dict[str, tuple[str, int, str]] = {}
+    folder = f"{ref.prefix}/" if ref.prefix else ""
+    seen = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=ref.bucket, Prefix=ref.prefix):
+        for obj in page.get("Contents") or []:
+            key, size, etag = obj["Key"], int(obj.get("Size") or 0), obj.get("ETag", "")
+            if key == ref.prefix and key.endswith(".gguf"):
+                return {key.rpartition("/")[2]: (key, size, etag)}, 1  # one GGUF file
+            if key.startswith(folder):
+                seen += 1
+                if wanted(key[len(folder) :]):
+                    objects[key[len(folder) :]] = (key, size, etag)
+    return objects, seen
+
+
+def _etags(local: Path) -> dict[str, str]:
+    try:
+        lines = (local / ETAGS_FILE).read_text().splitlines()
+    except OSError:
+        return {}
+    return dict(line.split("\t", 1) for line in lines if "\t" in line)
+
+
+def fetch(
+    ref: S3URI, root: Path, *, size_limit: int | None = None
+) -> tuple[Path, dict[str, int], None]:
+    """Download (or keep what is there) → (local path, {file: size}, None)."""
+    quiet_http_logs()
+    try:
+        return _fetch(ref, root, size_limit)
+    except DownloadError:
+        raise
+    except Exception as e:
+        raise classify(ref, e) from e
+
+
+def _fetch(ref: S3URI, root: Path, size_limit: int | None) -> tuple[Path, dict[str, int], None]:
+    s3 = client()
+    objects, seen = _list(s3, ref)
+    where = f"s3://{ref.bucket}/{ref.prefix + '/' if ref.prefix else ''}"
+    if not seen:
+        raise DownloadError(
+            errors.NOT_FOUND, f"{ref.uri}: no objects under {where} (empty or missing prefix)"
+        )
+    single = next(iter(objects)) if len(objects) == 1 and ref.prefix.endswith(".gguf") else None
+    local = cache.s3_dir(root, ref.bucket, ref.prefix.rpartition("/")[0] if single else ref.prefix)
+    if single is None:
+        check_layout(ref.uri, sorted(objects), f"{where} ({seen} objects; a GGUF file: name it)")
+    known = _etags(local)
+    todo = {
+        rel: obj
+        for rel, obj in objects.items()
+        if not ((local / rel).is_file() and (local / rel).stat().st_size == obj[1]
+                and known.get(rel) == obj[2])
+    }  # fmt: skip
+    files = {rel: size for rel, (_, size, _) in objects.items()}
+    path = local / single if single else local
+    if not todo:
+        log.info("%s: all %d files are in %s", ref.uri, len(files), local)
+        return path, files, None
+    cache.check_space(ref.uri, root, sum(o[1] for o in todo.values()), size_limit)
+    local.mkdir(parents=True, exist_ok=True)
+    (local / ETAGS_FILE).unlink(missing_ok=True)  # rewritten once every file is in place
+    with Progress(ref.uri, sum(o[1] for o in todo.values()), len(todo)) as progress:
+        for rel, (key, _, _) in sorted(todo.items()):
+            tmp = local / f".{rel}.{os.getpid()}.partial"
+            try:
+                s3.download_file(ref.bucket, key, str(tmp), Callback=progress.add)
+                os.replace(tmp, local / rel)
+            finally:
+                tmp.unlink(missing_ok=True)
+            progress.file_done()
+    (local / ETAGS_FILE).write_text("".join(f"{r}\t{o[2]}\n" for r, o in sorted(objects.items())))
+    return path, files, None
+
+
+def classify(ref: S3URI, error: Exception) -> DownloadError:
+    """A boto3 (or I/O) failure → DownloadError with its class."""
+    from botocore import exceptions as bx
+
+    uri = ref.uri
+    if isinstance(error, bx.ClientError):
+        err = error.response.get("Error") or {}
+        code = str(err.get("Code") or "")
+        status = (error.response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        text = f"{code or status}: {err.get('Message') or error}"
+        if code in _DENIED or status in (401, 403):
+            return DownloadError(
+                errors.UNAUTHORIZED,
+                f"{uri}: access denied ({text}); check AWS_ACCESS_KEY_ID / "
+                "AWS_SECRET_ACCESS_KEY and the bucket's policy",
+            )
+        if code in _MISSING or status == 404:
+            return DownloadError(errors.NOT_FOUND, f"{uri}: not found ({text})")
+        return errors.for_status(uri, status, text)
+    if isinstance(error, bx.NoCredentialsError | bx.PartialCredentialsError):
+        return DownloadError(errors.UNAUTHORIZED, f"{uri}: {error}")
+    if isinstance(error, bx.EndpointConnectionError | bx.ConnectTimeoutError) or (
+        is_network_error(error)
+    ):
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return DownloadError(
+            errors.UNREACHABLE,
+            f"{uri}: cannot reach {endpoint or 'S3'}: {type(error).__name__}: {error}",
+        )
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno is not None:
+            return from_os_error(uri, cause)
+        cause = cause.__cause__ or cause.__context__
+    return DownloadError(errors.FAILED, f"{uri}: {type(error).__name__}: {error}")

@@ -1,0 +1,160 @@
+"""Slow and idle clients: read deadlines and a cap on open connections (docs/reliability.md).
+
+uvicorn arms no timer on a new connection, so a client that connects and sends nothing, or
+half a request line, or a body one byte a minute, holds a socket (a file descriptor) forever;
+about twenty thousand of them exhaust the process's descriptors. uvicorn's `limit_concurrency`
+answers 503 only once a request has arrived, which such a client never completes.
+
+`guarded_protocol` returns uvicorn's h11 protocol with three rules:
+
+- **headers**: the request line and headers must arrive within ``header_timeout`` seconds of the
+  connection opening, or of the first byte of a later request on a keep-alive connection
+  (between requests uvicorn's own keep-alive timeout closes an idle connection);
+- **body**: the whole body must arrive within ``body_timeout`` seconds of the headers;
+- **cap**: with ``max_connections`` open, a new connection closes the oldest one still waiting
+  for its headers (a stalled client loses its place before a working one); when every
+  connection is working on a request, the new one is answered 503 and closed.
+
+A connection that breaks a deadline gets ``408 Request Timeout`` (if it had sent anything) and is
+closed. Requests whose body has arrived are never timed out: generating a long answer is not a
+slow client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+_HEAD, _BODY, _BUSY = "head", "body", "busy"
+
+
+def _response(status: int, reason: str, message: str, code: str) -> bytes:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
+                                 "param": None, "code": code}}).encode()  # fmt: skip
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n")  # fmt: skip
+    if status == 503:
+        head += "retry-after: 1\r\n"
+    return head.encode() + b"\r\n" + body
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with read deadlines and a connection cap (module docstring)."""
+
+    max_connections = 1024
+    header_timeout = 10.0
+    body_timeout = 30.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._phase = _HEAD
+        self._since = 0.0  # when the phase began (the eviction order of waiting connections)
+        self._got_bytes = False  # in this phase
+        self._deadline: asyncio.TimerHandle | None = None
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._enter(_HEAD, self.header_timeout)
+        if len(self.connections) > self.max_connections and not self._evict_one():
+            self._close(_response(503, "Service Unavailable",
+                                  f"too many open connections ({self.max_connections}); retry "
+                                  "later", "too_many_connections"))  # fmt: skip
+
+    def data_received(self, data: bytes) -> None:
+        if self._phase == _BUSY and self.conn.their_state is h11.IDLE:
+            self._enter(_HEAD, self.header_timeout)  # the next request on a kept-alive connection
+        self._got_bytes = True
+        super().data_received(data)
+        self._follow()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel()
+        super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._follow()
+
+    # -- deadlines ---------------------------------------------------------------------------
+    def _follow(self) -> None:
+        """Move to the phase h11's state says the request is in."""
+        if self.transport is None or self.transport.is_closing():
+            self._cancel()
+            return
+        state = self.conn.their_state
+        if state is h11.IDLE:
+            if self._phase != _HEAD:  # between requests: uvicorn's keep-alive timer governs
+                self._enter(_HEAD, None)
+            elif self._deadline is None and self._got_bytes:
+                self._arm(self.header_timeout)
+        elif state is h11.SEND_BODY:
+            if self._phase != _BODY:
+                self._enter(_BODY, self.body_timeout)
+        elif self._phase != _BUSY:
+            self._enter(_BUSY, None)
+
+    def _enter(self, phase: str, timeout: float | None) -> None:
+        self._cancel()
+        self._phase, self._since, self._got_bytes = phase, self.loop.time(), False
+        if timeout is not None:
+            self._arm(timeout)
+
+    def _arm(self, timeout: float) -> None:
+        self._deadline = self.loop.call_later(timeout, self._expire)
+
+    def _cancel(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expire(self) -> None:
+        self._deadline = None
+        if self._phase == _BUSY or self.transport.is_closing():
+            return
+        if self._phase == _HEAD and not self._got_bytes:
+            self._close(None)  # nothing sent: nothing to answer
+        elif self._phase == _BODY and self.cycle is not None and self.cycle.response_started:
+            self._close(None)  # answered already (a 413 while the upload went on)
+        else:
+            what = "headers" if self._phase == _HEAD else "body"
+            limit = self.header_timeout if self._phase == _HEAD else self.body_timeout
+            self._close(_response(408, "Request Timeout",
+                                  f"the request {what} did not arrive within {limit:g} s",
+                                  "request_timeout"))  # fmt: skip
+
+    def _close(self, answer: bytes | None) -> None:
+        self._cancel()
+        self._phase = _BUSY
+        if answer is not None:
+            self.transport.write(answer)
+        self.transport.close()
+
+    # -- the cap -----------------------------------------------------------------------------
+    def _evict_one(self) -> bool:
+        """Close the connection that has waited longest for its request (not this one)."""
+        waiting = [c for c in self.connections
+                   if c is not self and getattr(c, "_phase", None) == _HEAD]  # fmt: skip
+        if not waiting:
+            return False
+        oldest = min(waiting, key=lambda c: c._since)
+        oldest._expire_now()
+        return True
+
+    def _expire_now(self) -> None:
+        self._cancel()
+        self._expire()
+        self.connections.discard(self)  # counted out now; connection_lost follows
+
+
+def guarded_protocol(
+    max_connections: int, header_timeout: float, body_timeout: float
+) -> type[GuardedH11Protocol]:
+    """The protocol class for `uvicorn.Config(http=...)` with these limits."""
+    attrs = {"max_connections": max_connections, "header_timeout": header_timeout,
+             "body_timeout": body_timeout}  # fmt: skip
+    return type("PagodaHTTPProtocol", (GuardedH11Protocol,), attrs)

@@ -1,0 +1,272 @@
+"""What an engine configuration will allocate, and what this machine has free for it.
+
+`pagoda serve` checks this before the port binds (`launch.preflight`), so an impossible size (a
+100 TiB KV cache, a billion rows of block tables, a step of 10¹¹ tokens) is one line and exit 2
+instead of a `MemoryError` or an OOM kill after the model has loaded.
+
+The estimate counts what the engine preallocates from its config: the KV cache, the block
+tables (`worker/block_table.py`: two rows per sequence slot), the RoPE table, the CUDA-graph
+inputs, plus the checkpoint's weights and the activations of the largest step it can schedule.
+It is a floor, not a forecast (allocator slack, the tokenizer and Python objects are left out),
+so it never refuses a configuration that would fit; what it refuses could not run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from pagoda.runtime import options
+from pagoda.runtime.config import EngineConfig, ModelConfig
+
+GPU_HEADROOM = 1 << 30  # the runner keeps this much free on CUDA (activations, graphs)
+CUDA_GRAPH_MAX_BATCH = 512  # the largest captured decode batch (worker/cuda_graph.py)
+_UNLIMITED = 1 << 60  # cgroup limits above this mean "no limit"
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes an engine will hold; `device` parts live on the GPU when it runs on CUDA."""
+
+    weights: int
+    kv_cache: int
+    kv_blocks: int
+    block_tables: int  # host
+    rope: int
+    cuda_graphs: int
+    activations: int  # the largest step: hidden states, MLP, logits of every sampling row
+
+    @property
+    def device_bytes(self) -> int:
+        return self.weights + self.kv_cache + self.rope + self.cuda_graphs + self.activations
+
+    def parts(self) -> dict[str, int]:
+        return {
+            "KV cache": self.kv_cache,
+            "block tables": self.block_tables,
+            "weights": self.weights,
+            "largest step": self.activations,
+            "RoPE table": self.rope,
+            "CUDA graphs": self.cuda_graphs,
+        }
+
+
+# What to lower for the part that dominates.
+_BLAME = {
+    "KV cache": "--kv-cache-memory",
+    "block tables": "--max-num-seqs or --max-model-len",
+    "weights": "the model (a smaller or quantized checkpoint)",
+    "largest step": "--max-num-batched-tokens or --max-num-seqs",
+    "RoPE table": "--max-model-len",
+    "CUDA graphs": "--max-model-len",
+}
+
+
+def gib(n: float) -> str:
+    """Bytes as a short human string (binary units, like --kv-cache-memory)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def checkpoint_bytes(path: Path) -> int:
+    """On-disk size of the weights: the GGUF file, or a directory's safetensors/bin files."""
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for pattern in ("*.safetensors", "*.bin", "*.pt"):
+        total += sum(p.stat().st_size for p in path.glob(pattern) if p.is_file())
+    return total
+
+
+def kv_bytes_per_token(mc: ModelConfig, dtype: torch.dtype, kv_cache_dtype: str) -> int:
+    """KV-cache bytes of one token over every layer (attention/base.py `bytes_per_token`)."""
+    if kv_cache_dtype == "int8":
+        per_layer = 2 * mc.num_kv_heads * (mc.head_dim + 4)
+    else:
+        per_layer = 2 * mc.num_kv_heads * mc.head_dim * dtype.itemsize
+    return mc.num_layers * per_layer
+
+
+def host_available() -> tuple[int, str]:
+    """Bytes this process may still allocate on the host, and where the figure comes from:
+    MemAvailable, or the container's cgroup limit minus its usage when that is lower."""
+    avail, source = _meminfo_available(), "MemAvailable"
+    limit = _cgroup_headroom()
+    if limit is not None and limit < avail:
+        avail, source = limit, "the container's memory limit"
+    return avail, source
+
+
+def device_available(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes of a CUDA device."""
+    free, total = torch.cuda.mem_get_info(device)
+    return int(free), int(total)
+
+
+def estimate(
+    mc: ModelConfig, cfg: EngineConfig, model_path: Path, device: torch.device
+) -> Footprint:
+    """The engine's footprint for this config; `kv_blocks` 0 when the KV budget on CUDA is left
+    to free memory (worked out by `check`)."""
+    dtype = cfg.torch_dtype()
+    sched, cache = cfg.scheduler, cfg.cache
+    max_len = sched.max_model_len or mc.max_position_embeddings
+    weights = checkpoint_bytes(model_path)
+    per_token = kv_bytes_per_token(mc, dtype, cache.kv_cache_dtype)
+    if cache.num_blocks_override is not None:
+        kv = cache.num_blocks_override * cache.block_size * per_token
+    elif cache.kv_cache_memory is not None:
+        kv = cache.kv_cache_memory
+    elif device.type == "cpu":
+        kv = options.DEFAULT_CPU_KV_CACHE_MEMORY
+    else:
+        kv = 0  # the runner takes what is free after the weights
+    blocks = kv // (per_token * cache.block_size)
+    width = math.ceil(max_len / cache.block_size)
+    rows = 2 * sched.max_num_seqs
+    tables = rows * ((width + 1) * 4 + 60)  # int32 table, int64 length, list slots per row
+    rope = max(max_len, mc.max_position_embeddings) * mc.head_dim * 4
+    graphs = 0
+    if device.type == "cuda" and cfg.enable_cuda_graphs:
+        graphs = min(sched.max_num_seqs, CUDA_GRAPH_MAX_BATCH) * (width * 4 + 64)
+    return Footprint(weights, kv, blocks, tables, rope, graphs,
+                     step_bytes(mc, cfg, dtype, blocks or None))  # fmt: skip
+
+
+def step_bytes(
+    mc: ModelConfig, cfg: EngineConfig, dtype: torch.dtype, kv_blocks: int | None
+) -> int:
+    """Activations of the largest step the scheduler can form: its tokens are bounded by the
+    token budget, by max_num_seqs × max_model_len and by the KV cache; its sampling rows by
+    max_num_seqs and by the blocks (each running sequence holds one)."""
+    sched, bs = cfg.scheduler, cfg.cache.block_size
+    max_len = sched.max_model_len or mc.max_position_embeddings
+    tokens = min(sched.max_num_batched_tokens, sched.max_num_seqs * max_len)
+    rows = min(sched.max_num_seqs, tokens)
+    if kv_blocks is not None:
+        tokens, rows = min(tokens, kv_blocks * bs), min(rows, kv_blocks)
+    qkv = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
+    per_token = (4 * mc.hidden_size + qkv + 3 * mc.intermediate_size) * dtype.itemsize
+    return tokens * per_token + rows * mc.vocab_size * 8  # float32 logits and probabilities
+
+
+def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path) -> Footprint:
+    """The footprint, or ValueError (one line: what does not fit, what to lower)."""
+    device = cfg.torch_device()
+    fp = estimate(mc, cfg, model_path, device)
+    bs = cfg.cache.block_size
+    per_block = kv_bytes_per_token(mc, cfg.torch_dtype(), cfg.cache.kv_cache_dtype) * bs
+    host, source = host_available()
+    derived = False
+    if device.type == "cpu":
+        _fits(fp, fp.device_bytes + fp.block_tables, host, f"on this machine ({source})")
+    else:
+        free, total = device_available(device)
+        if fp.kv_cache == 0:  # default budget: what the runner will take after the weights
+            budget = int(total * cfg.cache.gpu_memory_utilization) - (total - free)
+            budget -= fp.weights + GPU_HEADROOM
+            fp = estimate_with_kv(fp, mc, cfg, max(budget, 0), per_block)
+            derived = True
+        where = f"free on {device} ({gib(total)} in all)"
+        _fits(fp, fp.device_bytes, free, where, exclude=("block tables",))
+        _fits(fp, fp.block_tables, host, f"on the host ({source})", only=("block tables",))
+    if fp.kv_blocks < 2 and derived:
+        raise ValueError(
+            f"{device} has {gib(fp.kv_cache)} left for the KV cache after the weights "
+            f"({gib(fp.weights)}) and headroom, fewer than 2 blocks of {bs} tokens "
+            f"({gib(per_block)} each); use a larger GPU or a smaller model"
+        )
+    if fp.kv_blocks < 2:
+        raise ValueError(
+            f"the KV cache ({gib(fp.kv_cache)}) holds fewer than 2 blocks of {bs} tokens "
+            f"({gib(per_block)} each for this model); raise --kv-cache-memory"
+        )
+    return fp
+
+
+def estimate_with_kv(fp: Footprint, mc: ModelConfig, cfg: EngineConfig, kv: int,
+                     per_block: int) -> Footprint:  # fmt: skip
+    blocks = kv // per_block
+    act = step_bytes(mc, cfg, cfg.torch_dtype(), blocks)
+    return Footprint(fp.weights, kv, blocks, fp.block_tables, fp.rope, fp.cuda_graphs, act)
+
+
+def _fits(fp: Footprint, need: int, have: int, where: str, *, exclude: tuple[str, ...] = (),
+          only: tuple[str, ...] = ()) -> None:  # fmt: skip
+    if need <= have:
+        return
+    parts = {k: v for k, v in fp.parts().items() if v and k not in exclude and
+             (not only or k in only)}  # fmt: skip
+    worst = max(parts, key=parts.__getitem__)
+    listed = ", ".join(f"{k} {gib(v)}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
+    if worst == "KV cache" and len(parts) > 1 and parts[worst] > have:
+        head = f"--kv-cache-memory {gib(parts[worst])} is more than the {gib(have)} {where}"
+    else:
+        head = f"this configuration needs at least {gib(need)} but {gib(have)} is {where}"
+    raise ValueError(f"{head} ({listed}); lower {_BLAME[worst]}")
+
+
+def _meminfo_available() -> int:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:  # not Linux: physical memory, as an upper bound
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return _UNLIMITED
+
+
+def _cgroup_headroom(
+    proc: Path = Path("/proc/self/cgroup"), sys_root: Path = Path("/sys/fs/cgroup")
+) -> int | None:
+    """limit - usage (+ reclaimable page cache) of this process's memory cgroup, v2 or v1."""
+    try:
+        lines = proc.read_text().splitlines()
+    except OSError:
+        return None
+    v2 = next((ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")), None)
+    v1 = next((ln.split(":", 2)[2] for ln in lines
+               if "memory" in ln.split(":", 2)[1].split(",")), None)  # fmt: skip
+    candidates = []
+    if v2 is not None:
+        root = sys_root
+        candidates += [(root / v2.lstrip("/"), "memory.max", "memory.current", "inactive_file"),
+                       (root, "memory.max", "memory.current", "inactive_file")]  # fmt: skip
+    if v1 is not None:
+        root = sys_root / "memory"
+        candidates += [
+            (root / v1.lstrip("/"), "memory.limit_in_bytes", "memory.usage_in_bytes",
+             "total_inactive_file"),
+            (root, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
+        ]  # fmt: skip
+    for folder, limit_file, usage_file, cache_key in candidates:
+        try:
+            raw = (folder / limit_file).read_text().strip()
+            usage = int((folder / usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if raw == "max" or int(raw) >= _UNLIMITED:
+            return None
+        return max(int(raw) - usage + _stat(folder / "memory.stat", cache_key), 0)
+    return None
+
+
+def _stat(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0

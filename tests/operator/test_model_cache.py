@@ -1,0 +1,134 @@
+"""The pieces of hf:// / s3:// serving the operator renders or reads, without a cluster: the spec
+fields, the model-download init container (children/model_cache.py) and a pod's named failure
+(spec/pod_failure.py + reconcile/pods.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pagoda.operator.children.deployment import build_deployment
+from pagoda.operator.children.owner import Owner
+from pagoda.operator.reconcile.pods import PodFailures
+from pagoda.operator.spec.fields import SpecError
+from pagoda.operator.spec.inference_service import InferenceServiceSpec
+from pagoda.operator.spec.pod_failure import pod_failure
+from pagoda.operator.spec.status import compute_status
+from pagoda.runtime.server.cli import build_parser
+
+MOUNT = "/var/cache/pagoda/models"
+
+
+def spec(**fields: Any) -> InferenceServiceSpec:
+    return InferenceServiceSpec.from_dict(fields, name="svc", default_image="img:1")
+
+
+def pod_spec(s: InferenceServiceSpec) -> dict[str, Any]:
+    d = build_deployment(Owner("svc", "default", "uid-1"), s, config_hash_value="h")
+    return d["spec"]["template"]["spec"]
+
+
+def test_remote_model_gets_the_init_container_the_cache_and_an_offline_server() -> None:
+    ps = pod_spec(spec(model="hf://org/m@v2", modelSecretRef={"name": "hf"},
+                       env=[{"name": "HF_ENDPOINT", "value": "http://mirror"}]))  # fmt: skip
+    (init,) = ps["initContainers"]
+    assert init["command"] == ["pagoda", "download"]
+    assert init["args"] == ["--model", "hf://org/m@v2", "--download-dir", MOUNT]
+    assert init["envFrom"] == [{"secretRef": {"name": "hf"}}]
+    assert {"name": "HF_ENDPOINT", "value": "http://mirror"} in init["env"]
+    assert {"name": "model-cache", "mountPath": MOUNT} in init["volumeMounts"]
+    assert {"name": "model-cache", "emptyDir": {}} in ps["volumes"]
+    (server,) = ps["containers"]
+    assert "envFrom" not in server  # the credentials stay in the init container
+    assert {"name": "HF_HUB_OFFLINE", "value": "1"} in server["env"]
+    assert {"name": "model-cache", "mountPath": MOUNT, "readOnly": True} in server["volumeMounts"]
+    args = build_parser().parse_args(server["args"])  # the real `pagoda serve` parser
+    assert (args.model, args.download_dir) == ("hf://org/m@v2", MOUNT)
+
+
+def test_model_cache_shapes() -> None:
+    ps = pod_spec(spec(model="s3://models/llama", modelCache={"claimName": "models"}))
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "models"}} in ps[
+        "volumes"
+    ]
+    ps = pod_spec(spec(model="s3://models/llama", modelCache={"sizeLimit": "2Gi"}))
+    assert {"name": "model-cache", "emptyDir": {"sizeLimit": "2Gi"}} in ps["volumes"]
+    assert ps["initContainers"][0]["args"][-2:] == ["--download-size-limit", str(2 << 30)]
+    assert "initContainers" not in pod_spec(spec(model="smollm2-135m"))
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"model": "smollm2-135m", "modelCache": {"claimName": "x"}}, "hf:// and s3:// models only"),
+        ({"model": "pvc://c/m", "modelSecretRef": {"name": "s"}}, "hf:// and s3:// models only"),
+        ({"model": "hf://o/m", "modelCache": {"claimName": "x", "sizeLimit": "1Gi"}}, "set one"),
+        ({"model": "hf://o/m", "modelCache": {"claimName": "Bad_Name"}}, "not a valid PVC name"),
+        ({"model": "hf://o/m", "modelSecretRef": {}}, "must be a Secret's name"),
+    ],
+)  # fmt: skip
+def test_invalid_combinations(fields: dict[str, Any], words: str) -> None:
+    with pytest.raises(SpecError) as e:
+        spec(**fields)
+    assert words in e.value.message
+
+
+def pod(name: str, init: dict | None = None, server: dict | None = None, **meta: Any) -> dict:
+    labels = {"app.kubernetes.io/instance": "svc"}
+    status: dict[str, Any] = {}
+    if init is not None:
+        status["initContainerStatuses"] = [{"name": "model-download", **init}]
+    if server is not None:
+        status["containerStatuses"] = [{"name": "server", **server}]
+    return {
+        "metadata": {"name": name, "namespace": "ns", "labels": labels, **meta},
+        "status": status,
+    }
+
+
+CRASH = {"state": {"waiting": {"reason": "CrashLoopBackOff"}},
+         "lastState": {"terminated": {"exitCode": 2, "message": "ModelDownloadFailed/NotFound: hf://o/m: gone\n"}}}  # fmt: skip
+
+
+def test_which_container_states_are_failures() -> None:
+    f = pod_failure(pod("p1", init=CRASH))
+    assert (f.reason, f.message, f.container) == (
+        "ModelDownloadFailed",
+        "NotFound: hf://o/m: gone",
+        "init container model-download",
+    )
+    assert pod_failure(pod("p1", init={**CRASH, "state": {"running": {}}})) is None
+    ok = {"state": {"terminated": {"exitCode": 0}}, "lastState": CRASH["lastState"]}
+    assert pod_failure(pod("p1", init=ok)) is None  # it ran again and succeeded
+    logs = {"state": {"terminated": {"exitCode": 1, "message": "Traceback (most recent..."}}}
+    assert pod_failure(pod("p1", server=logs)) is None  # the kubelet's log fallback: no reason
+    named = {"state": {"terminated": {"exitCode": 2, "message": "InvalidArguments: bad flag"}}}
+    assert pod_failure(pod("p1", server=named)).reason == "InvalidArguments"  # any container
+    assert pod_failure(pod("p1", init=CRASH, deletionTimestamp="2026-01-01T00:00:00Z")) is None
+
+
+def test_registry_and_status() -> None:
+    reg = PodFailures()
+    assert reg.observe("ADDED", pod("b", init=CRASH)) == (True, reg.failure("ns", "svc"))
+    assert reg.observe("MODIFIED", pod("b", init=CRASH)) == (False, None)  # same failure again
+    changed, new = reg.observe("ADDED", pod("a", init=CRASH))
+    assert changed and new is not None and reg.failure("ns", "svc").pod == "a"  # stable pick
+    assert reg.observe("DELETED", pod("a", init=CRASH))[0]
+    assert reg.observe("MODIFIED", pod("b", init={"state": {"running": {}}}))[0]
+    assert reg.failure("ns", "svc") is None
+
+    deployment = {"spec": {"replicas": 1}, "status": {"replicas": 1}}
+    failure = pod_failure(pod("b", init=CRASH))
+    conditions = compute_status({"metadata": {"name": "svc"}}, deployment, pod_failure=failure)[
+        "conditions"
+    ]
+    by_type = {c["type"]: c for c in conditions}
+    assert (by_type["Ready"]["status"], by_type["Ready"]["reason"]) == (
+        "False",
+        "ModelDownloadFailed",
+    )
+    assert by_type["Degraded"]["status"] == "True"
+    assert (
+        by_type["Degraded"]["message"]
+        == "NotFound: hf://o/m: gone (pod b, init container model-download)"
+    )

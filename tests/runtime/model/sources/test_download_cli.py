@@ -1,0 +1,51 @@
+"""`pagoda download` as the operator's init container runs it: a process, its stdout, its exit
+code, one stderr line and the termination-message file."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+from hub_testlib import FakeHub
+from pagoda.runtime.termination import parse
+
+ROOT = pathlib.Path(__file__).resolve().parents[4]
+
+
+def pagoda(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-P", "-m", "pagoda.runtime.cli", *args],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, **env},
+    )  # fmt: skip
+
+
+def test_download_prints_the_path_and_failures_leave_a_termination_message(
+    hub: FakeHub, tmp_path: pathlib.Path
+) -> None:
+    log = tmp_path / "termination-log"
+    env = {"PAGODA_TERMINATION_LOG": str(log)}
+    dl = str(tmp_path / "models")
+    done = pagoda("download", "--model", "hf://org/tiny", "--download-dir", dl, env=env)
+    assert done.returncode == 0, done.stderr
+    path = pathlib.Path(done.stdout.strip())
+    assert (path / "config.json").is_file()
+    assert "hf://org/tiny: downloading 5 files" in done.stderr
+    assert "HTTP Request" not in done.stderr  # no line per request in the pod log
+    assert not log.exists()
+
+    done = pagoda("download", "--model", "hf://org/missing", "--download-dir", dl, env=env)
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip().splitlines()[-1].startswith("pagoda download: error: hf://org/missing")
+    )
+    msg = parse(log.read_text())
+    assert (msg.reason, msg.detail) == ("ModelDownloadFailed", "NotFound"), log.read_text()
+
+    done = pagoda("download", "--model", "s3://ok-bucket/x", "--download-size-limit", "lots",
+                  "--download-dir", dl, env=env)  # fmt: skip
+    assert done.returncode == 2 and parse(log.read_text()).reason == "InvalidConfiguration"
+
+    done = pagoda("download", "--no-such-flag", env=env)  # argparse's own usage error
+    assert done.returncode == 2 and parse(log.read_text()).reason == "InvalidArguments"

@@ -1,0 +1,49 @@
+"""The termination-message contract (runtime/termination.py): written by `pagoda serve` and
+`pagoda download` on exit 2, parsed back by the operator."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from pagoda.runtime import termination as t
+
+
+def test_round_trip_and_what_is_not_a_termination_message() -> None:
+    line = t.Termination("ModelDownloadFailed", "NotFound", "hf://a/b: not found").line()
+    assert line == "ModelDownloadFailed/NotFound: hf://a/b: not found"
+    assert t.parse(line + "\n") == t.Termination(
+        "ModelDownloadFailed", "NotFound", "hf://a/b: not found"
+    )
+    assert t.parse("ModelDoesNotFit: 40 GiB of weights, 24 GiB of memory") == t.Termination(
+        "ModelDoesNotFit", None, "40 GiB of weights, 24 GiB of memory"
+    )
+    for text in (None, "", "2026-12-04 INFO loading", "Traceback (most recent call last):",
+                 "notCamel: x", "Reason:", "A/b: lower detail"):  # fmt: skip
+        assert t.parse(text) is None, text
+
+
+def test_error_to_line_defaults_and_limits(tmp_path: pathlib.Path, monkeypatch, capsys) -> None:
+    log = tmp_path / "termination-log"
+    monkeypatch.setenv(t.TERMINATION_LOG_ENV, str(log))
+    assert t.exit_error("pagoda serve", ValueError("bad\nflag   value")) == 2
+    assert capsys.readouterr().err == "pagoda serve: error: bad flag value\n"
+    assert log.read_text() == "InvalidConfiguration: bad flag value\n"
+
+    err = t.ReasonedError("x" * 10_000, reason="ModelDoesNotFit")
+    t.exit_error("pagoda serve", err)
+    text = log.read_text()
+    assert text.startswith("ModelDoesNotFit: xxx") and len(text.encode()) <= t.MAX_BYTES + 1
+    assert t.parse(text).reason == "ModelDoesNotFit"
+
+
+def test_where_the_message_goes(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(t.TERMINATION_LOG_ENV, "")
+    assert t.termination_log_path() is None  # empty: off
+    monkeypatch.delenv(t.TERMINATION_LOG_ENV)
+    expected = (
+        t.DEFAULT_TERMINATION_LOG if pathlib.Path(t.DEFAULT_TERMINATION_LOG).exists() else None
+    )
+    assert t.termination_log_path() == expected  # the kubelet's file only where it exists
+    monkeypatch.setenv(t.TERMINATION_LOG_ENV, str(tmp_path / "missing-dir" / "log"))
+    assert t.write_termination_log(t.Termination("X", None, "y")) is False  # never raises

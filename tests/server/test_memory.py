@@ -1,0 +1,93 @@
+"""The start-up memory check (`server/memory.py`): what the engine will allocate against what the
+machine has, on CPU and (with the device's free memory given) on CUDA, and the cgroup limit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pagoda.runtime.config import EngineConfig, ModelConfig
+from pagoda.runtime.server import memory
+
+MODEL = ModelConfig(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_layers=16,
+                    num_heads=32, num_kv_heads=8, head_dim=64, max_position_embeddings=8192)  # fmt: skip
+GIB = 1 << 30
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    path = tmp_path / "model.gguf"
+    with path.open("wb") as fh:
+        fh.truncate(2 * GIB)  # sparse: 2 GiB of weights on disk
+    return path
+
+
+@pytest.fixture
+def host(monkeypatch):
+    def set_free(n: int) -> None:
+        monkeypatch.setattr(memory, "host_available", lambda: (n, "MemAvailable"))
+
+    return set_free
+
+
+def test_cpu_parts_add_up_and_the_largest_is_named(checkpoint, host):
+    host(16 * GIB)
+    cfg = EngineConfig.create("m", device="cpu", dtype="bfloat16", kv_cache_memory=4 * GIB)
+    fp = memory.check(MODEL, cfg, checkpoint)
+    per_token = 16 * 2 * 8 * 64 * 2  # layers × K,V × KV heads × head_dim × bf16
+    assert fp.kv_blocks == 4 * GIB // (per_token * 16) and fp.weights == 2 * GIB
+    assert fp.block_tables == 2 * 64 * ((512 + 1) * 4 + 60)  # two rows per slot
+    host(5 * GIB)
+    with pytest.raises(ValueError) as err:
+        memory.check(MODEL, cfg, checkpoint)
+    msg = str(err.value)
+    assert msg.startswith("this configuration needs at least 6.") and "5.0 GiB is on this" in msg
+    assert msg.index("KV cache 4.0 GiB") < msg.index("weights 2.0 GiB")
+    assert msg.endswith("lower --kv-cache-memory")
+
+
+def test_the_largest_step_is_bounded_by_the_kv_cache(checkpoint, host):
+    host(64 * GIB)
+    small = EngineConfig.create("m", device="cpu", dtype="bfloat16", kv_cache_memory=64 << 20,
+                                max_num_seqs=16384, max_num_batched_tokens=2_000_000)  # fmt: skip
+    fp = memory.check(MODEL, small, checkpoint)
+    tokens = fp.kv_blocks * 16  # a step never holds more tokens than the cache
+    assert fp.activations <= tokens * 4 * (4 * 2048 + 48 * 64 + 3 * 8192) + fp.kv_blocks * 32000 * 8
+
+
+def test_cuda_uses_the_devices_free_memory(checkpoint, host, monkeypatch):
+    host(64 * GIB)
+    monkeypatch.setattr(memory, "device_available", lambda device: (20 * GIB, 24 * GIB))
+    cfg = EngineConfig.create("m", device="cuda", kv_cache_memory=100 << 40)
+    with pytest.raises(ValueError, match=r"--kv-cache-memory 100\.0 TiB is more than the 20\.0 "
+                                         r"GiB free on cuda \(24\.0 GiB in all\)"):  # fmt: skip
+        memory.check(MODEL, cfg, checkpoint)
+    default = memory.check(MODEL, EngineConfig.create("m", device="cuda"), checkpoint)
+    budget = int(24 * GIB * 0.9) - 4 * GIB - 2 * GIB - memory.GPU_HEADROOM
+    assert default.kv_cache == budget  # what the runner will take after the weights
+    monkeypatch.setattr(memory, "device_available", lambda device: (2 * GIB, 24 * GIB))
+    with pytest.raises(ValueError, match=r"weights 2\.0 GiB"):
+        memory.check(MODEL, EngineConfig.create("m", device="cuda"), checkpoint)
+    monkeypatch.setattr(memory, "device_available", lambda device: (3 * GIB, 3 * GIB))
+    with pytest.raises(ValueError, match="left for the KV cache after the weights"):
+        memory.check(MODEL, EngineConfig.create("m", device="cuda"), checkpoint)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_container_limit_lower_than_memavailable_wins(tmp_path, version):
+    proc = tmp_path / "cgroup"
+    if version == "v2":
+        proc.write_text("0::/pod/app\n")
+        folder = tmp_path / "sys" / "pod" / "app"
+        names = ("memory.max", "memory.current", "inactive_file")
+    else:
+        proc.write_text("4:memory:/pod/app\n1:cpu:/\n")
+        folder = tmp_path / "sys" / "memory" / "pod" / "app"
+        names = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+    folder.mkdir(parents=True)
+    (folder / names[0]).write_text(f"{4 * GIB}\n")
+    (folder / names[1]).write_text(f"{3 * GIB}\n")
+    (folder / "memory.stat").write_text(f"anon 1\n{names[2]} {GIB // 2}\n")
+    assert memory._cgroup_headroom(proc, tmp_path / "sys") == GIB + GIB // 2
+    (folder / names[0]).write_text("max\n" if version == "v2" else f"{1 << 62}\n")
+    assert memory._cgroup_headroom(proc, tmp_path / "sys") is None

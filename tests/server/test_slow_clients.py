@@ -1,0 +1,188 @@
+"""Slow and idle clients (docs/reliability.md): a connection that never completes its headers
+or its body is closed within --header-timeout / --body-timeout, and --max-connections caps the
+open sockets, while /health keeps answering. The real app and protocol on uvicorn, with a
+model-free engine core and short timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+from pagoda.runtime.engine.async_engine import AsyncEngine
+from pagoda.runtime.server.api import create_app
+from pagoda.runtime.server.config import ServerConfig
+from pagoda.runtime.server.connections import guarded_protocol
+from pagoda.runtime.server.listen import bind_sockets, bound_port, start_listening
+from pagoda.runtime.server.metrics import ServerMetrics
+from test_async_engine import FakeCore
+
+HEADER_TIMEOUT = 0.6
+BODY_TIMEOUT = 0.8
+CAP = 6
+SLACK = 1.5  # the deadline plus this much, on a busy 2-core machine
+
+
+@pytest.fixture
+def server():
+    metrics = ServerMetrics("fake")
+    app = create_app(ServerConfig(model="fake"), AsyncEngine(FakeCore, observer=metrics), metrics)
+    release = threading.Event()
+
+    @app.get("/hold")
+    async def hold() -> dict:  # a request that is being worked on, not a slow client
+        while not release.is_set():
+            await asyncio.sleep(0.02)
+        return {}
+
+    sockets = bind_sockets("127.0.0.1", 0)
+    start_listening(sockets, "127.0.0.1")
+    config = uvicorn.Config(
+        app, http=guarded_protocol(CAP, HEADER_TIMEOUT, BODY_TIMEOUT), log_level="warning"
+    )
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": sockets}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started:
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.02)
+    srv.release = release
+    srv.port = bound_port(sockets)
+    yield srv
+    srv.should_exit = True
+    thread.join(10)
+
+
+def connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def read_until_closed(sock: socket.socket, t0: float | None = None) -> tuple[bytes, float]:
+    """Everything the server sends until it closes; (bytes, seconds since `t0`, or since now)."""
+    t0, data = time.monotonic() if t0 is None else t0, b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data, time.monotonic() - t0
+
+
+def health(port: int) -> tuple[int, float]:
+    t0 = time.monotonic()
+    with connect(port) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        data, _ = read_until_closed(s)
+    return int(data.split()[1]), time.monotonic() - t0
+
+
+def in_thread(fn, *args):
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn(*args)), daemon=True)
+    t.start()
+    return t, out
+
+
+def test_stalled_clients_are_closed_within_the_timeouts_while_health_stays_fast(server):
+    port = server.port
+    sent = time.monotonic()  # the server's deadlines start after this
+    silent = connect(port)
+    half_headers = connect(port)
+    half_headers.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Ty")
+    stalled_body = connect(port)
+    stalled_body.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                         b'{"prompt": "')  # fmt: skip
+    dripping = connect(port)  # a byte at a time, never quite stalling: the deadline is total
+    dripping.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n")
+    waits = {name: in_thread(read_until_closed, s, sent) for name, s in
+             (("silent", silent), ("half_headers", half_headers),
+              ("stalled_body", stalled_body), ("dripping", dripping))}  # fmt: skip
+    probes = []
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < BODY_TIMEOUT + SLACK:
+        with contextlib.suppress(OSError):  # closed: as it should be
+            dripping.sendall(b" ")
+        probes.append(health(port))
+        time.sleep(0.05)
+    results = {}
+    for name, (thread, out) in waits.items():
+        thread.join(5)
+        results[name] = out[0]
+    data, took = results["silent"]
+    assert data == b"" and HEADER_TIMEOUT <= took <= HEADER_TIMEOUT + SLACK, took
+    for name, limit in (("half_headers", HEADER_TIMEOUT), ("stalled_body", BODY_TIMEOUT),
+                        ("dripping", BODY_TIMEOUT)):  # fmt: skip
+        data, took = results[name]
+        assert data.startswith(b"HTTP/1.1 408 "), (name, data)
+        assert b"request_timeout" in data and limit <= took <= limit + SLACK, (name, took)
+    assert all(code == 200 for code, _ in probes)
+    print(f"/health while 4 connections stalled: {len(probes)} probes, "
+          f"max {max(t for _, t in probes) * 1e3:.1f} ms")  # fmt: skip
+    assert max(t for _, t in probes) < 1.0  # never blocked behind a stalled client
+
+
+def test_a_kept_alive_connection_gets_the_header_deadline_for_its_next_request(server):
+    with connect(server.port) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        first = b""
+        while not first.endswith(b"}"):  # the headers, then the JSON body
+            first += s.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200 ")
+        s.sendall(b"GET /health HTTP/1.1\r\nHo")  # and then nothing
+        data, took = read_until_closed(s)
+    assert data.startswith(b"HTTP/1.1 408 ") and took <= HEADER_TIMEOUT + SLACK, (data, took)
+
+
+def test_connection_cap_closes_the_oldest_waiting_then_refuses_with_503(server):
+    port = server.port
+    idle = [connect(port) for _ in range(CAP)]
+    time.sleep(0.1)
+    code, _ = health(port)  # over the cap: the oldest idle connection makes room
+    assert code == 200
+    idle[0].settimeout(5)
+    assert read_until_closed(idle[0])[0] == b""
+    for s in idle:
+        s.close()
+    time.sleep(0.2)
+    busy = []
+    for _ in range(CAP):  # requests being worked on are never closed for a newcomer
+        s = connect(port)
+        s.sendall(b"GET /hold HTTP/1.1\r\nHost: t\r\n\r\n")
+        busy.append(s)
+    time.sleep(0.3)
+    with connect(port) as s:
+        data, _ = read_until_closed(s)
+    assert data.startswith(b"HTTP/1.1 503 ") and b"too_many_connections" in data, data
+    assert b"retry-after: 1" in data.lower()
+    server.release.set()  # the held requests finish normally
+    for s in busy:
+        s.settimeout(5)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
+        s.close()
+
+
+def test_the_open_file_limit_is_raised_for_the_connection_cap_or_refused():
+    resource = pytest.importorskip("resource")
+    from pagoda.runtime.server.listen import FD_MARGIN, ensure_fd_limit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard < 4 * FD_MARGIN:
+        pytest.skip(f"hard open-file limit {hard}")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (FD_MARGIN + 100, hard))
+        assert ensure_fd_limit(100) == 100
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == 2 * 100 + FD_MARGIN  # raised
+        with pytest.raises(ValueError, match=f"--max-connections {hard} needs at least"):
+            ensure_fd_limit(hard)  # cannot fit under the hard limit
+        assert ensure_fd_limit(hard, adjustable=True) == hard - FD_MARGIN  # the default shrinks
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
