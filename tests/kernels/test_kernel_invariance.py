@@ -91,6 +91,7 @@ def _batch(seqs: list[tuple[int, torch.Tensor, list[int]]], device) -> dict:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.slow
 def test_attention_row_does_not_depend_on_how_it_is_batched(device, dtype):
     from pagoda.kernels import paged_attention
 

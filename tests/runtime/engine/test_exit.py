@@ -35,6 +35,7 @@ INNER = """
 """
 
 
+@pytest.mark.slow
 def test_a_triton_run_ends_with_the_summary_line(tmp_path):
     make_tiny_llama(tmp_path / "model")
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(INNER))

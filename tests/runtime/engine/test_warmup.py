@@ -61,6 +61,7 @@ def launches(monkeypatch):
     return seen
 
 
+@pytest.mark.slow
 def test_serving_hits_only_warmed_variants(tmp_path, split_friendly_configs, launches):
     make_tiny_llama(tmp_path / "m")
     args = dict(dtype="float32", kv_cache_memory=4 << 20, max_num_batched_tokens=48, max_num_seqs=4)
