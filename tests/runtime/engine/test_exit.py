@@ -2,7 +2,9 @@
 
 The engine freezes its start-up objects (`gc.freeze`); frozen objects are never collected, not
 even at exit, so Triton's nanobind bindings used to print ~40 lines of "nanobind: leaked ..."
-after the summary. The engine unfreezes them at exit.
+after the summary. The engine unfreezes them at exit. (A process that imports Triton and calls
+`gc.freeze()` prints exactly what CI printed after `make test`'s summary: 4 leaked
+`ir.attribute` instances, 64 types, 518 functions; this test fails without the fix.)
 """
 
 from __future__ import annotations
