@@ -1,4 +1,5 @@
-# Pagoda: `make serve` runs the runtime with the embedded model; `make test` runs every test.
+# Pagoda: `make serve` runs the runtime with the embedded model; `make test` runs every test,
+# `make test-fast` all but those marked slow.
 # Both set up a virtual environment on first use (CPU PyTorch from the local wheel).
 
 PYTHON ?= python3
@@ -24,7 +25,7 @@ IMAGES ?= runtime operator cpu-demo
 IMAGE_PREFIX ?=
 IMAGE_TAG ?= dev
 
-.PHONY: install serve test test-deps test-gpu lint format bench chart-lint sync-crds image operator clean
+.PHONY: install serve test test-fast test-deps test-gpu lint format bench chart-lint sync-crds image operator clean
 
 # Two stages: `make serve` needs only the runtime; `make test` adds the dev tools on top.
 $(SERVE_STAMP): pyproject.toml setup.py
@@ -53,9 +54,16 @@ serve: $(SERVE_STAMP)
 	@echo "    -d '{\"model\": \"smollm2-135m\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 32, \"temperature\": 0.2, \"top_p\": 0.9}'"
 	$(BIN)/pagoda serve --host $(HOST) --port $(PORT) $(ARGS)
 
+# Every test (CI runs this); the slowest ten are listed before pytest's summary.
+# One file or test: make test PYTEST_ARGS=tests/kernels/test_kernel_attention.py
 test: $(STAMP)
 	@$(PYTHON) .ci/e2e_tools.py || true
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -rs --durations=10 $(PYTEST_ARGS)
+
+# Day-to-day subset: every package's tests except those marked `slow` (README: both durations).
+test-fast: $(STAMP)
+	@$(PYTHON) .ci/e2e_tools.py || true
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -rs --durations=10 -m "not slow" $(PYTEST_ARGS)
 
 # Debian's Prometheus and Alertmanager, used by the autoscaling end-to-end tests (root + apt).
 test-deps:

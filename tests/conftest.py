@@ -2,6 +2,12 @@
 
 import os
 
+# Before torch loads libgomp (as `pagoda serve` and `pagoda tune` do): OpenMP threads that spin
+# at barriers while another process holds a core make each small op a scheduler time slice
+# slower. On 2 busy cores a tiny-model engine step took 96-209 ms with spinning threads and
+# 5-6 ms with passive ones; the suite's processes (pytest, its servers) compete for 2 cores.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import pytest
 import torch
 

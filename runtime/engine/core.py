@@ -24,6 +24,7 @@ the same order; greedy output relies on batch invariance, the default).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import gc
 import hashlib
@@ -100,6 +101,10 @@ class EngineCore:
         # or a full collection every few hundred steps stalls a step by milliseconds.
         gc.collect()
         gc.freeze()
+        # Frozen objects are never collected, not even at exit; Triton's nanobind bindings then
+        # print ~40 lines of "leaked" types at exit. Unfreeze at exit (registered once).
+        atexit.unregister(gc.unfreeze)
+        atexit.register(gc.unfreeze)
         if self.runner.device.type == "cpu":
             release_freed_memory()  # the load's float32 temporaries, kept by the heap settings
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
+@pytest.mark.slow
 def test_two_engines_alternate_and_agree_on_tokens(capsys):
     import decode_ab
     from pagoda.runtime.cpu import attention as cpu_attention

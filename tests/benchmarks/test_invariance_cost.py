@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_tiny_run_reports_gemm_and_attention_tables(capsys):
     pytest.importorskip("triton")
     if torch.cuda.is_available():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from pagoda.runtime.config import cpu_has_fast_bf16
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -15,6 +16,7 @@ def _rows(out: str, first: str) -> list[list[str]]:
     return [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
 
 
+@pytest.mark.slow
 def test_accuracy_capacity_and_speed_tables(capsys):
     import kv_cache_dtype
 

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_old_ref_runs_that_commits_runtime_side_by_side(tmp_path):
     out = tmp_path / "ab.json"
     cmd = [sys.executable, "-P", str(ROOT / "benchmarks" / "offline_throughput.py"),

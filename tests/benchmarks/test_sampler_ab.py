@@ -15,6 +15,7 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="no native kernel
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_head_beside_this_tree_reports_every_row_kind(capsys):
     import sampler_ab
 

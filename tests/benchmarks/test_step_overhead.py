@@ -33,6 +33,7 @@ def test_small_run_reports_each_sampler_and_phase(capsys, monkeypatch):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_old_ref_times_that_commits_runtime_beside_this_one(capsys):
     import step_overhead
 

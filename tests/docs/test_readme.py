@@ -105,6 +105,7 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[A-Za-z]{2,}", text)
 
 
+@pytest.mark.slow
 def test_curl_example_gets_a_sensible_reply(served: str) -> None:
     if shutil.which("curl") is None and os.environ.get("PAGODA_REQUIRE_E2E") != "1":
         pytest.skip("no curl on PATH")
@@ -121,6 +122,7 @@ def test_curl_example_gets_a_sensible_reply(served: str) -> None:
     assert len(_words(reply)) >= 2, f"not a sensible reply: {reply!r}"
 
 
+@pytest.mark.slow
 def test_python_sdk_example_streams_a_sensible_answer(served: str, tmp_path: Path) -> None:
     pytest.importorskip("openai")
     (block,) = blocks("python", "from")
@@ -173,6 +175,7 @@ def _one_line(command: str) -> str:
     return " ".join(command.replace("\\\n", " ").split())
 
 
+@pytest.mark.slow
 def test_make_serve_hint_is_the_readme_request() -> None:
     dry = subprocess.run(
         ["make", "-n", "serve", "HOST=127.0.0.1", "PORT=8000"],

@@ -95,6 +95,7 @@ def _batch(seqs: list[tuple[int, torch.Tensor, list[int]]], device) -> dict:
     [(torch.float32, None), (torch.bfloat16, None), (torch.float32, 37)],
     ids=["float32", "bfloat16", "float32-window37"],
 )
+@pytest.mark.slow
 def test_attention_row_does_not_depend_on_how_it_is_batched(device, dtype, window):
     """With a sliding window too: a chunk starts reading at its first row's window, a decode at
     its own, and the row's bits stay the same."""

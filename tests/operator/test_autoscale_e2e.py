@@ -42,7 +42,7 @@ from pagoda.operator.autoscaling import rules
 from pagoda.operator.kube.client import KubeApi
 from pagoda.operator.spec.inference_service import InferenceServiceSpec
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240), pytest.mark.slow]
 TOKEN = "e2e-webhook-token"
 TARGET_TTFT = 0.1  # a single idle request takes ~0.09 s here; LOAD_CLIENTS push p95 well above
 # The burst alert fires at p95 > 2 x target. Replicas have 4 slots each (`serve_cmd`), so 48

@@ -28,7 +28,7 @@ from pagoda.operator.autotune.mount import MOUNT_PATH, VOLUME
 from pagoda.operator.autotune.profiles import ATTEMPTS_ANNOTATION
 from pagoda.operator.kube.client import KubeApi
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 JOBS, SAS, ROLES = "batch/v1/jobs", "v1/serviceaccounts", "rbac.authorization.k8s.io/v1/roles"
 H200, A100 = "NVIDIA-H200", "NVIDIA-A100-SXM4-80GB"
 PUBLISH_AGENT = "pagoda-publish-profile/"

@@ -127,6 +127,7 @@ def events(emulator: Emulator, reason: str) -> list[dict[str, Any]]:
     return [e for e in emulator.live_all("v1/events") if e.get("reason") == reason]
 
 
+@pytest.mark.slow
 async def test_hf_model_downloaded_by_the_init_container_then_served_offline(
     emulator: Emulator, kube: KubeApi, start_operator: Any, hub: FakeHub, tmp_path: pathlib.Path
 ) -> None:

@@ -44,7 +44,7 @@ from pagoda.operator.kube.client import ApiError, KubeApi
 from pagoda.operator.spec.config import OperatorConfig
 from pagoda.operator.spec.status import compute_status, status_patch
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 FAULT_RATE, WATCH_DROP_RATE = 0.2, 0.4
 CHILD_KINDS = {"Deployment": DEPLOY, "Service": SVC, "ConfigMap": CM, "PodDisruptionBudget": PDB}
 

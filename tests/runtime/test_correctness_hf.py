@@ -37,6 +37,7 @@ def reference(hf_model, prompts):
     ],
     ids=["chunked+prefix", "plain"],
 )
+@pytest.mark.slow
 def test_greedy_matches_transformers(smol, prompts, reference, engine_args):
     llm = LLM(
         loaded=smol, dtype="float32", max_model_len=2048, kv_cache_memory=320 << 20, **engine_args

@@ -35,7 +35,7 @@ def server(server_process: ServerProcess) -> ServerProcess:
 def offline(server_process: ServerProcess):
     """The offline engine with the server's dtype; it loads while the server starts.
 
-    One torch thread: this process's OpenMP pool already spins actively (policy fixed at import).
+    One torch thread (until the session ends): the server process computes beside it.
     """
     import torch
     from pagoda.runtime import LLM

@@ -12,7 +12,7 @@ from pagoda.runtime import SamplingParams
 from server_testlib import MAX_MODEL_LEN, ServerProcess
 
 MODEL = "smollm2-135m"
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 PROMPTS = [
     "The history of computing is a story of",
     "Rivers carve valleys",

@@ -159,6 +159,7 @@ def test_impossible_sizes_are_refused_before_loading(argv, needle) -> None:
     assert needle in str(err.value), err.value
 
 
+@pytest.mark.slow
 def test_memory_check_names_what_to_lower(monkeypatch) -> None:
     from pagoda.runtime.server import memory
 
@@ -237,6 +238,7 @@ def test_a_port_in_use_or_a_foreign_host_fails_at_once_with_one_line() -> None:
             print(f"{args}: exit 2 after {took:.2f} s")
 
 
+@pytest.mark.slow
 def test_without_chunked_prefill_the_default_budget_fits_the_context() -> None:
     sched = engine_config("--no-enable-chunked-prefill").scheduler
     assert sched.max_model_len == 8192  # the model's, resolved once before the engine starts

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from pagoda.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from server_testlib import MAX_MODEL_LEN
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EXAMPLES = int(os.environ.get("PAGODA_FUZZ_EXAMPLES", "150"))
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
           "top_p", "top_k", "min_p", "n", "stop", "seed", "logprobs", "top_logprobs", "stream",

@@ -30,6 +30,7 @@ def keyed() -> ServerProcess:
     srv.stop()
 
 
+@pytest.mark.slow
 def test_ready_is_503_until_warmed_up(keyed):
     assert keyed.seen[-1] == 200
     assert 503 in keyed.seen, f"/ready never answered 503 while loading: {keyed.seen}"
@@ -68,6 +69,7 @@ async def test_queue_full_is_503_with_retry_after(keyed):
     assert busy.json()["error"]["code"] == "queue_full"
 
 
+@pytest.mark.slow
 def test_sigterm_drains_in_flight_stream_then_exits_0(keyed):
     headers = {"Authorization": f"Bearer {KEY}"}
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True,

@@ -152,6 +152,7 @@ def test_an_int8_row_is_the_same_at_every_place_in_a_tile(h, hkv, d, build, wind
 
 
 @pytest.mark.parametrize("build", ["x86-64-v2", "avx2"])
+@pytest.mark.slow
 def test_a_build_without_avx512_gives_the_same_cache_and_output(tmp_path, build):
     """The plain-vector fallbacks of the int8 loops (x86-64-v2: no AVX2) and the AVX2 loops:
     exact integer sums, so the same bytes in the cache and the same outputs to float rounding

@@ -33,6 +33,7 @@ def kernel(request) -> cpu_attention.CpuKernel:
     return cpu_attention.CpuKernel(path)
 
 
+@pytest.mark.slow
 def test_build_compiles_once_per_cache_dir_and_loads(tmp_path):
     first = cpu_attention.build(tmp_path)
     stamp = first.stat().st_mtime_ns

@@ -114,6 +114,7 @@ def test_penalties_run_synchronously(engines):
     assert not engine._penalized
 
 
+@pytest.mark.slow
 def test_preemption_in_flight_matches_sync(smol):
     """A pool so small that requests are preempted while their step is in flight."""
     kw = dict(num_blocks_override=6, block_size=16, max_num_seqs=4, max_model_len=96)

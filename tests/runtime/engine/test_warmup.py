@@ -64,6 +64,7 @@ def launches(monkeypatch):
 
 
 @pytest.mark.parametrize("invariant", [False, True], ids=["by-shape", "batch-invariant"])
+@pytest.mark.slow
 def test_serving_hits_only_warmed_variants(tmp_path, split_friendly_configs, launches, invariant):
     """Per-shape configs: split counts and prefill buckets; batch-invariant: the prefill
     kernel's decode and prefill launches only."""

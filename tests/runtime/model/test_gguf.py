@@ -241,6 +241,7 @@ def test_tiny_gguf_greedy_matches_transformers(tiny_gguf):
         ),
     ],
 )
+@pytest.mark.slow
 def test_quantized_gguf_runs_on_its_blocks_and_matches_transformers(
     request, fixture, kinds, qkv, down
 ):

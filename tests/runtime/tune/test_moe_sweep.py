@@ -134,6 +134,7 @@ def test_wrong_refused_and_variant_candidates_are_rejected(faulty_experts):
     assert "not batch-invariant" in result.rejected[2]
 
 
+@pytest.mark.slow
 def test_tune_kernels_saves_the_moe_winner(tmp_path, monkeypatch, faulty_experts):
     """Two candidates (plus the packaged default as baseline), through `tune_kernels`."""
     monkeypatch.delenv(kc.CONFIG_DIR_ENV, raising=False)

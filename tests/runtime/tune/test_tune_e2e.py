@@ -20,7 +20,7 @@ import httpx
 import pytest
 from server_testlib import ROOT, ServerProcess
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 COMMON = ["--max-model-len", "256", "--kv-cache-memory", "64MiB"]
 TUNE = ["--quick", "--time-budget", "5m", "--itl-target", "5", "--ttft-target", "30", *COMMON]
 

@@ -26,6 +26,7 @@ if os.environ["TRITON_INTERPRET"] != "1":
     pytest.skip("the interpreter path of the kernel stage", allow_module_level=True)
 
 
+@pytest.mark.slow
 def test_kernel_stage_through_the_interpreter(tmp_path, monkeypatch, capsys):
     make_tiny_llama(tmp_path / "m")
     request = TuneRequest(

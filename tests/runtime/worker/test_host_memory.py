@@ -26,6 +26,7 @@ print(json.dumps({"grew": rss() - before, "params": llm.engine.model_config.num_
 """
 
 
+@pytest.mark.slow
 def test_a_float32_engine_keeps_no_float32_copy_of_its_gguf_weights():
     if qgemm.load() is None:
         pytest.skip("without qgemm a float32 model multiplies by float32 weights")
