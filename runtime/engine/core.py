@@ -298,8 +298,8 @@ def start_group(config: EngineConfig, model: ModelConfig, max_model_len: int, on
     for one rank. ValueError when the model cannot be split that way."""
     if config.parallel.tensor_parallel_size == 1:
         return None
-    from pagoda.runtime.distributed.executor import Executor
     from pagoda.runtime.distributed.layout import check
+    from pagoda.runtime.engine.executor import Executor
 
     check(model, config.parallel.tensor_parallel_size)
     return Executor(config, max_model_len, on_failure)

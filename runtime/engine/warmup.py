@@ -18,10 +18,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from pagoda.runtime.engine.core import EngineCore
 from pagoda.runtime.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagoda.runtime.engine.core import EngineCore
 
 log = logging.getLogger(__name__)
 SCRATCH_BLOCKS = 16
@@ -195,7 +198,7 @@ def warm_kernels(runner, *, max_num_seqs: int, max_model_len: int, max_num_batch
 def warm_up(core: EngineCore) -> EngineCore:
     """Compile (or touch) every variant serving can hit; returns ``core`` for factory chaining.
     The other ranks of a tensor-parallel group compile their kernels themselves
-    (`distributed/worker_proc.py`) and run these steps with rank 0."""
+    (`engine/worker_proc.py`) and run these steps with rank 0."""
     start = time.monotonic()
     sched = core.scheduler.config
     launches = warm_kernels(

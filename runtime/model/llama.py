@@ -24,14 +24,14 @@ from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.quantized import QuantizedWeight, stack
 from pagoda.runtime.distributed.group import TPGroup
-from pagoda.runtime.distributed.parallel_linear import (
+from pagoda.runtime.model.linear import Linear
+from pagoda.runtime.model.ops import Ops, build_cos_sin_cache, gather_cos_sin
+from pagoda.runtime.model.parallel_linear import (
     column_linear,
     qkv_linear,
     row_linear,
     vocab_parallel,
 )
-from pagoda.runtime.model.linear import Linear
-from pagoda.runtime.model.ops import Ops, build_cos_sin_cache, gather_cos_sin
 
 if TYPE_CHECKING:
     from pagoda.runtime.model.fp8_linear import Fp8Linear
@@ -191,7 +191,7 @@ class LayerContext:
     num_kv_heads: int
     head_dim: int
     batch_invariant: bool = False  # the engine's --batch-invariant (the fused-MoE kernel's too)
-    tp: TPGroup | None = None  # the tensor-parallel group (distributed/parallel_linear.py)
+    tp: TPGroup | None = None  # the tensor-parallel group (model/parallel_linear.py)
 
     @property
     def qkv_sizes(self) -> list[int]:
@@ -226,7 +226,7 @@ class GatedMLP:
         if ctx.tp is None:
             self.gate_up = linear_layer(ctx, w, gate_up)
             self.down = linear_layer(ctx, w, [down])
-        else:  # gate/up column-parallel, down row-parallel (distributed/parallel_linear.py)
+        else:  # gate/up column-parallel, down row-parallel (model/parallel_linear.py)
             self.gate_up, self.down = column_linear(ctx, w, gate_up), row_linear(ctx, w, down)
         self.act_and_mul = ctx.act_and_mul
 
@@ -252,7 +252,7 @@ class LlamaLayer:
         o = a + "o_proj.weight"
         if ctx.tp is None:
             self.qkv, self.o_proj = linear_layer(ctx, w, qkv), linear_layer(ctx, w, [o])
-        else:  # this rank's heads (distributed/parallel_linear.py)
+        else:  # this rank's heads (model/parallel_linear.py)
             self.qkv, self.o_proj = qkv_linear(ctx, w, qkv, c), row_linear(ctx, w, o)
         self.kv_scales = model.kv_scales(w, a.rstrip("."))  # an FP8 KV cache's (k, v) scales
         self.window = c.family.window(index)  # this layer's sliding window, or None

@@ -213,7 +213,7 @@ def serve_worker_node(
 ) -> int:
     """`--node-rank R` > 0: this node's ranks of the group, headless, until rank 0 stops them
     (they run the steps it broadcasts); the same checks as node 0 first (exit 2)."""
-    from pagoda.runtime.distributed.worker_proc import serve_node
+    from pagoda.runtime.engine.worker_proc import serve_node
     from pagoda.runtime.server.launch import preflight
 
     cfg = server_config(args)

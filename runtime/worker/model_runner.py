@@ -23,7 +23,6 @@ from pagoda.runtime.config import EngineConfig, fp8_runs_on
 from pagoda.runtime.core.sched_output import SchedulerOutput
 from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.distributed.group import TPGroup
-from pagoda.runtime.distributed.step_channel import StepChannel
 from pagoda.runtime.model.llama import LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.ops import select_ops
@@ -43,6 +42,7 @@ from pagoda.runtime.worker.block_table import BlockTables
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
 from pagoda.runtime.worker.host_memory import keep_freed_memory
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
+from pagoda.runtime.worker.step_channel import StepChannel
 from pagoda.runtime.worker.step_clock import StepClock
 from pagoda.runtime.worker.step_inputs import StepInputs
 

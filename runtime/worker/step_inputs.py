@@ -1,5 +1,5 @@
 """One step's flat batch as host arrays: what `ModelRunner` builds from a `SchedulerOutput` and
-what rank 0 of a tensor-parallel group broadcasts to the others (`distributed/step_channel.py`).
+what rank 0 of a tensor-parallel group broadcasts to the others (`worker/step_channel.py`).
 
 Plain data in its own module, so the runner and the channel share it without importing each
 other.

@@ -89,7 +89,9 @@ class Pod:
         log = self.root / f"{name}.termination-log"
         log.unlink(missing_ok=True)
         env["PAGODA_TERMINATION_LOG"] = str(log)  # the kubelet's terminationMessagePath
-        return [self._local(c, a) for a in argv], env, log
+        # argv[0] is this machine's python, never a container path (a checkout under /tmp
+        # would otherwise be taken for the /tmp volume)
+        return [argv[0], *(self._local(c, a) for a in argv[1:])], env, log
 
     def run(self, name: str) -> tuple[int, str, str]:
         argv, env, log = self.command(name)

@@ -78,10 +78,10 @@ def serve_steps(spec: WorkerSpec, rank: int) -> None:
     """Join, build this rank's runner, run steps until rank 0 stops."""
     from pagoda.runtime.distributed.group import TPGroup
     from pagoda.runtime.distributed.layout import check
-    from pagoda.runtime.distributed.step_channel import StepChannel
     from pagoda.runtime.engine.warmup import warm_kernels
     from pagoda.runtime.model.loader import load_model
     from pagoda.runtime.worker.model_runner import ModelRunner
+    from pagoda.runtime.worker.step_channel import StepChannel
 
     config = spec.config
     share_cpu(config)

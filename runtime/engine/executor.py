@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.distributed.group import TPGroup
-from pagoda.runtime.distributed.worker_proc import WorkerSpec, rank_device, run_worker, share_cpu
+from pagoda.runtime.engine.worker_proc import WorkerSpec, rank_device, run_worker, share_cpu
 
 log = logging.getLogger(__name__)
 STOP_GRACE_S = 5.0  # how long ranks get to leave after "stop" before they are killed
