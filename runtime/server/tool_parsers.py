@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -135,16 +136,16 @@ def _read_call(obj: str, done: bool) -> _Partial:
     return _Partial(name, args.strip(), done, end is not None, a is not None)
 
 
-class ToolParser:
+class ToolParser(ABC):
     """One output format. Subclasses say where calls start and how deep the call objects are."""
 
     name: ClassVar[str]
     markers: ClassVar[tuple[str, ...]]  # chat-template text that identifies the format
     call_depth: ClassVar[int] = 0
 
+    @abstractmethod
     def _start(self, text: str, final: bool) -> int | None:
         """Where the call region begins (None: not begun; content may continue)."""
-        raise NotImplementedError
 
     def _held(self, text: str) -> int:
         """How many trailing characters could still turn into the call marker."""
