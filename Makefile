@@ -60,10 +60,14 @@ test: $(STAMP)
 	@$(PYTHON) .ci/e2e_tools.py || true
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -rs --durations=10 $(PYTEST_ARGS)
 
-# Day-to-day subset: every package's tests except those marked `slow` (README: both durations).
+# Day-to-day subset: every package's tests except those marked `slow` (README: both durations),
+# on TEST_WORKERS pytest-xdist workers (one per core; a test file stays on one worker, so its
+# module fixtures start once). TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
 test-fast: $(STAMP)
 	@$(PYTHON) .ci/e2e_tools.py || true
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -rs --durations=10 -m "not slow" $(PYTEST_ARGS)
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -rs --durations=10 -m "not slow" \
+	  -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Debian's Prometheus and Alertmanager, used by the autoscaling end-to-end tests (root + apt).
 test-deps:

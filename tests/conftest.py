@@ -11,7 +11,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest
 import torch
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Under pytest-xdist (`make test-fast` runs one worker per core) each worker keeps to one thread,
+# so the workers share the cores instead of each asking for all of them.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // _WORKERS))
 
 REQUIRE_E2E = os.environ.get("PAGODA_REQUIRE_E2E") == "1"
 

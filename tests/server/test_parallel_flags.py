@@ -72,9 +72,16 @@ def test_impossible_layouts_name_the_flag(argv: list[str], words: str) -> None:
         # the embedded model has 9 attention heads and 3 KV heads
         (["--tensor-parallel-size", "2"], "--tensor-parallel-size 2 does not divide the model's 9 "
          "attention heads"),
-        (["--tensor-parallel-size", "9"], "does not divide the model's MLP width (1536)"),
-        (["--tensor-parallel-size", "3", "--device", "cuda"], "runs 3 ranks on this node, one "
-         "per GPU, and it has"),
+        pytest.param(
+            ["--tensor-parallel-size", "9"],
+            "does not divide the model's MLP width (1536)",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            ["--tensor-parallel-size", "3", "--device", "cuda"],
+            "runs 3 ranks on this node, one per GPU, and it has",
+            marks=pytest.mark.slow,
+        ),
     ],
 )  # fmt: skip
 def test_a_group_the_model_or_node_cannot_hold_is_one_line_and_exit_2(argv, words) -> None:

@@ -49,7 +49,9 @@ def rank_processes(pid: int) -> list[int]:
     return [p for p, kids in spawned.items() if not any(k in spawned for k in kids)]
 
 
-@pytest.mark.parametrize("where", ["--engine-process", "--no-engine-process"])
+@pytest.mark.parametrize(
+    "where", ["--engine-process", pytest.param("--no-engine-process", marks=pytest.mark.slow)]
+)
 def test_a_dead_rank_ends_the_server_with_health_503_first(tmp_path, where):
     from hf_oracle import make_tiny_model
 
@@ -83,6 +85,7 @@ def test_a_dead_rank_ends_the_server_with_health_503_first(tmp_path, where):
         srv.stop()
 
 
+@pytest.mark.slow
 def test_a_group_of_two_nodes_serves_and_the_worker_node_leaves_with_it(tmp_path):
     """Two `pagoda serve` processes as the operator's LeaderWorkerSet runs them: node 0 serves
     HTTP and is rank 0, node 1 (`--node-rank 1`) is headless; they meet at --master-port.

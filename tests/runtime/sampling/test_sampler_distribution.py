@@ -170,5 +170,5 @@ def test_flat_draw_keeps_small_weights_deep_in_a_row():
     cum = torch.cumsum(w[:1], -1, dtype=torch.float64)
     target = (cum[0, 49_999] + 5e-7) / cum[0, -1]  # inside the 1e-6 interval
     assert ops.pick_flat(w[:1], target.reshape(1)).item() == 50_000
-    draws = ops.pick_flat(w[:1].expand(5000, -1), torch.rand(5000))
+    draws = ops.pick_flat(w[:1].expand(500, -1), torch.rand(500))
     assert bool((w[0, draws] > 0).all())
