@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from pagoda.runtime.tune.results import BucketResult
 
 MATMUL = "matmul"
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); GROUP_M stays 8. Small N tiles give
@@ -230,3 +231,39 @@ def timing_inputs(
             [({**x, **w}, torch.empty(m, n, dtype=bucket.dtype, device=device)) for w in weights]
         )
     return out
+
+
+def sweep_candidates(
+    bucket: Any,
+    candidates: list[dict],
+    device: torch.device,
+    *,
+    timer: Timer,
+    check: Callable[[Any, dict, torch.device, torch.Generator], str | None],
+    inputs: Callable[[Any, torch.device, torch.Generator], list],
+    time: Callable[[dict, list, Timer], float],
+    seed: int = 0,
+) -> BucketResult:
+    """Check every candidate (``check``: None, or why it is rejected), time the survivors on one
+    set of ``inputs`` (made once, at the first survivor) with ``time``; the first candidate is
+    the baseline. The sweep of every GEMM bucket: 16-bit and FP8 matmuls, fused MoE."""
+    gen = torch.Generator().manual_seed(seed)
+    rejected: list[str] = []
+    timed: list[tuple[float, dict]] = []
+    baseline_ms = None
+    made: list = []
+    for i, config in enumerate(candidates):
+        why = check(bucket, config, device, gen)
+        if why is not None:
+            rejected.append(f"{config}: {why}")
+            continue
+        made = made or inputs(bucket, device, gen)
+        timed.append((time(config, made, timer), config))
+        if i == 0:
+            baseline_ms = round(timed[-1][0], 4)
+    if not timed:
+        return BucketResult(bucket, None, None, baseline_ms, len(candidates), rejected)
+    best_ms, best = min(timed, key=lambda x: x[0])
+    return BucketResult(
+        bucket, dict(best), round(best_ms, 4), baseline_ms, len(candidates), rejected
+    )

@@ -244,27 +244,12 @@ def sweep_matmul_bucket(
     seed: int = 0,
 ) -> BucketResult:
     """Check every candidate of the bucket's GEMM (16-bit or FP8: `matmul.Gemm`), time the
-    survivors; the first candidate is the baseline."""
-    gen = torch.Generator().manual_seed(seed)
-    rejected: list[str] = []
-    timed: list[tuple[float, dict]] = []
-    baseline_ms = None
-    inputs: list = []
-    for i, config in enumerate(candidates):
-        why = matmul.check_candidate(bucket, config, device, gen)
-        if why is not None:
-            rejected.append(f"{config}: {why}")
-            continue
-        inputs = inputs or matmul.timing_inputs(bucket, device, gen)
-        timed.append((matmul.time_candidate(bucket, config, inputs, timer), config))
-        if i == 0:
-            baseline_ms = round(timed[-1][0], 4)
-    if not timed:
-        return BucketResult(bucket, None, None, baseline_ms, len(candidates), rejected)
-    best_ms, best = min(timed, key=lambda x: x[0])
-    return BucketResult(
-        bucket, dict(best), round(best_ms, 4), baseline_ms, len(candidates), rejected
-    )
+    survivors; the first candidate is the baseline (`matmul.sweep_candidates`)."""
+    return matmul.sweep_candidates(
+        bucket, candidates, device, timer=timer, seed=seed, check=matmul.check_candidate,
+        inputs=matmul.timing_inputs,
+        time=lambda config, inputs, t: matmul.time_candidate(bucket, config, inputs, t),
+    )  # fmt: skip
 
 
 def invariant_decode_config(bucket: Bucket, reports: list[dict], device: torch.device) -> dict:
