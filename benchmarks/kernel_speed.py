@@ -30,23 +30,34 @@ bf16 (``torch.matmul``) and cuBLAS FP8 with row-wise scales (``torch._scaled_mm`
 torch lacks it). All timed as CUDA-graph replays (decode-sized GEMMs are shorter than a Python
 launch). Bandwidth = weight bytes + activations in and out, over the time of the FP8 GEMM.
 
-Prints a markdown table (paste into docs/benchmarks.md with the device name). Exits with a
+The cases (inputs, timing, references) are `kernel_cases.py`'s; this script picks them from its
+flags and prints a markdown table (paste into docs/benchmarks.md with the device name). Exits with a
 message on machines without CUDA: the CPU interpreter checks correctness, not speed.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import machine
+from kernel_cases import (
+    FP8_SHAPES,
+    PATHS,
+    Fp8Row,
+    MoeRow,
+    Row,
+    decode_row,
+    fits,
+    fp8_row,
+    invariant_decode_rows,
+    moe_row,
+    prefill_rows,
+)
 
 # Peak HBM bandwidth in TB/s by device-name fragment (vendor data sheets); --peak-tbps overrides.
 PEAK_TBPS = {
@@ -64,21 +75,6 @@ PEAK_TBPS = {
     "RTX 4090": 1.008,
 }
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-SWEEP_TOL = 0.05  # --prefill-sweep: largest |diff| from SDPA a candidate may show (bf16 outputs)
-
-
-@dataclass
-class Row:
-    case: str
-    batch: int
-    new_tokens: int
-    context: int
-    splits: str
-    triton_us: float
-    gbps: float
-    tflops: float
-    sdpa_us: float | None
-    max_err: float | None
 
 
 def peak_tbps(name: str, override: float | None) -> float | None:
@@ -88,272 +84,6 @@ def peak_tbps(name: str, override: float | None) -> float | None:
         if fragment in name:
             return tbps
     return None
-
-
-def bench_us(fn) -> float:
-    """Median time in µs; do_bench flushes L2 between runs, so small cases hit HBM too."""
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3
-
-
-def graph_us(fn) -> float:
-    """Median time in µs of `fn` replayed from a CUDA graph: the launches of a multi-kernel
-    operator as the engine's graphed steps see them, without Python's launch overhead."""
-    import triton.testing
-
-    return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")) * 1e3
-
-
-def make_paged(
-    batch: int, ctx: int, args: argparse.Namespace, dtype: torch.dtype, device: str = "cuda"
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Contiguous K/V ``[B, Hkv, ctx, D]`` and the same data scattered over shuffled pages."""
-    bs, hkv, d = args.block_size, args.kv_heads, args.head_dim
-    per_seq = math.ceil(ctx / bs)
-    num_blocks = batch * per_seq
-    k = torch.randn((batch, hkv, ctx, d), device=device, dtype=dtype)
-    v = torch.randn_like(k)
-    table = torch.randperm(num_blocks, device=device).view(batch, per_seq).to(torch.int32)
-    k_cache = torch.zeros((num_blocks, bs, hkv, d), device=device, dtype=dtype)
-    v_cache = torch.zeros_like(k_cache)
-    pad = per_seq * bs - ctx
-    for b in range(batch):  # one sequence at a time keeps temporaries small
-        for src, dst in ((k, k_cache), (v, v_cache)):
-            rows = F.pad(src[b].transpose(0, 1), (0, 0, 0, 0, 0, pad))  # [per_seq*bs, Hkv, D]
-            dst[table[b].long()] = rows.reshape(per_seq, bs, hkv, d)
-    return k, v, k_cache, v_cache, table
-
-
-def fits(batch: int, ctx: int, args: argparse.Namespace, dtype: torch.dtype) -> bool:
-    kv = 2 * batch * ctx * args.kv_heads * args.head_dim * dtype.itemsize
-    return 2.2 * kv < torch.cuda.mem_get_info()[0]  # paged + contiguous copies + headroom
-
-
-def vs_sdpa(run, out, sdpa, as_out, what: str) -> tuple[float | None, float | None]:
-    """SDPA's time on the same case and the kernel's largest difference from it (`as_out` lays
-    SDPA's result out as `out`); (None, None) where torch has no SDPA kernel for the shape or
-    dtype (it raises RuntimeError, ValueError or NotImplementedError for those)."""
-    try:
-        sdpa_us = bench_us(sdpa)
-        run()
-        return sdpa_us, float((out.float() - as_out(sdpa()).float()).abs().max())
-    except (RuntimeError, ValueError, NotImplementedError) as exc:
-        print(f"  SDPA failed for {what}: {exc}", file=sys.stderr)
-        return None, None
-
-
-def decode_row(batch: int, ctx: int, args: argparse.Namespace, dtype: torch.dtype) -> Row:
-    from pagoda.kernels import paged_attention
-    from pagoda.kernels.config import get_kernel_config, num_sms
-    from pagoda.kernels.decode_attention import choose_num_splits
-
-    h, d = args.heads, args.head_dim
-    k, v, k_cache, v_cache, table = make_paged(batch, ctx, args, dtype)
-    q = torch.randn((batch, h, d), device="cuda", dtype=dtype)
-    out = torch.empty_like(q)
-    seq_lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
-    qsl = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
-    scale = d**-0.5
-
-    def run() -> None:
-        paged_attention(
-            q=q,
-            k_cache=k_cache,
-            v_cache=v_cache,
-            block_tables=table,
-            seq_lens=seq_lens,
-            query_start_loc=qsl,
-            max_query_len=1,
-            max_seq_len=ctx,
-            scale=scale,
-            out=out,
-            num_decodes=batch,
-        )
-
-    def sdpa() -> torch.Tensor:
-        return F.scaled_dot_product_attention(q[:, :, None, :], k, v, scale=scale, enable_gqa=True)
-
-    t = bench_us(run)
-    cfg = get_kernel_config(
-        "decode_attention", {"head_dim": d, "num_seqs": batch, "max_seq_len": ctx}, q.device
-    )
-    splits = choose_num_splits(
-        num_decodes=batch,
-        num_kv_heads=args.kv_heads,
-        max_seq_len=ctx,
-        num_sms=num_sms(q.device),
-        config=cfg,
-    )
-    bytes_moved = (k.numel() + v.numel() + q.numel() + out.numel()) * dtype.itemsize
-    flops = 4 * batch * h * ctx * d
-    sdpa_us, err = vs_sdpa(run, out, sdpa, lambda r: r[:, :, 0], f"batch {batch} ctx {ctx}")
-    return Row(
-        "decode",
-        batch,
-        1,
-        ctx,
-        str(splits),
-        t,
-        bytes_moved / t / 1e3,
-        flops / t / 1e6,
-        sdpa_us,
-        err,
-    )
-
-
-# --prefill-paths / --invariant-decodes: paged_attention's arguments per path
-PATHS = {
-    "flash": {"batch_invariant": False},
-    "flash-invariant": {"batch_invariant": True},
-    "unified": {"batch_invariant": False, "flash_prefill": False},
-    "unified-invariant": {"batch_invariant": True, "flash_prefill": False},
-}
-
-
-def invariant_decode_rows(
-    batch: int, ctx: int, args: argparse.Namespace, dtype: torch.dtype, device: str = "cuda"
-) -> list[Row]:
-    """A decode batch in batch-invariant mode: the prefill kernel's one-token launch and the
-    unified kernel, on the same cache, each against SDPA."""
-    from pagoda.kernels import paged_attention
-
-    h, d = args.heads, args.head_dim
-    k, v, k_cache, v_cache, table = make_paged(batch, ctx, args, dtype, device)
-    q = torch.randn((batch, h, d), device=device, dtype=dtype)
-    out = torch.empty_like(q)
-    seq_lens = torch.full((batch,), ctx, device=device, dtype=torch.int32)
-    qsl = torch.arange(batch + 1, device=device, dtype=torch.int32)
-    scale = d**-0.5
-
-    def sdpa() -> torch.Tensor:
-        return F.scaled_dot_product_attention(q[:, :, None, :], k, v, scale=scale, enable_gqa=True)
-
-    rows = []
-    for path in ("flash-invariant", "unified-invariant"):
-
-        def run(path: str = path) -> None:
-            paged_attention(
-                q=q, k_cache=k_cache, v_cache=v_cache, block_tables=table, seq_lens=seq_lens,
-                query_start_loc=qsl, max_query_len=1, max_seq_len=ctx, scale=scale, out=out,
-                num_decodes=batch, **PATHS[path],
-            )  # fmt: skip
-
-        t = bench_us(run)
-        bytes_moved = (k.numel() + v.numel() + q.numel() + out.numel()) * dtype.itemsize
-        sdpa_us, err = vs_sdpa(run, out, sdpa, lambda r: r[:, :, 0], f"batch {batch} ctx {ctx}")
-        rows.append(
-            Row(f"decode ({path})", batch, 1, ctx, "1", t, bytes_moved / t / 1e3,
-                4 * batch * h * ctx * d / t / 1e6, sdpa_us, err)
-        )  # fmt: skip
-    return rows
-
-
-def prefill_rows(
-    batch: int,
-    new: int,
-    ctx: int,
-    args: argparse.Namespace,
-    dtype: torch.dtype,
-    device: str = "cuda",
-) -> list[Row]:
-    """``batch`` sequences of ``new`` tokens on top of ``ctx - new`` cached ones, one row per
-    path of ``--prefill-paths``; SDPA is timed once."""
-    from pagoda.kernels import paged_attention
-
-    h, d = args.heads, args.head_dim
-    k, v, k_cache, v_cache, table = make_paged(batch, ctx, args, dtype, device)
-    q = torch.randn((batch * new, h, d), device=device, dtype=dtype)
-    out = torch.empty_like(q)
-    seq_lens = torch.full((batch,), ctx, device=device, dtype=torch.int32)
-    qsl = torch.arange(0, batch * new + 1, new, device=device, dtype=torch.int32)
-    scale = d**-0.5
-
-    def run(path: str) -> None:
-        paged_attention(
-            q=q,
-            k_cache=k_cache,
-            v_cache=v_cache,
-            block_tables=table,
-            seq_lens=seq_lens,
-            query_start_loc=qsl,
-            max_query_len=new,
-            max_seq_len=ctx,
-            scale=scale,
-            out=out,
-            num_decodes=0,
-            **PATHS[path],
-        )
-
-    q4 = q.view(batch, new, h, d).transpose(1, 2)
-    if new == ctx:
-        mask = None
-    else:
-        from torch.nn.attention.bias import causal_lower_right
-
-        mask = causal_lower_right(new, ctx)
-
-    def sdpa() -> torch.Tensor:
-        if mask is None:
-            return F.scaled_dot_product_attention(
-                q4, k, v, is_causal=True, scale=scale, enable_gqa=True
-            )
-        return F.scaled_dot_product_attention(
-            q4, k, v, attn_mask=mask, scale=scale, enable_gqa=True
-        )
-
-    past = ctx - new
-    pairs = batch * (new * past + new * (new + 1) / 2)  # visible (query, key) pairs
-    flops = 4 * h * d * pairs
-    bytes_moved = (k.numel() + v.numel() + q.numel() + out.numel()) * dtype.itemsize
-    case = "prefill" if new == ctx else "prefill chunk"
-    rows, sdpa_us, want = [], None, None
-    for path in filter(None, args.prefill_paths.split(",")):
-        t = bench_us(lambda path=path: run(path))
-        if sdpa_us is None:
-            sdpa_us, err = vs_sdpa(
-                lambda path=path: run(path),
-                out,
-                sdpa,
-                lambda r: r.transpose(1, 2).reshape(out.shape),
-                f"prefill {batch}x{new}/{ctx}",
-            )
-            want = sdpa().transpose(1, 2).reshape(out.shape) if sdpa_us is not None else None
-        run(path)
-        err = float((out.float() - want.float()).abs().max()) if want is not None else None
-        rows.append(
-            Row(f"{case} ({path})", batch, new, ctx, "-", t, bytes_moved / t / 1e3,
-                flops / t / 1e6, sdpa_us, err)
-        )  # fmt: skip
-    if not args.prefill_sweep:
-        return rows
-    from pagoda.kernels.prefill_attention import launch_prefill_attention
-    from pagoda.runtime.tune.kernels import PREFILL, candidate_space
-
-    def launch(config: dict) -> None:
-        launch_prefill_attention(
-            q=q, k_cache=k_cache, v_cache=v_cache, block_tables=table, seq_lens=seq_lens,
-            query_start_loc=qsl, scale=scale, out=out, first_seq=0, last_seq=batch,
-            first_token=0, last_token=batch * new, config=config,
-        )  # fmt: skip
-
-    swept = []
-    for config in candidate_space(PREFILL):
-        label = "M{BLOCK_M} T{TILE_SIZE} w{num_warps} s{num_stages}".format(**config)
-        try:
-            t = bench_us(lambda config=config: launch(config))
-        except Exception as exc:  # a config the compiler refuses (shared memory, registers)
-            print(f"  {case} {label}: {type(exc).__name__}", file=sys.stderr)
-            continue
-        err = float((out.float() - want.float()).abs().max()) if want is not None else None
-        if err is not None and err > SWEEP_TOL:
-            print(f"  {case} {label}: wrong output ({err:.2e})", file=sys.stderr)
-            continue
-        swept.append(
-            Row(f"{case} (swept {label})", batch, new, ctx, "-", t, bytes_moved / t / 1e3,
-                flops / t / 1e6, sdpa_us, err)
-        )  # fmt: skip
-    return rows + sorted(swept, key=lambda r: r.triton_us)[: args.prefill_sweep]
 
 
 def table(rows: list[Row], peak: float | None) -> str:
@@ -375,41 +105,6 @@ def table(rows: list[Row], peak: float | None) -> str:
     return "\n".join(lines)
 
 
-@dataclass
-class MoeRow:
-    tokens: int
-    active: int  # experts with at least one token
-    invariant_us: float
-    by_tokens_us: float
-    gbps: float  # of the invariant config
-    tflops: float
-    reference_us: float
-    max_err: float
-
-
-def moe_row(
-    tokens: int, shape: tuple[int, int, int, int], dtype: torch.dtype, device: str = "cuda"
-) -> MoeRow:
-    from pagoda.kernels import fused_experts
-    from pagoda.kernels import fused_moe_reference as reference
-
-    E, N, K, top_k = shape
-    x = torch.randn((tokens, K), device=device, dtype=dtype)
-    w13 = torch.randn((E, 2 * N, K), device=device, dtype=dtype) * K**-0.5
-    w2 = torch.randn((E, K, N), device=device, dtype=dtype) * N**-0.5
-    ids = torch.rand((tokens, E), device=device).topk(top_k, dim=1).indices.to(torch.int32)
-    weights = torch.rand((tokens, top_k), device=device).softmax(dim=-1)
-    args = (x, w13, w2, weights, ids)
-    inv = graph_us(lambda: fused_experts(*args))
-    by_tokens = graph_us(lambda: fused_experts(*args, batch_invariant=False))
-    ref = bench_us(lambda: reference.fused_experts(*args))  # reads counts on the host
-    err = float((fused_experts(*args).float() - reference.fused_experts(*args).float()).abs().max())
-    active = int(torch.unique(ids).numel())
-    moved = (active * 3 * N * K + 2 * tokens * K) * dtype.itemsize
-    flops = 2 * tokens * top_k * 3 * N * K
-    return MoeRow(tokens, active, inv, by_tokens, moved / inv / 1e3, flops / inv / 1e6, ref, err)
-
-
 def moe_table(rows: list[MoeRow], peak: float | None) -> str:
     head = (
         "| tokens | active experts | fused µs (invariant) | fused µs (by tokens) | GB/s | "
@@ -425,68 +120,6 @@ def moe_table(rows: list[MoeRow], peak: float | None) -> str:
             f"{r.reference_us / r.invariant_us:.2f}× | {r.max_err:.1e} |"
         )
     return "\n".join(lines)
-
-
-FP8_SHAPES = {  # name -> {weight: (N, K)}
-    "llama3-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
-                  "down": (4096, 14336)},
-    "llama3.2-1b": {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048),
-                    "down": (2048, 8192)},
-}  # fmt: skip
-
-
-@dataclass
-class Fp8Row:
-    weight: str
-    n: int
-    k: int
-    tokens: int
-    fp8_us: float  # per-token quantization + FP8 GEMM
-    gemm_us: float  # FP8 GEMM on FP8 activations
-    bf16_us: float  # batch-invariant bf16 `linear`
-    cublas_us: float | None  # torch.matmul, bf16
-    scaled_mm_us: float | None  # torch._scaled_mm, FP8 row-wise
-    gbps: float  # of fp8_us
-    tflops: float  # of fp8_us
-    max_err: float  # fp8_linear vs its reference, relative to the output's max
-
-
-def _scaled_mm_us(xq, xs, wq, ws) -> float | None:
-    """cuBLAS FP8 with row-wise scales; None where this torch/GPU has no such kernel."""
-    try:
-        run = lambda: torch._scaled_mm(  # noqa: E731
-            xq, wq.T, scale_a=xs[:, None], scale_b=ws[None, :], out_dtype=torch.bfloat16
-        )
-        run()
-        return graph_us(run)
-    except (RuntimeError, AttributeError, TypeError) as exc:
-        print(f"  torch._scaled_mm unavailable: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return None
-
-
-def fp8_row(weight: str, n: int, k: int, tokens: int, device: str = "cuda") -> Fp8Row:
-    from pagoda.kernels import fp8, fp8_linear, linear
-
-    w = torch.randn((n, k), device=device) / k**0.5
-    wq, ws = fp8.quantize_weight(w)
-    wb = w.to(torch.bfloat16)
-    x = torch.randn((tokens, k), device=device, dtype=torch.bfloat16)
-    xq, xs = fp8.quantize_per_token(x)
-    out = torch.empty((tokens, n), device=device, dtype=torch.bfloat16)
-    dyn = graph_us(lambda: fp8_linear(x=x, weight=wq, weight_scale=ws, out=out))
-    gemm = graph_us(lambda: fp8_linear(x=xq, x_scale=xs, weight=wq, weight_scale=ws, out=out))
-    bf16 = graph_us(lambda: linear(x=x, weight=wb, out=out))
-    cublas = scaled = None
-    if device == "cuda":
-        cublas = graph_us(lambda: torch.matmul(x, wb.T, out=out))
-        scaled = _scaled_mm_us(xq, xs, wq, ws)
-    got = fp8_linear(x=x, weight=wq, weight_scale=ws).float()
-    want = fp8.fp8_linear(x=x, weight=wq, weight_scale=ws, out_dtype=torch.float32)
-    err = float((got - want).abs().max() / want.abs().max())
-    moved = n * k + tokens * k * 2 + tokens * n * 2  # FP8 weight, bf16 in and out
-    flops = 2 * tokens * n * k
-    return Fp8Row(weight, n, k, tokens, dyn, gemm, bf16, cublas, scaled, moved / dyn / 1e3,
-                  flops / dyn / 1e6, err)  # fmt: skip
 
 
 def fp8_table(rows: list[Fp8Row], peak: float | None) -> str:
@@ -553,25 +186,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if not torch.cuda.is_available():
-        print(
-            "benchmarks/kernel_speed.py needs a CUDA GPU; none is visible here. Kernel correctness "
-            "on CPU: TRITON_INTERPRET=1 pytest tests/kernels",
-            file=sys.stderr,
-        )
-        return 2
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("0", ""):
-        print("unset TRITON_INTERPRET: the interpreter cannot be benchmarked", file=sys.stderr)
-        return 2
-    dtype = DTYPES[args.dtype]
-    name = torch.cuda.get_device_name()
-    peak = peak_tbps(name, args.peak_tbps)
-    torch.manual_seed(0)
+def attention_rows(args: argparse.Namespace, dtype: torch.dtype) -> list[Row]:
+    """The decode, prefill and batch-invariant decode rows that ``args`` ask for (decode
+    batches that do not fit in free GPU memory are skipped)."""
     rows: list[Row] = []
-    if args.no_attention:
-        args.batches, args.prefill, args.invariant_decodes = "", "", ""
     for batch in (int(x) for x in filter(None, args.batches.split(","))):
         for ctx in (int(x) for x in args.contexts.split(",")):
             if not fits(batch, ctx, args, dtype):
@@ -591,6 +209,28 @@ def main(argv: list[str] | None = None) -> int:
         if fits(b, ctx, args, dtype):
             rows += invariant_decode_rows(b, ctx, args, dtype)
             torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print(
+            "benchmarks/kernel_speed.py needs a CUDA GPU; none is visible here. Kernel correctness "
+            "on CPU: TRITON_INTERPRET=1 pytest tests/kernels",
+            file=sys.stderr,
+        )
+        return 2
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("0", ""):
+        print("unset TRITON_INTERPRET: the interpreter cannot be benchmarked", file=sys.stderr)
+        return 2
+    dtype = DTYPES[args.dtype]
+    name = torch.cuda.get_device_name()
+    peak = peak_tbps(name, args.peak_tbps)
+    torch.manual_seed(0)
+    if args.no_attention:
+        args.batches, args.prefill, args.invariant_decodes = "", "", ""
+    rows = attention_rows(args, dtype)
     header = (
         f"{machine()}\nDevice: {name} (peak {peak} TB/s), torch {torch.__version__}, "
         f"heads {args.heads}/{args.kv_heads} (q/kv), head dim {args.head_dim}, "

@@ -24,14 +24,9 @@ errors are `ParamError(field, message)`); an error while adding one request fail
 request. An exception inside `step()` cannot be pinned on one request, so it is fatal: every
 stream fails, `error` is set and `/health` turns 503.
 
-Fair sharing (docs/reliability.md): limits count sequences, prompts × n. The waiting queue holds
-`max_queue_len` of them; one request may ask for at most `max_seqs_per_request`, and never more
-than half the queue. Requests of several sequences ("bulk") may together fill the queue but for
-a reserve kept for single-sequence requests. A bulk request is not handed to the core all at
-once either: its prompts wait here and are fed round-robin with the other bulk requests, so that
-together they hold at most `max_num_seqs` minus a reserve of the core's sequence slots. A
-single-sequence request goes to the core at once and finds a reserved slot, so a short request
-is never queued behind the thousands of sequences one client asked for.
+Admission (the queue's bounds, 400/503 refusals, bulk requests' fair share of the core's batch)
+is `admission.py`'s; this class asks it before admitting a request and feeds the core what it
+says.
 """
 
 from __future__ import annotations
@@ -45,28 +40,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pagoda.runtime.engine.admission import Admission, EngineUnavailableError
 from pagoda.runtime.engine.core_proc import first_step
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
-from pagoda.runtime.sampling.params import ParamError, SamplingParams
+from pagoda.runtime.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
     from pagoda.runtime.engine.core import EngineCore
     from pagoda.runtime.engine.core_client import EngineProcClient
 
 log = logging.getLogger(__name__)
-
-
-class EngineUnavailableError(RuntimeError):
-    """The engine cannot take requests now (loading, draining or dead): HTTP 503."""
-
-    def __init__(self, message: str, retry_after: int | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class QueueFullError(EngineUnavailableError):
-    """More than `max_queue_len` requests wait for their first token: HTTP 503 + Retry-After."""
 
 
 class StepObserver(Protocol):
@@ -195,21 +179,16 @@ class AsyncEngine:
         log_level: str = "info",
         engine_client: EngineProcClient | None = None,
     ) -> None:
-        """`max_queue_len`: sequences waiting for their first token; `max_seqs_per_request`
-        (default and at most: half of `max_queue_len`): prompts × n of one request;
-        `max_num_seqs`: the core's batch, whose slots bulk requests share (None: no rule);
-        `engine_process`: run the core in a child process (`core_factory` must pickle);
-        `engine_client`: that process, spawned already (`EngineProcClient.spawn`)."""
+        """`max_queue_len`, `max_seqs_per_request`, `max_num_seqs`, `retry_after`: the limits
+        of `Admission` (which see); `engine_process`: run the core in a child process
+        (`core_factory` must pickle); `engine_client`: that process, spawned already
+        (`EngineProcClient.spawn`)."""
         self._factory = core_factory
         self.engine_process = engine_process
         self._log_level = log_level
         self._client: EngineProcClient | None = None  # engine_process: the child's end here
         self._spawned = engine_client
-        self.max_queue_len = max_queue_len
-        half = max(1, max_queue_len // 2)
-        self.max_seqs_per_request = min(max_seqs_per_request or half, half)
-        self.bulk_queue = max_queue_len - reserved(max_queue_len)  # room bulk requests share
-        self.bulk_slots = None if max_num_seqs is None else max_num_seqs - reserved(max_num_seqs)
+        self.admission = Admission(max_queue_len, max_seqs_per_request, max_num_seqs, retry_after)
         self.observer = observer
         self.retry_after = retry_after
         self._core: EngineCore | None = None  # the engine thread's; never touched elsewhere
@@ -218,16 +197,6 @@ class AsyncEngine:
         self.draining = False
         self.error: BaseException | None = None
         self._streams: dict[str, RequestStream] = {}
-        self._queued: dict[str, tuple[int, bool]] = {}  # no output yet: id -> (seqs, bulk)
-        self._num_queued = 0  # their sum: the waiting queue we bound
-        self._bulk_queued = 0  # the part of it from bulk requests
-        # Multi-sequence requests: prompts not handed to the core yet, per request batch
-        # (round-robin order), and the unfinished sequences of those handed over.
-        self._backlog: collections.OrderedDict[str, collections.deque[tuple]] = (
-            collections.OrderedDict()
-        )
-        self._bulk: dict[str, int] = {}  # request id -> unfinished sequences in the core
-        self._bulk_seqs = 0
         self._feed_pending = False
         self._inbox: collections.deque[tuple] = collections.deque()
         self._wake = threading.Event()
@@ -277,7 +246,7 @@ class AsyncEngine:
     @property
     def num_queued(self) -> int:
         """Sequences accepted that have no output yet (the bound of `max_queue_len`)."""
-        return self._num_queued
+        return self.admission.num_queued
 
     def fail(self, exc: BaseException) -> None:
         """Mark the engine dead from any thread (a tensor-parallel rank died): `/health` turns
@@ -335,7 +304,7 @@ class AsyncEngine:
         the immutable `info` and fixed limits only. The server runs them on its worker thread,
         so a 4 MiB body of token ids (2 M ids, about a second of Python) is never scanned on
         the event loop; it then calls `add_requests(..., checked=True)`."""
-        self.check_size(len(prompts), params)
+        self.admission.check_size(len(prompts), params)
         for ids in prompts:
             info.validate(ids, params)
             time.sleep(0)  # let the event loop's thread take the GIL between prompts
@@ -354,7 +323,7 @@ class AsyncEngine:
         ParamError (400), not 503. A full queue is QueueFullError (503). `checked`: the
         prompts passed `check_prompts` already (the engine's availability is checked here).
         """
-        self.check_size(len(prompts), params)
+        self.admission.check_size(len(prompts), params)
         if checked:
             self.loaded_info()
         else:
@@ -362,14 +331,14 @@ class AsyncEngine:
                 self.validate(ids, params)
         seqs = len(prompts) * params.n
         bulk = seqs > 1
-        self._check_room(seqs, bulk)
+        self.admission.check_room(seqs, bulk)
         rids = [f"{prefix}-{i}" for i in range(len(prompts))]
         if any(rid in self._streams for rid in rids):
             raise ValueError(f"duplicate request id prefix {prefix!r}")
         streams = [self._admit(rid, params, bulk) for rid in rids]
-        if bulk and self.bulk_slots is not None:  # shared out round-robin (`_feed`)
-            self._backlog[prefix] = collections.deque(
-                (rid, list(ids), params) for rid, ids in zip(rids, prompts)
+        if bulk and self.admission.paces_bulk:  # shared out round-robin (`_feed`)
+            self.admission.hold_back(
+                prefix, [(r, list(ids), params) for r, ids in zip(rids, prompts)]
             )
             self._feed()
         else:
@@ -377,24 +346,13 @@ class AsyncEngine:
                 self._post(("add", rid, list(ids), params))
         return streams
 
-    def check_size(self, num_prompts: int, params: SamplingParams) -> None:
-        """ParamError when prompts × n exceeds what one request may ask for."""
-        seqs, cap = num_prompts * params.n, self.max_seqs_per_request
-        if seqs > cap:
-            field = "n" if num_prompts == 1 else "prompt"
-            raise ParamError(
-                field,
-                f"{field}: this request asks for {num_prompts} prompt(s) × n={params.n} = {seqs} "
-                f"sequences; this server takes at most {cap} per request",
-            )
-
     def add_request(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
     ) -> RequestStream:
         """Admit a request or raise: ParamError (bad input), EngineUnavailableError, QueueFullError."""
-        self.check_size(1, params)
+        self.admission.check_size(1, params)
         self.validate(prompt_token_ids, params)
-        self._check_room(params.n, params.n > 1)
+        self.admission.check_room(params.n, params.n > 1)
         rid = request_id or f"req-{next(self._ids)}"
         if rid in self._streams:
             raise ValueError(f"duplicate request id {rid!r}")
@@ -402,46 +360,15 @@ class AsyncEngine:
         self._post(("add", rid, list(prompt_token_ids), params))
         return stream
 
-    def _check_room(self, seqs: int, bulk: bool) -> None:
-        full = self._num_queued + seqs > self.max_queue_len
-        if full or (bulk and self._bulk_queued + seqs > self.bulk_queue):
-            raise QueueFullError(
-                f"too many waiting sequences ({self._num_queued} of {self.max_queue_len}"
-                f"{', of which multi-sequence requests may fill ' if bulk else ''}"
-                f"{self.bulk_queue if bulk else ''}); retry later",
-                self.retry_after,
-            )
-
     def _admit(self, rid: str, params: SamplingParams, bulk: bool) -> RequestStream:
         stream = RequestStream(rid, params.n)
         self._streams[rid] = stream
-        self._queued[rid] = (params.n, bulk)
-        self._num_queued += params.n
-        self._bulk_queued += params.n if bulk else 0
+        self.admission.admit(rid, params.n, bulk)
         return stream
 
-    def _unqueue(self, rid: str) -> None:
-        seqs, bulk = self._queued.pop(rid, (0, False))
-        self._num_queued -= seqs
-        self._bulk_queued -= seqs if bulk else 0
-
     def _feed(self) -> None:
-        """Hand waiting prompts of multi-sequence requests to the core, one per request in
-        turn, while they hold fewer than `bulk_slots` sequences there (at least one prompt
-        whenever none is there, so a prompt with n above the share still runs)."""
-        assert self.bulk_slots is not None
-        while self._backlog:
-            prefix, prompts = next(iter(self._backlog.items()))
-            rid, ids, params = prompts[0]
-            if self._bulk_seqs and self._bulk_seqs + params.n > self.bulk_slots:
-                return
-            prompts.popleft()
-            if prompts:
-                self._backlog.move_to_end(prefix)
-            else:
-                del self._backlog[prefix]
-            self._bulk[rid] = params.n
-            self._bulk_seqs += params.n
+        """Hand the core the bulk prompts whose turn it is (`Admission.next_for_core`)."""
+        for rid, ids, params in self.admission.next_for_core():
             self._post(("add", rid, ids, params))
 
     def _feed_soon(self) -> None:
@@ -455,43 +382,15 @@ class AsyncEngine:
         self._feed_pending = False
         self._feed()
 
-    def _release(self, rid: str, seqs: int | None = None) -> None:
-        """`seqs` (all when None) of a multi-sequence request's core sequences are done."""
-        held = self._bulk.get(rid)
-        if held is None:
-            return
-        done = held if seqs is None else min(seqs, held)
-        self._bulk_seqs -= done
-        if held == done:
-            del self._bulk[rid]
-        else:
-            self._bulk[rid] = held - done
-
-    def _drop_waiting(self, rid: str) -> bool:
-        """Remove a prompt still waiting here for the core; True if it was."""
-        prefix = rid.rpartition("-")[0]
-        prompts = self._backlog.get(prefix)
-        if prompts is None:
-            return False
-        kept = collections.deque(p for p in prompts if p[0] != rid)
-        if len(kept) == len(prompts):
-            return False
-        if kept:
-            self._backlog[prefix] = kept
-        else:
-            del self._backlog[prefix]
-        return True
-
     def abort(self, request_id: str) -> None:
         """Abort a request still running (no-op otherwise); its blocks are freed next iteration."""
         stream = self._streams.pop(request_id, None)
-        self._unqueue(request_id)
+        self.admission.unqueue(request_id)
         if stream is None or stream.finished:
             return
-        if not self._drop_waiting(request_id):
+        if not self.admission.drop_waiting(request_id):
             self._post(("abort", request_id))
-        if request_id in self._bulk:
-            self._release(request_id)
+        if self.admission.release(request_id):
             self._feed_soon()  # after the caller's other aborts (a job aborts all its prompts)
         if self.observer is not None and not stream.done[0]:
             pending = [t for t, d in zip(stream.tokens, stream.done) if not d]
@@ -537,28 +436,24 @@ class AsyncEngine:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue  # aborted meanwhile
-            if out.request_id in self._queued:
-                self._unqueue(out.request_id)
-            if out.finished and out.request_id in self._bulk:
-                self._release(out.request_id, 1)
+            self.admission.unqueue(out.request_id)
+            if out.finished and self.admission.release(out.request_id, 1):
                 released = True
             if stream._put(out):
                 del self._streams[out.request_id]
-        if released and self._backlog:
+        if released and self.admission.has_waiting:
             self._feed()
 
     def _fail(self, request_id: str, exc: BaseException) -> None:
-        self._unqueue(request_id)
+        self.admission.unqueue(request_id)
         stream = self._streams.pop(request_id, None)
         if stream is not None:
             stream._fail(exc)
-        if request_id in self._bulk:
-            self._release(request_id)
-            if self._backlog:
-                self._feed()
+        if self.admission.release(request_id) and self.admission.has_waiting:
+            self._feed()
 
     def _fail_all(self, exc: BaseException) -> None:
-        self._backlog.clear()
+        self.admission.clear_waiting()
         for rid in list(self._streams):
             self._fail(rid, EngineUnavailableError(f"engine loop died: {exc!r}"))
         if self._started is not None and not self._started.done():
@@ -641,12 +536,6 @@ class AsyncEngine:
                     result, exc = None, e
                 self._call_loop(_settle, fut, result, exc)
         return n > 0
-
-
-def reserved(slots: int) -> int:
-    """Of `slots` (the core's batch, the waiting queue), those kept for single-sequence
-    requests: an eighth, at least one, never all of them."""
-    return min(slots - 1, max(1, slots // 8))
 
 
 def _integrity_probe(core: EngineCore) -> dict[str, Any]:

@@ -126,7 +126,9 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
         return error_response(APIError(e.status_code, str(e.detail)))
 
     endpoints = {
-        "/v1/completions": CompletionEndpoint(cfg.served_model_names, engine.max_seqs_per_request),
+        "/v1/completions": CompletionEndpoint(
+            cfg.served_model_names, engine.admission.max_seqs_per_request
+        ),
         "/v1/chat/completions": ChatEndpoint(
             cfg.served_model_names, cfg.tool_call_parser, cfg.allow_chat_special_tokens
         ),

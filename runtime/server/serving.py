@@ -16,12 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
-from pagoda.runtime.engine.async_engine import (
-    AsyncEngine,
-    EngineUnavailableError,
-    QueueFullError,
-    RequestStream,
-)
+from pagoda.runtime.engine.admission import EngineUnavailableError, QueueFullError
+from pagoda.runtime.engine.async_engine import AsyncEngine, RequestStream
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.outputs import StepOutput
 from pagoda.runtime.sampling.params import ParamError

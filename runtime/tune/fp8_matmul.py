@@ -7,7 +7,8 @@ The decoder layers' projections (qkv, o, gate_up, down) then run in
 weight's ``(N, K)`` alone (kernel ``fp8_matmul``); the LM head stays 16-bit (a ``matmul`` bucket).
 Each shape is a bucket timed at the engine's decode batch and at its prefill chunk, summed per
 row (`tune.matmul.time_candidate`'s weighing), on activations already in FP8: the per-token
-quantization before the GEMM costs the same under every config.
+quantization before the GEMM costs the same under every config. The sweep is `tune.matmul`'s;
+this module states what differs (`FP8_LINEAR`).
 
 A candidate is rejected when it raises, when it disagrees with the torch reference
 (`pagoda.kernels.fp8.fp8_linear`: dequantize, multiply in float32) on fresh random bf16
@@ -17,14 +18,11 @@ it.
 
 from __future__ import annotations
 
-import itertools
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from pagoda.runtime.tune.matmul import MAX_PREFILL_ROWS, weight_shapes
+from pagoda.runtime.tune.matmul import Gemm, MatmulBucket, Operands, plan_matmul_buckets
 
 FP8_MATMUL = "fp8_matmul"
 FP8_LAYERS = ("qkv", "o", "gate_up", "down")  # the LM head stays 16-bit
@@ -34,23 +32,47 @@ CANDIDATES = [(64, 64, 128, 4, 3), (64, 128, 128, 4, 4), (64, 32, 128, 4, 4), (6
               (128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (128, 64, 128, 4, 4)]  # fmt: skip
 TOL = 2e-2  # bf16 output: a rounding of the result plus float32 sums in another order
 
-Timer = Callable[[Callable[[], None]], float]  # returns milliseconds
+
+def _weights(n: int, k: int, dtype: Any, device: torch.device, gen: torch.Generator) -> Operands:
+    """A random weight quantized per output channel (whatever the activations' ``dtype``)."""
+    from pagoda.kernels.fp8 import quantize_weight
+
+    wq, ws = quantize_weight((torch.randn((n, k), generator=gen) / k**0.5).to(device))
+    return {"weight": wq, "weight_scale": ws}
 
 
-@dataclass(frozen=True)
-class Fp8Bucket:
-    """One FP8 weight shape (config key ``{"n", "k"}``), timed at ``rows`` = (decode, prefill);
-    ``dtype``: the activations' and output's dtype."""
+def _rows(x: torch.Tensor, dtype: Any) -> Operands:
+    """Activations as serving hands them to the GEMM: quantized per token already."""
+    from pagoda.kernels.fp8 import quantize_per_token
 
-    name: str
-    shape: dict[str, int] = field(hash=False)
-    rows: tuple[int, ...]
-    dtype: torch.dtype = torch.bfloat16
-    kernel: str = FP8_MATMUL
+    xq, xs = quantize_per_token(x)
+    return {"x": xq, "x_scale": xs}
 
-    @property
-    def label(self) -> str:
-        return f"fp8_matmul {self.name} n={self.shape['n']} k={self.shape['k']}"
+
+def _launch(config: dict, out: torch.Tensor | None = None, **operands) -> torch.Tensor:
+    from pagoda.kernels import fp8_linear
+
+    out_dtype = None if out is None else out.dtype
+    return fp8_linear(**operands, out=out, out_dtype=out_dtype, config=config)
+
+
+def _reference(**operands) -> torch.Tensor:
+    """`pagoda.kernels.fp8.fp8_linear`: dequantize, multiply in float32."""
+    from pagoda.kernels import fp8
+
+    return fp8.fp8_linear(**operands, out_dtype=torch.float32)
+
+
+FP8_LINEAR = Gemm(
+    kernel=FP8_MATMUL,
+    candidates=CANDIDATES,
+    weight_bytes=1,
+    weights=_weights,
+    rows=_rows,
+    launch=_launch,
+    reference=_reference,
+    tolerance=lambda dtype: TOL,
+)
 
 
 def model_serves_fp8(model: str, quantization: str | None) -> bool:
@@ -69,97 +91,9 @@ def model_serves_fp8(model: str, quantization: str | None) -> bool:
 
 def plan_fp8_buckets(
     mc: Any, dtype: torch.dtype, *, max_num_seqs: int, max_num_batched_tokens: int, quick: bool
-) -> list[Fp8Bucket]:
+) -> list[MatmulBucket]:
     """A bucket per FP8 weight shape, timed at the largest decode batch and prefill chunk."""
-    rows = tuple(sorted({max_num_seqs, min(max_num_batched_tokens, MAX_PREFILL_ROWS)}))
-    buckets = [
-        Fp8Bucket(name, {"n": n, "k": k}, rows, dtype)
-        for name, (n, k) in weight_shapes(mc, FP8_LAYERS).items()
-    ]
-    return buckets[:1] if quick else buckets
-
-
-def candidate_space(quick: bool = False) -> list[dict[str, Any]]:
-    configs = [
-        dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, GROUP_M=8, num_warps=w, num_stages=s)
-        for m, n, k, w, s in CANDIDATES
-    ]
-    return configs[:2] if quick else configs
-
-
-def _weights(
-    n: int, k: int, device: torch.device, gen: torch.Generator
-) -> tuple[torch.Tensor, ...]:
-    from pagoda.kernels.fp8 import quantize_weight
-
-    return quantize_weight((torch.randn((n, k), generator=gen) / k**0.5).to(device))
-
-
-def check_candidate(
-    bucket: Fp8Bucket, config: dict, device: torch.device, gen: torch.Generator
-) -> str | None:
-    """None when ``config`` matches the reference and keeps rows independent of M."""
-    from pagoda.kernels import fp8, fp8_linear
-
-    n, k = bucket.shape["n"], bucket.shape["k"]
-    wq, ws = _weights(n, k, device, gen)
-    x = torch.randn((67, k), generator=gen).to(device=device, dtype=bucket.dtype)
-    try:
-        full = fp8_linear(x=x, weight=wq, weight_scale=ws, config=config)
-        alone = fp8_linear(x=x[-3:].contiguous(), weight=wq, weight_scale=ws, config=config)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    except Exception as e:  # a config the compiler or launcher refuses is a rejected candidate
-        return f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
-    want = fp8.fp8_linear(x=x, weight=wq, weight_scale=ws, out_dtype=torch.float32)
-    got = full.float()
-    if not torch.isfinite(got).all():
-        return "wrong output: non-finite values"
-    err = (got - want).abs().max().item()
-    if err > TOL * (1.0 + want.abs().max().item()):
-        return f"wrong output: max |diff| {err:.3g} > tolerance"
-    if not torch.equal(alone, full[-3:]):
-        return "not batch-invariant: rows differ when computed alone"
-    return None
-
-
-def timing_inputs(
-    bucket: Fp8Bucket, device: torch.device, gen: torch.Generator
-) -> list[list[tuple[torch.Tensor, ...]]]:
-    """Per row count, (x, x_scale, weight, weight_scale, out) over weight copies: on CUDA
-    enough that rotating through them exceeds L2, as serving reads each weight once per step."""
-    from pagoda.kernels.fp8 import quantize_per_token
-
-    n, k = bucket.shape["n"], bucket.shape["k"]
-    copies = 1
-    if device.type == "cuda":
-        l2 = torch.cuda.get_device_properties(device).L2_cache_size
-        copies = min(-(-2 * l2 // (n * k)), 8)
-    weights = [_weights(n, k, device, gen) for _ in range(copies)]
-    out = []
-    for m in bucket.rows:
-        xq, xs = quantize_per_token(torch.randn((m, k), generator=gen).to(device))
-        y = torch.empty(m, n, dtype=bucket.dtype, device=device)
-        out.append([(xq, xs, wq, ws, y) for wq, ws in weights])
-    return out
-
-
-def time_candidate(
-    config: dict, inputs: list[list[tuple[torch.Tensor, ...]]], timer: Timer
-) -> float:
-    """Milliseconds for the largest row count's rows at each timed row count, summed (a decode
-    row and a prompt row weigh alike, as in `tune.matmul.time_candidate`)."""
-    from pagoda.kernels import fp8_linear
-
-    def runner(sets: list[tuple[torch.Tensor, ...]]) -> Callable[[], None]:
-        turn = itertools.count()
-
-        def run() -> None:
-            x, xs, w, ws, out = sets[next(turn) % len(sets)]
-            fp8_linear(x=x, x_scale=xs, weight=w, weight_scale=ws, out=out, out_dtype=out.dtype,
-                       config=config)  # fmt: skip
-
-        return run
-
-    most = max(sets[0][0].shape[0] for sets in inputs)
-    return sum(timer(runner(sets)) * most / sets[0][0].shape[0] for sets in inputs)
+    return plan_matmul_buckets(
+        mc, dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        quick=quick, names=FP8_LAYERS, gemm=FP8_LINEAR,
+    )  # fmt: skip

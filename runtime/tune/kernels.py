@@ -131,7 +131,7 @@ def candidate_space(kernel: str, quick: bool = False) -> list[dict[str, Any]]:
     if kernel == moe.FUSED_MOE:
         return moe.candidate_space(quick)
     if kernel == fp8_matmul.FP8_MATMUL:
-        return fp8_matmul.candidate_space(quick)
+        return fp8_matmul.FP8_LINEAR.candidate_space(quick)
     if quick:
         return [c for c in candidate_space(kernel) if c["num_stages"] == 2][:2]
     pipes = [(4, 2), (4, 3), (8, 3)]

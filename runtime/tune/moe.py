@@ -265,29 +265,14 @@ def sweep_moe_bucket(
     timer: Timer,
     seed: int = 0,
 ) -> Any:
-    """Check every candidate, time the survivors; the first candidate is the baseline."""
-    from pagoda.runtime.tune.results import BucketResult
+    """Check every candidate, time the survivors; the first candidate is the baseline
+    (`matmul.sweep_candidates`, the sweep of every GEMM bucket)."""
+    from pagoda.runtime.tune.matmul import sweep_candidates
 
-    gen = torch.Generator().manual_seed(seed)
-    rejected: list[str] = []
-    timed: list[tuple[float, dict]] = []
-    baseline_ms = None
-    inputs: list = []
-    for i, config in enumerate(candidates):
-        why = check_candidate(bucket, config, device, gen)
-        if why is not None:
-            rejected.append(f"{config}: {why}")
-            continue
-        inputs = inputs or timing_inputs(bucket, device, gen)
-        timed.append((time_candidate(config, inputs, timer), config))
-        if i == 0:
-            baseline_ms = round(timed[-1][0], 4)
-    if not timed:
-        return BucketResult(bucket, None, None, baseline_ms, len(candidates), rejected)
-    best_ms, best = min(timed, key=lambda x: x[0])
-    return BucketResult(
-        bucket, dict(best), round(best_ms, 4), baseline_ms, len(candidates), rejected
-    )
+    return sweep_candidates(
+        bucket, candidates, device, timer=timer, seed=seed, check=check_candidate,
+        inputs=timing_inputs, time=time_candidate,
+    )  # fmt: skip
 
 
 def write_moe_configs(

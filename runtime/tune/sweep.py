@@ -236,36 +236,20 @@ def sweep_bucket(
 
 
 def sweep_matmul_bucket(
-    bucket: matmul.MatmulBucket | fp8_matmul.Fp8Bucket,
+    bucket: matmul.MatmulBucket,
     candidates: list[dict],
     device: torch.device,
     *,
     timer: Timer,
     seed: int = 0,
 ) -> BucketResult:
-    """Check every matmul (bf16 or FP8) candidate, time the survivors; the first candidate is
-    the baseline."""
-    impl = fp8_matmul if bucket.kernel == fp8_matmul.FP8_MATMUL else matmul
-    gen = torch.Generator().manual_seed(seed)
-    rejected: list[str] = []
-    timed: list[tuple[float, dict]] = []
-    baseline_ms = None
-    inputs: list = []
-    for i, config in enumerate(candidates):
-        why = impl.check_candidate(bucket, config, device, gen)
-        if why is not None:
-            rejected.append(f"{config}: {why}")
-            continue
-        inputs = inputs or impl.timing_inputs(bucket, device, gen)
-        timed.append((impl.time_candidate(config, inputs, timer), config))
-        if i == 0:
-            baseline_ms = round(timed[-1][0], 4)
-    if not timed:
-        return BucketResult(bucket, None, None, baseline_ms, len(candidates), rejected)
-    best_ms, best = min(timed, key=lambda x: x[0])
-    return BucketResult(
-        bucket, dict(best), round(best_ms, 4), baseline_ms, len(candidates), rejected
-    )
+    """Check every candidate of the bucket's GEMM (16-bit or FP8: `matmul.Gemm`), time the
+    survivors; the first candidate is the baseline (`matmul.sweep_candidates`)."""
+    return matmul.sweep_candidates(
+        bucket, candidates, device, timer=timer, seed=seed, check=matmul.check_candidate,
+        inputs=matmul.timing_inputs,
+        time=lambda config, inputs, t: matmul.time_candidate(bucket, config, inputs, t),
+    )  # fmt: skip
 
 
 def invariant_decode_config(bucket: Bucket, reports: list[dict], device: torch.device) -> dict:
@@ -293,7 +277,7 @@ def _with_tile(candidates: list[dict], tile: int) -> list[dict]:
 
 def tune_kernels(
     shape: AttentionShape,
-    buckets: list[Bucket | matmul.MatmulBucket | fp8_matmul.Fp8Bucket | moe.MoeBucket],
+    buckets: list[Bucket | matmul.MatmulBucket | moe.MoeBucket],
     *,
     device: torch.device,
     device_label: str,

@@ -1,5 +1,6 @@
-"""benchmarks/kernel_speed.py's fused-MoE and FP8 GEMM rows under Triton's interpreter (the script itself
-needs CUDA): the row's arithmetic and the table, with a wall-clock timer in place of CUDA's."""
+"""benchmarks/kernel_speed.py's rows (its cases are benchmarks/kernel_cases.py's) under Triton's
+interpreter (the script itself needs CUDA): each row's arithmetic and the tables, with a
+wall-clock timer in place of CUDA's."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ if os.environ["TRITON_INTERPRET"] != "1":
 
 
 def test_moe_rows_and_table(monkeypatch):
+    import kernel_cases
     import kernel_speed
 
     def wall_us(fn) -> float:
@@ -28,10 +30,10 @@ def test_moe_rows_and_table(monkeypatch):
         fn()
         return (time.perf_counter() - start) * 1e6
 
-    monkeypatch.setattr(kernel_speed, "graph_us", wall_us)
-    monkeypatch.setattr(kernel_speed, "bench_us", wall_us)
+    monkeypatch.setattr(kernel_cases, "graph_us", wall_us)
+    monkeypatch.setattr(kernel_cases, "bench_us", wall_us)
     shape = (8, 24, 32, 2)  # E, N, K, top-k
-    rows = [kernel_speed.moe_row(t, shape, torch.bfloat16, "cpu") for t in (1, 9)]
+    rows = [kernel_cases.moe_row(t, shape, torch.bfloat16, "cpu") for t in (1, 9)]
     assert rows[0].active == 2 and 2 <= rows[1].active <= 8
     for r in rows:
         assert r.invariant_us > 0 and r.by_tokens_us > 0 and r.reference_us > 0
@@ -44,6 +46,7 @@ def test_moe_rows_and_table(monkeypatch):
 
 
 def test_fp8_rows_and_table(monkeypatch):
+    import kernel_cases
     import kernel_speed
 
     calls = []
@@ -54,8 +57,8 @@ def test_fp8_rows_and_table(monkeypatch):
         fn()
         return (time.perf_counter() - start) * 1e6
 
-    monkeypatch.setattr(kernel_speed, "graph_us", wall_us)
-    rows = [kernel_speed.fp8_row("o", 40, 96, t, "cpu") for t in (1, 5)]
+    monkeypatch.setattr(kernel_cases, "graph_us", wall_us)
+    rows = [kernel_cases.fp8_row("o", 40, 96, t, "cpu") for t in (1, 5)]
     for r in rows:
         assert r.fp8_us > 0 and r.gemm_us > 0 and r.bf16_us > 0
         assert r.cublas_us is None and r.scaled_mm_us is None  # CUDA only
@@ -75,6 +78,7 @@ def test_fp8_rows_and_table(monkeypatch):
 def test_prefill_and_invariant_decode_rows(monkeypatch):
     """The prefill rows (one per path, SDPA timed once) and the batch-invariant decode rows, on
     tiny shapes: every path agrees with SDPA."""
+    import kernel_cases
     import kernel_speed
 
     timed = []
@@ -85,17 +89,17 @@ def test_prefill_and_invariant_decode_rows(monkeypatch):
         fn()
         return (time.perf_counter() - start) * 1e6
 
-    monkeypatch.setattr(kernel_speed, "bench_us", wall_us)
+    monkeypatch.setattr(kernel_cases, "bench_us", wall_us)
     args = kernel_speed.parse_args(
         ["--heads", "4", "--kv-heads", "2", "--head-dim", "32",
          "--prefill-paths", "flash,flash-invariant,unified"]
     )  # fmt: skip
-    rows = kernel_speed.prefill_rows(2, 24, 40, args, torch.float32, "cpu")
+    rows = kernel_cases.prefill_rows(2, 24, 40, args, torch.float32, "cpu")
     assert [r.case for r in rows] == [
         "prefill chunk (flash)", "prefill chunk (flash-invariant)", "prefill chunk (unified)"
     ]  # fmt: skip
     assert len(timed) == 4  # three paths and SDPA once
-    rows += kernel_speed.invariant_decode_rows(3, 33, args, torch.float32, "cpu")
+    rows += kernel_cases.invariant_decode_rows(3, 33, args, torch.float32, "cpu")
     assert [r.case for r in rows[3:]] == ["decode (flash-invariant)", "decode (unified-invariant)"]
     for r in rows:
         assert r.triton_us > 0 and r.sdpa_us > 0 and r.max_err < 1e-4
@@ -106,6 +110,7 @@ def test_prefill_and_invariant_decode_rows(monkeypatch):
 def test_prefill_sweep_rows(monkeypatch):
     """--prefill-sweep N: the N fastest candidates (configs from `pagoda tune`'s space), checked
     against SDPA, after the path rows."""
+    import kernel_cases
     import kernel_speed
     from pagoda.runtime.tune import kernels as tune_kernels
 
@@ -114,7 +119,7 @@ def test_prefill_sweep_rows(monkeypatch):
         fn()
         return (time.perf_counter() - start) * 1e6
 
-    monkeypatch.setattr(kernel_speed, "bench_us", wall_us)
+    monkeypatch.setattr(kernel_cases, "bench_us", wall_us)
     space = [
         {"BLOCK_M": m, "TILE_SIZE": t, "num_warps": 4, "num_stages": 2}
         for m, t in ((16, 16), (64, 32), (32, 64))
@@ -124,7 +129,7 @@ def test_prefill_sweep_rows(monkeypatch):
         ["--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--prefill-paths", "flash",
          "--prefill-sweep", "2"]
     )  # fmt: skip
-    rows = kernel_speed.prefill_rows(1, 40, 40, args, torch.float32, "cpu")
+    rows = kernel_cases.prefill_rows(1, 40, 40, args, torch.float32, "cpu")
     assert [r.case.split(" (")[1].split()[0] for r in rows] == ["flash)", "swept", "swept"]
     assert all(r.max_err < 1e-4 for r in rows)
     assert rows[1].triton_us <= rows[2].triton_us

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from pagoda.runtime.engine.async_engine import AsyncEngine, EngineUnavailableError, QueueFullError
+from pagoda.runtime.engine.admission import EngineUnavailableError, QueueFullError
+from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.options import parse_size
 from pagoda.runtime.sampling.params import ParamError, SamplingParams
@@ -305,7 +306,7 @@ async def test_sequences_count_against_the_queue_and_the_per_request_cap():
     engine = await started(core, max_queue_len=16, max_seqs_per_request=100)
     core.gate = threading.Event()
     try:
-        assert engine.max_seqs_per_request == 8  # half the queue, whatever the flag says
+        assert engine.admission.max_seqs_per_request == 8  # half the queue, whatever the flag says
         with pytest.raises(ParamError, match=r"3 prompt.* × n=3 = 9 sequences") as e:
             engine.add_requests([[1], [2], [3]], SamplingParams(n=3), "a")
         assert e.value.field == "prompt"
@@ -361,7 +362,7 @@ async def test_bulk_requests_share_the_batch_and_a_short_request_overtakes_them(
         assert bulk_order[:14] == ["a"] * 14  # a came first and filled the bulk slots
         turns = bulk_order[14:30]  # then a and b take turns while both wait
         assert turns.count("b") >= 6 and turns.count("a") >= 6, bulk_order
-        assert engine.num_queued == 0 and not engine._bulk and engine._bulk_seqs == 0
+        assert engine.num_queued == 0 and engine.admission.bulk_in_core == 0
     finally:
         engine.stop()
 
@@ -380,6 +381,7 @@ async def test_aborting_a_waiting_bulk_prompt_never_reaches_the_core():
         core.gate.set()
         await asyncio.sleep(0.1)
         assert core.order == ["x-0", "x-1", "x-2"] and sorted(core.aborted) == core.order
-        assert engine.num_queued == 0 and engine._bulk_seqs == 0 and not engine._backlog
+        assert engine.num_queued == 0 and engine.admission.bulk_in_core == 0
+        assert engine.admission.num_waiting == 0
     finally:
         engine.stop()

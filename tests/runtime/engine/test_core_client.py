@@ -15,7 +15,8 @@ import signal
 
 import pytest
 from fake_core import FakeCore, aborted
-from pagoda.runtime.engine.async_engine import AsyncEngine, EngineUnavailableError, RequestStream
+from pagoda.runtime.engine.admission import EngineUnavailableError
+from pagoda.runtime.engine.async_engine import AsyncEngine, RequestStream
 from pagoda.runtime.engine.core_client import EngineDeadError
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.sampling.params import SamplingParams

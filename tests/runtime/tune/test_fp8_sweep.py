@@ -19,14 +19,14 @@ from pagoda import kernels
 from pagoda.kernels import config as kc
 from pagoda.kernels.fp8 import fp8_supported
 from pagoda.runtime.config import EngineConfig, ModelConfig
-from pagoda.runtime.tune import fp8_matmul, sweep
+from pagoda.runtime.tune import fp8_matmul, matmul, sweep
 from pagoda.runtime.tune.kernel_stage import kernel_buckets, run_kernel_stage
 from pagoda.runtime.tune.kernels import candidate_space
 
 DEVICE = torch.device("cuda" if os.environ["TRITON_INTERPRET"] == "0" else "cpu")
 if DEVICE.type == "cuda" and not fp8_supported(DEVICE):
     pytest.skip("FP8 kernels need compute capability 8.9 or later", allow_module_level=True)
-BUCKET = fp8_matmul.Fp8Bucket("o", {"n": 48, "k": 96}, rows=(5, 40))
+BUCKET = matmul.MatmulBucket("o", {"n": 48, "k": 96}, rows=(5, 40), gemm=fp8_matmul.FP8_LINEAR)
 GOOD = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=2)
 WRONG = {**GOOD, "BLOCK_N": 32}  # the patched kernel corrupts these
 VARIANT = {**GOOD, "BLOCK_M": 32}  # ... and makes these depend on M
@@ -120,12 +120,11 @@ def test_every_shipped_candidate_is_correct_and_invariant():
     """The space `pagoda tune` tries on a GPU: no config in it is wrong, refused or variant."""
     gen = torch.Generator().manual_seed(1)
     space = candidate_space(fp8_matmul.FP8_MATMUL)
-    assert space == fp8_matmul.candidate_space() and len(space) == len(fp8_matmul.CANDIDATES)
+    assert space == fp8_matmul.FP8_LINEAR.candidate_space()
+    assert len(space) == len(fp8_matmul.CANDIDATES)
     default = kc.get_kernel_config("fp8_matmul", {"n": 136, "k": 200}, "default")
-    bucket = fp8_matmul.Fp8Bucket("t", {"n": 136, "k": 200}, (1, 8))
-    failures = {
-        str(c): fp8_matmul.check_candidate(bucket, c, DEVICE, gen) for c in [default, *space]
-    }
+    bucket = matmul.MatmulBucket("t", {"n": 136, "k": 200}, (1, 8), gemm=fp8_matmul.FP8_LINEAR)
+    failures = {str(c): matmul.check_candidate(bucket, c, DEVICE, gen) for c in [default, *space]}
     assert {c: why for c, why in failures.items() if why} == {}
 
 

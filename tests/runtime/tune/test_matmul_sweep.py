@@ -109,7 +109,7 @@ def test_every_shipped_candidate_is_correct_and_invariant():
 def test_candidate_time_weighs_each_row_count_per_row():
     """A decode-sized call counts as often as it takes to match the prefill chunk's rows."""
     inputs = matmul.timing_inputs(BUCKET, torch.device("cpu"), torch.Generator().manual_seed(0))
-    ms = matmul.time_candidate(GOOD, inputs, timer=lambda fn: 1.5)
+    ms = matmul.time_candidate(BUCKET, GOOD, inputs, timer=lambda fn: 1.5)
     assert ms == 1.5 * 40 / 5 + 1.5
 
 
