@@ -208,12 +208,16 @@ async def run_clients(url: str, work: list[bytes], clients: int, stream: bool, s
 
 
 def client_process(url: str, work: list[bytes], clients: int, stream: bool, start_at: float):
-    """Entry point of one client process (spawned: imports neither torch nor the engine)."""
-    return asyncio.run(run_clients(url, work, clients, stream, start_at))
+    """Entry point of one client process (spawned: imports neither torch nor the engine): its
+    records and the CPU seconds the clients took."""
+    cpu = time.process_time()
+    records = asyncio.run(run_clients(url, work, clients, stream, start_at))
+    return records, time.process_time() - cpu
 
 
-def drive(pool, url: str, work: list[bytes], clients: int, stream: bool) -> list[dict]:
-    """All clients over the client processes (`pool`, or this process when None); records."""
+def drive(pool, url: str, work: list[bytes], clients: int, stream: bool):
+    """All clients over the client processes (`pool`, or this process when None): the records
+    and the clients' CPU seconds (on a machine with few cores they compete with the server)."""
     start_at = time.perf_counter() + (1.0 if pool is not None else 0.0)
     if pool is None:
         return client_process(url, work, clients, stream, start_at)
@@ -223,7 +227,8 @@ def drive(pool, url: str, work: list[bytes], clients: int, stream: bool) -> list
         for i in range(procs)
         if work[i::procs]
     ]
-    return [rec for part in pool.starmap(client_process, jobs) for rec in part]
+    parts = pool.starmap(client_process, jobs)
+    return [rec for recs, _ in parts for rec in recs], sum(cpu for _, cpu in parts)
 
 
 # -- servers ---------------------------------------------------------------------------------
@@ -352,12 +357,20 @@ def fmt_row(r: dict) -> list[str]:
     events = f"{r['events_per_token']:.2f}" if r["stream"] else "-"
     return [r["server"], r["workload"], "yes" if r["stream"] else "no", r["round"],
             r["requests"], r["errors"], f"{r['tok_s']:.1f}", ttft, itl, tpot, events,
-            f"{r['cpu_ms_per_token']:.2f}", f"{r['api_cpu_us_per_token']:.0f}"]  # fmt: skip
+            f"{r['cpu_ms_per_token']:.2f}", f"{r['api_cpu_us_per_token']:.0f}",
+            f"{r['client_cpu_us_per_token']:.0f}"]  # fmt: skip
 
 
 HEADERS = ["server", "workload", "stream", "round", "req", "err", "out tok/s",
            "TTFT p50/p90/p99 (s)", "ITL p50/p90/p99 (ms)", "TPOT p50/p99 (ms)",
-           "events/token", "server CPU ms/token", "API process CPU µs/token"]  # fmt: skip
+           "events/token", "server CPU ms/token", "API process CPU µs/token",
+           "client CPU µs/token"]  # fmt: skip
+
+
+def _median(rows: list[dict], key: str, where: tuple) -> float:
+    """The median of `key` over the rounds of one (server, workload, stream)."""
+    vals = [r[key] for r in rows if (r["server"], r["workload"], r["stream"]) == where]
+    return statistics.median(vals) if vals else float("nan")
 
 
 def ratios(rows: list[dict], offline: float | None) -> list[str]:
@@ -366,20 +379,15 @@ def ratios(rows: list[dict], offline: float | None) -> list[str]:
     lines = []
     for server in dict.fromkeys(r["server"] for r in rows):
         for wl in dict.fromkeys(r["workload"] for r in rows):
-            med = {}
-            for stream in (False, True):
-                vals = [r["tok_s"] for r in rows
-                        if (r["server"], r["workload"], r["stream"]) == (server, wl, stream)]  # fmt: skip
-                med[stream] = statistics.median(vals) if vals else float("nan")
-            cpu = {}
-            for stream in (False, True):
-                vals = [r["cpu_ms_per_token"] for r in rows
-                        if (r["server"], r["workload"], r["stream"]) == (server, wl, stream)]  # fmt: skip
-                cpu[stream] = statistics.median(vals) if vals else float("nan")
+            med, cpu, client = (
+                {st: _median(rows, key, (server, wl, st)) for st in (False, True)}
+                for key in ("tok_s", "cpu_ms_per_token", "client_cpu_us_per_token")
+            )
             line = (
                 f"{server} {wl}: streaming {med[True]:.1f} / non-streaming {med[False]:.1f} "
                 f"tok/s = {med[True] / med[False]:.2f}x (server CPU {cpu[True]:.2f} / "
-                f"{cpu[False]:.2f} ms per token)"
+                f"{cpu[False]:.2f} ms per token, clients {client[True]:.0f} / "
+                f"{client[False]:.0f} µs)"
             )
             if offline and wl == "nano":
                 line += (
@@ -491,7 +499,7 @@ def run(args, servers: list[Server], work: dict, pool) -> list[dict]:
                     if args.py_spy and stream and not spied:
                         spy, spied = py_spy(s, args.py_spy), True
                     cpu, api = s.cpu_seconds(), s.cpu_seconds(api_only=True)
-                    records = drive(pool, s.base + path, payloads, args.clients, stream)
+                    records, client_cpu = drive(pool, s.base + path, payloads, args.clients, stream)
                     cpu, api = s.cpu_seconds() - cpu, s.cpu_seconds(api_only=True) - api
                     if spy is not None:
                         spy.send_signal(signal.SIGINT)
@@ -500,6 +508,7 @@ def run(args, servers: list[Server], work: dict, pool) -> list[dict]:
                            **summarize(records)}  # fmt: skip
                     row["cpu_ms_per_token"] = 1e3 * cpu / max(1, row["tokens"])
                     row["api_cpu_us_per_token"] = 1e6 * api / max(1, row["tokens"])
+                    row["client_cpu_us_per_token"] = 1e6 * client_cpu / max(1, row["tokens"])
                     rows.append(row)
                     print("| " + " | ".join(str(c) for c in fmt_row(row)) + " |", flush=True)
     return rows

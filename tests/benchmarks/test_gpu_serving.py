@@ -81,6 +81,7 @@ def test_tiny_run_streams_and_not_beside_the_offline_engine(capsys, tmp_path):
             assert r["tokens"] == sum(n for _, n in nano)
         assert r["ttft_p50"] > 0 and r["cpu_ms_per_token"] >= 0
         assert 0 <= r["api_cpu_us_per_token"] <= 1e3 * r["cpu_ms_per_token"] + 1e-9
+        assert r["client_cpu_us_per_token"] > 0  # the clients parsed what they got
         if r["stream"]:
             # NaN when coalescing left every stream one event (no gap to measure)
             assert not r["itl_p50"] < 0 and 0 < r["events_per_token"] <= 1
