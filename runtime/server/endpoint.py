@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pagoda.runtime.engine.async_engine import RequestStream
 from pagoda.runtime.engine.info import EngineInfo
+from pagoda.runtime.engine.request_stream import RequestStream
 from pagoda.runtime.request import TokenLogprob
 from pagoda.runtime.sampling.params import ParamError, SamplingParams
 from pagoda.runtime.server.logprobs import TokenStrings

@@ -17,9 +17,10 @@ from typing import Any
 
 import orjson
 from pagoda.runtime.engine.admission import EngineUnavailableError, QueueFullError
-from pagoda.runtime.engine.async_engine import AsyncEngine, RequestStream
+from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.outputs import StepOutput
+from pagoda.runtime.engine.request_stream import RequestStream
 from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings

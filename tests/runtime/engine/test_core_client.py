@@ -16,9 +16,10 @@ import signal
 import pytest
 from fake_core import FakeCore, aborted
 from pagoda.runtime.engine.admission import EngineUnavailableError
-from pagoda.runtime.engine.async_engine import AsyncEngine, RequestStream
+from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.engine.core_client import EngineDeadError
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
+from pagoda.runtime.engine.request_stream import RequestStream
 from pagoda.runtime.sampling.params import SamplingParams
 
 
