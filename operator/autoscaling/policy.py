@@ -75,7 +75,7 @@ class Policy:
     max_metric_age_s: float = 60.0
     prefill_tokens_per_s: float | None = None  # V_P of a tuned profile: the predictive floor
     decode_tokens_per_s: float | None = None  # V_D of a tuned profile: the demand floor
-    target_utilization: float = 0.95  # share of a replica's measured capacity the floor plans for
+    target_utilization: float = 1.0  # share of a replica's measured capacity the floor plans for
     lead_s: float = 30.0  # how far ahead the demand floor extrapolates a rising arrival rate
     burst_window_s: float = 900.0  # the burst floor's memory (0: no burst floor)
     burst_memory_s: float = 7200.0  # how long bursts are remembered to schedule the next (0: not)
@@ -319,7 +319,13 @@ def _burst(
         return demand, state
     fast = m.arrival_rate_fast * demand.work_s
     slow = (m.arrival_rate_slow or 0.0) * demand.work_s
-    state = bursts_mod.record(state, now, fast, slow, policy.burst_window_s, policy.burst_memory_s)
+    clump = bursts_mod.clump_need(
+        m.arrival_rate_fast, m.mean_prompt_tokens, policy.prefill_tokens_per_s,
+        policy.target_ttft_s,
+    )  # fmt: skip
+    state = bursts_mod.record(
+        state, now, fast, slow, policy.burst_window_s, policy.burst_memory_s, clump
+    )
     needs = [
         n
         for n in (
