@@ -1,6 +1,6 @@
 """Autoscaling simulation: Pagoda's policy against tuned HPA/KEDA baselines, token by token.
 
-    python benchmarks/autoscale_sim.py                 # all shapes, full grids (≈ 45 min, 2 cores)
+    python benchmarks/autoscale_sim.py                 # all shapes, full grids (≈ 15–45 min, 2 cores)
     python benchmarks/autoscale_sim.py --quick         # a coarser behaviour grid
     python benchmarks/autoscale_sim.py --measure       # re-measure one `pagoda serve` replica
 
@@ -435,6 +435,7 @@ ABLATION: list[tuple[str, dict]] = [
     ("evaluated every 15 s (the HPA's cadence)", {"interval_s": EVAL_S}),
     ("without the burst floor", {"burst_window_s": 0.0}),
     ("without the burst schedule", {"burst_memory_s": 0.0}),
+    ("planning at 95 % of a replica", {"target_utilization": 0.95}),
     ("planning at 90 % of a replica", {"target_utilization": 0.9}),
 ]
 

@@ -19,6 +19,13 @@ Two ways a burst is known to be coming:
   interval (at least `MIN_AHEAD_S`) before it until as long after. The burst, when it lands,
   becomes the new last one. A burst that does not come costs that stretch at the burst's need.
 
+A sample's need is the larger of its work and its **clump** (`clump_need`): long prompts that
+come together need replicas for their *prefill latency*, not only for their work. The prompt
+tokens of the last 15 s, had they all come within one scrape (`CLUMP_SPAN_S`), must be prefilled
+within the TTFT budget (llm-d's `T − ISL/V_P`): a code assistant's 300,000 prompt tokens in 5 s
+keep a replica busy for 2.6 minutes in all, but need 30 replicas at once to answer within 8 s.
+Held like a burst's, the clumps of the window stand for the next one.
+
 A level shift (one step up) or an isolated burst holds nothing: the demand floor follows them
 down after the scale-down window, as before. The caller keeps the state, like the history.
 """
@@ -33,6 +40,8 @@ MIN_ONSETS = 2  # bursts within the window before the floor holds their need
 IDLE_BUSY = 0.5  # slow needs below this count as this: from idle, any real arrival is an onset
 PEAK_S = 120.0  # a burst's need: the largest fast need this long from its onset
 MERGE_S = 120.0  # an onset this soon after a remembered burst's is the same burst
+FAST_WINDOW_S = 15.0  # the fast arrival rate's window (prometheus.py)
+CLUMP_SPAN_S = 5.0  # a clump of prompts may come within one scrape interval
 JITTER = 0.05  # a scheduled burst is held this share of its interval either side
 MIN_AHEAD_S = 60.0  # ... and at least this long either side (plus the lead before)
 
@@ -49,14 +58,40 @@ class Bursts:
     onsets: tuple[Onset, ...] = ()  # distinct bursts within the memory, oldest first
 
 
+def clump_need(
+    arrival_rate_fast: float | None,
+    prompt_tokens: float | None,
+    prefill_tokens_per_s: float | None,
+    ttft_target_s: float | None,
+) -> float | None:
+    """Replicas that prefill the prompt tokens of the last `FAST_WINDOW_S` within the TTFT budget
+    had they come within `CLUMP_SPAN_S` (None: something unknown, or no budget)."""
+    if not arrival_rate_fast or not prompt_tokens or not prefill_tokens_per_s or not ttft_target_s:
+        return None
+    budget = ttft_target_s - prompt_tokens / prefill_tokens_per_s
+    if budget <= 0:
+        return None  # a lone prompt misses the target: more replicas do not help
+    tokens = arrival_rate_fast * FAST_WINDOW_S * prompt_tokens
+    return tokens / (prefill_tokens_per_s * (CLUMP_SPAN_S + budget))
+
+
 def record(
-    state: Bursts, now: float, fast: float, slow: float, window_s: float, memory_s: float = 0.0
+    state: Bursts,
+    now: float,
+    fast: float,
+    slow: float,
+    window_s: float,
+    memory_s: float = 0.0,
+    clump: float | None = None,
 ) -> Bursts:
     """Append this evaluation's fast need (`slow`: the same from the 2-minute rate), note a new
     burst or the current one's need, and forget what is older than the window (samples) and the
-    memory (bursts)."""
+    memory (bursts). `clump` (`clump_need`): the sample's need when larger than `fast`; onsets
+    are still `fast` against `slow`."""
     kept = tuple(s for s in state.samples if now - s[0] <= window_s)
     above = fast > ONSET_RATIO * max(slow, IDLE_BUSY)
+    if clump is not None:
+        fast = max(fast, clump)
     onset = above and bool(kept) and not kept[-1][2]
     onsets = tuple(o for o in state.onsets if now - o[0] <= memory_s)
     if onsets and now - onsets[-1][0] <= PEAK_S:

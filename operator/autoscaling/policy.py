@@ -19,14 +19,15 @@ The HPA's algorithm, on what users feel instead of CPU:
 * with a tuned profile's prefill *and* decode rates (V_P, V_D) the **demand floor** (demand.py)
   sizes the fleet instead, up and down: the arrival rate, extrapolated over the lead time while it
   climbs, times what a request of the recent mean lengths costs a replica (ISL/V_P + OSL/V_D),
-  plus the backlog, at 90 % utilization. A ratio over target then only says the load outran the
+  plus the backlog, at `target_utilization` (default all) of the measured capacity. A ratio over target then only says the load outran the
   fleet, not by how much (a drained backlog keeps the minute's p95 high), so it no longer
   extrapolates; a fleet at the floor that still queues raises a learned capacity correction
   (demand.learn_correction) that the caller keeps like the history. The floor is not held to the
   ×2 step: it is a measured need;
 * with the demand floor, the **burst floor** (bursts.py): while bursts recur (two or more rises of
   the 15 s arrival rate above twice the 2-minute one within `burst_window_s`), never fewer than
-  the largest 15 s need of that window, so the next burst finds its capacity standing; bursts
+  the largest 15 s need of that window (its work, or the prefill of its clump of prompt tokens
+  within the TTFT budget when larger), so the next burst finds its capacity standing; bursts
   farther apart at a steady interval are scheduled: their need is held while the next is due;
 * with V_P alone (an older profile), never fewer replicas than prefill the queued prompt tokens
   within the TTFT target (autotune/floor.py, llm-d's `TTFT_target − ISL/V_P` rule): it acts when
@@ -75,7 +76,7 @@ class Policy:
     max_metric_age_s: float = 60.0
     prefill_tokens_per_s: float | None = None  # V_P of a tuned profile: the predictive floor
     decode_tokens_per_s: float | None = None  # V_D of a tuned profile: the demand floor
-    target_utilization: float = 0.95  # share of a replica's measured capacity the floor plans for
+    target_utilization: float = 1.0  # share of a replica's measured capacity the floor plans for
     lead_s: float = 30.0  # how far ahead the demand floor extrapolates a rising arrival rate
     burst_window_s: float = 900.0  # the burst floor's memory (0: no burst floor)
     burst_memory_s: float = 7200.0  # how long bursts are remembered to schedule the next (0: not)
@@ -319,7 +320,13 @@ def _burst(
         return demand, state
     fast = m.arrival_rate_fast * demand.work_s
     slow = (m.arrival_rate_slow or 0.0) * demand.work_s
-    state = bursts_mod.record(state, now, fast, slow, policy.burst_window_s, policy.burst_memory_s)
+    clump = bursts_mod.clump_need(
+        m.arrival_rate_fast, m.mean_prompt_tokens, policy.prefill_tokens_per_s,
+        policy.target_ttft_s,
+    )  # fmt: skip
+    state = bursts_mod.record(
+        state, now, fast, slow, policy.burst_window_s, policy.burst_memory_s, clump
+    )
     needs = [
         n
         for n in (

@@ -13,28 +13,32 @@ from pagoda.operator.autoscaling.policy import Metrics, Policy, decide
 
 # A tuned profile's rates: a 100-token prompt and a 50-token output cost 0.1 + 0.1 = 0.2 s. No
 # lead (the demand floor's extrapolation of a rising rate), so each count below is one formula.
+# The TTFT target is loose enough that these short prompts are never a clump (their prefill
+# within the budget needs 0.15 replicas per req/s, their work 0.2): the work sets each need.
 TUNED = Policy(
-    min_replicas=1, max_replicas=40, target_ttft_s=0.5, target_queue=4.0, down_window_s=60,
-    prefill_tokens_per_s=1000.0, decode_tokens_per_s=500.0, lead_s=0.0,
+    min_replicas=1, max_replicas=40, target_ttft_s=5.0, target_queue=4.0, down_window_s=60,
+    prefill_tokens_per_s=1000.0, decode_tokens_per_s=500.0, lead_s=0.0, target_utilization=0.95,
 )  # fmt: skip
 U = TUNED.target_utilization
 
 
-def reading(fast: float, slow: float, rate: float | None = None) -> Metrics:
+def reading(fast: float, slow: float, rate: float | None = None, isl: float = 100.0) -> Metrics:
     """Requests/s over 15 s (`fast`), 2 min (`slow`) and 30 s (`rate`, default the fast one)."""
     return Metrics(
-        ttft_p95_s=0.1, waiting=0.0, mean_prompt_tokens=100.0, mean_output_tokens=50.0,
+        ttft_p95_s=0.1, waiting=0.0, mean_prompt_tokens=isl, mean_output_tokens=50.0,
         arrival_rate=fast if rate is None else rate, arrival_rate_slow=slow,
         arrival_rate_fast=fast,
     )  # fmt: skip
 
 
-def drive(policy: Policy, loads: list[tuple[float, float]], current: int = 2) -> list[int]:
+def drive(
+    policy: Policy, loads: list[tuple[float, float]], current: int = 2, isl: float = 100.0
+) -> list[int]:
     """Evaluate every 5 s on (fast, slow) arrival rates, applying each decision."""
     history, samples, out = ((0.0, current),), bursts.Bursts(), []
     for i, (fast, slow) in enumerate(loads, start=1):
-        d = decide(policy, reading(fast, slow), current=current, ready=current, history=history,
-                   now=5.0 * i, bursts=samples)  # fmt: skip
+        d = decide(policy, reading(fast, slow, isl=isl), current=current, ready=current,
+                   history=history, now=5.0 * i, bursts=samples)  # fmt: skip
         history, samples, current = d.history, d.bursts, d.replicas
         out.append(current)
     return out
@@ -142,3 +146,36 @@ def test_bursts_every_half_hour_find_their_replicas_standing() -> None:
     assert min(held[len(cycle) : third - 40]) == 1
     alone = drive(replace(TUNED, burst_memory_s=0.0), cycle * 3)
     assert alone[third - 2] == 1
+
+
+def test_clump_need_is_the_prefill_of_15_s_of_prompts_within_the_ttft_budget() -> None:
+    """4 req/s of 2,000-token prompts: 120,000 tokens in 15 s; at V_P 1,000 tokens/s and an 8 s
+    target the budget is 8 − 2 = 6 s, so had they come within 5 s they need 120 / 11 replicas."""
+    assert bursts.clump_need(4.0, 2000.0, 1000.0, 8.0) == pytest.approx(120.0 / 11.0)
+    assert bursts.clump_need(None, 2000.0, 1000.0, 8.0) is None
+    assert bursts.clump_need(4.0, None, 1000.0, 8.0) is None
+    assert bursts.clump_need(4.0, 2000.0, None, 8.0) is None
+    assert bursts.clump_need(4.0, 9000.0, 1000.0, 8.0) is None  # a lone prompt misses 8 s
+
+
+def test_a_clump_raises_the_samples_need_but_not_its_onset() -> None:
+    s = bursts.record(bursts.Bursts(), 0.0, 1.0, 1.0, window_s=60.0, clump=0.5)
+    s = bursts.record(s, 5.0, 1.5, 1.0, window_s=60.0, clump=9.0)  # under 2 x slow: no onset
+    s = bursts.record(s, 10.0, 3.0, 1.0, window_s=60.0, memory_s=300.0, clump=12.0)
+    assert [x[1:] for x in s.samples] == [(1.0, False), (9.0, False), (12.0, True)]
+    assert s.onsets == ((10.0, 12.0),)  # a remembered burst keeps its clump's need
+
+
+def test_recurring_clumps_of_long_prompts_hold_their_prefill_need() -> None:
+    """A code assistant: 30 s clumps of 4 req/s of 2,000-token prompts every 2 minutes over 0.1
+    req/s, an 8 s target. Their work keeps ⌈4 x 2.1 / U⌉ = 9 replicas busy, but the clump's prefill
+    within the budget needs 120 / 11 = 10.9 replicas: after the second clump the fleet holds 12
+    through the quiet, ready for the next."""
+    policy = replace(TUNED, target_ttft_s=8.0)
+    quiet, clump = (0.1, 0.1), (4.0, 0.4)
+    cycle = [quiet] * 18 + [clump] * 6
+    held = drive(policy, cycle * 4, isl=2000.0)
+    work = math.ceil(4.0 * 2.1 / U)
+    need = math.ceil(120.0 / 11.0 / U)
+    assert work < need == max(held)
+    assert min(held[2 * len(cycle) :]) == need

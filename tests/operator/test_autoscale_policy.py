@@ -306,7 +306,7 @@ def test_flat_ttft_below_saturation_does_not_saw_tooth() -> None:
 # A tuned profile's rates: a 100-token prompt and a 50-token output cost 0.1 + 0.1 = 0.2 s.
 TUNED = Policy(
     min_replicas=1, max_replicas=40, target_ttft_s=0.5, target_queue=4.0, down_window_s=0,
-    prefill_tokens_per_s=1000.0, decode_tokens_per_s=500.0,
+    prefill_tokens_per_s=1000.0, decode_tokens_per_s=500.0, target_utilization=0.95,
 )  # fmt: skip
 U = TUNED.target_utilization  # the share of a replica's capacity the floors plan for
 
