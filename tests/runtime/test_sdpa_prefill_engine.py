@@ -1,0 +1,43 @@
+"""The engine on the Triton backend in non-invariant mode: prompt rows through torch SDPA.
+
+Greedy tokens over chunked, mixed decode/prefill steps (a tiny Llama on CPU, Triton's
+interpreter for the decode kernel) equal the torch backend's, and the SDPA path really ran.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
+
+import pytest
+from hf_oracle import make_tiny_llama
+from pagoda.runtime import LLM
+from pagoda.runtime.attention import sdpa_prefill
+from pagoda.runtime.model.loader import load_model
+from test_triton_engine import greedy
+
+pytest.importorskip("triton")
+
+
+@pytest.mark.skipif(
+    os.environ["TRITON_INTERPRET"] != "1",
+    reason="CPU run of Triton kernels needs TRITON_INTERPRET=1",
+)
+def test_non_invariant_triton_engine_with_sdpa_prefill_matches_torch_backend(tmp_path, monkeypatch):
+    calls = []
+    real = sdpa_prefill.sdpa_prefill
+    monkeypatch.setattr(
+        sdpa_prefill, "sdpa_prefill", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    make_tiny_llama(tmp_path)
+    loaded = load_model(str(tmp_path))
+    prompts = [[(5 * i + 1) % 300 for i in range(n)] for n in (3, 17, 40)]
+    args = dict(dtype="float32", kv_cache_memory=4 << 20, max_num_batched_tokens=24, max_num_seqs=4)
+    want = greedy(LLM(loaded=loaded, attention_backend="torch", **args), prompts)
+    assert calls == []
+    got = greedy(
+        LLM(loaded=loaded, attention_backend="triton", batch_invariant=False, **args), prompts
+    )
+    assert calls, "the SDPA prefill path did not run"
+    assert got == want
