@@ -64,7 +64,8 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, print the
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 TAIL=12 step prefill 200 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 190 \
-    tests/kernels/test_prefill_attention.py tests/kernels/test_kernel_invariance.py
+    tests/kernels/test_prefill_attention.py tests/kernels/test_kernel_invariance.py \
+    tests/kernels/test_sdpa_prefill.py
 TAIL=20 step prefillspeed 150 $PY benchmarks/kernel_speed.py --batches "" --moe "" --fp8 "" \
     --prefill-paths flash,flash-invariant,sdpa-prefill,unified,unified-invariant \
     --prefill 4x2048,1x512/8192,1x2048/8192

@@ -41,3 +41,27 @@ def test_non_invariant_triton_engine_with_sdpa_prefill_matches_torch_backend(tmp
     )
     assert calls, "the SDPA prefill path did not run"
     assert got == want
+
+
+@pytest.mark.skipif(
+    os.environ["TRITON_INTERPRET"] != "1",
+    reason="CPU run of Triton kernels needs TRITON_INTERPRET=1",
+)
+def test_non_invariant_gemma3_window_layers_mix_sdpa_and_triton(tmp_path, monkeypatch):
+    """Gemma 3's full layers through SDPA and its window layers through the Triton kernel, in
+    one engine (chunked, a shared prefix from the cache): transformers' tokens and logits."""
+    from arch_cases import build, check, generate
+
+    calls = []
+    real = sdpa_prefill.sdpa_prefill
+    monkeypatch.setattr(
+        sdpa_prefill, "sdpa_prefill", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    loaded, prompts, reference, engine_args = build("gemma3-window", tmp_path)
+    llm = LLM(
+        loaded=loaded, attention_backend="triton", batch_invariant=False, dtype="float32",
+        kv_cache_memory=8 << 20, max_num_batched_tokens=16, max_num_seqs=4, **engine_args,
+    )  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts), reference)):
+        check(got, want, f"gemma3-window, no batch invariance: prompt {i}")
+    assert calls
