@@ -5,8 +5,8 @@ which on CUDA dispatches to its FlashAttention-2 kernel: the non-invariant prefi
 SDPA's speed by construction. The default (batch-invariant) mode never comes here; its rows all
 go through our Triton prefill kernel so that a row's bits do not depend on the batch.
 
-One SDPA call per prefill sequence (a step has few of them: chunked prefill caps the prompt
-tokens per step). Everything is planned from the metadata's host lists (``query_lens_host``,
+One SDPA call per prefill sequence; a step with more than `MAX_SDPA_SEQS` of them (many short
+prompts) runs its prompt rows in the Triton prefill kernel's one launch instead. Everything is planned from the metadata's host lists (``query_lens_host``,
 ``seq_lens_host``), so no device-to-host sync happens:
 
 * a sequence with no cached context (``q_len == seq_len``) attends over the step's own ``k``/``v``
@@ -34,14 +34,20 @@ import torch
 import torch.nn.functional as F
 from pagoda.runtime.attention.base import AttentionMetadata
 
+# More prefill sequences than this in one step (many short prompts) go to the Triton prefill
+# kernel's single launch instead: one SDPA call (plus a gather) per sequence per layer costs host
+# time that grows with the count, and short prompts gain little from SDPA.
+MAX_SDPA_SEQS = 8
+
 
 def supports(meta: AttentionMetadata, window: int | None, softcap: float | None) -> bool:
-    """True when this step's prompt rows can run through SDPA: the step has prefill sequences,
-    the host lists are there to plan with, and the layer has neither a window nor a softcap."""
+    """True when this step's prompt rows can run through SDPA: the step has prefill sequences
+    (at most `MAX_SDPA_SEQS`), the host lists are there to plan with, and the layer has neither
+    a window nor a softcap."""
     if window is not None or softcap is not None:
         return False
-    if meta.num_decodes >= meta.num_seqs:
-        return False  # decode-only: the decode kernel (and CUDA-graph capture) as before
+    if not 0 < meta.num_seqs - meta.num_decodes <= MAX_SDPA_SEQS:
+        return False  # decode-only steps (and CUDA-graph capture) keep the decode kernel
     return len(meta.query_lens_host) == meta.num_seqs == len(meta.seq_lens_host)
 
 

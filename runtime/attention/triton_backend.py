@@ -11,7 +11,8 @@ their decodes in the split-KV decode kernel and their prompt rows:
   depend on the batch;
 * non-invariant (``--no-batch-invariant``): the prompt rows through torch's
   ``scaled_dot_product_attention`` (its FlashAttention kernel on CUDA; ``sdpa_prefill``), one
-  call per prefill sequence, the decode rows in the decode kernel. Layers with a sliding window
+  call per prefill sequence (up to ``sdpa_prefill.MAX_SDPA_SEQS`` of them), the decode rows in the
+  decode kernel. Layers with a sliding window
   or a logit softcap stay on the Triton prefill kernel (SDPA's fused kernels cannot express
   them). Decode-only steps, the ones CUDA graphs capture, are the same in both paths.
 """

@@ -66,7 +66,7 @@ def test_sdpa_prefill_matches_reference(device, dtype, shape, kv_heads, sdpa_cal
     torch.testing.assert_close(got, want, **TOL[dtype])
 
 
-def test_window_softcap_and_decode_only_stay_on_triton(device, sdpa_calls):
+def test_window_softcap_decode_only_and_many_prompts_stay_on_triton(device, sdpa_calls):
     mixed = make_batch(SHAPES["mixed"], num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
                        block_size=BS, dtype=torch.float32, device=device, fill_new=False)  # fmt: skip
     _run(mixed, device, window=8)
@@ -76,7 +76,14 @@ def test_window_softcap_and_decode_only_stay_on_triton(device, sdpa_calls):
                          head_dim=HEAD_DIM, block_size=BS, dtype=torch.float32, device=device,
                          fill_new=False)  # fmt: skip
     _run(decodes, device)
+    many = make_batch([(1, 4), *[(3, 3 + i) for i in range(sdpa_prefill.MAX_SDPA_SEQS + 1)]],
+                      num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=BS,
+                      dtype=torch.float32, device=device, fill_new=False)  # fmt: skip
+    got, k_cache, v_cache = _run(many, device)  # more prefills than MAX_SDPA_SEQS: one launch
     assert sdpa_calls == []
+    args = many.attention_args(HEAD_DIM**-0.5)
+    want = reference.paged_attention(**{**args, "k_cache": k_cache, "v_cache": v_cache})
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
 
 
 @pytest.mark.parametrize("per_head", [False, True], ids=["per-tensor", "per-head"])
