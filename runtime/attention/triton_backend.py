@@ -3,18 +3,17 @@
 Two launches per layer and step: the KV-cache scatter and ``paged_attention``. Both decide
 everything from shapes and the metadata's host ints, so a decode step can be captured in a CUDA
 graph and replayed with new tensor contents. Nothing is precomputed in ``prepare``: the kernels
-read ``query_start_loc``/``seq_lens``/``block_tables`` directly. Prefill and mixed batches run
-their decodes in the split-KV decode kernel and their prompt rows:
+read ``query_start_loc``/``seq_lens``/``block_tables`` directly. Which kernel runs which rows:
 
 * ``batch_invariant`` (the default): every row, decodes included, in our FlashAttention-2-style
   Triton prefill kernel with fixed configs (see ``paged_attention``), so a row's bits never
   depend on the batch;
-* non-invariant (``--no-batch-invariant``): the prompt rows through torch's
-  ``scaled_dot_product_attention`` (its FlashAttention kernel on CUDA; ``sdpa_prefill``), one
-  call per prefill sequence (up to ``sdpa_prefill.MAX_SDPA_SEQS`` of them), the decode rows in the
-  decode kernel. Layers with a sliding window
-  or a logit softcap stay on the Triton prefill kernel (SDPA's fused kernels cannot express
-  them). Decode-only steps, the ones CUDA graphs capture, are the same in both paths.
+* non-invariant (``--no-batch-invariant``): decodes in the split-KV decode kernel; the prompt
+  rows through torch's ``scaled_dot_product_attention`` (its FlashAttention kernel on CUDA;
+  ``sdpa_prefill``), one call per prefill sequence, for up to ``sdpa_prefill.MAX_SDPA_SEQS``
+  of them; with more, or in a layer with a sliding window or a logit softcap (which SDPA's
+  fused kernels cannot express), in the Triton prefill kernel. Decode-only steps, the ones CUDA
+  graphs capture, take the decode kernel as before.
 """
 
 from __future__ import annotations
