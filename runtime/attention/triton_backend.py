@@ -1,8 +1,8 @@
 """Triton attention backend: the CUDA path (also runs on CPU under ``TRITON_INTERPRET=1``).
 
-Two launches per layer and step: the KV-cache scatter and ``paged_attention``. Both decide
-everything from shapes and the metadata's host ints, so a decode step can be captured in a CUDA
-graph and replayed with new tensor contents. Nothing is precomputed in ``prepare``: the kernels
+Two launches per layer and step (more with SDPA prompt rows, below): the KV-cache scatter and
+``paged_attention``. Both decide everything from shapes and the metadata's host ints, so a decode
+step can be captured in a CUDA graph and replayed with new tensor contents. Nothing is precomputed in ``prepare``: the kernels
 read ``query_start_loc``/``seq_lens``/``block_tables`` directly. Which kernel runs which rows:
 
 * ``batch_invariant`` (the default): every row, decodes included, in our FlashAttention-2-style
