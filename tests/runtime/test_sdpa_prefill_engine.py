@@ -65,3 +65,26 @@ def test_non_invariant_gemma3_window_layers_mix_sdpa_and_triton(tmp_path, monkey
     for i, (got, want) in enumerate(zip(generate(llm, prompts), reference)):
         check(got, want, f"gemma3-window, no batch invariance: prompt {i}")
     assert calls
+
+
+@pytest.mark.skipif(
+    os.environ["TRITON_INTERPRET"] != "1",
+    reason="CPU run of Triton kernels needs TRITON_INTERPRET=1",
+)
+def test_non_invariant_fp8_kv_cache_matches_the_invariant_kernel(tmp_path, monkeypatch):
+    """An FP8 KV cache: SDPA reads the same rounded keys as the Triton kernel, so greedy tokens
+    match the batch-invariant engine's (chunked prompts, shared steps)."""
+    calls = []
+    real = sdpa_prefill.sdpa_prefill
+    monkeypatch.setattr(
+        sdpa_prefill, "sdpa_prefill", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    make_tiny_llama(tmp_path)
+    loaded = load_model(str(tmp_path))
+    prompts = [[(7 * i + 2) % 300 for i in range(n)] for n in (5, 19, 33)]
+    args = dict(attention_backend="triton", kv_cache_dtype="fp8", dtype="float32",
+                kv_cache_memory=1 << 20, max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    want = greedy(LLM(loaded=loaded, batch_invariant=True, **args), prompts)
+    assert calls == []
+    got = greedy(LLM(loaded=loaded, batch_invariant=False, **args), prompts)
+    assert calls and got == want
