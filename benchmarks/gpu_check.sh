@@ -24,8 +24,9 @@
 # 8B shape), which need two GPUs.
 # The prefill kernel's own steps (~4 min): prefill, its tests compiled (against the reference at
 # Llama-3-8B shapes, and a row's bits as a decode, in a chunk and in a prompt: the tensor-core
-# assumption of its batch invariance), then prefillspeed, kernel_speed's prefill rows (flash, flash-invariant
-# and unified against SDPA) and batch-invariant decodes (flash one-token launch vs unified), then
+# assumption of its batch invariance), then prefillspeed, kernel_speed's prefill rows (flash, flash-invariant,
+# sdpa-prefill: the non-invariant backend's prompt path through torch SDPA over the paged cache,
+# and unified, each against raw SDPA) and batch-invariant decodes (flash one-token launch vs unified), then
 # prefillsweep (~4 min, not in the default STEPS): the 5 fastest of tune's 27 prefill configs
 # per case, for the packaged NVIDIA_H200.json.
 # All of them take more than one 10-minute device call; 2026-12-04 ran STEPS="throughput tests"
@@ -63,9 +64,10 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, print the
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 TAIL=12 step prefill 200 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 190 \
-    tests/kernels/test_prefill_attention.py tests/kernels/test_kernel_invariance.py
+    tests/kernels/test_prefill_attention.py tests/kernels/test_kernel_invariance.py \
+    tests/kernels/test_sdpa_prefill.py
 TAIL=20 step prefillspeed 150 $PY benchmarks/kernel_speed.py --batches "" --moe "" --fp8 "" \
-    --prefill-paths flash,flash-invariant,unified,unified-invariant \
+    --prefill-paths flash,flash-invariant,sdpa-prefill,unified,unified-invariant \
     --prefill 4x2048,1x512/8192,1x2048/8192
 TAIL=30 step prefillsweep 300 $PY benchmarks/kernel_speed.py --batches "" --moe "" --fp8 "" \
     --invariant-decodes "" --prefill-paths flash --prefill 4x2048,1x512/8192 --prefill-sweep 5

@@ -1,6 +1,6 @@
 """The cases `benchmarks/kernel_speed.py` times, one function per kind of row: decode attention
 (`decode_row`), decode batches in batch-invariant mode (`invariant_decode_rows`), prefill per
-path and over `pagoda tune`'s candidates (`prefill_rows`), fused MoE (`moe_row`) and the FP8
+path (the Triton kernel's, and the non-invariant backend's SDPA prefill) and over `pagoda tune`'s candidates (`prefill_rows`), fused MoE (`moe_row`) and the FP8
 GEMM (`fp8_row`). Each builds its random inputs, times the kernel (`bench_us`, or `graph_us`
 for CUDA-graph replays) and its reference, and returns the numbers; the script chooses the
 cases from its flags and prints the tables.
@@ -94,6 +94,10 @@ PATHS = {
     "unified": {"batch_invariant": False, "flash_prefill": False},
     "unified-invariant": {"batch_invariant": True, "flash_prefill": False},
 }
+# --prefill-paths: the non-invariant Triton backend's prompt rows (not a `paged_attention` path):
+# torch SDPA per sequence over K/V gathered from the paged cache (``sdpa_prefill``; a fresh
+# prompt attends over its own k/v, as the backend does)
+SDPA_PREFILL = "sdpa-prefill"
 
 
 @dataclass
@@ -147,6 +151,31 @@ class PagedCase:
 
         def run() -> None:
             paged_attention(**kwargs)
+
+        return run
+
+    def sdpa_prefill_runner(self) -> Callable[[], None]:
+        """The non-invariant backend's prefill path (``sdpa_prefill``) on this case, as a call
+        to time: the step's k/v are the last ``new`` positions of each sequence."""
+        from pagoda.runtime.attention.base import AttentionMetadata
+        from pagoda.runtime.attention.sdpa_prefill import sdpa_prefill
+
+        b, hkv, d = self.batch, self.k.shape[1], self.k.shape[3]
+        k_new, v_new = (
+            t[:, :, self.ctx - self.new :].transpose(1, 2).reshape(b * self.new, hkv, d)
+            for t in (self.k, self.v)
+        )
+        meta = AttentionMetadata(
+            num_seqs=b, num_decodes=0, num_tokens=b * self.new, max_query_len=self.new,
+            max_seq_len=self.ctx, query_start_loc=self.query_start_loc, seq_lens=self.seq_lens,
+            block_tables=self.table, slot_mapping=torch.empty(0, dtype=torch.int64),
+            block_size=self.k_cache.shape[1], query_lens_host=[self.new] * b,
+            seq_lens_host=[self.ctx] * b,
+        )  # fmt: skip
+
+        def run() -> None:
+            sdpa_prefill(self.q, k_new, v_new, self.k_cache, self.v_cache, meta, self.scale,
+                         self.out)  # fmt: skip
 
         return run
 
@@ -268,7 +297,7 @@ def _path_rows(
 
     rows, sdpa_us, want = [], None, None
     for path in filter(None, paths.split(",")):
-        run = case.runner(**PATHS[path])
+        run = case.sdpa_prefill_runner() if path == SDPA_PREFILL else case.runner(**PATHS[path])
         t = bench_us(run)
         if sdpa_us is None:
             where = f"prefill {case.batch}x{case.new}/{case.ctx}"

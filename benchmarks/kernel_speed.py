@@ -6,8 +6,10 @@ contiguous K/V of the same shapes. Bandwidth = bytes of K/V read + q + out, over
 Prefill: a from-scratch causal prefill and a chunk on top of cached context, through each path
 of ``--prefill-paths``: the prefill kernel (``flash``, as serving runs it without batch
 invariance), the prefill kernel in batch-invariant mode (``flash-invariant``, serving's default),
-and the unified kernel the prefill kernel replaced (``unified``, ``unified-invariant``), each
-against SDPA on contiguous K/V; ``--prefill-sweep N`` adds the N fastest configs of
+the unified kernel the prefill kernel replaced (``unified``, ``unified-invariant``), and
+``sdpa-prefill``, the prompt-row path the Triton backend takes without batch invariance (torch
+SDPA per sequence over K/V gathered from the paged cache; its time is in the "Triton µs"
+column), each against raw SDPA on contiguous K/V (the "SDPA µs" column); ``--prefill-sweep N`` adds the N fastest configs of
 ``pagoda tune``'s candidate space that agree with SDPA. ``--invariant-decodes`` times decode batches in batch-invariant
 mode, where decodes run in the prefill kernel's one-token launch, beside the unified kernel
 that ran them before.
@@ -48,6 +50,7 @@ from common import machine
 from kernel_cases import (
     FP8_SHAPES,
     PATHS,
+    SDPA_PREFILL,
     Fp8Row,
     MoeRow,
     Row,
@@ -155,8 +158,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--prefill-paths",
-        default="flash,flash-invariant,unified",
-        help=f"comma-separated, of {', '.join(PATHS)}",
+        default=f"flash,flash-invariant,{SDPA_PREFILL},unified",
+        help=f"comma-separated, of {', '.join([*PATHS, SDPA_PREFILL])}",
     )
     p.add_argument(
         "--prefill-sweep",

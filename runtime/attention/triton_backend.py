@@ -1,17 +1,25 @@
 """Triton attention backend: the CUDA path (also runs on CPU under ``TRITON_INTERPRET=1``).
 
-Two launches per layer and step: the KV-cache scatter and ``paged_attention``. Both decide
-everything from shapes and the metadata's host ints, so a decode step can be captured in a CUDA
-graph and replayed with new tensor contents. Nothing is precomputed in ``prepare``: the kernels
-read ``query_start_loc``/``seq_lens``/``block_tables`` directly. Prefill and mixed batches run
-their prompt rows in the FlashAttention-2-style prefill kernel and their decodes in the split-KV
-decode kernel; with ``batch_invariant`` every row goes through the prefill kernel with fixed
-configs (see ``paged_attention``).
+Two launches per layer and step (more with SDPA prompt rows, below): the KV-cache scatter and
+``paged_attention``. Both decide everything from shapes and the metadata's host ints, so a decode
+step can be captured in a CUDA graph and replayed with new tensor contents. Nothing is precomputed in ``prepare``: the kernels
+read ``query_start_loc``/``seq_lens``/``block_tables`` directly. Which kernel runs which rows:
+
+* ``batch_invariant`` (the default): every row, decodes included, in our FlashAttention-2-style
+  Triton prefill kernel with fixed configs (see ``paged_attention``), so a row's bits never
+  depend on the batch;
+* non-invariant (``--no-batch-invariant``): decodes in the split-KV decode kernel; the prompt
+  rows through torch's ``scaled_dot_product_attention`` (its FlashAttention kernel on CUDA;
+  ``sdpa_prefill``), one call per prefill sequence, for up to ``sdpa_prefill.MAX_SDPA_SEQS``
+  of them; with more, or in a layer with a sliding window or a logit softcap (which SDPA's
+  fused kernels cannot express), in the Triton prefill kernel. Decode-only steps, the ones CUDA
+  graphs capture, take the decode kernel as before.
 """
 
 from __future__ import annotations
 
 import torch
+from pagoda.runtime.attention import sdpa_prefill
 from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
 
 
@@ -65,6 +73,20 @@ class TritonAttentionBackend(AttentionBackend):
             k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if not self.batch_invariant and sdpa_prefill.supports(meta, window, self.softcap):
+            nd = meta.num_decodes
+            if nd:  # the decode rows (the first nd) in the decode kernel, as in a decode step
+                n = meta.query_lens_host[:nd]
+                self._paged_attention(
+                    q=q[: sum(n)], k_cache=k_cache, v_cache=v_cache,
+                    block_tables=meta.block_tables[:nd], seq_lens=meta.seq_lens[:nd],
+                    query_start_loc=meta.query_start_loc[: nd + 1], max_query_len=1,
+                    max_seq_len=max(meta.seq_lens_host[:nd]), scale=self.scale,
+                    out=out[: sum(n)], num_decodes=nd, k_scale=k_scale, v_scale=v_scale,
+                )  # fmt: skip
+            return sdpa_prefill.sdpa_prefill(
+                q, k, v, k_cache, v_cache, meta, self.scale, out, k_scale, v_scale
+            )
         return self._paged_attention(
             q=q,
             k_cache=k_cache,
