@@ -41,7 +41,7 @@ class IncrementalDetokenizer:
         self.include_stop = include_stop
         self.skip_special = skip_special_tokens
         self.hold = max((len(s) for s in self.stop), default=1) - 1
-        self.text = ""
+        self.text = ""  # with stop strings all of it, else what `pop_delta` has not handed out
         self.emitted = 0
         self.stop_string: str | None = None
 
@@ -84,6 +84,11 @@ class IncrementalDetokenizer:
 
     def pop_delta(self, finished: bool) -> str:
         """Text not yet handed out that can no longer become part of a stop string."""
+        if not self.stop:  # all of it; only the text since the last call is kept (per step,
+            # `text += c` on the whole output would copy it: quadratic over long outputs)
+            delta, self.text = self.text, ""
+            self.emitted += len(delta)
+            return delta
         end = (
             len(self.text)
             if finished or not self.stop
