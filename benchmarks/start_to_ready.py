@@ -35,7 +35,7 @@ MODES = {"process": [], "thread": ["--no-engine-process"]}
 # log lines worth a column: (label, regex on the message)
 MILESTONES = (
     ("listening", r"listening on"),
-    ("modules imported", r"engine modules imported"),
+    ("factory received", r"engine modules imported"),
     ("core built", r"engine core built"),
     ("warm-up done", r"(?i)warm(ed)?[- ]up"),
 )

@@ -210,8 +210,14 @@ def run_engine_core(
     proc = EngineCoreProc(inbox, outbox, parent_pid)
     start = time.monotonic()
     preload()
-    log.info("engine process: engine modules imported in %.1f s", time.monotonic() - start)
+    imported = time.monotonic()
     factory = proc.wait_for_factory()
+    if factory is not None:  # (nothing logged when the server's checks failed)
+        log.info(
+            "engine process: engine modules imported in %.1f s, then %.1f s until the factory",
+            imported - start,
+            time.monotonic() - imported,
+        )
     code = 0 if factory is None else proc.run(factory)
     outbox.close(linger=5000)  # deliver the last messages (the error, a final step)
     inbox.close(linger=0)
