@@ -8,6 +8,8 @@ output building. Decode steps are timed at 32/128/256 running sequences, greedy 
     .venv/bin/python -P benchmarks/step_overhead.py --seqs 256 --samplers native torch  # A/B
     .venv/bin/python -P benchmarks/step_overhead.py --old-ref REF   # before/after, alternating
     .venv/bin/python -P benchmarks/step_overhead.py --filters       # + top-p and top-k steps
+    .venv/bin/python -P benchmarks/step_overhead.py --seqs 256 --decoded 500 --old-ref REF
+        # before/after with 500 tokens already out per sequence (what grows with long outputs)
 
 `--samplers native torch` times each case with the native C sampler kernels and with the PyTorch
 sampler, alternating in one run (the kernels are `pagoda.runtime.sampling.native`). `--head on off`
@@ -59,32 +61,42 @@ TINY = dict(
 PHASES = ("schedule", "prepare", "forward", "sample", "readback", "update", "detokenize", "outputs")
 
 
-def running_engine(loaded, n: int, sampling: list[dict], prompt_len: int, steps: int, seed: int):
-    """An engine with `n` sequences past their prefill, each decoding one token per step;
+def running_engine(
+    loaded, n: int, sampling: list[dict], prompt_len: int, steps: int, seed: int, decoded: int = 0
+):
+    """An engine with `n` sequences past their prefill, each decoding one token per step, with
+    `decoded` tokens generated already (long outputs: what per-request state grows with);
     `sampling`: SamplingParams fields (temperature, filters), taken in turn by the requests."""
+    budget = 2 * steps + 16 + decoded  # max_tokens
     llm = LLM(
         loaded=loaded,
         max_num_seqs=n,
         max_num_batched_tokens=max(2048, n * prompt_len),
-        kv_cache_memory=256 << 20,
+        kv_cache_memory=max(256 << 20, n * (prompt_len + budget + 64) * 1024),
     )
     engine, rng = llm.engine, random.Random(seed)
     # room for the clocked and the wall-time runs of `steps` each (and the warm-up): no request
     # may finish while a run is timed
-    params = [SamplingParams(**k, max_tokens=2 * steps + 16, ignore_eos=True) for k in sampling]
+    params = [SamplingParams(**k, max_tokens=budget, ignore_eos=True) for k in sampling]
     for i in range(n):
         ids = [rng.randrange(3, TINY["vocab_size"]) for _ in range(prompt_len)]
         engine.add_request(f"r{i}", ids, params[i % len(params)])
     until_decoding(engine)
-    for _ in range(3):  # warm-up decode steps
+    for _ in range(3 + decoded):  # warm-up decode steps
         engine.step()
     return engine
 
 
 def measure(
-    loaded, n: int, sampling: list[dict], steps: int, prompt_len: int, head: bool = True
+    loaded,
+    n: int,
+    sampling: list[dict],
+    steps: int,
+    prompt_len: int,
+    head: bool = True,
+    decoded: int = 0,
 ) -> dict:
-    engine = running_engine(loaded, n, sampling, prompt_len, steps, seed=n)
+    engine = running_engine(loaded, n, sampling, prompt_len, steps, seed=n, decoded=decoded)
     if not head:  # logits written and sampled after the forward, even where the head samples
         engine.runner.head_sampling = False
     assert engine.scheduler.num_running == n
@@ -141,10 +153,12 @@ def measure_all(loaded, args) -> list[dict]:
     """Every (seqs, sampling, sampler) case: wall ms per step and the clocked phases."""
     rows = []
     for n in args.seqs:
-        for name, sampling in cases(args.filters, args.extras):
+        for name, sampling in cases(args.filters, args.extras, args.cases):
             for kind, head in itertools.product(args.samplers, args.head):
                 used = use_sampler(kind)
-                r = measure(loaded, n, sampling, args.steps, args.prompt_len, head == "on")
+                r = measure(
+                    loaded, n, sampling, args.steps, args.prompt_len, head == "on", args.decoded
+                )
                 r["host_ms"] = sum(r.get(p, 0.0) for p in PHASES if p != "forward")
                 used += " + LM head" if r["fused_head"] else ""
                 rows.append({"seqs": n, "sampling": name, "sampler": used, **r})
@@ -153,12 +167,15 @@ def measure_all(loaded, args) -> list[dict]:
     return rows
 
 
-def cases(filters: bool, extras: bool = False) -> list[tuple[str, list[dict]]]:
+def cases(
+    filters: bool, extras: bool = False, base: tuple[str, ...] | list[str] = ("greedy", "sampled")
+) -> list[tuple[str, list[dict]]]:
     """(name, SamplingParams fields the requests take in turn): greedy and sampled; with
     `filters` also top-p, top-k, and a batch whose rows alternate between plain and top-k;
     with `extras`, penalties and logprobs."""
     plain, top_k = {"temperature": 0.6}, {"temperature": 0.6, "top_k": 40}
-    out = [("greedy", [{"temperature": 0.0}]), ("sampled T=0.6", [plain])]
+    out = [("greedy", [{"temperature": 0.0}])] if "greedy" in base else []
+    out += [("sampled T=0.6", [plain])] if "sampled" in base else []
     if filters:
         out += [
             ("T=0.6 top-p 0.9", [{"temperature": 0.6, "top_p": 0.9}]),
@@ -182,6 +199,7 @@ def before_after(args, rounds: int = 2) -> None:
     rounds so that drift on a shared machine hits both alike; medians of the rounds."""
     cmd = [sys.executable, "-P", __file__, "--child", "--steps", str(args.steps)]
     cmd += ["--prompt-len", str(args.prompt_len), "--seqs", *map(str, args.seqs)]
+    cmd += ["--decoded", str(args.decoded), "--cases", *args.cases]
     cmd += ["--filters"] if args.filters else []
     cmd += ["--extras"] if args.extras else []
     with tempfile.TemporaryDirectory() as tmp:
@@ -238,6 +256,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seqs", type=int, nargs="+", default=[32, 128, 256])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument(
+        "--decoded",
+        type=int,
+        default=0,
+        help="tokens each sequence decodes before the timed steps (long outputs)",
+    )
+    ap.add_argument(
+        "--cases",
+        nargs="+",
+        choices=["greedy", "sampled"],
+        default=["greedy", "sampled"],
+        help="which of the two base cases to time",
+    )
     ap.add_argument("--profile", type=int, metavar="N", help="cProfile sampled steps at N seqs")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     ap.add_argument(

@@ -117,10 +117,14 @@ class KVCacheManager:
         if max(need, 0) + revived > self.pool.num_free_blocks:
             return False
         self.pool.touch(computed)
+        had = len(blocks)
         blocks.extend(computed)
         if need > 0:
             blocks.extend(self.pool.get_new_blocks(need))
-        self.req_block_ids[rid] = [b.block_id for b in blocks]
+        # a new list (the block tables see a change by identity), built from the old one: a
+        # long sequence's ids are copied in C, not rebuilt block by block in Python each time
+        ids = self.req_block_ids.get(rid, [])
+        self.req_block_ids[rid] = ids + [b.block_id for b in blocks[had:]]
         n_cached = self._num_cached.get(req.request_id, 0) + len(computed)
         self._cached_before_step[req.request_id] = n_cached
         if self._caches(req):
@@ -170,7 +174,9 @@ class KVCacheManager:
     def check_integrity(self) -> None:
         self.pool.check_integrity()
         held: dict[int, int] = {}
-        for blocks in self.req_blocks.values():
+        for rid, blocks in self.req_blocks.items():
+            if self.req_block_ids.get(rid, []) != [b.block_id for b in blocks]:
+                raise RuntimeError(f"request {rid!r}: block ids out of step with its blocks")
             for b in blocks:
                 held[b.block_id] = held.get(b.block_id, 0) + 1
         for b in self.pool.blocks:

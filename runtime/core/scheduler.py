@@ -66,18 +66,32 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         plan: dict[str, ScheduledRequest] = {}
         preempted: list[Request] = []
-        decodes: list[Request] = []
         partial: list[Request] = []
-        for r in self.running:  # tokens in flight (async scheduling) count as known
-            behind = len(r.token_ids) + r.num_pending - r.num_computed_tokens
-            (decodes if behind == 1 else partial).append(r)
         allocate, block_ids = self.kv.allocate_slots, self.kv.block_ids  # per-request loop
-        chunked = self.config.enable_chunked_prefill
-        for req in decodes + partial if partial else decodes:
+        # Decodes first, placed in the pass that finds them (a steady decode batch: one visit
+        # per request); partial prefills after. A snapshot: preemption edits `running`.
+        for req in list(self.running):
+            # tokens in flight (async scheduling) count as known
+            if len(req.token_ids) + req.num_pending - req.num_computed_tokens != 1:
+                partial.append(req)
+                continue
             if budget <= 0 or req.status != RUNNING:
                 continue
             if req.num_pending and req.ends_with_pending:
                 continue  # its last token is in flight: it finishes when that is read back
+            if not allocate(req, 1):
+                fits, back = self._make_room(req, 1, plan, preempted)
+                budget += back
+                if not fits:
+                    continue
+            plan[req.request_id] = ScheduledRequest(req, 1, block_ids(req.request_id))
+            budget -= 1
+        chunked = self.config.enable_chunked_prefill
+        for req in partial:
+            if budget <= 0 or req.status != RUNNING:
+                continue
+            if req.num_pending and req.ends_with_pending:
+                continue
             n = len(req.token_ids) + req.num_pending - req.num_computed_tokens
             if n <= 0:
                 continue
@@ -85,15 +99,13 @@ class Scheduler:
                 if not chunked:
                     continue
                 n = budget
-            while not allocate(req, n):
-                # The most recently arrived running request yields, even if it is `req` itself.
-                victim = max(self.running, key=lambda r: r.arrival_time)
-                budget += self._preempt(victim, plan, preempted)
-                if victim is req:
-                    break
-            else:
-                plan[req.request_id] = ScheduledRequest(req, n, block_ids(req.request_id))
-                budget -= n
+            if not allocate(req, n):
+                fits, back = self._make_room(req, n, plan, preempted)
+                budget += back
+                if not fits:
+                    continue
+            plan[req.request_id] = ScheduledRequest(req, n, block_ids(req.request_id))
+            budget -= n
         num_running = len(plan)
         if not preempted:
             self._admit_waiting(plan, budget)
@@ -105,6 +117,20 @@ class Scheduler:
         else:
             num_decodes = num_tokens = len(scheduled)
         return SchedulerOutput(scheduled, num_decodes, num_tokens, preempted)
+
+    def _make_room(
+        self, req: Request, n: int, plan: dict[str, ScheduledRequest], out: list[Request]
+    ) -> tuple[bool, int]:
+        """`req`'s `n` slots did not fit: preempt the most recently arrived running request
+        (even `req` itself) until they do; (whether they fit, the budget given back)."""
+        back = 0
+        while True:
+            victim = max(self.running, key=lambda r: r.arrival_time)
+            back += self._preempt(victim, plan, out)
+            if victim is req:
+                return False, back
+            if self.kv.allocate_slots(req, n):
+                return True, back
 
     def _preempt(
         self, victim: Request, plan: dict[str, ScheduledRequest], out: list[Request]

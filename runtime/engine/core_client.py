@@ -9,7 +9,8 @@ The child is started with `spawn` (a forked copy of a process that has started t
 OpenMP is unsafe) and is not a daemon, so it may start processes of its own (tensor-parallel
 workers). `pagoda serve` spawns it first thing (`spawn()`), so that it imports torch and the
 engine while the server checks its flags and model; the core factory follows as its first
-command once the engine's configuration is known (`start()`). Its death while serving, for any reason (an exception, SIGKILL, out of memory), is
+command as soon as the engine's configuration is known (`load()`, before the HTTP app is
+built: the model loads while the API process imports and builds it), else at `start()`. Its death while serving, for any reason (an exception, SIGKILL, out of memory), is
 seen through its process sentinel: every request fails with 503 and `/health` turns 503.
 """
 
@@ -60,6 +61,7 @@ class EngineProcClient:
         self._tx: Any = None
         self._rx: Any = None
         self._rx_fd: int | None = None
+        self._loading: Callable[[], Any] | None = None  # the factory sent by `load`
 
     # -- lifecycle ---------------------------------------------------------------------------
     def spawn(self) -> EngineProcClient:
@@ -87,6 +89,20 @@ class EngineProcClient:
         atexit.register(self._stop_at_exit)
         return self
 
+    def load(self, factory: Callable[[], Any]) -> None:
+        """Send the core factory now (spawning first if needed), so the model loads while this
+        process builds its app; `start` with the same factory then sends nothing more."""
+        import zmq
+
+        try:
+            data = pickle.dumps([("load", factory)])
+        except Exception as e:
+            raise TypeError(f"the engine process needs a picklable core factory: {e}") from e
+        if self.proc is None:
+            self.spawn()
+        self._tx.send(data, zmq.NOBLOCK)
+        self._loading = factory
+
     def _stop_at_exit(self) -> None:
         if not self.stopping:
             self.stop(timeout=2)
@@ -98,14 +114,9 @@ class EngineProcClient:
         the engine's callbacks run on `loop` from now on."""
         import zmq
 
-        try:
-            pickle.dumps(factory)
-        except Exception as e:
-            raise TypeError(f"the engine process needs a picklable core factory: {e}") from e
-        if self.proc is None:
-            self.spawn()
+        if self._loading is None or self._loading is not factory:
+            self.load(factory)
         self._loop, self.factory, self.engine = loop, factory, engine
-        self._tx.send(pickle.dumps([("load", factory)]), zmq.NOBLOCK)
         self._rx_fd = self._rx.getsockopt(zmq.FD)
         loop.add_reader(self._rx_fd, self._on_readable)
         loop.add_reader(self.proc.sentinel, self._on_exit)

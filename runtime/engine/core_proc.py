@@ -103,7 +103,9 @@ class EngineCoreProc:
         try:
             core = factory()
             info = EngineInfo.from_core(core)
+            start = time.monotonic()
             first_step(core)
+            log.info("engine process: first step in %.1f s; ready", time.monotonic() - start)
             self.send(b"r", pickle.dumps(info))
             self.send(b"s", self.encoder.encode(core.stats()))
             self.serve(core)
@@ -206,8 +208,16 @@ def run_engine_core(
     outbox.setsockopt(zmq.SNDHWM, 0)
     outbox.connect(out_addr)
     proc = EngineCoreProc(inbox, outbox, parent_pid)
+    start = time.monotonic()
     preload()
+    imported = time.monotonic()
     factory = proc.wait_for_factory()
+    if factory is not None:  # (nothing logged when the server's checks failed)
+        log.info(
+            "engine process: engine modules imported in %.1f s, then %.1f s until the factory",
+            imported - start,
+            time.monotonic() - imported,
+        )
     code = 0 if factory is None else proc.run(factory)
     outbox.close(linger=5000)  # deliver the last messages (the error, a final step)
     inbox.close(linger=0)

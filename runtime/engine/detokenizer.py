@@ -41,8 +41,7 @@ class IncrementalDetokenizer:
         self.include_stop = include_stop
         self.skip_special = skip_special_tokens
         self.hold = max((len(s) for s in self.stop), default=1) - 1
-        self.text = ""
-        self.emitted = 0
+        self.text = ""  # what `pop_delta` has not handed out yet
         self.stop_string: str | None = None
 
     def _decode(self, ids: Sequence[int]) -> str:
@@ -83,12 +82,13 @@ class IncrementalDetokenizer:
         return s
 
     def pop_delta(self, finished: bool) -> str:
-        """Text not yet handed out that can no longer become part of a stop string."""
-        end = (
-            len(self.text)
-            if finished or not self.stop
-            else max(self.emitted, len(self.text) - self.hold)
-        )
-        delta = self.text[self.emitted : end]
-        self.emitted = end
+        """Text not yet handed out that can no longer become part of a stop string. Only the
+        rest is kept: without stop strings nothing, with them the last `hold` characters (a
+        stop string that ends in later text starts there), so no step copies the whole output
+        (`text += ...` on it per token would be quadratic over long outputs)."""
+        if not self.stop:
+            delta, self.text = self.text, ""
+            return delta
+        end = len(self.text) if finished else max(0, len(self.text) - self.hold)
+        delta, self.text = self.text[:end], self.text[end:]
         return delta

@@ -141,10 +141,15 @@ def build_core(engine_cfg: EngineConfig, on_failure: Any = None) -> Any:
     """The engine's core, loaded and warmed up (in the engine process, or on its thread).
     `on_failure`: told from another thread that a tensor-parallel rank died; by default the
     process exits 1 at once (the engine process: the API process then sees it dead)."""
+    import time
+
     from pagoda.runtime.engine.core import EngineCore
     from pagoda.runtime.engine.warmup import warm_up
 
-    return warm_up(EngineCore(engine_cfg, on_failure=on_failure or _end_engine_process))
+    start = time.monotonic()
+    core = EngineCore(engine_cfg, on_failure=on_failure or _end_engine_process)
+    log.info("engine core built (model, KV cache, tokenizer) in %.1f s", time.monotonic() - start)
+    return warm_up(core)
 
 
 def _end_engine_process(exc: BaseException) -> None:
@@ -166,6 +171,13 @@ def serve(
     The engine factory warms up every kernel variant the configured shapes reach before the
     engine reports ready, so `/ready` turns 200 only when no JIT compile is left to pay.
     """
+    # pickles: it may cross to the engine process; on the engine thread a dead tensor-parallel
+    # rank marks the engine dead here (in the engine process it ends that process)
+    factory = functools.partial(build_core, engine_cfg)
+    if engine_client is not None:  # the model loads there while this process builds the app
+        engine_client.load(factory)
+    elif not cfg.engine_process:
+        factory = lambda: build_core(engine_cfg, engine.fail)  # noqa: E731
     from pagoda.runtime.server.api import create_app
     from pagoda.runtime.server.listen import bind_sockets, bound_port, start_listening
     from pagoda.runtime.server.metrics import ServerMetrics
@@ -176,11 +188,6 @@ def serve(
     metrics = ServerMetrics(cfg.served_model_name)
     if profile is not None:
         metrics.set_tuned_profile(profile.device, profile.model, profile.created)
-    # pickles: it may cross to the engine process; on the engine thread a dead tensor-parallel
-    # rank marks the engine dead here (in the engine process it ends that process)
-    factory = functools.partial(build_core, engine_cfg)
-    if not cfg.engine_process and engine_client is None:
-        factory = lambda: build_core(engine_cfg, engine.fail)  # noqa: E731
     engine = AsyncEngine(
         factory,
         max_queue_len=cfg.max_queue_len,

@@ -73,3 +73,22 @@ def test_filters_add_top_p_top_k_and_mixed_cases(capsys):
     assert all(float(ln.split("|")[4]) > 0 for ln in table)  # step ms
     names = [name for name, _ in step_overhead.cases(True)]
     assert names == cases and [n for n, _ in step_overhead.cases(False)] == cases[:2]
+
+
+@pytest.mark.timeout(180)
+def test_decoded_tokens_come_before_the_timed_steps_and_cases_pick_rows(capsys, monkeypatch):
+    import step_overhead
+
+    seen = []
+    real = step_overhead.running_engine
+
+    def spy(*args, **kwargs):
+        engine = real(*args, **kwargs)
+        seen.append(min(r.num_output_tokens for r in engine.scheduler.running))
+        return engine
+
+    monkeypatch.setattr(step_overhead, "running_engine", spy)
+    step_overhead.main(["--seqs", "2", "--steps", "1", "--decoded", "20", "--cases", "greedy"])
+    table = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 2 |")]
+    assert [ln.split("|")[2].strip() for ln in table] == ["greedy"]
+    assert seen and min(seen) >= 20  # every sequence has 20 tokens out before the timing

@@ -30,9 +30,12 @@ class FakeCore:
     max_model_len = 20_000
     model_config = SimpleNamespace(vocab_size=100)
 
-    def __init__(self, step_s: float = 0.002, fail_load: bool = False) -> None:
+    def __init__(self, step_s: float = 0.002, fail_load: bool = False, mark: str = "") -> None:
         if fail_load:
             raise ValueError("model file is corrupt")
+        if mark:  # a file that gets one line per core built (where the loads are seen)
+            with open(mark, "a") as f:
+                f.write("built\n")
         self.tokenizer = FakeTokenizer()
         self.model_name = "fake"
         self.step_s = step_s

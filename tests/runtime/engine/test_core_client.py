@@ -17,7 +17,7 @@ import pytest
 from fake_core import FakeCore, aborted
 from pagoda.runtime.engine.admission import EngineUnavailableError
 from pagoda.runtime.engine.async_engine import AsyncEngine
-from pagoda.runtime.engine.core_client import EngineDeadError
+from pagoda.runtime.engine.core_client import EngineDeadError, EngineProcClient
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.engine.request_stream import RequestStream
 from pagoda.runtime.sampling.params import SamplingParams
@@ -129,6 +129,36 @@ async def test_a_load_failure_reaches_wait_started():
         assert engine.dead and not engine.ready
     finally:
         engine.stop()
+
+
+async def test_a_factory_sent_early_loads_before_start_and_only_once(tmp_path):
+    """`pagoda serve` hands the factory over right after its checks (`load`), so the core
+    builds while the API process builds its app; `start` then sends nothing more."""
+    mark = tmp_path / "built"
+    factory = functools.partial(FakeCore, mark=str(mark))
+    client = EngineProcClient().spawn()
+    engine = None
+    try:
+        client.load(factory)
+        for _ in range(600):  # built with no AsyncEngine started yet
+            if mark.exists():
+                break
+            await asyncio.sleep(0.05)
+        assert mark.read_text() == "built\n"
+        sent, send = [], client._tx.send
+        client._tx.send = lambda data, *a: (sent.extend(pickle.loads(data)), send(data, *a))
+        engine = AsyncEngine(factory, engine_process=True, engine_client=client)
+        engine.start()
+        await asyncio.wait_for(engine.wait_started(), 60)
+        outs = [o async for o in engine.add_request([1], SamplingParams(max_tokens=2))]
+        assert outs[-1].finished and outs[-1].num_output_tokens == 2
+        assert mark.read_text() == "built\n"
+        assert [c[0] for c in sent if c[0] == "load"] == []  # start sent no second factory
+    finally:
+        if engine is not None:
+            engine.stop()
+        else:
+            client.stop()
 
 
 async def test_a_slow_reader_gets_pending_tokens_as_one_delta():

@@ -60,3 +60,36 @@ def test_earliest_stop_wins_and_include_stop(smol):
     tok = smol.tokenizer
     deltas, matched, _ = stream(tok, " x END y HALT", stop=("HALT", "END"), include_stop=True)
     assert matched == "END" and "".join(deltas) == " x END"
+
+
+def test_without_stop_strings_only_undelivered_text_is_kept(smol):
+    """The per-step path (`push` + `pop_delta`) hands out every character once and keeps only
+    what it has not handed out: the whole output is never rebuilt per token."""
+    tok = smol.tokenizer
+    text = " a long answer, " * 40 + "日本語 🙂"
+    d = IncrementalDetokenizer(tok, tok.encode("Hello"), use_stream=USE_STREAM[0])
+    deltas = []
+    for t in tok.encode(text):
+        d.push(t)
+        deltas.append(d.pop_delta(False))
+        assert len(d.text) == 0
+    deltas.append(d.pop_delta(True))
+    assert "".join(deltas) == tok.decode(tok.encode(text))
+
+
+def test_with_stop_strings_only_the_held_tail_is_kept(smol):
+    """With stop strings, what is kept between steps is at most the tail that could still
+    start one; a stop string spanning steps is still found and cut."""
+    tok = smol.tokenizer
+    body = " a long answer, " * 40
+    ids = tok.encode(body + "END here")
+    d = IncrementalDetokenizer(tok, tok.encode("Hello"), stop=("END",), use_stream=USE_STREAM[0])
+    deltas, matched = [], None
+    for t in ids:
+        matched = d.add_tokens([t])
+        deltas.append(d.pop_delta(matched is not None))
+        assert len(d.text) <= d.hold
+        if matched:
+            break
+    assert matched == "END"
+    assert "".join(deltas) == tok.decode(tok.encode(body))
