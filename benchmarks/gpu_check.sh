@@ -20,8 +20,8 @@
 # (benchmarks/gpu_serving.py: `pagoda serve` under 256 HTTP clients on nano-vllm's workload,
 # streaming and not, with the engine in its own process and on a thread side by side, beside the
 # offline engine; needs .gpu-wheels/, see gpu_wheels.sh), then tensor
-# parallelism: tptests (two NCCL ranks against one, CUDA graphs) and tp (one rank vs two on an
-# 8B shape), which need two GPUs.
+# parallelism: tptests (two NCCL ranks against one, CUDA graphs), tp (one rank vs two on an
+# 8B shape) and tpfp8 (--quantization fp8 over two ranks), which need two GPUs.
 # The prefill kernel's own steps (~4 min): prefill, its tests compiled (against the reference at
 # Llama-3-8B shapes, and a row's bits as a decode, in a chunk and in a prompt: the tensor-core
 # assumption of its batch invariance), then prefillspeed, kernel_speed's prefill rows (flash, flash-invariant,
@@ -34,7 +34,7 @@
 # STEPS="moetests moekernels moe"; the FP8 ones: STEPS="fp8tests fp8kernels" and
 # STEPS="fp8engine fp8throughput" (each about one 10-minute call).
 set -u
-STEPS=${STEPS:-prefill prefillspeed tests tunetests tune throughput invariance kernels moetests moekernels moe fp8tests fp8kernels fp8engine fp8throughput serving tptests tp}
+STEPS=${STEPS:-prefill prefillspeed tests tunetests tune throughput invariance kernels moetests moekernels moe fp8tests fp8kernels fp8engine fp8throughput serving tptests tp tpfp8}
 OUT=${OUT:-${1:-gpu-out}}
 mkdir -p "$OUT"
 ROOT=$PWD
@@ -115,3 +115,7 @@ TAIL=30 step serving 420 $PY benchmarks/gpu_serving.py --shape 1b --json "$OUT/s
 TAIL=10 step tptests 200 $PY -m pytest -q -rs -p no:cacheprovider --timeout 190 -m gpu \
     tests/runtime/distributed/test_tensor_parallel_gpu.py
 TAIL=12 step tp 400 $PY benchmarks/tensor_parallel.py --shape 8b --tp 2
+# FP8 with tensor parallelism (two GPUs with FP8, else it skips): --quantization fp8 over two
+# NCCL ranks, each rank's FP8 slices in the FP8 GEMM, logits against one rank's. Unmeasured.
+TAIL=10 step tpfp8 200 $PY -m pytest -q -rs -p no:cacheprovider --timeout 190 -m gpu \
+    -k fp8 tests/runtime/distributed/test_tensor_parallel_gpu.py

@@ -15,6 +15,19 @@ which), plus at most one collective:
 
 Without a group (one rank) `column_linear` and `row_linear` build exactly the layers
 `Linear` always built, stored GGUF blocks included (`qgemm`); with one, float matrices only.
+
+FP8 (where the engine runs the projections in the FP8 GEMM, `quantization.fp8`): a split layer
+is an `Fp8Linear` over this rank's part of the layer TP = 1 would build (`fp8.shard`):
+
+- column-parallel: its rows with their per-output-channel scales; ``--quantization fp8``
+  quantizes just those rows (a row's scale is its own amax, so they are the same codes);
+- row-parallel: its input columns under the whole matrix's scales, unchanged (quantized from
+  the whole rows, then cut), so the partial products sum to the unsplit product. What is not
+  the same as one rank: with dynamic activations each rank scales its slice of a token by that
+  slice's own amax (as vLLM does), so the sum differs from TP = 1 in rounding, not in math.
+
+An FP8 checkpoint where the FP8 kernels do not run is dequantized at load (`DeviceWeights`) and
+split as 16-bit matrices. The embedding, LM head and MoE experts stay 16-bit, as with one rank.
 """
 
 from __future__ import annotations
@@ -29,7 +42,9 @@ from pagoda.runtime.distributed.group import TPGroup
 from pagoda.runtime.model.linear import Linear
 
 if TYPE_CHECKING:
+    from pagoda.runtime.model.fp8_linear import Fp8Linear
     from pagoda.runtime.model.llama import DeviceWeights, LayerContext
+    from pagoda.runtime.quantization.fp8 import Fp8LinearWeights
 
 
 def _bias(name: str) -> str:
@@ -41,7 +56,7 @@ def column_linear(
     w: DeviceWeights,
     names: list[str],
     parts: Sequence[tuple[int, int]] | None = None,
-) -> Linear:
+) -> Linear | Fp8Linear:
     """The matrices `names` stacked (q/k/v, gate/up), this rank's rows of each: `parts[i]`
     of `names[i]`, or an even share."""
     tp = ctx.tp
@@ -49,14 +64,67 @@ def column_linear(
         return ctx.linear(w.cat(names), w.biases(names), quantized=w.quantized(names))
     if parts is None:
         parts = [tp.layout.even(w.length(n, 0)) for n in names]
-    weight = torch.cat([w.part(n, 0, *p) for n, p in zip(names, parts)])
     bias = None
     if any(_bias(n) in w for n in names):  # all or none, a missing one named by `part`
         bias = torch.cat([w.part(_bias(n), 0, *p) for n, p in zip(names, parts)])
+    fp8 = fp8_rows(w, names, parts)
+    if fp8 is not None:
+        return _fp8_linear(w, fp8, bias)
+    weight = torch.cat([w.part(n, 0, *p) for n, p in zip(names, parts)])
     return ctx.linear(weight, bias)
 
 
-def qkv_linear(ctx: LayerContext, w: DeviceWeights, names: list[str], c: ModelConfig) -> Linear:
+def _module(name: str) -> str:
+    return name.removesuffix(".weight")
+
+
+def _fp8_linear(
+    w: DeviceWeights, weights: Fp8LinearWeights, bias: torch.Tensor | None
+) -> Fp8Linear:
+    from pagoda.runtime.model.fp8_linear import Fp8Linear
+
+    assert w.fp8 is not None
+    return Fp8Linear(weights, bias, weight_only=w.fp8.activations == "none")
+
+
+def fp8_rows(
+    w: DeviceWeights, names: list[str], parts: Sequence[tuple[int, int]]
+) -> Fp8LinearWeights | None:
+    """Rows `parts[i]` of each of `names`, stacked, as one FP8 operand with their scales; None
+    where the engine does not run these projections in FP8 (module docstring)."""
+    from pagoda.runtime.quantization import fp8
+
+    if not fp8.quantizes_all(w.fp8, [_module(n) for n in names]):
+        return None
+    assert w.fp8 is not None
+    pieces = []
+    for n, (start, stop) in zip(names, parts):
+        if w.fp8.serialized:
+            whole = fp8.load_linear(w.stored, _module(n), w.fp8)
+            pieces.append(fp8.shard(whole, 0, start, stop).to(w.device))
+        else:  # one scale per row: these rows' codes are the whole matrix's
+            if n not in w:
+                raise ValueError(f"checkpoint is missing tensor {n!r}")
+            rows = w.stored[n].narrow(0, start, stop - start)
+            pieces.append(fp8.quantize_linear(rows.to(w.device)))
+    return fp8.fuse(pieces)
+
+
+def fp8_columns(w: DeviceWeights, name: str, start: int, stop: int) -> Fp8LinearWeights | None:
+    """Input columns [start, stop) of `name` under the whole matrix's per-row scales; None
+    where it does not run in FP8."""
+    from pagoda.runtime.quantization import fp8
+
+    if not fp8.quantizes_all(w.fp8, [_module(name)]):
+        return None
+    whole = w.fp8_weights([name])  # quantized (or read) whole: the scales of entire rows
+    assert whole is not None
+    return fp8.shard(whole, 1, start, stop)
+
+
+def qkv_linear(
+    ctx: LayerContext, w: DeviceWeights, names: list[str], c: ModelConfig
+) -> Linear | Fp8Linear:
     """q, k and v stacked: this rank's query heads and its KV heads (shared or replicated)."""
     if ctx.tp is None:
         return column_linear(ctx, w, names)
@@ -73,7 +141,7 @@ class RowParallelLinear:
     __slots__ = ("bias", "inner", "tp")
     fast = None  # no stored-block kernel (`model_runner._log_quantized_layers` asks)
 
-    def __init__(self, inner: Linear, bias: torch.Tensor | None, tp: TPGroup) -> None:
+    def __init__(self, inner: Linear | Fp8Linear, bias: torch.Tensor | None, tp: TPGroup) -> None:
         self.inner, self.bias, self.tp = inner, bias, tp
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,7 +156,9 @@ def row_linear(ctx: LayerContext, w: DeviceWeights, name: str) -> Linear | RowPa
         return ctx.linear(w[name], w.biases([name]), quantized=w.quantized([name]))
     cols = tp.layout.even(w.length(name, 1))
     bias = w.biases([name])  # added once, after the sum
-    return RowParallelLinear(ctx.linear(w.part(name, 1, *cols)), bias, tp)
+    fp8 = fp8_columns(w, name, *cols)
+    inner = ctx.linear(w.part(name, 1, *cols)) if fp8 is None else _fp8_linear(w, fp8, None)
+    return RowParallelLinear(inner, bias, tp)
 
 
 class VocabParallelEmbedding:

@@ -297,6 +297,36 @@ def load_linear(
     return Fp8LinearWeights(weight.contiguous(), scale.to(weight.device), input_scale)
 
 
+def quantizes_all(scheme: Fp8Scheme | None, modules: Sequence[str]) -> bool:
+    """Whether the projections ``modules`` (fused into one layer: q/k/v, gate/up) run in FP8:
+    all of them or none; ``ValueError`` when the scheme names only some."""
+    if scheme is None:
+        return False
+    wanted = [scheme.quantizes(m) for m in modules]
+    if any(wanted) and not all(wanted):
+        raise ValueError(f"the FP8 checkpoint quantizes some of {', '.join(modules)} but not "
+                         "all; they run as one fused layer")  # fmt: skip
+    return all(wanted)
+
+
+def shard(weights: Fp8LinearWeights, dim: int, start: int, stop: int) -> Fp8LinearWeights:
+    """One tensor-parallel rank's part of a layer (`model.parallel_linear`): output rows
+    ``[start, stop)`` with their per-output-channel scales (``dim=0``, column-parallel), or input
+    columns ``[start, stop)`` under the unchanged scales (``dim=1``, row-parallel: each scale
+    covers a whole output row, so the ranks' partial products still sum to the full one). The
+    static input scale is per tensor: every rank keeps it. Exact: the codes are not touched, so
+    a rank's part equals that slice of the unsharded layer bit for bit. (Block-wise scales never
+    get here: :func:`load_linear` refuses them whatever the rank count.)"""
+    if dim not in (0, 1) or not 0 <= start < stop <= weights.weight.shape[dim]:
+        raise ValueError(f"cannot take [{start}, {stop}) of dim {dim} of an FP8 weight "
+                         f"{tuple(weights.weight.shape)}")  # fmt: skip
+    weight = weights.weight.narrow(dim, start, stop - start).contiguous()
+    scale = weights.weight_scale
+    if dim == 0:
+        scale = scale[start:stop].contiguous()
+    return Fp8LinearWeights(weight, scale, weights.input_scale)
+
+
 def fuse(parts: Sequence[Fp8LinearWeights]) -> Fp8LinearWeights:
     """Projections sharing an input (q/k/v, gate/up) as one layer: rows and row scales stacked;
     static input scales replaced by their largest (the shared input then saturates nowhere)."""

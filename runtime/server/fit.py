@@ -12,9 +12,11 @@ What it counts, per rank of ``tensor_parallel_size``:
 * weights from the model's shape (`ModelConfig`), not the file: the decoder's projections at one
   byte plus a float32 scale per output channel where they run in FP8 (``--quantization fp8``, or
   an FP8 checkpoint on a GPU with FP8; elsewhere an FP8 checkpoint is dequantized at load), the
-  rest (embeddings, LM head, experts, norms) in the model's dtype; everything split over the
-  ranks. On a CPU in float32, layers that multiply by the stored 16-bit or GGUF blocks (`qgemm`)
-  hold the file's bytes, so the smaller of the two counts there: a floor, like `memory.py`'s.
+  rest (embeddings, LM head, experts, norms) in the model's dtype; each rank's share: q, o,
+  the MLP, experts and vocabulary split over the ranks, K and V by this rank's KV heads
+  (replicated when there are fewer than ranks), the FP8 scales of row-parallel o and down
+  whole on every rank (`model.parallel_linear`), norms on every rank. On a CPU in float32,
+  layers that multiply by the stored 16-bit or GGUF blocks (`qgemm`) hold the file's bytes, so the smaller of the two counts there: a floor, like `memory.py`'s.
 * the KV cache of one sequence of ``max_model_len`` tokens (whole blocks), with each rank's KV
   heads (split over the ranks; one each when there are fewer heads than ranks); where the
   cache's size is fixed up front and smaller (``--kv-cache-memory``, the CPU's default 2 GiB),
@@ -54,22 +56,24 @@ class Plan:
 
     def weight_bytes(self, mc: ModelConfig) -> int:
         """The weights of one rank (module docstring)."""
-        h, d, i, n = mc.hidden_size, mc.head_dim, mc.intermediate_size, mc.num_layers
+        h, d, i, n, t = mc.hidden_size, mc.head_dim, mc.intermediate_size, mc.num_layers, self.tp
         item = self.dtype.itemsize
         f = mc.family
         moe = sum(f.has_experts(x) for x in range(n))
-        attn_rows = (mc.num_heads + 2 * mc.num_kv_heads) * d + h  # qkv's rows, o's rows
-        attn = h * d * (2 * mc.num_heads + 2 * mc.num_kv_heads)  # q, k, v, o
-        mlp = (n - moe) * 3 * h * i
-        if self.fp8_weights:  # one byte each, a float32 scale per output row
-            rows = n * attn_rows + (n - moe) * (2 * i + h)
+        kv = self.kv_heads(mc)  # this rank's K and V heads: split, or replicated
+        # this rank's projections: q and o split by heads, k and v its KV heads, the MLP by width
+        attn = h * d * (2 * mc.num_heads / t + 2 * kv)
+        mlp = (n - moe) * 3 * h * i / t
+        if self.fp8_weights:  # one byte each, a float32 scale per output row (o's and down's
+            # rows are whole on every rank: split by input columns, their scales replicated)
+            rows = n * ((mc.num_heads / t + 2 * kv) * d + h) + (n - moe) * (2 * i / t + h)
             projections = n * attn + mlp + 4 * rows
         else:
             projections = (n * attn + mlp) * item
         experts = moe * f.num_experts * (3 * h * f.moe_intermediate_size + h) * item
         embed = mc.vocab_size * h * (1 if mc.tie_word_embeddings else 2) * item
         norms = (2 * n + 1) * h * item
-        return math.ceil((projections + experts + embed) / self.tp) + norms
+        return math.ceil(projections + (experts + embed) / t) + norms
 
     def kv_heads(self, mc: ModelConfig) -> int:
         """KV heads on one rank: split over the ranks, replicated when there are fewer."""
@@ -181,19 +185,30 @@ def would_fit(
     this plan's, as counted; ``budgeted``: the KV cache's size is set, so a smaller one is the
     shorter context)."""
     out = []
+    fp8_alone = False
     if fp8_here and not (plan.fp8_weights and plan.fp8_kv):
         for fp8 in (Plan(**{**plan.__dict__, "fp8_weights": True}),
                     Plan(**{**plan.__dict__, "fp8_weights": True, "fp8_kv": True})):  # fmt: skip
             if fp8.need(mc) <= have:
                 flags = "--quantization fp8" + (" --kv-cache-dtype fp8" if fp8.fp8_kv else "")
                 out.append(f"{flags} ({gib(fp8.need(mc))})")
+                fp8_alone = True
                 break
     if cuda:
+        wider_tp = None  # the fewest GPUs that hold the model as it is
         for tp in (t for t in TP_SIZES if t > plan.tp):
             wider = Plan(**{**plan.__dict__, "tp": tp})
             if wider.need(mc) <= have:
                 out.append(f"--tensor-parallel-size {tp} ({gib(wider.need(mc))} per GPU)")
+                wider_tp = tp
                 break
+        if fp8_here and not plan.fp8_weights and not fp8_alone:  # FP8 on fewer GPUs than that
+            for tp in (t for t in TP_SIZES if plan.tp < t < (wider_tp or 1 << 30)):
+                both = Plan(**{**plan.__dict__, "tp": tp, "fp8_weights": True})
+                if both.need(mc) <= have:
+                    out.append(f"--quantization fp8 --tensor-parallel-size {tp} "
+                               f"({gib(both.need(mc))} per GPU)")  # fmt: skip
+                    break
     room = have - weights
     if room > 0:
         tokens = room // plan.kv_bytes_per_token(mc) // plan.block_size * plan.block_size

@@ -103,11 +103,6 @@ def check_parallel(model_config: ModelConfig, engine_cfg: EngineConfig) -> None:
     from pagoda.runtime.distributed.layout import check
 
     check(model_config, par.tensor_parallel_size)
-    if engine_cfg.quantization is not None:
-        raise ValueError(
-            f"--quantization {engine_cfg.quantization} with --tensor-parallel-size "
-            f"{par.tensor_parallel_size}: FP8 layers are not split over ranks yet"
-        )
     device = engine_cfg.torch_device()
     if device.type == "cuda" and par.ranks_per_node > torch.cuda.device_count():
         raise ValueError(

@@ -87,11 +87,6 @@ class ModelRunner:
         )
         torch.manual_seed(config.seed)
         fp8 = engine_scheme(config.quantization, loaded.fp8_scheme, fp8_runs_on(self.device))
-        if fp8 is not None and tp is not None:
-            raise ValueError(
-                f"FP8 layers are not split over tensor-parallel ranks yet: use "
-                f"--tensor-parallel-size 1 with FP8, or a 16-bit model over {tp.size} ranks"
-            )
         if loaded.fp8_scheme is not None and fp8 is None:
             log.info("FP8 checkpoint: no FP8 kernels on %s, weights dequantized to %s at load",
                      self.device, self.dtype)  # fmt: skip

@@ -55,6 +55,36 @@ def test_weights_and_kv_per_rank():
     assert bf16.kv_bytes(mc, 17) == 32 * bf16.kv_bytes_per_token(mc)  # whole blocks of 16
 
 
+def test_fp8_bytes_per_rank_count_each_ranks_part_and_its_scales():
+    """FP8 with tensor parallelism (`model.parallel_linear`): q/k/v and gate/up split by rows
+    with their scales, o and down by input columns with every row's scale on each rank."""
+    mc = ModelConfig(**LLAMA_8B)
+    h = 4096
+    qkv_rows, o_cols, gate_up_rows, down_cols = (16 + 2 * 4) * 128, 2048, 14336, 7168
+    elements = h * (qkv_rows + o_cols + gate_up_rows + down_cols)
+    scales = 4 * (qkv_rows + h + gate_up_rows + h)
+    embed = 2 * 128256 * h * 2 // 2  # 16-bit, split by vocabulary
+    norms = (2 * 32 + 1) * h * 2
+    tp2 = fit.Plan(torch.bfloat16, True, False, 2, 8192)
+    assert tp2.weight_bytes(mc) == 32 * (elements + scales) + embed + norms
+    # 16 ranks over 8 KV heads: k and v replicated, one head each
+    tp16 = fit.Plan(torch.bfloat16, False, False, 16)
+    layer = h * 128 * (2 * 2 + 2 * 1) + 3 * h * 14336 // 16  # q, o: 2 heads; k, v: 1; MLP
+    assert tp16.weight_bytes(mc) == 32 * layer * 2 + 2 * 128256 * h * 2 // 16 + norms
+
+
+def test_a_model_too_big_for_fp8_alone_is_offered_fp8_on_fewer_gpus(tmp_path, gpu):
+    gpu(80 * GIB)
+    mc = ModelConfig(**{**LLAMA_70B, "num_layers": 400})  # ~350B parameters
+    with pytest.raises(ReasonedError) as err:
+        fit.check(mc, EngineConfig.create("m", device="cuda", max_model_len=8192), tmp_path)
+    fixes = str(err.value).split("; would fit: ")[1]
+    assert "--tensor-parallel-size 16 (" in fixes and not fixes.startswith("--quantization")
+    assert "--quantization fp8 --tensor-parallel-size 8 (" in fixes
+    fit.check(mc, EngineConfig.create("m", device="cuda", max_model_len=8192, quantization="fp8",
+                                      tensor_parallel_size=8), tmp_path, 8)  # fmt: skip
+
+
 def test_70b_on_one_80gib_gpu_names_fp8_and_two_gpus(tmp_path, gpu):
     gpu(80 * GIB)
     mc = ModelConfig(**LLAMA_70B)

@@ -21,70 +21,14 @@ os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_ava
 
 import pytest
 import torch
+from fp8_testlib import PROMPTS, greedy, write_fp8_pair
 from hf_oracle import make_tiny_llama
-from pagoda.kernels import fp8 as math
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
 from safetensors.torch import load_file, save_file
 
 INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-PROMPTS = [[(7 * i + 3) % 300 for i in range(n)] for n in (4, 9, 21)]
 ENGINE = dict(dtype="float32", max_num_batched_tokens=16, max_num_seqs=4)
-
-
-def greedy(llm: LLM, n: int = 5, first: list | None = None) -> list[list[int]]:
-    """Greedy tokens of `PROMPTS`; `first` gets the float32 logits of each prompt's last token
-    (its first sampling step), in prompt order."""
-    seen: dict[str, torch.Tensor] = {}
-
-    def observe(reqs, logits):
-        for r, row in zip(reqs, logits):
-            seen.setdefault(r.request_id, row.clone())
-
-    llm.engine.runner.logits_observer = observe if first is not None else None
-    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
-    if first is not None:
-        first += [seen[o.request_id] for o in outs]
-    return [o.outputs[0].token_ids for o in outs]
-
-
-def _is_linear(name: str) -> bool:
-    return name.endswith(".weight") and any(f".{n}." in name for n in LINEARS)
-
-
-def write_fp8_pair(root, per_tensor: bool = False):
-    """(the 16-bit original, its FP8 export, the export's weights dequantized as a float32
-    checkpoint): three directories sharing config and tokenizer."""
-    orig, q, deq = root / "bf16", root / "fp8", root / "dequantized"
-    make_tiny_llama(orig)
-    tensors = load_file(str(orig / "model.safetensors"))
-    quant, dense = {}, {}
-    for name, t in tensors.items():
-        if not _is_linear(name):
-            quant[name] = dense[name] = t
-            continue
-        if per_tensor:
-            scale = math.scale_from_amax(t.abs().amax()).reshape(1)
-            codes = math.quantize(t, scale)
-        else:
-            codes, scale = math.quantize_weight(t)
-        prefix = name.removesuffix(".weight")
-        quant[name], quant[prefix + ".weight_scale"] = codes, scale
-        dense[name] = math.dequantize(codes, scale.reshape(-1, 1))
-    for d, ts, qc in ((q, quant, True), (deq, dense, False)):
-        d.mkdir()
-        for f in orig.iterdir():
-            if f.name != "model.safetensors":
-                (d / f.name).write_bytes(f.read_bytes())
-        save_file(ts, str(d / "model.safetensors"))
-        if qc:
-            cfg = json.loads((d / "config.json").read_text())
-            cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
-                                          "ignored_layers": ["lm_head"]}  # fmt: skip
-            (d / "config.json").write_text(json.dumps(cfg))
-    return orig, q, deq
 
 
 @pytest.fixture

@@ -1,0 +1,68 @@
+"""An FP8 checkpoint of a tiny Llama, written by hand, for the FP8 engine tests."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from hf_oracle import make_tiny_llama
+from pagoda.kernels import fp8 as math
+from pagoda.runtime import LLM, SamplingParams
+from safetensors.torch import load_file, save_file
+
+PROMPTS = [[(7 * i + 3) % 300 for i in range(n)] for n in (4, 9, 21)]
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _is_linear(name: str) -> bool:
+    return name.endswith(".weight") and any(f".{n}." in name for n in LINEARS)
+
+
+def write_fp8_pair(root, per_tensor: bool = False):
+    """(the 16-bit original, its FP8 export, the export's weights dequantized as a float32
+    checkpoint): three directories sharing config and tokenizer."""
+    orig, q, deq = root / "bf16", root / "fp8", root / "dequantized"
+    make_tiny_llama(orig)
+    tensors = load_file(str(orig / "model.safetensors"))
+    quant, dense = {}, {}
+    for name, t in tensors.items():
+        if not _is_linear(name):
+            quant[name] = dense[name] = t
+            continue
+        if per_tensor:
+            scale = math.scale_from_amax(t.abs().amax()).reshape(1)
+            codes = math.quantize(t, scale)
+        else:
+            codes, scale = math.quantize_weight(t)
+        prefix = name.removesuffix(".weight")
+        quant[name], quant[prefix + ".weight_scale"] = codes, scale
+        dense[name] = math.dequantize(codes, scale.reshape(-1, 1))
+    for d, ts, qc in ((q, quant, True), (deq, dense, False)):
+        d.mkdir()
+        for f in orig.iterdir():
+            if f.name != "model.safetensors":
+                (d / f.name).write_bytes(f.read_bytes())
+        save_file(ts, str(d / "model.safetensors"))
+        if qc:
+            cfg = json.loads((d / "config.json").read_text())
+            cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                          "ignored_layers": ["lm_head"]}  # fmt: skip
+            (d / "config.json").write_text(json.dumps(cfg))
+    return orig, q, deq
+
+
+def greedy(llm: LLM, n: int = 5, first: list | None = None) -> list[list[int]]:
+    """Greedy tokens of `PROMPTS`; `first` gets the float32 logits of each prompt's last token
+    (its first sampling step), in prompt order."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def observe(reqs, logits):
+        for r, row in zip(reqs, logits):
+            seen.setdefault(r.request_id, row.clone())
+
+    llm.engine.runner.logits_observer = observe if first is not None else None
+    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    if first is not None:
+        first += [seen[o.request_id] for o in outs]
+    return [o.outputs[0].token_ids for o in outs]
