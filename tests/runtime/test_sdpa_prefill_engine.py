@@ -20,16 +20,22 @@ from test_triton_engine import greedy
 pytest.importorskip("triton")
 
 
+@pytest.fixture
+def calls(monkeypatch) -> list[int]:
+    """One entry per call of the SDPA prefill path (which still runs)."""
+    seen: list[int] = []
+    real = sdpa_prefill.sdpa_prefill
+    monkeypatch.setattr(
+        sdpa_prefill, "sdpa_prefill", lambda *a, **k: seen.append(1) or real(*a, **k)
+    )
+    return seen
+
+
 @pytest.mark.skipif(
     os.environ["TRITON_INTERPRET"] != "1",
     reason="CPU run of Triton kernels needs TRITON_INTERPRET=1",
 )
-def test_non_invariant_triton_engine_with_sdpa_prefill_matches_torch_backend(tmp_path, monkeypatch):
-    calls = []
-    real = sdpa_prefill.sdpa_prefill
-    monkeypatch.setattr(
-        sdpa_prefill, "sdpa_prefill", lambda *a, **k: calls.append(1) or real(*a, **k)
-    )
+def test_non_invariant_triton_engine_with_sdpa_prefill_matches_torch_backend(tmp_path, calls):
     make_tiny_llama(tmp_path)
     loaded = load_model(str(tmp_path))
     prompts = [[(5 * i + 1) % 300 for i in range(n)] for n in (3, 17, 40)]
@@ -47,16 +53,11 @@ def test_non_invariant_triton_engine_with_sdpa_prefill_matches_torch_backend(tmp
     os.environ["TRITON_INTERPRET"] != "1",
     reason="CPU run of Triton kernels needs TRITON_INTERPRET=1",
 )
-def test_non_invariant_gemma3_window_layers_mix_sdpa_and_triton(tmp_path, monkeypatch):
+def test_non_invariant_gemma3_window_layers_mix_sdpa_and_triton(tmp_path, calls):
     """Gemma 3's full layers through SDPA and its window layers through the Triton kernel, in
     one engine (chunked, a shared prefix from the cache): transformers' tokens and logits."""
     from arch_cases import build, check, generate
 
-    calls = []
-    real = sdpa_prefill.sdpa_prefill
-    monkeypatch.setattr(
-        sdpa_prefill, "sdpa_prefill", lambda *a, **k: calls.append(1) or real(*a, **k)
-    )
     loaded, prompts, reference, engine_args = build("gemma3-window", tmp_path)
     llm = LLM(
         loaded=loaded, attention_backend="triton", batch_invariant=False, dtype="float32",
@@ -71,14 +72,9 @@ def test_non_invariant_gemma3_window_layers_mix_sdpa_and_triton(tmp_path, monkey
     os.environ["TRITON_INTERPRET"] != "1",
     reason="CPU run of Triton kernels needs TRITON_INTERPRET=1",
 )
-def test_non_invariant_fp8_kv_cache_matches_the_invariant_kernel(tmp_path, monkeypatch):
+def test_non_invariant_fp8_kv_cache_matches_the_invariant_kernel(tmp_path, calls):
     """An FP8 KV cache: SDPA reads the same rounded keys as the Triton kernel, so greedy tokens
     match the batch-invariant engine's (chunked prompts, shared steps)."""
-    calls = []
-    real = sdpa_prefill.sdpa_prefill
-    monkeypatch.setattr(
-        sdpa_prefill, "sdpa_prefill", lambda *a, **k: calls.append(1) or real(*a, **k)
-    )
     make_tiny_llama(tmp_path)
     loaded = load_model(str(tmp_path))
     prompts = [[(7 * i + 2) % 300 for i in range(n)] for n in (5, 19, 33)]
