@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 MAX_FOLLOW_UPS = 12  # 1 + 2 + 4 + … + 60 s: about 7 minutes of retries
 FOLLOW_UP_MARGIN_S = 2.0  # after kopf's own retry of a handler
+FIRST_SWEEP_S = 10.0  # after start-up: reconcile what kopf has not (resync_loop)
 log = logging.getLogger(__name__)
 
 
@@ -68,7 +69,9 @@ class Reconciler:
         self, body: Mapping[str, Any], logger: logging.Logger, retry: int, trigger: str
     ) -> None:
         """Reconcile once; raise kopf.TemporaryError / PermanentError (and schedule a
-        follow-up for a temporary one)."""
+        follow-up for a temporary one). `retry` > 0: kopf retries its handler (counted)."""
+        if retry and trigger == "handler" and self.metrics is not None:
+            self.metrics.reconcile_retries.labels(trigger).inc()
         try:
             await self._run(body, logger, retry, trigger)
         except kopf.TemporaryError as e:
@@ -225,27 +228,47 @@ class Reconciler:
     async def resync_loop(self, logger: logging.Logger) -> None:
         """Re-reconcile every InferenceService periodically; heals what no event announced.
 
+        The first pass comes `FIRST_SWEEP_S` after start-up and takes only the objects this
+        process has not reconciled yet: kopf resumes an object that an earlier process left with
+        a retry pending by sleeping, then PATCHing a "touch" annotation to wake itself; if that
+        PATCH fails (a 409, say), nothing would handle the object until the next full resync.
+
         A failed reconcile is followed up with backoff (`run` schedules it), not left to the
         next resync.
         """
+        await asyncio.sleep(min(FIRST_SWEEP_S, self.config.resync_interval_s))
+        while not await self._sweep(logger, only_unreconciled=True):
+            await asyncio.sleep(backoff(0))  # the list failed: the first pass must not wait
         while True:
             await asyncio.sleep(self.config.resync_interval_s)
-            try:
-                bodies = await self.api.list_all(KIND, self.config.namespaces)
-            except ApiError as e:
-                logger.warning("Resync could not list %s objects: %s", KIND, e)
+            await self._sweep(logger)
+
+    async def _sweep(self, logger: logging.Logger, *, only_unreconciled: bool = False) -> bool:
+        """Reconcile the listed objects (all, or those not reconciled by this process yet);
+        False when the list failed."""
+        try:
+            bodies = await self.api.list_all(KIND, self.config.namespaces)
+        except ApiError as e:
+            logger.warning("Resync could not list %s objects: %s", KIND, e)
+            return False
+        self.keep_only({b["metadata"]["uid"] for b in bodies})
+        listed = {(b["metadata"]["namespace"], b["metadata"]["name"]) for b in bodies}
+        for gone in set(self.api.status_failures) - listed:
+            self.api.forget_status(*gone)
+        for body in bodies:
+            uid = body["metadata"]["uid"]
+            follow_up = self._follow_ups.get(uid)
+            if only_unreconciled and (
+                uid in self._succeeded or (follow_up is not None and not follow_up.done())
+            ):
                 continue
-            self.keep_only({b["metadata"]["uid"] for b in bodies})
-            listed = {(b["metadata"]["namespace"], b["metadata"]["name"]) for b in bodies}
-            for gone in set(self.api.status_failures) - listed:
-                self.api.forget_status(*gone)
-            for body in bodies:
-                try:
-                    await self.run(body, logger, 0, "resync")
-                except kopf.TemporaryError as e:
-                    logger.warning("Resync of %s: %s", body["metadata"].get("name"), e)
-                except kopf.PermanentError as e:
-                    logger.debug("Resync of %s: %s", body["metadata"].get("name"), e)
+            try:
+                await self.run(body, logger, 0, "resync")
+            except kopf.TemporaryError as e:
+                logger.warning("Resync of %s: %s", body["metadata"].get("name"), e)
+            except kopf.PermanentError as e:
+                logger.debug("Resync of %s: %s", body["metadata"].get("name"), e)
+        return True
 
     # --- follow-ups ----------------------------------------------------------------------------
 

@@ -74,7 +74,8 @@ class OperatorMetrics:
         )
         self.reconcile_retries = Counter(
             "pagoda_operator_reconcile_retries",
-            "Reconciles retried after a transient failure, by what needed them.",
+            "Reconciles retried after a transient failure (kopf's handler retries and the "
+            "operator's follow-ups), by what needed them.",
             ["trigger"],
             registry=r,
         )

@@ -7,6 +7,7 @@ requests of the operator (never the test's own).
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import time
 from typing import Any
@@ -23,6 +24,7 @@ from operator_helpers import (
     create_isvc,
     mark_available,
     operator_requests,
+    patch_isvc,
     sample,
 )
 from pagoda.operator.kube import client as k8s
@@ -114,6 +116,49 @@ async def test_409_on_kopfs_progress_annotation_does_not_stall_the_create(
         what="children and status despite the 409",
     )
     assert created.times == 0 and annotated.times == 0
+
+
+def kopf_progress(emulator: FaultyEmulator, name: str) -> dict[str, dict[str, Any]]:
+    """kopf's progress records of the reconcile handler, by annotation key."""
+    annotations = (emulator.live(ISVC, "default", name) or {}).get("metadata", {}).get(
+        "annotations"
+    ) or {}
+    return {k: json.loads(v) for k, v in annotations.items() if k.endswith("/reconcile_isvc")}
+
+
+async def test_a_retry_left_pending_by_a_stopped_operator_is_not_stalled_by_a_409(
+    emulator: FaultyEmulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """The chaos test's stall: the first process's handler failed and kopf stored its retry as
+    delayed; the next process's kopf sleeps out the delay, then its "touch" PATCH (which wakes it)
+    gets a 409, and kopf waits for an event that never comes. The operator's first sweep after
+    start-up reconciles what it has not reconciled yet."""
+    first = await start_operator()
+    failing = emulator.fail_next("POST", "configmaps", 500, times=10_000)
+    await create_isvc(kube, "resumed", EXAMPLE_SPEC)
+    await wait_for(
+        lambda: any(r.get("delayed") for r in kopf_progress(emulator, "resumed").values()),
+        what="kopf's pending retry",
+    )
+    await first.shutdown()
+    failing.times = 0
+    assert not any(children(emulator, "resumed").values())
+    later = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=3)).isoformat()
+    pending = {
+        k: json.dumps({**r, "delayed": later})
+        for k, r in kopf_progress(emulator, "resumed").items()
+    }
+    await patch_isvc(kube, "resumed", {"metadata": {"annotations": pending}})  # a 4 s backoff
+    touch = emulator.fail_next(
+        "PATCH", "inferenceservices", 409, when=lambda data: "touch-dummy" in json.dumps(data)
+    )
+    t0 = time.monotonic()
+    await start_operator()
+    await wait_for(
+        lambda: all(children(emulator, "resumed").values()), timeout=30, what="the children"
+    )
+    assert touch.times == 0, "kopf's touch PATCH was never tried: the stall was not exercised"
+    assert time.monotonic() - t0 < 30  # not the 300 s resync
 
 
 async def test_a_refused_child_becomes_a_condition_without_a_retry_storm(
