@@ -77,7 +77,7 @@ def read_model_config(model: str) -> ModelConfig:
             from pagoda.runtime.model.gguf_loader import _reader
             from pagoda.runtime.model.gguf_loader import read_config as read_gguf_config
 
-            return read_gguf_config(_reader(path))  # the loader's fast reader: 2.0 -> 0.5 s
+            return read_gguf_config(_reader(path))  # the loader's fast reader: 2.0 -> 0.05 s
         if path.is_dir():
             from pagoda.runtime.model.hf_loader import read_config as read_hf_config
 
