@@ -173,13 +173,8 @@ def serve(
         engine_client.load(factory, tokenizer=functools.partial(read_tokenizer, engine_cfg.model))
     elif not cfg.engine_process:
         factory = lambda: build_core(engine_cfg, engine.fail)  # noqa: E731
-    from pagoda.runtime.server.api import create_app
-    from pagoda.runtime.server.listen import bind_sockets, bound_port, start_listening
     from pagoda.runtime.server.metrics import ServerMetrics
 
-    if sockets is None:
-        sockets = bind_sockets(cfg.host, cfg.port)
-        start_listening(sockets, cfg.host)
     metrics = ServerMetrics(cfg.served_model_name)
     if profile is not None:
         metrics.set_tuned_profile(profile.device, profile.model, profile.created)
@@ -193,6 +188,13 @@ def serve(
         log_level=cfg.log_level,
         engine_client=engine_client,
     )
+    engine.preload()  # on the engine thread, the model loads while the app is built
+    from pagoda.runtime.server.api import create_app
+    from pagoda.runtime.server.listen import bind_sockets, bound_port, start_listening
+
+    if sockets is None:
+        sockets = bind_sockets(cfg.host, cfg.port)
+        start_listening(sockets, cfg.host)
     app = create_app(cfg, engine, metrics)
     uv_cfg = uvicorn.Config(
         app,
