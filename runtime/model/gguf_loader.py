@@ -310,13 +310,19 @@ def _strings(buf: np.ndarray, offs: int, n: int, endian: str) -> tuple[list[str]
     """`n` GGUF strings (a uint64 length, then UTF-8 bytes) from `offs` in `buf`; the list and
     the offset after the last."""
     view, length = memoryview(buf), struct.Struct(endian + "Q").unpack_from
-    out = []
-    append = out.append
+    out: list[str] = []
+    append, last = out.append, len(view) - 8
     for _ in range(n):
+        if offs > last:
+            break
         (size,) = length(view, offs)
         offs += 8
+        if offs + size > len(view):
+            break
         append(str(view[offs : offs + size], "utf-8"))
         offs += size
+    if len(out) < n:
+        raise ValueError(f"the file ends inside a metadata array ({len(out)} of {n} strings)")
     return out, offs
 
 

@@ -311,6 +311,17 @@ def test_fast_reader_reads_what_the_stock_reader_reads(smol):
         assert a.data_offset == b.data_offset and a.shape.tolist() == b.shape.tolist(), a.name
 
 
+def test_a_gguf_cut_inside_its_metadata_is_one_clear_error(tmp_path, smol):
+    """A download cut short inside the vocabulary: one readable line naming the model."""
+    from pagoda.runtime.model.loader import read_model_config
+
+    cut = tmp_path / "cut.gguf"
+    with open(smol.path, "rb") as f:
+        cut.write_bytes(f.read(400_000))  # inside tokenizer.ggml.tokens
+    with pytest.raises(ValueError, match=r"ends inside a metadata array \(\d+ of 49152 strings\)"):
+        read_model_config(str(cut))
+
+
 def test_fast_reader_reads_nested_and_big_endian_arrays(tmp_path):
     """Arrays the embedded model lacks: numbers of each width, booleans, an empty array, a
     nested array (left to the stock code), and all of it in a big-endian file."""
