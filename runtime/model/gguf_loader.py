@@ -292,7 +292,9 @@ def _reader_class() -> type:
 
     class _ArrayField(gguf.ReaderField):
         """A metadata array held whole as its last part (an ndarray of numbers, or a list of
-        str); `contents()` as the stock field's (one value for an int, a list otherwise)."""
+        str); `contents()` as the stock field's (one value for an int, a list otherwise).
+        `data` indexes that one part, not one part per element: read values through
+        `contents()` (as `_field` does), not `parts[data[i]]`."""
 
         __slots__ = ()
 
