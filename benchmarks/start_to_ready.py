@@ -32,6 +32,7 @@ from common import machine, markdown_table
 from long_context import _old_tree
 
 MODES = {"process": [], "thread": ["--no-engine-process"]}
+POLL_S = 0.02  # /ready is asked this often: the resolution of the figures
 # log lines worth a column: (label, regex on the message)
 MILESTONES = (
     ("listening", r"listening on"),
@@ -81,7 +82,7 @@ def start_once(mode: str, extra: list[str], timeout: float, tree: str | None = N
                 raise RuntimeError(f"{mode}: the server exited {proc.returncode}:\n{tail}")
             if time.perf_counter() - t0 > timeout:
                 raise RuntimeError(f"{mode}: not ready after {timeout:.0f} s")
-            time.sleep(0.1)
+            time.sleep(POLL_S)
         total = time.perf_counter() - t0
     finally:
         proc.terminate()

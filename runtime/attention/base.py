@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from pagoda.runtime.worker.host_memory import zeros
 
 
 @dataclass
@@ -92,9 +93,7 @@ class AttentionBackend(ABC):
         """One layer's (k_cache, v_cache), laid out as the module docstring says."""
         shape = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
         dt = self.cache_dtype(model_dtype)
-        return torch.zeros(shape, dtype=dt, device=device), torch.zeros(
-            shape, dtype=dt, device=device
-        )
+        return zeros(shape, dt, device), zeros(shape, dt, device)
 
     def prepare(self, meta: AttentionMetadata) -> None:  # noqa: B027 - optional hook
         """Build per-step tensors once (not once per layer); store them in ``meta.aux``."""

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
 from pagoda.runtime.cpu import attention as cpu_kernel
+from pagoda.runtime.worker.host_memory import zeros
 
 MAX_DECODE_BUCKETS = 3
 MAX_PREFILL_BUCKETS = 4
@@ -221,9 +222,7 @@ class TorchAttentionBackend(AttentionBackend):
             k_shape, v_shape = cpu_kernel.packed_shapes(hkv, num_blocks, block_size, d, dt)
         else:
             k_shape = v_shape = (hkv, num_blocks, block_size, d + 4 * (dt == torch.int8))
-        return torch.zeros(k_shape, dtype=dt, device=device), torch.zeros(
-            v_shape, dtype=dt, device=device
-        )
+        return zeros(k_shape, dt, device), zeros(v_shape, dt, device)
 
     def write_kv(self, k, v, k_cache, v_cache, slots: torch.Tensor) -> None:
         """Store ``k``/``v`` ``[T, Hkv, D]`` at ``slots`` in this backend's cache layout."""

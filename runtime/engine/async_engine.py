@@ -102,10 +102,21 @@ class AsyncEngine:
         self._stop = False
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._has_loop = threading.Event()  # set by `start` (or `stop`): the thread may call it
         self._thread: threading.Thread | None = None
         self._started: asyncio.Future[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
+    def preload(self) -> None:
+        """Engine thread only: start it now, before any event loop runs, so the model loads
+        while the server imports and builds its app (`pagoda serve`); `start` then hands it
+        the loop, and nothing reaches the loop before that. The core is built and stepped on
+        this one thread, as without `preload`."""
+        if self.engine_process or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="pagoda-engine", daemon=True)
+        self._thread.start()
+
     def start(self) -> None:
         """Start the engine process or thread (it loads the model, warms up, then serves)."""
         self._loop = asyncio.get_running_loop()
@@ -116,8 +127,10 @@ class AsyncEngine:
             self._client = self._spawned or EngineProcClient(self._log_level)
             self._client.start(self._loop, self._factory, self)
             return
-        self._thread = threading.Thread(target=self._run, name="pagoda-engine", daemon=True)
-        self._thread.start()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="pagoda-engine", daemon=True)
+            self._thread.start()
+        self._has_loop.set()
 
     async def wait_started(self) -> None:
         """Return once ready; raise the load/warm-up error if the thread died first."""
@@ -161,6 +174,7 @@ class AsyncEngine:
         if self._client is not None:
             self._client.stop(timeout)
             return
+        self._has_loop.set()  # a preloaded thread waiting for a loop that never came
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -365,7 +379,10 @@ class AsyncEngine:
 
     # -- the engine thread -------------------------------------------------------------------
     def _call_loop(self, fn: Callable[..., Any], *args: Any) -> None:
-        assert self._loop is not None
+        self._has_loop.wait()  # preloaded: the loop comes with `start`
+        if self._loop is None:  # stopped before it started
+            self._stop = True
+            return
         try:
             self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the event loop is closed: the server is going away

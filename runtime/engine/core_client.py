@@ -10,8 +10,10 @@ OpenMP is unsafe) and is not a daemon, so it may start processes of its own (ten
 workers). `pagoda serve` spawns it first thing (`spawn()`), so that it imports torch and the
 engine while the server checks its flags and model; the core factory follows as its first
 command as soon as the engine's configuration is known (`load()`, before the HTTP app is
-built: the model loads while the API process imports and builds it), else at `start()`. Its death while serving, for any reason (an exception, SIGKILL, out of memory), is
-seen through its process sentinel: every request fails with 503 and `/health` turns 503.
+built: the model loads while the API process imports and builds it, and loads its own tokenizer
+meanwhile), else at `start()`. Its death while serving, for any reason (an exception, SIGKILL,
+out of memory), is seen through its process sentinel: every request fails with 503 and
+`/health` turns 503.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ class EngineProcClient:
         self._rx: Any = None
         self._rx_fd: int | None = None
         self._loading: Callable[[], Any] | None = None  # the factory sent by `load`
+        self.tokenizer: Any = None  # this process's own (`load`), else the engine's comes
+        self._tokenizer_error: BaseException | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def spawn(self) -> EngineProcClient:
@@ -89,19 +93,31 @@ class EngineProcClient:
         atexit.register(self._stop_at_exit)
         return self
 
-    def load(self, factory: Callable[[], Any]) -> None:
+    def load(self, factory: Callable[[], Any], tokenizer: Callable[[], Any] | None = None) -> None:
         """Send the core factory now (spawning first if needed), so the model loads while this
-        process builds its app; `start` with the same factory then sends nothing more."""
+        process builds its app; `start` with the same factory then sends nothing more.
+
+        `tokenizer`: builds this process's own tokenizer (the same one the core loads), called
+        here right after the factory has left, while the engine loads; the engine then leaves
+        its tokenizer out of the `EngineInfo` it sends when ready, so ready waits for no
+        tokenizer to be pickled and rebuilt (~0.1 s for a 49k vocabulary). Should it fail
+        here, the engine's load fails the same way (same file, same code) and reports it."""
         import zmq
 
         try:
-            data = pickle.dumps([("load", factory)])
+            data = pickle.dumps([("load", factory, tokenizer is None)])
         except Exception as e:
             raise TypeError(f"the engine process needs a picklable core factory: {e}") from e
         if self.proc is None:
             self.spawn()
         self._tx.send(data, zmq.NOBLOCK)
         self._loading = factory
+        if tokenizer is not None:
+            try:
+                self.tokenizer = tokenizer()
+            except Exception as e:  # the engine's load reports it (or `_handle` below does)
+                log.debug("this process could not load the tokenizer", exc_info=True)
+                self._tokenizer_error = e
 
     def _stop_at_exit(self) -> None:
         if not self.stopping:
@@ -240,7 +256,14 @@ class EngineProcClient:
                 else:
                     fut.set_result(result)
         elif kind == b"r":
-            engine.info = pickle.loads(payload)
+            info = pickle.loads(payload)
+            if info.tokenizer is None:  # left out: this process loaded its own (`load`)
+                if self.tokenizer is None:
+                    why = self._tokenizer_error or "none was loaded"
+                    self._died(RuntimeError(f"the API process has no tokenizer: {why}"))
+                    return
+                info = dataclasses.replace(info, tokenizer=self.tokenizer)
+            engine.info = info
             engine._set_ready()
         elif kind == b"x":
             self._died(_load_error(payload))

@@ -12,14 +12,16 @@ binds the socket it reads and connects the one it writes (a connected socket que
 before its peer is there).
 
 - API → engine (PUSH → PULL): one pickled list of commands per event-loop iteration:
-  `("load", factory)` (first: the process is started before the server knows its engine
-  config, and imports the engine's modules meanwhile), `("add", rid, ids, params)`,
+  `("load", factory, with_tokenizer)` (first: the process is started before the server knows
+  its engine config, and imports the engine's modules meanwhile; `with_tokenizer` False: the
+  API process loads its own, so `r` leaves it out), `("add", rid, ids, params)`,
   `("abort", rid)`, `("call", call_id, fn)`, `("stop",)`.
 - engine → API (PUSH → PULL): multipart `[kind, payload]`:
   - `o`: one message per step for every request in it: MessagePack of `(outputs, stats)`,
     decoded straight into `StepOutput`s and `EngineStats` (msgspec Structs), never per token;
   - `s`: stats only (commands applied while nothing runs);
-  - `r`: the pickled `EngineInfo`, once the model is loaded and one real step has run;
+  - `r`: the pickled `EngineInfo`, once the model is loaded and one real step has run (its
+    tokenizer None when the API process has its own);
   - `f`: pickled `(rid, error)`: adding that request failed (nothing else is touched);
   - `c`: pickled `(call_id, result, error)` of a `call`;
   - `x`: the pickled error that ended the loop; the process then exits 1.
@@ -30,6 +32,7 @@ drains and then stops it) and exits on its own when its parent is gone.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -85,8 +88,9 @@ class EngineCoreProc:
     def send(self, kind: bytes, payload: bytes) -> None:
         self.outbox.send_multipart((kind, payload))
 
-    def wait_for_factory(self) -> Callable[[], EngineCore] | None:
-        """The `load` command's factory; None when told to stop (or orphaned) first."""
+    def wait_for_factory(self) -> tuple[Callable[[], EngineCore], bool] | None:
+        """The `load` command's factory and whether `r` carries the tokenizer; None when told
+        to stop (or orphaned) first."""
         while True:
             if not self.inbox.poll(int(PARENT_CHECK_S * 1000)):
                 if os.getppid() != self.parent_pid:
@@ -94,15 +98,17 @@ class EngineCoreProc:
                 continue
             for cmd in pickle.loads(self.inbox.recv()):
                 if cmd[0] == "load":
-                    return cmd[1]
+                    return cmd[1], cmd[2]
                 if cmd[0] == "stop":
                     return None
 
-    def run(self, factory: Callable[[], EngineCore]) -> int:
+    def run(self, factory: Callable[[], EngineCore], with_tokenizer: bool = True) -> int:
         """Load, warm up, serve until told to stop; the exit code."""
         try:
             core = factory()
             info = EngineInfo.from_core(core)
+            if not with_tokenizer:  # the API process has its own
+                info = dataclasses.replace(info, tokenizer=None)
             start = time.monotonic()
             first_step(core)
             log.info("engine process: first step in %.1f s; ready", time.monotonic() - start)
@@ -211,14 +217,14 @@ def run_engine_core(
     start = time.monotonic()
     preload()
     imported = time.monotonic()
-    factory = proc.wait_for_factory()
-    if factory is not None:  # (nothing logged when the server's checks failed)
+    load = proc.wait_for_factory()
+    if load is not None:  # (nothing logged when the server's checks failed)
         log.info(
             "engine process: engine modules imported in %.1f s, then %.1f s until the factory",
             imported - start,
             time.monotonic() - imported,
         )
-    code = 0 if factory is None else proc.run(factory)
+    code = 0 if load is None else proc.run(*load)
     outbox.close(linger=5000)  # deliver the last messages (the error, a final step)
     inbox.close(linger=0)
     ctx.term()

@@ -15,9 +15,10 @@ special tokens add no bytes.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from typing import Any
+
+from tokenizers import decoders
 
 _REPLACEMENT = "\ufffd"
 
@@ -33,9 +34,10 @@ def _char_bytes() -> dict[str, int]:
 
 
 def is_plain_byte_level(hf_tokenizer: Any) -> bool:
-    """True when decoding is exactly ByteLevel's (no other decoder step to reproduce)."""
-    decoder = json.loads(hf_tokenizer.to_str()).get("decoder") or {}
-    return decoder.get("type") == "ByteLevel"
+    """True when decoding is exactly ByteLevel's (no other decoder step to reproduce). The
+    binding hands out the decoder as its own class (a `Sequence` of steps is not `ByteLevel`);
+    no JSON round trip of the whole tokenizer (0.1 s for a 49k vocabulary, at every load)."""
+    return isinstance(hf_tokenizer.decoder, decoders.ByteLevel)
 
 
 def byte_pieces(hf_tokenizer: Any, skip_special_tokens: bool) -> list[bytes]:

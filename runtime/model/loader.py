@@ -20,7 +20,7 @@ from pagoda.runtime.options import BUILTIN_MODELS
 if TYPE_CHECKING:
     from pagoda.runtime.quantization.fp8 import Fp8Scheme
 
-__all__ = ["BUILTIN_MODELS", "LoadedModel", "load_model", "read_model_config"]
+__all__ = ["BUILTIN_MODELS", "LoadedModel", "load_model", "read_model_config", "read_tokenizer"]
 
 
 @dataclass
@@ -77,7 +77,7 @@ def read_model_config(model: str) -> ModelConfig:
             from pagoda.runtime.model.gguf_loader import _reader
             from pagoda.runtime.model.gguf_loader import read_config as read_gguf_config
 
-            return read_gguf_config(_reader(path))  # the loader's fast reader: 2.0 -> 0.5 s
+            return read_gguf_config(_reader(path))  # the loader's fast reader: 2.0 -> 0.05 s
         if path.is_dir():
             from pagoda.runtime.model.hf_loader import read_config as read_hf_config
 
@@ -86,6 +86,22 @@ def read_model_config(model: str) -> ModelConfig:
         raise ValueError(f"model {model!r}: {e}") from e
     except Exception as e:  # a truncated or foreign file: any parser error
         raise ValueError(f"model {model!r}: cannot read {path}: {type(e).__name__}: {e}") from e
+    raise ValueError(f"model path {path} must be a .gguf file or a Hugging Face directory")
+
+
+def read_tokenizer(model: str) -> Tokenizer:
+    """The tokenizer `load_model(model)` loads, without the weights: what the API process of
+    `pagoda serve` reads while the engine process loads the model (~0.1 s for a GGUF)."""
+    path = resolve_model_path(model)
+    if path.is_file() and path.suffix == ".gguf":
+        from pagoda.runtime.model import gguf_loader
+
+        reader = gguf_loader._reader(path)
+        return gguf_loader.read_tokenizer(reader, gguf_loader.read_config(reader))
+    if path.is_dir():
+        from pagoda.runtime.model import hf_loader
+
+        return hf_loader.read_tokenizer(path, hf_loader.read_config(path))
     raise ValueError(f"model path {path} must be a .gguf file or a Hugging Face directory")
 
 

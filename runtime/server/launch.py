@@ -26,7 +26,7 @@ import uvicorn
 from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.engine.async_engine import AsyncEngine
-from pagoda.runtime.model.loader import read_model_config, resolve_model_path
+from pagoda.runtime.model.loader import read_model_config, read_tokenizer, resolve_model_path
 from pagoda.runtime.model.sources.fetch import resolve_model
 from pagoda.runtime.server import fit, memory
 from pagoda.runtime.server.config import ServerConfig
@@ -170,16 +170,11 @@ def serve(
     # rank marks the engine dead here (in the engine process it ends that process)
     factory = functools.partial(build_core, engine_cfg)
     if engine_client is not None:  # the model loads there while this process builds the app
-        engine_client.load(factory)
+        engine_client.load(factory, tokenizer=functools.partial(read_tokenizer, engine_cfg.model))
     elif not cfg.engine_process:
         factory = lambda: build_core(engine_cfg, engine.fail)  # noqa: E731
-    from pagoda.runtime.server.api import create_app
-    from pagoda.runtime.server.listen import bind_sockets, bound_port, start_listening
     from pagoda.runtime.server.metrics import ServerMetrics
 
-    if sockets is None:
-        sockets = bind_sockets(cfg.host, cfg.port)
-        start_listening(sockets, cfg.host)
     metrics = ServerMetrics(cfg.served_model_name)
     if profile is not None:
         metrics.set_tuned_profile(profile.device, profile.model, profile.created)
@@ -193,6 +188,13 @@ def serve(
         log_level=cfg.log_level,
         engine_client=engine_client,
     )
+    engine.preload()  # on the engine thread, the model loads while the app is built
+    from pagoda.runtime.server.api import create_app
+    from pagoda.runtime.server.listen import bind_sockets, bound_port, start_listening
+
+    if sockets is None:
+        sockets = bind_sockets(cfg.host, cfg.port)
+        start_listening(sockets, cfg.host)
     app = create_app(cfg, engine, metrics)
     uv_cfg = uvicorn.Config(
         app,

@@ -1,5 +1,7 @@
 """Keep freed host memory in the process instead of returning it to the kernel.
 
+Also `zeros`: large zero-filled host tensors (the KV cache) as fresh anonymous mappings.
+
 glibc serves blocks above its mmap threshold (at most 32 MiB by default) with fresh `mmap`s and
 unmaps them on free, so every [256, 32k] float32 logits tensor (32.8 MiB) and every large
 activation of a CPU step is page-faulted and zeroed again by the kernel, step after step. In a VM
@@ -15,11 +17,16 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import math
+import mmap
+
+import torch
 
 log = logging.getLogger(__name__)
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD = 1 << 30  # blocks below 1 GiB come from the heap (the KV cache stays mmapped)
+MMAP_THRESHOLD = 1 << 30  # blocks below 1 GiB come from the heap (the KV cache: `zeros`)
+LAZY_ZEROS_BYTES = 1 << 20  # `zeros` maps at least this much; smaller tensors: torch.zeros
 TRIM_THRESHOLD = (1 << 31) - 1  # never give the heap's top back
 
 
@@ -50,3 +57,24 @@ def release_freed_memory() -> bool:
     except (OSError, AttributeError, TypeError):
         return False
     return bool(trim(0))
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`torch.zeros(shape, dtype=dtype, device=device)`, but on the CPU a tensor of at least
+    `LAZY_ZEROS_BYTES` is a private anonymous mapping of its own: pages the kernel hands out
+    zeroed on first touch, so allocating costs no time and no resident memory until used.
+
+    Why: `torch.zeros` writes every byte, so each page is faulted in and cleared twice (by the
+    kernel, then by the memset) at start: the embedded model's 2 GiB KV cache took 1.4-1.7 s on
+    2 cores. Fresh mappings never hold earlier data (no NaN in a block's unused slots, which
+    kernels may multiply by 0), are page-aligned (any SIMD width), and are unmapped when the
+    tensor dies (the tensor holds the mapping). The pages are 4 KiB ones where transparent huge
+    pages are `madvise` (the usual default), as the heap's were. Steps then fault in the pages
+    they first write (a few per layer and new block), so resident memory grows with use: the
+    start-up memory check (`server/memory.py`) counts the whole cache regardless."""
+    device = torch.device(device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if device.type != "cpu" or nbytes < LAZY_ZEROS_BYTES:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    return torch.frombuffer(mapping, dtype=torch.uint8).view(dtype).view(shape)

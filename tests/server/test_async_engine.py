@@ -275,6 +275,58 @@ async def test_failure_from_another_thread_fails_streams_and_health_then_closes_
     assert getattr(core, "closed", False)
 
 
+def test_a_preloaded_engine_builds_before_any_loop_and_steps_on_the_same_thread():
+    """`preload` (what `pagoda serve` does on the engine thread): the core is built before an
+    event loop exists and stepped on the thread that built it; ready, a failed load, and a
+    stop before `start` all behave as without it."""
+    threads: dict[str, int] = {}
+    built = threading.Event()
+
+    class Recorded(FakeCore):
+        def step(self):
+            threads.setdefault("step", threading.get_ident())
+            return super().step()
+
+    def factory():
+        threads["build"] = threading.get_ident()
+        built.set()
+        return Recorded()
+
+    engine = AsyncEngine(factory)
+    engine.preload()
+    assert built.wait(5)  # no loop anywhere yet
+
+    async def serve() -> None:
+        engine.start()
+        await asyncio.wait_for(engine.wait_started(), 5)
+        outs = [o async for o in engine.add_request([1], SamplingParams(max_tokens=3))]
+        assert outs[-1].finished and outs[-1].num_output_tokens == 3
+
+    try:
+        asyncio.run(serve())
+    finally:
+        engine.stop()
+    assert threads["build"] == threads["step"] != threading.get_ident()
+
+    def broken():
+        raise ValueError("model file is corrupt")
+
+    failing = AsyncEngine(broken)
+    failing.preload()
+
+    async def fails() -> None:
+        failing.start()
+        with pytest.raises(ValueError, match="corrupt"):
+            await asyncio.wait_for(failing.wait_started(), 5)
+        assert failing.dead
+
+    asyncio.run(fails())
+    unused = AsyncEngine(broken)
+    unused.preload()
+    unused.stop(timeout=5)  # the load failed with no loop to tell: the thread still ends
+    assert not unused._thread.is_alive()
+
+
 def test_metrics_weighted_itl():
     m = ServerMetrics("m")
     now = time.monotonic()

@@ -55,3 +55,28 @@ def test_a_killed_engine_process_fails_streams_health_and_the_server():
         assert "engine died" in srv.output()
     finally:
         srv.stop()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", [[], ["--no-engine-process"]], ids=["process", "thread"])
+def test_ready_and_a_chat_answer_in_both_engine_modes(mode):
+    """Both start-up paths reach ready and serve: in the engine-process mode the API process
+    applies the chat template with the tokenizer it loaded itself while the engine loaded
+    (`EngineProcClient.load`), and the engine's ready message carried none."""
+    srv = ServerProcess(
+        "--kv-cache-memory", "32MiB", "--max-model-len", "256", "--log-level", "info", *mode
+    )  # fmt: skip
+    try:
+        srv.wait_ready()
+        body = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "max_tokens": 8, "temperature": 0}  # fmt: skip
+        with httpx.Client(base_url=srv.base, timeout=60) as c:
+            r = c.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            assert "Paris" in r.json()["choices"][0]["message"]["content"]
+            assert r.json()["usage"]["prompt_tokens"] > 10  # the template's tokens too
+        log = srv.output()
+        assert "engine core built" in log and "ready: OpenAI API" in log
+        assert ("engine process:" in log) == (not mode), log[-2000:]
+    finally:
+        srv.stop()

@@ -26,17 +26,26 @@ class FakeTokenizer:
         return chr(97 + i % 26)
 
 
+class LocalTokenizer(FakeTokenizer):
+    """A tokenizer that must stay in its process (it refuses to pickle)."""
+
+    def __reduce__(self):
+        raise TypeError("this tokenizer does not leave its process")
+
+
 class FakeCore:
     max_model_len = 20_000
     model_config = SimpleNamespace(vocab_size=100)
 
-    def __init__(self, step_s: float = 0.002, fail_load: bool = False, mark: str = "") -> None:
+    def __init__(
+        self, step_s: float = 0.002, fail_load: bool = False, mark: str = "", local_tokenizer=False
+    ) -> None:
         if fail_load:
             raise ValueError("model file is corrupt")
         if mark:  # a file that gets one line per core built (where the loads are seen)
             with open(mark, "a") as f:
                 f.write("built\n")
-        self.tokenizer = FakeTokenizer()
+        self.tokenizer = LocalTokenizer() if local_tokenizer else FakeTokenizer()
         self.model_name = "fake"
         self.step_s = step_s
         self.reqs: dict[str, dict] = {}

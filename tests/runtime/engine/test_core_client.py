@@ -161,6 +161,55 @@ async def test_a_factory_sent_early_loads_before_start_and_only_once(tmp_path):
             client.stop()
 
 
+async def test_a_tokenizer_loaded_here_is_not_sent_back_by_the_engine():
+    """`load(factory, tokenizer=...)` (what `pagoda serve` does): this process builds its own
+    tokenizer while the engine loads, and the engine's ready message leaves its own out (it
+    could not even pickle here); without `tokenizer=` that same core cannot report ready."""
+    from fake_core import FakeTokenizer
+
+    factory = functools.partial(FakeCore, local_tokenizer=True)
+    mine = FakeTokenizer()
+    client = EngineProcClient().spawn()
+    client.load(factory, tokenizer=lambda: mine)
+    engine = AsyncEngine(factory, engine_process=True, engine_client=client)
+    engine.start()
+    try:
+        await asyncio.wait_for(engine.wait_started(), 60)
+        assert engine.info.tokenizer is mine and engine.info.vocab_size == 100
+        outs = [o async for o in engine.add_request([1], SamplingParams(max_tokens=2))]
+        assert outs[-1].finished
+    finally:
+        engine.stop()
+    engine = AsyncEngine(factory, engine_process=True)  # the engine's tokenizer must cross
+    engine.start()
+    try:
+        with pytest.raises(TypeError, match="does not leave its process"):
+            await asyncio.wait_for(engine.wait_started(), 60)
+    finally:
+        engine.stop()
+
+
+async def test_a_tokenizer_that_failed_here_makes_the_engine_dead_at_ready():
+    """Same file, same code: the engine's load would fail too. Should it not, ready without a
+    tokenizer on this side is a dead engine with the reason, never a server that cannot
+    tokenize."""
+
+    def broken():
+        raise OSError("tokenizer.json: read error")
+
+    factory = functools.partial(FakeCore)
+    client = EngineProcClient().spawn()
+    client.load(factory, tokenizer=broken)
+    engine = AsyncEngine(factory, engine_process=True, engine_client=client)
+    engine.start()
+    try:
+        with pytest.raises(RuntimeError, match=r"no tokenizer: tokenizer\.json: read error"):
+            await asyncio.wait_for(engine.wait_started(), 60)
+        assert engine.dead and not engine.ready
+    finally:
+        engine.stop()
+
+
 async def test_a_slow_reader_gets_pending_tokens_as_one_delta():
     stream = RequestStream("r", 1)
     for k in range(1, 4):

@@ -57,3 +57,19 @@ def test_skipped_specials_add_nothing_and_kept_ones_their_text(smol):
     special = next(i for i, t in hf.get_added_tokens_decoder().items() if t.special)
     assert byte_pieces(hf, True)[special] == b""
     assert byte_pieces(hf, False)[special] == hf.id_to_token(special).encode()
+
+
+def test_only_a_plain_byte_level_decoder_is_plain():
+    """A ByteLevel decoder alone is; one inside a Sequence, another decoder, or none is not."""
+    from tokenizers import Tokenizer, decoders, models
+
+    def with_decoder(decoder):
+        tok = Tokenizer(models.BPE())
+        if decoder is not None:
+            tok.decoder = decoder
+        return tok
+
+    assert is_plain_byte_level(with_decoder(decoders.ByteLevel()))
+    assert not is_plain_byte_level(with_decoder(decoders.Sequence([decoders.ByteLevel()])))
+    assert not is_plain_byte_level(with_decoder(decoders.Metaspace()))
+    assert not is_plain_byte_level(with_decoder(None))

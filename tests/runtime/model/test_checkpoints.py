@@ -14,7 +14,7 @@ import torch
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.hf_loader import HF_ARCHITECTURES
-from pagoda.runtime.model.loader import load_model, read_model_config
+from pagoda.runtime.model.loader import load_model, read_model_config, read_tokenizer
 
 transformers = pytest.importorskip("transformers")
 PROMPT = [(7 * i + 3) % 290 + 5 for i in range(30)]
@@ -169,6 +169,23 @@ def test_chat_template_jinja_wins_and_bos_follows_the_post_processor(tmp_path):
     assert tok.encode("w5 w6") == [1, 5, 6]
     assert tok.encode("w1 w5") == [1, 5]  # not twice
     assert tok.encode("w5", add_special_tokens=False) == [5]
+
+
+def _same_tokenizer(a, b) -> None:
+    text = "w5 w6 hello <|im_end|> 日本"
+    assert a.backend.to_str() == b.backend.to_str()
+    assert a.encode(text) == b.encode(text) and a.encode_as_text(text) == b.encode_as_text(text)
+    assert (a.chat_template, a.bos_token_id, a.eos_token_ids, a.add_bos_token) == (
+        b.chat_template, b.bos_token_id, b.eos_token_ids, b.add_bos_token)  # fmt: skip
+
+
+def test_read_tokenizer_is_the_tokenizer_load_model_loads(tmp_path, smol):
+    """What the API process of `pagoda serve` reads while the engine process loads the model
+    (`loader.read_tokenizer`): the engine's tokenizer, for a GGUF and for a directory."""
+    _same_tokenizer(read_tokenizer("smollm2-135m"), smol.tokenizer)
+    make_tiny_model(tmp_path, "Qwen3", head_dim=64, bos_token_id=1)
+    (tmp_path / "chat_template.jinja").write_text("{{ bos_token }}{{ messages[0]['content'] }}")
+    _same_tokenizer(read_tokenizer(str(tmp_path)), load_model(str(tmp_path)).tokenizer)
 
 
 def test_unsupported_architecture_names_what_is_supported(tmp_path):

@@ -284,17 +284,70 @@ def test_tokenizer_and_template_match_transformers(smol):
 
 
 def test_fast_reader_reads_what_the_stock_reader_reads(smol):
-    """`_reader` (plain-ndarray slicing) gives the stock GGUFReader's fields and tensors, bit for
-    bit, on the embedded model: a gguf release that changed its parsing would show here."""
+    """`_reader` gives the stock GGUFReader's fields and tensors on the embedded model: the
+    same values (`contents()`, whole and by index) and types for every field, the same parts
+    where it does not hold an array whole, the same tensors bit for bit. A gguf release that
+    changed its parsing would show here."""
     from pagoda.runtime.model.gguf_loader import _reader
 
     stock, fast = gguf.GGUFReader(smol.path), _reader(smol.path)
     assert stock.fields.keys() == fast.fields.keys()
+    whole = 0
     for key, a in stock.fields.items():
         b = fast.fields[key]
-        assert (a.types, a.data, a.offset) == (b.types, b.data, b.offset), key
-        assert len(a.parts) == len(b.parts), key
+        assert (a.types, a.offset, a.name) == (b.types, b.offset, b.name), key
+        assert a.contents() == b.contents(), key
+        if a.types[0] == gguf.GGUFValueType.ARRAY:
+            whole += 1
+            assert [a.contents(i) for i in (0, -1)] == [b.contents(i) for i in (0, -1)], key
+            assert a.contents(slice(3, 7)) == b.contents(slice(3, 7)), key
+            continue
+        assert a.data == b.data and len(a.parts) == len(b.parts), key
         assert all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a.parts, b.parts))
+    assert whole >= 3  # tokens, merges, token types: the arrays read whole
     assert [t.name for t in stock.tensors] == [t.name for t in fast.tensors]
     for a, b in zip(stock.tensors, fast.tensors):
         assert a.tensor_type == b.tensor_type and np.array_equal(a.data, b.data), a.name
+        assert a.data_offset == b.data_offset and a.shape.tolist() == b.shape.tolist(), a.name
+
+
+def test_a_gguf_cut_inside_its_metadata_is_one_clear_error(tmp_path, smol):
+    """A download cut short inside the vocabulary: one readable line naming the model."""
+    from pagoda.runtime.model.loader import read_model_config
+
+    cut = tmp_path / "cut.gguf"
+    with open(smol.path, "rb") as f:
+        cut.write_bytes(f.read(400_000))  # inside tokenizer.ggml.tokens
+    with pytest.raises(ValueError, match=r"ends inside a metadata array \(\d+ of 49152 strings\)"):
+        read_model_config(str(cut))
+
+
+def test_fast_reader_reads_nested_and_big_endian_arrays(tmp_path):
+    """Arrays the embedded model lacks: numbers of each width, booleans, an empty array, a
+    nested array (left to the stock code), and all of it in a big-endian file."""
+    from pagoda.runtime.model.gguf_loader import _reader
+
+    for endian in (gguf.GGUFEndian.LITTLE, gguf.GGUFEndian.BIG):
+        path = tmp_path / f"arrays-{endian.name}.gguf"
+        w = gguf.GGUFWriter(str(path), "llama", endianess=endian)
+        w.add_array("t.ints", [1, -2, 3])
+        w.add_array("t.floats", [0.5, -1.25])
+        w.add_array("t.bools", [True, False, True])
+        w.add_array("t.strings", ["a", "", "日本語 🙂", "x y"])
+        w.add_array("t.empty", [])
+        w.add_array("t.nested", [[1, 2], [3]])
+        w.add_uint64("t.big", 1 << 40)
+        w.add_string("t.text", "after the arrays")
+        w.add_tensor("w", np.arange(6, dtype=np.float32).reshape(2, 3))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        stock, fast = gguf.GGUFReader(path), _reader(path)
+        assert stock.fields.keys() == fast.fields.keys()
+        for key, a in stock.fields.items():
+            b = fast.fields[key]
+            assert a.types == b.types and a.contents() == b.contents(), (endian, key)
+        assert fast.fields["t.strings"].contents() == ["a", "", "日本語 🙂", "x y"]
+        assert fast.fields["t.text"].contents() == "after the arrays"
+        assert np.array_equal(fast.tensors[0].data, stock.tensors[0].data)
