@@ -25,22 +25,18 @@ the operator every 5 s (its default, on the 5 s scrape its ServiceMonitors ask f
   its HPA `behavior` (scale-up policies, scale-down windows and policies; KEDA also
   `minReplicaCount`, `cooldownPeriod`, `pollingInterval`), the target refined around the best;
   the cheapest within 5 % also re-run with the HPA controller every 5 s, to show what a faster
-  sync period would give it.
+  sync period would give it (the search and its results cache: autoscale_search.py).
 
-Scored per shape: the percent of minutes whose p95 TTFT (of the requests *arriving* in that
-minute; one never served counts as infinite) exceeds the SLO, and replica-hours (starting and
-draining replicas included). A baseline's best setting is the cheapest with ≤ 1 % of minutes
+Scored per shape (one run: autoscale_run.py): the percent of minutes whose p95 TTFT (of the
+requests *arriving* in that minute; one never served counts as infinite) exceeds the SLO, and
+replica-hours (starting and draining replicas included). The table, verdicts and plot:
+autoscale_report.py. A baseline's best setting is the cheapest with ≤ 1 % of minutes
 over; if none, the cheapest with ≤ 5 %; if none, the one with the fewest minutes over.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
-import hashlib
-import inspect
-import itertools
 import json
 import math
 import multiprocessing
@@ -48,29 +44,26 @@ import os
 import pathlib
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from autoscale_baselines import UP, Behavior, HpaKv, HpaQueue, HpaTtft, Keda, behaviors
-from autoscale_engine import Capacity, Fleet, Observation
+from autoscale_engine import Capacity, Observation
+from autoscale_report import json_doc, plot, table, verdicts
+from autoscale_run import EVAL_S, MAX_REPLICAS, MIN_REPLICAS, requests_for, simulate
+from autoscale_search import cheapest_within, choose, clear_cache, load_cache, save_cache, tune
 from autoscale_traffic import SHAPES, Requests, Shape
 from pagoda.operator.autoscaling.bursts import Bursts
 from pagoda.operator.autoscaling.policy import Metrics, Policy, decide
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-EVAL_S = 15.0  # the HPA's sync period (kube-controller-manager's default) and the scrape interval
 PAGODA_EVAL_S = 5.0  # the operator's --autoscale-interval, on a 5 s scrape of the runtime pods
 FAST_SYNC_S = 5.0  # a sensitivity row: the cheapest baseline with the HPA controller this fast
-MIN_REPLICAS, MAX_REPLICAS = 1, 40
 PAGODA_QUEUE_TARGET = 4.0
 # Pagoda's one configuration, the same on every shape: spec.autoscaling's
 # scaleDownStabilizationSeconds (default 300); everything else at its default.
 PAGODA_SETTINGS: dict = {"down_window_s": 180.0}
-SEED = 1
 
 # `python benchmarks/autoscale_sim.py --measure` (autoscale_measure.py) on AMD EPYC family 26
 # model 2 (Zen 5), 2 vCPUs, AVX-512 BF16, no AMX, torch 2.13.0+cpu (bfloat16), 2026-12-04, a
@@ -205,228 +198,6 @@ class Clairvoyant:
         return max(MIN_REPLICAS, min(MAX_REPLICAS, want))
 
 
-# --- one run ----------------------------------------------------------------------------------
-
-
-@dataclass
-class Result:
-    family: str
-    setting: str
-    violation_pct: float
-    replica_hours: float
-    scale_events: int
-    times_h: list[float] = dataclasses.field(default_factory=list, repr=False)
-    replicas: list[int] = dataclasses.field(default_factory=list, repr=False)
-    minute_p95: list[float] = dataclasses.field(default_factory=list, repr=False)
-
-
-@functools.cache
-def requests_for(name: str, cap: Capacity, seed: int = SEED) -> Requests:
-    return SHAPES[name].make(cap.work_s, seed)
-
-
-def start_replicas(reqs: Requests, cap: Capacity) -> int:
-    """Warm replicas at t = 0 (every autoscaler alike): the first 2 minutes' work at 70 %."""
-    first = reqs.arrival < 120.0
-    work = sum(cap.work_s(p, g) for p, g in zip(reqs.prompt[first], reqs.output[first]))
-    return max(MIN_REPLICAS, min(MAX_REPLICAS, math.ceil(work / 120.0 / 0.7)))
-
-
-def simulate(shape: Shape, scaler, cap: Capacity, seed: int = SEED) -> Result:
-    reqs = requests_for(shape.name, cap, seed)
-    fleet = Fleet(cap, reqs.arrival, reqs.prompt, reqs.output, start_replicas(reqs, cap))
-    times, counts, events = [], [], 0
-    interval = getattr(scaler, "interval_s", EVAL_S)
-    t = 0.0
-    while t < shape.duration_s:
-        fleet.advance(t)
-        o = fleet.observe()
-        want = scaler.desired(o, t)
-        if want != o.current:
-            events += 1
-            fleet.resize(want)
-        times.append(t / 3600)
-        counts.append(want)
-        t += interval
-    hours = fleet.replica_seconds / 3600
-    fleet.advance(shape.duration_s + 120.0)  # let the last minutes' requests finish
-    p95 = minute_p95(reqs.arrival, fleet.ttft, shape.duration_s)
-    over = 100.0 * float(np.mean(p95 > shape.target_ttft_s))
-    return Result(scaler.name, scaler.label(), over, hours, events, times, counts, p95.tolist())
-
-
-def minute_p95(arrival: np.ndarray, ttft: np.ndarray, duration_s: float) -> np.ndarray:
-    """p95 TTFT of the requests arriving in each minute (never served: infinite)."""
-    ttft = np.where(np.isnan(ttft), np.inf, ttft)
-    minutes = int(duration_s // 60)
-    edges = np.searchsorted(arrival, 60.0 * np.arange(minutes + 1))
-    out = np.zeros(minutes)
-    for m in range(minutes):
-        chunk = ttft[edges[m] : edges[m + 1]]
-        out[m] = np.percentile(chunk, 95, method="higher") if len(chunk) else 0.0
-    return out
-
-
-# --- the grids --------------------------------------------------------------------------------
-
-Factory = Callable[[], object]
-
-
-def _log_grid(lo: float, hi: float, per_octave: int = 1) -> list[float]:
-    n = round(math.log2(hi / lo) * per_octave)
-    return [float(f"{lo * 2 ** (i / per_octave):.3g}") for i in range(n + 1)]
-
-
-def baseline_grid(shape: Shape, quick: bool = False) -> dict[str, tuple[list[float], list]]:
-    """Per baseline: (targets, the other knobs as factories taking a target)."""
-    slo = shape.target_ttft_s
-    lo, hi = MIN_REPLICAS, MAX_REPLICAS
-    bs = behaviors((60.0, 300.0) if quick else (60.0, 180.0, 300.0))
-    if quick:
-        bs = [b for b in bs if b.down_percent == 100.0]
-    keda_knobs = [
-        {"min_replicas": m, "cooldown_s": c, "polling_s": p, "activation": 0.0}
-        for m in (0, 1)
-        for c in (60.0, 300.0)
-        for p in ((5.0, 15.0) if quick else (5.0, 15.0, 30.0))
-    ]
-    keda_bs = [replace_b(UP[u], down_window_s=w) for u in UP for w in (60.0, 300.0)]
-    return {
-        HpaTtft.name: (
-            [round(slo * f, 3) for f in _log_grid(0.125, 1.0, 2)],
-            [lambda x, b=b: HpaTtft(x, b, lo, hi) for b in bs],
-        ),
-        HpaKv.name: (_log_grid(0.0025, 0.64), [lambda x, b=b: HpaKv(x, b, lo, hi) for b in bs]),
-        HpaQueue.name: (
-            _log_grid(0.25, 16.0),
-            [lambda x, b=b: HpaQueue(x, b, lo, hi) for b in bs],
-        ),
-        Keda.name: (
-            _log_grid(1.0, 32.0),
-            [lambda x, b=b, k=k: Keda(x, b, lo, hi, **k) for b in keda_bs for k in keda_knobs],
-        ),
-    }
-
-
-def replace_b(b: Behavior, **kw) -> Behavior:
-    return dataclasses.replace(b, **kw)
-
-
-def choose(results: list[Result]) -> Result:
-    """The best setting: the cheapest with ≤ 1 % of minutes over, else ≤ 5 %, else the fewest."""
-    for limit in (1.0, 5.0):
-        ok = [r for r in results if r.violation_pct <= limit + 1e-9]
-        if ok:
-            return min(ok, key=lambda r: (r.replica_hours, r.violation_pct))
-    return min(results, key=lambda r: (r.violation_pct, r.replica_hours))
-
-
-def cheapest_within(results: list[Result], limit: float) -> Result | None:
-    ok = [r for r in results if r.violation_pct <= limit + 1e-9]
-    return min(ok, key=lambda r: r.replica_hours) if ok else None
-
-
-# --- running many settings (processes) ----------------------------------------------------------
-
-_TASKS: list = []
-
-
-def _run_task(i: int) -> Result:
-    shape_name, make = _TASKS[i]
-    r = simulate(SHAPES[shape_name], make(), MEASURED_IN_USE[0])
-    r.times_h, r.replicas, r.minute_p95 = [], [], []  # summaries only across processes
-    return r
-
-
-MEASURED_IN_USE = [MEASURED]
-
-
-# Baseline results from an earlier run (`--baselines-cache`): (shape, autoscaler, setting) ->
-# (minutes over %, replica-hours, scale events). Valid only for the same replica and the same
-# simulator, traffic and baseline code (`_cache_key`); Pagoda's rows are always simulated.
-_CACHE: dict[str, list] = {}
-
-
-def _cache_key(cap: Capacity) -> str:
-    """What the baselines' results depend on: the replica and the code that simulates and
-    scores them."""
-    h = hashlib.sha256(repr(cap).encode())
-    for name in ("autoscale_baselines.py", "autoscale_engine.py", "autoscale_traffic.py"):
-        h.update((pathlib.Path(__file__).resolve().parent / name).read_bytes())
-    h.update(repr((SEED, EVAL_S, FAST_SYNC_S, MIN_REPLICAS, MAX_REPLICAS)).encode())
-    for fn in (simulate, minute_p95, start_replicas, requests_for.__wrapped__):
-        h.update(inspect.getsource(fn).encode())  # the scoring, in this file
-    return h.hexdigest()[:16]
-
-
-def _task_key(task) -> str:
-    shape_name, make = task
-    scaler = make()
-    return f"{shape_name}|{scaler.name}|{scaler.label()}"
-
-
-def run_many(tasks: list, jobs: int) -> list[Result]:
-    keys = [_task_key(t) for t in tasks]
-    todo = [i for i, k in enumerate(keys) if k not in _CACHE]
-    _TASKS[:] = [tasks[i] for i in todo]
-    if jobs <= 1 or len(todo) <= 1:
-        fresh = [_run_task(i) for i in range(len(todo))]
-    else:
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            fresh = pool.map(_run_task, range(len(todo)), chunksize=1)
-    for i, r in zip(todo, fresh):
-        _CACHE[keys[i]] = [r.violation_pct, r.replica_hours, r.scale_events]
-    out = []
-    for k in keys:
-        over, hours, events = _CACHE[k]
-        family, setting = k.split("|")[1:]
-        out.append(Result(family, setting, over, hours, events))
-    return out
-
-
-def load_cache(path: pathlib.Path, cap: Capacity) -> None:
-    if path.exists():
-        doc = json.loads(path.read_text())
-        if doc.get("key") == _cache_key(cap):
-            _CACHE.update(doc["results"])
-        else:
-            print(f"{path}: made by other code or another replica, not used", file=sys.stderr)
-
-
-def save_cache(path: pathlib.Path, cap: Capacity) -> None:
-    path.write_text(json.dumps({"key": _cache_key(cap), "results": _CACHE}))
-
-
-def tune(shape: Shape, quick: bool, jobs: int) -> dict[str, list[tuple[Result, Factory]]]:
-    """Every baseline's grid on `shape`, then its target refined around its two best settings:
-    per baseline, each result with the factory that rebuilds its autoscaler."""
-    grid = baseline_grid(shape, quick)
-    made = [
-        (fam, functools.partial(mk, x))
-        for fam, (targets, makers) in grid.items()
-        for mk, x in itertools.product(makers, targets)
-    ]
-    by: dict[str, list[tuple[Result, Factory]]] = {fam: [] for fam in grid}
-    for (fam, f), r in zip(made, run_many([(shape.name, f) for _, f in made], jobs)):
-        by[fam].append((r, f))
-    extra = []
-    for fam, rows in by.items():
-        for _, f in sorted(rows, key=lambda row: _rank(row[0]))[:2]:
-            mk, x = f.func, f.args[0]
-            for k in (-2, -1, 1, 2):
-                extra.append((fam, functools.partial(mk, float(f"{x * 2 ** (k / 4):.3g}"))))
-    for (fam, f), r in zip(extra, run_many([(shape.name, f) for _, f in extra], jobs)):
-        by[fam].append((r, f))
-    return by
-
-
-def _rank(r: Result) -> tuple:
-    for i, limit in enumerate((1.0, 5.0)):
-        if r.violation_pct <= limit + 1e-9:
-            return (i, r.replica_hours)
-    return (2, r.violation_pct, r.replica_hours)
-
-
 # --- what each part of the policy does -----------------------------------------------------------
 
 # Pagoda with one part changed at a time (`--ablation`): (label, Pagoda's keyword arguments).
@@ -440,15 +211,20 @@ ABLATION: list[tuple[str, dict]] = [
 ]
 
 
+# The runs of `ablation`, (variant, shape name, replica): a module global, so that the forked
+# workers inherit it and only an index crosses to them.
+_TASKS: list = []
+
+
 def _run_ablation(i: int) -> tuple[float, float]:
-    (_, kw), name = _TASKS[i]
-    r = simulate(SHAPES[name], Pagoda(SHAPES[name], MEASURED_IN_USE[0], **kw), MEASURED_IN_USE[0])
+    (_, kw), name, cap = _TASKS[i]
+    r = simulate(SHAPES[name], Pagoda(SHAPES[name], cap, **kw), cap)
     return r.violation_pct, r.replica_hours
 
 
-def ablation(shapes: list[str], jobs: int) -> str:
+def ablation(shapes: list[str], cap: Capacity, jobs: int) -> str:
     """A table: each variant's minutes over and replica-hours per shape, run side by side."""
-    _TASKS[:] = [(v, name) for v in ABLATION for name in shapes]
+    _TASKS[:] = [(v, name, cap) for v in ABLATION for name in shapes]
     if jobs <= 1:
         got = [_run_ablation(i) for i in range(len(_TASKS))]
     else:
@@ -465,87 +241,6 @@ def ablation(shapes: list[str], jobs: int) -> str:
     return "\n".join(out)
 
 
-# --- output -----------------------------------------------------------------------------------
-
-
-def table(rows: dict[str, dict]) -> str:
-    out = [
-        "| traffic | autoscaler | setting | minutes over SLO | replica-hours | scale events |",
-        "|---|---|---|---|---|---|",
-    ]
-    for shape_name, d in rows.items():
-        for label, r in d["rows"]:
-            out.append(
-                f"| {shape_name} | {label} | {r.setting} | {r.violation_pct:.1f} % "
-                f"| {r.replica_hours:.1f} | {r.scale_events} |"
-            )
-    return "\n".join(out)
-
-
-def work_bound(shape: Shape, cap: Capacity) -> float:
-    """Replica-hours if every replica were busy all the time (no autoscaler can spend less)."""
-    reqs = requests_for(shape.name, cap)
-    keep = reqs.arrival < shape.duration_s
-    step = float(cap.step_table()[cap.slots])
-    work = reqs.prompt[keep] / cap.prefill_tokens_per_s + reqs.output[keep] * step / cap.slots
-    return float(work.sum()) / 3600
-
-
-def verdicts(rows: dict[str, dict], cap: Capacity) -> str:
-    lines = []
-    for shape_name, d in rows.items():
-        p, ref, all_best = d["pagoda"], d["ref"], d["best"]
-        lines.append(
-            f"* {shape_name}: all replicas busy all the time would take "
-            f"{work_bound(SHAPES[shape_name], cap):.1f} replica-hours"
-        )
-        if ref is not None:
-            ratio = p.replica_hours / ref.replica_hours
-            lines.append(
-                f"* {shape_name}: Pagoda {p.violation_pct:.1f} % over, {p.replica_hours:.1f} "
-                f"replica-hours = {ratio:.2f}x the cheapest baseline within 5 % ({ref.family}, "
-                f"{ref.replica_hours:.1f}); targets ≤ 1 % and ≤ 0.80x: "
-                f"{'met' if p.violation_pct <= 1.0 and ratio <= 0.8 else 'NOT met'}"
-            )
-        else:
-            fewest = min(r.violation_pct for r in all_best)
-            lines.append(
-                f"* {shape_name}: no baseline within 5 %; Pagoda {p.violation_pct:.1f} % over vs "
-                f"the best baseline's {fewest:.1f} %: "
-                f"{'met' if p.violation_pct < fewest and p.violation_pct <= 1.0 else 'NOT met'}"
-            )
-    return "\n".join(lines)
-
-
-def plot(rows: dict[str, dict], path: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(rows)
-    fig, axes = plt.subplots(
-        2, len(names), figsize=(4.2 * len(names), 6.2), sharex="col", squeeze=False
-    )
-    for col, name in enumerate(names):
-        top, bottom = axes[0][col], axes[1][col]
-        shape = SHAPES[name]
-        for r, color in ((rows[name]["pagoda"], "C0"), (rows[name]["plot_ref"], "C3")):
-            top.step(r.times_h, r.replicas, where="post", lw=1.0, color=color, label=r.family)
-            minutes = [(i + 0.5) / 60 for i in range(len(r.minute_p95))]
-            bottom.plot(minutes, np.minimum(r.minute_p95, 1e3), lw=0.8, color=color)
-        bottom.axhline(shape.target_ttft_s, color="black", ls="--", lw=0.8, label="SLO")
-        bottom.set_yscale("log")
-        top.set_title(name)
-        top.legend(fontsize=6, loc="upper right")
-        bottom.set_xlabel("hours")
-    axes[0][0].set_ylabel("replicas")
-    axes[1][0].set_ylabel("p95 TTFT of each minute's arrivals, s")
-    axes[1][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-
-
 def evaluate(
     shapes: list[str], cap: Capacity, quick: bool, jobs: int, errors: list[float] = ()
 ) -> dict[str, dict]:
@@ -556,7 +251,7 @@ def evaluate(
         pagoda = simulate(shape, Pagoda(shape, cap), cap)
         wrong = [simulate(shape, Pagoda(shape, cap, e), cap) for e in errors]
         oracle = simulate(shape, Clairvoyant(shape, cap), cap)
-        tuned = tune(shape, quick, jobs)
+        tuned = tune(shape, cap, quick, jobs)
         by = {fam: [r for r, _ in rows] for fam, rows in tuned.items()}
         factory = {id(r): f for rows in tuned.values() for r, f in rows}
         best = {fam: choose(rs) for fam, rs in by.items()}
@@ -624,14 +319,13 @@ def main(argv: list[str] | None = None) -> int:
             decode_step_s=tuple((int(b), s) for b, s in m["decode_step_s"].items()),
             kv_tokens=m["kv_tokens"],
         )  # fmt: skip
-    MEASURED_IN_USE[0] = cap
     print(f"machine (simulation only): {machine()}")
     print(f"replica: {cap}")
     if args.ablation:
-        print(ablation(args.shapes, args.jobs))
+        print(ablation(args.shapes, cap, args.jobs))
         return 0
     cache = pathlib.Path(args.baselines_cache) if args.baselines_cache else None
-    _CACHE.clear()
+    clear_cache()
     if cache is not None:
         load_cache(cache, cap)
     rows = evaluate(args.shapes, cap, args.quick, args.jobs, args.profile_errors)
@@ -644,13 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         plot(rows, pathlib.Path(args.plot))
     if args.json:
-        doc = {
-            name: [{"autoscaler": lab, **{k: v for k, v in dataclasses.asdict(r).items()
-                                          if k not in ("times_h", "replicas", "minute_p95")}}
-                   for lab, r in d["rows"]]
-            for name, d in rows.items()
-        }  # fmt: skip
-        pathlib.Path(args.json).write_text(json.dumps(doc, indent=1))
+        pathlib.Path(args.json).write_text(json.dumps(json_doc(rows), indent=1))
     return 0
 
 

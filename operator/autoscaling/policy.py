@@ -243,43 +243,98 @@ def decide(
 ) -> Decision:
     """Desired replicas for this evaluation. `metrics` None means unavailable (`unavailable` says
     why). `correction` and `bursts`: the previous decision's (1.0 and Bursts() at first)."""
-    if metrics is None:
-        return _hold(
-            policy, current, history, now, "MetricsUnavailable", unavailable, correction, bursts
-        )
-    if metrics.age_s > policy.max_metric_age_s:
-        msg = f"newest sample is {metrics.age_s:.0f} s old (> {policy.max_metric_age_s:.0f} s)"
-        return _hold(policy, current, history, now, "MetricsUnavailable", msg, correction, bursts)
     base = min(ready, current)
-    if base < 1:
-        return _hold(
-            policy, current, history, now, "NoReadyReplicas", "no ready replica yet", correction,
-            bursts,
-        )  # fmt: skip
+    held = _unusable(policy, metrics, base, unavailable)
+    if held is not None:
+        return _hold(policy, current, history, now, *held, correction, bursts)
+    assert metrics is not None  # _unusable holds without metrics
     name, ratio = max(ratios(policy, metrics, base).items(), key=lambda kv: kv[1])
-    demand = _demand(policy, metrics, correction)
-    if demand is not None:
-        overloaded = ratio > 1.0 + policy.tolerance and metrics.waiting > 0
-        at_floor = ready >= current >= demand.replicas
-        elapsed = now - history[-1][0] if history else CORRECTION_PERIOD_S
-        correction = learn_correction(
-            correction, overloaded=overloaded and at_floor, elapsed_s=elapsed
-        )
-        demand = _demand(policy, metrics, correction)
-        demand, bursts = _burst(policy, metrics, demand, bursts, now)
+    demand, correction, bursts = _measured_demand(
+        policy, metrics, ratio, current=current, ready=ready, history=history, now=now,
+        correction=correction, bursts=bursts,
+    )  # fmt: skip
+    rec, reason, floor = _recommendation(policy, metrics, name, ratio, base, current, ready, demand)
+    desired, reason, history = _settle(policy, current, rec, reason, floor, history, now)
     queue_per = metrics.waiting / base
     detail = _describe(policy, metrics, queue_per)
+    if demand is not None:
+        detail += f", {demand.describe()}"
+    message = f"{detail}; ratio {ratio:.2f} ({name}); {base} ready of {current}; recommend {rec}"
+    return Decision(
+        desired, rec, reason, message, ratio=ratio, queue_per_replica=queue_per, history=history,
+        correction=correction, bursts=bursts,
+    )  # fmt: skip
+
+
+def _unusable(
+    policy: Policy, metrics: Metrics | None, base: int, unavailable: str
+) -> tuple[str, str] | None:
+    """Why this evaluation holds the current count, as (reason, message); None: it need not."""
+    if metrics is None:
+        return "MetricsUnavailable", unavailable
+    if metrics.age_s > policy.max_metric_age_s:
+        msg = f"newest sample is {metrics.age_s:.0f} s old (> {policy.max_metric_age_s:.0f} s)"
+        return "MetricsUnavailable", msg
+    if base < 1:
+        return "NoReadyReplicas", "no ready replica yet"
+    return None
+
+
+def _measured_demand(
+    policy: Policy,
+    metrics: Metrics,
+    ratio: float,
+    *,
+    current: int,
+    ready: int,
+    history: History,
+    now: float,
+    correction: float,
+    bursts: bursts_mod.Bursts,
+) -> tuple[Demand | None, float, bursts_mod.Bursts]:
+    """The demand floor (None without a tuned profile's V_P and V_D), after learning the
+    capacity correction from this evaluation and raising it to the burst floor; with the
+    correction and burst state to keep."""
+    demand = _demand(policy, metrics, correction)
+    if demand is None:
+        return None, correction, bursts
+    overloaded = ratio > 1.0 + policy.tolerance and metrics.waiting > 0
+    at_floor = ready >= current >= demand.replicas
+    elapsed = now - history[-1][0] if history else CORRECTION_PERIOD_S
+    correction = learn_correction(correction, overloaded=overloaded and at_floor, elapsed_s=elapsed)
+    demand = _demand(policy, metrics, correction)
+    demand, bursts = _burst(policy, metrics, demand, bursts, now)
+    return demand, correction, bursts
+
+
+def _recommendation(
+    policy: Policy,
+    metrics: Metrics,
+    name: str,
+    ratio: float,
+    base: int,
+    current: int,
+    ready: int,
+    demand: Demand | None,
+) -> tuple[int, str, int | None]:
+    """This evaluation's recommendation and reason, and the predictive floor (None: none)."""
     rec, reason = _recommend(policy, name, ratio, base, current)
     if demand is not None:
         # With the load measured, the floors size the fleet, up and down: a ratio of TTFT or
         # queue depth only says the load outran the fleet, not by how much (a backlog keeps the
         # minute's p95 high after it has drained, and TTFT is flat below saturation). The demand
-        # floor's backlog term and its learned correction are the feedback (_learn).
+        # floor's backlog term and its learned correction are the feedback (_measured_demand).
         rec, reason = policy.min_replicas, "BelowTarget"
     rec, reason = _hold_capacity(policy, metrics, base, current, ready, rec, reason)
-    if demand is not None:
-        detail += f", {demand.describe()}"
-    rec, reason, floor = _floors(policy, metrics, demand, rec, reason)
+    return _floors(policy, metrics, demand, rec, reason)
+
+
+def _settle(
+    policy: Policy, current: int, rec: int, reason: str, floor: int | None, history: History,
+    now: float,
+) -> tuple[int, str, History]:  # fmt: skip
+    """The replicas to run now: the recommendation through the stabilization windows and the ×2
+    step, the floor and the bounds; the reason, and the history to keep."""
     desired, history = _stabilize(policy, current, rec, history, now)
     if floor is not None and floor > desired:  # a measured need, not a ratio: no ×2 step cap
         desired = floor
@@ -288,11 +343,7 @@ def decide(
         reason = "Stabilizing"
     elif reason == "WithinTolerance" and desired != current:
         reason = "OutsideBounds"  # the spec's bounds moved past the current count
-    message = f"{detail}; ratio {ratio:.2f} ({name}); {base} ready of {current}; recommend {rec}"
-    return Decision(
-        desired, rec, reason, message, ratio=ratio, queue_per_replica=queue_per, history=history,
-        correction=correction, bursts=bursts,
-    )  # fmt: skip
+    return desired, reason, history
 
 
 def _demand(policy: Policy, m: Metrics, correction: float) -> Demand | None:

@@ -4,8 +4,10 @@ follow Kubernetes' and KEDA's rules, and a small end-to-end run prints every aut
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
+import inspect
 import json
 import math
 import re
@@ -19,6 +21,8 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import autoscale_baselines as bl  # noqa: E402
+import autoscale_run as run  # noqa: E402
+import autoscale_search as search  # noqa: E402
 import autoscale_sim as sim  # noqa: E402
 import autoscale_traffic as traffic  # noqa: E402
 from autoscale_engine import Fleet, Observation, histogram_quantile  # noqa: E402
@@ -129,11 +133,11 @@ def test_keda_scales_to_zero_after_the_cooldown_and_activates_on_the_next_poll()
 
 
 def test_the_best_setting_rule() -> None:
-    r = lambda over, hours: sim.Result("x", f"{over}/{hours}", over, hours, 0)  # noqa: E731
-    assert sim.choose([r(0.5, 30), r(0.9, 20), r(3.0, 10)]).setting == "0.9/20"
-    assert sim.choose([r(4.0, 30), r(2.0, 40), r(9.0, 5)]).setting == "4.0/30"
-    assert sim.choose([r(9.0, 30), r(7.0, 40)]).setting == "7.0/40"
-    assert sim.cheapest_within([r(0.5, 30), r(4.0, 20)], 5.0).setting == "4.0/20"
+    r = lambda over, hours: run.Result("x", f"{over}/{hours}", over, hours, 0)  # noqa: E731
+    assert search.choose([r(0.5, 30), r(0.9, 20), r(3.0, 10)]).setting == "0.9/20"
+    assert search.choose([r(4.0, 30), r(2.0, 40), r(9.0, 5)]).setting == "4.0/30"
+    assert search.choose([r(9.0, 30), r(7.0, 40)]).setting == "7.0/40"
+    assert search.cheapest_within([r(0.5, 30), r(4.0, 20)], 5.0).setting == "4.0/20"
 
 
 def test_pagoda_follows_a_step_that_queue_depth_misses() -> None:
@@ -145,11 +149,11 @@ def test_pagoda_follows_a_step_that_queue_depth_misses() -> None:
     )  # fmt: skip
     traffic.SHAPES[shape.name] = shape
     try:
-        pagoda = sim.simulate(shape, sim.Pagoda(shape, CAP), CAP)
-        hpa = sim.simulate(shape, bl.HpaQueue(4.0, bl.Behavior(), 1, 40), CAP)
+        pagoda = run.simulate(shape, sim.Pagoda(shape, CAP), CAP)
+        hpa = run.simulate(shape, bl.HpaQueue(4.0, bl.Behavior(), 1, 40), CAP)
     finally:
         del traffic.SHAPES[shape.name]
-        sim.requests_for.cache_clear()
+        run.requests_for.cache_clear()
     assert pagoda.violation_pct < hpa.violation_pct
     after = [n for t, n in zip(pagoda.times_h, pagoda.replicas) if t > 11 / 60]
     need = math.ceil(8 / 0.9)  # the demand floor at 90 % of a replica's measured capacity
@@ -164,13 +168,13 @@ def test_a_small_end_to_end_run_prints_every_autoscaler(
         "tiny", 360.0, 0.5, traffic.synthetic(lambda t: 1.0 if t < 120 else 3.0, 360.0), "test"
     )
     monkeypatch.setitem(traffic.SHAPES, "tiny", shape)
-    full = sim.baseline_grid
+    full = search.baseline_grid
 
     def tiny_grid(s, quick=False):  # two targets and one behaviour per baseline
         return {k: (v[0][:2], v[1][:1]) for k, v in full(s, quick=True).items()}
 
-    monkeypatch.setattr(sim, "baseline_grid", tiny_grid)
-    sim.requests_for.cache_clear()
+    monkeypatch.setattr(search, "baseline_grid", tiny_grid)
+    run.requests_for.cache_clear()
     argv = ["--shapes", "tiny", "--jobs", "1", "--plot", str(tmp_path / "p.png")]
     assert sim.main([*argv, "--profile-errors", "1.2"]) == 0
     out = capsys.readouterr().out
@@ -184,7 +188,7 @@ def test_a_small_end_to_end_run_prints_every_autoscaler(
     }  # fmt: skip
     assert "profile +20%" in out
     assert "busy all the time" in out and (tmp_path / "p.png").stat().st_size > 10_000
-    sim.requests_for.cache_clear()
+    run.requests_for.cache_clear()
 
 
 def test_the_clairvoyant_prefills_a_clump_of_long_prompts_within_the_slo() -> None:
@@ -198,10 +202,10 @@ def test_the_clairvoyant_prefills_a_clump_of_long_prompts_within_the_slo() -> No
     traffic.SHAPES[shape.name] = shape
     try:
         oracle = sim.Clairvoyant(shape, CAP)
-        result = sim.simulate(shape, oracle, CAP)
+        result = run.simulate(shape, oracle, CAP)
     finally:
         del traffic.SHAPES[shape.name]
-        sim.requests_for.cache_clear()
+        run.requests_for.cache_clear()
     budget = 8.0 - CAP.overhead_s - float(CAP.step_table()[CAP.slots]) - 4000 / 1915.0
     want = math.ceil(40 * 4000 / (1915.0 * 0.9 * (1.0 + budget)))
     assert int(oracle.need[4]) == want and want > 7
@@ -216,12 +220,12 @@ def test_the_ablation_table_runs_each_variant_on_each_shape(
     )
     monkeypatch.setitem(traffic.SHAPES, shape.name, shape)
     monkeypatch.setattr(sim, "ABLATION", sim.ABLATION[:2])
-    sim.requests_for.cache_clear()
+    run.requests_for.cache_clear()
     assert sim.main(["--ablation", "--shapes", shape.name, "--jobs", "1"]) == 0
     out = capsys.readouterr().out
     rows = [ln for ln in out.splitlines() if ln.startswith("| ") and "%" in ln]
     assert [r.split("|")[1].strip() for r in rows] == [label for label, _ in sim.ABLATION[:2]]
-    sim.requests_for.cache_clear()
+    run.requests_for.cache_clear()
 
 
 def test_the_baselines_cache_is_reused_only_by_the_same_code_and_replica(
@@ -231,13 +235,13 @@ def test_the_baselines_cache_is_reused_only_by_the_same_code_and_replica(
         "tiny-cache", 240.0, 0.5, traffic.synthetic(lambda t: 1.0 if t < 120 else 3.0, 240.0), "t"
     )
     monkeypatch.setitem(traffic.SHAPES, shape.name, shape)
-    full = sim.baseline_grid
+    full = search.baseline_grid
     monkeypatch.setattr(
-        sim, "baseline_grid", lambda s, quick=False: {
+        search, "baseline_grid", lambda s, quick=False: {
             k: (v[0][:2], v[1][:1]) for k, v in full(s, quick=True).items()
         },
     )  # fmt: skip
-    sim.requests_for.cache_clear()
+    run.requests_for.cache_clear()
     cache = tmp_path / "base.json"
     argv = ["--shapes", shape.name, "--jobs", "1", "--plot", "", "--profile-errors"]
 
@@ -247,7 +251,7 @@ def test_the_baselines_cache_is_reused_only_by_the_same_code_and_replica(
 
     first = table()
     doc = json.loads(cache.read_text())
-    assert doc["key"] == sim._cache_key(CAP) and len(doc["results"]) >= 8
+    assert doc["key"] == search._cache_key(CAP) and len(doc["results"]) >= 8
     assert table() == first  # reused: the same table
     for v in doc["results"].values():
         v[0] = 99.0  # a kept result is what the table shows ...
@@ -255,4 +259,19 @@ def test_the_baselines_cache_is_reused_only_by_the_same_code_and_replica(
     assert any("| 99.0 % |" in ln for ln in table())
     cache.write_text(json.dumps({**doc, "key": "other code"}))  # ... but only for the same code
     assert table() == first
-    sim.requests_for.cache_clear()
+    run.requests_for.cache_clear()
+
+
+def test_the_baselines_cache_key_hashes_the_code_a_baseline_run_depends_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    used = (run.simulate, Fleet, traffic.trace, bl.HpaTtft)  # scoring, fleet, traffic, baselines
+    assert {Path(inspect.getfile(f)).name for f in used} <= set(search.CODE)
+    key = search._cache_key(CAP)
+    assert search._cache_key(dataclasses.replace(CAP, slots=8)) != key
+    read = Path.read_bytes
+    for name in search.CODE:  # an edit to any of those files gives another key
+        monkeypatch.setattr(
+            Path, "read_bytes", lambda p, name=name: read(p) + b"#" * (p.name == name)
+        )
+        assert search._cache_key(CAP) != key
