@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from pagoda.runtime.worker.host_memory import zeros
+from pagoda.runtime.cpu.host_memory import zeros
 
 
 @dataclass

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from pagoda.runtime.attention.base import AttentionBackend, AttentionMetadata
 from pagoda.runtime.cpu import attention as cpu_kernel
-from pagoda.runtime.worker.host_memory import zeros
+from pagoda.runtime.cpu.host_memory import zeros
 
 MAX_DECODE_BUCKETS = 3
 MAX_PREFILL_BUCKETS = 4

@@ -36,12 +36,12 @@ import torch
 from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.scheduler import Scheduler
+from pagoda.runtime.cpu.host_memory import release_freed_memory
 from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.request import Request
 from pagoda.runtime.sampling.params import SamplingParams
-from pagoda.runtime.worker.host_memory import release_freed_memory
 from pagoda.runtime.worker.model_runner import ModelRunner
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
 from pagoda.runtime.worker.step_clock import StepClock

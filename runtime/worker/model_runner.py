@@ -22,6 +22,7 @@ from pagoda.runtime.attention import AttentionMetadata, get_attention_backend
 from pagoda.runtime.config import EngineConfig, fp8_runs_on
 from pagoda.runtime.core.sched_output import SchedulerOutput
 from pagoda.runtime.cpu import qgemm
+from pagoda.runtime.cpu.host_memory import keep_freed_memory
 from pagoda.runtime.distributed.group import TPGroup
 from pagoda.runtime.model.llama import LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
@@ -40,7 +41,6 @@ from pagoda.runtime.sampling.sampler import (
 from pagoda.runtime.structured.bitmask import GrammarBitmask, grammar_rows
 from pagoda.runtime.worker.block_table import BlockTables
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
-from pagoda.runtime.worker.host_memory import keep_freed_memory
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
 from pagoda.runtime.worker.step_channel import StepChannel
 from pagoda.runtime.worker.step_clock import StepClock

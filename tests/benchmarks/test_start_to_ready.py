@@ -21,4 +21,6 @@ def test_one_start_reports_ready_and_milestones(capsys):
     row = next(ln for ln in out.splitlines() if ln.startswith("| thread |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     listening, core_built, ready = float(cells[1]), float(cells[3]), float(cells[5])
-    assert 0 < listening < core_built < ready  # checks, then the core, then ready
+    # checks, then the core, then ready (the table's 0.1 s rounding can make neighbours equal)
+    assert 0 < listening <= core_built <= ready
+    assert listening < ready

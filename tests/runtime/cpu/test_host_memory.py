@@ -54,7 +54,7 @@ def test_zeros_maps_a_large_cpu_tensor_without_touching_it():
     import gc
 
     import torch
-    from pagoda.runtime.worker.host_memory import zeros
+    from pagoda.runtime.cpu.host_memory import zeros
 
     before = _rss()
     t = zeros((1024, 16, 2, 1024), torch.bfloat16, torch.device("cpu"))  # 64 MiB
@@ -73,7 +73,7 @@ def test_zeros_is_zero_where_freed_memory_held_garbage(dtype):
     """Never earlier data, whatever the heap held: NaN in a KV block's unused slots would
     survive a multiplication by 0. Small tensors (torch.zeros) and large ones (mappings)."""
     import torch
-    from pagoda.runtime.worker.host_memory import keep_freed_memory, zeros
+    from pagoda.runtime.cpu.host_memory import keep_freed_memory, zeros
 
     keep_freed_memory()  # freed blocks stay in the heap, as in a CPU engine
     dt = getattr(torch, dtype)
