@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from pagoda.runtime import options
-from pagoda.runtime.attention import AttentionMetadata, get_attention_backend
+from pagoda.runtime.attention import AttentionBackend, AttentionMetadata, get_attention_backend
 from pagoda.runtime.config import EngineConfig, fp8_runs_on
 from pagoda.runtime.core.sched_output import SchedulerOutput
 from pagoda.runtime.cpu import qgemm
@@ -70,39 +70,9 @@ class ModelRunner:
         mc = loaded.config
         self.model_config = mc
         self.block_size = config.cache.block_size
-        heads, kv_heads = mc.num_heads, mc.num_kv_heads
-        if tp is not None:  # this rank's (layout.py: KV heads replicated when fewer than ranks)
-            heads, kv_heads = tp.layout.local_heads(heads, kv_heads)
-        self.backend = get_attention_backend(
-            config.attention_backend,
-            self.device,
-            heads,
-            kv_heads,
-            mc.head_dim,
-            mc.family.attention_scale(mc.head_dim),
-            batch_invariant=config.batch_invariant,
-            kv_cache_dtype=config.cache.kv_cache_dtype,
-            sliding_window=mc.family.sliding_window,
-            softcap=mc.family.attn_logit_softcapping,
-        )
+        self.backend = self._attention_backend()
         torch.manual_seed(config.seed)
-        fp8 = engine_scheme(config.quantization, loaded.fp8_scheme, fp8_runs_on(self.device))
-        if loaded.fp8_scheme is not None and fp8 is None:
-            log.info("FP8 checkpoint: no FP8 kernels on %s, weights dequantized to %s at load",
-                     self.device, self.dtype)  # fmt: skip
-        self.model = build_model(
-            mc,
-            loaded.weights,
-            quantized=loaded.quantized,
-            dtype=self.dtype,
-            device=self.device,
-            backend=self.backend,
-            ops=select_ops(self.device, self.backend.name),
-            max_positions=max(max_model_len, mc.max_position_embeddings),
-            batch_invariant=config.batch_invariant,
-            tp=tp,
-            fp8=fp8,
-        )
+        self.model = self._build_model(loaded, max_model_len)
         _log_quantized_layers(self.model)
         # Where the LM head samples from its outputs (`qgemm`), steps that write logits pick the
         # greedy and unfiltered rows with the same code: a row's token never depends on the path.
@@ -134,6 +104,48 @@ class ModelRunner:
         # Structured outputs: bitmasks of constrained rows, applied to the logits before sampling
         self.grammar = GrammarBitmask(loaded.tokenizer, mc.vocab_size, self.device)
         self._grammar_rows: list[int] = []  # constrained rows of the cached sampling batch
+
+    def _attention_backend(self) -> AttentionBackend:
+        """The attention backend for this rank's heads (tensor parallel: its share of them;
+        layout.py replicates KV heads when there are fewer than ranks)."""
+        mc, config = self.model_config, self.config
+        heads, kv_heads = mc.num_heads, mc.num_kv_heads
+        if self.tp is not None:
+            heads, kv_heads = self.tp.layout.local_heads(heads, kv_heads)
+        return get_attention_backend(
+            config.attention_backend,
+            self.device,
+            heads,
+            kv_heads,
+            mc.head_dim,
+            mc.family.attention_scale(mc.head_dim),
+            batch_invariant=config.batch_invariant,
+            kv_cache_dtype=config.cache.kv_cache_dtype,
+            sliding_window=mc.family.sliding_window,
+            softcap=mc.family.attn_logit_softcapping,
+        )
+
+    def _build_model(self, loaded: LoadedModel, max_model_len: int) -> LlamaModel:
+        """The model on this device, FP8 where the device has the kernels (an FP8 checkpoint is
+        dequantized at load where it has not)."""
+        mc, config = self.model_config, self.config
+        fp8 = engine_scheme(config.quantization, loaded.fp8_scheme, fp8_runs_on(self.device))
+        if loaded.fp8_scheme is not None and fp8 is None:
+            log.info("FP8 checkpoint: no FP8 kernels on %s, weights dequantized to %s at load",
+                     self.device, self.dtype)  # fmt: skip
+        return build_model(
+            mc,
+            loaded.weights,
+            quantized=loaded.quantized,
+            dtype=self.dtype,
+            device=self.device,
+            backend=self.backend,
+            ops=select_ops(self.device, self.backend.name),
+            max_positions=max(max_model_len, mc.max_position_embeddings),
+            batch_invariant=config.batch_invariant,
+            tp=self.tp,
+            fp8=fp8,
+        )
 
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         """On CUDA with the Triton backend, record decode steps for padded batch sizes."""
