@@ -171,6 +171,52 @@ def test_cpu_example_runs_the_cpu_demo_image() -> None:
     assert "nvidia.com/gpu" not in container["resources"]["requests"]
 
 
+# What `pagoda serve`'s API process holds when its start-up memory check runs (torch imported):
+# 298 MiB measured on the embedded model; the check counts it against the pod's limit.
+API_PROCESS_AT_CHECK = 320 << 20
+
+
+def _example_server_args(doc: dict[str, Any]) -> tuple[list[str], int]:
+    """The example's `pagoda serve` arguments as the operator renders them, and its memory limit."""
+    spec = InferenceServiceSpec.from_dict(
+        doc["spec"], name=doc["metadata"]["name"], default_image="pagoda-runtime:dev"
+    )
+    owner = Owner(name=doc["metadata"]["name"], namespace="default", uid="u1")
+    (container,) = build_deployment(owner, spec, config_hash_value="h")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert container["command"] == ["pagoda", "serve"]
+    limit = container["resources"]["limits"]["memory"]
+    units = {"Mi": 1 << 20, "Gi": 1 << 30}
+    return container["args"], int(limit[:-2]) * units[limit[-2:]]
+
+
+def test_cpu_example_passes_the_start_up_memory_check_in_its_pod(monkeypatch) -> None:
+    """Inside the example's memory limit `pagoda serve` must not refuse to start: the CPU's
+    default 2 GiB KV cache alone is more than a 2Gi pod has, so the example sets
+    --kv-cache-memory (with it the pod peaked at 1.4 GiB PSS, every KV block in use)."""
+    from pagoda.runtime import options
+    from pagoda.runtime.server import memory
+    from pagoda.runtime.server.cli import build_parser, server_config
+    from pagoda.runtime.server.launch import preflight
+
+    def check(args: list[str], limit: int) -> None:
+        monkeypatch.setattr(
+            memory,
+            "host_available",
+            lambda: (limit - API_PROCESS_AT_CHECK, "the container's memory limit"),
+        )
+        parsed = build_parser().parse_args(args)
+        preflight(server_config(parsed), options.engine_kwargs(vars(parsed)))
+
+    doc = _example()
+    args, limit = _example_server_args(doc)
+    check(args, limit)
+    doc["spec"]["engine"].pop("extraArgs")  # the runtime's default KV cache: refused
+    with pytest.raises(ValueError, match="lower --kv-cache-memory"):
+        check(*_example_server_args(doc))
+
+
 def test_sed_line_swaps_only_the_image_for_the_pushed_one() -> None:
     (sed,) = [b for b in BASH if b.startswith("sed ")]
     out = subprocess.run(

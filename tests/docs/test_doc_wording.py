@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NOTEBOOK = re.compile(
     r"\b(this session|sessions?|not yet|TODO|WIP|for now|work in progress|has not run on a GPU"
-    r"|today'?s?|yesterday|the lead|issue \d+)\b",
+    r"|today'?s?|yesterday|the lead|issue \d+|the issue'?s|so far|lab notebook"
+    r"|(?:measured|tested) yet|(?:was|were|has been) (?:lent|available))\b",
     re.I,
 )
 
@@ -27,9 +28,15 @@ def test_the_pattern_catches_notebook_wording() -> None:
         "issue 13's target",
         "the code before today",
         "kept for now",
+        "Unmeasured on a GPU so far",
+        "Not measured yet: a GPU",
+        "the issue's target, streaming at 256 clients",
+        "no GPU was lent",
+        "no two GPUs were available",
     ):
         assert NOTEBOOK.search(text), text
     assert not NOTEBOOK.search("the engine's step, measured on 2026-12-04")
+    assert not NOTEBOOK.search("a spec change not reconciled yet (observedGeneration behind)")
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(ROOT).as_posix() for p in PAGES])

@@ -166,7 +166,11 @@ async def test_without_the_lws_crd_a_group_is_a_condition(
     assert cond["reason"] == "LeaderWorkerSetNotInstalled"
     assert "kubernetes-sigs/lws" in cond["message"]
     assert emulator.live(DEPLOY, "default", "grp") is None
-    assert events(emulator, "grp", "LeaderWorkerSetNotInstalled")[0]["type"] == "Warning"
+    # The Event is a separate write from the status: it may land just after the condition.
+    (event, *_) = await wait_for(
+        lambda: events(emulator, "grp", "LeaderWorkerSetNotInstalled"), what="the Warning Event"
+    )
+    assert event["type"] == "Warning"
 
 
 DOES_NOT_FIT = Termination(
