@@ -46,9 +46,9 @@ def cache_target(device: Any, backend: str) -> tuple[Identity | None, str]:
 def warm_in_fresh_process(
     profile_dir: Path, model: str, engine_args: dict[str, Any], cache_dir: Path,
     timeout: float = TIMEOUT_S,
-) -> None:  # fmt: skip
+) -> str:  # fmt: skip
     """Serve's engine build and warm-up with ``profile_dir`` in a new process writing Triton's
-    cache to ``cache_dir``; KernelCacheError (with the end of its log) when it fails."""
+    cache to ``cache_dir``; its log, or KernelCacheError (with the end of it) when it fails."""
     cmd = [sys.executable, "-P", "-m", __name__, "--profile", str(profile_dir),
            "--model", model, "--engine-args", json.dumps(engine_args)]  # fmt: skip
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache_dir), "PYTHONSAFEPATH": "1"}
@@ -59,6 +59,7 @@ def warm_in_fresh_process(
     if run.returncode != 0:
         tail = " ".join(run.stderr.strip().splitlines()[-3:])[-400:]
         raise KernelCacheError(f"the warm-up process exited {run.returncode}: {tail}")
+    return run.stderr
 
 
 def ship(cache_dir: Path, out: Path, identity: Identity) -> dict[str, Any]:
@@ -122,10 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     from pagoda.runtime.engine.core_proc import first_step
     from pagoda.runtime.server.launch import build_core
     from pagoda.runtime.server.tuned import apply_tuned_profile
+    from pagoda.runtime.server.tuned import describe as describe_profile
 
-    _, kwargs = apply_tuned_profile(
+    log = logging.getLogger("pagoda.tune")
+    log.info("kernel cache: warming up into %s", os.environ.get("TRITON_CACHE_DIR"))
+    profile, kwargs = apply_tuned_profile(
         args.profile, model=args.model, engine_kwargs=json.loads(args.engine_args)
     )
+    if profile is not None:
+        log.info("%s", describe_profile(profile, kwargs))
     core = build_core(EngineConfig.create(args.model, **kwargs))
     first_step(core)
     core.close()
