@@ -48,12 +48,18 @@ log = logging.getLogger(__name__)
 FORMAT = "pagoda-kernel-cache/1"
 MANIFEST = "manifest.json"
 GROUP_PREFIX = "__grp__"
-KEEP_SUFFIXES = (".json", ".cubin", ".hsaco")  # metadata + binary: what a cache hit reads
+BINARY = (".cubin", ".hsaco")  # CUDA, ROCm
+KEEP_SUFFIXES = (".json", *BINARY)  # metadata + binary: what a cache hit reads
 MODULE_SUFFIX = ".so"  # Triton's compiled C modules (driver utilities, launchers)
 MAX_MEMBERS = 20_000
 MAX_UNPACKED_BYTES = 512 * 1024 * 1024  # a hostile archive must not fill the disk
 _ENTRY = re.compile(r"^[0-9A-Za-z_-]{8,128}$")  # Triton's entry folders: a hash
 _FILE = re.compile(r"^[^/\\]{1,255}$")
+
+
+# what a corrupt, truncated or hostile archive raises while it is read (KernelCacheError too)
+_UNREADABLE = (OSError, EOFError, tarfile.TarError, lzma.LZMAError, zlib.error, ValueError,
+               KeyError, TypeError)  # fmt: skip
 
 
 class KernelCacheError(ValueError):
@@ -192,7 +198,7 @@ def _entry_files(entry: Path) -> tuple[dict[str, bytes], int]:
                 keep = {}
                 break
             keep[name] = src.name
-        if not any(n.endswith(".json") for n in keep) or len(keep) < 2:
+        if not (any(n.endswith(".json") for n in keep) and any(n.endswith(BINARY) for n in keep)):
             continue  # no metadata or no binary: not a usable kernel
         for rel in keep.values():
             out[rel] = (entry / rel).read_bytes()
@@ -211,8 +217,9 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def pack(cache_dir: str | os.PathLike[str], out_file: str | os.PathLike[str],
-         identity: Identity) -> Packed:  # fmt: skip
+def pack(
+    cache_dir: str | os.PathLike[str], out_file: str | os.PathLike[str], identity: Identity
+) -> Packed:
     """Archive the usable entries of Triton cache ``cache_dir`` into ``out_file`` (written
     atomically). KernelCacheError when there is nothing to pack."""
     cache, out = Path(cache_dir), Path(out_file)
@@ -320,8 +327,12 @@ def _place(src: Path, dest: Path) -> int:
     return written
 
 
-def install(archive: str | os.PathLike[str], cache_dir: str | os.PathLike[str],
-            identity: Identity, sha256: str | None = None) -> Installed | None:  # fmt: skip
+def install(
+    archive: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str],
+    identity: Identity,
+    sha256: str | None = None,
+) -> Installed | None:
     """Install ``archive`` into Triton cache ``cache_dir`` if it was built for ``identity``
     (and its digest is ``sha256``, when given: the one its profile recorded); None (after one
     warning line) when it was not, or cannot be read. Never raises for a bad archive: serving
@@ -345,8 +356,7 @@ def install(archive: str | os.PathLike[str], cache_dir: str | os.PathLike[str],
                 tar.extractall(tmp, filter="data")
                 written = sum(_place(entry, cache / entry.name)
                               for entry in sorted(Path(tmp).iterdir()))  # fmt: skip
-    except (OSError, EOFError, tarfile.TarError, lzma.LZMAError, zlib.error, ValueError,
-            KeyError, TypeError) as e:  # fmt: skip
+    except _UNREADABLE as e:
         log.warning("kernel cache %s: skipped (%s: %s); warm-up compiles",
                     archive, type(e).__name__, e)  # fmt: skip
         return None
@@ -367,8 +377,9 @@ def cached_entries(cache_dir: str | os.PathLike[str]) -> set[str]:
     return {p.name for p in cache.iterdir() if p.is_dir() and _ENTRY.match(p.name)}
 
 
-def install_for(archive: str | os.PathLike[str], device, sha256: str | None = None
-                ) -> Installed | None:  # fmt: skip
+def install_for(
+    archive: str | os.PathLike[str], device, sha256: str | None = None
+) -> Installed | None:
     """Install a tuned profile's archive for an engine on ``device`` into this process's Triton
     cache, with one log line either way; None when nothing was installed."""
     target = target_of(device)

@@ -44,9 +44,12 @@ def cache_target(device: Any, backend: str) -> tuple[Identity | None, str]:
 
 
 def warm_in_fresh_process(
-    profile_dir: Path, model: str, engine_args: dict[str, Any], cache_dir: Path,
+    profile_dir: Path,
+    model: str,
+    engine_args: dict[str, Any],
+    cache_dir: Path,
     timeout: float = TIMEOUT_S,
-) -> str:  # fmt: skip
+) -> str:
     """Serve's engine build and warm-up with ``profile_dir`` in a new process writing Triton's
     cache to ``cache_dir``; its log, or KernelCacheError (with the end of it) when it fails."""
     cmd = [sys.executable, "-P", "-m", __name__, "--profile", str(profile_dir),
@@ -74,9 +77,12 @@ def ship(cache_dir: Path, out: Path, identity: Identity) -> dict[str, Any]:
 
 
 def run_cache_stage(
-    out: Path, model: str, engine_args: dict[str, Any], identity: Identity,
+    out: Path,
+    model: str,
+    engine_args: dict[str, Any],
+    identity: Identity,
     timeout: float = TIMEOUT_S,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Warm up as serving will in a fresh process, then `ship`; the ``kernel_cache`` section
     (status ``packed``, ``skipped`` or ``failed``, with a note)."""
     (out / KERNEL_CACHE_FILE).unlink(missing_ok=True)  # never ship one for an older profile
