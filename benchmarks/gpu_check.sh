@@ -91,7 +91,7 @@ tar -czf "$OUT/profile.tgz" -C /tmp profile 2>/dev/null
 # kcache (after tune; needs .gpu-wheels/): start to ready of `pagoda serve` on the 1B model with
 # the tuned profile, its compiled kernels shipped vs the same profile without them, 2 rounds
 # interleaved, each start with an empty TRITON_CACHE_DIR (a fresh pod). Expect
-# "kernel cache: N kernels from the tuned profile" and "warm-up compiled 0 Triton cache entries"
+# "kernel cache: N kernels from the tuned profile" and "start compiled 0 Triton cache entries"
 # in the shipped starts, and their warm-up shorter. Unmeasured so far.
 TAIL=60 step kcache 420 bash -c '
     grep -A12 "\"kernel_cache\"" /tmp/profile/profile.json

@@ -348,7 +348,7 @@ def install(
             have = archive_identity(manifest)
             if have != identity:
                 log.warning(
-                    "kernel cache %s: built for another setup (%s); warm-up compiles",
+                    "kernel cache %s: built for another setup (%s); kernels compile at start",
                     archive, "; ".join(have.differences(identity)),
                 )  # fmt: skip
                 return None
@@ -357,7 +357,7 @@ def install(
                 written = sum(_place(entry, cache / entry.name)
                               for entry in sorted(Path(tmp).iterdir()))  # fmt: skip
     except _UNREADABLE as e:
-        log.warning("kernel cache %s: skipped (%s: %s); warm-up compiles",
+        log.warning("kernel cache %s: skipped (%s: %s); kernels compile at start",
                     archive, type(e).__name__, e)  # fmt: skip
         return None
     return Installed(
@@ -409,5 +409,5 @@ def installed_for_warm_up(shipped: tuple[Path, str | None] | None, device) -> It
     cache = triton_cache_dir()
     before = cached_entries(cache)
     yield
-    log.info("kernel cache: warm-up compiled %d Triton cache entries the profile did not ship",
+    log.info("kernel cache: the engine's start compiled %d Triton cache entries the profile did not ship",
              len(cached_entries(cache) - before))  # fmt: skip

@@ -96,7 +96,7 @@ def kernel_cache_archive(profile: TunedProfile) -> tuple[Path, str | None] | Non
         if section.get("status") == "packed":
             log.info(
                 "kernel cache: the profile lists %s but %s has no such file (too large for the "
-                "ConfigMap?); warm-up compiles its kernels", KERNEL_CACHE_FILE, profile.directory,
+                "ConfigMap?); its kernels compile at start", KERNEL_CACHE_FILE, profile.directory,
             )  # fmt: skip
         return None
     return path, section.get("sha256")

@@ -106,7 +106,7 @@ def test_a_listed_archive_that_is_missing_is_one_line(tmp_path, caplog):
     with caplog.at_level(logging.INFO, "pagoda.serve"):
         assert kernel_cache_archive(load_profile(tmp_path)) is None
     assert f"the profile lists {KERNEL_CACHE_FILE} but" in caplog.text
-    assert "warm-up compiles its kernels" in caplog.text
+    assert "its kernels compile at start" in caplog.text
     (tmp_path / KERNEL_CACHE_FILE).write_bytes(b"x")
     assert kernel_cache_archive(load_profile(tmp_path)) == (tmp_path / KERNEL_CACHE_FILE, "a" * 64)
     make_profile(tmp_path)  # a CPU profile: no section, nothing said
@@ -158,5 +158,5 @@ def test_the_engine_factory_installs_the_profile_kernels_before_warm_up(
         in text
     )
     assert text.index("kernel cache: 2 kernels") < text.index("engine core built")
-    assert "warm-up compiled 0 Triton cache entries the profile did not ship" in text
+    assert "start compiled 0 Triton cache entries the profile did not ship" in text
     assert "warm-up: " in text  # with how long it took
