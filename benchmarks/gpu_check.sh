@@ -7,7 +7,8 @@
 #   OUT=/tmp/gpu bash benchmarks/gpu_check.sh        # from the repository root
 #   STEPS="tests throughput" HF=0 SWEEP=1 ...         # a subset; no HF baseline; matmul sweep
 #
-# Steps run in this order: tests, tunetests, tune (matmul configs first), throughput (with the
+# Steps run in this order: tests, tunetests, tune (matmul configs first), kcache (start to ready
+# with the profile's compiled kernels vs without), throughput (with the
 # tuned configs as one more run when tune ran first), invariance, kernels, then the fused-MoE
 # ones: moetests (kernel vs reference compiled, Qwen3-30B-A3B expert shape invariance and graph
 # capture, the sweep), moekernels (kernel_speed's MoE rows), moe (nano-vllm's workload on a
@@ -34,7 +35,7 @@
 # STEPS="moetests moekernels moe"; the FP8 ones: STEPS="fp8tests fp8kernels" and
 # STEPS="fp8engine fp8throughput" (each about one 10-minute call).
 set -u
-STEPS=${STEPS:-prefill prefillspeed tests tunetests tune throughput invariance kernels moetests moekernels moe fp8tests fp8kernels fp8engine fp8throughput serving tptests tp tpfp8}
+STEPS=${STEPS:-prefill prefillspeed tests tunetests tune kcache throughput invariance kernels moetests moekernels moe fp8tests fp8kernels fp8engine fp8throughput serving tptests tp tpfp8}
 OUT=${OUT:-${1:-gpu-out}}
 mkdir -p "$OUT"
 ROOT=$PWD
@@ -82,9 +83,29 @@ from common import write_random_llama
 from gpu_throughput import SHAPES
 write_random_llama(Path('/tmp/llama-1b'), SHAPES['1b'], torch.bfloat16)
 " >"$OUT/model.log" 2>&1
-TAIL=30 step tune 130 $PY -m pagoda.runtime.cli tune --model /tmp/llama-1b --output /tmp/profile \
+# (tune's last stage warms up in a fresh process as serve will and packs Triton's cache into the
+# profile: the model load and the warm-up, ~20-30 s on the 1B shape, after the budget)
+TAIL=30 step tune 190 $PY -m pagoda.runtime.cli tune --model /tmp/llama-1b --output /tmp/profile \
     --time-budget "${TUNE_BUDGET:-80s}"
 tar -czf "$OUT/profile.tgz" -C /tmp profile 2>/dev/null
+# kcache (after tune; needs .gpu-wheels/): start to ready of `pagoda serve` on the 1B model with
+# the tuned profile, its compiled kernels shipped vs the same profile without them, 2 rounds
+# interleaved, each start with an empty TRITON_CACHE_DIR (a fresh pod). Expect
+# "kernel cache: N kernels from the tuned profile" and "start compiled 0 Triton cache entries"
+# in the shipped starts, and their warm-up shorter. Unmeasured so far.
+TAIL=60 step kcache 420 bash -c '
+    grep -A12 "\"kernel_cache\"" /tmp/profile/profile.json
+    ls -l /tmp/profile/triton-cache.tar.xz || exit 1
+    rm -rf /tmp/profile-bare && cp -r /tmp/profile /tmp/profile-bare
+    rm /tmp/profile-bare/triton-cache.tar.xz
+    for round in 1 2; do
+        for dir in /tmp/profile /tmp/profile-bare; do
+            echo "--- round $round, --tuned-profile $dir"
+            TRITON_CACHE_DIR=$(mktemp -d) '"$PY"' benchmarks/start_to_ready.py --rounds 1 \
+                --modes process --show-log -- --model /tmp/llama-1b --tuned-profile "$dir" |
+                grep -E "kernel cache|warm-up|engine core built|ready after|^\|"
+        done
+    done'
 # After `tune`, the throughput run adds the defaults with its kernel configs (what tuning gains).
 TUNED=()
 ls /tmp/profile/*.json 2>/dev/null | grep -qv '/profile.json$' && TUNED=(--kernel-config-dir /tmp/profile)

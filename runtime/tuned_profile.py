@@ -7,6 +7,10 @@ folder into a ConfigMap as it is, and the pod mounts that ConfigMap back as the 
                             curves, and the scheduler knobs chosen from them
     DIR/<Device>.json       kernel launch configs in the format `pagoda.kernels.config` reads
                             (`save_kernel_config`); serving puts DIR first on its search path
+    DIR/triton-cache.tar.xz (CUDA) the Triton kernels serving's warm-up compiles, compiled
+                            (`pagoda.runtime.kernel_cache`); serving installs them before its
+                            warm-up. Binary: the ConfigMap carries it in ``binaryData``, or not
+                            at all when the whole would not fit (serving then compiles)
 
 Torch-free (the operator image has no torch): `pagoda tune` writes profiles with this module,
 `pagoda publish-profile` (operator) reads them, and `pagoda serve --tuned-profile` loads them.
@@ -42,6 +46,8 @@ MAX_BYTES = 900 * 1024  # a ConfigMap holds at most 1 MiB, metadata included
 MAX_DEPTH = 32  # profile.json nests 4 deep
 MAX_NAME_CHARS = 4096  # device, model (a path), dtype, created
 _FILE_NAME = re.compile(r"^[-._a-zA-Z0-9]+\.json$")  # a ConfigMap key, and a kernel-config name
+KERNEL_CACHE_FILE = "triton-cache.tar.xz"  # profile.json's `kernel_cache` describes it
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _OLD_CONFIGS_DIR = "configs"  # where kernel configs were before the layout was flat
 
 
@@ -124,6 +130,10 @@ class TunedProfile:
     def created(self) -> str:
         return self.data["created"]
 
+    def kernel_cache(self) -> dict[str, Any]:
+        """``profile.json``'s ``kernel_cache`` section ({} when the tuner wrote none)."""
+        return self.data.get("kernel_cache") or {}
+
     def scheduler_args(self) -> dict[str, int]:
         """The engine keyword arguments the profile chose (empty if it chose none)."""
         sched = self.data.get("scheduler") or {}
@@ -156,10 +166,14 @@ def validate(data: Any, where: Path | str) -> None:
         if not isinstance(value, str) or not value or len(value) > MAX_NAME_CHARS:
             raise ProfileError(f"{where}: field {key!r} must be a non-empty string of at most "
                                f"{MAX_NAME_CHARS} characters, got {_show(value)}")  # fmt: skip
-    for key in ("engine", "scheduler", "capacity", "kernels"):
+    for key in ("engine", "scheduler", "capacity", "kernels", "kernel_cache"):
         if key in data and not isinstance(data[key], dict):
             raise ProfileError(f"{where}: field {key!r} must be an object, got "
                                f"{_show(data[key])}")  # fmt: skip
+    digest = (data.get("kernel_cache") or {}).get("sha256")
+    if digest is not None and not (isinstance(digest, str) and _SHA256.match(digest)):
+        raise ProfileError(f"{where}: kernel_cache.sha256 must be 64 hex digits, got "
+                           f"{_show(digest)}")  # fmt: skip
     scheduler = data.get("scheduler") or {}
     for key in SCHEDULER_KEYS:
         if key in scheduler:
@@ -253,15 +267,28 @@ def profile_files(directory: str | os.PathLike[str]) -> dict[str, str]:
         if not _FILE_NAME.match(path.name):
             raise ProfileError(f"{path.name!r} cannot be a ConfigMap key")
         files[path.name] = path.read_text()
-    size = sum(len(k) + len(v.encode()) for k, v in files.items())
+    size = profile_size(files)
     if size > MAX_BYTES:
         raise ProfileError(f"the profile is {size} bytes; a ConfigMap holds at most {MAX_BYTES}")
     return files
 
 
+def kernel_cache_file(directory: str | os.PathLike[str]) -> Path | None:
+    """The profile folder's kernel-cache archive (None when it has none)."""
+    path = Path(directory) / KERNEL_CACHE_FILE
+    return path if path.is_file() else None
+
+
+def profile_size(files: dict[str, str], binary: dict[str, bytes] | None = None) -> int:
+    """Bytes the ConfigMap's ``data`` and ``binaryData`` (base64) take, keys included."""
+    text = sum(len(k) + len(v.encode()) for k, v in files.items())
+    return text + sum(len(k) + 4 * -(-len(v) // 3) for k, v in (binary or {}).items())
+
+
 def remove_profile(directory: Path) -> None:
-    """Delete ``profile.json`` and the kernel configs (``pagoda tune --force``)."""
+    """Delete ``profile.json``, the kernel configs and the kernel cache (``pagoda tune --force``)."""
     (directory / PROFILE_FILE).unlink(missing_ok=True)
+    (directory / KERNEL_CACHE_FILE).unlink(missing_ok=True)
     for path in kernel_config_files(directory):
         path.unlink()
     shutil.rmtree(directory / _OLD_CONFIGS_DIR, ignore_errors=True)

@@ -4,12 +4,17 @@ Reads the profile `pagoda tune` wrote (validated with the runtime's own torch-fr
 `pagoda.runtime.tuned_profile`: the folder's files are the ConfigMap's keys as they are) and
 writes them into the one ConfigMap the operator pre-created, with a merge patch: the Job's Role allows only `get`
 and `patch` on that name. Logs in like the operator (service account, else kubeconfig).
+
+The profile's compiled Triton kernels (``triton-cache.tar.xz``, binary) go in ``binaryData``
+when the whole still fits a ConfigMap; otherwise the profile is published without them, with one
+line saying so (serving then compiles its kernels at start, as without a kernel cache).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import pathlib
 import sys
 from typing import Any
@@ -38,6 +43,25 @@ def profile_data(directory: str | pathlib.Path) -> dict[str, str]:
         raise PublishError(str(e)) from e
 
 
+def binary_data(
+    directory: str | pathlib.Path, data: dict[str, str]
+) -> tuple[dict[str, str], str | None]:
+    """``binaryData`` (base64) for the profile's kernel-cache archive beside ``data``: empty
+    and a one-line note when there is none, or when it would not fit the ConfigMap."""
+    path = tuned_profile.kernel_cache_file(directory)
+    if path is None:
+        return {}, None
+    raw = path.read_bytes()
+    name = tuned_profile.KERNEL_CACHE_FILE
+    size = tuned_profile.profile_size(data, {name: raw})
+    if size > tuned_profile.MAX_BYTES:
+        return {}, (
+            f"kernel cache {name} left out: the profile with it is {size} bytes (base64), a "
+            f"ConfigMap holds at most {tuned_profile.MAX_BYTES}; serving compiles its kernels"
+        )
+    return {name: base64.b64encode(raw).decode()}, None
+
+
 def split_target(target: str) -> tuple[str, str]:
     namespace, _, name = target.partition("/")
     if not namespace or not name or "/" in name:
@@ -45,14 +69,21 @@ def split_target(target: str) -> tuple[str, str]:
     return namespace, name
 
 
-async def publish(api: Any, namespace: str, name: str, data: dict[str, str]) -> dict[str, Any]:
-    """Patch the pre-created ConfigMap (never create one: the Job may only patch this name)."""
+async def publish(
+    api: Any, namespace: str, name: str, data: dict[str, str], binary: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Patch the pre-created ConfigMap (never create one: the Job may only patch this name).
+    A kernel cache left out removes one a previous profile may have published."""
     current = await api.get("ConfigMap", namespace, name)
     if current is None:
         raise PublishError(f"ConfigMap {namespace}/{name} does not exist (the operator makes it)")
     if KEY_ANNOTATION not in ((current.get("metadata") or {}).get("annotations") or {}):
         raise PublishError(f"ConfigMap {namespace}/{name} is not a tuned-profile ConfigMap")
-    patch = {"data": data, "metadata": {"annotations": {PUBLISHED_ANNOTATION: now_iso()}}}
+    patch = {
+        "data": data,
+        "binaryData": binary or {tuned_profile.KERNEL_CACHE_FILE: None},
+        "metadata": {"annotations": {PUBLISHED_ANNOTATION: now_iso()}},
+    }
     return await api.patch("ConfigMap", namespace, name, patch)
 
 
@@ -61,12 +92,15 @@ async def _main(directory: str, target: str) -> None:
 
     namespace, name = split_target(target)
     data = profile_data(directory)
+    binary, note = binary_data(directory, data)
+    if note:
+        print(f"pagoda publish-profile: {note}", file=sys.stderr)
     api = KubeApi(user_agent="pagoda-publish-profile/0.1")
     try:
-        await publish(api, namespace, name, data)
+        await publish(api, namespace, name, data, binary)
     finally:
         await api.close()
-    print(f"published {len(data)} files to ConfigMap {namespace}/{name}")
+    print(f"published {len(data) + len(binary)} files to ConfigMap {namespace}/{name}")
 
 
 def run(args: argparse.Namespace) -> int:

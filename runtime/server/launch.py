@@ -32,7 +32,7 @@ from pagoda.runtime.server import fit, memory
 from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.connections import guarded_protocol
 from pagoda.runtime.server.draining import DrainingServer
-from pagoda.runtime.server.tuned import apply_tuned_profile, describe
+from pagoda.runtime.server.tuned import apply_tuned_profile, describe, kernel_cache_archive
 from pagoda.runtime.tuned_profile import TunedProfile
 
 log = logging.getLogger("pagoda.serve")
@@ -132,19 +132,24 @@ def check_kernel_configs(engine_cfg: EngineConfig) -> None:
     check_config_files(engine_cfg.torch_device())
 
 
-def build_core(engine_cfg: EngineConfig, on_failure: Any = None) -> Any:
+def build_core(engine_cfg: EngineConfig, on_failure: Any = None, kernel_cache: Any = None) -> Any:
     """The engine's core, loaded and warmed up (in the engine process, or on its thread).
     `on_failure`: told from another thread that a tensor-parallel rank died; by default the
-    process exits 1 at once (the engine process: the API process then sees it dead)."""
+    process exits 1 at once (the engine process: the API process then sees it dead).
+    `kernel_cache`: the tuned profile's compiled kernels (`tuned.kernel_cache_archive`),
+    installed into this process's Triton cache before anything compiles."""
     import time
 
     from pagoda.runtime.engine.core import EngineCore
     from pagoda.runtime.engine.warmup import warm_up
+    from pagoda.runtime.kernel_cache import installed_for_warm_up
 
-    start = time.monotonic()
-    core = EngineCore(engine_cfg, on_failure=on_failure or _end_engine_process)
-    log.info("engine core built (model, KV cache, tokenizer) in %.1f s", time.monotonic() - start)
-    return warm_up(core)
+    with installed_for_warm_up(kernel_cache, engine_cfg.torch_device()):
+        start = time.monotonic()
+        core = EngineCore(engine_cfg, on_failure=on_failure or _end_engine_process)
+        log.info("engine core built (model, KV cache, tokenizer) in %.1f s",
+                 time.monotonic() - start)  # fmt: skip
+        return warm_up(core)
 
 
 def _end_engine_process(exc: BaseException) -> None:
@@ -168,11 +173,12 @@ def serve(
     """
     # pickles: it may cross to the engine process; on the engine thread a dead tensor-parallel
     # rank marks the engine dead here (in the engine process it ends that process)
-    factory = functools.partial(build_core, engine_cfg)
+    shipped = kernel_cache_archive(profile) if profile is not None else None
+    factory = functools.partial(build_core, engine_cfg, kernel_cache=shipped)
     if engine_client is not None:  # the model loads there while this process builds the app
         engine_client.load(factory, tokenizer=functools.partial(read_tokenizer, engine_cfg.model))
     elif not cfg.engine_process:
-        factory = lambda: build_core(engine_cfg, engine.fail)  # noqa: E731
+        factory = lambda: build_core(engine_cfg, engine.fail, shipped)  # noqa: E731
     from pagoda.runtime.server.metrics import ServerMetrics
 
     metrics = ServerMetrics(cfg.served_model_name)

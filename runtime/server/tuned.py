@@ -1,10 +1,12 @@
 """`pagoda serve --tuned-profile DIR`: check the profile fits this server, then apply it.
 
-Applying means two things: ``DIR`` goes first on the kernel-config search path
-(`pagoda.kernels.config.set_config_dirs`), and the profile's ``max_num_batched_tokens``/
+Applying means three things: ``DIR`` goes first on the kernel-config search path
+(`pagoda.kernels.config.set_config_dirs`); the profile's ``max_num_batched_tokens``/
 ``max_num_seqs`` become engine arguments unless a flag set them (those flags default to None, so
 an explicit `--max-num-seqs 64` wins over the profile even though 64 is also the engine's
-default). The profile's format is `pagoda.runtime.tuned_profile`.
+default); and its compiled Triton kernels (`kernel_cache_archive`), if it ships them, are
+installed into Triton's cache by the engine factory before the warm-up
+(`pagoda.runtime.kernel_cache`). The profile's format is `pagoda.runtime.tuned_profile`.
 """
 
 from __future__ import annotations
@@ -12,11 +14,19 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pagoda.runtime import options
 from pagoda.runtime.config import resolve_device, resolve_dtype
-from pagoda.runtime.tuned_profile import ProfileError, TunedProfile, device_identity, load_profile
+from pagoda.runtime.tuned_profile import (
+    KERNEL_CACHE_FILE,
+    ProfileError,
+    TunedProfile,
+    device_identity,
+    kernel_cache_file,
+    load_profile,
+)
 
 log = logging.getLogger("pagoda.serve")
 
@@ -76,6 +86,22 @@ def use_kernel_configs(profile: TunedProfile) -> None:
     set_config_dirs([profile.directory])
 
 
+def kernel_cache_archive(profile: TunedProfile) -> tuple[Path, str | None] | None:
+    """(the profile's kernel-cache archive, the digest profile.json recorded for it), or None
+    when it ships none: one line says why when profile.json lists one that is not there (the
+    tuning Job leaves it out of a ConfigMap it would not fit)."""
+    section = profile.kernel_cache()
+    path = kernel_cache_file(profile.directory)
+    if path is None:
+        if section.get("status") == "packed":
+            log.info(
+                "kernel cache: the profile lists %s but %s has no such file (too large for the "
+                "ConfigMap?); its kernels compile at start", KERNEL_CACHE_FILE, profile.directory,
+            )  # fmt: skip
+        return None
+    return path, section.get("sha256")
+
+
 def describe(profile: TunedProfile, engine_kwargs: Mapping[str, Any]) -> str:
     """The start-up log line."""
     cap = profile.data.get("capacity") or {}
@@ -109,4 +135,6 @@ def apply_tuned_profile(
     return profile, kwargs
 
 
-__all__ = ["ProfileError", "apply_tuned_profile", "check_profile", "describe"]
+__all__ = [
+    "ProfileError", "apply_tuned_profile", "check_profile", "describe", "kernel_cache_archive",
+]  # fmt: skip

@@ -1,4 +1,5 @@
-"""One `pagoda tune` run: identity → (CUDA) kernel sweep → engine profile → knobs → profile.json."""
+"""One `pagoda tune` run: identity → (CUDA) kernel sweep → engine profile → knobs → profile.json
+→ (CUDA) the Triton kernels serving's warm-up compiles, packed beside it."""
 
 from __future__ import annotations
 
@@ -159,6 +160,8 @@ def tune(req: TuneRequest) -> TuneResult:
             bar.close()
     usable = _finish(profile, engine, req, time.monotonic() - start)
     save()
+    profile["kernel_cache"] = _kernel_cache(setup, req, out, usable)
+    save()
     return TuneResult(profile, usable, summary_table(profile, out))
 
 
@@ -224,6 +227,25 @@ def _run_kernels(
             progress=progress, save=save_kernels,
         )
     )  # fmt: skip
+
+
+def _kernel_cache(setup: _Setup, req: TuneRequest, out: Path, usable: bool) -> dict[str, Any]:
+    """The Triton kernels serving's warm-up compiles with this profile, compiled in a fresh
+    process and packed beside it (CUDA with the Triton backend); the ``kernel_cache`` section."""
+    from pagoda.runtime.tune.kernel_cache_stage import cache_target, describe, run_cache_stage
+
+    identity, note = cache_target(setup.base.torch_device(), setup.backend)
+    if identity is None:
+        section = {"status": "skipped", "note": note}
+    elif not usable:
+        section = {"status": "skipped", "note": "no scheduler knobs chosen yet (rerun to resume)"}
+    else:
+        print(f"kernel cache: warming up as `pagoda serve` will, in a fresh process ({note})",
+              file=sys.stderr)  # fmt: skip
+        args = {**req.engine_args, "max_model_len": setup.max_model_len}
+        section = run_cache_stage(out, req.model, args, identity)
+    print(f"kernel cache: {describe(section)}", file=sys.stderr)
+    return section
 
 
 def _check_shapes(previous: dict | None, out: Path, max_model_len: int, block_size: int) -> None:

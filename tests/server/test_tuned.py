@@ -96,3 +96,67 @@ def test_env_names_the_profile(tmp_path, monkeypatch):
     finally:
         kc.set_config_dirs(())
     assert profile is not None and json.loads((tmp_path / "profile.json").read_text())
+
+
+def test_a_listed_archive_that_is_missing_is_one_line(tmp_path, caplog):
+    from pagoda.runtime.server.tuned import kernel_cache_archive
+    from pagoda.runtime.tuned_profile import KERNEL_CACHE_FILE, load_profile
+
+    make_profile(tmp_path, kernel_cache={"status": "packed", "sha256": "a" * 64})
+    with caplog.at_level(logging.INFO, "pagoda.serve"):
+        assert kernel_cache_archive(load_profile(tmp_path)) is None
+    assert f"the profile lists {KERNEL_CACHE_FILE} but" in caplog.text
+    assert "its kernels compile at start" in caplog.text
+    (tmp_path / KERNEL_CACHE_FILE).write_bytes(b"x")
+    assert kernel_cache_archive(load_profile(tmp_path)) == (tmp_path / KERNEL_CACHE_FILE, "a" * 64)
+    make_profile(tmp_path)  # a CPU profile: no section, nothing said
+    (tmp_path / KERNEL_CACHE_FILE).unlink()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, "pagoda.serve"):
+        assert kernel_cache_archive(load_profile(tmp_path)) is None
+    assert caplog.text == ""
+
+
+def test_the_engine_factory_installs_the_profile_kernels_before_warm_up(
+    tmp_path, monkeypatch, caplog
+):
+    """serve's factory (run in the engine process) with a profile that ships sm_90 kernels:
+    they land in this process's TRITON_CACHE_DIR before the engine is built. This CPU compiles
+    no GPU kernel, so the device's target is the one thing stood in for (an H200's)."""
+    from hf_oracle import make_tiny_llama
+    from kernel_cache_testlib import IDENTITY, cache_files, compile_scale
+    from pagoda.runtime import kernel_cache
+    from pagoda.runtime.server.launch import build_core
+    from pagoda.runtime.server.tuned import kernel_cache_archive
+    from pagoda.runtime.tuned_profile import KERNEL_CACHE_FILE, load_profile
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "tuning-job"))
+    for block in (128, 256):
+        compile_scale(block)
+    packed = kernel_cache.pack(
+        tmp_path / "tuning-job", tmp_path / "p" / KERNEL_CACHE_FILE, IDENTITY
+    )
+    model = tmp_path / "tiny"
+    make_tiny_llama(model)
+    make_profile(tmp_path / "p", model=str(model), kernel_cache=packed.section())
+    shipped = kernel_cache_archive(load_profile(tmp_path / "p"))
+    assert shipped == (packed.path, packed.sha256)
+
+    pod = tmp_path / "pod-triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(pod))
+    monkeypatch.setattr(kernel_cache, "target_of", lambda device: IDENTITY.target)
+    cfg = EngineConfig.create(
+        str(model), device="cpu", dtype="float32", max_model_len=128, kv_cache_memory=1 << 20
+    )
+    with caplog.at_level(logging.INFO):
+        core = build_core(cfg, kernel_cache=shipped)
+    core.close()
+    assert len({name.split("/")[0] for name in cache_files(pod)}) == 2
+    text = caplog.text
+    assert (
+        f"kernel cache: 2 kernels from the tuned profile (triton {IDENTITY.triton}, cuda 90)"
+        in text
+    )
+    assert text.index("kernel cache: 2 kernels") < text.index("engine core built")
+    assert "start compiled 0 Triton cache entries the profile did not ship" in text
+    assert "warm-up: " in text  # with how long it took
