@@ -355,7 +355,8 @@ def install(
             with tempfile.TemporaryDirectory(dir=cache, prefix=".pagoda-install-") as tmp:
                 tar.extractall(tmp, filter="data")
                 written = sum(_place(entry, cache / entry.name)
-                              for entry in sorted(Path(tmp).iterdir()))  # fmt: skip
+                              for entry in sorted(Path(tmp).iterdir())
+                              if entry.is_dir())  # the manifest is read, not installed  # fmt: skip
     except _UNREADABLE as e:
         log.warning("kernel cache %s: skipped (%s: %s); kernels compile at start",
                     archive, type(e).__name__, e)  # fmt: skip
