@@ -3,7 +3,13 @@ ptxas, so `triton.compile` with an explicit target makes the sm_90 cubins an H10
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import triton
 import triton.language as tl
@@ -27,12 +33,32 @@ SCALE = JITFunction(_scale)
 SIGNATURE = {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "factor": "fp32", "BLOCK": "constexpr"}
 
 
-def compile_scale(block: int) -> tuple[object, float]:
-    """One kernel variant per ``block`` into $TRITON_CACHE_DIR; (the kernel, seconds taken)."""
+def compile_scale(block: int) -> tuple[SimpleNamespace, float]:
+    """One kernel variant per ``block`` into $TRITON_CACHE_DIR; (the kernel's ``hash`` and
+    ``asm["cubin"]``, seconds the compile took). Compiled in a fresh process: once a test has run
+    a kernel under TRITON_INTERPRET=1, the interpreter's patches of `triton.language` break a
+    real compile in that process ('value' object has no attribute 'dtype')."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]);"
+        "import kernel_cache_testlib as t; print(json.dumps(t._compile_here(int(sys.argv[2]))))"
+    )
+    here = str(Path(__file__).resolve().parent)
+    out = subprocess.run([sys.executable, "-P", "-c", code, here, str(block)], env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    if out.returncode != 0:
+        raise RuntimeError(f"compiling the test kernel failed:\n{out.stderr[-3000:]}")
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    kernel = SimpleNamespace(hash=got["hash"], asm={"cubin": bytes.fromhex(got["cubin"])})
+    return kernel, got["seconds"]
+
+
+def _compile_here(block: int) -> dict:
     start = time.perf_counter()
     src = ASTSource(SCALE, SIGNATURE, constexprs={"BLOCK": block})
     kernel = triton.compile(src, target=TARGET)
-    return kernel, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    return {"hash": kernel.hash, "cubin": kernel.asm["cubin"].hex(), "seconds": seconds}
 
 
 def cache_files(cache_dir) -> dict[str, int]:
