@@ -166,11 +166,8 @@ def identity_for(target: str) -> Identity | None:
 
 
 def triton_cache_dir() -> Path:
-    """Where Triton reads and writes its cache in this process (``TRITON_CACHE_DIR``, else
-    Triton's default under ``~/.triton``)."""
-    env = os.environ.get("TRITON_CACHE_DIR")
-    if env:
-        return Path(env)
+    """Where Triton reads and writes its cache in this process (its knob reads
+    ``TRITON_CACHE_DIR``, else Triton's default under ``~/.triton``)."""
     from triton import knobs
 
     return Path(knobs.cache.dir)
