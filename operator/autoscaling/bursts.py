@@ -27,18 +27,19 @@ keep a replica busy for 2.6 minutes in all, but need 30 replicas at once to answ
 Held like a burst's, the clumps of the window stand for the next one.
 
 A level shift (one step up) or an isolated burst holds nothing: the demand floor follows them
-down after the scale-down window, as before.
+down after the scale-down window, as before (but see a young service, below).
 
 **A young service** (`young_need`) has no history to tell how large its bursts get: in the
-first `burst_window_s` after it starts taking traffic, a burst a few times the largest seen so
-far is as likely as one its size (a code assistant's first clump of 100,000 prompt tokens, then
-one of 800,000 two minutes later). While what it has shown is bursty (the largest need since
-its first traffic more than `ONSET_RATIO` × the mean need since then, idle samples included,
-the test an onset applies), the floor holds that largest need times the burstiness (peak over
+first `burst_window_s` after it starts taking traffic, the next burst may be several times the
+largest seen so far (a code assistant's first clump of 165,000 prompt tokens, then one of
+830,000 two minutes later). While what it has shown is bursty (the largest need since its first
+traffic more than `ONSET_RATIO` × the mean need since then, idle samples included: the test an
+onset applies), the floor holds that largest need times the burstiness (peak over
 `ONSET_RATIO` × mean, at most `margin`, the policy's `young_margin`), the margin fading linearly
-to none over the window. Smooth traffic and ramps (peak ≤ twice the mean) hold nothing. The
-caller keeps the state, like the history; an operator restart starts it afresh, so a bursty
-service gets the margin again for one window.
+to none over the window. Smooth traffic and ramps (peak ≤ twice the mean) hold nothing; a step
+up from a trickle counts as bursty until the mean catches up. The caller keeps the state, like
+the history; an operator restart starts it afresh, so a bursty service gets the margin again
+for one window.
 """
 
 from __future__ import annotations
