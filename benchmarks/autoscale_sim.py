@@ -206,6 +206,7 @@ ABLATION: list[tuple[str, dict]] = [
     ("evaluated every 15 s (the HPA's cadence)", {"interval_s": EVAL_S}),
     ("without the burst floor", {"burst_window_s": 0.0}),
     ("without the burst schedule", {"burst_memory_s": 0.0}),
+    ("without the young service's margin", {"young_margin": 1.0}),
     ("planning at 95 % of a replica", {"target_utilization": 0.95}),
     ("planning at 90 % of a replica", {"target_utilization": 0.9}),
 ]

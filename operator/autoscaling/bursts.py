@@ -27,7 +27,19 @@ keep a replica busy for 2.6 minutes in all, but need 30 replicas at once to answ
 Held like a burst's, the clumps of the window stand for the next one.
 
 A level shift (one step up) or an isolated burst holds nothing: the demand floor follows them
-down after the scale-down window, as before. The caller keeps the state, like the history.
+down after the scale-down window, as before (but see a young service, below).
+
+**A young service** (`young_need`) has no history to tell how large its bursts get: in the
+first `burst_window_s` after it starts taking traffic, the next burst may be several times the
+largest seen so far (a code assistant's first clump of 165,000 prompt tokens, then one of
+830,000 two minutes later). While what it has shown is bursty (the largest need since its first
+traffic more than `ONSET_RATIO` × the mean need since then, idle samples included: the test an
+onset applies), the floor holds that largest need times the burstiness (peak over
+`ONSET_RATIO` × mean, at most `margin`, the policy's `young_margin`), the margin fading linearly
+to none over the window. Smooth traffic and ramps (peak ≤ twice the mean) hold nothing; a step
+up from a trickle counts as bursty until the mean catches up. The caller keeps the state, like
+the history; an operator restart starts it afresh, so a bursty service gets the margin again
+for one window.
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ FAST_WINDOW_S = 15.0  # the fast arrival rate's window (prometheus.py)
 CLUMP_SPAN_S = 5.0  # a clump of prompts may come within one scrape interval
 JITTER = 0.05  # a scheduled burst is held this share of its interval either side
 MIN_AHEAD_S = 60.0  # ... and at least this long either side (plus the lead before)
+YOUNG_MARGIN = 4.0  # a young bursty service's largest need is held at most this many times
 
 Sample = tuple[float, float, bool]  # (time, fast need in busy replicas, above the onset ratio)
 Samples = tuple[Sample, ...]
@@ -56,6 +69,7 @@ class Bursts:
 
     samples: Samples = ()  # every evaluation's fast need within the window
     onsets: tuple[Onset, ...] = ()  # distinct bursts within the memory, oldest first
+    since: float | None = None  # the first evaluation with traffic (None: none yet)
 
 
 def clump_need(
@@ -98,7 +112,8 @@ def record(
         onsets = (*onsets[:-1], (onsets[-1][0], max(onsets[-1][1], fast)))
     elif onset and memory_s > 0 and not (onsets and now - onsets[-1][0] <= MERGE_S):
         onsets = (*onsets, (now, fast))
-    return Bursts((*kept, (now, fast, above)), onsets)
+    since = state.since if state.since is not None or fast <= 0 else now
+    return Bursts((*kept, (now, fast, above)), onsets, since)
 
 
 def onsets(samples: Samples) -> int:
@@ -131,3 +146,22 @@ def scheduled_need(state: Bursts, now: float, lead_s: float) -> float | None:
     """Busy replicas the next scheduled burst needs while it is due (None: none due)."""
     due = expected(state, now, lead_s)
     return None if due is None else due[1]
+
+
+def young_need(state: Bursts, now: float, window_s: float, margin: float) -> float | None:
+    """Busy replicas a young service holds (None: older than `window_s` since its first traffic,
+    none yet, or not bursty): its largest need times its burstiness (peak over `ONSET_RATIO` ×
+    mean since the first traffic, at most `margin`), the margin fading to none over the window."""
+    if state.since is None or margin <= 1.0:
+        return None
+    age = now - state.since
+    if age >= window_s:
+        return None
+    needs = [s[1] for s in state.samples if s[0] >= state.since]
+    peak, mean = max(needs), sum(needs) / len(needs)
+    if mean <= 0:
+        return None
+    burstiness = min(margin, peak / (ONSET_RATIO * mean))
+    if burstiness <= 1.0:
+        return None  # smooth or a ramp: the demand floor's trend covers it
+    return peak * (1.0 + (burstiness - 1.0) * (1.0 - age / window_s))

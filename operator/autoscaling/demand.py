@@ -42,11 +42,14 @@ class Demand:
     arrival_rate: float  # λ after extrapolation, requests/s
     work_s: float  # replica-seconds one request costs
     burst: float | None = None  # busy replicas the recent bursts needed, when that sets `replicas`
+    young: bool = False  # `burst` is a young service's margin (bursts.young_need)
 
     def describe(self) -> str:
         text = f"demand {self.arrival_rate:.1f} req/s x {self.work_s:.3f} s"
         if self.burst is not None:
             text += f", bursts {self.burst:.1f} replicas busy"
+            if self.young:
+                text += " (young service: margin over its largest burst)"
         return text
 
 

@@ -29,6 +29,9 @@ The HPA's algorithm, on what users feel instead of CPU:
   the largest 15 s need of that window (its work, or the prefill of its clump of prompt tokens
   within the TTFT budget when larger), so the next burst finds its capacity standing; bursts
   farther apart at a steady interval are scheduled: their need is held while the next is due;
+  and for `burst_window_s` after a service starts taking traffic, while what it has shown is
+  bursty, its largest need times its burstiness (at most `young_margin`), fading to none over
+  the window: with no history, the next burst may be several times the largest seen;
 * with V_P alone (an older profile), never fewer replicas than prefill the queued prompt tokens
   within the TTFT target (autotune/floor.py, llm-d's `TTFT_target − ISL/V_P` rule): it acts when
   the queue forms, before TTFT rises.
@@ -80,6 +83,7 @@ class Policy:
     lead_s: float = 30.0  # how far ahead the demand floor extrapolates a rising arrival rate
     burst_window_s: float = 900.0  # the burst floor's memory (0: no burst floor)
     burst_memory_s: float = 7200.0  # how long bursts are remembered to schedule the next (0: not)
+    young_margin: float = bursts_mod.YOUNG_MARGIN  # a young bursty service's headroom (1: none)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_replicas <= self.max_replicas:
@@ -110,6 +114,8 @@ class Policy:
             raise ValueError(f"burst_window_s must be >= 0, got {self.burst_window_s}")
         if self.burst_memory_s < 0:
             raise ValueError(f"burst_memory_s must be >= 0, got {self.burst_memory_s}")
+        if not self.young_margin >= 1:
+            raise ValueError(f"young_margin must be >= 1, got {self.young_margin}")
 
     @classmethod
     def from_spec(cls, spec: AutoscalingSpec, *, max_metric_age_s: float = 60.0) -> Policy:
@@ -378,11 +384,13 @@ def _burst(
     state = bursts_mod.record(
         state, now, fast, slow, policy.burst_window_s, policy.burst_memory_s, clump
     )
+    young = bursts_mod.young_need(state, now, policy.burst_window_s, policy.young_margin)
     needs = [
         n
         for n in (
             bursts_mod.burst_need(state),
             bursts_mod.scheduled_need(state, now, policy.lead_s),
+            young,
         )
         if n is not None
     ]
@@ -392,7 +400,8 @@ def _burst(
     replicas = math.ceil(need / policy.target_utilization - 1e-9)
     if replicas <= demand.replicas:
         return demand, state
-    return dataclasses.replace(demand, replicas=replicas, burst=need), state
+    young_set = young is not None and young >= need
+    return dataclasses.replace(demand, replicas=replicas, burst=need, young=young_set), state
 
 
 def _floors(

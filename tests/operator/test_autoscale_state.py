@@ -18,6 +18,7 @@ from pagoda.operator.web.metrics import OperatorMetrics
 POLICY = Policy(
     min_replicas=1, max_replicas=40, target_ttft_s=5.0, down_window_s=10,
     prefill_tokens_per_s=1000.0, decode_tokens_per_s=500.0, lead_s=0.0, target_utilization=0.95,
+    young_margin=1.0,  # the recurring bursts' floor alone
 )  # fmt: skip
 
 
