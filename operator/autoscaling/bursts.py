@@ -38,8 +38,8 @@ onset applies), the floor holds that largest need times the burstiness (peak ove
 `ONSET_RATIO` × mean, at most `margin`, the policy's `young_margin`), the margin fading linearly
 to none over the window. Smooth traffic and ramps (peak ≤ twice the mean) hold nothing; a step
 up from a trickle counts as bursty until the mean catches up. The caller keeps the state, like
-the history; an operator restart starts it afresh, so a bursty service gets the margin again
-for one window.
+the history; `since` survives an operator restart through `status.autoscaling.trafficSince`
+(loop.py), so a restart does not make an old service young again.
 """
 
 from __future__ import annotations

@@ -7,13 +7,16 @@ retry next interval), post an Event per scale, and write `status.autoscaling` an
 `MetricsUnavailable` condition only when they changed. Alert-driven steps (alerts.py) go through
 the same lock and history. The history lives in memory and is seeded with the current count, so
 after a restart a scale down waits a full window; the learned correction and the burst floor's
-samples live beside it and start afresh.
+samples live beside it and start afresh. A service's first traffic is kept in
+`status.autoscaling.trafficSince`, so a restart does not make an old service young again (the
+burst floor's young-service margin, bursts.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -63,15 +66,38 @@ def _r(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # Kubernetes' timestamps (names.now_iso)
+
+
+def wall_iso(wall_s: float) -> str:
+    return datetime.datetime.fromtimestamp(wall_s, datetime.timezone.utc).strftime(TIME_FORMAT)
+
+
+def traffic_since(auto: Mapping[str, Any] | None, now: float, wall: float) -> float | None:
+    """`status.autoscaling.trafficSince` on the loop's clock (`now`, when the wall clock reads
+    `wall`); None when absent or unreadable (the service is then young from its next traffic)."""
+    raw = (auto or {}).get("trafficSince")
+    try:
+        then = datetime.datetime.strptime(str(raw), TIME_FORMAT)
+    except ValueError:
+        return None
+    age = wall - then.replace(tzinfo=datetime.timezone.utc).timestamp()
+    return now - max(0.0, age)
+
+
 def autoscaling_status(
     old: Mapping[str, Any] | None,
     decision: Decision,
     metrics: Metrics | None,
     ready: int,
     scaled: tuple[str, str] | None = None,
+    since_iso: str | None = None,
 ) -> dict[str, Any]:
-    """The whole `status.autoscaling` after a decision (pure). `scaled`: (reason, source)."""
+    """The whole `status.autoscaling` after a decision (pure). `scaled`: (reason, source);
+    `since_iso`: the first traffic, written once (a restart reads it back)."""
     new = dict(old or {})
+    if since_iso is not None and not new.get("trafficSince"):
+        new["trafficSince"] = since_iso
     new["desiredReplicas"] = decision.replicas
     new["reason"] = decision.reason
     if decision.recommendation is not None:
@@ -101,6 +127,7 @@ class Autoscaler:
         *,
         source: PrometheusSource | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.api = api
         self.config = config
@@ -108,7 +135,7 @@ class Autoscaler:
         self.source = source or PrometheusSource(
             timeout_s=config.prometheus_timeout_s, ttft_window=config.ttft_window
         )
-        self.clock = clock
+        self.clock, self.wall = clock, wall
         self._states: dict[str, _State] = {}
 
     async def close(self) -> None:
@@ -236,11 +263,11 @@ class Autoscaler:
         logger: logging.Logger,
     ) -> Decision:
         """Decide, scale, log and write status (the object's lock held)."""
-        ns, name, uid = (fresh["metadata"][k] for k in ("namespace", "name", "uid"))
+        ns, name = fresh["metadata"]["namespace"], fresh["metadata"]["name"]
         current = int((deploy.get("spec") or {}).get("replicas") or 0)
         ready = int((deploy.get("status") or {}).get("readyReplicas") or 0)
         now = self.clock()
-        state = self._states.setdefault(uid, _State(history=((now, current),)))
+        state = self._state(fresh, now, current)
         decision = decide(
             policy, metrics, current=current, ready=ready, history=state.history, now=now,
             unavailable=f"{why[0]}: {why[1]}", correction=state.correction, bursts=state.bursts,
@@ -269,6 +296,16 @@ class Autoscaler:
         await self._write_status(fresh, decision, metrics, ready, scaled, unavailable)
         return decision
 
+    def _state(self, body: Mapping[str, Any], now: float, current: int) -> _State:
+        """This service's state; a new one (first sight, or after a restart) keeps the first
+        traffic its status recorded."""
+        uid = body["metadata"]["uid"]
+        if uid not in self._states:
+            auto = (body.get("status") or {}).get("autoscaling")
+            since = traffic_since(auto, now, self.wall())
+            self._states[uid] = _State(history=((now, current),), bursts=Bursts(since=since))
+        return self._states[uid]
+
     async def alert_scale_up(self, req: ScaleUpRequest, logger: logging.Logger = log) -> str:
         """One step up for a firing alert; returns the outcome (CamelCase) for the webhook reply."""
         if not self.config.clusterwide and req.namespace not in self.config.namespaces:
@@ -295,7 +332,7 @@ class Autoscaler:
             current = int((deploy.get("spec") or {}).get("replicas") or 0)
             ready = int((deploy.get("status") or {}).get("readyReplicas") or 0)
             now = self.clock()
-            state = self._states.setdefault(uid, _State(history=((now, current),)))
+            state = self._state(body, now, current)
             if (
                 state.last_scale_up is not None
                 and now - state.last_scale_up < self.config.alert_cooldown_s
@@ -361,7 +398,11 @@ class Autoscaler:
         """Patch status.autoscaling and MetricsUnavailable when they changed (lock held)."""
         meta = fresh["metadata"]
         old = fresh.get("status") or {}
-        new_auto = autoscaling_status(old.get("autoscaling"), decision, metrics, ready, scaled)
+        since = decision.bursts.since
+        since_iso = None if since is None else wall_iso(self.wall() - (self.clock() - since))
+        new_auto = autoscaling_status(
+            old.get("autoscaling"), decision, metrics, ready, scaled, since_iso
+        )
         patch: dict[str, Any] = {}
         if new_auto != old.get("autoscaling"):
             patch["autoscaling"] = new_auto

@@ -6,10 +6,12 @@ API stands in for the cluster (the loop against the emulator is test_autoscale_l
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 from typing import Any
 
+from pagoda.operator.autoscaling import loop
 from pagoda.operator.autoscaling.loop import Autoscaler
 from pagoda.operator.autoscaling.policy import Metrics, Policy
 from pagoda.operator.spec.config import OperatorConfig
@@ -69,3 +71,72 @@ def test_the_burst_samples_carry_over_between_evaluations() -> None:
     need = math.ceil(40 * 0.2 / POLICY.target_utilization)  # 8 replicas busy in a burst
     assert out[-1] == (need, "BurstFloor"), out  # the quiet after the second burst stays up
     assert len(scaler._states["u1"].bursts.samples) == len(out)
+
+
+class StatusApi(Api):
+    """Api that also keeps the status patches, as the status subresource would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.status: dict[str, Any] = {}
+
+    async def patch(self, kind: str, ns: str, name: str, body: dict, **kw: Any) -> dict:
+        if kw.get("subresource") == "status":
+            self.status.update(body["status"])
+        return await super().patch(kind, ns, name, body, **kw)
+
+
+def _replay(scaler: Autoscaler, api: Api, clock: list[float], status: dict | None) -> list[str]:
+    """A burst, then quiet, every 5 s; the decisions' messages."""
+    young = dataclasses.replace(POLICY, young_margin=4.0)
+    fresh: dict[str, Any] = {"metadata": {"namespace": "default", "name": "chat", "uid": "u1"}}
+    if status is not None:
+        fresh["status"] = status
+
+    async def run() -> list[str]:
+        out = []
+        for m in [reading(40.0, 4.0)] * 2 + [reading(0.0, 1.0)] * 4:
+            clock[0] += 5.0
+            d = await scaler._decide_and_apply(
+                young, fresh, api.deployment(), m, ("", ""), logging.getLogger("test")
+            )
+            out.append(d.message)
+        return out
+
+    return asyncio.run(run())
+
+
+def test_an_operator_restart_keeps_a_services_age() -> None:
+    """The first traffic goes into status.autoscaling.trafficSince; a restarted operator (a new
+    Autoscaler, another monotonic clock) reads it back, so a service older than the burst window
+    gets no young-service margin again, while one without the field does."""
+    api, clock, wall0 = StatusApi(), [100.0], 1_800_000_000.0
+    first = Autoscaler(
+        api, OperatorConfig(), OperatorMetrics(), clock=lambda: clock[0],
+        wall=lambda: wall0 + clock[0],
+    )  # type: ignore[arg-type]  # fmt: skip
+    assert any("young service" in m for m in _replay(first, api, clock, None))
+    since = api.status["autoscaling"]["trafficSince"]
+    assert since == loop.wall_iso(wall0 + 105.0)  # the first evaluation with traffic
+
+    restarted_at = 2 * POLICY.burst_window_s  # two windows later, on a fresh monotonic clock
+    for status, young in ((dict(api.status), False), (None, True)):
+        clock2 = [5.0]
+        api2 = StatusApi()
+        scaler = Autoscaler(
+            api2, OperatorConfig(), OperatorMetrics(), clock=lambda c=clock2: c[0],
+            wall=lambda c=clock2: wall0 + restarted_at + c[0],
+        )  # type: ignore[arg-type]  # fmt: skip
+        msgs = _replay(scaler, api2, clock2, status)
+        assert any("young service" in m for m in msgs) is young, msgs
+        assert api2.status["autoscaling"]["trafficSince"] == (since if status else
+            loop.wall_iso(wall0 + restarted_at + 10.0))  # fmt: skip
+
+
+def test_traffic_since_reads_the_status_on_the_loops_clock() -> None:
+    wall = 1_800_000_000.0
+    auto = {"trafficSince": loop.wall_iso(wall - 60.0)}
+    assert loop.traffic_since(auto, now=500.0, wall=wall) == 440.0
+    assert loop.traffic_since({"trafficSince": loop.wall_iso(wall + 30)}, 500.0, wall) == 500.0
+    for bad in (None, {}, {"trafficSince": "yesterday"}, {"trafficSince": 12}):
+        assert loop.traffic_since(bad, 500.0, wall) is None
