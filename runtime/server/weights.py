@@ -1,0 +1,393 @@
+"""The weights' bytes as the engine will hold them, from the checkpoint's metadata alone.
+
+A checkpoint's file size is not what its weights take once loaded: the loader dequantizes a GGUF's
+Q4/Q8/K-quant tensors and casts every tensor to the engine's dtype (a 94 MB Q4_1 GGUF is 310 MB
+as bfloat16 on a CPU), a float32 checkpoint served as bfloat16 takes half its file, a bfloat16
+one served as float32 twice (unless the CPU's quantized GEMM reads it in place), an FP8 one keeps
+one byte per weight only where the FP8 kernels run. `pagoda serve` counts the weights here before
+it loads anything (`memory.check`, `fit.check`), by applying the loader's own rules to each
+tensor's name, stored type and shape (a GGUF's tensor table through `gguf_loader._reader`, the
+safetensors headers through `SafetensorsWeights`; no tensor data is read):
+
+* the tensors the model reads (the loader's names), no others: not a GGUF's ``rope_freqs``, a
+  checkpoint's rotary ``inv_freq`` or vision tower, nor the LM head of a tied model; FP8 scales
+  go with their weights;
+* each in the engine's dtype (`EngineConfig.torch_dtype`: ``auto`` is float32 on a CPU without
+  native bf16), Gemma's norms in float32 (their 1 + w);
+* on a CPU in float32, the matrices `qgemm` multiplies in place (`llama.DeviceWeights`: GGUF
+  blocks of the kinds `quantized.readable` names, 16-bit matrices of a safetensors checkpoint,
+  every part of a fused q/k/v or gate/up layer or none) as its packed layout (`qgemm.pack`: rows
+  padded to 16 per run of one kind), a tied embedding read from the LM head's blocks;
+* on a CPU the `Linear` layers hold a packed copy (`linear._pack`), so a tied LM head is a second
+  copy of the embedding table beside the table itself; on CUDA they share it;
+* projections that run in FP8 (`quantization.fp8.engine_scheme`: an FP8 checkpoint where the FP8
+  kernels run, or ``--quantization fp8``) at one byte a weight plus a float32 scale per output
+  row; the embedding, LM head, router and experts stay in the dtype;
+* with tensor parallelism, one rank's share (`distributed.layout`): q by its heads, k and v by
+  its KV heads (replicated when there are fewer than ranks), o and down by input columns (their
+  biases, and FP8 scales, whole), gate/up and the experts by rows, the vocabulary padded to a
+  multiple of the ranks; norms and the router whole on every rank.
+
+Pickled ``.bin`` checkpoints count as their file size (their dtypes need unpickling, and the
+loader reads safetensors only); a directory without weight files (a config.json alone) counts
+from the model's shapes (`fit.Plan.weight_bytes`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from pagoda.runtime.config import EngineConfig, ModelConfig
+
+if TYPE_CHECKING:
+    from pagoda.runtime.quantization.fp8 import Fp8Scheme
+
+EMBED, HEAD, NORM = "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "inv_freq")
+_FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
+          "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"))  # fmt: skip
+_PROJECTIONS = re.compile(r"(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$")
+# safetensors dtype -> bytes per element
+_KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+_ITEM = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
+         "I16": 2, "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One checkpoint tensor as the model reads it: HF name, stored type, shape, bytes."""
+
+    name: str
+    kind: str  # a GGUF type ("Q4_1", "F32") or a safetensors dtype ("BF16", "F8_E4M3")
+    shape: tuple[int, ...]
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The tensors of a checkpoint (metadata only) and its files' size."""
+
+    form: str  # "GGUF", "safetensors", ".bin" (file sizes only) or "" (no weight files)
+    tensors: dict[str, Stored] = field(default_factory=dict)
+    file_bytes: int = 0
+
+    def kinds(self) -> str:
+        """The stored types that hold most of the bytes, largest first ("Q4_1/Q8_0")."""
+        by: dict[str, int] = {}
+        for t in self.tensors.values():
+            by[t.kind] = by.get(t.kind, 0) + t.nbytes
+        total = sum(by.values()) or 1
+        top = sorted((k for k in by if by[k] >= total / 20), key=lambda k: -by[k])
+        return "/".join(top[:3])
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How the engine holds weights: dtype, device, ranks, FP8 layers, `qgemm` blocks, packing."""
+
+    dtype: torch.dtype
+    device: str = "cpu"  # "cpu" or "cuda"
+    tp: int = 1
+    fp8: Fp8Scheme | None = None  # the scheme the projections run in FP8 with (None: 16/32-bit)
+    blocks: bool = False  # float32 on a CPU with `qgemm`: stored blocks / 16-bit read in place
+    packs: bool = False  # CPU `Linear`s hold a packed copy (a tied LM head: a second table)
+
+
+@dataclass(frozen=True)
+class Weights:
+    """The weights' bytes on one rank and how they were counted (for messages)."""
+
+    bytes: int
+    how: str
+
+    def __str__(self) -> str:
+        from pagoda.runtime.server.memory import gib
+
+        return f"{gib(self.bytes)} {self.how}"
+
+
+def estimate(mc: ModelConfig, cfg: EngineConfig, path: Path, tp: int | None = None) -> Weights:
+    """The bytes one rank of `cfg` holds for the weights of the checkpoint at `path` (module
+    docstring), read from its metadata."""
+    tp = cfg.parallel.tensor_parallel_size if tp is None else tp
+    ckpt = read_checkpoint(Path(path), mc.architecture)
+    place = placement(cfg, Path(path), tp)
+    if ckpt.form == ".bin":  # pickled: dtypes unknown without unpickling; the file as it is
+        share = -(-ckpt.file_bytes // tp) if place.device == "cuda" else ckpt.file_bytes
+        return Weights(share, f"(the size of the .bin files{_ranks(tp)})")
+    name = str(place.dtype).removeprefix("torch.")
+    if ckpt.form == "":  # config.json alone: the shapes
+        from pagoda.runtime.server.fit import Plan
+
+        plan = Plan(place.dtype, place.fp8 is not None, False, tp)
+        return Weights(plan.weight_bytes(mc), f"as {name} (from the config's shapes: no weight "
+                       f"files{_ranks(tp)})")  # fmt: skip
+    total, notes = resident(ckpt, mc, place)
+    stored = f"{_gib(ckpt.file_bytes)} {ckpt.kinds()} {ckpt.form}"
+    if "blocks" in notes:
+        target, verb = "float32 and the quantized GEMM's packed blocks", " read in place"
+    else:
+        target = f"FP8 projections + {name}" if "fp8" in notes else name
+        quantized = ckpt.form == "GGUF" and any(t.kind not in ("F32", "F16", "BF16")
+                                                 for t in ckpt.tensors.values())  # fmt: skip
+        same = {t.kind for t in ckpt.tensors.values()} == {_KIND.get(place.dtype)}
+        verb = " dequantized" if quantized else " as stored" if same else " converted"
+    extra = "".join(f"; {v}" for k, v in notes.items() if k not in ("blocks", "fp8"))
+    return Weights(total, f"as {target} ({stored}{verb}{extra}{_ranks(tp)})")
+
+
+def _ranks(tp: int) -> str:
+    return f"; one rank's share of {tp}" if tp > 1 else ""
+
+
+def _gib(n: int) -> str:
+    from pagoda.runtime.server.memory import gib
+
+    return gib(n)
+
+
+def placement(cfg: EngineConfig, path: Path, tp: int = 1) -> Placement:
+    """How `cfg` holds the weights of `path`, by the loader's and the layers' own rules."""
+    from pagoda.runtime.config import fp8_runs_on
+    from pagoda.runtime.quantization.fp8 import engine_scheme
+
+    device, dtype = cfg.torch_device(), cfg.torch_dtype()
+    scheme = None
+    if path.is_dir():
+        from pagoda.runtime.model.hf_loader import read_quantization
+
+        scheme = read_quantization(path)
+    try:
+        fp8 = engine_scheme(cfg.quantization, scheme, fp8_runs_on(device))
+    except ValueError:  # --quantization fp8 where it cannot run: refused by the config already
+        fp8 = None
+    cpu = device.type == "cpu"
+    blocks = packs = False
+    if cpu and dtype == torch.float32 and tp == 1:  # DeviceWeights: blocks serve float32 only
+        from pagoda.runtime.cpu import qgemm
+
+        blocks = qgemm.wanted() and qgemm.load() is not None
+    if cpu:
+        from pagoda.runtime.model import linear
+
+        packs = dtype in linear.PACKED_DTYPES and linear._can_pack(dtype)
+    return Placement(dtype, device.type, tp, fp8, blocks, packs)
+
+
+def read_checkpoint(path: Path, architecture: str) -> Checkpoint:
+    """The checkpoint's tensors as the loader names them (metadata only; cached per file)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return Checkpoint("")
+    return _read(str(path), architecture, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoint:
+    path = Path(path_str)
+    if path.is_file():
+        from pagoda.runtime.model import gguf_loader
+
+        reader = gguf_loader._reader(path)
+        tensors = {}
+        for t in reader.tensors:
+            name = gguf_loader._hf_name(t.name, architecture)  # None: not read (rope_freqs)
+            if name is not None:
+                tensors[name] = Stored(name, t.tensor_type.name, gguf_loader._shape(t),
+                                       int(t.n_bytes))  # fmt: skip
+        return Checkpoint("GGUF", tensors, path.stat().st_size)
+    from pagoda.runtime.model.safetensors_weights import SafetensorsWeights, checkpoint_files
+
+    try:
+        files = checkpoint_files(path)
+    except ValueError:  # no safetensors: pickled weights, or none
+        pickled = [p for pat in ("*.bin", "*.pt") for p in path.glob(pat) if p.is_file()]
+        if pickled:
+            return Checkpoint(".bin", {}, sum(p.stat().st_size for p in pickled))
+        return Checkpoint("")
+    weights = SafetensorsWeights(files)  # headers only: tensors are read on access
+    tensors = {}
+    for name in weights:
+        kind, shape = weights.dtype_and_shape(name)
+        numel = math.prod(shape)
+        tensors[name] = Stored(name, kind, tuple(shape), numel * _ITEM.get(kind, 4))
+    return Checkpoint("safetensors", tensors, sum(f.stat().st_size for f in files))
+
+
+def read_by_model(name: str, mc: ModelConfig, names: dict) -> bool:
+    """Whether the model reads tensor `name` as a weight of its own (FP8 scales go with theirs)."""
+    if name.endswith(_NOT_READ):
+        return False
+    if name == HEAD:
+        return not mc.tie_word_embeddings
+    if name in (EMBED, NORM):
+        return True
+    m = _LAYER.match(name)
+    return m is not None and int(m.group(1)) < mc.num_layers
+
+
+def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict[str, str]]:
+    """Bytes one rank holds (module docstring), and notes on how: "blocks", "fp8", extras."""
+    from pagoda.runtime.distributed.layout import TPLayout
+
+    lay = TPLayout(0, p.tp)
+    tensors = {n: t for n, t in ckpt.tensors.items() if read_by_model(n, mc, ckpt.tensors)}
+    tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
+    item, notes = p.dtype.itemsize, {}
+    bound = _bound_groups(tensors) if p.blocks else {}
+    total, note = _embedding_and_head(tensors, mc, p, lay, tied)
+    if note:
+        notes["tied"] = note
+    fp8_layers = 0
+    for name, t in tensors.items():
+        if name in (EMBED, HEAD):
+            continue
+        if name in bound:  # qgemm's packed blocks (a fused layer's bytes on its first part)
+            total += bound[name]
+            continue
+        share = _share(name, t.shape, mc, lay)
+        if p.fp8 is not None and _PROJECTIONS.search(name) and "experts" not in name and \
+                p.fp8.quantizes(name.removesuffix(".weight")):  # fmt: skip
+            total += share + 4 * _local_rows(name, t.shape, mc, lay)  # E4M3, a scale per row
+            fp8_layers += 1
+        elif mc.family.gemma_norms and name.endswith("norm.weight"):
+            total += share * 4  # 1 + w in float32 (gemma3.norm_weight)
+        else:
+            total += share * item
+    if bound:
+        notes["blocks"] = "blocks"
+    if fp8_layers:
+        notes["fp8"] = str(fp8_layers)
+    return total, notes
+
+
+def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placement, lay,
+                        tied: bool) -> tuple[int, str]:  # fmt: skip
+    """The embedding table and the LM head (`llama._lookup_table`, `LlamaModel.__init__`):
+    bytes, and a note when a tied head holds its own copy."""
+    from pagoda.runtime.cpu.quantized import readable
+
+    embed = tensors.get(EMBED)
+    head = embed if tied else tensors.get(HEAD)
+    if embed is None or head is None:
+        return 0, ""
+    item = p.dtype.itemsize
+    if not p.blocks:
+        table = _share(EMBED, embed.shape, mc, lay) * item
+        if tied:  # a CPU Linear packs its own copy; on CUDA the head multiplies the table
+            return table * (
+                2 if p.packs else 1
+            ), "the tied LM head's packed copy of the embedding too" if p.packs else ""
+        return table + _share(HEAD, head.shape, mc, lay) * item, ""
+
+    def blocks(t: Stored) -> int | None:
+        if not readable(t.kind, t.shape[-1]) or len(t.shape) != 2:
+            return None
+        return packed_bytes([(t.kind, t.shape[0])], t.shape[1])
+
+    capped = mc.architecture == "gemma3" and bool(mc.family.final_logit_softcapping)
+    head_blocks = None if capped else blocks(head)  # gemma3.head_blocks: capped heads stay dense
+    head_bytes = head.numel * 4 if head_blocks is None else head_blocks
+    if tied and head_blocks is not None:  # the lookups read the head's blocks
+        return head_bytes, ""
+    table = blocks(embed)
+    if table is None:
+        table = 0 if tied and not p.packs else embed.numel * 4
+    return table + head_bytes, ""
+
+
+def _local_rows(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> int:
+    """Output rows of a projection on this rank (row-parallel o/down keep every row)."""
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+        return shape[0]
+    return _share(name, shape[:1], mc, lay)
+
+
+def _share(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> int:
+    """Elements of tensor `name` on rank 0 of `lay` (`model.parallel_linear`, `moe.py`)."""
+    n = math.prod(shape)
+    if lay.size == 1:
+        return n
+    rest = math.prod(shape[1:])
+    if name in (EMBED, HEAD):
+        start, stop = lay.vocab(shape[0])
+        return (stop - start) * rest
+    m = _LAYER.match(name)
+    part = m.group(2) if m else ""
+    if re.search(r"\bq_proj\.(weight|bias)$", part):
+        q0, q1 = lay.heads(mc.num_heads)
+        return (q1 - q0) * mc.head_dim * rest
+    if re.search(r"\b[kv]_proj\.(weight|bias)$", part):
+        k0, k1 = lay.kv_heads(mc.num_kv_heads)
+        return (k1 - k0) * mc.head_dim * rest
+    if "experts." in part or re.search(r"(o_proj|down_proj)\.weight$|(gate|up)_proj\.", part):
+        return n // lay.size  # rows or input columns (MoE: each expert's intermediate width)
+    return n  # norms, the router, o's and down's biases: whole on every rank
+
+
+def _group(name: str) -> str:
+    for pattern, fused in _FUSED:
+        name = pattern.sub(fused, name)
+    return name
+
+
+def _bound_groups(tensors: dict[str, Stored]) -> dict[str, int]:
+    """{name: packed bytes} of the matrices `qgemm` holds (float32 CPU): a fused layer's bytes
+    on its first member, 0 on the others; layers with a part it cannot read are not listed."""
+    from pagoda.runtime.cpu.quantized import readable
+
+    groups: dict[str, list[Stored]] = {}
+    for name, t in tensors.items():
+        if name.endswith(".weight") and len(t.shape) in (2, 3) and name not in (EMBED, HEAD):
+            groups.setdefault(_group(name), []).append(t)
+    out: dict[str, int] = {}
+    for parts in groups.values():
+        if not all(readable(t.kind, t.shape[-1]) for t in parts):
+            continue
+        if len({t.shape[:-2] for t in parts}) != 1:
+            continue
+        experts = parts[0].shape[0] if len(parts[0].shape) == 3 else 1
+        rows = [(t.kind, t.shape[-2]) for t in parts]
+        out.update({t.name: 0 for t in parts})
+        out[parts[0].name] = experts * packed_bytes(rows, parts[0].shape[-1])
+    return out
+
+
+def packed_bytes(parts: list[tuple[str, int]], cols: int) -> int:
+    """Bytes of `qgemm.pack` for row parts (kind, rows) of `cols` keys, stacked as
+    `quantized.stack` merges them (neighbours of one kind), each run padded to 16 rows."""
+    from pagoda.runtime.cpu import qgemm
+    from pagoda.runtime.cpu.quantized import BLOCKS
+
+    runs: list[list] = []
+    for kind, rows in parts:
+        if runs and runs[-1][0] == kind:
+            runs[-1][1] += rows
+        else:
+            runs.append([kind, rows])
+    total = 0
+    for kind, rows in runs:
+        keys = BLOCKS[kind][0]
+        total += -(-rows // qgemm.NB) * (cols // keys) * _unit_bytes(kind)
+    return total
+
+
+@functools.cache
+def _unit_bytes(kind: str) -> int:
+    """`qgemm.pack`'s bytes for 16 rows by one stored block of keys of `kind`."""
+    from pagoda.runtime.cpu import qgemm
+    from pagoda.runtime.cpu.quantized import BLOCKS, probe_weight
+
+    return int(qgemm.pack(probe_weight(kind, qgemm.NB, BLOCKS[kind][0])).numel())
