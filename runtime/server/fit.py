@@ -9,14 +9,17 @@ GPU that has FP8, more GPUs (tensor parallelism), a shorter context.
 
 What it counts, per rank of ``tensor_parallel_size``:
 
-* weights from the model's shape (`ModelConfig`), not the file: the decoder's projections at one
-  byte plus a float32 scale per output channel where they run in FP8 (``--quantization fp8``, or
-  an FP8 checkpoint on a GPU with FP8; elsewhere an FP8 checkpoint is dequantized at load), the
-  rest (embeddings, LM head, experts, norms) in the model's dtype; each rank's share: q, o,
-  the MLP, experts and vocabulary split over the ranks, K and V by this rank's KV heads
-  (replicated when there are fewer than ranks), the FP8 scales of row-parallel o and down
-  whole on every rank (`model.parallel_linear`), norms on every rank. On a CPU in float32,
-  layers that multiply by the stored 16-bit or GGUF blocks (`qgemm`) hold the file's bytes, so the smaller of the two counts there: a floor, like `memory.py`'s.
+* the weights as the loader will hold them, one rank's share (`weights.py`: from the
+  checkpoint's tensor table, not its file size: dequantized GGUF blocks and cast tensors in the
+  model's dtype, the blocks `qgemm` reads in place on a CPU in float32, FP8 projections at one
+  byte plus a float32 scale per output row where they run in FP8, a tied LM head's packed copy
+  on a CPU). A config.json without weight files counts from the model's shape
+  (`Plan.weight_bytes`: the decoder's projections at one byte plus a float32 scale per output
+  channel where they run in FP8, the rest in the model's dtype; each rank's share: q, o, the
+  MLP, experts and vocabulary split over the ranks, K and V by this rank's KV heads (replicated
+  when there are fewer than ranks), the FP8 scales of row-parallel o and down whole on every
+  rank (`model.parallel_linear`), norms on every rank), as do the other plans `would_fit`
+  suggests.
 * the KV cache of one sequence of ``max_model_len`` tokens (whole blocks), with each rank's KV
   heads (split over the ranks; one each when there are fewer heads than ranks); where the
   cache's size is fixed up front and smaller (``--kv-cache-memory``, the CPU's default 2 GiB),
@@ -36,6 +39,7 @@ import torch
 from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig, fp8_runs_on
 from pagoda.runtime.server import memory
+from pagoda.runtime.server import weights as weights_of
 from pagoda.runtime.server.memory import gib
 from pagoda.runtime.termination import ReasonedError
 
@@ -129,9 +133,8 @@ def check(
     plan = plan_of(cfg, model_path, tensor_parallel_size)
     if not plan.max_model_len:
         plan = Plan(**{**plan.__dict__, "max_model_len": mc.max_position_embeddings})
-    weights = plan.weight_bytes(mc)
-    if device.type == "cpu" and plan.dtype == torch.float32:  # stored blocks read in place
-        weights = min(weights, memory.checkpoint_bytes(model_path) or weights)
+    held = weights_of.estimate(mc, cfg, model_path, tensor_parallel_size)  # as loaded
+    weights = held.bytes
     have, where = usable(cfg, device)
     kv = plan.kv_bytes(mc)
     budget = kv_budget(cfg, plan.kv_bytes_per_token(mc), device)
@@ -139,7 +142,8 @@ def check(
     if weights + (budget if budgeted else kv) <= have:
         return plan
     fp8_here = device.type == "cuda" and fp8_runs_on(device)
-    text = message(mc, plan, weights, budget if budgeted else kv, have, where, fp8_here, budgeted)
+    text = message(mc, plan, weights, budget if budgeted else kv, have, where, fp8_here, budgeted,
+                   held.how)  # fmt: skip
     raise ReasonedError(text, reason=REASON)
 
 
@@ -158,18 +162,20 @@ def kv_budget(cfg: EngineConfig, per_token: int, device: torch.device) -> int | 
 
 def message(
     mc: ModelConfig, plan: Plan, weights: int, kv: int, have: int, where: str, fp8_here: bool,
-    budgeted: bool = False,
+    budgeted: bool = False, how: str = "",
 ) -> str:  # fmt: skip
     """One line: what is needed, what there is, and what would fit (module docstring);
-    ``budgeted``: ``kv`` is the fixed KV-cache size, smaller than one full sequence."""
+    ``budgeted``: ``kv`` is the fixed KV-cache size, smaller than one full sequence; ``how``:
+    how the weights were counted (`weights.Weights.how`)."""
     kind = "FP8" if plan.fp8_weights else str(plan.dtype).removeprefix("torch.")
+    how = how or f"({kind})"
     kv_kind = "fp8" if plan.fp8_kv else str(plan.dtype).removeprefix("torch.")
     params = mc.num_params / 1e9
     ranks = f" per GPU over {plan.tp} ranks" if plan.tp > 1 else ""
     what = "--kv-cache-memory" if budgeted else f"one {plan.max_model_len}-token sequence"
     head = (
         f"the model ({params:.1f}B parameters) needs {gib(weights + kv)}{ranks}: weights "
-        f"{gib(weights)} ({kind}) + KV cache {gib(kv)} for {what} ({kv_kind} KV), but "
+        f"{gib(weights)} {how} + KV cache {gib(kv)} for {what} ({kv_kind} KV), but "
         f"{gib(max(have, 0))} is {where}"
     )
     fixes = would_fit(mc, plan, weights, have, fp8_here, "usable on" in where, budgeted)

@@ -78,7 +78,7 @@ class Stored:
 class Checkpoint:
     """The tensors of a checkpoint (metadata only) and its files' size."""
 
-    form: str  # "GGUF", "safetensors", ".bin" (file sizes only) or "" (no weight files)
+    form: str  # "GGUF", "safetensors", ".bin" / "file" (sizes only), "" (no weight files)
     tensors: dict[str, Stored] = field(default_factory=dict)
     file_bytes: int = 0
 
@@ -117,15 +117,21 @@ class Weights:
         return f"{gib(self.bytes)} {self.how}"
 
 
-def estimate(mc: ModelConfig, cfg: EngineConfig, path: Path, tp: int | None = None) -> Weights:
-    """The bytes one rank of `cfg` holds for the weights of the checkpoint at `path` (module
-    docstring), read from its metadata."""
+def estimate(
+    mc: ModelConfig,
+    cfg: EngineConfig,
+    path: Path,
+    tp: int | None = None,
+    device: torch.device | None = None,
+) -> Weights:
+    """The bytes one rank of `cfg` (on `device`, default its own) holds for the weights of the
+    checkpoint at `path` (module docstring), read from its metadata."""
     tp = cfg.parallel.tensor_parallel_size if tp is None else tp
     ckpt = read_checkpoint(Path(path), mc.architecture)
-    place = placement(cfg, Path(path), tp)
-    if ckpt.form == ".bin":  # pickled: dtypes unknown without unpickling; the file as it is
-        share = -(-ckpt.file_bytes // tp) if place.device == "cuda" else ckpt.file_bytes
-        return Weights(share, f"(the size of the .bin files{_ranks(tp)})")
+    place = placement(cfg, Path(path), tp, device)
+    if ckpt.form in (".bin", "file"):  # pickled (dtypes need unpickling) or unparsed: its size
+        what = "the .bin files" if ckpt.form == ".bin" else "the file (no tensor table read)"
+        return Weights(-(-ckpt.file_bytes // tp), f"(the size of {what}{_ranks(tp)})")
     name = str(place.dtype).removeprefix("torch.")
     if ckpt.form == "":  # config.json alone: the shapes
         from pagoda.runtime.server.fit import Plan
@@ -157,12 +163,15 @@ def _gib(n: int) -> str:
     return gib(n)
 
 
-def placement(cfg: EngineConfig, path: Path, tp: int = 1) -> Placement:
+def placement(
+    cfg: EngineConfig, path: Path, tp: int = 1, device: torch.device | None = None
+) -> Placement:
     """How `cfg` holds the weights of `path`, by the loader's and the layers' own rules."""
-    from pagoda.runtime.config import fp8_runs_on
+    from pagoda.runtime.config import fp8_runs_on, resolve_dtype
     from pagoda.runtime.quantization.fp8 import engine_scheme
 
-    device, dtype = cfg.torch_device(), cfg.torch_dtype()
+    device = cfg.torch_device() if device is None else device
+    dtype = resolve_dtype(cfg.dtype, device)
     scheme = None
     if path.is_dir():
         from pagoda.runtime.model.hf_loader import read_quantization
@@ -200,7 +209,10 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
     if path.is_file():
         from pagoda.runtime.model import gguf_loader
 
-        reader = gguf_loader._reader(path)
+        try:
+            reader = gguf_loader._reader(path)
+        except Exception:  # not a GGUF the reader parses: its size, as a floor
+            return Checkpoint("file", {}, path.stat().st_size)
         tensors = {}
         for t in reader.tensors:
             name = gguf_loader._hf_name(t.name, architecture)  # None: not read (rope_freqs)

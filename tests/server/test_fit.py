@@ -95,7 +95,8 @@ def test_70b_on_one_80gib_gpu_names_fp8_and_two_gpus(tmp_path, gpu):
     assert e.reason == "ModelDoesNotFit"
     msg = str(e)
     assert msg.startswith(
-        "the model (70.6B parameters) needs 133.9 GiB: weights 131.4 GiB (bfloat16)"
+        "the model (70.6B parameters) needs 133.9 GiB: weights 131.4 GiB as bfloat16 (from the "
+        "config's shapes: no weight files)"
     )
     assert "+ KV cache 2.5 GiB for one 8192-token sequence" in msg
     assert "is usable on cuda (80.0 GiB in all × gpu-memory-utilization 0.9" in msg
