@@ -238,7 +238,7 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
     return Checkpoint("safetensors", tensors, sum(f.stat().st_size for f in files))
 
 
-def read_by_model(name: str, mc: ModelConfig, names: dict) -> bool:
+def read_by_model(name: str, mc: ModelConfig) -> bool:
     """Whether the model reads tensor `name` as a weight of its own (FP8 scales go with theirs)."""
     if name.endswith(_NOT_READ):
         return False
@@ -255,34 +255,108 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     from pagoda.runtime.distributed.layout import TPLayout
 
     lay = TPLayout(0, p.tp)
-    tensors = {n: t for n, t in ckpt.tensors.items() if read_by_model(n, mc, ckpt.tensors)}
+    tensors = {n: t for n, t in ckpt.tensors.items() if read_by_model(n, mc)}
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
-    item, notes = p.dtype.itemsize, {}
-    bound = _bound_groups(tensors) if p.blocks else {}
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
-    if note:
-        notes["tied"] = note
-    fp8_layers = 0
+    notes = {"tied": note} if note else {}
+    groups: dict[str, list[Stored]] = {}  # the matrices of one Linear (q/k/v, gate/up fused)
     for name, t in tensors.items():
         if name in (EMBED, HEAD):
             continue
-        if name in bound:  # qgemm's packed blocks (a fused layer's bytes on its first part)
-            total += bound[name]
-            continue
-        share = _share(name, t.shape, mc, lay)
-        if p.fp8 is not None and _PROJECTIONS.search(name) and "experts" not in name and \
-                p.fp8.quantizes(name.removesuffix(".weight")):  # fmt: skip
-            total += share + 4 * _local_rows(name, t.shape, mc, lay)  # E4M3, a scale per row
-            fp8_layers += 1
+        if name.endswith(".weight") and len(t.shape) in (2, 3):
+            groups.setdefault(_group(name), []).append(t)
         elif mc.family.gemma_norms and name.endswith("norm.weight"):
-            total += share * 4  # 1 + w in float32 (gemma3.norm_weight)
+            total += t.numel * 4  # 1 + w in float32 (gemma3.norm_weight)
+        else:  # norms and biases (o's and down's whole on every rank)
+            total += _local(name, t.shape, mc, lay)[0] * p.dtype.itemsize
+    fp8_layers = blocks = 0
+    for parts in groups.values():
+        held = _bound(parts) if p.blocks else None
+        if held is not None:
+            total, blocks = total + held, blocks + 1
+        elif p.fp8 is not None and _runs_in_fp8(parts[0].name, p.fp8):
+            for t in parts:  # E4M3 values and a float32 scale per output row
+                rows, cols = _local(t.name, t.shape, mc, lay)
+                whole_rows = t.shape[0] if _row_parallel(t.name) else rows
+                total += rows * cols + 4 * whole_rows
+            fp8_layers += 1
         else:
-            total += share * item
-    if bound:
-        notes["blocks"] = "blocks"
+            total += _dense(parts, mc, lay, p)
+    if blocks:
+        notes["blocks"] = str(blocks)
     if fp8_layers:
         notes["fp8"] = str(fp8_layers)
     return total, notes
+
+
+def _runs_in_fp8(name: str, scheme: Fp8Scheme) -> bool:
+    """A dense layer's projection the FP8 scheme names (`llama.linear_layer`): not the router,
+    the experts, the embedding or the LM head."""
+    return bool(_PROJECTIONS.search(name)) and scheme.quantizes(name.removesuffix(".weight"))
+
+
+def _row_parallel(name: str) -> bool:
+    return name.endswith(("o_proj.weight", "down_proj.weight")) or bool(
+        re.search(r"experts\.(\d+\.)?(down_proj|w2)\.weight$", name)
+    )
+
+
+def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int, int]:
+    """(rows, columns) of tensor `name` on rank 0 of `lay` (`model.parallel_linear`, `moe.py`);
+    a stacked [E, N, K] tensor's per expert, a vector's (elements, 1)."""
+    rows, cols = (shape[-2], shape[-1]) if len(shape) >= 2 else (math.prod(shape), 1)
+    if lay.size == 1:
+        return rows, cols
+    m = _LAYER.match(name)
+    part = m.group(2) if m else ""
+    if name in (EMBED, HEAD):
+        start, stop = lay.vocab(rows)
+        return stop - start, cols
+    if re.search(r"\bq_proj\.(weight|bias)$", part):
+        q0, q1 = lay.heads(mc.num_heads)
+        return (q1 - q0) * mc.head_dim, cols
+    if re.search(r"\b[kv]_proj\.(weight|bias)$", part):
+        k0, k1 = lay.kv_heads(mc.num_kv_heads)
+        return (k1 - k0) * mc.head_dim, cols
+    if part.endswith(".weight") and _row_parallel(name):
+        return rows, cols // lay.size  # input columns
+    if re.search(r"(gate_proj|up_proj|w1|w3)\.(weight|bias)$", part):
+        return rows // lay.size, cols  # output rows (experts: their intermediate width)
+    return rows, cols  # norms, the router, o's and down's biases: whole on every rank
+
+
+def _dense(parts: list[Stored], mc: ModelConfig, lay, p: Placement) -> int:
+    """One `Linear` over the parts stacked, in the dtype: a CPU's packed copy in oneDNN's
+    blocked layout (rows and columns padded, `_pad`), a CUDA tensor as it is; per expert."""
+    shapes = [_local(t.name, t.shape, mc, lay) for t in parts]
+    rows, cols = sum(r for r, _ in shapes), shapes[0][1]
+    experts = parts[0].shape[0] if len(parts[0].shape) == 3 else 1
+    if p.packs:
+        rows, cols = _padded(rows, cols, p.dtype)
+    return experts * rows * cols * p.dtype.itemsize
+
+
+def _padded(rows: int, cols: int, dtype: torch.dtype) -> tuple[int, int]:
+    """The shape of oneDNN's packed copy of a [rows, cols] weight (`linear._pack`)."""
+    a, b = _pad(dtype)
+    return -(-rows // a) * a, -(-cols // b) * b
+
+
+@functools.cache
+def _pad(dtype: torch.dtype) -> tuple[int, int]:
+    """The row and column multiples `linear._pack` pads to here (probed once: bf16 on AVX-512,
+    64 and 32), (1, 1) where a probe says otherwise."""
+    from pagoda.runtime.model import linear
+
+    def padded(n: int, k: int) -> int:
+        packed = linear._pack(torch.zeros(n, k, dtype=dtype))
+        return torch.ops.mkldnn._nbytes(packed) // dtype.itemsize
+
+    try:
+        a, b = padded(65, 64) // 64 - 64, padded(64, 65) // 64 - 64
+    except (AttributeError, RuntimeError):
+        return 1, 1
+    return (a, b) if 0 < a <= 64 and 0 < b <= 64 and 64 % a == 0 and 64 % b == 0 else (1, 1)
 
 
 def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placement, lay,
@@ -295,14 +369,16 @@ def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placemen
     head = embed if tied else tensors.get(HEAD)
     if embed is None or head is None:
         return 0, ""
-    item = p.dtype.itemsize
-    if not p.blocks:
-        table = _share(EMBED, embed.shape, mc, lay) * item
-        if tied:  # a CPU Linear packs its own copy; on CUDA the head multiplies the table
-            return table * (
-                2 if p.packs else 1
-            ), "the tied LM head's packed copy of the embedding too" if p.packs else ""
-        return table + _share(HEAD, head.shape, mc, lay) * item, ""
+    rows, cols = _local(EMBED, embed.shape, mc, lay)
+    table = rows * cols * p.dtype.itemsize
+    head_rows, head_cols = _local(HEAD, head.shape, mc, lay)
+    dense_head = _dense([Stored(HEAD, head.kind, (head_rows * lay.size, head_cols), 0)],
+                        mc, lay, p)  # fmt: skip
+    note = "the tied LM head's packed copy of the embedding too"
+    if not p.blocks:  # a CPU Linear packs its own copy; on CUDA the head multiplies the table
+        if tied:
+            return (table + dense_head, note) if p.packs else (table, "")
+        return table + dense_head, ""
 
     def blocks(t: Stored) -> int | None:
         if not readable(t.kind, t.shape[-1]) or len(t.shape) != 2:
@@ -311,42 +387,13 @@ def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placemen
 
     capped = mc.architecture == "gemma3" and bool(mc.family.final_logit_softcapping)
     head_blocks = None if capped else blocks(head)  # gemma3.head_blocks: capped heads stay dense
-    head_bytes = head.numel * 4 if head_blocks is None else head_blocks
     if tied and head_blocks is not None:  # the lookups read the head's blocks
-        return head_bytes, ""
-    table = blocks(embed)
-    if table is None:
-        table = 0 if tied and not p.packs else embed.numel * 4
-    return table + head_bytes, ""
-
-
-def _local_rows(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> int:
-    """Output rows of a projection on this rank (row-parallel o/down keep every row)."""
-    if name.endswith(("o_proj.weight", "down_proj.weight")):
-        return shape[0]
-    return _share(name, shape[:1], mc, lay)
-
-
-def _share(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> int:
-    """Elements of tensor `name` on rank 0 of `lay` (`model.parallel_linear`, `moe.py`)."""
-    n = math.prod(shape)
-    if lay.size == 1:
-        return n
-    rest = math.prod(shape[1:])
-    if name in (EMBED, HEAD):
-        start, stop = lay.vocab(shape[0])
-        return (stop - start) * rest
-    m = _LAYER.match(name)
-    part = m.group(2) if m else ""
-    if re.search(r"\bq_proj\.(weight|bias)$", part):
-        q0, q1 = lay.heads(mc.num_heads)
-        return (q1 - q0) * mc.head_dim * rest
-    if re.search(r"\b[kv]_proj\.(weight|bias)$", part):
-        k0, k1 = lay.kv_heads(mc.num_kv_heads)
-        return (k1 - k0) * mc.head_dim * rest
-    if "experts." in part or re.search(r"(o_proj|down_proj)\.weight$|(gate|up)_proj\.", part):
-        return n // lay.size  # rows or input columns (MoE: each expert's intermediate width)
-    return n  # norms, the router, o's and down's biases: whole on every rank
+        return head_blocks, ""
+    held = dense_head if head_blocks is None else head_blocks
+    lookup = blocks(embed)  # `_lookup_table`: the table's own blocks, else the float32 table
+    if lookup is None:
+        lookup = 0 if tied and not p.packs else table
+    return lookup + held, note if tied and head_blocks is None else ""
 
 
 def _group(name: str) -> str:
@@ -355,26 +402,17 @@ def _group(name: str) -> str:
     return name
 
 
-def _bound_groups(tensors: dict[str, Stored]) -> dict[str, int]:
-    """{name: packed bytes} of the matrices `qgemm` holds (float32 CPU): a fused layer's bytes
-    on its first member, 0 on the others; layers with a part it cannot read are not listed."""
+def _bound(parts: list[Stored]) -> int | None:
+    """Bytes `qgemm` holds for one layer's matrices (float32 CPU), or None where a part is in
+    a form it does not read (the layer then is a float32 `Linear`)."""
     from pagoda.runtime.cpu.quantized import readable
 
-    groups: dict[str, list[Stored]] = {}
-    for name, t in tensors.items():
-        if name.endswith(".weight") and len(t.shape) in (2, 3) and name not in (EMBED, HEAD):
-            groups.setdefault(_group(name), []).append(t)
-    out: dict[str, int] = {}
-    for parts in groups.values():
-        if not all(readable(t.kind, t.shape[-1]) for t in parts):
-            continue
-        if len({t.shape[:-2] for t in parts}) != 1:
-            continue
-        experts = parts[0].shape[0] if len(parts[0].shape) == 3 else 1
-        rows = [(t.kind, t.shape[-2]) for t in parts]
-        out.update({t.name: 0 for t in parts})
-        out[parts[0].name] = experts * packed_bytes(rows, parts[0].shape[-1])
-    return out
+    if not all(readable(t.kind, t.shape[-1]) for t in parts):
+        return None
+    if len({t.shape[:-2] for t in parts}) != 1:
+        return None
+    experts = parts[0].shape[0] if len(parts[0].shape) == 3 else 1
+    return experts * packed_bytes([(t.kind, t.shape[-2]) for t in parts], parts[0].shape[-1])
 
 
 def packed_bytes(parts: list[tuple[str, int]], cols: int) -> int:

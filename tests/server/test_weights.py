@@ -1,0 +1,157 @@
+"""The weights' in-memory bytes from checkpoint metadata (`server/weights.py`) against the bytes a
+model built by the loader really holds: the embedded GGUF (dequantized to bf16, or its blocks
+kept by `qgemm` in float32), tiny transformers checkpoints at another dtype (tied and untied,
+Gemma 3 with a capped head, Qwen3-MoE, Mixtral), one tensor-parallel rank's share, FP8."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from hf_oracle import make_tiny_model
+from pagoda.runtime.config import EngineConfig
+from pagoda.runtime.model.loader import builtin_model_path, load_model, read_model_config
+from pagoda.runtime.server import weights
+
+SMOL = "smollm2-135m"
+SKIP = {"rope_caches", "backend", "ops", "config", "tp", "ctx", "act_and_mul", "rms_norm"}
+
+
+def held_bytes(model) -> int:
+    """Bytes of every tensor the model object holds (each storage once; oneDNN's packed weights
+    by their own size), the RoPE tables, attention backend and ops left out."""
+    seen, total, stack, visited = set(), 0, [model], set()
+    while stack:
+        o = stack.pop()
+        if id(o) in visited or isinstance(o, (int, float, str, bool, type(None))):
+            continue
+        visited.add(id(o))
+        if isinstance(o, torch.Tensor):
+            if o.is_mkldnn:
+                key, n = ("mkldnn", torch.ops.mkldnn.data_ptr(o)), torch.ops.mkldnn._nbytes(o)
+            else:
+                key, n = o.untyped_storage().data_ptr(), o.untyped_storage().nbytes()
+            if key not in seen:
+                seen.add(key)
+                total += n
+        elif isinstance(o, (list, tuple)):
+            stack.extend(o)
+        elif isinstance(o, dict):
+            stack.extend(o.values())
+        else:
+            names = list(getattr(o, "__dict__", {}))
+            names += [n for c in type(o).__mro__ for n in getattr(c, "__slots__", ())]
+            stack.extend(getattr(o, n) for n in names if n not in SKIP and hasattr(o, n))
+    return total
+
+
+def build(path, dtype: torch.dtype, tp=None, fp8=None):
+    """The model `pagoda serve` builds on this CPU (`ModelRunner._build_model`'s arguments)."""
+    from pagoda.runtime.attention import get_attention_backend
+    from pagoda.runtime.model.ops import select_ops
+    from pagoda.runtime.model.registry import build_model
+
+    loaded, cpu = load_model(str(path)), torch.device("cpu")
+    mc = loaded.config
+    backend = get_attention_backend("torch", cpu, mc.num_heads, mc.num_kv_heads, mc.head_dim, 1.0)
+    return build_model(mc, loaded.weights, quantized=loaded.quantized, dtype=dtype, device=cpu,
+                       backend=backend, ops=select_ops(cpu, backend.name), max_positions=64,
+                       tp=tp, fp8=fp8 or loaded.fp8_scheme)  # fmt: skip
+
+
+def estimate(path, dtype: str, **kwargs) -> weights.Weights:
+    cfg = EngineConfig.create(str(path), device="cpu", dtype=dtype, **kwargs)
+    return weights.estimate(read_model_config(str(path)), cfg, path)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_embedded_gguf_as_loaded(dtype):
+    """94 MB of Q4_1/Q8_0: bf16 holds every weight at 2 bytes plus the tied LM head's packed
+    copy (~310 MiB); float32 here keeps the blocks (`qgemm`, where it loads) and shares them."""
+    path = builtin_model_path(SMOL)
+    got = estimate(path, dtype)
+    held = held_bytes(build(path, getattr(torch, dtype)))
+    assert got.bytes == pytest.approx(held, rel=0.02), got
+    assert "93.8 MiB Q4_1/Q8_0 GGUF" in got.how
+    if dtype == "bfloat16":
+        assert got.bytes > 3 * path.stat().st_size and "dequantized" in got.how
+
+
+def _resave(model, src, dst, dtype):
+    model.to(dtype).save_pretrained(dst)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / name, dst / name)
+
+
+@pytest.mark.parametrize(
+    ("arch", "overrides"),
+    [
+        ("Llama", {}),
+        ("Llama", {"tie_word_embeddings": True, "attention_bias": True}),
+        ("Gemma3Text", {"head_dim": 32, "final_logit_softcapping": 6.0}),
+        ("Qwen3Moe", {"head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
+                      "moe_intermediate_size": 32, "mlp_only_layers": [1]}),
+        ("Mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    ],
+    ids=["llama", "llama-tied-bias", "gemma3-capped", "qwen3moe", "mixtral"],
+)  # fmt: skip
+def test_transformers_checkpoints_at_another_dtype(tmp_path, arch, overrides):
+    """float32 files served as bf16 (half), bf16 files as float32 (read in place where `qgemm`
+    loads: still 2 bytes) and as bf16: the estimate is what the built model holds."""
+    f32 = tmp_path / "f32"
+    model = make_tiny_model(f32, arch, **overrides)
+    bf16 = tmp_path / "bf16"
+    _resave(model, f32, bf16, torch.bfloat16)
+    for path, dtype in ((f32, "bfloat16"), (bf16, "float32"), (bf16, "bfloat16")):
+        got = estimate(path, dtype)
+        held = held_bytes(build(path, getattr(torch, dtype)))
+        assert got.bytes == pytest.approx(held, rel=0.02), (path.name, dtype, got)
+    files = sum(f.stat().st_size for f in f32.glob("*.safetensors"))
+    assert estimate(f32, "bfloat16").bytes < 0.75 * files  # not the file's size
+
+
+@pytest.mark.parametrize(("tp", "kv_heads"), [(2, 2), (4, 2)])
+def test_one_tensor_parallel_ranks_share(tmp_path, tp, kv_heads):
+    """Rank 0 of a group built without communication (the layers read only the layout): q, the
+    MLP and the vocabulary split, k and v replicated past the KV heads, norms whole."""
+    from pagoda.runtime.distributed.group import TPGroup
+    from pagoda.runtime.distributed.layout import TPLayout
+
+    make_tiny_model(tmp_path, "Llama", num_key_value_heads=kv_heads, vocab_size=301,
+                    tie_word_embeddings=True, attention_bias=True)  # fmt: skip
+    group = TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
+    held = held_bytes(build(tmp_path, torch.bfloat16, tp=group))
+    got = estimate(tmp_path, "bfloat16", tensor_parallel_size=tp)
+    assert got.bytes == pytest.approx(held, rel=0.02), got
+    assert f"one rank's share of {tp}" in got.how
+    assert got.bytes < estimate(tmp_path, "bfloat16").bytes
+
+
+def test_fp8_projections_at_one_byte_and_a_scale_per_row(tmp_path, monkeypatch):
+    """--quantization fp8 where the FP8 kernels run (here: Triton's interpreter on the CPU): the
+    decoder's projections at one byte a weight plus a float32 scale per output row."""
+    from pagoda.kernels._common import interpreter_enabled
+    from pagoda.runtime.quantization.fp8 import ONLINE_SCHEME
+
+    if not interpreter_enabled():
+        pytest.skip("FP8 kernels run on the CPU under TRITON_INTERPRET=1 only")
+    make_tiny_model(tmp_path, "Llama")
+    held = held_bytes(build(tmp_path, torch.bfloat16, fp8=ONLINE_SCHEME))
+    got = estimate(tmp_path, "bfloat16", quantization="fp8")
+    assert got.bytes == pytest.approx(held, rel=0.02), got
+    assert got.how.startswith("as FP8 projections + bfloat16")
+
+
+def test_without_weight_files_the_shapes_count_and_bin_files_their_size(tmp_path):
+    hf = {"architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 64,
+          "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    mc = read_model_config(str(tmp_path))
+    got = estimate(tmp_path, "bfloat16")
+    assert got.bytes == pytest.approx(2 * mc.num_params, rel=0.01)
+    assert "from the config's shapes" in got.how
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\0" * 12345)
+    assert estimate(tmp_path, "bfloat16").bytes == 12345
