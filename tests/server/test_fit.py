@@ -169,3 +169,19 @@ def test_pagoda_serve_exits_2_with_model_does_not_fit_in_the_termination_message
     written = log.read_text()
     assert written.startswith("ModelDoesNotFit: the model (70.6B parameters) needs ")
     assert "+ KV cache 2.0 GiB for --kv-cache-memory" in written and written.count("\n") == 1
+
+
+def test_the_embedded_gguf_counts_as_dequantized_bf16(monkeypatch):
+    """Weights as loaded (`weights.py`), not the 94 MB file: 310.6 MiB in bf16 here, the blocks
+    (~92 MiB) where float32 on this CPU keeps them for the quantized GEMM."""
+    from pagoda.runtime.model.loader import builtin_model_path, read_model_config
+
+    path, mc = builtin_model_path("smollm2-135m"), read_model_config("smollm2-135m")
+    monkeypatch.setattr(memory, "host_available", lambda: (200 << 20, "MemAvailable"))
+    cfg = EngineConfig.create("m", device="cpu", dtype="bfloat16", max_model_len=2048,
+                              kv_cache_memory=16 << 20)  # fmt: skip
+    with pytest.raises(ReasonedError) as err:
+        fit.check(mc, cfg, path)
+    msg = str(err.value)
+    assert "weights 310.6 MiB as bfloat16 (93.8 MiB Q4_1/Q8_0 GGUF dequantized" in msg, msg
+    assert "nothing smaller fits" in msg
