@@ -31,7 +31,6 @@ What it counts, per rank of ``tensor_parallel_size``:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,24 +59,7 @@ class Plan:
 
     def weight_bytes(self, mc: ModelConfig) -> int:
         """The weights of one rank (module docstring)."""
-        h, d, i, n, t = mc.hidden_size, mc.head_dim, mc.intermediate_size, mc.num_layers, self.tp
-        item = self.dtype.itemsize
-        f = mc.family
-        moe = sum(f.has_experts(x) for x in range(n))
-        kv = self.kv_heads(mc)  # this rank's K and V heads: split, or replicated
-        # this rank's projections: q and o split by heads, k and v its KV heads, the MLP by width
-        attn = h * d * (2 * mc.num_heads / t + 2 * kv)
-        mlp = (n - moe) * 3 * h * i / t
-        if self.fp8_weights:  # one byte each, a float32 scale per output row (o's and down's
-            # rows are whole on every rank: split by input columns, their scales replicated)
-            rows = n * ((mc.num_heads / t + 2 * kv) * d + h) + (n - moe) * (2 * i / t + h)
-            projections = n * attn + mlp + 4 * rows
-        else:
-            projections = (n * attn + mlp) * item
-        experts = moe * f.num_experts * (3 * h * f.moe_intermediate_size + h) * item
-        embed = mc.vocab_size * h * (1 if mc.tie_word_embeddings else 2) * item
-        norms = (2 * n + 1) * h * item
-        return math.ceil(projections + (experts + embed) / t) + norms
+        return weights_of.from_shapes(mc, self.dtype, self.fp8_weights, self.tp)
 
     def kv_heads(self, mc: ModelConfig) -> int:
         """KV heads on one rank: split over the ranks, replicated when there are fewer."""

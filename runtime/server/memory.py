@@ -24,6 +24,7 @@ import torch
 from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.server import weights
+from pagoda.runtime.server.weights import gib  # used here, and by callers as `memory.gib`
 
 GPU_HEADROOM = 1 << 30  # the runner keeps this much free on CUDA (activations, graphs)
 CUDA_GRAPH_MAX_BATCH = 512  # the largest captured decode batch (worker/cuda_graph.py)
@@ -67,15 +68,6 @@ _BLAME = {
     "RoPE table": "--max-model-len",
     "CUDA graphs": "--max-model-len",
 }
-
-
-def gib(n: float) -> str:
-    """Bytes as a short human string (binary units, like --kv-cache-memory)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError
 
 
 def kv_bytes_per_token(mc: ModelConfig, dtype: torch.dtype, kv_cache_dtype: str) -> int:

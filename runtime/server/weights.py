@@ -112,9 +112,16 @@ class Weights:
     how: str
 
     def __str__(self) -> str:
-        from pagoda.runtime.server.memory import gib
-
         return f"{gib(self.bytes)} {self.how}"
+
+
+def gib(n: float) -> str:
+    """Bytes as a short human string (binary units, like --kv-cache-memory)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
 
 
 def estimate(
@@ -134,13 +141,11 @@ def estimate(
         return Weights(-(-ckpt.file_bytes // tp), f"(the size of {what}{_ranks(tp)})")
     name = str(place.dtype).removeprefix("torch.")
     if ckpt.form == "":  # config.json alone: the shapes
-        from pagoda.runtime.server.fit import Plan
-
-        plan = Plan(place.dtype, place.fp8 is not None, False, tp)
-        return Weights(plan.weight_bytes(mc), f"as {name} (from the config's shapes: no weight "
+        held = from_shapes(mc, place.dtype, place.fp8 is not None, tp)
+        return Weights(held, f"as {name} (from the config's shapes: no weight "
                        f"files{_ranks(tp)})")  # fmt: skip
     total, notes = resident(ckpt, mc, place)
-    stored = f"{_gib(ckpt.file_bytes)} {ckpt.kinds()} {ckpt.form}"
+    stored = f"{gib(ckpt.file_bytes)} {ckpt.kinds()} {ckpt.form}"
     if "blocks" in notes:
         target, verb = "float32 and the quantized GEMM's packed blocks", " read in place"
     else:
@@ -155,12 +160,6 @@ def estimate(
 
 def _ranks(tp: int) -> str:
     return f"; one rank's share of {tp}" if tp > 1 else ""
-
-
-def _gib(n: int) -> str:
-    from pagoda.runtime.server.memory import gib
-
-    return gib(n)
 
 
 def placement(
@@ -236,6 +235,32 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
         numel = math.prod(shape)
         tensors[name] = Stored(name, kind, tuple(shape), numel * _ITEM.get(kind, 4))
     return Checkpoint("safetensors", tensors, sum(f.stat().st_size for f in files))
+
+
+def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> int:
+    """One rank's weights from the model's shape alone (no weight files to read; `fit`'s other
+    plans): the decoder's projections at one byte plus a float32 scale per output row where
+    they run in FP8, the rest in ``dtype``; q, o, the MLP, experts and vocabulary split over
+    ``tp`` ranks, K and V by the rank's KV heads (replicated when fewer than ranks), the FP8
+    scales of row-parallel o and down whole on every rank, norms on every rank."""
+    h, d, i, n, t = mc.hidden_size, mc.head_dim, mc.intermediate_size, mc.num_layers, tp
+    item = dtype.itemsize
+    f = mc.family
+    moe = sum(f.has_experts(x) for x in range(n))
+    kv = max(1, mc.num_kv_heads // t)  # this rank's K and V heads: split, or replicated
+    # this rank's projections: q and o split by heads, k and v its KV heads, the MLP by width
+    attn = h * d * (2 * mc.num_heads / t + 2 * kv)
+    mlp = (n - moe) * 3 * h * i / t
+    if fp8:  # one byte each, a float32 scale per output row (o's and down's rows are whole on
+        # every rank: split by input columns, their scales replicated)
+        rows = n * ((mc.num_heads / t + 2 * kv) * d + h) + (n - moe) * (2 * i / t + h)
+        projections = n * attn + mlp + 4 * rows
+    else:
+        projections = (n * attn + mlp) * item
+    experts = moe * f.num_experts * (3 * h * f.moe_intermediate_size + h) * item
+    embed = mc.vocab_size * h * (1 if mc.tie_word_embeddings else 2) * item
+    norms = (2 * n + 1) * h * item
+    return math.ceil(projections + (experts + embed) / t) + norms
 
 
 def read_by_model(name: str, mc: ModelConfig) -> bool:
@@ -374,7 +399,7 @@ def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placemen
     head_rows, head_cols = _local(HEAD, head.shape, mc, lay)
     dense_head = _dense([Stored(HEAD, head.kind, (head_rows * lay.size, head_cols), 0)],
                         mc, lay, p)  # fmt: skip
-    note = "the tied LM head's packed copy of the embedding too"
+    note = "with the tied LM head's packed copy"
     if not p.blocks:  # a CPU Linear packs its own copy; on CUDA the head multiplies the table
         if tied:
             return (table + dense_head, note) if p.packs else (table, "")
