@@ -155,3 +155,53 @@ def test_without_weight_files_the_shapes_count_and_bin_files_their_size(tmp_path
     assert "from the config's shapes" in got.how
     (tmp_path / "pytorch_model.bin").write_bytes(b"\0" * 12345)
     assert estimate(tmp_path, "bfloat16").bytes == 12345
+
+
+def _llama_checkpoint(mc, kind: str = "BF16") -> weights.Checkpoint:
+    """The tensor table of a Llama-shaped safetensors checkpoint (no files: metadata only)."""
+    h, d, i = mc.hidden_size, mc.head_dim, mc.intermediate_size
+    shapes = {
+        weights.EMBED: (mc.vocab_size, h),
+        weights.NORM: (h,),
+        weights.HEAD: (mc.vocab_size, h),
+    }
+    for n in range(mc.num_layers):
+        p = f"model.layers.{n}."
+        shapes |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                   p + "self_attn.q_proj.weight": (mc.num_heads * d, h),
+                   p + "self_attn.k_proj.weight": (mc.num_kv_heads * d, h),
+                   p + "self_attn.v_proj.weight": (mc.num_kv_heads * d, h),
+                   p + "self_attn.o_proj.weight": (h, mc.num_heads * d),
+                   p + "self_attn.rotary_emb.inv_freq": (d // 2,),  # not read
+                   p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
+                   p + "mlp.down_proj.weight": (h, i)}  # fmt: skip
+    tensors = {k: weights.Stored(k, kind, s, 2 * torch.Size(s).numel()) for k, s in shapes.items()}
+    return weights.Checkpoint("safetensors", tensors, sum(t.nbytes for t in tensors.values()))
+
+
+@pytest.mark.parametrize("tp", [1, 2, 16])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_gpu_ranks_agree_with_the_layout_arithmetic(tp, fp8):
+    """On CUDA (no packing; the layers read their tensors as they are): a Llama-3-8B-shaped
+    table per rank, 16-bit or FP8 projections, equals the shape arithmetic of the layout's rules
+    (`from_shapes`: q/o/MLP/vocabulary split, 8 KV heads replicated over 16 ranks)."""
+    from pagoda.runtime.config import ModelConfig
+    from pagoda.runtime.quantization.fp8 import ONLINE_SCHEME
+
+    mc = ModelConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                     num_heads=32, num_kv_heads=8, head_dim=128)  # fmt: skip
+    place = weights.Placement(torch.bfloat16, "cuda", tp, ONLINE_SCHEME if fp8 else None)
+    got, _ = weights.resident(_llama_checkpoint(mc), mc, place)
+    assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, fp8, tp), rel=1e-6)
+
+
+def test_a_gguf_on_a_gpu_is_dequantized_once():
+    """The embedded Q4_1 GGUF on CUDA: every weight at 2 bytes, the tied head reading the table
+    (no packed copy): ~2.9x the file (3.5x for an all-Q4 file)."""
+    from pagoda.runtime.model.loader import builtin_model_path, read_model_config
+
+    path, mc = builtin_model_path(SMOL), read_model_config(SMOL)
+    ckpt = weights.read_checkpoint(path, mc.architecture)
+    got, _ = weights.resident(ckpt, mc, weights.Placement(torch.bfloat16, "cuda"))
+    assert got == 2 * sum(t.numel for t in ckpt.tensors.values()) == 2 * mc.num_params
+    assert got > 2.5 * path.stat().st_size
