@@ -1,8 +1,8 @@
 """The weights' bytes as the engine will hold them, from the checkpoint's metadata alone.
 
 A checkpoint's file size is not what its weights take once loaded: the loader dequantizes a GGUF's
-Q4/Q8/K-quant tensors and casts every tensor to the engine's dtype (a 94 MB Q4_1 GGUF is 310 MB
-as bfloat16 on a CPU), a float32 checkpoint served as bfloat16 takes half its file, a bfloat16
+Q4/Q8/K-quant tensors and casts every tensor to the engine's dtype (the embedded 94 MB Q4_1 GGUF
+holds 310 MiB as bfloat16 on a CPU, its tied LM head's packed copy included), a float32 checkpoint served as bfloat16 takes half its file, a bfloat16
 one served as float32 twice (unless the CPU's quantized GEMM reads it in place), an FP8 one keeps
 one byte per weight only where the FP8 kernels run. `pagoda serve` counts the weights here before
 it loads anything (`memory.check`, `fit.check`), by applying the loader's own rules to each
@@ -30,7 +30,7 @@ safetensors headers through `SafetensorsWeights`; no tensor data is read):
 
 Pickled ``.bin`` checkpoints count as their file size (their dtypes need unpickling, and the
 loader reads safetensors only); a directory without weight files (a config.json alone) counts
-from the model's shapes (`fit.Plan.weight_bytes`).
+from the model's shapes (`from_shapes`, which `fit.Plan` also uses for the plans it suggests).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_sc
 _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
           "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"))  # fmt: skip
 _PROJECTIONS = re.compile(r"(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$")
-# safetensors dtype -> bytes per element
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+# safetensors dtype -> bytes per element
 _ITEM = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
          "I16": 2, "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}  # fmt: skip
 
@@ -147,7 +147,8 @@ def estimate(
     total, notes = resident(ckpt, mc, place)
     stored = f"{gib(ckpt.file_bytes)} {ckpt.kinds()} {ckpt.form}"
     if "blocks" in notes:
-        target, verb = "float32 and the quantized GEMM's packed blocks", " read in place"
+        what = "blocks" if ckpt.form == "GGUF" else "16-bit matrices"
+        target, verb = f"float32 and the quantized GEMM's packed {what}", " read in place"
     else:
         target = f"FP8 projections + {name}" if "fp8" in notes else name
         quantized = ckpt.form == "GGUF" and any(t.kind not in ("F32", "F16", "BF16")
