@@ -205,3 +205,83 @@ def test_a_gguf_on_a_gpu_is_dequantized_once():
     got, _ = weights.resident(ckpt, mc, weights.Placement(torch.bfloat16, "cuda"))
     assert got == 2 * sum(t.numel for t in ckpt.tensors.values()) == 2 * mc.num_params
     assert got > 2.5 * path.stat().st_size
+
+
+def _write_gguf(path, experts: int = 0) -> None:
+    """A 2-layer Llama (Mixtral with `experts`) GGUF of random blocks in mixed kinds: K-quants,
+    IQ4_XS, Q8_0, and a Q2_K up projection that `qgemm` does not read (its gate/up layer then
+    stays float32); an untied Q6_K head."""
+    import gguf
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+
+    h, ffn, vocab = 256, 512, 512
+    w = gguf.GGUFWriter(str(path), "llama")
+    for add, value in ((w.add_block_count, 2), (w.add_context_length, 128),
+                       (w.add_embedding_length, h), (w.add_feed_forward_length, ffn),
+                       (w.add_head_count, 4), (w.add_head_count_kv, 2),
+                       (w.add_layer_norm_rms_eps, 1e-5)):  # fmt: skip
+        add(value)
+    w.add_token_list([f"t{i}" for i in range(vocab)])
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(2)
+    rng = np.random.default_rng(0)
+
+    def put(name: str, shape: tuple[int, ...], kind) -> None:
+        if kind == Q.F32:
+            w.add_tensor(name, rng.standard_normal(shape).astype(np.float32) * 0.1)
+            return
+        per, nbytes = gguf.GGML_QUANT_SIZES[kind]
+        raw = rng.integers(0, 64, (*shape[:-1], shape[-1] // per * nbytes), dtype=np.uint8)
+        w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=kind)
+
+    put("token_embd.weight", (vocab, h), Q.Q8_0)
+    put("output.weight", (vocab, h), Q.Q6_K)
+    put("output_norm.weight", (h,), Q.F32)
+    for n in range(2):
+        b = f"blk.{n}."
+        put(b + "attn_norm.weight", (h,), Q.F32)
+        put(b + "ffn_norm.weight", (h,), Q.F32)
+        put(b + "attn_q.weight", (h, h), Q.Q4_K)
+        put(b + "attn_k.weight", (128, h), Q.Q6_K)
+        put(b + "attn_v.weight", (128, h), Q.Q5_K)
+        put(b + "attn_output.weight", (h, h), Q.Q8_0)
+        if experts:
+            put(b + "ffn_gate_inp.weight", (experts, h), Q.F32)
+            put(b + "ffn_gate_exps.weight", (experts, ffn, h), Q.Q4_K)
+            put(b + "ffn_up_exps.weight", (experts, ffn, h), Q.Q4_K)
+            put(b + "ffn_down_exps.weight", (experts, h, ffn), Q.Q6_K)
+        else:
+            put(b + "ffn_gate.weight", (ffn, h), Q.Q4_K)
+            put(b + "ffn_up.weight", (ffn, h), Q.Q2_K)
+            put(b + "ffn_down.weight", (h, ffn), Q.IQ4_XS)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("experts", [0, 4], ids=["dense", "stacked-experts"])
+def test_a_gguf_of_mixed_kinds(tmp_path, experts):
+    """K-quants and IQ4_XS packed by `qgemm` in float32 (a layer with a Q2_K part stays float32),
+    stacked experts sliced per expert; everything dequantized in bf16."""
+    from pagoda.runtime.attention import get_attention_backend
+    from pagoda.runtime.model import gguf_loader
+    from pagoda.runtime.model.ops import select_ops
+    from pagoda.runtime.model.registry import build_model
+
+    path = tmp_path / "mixed.gguf"
+    _write_gguf(path, experts)
+    reader = gguf_loader._reader(path)
+    mc = gguf_loader.read_config(reader)  # the tokenizer is not needed to build the model
+    loaded = gguf_loader.GGUFWeights(reader, mc)
+    cpu = torch.device("cpu")
+    backend = get_attention_backend("torch", cpu, mc.num_heads, mc.num_kv_heads, mc.head_dim, 1.0)
+    for dtype in ("float32", "bfloat16"):
+        model = build_model(mc, loaded, quantized=loaded.blocks(), dtype=getattr(torch, dtype),
+                            device=cpu, backend=backend, ops=select_ops(cpu, backend.name),
+                            max_positions=64)  # fmt: skip
+        cfg = EngineConfig.create(str(path), device="cpu", dtype=dtype)
+        got = weights.estimate(mc, cfg, path)
+        assert got.bytes == pytest.approx(held_bytes(model), rel=0.02), (dtype, got)
