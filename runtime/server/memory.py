@@ -105,10 +105,10 @@ def estimate(
     dtype = cfg.torch_dtype()
     sched, cache = cfg.scheduler, cfg.cache
     max_len = sched.max_model_len or mc.max_position_embeddings
-    held = weights.estimate(
-        mc, cfg, model_path, device=device
-    )  # one rank's, as loaded (not the file's size)
-    w = held.bytes  # on CUDA each GPU holds one rank's share (checked on one); a CPU holds all
+    # one rank's weights as loaded (not the file's size): on CUDA each GPU holds one rank's
+    # share (checked on one); a CPU holds those of every rank on this node
+    held = weights.estimate(mc, cfg, model_path, device=device)
+    w = held.bytes
     if device.type == "cpu":
         w *= cfg.parallel.ranks_per_node
     per_token = kv_bytes_per_token(mc, dtype, cache.kv_cache_dtype)
