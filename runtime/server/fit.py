@@ -5,7 +5,8 @@ one device (one rank) has, before anything loads.
 ``max_model_len`` sequence exits 2 with one line, written to the pod's termination message with
 the reason ``ModelDoesNotFit`` (`runtime/termination.py`; the operator turns it into a condition
 on the InferenceService), giving the numbers and what would fit: FP8 weights (and KV cache) on a
-GPU that has FP8, more GPUs (tensor parallelism), a shorter context.
+GPU that has FP8, more GPUs (tensor parallelism), a shorter context, on a CPU serving 16-bit
+``--dtype float32`` where the quantized GEMM then keeps the checkpoint's blocks.
 
 What it counts, per rank of ``tensor_parallel_size``:
 
@@ -31,6 +32,7 @@ What it counts, per rank of ``tensor_parallel_size``:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,8 +127,27 @@ def check(
         return plan
     fp8_here = device.type == "cuda" and fp8_runs_on(device)
     text = message(mc, plan, weights, budget if budgeted else kv, have, where, fp8_here, budgeted,
-                   held.how)  # fmt: skip
+                   held.how, float32_fix(mc, cfg, model_path, plan, have))  # fmt: skip
     raise ReasonedError(text, reason=REASON)
+
+
+def float32_fix(mc: ModelConfig, cfg: EngineConfig, model_path: Path, plan: Plan,
+                have: int) -> list[str]:  # fmt: skip
+    """On a CPU serving 16-bit weights: ``--dtype float32`` where the quantized GEMM then reads
+    the stored blocks in place (a GGUF's Q4 blocks are about a third of its bf16 weights) and
+    weights + the float32 KV cache fit."""
+    if cfg.torch_device().type != "cpu" or plan.dtype == torch.float32:
+        return []
+    f32 = dataclasses.replace(cfg, dtype="float32")
+    held = weights_of.estimate(mc, f32, model_path, plan.tp)
+    if not held.in_place:
+        return []
+    wide = Plan(**{**plan.__dict__, "dtype": torch.float32})
+    budget = kv_budget(f32, wide.kv_bytes_per_token(mc), cfg.torch_device())
+    need = held.bytes + min(wide.kv_bytes(mc), budget if budget is not None else 1 << 62)
+    if need > have:
+        return []
+    return [f"--dtype float32 ({gib(need)}: the stored blocks read in place)"]
 
 
 def kv_budget(cfg: EngineConfig, per_token: int, device: torch.device) -> int | None:
@@ -144,11 +165,12 @@ def kv_budget(cfg: EngineConfig, per_token: int, device: torch.device) -> int | 
 
 def message(
     mc: ModelConfig, plan: Plan, weights: int, kv: int, have: int, where: str, fp8_here: bool,
-    budgeted: bool = False, how: str = "",
+    budgeted: bool = False, how: str = "", first: list[str] | None = None,
 ) -> str:  # fmt: skip
     """One line: what is needed, what there is, and what would fit (module docstring);
     ``budgeted``: ``kv`` is the fixed KV-cache size, smaller than one full sequence; ``how``:
-    how the weights were counted (`weights.Weights.how`)."""
+    how the weights were counted (`weights.Weights.how`); ``first``: fixes worked out by the
+    caller, listed before the others."""
     kind = "FP8" if plan.fp8_weights else str(plan.dtype).removeprefix("torch.")
     how = how or f"({kind})"
     kv_kind = "fp8" if plan.fp8_kv else str(plan.dtype).removeprefix("torch.")
@@ -160,7 +182,8 @@ def message(
         f"{gib(weights)} {how} + KV cache {gib(kv)} for {what} ({kv_kind} KV), but "
         f"{gib(max(have, 0))} is {where}"
     )
-    fixes = would_fit(mc, plan, weights, have, fp8_here, "usable on" in where, budgeted)
+    fixes = (first or []) + would_fit(mc, plan, weights, have, fp8_here, "usable on" in where,
+                                      budgeted)  # fmt: skip
     tail = "; would fit: " + ", ".join(fixes) if fixes else "; nothing smaller fits this device"
     return head + tail
 

@@ -110,6 +110,7 @@ class Weights:
 
     bytes: int
     how: str
+    in_place: bool = False  # some matrices kept as stored, read by the quantized GEMM
 
     def __str__(self) -> str:
         return f"{gib(self.bytes)} {self.how}"
@@ -156,7 +157,8 @@ def estimate(
         same = {t.kind for t in ckpt.tensors.values()} == {_KIND.get(place.dtype)}
         verb = " dequantized" if quantized else " as stored" if same else " converted"
     extra = "".join(f"; {v}" for k, v in notes.items() if k not in ("blocks", "fp8"))
-    return Weights(total, f"as {target} ({stored}{verb}{extra}{_ranks(tp)})")
+    how = f"as {target} ({stored}{verb}{extra}{_ranks(tp)})"
+    return Weights(total, how, "blocks" in notes)
 
 
 def _ranks(tp: int) -> str:
