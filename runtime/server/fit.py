@@ -5,18 +5,22 @@ one device (one rank) has, before anything loads.
 ``max_model_len`` sequence exits 2 with one line, written to the pod's termination message with
 the reason ``ModelDoesNotFit`` (`runtime/termination.py`; the operator turns it into a condition
 on the InferenceService), giving the numbers and what would fit: FP8 weights (and KV cache) on a
-GPU that has FP8, more GPUs (tensor parallelism), a shorter context.
+GPU that has FP8, more GPUs (tensor parallelism), a shorter context, on a CPU serving 16-bit
+``--dtype float32`` where the quantized GEMM then keeps the checkpoint's blocks.
 
 What it counts, per rank of ``tensor_parallel_size``:
 
-* weights from the model's shape (`ModelConfig`), not the file: the decoder's projections at one
-  byte plus a float32 scale per output channel where they run in FP8 (``--quantization fp8``, or
-  an FP8 checkpoint on a GPU with FP8; elsewhere an FP8 checkpoint is dequantized at load), the
-  rest (embeddings, LM head, experts, norms) in the model's dtype; each rank's share: q, o,
-  the MLP, experts and vocabulary split over the ranks, K and V by this rank's KV heads
-  (replicated when there are fewer than ranks), the FP8 scales of row-parallel o and down
-  whole on every rank (`model.parallel_linear`), norms on every rank. On a CPU in float32,
-  layers that multiply by the stored 16-bit or GGUF blocks (`qgemm`) hold the file's bytes, so the smaller of the two counts there: a floor, like `memory.py`'s.
+* the weights as the loader will hold them, one rank's share (`weights.py`: from the
+  checkpoint's tensor table, not its file size: dequantized GGUF blocks and cast tensors in the
+  model's dtype, the blocks `qgemm` reads in place on a CPU in float32, FP8 projections at one
+  byte plus a float32 scale per output row where they run in FP8, a tied LM head's packed copy
+  on a CPU). A config.json without weight files counts from the model's shape
+  (`Plan.weight_bytes`: the decoder's projections at one byte plus a float32 scale per output
+  channel where they run in FP8, the rest in the model's dtype; each rank's share: q, o, the
+  MLP, experts and vocabulary split over the ranks, K and V by this rank's KV heads (replicated
+  when there are fewer than ranks), the FP8 scales of row-parallel o and down whole on every
+  rank (`model.parallel_linear`), norms on every rank), as do the other plans `would_fit`
+  suggests.
 * the KV cache of one sequence of ``max_model_len`` tokens (whole blocks), with each rank's KV
   heads (split over the ranks; one each when there are fewer heads than ranks); where the
   cache's size is fixed up front and smaller (``--kv-cache-memory``, the CPU's default 2 GiB),
@@ -28,7 +32,7 @@ What it counts, per rank of ``tensor_parallel_size``:
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +40,7 @@ import torch
 from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig, fp8_runs_on
 from pagoda.runtime.server import memory
+from pagoda.runtime.server import weights as weights_of
 from pagoda.runtime.server.memory import gib
 from pagoda.runtime.termination import ReasonedError
 
@@ -56,24 +61,7 @@ class Plan:
 
     def weight_bytes(self, mc: ModelConfig) -> int:
         """The weights of one rank (module docstring)."""
-        h, d, i, n, t = mc.hidden_size, mc.head_dim, mc.intermediate_size, mc.num_layers, self.tp
-        item = self.dtype.itemsize
-        f = mc.family
-        moe = sum(f.has_experts(x) for x in range(n))
-        kv = self.kv_heads(mc)  # this rank's K and V heads: split, or replicated
-        # this rank's projections: q and o split by heads, k and v its KV heads, the MLP by width
-        attn = h * d * (2 * mc.num_heads / t + 2 * kv)
-        mlp = (n - moe) * 3 * h * i / t
-        if self.fp8_weights:  # one byte each, a float32 scale per output row (o's and down's
-            # rows are whole on every rank: split by input columns, their scales replicated)
-            rows = n * ((mc.num_heads / t + 2 * kv) * d + h) + (n - moe) * (2 * i / t + h)
-            projections = n * attn + mlp + 4 * rows
-        else:
-            projections = (n * attn + mlp) * item
-        experts = moe * f.num_experts * (3 * h * f.moe_intermediate_size + h) * item
-        embed = mc.vocab_size * h * (1 if mc.tie_word_embeddings else 2) * item
-        norms = (2 * n + 1) * h * item
-        return math.ceil(projections + (experts + embed) / t) + norms
+        return weights_of.from_shapes(mc, self.dtype, self.fp8_weights, self.tp)
 
     def kv_heads(self, mc: ModelConfig) -> int:
         """KV heads on one rank: split over the ranks, replicated when there are fewer."""
@@ -129,9 +117,8 @@ def check(
     plan = plan_of(cfg, model_path, tensor_parallel_size)
     if not plan.max_model_len:
         plan = Plan(**{**plan.__dict__, "max_model_len": mc.max_position_embeddings})
-    weights = plan.weight_bytes(mc)
-    if device.type == "cpu" and plan.dtype == torch.float32:  # stored blocks read in place
-        weights = min(weights, memory.checkpoint_bytes(model_path) or weights)
+    held = weights_of.estimate(mc, cfg, model_path, tensor_parallel_size)  # as loaded
+    weights = held.bytes
     have, where = usable(cfg, device)
     kv = plan.kv_bytes(mc)
     budget = kv_budget(cfg, plan.kv_bytes_per_token(mc), device)
@@ -139,8 +126,28 @@ def check(
     if weights + (budget if budgeted else kv) <= have:
         return plan
     fp8_here = device.type == "cuda" and fp8_runs_on(device)
-    text = message(mc, plan, weights, budget if budgeted else kv, have, where, fp8_here, budgeted)
+    text = message(mc, plan, weights, budget if budgeted else kv, have, where, fp8_here, budgeted,
+                   held.how, float32_fix(mc, cfg, model_path, plan, have))  # fmt: skip
     raise ReasonedError(text, reason=REASON)
+
+
+def float32_fix(mc: ModelConfig, cfg: EngineConfig, model_path: Path, plan: Plan,
+                have: int) -> list[str]:  # fmt: skip
+    """On a CPU serving 16-bit weights: ``--dtype float32`` where the quantized GEMM then reads
+    the stored blocks in place (a GGUF's Q4 blocks are about a third of its bf16 weights) and
+    weights + the float32 KV cache fit."""
+    if cfg.torch_device().type != "cpu" or plan.dtype == torch.float32:
+        return []
+    f32 = dataclasses.replace(cfg, dtype="float32")
+    held = weights_of.estimate(mc, f32, model_path, plan.tp)
+    if not held.in_place:
+        return []
+    wide = Plan(**{**plan.__dict__, "dtype": torch.float32})
+    budget = kv_budget(f32, wide.kv_bytes_per_token(mc), cfg.torch_device())
+    need = held.bytes + min(wide.kv_bytes(mc), budget if budget is not None else 1 << 62)
+    if need > have:
+        return []
+    return [f"--dtype float32 ({gib(need)}: the stored blocks read in place)"]
 
 
 def kv_budget(cfg: EngineConfig, per_token: int, device: torch.device) -> int | None:
@@ -158,21 +165,25 @@ def kv_budget(cfg: EngineConfig, per_token: int, device: torch.device) -> int | 
 
 def message(
     mc: ModelConfig, plan: Plan, weights: int, kv: int, have: int, where: str, fp8_here: bool,
-    budgeted: bool = False,
+    budgeted: bool = False, how: str = "", first: list[str] | None = None,
 ) -> str:  # fmt: skip
     """One line: what is needed, what there is, and what would fit (module docstring);
-    ``budgeted``: ``kv`` is the fixed KV-cache size, smaller than one full sequence."""
+    ``budgeted``: ``kv`` is the fixed KV-cache size, smaller than one full sequence; ``how``:
+    how the weights were counted (`weights.Weights.how`); ``first``: fixes worked out by the
+    caller, listed before the others."""
     kind = "FP8" if plan.fp8_weights else str(plan.dtype).removeprefix("torch.")
+    how = how or f"({kind})"
     kv_kind = "fp8" if plan.fp8_kv else str(plan.dtype).removeprefix("torch.")
     params = mc.num_params / 1e9
     ranks = f" per GPU over {plan.tp} ranks" if plan.tp > 1 else ""
     what = "--kv-cache-memory" if budgeted else f"one {plan.max_model_len}-token sequence"
     head = (
         f"the model ({params:.1f}B parameters) needs {gib(weights + kv)}{ranks}: weights "
-        f"{gib(weights)} ({kind}) + KV cache {gib(kv)} for {what} ({kv_kind} KV), but "
+        f"{gib(weights)} {how} + KV cache {gib(kv)} for {what} ({kv_kind} KV), but "
         f"{gib(max(have, 0))} is {where}"
     )
-    fixes = would_fit(mc, plan, weights, have, fp8_here, "usable on" in where, budgeted)
+    fixes = (first or []) + would_fit(mc, plan, weights, have, fp8_here, "usable on" in where,
+                                      budgeted)  # fmt: skip
     tail = "; would fit: " + ", ".join(fixes) if fixes else "; nothing smaller fits this device"
     return head + tail
 

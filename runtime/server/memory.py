@@ -6,7 +6,9 @@ instead of a `MemoryError` or an OOM kill after the model has loaded.
 
 The estimate counts what the engine preallocates from its config: the KV cache, the block
 tables (`worker/block_table.py`: two rows per sequence slot), the RoPE table, the CUDA-graph
-inputs, plus the checkpoint's weights and the activations of the largest step it can schedule.
+inputs, plus the weights as the loader will hold them (`weights.py`: from the checkpoint's
+metadata, in the engine's dtype, dequantized or kept in blocks as the loader does, one rank's
+share per GPU; not the file's size) and the activations of the largest step it can schedule.
 It is a floor, not a forecast (allocator slack, the tokenizer and Python objects are left out),
 so it never refuses a configuration that would fit; what it refuses could not run.
 """
@@ -21,6 +23,8 @@ from pathlib import Path
 import torch
 from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig
+from pagoda.runtime.server import weights
+from pagoda.runtime.server.weights import gib  # used here, and by callers as `memory.gib`
 
 GPU_HEADROOM = 1 << 30  # the runner keeps this much free on CUDA (activations, graphs)
 CUDA_GRAPH_MAX_BATCH = 512  # the largest captured decode batch (worker/cuda_graph.py)
@@ -38,6 +42,7 @@ class Footprint:
     rope: int
     cuda_graphs: int
     activations: int  # the largest step: hidden states, MLP, logits of every sampling row
+    weights_how: str = ""  # how `weights` was counted (`weights.Weights.how`), for messages
 
     @property
     def device_bytes(self) -> int:
@@ -63,25 +68,6 @@ _BLAME = {
     "RoPE table": "--max-model-len",
     "CUDA graphs": "--max-model-len",
 }
-
-
-def gib(n: float) -> str:
-    """Bytes as a short human string (binary units, like --kv-cache-memory)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError
-
-
-def checkpoint_bytes(path: Path) -> int:
-    """On-disk size of the weights: the GGUF file, or a directory's safetensors/bin files."""
-    if path.is_file():
-        return path.stat().st_size
-    total = 0
-    for pattern in ("*.safetensors", "*.bin", "*.pt"):
-        total += sum(p.stat().st_size for p in path.glob(pattern) if p.is_file())
-    return total
 
 
 def kv_bytes_per_token(mc: ModelConfig, dtype: torch.dtype, kv_cache_dtype: str) -> int:
@@ -119,9 +105,12 @@ def estimate(
     dtype = cfg.torch_dtype()
     sched, cache = cfg.scheduler, cfg.cache
     max_len = sched.max_model_len or mc.max_position_embeddings
-    weights = checkpoint_bytes(model_path)
-    if device.type == "cuda":  # tensor parallel: each GPU holds one rank's share (checked on one)
-        weights = -(-weights // cfg.parallel.tensor_parallel_size)
+    # one rank's weights as loaded (not the file's size): on CUDA each GPU holds one rank's
+    # share (checked on one); a CPU holds those of every rank on this node
+    held = weights.estimate(mc, cfg, model_path, device=device)
+    w = held.bytes
+    if device.type == "cpu":
+        w *= cfg.parallel.ranks_per_node
     per_token = kv_bytes_per_token(mc, dtype, cache.kv_cache_dtype)
     if cache.num_blocks_override is not None:
         kv = cache.num_blocks_override * cache.block_size * per_token
@@ -141,8 +130,8 @@ def estimate(
     graphs = 0
     if device.type == "cuda" and cfg.enable_cuda_graphs:
         graphs = min(sched.max_num_seqs, CUDA_GRAPH_MAX_BATCH) * (width * 4 + 64)
-    return Footprint(weights, kv, blocks, tables, rope, graphs,
-                     step_bytes(mc, cfg, dtype, blocks or None))  # fmt: skip
+    return Footprint(w, kv, blocks, tables, rope, graphs,
+                     step_bytes(mc, cfg, dtype, blocks or None), held.how)  # fmt: skip
 
 
 def step_bytes(
@@ -185,7 +174,7 @@ def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path) -> Footprint:
     if fp.kv_blocks < 2 and derived:
         raise ValueError(
             f"{device} has {gib(fp.kv_cache)} left for the KV cache after the weights "
-            f"({gib(fp.weights)}) and headroom, fewer than 2 blocks of {bs} tokens "
+            f"({gib(fp.weights)} {fp.weights_how}) and headroom, fewer than 2 blocks of {bs} tokens "
             f"({gib(per_block)} each); use a larger GPU or a smaller model"
         )
     if fp.kv_blocks < 2:
@@ -200,7 +189,8 @@ def estimate_with_kv(fp: Footprint, mc: ModelConfig, cfg: EngineConfig, kv: int,
                      per_block: int) -> Footprint:  # fmt: skip
     blocks = kv // per_block
     act = step_bytes(mc, cfg, cfg.torch_dtype(), blocks)
-    return Footprint(fp.weights, kv, blocks, fp.block_tables, fp.rope, fp.cuda_graphs, act)
+    return Footprint(fp.weights, kv, blocks, fp.block_tables, fp.rope, fp.cuda_graphs, act,
+                     fp.weights_how)  # fmt: skip
 
 
 def _fits(fp: Footprint, need: int, have: int, where: str, *, exclude: tuple[str, ...] = (),
@@ -210,7 +200,9 @@ def _fits(fp: Footprint, need: int, have: int, where: str, *, exclude: tuple[str
     parts = {k: v for k, v in fp.parts().items() if v and k not in exclude and
              (not only or k in only)}  # fmt: skip
     worst = max(parts, key=parts.__getitem__)
-    listed = ", ".join(f"{k} {gib(v)}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
+    how = {"weights": f" {fp.weights_how}" if fp.weights_how else ""}
+    listed = ", ".join(f"{k} {gib(v)}{how.get(k, '')}"
+                       for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))  # fmt: skip
     if worst == "KV cache" and len(parts) > 1 and parts[worst] > have:
         head = f"--kv-cache-memory {gib(parts[worst])} is more than the {gib(have)} {where}"
     else:

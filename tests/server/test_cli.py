@@ -161,13 +161,13 @@ def test_impossible_sizes_are_refused_before_loading(argv, needle) -> None:
 
 @pytest.mark.slow
 def test_memory_check_names_what_to_lower(monkeypatch) -> None:
-    from pagoda.runtime.server import memory
+    from pagoda.runtime.server import memory, weights
 
     monkeypatch.setattr(memory, "host_available", lambda: (600 << 20, "MemAvailable"))
     with pytest.raises(ValueError, match=r"600\.0 MiB is on this machine .*lower --kv-cache"):
         engine_config("--kv-cache-memory", "512MiB")
     monkeypatch.setattr(memory, "host_available", lambda: (100 << 20, "MemAvailable"))
-    monkeypatch.setattr(memory, "checkpoint_bytes", lambda path: 1 << 20)  # float32: read in place
+    monkeypatch.setattr(weights, "estimate", lambda *a, **k: weights.Weights(1 << 20, "(test)"))
     f32 = ("--dtype", "float32", "--kv-cache-memory", "16MiB")
     with pytest.raises(ValueError, match=r"block tables .*lower --max-num-seqs or --max-model-len"):
         engine_config(*f32, "--max-num-seqs", "16384")
@@ -201,11 +201,11 @@ def test_a_profile_within_bounds_but_too_big_for_this_machine_names_the_profile(
     tmp_path, monkeypatch
 ) -> None:
     from pagoda.kernels import config as kc
-    from pagoda.runtime.server import memory
+    from pagoda.runtime.server import memory, weights
     from profile_testlib import make_profile
 
     monkeypatch.setattr(memory, "host_available", lambda: (100 << 20, "MemAvailable"))
-    monkeypatch.setattr(memory, "checkpoint_bytes", lambda path: 1 << 20)
+    monkeypatch.setattr(weights, "estimate", lambda *a, **k: weights.Weights(1 << 20, "(test)"))
     make_profile(tmp_path, scheduler={"max_num_seqs": 16384, "max_num_batched_tokens": 16384})
     try:
         with pytest.raises(ValueError, match=r"tuned profile .* sets max_num_batched_tokens 16384"):

@@ -4,6 +4,7 @@ the termination message before anything loads."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -95,7 +96,8 @@ def test_70b_on_one_80gib_gpu_names_fp8_and_two_gpus(tmp_path, gpu):
     assert e.reason == "ModelDoesNotFit"
     msg = str(e)
     assert msg.startswith(
-        "the model (70.6B parameters) needs 133.9 GiB: weights 131.4 GiB (bfloat16)"
+        "the model (70.6B parameters) needs 133.9 GiB: weights 131.4 GiB as bfloat16 (from the "
+        "config's shapes: no weight files)"
     )
     assert "+ KV cache 2.5 GiB for one 8192-token sequence" in msg
     assert "is usable on cuda (80.0 GiB in all × gpu-memory-utilization 0.9" in msg
@@ -168,3 +170,26 @@ def test_pagoda_serve_exits_2_with_model_does_not_fit_in_the_termination_message
     written = log.read_text()
     assert written.startswith("ModelDoesNotFit: the model (70.6B parameters) needs ")
     assert "+ KV cache 2.0 GiB for --kv-cache-memory" in written and written.count("\n") == 1
+
+
+def test_the_embedded_gguf_counts_as_dequantized_bf16(monkeypatch):
+    """Weights as loaded (`weights.py`), not the 94 MB file: 310.6 MiB in bf16 here, the blocks
+    (~92 MiB) where float32 on this CPU keeps them for the quantized GEMM."""
+    from pagoda.runtime.model.loader import builtin_model_path, read_model_config
+
+    path, mc = builtin_model_path("smollm2-135m"), read_model_config("smollm2-135m")
+    monkeypatch.setattr(memory, "host_available", lambda: (200 << 20, "MemAvailable"))
+    cfg = EngineConfig.create("m", device="cpu", dtype="bfloat16", max_model_len=2048,
+                              kv_cache_memory=16 << 20)  # fmt: skip
+    with pytest.raises(ReasonedError) as err:
+        fit.check(mc, cfg, path)
+    msg = str(err.value)
+    assert "weights 310.6 MiB as bfloat16 (93.8 MiB Q4_1/Q8_0 GGUF dequantized" in msg, msg
+    from pagoda.runtime.cpu import qgemm
+
+    if qgemm.load() is None:  # no compiler or no AVX2 here: float32 holds 4 bytes a weight
+        assert "nothing smaller fits" in msg
+        return
+    fix = msg.split("; would fit: ")[1]
+    assert fix.startswith("--dtype float32 (108.1 MiB: the stored blocks read in place)"), msg
+    fit.check(mc, dataclasses.replace(cfg, dtype="float32"), path)  # and so it does

@@ -111,3 +111,25 @@ def test_tensor_parallel_ranks_share_the_host_and_split_the_weights_over_gpus(ch
     cuda = torch.device("cuda")
     assert memory.estimate(MODEL, one, checkpoint, cuda).weights == 2 * GIB
     assert memory.estimate(MODEL, two, checkpoint, cuda).weights == GIB
+
+
+def test_the_weights_count_as_loaded_not_as_the_file(host):
+    """The embedded 94 MB Q4_1 GGUF is ~310 MiB as bf16 on a CPU (dequantized, plus the tied LM
+    head's packed copy): memory the file-size rule would have promised and the load would take."""
+    from pagoda.runtime.model.loader import builtin_model_path, read_model_config
+
+    path, mc = builtin_model_path("smollm2-135m"), read_model_config("smollm2-135m")
+    cfg = EngineConfig.create("smollm2-135m", device="cpu", dtype="bfloat16",
+                              kv_cache_memory=16 << 20, max_model_len=2048)  # fmt: skip
+    fp = memory.estimate(mc, cfg, path, cfg.torch_device())
+    file = path.stat().st_size
+    assert fp.weights > 3 * file
+    old_need = fp.device_bytes + fp.block_tables - fp.weights + file  # the file-size rule
+    host(old_need + (fp.weights - file) // 2)  # enough by the file, not for the loaded weights
+    with pytest.raises(ValueError) as err:
+        memory.check(mc, cfg, path)
+    msg = str(err.value)
+    assert "weights 310.6 MiB as bfloat16 (93.8 MiB Q4_1/Q8_0 GGUF dequantized" in msg, msg
+    assert msg.endswith("lower the model (a smaller or quantized checkpoint)")
+    host(fp.device_bytes + fp.block_tables)
+    assert memory.check(mc, cfg, path).weights == fp.weights

@@ -1,0 +1,471 @@
+"""The weights' bytes as the engine will hold them, from the checkpoint's metadata alone.
+
+A checkpoint's file size is not what its weights take once loaded: the loader dequantizes a GGUF's
+Q4/Q8/K-quant tensors and casts every tensor to the engine's dtype (the embedded 94 MB Q4_1 GGUF
+holds 310 MiB as bfloat16 on a CPU, its tied LM head's packed copy included), a float32 checkpoint served as bfloat16 takes half its file, a bfloat16
+one served as float32 twice (unless the CPU's quantized GEMM reads it in place), an FP8 one keeps
+one byte per weight only where the FP8 kernels run. `pagoda serve` counts the weights here before
+it loads anything (`memory.check`, `fit.check`), by applying the loader's own rules to each
+tensor's name, stored type and shape (a GGUF's tensor table through `gguf_loader._reader`, the
+safetensors headers through `SafetensorsWeights`; no tensor data is read):
+
+* the tensors the model reads (the loader's names), no others: not a GGUF's ``rope_freqs``, a
+  checkpoint's rotary ``inv_freq`` or vision tower, nor the LM head of a tied model; FP8 scales
+  go with their weights;
+* each in the engine's dtype (`EngineConfig.torch_dtype`: ``auto`` is float32 on a CPU without
+  native bf16), Gemma's norms in float32 (their 1 + w);
+* on a CPU in float32, the matrices `qgemm` multiplies in place (`llama.DeviceWeights`: GGUF
+  blocks of the kinds `quantized.readable` names, 16-bit matrices of a safetensors checkpoint,
+  every part of a fused q/k/v or gate/up layer or none) as its packed layout (`qgemm.pack`: rows
+  padded to 16 per run of one kind), a tied embedding read from the LM head's blocks;
+* on a CPU the `Linear` layers hold a packed copy (`linear._pack`), so a tied LM head is a second
+  copy of the embedding table beside the table itself; on CUDA they share it;
+* projections that run in FP8 (`quantization.fp8.engine_scheme`: an FP8 checkpoint where the FP8
+  kernels run, or ``--quantization fp8``) at one byte a weight plus a float32 scale per output
+  row; the embedding, LM head, router and experts stay in the dtype;
+* with tensor parallelism, one rank's share (`distributed.layout`): q by its heads, k and v by
+  its KV heads (replicated when there are fewer than ranks), o and down by input columns (their
+  biases, and FP8 scales, whole), gate/up and the experts by rows, the vocabulary padded to a
+  multiple of the ranks; norms and the router whole on every rank.
+
+Pickled ``.bin`` checkpoints count as their file size (their dtypes need unpickling, and the
+loader reads safetensors only); a directory without weight files (a config.json alone) counts
+from the model's shapes (`from_shapes`, which `fit.Plan` also uses for the plans it suggests).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from pagoda.runtime.config import EngineConfig, ModelConfig
+
+if TYPE_CHECKING:
+    from pagoda.runtime.quantization.fp8 import Fp8Scheme
+
+EMBED, HEAD, NORM = "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "inv_freq")
+_FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
+          "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"))  # fmt: skip
+_PROJECTIONS = re.compile(r"(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$")
+_KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+# safetensors dtype -> bytes per element
+_ITEM = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
+         "I16": 2, "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One checkpoint tensor as the model reads it: HF name, stored type, shape, bytes."""
+
+    name: str
+    kind: str  # a GGUF type ("Q4_1", "F32") or a safetensors dtype ("BF16", "F8_E4M3")
+    shape: tuple[int, ...]
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The tensors of a checkpoint (metadata only) and its files' size."""
+
+    form: str  # "GGUF", "safetensors", ".bin" / "file" (sizes only), "" (no weight files)
+    tensors: dict[str, Stored] = field(default_factory=dict)
+    file_bytes: int = 0
+
+    def kinds(self) -> str:
+        """The stored types that hold most of the bytes, largest first ("Q4_1/Q8_0")."""
+        by: dict[str, int] = {}
+        for t in self.tensors.values():
+            by[t.kind] = by.get(t.kind, 0) + t.nbytes
+        total = sum(by.values()) or 1
+        top = sorted((k for k in by if by[k] >= total / 20), key=lambda k: -by[k])
+        return "/".join(top[:3])
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How the engine holds weights: dtype, device, ranks, FP8 layers, `qgemm` blocks, packing."""
+
+    dtype: torch.dtype
+    device: str = "cpu"  # "cpu" or "cuda"
+    tp: int = 1
+    fp8: Fp8Scheme | None = None  # the scheme the projections run in FP8 with (None: 16/32-bit)
+    blocks: bool = False  # float32 on a CPU with `qgemm`: stored blocks / 16-bit read in place
+    packs: bool = False  # CPU `Linear`s hold a packed copy (a tied LM head: a second table)
+
+
+@dataclass(frozen=True)
+class Weights:
+    """The weights' bytes on one rank and how they were counted (for messages)."""
+
+    bytes: int
+    how: str
+    in_place: bool = False  # some matrices kept as stored, read by the quantized GEMM
+
+    def __str__(self) -> str:
+        return f"{gib(self.bytes)} {self.how}"
+
+
+def gib(n: float) -> str:
+    """Bytes as a short human string (binary units, like --kv-cache-memory)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def estimate(
+    mc: ModelConfig,
+    cfg: EngineConfig,
+    path: Path,
+    tp: int | None = None,
+    device: torch.device | None = None,
+) -> Weights:
+    """The bytes one rank of `cfg` (on `device`, default its own) holds for the weights of the
+    checkpoint at `path` (module docstring), read from its metadata."""
+    tp = cfg.parallel.tensor_parallel_size if tp is None else tp
+    ckpt = read_checkpoint(Path(path), mc.architecture)
+    place = placement(cfg, Path(path), tp, device)
+    if ckpt.form in (".bin", "file"):  # pickled (dtypes need unpickling) or unparsed: its size
+        what = "the .bin files" if ckpt.form == ".bin" else "the file (no tensor table read)"
+        return Weights(-(-ckpt.file_bytes // tp), f"(the size of {what}{_ranks(tp)})")
+    name = str(place.dtype).removeprefix("torch.")
+    if ckpt.form == "":  # config.json alone: the shapes
+        held = from_shapes(mc, place.dtype, place.fp8 is not None, tp)
+        return Weights(held, f"as {name} (from the config's shapes: no weight "
+                       f"files{_ranks(tp)})")  # fmt: skip
+    total, notes = resident(ckpt, mc, place)
+    stored = f"{gib(ckpt.file_bytes)} {ckpt.kinds()} {ckpt.form}"
+    if "blocks" in notes:
+        what = "blocks" if ckpt.form == "GGUF" else "16-bit matrices"
+        target, verb = f"float32 and the quantized GEMM's packed {what}", " read in place"
+    else:
+        target = f"FP8 projections + {name}" if "fp8" in notes else name
+        quantized = ckpt.form == "GGUF" and any(t.kind not in ("F32", "F16", "BF16")
+                                                 for t in ckpt.tensors.values())  # fmt: skip
+        same = {t.kind for t in ckpt.tensors.values()} == {_KIND.get(place.dtype)}
+        verb = " dequantized" if quantized else " as stored" if same else " converted"
+    extra = "".join(f"; {v}" for k, v in notes.items() if k not in ("blocks", "fp8"))
+    how = f"as {target} ({stored}{verb}{extra}{_ranks(tp)})"
+    return Weights(total, how, "blocks" in notes)
+
+
+def _ranks(tp: int) -> str:
+    return f"; one rank's share of {tp}" if tp > 1 else ""
+
+
+def placement(
+    cfg: EngineConfig, path: Path, tp: int = 1, device: torch.device | None = None
+) -> Placement:
+    """How `cfg` holds the weights of `path`, by the loader's and the layers' own rules."""
+    from pagoda.runtime.config import fp8_runs_on, resolve_dtype
+    from pagoda.runtime.quantization.fp8 import engine_scheme
+
+    device = cfg.torch_device() if device is None else device
+    dtype = resolve_dtype(cfg.dtype, device)
+    scheme = None
+    if path.is_dir():
+        from pagoda.runtime.model.hf_loader import read_quantization
+
+        scheme = read_quantization(path)
+    try:
+        fp8 = engine_scheme(cfg.quantization, scheme, fp8_runs_on(device))
+    except ValueError:  # --quantization fp8 where it cannot run: refused by the config already
+        fp8 = None
+    cpu = device.type == "cpu"
+    blocks = packs = False
+    if cpu and dtype == torch.float32 and tp == 1:  # DeviceWeights: blocks serve float32 only
+        from pagoda.runtime.cpu import qgemm
+
+        blocks = qgemm.wanted() and qgemm.load() is not None
+    if cpu:
+        from pagoda.runtime.model import linear
+
+        packs = dtype in linear.PACKED_DTYPES and linear._can_pack(dtype)
+    return Placement(dtype, device.type, tp, fp8, blocks, packs)
+
+
+def read_checkpoint(path: Path, architecture: str) -> Checkpoint:
+    """The checkpoint's tensors as the loader names them (metadata only; cached per file)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return Checkpoint("")
+    return _read(str(path), architecture, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoint:
+    path = Path(path_str)
+    if path.is_file():
+        from pagoda.runtime.model import gguf_loader
+
+        try:
+            reader = gguf_loader._reader(path)
+        except Exception:  # not a GGUF the reader parses: its size, as a floor
+            return Checkpoint("file", {}, path.stat().st_size)
+        tensors = {}
+        for t in reader.tensors:
+            name = gguf_loader._hf_name(t.name, architecture)  # None: not read (rope_freqs)
+            if name is not None:
+                tensors[name] = Stored(name, t.tensor_type.name, gguf_loader._shape(t),
+                                       int(t.n_bytes))  # fmt: skip
+        return Checkpoint("GGUF", tensors, path.stat().st_size)
+    from pagoda.runtime.model.safetensors_weights import SafetensorsWeights, checkpoint_files
+
+    try:
+        files = checkpoint_files(path)
+    except ValueError:  # no safetensors: pickled weights, or none
+        pickled = [p for pat in ("*.bin", "*.pt") for p in path.glob(pat) if p.is_file()]
+        if pickled:
+            return Checkpoint(".bin", {}, sum(p.stat().st_size for p in pickled))
+        return Checkpoint("")
+    weights = SafetensorsWeights(files)  # headers only: tensors are read on access
+    tensors = {}
+    for name in weights:
+        kind, shape = weights.dtype_and_shape(name)
+        numel = math.prod(shape)
+        tensors[name] = Stored(name, kind, tuple(shape), numel * _ITEM.get(kind, 4))
+    return Checkpoint("safetensors", tensors, sum(f.stat().st_size for f in files))
+
+
+def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> int:
+    """One rank's weights from the model's shape alone (no weight files to read; `fit`'s other
+    plans): the decoder's projections at one byte plus a float32 scale per output row where
+    they run in FP8, the rest in ``dtype``; q, o, the MLP, experts and vocabulary split over
+    ``tp`` ranks, K and V by the rank's KV heads (replicated when fewer than ranks), the FP8
+    scales of row-parallel o and down whole on every rank, norms on every rank."""
+    h, d, i, n, t = mc.hidden_size, mc.head_dim, mc.intermediate_size, mc.num_layers, tp
+    item = dtype.itemsize
+    f = mc.family
+    moe = sum(f.has_experts(x) for x in range(n))
+    kv = max(1, mc.num_kv_heads // t)  # this rank's K and V heads: split, or replicated
+    # this rank's projections: q and o split by heads, k and v its KV heads, the MLP by width
+    attn = h * d * (2 * mc.num_heads / t + 2 * kv)
+    mlp = (n - moe) * 3 * h * i / t
+    if fp8:  # one byte each, a float32 scale per output row (o's and down's rows are whole on
+        # every rank: split by input columns, their scales replicated)
+        rows = n * ((mc.num_heads / t + 2 * kv) * d + h) + (n - moe) * (2 * i / t + h)
+        projections = n * attn + mlp + 4 * rows
+    else:
+        projections = (n * attn + mlp) * item
+    experts = moe * f.num_experts * (3 * h * f.moe_intermediate_size + h) * item
+    embed = mc.vocab_size * h * (1 if mc.tie_word_embeddings else 2) * item
+    norms = (2 * n + 1) * h * item
+    return math.ceil(projections + (experts + embed) / t) + norms
+
+
+def read_by_model(name: str, mc: ModelConfig) -> bool:
+    """Whether the model reads tensor `name` as a weight of its own (FP8 scales go with theirs)."""
+    if name.endswith(_NOT_READ):
+        return False
+    if name == HEAD:
+        return not mc.tie_word_embeddings
+    if name in (EMBED, NORM):
+        return True
+    m = _LAYER.match(name)
+    return m is not None and int(m.group(1)) < mc.num_layers
+
+
+def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict[str, str]]:
+    """Bytes one rank holds (module docstring), and notes on how: "blocks", "fp8", extras."""
+    from pagoda.runtime.distributed.layout import TPLayout
+
+    lay = TPLayout(0, p.tp)
+    tensors = {n: t for n, t in ckpt.tensors.items() if read_by_model(n, mc)}
+    tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
+    total, note = _embedding_and_head(tensors, mc, p, lay, tied)
+    notes = {"tied": note} if note else {}
+    groups: dict[str, list[Stored]] = {}  # the matrices of one Linear (q/k/v, gate/up fused)
+    for name, t in tensors.items():
+        if name in (EMBED, HEAD):
+            continue
+        if name.endswith(".weight") and len(t.shape) in (2, 3):
+            groups.setdefault(_group(name), []).append(t)
+        elif mc.family.gemma_norms and name.endswith("norm.weight"):
+            total += t.numel * 4  # 1 + w in float32 (gemma3.norm_weight)
+        else:  # norms and biases (o's and down's whole on every rank)
+            total += _local(name, t.shape, mc, lay)[0] * p.dtype.itemsize
+    fp8_layers = blocks = 0
+    for parts in groups.values():
+        held = _bound(parts) if p.blocks else None
+        if held is not None:
+            total, blocks = total + held, blocks + 1
+        elif p.fp8 is not None and _runs_in_fp8(parts[0].name, p.fp8):
+            for t in parts:  # E4M3 values and a float32 scale per output row
+                rows, cols = _local(t.name, t.shape, mc, lay)
+                whole_rows = t.shape[0] if _row_parallel(t.name) else rows
+                total += rows * cols + 4 * whole_rows
+            fp8_layers += 1
+        else:
+            total += _dense(parts, mc, lay, p)
+    if blocks:
+        notes["blocks"] = str(blocks)
+    if fp8_layers:
+        notes["fp8"] = str(fp8_layers)
+    return total, notes
+
+
+def _runs_in_fp8(name: str, scheme: Fp8Scheme) -> bool:
+    """A dense layer's projection the FP8 scheme names (`llama.linear_layer`): not the router,
+    the experts, the embedding or the LM head."""
+    return bool(_PROJECTIONS.search(name)) and scheme.quantizes(name.removesuffix(".weight"))
+
+
+def _row_parallel(name: str) -> bool:
+    return name.endswith(("o_proj.weight", "down_proj.weight")) or bool(
+        re.search(r"experts\.(\d+\.)?(down_proj|w2)\.weight$", name)
+    )
+
+
+def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int, int]:
+    """(rows, columns) of tensor `name` on rank 0 of `lay` (`model.parallel_linear`, `moe.py`);
+    a stacked [E, N, K] tensor's per expert, a vector's (elements, 1)."""
+    rows, cols = (shape[-2], shape[-1]) if len(shape) >= 2 else (math.prod(shape), 1)
+    if lay.size == 1:
+        return rows, cols
+    m = _LAYER.match(name)
+    part = m.group(2) if m else ""
+    if name in (EMBED, HEAD):
+        start, stop = lay.vocab(rows)
+        return stop - start, cols
+    if re.search(r"\bq_proj\.(weight|bias)$", part):
+        q0, q1 = lay.heads(mc.num_heads)
+        return (q1 - q0) * mc.head_dim, cols
+    if re.search(r"\b[kv]_proj\.(weight|bias)$", part):
+        k0, k1 = lay.kv_heads(mc.num_kv_heads)
+        return (k1 - k0) * mc.head_dim, cols
+    if part.endswith(".weight") and _row_parallel(name):
+        return rows, cols // lay.size  # input columns
+    if re.search(r"(gate_proj|up_proj|w1|w3)\.(weight|bias)$", part):
+        return rows // lay.size, cols  # output rows (experts: their intermediate width)
+    return rows, cols  # norms, the router, o's and down's biases: whole on every rank
+
+
+def _dense(parts: list[Stored], mc: ModelConfig, lay, p: Placement) -> int:
+    """One `Linear` over the parts stacked, in the dtype: a CPU's packed copy in oneDNN's
+    blocked layout (rows and columns padded, `_pad`), a CUDA tensor as it is; per expert."""
+    shapes = [_local(t.name, t.shape, mc, lay) for t in parts]
+    rows, cols = sum(r for r, _ in shapes), shapes[0][1]
+    experts = parts[0].shape[0] if len(parts[0].shape) == 3 else 1
+    if p.packs:
+        rows, cols = _padded(rows, cols, p.dtype)
+    return experts * rows * cols * p.dtype.itemsize
+
+
+def _padded(rows: int, cols: int, dtype: torch.dtype) -> tuple[int, int]:
+    """The shape of oneDNN's packed copy of a [rows, cols] weight (`linear._pack`)."""
+    a, b = _pad(dtype)
+    return -(-rows // a) * a, -(-cols // b) * b
+
+
+@functools.cache
+def _pad(dtype: torch.dtype) -> tuple[int, int]:
+    """The row and column multiples `linear._pack` pads to here (probed once: bf16 on AVX-512,
+    64 and 32), (1, 1) where a probe says otherwise."""
+    from pagoda.runtime.model import linear
+
+    def padded(n: int, k: int) -> int:
+        packed = linear._pack(torch.zeros(n, k, dtype=dtype))
+        return torch.ops.mkldnn._nbytes(packed) // dtype.itemsize
+
+    try:
+        a, b = padded(65, 64) // 64 - 64, padded(64, 65) // 64 - 64
+    except (AttributeError, RuntimeError):
+        return 1, 1
+    return (a, b) if 0 < a <= 64 and 0 < b <= 64 and 64 % a == 0 and 64 % b == 0 else (1, 1)
+
+
+def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placement, lay,
+                        tied: bool) -> tuple[int, str]:  # fmt: skip
+    """The embedding table and the LM head (`llama._lookup_table`, `LlamaModel.__init__`):
+    bytes, and a note when a tied head holds its own copy."""
+    from pagoda.runtime.cpu.quantized import readable
+
+    embed = tensors.get(EMBED)
+    head = embed if tied else tensors.get(HEAD)
+    if embed is None or head is None:
+        return 0, ""
+    rows, cols = _local(EMBED, embed.shape, mc, lay)
+    table = rows * cols * p.dtype.itemsize
+    head_rows, head_cols = _local(HEAD, head.shape, mc, lay)
+    dense_head = _dense([Stored(HEAD, head.kind, (head_rows * lay.size, head_cols), 0)],
+                        mc, lay, p)  # fmt: skip
+    note = "with the tied LM head's packed copy"
+    if not p.blocks:  # a CPU Linear packs its own copy; on CUDA the head multiplies the table
+        if tied:
+            return (table + dense_head, note) if p.packs else (table, "")
+        return table + dense_head, ""
+
+    def blocks(t: Stored) -> int | None:
+        if not readable(t.kind, t.shape[-1]) or len(t.shape) != 2:
+            return None
+        return packed_bytes([(t.kind, t.shape[0])], t.shape[1])
+
+    capped = mc.architecture == "gemma3" and bool(mc.family.final_logit_softcapping)
+    head_blocks = None if capped else blocks(head)  # gemma3.head_blocks: capped heads stay dense
+    if tied and head_blocks is not None:  # the lookups read the head's blocks
+        return head_blocks, ""
+    held = dense_head if head_blocks is None else head_blocks
+    lookup = blocks(embed)  # `_lookup_table`: the table's own blocks, else the float32 table
+    if lookup is None:
+        lookup = 0 if tied and not p.packs else table
+    return lookup + held, note if tied and head_blocks is None else ""
+
+
+def _group(name: str) -> str:
+    for pattern, fused in _FUSED:
+        name = pattern.sub(fused, name)
+    return name
+
+
+def _bound(parts: list[Stored]) -> int | None:
+    """Bytes `qgemm` holds for one layer's matrices (float32 CPU), or None where a part is in
+    a form it does not read (the layer then is a float32 `Linear`)."""
+    from pagoda.runtime.cpu.quantized import readable
+
+    if not all(readable(t.kind, t.shape[-1]) for t in parts):
+        return None
+    if len({t.shape[:-2] for t in parts}) != 1:
+        return None
+    experts = parts[0].shape[0] if len(parts[0].shape) == 3 else 1
+    return experts * packed_bytes([(t.kind, t.shape[-2]) for t in parts], parts[0].shape[-1])
+
+
+def packed_bytes(parts: list[tuple[str, int]], cols: int) -> int:
+    """Bytes of `qgemm.pack` for row parts (kind, rows) of `cols` keys, stacked as
+    `quantized.stack` merges them (neighbours of one kind), each run padded to 16 rows."""
+    from pagoda.runtime.cpu import qgemm
+    from pagoda.runtime.cpu.quantized import BLOCKS
+
+    runs: list[list] = []
+    for kind, rows in parts:
+        if runs and runs[-1][0] == kind:
+            runs[-1][1] += rows
+        else:
+            runs.append([kind, rows])
+    total = 0
+    for kind, rows in runs:
+        keys = BLOCKS[kind][0]
+        total += -(-rows // qgemm.NB) * (cols // keys) * _unit_bytes(kind)
+    return total
+
+
+@functools.cache
+def _unit_bytes(kind: str) -> int:
+    """`qgemm.pack`'s bytes for 16 rows by one stored block of keys of `kind`."""
+    from pagoda.runtime.cpu import qgemm
+    from pagoda.runtime.cpu.quantized import BLOCKS, probe_weight
+
+    return int(qgemm.pack(probe_weight(kind, qgemm.NB, BLOCKS[kind][0])).numel())
