@@ -34,6 +34,7 @@ HTTP_ERROR_TYPES = {
     503: "service_unavailable",
 }
 MAX_ECHO = 300  # characters of a client value repeated in an error message
+MAX_LOGIT_BIAS_VALUE = 100.0  # OpenAI's range for a logit_bias value (beyond it: inf logits)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
@@ -144,6 +145,21 @@ class _SamplingFields(_Strict):
                                code="unsupported_parameter")  # fmt: skip
         return data
 
+    @model_validator(mode="after")
+    def _refuse_what_would_change_nothing(self) -> _SamplingFields:
+        """Fields that only mean something beside another one are refused without it (as
+        OpenAI and vLLM refuse them), rather than silently dropped."""
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "stream_options is only allowed when stream is true",
+                           param="stream_options", code="invalid_value")  # fmt: skip
+        for token, bias in (self.logit_bias or {}).items():
+            if not -MAX_LOGIT_BIAS_VALUE <= bias <= MAX_LOGIT_BIAS_VALUE:  # NaN fails too
+                raise APIError(
+                    400, f"logit_bias values must be in [-100, 100], got {_scalar(bias)} for "
+                    f"token {shorten(token, 40)!r}", param="logit_bias", code="invalid_value",
+                )  # fmt: skip
+        return self
+
 
 class JsonSchemaSpec(_Strict):
     """OpenAI `response_format.json_schema`."""
@@ -157,6 +173,14 @@ class JsonSchemaSpec(_Strict):
 class ResponseFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_only_with_its_type(self) -> ResponseFormat:
+        if self.json_schema is not None and self.type != "json_schema":
+            raise APIError(400, f"response_format.json_schema is only read with type "
+                           f'"json_schema", not "{self.type}"', param="response_format.json_schema",
+                           code="invalid_value")  # fmt: skip
+        return self
 
 
 class StructuredOutputsField(BaseModel):
@@ -240,6 +264,18 @@ class ChatCompletionRequest(_StructuredFields):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _fields_that_need_another(self) -> ChatCompletionRequest:
+        if self.parallel_tool_calls is not None and not self.tools:
+            raise APIError(400, "parallel_tool_calls is only allowed when tools are given",
+                           param="parallel_tool_calls", code="invalid_value")  # fmt: skip
+        if (self.max_tokens is not None and self.max_completion_tokens is not None
+                and self.max_tokens != self.max_completion_tokens):  # fmt: skip
+            raise APIError(400, "max_tokens and max_completion_tokens disagree; give one "
+                           "(max_completion_tokens is the newer name)",
+                           param="max_completion_tokens", code="invalid_value")  # fmt: skip
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -264,6 +264,19 @@ class GrammarCompiler:
             self._bytes = 0
 
     def _build(self, spec: StructuredOutputsParams) -> xgr.CompiledGrammar:
+        """The spec compiled; ParamError when it is invalid or allows no output at all (a
+        grammar with nothing to start with would leave the sampler no token to pick)."""
+        compiled = self._build_grammar(spec)
+        matcher = xgr.GrammarMatcher(compiled)
+        mask = xgr.allocate_token_bitmask(1, self.vocab_size)
+        matcher.fill_next_token_bitmask(mask)
+        if not bool(mask.any()):
+            where = spec.field
+            raise ParamError(where, f"{where}: this {_KIND_NAMES[spec.kind]} allows no output "
+                             "(no text matches it)")  # fmt: skip
+        return compiled
+
+    def _build_grammar(self, spec: StructuredOutputsParams) -> xgr.CompiledGrammar:
         kind, where = spec.kind, spec.field
         try:
             if kind == "json":
@@ -273,6 +286,7 @@ class GrammarCompiler:
             if kind == "json_object":
                 return self._json('{"type": "object"}', spec)
             if kind == "regex":
+                schemas.check_pattern(spec.regex, "")
                 return self._xgr.compile_regex(spec.regex)
             if kind == "choice":
                 alternatives = " | ".join(json.dumps(c) for c in spec.choice)

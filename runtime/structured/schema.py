@@ -45,7 +45,27 @@ UNSUPPORTED = {
     "dependencies": "dependencies",
     "unevaluatedItems": "unevaluatedItems",
     "unevaluatedProperties": "unevaluatedProperties",
+    "$dynamicRef": "$dynamicRef",
+    "$recursiveRef": "$recursiveRef",
 }
+# Keywords that constrain a value (others, known or not, are annotations: kept in place when a
+# schema is rewritten)
+ASSERTIONS = {
+    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
+    "exclusiveMinimum", "maxLength", "minLength", "pattern", "format", "maxItems", "minItems",
+    "uniqueItems", "maxContains", "minContains", "maxProperties", "minProperties", "required",
+    "dependentRequired", "properties", "patternProperties", "additionalProperties",
+    "propertyNames", "items", "prefixItems", "additionalItems", "contains", "allOf", "anyOf",
+    "oneOf", "not", "if", "then", "else", "dependentSchemas", "dependencies",
+    "unevaluatedItems", "unevaluatedProperties", "$ref", "$dynamicRef", "$recursiveRef",
+}  # fmt: skip
+_LOCAL_REF = re.compile(r"^#(?:/.*)?$", re.DOTALL)
+_AT_START = {sre_parse.AT_BEGINNING, sre_parse.AT_BEGINNING_STRING}
+_AT_END = {sre_parse.AT_END, sre_parse.AT_END_STRING}
+_REPEATS = tuple(
+    getattr(sre_parse, n) for n in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
+    if hasattr(sre_parse, n)
+)  # fmt: skip
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_ONE = ("additionalProperties", "items", "propertyNames")
@@ -59,8 +79,8 @@ _SINGLE = re.compile(  # one atom (a class, an escape, a character or `.`) and i
 class SchemaError(ValueError):
     """A schema that cannot be enforced exactly; `path` is where (JSON pointer style)."""
 
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{message} (at {path or '/'})")
+    def __init__(self, path: str | None, message: str) -> None:
+        super().__init__(message if path is None else f"{message} (at {path or '/'})")
         self.path = path
 
 
@@ -73,6 +93,18 @@ def check(schema: Any, length_patterns: bool = False) -> Any:
         if not schema:
             raise SchemaError("", "the schema `false` allows no output")
         return schema
+    check_valid(schema)
+    try:
+        return _normalise(schema, "", length_patterns)
+    except RecursionError as e:
+        raise SchemaError("", "the schema is nested too deeply") from e
+
+
+def check_valid(schema: Any) -> None:
+    """SchemaError unless `schema` is a JSON Schema (an object or a boolean) that its
+    metaschema accepts (whether or not constrained decoding could enforce it)."""
+    if isinstance(schema, bool):
+        return
     if not isinstance(schema, dict):
         raise SchemaError("", "a JSON Schema must be an object or a boolean")
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
@@ -83,10 +115,6 @@ def check(schema: Any, length_patterns: bool = False) -> Any:
         raise SchemaError(where, f"invalid JSON Schema: {e.message}") from e
     except RecursionError as e:
         raise SchemaError("", "the schema is nested too deeply") from e
-    try:
-        return _normalise(schema, "", length_patterns)
-    except RecursionError as e:
-        raise SchemaError("", "the schema is nested too deeply") from e
 
 
 def _normalise(s: Any, path: str, lp: bool = False) -> Any:
@@ -95,8 +123,13 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     for key, what in UNSUPPORTED.items():
         if key in s and not (key == "uniqueItems" and s[key] is False):
             raise SchemaError(f"{path}/{key}", f"{what} is not supported by constrained decoding")
-    if "$ref" in s and not str(s["$ref"]).startswith("#"):
-        raise SchemaError(f"{path}/$ref", "only local references (#/...) are supported")
+    if "$ref" in s and not _LOCAL_REF.match(str(s["$ref"])):
+        raise SchemaError(f"{path}/$ref", "only local JSON pointer references (#/...) are "
+                          "supported")  # fmt: skip
+    if isinstance(s.get("pattern"), str):
+        check_pattern(s["pattern"], f"{path}/pattern")
+    for key in s.get("patternProperties") or ():
+        check_pattern(key, f"{path}/patternProperties")
     out = dict(s)
     for key in _SCHEMA_MAPS:
         if isinstance(s.get(key), dict):
@@ -111,6 +144,14 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
             out[key] = [_normalise(v, f"{path}/items/{i}", lp) for i, v in enumerate(s[key])]
     if "allOf" in out:
         out = _merge_all_of(out, path)
+    if "$ref" in out and _assertions(out, "$ref"):
+        raise SchemaError(f"{path}/{_assertions(out, '$ref')[0]}", "keywords beside $ref are "
+                          "not supported (xgrammar ignores them); move them into the "
+                          "referenced schema")  # fmt: skip
+    if ("enum" in out or "const" in out) and _assertions(out, "enum", "const"):
+        return _enum_within(s, out, path)
+    if "anyOf" in out or "oneOf" in out:
+        out = _distribute(out, path, lp)
     if "oneOf" in out:
         _check_one_of(out["oneOf"], f"{path}/oneOf")
     _fill_required(out, path)
@@ -121,6 +162,129 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     elif lp and ("minLength" in out or "maxLength" in out):
         lo, hi = out.pop("minLength", 0), out.pop("maxLength", None)
         out["pattern"] = f"^.{{{lo},{'' if hi is None else hi}}}$"
+    return out
+
+
+def check_pattern(pattern: str, path: str | None) -> None:
+    """SchemaError for regex features xgrammar compiles loosely: lookaround (it drops it inside
+    JSON Schema patterns) and anchors other than at the start and end (it drops them)."""
+    try:
+        parsed = sre_parse.parse(pattern)
+    except Exception:  # not Python's dialect: left to xgrammar's own parser
+        return
+    _check_regex_items(list(parsed), True, True, path)
+
+
+def _check_regex_items(items: list, first: bool, last: bool, path: str | None) -> None:
+    for i, (op, av) in enumerate(items):
+        at_start, at_end = first and i == 0, last and i == len(items) - 1
+        if op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
+            raise SchemaError(path, "lookahead and lookbehind are not supported by "
+                              "constrained decoding")  # fmt: skip
+        if op is sre_parse.AT and not (
+            (av in _AT_START and at_start) or (av in _AT_END and at_end)
+        ):
+            raise SchemaError(path, "anchors (^, $, \\b) are supported at the start and end "
+                              "of the pattern only")  # fmt: skip
+        if op is sre_parse.BRANCH:
+            for alt in av[1]:
+                _check_regex_items(list(alt), at_start, at_end, path)
+        elif op is sre_parse.SUBPATTERN:
+            _check_regex_items(list(av[-1]), at_start, at_end, path)
+        elif op in _REPEATS:
+            _check_regex_items(list(av[2]), False, False, path)
+        elif op is getattr(sre_parse, "ATOMIC_GROUP", None):
+            _check_regex_items(list(av), False, False, path)
+
+
+def _assertions(s: dict, *but: str) -> list[str]:
+    """The keywords of `s` that constrain a value, other than `but`."""
+    return [k for k in s if k in ASSERTIONS and k not in but]
+
+
+def _enum_within(original: dict, s: dict, path: str) -> dict:
+    """`enum`/`const` beside other keywords (xgrammar keeps only the values): the values that
+    the whole schema accepts, checked with `jsonschema` against the client's own schema."""
+    values = [original["const"]] if "const" in original else list(original.get("enum", []))
+    if "const" in original and "enum" in original:
+        values = [v for v in values if v in original["enum"]]
+    cls = jsonschema.validators.validator_for(original, default=jsonschema.Draft202012Validator)
+    try:
+        validator = cls(original)
+        kept = [v for v in values if validator.is_valid(v)]
+    except Exception as e:  # a $ref inside cannot be resolved from this subschema alone
+        raise SchemaError(path, "enum or const beside keywords that refer elsewhere ($ref) "
+                          "is not supported") from e  # fmt: skip
+    if not kept:
+        raise SchemaError(path, "no value of enum/const satisfies the keywords beside it: no "
+                          "output can satisfy this schema")  # fmt: skip
+    out = {k: v for k, v in s.items() if k not in ASSERTIONS}
+    out["enum"] = kept
+    return out
+
+
+def _distribute(s: dict, path: str, lp: bool) -> dict:
+    """Keywords beside `anyOf`/`oneOf` (xgrammar ignores them) moved into every branch: a value
+    matches (siblings and some branch) exactly when it matches some (siblings and branch)."""
+    if "anyOf" in s and "oneOf" in s:
+        raise SchemaError(f"{path}/oneOf", "anyOf and oneOf in one schema are not supported")
+    key = "anyOf" if "anyOf" in s else "oneOf"
+    siblings = {k: v for k, v in s.items() if k in ASSERTIONS and k != key}
+    if not siblings:
+        return s
+    branches = []
+    for i, branch in enumerate(s[key]):
+        merged = _with_siblings(branch, siblings, f"{path}/{key}/{i}")
+        if merged is not None:
+            branches.append(_normalise(merged, f"{path}/{key}/{i}", lp))
+    if not branches:
+        raise SchemaError(f"{path}/{key}", f"no branch of {key} can hold together with the "
+                          f"keywords beside {key}: no output can satisfy this schema")  # fmt: skip
+    out = {k: v for k, v in s.items() if k not in ASSERTIONS}
+    out[key] = branches
+    return out
+
+
+def _with_siblings(branch: Any, siblings: dict, where: str) -> dict | None:
+    """`branch` and `siblings` as one schema (None: the two exclude each other)."""
+    if branch is True:
+        return dict(siblings)
+    if branch is False:
+        return None
+    if "$ref" in branch:
+        raise SchemaError(where, "keywords beside anyOf/oneOf with a $ref branch are not "
+                          "supported; move them into the branches")  # fmt: skip
+    merged = dict(branch)
+    for key, value in siblings.items():
+        if key not in merged or merged[key] == value:
+            merged[key] = value
+        elif key == "required":
+            merged[key] = list(dict.fromkeys([*merged[key], *value]))
+        elif key == "type":
+            kinds = _type_meet(merged[key], value)
+            if not kinds:
+                return None
+            merged[key] = kinds[0] if len(kinds) == 1 else kinds
+        elif key == "properties":
+            props = dict(merged[key])
+            for name, sub in value.items():
+                if props.get(name, {}) in ({}, True, sub):  # open in the branch (or the same)
+                    props[name] = sub
+                elif sub not in ({}, True):
+                    raise SchemaError(f"{where}/properties/{name}", "this property is "
+                                      "constrained both in the branch and beside it")  # fmt: skip
+            merged[key] = props
+        else:
+            raise SchemaError(f"{where}/{key}", f"{key} is set both in this branch and beside "
+                              "it; keep one")  # fmt: skip
+    return merged
+
+
+def _type_meet(a: Any, b: Any) -> list[str]:
+    """The JSON types both `type` values allow (integer is a number)."""
+    a, b = ([a] if isinstance(a, str) else list(a)), ([b] if isinstance(b, str) else list(b))
+    out = [t for t in a if t in b or (t == "integer" and "number" in b)]
+    out += [t for t in b if t == "integer" and "number" in a and t not in out]
     return out
 
 
