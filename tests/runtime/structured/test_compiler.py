@@ -132,3 +132,16 @@ def test_sampling_params_take_a_spec_but_not_with_ignore_eos():
     assert e.value.field == "ignore_eos"
     with pytest.raises(ParamError):
         SamplingParams(structured_outputs={"json": {}})
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(regex="[^\\x00-\\U0010FFFF]"), dict(grammar='root ::= root "a"'),
+     dict(grammar='root ::= a\na ::= a "x"'), dict(regex="a^b")],
+)  # fmt: skip
+def test_a_spec_that_allows_nothing_is_refused(fresh, kw):
+    """A grammar with nothing to start with left the sampler all -inf (NaN logprobs: a 500)."""
+    with pytest.raises(ParamError) as e:
+        fresh.compile(Spec(**kw, field="structured_outputs.x"))
+    assert e.value.field == "structured_outputs.x"
+    assert fresh.compile(Spec(regex="()")) is not None  # the empty text is an output
