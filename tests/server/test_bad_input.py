@@ -107,6 +107,18 @@ CASES = [
      "structured_outputs.json"),
     ("schema-enum-beside-type", CHAT, {"messages": MSGS, "structured_outputs": {"json": {
         "enum": ["a"], "type": "integer"}}}, 400, "structured_outputs.json"),
+    ("message-unknown-field", CHAT, {"messages": [{"role": "user", "content": "hi", "foo": 1}]},
+     400, "messages[0].foo"),
+    ("tool-message-without-call-id", CHAT, {"messages": [*MSGS, {"role": "tool", "content": "1"}]},
+     400, "messages[1].tool_call_id"),
+    ("tool-call-without-id", CHAT, {"messages": [*MSGS, {"role": "assistant", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, 400,
+     "messages[1].tool_calls[0].id"),
+    ("tool-calls-in-a-user-message", CHAT, {"messages": [{"role": "user", "content": "x",
+        "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]}]}, 400,
+     "messages[0].tool_calls"),
+    ("refusal-sent-back", CHAT, {"messages": [*MSGS, {"role": "assistant", "content": "no",
+        "refusal": "I will not"}]}, 400, "messages[1].refusal"),
     ("tool-parameters-not-object", CHAT, {"messages": MSGS, "tools": [{"type": "function",
         "function": {"name": "f", "parameters": {"type": "string"}}}]}, 400,
      "tools[0].function.parameters"),

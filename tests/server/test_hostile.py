@@ -207,3 +207,15 @@ async def test_leaving_mid_stream_of_a_constrained_request_frees_it(server):
         r = http.post(CHAT, json={"messages": USER, "max_tokens": 20, "response_format": fmt})
         assert r.status_code == 200, r.text
         assert isinstance(json.loads(r.json()["choices"][0]["message"]["content"])["n"], int)
+
+
+def test_a_response_message_sent_back_as_is_is_accepted(http):
+    """SDKs send a response's message back whole (`model_dump`): its empty response-only
+    fields are dropped; a call's `index` (streamed) is kept out of the way."""
+    calls = [{"id": "call_1", "type": "function", "index": 0,
+              "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]  # fmt: skip
+    messages = [*USER, {"role": "assistant", "content": None, "refusal": None, "audio": None,
+                        "function_call": None, "annotations": [], "tool_calls": calls},
+                {"role": "tool", "tool_call_id": "call_1", "content": "3"}]  # fmt: skip
+    r = http.post(CHAT, json={"messages": messages, "max_tokens": 2})
+    assert r.status_code == 200, r.text
