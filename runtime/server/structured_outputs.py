@@ -61,8 +61,11 @@ def spec_from_request(req: Any) -> StructuredOutputsParams | None:
         }
         if so.disable_any_whitespace is not None:
             kw["disable_any_whitespace"] = so.disable_any_whitespace
-        given = [
-            k for k, v in kw.items() if v not in (None, False) and k != "disable_any_whitespace"
+        given = [  # `"json": false` is a (refused) schema, `"json_object": false` nothing
+            k
+            for k, v in kw.items()
+            if k != "disable_any_whitespace"
+            and (v not in (None, False) or (k == "json" and v is False))
         ]
         where = f"structured_outputs.{given[0]}" if len(given) == 1 else "structured_outputs"
         if so.disable_any_whitespace is False and given and given[0] not in JSON_KINDS:

@@ -107,6 +107,8 @@ CASES = [
      "structured_outputs.json"),
     ("schema-enum-beside-type", CHAT, {"messages": MSGS, "structured_outputs": {"json": {
         "enum": ["a"], "type": "integer"}}}, 400, "structured_outputs.json"),
+    ("json-schema-false", CHAT, {"messages": MSGS, "structured_outputs": {"json": False}}, 400,
+     "structured_outputs.json"),
     ("message-unknown-field", CHAT, {"messages": [{"role": "user", "content": "hi", "foo": 1}]},
      400, "messages[0].foo"),
     ("tool-message-without-call-id", CHAT, {"messages": [*MSGS, {"role": "tool", "content": "1"}]},
