@@ -212,6 +212,31 @@ def test_fuzz_json_schemas_are_refused_or_enforced(http, schema, where):
         jsonschema.validate(json.loads(choice["message"]["content"]), schema)
 
 
+@settings(max_examples=max(EXAMPLES // 4, 10), deadline=None,
+          derandomize=not os.environ.get("PAGODA_FUZZ_RANDOM"),
+          suppress_health_check=list(HealthCheck))  # fmt: skip
+@given(schema=SCHEMAS, choice=st.sampled_from(["required", "named", "auto-strict"]))
+def test_fuzz_tool_parameters_are_refused_or_enforced(http, schema, choice):
+    """A tool whose argument `a` has a drawn schema: no 5xx; a call made under required, a
+    named function or a strict tool has arguments that validate."""
+    params = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    fn = {"name": "f", "parameters": params, "strict": choice == "auto-strict"}
+    tool_choice = {"required": "required", "auto-strict": "auto",
+                   "named": {"type": "function", "function": {"name": "f"}}}[choice]  # fmt: skip
+    body = {"messages": [{"role": "user", "content": "Call f."}], "max_tokens": 40,
+            "temperature": 0, "tools": [{"type": "function", "function": fn}],
+            "tool_choice": tool_choice}  # fmt: skip
+    r = http.post("/v1/chat/completions", json=body)
+    STATUSES[r.status_code] += 1
+    assert r.status_code in (200, 400), (r.status_code, r.text[:300], schema)
+    if r.status_code == 400:
+        assert r.json()["error"]["param"] in ("tools[0].function.parameters", "messages"), r.text
+        return
+    choice_ = r.json()["choices"][0]
+    for call in choice_["message"].get("tool_calls") or ():
+        jsonschema.validate(json.loads(call["function"]["arguments"]), params)
+
+
 def test_engine_intact_after_fuzzing(http):
     """Runs after the fuzz tests (file order): nothing left running, the pool consistent."""
     print(f"fuzz answers by status: {dict(sorted(STATUSES.items()))}")

@@ -44,6 +44,10 @@ HOSTILE_SCHEMAS = [
     "maxLength": 3}, {"properties": []}, {"items": "x", "type": "array"}, {"required": "a"},
     {"type": "string", "maxLength": 10**12}, {"type": "integer", "minimum": 10**30},
     {"type": "object", "minProperties": 3, "maxProperties": 1}, True, {},
+    # no finite value: the way out's shortcut (xgrammar's jump forward) allocated until the
+    # engine process was killed
+    {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+    {"type": "array", "items": {"$ref": "#"}, "minItems": 1},
 ]  # fmt: skip
 
 
@@ -123,6 +127,16 @@ def test_a_dead_end_mid_grammar_ends_the_request_with_finite_logprobs(http):
     with http.stream("POST", CHAT, json={**chat, "stream": True}) as s:
         lines = [ln for ln in s.iter_lines() if ln.startswith("data: ")]
     assert lines[-1] == "data: [DONE]" and '"error"' not in "".join(lines)
+
+
+def test_text_forced_forever_runs_to_its_budget(http):
+    """A grammar whose forced text never ends killed the engine (its way-out search built that
+    text until the OOM killer came); now such a request just runs out of tokens."""
+    for so in ({"grammar": 'root ::= "a" root'}, {"regex": "hello(ab)*[^\\x00-\\U0010FFFF]"}):
+        r = http.post(CHAT, json={"messages": USER, "max_tokens": 30, "structured_outputs": so})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["finish_reason"] in ("length", "stop")
+    assert http.get("/health").json()["status"] == "ok"
 
 
 async def test_one_bad_request_among_many_constrained_ones_hurts_none(server):
