@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import unquote
 
 import jsonschema
 
@@ -107,7 +108,92 @@ def check(schema: Any, length_patterns: bool = False) -> Any:
     if total > MAX_PROPERTIES:
         raise SchemaError("", f"the schema lists {total} properties, more than the "
                           f"{MAX_PROPERTIES} constrained decoding compiles in time")  # fmt: skip
+    if not _Finite(out).ok():
+        raise SchemaError("", "no finite JSON value satisfies this schema: a required property "
+                          "or minItems refers back to the schema with no way to stop")  # fmt: skip
     return out
+
+
+class _Finite:
+    """Whether some finite value satisfies a schema. Only `$ref` makes a schema recursive, so
+    the references' answers are found as a least fixpoint (all "no" until shown otherwise);
+    keywords are read the way xgrammar writes them (an untyped schema with `required` is an
+    object)."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self.known: dict[str, bool] = {}
+
+    def ok(self) -> bool:
+        refs = sorted(set(_refs(self.root)))
+        self.known = dict.fromkeys(refs, False)
+        changed = True
+        while changed:
+            changed = False
+            for ref in refs:
+                if not self.known[ref] and self.value(_resolve(self.root, ref)):
+                    self.known[ref] = changed = True
+        return self.value(self.root)
+
+    def value(self, s: Any) -> bool:
+        if not isinstance(s, dict):
+            return s is not False
+        if isinstance(s.get("$ref"), str):
+            return self.known.get(s["$ref"], True)
+        if "enum" in s or "const" in s:
+            return True
+        for key in ("anyOf", "oneOf"):
+            if isinstance(s.get(key), list) and not any(self.value(b) for b in s[key]):
+                return False
+        if isinstance(s.get("allOf"), list) and not all(self.value(b) for b in s["allOf"]):
+            return False
+        kinds = s.get("type")
+        if kinds is None:
+            if "required" in s or "properties" in s:
+                kinds = ["object"]
+            elif "items" in s or "prefixItems" in s or "minItems" in s:
+                kinds = ["array"]
+            else:
+                return True
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        return any(self._kind(s, k) for k in kinds)
+
+    def _kind(self, s: dict, kind: str) -> bool:
+        if kind == "object":
+            props, extra = s.get("properties") or {}, s.get("additionalProperties", True)
+            return all(self.value(props.get(name, extra)) for name in s.get("required") or ())
+        if kind == "array":
+            need, prefix = s.get("minItems", 0), s.get("prefixItems") or []
+            if not all(self.value(b) for b in prefix[:need]):
+                return False
+            return need <= len(prefix) or self.value(s.get("items", True))
+        return True
+
+
+def _refs(s: Any):
+    if isinstance(s, dict):
+        if isinstance(s.get("$ref"), str):
+            yield s["$ref"]
+        for v in s.values():
+            yield from _refs(v)
+    elif isinstance(s, list):
+        for v in s:
+            yield from _refs(v)
+
+
+def _resolve(root: Any, ref: str) -> Any:
+    """The subschema a local reference points at (True where it cannot be found: xgrammar
+    reports that itself)."""
+    node = root
+    for part in ref[2:].split("/") if ref.startswith("#/") else ():
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return True
+    return node
 
 
 def _count_properties(s: Any) -> int:

@@ -56,6 +56,12 @@ from structured_testlib import random_schema
         ({"anyOf": [{"type": "integer"}], "type": "string"}, "/anyOf"),
         ({"anyOf": [{"minimum": 1}], "oneOf": [{"type": "integer"}]}, "/oneOf"),
         ({"anyOf": [{"type": "integer", "minimum": 2}], "minimum": 1}, "/anyOf/0/minimum"),
+        # no finite value (xgrammar's way-out shortcut built such text until the engine died)
+        ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, ""),
+        ({"type": "array", "items": {"$ref": "#"}, "minItems": 1}, ""),
+        ({"$defs": {"a": {"properties": {"b": {"$ref": "#/$defs/b"}}, "required": ["b"]},
+                    "b": {"type": "array", "prefixItems": [{"$ref": "#/$defs/a"}],
+                          "minItems": 1}}, "$ref": "#/$defs/a"}, ""),
     ],
 )  # fmt: skip
 def test_refused_with_the_path(schema, where):
@@ -188,6 +194,16 @@ def test_keywords_xgrammar_drops_are_enforced(schema, texts, compiler):
         accepted = matcher.accept_string(text) and matcher.is_completed()
         valid = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
         assert accepted == valid, (schema, text, accepted)
+
+
+def test_recursive_schemas_with_a_way_to_stop_are_kept():
+    tree = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}},
+            "required": ["kids"]}  # fmt: skip
+    assert schemas.check(tree) == tree
+    either = {"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/b"}, {"type": "integer"}]},
+                        "b": {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}},
+                              "required": ["x"]}}, "$ref": "#/$defs/b"}  # fmt: skip
+    assert schemas.check(either) == either
 
 
 def test_pydantic_schemas_keep_compiling():
