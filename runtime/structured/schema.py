@@ -65,6 +65,12 @@ ASSERTIONS = {
 # stop): bounded
 MAX_OPTIONAL_PROPERTIES = 256  # per object
 MAX_PROPERTIES = 4096  # in a whole schema (4000 required ones compile in about 1 s)
+# keywords of one type that xgrammar drops from a schema without `type`
+_TYPED_KEYWORDS = {"minLength", "maxLength", "pattern", "format", "minimum", "maximum",
+                   "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minItems", "maxItems",
+                   "minProperties", "maxProperties"}  # fmt: skip
+_COMBINED = {"$ref", "enum", "const", "anyOf", "oneOf", "allOf"}
+_ANY_TYPE = ("string", "number", "boolean", "null", "object", "array")
 _LOCAL_REF = re.compile(r"^#(?:/.*)?$", re.DOTALL)
 _AT_START = {sre_parse.AT_BEGINNING, sre_parse.AT_BEGINNING_STRING}
 _AT_END = {sre_parse.AT_END, sre_parse.AT_END_STRING}
@@ -253,7 +259,9 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
         raise SchemaError(f"{path}/{_assertions(out, '$ref')[0]}", "keywords beside $ref are "
                           "not supported (xgrammar ignores them); move them into the "
                           "referenced schema")  # fmt: skip
-    if ("enum" in out or "const" in out) and _assertions(out, "enum", "const"):
+    if ("enum" in out or "const" in out) and (
+        _assertions(out, "enum", "const") or ("enum" in out and "const" in out)
+    ):
         return _enum_within(s, out, path)
     if "anyOf" in out or "oneOf" in out:
         out = _distribute(out, path, lp)
@@ -268,6 +276,10 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
                               f"object: constrained decoding compiles at most "
                               f"{MAX_OPTIONAL_PROPERTIES} in time; make more of them required "
                               "or nest them")  # fmt: skip
+    if "type" not in out and _TYPED_KEYWORDS & out.keys() and not _COMBINED & out.keys():
+        # xgrammar reads an untyped schema as any value and drops these keywords: as a list of
+        # every type it applies each keyword to its own type (the others are unconstrained)
+        out["type"] = list(_ANY_TYPE)
     if "multipleOf" in out:
         out = _multiple_of(out, path)
     if "pattern" in out and ("minLength" in out or "maxLength" in out):

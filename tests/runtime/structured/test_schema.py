@@ -53,6 +53,8 @@ from structured_testlib import random_schema
         # keywords beside enum/const or anyOf that no value or branch satisfies
         ({"enum": ["a", "b"], "type": "integer"}, ""),
         ({"type": "string", "const": "x", "maxLength": 0}, ""),
+        ({"enum": [], "const": None}, ""),
+        ({"enum": [1, 2], "const": 3}, ""),
         ({"anyOf": [{"type": "integer"}], "type": "string"}, "/anyOf"),
         ({"anyOf": [{"minimum": 1}], "oneOf": [{"type": "integer"}]}, "/oneOf"),
         ({"anyOf": [{"type": "integer", "minimum": 2}], "minimum": 1}, "/anyOf/0/minimum"),
@@ -179,6 +181,9 @@ LOOSE = [
     ({"type": "string", "anyOf": [{"maxLength": 2}]}, ['"abc"', '"ab"']),
     ({"type": "string", "enum": ["a", "bb", 3], "maxLength": 1}, ['"bb"', "3", '"a"']),
     ({"type": "integer", "enum": [1, 5], "maximum": 2}, ["5", "1"]),
+    # keywords of one type in a schema without `type`
+    ({"additionalProperties": {"maxLength": 0}}, ['{"a": "x"}', '{"a": ""}', '{"a": 1}']),
+    ({"minimum": 3}, ["1", "5", '"x"']),
     ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
       "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}, ["{}", '{"a": "x"}', '{"a": 1}']),
 ]  # fmt: skip
