@@ -184,16 +184,21 @@ def add_openai_routes(
     for path, endpoint in endpoints.items():
         app.add_api_route(path, route(endpoint), methods=["POST"], name=path)
 
+    def card(name: str) -> dict[str, Any]:
+        info = serving.engine.info
+        return {"id": name, "object": "model", "created": started, "owned_by": "pagoda",
+                "root": cfg.model, "max_model_len": info.max_model_len if info else None}  # fmt: skip
+
     @app.get("/v1/models")
     async def models(raw: Request) -> dict[str, Any]:
         authorize(raw)
-        info = serving.engine.info
-        data = [
-            {"id": name, "object": "model", "created": started, "owned_by": "pagoda",
-             "root": cfg.model, "max_model_len": info.max_model_len if info else None}
-            for name in cfg.served_model_names
-        ]  # fmt: skip
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [card(name) for name in cfg.served_model_names]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(raw: Request, name: str) -> dict[str, Any]:
+        """OpenAI's model retrieval (`client.models.retrieve`); 404 naming the model."""
+        authorize(raw)
+        return card(endpoints["/v1/chat/completions"].resolve_model(name))
 
 
 def add_probe_routes(app: FastAPI, engine: AsyncEngine, metrics: ServerMetrics) -> None:

@@ -56,9 +56,16 @@ class ChatEndpoint(Endpoint):
         )  # fmt: skip
         raw = [m.as_template_dict() for m in req.messages]
         self.check_length("".join(str(m.get("content", "")) for m in raw), info)
-        messages, listed = tools.template_messages(raw, setup, template)
         try:
+            messages, listed = tools.template_messages(raw, setup, template)
             text = info.tokenizer.apply_chat_template(messages, tools=listed)
+        except RecursionError as e:
+            raise APIError(
+                400,
+                "messages are nested too deeply to render",
+                param="messages",
+                code="invalid_messages",
+            ) from e
         except ValueError as e:
             raise APIError(400, str(e), param="messages", code="invalid_messages") from e
         except Exception as e:  # a template may raise anything on odd input

@@ -28,7 +28,10 @@ def _byte_decoder() -> dict[str, int]:
 
 def _finite(logprob: float) -> float:
     """A logprob as JSON can carry it: tokens a grammar ruled out have -inf (shown as -9999, as
-    vLLM does), and a forced token's 0 may round a hair above it."""
+    vLLM does), a forced token's 0 may round a hair above it, and NaN (a row with nothing
+    allowed) is shown as impossible."""
+    if logprob != logprob:  # NaN: JSON has no such number
+        return -9999.0
     return min(max(logprob, -9999.0), 0.0)
 
 

@@ -34,6 +34,7 @@ HTTP_ERROR_TYPES = {
     503: "service_unavailable",
 }
 MAX_ECHO = 300  # characters of a client value repeated in an error message
+MAX_LOGIT_BIAS_VALUE = 100.0  # OpenAI's range for a logit_bias value (beyond it: inf logits)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
@@ -144,6 +145,21 @@ class _SamplingFields(_Strict):
                                code="unsupported_parameter")  # fmt: skip
         return data
 
+    @model_validator(mode="after")
+    def _refuse_what_would_change_nothing(self) -> _SamplingFields:
+        """Fields that only mean something beside another one are refused without it (as
+        OpenAI and vLLM refuse them), rather than silently dropped."""
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "stream_options is only allowed when stream is true",
+                           param="stream_options", code="invalid_value")  # fmt: skip
+        for token, bias in (self.logit_bias or {}).items():
+            if not -MAX_LOGIT_BIAS_VALUE <= bias <= MAX_LOGIT_BIAS_VALUE:  # NaN fails too
+                raise APIError(
+                    400, f"logit_bias values must be in [-100, 100], got {_scalar(bias)} for "
+                    f"token {shorten(token, 40)!r}", param="logit_bias", code="invalid_value",
+                )  # fmt: skip
+        return self
+
 
 class JsonSchemaSpec(_Strict):
     """OpenAI `response_format.json_schema`."""
@@ -157,6 +173,14 @@ class JsonSchemaSpec(_Strict):
 class ResponseFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_only_with_its_type(self) -> ResponseFormat:
+        if self.json_schema is not None and self.type != "json_schema":
+            raise APIError(400, f"response_format.json_schema is only read with type "
+                           f'"json_schema", not "{self.type}"', param="response_format.json_schema",
+                           code="invalid_value")  # fmt: skip
+        return self
 
 
 class StructuredOutputsField(BaseModel):
@@ -196,11 +220,38 @@ class TextPart(_Strict):
     text: str
 
 
+class CalledFunction(_Strict):
+    name: str
+    arguments: str | dict[str, Any]  # OpenAI sends JSON text; an object is taken as is
+
+
+class ToolCall(_Strict):
+    """An assistant message's tool call, as a response gave it (`index`: a streamed call's)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+    index: int | None = None
+
+
+# Fields of a response's message that clients send back with it: accepted while they say
+# nothing (they would otherwise be dropped silently: no template renders them)
+ECHOED_EMPTY = ("refusal", "audio", "function_call", "annotations")
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")  # tool_calls, name, ... pass through
+    """A message: the fields chat templates read (`name`, `tool_calls`, `tool_call_id`,
+    `reasoning_content`) and nothing else; an unknown field is refused like an unknown request
+    argument."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
 
     def as_template_dict(self) -> dict[str, Any]:
         data = self.model_dump(exclude_none=True)
@@ -241,12 +292,40 @@ class ChatCompletionRequest(_StructuredFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
 
+    @model_validator(mode="after")
+    def _fields_that_need_another(self) -> ChatCompletionRequest:
+        if self.parallel_tool_calls is not None and not self.tools:
+            raise APIError(400, "parallel_tool_calls is only allowed when tools are given",
+                           param="parallel_tool_calls", code="invalid_value")  # fmt: skip
+        if (self.max_tokens is not None and self.max_completion_tokens is not None
+                and self.max_tokens != self.max_completion_tokens):  # fmt: skip
+            raise APIError(400, "max_tokens and max_completion_tokens disagree; give one "
+                           "(max_completion_tokens is the newer name)",
+                           param="max_completion_tokens", code="invalid_value")  # fmt: skip
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _text_parts_only(cls, data: Any) -> Any:
-        """A content part other than text is named in the 400 (not "Input should be ...")."""
+        """A content part other than text is named in the 400 (not "Input should be ..."), as
+        are a tool message without `tool_call_id`, tool calls outside an assistant message, and
+        a response's own fields sent back non-empty (empty ones are dropped)."""
         messages = data.get("messages") if isinstance(data, dict) else None
+        if isinstance(messages, list) and any(
+            isinstance(m, dict) and any(k in m for k in ECHOED_EMPTY) for m in messages
+        ):
+            data = {**data, "messages": [_without_empty_echoes(m, i) for i, m in
+                                         enumerate(messages)]}  # fmt: skip
+            messages = data["messages"]
         for i, m in enumerate(messages if isinstance(messages, list) else ()):
+            if isinstance(m, dict) and m.get("role") == "tool" and m.get("tool_call_id") is None:
+                raise APIError(400, f"messages[{i}]: a message with role 'tool' needs "
+                               "'tool_call_id' (the id of the call it answers)",
+                               param=f"messages[{i}].tool_call_id",
+                               code="missing_required_parameter")  # fmt: skip
+            if isinstance(m, dict) and m.get("tool_calls") and m.get("role") != "assistant":
+                raise APIError(400, f"messages[{i}]: only assistant messages carry tool_calls",
+                               param=f"messages[{i}].tool_calls", code="invalid_value")  # fmt: skip
             parts = m.get("content") if isinstance(m, dict) else None
             for j, part in enumerate(parts if isinstance(parts, list) else ()):
                 kind = part.get("type") if isinstance(part, dict) else None
@@ -258,6 +337,18 @@ class ChatCompletionRequest(_StructuredFields):
                         param=f"messages[{i}].content[{j}].type", code="unsupported_content",
                     )  # fmt: skip
         return data
+
+
+def _without_empty_echoes(m: Any, i: int) -> Any:
+    """Message `i` without the response fields it sent back empty (APIError if one is not)."""
+    if not isinstance(m, dict):
+        return m
+    for key in ECHOED_EMPTY:
+        if m.get(key) not in (None, [], ""):
+            raise APIError(400, f"messages[{i}].{key} is not supported (a response's field: "
+                           "send it back empty or leave it out)", param=f"messages[{i}].{key}",
+                           code="unsupported_parameter")  # fmt: skip
+    return {k: v for k, v in m.items() if k not in ECHOED_EMPTY}
 
 
 def _param_of(loc: tuple[Any, ...]) -> str | None:

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 log = logging.getLogger("pagoda.server")
 COMPILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+JSON_KINDS = ("json", "json_object")  # the constraints free whitespace applies to
 TYPES = ("json", "json_object", "regex", "choice", "grammar", "structural_tag", "tool_calls")
 
 
@@ -60,10 +61,18 @@ def spec_from_request(req: Any) -> StructuredOutputsParams | None:
         }
         if so.disable_any_whitespace is not None:
             kw["disable_any_whitespace"] = so.disable_any_whitespace
-        given = [
-            k for k, v in kw.items() if v not in (None, False) and k != "disable_any_whitespace"
+        given = [  # `"json": false` is a (refused) schema, `"json_object": false` nothing
+            k
+            for k, v in kw.items()
+            if k != "disable_any_whitespace"
+            and (v not in (None, False) or (k == "json" and v is False))
         ]
         where = f"structured_outputs.{given[0]}" if len(given) == 1 else "structured_outputs"
+        if so.disable_any_whitespace is False and given and given[0] not in JSON_KINDS:
+            raise APIError(400, "structured_outputs.disable_any_whitespace applies to json and "
+                           f"json_object only, not {given[0]}",
+                           param="structured_outputs.disable_any_whitespace",
+                           code="invalid_value")  # fmt: skip
         return StructuredOutputsParams(**kw, field=where)
     except ParamError as e:
         raise APIError(400, e.message, param=e.field, code="invalid_value") from e

@@ -101,6 +101,7 @@ def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -
             raise APIError(400, f"tools[{i}].function.name: {name!r} is given twice",
                            param=f"tools[{i}].function.name")  # fmt: skip
         names.add(name)
+        check_parameters(t.function.parameters, f"tools[{i}].function.parameters")
     kind = "auto" if choice is None else choice if isinstance(choice, str) else "function"
     if kind == "function" and choice.function.name not in names:
         raise APIError(
@@ -129,6 +130,22 @@ def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -
     elif name in TRIGGERS and any(t.function.strict for t in tools):
         setup.grammar = tool_grammar(name, tools, None, parallel, free=True)
     return setup
+
+
+def check_parameters(parameters: dict[str, Any] | None, where: str) -> None:
+    """A tool's `parameters` must be a valid JSON Schema of an object (as OpenAI requires:
+    arguments are a JSON object), whether or not the call will be enforced."""
+    if parameters is None:
+        return
+    kind = parameters.get("type", "object")
+    if kind != "object":
+        raise APIError(400, f"{where} must be a JSON Schema of type \"object\" (a call's "
+                       f"arguments are a JSON object), got type {json.dumps(kind)[:80]}",
+                       param=where, code="invalid_value")  # fmt: skip
+    try:
+        schemas.check_valid(parameters)
+    except schemas.SchemaError as e:
+        raise APIError(400, f"{where}: {e}", param=where, code="invalid_value") from e
 
 
 def tool_grammar(
@@ -212,7 +229,8 @@ def _arguments_as_objects(m: dict[str, Any]) -> dict[str, Any]:
     for c in calls:
         fn = c.get("function") if isinstance(c, dict) else None
         if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
-            with contextlib.suppress(ValueError):  # not JSON: the template gets the text
+            # not JSON (or nested past the parser's depth): the template gets the text
+            with contextlib.suppress(ValueError, RecursionError):
                 fn = {**fn, "arguments": json.loads(fn["arguments"])}
             c = {**c, "function": fn}
         fixed.append(c)

@@ -10,6 +10,7 @@ Per step with constrained rows (`grammar_rows`, recomputed only when the batch c
    request is steered to a complete output (`matcher.Closer`): first, where only a few tokens
    are allowed and the grammar lets the open array or object close (or end), that is the only
    token allowed; at the very end, the way out's tokens one by one.
+   A row that allows nothing at all (a grammar with a dead end) allows EOS alone.
 3. The masks are applied to the logits in place (-inf where not allowed) before the sampler
    runs, so penalties, temperature, top-k/top-p/min-p, seeds, logprobs (over the allowed tokens,
    as vLLM reports them) and `n` work unchanged on the masked rows. CPU: `mask_kernel` (C, a
@@ -163,6 +164,14 @@ class GrammarBitmask:
             close = soft_close(host[j], self.closer.closes, self.vocab_size)
             if close is not None:
                 _only(host[j], close)
+        if free_at and self.closer.stop is not None:  # a dead end (nothing allowed): stop,
+            # rather than sample from all -inf (NaN logprobs, an arbitrary token)
+            dead = (host[free_at] == 0).all(dim=1).nonzero().flatten().tolist()
+            for k in dead:
+                j = free_at[k]
+                log.warning("grammar allows no token after %d output tokens; ending the request",
+                            reqs[live[j]].num_output_tokens)  # fmt: skip
+                _only(host[j], self.closer.stop)
         mask, rows_t = host[: len(live)], torch.tensor(live, dtype=torch.long)
         if self.device.type == "cuda" or self.torch_apply:  # pinned: copied without a sync
             if self.device.type == "cuda":

@@ -9,8 +9,11 @@ spec and tokenizer, compiled off the event loop with a time bound.
 * Time: `compile_async` runs compiles on `threads` worker threads (xgrammar releases the GIL
   while it compiles, so neither the event loop nor the engine thread waits) and gives up after
   `timeout_s` (default 10 s) with a 400. xgrammar cannot be interrupted: the compile finishes in
-  the background and lands in the cache, where a later request finds it. Requests for a spec
-  already being compiled wait for that compile instead of starting another.
+  the background and lands in the cache, where a later request finds it; meanwhile it gives
+  its thread slot up (`MAX_OVERDUE` such compiles at once), so that slow specs do not hold
+  up the compiles queued behind them. Requests for a spec already being compiled wait for that
+  compile instead of starting another. Schemas are bounded in size (`schema.MAX_PROPERTIES`,
+  `schema.MAX_OPTIONAL_PROPERTIES`) so that no compile runs on for minutes.
 
 Errors are `ParamError(spec.field, message)`: the server answers 400 naming the request field.
 """
@@ -25,7 +28,7 @@ import re
 import threading
 import time
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +44,7 @@ DEFAULT_CACHE_BYTES = 256 << 20
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_THREADS = 2
 MAX_ERRORS = 1024  # remembered failures (small: a key and a message each)
+MAX_OVERDUE = 2  # compiles past the time bound that run on without holding a slot
 MAX_WHITESPACE = 2  # per run, when a request allows free whitespace (disable_any_whitespace=false)
 _XGR_PREFIX = re.compile(r"^\[[\d:]+\] \S+?:\d+: (?:Check failed: \(.*?\) is false: )?")
 _KIND_NAMES = {
@@ -99,7 +103,10 @@ class GrammarCompiler:
         self._errors: OrderedDict[tuple, ParamError] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, "pagoda-grammar")
+        self.threads = threads
+        self._queue: deque[tuple[StructuredOutputsParams, concurrent.futures.Future]] = deque()
+        self._busy = 0  # compiles holding one of the `threads` slots
+        self._overdue: set[concurrent.futures.Future] = set()  # past the time bound, slotless
         self._inflight: dict[tuple, concurrent.futures.Future] = {}
         self.observer: CompileObserver | None = None
 
@@ -213,10 +220,53 @@ class GrammarCompiler:
                 done: concurrent.futures.Future = concurrent.futures.Future()
                 done.set_result(hit)
                 return done
-            fut = self._pool.submit(self.compile, spec)
+            fut = concurrent.futures.Future()
             self._inflight[key] = fut
+            self._queue.append((spec, fut))
+            self._start_ready()
         fut.add_done_callback(lambda _: self._forget(key, fut))
         return fut
+
+    def _start_ready(self) -> None:
+        """Start queued compiles while a slot is free (called holding the lock). A thread per
+        compile: one that overran the time bound gives its slot up (`_overdue`) but cannot be
+        stopped, so it must not be a pool worker that queued compiles wait for."""
+        while self._queue and self._busy < self.threads:
+            spec, fut = self._queue.popleft()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            self._busy += 1
+            # not a daemon: exit waits for it (as for a pool's workers; xgrammar's C++ aborts
+            # the process when the interpreter ends under it)
+            threading.Thread(target=self._run, args=(spec, fut), name="pagoda-grammar",
+                             daemon=False).start()  # fmt: skip
+
+    def _run(self, spec: StructuredOutputsParams, fut: concurrent.futures.Future) -> None:
+        try:
+            result = self.compile(spec)
+        except BaseException as e:  # the future carries it to whoever waits
+            fut.set_exception(e)
+        else:
+            fut.set_result(result)
+        finally:
+            with self._lock:
+                if fut in self._overdue:
+                    self._overdue.discard(fut)
+                else:
+                    self._busy -= 1
+                self._start_ready()
+
+    def _give_up_slot(self, fut: concurrent.futures.Future) -> None:
+        """A compile past the time bound stops holding a slot (at most `MAX_OVERDUE` at once),
+        so that a slow spec does not hold up other requests' compiles behind it."""
+        with self._lock:
+            if fut.done() or not fut.running() or fut in self._overdue:
+                return
+            if len(self._overdue) >= MAX_OVERDUE:
+                return
+            self._overdue.add(fut)
+            self._busy -= 1
+            self._start_ready()
 
     async def compile_async(self, spec: StructuredOutputsParams) -> StructuredOutputsParams:
         """The spec with its compiled grammar, compiled off the event loop; ParamError when the
@@ -227,6 +277,7 @@ class GrammarCompiler:
                 asyncio.shield(asyncio.wrap_future(fut)), self.timeout_s
             )
         except asyncio.TimeoutError as e:
+            self._give_up_slot(fut)
             raise ParamError(
                 spec.field,
                 f"{spec.field}: compiling this {_KIND_NAMES[spec.kind]} took longer than "
@@ -238,7 +289,10 @@ class GrammarCompiler:
         return spec.with_compiled(compiled)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            queued, self._queue = list(self._queue), deque()
+        for _, fut in queued:
+            fut.cancel()
 
     # -- internals -------------------------------------------------------------------------
     def _forget(self, key: tuple, fut: concurrent.futures.Future) -> None:
@@ -264,6 +318,19 @@ class GrammarCompiler:
             self._bytes = 0
 
     def _build(self, spec: StructuredOutputsParams) -> xgr.CompiledGrammar:
+        """The spec compiled; ParamError when it is invalid or allows no output at all (a
+        grammar with nothing to start with would leave the sampler no token to pick)."""
+        compiled = self._build_grammar(spec)
+        matcher = xgr.GrammarMatcher(compiled)
+        mask = xgr.allocate_token_bitmask(1, self.vocab_size)
+        matcher.fill_next_token_bitmask(mask)
+        if not bool(mask.any()):
+            where = spec.field
+            raise ParamError(where, f"{where}: this {_KIND_NAMES[spec.kind]} allows no output "
+                             "(no text matches it)")  # fmt: skip
+        return compiled
+
+    def _build_grammar(self, spec: StructuredOutputsParams) -> xgr.CompiledGrammar:
         kind, where = spec.kind, spec.field
         try:
             if kind == "json":
@@ -273,6 +340,7 @@ class GrammarCompiler:
             if kind == "json_object":
                 return self._json('{"type": "object"}', spec)
             if kind == "regex":
+                schemas.check_pattern(spec.regex, "")
                 return self._xgr.compile_regex(spec.regex)
             if kind == "choice":
                 alternatives = " | ".join(json.dumps(c) for c in spec.choice)

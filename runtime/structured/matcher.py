@@ -39,6 +39,8 @@ HARD_MARGIN = (4, 16)  # base // 2, within these bounds
 SOFT_MARGIN = (16, 64)  # 2 * base, within these bounds
 LATE = 4  # slack left when the halving stops: forced this many tokens early, not looked at
 CIRCLE = 16  # visits to one place (its bitmask) that tell a way out walks in a circle
+FORCED_TOKENS = 64  # forced text: at most this many tokens allowed, each a piece of the longest
+FORCED_WORDS = 64  # bitmask words with any token allowed, checked before unpacking the mask
 
 
 def _clamp(x: int, bounds: tuple[int, int]) -> int:
@@ -51,7 +53,8 @@ class Closer:
 
     def __init__(self, info: xgr.TokenizerInfo, vocab: list[bytes] | None = None) -> None:
         single: dict[bytes, int] = {}
-        for i, b in enumerate(info.decoded_vocab if vocab is None else vocab):
+        self.vocab = list(info.decoded_vocab) if vocab is None else vocab
+        for i, b in enumerate(self.vocab):
             if len(b) == 1 and b not in single:
                 single[b] = i
         ids = [single[c.encode()] for c in CLOSING_CHARS if c.encode() in single]
@@ -86,21 +89,42 @@ class Closer:
         while len(plan) <= limit:
             if probe.is_completed():
                 return plan, steps
-            jump = probe.find_jump_forward_tokens()
-            if jump and all(probe.accept_token(t) for t in jump):
-                plan += jump
-                continue
             before = self._allowed(probe).clone()
             place = before.numpy().tobytes()
             visits[place] = visits.get(place, 0) + 1
             if visits[place] > CIRCLE:
                 return None, steps
+            t = self._forced(probe, before)
+            if t is not None:
+                plan.append(t)
+                continue
             t = self._choose(probe, before, {t for p, t in avoid if p == place})
             if t is None:
                 return None, steps
             steps[place, t] = steps.get((place, t), 0) + 1
             plan.append(t)
         return None, steps
+
+    def _forced(self, probe: xgr.GrammarMatcher, before: torch.Tensor) -> int | None:
+        """Where the grammar forces text (every allowed token is a piece of the longest one:
+        a key, a constant, a tag), accept and return that longest token; else None.
+
+        Step by step rather than xgrammar's `find_jump_forward_tokens`, which builds the whole
+        forced text first: where it never ends (`root ::= "a" root`, a schema whose required
+        property refers back to it) it allocates until the process dies."""
+        words = before.numpy()
+        if np.count_nonzero(words) > FORCED_WORDS:
+            return None
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")
+        ids = np.flatnonzero(bits[: len(self.vocab)])
+        if not len(ids) or len(ids) > FORCED_TOKENS:
+            return None
+        pieces = [self.vocab[i] for i in ids]
+        k = max(range(len(ids)), key=lambda j: len(pieces[j]))
+        if not pieces[k] or not all(pieces[k].startswith(p) for p in pieces):
+            return None
+        t = int(ids[k])
+        return t if probe.accept_token(t) else None
 
     def _choose(self, probe: xgr.GrammarMatcher, before: torch.Tensor, avoid: set[int]):
         """Accept and return the next token of the way out: one that completes the output if

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import unquote
 
 import jsonschema
 
@@ -45,7 +46,38 @@ UNSUPPORTED = {
     "dependencies": "dependencies",
     "unevaluatedItems": "unevaluatedItems",
     "unevaluatedProperties": "unevaluatedProperties",
+    "$dynamicRef": "$dynamicRef",
+    "$recursiveRef": "$recursiveRef",
 }
+# Keywords that constrain a value (others, known or not, are annotations: kept in place when a
+# schema is rewritten)
+ASSERTIONS = {
+    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
+    "exclusiveMinimum", "maxLength", "minLength", "pattern", "format", "maxItems", "minItems",
+    "uniqueItems", "maxContains", "minContains", "maxProperties", "minProperties", "required",
+    "dependentRequired", "properties", "patternProperties", "additionalProperties",
+    "propertyNames", "items", "prefixItems", "additionalItems", "contains", "allOf", "anyOf",
+    "oneOf", "not", "if", "then", "else", "dependentSchemas", "dependencies",
+    "unevaluatedItems", "unevaluatedProperties", "$ref", "$dynamicRef", "$recursiveRef",
+}  # fmt: skip
+# xgrammar's compile time grows with the cube of an object's optional properties (here: 256 in
+# 0.06 s, 1000 in 3 s, 2000 in 36 s; 10000, extrapolated, over an hour on a thread nobody can
+# stop): bounded
+MAX_OPTIONAL_PROPERTIES = 256  # per object
+MAX_PROPERTIES = 4096  # in a whole schema (4000 required ones compile in about 1 s)
+# keywords of one type that xgrammar drops from a schema without `type`
+_TYPED_KEYWORDS = {"minLength", "maxLength", "pattern", "format", "minimum", "maximum",
+                   "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minItems", "maxItems",
+                   "minProperties", "maxProperties"}  # fmt: skip
+_COMBINED = {"$ref", "enum", "const", "anyOf", "oneOf", "allOf"}
+_ANY_TYPE = ("string", "number", "boolean", "null", "object", "array")
+_LOCAL_REF = re.compile(r"^#(?:/.*)?$", re.DOTALL)
+_AT_START = {sre_parse.AT_BEGINNING, sre_parse.AT_BEGINNING_STRING}
+_AT_END = {sre_parse.AT_END, sre_parse.AT_END_STRING}
+_REPEATS = tuple(
+    getattr(sre_parse, n) for n in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
+    if hasattr(sre_parse, n)
+)  # fmt: skip
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_ONE = ("additionalProperties", "items", "propertyNames")
@@ -59,8 +91,8 @@ _SINGLE = re.compile(  # one atom (a class, an escape, a character or `.`) and i
 class SchemaError(ValueError):
     """A schema that cannot be enforced exactly; `path` is where (JSON pointer style)."""
 
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{message} (at {path or '/'})")
+    def __init__(self, path: str | None, message: str) -> None:
+        super().__init__(message if path is None else f"{message} (at {path or '/'})")
         self.path = path
 
 
@@ -73,6 +105,117 @@ def check(schema: Any, length_patterns: bool = False) -> Any:
         if not schema:
             raise SchemaError("", "the schema `false` allows no output")
         return schema
+    check_valid(schema)
+    try:
+        out = _normalise(schema, "", length_patterns)
+        total = _count_properties(out)
+    except RecursionError as e:
+        raise SchemaError("", "the schema is nested too deeply") from e
+    if total > MAX_PROPERTIES:
+        raise SchemaError("", f"the schema lists {total} properties, more than the "
+                          f"{MAX_PROPERTIES} constrained decoding compiles in time")  # fmt: skip
+    if not _Finite(out).ok():
+        raise SchemaError("", "no finite JSON value satisfies this schema: a required property "
+                          "or minItems refers back to the schema with no way to stop")  # fmt: skip
+    return out
+
+
+class _Finite:
+    """Whether some finite value satisfies a schema. Only `$ref` makes a schema recursive, so
+    the references' answers are found as a least fixpoint (all "no" until shown otherwise);
+    keywords are read the way xgrammar writes them (an untyped schema with `required` is an
+    object)."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self.known: dict[str, bool] = {}
+
+    def ok(self) -> bool:
+        refs = sorted(set(_refs(self.root)))
+        self.known = dict.fromkeys(refs, False)
+        changed = True
+        while changed:
+            changed = False
+            for ref in refs:
+                if not self.known[ref] and self.value(_resolve(self.root, ref)):
+                    self.known[ref] = changed = True
+        return self.value(self.root)
+
+    def value(self, s: Any) -> bool:
+        if not isinstance(s, dict):
+            return s is not False
+        if isinstance(s.get("$ref"), str):
+            return self.known.get(s["$ref"], True)
+        if "enum" in s or "const" in s:
+            return True
+        for key in ("anyOf", "oneOf"):
+            if isinstance(s.get(key), list) and not any(self.value(b) for b in s[key]):
+                return False
+        if isinstance(s.get("allOf"), list) and not all(self.value(b) for b in s["allOf"]):
+            return False
+        kinds = s.get("type")
+        if kinds is None:
+            if "required" in s or "properties" in s:
+                kinds = ["object"]
+            elif "items" in s or "prefixItems" in s or "minItems" in s:
+                kinds = ["array"]
+            else:
+                return True
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        return any(self._kind(s, k) for k in kinds)
+
+    def _kind(self, s: dict, kind: str) -> bool:
+        if kind == "object":
+            props, extra = s.get("properties") or {}, s.get("additionalProperties", True)
+            return all(self.value(props.get(name, extra)) for name in s.get("required") or ())
+        if kind == "array":
+            need, prefix = s.get("minItems", 0), s.get("prefixItems") or []
+            if not all(self.value(b) for b in prefix[:need]):
+                return False
+            return need <= len(prefix) or self.value(s.get("items", True))
+        return True
+
+
+def _refs(s: Any):
+    if isinstance(s, dict):
+        if isinstance(s.get("$ref"), str):
+            yield s["$ref"]
+        for v in s.values():
+            yield from _refs(v)
+    elif isinstance(s, list):
+        for v in s:
+            yield from _refs(v)
+
+
+def _resolve(root: Any, ref: str) -> Any:
+    """The subschema a local reference points at (True where it cannot be found: xgrammar
+    reports that itself)."""
+    node = root
+    for part in ref[2:].split("/") if ref.startswith("#/") else ():
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return True
+    return node
+
+
+def _count_properties(s: Any) -> int:
+    if isinstance(s, list):
+        return sum(_count_properties(v) for v in s)
+    if not isinstance(s, dict):
+        return 0
+    own = len(s["properties"]) if isinstance(s.get("properties"), dict) else 0
+    return own + sum(_count_properties(v) for v in s.values() if isinstance(v, (dict, list)))
+
+
+def check_valid(schema: Any) -> None:
+    """SchemaError unless `schema` is a JSON Schema (an object or a boolean) that its
+    metaschema accepts (whether or not constrained decoding could enforce it)."""
+    if isinstance(schema, bool):
+        return
     if not isinstance(schema, dict):
         raise SchemaError("", "a JSON Schema must be an object or a boolean")
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
@@ -83,10 +226,6 @@ def check(schema: Any, length_patterns: bool = False) -> Any:
         raise SchemaError(where, f"invalid JSON Schema: {e.message}") from e
     except RecursionError as e:
         raise SchemaError("", "the schema is nested too deeply") from e
-    try:
-        return _normalise(schema, "", length_patterns)
-    except RecursionError as e:
-        raise SchemaError("", "the schema is nested too deeply") from e
 
 
 def _normalise(s: Any, path: str, lp: bool = False) -> Any:
@@ -95,8 +234,13 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     for key, what in UNSUPPORTED.items():
         if key in s and not (key == "uniqueItems" and s[key] is False):
             raise SchemaError(f"{path}/{key}", f"{what} is not supported by constrained decoding")
-    if "$ref" in s and not str(s["$ref"]).startswith("#"):
-        raise SchemaError(f"{path}/$ref", "only local references (#/...) are supported")
+    if "$ref" in s and not _LOCAL_REF.match(str(s["$ref"])):
+        raise SchemaError(f"{path}/$ref", "only local JSON pointer references (#/...) are "
+                          "supported")  # fmt: skip
+    if isinstance(s.get("pattern"), str):
+        check_pattern(s["pattern"], f"{path}/pattern")
+    for key in s.get("patternProperties") or ():
+        check_pattern(key, f"{path}/patternProperties")
     out = dict(s)
     for key in _SCHEMA_MAPS:
         if isinstance(s.get(key), dict):
@@ -111,9 +255,31 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
             out[key] = [_normalise(v, f"{path}/items/{i}", lp) for i, v in enumerate(s[key])]
     if "allOf" in out:
         out = _merge_all_of(out, path)
+    if "$ref" in out and _assertions(out, "$ref"):
+        raise SchemaError(f"{path}/{_assertions(out, '$ref')[0]}", "keywords beside $ref are "
+                          "not supported (xgrammar ignores them); move them into the "
+                          "referenced schema")  # fmt: skip
+    if ("enum" in out or "const" in out) and (
+        _assertions(out, "enum", "const") or ("enum" in out and "const" in out)
+    ):
+        return _enum_within(s, out, path)
+    if "anyOf" in out or "oneOf" in out:
+        out = _distribute(out, path, lp)
     if "oneOf" in out:
         _check_one_of(out["oneOf"], f"{path}/oneOf")
     _fill_required(out, path)
+    props = out.get("properties")
+    if isinstance(props, dict) and len(props) > MAX_OPTIONAL_PROPERTIES:
+        optional = len(set(props) - set(out.get("required") or ()))
+        if optional > MAX_OPTIONAL_PROPERTIES:
+            raise SchemaError(f"{path}/properties", f"{optional} optional properties in one "
+                              f"object: constrained decoding compiles at most "
+                              f"{MAX_OPTIONAL_PROPERTIES} in time; make more of them required "
+                              "or nest them")  # fmt: skip
+    if "type" not in out and _TYPED_KEYWORDS & out.keys() and not _COMBINED & out.keys():
+        # xgrammar reads an untyped schema as any value and drops these keywords: as a list of
+        # every type it applies each keyword to its own type (the others are unconstrained)
+        out["type"] = list(_ANY_TYPE)
     if "multipleOf" in out:
         out = _multiple_of(out, path)
     if "pattern" in out and ("minLength" in out or "maxLength" in out):
@@ -121,6 +287,129 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     elif lp and ("minLength" in out or "maxLength" in out):
         lo, hi = out.pop("minLength", 0), out.pop("maxLength", None)
         out["pattern"] = f"^.{{{lo},{'' if hi is None else hi}}}$"
+    return out
+
+
+def check_pattern(pattern: str, path: str | None) -> None:
+    """SchemaError for regex features xgrammar compiles loosely: lookaround (it drops it inside
+    JSON Schema patterns) and anchors other than at the start and end (it drops them)."""
+    try:
+        parsed = sre_parse.parse(pattern)
+    except Exception:  # not Python's dialect: left to xgrammar's own parser
+        return
+    _check_regex_items(list(parsed), True, True, path)
+
+
+def _check_regex_items(items: list, first: bool, last: bool, path: str | None) -> None:
+    for i, (op, av) in enumerate(items):
+        at_start, at_end = first and i == 0, last and i == len(items) - 1
+        if op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
+            raise SchemaError(path, "lookahead and lookbehind are not supported by "
+                              "constrained decoding")  # fmt: skip
+        if op is sre_parse.AT and not (
+            (av in _AT_START and at_start) or (av in _AT_END and at_end)
+        ):
+            raise SchemaError(path, "anchors (^, $, \\b) are supported at the start and end "
+                              "of the pattern only")  # fmt: skip
+        if op is sre_parse.BRANCH:
+            for alt in av[1]:
+                _check_regex_items(list(alt), at_start, at_end, path)
+        elif op is sre_parse.SUBPATTERN:
+            _check_regex_items(list(av[-1]), at_start, at_end, path)
+        elif op in _REPEATS:
+            _check_regex_items(list(av[2]), False, False, path)
+        elif op is getattr(sre_parse, "ATOMIC_GROUP", None):
+            _check_regex_items(list(av), False, False, path)
+
+
+def _assertions(s: dict, *but: str) -> list[str]:
+    """The keywords of `s` that constrain a value, other than `but`."""
+    return [k for k in s if k in ASSERTIONS and k not in but]
+
+
+def _enum_within(original: dict, s: dict, path: str) -> dict:
+    """`enum`/`const` beside other keywords (xgrammar keeps only the values): the values that
+    the whole schema accepts, checked with `jsonschema` against the client's own schema."""
+    values = [original["const"]] if "const" in original else list(original.get("enum", []))
+    if "const" in original and "enum" in original:
+        values = [v for v in values if v in original["enum"]]
+    cls = jsonschema.validators.validator_for(original, default=jsonschema.Draft202012Validator)
+    try:
+        validator = cls(original)
+        kept = [v for v in values if validator.is_valid(v)]
+    except Exception as e:  # a $ref inside cannot be resolved from this subschema alone
+        raise SchemaError(path, "enum or const beside keywords that refer elsewhere ($ref) "
+                          "is not supported") from e  # fmt: skip
+    if not kept:
+        raise SchemaError(path, "no value of enum/const satisfies the keywords beside it: no "
+                          "output can satisfy this schema")  # fmt: skip
+    out = {k: v for k, v in s.items() if k not in ASSERTIONS}
+    out["enum"] = kept
+    return out
+
+
+def _distribute(s: dict, path: str, lp: bool) -> dict:
+    """Keywords beside `anyOf`/`oneOf` (xgrammar ignores them) moved into every branch: a value
+    matches (siblings and some branch) exactly when it matches some (siblings and branch)."""
+    if "anyOf" in s and "oneOf" in s:
+        raise SchemaError(f"{path}/oneOf", "anyOf and oneOf in one schema are not supported")
+    key = "anyOf" if "anyOf" in s else "oneOf"
+    siblings = {k: v for k, v in s.items() if k in ASSERTIONS and k != key}
+    if not siblings:
+        return s
+    branches = []
+    for i, branch in enumerate(s[key]):
+        merged = _with_siblings(branch, siblings, f"{path}/{key}/{i}")
+        if merged is not None:
+            branches.append(_normalise(merged, f"{path}/{key}/{i}", lp))
+    if not branches:
+        raise SchemaError(f"{path}/{key}", f"no branch of {key} can hold together with the "
+                          f"keywords beside {key}: no output can satisfy this schema")  # fmt: skip
+    out = {k: v for k, v in s.items() if k not in ASSERTIONS}
+    out[key] = branches
+    return out
+
+
+def _with_siblings(branch: Any, siblings: dict, where: str) -> dict | None:
+    """`branch` and `siblings` as one schema (None: the two exclude each other)."""
+    if branch is True:
+        return dict(siblings)
+    if branch is False:
+        return None
+    if "$ref" in branch:
+        raise SchemaError(where, "keywords beside anyOf/oneOf with a $ref branch are not "
+                          "supported; move them into the branches")  # fmt: skip
+    merged = dict(branch)
+    for key, value in siblings.items():
+        if key not in merged or merged[key] == value:
+            merged[key] = value
+        elif key == "required":
+            merged[key] = list(dict.fromkeys([*merged[key], *value]))
+        elif key == "type":
+            kinds = _type_meet(merged[key], value)
+            if not kinds:
+                return None
+            merged[key] = kinds[0] if len(kinds) == 1 else kinds
+        elif key == "properties":
+            props = dict(merged[key])
+            for name, sub in value.items():
+                if props.get(name, {}) in ({}, True, sub):  # open in the branch (or the same)
+                    props[name] = sub
+                elif sub not in ({}, True):
+                    raise SchemaError(f"{where}/properties/{name}", "this property is "
+                                      "constrained both in the branch and beside it")  # fmt: skip
+            merged[key] = props
+        else:
+            raise SchemaError(f"{where}/{key}", f"{key} is set both in this branch and beside "
+                              "it; keep one")  # fmt: skip
+    return merged
+
+
+def _type_meet(a: Any, b: Any) -> list[str]:
+    """The JSON types both `type` values allow (integer is a number)."""
+    a, b = ([a] if isinstance(a, str) else list(a)), ([b] if isinstance(b, str) else list(b))
+    out = [t for t in a if t in b or (t == "integer" and "number" in b)]
+    out += [t for t in b if t == "integer" and "number" in a and t not in out]
     return out
 
 

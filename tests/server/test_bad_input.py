@@ -74,6 +74,56 @@ CASES = [
     ("batch-over-queue-bound", COMP, {"prompt": ["x"] * 600}, 400, "prompt"),
     ("prompt-object", COMP, {"prompt": {"a": 1}}, 400, "prompt"),
     ("message-not-object", CHAT, {"messages": [5]}, 400, "messages[0]"),
+    # newer features (hostile wave 3): each of these was a 500 or was silently ignored
+    ("tool-call-arguments-deep", CHAT, {"messages": [*MSGS, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[" * 50_000 +
+         "]" * 50_000}}]}]}, 400, "messages"),
+    ("stream-options-without-stream", CHAT,
+     {"messages": MSGS, "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ("json-schema-with-type-text", CHAT, {"messages": MSGS, "response_format": {
+        "type": "text", "json_schema": {"name": "a", "schema": {"type": "integer"}}}}, 400,
+     "response_format.json_schema"),
+    ("json-schema-with-json-object", COMP, {"prompt": "x", "response_format": {
+        "type": "json_object", "json_schema": {"name": "a", "schema": {}}}}, 400,
+     "response_format.json_schema"),
+    ("parallel-tool-calls-without-tools", CHAT, {"messages": MSGS, "parallel_tool_calls": False},
+     400, "parallel_tool_calls"),
+    ("max-tokens-disagree", CHAT, {"messages": MSGS, "max_tokens": 2, "max_completion_tokens": 5},
+     400, "max_completion_tokens"),
+    ("logit-bias-over-100", COMP, {"prompt": "x", "logit_bias": {"5": 101}}, 400, "logit_bias"),
+    ("logit-bias-nan", COMP, b'{"prompt": "x", "logit_bias": {"5": NaN}}', 400, "logit_bias"),
+    ("whitespace-on-a-regex", CHAT, {"messages": MSGS, "structured_outputs": {
+        "regex": "a+", "disable_any_whitespace": False}}, 400,
+     "structured_outputs.disable_any_whitespace"),
+    ("grammar-allows-nothing", CHAT, {"messages": MSGS, "structured_outputs": {
+        "grammar": 'root ::= root "a"'}}, 400, "structured_outputs.grammar"),
+    ("regex-allows-nothing", COMP, {"prompt": "x", "structured_outputs": {
+        "regex": "[^\\x00-\\U0010FFFF]"}}, 400, "structured_outputs.regex"),
+    ("pattern-lookahead", CHAT, {"messages": MSGS, "response_format": {"type": "json_schema",
+        "json_schema": {"name": "a", "schema": {"type": "string", "pattern": "(?!a)."}}}}, 400,
+     "response_format.json_schema.schema"),
+    ("schema-anchor-ref", CHAT, {"messages": MSGS, "structured_outputs": {"json": {
+        "$defs": {"a": {"$anchor": "f", "type": "integer"}}, "$ref": "#f"}}}, 400,
+     "structured_outputs.json"),
+    ("schema-enum-beside-type", CHAT, {"messages": MSGS, "structured_outputs": {"json": {
+        "enum": ["a"], "type": "integer"}}}, 400, "structured_outputs.json"),
+    ("json-schema-false", CHAT, {"messages": MSGS, "structured_outputs": {"json": False}}, 400,
+     "structured_outputs.json"),
+    ("message-unknown-field", CHAT, {"messages": [{"role": "user", "content": "hi", "foo": 1}]},
+     400, "messages[0].foo"),
+    ("tool-message-without-call-id", CHAT, {"messages": [*MSGS, {"role": "tool", "content": "1"}]},
+     400, "messages[1].tool_call_id"),
+    ("tool-call-without-id", CHAT, {"messages": [*MSGS, {"role": "assistant", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, 400,
+     "messages[1].tool_calls[0].id"),
+    ("tool-calls-in-a-user-message", CHAT, {"messages": [{"role": "user", "content": "x",
+        "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]}]}, 400,
+     "messages[0].tool_calls"),
+    ("refusal-sent-back", CHAT, {"messages": [*MSGS, {"role": "assistant", "content": "no",
+        "refusal": "I will not"}]}, 400, "messages[1].refusal"),
+    ("tool-parameters-not-object", CHAT, {"messages": MSGS, "tools": [{"type": "function",
+        "function": {"name": "f", "parameters": {"type": "string"}}}]}, 400,
+     "tools[0].function.parameters"),
 ]
 # fmt: on
 

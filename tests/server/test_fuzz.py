@@ -5,7 +5,9 @@ some are made
 hostile: a field replaced by deep nesting, a lone surrogate, a huge integer literal, a huge
 string, a wrong type or a non-finite float, or the body itself mangled. Every answer must be
 below 500 and well-formed, and afterwards the engine's block pool must be intact with nothing
-left in flight. `PAGODA_FUZZ_EXAMPLES` sets the number of cases per endpoint (default 150).
+left in flight. JSON Schemas are fuzzed too (`response_format` and `structured_outputs.json`):
+refused, or enforced so that every complete output validates. `PAGODA_FUZZ_EXAMPLES` sets the
+number of cases per endpoint (default 150; half as many schemas).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from collections import Counter
 
 import httpx
+import jsonschema
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -144,6 +147,94 @@ def _fuzz(path: str, model):
 
 test_fuzz_completions = _fuzz("/v1/completions", CompletionRequest)
 test_fuzz_chat = _fuzz("/v1/chat/completions", ChatCompletionRequest)
+
+
+# JSON Schemas drawn from the keywords clients use and misuse (wrong types, contradictions,
+# references that go nowhere, regexes xgrammar reads loosely): refused, or enforced exactly
+_TYPES = st.sampled_from(["string", "integer", "number", "boolean", "null", "object", "array",
+                          "date"])  # fmt: skip
+_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(-2, 2),
+                  st.sampled_from(["a", "bb", "", "x\u0000y"]))  # fmt: skip
+_NAMES = st.sampled_from(["a", "b", "c"])
+_SCALAR_KEYWORDS = {
+    "type": _TYPES | st.lists(_TYPES, max_size=3),
+    "enum": st.lists(_LEAF, max_size=4), "const": _LEAF,
+    "minimum": st.integers(-3, 3), "maximum": st.integers(-3, 3) | st.just("3"),
+    "exclusiveMinimum": st.floats(-2, 2), "multipleOf": st.sampled_from([0, 0.5, 2, 3]),
+    "minLength": st.integers(-1, 4), "maxLength": st.integers(0, 4),
+    "pattern": st.sampled_from(["[a-z]+", "^a*$", "(?!a).", "a^b", "([", "(a)\\1", "\\d{2}"]),
+    "format": st.sampled_from(["email", "date", "bogus"]),
+    "$ref": st.sampled_from(["#", "#/$defs/x", "#foo", "http://x/y"]),
+    "title": st.text(max_size=4),
+}  # fmt: skip
+
+
+def _compound(children: st.SearchStrategy) -> st.SearchStrategy:
+    return st.fixed_dictionaries({}, optional={
+        **_SCALAR_KEYWORDS,
+        "properties": st.dictionaries(_NAMES, children, max_size=3),
+        "required": st.lists(st.sampled_from(["a", "b", "c", "d"]), max_size=3),
+        "additionalProperties": children, "items": children, "prefixItems": st.lists(children, max_size=2),
+        "minItems": st.integers(0, 3), "maxItems": st.integers(0, 3),
+        "anyOf": st.lists(children, max_size=3), "oneOf": st.lists(children, max_size=2),
+        "allOf": st.lists(children, max_size=2), "$defs": st.dictionaries(st.just("x"), children),
+        "not": children, "minProperties": st.integers(0, 2), "uniqueItems": st.booleans(),
+    })  # fmt: skip
+
+
+SCHEMAS = st.recursive(
+    st.booleans() | st.fixed_dictionaries({}, optional=_SCALAR_KEYWORDS), _compound, max_leaves=8
+)
+
+
+@settings(max_examples=max(EXAMPLES // 2, 10), deadline=None,
+          derandomize=not os.environ.get("PAGODA_FUZZ_RANDOM"),
+          suppress_health_check=list(HealthCheck))  # fmt: skip
+@given(schema=SCHEMAS, where=st.sampled_from(["response_format", "structured_outputs"]))
+def test_fuzz_json_schemas_are_refused_or_enforced(http, schema, where):
+    """Whatever the schema, no 5xx; when it is accepted, a complete output validates."""
+    if where == "response_format":
+        extra = {"response_format": {"type": "json_schema",
+                                     "json_schema": {"name": "s", "schema": schema}}}  # fmt: skip
+    else:
+        extra = {"structured_outputs": {"json": schema}}
+    body = {"messages": [{"role": "user", "content": "JSON please"}], "max_tokens": 40,
+            "temperature": 0, **extra}  # fmt: skip
+    r = http.post("/v1/chat/completions", json=body)
+    STATUSES[r.status_code] += 1
+    assert r.status_code in (200, 400), (r.status_code, r.text[:300], schema)
+    if r.status_code == 400:
+        assert r.json()["error"]["param"] in ("response_format.json_schema.schema",
+                                              "structured_outputs.json", "messages"), r.text  # fmt: skip
+        return
+    choice = r.json()["choices"][0]
+    if choice["finish_reason"] == "stop":
+        jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+
+
+@settings(max_examples=max(EXAMPLES // 4, 10), deadline=None,
+          derandomize=not os.environ.get("PAGODA_FUZZ_RANDOM"),
+          suppress_health_check=list(HealthCheck))  # fmt: skip
+@given(schema=SCHEMAS, choice=st.sampled_from(["required", "named", "auto-strict"]))
+def test_fuzz_tool_parameters_are_refused_or_enforced(http, schema, choice):
+    """A tool whose argument `a` has a drawn schema: no 5xx; a call made under required, a
+    named function or a strict tool has arguments that validate."""
+    params = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    fn = {"name": "f", "parameters": params, "strict": choice == "auto-strict"}
+    tool_choice = {"required": "required", "auto-strict": "auto",
+                   "named": {"type": "function", "function": {"name": "f"}}}[choice]  # fmt: skip
+    body = {"messages": [{"role": "user", "content": "Call f."}], "max_tokens": 40,
+            "temperature": 0, "tools": [{"type": "function", "function": fn}],
+            "tool_choice": tool_choice}  # fmt: skip
+    r = http.post("/v1/chat/completions", json=body)
+    STATUSES[r.status_code] += 1
+    assert r.status_code in (200, 400), (r.status_code, r.text[:300], schema)
+    if r.status_code == 400:
+        assert r.json()["error"]["param"] in ("tools[0].function.parameters", "messages"), r.text
+        return
+    choice_ = r.json()["choices"][0]
+    for call in choice_["message"].get("tool_calls") or ():
+        jsonschema.validate(json.loads(call["function"]["arguments"]), params)
 
 
 def test_engine_intact_after_fuzzing(http):

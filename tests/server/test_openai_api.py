@@ -27,6 +27,10 @@ def aclient(server) -> openai.AsyncOpenAI:
 def test_models(client):
     models = client.models.list().data
     assert [m.id for m in models] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("gpt-9")
+    assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
 
 
 def test_chat_greedy_equals_offline_with_usage(client, offline):

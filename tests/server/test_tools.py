@@ -167,6 +167,17 @@ def test_mistral_grammar(compiler):
         (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {
             "type": "array", "uniqueItems": True}}}], tool_choice="required"),
          "tools[0].function.parameters"),
+        # arguments are an object: another type is refused, even unenforced (tool_choice auto)
+        (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "string"}}}], tool_choice="required"), "tools[0].function.parameters"),
+        (dict(tools=[TOOLS[1], {"type": "function", "function": {"name": "f", "parameters": {
+            "type": "array"}}}]), "tools[1].function.parameters"),
+        # an invalid JSON Schema is refused under auto too (it was shown to the model as is)
+        (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "objekt"}}}]), "tools[0].function.parameters"),
+        (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"a": {"pattern": "(["}}}}}]),
+         "tools[0].function.parameters"),
     ],
 )  # fmt: skip
 def test_bad_tools_are_400s_naming_the_field(kw, param):
@@ -183,3 +194,14 @@ def test_a_template_in_an_unknown_format():
     assert tools.prepare(_request(), odd, "llama3_json").parser.name == "llama3_json"
     setup = tools.prepare(_request(tool_choice="required"), odd, "auto")
     assert setup.parser.name == "hermes" and setup.grammar is not None
+
+
+def test_arguments_nested_past_the_parser_depth_are_text(smol_tokenizer):
+    """Arguments nested deeper than json.loads recurses were a RecursionError (a 500); they
+    reach the template as the client's text, like any arguments that are not JSON."""
+    deep = "[" * 50_000 + "]" * 50_000
+    history = [HISTORY[0], {**HISTORY[1], "tool_calls": [{"id": "c", "type": "function",
+               "function": {"name": "now", "arguments": deep}}]}]  # fmt: skip
+    req = ChatCompletionRequest.model_validate({"messages": history, "tools": TOOLS})
+    _, text = _render(smol_tokenizer, QWEN_LIKE, req)
+    assert deep[:100] in text

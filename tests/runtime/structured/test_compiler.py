@@ -132,3 +132,43 @@ def test_sampling_params_take_a_spec_but_not_with_ignore_eos():
     assert e.value.field == "ignore_eos"
     with pytest.raises(ParamError):
         SamplingParams(structured_outputs={"json": {}})
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(regex="[^\\x00-\\U0010FFFF]"), dict(grammar='root ::= root "a"'),
+     dict(grammar='root ::= a\na ::= a "x"'), dict(regex="a^b")],
+)  # fmt: skip
+def test_a_spec_that_allows_nothing_is_refused(fresh, kw):
+    """A grammar with nothing to start with left the sampler all -inf (NaN logprobs: a 500)."""
+    with pytest.raises(ParamError) as e:
+        fresh.compile(Spec(**kw, field="structured_outputs.x"))
+    assert e.value.field == "structured_outputs.x"
+    assert fresh.compile(Spec(regex="()")) is not None  # the empty text is an output
+
+
+async def test_slow_specs_past_the_time_bound_hold_up_no_other_compile(fresh):
+    """Two slow specs held both compile threads until they finished (seconds, or hours for a
+    large schema), so any other spec timed out behind them; past the bound they give way."""
+    fresh.configure(timeout_s=0.5)
+    for salt in (2, 3):  # one after the other: both run past the bound
+        with pytest.raises(ParamError):
+            await fresh.compile_async(slow_spec(40, salt=salt))
+    assert len(fresh) == 0, "the slow specs compiled too fast to show anything"
+    started = time.perf_counter()
+    assert (await fresh.compile_async(Spec(regex="[a-z]{3}x"))).compiled is not None
+    assert time.perf_counter() - started < 0.5
+
+
+def test_schemas_too_large_to_compile_in_time_are_refused():
+    from pagoda.runtime.structured import schema as schemas
+
+    optional = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(300)}}
+    with pytest.raises(schemas.SchemaError, match="optional properties"):
+        schemas.check(optional)
+    schemas.check({**optional, "required": [f"p{i}" for i in range(100)]})  # 200 optional
+    many = {"type": "object", "properties": {f"o{k}": {"type": "object", "properties": {
+        f"p{i}": {} for i in range(200)}, "required": [f"p{i}" for i in range(200)]}
+        for k in range(25)}}  # fmt: skip
+    with pytest.raises(schemas.SchemaError, match="5025 properties"):
+        schemas.check(many)

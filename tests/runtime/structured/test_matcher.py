@@ -91,3 +91,35 @@ def test_no_steering_when_nothing_fits(compiler):
     state = GrammarState(compiler.compile(Spec(json=SCHEMA)))
     assert state.steer(compiler.closer, 3) == (None, False)  # the shortest answer needs more
     assert state.check_at == -1  # and it is not searched for again
+
+
+@pytest.fixture
+def memory_guard():
+    """At most 2 GiB more address space while the test runs: without the fix below, xgrammar
+    allocates until the OOM killer ends the process (here: a MemoryError-like RuntimeError)."""
+    import re
+    import resource
+
+    with open("/proc/self/status") as f:
+        size_kb = int(re.search(r"VmSize:\s+(\d+)", f.read()).group(1))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = size_kb * 1024 + (2 << 30)
+    resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else
+                                            min(limit, hard), hard))  # fmt: skip
+    yield
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.mark.parametrize(
+    ("kw", "prefix"),
+    [(dict(grammar='root ::= "a" root'), "aaa"),
+     (dict(grammar='root ::= "{\\"a\\": " root "}"'), '{"a": {"a": '),
+     (dict(regex="hello(ab)*[^\\x00-\\U0010FFFF]"), "helloab")],
+)  # fmt: skip
+def test_text_forced_forever_ends_no_process(compiler, memory_guard, kw, prefix):
+    """Grammars whose forced text never ends: xgrammar's `find_jump_forward_tokens` (the way
+    out's shortcut) built that text until the engine died; now there is no way out, and the
+    request runs to its budget."""
+    m = xgr.GrammarMatcher(compiler.compile(Spec(**kw)))
+    assert m.accept_string(prefix)
+    assert compiler.closer.plan(m, 64) is None

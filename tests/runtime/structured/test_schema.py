@@ -40,6 +40,30 @@ from structured_testlib import random_schema
         ({"allOf": [{"type": "object", "additionalProperties": False}]}, "/allOf/0/additionalProperties"),
         ({"type": "number", "multipleOf": 0.5}, "/multipleOf"),
         ({"multipleOf": 3}, "/multipleOf"),
+        # xgrammar compiles these loosely: lookaround and inner anchors in patterns (dropped),
+        # anchor and dynamic references (ignored: any JSON), keywords beside $ref (ignored)
+        ({"type": "string", "pattern": "(?!a)."}, "/pattern"),
+        ({"type": "string", "pattern": "^(?<=x)b$"}, "/pattern"),
+        ({"type": "string", "pattern": "a^b"}, "/pattern"),
+        ({"type": "string", "pattern": "(a$)+"}, "/pattern"),
+        ({"type": "object", "patternProperties": {"(?=a)": {}}}, "/patternProperties"),
+        ({"$defs": {"a": {"$anchor": "foo", "type": "integer"}}, "$ref": "#foo"}, "/$ref"),
+        ({"$dynamicRef": "#x"}, "/$dynamicRef"),
+        ({"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a", "maximum": 3}, "/maximum"),
+        # keywords beside enum/const or anyOf that no value or branch satisfies
+        ({"enum": ["a", "b"], "type": "integer"}, ""),
+        ({"type": "string", "const": "x", "maxLength": 0}, ""),
+        ({"enum": [], "const": None}, ""),
+        ({"enum": [1, 2], "const": 3}, ""),
+        ({"anyOf": [{"type": "integer"}], "type": "string"}, "/anyOf"),
+        ({"anyOf": [{"minimum": 1}], "oneOf": [{"type": "integer"}]}, "/oneOf"),
+        ({"anyOf": [{"type": "integer", "minimum": 2}], "minimum": 1}, "/anyOf/0/minimum"),
+        # no finite value (xgrammar's way-out shortcut built such text until the engine died)
+        ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, ""),
+        ({"type": "array", "items": {"$ref": "#"}, "minItems": 1}, ""),
+        ({"$defs": {"a": {"properties": {"b": {"$ref": "#/$defs/b"}}, "required": ["b"]},
+                    "b": {"type": "array", "prefixItems": [{"$ref": "#/$defs/a"}],
+                          "minItems": 1}}, "$ref": "#/$defs/a"}, ""),
     ],
 )  # fmt: skip
 def test_refused_with_the_path(schema, where):
@@ -143,3 +167,57 @@ def test_random_schemas_only_allow_valid_output(compiler, smol_tokenizer, free_w
         schema = random_schema(rng)
         for text in _random_outputs(compiler, smol_tokenizer, schema, 1, i, free_ws):
             jsonschema.validate(json.loads(text), schema)
+
+
+# (schema, texts): xgrammar (0.2.9) alone accepted the first text of each, which the schema does
+# not allow: keywords beside anyOf/oneOf and enum/const were dropped; now they are moved into the
+# branches, or the values filtered, exactly (texts in xgrammar's compact form: ", " and ": ")
+LOOSE = [
+    ({"anyOf": [{"type": "integer"}], "minimum": 5}, ["1", "6"]),
+    ({"oneOf": [{"type": "integer"}, {"type": "string"}], "minimum": 5, "maxLength": 1},
+     ["1", '"ab"', "6", '"a"']),
+    ({"type": "integer", "anyOf": [{"minimum": 5}, {"maximum": 1}]}, ["3", '"x"', "6", "0"]),
+    ({"type": "array", "items": {"type": "integer"}, "anyOf": [{"minItems": 2}]}, ["[1]", "[1, 2]"]),
+    ({"type": "string", "anyOf": [{"maxLength": 2}]}, ['"abc"', '"ab"']),
+    ({"type": "string", "enum": ["a", "bb", 3], "maxLength": 1}, ['"bb"', "3", '"a"']),
+    ({"type": "integer", "enum": [1, 5], "maximum": 2}, ["5", "1"]),
+    # keywords of one type in a schema without `type`
+    ({"additionalProperties": {"maxLength": 0}}, ['{"a": "x"}', '{"a": ""}', '{"a": 1}']),
+    ({"minimum": 3}, ["1", "5", '"x"']),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+      "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}, ["{}", '{"a": "x"}', '{"a": 1}']),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("schema", "texts"), LOOSE)
+def test_keywords_xgrammar_drops_are_enforced(schema, texts, compiler):
+    import xgrammar as xgr
+
+    grammar = compiler.compile(StructuredOutputsParams(json=schema))
+    for text in texts:
+        matcher = xgr.GrammarMatcher(grammar)
+        accepted = matcher.accept_string(text) and matcher.is_completed()
+        valid = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+        assert accepted == valid, (schema, text, accepted)
+
+
+def test_recursive_schemas_with_a_way_to_stop_are_kept():
+    tree = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}},
+            "required": ["kids"]}  # fmt: skip
+    assert schemas.check(tree) == tree
+    either = {"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/b"}, {"type": "integer"}]},
+                        "b": {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}},
+                              "required": ["x"]}}, "$ref": "#/$defs/b"}  # fmt: skip
+    assert schemas.check(either) == either
+
+
+def test_pydantic_schemas_keep_compiling():
+    """Enum classes (`enum` beside `type`), Optional (`anyOf` beside `default`), $ref with a
+    description: rewritten, not refused."""
+    s = schemas.check({"$defs": {"C": {"enum": ["r", "b"], "title": "C", "type": "string"}},
+                       "properties": {"c": {"$ref": "#/$defs/C", "description": "a colour"},
+                                      "o": {"anyOf": [{"type": "integer"}, {"type": "null"}],
+                                            "default": None, "title": "O"}},
+                       "required": ["c"], "type": "object"})  # fmt: skip
+    assert s["$defs"]["C"] == {"enum": ["r", "b"], "title": "C"}
+    assert s["properties"]["o"]["anyOf"] == [{"type": "integer"}, {"type": "null"}]
