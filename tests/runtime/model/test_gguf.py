@@ -12,6 +12,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from hf_oracle import hf_greedy
 from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.model import gguf_loader
 from pagoda.runtime.model.gguf_loader import load_gguf
 
 transformers = pytest.importorskip("transformers")
@@ -204,8 +205,8 @@ def test_weights_are_dequantized_when_read_one_at_a_time(tiny_gguf, monkeypatch)
     float32 copy of the whole model exists beside the one being built."""
     path, _, expected = tiny_gguf
     calls = []
-    real = gguf.quants.dequantize
-    monkeypatch.setattr(gguf.quants, "dequantize", lambda *a: calls.append(1) or real(*a))
+    real = gguf_loader.dequantize
+    monkeypatch.setattr(gguf_loader, "dequantize", lambda *a: calls.append(1) or real(*a))
     _, weights, _, quantized = load_gguf(path)
     assert calls == [] and quantized
     name = "model.layers.1.self_attn.k_proj.weight"  # Q4_1 and un-permuted
