@@ -56,7 +56,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--model", default="smollm2-135m")
     args = ap.parse_args()
     device = torch.device(args.device)
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "

@@ -17,7 +17,14 @@ import warnings
 
 import numpy as np
 import torch
-from pagoda.runtime.cpu.quantized import BLOCK_BYTES, BLOCKS, HALF_KINDS, QuantizedWeight
+from pagoda.runtime.cpu.quantized import (
+    BLOCK_BYTES,
+    BLOCKS,
+    HALF_KINDS,
+    PER_16,
+    QK,
+    QuantizedWeight,
+)
 
 _PLAIN = {"F32": torch.float32, **HALF_KINDS}
 
@@ -49,7 +56,25 @@ def dequantize(
         out = values.to(device=device, dtype=dtype)
         return out.clone() if out.data_ptr() == values.data_ptr() else out
     blocks = raw.reshape(-1, cols // BLOCKS[kind][0] * BLOCK_BYTES[kind]).to(device)
-    return QuantizedWeight(kind, blocks, cols).dequantize().reshape(shape).to(dtype)
+    return _blocks(QuantizedWeight(kind, blocks, cols)).reshape(shape).to(dtype)
+
+
+def _blocks(w: QuantizedWeight) -> torch.Tensor:
+    """`w.dequantize()` (float32, the same operations in the same order: bit for bit
+    `gguf.quants`) computed in place in one float32 buffer: each fresh 4-byte-a-weight temporary
+    costs as much as the arithmetic on it (page faults), and a weight holds only one."""
+    q, d, m = w.fields()
+    out = q.to(torch.float32).view(w.rows, -1, QK)
+    if w.kind in PER_16:
+        out[..., :16].mul_(d[..., None])
+        out[..., 16:].mul_(m[..., None])
+    else:
+        out.mul_(d[..., None])
+    if w.kind in ("Q4_1", "Q5_1"):
+        out.add_(m[..., None])
+    elif w.kind in ("Q4_K", "Q5_K"):
+        out.sub_(m[..., None])
+    return out.view(w.rows, w.cols)
 
 
 def _as_tensor(data: np.ndarray) -> torch.Tensor:
