@@ -220,6 +220,20 @@ def test_weights_are_dequantized_when_read_one_at_a_time(tiny_gguf, monkeypatch)
     assert "model.norm.weight" not in quantized and len(quantized) == len(list(quantized))
 
 
+@pytest.mark.parametrize("fixture", ["tiny_gguf", "k_quant_gguf", "other_quant_gguf"])
+def test_weights_read_in_the_models_dtype_and_device(request, fixture):
+    """`read(name, device, dtype)` (what the model builder calls) gives the float32 values cast,
+    rows un-permuted alike; on another device the same shapes, dequantized there."""
+    path, _, expected = request.getfixturevalue(fixture)
+    _, weights, _, _ = load_gguf(path)
+    for name in expected:
+        want = weights[name].to(torch.bfloat16)
+        got = weights.read(name, "cpu", torch.bfloat16)
+        assert got.is_contiguous() and torch.equal(got.view(torch.int16), want.view(torch.int16))
+        meta = weights.read(name, torch.device("meta"), torch.float16)
+        assert meta.device.type == "meta" and meta.shape == want.shape, name
+
+
 def test_tiny_gguf_greedy_matches_transformers(tiny_gguf):
     path, model, _ = tiny_gguf
     llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20)
