@@ -99,7 +99,7 @@ class QuantizedWeight:
             if five:  # bit i of the 32-bit word before the nibbles: key i's fifth bit
                 q = q | (_bits(raw[..., start - 4 : start]) << 4)
             if self.kind == "IQ4_NL":
-                q = IQ4_VALUES[q.long()]
+                q = IQ4_VALUES.to(q.device)[q.long()]
             elif m is None:
                 q = q.to(torch.int8) - (16 if five else 8)
         return q.reshape(self.rows, self.cols), d, m
@@ -128,14 +128,14 @@ def _nibbles(b: torch.Tensor) -> torch.Tensor:
 
 def _bits(b: torch.Tensor) -> torch.Tensor:
     """uint8 [..., n] -> [..., 8n]: bit j of byte i at i * 8 + j (a little-endian word's bits)."""
-    shifts = torch.arange(8, dtype=torch.uint8)
+    shifts = torch.arange(8, dtype=torch.uint8, device=b.device)
     return ((b.unsqueeze(-1) >> shifts) & 1).flatten(-2)
 
 
 def _planes(b: torch.Tensor) -> torch.Tensor:
     """uint8 [n, 32] -> [n, 256]: bit j of byte i at j * 32 + i (Q5_K's fifth bits, Q3_K's
     high bits: one bit plane per sub-block of 32 keys)."""
-    shifts = torch.arange(8, dtype=torch.uint8).view(1, 8, 1)
+    shifts = torch.arange(8, dtype=torch.uint8, device=b.device).view(1, 8, 1)
     return ((b.reshape(-1, 1, 32) >> shifts) & 1).reshape(-1, 256)
 
 
@@ -155,7 +155,7 @@ def _k_fields(w: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
         scale = torch.cat([lo & 0x3F, (mix & 0x0F) | ((lo >> 2) & 0x30)], dim=-1)
         mins = torch.cat([hi & 0x3F, (mix >> 4) | ((hi >> 2) & 0x30)], dim=-1)
         start = 16 if w.kind == "Q4_K" else 48  # Q5_K: 32 bytes of fifth bits first
-        nibbles = torch.tensor([0, 4], dtype=torch.uint8).view(1, 1, 2, 1)
+        nibbles = torch.tensor([0, 4], dtype=torch.uint8, device=raw.device).view(1, 1, 2, 1)
         q = ((raw[:, start:].view(n, 4, 1, 32) >> nibbles) & 0x0F).reshape(n, 256)
         if w.kind == "Q5_K":
             q = q | (_planes(raw[:, 16:48]) << 4)
@@ -165,19 +165,20 @@ def _k_fields(w: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     elif w.kind == "IQ4_XS":
         d = _f16(raw[:, 0:2])
         high = raw[:, 2].int() | (raw[:, 3].int() << 8)  # 2 bits per sub-block of 32
-        high = (high.view(n, 1) >> (2 * torch.arange(8)).view(1, 8)) & 3
-        low = (raw[:, 4:8].view(n, 4, 1) >> torch.tensor([0, 4], dtype=torch.uint8)) & 15
+        high = (high.view(n, 1) >> (2 * torch.arange(8, device=raw.device)).view(1, 8)) & 3
+        four = torch.tensor([0, 4], dtype=torch.uint8, device=raw.device)
+        low = (raw[:, 4:8].view(n, 4, 1) >> four) & 15
         scale = (low.reshape(n, 8).int() | (high << 4)) - 32
         q = _nibbles(raw[:, 8:].view(n, 8, 16)).reshape(n, 256)
-        q = IQ4_VALUES[q.long()]
+        q = IQ4_VALUES.to(q.device)[q.long()]
         d_out = m_out = d * scale.float()  # one scale per 32 keys: the same for both halves
     else:
         ql, qh = raw[:, :128], raw[:, 128:192]
         scales = raw[:, 192:208].contiguous().view(torch.int8).float()
         d = _f16(raw[:, 208:210]) * scales  # [n, 16]: one per 16 keys
-        shifts = torch.tensor([0, 4], dtype=torch.uint8).view(1, 1, 2, 1)
+        shifts = torch.tensor([0, 4], dtype=torch.uint8, device=raw.device).view(1, 1, 2, 1)
         low = ((ql.reshape(n, 2, 1, 64) >> shifts) & 0x0F).reshape(n, 8, 32)
-        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
+        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=raw.device).view(1, 1, 4, 1)
         high = ((qh.reshape(n, 2, 1, 32) >> shifts) & 0x03).reshape(n, 8, 32)
         q = (low | (high << 4)).to(torch.int8).reshape(n, 256) - 32
         d_out, m_out = d[:, 0::2], d[:, 1::2]
@@ -190,7 +191,7 @@ def _q3_k_fields(w: QuantizedWeight, raw: torch.Tensor) -> tuple[torch.Tensor, .
     signed scale per 16 keys (4 bits + 2 bits), as gguf.quants unpacks them."""
     n = raw.shape[0]
     hmask, qs, sc, d = raw[:, :32], raw[:, 32:96], raw[:, 96:108], _f16(raw[:, 108:110])
-    two = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)
+    two = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=raw.device)
     high = ((sc[:, 8:12].reshape(n, 1, 4) >> two.view(1, 4, 1)) & 3).reshape(n, 16)
     scale = (_nibbles(sc[:, :8]).to(torch.int8) | (high << 4).to(torch.int8)) - 32
     dl = d * scale.float()  # [n, 16]: one per 16 keys

@@ -1,12 +1,12 @@
 """GGUF → (ModelConfig, HF-named float tensors, Tokenizer) through the `gguf` package.
 
 Architectures as llama.cpp names them: llama (Mixtral too, with experts), mistral, qwen2, qwen3,
-qwen3moe, gemma3. Quantized tensors (Q4_0, Q4_1, Q8_0, ...) are dequantized to float32 when the
-model builder reads them (`GGUFWeights`), one at a time from the memory-mapped file. llama.cpp
-stores the Q and K projections of Llama models permuted for its interleaved rotary; we undo that
-so one rotate-half rotary (Hugging Face layout) serves every loader. Mixture-of-experts tensors
-(`ffn_*_exps`, [E, N, K]) keep their stacked shape under `...experts.{gate,up,down}.weight`
-names (`moe.py` slices them, blocks included). Gemma's norms are stored as 1 + w
+qwen3moe, gemma3. Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
+torch (`gguf_dequant`) when the model builder reads them (`GGUFWeights`), one at a time from the
+memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
+interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
+serves every loader. Mixture-of-experts tensors (`ffn_*_exps`, [E, N, K]) keep their stacked
+shape under `...experts.{gate,up,down}.weight` names (`moe.py` slices them, blocks included). Gemma's norms are stored as 1 + w
 (`FamilyConfig.norms_hold_one_plus_w`).
 """
 
@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.cpu.quantized import QuantizedWeight, from_gguf, readable
+from pagoda.runtime.model.gguf_dequant import dequantize
 from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer, build_gemma_tokenizer
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3")
@@ -72,10 +73,12 @@ def _field(reader, key: str, default=None):
     return f.contents()
 
 
-def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Inverse of llama.cpp's convert-time permute (rows interleaved per head for rotary)."""
+def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Inverse of llama.cpp's convert-time permute (rows interleaved per head for rotary), on
+    whatever device and dtype `w` is (rows of values or of raw blocks)."""
     rows = w.shape[0]
-    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    split = w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:])
+    return split.transpose(1, 2).reshape(w.shape)
 
 
 def _hf_name(name: str, architecture: str = "llama") -> str | None:
@@ -355,15 +358,20 @@ class GGUFWeights(_ByName):
         self._tensors = {name: t for name, t in named if name is not None}  # not e.g. rope_freqs
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        import gguf
+        return self.read(name)
 
+    def read(
+        self,
+        name: str,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> torch.Tensor:
+        """Tensor `name` as `dtype` on `device` (default: the CPU), dequantized there
+        (`gguf_dequant`: the stored blocks are what crosses to a GPU)."""
         t = self._tensors[name]
-        arr = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        arr = arr.reshape(_shape(t))
+        w = dequantize(t.data, t.tensor_type.name, _shape(t), dtype, device)
         heads = _permuted_heads(self._config, name)
-        if heads:
-            arr = _unpermute(arr, heads)
-        return torch.from_numpy(np.array(arr, dtype=np.float32, order="C"))  # own the memory
+        return _unpermute(w, heads) if heads else w
 
     def blocks(self) -> GGUFBlocks:
         return GGUFBlocks(self._tensors, self._config)
@@ -422,4 +430,4 @@ def _permuted_heads(config: ModelConfig, name: str) -> int:
 
 
 def _unpermute_rows(rows: torch.Tensor, n_heads: int) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(_unpermute(rows.numpy(), n_heads)))
+    return _unpermute(rows, n_heads).contiguous()

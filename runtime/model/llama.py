@@ -85,6 +85,9 @@ class DeviceWeights:
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._w:
             raise ValueError(f"checkpoint is missing tensor {name!r}")
+        read = getattr(self._w, "read", None)  # a GGUF's: its blocks dequantized on the device
+        if read is not None:
+            return read(name, self.device, self.dtype)
         t = self._w[name]
         if t.dtype == torch.float8_e4m3fn:  # an FP8 checkpoint's weight read as dense values
             return self._dequantized(name, t)

@@ -12,6 +12,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from hf_oracle import hf_greedy
 from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.model import gguf_loader
 from pagoda.runtime.model.gguf_loader import load_gguf
 
 transformers = pytest.importorskip("transformers")
@@ -204,8 +205,8 @@ def test_weights_are_dequantized_when_read_one_at_a_time(tiny_gguf, monkeypatch)
     float32 copy of the whole model exists beside the one being built."""
     path, _, expected = tiny_gguf
     calls = []
-    real = gguf.quants.dequantize
-    monkeypatch.setattr(gguf.quants, "dequantize", lambda *a: calls.append(1) or real(*a))
+    real = gguf_loader.dequantize
+    monkeypatch.setattr(gguf_loader, "dequantize", lambda *a: calls.append(1) or real(*a))
     _, weights, _, quantized = load_gguf(path)
     assert calls == [] and quantized
     name = "model.layers.1.self_attn.k_proj.weight"  # Q4_1 and un-permuted
@@ -217,6 +218,20 @@ def test_weights_are_dequantized_when_read_one_at_a_time(tiny_gguf, monkeypatch)
     a, b = quantized[name], quantized[name]  # blocks too are copied out of the file when read
     assert a.blocks.data_ptr() != b.blocks.data_ptr() and torch.equal(a.blocks, b.blocks)
     assert "model.norm.weight" not in quantized and len(quantized) == len(list(quantized))
+
+
+@pytest.mark.parametrize("fixture", ["tiny_gguf", "k_quant_gguf", "other_quant_gguf"])
+def test_weights_read_in_the_models_dtype_and_device(request, fixture):
+    """`read(name, device, dtype)` (what the model builder calls) gives the float32 values cast,
+    rows un-permuted alike; on another device the same shapes, dequantized there."""
+    path, _, expected = request.getfixturevalue(fixture)
+    _, weights, _, _ = load_gguf(path)
+    for name in expected:
+        want = weights[name].to(torch.bfloat16)
+        got = weights.read(name, "cpu", torch.bfloat16)
+        assert got.is_contiguous() and torch.equal(got.view(torch.int16), want.view(torch.int16))
+        meta = weights.read(name, torch.device("meta"), torch.float16)
+        assert meta.device.type == "meta" and meta.shape == want.shape, name
 
 
 def test_tiny_gguf_greedy_matches_transformers(tiny_gguf):
