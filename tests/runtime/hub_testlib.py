@@ -9,7 +9,9 @@ use, with the headers `hf_raise_for_status` and `get_hf_file_metadata` read:
 
 Errors as the Hub sends them: 404 with `X-Error-Code: RepoNotFound | RevisionNotFound |
 EntryNotFound`; a private repo without a token is 401 RepoNotFound (the Hub hides whether it
-exists); a wrong token is 401 "Invalid credentials in Authorization header".
+exists); a wrong token is 401 "Invalid credentials in Authorization header". A gated repo's
+metadata and listing are public, its files 401 GatedRepo without a token and 403 GatedRepo with
+one whose account was not granted access (`granted`).
 `understate_sizes` makes the listings claim 1-byte files (a listing that lies: the download must
 still fail cleanly when the disk fills).
 """
@@ -30,6 +32,7 @@ from urllib.parse import unquote, urlsplit
 class Repo:
     files: dict[str, bytes]
     private: bool = False
+    gated: bool = False  # metadata public; files only with a token the hub granted access
     branches: dict[str, str] = field(default_factory=dict)  # name → commit
 
     def __post_init__(self) -> None:
@@ -49,6 +52,7 @@ class FakeHub:
     def __init__(self, token: str | None = None) -> None:
         self.repos: dict[str, Repo] = {}
         self.token = token
+        self.granted: set[str] = set()  # gated repos whose terms the token's account accepted
         self.understate_sizes = False
         self.requests: list[str] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -58,17 +62,21 @@ class FakeHub:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def add(self, repo_id: str, files: dict[str, bytes], *, private: bool = False) -> Repo:
-        self.repos[repo_id] = Repo(dict(files), private=private)
+    def add(
+        self, repo_id: str, files: dict[str, bytes], *, private: bool = False, gated: bool = False
+    ) -> Repo:
+        self.repos[repo_id] = Repo(dict(files), private=private, gated=gated)
         return self.repos[repo_id]
 
-    def add_dir(self, repo_id: str, folder: pathlib.Path, *, private: bool = False) -> Repo:
+    def add_dir(
+        self, repo_id: str, folder: pathlib.Path, *, private: bool = False, gated: bool = False
+    ) -> Repo:
         files = {
             p.relative_to(folder).as_posix(): p.read_bytes()
             for p in sorted(folder.rglob("*"))
             if p.is_file()
         }
-        return self.add(repo_id, files, private=private)
+        return self.add(repo_id, files, private=private, gated=gated)
 
     def __enter__(self) -> FakeHub:
         self._thread.start()
@@ -105,6 +113,9 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 
         def _json(self, data: Any) -> None:
             self._send(200, json.dumps(data).encode(), {"Content-Type": "application/json"})
+
+        def _authed(self) -> bool:
+            return self.headers.get("Authorization") == f"Bearer {hub.token}"
 
         def _repo(self, repo_id: str) -> Repo | None:
             """The repo if this request may see it; otherwise the error is sent (None)."""
@@ -171,6 +182,17 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             commit = repo.commit_of(rev)
             if commit is None:
                 self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+                return
+            if repo.gated and not self._authed():
+                message = (f"Access to model {repo_id} is restricted. You must have access to "
+                           "it and be authenticated to access it. Please log in.")  # fmt: skip
+                self._error(401, "GatedRepo", message)
+                return
+            if repo.gated and repo_id not in hub.granted:
+                message = (f"Access to model {repo_id} is restricted and you are not in the "
+                           "authorized list. Visit https://huggingface.co/{repo_id} to ask for "
+                           "access.")  # fmt: skip
+                self._error(403, "GatedRepo", message)
                 return
             data = repo.files.get(name)
             if data is None:

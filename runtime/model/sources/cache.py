@@ -7,20 +7,29 @@ let a model be found again without network, and the free-space check before a do
       .pagoda/manifests/KEY.json       one per completed download: the URI, the local path
                                        (relative, so a volume mounted elsewhere still works),
                                        every file with its size, the commit (hf://)
+      .pagoda/locks/KEY.lock           held (flock) while a process downloads into the directory
 
 A manifest is written last, after every file is in place: a download cut short leaves none, so
-an offline lookup (`HF_HUB_OFFLINE=1`) never returns a partial model.
+an offline lookup (`HF_HUB_OFFLINE=1`) never returns a partial model. An hf:// download is
+recorded under the revision asked for (none is `main`, as huggingface_hub reads it) and under
+its commit, so `hf://ORG/NAME`, `@main` and `@COMMIT` all find it offline; a snapshot that
+huggingface_hub itself put there (`hf download --cache-dir DIR`) is found through its `refs/`.
+
+Pods that share the directory (a PersistentVolumeClaim) download one at a time (`download_lock`:
+the others wait, then find the files there); the kernel drops a lock whose holder died.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from pagoda.runtime.model.sources.errors import OUT_OF_SPACE, DownloadError, from_os_error
@@ -29,7 +38,11 @@ from pagoda.runtime.model.sources.uri import HfURI, ModelURI
 DOWNLOAD_DIR_ENV = "PAGODA_DOWNLOAD_DIR"  # the default of --download-dir
 OFFLINE_ENV = "HF_HUB_OFFLINE"  # 1: never touch the network, use the cache (hf:// and s3://)
 MANIFESTS = Path(".pagoda") / "manifests"
+LOCKS = Path(".pagoda") / "locks"
 MANIFEST_VERSION = 1
+DEFAULT_REVISION = "main"  # huggingface_hub's revision when none is given
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+log = logging.getLogger("pagoda.runtime.model.sources")
 
 
 def default_download_dir() -> Path:
@@ -48,43 +61,71 @@ def s3_dir(root: Path, bucket: str, prefix: str) -> Path:
     return root.joinpath("s3", bucket, *[p for p in prefix.split("/") if p])
 
 
+def key_uri(ref: ModelURI) -> str:
+    """The URI a download is recorded under: an hf:// one always names its revision."""
+    if isinstance(ref, HfURI):
+        return f"hf://{ref.repo}@{ref.revision or DEFAULT_REVISION}"
+    return ref.uri
+
+
+def _key_path(root: Path, folder: Path, uri: str, suffix: str) -> Path:
+    readable = re.sub(r"[^A-Za-z0-9._@-]+", "--", uri.replace("://", "--", 1))[:150]
+    digest = hashlib.sha256(uri.encode()).hexdigest()[:8]
+    return root / folder / f"{readable}-{digest}{suffix}"
+
+
 def manifest_path(root: Path, ref: ModelURI) -> Path:
-    readable = re.sub(r"[^A-Za-z0-9._@-]+", "--", ref.uri.replace("://", "--", 1))[:150]
-    digest = hashlib.sha256(ref.uri.encode()).hexdigest()[:8]
-    return root / MANIFESTS / f"{readable}-{digest}.json"
+    return _key_path(root, MANIFESTS, key_uri(ref), ".json")
 
 
 def record(
     root: Path, ref: ModelURI, path: Path, files: Mapping[str, int], commit: str | None = None
 ) -> None:
-    """Mark a download complete (atomically: a reader sees the old manifest or the new one)."""
-    target = manifest_path(root, ref)
-    data = {
-        "version": MANIFEST_VERSION,
-        "uri": ref.uri,
-        "path": os.path.relpath(path, root),
-        "commit": commit,
-        "files": dict(sorted(files.items())),
-        "completed": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, target)
-    except OSError as e:
-        raise from_os_error(ref.uri, e) from e
+    """Mark a download complete (atomically: a reader sees the old manifest or the new one),
+    under `ref` and, for hf://, under its commit too."""
+    refs = [ref]
+    if isinstance(ref, HfURI) and commit and ref.revision != commit:
+        refs.append(HfURI(ref.repo, commit))
+    for each in refs:
+        data = {
+            "version": MANIFEST_VERSION,
+            "uri": key_uri(each),
+            "path": os.path.relpath(path, root),
+            "commit": commit,
+            "files": dict(sorted(files.items())),
+            "completed": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds"
+            ),
+        }
+        target = manifest_path(root, each)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1))
+            os.replace(tmp, target)
+        except OSError as e:
+            raise from_os_error(ref.uri, e) from e
 
 
 def lookup(root: Path, ref: ModelURI) -> Path | None:
-    """The local copy of a completed download of `ref`, if every file is still there."""
+    """The local copy of a completed download of `ref`, if every file is still there (from its
+    manifest; for hf:// without one, a complete snapshot in huggingface_hub's own layout)."""
+    legacy = _key_path(root, MANIFESTS, ref.uri, ".json")  # before revisions were named
+    for manifest, uri in ((manifest_path(root, ref), key_uri(ref)), (legacy, ref.uri)):
+        found = _from_manifest(root, manifest, uri)
+        if found is not None:
+            return found
+    return hub_snapshot(root, ref) if isinstance(ref, HfURI) else None
+
+
+def _from_manifest(root: Path, manifest: Path, uri: str) -> Path | None:
     try:
-        data = json.loads(manifest_path(root, ref).read_text())
+        data = json.loads(manifest.read_text())
         path = (root / data["path"]).resolve()
         files = data["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if data.get("uri") != ref.uri or not path.exists():
+    if data.get("uri") != uri or not path.exists():
         return None
     base = path if path.is_dir() else path.parent
     for name, size in files.items():
@@ -96,12 +137,62 @@ def lookup(root: Path, ref: ModelURI) -> Path | None:
     return path
 
 
+def hub_snapshot(root: Path, ref: HfURI) -> Path | None:
+    """A snapshot huggingface_hub completed under `root` (its cache layout): the revision's
+    commit (from refs/REVISION unless it is a commit) with config.json and every weights file
+    the loader reads there (the shards its index names, else some *.safetensors)."""
+    storage = root / ("models--" + ref.repo.replace("/", "--"))
+    revision = ref.revision or DEFAULT_REVISION
+    try:
+        commit = revision if _COMMIT.match(revision) else (storage / "refs" / revision).read_text()
+    except OSError:
+        return None
+    snapshot = storage / "snapshots" / commit.strip()
+    if not (snapshot / "config.json").is_file():
+        return None
+    index = snapshot / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+            return snapshot if shards and all((snapshot / s).is_file() for s in shards) else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return snapshot if any(p.is_file() for p in snapshot.glob("*.safetensors")) else None
+
+
 def cached_commit(root: Path, ref: HfURI) -> str | None:
     """The commit a completed hf:// download recorded (None: none recorded)."""
     try:
         return json.loads(manifest_path(root, ref).read_text()).get("commit")
     except (OSError, ValueError):
         return None
+
+
+def _lock_uri(ref: ModelURI) -> str:
+    return f"hf://{ref.repo}" if isinstance(ref, HfURI) else ref.uri  # hf://: blobs are per repo
+
+
+@contextlib.contextmanager
+def download_lock(root: Path, ref: ModelURI) -> Iterator[None]:
+    """Held while this process downloads `ref` into `root`: another process (a pod sharing the
+    volume) waits for it, with a log line, instead of writing the same files at once."""
+    import fcntl
+
+    path = _key_path(root, LOCKS, _lock_uri(ref), ".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o664)
+    except OSError as e:
+        raise from_os_error(ref.uri, e) from e
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("%s: another process is downloading it into %s; waiting", ref.uri, root)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def disk_usage(path: Path) -> int:
@@ -162,6 +253,9 @@ __all__ = [
     "check_space",
     "default_download_dir",
     "disk_usage",
+    "download_lock",
+    "hub_snapshot",
+    "key_uri",
     "ensure_dir",
     "human",
     "lookup",

@@ -4,7 +4,8 @@ cache when a complete copy is there, else downloaded (docs/runtime.md, "Model so
 * online: hf:// asks the Hub which commit the revision is now (one request) and fetches only
   missing files; a commit-hash revision already complete in the cache needs no request at all;
   s3:// lists the prefix and fetches only new or changed objects. An unreachable endpoint falls
-  back to a complete cached copy, with a warning.
+  back to a complete cached copy, with a warning. Processes sharing the directory download one
+  at a time (`cache.download_lock`); the next finds the files there.
 * offline (`HF_HUB_OFFLINE=1`, what the operator sets in the serving container): only the cache;
   a model not (completely) in it is a `NotCached` failure.
 """
@@ -59,19 +60,22 @@ def resolve_model(
     if cached is not None and immutable:
         return str(cached)
     cache.ensure_dir(ref.uri, root)
-    try:
-        if isinstance(ref, HfURI):
-            from pagoda.runtime.model.sources import hub
+    with cache.download_lock(root, ref):  # pods sharing the directory: one downloads at a time
+        if immutable and (done := cache.lookup(root, ref)) is not None:
+            return str(done)  # another process completed it while this one waited
+        try:
+            if isinstance(ref, HfURI):
+                from pagoda.runtime.model.sources import hub
 
-            path, files, commit = hub.fetch(ref, root, size_limit=size_limit)
-        else:
-            from pagoda.runtime.model.sources import s3
+                path, files, commit = hub.fetch(ref, root, size_limit=size_limit)
+            else:
+                from pagoda.runtime.model.sources import s3
 
-            path, files, commit = s3.fetch(ref, root, size_limit=size_limit)
-    except DownloadError as e:
-        if e.detail == errors.UNREACHABLE and cached is not None:
-            log.warning("%s; using the copy in the download directory: %s", e, cached)
-            return str(cached)
-        raise
-    cache.record(root, ref, path, files, commit)
+                path, files, commit = s3.fetch(ref, root, size_limit=size_limit)
+        except DownloadError as e:
+            if e.detail == errors.UNREACHABLE and cached is not None:
+                log.warning("%s; using the copy in the download directory: %s", e, cached)
+                return str(cached)
+            raise
+        cache.record(root, ref, path, files, commit)
     return str(path)

@@ -2,16 +2,20 @@
 
 `HF_ENDPOINT` (a mirror, or a local server in tests) and `HF_TOKEN` are huggingface_hub's own
 settings. The revision is resolved to a commit first, then only the files the engine reads are
-listed (ALLOW_PATTERNS, top level of the repo), their sizes checked against the free space, and
-`snapshot_download` fetches them into huggingface_hub's cache layout under the download dir.
+listed (ALLOW_PATTERNS, top level of the repo; of the weights, only those the loader reads:
+`select_weights`), their sizes checked against the free space, and `snapshot_download` fetches
+them into huggingface_hub's cache layout under the download dir. The revision asked for is
+recorded under `refs/` as huggingface_hub does, so its own offline mode finds the copy too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fnmatch
+import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,7 @@ ALLOW_PATTERNS = (
     "*.safetensors",
     "*.safetensors.index.json",
 )
+INDEX = "model.safetensors.index.json"  # what the loader reads (model/safetensors_weights.py)
 MAX_WORKERS = 4
 log = logging.getLogger("pagoda.runtime.model.sources")
 
@@ -47,6 +52,37 @@ def quiet_http_logs() -> None:
 def wanted(path: str) -> bool:
     """A top-level file the engine reads (subfolders such as original/ are left out)."""
     return "/" not in path and any(fnmatch.fnmatchcase(path, p) for p in ALLOW_PATTERNS)
+
+
+def select_weights(
+    uri: str, names: dict[str, int], read_index: Callable[[], bytes]
+) -> dict[str, int]:
+    """Of the wanted files, the weights the loader reads (a repo holding both a sharded and a
+    consolidated copy, as Mistral's do, is downloaded once): with model.safetensors.index.json,
+    only the shards its weight_map names (NotFound if one is missing) and no other index; else
+    every *.safetensors."""
+    weights = {n for n in names if n.endswith(".safetensors")}
+    if INDEX in names:
+        try:
+            shards = set(json.loads(read_index())["weight_map"].values())
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise DownloadError(
+                errors.FAILED, f"{uri}: {INDEX} is unreadable or has no weight_map ({e})"
+            ) from None
+        missing = sorted(str(s) for s in shards - weights)
+        if missing:
+            raise DownloadError(
+                errors.NOT_FOUND, f"{uri}: {INDEX} names shards that are not there: "
+                + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+            )  # fmt: skip
+        keep = shards
+    else:
+        return dict(names)
+    return {
+        n: size
+        for n, size in names.items()
+        if (n in keep if n.endswith(".safetensors") else n == INDEX or not n.endswith(".index.json"))
+    }
 
 
 def check_layout(uri: str, names: list[str], where: str) -> None:
@@ -120,17 +156,28 @@ def _fetch(ref: HfURI, root: Path, size_limit: int | None) -> tuple[Path, dict[s
     commit = api.model_info(ref.repo, revision=ref.revision).sha
     if not commit:
         raise DownloadError(errors.FAILED, f"{ref.uri}: the Hub answered without a commit")
-    files = {
+    listed = {
         f.path: int(f.size or 0)
         for f in api.list_repo_tree(ref.repo, revision=commit)
         if isinstance(f, RepoFile) and wanted(f.path)
     }
-    check_layout(ref.uri, sorted(files), f"repo {ref.repo} at {commit[:12]}")
+    check_layout(ref.uri, sorted(listed), f"repo {ref.repo} at {commit[:12]}")
     storage = root / repo_folder_name(repo_id=ref.repo, repo_type="model")
     snapshot = storage / "snapshots" / commit
+
+    def read_index() -> bytes:
+        from huggingface_hub import hf_hub_download
+
+        return Path(
+            hf_hub_download(ref.repo, INDEX, revision=commit, cache_dir=root,
+                            endpoint=endpoint, token=token)
+        ).read_bytes()  # fmt: skip
+
+    files = select_weights(ref.uri, listed, read_index)
     needed = sum(size for name, size in files.items() if not (snapshot / name).exists())
     if needed == 0 and all((snapshot / name).exists() for name in files):
         log.info("%s: all %d files at %s are in %s", ref.uri, len(files), commit[:12], root)
+        _write_ref(storage, ref.revision, commit)
         return snapshot, files, commit
     check_space(ref.uri, root, needed, size_limit)
     blobs = storage / "blobs"
@@ -147,7 +194,26 @@ def _fetch(ref: HfURI, root: Path, size_limit: int | None) -> tuple[Path, dict[s
             max_workers=MAX_WORKERS,
             tqdm_class=_silent_tqdm(),
         )
+    _write_ref(storage, ref.revision, commit)
     return Path(path), files, commit
+
+
+def _write_ref(storage: Path, revision: str | None, commit: str) -> None:
+    """refs/REVISION → commit, as huggingface_hub records a branch or tag it resolved (it does
+    not when asked for the commit itself, as `_fetch` asks)."""
+    revision = revision or "main"
+    if revision == commit:
+        return
+    target = storage / "refs" / revision
+    try:
+        if target.is_file() and target.read_text() == commit:
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp.write_text(commit)
+        os.replace(tmp, target)
+    except OSError as e:
+        log.warning("could not record %s → %s in %s: %s", revision, commit[:12], storage, e)
 
 
 def _status(error: BaseException) -> int | None:
@@ -184,10 +250,13 @@ def classify(ref: HfURI, error: Exception) -> DownloadError:
             errors.NOT_FOUND, f"{uri}: revision {ref.revision!r} not found in {ref.repo}"
         )
     if isinstance(error, hf_errors.GatedRepoError):
+        if status == 401:
+            why = "HF_TOKEN is not set or not valid: set it to a token of an account"
+        else:
+            why = "HF_TOKEN's account has not been granted access: with an account"
         return DownloadError(
             errors.UNAUTHORIZED,
-            f"{uri}: gated repo (HTTP {status}): accept its terms on the Hub and set HF_TOKEN to "
-            "a token of that account",
+            f"{uri}: gated repo (HTTP {status}): {why} that accepted the repo's terms on the Hub",
         )
     if isinstance(error, hf_errors.RepositoryNotFoundError):
         if status == 404:

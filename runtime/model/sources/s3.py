@@ -7,12 +7,15 @@ XML API). `PAGODA_S3_ADDRESSING_STYLE` (path | virtual | auto, default auto) pic
 S3-compatible stores usually want `path`. Without credentials the requests go unsigned
 (public buckets).
 
-PREFIX names a folder (the files the engine reads: ALLOW_PATTERNS, at its top level) or one
-`.gguf` object. Files already present with the size and ETag of a completed download are kept.
+PREFIX names a folder (with or without a trailing '/': the files the engine reads, ALLOW_PATTERNS
+at its top level, of the weights only those the loader reads) or one `.gguf` object. Files
+already present with the size and ETag they were downloaded with are kept, so a download cut
+short resumes with the file it was on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -20,17 +23,20 @@ from typing import Any
 from pagoda.runtime.model.sources import cache, errors
 from pagoda.runtime.model.sources.errors import DownloadError, from_os_error
 from pagoda.runtime.model.sources.hub import (
+    INDEX,
     check_layout,
     is_network_error,
     log,
     quiet_http_logs,
+    select_weights,
     wanted,
 )
 from pagoda.runtime.model.sources.progress import Progress
 from pagoda.runtime.model.sources.uri import S3URI
 
 ADDRESSING_STYLE_ENV = "PAGODA_S3_ADDRESSING_STYLE"
-ETAGS_FILE = ".pagoda-etags"  # etags of the files of the last completed download, beside them
+ETAGS_FILE = ".pagoda-etags"  # the etag of every file downloaded complete, beside them
+PARTIAL = ".partial"  # a file being downloaded: `.NAME.partial` (under the download lock)
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
            "ExpiredToken", "AllAccessDisabled", "AccountProblem", "403", "401"}  # fmt: skip
 _MISSING = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
@@ -63,7 +69,8 @@ def _list(s3: Any, ref: S3URI) -> tuple[dict[str, tuple[str, int, str]], int]:
     objects: dict[str, tuple[str, int, str]] = {}
     folder = f"{ref.prefix}/" if ref.prefix else ""
     seen = 0
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=ref.bucket, Prefix=ref.prefix):
+    listed = ref.prefix if ref.prefix.endswith(".gguf") else folder  # not `PREFIX-other/...`
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=ref.bucket, Prefix=listed):
         for obj in page.get("Contents") or []:
             key, size, etag = obj["Key"], int(obj.get("Size") or 0), obj.get("ETag", "")
             if key == ref.prefix and key.endswith(".gguf"):
@@ -88,16 +95,25 @@ def fetch(
 ) -> tuple[Path, dict[str, int], None]:
     """Download (or keep what is there) → (local path, {file: size}, None)."""
     quiet_http_logs()
+    s3 = None
     try:
-        return _fetch(ref, root, size_limit)
+        s3 = client()
+        return _fetch(s3, ref, root, size_limit)
     except DownloadError:
         raise
     except Exception as e:
-        raise classify(ref, e) from e
+        raise classify(ref, e, anonymous=s3 is not None and _unsigned(s3)) from e
 
 
-def _fetch(ref: S3URI, root: Path, size_limit: int | None) -> tuple[Path, dict[str, int], None]:
-    s3 = client()
+def _unsigned(s3: Any) -> bool:
+    from botocore import UNSIGNED
+
+    return s3.meta.config.signature_version is UNSIGNED
+
+
+def _fetch(
+    s3: Any, ref: S3URI, root: Path, size_limit: int | None
+) -> tuple[Path, dict[str, int], None]:
     objects, seen = _list(s3, ref)
     where = f"s3://{ref.bucket}/{ref.prefix + '/' if ref.prefix else ''}"
     if not seen:
@@ -108,6 +124,9 @@ def _fetch(ref: S3URI, root: Path, size_limit: int | None) -> tuple[Path, dict[s
     local = cache.s3_dir(root, ref.bucket, ref.prefix.rpartition("/")[0] if single else ref.prefix)
     if single is None:
         check_layout(ref.uri, sorted(objects), f"{where} ({seen} objects; a GGUF file: name it)")
+        sizes = select_weights(ref.uri, {r: o[1] for r, o in objects.items()},
+                               lambda: _read(s3, ref.bucket, objects[INDEX][0]))  # fmt: skip
+        objects = {rel: obj for rel, obj in objects.items() if rel in sizes}
     known = _etags(local)
     todo = {
         rel: obj
@@ -120,24 +139,46 @@ def _fetch(ref: S3URI, root: Path, size_limit: int | None) -> tuple[Path, dict[s
     if not todo:
         log.info("%s: all %d files are in %s", ref.uri, len(files), local)
         return path, files, None
+    _remove_partials(local)  # of a download cut short (the caller holds the download lock)
     cache.check_space(ref.uri, root, sum(o[1] for o in todo.values()), size_limit)
     local.mkdir(parents=True, exist_ok=True)
-    (local / ETAGS_FILE).unlink(missing_ok=True)  # rewritten once every file is in place
+    cache.manifest_path(root, ref).unlink(missing_ok=True)  # files change: not complete now
+    done = {rel: etag for rel, etag in known.items() if rel in objects and rel not in todo}
     with Progress(ref.uri, sum(o[1] for o in todo.values()), len(todo)) as progress:
-        for rel, (key, _, _) in sorted(todo.items()):
-            tmp = local / f".{rel}.{os.getpid()}.partial"
+        for rel, (key, _, etag) in sorted(todo.items()):
+            tmp = local / f".{rel}{PARTIAL}"
             try:
                 s3.download_file(ref.bucket, key, str(tmp), Callback=progress.add)
                 os.replace(tmp, local / rel)
             finally:
                 tmp.unlink(missing_ok=True)
+            done[rel] = etag  # recorded file by file: a download cut short keeps what it got
+            _write_etags(local, done)
             progress.file_done()
-    (local / ETAGS_FILE).write_text("".join(f"{r}\t{o[2]}\n" for r, o in sorted(objects.items())))
     return path, files, None
 
 
-def classify(ref: S3URI, error: Exception) -> DownloadError:
-    """A boto3 (or I/O) failure → DownloadError with its class."""
+def _read(s3: Any, bucket: str, key: str) -> bytes:
+    return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def _write_etags(local: Path, etags: dict[str, str]) -> None:
+    tmp = local / f"{ETAGS_FILE}{PARTIAL}"
+    tmp.write_text("".join(f"{r}\t{e}\n" for r, e in sorted(etags.items())))
+    os.replace(tmp, local / ETAGS_FILE)
+
+
+def _remove_partials(local: Path) -> None:
+    """Files a download cut short left (ours, and boto3's own `NAME.RANDOM` beside them)."""
+    if local.is_dir():
+        for partial in local.glob(f".*{PARTIAL}*"):
+            with contextlib.suppress(OSError):
+                partial.unlink()
+
+
+def classify(ref: S3URI, error: Exception, *, anonymous: bool = False) -> DownloadError:
+    """A boto3 (or I/O) failure → DownloadError with its class. `anonymous`: the requests went
+    unsigned (no credentials found), so a refusal means credentials are missing."""
     from botocore import exceptions as bx
 
     uri = ref.uri
@@ -146,6 +187,13 @@ def classify(ref: S3URI, error: Exception) -> DownloadError:
         code = str(err.get("Code") or "")
         status = (error.response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
         text = f"{code or status}: {err.get('Message') or error}"
+        if anonymous and code not in _MISSING and status != 404:
+            return DownloadError(
+                errors.UNAUTHORIZED,
+                f"{uri}: no AWS credentials were found (AWS_ACCESS_KEY_ID and "
+                f"AWS_SECRET_ACCESS_KEY, e.g. from spec.modelSecretRef's Secret) and the "
+                f"anonymous request was refused ({text})",
+            )
         if code in _DENIED or status in (401, 403):
             return DownloadError(
                 errors.UNAUTHORIZED,

@@ -1,0 +1,150 @@
+"""Checkpoints as repositories hold them, and the download directory as others fill it: a
+sharded copy beside a consolidated one (only what the loader reads is fetched), a revision found
+offline under each of its names, a snapshot huggingface_hub itself downloaded, gated repos, and
+processes sharing one directory (one downloads, the others wait)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import threading
+
+import pytest
+from hub_testlib import FakeHub
+from pagoda.runtime.model.sources import cache
+from pagoda.runtime.model.sources.errors import DownloadError
+from pagoda.runtime.model.sources.fetch import resolve_model
+from pagoda.runtime.model.sources.uri import parse_uri
+from s3_testlib import MotoS3
+
+SHARD = "model-00001-of-00001.safetensors"
+SHARDED = sorted(["config.json", "generation_config.json", "model.safetensors.index.json", SHARD,
+                  "tokenizer.json", "tokenizer_config.json"])  # fmt: skip
+
+
+def mistral_layout(checkpoint: pathlib.Path) -> dict[str, bytes]:
+    """The tiny checkpoint as Mistral's repos hold theirs: shards named by an index, and the
+    same weights again as consolidated.safetensors (+ a .bin copy and another index)."""
+    from safetensors import safe_open
+
+    files = {p.name: p.read_bytes() for p in checkpoint.iterdir() if p.is_file()}
+    weights = files.pop("model.safetensors")
+    with safe_open(str(checkpoint / "model.safetensors"), framework="pt") as f:
+        names = list(f.keys())  # noqa: SIM118
+    files[SHARD] = weights
+    files["model.safetensors.index.json"] = json.dumps(
+        {"metadata": {"total_size": len(weights)}, "weight_map": dict.fromkeys(names, SHARD)}
+    ).encode()
+    files["consolidated.safetensors"] = weights
+    files["consolidated.safetensors.index.json"] = b"{}"
+    files["pytorch_model.bin"] = b"\0" * 64
+    return files
+
+
+def failure(uri: str, root: pathlib.Path, **kw: object) -> DownloadError:
+    with pytest.raises(DownloadError) as info:
+        resolve_model(uri, root, **kw)
+    assert "\n" not in str(info.value)
+    return info.value
+
+
+def test_hf_sharded_beside_consolidated_fetches_the_shards_only(
+    hub: FakeHub, tmp_path: pathlib.Path, checkpoint: pathlib.Path
+) -> None:
+    from pagoda.runtime.model.loader import load_model
+
+    hub.add("org/mistral", mistral_layout(checkpoint))
+    path = pathlib.Path(resolve_model("hf://org/mistral", tmp_path))
+    assert sorted(p.name for p in path.iterdir()) == SHARDED
+    assert not any("consolidated" in r or ".bin" in r for r in hub.requests)
+    assert load_model(str(path)).config.vocab_size == 64
+
+
+def test_s3_sharded_beside_consolidated_fetches_the_shards_only(
+    s3: MotoS3, tmp_path: pathlib.Path, checkpoint: pathlib.Path
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for name, data in mistral_layout(checkpoint).items():
+        (src / name).write_bytes(data)
+    s3.upload_dir("models", "mistral", src)
+    path = pathlib.Path(resolve_model("s3://models/mistral", tmp_path / "dl"))
+    assert sorted(p.name for p in path.iterdir() if not p.name.startswith(".")) == SHARDED
+
+
+def test_an_index_naming_a_missing_shard_is_not_found(
+    hub: FakeHub, tmp_path: pathlib.Path, checkpoint: pathlib.Path
+) -> None:
+    files = mistral_layout(checkpoint)
+    del files[SHARD]
+    hub.add("org/broken", files)
+    err = failure("hf://org/broken", tmp_path)
+    assert err.detail == "NotFound" and SHARD in str(err), str(err)
+
+
+def test_every_name_of_a_revision_is_found_offline(hub: FakeHub, tmp_path: pathlib.Path) -> None:
+    path = resolve_model("hf://org/tiny", tmp_path)
+    commit = hub.repos["org/tiny"].commit
+    for uri in ("hf://org/tiny", "hf://org/tiny@main", f"hf://org/tiny@{commit}"):
+        assert resolve_model(uri, tmp_path, offline=True) == path, uri
+    with pytest.raises(DownloadError):  # another branch was never downloaded
+        resolve_model("hf://org/tiny@dev", tmp_path, offline=True)
+    # huggingface_hub's own offline mode finds the branch too (refs/main was recorded)
+    from huggingface_hub import hf_hub_download
+
+    found = hf_hub_download("org/tiny", "config.json", cache_dir=tmp_path, local_files_only=True)
+    assert pathlib.Path(found).parent == pathlib.Path(path)
+
+
+def test_a_snapshot_huggingface_hub_downloaded_is_found_offline(
+    hub: FakeHub, tmp_path: pathlib.Path
+) -> None:
+    """`hf download org/tiny --cache-dir DIR` then `pagoda serve --model hf://org/tiny` offline."""
+    from huggingface_hub import snapshot_download
+
+    got = snapshot_download("org/tiny", cache_dir=tmp_path, endpoint=hub.endpoint)
+    assert resolve_model("hf://org/tiny", tmp_path, offline=True) == got
+    assert resolve_model("hf://org/tiny@main", tmp_path, offline=True) == got
+    (pathlib.Path(got) / "model.safetensors").unlink()  # incomplete: not served
+    assert failure("hf://org/tiny", tmp_path, offline=True).detail == "NotCached"
+
+
+def test_gated_repo_with_and_without_a_token(
+    hub: FakeHub, tmp_path: pathlib.Path, checkpoint: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub.add_dir("org/gated", checkpoint, gated=True)
+    err = failure("hf://org/gated", tmp_path / "a")  # the token's account has no access yet
+    assert err.detail == "Unauthorized" and "HTTP 403" in str(err) and "access" in str(err), err
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "no-token-file"))
+    err = failure("hf://org/gated", tmp_path / "b")
+    assert err.detail == "Unauthorized" and "HF_TOKEN is not set" in str(err), err
+    monkeypatch.setenv("HF_TOKEN", hub.token or "")
+    hub.granted.add("org/gated")
+    assert resolve_model("hf://org/gated", tmp_path / "c")
+
+
+@pytest.mark.parametrize("source", ["hf", "s3"])
+def test_processes_sharing_the_directory_download_one_at_a_time(
+    request: pytest.FixtureRequest,
+    tmp_path: pathlib.Path,
+    caplog: pytest.LogCaptureFixture,
+    source: str,
+) -> None:
+    """A second download of the model into the same directory (another pod on a shared claim:
+    the same pid, often) waits for the lock the first holds, then finds the files there."""
+    request.getfixturevalue("hub" if source == "hf" else "s3")
+    uri = "hf://org/tiny" if source == "hf" else "s3://models/tiny"
+    ref = parse_uri(uri)
+    result: list[str] = []
+    caplog.set_level(logging.INFO, "pagoda.runtime.model.sources")
+    with cache.download_lock(tmp_path, ref):
+        waiter = threading.Thread(target=lambda: result.append(resolve_model(uri, tmp_path)))
+        waiter.start()
+        waiter.join(1.0)
+        assert waiter.is_alive() and not result  # waiting, nothing written meanwhile
+        assert cache.lookup(tmp_path, ref) is None
+    waiter.join(30)
+    assert result and cache.lookup(tmp_path, ref) == pathlib.Path(result[0])
+    assert "another process is downloading it" in caplog.text
