@@ -84,3 +84,66 @@ def test_unreachable(s3: MotoS3, tmp_path: pathlib.Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
     err = failure("s3://models/tiny", tmp_path)
     assert err.detail == "Unreachable" and "127.0.0.1:9" in str(err), str(err)
+
+
+def test_a_download_cut_short_resumes_with_the_file_it_was_on(
+    s3: MotoS3, tmp_path: pathlib.Path
+) -> None:
+    """The files finished before the cut are kept (not fetched again); what the cut process
+    left half-written is removed."""
+    local = tmp_path / "s3" / "models" / "tiny"
+    (local / "tokenizer.json").mkdir(parents=True)  # cuts the download at that file (sorted)
+    err = failure("s3://models/tiny", tmp_path)
+    assert err.detail == "Failed", str(err)
+    (local / "tokenizer.json").rmdir()
+    kept = {n: (local / n).stat().st_mtime_ns for n in ("config.json", "model.safetensors")}
+    leftover = local / ".model.safetensors.partial.0a1B2c3D"  # boto3's temporary, after a kill
+    leftover.write_bytes(b"\0" * 100)
+    path = pathlib.Path(resolve_model("s3://models/tiny", tmp_path))
+    assert {n: (path / n).stat().st_mtime_ns for n in kept} == kept
+    assert (path / "tokenizer.json").is_file() and not leftover.exists()
+    assert resolve_model("s3://models/tiny", tmp_path, offline=True) == str(path)
+
+
+def test_no_credentials_and_an_anonymous_request_refused(
+    s3: MotoS3, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with s3.require_auth():
+        err = failure("s3://models/tiny", tmp_path)
+    assert err.detail == "Unauthorized" and "no AWS credentials" in str(err), str(err)
+
+
+def test_the_prefix_is_a_folder_with_or_without_its_slash(
+    s3: MotoS3, tmp_path: pathlib.Path, checkpoint: pathlib.Path
+) -> None:
+    """`s3://models/tiny` never takes `tiny-v2/`'s objects, and `tiny/` is the same model."""
+    s3.client().put_object(Bucket="models", Key="tiny-v2/config.json", Body=b'{"v": 2}')
+    a = resolve_model("s3://models/tiny", tmp_path)
+    assert resolve_model("s3://models/tiny/", tmp_path, offline=True) == a
+    assert (pathlib.Path(a) / "config.json").read_bytes() == (checkpoint / "config.json").read_bytes()
+
+
+def test_a_large_object_comes_in_parts(
+    s3: MotoS3, tmp_path: pathlib.Path, checkpoint: pathlib.Path
+) -> None:
+    """Above boto3's 8 MiB threshold an object is uploaded and fetched in parts (threads)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (src / name).write_bytes((checkpoint / name).read_bytes())
+    big = np.random.default_rng(0).standard_normal(9 << 18).astype(np.float32)  # 9 MiB
+    save_file({"w": big}, str(src / "model.safetensors"))
+    s3.upload_dir("models", "large", src)
+    head = s3.client().head_object(Bucket="models", Key="large/model.safetensors")
+    assert "-" in head["ETag"]  # a multipart object's ETag
+    path = pathlib.Path(resolve_model("s3://models/large", tmp_path / "dl"))
+    assert (path / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+    assert resolve_model("s3://models/large", tmp_path / "dl") == str(path)  # kept, not fetched
