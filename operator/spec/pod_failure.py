@@ -4,7 +4,13 @@
 termination-message file on a bad-input exit (runtime/termination.py); the kubelet copies it into
 the pod's status. This reads it back from any container, init or not, so a failure the runtime
 can name (ModelDownloadFailed, InvalidArguments, ModelDoesNotFit, ...) becomes the reason of the
-InferenceService's conditions instead of a pod crash-looping without a word. Pure.
+InferenceService's conditions instead of a pod crash-looping without a word.
+
+A container the kubelet cannot even start is named the same way, with the kubelet's own reason
+and message: `CreateContainerConfigError` (e.g. `secret "hf-token" not found`: a
+spec.modelSecretRef or apiKeySecretRef naming a Secret that is not there, or a key missing from
+it), `ErrImagePull` / `ImagePullBackOff` / `InvalidImageName` (spec.image). Otherwise such a pod
+waits forever and the service only says it is progressing. Pure.
 """
 
 from __future__ import annotations
@@ -14,6 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagoda.runtime.termination import parse
+
+# waiting reasons that do not pass by themselves (not ContainerCreating, PodInitializing, ...)
+STUCK = ("CreateContainerConfigError", "CreateContainerError", "ErrImagePull",
+         "ImagePullBackOff", "InvalidImageName")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,12 @@ def pod_failure(pod: Mapping[str, Any]) -> PodFailure | None:
         ("container", "containerStatuses"),
     ):
         for cs in status.get(key) or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in STUCK:
+                said = " ".join(str(waiting.get("message") or waiting["reason"]).split())
+                return PodFailure(
+                    waiting["reason"], said[:1024], meta.get("name", ""), f"{kind} {cs.get('name')}"
+                )
             terminated = _failed(cs)
             parsed = parse((terminated or {}).get("message"))
             if parsed is None:

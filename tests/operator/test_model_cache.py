@@ -132,3 +132,28 @@ def test_registry_and_status() -> None:
         by_type["Degraded"]["message"]
         == "NotFound: hf://o/m: gone (pod b, init container model-download)"
     )
+
+
+def test_a_container_that_cannot_start_is_named() -> None:
+    """A spec.modelSecretRef naming a Secret that is not there: the kubelet never starts the
+    download container; its waiting reason becomes the condition, not an endless Progressing."""
+    stuck = {"state": {"waiting": {"reason": "CreateContainerConfigError",
+                                   "message": 'secret "hf-token" not found'}}}  # fmt: skip
+    f = pod_failure(pod("p1", init=stuck))
+    assert (f.reason, f.message, f.container) == (
+        "CreateContainerConfigError",
+        'secret "hf-token" not found',
+        "init container model-download",
+    )
+    pull = {
+        "state": {
+            "waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x"'}
+        }
+    }
+    assert pod_failure(pod("p1", server=pull)).reason == "ImagePullBackOff"
+    starting = {"state": {"waiting": {"reason": "PodInitializing"}}}
+    assert pod_failure(pod("p1", init=starting, server=starting)) is None  # passes by itself
+    deployment = {"spec": {"replicas": 1}, "status": {"replicas": 1}}
+    conditions = compute_status({"metadata": {"name": "svc"}}, deployment, pod_failure=f)
+    ready = {c["type"]: c for c in conditions["conditions"]}["Ready"]
+    assert ready["reason"] == "CreateContainerConfigError" and "hf-token" in ready["message"]

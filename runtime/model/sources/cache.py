@@ -93,9 +93,7 @@ def record(
             "path": os.path.relpath(path, root),
             "commit": commit,
             "files": dict(sorted(files.items())),
-            "completed": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                timespec="seconds"
-            ),
+            "completed": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
         target = manifest_path(root, each)
         try:
@@ -254,10 +252,10 @@ __all__ = [
     "default_download_dir",
     "disk_usage",
     "download_lock",
-    "hub_snapshot",
-    "key_uri",
     "ensure_dir",
+    "hub_snapshot",
     "human",
+    "key_uri",
     "lookup",
     "manifest_path",
     "offline_from_env",

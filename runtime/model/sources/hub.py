@@ -81,7 +81,9 @@ def select_weights(
     return {
         n: size
         for n, size in names.items()
-        if (n in keep if n.endswith(".safetensors") else n == INDEX or not n.endswith(".index.json"))
+        if (
+            n in keep if n.endswith(".safetensors") else n == INDEX or not n.endswith(".index.json")
+        )
     }
 
 

@@ -31,7 +31,7 @@ def mistral_layout(checkpoint: pathlib.Path) -> dict[str, bytes]:
     files = {p.name: p.read_bytes() for p in checkpoint.iterdir() if p.is_file()}
     weights = files.pop("model.safetensors")
     with safe_open(str(checkpoint / "model.safetensors"), framework="pt") as f:
-        names = list(f.keys())  # noqa: SIM118
+        names = list(f.keys())
     files[SHARD] = weights
     files["model.safetensors.index.json"] = json.dumps(
         {"metadata": {"total_size": len(weights)}, "weight_map": dict.fromkeys(names, SHARD)}

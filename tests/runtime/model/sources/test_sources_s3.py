@@ -125,7 +125,9 @@ def test_the_prefix_is_a_folder_with_or_without_its_slash(
     s3.client().put_object(Bucket="models", Key="tiny-v2/config.json", Body=b'{"v": 2}')
     a = resolve_model("s3://models/tiny", tmp_path)
     assert resolve_model("s3://models/tiny/", tmp_path, offline=True) == a
-    assert (pathlib.Path(a) / "config.json").read_bytes() == (checkpoint / "config.json").read_bytes()
+    assert (pathlib.Path(a) / "config.json").read_bytes() == (
+        checkpoint / "config.json"
+    ).read_bytes()
 
 
 def test_a_large_object_comes_in_parts(
