@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import hashlib
 import json
 import logging
@@ -96,6 +97,8 @@ def record(
             "completed": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
         target = manifest_path(root, each)
+        if _same_manifest(target, data):
+            continue  # nothing new: no write (the directory may be read-only)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -103,6 +106,16 @@ def record(
             os.replace(tmp, target)
         except OSError as e:
             raise from_os_error(ref.uri, e) from e
+
+
+def _same_manifest(target: Path, data: Mapping[str, object]) -> bool:
+    try:
+        old = json.loads(target.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(old, dict) and all(
+        old.get(k) == data[k] for k in ("version", "uri", "path", "commit", "files")
+    )
 
 
 def lookup(root: Path, ref: ModelURI) -> Path | None:
@@ -181,6 +194,9 @@ def download_lock(root: Path, ref: ModelURI) -> Iterator[None]:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o664)
     except OSError as e:
+        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):  # nothing can be written here:
+            yield  # no download to guard (a complete copy is found; else writing fails, named)
+            return
         raise from_os_error(ref.uri, e) from e
     try:
         try:

@@ -148,3 +148,33 @@ def test_processes_sharing_the_directory_download_one_at_a_time(
     waiter.join(30)
     assert result and cache.lookup(tmp_path, ref) == pathlib.Path(result[0])
     assert "another process is downloading it" in caplog.text
+
+
+@pytest.fixture
+def read_only(tmp_path: pathlib.Path) -> pathlib.Path:
+    """`tmp_path/ro`: a read-only view (bind mount) of `tmp_path/rw`; skipped where mounting is
+    not allowed."""
+    import subprocess
+
+    rw, ro = tmp_path / "rw", tmp_path / "ro"
+    rw.mkdir()
+    ro.mkdir()
+    done = subprocess.run(["mount", "--bind", str(rw), str(ro)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {done.stderr.decode().strip()[:200]}")
+    subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True)
+    yield ro
+    subprocess.run(["umount", "-l", str(ro)], capture_output=True)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_read_only_directory_serves_its_copy_online_and_refuses_downloads_in_one_line(
+    hub: FakeHub, read_only: pathlib.Path
+) -> None:
+    """A cache mounted read-only (online, HF_HUB_OFFLINE unset): the complete copy is served after
+    the one look at the revision; a model not there fails with one line naming the directory."""
+    rw = read_only.parent / "rw"
+    path = resolve_model("hf://org/tiny", rw)
+    assert resolve_model("hf://org/tiny", read_only) == path.replace(str(rw), str(read_only))
+    err = failure("hf://org/big", read_only)
+    assert err.detail == "Failed" and "read-only" in str(err).lower(), str(err)
