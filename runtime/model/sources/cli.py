@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from pagoda.runtime.model.sources import cache
+from pagoda.runtime.model.sources import cache, errors
+from pagoda.runtime.model.sources.errors import DownloadError
 from pagoda.runtime.model.sources.uri import is_remote
 from pagoda.runtime.options import parse_size
 from pagoda.runtime.termination import ReasonedError, exit_error
@@ -67,7 +68,14 @@ def run(args: argparse.Namespace) -> int:
                     "size such as 512Mi or 20Gi"
                 ) from None
         path = resolve_model(args.model, args.download_dir, size_limit=limit)
-    except ValueError as e:  # DownloadError and ReasonedError too
+    except DownloadError as e:
+        if e.detail == errors.NOT_CACHED:  # its advice is to run this command: say why it can't
+            e = DownloadError(
+                e.detail, f"{args.model}: not in the download directory, and "
+                f"{cache.OFFLINE_ENV}=1 is set in this environment: unset it to download"
+            )  # fmt: skip
+        return exit_error(PROG, e)
+    except ValueError as e:  # ReasonedError too
         return exit_error(PROG, e)
     print(path)
     return 0

@@ -49,3 +49,9 @@ def test_download_prints_the_path_and_failures_leave_a_termination_message(
 
     done = pagoda("download", "--no-such-flag", env=env)  # argparse's own usage error
     assert done.returncode == 2 and parse(log.read_text()).reason == "InvalidArguments"
+
+    done = pagoda("download", "--model", "hf://org/private", "--download-dir", dl,
+                  env={**env, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert done.returncode == 2 and "HF_HUB_OFFLINE=1 is set" in done.stderr, done.stderr
+    assert "pagoda download --model" not in done.stderr  # not the advice to run itself
+    assert parse(log.read_text()).detail == "NotCached"
