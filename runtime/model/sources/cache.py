@@ -126,7 +126,9 @@ def lookup(root: Path, ref: ModelURI) -> Path | None:
         found = _from_manifest(root, manifest, uri)
         if found is not None:
             return found
-    return hub_snapshot(root, ref) if isinstance(ref, HfURI) else None
+    if isinstance(ref, HfURI) and not _key_path(root, LOCKS, _lock_uri(ref), ".lock").exists():
+        return hub_snapshot(root, ref)  # a repo this runtime never downloaded into `root`
+    return None  # (one it did counts only with its manifest: a download cut short has none)
 
 
 def _from_manifest(root: Path, manifest: Path, uri: str) -> Path | None:

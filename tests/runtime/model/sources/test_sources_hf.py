@@ -140,6 +140,8 @@ def test_a_full_disk(hub: FakeHub, small_disk: pathlib.Path) -> None:
     err = failure("hf://org/big", small_disk)
     assert err.detail == "OutOfSpace" and "full" in str(err), str(err)
     assert cache.lookup(small_disk, parse_uri("hf://org/big")) is None
+    commit = hub.repos["org/big"].commit  # the snapshot holds some files: not served either
+    assert cache.lookup(small_disk, parse_uri(f"hf://org/big@{commit}")) is None
     assert not list(small_disk.rglob("*.incomplete"))  # partial files are not left behind
     assert resolve_model("hf://org/tiny", small_disk)  # so the small model still fits
 
