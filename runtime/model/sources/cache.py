@@ -13,7 +13,8 @@ A manifest is written last, after every file is in place: a download cut short l
 an offline lookup (`HF_HUB_OFFLINE=1`) never returns a partial model. An hf:// download is
 recorded under the revision asked for (none is `main`, as huggingface_hub reads it) and under
 its commit, so `hf://ORG/NAME`, `@main` and `@COMMIT` all find it offline; a snapshot that
-huggingface_hub itself put there (`hf download --cache-dir DIR`) is found through its `refs/`.
+huggingface_hub itself put there (`hf download --cache-dir DIR`) is found through its `refs/`
+(only for a repo this runtime never downloaded into DIR: one it did counts with a manifest only).
 
 Pods that share the directory (a PersistentVolumeClaim) download one at a time (`download_lock`:
 the others wait, then find the files there); the kernel drops a lock whose holder died.
