@@ -207,6 +207,8 @@ def download_lock(root: Path, ref: ModelURI) -> Iterator[None]:
         except BlockingIOError:
             log.info("%s: another process is downloading it into %s; waiting", ref.uri, root)
             fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:  # ENOLCK, EOPNOTSUPP: a filesystem without locks
+            log.warning("%s: cannot lock %s (%s); downloading without the lock", ref.uri, path, e)
         yield
     finally:
         os.close(fd)  # releases the lock
