@@ -86,7 +86,9 @@ def test_schema_is_structural_and_preserves_unknown_fields_only_for_status_autos
             assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}], path
 
 
-@pytest.mark.parametrize("name", ["smollm2-cpu.yaml", "llama-gpu.yaml", "qwen3-hf.yaml"])
+@pytest.mark.parametrize(
+    "name", ["smollm2-cpu.yaml", "llama-gpu.yaml", "qwen3-hf.yaml", "llama-70b-s3-multinode.yaml"]
+)
 def test_examples_validate_against_the_crd(name: str) -> None:
     isvcs = _isvcs(EXAMPLES / name)
     assert isvcs, f"{name} has no InferenceService"

@@ -347,3 +347,22 @@ def test_a_remote_model_is_downloaded_by_every_pod_of_a_group() -> None:
         assert init["name"] == "model-download"
         assert "--download-dir" in server(template)["args"]
     assert lws_errors(lws) == []
+
+
+def test_the_multi_node_example_renders_a_valid_group() -> None:
+    """examples/llama-70b-s3-multinode.yaml: 16 ranks over 2 pods, each pod downloading the
+    weights with the Secret's keys, valid against the upstream CRD."""
+    import pathlib
+
+    import yaml
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "llama-70b-s3-multinode.yaml"
+    doc = next(d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "InferenceService")
+    spec = InferenceServiceSpec.from_dict(doc["spec"], name="llama-70b", default_image="img:1")
+    owner = Owner("llama-70b", "default", OWNER.uid)
+    lws = build_children(owner, spec).get("LeaderWorkerSet")
+    assert lws_errors(lws) == []
+    for template in templates(lws):
+        download = template["spec"]["initContainers"][0]
+        assert download["envFrom"] == [{"secretRef": {"name": "s3-models"}}]
+        assert flag(server(template)["args"], "--tensor-parallel-size") == "16"
