@@ -35,7 +35,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from pagoda.runtime.model.sources.errors import OUT_OF_SPACE, DownloadError, from_os_error
-from pagoda.runtime.model.sources.uri import HfURI, ModelURI
+from pagoda.runtime.model.sources.uri import HfURI, ModelURI, parse_uri
 
 DOWNLOAD_DIR_ENV = "PAGODA_DOWNLOAD_DIR"  # the default of --download-dir
 OFFLINE_ENV = "HF_HUB_OFFLINE"  # 1: never touch the network, use the cache (hf:// and s3://)
@@ -91,7 +91,7 @@ def record(
     for each in refs:
         data = {
             "version": MANIFEST_VERSION,
-            "uri": key_uri(each),
+            "uri": each.uri,
             "path": os.path.relpath(path, root),
             "commit": commit,
             "files": dict(sorted(files.items())),
@@ -115,7 +115,8 @@ def _same_manifest(target: Path, data: Mapping[str, object]) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(old, dict) and all(
-        old.get(k) == data[k] for k in ("version", "uri", "path", "commit", "files")
+        old.get(k) == data[k]
+        for k in ("version", "path", "commit", "files")  # same file: same key
     )
 
 
@@ -139,7 +140,11 @@ def _from_manifest(root: Path, manifest: Path, uri: str) -> Path | None:
         files = data["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if data.get("uri") != uri or not path.exists():
+    try:
+        same = data.get("uri") == uri or key_uri(parse_uri(data.get("uri"))) == uri
+    except (ValueError, TypeError, AttributeError):
+        same = False
+    if not same or not path.exists():
         return None
     base = path if path.is_dir() else path.parent
     for name, size in files.items():
