@@ -61,29 +61,25 @@ def select_weights(
     consolidated copy, as Mistral's do, is downloaded once): with model.safetensors.index.json,
     only the shards its weight_map names (NotFound if one is missing) and no other index; else
     every *.safetensors."""
-    weights = {n for n in names if n.endswith(".safetensors")}
-    if INDEX in names:
-        try:
-            shards = set(json.loads(read_index())["weight_map"].values())
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise DownloadError(
-                errors.FAILED, f"{uri}: {INDEX} is unreadable or has no weight_map ({e})"
-            ) from None
-        missing = sorted(str(s) for s in shards - weights)
-        if missing:
-            raise DownloadError(
-                errors.NOT_FOUND, f"{uri}: {INDEX} names shards that are not there: "
-                + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-            )  # fmt: skip
-        keep = shards
-    else:
+    if INDEX not in names:
         return dict(names)
+    try:
+        shards = set(json.loads(read_index())["weight_map"].values())
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise DownloadError(
+            errors.FAILED, f"{uri}: {INDEX} is unreadable or has no weight_map ({e})"
+        ) from None
+    missing = sorted(str(s) for s in shards if s not in names)
+    if missing:
+        raise DownloadError(
+            errors.NOT_FOUND, f"{uri}: {INDEX} names shards that are not there: "
+            + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        )  # fmt: skip
     return {
         n: size
         for n, size in names.items()
-        if (
-            n in keep if n.endswith(".safetensors") else n == INDEX or not n.endswith(".index.json")
-        )
+        if (n in shards if n.endswith(".safetensors") else not n.endswith(".index.json"))
+        or n == INDEX
     }
 
 
