@@ -16,7 +16,9 @@ short resumes with the file it was on.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -139,11 +141,11 @@ def _fetch(
     if not todo:
         log.info("%s: all %d files are in %s", ref.uri, len(files), local)
         return path, files, None
-    _remove_partials(local)  # of a download cut short (the caller holds the download lock)
+    _remove_partials(local, objects)  # of a download cut short (the caller holds the lock)
     cache.check_space(ref.uri, root, sum(o[1] for o in todo.values()), size_limit)
     local.mkdir(parents=True, exist_ok=True)
     cache.manifest_path(root, ref).unlink(missing_ok=True)  # files change: not complete now
-    done = {rel: etag for rel, etag in known.items() if rel in objects and rel not in todo}
+    done = {rel: etag for rel, etag in known.items() if rel not in todo}  # (another .gguf's too)
     with Progress(ref.uri, sum(o[1] for o in todo.values()), len(todo)) as progress:
         for rel, (key, _, etag) in sorted(todo.items()):
             tmp = local / f".{rel}{PARTIAL}"
@@ -168,10 +170,11 @@ def _write_etags(local: Path, etags: dict[str, str]) -> None:
     os.replace(tmp, local / ETAGS_FILE)
 
 
-def _remove_partials(local: Path) -> None:
-    """Files a download cut short left (ours, and boto3's own `NAME.RANDOM` beside them)."""
-    if local.is_dir():
-        for partial in local.glob(f".*{PARTIAL}*"):
+def _remove_partials(local: Path, names: Iterable[str]) -> None:
+    """What a download of these files cut short left: `.NAME.partial` and boto3's own
+    `.NAME.partial.RANDOM` (only theirs: another GGUF of the folder may be downloading)."""
+    for name in names:
+        for partial in local.glob(f".{glob.escape(name)}{PARTIAL}*"):
             with contextlib.suppress(OSError):
                 partial.unlink()
 

@@ -149,3 +149,15 @@ def test_a_large_object_comes_in_parts(
     path = pathlib.Path(resolve_model("s3://models/large", tmp_path / "dl"))
     assert (path / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
     assert resolve_model("s3://models/large", tmp_path / "dl") == str(path)  # kept, not fetched
+
+
+def test_two_gguf_objects_of_one_folder_keep_each_other(s3: MotoS3, tmp_path: pathlib.Path) -> None:
+    """Two single-file models side by side: fetching one never makes the other stale."""
+    s3.client().put_object(Bucket="models", Key="ggufs/a.gguf", Body=b"GGUF" + b"a" * 60)
+    s3.client().put_object(Bucket="models", Key="ggufs/b.gguf", Body=b"GGUF" + b"b" * 60)
+    a = pathlib.Path(resolve_model("s3://models/ggufs/a.gguf", tmp_path))
+    stamp = a.stat().st_mtime_ns
+    b = pathlib.Path(resolve_model("s3://models/ggufs/b.gguf", tmp_path))
+    assert a.parent == b.parent and b.read_bytes().endswith(b"b")
+    assert resolve_model("s3://models/ggufs/a.gguf", tmp_path) == str(a)
+    assert a.stat().st_mtime_ns == stamp  # not fetched again
