@@ -188,7 +188,12 @@ def cached_commit(root: Path, ref: HfURI) -> str | None:
 
 
 def _lock_uri(ref: ModelURI) -> str:
-    return f"hf://{ref.repo}" if isinstance(ref, HfURI) else ref.uri  # hf://: blobs are per repo
+    """What one lock guards: an hf:// repo (its blobs are shared by revisions), an s3:// folder
+    (a .gguf object's is its parent's, which the folder's other objects share)."""
+    if isinstance(ref, HfURI):
+        return f"hf://{ref.repo}"
+    folder = ref.prefix.rpartition("/")[0] if ref.prefix.endswith(".gguf") else ref.prefix
+    return f"s3://{ref.bucket}/{folder}"
 
 
 @contextlib.contextmanager
