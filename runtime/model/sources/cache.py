@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -196,6 +197,27 @@ def _lock_uri(ref: ModelURI) -> str:
     return f"s3://{ref.bucket}/{folder}"
 
 
+LOCK_POLL_S = 0.5
+WAIT_LOG_INTERVAL_S = 30.0
+
+
+def _wait_for_lock(fd: int, uri: str) -> None:
+    """Until the lock is ours, with a log line every WAIT_LOG_INTERVAL_S (a pod's log would
+    otherwise stay silent for as long as the other download takes)."""
+    import fcntl
+
+    start = last = time.monotonic()
+    while True:
+        time.sleep(LOCK_POLL_S)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() - last >= WAIT_LOG_INTERVAL_S:
+                last = time.monotonic()
+                log.info("%s: still waiting for the other download (%.0f s)", uri, last - start)
+
+
 @contextlib.contextmanager
 def download_lock(root: Path, ref: ModelURI) -> Iterator[None]:
     """Held while this process downloads `ref` into `root`: another process (a pod sharing the
@@ -216,7 +238,7 @@ def download_lock(root: Path, ref: ModelURI) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             log.info("%s: another process is downloading it into %s; waiting", ref.uri, root)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            _wait_for_lock(fd, ref.uri)
         except OSError as e:  # ENOLCK, EOPNOTSUPP: a filesystem without locks
             log.warning("%s: cannot lock %s (%s); downloading without the lock", ref.uri, path, e)
         yield
