@@ -37,7 +37,16 @@ def from_os_error(uri: str, error: OSError) -> DownloadError:
         return DownloadError(
             OUT_OF_SPACE, f"{uri}: the download directory is full ({error.strerror or error})"
         )
+    if error.errno in _NOT_WRITABLE and error.filename:
+        return DownloadError(
+            FAILED,
+            f"{uri}: cannot write to the download directory: {error.strerror}: {error.filename} "
+            "(--download-dir must be a directory this user can write)",
+        )
     return DownloadError(FAILED, f"{uri}: {type(error).__name__}: {error}")
+
+
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST)
 
 
 def for_status(uri: str, status: int | None, what: str) -> DownloadError:

@@ -178,3 +178,12 @@ def test_a_read_only_directory_serves_its_copy_online_and_refuses_downloads_in_o
     assert resolve_model("hf://org/tiny", read_only) == path.replace(str(rw), str(read_only))
     err = failure("hf://org/big", read_only)
     assert err.detail == "Failed" and "read-only" in str(err).lower(), str(err)
+
+
+def test_a_download_dir_that_is_not_a_directory_is_named(
+    hub: FakeHub, tmp_path: pathlib.Path
+) -> None:
+    (tmp_path / "file").write_text("")
+    err = failure("hf://org/tiny", tmp_path / "file" / "models")
+    assert err.detail == "Failed" and "cannot write to the download directory" in str(err), err
+    assert str(tmp_path / "file" / "models") in str(err)
