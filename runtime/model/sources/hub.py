@@ -15,7 +15,7 @@ import fnmatch
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +83,17 @@ def select_weights(
     }
 
 
-def check_layout(uri: str, names: list[str], where: str) -> None:
-    """NotFound unless the listing holds a loadable checkpoint (config + safetensors)."""
+def check_layout(uri: str, names: list[str], where: str, others: Sequence[str] = ()) -> None:
+    """NotFound unless the listing holds a loadable checkpoint (config + safetensors);
+    `others`: the listing's other top-level files, to say what is there instead."""
+    ggufs = [n for n in others if n.endswith(".gguf")]
+    if ggufs and not any(n.endswith(".safetensors") for n in names):
+        raise DownloadError(
+            errors.NOT_FOUND,
+            f"{uri}: {where} holds GGUF files ({', '.join(sorted(ggufs)[:3])}"
+            f"{', ...' if len(ggufs) > 3 else ''}), not a safetensors checkpoint: download the "
+            "GGUF file you want and pass its path (or its s3:// URI)",
+        )
     if "config.json" not in names:
         raise DownloadError(errors.NOT_FOUND, f"{uri}: no config.json in {where}")
     if not any(n.endswith(".safetensors") for n in names):
@@ -154,12 +163,10 @@ def _fetch(ref: HfURI, root: Path, size_limit: int | None) -> tuple[Path, dict[s
     commit = api.model_info(ref.repo, revision=ref.revision).sha
     if not commit:
         raise DownloadError(errors.FAILED, f"{ref.uri}: the Hub answered without a commit")
-    listed = {
-        f.path: int(f.size or 0)
-        for f in api.list_repo_tree(ref.repo, revision=commit)
-        if isinstance(f, RepoFile) and wanted(f.path)
-    }
-    check_layout(ref.uri, sorted(listed), f"repo {ref.repo} at {commit[:12]}")
+    tree = [f for f in api.list_repo_tree(ref.repo, revision=commit) if isinstance(f, RepoFile)]
+    listed = {f.path: int(f.size or 0) for f in tree if wanted(f.path)}
+    others = [f.path for f in tree if f.path not in listed]
+    check_layout(ref.uri, sorted(listed), f"repo {ref.repo} at {commit[:12]}", others)
     storage = root / repo_folder_name(repo_id=ref.repo, repo_type="model")
     snapshot = storage / "snapshots" / commit
 

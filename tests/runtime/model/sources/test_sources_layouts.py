@@ -187,3 +187,9 @@ def test_a_download_dir_that_is_not_a_directory_is_named(
     err = failure("hf://org/tiny", tmp_path / "file" / "models")
     assert err.detail == "Failed" and "cannot write to the download directory" in str(err), err
     assert str(tmp_path / "file" / "models") in str(err)
+
+
+def test_a_gguf_repo_says_what_to_do(hub: FakeHub, tmp_path: pathlib.Path) -> None:
+    hub.add("org/m-GGUF", {"README.md": b"#", "m.Q4_K_M.gguf": b"GGUF", "m.Q8_0.gguf": b"GGUF"})
+    err = failure("hf://org/m-GGUF", tmp_path)
+    assert err.detail == "NotFound" and "m.Q4_K_M.gguf" in str(err) and "path" in str(err), err
