@@ -184,6 +184,7 @@ def _fetch(ref: HfURI, root: Path, size_limit: int | None) -> tuple[Path, dict[s
         log.info("%s: all %d files at %s are in %s", ref.uri, len(files), commit[:12], root)
         _write_ref(storage, ref.revision, commit)
         return snapshot, files, commit
+    _remove_partial_blobs(root, ref)  # a killed download's (the caller holds the repo's lock)
     check_space(ref.uri, root, needed, size_limit)
     blobs = storage / "blobs"
     before = _blob_bytes(blobs)

@@ -193,3 +193,14 @@ def test_a_gguf_repo_says_what_to_do(hub: FakeHub, tmp_path: pathlib.Path) -> No
     hub.add("org/m-GGUF", {"README.md": b"#", "m.Q4_K_M.gguf": b"GGUF", "m.Q8_0.gguf": b"GGUF"})
     err = failure("hf://org/m-GGUF", tmp_path)
     assert err.detail == "NotFound" and "m.Q4_K_M.gguf" in str(err) and "path" in str(err), err
+
+
+def test_what_a_killed_download_left_is_removed(hub: FakeHub, tmp_path: pathlib.Path) -> None:
+    """huggingface_hub removes its temporary file when a download fails, not when the process
+    is killed (an evicted pod): the next download, holding the repo's lock, removes it, so it
+    neither fills the volume nor counts against the size limit."""
+    blobs = tmp_path / "models--org--big" / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / "0123abcd.9f8e7d6c.incomplete").write_bytes(b"\0" * (200 << 10))
+    assert resolve_model("hf://org/big", tmp_path, size_limit=450 << 10)
+    assert not list(blobs.glob("*.incomplete"))
