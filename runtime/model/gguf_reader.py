@@ -20,9 +20,10 @@ file mapped once its start-up is done: pages read through a map count to the pro
 and a mapped file deleted or replaced on disk keeps its blocks allocated.
 
 A file is the same while its device, inode, size and modification time are: a changed or
-replaced file is parsed anew (a reader handed out before still maps the old file, as any reader
-of its own would). At most `MAX_SHARED` files are shared at once. The engine process is spawned
-with nothing shared: it parses the file once, for its load (`take_reader`), and keeps no reader.
+replaced file is parsed anew (a reader handed out before goes on mapping what it mapped, as a
+reader of its own would: a replaced file's old inode, or the new bytes of a file rewritten in
+place). At most `MAX_SHARED` files are shared at once. The engine process is spawned with
+nothing shared: it parses the file once, for its load (`take_reader`), and keeps no reader.
 """
 
 from __future__ import annotations
