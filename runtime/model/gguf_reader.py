@@ -11,8 +11,8 @@ parsed by the stock code (same values; the view keeps the map alive). ~30 ms for
 
 Sharing (`open_reader`, `take_reader`): `pagoda serve`'s API process reads its GGUF three times
 at start-up: its config (`loader.read_model_config`), its tensor table (`server/weights.py`, for
-the memory checks) and its tokenizer (`loader.read_tokenizer`); on a thread, the engine's load is
-the third. `open_reader` parses a file once and shares the reader by path; `take_reader` hands it
+the fit and memory checks) and its tokenizer (`loader.read_tokenizer`); on a thread, the
+engine's load is the third. `open_reader` parses a file once and shares the reader by path; `take_reader` hands it
 to the process's last read (the tokenizer, or `gguf_loader.load_gguf`'s weights) and shares it no
 longer, so the file's memory map then lives as long as what that read keeps, as a reader of its
 own would. A reader nobody takes is let go `SHARE_S` after its last use. So no process keeps the
