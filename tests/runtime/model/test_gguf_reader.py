@@ -94,24 +94,34 @@ def test_a_changed_or_replaced_file_is_parsed_anew(tmp_path, parses):
     assert len(parses) == 4 and list(gguf_reader._shared) == [str(path)]  # old ones let go
 
 
+def mapped(path: Path) -> bool:
+    """Whether this process maps the file (Linux)."""
+    with open("/proc/self/maps") as maps:
+        return any(line.rstrip().endswith(os.path.realpath(path)) for line in maps)
+
+
 def test_the_last_read_takes_the_reader_and_the_rest_are_let_go(tmp_path, parses, monkeypatch):
     paths = [tmp_path / f"m{i}.gguf" for i in range(3)]
     for i, p in enumerate(paths):
         write_gguf(p, f"model {i}")
     shared = gguf_reader.open_reader(paths[0])
     assert gguf_reader.take_reader(paths[0]) is shared and not gguf_reader._shared
-    assert gguf_reader.take_reader(paths[0]) is not shared  # parsed again, kept by nobody
-    assert not gguf_reader._shared and len(parses) == 2
+    assert mapped(paths[0])
+    del shared
+    assert not mapped(paths[0])  # the taker's objects alone held the map
+    gguf_reader.take_reader(paths[0])  # nothing shared: parsed again, kept by nobody
+    assert not gguf_reader._shared and len(parses) == 2 and not mapped(paths[0])
     for p in paths:
         gguf_reader.open_reader(p)
     assert list(gguf_reader._shared) == [str(p) for p in paths[-gguf_reader.MAX_SHARED :]]
     gguf_reader.forget_all()
+    assert not any(mapped(p) for p in paths)
     monkeypatch.setattr(gguf_reader, "SHARE_S", 0.05)
     gguf_reader.open_reader(paths[0])
     deadline = time.monotonic() + 5
     while gguf_reader._shared and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not gguf_reader._shared  # untaken: let go after SHARE_S
+    assert not gguf_reader._shared and not mapped(paths[0])  # untaken: let go after SHARE_S
 
 
 def test_a_file_that_does_not_parse_is_the_same_error_and_nothing_is_shared(tmp_path, parses):
