@@ -19,7 +19,8 @@ own would. A reader nobody takes is let go `SHARE_S` after its last use. So no p
 file mapped once its start-up is done: pages read through a map count to the process's memory,
 and a mapped file deleted or replaced on disk keeps its blocks allocated.
 
-A file is the same while its device, inode, size and modification time are: a changed or
+A file is the same while its device, inode, size and modification time are (a rewrite in place
+to the same size within one tick of the file system's clock would go unseen): a changed or
 replaced file is parsed anew (a reader handed out before goes on mapping what it mapped, as a
 reader of its own would: a replaced file's old inode, or the new bytes of a file rewritten in
 place). At most `MAX_SHARED` files are shared at once. The engine process is spawned with
