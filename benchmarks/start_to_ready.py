@@ -6,10 +6,15 @@ after start) so the breakdown shows where the time goes.
     .venv/bin/python -P benchmarks/start_to_ready.py                  # 3 rounds (~6 min here)
     .venv/bin/python -P benchmarks/start_to_ready.py --rounds 1 --modes process
     .venv/bin/python -P benchmarks/start_to_ready.py --old-ref HEAD~3   # + that commit's runtime
+    .venv/bin/python -P benchmarks/start_to_ready.py --checks 5 --rounds 0 --old-ref main
 
 With `--old-ref`, each mode also runs on that commit's runtime (`git archive`d to a temporary
 folder and put first on PYTHONPATH), interleaved with this tree's, so before and after share
-the machine's load.
+the machine's load. `--checks N` first times the API process's start-up reads of the model on
+their own, N fresh processes per runtime, interleaved: `launch.preflight` (the flags, the
+model's config, the weights count of the fit and memory checks) and then the API process's
+tokenizer (`loader.read_tokenizer`), each in a fresh process's first call, as `pagoda serve`
+makes them.
 """
 
 from __future__ import annotations
@@ -100,6 +105,44 @@ def start_once(mode: str, extra: list[str], timeout: float, tree: str | None = N
     return {"ready": total, "marks": marks, "log": lines}
 
 
+CHECKS = """
+import sys, time
+from pagoda.runtime import options
+from pagoda.runtime.model.loader import read_tokenizer
+from pagoda.runtime.server.cli import build_parser, server_config
+from pagoda.runtime.server.launch import preflight
+
+args = build_parser().parse_args(sys.argv[1:])
+t0 = time.perf_counter()
+engine_cfg, _ = preflight(server_config(args), options.engine_kwargs(vars(args)))
+t1 = time.perf_counter()
+read_tokenizer(engine_cfg.model)
+print(t1 - t0, time.perf_counter() - t1)
+"""
+
+
+def checks_once(extra: list[str], tree: str | None = None) -> tuple[float, float]:
+    """Seconds of the API process's checks and then of its tokenizer, in a fresh process."""
+    env = dict(os.environ, PYTHONPATH=tree) if tree else None
+    cmd = [sys.executable, "-P", "-c", CHECKS, *extra]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    checks, tokenizer = (float(x) for x in out.split()[-2:])
+    return checks, tokenizer
+
+
+def report_checks(times: dict[str, list[tuple[float, float]]]) -> None:
+    rows = []
+    for tag, ts in times.items():
+        checks = statistics.median(c for c, _ in ts)
+        tok = statistics.median(t for _, t in ts)
+        both = [c + t for c, t in ts]
+        spread = f"{min(both) * 1e3:.0f}-{max(both) * 1e3:.0f}"
+        rows.append([tag.strip(" ()") or "this tree", f"{checks * 1e3:.0f}", f"{tok * 1e3:.0f}",
+                     f"{statistics.median(both) * 1e3:.0f}", spread])  # fmt: skip
+    print(f"\nthe API process's start-up reads, ms, medians of {len(ts)} fresh processes:")
+    print(markdown_table(["runtime", "checks (preflight)", "tokenizer", "both", "range"], rows))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -107,6 +150,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--old-ref", help="also start the runtime of this git commit (before/after)")
     ap.add_argument("--show-log", action="store_true", help="print each start's timed log")
+    ap.add_argument("--checks", type=int, default=0, metavar="N",
+                    help="first time the API process's start-up reads alone, N times")  # fmt: skip
     ap.add_argument("extra", nargs="*", help="more `pagoda serve` flags (after --)")
     args = ap.parse_args(argv)
     print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f} at start", flush=True)
@@ -114,6 +159,12 @@ def main(argv: list[str] | None = None) -> None:
         trees = {"": None}
         if args.old_ref:
             trees = {f" ({args.old_ref})": str(_old_tree(args.old_ref, Path(tmp))), "": None}
+        if args.checks:
+            checks: dict[str, list[tuple[float, float]]] = {t: [] for t in trees}
+            for _ in range(args.checks):
+                for tag, tree in trees.items():
+                    checks[tag].append(checks_once(args.extra, tree))
+            report_checks(checks)
         runs: dict[str, list[dict]] = {m + t: [] for m in args.modes for t in trees}
         for i in range(args.rounds):
             for mode in args.modes:
@@ -127,6 +178,8 @@ def main(argv: list[str] | None = None) -> None:
                         for t, ln in r["log"]:
                             print(f"    {t:6.1f}  {ln[:160]}")
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
+    if not args.rounds:
+        return
     labels = [label for label, _ in MILESTONES]
     rows = []
     for mode, rs in runs.items():

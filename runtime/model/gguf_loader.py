@@ -7,23 +7,22 @@ memory-mapped file. llama.cpp stores the Q and K projections of Llama models per
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
 serves every loader. Mixture-of-experts tensors (`ffn_*_exps`, [E, N, K]) keep their stacked
 shape under `...experts.{gate,up,down}.weight` names (`moe.py` slices them, blocks included). Gemma's norms are stored as 1 + w
-(`FamilyConfig.norms_hold_one_plus_w`).
+(`FamilyConfig.norms_hold_one_plus_w`). The metadata is parsed by `gguf_reader`, once per file
+in a process (the start-up checks' reader is the load's).
 """
 
 from __future__ import annotations
 
-import functools
 import re
-import struct
-import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-import numpy as np
 import torch
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.cpu.quantized import QuantizedWeight, from_gguf, readable
 from pagoda.runtime.model.gguf_dequant import dequantize
+from pagoda.runtime.model.gguf_reader import parse as _reader  # noqa: F401 - one of its own
+from pagoda.runtime.model.gguf_reader import take_reader
 from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer, build_gemma_tokenizer
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3")
@@ -221,116 +220,6 @@ def read_tokenizer(reader, config: ModelConfig) -> Tokenizer:
     )
 
 
-def _reader(path: str | Path):
-    """`gguf.GGUFReader` parsing through a plain ndarray view of its memory map, with whole
-    metadata arrays read at once.
-
-    The stock reader builds each array element as its own field part, two ndarray slices per
-    string (SmolLM2: 49k tokens, 49k merges, 49k token types: ~10^6 slices, each running
-    ``memmap.__array_finalize__`` on the memmap itself); that was ~2 s of a ~3.5 s load, and
-    still 0.5 s with plain slices. Here an array of numbers is one ndarray and an array of
-    strings one list of `str` walked with `struct` (`_ArrayField`: same `contents()`, same
-    `types`); scalars, strings and tensors are parsed by the stock code (`_get` on the plain
-    view: same values, the view keeps the map alive)."""
-    return _reader_class()(str(path))
-
-
-@functools.cache
-def _reader_class() -> type:
-    import gguf
-
-    array, string = gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING
-
-    class Reader(gguf.GGUFReader):
-        def _get(self, offset, dtype, count=1, override_order=None):
-            plain = getattr(self, "_plain", None)
-            if plain is None:  # `data` is set first thing in __init__, before any _get
-                plain = self._plain = self.data.view(np.ndarray)
-            count = int(count)
-            end = offset + int(np.dtype(dtype).itemsize) * count
-            arr = plain[offset:end].view(dtype=dtype)[:count]
-            order = self.byte_order if override_order is None else override_order
-            return arr.view(arr.dtype.newbyteorder(order))
-
-        def _build_fields(self, offs, count):
-            for _ in range(count):
-                start = offs
-                klen, kdata = self._get_str(offs)
-                offs += int(klen.nbytes + kdata.nbytes)
-                raw_type = self._get(offs, np.uint32)
-                offs += int(raw_type.nbytes)
-                parts = [klen, kdata, raw_type]
-                name = str(bytes(kdata), encoding="utf-8")
-                whole = self._whole_array(offs) if raw_type[0] == array else None
-                if whole is not None:
-                    size, field = whole
-                    field = _ArrayField(start, name, parts + field.parts, [5], field.types)
-                else:
-                    size, more, idxs, types = self._get_field_parts(offs, raw_type[0])
-                    field = gguf.ReaderField(start, name, parts + more,
-                                             [i + len(parts) for i in idxs], types)  # fmt: skip
-                self._push_field(field, skip_sum=True)
-                offs += size
-            return offs
-
-        def _whole_array(self, offs):
-            """(bytes, field) of a flat array of numbers or strings at `offs`; None for
-            nested arrays (left to the stock code)."""
-            raw_itype = self._get(offs, np.uint32)
-            alen = self._get(offs + 4, np.uint64)
-            itype, n, start = gguf.GGUFValueType(raw_itype[0]), int(alen[0]), offs + 12
-            if itype == string:
-                values, end = _strings(self._plain, start, n, self._endian_char())
-            elif itype in self.gguf_scalar_to_np:
-                values = self._get(start, self.gguf_scalar_to_np[itype], n)
-                end = start + int(values.nbytes)
-            else:
-                return None
-            field = gguf.ReaderField(offs, "", [raw_itype, alen, values], [2], [array, itype])
-            return end - offs, field
-
-        def _endian_char(self):
-            little = (sys.byteorder == "little") == (self.byte_order == "I")
-            return "<" if little else ">"
-
-    class _ArrayField(gguf.ReaderField):
-        """A metadata array held whole as its last part (an ndarray of numbers, or a list of
-        str); `contents()` as the stock field's (one value for an int, a list otherwise).
-        `data` indexes that one part, not one part per element: read values through
-        `contents()` (as `_field` does), not `parts[data[i]]`."""
-
-        __slots__ = ()
-
-        def contents(self, index_or_slice=slice(None)):
-            values = self.parts[-1]
-            picked = values[index_or_slice]
-            if isinstance(values, np.ndarray):
-                return picked.tolist()
-            return list(picked) if isinstance(index_or_slice, slice) else picked
-
-    return Reader
-
-
-def _strings(buf: np.ndarray, offs: int, n: int, endian: str) -> tuple[list[str], int]:
-    """`n` GGUF strings (a uint64 length, then UTF-8 bytes) from `offs` in `buf`; the list and
-    the offset after the last."""
-    view, length = memoryview(buf), struct.Struct(endian + "Q").unpack_from
-    out: list[str] = []
-    append, last = out.append, len(view) - 8
-    for _ in range(n):
-        if offs > last:
-            break
-        (size,) = length(view, offs)
-        offs += 8
-        if offs + size > len(view):
-            break
-        append(str(view[offs : offs + size], "utf-8"))
-        offs += size
-    if len(out) < n:
-        raise ValueError(f"the file ends inside a metadata array ({len(out)} of {n} strings)")
-    return out, offs
-
-
 class _ByName(Mapping):
     """A mapping over `self._tensors` (HF name -> GGUF tensor) whose values are built on read."""
 
@@ -411,8 +300,9 @@ def load_gguf(
     path: str | Path,
 ) -> tuple[ModelConfig, GGUFWeights, Tokenizer, GGUFBlocks]:
     """Read config, the weights (HF names, float32 when read), tokenizer, and the raw blocks of
-    the weights stored in a format `qgemm` reads (`quantized.BLOCKS`), rows in the same HF order."""
-    reader = _reader(path)
+    the weights stored in a format `qgemm` reads (`quantized.BLOCKS`), rows in the same HF order.
+    The file's last read in a process: the reader its checks shared, if any (`gguf_reader`)."""
+    reader = take_reader(path)
     config = read_config(reader)
     weights = GGUFWeights(reader, config)
     return config, weights, read_tokenizer(reader, config), weights.blocks()

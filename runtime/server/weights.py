@@ -6,7 +6,7 @@ holds 310 MiB as bfloat16 on a CPU, its tied LM head's packed copy included), a 
 one served as float32 twice (unless the CPU's quantized GEMM reads it in place), an FP8 one keeps
 one byte per weight only where the FP8 kernels run. `pagoda serve` counts the weights here before
 it loads anything (`memory.check`, `fit.check`), by applying the loader's own rules to each
-tensor's name, stored type and shape (a GGUF's tensor table through `gguf_loader._reader`, the
+tensor's name, stored type and shape (a GGUF's tensor table through `gguf_reader.open_reader`, the
 safetensors headers through `SafetensorsWeights`; no tensor data is read):
 
 * the tensors the model reads (the loader's names), no others: not a GGUF's ``rope_freqs``, a
@@ -210,9 +210,10 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
     path = Path(path_str)
     if path.is_file():
         from pagoda.runtime.model import gguf_loader
+        from pagoda.runtime.model.gguf_reader import open_reader
 
         try:
-            reader = gguf_loader._reader(path)
+            reader = open_reader(path)  # the one `read_model_config` parsed
         except Exception:  # not a GGUF the reader parses: its size, as a floor
             return Checkpoint("file", {}, path.stat().st_size)
         tensors = {}
