@@ -108,6 +108,7 @@ def check(schema: Any, length_patterns: bool = False) -> Any:
     check_valid(schema)
     try:
         out = _normalise(schema, "", length_patterns)
+        _check_one_ofs(out)
         total = _count_properties(out)
     except RecursionError as e:
         raise SchemaError("", "the schema is nested too deeply") from e
@@ -265,8 +266,6 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
         return _enum_within(s, out, path)
     if "anyOf" in out or "oneOf" in out:
         out = _distribute(out, path, lp)
-    if "oneOf" in out:
-        _check_one_of(out["oneOf"], f"{path}/oneOf")
     _fill_required(out, path)
     props = out.get("properties")
     if isinstance(props, dict) and len(props) > MAX_OPTIONAL_PROPERTIES:
@@ -443,10 +442,48 @@ def _merge_all_of(s: dict, path: str) -> dict:
     return merged
 
 
-def _check_one_of(branches: list, path: str) -> None:
+def _subschemas(s: Any, path: str):
+    """(path, schema) of `s` and every schema inside it (not `enum`/`const` data)."""
+    if not isinstance(s, dict):
+        return
+    yield path, s
+    for key in _SCHEMA_MAPS:
+        if isinstance(s.get(key), dict):
+            for k, v in s[key].items():
+                yield from _subschemas(v, f"{path}/{key}/{k}")
+    for key in (*_SCHEMA_LISTS, "items"):
+        if isinstance(s.get(key), list):
+            for i, v in enumerate(s[key]):
+                yield from _subschemas(v, f"{path}/{key}/{i}")
+    for key in _SCHEMA_ONE:
+        yield from _subschemas(s.get(key), f"{path}/{key}")
+
+
+def _deref(root: Any, s: Any) -> Any:
+    """`s` with local `$ref`s followed (a few hops; what cannot be followed is left)."""
+    for _ in range(32):
+        if not (isinstance(s, dict) and isinstance(s.get("$ref"), str)):
+            break
+        target = _resolve(root, s["$ref"])
+        if target is True or target is s:
+            break
+        s = target
+    return s
+
+
+def _check_one_ofs(root: Any) -> None:
+    """Every `oneOf` of the normalised schema checked (its `$ref` branches followed)."""
+    for path, s in _subschemas(root, ""):
+        if isinstance(s.get("oneOf"), list):
+            _check_one_of(s["oneOf"], f"{path}/oneOf", root)
+
+
+def _check_one_of(branches: list, path: str, root: Any = None) -> None:
     """oneOf is enforced exactly only when at most one branch can match any value: here, when
     the branches have distinct single types (integer and number overlap), or are objects told
-    apart by a required property with distinct `const` values."""
+    apart by a required property whose allowed values (`const` or `enum`, as pydantic's
+    discriminated unions write them) no two branches share. `$ref` branches are followed."""
+    branches = [_deref(root, b) for b in branches]
     types = [b.get("type") if isinstance(b, dict) else None for b in branches]
     if all(isinstance(t, str) for t in types):
         kinds = ["number" if t == "integer" else t for t in types]
@@ -455,19 +492,35 @@ def _check_one_of(branches: list, path: str) -> None:
     if all(isinstance(b, dict) and b.get("type") == "object" for b in branches):
         common = set.intersection(*(set(b.get("required", ())) for b in branches))
         for name in sorted(common):
-            consts = [
-                b.get("properties", {}).get(name, {}).get("const", _MISSING) for b in branches
+            values = [
+                _values(_deref(root, (b.get("properties") or {}).get(name))) for b in branches
             ]
-            if _MISSING not in consts and len({repr(c) for c in consts}) == len(consts):
+            if None in values:
+                continue
+            seen: list = []
+            for vs in values:
+                if any(v == w and isinstance(v, bool) == isinstance(w, bool)  # JSON equality
+                       for v in vs for w in seen):  # fmt: skip
+                    break
+                seen += vs
+            else:
                 return
     raise SchemaError(
         path,
         "oneOf is supported only when its branches cannot overlap (distinct types, or a "
-        "required property with a distinct const per branch); use anyOf otherwise",
+        "required property with distinct const or enum values per branch); use anyOf otherwise",
     )
 
 
-_MISSING = object()
+def _values(s: Any) -> list | None:
+    """The values a schema allows when it lists them (`const`, `enum`), else None."""
+    if not isinstance(s, dict):
+        return None
+    if "const" in s:
+        return [s["const"]]
+    if isinstance(s.get("enum"), list):
+        return list(s["enum"])
+    return None
 
 
 def _fill_required(s: dict, path: str) -> None:

@@ -32,6 +32,9 @@ from structured_testlib import random_schema
         ({"type": "object", "properties": {"a": {"dependentRequired": {"a": ["b"]}}}},
          "/properties/a/dependentRequired"),
         ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "/oneOf"),
+        ({"oneOf": [{"type": "object", "properties": {"k": {"enum": ["a", "b"]}}, "required": ["k"]},
+                    {"type": "object", "properties": {"k": {"type": "string", "const": "b"}},
+                     "required": ["k"]}]}, "/oneOf"),  # the values overlap
         ({"type": "object", "required": ["a"], "additionalProperties": False}, "/required"),
         ({"type": "string", "pattern": "^(ab)+$", "maxLength": 5}, "/pattern"),
         ({"$ref": "https://example.com/schema.json"}, "/$ref"),
@@ -99,6 +102,19 @@ REWRITTEN = [
          "required": ["kind", "x"], "additionalProperties": False},
         {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"],
          "additionalProperties": False}]},
+    # pydantic's discriminated union (`Field(discriminator="kind")`): $ref branches whose
+    # `Literal` tags are `const` beside `type`
+    {"$defs": {"Cat": {"properties": {"kind": {"const": "cat", "title": "Kind", "type": "string"},
+                                      "lives": {"title": "Lives", "type": "integer"}},
+                       "required": ["kind", "lives"], "title": "Cat", "type": "object"},
+               "Dog": {"properties": {"kind": {"const": "dog", "title": "Kind", "type": "string"},
+                                      "breed": {"title": "Breed", "type": "string"}},
+                       "required": ["kind", "breed"], "title": "Dog", "type": "object"}},
+     "properties": {"pet": {"discriminator": {"mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"},
+                                              "propertyName": "kind"},
+                            "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+                            "title": "Pet"}},
+     "required": ["pet"], "title": "Disc", "type": "object"},
     # multipleOf: kept on integers, a whole step on numbers makes them integers
     {"type": "integer", "multipleOf": 7, "minimum": -50, "maximum": 50},
     {"type": "number", "multipleOf": 5, "minimum": 1, "maximum": 100},
@@ -114,7 +130,7 @@ def test_rewrites_are_exact():
     assert schemas.check(REWRITTEN[2]) == {"type": "string", "pattern": "^[A-Z]{3}$"}
     assert schemas.check(REWRITTEN[3])["pattern"] == "^[a-z]{2,4}$"
     assert schemas.check(REWRITTEN[4])["pattern"] == "^[0-9]{0,2}$"
-    assert schemas.check(REWRITTEN[8])["type"] == "integer"
+    assert schemas.check(REWRITTEN[9])["type"] == "integer"
     original = {"type": "object", "required": ["a"]}
     schemas.check(original)
     assert original == {"type": "object", "required": ["a"]}  # the client's dict is not changed
