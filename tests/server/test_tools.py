@@ -205,3 +205,33 @@ def test_arguments_nested_past_the_parser_depth_are_text(smol_tokenizer):
     req = ChatCompletionRequest.model_validate({"messages": history, "tools": TOOLS})
     _, text = _render(smol_tokenizer, QWEN_LIKE, req)
     assert deep[:100] in text
+
+
+# Mistral's templates take back only calls whose ids are 9 letters and digits (they raise on any
+# other id, the call's and the result's): a template in that format with that check
+MISTRAL_LIKE = """{%- for message in messages %}
+{%- if message.role == "user" %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS][INST]{{ message.content }}[/INST]
+{%- elif message.tool_calls %}[TOOL_CALLS][{% for tc in message.tool_calls %}
+{%- if tc.id | length != 9 or not tc.id.isalnum() %}{{ raise_exception("ids of 9 letters and digits only") }}{% endif %}
+{{- tc.function | tojson }}{% endfor %}]</s>
+{%- elif message.role == "tool" %}
+{%- if message.tool_call_id | length != 9 %}{{ raise_exception("ids of 9 letters and digits only") }}{% endif %}
+[TOOL_RESULTS]{{ message.content }}[/TOOL_RESULTS]
+{%- endif %}{%- endfor %}"""
+
+
+def test_mistral_calls_round_trip_through_a_mistral_template(smol_tokenizer):
+    """The ids the mistral parser gives calls (whole and streamed) are what Mistral's templates
+    take back, so the call and its result render in the next turn."""
+    parser = tools.PARSERS["mistral"]()
+    output = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+    whole = parser.parse(output)[1][0].openai()
+    streamed = parser.stream().feed(output, final=True)["tool_calls"][0]
+    for call in (whole, {"id": streamed["id"], "type": "function", "function": whole["function"]}):
+        history = [HISTORY[0], {"role": "assistant", "content": None, "tool_calls": [call]},
+                   {"role": "tool", "tool_call_id": call["id"], "content": "21 C"}]  # fmt: skip
+        req = ChatCompletionRequest.model_validate({"messages": history, "tools": TOOLS})
+        setup, text = _render(smol_tokenizer, MISTRAL_LIKE, req)
+        assert setup.parser.name == "mistral"
+        assert '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]' in text
+        assert "[TOOL_RESULTS]21 C[/TOOL_RESULTS]" in text
