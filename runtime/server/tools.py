@@ -137,15 +137,30 @@ def check_parameters(parameters: dict[str, Any] | None, where: str) -> None:
     arguments are a JSON object), whether or not the call will be enforced."""
     if parameters is None:
         return
-    kind = parameters.get("type", "object")
-    if kind != "object":
-        raise APIError(400, f"{where} must be a JSON Schema of type \"object\" (a call's "
-                       f"arguments are a JSON object), got type {json.dumps(kind)[:80]}",
-                       param=where, code="invalid_value")  # fmt: skip
     try:
         schemas.check_valid(parameters)
     except schemas.SchemaError as e:
         raise APIError(400, f"{where}: {e}", param=where, code="invalid_value") from e
+    kind = parameters.get("type", "object")
+    if "$ref" in parameters and "type" not in parameters:  # the type of what it refers to
+        target = schemas.deref(parameters, parameters)
+        kind = target.get("type") if isinstance(target, dict) and target is not parameters else None
+    if kind != "object":
+        got = "a $ref to a schema without it" if kind is None else f"type {json.dumps(kind)[:80]}"
+        raise APIError(400, f"{where} must be a JSON Schema of type \"object\" (a call's "
+                       f"arguments are a JSON object), got {got}",
+                       param=where, code="invalid_value")  # fmt: skip
+
+
+def arguments_schema(parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """The schema a call's arguments are held to: `parameters` as an object schema (a schema
+    without `type`, `{}` included, would let the grammar write any JSON value: a number, a
+    string, null), and no arguments at all without `parameters`."""
+    if parameters is None:
+        return NO_PARAMETERS
+    if "type" in parameters or "$ref" in parameters:  # `$ref`: its target is checked below
+        return parameters
+    return {**parameters, "type": "object"}
 
 
 def tool_grammar(
@@ -168,9 +183,7 @@ def tool_grammar(
         try:
             # length-bounded strings as patterns: a tool grammar's tags hold newlines, so its
             # masks cannot rule out control bytes (see `GrammarCompiler.printable`)
-            schema = schemas.check(
-                f.parameters if f.parameters is not None else NO_PARAMETERS, length_patterns=True
-            )
+            schema = schemas.check(arguments_schema(f.parameters), length_patterns=True)
             grammar = xgr.Grammar.from_json_schema(
                 json.dumps(schema), any_whitespace=False, strict_mode=True
             )

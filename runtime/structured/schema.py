@@ -459,7 +459,7 @@ def _subschemas(s: Any, path: str):
         yield from _subschemas(s.get(key), f"{path}/{key}")
 
 
-def _deref(root: Any, s: Any) -> Any:
+def deref(root: Any, s: Any) -> Any:
     """`s` with local `$ref`s followed (a few hops; what cannot be followed is left)."""
     for _ in range(32):
         if not (isinstance(s, dict) and isinstance(s.get("$ref"), str)):
@@ -483,7 +483,7 @@ def _check_one_of(branches: list, path: str, root: Any = None) -> None:
     the branches have distinct single types (integer and number overlap), or are objects told
     apart by a required property whose allowed values (`const` or `enum`, as pydantic's
     discriminated unions write them) no two branches share. `$ref` branches are followed."""
-    branches = [_deref(root, b) for b in branches]
+    branches = [deref(root, b) for b in branches]
     types = [b.get("type") if isinstance(b, dict) else None for b in branches]
     if all(isinstance(t, str) for t in types):
         kinds = ["number" if t == "integer" else t for t in types]
@@ -492,9 +492,7 @@ def _check_one_of(branches: list, path: str, root: Any = None) -> None:
     if all(isinstance(b, dict) and b.get("type") == "object" for b in branches):
         common = set.intersection(*(set(b.get("required", ())) for b in branches))
         for name in sorted(common):
-            values = [
-                _values(_deref(root, (b.get("properties") or {}).get(name))) for b in branches
-            ]
+            values = [_values(deref(root, (b.get("properties") or {}).get(name))) for b in branches]
             if None in values:
                 continue
             seen: list = []

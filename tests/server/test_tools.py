@@ -235,3 +235,28 @@ def test_mistral_calls_round_trip_through_a_mistral_template(smol_tokenizer):
         assert setup.parser.name == "mistral"
         assert '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]' in text
         assert "[TOOL_RESULTS]21 C[/TOOL_RESULTS]" in text
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [{}, {"properties": {"a": {"type": "integer"}}},
+     {"anyOf": [{"type": "object"}, {"type": "string"}]},
+     {"$ref": "#/$defs/A", "$defs": {"A": {"type": "object"}}}],
+)  # fmt: skip
+def test_enforced_arguments_are_always_an_object(compiler, parameters):
+    """A `parameters` schema without `type` (`{}` too) held the arguments of a required call to
+    any JSON value (5, "s", null): they are a JSON object, as OpenAI's calls always are."""
+    fn = {"name": "f", "parameters": parameters}
+    req = _request(tools=[{"type": "function", "function": fn}], tool_choice="required")
+    spec = tools.prepare(req, QWEN_LIKE, "auto").grammar
+    call = '<tool_call>\n{{"name": "f", "arguments": {}}}\n</tool_call>'
+    assert _accepts(compiler, spec, call.format("{}"))
+    for args in ("5", '"s"', "null", "[]"):
+        assert not _accepts(compiler, spec, call.format(args)), args
+
+
+def test_parameters_referring_to_a_schema_without_type_object_are_400s():
+    fn = {"name": "f", "parameters": {"$ref": "#/$defs/A", "$defs": {"A": {}}}}
+    with pytest.raises(APIError) as e:
+        tools.prepare(_request(tools=[{"type": "function", "function": fn}]), QWEN_LIKE, "auto")
+    assert e.value.param == "tools[0].function.parameters"
