@@ -16,8 +16,9 @@
 * `auto` with a tool marked `strict: true` (OpenAI's promise that arguments follow the schema;
   the Agents SDK's default): free text, but once the output starts a call (`TRIGGERS`) it must
   be a call to one of the tools with arguments matching its schema (hermes and llama3_json;
-  one call without `parallel_tool_calls`). A response format in the same request constrains
-  the answer instead.
+  one call without `parallel_tool_calls`).
+* `auto` with a `response_format` (an agent with tools and an output type): the output is either
+  calls, enforced as under `required`, or the answer in that format (`output_constraint`).
 * `none`: the tools are left out of the prompt and the output is plain content.
 """
 
@@ -132,6 +133,26 @@ def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -
     return setup
 
 
+def output_constraint(
+    setup: ToolSetup | None, tools: list | None, answer: StructuredOutputsParams | None
+) -> StructuredOutputsParams | None:
+    """What the output is held to: the request's own constraint (`answer`), the tools' grammar,
+    or, with tool_choice auto and a `response_format`, either tool calls or an answer in that
+    format (OpenAI's meaning: the format is the answer's; the Agents SDK sends both for an agent
+    with tools and an output type). vLLM's `structured_outputs` holds the whole output, calls
+    included, as in vLLM."""
+    if setup is None or setup.parser is None:  # no tools, or tool_choice none
+        return answer
+    if answer is None:
+        return setup.grammar
+    if setup.choice != "auto":
+        raise APIError(400, "tool_choice required or a named function cannot be combined with "
+                       "response_format or structured_outputs", param="tool_choice")  # fmt: skip
+    if not answer.field.startswith("response_format"):
+        return answer
+    return tool_grammar(setup.parser.name, tools or [], None, setup.parallel, answer=answer)
+
+
 def check_parameters(parameters: dict[str, Any] | None, where: str) -> None:
     """A tool's `parameters` must be a valid JSON Schema of an object (as OpenAI requires:
     arguments are a JSON object), whether or not the call will be enforced."""
@@ -164,12 +185,14 @@ def arguments_schema(parameters: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def tool_grammar(
-    parser: str, tools: list, only: str | None, parallel: bool, free: bool = False
-) -> StructuredOutputsParams:
+    parser: str, tools: list, only: str | None, parallel: bool, free: bool = False,
+    answer: StructuredOutputsParams | None = None,
+) -> StructuredOutputsParams:  # fmt: skip
     """The structural tag forcing calls in `parser`'s format: exactly `only`, else at least one
     of the tools (just one without `parallel`), each with arguments matching its schema. `free`
     (tool_choice auto with strict tools): any text, but what starts a call (`TRIGGERS`) must go
-    on as a call to one of the tools with arguments matching its schema."""
+    on as a call to one of the tools with arguments matching its schema. `answer` (tool_choice
+    auto with a response format): either such calls or an answer in that format."""
     import xgrammar as xgr
     from xgrammar import structural_tag as st
 
@@ -208,6 +231,14 @@ def tool_grammar(
     if prefix or suffix:
         body = st.SequenceFormat(elements=[st.ConstStringFormat(value=prefix), body,
                                            st.ConstStringFormat(value=suffix)])  # fmt: skip
+    if answer is not None:
+        from pagoda.runtime.structured.compiler import spec_grammar
+
+        try:
+            grammar = spec_grammar(answer)
+        except ParamError as e:
+            raise APIError(400, e.message, param=e.field, code="invalid_value") from e
+        body = st.OrFormat(elements=[body, st.GrammarFormat(grammar=str(grammar))])
     text = st.StructuralTag(format=body).model_dump_json()
     try:
         return StructuredOutputsParams(structural_tag=text, field="tools")

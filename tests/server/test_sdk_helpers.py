@@ -66,3 +66,30 @@ def test_parsed_tool_calls_and_their_results_go_back(client):
     r = client.chat.completions.parse(model=MODEL, messages=messages, tools=tools,
                                       max_tokens=8, temperature=0)  # fmt: skip
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+class Weather(BaseModel):
+    city: str
+
+
+class Report(BaseModel):
+    summary: str = Field(max_length=40)
+    celsius: int
+
+
+def test_an_agent_with_tools_and_an_output_type(client):
+    """tools (strict, tool_choice auto) with a response_format, as the Agents SDK sends them for
+    an agent with an output type: the model may call a tool, then answers in the format. A
+    logit_bias towards "<" makes the first turn start a call (`<tool_call>`)."""
+    tools = [openai.pydantic_function_tool(Weather, name="get_weather")]
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    kw = dict(model=MODEL, tools=tools, response_format=Report, max_tokens=80, temperature=0)
+    r = client.chat.completions.parse(messages=messages, logit_bias={"44": 100}, **kw)
+    message = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls", message
+    (call,) = message.tool_calls
+    assert isinstance(call.function.parsed_arguments, Weather) and message.parsed is None
+    messages += [message, {"role": "tool", "tool_call_id": call.id, "content": "21 C, sunny"}]
+    r = client.chat.completions.parse(messages=messages, logit_bias={"107": 100}, **kw)  # "{"
+    assert r.choices[0].finish_reason == "stop"
+    assert isinstance(r.choices[0].message.parsed, Report) and not r.choices[0].message.tool_calls

@@ -12,6 +12,7 @@ import xgrammar as xgr
 from pagoda.runtime.model.tokenizer import Tokenizer
 from pagoda.runtime.server import tools
 from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest
+from pagoda.runtime.server.structured_outputs import spec_from_request
 from pagoda.runtime.structured.compiler import compiler_for
 
 QWEN_LIKE = """{%- if tools %}<|im_start|>system
@@ -260,3 +261,29 @@ def test_parameters_referring_to_a_schema_without_type_object_are_400s():
     with pytest.raises(APIError) as e:
         tools.prepare(_request(tools=[{"type": "function", "function": fn}]), QWEN_LIKE, "auto")
     assert e.value.param == "tools[0].function.parameters"
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_auto_with_a_response_format_allows_calls_or_the_answer(compiler, strict):
+    """tool_choice auto with a response format (an agent with tools and an output type): the
+    output is tool calls or an answer in the format. The format alone made calls impossible."""
+    listed = [{**t, "function": {**t["function"], "strict": strict}} for t in TOOLS]
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": {
+        "type": "object", "properties": {"temp": {"type": "integer"}}, "required": ["temp"],
+        "additionalProperties": False}}}  # fmt: skip
+    req = _request(tools=listed, response_format=fmt)
+    setup = tools.prepare(req, QWEN_LIKE, "auto")
+    spec = tools.output_constraint(setup, req.tools, spec_from_request(req))
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    assert _accepts(compiler, spec, call)
+    assert _accepts(compiler, spec, '{"temp": 21}')
+    for wrong in ('{"temp": "warm"}', "It is warm.", '<tool_call>\n{"name": "nope", '
+                  '"arguments": {}}\n</tool_call>', call + '{"temp": 21}'):  # fmt: skip
+        assert not _accepts(compiler, spec, wrong), wrong
+    # required / named stay exclusive of a format; none leaves the format alone
+    with pytest.raises(APIError):
+        tools.output_constraint(tools.prepare(_request(tools=listed, tool_choice="required"),
+                                              QWEN_LIKE, "auto"), req.tools, spec_from_request(req))  # fmt: skip
+    none = _request(tools=listed, response_format=fmt, tool_choice="none")
+    assert tools.output_constraint(tools.prepare(none, QWEN_LIKE, "auto"), none.tools,
+                                   spec_from_request(none)).kind == "json"  # fmt: skip
