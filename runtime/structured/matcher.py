@@ -14,8 +14,9 @@ digits, letters... that moves the grammar on rather than extending the same stri
 and, once that path needs all the tokens left (plus a margin: one token can lengthen the way
 out), the bitmask allows only its next token, then EOS. The path is recomputed while there is
 slack, halving the gap each time: a few thousand matcher steps per request near its end, none
-before. It is a heuristic for grammars in general (JSON always closes); when it finds no way out
-in the budget, the request samples freely and may end by length.
+before. Where the grammar can go a few ways (a tool call or an answer), the way out through each is
+compared and the shortest kept. It is a heuristic for grammars in general (JSON always closes);
+when it finds no way out in the budget, the request samples freely and may end by length.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ LATE = 4  # slack left when the halving stops: forced this many tokens early, no
 CIRCLE = 16  # visits to one place (its bitmask) that tell a way out walks in a circle
 FORCED_TOKENS = 64  # forced text: at most this many tokens allowed, each a piece of the longest
 FORCED_WORDS = 64  # bitmask words with any token allowed, checked before unpacking the mask
+MAX_STARTS = 4  # closing characters allowed at most where each one's way out is compared
 
 
 def _clamp(x: int, bounds: tuple[int, int]) -> int:
@@ -73,10 +75,34 @@ class Closer:
         first (`_choose`); where that walks in a circle (`a.a.a.` in an e-mail's name part
         never reaches its `@`) or finds nothing, again, never taking a step it kept taking."""
         plan, steps = self._walk(matcher, limit, frozenset())
-        if plan is not None:
+        if plan is None:
+            avoid = frozenset(step for step, n in steps.items() if n > 2)
+            plan = self._walk(matcher, limit, avoid)[0] if avoid else None
+        return self._shortest_start(matcher, plan, limit)
+
+    def _shortest_start(
+        self, matcher: xgr.GrammarMatcher, plan: list[int] | None, limit: int
+    ) -> list[int] | None:
+        """Where the output can go a few ways from here (`MAX_STARTS` closing characters at
+        most: `<` to a tool call or `{` to an answer in its format, `,` or `}` after a value),
+        the shortest of the ways out that start with each. The greedy order alone took the
+        first (a whole tool call where a short JSON answer would have fitted the budget)."""
+        if plan is not None and not plan:
             return plan
-        avoid = frozenset(step for step, n in steps.items() if n > 2)
-        return self._walk(matcher, limit, avoid)[0] if avoid else None
+        starts = self._among(self._allowed(matcher).clone().numpy(), self.tokens)
+        if not 1 < len(starts) <= MAX_STARTS:
+            return plan
+        for t in starts:
+            if plan is not None and t == plan[0]:
+                continue
+            probe = matcher.fork()
+            if not probe.accept_token(t):
+                continue
+            rest, _ = self._walk(probe, (len(plan) - 2) if plan is not None else limit - 1,
+                                 frozenset())  # fmt: skip
+            if rest is not None:
+                plan = [t, *rest]
+        return plan
 
     def _walk(self, matcher: xgr.GrammarMatcher, limit: int, avoid: frozenset):
         """(the way out or None, how often each step (place, token) was taken); None as soon

@@ -123,3 +123,23 @@ def test_text_forced_forever_ends_no_process(compiler, memory_guard, kw, prefix)
     m = xgr.GrammarMatcher(compiler.compile(Spec(**kw)))
     assert m.accept_string(prefix)
     assert compiler.closer.plan(m, 64) is None
+
+
+def test_the_shortest_of_the_ways_a_grammar_can_go(compiler):
+    """A tool call or an answer (tool_choice auto with a response format): from the start, the
+    way out is the short answer, not the whole call greedy order met first (`<` before `{`):
+    a budget that fits the answer is steered into it."""
+    from xgrammar import structural_tag as st
+
+    call = st.TagFormat(begin='<tool_call>\n{"name": "get_weather", "arguments": ',
+                        content=st.JSONSchemaFormat(json_schema={"type": "object", "properties": {
+                            "city": {"type": "string"}}, "required": ["city"]}),
+                        end="}\n</tool_call>")  # fmt: skip
+    answer = st.JSONSchemaFormat(json_schema={"type": "object", "properties": {
+        "c": {"type": "integer"}}, "required": ["c"]})  # fmt: skip
+    tag = st.StructuralTag(format=st.OrFormat(elements=[call, answer])).model_dump_json()
+    compiled = compiler.compile(Spec(structural_tag=tag))
+    m = xgr.GrammarMatcher(compiled)
+    plan = compiler.closer.plan(m, 64)
+    assert compiler.closer.vocab[plan[0]].startswith(b"{"), plan
+    assert all(m.accept_token(t) for t in plan) and m.is_completed()
