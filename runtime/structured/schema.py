@@ -232,6 +232,7 @@ def check_valid(schema: Any) -> None:
 def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     if not isinstance(s, dict):
         return s
+    s = _in_new_spellings(s)
     for key, what in UNSUPPORTED.items():
         if key in s and not (key == "uniqueItems" and s[key] is False):
             raise SchemaError(f"{path}/{key}", f"{what} is not supported by constrained decoding")
@@ -252,8 +253,6 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     for key in _SCHEMA_ONE:
         if isinstance(s.get(key), dict):
             out[key] = _normalise(s[key], f"{path}/{key}", lp)
-        elif key == "items" and isinstance(s.get(key), list):  # draft-7 tuple form
-            out[key] = [_normalise(v, f"{path}/items/{i}", lp) for i, v in enumerate(s[key])]
     if "allOf" in out:
         out = _merge_all_of(out, path)
     if "$ref" in out and _assertions(out, "$ref"):
@@ -287,6 +286,25 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
         lo, hi = out.pop("minLength", 0), out.pop("maxLength", None)
         out["pattern"] = f"^.{{{lo},{'' if hi is None else hi}}}$"
     return out
+
+
+def _in_new_spellings(s: dict) -> dict:
+    """Older drafts' keywords as 2020-12 spells them (xgrammar reads only those): a list
+    `items` (draft 7 and before: a tuple) is `prefixItems`, its `additionalItems` the `items`;
+    a boolean `exclusiveMinimum`/`exclusiveMaximum` (draft 4) makes `minimum`/`maximum`
+    exclusive. The metaschema check has accepted these spellings for the schema's own draft."""
+    if isinstance(s.get("items"), list):
+        tuple_items, rest = s["items"], s.get("additionalItems")
+        s = {k: v for k, v in s.items() if k not in ("items", "additionalItems")}
+        s["prefixItems"] = tuple_items
+        if rest is not None:
+            s["items"] = rest
+    for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(s.get(exclusive), bool):
+            s = dict(s)
+            if s.pop(exclusive) and bound in s:
+                s[exclusive] = s.pop(bound)
+    return s
 
 
 def check_pattern(pattern: str, path: str | None) -> None:
@@ -451,7 +469,7 @@ def _subschemas(s: Any, path: str):
         if isinstance(s.get(key), dict):
             for k, v in s[key].items():
                 yield from _subschemas(v, f"{path}/{key}/{k}")
-    for key in (*_SCHEMA_LISTS, "items"):
+    for key in _SCHEMA_LISTS:
         if isinstance(s.get(key), list):
             for i, v in enumerate(s[key]):
                 yield from _subschemas(v, f"{path}/{key}/{i}")

@@ -118,6 +118,14 @@ REWRITTEN = [
     # multipleOf: kept on integers, a whole step on numbers makes them integers
     {"type": "integer", "multipleOf": 7, "minimum": -50, "maximum": 50},
     {"type": "number", "multipleOf": 5, "minimum": 1, "maximum": 100},
+    # older drafts' spellings: a draft-7 tuple (`items` list, `additionalItems`), draft 4's
+    # boolean `exclusiveMinimum` (xgrammar refused both)
+    {"$schema": "http://json-schema.org/draft-07/schema#", "type": "array",
+     "items": [{"type": "string", "maxLength": 3}, {"type": "integer"}],
+     "additionalItems": {"type": "boolean"}, "minItems": 2, "maxItems": 3},
+    {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object", "properties": {
+        "n": {"type": "integer", "minimum": 0, "exclusiveMinimum": True, "maximum": 5,
+              "exclusiveMaximum": False}}, "required": ["n"]},
     # formats xgrammar writes: the way out must still close them (e-mail's name part loops)
     {"type": "object", "properties": {"email": {"type": "string", "format": "email"},
      "when": {"type": "string", "format": "date-time"}}, "required": ["email", "when"]},
