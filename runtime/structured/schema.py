@@ -88,6 +88,22 @@ _SINGLE = re.compile(  # one atom (a class, an escape, a character or `.`) and i
 )
 
 
+# Date and time formats as exact patterns. xgrammar's own grammars allow year 0000, day 31 of
+# every month (02-31), and second 60, which `date`/`datetime` (pydantic's, Python's, the
+# `jsonschema` format checker's) refuse: `parse()` with a date field could fail. These allow
+# years 0001-9999, each month's days (02-29 in leap years only), seconds 00-59, fractions of 1
+# to 6 digits and Z or an offset, as the model writes them (upper case).
+_YEAR = "([0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0-9]{3})"
+_MONTH_DAY = ("((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|"
+              "02-(0[1-9]|1[0-9]|2[0-8]))")  # fmt: skip
+_LEAP_DAY = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|([2468][048]|[13579][26]|0[48])00)-02-29"
+_DATE = f"({_YEAR}-{_MONTH_DAY}|{_LEAP_DAY})"
+_TIME = (
+    r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+)
+FORMAT_PATTERNS = {"date": f"^{_DATE}$", "date-time": f"^{_DATE}T{_TIME}$", "time": f"^{_TIME}$"}
+
+
 class SchemaError(ValueError):
     """A schema that cannot be enforced exactly; `path` is where (JSON pointer style)."""
 
@@ -280,6 +296,13 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
         out["type"] = list(_ANY_TYPE)
     if "multipleOf" in out:
         out = _multiple_of(out, path)
+    if (
+        out.get("format") in FORMAT_PATTERNS
+        and out.get("type") == "string"
+        and "pattern" not in out
+    ):
+        out = {k: v for k, v in out.items() if k != "format"}
+        out["pattern"] = FORMAT_PATTERNS[s["format"]]
     if "pattern" in out and ("minLength" in out or "maxLength" in out):
         out = _pattern_lengths(out, path)
     elif lp and ("minLength" in out or "maxLength" in out):

@@ -245,3 +245,36 @@ def test_pydantic_schemas_keep_compiling():
                        "required": ["c"], "type": "object"})  # fmt: skip
     assert s["$defs"]["C"] == {"enum": ["r", "b"], "title": "C"}
     assert s["properties"]["o"]["anyOf"] == [{"type": "integer"}, {"type": "null"}]
+
+
+DATES = {"type": "object", "properties": {
+    "d": {"type": "string", "format": "date"}, "t": {"type": "string", "format": "date-time"},
+    "h": {"type": "string", "format": "time"}}, "required": ["d", "t", "h"]}  # fmt: skip
+
+
+def _is_time(value: str) -> bool:
+    import datetime
+
+    return datetime.time.fromisoformat(value.replace("Z", "+00:00")).tzinfo is not None
+
+
+def test_dates_and_times_are_real_ones(compiler, smol_tokenizer):
+    """xgrammar's date grammar allowed year 0000, 02-31 and second 60, which pydantic's and
+    Python's date types (what `parse()` builds) refuse; the way out wrote 0000-01-01."""
+    import datetime
+
+    for text in _random_outputs(compiler, smol_tokenizer, DATES, 4, seed=1):
+        value = json.loads(text)
+        datetime.date.fromisoformat(value["d"])
+        datetime.datetime.fromisoformat(value["t"].replace("Z", "+00:00"))
+        assert _is_time(value["h"])
+    import xgrammar as xgr
+
+    for fmt, parse in (("date", datetime.date.fromisoformat),
+                       ("date-time", lambda v: datetime.datetime.fromisoformat(v.replace("Z", "+00:00"))),
+                       ("time", _is_time)):  # fmt: skip
+        spec = StructuredOutputsParams(json={"type": "string", "format": fmt})
+        m = xgr.GrammarMatcher(compiler.compile(spec))
+        assert m.accept_string('"')
+        plan = compiler.closer.plan(m, 64)
+        parse(json.loads('"' + smol_tokenizer.decode(plan)))
