@@ -37,6 +37,7 @@ from pagoda.runtime.structured.schema_rewrites import (
     in_new_spellings,
     merge_all_of,
     multiple_of,
+    optional_groups_as_alternatives,
     pattern_lengths,
 )
 
@@ -282,6 +283,11 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     elif lp and ("minLength" in out or "maxLength" in out):
         lo, hi = out.pop("minLength", 0), out.pop("maxLength", None)
         out["pattern"] = f"^.{{{lo},{'' if hi is None else hi}}}$"
+    if isinstance(out.get("pattern"), str):
+        out["pattern"] = optional_groups_as_alternatives(out["pattern"])
+    if isinstance(out.get("patternProperties"), dict):
+        out["patternProperties"] = {optional_groups_as_alternatives(k): v
+                                    for k, v in out["patternProperties"].items()}  # fmt: skip
     return out
 
 

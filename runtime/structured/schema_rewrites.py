@@ -281,3 +281,38 @@ def _counts(rep: str) -> tuple[int, int | None]:
         return int(body), int(body)
     a, b = body.split(",")
     return int(a), int(b) if b else None
+
+
+def optional_groups_as_alternatives(pattern: str) -> str:
+    """`(X)?` written `(X|)` (the same language). xgrammar 0.2.9 matches a JSON Schema `pattern`
+    with an optional group wrongly: `^a(x[0-9]{1,3})?$` accepts `a0` (as if the group's first
+    element could be skipped alone). Its `regex` path is right; the alternative form is right in
+    both. A lazy or possessive `?` after the group goes too (a full match is the same)."""
+    out: list[str] = []
+    i, n, in_class = 0, len(pattern), False
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            out.append(c)
+            i += 1
+            if pattern.startswith("^", i):
+                out.append("^")
+                i += 1
+            if pattern.startswith("]", i):  # a leading `]` is a literal (Python's reading)
+                out.append("]")
+                i += 1
+            continue
+        elif c == ")" and pattern.startswith("?", i + 1):
+            out.append("|)")
+            i += 2 + (pattern[i + 2 : i + 3] in ("?", "+"))
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
