@@ -39,7 +39,10 @@ RETRY_EVERY = 16  # tokens between searches while no way out fits in the budget
 HARD_MARGIN = (4, 16)  # base // 2, within these bounds
 SOFT_MARGIN = (16, 64)  # 2 * base, within these bounds
 LATE = 4  # slack left when the halving stops: forced this many tokens early, not looked at
-CIRCLE = 16  # visits to one place (its bitmask) that tell a way out walks in a circle
+# visits to one place (its bitmask) since the walk last reached a new place that tell it walks
+# in a circle; counted from the last new place, and this high, so that a uuid's 32 hex digits
+# (one place, by bitmask) are not taken for one
+CIRCLE = 64
 FORCED_TOKENS = 64  # forced text: at most this many tokens allowed, each a piece of the longest
 FORCED_WORDS = 64  # bitmask words with any token allowed, checked before unpacking the mask
 MAX_STARTS = 4  # closing characters allowed at most where each one's way out is compared
@@ -106,19 +109,24 @@ class Closer:
 
     def _walk(self, matcher: xgr.GrammarMatcher, limit: int, avoid: frozenset):
         """(the way out or None, how often each step (place, token) was taken); None as soon
-        as one place is visited more than `CIRCLE` times. Places are told apart by their
-        bitmasks."""
+        as one place is visited more than `CIRCLE` times since the walk last reached a place
+        it had not seen. Places are told apart by their bitmasks."""
         probe = matcher.fork()
         plan: list[int] = []
-        visits: dict[bytes, int] = {}
+        visits: dict[bytes, tuple[int, int]] = {}  # place -> (new places before, visits)
+        since = 0  # new places seen so far
         steps: dict[tuple[bytes, int], int] = {}
         while len(plan) <= limit:
             if probe.is_completed():
                 return plan, steps
             before = self._allowed(probe).clone()
             place = before.numpy().tobytes()
-            visits[place] = visits.get(place, 0) + 1
-            if visits[place] > CIRCLE:
+            if place not in visits:
+                since += 1  # a new place: progress; circles are counted from here
+            seen_since, n = visits.get(place, (since, 0))
+            n = n + 1 if seen_since == since else 1
+            visits[place] = (since, n)
+            if n > CIRCLE:
                 return None, steps
             t = self._forced(probe, before)
             if t is not None:
