@@ -40,12 +40,7 @@ class ChatEndpoint(Endpoint):
             renames = {**renames, "max_tokens": "max_completion_tokens"}
         template = info.tokenizer.chat_template
         setup = tools.prepare(req, template, self.tool_parser)
-        spec = spec_from_request(req)
-        if setup is not None and setup.grammar is not None:
-            if spec is not None and setup.choice != "auto":
-                raise APIError(400, "tool_choice required or a named function cannot be combined "
-                               "with response_format or structured_outputs", param="tool_choice")  # fmt: skip
-            spec = spec or setup.grammar  # auto with strict tools: the answer's format first
+        spec = tools.output_constraint(setup, req.tools, spec_from_request(req))
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         extra = {}
         if setup is not None and setup.parser is not None and setup.parser.name == "mistral":

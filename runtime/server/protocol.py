@@ -237,6 +237,11 @@ class ToolCall(_Strict):
 # Fields of a response's message that clients send back with it: accepted while they say
 # nothing (they would otherwise be dropped silently: no template renders them)
 ECHOED_EMPTY = ("refusal", "audio", "function_call", "annotations")
+# What the `openai` SDK's parse helpers add to an assistant message, and send back when that
+# message is appended to the next request: its own reading of `content` (`parsed`) and of each
+# call's `arguments` (`function.parsed_arguments`). Copies of what the message carries: dropped.
+SDK_COPIES = ("parsed",)
+SDK_CALL_COPIES = ("parsed_arguments",)
 
 
 class ChatMessage(BaseModel):
@@ -312,7 +317,8 @@ class ChatCompletionRequest(_StructuredFields):
         a response's own fields sent back non-empty (empty ones are dropped)."""
         messages = data.get("messages") if isinstance(data, dict) else None
         if isinstance(messages, list) and any(
-            isinstance(m, dict) and any(k in m for k in ECHOED_EMPTY) for m in messages
+            isinstance(m, dict) and (any(k in m for k in ECHOED_EMPTY) or _has_sdk_copies(m))
+            for m in messages
         ):
             data = {**data, "messages": [_without_empty_echoes(m, i) for i, m in
                                          enumerate(messages)]}  # fmt: skip
@@ -339,8 +345,20 @@ class ChatCompletionRequest(_StructuredFields):
         return data
 
 
+def _has_sdk_copies(m: dict) -> bool:
+    if m.get("role") != "assistant":
+        return False
+    calls = m.get("tool_calls")
+    return any(k in m for k in SDK_COPIES) or any(
+        isinstance(c, dict) and isinstance(c.get("function"), dict)
+        and any(k in c["function"] for k in SDK_CALL_COPIES)
+        for c in (calls if isinstance(calls, list) else ())
+    )  # fmt: skip
+
+
 def _without_empty_echoes(m: Any, i: int) -> Any:
-    """Message `i` without the response fields it sent back empty (APIError if one is not)."""
+    """Message `i` without the response fields it sent back empty (APIError if one is not),
+    and, for an assistant message, without the SDK's copies of its content and arguments."""
     if not isinstance(m, dict):
         return m
     for key in ECHOED_EMPTY:
@@ -348,7 +366,16 @@ def _without_empty_echoes(m: Any, i: int) -> Any:
             raise APIError(400, f"messages[{i}].{key} is not supported (a response's field: "
                            "send it back empty or leave it out)", param=f"messages[{i}].{key}",
                            code="unsupported_parameter")  # fmt: skip
-    return {k: v for k, v in m.items() if k not in ECHOED_EMPTY}
+    if not _has_sdk_copies(m):
+        return {k: v for k, v in m.items() if k not in ECHOED_EMPTY}
+    out = {k: v for k, v in m.items() if k not in ECHOED_EMPTY and k not in SDK_COPIES}
+    if isinstance(m.get("tool_calls"), list):
+        out["tool_calls"] = [
+            {**c, "function": {k: v for k, v in c["function"].items() if k not in SDK_CALL_COPIES}}
+            if isinstance(c, dict) and isinstance(c.get("function"), dict) else c
+            for c in m["tool_calls"]
+        ]  # fmt: skip
+    return out
 
 
 def _param_of(loc: tuple[Any, ...]) -> str | None:

@@ -21,18 +21,28 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
+import string
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 ARG_KEYS = ("arguments", "parameters")
 _NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
+_ALNUM = string.ascii_letters + string.digits
 
 
 def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def mistral_call_id() -> str:
+    """9 letters and digits: Mistral's chat templates refuse any other id when the call and
+    its result are sent back (as vLLM's mistral parser writes them)."""
+    return "".join(secrets.choice(_ALNUM) for _ in range(9))
 
 
 @dataclass
@@ -142,6 +152,8 @@ class ToolParser(ABC):
     name: ClassVar[str]
     markers: ClassVar[tuple[str, ...]]  # chat-template text that identifies the format
     call_depth: ClassVar[int] = 0
+    # a call's id, in the form the format's chat templates take back
+    new_id: ClassVar[Callable[[], str]] = staticmethod(call_id)
 
     @abstractmethod
     def _start(self, text: str, final: bool) -> int | None:
@@ -170,7 +182,8 @@ class ToolParser(ABC):
                     json.loads(args)
             except ValueError:
                 return text, []
-            calls.append(ToolCall(part.name, args if isinstance(args, str) else part.args))
+            calls.append(ToolCall(part.name, args if isinstance(args, str) else part.args,
+                                  self.new_id()))  # fmt: skip
         if not calls:
             return text, []
         content = text[: start - len(self.marker_text(text, start))].strip() or None
@@ -229,6 +242,7 @@ class MistralParser(ToolParser):
     markers = ("[TOOL_CALLS]",)
     TAG = "[TOOL_CALLS]"
     call_depth = 1  # objects inside the JSON array
+    new_id = staticmethod(mistral_call_id)
 
     def _start(self, text: str, final: bool) -> int | None:
         i = text.find(self.TAG)
@@ -310,7 +324,7 @@ class ToolStream:
             if part.name is None or not part.has_args:  # a call starts once both are written
                 break
             if i == len(self.calls):
-                self.calls.append({"id": call_id(), "sent": 0})
+                self.calls.append({"id": self.parser.new_id(), "sent": 0})
                 deltas.append({"index": i, "id": self.calls[i]["id"], "type": "function",
                                "function": {"name": part.name, "arguments": ""}})  # fmt: skip
             state, args = self.calls[i], part.args

@@ -16,8 +16,9 @@
 * `auto` with a tool marked `strict: true` (OpenAI's promise that arguments follow the schema;
   the Agents SDK's default): free text, but once the output starts a call (`TRIGGERS`) it must
   be a call to one of the tools with arguments matching its schema (hermes and llama3_json;
-  one call without `parallel_tool_calls`). A response format in the same request constrains
-  the answer instead.
+  one call without `parallel_tool_calls`).
+* `auto` with a `response_format` (an agent with tools and an output type): the output is either
+  calls, enforced as under `required`, or the answer in that format (`output_constraint`).
 * `none`: the tools are left out of the prompt and the output is plain content.
 """
 
@@ -132,29 +133,66 @@ def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -
     return setup
 
 
+def output_constraint(
+    setup: ToolSetup | None, tools: list | None, answer: StructuredOutputsParams | None
+) -> StructuredOutputsParams | None:
+    """What the output is held to: the request's own constraint (`answer`), the tools' grammar,
+    or, with tool_choice auto and a `response_format`, either tool calls or an answer in that
+    format (OpenAI's meaning: the format is the answer's; the Agents SDK sends both for an agent
+    with tools and an output type). vLLM's `structured_outputs` holds the whole output, calls
+    included, as in vLLM."""
+    if setup is None or setup.parser is None:  # no tools, or tool_choice none
+        return answer
+    if answer is None:
+        return setup.grammar
+    if setup.choice != "auto":
+        raise APIError(400, "tool_choice required or a named function cannot be combined with "
+                       "response_format or structured_outputs", param="tool_choice")  # fmt: skip
+    if not answer.field.startswith("response_format"):
+        return answer
+    return tool_grammar(setup.parser.name, tools or [], None, setup.parallel, answer=answer)
+
+
 def check_parameters(parameters: dict[str, Any] | None, where: str) -> None:
     """A tool's `parameters` must be a valid JSON Schema of an object (as OpenAI requires:
     arguments are a JSON object), whether or not the call will be enforced."""
     if parameters is None:
         return
-    kind = parameters.get("type", "object")
-    if kind != "object":
-        raise APIError(400, f"{where} must be a JSON Schema of type \"object\" (a call's "
-                       f"arguments are a JSON object), got type {json.dumps(kind)[:80]}",
-                       param=where, code="invalid_value")  # fmt: skip
     try:
         schemas.check_valid(parameters)
     except schemas.SchemaError as e:
         raise APIError(400, f"{where}: {e}", param=where, code="invalid_value") from e
+    kind = parameters.get("type", "object")
+    if "$ref" in parameters and "type" not in parameters:  # the type of what it refers to
+        target = schemas.deref(parameters, parameters)
+        kind = target.get("type") if isinstance(target, dict) and target is not parameters else None
+    if kind != "object":
+        got = "a $ref to a schema without it" if kind is None else f"type {json.dumps(kind)[:80]}"
+        raise APIError(400, f"{where} must be a JSON Schema of type \"object\" (a call's "
+                       f"arguments are a JSON object), got {got}",
+                       param=where, code="invalid_value")  # fmt: skip
+
+
+def arguments_schema(parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """The schema a call's arguments are held to: `parameters` as an object schema (a schema
+    without `type`, `{}` included, would let the grammar write any JSON value: a number, a
+    string, null), and no arguments at all without `parameters`."""
+    if parameters is None:
+        return NO_PARAMETERS
+    if "type" in parameters or "$ref" in parameters:  # `$ref`: its target is checked below
+        return parameters
+    return {**parameters, "type": "object"}
 
 
 def tool_grammar(
-    parser: str, tools: list, only: str | None, parallel: bool, free: bool = False
-) -> StructuredOutputsParams:
+    parser: str, tools: list, only: str | None, parallel: bool, free: bool = False,
+    answer: StructuredOutputsParams | None = None,
+) -> StructuredOutputsParams:  # fmt: skip
     """The structural tag forcing calls in `parser`'s format: exactly `only`, else at least one
     of the tools (just one without `parallel`), each with arguments matching its schema. `free`
     (tool_choice auto with strict tools): any text, but what starts a call (`TRIGGERS`) must go
-    on as a call to one of the tools with arguments matching its schema."""
+    on as a call to one of the tools with arguments matching its schema. `answer` (tool_choice
+    auto with a response format): either such calls or an answer in that format."""
     import xgrammar as xgr
     from xgrammar import structural_tag as st
 
@@ -168,9 +206,7 @@ def tool_grammar(
         try:
             # length-bounded strings as patterns: a tool grammar's tags hold newlines, so its
             # masks cannot rule out control bytes (see `GrammarCompiler.printable`)
-            schema = schemas.check(
-                f.parameters if f.parameters is not None else NO_PARAMETERS, length_patterns=True
-            )
+            schema = schemas.check(arguments_schema(f.parameters), length_patterns=True)
             grammar = xgr.Grammar.from_json_schema(
                 json.dumps(schema), any_whitespace=False, strict_mode=True
             )
@@ -195,6 +231,14 @@ def tool_grammar(
     if prefix or suffix:
         body = st.SequenceFormat(elements=[st.ConstStringFormat(value=prefix), body,
                                            st.ConstStringFormat(value=suffix)])  # fmt: skip
+    if answer is not None:
+        from pagoda.runtime.structured.compiler import spec_grammar
+
+        try:
+            grammar = spec_grammar(answer)
+        except ParamError as e:
+            raise APIError(400, e.message, param=e.field, code="invalid_value") from e
+        body = st.OrFormat(elements=[body, st.GrammarFormat(grammar=str(grammar))])
     text = st.StructuralTag(format=body).model_dump_json()
     try:
         return StructuredOutputsParams(structural_tag=text, field="tools")

@@ -343,8 +343,7 @@ class GrammarCompiler:
                 schemas.check_pattern(spec.regex, "")
                 return self._xgr.compile_regex(spec.regex)
             if kind == "choice":
-                alternatives = " | ".join(json.dumps(c) for c in spec.choice)
-                return self._xgr.compile_grammar(f"root ::= {alternatives}")
+                return self._xgr.compile_grammar(_choice_ebnf(spec.choice))
             if kind == "grammar":
                 if "::=" in spec.grammar:
                     return self._xgr.compile_grammar(spec.grammar)
@@ -355,17 +354,54 @@ class GrammarCompiler:
         except ParamError:
             raise
         except (RuntimeError, ValueError, TypeError) as e:  # xgrammar's parse/convert errors
-            message = _XGR_PREFIX.sub("", str(e).strip()).split("\n")[0]
-            raise ParamError(where, f"{where}: invalid {_KIND_NAMES[kind]}: {message}") from e
+            raise _invalid(spec, e) from e
 
     def _json(self, text: str, spec: StructuredOutputsParams) -> xgr.CompiledGrammar:
-        free = not spec.disable_any_whitespace
-        return self._xgr.compile_json_schema(
-            text,
-            any_whitespace=free,
-            max_whitespace_cnt=MAX_WHITESPACE if free else None,
-            strict_mode=True,
-        )
+        return self._xgr.compile_json_schema(text, **_json_options(spec))
+
+
+def spec_grammar(spec: StructuredOutputsParams) -> xgr.Grammar:
+    """The spec's grammar uncompiled, to be a part of a structural tag (tool calls or an answer
+    in the request's format); ParamError naming the spec's field when it is invalid. The masks
+    of a structural tag are not ANDed with `GrammarCompiler.printable`, so length-bounded JSON
+    strings become patterns here whatever the whitespace setting."""
+    kind, where = spec.kind, spec.field
+    try:
+        if kind in ("json", "json_object"):
+            schema = parse_schema_text(spec.json, where) if kind == "json" else {"type": "object"}
+            checked = schemas.check(schema, length_patterns=True)
+            return xgr.Grammar.from_json_schema(json.dumps(checked), **_json_options(spec))
+        if kind == "regex":
+            schemas.check_pattern(spec.regex, "")
+            return xgr.Grammar.from_regex(spec.regex)
+        if kind == "choice":
+            return xgr.Grammar.from_ebnf(_choice_ebnf(spec.choice))
+        if kind == "grammar":
+            if "::=" in spec.grammar:
+                return xgr.Grammar.from_ebnf(spec.grammar)
+            return xgr.Grammar.from_lark(spec.grammar)
+        return xgr.Grammar.from_structural_tag(spec.structural_tag)
+    except schemas.SchemaError as e:
+        raise ParamError(where, f"{where}: {e}") from e
+    except ParamError:
+        raise
+    except (RuntimeError, ValueError, TypeError) as e:  # xgrammar's parse/convert errors
+        raise _invalid(spec, e) from e
+
+
+def _json_options(spec: StructuredOutputsParams) -> dict[str, Any]:
+    free = not spec.disable_any_whitespace
+    return {"any_whitespace": free, "max_whitespace_cnt": MAX_WHITESPACE if free else None,
+            "strict_mode": True}  # fmt: skip
+
+
+def _choice_ebnf(choice: tuple[str, ...]) -> str:
+    return "root ::= " + " | ".join(json.dumps(c) for c in choice)
+
+
+def _invalid(spec: StructuredOutputsParams, e: Exception) -> ParamError:
+    message = _XGR_PREFIX.sub("", str(e).strip()).split("\n")[0]
+    return ParamError(spec.field, f"{spec.field}: invalid {_KIND_NAMES[spec.kind]}: {message}")
 
 
 # lead byte -> the range its first continuation byte must be in (RFC 3629)

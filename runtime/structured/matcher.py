@@ -14,8 +14,9 @@ digits, letters... that moves the grammar on rather than extending the same stri
 and, once that path needs all the tokens left (plus a margin: one token can lengthen the way
 out), the bitmask allows only its next token, then EOS. The path is recomputed while there is
 slack, halving the gap each time: a few thousand matcher steps per request near its end, none
-before. It is a heuristic for grammars in general (JSON always closes); when it finds no way out
-in the budget, the request samples freely and may end by length.
+before. Where the grammar can go a few ways (a tool call or an answer), the way out through each is
+compared and the shortest kept. It is a heuristic for grammars in general (JSON always closes);
+when it finds no way out in the budget, the request samples freely and may end by length.
 """
 
 from __future__ import annotations
@@ -38,9 +39,13 @@ RETRY_EVERY = 16  # tokens between searches while no way out fits in the budget
 HARD_MARGIN = (4, 16)  # base // 2, within these bounds
 SOFT_MARGIN = (16, 64)  # 2 * base, within these bounds
 LATE = 4  # slack left when the halving stops: forced this many tokens early, not looked at
-CIRCLE = 16  # visits to one place (its bitmask) that tell a way out walks in a circle
+# visits to one place (its bitmask) since the walk last reached a new place that tell it walks
+# in a circle; counted from the last new place, and this high, so that a uuid's 32 hex digits
+# (one place, by bitmask) are not taken for one
+CIRCLE = 64
 FORCED_TOKENS = 64  # forced text: at most this many tokens allowed, each a piece of the longest
 FORCED_WORDS = 64  # bitmask words with any token allowed, checked before unpacking the mask
+MAX_STARTS = 4  # closing characters allowed at most where each one's way out is compared
 
 
 def _clamp(x: int, bounds: tuple[int, int]) -> int:
@@ -73,26 +78,55 @@ class Closer:
         first (`_choose`); where that walks in a circle (`a.a.a.` in an e-mail's name part
         never reaches its `@`) or finds nothing, again, never taking a step it kept taking."""
         plan, steps = self._walk(matcher, limit, frozenset())
-        if plan is not None:
+        if plan is None:
+            avoid = frozenset(step for step, n in steps.items() if n > 2)
+            plan = self._walk(matcher, limit, avoid)[0] if avoid else None
+        return self._shortest_start(matcher, plan, limit)
+
+    def _shortest_start(
+        self, matcher: xgr.GrammarMatcher, plan: list[int] | None, limit: int
+    ) -> list[int] | None:
+        """Where the output can go a few ways from here (`MAX_STARTS` closing characters at
+        most: `<` to a tool call or `{` to an answer in its format, `,` or `}` after a value),
+        the shortest of the ways out that start with each. The greedy order alone took the
+        first (a whole tool call where a short JSON answer would have fitted the budget)."""
+        if plan is not None and not plan:
             return plan
-        avoid = frozenset(step for step, n in steps.items() if n > 2)
-        return self._walk(matcher, limit, avoid)[0] if avoid else None
+        starts = self._among(self._allowed(matcher).clone().numpy(), self.tokens)
+        if not 1 < len(starts) <= MAX_STARTS:
+            return plan
+        for t in starts:
+            if plan is not None and t == plan[0]:
+                continue
+            probe = matcher.fork()
+            if not probe.accept_token(t):
+                continue
+            rest, _ = self._walk(probe, (len(plan) - 2) if plan is not None else limit - 1,
+                                 frozenset())  # fmt: skip
+            if rest is not None:
+                plan = [t, *rest]
+        return plan
 
     def _walk(self, matcher: xgr.GrammarMatcher, limit: int, avoid: frozenset):
         """(the way out or None, how often each step (place, token) was taken); None as soon
-        as one place is visited more than `CIRCLE` times. Places are told apart by their
-        bitmasks."""
+        as one place is visited more than `CIRCLE` times since the walk last reached a place
+        it had not seen. Places are told apart by their bitmasks."""
         probe = matcher.fork()
         plan: list[int] = []
-        visits: dict[bytes, int] = {}
+        visits: dict[bytes, tuple[int, int]] = {}  # place -> (new places before, visits)
+        since = 0  # new places seen so far
         steps: dict[tuple[bytes, int], int] = {}
         while len(plan) <= limit:
             if probe.is_completed():
                 return plan, steps
             before = self._allowed(probe).clone()
             place = before.numpy().tobytes()
-            visits[place] = visits.get(place, 0) + 1
-            if visits[place] > CIRCLE:
+            if place not in visits:
+                since += 1  # a new place: progress; circles are counted from here
+            seen_since, n = visits.get(place, (since, 0))
+            n = n + 1 if seen_since == since else 1
+            visits[place] = (since, n)
+            if n > CIRCLE:
                 return None, steps
             t = self._forced(probe, before)
             if t is not None:

@@ -3,16 +3,18 @@ grammar allows validates against the schema the client sent.
 
 xgrammar (0.2.x) compiles some keywords loosely without an error: it ignores `uniqueItems`,
 `not`, `if`/`then`/`else`, `multipleOf` on numbers, `contains`, `dependentRequired`/
-`dependentSchemas`, `minLength` and `maxLength` beside a `pattern`, the second branch of an `allOf`, `required` names that are not
-in `properties`, and turns an overlapping `oneOf` into `anyOf`. A grammar that allows invalid
-output is worse than a refusal, so (as vLLM does for features its xgrammar backend lacks):
+`dependentSchemas`, `minLength` and `maxLength` beside a `pattern`, the second branch of an
+`allOf`, `required` names that are not in `properties`, and turns an overlapping `oneOf` into
+`anyOf`. A grammar that allows invalid output is worse than a refusal, so (as vLLM does for
+features its xgrammar backend lacks):
 
-* what can be said exactly in keywords xgrammar enforces is rewritten: `allOf` of compatible
-  object schemas is merged; a `required` name missing from `properties` gets an open schema
-  there; lengths already implied by a pattern (its width, from Python's regex parser) are
-  dropped, and a pattern that is one repeated character class takes them into its count; a
-  number schema with a whole `multipleOf` becomes an integer one;
-* what cannot is refused: `check` raises `SchemaError(path, message)`, a 400 naming the keyword.
+* what can be said exactly in keywords xgrammar enforces is rewritten (`schema_rewrites.py`):
+  `allOf` of compatible object schemas is merged; a `required` name missing from `properties`
+  gets an open schema there; lengths already implied by a pattern are dropped, or folded into
+  a repeated class's count; a number schema with a whole `multipleOf` becomes an integer one;
+* what cannot is refused: `check` raises `SchemaError(path, message)`, a 400 naming the keyword
+  (this module walks the schema, refuses what has no rewrite, and checks `oneOf`, patterns and
+  that some finite value satisfies the schema).
 
 The schema itself is first checked against its metaschema with `jsonschema` (bad types,
 unknown `type` names, a non-regex `pattern`): also a 400 with the path.
@@ -25,8 +27,21 @@ from typing import Any
 from urllib.parse import unquote
 
 import jsonschema
+from pagoda.runtime.structured.schema_rewrites import (
+    ASSERTIONS,
+    FORMAT_PATTERNS,
+    SchemaError,
+    distribute,
+    enum_within,
+    fill_required,
+    in_new_spellings,
+    merge_all_of,
+    multiple_of,
+    optional_groups_as_alternatives,
+    pattern_lengths,
+)
 
-try:  # Python's own regex parser, used for the width of a pattern only
+try:  # Python's own regex parser, to find the lookarounds and anchors xgrammar drops
     import re._parser as sre_parse  # type: ignore[import-not-found]
 except ImportError:  # Python < 3.11
     import sre_parse  # type: ignore[no-redef]
@@ -49,17 +64,6 @@ UNSUPPORTED = {
     "$dynamicRef": "$dynamicRef",
     "$recursiveRef": "$recursiveRef",
 }
-# Keywords that constrain a value (others, known or not, are annotations: kept in place when a
-# schema is rewritten)
-ASSERTIONS = {
-    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
-    "exclusiveMinimum", "maxLength", "minLength", "pattern", "format", "maxItems", "minItems",
-    "uniqueItems", "maxContains", "minContains", "maxProperties", "minProperties", "required",
-    "dependentRequired", "properties", "patternProperties", "additionalProperties",
-    "propertyNames", "items", "prefixItems", "additionalItems", "contains", "allOf", "anyOf",
-    "oneOf", "not", "if", "then", "else", "dependentSchemas", "dependencies",
-    "unevaluatedItems", "unevaluatedProperties", "$ref", "$dynamicRef", "$recursiveRef",
-}  # fmt: skip
 # xgrammar's compile time grows with the cube of an object's optional properties (here: 256 in
 # 0.06 s, 1000 in 3 s, 2000 in 36 s; 10000, extrapolated, over an hour on a thread nobody can
 # stop): bounded
@@ -81,19 +85,6 @@ _REPEATS = tuple(
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_ONE = ("additionalProperties", "items", "propertyNames")
-_PRIMITIVES = ("string", "number", "integer", "boolean", "null", "object", "array")
-_SINGLE = re.compile(  # one atom (a class, an escape, a character or `.`) and its count
-    r"^\^?((?:\[(?:\\.|[^\]\\])+\]|\\[dwsDWS]|\\.|[^\\()\[\]{}*+?|^$.]|\.))"
-    r"(\*|\+|\?|\{\d+\}|\{\d+,\d*\})?\$?$"
-)
-
-
-class SchemaError(ValueError):
-    """A schema that cannot be enforced exactly; `path` is where (JSON pointer style)."""
-
-    def __init__(self, path: str | None, message: str) -> None:
-        super().__init__(message if path is None else f"{message} (at {path or '/'})")
-        self.path = path
 
 
 def check(schema: Any, length_patterns: bool = False) -> Any:
@@ -108,6 +99,7 @@ def check(schema: Any, length_patterns: bool = False) -> Any:
     check_valid(schema)
     try:
         out = _normalise(schema, "", length_patterns)
+        _check_one_ofs(out)
         total = _count_properties(out)
     except RecursionError as e:
         raise SchemaError("", "the schema is nested too deeply") from e
@@ -231,6 +223,7 @@ def check_valid(schema: Any) -> None:
 def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     if not isinstance(s, dict):
         return s
+    s = in_new_spellings(s)
     for key, what in UNSUPPORTED.items():
         if key in s and not (key == "uniqueItems" and s[key] is False):
             raise SchemaError(f"{path}/{key}", f"{what} is not supported by constrained decoding")
@@ -251,10 +244,8 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     for key in _SCHEMA_ONE:
         if isinstance(s.get(key), dict):
             out[key] = _normalise(s[key], f"{path}/{key}", lp)
-        elif key == "items" and isinstance(s.get(key), list):  # draft-7 tuple form
-            out[key] = [_normalise(v, f"{path}/items/{i}", lp) for i, v in enumerate(s[key])]
     if "allOf" in out:
-        out = _merge_all_of(out, path)
+        out = merge_all_of(out, path)
     if "$ref" in out and _assertions(out, "$ref"):
         raise SchemaError(f"{path}/{_assertions(out, '$ref')[0]}", "keywords beside $ref are "
                           "not supported (xgrammar ignores them); move them into the "
@@ -262,12 +253,10 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     if ("enum" in out or "const" in out) and (
         _assertions(out, "enum", "const") or ("enum" in out and "const" in out)
     ):
-        return _enum_within(s, out, path)
+        return enum_within(s, out, path)
     if "anyOf" in out or "oneOf" in out:
-        out = _distribute(out, path, lp)
-    if "oneOf" in out:
-        _check_one_of(out["oneOf"], f"{path}/oneOf")
-    _fill_required(out, path)
+        out = distribute(out, path, lambda b, where: _normalise(b, where, lp))
+    fill_required(out, path)
     props = out.get("properties")
     if isinstance(props, dict) and len(props) > MAX_OPTIONAL_PROPERTIES:
         optional = len(set(props) - set(out.get("required") or ()))
@@ -281,12 +270,24 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
         # every type it applies each keyword to its own type (the others are unconstrained)
         out["type"] = list(_ANY_TYPE)
     if "multipleOf" in out:
-        out = _multiple_of(out, path)
+        out = multiple_of(out, path)
+    if (
+        out.get("format") in FORMAT_PATTERNS
+        and out.get("type") == "string"
+        and "pattern" not in out
+    ):
+        out = {k: v for k, v in out.items() if k != "format"}
+        out["pattern"] = FORMAT_PATTERNS[s["format"]]
     if "pattern" in out and ("minLength" in out or "maxLength" in out):
-        out = _pattern_lengths(out, path)
+        out = pattern_lengths(out, path)
     elif lp and ("minLength" in out or "maxLength" in out):
         lo, hi = out.pop("minLength", 0), out.pop("maxLength", None)
         out["pattern"] = f"^.{{{lo},{'' if hi is None else hi}}}$"
+    if isinstance(out.get("pattern"), str):
+        out["pattern"] = optional_groups_as_alternatives(out["pattern"])
+    if isinstance(out.get("patternProperties"), dict):
+        out["patternProperties"] = {optional_groups_as_alternatives(k): v
+                                    for k, v in out["patternProperties"].items()}  # fmt: skip
     return out
 
 
@@ -327,126 +328,48 @@ def _assertions(s: dict, *but: str) -> list[str]:
     return [k for k in s if k in ASSERTIONS and k not in but]
 
 
-def _enum_within(original: dict, s: dict, path: str) -> dict:
-    """`enum`/`const` beside other keywords (xgrammar keeps only the values): the values that
-    the whole schema accepts, checked with `jsonschema` against the client's own schema."""
-    values = [original["const"]] if "const" in original else list(original.get("enum", []))
-    if "const" in original and "enum" in original:
-        values = [v for v in values if v in original["enum"]]
-    cls = jsonschema.validators.validator_for(original, default=jsonschema.Draft202012Validator)
-    try:
-        validator = cls(original)
-        kept = [v for v in values if validator.is_valid(v)]
-    except Exception as e:  # a $ref inside cannot be resolved from this subschema alone
-        raise SchemaError(path, "enum or const beside keywords that refer elsewhere ($ref) "
-                          "is not supported") from e  # fmt: skip
-    if not kept:
-        raise SchemaError(path, "no value of enum/const satisfies the keywords beside it: no "
-                          "output can satisfy this schema")  # fmt: skip
-    out = {k: v for k, v in s.items() if k not in ASSERTIONS}
-    out["enum"] = kept
-    return out
+def _subschemas(s: Any, path: str):
+    """(path, schema) of `s` and every schema inside it (not `enum`/`const` data)."""
+    if not isinstance(s, dict):
+        return
+    yield path, s
+    for key in _SCHEMA_MAPS:
+        if isinstance(s.get(key), dict):
+            for k, v in s[key].items():
+                yield from _subschemas(v, f"{path}/{key}/{k}")
+    for key in _SCHEMA_LISTS:
+        if isinstance(s.get(key), list):
+            for i, v in enumerate(s[key]):
+                yield from _subschemas(v, f"{path}/{key}/{i}")
+    for key in _SCHEMA_ONE:
+        yield from _subschemas(s.get(key), f"{path}/{key}")
 
 
-def _distribute(s: dict, path: str, lp: bool) -> dict:
-    """Keywords beside `anyOf`/`oneOf` (xgrammar ignores them) moved into every branch: a value
-    matches (siblings and some branch) exactly when it matches some (siblings and branch)."""
-    if "anyOf" in s and "oneOf" in s:
-        raise SchemaError(f"{path}/oneOf", "anyOf and oneOf in one schema are not supported")
-    key = "anyOf" if "anyOf" in s else "oneOf"
-    siblings = {k: v for k, v in s.items() if k in ASSERTIONS and k != key}
-    if not siblings:
-        return s
-    branches = []
-    for i, branch in enumerate(s[key]):
-        merged = _with_siblings(branch, siblings, f"{path}/{key}/{i}")
-        if merged is not None:
-            branches.append(_normalise(merged, f"{path}/{key}/{i}", lp))
-    if not branches:
-        raise SchemaError(f"{path}/{key}", f"no branch of {key} can hold together with the "
-                          f"keywords beside {key}: no output can satisfy this schema")  # fmt: skip
-    out = {k: v for k, v in s.items() if k not in ASSERTIONS}
-    out[key] = branches
-    return out
+def deref(root: Any, s: Any) -> Any:
+    """`s` with local `$ref`s followed (a few hops; what cannot be followed is left)."""
+    for _ in range(32):
+        if not (isinstance(s, dict) and isinstance(s.get("$ref"), str)):
+            break
+        target = _resolve(root, s["$ref"])
+        if target is True or target is s:
+            break
+        s = target
+    return s
 
 
-def _with_siblings(branch: Any, siblings: dict, where: str) -> dict | None:
-    """`branch` and `siblings` as one schema (None: the two exclude each other)."""
-    if branch is True:
-        return dict(siblings)
-    if branch is False:
-        return None
-    if "$ref" in branch:
-        raise SchemaError(where, "keywords beside anyOf/oneOf with a $ref branch are not "
-                          "supported; move them into the branches")  # fmt: skip
-    merged = dict(branch)
-    for key, value in siblings.items():
-        if key not in merged or merged[key] == value:
-            merged[key] = value
-        elif key == "required":
-            merged[key] = list(dict.fromkeys([*merged[key], *value]))
-        elif key == "type":
-            kinds = _type_meet(merged[key], value)
-            if not kinds:
-                return None
-            merged[key] = kinds[0] if len(kinds) == 1 else kinds
-        elif key == "properties":
-            props = dict(merged[key])
-            for name, sub in value.items():
-                if props.get(name, {}) in ({}, True, sub):  # open in the branch (or the same)
-                    props[name] = sub
-                elif sub not in ({}, True):
-                    raise SchemaError(f"{where}/properties/{name}", "this property is "
-                                      "constrained both in the branch and beside it")  # fmt: skip
-            merged[key] = props
-        else:
-            raise SchemaError(f"{where}/{key}", f"{key} is set both in this branch and beside "
-                              "it; keep one")  # fmt: skip
-    return merged
+def _check_one_ofs(root: Any) -> None:
+    """Every `oneOf` of the normalised schema checked (its `$ref` branches followed)."""
+    for path, s in _subschemas(root, ""):
+        if isinstance(s.get("oneOf"), list):
+            _check_one_of(s["oneOf"], f"{path}/oneOf", root)
 
 
-def _type_meet(a: Any, b: Any) -> list[str]:
-    """The JSON types both `type` values allow (integer is a number)."""
-    a, b = ([a] if isinstance(a, str) else list(a)), ([b] if isinstance(b, str) else list(b))
-    out = [t for t in a if t in b or (t == "integer" and "number" in b)]
-    out += [t for t in b if t == "integer" and "number" in a and t not in out]
-    return out
-
-
-def _merge_all_of(s: dict, path: str) -> dict:
-    """`allOf` folded into its parent where the branches' keywords do not conflict."""
-    merged = {k: v for k, v in s.items() if k != "allOf"}
-    for i, branch in enumerate(s["allOf"]):
-        where = f"{path}/allOf/{i}"
-        if branch is True:
-            continue
-        if not isinstance(branch, dict) or "$ref" in branch or "anyOf" in branch:
-            raise SchemaError(where, "allOf is supported only over inline object schemas")
-        for key, value in branch.items():
-            if key == "properties":
-                props = dict(merged.get("properties", {}))
-                for name, sub in value.items():
-                    if name in props and props[name] != sub:
-                        raise SchemaError(f"{where}/properties/{name}",
-                                          "allOf branches constrain this property differently")  # fmt: skip
-                    props[name] = sub
-                merged["properties"] = props
-            elif key == "required":
-                merged["required"] = list(dict.fromkeys([*merged.get("required", []), *value]))
-            elif key == "additionalProperties":
-                raise SchemaError(f"{where}/additionalProperties",
-                                  "additionalProperties inside allOf is not supported")  # fmt: skip
-            elif key in merged and merged[key] != value:
-                raise SchemaError(f"{where}/{key}", f"allOf branches disagree on {key}")
-            else:
-                merged[key] = value
-    return merged
-
-
-def _check_one_of(branches: list, path: str) -> None:
+def _check_one_of(branches: list, path: str, root: Any = None) -> None:
     """oneOf is enforced exactly only when at most one branch can match any value: here, when
     the branches have distinct single types (integer and number overlap), or are objects told
-    apart by a required property with distinct `const` values."""
+    apart by a required property whose allowed values (`const` or `enum`, as pydantic's
+    discriminated unions write them) no two branches share. `$ref` branches are followed."""
+    branches = [deref(root, b) for b in branches]
     types = [b.get("type") if isinstance(b, dict) else None for b in branches]
     if all(isinstance(t, str) for t in types):
         kinds = ["number" if t == "integer" else t for t in types]
@@ -455,99 +378,30 @@ def _check_one_of(branches: list, path: str) -> None:
     if all(isinstance(b, dict) and b.get("type") == "object" for b in branches):
         common = set.intersection(*(set(b.get("required", ())) for b in branches))
         for name in sorted(common):
-            consts = [
-                b.get("properties", {}).get(name, {}).get("const", _MISSING) for b in branches
-            ]
-            if _MISSING not in consts and len({repr(c) for c in consts}) == len(consts):
+            values = [_values(deref(root, (b.get("properties") or {}).get(name))) for b in branches]
+            if None in values:
+                continue
+            seen: list = []
+            for vs in values:
+                if any(v == w and isinstance(v, bool) == isinstance(w, bool)  # JSON equality
+                       for v in vs for w in seen):  # fmt: skip
+                    break
+                seen += vs
+            else:
                 return
     raise SchemaError(
         path,
         "oneOf is supported only when its branches cannot overlap (distinct types, or a "
-        "required property with a distinct const per branch); use anyOf otherwise",
+        "required property with distinct const or enum values per branch); use anyOf otherwise",
     )
 
 
-_MISSING = object()
-
-
-def _fill_required(s: dict, path: str) -> None:
-    """Give every required name a schema in `properties` (xgrammar only writes the listed
-    ones); with additionalProperties false such a name can never be written: refused."""
-    required = s.get("required")
-    if not isinstance(required, list) or not required:
-        return
-    props = s.get("properties", {})
-    missing = [r for r in required if r not in props]
-    if not missing:
-        return
-    extra = s.get("additionalProperties", True)
-    if extra is False:
-        raise SchemaError(
-            f"{path}/required",
-            f"required property {missing[0]!r} is not in properties and additionalProperties "
-            "is false: no object can satisfy this schema",
-        )
-    s["properties"] = {**props, **{r: extra if isinstance(extra, dict) else {} for r in missing}}
-
-
-def _multiple_of(s: dict, path: str) -> dict:
-    """xgrammar enforces `multipleOf` on integers only (it drops it for numbers): a number
-    schema with a whole multipleOf becomes an integer one (its outputs are multiples); others
-    are refused."""
-    step, kind = s["multipleOf"], s.get("type")
-    whole = isinstance(step, int) or (isinstance(step, float) and step.is_integer())
-    if kind == "integer" and whole:
-        return s
-    if kind == "number" and whole:
-        return {**s, "type": "integer", "multipleOf": int(step)}
-    raise SchemaError(
-        f"{path}/multipleOf",
-        "multipleOf is supported for integer and number schemas with a whole step only",
-    )
-
-
-def _pattern_lengths(s: dict, path: str) -> dict:
-    """minLength/maxLength beside a pattern (xgrammar keeps only the pattern): dropped when the
-    pattern's own width lies within them, folded into a single repeated class's count, else
-    refused."""
-    lo, hi = s.get("minLength", 0), s.get("maxLength")
-    pattern = s["pattern"]
-    try:
-        width_lo, width_hi = sre_parse.parse(pattern).getwidth()
-    except Exception as e:  # Python's dialect differs from ECMA 262 on a few escapes
-        raise SchemaError(f"{path}/pattern", f"cannot read the pattern: {e}") from e
-    out = {k: v for k, v in s.items() if k not in ("minLength", "maxLength")}
-    # xgrammar matches a pattern against the whole string, anchored or not: its width bounds
-    # the string's length (an unanchored pattern is stricter there than JSON Schema's search)
-    if width_lo >= lo and (hi is None or width_hi <= hi):
-        return out
-    m = _SINGLE.match(pattern)
-    if m:
-        atom, rep = m.group(1), m.group(2) or "{1}"
-        a, b = _counts(rep)
-        a, b = max(a, lo), b if hi is None else (hi if b is None else min(b, hi))
-        if b is not None and a > b:
-            raise SchemaError(
-                f"{path}/pattern", "pattern and minLength/maxLength exclude each other"
-            )
-        out["pattern"] = f"^{atom}{{{a},{'' if b is None else b}}}$"
-        return out
-    raise SchemaError(
-        f"{path}/pattern",
-        "minLength/maxLength beside a pattern are supported when the pattern's own length "
-        "range lies within them, or when the pattern is one repeated character class",
-    )
-
-
-def _counts(rep: str) -> tuple[int, int | None]:
-    if rep == "*":
-        return 0, None
-    if rep == "+":
-        return 1, None
-    if rep == "?":
-        return 0, 1
-    body = rep[1:-1]
-    if "," not in body:
-        return int(body), int(body)
-    a, b = body.split(",")
-    return int(a), int(b) if b else None
+def _values(s: Any) -> list | None:
+    """The values a schema allows when it lists them (`const`, `enum`), else None."""
+    if not isinstance(s, dict):
+        return None
+    if "const" in s:
+        return [s["const"]]
+    if isinstance(s.get("enum"), list):
+        return list(s["enum"])
+    return None

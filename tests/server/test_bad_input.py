@@ -121,6 +121,9 @@ CASES = [
      "messages[0].tool_calls"),
     ("refusal-sent-back", CHAT, {"messages": [*MSGS, {"role": "assistant", "content": "no",
         "refusal": "I will not"}]}, 400, "messages[1].refusal"),
+    # the SDK's `parsed` copy is dropped from an assistant message only
+    ("parsed-in-a-user-message", CHAT, {"messages": [{"role": "user", "content": "{}",
+        "parsed": {}}]}, 400, "messages[0].parsed"),
     ("tool-parameters-not-object", CHAT, {"messages": MSGS, "tools": [{"type": "function",
         "function": {"name": "f", "parameters": {"type": "string"}}}]}, 400,
      "tools[0].function.parameters"),

@@ -45,7 +45,11 @@ def test_whole_outputs(parser, text, content, calls):
     got_content, got = parser.parse(text)
     assert got_content == content
     assert [(c.name, json.loads(c.arguments)) for c in got] == calls
-    assert len({c.id for c in got}) == len(got) and all(c.id.startswith("call_") for c in got)
+    assert len({c.id for c in got}) == len(got)
+    if parser.name == "mistral":  # what Mistral's templates take back: 9 letters and digits
+        assert all(len(c.id) == 9 and c.id.isalnum() for c in got)
+    else:
+        assert all(c.id.startswith("call_") for c in got)
     first = parser.parse(text, parallel=False)[1]
     assert [c.name for c in first] == [calls[0][0]]
 

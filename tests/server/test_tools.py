@@ -12,6 +12,7 @@ import xgrammar as xgr
 from pagoda.runtime.model.tokenizer import Tokenizer
 from pagoda.runtime.server import tools
 from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest
+from pagoda.runtime.server.structured_outputs import spec_from_request
 from pagoda.runtime.structured.compiler import compiler_for
 
 QWEN_LIKE = """{%- if tools %}<|im_start|>system
@@ -205,3 +206,84 @@ def test_arguments_nested_past_the_parser_depth_are_text(smol_tokenizer):
     req = ChatCompletionRequest.model_validate({"messages": history, "tools": TOOLS})
     _, text = _render(smol_tokenizer, QWEN_LIKE, req)
     assert deep[:100] in text
+
+
+# Mistral's templates take back only calls whose ids are 9 letters and digits (they raise on any
+# other id, the call's and the result's): a template in that format with that check
+MISTRAL_LIKE = """{%- for message in messages %}
+{%- if message.role == "user" %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS][INST]{{ message.content }}[/INST]
+{%- elif message.tool_calls %}[TOOL_CALLS][{% for tc in message.tool_calls %}
+{%- if tc.id | length != 9 or not tc.id.isalnum() %}{{ raise_exception("ids of 9 letters and digits only") }}{% endif %}
+{{- tc.function | tojson }}{% endfor %}]</s>
+{%- elif message.role == "tool" %}
+{%- if message.tool_call_id | length != 9 %}{{ raise_exception("ids of 9 letters and digits only") }}{% endif %}
+[TOOL_RESULTS]{{ message.content }}[/TOOL_RESULTS]
+{%- endif %}{%- endfor %}"""
+
+
+def test_mistral_calls_round_trip_through_a_mistral_template(smol_tokenizer):
+    """The ids the mistral parser gives calls (whole and streamed) are what Mistral's templates
+    take back, so the call and its result render in the next turn."""
+    parser = tools.PARSERS["mistral"]()
+    output = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+    whole = parser.parse(output)[1][0].openai()
+    streamed = parser.stream().feed(output, final=True)["tool_calls"][0]
+    for call in (whole, {"id": streamed["id"], "type": "function", "function": whole["function"]}):
+        history = [HISTORY[0], {"role": "assistant", "content": None, "tool_calls": [call]},
+                   {"role": "tool", "tool_call_id": call["id"], "content": "21 C"}]  # fmt: skip
+        req = ChatCompletionRequest.model_validate({"messages": history, "tools": TOOLS})
+        setup, text = _render(smol_tokenizer, MISTRAL_LIKE, req)
+        assert setup.parser.name == "mistral"
+        assert '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]' in text
+        assert "[TOOL_RESULTS]21 C[/TOOL_RESULTS]" in text
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [{}, {"properties": {"a": {"type": "integer"}}},
+     {"anyOf": [{"type": "object"}, {"type": "string"}]},
+     {"$ref": "#/$defs/A", "$defs": {"A": {"type": "object"}}}],
+)  # fmt: skip
+def test_enforced_arguments_are_always_an_object(compiler, parameters):
+    """A `parameters` schema without `type` (`{}` too) held the arguments of a required call to
+    any JSON value (5, "s", null): they are a JSON object, as OpenAI's calls always are."""
+    fn = {"name": "f", "parameters": parameters}
+    req = _request(tools=[{"type": "function", "function": fn}], tool_choice="required")
+    spec = tools.prepare(req, QWEN_LIKE, "auto").grammar
+    call = '<tool_call>\n{{"name": "f", "arguments": {}}}\n</tool_call>'
+    assert _accepts(compiler, spec, call.format("{}"))
+    for args in ("5", '"s"', "null", "[]"):
+        assert not _accepts(compiler, spec, call.format(args)), args
+
+
+def test_parameters_referring_to_a_schema_without_type_object_are_400s():
+    fn = {"name": "f", "parameters": {"$ref": "#/$defs/A", "$defs": {"A": {}}}}
+    with pytest.raises(APIError) as e:
+        tools.prepare(_request(tools=[{"type": "function", "function": fn}]), QWEN_LIKE, "auto")
+    assert e.value.param == "tools[0].function.parameters"
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_auto_with_a_response_format_allows_calls_or_the_answer(compiler, strict):
+    """tool_choice auto with a response format (an agent with tools and an output type): the
+    output is tool calls or an answer in the format. The format alone made calls impossible."""
+    listed = [{**t, "function": {**t["function"], "strict": strict}} for t in TOOLS]
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": {
+        "type": "object", "properties": {"temp": {"type": "integer"}}, "required": ["temp"],
+        "additionalProperties": False}}}  # fmt: skip
+    req = _request(tools=listed, response_format=fmt)
+    setup = tools.prepare(req, QWEN_LIKE, "auto")
+    spec = tools.output_constraint(setup, req.tools, spec_from_request(req))
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    assert _accepts(compiler, spec, call)
+    assert _accepts(compiler, spec, '{"temp": 21}')
+    for wrong in ('{"temp": "warm"}', "It is warm.", '<tool_call>\n{"name": "nope", '
+                  '"arguments": {}}\n</tool_call>', call + '{"temp": 21}'):  # fmt: skip
+        assert not _accepts(compiler, spec, wrong), wrong
+    # required / named stay exclusive of a format; none leaves the format alone
+    with pytest.raises(APIError):
+        tools.output_constraint(tools.prepare(_request(tools=listed, tool_choice="required"),
+                                              QWEN_LIKE, "auto"), req.tools, spec_from_request(req))  # fmt: skip
+    none = _request(tools=listed, response_format=fmt, tool_choice="none")
+    assert tools.output_constraint(tools.prepare(none, QWEN_LIKE, "auto"), none.tools,
+                                   spec_from_request(none)).kind == "json"  # fmt: skip

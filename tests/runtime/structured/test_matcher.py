@@ -123,3 +123,43 @@ def test_text_forced_forever_ends_no_process(compiler, memory_guard, kw, prefix)
     m = xgr.GrammarMatcher(compiler.compile(Spec(**kw)))
     assert m.accept_string(prefix)
     assert compiler.closer.plan(m, 64) is None
+
+
+def test_the_shortest_of_the_ways_a_grammar_can_go(compiler):
+    """A tool call or an answer (tool_choice auto with a response format): from the start, the
+    way out is the short answer, not the whole call greedy order met first (`<` before `{`):
+    a budget that fits the answer is steered into it."""
+    from xgrammar import structural_tag as st
+
+    call = st.TagFormat(begin='<tool_call>\n{"name": "get_weather", "arguments": ',
+                        content=st.JSONSchemaFormat(json_schema={"type": "object", "properties": {
+                            "city": {"type": "string"}}, "required": ["city"]}),
+                        end="}\n</tool_call>")  # fmt: skip
+    answer = st.JSONSchemaFormat(json_schema={"type": "object", "properties": {
+        "c": {"type": "integer"}}, "required": ["c"]})  # fmt: skip
+    tag = st.StructuralTag(format=st.OrFormat(elements=[call, answer])).model_dump_json()
+    compiled = compiler.compile(Spec(structural_tag=tag))
+    m = xgr.GrammarMatcher(compiled)
+    plan = compiler.closer.plan(m, 64)
+    assert compiler.closer.vocab[plan[0]].startswith(b"{"), plan
+    assert all(m.accept_token(t) for t in plan) and m.is_completed()
+
+
+# what `client.chat.completions.parse` sends for a pydantic model of a Decimal, a timedelta, an
+# IPv4Address, a UUID, a datetime, a time, a date and an Any
+FORM = {"type": "object", "additionalProperties": False, "properties": {
+    "price": {"anyOf": [{"type": "number"}, {"type": "string"}]},
+    "d": {"format": "duration", "type": "string"}, "ip": {"format": "ipv4", "type": "string"},
+    "u": {"format": "uuid", "type": "string"}, "when": {"format": "date-time", "type": "string"},
+    "t": {"format": "time", "type": "string"}, "day": {"format": "date", "type": "string"},
+    "anyv": {}}, "required": ["price", "d", "ip", "u", "when", "t", "day", "anyv"]}  # fmt: skip
+
+
+def test_places_visited_again_across_fields_are_no_circle(compiler):
+    """Digits of an IP address, a uuid, dates (the same few places, by bitmask) added up past
+    the circle bound across fields: no way out was found from the start, so none was ever
+    looked for, and a model looping in the duration ran to its budget (`parse()` failed with
+    a length error at any max_tokens). Visits now count from the walk's last new place."""
+    m = xgr.GrammarMatcher(compiler.compile(Spec(json=FORM)))
+    plan = compiler.closer.plan(m, 400)  # from the start: what sizes the steering
+    assert plan is not None and all(m.accept_token(t) for t in plan) and m.is_completed()

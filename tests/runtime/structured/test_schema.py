@@ -32,6 +32,9 @@ from structured_testlib import random_schema
         ({"type": "object", "properties": {"a": {"dependentRequired": {"a": ["b"]}}}},
          "/properties/a/dependentRequired"),
         ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "/oneOf"),
+        ({"oneOf": [{"type": "object", "properties": {"k": {"enum": ["a", "b"]}}, "required": ["k"]},
+                    {"type": "object", "properties": {"k": {"type": "string", "const": "b"}},
+                     "required": ["k"]}]}, "/oneOf"),  # the values overlap
         ({"type": "object", "required": ["a"], "additionalProperties": False}, "/required"),
         ({"type": "string", "pattern": "^(ab)+$", "maxLength": 5}, "/pattern"),
         ({"$ref": "https://example.com/schema.json"}, "/$ref"),
@@ -99,9 +102,30 @@ REWRITTEN = [
          "required": ["kind", "x"], "additionalProperties": False},
         {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"],
          "additionalProperties": False}]},
+    # pydantic's discriminated union (`Field(discriminator="kind")`): $ref branches whose
+    # `Literal` tags are `const` beside `type`
+    {"$defs": {"Cat": {"properties": {"kind": {"const": "cat", "title": "Kind", "type": "string"},
+                                      "lives": {"title": "Lives", "type": "integer"}},
+                       "required": ["kind", "lives"], "title": "Cat", "type": "object"},
+               "Dog": {"properties": {"kind": {"const": "dog", "title": "Kind", "type": "string"},
+                                      "breed": {"title": "Breed", "type": "string"}},
+                       "required": ["kind", "breed"], "title": "Dog", "type": "object"}},
+     "properties": {"pet": {"discriminator": {"mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"},
+                                              "propertyName": "kind"},
+                            "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+                            "title": "Pet"}},
+     "required": ["pet"], "title": "Disc", "type": "object"},
     # multipleOf: kept on integers, a whole step on numbers makes them integers
     {"type": "integer", "multipleOf": 7, "minimum": -50, "maximum": 50},
     {"type": "number", "multipleOf": 5, "minimum": 1, "maximum": 100},
+    # older drafts' spellings: a draft-7 tuple (`items` list, `additionalItems`), draft 4's
+    # boolean `exclusiveMinimum` (xgrammar refused both)
+    {"$schema": "http://json-schema.org/draft-07/schema#", "type": "array",
+     "items": [{"type": "string", "maxLength": 3}, {"type": "integer"}],
+     "additionalItems": {"type": "boolean"}, "minItems": 2, "maxItems": 3},
+    {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object", "properties": {
+        "n": {"type": "integer", "minimum": 0, "exclusiveMinimum": True, "maximum": 5,
+              "exclusiveMaximum": False}}, "required": ["n"]},
     # formats xgrammar writes: the way out must still close them (e-mail's name part loops)
     {"type": "object", "properties": {"email": {"type": "string", "format": "email"},
      "when": {"type": "string", "format": "date-time"}}, "required": ["email", "when"]},
@@ -114,7 +138,7 @@ def test_rewrites_are_exact():
     assert schemas.check(REWRITTEN[2]) == {"type": "string", "pattern": "^[A-Z]{3}$"}
     assert schemas.check(REWRITTEN[3])["pattern"] == "^[a-z]{2,4}$"
     assert schemas.check(REWRITTEN[4])["pattern"] == "^[0-9]{0,2}$"
-    assert schemas.check(REWRITTEN[8])["type"] == "integer"
+    assert schemas.check(REWRITTEN[9])["type"] == "integer"
     original = {"type": "object", "required": ["a"]}
     schemas.check(original)
     assert original == {"type": "object", "required": ["a"]}  # the client's dict is not changed
@@ -186,6 +210,11 @@ LOOSE = [
     ({"minimum": 3}, ["1", "5", '"x"']),
     ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
       "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}, ["{}", '{"a": "x"}', '{"a": 1}']),
+    # an optional group in a pattern: xgrammar let its first element be skipped alone
+    ({"type": "string", "pattern": "^a(x[0-9]{1,3})?$"}, ['"a0"', '"a00"', '"a"', '"ax0"']),
+    ({"type": "string", "pattern": "^[0-9]+(\\.[0-9]{1,2})?$"}, ['"1x5"', '"12"', '"1.5"']),
+    ({"type": "object", "patternProperties": {"^k(_[0-9]+)?$": {"type": "integer"}},
+      "additionalProperties": False}, ['{"k1": 1}', '{"k": 1}', '{"k_1": 1}']),
 ]  # fmt: skip
 
 
@@ -221,3 +250,70 @@ def test_pydantic_schemas_keep_compiling():
                        "required": ["c"], "type": "object"})  # fmt: skip
     assert s["$defs"]["C"] == {"enum": ["r", "b"], "title": "C"}
     assert s["properties"]["o"]["anyOf"] == [{"type": "integer"}, {"type": "null"}]
+
+
+DATES = {"type": "object", "properties": {
+    "d": {"type": "string", "format": "date"}, "t": {"type": "string", "format": "date-time"},
+    "h": {"type": "string", "format": "time"}}, "required": ["d", "t", "h"]}  # fmt: skip
+
+
+def _is_time(value: str) -> bool:
+    import datetime
+
+    return datetime.time.fromisoformat(value.replace("Z", "+00:00")).tzinfo is not None
+
+
+def test_dates_and_times_are_real_ones(compiler, smol_tokenizer):
+    """xgrammar's date grammar allowed year 0000, 02-31 and second 60, which pydantic's and
+    Python's date types (what `parse()` builds) refuse; the way out wrote 0000-01-01."""
+    import datetime
+
+    for text in _random_outputs(compiler, smol_tokenizer, DATES, 4, seed=1):
+        value = json.loads(text)
+        datetime.date.fromisoformat(value["d"])
+        datetime.datetime.fromisoformat(value["t"].replace("Z", "+00:00"))
+        assert _is_time(value["h"])
+    import xgrammar as xgr
+
+    for fmt, parse in (("date", datetime.date.fromisoformat),
+                       ("date-time", lambda v: datetime.datetime.fromisoformat(v.replace("Z", "+00:00"))),
+                       ("time", _is_time)):  # fmt: skip
+        spec = StructuredOutputsParams(json={"type": "string", "format": fmt})
+        m = xgr.GrammarMatcher(compiler.compile(spec))
+        assert m.accept_string('"')
+        plan = compiler.closer.plan(m, 64)
+        parse(json.loads('"' + smol_tokenizer.decode(plan)))
+
+
+def _random_pattern(rng: random.Random, depth: int = 0) -> str:
+    def atom() -> str:
+        if depth > 1 or rng.random() < 0.5:
+            return rng.choice(["a", "x", "[0-9]", "0"])
+        inner = _random_pattern(rng, depth + 1)
+        return (
+            f"({inner})" if rng.random() < 0.7 else f"({inner}|{_random_pattern(rng, depth + 1)})"
+        )
+
+    quants = ["", "", "?", "*", "+", "{1,2}", "{2}", "{0,2}"]
+    return "".join(atom() + rng.choice(quants) for _ in range(rng.randint(1, 3)))
+
+
+def test_patterns_match_as_python_reads_them(compiler):
+    """Random patterns (groups, alternatives, counts), every string of up to 3 characters:
+    the grammar accepts exactly what `re.fullmatch` does (xgrammar alone got 12 of 146 such
+    patterns wrong, each with an optional group)."""
+    import itertools
+    import re
+
+    import xgrammar as xgr
+
+    rng = random.Random(7)
+    strings = ["".join(p) for n in range(4) for p in itertools.product("ax01", repeat=n)]
+    for _ in range(40):
+        body = _random_pattern(rng)
+        grammar = compiler.compile(StructuredOutputsParams(json={"type": "string",
+                                                                 "pattern": f"^{body}$"}))  # fmt: skip
+        for text in strings:
+            m = xgr.GrammarMatcher(grammar)
+            accepted = m.accept_string(json.dumps(text)) and m.is_completed()
+            assert accepted == (re.fullmatch(body, text) is not None), (body, text)
