@@ -25,7 +25,12 @@ from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.quantized import QuantizedWeight, stack
 from pagoda.runtime.distributed.group import TPGroup
 from pagoda.runtime.model.linear import Linear
-from pagoda.runtime.model.ops import Ops, build_cos_sin_cache, gather_cos_sin
+from pagoda.runtime.model.ops import (
+    Ops,
+    build_cos_sin_cache,
+    check_rope_context,
+    gather_cos_sin,
+)
 from pagoda.runtime.model.parallel_linear import (
     column_linear,
     qkv_linear,
@@ -403,6 +408,7 @@ class LlamaModel:
 
     def build_rope_caches(self, max_positions: int) -> dict[str, torch.Tensor]:
         c, f = self.config, self.config.family
+        check_rope_context(c.rope_scaling, c.max_position_embeddings, max_positions)
         caches = {
             "global": build_cos_sin_cache(c.head_dim, c.rope_theta, c.rope_scaling, max_positions)
         }
