@@ -290,4 +290,6 @@ def load_hf_dir(
     model_dir = Path(model_dir)
     config = read_config(model_dir)
     weights = read_weights(model_dir)
+    scheme = read_quantization(model_dir)
+    weights.fp8_block = None if scheme is None else scheme.block  # block-wise FP8 scales' tile
     return config, weights, read_tokenizer(model_dir, config), read_sampling_defaults(model_dir)

@@ -99,18 +99,29 @@ class DeviceWeights:
         return t.to(device=self.device, dtype=self.dtype)
 
     def _dequantized(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        """``weight · weight_scale`` (per tensor or per output channel) in the model's dtype:
-        how an FP8 checkpoint runs where its layers do not run in FP8 (a CPU, an older GPU)."""
+        """``weight · weight_scale`` (per tensor, per output channel, or per tile of a block-wise
+        checkpoint, whose scales may be named ``weight_scale_inv``) in the model's dtype: how an
+        FP8 checkpoint runs where its layers do not run in FP8 (a CPU, an older GPU, block-wise
+        scales anywhere)."""
         from pagoda.kernels.fp8 import dequantize
+        from pagoda.runtime.quantization.fp8 import dequantize_blocks
 
-        scale_name = name.removesuffix("weight") + "weight_scale"
+        base = name.removesuffix("weight")
+        scale_name = next((base + s for s in ("weight_scale", "weight_scale_inv")
+                           if base + s in self._w), base + "weight_scale")  # fmt: skip
         if not name.endswith(".weight") or scale_name not in self._w or t.dim() != 2:
             raise ValueError(f"checkpoint tensor {name} is float8_e4m3fn without a per-tensor "
                              f"or per-channel {scale_name}")  # fmt: skip
-        scale = self._w[scale_name].float().reshape(-1)
+        scale = self._w[scale_name]
+        block = getattr(self._w, "fp8_block", None)  # the checkpoint's tile, if block-wise
+        tiles = None if block is None else tuple(-(-a // b) for a, b in zip(t.shape, block))
+        if tiles is not None and tuple(scale.shape) == tiles:
+            return dequantize_blocks(t.to(self.device), scale, block, self.dtype)
+        scale = scale.float().reshape(-1)
         if scale.numel() not in (1, t.shape[0]):
             raise ValueError(f"{scale_name} has {scale.numel()} elements; expected 1 or "
-                             f"{t.shape[0]} (block-wise scales are not supported)")  # fmt: skip
+                             f"{t.shape[0]}, or block-wise scales with the checkpoint's "
+                             "weight_block_size")  # fmt: skip
         return dequantize(t.to(self.device), scale.to(self.device).reshape(-1, 1), self.dtype)
 
     def fp8_weights(self, names: list[str]) -> Fp8LinearWeights | None:

@@ -61,18 +61,13 @@ def test_schemes_of_real_checkpoint_configs():
 @pytest.mark.parametrize(
     ("qc", "match"),
     [
-        (HF_BLOCK, "block-wise FP8 scales .*weight_block_size"),
+        ({**HF_BLOCK, "weight_block_size": [128]}, "weight_block_size must be two positive"),
         (
             _with(
                 CT_DYNAMIC,
-                weights={
-                    "num_bits": 8,
-                    "type": "float",
-                    "strategy": "block",
-                    "block_structure": [128, 128],
-                },
+                weights={"num_bits": 8, "type": "float", "strategy": "block"},
             ),
-            "block-wise",
+            "block_structure must be two positive",
         ),
         ({"quant_method": "gptq", "bits": 4}, "'gptq' is not supported"),
         ({"quant_method": "fp8", "activation_scheme": "static_per_token"}, "activation_scheme"),
