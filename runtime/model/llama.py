@@ -98,7 +98,18 @@ class DeviceWeights:
             return self._dequantized(name, t)
         return t.to(device=self.device, dtype=self.dtype)
 
-    def _dequantized(self, name: str, t: torch.Tensor) -> torch.Tensor:
+    def source(self, name: str) -> torch.Tensor:
+        """Matrix `name` as ``--quantization fp8`` quantizes it: as stored (on the device), or
+        in float32 where the checkpoint stores it in FP8 with scales the GEMM cannot take
+        (block-wise), so that it is requantized one scale per output channel."""
+        if name not in self._w:
+            raise ValueError(f"checkpoint is missing tensor {name!r}")
+        t = self._w[name]
+        if t.dtype == torch.float8_e4m3fn:
+            return self._dequantized(name, t, torch.float32)
+        return t.to(self.device)
+
+    def _dequantized(self, name: str, t: torch.Tensor, dtype: torch.dtype | None = None):
         """``weight · weight_scale`` (per tensor, per output channel, or per tile of a block-wise
         checkpoint, whose scales may be named ``weight_scale_inv``) in the model's dtype: how an
         FP8 checkpoint runs where its layers do not run in FP8 (a CPU, an older GPU, block-wise
@@ -116,13 +127,14 @@ class DeviceWeights:
         block = getattr(self._w, "fp8_block", None)  # the checkpoint's tile, if block-wise
         tiles = None if block is None else tuple(-(-a // b) for a, b in zip(t.shape, block))
         if tiles is not None and tuple(scale.shape) == tiles:
-            return dequantize_blocks(t.to(self.device), scale, block, self.dtype)
+            return dequantize_blocks(t.to(self.device), scale, block, dtype or self.dtype)
         scale = scale.float().reshape(-1)
         if scale.numel() not in (1, t.shape[0]):
             raise ValueError(f"{scale_name} has {scale.numel()} elements; expected 1 or "
                              f"{t.shape[0]}, or block-wise scales with the checkpoint's "
                              "weight_block_size")  # fmt: skip
-        return dequantize(t.to(self.device), scale.to(self.device).reshape(-1, 1), self.dtype)
+        scale = scale.to(self.device).reshape(-1, 1)
+        return dequantize(t.to(self.device), scale, dtype or self.dtype)
 
     def fp8_weights(self, names: list[str]) -> Fp8LinearWeights | None:
         """The matrices `names` (stacked: q/k/v, gate/up) as one FP8 GEMM operand when the
@@ -142,7 +154,7 @@ class DeviceWeights:
         if self.fp8.serialized:
             parts = [fp8.load_linear(self._w, m, self.fp8).to(self.device) for m in modules]
             return fp8.fuse(parts)
-        return fp8.quantize_linear(torch.cat([self._w[n].to(self.device) for n in names]))
+        return fp8.quantize_linear(torch.cat([self.source(n) for n in names]))
 
     def length(self, name: str, dim: int) -> int:
         """The size of tensor `name` along `dim`."""

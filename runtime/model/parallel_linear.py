@@ -103,10 +103,8 @@ def fp8_rows(
             whole = fp8.load_linear(w.stored, _module(n), w.fp8)
             pieces.append(fp8.shard(whole, 0, start, stop).to(w.device))
         else:  # one scale per row: these rows' codes are the whole matrix's
-            if n not in w:
-                raise ValueError(f"checkpoint is missing tensor {n!r}")
-            rows = w.stored[n].narrow(0, start, stop - start)
-            pieces.append(fp8.quantize_linear(rows.to(w.device)))
+            rows = w.source(n).narrow(0, start, stop - start)
+            pieces.append(fp8.quantize_linear(rows))
     return fp8.fuse(pieces)
 
 

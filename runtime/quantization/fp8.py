@@ -227,10 +227,13 @@ def engine_scheme(
     ``checkpoint``: the checkpoint's own format (it wins, as in :func:`resolve_scheme`);
     ``fp8_runs``: whether the FP8 kernels run on the engine's device. Where they do not, an FP8
     checkpoint is dequantized to the model's dtype at load (correct, and FP8 checkpoints load
-    everywhere), while ``quantization="fp8"`` (a request for FP8 compute) is refused."""
+    everywhere), while ``quantization="fp8"`` (a request for FP8 compute) is refused. A
+    block-wise checkpoint is dequantized at load on every device; with ``quantization="fp8"``
+    where FP8 runs, its weights are then requantized per output channel (online)."""
     scheme = checkpoint or (ONLINE_SCHEME if quantization == "fp8" else None)
-    if scheme is not None and scheme.block is not None:
-        return None  # block-wise scales: dequantized at load (`dequantize_blocks`) everywhere
+    if scheme is not None and scheme.block is not None:  # block-wise scales: dequantized at
+        # load (`dequantize_blocks`), then with the flag requantized one scale per channel
+        scheme = ONLINE_SCHEME if quantization == "fp8" else None
     if scheme is None or fp8_runs:
         return scheme
     if quantization == "fp8":

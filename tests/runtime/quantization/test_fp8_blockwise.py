@@ -6,6 +6,10 @@ as the checkpoint of their dequantized weights; a malformed block is refused in 
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
+
 import pytest
 import torch
 from fp8_testlib import greedy, quantize_blocks, write_block_pair
@@ -62,6 +66,9 @@ def test_block_schemes_and_their_refusals():
     s = fp8.scheme_from_hf_config({"quantization_config": HF_BLOCK})
     assert (s.block, s.serialized) == ((48, 32), True)
     assert fp8.engine_scheme(None, s, fp8_runs=True) is None  # dequantized where FP8 runs too
+    assert fp8.engine_scheme("fp8", s, fp8_runs=True) == fp8.ONLINE_SCHEME  # then requantized
+    with pytest.raises(ValueError, match="needs a GPU with FP8 tensor cores"):
+        fp8.engine_scheme("fp8", s, fp8_runs=False)
     assert fp8.scheme_from_hf_config({"quantization_config": CT_GROUP}).block == (1, 48)
     bad = ({**HF_BLOCK, "weight_block_size": [128]}, {**HF_BLOCK, "weight_block_size": [0, 8]})
     for qc in bad:
@@ -74,3 +81,22 @@ def test_block_schemes_and_their_refusals():
         fp8.scheme_from_hf_config(
             {"quantization_config": {**CT_GROUP, "config_groups": {"g": no_structure}}}
         )
+
+
+@pytest.mark.skipif(
+    os.environ["TRITON_INTERPRET"] != "1" and not torch.cuda.is_available(),
+    reason="the FP8 kernels run on CUDA or in Triton's interpreter",
+)
+def test_quantization_fp8_requantizes_a_block_wise_checkpoint_per_channel(tmp_path):
+    """Where FP8 runs, `--quantization fp8` on a block-wise checkpoint quantizes its dequantized
+    weights one scale per output channel: the FP8 GEMM runs, and its codes (hence tokens) are
+    those of `--quantization fp8` on the dequantized twin."""
+    q, deq = write_block_pair(tmp_path, HF_BLOCK, (48, 32), "weight_scale_inv")
+    fp8_engine = {**ENGINE, "quantization": "fp8"}
+    llm = LLM(loaded=load_model(str(q)), **fp8_engine)
+    twin = LLM(loaded=load_model(str(deq)), **fp8_engine)
+    ours, theirs = (e.engine.runner.model.layers[0].qkv for e in (llm, twin))
+    assert ours.__class__.__name__ == "Fp8Linear"
+    assert torch.equal(ours.weight.view(torch.uint8), theirs.weight.view(torch.uint8))
+    assert torch.equal(ours.weight_scale, theirs.weight_scale)
+    assert greedy(llm) == greedy(twin)
