@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
+from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.ops import rope_inv_freq, rope_kind
-from pagoda.runtime.model.safetensors_weights import SafetensorsWeights
+from pagoda.runtime.model.safetensors_weights import INDEX, SafetensorsWeights
 from pagoda.runtime.model.tokenizer import Tokenizer
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -284,12 +285,27 @@ def _adds_bos(tok: HFTokenizer, bos: int | None, tcfg: Mapping[str, Any]) -> boo
     return bool(tcfg.get("add_bos_token", False))
 
 
+def check_weights(
+    model_dir: Path, config: ModelConfig, weights: SafetensorsWeights | None = None
+) -> SafetensorsWeights | None:
+    """`checkpoint_check.check_checkpoint` on the directory's safetensors headers: ValueError,
+    one line, where the weights do not match config.json. Returns the opened weights; None for
+    a directory without safetensors files (a config alone: what is checked before loading)."""
+    if weights is None:
+        if not (model_dir / INDEX).exists() and not any(model_dir.glob("*.safetensors")):
+            return None
+        weights = read_weights(model_dir)
+    scheme = read_quantization(model_dir)
+    weights.fp8_block = None if scheme is None else scheme.block  # block-wise FP8 scales' tile
+    headers = {name: weights.dtype_and_shape(name) for name in weights}
+    check_checkpoint(config, headers, weights.fp8_block)
+    return weights
+
+
 def load_hf_dir(
     model_dir: str | Path,
 ) -> tuple[ModelConfig, SafetensorsWeights, Tokenizer, dict[str, float | int]]:
     model_dir = Path(model_dir)
     config = read_config(model_dir)
-    weights = read_weights(model_dir)
-    scheme = read_quantization(model_dir)
-    weights.fp8_block = None if scheme is None else scheme.block  # block-wise FP8 scales' tile
+    weights = check_weights(model_dir, config, read_weights(model_dir))
     return config, weights, read_tokenizer(model_dir, config), read_sampling_defaults(model_dir)
