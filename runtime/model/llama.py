@@ -140,21 +140,42 @@ class DeviceWeights:
         """The matrices `names` (stacked: q/k/v, gate/up) as one FP8 GEMM operand when the
         engine runs them in FP8: read from an FP8 checkpoint, or quantized now from the stored
         16/32-bit values (one scale per output channel); None when they stay 16-bit."""
-        if self.fp8 is None:
+        if not self.runs_fp8(names):
             return None
         from pagoda.runtime.quantization import fp8
 
+        assert self.fp8 is not None
         modules = [n.removesuffix(".weight") for n in names]
-        wanted = [self.fp8.quantizes(m) for m in modules]
-        if not any(wanted):
-            return None
-        if not all(wanted):
-            raise ValueError(f"the FP8 checkpoint quantizes some of {', '.join(modules)} but not "
-                             "all; they run as one fused layer")  # fmt: skip
         if self.fp8.serialized:
             parts = [fp8.load_linear(self._w, m, self.fp8).to(self.device) for m in modules]
             return fp8.fuse(parts)
         return fp8.quantize_linear(torch.cat([self.source(n) for n in names]))
+
+    def runs_fp8(self, names: list[str]) -> bool:
+        """Whether the matrices `names` (one fused layer) run in the FP8 GEMM: the scheme names
+        them and, for an FP8 checkpoint, it stores them in FP8 (a projection it keeps 16-bit
+        runs 16-bit, whether its ignore list names it or not). All of them or none: ValueError
+        when only some would."""
+        if self.fp8 is None:
+            return False
+        wanted = [
+            self.fp8.quantizes(n.removesuffix(".weight"))
+            and (not self.fp8.serialized or self._stored_fp8(n))
+            for n in names
+        ]
+        if any(wanted) and not all(wanted):
+            modules = ", ".join(n.removesuffix(".weight") for n in names)
+            raise ValueError(f"the FP8 checkpoint quantizes some of {modules} but not all; they "
+                             "run as one fused layer")  # fmt: skip
+        return all(wanted)
+
+    def _stored_fp8(self, name: str) -> bool:
+        if name not in self._w:
+            return False  # reported by name when it is read
+        header = getattr(self._w, "dtype_and_shape", None)  # safetensors: without reading it
+        if header is not None:
+            return header(name)[0] == "F8_E4M3"
+        return self._w[name].dtype == torch.float8_e4m3fn
 
     def length(self, name: str, dim: int) -> int:
         """The size of tensor `name` along `dim`."""

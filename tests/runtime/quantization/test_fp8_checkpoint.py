@@ -209,3 +209,24 @@ def test_engine_quantization_choices_and_the_plan():
     assert fp8.engine_scheme(None, ckpt, False) is None
     with pytest.raises(ValueError, match="FP8 tensor cores"):
         fp8.engine_scheme("fp8", ckpt, False)
+
+
+def test_a_projection_the_checkpoint_stores_16_bit_runs_16_bit_unlisted_or_not():
+    """An FP8 export may keep a projection 16-bit without naming it in its ignore list (e.g. a
+    hand-merged checkpoint): that layer runs as stored, the FP8 ones in the FP8 GEMM; a fused
+    group split between the two is refused by name."""
+    from pagoda.runtime.model.llama import DeviceWeights
+
+    gen = torch.Generator().manual_seed(0)
+    q, q_scale = math.quantize_weight(torch.randn(8, 16, generator=gen))
+    tensors = {"l.q_proj.weight": q, "l.q_proj.weight_scale": q_scale,
+               "l.k_proj.weight": torch.randn(4, 16, generator=gen),
+               "l.o_proj.weight": torch.randn(16, 8, generator=gen)}  # fmt: skip
+    scheme = fp8.Fp8Scheme(fp8.SERIALIZED_FP8, "dynamic")  # ignores nothing
+    w = DeviceWeights(tensors, torch.device("cpu"), torch.float32, {}, scheme)
+    assert w.fp8_weights(["l.o_proj.weight"]) is None  # stays 16-bit
+    assert torch.equal(
+        w.fp8_weights(["l.q_proj.weight"]).weight.view(torch.uint8), q.view(torch.uint8)
+    )
+    with pytest.raises(ValueError, match=r"quantizes some of l.q_proj, l.k_proj but not all"):
+        w.fp8_weights(["l.q_proj.weight", "l.k_proj.weight"])
