@@ -18,6 +18,9 @@ Two ways to an FP8 model (the model loader calls these; the GEMM is
     ``weight_scale_inv`` tensors, one per ``[bn, bk]`` tile) loads too, dequantized to the
     model's dtype at load on every device (:func:`dequantize_blocks`): the FP8 GEMM takes one
     scale per channel or per tensor, and requantizing per channel would change the numbers.
+  - ``quant_method: "fbgemm_fp8"`` (HF's FBGEMM export, e.g. Meta-Llama-3.1-405B-Instruct-FP8):
+    the same tensors with per-channel ``weight_scale [N, 1]`` and dynamic per-token activations
+    (its ``activation_scale_ub`` clamp is not applied; ``input_scale_ub`` tensors are unread).
   - ``quant_method: "compressed-tensors"`` with ``float-quantized``/``naive-quantized`` groups of
     8-bit floats (llm-compressor's ``FP8``/``FP8_DYNAMIC``): weight strategy ``channel`` or
     ``tensor``; input activations ``token`` (dynamic), ``tensor`` (static, ``input_scale``), or
@@ -42,6 +45,7 @@ from pagoda.kernels.fp8 import FP8_DTYPE, dequantize, quantize_weight
 from pagoda.runtime.options import QUANTIZATIONS
 
 ONLINE, SERIALIZED_FP8, COMPRESSED_TENSORS = "online", "fp8", "compressed-tensors"
+FBGEMM_FP8 = "fbgemm_fp8"  # HF's FbgemmFp8Config: the "fp8" tensors, activations per token
 ACTIVATIONS = ("dynamic", "static", "none")  # per token | per tensor from the checkpoint | W8A16
 
 
@@ -111,11 +115,15 @@ def scheme_from_hf_config(hf_config: Mapping) -> Fp8Scheme | None:
     method = qc.get("quant_method")
     if method == SERIALIZED_FP8:
         return _fp8_scheme(qc)
+    if method == FBGEMM_FP8:  # Meta's Llama 3.1 405B FP8: per-channel weights, dynamic rows
+        ignored = qc.get("modules_to_not_convert") or ()
+        return Fp8Scheme(SERIALIZED_FP8, "dynamic", ignored=tuple(ignored))
     if method == COMPRESSED_TENSORS:
         return _compressed_tensors_scheme(qc)
     raise ValueError(
         f"checkpoint quantization {method!r} is not supported: Pagoda loads FP8 checkpoints "
-        "(quant_method 'fp8' or 'compressed-tensors' with 8-bit float weights) and quantizes "
+        "(quant_method 'fp8', 'fbgemm_fp8' or 'compressed-tensors' with 8-bit float weights) "
+        "and quantizes "
         "16-bit ones with --quantization fp8"
     )
 

@@ -230,3 +230,38 @@ def test_a_projection_the_checkpoint_stores_16_bit_runs_16_bit_unlisted_or_not()
     )
     with pytest.raises(ValueError, match=r"quantizes some of l.q_proj, l.k_proj but not all"):
         w.fp8_weights(["l.q_proj.weight", "l.k_proj.weight"])
+
+
+def test_an_fbgemm_fp8_checkpoint_serves_its_dequantized_weights(tmp_path, monkeypatch):
+    """quant_method "fbgemm_fp8" (Meta's Llama 3.1 405B FP8 export): per-channel
+    ``weight_scale [N, 1]``, an ``input_scale_ub`` per layer; where FP8 does not run it gives
+    its dequantized twin's tokens bit for bit."""
+    import json
+
+    from fp8_testlib import greedy, write_fp8_pair
+    from pagoda.runtime import LLM
+    from pagoda.runtime import config as engine_config
+    from pagoda.runtime.model.loader import load_model
+    from pagoda.runtime.worker import model_runner
+
+    monkeypatch.setattr(engine_config, "fp8_runs_on", lambda device: False)
+    monkeypatch.setattr(model_runner, "fp8_runs_on", lambda device: False)
+    _, q, deq = write_fp8_pair(tmp_path)
+    tensors = load_file(str(q / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith(".weight_scale")]:
+        tensors[name] = tensors[name].reshape(-1, 1)
+        tensors[name.removesuffix("weight_scale") + "input_scale_ub"] = torch.tensor([1200.0])
+    save_file(tensors, str(q / "model.safetensors"))
+    cfg = json.loads((q / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+                                  "modules_to_not_convert": ["lm_head"]}  # fmt: skip
+    (q / "config.json").write_text(json.dumps(cfg))
+    loaded = load_model(str(q))
+    assert (loaded.fp8_scheme.source, loaded.fp8_scheme.activations) == ("fp8", "dynamic")
+    assert not loaded.fp8_scheme.quantizes("lm_head")
+    engine = dict(
+        dtype="float32", kv_cache_memory=4 << 20, max_num_batched_tokens=16, max_num_seqs=4
+    )
+    assert greedy(LLM(loaded=loaded, **engine)) == greedy(
+        LLM(loaded=load_model(str(deq)), **engine)
+    )
