@@ -394,8 +394,10 @@ def dequantize_blocks(
     if scale.dim() != 2 or tuple(scale.shape) != want:
         raise ValueError(f"block-wise FP8 scales of a {n}x{k} weight in {bn}x{bk} tiles must be "
                          f"{want[0]}x{want[1]}, got {tuple(scale.shape)}")  # fmt: skip
-    full = scale.float().repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
-    return (weight.float() * full.to(weight.device)).to(dtype)
+    w = torch.nn.functional.pad(weight.float(), (0, want[1] * bk - k, 0, want[0] * bn - n))
+    tiles = w.view(want[0], bn, want[1], bk)  # one float32 copy of the weight, scaled in place
+    tiles.mul_(scale.float().to(weight.device)[:, None, :, None])
+    return w[:n, :k].to(dtype)
 
 
 def checkpoint_kv_scales(
