@@ -119,10 +119,10 @@ def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None
     if arch == "gemma3":  # the older configs: every `sliding_window_pattern`-th layer is global
         pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
         return tuple(bool((i + 1) % pattern) for i in range(n))
-    if arch in ("qwen2", "qwen3", "qwen3moe"):  # layers from max_window_layers on slide
+    if arch in ("qwen2", "qwen3"):  # layers from max_window_layers on slide
         first = int(cfg.get("max_window_layers", 0))
         return tuple(i >= first for i in range(n))
-    return ()  # Mistral, Mixtral: every layer
+    return ()  # Mistral, Mixtral, Qwen3-MoE (whatever max_window_layers says): every layer
 
 
 def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
@@ -147,6 +147,9 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
     if arch in ("qwen3", "qwen3moe", "gemma3"):
         fields["qk_norm"] = True
     if arch == "gemma3":
+        if cfg.get("use_bidirectional_attention"):
+            raise ValueError("use_bidirectional_attention (an embedding model's attention, "
+                             "EmbeddingGemma) is not supported: Pagoda serves causal decoders")  # fmt: skip
         local_params = (cfg.get("rope_parameters") or {}).get("sliding_attention")
         local_params = local_params if isinstance(local_params, dict) else {}
         if rope_kind(local_params) != "default":  # transformers 5: the window layers' own rope

@@ -1,8 +1,9 @@
 """What real checkpoints vary in config.json, against transformers token for token: RoPE
 scalings (llama3, yarn with DeepSeek's mscale and without truncation), Gemma 3's window layers
 with their own rotary base in `rope_parameters`, a multimodal Gemma 3 whose top-level
-`tie_word_embeddings` says untied; and the RoPE variants the engine cannot run exactly, refused
-at load in one line (longrope, a partial rotary, dynamic NTK past the model's context)."""
+`tie_word_embeddings` says untied, Qwen3-MoE's window (every layer, whatever max_window_layers
+says); and what the engine cannot run exactly, refused at load in one line (longrope, a partial
+rotary, dynamic NTK past the model's context, Gemma 3's bidirectional attention)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ CASES = {
         head_dim=32, sliding_window=7, num_hidden_layers=3, layer_types=[SLIDING, FULL, SLIDING],
         rope_parameters={FULL: {**YARN, "rope_theta": 100000.0},
                          SLIDING: {"rope_type": "default", "rope_theta": 500.0}})),
+    # transformers windows every Qwen3-MoE layer when use_sliding_window, max_window_layers or not
+    "qwen3moe-window-every-layer": ("Qwen3Moe", dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, use_sliding_window=True,
+        sliding_window=12, max_window_layers=1)),
 }  # fmt: skip
 
 
@@ -41,7 +46,7 @@ def _engine(loaded) -> LLM:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_rope_variants_match_transformers(tmp_path, name):
+def test_config_variants_match_transformers(tmp_path, name):
     arch, overrides = CASES[name]
     model = make_tiny_model(tmp_path, arch, **overrides)
     want = [hf_greedy_plain(model, p, NEW) for p in PROMPTS]
@@ -118,3 +123,9 @@ def test_dynamic_rope_is_exact_within_its_context_and_refused_past_it(tmp_path):
     check(generate(_engine(loaded), [LONG])[0], want, "dynamic within the context")
     with pytest.raises(ValueError, match="'dynamic' is exact only within the model's context"):
         LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, max_model_len=200)
+
+
+def test_bidirectional_gemma3_is_refused_at_load(tmp_path):
+    make_tiny_model(tmp_path, "Gemma3Text", head_dim=32, use_bidirectional_attention=True)
+    with pytest.raises(ValueError, match=r"use_bidirectional_attention .* is not supported"):
+        read_model_config(str(tmp_path))
