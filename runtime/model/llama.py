@@ -438,8 +438,11 @@ class LlamaModel:
             raise ValueError(f"{attn}: KV scales must have 1 or {hkv} elements each, got "
                              f"{found[0].numel()} and {found[1].numel()}")  # fmt: skip
         n = max(s.numel() for s in found)  # the kernels take both per tensor or both per head
-        k, v = (s.expand(n).contiguous().to(self.device) for s in found)
-        return k, v
+        k, v = (s.expand(n).contiguous() for s in found)
+        if n > 1 and self.tp is not None:  # this rank's KV heads' scales (split or replicated)
+            start, stop = self.tp.layout.kv_heads(hkv)
+            k, v = k[start:stop].contiguous(), v[start:stop].contiguous()
+        return k.to(self.device), v.to(self.device)
 
     def make_mlp(self, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
         """Layer `index`'s MLP (`moe.py`'s models put experts where the family has them)."""
