@@ -100,3 +100,19 @@ def test_quantization_fp8_requantizes_a_block_wise_checkpoint_per_channel(tmp_pa
     assert torch.equal(ours.weight.view(torch.uint8), theirs.weight.view(torch.uint8))
     assert torch.equal(ours.weight_scale, theirs.weight_scale)
     assert greedy(llm) == greedy(twin)
+
+
+def test_the_fit_check_counts_a_block_wise_checkpoint_at_its_16_bit_size(tmp_path, monkeypatch):
+    """The start-up fit check counts weights as the loader holds them: block-wise FP8 ones
+    dequantized (16-bit) even where FP8 runs; per-channel ones as FP8."""
+    import json
+
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.server import fit
+
+    monkeypatch.setattr(fit, "fp8_runs_on", lambda device: True)
+    cfg = EngineConfig.create("m", device="cpu", dtype="bfloat16")
+    for qc, fp8_weights in ((HF_BLOCK, False), ({"quant_method": "fp8"}, True)):
+        config = {"architectures": ["LlamaForCausalLM"], "quantization_config": qc}
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        assert fit.plan_of(cfg, tmp_path).fp8_weights is fp8_weights
