@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
-from pagoda.runtime.model.safetensors_weights import SafetensorsWeights
+from pagoda.runtime.model.checkpoint_check import check_checkpoint
+from pagoda.runtime.model.ops import rope_inv_freq, rope_kind
+from pagoda.runtime.model.safetensors_weights import INDEX, SafetensorsWeights
 from pagoda.runtime.model.tokenizer import Tokenizer
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -85,14 +87,24 @@ def architecture(cfg: Mapping[str, Any]) -> str:
 
 def _rope(cfg: Mapping[str, Any], kind: str | None) -> tuple[float, dict | None]:
     """(theta, rope_scaling) from transformers 5's `rope_parameters` (keyed by layer kind for
-    Gemma 3) or the older `rope_theta` / `rope_scaling`."""
+    Gemma 3) or the older `rope_theta` / `rope_scaling`, with what transformers fills in where
+    a config leaves it out (yarn's original context and factor)."""
     params = cfg.get("rope_parameters") or {}
     if kind is not None and isinstance(params.get(kind), dict):
         params = params[kind]
     theta = params.get("rope_theta") or cfg.get("rope_theta") or 10000.0
     scaling = cfg.get("rope_scaling")
-    if params.get("rope_type", "default") != "default":
+    if params.get("rope_type", "default") != "default" or "partial_rotary_factor" in params:
         scaling = params
+    if cfg.get("partial_rotary_factor") not in (None, 1, 1.0):
+        scaling = {**(scaling or {}), "partial_rotary_factor": cfg["partial_rotary_factor"]}
+    if scaling and rope_kind(scaling) == "yarn":
+        context = cfg.get("max_position_embeddings")
+        scaling = dict(scaling)
+        if not scaling.get("original_max_position_embeddings") and context:
+            scaling["original_max_position_embeddings"] = int(context)
+        if scaling.get("factor") is None and context:
+            scaling["factor"] = int(context) / scaling["original_max_position_embeddings"]
     return float(theta), scaling
 
 
@@ -107,10 +119,10 @@ def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None
     if arch == "gemma3":  # the older configs: every `sliding_window_pattern`-th layer is global
         pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
         return tuple(bool((i + 1) % pattern) for i in range(n))
-    if arch in ("qwen2", "qwen3", "qwen3moe"):  # layers from max_window_layers on slide
+    if arch in ("qwen2", "qwen3"):  # layers from max_window_layers on slide
         first = int(cfg.get("max_window_layers", 0))
         return tuple(i >= first for i in range(n))
-    return ()  # Mistral, Mixtral: every layer
+    return ()  # Mistral, Mixtral, Qwen3-MoE (whatever max_window_layers says): every layer
 
 
 def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
@@ -135,7 +147,15 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
     if arch in ("qwen3", "qwen3moe", "gemma3"):
         fields["qk_norm"] = True
     if arch == "gemma3":
-        local = cfg.get("rope_local_base_freq") or _rope(cfg, "sliding_attention")[0]
+        if cfg.get("use_bidirectional_attention"):
+            raise ValueError("use_bidirectional_attention (an embedding model's attention, "
+                             "EmbeddingGemma) is not supported: Pagoda serves causal decoders")  # fmt: skip
+        local_params = (cfg.get("rope_parameters") or {}).get("sliding_attention")
+        local_params = local_params if isinstance(local_params, dict) else {}
+        if rope_kind(local_params) != "default":  # transformers 5: the window layers' own rope
+            raise ValueError(f"rope_scaling {rope_kind(local_params)!r} on Gemma 3's "
+                             "sliding-window layers is not supported")  # fmt: skip
+        local = local_params.get("rope_theta") or cfg.get("rope_local_base_freq")
         fields.update(
             gemma_norms=True,
             local_rope_theta=float(local),
@@ -166,6 +186,15 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
     return FamilyConfig(**fields)
 
 
+def _tied(top: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
+    """Whether the LM head is the embedding: a multimodal checkpoint's top-level flag decides
+    (transformers ties by it, default true, whatever its text_config says); else the text
+    model's (its family's default when left out)."""
+    if "text_config" in top:
+        return bool(top.get("tie_word_embeddings", True))
+    return bool(cfg.get("tie_word_embeddings", False))
+
+
 def read_config(model_dir: Path) -> ModelConfig:
     top = _read_json(model_dir / "config.json")
     if not top:
@@ -178,6 +207,8 @@ def read_config(model_dir: Path) -> ModelConfig:
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
     rope_theta, scaling = _rope(cfg, "full_attention" if arch == "gemma3" else None)
+    head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+    rope_inv_freq(head_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
     eos = _as_ids(gen.get("eos_token_id")) or _as_ids(cfg.get("eos_token_id"))
     eos = eos or _as_ids(top.get("eos_token_id"))
     return ModelConfig(
@@ -187,12 +218,12 @@ def read_config(model_dir: Path) -> ModelConfig:
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+        head_dim=head_dim,
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=rope_theta,
         rope_scaling=scaling,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", top.get("tie_word_embeddings"))),
+        tie_word_embeddings=_tied(top, cfg),
         attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
         bos_token_id=cfg.get("bos_token_id", top.get("bos_token_id")),
         eos_token_ids=eos,
@@ -257,10 +288,27 @@ def _adds_bos(tok: HFTokenizer, bos: int | None, tcfg: Mapping[str, Any]) -> boo
     return bool(tcfg.get("add_bos_token", False))
 
 
+def check_weights(
+    model_dir: Path, config: ModelConfig, weights: SafetensorsWeights | None = None
+) -> SafetensorsWeights | None:
+    """`checkpoint_check.check_checkpoint` on the directory's safetensors headers: ValueError,
+    one line, where the weights do not match config.json. Returns the opened weights; None for
+    a directory without safetensors files (a config alone: what is checked before loading)."""
+    if weights is None:
+        if not (model_dir / INDEX).exists() and not any(model_dir.glob("*.safetensors")):
+            return None
+        weights = read_weights(model_dir)
+    scheme = read_quantization(model_dir)
+    weights.fp8_block = None if scheme is None else scheme.block  # block-wise FP8 scales' tile
+    headers = {name: weights.dtype_and_shape(name) for name in weights}
+    check_checkpoint(config, headers, weights.fp8_block)
+    return weights
+
+
 def load_hf_dir(
     model_dir: str | Path,
 ) -> tuple[ModelConfig, SafetensorsWeights, Tokenizer, dict[str, float | int]]:
     model_dir = Path(model_dir)
     config = read_config(model_dir)
-    weights = read_weights(model_dir)
+    weights = check_weights(model_dir, config, read_weights(model_dir))
     return config, weights, read_tokenizer(model_dir, config), read_sampling_defaults(model_dir)

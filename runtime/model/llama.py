@@ -25,7 +25,12 @@ from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.quantized import QuantizedWeight, stack
 from pagoda.runtime.distributed.group import TPGroup
 from pagoda.runtime.model.linear import Linear
-from pagoda.runtime.model.ops import Ops, build_cos_sin_cache, gather_cos_sin
+from pagoda.runtime.model.ops import (
+    Ops,
+    build_cos_sin_cache,
+    check_rope_context,
+    gather_cos_sin,
+)
 from pagoda.runtime.model.parallel_linear import (
     column_linear,
     qkv_linear,
@@ -93,40 +98,84 @@ class DeviceWeights:
             return self._dequantized(name, t)
         return t.to(device=self.device, dtype=self.dtype)
 
-    def _dequantized(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        """``weight · weight_scale`` (per tensor or per output channel) in the model's dtype:
-        how an FP8 checkpoint runs where its layers do not run in FP8 (a CPU, an older GPU)."""
-        from pagoda.kernels.fp8 import dequantize
+    def source(self, name: str) -> torch.Tensor:
+        """Matrix `name` as ``--quantization fp8`` quantizes it: as stored (on the device), or
+        in float32 where the checkpoint stores it in FP8 with scales the GEMM cannot take
+        (block-wise), so that it is requantized one scale per output channel."""
+        if name not in self._w:
+            raise ValueError(f"checkpoint is missing tensor {name!r}")
+        t = self._w[name]
+        if t.dtype == torch.float8_e4m3fn:
+            return self._dequantized(name, t, torch.float32)
+        return t.to(self.device)
 
-        scale_name = name.removesuffix("weight") + "weight_scale"
+    def _dequantized(self, name: str, t: torch.Tensor, dtype: torch.dtype | None = None):
+        """``weight · weight_scale`` (per tensor, per output channel, or per tile of a block-wise
+        checkpoint, whose scales may be named ``weight_scale_inv``) in the model's dtype: how an
+        FP8 checkpoint runs where its layers do not run in FP8 (a CPU, an older GPU, block-wise
+        scales anywhere)."""
+        from pagoda.kernels.fp8 import dequantize
+        from pagoda.runtime.quantization.fp8 import dequantize_blocks
+
+        base = name.removesuffix("weight")
+        scale_name = next((base + s for s in ("weight_scale", "weight_scale_inv")
+                           if base + s in self._w), base + "weight_scale")  # fmt: skip
         if not name.endswith(".weight") or scale_name not in self._w or t.dim() != 2:
             raise ValueError(f"checkpoint tensor {name} is float8_e4m3fn without a per-tensor "
                              f"or per-channel {scale_name}")  # fmt: skip
-        scale = self._w[scale_name].float().reshape(-1)
+        scale = self._w[scale_name]
+        block = getattr(self._w, "fp8_block", None)  # the checkpoint's tile, if block-wise
+        tiles = None if block is None else tuple(-(-a // b) for a, b in zip(t.shape, block))
+        if tiles is not None and tuple(scale.shape) == tiles:
+            return dequantize_blocks(t.to(self.device), scale, block, dtype or self.dtype)
+        scale = scale.float().reshape(-1)
         if scale.numel() not in (1, t.shape[0]):
             raise ValueError(f"{scale_name} has {scale.numel()} elements; expected 1 or "
-                             f"{t.shape[0]} (block-wise scales are not supported)")  # fmt: skip
-        return dequantize(t.to(self.device), scale.to(self.device).reshape(-1, 1), self.dtype)
+                             f"{t.shape[0]}, or block-wise scales with the checkpoint's "
+                             "weight_block_size")  # fmt: skip
+        scale = scale.to(self.device).reshape(-1, 1)
+        return dequantize(t.to(self.device), scale, dtype or self.dtype)
 
     def fp8_weights(self, names: list[str]) -> Fp8LinearWeights | None:
         """The matrices `names` (stacked: q/k/v, gate/up) as one FP8 GEMM operand when the
         engine runs them in FP8: read from an FP8 checkpoint, or quantized now from the stored
         16/32-bit values (one scale per output channel); None when they stay 16-bit."""
-        if self.fp8 is None:
+        if not self.runs_fp8(names):
             return None
         from pagoda.runtime.quantization import fp8
 
+        assert self.fp8 is not None
         modules = [n.removesuffix(".weight") for n in names]
-        wanted = [self.fp8.quantizes(m) for m in modules]
-        if not any(wanted):
-            return None
-        if not all(wanted):
-            raise ValueError(f"the FP8 checkpoint quantizes some of {', '.join(modules)} but not "
-                             "all; they run as one fused layer")  # fmt: skip
         if self.fp8.serialized:
             parts = [fp8.load_linear(self._w, m, self.fp8).to(self.device) for m in modules]
             return fp8.fuse(parts)
-        return fp8.quantize_linear(torch.cat([self._w[n].to(self.device) for n in names]))
+        return fp8.quantize_linear(torch.cat([self.source(n) for n in names]))
+
+    def runs_fp8(self, names: list[str]) -> bool:
+        """Whether the matrices `names` (one fused layer) run in the FP8 GEMM: the scheme names
+        them and, for an FP8 checkpoint, it stores them in FP8 (a projection it keeps 16-bit
+        runs 16-bit, whether its ignore list names it or not). All of them or none: ValueError
+        when only some would."""
+        if self.fp8 is None:
+            return False
+        wanted = [
+            self.fp8.quantizes(n.removesuffix(".weight"))
+            and (not self.fp8.serialized or self._stored_fp8(n))
+            for n in names
+        ]
+        if any(wanted) and not all(wanted):
+            modules = ", ".join(n.removesuffix(".weight") for n in names)
+            raise ValueError(f"the FP8 checkpoint quantizes some of {modules} but not all; they "
+                             "run as one fused layer")  # fmt: skip
+        return all(wanted)
+
+    def _stored_fp8(self, name: str) -> bool:
+        if name not in self._w:
+            return False  # reported by name when it is read
+        header = getattr(self._w, "dtype_and_shape", None)  # safetensors: without reading it
+        if header is not None:
+            return header(name)[0] == "F8_E4M3"
+        return self._w[name].dtype == torch.float8_e4m3fn
 
     def length(self, name: str, dim: int) -> int:
         """The size of tensor `name` along `dim`."""
@@ -389,8 +438,11 @@ class LlamaModel:
             raise ValueError(f"{attn}: KV scales must have 1 or {hkv} elements each, got "
                              f"{found[0].numel()} and {found[1].numel()}")  # fmt: skip
         n = max(s.numel() for s in found)  # the kernels take both per tensor or both per head
-        k, v = (s.expand(n).contiguous().to(self.device) for s in found)
-        return k, v
+        k, v = (s.expand(n).contiguous() for s in found)
+        if n > 1 and self.tp is not None:  # this rank's KV heads' scales (split or replicated)
+            start, stop = self.tp.layout.kv_heads(hkv)
+            k, v = k[start:stop].contiguous(), v[start:stop].contiguous()
+        return k.to(self.device), v.to(self.device)
 
     def make_mlp(self, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
         """Layer `index`'s MLP (`moe.py`'s models put experts where the family has them)."""
@@ -403,6 +455,7 @@ class LlamaModel:
 
     def build_rope_caches(self, max_positions: int) -> dict[str, torch.Tensor]:
         c, f = self.config, self.config.family
+        check_rope_context(c.rope_scaling, c.max_position_embeddings, max_positions)
         caches = {
             "global": build_cos_sin_cache(c.head_dim, c.rope_theta, c.rope_scaling, max_positions)
         }

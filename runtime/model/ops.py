@@ -130,19 +130,43 @@ def _yarn_find_dim(num_rot: float, dim: int, base: float, max_pos: int) -> float
     return (dim * math.log(max_pos / (num_rot * 2 * math.pi))) / (2 * math.log(base))
 
 
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+
+
+def rope_kind(scaling: dict[str, Any] | None) -> str:
+    """The `rope_type` of a `rope_scaling` (older configs say `type`); "default" without one."""
+    if not scaling:
+        return "default"
+    return str(scaling.get("rope_type", scaling.get("type", "default")))
+
+
 def rope_inv_freq(
     head_dim: int, theta: float, scaling: dict[str, Any] | None
 ) -> tuple[torch.Tensor, float]:
     """Inverse frequencies and the attention scale factor for the configured `rope_scaling`.
 
-    Supports default, linear, dynamic (as its static base case), llama3 and yarn, following the
-    Hugging Face definitions.
+    Supports default, linear, dynamic (within the model's `max_position_embeddings`, where it
+    is the default rotary: the engine refuses a longer context, `check_rope_context`), llama3
+    and yarn (with DeepSeek's `mscale`/`mscale_all_dim` and `truncate`), following the Hugging
+    Face definitions. Anything else (longrope, a partial rotary) is a ValueError, one line.
     """
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if not scaling:
         return inv, 1.0
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    factor = float(scaling.get("factor", 1.0))
+    kind = rope_kind(scaling)
+    if kind not in ROPE_TYPES:
+        raise ValueError(
+            f"rope_scaling type {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})"
+        )
+    partial = scaling.get("partial_rotary_factor")
+    if partial is not None and float(partial) != 1.0:
+        raise ValueError(f"a partial rotary embedding (partial_rotary_factor {partial}) is not "
+                         "supported for this architecture")  # fmt: skip
+    factor = float(scaling.get("factor") or 1.0)
     if kind in ("default", "dynamic"):
         return inv, 1.0
     if kind == "linear":
@@ -158,22 +182,39 @@ def rope_inv_freq(
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= high_wl) & (wavelen <= low_wl)
         return torch.where(medium, smoothed, scaled), 1.0
-    if kind == "yarn":
-        old_ctx = int(scaling.get("original_max_position_embeddings") or 4096)
-        beta_fast, beta_slow = (
-            float(scaling.get("beta_fast", 32)),
-            float(scaling.get("beta_slow", 1)),
+    # yarn (transformers' _compute_yarn_parameters)
+    old_ctx = int(scaling.get("original_max_position_embeddings") or 4096)
+    beta_fast = float(scaling.get("beta_fast") or 32)
+    beta_slow = float(scaling.get("beta_slow") or 1)
+    low = _yarn_find_dim(beta_fast, head_dim, theta, old_ctx)
+    high = _yarn_find_dim(beta_slow, head_dim, theta, old_ctx)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = (torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)
+    extrapolation = 1 - ramp.clamp(0, 1)
+    inv = (inv / factor) * (1 - extrapolation) + inv * extrapolation
+    mscale = scaling.get("attention_factor")
+    if mscale is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        if m and m_all:
+            mscale = _yarn_mscale(factor, float(m)) / _yarn_mscale(factor, float(m_all))
+        else:
+            mscale = _yarn_mscale(factor)
+    return inv, float(mscale)
+
+
+def check_rope_context(scaling: dict[str, Any] | None, context: int, positions: int) -> None:
+    """Dynamic NTK scaling changes the rotary base with the sequence's length once it passes the
+    model's context (`max_position_embeddings`): cached keys rotated at one length would be
+    wrong at the next, so a longer context is refused rather than served inexactly."""
+    if rope_kind(scaling) == "dynamic" and positions > context:
+        raise ValueError(
+            f"rope_scaling 'dynamic' is exact only within the model's context ({context} "
+            f"tokens); max_model_len {positions} exceeds it"
         )
-        low = max(math.floor(_yarn_find_dim(beta_fast, head_dim, theta, old_ctx)), 0)
-        high = min(math.ceil(_yarn_find_dim(beta_slow, head_dim, theta, old_ctx)), head_dim - 1)
-        ramp = (torch.arange(head_dim // 2, dtype=torch.float32) - low) / max(high - low, 1e-3)
-        extrapolation = 1 - ramp.clamp(0, 1)
-        inv = (inv / factor) * (1 - extrapolation) + inv * extrapolation
-        mscale = scaling.get("attention_factor") or (
-            0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-        )
-        return inv, float(mscale)
-    raise ValueError(f"unsupported rope_scaling type {kind!r}")
 
 
 def build_cos_sin_cache(

@@ -94,7 +94,7 @@ def fp8_rows(
     where the engine does not run these projections in FP8 (module docstring)."""
     from pagoda.runtime.quantization import fp8
 
-    if not fp8.quantizes_all(w.fp8, [_module(n) for n in names]):
+    if not w.runs_fp8(names):
         return None
     assert w.fp8 is not None
     pieces = []
@@ -103,10 +103,8 @@ def fp8_rows(
             whole = fp8.load_linear(w.stored, _module(n), w.fp8)
             pieces.append(fp8.shard(whole, 0, start, stop).to(w.device))
         else:  # one scale per row: these rows' codes are the whole matrix's
-            if n not in w:
-                raise ValueError(f"checkpoint is missing tensor {n!r}")
-            rows = w.stored[n].narrow(0, start, stop - start)
-            pieces.append(fp8.quantize_linear(rows.to(w.device)))
+            rows = w.source(n).narrow(0, start, stop - start)
+            pieces.append(fp8.quantize_linear(rows))
     return fp8.fuse(pieces)
 
 
@@ -115,7 +113,7 @@ def fp8_columns(w: DeviceWeights, name: str, start: int, stop: int) -> Fp8Linear
     where it does not run in FP8."""
     from pagoda.runtime.quantization import fp8
 
-    if not fp8.quantizes_all(w.fp8, [_module(name)]):
+    if not w.runs_fp8([name]):
         return None
     whole = w.fp8_weights([name])  # quantized (or read) whole: the scales of entire rows
     assert whole is not None

@@ -62,6 +62,10 @@ class SafetensorsWeights(Mapping):
     def __init__(self, files: list[Path]) -> None:
         from safetensors import safe_open
 
+        # an FP8 checkpoint's block-wise scale tile [rows, cols] (the loader sets it from
+        # config.json's quantization_config): how its weights are dequantized
+        self.fp8_block: tuple[int, int] | None = None
+
         self._handles = [safe_open(str(f), framework="pt") for f in files]
         self._where: dict[str, tuple[int, str]] = {}  # name -> (handle, stored name)
         for i, handle in enumerate(self._handles):

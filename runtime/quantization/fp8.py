@@ -15,12 +15,17 @@ Two ways to an FP8 model (the model loader calls these; the GEMM is
     output channel ``[N]``/``[N, 1]``) and, with ``activation_scheme: "static"``,
     ``<layer>.input_scale`` (one element). ``ignored_layers`` / ``modules_to_not_convert`` stay
     16-bit. ``weight_block_size`` (block-wise scales, DeepSeek-V3 and Qwen3-FP8 checkpoints, the
-    ``weight_scale_inv`` tensors) is refused with a clear error: the GEMM takes one scale per
-    channel or per tensor.
+    ``weight_scale_inv`` tensors, one per ``[bn, bk]`` tile) loads too, dequantized to the
+    model's dtype at load on every device (:func:`dequantize_blocks`): the FP8 GEMM takes one
+    scale per channel or per tensor, and requantizing per channel would change the numbers.
+  - ``quant_method: "fbgemm_fp8"`` (HF's FBGEMM export, e.g. Meta-Llama-3.1-405B-Instruct-FP8):
+    the same tensors with per-channel ``weight_scale [N, 1]`` and dynamic per-token activations
+    (its ``activation_scale_ub`` clamp is not applied; ``input_scale_ub`` tensors are unread).
   - ``quant_method: "compressed-tensors"`` with ``float-quantized``/``naive-quantized`` groups of
     8-bit floats (llm-compressor's ``FP8``/``FP8_DYNAMIC``): weight strategy ``channel`` or
     ``tensor``; input activations ``token`` (dynamic), ``tensor`` (static, ``input_scale``), or
-    none (weight-only: the GEMM's W8A16 mode). ``block``/``group`` strategies are refused.
+    none (weight-only: the GEMM's W8A16 mode). The ``block`` (``block_structure``) and ``group``
+    (``group_size``: blocks of one row) strategies load dequantized, as block-wise ``fp8``.
     Dynamic *per-tensor* activations are run per token: a per-batch scale would make a token's
     result depend on the rest of the batch, and per-token is at least as accurate.
 
@@ -40,6 +45,7 @@ from pagoda.kernels.fp8 import FP8_DTYPE, dequantize, quantize_weight
 from pagoda.runtime.options import QUANTIZATIONS
 
 ONLINE, SERIALIZED_FP8, COMPRESSED_TENSORS = "online", "fp8", "compressed-tensors"
+FBGEMM_FP8 = "fbgemm_fp8"  # HF's FbgemmFp8Config: the "fp8" tensors, activations per token
 ACTIVATIONS = ("dynamic", "static", "none")  # per token | per tensor from the checkpoint | W8A16
 
 
@@ -54,6 +60,7 @@ class Fp8Scheme:
     activations: str  # one of ACTIVATIONS
     ignored: tuple[str, ...] = ()
     targets: tuple[str, ...] = ()
+    block: tuple[int, int] | None = None  # block-wise weight scales: the [rows, cols] of a tile
 
     def __post_init__(self) -> None:
         if self.source not in (ONLINE, SERIALIZED_FP8, COMPRESSED_TENSORS):
@@ -62,6 +69,10 @@ class Fp8Scheme:
             raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}")
         if self.source == ONLINE and self.activations != "dynamic":
             raise ValueError("online FP8 quantization has dynamic activations")
+        if self.block is not None and (
+            len(self.block) != 2 or not all(isinstance(b, int) and b > 0 for b in self.block)
+        ):
+            raise ValueError(f"an FP8 weight block must be two positive integers, got {self.block}")
 
     @property
     def serialized(self) -> bool:
@@ -104,24 +115,33 @@ def scheme_from_hf_config(hf_config: Mapping) -> Fp8Scheme | None:
     method = qc.get("quant_method")
     if method == SERIALIZED_FP8:
         return _fp8_scheme(qc)
+    if method == FBGEMM_FP8:  # Meta's Llama 3.1 405B FP8: per-channel weights, dynamic rows
+        ignored = qc.get("modules_to_not_convert") or ()
+        return Fp8Scheme(SERIALIZED_FP8, "dynamic", ignored=tuple(ignored))
     if method == COMPRESSED_TENSORS:
         return _compressed_tensors_scheme(qc)
     raise ValueError(
         f"checkpoint quantization {method!r} is not supported: Pagoda loads FP8 checkpoints "
-        "(quant_method 'fp8' or 'compressed-tensors' with 8-bit float weights) and quantizes "
+        "(quant_method 'fp8', 'fbgemm_fp8' or 'compressed-tensors' with 8-bit float weights) "
+        "and quantizes "
         "16-bit ones with --quantization fp8"
     )
 
 
-_BLOCK_REFUSAL = (
-    "block-wise FP8 scales ({what}) are not supported: Pagoda's FP8 GEMM takes one weight scale "
-    "per output channel or per tensor; serve the bf16 checkpoint with --quantization fp8"
-)
+def _block(value, what: str) -> tuple[int, int]:
+    """A block size from the config ([rows, cols]), or a one-line ValueError."""
+    if (
+        not isinstance(value, (list, tuple))
+        or len(value) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+    ):
+        raise ValueError(f"{what} must be two positive integers [rows, cols], got {value!r}")
+    return int(value[0]), int(value[1])
 
 
 def _fp8_scheme(qc: Mapping) -> Fp8Scheme:
-    if qc.get("weight_block_size") is not None:
-        raise ValueError(_BLOCK_REFUSAL.format(what=f"weight_block_size {qc['weight_block_size']}"))
+    block = qc.get("weight_block_size")
+    block = None if block is None else _block(block, "weight_block_size")
     fmt = qc.get("fmt", "e4m3")
     if fmt != "e4m3":
         raise ValueError(f"FP8 checkpoint format {fmt!r} is not supported (only e4m3)")
@@ -129,28 +149,43 @@ def _fp8_scheme(qc: Mapping) -> Fp8Scheme:
     if scheme not in ("dynamic", "static"):
         raise ValueError(f"activation_scheme must be 'dynamic' or 'static', got {scheme!r}")
     ignored = qc.get("ignored_layers") or qc.get("modules_to_not_convert") or ()
-    return Fp8Scheme(SERIALIZED_FP8, scheme, ignored=tuple(ignored))
+    return Fp8Scheme(SERIALIZED_FP8, scheme, ignored=tuple(ignored), block=block)
 
 
 def _compressed_tensors_scheme(qc: Mapping) -> Fp8Scheme:
     groups = qc.get("config_groups") or {}
     if not groups:
         raise ValueError("compressed-tensors quantization_config has no config_groups")
-    found = set()
+    found, blocks = set(), set()
     targets: list[str] = []
     for name, group in groups.items():
         fmt = group.get("format") or qc.get("format")
         if fmt not in ("float-quantized", "naive-quantized"):
             raise ValueError(f"compressed-tensors group {name!r}: format {fmt!r} is not supported "
                              "(FP8 checkpoints are float-quantized)")  # fmt: skip
-        found.add(
-            _group_activations(name, group.get("weights") or {}, group.get("input_activations"))
-        )
+        weights = group.get("weights") or {}
+        found.add(_group_activations(name, weights, group.get("input_activations")))
+        blocks.add(_group_block(name, weights))
         targets += group.get("targets") or []
-    if len(found) != 1:
-        raise ValueError(f"compressed-tensors groups mix FP8 activation schemes {sorted(found)}; "
-                         "one scheme per model is supported")  # fmt: skip
-    return Fp8Scheme(COMPRESSED_TENSORS, found.pop(), tuple(qc.get("ignore") or ()), tuple(targets))
+    if len(found) != 1 or len(blocks) != 1:
+        what = sorted(found) if len(found) != 1 else sorted(map(str, blocks))
+        raise ValueError(f"compressed-tensors groups mix FP8 schemes {what}; one scheme per "
+                         "model is supported")  # fmt: skip
+    return Fp8Scheme(COMPRESSED_TENSORS, found.pop(), tuple(qc.get("ignore") or ()),
+                     tuple(targets), block=blocks.pop())  # fmt: skip
+
+
+def _group_block(name: str, weights: Mapping) -> tuple[int, int] | None:
+    """The weight tile of a ``block`` (``block_structure``) or ``group`` (``group_size``: one
+    row by that many columns) strategy; None for per-channel and per-tensor scales."""
+    where = f"compressed-tensors group {name!r}"
+    strategy = weights.get("strategy")
+    if strategy == "block":
+        return _block(weights.get("block_structure"), f"{where}: block_structure")
+    if strategy == "group":
+        size = weights.get("group_size")
+        return _block([1, size], f"{where}: [1, group_size]")
+    return None
 
 
 def _group_activations(name: str, weights: Mapping, inputs: Mapping | None) -> str:
@@ -160,18 +195,19 @@ def _group_activations(name: str, weights: Mapping, inputs: Mapping | None) -> s
         raise ValueError(f"{where}: weights must be 8-bit floats, got {weights.get('num_bits')}-bit "
                          f"{weights.get('type')}")  # fmt: skip
     strategy = weights.get("strategy")
-    if strategy in ("block", "group"):
-        raise ValueError(where + ": " + _BLOCK_REFUSAL.format(what=f"strategy {strategy!r}"))
     if (
-        strategy not in ("channel", "tensor")
+        strategy not in ("channel", "tensor", "block", "group")
         or weights.get("dynamic")
         or not weights.get("symmetric", True)
     ):
-        raise ValueError(f"{where}: weights must be static, symmetric, per channel or per tensor")
+        raise ValueError(f"{where}: weights must be static, symmetric, per channel, per tensor "
+                         "or block-wise")  # fmt: skip
     if inputs is None:
         return "none"
     if inputs.get("num_bits") != 8 or inputs.get("type") != "float":
         raise ValueError(f"{where}: input activations must be 8-bit floats")
+    if strategy in ("block", "group"):  # dequantized at load: activations stay 16-bit
+        return "dynamic"
     if inputs.get("strategy") not in ("token", "tensor"):
         raise ValueError(f"{where}: input activation strategy {inputs.get('strategy')!r} is not "
                          "supported (token or tensor)")  # fmt: skip
@@ -199,8 +235,13 @@ def engine_scheme(
     ``checkpoint``: the checkpoint's own format (it wins, as in :func:`resolve_scheme`);
     ``fp8_runs``: whether the FP8 kernels run on the engine's device. Where they do not, an FP8
     checkpoint is dequantized to the model's dtype at load (correct, and FP8 checkpoints load
-    everywhere), while ``quantization="fp8"`` (a request for FP8 compute) is refused."""
+    everywhere), while ``quantization="fp8"`` (a request for FP8 compute) is refused. A
+    block-wise checkpoint is dequantized at load on every device; with ``quantization="fp8"``
+    where FP8 runs, its weights are then requantized per output channel (online)."""
     scheme = checkpoint or (ONLINE_SCHEME if quantization == "fp8" else None)
+    if scheme is not None and scheme.block is not None:  # block-wise scales: dequantized at
+        # load (`dequantize_blocks`), then with the flag requantized one scale per channel
+        scheme = ONLINE_SCHEME if quantization == "fp8" else None
     if scheme is None or fp8_runs:
         return scheme
     if quantization == "fp8":
@@ -341,6 +382,22 @@ def fuse(parts: Sequence[Fp8LinearWeights]) -> Fp8LinearWeights:
         torch.cat([p.weight_scale for p in parts]),
         input_scale,
     )
+
+
+def dequantize_blocks(
+    weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int], dtype: torch.dtype
+) -> torch.Tensor:
+    """``weight [N, K]`` (E4M3) times its block-wise ``scale [ceil(N/bn), ceil(K/bk)]`` (each
+    tile's own scale; the last row and column of tiles may be partial), in ``dtype``."""
+    (n, k), (bn, bk) = weight.shape, block
+    want = (-(-n // bn), -(-k // bk))
+    if scale.dim() != 2 or tuple(scale.shape) != want:
+        raise ValueError(f"block-wise FP8 scales of a {n}x{k} weight in {bn}x{bk} tiles must be "
+                         f"{want[0]}x{want[1]}, got {tuple(scale.shape)}")  # fmt: skip
+    w = torch.nn.functional.pad(weight.float(), (0, want[1] * bk - k, 0, want[0] * bn - n))
+    tiles = w.view(want[0], bn, want[1], bk)  # one float32 copy of the weight, scaled in place
+    tiles.mul_(scale.float().to(weight.device)[:, None, :, None])
+    return w[:n, :k].to(dtype)
 
 
 def checkpoint_kv_scales(

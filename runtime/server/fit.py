@@ -89,6 +89,8 @@ def plan_of(cfg: EngineConfig, model_path: Path, tp: int = 1) -> Plan:
         from pagoda.runtime.model.hf_loader import read_quantization
 
         scheme = read_quantization(model_path)
+    if scheme is not None and scheme.block is not None:  # block-wise: dequantized at load
+        scheme = None
     fp8 = (cfg.quantization == "fp8" or scheme is not None) and fp8_runs_on(device)
     return Plan(cfg.torch_dtype(), fp8, cfg.cache.kv_cache_dtype == "fp8", tp,
                 cfg.scheduler.max_model_len or 0, cfg.cache.block_size)  # fmt: skip

@@ -66,3 +66,46 @@ def greedy(llm: LLM, n: int = 5, first: list | None = None) -> list[list[int]]:
     if first is not None:
         first += [seen[o.request_id] for o in outs]
     return [o.outputs[0].token_ids for o in outs]
+
+
+def quantize_blocks(t: torch.Tensor, block: tuple[int, int]):
+    """E4M3 codes of `t` [N, K] with one scale per `block` tile (partial tiles at the edges,
+    as DeepSeek-V3 / Qwen3-FP8 exports), the scales [ceil(N/bn), ceil(K/bk)], and the codes
+    dequantized (float32)."""
+    (n, k), (bn, bk) = t.shape, block
+    scales = torch.empty(-(-n // bn), -(-k // bk))
+    codes = torch.empty(n, k, dtype=torch.float8_e4m3fn)
+    dense = torch.empty(n, k)
+    for i in range(scales.shape[0]):
+        for j in range(scales.shape[1]):
+            rows, cols = slice(i * bn, (i + 1) * bn), slice(j * bk, (j + 1) * bk)
+            scales[i, j] = math.scale_from_amax(t[rows, cols].abs().amax())
+            codes[rows, cols] = math.quantize(t[rows, cols], scales[i, j])
+            dense[rows, cols] = codes[rows, cols].float() * scales[i, j]
+    return codes, scales, dense
+
+
+def write_block_pair(root, quantization_config: dict, block: tuple[int, int], scale_suffix: str):
+    """(an FP8 checkpoint with block-wise scales named `<layer>.<scale_suffix>`, the float32
+    checkpoint of its weights dequantized): two directories sharing config and tokenizer."""
+    orig, q, deq = root / "orig", root / "fp8", root / "dequantized"
+    make_tiny_llama(orig)
+    tensors = load_file(str(orig / "model.safetensors"))
+    quant, dense = {}, {}
+    for name, t in tensors.items():
+        if not _is_linear(name):
+            quant[name] = dense[name] = t
+            continue
+        codes, scales, dense[name] = quantize_blocks(t.float(), block)
+        quant[name], quant[name.removesuffix("weight") + scale_suffix] = codes, scales
+    for d, ts, qc in ((q, quant, True), (deq, dense, False)):
+        d.mkdir()
+        for f in orig.iterdir():
+            if f.name != "model.safetensors":
+                (d / f.name).write_bytes(f.read_bytes())
+        save_file(ts, str(d / "model.safetensors"))
+        if qc:
+            cfg = json.loads((d / "config.json").read_text())
+            cfg["quantization_config"] = quantization_config
+            (d / "config.json").write_text(json.dumps(cfg))
+    return q, deq

@@ -242,3 +242,26 @@ def test_a_mixture_of_experts_in_fp8_over_two_ranks(tmp_path):
     assert isinstance(two.qkv, Fp8Linear) and isinstance(two.mlp.down.inner, Fp8Linear)
     ours, theirs = torch.stack(l2), torch.stack(l1)
     assert (ours - theirs).abs().max() < 0.1 * theirs.abs().max()
+
+
+@interpreted
+def test_per_head_kv_cache_scales_are_split_with_the_kv_heads(tmp_path):
+    """An FP8 KV cache with the checkpoint's per-KV-head ``k_scale``/``v_scale`` (4 KV heads
+    over 2 ranks): each rank takes its heads' scales (was: every rank the whole vector, which
+    the kernels refused at start); the tokens are one rank's."""
+    from hf_oracle import make_tiny_model
+
+    make_tiny_model(tmp_path, "Llama", num_key_value_heads=4)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    for i in range(2):
+        tensors[f"model.layers.{i}.self_attn.k_scale"] = torch.tensor([0.01, 0.02, 0.03, 0.04])
+        tensors[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor([0.006, 0.008, 0.01, 0.012])
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    args = dict(attention_backend="triton", kv_cache_dtype="fp8", dtype="float32",
+                kv_cache_memory=4 << 20, max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    want = greedy(LLM(str(tmp_path), **args), 3)
+    with LLM(str(tmp_path), tensor_parallel_size=2, **args) as two:
+        k_scale, v_scale = two.engine.runner.model.layers[1].kv_scales  # rank 0: heads 0 and 1
+        assert k_scale.tolist() == pytest.approx([0.01, 0.02])
+        assert v_scale.tolist() == pytest.approx([0.006, 0.008])
+        assert greedy(two, 3) == want

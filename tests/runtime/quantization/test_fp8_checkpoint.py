@@ -61,18 +61,13 @@ def test_schemes_of_real_checkpoint_configs():
 @pytest.mark.parametrize(
     ("qc", "match"),
     [
-        (HF_BLOCK, "block-wise FP8 scales .*weight_block_size"),
+        ({**HF_BLOCK, "weight_block_size": [128]}, "weight_block_size must be two positive"),
         (
             _with(
                 CT_DYNAMIC,
-                weights={
-                    "num_bits": 8,
-                    "type": "float",
-                    "strategy": "block",
-                    "block_structure": [128, 128],
-                },
+                weights={"num_bits": 8, "type": "float", "strategy": "block"},
             ),
-            "block-wise",
+            "block_structure must be two positive",
         ),
         ({"quant_method": "gptq", "bits": 4}, "'gptq' is not supported"),
         ({"quant_method": "fp8", "activation_scheme": "static_per_token"}, "activation_scheme"),
@@ -214,3 +209,59 @@ def test_engine_quantization_choices_and_the_plan():
     assert fp8.engine_scheme(None, ckpt, False) is None
     with pytest.raises(ValueError, match="FP8 tensor cores"):
         fp8.engine_scheme("fp8", ckpt, False)
+
+
+def test_a_projection_the_checkpoint_stores_16_bit_runs_16_bit_unlisted_or_not():
+    """An FP8 export may keep a projection 16-bit without naming it in its ignore list (e.g. a
+    hand-merged checkpoint): that layer runs as stored, the FP8 ones in the FP8 GEMM; a fused
+    group split between the two is refused by name."""
+    from pagoda.runtime.model.llama import DeviceWeights
+
+    gen = torch.Generator().manual_seed(0)
+    q, q_scale = math.quantize_weight(torch.randn(8, 16, generator=gen))
+    tensors = {"l.q_proj.weight": q, "l.q_proj.weight_scale": q_scale,
+               "l.k_proj.weight": torch.randn(4, 16, generator=gen),
+               "l.o_proj.weight": torch.randn(16, 8, generator=gen)}  # fmt: skip
+    scheme = fp8.Fp8Scheme(fp8.SERIALIZED_FP8, "dynamic")  # ignores nothing
+    w = DeviceWeights(tensors, torch.device("cpu"), torch.float32, {}, scheme)
+    assert w.fp8_weights(["l.o_proj.weight"]) is None  # stays 16-bit
+    assert torch.equal(
+        w.fp8_weights(["l.q_proj.weight"]).weight.view(torch.uint8), q.view(torch.uint8)
+    )
+    with pytest.raises(ValueError, match=r"quantizes some of l.q_proj, l.k_proj but not all"):
+        w.fp8_weights(["l.q_proj.weight", "l.k_proj.weight"])
+
+
+def test_an_fbgemm_fp8_checkpoint_serves_its_dequantized_weights(tmp_path, monkeypatch):
+    """quant_method "fbgemm_fp8" (Meta's Llama 3.1 405B FP8 export): per-channel
+    ``weight_scale [N, 1]``, an ``input_scale_ub`` per layer; where FP8 does not run it gives
+    its dequantized twin's tokens bit for bit."""
+    import json
+
+    from fp8_testlib import greedy, write_fp8_pair
+    from pagoda.runtime import LLM
+    from pagoda.runtime import config as engine_config
+    from pagoda.runtime.model.loader import load_model
+    from pagoda.runtime.worker import model_runner
+
+    monkeypatch.setattr(engine_config, "fp8_runs_on", lambda device: False)
+    monkeypatch.setattr(model_runner, "fp8_runs_on", lambda device: False)
+    _, q, deq = write_fp8_pair(tmp_path)
+    tensors = load_file(str(q / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith(".weight_scale")]:
+        tensors[name] = tensors[name].reshape(-1, 1)
+        tensors[name.removesuffix("weight_scale") + "input_scale_ub"] = torch.tensor([1200.0])
+    save_file(tensors, str(q / "model.safetensors"))
+    cfg = json.loads((q / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+                                  "modules_to_not_convert": ["lm_head"]}  # fmt: skip
+    (q / "config.json").write_text(json.dumps(cfg))
+    loaded = load_model(str(q))
+    assert (loaded.fp8_scheme.source, loaded.fp8_scheme.activations) == ("fp8", "dynamic")
+    assert not loaded.fp8_scheme.quantizes("lm_head")
+    engine = dict(
+        dtype="float32", kv_cache_memory=4 << 20, max_num_batched_tokens=16, max_num_seqs=4
+    )
+    assert greedy(LLM(loaded=loaded, **engine)) == greedy(
+        LLM(loaded=load_model(str(deq)), **engine)
+    )

@@ -1,0 +1,79 @@
+"""A checkpoint that does not match its config.json is refused when the config is read (from
+the safetensors headers, no tensor read), in one line naming the tensor: `pagoda serve` exits 2
+before it binds, instead of failing in the first forward (a q/k/v split of the wrong widths) or
+serving tokens past the vocabulary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hf_oracle import make_tiny_model
+from pagoda.runtime.model.loader import load_model, read_model_config
+from safetensors.torch import load_file, save_file
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen3")
+    make_tiny_model(path, "Qwen3", head_dim=32, num_key_value_heads=1)
+    return path
+
+
+def _copy(src: Path, dst: Path, **config_changes) -> Path:
+    dst.mkdir(exist_ok=True)
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**cfg, **config_changes}))
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"num_key_value_heads": 2}, r"k_proj.weight is \[32, 64\], config.json .* needs \[64, 64\]"),
+        ({"head_dim": 16}, r"q_proj.weight is \[128, 64\], .* needs \[64, 64\]"),
+        ({"vocab_size": 250}, r"embed_tokens.weight is \[300, 64\], .* needs \[250, 64\]"),
+        ({"num_hidden_layers": 3}, r"missing tensor 'model.layers.2.self_attn.q_proj.weight'"),
+    ],
+)  # fmt: skip
+def test_a_config_the_weights_do_not_match_is_refused_in_one_line(good, tmp_path, change, match):
+    bad = _copy(good, tmp_path, **change)
+    for read in (read_model_config, load_model):
+        with pytest.raises(ValueError, match=match) as e:
+            read(str(bad))
+        assert "\n" not in str(e.value)
+
+
+def test_an_fp8_weight_without_its_scale_is_refused(good, tmp_path):
+    import torch
+
+    bad = _copy(good, tmp_path, quantization_config={"quant_method": "fp8"})
+    tensors = load_file(str(bad / "model.safetensors"))
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name] = tensors[name].to(torch.float8_e4m3fn)
+    save_file(tensors, str(bad / "model.safetensors"))
+    with pytest.raises(ValueError, match=f"{name} is FP8 .* without a .*down_proj.weight_scale"):
+        read_model_config(str(bad))
+    tensors[name.removesuffix("weight") + "weight_scale"] = torch.ones(3)
+    save_file(tensors, str(bad / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"weight_scale is \[3\]; .* needs 1 or 64 elements"):
+        read_model_config(str(bad))
+
+
+def test_pagoda_serve_exits_2_before_binding(good, tmp_path):
+    bad = _copy(good, tmp_path, num_key_value_heads=2)
+    result = subprocess.run(
+        [sys.executable, "-P", "-m", "pagoda.runtime.cli", "serve", "--port", "0", "--model",
+         str(bad)],
+        capture_output=True, text=True, timeout=180, cwd=Path(__file__).resolve().parents[3],
+    )  # fmt: skip
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "k_proj.weight is [32, 64]" in lines[0], result.stderr

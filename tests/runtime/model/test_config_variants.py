@@ -1,0 +1,131 @@
+"""What real checkpoints vary in config.json, against transformers token for token: RoPE
+scalings (llama3, yarn with DeepSeek's mscale and without truncation), Gemma 3's window layers
+with their own rotary base in `rope_parameters`, a multimodal Gemma 3 whose top-level
+`tie_word_embeddings` says untied, Qwen3-MoE's window (every layer, whatever max_window_layers
+says); and what the engine cannot run exactly, refused at load in one line (longrope, a partial
+rotary, dynamic NTK past the model's context, Gemma 3's bidirectional attention)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from arch_cases import NEW, check, generate
+from hf_oracle import hf_greedy_plain, make_tiny_model
+from pagoda.runtime import LLM
+from pagoda.runtime.model.loader import load_model, read_model_config
+
+transformers = pytest.importorskip("transformers")
+SLIDING, FULL = "sliding_attention", "full_attention"
+LONG = [(7 * i + 3) % 290 + 5 for i in range(70)]
+PROMPTS = [LONG, [(5 * i + 1) % 290 + 5 for i in range(23)]]
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+        "rope_theta": 10000.0}  # fmt: skip
+CASES = {
+    "llama3-rope": ("Llama", dict(rope_parameters={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32, "rope_theta": 500000.0})),
+    "yarn-mscale": ("Llama", dict(rope_parameters={
+        **YARN, "mscale": 1.0, "mscale_all_dim": 0.5, "beta_fast": 16, "beta_slow": 2})),
+    "yarn-untruncated": ("Qwen3", dict(head_dim=32, rope_parameters={**YARN, "truncate": False})),
+    "gemma3-local-theta": ("Gemma3Text", dict(
+        head_dim=32, sliding_window=7, num_hidden_layers=3, layer_types=[SLIDING, FULL, SLIDING],
+        rope_parameters={FULL: {**YARN, "rope_theta": 100000.0},
+                         SLIDING: {"rope_type": "default", "rope_theta": 500.0}})),
+    # transformers windows every Qwen3-MoE layer when use_sliding_window, max_window_layers or not
+    "qwen3moe-window-every-layer": ("Qwen3Moe", dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, use_sliding_window=True,
+        sliding_window=12, max_window_layers=1)),
+}  # fmt: skip
+
+
+def _engine(loaded) -> LLM:
+    return LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, block_size=16,
+               max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_config_variants_match_transformers(tmp_path, name):
+    arch, overrides = CASES[name]
+    model = make_tiny_model(tmp_path, arch, **overrides)
+    want = [hf_greedy_plain(model, p, NEW) for p in PROMPTS]
+    got = generate(_engine(load_model(str(tmp_path))), PROMPTS)
+    for i, (g, w) in enumerate(zip(got, want)):
+        check(g, w, f"{name}: prompt {i}")
+
+
+def test_multimodal_gemma3_untied_by_its_top_level_flag(tmp_path):
+    text = dict(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        sliding_window=7,
+        sliding_window_pattern=2,
+    )  # its text_config keeps the default: tied
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+    )
+    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                    image_token_index=299, boi_token_index=297,
+                                    eoi_token_index=298, tie_word_embeddings=False)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0) if p.dim() > 1 else p.add_(0.2 * torch.randn(p.shape))
+    model.save_pretrained(tmp_path)
+    make_tiny_model(tmp_path / "tok", "Llama")  # borrow its tokenizer files
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / f).write_bytes((tmp_path / "tok" / f).read_bytes())
+    loaded = load_model(str(tmp_path))
+    assert not loaded.config.tie_word_embeddings
+    want = []
+    ids = list(PROMPTS[1])
+    with torch.no_grad():
+        for _ in range(NEW):
+            want.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+            ids.append(want[-1])
+    assert generate(_engine(loaded), [PROMPTS[1]])[0][0] == want
+
+
+@pytest.mark.parametrize(
+    ("rope", "match"),
+    [
+        ({"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+          "original_max_position_embeddings": 32}, "rope_scaling type 'longrope' is not supported"),
+        ({"rope_type": "default", "partial_rotary_factor": 0.5}, "partial rotary"),
+    ],
+)  # fmt: skip
+def test_rope_the_engine_cannot_run_is_refused_at_load(tmp_path, rope, match):
+    make_tiny_model(tmp_path, "Llama")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["rope_parameters"] = {**rope, "rope_theta": 10000.0}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=match):
+        read_model_config(str(tmp_path))
+
+
+def test_dynamic_rope_is_exact_within_its_context_and_refused_past_it(tmp_path):
+    dynamic = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    model = make_tiny_model(tmp_path, "Llama", max_position_embeddings=96, rope_parameters=dynamic)
+    want = hf_greedy_plain(model, LONG, NEW)
+    loaded = load_model(str(tmp_path))
+    check(generate(_engine(loaded), [LONG])[0], want, "dynamic within the context")
+    with pytest.raises(ValueError, match="'dynamic' is exact only within the model's context"):
+        LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, max_model_len=200)
+
+
+def test_bidirectional_gemma3_is_refused_at_load(tmp_path):
+    make_tiny_model(tmp_path, "Gemma3Text", head_dim=32, use_bidirectional_attention=True)
+    with pytest.raises(ValueError, match=r"use_bidirectional_attention .* is not supported"):
+        read_model_config(str(tmp_path))
