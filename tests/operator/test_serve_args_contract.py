@@ -55,9 +55,14 @@ def _parse(args: list[str]) -> argparse.Namespace:
 
 
 def check_rendered(spec: InferenceServiceSpec) -> argparse.Namespace:
-    """Build the Deployment and ConfigMap, parse their command line, compare the values."""
+    """Build the workload (its leader for a multi-node one) and ConfigMap, parse their command line, compare the values."""
     children = build_children(OWNER, spec)
-    container = children.get("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    workload = children.workload  # a Deployment, or a multi-node service's LeaderWorkerSet
+    if workload["kind"] == "LeaderWorkerSet":
+        template = workload["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    else:
+        template = workload["spec"]["template"]
+    container = template["spec"]["containers"][0]
     assert container["command"] == ["pagoda", "serve"]
     args = container["args"]
     serve_line = children.get("ConfigMap")["data"]["serve-args"]
