@@ -227,7 +227,9 @@ class Serving:
                              o.finished)  # fmt: skip
                 if c is None:  # held back (a tool-call parser waits for more text)
                     continue
-                offsets[idx] += len(c.get("text", ""))
+                # text_offset counts the logprob tokens' own text, as the full response does:
+                # the text sent so far lags it while a possible stop string is held back
+                offsets[idx] += sum(len(job.strings.text(lp.token_id)) for lp in o.new_logprobs)
                 c["finish_reason"] = (
                     ep.finish_reason(job, idx, o.finish_reason) if o.finished else None
                 )

@@ -1,0 +1,33 @@
+"""Streams as an `openai` SDK user sees them, checked against the same non-streamed request:
+the concatenated deltas, logprobs and offsets must equal the full response's."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+MODEL = "smollm2-135m"
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)
+
+
+def test_completion_stream_logprobs_equal_full_with_held_back_text(client):
+    """A stop string that never matches still holds text back while streaming; `text_offset`
+    must go on from the tokens' text (as in the full response), not from the text sent."""
+    kw = dict(model=MODEL, prompt="The capital of France is", max_tokens=12, temperature=0,
+              logprobs=2, stop=["zzzzqq"])  # fmt: skip
+    full = client.completions.create(**kw).choices[0]
+    text, tokens, offsets = "", [], []
+    for chunk in client.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            text += c.text
+            if c.logprobs:
+                tokens += c.logprobs.tokens
+                offsets += c.logprobs.text_offset
+    assert text == full.text and tokens == full.logprobs.tokens
+    assert offsets == full.logprobs.text_offset
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
