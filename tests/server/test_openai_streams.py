@@ -31,3 +31,18 @@ def test_completion_stream_logprobs_equal_full_with_held_back_text(client):
     assert text == full.text and tokens == full.logprobs.tokens
     assert offsets == full.logprobs.text_offset
     assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+
+
+def test_developer_role_is_system_for_a_template_without_it(client):
+    """SmolLM2's template knows no `developer` role: such a message must be rendered as the
+    system message (not as a strange turn after the template's default system prompt)."""
+
+    def prompt_tokens(role: str) -> int:
+        messages = [
+            {"role": role, "content": "Answer in French."},
+            {"role": "user", "content": "Hi"},
+        ]
+        r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+        return r.usage.prompt_tokens
+
+    assert prompt_tokens("developer") == prompt_tokens("system")
