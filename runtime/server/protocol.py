@@ -263,7 +263,8 @@ class ChatMessage(BaseModel):
     def as_template_dict(self) -> dict[str, Any]:
         data = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):
-            data["content"] = "".join(p.text for p in self.content)
+            # one part per line, as vLLM (and TensorRT-LLM) join text parts
+            data["content"] = "\n".join(p.text for p in self.content)
         data.setdefault("content", "")
         return data
 

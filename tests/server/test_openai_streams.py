@@ -46,3 +46,18 @@ def test_developer_role_is_system_for_a_template_without_it(client):
         return r.usage.prompt_tokens
 
     assert prompt_tokens("developer") == prompt_tokens("system")
+
+
+def test_text_parts_are_joined_one_per_line(client):
+    """Content given as text parts reads as the parts on separate lines, as vLLM renders it
+    (joined with nothing, "Summarize:" and "The text" ran together)."""
+
+    def prompt_tokens(content) -> int:
+        messages = [{"role": "user", "content": content}]
+        return client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=1
+        ).usage.prompt_tokens
+
+    parts = [{"type": "text", "text": "Summarize:"}, {"type": "text", "text": "The text"}]
+    assert prompt_tokens(parts) == prompt_tokens("Summarize:\nThe text")
+    assert prompt_tokens("Summarize:\nThe text") != prompt_tokens("Summarize:The text")
