@@ -61,3 +61,24 @@ def test_text_parts_are_joined_one_per_line(client):
     parts = [{"type": "text", "text": "Summarize:"}, {"type": "text", "text": "The text"}]
     assert prompt_tokens(parts) == prompt_tokens("Summarize:\nThe text")
     assert prompt_tokens("Summarize:\nThe text") != prompt_tokens("Summarize:The text")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_cached_tokens_of_a_batch_add_up_over_its_prompts(client, stream):
+    """`prompt_tokens` sums the batch's prompts; so must `cached_tokens` (it was the largest
+    prompt's alone)."""
+    prompt = "The history of the old harbour town is long and complicated. " * 6
+    single = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+    single = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1)  # now cached
+    cached = single.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0
+    kw = dict(model=MODEL, prompt=[prompt, prompt], max_tokens=1)
+    if stream:
+        chunks = list(
+            client.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+        )
+        usage = chunks[-1].usage
+    else:
+        usage = client.completions.create(**kw).usage
+    assert usage.prompt_tokens == 2 * single.usage.prompt_tokens
+    assert usage.prompt_tokens_details.cached_tokens == 2 * cached
