@@ -1,5 +1,6 @@
-"""Streams as an `openai` SDK user sees them, checked against the same non-streamed request:
-the concatenated deltas, logprobs and offsets must equal the full response's."""
+"""Responses as an `openai` SDK user reads them, checked against each other: a stream's deltas,
+logprobs and offsets against the same non-streamed request, usage against single requests,
+logprob tables against the chosen tokens, and how messages are rendered."""
 
 from __future__ import annotations
 
@@ -82,3 +83,23 @@ def test_cached_tokens_of_a_batch_add_up_over_its_prompts(client, stream):
         usage = client.completions.create(**kw).usage
     assert usage.prompt_tokens == 2 * single.usage.prompt_tokens
     assert usage.prompt_tokens_details.cached_tokens == 2 * cached
+
+
+def test_legacy_logprobs_name_utf8_fragments_by_their_bytes(client):
+    """Emoji and CJK take several byte-level tokens each; keyed by their decoded text (all
+    "\ufffd") the alternatives overwrote each other and the chosen token's logprob."""
+    r = client.completions.create(model=MODEL, prompt="Emoji: \U0001f600\U0001f603\U0001f604",
+                                  max_tokens=6, temperature=0, logprobs=5)  # fmt: skip
+    lp = r.choices[0].logprobs
+    assert any(t.startswith("bytes:") for t in lp.tokens)
+    raw = b""
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert len(top) == 5 and top[token] == pytest.approx(
+            value, abs=1e-5
+        )  # chosen: in the top 5
+        assert "\ufffd" not in token
+        if token.startswith("bytes:"):
+            raw += bytes.fromhex(token[len("bytes:") :].replace("\\x", ""))
+        else:
+            raw += token.encode()
+    assert raw.decode() == r.choices[0].text
