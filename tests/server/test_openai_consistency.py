@@ -21,6 +21,7 @@ def test_completion_stream_logprobs_equal_full_with_held_back_text(client):
     must go on from the tokens' text (as in the full response), not from the text sent."""
     kw = dict(model=MODEL, prompt="The capital of France is", max_tokens=12, temperature=0,
               logprobs=2, stop=["zzzzqq"])  # fmt: skip
+    client.completions.create(**kw)  # both calls below then prefill the same rows (AMX bf16)
     full = client.completions.create(**kw).choices[0]
     text, tokens, offsets = "", [], []
     for chunk in client.completions.create(**kw, stream=True):
@@ -32,6 +33,31 @@ def test_completion_stream_logprobs_equal_full_with_held_back_text(client):
     assert text == full.text and tokens == full.logprobs.tokens
     assert offsets == full.logprobs.text_offset
     assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_string_across_tokens_never_leaks_into_a_stream(client, include):
+    """A stop string that spans tokens: the stream holds its start back and ends where the full
+    response ends (with or without the stop string), for every choice of n=2."""
+    prompt = "The capital of France is"
+    base = dict(model=MODEL, prompt=prompt, max_tokens=16, temperature=0)
+    client.completions.create(**base)  # warm: every call below prefills the same rows
+    text = client.completions.create(**base).choices[0].text
+    stop = text[3:9]  # " Paris.\n\nThe ...": ends inside the text, spans tokens
+    assert len(stop) == 6 and text.index(stop) == 3
+    kw = dict(base, n=2, stop=[stop], extra_body={"include_stop_str_in_output": include})
+    full = client.completions.create(**kw)
+    streamed: dict[int, str] = {}
+    finish: dict[int, str] = {}
+    for chunk in client.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+            assert stop not in streamed[c.index] or include
+            finish[c.index] = c.finish_reason or finish.get(c.index)
+    expected = text[:3] + (stop if include else "")
+    for c in full.choices:
+        assert c.text == streamed[c.index] == expected
+        assert c.finish_reason == finish[c.index] == "stop"
 
 
 def test_developer_role_is_system_for_a_template_without_it(client):
