@@ -35,6 +35,24 @@ def test_completion_stream_logprobs_equal_full_with_held_back_text(client):
     assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_characters_split_across_tokens_stream_whole(client, temperature):
+    """Emoji take several byte-level tokens: no delta may carry half of one (U+FFFD), and the
+    deltas must add up to the full response (greedy, and sampled with a seed)."""
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Write five emoji: \U0001f600"}],
+              max_tokens=16, temperature=temperature, seed=7)  # fmt: skip
+    client.chat.completions.create(**kw)  # warm: both calls below prefill the same rows
+    full = client.chat.completions.create(**kw).choices[0].message.content
+    deltas = [
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(**kw, stream=True)
+        if c.choices
+    ]
+    assert any(ord(ch) > 0x7F for ch in full)  # the case is exercised
+    assert "".join(deltas) == full
+    assert not any("\ufffd" in d for d in deltas)
+
+
 @pytest.mark.parametrize("include", [False, True])
 def test_stop_string_across_tokens_never_leaks_into_a_stream(client, include):
     """A stop string that spans tokens: the stream holds its start back and ends where the full
