@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import openai
 import pytest
+import structured_testlib
 
 MODEL = "smollm2-135m"
 pytestmark = pytest.mark.e2e
@@ -76,6 +77,17 @@ def test_stop_string_across_tokens_never_leaks_into_a_stream(client, include):
     for c in full.choices:
         assert c.text == streamed[c.index] == expected
         assert c.finish_reason == finish[c.index] == "stop"
+
+
+def test_echo_of_token_ids_equals_echo_of_their_text(client):
+    """A prompt of token ids is echoed whole: its special tokens were dropped
+    ("<|im_start|>user\nHi" came back as "user\nHi")."""
+    text = "<|im_start|>user\nHi"
+    kw = dict(model=MODEL, max_tokens=1, temperature=0, echo=True)
+    by_text = client.completions.create(prompt=text, **kw).choices[0].text
+    ids = structured_testlib.smol_tokenizer().encode(text, add_special_tokens=False)
+    by_ids = client.completions.create(prompt=ids, **kw).choices[0].text
+    assert by_text.startswith(text) and by_ids == by_text
 
 
 def test_developer_role_is_system_for_a_template_without_it(client):
