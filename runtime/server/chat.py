@@ -16,6 +16,13 @@ from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest
 from pagoda.runtime.server.structured_outputs import spec_from_request
 
 
+def as_system(message: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's `developer` role is the newer name of `system` (instructions to the model): for
+    a template that does not know the role, a developer message is a system message (rendered
+    as is, it would be a turn the model never saw, after the template's default system prompt)."""
+    return {**message, "role": "system"} if message.get("role") == "developer" else message
+
+
 class ChatEndpoint(Endpoint):
     request_model = ChatCompletionRequest
     object_name = "chat.completion"
@@ -50,6 +57,8 @@ class ChatEndpoint(Endpoint):
             structured_outputs=spec, **extra,
         )  # fmt: skip
         raw = [m.as_template_dict() for m in req.messages]
+        if template is not None and "developer" not in template:
+            raw = [as_system(m) for m in raw]
         self.check_length("".join(str(m.get("content", "")) for m in raw), info)
         try:
             messages, listed = tools.template_messages(raw, setup, template)

@@ -57,9 +57,13 @@ class CompletionEndpoint(Endpoint):
         return list(p), [info.tokenizer.encode(text) for text in p]  # type: ignore[misc]
 
     def _echo(self, job: Job, i: int) -> str:
+        """The prompt as given: its text, or its token ids decoded whole (special tokens too,
+        as a text prompt's special-token text is echoed)."""
         j = i // job.params.n
         text = job.prompt_texts[j]
-        return text if text is not None else job.strings.tokenizer.decode(job.prompts[j])
+        if text is not None:
+            return text
+        return job.strings.tokenizer.decode(job.prompts[j], skip_special_tokens=False)
 
     def choice(self, job: Job, i: int, text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
         prefix = self._echo(job, i) if job.echo else ""

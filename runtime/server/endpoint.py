@@ -157,7 +157,8 @@ class Endpoint(ABC):
     @abstractmethod
     def delta(self, job: Job, i: int, text: str, lps: list[TokenLogprob], offset: int,
               first: bool, final: bool) -> dict[str, Any] | None:  # fmt: skip
-        """A stream chunk's choice `i` (without finish_reason); `offset`: text sent so far;
+        """A stream chunk's choice `i` (without finish_reason); `offset`: the length of
+        the text of the tokens whose logprobs were sent so far (where `text_offset` goes on);
         `final`: the choice's last chunk. None: nothing to send yet."""
 
     def finish_reason(self, job: Job, i: int, reason: str | None) -> str | None:

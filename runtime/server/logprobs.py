@@ -1,7 +1,10 @@
 """Log-probabilities in OpenAI's two shapes (legacy completions and chat), with token strings.
 
 A byte-level BPE token can be half a UTF-8 character, so the chat shape also carries the token's
-raw `bytes`, recovered from the GPT-2 byte↔unicode table rather than from its decoded text.
+raw `bytes`, recovered from the GPT-2 byte↔unicode table rather than from its decoded text. The
+legacy shape has no bytes and keys alternatives by token text, where every such fragment would
+read "\ufffd" (and the sampled token's logprob be overwritten by an alternative's): there a
+fragment is named by its bytes, as OpenAI does (`bytes:\\xf0\\x9f`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class TokenStrings:
         self.tokenizer = tokenizer
         self._text: dict[int, str] = {}
         self._bytes: dict[int, list[int]] = {}
+        self._key: dict[int, str] = {}
 
     def text(self, token_id: int) -> str:
         s = self._text.get(token_id)
@@ -61,6 +65,19 @@ class TokenStrings:
             self._bytes[token_id] = b
         return b
 
+    def key(self, token_id: int) -> str:
+        """The token's text, or `bytes:\\x..` for part of a UTF-8 character (legacy shape)."""
+        k = self._key.get(token_id)
+        if k is None:
+            raw = bytes(self.bytes(token_id))
+            try:
+                raw.decode("utf-8")
+                k = self.text(token_id)
+            except UnicodeDecodeError:
+                k = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+            self._key[token_id] = k
+        return k
+
     def chat(self, lps: list[TokenLogprob]) -> list[dict[str, Any]]:
         """Chat shape: one entry per token with its `top_logprobs` alternatives."""
         return [
@@ -77,14 +94,15 @@ class TokenStrings:
         ]
 
     def completion(self, lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
-        """Legacy shape; `top_logprobs` holds the alternatives plus the chosen token."""
+        """Legacy shape; `top_logprobs` holds the alternatives plus the chosen token;
+        `text_offset` advances by each token's decoded text."""
         tokens, offsets, tops = [], [], []
         for lp in lps:
-            s = self.text(lp.token_id)
+            s = self.key(lp.token_id)
             tokens.append(s)
             offsets.append(offset)
-            offset += len(s)
-            top = {self.text(t): _finite(v) for t, v in lp.top}
+            offset += len(self.text(lp.token_id))
+            top = {self.key(t): _finite(v) for t, v in lp.top}
             top.setdefault(s, _finite(lp.logprob))
             tops.append(top)
         return {

@@ -237,6 +237,8 @@ class ToolCall(_Strict):
 # Fields of a response's message that clients send back with it: accepted while they say
 # nothing (they would otherwise be dropped silently: no template renders them)
 ECHOED_EMPTY = ("refusal", "audio", "function_call", "annotations")
+# Roles whose messages must carry content (as OpenAI requires); an assistant's may be null
+NEEDS_CONTENT = ("system", "developer", "user", "tool")
 # What the `openai` SDK's parse helpers add to an assistant message, and send back when that
 # message is appended to the next request: its own reading of `content` (`parsed`) and of each
 # call's `arguments` (`function.parsed_arguments`). Copies of what the message carries: dropped.
@@ -261,7 +263,8 @@ class ChatMessage(BaseModel):
     def as_template_dict(self) -> dict[str, Any]:
         data = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):
-            data["content"] = "".join(p.text for p in self.content)
+            # one part per line, as vLLM (and TensorRT-LLM) join text parts
+            data["content"] = "\n".join(p.text for p in self.content)
         data.setdefault("content", "")
         return data
 
@@ -313,7 +316,8 @@ class ChatCompletionRequest(_StructuredFields):
     @classmethod
     def _text_parts_only(cls, data: Any) -> Any:
         """A content part other than text is named in the 400 (not "Input should be ..."), as
-        are a tool message without `tool_call_id`, tool calls outside an assistant message, and
+        are a message other than an assistant's without content, a tool message without
+        `tool_call_id`, tool calls outside an assistant message, and
         a response's own fields sent back non-empty (empty ones are dropped)."""
         messages = data.get("messages") if isinstance(data, dict) else None
         if isinstance(messages, list) and any(
@@ -328,6 +332,12 @@ class ChatCompletionRequest(_StructuredFields):
                 raise APIError(400, f"messages[{i}]: a message with role 'tool' needs "
                                "'tool_call_id' (the id of the call it answers)",
                                param=f"messages[{i}].tool_call_id",
+                               code="missing_required_parameter")  # fmt: skip
+            if (isinstance(m, dict) and m.get("role") in NEEDS_CONTENT
+                    and m.get("content") is None):  # fmt: skip
+                raise APIError(400, f"messages[{i}]: a message with role {m['role']!r} needs "
+                               "'content' (a string or an array of text parts)",
+                               param=f"messages[{i}].content",
                                code="missing_required_parameter")  # fmt: skip
             if isinstance(m, dict) and m.get("tool_calls") and m.get("role") != "assistant":
                 raise APIError(400, f"messages[{i}]: only assistant messages carry tool_calls",

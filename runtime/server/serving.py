@@ -161,14 +161,16 @@ class Serving:
                 t.cancel()
 
     @staticmethod
-    def _usage(job: Job, tokens: list[int], cached: int) -> dict[str, Any]:
+    def _usage(job: Job, tokens: list[int], cached: list[int]) -> dict[str, Any]:
+        """Usage; `cached`: each prompt's cached tokens (its choices share the prompt, and
+        the prompt is counted once, as are its cached tokens)."""
         prompt = sum(len(p) for p in job.prompts)
         out = sum(tokens)
         return {
             "prompt_tokens": prompt,
             "completion_tokens": out,
             "total_tokens": prompt + out,
-            "prompt_tokens_details": {"cached_tokens": cached},
+            "prompt_tokens_details": {"cached_tokens": sum(cached)},
         }
 
     async def full_response(self, job: Job) -> dict[str, Any]:
@@ -186,14 +188,15 @@ class Serving:
         texts = [""] * k
         lps: list[list] = [[] for _ in range(k)]
         tokens, finish, stop = [0] * k, [None] * k, [None] * k
-        cached = 0
+        cached = [0] * len(job.prompts)
         async for idx, o in self._outputs(job):
             texts[idx] += o.new_text
             lps[idx].extend(o.new_logprobs)
             tokens[idx] = o.num_output_tokens
             if o.finished:
                 finish[idx], stop[idx] = o.finish_reason, o.stop_reason
-                cached = max(cached, o.num_cached_tokens)
+                j = idx // job.params.n
+                cached[j] = max(cached[j], o.num_cached_tokens)
         choices = [ep.choice(job, i, texts[i], lps[i]) for i in range(k)]
         for i, c in enumerate(choices):
             c.update(finish_reason=ep.finish_reason(job, i, finish[i]), stop_reason=stop[i])
@@ -206,7 +209,7 @@ class Serving:
         head = ep.head(job, chunk=True)
         want_lp = job.params.logprobs is not None
         tokens, offsets, started = [0] * k, [0] * k, [False] * k
-        cached = 0
+        cached = [0] * len(job.prompts)
 
         def chunk(choice: dict[str, Any]) -> str:
             data = {**head, "choices": [choice]}
@@ -227,13 +230,16 @@ class Serving:
                              o.finished)  # fmt: skip
                 if c is None:  # held back (a tool-call parser waits for more text)
                     continue
-                offsets[idx] += len(c.get("text", ""))
+                # text_offset counts the logprob tokens' own text, as the full response does:
+                # the text sent so far lags it while a possible stop string is held back
+                offsets[idx] += sum(len(job.strings.text(lp.token_id)) for lp in o.new_logprobs)
                 c["finish_reason"] = (
                     ep.finish_reason(job, idx, o.finish_reason) if o.finished else None
                 )
                 if o.finished:
                     c["stop_reason"] = o.stop_reason
-                    cached = max(cached, o.num_cached_tokens)
+                    j = idx // job.params.n
+                    cached[j] = max(cached[j], o.num_cached_tokens)
                 yield chunk(c)
             if job.include_usage:
                 yield sse({**head, "choices": [], "usage": self._usage(job, tokens, cached)})

@@ -113,6 +113,10 @@ CASES = [
      400, "messages[0].foo"),
     ("tool-message-without-call-id", CHAT, {"messages": [*MSGS, {"role": "tool", "content": "1"}]},
      400, "messages[1].tool_call_id"),
+    ("user-message-without-content", CHAT, {"messages": [{"role": "user"}]}, 400,
+     "messages[0].content"),
+    ("system-message-null-content", CHAT, {"messages": [{"role": "system", "content": None},
+        *MSGS]}, 400, "messages[0].content"),
     ("tool-call-without-id", CHAT, {"messages": [*MSGS, {"role": "assistant", "tool_calls": [
         {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, 400,
      "messages[1].tool_calls[0].id"),
