@@ -163,13 +163,15 @@ class CacheConfig:
     kv_cache_dtype: str = options.DEFAULT_KV_CACHE_DTYPE
 
     def __post_init__(self) -> None:
+        options.check_integers(self, ("block_size",))
         if self.block_size not in options.BLOCK_SIZES:
             sizes = ", ".join(map(str, options.BLOCK_SIZES))
             raise ValueError(f"block_size must be one of {sizes}, got {self.block_size!r}")
         if self.kv_cache_memory is not None:
             _positive("kv_cache_memory", self.kv_cache_memory)
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        util = self.gpu_memory_utilization
+        if isinstance(util, bool) or not isinstance(util, int | float) or not 0.0 < util <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {util!r}")
         if self.num_blocks_override is not None:
             _positive("num_blocks_override", self.num_blocks_override)
         if self.kv_cache_dtype not in options.KV_CACHE_DTYPES:
@@ -242,6 +244,7 @@ class EngineConfig:
     parallel: options.Parallelism = field(default_factory=options.Parallelism)
 
     def __post_init__(self) -> None:
+        options.check_integers(self, ("seed",))
         if self.quantization is not None and self.quantization not in options.QUANTIZATIONS:
             choices = ", ".join(options.QUANTIZATIONS)
             raise ValueError(

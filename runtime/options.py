@@ -300,6 +300,9 @@ class Parallelism:
     master_port: int = DEFAULT_MASTER_PORT
 
     def __post_init__(self) -> None:
+        check_integers(self, ("tensor_parallel_size", "nnodes", "node_rank", "master_port"))
+        if self.master_addr is not None and not isinstance(self.master_addr, str):
+            raise ValueError(f"master_addr must be a string, got {_short(self.master_addr)}")
         tp, nodes = self.tensor_parallel_size, self.nnodes
         if not 1 <= tp <= MAX_TENSOR_PARALLEL_SIZE:
             raise ValueError(f"--tensor-parallel-size must be in 1..{MAX_TENSOR_PARALLEL_SIZE}, "
@@ -399,6 +402,16 @@ def check_int(name: str, value: Any, low: int = 1, high: int | None = None) -> i
         bound = f"in {low}..{high}" if high is not None else f">= {low}"
         raise ValueError(f"{name} must be an integer {bound}, got {_short(value)}")
     return value
+
+
+def check_integers(obj: Any, names: tuple[str, ...]) -> None:
+    """ValueError naming the first of the fields `names` of `obj` that is not an integer (a bool,
+    a float such as ``2.0`` or a string such as ``"2"`` is not one): the Python API's keyword
+    arguments reach the configs unparsed; the CLI's are ints already."""
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{name} must be an integer, got {_short(value)}")
 
 
 def check_seconds(name: str, value: Any, low: float = 0.0, high: float = MAX_TIMEOUT_S) -> float:

@@ -20,6 +20,7 @@ import os
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 from pagoda.runtime.distributed.layout import TPLayout
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,11 @@ class TPGroup:
             backend, init_method=f"tcp://{address}:{port}", rank=rank, world_size=size,
             timeout=step_timeout(), **kwargs,
         )  # fmt: skip
-        control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+        try:
+            control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+        except BaseException:  # a peer gone mid-rendezvous: leave, so that a new start can join
+            leave(broken=True)
+            raise
         log.info("tensor-parallel rank %d of %d joined (%s)", rank, size, backend)
         return cls(TPLayout(rank, size), device, dist.group.WORLD, control)
 
@@ -97,10 +102,26 @@ class TPGroup:
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.control_group)
         return int(t.item())
 
-    def close(self) -> None:
-        """Leave the group (best effort: a peer may be gone)."""
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # a dead peer's group cannot always be torn down cleanly
-                log.debug("destroying the process group failed", exc_info=True)
+    def close(self, *, broken: bool = False) -> None:
+        """Leave the group (`leave`); `broken`: a rank is gone, or the start failed midway."""
+        leave(broken=broken)
+
+
+def leave(*, broken: bool = False) -> None:
+    """Tear down this process's groups, so that a later start in the same process (a second
+    `LLM(...)` after a failed one) can join a new group. A `broken` group (a rank gone, a start
+    failed midway), or one whose shutdown fails, is aborted: that waits on no peer (a NCCL
+    shutdown could), and leaves no default group behind either."""
+    if not dist.is_initialized():
+        return
+    if not broken:
+        try:
+            dist.destroy_process_group()
+        except Exception:  # a dead peer's group cannot always be shut down cleanly
+            log.debug("destroying the process group failed; aborting it", exc_info=True)
+    if dist.is_initialized():
+        try:
+            c10d._abort_process_group()  # every group of this process
+        except Exception:
+            log.warning("the tensor-parallel process group could not be torn down; a new "
+                        "group in this process will fail to start", exc_info=True)  # fmt: skip

@@ -68,13 +68,17 @@ class EngineCore:
         limit = config.scheduler.max_model_len or loaded.config.max_position_embeddings
         self.executor = start_group(config, loaded.config, limit, on_failure)
         tp = self.executor.group if self.executor is not None else None
-        try:
+        try:  # a failed start stops the other ranks and leaves the group (a new one can start)
             self.runner = ModelRunner(config, loaded, limit, tp)
+            del loaded  # the checkpoint's tensors (unless the caller holds them) are garbage now
+            self._start(config, limit)
         except BaseException:
             if self.executor is not None:
                 self.executor.close()
             raise
-        del loaded  # the checkpoint's tensors (unless the caller holds them) are garbage now
+
+    def _start(self, config: EngineConfig, limit: int) -> None:
+        """The rest of the start once the runner is built: cache, scheduler, CUDA graphs."""
         bs = config.cache.block_size
         capacity = self.runner.num_blocks * bs
         if limit > capacity:

@@ -124,5 +124,5 @@ class Executor:
                 p.kill()
                 p.join(1.0)
         torch.set_num_threads(self._threads)
-        if hasattr(self, "group") and self.failure is None:  # a broken group may not tear down
-            self.group.close()
+        if hasattr(self, "group"):  # a broken group is aborted (no wait on a dead rank)
+            self.group.close(broken=self.failure is not None)

@@ -18,8 +18,9 @@ from collections.abc import Callable
 
 import torch
 from pagoda.runtime.cpu.quantized import QuantizedWeight
+from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.linear import Linear
-from pagoda.runtime.model.llama import DeviceWeights, LayerContext, LlamaModel, Step
+from pagoda.runtime.model.llama import LayerContext, LlamaModel, Step
 from pagoda.runtime.model.ops import gelu_tanh_and_mul, gemma_rms_norm
 from pagoda.runtime.model.qwen3 import Qwen3Layer
 

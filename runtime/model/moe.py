@@ -30,8 +30,9 @@ from collections.abc import Callable
 
 import torch
 from pagoda.runtime.cpu.quantized import QuantizedWeight, stack
+from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.linear import Linear
-from pagoda.runtime.model.llama import DeviceWeights, GatedMLP, LayerContext, LlamaModel
+from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaModel
 from pagoda.runtime.model.qwen3 import Qwen3Model
 
 log = logging.getLogger(__name__)

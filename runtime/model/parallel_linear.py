@@ -42,8 +42,9 @@ from pagoda.runtime.distributed.group import TPGroup
 from pagoda.runtime.model.linear import Linear
 
 if TYPE_CHECKING:
+    from pagoda.runtime.model.device_weights import DeviceWeights
     from pagoda.runtime.model.fp8_linear import Fp8Linear
-    from pagoda.runtime.model.llama import DeviceWeights, LayerContext
+    from pagoda.runtime.model.llama import LayerContext
     from pagoda.runtime.quantization.fp8 import Fp8LinearWeights
 
 

@@ -6,7 +6,8 @@ Qwen3-MoE (`moe.py`) and Gemma 3 (`gemma3.py`, with its own norm) build on this 
 from __future__ import annotations
 
 import torch
-from pagoda.runtime.model.llama import DeviceWeights, LayerContext, LlamaLayer, LlamaModel
+from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel
 
 
 class Qwen3Layer(LlamaLayer):

@@ -14,7 +14,7 @@ safetensors headers through `SafetensorsWeights`; no tensor data is read):
   go with their weights;
 * each in the engine's dtype (`EngineConfig.torch_dtype`: ``auto`` is float32 on a CPU without
   native bf16), Gemma's norms in float32 (their 1 + w);
-* on a CPU in float32, the matrices `qgemm` multiplies in place (`llama.DeviceWeights`: GGUF
+* on a CPU in float32, the matrices `qgemm` multiplies in place (`model.device_weights`: GGUF
   blocks of the kinds `quantized.readable` names, 16-bit matrices of a safetensors checkpoint,
   every part of a fused q/k/v or gate/up layer or none) as its packed layout (`qgemm.pack`: rows
   padded to 16 per run of one kind), a tied embedding read from the LM head's blocks;

@@ -28,7 +28,7 @@ from fp8_testlib import greedy, write_fp8_pair
 from pagoda.kernels import fp8 as math
 from pagoda.runtime import LLM
 from pagoda.runtime.distributed.layout import TPLayout
-from pagoda.runtime.model.llama import DeviceWeights
+from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.loader import load_model
 from pagoda.runtime.model.parallel_linear import fp8_columns, fp8_rows
 from pagoda.runtime.quantization import fp8

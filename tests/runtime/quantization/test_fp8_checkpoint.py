@@ -215,7 +215,7 @@ def test_a_projection_the_checkpoint_stores_16_bit_runs_16_bit_unlisted_or_not()
     """An FP8 export may keep a projection 16-bit without naming it in its ignore list (e.g. a
     hand-merged checkpoint): that layer runs as stored, the FP8 ones in the FP8 GEMM; a fused
     group split between the two is refused by name."""
-    from pagoda.runtime.model.llama import DeviceWeights
+    from pagoda.runtime.model.device_weights import DeviceWeights
 
     gen = torch.Generator().manual_seed(0)
     q, q_scale = math.quantize_weight(torch.randn(8, 16, generator=gen))
