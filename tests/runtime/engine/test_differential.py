@@ -1,0 +1,199 @@
+"""Differential test of the scheduling machinery: random traffic through a busy engine (a small
+KV pool that forces preemption and prefix-cache eviction, small chunked-prefill budgets, shared
+prefixes, stop tokens, aborts mid-flight, late arrivals, prompts at the block-size and
+`max_model_len` boundaries) must give every request exactly the tokens it gets alone on an
+engine without prefix caching or chunking. Greedy requests rely on batch invariance; seeded
+sampled ones on per-request generators (docs/runtime.md, "What is guaranteed").
+
+After each run the pool must hold no request's blocks, every free block accounted for, and the
+prefix-cache and preemption counters must agree with what happened.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+from hf_oracle import make_tiny_llama
+from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.model.loader import load_model
+
+BS = 8  # block size
+MAX_LEN = 96  # max_model_len
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_diff")
+    make_tiny_llama(path)
+    return load_model(str(path))
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    """One request at a time, no prefix caching, whole prompts: the oracle."""
+    llm = LLM(
+        loaded=tiny,
+        dtype="float32",
+        block_size=BS,
+        max_model_len=MAX_LEN,
+        enable_prefix_caching=False,
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=MAX_LEN,
+    )
+    cache: dict = {}
+
+    def run(prompt: list[int], params: SamplingParams) -> list[tuple[list[int], str]]:
+        """(token ids, finish reason) of each sample."""
+        key = (tuple(prompt), repr(params))
+        if key not in cache:
+            (o,) = llm.generate([prompt], params, use_tqdm=False)
+            cache[key] = [(list(c.token_ids), c.finish_reason) for c in o.outputs]
+            assert not llm.engine.has_unfinished_requests()
+            llm.engine.check_integrity()
+        return cache[key]
+
+    return run
+
+
+def _workload(rng: random.Random, n: int, reference) -> list[tuple]:
+    """(arrival step, prompt, params, abort step or None) per request."""
+    shared = [[rng.randrange(3, 300) for _ in range(40)] for _ in range(2)]
+    out = []
+    for _ in range(n):
+        kind = rng.random()
+        if kind < 0.15:  # a prompt that is exactly whole blocks
+            prompt = rng.choice(shared)[: BS * rng.randrange(1, 5)]
+        elif kind < 0.25:  # near max_model_len: the length limit cuts max_tokens
+            prompt = rng.choice(shared) + [rng.randrange(3, 300) for _ in range(MAX_LEN - 45)]
+            prompt = prompt[: MAX_LEN - rng.randrange(1, 6)]
+        elif kind < 0.35:  # an exact repeat of an earlier prompt (fully cached)
+            prompt = list(out[rng.randrange(len(out))][1]) if out else [5]
+        else:
+            prefix = rng.choice(shared)[: rng.randrange(0, 41)]
+            prompt = prefix + [rng.randrange(3, 300) for _ in range(rng.randrange(1, 30))]
+        seeded = rng.random() < 0.3
+        params = SamplingParams(
+            n=rng.choice([1, 1, 1, 2]),
+            max_tokens=rng.randrange(1, 24),
+            temperature=0.9 if seeded else 0.0,
+            top_k=rng.choice([-1, 20]) if seeded else -1,
+            seed=rng.randrange(1000) if seeded else None,
+            ignore_eos=rng.random() < 0.7,
+        )
+        if rng.random() < 0.35:  # a stop token that the request does produce
+            toks = reference(prompt, params)[0][0]
+            stop = (toks[rng.randrange(len(toks))],)
+            params = dataclasses.replace(params, stop_token_ids=stop)
+        arrival = rng.randrange(0, n)
+        abort = arrival + rng.randrange(0, 12) if rng.random() < 0.12 else None
+        out.append((arrival, prompt, params, abort))
+    return out
+
+
+def _run_busy(llm: LLM, work):
+    engine = llm.engine
+    got: dict[tuple[str, int], list[int]] = {}
+    reason: dict[tuple[str, int], str] = {}
+    aborted: set[str] = set()
+    pending = sorted(range(len(work)), key=lambda i: work[i][0])
+    step = 0
+    while pending or engine.has_unfinished_requests():
+        while pending and work[pending[0]][0] <= step:
+            i = pending.pop(0)
+            engine.add_request(f"q{i}", work[i][1], work[i][2])
+            for j in range(work[i][2].n):
+                got[(f"q{i}", j)] = []
+        for i, (_, _, params, abort_at) in enumerate(work):
+            rid = f"q{i}"
+            live = (rid, 0) in got and not all((rid, j) in reason for j in range(params.n))
+            if abort_at == step and live:
+                engine.abort_request(rid)
+                aborted.add(rid)
+        for d in engine.step():
+            key = (d.request_id, d.index)
+            assert key not in reason, "output after finish"
+            got[key].extend(d.new_token_ids)
+            if d.finished:
+                reason[key] = d.finish_reason
+        engine.check_integrity()
+        step += 1
+        assert step < 5000, "engine does not drain"
+    return got, reason, aborted
+
+
+def _check(tiny, reference, seed, async_scheduling, **engine_args):
+    rng = random.Random(seed)
+    work = _workload(rng, 24, reference)
+    seqs = engine_args.get("max_num_seqs") or rng.choice([3, 4, 8])
+    chunked = engine_args.get("enable_chunked_prefill", rng.random() < 0.8)
+    budgets = [b for b in (5, 12, 20, 33) if b >= seqs] if chunked else [MAX_LEN]
+    args = dict(
+        # 12 blocks hold one max_model_len request: from there, a few at once, then preemption
+        num_blocks_override=rng.choice([12, 16, 22]),
+        max_num_seqs=seqs,
+        max_num_batched_tokens=rng.choice(budgets),
+        enable_prefix_caching=rng.random() < 0.8,
+        enable_chunked_prefill=chunked,
+    )
+    args.update(engine_args)
+    llm = LLM(
+        loaded=tiny,
+        dtype="float32",
+        block_size=BS,
+        max_model_len=MAX_LEN,
+        async_scheduling=async_scheduling,
+        **args,
+    )
+    got, reason, aborted = _run_busy(llm, work)
+    engine = llm.engine
+    for i, (_, prompt, params, _) in enumerate(work):
+        for j, (want, want_reason) in enumerate(reference(prompt, params)):
+            key = (f"q{i}", j)
+            have = got[key]
+            if f"q{i}" in aborted and reason.get(key) in (None, "abort"):  # aborts emit nothing
+                assert have == want[: len(have)], f"{key} (aborted) diverged"
+                continue
+            assert have == want, f"{key}: {len(prompt)}-token prompt, {params}, {args}"
+            assert reason[key] == want_reason, key
+            assert len(prompt) + len(have) <= MAX_LEN
+    # nothing leaked: every block free (cached ones evictable), no request holds any
+    stats = engine.stats()
+    assert stats.num_free_blocks == stats.num_blocks
+    assert not engine.kv.req_blocks and not engine.scheduler.requests
+    assert stats.num_running == stats.num_waiting == 0
+    assert stats.num_preemptions == engine.scheduler.num_preemptions
+    # prefix-cache counters: never more hits than queries, whole blocks only, queries once per
+    # admitted sample
+    assert 0 <= stats.prefix_hits <= stats.prefix_queries
+    assert stats.prefix_queries <= sum(len(p) * s.n for _, p, s, _ in work)
+    assert stats.prefix_hits % BS == 0
+    if args["enable_prefix_caching"]:
+        assert stats.prefix_hits > 0  # repeats and shared prefixes always hit something
+    engine.check_integrity()
+    return engine.scheduler.num_preemptions, stats.prefix_hits, sorted(reason.values())
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_busy_engine_matches_requests_run_alone(tiny, reference, seed, async_scheduling):
+    preemptions, _, _ = _check(
+        tiny,
+        reference,
+        seed,
+        async_scheduling,
+        num_blocks_override=14,
+        max_num_seqs=4,
+        max_num_batched_tokens=12,
+        enable_prefix_caching=True,
+        enable_chunked_prefill=True,
+    )
+    assert preemptions > 0  # the pool is small enough to force them
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("seed", range(3, 40))
+def test_busy_engine_matches_requests_run_alone_more_seeds(tiny, reference, seed, async_scheduling):
+    _check(tiny, reference, seed, async_scheduling)
