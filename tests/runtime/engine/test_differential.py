@@ -44,17 +44,21 @@ def reference(tiny):
     )
     cache: dict = {}
 
-    def run(prompt: list[int], params: SamplingParams) -> list[tuple[list[int], str]]:
-        """(token ids, finish reason) of each sample."""
+    def run(prompt: list[int], params: SamplingParams) -> list[tuple]:
+        """(token ids, finish reason, logprobs) of each sample."""
         key = (tuple(prompt), repr(params))
         if key not in cache:
             (o,) = llm.generate([prompt], params, use_tqdm=False)
-            cache[key] = [(list(c.token_ids), c.finish_reason) for c in o.outputs]
+            cache[key] = [(list(c.token_ids), c.finish_reason, _lp(c.logprobs)) for c in o.outputs]
             assert not llm.engine.has_unfinished_requests()
             llm.engine.check_integrity()
         return cache[key]
 
     return run
+
+
+def _lp(logprobs) -> list:
+    return [(t.token_id, t.logprob, t.top) for t in logprobs or ()]
 
 
 def _workload(rng: random.Random, n: int, reference) -> list[tuple]:
@@ -81,6 +85,9 @@ def _workload(rng: random.Random, n: int, reference) -> list[tuple]:
             top_k=rng.choice([-1, 20]) if seeded else -1,
             seed=rng.randrange(1000) if seeded else None,
             ignore_eos=rng.random() < 0.7,
+            logprobs=rng.choice([None, None, 2]),
+            presence_penalty=rng.choice([0.0, 0.0, 0.0, 0.5]),
+            repetition_penalty=rng.choice([1.0, 1.0, 1.0, 1.3]),
         )
         if rng.random() < 0.35:  # a stop token that the request does produce
             toks = reference(prompt, params)[0][0]
@@ -95,6 +102,8 @@ def _workload(rng: random.Random, n: int, reference) -> list[tuple]:
 def _run_busy(llm: LLM, work):
     engine = llm.engine
     got: dict[tuple[str, int], list[int]] = {}
+    lps: dict[tuple[str, int], list] = {}
+    last: dict[tuple[str, int], object] = {}
     reason: dict[tuple[str, int], str] = {}
     aborted: set[str] = set()
     pending = sorted(range(len(work)), key=lambda i: work[i][0])
@@ -115,12 +124,14 @@ def _run_busy(llm: LLM, work):
             key = (d.request_id, d.index)
             assert key not in reason, "output after finish"
             got[key].extend(d.new_token_ids)
+            lps.setdefault(key, []).extend(_lp(d.new_logprobs))
             if d.finished:
+                last[key] = d
                 reason[key] = d.finish_reason
         engine.check_integrity()
         step += 1
         assert step < 5000, "engine does not drain"
-    return got, reason, aborted
+    return got, reason, aborted, lps, last
 
 
 def _check(tiny, reference, seed, async_scheduling, **engine_args):
@@ -146,10 +157,10 @@ def _check(tiny, reference, seed, async_scheduling, **engine_args):
         async_scheduling=async_scheduling,
         **args,
     )
-    got, reason, aborted = _run_busy(llm, work)
+    got, reason, aborted, lps, last = _run_busy(llm, work)
     engine = llm.engine
     for i, (_, prompt, params, _) in enumerate(work):
-        for j, (want, want_reason) in enumerate(reference(prompt, params)):
+        for j, (want, want_reason, want_lp) in enumerate(reference(prompt, params)):
             key = (f"q{i}", j)
             have = got[key]
             if f"q{i}" in aborted and reason.get(key) in (None, "abort"):  # aborts emit nothing
@@ -157,7 +168,11 @@ def _check(tiny, reference, seed, async_scheduling, **engine_args):
                 continue
             assert have == want, f"{key}: {len(prompt)}-token prompt, {params}, {args}"
             assert reason[key] == want_reason, key
+            assert lps.get(key, []) == want_lp, f"{key}: logprobs differ"
             assert len(prompt) + len(have) <= MAX_LEN
+            d = last[key]  # the per-request metrics a client sees
+            assert d.num_prompt_tokens == len(prompt) and d.num_output_tokens == len(have)
+            assert 0 <= d.num_cached_tokens < len(prompt) and d.num_cached_tokens % BS == 0
     # nothing leaked: every block free (cached ones evictable), no request holds any
     stats = engine.stats()
     assert stats.num_free_blocks == stats.num_blocks
