@@ -49,7 +49,10 @@ def reference(tiny):
         key = (tuple(prompt), repr(params))
         if key not in cache:
             (o,) = llm.generate([prompt], params, use_tqdm=False)
-            cache[key] = [(list(c.token_ids), c.finish_reason, _lp(c.logprobs)) for c in o.outputs]
+            cache[key] = [
+                (list(c.token_ids), c.finish_reason, _lp(c.logprobs), c.text, c.stop_reason)
+                for c in o.outputs
+            ]
             assert not llm.engine.has_unfinished_requests()
             llm.engine.check_integrity()
         return cache[key]
@@ -93,6 +96,11 @@ def _workload(rng: random.Random, n: int, reference) -> list[tuple]:
             toks = reference(prompt, params)[0][0]
             stop = (toks[rng.randrange(len(toks))],)
             params = dataclasses.replace(params, stop_token_ids=stop)
+        elif rng.random() < 0.2:  # a stop string: the text of a token it produces
+            toks = reference(prompt, params)[0][0]
+            stop = (f"w{toks[rng.randrange(len(toks))]}",)
+            include = rng.random() < 0.5
+            params = dataclasses.replace(params, stop=stop, include_stop_str_in_output=include)
         arrival = rng.randrange(0, n)
         abort = arrival + rng.randrange(0, 12) if rng.random() < 0.12 else None
         out.append((arrival, prompt, params, abort))
@@ -103,6 +111,7 @@ def _run_busy(llm: LLM, work):
     engine = llm.engine
     got: dict[tuple[str, int], list[int]] = {}
     lps: dict[tuple[str, int], list] = {}
+    text: dict[tuple[str, int], str] = {}
     last: dict[tuple[str, int], object] = {}
     reason: dict[tuple[str, int], str] = {}
     aborted: set[str] = set()
@@ -125,13 +134,14 @@ def _run_busy(llm: LLM, work):
             assert key not in reason, "output after finish"
             got[key].extend(d.new_token_ids)
             lps.setdefault(key, []).extend(_lp(d.new_logprobs))
+            text[key] = text.get(key, "") + d.new_text
             if d.finished:
                 last[key] = d
                 reason[key] = d.finish_reason
         engine.check_integrity()
         step += 1
         assert step < 5000, "engine does not drain"
-    return got, reason, aborted, lps, last
+    return got, reason, aborted, lps, last, text
 
 
 def _check(tiny, reference, seed, async_scheduling, **engine_args):
@@ -157,10 +167,12 @@ def _check(tiny, reference, seed, async_scheduling, **engine_args):
         async_scheduling=async_scheduling,
         **args,
     )
-    got, reason, aborted, lps, last = _run_busy(llm, work)
+    got, reason, aborted, lps, last, text = _run_busy(llm, work)
     engine = llm.engine
     for i, (_, prompt, params, _) in enumerate(work):
-        for j, (want, want_reason, want_lp) in enumerate(reference(prompt, params)):
+        for j, (want, want_reason, want_lp, want_text, want_stop) in enumerate(
+            reference(prompt, params)
+        ):
             key = (f"q{i}", j)
             have = got[key]
             if f"q{i}" in aborted and reason.get(key) in (None, "abort"):  # aborts emit nothing
@@ -169,6 +181,7 @@ def _check(tiny, reference, seed, async_scheduling, **engine_args):
             assert have == want, f"{key}: {len(prompt)}-token prompt, {params}, {args}"
             assert reason[key] == want_reason, key
             assert lps.get(key, []) == want_lp, f"{key}: logprobs differ"
+            assert text.get(key, "") == want_text and last[key].stop_reason == want_stop, key
             assert len(prompt) + len(have) <= MAX_LEN
             d = last[key]  # the per-request metrics a client sees
             assert d.num_prompt_tokens == len(prompt) and d.num_output_tokens == len(have)
