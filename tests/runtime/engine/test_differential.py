@@ -225,3 +225,95 @@ def test_busy_engine_matches_requests_run_alone(tiny, reference, seed, async_sch
 @pytest.mark.parametrize("seed", range(3, 40))
 def test_busy_engine_matches_requests_run_alone_more_seeds(tiny, reference, seed, async_scheduling):
     _check(tiny, reference, seed, async_scheduling)
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+
+def _engine(tiny, **kw):
+    args = dict(block_size=BS, max_model_len=MAX_LEN, max_num_batched_tokens=16, max_num_seqs=4)
+    return LLM(loaded=tiny, dtype="float32", **(args | kw)).engine
+
+
+def _drain(engine, got):
+    while engine.has_unfinished_requests():
+        for d in engine.step():
+            got.setdefault(d.request_id, []).extend(d.new_token_ids)
+        engine.check_integrity()
+
+
+def test_blocks_shared_with_a_preempted_and_an_aborted_request(tiny, reference):
+    """Three requests share a 3-block prefix; the newest is preempted (the pool holds about two),
+    the middle one is aborted while it shares the blocks: the oldest keeps its output, the
+    shared blocks keep exactly their remaining users, and all come back at the end."""
+    rng = random.Random(7)
+    LONG = dataclasses.replace(GREEDY, max_tokens=40)  # 9 blocks each: not all three fit
+    prefix = [rng.randrange(3, 300) for _ in range(3 * BS)]
+    prompts = {r: prefix + [rng.randrange(3, 300) for _ in range(5)] for r in "abc"}
+    engine = _engine(tiny, num_blocks_override=12)
+    got: dict[str, list[int]] = {}
+    for rid in "abc":
+        engine.add_request(rid, prompts[rid], LONG)
+    shared_ids = None
+    for _ in range(200):
+        for d in engine.step():
+            got.setdefault(d.request_id, []).extend(d.new_token_ids)
+        engine.check_integrity()
+        held = engine.kv.req_blocks
+        if shared_ids is None and "b" in held and "a" in held and len(held["b"]) > 3:
+            shared_ids = [b.block_id for b in held["a"][:3]]
+            assert shared_ids == [b.block_id for b in held["b"][:3]]  # one copy of the prefix
+            users = [engine.kv.pool.blocks[i].ref_cnt for i in shared_ids]
+            engine.abort_request("b")
+            assert [engine.kv.pool.blocks[i].ref_cnt for i in shared_ids] == [n - 1 for n in users]
+        if engine.scheduler.num_preemptions and shared_ids is not None:
+            assert "c" not in held  # the newest went, the prefix stays with the oldest
+            assert [b.block_id for b in held["a"][:3]] == shared_ids
+            assert all(engine.kv.pool.blocks[i].ref_cnt == 1 for i in shared_ids)
+            break
+    assert shared_ids is not None and engine.scheduler.num_preemptions > 0
+    _drain(engine, got)
+    assert got["a"] == reference(prompts["a"], LONG)[0][0]
+    assert got["c"] == reference(prompts["c"], LONG)[0][0]
+    got_b = got.get("b", [])  # aborted, perhaps before its first token
+    assert got_b == reference(prompts["b"], LONG)[0][0][: len(got_b)]
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_whole_block_prompt_served_from_the_cache(tiny, reference):
+    """A prompt of exactly three blocks, run twice: the second run takes two blocks from the
+    cache (the last token is always computed, so its block is too) and gives the same tokens."""
+    prompt = [(7 * i) % 290 + 3 for i in range(3 * BS)]
+    engine = _engine(tiny, num_blocks_override=16)
+    firsts = []
+    for rid in ("first", "again"):
+        engine.add_request(rid, prompt, GREEDY)
+        got: dict[str, list[int]] = {}
+        cached = []
+        while engine.has_unfinished_requests():
+            for d in engine.step():
+                got.setdefault(d.request_id, []).extend(d.new_token_ids)
+                cached.append(d.num_cached_tokens)
+        firsts.append((got[rid], cached[-1]))
+    assert firsts[0] == (reference(prompt, GREEDY)[0][0], 0)
+    assert firsts[1] == (firsts[0][0], 2 * BS)
+    assert engine.kv.prefix_queries == 2 * len(prompt) and engine.kv.prefix_hits == 2 * BS
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_max_model_len_boundary(tiny, reference):
+    """A prompt one token short of max_model_len gets exactly one token (finish "length") even
+    with a bigger max_tokens; one at max_model_len is refused and the engine keeps serving."""
+    engine = _engine(tiny, num_blocks_override=12)
+    prompt = [(5 * i) % 290 + 3 for i in range(MAX_LEN - 1)]
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.add_request("long", [*prompt, 5], GREEDY)
+    engine.add_request("edge", prompt, GREEDY)
+    got, reasons = [], []
+    while engine.has_unfinished_requests():
+        for d in engine.step():
+            got += d.new_token_ids
+            reasons.append(d.finish_reason)
+    assert len(got) == 1 and reasons[-1] == "length"
+    assert got == reference(prompt, GREEDY)[0][0]
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
