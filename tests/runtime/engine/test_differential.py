@@ -317,3 +317,72 @@ def test_max_model_len_boundary(tiny, reference):
     assert len(got) == 1 and reasons[-1] == "length"
     assert got == reference(prompt, GREEDY)[0][0]
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+async def test_async_engine_traffic_matches_requests_run_alone(tiny, reference):
+    """The same random workload through `AsyncEngine` (the server's path): requests arrive from
+    concurrent tasks at random moments and some are aborted by their client mid-stream. Every
+    finished stream equals its request alone, aborted ones a prefix of it, and the pool is
+    whole afterwards."""
+    import asyncio
+    import functools
+
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.engine.async_engine import AsyncEngine
+    from pagoda.runtime.engine.core import EngineCore
+
+    rng = random.Random(11)
+    work = [  # the server refuses max_tokens past the context (offline, they are capped)
+        (t, p, dataclasses.replace(s, max_tokens=min(s.max_tokens, MAX_LEN - len(p))), a)
+        for t, p, s, a in _workload(rng, 16, reference)
+    ]
+    config = EngineConfig.create(
+        "tiny",
+        dtype="float32",
+        block_size=BS,
+        max_model_len=MAX_LEN,
+        num_blocks_override=14,
+        max_num_seqs=4,
+        max_num_batched_tokens=12,
+    )
+    engine = AsyncEngine(functools.partial(EngineCore, config, tiny))
+    engine.start()
+    await asyncio.wait_for(engine.wait_started(), 60)
+
+    async def client(i: int, prompt, params, abort_after):
+        await asyncio.sleep(rng.random() * 0.01)
+        stream = engine.add_request(prompt, params, request_id=f"c{i}")
+        toks = [[] for _ in range(params.n)]
+        reasons = [None] * params.n
+        async for d in stream:
+            toks[d.index] += d.new_token_ids
+            if d.finished:
+                reasons[d.index] = d.finish_reason
+            if abort_after is not None and sum(map(len, toks)) >= abort_after:
+                engine.abort(f"c{i}")
+                abort_after = None
+        return toks, reasons
+
+    try:
+        results = await asyncio.wait_for(
+            asyncio.gather(
+                *(
+                    client(i, p, s, None if a is None else rng.randrange(0, 6))
+                    for i, (_, p, s, a) in enumerate(work)
+                )
+            ),
+            120,
+        )
+        for (_, prompt, params, _), (toks, reasons) in zip(work, results):
+            for j, (want, want_reason, *_) in enumerate(reference(prompt, params)):
+                if reasons[j] == "abort":
+                    assert toks[j] == want[: len(toks[j])]
+                else:
+                    assert (toks[j], reasons[j]) == (want, want_reason), (prompt, params)
+        info = await engine.check_integrity()
+        assert info["stats"]["num_free_blocks"] == info["stats"]["num_blocks"]
+        assert info["in_flight"] == 0
+        assert info["stats"]["num_preemptions"] > 0
+        assert any("abort" in r for _, r in results) and any("stop" in r for _, r in results)
+    finally:
+        engine.stop()
