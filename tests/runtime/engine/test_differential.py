@@ -86,6 +86,8 @@ def _workload(rng: random.Random, n: int, reference) -> list[tuple]:
             max_tokens=rng.randrange(1, 24),
             temperature=0.9 if seeded else 0.0,
             top_k=rng.choice([-1, 20]) if seeded else -1,
+            top_p=rng.choice([1.0, 0.9]) if seeded else 1.0,
+            min_p=rng.choice([0.0, 0.05]) if seeded else 0.0,
             seed=rng.randrange(1000) if seeded else None,
             ignore_eos=rng.random() < 0.7,
             logprobs=rng.choice([None, None, 2]),
