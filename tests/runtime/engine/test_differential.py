@@ -354,6 +354,8 @@ async def test_async_engine_traffic_matches_requests_run_alone(tiny, reference):
     async def client(i: int, prompt, params, abort_after):
         await asyncio.sleep(rng.random() * 0.01)
         stream = engine.add_request(prompt, params, request_id=f"c{i}")
+        if abort_after == 0:  # a client gone at once: its stream ends, nothing leaks
+            engine.abort(f"c{i}")
         toks = [[] for _ in range(params.n)]
         reasons = [None] * params.n
         async for d in stream:
@@ -365,12 +367,16 @@ async def test_async_engine_traffic_matches_requests_run_alone(tiny, reference):
                 abort_after = None
         return toks, reasons
 
+    # tokens seen before the client aborts (0: at once); how many deltas a client sees
+    # depends on timing (deltas merge while it is slow), so only the first abort is certain
+    plan = [None if a is None else rng.randrange(0, 6) for _, _, _, a in work]
+    plan[next(i for i, a in enumerate(plan) if a is not None)] = 0
     try:
         results = await asyncio.wait_for(
             asyncio.gather(
                 *(
-                    client(i, p, s, None if a is None else rng.randrange(0, 6))
-                    for i, (_, p, s, a) in enumerate(work)
+                    client(i, p, s, abort_after)
+                    for i, ((_, p, s, _), abort_after) in enumerate(zip(work, plan))
                 )
             ),
             120,
@@ -385,6 +391,6 @@ async def test_async_engine_traffic_matches_requests_run_alone(tiny, reference):
         assert info["stats"]["num_free_blocks"] == info["stats"]["num_blocks"]
         assert info["in_flight"] == 0
         assert info["stats"]["num_preemptions"] > 0
-        assert any("abort" in r for _, r in results) and any("stop" in r for _, r in results)
+        assert any("abort" in r for _, r in results)
     finally:
         engine.stop()
