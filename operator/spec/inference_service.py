@@ -413,7 +413,7 @@ class InferenceServiceSpec:
             model_cache=ModelCacheSpec.from_dict(mapping(spec, "modelCache", "spec")),
             model_secret=_model_secret(spec),
             node_selector=tuple(sorted(node_selector.items())),
-            tolerations=tuple(_list_of_objects(spec, "tolerations", MAX_TOLERATIONS)),
+            tolerations=tuple(_tolerations(spec)),
             env=tuple(_env(spec)),
             startup_timeout_seconds=int_or(
                 spec, "startupTimeoutSeconds", "spec", 30, 14400, DEFAULT_STARTUP_TIMEOUT_S
@@ -475,10 +475,48 @@ def _list_of_objects(spec: Mapping[str, Any], key: str, max_items: int) -> list[
     return value
 
 
+def _tolerations(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The CRD's rules on tolerations, which are the API server's on the pods it would reject."""
+    tolerations = _list_of_objects(spec, "tolerations", MAX_TOLERATIONS)
+    for i, t in enumerate(tolerations):
+        p = f"spec.tolerations[{i}]"
+        exists = t.get("operator") == "Exists"
+        if not t.get("key") and not exists:
+            raise SpecError(
+                "InvalidSpec",
+                f"{p}: a toleration without a key must have operator Exists (it tolerates every taint)",
+            )
+        if exists and t.get("value"):
+            raise SpecError(
+                "InvalidSpec", f"{p}: a toleration with operator Exists must not set a value"
+            )
+        if "tolerationSeconds" in t and t.get("effect") != "NoExecute":
+            raise SpecError("InvalidSpec", f"{p}: tolerationSeconds needs effect NoExecute")
+    return tolerations
+
+
+_ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef")
+
+
 def _env(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     env = _list_of_objects(spec, "env", MAX_ENV)
     for item in env:
         name = item.get("name")
         if not isinstance(name, str) or len(name) > MAX_ENV_NAME or not _ENV_NAME.match(name):
             raise SpecError("InvalidSpec", f"spec.env: invalid variable name {show(name)}")
+        source = item.get("valueFrom")
+        if source is None:
+            continue
+        if item.get("value"):
+            raise SpecError("InvalidSpec", f"spec.env: {name} sets value or valueFrom, not both")
+        if not isinstance(source, Mapping) or sum(k in source for k in _ENV_SOURCES) != 1:
+            raise SpecError(
+                "InvalidSpec",
+                f"spec.env: {name}: valueFrom must set exactly one of {', '.join(_ENV_SOURCES)}",
+            )
+        for ref in ("secretKeyRef", "configMapKeyRef"):
+            if ref in source and not (source[ref] or {}).get("name"):
+                raise SpecError(
+                    "InvalidSpec", f"spec.env: {name}: valueFrom.{ref}.name is required"
+                )
     return env

@@ -273,3 +273,76 @@ def test_fp8_on_gpu_pods_is_valid() -> None:
                    {"quantization": "fp8", "kvCacheDtype": "fp8"}):  # fmt: skip
         spec = {"model": "m", "resources": {"gpus": 1}, "engine": engine}
         assert validate(load_crd(), {**doc, "spec": spec}) == [], engine
+
+
+# Pod fields the API server would refuse in the Deployment (a ChildRejected service that never
+# starts): the CRD refuses them at `kubectl apply`, and the operator with the same words.
+_M = "smollm2-135m"
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (
+            {"model": _M, "tolerations": [{"operator": "Equal", "value": "x"}]},
+            "a toleration without a key must have operator Exists",
+        ),
+        (
+            {"model": _M, "tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]},
+            "a toleration with operator Exists must not set a value",
+        ),
+        (
+            {"model": _M, "tolerations": [{"key": "k", "effect": "NoSchedule", "tolerationSeconds": 5}]},
+            "tolerationSeconds needs effect NoExecute",
+        ),
+        (
+            {"model": _M, "env": [{"name": "A", "value": "x",
+                                   "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]},
+            "value or valueFrom, not both",
+        ),
+        (
+            {"model": _M, "env": [{"name": "A", "valueFrom": {}}]},
+            "valueFrom must set exactly one of",
+        ),
+        (
+            {"model": _M, "env": [{"name": "A", "valueFrom": {
+                "fieldRef": {"fieldPath": "metadata.name"}, "secretKeyRef": {"name": "s", "key": "k"}}}]},
+            "valueFrom must set exactly one of",
+        ),
+        (
+            {"model": _M, "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"key": "k"}}}]},
+            "name",
+        ),
+    ],
+)  # fmt: skip
+def test_pod_fields_the_api_server_would_refuse_are_refused_up_front(
+    spec: dict[str, Any], expected: str
+) -> None:
+    doc = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
+           "metadata": {"name": "x"}, "spec": spec}  # fmt: skip
+    errors = validate(load_crd(), doc)
+    assert any(expected in e for e in errors), errors
+    with pytest.raises(spec_mod.SpecError) as e:
+        InferenceServiceSpec.from_dict(spec, name="x", default_image="img:1")
+    assert e.value.reason == "InvalidSpec" and expected in e.value.message, e.value
+
+
+def test_valid_tolerations_and_env_sources_pass_both() -> None:
+    spec = {
+        "model": _M,
+        "tolerations": [
+            {"operator": "Exists"},
+            {"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30},
+            {"key": "dedicated", "value": "llm", "effect": "NoSchedule"},
+        ],
+        "env": [
+            {"name": "A", "value": ""},
+            {"name": "B", "value": "", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "C", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
+            {"name": "D", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k", "optional": True}}},
+        ],
+    }  # fmt: skip
+    doc = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
+           "metadata": {"name": "x"}, "spec": spec}  # fmt: skip
+    assert validate(load_crd(), doc) == []
+    InferenceServiceSpec.from_dict(spec, name="x", default_image="img:1")
