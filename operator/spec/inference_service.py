@@ -60,6 +60,9 @@ _DNS1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = re.compile(rf"^({_DNS1123_SUBDOMAIN.pattern[1:-1]}/)?{_LABEL_NAME}$")
+_LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
 _SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
 # The CRD's length and size limits, enforced here too (the schema may not be applied).
 MAX_MODEL = 1024
@@ -383,6 +386,15 @@ class InferenceServiceSpec:
         node_selector = mapping(spec, "nodeSelector", "spec")
         if not all(isinstance(v, str) for v in node_selector.values()):
             raise SpecError("InvalidSpec", "spec.nodeSelector values must be strings")
+        for k, v in node_selector.items():  # the API server's label rules, or it refuses the pods
+            if not isinstance(k, str) or not _LABEL_KEY.match(k) or len(k) > 317:
+                raise SpecError("InvalidSpec", f"spec.nodeSelector: {show(k)} is not a label key")
+            if not _LABEL_VALUE.match(v):
+                raise SpecError(
+                    "InvalidSpec",
+                    f"spec.nodeSelector.{k}: {show(v)} is not a label value (at most 63 letters, "
+                    "digits, '-', '_', '.', starting and ending alphanumeric)",
+                )
         autoscaling = spec.get("autoscaling")
         if autoscaling is not None and not isinstance(autoscaling, Mapping):
             raise SpecError(

@@ -346,3 +346,28 @@ def test_valid_tolerations_and_env_sources_pass_both() -> None:
            "metadata": {"name": "x"}, "spec": spec}  # fmt: skip
     assert validate(load_crd(), doc) == []
     InferenceServiceSpec.from_dict(spec, name="x", default_image="img:1")
+
+
+@pytest.mark.parametrize(
+    ("selector", "crd_refuses"),
+    [({"pool": "a b"}, True), ({"pool": "x" * 64}, True), ({"pool": "-gpu"}, True),
+     ({"a/b/c": "x"}, False), ({"bad key": "x"}, False)],
+)  # fmt: skip
+def test_node_selector_must_be_labels(selector: dict[str, str], crd_refuses: bool) -> None:
+    """The API server refuses pods whose nodeSelector is not labels; values are refused by the
+    CRD's schema, keys (no CEL on map keys: its cost is unbounded) by the operator."""
+    spec = {"model": _M, "nodeSelector": selector}
+    doc = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
+           "metadata": {"name": "x"}, "spec": spec}  # fmt: skip
+    errors = validate(load_crd(), doc)
+    assert bool(errors) == crd_refuses and all("spec.nodeSelector" in e for e in errors), errors
+    with pytest.raises(spec_mod.SpecError) as e:
+        InferenceServiceSpec.from_dict(spec, name="x", default_image="img:1")
+    assert e.value.reason == "InvalidSpec" and "spec.nodeSelector" in e.value.message
+    good = {
+        "kubernetes.io/arch": "amd64",
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "e": "",
+    }
+    assert validate(load_crd(), {**doc, "spec": {"model": _M, "nodeSelector": good}}) == []
+    InferenceServiceSpec.from_dict({"model": _M, "nodeSelector": good}, name="x", default_image="i")
