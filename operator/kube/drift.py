@@ -3,7 +3,8 @@
 The live object has fields the API server defaulted (`protocol`, `terminationMessagePath`, ...)
 and fields other controllers own (`status`, `clusterIP`, annotations from `kubectl rollout
 restart`). So "in sync" means: everything we want is there (desired ⊆ live, lists compared
-element-wise), and maps we own wholly (`OWNED_MAPS`) have no extra keys. The fix is a JSON merge
+element-wise), maps we own wholly (`OWNED_MAPS`) have no extra keys, and optional fields only we
+write (`OWNED_OPTIONAL`) are not there when we do not want them. The fix is a JSON merge
 patch (RFC 7386): our fields replace theirs, lists are replaced whole, and extra keys of owned
 maps are set to null.
 """
@@ -16,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from pagoda.operator.kube.names import OWNED_MAPS
+from pagoda.operator.kube.names import OWNED_MAPS, OWNED_OPTIONAL
 
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
 _SUFFIX = {
@@ -102,7 +103,18 @@ def needs_update(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> bool:
     """Whether the live object drifted from the desired one (see the module docstring)."""
     if not is_subset(_comparable(desired), actual):
         return True
+    if _stale_optional(desired, actual):
+        return True
     return any(_extra_keys(desired, actual, path) for path in OWNED_MAPS.get(desired["kind"], ()))
+
+
+def _stale_optional(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """Paths of `OWNED_OPTIONAL` fields that are live but not wanted."""
+    return [
+        path
+        for path in OWNED_OPTIONAL.get(desired["kind"], ())
+        if _dig(desired, path) is None and _dig(actual, path)
+    ]
 
 
 def _comparable(desired: Mapping[str, Any]) -> dict[str, Any]:
@@ -118,6 +130,8 @@ def _comparable(desired: Mapping[str, Any]) -> dict[str, Any]:
 def merge_patch(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> dict[str, Any]:
     """A JSON merge patch turning `actual` into something `needs_update` accepts."""
     patch = copy.deepcopy(_comparable(desired))
+    for path in _stale_optional(desired, actual):
+        _put(patch, path, None)
     for path in OWNED_MAPS.get(desired["kind"], ()):
         extra = _extra_keys(desired, actual, path)
         if not extra:

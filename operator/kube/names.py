@@ -159,6 +159,18 @@ OWNED_MAPS: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "ConfigMap": (("data",),),
     "Service": (("spec", "selector"),),  # a leaders-only selector loses its role key on a switch
 }
+# Optional fields of a child that only the operator writes: live but absent from the desired
+# manifest (a model switched from hf:// to a PVC drops its download init container, a service
+# that no longer asks for GPUs drops the GPU toleration), they are removed.
+_POD_OPTIONAL = ("initContainers", "tolerations")
+OWNED_OPTIONAL: Mapping[str, tuple[tuple[str, ...], ...]] = {
+    "Deployment": tuple(("spec", "template", "spec", key) for key in _POD_OPTIONAL),
+    "LeaderWorkerSet": tuple(
+        ("spec", "leaderWorkerTemplate", template, "spec", key)
+        for template in ("leaderTemplate", "workerTemplate")
+        for key in _POD_OPTIONAL
+    ),
+}
 MONITORING_KINDS = ("ServiceMonitor", "PrometheusRule")  # only if the Prometheus Operator is there
 # Kinds served only when their CRD is installed: nothing to build, read or delete without it.
 OPTIONAL_KINDS = (*MONITORING_KINDS, "LeaderWorkerSet")

@@ -112,3 +112,29 @@ def test_missing_owner_reference_is_drift() -> None:
     live = served(desired)
     live["metadata"]["ownerReferences"] = []
     assert drift.needs_update(desired, live)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "gone"),
+    [
+        ({"model": "hf://org/m"}, {"model": "smollm2-135m"}, "initContainers"),
+        ({"model": "s3://models/p"}, {"model": "pvc://c/m"}, "initContainers"),
+        ({"model": "/w", "resources": {"gpus": 1}}, {"model": "/w"}, "tolerations"),
+        ({"model": "/w", "tolerations": [{"operator": "Exists"}]}, {"model": "/w"}, "tolerations"),
+    ],
+)
+def test_dropped_init_container_and_tolerations_are_removed(
+    before: dict, after: dict, gone: str
+) -> None:
+    """A merge patch keeps pod-spec lists it does not name: the download init container would
+    stay (its cache volume gone: the API server refuses the patch) and so would tolerations."""
+    live = served(deployment(before))
+    desired = deployment(after)
+    assert gone in live["spec"]["template"]["spec"] and drift.needs_update(desired, live)
+    repaired = apply_merge_patch(live, drift.merge_patch(desired, live))
+    pod = repaired["spec"]["template"]["spec"]
+    assert gone not in pod
+    mounts = [m["name"] for c in pod["containers"] for m in c.get("volumeMounts", [])]
+    assert set(mounts) <= {v["name"] for v in pod["volumes"]}
+    assert not drift.needs_update(desired, repaired)
+    assert not drift.needs_update(deployment(before), served(deployment(before)))  # no churn
