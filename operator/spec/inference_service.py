@@ -60,6 +60,8 @@ _DNS1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_IMAGE = re.compile(r"^\S+$")  # the API server refuses an image with whitespace
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_KEY = re.compile(rf"^({_DNS1123_SUBDOMAIN.pattern[1:-1]}/)?{_LABEL_NAME}$")
 _LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
@@ -411,7 +413,8 @@ class InferenceServiceSpec:
         return cls(
             model=model,
             served_model_name=served,
-            image=opt_str(spec, "image", "spec", max_len=MAX_IMAGE) or default_image,
+            image=opt_str(spec, "image", "spec", max_len=MAX_IMAGE, pattern=_IMAGE)
+            or default_image,
             image_pull_policy=choice(
                 spec, "imagePullPolicy", "spec", PULL_POLICIES, "IfNotPresent"
             ),
@@ -460,9 +463,15 @@ def _secret_ref(spec: Mapping[str, Any]) -> SecretKeyRef | None:
     name = opt_str(secret, "name", p, max_len=MAX_SECRET_FIELD)
     if not name:
         raise SpecError("InvalidSpec", f"{p}.name is required")
-    return SecretKeyRef(
-        name, opt_str(secret, "key", p, max_len=MAX_SECRET_FIELD) or DEFAULT_API_KEY_KEY
-    )
+    if not _DNS1123_SUBDOMAIN.match(name):
+        raise SpecError("InvalidSpec", f"{p}.name must be a Secret's name, got {show(name)}")
+    key = opt_str(secret, "key", p, max_len=MAX_SECRET_FIELD) or DEFAULT_API_KEY_KEY
+    if not _SECRET_KEY.match(key):
+        raise SpecError(
+            "InvalidSpec",
+            f"{p}.key must be a Secret key (letters, digits, '-', '_', '.'), got {show(key)}",
+        )
+    return SecretKeyRef(name, key)
 
 
 def _model_secret(spec: Mapping[str, Any]) -> str | None:

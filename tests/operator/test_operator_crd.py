@@ -371,3 +371,25 @@ def test_node_selector_must_be_labels(selector: dict[str, str], crd_refuses: boo
     }
     assert validate(load_crd(), {**doc, "spec": {"model": _M, "nodeSelector": good}}) == []
     InferenceServiceSpec.from_dict({"model": _M, "nodeSelector": good}, name="x", default_image="i")
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"model": _M, "image": "pagoda:dev "}, "spec.image"),
+        ({"model": _M, "image": "registry.example/pagoda runtime:1"}, "spec.image"),
+        ({"model": _M, "apiKeySecretRef": {"name": "API_Key"}}, "spec.apiKeySecretRef.name"),
+        ({"model": _M, "apiKeySecretRef": {"name": "k", "key": "api key"}}, "spec.apiKeySecretRef.key"),
+        ({"model": "hf://org/m", "modelSecretRef": {"name": "HF_Token"}}, "spec.modelSecretRef.name"),
+    ],
+)  # fmt: skip
+def test_names_the_pods_would_carry_are_checked(spec: dict[str, Any], field: str) -> None:
+    """An image with whitespace, or a Secret name or key the API server refuses in the pod's
+    env, is refused at `kubectl apply` (and by the operator), not as a ChildRejected Deployment."""
+    doc = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
+           "metadata": {"name": "x"}, "spec": spec}  # fmt: skip
+    errors = validate(load_crd(), doc)
+    assert errors and all(e.startswith(field + ":") for e in errors), errors
+    with pytest.raises(spec_mod.SpecError) as e:
+        InferenceServiceSpec.from_dict(spec, name="x", default_image="img:1")
+    assert e.value.reason == "InvalidSpec" and field in e.value.message, e.value
