@@ -98,6 +98,19 @@ class ResourcesSpec:
             raise SpecError(
                 "InvalidSpec", f"spec.resources.gpus must be between 0 and 16, got {self.gpus}"
             )
+        # The API server refuses a pod whose request exceeds its limit (the CRD cannot compare
+        # quantities in a way every supported Kubernetes evaluates).
+        for request, limit, name in (
+            (self.cpu, self.cpu_limit, "cpu"),
+            (self.memory, self.memory_limit, "memory"),
+        ):
+            wanted, most = parse_quantity(request), parse_quantity(limit)
+            if wanted is not None and most is not None and wanted > most:
+                raise SpecError(
+                    "InvalidSpec",
+                    f"spec.resources.{name} ({request}) must be <= spec.resources.{name}Limit "
+                    f"({limit})",
+                )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ResourcesSpec:

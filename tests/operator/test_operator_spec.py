@@ -198,3 +198,20 @@ def test_operator_config_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     config = OperatorConfig.from_env(resync_interval_s=5.0)
     assert config.default_image == "registry/pagoda:2" and config.namespaces == ("a", "b")
     assert config.resync_interval_s == 5.0
+
+
+@pytest.mark.parametrize(
+    ("resources", "words"),
+    [
+        ({"memory": "4Gi", "memoryLimit": "2Gi"}, "spec.resources.memory (4Gi) must be <= spec.resources.memoryLimit (2Gi)"),
+        ({"cpu": "4", "cpuLimit": "2"}, "spec.resources.cpu (4) must be <= spec.resources.cpuLimit (2)"),
+        ({"cpuLimit": "500m"}, "spec.resources.cpu (1) must be <= spec.resources.cpuLimit (500m)"),
+    ],
+)  # fmt: skip
+def test_requests_above_limits_are_refused(resources: dict[str, Any], words: str) -> None:
+    """The API server refuses such pods: say so in the spec's terms, not as a rejected child."""
+    with pytest.raises(SpecError) as e:
+        parse({"model": "smollm2-135m", "resources": resources})
+    assert e.value.reason == "InvalidSpec" and words in e.value.message, e.value
+    for fine in ({"cpu": "2", "cpuLimit": "2000m"}, {"memory": "1Gi", "memoryLimit": "1024Mi"}):
+        parse({"model": "smollm2-135m", "resources": fine})
