@@ -524,6 +524,11 @@ def _tolerations(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
             raise SpecError(
                 "InvalidSpec", f"{p}: a toleration with operator Exists must not set a value"
             )
+        key, value = t.get("key") or "", t.get("value") or ""
+        if key and (not isinstance(key, str) or len(key) > 317 or not _LABEL_KEY.match(key)):
+            raise SpecError("InvalidSpec", f"{p}.key: {show(key)} is not a label key")
+        if value and (not isinstance(value, str) or not _LABEL_VALUE.match(value)):
+            raise SpecError("InvalidSpec", f"{p}.value: {show(value)} is not a label value")
         if "tolerationSeconds" in t and t.get("effect") != "NoExecute":
             raise SpecError("InvalidSpec", f"{p}: tolerationSeconds needs effect NoExecute")
     return tolerations

@@ -393,3 +393,21 @@ def test_names_the_pods_would_carry_are_checked(spec: dict[str, Any], field: str
     with pytest.raises(spec_mod.SpecError) as e:
         InferenceServiceSpec.from_dict(spec, name="x", default_image="img:1")
     assert e.value.reason == "InvalidSpec" and field in e.value.message, e.value
+
+
+@pytest.mark.parametrize(
+    "toleration",
+    [{"key": "bad key", "operator": "Exists"}, {"key": "a/b/c", "operator": "Exists"},
+     {"key": "pool", "value": "gpu pool"}, {"key": "pool", "value": "x" * 64}],
+)  # fmt: skip
+def test_toleration_keys_and_values_are_labels(toleration: dict[str, Any]) -> None:
+    spec = {"model": _M, "tolerations": [toleration]}
+    doc = {"apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
+           "metadata": {"name": "x"}, "spec": spec}  # fmt: skip
+    errors = validate(load_crd(), doc)
+    assert errors and all(e.startswith("spec.tolerations[0].") for e in errors), errors
+    with pytest.raises(spec_mod.SpecError) as e:
+        InferenceServiceSpec.from_dict(spec, name="x", default_image="img:1")
+    assert e.value.message.startswith("spec.tolerations[0].")
+    good = {"key": "nvidia.com/gpu.product", "value": "NVIDIA-H100", "effect": "NoSchedule"}
+    assert validate(load_crd(), {**doc, "spec": {"model": _M, "tolerations": [good]}}) == []
