@@ -118,3 +118,31 @@ def test_schema_is_strict_at_the_top_and_typed_everywhere() -> None:
             if "$ref" in node:
                 node = SCHEMA["definitions"][node["$ref"].rsplit("/", 1)[1]]
         assert "type" in node or "enum" in node, f"{'.'.join(path)} has no type"
+
+
+@pytest.mark.parametrize(
+    ("monitor", "interval", "timeout", "ok"),
+    [
+        ("runtimeServiceMonitor", "5s", "10s", False),
+        ("operatorServiceMonitor", "1m", "61s", False),
+        ("operatorServiceMonitor", "1m30s", "90s", True),
+        ("runtimeServiceMonitor", "1s", "500ms", True),
+        ("runtimeServiceMonitor", "1s", "1001ms", False),
+        ("operatorServiceMonitor", "1h", "59m", True),
+    ],
+)
+def test_scrape_timeout_must_not_exceed_the_interval(
+    monitor: str, interval: str, timeout: str, ok: bool
+) -> None:
+    """Prometheus refuses a scrape whose timeout exceeds its interval (the Prometheus Operator
+    then drops the ServiceMonitor and nothing is scraped): `helm install` says so instead."""
+    values = {
+        "monitoring": {monitor: {"enabled": True, "interval": interval, "scrapeTimeout": timeout}}
+    }
+    if ok:
+        render(values)
+        return
+    with pytest.raises(helm.HelmRenderError) as err:
+        render(values)
+    assert f"monitoring.{monitor}.scrapeTimeout ({timeout}) must not exceed" in str(err.value)
+

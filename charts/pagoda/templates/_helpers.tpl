@@ -158,3 +158,28 @@ ClusterRole.
   resources: ["nodes"]
   verbs: ["list"]
 {{- end }}
+
+{{/*
+A Prometheus duration (30s, 1m30s, 500ms, 0) in milliseconds.
+*/}}
+{{- define "pagoda.durationMs" -}}
+{{- $units := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 "d" 86400000 "w" 604800000 "y" 31536000000 -}}
+{{- $total := 0 -}}
+{{- range regexFindAll "[0-9]+(ms|s|m|h|d|w|y)" (toString .) -1 -}}
+{{- $total = add $total (mul (regexFind "^[0-9]+" .) (get $units (regexReplaceAll "^[0-9]+" . ""))) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
+
+{{/*
+Fail when a ServiceMonitor's scrapeTimeout exceeds its interval: Prometheus refuses that scrape
+config (the Prometheus Operator drops the ServiceMonitor), so nothing would be scraped.
+Call with (dict "name" KEY "interval" I "scrapeTimeout" T).
+*/}}
+{{- define "pagoda.checkScrapeTimeout" -}}
+{{- $interval := include "pagoda.durationMs" .interval | int64 -}}
+{{- $timeout := include "pagoda.durationMs" .scrapeTimeout | int64 -}}
+{{- if and (gt $interval 0) (gt $timeout $interval) -}}
+{{- fail (printf "monitoring.%s.scrapeTimeout (%s) must not exceed monitoring.%s.interval (%s): Prometheus refuses such a scrape" .name .scrapeTimeout .name .interval) -}}
+{{- end -}}
+{{- end -}}
