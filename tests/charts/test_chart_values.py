@@ -146,3 +146,19 @@ def test_scrape_timeout_must_not_exceed_the_interval(
         render(values)
     assert f"monitoring.{monitor}.scrapeTimeout ({timeout}) must not exceed" in str(err.value)
 
+
+@pytest.mark.parametrize("key", ["commonLabels", "operator.podLabels", "monitoring.labels"])
+@pytest.mark.parametrize("labels", [{"bad key!": "x"}, {"team": "a b"}, {"team": "x" * 64}])
+def test_label_values_are_kubernetes_labels(key: str, labels: dict[str, str]) -> None:
+    """A label the API server refuses would fail every object at install: the schema refuses it."""
+    values: dict[str, Any] = labels
+    for part in reversed(key.split(".")):
+        values = {part: values}
+    with pytest.raises(helm.HelmValuesError) as err:
+        render(values)
+    assert "does not match pattern" in str(err.value) or "maxLength" in str(err.value), err.value
+    good = {"app.kubernetes.io/team": "ml-platform", "cost-center": ""}
+    values = good
+    for part in reversed(key.split(".")):
+        values = {part: values}
+    render(values)
