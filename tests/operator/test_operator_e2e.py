@@ -400,3 +400,29 @@ async def test_name_taken_by_a_foreign_object(
     assert (
         emulator.live(SVC, "default", "taken")["metadata"]["ownerReferences"][0]["name"] == "taken"
     )
+
+
+async def test_switching_off_a_remote_model_and_tolerations_removes_them(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """hf:// → built-in: the model-download init container (and its cache volume) go, and so do
+    tolerations taken out of the spec; the Deployment's pod template is the new spec's."""
+    await start_operator()
+    tolerations = [
+        {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}
+    ]
+    await create_isvc(kube, "sw", {"model": "hf://org/model", "tolerations": tolerations})
+    deploy = await wait_for(lambda: emulator.live(DEPLOY, "default", "sw"), what="deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["initContainers"] and pod["tolerations"] == tolerations
+
+    await patch_isvc(kube, "sw", {"spec": {"model": "smollm2-135m", "tolerations": None}})
+
+    def switched() -> dict[str, Any] | None:
+        pod = emulator.live(DEPLOY, "default", "sw")["spec"]["template"]["spec"]
+        return pod if "initContainers" not in pod and "tolerations" not in pod else None
+
+    pod = await wait_for(switched, what="the init container and tolerations gone")
+    mounts = {m["name"] for c in pod["containers"] for m in c.get("volumeMounts", [])}
+    assert mounts <= {v["name"] for v in pod["volumes"]}
+    assert_permitted(emulator)
