@@ -82,6 +82,53 @@ def _or(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
+# `pagoda serve` flags the operator renders itself (children/serve_args.py; a test checks this
+# covers every one), with the field that sets each: in engine.extraArgs they would silently win
+# over that field (argparse: last one wins), or move the port the probes and Service use.
+OPERATOR_FLAGS: Mapping[str, str] = {
+    "model": "spec.model",
+    "served_model_name": "spec.servedModelName",
+    "host": "the operator (the pod's address)",
+    "port": f"the operator (the Service and probes use {options.DEFAULT_PORT})",
+    "drain_timeout": "spec.drainTimeoutSeconds",
+    **{
+        dest: f"spec.engine.{options.camel(dest)}"
+        for dest in (
+            "dtype",
+            "block_size",
+            "kv_cache_dtype",
+            "quantization",
+            "enable_prefix_caching",
+            "enable_chunked_prefill",
+            "attention_backend",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "max_queue_len",
+        )
+    },
+    "download_dir": "spec.modelCache",
+    "tensor_parallel_size": "spec.parallelism.tensorParallelSize",
+    "nnodes": "spec.parallelism.nodes",
+    "master_addr": "the operator (the group's leader)",
+    "node_rank": "the operator (the pod's index in its group)",
+}
+
+
+def _flag_dest(word: str) -> str | None:
+    """The `pagoda serve` flag an argv word sets, as argparse resolves it (exact name, `--no-`
+    form, `--name=value`, or an unambiguous prefix); None for values and unknown words."""
+    if not word.startswith("--"):
+        return None
+    word = word.split("=", 1)[0]
+    names = {f.name: d for d, f in options.SERVE_FLAGS.items()}
+    names |= {"--no-" + f.name[2:]: d for d, f in options.SERVE_FLAGS.items() if f.kind == "bool"}
+    if word in names:
+        return names[word]
+    found = {d for name, d in names.items() if name.startswith(word)}
+    return found.pop() if len(found) == 1 else None
+
+
 # --- the spec ---------------------------------------------------------------------------------
 
 
@@ -168,6 +215,18 @@ class EngineSpec:
                 "InvalidSpec",
                 f"{p}.extraArgs: at most {MAX_EXTRA_ARGS} items of at most {MAX_EXTRA_ARG} characters",
             )
+        for word in extra:
+            dest = _flag_dest(word)
+            if dest in OPERATOR_FLAGS:
+                raise SpecError(
+                    "InvalidSpec",
+                    f"{p}.extraArgs: {word.split('=', 1)[0]} is set by {OPERATOR_FLAGS[dest]}"
+                    + (
+                        "; set that field instead"
+                        if OPERATOR_FLAGS[dest].startswith("spec.")
+                        else ""
+                    ),
+                )
         return cls(
             dtype=choice(d, "dtype", p, DTYPES, cls.dtype),
             enable_prefix_caching=bool_or(d, "enablePrefixCaching", p, cls.enable_prefix_caching),

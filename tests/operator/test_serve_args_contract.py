@@ -205,3 +205,35 @@ def test_new_engine_fields_render_only_when_set(field, flag, value, gpus) -> Non
         dest = flag.removeprefix("--").replace("-", "_")
         parsed = vars(build_parser().parse_args(args))[dest]
         assert parsed == (want or options.SERVE_FLAGS[dest].default)
+
+
+def test_extra_args_cannot_override_what_the_operator_renders() -> None:
+    """engine.extraArgs come last, so argparse would let them win over the spec's own fields
+    (the ConfigMap then records one value and the pod runs another) or move the port the probes
+    and the Service use. Every flag the operator renders is refused there, naming its field."""
+    from pagoda.operator.children.serve_args import serve_values
+    from pagoda.operator.spec.fields import SpecError
+    from pagoda.operator.spec.inference_service import OPERATOR_FLAGS
+
+    group = InferenceServiceSpec.from_dict(
+        {"model": "hf://org/m", "parallelism": {"nodes": 2}}, name="x", default_image="i"
+    )
+    assert set(serve_values(group, "worker")) <= set(OPERATOR_FLAGS)
+    cases = {
+        "--max-num-seqs": "spec.engine.maxNumSeqs",
+        "--max-num-seqs=8": "spec.engine.maxNumSeqs",
+        "--no-enable-prefix-caching": "spec.engine.enablePrefixCaching",
+        "--por": "the operator",  # argparse takes an unambiguous prefix
+        "--served-model-name": "spec.servedModelName",
+        "--tensor-parallel-size": "spec.parallelism.tensorParallelSize",
+    }
+    for word, field in cases.items():
+        spec = {"model": "smollm2-135m", "engine": {"extraArgs": ["--seed", "1", word, "8"]}}
+        with pytest.raises(SpecError) as e:
+            InferenceServiceSpec.from_dict(spec, name="x", default_image="i")
+        assert e.value.reason == "InvalidSpec" and field in e.value.message, e.value
+        assert word.split("=")[0] in e.value.message
+    for fine in (["--seed", "7"], ["--kv-cache-memory", "1G"], ["--max-num-seqz", "8"]):
+        InferenceServiceSpec.from_dict(
+            {"model": "smollm2-135m", "engine": {"extraArgs": fine}}, name="x", default_image="i"
+        )
