@@ -32,6 +32,13 @@ API_PERMISSIONS: tuple[Permission, ...] = (
     Permission(
         GROUP, f"{PLURAL}/status", ("get", "patch"), "conditions, replicas, url, autoscaling"
     ),
+    Permission(
+        GROUP,
+        f"{PLURAL}/finalizers",
+        ("update",),
+        "children's owner references set blockOwnerDeletion: the OwnerReferencesPermissionEnforcement "
+        "admission plugin refuses them without it",
+    ),
     Permission("", "events", ("create",), "Degraded/Reconciled events; kopf's handler failures"),
     Permission(
         "apiextensions.k8s.io",

@@ -138,3 +138,24 @@ def test_no_secret_access() -> None:
     never reads Secrets through the API."""
     for role in of_kind(render(VALUE_SETS["monitoring"]), "ClusterRole"):
         assert not any(r for (_, r, _) in triples(role) if r == "secrets")
+
+
+def test_children_with_block_owner_deletion_are_permitted() -> None:
+    """kopf.adopt sets blockOwnerDeletion on every child's owner reference; clusters running the
+    OwnerReferencesPermissionEnforcement admission plugin (OpenShift, hardened clusters) refuse
+    such a child unless its creator may update the owner's finalizers."""
+    from pagoda.operator.children.build import build_children
+    from pagoda.operator.children.owner import Owner
+    from pagoda.operator.spec.inference_service import InferenceServiceSpec
+
+    spec = InferenceServiceSpec.from_dict(
+        {"model": "smollm2-135m", "replicas": 2}, name="x", default_image="i"
+    )
+    owner = Owner(name="x", namespace="team-a", uid="u-1", labels=())
+    for child in build_children(owner, spec, service_monitor=True).desired:
+        (ref,) = child["metadata"]["ownerReferences"]
+        assert ref["blockOwnerDeletion"] is True and ref["controller"] is True
+    for values in ("defaults", "namespaced"):
+        docs = render_cached(values)
+        role = of_kind(docs, "Role")[0] if values == "namespaced" else one(docs, "ClusterRole")
+        assert ("serving.pagoda.dev", "inferenceservices/finalizers", "update") in triples(role)
