@@ -138,3 +138,19 @@ def test_dropped_init_container_and_tolerations_are_removed(
     assert set(mounts) <= {v["name"] for v in pod["volumes"]}
     assert not drift.needs_update(desired, repaired)
     assert not drift.needs_update(deployment(before), served(deployment(before)))  # no churn
+
+
+def test_leader_worker_set_drops_the_init_container_in_both_templates() -> None:
+    def lws(spec: dict) -> dict:
+        parsed = InferenceServiceSpec.from_dict(spec, name="demo", default_image="img:1")
+        return build_children(OWNER, parsed).get("LeaderWorkerSet")
+
+    group = {"parallelism": {"nodes": 2}}
+    live = copy.deepcopy(lws({"model": "hf://org/m", **group}))
+    desired = lws({"model": "pvc://models/m", **group})
+    assert drift.needs_update(desired, live)
+    repaired = apply_merge_patch(live, drift.merge_patch(desired, live))
+    for role in ("leaderTemplate", "workerTemplate"):
+        pod = repaired["spec"]["leaderWorkerTemplate"][role]["spec"]
+        assert "initContainers" not in pod, role
+    assert not drift.needs_update(desired, repaired)
