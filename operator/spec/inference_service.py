@@ -110,6 +110,8 @@ OPERATOR_FLAGS: Mapping[str, str] = {
     "download_dir": "spec.modelCache",
     "tensor_parallel_size": "spec.parallelism.tensorParallelSize",
     "nnodes": "spec.parallelism.nodes",
+    # not rendered, but a key on the command line shows in the pod spec and the ConfigMap's record
+    "api_key": "spec.apiKeySecretRef (a Secret, kept off the command line)",
     "master_addr": "the operator (the group's leader)",
     "node_rank": "the operator (the pod's index in its group)",
 }

@@ -226,6 +226,7 @@ def test_extra_args_cannot_override_what_the_operator_renders() -> None:
         "--por": "the operator",  # argparse takes an unambiguous prefix
         "--served-model-name": "spec.servedModelName",
         "--tensor-parallel-size": "spec.parallelism.tensorParallelSize",
+        "--api-key": "spec.apiKeySecretRef",
     }
     for word, field in cases.items():
         spec = {"model": "smollm2-135m", "engine": {"extraArgs": ["--seed", "1", word, "8"]}}
