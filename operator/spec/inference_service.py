@@ -17,6 +17,7 @@ from typing import Any
 
 from pagoda.operator.kube.drift import parse_quantity
 from pagoda.operator.kube.names import MAX_GROUP_NAME_LENGTH
+from pagoda.operator.spec import pod_fields
 from pagoda.operator.spec.autotune import AutotuneSpec
 from pagoda.operator.spec.fields import (
     SpecError,
@@ -59,12 +60,8 @@ _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _IMAGE = re.compile(r"^\S+$")  # the API server refuses an image with whitespace
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
-_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-_LABEL_KEY = re.compile(rf"^({_DNS1123_SUBDOMAIN.pattern[1:-1]}/)?{_LABEL_NAME}$")
-_LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
 _SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
 # The CRD's length and size limits, enforced here too (the schema may not be applied).
 MAX_MODEL = 1024
@@ -80,55 +77,6 @@ MAX_ENV = 128
 
 def _or(value: float | None, default: float) -> float:
     return default if value is None else value
-
-
-# `pagoda serve` flags the operator renders itself (children/serve_args.py; a test checks this
-# covers every one), with the field that sets each: in engine.extraArgs they would silently win
-# over that field (argparse: last one wins), or move the port the probes and Service use.
-OPERATOR_FLAGS: Mapping[str, str] = {
-    "model": "spec.model",
-    "served_model_name": "spec.servedModelName",
-    "host": "the operator (the pod's address)",
-    "port": f"the operator (the Service and probes use {options.DEFAULT_PORT})",
-    "drain_timeout": "spec.drainTimeoutSeconds",
-    **{
-        dest: f"spec.engine.{options.camel(dest)}"
-        for dest in (
-            "dtype",
-            "block_size",
-            "kv_cache_dtype",
-            "quantization",
-            "enable_prefix_caching",
-            "enable_chunked_prefill",
-            "attention_backend",
-            "max_num_seqs",
-            "max_num_batched_tokens",
-            "max_model_len",
-            "max_queue_len",
-        )
-    },
-    "download_dir": "spec.modelCache",
-    "tensor_parallel_size": "spec.parallelism.tensorParallelSize",
-    "nnodes": "spec.parallelism.nodes",
-    # not rendered, but a key on the command line shows in the pod spec and the ConfigMap's record
-    "api_key": "spec.apiKeySecretRef (a Secret, kept off the command line)",
-    "master_addr": "the operator (the group's leader)",
-    "node_rank": "the operator (the pod's index in its group)",
-}
-
-
-def _flag_dest(word: str) -> str | None:
-    """The `pagoda serve` flag an argv word sets, as argparse resolves it (exact name, `--no-`
-    form, `--name=value`, or an unambiguous prefix); None for values and unknown words."""
-    if not word.startswith("--"):
-        return None
-    word = word.split("=", 1)[0]
-    names = {f.name: d for d, f in options.SERVE_FLAGS.items()}
-    names |= {"--no-" + f.name[2:]: d for d, f in options.SERVE_FLAGS.items() if f.kind == "bool"}
-    if word in names:
-        return names[word]
-    found = {d for name, d in names.items() if name.startswith(word)}
-    return found.pop() if len(found) == 1 else None
 
 
 # --- the spec ---------------------------------------------------------------------------------
@@ -217,18 +165,7 @@ class EngineSpec:
                 "InvalidSpec",
                 f"{p}.extraArgs: at most {MAX_EXTRA_ARGS} items of at most {MAX_EXTRA_ARG} characters",
             )
-        for word in extra:
-            dest = _flag_dest(word)
-            if dest in OPERATOR_FLAGS:
-                raise SpecError(
-                    "InvalidSpec",
-                    f"{p}.extraArgs: {word.split('=', 1)[0]} is set by {OPERATOR_FLAGS[dest]}"
-                    + (
-                        "; set that field instead"
-                        if OPERATOR_FLAGS[dest].startswith("spec.")
-                        else ""
-                    ),
-                )
+        pod_fields.check_extra_args(extra, p)
         return cls(
             dtype=choice(d, "dtype", p, DTYPES, cls.dtype),
             enable_prefix_caching=bool_or(d, "enablePrefixCaching", p, cls.enable_prefix_caching),
@@ -459,18 +396,7 @@ class InferenceServiceSpec:
         served = opt_str(
             spec, "servedModelName", "spec", max_len=MAX_SERVED_NAME, pattern=_SERVED_NAME
         ) or (model.uri if model.source == "builtin" else name)
-        node_selector = mapping(spec, "nodeSelector", "spec")
-        if not all(isinstance(v, str) for v in node_selector.values()):
-            raise SpecError("InvalidSpec", "spec.nodeSelector values must be strings")
-        for k, v in node_selector.items():  # the API server's label rules, or it refuses the pods
-            if not isinstance(k, str) or not _LABEL_KEY.match(k) or len(k) > 317:
-                raise SpecError("InvalidSpec", f"spec.nodeSelector: {show(k)} is not a label key")
-            if not _LABEL_VALUE.match(v):
-                raise SpecError(
-                    "InvalidSpec",
-                    f"spec.nodeSelector.{k}: {show(v)} is not a label value (at most 63 letters, "
-                    "digits, '-', '_', '.', starting and ending alphanumeric)",
-                )
+        node_selector = pod_fields.node_selector(spec)
         autoscaling = spec.get("autoscaling")
         if autoscaling is not None and not isinstance(autoscaling, Mapping):
             raise SpecError(
@@ -502,8 +428,8 @@ class InferenceServiceSpec:
             model_cache=ModelCacheSpec.from_dict(mapping(spec, "modelCache", "spec")),
             model_secret=_model_secret(spec),
             node_selector=tuple(sorted(node_selector.items())),
-            tolerations=tuple(_tolerations(spec)),
-            env=tuple(_env(spec)),
+            tolerations=tuple(pod_fields.tolerations(spec, MAX_TOLERATIONS)),
+            env=tuple(pod_fields.env(spec, MAX_ENV, MAX_ENV_NAME)),
             startup_timeout_seconds=int_or(
                 spec, "startupTimeoutSeconds", "spec", 30, 14400, DEFAULT_STARTUP_TIMEOUT_S
             ),
@@ -559,64 +485,3 @@ def _model_secret(spec: Mapping[str, Any]) -> str | None:
     if not name or not _DNS1123_SUBDOMAIN.match(name):
         raise SpecError("InvalidSpec", f"{p}.name must be a Secret's name, got {show(name)}")
     return name
-
-
-def _list_of_objects(spec: Mapping[str, Any], key: str, max_items: int) -> list[Mapping[str, Any]]:
-    value = spec.get(key) or []
-    if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
-        raise SpecError("InvalidSpec", f"spec.{key} must be a list of objects")
-    if len(value) > max_items:
-        raise SpecError("InvalidSpec", f"spec.{key} has {len(value)} items (at most {max_items})")
-    return value
-
-
-def _tolerations(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The CRD's rules on tolerations, which are the API server's on the pods it would reject."""
-    tolerations = _list_of_objects(spec, "tolerations", MAX_TOLERATIONS)
-    for i, t in enumerate(tolerations):
-        p = f"spec.tolerations[{i}]"
-        exists = t.get("operator") == "Exists"
-        if not t.get("key") and not exists:
-            raise SpecError(
-                "InvalidSpec",
-                f"{p}: a toleration without a key must have operator Exists (it tolerates every taint)",
-            )
-        if exists and t.get("value"):
-            raise SpecError(
-                "InvalidSpec", f"{p}: a toleration with operator Exists must not set a value"
-            )
-        key, value = t.get("key") or "", t.get("value") or ""
-        if key and (not isinstance(key, str) or len(key) > 317 or not _LABEL_KEY.match(key)):
-            raise SpecError("InvalidSpec", f"{p}.key: {show(key)} is not a label key")
-        if value and (not isinstance(value, str) or not _LABEL_VALUE.match(value)):
-            raise SpecError("InvalidSpec", f"{p}.value: {show(value)} is not a label value")
-        if "tolerationSeconds" in t and t.get("effect") != "NoExecute":
-            raise SpecError("InvalidSpec", f"{p}: tolerationSeconds needs effect NoExecute")
-    return tolerations
-
-
-_ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef")
-
-
-def _env(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    env = _list_of_objects(spec, "env", MAX_ENV)
-    for item in env:
-        name = item.get("name")
-        if not isinstance(name, str) or len(name) > MAX_ENV_NAME or not _ENV_NAME.match(name):
-            raise SpecError("InvalidSpec", f"spec.env: invalid variable name {show(name)}")
-        source = item.get("valueFrom")
-        if source is None:
-            continue
-        if item.get("value"):
-            raise SpecError("InvalidSpec", f"spec.env: {name} sets value or valueFrom, not both")
-        if not isinstance(source, Mapping) or sum(k in source for k in _ENV_SOURCES) != 1:
-            raise SpecError(
-                "InvalidSpec",
-                f"spec.env: {name}: valueFrom must set exactly one of {', '.join(_ENV_SOURCES)}",
-            )
-        for ref in ("secretKeyRef", "configMapKeyRef"):
-            if ref in source and not (source[ref] or {}).get("name"):
-                raise SpecError(
-                    "InvalidSpec", f"spec.env: {name}: valueFrom.{ref}.name is required"
-                )
-    return env

@@ -213,7 +213,7 @@ def test_extra_args_cannot_override_what_the_operator_renders() -> None:
     and the Service use. Every flag the operator renders is refused there, naming its field."""
     from pagoda.operator.children.serve_args import serve_values
     from pagoda.operator.spec.fields import SpecError
-    from pagoda.operator.spec.inference_service import OPERATOR_FLAGS
+    from pagoda.operator.spec.pod_fields import OPERATOR_FLAGS
 
     group = InferenceServiceSpec.from_dict(
         {"model": "hf://org/m", "parallelism": {"nodes": 2}}, name="x", default_image="i"

@@ -1,0 +1,167 @@
+"""What the spec puts into the pods, checked before anything downstream refuses it or is misled.
+
+* node selector labels, tolerations and env vars, as the API server checks the pods: the CRD's
+  schema and CEL rules say the same (crds/inferenceservice.yaml); without these checks the API
+  server would refuse the Deployment (`ChildRejected`) and the service would never start;
+* engine.extraArgs against the `pagoda serve` flags the operator renders from other fields: they
+  come last on the command line and argparse lets the last value win, so such a flag would
+  silently override its field (the ConfigMap records one value, the pod runs another) or move the
+  port the probes and the Service use.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pagoda.operator.spec.fields import SpecError, mapping, show
+from pagoda.runtime import options
+
+_DNS1123_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = re.compile(rf"^({_DNS1123_SUBDOMAIN}/)?{_LABEL_NAME}$")
+_LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
+_MAX_LABEL_KEY = 253 + 1 + 63  # prefix / name
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+
+
+def node_selector(spec: Mapping[str, Any]) -> Mapping[str, str]:
+    """spec.nodeSelector: label keys to label values."""
+    node_selector = mapping(spec, "nodeSelector", "spec")
+    if not all(isinstance(v, str) for v in node_selector.values()):
+        raise SpecError("InvalidSpec", "spec.nodeSelector values must be strings")
+    for k, v in node_selector.items():  # the API server's label rules, or it refuses the pods
+        if not isinstance(k, str) or not _LABEL_KEY.match(k) or len(k) > _MAX_LABEL_KEY:
+            raise SpecError("InvalidSpec", f"spec.nodeSelector: {show(k)} is not a label key")
+        if not _LABEL_VALUE.match(v):
+            raise SpecError(
+                "InvalidSpec",
+                f"spec.nodeSelector.{k}: {show(v)} is not a label value (at most 63 letters, "
+                "digits, '-', '_', '.', starting and ending alphanumeric)",
+            )
+    return node_selector
+
+
+def _list_of_objects(spec: Mapping[str, Any], key: str, max_items: int) -> list[Mapping[str, Any]]:
+    value = spec.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+        raise SpecError("InvalidSpec", f"spec.{key} must be a list of objects")
+    if len(value) > max_items:
+        raise SpecError("InvalidSpec", f"spec.{key} has {len(value)} items (at most {max_items})")
+    return value
+
+
+def tolerations(spec: Mapping[str, Any], max_items: int) -> list[Mapping[str, Any]]:
+    """The CRD's rules on tolerations, which are the API server's on the pods it would reject."""
+    tolerations = _list_of_objects(spec, "tolerations", max_items)
+    for i, t in enumerate(tolerations):
+        p = f"spec.tolerations[{i}]"
+        exists = t.get("operator") == "Exists"
+        if not t.get("key") and not exists:
+            raise SpecError(
+                "InvalidSpec",
+                f"{p}: a toleration without a key must have operator Exists (it tolerates every taint)",
+            )
+        if exists and t.get("value"):
+            raise SpecError(
+                "InvalidSpec", f"{p}: a toleration with operator Exists must not set a value"
+            )
+        key, value = t.get("key") or "", t.get("value") or ""
+        if key and (
+            not isinstance(key, str) or len(key) > _MAX_LABEL_KEY or not _LABEL_KEY.match(key)
+        ):
+            raise SpecError("InvalidSpec", f"{p}.key: {show(key)} is not a label key")
+        if value and (not isinstance(value, str) or not _LABEL_VALUE.match(value)):
+            raise SpecError("InvalidSpec", f"{p}.value: {show(value)} is not a label value")
+        if "tolerationSeconds" in t and t.get("effect") != "NoExecute":
+            raise SpecError("InvalidSpec", f"{p}: tolerationSeconds needs effect NoExecute")
+    return tolerations
+
+
+_ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef")
+
+
+def env(spec: Mapping[str, Any], max_items: int, max_name: int) -> list[Mapping[str, Any]]:
+    env = _list_of_objects(spec, "env", max_items)
+    for item in env:
+        name = item.get("name")
+        if not isinstance(name, str) or len(name) > max_name or not _ENV_NAME.match(name):
+            raise SpecError("InvalidSpec", f"spec.env: invalid variable name {show(name)}")
+        source = item.get("valueFrom")
+        if source is None:
+            continue
+        if item.get("value"):
+            raise SpecError("InvalidSpec", f"spec.env: {name} sets value or valueFrom, not both")
+        if not isinstance(source, Mapping) or sum(k in source for k in _ENV_SOURCES) != 1:
+            raise SpecError(
+                "InvalidSpec",
+                f"spec.env: {name}: valueFrom must set exactly one of {', '.join(_ENV_SOURCES)}",
+            )
+        for ref in ("secretKeyRef", "configMapKeyRef"):
+            if ref in source and not (source[ref] or {}).get("name"):
+                raise SpecError(
+                    "InvalidSpec", f"spec.env: {name}: valueFrom.{ref}.name is required"
+                )
+    return env
+
+
+# `pagoda serve` flags the operator renders itself (children/serve_args.py; a test checks this
+# covers every one), with the field that sets each: in engine.extraArgs they would silently win
+# over that field (argparse: last one wins), or move the port the probes and Service use.
+OPERATOR_FLAGS: Mapping[str, str] = {
+    "model": "spec.model",
+    "served_model_name": "spec.servedModelName",
+    "host": "the operator (the pod's address)",
+    "port": f"the operator (the Service and probes use {options.DEFAULT_PORT})",
+    "drain_timeout": "spec.drainTimeoutSeconds",
+    **{
+        dest: f"spec.engine.{options.camel(dest)}"
+        for dest in (
+            "dtype",
+            "block_size",
+            "kv_cache_dtype",
+            "quantization",
+            "enable_prefix_caching",
+            "enable_chunked_prefill",
+            "attention_backend",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "max_queue_len",
+        )
+    },
+    "download_dir": "spec.modelCache",
+    "tensor_parallel_size": "spec.parallelism.tensorParallelSize",
+    "nnodes": "spec.parallelism.nodes",
+    # not rendered, but a key on the command line shows in the pod spec and the ConfigMap's record
+    "api_key": "spec.apiKeySecretRef (a Secret, kept off the command line)",
+    "master_addr": "the operator (the group's leader)",
+    "node_rank": "the operator (the pod's index in its group)",
+}
+
+
+def flag_dest(word: str) -> str | None:
+    """The `pagoda serve` flag an argv word sets, as argparse resolves it (exact name, `--no-`
+    form, `--name=value`, or an unambiguous prefix); None for values and unknown words."""
+    if not word.startswith("--"):
+        return None
+    word = word.split("=", 1)[0]
+    names = {f.name: d for d, f in options.SERVE_FLAGS.items()}
+    names |= {"--no-" + f.name[2:]: d for d, f in options.SERVE_FLAGS.items() if f.kind == "bool"}
+    if word in names:
+        return names[word]
+    found = {d for name, d in names.items() if name.startswith(word)}
+    return found.pop() if len(found) == 1 else None
+
+
+def check_extra_args(extra: Sequence[str], path: str) -> None:
+    """SpecError naming the field to set when an extraArgs word sets an operator-owned flag."""
+    for word in extra:
+        dest = flag_dest(word)
+        if dest in OPERATOR_FLAGS:
+            owner = OPERATOR_FLAGS[dest]
+            hint = "; set that field instead" if owner.startswith("spec.") else ""
+            raise SpecError(
+                "InvalidSpec", f"{path}.extraArgs: {word.split('=', 1)[0]} is set by {owner}{hint}"
+            )
