@@ -12,8 +12,9 @@ answers 503 only once a request has arrived, which such a client never completes
   (between requests uvicorn's own keep-alive timeout closes an idle connection);
 - **body**: the whole body must arrive within ``body_timeout`` seconds of the headers;
 - **cap**: with ``max_connections`` open, a new connection closes the oldest one still waiting
-  for its headers (a stalled client loses its place before a working one); when every
-  connection is working on a request, the new one is answered 503 and closed.
+  for its headers, else the oldest one still sending its body (a stalled client loses its
+  place before a working one); when every connection is working on a request, the new one is
+  answered 503 and closed.
 
 A connection that breaks a deadline gets ``408 Request Timeout`` (if it had sent anything) and is
 closed. Requests whose body has arrived are never timed out: generating a long answer is not a
@@ -136,10 +137,15 @@ class GuardedH11Protocol(H11Protocol):
 
     # -- the cap -----------------------------------------------------------------------------
     def _evict_one(self) -> bool:
-        """Close the connection that has waited longest for its request (not this one)."""
-        waiting = [c for c in self.connections
-                   if c is not self and getattr(c, "_phase", None) == _HEAD]  # fmt: skip
-        if not waiting:
+        """Close the connection that has waited longest for its headers (not this one), else
+        the one that has waited longest for its body: at the cap, stalled uploads must not
+        turn every newcomer (the liveness probe included) into a 503."""
+        for phase in (_HEAD, _BODY):
+            waiting = [c for c in self.connections
+                       if c is not self and getattr(c, "_phase", None) == phase]  # fmt: skip
+            if waiting:
+                break
+        else:
             return False
         oldest = min(waiting, key=lambda c: c._since)
         oldest._expire_now()

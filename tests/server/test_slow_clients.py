@@ -186,3 +186,25 @@ def test_the_open_file_limit_is_raised_for_the_connection_cap_or_refused():
         assert ensure_fd_limit(hard, adjustable=True) == hard - FD_MARGIN  # the default shrinks
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_stalled_uploads_at_the_cap_lose_their_place_so_health_stays_200(server):
+    """A client filling every slot with uploads it never finishes is a slow client too: a new
+    connection (the liveness probe) closes the longest-waiting upload instead of getting 503,
+    which would make /health fail while the engine is fine."""
+    port = server.port
+    uploads = []
+    for _ in range(CAP):
+        s = connect(port)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 1000\r\n\r\n{")  # fmt: skip
+        uploads.append(s)
+        time.sleep(0.02)
+    time.sleep(0.1)
+    code, took = health(port)
+    assert code == 200 and took < 1.0, (code, took)
+    uploads[0].settimeout(5)
+    data, _ = read_until_closed(uploads[0])  # the oldest upload made room, with a 408
+    assert data.startswith(b"HTTP/1.1 408 "), data
+    for s in uploads:
+        s.close()
