@@ -13,8 +13,9 @@ answers 503 only once a request has arrived, which such a client never completes
 - **body**: the whole body must arrive within ``body_timeout`` seconds of the headers;
 - **cap**: with ``max_connections`` open, a new connection closes the oldest one still waiting
   for its headers, else the oldest one still sending its body (a stalled client loses its
-  place before a working one); when every connection is working on a request, the new one is
-  answered 503 and closed.
+  place before a working one), if it has waited at least ``min(1 s, header_timeout / 2)`` (one
+  younger has not had time to send: a burst of connections must not reset each other);
+  otherwise the new one is answered 503 and closed.
 
 A connection that breaks a deadline gets ``408 Request Timeout`` (if it had sent anything) and is
 closed. Requests whose body has arrived are never timed out: generating a long answer is not a
@@ -140,9 +141,13 @@ class GuardedH11Protocol(H11Protocol):
         """Close the connection that has waited longest for its headers (not this one), else
         the one that has waited longest for its body: at the cap, stalled uploads must not
         turn every newcomer (the liveness probe included) into a 503."""
+        # one that opened a moment ago has not had time to send: closing it would reset a
+        # client that is about to (a burst of connections); the newcomer gets 503 instead
+        settled = self.loop.time() - min(1.0, self.header_timeout / 2)
         for phase in (_HEAD, _BODY):
             waiting = [c for c in self.connections
-                       if c is not self and getattr(c, "_phase", None) == phase]  # fmt: skip
+                       if c is not self and getattr(c, "_phase", None) == phase
+                       and c._since <= settled]  # fmt: skip
             if waiting:
                 break
         else:
