@@ -57,17 +57,37 @@ class GuardedH11Protocol(H11Protocol):
         self._since = 0.0  # when the phase began (the eviction order of waiting connections)
         self._got_bytes = False  # in this phase
         self._deadline: asyncio.TimerHandle | None = None
+        self._refused = False  # answered 503 at the cap: input is drained until closed
 
     # -- asyncio.Protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._enter(_HEAD, self.header_timeout)
         if len(self.connections) > self.max_connections and not self._evict_one():
-            self._close(_response(503, "Service Unavailable",
-                                  f"too many open connections ({self.max_connections}); retry "
-                                  "later", "too_many_connections"))  # fmt: skip
+            self._refuse(_response(503, "Service Unavailable",
+                                   f"too many open connections ({self.max_connections}); "
+                                   "retry later", "too_many_connections"))  # fmt: skip
+
+    def _refuse(self, answer: bytes) -> None:
+        """Answer and close the sending side, then drain what the client sends for up to a
+        second before closing: closing a socket with its request unread resets it, and the
+        client (already writing its request) then sees an error instead of the 503."""
+        self._cancel()
+        self._phase, self._refused = _BUSY, True
+        self.transport.write(answer)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(1.0, self.transport.close)
+
+    def eof_received(self) -> bool | None:
+        if self._refused:
+            self.transport.close()
+            return None
+        return super().eof_received()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # drained, unread
         if self._phase == _BUSY and self.conn.their_state is h11.IDLE:
             self._enter(_HEAD, self.header_timeout)  # the next request on a kept-alive connection
         self._got_bytes = True

@@ -34,6 +34,11 @@ def server():
     app = create_app(ServerConfig(model="fake"), AsyncEngine(FakeCore, observer=metrics), metrics)
     release = threading.Event()
 
+    @app.get("/block")
+    async def block() -> dict:  # holds the event loop: connections queue up meanwhile
+        time.sleep(0.4)
+        return {}
+
     @app.get("/hold")
     async def hold() -> dict:  # a request that is being worked on, not a slow client
         while not release.is_set():
@@ -216,23 +221,28 @@ def test_a_client_refused_at_the_cap_reads_its_503_even_after_sending_its_reques
     a 503 (the server drains what it is sent), not as a connection reset."""
     port = server.port
     busy = []
-    for _ in range(CAP):
+    for _ in range(CAP - 1):
         s = connect(port)
         s.sendall(b"GET /hold HTTP/1.1\r\nHost: t\r\n\r\n")
         busy.append(s)
     time.sleep(0.3)
-    answers = []
+    blocker = connect(port)  # the last slot; the next connections are over the cap
+    blocker.sendall(b"GET /block HTTP/1.1\r\nHost: t\r\n\r\n")
+    time.sleep(0.1)  # the loop is blocked: the newcomers' requests arrive before it refuses them
+    refused = []
     for _ in range(5):
-        with connect(port) as s:
-            time.sleep(0.05)  # the server has refused by now, before reading anything
-            with contextlib.suppress(OSError):
-                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 20000\r\n"
-                          b"Content-Type: application/json\r\n\r\n" + b" " * 20000)  # fmt: skip
-            time.sleep(0.05)
-            try:
-                answers.append(read_until_closed(s)[0][:12])
-            except OSError as e:
-                answers.append(repr(e).encode())
+        s = connect(port)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 20000\r\n"
+                  b"Content-Type: application/json\r\n\r\n" + b" " * 20000)  # fmt: skip
+        refused.append(s)
+    answers = []
+    for s in refused:
+        try:
+            answers.append(read_until_closed(s)[0][:12])
+        except OSError as e:
+            answers.append(repr(e).encode())
+        s.close()
+    blocker.close()
     server.release.set()
     for s in busy:
         s.close()
