@@ -88,7 +88,7 @@ MAX_REQUEST_BYTES_LIMIT = 1 << 30
 # Slow clients (docs/reliability.md): a connection must send its request line and headers within
 # HEADER_TIMEOUT of opening (or of the first byte of a keep-alive request), and its whole body
 # within BODY_TIMEOUT of the headers; beyond MAX_CONNECTIONS open connections, the oldest one
-# still waiting for its headers is closed, or the new one gets 503.
+# still waiting for its headers (else for its body) is closed, or the new one gets 503.
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
 DEFAULT_MAX_CONNECTIONS = 1024
@@ -224,7 +224,7 @@ SERVER_FLAGS: Mapping[str, Flag] = _flags(
     Flag("--max-request-bytes", "largest request body accepted (413 above)",
          DEFAULT_MAX_REQUEST_BYTES, int),
     Flag("--max-connections", "open client connections; beyond it the oldest one still sending "
-         "its headers is closed, else the new one gets 503", DEFAULT_MAX_CONNECTIONS, int),
+         "its headers (else its body) is closed, else the new one gets 503", DEFAULT_MAX_CONNECTIONS, int),
     Flag("--header-timeout", "seconds a connection gets to send its request line and headers",
          DEFAULT_HEADER_TIMEOUT_S, float, metavar="S"),
     Flag("--body-timeout", "seconds a request gets to send its whole body after the headers "

@@ -12,8 +12,10 @@ answers 503 only once a request has arrived, which such a client never completes
   (between requests uvicorn's own keep-alive timeout closes an idle connection);
 - **body**: the whole body must arrive within ``body_timeout`` seconds of the headers;
 - **cap**: with ``max_connections`` open, a new connection closes the oldest one still waiting
-  for its headers (a stalled client loses its place before a working one); when every
-  connection is working on a request, the new one is answered 503 and closed.
+  for its headers, else the oldest one still sending its body (a stalled client loses its
+  place before a working one), if it has waited at least ``min(1 s, header_timeout / 2)`` (one
+  younger has not had time to send: a burst of connections must not reset each other);
+  otherwise the new one is answered 503 and closed.
 
 A connection that breaks a deadline gets ``408 Request Timeout`` (if it had sent anything) and is
 closed. Requests whose body has arrived are never timed out: generating a long answer is not a
@@ -55,17 +57,37 @@ class GuardedH11Protocol(H11Protocol):
         self._since = 0.0  # when the phase began (the eviction order of waiting connections)
         self._got_bytes = False  # in this phase
         self._deadline: asyncio.TimerHandle | None = None
+        self._refused = False  # answered 503 at the cap: input is drained until closed
 
     # -- asyncio.Protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._enter(_HEAD, self.header_timeout)
         if len(self.connections) > self.max_connections and not self._evict_one():
-            self._close(_response(503, "Service Unavailable",
-                                  f"too many open connections ({self.max_connections}); retry "
-                                  "later", "too_many_connections"))  # fmt: skip
+            self._refuse(_response(503, "Service Unavailable",
+                                   f"too many open connections ({self.max_connections}); "
+                                   "retry later", "too_many_connections"))  # fmt: skip
+
+    def _refuse(self, answer: bytes) -> None:
+        """Answer and close the sending side, then drain what the client sends for up to a
+        second before closing: closing a socket with its request unread resets it, and the
+        client (already writing its request) then sees an error instead of the 503."""
+        self._cancel()
+        self._phase, self._refused = _BUSY, True
+        self.transport.write(answer)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(1.0, self.transport.close)
+
+    def eof_received(self) -> bool | None:
+        if self._refused:
+            self.transport.close()
+            return None
+        return super().eof_received()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # drained, unread
         if self._phase == _BUSY and self.conn.their_state is h11.IDLE:
             self._enter(_HEAD, self.header_timeout)  # the next request on a kept-alive connection
         self._got_bytes = True
@@ -136,10 +158,19 @@ class GuardedH11Protocol(H11Protocol):
 
     # -- the cap -----------------------------------------------------------------------------
     def _evict_one(self) -> bool:
-        """Close the connection that has waited longest for its request (not this one)."""
-        waiting = [c for c in self.connections
-                   if c is not self and getattr(c, "_phase", None) == _HEAD]  # fmt: skip
-        if not waiting:
+        """Close the connection that has waited longest for its headers (not this one), else
+        the one that has waited longest for its body: at the cap, stalled uploads must not
+        turn every newcomer (the liveness probe included) into a 503."""
+        # one that opened a moment ago has not had time to send: closing it would reset a
+        # client that is about to (a burst of connections); the newcomer gets 503 instead
+        settled = self.loop.time() - min(1.0, self.header_timeout / 2)
+        for phase in (_HEAD, _BODY):
+            waiting = [c for c in self.connections
+                       if c is not self and getattr(c, "_phase", None) == phase
+                       and c._since <= settled]  # fmt: skip
+            if waiting:
+                break
+        else:
             return False
         oldest = min(waiting, key=lambda c: c._since)
         oldest._expire_now()

@@ -468,7 +468,12 @@ def parse_request(body: bytes, model: type[BaseModel]) -> Any:
         err = errors[0]
         if err["type"] == "literal_error":  # "auto" | {...}: the object branch says more
             err = max(errors, key=lambda x: len(x["loc"]))
-        param = _param_of(tuple(err["loc"]))
+        loc = tuple(err["loc"])
+        if err["type"] == "extra_forbidden" and loc:  # the last part is the client's own key,
+            head = _param_of(loc[:-1])  # whatever it looks like ('Max_tokens', 'str')
+            param = f"{head}.{loc[-1]}" if head else str(loc[-1])
+        else:
+            param = _param_of(loc)
         param = shorten(param, 100) if param else None
         hint = getattr(model, "error_hints", {}).get(str(err["loc"][0]) if err["loc"] else "")
         if err["type"] == "missing":

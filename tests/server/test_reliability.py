@@ -186,3 +186,23 @@ def test_unexpected_error_is_json_500_logged_with_id_and_keeps_the_connection(
         status, headers, body = _exchange(sock, "/health")  # same connection
         assert status == 200 and json.loads(body)["status"] in ("ok", "loading")
     assert any(request_id in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "field"),
+    [
+        ("CompletionRequest", {"prompt": "Hi", "Max_tokens": 3}, "Max_tokens"),
+        ("CompletionRequest", {"prompt": "Hi", "str": 1}, "str"),
+        ("CompletionRequest", {"prompt": "Hi", "a[0]": 1}, "a[0]"),
+        ("ChatCompletionRequest",
+         {"messages": [{"role": "user", "content": "a", "Name": "x"}]}, "messages[0].Name"),
+    ],
+)  # fmt: skip
+def test_an_unknown_field_is_named_whatever_its_spelling(model, body, field):
+    """An unknown key starting with a capital (or named like a type) was reported as 'None'."""
+    from pagoda.runtime.server import protocol
+
+    raw = json.dumps({"model": "m", **body}).encode()
+    with pytest.raises(protocol.APIError) as err:
+        protocol.parse_request(raw, getattr(protocol, model))
+    assert err.value.param == field and f"'{field}'" in str(err.value.message), err.value.message

@@ -24,6 +24,7 @@ from test_async_engine import FakeCore
 HEADER_TIMEOUT = 0.6
 BODY_TIMEOUT = 0.8
 CAP = 6
+GRACE = min(1.0, HEADER_TIMEOUT / 2)  # connections younger than this are not evicted
 SLACK = 1.5  # the deadline plus this much, on a busy 2-core machine
 
 
@@ -32,6 +33,11 @@ def server():
     metrics = ServerMetrics("fake")
     app = create_app(ServerConfig(model="fake"), AsyncEngine(FakeCore, observer=metrics), metrics)
     release = threading.Event()
+
+    @app.get("/block")
+    async def block() -> dict:  # holds the event loop: connections queue up meanwhile
+        time.sleep(0.4)
+        return {}
 
     @app.get("/hold")
     async def hold() -> dict:  # a request that is being worked on, not a slow client
@@ -145,7 +151,7 @@ def test_a_kept_alive_connection_gets_the_header_deadline_for_its_next_request(s
 def test_connection_cap_closes_the_oldest_waiting_then_refuses_with_503(server):
     port = server.port
     idle = [connect(port) for _ in range(CAP)]
-    time.sleep(0.1)
+    time.sleep(GRACE + 0.1)
     code, _ = health(port)  # over the cap: the oldest idle connection makes room
     assert code == 200
     idle[0].settimeout(5)
@@ -186,3 +192,74 @@ def test_the_open_file_limit_is_raised_for_the_connection_cap_or_refused():
         assert ensure_fd_limit(hard, adjustable=True) == hard - FD_MARGIN  # the default shrinks
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_stalled_uploads_at_the_cap_lose_their_place_so_health_stays_200(server):
+    """A client filling every slot with uploads it never finishes is a slow client too: a new
+    connection (the liveness probe) closes the longest-waiting upload instead of getting 503,
+    which would make /health fail while the engine is fine."""
+    port = server.port
+    uploads = []
+    for _ in range(CAP):
+        s = connect(port)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 1000\r\n\r\n{")  # fmt: skip
+        uploads.append(s)
+        time.sleep(0.02)
+    time.sleep(GRACE + 0.1)
+    code, took = health(port)
+    assert code == 200 and took < 1.0, (code, took)
+    uploads[0].settimeout(5)
+    data, _ = read_until_closed(uploads[0])  # the oldest upload made room, with a 408
+    assert data.startswith(b"HTTP/1.1 408 "), data
+    for s in uploads:
+        s.close()
+
+
+def test_a_client_refused_at_the_cap_reads_its_503_even_after_sending_its_request(server):
+    """Real clients send the request as soon as they connect: the refusal must still arrive as
+    a 503 (the server drains what it is sent), not as a connection reset."""
+    port = server.port
+    busy = []
+    for _ in range(CAP - 1):
+        s = connect(port)
+        s.sendall(b"GET /hold HTTP/1.1\r\nHost: t\r\n\r\n")
+        busy.append(s)
+    time.sleep(0.3)
+    blocker = connect(port)  # the last slot; the next connections are over the cap
+    blocker.sendall(b"GET /block HTTP/1.1\r\nHost: t\r\n\r\n")
+    time.sleep(0.1)  # the loop is blocked: the newcomers' requests arrive before it refuses them
+    refused = []
+    for _ in range(5):
+        s = connect(port)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 20000\r\n"
+                  b"Content-Type: application/json\r\n\r\n" + b" " * 20000)  # fmt: skip
+        refused.append(s)
+    answers = []
+    for s in refused:
+        try:
+            answers.append(read_until_closed(s)[0][:12])
+        except OSError as e:
+            answers.append(repr(e).encode())
+        s.close()
+    blocker.close()
+    server.release.set()
+    for s in busy:
+        s.close()
+    assert answers == [b"HTTP/1.1 503"] * 5, answers
+
+
+def test_a_burst_of_new_connections_at_the_cap_does_not_close_each_other(server):
+    """Connections that opened a moment ago have not had time to send: a newcomer at the cap
+    gets 503 + Retry-After rather than closing one of them (which its client would see as a
+    reset); once they have waited past the grace period they make room as stalled clients."""
+    port = server.port
+    fresh = [connect(port) for _ in range(CAP)]
+    code, _ = health(port)
+    assert code == 503
+    fresh[0].sendall(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    assert read_until_closed(fresh[0])[0].startswith(b"HTTP/1.1 200 ")
+    time.sleep(GRACE + 0.2)
+    assert health(port)[0] == 200  # the oldest still silent one is a slow client by now
+    for s in fresh:
+        s.close()
