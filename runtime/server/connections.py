@@ -134,7 +134,8 @@ class GuardedH11Protocol(H11Protocol):
             self._deadline.cancel()
             self._deadline = None
 
-    def _expire(self) -> None:
+    def _expire(self, evicted: bool = False) -> None:
+        """Close at a missed deadline, or (`evicted`) to make room at the connection cap."""
         self._deadline = None
         if self._phase == _BUSY or self.transport.is_closing():
             return
@@ -145,8 +146,10 @@ class GuardedH11Protocol(H11Protocol):
         else:
             what = "headers" if self._phase == _HEAD else "body"
             limit = self.header_timeout if self._phase == _HEAD else self.body_timeout
-            self._close(_response(408, "Request Timeout",
-                                  f"the request {what} did not arrive within {limit:g} s",
+            why = (f"had not arrived when the server's {self.max_connections} connections were "
+                   "all taken and this one had waited longest" if evicted
+                   else f"did not arrive within {limit:g} s")  # fmt: skip
+            self._close(_response(408, "Request Timeout", f"the request {what} {why}",
                                   "request_timeout"))  # fmt: skip
 
     def _close(self, answer: bytes | None) -> None:
@@ -178,7 +181,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def _expire_now(self) -> None:
         self._cancel()
-        self._expire()
+        self._expire(evicted=True)
         self.connections.discard(self)  # counted out now; connection_lost follows
 
 

@@ -212,6 +212,7 @@ def test_stalled_uploads_at_the_cap_lose_their_place_so_health_stays_200(server)
     uploads[0].settimeout(5)
     data, _ = read_until_closed(uploads[0])  # the oldest upload made room, with a 408
     assert data.startswith(b"HTTP/1.1 408 "), data
+    assert b"connections were all taken" in data, data  # why, not a deadline it did not miss
     for s in uploads:
         s.close()
 
