@@ -120,3 +120,20 @@ def make_tiny_model(path, arch: str, scale: float = 3.0, **overrides):
     template = "{% for m in messages %}w3 {{ m['content'] }} w4 {% endfor %}"
     (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
     return model
+
+
+def save_multimodal_gemma3(path, cfg):
+    """Gemma3ForConditionalGeneration from `cfg` (a transformers.Gemma3Config) with random
+    weights scaled as make_tiny_model's, saved to `path` with a borrowed tokenizer: the model."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0) if p.dim() > 1 else p.add_(0.2 * torch.randn(p.shape))
+    model.save_pretrained(path)
+    make_tiny_model(path / "tok", "Llama")  # borrow its tokenizer files
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (path / f).write_bytes((path / "tok" / f).read_bytes())
+    return model

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_oracle import hf_greedy_plain, make_tiny_model
+from hf_oracle import hf_greedy_plain, make_tiny_model, save_multimodal_gemma3
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.hf_loader import HF_ARCHITECTURES
 from pagoda.runtime.model.loader import load_model, read_model_config, read_tokenizer
@@ -74,15 +74,7 @@ def test_gemma3_multimodal_checkpoint_serves_its_text_model(tmp_path):
         text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=299,
         boi_token_index=297, eoi_token_index=298,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.Gemma3ForConditionalGeneration(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(3.0) if p.dim() > 1 else p.add_(0.2 * torch.randn(p.shape))
-    model.save_pretrained(tmp_path)
-    make_tiny_model(tmp_path / "tok", "Llama")  # borrow its tokenizer files
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        (tmp_path / f).write_bytes((tmp_path / "tok" / f).read_bytes())
+    model = save_multimodal_gemma3(tmp_path, cfg)
     loaded = load_model(str(tmp_path))
     assert loaded.config.architecture == "gemma3"
     assert loaded.config.family.window_layers == (True, True, False)

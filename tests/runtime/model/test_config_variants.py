@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 from arch_cases import NEW, check, generate
-from hf_oracle import hf_greedy_plain, make_tiny_model
+from hf_oracle import hf_greedy_plain, make_tiny_model, save_multimodal_gemma3
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model, read_model_config
 
@@ -78,15 +78,7 @@ def test_multimodal_gemma3_untied_by_its_top_level_flag(tmp_path):
     cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
                                     image_token_index=299, boi_token_index=297,
                                     eoi_token_index=298, tie_word_embeddings=False)  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.Gemma3ForConditionalGeneration(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(3.0) if p.dim() > 1 else p.add_(0.2 * torch.randn(p.shape))
-    model.save_pretrained(tmp_path)
-    make_tiny_model(tmp_path / "tok", "Llama")  # borrow its tokenizer files
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        (tmp_path / f).write_bytes((tmp_path / "tok" / f).read_bytes())
+    model = save_multimodal_gemma3(tmp_path, cfg)
     loaded = load_model(str(tmp_path))
     assert not loaded.config.tie_word_embeddings
     want = []
