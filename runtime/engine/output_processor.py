@@ -64,9 +64,12 @@ class OutputProcessor:
 
     def check_stop_string(self, req: Request, token_id: int) -> None:
         """For requests with stop strings, detokenize now (before the next schedule) and stop
-        the request when its text completes one."""
+        the request when its text completes one. A stop or EOS token adds its text only with
+        `include_stop_str_in_output` (as vLLM's detokenizer does)."""
         detok = self.samples[req.request_id].detok
-        if detok.stop and req.status != _STOPPED and detok.add_tokens([token_id]) is not None:
+        if not detok.stop or (req.status == _STOPPED and not detok.include_stop):
+            return
+        if detok.add_tokens([token_id]) is not None:
             req.status = _STOPPED
             req.stop_reason = detok.stop_string
 
@@ -80,8 +83,8 @@ class OutputProcessor:
             if s is None:
                 continue
             detok = s.detok
-            if not detok.stop and req.status != _STOPPED:
-                detok.push(tok)  # a stop/EOS token adds no text
+            if not detok.stop and (req.status != _STOPPED or detok.include_stop):
+                detok.push(tok)  # a stop/EOS token adds no text unless asked to
             live.append((s, req, tok, lp))
         if clock is not None:
             clock.mark("detokenize")

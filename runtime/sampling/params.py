@@ -18,6 +18,7 @@ MAX_TEMPERATURE = 100.0  # finite; above ~5 sampling is already near uniform
 MAX_TOP_K = 2**31 - 1  # the sampler holds top_k in an int64 tensor; larger means "off" anyway
 MAX_LOGIT_BIAS = 300  # entries of one request's logit_bias
 LOGIT_BIAS_LIMIT = 100.0  # values are clipped to [-this, this], as OpenAI defines them
+MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 
 
 class ParamError(ValueError):
@@ -93,7 +94,7 @@ class SamplingParams:
                 f"repetition_penalty must be > 0, got {self.repetition_penalty}",
             )
         if self.seed is not None:
-            _check_int("seed", self.seed, -(2**63), 2**64 - 1)
+            _check_int("seed", self.seed, MIN_SEED, MAX_SEED)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         self._check_stops()
@@ -133,6 +134,14 @@ class SamplingParams:
         return bool(
             self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
         )
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a request seeded with `seed`: `seed + index`, as vLLM
+    seeds a request's n samples, wrapped back into the accepted range past its top (so that
+    the largest seeds with n > 1 are served, not refused inside the engine)."""
+    s = seed + index
+    return s - (MAX_SEED + 1) if s > MAX_SEED else s
 
 
 def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:

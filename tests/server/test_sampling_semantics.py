@@ -1,0 +1,63 @@
+"""Sampling and generation fields as a vLLM user relies on them, through `pagoda serve` and the
+`openai` SDK: seeds of n samples, stop tokens kept by `include_stop_str_in_output` (vLLM's
+detokenizer renders the stopping token then), `min_tokens`."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+import structured_testlib
+
+MODEL = "smollm2-135m"
+PROMPT = "The capital of France is"
+CHAT = "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n"  # ends with <|im_end|>
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return structured_testlib.smol_tokenizer()
+
+
+def _both(client, **kw) -> tuple[openai.types.CompletionChoice, str]:
+    """The full response's choice and the text of the same request streamed."""
+    full = client.completions.create(model=MODEL, temperature=0, **kw).choices[0]
+    chunks = client.completions.create(model=MODEL, temperature=0, stream=True, **kw)
+    return full, "".join(c.text for chunk in chunks for c in chunk.choices)
+
+
+def test_the_largest_seed_serves_every_sample(client):
+    """Sample i is seeded with seed + i (vLLM's rule); past the top of the range it wraps
+    around rather than failing inside the engine (a 500)."""
+    top = 2**64 - 1
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, n=3, seed=top)
+    assert [c.finish_reason for c in r.choices] == ["length"] * 3
+    again = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, n=3, seed=top)
+    assert [c.text for c in again.choices] == [c.text for c in r.choices]
+    wrapped = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, seed=1)
+    assert wrapped.choices[0].text == r.choices[2].text  # seed top + 2 wraps to 1
+
+
+def test_include_stop_str_in_output_keeps_the_stop_token(client, tok):
+    """vLLM renders the token that stopped the output (a stop_token_ids entry or EOS) only with
+    `include_stop_str_in_output`; EOS shows as text with `skip_special_tokens: false`."""
+    dot = tok.encode(".", add_special_tokens=False)
+    kw = dict(prompt=PROMPT, max_tokens=20, extra_body={"stop_token_ids": dot})
+    cut, _ = _both(client, **kw)
+    assert cut.text == " Paris" and cut.stop_reason == dot[0]
+    for stop in ([], ["zzqq"]):  # without and with stop strings (two paths in the engine)
+        kw["extra_body"] = {"stop_token_ids": dot, "include_stop_str_in_output": True}
+        full, streamed = _both(client, **kw, stop=stop)
+        assert full.text == streamed == " Paris." and full.stop_reason == dot[0]
+        eos = {"skip_special_tokens": False, "include_stop_str_in_output": True}
+        full, streamed = _both(client, prompt=CHAT, max_tokens=60, stop=stop, extra_body=eos)
+        assert full.finish_reason == "stop" and full.text == streamed
+        assert full.text.endswith("<|im_end|>") and full.text.count("<|im_end|>") == 1
+        plain, _ = _both(client, prompt=CHAT, max_tokens=60, stop=stop,
+                         extra_body={"skip_special_tokens": False})  # fmt: skip
+        assert plain.text + "<|im_end|>" == full.text
