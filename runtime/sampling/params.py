@@ -40,6 +40,9 @@ class SamplingParams:
 
     n: int = 1
     max_tokens: int | None = 16
+    # vLLM's: stop tokens (EOS, stop_token_ids) cannot be sampled and stop strings cannot end
+    # in the text of the first min_tokens tokens
+    min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -68,6 +71,7 @@ class SamplingParams:
         _check_int("n", self.n, 1, MAX_N)
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, 1, None)
+        _check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
         _check_num("temperature", self.temperature)
         if not 0 <= self.temperature <= MAX_TEMPERATURE:
             raise ParamError(
@@ -103,9 +107,10 @@ class SamplingParams:
             if not hasattr(self.structured_outputs, "key"):  # no import: structured needs us
                 raise ParamError("structured_outputs", "structured_outputs must be a "
                                  "StructuredOutputsParams")  # fmt: skip
-            if self.ignore_eos:
-                raise ParamError("ignore_eos", "ignore_eos cannot be combined with structured "
-                                 "outputs: the output ends when the grammar is complete")  # fmt: skip
+            for name in ("ignore_eos", "min_tokens"):
+                if getattr(self, name):
+                    raise ParamError(name, f"{name} cannot be combined with structured outputs: "
+                                     "the output ends when the grammar is complete")  # fmt: skip
 
     def _check_stops(self) -> None:
         if len(self.stop) > MAX_STOP_STRINGS:

@@ -110,6 +110,7 @@ class Endpoint(ABC):
             "repetition_penalty": req.repetition_penalty,
             "stop": tuple([req.stop] if isinstance(req.stop, str) else (req.stop or ())),
             "stop_token_ids": tuple(req.stop_token_ids or ()),
+            "min_tokens": req.min_tokens,
             "ignore_eos": req.ignore_eos,
             "skip_special_tokens": req.skip_special_tokens,
             "include_stop_str_in_output": req.include_stop_str_in_output,

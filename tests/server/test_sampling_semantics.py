@@ -61,3 +61,48 @@ def test_include_stop_str_in_output_keeps_the_stop_token(client, tok):
         plain, _ = _both(client, prompt=CHAT, max_tokens=60, stop=stop,
                          extra_body={"skip_special_tokens": False})  # fmt: skip
         assert plain.text + "<|im_end|>" == full.text
+
+
+def test_min_tokens_holds_back_eos_stop_tokens_and_stop_strings(client, tok):
+    """vLLM's min_tokens: no EOS or stop_token_ids among the first min_tokens tokens, and no stop
+    string that ends in their text (one that ends later may start in it)."""
+    free = client.completions.create(model=MODEL, prompt=CHAT, max_tokens=60, temperature=0)
+    k = free.usage.completion_tokens - 1  # the EOS is token k
+    assert free.choices[0].finish_reason == "stop" and free.choices[0].stop_reason is None
+    met, _ = _both(client, prompt=CHAT, max_tokens=60, extra_body={"min_tokens": k})
+    assert met.text == free.choices[0].text
+    held, streamed = _both(client, prompt=CHAT, max_tokens=k + 6, extra_body={"min_tokens": k + 1})
+    assert held.text.startswith(free.choices[0].text) and held.text == streamed
+    assert len(held.text) > len(free.choices[0].text)
+
+    ref = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0,
+                                    logprobs=0).choices[0]  # fmt: skip
+    tokens = ref.logprobs.tokens
+    assert tokens[:3] == [" Paris", ".", "\n"]
+    dot = tok.encode(".", add_special_tokens=False)
+    r, _ = _both(client, prompt=PROMPT, max_tokens=3,
+                 extra_body={"min_tokens": 2, "stop_token_ids": dot})  # fmt: skip
+    assert r.text.startswith(" Paris") and "." not in r.text[:7]  # "." cannot be token 1
+    for m, stop in ((1, ".\n"), (2, ".\n"), (3, "\n\n"), (2, "."), (10, "2"), (9, "2")):
+        # the first occurrence that ends past the text of the first m tokens, if any
+        shown = len("".join(tokens[:m]))
+        at = next((i for i in range(len(ref.text)) if ref.text.startswith(stop, i)
+                   and i + len(stop) > shown), None)  # fmt: skip
+        r, streamed = _both(client, prompt=PROMPT, max_tokens=20, stop=[stop],
+                            extra_body={"min_tokens": m})  # fmt: skip
+        assert r.text == streamed == ref.text[:at], (m, stop)
+        assert r.stop_reason == (stop if at is not None else None), (m, stop)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
+     ({"min_tokens": -1}, "min_tokens"),
+     ({"min_tokens": 2, "response_format": {"type": "json_object"}}, "min_tokens"),
+     ({"min_tokens": 2, "max_completion_tokens": 1}, "min_tokens")],
+)  # fmt: skip
+def test_min_tokens_out_of_range_is_a_400_naming_it(client, extra, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                       extra_body=extra)  # fmt: skip
+    assert e.value.body["param"] == param, e.value.body
