@@ -52,6 +52,8 @@ class Job:
     tools: ToolSetup | None = None  # chat with tools: how calls are parsed
     tool_streams: dict[int, ToolStream] = field(default_factory=dict)  # per choice, streaming
     called: set[int] = field(default_factory=set)  # choices whose output held tool calls
+    role: str = "assistant"  # chat: the reply's role
+    echo_text: str = ""  # chat: what each reply starts with (`echo`)
 
     @property
     def num_choices(self) -> int:
