@@ -54,6 +54,7 @@ class Job:
     called: set[int] = field(default_factory=set)  # choices whose output held tool calls
     role: str = "assistant"  # chat: the reply's role
     echo_text: str = ""  # chat: what each reply starts with (`echo`)
+    continuous_usage: bool = False  # stream: every chunk's usage is its choice's so far
 
     @property
     def num_choices(self) -> int:
@@ -141,8 +142,10 @@ class Endpoint(ABC):
             echo: bool = False) -> Job:  # fmt: skip
         include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
         job_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
-        return Job(self, job_id, model, prompts, texts, params, req.stream, include_usage,
-                   strings, renames or self.renames, echo)  # fmt: skip
+        job = Job(self, job_id, model, prompts, texts, params, req.stream, include_usage,
+                  strings, renames or self.renames, echo)  # fmt: skip
+        job.continuous_usage = include_usage and req.stream_options.continuous_usage_stats
+        return job
 
     # -- responses -----------------------------------------------------------------------------
     def head(self, job: Job, chunk: bool) -> dict[str, Any]:

@@ -82,6 +82,15 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: every chunk's usage is its choice's so far
+
+    @model_validator(mode="after")
+    def _continuous_needs_usage(self) -> StreamOptions:
+        if self.continuous_usage_stats and not self.include_usage:
+            raise APIError(400, "stream_options.continuous_usage_stats needs include_usage",
+                           param="stream_options.continuous_usage_stats",
+                           code="invalid_value")  # fmt: skip
+        return self
 
 
 # Fields that clients send, accepted only with the values that ask for what this server does

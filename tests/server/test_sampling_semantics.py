@@ -106,3 +106,37 @@ def test_min_tokens_out_of_range_is_a_400_naming_it(client, extra, param):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                        extra_body=extra)  # fmt: skip
     assert e.value.body["param"] == param, e.value.body
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_continuous_usage_stats_count_each_choice_so_far(client, chat):
+    """vLLM's stream_options.continuous_usage_stats: every chunk carries its choice's usage so
+    far (the role chunk none yet); the last chunk, with no choices, the request's total."""
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    kw = dict(model=MODEL, max_tokens=5, n=2, seed=3, stream=True, stream_options=opts,
+              extra_body={"ignore_eos": True})  # fmt: skip
+    if chat:
+        chunks = list(client.chat.completions.create(
+            messages=[{"role": "user", "content": "Say hi"}], **kw))  # fmt: skip
+    else:
+        chunks = list(client.completions.create(prompt=[PROMPT, "Hello there"], **kw))
+    *body, last = chunks
+    assert last.choices == [] and last.usage.completion_tokens == 5 * (4 if not chat else 2)
+    seen: dict[int, int] = {}
+    prompts = {}
+    for c in body:
+        (choice,) = c.choices
+        u = c.usage
+        assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+        assert u.completion_tokens >= seen.get(choice.index, 0)
+        seen[choice.index] = u.completion_tokens
+        prompts[choice.index] = u.prompt_tokens
+        if choice.finish_reason is not None:
+            assert u.completion_tokens == 5
+    assert seen == {i: 5 for i in range(len(seen))} and len(seen) == (2 if chat else 4)
+    per_prompt = [prompts[i] for i in range(0, len(seen), 2)]
+    assert last.usage.prompt_tokens == sum(per_prompt)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt=PROMPT, stream=True,
+                                  stream_options={"continuous_usage_stats": True})  # fmt: skip
+    assert e.value.body["param"] == "stream_options.continuous_usage_stats"
