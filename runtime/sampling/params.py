@@ -82,7 +82,9 @@ class SamplingParams:
         if not 0.0 < self.top_p <= 1.0:
             raise ParamError("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k != -1:
-            _check_int("top_k", self.top_k, 1, MAX_TOP_K, "-1 (off) or ")
+            _check_int("top_k", self.top_k, 0, MAX_TOP_K, "-1 or ")  # 0 and -1: off
+            if self.top_k == 0:  # vLLM's preferred "off" (and transformers')
+                object.__setattr__(self, "top_k", -1)
         _check_num("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
             raise ParamError("min_p", f"min_p must be in [0, 1], got {self.min_p}")
