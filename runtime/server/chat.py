@@ -5,6 +5,7 @@ content is tokenized as text (`chat_prompt.py`)."""
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 from pagoda.runtime.engine.info import EngineInfo
@@ -62,14 +63,21 @@ class ChatEndpoint(Endpoint):
         if template is not None and "developer" not in template:
             raw = [as_system(m) for m in raw]
         self.check_length("".join(str(m.get("content", "")) for m in raw), info)
+        variables = _template_kwargs(req.chat_template_kwargs, info.tokenizer,
+                                     self.content_as_text)  # fmt: skip
         render = functools.partial(
             info.tokenizer.apply_chat_template, add_generation_prompt=req.generation_prompt,
-            continue_final_message=req.continue_final_message,
-            variables=_template_kwargs(req.chat_template_kwargs, info.tokenizer),
+            continue_final_message=req.continue_final_message, variables=variables,
         )  # fmt: skip
         try:
             messages, listed = tools.template_messages(raw, setup, template)
             text = render(messages, tools=listed)
+            self.check_length(text, info)
+            # the template runs again here when the client's text holds special-token text
+            prompts = [encode_chat(info.tokenizer, messages, listed, text, self.content_as_text,
+                                   render)]  # fmt: skip
+        except APIError:
+            raise
         except RecursionError as e:
             raise APIError(
                 400,
@@ -81,9 +89,6 @@ class ChatEndpoint(Endpoint):
             raise APIError(400, str(e), param="messages", code="invalid_messages") from e
         except Exception as e:  # a template may raise anything on odd input
             raise APIError(400, f"chat template failed: {e}", param="messages") from e
-        self.check_length(text, info)
-        prompts = [encode_chat(info.tokenizer, messages, listed, text, self.content_as_text,
-                               render)]  # fmt: skip
         job = self.job(req, model, prompts, [text], params, strings, renames)
         job.tools = setup if setup is not None and setup.parser is not None else None
         job.role = req.reply_role
@@ -133,9 +138,17 @@ class ChatEndpoint(Endpoint):
         return {"index": i, "delta": delta, "logprobs": logprobs}
 
 
-def _template_kwargs(kwargs: dict[str, Any] | None, tokenizer: Any) -> dict[str, Any] | None:
+def _template_kwargs(kwargs: dict[str, Any] | None, tokenizer: Any,
+                     as_text: bool) -> dict[str, Any] | None:  # fmt: skip
     """`chat_template_kwargs`, each a variable this model's chat template reads; one it does not
-    read (it would change nothing) or one the server sets itself is a 400 naming it."""
+    read (it would change nothing) or one the server sets itself is a 400 naming it, and so is
+    special-token text in a value while the client's text is read as text (`as_text`): the
+    template would write it where its own control tokens go."""
+    specials = tokenizer.special_text if as_text and kwargs else None
+    if specials is not None and specials.search(json.dumps(kwargs, ensure_ascii=False)):
+        raise APIError(400, "chat_template_kwargs holds special-token text, which a template "
+                       "would write as control tokens; remove it", param="chat_template_kwargs",
+                       code="special_tokens_in_content")  # fmt: skip
     for key in kwargs or {}:
         param = f"chat_template_kwargs.{shorten(key, 60)}"
         if key in TEMPLATE_NAMES:
