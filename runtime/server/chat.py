@@ -66,29 +66,16 @@ class ChatEndpoint(Endpoint):
         variables = _template_kwargs(req.chat_template_kwargs, info.tokenizer,
                                      self.content_as_text)  # fmt: skip
         render = functools.partial(
-            info.tokenizer.apply_chat_template, add_generation_prompt=req.generation_prompt,
+            _render, info.tokenizer.apply_chat_template,
+            add_generation_prompt=req.generation_prompt,
             continue_final_message=req.continue_final_message, variables=variables,
         )  # fmt: skip
-        try:
-            messages, listed = tools.template_messages(raw, setup, template)
-            text = render(messages, tools=listed)
-            self.check_length(text, info)
-            # the template runs again here when the client's text holds special-token text
-            prompts = [encode_chat(info.tokenizer, messages, listed, text, self.content_as_text,
-                                   render)]  # fmt: skip
-        except APIError:
-            raise
-        except RecursionError as e:
-            raise APIError(
-                400,
-                "messages are nested too deeply to render",
-                param="messages",
-                code="invalid_messages",
-            ) from e
-        except ValueError as e:
-            raise APIError(400, str(e), param="messages", code="invalid_messages") from e
-        except Exception as e:  # a template may raise anything on odd input
-            raise APIError(400, f"chat template failed: {e}", param="messages") from e
+        messages, listed = _render(tools.template_messages, raw, setup, template)
+        text = render(messages, tools=listed)
+        self.check_length(text, info)
+        # `render` runs again there when the client's text holds special-token text
+        prompts = [encode_chat(info.tokenizer, messages, listed, text, self.content_as_text,
+                               render)]  # fmt: skip
         job = self.job(req, model, prompts, [text], params, strings, renames)
         job.tools = setup if setup is not None and setup.parser is not None else None
         job.role = req.reply_role
@@ -160,3 +147,17 @@ def _template_kwargs(kwargs: dict[str, Any] | None, tokenizer: Any,
                            f"'{shorten(key, 60)}', so it would change nothing", param=param,
                            code="unsupported_parameter")  # fmt: skip
     return kwargs
+
+
+def _render(apply: Any, *args: Any, **kw: Any) -> Any:
+    """`apply(*args, **kw)` (preparing or rendering the chat template), whatever it raises a
+    400: a template may raise anything on odd input."""
+    try:
+        return apply(*args, **kw)
+    except RecursionError as e:
+        raise APIError(400, "messages are nested too deeply to render", param="messages",
+                       code="invalid_messages") from e  # fmt: skip
+    except ValueError as e:
+        raise APIError(400, str(e), param="messages", code="invalid_messages") from e
+    except Exception as e:
+        raise APIError(400, f"chat template failed: {e}", param="messages") from e
