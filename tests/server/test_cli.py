@@ -159,6 +159,20 @@ def test_impossible_sizes_are_refused_before_loading(argv, needle) -> None:
     assert needle in str(err.value), err.value
 
 
+def test_a_checkpoint_directory_without_weights_is_refused_before_loading(tmp_path) -> None:
+    """config.json alone passes the metadata checks; `pagoda serve` must still refuse it with one
+    line before binding, not die in the engine's load after `listening on` (exit 1, traceback)."""
+    import json
+
+    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+          "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 512}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(ValueError) as err:
+        engine_config("--model", str(tmp_path), "--device", "cpu", "--dtype", "float32")
+    assert str(err.value) == f"model {str(tmp_path)!r}: {tmp_path} has no *.safetensors files"
+
+
 @pytest.mark.slow
 def test_memory_check_names_what_to_lower(monkeypatch) -> None:
     from pagoda.runtime.server import memory, weights
