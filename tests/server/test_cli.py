@@ -159,17 +159,24 @@ def test_impossible_sizes_are_refused_before_loading(argv, needle) -> None:
     assert needle in str(err.value), err.value
 
 
-def test_a_checkpoint_directory_without_weights_is_refused_before_loading(tmp_path) -> None:
-    """config.json alone passes the metadata checks; `pagoda serve` must still refuse it with one
-    line before binding, not die in the engine's load after `listening on` (exit 1, traceback)."""
-    import json
+def test_a_checkpoint_directory_without_weights_or_tokenizer_is_refused_before_loading(
+    tmp_path,
+) -> None:
+    """config.json alone passes the metadata checks; `pagoda serve` must still refuse a
+    directory without its weights or its tokenizer with one line before binding, not die in the
+    engine's load after `listening on` (exit 1, a traceback)."""
+    from hf_oracle import make_tiny_llama
 
-    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-          "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-          "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 512}  # fmt: skip
-    (tmp_path / "config.json").write_text(json.dumps(hf))
+    make_tiny_llama(tmp_path)
+    argv = ("--model", str(tmp_path), "--device", "cpu", "--dtype", "float32")
+    assert engine_config(*argv).model == str(tmp_path)  # complete: accepted
+    (tmp_path / "tokenizer.json").unlink()
     with pytest.raises(ValueError) as err:
-        engine_config("--model", str(tmp_path), "--device", "cpu", "--dtype", "float32")
+        engine_config(*argv)
+    assert str(err.value) == f"model {str(tmp_path)!r}: {tmp_path} has no tokenizer.json"
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(ValueError) as err:
+        engine_config(*argv)
     assert str(err.value) == f"model {str(tmp_path)!r}: {tmp_path} has no *.safetensors files"
 
 
