@@ -138,3 +138,36 @@ def test_make_serve_hint_is_the_readme_request() -> None:
     hint = printed[printed.index("curl ") :]
     (block,) = blocks("bash", "curl")
     assert _one_line(hint) == _one_line(block)
+
+
+def quick_start_commands() -> list[str]:
+    """The command lines of the bash blocks before the usage section (comments dropped)."""
+    head = README.split("<!-- usage:start -->")[0]
+    code = "\n".join(re.findall(r"^```bash\n(.*?)^```$", head, re.S | re.M))
+    return [line.split("#")[0].strip() for line in code.splitlines() if line.split("#")[0].strip()]
+
+
+def test_quick_start_names_make_targets_and_tests_that_exist() -> None:
+    """`make X PYTEST_ARGS=path` and `pytest path::test`: the targets are the Makefile's, the
+    paths and test names are there (a renamed test file would leave the README pointing at
+    nothing; pytest would say so only when run)."""
+    makefile = (ROOT / "Makefile").read_text()
+    commands = quick_start_commands()
+    assert len(commands) >= 5, commands
+    checked = 0
+    for command in commands:
+        argv = shlex.split(command)
+        if argv[0] == "make":
+            assert re.search(rf"^{re.escape(argv[1])}:", makefile, re.M), command
+        for arg in argv:
+            target = arg.removeprefix("PYTEST_ARGS=")
+            if not target.startswith("tests/"):
+                continue
+            path, _, test = target.partition("::")
+            assert (ROOT / path).exists(), command
+            if test:
+                assert re.search(
+                    rf"^(async )?def {re.escape(test)}\(", (ROOT / path).read_text(), re.M
+                ), command
+            checked += 1
+    assert checked == 3, commands
