@@ -84,19 +84,32 @@ def preflight(
 
 
 def check_checkpoint_files(model: str, path: Path) -> None:
-    """A Hugging Face directory holds its safetensors files and its tokenizer.json. The
-    metadata checks above read config.json alone (a config without weights is enough to size a
-    model), so a directory without them would otherwise fail in the engine's load, after the
-    server listens. (Whether tokenizer.json parses is left to the load: parsing it here would
-    add its time, ~0.3 s for a 128k vocabulary, to every start.)"""
+    """A Hugging Face directory holds its safetensors files and a tokenizer.json that is a JSON
+    object. The metadata checks above read config.json alone (a config without weights is
+    enough to size a model), so a directory without them would otherwise fail in the engine's
+    load, after the server listens. The tokenizer is looked at, not parsed (that would add its
+    time, ~0.3 s for a 128k vocabulary, to every start): its first and last bytes, which a
+    truncated download, a Git LFS pointer or an error page saved in its place do not have."""
     if not path.is_dir():
         return
     try:
         checkpoint_files(path)
-        if not (path / "tokenizer.json").is_file():
+        tokenizer = path / "tokenizer.json"
+        if not tokenizer.is_file():
             raise ValueError(f"{path} has no tokenizer.json")
+        if not _looks_like_a_json_object(tokenizer):
+            raise ValueError(f"{tokenizer} is not a JSON object (truncated, or a Git LFS pointer?)")
     except ValueError as e:
         raise ValueError(f"model {model!r}: {e}") from e
+
+
+def _looks_like_a_json_object(path: Path, edge: int = 64) -> bool:
+    with path.open("rb") as f:
+        head = f.read(edge).lstrip()
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - edge))
+        tail = f.read().rstrip()
+    return head.startswith(b"{") and tail.endswith(b"}")
 
 
 def check_context(kwargs: dict[str, Any], model_config: ModelConfig) -> None:
