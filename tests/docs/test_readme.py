@@ -171,3 +171,22 @@ def test_quick_start_names_make_targets_and_tests_that_exist() -> None:
                 ), command
             checked += 1
     assert checked == 3, commands
+
+
+def test_make_alone_lists_every_target() -> None:
+    """`make` with no target prints what each target does (without a default goal it would set
+    up .venv, the first rule's target); compared under -n, so nothing is installed either way."""
+    if shutil.which("make") is None:
+        pytest.skip("no make on PATH")
+
+    def make(*args: str) -> str:
+        out = subprocess.run(
+            ["make", "-s", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert make("-n") == make("-n", "help")
+    phony = re.search(r"^\.PHONY:(.*)$", (ROOT / "Makefile").read_text(), re.M)[1].split()
+    listed = set(re.findall(r"(?:^  |;  )([a-z-]+)[ :]", make("help"), re.M))
+    assert set(phony) - {"help"} <= listed, set(phony) - listed
