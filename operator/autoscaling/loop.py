@@ -60,6 +60,7 @@ class _State:
     bursts: Bursts = field(default_factory=Bursts)  # the burst floor's memory
     last_scale_up: float | None = None
     last_reason: str | None = None
+    where: tuple[str, str] = ("", "")  # (namespace, name): its gauge goes when the service does
 
 
 def _r(value: float | None, digits: int) -> float | None:
@@ -147,7 +148,10 @@ class Autoscaler:
         """Evaluate every InferenceService each `autoscale_interval_s` until cancelled."""
         while True:
             started = self.clock()
-            await self.evaluate_all(logger)
+            try:
+                await self.evaluate_all(logger)
+            except Exception:  # never let one bad pass end autoscaling for every service
+                logger.exception("Autoscaler pass failed (next pass in one interval)")
             await asyncio.sleep(
                 max(0.0, self.config.autoscale_interval_s - (self.clock() - started))
             )
@@ -158,9 +162,13 @@ class Autoscaler:
         except ApiError as e:
             logger.warning("Autoscaler could not list %s objects: %s", KIND, e)
             return
-        live = {(b.get("metadata") or {}).get("uid") for b in bodies}
-        for uid in set(self._states) - live:
-            del self._states[uid]
+        metas = [b.get("metadata") or {} for b in bodies]
+        live = {m.get("uid") for m in metas}
+        names = {(m.get("namespace"), m.get("name")) for m in metas}
+        for uid in set(self._states) - live:  # deleted (or re-created under a new uid)
+            gone = self._states.pop(uid)
+            if gone.where not in names:
+                self.metrics.forget(*gone.where)
         limit = asyncio.Semaphore(8)
 
         async def one(body: dict[str, Any]) -> None:
@@ -173,6 +181,11 @@ class Autoscaler:
                     logger.warning(
                         "Autoscaling %s/%s: API call failed (next interval retries): %s",
                         meta.get("namespace"), meta.get("name"), e,
+                    )  # fmt: skip
+                except Exception:  # a bug or an answer nobody foresaw: this service only
+                    logger.exception(
+                        "Autoscaling %s/%s failed (replicas unchanged; next interval retries)",
+                        meta.get("namespace"), meta.get("name"),
                     )  # fmt: skip
                 finally:
                     self.metrics.autoscale_duration.observe(time.perf_counter() - started)
@@ -303,7 +316,10 @@ class Autoscaler:
         if uid not in self._states:
             auto = (body.get("status") or {}).get("autoscaling")
             since = traffic_since(auto, now, self.wall())
-            self._states[uid] = _State(history=((now, current),), bursts=Bursts(since=since))
+            where = (body["metadata"]["namespace"], body["metadata"]["name"])
+            self._states[uid] = _State(
+                history=((now, current),), bursts=Bursts(since=since), where=where
+            )
         return self._states[uid]
 
     async def alert_scale_up(self, req: ScaleUpRequest, logger: logging.Logger = log) -> str:

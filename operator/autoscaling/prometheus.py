@@ -21,7 +21,8 @@ from pagoda.runtime import options
 
 
 class MetricsUnavailable(Exception):
-    """No trustworthy reading: `reason` is CamelCase (PrometheusUnreachable, QueryFailed, NoSamples)."""
+    """No trustworthy reading: `reason` is CamelCase (PrometheusUnreachable, QueryFailed,
+    NoSamples, InvalidSample)."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(f"{reason}: {message}")
@@ -89,8 +90,23 @@ def demand_queries(namespace: str, name: str, window: str = "1m") -> dict[str, s
 
 
 def _positive(value: float | None) -> float | None:
-    """A mean or rate that exists: None for no requests (NaN) or nonsense."""
-    return value if value is not None and value == value and value > 0 else None
+    """A mean or rate that exists: None for no requests (NaN), x/0 (±Inf) or nonsense."""
+    return value if value is not None and math.isfinite(value) and value > 0 else None
+
+
+def _rate(value: float | None) -> float | None:
+    """An arrival rate: None when unknown or not finite, else at least 0."""
+    return max(value, 0.0) if value is not None and math.isfinite(value) else None
+
+
+def check_samples(got: Mapping[str, float | None]) -> None:
+    """The inputs every decision rests on must be real numbers: a ±Inf (or a negative TTFT)
+    is a broken exporter or recording rule, not a load; hold (InvalidSample) instead of
+    scaling on it. The optional inputs (lengths, rates) just turn their floor off."""
+    for key in ("ttft_p95", "waiting", "kv_cache", "newest"):
+        value = got.get(key)
+        if value is not None and (not math.isfinite(value) or (key == "ttft_p95" and value < 0)):
+            raise MetricsUnavailable("InvalidSample", f"the {key} query answered {value!r}")
 
 
 def scalar(body: Mapping[str, Any]) -> float | None:
@@ -101,7 +117,9 @@ def scalar(body: Mapping[str, Any]) -> float | None:
     if not isinstance(body, Mapping) or body.get("status") != "success":
         error = body.get("error") if isinstance(body, Mapping) else None
         raise MetricsUnavailable("QueryFailed", str(error or "unexpected answer"))
-    data = body.get("data") or {}
+    data = body.get("data")
+    if not isinstance(data, Mapping):
+        raise MetricsUnavailable("QueryFailed", f"expected a vector, got {type(data).__name__}")
     result = data.get("result")
     if data.get("resultType") != "vector" or not isinstance(result, list):
         raise MetricsUnavailable("QueryFailed", f"expected a vector, got {data.get('resultType')}")
@@ -163,6 +181,7 @@ class PrometheusSource:
         keys = list(q)
         values = await asyncio.gather(*(self._query(base_url, q[k], at) for k in keys))
         got = dict(zip(keys, values))
+        check_samples(got)
         if got["waiting"] is None or got["newest"] is None:
             raise MetricsUnavailable(
                 "NoSamples",
@@ -179,5 +198,5 @@ class PrometheusSource:
             queued_prompt_tokens=None if isl is None else max(got["waiting"], 0.0) * isl,
             mean_prompt_tokens=isl,
             mean_output_tokens=_positive(got.get("output_len")),
-            **{k: None if v is None or v != v else max(v, 0.0) for k, v in rates.items()},
+            **{k: _rate(v) for k, v in rates.items()},
         )

@@ -78,6 +78,9 @@ class Autotuner:
             except ApiError as e:
                 log.warning("Autotune pass failed (next pass in %.0f s): %s",
                             self.config.autotune_interval_s, e)  # fmt: skip
+            except Exception:  # never let one bad pass end autotuning for good
+                log.exception("Autotune pass failed (next pass in %.0f s)",
+                              self.config.autotune_interval_s)  # fmt: skip
 
     async def tick(self) -> None:
         t = Tick()

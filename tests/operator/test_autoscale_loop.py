@@ -148,6 +148,42 @@ async def test_missing_metrics_hold_and_set_the_condition(
         )  # written after the Deployment
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"kv_cache": float("inf")},  # the scale-down's KV-cache floor once crashed the loop
+        {"ttft": -1.0},  # once a ValueError that ended the loop
+        {"ttft": float("inf")},  # once written to status as `Infinity` (not JSON)
+        {"waiting": float("inf")},  # once read as overload
+    ],
+)
+async def test_a_non_finite_reading_holds_and_the_loop_lives_on(
+    emulator: Emulator, kube: KubeApi, start_operator: Any, prom: FakePrometheus, bad: dict
+) -> None:
+    """A broken exporter or recording rule (±Inf, a negative TTFT) is no load: the replicas
+    hold, MetricsUnavailable=InvalidSample says why, and the loop goes on for every service."""
+    await start_operator(prometheus_url=prom.url, **FAST)
+    await create_isvc(kube, "chat", spec(scaleDownStabilizationSeconds=0))
+    async with deployment_controller(kube, "chat"):
+        prom.ttft = 1.5
+        await wait_for(lambda: replicas(emulator, "chat") == 4, what="scaled up")
+        prom.ttft = 0.1  # idle enough to scale down, but one input is broken
+        for k, v in bad.items():
+            setattr(prom, k, v)
+        cond = await wait_for(
+            lambda: (
+                condition(emulator, "chat", "MetricsUnavailable").get("status") == "True"
+                and condition(emulator, "chat", "MetricsUnavailable")
+            ),
+            what="MetricsUnavailable",
+        )
+        assert cond["reason"] == "InvalidSample" and "answered" in cond["message"]
+        assert replicas(emulator, "chat") == 4  # held: neither down nor up on a broken number
+        assert events(emulator, "chat", "MetricsUnavailable")
+        prom.ttft, prom.kv_cache, prom.waiting = 0.1, 0.2, 0.0
+        await wait_for(lambda: replicas(emulator, "chat") == 1, what="the loop still runs")
+
+
 async def test_per_service_prometheus_url_and_switching_autoscaling_off(
     emulator: Emulator, kube: KubeApi, start_operator: Any, prom: FakePrometheus
 ) -> None:

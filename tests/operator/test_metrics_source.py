@@ -46,6 +46,7 @@ def test_scalar(body: dict[str, Any], want: float | None) -> None:
         {"status": "success", "data": {"resultType": "matrix", "result": []}},
         {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}}]}},
         {"status": "success", "data": {"resultType": "vector", "result": [{"value": [1, "x"]}]}},
+        {"status": "success", "data": [{"value": [1, "1"]}]},  # a proxy's own shape
         [],
     ],
 )
