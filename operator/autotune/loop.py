@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pagoda.operator.autotune import jobs, profiles
+from pagoda.operator.autotune import jobs, mount, profiles
 from pagoda.operator.autotune.keys import TuneKey, key_for, products_for
 from pagoda.operator.kube.client import ApiError, KubeApi
 from pagoda.operator.kube.names import KIND, RESOURCES
@@ -121,7 +121,7 @@ class Autotuner:
     ) -> KeyState:
         cm = await self._profile_config_map(key, ns)
         if profiles.is_tuned(cm):
-            return KeyState(TUNED, "ProfilePublished", key.describe(), profiles.data_hash(cm))
+            return _published(key, cm)
         attempts = profiles.Attempts.of(cm)
         job = await self.api.get("Job", ns, key.job_name)
         if job is not None and not _owned_by(job, cm):
@@ -133,7 +133,8 @@ class Autotuner:
         if outcome == "succeeded":
             cm = await self.api.get("ConfigMap", ns, key.profile_name)
             if profiles.is_tuned(cm):
-                return KeyState(TUNED, "ProfilePublished", key.describe(), profiles.data_hash(cm))
+                assert cm is not None
+                return _published(key, cm)
             outcome, reason, message = "failed", "NoProfilePublished", "the Job published nothing"
         if outcome == "failed":
             return await self._failed(key, ns, attempts, reason, message)
@@ -266,6 +267,18 @@ class Autotuner:
             data = await self.api.request("GET", res.path(ns), params={"labelSelector": selector})
             items += (data or {}).get("items") or []
         return items
+
+
+def _published(key: TuneKey, cm: Mapping[str, Any]) -> KeyState:
+    """A ConfigMap holding a profile: Tuned, or TuningFailed when serving could not use it (no
+    retry: the same Job would publish the same; deleting the ConfigMap re-tunes)."""
+    problem = mount.profile_problem(cm, key.model)
+    if problem is None:
+        return KeyState(TUNED, "ProfilePublished", key.describe(), profiles.data_hash(cm))
+    reason, message = problem
+    name = cm["metadata"]["name"]
+    return KeyState(FAILED, reason, f"{message}; serving on defaults (delete ConfigMap {name} "
+                                    "to tune again)")  # fmt: skip
 
 
 def service_status(keys: list[TuneKey], states: list[KeyState]) -> dict[str, Any]:

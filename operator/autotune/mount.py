@@ -10,13 +10,15 @@ that does not fit (say, a node relabelled by hand) serves on defaults instead of
 
 from __future__ import annotations
 
+import pathlib
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.autotune import profiles
 from pagoda.operator.autotune.keys import key_for
-from pagoda.runtime import options
+from pagoda.runtime import options, tuned_profile
 
 if TYPE_CHECKING:
     from pagoda.operator.spec.inference_service import InferenceServiceSpec
@@ -30,6 +32,46 @@ PROFILE_ANNOTATION = "serving.pagoda.dev/tuned-profile"
 class TunedMount:
     config_map: str
     data_hash: str
+
+
+INVALID, MISMATCH = "InvalidProfile", "ProfileMismatch"
+_checked: dict[tuple[str, str], tuple[str, str] | None] = {}  # (data hash, model) → problem
+
+
+def profile_problem(cm: Mapping[str, Any], model: str) -> tuple[str, str] | None:
+    """Why the profile in `cm` must not be mounted for `model`, as (reason, message); None: it
+    may. Serving exits 2 on a profile it cannot load (`--tuned-profile-mismatch warn` forgives
+    only another setup), so the ConfigMap is checked here with serving's own loader first:
+    `InvalidProfile` (unreadable, a field out of range, a bad kernel config: a hand edit, or a
+    tuner of another version) or `ProfileMismatch` (measured for another model). Cached by the
+    data's hash."""
+    cache_key = (profiles.data_hash(cm), model)
+    if cache_key not in _checked:
+        if len(_checked) >= 256:
+            _checked.clear()
+        label = f"ConfigMap {(cm.get('metadata') or {}).get('name')}"
+        _checked[cache_key] = _check(cm.get("data") or {}, model, label)
+    return _checked[cache_key]
+
+
+def _check(data: Mapping[str, Any], model: str, label: str) -> tuple[str, str] | None:
+    with tempfile.TemporaryDirectory(prefix="pagoda-profile-") as tmp:
+        folder = pathlib.Path(tmp)
+        for name, text in data.items():
+            if "/" in name or name.startswith(".") or not isinstance(text, str):
+                return INVALID, f"ConfigMap key {name!r} is not a profile file"
+            (folder / name).write_text(text)
+        try:
+            profile = tuned_profile.load_profile(folder)
+        except tuned_profile.ProfileError as e:
+            return INVALID, str(e).replace(str(folder), label)
+    want, have = tuned_profile.normalize_model(model), tuned_profile.normalize_model(profile.model)
+    if have != want:
+        return (
+            MISMATCH,
+            f"the profile was measured for model {have!r}, this service serves {want!r}",
+        )
+    return None
 
 
 def chosen_profile(body: Mapping[str, Any], spec: InferenceServiceSpec) -> str | None:
@@ -53,6 +95,9 @@ async def lookup(
     cm = await api.get("ConfigMap", body["metadata"]["namespace"], name)
     if not profiles.is_tuned(cm) or not profiles.is_profile(cm):
         return None
+    assert cm is not None
+    if profile_problem(cm, spec.model.server_arg) is not None:
+        return None  # the pods would not start with it: defaults (status.autotune says why)
     return TunedMount(name, profiles.data_hash(cm))
 
 
