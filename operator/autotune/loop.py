@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
 import time
@@ -138,8 +139,13 @@ class Autotuner:
             outcome, reason, message = "failed", "NoProfilePublished", "the Job published nothing"
         if outcome == "failed":
             return await self._failed(key, ns, attempts, reason, message)
-        retry_at = attempts.retry_at(self.config.autotune_retry_base_s)
-        if self.clock() < retry_at:
+        now = self.clock()
+        if profiles.in_future(attempts, now):
+            await self.api.patch(
+                "ConfigMap", ns, key.profile_name, profiles.failure_time_patch(now)
+            )
+            attempts = dataclasses.replace(attempts, failed=now)
+        if now < attempts.retry_at(self.config.autotune_retry_base_s):
             return self._waiting(attempts)
         try:
             await self._start(key, spec, ns, cm, attempts)

@@ -3,6 +3,7 @@ publisher's checks, and the predictive floor in the autoscaling policy."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import pathlib
@@ -88,6 +89,21 @@ def test_job_outcome_and_backoff() -> None:
         == profiles.RETRY_MAX_S
     )
     assert profiles.Attempts(0, None, None).retry_at() == 0.0
+    # hand-edited annotations: a huge count is the cap (2.0 ** 1023 once overflowed), a time that
+    # is no time is none, a count below 0 is 0
+    a = "serving.pagoda.dev/"
+    edited = profiles.Attempts.of(
+        {"metadata": {"annotations": {a + "tune-attempts": "5000", a + "tune-started": "7.0"}}}
+    )
+    assert edited.retry_at(300.0) == 7.0 + profiles.RETRY_MAX_S
+    for bad in ("inf", "nan", "-inf"):
+        ann = {a + "tune-attempts": "-3", a + "tune-failed": bad, a + "tune-started": bad}
+        assert profiles.Attempts.of({"metadata": {"annotations": ann}}) == profiles.Attempts(
+            0, None, None
+        )
+    stepped = profiles.Attempts(2, 10.0, "X: y", failed=100_000.0)  # the clock stepped back
+    assert profiles.in_future(stepped, now=1000.0)
+    assert not profiles.in_future(dataclasses.replace(stepped, failed=1000.0), now=1000.0)
 
 
 def test_service_status_is_the_worst_key_and_mounts_only_one_product() -> None:
