@@ -220,16 +220,22 @@ class Autoscaler:
         metrics, why = await self._read_metrics(
             spec, ns, name, prompt_len=v_p is not None, demand=None not in (v_p, v_d)
         )
-        policy = dataclasses.replace(
-            self._policy(spec), prefill_tokens_per_s=v_p, decode_tokens_per_s=v_d
-        )
         async with object_lock(uid):
             fresh = await self.api.get(KIND, ns, name)
+            if fresh is None or fresh["metadata"].get("uid") != uid:
+                return None  # deleted while the metrics were read
+            if fresh["metadata"].get("generation") != meta.get("generation"):
+                spec = self._parse(fresh)  # edited meanwhile: the bounds of now, not of then
+                if spec is None or spec.autoscaling is None:
+                    return None  # the next evaluation reports it or switches off
+            policy = dataclasses.replace(
+                self._policy(spec), prefill_tokens_per_s=v_p, decode_tokens_per_s=v_d
+            )
             deploy = await self.api.get(
                 spec.workload_kind, ns, workload_name(spec.workload_kind, name)
             )
-            if fresh is None or fresh["metadata"].get("uid") != uid or not owned_by(deploy, uid):
-                return None  # gone, or the reconciler has not created the Deployment yet
+            if not owned_by(deploy, uid):
+                return None  # the reconciler has not created the Deployment yet
             assert deploy is not None
             return await self._decide_and_apply(policy, fresh, deploy, metrics, why, logger)
 

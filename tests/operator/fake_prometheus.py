@@ -6,6 +6,7 @@ test_autoscale_e2e.py. Each query is recorded so tests can check the label match
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -21,6 +22,7 @@ class FakePrometheus:
         self.output_len: float | None = None
         self.age_s = 0.0
         self.status = 200  # e.g. 503 to fail every query
+        self.delay = 0.0  # seconds each answer takes (a slow Prometheus)
         self.queries: list[str] = []
         self.ttft_answers: list[tuple[float, float | None]] = []  # (monotonic time, value)
         self.port = 0
@@ -51,6 +53,8 @@ class FakePrometheus:
     async def _query(self, request: web.Request) -> web.Response:
         q = request.query["query"]
         self.queries.append(q)
+        if self.delay:
+            await asyncio.sleep(self.delay)
         if self.status != 200:
             return web.json_response({"status": "error", "error": "down"}, status=self.status)
         at = float(request.query.get("time", time.time()))

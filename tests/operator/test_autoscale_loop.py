@@ -184,6 +184,28 @@ async def test_a_non_finite_reading_holds_and_the_loop_lives_on(
         await wait_for(lambda: replicas(emulator, "chat") == 1, what="the loop still runs")
 
 
+async def test_bounds_edited_while_a_slow_read_is_in_flight_apply_to_its_decision(
+    emulator: Emulator, kube: KubeApi, start_operator: Any, prom: FakePrometheus
+) -> None:
+    """The metrics are read outside the lock and may take seconds; a decision taken after the
+    read uses the spec of then, not of the read's start: maxReplicas lowered to 1 meanwhile is
+    never exceeded (it once scaled to 2 and back)."""
+    await start_operator(prometheus_url=prom.url, **FAST)
+    await create_isvc(kube, "chat", spec(maxReplicas=8))
+    async with deployment_controller(kube, "chat"):
+        await wait_for(lambda: autoscaling(emulator, "chat").get("reason"), what="evaluated")
+        prom.delay, prom.ttft = 1.5, 4.0  # 8x the target, slowly
+        asked = len(prom.queries)
+        await wait_for(lambda: len(prom.queries) > asked, what="a read in flight")
+        await patch_isvc(kube, "chat", {"spec": {"autoscaling": {"maxReplicas": 1}}})
+        seen = set()
+        for _ in range(60):  # two slow reads
+            seen.add(replicas(emulator, "chat"))
+            await asyncio.sleep(0.05)
+        assert seen == {1}
+        await wait_for(lambda: autoscaling(emulator, "chat").get("reason") == "AtMaxReplicas")
+
+
 async def test_per_service_prometheus_url_and_switching_autoscaling_off(
     emulator: Emulator, kube: KubeApi, start_operator: Any, prom: FakePrometheus
 ) -> None:
