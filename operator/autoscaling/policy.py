@@ -44,7 +44,6 @@ and passes a monotonic clock reading.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from pagoda.operator.autoscaling import bursts as bursts_mod
@@ -55,7 +54,7 @@ from pagoda.operator.autoscaling.demand import (
     learn_correction,
     request_work,
 )
-from pagoda.operator.autotune.floor import prefill_floor
+from pagoda.operator.autotune.floor import ceil_replicas, prefill_floor
 from pagoda.operator.spec.inference_service import DEFAULT_TOLERANCE, AutoscalingSpec
 
 MAX_SCALE_UP_FACTOR = 2  # at most double per step
@@ -397,7 +396,7 @@ def _burst(
     if not needs:
         return demand, state
     need = max(needs)
-    replicas = math.ceil(need / policy.target_utilization - 1e-9)
+    replicas = ceil_replicas(need / policy.target_utilization)
     if replicas <= demand.replicas:
         return demand, state
     young_set = young is not None and young >= need
@@ -429,7 +428,7 @@ def _recommend(policy: Policy, name: str, ratio: float, base: int, current: int)
     if abs(ratio - 1.0) <= policy.tolerance + 1e-9:
         rec, reason = policy.clamp(current), "WithinTolerance"
     else:
-        rec = policy.clamp(math.ceil(base * ratio - 1e-9))
+        rec = policy.clamp(ceil_replicas(base * ratio))
         above = ratio > 1.0
         reason = (
             {"ttft": "TTFTAboveTarget", "queue": "QueueAboveTarget"}[name]
@@ -457,7 +456,7 @@ def _hold_capacity(
         # TTFT is flat until a replica saturates: never scale down so far that the fullest
         # KV cache would pass KV_CACHE_HIGH on the remaining replicas (only with traffic in the
         # window: an idle server's gauge still shows its last step)
-        floor = math.ceil(base * metrics.kv_cache_usage / KV_CACHE_HIGH - 1e-9)
+        floor = ceil_replicas(base * metrics.kv_cache_usage / KV_CACHE_HIGH)
         if floor > rec:
             return min(current, policy.clamp(floor)), "KVCacheHigh"
     return rec, reason
