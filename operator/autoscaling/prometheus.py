@@ -1,7 +1,10 @@
 """Reads one InferenceService's metrics from Prometheus' HTTP API (`/api/v1/query`).
 
 Every series carries `namespace` and `inferenceservice` labels (the ServiceMonitor's relabeling),
-so four instant queries at one evaluation time give the autoscaler all it needs. Anything that
+so four instant queries give the autoscaler all it needs. They are evaluated at Prometheus' own
+"now", and the samples' age is computed there too (`time() - timestamp(...)`): the operator's
+clock plays no part, so a skew or a step of it neither makes old data look fresh nor fresh data
+look stale. Anything that
 prevents a trustworthy reading raises :class:`MetricsUnavailable` with a CamelCase reason;
 the policy then holds instead of guessing.
 """
@@ -10,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,7 +42,7 @@ def queries(namespace: str, name: str, ttft_window: str = "1m") -> dict[str, str
         ),
         "waiting": f"sum({options.METRIC_NUM_REQUESTS_WAITING}{sel})",
         "kv_cache": f"max({options.METRIC_KV_CACHE_USAGE}{sel})",
-        "newest": f"max(timestamp({options.METRIC_NUM_REQUESTS_WAITING}{sel}))",
+        "age": f"time() - max(timestamp({options.METRIC_NUM_REQUESTS_WAITING}{sel}))",
     }
 
 
@@ -103,7 +105,7 @@ def check_samples(got: Mapping[str, float | None]) -> None:
     """The inputs every decision rests on must be real numbers: a ±Inf (or a negative TTFT)
     is a broken exporter or recording rule, not a load; hold (InvalidSample) instead of
     scaling on it. The optional inputs (lengths, rates) just turn their floor off."""
-    for key in ("ttft_p95", "waiting", "kv_cache", "newest"):
+    for key in ("ttft_p95", "waiting", "kv_cache", "age"):
         value = got.get(key)
         if value is not None and (not math.isfinite(value) or (key == "ttft_p95" and value < 0)):
             raise MetricsUnavailable("InvalidSample", f"the {key} query answered {value!r}")
@@ -145,12 +147,12 @@ class PrometheusSource:
             await self._session.close()
             self._session = None
 
-    async def _query(self, base_url: str, promql: str, at: float) -> float | None:
+    async def _query(self, base_url: str, promql: str) -> float | None:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         url = base_url.rstrip("/") + "/api/v1/query"
         try:
-            async with self._session.get(url, params={"query": promql, "time": f"{at:.3f}"}) as r:
+            async with self._session.get(url, params={"query": promql}) as r:
                 if r.status >= 500 or r.status in (401, 403, 404):
                     raise MetricsUnavailable("QueryFailed", f"HTTP {r.status} from {url}")
                 body = await r.json(content_type=None)
@@ -172,17 +174,16 @@ class PrometheusSource:
         """The current reading for one InferenceService, or MetricsUnavailable. `prompt_len`:
         also the mean prompt length, for the queued prompt tokens of the prefill floor;
         `demand`: also the arrival rates and the mean output length (the demand floor)."""
-        at = time.time()
         q = queries(namespace, name, self._ttft_window)
         if prompt_len or demand:
             q["prompt_len"] = prompt_len_query(namespace, name, self._ttft_window)
         if demand:
             q.update(demand_queries(namespace, name, self._ttft_window))
         keys = list(q)
-        values = await asyncio.gather(*(self._query(base_url, q[k], at) for k in keys))
+        values = await asyncio.gather(*(self._query(base_url, q[k]) for k in keys))
         got = dict(zip(keys, values))
         check_samples(got)
-        if got["waiting"] is None or got["newest"] is None:
+        if got["waiting"] is None or got["age"] is None:
             raise MetricsUnavailable(
                 "NoSamples",
                 f"no {options.METRIC_NUM_REQUESTS_WAITING} series for {namespace}/{name} "
@@ -194,7 +195,7 @@ class PrometheusSource:
             ttft_p95_s=got["ttft_p95"],
             waiting=max(got["waiting"], 0.0),
             kv_cache_usage=got["kv_cache"],
-            age_s=max(at - got["newest"], 0.0),
+            age_s=max(got["age"], 0.0),
             queued_prompt_tokens=None if isl is None else max(got["waiting"], 0.0) * isl,
             mean_prompt_tokens=isl,
             mean_output_tokens=_positive(got.get("output_len")),

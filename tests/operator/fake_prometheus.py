@@ -42,8 +42,8 @@ class FakePrometheus:
             return self.arrival_rate
         if "generation_tokens_total" in q:
             return self.output_len
-        if "timestamp(" in q:
-            return time.time() - self.age_s
+        if q.startswith("time() - max(timestamp("):  # the age of the newest sample
+            return self.age_s
         if "num_requests_waiting" in q:
             return self.waiting
         if "kv_cache_usage_perc" in q:

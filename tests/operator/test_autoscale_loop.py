@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from autoscale_helpers import autoscaling, deployment_controller, events, replicas
 from fake_prometheus import FakePrometheus
 from kube_emulator import Emulator
@@ -204,6 +205,58 @@ async def test_bounds_edited_while_a_slow_read_is_in_flight_apply_to_its_decisio
             await asyncio.sleep(0.05)
         assert seen == {1}
         await wait_for(lambda: autoscaling(emulator, "chat").get("reason") == "AtMaxReplicas")
+
+
+class SkewedPrometheus(FakePrometheus):
+    """A Prometheus whose clock is `skew` s ahead of the operator's (the operator's stepped back,
+    or the two disagree): it evaluates at the `time` it is given, else at its own now. Its TTFT
+    was 3 s until 300 s ago (a burst long served), 0.1 s since; it scrapes every 5 s."""
+
+    skew = 0.0
+
+    async def _query(self, request: web.Request) -> web.Response:
+        q = request.query["query"]
+        self.queries.append(q)
+        now = time.time() + self.skew
+        at = float(request.query.get("time", now))
+        newest = min(at, now) // 5 * 5
+        if "histogram_quantile" in q:
+            value = 3.0 if at < now - 300 else 0.1
+        elif q.startswith("time() - "):
+            value = at - newest
+        elif "timestamp(" in q:
+            value = newest
+        elif "kv_cache" in q:
+            value = 0.2
+        else:
+            value = 0.0
+        result = [{"metric": {}, "value": [at, repr(value)]}]
+        return web.json_response(
+            {"status": "success", "data": {"resultType": "vector", "result": result}}
+        )
+
+
+@pytest.mark.parametrize("skew", [600.0, -120.0])
+async def test_the_operators_clock_plays_no_part_in_the_reading(
+    emulator: Emulator, kube: KubeApi, start_operator: Any, skew: float
+) -> None:
+    """Queries are evaluated at Prometheus' now, and the samples' age is computed there: with the
+    operator's clock 10 minutes behind, a burst served long ago does not look current (it once
+    scaled up on it); 2 minutes ahead, fresh samples do not look stale (it once held forever)."""
+    prom = SkewedPrometheus()
+    prom.skew = skew
+    await prom.start()
+    try:
+        await start_operator(prometheus_url=prom.url, **FAST)
+        await create_isvc(kube, "chat", spec())
+        async with deployment_controller(kube, "chat"):
+            await wait_for(lambda: autoscaling(emulator, "chat").get("metrics"), what="evaluated")
+            await asyncio.sleep(1.0)  # five evaluations
+            assert replicas(emulator, "chat") == 1
+            assert condition(emulator, "chat", "MetricsUnavailable")["status"] == "False"
+            assert autoscaling(emulator, "chat")["metrics"]["ttftP95Seconds"] == 0.1
+    finally:
+        await prom.stop()
 
 
 async def test_per_service_prometheus_url_and_switching_autoscaling_off(

@@ -95,6 +95,24 @@ def test_demand_queries_on_a_real_prometheus_engine(tmp_path: pathlib.Path) -> N
     assert run.returncode == 0, textwrap.shorten(run.stdout + run.stderr, 3000)
 
 
+def test_sample_age_is_measured_on_prometheus_clock(tmp_path: pathlib.Path) -> None:
+    """The freshness input is an age computed by Prometheus (`time() - timestamp`), so the
+    operator's clock never enters it: scraped every 15 s until 600 s, evaluated at 620 s."""
+    promtool = require_tool("promtool")
+    q = queries("ns", "chat")
+    labels = 'namespace="ns",inferenceservice="chat"'
+    series = [{"series": f"pagoda:num_requests_waiting{{{labels}}}", "values": "1+0x40"}]
+    tests = [
+        {"expr": q["age"], "eval_time": "620s", "exp_samples": [{"labels": "{}", "value": 20}]}
+    ]
+    doc = {"tests": [{"interval": "15s", "input_series": series, "promql_expr_test": tests}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(doc))
+    run = subprocess.run(
+        [promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert run.returncode == 0, textwrap.shorten(run.stdout + run.stderr, 3000)
+
+
 def test_fast_arrival_rate_and_prompt_length_on_a_5s_scrape(tmp_path: pathlib.Path) -> None:
     """On the 5 s scrape the chart and the operator's ServiceMonitor use, promtool evaluates the
     15 s arrival rate (the burst floor's input) 10 s after the load tripled: it shows all of it. The mean prompt length
