@@ -127,6 +127,10 @@ def scalar(body: Mapping[str, Any]) -> float | None:
         raise MetricsUnavailable("QueryFailed", f"expected a vector, got {data.get('resultType')}")
     if not result:
         return None
+    if len(result) > 1:  # every query aggregates to one series: more is a proxy's merge (Thanos
+        # without deduplication, a federation) or another query; no telling which is this one's
+        labels = [r.get("metric") if isinstance(r, Mapping) else r for r in result[:3]]
+        raise MetricsUnavailable("QueryFailed", f"expected one series, got {len(result)}: {labels}")
     try:
         value = float(result[0]["value"][1])
     except (KeyError, IndexError, TypeError, ValueError) as e:

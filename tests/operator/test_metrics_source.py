@@ -47,6 +47,7 @@ def test_scalar(body: dict[str, Any], want: float | None) -> None:
         {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}}]}},
         {"status": "success", "data": {"resultType": "vector", "result": [{"value": [1, "x"]}]}},
         {"status": "success", "data": [{"value": [1, "1"]}]},  # a proxy's own shape
+        vector("1", "2"),  # two series for an aggregate: a proxy's merge, not one answer
         [],
     ],
 )
