@@ -89,16 +89,22 @@ async def lookup(
     api: Any, body: Mapping[str, Any], spec: InferenceServiceSpec
 ) -> TunedMount | None:
     """The profile to mount now (None: serve on defaults)."""
+    cm = await _usable_profile(api, body, spec)
+    return None if cm is None else TunedMount(cm["metadata"]["name"], profiles.data_hash(cm))
+
+
+async def _usable_profile(
+    api: Any, body: Mapping[str, Any], spec: InferenceServiceSpec
+) -> Mapping[str, Any] | None:
+    """The profile ConfigMap this service mounts, None when it mounts none: not chosen, not
+    published, or one serving could not use (status.autotune says why)."""
     name = chosen_profile(body, spec)
     if name is None:
         return None
     cm = await api.get("ConfigMap", body["metadata"]["namespace"], name)
-    if not profiles.is_tuned(cm) or not profiles.is_profile(cm):
+    if cm is None or not profiles.is_tuned(cm) or not profiles.is_profile(cm):
         return None
-    assert cm is not None
-    if profile_problem(cm, spec.model.server_arg) is not None:
-        return None  # the pods would not start with it: defaults (status.autotune says why)
-    return TunedMount(name, profiles.data_hash(cm))
+    return None if profile_problem(cm, spec.model.server_arg) else cm
 
 
 async def tuned_rates(
@@ -107,10 +113,9 @@ async def tuned_rates(
     """V_P and V_D (`capacity.prefill_tokens_per_s`, `capacity.decode_tokens_per_s`) of the
     profile this service mounts: the autoscaler's predictive floors. None for each one it lacks
     (no profile: both)."""
-    name = chosen_profile(body, spec)
-    if name is None:
+    cm = await _usable_profile(api, body, spec)  # only a mounted profile's numbers
+    if cm is None:
         return None, None
-    cm = await api.get("ConfigMap", body["metadata"]["namespace"], name)
     cap = profiles.capacity(cm)
 
     def rate(key: str) -> float | None:

@@ -316,30 +316,40 @@ async def test_prometheus_rule_per_autoscaled_service(
 
 
 @pytest.mark.parametrize(
-    ("capacity", "want"),
+    ("capacity", "model", "want"),
     [
-        ({"prefill_tokens_per_s": 1400.0, "decode_tokens_per_s": 460}, (1400.0, 460.0)),
-        ({"prefill_tokens_per_s": 1400.0}, (1400.0, None)),  # an older profile: prefill floor only
-        ({"prefill_tokens_per_s": True, "decode_tokens_per_s": -1}, (None, None)),
-        (None, (None, None)),  # no profile mounted
+        ({"prefill_tokens_per_s": 1400.0, "decode_tokens_per_s": 460}, None, (1400.0, 460.0)),
+        ({"prefill_tokens_per_s": 1400.0}, None, (1400.0, None)),  # older: prefill floor only
+        ({"prefill_tokens_per_s": 1400.0, "decode_tokens_per_s": -1}, None, (1400.0, None)),
+        ({"prefill_tokens_per_s": True, "decode_tokens_per_s": 460}, None, (None, None)),
+        # measured for another model: not mounted, so its numbers size nothing either
+        ({"prefill_tokens_per_s": 1400.0, "decode_tokens_per_s": 460}, "other", (None, None)),
+        (None, None, (None, None)),  # no profile mounted
     ],
 )
 async def test_the_floors_rates_come_from_the_mounted_profile(
-    monkeypatch: pytest.MonkeyPatch, capacity: dict | None, want: tuple
+    monkeypatch: pytest.MonkeyPatch, capacity: dict | None, model: str | None, want: tuple
 ) -> None:
-    """V_P and V_D for the predictive floors: from the tuned profile's `capacity`, each only when
-    it is a positive number."""
+    """V_P and V_D for the predictive floors: from the mounted tuned profile's `capacity`, each
+    only when it is a positive number; a profile that is not mounted (invalid, another model)
+    gives none."""
     import json
 
-    from pagoda.operator.autotune import mount
+    from pagoda.operator.autotune import mount, profiles
+    from pagoda.operator.spec.inference_service import InferenceServiceSpec
+
+    data = {"schema_version": 1, "device": "NVIDIA H200", "model": model or "smollm2-135m",
+            "dtype": "bfloat16", "created": "2026-12-05T00:00:00Z", "capacity": capacity}  # fmt: skip
 
     class Api:
         async def get(self, kind: str, ns: str, name: str) -> dict[str, Any]:
             assert (kind, ns, name) == ("ConfigMap", "default", "tuned-x")
-            return {"data": {"profile.json": json.dumps({"capacity": capacity})}}
+            meta = {"name": name, "namespace": ns, "labels": profiles.profile_labels()}
+            return {"metadata": meta, "data": {"profile.json": json.dumps(data)}}
 
     monkeypatch.setattr(
         mount, "chosen_profile", lambda b, s: None if capacity is None else "tuned-x"
     )
     body = {"metadata": {"namespace": "default", "name": "x"}}
-    assert await mount.tuned_rates(Api(), body, None) == want  # type: ignore[arg-type]
+    parsed = InferenceServiceSpec.from_dict({"model": "smollm2-135m"}, name="x", default_image="i")
+    assert await mount.tuned_rates(Api(), body, parsed) == want
