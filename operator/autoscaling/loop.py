@@ -332,19 +332,22 @@ class Autoscaler:
         """One step up for a firing alert; returns the outcome (CamelCase) for the webhook reply."""
         if not self.config.clusterwide and req.namespace not in self.config.namespaces:
             return "NamespaceNotServed"
-        body = await self.api.get(KIND, req.namespace, req.name)
-        if body is None:
+        first = await self.api.get(KIND, req.namespace, req.name)
+        if first is None:
             return "NotFound"
-        body.setdefault("apiVersion", API_VERSION)
-        body.setdefault("kind", KIND)
-        spec = self._parse(body)
-        if spec is None:
-            return "InvalidSpec"
-        if spec.autoscaling is None:
-            return "AutoscalingDisabled"
-        policy = self._policy(spec)
-        uid = body["metadata"]["uid"]
-        async with object_lock(uid):
+        uid = first["metadata"]["uid"]
+        async with object_lock(uid):  # read again under it: the bounds of now (the lock may wait)
+            body = await self.api.get(KIND, req.namespace, req.name)
+            if body is None or body["metadata"].get("uid") != uid:
+                return "NotFound"
+            body.setdefault("apiVersion", API_VERSION)
+            body.setdefault("kind", KIND)
+            spec = self._parse(body)
+            if spec is None:
+                return "InvalidSpec"
+            if spec.autoscaling is None:
+                return "AutoscalingDisabled"
+            policy = self._policy(spec)
             deploy = await self.api.get(
                 spec.workload_kind, req.namespace, workload_name(spec.workload_kind, req.name)
             )

@@ -217,3 +217,46 @@ def test_a_deleted_services_gauge_goes_with_it() -> None:
     text = asyncio.run(run())
     assert 'inferenceservice="a"' not in text
     assert 'pagoda_operator_desired_replicas{inferenceservice="b",namespace="default"} 1.0' in text
+
+
+class EditedMeanwhileApi:
+    """maxReplicas is lowered to 1 between the webhook's first read of the InferenceService and
+    the step (which waits for the object's lock: a reconcile may hold it for a while)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.replicas = 1
+        self.patches: list[tuple[str, dict]] = []
+
+    def isvc(self, max_replicas: int) -> dict[str, Any]:
+        meta = {"namespace": "default", "name": "chat", "uid": "u1", "generation": 1}
+        auto = {"minReplicas": 1, "maxReplicas": max_replicas, "targetTTFTSeconds": 0.5}
+        return {"metadata": meta, "spec": {"model": "smollm2-135m", "autoscaling": auto}}
+
+    async def get(self, kind: str, ns: str, name: str) -> dict[str, Any]:
+        if kind == "InferenceService":
+            self.reads += 1
+            return self.isvc(4 if self.reads == 1 else 1)
+        owner = {"uid": "u1", "controller": True}
+        meta = {"namespace": ns, "name": name, "ownerReferences": [owner]}
+        return {"kind": "Deployment", "metadata": meta, "spec": {"replicas": self.replicas},
+                "status": {"readyReplicas": self.replicas}}  # fmt: skip
+
+    async def patch(self, kind: str, ns: str, name: str, body: dict, **kw: Any) -> dict:
+        self.patches.append((kind, body))
+        return {}
+
+    async def try_post_event(self, *a: Any, **kw: Any) -> None:
+        return None
+
+
+def test_an_alert_step_uses_the_bounds_of_the_moment_it_is_taken() -> None:
+    """An edit between the webhook's lookup and the step applies to the step: maxReplicas
+    lowered to 1 meanwhile is not exceeded (the step once used the first read's bounds)."""
+    from pagoda.operator.autoscaling.alerts import ScaleUpRequest
+
+    api = EditedMeanwhileApi()
+    scaler = Autoscaler(api, OperatorConfig(), OperatorMetrics())  # type: ignore[arg-type]
+    outcome = asyncio.run(scaler.alert_scale_up(ScaleUpRequest("default", "chat", "A")))
+    assert outcome == "AtMaxReplicas"
+    assert not [p for p in api.patches if p[0] == "Deployment"]
