@@ -10,6 +10,7 @@ that does not fit (say, a node relabelled by hand) serves on defaults instead of
 
 from __future__ import annotations
 
+import logging
 import pathlib
 import tempfile
 from collections.abc import Mapping
@@ -35,6 +36,7 @@ class TunedMount:
 
 
 INVALID, MISMATCH = "InvalidProfile", "ProfileMismatch"
+log = logging.getLogger(__name__)
 _checked: dict[tuple[str, str], tuple[str, str] | None] = {}  # (data hash, model) → problem
 
 
@@ -50,7 +52,12 @@ def profile_problem(cm: Mapping[str, Any], model: str) -> tuple[str, str] | None
         if len(_checked) >= 256:
             _checked.clear()
         label = f"ConfigMap {(cm.get('metadata') or {}).get('name')}"
-        _checked[cache_key] = _check(cm.get("data") or {}, model, label)
+        try:
+            _checked[cache_key] = _check(cm.get("data") or {}, model, label)
+        except OSError as e:  # no writable temporary directory: the operator's problem, not
+            # the profile's; mount it unchecked, as serving will check it anyway (not cached)
+            log.warning("Could not check the tuned profile in %s: %s", label, e)
+            return None
     return _checked[cache_key]
 
 

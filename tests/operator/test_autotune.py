@@ -240,3 +240,19 @@ def test_a_remote_model_is_downloaded_before_tuning() -> None:
     assert "initContainers" in job["spec"]["template"]["spec"]
     plain = build_job(key_for(parse(), "H200"), parse(), "team-a", cm, pod_parts=add_model_download)
     assert [c["name"] for c in plain["spec"]["template"]["spec"]["initContainers"]] == ["tune"]
+
+
+def test_profile_check_needs_no_writable_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator checks a published profile with serving's loader in a temporary folder;
+    without a writable one (a read-only root and no /tmp volume) it mounts it unchecked, as
+    before, instead of failing every reconcile and autotune pass."""
+    from pagoda.operator.autotune import mount
+
+    def read_only(*a: object, **kw: object) -> None:
+        raise OSError(30, "Read-only file system")
+
+    cm = {"metadata": {"name": "pagoda-tuned-x"}, "data": {"profile.json": '{"v": 0}'}}
+    assert mount.profile_problem(cm, "smollm2-135m") is not None  # a real check: refused
+    monkeypatch.setattr(mount.tempfile, "TemporaryDirectory", read_only)
+    cm["data"]["profile.json"] = '{"v": 1}'  # another hash: not cached
+    assert mount.profile_problem(cm, "smollm2-135m") is None
