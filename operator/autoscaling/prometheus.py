@@ -12,6 +12,7 @@ the policy then holds instead of guessing.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -138,6 +139,18 @@ def scalar(body: Mapping[str, Any]) -> float | None:
     return None if math.isnan(value) else value
 
 
+def _error_text(text: str) -> str:
+    """ ": <Prometheus' error>" of an error answer (its `error` field, or the start of a proxy's
+    text), so the condition says why (a query timeout, an overloaded server); "" if empty."""
+    try:
+        body = json.loads(text)
+        error = body.get("error") if isinstance(body, Mapping) else None
+    except ValueError:
+        error = None
+    error = str(error or text).strip()
+    return f": {error[:200]}" if error else ""
+
+
 class PrometheusSource:
     """A small Prometheus query client; create inside the event loop, `close()` when done."""
 
@@ -158,7 +171,8 @@ class PrometheusSource:
         try:
             async with self._session.get(url, params={"query": promql}) as r:
                 if r.status >= 500 or r.status in (401, 403, 404):
-                    raise MetricsUnavailable("QueryFailed", f"HTTP {r.status} from {url}")
+                    why = _error_text(await r.text(errors="replace"))
+                    raise MetricsUnavailable("QueryFailed", f"HTTP {r.status} from {url}{why}")
                 body = await r.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             raise MetricsUnavailable("PrometheusUnreachable", f"{url}: {e!r}") from e

@@ -56,7 +56,9 @@ class FakePrometheus:
         if self.delay:
             await asyncio.sleep(self.delay)
         if self.status != 200:
-            return web.json_response({"status": "error", "error": "down"}, status=self.status)
+            error = {"status": "error", "errorType": "timeout",
+                     "error": "query timed out in expression evaluation"}  # fmt: skip
+            return web.json_response(error, status=self.status)
         at = float(request.query.get("time", time.time()))
         value = self._value(q)
         result: list[dict[str, Any]] = []

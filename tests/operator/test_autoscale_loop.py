@@ -120,6 +120,8 @@ async def test_missing_metrics_hold_and_set_the_condition(
             what="MetricsUnavailable",
         )
         assert cond["reason"] == "QueryFailed"
+        assert "HTTP 503" in cond["message"]
+        assert cond["message"].endswith(": query timed out in expression evaluation")  # why
         assert events(emulator, "chat", "MetricsUnavailable")[0]["type"] == "Warning"
         await prom.stop()  # now unreachable
         await wait_for(
