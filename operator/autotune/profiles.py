@@ -110,7 +110,8 @@ class Attempts:
             )
         except ValueError:
             count, started, failed = 0, None, None
-        return cls(count, started, ann.get(FAILURE_ANNOTATION) or None, failed)
+        failure = str(ann.get(FAILURE_ANNOTATION) or "")[:1024] or None  # status holds 32 KiB
+        return cls(count, started, failure, failed)
 
     @property
     def since(self) -> float | None:

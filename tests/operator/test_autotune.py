@@ -101,6 +101,8 @@ def test_job_outcome_and_backoff() -> None:
         assert profiles.Attempts.of({"metadata": {"annotations": ann}}) == profiles.Attempts(
             0, None, None
         )
+    long = {"metadata": {"annotations": {a + "tune-failure": "X: " + "y" * 100_000}}}
+    assert len(profiles.Attempts.of(long).failure or "") == 1024  # it goes into the status
     stepped = profiles.Attempts(2, 10.0, "X: y", failed=100_000.0)  # the clock stepped back
     assert profiles.in_future(stepped, now=1000.0)
     assert not profiles.in_future(dataclasses.replace(stepped, failed=1000.0), now=1000.0)
