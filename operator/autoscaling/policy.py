@@ -148,12 +148,13 @@ class Metrics:
     arrival_rate: float | None = None  # requests/s arriving, recent (30 s)
     arrival_rate_slow: float | None = None  # requests/s arriving (2 min)
     arrival_rate_fast: float | None = None  # requests/s arriving (15 s): the burst floor
+    running: float | None = None  # requests being served, summed (None: unknown)
 
     def __post_init__(self) -> None:
         if self.waiting < 0 or self.age_s < 0:
             raise ValueError("waiting and age_s must be >= 0")
         rates = ("arrival_rate", "arrival_rate_slow", "arrival_rate_fast")
-        for name in ("mean_output_tokens", "completion_rate", *rates):
+        for name in ("running", "mean_output_tokens", "completion_rate", *rates):
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ValueError(f"{name} must be >= 0 or None, got {value}")
@@ -186,8 +187,9 @@ def ratios(policy: Policy, m: Metrics, ready: int) -> dict[str, float]:
     if policy.target_ttft_s is not None:
         if m.ttft_p95_s is not None:
             out["ttft"] = m.ttft_p95_s / policy.target_ttft_s
-        else:  # no first token in the window: idle if nothing waits, else unknown (neutral)
-            out["ttft"] = 1.0 if m.waiting > 0 else 0.0
+        else:  # no first token in the window: idle if nothing waits or runs, else unknown
+            # (neutral): long decodes, or a Prometheus restarted without the rate's history
+            out["ttft"] = 1.0 if m.waiting > 0 or (m.running or 0.0) > 0 else 0.0
     if policy.target_queue is not None:
         per = m.waiting / ready
         if policy.target_queue > 0:

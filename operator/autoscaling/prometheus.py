@@ -42,6 +42,7 @@ def queries(namespace: str, name: str, ttft_window: str = "1m") -> dict[str, str
             f"(rate({options.METRIC_TTFT}_bucket{sel}[{ttft_window}])))"
         ),
         "waiting": f"sum({options.METRIC_NUM_REQUESTS_WAITING}{sel})",
+        "running": f"sum({options.METRIC_NUM_REQUESTS_RUNNING}{sel})",
         "kv_cache": f"max({options.METRIC_KV_CACHE_USAGE}{sel})",
         "age": f"time() - max(timestamp({options.METRIC_NUM_REQUESTS_WAITING}{sel}))",
     }
@@ -212,6 +213,7 @@ class PrometheusSource:
         return Metrics(
             ttft_p95_s=got["ttft_p95"],
             waiting=max(got["waiting"], 0.0),
+            running=_rate(got.get("running")),  # None when unknown: then only `waiting` counts
             kv_cache_usage=got["kv_cache"],
             age_s=max(got["age"], 0.0),
             queued_prompt_tokens=None if isl is None else max(got["waiting"], 0.0) * isl,

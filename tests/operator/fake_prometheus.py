@@ -17,6 +17,7 @@ class FakePrometheus:
     def __init__(self) -> None:
         self.ttft: float | None = 0.1  # None: no first tokens in the window (NaN)
         self.waiting: float | None = 0.0  # None: no series at all
+        self.running = 0.0
         self.kv_cache = 0.2
         self.arrival_rate: float | None = None  # the demand floor's inputs; None: no data
         self.output_len: float | None = None
@@ -46,6 +47,8 @@ class FakePrometheus:
             return self.age_s
         if "num_requests_waiting" in q:
             return self.waiting
+        if "num_requests_running" in q:
+            return self.running
         if "kv_cache_usage_perc" in q:
             return self.kv_cache
         raise AssertionError(f"unexpected query {q}")

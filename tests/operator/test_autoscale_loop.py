@@ -209,6 +209,26 @@ async def test_bounds_edited_while_a_slow_read_is_in_flight_apply_to_its_decisio
         await wait_for(lambda: autoscaling(emulator, "chat").get("reason") == "AtMaxReplicas")
 
 
+async def test_no_first_token_in_the_window_is_idle_only_if_nothing_runs(
+    emulator: Emulator, kube: KubeApi, start_operator: Any, prom: FakePrometheus
+) -> None:
+    """An empty TTFT answer while requests run (long decodes, or a Prometheus restarted without
+    the rate's history) is no evidence of idleness: the replicas stay (they once dropped to
+    minReplicas); with nothing running either, the service is idle and scales down."""
+    await start_operator(prometheus_url=prom.url, **FAST)
+    await create_isvc(kube, "chat", spec(scaleDownStabilizationSeconds=0))
+    async with deployment_controller(kube, "chat"):
+        prom.ttft = 1.5
+        await wait_for(lambda: replicas(emulator, "chat") == 4, what="scaled up")
+        prom.ttft, prom.waiting, prom.running = None, 0.0, 12.0  # empty vector, busy replicas
+        await wait_for(lambda: autoscaling(emulator, "chat").get("reason") == "WithinTolerance")
+        await asyncio.sleep(1.0)  # five evaluations
+        assert replicas(emulator, "chat") == 4
+        assert autoscaling(emulator, "chat")["reason"] == "WithinTolerance"
+        prom.running = 0.0  # now idle
+        await wait_for(lambda: replicas(emulator, "chat") == 1, what="idle: scaled down")
+
+
 class SkewedPrometheus(FakePrometheus):
     """A Prometheus whose clock is `skew` s ahead of the operator's (the operator's stepped back,
     or the two disagree): it evaluates at the `time` it is given, else at its own now. Its TTFT
