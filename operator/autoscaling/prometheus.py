@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
+import yarl
 from pagoda.operator.autoscaling.policy import Metrics
 from pagoda.operator.autoscaling.rules import selector
 from pagoda.runtime import options
@@ -140,6 +141,15 @@ def scalar(body: Mapping[str, Any]) -> float | None:
     return None if math.isnan(value) else value
 
 
+def _redacted(url: str) -> str:
+    """`url` without a user and password (a Prometheus behind basic auth: http://user:pw@host)."""
+    try:
+        parsed = yarl.URL(url)
+    except ValueError:
+        return "the Prometheus URL"
+    return str(parsed.with_user(None)) if parsed.user or parsed.password else url
+
+
 def _error_text(text: str) -> str:
     """ ": <Prometheus' error>" of an error answer (its `error` field, or the start of a proxy's
     text), so the condition says why (a query timeout, an overloaded server); "" if empty."""
@@ -169,16 +179,18 @@ class PrometheusSource:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         url = base_url.rstrip("/") + "/api/v1/query"
+        shown = _redacted(url)  # messages go to conditions, Events and logs
         try:
             async with self._session.get(url, params={"query": promql}) as r:
                 if r.status >= 500 or r.status in (401, 403, 404):
                     why = _error_text(await r.text(errors="replace"))
-                    raise MetricsUnavailable("QueryFailed", f"HTTP {r.status} from {url}{why}")
+                    raise MetricsUnavailable("QueryFailed", f"HTTP {r.status} from {shown}{why}")
                 body = await r.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            raise MetricsUnavailable("PrometheusUnreachable", f"{url}: {e!r}") from e
+            error = repr(e).replace(url, shown).replace(base_url, _redacted(base_url))
+            raise MetricsUnavailable("PrometheusUnreachable", f"{shown}: {error}") from e
         except ValueError as e:
-            raise MetricsUnavailable("QueryFailed", f"{url}: not JSON") from e
+            raise MetricsUnavailable("QueryFailed", f"{shown}: not JSON") from e
         return scalar(body)
 
     async def fetch(

@@ -146,3 +146,27 @@ def test_fast_arrival_rate_and_prompt_length_on_a_5s_scrape(tmp_path: pathlib.Pa
         [promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True
     )
     assert run.returncode == 0, textwrap.shorten(run.stdout + run.stderr, 3000)
+
+
+async def test_credentials_in_the_prometheus_url_stay_out_of_messages() -> None:
+    """A Prometheus behind basic auth is reached as http://user:password@host; its failures go
+    into conditions, Events and logs without the password (they once quoted the whole URL)."""
+    from e2e_processes import free_port
+    from fake_prometheus import FakePrometheus
+    from pagoda.operator.autoscaling.prometheus import PrometheusSource
+
+    prom = FakePrometheus()
+    await prom.start()
+    source = PrometheusSource(timeout_s=2.0)
+    try:
+        prom.status = 503
+        closed = f"http://user:s3cret@127.0.0.1:{free_port()}"  # nothing listens there
+        for url, reason in ((f"http://user:s3cret@127.0.0.1:{prom.port}", "QueryFailed"),
+                            (closed, "PrometheusUnreachable")):  # fmt: skip
+            with pytest.raises(MetricsUnavailable) as e:
+                await source.fetch(url, "ns", "chat")
+            assert e.value.reason == reason
+            assert "s3cret" not in str(e.value) and "127.0.0.1" in e.value.message
+    finally:
+        await source.close()
+        await prom.stop()
