@@ -260,3 +260,32 @@ def test_an_alert_step_uses_the_bounds_of_the_moment_it_is_taken() -> None:
     outcome = asyncio.run(scaler.alert_scale_up(ScaleUpRequest("default", "chat", "A")))
     assert outcome == "AtMaxReplicas"
     assert not [p for p in api.patches if p[0] == "Deployment"]
+
+
+def test_a_dead_background_loop_does_not_stop_the_operator_stopping() -> None:
+    """kopf's cleanup awaits each loop after cancelling it; one that had died of an error once
+    raised there, and kopf retried the cleanup for 60 s instead of stopping."""
+    import types
+
+    from pagoda.operator import handlers
+
+    closed: list[str] = []
+
+    class Closer:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def close(self) -> None:
+            closed.append(self.name)
+
+    async def dead() -> None:
+        raise OverflowError("cannot convert float infinity to integer")
+
+    async def run() -> None:
+        task = asyncio.create_task(dead(), name="pagoda-autoscale")
+        await asyncio.sleep(0)
+        memo = types.SimpleNamespace(tasks=[task], reconciler=Closer("r"), api=Closer("api"))
+        await handlers.cleanup(memo=memo)  # type: ignore[arg-type]
+
+    asyncio.run(run())
+    assert closed == ["r", "api"]
