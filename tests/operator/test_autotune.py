@@ -258,3 +258,32 @@ def test_profile_check_needs_no_writable_disk(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(mount.tempfile, "TemporaryDirectory", read_only)
     cm["data"]["profile.json"] = '{"v": 1}'  # another hash: not cached
     assert mount.profile_problem(cm, "smollm2-135m") is None
+
+
+def test_a_failed_pass_does_not_end_the_autotune_loop() -> None:
+    """Any error of one pass (a hand-edited annotation once overflowed) is logged and the next
+    pass comes; the loop task once died with it, ending autotuning until a restart."""
+    import asyncio
+
+    from pagoda.operator.spec.config import OperatorConfig
+
+    tuner = loop.Autotuner(None, OperatorConfig(autotune_interval_s=0.01), None)  # type: ignore[arg-type]
+    passes = [0]
+
+    async def tick() -> None:
+        passes[0] += 1
+        if passes[0] == 1:
+            raise OverflowError("(34, 'Numerical result out of range')")
+
+    tuner.tick = tick  # type: ignore[method-assign]
+
+    async def run() -> None:
+        task = asyncio.create_task(tuner.run())
+        for _ in range(300):
+            await asyncio.sleep(0.01)
+            if passes[0] >= 3:
+                break
+        assert not task.done() and passes[0] >= 3
+        task.cancel()
+
+    asyncio.run(run())
