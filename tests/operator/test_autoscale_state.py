@@ -289,3 +289,22 @@ def test_a_dead_background_loop_does_not_stop_the_operator_stopping() -> None:
 
     asyncio.run(run())
     assert closed == ["r", "api"]
+
+
+def test_the_api_client_sends_strict_json() -> None:
+    """A NaN or Infinity never goes to the API server as `NaN`/`Infinity` (not JSON: a real API
+    server answers 400, the emulator accepted it, so an Inf p95 TTFT once reached the status)."""
+    from pagoda.operator.kube.client import KubeApi
+
+    def no_login() -> Any:
+        raise AssertionError("refused before any request")
+
+    api = KubeApi(no_login)
+    for bad in (float("inf"), float("nan")):
+        body = {"status": {"autoscaling": {"metrics": {"ttftP95Seconds": bad}}}}
+        try:
+            asyncio.run(api.request("PATCH", "/apis/x", body=body))
+        except ValueError as e:
+            assert "JSON" in str(e)
+        else:
+            raise AssertionError("sent")
