@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
-import yarl
 from pagoda.operator.autoscaling.policy import Metrics
 from pagoda.operator.autoscaling.rules import selector
 from pagoda.runtime import options
@@ -141,13 +141,12 @@ def scalar(body: Mapping[str, Any]) -> float | None:
     return None if math.isnan(value) else value
 
 
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@]*@")
+
+
 def _redacted(url: str) -> str:
     """`url` without a user and password (a Prometheus behind basic auth: http://user:pw@host)."""
-    try:
-        parsed = yarl.URL(url)
-    except ValueError:
-        return "the Prometheus URL"
-    return str(parsed.with_user(None)) if parsed.user or parsed.password else url
+    return _USERINFO.sub(r"\1", url)
 
 
 def _error_text(text: str) -> str:
