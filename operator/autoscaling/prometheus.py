@@ -1,7 +1,7 @@
 """Reads one InferenceService's metrics from Prometheus' HTTP API (`/api/v1/query`).
 
 Every series carries `namespace` and `inferenceservice` labels (the ServiceMonitor's relabeling),
-so four instant queries give the autoscaler all it needs. They are evaluated at Prometheus' own
+so a few instant queries give the autoscaler all it needs. They are evaluated at Prometheus' own
 "now", and the samples' age is computed there too (`time() - timestamp(...)`): the operator's
 clock plays no part, so a skew or a step of it neither makes old data look fresh nor fresh data
 look stale. Anything that
@@ -150,8 +150,8 @@ def _redacted(url: str) -> str:
 
 
 def _error_text(text: str) -> str:
-    """ ": <Prometheus' error>" of an error answer (its `error` field, or the start of a proxy's
-    text), so the condition says why (a query timeout, an overloaded server); "" if empty."""
+    """The cause of an error answer to append to its message (Prometheus' `error` field, or the
+    start of a proxy's text), so the condition says why: a query timeout, an overloaded server."""
     try:
         body = json.loads(text)
         error = body.get("error") if isinstance(body, Mapping) else None
