@@ -67,7 +67,7 @@ def _check(data: Mapping[str, Any], model: str, label: str) -> tuple[str, str] |
         for name, text in data.items():
             if "/" in name or name.startswith(".") or not isinstance(text, str):
                 return INVALID, f"ConfigMap key {name!r} is not a profile file"
-            (folder / name).write_text(text)
+            (folder / name).write_text(text, encoding="utf-8")
         try:
             profile = tuned_profile.load_profile(folder)
         except tuned_profile.ProfileError as e:
