@@ -185,7 +185,12 @@ class PrometheusSource:
                     why = _error_text(await r.text(errors="replace"))
                     raise MetricsUnavailable("QueryFailed", f"HTTP {r.status} from {shown}{why}")
                 body = await r.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        except asyncio.TimeoutError as e:  # a slow Prometheus: say so, not "TimeoutError()"
+            limit = self._timeout.total
+            raise MetricsUnavailable(
+                "PrometheusUnreachable", f"{shown}: no answer within {limit:g} s"
+            ) from e
+        except (aiohttp.ClientError, OSError) as e:
             error = repr(e).replace(url, shown).replace(base_url, _redacted(base_url))
             raise MetricsUnavailable("PrometheusUnreachable", f"{shown}: {error}") from e
         except ValueError as e:

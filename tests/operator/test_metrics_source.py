@@ -170,3 +170,23 @@ async def test_credentials_in_the_prometheus_url_stay_out_of_messages() -> None:
     finally:
         await source.close()
         await prom.stop()
+
+
+async def test_a_slow_prometheus_is_named_as_such() -> None:
+    """A query past --prometheus-timeout holds with a message that says so (it read
+    "TimeoutError()")."""
+    from fake_prometheus import FakePrometheus
+    from pagoda.operator.autoscaling.prometheus import PrometheusSource
+
+    prom = FakePrometheus()
+    prom.delay = 2.0
+    await prom.start()
+    source = PrometheusSource(timeout_s=0.3)
+    try:
+        with pytest.raises(MetricsUnavailable) as e:
+            await source.fetch(prom.url, "ns", "chat")
+        assert e.value.reason == "PrometheusUnreachable"
+        assert e.value.message.endswith("no answer within 0.3 s"), e.value.message
+    finally:
+        await source.close()
+        await prom.stop()
