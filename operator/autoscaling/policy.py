@@ -345,11 +345,13 @@ def _settle(
     desired, history = _stabilize(policy, current, rec, history, now)
     if floor is not None and floor > desired:  # a measured need, not a ratio: no ×2 step cap
         desired = floor
-    desired = policy.clamp(desired)
+    wanted, desired = desired, policy.clamp(desired)
     if desired == current and rec != current:
         reason = "Stabilizing"
-    elif reason == "WithinTolerance" and desired != current:
-        reason = "OutsideBounds"  # the spec's bounds moved past the current count
+    elif desired != current and (desired != wanted or reason == "WithinTolerance"):
+        # the spec's bounds moved past the count the metrics would keep (edited live, or a hand
+        # edit): they decide (a scale down "TTFTAboveTarget" or up "BelowTarget" would mislead)
+        reason = "OutsideBounds"
     return desired, reason, history
 
 

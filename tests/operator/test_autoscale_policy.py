@@ -542,3 +542,25 @@ def test_absurd_finite_readings_saturate_at_the_bounds(policy: Policy, metrics: 
         d = decide(policy, metrics, current=6, ready=6, history=history, now=now, bursts=bursts)
         history, bursts = d.history, d.bursts
         assert policy.min_replicas <= d.replicas <= policy.max_replicas
+
+
+@pytest.mark.parametrize(
+    ("bounds", "current", "ready", "ttft"),
+    [
+        ((1, 4), 6, 6, 2.0),  # maxReplicas lowered under load: once "TTFTAboveTarget" (down)
+        ((1, 4), 6, 4, 0.4),  # ... while replicas start: once "ReplicasStarting"
+        ((3, 8), 1, 1, 0.1),  # minReplicas raised while idle: once "BelowTarget" (up)
+        ((1, 4), 6, 6, 0.5),
+    ],
+)
+def test_a_move_into_new_bounds_says_outside_bounds(
+    bounds: tuple[int, int], current: int, ready: int, ttft: float
+) -> None:
+    """When the bounds alone decide the count (edited live, or a hand-scaled Deployment), the
+    reason says so, not a metric pointing the other way."""
+    policy = Policy(min_replicas=bounds[0], max_replicas=bounds[1], target_ttft_s=0.5)
+    d = decide(
+        policy, Metrics(ttft_p95_s=ttft, waiting=0.0), current=current, ready=ready,
+        history=((0.0, current),), now=1.0,
+    )  # fmt: skip
+    assert (d.replicas, d.reason) == (policy.clamp(current), "OutsideBounds")
