@@ -25,6 +25,7 @@ class RequestStream:
         self.arrival_time = time.monotonic()
         self.done = [False] * n
         self.tokens = [0] * n  # output tokens so far, per sample
+        self.started = False  # some sample has an output
         self.finished = False  # every sample finished, or the request failed/aborted
         self._pending: dict[int, StepOutput] = {}  # sample index -> delta not read yet
         self._error: BaseException | None = None
@@ -40,6 +41,7 @@ class RequestStream:
         """Event loop: add one delta; True once every sample has finished."""
         i = out.index
         self.tokens[i] = out.num_output_tokens
+        self.started = True
         prev = self._pending.get(i)
         if prev is None:
             self._pending[i] = out
