@@ -5,8 +5,10 @@ request must match what its client got, whatever the order of finishes, aborts a
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
+from pathlib import Path
 
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.engine.outputs import EngineStats
@@ -125,3 +127,46 @@ async def test_prompts_held_back_for_their_turn_wait_in_the_gauge_and_the_ttft()
     # every prompt waited ≥ 0.3 s for its first token (the gate), held back or not
     assert after["pagoda:time_to_first_token_seconds_sum"] >= 4 * 0.3
     assert after["pagoda:request_queue_time_seconds_sum"] >= 4 * 0.3
+
+
+def documented_series() -> dict[str, tuple[str, set[str]]]:
+    """docs/runtime.md's metrics table and docs/structured-outputs.md's: name → (type, labels)."""
+    root = Path(__file__).resolve().parents[2]
+    rows = {}
+    for doc, section in (("runtime.md", "## Metrics"), ("structured-outputs.md", "## Metrics")):
+        text = (root / "docs" / doc).read_text().split(section, 1)[1].split("\n## ", 1)[0]
+        for line in text.splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            names = re.findall(r"`(pagoda:[a-z0-9_]+)`", cells[0]) if len(cells) >= 3 else []
+            types = re.findall(r"\b(counter|gauge|histogram)\b", cells[1]) if names else []
+            labels = (
+                set(re.findall(r"`([a-z_]+)`", re.split("[:;]", cells[2])[0])) if names else set()
+            )
+            for name, kind in zip(names, types * len(names) if len(types) == 1 else types):
+                rows[name] = (kind, labels)
+    return rows
+
+
+def test_every_documented_series_is_exported_with_its_type_and_labels():
+    from pagoda.runtime.server.structured_outputs import StructuredOutputs
+    from pagoda.runtime.structured.params import StructuredOutputsParams
+
+    m = ServerMetrics("m")
+    m.set_tuned_profile("cpu", "m", "2026-01-01T00:00:00Z")
+    so = StructuredOutputs("m", m.registry, cache_bytes=1 << 20, timeout_s=1.0)
+    so.count(StructuredOutputsParams(regex="a"))
+    so.compile_seconds.labels("m", "regex").observe(0.1)
+    exported = {}
+    for fam in text_string_to_metric_families(generate_latest(m.registry).decode()):
+        if fam.name.endswith("_created"):  # prometheus-client's creation times
+            continue
+        name = fam.name + "_total" if fam.type == "counter" else fam.name
+        labels = {k for s in fam.samples for k in s.labels} - {"model_name", "le"}
+        exported[name] = (fam.type, labels)
+    documented = documented_series()
+    assert len(documented) >= 16
+    for name, (kind, labels) in documented.items():
+        assert name in exported, f"{name} is documented, not exported"
+        assert exported[name][0] == kind, name
+        assert exported[name][1] == labels, name
+    assert set(exported) <= set(documented), "exported, not documented"
