@@ -59,7 +59,7 @@ class RequestEvent(NamedTuple):
     output (of any sample); `ended`, its last (every sample finished)."""
 
     output: StepOutput
-    arrival_time: float  # when the request was admitted (event-loop clock, `time.monotonic`)
+    arrival_time: float  # the request's `RequestStream.arrival_time` (`time.monotonic`)
     first: bool
     ended: bool
 
@@ -243,12 +243,14 @@ class AsyncEngine:
         prefix: str,
         *,
         checked: bool = False,
+        arrival_time: float | None = None,
     ) -> list[RequestStream]:
         """Admit a batch all-or-nothing (ids `prefix-0`, `prefix-1`, ...).
 
         More sequences (prompts × n) than `max_seqs_per_request` can never be admitted:
         ParamError (400), not 503. A full queue is QueueFullError (503). `checked`: the
         prompts passed `check_prompts` already (the engine's availability is checked here).
+        `arrival_time` (`time.monotonic`; default now): where the metrics' latencies start.
         """
         self.admission.check_size(len(prompts), params)
         if checked:
@@ -262,7 +264,7 @@ class AsyncEngine:
         rids = [f"{prefix}-{i}" for i in range(len(prompts))]
         if any(rid in self._streams for rid in rids):
             raise ValueError(f"duplicate request id prefix {prefix!r}")
-        streams = [self._admit(rid, params, bulk) for rid in rids]
+        streams = [self._admit(rid, params, bulk, arrival_time) for rid in rids]
         if bulk and self.admission.paces_bulk:  # shared out round-robin (`_feed`)
             self.admission.hold_back(
                 prefix, [(r, list(ids), params) for r, ids in zip(rids, prompts)]
@@ -287,8 +289,10 @@ class AsyncEngine:
         self._post(("add", rid, list(prompt_token_ids), params))
         return stream
 
-    def _admit(self, rid: str, params: SamplingParams, bulk: bool) -> RequestStream:
-        stream = RequestStream(rid, params.n)
+    def _admit(
+        self, rid: str, params: SamplingParams, bulk: bool, arrival_time: float | None = None
+    ) -> RequestStream:
+        stream = RequestStream(rid, params.n, arrival_time)
         self._streams[rid] = stream
         self.admission.admit(rid, params.n, bulk)
         return stream

@@ -19,10 +19,10 @@ class RequestStream:
     a queue of one event per token that it falls further behind on.
     """
 
-    def __init__(self, request_id: str, n: int) -> None:
+    def __init__(self, request_id: str, n: int, arrival_time: float | None = None) -> None:
         self.request_id = request_id
         self.n = n
-        self.arrival_time = time.monotonic()
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.done = [False] * n
         self.tokens = [0] * n  # output tokens so far, per sample
         self.started = False  # some sample has an output

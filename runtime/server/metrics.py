@@ -3,8 +3,9 @@
 What counts once per request (a prompt; its `n` samples together): the time to first token, the
 queue time and the prompt tokens at its first output, of any sample; the end-to-end latency and
 `request_success{finished_reason}` when its last sample ends (the reason of that sample), or when
-it is aborted (`abort`). Times count from when the server admitted the request, so a prompt of a
-bulk request held back for its turn at the batch (`admission.py`) waits in them too. Generation
+it is aborted (`abort`). Times count from when the server had parsed and tokenized the request
+(`Job.arrival_time`, as vLLM's), so its grammar compile and a bulk request's prompts held back
+for their turn at the batch (`admission.py`) are in them. Generation
 tokens and inter-token gaps count per sample when it ends, or at the abort for what it had made.
 An output that reaches the server after its request was aborted is not counted again.
 

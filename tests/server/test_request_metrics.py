@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.engine.outputs import EngineStats
 from pagoda.runtime.sampling.params import SamplingParams
@@ -170,3 +171,32 @@ def test_every_documented_series_is_exported_with_its_type_and_labels():
         assert exported[name][0] == kind, name
         assert exported[name][1] == labels, name
     assert set(exported) <= set(documented), "exported, not documented"
+
+
+async def test_time_to_first_token_counts_the_grammar_compile(monkeypatch):
+    """As vLLM's: the clock starts once the request is parsed and tokenized, so a structured
+    request's grammar compile (seconds for a cold schema) is in its time to first token."""
+    from pagoda.runtime.server.api import create_app
+    from pagoda.runtime.server.config import ServerConfig
+    from pagoda.runtime.server.structured_outputs import StructuredOutputs
+
+    async def slow_compile(self, info, spec):
+        await asyncio.sleep(0.3)
+        return spec
+
+    monkeypatch.setattr(StructuredOutputs, "compile", slow_compile)
+    core, m = FakeCore(), ServerMetrics("fake")
+    engine = await started(core, m)
+    app = create_app(ServerConfig(model="fake"), engine, m)
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            body = {"prompt": "hey", "max_tokens": 2, "structured_outputs": {"regex": "[ab]+"}}
+            r = await client.post("/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+        after = scrape(m)
+    finally:
+        engine.stop()
+    assert after["pagoda:time_to_first_token_seconds_count"] == 1
+    assert after["pagoda:time_to_first_token_seconds_sum"] >= 0.3
+    assert after["pagoda:e2e_request_latency_seconds_sum"] >= 0.3
