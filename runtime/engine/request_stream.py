@@ -19,12 +19,13 @@ class RequestStream:
     a queue of one event per token that it falls further behind on.
     """
 
-    def __init__(self, request_id: str, n: int) -> None:
+    def __init__(self, request_id: str, n: int, arrival_time: float | None = None) -> None:
         self.request_id = request_id
         self.n = n
-        self.arrival_time = time.monotonic()
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.done = [False] * n
         self.tokens = [0] * n  # output tokens so far, per sample
+        self.started = False  # some sample has an output
         self.finished = False  # every sample finished, or the request failed/aborted
         self._pending: dict[int, StepOutput] = {}  # sample index -> delta not read yet
         self._error: BaseException | None = None
@@ -40,6 +41,7 @@ class RequestStream:
         """Event loop: add one delta; True once every sample has finished."""
         i = out.index
         self.tokens[i] = out.num_output_tokens
+        self.started = True
         prev = self._pending.get(i)
         if prev is None:
             self._pending[i] = out

@@ -226,6 +226,7 @@ def serve(
         log_level=cfg.log_level,
         engine_client=engine_client,
     )
+    metrics.watch_admission(engine.admission)
     engine.preload()  # on the engine thread, the model loads while the app is built
     from pagoda.runtime.server.api import create_app
     from pagoda.runtime.server.listen import bind_sockets, bound_port, start_listening
