@@ -414,6 +414,17 @@ def check_integers(obj: Any, names: tuple[str, ...]) -> None:
             raise ValueError(f"{name} must be an integer, got {_short(value)}")
 
 
+def check_booleans(obj: Any, names: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
+    """ValueError naming the first of the fields `names` of `obj` that is not a bool (`"no"`,
+    ``0`` and ``1`` are not: a truthy string would silently turn a feature on); those in
+    `optional` may also be None (the default's choice)."""
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, bool) and not (value is None and name in optional):
+            what = "True, False or None" if name in optional else "True or False"
+            raise ValueError(f"{name} must be {what}, got {_short(value)}")
+
+
 def check_seconds(name: str, value: Any, low: float = 0.0, high: float = MAX_TIMEOUT_S) -> float:
     """A finite number of seconds in [low, high] (not a bool, not NaN); ValueError otherwise."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
