@@ -391,11 +391,18 @@ SIZE_LIMITS: Mapping[str, int] = MappingProxyType(
 )
 
 
-def check_int(name: str, value: Any, low: int = 1, high: int | None = None) -> int:
+# The least of each size where it is more than 1: a context must hold a prompt token and the
+# token generated after it.
+SIZE_MINIMUMS: Mapping[str, int] = MappingProxyType({"max_model_len": 2})
+
+
+def check_int(name: str, value: Any, low: int | None = None, high: int | None = None) -> int:
     """`value` when it is an integer in [low, high]; ValueError naming `name` otherwise.
+    `low` defaults to `SIZE_MINIMUMS[name]` (else 1), `high` to `SIZE_LIMITS[name]` (else none).
 
     Strict: a bool is not an integer (JSON's `true`), nor is a float such as `1e9`.
     """
+    low = SIZE_MINIMUMS.get(name, 1) if low is None else low
     high = SIZE_LIMITS.get(name) if high is None else high
     ok = isinstance(value, int) and not isinstance(value, bool)
     if not ok or value < low or (high is not None and value > high):
