@@ -146,6 +146,8 @@ def engine_config(*argv: str, profile: str | None = None):
         (("--max-model-len", "16384"), "more than the model's context length"),
         # a prompt token and one generated: 1 passed, then warm-up's prompt killed the engine
         (("--max-model-len", "1"), "max_model_len must be an integer in 2..16777216, got 1"),
+        # a GPU this machine lacks: was torch's "AssertionError: Torch not compiled with CUDA"
+        (("--device", "cuda:63"), "--device cuda:63: this machine has "),
         (("--max-num-seqs", "1000000000"), "max_num_seqs must be an integer in 1..16384"),
         (("--max-num-batched-tokens", "100000000000"),
          "max_num_batched_tokens must be an integer in 1..2097152"),
