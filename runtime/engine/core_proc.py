@@ -90,8 +90,9 @@ class EngineCoreProc:
         self.inbox, self.outbox, self.parent_pid = inbox, outbox, parent_pid
         self.encoder = msgspec.msgpack.Encoder()
         self.stopping = False
-        # requests waiting for their grammar: rid → (ids, params, the compile's future)
-        self.compiling: dict[str, tuple[Any, SamplingParams, concurrent.futures.Future]] = {}
+        # requests waiting for their grammar: rid → (ids, params, the compile, when it began)
+        self.compiling: dict[str, tuple[Any, SamplingParams, concurrent.futures.Future, float]] = {}
+        self.compiler: Any = None  # the tokenizer's GrammarCompiler, once a grammar arrives
 
     def send(self, kind: bytes, payload: bytes) -> None:
         self.outbox.send_multipart((kind, payload))
@@ -179,8 +180,8 @@ class EngineCoreProc:
             except Exception as exc:  # this request only
                 self.send(b"f", pickle.dumps((rid, dump_error(exc))))
                 return
-            if compile_ is not None and not compile_.done():
-                self.compiling[rid] = (ids, params, compile_)  # added once it is compiled
+            if compile_ is not None and not compile_.done():  # added once it is compiled
+                self.compiling[rid] = (ids, params, compile_, time.monotonic())
             else:
                 self.add(core, rid, ids, params, compile_)
         elif kind == "abort":
@@ -196,8 +197,7 @@ class EngineCoreProc:
         elif kind == "stop":
             self.stopping = True
 
-    @staticmethod
-    def grammar(core: EngineCore, params: SamplingParams) -> concurrent.futures.Future | None:
+    def grammar(self, core: EngineCore, params: SamplingParams) -> concurrent.futures.Future | None:
         """The compile of the request's grammar, started on the compiler's threads (None: no
         grammar to compile)."""
         spec = params.structured_outputs
@@ -205,7 +205,8 @@ class EngineCoreProc:
             return None
         from pagoda.runtime.structured.compiler import compiler_for
 
-        return compiler_for(core.tokenizer, core.model_config.vocab_size).submit(spec)
+        self.compiler = compiler_for(core.tokenizer, core.model_config.vocab_size)
+        return self.compiler.submit(spec)
 
     def add(self, core: EngineCore, rid: str, ids: Any, params: SamplingParams,
             compile_: concurrent.futures.Future | None = None) -> None:  # fmt: skip
@@ -219,10 +220,17 @@ class EngineCoreProc:
             self.send(b"f", pickle.dumps((rid, dump_error(exc))))
 
     def add_compiled(self, core: EngineCore) -> bool:
-        """Add the requests whose grammar is ready; True if there was any."""
-        ready = [rid for rid, (_, _, fut) in self.compiling.items() if fut.done()]
+        """Add the requests whose grammar is ready; True if there was any. A compile running
+        past the compiler's time bound gives its slot up, as in the server, so that a grammar
+        that took long there (or was retried once cached) holds up no other's compile here."""
+        ready, late = [], time.monotonic() - self.compiler.timeout_s
+        for rid, (_, _, fut, began) in self.compiling.items():
+            if fut.done():
+                ready.append(rid)
+            elif began < late:
+                self.compiler.give_up_slot(fut)
         for rid in ready:
-            ids, params, fut = self.compiling.pop(rid)
+            ids, params, fut, _ = self.compiling.pop(rid)
             self.add(core, rid, ids, params, fut)
         return bool(ready)
 
