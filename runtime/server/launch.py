@@ -70,7 +70,8 @@ def preflight(
     fit.check(model_config, engine_cfg, resolve_model_path(model_path),
               engine_cfg.parallel.tensor_parallel_size)  # fmt: skip
     try:
-        memory.check(model_config, engine_cfg, resolve_model_path(model_path))
+        memory.check(model_config, engine_cfg, resolve_model_path(model_path),
+                     engine_kwargs.get("max_model_len"))  # fmt: skip
     except ValueError as e:
         if profile is None:
             raise

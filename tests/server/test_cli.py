@@ -146,6 +146,9 @@ def engine_config(*argv: str, profile: str | None = None):
         (("--max-model-len", "16384"), "more than the model's context length"),
         # a prompt token and one generated: 1 passed, then warm-up's prompt killed the engine
         (("--max-model-len", "1"), "max_model_len must be an integer in 2..16777216, got 1"),
+        # more context than the KV cache holds: was served capped to 32 tokens, with a warning
+        (("--max-model-len", "8192", "--kv-cache-memory", "1MiB"),
+         "--max-model-len 8192 does not fit in the KV cache: 1.0 MiB holds 32 tokens"),
         # a GPU this machine lacks: was torch's "AssertionError: Torch not compiled with CUDA"
         (("--device", "cuda:63"), "--device cuda:63: this machine has "),
         (("--max-num-seqs", "1000000000"), "max_num_seqs must be an integer in 1..16384"),
@@ -161,6 +164,12 @@ def test_impossible_sizes_are_refused_before_loading(argv, needle) -> None:
     with pytest.raises(ValueError) as err:
         engine_config(*argv)
     assert needle in str(err.value), err.value
+
+
+def test_a_default_context_is_shortened_to_a_small_kv_cache_not_refused() -> None:
+    cfg = engine_config("--kv-cache-memory", "1MiB")  # the engine caps 8192 to 32 tokens
+    assert cfg.scheduler.max_model_len == 8192 and cfg.cache.kv_cache_memory == 1 << 20
+    assert engine_config("--max-model-len", "32", "--kv-cache-memory", "1MiB")
 
 
 @pytest.mark.slow
