@@ -63,8 +63,8 @@ def preflight(
     engine_cfg = EngineConfig.create(model_path, **kwargs)
     if parallel is not None:
         engine_cfg = dataclasses.replace(engine_cfg, parallel=parallel)
+    check_parallel(model_config, engine_cfg)  # a group's GPUs first: it says how many it needs
     check_device_present(engine_cfg)
-    check_parallel(model_config, engine_cfg)
     check_step_budget(engine_kwargs, engine_cfg)
     check_kernel_configs(engine_cfg)
     fit.check(model_config, engine_cfg, resolve_model_path(model_path),
