@@ -166,12 +166,6 @@ def test_impossible_sizes_are_refused_before_loading(argv, needle) -> None:
     assert needle in str(err.value), err.value
 
 
-def test_a_default_context_is_shortened_to_a_small_kv_cache_not_refused() -> None:
-    cfg = engine_config("--kv-cache-memory", "1MiB")  # the engine caps 8192 to 32 tokens
-    assert cfg.scheduler.max_model_len == 8192 and cfg.cache.kv_cache_memory == 1 << 20
-    assert engine_config("--max-model-len", "32", "--kv-cache-memory", "1MiB")
-
-
 @pytest.mark.slow
 def test_memory_check_names_what_to_lower(monkeypatch) -> None:
     from pagoda.runtime.server import memory, weights
@@ -258,3 +252,9 @@ def test_without_chunked_prefill_the_default_budget_fits_the_context() -> None:
     assert sched.max_num_batched_tokens == 8192
     chunked = engine_config("--max-model-len", "8192")
     assert chunked.scheduler.max_num_batched_tokens == options.DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+
+def test_a_default_context_is_shortened_to_a_small_kv_cache_not_refused() -> None:
+    cfg = engine_config("--kv-cache-memory", "1MiB")  # the engine caps 8192 to 32 tokens
+    assert cfg.scheduler.max_model_len == 8192 and cfg.cache.kv_cache_memory == 1 << 20
+    assert engine_config("--max-model-len", "32", "--kv-cache-memory", "1MiB")
