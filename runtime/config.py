@@ -164,6 +164,7 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         options.check_integers(self, ("block_size",))
+        options.check_booleans(self, ("enable_prefix_caching",))
         if self.block_size not in options.BLOCK_SIZES:
             sizes = ", ".join(map(str, options.BLOCK_SIZES))
             raise ValueError(f"block_size must be one of {sizes}, got {self.block_size!r}")
@@ -198,6 +199,7 @@ class SchedulerConfig:
     auto_batched_tokens: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        options.check_booleans(self, ("enable_chunked_prefill",))
         _positive("max_num_seqs", self.max_num_seqs)
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
@@ -245,6 +247,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         options.check_integers(self, ("seed",))
+        options.check_booleans(
+            self, ("enable_cuda_graphs", "batch_invariant", "async_scheduling"),
+            optional=("async_scheduling",),
+        )  # fmt: skip
         if self.quantization is not None and self.quantization not in options.QUANTIZATIONS:
             choices = ", ".join(options.QUANTIZATIONS)
             raise ValueError(

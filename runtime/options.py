@@ -391,11 +391,18 @@ SIZE_LIMITS: Mapping[str, int] = MappingProxyType(
 )
 
 
-def check_int(name: str, value: Any, low: int = 1, high: int | None = None) -> int:
+# The least of each size where it is more than 1: a context must hold a prompt token and the
+# token generated after it.
+SIZE_MINIMUMS: Mapping[str, int] = MappingProxyType({"max_model_len": 2})
+
+
+def check_int(name: str, value: Any, low: int | None = None, high: int | None = None) -> int:
     """`value` when it is an integer in [low, high]; ValueError naming `name` otherwise.
+    `low` defaults to `SIZE_MINIMUMS[name]` (else 1), `high` to `SIZE_LIMITS[name]` (else none).
 
     Strict: a bool is not an integer (JSON's `true`), nor is a float such as `1e9`.
     """
+    low = SIZE_MINIMUMS.get(name, 1) if low is None else low
     high = SIZE_LIMITS.get(name) if high is None else high
     ok = isinstance(value, int) and not isinstance(value, bool)
     if not ok or value < low or (high is not None and value > high):
@@ -412,6 +419,17 @@ def check_integers(obj: Any, names: tuple[str, ...]) -> None:
         value = getattr(obj, name)
         if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"{name} must be an integer, got {_short(value)}")
+
+
+def check_booleans(obj: Any, names: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
+    """ValueError naming the first of the fields `names` of `obj` that is not a bool (`"no"`,
+    ``0`` and ``1`` are not: a truthy string would silently turn a feature on); those in
+    `optional` may also be None (the default's choice)."""
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, bool) and not (value is None and name in optional):
+            what = "True, False or None" if name in optional else "True or False"
+            raise ValueError(f"{name} must be {what}, got {_short(value)}")
 
 
 def check_seconds(name: str, value: Any, low: float = 0.0, high: float = MAX_TIMEOUT_S) -> float:

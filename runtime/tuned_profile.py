@@ -156,7 +156,7 @@ def validate(data: Any, where: Path | str) -> None:
     if not isinstance(data, dict):
         raise ProfileError(f"{where}: expected a JSON object, got {type(data).__name__}")
     version = data.get("schema_version")
-    if isinstance(version, bool) or version != SCHEMA_VERSION:
+    if type(version) is not int or version != SCHEMA_VERSION:  # not `true`, not 1.0
         raise ProfileError(
             f"{where}: schema_version {_show(version)} is not {SCHEMA_VERSION}; "
             "re-run `pagoda tune --force`"
@@ -182,8 +182,11 @@ def validate(data: Any, where: Path | str) -> None:
             except ValueError as e:
                 raise ProfileError(f"{where}: {e}") from e
     for key, value in (data.get("capacity") or {}).items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ProfileError(f"{where}: capacity.{key} must be a number, got {_show(value)}")
+        number = not isinstance(value, bool) and isinstance(value, (int, float))
+        # `1e999` parses as infinity: the autoscaler would read an infinite rate as no floor
+        if value is not None and not (number and 0 <= value < float("inf")):
+            raise ProfileError(f"{where}: capacity.{key} must be a finite number >= 0, got "
+                               f"{_show(value)}")  # fmt: skip
 
 
 def _show(value: Any) -> str:
@@ -201,7 +204,10 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return None
     if not path.is_file():
         raise ProfileError(f"{path}: not a regular file")
-    return read_json_file(path, MAX_BYTES, MAX_DEPTH, ProfileError)
+    data = read_json_file(path, MAX_BYTES, MAX_DEPTH, ProfileError)
+    if not isinstance(data, dict):  # `null` too: not taken for a missing file
+        raise ProfileError(f"{path}: expected a JSON object, got {_show(data)}")
+    return data
 
 
 def check_layout(folder: Path) -> None:

@@ -15,7 +15,11 @@ before its peer is there).
   `("load", factory, with_tokenizer)` (first: the process is started before the server knows
   its engine config, and imports the engine's modules meanwhile; `with_tokenizer` False: the
   API process loads its own, so `r` leaves it out), `("add", rid, ids, params)`,
-  `("abort", rid)`, `("call", call_id, fn)`, `("stop",)`.
+  `("abort", rid)`, `("call", call_id, fn)`, `("stop",)`. A request with a structured-output
+  spec arrives without its grammar (xgrammar's `CompiledGrammar` does not pickle): the grammar
+  is compiled here again (cached per spec) on the compiler's threads, and the request joins
+  the batch once it is ready, so a grammar that takes seconds to compile never stalls the
+  steps of the requests already running.
 - engine → API (PUSH → PULL): multipart `[kind, payload]`:
   - `o`: one message per step for every request in it: MessagePack of `(outputs, stats)`,
     decoded straight into `StepOutput`s and `EngineStats` (msgspec Structs), never per token;
@@ -32,6 +36,7 @@ drains and then stops it) and exits on its own when its parent is gone.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -54,6 +59,7 @@ log = logging.getLogger(__name__)
 # One step's message: (outputs, stats); the decoder builds the Structs directly.
 StepMessage = tuple[list[StepOutput], EngineStats | None]
 PARENT_CHECK_S = 1.0  # how often a busy loop checks that its parent is still there
+GRAMMAR_POLL_S = 0.005  # how often an idle loop looks for a finished grammar compile
 # Imported while the API process checks its flags and model (they are what a load needs).
 PRELOAD = ("torch", "pagoda.runtime.engine.core", "pagoda.runtime.engine.warmup")
 
@@ -86,6 +92,9 @@ class EngineCoreProc:
         self.inbox, self.outbox, self.parent_pid = inbox, outbox, parent_pid
         self.encoder = msgspec.msgpack.Encoder()
         self.stopping = False
+        # requests waiting for their grammar: rid → (ids, params, the compile, when it began)
+        self.compiling: dict[str, tuple[Any, SamplingParams, concurrent.futures.Future, float]] = {}
+        self.compiler: Any = None  # the tokenizer's GrammarCompiler, once a grammar arrives
 
     def send(self, kind: bytes, payload: bytes) -> None:
         self.outbox.send_multipart((kind, payload))
@@ -128,10 +137,11 @@ class EngineCoreProc:
         zmq_poll, encode = self.inbox.poll, self.encoder.encode
         checked = time.monotonic()
         while not self.stopping:
+            had_cmds = bool(self.compiling) and self.add_compiled(core)
             busy = core.has_unfinished_requests()
-            had_cmds = False
-            if zmq_poll(0 if busy else int(PARENT_CHECK_S * 1000)):
-                had_cmds = self.apply_all(core)
+            idle_s = GRAMMAR_POLL_S if self.compiling else PARENT_CHECK_S
+            if zmq_poll(0 if busy else int(idle_s * 1000)):
+                had_cmds = self.apply_all(core) or had_cmds
             if self.stopping:
                 return
             if not core.has_unfinished_requests():
@@ -168,11 +178,17 @@ class EngineCoreProc:
         if kind == "add":
             _, rid, ids, params = cmd
             try:
-                core.add_request(rid, ids, params)
+                compile_ = self.grammar(core, params)
             except Exception as exc:  # this request only
                 self.send(b"f", pickle.dumps((rid, dump_error(exc))))
+                return
+            if compile_ is not None and not compile_.done():  # added once it is compiled
+                self.compiling[rid] = (ids, params, compile_, time.monotonic())
+            else:
+                self.add(core, rid, ids, params, compile_)
         elif kind == "abort":
-            core.abort_request(cmd[1])
+            if self.compiling.pop(cmd[1], None) is None:
+                core.abort_request(cmd[1])
         elif kind == "call":
             _, call_id, fn = cmd
             try:
@@ -182,6 +198,43 @@ class EngineCoreProc:
             self.send(b"c", payload)
         elif kind == "stop":
             self.stopping = True
+
+    def grammar(self, core: EngineCore, params: SamplingParams) -> concurrent.futures.Future | None:
+        """The compile of the request's grammar, started on the compiler's threads (None: no
+        grammar to compile)."""
+        spec = params.structured_outputs
+        if spec is None or spec.compiled is not None:
+            return None
+        from pagoda.runtime.structured.compiler import compiler_for
+
+        self.compiler = compiler_for(core.tokenizer, core.model_config.vocab_size)
+        return self.compiler.submit(spec)
+
+    def add(self, core: EngineCore, rid: str, ids: Any, params: SamplingParams,
+            compile_: concurrent.futures.Future | None = None) -> None:  # fmt: skip
+        """Add one request to the core, with its compiled grammar; `f` if it is refused."""
+        try:
+            if compile_ is not None:
+                spec = params.structured_outputs.with_compiled(compile_.result())
+                params = dataclasses.replace(params, structured_outputs=spec)
+            core.add_request(rid, ids, params)
+        except Exception as exc:  # this request only
+            self.send(b"f", pickle.dumps((rid, dump_error(exc))))
+
+    def add_compiled(self, core: EngineCore) -> bool:
+        """Add the requests whose grammar is ready; True if there was any. A compile running
+        past the compiler's time bound gives its slot up, as in the server, so that a grammar
+        that took long there (or was retried once cached) holds up no other's compile here."""
+        ready, late = [], time.monotonic() - self.compiler.timeout_s
+        for rid, (_, _, fut, began) in self.compiling.items():
+            if fut.done():
+                ready.append(rid)
+            elif began < late:
+                self.compiler.give_up_slot(fut)
+        for rid in ready:
+            ids, params, fut, _ = self.compiling.pop(rid)
+            self.add(core, rid, ids, params, fut)
+        return bool(ready)
 
 
 def preload() -> None:

@@ -171,7 +171,7 @@ def add_openai_routes(
             serving.abort(job)  # no-op when finished; frees blocks at once otherwise
         if not finished:
             return Response(status_code=499)  # nobody is listening
-        return JSONResponse(body)
+        return Response(body, media_type="application/json")
 
     def route(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         async def handle(raw: Request) -> Response:

@@ -9,6 +9,8 @@ process exits 1.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import gc
 import logging
 import signal
 from types import FrameType
@@ -62,6 +64,7 @@ class DrainingServer(uvicorn.Server):
         while not (engine.ready or engine.dead or self.should_exit):
             await asyncio.sleep(0.1)
         if engine.ready:
+            freeze_startup_objects()
             names = ", ".join(self.cfg.served_model_names)
             url = f"http://{self.cfg.host}:{self.config.port}/v1"
             log.info("ready: OpenAI API at %s serving %s (metrics at /metrics)", url, names)
@@ -79,6 +82,17 @@ class DrainingServer(uvicorn.Server):
             self.exit_code = 1
             await asyncio.sleep(DEAD_GRACE_S)
             self.should_exit = True
+
+
+def freeze_startup_objects() -> None:
+    """Keep the collector off what start-up made (modules, the tokenizer, the app): they never
+    die, and every full collection walked them all while holding the GIL, so a request that
+    allocates many objects (a large body's models) paused the event loop for a second on top
+    of its own work. The engine core does the same in its process."""
+    gc.collect()
+    gc.freeze()
+    atexit.unregister(gc.unfreeze)  # frozen objects are never collected, not even at exit
+    atexit.register(gc.unfreeze)
 
 
 def _one_line(exc: BaseException | None) -> str:

@@ -65,13 +65,15 @@ def preflight(
     engine_cfg = EngineConfig.create(model_path, **kwargs)
     if parallel is not None:
         engine_cfg = dataclasses.replace(engine_cfg, parallel=parallel)
-    check_parallel(model_config, engine_cfg)
+    check_parallel(model_config, engine_cfg)  # a group's GPUs first: it says how many it needs
+    check_device_present(engine_cfg)
     check_step_budget(engine_kwargs, engine_cfg)
     check_kernel_configs(engine_cfg)
     fit.check(model_config, engine_cfg, resolve_model_path(model_path),
               engine_cfg.parallel.tensor_parallel_size)  # fmt: skip
     try:
-        memory.check(model_config, engine_cfg, resolve_model_path(model_path))
+        memory.check(model_config, engine_cfg, resolve_model_path(model_path),
+                     engine_kwargs.get("max_model_len"))  # fmt: skip
     except ValueError as e:
         if profile is None:
             raise
@@ -141,6 +143,21 @@ def check_parallel(model_config: ModelConfig, engine_cfg: EngineConfig) -> None:
             f"--tensor-parallel-size {par.tensor_parallel_size} runs {par.ranks_per_node} ranks "
             f"on this node, one per GPU, and it has {torch.cuda.device_count()}"
         )
+
+
+def check_device_present(engine_cfg: EngineConfig) -> None:
+    """`--device cuda[:N]` names a GPU this machine has (else torch's own error came later, as
+    an AssertionError about how torch was compiled)."""
+    device = engine_cfg.torch_device()
+    if device.type != "cuda":
+        return
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ValueError(f"--device {engine_cfg.device}: this machine has no CUDA GPU that "
+                         "torch can use; use --device cpu (or auto)")  # fmt: skip
+    if device.index is not None and device.index >= count:
+        raise ValueError(f"--device {engine_cfg.device}: this machine has {count} CUDA "
+                         f"GPU(s), cuda:0 to cuda:{count - 1}")  # fmt: skip
 
 
 def check_step_budget(flags: Mapping[str, Any], engine_cfg: EngineConfig) -> None:

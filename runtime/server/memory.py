@@ -151,8 +151,11 @@ def step_bytes(
     return tokens * per_token + rows * mc.vocab_size * 8  # float32 logits and probabilities
 
 
-def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path) -> Footprint:
-    """The footprint, or ValueError (one line: what does not fit, what to lower)."""
+def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path,
+          asked_len: int | None = None) -> Footprint:  # fmt: skip
+    """The footprint, or ValueError (one line: what does not fit, what to lower). `asked_len`:
+    an explicit --max-model-len, which a KV cache of known size must hold one sequence of (a
+    context left to the model's default is shortened to the cache instead)."""
     device = cfg.torch_device()
     fp = estimate(mc, cfg, model_path, device)
     bs = cfg.cache.block_size
@@ -182,7 +185,24 @@ def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path) -> Footprint:
             f"the KV cache ({gib(fp.kv_cache)}) holds fewer than 2 blocks of {bs} tokens "
             f"({gib(per_block)} each for this model); raise --kv-cache-memory"
         )
+    if asked_len is not None and not derived and cfg.cache.num_blocks_override is None:
+        check_context_fits(mc, cfg, asked_len, per_block)
     return fp
+
+
+def check_context_fits(mc: ModelConfig, cfg: EngineConfig, asked_len: int, per_block: int) -> None:
+    """An explicit context longer than a KV cache of known size holds is refused, as vLLM
+    refuses it (one rank's cache: its share of the KV heads, at least one, in its budget)."""
+    bs, tp = cfg.cache.block_size, cfg.parallel.tensor_parallel_size
+    budget = cfg.cache.kv_cache_memory or options.DEFAULT_CPU_KV_CACHE_MEMORY
+    rank_block = per_block * max(1, mc.num_kv_heads // tp) // mc.num_kv_heads
+    blocks = budget // rank_block
+    if asked_len > blocks * bs:
+        raise ValueError(
+            f"--max-model-len {asked_len} does not fit in the KV cache: {gib(budget)} holds "
+            f"{blocks * bs} tokens ({blocks} blocks of {bs}, {gib(rank_block)} each); raise "
+            "--kv-cache-memory or lower --max-model-len"
+        )
 
 
 def estimate_with_kv(fp: Footprint, mc: ModelConfig, cfg: EngineConfig, kv: int,

@@ -34,6 +34,9 @@ HTTP_ERROR_TYPES = {
     503: "service_unavailable",
 }
 MAX_ECHO = 300  # characters of a client value repeated in an error message
+# JSON objects in one body (a long conversation with tools holds a few thousand): each becomes
+# a validated model, and validation holds the GIL (about 6 µs an object, more with the collector)
+MAX_JSON_OBJECTS = 16_384
 MAX_LOGIT_BIAS_VALUE = 100.0  # OpenAI's range for a logit_bias value (beyond it: inf logits)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -466,9 +469,23 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def load_json(body: bytes) -> Any:
-    """Bytes → JSON value, every failure an APIError 400 (never a 500)."""
+    """Bytes → JSON value, every failure an APIError 400 (never a 500). More than
+    `MAX_JSON_OBJECTS` objects is refused while parsing: validating each one into a model holds
+    the GIL, so 100k messages in a 4 MiB body held the event loop (and every stream) for
+    seconds."""
+    objects = 0
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal objects
+        objects += 1
+        if objects > MAX_JSON_OBJECTS:
+            raise APIError(400, f"the request body holds more than {MAX_JSON_OBJECTS} JSON "
+                           "objects (messages, content parts, tools, schema nodes); send fewer",
+                           code="too_many_objects")  # fmt: skip
+        return _unique_keys(pairs)
+
     try:
-        data = json.loads(body, object_pairs_hook=_unique_keys)
+        data = json.loads(body, object_pairs_hook=hook)
     except RecursionError as e:
         raise APIError(400, "request body is nested too deeply", code="invalid_json") from e
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, 4300-digit int limit

@@ -30,6 +30,27 @@ from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("pagoda.server")
 BULK_BODY_BYTES = 64 << 10
+# A full response past this many logprob entries (or characters of text / 100) is built and
+# encoded on a thread of its own, one choice at a time: 256 choices of 400 tokens with 20
+# alternatives each took 10 s of the event loop, while every stream and /health waited.
+BULK_RESPONSE_ITEMS = 4096
+
+
+def to_json(value: Any) -> bytes:
+    """`value` as compact UTF-8 JSON: orjson, json for what orjson refuses (as `sse`)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":")).encode()  # ASCII: surrogates escaped
+
+
+def response_json(head: dict[str, Any], choices: list[dict[str, Any]], usage: Any) -> bytes:
+    """`{**head, "choices": choices, "usage": usage}` as JSON, each choice encoded on its own
+    (an encoder holds the GIL while it runs: one choice at a time lets the event loop in)."""
+    top = to_json({**head, "choices": [], "usage": usage})
+    # keys are quoted and quotes in values escaped: this is the structural key, head's first
+    at = top.index(b'"choices":[]') + len(b'"choices":[')
+    return top[:at] + b",".join(to_json(c) for c in choices) + top[at:]
 
 
 def sse(data: dict[str, Any]) -> str:
@@ -74,12 +95,15 @@ class Serving:
         # Large bodies (seconds of tokenizing at worst) queue on their own thread, so they
         # never hold the threads that small requests are prepared on (docs/reliability.md).
         self.bulk_pool = ThreadPoolExecutor(1, thread_name_prefix="pagoda-prep-bulk")
+        # Large full responses are built and encoded here (`BULK_RESPONSE_ITEMS`)
+        self.response_pool = ThreadPoolExecutor(1, thread_name_prefix="pagoda-response")
         self._strings: tuple[EngineInfo, TokenStrings] | None = None
         self.structured = structured or StructuredOutputs("", CollectorRegistry())
 
     def close(self) -> None:
         self.prep_pool.shutdown(wait=False, cancel_futures=True)
         self.bulk_pool.shutdown(wait=False, cancel_futures=True)
+        self.response_pool.shutdown(wait=False, cancel_futures=True)
 
     def strings(self, info: EngineInfo) -> TokenStrings:
         if self._strings is None or self._strings[0] is not info:
@@ -175,8 +199,8 @@ class Serving:
             "prompt_tokens_details": {"cached_tokens": sum(cached)},
         }
 
-    async def full_response(self, job: Job) -> dict[str, Any]:
-        """The whole response; a failure in the engine is raised as its APIError."""
+    async def full_response(self, job: Job) -> bytes:
+        """The whole response as JSON; a failure in the engine is raised as its APIError."""
         try:
             return await self._full_response(job)
         except Exception as e:
@@ -185,8 +209,8 @@ class Serving:
                 raise
             raise err from e
 
-    async def _full_response(self, job: Job) -> dict[str, Any]:
-        k, ep = job.num_choices, job.endpoint
+    async def _full_response(self, job: Job) -> bytes:
+        k = job.num_choices
         texts = [""] * k
         lps: list[list] = [[] for _ in range(k)]
         tokens, finish, stop = [0] * k, [None] * k, [None] * k
@@ -199,11 +223,19 @@ class Serving:
                 finish[idx], stop[idx] = o.finish_reason, o.stop_reason
                 j = idx // job.params.n
                 cached[j] = max(cached[j], o.num_cached_tokens)
-        choices = [ep.choice(job, i, texts[i], lps[i]) for i in range(k)]
-        for i, c in enumerate(choices):
-            c.update(finish_reason=ep.finish_reason(job, i, finish[i]), stop_reason=stop[i])
-        return {**ep.head(job, chunk=False), "choices": choices,
-                "usage": self._usage(job, tokens, cached)}  # fmt: skip
+
+        def build() -> bytes:
+            ep = job.endpoint
+            choices = [ep.choice(job, i, texts[i], lps[i]) for i in range(k)]
+            for i, c in enumerate(choices):
+                c.update(finish_reason=ep.finish_reason(job, i, finish[i]), stop_reason=stop[i])
+            usage = self._usage(job, tokens, cached)
+            return response_json(ep.head(job, chunk=False), choices, usage)
+
+        items = sum(map(len, lps)) * (1 + (job.params.logprobs or 0))
+        if items + sum(map(len, texts)) // 100 <= BULK_RESPONSE_ITEMS:
+            return build()
+        return await asyncio.get_running_loop().run_in_executor(self.response_pool, build)
 
     async def stream_response(self, job: Job) -> AsyncIterator[str]:
         """SSE chunks; the last is `data: [DONE]`. Errors after the start become an error event."""

@@ -256,9 +256,10 @@ class GrammarCompiler:
                     self._busy -= 1
                 self._start_ready()
 
-    def _give_up_slot(self, fut: concurrent.futures.Future) -> None:
+    def give_up_slot(self, fut: concurrent.futures.Future) -> None:
         """A compile past the time bound stops holding a slot (at most `MAX_OVERDUE` at once),
-        so that a slow spec does not hold up other requests' compiles behind it."""
+        so that a slow spec does not hold up other requests' compiles behind it (the server's
+        `compile_async` on its timeout; the engine process for the compiles it waits for)."""
         with self._lock:
             if fut.done() or not fut.running() or fut in self._overdue:
                 return
@@ -277,7 +278,7 @@ class GrammarCompiler:
                 asyncio.shield(asyncio.wrap_future(fut)), self.timeout_s
             )
         except asyncio.TimeoutError as e:
-            self._give_up_slot(fut)
+            self.give_up_slot(fut)
             raise ParamError(
                 spec.field,
                 f"{spec.field}: compiling this {_KIND_NAMES[spec.kind]} took longer than "

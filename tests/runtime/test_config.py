@@ -38,3 +38,26 @@ def test_integers_still_pass() -> None:
     cfg = EngineConfig.create(tensor_parallel_size=1, block_size=16, seed=3, master_port=29501)
     assert (cfg.parallel.tensor_parallel_size, cfg.cache.block_size, cfg.seed) == (1, 16, 3)
     assert EngineConfig.create(gpu_memory_utilization=1).cache.gpu_memory_utilization == 1
+
+
+@pytest.mark.parametrize("value", ["no", 0, 1, None, [True]])
+@pytest.mark.parametrize(
+    "field",
+    ["enable_prefix_caching", "enable_chunked_prefill", "enable_cuda_graphs", "batch_invariant"],
+)
+def test_a_boolean_field_refuses_other_types(field: str, value: object) -> None:
+    """`LLM(enable_prefix_caching="no")` used to turn caching on (a non-empty string is
+    truthy); now every boolean knob is True or False, or a ValueError naming it."""
+    with pytest.raises(ValueError, match=rf"^{field} must be True or False, got "):
+        EngineConfig.create(**{field: value})
+
+
+def test_async_scheduling_is_a_boolean_or_none() -> None:
+    with pytest.raises(
+        ValueError, match=r"^async_scheduling must be True, False or None, got 'no'"
+    ):
+        EngineConfig.create(async_scheduling="no")
+    assert EngineConfig.create(async_scheduling=None).async_scheduling is None
+    cfg = EngineConfig.create(enable_prefix_caching=False, enable_chunked_prefill=False,
+                              async_scheduling=False)  # fmt: skip
+    assert not cfg.cache.enable_prefix_caching and not cfg.scheduler.enable_chunked_prefill

@@ -106,7 +106,16 @@ HOSTILE = {
     "device number": (_profile_text(device=7).encode(), "field 'device' must be"),
     "device huge": (_profile_text(device="x" * 10_000).encode(), "field 'device' must be"),
     "capacity string": (_profile_text(capacity={"decode_tokens_per_s": "fast"}).encode(),
-                        "capacity.decode_tokens_per_s must be a number"),
+                        "capacity.decode_tokens_per_s must be a finite number"),
+    # `1e999` is not the `Infinity` literal, but parses as infinity: was accepted
+    "capacity 1e999": (_profile_text(capacity={"decode_tokens_per_s": 7}).replace(
+        '"decode_tokens_per_s": 7', '"decode_tokens_per_s": 1e999').encode(),
+        "capacity.decode_tokens_per_s must be a finite number >= 0, got inf"),
+    "negative capacity": (_profile_text(capacity={"prefill_tokens_per_s": -5}).encode(),
+                          "capacity.prefill_tokens_per_s must be a finite number >= 0, got -5"),
+    "float version": (_profile_text(schema_version=1.0).encode(), "schema_version 1.0 is not"),
+    # was "no profile.json (run `pagoda tune` first)": null was taken for a missing file
+    "null": (b"null", "expected a JSON object, got None"),
 }  # fmt: skip
 
 

@@ -144,6 +144,13 @@ def engine_config(*argv: str, profile: str | None = None):
         (("--max-model-len", "1000000000"),
          "max_model_len 1000000000 is more than the model's context length (8192 tokens"),
         (("--max-model-len", "16384"), "more than the model's context length"),
+        # a prompt token and one generated: 1 passed, then warm-up's prompt killed the engine
+        (("--max-model-len", "1"), "max_model_len must be an integer in 2..16777216, got 1"),
+        # more context than the KV cache holds: was served capped to 32 tokens, with a warning
+        (("--max-model-len", "8192", "--kv-cache-memory", "1MiB"),
+         "--max-model-len 8192 does not fit in the KV cache: 1.0 MiB holds 32 tokens"),
+        # a GPU this machine lacks: was torch's "AssertionError: Torch not compiled with CUDA"
+        (("--device", "cuda:63"), "--device cuda:63: this machine has "),
         (("--max-num-seqs", "1000000000"), "max_num_seqs must be an integer in 1..16384"),
         (("--max-num-batched-tokens", "100000000000"),
          "max_num_batched_tokens must be an integer in 1..2097152"),
@@ -276,3 +283,9 @@ def test_without_chunked_prefill_the_default_budget_fits_the_context() -> None:
     assert sched.max_num_batched_tokens == 8192
     chunked = engine_config("--max-model-len", "8192")
     assert chunked.scheduler.max_num_batched_tokens == options.DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+
+def test_a_default_context_is_shortened_to_a_small_kv_cache_not_refused() -> None:
+    cfg = engine_config("--kv-cache-memory", "1MiB")  # the engine caps 8192 to 32 tokens
+    assert cfg.scheduler.max_model_len == 8192 and cfg.cache.kv_cache_memory == 1 << 20
+    assert engine_config("--max-model-len", "32", "--kv-cache-memory", "1MiB")

@@ -84,6 +84,40 @@ async def test_health_stays_fast_while_large_bodies_are_refused(server):
     assert max(latencies) < 0.1, sorted(latencies)[-5:]
 
 
+async def test_health_stays_fast_while_bodies_of_many_objects_are_refused(server):
+    """110,000 chat messages, or one message of 120,000 content parts, in under 4 MiB: each
+    object validated into a model holds the GIL (and the collector walked every start-up
+    object on top), so /health waited 1.0-1.4 s per body. Now more than `MAX_JSON_OBJECTS` is
+    a 400 while parsing, and start-up objects are frozen."""
+    from pagoda.runtime.server.protocol import MAX_JSON_OBJECTS
+
+    msgs = json.dumps({"messages": [{"role": "user", "content": "hi"}] * 110_000}).encode()
+    parts = json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "a"}] * 120_000}]}).encode()  # fmt: skip
+    assert len(msgs) < DEFAULT_MAX_REQUEST_BYTES and len(parts) < DEFAULT_MAX_REQUEST_BYTES
+    headers = {"Content-Type": "application/json"}
+    async with httpx.AsyncClient(base_url=server.base, timeout=120) as c, \
+               httpx.AsyncClient(base_url=server.base, timeout=5) as probe:  # fmt: skip
+        await probe.get("/health")
+        sends = [asyncio.ensure_future(c.post("/v1/chat/completions", content=b,
+                                              headers=headers)) for b in (msgs, parts, msgs)]  # fmt: skip
+        latencies = []
+        while not all(s.done() for s in sends) or len(latencies) < 10:
+            t0 = time.perf_counter()
+            assert (await probe.get("/health")).status_code == 200
+            latencies.append(time.perf_counter() - t0)
+            await asyncio.sleep(0.01)
+        few = {"messages": [{"role": "user", "content": "hi"}] * 40, "max_tokens": 1}
+        assert (await c.post("/v1/chat/completions", json=few)).status_code == 200
+    for s in sends:
+        r = s.result()
+        assert r.status_code == 400, r.text[:300]
+        err = r.json()["error"]
+        assert err["code"] == "too_many_objects", err
+        assert f"more than {MAX_JSON_OBJECTS} JSON objects" in err["message"]
+    assert max(latencies) < 0.5, sorted(latencies)[-5:]  # was 1.0-1.4 s (load 8-10)
+
+
 async def test_a_short_request_is_served_while_one_request_asks_for_thousands(server):
     """Fair sharing: sequences (prompts × n) count, one request may ask for at most half the
     queue, its sequences share the batch round-robin with a reserve for single requests, and
