@@ -3,7 +3,9 @@
 SIGTERM/SIGINT start a drain: /ready turns 503, new requests get 503, in-flight requests run for
 up to --drain-timeout seconds, then the process exits 0. A second SIGINT exits at once. An
 engine that dies (its process killed, its loop failed) turns /health 503; two seconds later the
-process exits 1.
+process exits 1. Both exits 1 (an engine that fails to start, one that dies while serving) leave
+`EngineFailed: ...` / `EngineDied: ...` as the container's termination message
+(runtime/termination.py), which the operator shows as the service's condition reason.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from types import FrameType
 import uvicorn
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.server.config import ServerConfig
+from pagoda.runtime.termination import Termination, write_termination_log
 
 log = logging.getLogger("pagoda.serve")
 DEAD_GRACE_S = 2.0  # an engine dead while serving: seconds of 503s before the process exits
@@ -70,6 +73,7 @@ class DrainingServer(uvicorn.Server):
             log.info("ready: OpenAI API at %s serving %s (metrics at /metrics)", url, names)
         elif engine.dead:
             log.error("engine failed to start: %s", _one_line(engine.error))
+            write_termination_log(Termination("EngineFailed", None, _one_line(engine.error)))
             self.exit_code = 1
             self.should_exit = True
             return
@@ -79,6 +83,7 @@ class DrainingServer(uvicorn.Server):
             # /health is 503 and every stream got its error; give probes and clients a moment
             # to see it, then exit non-zero so that the pod restarts at once.
             log.error("engine died: %s; exiting", _one_line(engine.error))
+            write_termination_log(Termination("EngineDied", None, _one_line(engine.error)))
             self.exit_code = 1
             await asyncio.sleep(DEAD_GRACE_S)
             self.should_exit = True

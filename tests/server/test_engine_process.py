@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pagoda.runtime.termination import parse
 from server_testlib import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -26,9 +27,11 @@ def engine_pid(server_pid: int) -> int:
 
 
 @pytest.mark.timeout(300)
-def test_a_killed_engine_process_fails_streams_health_and_the_server():
+def test_a_killed_engine_process_fails_streams_health_and_the_server(tmp_path):
+    log = tmp_path / "termination-log"
     srv = ServerProcess(
-        "--kv-cache-memory", "32MiB", "--max-model-len", "256", "--log-level", "info"
+        "--kv-cache-memory", "32MiB", "--max-model-len", "256", "--log-level", "info",
+        env={"PAGODA_TERMINATION_LOG": str(log)},
     )  # fmt: skip
     try:
         srv.wait_ready()
@@ -53,6 +56,9 @@ def test_a_killed_engine_process_fails_streams_health_and_the_server():
             time.sleep(0.1)
         assert srv.proc.returncode == 1, srv.output()[-2000:]
         assert "engine died" in srv.output()
+        # the pod's termination message, which the operator turns into the condition's reason
+        said = parse(log.read_text())
+        assert said.reason == "EngineDied" and "exited with code -9" in said.message, said
     finally:
         srv.stop()
 
