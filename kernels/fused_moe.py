@@ -48,6 +48,7 @@ import triton.language as tl
 from pagoda.kernels._common import cdiv, check_device, next_pow2
 from pagoda.kernels.attn_common import dot_precision, mma
 from pagoda.kernels.config import get_kernel_config
+from pagoda.kernels.config_schema import check_launch_config
 
 FUSED_MOE = "fused_moe"  # the kernel's name in configs/*.json
 # The token-count bucket every batch uses in batch-invariant mode: a full decode batch, the most
@@ -329,6 +330,8 @@ def fused_experts(
     out = torch.empty((T, K), dtype=hidden_states.dtype, device=device)
     if T == 0:
         return out
+    if config is not None:
+        check_launch_config(FUSED_MOE, config)
     cfg = config or get_moe_config(
         num_experts=E, intermediate=N, hidden=K, dtype=hidden_states.dtype, num_tokens=T,
         device=device, batch_invariant=batch_invariant,

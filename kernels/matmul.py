@@ -19,6 +19,7 @@ import triton.language as tl
 from pagoda.kernels._common import check_device
 from pagoda.kernels.attn_common import dot_precision, mma
 from pagoda.kernels.config import get_kernel_config
+from pagoda.kernels.config_schema import check_launch_config
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -105,6 +106,8 @@ def linear(
         raise ValueError(f"out must be [{M}, {N}] {x.dtype} with contiguous rows")
     if M == 0:
         return out
+    if config is not None:
+        check_launch_config("matmul", config)
     cfg = config or get_kernel_config("matmul", {"n": N, "k": K}, device)
     bm, bn = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"])
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
