@@ -118,10 +118,20 @@ def width_shrink(head_dim: int, dtype: torch.dtype) -> int:
     return max(1, max(next_pow2(head_dim), 16) * itemsize // 256)
 
 
-def tile_size(config: dict, shrink: int) -> int:
-    """The config's ``TILE_SIZE`` as a power of two, divided by ``shrink``, at least 16
-    (``tl.dot``: N, K >= 16)."""
-    return max(next_pow2(max(int(config["TILE_SIZE"]), 16)) // shrink, 16)
+# One K tile: 128 keys of 128 16-bit values. The prefill kernel's pipelined K/V stages then take
+# 168 kB of sm_90's 227 kB; 256 such keys take 305 kB (the decode and unified kernels: 143 kB).
+MAX_KV_TILE_BYTES = 32 << 10
+
+
+def tile_size(config: dict, head_dim: int, dtype: torch.dtype) -> int:
+    """The keys per K/V tile: the config's ``TILE_SIZE`` as a power of two, divided by
+    :func:`width_shrink`, at most ``MAX_KV_TILE_BYTES`` per K tile (a config file may hold
+    256 or 512 keys, sound for narrow heads, that no GPU's shared memory holds at head size
+    128), and at least 16 (``tl.dot``: N, K >= 16). A function of the config, head size and
+    dtype only, so launches that share a config share their tiles."""
+    row_bytes = max(next_pow2(head_dim), 16) * torch.empty((), dtype=dtype).element_size()
+    tile = next_pow2(max(int(config["TILE_SIZE"]), 16)) // width_shrink(head_dim, dtype)
+    return max(min(tile, MAX_KV_TILE_BYTES // row_bytes), 16)
 
 
 def paged_meta(q: torch.Tensor, k_cache: torch.Tensor, config: dict) -> dict:
@@ -131,7 +141,7 @@ def paged_meta(q: torch.Tensor, k_cache: torch.Tensor, config: dict) -> dict:
         "HEAD_DIM": head_dim,
         "HEAD_DIM_PADDED": max(next_pow2(head_dim), 16),
         "BLOCK_SIZE": k_cache.shape[1],
-        "TILE_SIZE": tile_size(config, width_shrink(head_dim, q.dtype)),
+        "TILE_SIZE": tile_size(config, head_dim, q.dtype),
         "DOT_PRECISION": dot_precision(q.dtype),
         "KV_FP8": k_cache.dtype != q.dtype,  # E4M3: tiles widened to q's dtype, scales applied
         "num_warps": int(config["num_warps"]),

@@ -356,7 +356,7 @@ def launch_prefill_attention(
     # stages and the query tile keep their shared-memory and register size. A function of the
     # head size and dtype only: both launches of batch-invariant mode shrink alike.
     shrink = width_shrink(head_dim, q.dtype)
-    tile = tile_size(config, shrink)
+    tile = tile_size(config, head_dim, q.dtype)
     block_m = next_pow2(max(int(config["BLOCK_M"]) // shrink, 16, queries_per_kv))
     block_q = block_m // queries_per_kv
     num_seqs = last_seq - first_seq

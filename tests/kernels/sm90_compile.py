@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 
 os.environ["TRITON_INTERPRET"] = "0"  # compile, before Triton decorates the kernels
 
@@ -80,7 +81,25 @@ def install(results: list[dict], case: str) -> None:
             module.check_device = lambda *tensors: tensors[0].device
 
 
-def _attention(*, head_dim, heads, kv_heads, dtype, kv_dtype, seqs, **kwargs) -> None:
+def _attention(*, head_dim, heads, kv_heads, dtype, kv_dtype, seqs, tuned=None, **kwargs) -> None:
+    """One `paged_attention` call; ``tuned``: {kernel: config} saved as the device's tuned file
+    (one bucket each, at head size 64), searched first for this call."""
+    if tuned:
+        from pagoda.kernels import config
+
+        with tempfile.TemporaryDirectory() as folder:
+            for kernel, cfg in tuned.items():
+                shape = {"head_dim": 64, "max_query_len": 1}
+                if kernel == "decode_attention":
+                    shape = {"head_dim": 64, "num_seqs": 1, "max_seq_len": 512}
+                config.save_kernel_config(kernel, shape, cfg, device=DEVICE_NAME, directory=folder)
+            previous = config.set_config_dirs([folder])
+            try:
+                _attention(head_dim=head_dim, heads=heads, kv_heads=kv_heads, dtype=dtype,
+                           kv_dtype=kv_dtype, seqs=seqs, **kwargs)  # fmt: skip
+            finally:
+                config.set_config_dirs(previous)
+        return
     from pagoda.kernels import paged_attention
 
     tokens = sum(q for q, _ in seqs)
@@ -112,6 +131,15 @@ CASES: dict[str, dict] = {
     # Gemma-wide heads in float32 under the H200's head_dim-64 decode config (128-key tiles).
     "fp32-d256-decode": dict(head_dim=256, heads=8, kv_heads=4, dtype=FP32, kv_dtype=FP32,
                              seqs=[(1, 5)] * 16, max_seq_len=2048),
+    # 512-key tiles, valid in a config file (tuned for head size 64), used at head size 128.
+    "tile512-d128": dict(head_dim=128, heads=8, kv_heads=2, dtype=BF16, kv_dtype=BF16,
+                         seqs=[(1, 5)] * 3 + [(70, 90)], max_seq_len=32768, num_decodes=3,
+                         tuned={k: {"TILE_SIZE": 512} for k in ("decode_attention",
+                                "prefill_attention")}),
+    "tile512-d128-unified": dict(head_dim=128, heads=8, kv_heads=2, dtype=BF16, kv_dtype=BF16,
+                                 seqs=[(1, 5), (70, 90)], max_seq_len=90, num_decodes=1,
+                                 flash_prefill=False, batch_invariant=True,
+                                 tuned={"paged_attention": {"TILE_SIZE": 512}}),
 }  # fmt: skip
 
 

@@ -3,7 +3,8 @@
 The interpreter runs what a GPU compiler refuses: an early ``return`` of an E4M3 tile inside a
 constexpr ``if`` (compiled Triton type-checks every return of a function, so the FP8-cache
 decode and unified kernels did not compile), and tiles too large for shared memory (float32 at
-head size 256 under a 128-key config needed 287 kB, past sm_90's 227 kB). `sm90_compile.py`
+head size 256 under a 128-key config needed 287 kB, past sm_90's 227 kB; a 512-key tile, which
+a config file may hold, 283 kB in the prefill kernel at head size 128). `sm90_compile.py`
 compiles the launchers' kernels for sm_90 in a subprocess (Triton's bundled ``ptxas``, no CUDA
 driver) and reports each kernel's shared memory.
 """
