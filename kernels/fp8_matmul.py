@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from pagoda.kernels._common import check_device
+from pagoda.kernels._common import check_device, fit_stages
 from pagoda.kernels.attn_common import dot_precision, mma
 from pagoda.kernels.config import get_kernel_config
 from pagoda.kernels.config_schema import check_launch_config
@@ -206,6 +206,6 @@ def fp8_linear(
         GROUP_M=int(cfg["GROUP_M"]),
         DOT_PRECISION=dot_precision(a.dtype),
         num_warps=int(cfg["num_warps"]),
-        num_stages=int(cfg["num_stages"]),
+        num_stages=fit_stages(int(cfg["num_stages"]), (bm + bn) * bk * a.element_size(), device),
     )
     return out

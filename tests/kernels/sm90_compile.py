@@ -74,6 +74,9 @@ def install(results: list[dict], case: str) -> None:
     import pagoda.kernels.attention as attention
 
     attention.num_sms = config.num_sms
+    from pagoda.kernels import _common
+
+    _common.shared_memory_limit = lambda device: SHARED_LIMIT  # what the H200 would report
     for name in ("attention", "kv_cache", "norm", "rotary", "activation", "matmul", "fused_moe",
                  "fp8_matmul", "fp8_quant"):  # fmt: skip
         module = __import__(f"pagoda.kernels.{name}", fromlist=["check_device"])
@@ -117,9 +120,31 @@ def _attention(*, head_dim, heads, kv_heads, dtype, kv_dtype, seqs, tuned=None, 
     )  # fmt: skip
 
 
+def _gemm(*, gemm: str, config: dict, dtype: torch.dtype) -> None:
+    """One GEMM launcher with an explicit launch config (as a config file may hold)."""
+    from pagoda import kernels
+    from pagoda.kernels.fp8 import quantize_weight
+
+    x, w = torch.empty((64, 512), dtype=dtype), torch.empty((512, 512), dtype=dtype)
+    if gemm == "linear":
+        kernels.linear(x=x, weight=w, config=config)
+    elif gemm == "fp8_linear":
+        w8, scale = quantize_weight(torch.zeros((512, 512)))
+        kernels.fp8_linear(x=x, weight=w8, weight_scale=scale, weight_only=True, config=config)
+    else:
+        experts, ids = 4, torch.zeros((64, 2), dtype=torch.int32)
+        kernels.fused_experts(x, torch.empty((experts, 1024, 512), dtype=dtype),
+                              torch.empty((experts, 512, 512), dtype=dtype),
+                              torch.ones((64, 2)), ids, config=config)  # fmt: skip
+
+
+# The deepest pipeline a config file may hold: 8 stages of 256 x 256 x 256 tiles (2-4 MB).
+DEEP = {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 256, "GROUP_M": 8, "num_warps": 8,
+        "num_stages": 8}  # fmt: skip
 BF16, FP32 = torch.bfloat16, torch.float32
 FP8 = torch.float8_e4m3fn
-# name -> `paged_attention` call (shapes and flags); each compiles the kernels it launches.
+# name -> a `paged_attention` call (shapes and flags) or a GEMM launcher's (`_gemm`); each
+# compiles the kernels it launches.
 CASES: dict[str, dict] = {
     # An FP8 KV cache read by the split-KV decode kernel (four segments, then the merge).
     "fp8-decode": dict(head_dim=128, heads=32, kv_heads=8, dtype=BF16, kv_dtype=FP8,
@@ -140,6 +165,11 @@ CASES: dict[str, dict] = {
                                  seqs=[(1, 5), (70, 90)], max_seq_len=90, num_decodes=1,
                                  flash_prefill=False, batch_invariant=True,
                                  tuned={"paged_attention": {"TILE_SIZE": 512}}),
+    # GEMMs: a config's stages beyond the device's shared memory (`_common.fit_stages`).
+    "deep-matmul": dict(gemm="linear", config={**DEEP, "BLOCK_K": 64}, dtype=BF16),
+    "deep-fp8-w8a16": dict(gemm="fp8_linear", config={**DEEP, "BLOCK_K": 64}, dtype=BF16),
+    "deep-moe": dict(gemm="fused_experts", config={**DEEP, "BLOCK_M": 64, "BLOCK_K": 64},
+                     dtype=FP32),
 }  # fmt: skip
 
 
@@ -149,7 +179,8 @@ def main(names: list[str]) -> int:
     install(results, case)
     for name in names or list(CASES):
         case[0] = name
-        _attention(**CASES[name])
+        case_kwargs = CASES[name]
+        (_gemm if "gemm" in case_kwargs else _attention)(**case_kwargs)
     for r in results:
         print(json.dumps(r))
     print(json.dumps({"cases": names or list(CASES), "shared_limit": SHARED_LIMIT}))
