@@ -68,12 +68,16 @@ def shared_memory_limit(device: torch.device) -> int | None:
     return _optin_shared_memory(index)
 
 
-def fit_stages(num_stages: int, stage_bytes: int, device: torch.device) -> int:
-    """``num_stages``, lowered (to 1 at least) where that many pipelined stages of
-    ``stage_bytes`` (a GEMM's A and B tiles) would not fit ``device``'s shared memory: a config
-    tuned on an H100, or one a file may hold, then still compiles on a smaller GPU. Stages only
-    overlap loads with the MMA, so the result's bits do not change."""
+def fit_stages(
+    num_stages: int, stage_bytes: int, device: torch.device, *, unbuffered: int = 0
+) -> int:
+    """``num_stages``, lowered (to 1 at least) where the shared memory its pipeline holds,
+    ``(num_stages - unbuffered) * stage_bytes`` (a GEMM's A and B tiles per stage), would not fit
+    ``device``: a config tuned on an H100, or one a file may hold, then still compiles on a
+    smaller GPU. ``unbuffered``: stages Triton does not keep in shared memory (measured on sm_90:
+    the plain GEMMs keep all ``num_stages``, the MoE GEMM one fewer). Stages only overlap loads
+    with the MMA, so the result's bits do not change."""
     limit = shared_memory_limit(device)
     if limit is None or stage_bytes <= 0:
         return num_stages
-    return max(1, min(num_stages, limit // stage_bytes))
+    return max(1, min(num_stages, limit // stage_bytes + unbuffered))

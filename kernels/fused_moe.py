@@ -359,7 +359,8 @@ def fused_experts(
             a, w, c, weights, sorted_ids, expert_ids, num_assign, num_blocks, n_out, k_in,
             n_out * w.stride(1), a.stride(0), w.stride(0), w.stride(1), c.stride(0),
             ROWS_PER_A=per_a, GATED=gated, MUL_WEIGHT=weighted, BLOCK_N=bn, BLOCK_K=bk,
-            num_stages=fit_stages(int(cfg["num_stages"]), stage_bytes, device), **common,
+            num_stages=fit_stages(int(cfg["num_stages"]), stage_bytes, device, unbuffered=1),
+            **common,
         )  # fmt: skip
     if top_k > 1:
         block = min(1024, next_pow2(K))
