@@ -6,6 +6,7 @@ no ``.item()``, no ``.cpu()``, no tensor-valued branching.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -50,3 +51,33 @@ def prev_pow2(n: int) -> int:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+@functools.lru_cache(maxsize=16)
+def _optin_shared_memory(index: int) -> int | None:
+    props = torch.cuda.get_device_properties(index)
+    return getattr(props, "shared_memory_per_block_optin", None)
+
+
+def shared_memory_limit(device: torch.device) -> int | None:
+    """Bytes of shared memory one program may use on ``device`` (opt-in maximum: 227 kB on an
+    H100, 163 kB on an A100, 99 kB on an L4); None off CUDA (the interpreter has no limit)."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _optin_shared_memory(index)
+
+
+def fit_stages(
+    num_stages: int, stage_bytes: int, device: torch.device, *, unbuffered: int = 0
+) -> int:
+    """``num_stages``, lowered (to 1 at least) where the shared memory its pipeline holds,
+    ``(num_stages - unbuffered) * stage_bytes`` (a GEMM's A and B tiles per stage), would not fit
+    ``device``: a config tuned on an H100, or one a file may hold, then still compiles on a
+    smaller GPU. ``unbuffered``: stages Triton does not keep in shared memory (measured on sm_90:
+    the plain GEMMs keep all ``num_stages``, the MoE GEMM one fewer). Stages only overlap loads
+    with the MMA, so the result's bits do not change."""
+    limit = shared_memory_limit(device)
+    if limit is None or stage_bytes <= 0:
+        return num_stages
+    return max(1, min(num_stages, limit // stage_bytes + unbuffered))

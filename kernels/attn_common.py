@@ -106,6 +106,34 @@ def kv_scale_args(
     return k_scale, v_scale, 0 if sizes == {1} else 1
 
 
+def width_shrink(head_dim: int, dtype: torch.dtype) -> int:
+    """How much wider than 128 16-bit values a row of ``head_dim`` in ``dtype`` is (at least 1).
+
+    Launch configs are sized for such rows; the attention launchers divide a config's
+    ``TILE_SIZE`` and ``BLOCK_M`` by this, so the K/V stages in shared memory and the query
+    tile in registers keep their size for Gemma's 256-wide heads or float32 (a 64-key tile at
+    head size 256 in float32 would need 287 kB of shared memory, past an H100's 227 kB). A
+    function of the head size and dtype only: every launch of a batch shrinks alike."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return max(1, max(next_pow2(head_dim), 16) * itemsize // 256)
+
+
+# One K tile: 128 keys of 128 16-bit values. The prefill kernel's pipelined K/V stages then take
+# 168 kB of sm_90's 227 kB; 256 such keys take 305 kB (the decode and unified kernels: 143 kB).
+MAX_KV_TILE_BYTES = 32 << 10
+
+
+def tile_size(config: dict, head_dim: int, dtype: torch.dtype) -> int:
+    """The keys per K/V tile: the config's ``TILE_SIZE`` as a power of two, divided by
+    :func:`width_shrink`, at most ``MAX_KV_TILE_BYTES`` per K tile (a config file may hold
+    256 or 512 keys, sound for narrow heads, that no GPU's shared memory holds at head size
+    128), and at least 16 (``tl.dot``: N, K >= 16). A function of the config, head size and
+    dtype only, so launches that share a config share their tiles."""
+    row_bytes = max(next_pow2(head_dim), 16) * torch.empty((), dtype=dtype).element_size()
+    tile = next_pow2(max(int(config["TILE_SIZE"]), 16)) // width_shrink(head_dim, dtype)
+    return max(min(tile, MAX_KV_TILE_BYTES // row_bytes), 16)
+
+
 def paged_meta(q: torch.Tensor, k_cache: torch.Tensor, config: dict) -> dict:
     """Constexprs and launch options both attention kernels share, from shapes and the config."""
     head_dim = q.shape[2]
@@ -113,7 +141,7 @@ def paged_meta(q: torch.Tensor, k_cache: torch.Tensor, config: dict) -> dict:
         "HEAD_DIM": head_dim,
         "HEAD_DIM_PADDED": max(next_pow2(head_dim), 16),
         "BLOCK_SIZE": k_cache.shape[1],
-        "TILE_SIZE": next_pow2(max(int(config["TILE_SIZE"]), 16)),  # tl.dot: N, K >= 16
+        "TILE_SIZE": tile_size(config, head_dim, q.dtype),
         "DOT_PRECISION": dot_precision(q.dtype),
         "KV_FP8": k_cache.dtype != q.dtype,  # E4M3: tiles widened to q's dtype, scales applied
         "num_warps": int(config["num_warps"]),
@@ -184,20 +212,29 @@ def load_kv_tile(
 
 @triton.jit
 def kv_scales(k_scale_ptr, v_scale_ptr, kv_head, stride_scale, KV_FP8: tl.constexpr):
-    """This KV head's (K, V) scales of an E4M3 cache; (1, 1) for a 16/32-bit one (not read)."""
+    """This KV head's (K, V) scales of an E4M3 cache; (1, 1) for a 16/32-bit one (not read).
+
+    One ``return`` after the constexpr branch: compiled Triton type-checks every ``return`` of
+    a function, even one a constexpr ``if`` skips, and refuses returns of different types."""
+    k_s = 1.0
+    v_s = 1.0
     if KV_FP8:
-        return tl.load(k_scale_ptr + kv_head * stride_scale), tl.load(
-            v_scale_ptr + kv_head * stride_scale
-        )
-    return 1.0, 1.0
+        k_s = tl.load(k_scale_ptr + kv_head * stride_scale)
+        v_s = tl.load(v_scale_ptr + kv_head * stride_scale)
+    return k_s, v_s
 
 
 @triton.jit
 def widen_kv(k, v, dtype, KV_FP8: tl.constexpr):
     """E4M3 tiles as ``dtype`` (q's): exact, every E4M3 value is a float16/bfloat16/float32
-    value, so ``q·k`` and ``p·v`` run on the 16-bit path with the scales applied outside."""
+    value, so ``q·k`` and ``p·v`` run on the 16-bit path with the scales applied outside.
+
+    One ``return``, as in :func:`kv_scales`: an early ``return k.to(dtype)`` inside the
+    constexpr ``if`` compiles under the interpreter but not for a GPU ("Return type mismatch":
+    E4M3 against ``dtype``)."""
     if KV_FP8:
-        return k.to(dtype), v.to(dtype)
+        k = k.to(dtype)
+        v = v.to(dtype)
     return k, v
 
 

@@ -268,6 +268,28 @@ def _check_kernel(kernel: str, buckets: Any, where: Any, complete: bool) -> None
                 raise KernelConfigError(f"{where}: {at}.config lacks {missing[0]}")
 
 
+def check_launch_config(kernel: str, config: Any) -> None:
+    """A config handed straight to a launcher (``config=``, as tuning sweeps and benchmarks do)
+    must be one a file could hold, complete: every parameter ``kernel`` reads, each in range
+    (powers of two where Triton needs them). KernelConfigError names the field, rather than a
+    ``KeyError`` or Triton's "arange's range must be a power of 2" at the launch."""
+    schema = KERNELS[kernel]
+    where = f"{kernel} launch config"
+    if not isinstance(config, Mapping):
+        raise KernelConfigError(f"{where} must be an object, got {_kind(config)}")
+    for key, value in config.items():
+        param = schema.params.get(key)
+        if param is None:
+            raise KernelConfigError(f"{where}: {_show(key)} is not a parameter of {kernel} "
+                                    f"(known: {', '.join(schema.params)})")  # fmt: skip
+        bad = param.problem(value)
+        if bad:
+            raise KernelConfigError(f"{where}: {key} {bad}")
+    missing = [k for k in schema.params if k not in config and k not in schema.optional]
+    if missing:
+        raise KernelConfigError(f"{where} lacks {missing[0]}")
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number here")
 

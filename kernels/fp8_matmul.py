@@ -28,9 +28,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from pagoda.kernels._common import check_device
+from pagoda.kernels._common import check_device, fit_stages
 from pagoda.kernels.attn_common import dot_precision, mma
 from pagoda.kernels.config import get_kernel_config
+from pagoda.kernels.config_schema import check_launch_config
 from pagoda.kernels.fp8 import FP8_DTYPE
 from pagoda.kernels.fp8_quant import quantize_fp8
 
@@ -174,6 +175,8 @@ def fp8_linear(
     )
     if M == 0:
         return out
+    if config is not None:
+        check_launch_config("fp8_matmul", config)
     cfg = config or get_kernel_config("fp8_matmul", {"n": N, "k": K}, device)
     bm, bn, bk = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
     if min(bm, bn) < 16 or bk < MIN_BLOCK_K:
@@ -203,6 +206,6 @@ def fp8_linear(
         GROUP_M=int(cfg["GROUP_M"]),
         DOT_PRECISION=dot_precision(a.dtype),
         num_warps=int(cfg["num_warps"]),
-        num_stages=int(cfg["num_stages"]),
+        num_stages=fit_stages(int(cfg["num_stages"]), (bm + bn) * bk * a.element_size(), device),
     )
     return out

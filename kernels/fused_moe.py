@@ -45,9 +45,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from pagoda.kernels._common import cdiv, check_device, next_pow2
+from pagoda.kernels._common import cdiv, check_device, fit_stages, next_pow2
 from pagoda.kernels.attn_common import dot_precision, mma
 from pagoda.kernels.config import get_kernel_config
+from pagoda.kernels.config_schema import check_launch_config
 
 FUSED_MOE = "fused_moe"  # the kernel's name in configs/*.json
 # The token-count bucket every batch uses in batch-invariant mode: a full decode batch, the most
@@ -329,6 +330,8 @@ def fused_experts(
     out = torch.empty((T, K), dtype=hidden_states.dtype, device=device)
     if T == 0:
         return out
+    if config is not None:
+        check_launch_config(FUSED_MOE, config)
     cfg = config or get_moe_config(
         num_experts=E, intermediate=N, hidden=K, dtype=hidden_states.dtype, num_tokens=T,
         device=device, batch_invariant=batch_invariant,
@@ -342,7 +345,7 @@ def fused_experts(
     rows = out if top_k == 1 else torch.empty((num_assign, K), dtype=out.dtype, device=device)
     common = dict(
         BLOCK_M=bm, GROUP_M=int(cfg["GROUP_M"]), DOT_PRECISION=dot_precision(out.dtype),
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
+        num_warps=int(cfg["num_warps"]),
     )  # fmt: skip
     passes = (  # (a, w, c, rows per a, gated, weighted, output width, reduction width)
         (hidden_states, w13, act, top_k, True, False, N, K),
@@ -351,10 +354,12 @@ def fused_experts(
     for a, w, c, per_a, gated, weighted, n_out, k_in in passes:
         bn = min(int(cfg["BLOCK_N"]), max(next_pow2(n_out), 16))
         bk = min(int(cfg["BLOCK_K"]), max(next_pow2(k_in), 16))  # from shapes only
+        stage_bytes = (bm + (2 if gated else 1) * bn) * bk * a.element_size()  # gate+up tiles
         _moe_gemm_kernel[(num_blocks * triton.cdiv(n_out, bn),)](
             a, w, c, weights, sorted_ids, expert_ids, num_assign, num_blocks, n_out, k_in,
             n_out * w.stride(1), a.stride(0), w.stride(0), w.stride(1), c.stride(0),
             ROWS_PER_A=per_a, GATED=gated, MUL_WEIGHT=weighted, BLOCK_N=bn, BLOCK_K=bk,
+            num_stages=fit_stages(int(cfg["num_stages"]), stage_bytes, device, unbuffered=1),
             **common,
         )  # fmt: skip
     if top_k > 1:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from pagoda.kernels._common import check_device
+from pagoda.kernels._common import check_device, fit_stages
 from pagoda.kernels.attn_common import dot_precision, mma
 from pagoda.kernels.config import get_kernel_config
+from pagoda.kernels.config_schema import check_launch_config
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -105,8 +106,10 @@ def linear(
         raise ValueError(f"out must be [{M}, {N}] {x.dtype} with contiguous rows")
     if M == 0:
         return out
+    if config is not None:
+        check_launch_config("matmul", config)
     cfg = config or get_kernel_config("matmul", {"n": N, "k": K}, device)
-    bm, bn = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"])
+    bm, bn, bk = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     _matmul_kernel[grid](
         x,
@@ -122,10 +125,10 @@ def linear(
         HAS_BIAS=bias is not None,
         BLOCK_M=bm,
         BLOCK_N=bn,
-        BLOCK_K=int(cfg["BLOCK_K"]),
+        BLOCK_K=bk,
         GROUP_M=int(cfg["GROUP_M"]),
         DOT_PRECISION=dot_precision(x.dtype),
         num_warps=int(cfg["num_warps"]),
-        num_stages=int(cfg["num_stages"]),
+        num_stages=fit_stages(int(cfg["num_stages"]), (bm + bn) * bk * x.element_size(), device),
     )
     return out

@@ -48,6 +48,8 @@ from pagoda.kernels.attn_common import (
     score_scale,
     scores,
     softcap_arg,
+    tile_size,
+    width_shrink,
     window_arg,
 )
 
@@ -350,11 +352,11 @@ def launch_prefill_attention(
     queries_per_kv = num_heads // num_kv_heads
     dim_padded = max(next_pow2(head_dim), 16)
     # Configs are sized for rows of up to 128 16-bit values; wider rows (Gemma's 256-wide heads,
-    # float32 at 128) get tiles shrunk in proportion, so the K/V stages and the query tile keep
-    # their shared-memory and register size. A function of the head size and dtype only: both
-    # launches of batch-invariant mode shrink alike.
-    shrink = max(1, dim_padded * q.element_size() // 256)
-    tile = max(next_pow2(max(int(config["TILE_SIZE"]), 16)) // shrink, 16)  # tl.dot: N, K >= 16
+    # float32 at 128) get tiles shrunk in proportion (`attn_common.width_shrink`), so the K/V
+    # stages and the query tile keep their shared-memory and register size. A function of the
+    # head size and dtype only: both launches of batch-invariant mode shrink alike.
+    shrink = width_shrink(head_dim, q.dtype)
+    tile = tile_size(config, head_dim, q.dtype)
     block_m = next_pow2(max(int(config["BLOCK_M"]) // shrink, 16, queries_per_kv))
     block_q = block_m // queries_per_kv
     num_seqs = last_seq - first_seq

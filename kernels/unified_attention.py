@@ -24,6 +24,7 @@ from pagoda.kernels.attn_common import (
     scores,
     softcap_arg,
     widen_kv,
+    width_shrink,
     window_arg,
 )
 
@@ -206,7 +207,8 @@ def launch_unified_attention(
     num_seqs = seq_lens.shape[0]
     num_kv_heads = k_cache.shape[2]
     queries_per_kv = num_heads // num_kv_heads
-    block_m = next_pow2(max(int(config["BLOCK_M"]), 16, queries_per_kv))
+    shrink = width_shrink(q.shape[2], q.dtype)  # wide rows: smaller tiles (`paged_meta`)
+    block_m = next_pow2(max(int(config["BLOCK_M"]) // shrink, 16, queries_per_kv))
     block_q = block_m // queries_per_kv
     grid = ((num_tokens - first_token) // block_q + (num_seqs - first_seq), num_kv_heads)
     if grid[0] <= 0:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from kernel_testlib import TOL
 from pagoda.kernels import fused_moe_reference as reference
-from pagoda.kernels.config import clear_config_cache, save_kernel_config
+from pagoda.kernels.config import KernelConfigError, clear_config_cache, save_kernel_config
 
 K, N = 32, 24  # hidden, expert FFN width: neither a multiple of the tiles
 
@@ -202,7 +202,7 @@ def test_config_override_is_used(device):
     torch.testing.assert_close(
         fused_experts(**args, config=cfg), reference.fused_experts(**args), **TOL[torch.float32]
     )
-    with pytest.raises(KeyError):
+    with pytest.raises(KernelConfigError, match="lacks BLOCK_N"):
         fused_experts(**args, config={"BLOCK_M": 16})
 
 

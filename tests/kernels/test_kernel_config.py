@@ -238,3 +238,35 @@ def test_save_refuses_a_config_serving_would_refuse(tuned_dir):
     with pytest.raises(kc.KernelConfigError, match="BLOCK_M must be a power of two"):
         save_kernel_config("matmul", {"n": 64, "k": 64}, {"BLOCK_M": 48}, device="Test GPU")
     assert not (tuned_dir / "Test_GPU.json").exists()
+
+
+GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 2}
+
+
+@pytest.mark.parametrize(
+    ("config", "needle"),
+    [
+        ({**GEMM, "BLOCK_N": 24}, "BLOCK_N must be a power of two"),
+        ({k: v for k, v in GEMM.items() if k != "GROUP_M"}, "lacks GROUP_M"),
+        ({**GEMM, "TILE_SIZE": 32}, "'TILE_SIZE' is not a parameter"),
+    ],
+)
+def test_an_explicit_launch_config_is_checked_before_the_launch(device, config, needle):
+    """``config=`` (tuning sweeps) is held to the file format: a non-power-of-two tile or a
+    missing field is a KernelConfigError naming it, not a KeyError or a Triton error."""
+    import torch
+    from pagoda.kernels import fp8, fp8_linear, fused_experts, linear
+
+    x, w = torch.randn(4, 32, device=device), torch.randn(32, 32, device=device)
+    w8, s8 = fp8.quantize_weight(w)
+    ids = torch.zeros((4, 1), dtype=torch.int32, device=device)
+    calls = [
+        lambda: linear(x=x, weight=w, config=config),
+        lambda: fp8_linear(x=x, weight=w8, weight_scale=s8, config=config),
+        lambda: fused_experts(x, torch.randn(2, 64, 32, device=device),
+                              torch.randn(2, 32, 32, device=device),
+                              torch.ones((4, 1), device=device), ids, config=config),
+    ]  # fmt: skip
+    for call in calls:
+        with pytest.raises(kc.KernelConfigError, match=needle):
+            call()

@@ -1,0 +1,191 @@
+"""Compile kernels for an H100/H200 (sm_90) on a machine without a GPU; run as a script.
+
+The interpreter (``TRITON_INTERPRET=1``) checks what kernels compute, not that they compile:
+it never type-checks a function's returns, and it has no shared-memory limit. This script runs
+the real launchers on CPU tensors with Triton's compiler in place of the launch: each kernel
+is compiled for sm_90 (frontend, TTGIR, LLVM, PTX, ``ptxas``) and never run. It prints one JSON
+line per compiled kernel, ``{"case", "kernel", "shared", "error"}``, then
+``{"cases", "shared_limit"}``.
+
+``python sm90_compile.py CASE...`` with the cases of :data:`CASES` (all when none are named).
+Needs Triton's NVIDIA backend and its bundled ``ptxas`` (in the Linux wheels), no CUDA driver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+os.environ["TRITON_INTERPRET"] = "0"  # compile, before Triton decorates the kernels
+
+import torch
+import triton.runtime.jit as jit
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+
+TARGET = GPUTarget("cuda", 90, 32)
+DEVICE_NAME = "NVIDIA H200"  # whose packaged configs the launchers look up
+SHARED_LIMIT = 232448  # bytes of shared memory one block may use on sm_90 (227 KiB)
+
+
+class _CompileOnlyDriver:
+    """What ``JITFunction.run`` asks the active driver, answered for an sm_90 GPU."""
+
+    def get_current_target(self) -> GPUTarget:
+        return TARGET
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_active_torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def is_active(self) -> bool:
+        return True
+
+
+def install(results: list[dict], case: str) -> None:
+    """Make every launch compile for sm_90 and record (kernel, shared memory, error)."""
+    driver.set_active(_CompileOnlyDriver())
+    run = jit.JITFunction.run
+
+    def compile_only(self, *args, grid, warmup, **kwargs):
+        try:
+            kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
+            results.append({"case": case[0], "kernel": self._fn_name,
+                            "shared": kernel.metadata.shared, "error": None})  # fmt: skip
+        except Exception as e:  # the root cause is the report
+            while e.__cause__ or e.__context__:
+                e = e.__cause__ or e.__context__
+            results.append({"case": case[0], "kernel": self._fn_name, "shared": None,
+                            "error": " ".join(str(e).split())[:400]})  # fmt: skip
+
+    jit.JITFunction.run = compile_only
+
+    from pagoda.kernels import config
+
+    config.device_name = lambda device: DEVICE_NAME
+    config.num_sms = lambda device: 132
+    import pagoda.kernels.attention as attention
+
+    attention.num_sms = config.num_sms
+    from pagoda.kernels import _common
+
+    _common.shared_memory_limit = lambda device: SHARED_LIMIT  # what the H200 would report
+    for name in ("attention", "kv_cache", "norm", "rotary", "activation", "matmul", "fused_moe",
+                 "fp8_matmul", "fp8_quant"):  # fmt: skip
+        module = __import__(f"pagoda.kernels.{name}", fromlist=["check_device"])
+        if hasattr(module, "check_device"):  # CPU tensors stand in for CUDA ones
+            module.check_device = lambda *tensors: tensors[0].device
+
+
+def _attention(*, head_dim, heads, kv_heads, dtype, kv_dtype, seqs, tuned=None, **kwargs) -> None:
+    """One `paged_attention` call; ``tuned``: {kernel: config} saved as the device's tuned file
+    (one bucket each, at head size 64), searched first for this call."""
+    if tuned:
+        from pagoda.kernels import config
+
+        with tempfile.TemporaryDirectory() as folder:
+            for kernel, cfg in tuned.items():
+                shape = {"head_dim": 64, "max_query_len": 1}
+                if kernel == "decode_attention":
+                    shape = {"head_dim": 64, "num_seqs": 1, "max_seq_len": 512}
+                config.save_kernel_config(kernel, shape, cfg, device=DEVICE_NAME, directory=folder)
+            previous = config.set_config_dirs([folder])
+            try:
+                _attention(head_dim=head_dim, heads=heads, kv_heads=kv_heads, dtype=dtype,
+                           kv_dtype=kv_dtype, seqs=seqs, **kwargs)  # fmt: skip
+            finally:
+                config.set_config_dirs(previous)
+        return
+    from pagoda.kernels import paged_attention
+
+    tokens = sum(q for q, _ in seqs)
+    k_cache = torch.empty((8, 16, kv_heads, head_dim), dtype=kv_dtype)
+    qsl = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor([q for q, _ in seqs]), 0)
+    scales = {}
+    if kv_dtype == FP8:
+        scales = {"k_scale": torch.ones(1), "v_scale": torch.ones(1)}
+    paged_attention(
+        q=torch.empty((tokens, heads, head_dim), dtype=dtype), k_cache=k_cache,
+        v_cache=torch.empty_like(k_cache), block_tables=torch.zeros((len(seqs), 4), dtype=torch.int32),
+        seq_lens=torch.tensor([s for _, s in seqs], dtype=torch.int32), query_start_loc=qsl,
+        max_query_len=max(q for q, _ in seqs), scale=0.1, **scales, **kwargs,
+    )  # fmt: skip
+
+
+def _gemm(*, gemm: str, config: dict, dtype: torch.dtype) -> None:
+    """One GEMM launcher with an explicit launch config (as a config file may hold)."""
+    from pagoda import kernels
+    from pagoda.kernels.fp8 import quantize_weight
+
+    x, w = torch.empty((64, 512), dtype=dtype), torch.empty((512, 512), dtype=dtype)
+    if gemm == "linear":
+        kernels.linear(x=x, weight=w, config=config)
+    elif gemm == "fp8_linear":
+        w8, scale = quantize_weight(torch.zeros((512, 512)))
+        kernels.fp8_linear(x=x, weight=w8, weight_scale=scale, weight_only=True, config=config)
+    else:
+        experts, ids = 4, torch.zeros((64, 2), dtype=torch.int32)
+        kernels.fused_experts(x, torch.empty((experts, 1024, 512), dtype=dtype),
+                              torch.empty((experts, 512, 512), dtype=dtype),
+                              torch.ones((64, 2)), ids, config=config)  # fmt: skip
+
+
+# The deepest pipeline a config file may hold: 8 stages of 256 x 256 x 256 tiles (2-4 MB).
+DEEP = {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 256, "GROUP_M": 8, "num_warps": 8,
+        "num_stages": 8}  # fmt: skip
+BF16, FP32 = torch.bfloat16, torch.float32
+FP8 = torch.float8_e4m3fn
+# name -> a `paged_attention` call (shapes and flags) or a GEMM launcher's (`_gemm`); each
+# compiles the kernels it launches.
+CASES: dict[str, dict] = {
+    # An FP8 KV cache read by the split-KV decode kernel (four segments, then the merge).
+    "fp8-decode": dict(head_dim=128, heads=32, kv_heads=8, dtype=BF16, kv_dtype=FP8,
+                       seqs=[(1, 5)] * 3, max_seq_len=32768),
+    # ... by the unified kernel (flash_prefill=False): decodes and a chunk in one launch.
+    "fp8-unified": dict(head_dim=128, heads=32, kv_heads=8, dtype=BF16, kv_dtype=FP8,
+                        seqs=[(1, 5), (64, 600)], max_seq_len=600, num_decodes=1,
+                        flash_prefill=False, batch_invariant=True),
+    # Gemma-wide heads in float32 under the H200's head_dim-64 decode config (128-key tiles).
+    "fp32-d256-decode": dict(head_dim=256, heads=8, kv_heads=4, dtype=FP32, kv_dtype=FP32,
+                             seqs=[(1, 5)] * 16, max_seq_len=2048),
+    # 512-key tiles, valid in a config file (tuned for head size 64), used at head size 128.
+    "tile512-d128": dict(head_dim=128, heads=8, kv_heads=2, dtype=BF16, kv_dtype=BF16,
+                         seqs=[(1, 5)] * 3 + [(70, 90)], max_seq_len=32768, num_decodes=3,
+                         tuned={k: {"TILE_SIZE": 512} for k in ("decode_attention",
+                                "prefill_attention")}),
+    "tile512-d128-unified": dict(head_dim=128, heads=8, kv_heads=2, dtype=BF16, kv_dtype=BF16,
+                                 seqs=[(1, 5), (70, 90)], max_seq_len=90, num_decodes=1,
+                                 flash_prefill=False, batch_invariant=True,
+                                 tuned={"paged_attention": {"TILE_SIZE": 512}}),
+    # GEMMs: a config's stages beyond the device's shared memory (`_common.fit_stages`).
+    "deep-matmul": dict(gemm="linear", config={**DEEP, "BLOCK_K": 64}, dtype=BF16),
+    "deep-fp8-w8a16": dict(gemm="fp8_linear", config={**DEEP, "BLOCK_K": 64}, dtype=BF16),
+    "deep-moe": dict(gemm="fused_experts", config={**DEEP, "BLOCK_M": 64, "BLOCK_K": 64},
+                     dtype=FP32),
+}  # fmt: skip
+
+
+def main(names: list[str]) -> int:
+    results: list[dict] = []
+    case = [""]
+    install(results, case)
+    for name in names or list(CASES):
+        case[0] = name
+        case_kwargs = CASES[name]
+        (_gemm if "gemm" in case_kwargs else _attention)(**case_kwargs)
+    for r in results:
+        print(json.dumps(r))
+    print(json.dumps({"cases": names or list(CASES), "shared_limit": SHARED_LIMIT}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
