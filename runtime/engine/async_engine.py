@@ -349,7 +349,9 @@ class AsyncEngine:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue  # aborted meanwhile
-            self.admission.unqueue(out.request_id)
+            if not stream.has_output:  # its first output: it no longer waits
+                stream.has_output = True
+                self.admission.unqueue(out.request_id)
             if out.finished and self.admission.release(out.request_id, 1):
                 released = True
             if stream._put(out):
