@@ -41,7 +41,7 @@ from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.request import FIRST_FINISHED, Request
-from pagoda.runtime.sampling.params import SamplingParams
+from pagoda.runtime.sampling.params import SamplingParams, sample_seed
 from pagoda.runtime.worker.model_runner import ModelRunner
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
 from pagoda.runtime.worker.step_clock import StepClock
@@ -153,7 +153,7 @@ class EngineCore:
         for i in range(params.n):
             child_params = params
             if params.n > 1 and params.seed is not None:
-                child_params = dataclasses.replace(params, seed=params.seed + i)
+                child_params = dataclasses.replace(params, seed=sample_seed(params.seed, i))
             cid = request_id if params.n == 1 else f"{request_id}#{i}"
             reqs.append(
                 Request(

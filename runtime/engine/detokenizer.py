@@ -68,14 +68,20 @@ class IncrementalDetokenizer:
         elif c := self.stream(token_id):
             self.text += c
 
-    def add_tokens(self, new_ids: Sequence[int]) -> str | None:
-        """Append tokens; returns the matched stop string (output then ends there) or None."""
+    def add_tokens(self, new_ids: Sequence[int], search: bool = True) -> str | None:
+        """Append tokens; returns the matched stop string (output then ends there) or None.
+        A stop string must end in the new text; `search=False` (the text of a request's first
+        `min_tokens` tokens, as vLLM) only appends, so no stop string ends in it."""
         new_text = self._new_text(new_ids)
         if not new_text:
             return None
-        start = max(0, len(self.text) - self.hold)
+        old = len(self.text)
         self.text += new_text
-        hits = [(i, s) for s in self.stop if (i := self.text.find(s, start)) != -1]
+        if not search:
+            return None
+        hits = [
+            (i, s) for s in self.stop if (i := self.text.find(s, max(0, old - len(s) + 1))) != -1
+        ]
         if not hits:
             return None
         idx, s = min(hits)  # the earliest stop string wins

@@ -64,9 +64,14 @@ class OutputProcessor:
 
     def check_stop_string(self, req: Request, token_id: int) -> None:
         """For requests with stop strings, detokenize now (before the next schedule) and stop
-        the request when its text completes one."""
+        the request when its text completes one (one that ends after its first `min_tokens`
+        tokens' text). A stop or EOS token adds its text only with `include_stop_str_in_output`
+        (as vLLM's detokenizer does)."""
         detok = self.samples[req.request_id].detok
-        if detok.stop and req.status != _STOPPED and detok.add_tokens([token_id]) is not None:
+        if not detok.stop or (req.status == _STOPPED and not detok.include_stop):
+            return
+        search = req.num_output_tokens > req.params.min_tokens
+        if detok.add_tokens([token_id], search) is not None:
             req.status = _STOPPED
             req.stop_reason = detok.stop_string
 
@@ -80,7 +85,8 @@ class OutputProcessor:
             if s is None:
                 continue
             detok = s.detok
-            if not detok.stop and req.status != _STOPPED:  # a stop/EOS token adds no text
+            if not detok.stop and (req.status != _STOPPED or detok.include_stop):
+                # a stop/EOS token adds no text unless asked to
                 stream = detok.stream  # IncrementalDetokenizer.push, inlined
                 if stream is None:
                     detok.push(tok)

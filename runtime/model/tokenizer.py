@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pagoda.runtime.model.byte_stream import (
     ByteStream,
@@ -142,11 +143,15 @@ class Tokenizer:
         self._pieces: dict[bool, tuple[list[bytes], list[str | None]]] = {}  # byte_stream's
         self._as_text: HFTokenizer | None = None  # a copy that reads special-token text as text
         self._specials: re.Pattern | bool | None = False  # False: not looked up yet
+        self.template_variables: frozenset[str] = frozenset()  # the names the template reads
         if chat_template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise_template_error
             env.filters["tojson"] = _tojson  # as transformers renders templates (no HTML escapes)
             self._template = env.from_string(chat_template)
+            self.template_variables = frozenset(
+                jinja2.meta.find_undeclared_variables(env.parse(chat_template))
+            )
 
     def __reduce__(self) -> tuple:
         """Pickles as its parts (the compiled template and byte tables are rebuilt): the engine
@@ -243,21 +248,51 @@ class Tokenizer:
         *,
         add_generation_prompt: bool = True,
         tools: Sequence[dict[str, Any]] | None = None,
+        continue_final_message: bool = False,
+        variables: dict[str, Any] | None = None,
     ) -> str:
         """Render messages with the model's own Jinja chat template (sandboxed); `tools` (OpenAI
-        tool objects) are in its context as `tools`, as Hugging Face templates expect."""
+        tool objects) are in its context as `tools`, as Hugging Face templates expect, and so
+        are `variables` (a request's `chat_template_kwargs`, names of `TEMPLATE_NAMES` left out).
+        `continue_final_message`: the text ends with the last message's content, left open for
+        the model to continue (as transformers cuts it; no generation prompt then)."""
         if self._template is None:
             raise ValueError("this model has no chat template; use completions instead of chat")
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m:
                 raise ValueError(f"messages[{i}] must be an object with a 'role'")
-        return self._template.render(
+        extra = {k: v for k, v in (variables or {}).items() if k not in TEMPLATE_NAMES}
+        text = self._template.render(
+            **extra,
             messages=list(messages),
-            add_generation_prompt=add_generation_prompt,
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
             bos_token=self._special(self.bos_token_id),
             eos_token=self._special(self.eos_token_ids[0] if self.eos_token_ids else None),
             tools=list(tools) if tools else None,
         )
+        return _open_final_message(text, messages) if continue_final_message and messages else text
+
+
+# What `apply_chat_template` puts in a template's context itself
+TEMPLATE_NAMES = frozenset(
+    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception"}
+)
+
+
+def _open_final_message(text: str, messages: Sequence[dict[str, Any]]) -> str:
+    """`text` cut right after the last message's content (transformers' rule for
+    `continue_final_message`: the last place the stripped content appears; its trailing
+    spaces kept only where the template kept them). ValueError when it is not there."""
+    content = messages[-1].get("content") or ""
+    if not isinstance(content, str):
+        raise ValueError("continue_final_message needs the last message's content as text")
+    at = text.rfind(content.strip())
+    if at == -1:
+        raise ValueError("continue_final_message: the last message's content does not appear in "
+                         "the chat template's rendering, so it cannot be continued")  # fmt: skip
+    if text[at : at + len(content.lstrip())] == content:  # transformers' test, as it is
+        return text[: at + len(content.lstrip())]
+    return text[: at + len(content.strip())]
 
 
 def _rebuild(

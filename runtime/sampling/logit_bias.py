@@ -5,6 +5,10 @@ to [-100, 100], at most `MAX_LOGIT_BIAS` of them). A step's batch holds them fla
 together: one `index_add`-style gather, add and write on the [N, V] logits, no per-row work.
 It is applied with the penalties, to the logits the token is drawn from; like the penalties'
 its originals are put back afterwards, so logprobs report the model's own distribution.
+
+vLLM's `min_tokens` rides on it: while a row's next token is one of its first `min_tokens`,
+its stop tokens (EOS unless `ignore_eos`, `stop_token_ids`) get -inf. That changes as the
+output grows, so a batch holding such rows rebuilds its bias every step (`live` says so).
 """
 
 from __future__ import annotations
@@ -20,22 +24,33 @@ class LogitBias:
     rows: torch.Tensor  # [M] int64: the batch row of each entry
     tokens: torch.Tensor  # [M] int64: its token id (unique within a row)
     values: torch.Tensor  # [M] float32: what is added
+    live: bool = False  # some row's stop tokens are masked for min_tokens (changes next step)
 
     @classmethod
-    def build(cls, reqs: Sequence) -> LogitBias | None:
-        """The entries of every row whose request asks for a bias; None when none does."""
-        rows, tokens, values = [], [], []
+    def build(cls, reqs: Sequence, vocab_size: int) -> LogitBias | None:
+        """The entries of every row whose request asks for a bias, or whose next token is
+        one of its first `min_tokens` (its stop tokens in the vocabulary: -inf); None when no
+        row has any."""
+        rows, tokens, values, live = [], [], [], False
         for i, r in enumerate(reqs):
-            for token, value in r.params.logit_bias:
+            p = r.params
+            entries = p.logit_bias
+            if p.min_tokens and r.num_output_tokens + r.num_pending < p.min_tokens:
+                live = True  # the token sampled now is output token num_output + num_pending
+                masked = dict(entries)
+                masked.update((t, float("-inf")) for t in r.stop_ids if t < vocab_size)
+                entries = masked.items()
+            for token, value in entries:
                 rows.append(i)
                 tokens.append(token)
                 values.append(value)
         if not rows:
             return None
-        return cls(torch.tensor(rows), torch.tensor(tokens), torch.tensor(values))
+        values_t = torch.tensor(values, dtype=torch.float32)
+        return cls(torch.tensor(rows), torch.tensor(tokens), values_t, live)
 
     def to(self, move: Callable[[torch.Tensor], torch.Tensor]) -> LogitBias:
-        return LogitBias(move(self.rows), move(self.tokens), move(self.values))
+        return LogitBias(move(self.rows), move(self.tokens), move(self.values), self.live)
 
     @torch.inference_mode()  # the model's logits are inference tensors: written in place here
     def apply(self, logits: torch.Tensor) -> Callable[[], None]:

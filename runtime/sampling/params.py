@@ -18,6 +18,7 @@ MAX_TEMPERATURE = 100.0  # finite; above ~5 sampling is already near uniform
 MAX_TOP_K = 2**31 - 1  # the sampler holds top_k in an int64 tensor; larger means "off" anyway
 MAX_LOGIT_BIAS = 300  # entries of one request's logit_bias
 LOGIT_BIAS_LIMIT = 100.0  # values are clipped to [-this, this], as OpenAI defines them
+MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 
 
 class ParamError(ValueError):
@@ -39,6 +40,9 @@ class SamplingParams:
 
     n: int = 1
     max_tokens: int | None = 16
+    # vLLM's: stop tokens (EOS, stop_token_ids) cannot be sampled and stop strings cannot end
+    # in the text of the first min_tokens tokens
+    min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -67,6 +71,7 @@ class SamplingParams:
         _check_int("n", self.n, 1, MAX_N)
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, 1, None)
+        _check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
         _check_num("temperature", self.temperature)
         if not 0 <= self.temperature <= MAX_TEMPERATURE:
             raise ParamError(
@@ -77,7 +82,9 @@ class SamplingParams:
         if not 0.0 < self.top_p <= 1.0:
             raise ParamError("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k != -1:
-            _check_int("top_k", self.top_k, 1, MAX_TOP_K, "-1 (off) or ")
+            _check_int("top_k", self.top_k, 0, MAX_TOP_K, "-1 or ")  # 0 and -1: off
+            if self.top_k == 0:  # vLLM's preferred "off" (and transformers')
+                object.__setattr__(self, "top_k", -1)
         _check_num("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
             raise ParamError("min_p", f"min_p must be in [0, 1], got {self.min_p}")
@@ -93,7 +100,7 @@ class SamplingParams:
                 f"repetition_penalty must be > 0, got {self.repetition_penalty}",
             )
         if self.seed is not None:
-            _check_int("seed", self.seed, -(2**63), 2**64 - 1)
+            _check_int("seed", self.seed, MIN_SEED, MAX_SEED)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         self._check_stops()
@@ -102,9 +109,10 @@ class SamplingParams:
             if not hasattr(self.structured_outputs, "key"):  # no import: structured needs us
                 raise ParamError("structured_outputs", "structured_outputs must be a "
                                  "StructuredOutputsParams")  # fmt: skip
-            if self.ignore_eos:
-                raise ParamError("ignore_eos", "ignore_eos cannot be combined with structured "
-                                 "outputs: the output ends when the grammar is complete")  # fmt: skip
+            for name in ("ignore_eos", "min_tokens"):
+                if getattr(self, name):
+                    raise ParamError(name, f"{name} cannot be combined with structured outputs: "
+                                     "the output ends when the grammar is complete")  # fmt: skip
 
     def _check_stops(self) -> None:
         if len(self.stop) > MAX_STOP_STRINGS:
@@ -133,6 +141,14 @@ class SamplingParams:
         return bool(
             self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
         )
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a request seeded with `seed`: `seed + index`, as vLLM
+    seeds a request's n samples, wrapped back into the accepted range past its top (so that
+    the largest seeds with n > 1 are served, not refused inside the engine)."""
+    s = seed + index
+    return s - (MAX_SEED + 1) if s > MAX_SEED else s
 
 
 def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:

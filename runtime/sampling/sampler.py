@@ -79,7 +79,8 @@ class SamplingBatch:
         penalties = Penalties.build(reqs) if any(p.needs_penalties for p in ps) else None
         cand, full, k = _candidate_rows(ps, greedy_host, vocab_size, device)
         lps = [p.logprobs for p in ps if p.logprobs is not None]
-        bias = LogitBias.build(reqs) if any(p.logit_bias for p in ps) else None
+        bias = LogitBias.build(reqs, vocab_size) if any(p.logit_bias or p.min_tokens
+                                                         for p in ps) else None  # fmt: skip
 
         dev = functools.partial(_to_device, device=device)
         return cls(
@@ -100,11 +101,25 @@ class SamplingBatch:
             **(_head_fields(ps, greedy_host, cand, temp) if device.type == "cpu" else {}),
         )
 
-    def with_penalties(self, reqs: list[Request], device: torch.device) -> SamplingBatch:
-        """This batch with its penalties brought up to the requests' tokens so far (the other
-        fields hold while the same requests sample in the same order)."""
-        penalties = Penalties.build(reqs).to(functools.partial(_to_device, device=device))
-        return dataclasses.replace(self, penalties=penalties)
+    @property
+    def changes(self) -> bool:
+        """Whether the next step of the same requests needs `refreshed` (penalties, or stop
+        tokens masked for min_tokens): the other fields hold while they sample in order."""
+        return self.penalties is not None or (self.logit_bias is not None and self.logit_bias.live)
+
+    def refreshed(
+        self, reqs: list[Request], vocab_size: int, device: torch.device
+    ) -> SamplingBatch:
+        """This batch with its penalties brought up to the requests' tokens so far, and its
+        min_tokens masks to the tokens they have (the rows' own bias is rebuilt with them)."""
+        dev = functools.partial(_to_device, device=device)
+        changed = {}
+        if self.penalties is not None:
+            changed["penalties"] = Penalties.build(reqs).to(dev)
+        if self.logit_bias is not None and self.logit_bias.live:
+            bias = LogitBias.build(reqs, vocab_size)
+            changed["logit_bias"] = bias.to(dev) if bias is not None else None
+        return dataclasses.replace(self, **changed)
 
 
 def _to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:

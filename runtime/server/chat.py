@@ -4,15 +4,18 @@ content is tokenized as text (`chat_prompt.py`)."""
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any
 
 from pagoda.runtime.engine.info import EngineInfo
+from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
 from pagoda.runtime.request import TokenLogprob
 from pagoda.runtime.server import tools
 from pagoda.runtime.server.chat_prompt import encode_chat
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings
-from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest
+from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest, shorten
 from pagoda.runtime.server.structured_outputs import spec_from_request
 
 
@@ -60,35 +63,43 @@ class ChatEndpoint(Endpoint):
         if template is not None and "developer" not in template:
             raw = [as_system(m) for m in raw]
         self.check_length("".join(str(m.get("content", "")) for m in raw), info)
-        try:
-            messages, listed = tools.template_messages(raw, setup, template)
-            text = info.tokenizer.apply_chat_template(messages, tools=listed)
-        except RecursionError as e:
-            raise APIError(
-                400,
-                "messages are nested too deeply to render",
-                param="messages",
-                code="invalid_messages",
-            ) from e
-        except ValueError as e:
-            raise APIError(400, str(e), param="messages", code="invalid_messages") from e
-        except Exception as e:  # a template may raise anything on odd input
-            raise APIError(400, f"chat template failed: {e}", param="messages") from e
+        variables = _template_kwargs(req.chat_template_kwargs, info.tokenizer,
+                                     self.content_as_text)  # fmt: skip
+        render = functools.partial(
+            _render, info.tokenizer.apply_chat_template,
+            add_generation_prompt=req.generation_prompt,
+            continue_final_message=req.continue_final_message, variables=variables,
+        )  # fmt: skip
+        messages, listed = _render(tools.template_messages, raw, setup, template)
+        text = render(messages, tools=listed)
         self.check_length(text, info)
-        prompts = [encode_chat(info.tokenizer, messages, listed, text, self.content_as_text)]
+        # `render` runs again there when the client's text holds special-token text
+        prompts = [encode_chat(info.tokenizer, messages, listed, text, self.content_as_text,
+                               render)]  # fmt: skip
         job = self.job(req, model, prompts, [text], params, strings, renames)
         job.tools = setup if setup is not None and setup.parser is not None else None
+        job.role = req.reply_role
+        if req.echo:  # vLLM's: the last message's content, when the reply continues its role
+            if job.tools is not None:
+                raise APIError(400, "echo cannot be combined with tools", param="echo",
+                               code="invalid_value")  # fmt: skip
+            last = raw[-1]
+            job.echo_text = str(last.get("content") or "") if last["role"] == job.role else ""
         return job
 
     def opening(self, job: Job) -> list[dict[str, Any]]:
-        delta = {"role": "assistant", "content": ""}
-        return [{"index": i, "delta": delta, "logprobs": None} for i in range(job.num_choices)]
+        out = []
+        for i in range(job.num_choices):
+            out.append({"index": i, "delta": {"role": job.role, "content": ""}, "logprobs": None})
+            if job.echo_text:
+                out.append({"index": i, "delta": {"content": job.echo_text}, "logprobs": None})
+        return out
 
     def _logprobs(self, job: Job, lps: list[TokenLogprob]) -> dict[str, Any] | None:
         return {"content": job.strings.chat(lps)} if job.params.logprobs is not None else None
 
     def choice(self, job: Job, i: int, text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": text}
+        message: dict[str, Any] = {"role": job.role, "content": job.echo_text + text}
         if job.tools is not None:
             content, calls = job.tools.parser.parse(text, job.tools.parallel)
             if calls:
@@ -112,3 +123,41 @@ class ChatEndpoint(Endpoint):
             if not delta and not final and not lps:
                 return None
         return {"index": i, "delta": delta, "logprobs": logprobs}
+
+
+def _template_kwargs(kwargs: dict[str, Any] | None, tokenizer: Any,
+                     as_text: bool) -> dict[str, Any] | None:  # fmt: skip
+    """`chat_template_kwargs`, each a variable this model's chat template reads; one it does not
+    read (it would change nothing) or one the server sets itself is a 400 naming it, and so is
+    special-token text in a value while the client's text is read as text (`as_text`): the
+    template would write it where its own control tokens go."""
+    specials = tokenizer.special_text if as_text and kwargs else None
+    if specials is not None and specials.search(json.dumps(kwargs, ensure_ascii=False)):
+        raise APIError(400, "chat_template_kwargs holds special-token text, which a template "
+                       "would write as control tokens; remove it", param="chat_template_kwargs",
+                       code="special_tokens_in_content")  # fmt: skip
+    for key in kwargs or {}:
+        param = f"chat_template_kwargs.{shorten(key, 60)}"
+        if key in TEMPLATE_NAMES:
+            raise APIError(400, f"{param}: the server sets '{shorten(key, 60)}' itself (use the "
+                           "request's fields: messages, tools, add_generation_prompt)",
+                           param=param, code="invalid_value")  # fmt: skip
+        if key not in tokenizer.template_variables:
+            raise APIError(400, f"{param}: this model's chat template does not read "
+                           f"'{shorten(key, 60)}', so it would change nothing", param=param,
+                           code="unsupported_parameter")  # fmt: skip
+    return kwargs
+
+
+def _render(apply: Any, *args: Any, **kw: Any) -> Any:
+    """`apply(*args, **kw)` (preparing or rendering the chat template), whatever it raises a
+    400: a template may raise anything on odd input."""
+    try:
+        return apply(*args, **kw)
+    except RecursionError as e:
+        raise APIError(400, "messages are nested too deeply to render", param="messages",
+                       code="invalid_messages") from e  # fmt: skip
+    except ValueError as e:
+        raise APIError(400, str(e), param="messages", code="invalid_messages") from e
+    except Exception as e:
+        raise APIError(400, f"chat template failed: {e}", param="messages") from e

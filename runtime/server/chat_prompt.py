@@ -18,15 +18,17 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pagoda.runtime.server.protocol import APIError
 
 
 def encode_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any, text: str,
-                content_as_text: bool = True) -> list[int]:  # fmt: skip
-    """Token ids of `text`, the rendering of `messages` and `tools` by the chat template."""
+                content_as_text: bool = True, render: Callable[..., str] | None = None,
+                ) -> list[int]:  # fmt: skip
+    """Token ids of `text`, the rendering of `messages` and `tools` by the chat template
+    (`render(messages, tools=...)`: the request's way, by default `apply_chat_template`'s)."""
     specials = tokenizer.special_text if content_as_text else None
     if specials is None or not specials.search(text):
         return tokenizer.encode(text, add_special_tokens=False)
@@ -35,7 +37,7 @@ def encode_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any, 
     if not found:  # the special-token text is the template's own
         return tokenizer.encode(text, add_special_tokens=False)
     marked_tools = _mark(tools, specials, tag, found) if tools else tools
-    template = tokenizer.apply_chat_template(marked, tools=marked_tools)
+    template = (render or tokenizer.apply_chat_template)(marked, tools=marked_tools)
     pieces = _align(template, text, tag, found)
     if pieces is None or sum(len(specials.findall(p)) for p, _ in pieces) != len(
         specials.findall(text)

@@ -52,6 +52,9 @@ class Job:
     tools: ToolSetup | None = None  # chat with tools: how calls are parsed
     tool_streams: dict[int, ToolStream] = field(default_factory=dict)  # per choice, streaming
     called: set[int] = field(default_factory=set)  # choices whose output held tool calls
+    role: str = "assistant"  # chat: the reply's role
+    echo_text: str = ""  # chat: what each reply starts with (`echo`)
+    continuous_usage: bool = False  # stream: every chunk's usage is its choice's so far
 
     @property
     def num_choices(self) -> int:
@@ -110,6 +113,7 @@ class Endpoint(ABC):
             "repetition_penalty": req.repetition_penalty,
             "stop": tuple([req.stop] if isinstance(req.stop, str) else (req.stop or ())),
             "stop_token_ids": tuple(req.stop_token_ids or ()),
+            "min_tokens": req.min_tokens,
             "ignore_eos": req.ignore_eos,
             "skip_special_tokens": req.skip_special_tokens,
             "include_stop_str_in_output": req.include_stop_str_in_output,
@@ -138,8 +142,10 @@ class Endpoint(ABC):
             echo: bool = False) -> Job:  # fmt: skip
         include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
         job_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
-        return Job(self, job_id, model, prompts, texts, params, req.stream, include_usage,
-                   strings, renames or self.renames, echo)  # fmt: skip
+        job = Job(self, job_id, model, prompts, texts, params, req.stream, include_usage,
+                  strings, renames or self.renames, echo)  # fmt: skip
+        job.continuous_usage = include_usage and req.stream_options.continuous_usage_stats
+        return job
 
     # -- responses -----------------------------------------------------------------------------
     def head(self, job: Job, chunk: bool) -> dict[str, Any]:

@@ -82,6 +82,15 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: every chunk's usage is its choice's so far
+
+    @model_validator(mode="after")
+    def _continuous_needs_usage(self) -> StreamOptions:
+        if self.continuous_usage_stats and not self.include_usage:
+            raise APIError(400, "stream_options.continuous_usage_stats needs include_usage",
+                           param="stream_options.continuous_usage_stats",
+                           code="invalid_value")  # fmt: skip
+        return self
 
 
 # Fields that clients send, accepted only with the values that ask for what this server does
@@ -118,6 +127,7 @@ class _SamplingFields(_Strict):
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    min_tokens: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[str, float] | None = None
@@ -299,9 +309,31 @@ class ChatCompletionRequest(_StructuredFields):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's chat extras
+    echo: bool = False  # the reply starts with the last message's content when it has its role
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @property
+    def generation_prompt(self) -> bool:
+        """Whether the template opens a new (assistant) turn: not when continuing the last
+        message (`add_generation_prompt` left out then means false)."""
+        return self.add_generation_prompt and not self.continue_final_message
+
+    @property
+    def reply_role(self) -> str:
+        """The role of the reply (vLLM's rule): the assistant's after a generation prompt,
+        else the last message's, which the model continues."""
+        return "assistant" if self.generation_prompt else self.messages[-1].role
 
     @model_validator(mode="after")
     def _fields_that_need_another(self) -> ChatCompletionRequest:
+        if self.continue_final_message and self.add_generation_prompt and \
+                "add_generation_prompt" in self.model_fields_set:  # fmt: skip
+            raise APIError(400, "continue_final_message and add_generation_prompt cannot both be "
+                           "true: the model either continues the last message or starts a new "
+                           "one", param="continue_final_message", code="invalid_value")  # fmt: skip
         if self.parallel_tool_calls is not None and not self.tools:
             raise APIError(400, "parallel_tool_calls is only allowed when tools are given",
                            param="parallel_tool_calls", code="invalid_value")  # fmt: skip

@@ -215,7 +215,12 @@ class Serving:
 
         def chunk(choice: dict[str, Any]) -> str:
             data = {**head, "choices": [choice]}
-            if job.include_usage:
+            if job.continuous_usage:  # vLLM's: this choice's prompt and its tokens so far
+                i = choice["index"]
+                prompt, out = len(job.prompts[i // job.params.n]), tokens[i]
+                data["usage"] = {"prompt_tokens": prompt, "completion_tokens": out,
+                                 "total_tokens": prompt + out}  # fmt: skip
+            elif job.include_usage:
                 data["usage"] = None
             return sse(data)
 

@@ -386,12 +386,16 @@ class ModelRunner:
     def _sampling_batch(self, reqs: list[Request], vocab_size: int) -> SamplingBatch:
         """The step's sampling parameters, reused while the same requests sample in the same
         order (steady decoding): params are frozen, generators are the requests' own objects.
-        Penalties depend on the tokens so far and are brought up to date every step."""
+        Penalties and min_tokens depend on the tokens so far: brought up to date every step."""
         key = tuple(map(id, reqs))
         cached = self._last_sampling
         if cached is not None and cached[0] == key:
             batch = cached[1]
-            return batch if batch.penalties is None else batch.with_penalties(reqs, self.device)
+            if not batch.changes:
+                return batch
+            batch = batch.refreshed(reqs, vocab_size, self.device)
+            self._last_sampling = (key, batch, reqs)  # min_tokens masks, once met, stay off
+            return batch
         for r in reqs:
             if r.params.seed is not None and r.generator is None:
                 r.generator = torch.Generator(device=self.device).manual_seed(r.params.seed)

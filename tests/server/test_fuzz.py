@@ -29,7 +29,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EXAMPLES = int(os.environ.get("PAGODA_FUZZ_EXAMPLES", "150"))
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
           "top_p", "top_k", "min_p", "n", "stop", "seed", "logprobs", "top_logprobs", "stream",
-          "stream_options", "stop_token_ids", "repetition_penalty", "echo", "best_of"]  # fmt: skip
+          "stream_options", "stop_token_ids", "repetition_penalty", "echo", "best_of",
+          "min_tokens", "include_stop_str_in_output", "continue_final_message",
+          "add_generation_prompt", "chat_template_kwargs"]  # fmt: skip
 HOSTILE = [  # raw JSON text of values no well-behaved client sends
     "[" * 3000 + "]" * 3000,
     '{"a":' * 2000 + "1" + "}" * 2000,

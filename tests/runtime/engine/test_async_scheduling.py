@@ -45,6 +45,28 @@ def test_penalized_requests_equal_sync_ones(engines):
     assert summary(async_.generate(prompts, params)) == want
 
 
+def test_min_tokens_lifts_its_mask_at_the_same_token(engines):
+    """min_tokens counts the token in flight: a request whose EOS comes as token k (0-based)
+    ends there with min_tokens = k, and goes on with k + 1, with and without async scheduling
+    (a mask lifted one token late or early changes the first case or the second)."""
+    prompt = "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n"
+    sync, async_ = engines
+    free = sync.generate(prompt, SamplingParams(temperature=0, max_tokens=60))[0].outputs[0]
+    assert free.finish_reason == "stop" and free.stop_reason is None  # EOS
+    k = len(free.token_ids) - 1
+    for llm in engines:
+        met = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=60, min_tokens=k))
+        assert met[0].outputs[0].token_ids == free.token_ids
+        held = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=k + 8,
+                                                   min_tokens=k + 1))[0].outputs[0]  # fmt: skip
+        assert held.token_ids[:k] == free.token_ids[:k] and len(held.token_ids) > k + 1
+        assert free.token_ids[k] not in held.token_ids[: k + 1]
+    params = [SamplingParams(temperature=0.8, max_tokens=k + 8, n=3, seed=2, min_tokens=k + 2),
+              SamplingParams(temperature=0, max_tokens=30, min_tokens=6, stop=[".", "\n"])]  # fmt: skip
+    prompts = [prompt, PROMPTS[0]]
+    assert summary(async_.generate(prompts, params)) == summary(sync.generate(prompts, params))
+
+
 def _rows_per_step(engine) -> list[int]:
     rows: list[int] = []
     engine.runner.logits_observer = lambda reqs, logits: rows.append(len(reqs))

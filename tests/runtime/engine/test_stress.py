@@ -24,6 +24,7 @@ def tiny(tmp_path_factory):
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_random_traffic_keeps_the_cache_consistent(tiny, seed, caching, async_scheduling):
     rng = random.Random(seed)
+    rng_min = random.Random(seed + 100)  # min_tokens: a stream of its own (the traffic stays)
     llm = LLM(
         loaded=tiny,
         dtype="float32",
@@ -46,9 +47,11 @@ def test_random_traffic_keeps_the_cache_consistent(tiny, seed, caching, async_sc
             prompt = shared[: rng.randrange(0, 20)] + [
                 rng.randrange(3, 300) for _ in range(rng.randrange(1, 40))
             ]
+            max_tokens = rng.randrange(1, 30)
             params = SamplingParams(
                 n=rng.choice([1, 1, 2, 3]),
-                max_tokens=rng.randrange(1, 30),
+                max_tokens=max_tokens,
+                min_tokens=rng_min.choice([0, 0, rng_min.randrange(0, max_tokens + 1)]),
                 temperature=rng.choice([0.0, 0.8]),
                 top_k=rng.choice([-1, 5]),
                 seed=rng.choice([None, 7]),
@@ -72,7 +75,10 @@ def test_random_traffic_keeps_the_cache_consistent(tiny, seed, caching, async_sc
             )
             if d.finished:
                 finished[key] = d.finish_reason
-                assert len(got[key]) == d.num_output_tokens <= live[d.request_id].max_tokens
+                p = live[d.request_id]
+                assert len(got[key]) == d.num_output_tokens <= p.max_tokens
+                stops = {*p.stop_token_ids, *(() if p.ignore_eos else (2,))}  # EOS: 2
+                assert not stops & set(got[key][: p.min_tokens])  # min_tokens held them back
                 if all((d.request_id, i) in finished for i in range(live[d.request_id].n)):
                     live.pop(d.request_id)
         engine.check_integrity()

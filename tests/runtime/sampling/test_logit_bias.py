@@ -74,3 +74,44 @@ def test_params_check_and_clip():
         with pytest.raises(ParamError) as e:
             SamplingParams(logit_bias=bad)
         assert e.value.field == "logit_bias"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "extra",
+    [{"temperature": 0}, {"temperature": 1.0, "seed": 3}, {"temperature": 0.7, "top_k": 5, "seed": 1},
+     {"temperature": 1.0, "top_p": 0.9, "seed": 2}, {"temperature": 1.0, "min_p": 0.1, "seed": 4},
+     {"temperature": 0, "repetition_penalty": 1.2, "logprobs": 2, "logit_bias": {7: 5}}],
+)  # fmt: skip
+def test_min_tokens_masks_the_stop_tokens_until_met(dtype, extra):
+    """vLLM's min_tokens: EOS and stop_token_ids cannot be drawn while the next token is one of
+    the first min_tokens (however the row samples), then can; ids past the vocabulary are
+    skipped; the batch says it must be refreshed until every row has met its minimum."""
+    logits = torch.full((2, V), -3.0)
+    logits[:, 7] = logits[:, 9] = 20.0  # EOS and a stop token: by far the likeliest
+    logits[:, 11] = 5.0
+    rs, b = batch(SamplingParams(**extra, min_tokens=2, stop_token_ids=[9, V + 5]),
+                  SamplingParams(temperature=0))  # fmt: skip
+    rs[0] = Request("m", [1, 2, 3], rs[0].params, eos_token_ids=(7,))
+    rs[0].generator = rs[1].generator = torch.Generator().manual_seed(5)
+    b = SamplingBatch.build(rs, V, torch.device("cpu"))
+    for _ in range(2):  # output tokens 0 and 1
+        assert b.changes
+        out = sample(logits.to(dtype), b)
+        assert int(out.token_ids[0]) not in (7, 9) and int(out.token_ids[1]) in (7, 9)
+        if out.logprobs is not None:  # the model's own distribution
+            assert float(out.top_logprobs[0, 0]) == pytest.approx(
+                float(logits[0].log_softmax(-1)[7]), abs=0.02
+            )
+        rs[0].append_token(int(out.token_ids[0]))
+        b = b.refreshed(rs, V, torch.device("cpu"))
+    assert int(sample(logits.to(dtype), b).token_ids[0]) in (7, 9)
+    assert b.logit_bias is None or not b.logit_bias.live
+
+
+def test_min_tokens_is_checked():
+    assert SamplingParams(max_tokens=4, min_tokens=4).min_tokens == 4
+    for bad in (-1, 5, 1.5, True):
+        with pytest.raises(ParamError) as e:
+            SamplingParams(max_tokens=4, min_tokens=bad)
+        assert e.value.field == "min_tokens"

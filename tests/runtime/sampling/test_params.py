@@ -14,7 +14,7 @@ from pagoda.runtime.sampling.params import SamplingParams
         (dict(temperature=-0.1), "temperature"),
         (dict(top_p=0.0), "top_p"),
         (dict(top_p=1.5), "top_p"),
-        (dict(top_k=0), "top_k"),
+        (dict(top_k=-2), "top_k"),
         (dict(min_p=2.0), "min_p"),
         (dict(n=0), "n"),
         (dict(logprobs=21), "logprobs"),
@@ -28,6 +28,12 @@ from pagoda.runtime.sampling.params import SamplingParams
 def test_bad_sampling_params(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+def test_top_k_0_is_off_as_in_vllm():
+    """vLLM's "off" is 0 (-1 is accepted too): neither filters the vocabulary."""
+    assert SamplingParams(top_k=0).top_k == -1 and not SamplingParams(top_k=0).filtered
+    assert SamplingParams(top_k=-1).top_k == -1
 
 
 def test_stop_string_is_normalised_to_tuple():
