@@ -25,7 +25,24 @@ IMAGES ?= runtime operator cpu-demo
 IMAGE_PREFIX ?=
 IMAGE_TAG ?= dev
 
-.PHONY: install serve test test-fast test-deps test-gpu lint format bench chart-lint sync-crds image operator clean
+.PHONY: help install serve test test-fast test-deps test-gpu lint format bench chart-lint sync-crds image operator clean
+.DEFAULT_GOAL := help
+
+# `make` alone: what each target does (README.md has the details).
+help:
+	@echo "Pagoda: make <target>"
+	@echo "  serve       serve the embedded SmolLM2-135M on http://$(HOST):$(PORT)/v1 (sets up $(VENV) on first use)"
+	@echo "  test        every test (PYTEST_ARGS=tests/... for a file, a package or pytest flags)"
+	@echo "  test-fast   every package's tests but those marked slow, on TEST_WORKERS=$(TEST_WORKERS) workers"
+	@echo "  test-deps   Debian's prometheus, alertmanager and kubectl for the end-to-end tests (root)"
+	@echo "  test-gpu    the tests marked gpu and the kernel benchmark, on a CUDA node"
+	@echo "  install     $(VENV) with the runtime and the test tools, nothing run"
+	@echo "  lint        ruff check and ruff format --check;  format: fix both"
+	@echo "  bench       offline throughput, serving and autoscaling benchmarks"
+	@echo "  chart-lint  the Helm chart's tests;  sync-crds: copy crds/ into the chart"
+	@echo "  image       docker images $(IMAGES) as pagoda-<name>:$(IMAGE_TAG) (docs/deploy.md)"
+	@echo "  operator    run the operator against the current kubeconfig (ARGS=...)"
+	@echo "  clean       remove $(VENV) and build caches"
 
 # Two stages: `make serve` needs only the runtime; `make test` adds the dev tools on top.
 $(SERVE_STAMP): pyproject.toml setup.py

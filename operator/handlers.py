@@ -23,7 +23,6 @@ the operator, and the garbage collector removes the children through their owner
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import logging
 from typing import Any
@@ -65,8 +64,12 @@ async def startup(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     for task in getattr(memo, "tasks", ()):
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await task
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # a loop that died must not keep the operator from stopping
+            logging.getLogger(__name__).exception("Background loop %s had failed", task.get_name())
     await memo.reconciler.close()
     await memo.api.close()
 

@@ -220,6 +220,13 @@ def load_profile(directory: str | os.PathLike[str]) -> TunedProfile:
     names the file and the field that is wrong."""
     folder = Path(directory)
     try:
+        if folder.exists() and not folder.is_dir():
+            hint = (
+                f"; give the folder `pagoda tune --output` wrote ({folder.parent})"
+                if folder.name == PROFILE_FILE
+                else ""
+            )
+            raise ProfileError(f"tuned profile {folder}: not a directory{hint}")
         if not folder.is_dir():
             raise ProfileError(f"tuned profile {folder}: no such directory")
         check_layout(folder)

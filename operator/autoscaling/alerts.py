@@ -12,6 +12,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from pagoda.operator.web.metrics import OperatorMetrics
 
 ACTIONS = ("scale_up",)
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # namespaces and InferenceServices
 MAX_BODY_BYTES = 1 << 20
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,9 @@ def parse_payload(payload: Any) -> list[ScaleUpRequest]:
         namespace, name = labels.get("namespace", ""), labels.get("inferenceservice", "")
         if not namespace or not name:
             raise ValueError(f"alerts[{i}]: a {action} alert needs namespace and inferenceservice")
+        for label, value in (("namespace", namespace), ("inferenceservice", name)):
+            if len(value) > 63 or not _DNS_LABEL.match(value):  # they go into API paths
+                raise ValueError(f"alerts[{i}]: {label} {value[:80]!r} is not a DNS label")
         if status == "firing":
             key = (namespace, name)
             requests.setdefault(key, ScaleUpRequest(namespace, name, labels.get("alertname", "")))

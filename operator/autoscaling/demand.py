@@ -25,8 +25,9 @@ no floor.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from pagoda.operator.autotune.floor import ceil_replicas
 
 CORRECTION_PERIOD_S = 15.0  # the gain and decay below are per this much time
 CORRECTION_GAIN = 0.1  # per period of evidence that the profile overstates a replica's capacity
@@ -85,7 +86,7 @@ def demand_floor(
     if arrival_rate_slow is not None and lam > arrival_rate_slow:
         lam += (lam - arrival_rate_slow) / SLOPE_BASE_S * lead_s
     busy = lam * work_s + max(waiting, 0.0) * work_s / DRAIN_S
-    return Demand(math.ceil(busy / utilization - 1e-9), lam, work_s)
+    return Demand(ceil_replicas(busy / utilization), lam, work_s)
 
 
 def learn_correction(

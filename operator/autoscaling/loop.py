@@ -60,6 +60,7 @@ class _State:
     bursts: Bursts = field(default_factory=Bursts)  # the burst floor's memory
     last_scale_up: float | None = None
     last_reason: str | None = None
+    where: tuple[str, str] = ("", "")  # (namespace, name): its gauge goes when the service does
 
 
 def _r(value: float | None, digits: int) -> float | None:
@@ -147,7 +148,10 @@ class Autoscaler:
         """Evaluate every InferenceService each `autoscale_interval_s` until cancelled."""
         while True:
             started = self.clock()
-            await self.evaluate_all(logger)
+            try:
+                await self.evaluate_all(logger)
+            except Exception:  # never let one bad pass end autoscaling for every service
+                logger.exception("Autoscaler pass failed (next pass in one interval)")
             await asyncio.sleep(
                 max(0.0, self.config.autoscale_interval_s - (self.clock() - started))
             )
@@ -158,9 +162,13 @@ class Autoscaler:
         except ApiError as e:
             logger.warning("Autoscaler could not list %s objects: %s", KIND, e)
             return
-        live = {(b.get("metadata") or {}).get("uid") for b in bodies}
-        for uid in set(self._states) - live:
-            del self._states[uid]
+        metas = [b.get("metadata") or {} for b in bodies]
+        live = {m.get("uid") for m in metas}
+        names = {(m.get("namespace"), m.get("name")) for m in metas}
+        for uid in set(self._states) - live:  # deleted (or re-created under a new uid)
+            gone = self._states.pop(uid)
+            if gone.where not in names:
+                self.metrics.forget(*gone.where)
         limit = asyncio.Semaphore(8)
 
         async def one(body: dict[str, Any]) -> None:
@@ -173,6 +181,11 @@ class Autoscaler:
                     logger.warning(
                         "Autoscaling %s/%s: API call failed (next interval retries): %s",
                         meta.get("namespace"), meta.get("name"), e,
+                    )  # fmt: skip
+                except Exception:  # a bug or an answer nobody foresaw: this service only
+                    logger.exception(
+                        "Autoscaling %s/%s failed (replicas unchanged; next interval retries)",
+                        meta.get("namespace"), meta.get("name"),
                     )  # fmt: skip
                 finally:
                     self.metrics.autoscale_duration.observe(time.perf_counter() - started)
@@ -207,16 +220,22 @@ class Autoscaler:
         metrics, why = await self._read_metrics(
             spec, ns, name, prompt_len=v_p is not None, demand=None not in (v_p, v_d)
         )
-        policy = dataclasses.replace(
-            self._policy(spec), prefill_tokens_per_s=v_p, decode_tokens_per_s=v_d
-        )
         async with object_lock(uid):
             fresh = await self.api.get(KIND, ns, name)
+            if fresh is None or fresh["metadata"].get("uid") != uid:
+                return None  # deleted while the metrics were read
+            if fresh["metadata"].get("generation") != meta.get("generation"):
+                spec = self._parse(fresh)  # edited meanwhile: the bounds of now, not of then
+                if spec is None or spec.autoscaling is None:
+                    return None  # the next evaluation reports it or switches off
+            policy = dataclasses.replace(
+                self._policy(spec), prefill_tokens_per_s=v_p, decode_tokens_per_s=v_d
+            )
             deploy = await self.api.get(
                 spec.workload_kind, ns, workload_name(spec.workload_kind, name)
             )
-            if fresh is None or fresh["metadata"].get("uid") != uid or not owned_by(deploy, uid):
-                return None  # gone, or the reconciler has not created the Deployment yet
+            if not owned_by(deploy, uid):
+                return None  # the reconciler has not created the Deployment yet
             assert deploy is not None
             return await self._decide_and_apply(policy, fresh, deploy, metrics, why, logger)
 
@@ -303,26 +322,32 @@ class Autoscaler:
         if uid not in self._states:
             auto = (body.get("status") or {}).get("autoscaling")
             since = traffic_since(auto, now, self.wall())
-            self._states[uid] = _State(history=((now, current),), bursts=Bursts(since=since))
+            where = (body["metadata"]["namespace"], body["metadata"]["name"])
+            self._states[uid] = _State(
+                history=((now, current),), bursts=Bursts(since=since), where=where
+            )
         return self._states[uid]
 
     async def alert_scale_up(self, req: ScaleUpRequest, logger: logging.Logger = log) -> str:
         """One step up for a firing alert; returns the outcome (CamelCase) for the webhook reply."""
         if not self.config.clusterwide and req.namespace not in self.config.namespaces:
             return "NamespaceNotServed"
-        body = await self.api.get(KIND, req.namespace, req.name)
-        if body is None:
+        first = await self.api.get(KIND, req.namespace, req.name)
+        if first is None:
             return "NotFound"
-        body.setdefault("apiVersion", API_VERSION)
-        body.setdefault("kind", KIND)
-        spec = self._parse(body)
-        if spec is None:
-            return "InvalidSpec"
-        if spec.autoscaling is None:
-            return "AutoscalingDisabled"
-        policy = self._policy(spec)
-        uid = body["metadata"]["uid"]
-        async with object_lock(uid):
+        uid = first["metadata"]["uid"]
+        async with object_lock(uid):  # read again under it: the bounds of now (the lock may wait)
+            body = await self.api.get(KIND, req.namespace, req.name)
+            if body is None or body["metadata"].get("uid") != uid:
+                return "NotFound"
+            body.setdefault("apiVersion", API_VERSION)
+            body.setdefault("kind", KIND)
+            spec = self._parse(body)
+            if spec is None:
+                return "InvalidSpec"
+            if spec.autoscaling is None:
+                return "AutoscalingDisabled"
+            policy = self._policy(spec)
             deploy = await self.api.get(
                 spec.workload_kind, req.namespace, workload_name(spec.workload_kind, req.name)
             )

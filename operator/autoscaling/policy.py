@@ -44,7 +44,6 @@ and passes a monotonic clock reading.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from pagoda.operator.autoscaling import bursts as bursts_mod
@@ -55,7 +54,7 @@ from pagoda.operator.autoscaling.demand import (
     learn_correction,
     request_work,
 )
-from pagoda.operator.autotune.floor import prefill_floor
+from pagoda.operator.autotune.floor import ceil_replicas, prefill_floor
 from pagoda.operator.spec.inference_service import DEFAULT_TOLERANCE, AutoscalingSpec
 
 MAX_SCALE_UP_FACTOR = 2  # at most double per step
@@ -149,12 +148,13 @@ class Metrics:
     arrival_rate: float | None = None  # requests/s arriving, recent (30 s)
     arrival_rate_slow: float | None = None  # requests/s arriving (2 min)
     arrival_rate_fast: float | None = None  # requests/s arriving (15 s): the burst floor
+    running: float | None = None  # requests being served, summed (None: unknown)
 
     def __post_init__(self) -> None:
         if self.waiting < 0 or self.age_s < 0:
             raise ValueError("waiting and age_s must be >= 0")
         rates = ("arrival_rate", "arrival_rate_slow", "arrival_rate_fast")
-        for name in ("mean_output_tokens", "completion_rate", *rates):
+        for name in ("running", "mean_output_tokens", "completion_rate", *rates):
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ValueError(f"{name} must be >= 0 or None, got {value}")
@@ -187,8 +187,9 @@ def ratios(policy: Policy, m: Metrics, ready: int) -> dict[str, float]:
     if policy.target_ttft_s is not None:
         if m.ttft_p95_s is not None:
             out["ttft"] = m.ttft_p95_s / policy.target_ttft_s
-        else:  # no first token in the window: idle if nothing waits, else unknown (neutral)
-            out["ttft"] = 1.0 if m.waiting > 0 else 0.0
+        else:  # no first token in the window: idle if nothing waits or runs, else unknown
+            # (neutral): long decodes, or a Prometheus restarted without the rate's history
+            out["ttft"] = 1.0 if m.waiting > 0 or (m.running or 0.0) > 0 else 0.0
     if policy.target_queue is not None:
         per = m.waiting / ready
         if policy.target_queue > 0:
@@ -344,11 +345,13 @@ def _settle(
     desired, history = _stabilize(policy, current, rec, history, now)
     if floor is not None and floor > desired:  # a measured need, not a ratio: no ×2 step cap
         desired = floor
-    desired = policy.clamp(desired)
+    wanted, desired = desired, policy.clamp(desired)
     if desired == current and rec != current:
         reason = "Stabilizing"
-    elif reason == "WithinTolerance" and desired != current:
-        reason = "OutsideBounds"  # the spec's bounds moved past the current count
+    elif desired != current and (desired != wanted or reason == "WithinTolerance"):
+        # the spec's bounds moved past the count the metrics would keep (edited live, or a hand
+        # edit): they decide (a scale down "TTFTAboveTarget" or up "BelowTarget" would mislead)
+        reason = "OutsideBounds"
     return desired, reason, history
 
 
@@ -397,7 +400,7 @@ def _burst(
     if not needs:
         return demand, state
     need = max(needs)
-    replicas = math.ceil(need / policy.target_utilization - 1e-9)
+    replicas = ceil_replicas(need / policy.target_utilization)
     if replicas <= demand.replicas:
         return demand, state
     young_set = young is not None and young >= need
@@ -429,7 +432,7 @@ def _recommend(policy: Policy, name: str, ratio: float, base: int, current: int)
     if abs(ratio - 1.0) <= policy.tolerance + 1e-9:
         rec, reason = policy.clamp(current), "WithinTolerance"
     else:
-        rec = policy.clamp(math.ceil(base * ratio - 1e-9))
+        rec = policy.clamp(ceil_replicas(base * ratio))
         above = ratio > 1.0
         reason = (
             {"ttft": "TTFTAboveTarget", "queue": "QueueAboveTarget"}[name]
@@ -457,7 +460,7 @@ def _hold_capacity(
         # TTFT is flat until a replica saturates: never scale down so far that the fullest
         # KV cache would pass KV_CACHE_HIGH on the remaining replicas (only with traffic in the
         # window: an idle server's gauge still shows its last step)
-        floor = math.ceil(base * metrics.kv_cache_usage / KV_CACHE_HIGH - 1e-9)
+        floor = ceil_replicas(base * metrics.kv_cache_usage / KV_CACHE_HIGH)
         if floor > rec:
             return min(current, policy.clamp(floor)), "KVCacheHigh"
     return rec, reason

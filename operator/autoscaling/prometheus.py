@@ -1,7 +1,10 @@
 """Reads one InferenceService's metrics from Prometheus' HTTP API (`/api/v1/query`).
 
 Every series carries `namespace` and `inferenceservice` labels (the ServiceMonitor's relabeling),
-so four instant queries at one evaluation time give the autoscaler all it needs. Anything that
+so a few instant queries give the autoscaler all it needs. They are evaluated at Prometheus' own
+"now", and the samples' age is computed there too (`time() - timestamp(...)`): the operator's
+clock plays no part, so a skew or a step of it neither makes old data look fresh nor fresh data
+look stale. Anything that
 prevents a trustworthy reading raises :class:`MetricsUnavailable` with a CamelCase reason;
 the policy then holds instead of guessing.
 """
@@ -9,8 +12,9 @@ the policy then holds instead of guessing.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
-import time
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,7 +25,8 @@ from pagoda.runtime import options
 
 
 class MetricsUnavailable(Exception):
-    """No trustworthy reading: `reason` is CamelCase (PrometheusUnreachable, QueryFailed, NoSamples)."""
+    """No trustworthy reading: `reason` is CamelCase (PrometheusUnreachable, QueryFailed,
+    NoSamples, InvalidSample)."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(f"{reason}: {message}")
@@ -38,8 +43,9 @@ def queries(namespace: str, name: str, ttft_window: str = "1m") -> dict[str, str
             f"(rate({options.METRIC_TTFT}_bucket{sel}[{ttft_window}])))"
         ),
         "waiting": f"sum({options.METRIC_NUM_REQUESTS_WAITING}{sel})",
+        "running": f"sum({options.METRIC_NUM_REQUESTS_RUNNING}{sel})",
         "kv_cache": f"max({options.METRIC_KV_CACHE_USAGE}{sel})",
-        "newest": f"max(timestamp({options.METRIC_NUM_REQUESTS_WAITING}{sel}))",
+        "age": f"time() - max(timestamp({options.METRIC_NUM_REQUESTS_WAITING}{sel}))",
     }
 
 
@@ -89,8 +95,23 @@ def demand_queries(namespace: str, name: str, window: str = "1m") -> dict[str, s
 
 
 def _positive(value: float | None) -> float | None:
-    """A mean or rate that exists: None for no requests (NaN) or nonsense."""
-    return value if value is not None and value == value and value > 0 else None
+    """A mean or rate that exists: None for no requests (NaN), x/0 (±Inf) or nonsense."""
+    return value if value is not None and math.isfinite(value) and value > 0 else None
+
+
+def _rate(value: float | None) -> float | None:
+    """An arrival rate: None when unknown or not finite, else at least 0."""
+    return max(value, 0.0) if value is not None and math.isfinite(value) else None
+
+
+def check_samples(got: Mapping[str, float | None]) -> None:
+    """The inputs every decision rests on must be real numbers: a ±Inf (or a negative TTFT)
+    is a broken exporter or recording rule, not a load; hold (InvalidSample) instead of
+    scaling on it. The optional inputs (lengths, rates) just turn their floor off."""
+    for key in ("ttft_p95", "waiting", "kv_cache", "age"):
+        value = got.get(key)
+        if value is not None and (not math.isfinite(value) or (key == "ttft_p95" and value < 0)):
+            raise MetricsUnavailable("InvalidSample", f"the {key} query answered {value!r}")
 
 
 def scalar(body: Mapping[str, Any]) -> float | None:
@@ -101,17 +122,43 @@ def scalar(body: Mapping[str, Any]) -> float | None:
     if not isinstance(body, Mapping) or body.get("status") != "success":
         error = body.get("error") if isinstance(body, Mapping) else None
         raise MetricsUnavailable("QueryFailed", str(error or "unexpected answer"))
-    data = body.get("data") or {}
+    data = body.get("data")
+    if not isinstance(data, Mapping):
+        raise MetricsUnavailable("QueryFailed", f"expected a vector, got {type(data).__name__}")
     result = data.get("result")
     if data.get("resultType") != "vector" or not isinstance(result, list):
         raise MetricsUnavailable("QueryFailed", f"expected a vector, got {data.get('resultType')}")
     if not result:
         return None
+    if len(result) > 1:  # every query aggregates to one series: more is a proxy's merge (Thanos
+        # without deduplication, a federation) or another query; no telling which is this one's
+        labels = [r.get("metric") if isinstance(r, Mapping) else r for r in result[:3]]
+        raise MetricsUnavailable("QueryFailed", f"expected one series, got {len(result)}: {labels}")
     try:
         value = float(result[0]["value"][1])
     except (KeyError, IndexError, TypeError, ValueError) as e:
         raise MetricsUnavailable("QueryFailed", f"malformed sample {result[0]!r}") from e
     return None if math.isnan(value) else value
+
+
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@]*@")
+
+
+def _redacted(url: str) -> str:
+    """`url` without a user and password (a Prometheus behind basic auth: http://user:pw@host)."""
+    return _USERINFO.sub(r"\1", url)
+
+
+def _error_text(text: str) -> str:
+    """The cause of an error answer to append to its message (Prometheus' `error` field, or the
+    start of a proxy's text), so the condition says why: a query timeout, an overloaded server."""
+    try:
+        body = json.loads(text)
+        error = body.get("error") if isinstance(body, Mapping) else None
+    except ValueError:
+        error = None
+    error = str(error or text).strip()
+    return f": {error[:200]}" if error else ""
 
 
 class PrometheusSource:
@@ -127,19 +174,27 @@ class PrometheusSource:
             await self._session.close()
             self._session = None
 
-    async def _query(self, base_url: str, promql: str, at: float) -> float | None:
+    async def _query(self, base_url: str, promql: str) -> float | None:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         url = base_url.rstrip("/") + "/api/v1/query"
+        shown = _redacted(url)  # messages go to conditions, Events and logs
         try:
-            async with self._session.get(url, params={"query": promql, "time": f"{at:.3f}"}) as r:
+            async with self._session.get(url, params={"query": promql}) as r:
                 if r.status >= 500 or r.status in (401, 403, 404):
-                    raise MetricsUnavailable("QueryFailed", f"HTTP {r.status} from {url}")
+                    why = _error_text(await r.text(errors="replace"))
+                    raise MetricsUnavailable("QueryFailed", f"HTTP {r.status} from {shown}{why}")
                 body = await r.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            raise MetricsUnavailable("PrometheusUnreachable", f"{url}: {e!r}") from e
+        except asyncio.TimeoutError as e:  # a slow Prometheus: say so, not "TimeoutError()"
+            limit = self._timeout.total
+            raise MetricsUnavailable(
+                "PrometheusUnreachable", f"{shown}: no answer within {limit:g} s"
+            ) from e
+        except (aiohttp.ClientError, OSError) as e:
+            error = repr(e).replace(url, shown).replace(base_url, _redacted(base_url))
+            raise MetricsUnavailable("PrometheusUnreachable", f"{shown}: {error}") from e
         except ValueError as e:
-            raise MetricsUnavailable("QueryFailed", f"{url}: not JSON") from e
+            raise MetricsUnavailable("QueryFailed", f"{shown}: not JSON") from e
         return scalar(body)
 
     async def fetch(
@@ -154,16 +209,16 @@ class PrometheusSource:
         """The current reading for one InferenceService, or MetricsUnavailable. `prompt_len`:
         also the mean prompt length, for the queued prompt tokens of the prefill floor;
         `demand`: also the arrival rates and the mean output length (the demand floor)."""
-        at = time.time()
         q = queries(namespace, name, self._ttft_window)
         if prompt_len or demand:
             q["prompt_len"] = prompt_len_query(namespace, name, self._ttft_window)
         if demand:
             q.update(demand_queries(namespace, name, self._ttft_window))
         keys = list(q)
-        values = await asyncio.gather(*(self._query(base_url, q[k], at) for k in keys))
+        values = await asyncio.gather(*(self._query(base_url, q[k]) for k in keys))
         got = dict(zip(keys, values))
-        if got["waiting"] is None or got["newest"] is None:
+        check_samples(got)
+        if got["waiting"] is None or got["age"] is None:
             raise MetricsUnavailable(
                 "NoSamples",
                 f"no {options.METRIC_NUM_REQUESTS_WAITING} series for {namespace}/{name} "
@@ -174,10 +229,11 @@ class PrometheusSource:
         return Metrics(
             ttft_p95_s=got["ttft_p95"],
             waiting=max(got["waiting"], 0.0),
+            running=_rate(got.get("running")),  # None when unknown: then only `waiting` counts
             kv_cache_usage=got["kv_cache"],
-            age_s=max(at - got["newest"], 0.0),
+            age_s=max(got["age"], 0.0),
             queued_prompt_tokens=None if isl is None else max(got["waiting"], 0.0) * isl,
             mean_prompt_tokens=isl,
             mean_output_tokens=_positive(got.get("output_len")),
-            **{k: None if v is None or v != v else max(v, 0.0) for k, v in rates.items()},
+            **{k: _rate(v) for k, v in rates.items()},
         )

@@ -13,6 +13,16 @@ from __future__ import annotations
 
 import math
 
+HUGE_NEED = 10**6  # replicas; far above any maxReplicas (the CRD allows 100)
+
+
+def ceil_replicas(x: float) -> int:
+    """⌈x⌉ replicas, saturating: a need too large to count, or NaN (∞ − ∞ of absurd inputs), is
+    HUGE_NEED, which the policy clamps to maxReplicas (math.ceil would raise)."""
+    if not x < HUGE_NEED:
+        return HUGE_NEED
+    return math.ceil(x - 1e-9)
+
 
 def prefill_floor(
     queued_prompt_tokens: float | None,
@@ -28,4 +38,4 @@ def prefill_floor(
     budget = ttft_target_s - (prompt_tokens or 0.0) / prefill_tokens_per_s
     if budget <= 0:
         return None
-    return max(1, math.ceil(queued_prompt_tokens / (prefill_tokens_per_s * budget) - 1e-9))
+    return max(1, ceil_replicas(queued_prompt_tokens / (prefill_tokens_per_s * budget)))

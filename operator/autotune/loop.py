@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
 import time
@@ -21,7 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pagoda.operator.autotune import jobs, profiles
+from pagoda.operator.autotune import jobs, mount, profiles
 from pagoda.operator.autotune.keys import TuneKey, key_for, products_for
 from pagoda.operator.kube.client import ApiError, KubeApi
 from pagoda.operator.kube.names import KIND, RESOURCES
@@ -78,6 +79,9 @@ class Autotuner:
             except ApiError as e:
                 log.warning("Autotune pass failed (next pass in %.0f s): %s",
                             self.config.autotune_interval_s, e)  # fmt: skip
+            except Exception:  # never let one bad pass end autotuning for good
+                log.exception("Autotune pass failed (next pass in %.0f s)",
+                              self.config.autotune_interval_s)  # fmt: skip
 
     async def tick(self) -> None:
         t = Tick()
@@ -118,7 +122,7 @@ class Autotuner:
     ) -> KeyState:
         cm = await self._profile_config_map(key, ns)
         if profiles.is_tuned(cm):
-            return KeyState(TUNED, "ProfilePublished", key.describe(), profiles.data_hash(cm))
+            return _published(key, cm)
         attempts = profiles.Attempts.of(cm)
         job = await self.api.get("Job", ns, key.job_name)
         if job is not None and not _owned_by(job, cm):
@@ -130,12 +134,18 @@ class Autotuner:
         if outcome == "succeeded":
             cm = await self.api.get("ConfigMap", ns, key.profile_name)
             if profiles.is_tuned(cm):
-                return KeyState(TUNED, "ProfilePublished", key.describe(), profiles.data_hash(cm))
+                assert cm is not None
+                return _published(key, cm)
             outcome, reason, message = "failed", "NoProfilePublished", "the Job published nothing"
         if outcome == "failed":
             return await self._failed(key, ns, attempts, reason, message)
-        retry_at = attempts.retry_at(self.config.autotune_retry_base_s)
-        if self.clock() < retry_at:
+        now = self.clock()
+        if profiles.in_future(attempts, now):
+            await self.api.patch(
+                "ConfigMap", ns, key.profile_name, profiles.failure_time_patch(now)
+            )
+            attempts = dataclasses.replace(attempts, failed=now)
+        if now < attempts.retry_at(self.config.autotune_retry_base_s):
             return self._waiting(attempts)
         try:
             await self._start(key, spec, ns, cm, attempts)
@@ -263,6 +273,18 @@ class Autotuner:
             data = await self.api.request("GET", res.path(ns), params={"labelSelector": selector})
             items += (data or {}).get("items") or []
         return items
+
+
+def _published(key: TuneKey, cm: Mapping[str, Any]) -> KeyState:
+    """A ConfigMap holding a profile: Tuned, or TuningFailed when serving could not use it (no
+    retry: the same Job would publish the same; deleting the ConfigMap re-tunes)."""
+    problem = mount.profile_problem(cm, key.model)
+    if problem is None:
+        return KeyState(TUNED, "ProfilePublished", key.describe(), profiles.data_hash(cm))
+    reason, message = problem
+    name = cm["metadata"]["name"]
+    return KeyState(FAILED, reason, f"{message}; serving on defaults (delete ConfigMap {name} "
+                                    "to tune again)")  # fmt: skip
 
 
 def service_status(keys: list[TuneKey], states: list[KeyState]) -> dict[str, Any]:

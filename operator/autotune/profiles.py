@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -101,21 +102,46 @@ class Attempts:
     @classmethod
     def of(cls, cm: Mapping[str, Any]) -> Attempts:
         ann = (cm.get("metadata") or {}).get("annotations") or {}
-        try:
-            count = int(ann.get(ATTEMPTS_ANNOTATION) or 0)
-            started = float(ann[STARTED_ANNOTATION]) if ann.get(STARTED_ANNOTATION) else None
-            failed = float(ann[FAILED_ANNOTATION]) if ann.get(FAILED_ANNOTATION) else None
+        try:  # annotations anyone may edit: a count below 0 or a time that is no time is none
+            count = max(0, int(ann.get(ATTEMPTS_ANNOTATION) or 0))
+            started, failed = (
+                _epoch(ann.get(STARTED_ANNOTATION)),
+                _epoch(ann.get(FAILED_ANNOTATION)),
+            )
         except ValueError:
             count, started, failed = 0, None, None
-        return cls(count, started, ann.get(FAILURE_ANNOTATION) or None, failed)
+        failure = str(ann.get(FAILURE_ANNOTATION) or "")[:1024] or None  # status holds 32 KiB
+        return cls(count, started, failure, failed)
+
+    @property
+    def since(self) -> float | None:
+        """When the backoff counts from: the last failure, or start if no failure was seen."""
+        return self.failed if self.failed is not None else self.started
 
     def retry_at(self, base_s: float = RETRY_BASE_S) -> float:
         """Epoch seconds before which no new Job may start: base × 2^(attempts−1) after the
         last failure (or start, if the failure was never seen), capped."""
-        since = self.failed if self.failed is not None else self.started
+        since = self.since
         if not self.count or since is None:
             return 0.0
-        return since + min(base_s * 2.0 ** (self.count - 1), max(RETRY_MAX_S, base_s))
+        backoff = base_s * 2.0 ** min(self.count - 1, 64)
+        return since + min(backoff, max(RETRY_MAX_S, base_s))
+
+
+def _epoch(raw: str | None) -> float | None:
+    value = float(raw) if raw else None
+    return value if value is not None and math.isfinite(value) else None
+
+
+def in_future(attempts: Attempts, now: float, slack_s: float = 60.0) -> bool:
+    """The backoff counts from a time after `now`: the clock stepped back since (or a hand
+    edit); the caller records `now` instead (failure_time_patch), so the wait stays one backoff."""
+    since = attempts.since
+    return bool(attempts.count) and since is not None and since > now + slack_s
+
+
+def failure_time_patch(now: float) -> dict[str, Any]:
+    return {"metadata": {"annotations": {FAILED_ANNOTATION: f"{now:.3f}"}}}
 
 
 def start_patch(attempts: Attempts, now: float) -> dict[str, Any]:

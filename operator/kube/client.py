@@ -218,7 +218,8 @@ class KubeApi:
         self, method: str, path: str, body: Any, params: Mapping[str, str] | None, ctype: str
     ) -> tuple[int, str, str]:
         """(status, reason, text) of one call; a rotated token gets one fresh login."""
-        payload = None if body is None else json.dumps(body)
+        # strict JSON: a NaN or Infinity is refused here, as the API server would (400)
+        payload = None if body is None else json.dumps(body, allow_nan=False)
         for attempt in (0, 1):
             session, server = await self._connect(fresh=attempt > 0)
             try:

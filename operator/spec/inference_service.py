@@ -184,7 +184,7 @@ class EngineSpec:
             ),
             max_num_seqs=opt_int(d, "maxNumSeqs", p, 1, 4096),
             max_num_batched_tokens=opt_int(d, "maxNumBatchedTokens", p, 1, 1 << 20),
-            max_model_len=opt_int(d, "maxModelLen", p, 1, 1 << 20),
+            max_model_len=opt_int(d, "maxModelLen", p, 2, 1 << 20),  # a prompt token + one out
             max_queue_len=opt_int(d, "maxQueueLen", p, 1, 1 << 20),
             extra_args=tuple(extra),
         )

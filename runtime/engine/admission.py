@@ -91,6 +91,11 @@ class Admission:
         return sum(len(prompts) for prompts in self._backlog.values())
 
     @property
+    def num_waiting_seqs(self) -> int:
+        """Sequences (prompts × n) of bulk requests waiting here for their turn at the core."""
+        return sum(len(p) * p[0][2].n for p in self._backlog.values() if p)
+
+    @property
     def has_waiting(self) -> bool:
         """Some bulk prompt waits here for the core."""
         return bool(self._backlog)

@@ -38,7 +38,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from pagoda.runtime.engine.admission import Admission, EngineUnavailableError
 from pagoda.runtime.engine.core_proc import first_step
@@ -54,10 +54,24 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class StepObserver(Protocol):
-    """Metrics hook; `record_step` runs on the engine thread and must stay cheap."""
+class RequestEvent(NamedTuple):
+    """What one output meant to its request, for the metrics: `first`, the request's first
+    output (of any sample); `ended`, its last (every sample finished)."""
 
-    def record_step(self, outputs: Sequence[StepOutput], stats: EngineStats | None) -> None: ...
+    output: StepOutput
+    arrival_time: float  # the request's `RequestStream.arrival_time` (`time.monotonic`)
+    first: bool
+    ended: bool
+
+
+class StepObserver(Protocol):
+    """Metrics hook. `record_stats` may run on the engine thread and must stay cheap; the others
+    run on the event loop. Outputs reach `record_events` only if they reached a live request
+    (an output that arrives after its request was aborted is not counted again)."""
+
+    def record_stats(self, stats: EngineStats) -> None: ...
+
+    def record_events(self, events: Sequence[RequestEvent]) -> None: ...
 
     def record_abort(self, arrival_time: float, tokens_per_sample: Sequence[int]) -> None: ...
 
@@ -229,12 +243,14 @@ class AsyncEngine:
         prefix: str,
         *,
         checked: bool = False,
+        arrival_time: float | None = None,
     ) -> list[RequestStream]:
         """Admit a batch all-or-nothing (ids `prefix-0`, `prefix-1`, ...).
 
         More sequences (prompts × n) than `max_seqs_per_request` can never be admitted:
         ParamError (400), not 503. A full queue is QueueFullError (503). `checked`: the
         prompts passed `check_prompts` already (the engine's availability is checked here).
+        `arrival_time` (`time.monotonic`; default now): where the metrics' latencies start.
         """
         self.admission.check_size(len(prompts), params)
         if checked:
@@ -248,7 +264,7 @@ class AsyncEngine:
         rids = [f"{prefix}-{i}" for i in range(len(prompts))]
         if any(rid in self._streams for rid in rids):
             raise ValueError(f"duplicate request id prefix {prefix!r}")
-        streams = [self._admit(rid, params, bulk) for rid in rids]
+        streams = [self._admit(rid, params, bulk, arrival_time) for rid in rids]
         if bulk and self.admission.paces_bulk:  # shared out round-robin (`_feed`)
             self.admission.hold_back(
                 prefix, [(r, list(ids), params) for r, ids in zip(rids, prompts)]
@@ -273,8 +289,10 @@ class AsyncEngine:
         self._post(("add", rid, list(prompt_token_ids), params))
         return stream
 
-    def _admit(self, rid: str, params: SamplingParams, bulk: bool) -> RequestStream:
-        stream = RequestStream(rid, params.n)
+    def _admit(
+        self, rid: str, params: SamplingParams, bulk: bool, arrival_time: float | None = None
+    ) -> RequestStream:
+        stream = RequestStream(rid, params.n, arrival_time)
         self._streams[rid] = stream
         self.admission.admit(rid, params.n, bulk)
         return stream
@@ -305,7 +323,7 @@ class AsyncEngine:
             self._post(("abort", request_id))
         if self.admission.release(request_id):
             self._feed_soon()  # after the caller's other aborts (a job aborts all its prompts)
-        if self.observer is not None and not stream.done[0]:
+        if self.observer is not None:  # the request ends here: its unfinished samples' tokens
             pending = [t for t, d in zip(stream.tokens, stream.done) if not d]
             self.observer.record_abort(stream.arrival_time, pending)
         stream._abort()
@@ -334,28 +352,37 @@ class AsyncEngine:
         self._wake.set()
 
     # -- event-loop callbacks (scheduled from the engine thread, or the process's messages) ---
-    def _record(self, outputs: Sequence[StepOutput], stats: EngineStats | None) -> None:
-        """One step's metrics (engine process: on the event loop, before the fan-out)."""
+    def _record_stats(self, stats: EngineStats) -> None:
+        """A step's stats (engine process: on the event loop; else on the engine thread)."""
         if self.observer is None:
             return
         try:
-            self.observer.record_step(outputs, stats)
+            self.observer.record_stats(stats)
         except Exception:  # metrics must never take the engine down
             log.exception("metrics update failed")
 
     def _dispatch(self, outputs: list[StepOutput]) -> None:
         released = False
+        events: list[RequestEvent] = []
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
-                continue  # aborted meanwhile
-            if not stream.has_output:  # its first output: it no longer waits
-                stream.has_output = True
+                continue  # aborted meanwhile (counted then)
+            first = not stream.started
+            if first:  # its first output: it no longer waits (later calls were no-ops)
                 self.admission.unqueue(out.request_id)
             if out.finished and self.admission.release(out.request_id, 1):
                 released = True
-            if stream._put(out):
+            ended = stream._put(out)
+            if ended:
                 del self._streams[out.request_id]
+            if first or out.finished:
+                events.append(RequestEvent(out, stream.arrival_time, first, ended))
+        if events and self.observer is not None:
+            try:
+                self.observer.record_events(events)
+            except Exception:  # metrics must never take the engine down
+                log.exception("metrics update failed")
         if released and self.admission.has_waiting:
             self._feed()
 
@@ -410,13 +437,9 @@ class AsyncEngine:
         first_step(core)
         self._stats(core)
 
-    def _stats(self, core: EngineCore, outputs: Sequence[StepOutput] = ()) -> None:
-        if self.observer is None:
-            return
-        try:
-            self.observer.record_step(outputs, core.stats())
-        except Exception:  # metrics must never take the engine down
-            log.exception("metrics update failed")
+    def _stats(self, core: EngineCore) -> None:
+        if self.observer is not None:
+            self._record_stats(core.stats())
 
     def _serve(self, core: EngineCore) -> None:
         while not self._stop:
@@ -428,7 +451,7 @@ class AsyncEngine:
                 self._wake.wait()
                 continue
             outputs = core.step()
-            self._stats(core, outputs)
+            self._stats(core)
             if outputs:
                 self._call_loop(self._dispatch, outputs)
 

@@ -280,6 +280,11 @@ class EngineCore:
         pending, self._pending = self._pending, None
         return self.outputs.process(pending, self.clock) if pending is not None else []
 
+    def reset_counters(self) -> None:
+        """Zero the cumulative counters of `stats` (prefix-cache lookups, preemptions)."""
+        self.kv.prefix_queries = self.kv.prefix_hits = 0
+        self.scheduler.num_preemptions = 0
+
     def stats(self) -> EngineStats:
         return EngineStats(
             num_running=self.scheduler.num_running,

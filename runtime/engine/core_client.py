@@ -239,11 +239,11 @@ class EngineProcClient:
         engine = self.engine
         if kind == b"o":
             outputs, stats = self._step_decoder.decode(payload)
-            engine._record(outputs, stats)
+            engine._record_stats(stats)
             if outputs:
                 engine._dispatch(outputs)
         elif kind == b"s":
-            engine._record((), self._stats_decoder.decode(payload))
+            engine._record_stats(self._stats_decoder.decode(payload))
         elif kind == b"f":
             rid, err = pickle.loads(payload)
             engine._fail(rid, _load_error(err))

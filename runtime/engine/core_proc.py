@@ -59,11 +59,13 @@ PRELOAD = ("torch", "pagoda.runtime.engine.core", "pagoda.runtime.engine.warmup"
 
 
 def first_step(core: EngineCore) -> None:
-    """One real step before ready, so the first client does not pay for lazy initialisation."""
+    """One real step before ready, so the first client does not pay for lazy initialisation.
+    The warm-up is not traffic: the cumulative counters of `/metrics` start at 0 after it."""
     ids = core.tokenizer.encode("Hello") or [0]
     core.add_request("__warmup__", ids, SamplingParams(max_tokens=1, temperature=0.0))
     while core.has_unfinished_requests():
         core.step()
+    core.reset_counters()
 
 
 def dump_error(exc: BaseException) -> bytes:

@@ -22,17 +22,17 @@ class RequestStream:
     a queue of one event per token that it falls further behind on.
     """
 
-    def __init__(self, request_id: str, n: int) -> None:
+    def __init__(self, request_id: str, n: int, arrival_time: float | None = None) -> None:
         self.request_id = request_id
         self.n = n
-        self.arrival_time = time.monotonic()
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.done = [False] * n
         self.tokens = [0] * n  # output tokens so far, per sample
+        self.started = False  # some sample has an output
         self.finished = False  # every sample finished, or the request failed/aborted
         # The reader wants the whole result (a response that is not streamed): it is woken
         # when the request ends, and gets each sample's deltas merged into one.
         self.wake_at_end = False
-        self.has_output = False  # set by the fan-out at the first delta (`AsyncEngine`)
         self._pending: dict[int, list[StepOutput]] = {}  # sample index -> deltas not read yet
         self._error: BaseException | None = None
         self._ended = False  # nothing comes after what is pending
@@ -47,6 +47,7 @@ class RequestStream:
         """Event loop: add one delta; True once every sample has finished."""
         i = out.index
         self.tokens[i] = out.num_output_tokens
+        self.started = True
         waiting = self._pending.get(i)
         if waiting is None:
             self._pending[i] = [out]

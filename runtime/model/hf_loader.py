@@ -200,6 +200,14 @@ def read_config(model_dir: Path) -> ModelConfig:
     if not top:
         raise ValueError(f"{model_dir} has no config.json")
     arch = architecture(top)
+    try:
+        return _model_config(model_dir, top, arch)
+    except KeyError as e:  # a field every checkpoint of the family has, left out
+        where = "config.json's text_config" if "text_config" in top else "config.json"
+        raise ValueError(f"{where} lacks {e.args[0]!r}, which a {arch} model needs") from None
+
+
+def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfig:
     read_quantization(model_dir)  # a quantization it cannot load fails with the metadata
     cfg = top.get("text_config") or top  # Gemma3ForConditionalGeneration: the text model
     cfg = {**_DEFAULTS.get(arch, {}), **{k: v for k, v in cfg.items() if v is not None}}

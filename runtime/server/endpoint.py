@@ -48,6 +48,8 @@ class Job:
     renames: dict[str, str]  # engine field name → the request's (for ParamError → 400)
     echo: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
+    # Parsed and tokenized: the metrics' clock starts here, as vLLM's (a grammar compile counts).
+    arrival_time: float = field(default_factory=time.monotonic)
     streams: list[RequestStream] | None = None
     tools: ToolSetup | None = None  # chat with tools: how calls are parsed
     tool_streams: dict[int, ToolStream] = field(default_factory=dict)  # per choice, streaming

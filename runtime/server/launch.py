@@ -7,8 +7,8 @@ What `preflight` checks, each a ValueError with one line (the CLI prints it and 
 tuned profile (its fields and kernel configs), the model's metadata (not its weights), every
 size against its range and the model's context, the kernel-config files the device will read,
 whether the weights and one full-length sequence fit a device at all (`fit.py`, reason
-ModelDoesNotFit), and the memory the configuration will allocate against what this machine has
-free.
+ModelDoesNotFit), the memory the configuration will allocate against what this machine has
+free, and that a checkpoint directory holds its weight and tokenizer files.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.model.loader import read_model_config, read_tokenizer, resolve_model_path
+from pagoda.runtime.model.safetensors_weights import checkpoint_files
 from pagoda.runtime.model.sources.fetch import resolve_model
 from pagoda.runtime.server import fit, memory
 from pagoda.runtime.server.config import ServerConfig
@@ -75,9 +77,39 @@ def preflight(
             raise
         tuned = ", ".join(f"{k} {v}" for k, v in profile.scheduler_args().items())
         raise ValueError(f"{e} (tuned profile {profile.directory} sets {tuned})") from e
+    check_checkpoint_files(cfg.model, resolve_model_path(model_path))
     if profile is not None:
         log.info("%s", describe(profile, kwargs))
     return engine_cfg, profile
+
+
+def check_checkpoint_files(model: str, path: Path) -> None:
+    """A Hugging Face directory holds its safetensors files and a tokenizer.json that is a JSON
+    object. The metadata checks above read config.json alone (a config without weights is
+    enough to size a model), so a directory without them would otherwise fail in the engine's
+    load, after the server listens. The tokenizer is looked at, not parsed (that would add its
+    time, ~0.3 s for a 128k vocabulary, to every start): its first and last bytes, which a
+    truncated download, a Git LFS pointer or an error page saved in its place do not have."""
+    if not path.is_dir():
+        return
+    try:
+        checkpoint_files(path)
+        tokenizer = path / "tokenizer.json"
+        if not tokenizer.is_file():
+            raise ValueError(f"{path} has no tokenizer.json")
+        if not _looks_like_a_json_object(tokenizer):
+            raise ValueError(f"{tokenizer} is not a JSON object (truncated, or a Git LFS pointer?)")
+    except ValueError as e:
+        raise ValueError(f"model {model!r}: {e}") from e
+
+
+def _looks_like_a_json_object(path: Path, edge: int = 64) -> bool:
+    with path.open("rb") as f:
+        head = f.read(edge).lstrip()
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - edge))
+        tail = f.read().rstrip()
+    return head.startswith(b"{") and tail.endswith(b"}")
 
 
 def check_context(kwargs: dict[str, Any], model_config: ModelConfig) -> None:
@@ -194,6 +226,7 @@ def serve(
         log_level=cfg.log_level,
         engine_client=engine_client,
     )
+    metrics.watch_admission(engine.admission)
     engine.preload()  # on the engine thread, the model loads while the app is built
     from pagoda.runtime.server.api import create_app
     from pagoda.runtime.server.listen import bind_sockets, bound_port, start_listening

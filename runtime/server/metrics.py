@@ -1,11 +1,21 @@
 """Prometheus metrics named like vLLM's (`pagoda:` instead of `vllm:`) so dashboards carry over.
 
-Cost model: the engine thread calls `record_step` once per step with host timestamps only (no
-torch, no device sync). Per output it does a couple of comparisons; histogram observations happen
-once per request (first token, finish), never per token. Inter-token latency is therefore
-recorded per finished sample as its mean gap, weighted by its number of gaps: `_count` and
-`_sum` are exact (token gaps and total decode time), the bucket split uses each request's mean.
-Gauges and the engine's cumulative counters are read from one `EngineStats` snapshot per step.
+What counts once per request (a prompt; its `n` samples together): the time to first token, the
+queue time and the prompt tokens at its first output, of any sample; the end-to-end latency and
+`request_success{finished_reason}` when its last sample ends (the reason of that sample), or when
+it is aborted (`abort`). Times count from when the server had parsed and tokenized the request
+(`Job.arrival_time`, as vLLM's), so its grammar compile and a bulk request's prompts held back
+for their turn at the batch (`admission.py`) are in them. Generation
+tokens and inter-token gaps count per sample when it ends, or at the abort for what it had made.
+An output that reaches the server after its request was aborted is not counted again.
+
+Cost model: `AsyncEngine` hands over, once per step on the event loop, only the outputs that mean
+something to a request (its first, a sample's last), with host timestamps only (no torch, no
+device sync); histogram observations happen once per request, never per token. Inter-token
+latency is therefore recorded per finished sample as its mean gap, weighted by its number of
+gaps: `_count` and `_sum` are exact (token gaps and total decode time), the bucket split uses
+each sample's mean. Gauges and the engine's cumulative counters are read from the latest
+`EngineStats` snapshot (one per step) at scrape time.
 """
 
 from __future__ import annotations
@@ -14,8 +24,9 @@ import bisect
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from pagoda.runtime.engine.outputs import EngineStats, StepOutput
+from pagoda.runtime.engine.outputs import EngineStats
 from pagoda.runtime.options import (
     METRIC_E2E_LATENCY,
     METRIC_GENERATION_TOKENS,
@@ -36,6 +47,10 @@ from pagoda.runtime.options import (
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from pagoda.runtime.engine.admission import Admission
+    from pagoda.runtime.engine.async_engine import RequestEvent
 
 # 1 ms … 10 min: decode steps on a GPU are milliseconds, queueing under overload is minutes.
 LATENCY_BUCKETS = (
@@ -87,8 +102,8 @@ class _EngineCollector(Collector):
                 s.num_running if s else 0,
             ),
             METRIC_NUM_REQUESTS_WAITING: (
-                "Requests waiting to be scheduled.",
-                s.num_waiting if s else 0,
+                "Requests waiting to be scheduled (with those held back for their turn).",
+                (s.num_waiting if s else 0) + m.held_back(),
             ),
             METRIC_KV_CACHE_USAGE: ("KV-cache usage; 1 means 100 percent.", s.kv_usage if s else 0),
         }
@@ -121,6 +136,7 @@ class ServerMetrics:
         self.model_name = model_name
         self.registry = registry or CollectorRegistry()
         self.last_stats: EngineStats | None = None
+        self._admission: Admission | None = None
         r, lab = self.registry, [METRIC_MODEL_LABEL]
 
         def hist(key: str, doc: str) -> Histogram:
@@ -162,31 +178,41 @@ class ServerMetrics:
         )
         info.labels(device, model, created).set(1)
 
-    def record_step(self, outputs: Sequence[StepOutput], stats: EngineStats | None) -> None:
-        """Engine thread, once per step: request-level events only (first token, finish)."""
-        if stats is not None:
-            self.last_stats = stats
+    def watch_admission(self, admission: Admission) -> None:
+        """Count the sequences `admission` holds back for their turn as waiting (read at scrape,
+        on the event loop, which owns `admission`)."""
+        self._admission = admission
+
+    def held_back(self) -> int:
+        return 0 if self._admission is None else self._admission.num_waiting_seqs
+
+    def record_stats(self, stats: EngineStats) -> None:
+        """Once per step (engine thread, or the event loop): the gauges' latest snapshot."""
+        self.last_stats = stats
+
+    def record_events(self, events: Sequence[RequestEvent]) -> None:
+        """Event loop, once per step: requests' first outputs, finished samples and requests."""
         now = time.monotonic()
-        for o in outputs:
-            if o.num_output_tokens == 1 and o.index == 0:
-                first = o.first_token_time or now
-                self.ttft.observe(first - o.arrival_time)
-                self.queue.observe((o.first_scheduled_time or first) - o.arrival_time)
+        for e in events:
+            o = e.output
+            if e.first:
+                first = o.first_token_time or now  # the engine's clock: `time.monotonic` too
+                self.ttft.observe(max(first - e.arrival_time, 0.0))
+                scheduled = o.first_scheduled_time or first
+                self.queue.observe(max(scheduled - e.arrival_time, 0.0))
                 self.prompt_tokens.inc(o.num_prompt_tokens)
             if o.finished:
-                self._finish_sample(o, now)
-
-    def _finish_sample(self, o: StepOutput, now: float) -> None:
-        n = o.num_output_tokens
-        self.generation_tokens.inc(n)
-        if n > 1 and o.first_token_time is not None:
-            self.itl.observe((now - o.first_token_time) / (n - 1), n - 1)
-        if o.index == 0:
-            self.e2e.observe(now - o.arrival_time)
-            self.success[o.finish_reason or "abort"].inc()
+                n = o.num_output_tokens
+                self.generation_tokens.inc(n)
+                if n > 1 and o.first_token_time is not None:
+                    self.itl.observe((now - o.first_token_time) / (n - 1), n - 1)
+            if e.ended:
+                self.e2e.observe(now - e.arrival_time)
+                self.success[o.finish_reason or "abort"].inc()
 
     def record_abort(self, arrival_time: float, tokens_per_sample: Sequence[int]) -> None:
-        """A request aborted by its client (or by drain): count what it had generated."""
+        """A request aborted by its client (or by drain): count what its unfinished samples had
+        generated (its finished ones were counted as they finished), and its end."""
         self.generation_tokens.inc(sum(tokens_per_sample))
         self.e2e.observe(time.monotonic() - arrival_time)
         self.success["abort"].inc()

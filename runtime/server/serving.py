@@ -116,7 +116,9 @@ class Serving:
     def submit(self, job: Job) -> None:
         """Add the job's engine requests (all or none); refusals become 400s and 503s."""
         try:
-            job.streams = self.engine.add_requests(job.prompts, job.params, job.id, checked=True)
+            job.streams = self.engine.add_requests(
+                job.prompts, job.params, job.id, checked=True, arrival_time=job.arrival_time
+            )
         except ParamError as e:
             raise job.param_error(e) from e
         except EngineUnavailableError as e:

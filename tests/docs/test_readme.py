@@ -9,16 +9,10 @@ import os
 import re
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -49,51 +43,6 @@ def test_every_usage_block_is_run_or_checked_here() -> None:
     assert found, "no code blocks in the usage section"
     assert set(found) <= known, f"unknown README block(s): {set(found) - known}"
     assert len(blocks("bash", "curl")) == 1 and len(blocks("python", "from")) == 1
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[str]:
-    """`make serve`'s command line (`.venv/bin/pagoda serve --host 127.0.0.1 --port P`)."""
-    port = _free_port()
-    pagoda = BIN / "pagoda"
-    cmd = [str(pagoda)] if pagoda.exists() else [sys.executable, "-m", "pagoda.runtime.cli"]
-    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [*cmd, "serve", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONSAFEPATH": "1"},
-    )
-    base = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                pytest.fail(f"pagoda serve exited {proc.returncode}:\n{log.read()}")
-            try:
-                if httpx.get(f"http://{base}/ready", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "pagoda serve not ready after 180 s"
-            time.sleep(0.2)
-        yield base
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        log.close()
 
 
 def on(base: str, text: str) -> str:
@@ -189,3 +138,55 @@ def test_make_serve_hint_is_the_readme_request() -> None:
     hint = printed[printed.index("curl ") :]
     (block,) = blocks("bash", "curl")
     assert _one_line(hint) == _one_line(block)
+
+
+def quick_start_commands() -> list[str]:
+    """The command lines of the bash blocks before the usage section (comments dropped)."""
+    head = README.split("<!-- usage:start -->")[0]
+    code = "\n".join(re.findall(r"^```bash\n(.*?)^```$", head, re.S | re.M))
+    return [line.split("#")[0].strip() for line in code.splitlines() if line.split("#")[0].strip()]
+
+
+def test_quick_start_names_make_targets_and_tests_that_exist() -> None:
+    """`make X PYTEST_ARGS=path` and `pytest path::test`: the targets are the Makefile's, the
+    paths and test names are there (a renamed test file would leave the README pointing at
+    nothing; pytest would say so only when run)."""
+    makefile = (ROOT / "Makefile").read_text()
+    commands = quick_start_commands()
+    assert len(commands) >= 5, commands
+    checked = 0
+    for command in commands:
+        argv = shlex.split(command)
+        if argv[0] == "make":
+            assert re.search(rf"^{re.escape(argv[1])}:", makefile, re.M), command
+        for arg in argv:
+            target = arg.removeprefix("PYTEST_ARGS=")
+            if not target.startswith("tests/"):
+                continue
+            path, _, test = target.partition("::")
+            assert (ROOT / path).exists(), command
+            if test:
+                assert re.search(
+                    rf"^(async )?def {re.escape(test)}\(", (ROOT / path).read_text(), re.M
+                ), command
+            checked += 1
+    assert checked == 3, commands
+
+
+def test_make_alone_lists_every_target() -> None:
+    """`make` with no target prints what each target does (without a default goal it would set
+    up .venv, the first rule's target); compared under -n, so nothing is installed either way."""
+    if shutil.which("make") is None:
+        pytest.skip("no make on PATH")
+
+    def make(*args: str) -> str:
+        out = subprocess.run(
+            ["make", "-s", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert make("-n") == make("-n", "help")
+    phony = re.search(r"^\.PHONY:(.*)$", (ROOT / "Makefile").read_text(), re.M)[1].split()
+    listed = set(re.findall(r"(?:^  |;  )([a-z-]+)[ :]", make("help"), re.M))
+    assert set(phony) - {"help"} <= listed, set(phony) - listed

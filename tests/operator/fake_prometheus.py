@@ -6,6 +6,7 @@ test_autoscale_e2e.py. Each query is recorded so tests can check the label match
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -16,11 +17,13 @@ class FakePrometheus:
     def __init__(self) -> None:
         self.ttft: float | None = 0.1  # None: no first tokens in the window (NaN)
         self.waiting: float | None = 0.0  # None: no series at all
+        self.running = 0.0
         self.kv_cache = 0.2
         self.arrival_rate: float | None = None  # the demand floor's inputs; None: no data
         self.output_len: float | None = None
         self.age_s = 0.0
         self.status = 200  # e.g. 503 to fail every query
+        self.delay = 0.0  # seconds each answer takes (a slow Prometheus)
         self.queries: list[str] = []
         self.ttft_answers: list[tuple[float, float | None]] = []  # (monotonic time, value)
         self.port = 0
@@ -40,10 +43,12 @@ class FakePrometheus:
             return self.arrival_rate
         if "generation_tokens_total" in q:
             return self.output_len
-        if "timestamp(" in q:
-            return time.time() - self.age_s
+        if q.startswith("time() - max(timestamp("):  # the age of the newest sample
+            return self.age_s
         if "num_requests_waiting" in q:
             return self.waiting
+        if "num_requests_running" in q:
+            return self.running
         if "kv_cache_usage_perc" in q:
             return self.kv_cache
         raise AssertionError(f"unexpected query {q}")
@@ -51,8 +56,12 @@ class FakePrometheus:
     async def _query(self, request: web.Request) -> web.Response:
         q = request.query["query"]
         self.queries.append(q)
+        if self.delay:
+            await asyncio.sleep(self.delay)
         if self.status != 200:
-            return web.json_response({"status": "error", "error": "down"}, status=self.status)
+            error = {"status": "error", "errorType": "timeout",
+                     "error": "query timed out in expression evaluation"}  # fmt: skip
+            return web.json_response(error, status=self.status)
         at = float(request.query.get("time", time.time()))
         value = self._value(q)
         result: list[dict[str, Any]] = []

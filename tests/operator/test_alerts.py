@@ -74,6 +74,11 @@ def test_parse_firing_scale_up_alerts_one_per_service() -> None:
         (payload(alert(namespace="")), "needs namespace and inferenceservice"),
         (payload({"status": "firing", "labels": {"pagoda_action": "scale_up"}}), "needs"),
         (payload(alert(), alert(pagoda_action="reboot")), "alerts[1]"),  # all or nothing
+        # the labels go into API paths: only names an object can have
+        (payload(alert(inferenceservice="chat/status")), "inferenceservice 'chat/status' is not"),
+        (payload(alert(namespace="../kube-system")), "namespace '../kube-system' is not"),
+        (payload(alert(inferenceservice="c" * 64)), "is not a DNS label"),
+        (payload(alert(inferenceservice="Chat", status="resolved")), "is not a DNS label"),
     ],
 )
 def test_parse_rejects_what_alertmanager_never_sends(body: Any, error: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from autoscale_helpers import autoscaling, deployment_controller, events, replicas
 from fake_prometheus import FakePrometheus
 from kube_emulator import Emulator
@@ -119,6 +120,8 @@ async def test_missing_metrics_hold_and_set_the_condition(
             what="MetricsUnavailable",
         )
         assert cond["reason"] == "QueryFailed"
+        assert "HTTP 503" in cond["message"]
+        assert cond["message"].endswith(": query timed out in expression evaluation")  # why
         assert events(emulator, "chat", "MetricsUnavailable")[0]["type"] == "Warning"
         await prom.stop()  # now unreachable
         await wait_for(
@@ -146,6 +149,136 @@ async def test_missing_metrics_hold_and_set_the_condition(
         await wait_for(
             lambda: condition(emulator, "chat", "MetricsUnavailable")["status"] == "False"
         )  # written after the Deployment
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"kv_cache": float("inf")},  # the scale-down's KV-cache floor once crashed the loop
+        {"ttft": -1.0},  # once a ValueError that ended the loop
+        {"ttft": float("inf")},  # once written to status as `Infinity` (not JSON)
+        {"waiting": float("inf")},  # once read as overload
+    ],
+)
+async def test_a_non_finite_reading_holds_and_the_loop_lives_on(
+    emulator: Emulator, kube: KubeApi, start_operator: Any, prom: FakePrometheus, bad: dict
+) -> None:
+    """A broken exporter or recording rule (±Inf, a negative TTFT) is no load: the replicas
+    hold, MetricsUnavailable=InvalidSample says why, and the loop goes on for every service."""
+    await start_operator(prometheus_url=prom.url, **FAST)
+    await create_isvc(kube, "chat", spec(scaleDownStabilizationSeconds=0))
+    async with deployment_controller(kube, "chat"):
+        prom.ttft = 1.5
+        await wait_for(lambda: replicas(emulator, "chat") == 4, what="scaled up")
+        prom.ttft = 0.1  # idle enough to scale down, but one input is broken
+        for k, v in bad.items():
+            setattr(prom, k, v)
+        cond = await wait_for(
+            lambda: (
+                condition(emulator, "chat", "MetricsUnavailable").get("status") == "True"
+                and condition(emulator, "chat", "MetricsUnavailable")
+            ),
+            what="MetricsUnavailable",
+        )
+        assert cond["reason"] == "InvalidSample" and "answered" in cond["message"]
+        assert replicas(emulator, "chat") == 4  # held: neither down nor up on a broken number
+        assert events(emulator, "chat", "MetricsUnavailable")
+        prom.ttft, prom.kv_cache, prom.waiting = 0.1, 0.2, 0.0
+        await wait_for(lambda: replicas(emulator, "chat") == 1, what="the loop still runs")
+
+
+async def test_bounds_edited_while_a_slow_read_is_in_flight_apply_to_its_decision(
+    emulator: Emulator, kube: KubeApi, start_operator: Any, prom: FakePrometheus
+) -> None:
+    """The metrics are read outside the lock and may take seconds; a decision taken after the
+    read uses the spec of then, not of the read's start: maxReplicas lowered to 1 meanwhile is
+    never exceeded (it once scaled to 2 and back)."""
+    await start_operator(prometheus_url=prom.url, **FAST)
+    await create_isvc(kube, "chat", spec(maxReplicas=8))
+    async with deployment_controller(kube, "chat"):
+        await wait_for(lambda: autoscaling(emulator, "chat").get("reason"), what="evaluated")
+        prom.delay, prom.ttft = 1.5, 4.0  # 8x the target, slowly
+        asked = len(prom.queries)
+        await wait_for(lambda: len(prom.queries) > asked, what="a read in flight")
+        await patch_isvc(kube, "chat", {"spec": {"autoscaling": {"maxReplicas": 1}}})
+        seen = set()
+        for _ in range(60):  # two slow reads
+            seen.add(replicas(emulator, "chat"))
+            await asyncio.sleep(0.05)
+        assert seen == {1}
+        await wait_for(lambda: autoscaling(emulator, "chat").get("reason") == "AtMaxReplicas")
+
+
+async def test_no_first_token_in_the_window_is_idle_only_if_nothing_runs(
+    emulator: Emulator, kube: KubeApi, start_operator: Any, prom: FakePrometheus
+) -> None:
+    """An empty TTFT answer while requests run (long decodes, or a Prometheus restarted without
+    the rate's history) is no evidence of idleness: the replicas stay (they once dropped to
+    minReplicas); with nothing running either, the service is idle and scales down."""
+    await start_operator(prometheus_url=prom.url, **FAST)
+    await create_isvc(kube, "chat", spec(scaleDownStabilizationSeconds=0))
+    async with deployment_controller(kube, "chat"):
+        prom.ttft = 1.5
+        await wait_for(lambda: replicas(emulator, "chat") == 4, what="scaled up")
+        prom.ttft, prom.waiting, prom.running = None, 0.0, 12.0  # empty vector, busy replicas
+        await wait_for(lambda: autoscaling(emulator, "chat").get("reason") == "WithinTolerance")
+        await asyncio.sleep(1.0)  # five evaluations
+        assert replicas(emulator, "chat") == 4
+        assert autoscaling(emulator, "chat")["reason"] == "WithinTolerance"
+        prom.running = 0.0  # now idle
+        await wait_for(lambda: replicas(emulator, "chat") == 1, what="idle: scaled down")
+
+
+class SkewedPrometheus(FakePrometheus):
+    """A Prometheus whose clock is `skew` s ahead of the operator's (the operator's stepped back,
+    or the two disagree): it evaluates at the `time` it is given, else at its own now. Its TTFT
+    was 3 s until 300 s ago (a burst long served), 0.1 s since; it scrapes every 5 s."""
+
+    skew = 0.0
+
+    async def _query(self, request: web.Request) -> web.Response:
+        q = request.query["query"]
+        self.queries.append(q)
+        now = time.time() + self.skew
+        at = float(request.query.get("time", now))
+        newest = min(at, now) // 5 * 5
+        if "histogram_quantile" in q:
+            value = 3.0 if at < now - 300 else 0.1
+        elif q.startswith("time() - "):
+            value = at - newest
+        elif "timestamp(" in q:
+            value = newest
+        elif "kv_cache" in q:
+            value = 0.2
+        else:
+            value = 0.0
+        result = [{"metric": {}, "value": [at, repr(value)]}]
+        return web.json_response(
+            {"status": "success", "data": {"resultType": "vector", "result": result}}
+        )
+
+
+@pytest.mark.parametrize("skew", [600.0, -120.0])
+async def test_the_operators_clock_plays_no_part_in_the_reading(
+    emulator: Emulator, kube: KubeApi, start_operator: Any, skew: float
+) -> None:
+    """Queries are evaluated at Prometheus' now, and the samples' age is computed there: with the
+    operator's clock 10 minutes behind, a burst served long ago does not look current (it once
+    scaled up on it); 2 minutes ahead, fresh samples do not look stale (it once held forever)."""
+    prom = SkewedPrometheus()
+    prom.skew = skew
+    await prom.start()
+    try:
+        await start_operator(prometheus_url=prom.url, **FAST)
+        await create_isvc(kube, "chat", spec())
+        async with deployment_controller(kube, "chat"):
+            await wait_for(lambda: autoscaling(emulator, "chat").get("metrics"), what="evaluated")
+            await asyncio.sleep(1.0)  # five evaluations
+            assert replicas(emulator, "chat") == 1
+            assert condition(emulator, "chat", "MetricsUnavailable")["status"] == "False"
+            assert autoscaling(emulator, "chat")["metrics"]["ttftP95Seconds"] == 0.1
+    finally:
+        await prom.stop()
 
 
 async def test_per_service_prometheus_url_and_switching_autoscaling_off(
@@ -205,30 +338,40 @@ async def test_prometheus_rule_per_autoscaled_service(
 
 
 @pytest.mark.parametrize(
-    ("capacity", "want"),
+    ("capacity", "model", "want"),
     [
-        ({"prefill_tokens_per_s": 1400.0, "decode_tokens_per_s": 460}, (1400.0, 460.0)),
-        ({"prefill_tokens_per_s": 1400.0}, (1400.0, None)),  # an older profile: prefill floor only
-        ({"prefill_tokens_per_s": True, "decode_tokens_per_s": -1}, (None, None)),
-        (None, (None, None)),  # no profile mounted
+        ({"prefill_tokens_per_s": 1400.0, "decode_tokens_per_s": 460}, None, (1400.0, 460.0)),
+        ({"prefill_tokens_per_s": 1400.0}, None, (1400.0, None)),  # older: prefill floor only
+        ({"prefill_tokens_per_s": 1400.0, "decode_tokens_per_s": -1}, None, (1400.0, None)),
+        ({"prefill_tokens_per_s": True, "decode_tokens_per_s": 460}, None, (None, None)),
+        # measured for another model: not mounted, so its numbers size nothing either
+        ({"prefill_tokens_per_s": 1400.0, "decode_tokens_per_s": 460}, "other", (None, None)),
+        (None, None, (None, None)),  # no profile mounted
     ],
 )
 async def test_the_floors_rates_come_from_the_mounted_profile(
-    monkeypatch: pytest.MonkeyPatch, capacity: dict | None, want: tuple
+    monkeypatch: pytest.MonkeyPatch, capacity: dict | None, model: str | None, want: tuple
 ) -> None:
-    """V_P and V_D for the predictive floors: from the tuned profile's `capacity`, each only when
-    it is a positive number."""
+    """V_P and V_D for the predictive floors: from the mounted tuned profile's `capacity`, each
+    only when it is a positive number; a profile that is not mounted (invalid, another model)
+    gives none."""
     import json
 
-    from pagoda.operator.autotune import mount
+    from pagoda.operator.autotune import mount, profiles
+    from pagoda.operator.spec.inference_service import InferenceServiceSpec
+
+    data = {"schema_version": 1, "device": "NVIDIA H200", "model": model or "smollm2-135m",
+            "dtype": "bfloat16", "created": "2026-12-05T00:00:00Z", "capacity": capacity}  # fmt: skip
 
     class Api:
         async def get(self, kind: str, ns: str, name: str) -> dict[str, Any]:
             assert (kind, ns, name) == ("ConfigMap", "default", "tuned-x")
-            return {"data": {"profile.json": json.dumps({"capacity": capacity})}}
+            meta = {"name": name, "namespace": ns, "labels": profiles.profile_labels()}
+            return {"metadata": meta, "data": {"profile.json": json.dumps(data)}}
 
     monkeypatch.setattr(
         mount, "chosen_profile", lambda b, s: None if capacity is None else "tuned-x"
     )
     body = {"metadata": {"namespace": "default", "name": "x"}}
-    assert await mount.tuned_rates(Api(), body, None) == want  # type: ignore[arg-type]
+    parsed = InferenceServiceSpec.from_dict({"model": "smollm2-135m"}, name="x", default_image="i")
+    assert await mount.tuned_rates(Api(), body, parsed) == want

@@ -10,6 +10,7 @@ import random
 from dataclasses import replace
 
 import pytest
+from pagoda.operator.autoscaling.bursts import Bursts
 from pagoda.operator.autoscaling.demand import DRAIN_S, demand_floor, request_work
 from pagoda.operator.autoscaling.policy import (
     Decision,
@@ -481,3 +482,85 @@ def test_metrics_reject_negative_rates() -> None:
         Metrics(ttft_p95_s=None, waiting=0, arrival_rate=-1.0)
     with pytest.raises(ValueError):
         Metrics(ttft_p95_s=None, waiting=0, mean_output_tokens=float("nan"))
+
+
+@pytest.mark.parametrize(
+    ("policy", "metrics"),
+    [
+        (  # ∞ − ∞ in the demand floor's extrapolation: once "cannot convert float NaN to integer"
+            Policy(
+                min_replicas=3,
+                max_replicas=39,
+                target_ttft_s=5.0,
+                target_queue=4.0,
+                tolerance=1,
+                prefill_tokens_per_s=1e-09,
+                decode_tokens_per_s=500.0,
+            ),
+            Metrics(
+                ttft_p95_s=3.0,
+                waiting=1e300,
+                kv_cache_usage=0.0,
+                mean_prompt_tokens=1e300,
+                mean_output_tokens=1.0,
+                arrival_rate=0.0,
+                arrival_rate_slow=1e6,
+                arrival_rate_fast=1e300,
+            ),
+        ),
+        (  # a product past the largest float: once "cannot convert float infinity to integer"
+            Policy(
+                min_replicas=5,
+                max_replicas=37,
+                target_ttft_s=5.0,
+                target_queue=4.0,
+                tolerance=0,
+                prefill_tokens_per_s=1e-09,
+                decode_tokens_per_s=1e-09,
+            ),
+            Metrics(
+                ttft_p95_s=1e6,
+                waiting=0.0,
+                kv_cache_usage=1.5,
+                queued_prompt_tokens=1.7e308,
+                arrival_rate=1.0,
+                arrival_rate_slow=1.7e308,
+                arrival_rate_fast=1e-300,
+            ),
+        ),
+        (  # the KV-cache floor of a scale down
+            Policy(min_replicas=1, max_replicas=8, target_ttft_s=5.0, down_window_s=0),
+            Metrics(ttft_p95_s=0.1, waiting=0.0, kv_cache_usage=1e308),
+        ),
+    ],
+)
+def test_absurd_finite_readings_saturate_at_the_bounds(policy: Policy, metrics: Metrics) -> None:
+    """Finite but absurd numbers (a broken exporter's 1e300) make needs too large to count: they
+    saturate (then clamp to maxReplicas) instead of raising out of math.ceil."""
+    history, bursts = ((0.0, 6),), Bursts()
+    for now in (1.0, 2.0, 20.0):
+        d = decide(policy, metrics, current=6, ready=6, history=history, now=now, bursts=bursts)
+        history, bursts = d.history, d.bursts
+        assert policy.min_replicas <= d.replicas <= policy.max_replicas
+
+
+@pytest.mark.parametrize(
+    ("bounds", "current", "ready", "ttft"),
+    [
+        ((1, 4), 6, 6, 2.0),  # maxReplicas lowered under load: once "TTFTAboveTarget" (down)
+        ((1, 4), 6, 4, 0.4),  # ... while replicas start: once "ReplicasStarting"
+        ((3, 8), 1, 1, 0.1),  # minReplicas raised while idle: once "BelowTarget" (up)
+        ((1, 4), 6, 6, 0.5),
+    ],
+)
+def test_a_move_into_new_bounds_says_outside_bounds(
+    bounds: tuple[int, int], current: int, ready: int, ttft: float
+) -> None:
+    """When the bounds alone decide the count (edited live, or a hand-scaled Deployment), the
+    reason says so, not a metric pointing the other way."""
+    policy = Policy(min_replicas=bounds[0], max_replicas=bounds[1], target_ttft_s=0.5)
+    d = decide(
+        policy, Metrics(ttft_p95_s=ttft, waiting=0.0), current=current, ready=ready,
+        history=((0.0, current),), now=1.0,
+    )  # fmt: skip
+    assert (d.replicas, d.reason) == (policy.clamp(current), "OutsideBounds")

@@ -140,3 +140,171 @@ def test_traffic_since_reads_the_status_on_the_loops_clock() -> None:
     assert loop.traffic_since({"trafficSince": loop.wall_iso(wall + 30)}, 500.0, wall) == 500.0
     for bad in (None, {}, {"trafficSince": "yesterday"}, {"trafficSince": 12}):
         assert loop.traffic_since(bad, 500.0, wall) is None
+
+
+class ListApi:
+    """Lists the given InferenceServices; nothing else is called (evaluate is replaced)."""
+
+    def __init__(self, *names: str) -> None:
+        self.bodies = [
+            {"metadata": {"namespace": "default", "name": n, "uid": f"uid-{n}"}} for n in names
+        ]
+
+    async def list_all(self, kind: str, namespaces: Any) -> list[dict[str, Any]]:
+        return list(self.bodies)
+
+
+def test_an_unforeseen_error_ends_neither_the_pass_nor_the_loop() -> None:
+    """A bug or an answer nobody foresaw in one service's evaluation leaves the other services
+    evaluated, and a failed pass is followed by the next: the loop task never dies (it once did,
+    and with it autoscaling for every service until a restart)."""
+    config = OperatorConfig(autoscale_interval_s=0.01)
+    scaler = Autoscaler(ListApi("bad", "good"), config, OperatorMetrics())  # type: ignore[arg-type]
+    seen: list[str] = []
+
+    async def evaluate(body: dict[str, Any], logger: Any = None) -> None:
+        seen.append(body["metadata"]["name"])
+        if body["metadata"]["name"] == "bad":
+            raise OverflowError("cannot convert float infinity to integer")
+
+    scaler.evaluate = evaluate  # type: ignore[method-assign]
+
+    async def run() -> None:
+        await scaler.evaluate_all()  # does not raise
+        assert sorted(seen) == ["bad", "good"]
+        passes = [0]
+        real = scaler.evaluate_all
+
+        async def failing_pass(logger: Any = None) -> None:
+            passes[0] += 1
+            if passes[0] == 1:
+                raise RuntimeError("boom")
+            await real()
+
+        scaler.evaluate_all = failing_pass  # type: ignore[method-assign]
+        task = asyncio.create_task(scaler.run())
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if passes[0] >= 3:
+                break
+        assert not task.done() and passes[0] >= 3
+        task.cancel()
+
+    asyncio.run(run())
+
+
+def test_a_deleted_services_gauge_goes_with_it() -> None:
+    """pagoda_operator_desired_replicas of a deleted InferenceService is no longer exported (a
+    re-created one of the same name keeps its gauge)."""
+    api, metrics = ListApi("a", "b"), OperatorMetrics()
+    scaler = Autoscaler(api, OperatorConfig(), metrics)  # type: ignore[arg-type]
+
+    async def evaluate(body: dict[str, Any], logger: Any = None) -> None:
+        meta = body["metadata"]
+        scaler._state(body, 0.0, 1)
+        metrics.desired_replicas.labels(meta["namespace"], meta["name"]).set(1)
+
+    scaler.evaluate = evaluate  # type: ignore[method-assign]
+
+    async def run() -> str:
+        await scaler.evaluate_all()
+        api.bodies = [api.bodies[1]]  # a deleted
+        api.bodies.append({"metadata": {"namespace": "default", "name": "b", "uid": "uid-b2"}})
+        api.bodies.pop(0)  # b re-created under a new uid
+        await scaler.evaluate_all()
+        return metrics.render().decode()
+
+    text = asyncio.run(run())
+    assert 'inferenceservice="a"' not in text
+    assert 'pagoda_operator_desired_replicas{inferenceservice="b",namespace="default"} 1.0' in text
+
+
+class EditedMeanwhileApi:
+    """maxReplicas is lowered to 1 between the webhook's first read of the InferenceService and
+    the step (which waits for the object's lock: a reconcile may hold it for a while)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.replicas = 1
+        self.patches: list[tuple[str, dict]] = []
+
+    def isvc(self, max_replicas: int) -> dict[str, Any]:
+        meta = {"namespace": "default", "name": "chat", "uid": "u1", "generation": 1}
+        auto = {"minReplicas": 1, "maxReplicas": max_replicas, "targetTTFTSeconds": 0.5}
+        return {"metadata": meta, "spec": {"model": "smollm2-135m", "autoscaling": auto}}
+
+    async def get(self, kind: str, ns: str, name: str) -> dict[str, Any]:
+        if kind == "InferenceService":
+            self.reads += 1
+            return self.isvc(4 if self.reads == 1 else 1)
+        owner = {"uid": "u1", "controller": True}
+        meta = {"namespace": ns, "name": name, "ownerReferences": [owner]}
+        return {"kind": "Deployment", "metadata": meta, "spec": {"replicas": self.replicas},
+                "status": {"readyReplicas": self.replicas}}  # fmt: skip
+
+    async def patch(self, kind: str, ns: str, name: str, body: dict, **kw: Any) -> dict:
+        self.patches.append((kind, body))
+        return {}
+
+    async def try_post_event(self, *a: Any, **kw: Any) -> None:
+        return None
+
+
+def test_an_alert_step_uses_the_bounds_of_the_moment_it_is_taken() -> None:
+    """An edit between the webhook's lookup and the step applies to the step: maxReplicas
+    lowered to 1 meanwhile is not exceeded (the step once used the first read's bounds)."""
+    from pagoda.operator.autoscaling.alerts import ScaleUpRequest
+
+    api = EditedMeanwhileApi()
+    scaler = Autoscaler(api, OperatorConfig(), OperatorMetrics())  # type: ignore[arg-type]
+    outcome = asyncio.run(scaler.alert_scale_up(ScaleUpRequest("default", "chat", "A")))
+    assert outcome == "AtMaxReplicas"
+    assert not [p for p in api.patches if p[0] == "Deployment"]
+
+
+def test_a_dead_background_loop_does_not_stop_the_operator_stopping() -> None:
+    """kopf's cleanup awaits each loop after cancelling it; one that had died of an error once
+    raised there, and kopf retried the cleanup for 60 s instead of stopping."""
+    import types
+
+    from pagoda.operator import handlers
+
+    closed: list[str] = []
+
+    class Closer:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def close(self) -> None:
+            closed.append(self.name)
+
+    async def dead() -> None:
+        raise OverflowError("cannot convert float infinity to integer")
+
+    async def run() -> None:
+        task = asyncio.create_task(dead(), name="pagoda-autoscale")
+        await asyncio.sleep(0)
+        memo = types.SimpleNamespace(tasks=[task], reconciler=Closer("r"), api=Closer("api"))
+        await handlers.cleanup(memo=memo)  # type: ignore[arg-type]
+
+    asyncio.run(run())
+    assert closed == ["r", "api"]
+
+
+def test_the_api_client_sends_strict_json() -> None:
+    """A NaN or Infinity never goes to the API server as `NaN`/`Infinity` (not JSON: a real API
+    server answers 400, the emulator accepted it, so an Inf p95 TTFT once reached the status)."""
+    from pagoda.operator.kube.client import KubeApi
+
+    def no_login() -> Any:
+        raise AssertionError("refused before any request")
+
+    api = KubeApi(no_login)
+    for bad in (float("inf"), float("nan")):
+        body = {"status": {"autoscaling": {"metrics": {"ttftP95Seconds": bad}}}}
+        try:
+            asyncio.run(api.request("PATCH", "/apis/x", body=body))
+        except ValueError as e:
+            assert "JSON" in str(e)
+        else:
+            raise AssertionError("sent")

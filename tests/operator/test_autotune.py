@@ -3,6 +3,7 @@ publisher's checks, and the predictive floor in the autoscaling policy."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import pathlib
@@ -88,6 +89,23 @@ def test_job_outcome_and_backoff() -> None:
         == profiles.RETRY_MAX_S
     )
     assert profiles.Attempts(0, None, None).retry_at() == 0.0
+    # hand-edited annotations: a huge count is the cap (2.0 ** 1023 once overflowed), a time that
+    # is no time is none, a count below 0 is 0
+    a = "serving.pagoda.dev/"
+    edited = profiles.Attempts.of(
+        {"metadata": {"annotations": {a + "tune-attempts": "5000", a + "tune-started": "7.0"}}}
+    )
+    assert edited.retry_at(300.0) == 7.0 + profiles.RETRY_MAX_S
+    for bad in ("inf", "nan", "-inf"):
+        ann = {a + "tune-attempts": "-3", a + "tune-failed": bad, a + "tune-started": bad}
+        assert profiles.Attempts.of({"metadata": {"annotations": ann}}) == profiles.Attempts(
+            0, None, None
+        )
+    long = {"metadata": {"annotations": {a + "tune-failure": "X: " + "y" * 100_000}}}
+    assert len(profiles.Attempts.of(long).failure or "") == 1024  # it goes into the status
+    stepped = profiles.Attempts(2, 10.0, "X: y", failed=100_000.0)  # the clock stepped back
+    assert profiles.in_future(stepped, now=1000.0)
+    assert not profiles.in_future(dataclasses.replace(stepped, failed=1000.0), now=1000.0)
 
 
 def test_service_status_is_the_worst_key_and_mounts_only_one_product() -> None:
@@ -224,3 +242,48 @@ def test_a_remote_model_is_downloaded_before_tuning() -> None:
     assert "initContainers" in job["spec"]["template"]["spec"]
     plain = build_job(key_for(parse(), "H200"), parse(), "team-a", cm, pod_parts=add_model_download)
     assert [c["name"] for c in plain["spec"]["template"]["spec"]["initContainers"]] == ["tune"]
+
+
+def test_profile_check_needs_no_writable_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator checks a published profile with serving's loader in a temporary folder;
+    without a writable one (a read-only root and no /tmp volume) it mounts it unchecked, as
+    before, instead of failing every reconcile and autotune pass."""
+    from pagoda.operator.autotune import mount
+
+    def read_only(*a: object, **kw: object) -> None:
+        raise OSError(30, "Read-only file system")
+
+    cm = {"metadata": {"name": "pagoda-tuned-x"}, "data": {"profile.json": '{"v": 0}'}}
+    assert mount.profile_problem(cm, "smollm2-135m") is not None  # a real check: refused
+    monkeypatch.setattr(mount.tempfile, "TemporaryDirectory", read_only)
+    cm["data"]["profile.json"] = '{"v": 1}'  # another hash: not cached
+    assert mount.profile_problem(cm, "smollm2-135m") is None
+
+
+def test_a_failed_pass_does_not_end_the_autotune_loop() -> None:
+    """Any error of one pass (a hand-edited annotation once overflowed) is logged and the next
+    pass comes; the loop task once died with it, ending autotuning until a restart."""
+    import asyncio
+
+    from pagoda.operator.spec.config import OperatorConfig
+
+    tuner = loop.Autotuner(None, OperatorConfig(autotune_interval_s=0.01), None)  # type: ignore[arg-type]
+    passes = [0]
+
+    async def tick() -> None:
+        passes[0] += 1
+        if passes[0] == 1:
+            raise OverflowError("(34, 'Numerical result out of range')")
+
+    tuner.tick = tick  # type: ignore[method-assign]
+
+    async def run() -> None:
+        task = asyncio.create_task(tuner.run())
+        for _ in range(300):
+            await asyncio.sleep(0.01)
+            if passes[0] >= 3:
+                break
+        assert not task.done() and passes[0] >= 3
+        task.cancel()
+
+    asyncio.run(run())

@@ -215,6 +215,96 @@ async def test_autotune_jobs_profiles_mounts_failures_and_gc(
     assert publisher == {("GET", "configmaps", h200_profile), ("PATCH", "configmaps", h200_profile)}
 
 
+def profile_json(**fields: Any) -> str:
+    base = {"schema_version": 1, "device": "NVIDIA H200", "model": "smollm2-135m",
+            "dtype": "bfloat16", "created": "2026-12-05T00:00:00Z"}  # fmt: skip
+    return json.dumps({**base, **fields})
+
+
+async def test_a_profile_serving_cannot_use_is_not_mounted(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """A profile ConfigMap that serving would refuse (not JSON, a newer schema: a hand edit or
+    another tuner version; or measured for another model) is never mounted: serving exits 2 on a
+    profile it cannot load, so the pods would crash-loop. The service stays on defaults with
+    TuningFailed naming the cause and no new Job (it would publish the same); a good profile
+    mounts, and a bad edit of a mounted one unmounts it."""
+    await add_node(kube, "h200-a", H200)
+    await start_operator(autotune_interval_s=0.2, autotune_retry_base_s=1.0)
+    await create_isvc(kube, "a", spec(nodeSelector={PRODUCT_LABEL: H200}))
+    profile = await wait_for(lambda: autotune(emulator, "a").get("profile"), what="profile")
+    job = profile.replace("pagoda-tuned-", "pagoda-tune-")
+    await wait_for(lambda: emulator.live(JOBS, "default", job), what="job")
+    await wait_for(lambda: emulator.live(DEPLOY, "default", "a"), what="deployment")
+
+    async def write(data: str) -> None:
+        await kube.patch("ConfigMap", "default", profile, {"data": {"profile.json": data}})
+
+    await write("{not json")
+    await finish_job(kube, job, ok=True)
+    for data, reason in (
+        ("{not json", "InvalidProfile"),
+        (profile_json(schema_version=2), "InvalidProfile"),
+        (profile_json(model="/mnt/models/another"), "ProfileMismatch"),
+    ):
+        await write(data)
+        st = await wait_for(
+            lambda r=reason: autotune(emulator, "a").get("reason") == r and autotune(emulator, "a"),
+            what=reason,
+        )
+        assert st["state"] == "TuningFailed" and profile in st["message"], st
+        await asyncio.sleep(0.5)  # a few passes
+        assert mounted(emulator, "a") is None
+    assert events(emulator, "a", "TuningFailed")[-1]["type"] == "Warning"
+    cm = emulator.live(CM, "default", profile)  # no retry loop: still the first attempt
+    assert cm["metadata"]["annotations"][ATTEMPTS_ANNOTATION] == "1"
+
+    await write(profile_json())  # fixed by hand: mounted
+    await wait_for(lambda: mounted(emulator, "a") == profile, 10, what="mounted")
+    assert autotune(emulator, "a")["state"] == "Tuned"
+    await write(profile_json(schema_version=2))  # broken again: back to defaults
+    await wait_for(lambda: mounted(emulator, "a") is None, 10, what="unmounted")
+    await wait_for(lambda: autotune(emulator, "a")["reason"] == "InvalidProfile", what="status")
+
+
+async def test_retry_bookkeeping_edited_by_hand_or_a_clock_step_stays_bounded(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """The attempt annotations are anyone's to edit, and the wall clock may step back: a failure
+    time a day ahead waits one backoff from when it is noticed (not a day), and an attempt count
+    of 10^5 or a time of `inf` neither crash the pass (every service's) nor loop."""
+    await add_node(kube, "h200-a", H200)
+    await start_operator(autotune_interval_s=0.2, autotune_retry_base_s=1.0)
+    await create_isvc(kube, "a", spec(nodeSelector={PRODUCT_LABEL: H200}))
+    profile = await wait_for(lambda: autotune(emulator, "a").get("profile"), what="profile")
+    job = profile.replace("pagoda-tuned-", "pagoda-tune-")
+    A = "serving.pagoda.dev/"
+
+    async def fail_and_edit(annotations: dict[str, str]) -> None:
+        await wait_for(lambda: emulator.live(JOBS, "default", job), 10, what="a Job")
+        await finish_job(kube, job, ok=False, reason="DeadlineExceeded")
+        await wait_for(lambda: emulator.live(JOBS, "default", job) is None, what="Job deleted")
+        await kube.patch(
+            "ConfigMap", "default", profile, {"metadata": {"annotations": annotations}}
+        )
+
+    await fail_and_edit({A + "tune-failed": f"{time.time() + 86400:.3f}"})
+    t0 = time.monotonic()
+    await wait_for(lambda: emulator.live(JOBS, "default", job), 15, what="retried within a backoff")
+    assert time.monotonic() - t0 < 10
+    cm = emulator.live(CM, "default", profile)
+    assert cm["metadata"]["annotations"][ATTEMPTS_ANNOTATION] == "2"
+
+    huge = {A + "tune-attempts": "100000", A + "tune-started": "inf", A + "tune-failed": "inf"}
+    await fail_and_edit(huge)
+    await wait_for(lambda: emulator.live(JOBS, "default", job), 10, what="a Job after the edit")
+    st = await wait_for(
+        lambda: "attempt 100001" in autotune(emulator, "a").get("message", "")
+        and autotune(emulator, "a"), what="status after the edit",
+    )  # fmt: skip
+    assert st["state"] == "Tuning"
+
+
 class PromptAwarePrometheus(FakePrometheus):
     """The fake Prometheus, also answering the mean-prompt-length query of a tuned service."""
 

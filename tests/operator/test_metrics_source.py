@@ -46,6 +46,8 @@ def test_scalar(body: dict[str, Any], want: float | None) -> None:
         {"status": "success", "data": {"resultType": "matrix", "result": []}},
         {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}}]}},
         {"status": "success", "data": {"resultType": "vector", "result": [{"value": [1, "x"]}]}},
+        {"status": "success", "data": [{"value": [1, "1"]}]},  # a proxy's own shape
+        vector("1", "2"),  # two series for an aggregate: a proxy's merge, not one answer
         [],
     ],
 )
@@ -94,6 +96,24 @@ def test_demand_queries_on_a_real_prometheus_engine(tmp_path: pathlib.Path) -> N
     assert run.returncode == 0, textwrap.shorten(run.stdout + run.stderr, 3000)
 
 
+def test_sample_age_is_measured_on_prometheus_clock(tmp_path: pathlib.Path) -> None:
+    """The freshness input is an age computed by Prometheus (`time() - timestamp`), so the
+    operator's clock never enters it: scraped every 15 s until 600 s, evaluated at 620 s."""
+    promtool = require_tool("promtool")
+    q = queries("ns", "chat")
+    labels = 'namespace="ns",inferenceservice="chat"'
+    series = [{"series": f"pagoda:num_requests_waiting{{{labels}}}", "values": "1+0x40"}]
+    tests = [
+        {"expr": q["age"], "eval_time": "620s", "exp_samples": [{"labels": "{}", "value": 20}]}
+    ]
+    doc = {"tests": [{"interval": "15s", "input_series": series, "promql_expr_test": tests}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(doc))
+    run = subprocess.run(
+        [promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert run.returncode == 0, textwrap.shorten(run.stdout + run.stderr, 3000)
+
+
 def test_fast_arrival_rate_and_prompt_length_on_a_5s_scrape(tmp_path: pathlib.Path) -> None:
     """On the 5 s scrape the chart and the operator's ServiceMonitor use, promtool evaluates the
     15 s arrival rate (the burst floor's input) 10 s after the load tripled: it shows all of it. The mean prompt length
@@ -126,3 +146,47 @@ def test_fast_arrival_rate_and_prompt_length_on_a_5s_scrape(tmp_path: pathlib.Pa
         [promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True
     )
     assert run.returncode == 0, textwrap.shorten(run.stdout + run.stderr, 3000)
+
+
+async def test_credentials_in_the_prometheus_url_stay_out_of_messages() -> None:
+    """A Prometheus behind basic auth is reached as http://user:password@host; its failures go
+    into conditions, Events and logs without the password (they once quoted the whole URL)."""
+    from e2e_processes import free_port
+    from fake_prometheus import FakePrometheus
+    from pagoda.operator.autoscaling.prometheus import PrometheusSource
+
+    prom = FakePrometheus()
+    await prom.start()
+    source = PrometheusSource(timeout_s=2.0)
+    try:
+        prom.status = 503
+        closed = f"http://user:s3cret@127.0.0.1:{free_port()}"  # nothing listens there
+        for url, reason in ((f"http://user:s3cret@127.0.0.1:{prom.port}", "QueryFailed"),
+                            (closed, "PrometheusUnreachable")):  # fmt: skip
+            with pytest.raises(MetricsUnavailable) as e:
+                await source.fetch(url, "ns", "chat")
+            assert e.value.reason == reason
+            assert "s3cret" not in str(e.value) and "127.0.0.1" in e.value.message
+    finally:
+        await source.close()
+        await prom.stop()
+
+
+async def test_a_slow_prometheus_is_named_as_such() -> None:
+    """A query past --prometheus-timeout holds with a message that says so (it read
+    "TimeoutError()")."""
+    from fake_prometheus import FakePrometheus
+    from pagoda.operator.autoscaling.prometheus import PrometheusSource
+
+    prom = FakePrometheus()
+    prom.delay = 2.0
+    await prom.start()
+    source = PrometheusSource(timeout_s=0.3)
+    try:
+        with pytest.raises(MetricsUnavailable) as e:
+            await source.fetch(prom.url, "ns", "chat")
+        assert e.value.reason == "PrometheusUnreachable"
+        assert e.value.message.endswith("no answer within 0.3 s"), e.value.message
+    finally:
+        await source.close()
+        await prom.stop()

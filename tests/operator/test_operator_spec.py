@@ -160,6 +160,11 @@ def test_defaults() -> None:
             "InvalidSpec",
             "keep one",
         ),
+        (  # the runtime needs a prompt token and one generated (it refuses 1 at start)
+            {"model": "smollm2-135m", "engine": {"maxModelLen": 1}},
+            "InvalidSpec",
+            "maxModelLen",
+        ),
         ({}, "InvalidSpec", "spec.model is required"),
         ({"model": "nope"}, "UnknownModel", "unknown built-in model"),
     ],

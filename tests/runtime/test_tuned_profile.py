@@ -14,6 +14,13 @@ from profile_testlib import make_profile
 def test_load_reports_what_is_wrong(tmp_path):
     with pytest.raises(ProfileError, match="no such directory"):
         load_profile(tmp_path / "nope")
+    make_profile(tmp_path / "p")  # its profile.json given instead of its folder
+    with pytest.raises(ProfileError) as err:
+        load_profile(tmp_path / "p" / "profile.json")
+    assert str(err.value) == (
+        f"tuned profile {tmp_path}/p/profile.json: not a directory; give the folder "
+        f"`pagoda tune --output` wrote ({tmp_path}/p)"
+    )
     with pytest.raises(ProfileError, match="run `pagoda tune` first"):
         load_profile(tmp_path)
     (tmp_path / "profile.json").write_text("{not json")

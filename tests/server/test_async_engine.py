@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 from pagoda.runtime.engine.admission import EngineUnavailableError, QueueFullError
-from pagoda.runtime.engine.async_engine import AsyncEngine
+from pagoda.runtime.engine.async_engine import AsyncEngine, RequestEvent
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.options import parse_size
 from pagoda.runtime.sampling.params import ParamError, SamplingParams
@@ -111,6 +111,9 @@ class FakeCore:
 
     def stats(self) -> EngineStats:
         return EngineStats(len(self.reqs), 0, 0.0, 10, 10, 0, 0, 0)
+
+    def reset_counters(self) -> None:  # EngineCore's (after the warm-up); this one counts none
+        pass
 
     def check_integrity(self) -> None:
         pass
@@ -332,7 +335,7 @@ def test_metrics_weighted_itl():
     now = time.monotonic()
     out = StepOutput("r", 0, [1], "", [], True, "stop", num_prompt_tokens=4,
                      num_output_tokens=5, arrival_time=now - 1.0, first_token_time=now - 0.4)  # fmt: skip
-    m.record_step([out], None)
+    m.record_events([RequestEvent(out, now - 1.0, first=False, ended=True)])
     text = generate_latest(m.registry).decode()
     assert 'pagoda:inter_token_latency_seconds_count{model_name="m"} 4.0' in text
     assert 'pagoda:request_success_total{finished_reason="stop",model_name="m"} 1.0' in text

@@ -159,6 +159,37 @@ def test_impossible_sizes_are_refused_before_loading(argv, needle) -> None:
     assert needle in str(err.value), err.value
 
 
+def test_a_checkpoint_directory_without_weights_or_tokenizer_is_refused_before_loading(
+    tmp_path,
+) -> None:
+    """config.json alone passes the metadata checks; `pagoda serve` must still refuse a
+    directory without its weights or a readable tokenizer with one line before binding, not die in the
+    engine's load after `listening on` (exit 1, a traceback)."""
+    from hf_oracle import make_tiny_llama
+
+    make_tiny_llama(tmp_path)
+    argv = ("--model", str(tmp_path), "--device", "cpu", "--dtype", "float32")
+    assert engine_config(*argv).model == str(tmp_path)  # complete: accepted
+    tokenizer = tmp_path / "tokenizer.json"
+    text = tokenizer.read_text()
+    for broken in (text[: len(text) // 2], "version https://git-lfs.github.com/spec/v1\n", ""):
+        tokenizer.write_text(broken)  # truncated, a Git LFS pointer, empty
+        with pytest.raises(ValueError) as err:
+            engine_config(*argv)
+        assert str(err.value) == (
+            f"model {str(tmp_path)!r}: {tokenizer} is not a JSON object (truncated, or a Git "
+            "LFS pointer?)"
+        )
+    tokenizer.unlink()
+    with pytest.raises(ValueError) as err:
+        engine_config(*argv)
+    assert str(err.value) == f"model {str(tmp_path)!r}: {tmp_path} has no tokenizer.json"
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(ValueError) as err:
+        engine_config(*argv)
+    assert str(err.value) == f"model {str(tmp_path)!r}: {tmp_path} has no *.safetensors files"
+
+
 @pytest.mark.slow
 def test_memory_check_names_what_to_lower(monkeypatch) -> None:
     from pagoda.runtime.server import memory, weights

@@ -99,6 +99,9 @@ class FakeCore:
     def stats(self) -> EngineStats:
         return EngineStats(len(self.reqs), 0, 0.0, 10, 10, 0, 0, 0)
 
+    def reset_counters(self) -> None:  # EngineCore's (after the warm-up); this one counts none
+        pass
+
     def check_integrity(self) -> None:
         pass
 

@@ -110,3 +110,13 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path):
 def test_unknown_model_name_is_a_clear_error():
     with pytest.raises(ValueError, match="neither a built-in name"):
         load_model("no-such-model")
+
+
+@pytest.mark.parametrize("key", ["num_attention_heads", "hidden_size", "vocab_size"])
+def test_a_config_without_a_required_field_names_it(tmp_path, key):
+    make_tiny_llama(tmp_path, arch="Llama")
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config[key]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"config.json lacks '{key}', which a llama model needs"):
+        load_model(str(tmp_path))
