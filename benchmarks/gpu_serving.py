@@ -243,6 +243,8 @@ def main(argv: list[str] | None = None) -> dict:
             for s in servers:  # first-request costs are not part of any run
                 drive(pool, s.base + "/v1/completions", bodies("nano", nano[:2], True, "bench"),
                       2, True)  # fmt: skip
+            for s in servers:  # nor its background start-up work (the grammar compiler)
+                print(f"server {s.label!r}: idle {s.settle():.1f} s later")
             print("\n| " + " | ".join(HEADERS) + " |\n|" + "---|" * len(HEADERS))
             rows = run(args, servers, work, pool)
         finally:

@@ -72,6 +72,21 @@ class Server:
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         return total
 
+    def settle(self, timeout: float = 120.0, window: float = 0.5, busy: float = 0.1) -> float:
+        """Wait until the server idles (its processes use under `busy` of a core over a
+        `window`): once ready it still makes the grammar compiler in the background (imports
+        xgrammar and transformers, seconds of CPU), which would otherwise count in the first
+        run's CPU per token and compete with it. Returns the seconds waited."""
+        start = time.perf_counter()
+        last = self.cpu_seconds()
+        while time.perf_counter() - start < timeout:
+            time.sleep(window)
+            now = self.cpu_seconds()
+            if now - last < busy * window:
+                break
+            last = now
+        return time.perf_counter() - start
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)

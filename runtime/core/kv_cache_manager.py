@@ -48,6 +48,10 @@ class KVCacheManager:
         self.req_blocks: dict[str, list[KVCacheBlock]] = {}
         self.req_block_ids: dict[str, list[int]] = {}  # the same, as ids (read every step)
         self._num_cached: dict[str, int] = {}  # leading blocks of a request registered by hash
+        # Per request: the token count it may reach with its blocks as they are (no new block,
+        # none newly full to register): `allocate_slots`' fast path, read by the scheduler's
+        # decode loop directly (a dict lookup per request instead of a call).
+        self.room: dict[str, int] = {}
         self._cached_before_step: dict[str, int] = {}
         self.prefix_queries = 0  # prompt tokens looked up
         self.prefix_hits = 0  # of which found in the cache
@@ -100,16 +104,12 @@ class KVCacheManager:
         Returns False, changing nothing, when the pool cannot supply them.
         """
         bs, rid = self.block_size, req.request_id
-        blocks = self.req_blocks.get(rid)
         total = req.num_computed_tokens + len(computed) * bs + num_new_tokens
-        if (
-            blocks is not None
-            and not computed
-            and total <= len(blocks) * bs
-            and (self._num_cached.get(rid, 0) >= total // bs or not self._caches(req))
-        ):  # fast path (most decode steps): room in the last block and no block newly full;
+        if not computed and total <= self.room.get(rid, -1):
+            # fast path (most decode steps): room in the last block and no block newly full;
             # nothing changes, so nothing this step registered needs recording for `free`
             return True
+        blocks = self.req_blocks.get(rid)
         if blocks is None:
             blocks = self.req_blocks[rid] = []
         need = (total + bs - 1) // bs - len(blocks) - len(computed)
@@ -133,7 +133,12 @@ class KVCacheManager:
             for i in range(n_cached, n_full):
                 self.pool.cache_block(blocks[i], req.block_hashes[i])
             n_cached = max(n_cached, n_full)
+            # until the first block not registered yet is full
+            room = min(len(blocks) * bs, (n_cached + 1) * bs - 1)
+        else:
+            room = len(blocks) * bs
         self._num_cached[req.request_id] = n_cached
+        self.room[rid] = room
         return True
 
     def free(self, req: Request, *, uncache_this_step: bool = False) -> None:
@@ -144,6 +149,7 @@ class KVCacheManager:
         """
         blocks = self.req_blocks.pop(req.request_id, [])
         self.req_block_ids.pop(req.request_id, None)
+        self.room.pop(req.request_id, None)
         n_cached = self._num_cached.pop(req.request_id, 0)
         before = self._cached_before_step.pop(req.request_id, n_cached)
         if uncache_this_step:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
 from pagoda.runtime.request import Request
 
 
-@dataclass(slots=True)
-class ScheduledRequest:
+class ScheduledRequest(msgspec.Struct, gc=False):
+    """One per scheduled request per step: a msgspec Struct (built in C, ~6x cheaper than a
+    slotted dataclass's Python `__init__`; untracked by the collector, it holds no cycle)."""
+
     request: Request
     num_new_tokens: int  # tokens computed this step, starting at request.num_computed_tokens
     block_ids: list[int]  # the request's whole block table after allocation

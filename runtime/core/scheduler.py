@@ -67,24 +67,28 @@ class Scheduler:
         plan: dict[str, ScheduledRequest] = {}
         preempted: list[Request] = []
         partial: list[Request] = []
-        allocate, block_ids = self.kv.allocate_slots, self.kv.block_ids  # per-request loop
+        allocate, block_ids = self.kv.allocate_slots, self.kv.block_ids
+        room, ids_of = self.kv.room, self.kv.req_block_ids  # the decode loop's fast path
         # Decodes first, placed in the pass that finds them (a steady decode batch: one visit
         # per request); partial prefills after. A snapshot: preemption edits `running`.
         for req in list(self.running):
             # tokens in flight (async scheduling) count as known
-            if len(req.token_ids) + req.num_pending - req.num_computed_tokens != 1:
+            computed = req.num_computed_tokens
+            if len(req.token_ids) + req.num_pending - computed != 1:
                 partial.append(req)
                 continue
             if budget <= 0 or req.status != RUNNING:
                 continue
             if req.num_pending and req.ends_with_pending:
                 continue  # its last token is in flight: it finishes when that is read back
-            if not allocate(req, 1):
+            rid = req.request_id
+            # `allocate(req, 1)`, whose fast path (room in the last block) is this lookup
+            if computed >= room.get(rid, 0) and not allocate(req, 1):
                 fits, back = self._make_room(req, 1, plan, preempted)
                 budget += back
                 if not fits:
                     continue
-            plan[req.request_id] = ScheduledRequest(req, 1, block_ids(req.request_id))
+            plan[rid] = ScheduledRequest(req, 1, ids_of[rid])
             budget -= 1
         chunked = self.config.enable_chunked_prefill
         for req in partial:

@@ -368,10 +368,11 @@ class AsyncEngine:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue  # aborted meanwhile (counted then)
-            self.admission.unqueue(out.request_id)
+            first = not stream.started
+            if first:  # its first output: it no longer waits (later calls were no-ops)
+                self.admission.unqueue(out.request_id)
             if out.finished and self.admission.release(out.request_id, 1):
                 released = True
-            first = not stream.started
             ended = stream._put(out)
             if ended:
                 del self._streams[out.request_id]

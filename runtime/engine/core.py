@@ -40,7 +40,7 @@ from pagoda.runtime.cpu.host_memory import release_freed_memory
 from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.model.loader import LoadedModel, load_model
-from pagoda.runtime.request import Request
+from pagoda.runtime.request import FIRST_FINISHED, Request
 from pagoda.runtime.sampling.params import SamplingParams, sample_seed
 from pagoda.runtime.worker.model_runner import ModelRunner
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
@@ -257,16 +257,20 @@ class EngineCore:
         anything is scheduled again (stop strings need the text, so those detokenize here)."""
         now = time.monotonic()
         check_stop_string = self.outputs.check_stop_string
+        # once per request per step: attribute reads, no calls on the common path
         for req, tok, lp in zip(result.requests, result.token_ids, result.logprobs):
-            req.append_token(tok)
+            ids = req.token_ids
+            ids.append(tok)  # Request.append_token
             if lp is not None:
                 req.logprobs.append(lp)
             if req.first_token_time is None:
                 req.first_token_time = now
-            req.check_stop_token()
+            # check_stop_token decides; most tokens meet neither of its conditions
+            if tok in req.stop_ids or len(ids) - req.num_prompt_tokens >= req.max_new_tokens:
+                req.check_stop_token()
             if req.params.stop:
                 check_stop_string(req, tok)
-            if req.is_finished:
+            if req.status >= FIRST_FINISHED:
                 self.scheduler.finish(req)
                 self._penalized.discard(req.request_id)
         if self.clock is not None:

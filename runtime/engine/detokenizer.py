@@ -30,7 +30,9 @@ class IncrementalDetokenizer:
     ) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = list(prompt_ids[-_CONTEXT:])
-        self._step = (
+        # token id → the text it completes, or None (`Tokenizer.stream_decoder`); None when
+        # there is none (then two windows are decoded)
+        self.stream = (
             tokenizer.stream_decoder(self.ids, skip_special_tokens=skip_special_tokens)
             if use_stream
             else None
@@ -49,8 +51,8 @@ class IncrementalDetokenizer:
 
     def _new_text(self, new_ids: Sequence[int]) -> str:
         """Text the new ids complete; "" while a character is still incomplete."""
-        if self._step is not None:
-            return "".join(c for t in new_ids if (c := self._step(t)))
+        if self.stream is not None:
+            return "".join(c for t in new_ids if (c := self.stream(t)))
         self.ids.extend(new_ids)
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.ids[self.prefix_offset :])
@@ -61,9 +63,9 @@ class IncrementalDetokenizer:
 
     def push(self, token_id: int) -> None:
         """Append one token of a request without stop strings (the per-step fast path)."""
-        if self._step is None:
+        if self.stream is None:
             self.add_tokens([token_id])
-        elif c := self._step(token_id):
+        elif c := self.stream(token_id):
             self.text += c
 
     def add_tokens(self, new_ids: Sequence[int], search: bool = True) -> str | None:

@@ -86,11 +86,42 @@ class OutputProcessor:
                 continue
             detok = s.detok
             if not detok.stop and (req.status != _STOPPED or detok.include_stop):
-                detok.push(tok)  # a stop/EOS token adds no text unless asked to
+                # a stop/EOS token adds no text unless asked to
+                stream = detok.stream  # IncrementalDetokenizer.push, inlined
+                if stream is None:
+                    detok.push(tok)
+                elif c := stream(tok):
+                    detok.text += c
             live.append((s, req, tok, lp))
         if clock is not None:
             clock.mark("detokenize")
-        outputs = [self._output(s, req, tok, lp) for s, req, tok, lp in live]
+        outputs = []
+        append = outputs.append
+        for s, req, tok, lp in live:
+            detok = s.detok
+            if detok.stop or req.status >= FIRST_FINISHED:
+                append(self._output(s, req, tok, lp))
+                continue
+            # `_output` of a running request without stop strings: all its text goes out
+            text, detok.text = detok.text, ""
+            append(
+                StepOutput(
+                    s.parent,
+                    s.index,
+                    [tok],
+                    text,
+                    [lp] if lp is not None else [],
+                    False,
+                    None,
+                    req.stop_reason,
+                    req.num_prompt_tokens,
+                    req.num_cached_tokens,
+                    len(req.token_ids) - req.num_prompt_tokens,
+                    req.arrival_time,
+                    req.first_scheduled_time,
+                    req.first_token_time,
+                )
+            )
         if clock is not None:
             clock.mark("outputs")
         return outputs

@@ -1,6 +1,9 @@
 """A request's stream of outputs: what the event loop fans each step's deltas out to, and what
 the serving layer iterates. A reader that falls behind gets its pending deltas merged into one
-(coalesced), instead of a backlog of one event per token.
+(coalesced), instead of a backlog of one event per token. The fan-out only appends (a step
+costs each stream a list append and a wake-up); deltas are merged once, when the reader takes
+them, and a reader that wants only the whole result (`wake_at_end`) is woken once, not every
+step.
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ class RequestStream:
         self.tokens = [0] * n  # output tokens so far, per sample
         self.started = False  # some sample has an output
         self.finished = False  # every sample finished, or the request failed/aborted
-        self._pending: dict[int, StepOutput] = {}  # sample index -> delta not read yet
+        # The reader wants the whole result (a response that is not streamed): it is woken
+        # when the request ends, and gets each sample's deltas merged into one.
+        self.wake_at_end = False
+        self._pending: dict[int, list[StepOutput]] = {}  # sample index -> deltas not read yet
         self._error: BaseException | None = None
         self._ended = False  # nothing comes after what is pending
         self._waiter: asyncio.Future[None] | None = None
@@ -42,16 +48,17 @@ class RequestStream:
         i = out.index
         self.tokens[i] = out.num_output_tokens
         self.started = True
-        prev = self._pending.get(i)
-        if prev is None:
-            self._pending[i] = out
+        waiting = self._pending.get(i)
+        if waiting is None:
+            self._pending[i] = [out]
         else:
-            self._pending[i] = _merge(prev, out)
+            waiting.append(out)
         if out.finished:
             self.done[i] = True
             if all(self.done):
                 self.finished = self._ended = True
-        self._wake()
+        if self._ended or not self.wake_at_end:
+            self._wake()
         return self.finished
 
     def _abort(self) -> None:
@@ -67,8 +74,7 @@ class RequestStream:
                     finish_reason="abort",
                     num_output_tokens=self.tokens[i],
                 )
-                prev = self._pending.get(i)
-                self._pending[i] = end if prev is None else _merge(prev, end)
+                self._pending.setdefault(i, []).append(end)
         self.finished = self._ended = True
         self._wake()
 
@@ -83,7 +89,8 @@ class RequestStream:
     async def __anext__(self) -> StepOutput:
         while True:
             if self._pending:
-                return self._pending.pop(next(iter(self._pending)))
+                deltas = self._pending.pop(next(iter(self._pending)))
+                return deltas[0] if len(deltas) == 1 else _merge(deltas)
             if self._error is not None:
                 raise self._error
             if self._ended:
@@ -95,21 +102,24 @@ class RequestStream:
                 self._waiter = None
 
 
-def _merge(a: StepOutput, b: StepOutput) -> StepOutput:
-    """Delta `a` followed by delta `b` of the same sample, as one."""
+def _merge(deltas: list[StepOutput]) -> StepOutput:
+    """Successive deltas of one sample, as one (the first's request, times and prompt; the
+    last's finish; every token, text and logprob in order)."""
+    a, b = deltas[0], deltas[-1]
+    lps = [lp for d in deltas for lp in d.new_logprobs]
     return StepOutput(
         a.request_id,
         a.index,
-        a.new_token_ids + b.new_token_ids,
-        a.new_text + b.new_text,
-        a.new_logprobs + b.new_logprobs if b.new_logprobs else a.new_logprobs,
+        [t for d in deltas for t in d.new_token_ids],
+        "".join([d.new_text for d in deltas]),
+        lps,
         b.finished,
         b.finish_reason,
         b.stop_reason,
-        a.num_prompt_tokens or b.num_prompt_tokens,
-        max(a.num_cached_tokens, b.num_cached_tokens),
-        max(a.num_output_tokens, b.num_output_tokens),
+        next((d.num_prompt_tokens for d in deltas if d.num_prompt_tokens), 0),
+        max(d.num_cached_tokens for d in deltas),
+        max(d.num_output_tokens for d in deltas),
         a.arrival_time,
-        a.first_scheduled_time if a.first_scheduled_time is not None else b.first_scheduled_time,
-        a.first_token_time if a.first_token_time is not None else b.first_token_time,
+        next((d.first_scheduled_time for d in deltas if d.first_scheduled_time is not None), None),
+        next((d.first_token_time for d in deltas if d.first_token_time is not None), None),
     )

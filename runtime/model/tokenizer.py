@@ -17,7 +17,12 @@ from typing import Any
 
 import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from pagoda.runtime.model.byte_stream import ByteStream, byte_pieces, is_plain_byte_level
+from pagoda.runtime.model.byte_stream import (
+    ByteStream,
+    byte_pieces,
+    is_plain_byte_level,
+    whole_texts,
+)
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -135,7 +140,7 @@ class Tokenizer:
         self.add_bos_token = add_bos_token
         self._template = None
         self._byte_level: bool | None = None  # decided on first use (byte_stream)
-        self._pieces: dict[bool, list[bytes]] = {}
+        self._pieces: dict[bool, tuple[list[bytes], list[str | None]]] = {}  # byte_stream's
         self._as_text: HFTokenizer | None = None  # a copy that reads special-token text as text
         self._specials: re.Pattern | bool | None = False  # False: not looked up yet
         self.template_variables: frozenset[str] = frozenset()  # the names the template reads
@@ -231,10 +236,11 @@ class Tokenizer:
             self._byte_level = is_plain_byte_level(self._tok)
         if not self._byte_level:
             return None
-        pieces = self._pieces.get(skip_special)
-        if pieces is None:
-            pieces = self._pieces[skip_special] = byte_pieces(self._tok, skip_special)
-        return ByteStream.after(pieces, list(context))
+        tables = self._pieces.get(skip_special)
+        if tables is None:
+            pieces = byte_pieces(self._tok, skip_special)
+            tables = self._pieces[skip_special] = (pieces, whole_texts(pieces))
+        return ByteStream.after(tables[0], list(context), tables[1])
 
     def apply_chat_template(
         self,

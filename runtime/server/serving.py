@@ -215,6 +215,8 @@ class Serving:
         lps: list[list] = [[] for _ in range(k)]
         tokens, finish, stop = [0] * k, [None] * k, [None] * k
         cached = [0] * len(job.prompts)
+        for s in job.streams or ():
+            s.wake_at_end = True  # no wake-up per step: the deltas are merged for us
         async for idx, o in self._outputs(job):
             texts[idx] += o.new_text
             lps[idx].extend(o.new_logprobs)

@@ -20,6 +20,7 @@ from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.engine.core_client import EngineDeadError, EngineProcClient
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.engine.request_stream import RequestStream
+from pagoda.runtime.request import TokenLogprob
 from pagoda.runtime.sampling.params import SamplingParams
 
 
@@ -222,6 +223,32 @@ async def test_a_slow_reader_gets_pending_tokens_as_one_delta():
     o = outs[0]
     assert o.new_token_ids == [1, 2, 3] and o.new_text == "t1t2t3"
     assert o.finished and o.finish_reason == "length" and o.num_output_tokens == 3
+
+
+async def test_a_reader_of_the_whole_result_wakes_once_with_every_delta_merged():
+    stream = RequestStream("r", 1)
+    stream.wake_at_end = True
+    got: list[StepOutput] = []
+
+    async def read():
+        got.extend([o async for o in stream])
+
+    reader = asyncio.ensure_future(read())
+    await asyncio.sleep(0)  # the reader waits for its first delta
+    lp = TokenLogprob(2, -0.5, [])
+    for k in range(1, 4):
+        stream._put(StepOutput("r", 0, [k], f"t{k}", [lp] if k == 2 else [], False,
+                               num_prompt_tokens=7 if k == 1 else 0, num_output_tokens=k,
+                               first_token_time=None if k == 1 else float(k)))  # fmt: skip
+        await asyncio.sleep(0)
+        assert not got and not reader.done()  # not woken per step
+    stream._put(StepOutput("r", 0, [4], "t4", [], True, "stop", num_output_tokens=4))
+    await asyncio.wait_for(reader, 5)
+    assert len(got) == 1
+    o = got[0]
+    assert o.new_token_ids == [1, 2, 3, 4] and o.new_text == "t1t2t3t4" and o.new_logprobs == [lp]
+    assert o.finished and o.finish_reason == "stop" and o.num_output_tokens == 4
+    assert o.num_prompt_tokens == 7 and o.first_token_time == 2.0
 
 
 def test_step_outputs_pickle_and_the_tokenizer_too(tmp_path):

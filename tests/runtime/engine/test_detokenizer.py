@@ -19,7 +19,7 @@ def stream(tok, text: str, stop=(), include_stop=False):
     d = IncrementalDetokenizer(
         tok, tok.encode("Hello"), stop=stop, include_stop=include_stop, use_stream=USE_STREAM[0]
     )
-    assert (d._step is not None) == USE_STREAM[0]
+    assert (d.stream is not None) == USE_STREAM[0]
     deltas, matched = [], None
     for t in ids:
         matched = d.add_tokens([t])
