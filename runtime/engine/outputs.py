@@ -42,6 +42,8 @@ class CompletionOutput:
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    # the sum of the sampled tokens' log-probabilities; None unless logprobs were asked for
+    cumulative_logprob: float | None = None
 
 
 @dataclass
@@ -60,6 +62,9 @@ class RequestOutput:
         out.token_ids.extend(delta.new_token_ids)
         if delta.new_logprobs:
             out.logprobs = (out.logprobs or []) + delta.new_logprobs
+            out.cumulative_logprob = (out.cumulative_logprob or 0.0) + sum(
+                lp.logprob for lp in delta.new_logprobs
+            )
         if delta.finished:
             out.finish_reason, out.stop_reason = delta.finish_reason, delta.stop_reason
             self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
