@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -138,12 +139,15 @@ class LLM:
 
         Text content parts are joined one per line; a `developer` message is a system message
         for a template without that role. `add_generation_prompt` defaults to true, false with
-        `continue_final_message`; `tools` (OpenAI tool objects) go to the template (the reply's
-        tool calls are not parsed: `text` is the model's raw output); `chat_template_kwargs`
-        must name variables the template reads.
+        `continue_final_message`; `tools` (OpenAI tool objects) go to the template, which must
+        render them (the reply's tool calls are not parsed: `text` is the model's raw output);
+        `chat_template_kwargs` must name variables the template reads.
         """
         if messages and isinstance(messages[0], dict):
             messages = [messages]  # type: ignore[list-item]
+        if tools and "tools" not in self.tokenizer.template_variables:
+            raise ValueError("tools: this model's chat template does not render tools, so the "
+                             "model would never see them")  # fmt: skip
         if continue_final_message and add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be "
                              "true: the reply continues the last message")  # fmt: skip
@@ -203,7 +207,21 @@ def template_messages(conversation: Sequence[dict[str, Any]], template: str | No
             m["content"] = "\n".join(str(p.get("text", "")) for p in content)
         elif content is None:
             m["content"] = ""
+        if isinstance(m.get("tool_calls"), list):  # arguments as objects: templates use tojson
+            m["tool_calls"] = [_arguments_as_object(c) for c in m["tool_calls"]]
         if m["role"] == "developer" and template is not None and "developer" not in template:
             m["role"] = "system"
         out.append(m)
     return out
+
+
+def _arguments_as_object(call: Any) -> Any:
+    """A tool call whose JSON `arguments` string is parsed (as vLLM and the server hand it to
+    templates); text that is not JSON stays text."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not (isinstance(fn, dict) and isinstance(fn.get("arguments"), str)):
+        return call
+    try:
+        return {**call, "function": {**fn, "arguments": json.loads(fn["arguments"])}}
+    except (ValueError, RecursionError):
+        return call

@@ -108,3 +108,38 @@ def test_close_and_context_manager(smol):
     with pytest.raises(RuntimeError, match="closed"):
         a.chat([{"role": "user", "content": "Hi"}], GREEDY)
     b.close()
+
+
+TOOLS_TEMPLATE = (
+    "{% if tools %}[{% for t in tools %}{{ t['function']['name'] }};{% endfor %}]{% endif %}"
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}"
+    "{% for c in m.get('tool_calls') or [] %}{{ c['function']['arguments'] | tojson }}"
+    "{% endfor %}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def test_chat_tools(tmp_path, llm):
+    """Tools reach a template that renders them, call arguments as objects (as vLLM and the
+    server hand them over); a template that ignores tools gets a ValueError, not silence."""
+    import json
+
+    from hf_oracle import make_tiny_model
+    from pagoda.runtime.model.loader import load_model
+
+    make_tiny_model(tmp_path, "Qwen3", head_dim=64)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": TOOLS_TEMPLATE}))
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}  # fmt: skip
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+    ]
+    with LLM(loaded=load_model(str(tmp_path)), dtype="float32", kv_cache_memory=4 << 20) as tiny:
+        (out,) = tiny.chat(messages, SamplingParams(temperature=0, max_tokens=2), tools=tools)
+    assert out.prompt == (
+        '[get_weather;]<user>Weather?<assistant>{"city": "Paris"}<tool>sunny<assistant>'
+    )
+    with pytest.raises(ValueError, match="does not render tools"):
+        llm.chat(messages[:1], GREEDY, tools=tools)
