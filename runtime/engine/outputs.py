@@ -45,6 +45,10 @@ class CompletionOutput:
     # the sum of the sampled tokens' log-probabilities; None unless logprobs were asked for
     cumulative_logprob: float | None = None
 
+    def finished(self) -> bool:
+        """Whether this sample is done (vLLM's `CompletionOutput.finished()`)."""
+        return self.finish_reason is not None
+
 
 @dataclass
 class RequestOutput:
@@ -68,7 +72,7 @@ class RequestOutput:
         if delta.finished:
             out.finish_reason, out.stop_reason = delta.finish_reason, delta.stop_reason
             self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
-        self.finished = all(o.finish_reason is not None for o in self.outputs)
+        self.finished = all(o.finished() for o in self.outputs)
 
 
 class EngineStats(msgspec.Struct, array_like=True, gc=False):

@@ -67,7 +67,7 @@ def test_cumulative_logprob(llm):
     (out,) = llm.generate("Hi", SamplingParams(temperature=0, max_tokens=3, logprobs=0))
     o = out.outputs[0]
     assert o.cumulative_logprob == pytest.approx(sum(lp.logprob for lp in o.logprobs))
-    assert o.cumulative_logprob < 0 and out.finished
+    assert o.cumulative_logprob < 0 and out.finished and o.finished()
     assert llm.generate("Hi", GREEDY)[0].outputs[0].cumulative_logprob is None
 
 
