@@ -108,9 +108,7 @@ class LLM:
                 self.engine.add_request(rid, ids, p)
             while self.engine.has_unfinished_requests():
                 for delta in self.engine.step():
-                    res = results.get(delta.request_id)
-                    if res is None:  # an earlier call's, aborted (its last step in flight)
-                        continue
+                    res = results[delta.request_id]
                     was_done = res.finished
                     res.add(delta)
                     if bar is not None and res.finished and not was_done:
