@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -63,11 +64,11 @@ class LLM:
                 raise ValueError(f"prompt key(s) {', '.join(unknown)} not supported; a prompt "
                                  "dict has 'prompt' (text) or 'prompt_token_ids'")  # fmt: skip
             if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+                return prompt.get("prompt"), _token_ids(prompt["prompt_token_ids"])
             if not isinstance(prompt.get("prompt"), str):
                 raise ValueError("a prompt dict needs 'prompt' (text) or 'prompt_token_ids'")
             return self._to_ids(prompt["prompt"])
-        return None, list(prompt)
+        return None, _token_ids(prompt)
 
     def generate(
         self,
@@ -177,6 +178,14 @@ class LLM:
                 raise ValueError(f"chat_template_kwargs: this model's chat template does not read "
                                  f"'{key}', so it would change nothing")  # fmt: skip
         return kwargs
+
+
+def _token_ids(ids: Any) -> list[int]:
+    """Token ids as Python ints (numpy's integers too); ValueError for anything else."""
+    try:
+        return [operator.index(t) for t in ids]
+    except TypeError as e:
+        raise ValueError(f"prompt_token_ids must be a list of integers ({e})") from None
 
 
 def _progress(use_tqdm: bool | Callable[..., Any], total: int) -> Any:

@@ -3,6 +3,7 @@ with dict prompts and a progress-bar factory, `chat` with its rendering options,
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from pagoda.runtime import LLM, SamplingParams
 
@@ -39,6 +40,11 @@ def test_vllm_call_shapes(llm):
         use_tqdm=lambda **kw: bars.append(Bar(**kw)) or bars[-1],
     )
     assert [o.prompt for o in outs] == ["Hello", None, "Hello"]
+    (arr,) = llm.generate({"prompt_token_ids": np.array(ids)}, GREEDY)  # numpy ids, as Python's
+    assert arr.prompt_token_ids == ids and type(arr.prompt_token_ids[0]) is int
+    assert arr.outputs[0].token_ids == text.outputs[0].token_ids
+    with pytest.raises(ValueError, match="prompt_token_ids must be a list of integers"):
+        llm.generate({"prompt_token_ids": [1.5, 2]}, GREEDY)
     assert [o.outputs[0].token_ids for o in outs[:2]] == [text.outputs[0].token_ids] * 2
     assert outs[2].outputs[0].token_ids == text.outputs[0].token_ids[:2]
     assert bars[0].total == bars[0].done == 3 and bars[0].closed
