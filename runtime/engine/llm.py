@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+import json
+import operator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pagoda.runtime.config import DEFAULT_MODEL, EngineConfig
 from pagoda.runtime.engine.core import EngineCore
 from pagoda.runtime.engine.outputs import CompletionOutput, RequestOutput
 from pagoda.runtime.model.loader import LoadedModel
+from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
 from pagoda.runtime.sampling.params import SamplingParams
 
 PromptType = str | Sequence[int] | dict[str, Any]
+# vLLM's TextPrompt / TokensPrompt keys this runtime serves; any other (multi_modal_data,
+# mm_processor_kwargs, ...) is refused rather than ignored
+PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids"})
 
 
 class LLM:
@@ -30,9 +36,12 @@ class LLM:
         self.config = self.engine.config  # with the context length resolved
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
+        self._closed = False
 
     def close(self) -> None:
-        """Stop the engine's other tensor-parallel ranks, if any (`with LLM(...) as llm:`)."""
+        """Stop the engine's other tensor-parallel ranks, if any (`with LLM(...) as llm:`);
+        idempotent. `generate` and `chat` raise RuntimeError afterwards."""
+        self._closed = True
         self.engine.close()
 
     def __enter__(self) -> LLM:
@@ -50,66 +59,176 @@ class LLM:
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, dict):
+            unknown = sorted(map(str, set(prompt) - PROMPT_KEYS))
+            if unknown:
+                raise ValueError(f"prompt key(s) {', '.join(unknown)} not supported; a prompt "
+                                 "dict has 'prompt' (text) or 'prompt_token_ids'")  # fmt: skip
             if "prompt_token_ids" in prompt:
-                return None, list(prompt["prompt_token_ids"])
+                return prompt.get("prompt"), _token_ids(prompt["prompt_token_ids"])
+            if not isinstance(prompt.get("prompt"), str):
+                raise ValueError("a prompt dict needs 'prompt' (text) or 'prompt_token_ids'")
             return self._to_ids(prompt["prompt"])
-        return None, list(prompt)
+        return None, _token_ids(prompt)
 
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
-        use_tqdm: bool = False,
+        use_tqdm: bool | Callable[..., Any] = False,
     ) -> list[RequestOutput]:
         """Run all prompts together (continuous batching); results come back in input order.
 
-        Invalid input raises ValueError before anything runs, naming the offending field.
+        `use_tqdm`: True for a progress bar, or (as vLLM's) a callable that makes the bar
+        (``tqdm``'s arguments: ``total``, ``desc``, ``unit``). Invalid input raises ValueError
+        before anything runs, naming the offending field.
         """
+        if self._closed:
+            raise RuntimeError("this LLM is closed; create a new one")
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)  # type: ignore[arg-type]
-        params = params or self.get_default_sampling_params()
+        params = sampling_params or self.get_default_sampling_params()
         plist = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(plist) != len(prompts):
-            raise ValueError("params must be one SamplingParams or one per prompt")
+            raise ValueError(f"sampling_params must be one SamplingParams or one per prompt: "
+                             f"{len(plist)} for {len(prompts)} prompts")  # fmt: skip
         encoded = [self._to_ids(p) for p in prompts]
         for (_, ids), p in zip(encoded, plist):
             self.engine.validate(ids, p)
+        bar = _progress(use_tqdm, len(prompts))
         results: dict[str, RequestOutput] = {}
-        order = []
-        for (text, ids), p in zip(encoded, plist):
-            rid = f"offline-{next(self._ids)}"
-            self.engine.add_request(rid, ids, p)
-            results[rid] = RequestOutput(rid, text, ids, [CompletionOutput(i) for i in range(p.n)])
-            order.append(rid)
-        bar = None
-        if use_tqdm:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(order), desc="Generating", unit="req")
-        while self.engine.has_unfinished_requests():
-            for delta in self.engine.step():
-                res = results[delta.request_id]
-                was_done = res.finished
-                res.add(delta)
-                if bar is not None and res.finished and not was_done:
-                    bar.update(1)
-        if bar is not None:
-            bar.close()
-        return [results[r] for r in order]
+        try:
+            for (text, ids), p in zip(encoded, plist):
+                rid = f"offline-{next(self._ids)}"
+                results[rid] = RequestOutput(
+                    rid, text, ids, [CompletionOutput(i) for i in range(p.n)]
+                )
+                self.engine.add_request(rid, ids, p)
+            while self.engine.has_unfinished_requests():
+                for delta in self.engine.step():
+                    res = results[delta.request_id]
+                    was_done = res.finished
+                    res.add(delta)
+                    if bar is not None and res.finished and not was_done:
+                        bar.update(1)
+        finally:  # interrupted (Ctrl-C, a failing progress bar): leave no request behind
+            for rid, res in results.items():
+                if not res.finished:
+                    self.engine.abort_request(rid)
+            if bar is not None:
+                bar.close()
+        return list(results.values())
 
     def chat(
         self,
-        conversations: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
-        use_tqdm: bool = False,
+        use_tqdm: bool | Callable[..., Any] = False,
+        add_generation_prompt: bool | None = None,
+        continue_final_message: bool = False,
+        tools: Sequence[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the model's chat template to each conversation, then generate."""
-        if conversations and isinstance(conversations[0], dict):
-            conversations = [conversations]  # type: ignore[list-item]
-        prompts = [self.tokenizer.apply_chat_template(c) for c in conversations]  # type: ignore[arg-type]
-        return self.generate(prompts, params, use_tqdm=use_tqdm)
+        """Render each conversation with the model's chat template, then generate (vLLM's
+        `LLM.chat`): the prompt is what /v1/chat/completions renders for the same messages.
+
+        Text content parts are joined one per line; a `developer` message is a system message
+        for a template without that role. `add_generation_prompt` defaults to true, false with
+        `continue_final_message`; `tools` (OpenAI tool objects) go to the template, which must
+        render them (the reply's tool calls are not parsed: `text` is the model's raw output);
+        `chat_template_kwargs` must name variables the template reads.
+        """
+        if messages and isinstance(messages[0], dict):
+            messages = [messages]  # type: ignore[list-item]
+        if tools and "tools" not in self.tokenizer.template_variables:
+            raise ValueError("tools: this model's chat template does not render tools, so the "
+                             "model would never see them")  # fmt: skip
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be "
+                             "true: the reply continues the last message")  # fmt: skip
+        prompts = [
+            {
+                "prompt": text,
+                "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False),
+            }
+            for text in (
+                self.tokenizer.apply_chat_template(
+                    template_messages(conv, self.tokenizer.chat_template),
+                    add_generation_prompt=add_generation_prompt is not False,
+                    continue_final_message=continue_final_message,
+                    tools=tools,
+                    variables=self._template_kwargs(chat_template_kwargs),
+                )
+                for conv in messages
+            )
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _template_kwargs(self, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        """`chat_template_kwargs`, each a variable the chat template reads (as the server's)."""
+        for key in kwargs or {}:
+            if key in TEMPLATE_NAMES:
+                raise ValueError(f"chat_template_kwargs: '{key}' is set by chat() itself (use its "
+                                 "arguments: messages, tools, add_generation_prompt)")  # fmt: skip
+            if key not in self.tokenizer.template_variables:
+                raise ValueError(f"chat_template_kwargs: this model's chat template does not read "
+                                 f"'{key}', so it would change nothing")  # fmt: skip
+        return kwargs
+
+
+def _token_ids(ids: Any) -> list[int]:
+    """Token ids as Python ints (numpy's integers too); ValueError for anything else."""
+    try:
+        return [operator.index(t) for t in ids]
+    except TypeError as e:
+        raise ValueError(f"prompt_token_ids must be a list of integers ({e})") from None
+
+
+def _progress(use_tqdm: bool | Callable[..., Any], total: int) -> Any:
+    """The progress bar `use_tqdm` asks for (None for none)."""
+    if not use_tqdm:
+        return None
+    if callable(use_tqdm):
+        return use_tqdm(total=total, desc="Generating", unit="req")
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="Generating", unit="req")
+
+
+def template_messages(conversation: Sequence[dict[str, Any]], template: str | None) -> list:
+    """The messages as the chat template reads them (as the server's `as_template_dict`): text
+    parts joined one per line, `developer` as `system` where the template lacks the role."""
+    out = []
+    for i, m in enumerate(conversation):
+        if not isinstance(m, dict) or "role" not in m:
+            raise ValueError(f"messages[{i}] must be a dict with a 'role'")
+        m = dict(m)
+        content = m.get("content")
+        if isinstance(content, list):
+            if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
+                raise ValueError(f"messages[{i}].content: only text parts are supported")
+            m["content"] = "\n".join(str(p.get("text", "")) for p in content)
+        elif content is None:
+            m["content"] = ""
+        if isinstance(m.get("tool_calls"), list):  # arguments as objects: templates use tojson
+            m["tool_calls"] = [_arguments_as_object(c) for c in m["tool_calls"]]
+        if m["role"] == "developer" and template is not None and "developer" not in template:
+            m["role"] = "system"
+        out.append(m)
+    return out
+
+
+def _arguments_as_object(call: Any) -> Any:
+    """A tool call whose JSON `arguments` string is parsed (as vLLM and the server hand it to
+    templates); text that is not JSON stays text."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not (isinstance(fn, dict) and isinstance(fn.get("arguments"), str)):
+        return call
+    try:
+        return {**call, "function": {**fn, "arguments": json.loads(fn["arguments"])}}
+    except (ValueError, RecursionError):
+        return call

@@ -42,6 +42,12 @@ class CompletionOutput:
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    # the sum of the sampled tokens' log-probabilities; None unless logprobs were asked for
+    cumulative_logprob: float | None = None
+
+    def finished(self) -> bool:
+        """Whether this sample is done (vLLM's `CompletionOutput.finished()`)."""
+        return self.finish_reason is not None
 
 
 @dataclass
@@ -60,10 +66,13 @@ class RequestOutput:
         out.token_ids.extend(delta.new_token_ids)
         if delta.new_logprobs:
             out.logprobs = (out.logprobs or []) + delta.new_logprobs
+            out.cumulative_logprob = (out.cumulative_logprob or 0.0) + sum(
+                lp.logprob for lp in delta.new_logprobs
+            )
         if delta.finished:
             out.finish_reason, out.stop_reason = delta.finish_reason, delta.stop_reason
             self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
-        self.finished = all(o.finish_reason is not None for o in self.outputs)
+        self.finished = all(o.finished() for o in self.outputs)
 
 
 class EngineStats(msgspec.Struct, array_like=True, gc=False):

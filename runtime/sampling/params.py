@@ -7,6 +7,7 @@ sampler fail (an error inside a step would take every request down with it).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -66,8 +67,11 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
-        object.__setattr__(self, "stop", tuple(self.stop or ()))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        for name in ("stop", "stop_token_ids"):
+            value = getattr(self, name) or ()
+            if not isinstance(value, (list, tuple)):
+                raise ParamError(name, f"{name} must be a list, got {_short(value)}")
+            object.__setattr__(self, name, tuple(value))
         _check_int("n", self.n, 1, MAX_N)
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, 1, None)
@@ -126,6 +130,10 @@ class SamplingParams:
             for t in self.stop_token_ids
         ):
             raise ParamError("stop_token_ids", "stop_token_ids must be non-negative integers")
+
+    def clone(self, **changes: Any) -> SamplingParams:
+        """A copy, with `changes` applied and validated (vLLM's `clone`; these are frozen)."""
+        return dataclasses.replace(self, **changes)
 
     @property
     def greedy(self) -> bool:

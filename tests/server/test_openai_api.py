@@ -52,6 +52,26 @@ def test_chat_greedy_equals_offline_with_usage(client, offline):
     assert r.id.startswith("chatcmpl-") and r.created > 0 and r.model == MODEL
 
 
+def test_chat_options_render_as_offline_chat(client, offline):
+    """`LLM.chat`'s rendering options give the prompt the server renders for the same request:
+    text parts, a developer message (a system message for this template), a reply that
+    continues the last message, no generation prompt."""
+    messages = [
+        {"role": "developer", "content": "Reply in French."},
+        {"role": "user", "content": [{"type": "text", "text": "Greet me."},
+                                     {"type": "text", "text": "Briefly."}]},
+        {"role": "assistant", "content": "Bonjour, je"},
+    ]  # fmt: skip
+    params = SamplingParams(max_tokens=6, temperature=0)
+    for kw in ({"continue_final_message": True}, {"add_generation_prompt": False}):
+        r = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=6, temperature=0, extra_body=kw
+        )
+        (ref,) = offline.chat(messages, params, **kw)
+        assert r.usage.prompt_tokens == len(ref.prompt_token_ids), kw
+        assert r.choices[0].message.content == ref.outputs[0].text, kw
+
+
 def test_completion_greedy_equals_offline_with_usage(client, offline):
     prompt = "The history of computing is a story of"
     r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0)

@@ -23,11 +23,24 @@ from pagoda.runtime.sampling.params import SamplingParams
         (dict(repetition_penalty=0.0), "repetition_penalty"),
         (dict(temperature="hot"), "temperature"),
         (dict(seed=1.5), "seed"),
+        (dict(stop=5), "stop"),  # was a TypeError from tuple(5)
+        (dict(stop_token_ids=7), "stop_token_ids"),
     ],
 )
 def test_bad_sampling_params(kwargs, field):
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(ValueError, match=field) as e:
         SamplingParams(**kwargs)
+    assert e.value.field == field
+
+
+def test_clone_copies_and_validates_changes():
+    """vLLM's `clone()`; these params are frozen, so changes go through it (validated)."""
+    p = SamplingParams(temperature=0.5, stop="x")
+    q = p.clone()
+    assert q == p and q is not p
+    assert p.clone(max_tokens=3).max_tokens == 3 and p.max_tokens == 16
+    with pytest.raises(ValueError, match="top_p"):
+        p.clone(top_p=0)
 
 
 def test_top_k_0_is_off_as_in_vllm():
