@@ -254,18 +254,7 @@ def _check_kernel(kernel: str, buckets: Any, where: Any, complete: bool) -> None
                 raise KernelConfigError(f"{where}: {at}.shape.{key} {bad}")
         if not isinstance(config, dict) or not config:
             raise KernelConfigError(f"{where}: {at}.config must be a non-empty object")
-        for key, value in config.items():
-            param = schema.params.get(key)
-            if param is None:
-                raise KernelConfigError(f"{where}: {at}.config.{_show(key)} is not a parameter "
-                                        f"of {kernel} (known: {', '.join(schema.params)})")  # fmt: skip
-            bad = param.problem(value)
-            if bad:
-                raise KernelConfigError(f"{where}: {at}.config.{key} {bad}")
-        if complete:
-            missing = [k for k in schema.params if k not in config and k not in schema.optional]
-            if missing:
-                raise KernelConfigError(f"{where}: {at}.config lacks {missing[0]}")
+        _check_params(kernel, config, f"{where}: {at}.config", ".", complete)
 
 
 def check_launch_config(kernel: str, config: Any) -> None:
@@ -273,21 +262,28 @@ def check_launch_config(kernel: str, config: Any) -> None:
     must be one a file could hold, complete: every parameter ``kernel`` reads, each in range
     (powers of two where Triton needs them). KernelConfigError names the field, rather than a
     ``KeyError`` or Triton's "arange's range must be a power of 2" at the launch."""
-    schema = KERNELS[kernel]
     where = f"{kernel} launch config"
     if not isinstance(config, Mapping):
         raise KernelConfigError(f"{where} must be an object, got {_kind(config)}")
+    _check_params(kernel, config, where, ": ", complete=True)
+
+
+def _check_params(kernel: str, config: Mapping, where: str, sep: str, complete: bool) -> None:
+    """Each of ``config``'s parameters known to ``kernel`` and in range, named as
+    ``{where}{sep}{key}``; with ``complete``, none that ``kernel`` needs left out."""
+    schema = KERNELS[kernel]
     for key, value in config.items():
         param = schema.params.get(key)
         if param is None:
-            raise KernelConfigError(f"{where}: {_show(key)} is not a parameter of {kernel} "
+            raise KernelConfigError(f"{where}{sep}{_show(key)} is not a parameter of {kernel} "
                                     f"(known: {', '.join(schema.params)})")  # fmt: skip
         bad = param.problem(value)
         if bad:
-            raise KernelConfigError(f"{where}: {key} {bad}")
-    missing = [k for k in schema.params if k not in config and k not in schema.optional]
-    if missing:
-        raise KernelConfigError(f"{where} lacks {missing[0]}")
+            raise KernelConfigError(f"{where}{sep}{key} {bad}")
+    if complete:
+        missing = [k for k in schema.params if k not in config and k not in schema.optional]
+        if missing:
+            raise KernelConfigError(f"{where} lacks {missing[0]}")
 
 
 def _no_constant(name: str) -> Any:
