@@ -342,7 +342,9 @@ async def test_prometheus_rule_per_autoscaled_service(
     [
         ({"prefill_tokens_per_s": 1400.0, "decode_tokens_per_s": 460}, None, (1400.0, 460.0)),
         ({"prefill_tokens_per_s": 1400.0}, None, (1400.0, None)),  # older: prefill floor only
-        ({"prefill_tokens_per_s": 1400.0, "decode_tokens_per_s": -1}, None, (1400.0, None)),
+        ({"prefill_tokens_per_s": 1400.0, "decode_tokens_per_s": 0}, None, (1400.0, None)),
+        # a negative capacity: a profile serving refuses (tuned_profile), so it is not mounted
+        ({"prefill_tokens_per_s": 1400.0, "decode_tokens_per_s": -1}, None, (None, None)),
         ({"prefill_tokens_per_s": True, "decode_tokens_per_s": 460}, None, (None, None)),
         # measured for another model: not mounted, so its numbers size nothing either
         ({"prefill_tokens_per_s": 1400.0, "decode_tokens_per_s": 460}, "other", (None, None)),

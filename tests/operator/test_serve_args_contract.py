@@ -97,7 +97,7 @@ def _engine_spread() -> list[dict[str, Any]]:
     rng = random.Random(11)
     bounds = {
         "maxNumSeqs": (1, 4096),
-        "maxModelLen": (1, 1 << 20),
+        "maxModelLen": (2, 1 << 20),  # the CRD's range (a prompt token and one out)
         "maxQueueLen": (1, 1 << 20),
     }
     for engine in combos:

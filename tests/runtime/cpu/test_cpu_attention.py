@@ -112,7 +112,8 @@ def test_the_avx512_loops_on_a_cpu_with_amx():
         [sys.executable, "-P", "-c", probe], env=env, capture_output=True, text=True
     )
     assert out.stdout.strip() == "False", out.stderr[-2000:]
-    tests = [str(here / "test_row_invariance.py"), str(here / "test_torch_backend.py")]
+    attention = here.parent / "attention"  # the kernel's invariance and reference tests
+    tests = [str(attention / "test_row_invariance.py"), str(attention / "test_torch_backend.py")]
     cmd = [sys.executable, "-P", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:]

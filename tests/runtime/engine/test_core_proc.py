@@ -50,12 +50,12 @@ def test_a_grammar_past_the_time_bound_holds_up_no_other_grammar():
     tok = structured_testlib.smol_tokenizer()
     comp = compiler_for(tok, tok.model_vocab_size)
     threads, timeout = comp.threads, comp.timeout_s
-    comp.threads, comp.timeout_s = 1, 0.3
+    comp.threads, comp.timeout_s = 1, 0.05
     try:
         core, proc = Core(tok), EngineCoreProc(None, Outbox(), os.getppid())
         tag = time.time_ns()
         start = time.monotonic()
-        proc.apply(core, ("add", "slow", [1], constrained(f"s{tag}[a-z]{{1,3000}}")))
+        proc.apply(core, ("add", "slow", [1], constrained(f"s{tag}[a-z]{{1,6000}}")))
         proc.apply(core, ("add", "quick", [1], constrained(f"q{tag}(yes|no)")))
         assert set(proc.compiling) == {"slow", "quick"}  # neither compiled on the loop
         while "quick" not in core.added and time.monotonic() - start < 120:
@@ -69,7 +69,8 @@ def test_a_grammar_past_the_time_bound_holds_up_no_other_grammar():
     finally:
         comp.threads, comp.timeout_s = threads, timeout
     assert not proc.outbox.sent, proc.outbox.sent  # no request failed
-    assert slow > 1.0, f"the slow regex compiled too fast ({slow:.2f} s) to show anything"
+    # 0.5-0.8 s on a quiet 2-core Xeon: six times the bound at least
+    assert slow > 0.3, f"the slow regex compiled too fast ({slow:.2f} s) to show anything"
     assert quick < 0.5 * slow, (quick, slow)
 
 
