@@ -190,7 +190,6 @@ class Observation:
     ttft_count: int  # first tokens in the window
     mean_prompt: float | None  # prompt tokens per first token, last minute (counters, 1m)
     mean_output: float | None  # output tokens per finished request, last minute (counters, 1m)
-    completion_rate: float  # requests/s finishing, last minute
     arrival_rate: float  # requests/s arriving, last 30 s (completions + change in flight)
     arrival_rate_slow: float  # the same over the last 2 minutes
     queued_prompt_tokens: float  # exact prompt tokens waiting
@@ -310,7 +309,7 @@ class Fleet:
             ttft_p95_s=histogram_quantile(0.95, window), ttft_count=len(window),
             mean_prompt=float(prompts.mean()) if len(prompts) else None,
             mean_output=(self.counters[3] - old[5]) / done if done > 0 else None,
-            completion_rate=rate(window_s, 3), arrival_rate=rate(30.0, 2),
+            arrival_rate=rate(30.0, 2),
             arrival_rate_slow=rate(120.0, 2), arrival_rate_fast=rate(15.0, 2),
             queued_prompt_tokens=float(self.prompt[head:arrived].sum()),
         )  # fmt: skip

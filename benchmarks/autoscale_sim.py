@@ -128,7 +128,7 @@ class Pagoda:
         m = Metrics(
             ttft_p95_s=o.ttft_p95_s, waiting=float(o.waiting), kv_cache_usage=o.kv_max,
             queued_prompt_tokens=None if isl is None else o.waiting * isl, mean_prompt_tokens=isl,
-            mean_output_tokens=o.mean_output, completion_rate=o.completion_rate,
+            mean_output_tokens=o.mean_output,
             arrival_rate=o.arrival_rate, arrival_rate_slow=o.arrival_rate_slow,
             arrival_rate_fast=o.arrival_rate_fast,
         )  # fmt: skip

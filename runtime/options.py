@@ -119,6 +119,7 @@ METRIC_INTER_TOKEN_LATENCY = "pagoda:inter_token_latency_seconds"  # histogram
 METRIC_PROMPT_TOKENS = "pagoda:prompt_tokens"  # counter (exposed as ..._total)
 METRIC_GENERATION_TOKENS = "pagoda:generation_tokens"  # counter
 METRIC_REQUEST_SUCCESS = "pagoda:request_success"  # counter, label finished_reason
+METRIC_REQUEST_PARAMS_N = "pagoda:request_params_n"  # histogram: samples (`n`) per request
 METRIC_NUM_REQUESTS_RUNNING = "pagoda:num_requests_running"  # gauge
 METRIC_NUM_REQUESTS_WAITING = "pagoda:num_requests_waiting"  # gauge
 METRIC_KV_CACHE_USAGE = "pagoda:kv_cache_usage_perc"  # gauge, 1 = full

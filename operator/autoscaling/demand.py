@@ -1,5 +1,10 @@
 """The demand floor: replicas for the requests arriving now and over the next `lead_s`. Pure.
 
+Units: **requests** throughout, a request being one prompt with its `n` samples (the runtime
+counts its prompt tokens once and its samples' output tokens together; the samples share the
+prompt's prefill through the prefix cache). The runtime's running/waiting gauges count
+sequences; prometheus.py divides them by the mean `n` before they reach this module.
+
 TTFT and queue depth report overload once it has happened, and say nothing about how far a
 scale down can go (TTFT is flat until the batch slots run out). A tuned profile measures what one
 replica does at its chosen batch: prefill V_P and decode V_D tokens per second
@@ -41,7 +46,7 @@ SLOPE_BASE_S = 45.0  # the two arrival-rate windows' centres lie 15 s and 60 s b
 class Demand:
     replicas: int
     arrival_rate: float  # λ after extrapolation, requests/s
-    work_s: float  # replica-seconds one request costs
+    work_s: float  # replica-seconds one request (all its samples) costs
     burst: float | None = None  # busy replicas the recent bursts needed, when that sets `replicas`
     young: bool = False  # `burst` is a young service's margin (bursts.young_need)
 
@@ -77,7 +82,8 @@ def demand_floor(
     utilization: float,
     lead_s: float,
 ) -> Demand | None:
-    """Fewest replicas that serve the coming demand at `utilization` (None: no floor)."""
+    """Fewest replicas that serve the coming demand at `utilization` (None: no floor).
+    `waiting`, `arrival_rate*`: requests (not sequences), as `work_s` is per request."""
     if arrival_rate is not None and arrival_rate <= 0 and waiting <= 0:
         return Demand(0, 0.0, work_s or 0.0)  # idle: nothing arrives, nothing waits
     if work_s is None or work_s <= 0 or arrival_rate is None:

@@ -135,31 +135,46 @@ class Policy:
 
 @dataclass(frozen=True)
 class Metrics:
-    """One reading from Prometheus for one InferenceService (all replicas together)."""
+    """One reading from Prometheus for one InferenceService (all replicas together).
+
+    Units: `waiting` and `running` are the runtime's gauges, in **sequences** (a request with
+    `n` samples is `n` of them; `targetQueueDepth` is per those, as vLLM's gauge). Everything
+    the demand floor uses is per **request** (a prompt with its `n` samples): the arrival
+    rates, the mean lengths (a request's prompt once, its samples' outputs together) and the
+    queued prompt tokens; `samples_per_request` (mean `n`) converts the waiting sequences into
+    the requests of the floor's backlog.
+    """
 
     ttft_p95_s: float | None  # None: no first token in the window (idle, or nothing scheduled)
-    waiting: float  # requests waiting, summed over the replicas
+    waiting: float  # sequences waiting, summed over the replicas
     kv_cache_usage: float | None = None  # the fullest replica, 0..1
     age_s: float = 0.0  # age of the newest sample
-    queued_prompt_tokens: float | None = None  # prompt tokens waiting, all replicas
+    queued_prompt_tokens: float | None = None  # prompt tokens of the waiting requests
     mean_prompt_tokens: float | None = None  # ISL of the recent requests
-    mean_output_tokens: float | None = None  # OSL of the recent requests
-    completion_rate: float | None = None  # requests/s finishing (1 min)
+    mean_output_tokens: float | None = None  # OSL of the recent requests (all samples)
     arrival_rate: float | None = None  # requests/s arriving, recent (30 s)
     arrival_rate_slow: float | None = None  # requests/s arriving (2 min)
     arrival_rate_fast: float | None = None  # requests/s arriving (15 s): the burst floor
-    running: float | None = None  # requests being served, summed (None: unknown)
+    running: float | None = None  # sequences being served, summed (None: unknown)
+    samples_per_request: float = 1.0  # mean `n` of the recent requests (>= 1)
 
     def __post_init__(self) -> None:
         if self.waiting < 0 or self.age_s < 0:
             raise ValueError("waiting and age_s must be >= 0")
         rates = ("arrival_rate", "arrival_rate_slow", "arrival_rate_fast")
-        for name in ("running", "mean_output_tokens", "completion_rate", *rates):
+        for name in ("running", "mean_output_tokens", *rates):
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ValueError(f"{name} must be >= 0 or None, got {value}")
         if self.ttft_p95_s is not None and not (self.ttft_p95_s >= 0):
             raise ValueError(f"ttft_p95_s must be >= 0 or None, got {self.ttft_p95_s}")
+        if not self.samples_per_request >= 1:
+            raise ValueError(f"samples_per_request must be >= 1, got {self.samples_per_request}")
+
+    @property
+    def waiting_requests(self) -> float:
+        """The requests of the waiting sequences (their samples wait together)."""
+        return self.waiting / self.samples_per_request
 
 
 @dataclass(frozen=True)
@@ -364,7 +379,7 @@ def _demand(policy: Policy, m: Metrics, correction: float) -> Demand | None:
     )  # fmt: skip
     work = None if work is None else work * correction
     return demand_floor(
-        work_s=work, waiting=m.waiting, arrival_rate=m.arrival_rate,
+        work_s=work, waiting=m.waiting_requests, arrival_rate=m.arrival_rate,
         arrival_rate_slow=m.arrival_rate_slow, utilization=policy.target_utilization,
         lead_s=policy.lead_s,
     )  # fmt: skip

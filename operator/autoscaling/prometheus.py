@@ -69,28 +69,46 @@ def prompt_len_query(namespace: str, name: str, window: str = "1m") -> str:
 ARRIVAL_WINDOWS = {"arrival_rate": 30, "arrival_rate_slow": 120, "arrival_rate_fast": 15}
 
 
+def samples_query(namespace: str, name: str, window: str = "1m") -> str:
+    """Mean samples (`n`) per recent request: the runtime's gauges count sequences (a request
+    with `n` samples is `n` of them), its request counters requests; this converts the one to
+    the other. 1 when no request started in the window (or a runtime without the histogram)."""
+    sel = selector(namespace, name)
+    n = options.METRIC_REQUEST_PARAMS_N
+    return (
+        f"(sum(rate({n}_sum{sel}[{window}])) / sum(rate({n}_count{sel}[{window}])) > 0)"
+        " or vector(1)"
+    )
+
+
 def demand_queries(namespace: str, name: str, window: str = "1m") -> dict[str, str]:
-    """The demand floor's inputs (a service whose tuned profile gives V_P and V_D):
+    """The demand floor's inputs (a service whose tuned profile gives V_P and V_D), all in
+    **requests** (a prompt with its `n` samples; docs/operator.md#autoscaling):
 
     * `arrival_rate`, `arrival_rate_slow`, `arrival_rate_fast`: requests arriving per second over
       30 s, 2 min and 15 s.
       Every request that arrived in the window has either finished or is still in flight, so
       arrivals = finished + the change in running + waiting (no new runtime counter needed);
-    * `output_len`: mean output tokens of the recent requests.
+      the in-flight gauges count sequences, so their change is divided by the mean `n`
+      (`samples_per_request`);
+    * `output_len`: mean output tokens of the recent requests (all their samples' together);
+    * `samples_per_request`: the mean `n` of the recent requests (1 without any).
     """
     sel = selector(namespace, name)
     done = f"{options.METRIC_REQUEST_SUCCESS}_total{sel}"
+    per_request = samples_query(namespace, name, window)
     out = {}
     for key, s in ARRIVAL_WINDOWS.items():
         in_flight = " + ".join(
             f"sum(delta({m}{sel}[{s}s]))"
             for m in (options.METRIC_NUM_REQUESTS_RUNNING, options.METRIC_NUM_REQUESTS_WAITING)
         )
-        out[key] = f"sum(increase({done}[{s}s])) / {s} + ({in_flight}) / {s}"
+        out[key] = f"sum(increase({done}[{s}s])) / {s} + ({in_flight}) / {s} / ({per_request})"
     out["output_len"] = (
         f"sum(rate({options.METRIC_GENERATION_TOKENS}_total{sel}[{window}])) / "
         f"sum(rate({done}[{window}]))"
     )
+    out["samples_per_request"] = per_request
     return out
 
 
@@ -212,6 +230,7 @@ class PrometheusSource:
         q = queries(namespace, name, self._ttft_window)
         if prompt_len or demand:
             q["prompt_len"] = prompt_len_query(namespace, name, self._ttft_window)
+            q["samples_per_request"] = samples_query(namespace, name, self._ttft_window)
         if demand:
             q.update(demand_queries(namespace, name, self._ttft_window))
         keys = list(q)
@@ -225,15 +244,19 @@ class PrometheusSource:
                 "(not scraped yet, or the namespace/inferenceservice labels are missing)",
             )
         isl = _positive(got.get("prompt_len"))  # NaN: no requests
+        per_request = max(_positive(got.get("samples_per_request")) or 1.0, 1.0)
+        waiting = max(got["waiting"], 0.0)
         rates = {k: got.get(k) for k in ARRIVAL_WINDOWS}
         return Metrics(
             ttft_p95_s=got["ttft_p95"],
-            waiting=max(got["waiting"], 0.0),
+            waiting=waiting,
             running=_rate(got.get("running")),  # None when unknown: then only `waiting` counts
             kv_cache_usage=got["kv_cache"],
             age_s=max(got["age"], 0.0),
-            queued_prompt_tokens=None if isl is None else max(got["waiting"], 0.0) * isl,
+            # the waiting sequences' requests: a request's samples share its prompt's prefill
+            queued_prompt_tokens=None if isl is None else waiting / per_request * isl,
             mean_prompt_tokens=isl,
             mean_output_tokens=_positive(got.get("output_len")),
+            samples_per_request=per_request,
             **{k: _rate(v) for k, v in rates.items()},
         )

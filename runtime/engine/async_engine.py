@@ -62,6 +62,7 @@ class RequestEvent(NamedTuple):
     arrival_time: float  # the request's `RequestStream.arrival_time` (`time.monotonic`)
     first: bool
     ended: bool
+    n: int = 1  # the request's samples (its engine sequences)
 
 
 class StepObserver(Protocol):
@@ -377,7 +378,7 @@ class AsyncEngine:
             if ended:
                 del self._streams[out.request_id]
             if first or out.finished:
-                events.append(RequestEvent(out, stream.arrival_time, first, ended))
+                events.append(RequestEvent(out, stream.arrival_time, first, ended, stream.n))
         if events and self.observer is not None:
             try:
                 self.observer.record_events(events)

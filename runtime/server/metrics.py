@@ -1,7 +1,7 @@
 """Prometheus metrics named like vLLM's (`pagoda:` instead of `vllm:`) so dashboards carry over.
 
 What counts once per request (a prompt; its `n` samples together): the time to first token, the
-queue time and the prompt tokens at its first output, of any sample; the end-to-end latency and
+queue time, the prompt tokens and `request_params_n` (its `n`) at its first output, of any sample; the end-to-end latency and
 `request_success{finished_reason}` when its last sample ends (the reason of that sample), or when
 it is aborted (`abort`). Times count from when the server had parsed and tokenized the request
 (`Job.arrival_time`, as vLLM's), so its grammar compile and a bulk request's prompts held back
@@ -14,7 +14,9 @@ something to a request (its first, a sample's last), with host timestamps only (
 device sync); histogram observations happen once per request, never per token. Inter-token
 latency is therefore recorded per finished sample as its mean gap, weighted by its number of
 gaps: `_count` and `_sum` are exact (token gaps and total decode time), the bucket split uses
-each sample's mean. Gauges and the engine's cumulative counters are read from the latest
+each sample's mean. The gauges `num_requests_running`/`num_requests_waiting` count the engine's
+sequences (a request with `n` samples is `n` of them, as vLLM's children are): the mean of
+`request_params_n` converts them to requests (the operator's demand floor does). Gauges and the engine's cumulative counters are read from the latest
 `EngineStats` snapshot (one per step) at scrape time.
 """
 
@@ -40,6 +42,7 @@ from pagoda.runtime.options import (
     METRIC_PREFIX_CACHE_QUERIES,
     METRIC_PROMPT_TOKENS,
     METRIC_QUEUE_TIME,
+    METRIC_REQUEST_PARAMS_N,
     METRIC_REQUEST_SUCCESS,
     METRIC_TTFT,
     METRIC_TUNED_PROFILE_INFO,
@@ -58,6 +61,7 @@ LATENCY_BUCKETS = (
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0,
 )  # fmt: skip
 FINISH_REASONS = ("stop", "length", "abort")
+N_BUCKETS = (1, 2, 5, 10, 20)  # vLLM's for request_params_n
 
 
 class WeightedHistogram:
@@ -98,11 +102,11 @@ class _EngineCollector(Collector):
         m, s, name = self.m, self.m.last_stats, [self.m.model_name]
         gauges = {
             METRIC_NUM_REQUESTS_RUNNING: (
-                "Requests in the running batch.",
+                "Sequences in the running batch (a request with n samples counts n).",
                 s.num_running if s else 0,
             ),
             METRIC_NUM_REQUESTS_WAITING: (
-                "Requests waiting to be scheduled (with those held back for their turn).",
+                "Sequences waiting to be scheduled (with those held back for their turn).",
                 (s.num_waiting if s else 0) + m.held_back(),
             ),
             METRIC_KV_CACHE_USAGE: ("KV-cache usage; 1 means 100 percent.", s.kv_usage if s else 0),
@@ -165,6 +169,13 @@ class ServerMetrics:
             [*lab, "finished_reason"],
             registry=r,
         )
+        self.params_n = Histogram(
+            METRIC_REQUEST_PARAMS_N,
+            "Samples (n) per request, at its first output.",
+            lab,
+            registry=r,
+            buckets=N_BUCKETS,
+        ).labels(model_name)
         self.success = {reason: success.labels(model_name, reason) for reason in FINISH_REASONS}
         r.register(_EngineCollector(self))
 
@@ -201,6 +212,7 @@ class ServerMetrics:
                 scheduled = o.first_scheduled_time or first
                 self.queue.observe(max(scheduled - e.arrival_time, 0.0))
                 self.prompt_tokens.inc(o.num_prompt_tokens)
+                self.params_n.observe(e.n)
             if o.finished:
                 n = o.num_output_tokens
                 self.generation_tokens.inc(n)

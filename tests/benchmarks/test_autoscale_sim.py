@@ -94,7 +94,7 @@ def obs(current: int, ready: int | None = None, **kw) -> Observation:
     fields = dict(
         t=0.0, current=current, ready=current if ready is None else ready, waiting=0, running=0,
         kv_mean=None, kv_max=None, ttft_p95_s=None, ttft_count=0, mean_prompt=None,
-        mean_output=None, completion_rate=0.0, arrival_rate=0.0, arrival_rate_slow=0.0,
+        mean_output=None, arrival_rate=0.0, arrival_rate_slow=0.0,
         queued_prompt_tokens=0.0,
     )  # fmt: skip
     fields.update(kw)

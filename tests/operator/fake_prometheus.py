@@ -21,6 +21,7 @@ class FakePrometheus:
         self.kv_cache = 0.2
         self.arrival_rate: float | None = None  # the demand floor's inputs; None: no data
         self.output_len: float | None = None
+        self.samples_per_request: float | None = None  # mean n; None: no data (vector(1))
         self.age_s = 0.0
         self.status = 200  # e.g. 503 to fail every query
         self.delay = 0.0  # seconds each answer takes (a slow Prometheus)
@@ -41,6 +42,8 @@ class FakePrometheus:
             return None
         if "increase(pagoda:request_success_total" in q:  # arrivals (both windows)
             return self.arrival_rate
+        if q.startswith("(sum(rate(pagoda:request_params_n_sum"):  # mean n
+            return 1.0 if self.samples_per_request is None else self.samples_per_request
         if "generation_tokens_total" in q:
             return self.output_len
         if q.startswith("time() - max(timestamp("):  # the age of the newest sample

@@ -345,6 +345,17 @@ def test_demand_floor_arithmetic() -> None:
                         utilization=0.9, lead_s=30.0) is None  # fmt: skip
 
 
+def test_the_backlog_of_n_sample_requests_counts_requests_not_sequences() -> None:
+    """The waiting gauge counts sequences; 600 of them are 150 requests of n=4, and a request's
+    work (its prompt once, its 4 samples' outputs together) is what the floor has per request:
+    the backlog is 150 requests' work, not 600 (which would ask for 4x the replicas)."""
+    d = run(TUNED, load(45.0, waiting=600.0, samples_per_request=4.0), current=10)
+    assert d.replicas == math.ceil((45 * 0.2 + 150 * 0.2 / DRAIN_S) / U), d.message
+    assert Metrics(ttft_p95_s=None, waiting=8.0, samples_per_request=4.0).waiting_requests == 2.0
+    with pytest.raises(ValueError):
+        Metrics(ttft_p95_s=None, waiting=0, samples_per_request=0.5)
+
+
 def test_scale_down_stops_at_the_demand_not_at_the_ttft_ratio() -> None:
     """40 replicas, p95 TTFT 0.08 s (ratio 0.16): the ratio would keep ⌈40 × 0.16⌉ = 7, which the
     load (45 req/s × 0.2 s = 9 replicas busy) would overrun; the demand floor keeps 10."""

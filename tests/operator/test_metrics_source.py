@@ -73,7 +73,10 @@ def test_demand_queries_on_a_real_prometheus_engine(tmp_path: pathlib.Path) -> N
     generated tokens over finished requests; another service's series change nothing."""
     promtool = require_tool("promtool")
     q = demand_queries("ns", "chat")
-    assert set(q) == {"arrival_rate", "arrival_rate_slow", "arrival_rate_fast", "output_len"}
+    assert set(q) == {
+        "arrival_rate", "arrival_rate_slow", "arrival_rate_fast", "output_len",
+        "samples_per_request",
+    }  # fmt: skip
     series = []
     for isvc, scale in (("chat", 1), ("other", 7)):
         labels = f'namespace="ns",inferenceservice="{isvc}",model_name="m"'
@@ -86,8 +89,43 @@ def test_demand_queries_on_a_real_prometheus_engine(tmp_path: pathlib.Path) -> N
             series.append({"series": f"{metric}{labels}}}", "values": values})
     tests = [
         {"expr": q[key], "eval_time": "5m", "exp_samples": [{"labels": "{}", "value": want}]}
-        for key, want in (("arrival_rate", 3.0), ("arrival_rate_slow", 3.0), ("output_len", 64.0))
-    ]
+        for key, want in (
+            ("arrival_rate", 3.0), ("arrival_rate_slow", 3.0), ("output_len", 64.0),
+            ("samples_per_request", 1.0),  # no request_params_n series: one sample each
+        )
+    ]  # fmt: skip
+    doc = {"tests": [{"interval": "15s", "input_series": series, "promql_expr_test": tests}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(doc))
+    run = subprocess.run(
+        [promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert run.returncode == 0, textwrap.shorten(run.stdout + run.stderr, 3000)
+
+
+def test_arrivals_of_n_sample_requests_are_requests(tmp_path: pathlib.Path) -> None:
+    """Requests of n=4: 1 request/s finishes (request_success counts requests) while the running
+    gauge, which counts sequences, grows by 4/s: that is 1 more request in flight per second, so
+    2 requests arrive per second (adding the gauge's 4/s as requests would say 5). The mean n
+    comes from request_params_n (counted once per request, at its first output: 2/s)."""
+    promtool = require_tool("promtool")
+    q = demand_queries("ns", "chat")
+    labels = 'namespace="ns",inferenceservice="chat",model_name="m"'
+    series = [
+        {"series": f'pagoda:request_success_total{{finished_reason="stop",{labels}}}',
+         "values": "0+15x40"},
+        {"series": f"pagoda:num_requests_running{{{labels}}}", "values": "8+60x40"},
+        {"series": f"pagoda:num_requests_waiting{{{labels}}}", "values": "0+0x40"},
+        {"series": f"pagoda:request_params_n_sum{{{labels}}}", "values": "0+120x40"},
+        {"series": f"pagoda:request_params_n_count{{{labels}}}", "values": "0+30x40"},
+        {"series": f"pagoda:generation_tokens_total{{{labels}}}", "values": "0+3840x40"},
+    ]  # fmt: skip
+    tests = [
+        {"expr": q[key], "eval_time": "5m", "exp_samples": [{"labels": "{}", "value": want}]}
+        for key, want in (
+            ("arrival_rate", 2.0), ("arrival_rate_slow", 2.0), ("samples_per_request", 4.0),
+            ("output_len", 256.0),  # per request: its 4 samples' 64 tokens each
+        )
+    ]  # fmt: skip
     doc = {"tests": [{"interval": "15s", "input_series": series, "promql_expr_test": tests}]}
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(doc))
     run = subprocess.run(

@@ -73,6 +73,8 @@ async def test_a_request_of_n_samples_counts_once_when_its_last_sample_ends():
     assert after["pagoda:e2e_request_latency_seconds_count"] == 1
     assert after["pagoda:time_to_first_token_seconds_count"] == 1
     assert after["pagoda:prompt_tokens_total"] == 3
+    assert after["pagoda:request_params_n_count"] == 1  # once per request, its n
+    assert after["pagoda:request_params_n_sum"] == 2
     assert after["pagoda:generation_tokens_total"] == sum(tokens)
 
 
