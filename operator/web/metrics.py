@@ -1,7 +1,10 @@
 """The operator's own Prometheus metrics, served at GET /metrics on its HTTP port.
 
 prometheus_client families in a registry of their own (one per operator: the tests run several
-in one process, and the default registry would mix them with the process collector).
+in one process, and the default registry would mix them with the process collector). No
+`*_created` series: prometheus_client adds one per counter and histogram child (its creation
+time), noise to most users and a series per label set; the runtime's /metrics leaves them out
+too (as vLLM's does). The switch is prometheus_client's, for the whole process.
 """
 
 from __future__ import annotations
@@ -9,7 +12,14 @@ from __future__ import annotations
 import contextlib
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 
@@ -19,6 +29,7 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 class OperatorMetrics:
     def __init__(self) -> None:
+        disable_created_metrics()  # no `*_created` series (see the module's docstring)
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.scale_events = Counter(
             "pagoda_operator_scale_events",

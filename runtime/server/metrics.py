@@ -47,7 +47,7 @@ from pagoda.runtime.options import (
     METRIC_TTFT,
     METRIC_TUNED_PROFILE_INFO,
 )
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -137,6 +137,9 @@ class ServerMetrics:
     """All metrics of one server, in their own registry (tests can run several in a process)."""
 
     def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+        # no `*_created` series (a creation time per counter and histogram child): noise to
+        # most users, and vLLM leaves them out too; prometheus_client's switch is per process
+        disable_created_metrics()
         self.model_name = model_name
         self.registry = registry or CollectorRegistry()
         self.last_stats: EngineStats | None = None
