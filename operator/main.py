@@ -169,6 +169,13 @@ def _autotune_arguments(group: argparse._ArgumentGroup) -> None:
         default=300.0,
         help="a failed tuning Job is retried after this × 2^(attempts-1), s (capped at 6 h)",
     )
+    group.add_argument(
+        "--autotune-product-grace",
+        type=float,
+        default=300.0,
+        help="a node's GPU product label that disappears or appears counts after this long, s "
+        "(a blink neither unmounts a profile nor starts a tuning Job)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
@@ -192,6 +199,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         "autotune": not args.no_autotune,
         "autotune_interval_s": args.autotune_interval,
         "autotune_retry_base_s": args.autotune_retry_base,
+        "autotune_product_grace_s": args.autotune_product_grace,
     }
     if args.prometheus_url:
         overrides["prometheus_url"] = args.prometheus_url

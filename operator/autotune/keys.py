@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.kube.names import GPU_RESOURCE
@@ -116,3 +116,36 @@ def products_for(spec: InferenceServiceSpec, nodes: Iterable[Mapping[str, Any]])
         if product and _gpus(node) >= need and all(labels.get(k) == v for k, v in selector.items()):
             found.add(product)
     return sorted(found)
+
+
+@dataclass(frozen=True)
+class SeenProducts:
+    """What the autotuner remembers of one service's node-derived GPU products between passes."""
+
+    last_seen: Mapping[str, float] = field(default_factory=dict)  # in use → last pass seen
+    first_seen: Mapping[str, float] = field(default_factory=dict)  # new, not in use → since
+
+
+def steady_products(
+    memory: SeenProducts, seen: Iterable[str], now: float, grace_s: float
+) -> tuple[list[str], SeenProducts]:
+    """The products to tune and mount for, given the ones the nodes show this pass (`seen`).
+
+    A node's product label can blink: GPU feature discovery restarting, a node relabelled, a
+    node pool scaled to zero and back. A product in use stays for `grace_s` after the nodes last
+    showed it, and a product new beside those in use counts once the nodes have shown it for
+    `grace_s` without a gap, so a blink neither unmounts a profile nor starts a Job for a GPU type
+    that is not there. With nothing in use (a new service, an operator restart, or every product
+    gone for the grace) the nodes' products count at once.
+    """
+    seen = set(seen)
+    used = {p: t for p, t in memory.last_seen.items() if now - t <= grace_s}
+    used.update((p, now) for p in seen if p in used)
+    new = {p: memory.first_seen.get(p, now) for p in seen if p not in used}
+    if not used:
+        used, new = dict.fromkeys(new, now), {}
+    for p, since in list(new.items()):
+        if now - since >= grace_s:
+            used[p] = now
+            del new[p]
+    return sorted(used), SeenProducts(used, new)

@@ -23,7 +23,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.autotune import jobs, mount, profiles
-from pagoda.operator.autotune.keys import TuneKey, key_for, products_for
+from pagoda.operator.autotune.keys import (
+    PRODUCT_LABEL,
+    SeenProducts,
+    TuneKey,
+    key_for,
+    products_for,
+    steady_products,
+)
 from pagoda.operator.kube.client import ApiError, KubeApi
 from pagoda.operator.kube.names import KIND, RESOURCES
 from pagoda.operator.spec import validation
@@ -55,6 +62,8 @@ class Tick:
     states: dict[tuple[str, str], KeyState] = field(default_factory=dict)
     wanted: set[tuple[str, str]] = field(default_factory=set)
     unsure: set[str] = field(default_factory=set)  # namespaces not to garbage-collect
+    specs: list[tuple[str, InferenceServiceSpec]] = field(default_factory=list)  # autotuned
+    seen: dict[tuple[Any, ...], SeenProducts] = field(default_factory=dict)  # next pass's memory
 
 
 class Autotuner:
@@ -70,6 +79,8 @@ class Autotuner:
         self.reconcile = reconcile
         self.pod_parts = pod_parts  # what the model adds to a pod (jobs.build_job)
         self.clock: Callable[[], float] = time.time
+        # per service and node selection: its node-derived GPU products (keys.steady_products)
+        self._seen: dict[tuple[Any, ...], SeenProducts] = {}
 
     async def run(self) -> None:
         while True:
@@ -91,6 +102,9 @@ class Autotuner:
             except ApiError as e:
                 t.unsure.add(body["metadata"]["namespace"])
                 log.warning("Autotune of %s: %s", body["metadata"]["name"], e)
+        # services gone or edited are forgotten; a namespace whose pass failed keeps its memory
+        kept = {k: v for k, v in self._seen.items() if k[0] in t.unsure}
+        self._seen = {**kept, **t.seen}
         await self._collect(t)
 
     async def _service(self, t: Tick, body: dict[str, Any]) -> None:
@@ -104,9 +118,8 @@ class Autotuner:
             if (body.get("status") or {}).get("autotune") is not None:
                 await self._write(body, None)
             return
-        if t.nodes is None and not any(k == jobs.PRODUCT_LABEL for k, _ in spec.node_selector):
-            t.nodes = await self.api.list("Node")
-        keys = [key_for(spec, p) for p in products_for(spec, t.nodes or [])]
+        t.specs.append((ns, spec))
+        keys = [key_for(spec, p) for p in await self._products(t, body, spec)]
         states = []
         for key in keys:
             t.wanted.add((ns, key.profile_name))
@@ -114,6 +127,23 @@ class Autotuner:
                 t.states[ns, key.profile_name] = await self._key(key, spec, ns, body)
             states.append(t.states[ns, key.profile_name])
         await self._write(body, service_status(keys, states))
+
+    async def _products(
+        self, t: Tick, body: Mapping[str, Any], spec: InferenceServiceSpec
+    ) -> list[str]:
+        """The GPU products to tune for: a pinned one, else the nodes' through a blink's grace."""
+        if any(k == PRODUCT_LABEL for k, _ in spec.node_selector):
+            return products_for(spec, ())
+        if t.nodes is None:
+            t.nodes = await self.api.list("Node")
+        meta = body["metadata"]
+        # an edit of what selects the nodes starts afresh (its products count at once)
+        where = (meta["namespace"], meta["name"], spec.node_selector, spec.resources.gpus)
+        products, t.seen[where] = steady_products(
+            self._seen.get(where, SeenProducts()), products_for(spec, t.nodes),
+            self.clock(), self.config.autotune_product_grace_s,
+        )  # fmt: skip
+        return products
 
     # --- one key ------------------------------------------------------------------------------
 
@@ -260,6 +290,8 @@ class Autotuner:
             where = (meta["namespace"], meta["name"])
             if not profiles.is_profile(cm) or where in t.wanted or meta["namespace"] in t.unsure:
                 continue
+            if _still_used(cm, t.specs):
+                continue  # a tuned profile of a GPU type its service's nodes do not show now
             if await self.api.delete("ConfigMap", *where):
                 log.info("Deleted tuned profile %s/%s: no %s uses it.", *where, KIND)
 
@@ -319,6 +351,20 @@ def _iso(epoch_s: float) -> str:
 def _reason(text: str | None) -> str:
     word = (text or "TuningFailed").split(":", 1)[0]
     return word if word[:1].isupper() and word.isalnum() else "TuningFailed"
+
+
+def _still_used(cm: Mapping[str, Any], specs: list[tuple[str, InferenceServiceSpec]]) -> bool:
+    """A tuned profile that a service of its namespace would mount on its GPU product: kept
+    while its nodes are away (scaled to zero, relabelled), so they come back to it, not to a
+    new tuning Job."""
+    if not profiles.is_tuned(cm):
+        return False
+    meta = cm["metadata"]
+    product = profiles.key_product(cm)
+    return product is not None and any(
+        ns == meta["namespace"] and key_for(spec, product).profile_name == meta["name"]
+        for ns, spec in specs
+    )
 
 
 def _owned_by(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> bool:

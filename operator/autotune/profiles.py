@@ -71,6 +71,16 @@ def build_profile_config_map(key: TuneKey, namespace: str) -> dict[str, Any]:
     }
 
 
+def key_product(cm: Mapping[str, Any]) -> str | None:
+    """The GPU product of the key a profile ConfigMap records (None: unreadable)."""
+    raw = ((cm.get("metadata") or {}).get("annotations") or {}).get(KEY_ANNOTATION)
+    try:
+        product = json.loads(raw).get("product") if raw else None
+    except (ValueError, AttributeError):
+        return None
+    return product if isinstance(product, str) else None
+
+
 def is_tuned(cm: Mapping[str, Any] | None) -> bool:
     return bool(cm) and PROFILE_KEY in (cm.get("data") or {})
 

@@ -46,6 +46,8 @@ class OperatorConfig:
     autotune: bool = True
     autotune_interval_s: float = 15.0
     autotune_retry_base_s: float = 300.0  # a failed Job is retried after base × 2^(attempts−1)
+    # a GPU product label that blinks (node relabel, NFD restart) counts after this long
+    autotune_product_grace_s: float = 300.0
 
     def __post_init__(self) -> None:
         for ns in self.namespaces:
@@ -68,6 +70,7 @@ class OperatorConfig:
             "api_unready_after_s",
             "autotune_interval_s",
             "autotune_retry_base_s",
+            "autotune_product_grace_s",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -1,0 +1,95 @@
+"""A GPU product label that blinks (GPU feature discovery restarting, a node relabelled, a node
+pool scaled to zero): the autotune loop against the emulator, one pass at a time on a test clock.
+A blink must neither unmount nor delete a good profile, nor start a tuning Job for a GPU type
+that is not there; a GPU type whose profile exists is never tuned again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kube_emulator import Emulator
+from operator_helpers import CM, create_isvc
+from pagoda.operator.autotune.keys import PRODUCT_LABEL
+from pagoda.operator.autotune.loop import Autotuner
+from pagoda.operator.autotune.profiles import ATTEMPTS_ANNOTATION
+from pagoda.operator.kube.client import KubeApi
+from pagoda.operator.spec.config import OperatorConfig
+from test_autotune_e2e import A100, H200, JOBS, add_node, autotune, finish_job, profile_json, spec
+
+GRACE = 300.0
+
+
+async def relabel(kube: KubeApi, node: str, product: str | None) -> None:
+    await kube.request(
+        "PATCH", f"/api/v1/nodes/{node}", body={"metadata": {"labels": {PRODUCT_LABEL: product}}},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+
+
+def jobs_for(emulator: Emulator) -> dict[str, str]:
+    return {
+        j["spec"]["template"]["spec"]["nodeSelector"][PRODUCT_LABEL]: j["metadata"]["name"]
+        for j in emulator.live_all(JOBS)
+    }
+
+
+async def test_a_gpu_label_blink_keeps_the_profile_and_starts_no_job(
+    emulator: Emulator, kube: KubeApi
+) -> None:
+    await add_node(kube, "n1", H200)
+    await create_isvc(kube, "c", spec())  # not pinned: its products come from the nodes
+    reconciled: list[str] = []
+
+    async def reconcile(body: Any) -> None:
+        reconciled.append(body["metadata"]["name"])
+
+    tuner = Autotuner(kube, OperatorConfig(autotune_product_grace_s=GRACE), reconcile)
+    now = [1_000_000.0]
+    tuner.clock = lambda: now[0]
+
+    async def tick(dt: float = 15.0) -> dict[str, Any]:
+        now[0] += dt
+        await tuner.tick()
+        return autotune(emulator, "c")
+
+    st = await tick()
+    assert (st["state"], st["product"]) == ("Tuning", H200) and set(jobs_for(emulator)) == {H200}
+    profile = st["profile"]
+    await kube.patch("ConfigMap", "default", profile, {"data": {"profile.json": profile_json()}})
+    await finish_job(kube, jobs_for(emulator)[H200], ok=True)
+    tuned = await tick()
+    assert tuned["state"] == "Tuned", tuned
+    before = len(reconciled)
+
+    # blinks shorter than the grace: the label gone, then another product for a pass, then back
+    for label in (None, A100, H200):
+        await relabel(kube, "n1", label)
+        assert await tick() == tuned, label  # nothing unmounted, no new product
+        assert set(jobs_for(emulator)) <= {H200}, label  # no Job for a GPU type not there
+        assert emulator.live(CM, "default", profile) is not None
+    assert len(reconciled) == before  # no rollout either way
+
+    # the node pool gone for longer than the grace (scaled to zero): the service says so, but
+    # the good profile stays, and when the nodes come back it is mounted again, not re-tuned
+    await relabel(kube, "n1", None)
+    await tick()
+    gone = await tick(GRACE)
+    assert gone["reason"] == "NoGPUNodes", gone
+    assert emulator.live(CM, "default", profile)["data"]["profile.json"]
+    await relabel(kube, "n1", H200)
+    back = await tick()
+    assert (back["state"], back["profile"]) == ("Tuned", profile), back
+    annotations = emulator.live(CM, "default", profile)["metadata"]["annotations"]
+    assert annotations[ATTEMPTS_ANNOTATION] == "1" and set(jobs_for(emulator)) <= {H200}
+
+    # a GPU type that really joins counts once it has stayed for the grace
+    await add_node(kube, "n2", A100)
+    assert (await tick())["product"] == H200 and A100 not in jobs_for(emulator)
+    both = await tick(GRACE)
+    assert {p["product"] for p in both["profiles"]} == {H200, A100}
+    assert A100 in jobs_for(emulator)
+
+    # the service goes: its profiles are collected
+    await kube.delete("InferenceService", "default", "c")
+    await tick()
+    assert emulator.live(CM, "default", profile) is None
