@@ -218,7 +218,9 @@ def build_job(
 
 
 def job_outcome(job: Mapping[str, Any] | None) -> tuple[str, str, str]:
-    """("absent" | "running" | "succeeded" | "failed", reason, message) from the Job's status."""
+    """("absent" | "suspended" | "running" | "succeeded" | "failed", reason, message) from the
+    Job's status. "suspended": `spec.suspend` (a queue such as Kueue creates Jobs suspended and
+    resumes them once it admits them), so no pod runs and nothing is measured yet."""
     if job is None:
         return "absent", "", ""
     status = job.get("status") or {}
@@ -234,4 +236,8 @@ def job_outcome(job: Mapping[str, Any] | None) -> tuple[str, str, str]:
         return "failed", "JobFailed", "the tuning pod failed"
     if status.get("succeeded"):
         return "succeeded", "Complete", ""
+    if (job.get("spec") or {}).get("suspend"):
+        cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Suspended"), {})
+        why = cond.get("message") or "spec.suspend is true"
+        return "suspended", "JobSuspended", f"{why}: waiting for its queue (e.g. Kueue) to admit it"
     return "running", "", ""

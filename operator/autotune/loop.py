@@ -2,7 +2,8 @@
 
 1. read every InferenceService with `spec.autotune.enabled`, and the GPU products it can use;
 2. per key (one per namespace, shared): make sure the profile ConfigMap exists; if it holds no
-   profile, look at the key's Job: running → Tuning; failed or timed out → record it, post an
+   profile, look at the key's Job: running → Tuning; suspended (a queue such as Kueue
+   holds it) → TuningPending; failed or timed out → record it, post an
    Event, delete the Job, retry after `base × 2^(attempts−1)` (never a tight loop: the attempt
    count and start time live in the ConfigMap); none and not backing off → RBAC + a new Job;
 3. write `status.autotune` of each service; when it changed, reconcile the service (the
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 TUNING, TUNED, FAILED = "Tuning", "Tuned", "TuningFailed"
+PENDING = "TuningPending"  # the Job exists but is suspended (a queue has not admitted it)
 JOB_NOT_CREATED = "JobNotCreated"  # the API server refused the Job (or its RBAC)
 Reconcile = Callable[[Mapping[str, Any]], Awaitable[None]]
 
@@ -161,6 +163,9 @@ class Autotuner:
         outcome, reason, message = jobs.job_outcome(job)
         if outcome == "running":
             return KeyState(TUNING, "JobRunning", f"Job {key.job_name}, attempt {attempts.count}")
+        if outcome == "suspended":
+            what = f"Job {key.job_name}, attempt {attempts.count}, is suspended"
+            return KeyState(PENDING, reason, f"{what} ({message}); serving on defaults meanwhile")
         if outcome == "succeeded":
             cm = await self.api.get("ConfigMap", ns, key.profile_name)
             if profiles.is_tuned(cm):
@@ -329,8 +334,8 @@ def service_status(keys: list[TuneKey], states: list[KeyState]) -> dict[str, Any
          **({"hash": s.data_hash} if s.data_hash else {})}
         for k, s in zip(keys, states)
     ]  # fmt: skip
-    worst = next((s for s in states if s.state == FAILED), None) or next(
-        (s for s in states if s.state == TUNING), states[0]
+    worst = next(
+        (s for rank in (FAILED, PENDING, TUNING) for s in states if s.state == rank), states[0]
     )
     out: dict[str, Any] = {"state": worst.state, "reason": worst.reason, "message": worst.message}
     if len(keys) == 1:
