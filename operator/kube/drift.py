@@ -7,6 +7,15 @@ element-wise), maps we own wholly (`OWNED_MAPS`) have no extra keys, and optiona
 write (`OWNED_OPTIONAL`) are not there when we do not want them. The fix is a JSON merge
 patch (RFC 7386): our fields replace theirs, lists are replaced whole, and extra keys of owned
 maps are set to null.
+
+A child's labels are shared: the operator sets its own and the service's (kopf.adopt), others
+add theirs (a mesh, a cost tool). Like `kubectl apply`'s last-applied record, each child carries
+the keys of the labels the operator set (`APPLIED_LABELS`, written with them): a key recorded
+there that the desired child no longer has (a label taken off the InferenceService) is the
+operator's to remove; a key never recorded is someone else's and stays. Server-side apply would
+do the same through managedFields, but it would take ownership of every field the operator
+writes with merge patches today (the replicas the autoscaler sets, lists replaced whole) and
+needs a field-manager migration of existing children; this keeps one write path.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from pagoda.operator.kube.names import OWNED_MAPS, OWNED_OPTIONAL
+from pagoda.operator.kube.names import APPLIED_LABELS_ANNOTATION, OWNED_MAPS, OWNED_OPTIONAL
 
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
 _SUFFIX = {
@@ -99,11 +108,31 @@ def _extra_keys(
     return set(live) - set(want) if isinstance(live, Mapping) else set()
 
 
+def recorded(desired: Mapping[str, Any]) -> dict[str, Any]:
+    """`desired` with the record of the label keys it sets (`APPLIED_LABELS_ANNOTATION`)."""
+    out = dict(desired)
+    meta = dict(out.get("metadata") or {})
+    keys = ",".join(sorted(meta.get("labels") or {}))
+    meta["annotations"] = {**(meta.get("annotations") or {}), APPLIED_LABELS_ANNOTATION: keys}
+    out["metadata"] = meta
+    return out
+
+
+def _dropped_labels(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> set[str]:
+    """Labels the operator applied before (recorded on the live child), live still, and no longer
+    desired: the ones to remove. A child without the record (made before it) drops none."""
+    live = actual.get("metadata") or {}
+    record = (live.get("annotations") or {}).get(APPLIED_LABELS_ANNOTATION) or ""
+    applied = {k for k in record.split(",") if k}
+    want = (desired.get("metadata") or {}).get("labels") or {}
+    return {k for k in applied - set(want) if k in (live.get("labels") or {})}
+
+
 def needs_update(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> bool:
     """Whether the live object drifted from the desired one (see the module docstring)."""
     if not is_subset(_comparable(desired), actual):
         return True
-    if _stale_optional(desired, actual):
+    if _stale_optional(desired, actual) or _dropped_labels(desired, actual):
         return True
     return any(_extra_keys(desired, actual, path) for path in OWNED_MAPS.get(desired["kind"], ()))
 
@@ -132,6 +161,8 @@ def merge_patch(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> dict[s
     patch = copy.deepcopy(_comparable(desired))
     for path in _stale_optional(desired, actual):
         _put(patch, path, None)
+    for key in _dropped_labels(desired, actual):
+        _put(patch, ("metadata", "labels", key), None)
     for path in OWNED_MAPS.get(desired["kind"], ()):
         extra = _extra_keys(desired, actual, path)
         if not extra:

@@ -31,6 +31,8 @@ LABEL_PART_OF = "app.kubernetes.io/part-of"
 MANAGED_BY = "pagoda-operator"
 COMPONENT = "inference-server"
 CONFIG_HASH_ANNOTATION = "serving.pagoda.dev/config-hash"
+# on every child: the keys of the labels the operator set on it (kube/drift.py)
+APPLIED_LABELS_ANNOTATION = "serving.pagoda.dev/applied-labels"
 GPU_RESOURCE = "nvidia.com/gpu"
 SERVER_PORT = options.DEFAULT_PORT  # `pagoda serve --port` in the pods (port `http`)
 MODEL_CACHE_MOUNT = "/var/cache/pagoda/models"  # hf:// and s3:// models: `--download-dir` in pods

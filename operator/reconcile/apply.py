@@ -38,7 +38,9 @@ async def apply_child(
     *,
     actual: Any = UNKNOWN,
 ) -> dict[str, Any]:
-    """Create the child, or patch it when it drifted; returns the live object."""
+    """Create the child, or patch it when it drifted; returns the live object. The child records
+    the label keys it gets (drift.recorded), so a label no longer desired is removed."""
+    desired = drift.recorded(desired)
     kind, meta = desired["kind"], desired["metadata"]
     for attempt in range(3):
         if actual is UNKNOWN or attempt:

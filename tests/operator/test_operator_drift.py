@@ -154,3 +154,22 @@ def test_leader_worker_set_drops_the_init_container_in_both_templates() -> None:
         pod = repaired["spec"]["leaderWorkerTemplate"][role]["spec"]
         assert "initContainers" not in pod, role
     assert not drift.needs_update(desired, repaired)
+
+
+def test_labels_the_operator_applied_and_no_longer_wants_are_removed_others_stay() -> None:
+    owner = Owner("demo", "default", "uid-1", labels=(("team", "a"),))
+    spec = InferenceServiceSpec.from_dict({"model": "smollm2-135m"}, name="demo", default_image="i")
+    before = drift.recorded(build_children(owner, spec).get("Deployment"))
+    live = served(before)
+    live["metadata"]["annotations"].update(before["metadata"]["annotations"])  # kept by a server
+    live["metadata"]["labels"]["mesh"] = "on"  # someone else's
+    assert not drift.needs_update(before, live)
+    after = drift.recorded(build_children(OWNER, spec).get("Deployment"))  # "team" taken off
+    assert drift.needs_update(after, live)
+    patch = drift.merge_patch(after, live)
+    assert patch["metadata"]["labels"]["team"] is None and "mesh" not in patch["metadata"]["labels"]
+    repaired = apply_merge_patch(live, patch)
+    assert "team" not in repaired["metadata"]["labels"] and repaired["metadata"]["labels"]["mesh"]
+    assert not drift.needs_update(after, repaired)
+    unrecorded = served(build_children(owner, spec).get("Deployment"))  # made before the record
+    assert "team" not in drift.merge_patch(after, unrecorded)["metadata"]["labels"]

@@ -426,3 +426,33 @@ async def test_switching_off_a_remote_model_and_tolerations_removes_them(
     mounts = {m["name"] for c in pod["containers"] for m in c.get("volumeMounts", [])}
     assert mounts <= {v["name"] for v in pod["volumes"]}
     assert_permitted(emulator)
+
+
+async def test_a_label_removed_from_the_service_leaves_its_children(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """The service's labels go onto its children (kopf.adopt); one taken off the service comes off
+    them too, a changed one changes, while a label someone else put on a child stays (only what
+    the operator applied, recorded on the child, is the operator's to take back)."""
+    await start_operator()
+    body = {
+        "apiVersion": "serving.pagoda.dev/v1alpha1", "kind": "InferenceService",
+        "metadata": {"name": "lab", "labels": {"team": "a", "cost-center": "42"}},
+        "spec": EXAMPLE_SPEC,
+    }  # fmt: skip
+    await kube.request("POST", ISVC_PATH, body=body)
+    await wait_for(lambda: all(children(emulator, "lab").values()), what="children")
+    for kind, child in children(emulator, "lab").items():
+        assert child["metadata"]["labels"]["team"] == "a", kind
+    await kube.patch("Service", "default", "lab", {"metadata": {"labels": {"mesh": "on"}}})
+
+    await patch_isvc(kube, "lab", {"metadata": {"labels": {"team": None, "cost-center": "43"}}})
+
+    def relabelled() -> dict[str, Any] | None:
+        now = {k: c["metadata"]["labels"] for k, c in children(emulator, "lab").items()}
+        return now if all("team" not in v for v in now.values()) else None
+
+    labels = await wait_for(relabelled, what="the removed label gone from the children")
+    assert all(v["cost-center"] == "43" for v in labels.values()), labels
+    assert labels["Service"]["mesh"] == "on"  # not the operator's: left alone
+    assert_permitted(emulator)
