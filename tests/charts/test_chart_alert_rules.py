@@ -125,7 +125,7 @@ tests:
         exp_alerts:
           - exp_labels: {{severity: warning, pagoda_action: scale_up, namespace: team-a, inferenceservice: slow}}
             exp_annotations:
-              summary: "team-a/slow: 20 requests waiting"
+              summary: "team-a/slow: 20 sequences waiting"
               description: {queue_description}
       - eval_time: 3m
         alertname: PagodaKVCacheSaturated
