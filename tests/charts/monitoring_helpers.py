@@ -20,6 +20,7 @@ HISTOGRAMS = {
     "pagoda:inter_token_latency_seconds",
     "pagoda:e2e_request_latency_seconds",
     "pagoda:request_queue_time_seconds",
+    "pagoda:request_params_n",
 }
 GAUGES = {
     "pagoda:num_requests_running",
