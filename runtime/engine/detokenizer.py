@@ -2,7 +2,11 @@
 
 Text is produced a few tokens at a time without re-decoding the whole output, and never ends in
 half a UTF-8 character: by `tokenizers`' own streaming decoder where it has one, else by decoding
-a short window twice. Stop strings are searched in the new text plus the tail that could
+a short window twice. The prompt's last tokens are its context, less any that end in an incomplete
+or invalid character (their bytes are the prompt's: the output's text starts after them, as
+decoding the output alone reads it). At the end (`flush`) the bytes of an output cut mid-character
+are read as decoding the whole output reads them (U+FFFD), so the text handed out is
+`tokenizer.decode(output ids)`. Stop strings are searched in the new text plus the tail that could
 complete one; a matched stop string is cut from the output. For streaming, `pop_delta` holds back
 the last characters that could still turn out to be the start of a stop string, so a stop
 string never leaks to a client.
@@ -12,8 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pagoda.runtime.model.byte_stream import ByteStream
 from pagoda.runtime.model.tokenizer import Tokenizer
 
+_REPLACEMENT = "\ufffd"
 _CONTEXT = 5  # tokens of context before the read offset; enough for byte-level BPE merges
 
 
@@ -29,7 +35,8 @@ class IncrementalDetokenizer:
         use_stream: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
-        self.ids: list[int] = list(prompt_ids[-_CONTEXT:])
+        self.skip_special = skip_special_tokens
+        self.ids: list[int] = self._context(prompt_ids)
         # token id → the text it completes, or None (`Tokenizer.stream_decoder`); None when
         # there is none (then two windows are decoded)
         self.stream = (
@@ -41,7 +48,6 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.ids)
         self.stop = tuple(stop)
         self.include_stop = include_stop
-        self.skip_special = skip_special_tokens
         self.hold = max((len(s) for s in self.stop), default=1) - 1
         self.text = ""  # what `pop_delta` has not handed out yet
         self.stop_string: str | None = None
@@ -49,10 +55,19 @@ class IncrementalDetokenizer:
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
 
+    def _context(self, prompt_ids: Sequence[int]) -> list[int]:
+        """The prompt's last ids, less those at its end whose text is an incomplete (or
+        invalid) character: streams would take the output's first bytes as its rest and hand
+        out the prompt's text with them."""
+        ids = list(prompt_ids[-_CONTEXT:])
+        while ids and self._decode(ids).endswith(_REPLACEMENT):
+            ids.pop()
+        return ids
+
     def _new_text(self, new_ids: Sequence[int]) -> str:
         """Text the new ids complete; "" while a character is still incomplete."""
         if self.stream is not None:
-            return "".join(c for t in new_ids if (c := self.stream(t)))
+            return "".join(c for t in new_ids if (c := self.step(t)))
         self.ids.extend(new_ids)
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.ids[self.prefix_offset :])
@@ -65,8 +80,36 @@ class IncrementalDetokenizer:
         """Append one token of a request without stop strings (the per-step fast path)."""
         if self.stream is None:
             self.add_tokens([token_id])
-        elif c := self.stream(token_id):
+        elif c := self.step(token_id):
             self.text += c
+
+    def step(self, token_id: int) -> str | None:
+        """The stream's step (a stream there must be), recovering as `recover` says."""
+        try:
+            return self.stream(token_id)  # type: ignore[misc]
+        except Exception as e:
+            return self.recover(token_id, e)
+
+    def recover(self, token_id: int, error: Exception) -> str | None:
+        """tokenizers' DecodeStream raises "Invalid prefix" where a byte-fallback decoder
+        (SentencePiece: Llama 2, Mistral, Gemma) meets an invalid byte right after a whole
+        character of byte tokens: decoding them together reads every byte as U+FFFD, so the
+        text already handed out is no longer a prefix (vLLM #17448). The stream starts over
+        after the prompt's context with this token (the invalid bytes that waited are dropped,
+        as vLLM does) instead of the error ending the engine. Other errors are raised."""
+        if not str(error).startswith("Invalid prefix"):
+            raise error
+        for ctx in (self.ids, []):  # the prompt's context may itself end in byte tokens
+            stream = self.tokenizer.stream_decoder(ctx, skip_special_tokens=self.skip_special)
+            try:
+                text = stream(token_id)  # type: ignore[misc]
+            except Exception as e:
+                if not str(e).startswith("Invalid prefix"):
+                    raise
+                continue
+            self.stream = stream
+            return text
+        return None
 
     def add_tokens(self, new_ids: Sequence[int], search: bool = True) -> str | None:
         """Append tokens; returns the matched stop string (output then ends there) or None.
@@ -88,6 +131,39 @@ class IncrementalDetokenizer:
         self.text = self.text[: idx + len(s)] if self.include_stop else self.text[:idx]
         self.stop_string = s
         return s
+
+    def flush(self, token_ids: Sequence[int], first: int, end: int) -> None:
+        """At the end of an output not cut by a stop string: the text of its last tokens that
+        still wait for the rest of a character (a UTF-8 sequence cut by the length limit, or
+        one that is never valid), read as decoding the whole output reads it (U+FFFD), without
+        a stop-string search. The ids given to this detokenizer are `token_ids[first:end]`."""
+        stream = self.stream
+        if stream is None:  # two windows: the ids after read_offset are waiting
+            if self.read_offset < len(self.ids):
+                head = self._decode(self.ids[self.prefix_offset : self.read_offset])
+                self.text += self._decode(self.ids[self.prefix_offset :])[len(head) :]
+                self.prefix_offset = self.read_offset = len(self.ids)
+            return
+        owner = getattr(stream, "__self__", None)
+        if isinstance(owner, ByteStream):
+            if owner.pending:
+                self.text += owner.pending.decode(errors="replace")
+                owner.pending = b""
+            return
+
+        # tokenizers' DecodeStream keeps what waits to itself: the ids after the last point
+        # where the text did not end in an incomplete character (found from the end)
+        def window(at: int) -> list[int]:
+            ids = list(token_ids[max(first, at - _CONTEXT) : at])
+            return [*self.ids, *ids][-_CONTEXT:] if at - first < _CONTEXT else ids
+
+        at = end
+        while at > first and self._decode(window(at)).endswith(_REPLACEMENT):
+            at -= 1
+        if at < end:
+            ctx = window(at)
+            head = self._decode(ctx)
+            self.text += self._decode([*ctx, *token_ids[at:end]])[len(head) :]
 
     def pop_delta(self, finished: bool) -> str:
         """Text not yet handed out that can no longer become part of a stop string. Only the

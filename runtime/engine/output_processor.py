@@ -90,8 +90,13 @@ class OutputProcessor:
                 stream = detok.stream  # IncrementalDetokenizer.push, inlined
                 if stream is None:
                     detok.push(tok)
-                elif c := stream(tok):
-                    detok.text += c
+                else:
+                    try:
+                        c = stream(tok)
+                    except Exception as e:
+                        c = detok.recover(tok, e)
+                    if c:
+                        detok.text += c
             live.append((s, req, tok, lp))
         if clock is not None:
             clock.mark("detokenize")
@@ -129,11 +134,16 @@ class OutputProcessor:
     def _output(self, s: _Sample, req: Request, tok: int, lp) -> StepOutput:
         status = req.status  # read once: this runs per request per step
         finished = status >= FIRST_FINISHED
+        detok = s.detok
+        if finished and detok.stop_string is None:  # a cut character's bytes are read now
+            ids = req.token_ids
+            fed = status != _STOPPED or detok.include_stop  # the stop token's text is shown?
+            detok.flush(ids, req.num_prompt_tokens, len(ids) - (not fed))
         out = StepOutput(
             s.parent,
             s.index,
             [tok],
-            s.detok.pop_delta(finished),
+            detok.pop_delta(finished),
             [lp] if lp is not None else [],
             finished,
             FINISH_REASONS[status],

@@ -1,0 +1,122 @@
+"""Detokenization at the edges of UTF-8, checked against `tokenizers`' own decode: an output cut
+mid-character, a prompt that ends mid-character (or in U+FFFD), and a SentencePiece byte-fallback
+tokenizer (Llama 2, Mistral, Gemma) meeting an invalid byte. Token ids are forced through the
+engine's OutputProcessor the way EngineCore._update feeds it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pagoda.runtime.engine.output_processor import OutputProcessor
+from pagoda.runtime.model.tokenizer import Tokenizer
+from pagoda.runtime.request import Request, RequestStatus
+from pagoda.runtime.sampling.params import SamplingParams
+from pagoda.runtime.worker.outputs import ModelRunnerOutput
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, normalizers, trainers
+
+TEXT = "Hello world, the capital of France is Paris. naïve café 日本語 🙂🎉 ok fine. " * 4
+
+
+@pytest.fixture(scope="module")
+def spm() -> Tokenizer:
+    """A Llama-2-style tokenizer.json: BPE with byte fallback (<0x00>..<0xFF> in the vocabulary
+    after <unk> <s> </s>), "▁" for spaces and a prefix one, Strip in the decoder."""
+    tok = HFTokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
+    )
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"])
+    tok.train_from_iterator([TEXT], trainer)
+    data = json.loads(tok.to_str())
+    trained = sorted(data["model"]["vocab"].items(), key=lambda kv: kv[1])
+    names = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    names += [t for t, _ in trained if t not in names]
+    data["model"]["vocab"] = {t: i for i, t in enumerate(names)}
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    data["decoder"] = json.loads(
+        decoders.Sequence([*steps, decoders.Strip(" ", 1, 0)]).__getstate__()
+    )
+    hf = HFTokenizer.from_str(json.dumps(data))
+    return Tokenizer(hf, chat_template=None, bos_token_id=1, eos_token_ids=(2,))
+
+
+def byte_ids(tok: Tokenizer, data: bytes) -> list[int]:
+    return [tok.backend.token_to_id(f"<0x{b:02X}>") for b in data]
+
+
+def drive(tok: Tokenizer, prompt: list[int], out: list[int], **params) -> tuple[list[str], str]:
+    """Stream `out` through an OutputProcessor as the engine does: deltas and the final text."""
+    params.setdefault("max_tokens", len(out))
+    op = OutputProcessor(tok)
+    req = Request("r", prompt, SamplingParams(**params), eos_token_ids=tok.eos_token_ids)
+    req.status = RequestStatus.RUNNING
+    op.add("r", [req])
+    deltas = []
+    for t in out:
+        req.token_ids.append(t)  # EngineCore._update
+        if t in req.stop_ids or req.num_output_tokens >= req.max_new_tokens:
+            req.check_stop_token()
+        if req.params.stop:
+            op.check_stop_string(req, t)
+        (o,) = op.process(ModelRunnerOutput([req], [t], [None]), None)
+        deltas.append(o.new_text)
+        if o.finished:
+            break
+    assert o.finished
+    return deltas, "".join(deltas)
+
+
+def after(tok: Tokenizer, prompt: list[int], out: list[int]) -> str:
+    """The oracle: the output's text as decoding prompt and output together reads it."""
+    return tok.decode(prompt + out)[len(tok.decode(prompt)) :]
+
+
+@pytest.mark.parametrize("stop", [(), ("zzz",)], ids=["no-stop", "stop-strings"])
+def test_output_cut_mid_character_reads_as_decode_does(smol, spm, stop):
+    """max_tokens (or a stop token) ending the output inside a character: its bytes are handed
+    out as decoding the output reads them (U+FFFD), not silently dropped."""
+    for tok, tail in ((smol.tokenizer, None), (spm, byte_ids(spm, "🙂".encode()[:2]))):
+        prompt = tok.encode("Hello")
+        body = tok.encode(" naïve 日本")
+        cut = tail or tok.encode(" 🙂🎉")[:-1]
+        out = body + cut
+        _, text = drive(tok, prompt, out, stop=stop)
+        assert text == after(tok, prompt, out) and text.endswith("\ufffd"), text
+        # ended by a stop token (not shown): the bytes before it are read the same way
+        _, text = drive(tok, prompt, [*out, 2], stop=stop, max_tokens=50, stop_token_ids=[2])
+        assert text == after(tok, prompt, out)
+
+
+def test_prompt_ending_in_replacement_or_mid_character_is_not_repeated(smol, spm):
+    """A prompt whose text ends in U+FFFD (pasted mojibake) or whose ids end mid-character:
+    the completion is the output's own text, never the prompt's text again."""
+    for tok in (smol.tokenizer, spm):
+        prompt, out = (
+            tok.encode("Hi there \ufffd"),
+            tok.encode(" ok fine", add_special_tokens=False),
+        )
+        text = drive(tok, prompt, out)[1]
+        assert text == after(tok, prompt, out) and text.strip() == "ok fine"
+    tok = smol.tokenizer
+    emoji = tok.encode("🙂🎉", add_special_tokens=False)
+    prompt, out = tok.encode("Hello") + emoji[:1], emoji[1:] + tok.encode(" ok")
+    assert drive(tok, prompt, out)[1] == tok.decode(out) == "\ufffd\ufffd🎉 ok"
+
+
+@pytest.mark.parametrize("stop", [(), ("zzz",)], ids=["no-stop", "stop-strings"])
+def test_invalid_byte_after_a_whole_byte_fallback_character_does_not_raise(spm, stop):
+    """DecodeStream raises "Invalid prefix" when byte-fallback decoding turns a character it
+    already handed out into U+FFFD bytes (vLLM #17448); that error used to end the engine.
+    The text handed out stays, and the stream goes on after it."""
+    prompt = spm.encode("Hello")
+    ok = spm.encode(" ok fine", add_special_tokens=False)
+    for bad in ("🙂".encode() + b"\x9f", "é".encode() + b"\xa9\xa9"):
+        out = byte_ids(spm, bad) + ok
+        _, text = drive(spm, prompt, out, stop=stop)
+        assert text.startswith(bad[:-1].decode(errors="ignore")) and text.endswith(" ok fine")
+        # the prompt's context ending in such a character: the same
+        prompt2 = spm.encode("Hello") + byte_ids(spm, "🙂".encode())
+        _, text = drive(spm, prompt2, byte_ids(spm, b"\x9f") + ok, stop=stop)
+        assert text.endswith(" ok fine") and "Hello" not in text
