@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hf_oracle import make_tiny_model
+from pagoda.runtime import LLM
 from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.model.tokenizer import Tokenizer
 from pagoda.runtime.request import Request, RequestStatus
@@ -120,3 +122,16 @@ def test_invalid_byte_after_a_whole_byte_fallback_character_does_not_raise(spm, 
         prompt2 = spm.encode("Hello") + byte_ids(spm, "🙂".encode())
         _, text = drive(spm, prompt2, byte_ids(spm, b"\x9f") + ok, stop=stop)
         assert text.endswith(" ok fine") and "Hello" not in text
+
+
+def test_engine_survives_random_bytes_of_a_byte_fallback_checkpoint(tmp_path, spm):
+    """End to end: a transformers-written tiny Llama with the byte-fallback tokenizer.json,
+    sampled hot, emits byte tokens at random (invalid sequences among them); every sample
+    finishes and its text is what streaming handed out."""
+    make_tiny_model(tmp_path, "Llama", vocab_size=spm.vocab_size)
+    spm.backend.save(str(tmp_path / "tokenizer.json"))
+    llm = LLM(str(tmp_path), max_model_len=256, kv_cache_memory=8 << 20)
+    params = SamplingParams(n=4, max_tokens=100, temperature=1.5, seed=0, ignore_eos=True)
+    (result,) = llm.generate(["Hello café"], params)
+    for o in result.outputs:
+        assert o.finish_reason == "length" and len(o.token_ids) == 100 and o.text
