@@ -1,7 +1,10 @@
 """Log-probabilities in OpenAI's two shapes (legacy completions and chat), with token strings.
 
 A byte-level BPE token can be half a UTF-8 character, so the chat shape also carries the token's
-raw `bytes`, recovered from the GPT-2 byte↔unicode table rather than from its decoded text. The
+raw `bytes`, recovered from the GPT-2 byte↔unicode table rather than from its decoded text (for
+a byte-level tokenizer only; a SentencePiece byte-fallback token ``<0xF0>`` is its one byte). A
+token's text is what it adds after other text (SentencePiece's "▁ok" is " ok", though decoding it
+alone strips the space), so the tokens join into the output's text and `text_offset` follows it. The
 legacy shape has no bytes and keys alternatives by token text, where every such fragment would
 read "\ufffd" (and the sampled token's logprob be overwritten by an alternative's): there a
 fragment is named by its bytes, as OpenAI does (`bytes:\\xf0\\x9f`).
@@ -9,9 +12,11 @@ fragment is named by its bytes, as OpenAI does (`bytes:\\xf0\\x9f`).
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Any
 
+from pagoda.runtime.model.byte_stream import is_plain_byte_level
 from pagoda.runtime.model.tokenizer import Tokenizer
 from pagoda.runtime.request import TokenLogprob
 
@@ -27,6 +32,9 @@ def _byte_decoder() -> dict[str, int]:
             cs.append(256 + n)
             n += 1
     return {chr(c): b for b, c in zip(bs, cs)}
+
+
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 def _finite(logprob: float) -> float:
@@ -46,11 +54,19 @@ class TokenStrings:
         self._text: dict[int, str] = {}
         self._bytes: dict[int, list[int]] = {}
         self._key: dict[int, str] = {}
+        self._byte_level = is_plain_byte_level(tokenizer.backend)
+        # a token that decodes to plain text: each token's text is read after it
+        ids = tokenizer.encode("a", add_special_tokens=False)
+        self._anchor = ids[-1:] if ids else []
+        self._anchor_len = len(tokenizer.decode(self._anchor, skip_special_tokens=False))
 
     def text(self, token_id: int) -> str:
+        """The text the token adds after other text (not at the start, where SentencePiece
+        decoders strip its leading space)."""
         s = self._text.get(token_id)
         if s is None:
-            s = self._text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            s = self.tokenizer.decode([*self._anchor, token_id], skip_special_tokens=False)
+            s = self._text[token_id] = s[self._anchor_len :]
         return s
 
     def bytes(self, token_id: int) -> list[int]:
@@ -58,8 +74,10 @@ class TokenStrings:
         if b is None:
             raw = self.tokenizer.token_to_str(token_id) or ""
             table = _byte_decoder()
-            if raw and all(ch in table for ch in raw):
+            if self._byte_level and raw and all(ch in table for ch in raw):
                 b = [table[ch] for ch in raw]
+            elif m := _BYTE_FALLBACK.fullmatch(raw):  # SentencePiece's byte tokens
+                b = [int(m.group(1), 16)]
             else:
                 b = list(self.text(token_id).encode())
             self._bytes[token_id] = b
