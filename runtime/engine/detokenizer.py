@@ -151,19 +151,26 @@ class IncrementalDetokenizer:
                 owner.pending = b""
             return
 
-        # tokenizers' DecodeStream keeps what waits to itself: the ids after the last point
-        # where the text did not end in an incomplete character (found from the end)
-        def window(at: int) -> list[int]:
-            ids = list(token_ids[max(first, at - _CONTEXT) : at])
-            return [*self.ids, *ids][-_CONTEXT:] if at - first < _CONTEXT else ids
-
+        # tokenizers' DecodeStream keeps what waits to itself. Only byte-fallback tokens
+        # (<0xF0>) are parts of characters: what waits is the end of the output's last run of
+        # them, after its last whole character; it is read after the token before the run (a
+        # run is decoded as one: read with the bytes already handed out, an incomplete tail
+        # would turn them all into U+FFFD)
+        byte_of = self.tokenizer.fallback_byte
         at = end
-        while at > first and self._decode(window(at)).endswith(_REPLACEMENT):
+        while at > first and byte_of(token_ids[at - 1]) is not None:
             at -= 1
-        if at < end:
-            ctx = window(at)
-            head = self._decode(ctx)
-            self.text += self._decode([*ctx, *token_ids[at:end]])[len(head) :]
+        waiting, pending = at, b""
+        for i in range(at, end):
+            pending += bytes([byte_of(token_ids[i])])  # type: ignore[list-item]
+            if not pending.decode(errors="replace").endswith(_REPLACEMENT):
+                waiting, pending = i + 1, b""
+        if waiting < end:
+            before = [token_ids[at - 1]] if at > first else self.ids[-1:]
+            if before and byte_of(before[0]) is not None:
+                before = []
+            head = self._decode(before)
+            self.text += self._decode([*before, *token_ids[waiting:end]])[len(head) :]
 
     def pop_delta(self, finished: bool) -> str:
         """Text not yet handed out that can no longer become part of a stop string. Only the

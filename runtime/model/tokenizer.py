@@ -42,6 +42,7 @@ PRE_TOKENIZER_SPLITS = {
     "deepseek-r1-qwen": _QWEN2_SPLIT,
 }
 _CONTROL, _USER_DEFINED = 3, 4
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 SPIECE_SPACE = "\u2581"
 
 
@@ -173,6 +174,14 @@ class Tokenizer:
 
     def token_to_str(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
+
+    def fallback_byte(self, token_id: int) -> int | None:
+        """The byte of a byte-fallback token (SentencePiece's ``<0xF0>``); None for any other
+        token, and for every token of a model without byte fallback."""
+        if not getattr(self._tok.model, "byte_fallback", False):
+            return None
+        m = _BYTE_TOKEN.fullmatch(self._tok.id_to_token(token_id) or "")
+        return int(m.group(1), 16) if m else None
 
     def _special(self, token_id: int | None) -> str:
         return (self._tok.id_to_token(token_id) or "") if token_id is not None else ""

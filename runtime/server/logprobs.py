@@ -12,7 +12,6 @@ fragment is named by its bytes, as OpenAI does (`bytes:\\xf0\\x9f`).
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 from typing import Any
 
@@ -32,9 +31,6 @@ def _byte_decoder() -> dict[str, int]:
             cs.append(256 + n)
             n += 1
     return {chr(c): b for b, c in zip(bs, cs)}
-
-
-_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 def _finite(logprob: float) -> float:
@@ -76,8 +72,8 @@ class TokenStrings:
             table = _byte_decoder()
             if self._byte_level and raw and all(ch in table for ch in raw):
                 b = [table[ch] for ch in raw]
-            elif m := _BYTE_FALLBACK.fullmatch(raw):  # SentencePiece's byte tokens
-                b = [int(m.group(1), 16)]
+            elif (byte := self.tokenizer.fallback_byte(token_id)) is not None:
+                b = [byte]  # SentencePiece's <0xF0>
             else:
                 b = list(self.text(token_id).encode())
             self._bytes[token_id] = b

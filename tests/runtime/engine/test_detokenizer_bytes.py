@@ -68,6 +68,18 @@ def test_output_cut_mid_character_reads_as_decode_does(smol, spm, stop):
         assert text == after(tok, prompt, out)
 
 
+def test_byte_fallback_run_ending_the_output_is_read_once(spm):
+    """An output ending in byte tokens: whole characters among them are handed out once, and
+    only the bytes after the last whole one are read at the end (as U+FFFD, one per byte as
+    byte fallback reads them; decoding the whole output would turn the run's complete
+    characters into U+FFFD too, which a stream that has handed them out cannot)."""
+    prompt, x = spm.encode("Hello"), spm.encode(" x", add_special_tokens=False)
+    for data, want in (("日本🙂".encode(), "日本🙂"), ("日本🙂".encode()[:-2], "日本\ufffd\ufffd")):
+        for stop in ((), ("zzz",)):
+            text = drive(spm, prompt, x + byte_ids(spm, data), stop=stop)[1]
+            assert text == after(spm, prompt, x) + want
+
+
 def test_prompt_ending_in_replacement_or_mid_character_is_not_repeated(smol, spm):
     """A prompt whose text ends in U+FFFD (pasted mojibake) or whose ids end mid-character:
     the completion is the output's own text, never the prompt's text again."""
