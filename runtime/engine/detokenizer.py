@@ -36,13 +36,18 @@ class IncrementalDetokenizer:
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special = skip_special_tokens
-        self.ids: list[int] = self._context(prompt_ids)
+        context = prompt_ids[-_CONTEXT:]
         # token id → the text it completes, or None (`Tokenizer.stream_decoder`); None when
-        # there is none (then two windows are decoded)
+        # there is none (then two windows are decoded, after the context `clean_context` keeps)
         self.stream = (
-            tokenizer.stream_decoder(self.ids, skip_special_tokens=skip_special_tokens)
+            tokenizer.stream_decoder(context, skip_special_tokens=skip_special_tokens)
             if use_stream
             else None
+        )
+        self.ids: list[int] = (
+            list(context)
+            if self.stream is not None
+            else tokenizer.clean_context(context, skip_special_tokens=skip_special_tokens)
         )
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
@@ -54,15 +59,6 @@ class IncrementalDetokenizer:
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
-
-    def _context(self, prompt_ids: Sequence[int]) -> list[int]:
-        """The prompt's last ids, less those at its end whose text is an incomplete (or
-        invalid) character: streams would take the output's first bytes as its rest and hand
-        out the prompt's text with them."""
-        ids = list(prompt_ids[-_CONTEXT:])
-        while ids and self._decode(ids).endswith(_REPLACEMENT):
-            ids.pop()
-        return ids
 
     def _new_text(self, new_ids: Sequence[int]) -> str:
         """Text the new ids complete; "" while a character is still incomplete."""

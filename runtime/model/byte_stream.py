@@ -88,12 +88,10 @@ class ByteStream:
     @classmethod
     def after(
         cls, pieces: list[bytes], context: list[int], texts: list[str | None] | None = None
-    ) -> ByteStream | None:
-        """A stream continuing `context`; None when the context itself ends mid-character
-        (then `DecodeStream`, whose prefix handling covers it, is used instead)."""
-        text = b"".join(pieces[t] for t in context if t < len(pieces)).decode(errors="replace")
-        if text.endswith(_REPLACEMENT):
-            return None
+    ) -> ByteStream:
+        """A stream continuing `context`. Nothing of it waits: where the context ends in part
+        of a character, those bytes are the prompt's, and the output's first bytes are read on
+        their own (as decoding the output reads them), never joined to the prompt's text."""
         return cls(pieces, texts=texts)
 
     def step(self, token_id: int) -> str | None:

@@ -223,20 +223,32 @@ class Tokenizer:
     def stream_decoder(
         self, context: Sequence[int], *, skip_special_tokens: bool = True
     ) -> Callable[[int], str | None] | None:
-        """An incremental decoder seeded with `context` (the ids before the first new one):
-        for byte-level BPE a byte table (`byte_stream`), else `tokenizers`' own DecodeStream
-        (one Rust call per token, ~10x cheaper than decoding two windows in Python). Returns
-        None when neither applies (`tokenizers` < 0.22 and not byte-level)."""
+        """An incremental decoder seeded with `context` (the ids before the first new one;
+        `clean_context`): for byte-level BPE a byte table (`byte_stream`), else `tokenizers`'
+        own DecodeStream (one Rust call per token, ~10x cheaper than decoding two windows in
+        Python). Returns None when neither applies (`tokenizers` < 0.22 and not byte-level)."""
         fast = self._byte_stream(context, skip_special_tokens)
         if fast is not None:
             return fast.step
         try:
             from tokenizers.decoders import DecodeStream
 
-            stream = DecodeStream(skip_special_tokens=skip_special_tokens, ids=list(context))
+            ids = self.clean_context(context, skip_special_tokens=skip_special_tokens)
+            stream = DecodeStream(skip_special_tokens=skip_special_tokens, ids=ids)
         except (ImportError, TypeError):
             return None
         return functools.partial(stream.step, self._tok)  # no Python frame per token
+
+    def clean_context(
+        self, context: Sequence[int], *, skip_special_tokens: bool = True
+    ) -> list[int]:
+        """`context` less its last ids while its text ends in an incomplete (or invalid)
+        character: a stream seeded with them would take the output's first bytes as their rest
+        and hand out the prompt's text again with them."""
+        ids = list(context)
+        while ids and self.decode(ids, skip_special_tokens=skip_special_tokens).endswith("\ufffd"):
+            ids.pop()
+        return ids
 
     def _byte_stream(self, context: Sequence[int], skip_special: bool) -> ByteStream | None:
         """The table-driven stream of `byte_stream` (same text, ~7x cheaper per token) where

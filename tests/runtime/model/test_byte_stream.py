@@ -40,16 +40,21 @@ def test_same_steps_as_decode_stream_on_text_and_random_ids(smol, skip):
         assert steps(ours.step, ids) == rust_steps(hf, ids, context, skip)
 
 
-def test_context_ending_mid_character_falls_back_to_decode_stream(smol):
+def test_context_ending_mid_character_is_the_prompts_own(smol):
+    """A context ending in part of a character: those bytes stay the prompt's, and the output's
+    first bytes read on their own, as decoding the output does (both streams); the prompt's
+    text is never handed out again with them."""
     tok = smol.tokenizer
     pieces = byte_pieces(tok._tok, True)
-    emoji = tok.encode("🙂")
-    assert len(emoji) > 1  # a 4-byte character spread over byte tokens
-    assert ByteStream.after(pieces, emoji[:1]) is None
-    step = tok.stream_decoder(emoji[:1])
-    assert step is not None and not isinstance(getattr(step, "__self__", None), ByteStream)
-    # The tokenizer's own choice is the table stream for a clean context.
-    assert isinstance(tok.stream_decoder(tok.encode("Hi")).__self__, ByteStream)
+    emoji = tok.encode("🙂🎉 ok")
+    assert len(emoji) > 2  # 4-byte characters spread over byte tokens
+    context, out = tok.encode("Hello") + emoji[:1], emoji[1:]
+    want = tok.decode(out)
+    ours = ByteStream.after(pieces, context)
+    assert "".join(c or "" for c in steps(ours.step, out)) == want
+    rust = DecodeStream(skip_special_tokens=True, ids=tok.clean_context(context))
+    assert "".join(c or "" for c in steps(lambda t: rust.step(tok._tok, t), out)) == want
+    assert isinstance(tok.stream_decoder(context).__self__, ByteStream)
 
 
 def test_skipped_specials_add_nothing_and_kept_ones_their_text(smol):
