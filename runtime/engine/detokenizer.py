@@ -21,6 +21,10 @@ from pagoda.runtime.model.tokenizer import Tokenizer
 
 _REPLACEMENT = "\ufffd"
 _CONTEXT = 5  # tokens of context before the read offset; enough for byte-level BPE merges
+# steps a stream may hand out nothing before what waits is read as it is (U+FFFD for invalid
+# bytes): a character takes at most 4 bytes, and DecodeStream decodes every waiting id again
+# at each step (a run forced by logit_bias would cost O(n) per token)
+_MAX_WAIT = 16
 
 
 class IncrementalDetokenizer:
@@ -56,6 +60,11 @@ class IncrementalDetokenizer:
         self.hold = max((len(s) for s in self.stop), default=1) - 1
         self.text = ""  # what `pop_delta` has not handed out yet
         self.stop_string: str | None = None
+        # the ids whose steps handed out nothing, at consecutive positions up to `wait_pos`
+        # (`len(request.token_ids)` after each; `pos` is that of the token being added)
+        self.waiting: list[int] = []
+        self.wait_pos = -1
+        self.pos = 0
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
@@ -63,7 +72,13 @@ class IncrementalDetokenizer:
     def _new_text(self, new_ids: Sequence[int]) -> str:
         """Text the new ids complete; "" while a character is still incomplete."""
         if self.stream is not None:
-            return "".join(c for t in new_ids if (c := self.step(t)))
+            text = ""
+            for t in new_ids:
+                if c := self.step(t):
+                    text += c
+                else:
+                    self.wait(t, self.pos)
+            return text
         self.ids.extend(new_ids)
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.ids[self.prefix_offset :])
@@ -78,6 +93,37 @@ class IncrementalDetokenizer:
             self.add_tokens([token_id])
         elif c := self.step(token_id):
             self.text += c
+
+    def wait(self, token_id: int, pos: int) -> None:
+        """A stream step handed out nothing for `token_id`, at position `pos`. After
+        `_MAX_WAIT` such steps in a row, what waits is read as decoding reads it and the
+        stream starts over (after the prompt's context)."""
+        if pos != self.wait_pos + 1:
+            self.waiting = []
+        self.wait_pos = pos
+        self.waiting.append(token_id)
+        if len(self.waiting) >= _MAX_WAIT:
+            self.text += self._waiting_text()
+            self.stream = self.tokenizer.stream_decoder(
+                self.ids, skip_special_tokens=self.skip_special
+            )
+
+    def _waiting_text(self) -> str:
+        """The text of what waits in the stream (lossy: U+FFFD for bytes of no character),
+        which is then no longer waiting."""
+        stream, waiting = self.stream, self.waiting
+        self.waiting = []
+        owner = getattr(stream, "__self__", None)
+        if isinstance(owner, ByteStream):
+            text, owner.pending = owner.pending.decode(errors="replace"), b""
+            return text
+        # DecodeStream: the ids since it last handed out text, read after a token that is not
+        # a byte-fallback one (a run of those is decoded as one: with bytes already handed
+        # out, an incomplete tail would turn them all into U+FFFD)
+        before = self.ids[-1:]
+        if before and self.tokenizer.fallback_byte(before[0]) is not None:
+            before = []
+        return self._decode([*before, *waiting])[len(self._decode(before)) :]
 
     def step(self, token_id: int) -> str | None:
         """The stream's step (a stream there must be), recovering as `recover` says."""
@@ -104,6 +150,7 @@ class IncrementalDetokenizer:
                     raise
                 continue
             self.stream = stream
+            self.waiting = []  # dropped with the stream they waited in
             return text
         return None
 
@@ -128,45 +175,21 @@ class IncrementalDetokenizer:
         self.stop_string = s
         return s
 
-    def flush(self, token_ids: Sequence[int], first: int, end: int) -> None:
+    def flush(self, end: int) -> None:
         """At the end of an output not cut by a stop string: the text of its last tokens that
         still wait for the rest of a character (a UTF-8 sequence cut by the length limit, or
         one that is never valid), read as decoding the whole output reads it (U+FFFD), without
-        a stop-string search. The ids given to this detokenizer are `token_ids[first:end]`."""
-        stream = self.stream
-        if stream is None:  # two windows: the ids after read_offset are waiting
+        a stop-string search. `end`: the position (`wait`'s) of the last token it was given."""
+        if self.stream is None:  # two windows: the ids after read_offset are waiting
             if self.read_offset < len(self.ids):
                 head = self._decode(self.ids[self.prefix_offset : self.read_offset])
                 self.text += self._decode(self.ids[self.prefix_offset :])[len(head) :]
                 self.prefix_offset = self.read_offset = len(self.ids)
             return
-        owner = getattr(stream, "__self__", None)
-        if isinstance(owner, ByteStream):
-            if owner.pending:
-                self.text += owner.pending.decode(errors="replace")
-                owner.pending = b""
-            return
-
-        # tokenizers' DecodeStream keeps what waits to itself. Only byte-fallback tokens
-        # (<0xF0>) are parts of characters: what waits is the end of the output's last run of
-        # them, after its last whole character; it is read after the token before the run (a
-        # run is decoded as one: read with the bytes already handed out, an incomplete tail
-        # would turn them all into U+FFFD)
-        byte_of = self.tokenizer.fallback_byte
-        at = end
-        while at > first and byte_of(token_ids[at - 1]) is not None:
-            at -= 1
-        waiting, pending = at, b""
-        for i in range(at, end):
-            pending += bytes([byte_of(token_ids[i])])  # type: ignore[list-item]
-            if not pending.decode(errors="replace").endswith(_REPLACEMENT):
-                waiting, pending = i + 1, b""
-        if waiting < end:
-            before = [token_ids[at - 1]] if at > first else self.ids[-1:]
-            if before and byte_of(before[0]) is not None:
-                before = []
-            head = self._decode(before)
-            self.text += self._decode([*before, *token_ids[waiting:end]])[len(head) :]
+        byte_stream = isinstance(getattr(self.stream, "__self__", None), ByteStream)
+        # a DecodeStream's waiting ids count only when the last token's step was one of them
+        if byte_stream or (self.waiting and self.wait_pos == end):
+            self.text += self._waiting_text()
 
     def pop_delta(self, finished: bool) -> str:
         """Text not yet handed out that can no longer become part of a stop string. Only the

@@ -71,6 +71,7 @@ class OutputProcessor:
         if not detok.stop or (req.status == _STOPPED and not detok.include_stop):
             return
         search = req.num_output_tokens > req.params.min_tokens
+        detok.pos = len(req.token_ids)
         if detok.add_tokens([token_id], search) is not None:
             req.status = _STOPPED
             req.stop_reason = detok.stop_string
@@ -97,6 +98,8 @@ class OutputProcessor:
                         c = detok.recover(tok, e)
                     if c:
                         detok.text += c
+                    else:
+                        detok.wait(tok, len(req.token_ids))
             live.append((s, req, tok, lp))
         if clock is not None:
             clock.mark("detokenize")
@@ -138,7 +141,7 @@ class OutputProcessor:
         if finished and detok.stop_string is None:  # a cut character's bytes are read now
             ids = req.token_ids
             fed = status != _STOPPED or detok.include_stop  # the stop token's text is shown?
-            detok.flush(ids, req.num_prompt_tokens, len(ids) - (not fed))
+            detok.flush(len(ids) - (not fed))
         out = StepOutput(
             s.parent,
             s.index,

@@ -124,3 +124,22 @@ def test_engine_survives_random_bytes_of_a_byte_fallback_checkpoint(tmp_path, sp
     (result,) = llm.generate(["Hello café"], params)
     for o in result.outputs:
         assert o.finish_reason == "length" and len(o.token_ids) == 100 and o.text
+
+
+@pytest.mark.parametrize("stop", [(), ("zzz",)], ids=["no-stop", "stop-strings"])
+def test_a_run_that_never_makes_a_character_is_handed_out_as_it_goes(smol, spm, stop):
+    """Invalid bytes or skipped special tokens, forced (logit_bias) for the whole output: the
+    stream waited on all of them to the end, and DecodeStream decoded every waiting id again
+    at each step (O(n) per token: 2 ms a token at 4,000). They are read (as decoding reads
+    them) after a few steps instead, so text keeps coming and the stream stays short."""
+    cases = [
+        (spm, spm.backend.token_to_id("<0xFF>")),
+        (spm, 1),  # <s>, skipped
+        (smol.tokenizer, smol.tokenizer.backend.token_to_id("Ģ")),  # byte 0x80 alone
+    ]
+    for tok, bad in cases:
+        out = [bad] * 200
+        deltas, text = drive(tok, tok.encode("Hello"), out, stop=stop)
+        assert text == tok.decode(out)
+        if text:  # invalid bytes: U+FFFD comes while the output goes on, not at its end
+            assert "".join(deltas[:100]).count("\ufffd") >= 50
