@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from pagoda.runtime.model.byte_stream import ByteStream
 from pagoda.runtime.model.tokenizer import Tokenizer
 
-_REPLACEMENT = "\ufffd"
 _CONTEXT = 5  # tokens of context before the read offset; enough for byte-level BPE merges
 # steps a stream may hand out nothing before what waits is read as it is (U+FFFD for invalid
 # bytes): a character takes at most 4 bytes, and DecodeStream decodes every waiting id again
