@@ -13,7 +13,10 @@ exists); a wrong token is 401 "Invalid credentials in Authorization header". A g
 metadata and listing are public, its files 401 GatedRepo without a token and 403 GatedRepo with
 one whose account was not granted access (`granted`).
 `understate_sizes` makes the listings claim 1-byte files (a listing that lies: the download must
-still fail cleanly when the disk fills).
+still fail cleanly when the disk fills). `cut_after[PATH] = N`: the next download of PATH from its
+first byte sends N bytes of the body and then drops the connection (once); `stall_after[PATH] = N`:
+each download of PATH sends up to byte N and then waits until `release` is set (a process to kill
+mid-file). `ranges` records the Range header of every file download (None without one).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pathlib
+import socket
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -54,6 +58,10 @@ class FakeHub:
         self.token = token
         self.granted: set[str] = set()  # gated repos whose terms the token's account accepted
         self.understate_sizes = False
+        self.cut_after: dict[str, int] = {}
+        self.stall_after: dict[str, int] = {}
+        self.release = threading.Event()
+        self.ranges: list[tuple[str, str | None]] = []
         self.requests: list[str] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -211,7 +219,26 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             }
             if start:
                 headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-            self._send(206 if start else 200, data[start:], headers)
+            if self.command == "GET":
+                hub.ranges.append((name, self.headers.get("Range")))
+            cut = hub.cut_after.pop(name, None) if self.command == "GET" and not start else None
+            stall = hub.stall_after.get(name) if self.command == "GET" else None
+            if cut is None and stall is None:
+                self._send(206 if start else 200, data[start:], headers)
+                return
+            self.send_response(206 if start else 200)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            end = max(cut if cut is not None else stall, start)
+            self.wfile.write(data[start:end])
+            self.wfile.flush()
+            if cut is None:
+                hub.release.wait(60)
+                self.wfile.write(data[end:])
+                return
+            self.close_connection = True  # the rest never comes: the client sees a cut body
+            self.connection.shutdown(socket.SHUT_RDWR)
 
     return Handler
 

@@ -4,7 +4,8 @@
 settings. The revision is resolved to a commit first, then only the files the engine reads are
 listed (ALLOW_PATTERNS, top level of the repo; of the weights, only those the loader reads:
 `select_weights`), their sizes checked against the free space, and `snapshot_download` fetches
-them into huggingface_hub's cache layout under the download dir. The revision asked for is
+them into huggingface_hub's cache layout under the download dir (after `resume` has completed
+the file a killed download was on). The revision asked for is
 recorded under `refs/` as huggingface_hub does, so its own offline mode finds the copy too.
 """
 
@@ -19,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pagoda.runtime.model.sources import errors
+from pagoda.runtime.model.sources import errors, resume
 from pagoda.runtime.model.sources.cache import check_space
 from pagoda.runtime.model.sources.errors import DownloadError, from_os_error
 from pagoda.runtime.model.sources.progress import Progress
@@ -145,14 +146,13 @@ def fetch(
 def _remove_partial_blobs(root: Path, ref: HfURI) -> None:
     from huggingface_hub.file_download import repo_folder_name
 
-    blobs = root / repo_folder_name(repo_id=ref.repo, repo_type="model") / "blobs"
-    for partial in blobs.glob("*.incomplete"):
-        with contextlib.suppress(OSError):
-            partial.unlink()
+    resume.remove(
+        resume.leftovers(root / repo_folder_name(repo_id=ref.repo, repo_type="model") / "blobs")
+    )
 
 
 def _fetch(ref: HfURI, root: Path, size_limit: int | None) -> tuple[Path, dict[str, int], str]:
-    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub import HfApi, hf_hub_url, snapshot_download
     from huggingface_hub.file_download import repo_folder_name
     from huggingface_hub.hf_api import RepoFile
 
@@ -184,12 +184,17 @@ def _fetch(ref: HfURI, root: Path, size_limit: int | None) -> tuple[Path, dict[s
         log.info("%s: all %d files at %s are in %s", ref.uri, len(files), commit[:12], root)
         _write_ref(storage, ref.revision, commit)
         return snapshot, files, commit
-    _remove_partial_blobs(root, ref)  # a killed download's (the caller holds the repo's lock)
-    check_space(ref.uri, root, needed, size_limit)
     blobs = storage / "blobs"
-    before = _blob_bytes(blobs)
+    todo = sorted((n for n in files if not (snapshot / n).exists()), key=lambda n: -files[n])
+    url_of = lambda name: hf_hub_url(ref.repo, name, revision=commit, endpoint=endpoint)  # noqa: E731
+    partials = resume.adopt(blobs, todo, url_of, token)  # a killed download's (we hold the lock)
+    have = sum(p.have for p in partials)
+    check_space(ref.uri, root, needed - have, size_limit)
+    before = _blob_bytes(blobs) - have
     measure = lambda: _blob_bytes(blobs) - before  # noqa: E731
     with Progress(ref.uri, needed, len(files), measure=measure):
+        for partial in partials:
+            resume.complete(partial, tqdm_class=_silent_tqdm())
         path = snapshot_download(
             ref.repo,
             revision=commit,
