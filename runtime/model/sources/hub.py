@@ -38,6 +38,7 @@ ALLOW_PATTERNS = (
     "*.safetensors",
     "*.safetensors.index.json",
 )
+PICKLES = (".bin", ".pt", ".pth", ".ckpt")  # weights the engine refuses to read (pickles)
 INDEX = "model.safetensors.index.json"  # what the loader reads (model/safetensors_weights.py)
 MAX_WORKERS = 4
 log = logging.getLogger("pagoda.runtime.model.sources")
@@ -98,6 +99,15 @@ def check_layout(uri: str, names: list[str], where: str, others: Sequence[str] =
     if "config.json" not in names:
         raise DownloadError(errors.NOT_FOUND, f"{uri}: no config.json in {where}")
     if not any(n.endswith(".safetensors") for n in names):
+        pickles = sorted(n for n in others if n.endswith(PICKLES))
+        if pickles:
+            raise DownloadError(
+                errors.NOT_FOUND,
+                f"{uri}: {where} holds PyTorch pickle weights ({', '.join(pickles[:3])}"
+                f"{', ...' if len(pickles) > 3 else ''}), not safetensors: the engine reads "
+                "safetensors only (convert them, e.g. transformers' save_pretrained with "
+                "safe_serialization=True, or pick a repo that has *.safetensors)",
+            )
         raise DownloadError(
             errors.NOT_FOUND,
             f"{uri}: no *.safetensors weights in {where} (the engine reads safetensors; "

@@ -1,7 +1,8 @@
 """`s3://BUCKET/PREFIX` with boto3: the checkpoint files under PREFIX/ into the download dir.
 
 boto3 reads its usual settings from the environment: `AWS_ACCESS_KEY_ID`,
-`AWS_SECRET_ACCESS_KEY` (+ `AWS_SESSION_TOKEN`), `AWS_REGION` / `AWS_DEFAULT_REGION`, and
+`AWS_SECRET_ACCESS_KEY` (+ `AWS_SESSION_TOKEN`), `AWS_DEFAULT_REGION` or `AWS_REGION` (read
+here: botocore does not), and
 `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_S3`) for S3-compatible stores (MinIO, Ceph, R2, GCS's
 XML API). `PAGODA_S3_ADDRESSING_STYLE` (path | virtual | auto, default auto) picks the URL form;
 S3-compatible stores usually want `path`. Without credentials the requests go unsigned
@@ -19,6 +20,7 @@ import contextlib
 import glob
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,8 @@ def client() -> Any:
             errors.FAILED, f"{ADDRESSING_STYLE_ENV} must be auto, path or virtual, got {style!r}"
         )
     session = boto3.session.Session()
+    # botocore reads AWS_DEFAULT_REGION only; the other AWS SDKs (and EKS, ECS) set AWS_REGION
+    region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
     config = Config(
         s3={"addressing_style": style},
         retries={"max_attempts": 3, "mode": "standard"},
@@ -62,26 +66,41 @@ def client() -> Any:
         read_timeout=60,
         **({} if session.get_credentials() is not None else {"signature_version": UNSIGNED}),
     )
-    return session.client("s3", config=config)
+    return session.client("s3", config=config, region_name=region or session.region_name)
 
 
-def _list(s3: Any, ref: S3URI) -> tuple[dict[str, tuple[str, int, str]], int]:
-    """({relative path: (key, size, etag)} of the objects the engine reads under the prefix,
-    how many objects are under it in all)."""
-    objects: dict[str, tuple[str, int, str]] = {}
+@dataclass
+class Listing:
+    """What is under the prefix: {relative path: (key, size, etag)} of the objects the engine
+    reads, how many objects in all, the other top-level files, the subfolders with a config.json
+    (a prefix one level too high)."""
+
+    objects: dict[str, tuple[str, int, str]] = field(default_factory=dict)
+    seen: int = 0
+    others: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+
+
+def _list(s3: Any, ref: S3URI) -> Listing:
+    found = Listing()
     folder = f"{ref.prefix}/" if ref.prefix else ""
-    seen = 0
     listed = ref.prefix if ref.prefix.endswith(".gguf") else folder  # not `PREFIX-other/...`
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=ref.bucket, Prefix=listed):
         for obj in page.get("Contents") or []:
             key, size, etag = obj["Key"], int(obj.get("Size") or 0), obj.get("ETag", "")
             if key == ref.prefix and key.endswith(".gguf"):
-                return {key.rpartition("/")[2]: (key, size, etag)}, 1  # one GGUF file
-            if key.startswith(folder):
-                seen += 1
-                if wanted(key[len(folder) :]):
-                    objects[key[len(folder) :]] = (key, size, etag)
-    return objects, seen
+                return Listing({key.rpartition("/")[2]: (key, size, etag)}, 1)  # one GGUF file
+            if not key.startswith(folder):
+                continue
+            found.seen += 1
+            rel = key[len(folder) :]
+            if wanted(rel):
+                found.objects[rel] = (key, size, etag)
+            elif "/" not in rel:
+                found.others.append(rel)
+            elif rel.endswith("/config.json"):
+                found.models.append(rel.removesuffix("config.json"))
+    return found
 
 
 def _etags(local: Path) -> dict[str, str]:
@@ -116,16 +135,26 @@ def _unsigned(s3: Any) -> bool:
 def _fetch(
     s3: Any, ref: S3URI, root: Path, size_limit: int | None
 ) -> tuple[Path, dict[str, int], None]:
-    objects, seen = _list(s3, ref)
+    found = _list(s3, ref)
+    objects, seen = found.objects, found.seen
     where = f"s3://{ref.bucket}/{ref.prefix + '/' if ref.prefix else ''}"
     if not seen:
         raise DownloadError(
             errors.NOT_FOUND, f"{ref.uri}: no objects under {where} (empty or missing prefix)"
         )
+    if "config.json" not in objects and found.models:
+        below = sorted(found.models, key=lambda m: (m.count("/"), m))
+        raise DownloadError(
+            errors.NOT_FOUND,
+            f"{ref.uri}: no config.json in {where}, but a model is in a folder below it: "
+            + ", ".join(f"{where}{m}" for m in below[:3]) + (" ..." if len(below) > 3 else "")
+            + " (name that prefix)",
+        )  # fmt: skip
     single = next(iter(objects)) if len(objects) == 1 and ref.prefix.endswith(".gguf") else None
     local = cache.s3_dir(root, ref.bucket, ref.prefix.rpartition("/")[0] if single else ref.prefix)
     if single is None:
-        check_layout(ref.uri, sorted(objects), f"{where} ({seen} objects; a GGUF file: name it)")
+        many = f"{seen} object{'' if seen == 1 else 's'}"
+        check_layout(ref.uri, sorted(objects), f"{where} ({many})", found.others)
         sizes = select_weights(ref.uri, {r: o[1] for r, o in objects.items()},
                                lambda: _read(s3, ref.bucket, objects[INDEX][0]))  # fmt: skip
         objects = {rel: obj for rel, obj in objects.items() if rel in sizes}
