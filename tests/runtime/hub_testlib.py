@@ -9,7 +9,8 @@ use, with the headers `hf_raise_for_status` and `get_hf_file_metadata` read:
 
 Errors as the Hub sends them: 404 with `X-Error-Code: RepoNotFound | RevisionNotFound |
 EntryNotFound`; a private repo without a token is 401 RepoNotFound (the Hub hides whether it
-exists); a wrong token is 401 "Invalid credentials in Authorization header". A gated repo's
+exists), and 404 RepoNotFound with a valid token of an account that cannot see it
+(`other_tokens`); a wrong token is 401 "Invalid credentials in Authorization header". A gated repo's
 metadata and listing are public, its files 401 GatedRepo without a token and 403 GatedRepo with
 one whose account was not granted access (`granted`).
 `understate_sizes` makes the listings claim 1-byte files (a listing that lies: the download must
@@ -57,6 +58,7 @@ class FakeHub:
         self.repos: dict[str, Repo] = {}
         self.token = token
         self.granted: set[str] = set()  # gated repos whose terms the token's account accepted
+        self.other_tokens: set[str] = set()  # valid, of an account that sees no private repo
         self.understate_sizes = False
         self.cut_after: dict[str, int] = {}
         self.stall_after: dict[str, int] = {}
@@ -128,11 +130,12 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
         def _repo(self, repo_id: str) -> Repo | None:
             """The repo if this request may see it; otherwise the error is sent (None)."""
             auth = self.headers.get("Authorization")
-            if auth and hub.token is not None and auth != f"Bearer {hub.token}":
+            other = auth in {f"Bearer {t}" for t in hub.other_tokens}
+            if auth and hub.token is not None and auth != f"Bearer {hub.token}" and not other:
                 self._error(401, None, "Invalid credentials in Authorization header")
                 return None
             repo = hub.repos.get(repo_id)
-            if repo is None or (repo.private and not auth):
+            if repo is None or (repo.private and (not auth or other)):
                 status = 401 if not auth else 404
                 self._error(status, "RepoNotFound", "Repository not found")
                 return None

@@ -202,7 +202,7 @@ def _fetch(ref: HfURI, root: Path, size_limit: int | None) -> tuple[Path, dict[s
     check_space(ref.uri, root, needed - have, size_limit)
     before = _blob_bytes(blobs) - have
     measure = lambda: _blob_bytes(blobs) - before  # noqa: E731
-    with Progress(ref.uri, needed, len(files), measure=measure):
+    with Progress(ref.uri, needed, len(todo), measure=measure):
         for partial in partials:
             resume.complete(partial, tqdm_class=_silent_tqdm())
         path = snapshot_download(
@@ -280,8 +280,11 @@ def classify(ref: HfURI, error: Exception) -> DownloadError:
             f"{uri}: gated repo (HTTP {status}): {why} that accepted the repo's terms on the Hub",
         )
     if isinstance(error, hf_errors.RepositoryNotFoundError):
-        if status == 404:
-            return DownloadError(errors.NOT_FOUND, f"{uri}: repository {ref.repo} not found")
+        if status == 404:  # the Hub says 404 to a token whose account cannot see a private repo
+            from huggingface_hub import get_token
+
+            hint = " (or it is private and HF_TOKEN's account has no access)" if get_token() else ""
+            return DownloadError(errors.NOT_FOUND, f"{uri}: repository {ref.repo} not found{hint}")
         return DownloadError(
             errors.UNAUTHORIZED,
             f"{uri}: repository {ref.repo} not found or not accessible (HTTP {status}): it "

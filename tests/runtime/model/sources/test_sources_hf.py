@@ -119,6 +119,10 @@ def test_unauthorized(
     monkeypatch.setenv("HF_HOME", str(tmp_path / "no-token-file"))
     err = failure("hf://org/private", tmp_path / "c")
     assert err.detail == "Unauthorized" and "private" in str(err)
+    hub.other_tokens.add("hf_other_account")  # valid, but its account cannot see the repo: 404
+    monkeypatch.setenv("HF_TOKEN", "hf_other_account")
+    err = failure("hf://org/private", tmp_path / "d")
+    assert err.detail == "NotFound" and "private and HF_TOKEN's account" in str(err), err
 
 
 def test_out_of_space_is_refused_before_a_byte_is_written(
