@@ -4,8 +4,12 @@ It answers the endpoints huggingface_hub's `model_info`, `list_repo_tree` and `s
 use, with the headers `hf_raise_for_status` and `get_hf_file_metadata` read:
 
 * GET  /api/models/ORG/NAME[/revision/REV]          → {"id", "sha", "siblings", "private"}
-* GET  /api/models/ORG/NAME/tree/REV[/PATH]         → [{"type": "file", "path", "size", "oid"}]
+* GET  /api/models/ORG/NAME/tree/REV[/PATH]         → [{"type": "file", "path", "size", "oid"
+                                                        (+ "lfs": {"oid": SHA-256, ...})}]
 * HEAD/GET /ORG/NAME/resolve/REV/PATH               → X-Repo-Commit, ETag, Content-Length (+ Range)
+
+An ETag, the name of the file's blob in huggingface_hub's cache, is the file's "oid" as the tree
+lists it: the SHA-256 of an LFS file (*.safetensors, ...), else its git object id.
 
 Errors as the Hub sends them: 404 with `X-Error-Code: RepoNotFound | RevisionNotFound |
 EntryNotFound`; a private repo without a token is 401 RepoNotFound (the Hub hides whether it
@@ -31,6 +35,21 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
+
+LFS = (".safetensors", ".bin", ".gguf", ".pt")  # files the repos keep in Git LFS
+
+
+def _tree_entry(name: str, data: bytes, understate: bool) -> dict[str, Any]:
+    size = 1 if understate else len(data)
+    entry = {"type": "file", "path": name, "size": size, "oid": hashlib.sha1(data).hexdigest()}
+    if name.endswith(LFS):
+        entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": size, "pointerSize": 134}
+    return entry
+
+
+def etag(name: str, data: bytes) -> str:
+    """As the Hub's: an LFS file's SHA-256, another file's git object id (here its SHA-1)."""
+    return (hashlib.sha256 if name.endswith(LFS) else hashlib.sha1)(data).hexdigest()
 
 
 @dataclass
@@ -169,12 +188,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 recursive = "recursive=true" in (urlsplit(self.path).query or "").lower()
                 self._json(
                     [
-                        {
-                            "type": "file",
-                            "path": name,
-                            "size": 1 if hub.understate_sizes else len(data),
-                            "oid": hashlib.sha1(data).hexdigest(),
-                        }
+                        _tree_entry(name, data, hub.understate_sizes)
                         for name, data in sorted(repo.files.items())
                         if name.startswith(sub)
                         and (recursive or "/" not in name[len(sub) :].strip("/"))
@@ -215,7 +229,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 start = int(rng[6:].split("-")[0])
             headers = {
                 "X-Repo-Commit": commit,
-                "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
+                "ETag": f'"{etag(name, data)}"',
                 "Content-Type": "application/octet-stream",
                 "Content-Length": str(len(data) - start),
                 "Accept-Ranges": "bytes",

@@ -189,13 +189,18 @@ def _fetch(ref: HfURI, root: Path, size_limit: int | None) -> tuple[Path, dict[s
         ).read_bytes()  # fmt: skip
 
     files = select_weights(ref.uri, listed, read_index)
-    needed = sum(size for name, size in files.items() if not (snapshot / name).exists())
+    blobs = storage / "blobs"
+    # a file another commit has too is a blob already there: linked, not downloaded again
+    blob = {f.path: f.lfs.sha256 if f.lfs else f.blob_id for f in tree}
+    todo = sorted(
+        (n for n in files if not (snapshot / n).exists() and not (blobs / blob[n]).is_file()),
+        key=lambda n: -files[n],
+    )
+    needed = sum(files[n] for n in todo)
     if needed == 0 and all((snapshot / name).exists() for name in files):
         log.info("%s: all %d files at %s are in %s", ref.uri, len(files), commit[:12], root)
         _write_ref(storage, ref.revision, commit)
         return snapshot, files, commit
-    blobs = storage / "blobs"
-    todo = sorted((n for n in files if not (snapshot / n).exists()), key=lambda n: -files[n])
     url_of = lambda name: hf_hub_url(ref.repo, name, revision=commit, endpoint=endpoint)  # noqa: E731
     partials = resume.adopt(blobs, todo, url_of, token)  # a killed download's (we hold the lock)
     have = sum(p.have for p in partials)

@@ -134,6 +134,24 @@ def test_out_of_space_is_refused_before_a_byte_is_written(
     assert not any("/resolve/" in r for r in hub.requests)
 
 
+def test_a_new_commit_needs_room_only_for_the_files_it_changed(
+    hub: FakeHub, tmp_path: pathlib.Path
+) -> None:
+    """A commit to main that changes no weights (a README, a config): the blobs the snapshots
+    share are linked, not downloaded, so a volume with room for one copy keeps serving it (the
+    operator's init container runs this at every pod start)."""
+    first = resolve_model("hf://org/big", tmp_path, size_limit=450 << 10)
+    files = dict(hub.repos["org/big"].files)
+    files["README.md"] = b"# updated\n"
+    files["generation_config.json"] = b'{"do_sample": false}'
+    hub.add("org/big", files)
+    hub.requests.clear()
+    second = resolve_model("hf://org/big", tmp_path, size_limit=450 << 10)
+    assert second != first and hub.repos["org/big"].commit in second
+    got = [r for r in hub.requests if r.startswith("GET") and "/resolve/" in r]
+    assert [r.rpartition("/")[2] for r in got] == ["generation_config.json"], got
+
+
 @pytest.mark.filterwarnings("ignore:Not enough free disk space")
 def test_a_full_disk(hub: FakeHub, small_disk: pathlib.Path) -> None:
     """On a real 192 KiB filesystem: the listed sizes are checked against its free space; and when
