@@ -2,9 +2,8 @@
 
 boto3 reads its usual settings from the environment: `AWS_ACCESS_KEY_ID`,
 `AWS_SECRET_ACCESS_KEY` (+ `AWS_SESSION_TOKEN`), `AWS_DEFAULT_REGION` or `AWS_REGION` (read
-here: botocore does not), and
-`AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_S3`) for S3-compatible stores (MinIO, Ceph, R2, GCS's
-XML API). `PAGODA_S3_ADDRESSING_STYLE` (path | virtual | auto, default auto) picks the URL form;
+here: botocore does not), and `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_S3`) for S3-compatible
+stores (MinIO, Ceph, R2, GCS's XML API). `PAGODA_S3_ADDRESSING_STYLE` (path | virtual | auto, default auto) picks the URL form;
 S3-compatible stores usually want `path`. Without credentials the requests go unsigned
 (public buckets).
 
