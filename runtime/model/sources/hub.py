@@ -136,19 +136,21 @@ def _blob_bytes(blobs: Path) -> int:
 
 
 def fetch(
-    ref: HfURI, root: Path, *, size_limit: int | None = None
+    ref: HfURI, root: Path, *, size_limit: int | None = None, exclusive: bool = True
 ) -> tuple[Path, dict[str, int], str]:
-    """Download (or find in the cache) → (snapshot directory, {file: size}, commit)."""
+    """Download (or find in the cache) → (snapshot directory, {file: size}, commit).
+    `exclusive`: the caller holds the repo's download lock, so the `*.incomplete` files there
+    were left by a download cut short (completed or removed); else they are left alone."""
     quiet_http_logs()
     try:
         try:
-            return _fetch(ref, root, size_limit)
+            return _fetch(ref, root, size_limit, exclusive)
         except DownloadError:
             raise
         except Exception as e:
             raise classify(ref, e) from e
     except DownloadError as e:
-        if e.detail == errors.OUT_OF_SPACE:  # do not leave the disk full of partial files
+        if e.detail == errors.OUT_OF_SPACE and exclusive:  # do not leave the disk full
             _remove_partial_blobs(root, ref)
         raise
 
@@ -161,7 +163,9 @@ def _remove_partial_blobs(root: Path, ref: HfURI) -> None:
     )
 
 
-def _fetch(ref: HfURI, root: Path, size_limit: int | None) -> tuple[Path, dict[str, int], str]:
+def _fetch(
+    ref: HfURI, root: Path, size_limit: int | None, exclusive: bool
+) -> tuple[Path, dict[str, int], str]:
     from huggingface_hub import HfApi, hf_hub_url, snapshot_download
     from huggingface_hub.file_download import repo_folder_name
     from huggingface_hub.hf_api import RepoFile
@@ -202,7 +206,7 @@ def _fetch(ref: HfURI, root: Path, size_limit: int | None) -> tuple[Path, dict[s
         _write_ref(storage, ref.revision, commit)
         return snapshot, files, commit
     url_of = lambda name: hf_hub_url(ref.repo, name, revision=commit, endpoint=endpoint)  # noqa: E731
-    partials = resume.adopt(blobs, todo, url_of, token)  # a killed download's (we hold the lock)
+    partials = resume.adopt(blobs, todo, url_of, token) if exclusive else []  # a killed one's
     have = sum(p.have for p in partials)
     check_space(ref.uri, root, needed - have, size_limit)
     before = _blob_bytes(blobs) - have

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,7 @@ from pagoda.runtime.model.sources.uri import S3URI
 
 ADDRESSING_STYLE_ENV = "PAGODA_S3_ADDRESSING_STYLE"
 ETAGS_FILE = ".pagoda-etags"  # the etag of every file downloaded complete, beside them
-PARTIAL = ".partial"  # a file being downloaded: `.NAME.partial` (under the download lock)
+PARTIAL = ".partial"  # a file being downloaded: `.NAME.partial-RANDOM`
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
            "ExpiredToken", "AllAccessDisabled", "AccountProblem", "403", "401"}  # fmt: skip
 _MISSING = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
@@ -111,14 +112,16 @@ def _etags(local: Path) -> dict[str, str]:
 
 
 def fetch(
-    ref: S3URI, root: Path, *, size_limit: int | None = None
+    ref: S3URI, root: Path, *, size_limit: int | None = None, exclusive: bool = True
 ) -> tuple[Path, dict[str, int], None]:
-    """Download (or keep what is there) → (local path, {file: size}, None)."""
+    """Download (or keep what is there) → (local path, {file: size}, None). `exclusive`: the
+    caller holds the folder's download lock, so `.NAME.partial*` files there were left by a
+    download cut short (removed); else they are left alone."""
     quiet_http_logs()
     s3 = None
     try:
         s3 = client()
-        return _fetch(s3, ref, root, size_limit)
+        return _fetch(s3, ref, root, size_limit, exclusive)
     except DownloadError:
         raise
     except Exception as e:
@@ -132,7 +135,7 @@ def _unsigned(s3: Any) -> bool:
 
 
 def _fetch(
-    s3: Any, ref: S3URI, root: Path, size_limit: int | None
+    s3: Any, ref: S3URI, root: Path, size_limit: int | None, exclusive: bool
 ) -> tuple[Path, dict[str, int], None]:
     found = _list(s3, ref)
     objects, seen = found.objects, found.seen
@@ -169,14 +172,15 @@ def _fetch(
     if not todo:
         log.info("%s: all %d files are in %s", ref.uri, len(files), local)
         return path, files, None
-    _remove_partials(local, objects)  # of a download cut short (the caller holds the lock)
+    if exclusive:  # of a download cut short (another's in progress without a lock)
+        _remove_partials(local, objects)
     cache.check_space(ref.uri, root, sum(o[1] for o in todo.values()), size_limit)
     local.mkdir(parents=True, exist_ok=True)
     cache.manifest_path(root, ref).unlink(missing_ok=True)  # files change: not complete now
     done = {rel: etag for rel, etag in known.items() if rel not in todo}  # (another .gguf's too)
     with Progress(ref.uri, sum(o[1] for o in todo.values()), len(todo)) as progress:
         for rel, (key, _, etag) in sorted(todo.items()):
-            tmp = local / f".{rel}{PARTIAL}"
+            tmp = local / f".{rel}{PARTIAL}-{uuid.uuid4().hex[:8]}"  # this process's alone
             try:
                 s3.download_file(ref.bucket, key, str(tmp), Callback=progress.add)
                 os.replace(tmp, local / rel)
@@ -193,14 +197,14 @@ def _read(s3: Any, bucket: str, key: str) -> bytes:
 
 
 def _write_etags(local: Path, etags: dict[str, str]) -> None:
-    tmp = local / f"{ETAGS_FILE}{PARTIAL}"
+    tmp = local / f"{ETAGS_FILE}{PARTIAL}-{uuid.uuid4().hex[:8]}"
     tmp.write_text("".join(f"{r}\t{e}\n" for r, e in sorted(etags.items())))
     os.replace(tmp, local / ETAGS_FILE)
 
 
 def _remove_partials(local: Path, names: Iterable[str]) -> None:
-    """What a download of these files cut short left: `.NAME.partial` and boto3's own
-    `.NAME.partial.RANDOM` (only theirs: another GGUF of the folder may be downloading)."""
+    """What a download of these files cut short left: `.NAME.partial-RANDOM` and boto3's own
+    `.NAME.partial-RANDOM.RANDOM` (only theirs: another GGUF of the folder may be downloading)."""
     for name in names:
         for partial in local.glob(f".{glob.escape(name)}{PARTIAL}*"):
             with contextlib.suppress(OSError):

@@ -3,12 +3,14 @@ processes at once on one directory; what is left must never be served as a check
 
 from __future__ import annotations
 
+import hashlib
 import pathlib
 import signal
 import subprocess
 import sys
 import time
 
+import pytest
 from hub_testlib import FakeHub
 from pagoda.runtime.model.sources import cache
 from pagoda.runtime.model.sources.fetch import resolve_model
@@ -74,8 +76,6 @@ def test_a_leftover_that_is_not_the_start_of_its_file_is_not_served(
 ) -> None:
     """A leftover whose bytes are not the file's (a crashed node, another writer): the resumed
     file fails its SHA-256 check and is downloaded whole instead."""
-    import hashlib
-
     want = (big_checkpoint / EXTRA).read_bytes()
     blobs = tmp_path / "models--org--big" / "blobs"
     blobs.mkdir(parents=True)
@@ -83,3 +83,42 @@ def test_a_leftover_that_is_not_the_start_of_its_file_is_not_served(
     path = pathlib.Path(resolve_model("hf://org/big", tmp_path))
     assert (path / EXTRA).read_bytes() == want
     assert [r for n, r in hub.ranges if n == EXTRA] == ["bytes=4096-", None], hub.ranges
+
+
+@pytest.mark.filterwarnings("ignore:flock not supported")  # filelock's, for huggingface_hub
+@pytest.mark.parametrize("source", ["hf", "s3"])
+def test_without_locks_what_looks_left_over_is_left_alone(
+    request: pytest.FixtureRequest,
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    source: str,
+) -> None:
+    """A filesystem that cannot lock (ENOSYS, as FUSE ones without flock say): another pod may be writing the `*.incomplete` /
+    `.NAME.partial-*` file this one finds, so it is neither completed nor removed, and this
+    download still completes with files of its own."""
+    import errno
+    import fcntl
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    if source == "hf":
+        request.getfixturevalue("hub")
+        uri, name = "hf://org/big", EXTRA
+        folder = tmp_path / "models--org--big" / "blobs"
+        want = request.getfixturevalue("big_checkpoint") / EXTRA
+        other = folder / f"{hashlib.sha256(want.read_bytes()).hexdigest()}.1234abcd.incomplete"
+    else:
+        request.getfixturevalue("s3")
+        uri, name = "s3://models/tiny", "model.safetensors"
+        folder = tmp_path / "s3" / "models" / "tiny"
+        want = request.getfixturevalue("checkpoint") / name
+        other = folder / f".{name}.partial-1234abcd"
+    folder.mkdir(parents=True)
+    other.write_bytes(want.read_bytes()[:4096])
+    path = pathlib.Path(resolve_model(uri, tmp_path))
+    assert (path / name).read_bytes() == want.read_bytes()
+    assert other.read_bytes() == want.read_bytes()[:4096]
+    assert "downloading without the lock" in caplog.text
