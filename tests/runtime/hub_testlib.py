@@ -21,7 +21,8 @@ one whose account was not granted access (`granted`).
 still fail cleanly when the disk fills). `cut_after[PATH] = N`: the next download of PATH from its
 first byte sends N bytes of the body and then drops the connection (once); `stall_after[PATH] = N`:
 each download of PATH sends up to byte N and then waits until `release` is set (a process to kill
-mid-file). `ranges` records the Range header of every file download (None without one).
+mid-file). `ranges` records the Range header of every file download (None without one);
+`refuse_ranges` answers a Range request 416.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class FakeHub:
         self.granted: set[str] = set()  # gated repos whose terms the token's account accepted
         self.other_tokens: set[str] = set()  # valid, of an account that sees no private repo
         self.understate_sizes = False
+        self.refuse_ranges = False  # a Range request is answered 416
         self.cut_after: dict[str, int] = {}
         self.stall_after: dict[str, int] = {}
         self.release = threading.Event()
@@ -227,6 +229,10 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             rng = self.headers.get("Range", "")
             if rng.startswith("bytes=") and rng[6:].split("-")[0].isdigit():
                 start = int(rng[6:].split("-")[0])
+                if hub.refuse_ranges and self.command == "GET":
+                    hub.ranges.append((name, rng))
+                    self._error(416, None, "Range Not Satisfiable")
+                    return
             headers = {
                 "X-Repo-Commit": commit,
                 "ETag": f'"{etag(name, data)}"',

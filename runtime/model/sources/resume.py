@@ -9,7 +9,8 @@ huggingface_hub's own `http_get(resume_size=...)`: a Range request for the rest,
 again if the server ignores the Range. A completed file is checked against its SHA-256 (the ETag
 the Hub gives an LFS file, safetensors weights among them) before it becomes the blob that
 `snapshot_download` then links into the snapshot; one that does not match is removed and
-downloaded anew. Leftovers of files with another ETag (a small git file) are removed.
+downloaded anew, as is one the server refuses to resume (an HTTP error). Leftovers of
+files with another ETag (a small git file) are removed.
 The caller holds the repo's download lock (cache.download_lock).
 """
 
@@ -101,6 +102,7 @@ def adopt(
 
 def complete(partial: Partial, tqdm_class: type | None = None) -> None:
     """Download the rest of `partial` (Range) and make it the blob, if its SHA-256 matches."""
+    from huggingface_hub.errors import HfHubHTTPError
     from huggingface_hub.file_download import http_get
 
     have = partial.have
@@ -108,17 +110,22 @@ def complete(partial: Partial, tqdm_class: type | None = None) -> None:
         "%s: resuming at %d of %d bytes (left by a download cut short)",
         partial.name, have, partial.size,
     )  # fmt: skip
-    with partial.path.open("r+b") as f:
-        f.seek(have)
-        http_get(
-            partial.url,
-            f,
-            resume_size=have,
-            headers=partial.headers,
-            expected_size=partial.size,
-            displayed_filename=partial.name,
-            tqdm_class=tqdm_class,
-        )
+    try:
+        with partial.path.open("r+b") as f:
+            f.seek(have)
+            http_get(
+                partial.url,
+                f,
+                resume_size=have,
+                headers=partial.headers,
+                expected_size=partial.size,
+                displayed_filename=partial.name,
+                tqdm_class=tqdm_class,
+            )
+    except HfHubHTTPError as e:  # refused (a CDN that wants what only the library's path sends)
+        log.warning("%s: cannot resume (%s); downloading it again", partial.name, e)
+        remove([partial.path])
+        return
     if _sha256(partial.path) != partial.etag:
         log.warning(
             "%s: the resumed file does not match its SHA-256; downloading it again", partial.name

@@ -85,6 +85,20 @@ def test_a_leftover_that_is_not_the_start_of_its_file_is_not_served(
     assert [r for n, r in hub.ranges if n == EXTRA] == ["bytes=4096-", None], hub.ranges
 
 
+def test_a_server_that_refuses_to_resume_sends_the_whole_file(
+    hub: FakeHub, tmp_path: pathlib.Path, big_checkpoint: pathlib.Path
+) -> None:
+    want = (big_checkpoint / EXTRA).read_bytes()
+    blobs = tmp_path / "models--org--big" / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / f"{hashlib.sha256(want).hexdigest()}.0badf00d.incomplete").write_bytes(want[:4096])
+    hub.refuse_ranges = True
+    path = pathlib.Path(resolve_model("hf://org/big", tmp_path))
+    assert (path / EXTRA).read_bytes() == want
+    assert [r for n, r in hub.ranges if n == EXTRA] == ["bytes=4096-", None], hub.ranges
+    assert not list(blobs.glob("*.incomplete"))
+
+
 @pytest.mark.filterwarnings("ignore:flock not supported")  # filelock's, for huggingface_hub
 @pytest.mark.parametrize("source", ["hf", "s3"])
 def test_without_locks_what_looks_left_over_is_left_alone(
