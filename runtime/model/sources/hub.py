@@ -166,13 +166,15 @@ def _remove_partial_blobs(root: Path, ref: HfURI) -> None:
 def _fetch(
     ref: HfURI, root: Path, size_limit: int | None, exclusive: bool
 ) -> tuple[Path, dict[str, int], str]:
-    from huggingface_hub import HfApi, hf_hub_url, snapshot_download
+    from huggingface_hub import HfApi, get_token, hf_hub_url, snapshot_download
     from huggingface_hub.file_download import repo_folder_name
     from huggingface_hub.hf_api import RepoFile
 
     # Read at call time (huggingface_hub reads HF_ENDPOINT once, when first imported).
     endpoint = os.environ.get("HF_ENDPOINT") or None
-    token = os.environ.get("HF_TOKEN") or None  # None: huggingface_hub's token file, if any
+    # HF_TOKEN (HUGGING_FACE_HUB_TOKEN) without the newline a Secret made from a file often
+    # has, else huggingface_hub's token file; None: no token
+    token = get_token()
     api = HfApi(endpoint=endpoint, token=token)
     commit = api.model_info(ref.repo, revision=ref.revision).sha
     if not commit:
@@ -261,8 +263,10 @@ def is_network_error(error: BaseException) -> bool:
             return True
         name = type(e).__name__
         module = type(e).__module__.split(".")[0]
-        if module in ("httpx", "httpx2", "httpcore", "requests", "urllib3") and any(
-            w in name for w in ("Connect", "Timeout", "Network", "Proxy", "Protocol")
+        if (
+            module in ("httpx", "httpx2", "httpcore", "requests", "urllib3")
+            and not name.startswith("Local")  # a request this side could not send (a header)
+            and any(w in name for w in ("Connect", "Timeout", "Network", "Proxy", "Protocol"))
         ):
             return True
         e = e.__cause__ or e.__context__
@@ -270,10 +274,30 @@ def is_network_error(error: BaseException) -> bool:
 
 
 def classify(ref: HfURI, error: Exception) -> DownloadError:
-    """A huggingface_hub (or I/O) failure → DownloadError with its class."""
+    """A huggingface_hub (or I/O) failure → DownloadError with its class; never with the token
+    in it (an error may quote a header: the message goes to the pod's log and its status)."""
+    found = _classify(ref, error)
+    secrets = {os.environ.get(k, "") for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    secrets |= {" ".join(t.split()) for t in secrets} | {t.strip() for t in secrets}
+    message = str(found)
+    for secret in sorted((t for t in secrets if len(t) >= 4), key=len, reverse=True):
+        message = message.replace(secret, "<HF_TOKEN>").replace(repr(secret)[1:-1], "<HF_TOKEN>")
+    return found if message == str(found) else DownloadError(found.detail, message)
+
+
+def _classify(ref: HfURI, error: Exception) -> DownloadError:
     from huggingface_hub import errors as hf_errors
 
     uri = ref.uri
+    said = str(error)
+    if (type(error).__name__ == "LocalProtocolError" and "Bearer" in said) or (
+        isinstance(error, UnicodeEncodeError) and "authorization" in said.lower()
+    ):
+        return DownloadError(
+            errors.UNAUTHORIZED,
+            f"{uri}: HF_TOKEN cannot be sent: it holds a character an HTTP header cannot carry "
+            "(a quote, a non-ASCII or control character copied with it?)",
+        )
     status = _status(error)
     if isinstance(error, hf_errors.RevisionNotFoundError):
         return DownloadError(

@@ -125,6 +125,20 @@ def test_unauthorized(
     assert err.detail == "NotFound" and "private and HF_TOKEN's account" in str(err), err
 
 
+def test_a_token_from_a_file_with_its_newline_works_and_a_bad_one_is_never_shown(
+    hub: FakeHub, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Secret made with `--from-file` keeps the file's newline: huggingface_hub's own token
+    reading drops it. A token no header can carry is Unauthorized naming HF_TOKEN, and the
+    message (a pod's log, the InferenceService's condition) never holds the token."""
+    monkeypatch.setenv("HF_TOKEN", f" {hub.token}\r\n")
+    assert resolve_model("hf://org/private", tmp_path / "a")
+    monkeypatch.setenv("HF_TOKEN", "hf_sec\x0bret_value")
+    err = failure("hf://org/private", tmp_path / "b")
+    assert err.detail == "Unauthorized" and "HF_TOKEN cannot be sent" in str(err), err
+    assert "ret_value" not in str(err)
+
+
 def test_out_of_space_is_refused_before_a_byte_is_written(
     hub: FakeHub, tmp_path: pathlib.Path
 ) -> None:
