@@ -56,7 +56,7 @@ def client() -> Any:
         raise DownloadError(
             errors.FAILED, f"{ADDRESSING_STYLE_ENV} must be auto, path or virtual, got {style!r}"
         )
-    session = boto3.session.Session()
+    session = boto3.session.Session(**_keys_from_env())
     # botocore reads AWS_DEFAULT_REGION only; the other AWS SDKs (and EKS, ECS) set AWS_REGION
     region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
     config = Config(
@@ -79,6 +79,24 @@ class Listing:
     seen: int = 0
     others: list[str] = field(default_factory=list)
     models: list[str] = field(default_factory=list)
+
+
+KEY_ENV = {"aws_access_key_id": "AWS_ACCESS_KEY_ID",
+           "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
+           "aws_session_token": "AWS_SESSION_TOKEN"}  # fmt: skip
+
+
+def _keys_from_env() -> dict[str, str]:
+    """The keys from the environment without the spaces and newline around them (a Secret made
+    from a file keeps its newline: an invalid header, or a signature that never matches), as
+    huggingface_hub reads HF_TOKEN; {} (boto3's own chain: profiles, web identity, instance
+    roles) unless both keys are set and one of them needs it."""
+    raw = {arg: os.environ.get(name) for arg, name in KEY_ENV.items()}
+    if not (raw["aws_access_key_id"] and raw["aws_secret_access_key"]):
+        return {}
+    if all(v is None or v == v.strip() for v in raw.values()):
+        return {}
+    return {arg: v.strip() for arg, v in raw.items() if v and v.strip()}
 
 
 def _list(s3: Any, ref: S3URI) -> Listing:

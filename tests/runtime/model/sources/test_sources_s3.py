@@ -74,6 +74,16 @@ def test_unauthorized(s3: MotoS3, tmp_path: pathlib.Path, monkeypatch: pytest.Mo
         assert err.detail == "Unauthorized" and "InvalidAccessKeyId" in str(err), str(err)
 
 
+def test_keys_from_a_file_with_its_newline_work(
+    s3: MotoS3, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Secret made with `--from-file` keeps the file's newline."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, s3.env[name] + "\n")
+    with s3.require_auth():
+        assert resolve_model("s3://models/tiny", tmp_path)
+
+
 def test_out_of_space(s3: MotoS3, tmp_path: pathlib.Path) -> None:
     err = failure("s3://models/tiny", tmp_path, size_limit=4096)
     assert err.detail == "OutOfSpace" and "size limit" in str(err)
