@@ -30,6 +30,7 @@ import jsonschema
 from pagoda.runtime.structured.schema_rewrites import (
     ASSERTIONS,
     FORMAT_PATTERNS,
+    FORMAT_SUBSETS,
     SchemaError,
     distribute,
     enum_within,
@@ -99,6 +100,7 @@ def check(schema: Any, length_patterns: bool = False) -> Any:
     check_valid(schema)
     try:
         out = _normalise(schema, "", length_patterns)
+        _string_keys(out)
         _check_one_ofs(out)
         total = _count_properties(out)
     except RecursionError as e:
@@ -271,6 +273,8 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
         out["type"] = list(_ANY_TYPE)
     if "multipleOf" in out:
         out = multiple_of(out, path)
+    if out.get("format") in FORMAT_SUBSETS:
+        out["format"] = FORMAT_SUBSETS[out["format"]]
     if (
         out.get("format") in FORMAT_PATTERNS
         and out.get("type") == "string"
@@ -288,6 +292,48 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     if isinstance(out.get("patternProperties"), dict):
         out["patternProperties"] = {optional_groups_as_alternatives(k): v
                                     for k, v in out["patternProperties"].items()}  # fmt: skip
+    return out
+
+
+def _string_keys(root: Any) -> None:
+    """Every `propertyNames` of the normalised schema held to strings, in place. xgrammar
+    writes whatever value a `propertyNames` schema allows as the key, unquoted (`{true: 1}`,
+    `{1: 2}`: not JSON), so an untyped one (typed with every type by `_normalise`), a `$ref`
+    to one, a type list or an `enum` with other values would let it write invalid JSON. A key
+    schema is inlined and typed `string`; `true` (any name) is dropped."""
+    for path, s in list(_subschemas(root, "")):
+        if "propertyNames" not in s:
+            continue
+        names = deref(root, s["propertyNames"])
+        if names is True:
+            del s["propertyNames"]
+        elif isinstance(names, dict):
+            s["propertyNames"] = _as_key(names, root, f"{path}/propertyNames")
+
+
+def _as_key(s: dict, root: Any, path: str) -> dict:
+    """A property-name schema allowing strings only (SchemaError if it allows none)."""
+    out = dict(s)
+    for key in ("anyOf", "oneOf"):
+        if isinstance(out.get(key), list):
+            out[key] = [_as_key(b, root, f"{path}/{key}/{i}")
+                        for i, b in enumerate(deref(root, b) for b in out[key])
+                        if isinstance(b, dict)]  # fmt: skip
+    if "const" in out and not isinstance(out["const"], str):
+        raise SchemaError(f"{path}/const", "property names are strings: this schema allows none")
+    if isinstance(out.get("enum"), list):
+        out["enum"] = [v for v in out["enum"] if isinstance(v, str)]
+        if not out["enum"]:
+            raise SchemaError(f"{path}/enum", "property names are strings: this schema allows "
+                              "none")  # fmt: skip
+    kinds = out.get("type")
+    if kinds is None and not _COMBINED & out.keys() - {"$ref"}:
+        out["type"] = "string"
+    elif kinds is not None:
+        if "string" not in ([kinds] if isinstance(kinds, str) else kinds):
+            raise SchemaError(f"{path}/type", "property names are strings: this schema allows "
+                              "none")  # fmt: skip
+        out["type"] = "string"
     return out
 
 
