@@ -259,6 +259,7 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     if "anyOf" in out or "oneOf" in out:
         out = distribute(out, path, lambda b, where: _normalise(b, where, lp))
     fill_required(out, path)
+    _check_min_properties(out, path)
     props = out.get("properties")
     if isinstance(props, dict) and len(props) > MAX_OPTIONAL_PROPERTIES:
         optional = len(set(props) - set(out.get("required") or ()))
@@ -293,6 +294,23 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
         out["patternProperties"] = {optional_groups_as_alternatives(k): v
                                     for k, v in out["patternProperties"].items()}  # fmt: skip
     return out
+
+
+def _check_min_properties(s: dict, path: str) -> None:
+    """SchemaError for a `minProperties` that only names beyond the required ones can meet, in
+    an object that allows other names: xgrammar cannot keep those distinct (`{"a": 1, "a": 2}`,
+    one property once parsed), so it would count a name written twice as two. The required
+    properties (listed, each written once) and closed objects are counted exactly."""
+    extra = s.get("additionalProperties")
+    names_open = isinstance(extra, dict) or extra is True or "patternProperties" in s or (
+        "propertyNames" in s)  # fmt: skip
+    least = s.get("minProperties")
+    if names_open and isinstance(least, int) and least > len(set(s.get("required") or ())):
+        raise SchemaError(f"{path}/minProperties", "minProperties beyond the required "
+                          "properties is not supported where other names are allowed "
+                          "(additionalProperties, patternProperties, propertyNames): constrained "
+                          "decoding cannot keep those names distinct, and a name written twice "
+                          "counts once")  # fmt: skip
 
 
 def _string_keys(root: Any) -> None:

@@ -42,6 +42,11 @@ from structured_testlib import random_schema
         ({"type": "integer", "minimum": "0"}, "/minimum"),
         ({"allOf": [{"type": "object", "additionalProperties": False}]}, "/allOf/0/additionalProperties"),
         ({"type": "number", "multipleOf": 0.5}, "/multipleOf"),
+        # names beyond the required ones can repeat ({"a": 1, "a": 2}: one property, parsed)
+        ({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2},
+         "/minProperties"),
+        ({"type": "object", "properties": {"a": {}}, "required": ["a"], "minProperties": 2,
+          "patternProperties": {"^x": {}}}, "/minProperties"),
         ({"multipleOf": 3}, "/multipleOf"),
         # xgrammar compiles these loosely: lookaround and inner anchors in patterns (dropped),
         # anchor and dynamic references (ignored: any JSON), keywords beside $ref (ignored)
