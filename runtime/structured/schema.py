@@ -260,6 +260,7 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
         out = distribute(out, path, lambda b, where: _normalise(b, where, lp))
     fill_required(out, path)
     _check_min_properties(out, path)
+    _drop_forbidden_properties(out)
     props = out.get("properties")
     if isinstance(props, dict) and len(props) > MAX_OPTIONAL_PROPERTIES:
         optional = len(set(props) - set(out.get("required") or ()))
@@ -311,6 +312,23 @@ def _check_min_properties(s: dict, path: str) -> None:
                           "(additionalProperties, patternProperties, propertyNames): constrained "
                           "decoding cannot keep those names distinct, and a name written twice "
                           "counts once")  # fmt: skip
+
+
+def _drop_forbidden_properties(s: dict) -> None:
+    """Properties whose schema is `false` (the name must not appear) left out, in place, of an
+    object that writes listed names only (xgrammar's strict mode: no `additionalProperties`,
+    `patternProperties` or `propertyNames`): it never writes them then, where it refused the
+    whole schema. A required one has no value: `_Finite` refuses the schema."""
+    props = s.get("properties")
+    if not isinstance(props, dict):
+        return
+    forbidden = {k for k, v in props.items() if v is False}
+    names_open = s.get("additionalProperties", False) is not False or any(
+        k in s for k in ("patternProperties", "propertyNames")
+    )
+    if not forbidden or names_open or forbidden & set(s.get("required") or ()):
+        return
+    s["properties"] = {k: v for k, v in props.items() if v is not False}
 
 
 def _string_keys(root: Any) -> None:

@@ -231,6 +231,9 @@ LOOSE = [
     # idn-email, left unconstrained by xgrammar, as an ASCII address
     ({"type": "string", "format": "ipv4"}, ['"1.2.3.04"', '"1.2.3.4"', '"10.200.0.255"']),
     ({"type": "string", "format": "idn-email"}, ['"no at sign"', '"ab@example.com"']),
+    # a property whose schema is `false` must not appear (xgrammar refused the schema)
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": False}, "required": ["a"]},
+     ['{"a": 1, "b": 2}', '{"a": 1}']),
 ]  # fmt: skip
 
 
