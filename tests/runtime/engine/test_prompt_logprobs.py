@@ -1,0 +1,96 @@
+"""Prompt logprobs (`SamplingParams.prompt_logprobs`, vLLM's): every prompt token after the
+first scored by the engine as transformers scores it (log_softmax of the full sequence's
+logits, float32 on CPU), over chunked prefills, beside the prefix cache, and in vLLM's shape."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_oracle import make_tiny_llama
+from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.engine.outputs import Logprob
+from pagoda.runtime.model.loader import load_model
+from pagoda.runtime.sampling.params import ParamError
+
+pytest.importorskip("transformers")
+K = 3
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model = make_tiny_llama(path)
+    return model, load_model(str(path))
+
+
+def hf_prompt_logprobs(model, prompt: list[int]) -> torch.Tensor:
+    """[len(prompt) - 1, vocab]: row j scores prompt token j + 1."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt]), use_cache=False).logits[0].float()
+    return logits.log_softmax(-1)[:-1]
+
+
+def check_against(model, prompt: list[int], got, k: int = K) -> None:
+    """`got` (RequestOutput.prompt_logprobs) equals transformers' scores of `prompt`."""
+    assert got is not None and len(got) == len(prompt) and got[0] is None
+    ref = hf_prompt_logprobs(model, prompt)
+    for j in range(1, len(prompt)):
+        row, tok, entry = ref[j - 1], prompt[j], got[j]
+        assert next(iter(entry)) == tok, "the prompt token comes first, as vLLM's"
+        assert entry[tok].logprob == pytest.approx(float(row[tok]), abs=2e-5)
+        assert entry[tok].rank == int((row >= row[tok]).sum())
+        assert entry[tok].decoded_token == f"w{tok}"
+        top = row.topk(k)
+        alternatives = {t: v for t, v in entry.items() if t != tok or v.rank <= k}
+        expected = dict(zip(top.indices.tolist(), top.values.tolist()))
+        assert set(alternatives) == set(expected)
+        for t, v in expected.items():
+            assert alternatives[t].logprob == pytest.approx(v, abs=2e-5)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_prompt_logprobs_match_transformers_over_chunks_and_a_shared_prefix(tiny, async_scheduling):
+    """Chunks of 16 tokens (a 150-token prompt is scored over ten steps, beside other
+    requests' decodes); the second batch shares a 96-token prefix with the first, which the
+    prefix cache holds: the requests that ask compute it again, the one that does not reuses it."""
+    model, loaded = tiny
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, max_num_batched_tokens=16, max_num_seqs=8,
+              enable_prefix_caching=True, async_scheduling=async_scheduling)  # fmt: skip
+    prompts = [[(7 * i + 3) % 300 for i in range(n)] for n in (1, 2, 5, 40, 150)]
+    asking = SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=K)
+    plain = SamplingParams(temperature=0, max_tokens=3)
+    outs = llm.generate(prompts, [asking, plain, asking, asking, asking])
+    assert outs[1].prompt_logprobs is None
+    assert outs[0].prompt_logprobs == [None]
+    for p, o in zip(prompts, outs):
+        if o.prompt_logprobs is not None:
+            check_against(model, p, o.prompt_logprobs)
+    shared = prompts[4][:96]
+    second = [[*shared, 11, 12, 13], [*shared, 21, 22]]
+    outs = llm.generate(second, [asking, plain])
+    check_against(model, second[0], outs[0].prompt_logprobs)
+    assert outs[0].num_cached_tokens == 0, "a request scoring its prompt reads no cache"
+    assert outs[1].num_cached_tokens == 96 and outs[1].prompt_logprobs is None
+    # the completions are those of a request that did not ask
+    again = llm.generate(prompts[3:], plain)
+    assert (
+        again[0].outputs[0].token_ids == llm.generate(prompts[3:], asking)[0].outputs[0].token_ids
+    )
+
+
+def test_k_zero_n_two_and_vllm_shape(tiny):
+    model, loaded = tiny
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20)
+    prompt = [5, 17, 42, 9, 100, 3]
+    (out,) = llm.generate([prompt], SamplingParams(n=2, max_tokens=2, prompt_logprobs=0, seed=1))
+    check_against(model, prompt, out.prompt_logprobs, k=0)
+    assert all(len(d) == 1 for d in out.prompt_logprobs[1:]), "k = 0: the token alone"
+    assert isinstance(out.prompt_logprobs[1][17], Logprob)
+    assert len(out.outputs) == 2 and all(len(c.token_ids) == 2 for c in out.outputs)
+
+
+@pytest.mark.parametrize("bad", [-1, 21, 2.5, True])
+def test_bad_prompt_logprobs_are_refused(bad):
+    with pytest.raises(ParamError) as err:
+        SamplingParams(prompt_logprobs=bad)
+    assert err.value.field == "prompt_logprobs"
