@@ -5,8 +5,7 @@ logits, float32 on CPU), over chunked prefills, beside the prefix cache, and in 
 from __future__ import annotations
 
 import pytest
-import torch
-from hf_oracle import make_tiny_llama
+from hf_oracle import check_prompt_logprobs, make_tiny_llama
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.engine.outputs import Logprob
 from pagoda.runtime.model.loader import load_model
@@ -21,31 +20,6 @@ def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
     model = make_tiny_llama(path)
     return model, load_model(str(path))
-
-
-def hf_prompt_logprobs(model, prompt: list[int]) -> torch.Tensor:
-    """[len(prompt) - 1, vocab]: row j scores prompt token j + 1."""
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt]), use_cache=False).logits[0].float()
-    return logits.log_softmax(-1)[:-1]
-
-
-def check_against(model, prompt: list[int], got, k: int = K) -> None:
-    """`got` (RequestOutput.prompt_logprobs) equals transformers' scores of `prompt`."""
-    assert got is not None and len(got) == len(prompt) and got[0] is None
-    ref = hf_prompt_logprobs(model, prompt)
-    for j in range(1, len(prompt)):
-        row, tok, entry = ref[j - 1], prompt[j], got[j]
-        assert next(iter(entry)) == tok, "the prompt token comes first, as vLLM's"
-        assert entry[tok].logprob == pytest.approx(float(row[tok]), abs=2e-5)
-        assert entry[tok].rank == int((row >= row[tok]).sum())
-        assert entry[tok].decoded_token == f"w{tok}"
-        top = row.topk(k)
-        alternatives = {t: v for t, v in entry.items() if t != tok or v.rank <= k}
-        expected = dict(zip(top.indices.tolist(), top.values.tolist()))
-        assert set(alternatives) == set(expected)
-        for t, v in expected.items():
-            assert alternatives[t].logprob == pytest.approx(v, abs=2e-5)
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
@@ -64,11 +38,11 @@ def test_prompt_logprobs_match_transformers_over_chunks_and_a_shared_prefix(tiny
     assert outs[0].prompt_logprobs == [None]
     for p, o in zip(prompts, outs):
         if o.prompt_logprobs is not None:
-            check_against(model, p, o.prompt_logprobs)
+            check_prompt_logprobs(model, p, o.prompt_logprobs)
     shared = prompts[4][:96]
     second = [[*shared, 11, 12, 13], [*shared, 21, 22]]
     outs = llm.generate(second, [asking, plain])
-    check_against(model, second[0], outs[0].prompt_logprobs)
+    check_prompt_logprobs(model, second[0], outs[0].prompt_logprobs)
     assert outs[0].num_cached_tokens == 0, "a request scoring its prompt reads no cache"
     assert outs[1].num_cached_tokens == 96 and outs[1].prompt_logprobs is None
     # the completions are those of a request that did not ask
@@ -83,10 +57,25 @@ def test_k_zero_n_two_and_vllm_shape(tiny):
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20)
     prompt = [5, 17, 42, 9, 100, 3]
     (out,) = llm.generate([prompt], SamplingParams(n=2, max_tokens=2, prompt_logprobs=0, seed=1))
-    check_against(model, prompt, out.prompt_logprobs, k=0)
+    check_prompt_logprobs(model, prompt, out.prompt_logprobs, k=0)
     assert all(len(d) == 1 for d in out.prompt_logprobs[1:]), "k = 0: the token alone"
     assert isinstance(out.prompt_logprobs[1][17], Logprob)
     assert len(out.outputs) == 2 and all(len(c.token_ids) == 2 for c in out.outputs)
+
+
+def test_preempted_requests_score_each_position_once(tiny):
+    """A pool of 7 blocks of 16 for three 53-, 23- and 48-token prompts in 16-token chunks:
+    requests are preempted mid-prompt and recomputed; each prompt token is scored once."""
+    model, loaded = tiny
+    llm = LLM(loaded=loaded, dtype="float32", num_blocks_override=7, block_size=16,
+              max_model_len=96, max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
+    shared = [(7 * i + 3) % 290 + 5 for i in range(48)]
+    prompts = [[*shared, 11, 12, 13, 14, 15], [(5 * i + 1) % 290 + 5 for i in range(23)], shared]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True,
+                                                prompt_logprobs=2))  # fmt: skip
+    assert llm.engine.scheduler.num_preemptions > 0
+    for p, o in zip(prompts, outs):
+        check_prompt_logprobs(model, p, o.prompt_logprobs, k=2)
 
 
 @pytest.mark.parametrize("bad", [-1, 21, 2.5, True])
