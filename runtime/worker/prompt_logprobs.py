@@ -13,13 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-
-if TYPE_CHECKING:
-    from pagoda.runtime.request import Request, TokenLogprob
+from pagoda.runtime.request import Request, TokenLogprob
 
 # rows per float32 log-softmax: bounds the temporary to this many rows of the vocabulary
 ROWS_AT_ONCE = 512
@@ -103,8 +100,6 @@ def entries(
 ) -> list[tuple[Request, list[TokenLogprob]]]:
     """Read-back scores (`PromptScores.tensors()` on the host) → each owner's new entries, its
     top alternatives cut to what it asked."""
-    from pagoda.runtime.request import TokenLogprob
-
     chosen, rank = host[0].tolist(), host[1].tolist()
     m = len(chosen)
     top_ids = host[2].tolist() if host[2] is not None else [[]] * m
