@@ -50,6 +50,22 @@ def test_prompt_logprobs_match_transformers_over_chunks_and_a_shared_prefix(tiny
     assert (
         again[0].outputs[0].token_ids == llm.generate(prompts[3:], asking)[0].outputs[0].token_ids
     )
+    assert llm.engine.runner.prompt_logprob_requests == {}, "scored requests are let go"
+
+
+def test_steps_without_an_asking_request_score_nothing(tiny, monkeypatch):
+    """Plain requests never reach the scoring code; an aborted asking request is let go."""
+    from pagoda.runtime.worker import prompt_logprobs
+
+    _, loaded = tiny
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20)
+    calls = []
+    monkeypatch.setattr(prompt_logprobs, "prompt_rows", lambda *a: calls.append(a))
+    llm.generate([[5, 6, 7, 8]] * 3, SamplingParams(max_tokens=4))
+    assert calls == []
+    llm.engine.add_request("x", [5, 6, 7], SamplingParams(prompt_logprobs=1))
+    llm.engine.abort_request("x")
+    assert llm.engine.runner.prompt_logprob_requests == {}
 
 
 def test_k_zero_n_two_and_vllm_shape(tiny):
