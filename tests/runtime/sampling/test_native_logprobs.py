@@ -64,3 +64,20 @@ def test_sample_returns_them_for_bfloat16_logits_as_for_their_float32_copy():
     assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.top_ids, b.top_ids)
     torch.testing.assert_close(a.logprobs, b.logprobs)
     torch.testing.assert_close(a.top_logprobs, b.top_logprobs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("v", [300, 32001])
+def test_rank_rows_counts_entries_at_least_the_tokens(v, dtype):
+    """Prompt logprobs' rank (`native.rank_rows`): entries >= the token's logit, ties counted
+    (a row of equal logits ranks every token last), -inf rows and the best token (rank 1)."""
+    torch.manual_seed(v)
+    x = (torch.randn(37, v) * 4).to(dtype)
+    x[1] = 0.0
+    x[2, : v // 2] = float("-inf")
+    tokens = torch.randint(0, v, (37,))
+    tokens[3] = int(x[3].float().argmax())
+    rank = native.rank_rows(x, tokens)
+    assert rank.dtype == torch.int64
+    assert torch.equal(rank, (x >= x.gather(1, tokens[:, None])).sum(-1))
+    assert rank[1] == v and rank[3] == 1
