@@ -88,9 +88,10 @@ def architecture(cfg: Mapping[str, Any]) -> str:
 def _rope(cfg: Mapping[str, Any], kind: str | None) -> tuple[float, dict | None]:
     """(theta, rope_scaling) from transformers 5's `rope_parameters` (keyed by layer kind for
     Gemma 3) or the older `rope_theta` / `rope_scaling`, with what transformers fills in where
-    a config leaves it out (yarn's original context and factor)."""
+    a config leaves it out (llama3's and yarn's original context, yarn's factor)."""
     params = cfg.get("rope_parameters") or {}
-    if kind is not None and isinstance(params.get(kind), dict):
+    nested = kind is not None and isinstance(params.get(kind), dict)
+    if nested:
         params = params[kind]
     theta = params.get("rope_theta") or cfg.get("rope_theta") or 10000.0
     scaling = cfg.get("rope_scaling")
@@ -98,12 +99,17 @@ def _rope(cfg: Mapping[str, Any], kind: str | None) -> tuple[float, dict | None]
         scaling = params
     if cfg.get("partial_rotary_factor") not in (None, 1, 1.0):
         scaling = {**(scaling or {}), "partial_rotary_factor": cfg["partial_rotary_factor"]}
-    if scaling and rope_kind(scaling) == "yarn":
+    if scaling and rope_kind(scaling) in ("llama3", "yarn"):
         context = cfg.get("max_position_embeddings")
         scaling = dict(scaling)
-        if not scaling.get("original_max_position_embeddings") and context:
+        # transformers' standardize_rope_params: a top-level original_max_position_embeddings
+        # (Phi-3's place for it) wins over rope_scaling's; without either, the model's context
+        top = None if nested else cfg.get("original_max_position_embeddings")
+        if top:
+            scaling["original_max_position_embeddings"] = int(top)
+        elif not scaling.get("original_max_position_embeddings") and context:
             scaling["original_max_position_embeddings"] = int(context)
-        if scaling.get("factor") is None and context:
+        if rope_kind(scaling) == "yarn" and scaling.get("factor") is None and context:
             scaling["factor"] = int(context) / scaling["original_max_position_embeddings"]
     return float(theta), scaling
 

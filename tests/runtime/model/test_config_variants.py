@@ -55,6 +55,35 @@ def test_config_variants_match_transformers(tmp_path, name):
         check(g, w, f"{name}: prompt {i}")
 
 
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+# config.json as older checkpoints write it (rope_theta / rope_scaling, edited in after saving):
+# transformers takes a top-level original_max_position_embeddings over rope_scaling's and,
+# without either, the model's context (not 8192)
+LEGACY_ROPE = {
+    "llama3-without-original-context": (
+        dict(max_position_embeddings=100), dict(rope_scaling=LLAMA3, rope_theta=500000.0)),
+    "llama3-top-level-original-context": (dict(), dict(
+        rope_scaling={**LLAMA3, "original_max_position_embeddings": 256}, rope_theta=500000.0,
+        original_max_position_embeddings=16)),
+    "yarn-top-level-original-context": (dict(max_position_embeddings=256), dict(
+        rope_scaling={"type": "yarn", "factor": 4.0}, original_max_position_embeddings=16)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(LEGACY_ROPE))
+def test_legacy_rope_fields_read_as_transformers_reads_them(tmp_path, name):
+    overrides, fields = LEGACY_ROPE[name]
+    make_tiny_model(tmp_path, "Llama", **overrides)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.pop("rope_parameters")
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_theta": 10000.0, **fields}))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    want = [hf_greedy_plain(model.eval(), p, NEW) for p in PROMPTS]
+    got = generate(_engine(load_model(str(tmp_path))), PROMPTS)
+    for i, (g, w) in enumerate(zip(got, want)):
+        check(g, w, f"{name}: prompt {i}")
+
+
 def test_multimodal_gemma3_untied_by_its_top_level_flag(tmp_path):
     text = dict(
         vocab_size=300,
