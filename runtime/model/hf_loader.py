@@ -189,6 +189,9 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
             round_topk_to_model_dtype=True,
             moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n)),
         )
+    if fields.get("num_experts") and fields["hidden_act"] != "silu":  # the fused-MoE kernel's
+        raise ValueError(f"hidden activation {act!r} in a mixture of experts is not supported "
+                         "(experts run SwiGLU: silu)")  # fmt: skip
     return FamilyConfig(**fields)
 
 

@@ -3,7 +3,8 @@ scalings (llama3, yarn with DeepSeek's mscale and without truncation), Gemma 3's
 with their own rotary base in `rope_parameters`, a multimodal Gemma 3 whose top-level
 `tie_word_embeddings` says untied, Qwen3-MoE's window (every layer, whatever max_window_layers
 says); and what the engine cannot run exactly, refused at load in one line (longrope, a partial
-rotary, dynamic NTK past the model's context, Gemma 3's bidirectional attention)."""
+rotary, dynamic NTK past the model's context, Gemma 3's bidirectional attention, experts with
+another activation than SwiGLU)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ CASES = {
         head_dim=32, sliding_window=7, num_hidden_layers=3, layer_types=[SLIDING, FULL, SLIDING],
         rope_parameters={FULL: {**YARN, "rope_theta": 100000.0},
                          SLIDING: {"rope_type": "default", "rope_theta": 500.0}})),
+    # GeGLU named by a family other than Gemma's (it ran SiLU)
+    "llama-gelu-tanh": ("Llama", dict(hidden_act="gelu_pytorch_tanh")),
     # transformers windows every Qwen3-MoE layer when use_sliding_window, max_window_layers or not
     "qwen3moe-window-every-layer": ("Qwen3Moe", dict(
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, use_sliding_window=True,
@@ -144,6 +147,12 @@ def test_dynamic_rope_is_exact_within_its_context_and_refused_past_it(tmp_path):
     check(generate(_engine(loaded), [LONG])[0], want, "dynamic within the context")
     with pytest.raises(ValueError, match="'dynamic' is exact only within the model's context"):
         LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, max_model_len=200)
+
+
+def test_experts_other_than_swiglu_are_refused_at_load(tmp_path):
+    make_tiny_model(tmp_path, "Mixtral", hidden_act="gelu_pytorch_tanh", num_local_experts=4)
+    with pytest.raises(ValueError, match="'gelu_pytorch_tanh' in a mixture of experts"):
+        read_model_config(str(tmp_path))
 
 
 def test_bidirectional_gemma3_is_refused_at_load(tmp_path):
