@@ -36,7 +36,8 @@ HF_ARCHITECTURES = {
 }
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
-# sparse in the published multimodal checkpoints).
+# sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
+# rms_norm_eps, 2048 for max_position_embeddings, no window and num_key_value_heads = heads.
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3": {
         "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
@@ -46,9 +47,18 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 131_072, "tie_word_embeddings": True,
         "hidden_activation": "gelu_pytorch_tanh", "bos_token_id": 2, "eos_token_id": 1,
     },
-    "qwen3moe": {"num_experts_per_tok": 8, "norm_topk_prob": False},  # 128 experts (below)
-    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "mistral": {"num_key_value_heads": 8, "max_position_embeddings": 131_072,
+                "sliding_window": 4096},
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "num_key_value_heads": 8,
+                "max_position_embeddings": 131_072, "rope_theta": 1_000_000.0,
+                "rms_norm_eps": 1e-5},
+    "qwen2": {"max_position_embeddings": 32_768},
+    "qwen3": {"max_position_embeddings": 32_768, "head_dim": 128},
+    "qwen3moe": {"num_experts_per_tok": 8, "norm_topk_prob": False,  # 128 experts (below)
+                 "num_key_value_heads": 4, "max_position_embeddings": 32_768},
 }  # fmt: skip
+# a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
+_NULLABLE = {"mistral": ("sliding_window",)}
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
@@ -219,7 +229,8 @@ def read_config(model_dir: Path) -> ModelConfig:
 def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfig:
     read_quantization(model_dir)  # a quantization it cannot load fails with the metadata
     cfg = top.get("text_config") or top  # Gemma3ForConditionalGeneration: the text model
-    cfg = {**_DEFAULTS.get(arch, {}), **{k: v for k, v in cfg.items() if v is not None}}
+    cfg = {**_DEFAULTS.get(arch, {}),
+           **{k: v for k, v in cfg.items() if v is not None or k in _NULLABLE.get(arch, ())}}  # fmt: skip
     gen = _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])

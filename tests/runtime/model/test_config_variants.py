@@ -87,6 +87,49 @@ def test_legacy_rope_fields_read_as_transformers_reads_them(tmp_path, name):
         check(g, w, f"{name}: prompt {i}")
 
 
+FAMILIES = {"Llama": {}, "Mistral": {}, "Qwen2": {}, "Qwen3": {}, "Gemma3Text": {},
+            "Mixtral": {}, "Qwen3Moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)}  # fmt: skip
+
+
+def _without_defaults(path, arch: str) -> None:
+    """Leave out of config.json every field equal to transformers' default for `arch`."""
+    default = getattr(transformers, f"{arch}Config")().to_dict()
+    cfg = json.loads((path / "config.json").read_text())
+    keep = ("architectures", "model_type")
+    cfg = {k: v for k, v in cfg.items() if k in keep or k not in default or default[k] != v}
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("arch", list(FAMILIES))
+def test_fields_a_config_leaves_out_take_transformers_defaults(tmp_path, arch):
+    """Mixtral's rotary base (1e6) and norm epsilon (1e-5), Mistral's window (4096), the
+    families' contexts and KV heads, as transformers reads the same config.json."""
+    make_tiny_model(tmp_path, arch, **FAMILIES[arch])
+    _without_defaults(tmp_path, arch)
+    hf, ours = transformers.AutoConfig.from_pretrained(tmp_path), read_model_config(str(tmp_path))
+    rope = hf.rope_parameters.get(FULL, hf.rope_parameters)
+    window = getattr(hf, "sliding_window", None) if getattr(hf, "use_sliding_window", 1) else None
+    assert (ours.rope_theta, ours.rms_norm_eps, ours.num_kv_heads, ours.head_dim,
+            ours.max_position_embeddings, ours.family.sliding_window) == (
+        rope["rope_theta"], hf.rms_norm_eps, hf.num_key_value_heads,
+        getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
+        hf.max_position_embeddings, window)  # fmt: skip
+
+
+def test_mixtral_without_its_default_fields_matches_transformers(tmp_path):
+    make_tiny_model(tmp_path, "Mixtral", num_local_experts=4)
+    _without_defaults(tmp_path, "Mixtral")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    want = hf_greedy_plain(model.eval(), PROMPTS[1], NEW)
+    check(generate(_engine(load_model(str(tmp_path))), PROMPTS[1:])[0], want, "sparse Mixtral")
+
+
+def test_mistral_window_null_is_none(tmp_path):
+    make_tiny_model(tmp_path, "Mistral", sliding_window=None)
+    assert transformers.AutoConfig.from_pretrained(tmp_path).sliding_window is None
+    assert read_model_config(str(tmp_path)).family.sliding_window is None
+
+
 def test_multimodal_gemma3_untied_by_its_top_level_flag(tmp_path):
     text = dict(
         vocab_size=300,
