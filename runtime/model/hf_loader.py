@@ -133,7 +133,9 @@ def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None
             raise ValueError(f"layer_types names {len(types)} layers, the model has {n}")
         return tuple(t == "sliding_attention" for t in types)
     if arch == "gemma3":  # the older configs: every `sliding_window_pattern`-th layer is global
-        pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
+        # (transformers reads no other key: the `_sliding_window_pattern` it writes goes with
+        # `layer_types`)
+        pattern = int(cfg.get("sliding_window_pattern") or 6)
         return tuple(bool((i + 1) % pattern) for i in range(n))
     if arch in ("qwen2", "qwen3"):  # layers from max_window_layers on slide
         first = int(cfg.get("max_window_layers", 0))

@@ -124,6 +124,19 @@ def test_mixtral_without_its_default_fields_matches_transformers(tmp_path):
     check(generate(_engine(load_model(str(tmp_path))), PROMPTS[1:])[0], want, "sparse Mixtral")
 
 
+def test_gemma3_layer_pattern_as_transformers_reads_it(tmp_path):
+    """Without `layer_types`, `sliding_window_pattern` (default 6) places the global layers;
+    the `_sliding_window_pattern` transformers writes beside `layer_types` is not read."""
+    make_tiny_model(tmp_path, "Gemma3Text", head_dim=16, sliding_window=5, num_hidden_layers=4)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.pop("layer_types")
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "_sliding_window_pattern": 2}))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert model.config.layer_types == [SLIDING] * 4
+    want = hf_greedy_plain(model.eval(), LONG, NEW)
+    check(generate(_engine(load_model(str(tmp_path))), [LONG])[0], want, "pattern")
+
+
 def test_mistral_window_null_is_none(tmp_path):
     make_tiny_model(tmp_path, "Mistral", sliding_window=None)
     assert transformers.AutoConfig.from_pretrained(tmp_path).sliding_window is None
