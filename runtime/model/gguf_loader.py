@@ -144,6 +144,12 @@ def _rope_scaling(reader, p: str, head_dim: int) -> dict | None:
     """`ModelConfig.rope_scaling` from the file: its `rope.scaling.type` (linear, yarn), or the
     per-frequency divisors of a `rope_freqs` tensor (llama.cpp's converter writes Llama 3.1's
     llama3 scaling so), carried as a llama3 scaling with `freq_factors`."""
+    rotated = _field(reader, p + "rope.dimension_count")
+    if rotated is not None and int(rotated) != head_dim:
+        raise ValueError(f"GGUF rope.dimension_count {rotated} < head size {head_dim}: a partial "
+                         "rotary embedding is not supported")  # fmt: skip
+    if float(_field(reader, p + "rope.scaling.attn_factor", 1.0)) != 1.0:
+        raise ValueError("GGUF rope.scaling.attn_factor other than 1 is not supported")
     scale_type = _field(reader, p + "rope.scaling.type")
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     if freqs is not None:

@@ -104,9 +104,11 @@ def _llama3_rope_freqs(rope: dict, dim: int) -> np.ndarray:
     return np.array(factors, dtype=np.float32)
 
 
-def write_gguf(path, hf_dir, arch: str, window: int | None = None) -> dict[str, torch.Tensor]:
-    """The checkpoint in `hf_dir` as llama.cpp's converter writes it; returns the checkpoint's
-    tensors as the file dequantizes them (for the oracle)."""
+def write_gguf(
+    path, hf_dir, arch: str, window: int | None = None, extra=None
+) -> dict[str, torch.Tensor]:
+    """The checkpoint in `hf_dir` as llama.cpp's converter writes it (`extra(writer)` adds
+    metadata); returns the checkpoint's tensors as the file dequantizes them (for the oracle)."""
     from safetensors.torch import load_file
 
     cfg = transformers.AutoConfig.from_pretrained(hf_dir)
@@ -132,6 +134,8 @@ def write_gguf(path, hf_dir, arch: str, window: int | None = None) -> dict[str, 
         )
     if window:
         w.add_sliding_window(window)
+    if extra is not None:
+        extra(w)
     rope = cfg.rope_parameters
     if rope.get("rope_type") == "llama3":  # the converter's divisors, as a tensor
         w.add_tensor("rope_freqs.weight", _llama3_rope_freqs(rope, cfg.head_dim))
@@ -287,3 +291,18 @@ def test_gemma3_sentencepiece_vocabulary_tokenizes_as_transformers_reads_it(tmp_
         assert ours.encode(text, add_special_tokens=False) == want, text
         assert ours.decode(want, skip_special_tokens=False) == theirs.decode(want), text
     assert ours.encode("the cat")[:1] == [2]  # <bos>, as llama.cpp adds it
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (lambda w: w.add_rope_dimension_count(8), "partial rotary"),
+        (lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE), "'longrope'"),
+        (lambda w: w.add_rope_scaling_attn_factors(0.5), "attn_factor"),
+    ],
+)
+def test_gguf_rotary_the_engine_does_not_run_is_refused(tmp_path, extra, words):
+    make_tiny_model(tmp_path / "hf", "Llama", vocab_size=300, num_hidden_layers=1)
+    write_gguf(tmp_path / "m.gguf", tmp_path / "hf", "llama", extra=extra)
+    with pytest.raises(ValueError, match=words):
+        load_gguf(tmp_path / "m.gguf")
