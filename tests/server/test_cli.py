@@ -70,6 +70,7 @@ def test_every_option_is_a_flag_with_its_default() -> None:
         {"served_model_name": ["a", "b"], "port": 9000, "host": "0.0.0.0", "seed": 3},
         {"attention_backend": "triton", "kv_cache_memory": "2G", "enable_debug_endpoints": True},
         {"max_queue_len": 7, "drain_timeout": 5.0, "max_request_bytes": 1 << 20},
+        {"long_prefill_token_threshold": 256},
     ],
 )
 def test_rendered_args_parse_back(values: dict) -> None:
@@ -157,6 +158,10 @@ def engine_config(*argv: str, profile: str | None = None):
         (("--max-num-batched-tokens", "1000000"),
          "more than one step can ever schedule (max_num_seqs 64 × max_model_len 8192"),
         (("--kv-cache-memory", "1KiB"), "holds fewer than 2 blocks"),
+        (("--long-prefill-token-threshold", "-1"),
+         "long_prefill_token_threshold must be an integer in 0..2097152, got -1"),
+        (("--no-enable-chunked-prefill", "--long-prefill-token-threshold", "256"),
+         "long_prefill_token_threshold (256) needs chunked prefill"),
         (("--kv-cache-memory", "100T"), "lower --kv-cache-memory"),
     ],
 )  # fmt: skip
