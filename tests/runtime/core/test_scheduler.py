@@ -279,7 +279,7 @@ def test_threshold_is_validated_once():
     assert SchedulerConfig(long_prefill_token_threshold=0, enable_chunked_prefill=False)
     cpu = EngineConfig.create(device="cpu")
     assert cpu.scheduler.long_prefill_token_threshold is None  # by device, once it is known
-    assert cpu.with_device_defaults().scheduler.long_prefill_token_threshold == 512
+    assert cpu.with_device_defaults().scheduler.long_prefill_token_threshold == 256
     off = EngineConfig.create(device="cpu", enable_chunked_prefill=False)
     assert off.with_device_defaults().scheduler.long_prefill_token_threshold == 0
     mine = EngineConfig.create(device="cpu", long_prefill_token_threshold=64)
