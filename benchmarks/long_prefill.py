@@ -15,7 +15,11 @@ tokens: total throughput), also per CPU second. Threshold 0 is the scheduler wit
 drift of a shared machine hits both alike.
 
     python -P benchmarks/long_prefill.py                         # 0 vs 256, 8,190-token prompt
-    python -P benchmarks/long_prefill.py --thresholds 0 256 512 --rounds 2
+    python -P benchmarks/long_prefill.py --thresholds 0 256 512 --rounds 3 --ragged 32
+
+``--ragged N``: also a throughput check, N prompts of 16-1,024 tokens (offline_throughput.py's
+ragged batch, 128 tokens out each) through ``LLM.generate`` per threshold, alternating: output
+tokens per second and per CPU second, and whether every engine gave the same tokens.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import kv_bytes_per_token, machine, markdown_table
+from common import kv_bytes_per_token, machine, markdown_table, ragged_workload
 from pagoda.runtime import LLM, SamplingParams
 
 
@@ -137,6 +141,38 @@ class Run:
         }
 
 
+def ragged(loaded, args: argparse.Namespace) -> str:
+    """The ragged offline batch through an engine per threshold (default budget and context)."""
+    prompts = ragged_workload(loaded.tokenizer, args.ragged, 16, 1024, args.seed)
+    params = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
+    llms = {
+        t: LLM(loaded=loaded, max_model_len=2048, long_prefill_token_threshold=t)
+        for t in args.thresholds
+    }
+    rates: dict[int, list[tuple[float, float]]] = {t: [] for t in args.thresholds}
+    tokens = {}
+    for r in range(args.rounds):
+        for t in args.thresholds if r % 2 == 0 else args.thresholds[::-1]:
+            wall, cpu = time.perf_counter(), time.process_time()
+            outs = llms[t].generate(prompts, params)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            tokens[t] = [o.outputs[0].token_ids for o in outs]
+            n = sum(map(len, tokens[t]))
+            rates[t].append((n / wall, n / cpu))
+            print(f"ragged round {r} threshold {t}: {n / wall:.1f} tok/s, {n / cpu:.1f} /CPU s")
+    same = all(tokens[t] == tokens[args.thresholds[0]] for t in args.thresholds)
+    rows = [
+        [
+            t or "off",
+            f"{statistics.median(x[0] for x in rates[t]):.1f}",
+            f"{statistics.median(x[1] for x in rates[t]):.1f}",
+        ]
+        for t in args.thresholds
+    ]
+    head = f"{args.ragged} ragged prompts (16-1,024 tokens, 128 out); same tokens: {same}"
+    return head + "\n" + markdown_table(["threshold", "output tok/s", "output tok/CPU s"], rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--thresholds", type=int, nargs="+", default=[0, 256],
@@ -148,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=2048, help="max_num_batched_tokens")
     ap.add_argument("--rounds", type=int, default=2, help="windows per engine, order alternating")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ragged", type=int, default=0, help="prompts of the throughput check")
     args = ap.parse_args(argv)
     print(machine())
     print(f"load average before: {loadavg()}")
@@ -180,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             res = Run(engines[t], args, seed=args.seed + 100 * r).run(long_prompt)
             results[t].append(res)
             print(f"round {r} threshold {t}: " + ", ".join(f"{k} {v:.3g}" for k, v in res.items()))
+    table = ragged(loaded, args) if args.ragged else ""
     print(f"load average after: {loadavg()}")
 
     def med(t: int, key: str) -> float:
@@ -198,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.clients} short streams ({args.short_len} in, {args.short_out} out) beside one "
           f"{args.long_len}-token prompt, budget {args.budget}; median of {args.rounds} rounds")  # fmt: skip
     print(markdown_table(heads, rows))
+    if table:
+        print(table)
     return 0
 
 
