@@ -184,26 +184,8 @@ def ragged(loaded, args: argparse.Namespace) -> str:
     return head + "\n" + markdown_table(["threshold", "output tok/s", "output tok/CPU s"], rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--thresholds", type=int, nargs="+", default=[0, 256],
-                    help="long_prefill_token_threshold per engine (0: no cap)")  # fmt: skip
-    ap.add_argument("--clients", type=int, default=4, help="short streaming clients")
-    ap.add_argument("--arrival-every", type=float, default=2.0,
-                    help="seconds between open-loop short requests during the long prefill")  # fmt: skip
-    ap.add_argument("--short-len", type=int, default=64)
-    ap.add_argument("--short-out", type=int, default=8)
-    ap.add_argument("--long-len", type=int, default=8190)
-    ap.add_argument("--budget", type=int, default=2048, help="max_num_batched_tokens")
-    ap.add_argument("--rounds", type=int, default=2, help="windows per engine, order alternating")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ragged", type=int, default=0, help="prompts of the throughput check")
-    args = ap.parse_args(argv)
-    print(machine())
-    print(f"load average before: {loadavg()}")
-    from pagoda.runtime.model.loader import load_model
-
-    loaded = load_model("smollm2-135m")
+def streams(loaded, args: argparse.Namespace) -> str:
+    """The short streams beside one long prompt, an engine per threshold, rounds alternating."""
     max_len = args.long_len + 64
     seqs = args.clients + 1 + 16  # room for the open-loop arrivals
     kv = (seqs * (args.short_len + args.short_out) + max_len + 64 * seqs) * kv_bytes_per_token(
@@ -230,8 +212,6 @@ def main(argv: list[str] | None = None) -> int:
             res = Run(engines[t], args, seed=args.seed + 100 * r).run(long_prompt)
             results[t].append(res)
             print(f"round {r} threshold {t}: " + ", ".join(f"{k} {v:.3g}" for k, v in res.items()))
-    table = ragged(loaded, args) if args.ragged else ""
-    print(f"load average after: {loadavg()}")
 
     def med(t: int, key: str) -> float:
         return statistics.median(x[key] for x in results[t])
@@ -246,12 +226,37 @@ def main(argv: list[str] | None = None) -> int:
         ])  # fmt: skip
     heads = ["threshold", "short gap max s", "gap p99 s", "gap p50 s", "short TTFT p50 s"]
     heads += ["short TTFT max s", "long TTFT s", "CPU s in it", "tokens/s", "tokens/CPU s"]
-    print(f"{args.clients} short streams ({args.short_len} in, {args.short_out} out) beside one "
-          f"{args.long_len}-token prompt, a short arrival every {args.arrival_every:g} s, budget "
-          f"{args.budget}; median of {args.rounds} rounds")  # fmt: skip
-    print(markdown_table(heads, rows))
-    if table:
-        print(table)
+    head = (f"{args.clients} short streams ({args.short_len} in, {args.short_out} out) beside one "
+            f"{args.long_len}-token prompt, a short arrival every {args.arrival_every:g} s, budget "
+            f"{args.budget}; median of {args.rounds} rounds")  # fmt: skip
+    return head + "\n" + markdown_table(heads, rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--thresholds", type=int, nargs="+", default=[0, 256],
+                    help="long_prefill_token_threshold per engine (0: no cap)")  # fmt: skip
+    ap.add_argument("--clients", type=int, default=4, help="short streaming clients")
+    ap.add_argument("--arrival-every", type=float, default=2.0,
+                    help="seconds between open-loop short requests during the long prefill")  # fmt: skip
+    ap.add_argument("--short-len", type=int, default=64)
+    ap.add_argument("--short-out", type=int, default=8)
+    ap.add_argument("--long-len", type=int, default=8190, help="0: only the --ragged check")
+    ap.add_argument("--budget", type=int, default=2048, help="max_num_batched_tokens")
+    ap.add_argument("--rounds", type=int, default=2, help="windows per engine, order alternating")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ragged", type=int, default=0, help="prompts of the throughput check")
+    args = ap.parse_args(argv)
+    print(machine())
+    print(f"load average before: {loadavg()}")
+    from pagoda.runtime.model.loader import load_model
+
+    loaded = load_model("smollm2-135m")
+    tables = [streams(loaded, args)] if args.long_len else []
+    if args.ragged:
+        tables.append(ragged(loaded, args))
+    print(f"load average after: {loadavg()}")
+    print("\n".join(tables))
     return 0
 
 
