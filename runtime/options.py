@@ -65,8 +65,8 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 DEFAULT_ENABLE_PREFIX_CACHING = True
 DEFAULT_ENABLE_CHUNKED_PREFILL = True
 # Largest prefill chunk while other requests run or wait (vLLM's long_prefill_token_threshold;
-# 0: off). None picks it by device: on a CPU a 256-token chunk is ~0.15 s of SmolLM2-135M on two
-# idle cores, so streams beside a long prompt keep their tokens coming (docs/benchmarks.md); on CUDA
+# 0: off). None picks it by device: on a CPU 256 (a chunk is ~0.15 s of SmolLM2-135M on two idle
+# cores, so streams beside a long prompt keep their tokens coming: docs/benchmarks.md); on CUDA
 # the default budget's 2,048 (a few ms on an H200), so only a tuned, larger budget is capped and
 # prompts of up to 2,048 tokens are never split by it.
 DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = None
