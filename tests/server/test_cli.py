@@ -294,3 +294,12 @@ def test_a_default_context_is_shortened_to_a_small_kv_cache_not_refused() -> Non
     cfg = engine_config("--kv-cache-memory", "1MiB")  # the engine caps 8192 to 32 tokens
     assert cfg.scheduler.max_model_len == 8192 and cfg.cache.kv_cache_memory == 1 << 20
     assert engine_config("--max-model-len", "32", "--kv-cache-memory", "1MiB")
+
+
+def test_long_prefill_threshold_reaches_the_engine_config() -> None:
+    assert (
+        engine_config("--long-prefill-token-threshold", "64").scheduler.long_prefill_token_threshold
+        == 64
+    )
+    default = engine_config().with_device_defaults().scheduler  # this machine: a CPU
+    assert default.long_prefill_token_threshold == options.CPU_LONG_PREFILL_TOKEN_THRESHOLD
