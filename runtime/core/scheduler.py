@@ -6,6 +6,11 @@ arrived running request is preempted (its blocks freed, recomputed later from th
 With chunked prefill, the prompt chunks of requests asking prompt logprobs add up to at most
 `PROMPT_LOGPROB_ROWS` tokens a step: each of them is a row of logits (vocabulary-wide) the step
 holds beside the sampling rows'.
+
+A long prompt does not stall the others (vLLM's `long_prefill_token_threshold`): while any other
+request is running or waiting, a prefill chunk is at most `long_prefill_token_threshold` tokens,
+so the step stays short and the rest of the budget goes to decodes and new prompts. Alone, a
+prompt takes the whole budget (nothing waits on it). 0 turns the cap off.
 """
 
 from __future__ import annotations
@@ -70,6 +75,10 @@ class Scheduler:
     # -- the step ----------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
+        # the largest prefill chunk this step: capped while the request is not alone
+        cap = self.config.long_prefill_token_threshold or 0
+        if cap <= 0 or len(self.running) + len(self.waiting) <= 1:
+            cap = budget  # off, or the request is alone: nothing waits on it
         plan: dict[str, ScheduledRequest] = {}
         preempted: list[Request] = []
         partial: list[Request] = []
@@ -106,6 +115,8 @@ class Scheduler:
             n = len(req.token_ids) + req.num_pending - req.num_computed_tokens
             if n <= 0:
                 continue
+            if n > cap:
+                n = cap
             if n > budget:
                 if not chunked:
                     continue
@@ -123,7 +134,7 @@ class Scheduler:
             budget -= n
         num_running = len(plan)
         if not preempted:
-            self._admit_waiting(plan, budget)
+            self._admit_waiting(plan, budget, cap)
         scheduled = list(plan.values())
         if partial or len(plan) > num_running:  # decodes first (stable)
             scheduled.sort(key=lambda s: s.num_new_tokens != 1)
@@ -170,13 +181,13 @@ class Scheduler:
         out.append(victim)
         return done.num_new_tokens if done is not None else 0
 
-    def _admit_waiting(self, plan: dict[str, ScheduledRequest], budget: int) -> None:
+    def _admit_waiting(self, plan: dict[str, ScheduledRequest], budget: int, cap: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             if req.num_pending:
                 break  # preempted while a step of it was in flight: wait for its token
             computed, num_cached = self.kv.get_computed_blocks(req)
-            n = req.num_tokens - num_cached
+            n = min(req.num_tokens - num_cached, cap)
             if n > budget:
                 if not self.config.enable_chunked_prefill:
                     break

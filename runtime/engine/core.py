@@ -89,6 +89,7 @@ class EngineCore:
         self.max_model_len = limit
         if config.scheduler.max_model_len != limit:  # left to the model, or capped to the cache
             config = config.with_max_model_len(limit)
+        config = config.with_device_defaults()
         self.config = config
         self.kv = KVCacheManager(self.runner.num_blocks, bs, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)

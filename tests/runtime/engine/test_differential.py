@@ -159,6 +159,8 @@ def _check(tiny, reference, seed, async_scheduling, **engine_args):
         max_num_batched_tokens=rng.choice(budgets),
         enable_prefix_caching=rng.random() < 0.8,
         enable_chunked_prefill=chunked,
+        # a long prompt's chunk capped while others run or wait (0: off; the budget's 5..33)
+        long_prefill_token_threshold=rng.choice([0, 3, 8]) if chunked else 0,
     )
     args.update(engine_args)
     llm = LLM(
