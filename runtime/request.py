@@ -42,6 +42,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]  # (token id, logprob) alternatives, best first
+    rank: int | None = None  # the token's rank in the vocabulary (1: the likeliest), as vLLM's
 
 
 @dataclass(eq=False)

@@ -119,10 +119,12 @@ class EngineCore:
         return self.clock
 
     # -- requests ------------------------------------------------------------------------
-    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
-        """Raise ValueError (naming the field) for input the engine cannot serve."""
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> SamplingParams:
+        """Raise ValueError (naming the field) for input the engine cannot serve; returns the
+        params validated as they are now (a copy: SamplingParams are mutable, as vLLM's)."""
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams")
+        params = params.validated()
         if len(prompt_token_ids) == 0:
             raise ValueError("prompt must not be empty")
         if len(prompt_token_ids) >= self.max_model_len:
@@ -139,11 +141,12 @@ class EngineCore:
             from pagoda.runtime.structured.compiler import compiler_for
 
             compiler_for(self.tokenizer, vocab).compile(params.structured_outputs)
+        return params
 
     def add_request(
         self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
     ) -> None:
-        self.validate(prompt_token_ids, params)
+        params = self.validate(prompt_token_ids, params)  # later changes to theirs reach no request
         if request_id in self.outputs:
             raise ValueError(f"duplicate request id {request_id!r}")
         salt = None

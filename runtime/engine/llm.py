@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import operator
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from pagoda.runtime.config import DEFAULT_MODEL, EngineConfig
 from pagoda.runtime.engine.core import EngineCore
+from pagoda.runtime.engine.hf_tokenizer import HFTokenizer
 from pagoda.runtime.engine.outputs import CompletionOutput, RequestOutput
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
@@ -37,6 +40,10 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
         self._closed = False
+        # a token's text alone, special tokens included (vLLM's Logprob.decoded_token)
+        self._token_text = functools.lru_cache(maxsize=1 << 16)(
+            lambda t: self.tokenizer.decode([t], skip_special_tokens=False)
+        )
 
     def close(self) -> None:
         """Stop the engine's other tensor-parallel ranks, if any (`with LLM(...) as llm:`);
@@ -49,6 +56,11 @@ class LLM:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def get_tokenizer(self) -> HFTokenizer:
+        """The tokenizer with the Hugging Face calls vLLM's `get_tokenizer()` users make
+        (`encode`, `decode`, `apply_chat_template(..., tokenize=False)`, ...)."""
+        return HFTokenizer(self.tokenizer)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What `generate` uses without params: the model's generation_config.json sampling
@@ -75,13 +87,14 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
-        use_tqdm: bool | Callable[..., Any] = False,
+        use_tqdm: bool | Callable[..., Any] = True,
     ) -> list[RequestOutput]:
         """Run all prompts together (continuous batching); results come back in input order.
 
-        `use_tqdm`: True for a progress bar, or (as vLLM's) a callable that makes the bar
-        (``tqdm``'s arguments: ``total``, ``desc``, ``unit``). Invalid input raises ValueError
-        before anything runs, naming the offending field.
+        `use_tqdm` (as vLLM's): True (the default) for a progress bar on stderr, shown only
+        where stderr is a terminal (no carriage-return lines in logs); False for none; or a
+        callable that makes the bar (``tqdm``'s arguments: ``total``, ``desc``, ``unit``).
+        Invalid input raises ValueError before anything runs, naming the offending field.
         """
         if self._closed:
             raise RuntimeError("this LLM is closed; create a new one")
@@ -96,10 +109,11 @@ class LLM:
             raise ValueError(f"sampling_params must be one SamplingParams or one per prompt: "
                              f"{len(plist)} for {len(prompts)} prompts")  # fmt: skip
         encoded = [self._to_ids(p) for p in prompts]
-        for (_, ids), p in zip(encoded, plist):
-            self.engine.validate(ids, p)
+        # all checked before any runs; the copies as validated now run (params are mutable)
+        plist = [self.engine.validate(ids, p) for (_, ids), p in zip(encoded, plist)]
         bar = _progress(use_tqdm, len(prompts))
         results: dict[str, RequestOutput] = {}
+        decode = self._token_text
         try:
             for (text, ids), p in zip(encoded, plist):
                 rid = f"offline-{next(self._ids)}"
@@ -111,7 +125,7 @@ class LLM:
                 for delta in self.engine.step():
                     res = results[delta.request_id]
                     was_done = res.finished
-                    res.add(delta)
+                    res.add(delta, decode)
                     if bar is not None and res.finished and not was_done:
                         bar.update(1)
         finally:  # interrupted (Ctrl-C, a failing progress bar): leave no request behind
@@ -127,7 +141,7 @@ class LLM:
         messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
-        use_tqdm: bool | Callable[..., Any] = False,
+        use_tqdm: bool | Callable[..., Any] = True,
         add_generation_prompt: bool | None = None,
         continue_final_message: bool = False,
         tools: Sequence[dict[str, Any]] | None = None,
@@ -193,10 +207,11 @@ def _progress(use_tqdm: bool | Callable[..., Any], total: int) -> Any:
     if not use_tqdm:
         return None
     if callable(use_tqdm):
-        return use_tqdm(total=total, desc="Generating", unit="req")
+        return use_tqdm(total=total, desc="Processed prompts", unit="req")
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="Generating", unit="req")
+    # disable=None: tqdm's "off unless the stream is a terminal"
+    return tqdm(total=total, desc="Processed prompts", unit="req", file=sys.stderr, disable=None)
 
 
 def template_messages(conversation: Sequence[dict[str, Any]], template: str | None) -> list:

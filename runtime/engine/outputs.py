@@ -9,6 +9,7 @@ into them (`core_proc.py`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -35,11 +36,32 @@ class StepOutput(msgspec.Struct, array_like=True, gc=False):
 
 
 @dataclass
+class Logprob:
+    """One token's entry in a position's logprobs (vLLM's `Logprob`): its log-probability, its
+    rank in the vocabulary (1: the likeliest) and its text decoded alone."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+def logprob_dict(lp: TokenLogprob, decode: Callable[[int], str]) -> dict[int, Logprob]:
+    """One position's logprobs in vLLM's shape: the sampled token first, with its rank in the
+    vocabulary (above k when it is not among the top k), then the top k, ranked 1..k (the
+    sampled token, when among them, keeps its first place in the dict with their entry)."""
+    d = {lp.token_id: Logprob(lp.logprob, lp.rank, decode(lp.token_id))}
+    for rank, (token, value) in enumerate(lp.top, 1):
+        d[token] = Logprob(value, rank, decode(token))
+    return d
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] | None = None
+    # with `logprobs`: per generated token, {token id: Logprob} (`logprob_dict`), as vLLM's
+    logprobs: list[dict[int, Logprob]] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     # the sum of the sampled tokens' log-probabilities; None unless logprobs were asked for
@@ -59,13 +81,15 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
 
-    def add(self, delta: StepOutput) -> None:
-        """Fold one step's delta into this accumulated result."""
+    def add(self, delta: StepOutput, decode: Callable[[int], str]) -> None:
+        """Fold one step's delta into this accumulated result (`decode`: a token id's text, for
+        the logprobs' `decoded_token`)."""
         out = self.outputs[delta.index]
         out.text += delta.new_text
         out.token_ids.extend(delta.new_token_ids)
         if delta.new_logprobs:
-            out.logprobs = (out.logprobs or []) + delta.new_logprobs
+            out.logprobs = out.logprobs or []
+            out.logprobs.extend(logprob_dict(lp, decode) for lp in delta.new_logprobs)
             out.cumulative_logprob = (out.cumulative_logprob or 0.0) + sum(
                 lp.logprob for lp in delta.new_logprobs
             )

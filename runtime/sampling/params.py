@@ -31,12 +31,16 @@ class ParamError(ValueError):
         self.message = message
 
 
-@dataclass(frozen=True)
+@dataclass
 class SamplingParams:
     """OpenAI's knobs plus vLLM's extras (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`).
 
     temperature 0 means greedy. `logprobs=k` returns the chosen token's log-probability and the
     top-k alternatives (k may be 0 for the chosen token only); None returns none.
+
+    Mutable, as vLLM's (``sp.max_tokens = 64``): validated when made and again when an engine
+    receives it (`validated()`: the engine keeps that copy, so changing the object later does not
+    reach requests already sent). Assigning a name that is not a field raises AttributeError.
     """
 
     n: int = 1
@@ -65,6 +69,10 @@ class SamplingParams:
     structured_outputs: Any = None
 
     def __post_init__(self) -> None:
+        if type(self.seed) is int and self.seed == -1:  # vLLM's "unseeded"
+            object.__setattr__(self, "seed", None)
+        if self.logprobs is True:  # vLLM's: the chosen token and its best alternative
+            object.__setattr__(self, "logprobs", 1)
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         for name in ("stop", "stop_token_ids"):
@@ -131,9 +139,19 @@ class SamplingParams:
         ):
             raise ParamError("stop_token_ids", "stop_token_ids must be non-negative integers")
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _FIELDS:  # a typo or a vLLM field this runtime lacks: never ignored
+            raise AttributeError(f"SamplingParams has no field {name!r}")
+        object.__setattr__(self, name, value)
+
     def clone(self, **changes: Any) -> SamplingParams:
-        """A copy, with `changes` applied and validated (vLLM's `clone`; these are frozen)."""
+        """A copy, with `changes` applied, validated (vLLM's `clone()`, plus changes)."""
         return dataclasses.replace(self, **changes)
+
+    def validated(self) -> SamplingParams:
+        """A validated copy of the fields as they are now (ParamError if a later assignment made
+        them invalid): what an engine keeps of the params it receives."""
+        return dataclasses.replace(self)
 
     @property
     def greedy(self) -> bool:
@@ -149,6 +167,9 @@ class SamplingParams:
         return bool(
             self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
         )
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
 
 def sample_seed(seed: int, index: int) -> int:

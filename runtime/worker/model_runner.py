@@ -266,11 +266,12 @@ class ModelRunner:
     def _copy_to_host(step: LaunchedStep) -> None:
         """Queue the sampled tensors' copy into pinned memory and mark it with an event."""
         so = step.sampler_output
+        tensors = (so.token_ids, so.logprobs, so.top_ids, so.top_logprobs, so.ranks)
         pinned = [
             None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            for t in (so.token_ids, so.logprobs, so.top_ids, so.top_logprobs)
+            for t in tensors
         ]
-        for dst, src in zip(pinned, (so.token_ids, so.logprobs, so.top_ids, so.top_logprobs)):
+        for dst, src in zip(pinned, tensors):
             if dst is not None:
                 dst.copy_(src, non_blocking=True)
         step.host = SamplerOutput(*pinned)
@@ -411,10 +412,11 @@ class ModelRunner:
         chosen = so.logprobs.tolist()
         top_ids = so.top_ids.tolist() if so.top_ids is not None else [[] for _ in reqs]
         top_lps = so.top_logprobs.tolist() if so.top_logprobs is not None else [[] for _ in reqs]
+        ranks = so.ranks.tolist() if so.ranks is not None else [None] * len(reqs)
         lps: list[TokenLogprob | None] = []
-        for r, t, c, ti, tl in zip(reqs, token_ids, chosen, top_ids, top_lps):
+        for r, t, c, ti, tl, rank in zip(reqs, token_ids, chosen, top_ids, top_lps, ranks):
             k = r.params.logprobs
-            lps.append(None if k is None else TokenLogprob(t, c, list(zip(ti[:k], tl[:k]))))
+            lps.append(None if k is None else TokenLogprob(t, c, list(zip(ti[:k], tl[:k])), rank))
         return ModelRunnerOutput(reqs, token_ids, lps)
 
 
