@@ -42,7 +42,8 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]  # (token id, logprob) alternatives, best first
-    rank: int | None = None  # the token's rank in the vocabulary (1: the likeliest), as vLLM's
+    # prompt logprobs: tokens at least as likely as this one (vLLM's rank, 1 = the best)
+    rank: int | None = None
 
 
 @dataclass(eq=False)

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import operator
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import DEFAULT_MODEL, EngineConfig
 from pagoda.runtime.engine.core import EngineCore
-from pagoda.runtime.engine.hf_tokenizer import HFTokenizer
 from pagoda.runtime.engine.outputs import CompletionOutput, RequestOutput
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
 from pagoda.runtime.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagoda.runtime.engine.hf_tokenizer import HFTokenizer
 
 PromptType = str | Sequence[int] | dict[str, Any]
 # vLLM's TextPrompt / TokensPrompt keys this runtime serves; any other (multi_modal_data,
@@ -40,10 +41,6 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
         self._closed = False
-        # a token's text alone, special tokens included (vLLM's Logprob.decoded_token)
-        self._token_text = functools.lru_cache(maxsize=1 << 16)(
-            lambda t: self.tokenizer.decode([t], skip_special_tokens=False)
-        )
 
     def close(self) -> None:
         """Stop the engine's other tensor-parallel ranks, if any (`with LLM(...) as llm:`);
@@ -60,6 +57,8 @@ class LLM:
     def get_tokenizer(self) -> HFTokenizer:
         """The tokenizer with the Hugging Face calls vLLM's `get_tokenizer()` users make
         (`encode`, `decode`, `apply_chat_template(..., tokenize=False)`, ...)."""
+        from pagoda.runtime.engine.hf_tokenizer import HFTokenizer
+
         return HFTokenizer(self.tokenizer)
 
     def get_default_sampling_params(self) -> SamplingParams:
@@ -113,7 +112,6 @@ class LLM:
         plist = [self.engine.validate(ids, p) for (_, ids), p in zip(encoded, plist)]
         bar = _progress(use_tqdm, len(prompts))
         results: dict[str, RequestOutput] = {}
-        decode = self._token_text
         try:
             for (text, ids), p in zip(encoded, plist):
                 rid = f"offline-{next(self._ids)}"
@@ -125,7 +123,7 @@ class LLM:
                 for delta in self.engine.step():
                     res = results[delta.request_id]
                     was_done = res.finished
-                    res.add(delta, decode)
+                    res.add(delta)
                     if bar is not None and res.finished and not was_done:
                         bar.update(1)
         finally:  # interrupted (Ctrl-C, a failing progress bar): leave no request behind
@@ -134,7 +132,13 @@ class LLM:
                     self.engine.abort_request(rid)
             if bar is not None:
                 bar.close()
+        for res in results.values():
+            res.shape_logprobs(self._token_text)
         return list(results.values())
+
+    def _token_text(self, token_id: int) -> str:
+        """A token's own text (special tokens too), as vLLM's `Logprob.decoded_token`."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def chat(
         self,

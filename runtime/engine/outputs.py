@@ -37,22 +37,11 @@ class StepOutput(msgspec.Struct, array_like=True, gc=False):
 
 @dataclass
 class Logprob:
-    """One token's entry in a position's logprobs (vLLM's `Logprob`): its log-probability, its
-    rank in the vocabulary (1: the likeliest) and its text decoded alone."""
+    """vLLM's `Logprob`: one token's entry in a position's {token id: Logprob} dict."""
 
     logprob: float
-    rank: int | None = None
+    rank: int | None = None  # 1 = the most likely token
     decoded_token: str | None = None
-
-
-def logprob_dict(lp: TokenLogprob, decode: Callable[[int], str]) -> dict[int, Logprob]:
-    """One position's logprobs in vLLM's shape: the sampled token first, with its rank in the
-    vocabulary (above k when it is not among the top k), then the top k, ranked 1..k (the
-    sampled token, when among them, keeps its first place in the dict with their entry)."""
-    d = {lp.token_id: Logprob(lp.logprob, lp.rank, decode(lp.token_id))}
-    for rank, (token, value) in enumerate(lp.top, 1):
-        d[token] = Logprob(value, rank, decode(token))
-    return d
 
 
 @dataclass
@@ -60,7 +49,7 @@ class CompletionOutput:
     index: int
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    # with `logprobs`: per generated token, {token id: Logprob} (`logprob_dict`), as vLLM's
+    # with `logprobs`, as vLLM's: per generated token {token id: Logprob} (`logprob_dict`)
     logprobs: list[dict[int, Logprob]] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
@@ -81,15 +70,13 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
 
-    def add(self, delta: StepOutput, decode: Callable[[int], str]) -> None:
-        """Fold one step's delta into this accumulated result (`decode`: a token id's text, for
-        the logprobs' `decoded_token`)."""
+    def add(self, delta: StepOutput) -> None:
+        """Fold one step's delta into this accumulated result."""
         out = self.outputs[delta.index]
         out.text += delta.new_text
         out.token_ids.extend(delta.new_token_ids)
         if delta.new_logprobs:
-            out.logprobs = out.logprobs or []
-            out.logprobs.extend(logprob_dict(lp, decode) for lp in delta.new_logprobs)
+            out.logprobs = (out.logprobs or []) + delta.new_logprobs
             out.cumulative_logprob = (out.cumulative_logprob or 0.0) + sum(
                 lp.logprob for lp in delta.new_logprobs
             )
@@ -97,6 +84,22 @@ class RequestOutput:
             out.finish_reason, out.stop_reason = delta.finish_reason, delta.stop_reason
             self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
         self.finished = all(o.finished() for o in self.outputs)
+
+    def shape_logprobs(self, decode: Callable[[int], str]) -> None:
+        """The samples' logprobs, gathered by `add` as `TokenLogprob`s, in vLLM's shape."""
+        for out in self.outputs:
+            if out.logprobs is not None:
+                out.logprobs = [logprob_dict(lp, decode) for lp in out.logprobs]  # type: ignore[arg-type]
+
+
+def logprob_dict(lp: TokenLogprob, decode: Callable[[int], str]) -> dict[int, Logprob]:
+    """One generated token's logprobs in vLLM's shape: the sampled token first, with its rank in
+    the vocabulary (above k when it is not among the top k), then the top k ranked 1..k (the
+    sampled token, when among them, keeps its first place in the dict with their entry)."""
+    d = {lp.token_id: Logprob(lp.logprob, lp.rank, decode(lp.token_id))}
+    for rank, (token, value) in enumerate(lp.top, 1):
+        d[token] = Logprob(value, rank, decode(token))
+    return d
 
 
 class EngineStats(msgspec.Struct, array_like=True, gc=False):

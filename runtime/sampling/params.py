@@ -37,10 +37,6 @@ class SamplingParams:
 
     temperature 0 means greedy. `logprobs=k` returns the chosen token's log-probability and the
     top-k alternatives (k may be 0 for the chosen token only); None returns none.
-
-    Mutable, as vLLM's (``sp.max_tokens = 64``): validated when made and again when an engine
-    receives it (`validated()`: the engine keeps that copy, so changing the object later does not
-    reach requests already sent). Assigning a name that is not a field raises AttributeError.
     """
 
     n: int = 1
@@ -139,6 +135,9 @@ class SamplingParams:
         ):
             raise ParamError("stop_token_ids", "stop_token_ids must be non-negative integers")
 
+    # Mutable, as vLLM's (``sp.max_tokens = 64``): validated when made and again when an engine
+    # receives it (`validated()`: the engine keeps that copy, so changing the object later does
+    # not reach requests already sent). Assigning a name that is not a field: AttributeError.
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in _FIELDS:  # a typo or a vLLM field this runtime lacks: never ignored
             raise AttributeError(f"SamplingParams has no field {name!r}")
