@@ -171,6 +171,8 @@ class EngineCore:
         self.outputs.add(request_id, reqs)
         for req in reqs:
             self.scheduler.add_request(req)
+            if req.wants_prompt_logprobs:
+                self.runner.prompt_logprob_requests[req.request_id] = req
             if params.needs_penalties:
                 self._penalized.add(req.request_id)
 
@@ -235,7 +237,7 @@ class EngineCore:
                 self.runner.sample_deferred(launched)
             for req in launched.requests:
                 req.num_pending += 1
-            self._inflight = launched if launched.requests else None
+            self._inflight = None if launched.empty else launched
         if prev is not None:
             outputs += self._finish(prev)
         return outputs
@@ -251,6 +253,7 @@ class EngineCore:
                 [result.requests[i] for i in keep],
                 [result.token_ids[i] for i in keep],
                 [result.logprobs[i] for i in keep],
+                result.prompt_logprobs,
             )
         self._update(result)
         return self.outputs.process(result, self.clock)
@@ -260,6 +263,8 @@ class EngineCore:
         anything is scheduled again (stop strings need the text, so those detokenize here)."""
         now = time.monotonic()
         check_stop_string = self.outputs.check_stop_string
+        for req, entries in result.prompt_logprobs:  # before the first token's output
+            req.prompt_logprobs.extend(entries)
         # once per request per step: attribute reads, no calls on the common path
         for req, tok, lp in zip(result.requests, result.token_ids, result.logprobs):
             ids = req.token_ids

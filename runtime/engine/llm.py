@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import DEFAULT_MODEL, EngineConfig
 from pagoda.runtime.engine.core import EngineCore
-from pagoda.runtime.engine.outputs import CompletionOutput, RequestOutput
+from pagoda.runtime.engine.outputs import CompletionOutput, RequestOutput, prompt_logprob_dicts
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
 from pagoda.runtime.sampling.params import SamplingParams
@@ -124,6 +124,10 @@ class LLM:
                     res = results[delta.request_id]
                     was_done = res.finished
                     res.add(delta)
+                    if delta.prompt_logprobs is not None and res.prompt_logprobs is None:
+                        res.prompt_logprobs = prompt_logprob_dicts(
+                            delta.prompt_logprobs, self._token_text
+                        )
                     if bar is not None and res.finished and not was_done:
                         bar.update(1)
         finally:  # interrupted (Ctrl-C, a failing progress bar): leave no request behind

@@ -104,6 +104,7 @@ class OutputProcessor:
                 continue
             # `_output` of a running request without stop strings: all its text goes out
             text, detok.text = detok.text, ""
+            num_output = len(req.token_ids) - req.num_prompt_tokens
             append(
                 StepOutput(
                     s.parent,
@@ -116,10 +117,11 @@ class OutputProcessor:
                     req.stop_reason,
                     req.num_prompt_tokens,
                     req.num_cached_tokens,
-                    len(req.token_ids) - req.num_prompt_tokens,
+                    num_output,
                     req.arrival_time,
                     req.first_scheduled_time,
                     req.first_token_time,
+                    _prompt_logprobs(req) if num_output == 1 else None,
                 )
             )
         if clock is not None:
@@ -129,6 +131,7 @@ class OutputProcessor:
     def _output(self, s: _Sample, req: Request, tok: int, lp) -> StepOutput:
         status = req.status  # read once: this runs per request per step
         finished = status >= FIRST_FINISHED
+        num_output = len(req.token_ids) - req.num_prompt_tokens
         out = StepOutput(
             s.parent,
             s.index,
@@ -140,10 +143,11 @@ class OutputProcessor:
             req.stop_reason,
             req.num_prompt_tokens,
             req.num_cached_tokens,
-            len(req.token_ids) - req.num_prompt_tokens,
+            num_output,
             req.arrival_time,
             req.first_scheduled_time,
             req.first_token_time,
+            _prompt_logprobs(req) if num_output == 1 else None,
         )
         if finished:
             self._forget(req.request_id, s.parent)
@@ -156,3 +160,8 @@ class OutputProcessor:
             siblings.remove(child_id)
             if not siblings:
                 del self.children[parent]
+
+
+def _prompt_logprobs(req: Request) -> list | None:
+    """What a sample's first output carries: its prompt's logprobs, if it asked."""
+    return req.prompt_logprobs if req.params.prompt_logprobs is not None else None

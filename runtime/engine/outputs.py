@@ -33,6 +33,8 @@ class StepOutput(msgspec.Struct, array_like=True, gc=False):
     arrival_time: float = 0.0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    # on a sample's first output, with `prompt_logprobs`: prompt tokens 1.. scored
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -42,6 +44,21 @@ class Logprob:
     logprob: float
     rank: int | None = None  # 1 = the most likely token
     decoded_token: str | None = None
+
+
+def prompt_logprob_dicts(
+    entries: list[TokenLogprob], decode: Callable[[int], str]
+) -> list[dict[int, Logprob] | None]:
+    """Prompt logprobs as vLLM shapes them: None for the first prompt token, then per token a
+    dict of the token itself (first) and its top alternatives (rank 1..k)."""
+    out: list[dict[int, Logprob] | None] = [None]
+    for e in entries:
+        d = {e.token_id: Logprob(e.logprob, e.rank, decode(e.token_id))}
+        for rank, (t, v) in enumerate(e.top, 1):
+            if t not in d:
+                d[t] = Logprob(v, rank, decode(t))
+        out.append(d)
+    return out
 
 
 @dataclass
@@ -69,6 +86,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     num_cached_tokens: int = 0
+    # with SamplingParams.prompt_logprobs: vLLM's shape (`prompt_logprob_dicts`)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     def add(self, delta: StepOutput) -> None:
         """Fold one step's delta into this accumulated result."""

@@ -37,6 +37,7 @@ class SamplingParams:
 
     temperature 0 means greedy. `logprobs=k` returns the chosen token's log-probability and the
     top-k alternatives (k may be 0 for the chosen token only); None returns none.
+    `prompt_logprobs=k` does the same for each prompt token after the first.
     """
 
     n: int = 1
@@ -56,6 +57,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    # vLLM's: the log-probability of every prompt token after the first (and the top-k
+    # alternatives at each position); the prompt then skips the prefix cache
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     # OpenAI's logit_bias: (token id, value) pairs, sorted by id; a {id: value} mapping (ids as
@@ -111,6 +115,8 @@ class SamplingParams:
             _check_int("seed", self.seed, MIN_SEED, MAX_SEED)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
         self._check_stops()
         object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
         if self.structured_outputs is not None:
