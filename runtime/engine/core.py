@@ -25,7 +25,7 @@ the same order; greedy output relies on batch invariance, the default).
 from __future__ import annotations
 
 import atexit
-import dataclasses
+import copy
 import gc
 import hashlib
 import logging
@@ -156,7 +156,8 @@ class EngineCore:
         for i in range(params.n):
             child_params = params
             if params.n > 1 and params.seed is not None:
-                child_params = dataclasses.replace(params, seed=sample_seed(params.seed, i))
+                child_params = copy.copy(params)  # no second __post_init__: its seed -1
+                child_params.seed = sample_seed(params.seed, i)  # is a seed, not "none"
             cid = request_id if params.n == 1 else f"{request_id}#{i}"
             reqs.append(
                 Request(

@@ -244,3 +244,11 @@ def test_get_tokenizer_answers_hugging_face_calls(llm):
     assert len(tok) == len(tok.get_vocab()) == llm.tokenizer.vocab_size
     with pytest.raises(ValueError, match="return_dict"):
         tok.apply_chat_template(user, return_dict=True)
+
+
+def test_a_sample_seeded_minus_one_stays_seeded(llm):
+    """Sample i of a seeded request is seeded seed + i: with seed -2 sample 1 gets -1, which must
+    not read as vLLM's "no seed" (only a request's own seed -1 does)."""
+    p = SamplingParams(temperature=2.0, seed=-2, n=2, max_tokens=8, ignore_eos=True)
+    runs = [[o.token_ids for o in llm.generate("Once", p)[0].outputs] for _ in range(3)]
+    assert runs[0] == runs[1] == runs[2]
