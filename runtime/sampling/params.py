@@ -53,8 +53,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
+    # lists, as vLLM's (`sp.stop.append(...)`); each validated copy has its own
+    stop: list[str] = dataclasses.field(default_factory=list)
+    stop_token_ids: list[int] = dataclasses.field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
     # vLLM's: the log-probability of every prompt token after the first (and the top-k
@@ -74,12 +75,12 @@ class SamplingParams:
         if self.logprobs is True:  # vLLM's: the chosen token and its best alternative
             object.__setattr__(self, "logprobs", 1)
         if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
+            object.__setattr__(self, "stop", [self.stop])
         for name in ("stop", "stop_token_ids"):
             value = getattr(self, name) or ()
             if not isinstance(value, (list, tuple)):
                 raise ParamError(name, f"{name} must be a list, got {_short(value)}")
-            object.__setattr__(self, name, tuple(value))
+            object.__setattr__(self, name, list(value))
         _check_int("n", self.n, 1, MAX_N)
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, 1, None)

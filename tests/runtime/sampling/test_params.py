@@ -49,7 +49,7 @@ def test_mutable_as_vllms_and_validated_when_received():
     p = SamplingParams()
     p.max_tokens, p.temperature, p.stop = 64, 0, "x"
     q = p.validated()
-    assert (q.max_tokens, q.temperature, q.stop) == (64, 0, ("x",)) and q is not p
+    assert (q.max_tokens, q.temperature, q.stop) == (64, 0, ["x"]) and q is not p
     p.min_tokens = 100
     with pytest.raises(ValueError, match="min_tokens") as e:
         p.validated()
@@ -72,8 +72,15 @@ def test_top_k_0_is_off_as_in_vllm():
     assert SamplingParams(top_k=-1).top_k == -1
 
 
-def test_stop_string_is_normalised_to_tuple():
-    assert SamplingParams(stop="x").stop == ("x",)
+def test_stops_are_lists_as_vllms():
+    """A stop string becomes a list of one; each copy has its own list, so appending to the
+    user's (as vLLM users do) reaches no request already received."""
+    p = SamplingParams(stop="x", stop_token_ids=(5,))
+    assert p.stop == ["x"] and p.stop_token_ids == [5]
+    q = p.validated()
+    p.stop.append("y")
+    p.stop_token_ids.append(6)
+    assert q.stop == ["x"] and q.stop_token_ids == [5] and p.validated().stop == ["x", "y"]
 
 
 @pytest.mark.parametrize(
