@@ -35,7 +35,14 @@ class LLM:
     def __init__(
         self, model: str = DEFAULT_MODEL, *, loaded: LoadedModel | None = None, **engine_args: Any
     ) -> None:
-        """`loaded` reuses weights already in memory (tests, benchmarks) instead of reading `model`."""
+        """`loaded` reuses weights already in memory (tests, benchmarks) instead of reading `model`.
+        vLLM's `enforce_eager=True` is ``enable_cuda_graphs=False``; its `trust_remote_code` is
+        accepted and changes nothing (no checkpoint's own code is ever run here)."""
+        engine_args.pop("trust_remote_code", None)
+        if "enforce_eager" in engine_args:
+            if "enable_cuda_graphs" in engine_args:
+                raise ValueError("give enforce_eager or enable_cuda_graphs, not both")
+            engine_args["enable_cuda_graphs"] = not engine_args.pop("enforce_eager")
         self.engine = EngineCore(EngineConfig.create(model, **engine_args), loaded)
         self.config = self.engine.config  # with the context length resolved
         self.tokenizer = self.engine.tokenizer

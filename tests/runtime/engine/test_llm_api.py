@@ -115,6 +115,15 @@ def test_chat_options(llm):
         llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], GREEDY)
 
 
+def test_vllm_engine_argument_spellings(smol):
+    """`enforce_eager=True` (vLLM's "no CUDA graphs") and `trust_remote_code` build an LLM."""
+    with LLM(loaded=smol, max_model_len=128, kv_cache_memory=8 << 20, enforce_eager=True,
+             trust_remote_code=True) as eager:  # fmt: skip
+        assert eager.config.enable_cuda_graphs is False
+    with pytest.raises(ValueError, match="not both"):
+        LLM(loaded=smol, enforce_eager=True, enable_cuda_graphs=True)
+
+
 def test_close_and_context_manager(smol):
     with LLM(loaded=smol, max_model_len=128, kv_cache_memory=8 << 20) as a:
         b = LLM(loaded=smol, max_model_len=128, kv_cache_memory=8 << 20)  # two in one process
