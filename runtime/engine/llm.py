@@ -7,7 +7,7 @@ import json
 import operator
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Required, TypedDict
 
 from pagoda.runtime.config import DEFAULT_MODEL, EngineConfig
 from pagoda.runtime.engine.core import EngineCore
@@ -18,6 +18,20 @@ from pagoda.runtime.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
     from pagoda.runtime.engine.hf_tokenizer import HFTokenizer
+
+
+class TextPrompt(TypedDict):
+    """vLLM's `TextPrompt`: ``TextPrompt(prompt="...")`` is the dict ``{"prompt": "..."}``."""
+
+    prompt: str
+
+
+class TokensPrompt(TypedDict, total=False):
+    """vLLM's `TokensPrompt`: ``{"prompt_token_ids": [...]}``, `prompt` optional."""
+
+    prompt_token_ids: Required[Sequence[int]]
+    prompt: str
+
 
 PromptType = str | Sequence[int] | dict[str, Any]
 # vLLM's TextPrompt / TokensPrompt keys this runtime serves; any other (multi_modal_data,

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime import LLM, SamplingParams, TextPrompt, TokensPrompt
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
@@ -43,6 +43,8 @@ def test_vllm_call_shapes(llm):
         use_tqdm=lambda **kw: bars.append(Bar(**kw)) or bars[-1],
     )
     assert [o.prompt for o in outs] == ["Hello", None, "Hello"]
+    typed = llm.generate([TextPrompt(prompt="Hello"), TokensPrompt(prompt_token_ids=ids)], GREEDY)
+    assert [o.outputs[0].token_ids for o in typed] == [text.outputs[0].token_ids] * 2
     (arr,) = llm.generate({"prompt_token_ids": np.array(ids)}, GREEDY)  # numpy ids, as Python's
     assert arr.prompt_token_ids == ids and type(arr.prompt_token_ids[0]) is int
     assert arr.outputs[0].token_ids == text.outputs[0].token_ids
