@@ -42,11 +42,14 @@ class HFTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def __call__(self, text: str | Sequence[str], add_special_tokens: bool = True) -> dict:
-        """{"input_ids": ids} for a text, or a list of id lists for a list of texts."""
+    def __call__(self, text: str | Sequence[str], add_special_tokens: bool = True) -> Encoding:
+        """`input_ids` and `attention_mask` (keys and attributes, as transformers' BatchEncoding)
+        for a text, or lists of them for a list of texts."""
         if isinstance(text, str):
-            return {"input_ids": self.encode(text, add_special_tokens)}
-        return {"input_ids": [self.encode(t, add_special_tokens) for t in text]}
+            ids = self.encode(text, add_special_tokens)
+            return Encoding(input_ids=ids, attention_mask=[1] * len(ids))
+        ids_list = [self.encode(t, add_special_tokens) for t in text]
+        return Encoding(input_ids=ids_list, attention_mask=[[1] * len(i) for i in ids_list])
 
     def decode(self, token_ids: int | Sequence[int], skip_special_tokens: bool = False) -> str:
         ids = [token_ids] if isinstance(token_ids, int) else list(token_ids)
@@ -87,3 +90,13 @@ class HFTokenizer:
             variables=template_kwargs,
         )
         return self.tokenizer.encode(text, add_special_tokens=False) if tokenize else text
+
+
+class Encoding(dict):
+    """What calling the tokenizer returns: a dict whose keys read as attributes too."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None

@@ -249,6 +249,7 @@ def test_get_tokenizer_answers_hugging_face_calls(llm):
     assert tok.apply_chat_template(user, tokenize=False) != text  # transformers' default: no prompt
     ids = tok.encode("Hello world")
     assert tok(["Hello world"])["input_ids"] == [ids] and tok.decode(ids) == "Hello world"
+    assert tok("Hello world").input_ids == ids  # transformers' BatchEncoding reads both ways
     eos = tok.eos_token_id
     assert tok.decode([*ids, eos]).endswith(tok.eos_token)  # special tokens kept by default
     assert tok.convert_tokens_to_ids(tok.convert_ids_to_tokens(ids)) == ids
