@@ -3,6 +3,9 @@
 Each step: running decodes first, then running partial prefills, then waiting requests, all
 under `max_num_batched_tokens` and `max_num_seqs`. When blocks run out, the most recently
 arrived running request is preempted (its blocks freed, recomputed later from the queue front).
+With chunked prefill, the prompt chunks of requests asking prompt logprobs add up to at most
+`PROMPT_LOGPROB_ROWS` tokens a step: each of them is a row of logits (vocabulary-wide) the step
+holds beside the sampling rows'.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.sched_output import ScheduledRequest, SchedulerOutput
 from pagoda.runtime.request import RUNNING, Request, RequestStatus
 
+PROMPT_LOGPROB_ROWS = 1024  # a step's logits rows for prompt logprobs (chunked prefill)
+
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
@@ -24,6 +29,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        self._scored_room = PROMPT_LOGPROB_ROWS  # this step's (`_scored_chunk`)
 
     # -- queue management -------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -91,6 +97,7 @@ class Scheduler:
             plan[rid] = ScheduledRequest(req, 1, ids_of[rid])
             budget -= 1
         chunked = self.config.enable_chunked_prefill
+        self._scored_room = PROMPT_LOGPROB_ROWS
         for req in partial:
             if budget <= 0 or req.status != RUNNING:
                 continue
@@ -103,6 +110,10 @@ class Scheduler:
                 if not chunked:
                     continue
                 n = budget
+            if chunked and req.wants_prompt_logprobs:
+                n = self._scored_chunk(n)
+                if n <= 0:
+                    continue
             if not allocate(req, n):
                 fits, back = self._make_room(req, n, plan, preempted)
                 budget += back
@@ -121,6 +132,14 @@ class Scheduler:
         else:
             num_decodes = num_tokens = len(scheduled)
         return SchedulerOutput(scheduled, num_decodes, num_tokens, preempted)
+
+    def _scored_chunk(self, n: int) -> int:
+        """A chunk of a request asking prompt logprobs: `n` tokens cut to the step's room for
+        scored rows, which it then takes (a chunk that then finds no blocks gives nothing
+        back: the step only scores less)."""
+        n = min(n, self._scored_room)
+        self._scored_room -= n
+        return n
 
     def _make_room(
         self, req: Request, n: int, plan: dict[str, ScheduledRequest], out: list[Request]
@@ -162,6 +181,10 @@ class Scheduler:
                 if not self.config.enable_chunked_prefill:
                     break
                 n = budget
+            if self.config.enable_chunked_prefill and req.wants_prompt_logprobs:
+                n = self._scored_chunk(n)
+                if n <= 0:
+                    break
             if not self.kv.allocate_slots(req, n, computed):
                 break
             self.waiting.popleft()

@@ -182,6 +182,7 @@ class EngineCore:
         for cid in self.outputs.abort(request_id):
             self.scheduler.abort(cid)
             self._penalized.discard(cid)
+            self.runner.prompt_logprob_requests.pop(cid, None)
 
     def has_unfinished_requests(self) -> bool:
         return (

@@ -73,8 +73,11 @@ def _library() -> ctypes.CDLL | None:
     lib.sample_rows.argtypes = [p, i32, i64, p, p, p, p, p, i64, p, i64]
     lib.argmax_rows.argtypes = [p, i32, i64, p, i64, p, i64]
     lib.sample_filtered_rows.argtypes = [p, i32, i64, p, p, p, p, p, p, p, i64, p, i64]
-    lib.logprob_rows.argtypes = [p, i32, i64, p, p, i64, p, p, p, p, i64, p, i64]
-    for fn in (lib.sample_rows, lib.argmax_rows, lib.sample_filtered_rows, lib.logprob_rows):
+    lib.logprob_rows.argtypes = [p, i32, i64, p, p, i64, p, p, p, i64, p, i64]
+    lib.rank_rows.argtypes = [p, i32, i64, p, p, i64, p, i64]
+    fns = (lib.sample_rows, lib.argmax_rows, lib.sample_filtered_rows, lib.logprob_rows,
+           lib.rank_rows)  # fmt: skip
+    for fn in fns:
         fn.restype = ctypes.c_int
     return lib
 
@@ -152,10 +155,10 @@ def sample_filtered_rows(
 
 def logprob_rows(
     logits: torch.Tensor, tokens: torch.Tensor, k: int
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """`log_softmax(logits)` at each row's token [N], and (k > 0) the row's k best tokens [N, k]
     with theirs, best first (ties by index), without writing the log-softmax (see
-    ``csrc/logprobs.h``); last, each token's rank [N]: how many entries of its row reach it."""
+    ``csrc/logprobs.h``)."""
     x = logits.contiguous()
     n, v = x.shape
     if not 0 <= k <= v:
@@ -164,16 +167,29 @@ def logprob_rows(
     if t.shape != (n,) or (n and not (int(t.min()) >= 0 and int(t.max()) < v)):
         raise IndexError(f"tokens must be {n} indices below {v}")
     chosen = torch.empty(n, dtype=torch.float32)
-    ranks = torch.empty(n, dtype=torch.long)
     ids = torch.empty((n, k), dtype=torch.long) if k else None
     lps = torch.empty((n, k), dtype=torch.float32) if k else None
     ptrs = [None if a is None else a.data_ptr() for a in (ids, lps)]
     bf16 = int(x.dtype == torch.bfloat16)
     _over_rows(
         _library().logprob_rows, n, x.data_ptr(), bf16, v, None, t.data_ptr(), k,
-        chosen.data_ptr(), ranks.data_ptr(), *ptrs,
+        chosen.data_ptr(), *ptrs,
     )  # fmt: skip
-    return chosen, ids, lps, ranks
+    return chosen, ids, lps
+
+
+def rank_rows(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Per row, how many entries are at least the row's token's (int64 [N]; 1 = the best):
+    vLLM's rank of a prompt token, without an [N, V] mask."""
+    x = logits.contiguous()
+    n, v = x.shape
+    t = tokens.long().contiguous()
+    if t.shape != (n,) or (n and not (int(t.min()) >= 0 and int(t.max()) < v)):
+        raise IndexError(f"tokens must be {n} indices below {v}")
+    rank = torch.empty(n, dtype=torch.long)
+    bf16 = int(x.dtype == torch.bfloat16)
+    _over_rows(_library().rank_rows, n, x.data_ptr(), bf16, v, t.data_ptr(), rank.data_ptr())
+    return rank
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:

@@ -238,7 +238,8 @@ def sample(
     if b.max_logprobs is None:
         return SamplerOutput(tokens, None, None, None)
     if native.usable(logits):
-        return SamplerOutput(tokens, *native.logprob_rows(logits, tokens, b.max_logprobs))
+        chosen, top_ids, top_lp = native.logprob_rows(logits, tokens, b.max_logprobs)
+        return SamplerOutput(tokens, chosen, top_ids, top_lp, native.rank_rows(logits, tokens))
     lp = logits.log_softmax(-1)
     chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1)
     top_lp, top_ids = lp.topk(b.max_logprobs, dim=-1) if b.max_logprobs else (None, None)

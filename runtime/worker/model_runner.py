@@ -30,7 +30,6 @@ from pagoda.runtime.model.ops import select_ops
 from pagoda.runtime.model.registry import build_model
 from pagoda.runtime.quantization.fp8 import engine_scheme
 from pagoda.runtime.request import Request, TokenLogprob
-from pagoda.runtime.sampling import prompt_logprobs
 from pagoda.runtime.sampling.sampler import (
     HeadSampling,
     SamplerOutput,
@@ -40,6 +39,7 @@ from pagoda.runtime.sampling.sampler import (
     sample,
 )
 from pagoda.runtime.structured.bitmask import GrammarBitmask, grammar_rows
+from pagoda.runtime.worker import prompt_logprobs
 from pagoda.runtime.worker.block_table import BlockTables
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput

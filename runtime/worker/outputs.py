@@ -12,8 +12,8 @@ from pagoda.runtime.request import Request, TokenLogprob
 
 if TYPE_CHECKING:
     import torch
-    from pagoda.runtime.sampling.prompt_logprobs import PromptRows, PromptScores
     from pagoda.runtime.sampling.sampler import SamplerOutput
+    from pagoda.runtime.worker.prompt_logprobs import PromptRows, PromptScores
 
 
 @dataclass

@@ -23,25 +23,11 @@ static void best_k(const void *row, int bf16, int64_t v, int64_t k, float *bm, c
     for (int64_t i = n; i < k; i++) c[i].key = 0, c[i].w = NEG_INF; /* NaN rows: token 0 */
 }
 
-/* How many entries of the row reach xc (the blocks whose maximum does): the chosen token's rank
-   in the vocabulary as vLLM gives it (ties count against it). */
-static int64_t count_at_least(const void *row, int bf16, int64_t v, const float *bm, float xc) {
-    float buf[BLK];
-    int64_t n = 0;
-    for (int64_t b = 0; b * BLK < v; b++) {
-        if (!(bm[b] >= xc)) continue;
-        int64_t lo = b * BLK, len = v - lo < BLK ? v - lo : BLK;
-        const float *x = chunk(row, bf16, lo, len, buf);
-        for (int64_t j = 0; j < len; j++) n += x[j] >= xc;
-    }
-    return n;
-}
-
-/* x and rows as in sample_rows; token [n] the chosen tokens; out: chosen [n], rank [n] (unless
-   NULL) and with k > 0 top_ids / top_lp [n, k], best first. */
+/* x and rows as in sample_rows; token [n] the chosen tokens; out: chosen [n], and with k > 0
+   top_ids / top_lp [n, k], best first. */
 int logprob_rows(const void *x, int bf16, int64_t v, const int64_t *rows, const int64_t *token,
-                 int64_t k, float *chosen, int64_t *rank, int64_t *top_ids, float *top_lp,
-                 int64_t n, int64_t *next, int64_t block) {
+                 int64_t k, float *chosen, int64_t *top_ids, float *top_lp, int64_t n,
+                 int64_t *next, int64_t block) {
     float *bm = malloc(sizeof(float) * (size_t)((v + BLK - 1) / BLK + (v + CH - 1) / CH));
     cand_t *c = malloc(sizeof(cand_t) * (size_t)(v + 1));
     int rc = bm && c ? 0 : -1;
@@ -53,9 +39,7 @@ int logprob_rows(const void *x, int bf16, int64_t v, const int64_t *rows, const 
             float m = block_maxima(row, bf16, v, bm, bm + (v + BLK - 1) / BLK, LOG2E_F, &z);
             double log_z = m > NEG_INF && m < -NEG_INF ? m + __builtin_log(z) : m;
             float buf[1];
-            float xc = *chunk(row, bf16, token[r], 1, buf);
-            chosen[r] = (float)(xc - log_z);
-            if (rank) rank[r] = count_at_least(row, bf16, v, bm, xc);
+            chosen[r] = (float)(*chunk(row, bf16, token[r], 1, buf) - log_z);
             if (k <= 0) continue;
             best_k(row, bf16, v, k, bm, c);
             for (int64_t i = 0; i < k; i++) {
@@ -65,4 +49,29 @@ int logprob_rows(const void *x, int bf16, int64_t v, const int64_t *rows, const 
         }
     free(bm), free(c);
     return rc;
+}
+
+/* Prompt logprobs' ranks (`rank_rows`): per row, how many entries are at least the chosen
+   token's logit (1 = the best; the log-softmax keeps the order, so the logits are compared as
+   they are). One pass in chunks, rows as in logprob_rows; rank [n]. PyTorch's `(x >= t).sum(-1)`
+   writes an [n, v] mask first: ~10x slower on the Xeon. */
+int rank_rows(const void *x, int bf16, int64_t v, const int64_t *token, int64_t *rank, int64_t n,
+              int64_t *next, int64_t block) {
+    size_t row_bytes = (size_t)v * (bf16 ? 2 : 4);
+    float buf[CH];
+    for (int64_t r, end; (r = claim(next, block, n, &end)) < n;)
+        for (; r < end; r++) {
+            const void *row = (const char *)x + r * row_bytes;
+            float one[1];
+            float t = *chunk(row, bf16, token[r], 1, one);
+            int64_t count = 0;
+            for (int64_t lo = 0; lo < v; lo += CH) {
+                int64_t len = v - lo < CH ? v - lo : CH;
+                const float *c = chunk(row, bf16, lo, len, buf);
+#pragma omp simd reduction(+ : count)
+                for (int64_t j = 0; j < len; j++) count += c[j] >= t;
+            }
+            rank[r] = count;
+        }
+    return 0;
 }

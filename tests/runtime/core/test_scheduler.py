@@ -176,3 +176,29 @@ def test_cache_only_ever_names_computed_blocks():
             s.kv.check_integrity()
         assert not s.has_unfinished()
     assert any(uncached_calls), "no scheduled victim was ever preempted: the scenario is too easy"
+
+
+def test_prompt_logprob_chunks_share_a_capped_room(monkeypatch):
+    """Chunks of requests asking prompt logprobs (each token a vocabulary-wide row of logits)
+    add up to at most PROMPT_LOGPROB_ROWS a step; other requests fill the rest of the budget.
+    Without chunked prefill nothing can be cut: the whole prompt runs."""
+    from pagoda.runtime.core import scheduler
+
+    monkeypatch.setattr(scheduler, "PROMPT_LOGPROB_ROWS", 6)
+    s = make(max_num_batched_tokens=16)
+    scored = SamplingParams(max_tokens=4, prompt_logprobs=1)
+    s.add_request(Request("a", list(range(20)), scored, arrival_time=0.0))
+    s.add_request(req("plain", 20, start=200, t=1.0))
+    s.add_request(Request("b", list(range(100, 120)), scored, arrival_time=2.0))
+    sizes = [
+        [(x.request.request_id, x.num_new_tokens) for x in step(s).scheduled] for _ in range(4)
+    ]
+    assert sizes == [
+        [("a", 6), ("plain", 10)],
+        [("a", 6), ("plain", 10)],
+        [("plain", 1), ("a", 6)],  # no room left for "b"
+        [("plain", 1), ("a", 2), ("b", 4)],
+    ]
+    s = make(max_num_batched_tokens=32, enable_chunked_prefill=False)
+    s.add_request(Request("a", list(range(20)), scored))
+    assert step(s).scheduled[0].num_new_tokens == 20

@@ -5,6 +5,7 @@ logits, float32 on CPU), over chunked prefills, beside the prefix cache, and in 
 from __future__ import annotations
 
 import pytest
+import torch
 from hf_oracle import check_prompt_logprobs, make_tiny_llama
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.engine.outputs import Logprob
@@ -50,6 +51,22 @@ def test_prompt_logprobs_match_transformers_over_chunks_and_a_shared_prefix(tiny
     assert (
         again[0].outputs[0].token_ids == llm.generate(prompts[3:], asking)[0].outputs[0].token_ids
     )
+    assert llm.engine.runner.prompt_logprob_requests == {}, "scored requests are let go"
+
+
+def test_steps_without_an_asking_request_score_nothing(tiny, monkeypatch):
+    """Plain requests never reach the scoring code; an aborted asking request is let go."""
+    from pagoda.runtime.worker import prompt_logprobs
+
+    _, loaded = tiny
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20)
+    calls = []
+    monkeypatch.setattr(prompt_logprobs, "prompt_rows", lambda *a: calls.append(a))
+    llm.generate([[5, 6, 7, 8]] * 3, SamplingParams(max_tokens=4))
+    assert calls == []
+    llm.engine.add_request("x", [5, 6, 7], SamplingParams(prompt_logprobs=1))
+    llm.engine.abort_request("x")
+    assert llm.engine.runner.prompt_logprob_requests == {}
 
 
 def test_k_zero_n_two_and_vllm_shape(tiny):
@@ -83,3 +100,22 @@ def test_bad_prompt_logprobs_are_refused(bad):
     with pytest.raises(ParamError) as err:
         SamplingParams(prompt_logprobs=bad)
     assert err.value.field == "prompt_logprobs"
+
+
+def test_the_torch_path_scores_as_the_native_kernels(monkeypatch):
+    """Off the CPU (or without a C compiler) rows are scored by a float32 log-softmax in slices
+    of ROWS_AT_ONCE rows: the same values, ranks and top k."""
+    from pagoda.runtime.worker import prompt_logprobs
+
+    torch.manual_seed(0)
+    logits, targets = torch.randn(70, 300) * 3, torch.randint(0, 300, (70,))
+    native = prompt_logprobs.score(logits, targets, 4)
+    monkeypatch.setattr(prompt_logprobs.native, "usable", lambda x: False)
+    monkeypatch.setattr(prompt_logprobs, "ROWS_AT_ONCE", 32)
+    plain = prompt_logprobs.score(logits, targets, 4)
+    assert torch.equal(native.rank, plain.rank) and torch.equal(native.top_ids, plain.top_ids)
+    assert torch.allclose(native.chosen, plain.chosen, atol=1e-5)
+    assert torch.allclose(native.top_logprobs, plain.top_logprobs, atol=1e-5)
+    ref = logits.log_softmax(-1)
+    assert torch.allclose(plain.chosen, ref.gather(1, targets[:, None])[:, 0], atol=1e-6)
+    assert prompt_logprobs.score(logits, targets, 0).top_ids is None

@@ -1,5 +1,5 @@
 """The native logprobs kernel (`native.logprob_rows`): PyTorch's log_softmax at the
-chosen tokens (and their ranks) and its top-k, for float32 and bfloat16 rows (read as they are), k from 0 to the
+chosen tokens and its top-k, for float32 and bfloat16 rows (read as they are), k from 0 to the
 whole vocabulary, ties by index, -inf entries; and `sample` returning them for bf16 logits."""
 
 from __future__ import annotations
@@ -27,11 +27,9 @@ def test_matches_log_softmax_and_its_top_k(v, k, dtype):
     torch.manual_seed(v + k)
     x = (torch.randn(40, v) * torch.linspace(0.1, 8, 40)[:, None]).to(dtype)
     tokens = torch.randint(0, v, (40,))
-    chosen, ids, lps, ranks = native.logprob_rows(x, tokens, k)
+    chosen, ids, lps = native.logprob_rows(x, tokens, k)
     want_c, want_ids, want_lps = torch_reference(x.float(), tokens, k)
     torch.testing.assert_close(chosen.double(), want_c, rtol=1e-6, atol=1e-5)
-    # vLLM's rank of the sampled token: entries at or above it (ties count against it)
-    assert torch.equal(ranks, (x >= x.gather(1, tokens[:, None])).sum(-1))
     if k == 0:
         assert ids is None and lps is None
         return
@@ -43,7 +41,7 @@ def test_infinite_and_missing_entries():
     x = torch.randn(3, 100)
     x[0, 10:] = float("-inf")  # fewer finite entries than k
     x[1, 4] = float("nan")  # a NaN is never among the best
-    chosen, ids, lps, _ = native.logprob_rows(x, torch.tensor([50, 4, 0]), 12)
+    chosen, ids, lps = native.logprob_rows(x, torch.tensor([50, 4, 0]), 12)
     assert chosen[0] == float("-inf") and set(ids[0, :10].tolist()) == set(range(10))
     assert lps[0, 10:].eq(float("-inf")).all()
     assert 4 not in ids[1].tolist()
@@ -64,15 +62,34 @@ def test_sample_returns_them_for_bfloat16_logits_as_for_their_float32_copy():
 
     a, b = run(x), run(x.float())
     assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.top_ids, b.top_ids)
-    assert torch.equal(a.ranks, b.ranks)
+    assert torch.equal(a.ranks, b.ranks)  # the sampled tokens' ranks (vLLM's Logprob.rank)
     torch.testing.assert_close(a.logprobs, b.logprobs)
     torch.testing.assert_close(a.top_logprobs, b.top_logprobs)
 
 
-def test_the_pytorch_path_ranks_the_sampled_token_as_the_native_one(monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("v", [300, 32001])
+def test_rank_rows_counts_entries_at_least_the_tokens(v, dtype):
+    """Prompt logprobs' rank (`native.rank_rows`): entries >= the token's logit, ties counted
+    (a row of equal logits ranks every token last), -inf rows and the best token (rank 1)."""
+    torch.manual_seed(v)
+    x = (torch.randn(37, v) * 4).to(dtype)
+    x[1] = 0.0
+    x[2, : v // 2] = float("-inf")
+    tokens = torch.randint(0, v, (37,))
+    tokens[3] = int(x[3].float().argmax())
+    rank = native.rank_rows(x, tokens)
+    assert rank.dtype == torch.int64
+    assert torch.equal(rank, (x >= x.gather(1, tokens[:, None])).sum(-1))
+    assert rank[1] == v and rank[3] == 1
+
+
+def test_the_sampled_tokens_rank_as_vllm_counts_it_on_both_paths(monkeypatch):
+    """`SamplerOutput.ranks`: entries at or above the sampled token (ties count against it), from
+    the native kernels and from the PyTorch path alike."""
     torch.manual_seed(4)
     x = torch.randn(5, 3000) * 4
-    x[0, :7] = x[0, 7]  # ties count against the token, as vLLM counts them
+    x[0, :7] = x[0, 7]
     ps = [SamplingParams(temperature=1.5, seed=i, logprobs=2) for i in range(5)]
     reqs = [Request(f"r{i}", [1], p) for i, p in enumerate(ps)]
 
