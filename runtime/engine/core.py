@@ -25,7 +25,7 @@ the same order; greedy output relies on batch invariance, the default).
 from __future__ import annotations
 
 import atexit
-import dataclasses
+import copy
 import gc
 import hashlib
 import logging
@@ -120,10 +120,12 @@ class EngineCore:
         return self.clock
 
     # -- requests ------------------------------------------------------------------------
-    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
-        """Raise ValueError (naming the field) for input the engine cannot serve."""
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> SamplingParams:
+        """Raise ValueError (naming the field) for input the engine cannot serve; returns the
+        params validated as they are now (a copy: SamplingParams are mutable, as vLLM's)."""
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams")
+        params = params.validated()
         if len(prompt_token_ids) == 0:
             raise ValueError("prompt must not be empty")
         if len(prompt_token_ids) >= self.max_model_len:
@@ -140,11 +142,12 @@ class EngineCore:
             from pagoda.runtime.structured.compiler import compiler_for
 
             compiler_for(self.tokenizer, vocab).compile(params.structured_outputs)
+        return params
 
     def add_request(
         self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
     ) -> None:
-        self.validate(prompt_token_ids, params)
+        params = self.validate(prompt_token_ids, params)  # later changes to theirs reach no request
         if request_id in self.outputs:
             raise ValueError(f"duplicate request id {request_id!r}")
         salt = None
@@ -154,7 +157,8 @@ class EngineCore:
         for i in range(params.n):
             child_params = params
             if params.n > 1 and params.seed is not None:
-                child_params = dataclasses.replace(params, seed=sample_seed(params.seed, i))
+                child_params = copy.copy(params)  # no second __post_init__: its seed -1
+                child_params.seed = sample_seed(params.seed, i)  # is a seed, not "none"
             cid = request_id if params.n == 1 else f"{request_id}#{i}"
             reqs.append(
                 Request(

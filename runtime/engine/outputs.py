@@ -66,7 +66,8 @@ class CompletionOutput:
     index: int
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] | None = None
+    # with `logprobs`, as vLLM's: per generated token {token id: Logprob} (`logprob_dict`)
+    logprobs: list[dict[int, Logprob]] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     # the sum of the sampled tokens' log-probabilities; None unless logprobs were asked for
@@ -102,6 +103,22 @@ class RequestOutput:
             out.finish_reason, out.stop_reason = delta.finish_reason, delta.stop_reason
             self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
         self.finished = all(o.finished() for o in self.outputs)
+
+    def shape_logprobs(self, decode: Callable[[int], str]) -> None:
+        """The samples' logprobs, gathered by `add` as `TokenLogprob`s, in vLLM's shape."""
+        for out in self.outputs:
+            if out.logprobs is not None:
+                out.logprobs = [logprob_dict(lp, decode) for lp in out.logprobs]  # type: ignore[arg-type]
+
+
+def logprob_dict(lp: TokenLogprob, decode: Callable[[int], str]) -> dict[int, Logprob]:
+    """One generated token's logprobs in vLLM's shape: the sampled token first, with its rank in
+    the vocabulary (above k when it is not among the top k), then the top k ranked 1..k (the
+    sampled token, when among them, keeps its first place in the dict with their entry)."""
+    d = {lp.token_id: Logprob(lp.logprob, lp.rank, decode(lp.token_id))}
+    for rank, (token, value) in enumerate(lp.top, 1):
+        d[token] = Logprob(value, rank, decode(token))
+    return d
 
 
 class EngineStats(msgspec.Struct, array_like=True, gc=False):

@@ -31,7 +31,7 @@ class ParamError(ValueError):
         self.message = message
 
 
-@dataclass(frozen=True)
+@dataclass
 class SamplingParams:
     """OpenAI's knobs plus vLLM's extras (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`).
 
@@ -53,8 +53,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
+    # lists, as vLLM's (`sp.stop.append(...)`); each validated copy has its own
+    stop: list[str] = dataclasses.field(default_factory=list)
+    stop_token_ids: list[int] = dataclasses.field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
     # vLLM's: the log-probability of every prompt token after the first (and the top-k
@@ -69,13 +70,17 @@ class SamplingParams:
     structured_outputs: Any = None
 
     def __post_init__(self) -> None:
+        if type(self.seed) is int and self.seed == -1:  # vLLM's "unseeded"
+            object.__setattr__(self, "seed", None)
+        if self.logprobs is True:  # vLLM's: the chosen token and its best alternative
+            object.__setattr__(self, "logprobs", 1)
         if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
+            object.__setattr__(self, "stop", [self.stop])
         for name in ("stop", "stop_token_ids"):
             value = getattr(self, name) or ()
             if not isinstance(value, (list, tuple)):
                 raise ParamError(name, f"{name} must be a list, got {_short(value)}")
-            object.__setattr__(self, name, tuple(value))
+            object.__setattr__(self, name, list(value))
         _check_int("n", self.n, 1, MAX_N)
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, 1, None)
@@ -137,9 +142,22 @@ class SamplingParams:
         ):
             raise ParamError("stop_token_ids", "stop_token_ids must be non-negative integers")
 
+    # Mutable, as vLLM's (``sp.max_tokens = 64``): validated when made and again when an engine
+    # receives it (`validated()`: the engine keeps that copy, so changing the object later does
+    # not reach requests already sent). Assigning a name that is not a field: AttributeError.
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _FIELDS:  # a typo or a vLLM field this runtime lacks: never ignored
+            raise AttributeError(f"SamplingParams has no field {name!r}")
+        object.__setattr__(self, name, value)
+
     def clone(self, **changes: Any) -> SamplingParams:
-        """A copy, with `changes` applied and validated (vLLM's `clone`; these are frozen)."""
+        """A copy, with `changes` applied, validated (vLLM's `clone()`, plus changes)."""
         return dataclasses.replace(self, **changes)
+
+    def validated(self) -> SamplingParams:
+        """A validated copy of the fields as they are now (ParamError if a later assignment made
+        them invalid): what an engine keeps of the params it receives."""
+        return dataclasses.replace(self)
 
     @property
     def greedy(self) -> bool:
@@ -155,6 +173,9 @@ class SamplingParams:
         return bool(
             self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
         )
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
 
 def sample_seed(seed: int, index: int) -> int:

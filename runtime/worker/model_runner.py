@@ -285,7 +285,7 @@ class ModelRunner:
         with an event."""
         so = step.sampler_output
         step.host = SamplerOutput(*_pinned_copies((so.token_ids, so.logprobs, so.top_ids,
-                                                   so.top_logprobs)))  # fmt: skip
+                                                   so.top_logprobs, so.ranks)))  # fmt: skip
         if step.prompt is not None:
             step.prompt_host = _pinned_copies(step.prompt[1].tensors())
         step.ready = torch.cuda.Event()
@@ -432,10 +432,11 @@ class ModelRunner:
         chosen = so.logprobs.tolist()
         top_ids = so.top_ids.tolist() if so.top_ids is not None else [[] for _ in reqs]
         top_lps = so.top_logprobs.tolist() if so.top_logprobs is not None else [[] for _ in reqs]
+        ranks = so.ranks.tolist() if so.ranks is not None else [None] * len(reqs)
         lps: list[TokenLogprob | None] = []
-        for r, t, c, ti, tl in zip(reqs, token_ids, chosen, top_ids, top_lps):
+        for r, t, c, ti, tl, rank in zip(reqs, token_ids, chosen, top_ids, top_lps, ranks):
             k = r.params.logprobs
-            lps.append(None if k is None else TokenLogprob(t, c, list(zip(ti[:k], tl[:k]))))
+            lps.append(None if k is None else TokenLogprob(t, c, list(zip(ti[:k], tl[:k])), rank))
         return ModelRunnerOutput(reqs, token_ids, lps)
 
 

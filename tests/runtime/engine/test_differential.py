@@ -17,6 +17,7 @@ import random
 import pytest
 from hf_oracle import make_tiny_llama
 from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.engine.outputs import logprob_dict
 from pagoda.runtime.model.loader import load_model
 
 BS = 8  # block size
@@ -61,7 +62,10 @@ def reference(tiny):
 
 
 def _lp(logprobs) -> list:
-    return [(t.token_id, t.logprob, t.top) for t in logprobs or ()]
+    """Per token [(id, logprob, rank)] in the offline {id: Logprob} order, from that shape or from
+    the engine's `TokenLogprob`s."""
+    dicts = (p if isinstance(p, dict) else logprob_dict(p, str) for p in logprobs or ())
+    return [[(t, lp.logprob, lp.rank) for t, lp in d.items()] for d in dicts]
 
 
 def _workload(rng: random.Random, n: int, reference) -> list[tuple]:
