@@ -14,6 +14,9 @@ _EXPORTS = {
     "CompletionOutput": "pagoda.runtime.engine.outputs",
     "RequestOutput": "pagoda.runtime.engine.outputs",
     "SamplingParams": "pagoda.runtime.sampling.params",
+    "Logprob": "pagoda.runtime.engine.outputs",
+    "TextPrompt": "pagoda.runtime.engine.llm",
+    "TokensPrompt": "pagoda.runtime.engine.llm",
 }
 __all__ = list(_EXPORTS)
 

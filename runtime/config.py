@@ -195,6 +195,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None  # None: the model's context length
     enable_chunked_prefill: bool = options.DEFAULT_ENABLE_CHUNKED_PREFILL
+    # the largest prefill chunk while other requests run or wait; 0: off; None: by device,
+    # resolved by `EngineConfig.with_device_defaults` (a bare Scheduler treats None as off)
+    long_prefill_token_threshold: int | None = options.DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD
     # set by __post_init__: the user gave no max_num_batched_tokens (so replace() re-resolves it)
     auto_batched_tokens: bool = field(default=False, repr=False, compare=False)
 
@@ -210,6 +213,14 @@ class SchedulerConfig:
                 values = rule.lift(values)
             object.__setattr__(self, "max_num_batched_tokens", values["max_num_batched_tokens"])
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        cap = self.long_prefill_token_threshold
+        if cap is not None:
+            options.check_int("long_prefill_token_threshold", cap, 0)
+            if cap and not self.enable_chunked_prefill:
+                raise ValueError(
+                    f"long_prefill_token_threshold ({cap}) needs chunked prefill: without it a "
+                    "prompt runs whole (set 0, or enable chunked prefill)"
+                )
         values = self._values(self.max_num_batched_tokens)
         for rule in options.ENGINE_RULES:
             if not rule.holds(values):
@@ -292,6 +303,24 @@ class EngineConfig:
         if any(k in par_keys for k in kwargs):
             top["parallel"] = options.Parallelism.from_values(kwargs)
         return cls(model=model, cache=cache, scheduler=sched, **top)
+
+    def with_device_defaults(self) -> EngineConfig:
+        """This config with the defaults that depend on the device filled in: the long-prefill
+        threshold (`options.CPU_LONG_PREFILL_TOKEN_THRESHOLD`, `CUDA_...`; 0 without chunked
+        prefill)."""
+        sched = self.scheduler
+        if sched.long_prefill_token_threshold is not None:
+            return self
+        cap = 0
+        if sched.enable_chunked_prefill:
+            cuda = self.torch_device().type == "cuda"
+            cap = (
+                options.CUDA_LONG_PREFILL_TOKEN_THRESHOLD
+                if cuda
+                else options.CPU_LONG_PREFILL_TOKEN_THRESHOLD
+            )
+        sched = dataclasses.replace(sched, long_prefill_token_threshold=cap)
+        return dataclasses.replace(self, scheduler=sched)
 
     def with_max_model_len(self, max_model_len: int) -> EngineConfig:
         """This config for a context length known only later (the model's, or what the KV cache

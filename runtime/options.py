@@ -64,6 +64,14 @@ DEFAULT_MAX_NUM_SEQS = 64
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 DEFAULT_ENABLE_PREFIX_CACHING = True
 DEFAULT_ENABLE_CHUNKED_PREFILL = True
+# Largest prefill chunk while other requests run or wait (vLLM's long_prefill_token_threshold;
+# 0: off). None picks it by device: on a CPU 256 (a chunk is ~0.15 s of SmolLM2-135M on two idle
+# cores, so streams beside a long prompt keep their tokens coming: docs/benchmarks.md); on CUDA
+# the default budget's 2,048 (a few ms on an H200), so only a tuned, larger budget is capped and
+# prompts of up to 2,048 tokens are never split by it.
+DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = None
+CPU_LONG_PREFILL_TOKEN_THRESHOLD = 256
+CUDA_LONG_PREFILL_TOKEN_THRESHOLD = 2048
 # Greedy output independent of batch and cache (docs/runtime.md).
 DEFAULT_BATCH_INVARIANT = True
 # The largest values `pagoda serve` accepts at all (a CRD may state the same maxima). Below them,
@@ -184,6 +192,11 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
     Flag("--max-num-batched-tokens", "token budget of one step (default: "
          f"{DEFAULT_MAX_NUM_BATCHED_TOKENS}, or the tuned profile's; without chunked prefill at "
          "least max_model_len)", None, int),
+    Flag("--long-prefill-token-threshold", "largest prefill chunk of one prompt while other "
+         "requests run or wait, so a long prompt does not stall their streams (a prompt alone "
+         f"takes the whole budget); 0: off; default: {CPU_LONG_PREFILL_TOKEN_THRESHOLD} on CPU, "
+         f"{CUDA_LONG_PREFILL_TOKEN_THRESHOLD} on CUDA, off without chunked prefill", None, int,
+         metavar="TOKENS"),
     Flag("--block-size", "KV-cache block size in tokens", DEFAULT_BLOCK_SIZE, int,
          choices=BLOCK_SIZES),
     Flag("--enable-prefix-caching", "reuse the KV cache of shared prompt prefixes",
@@ -388,6 +401,7 @@ SIZE_LIMITS: Mapping[str, int] = MappingProxyType(
         "max_num_seqs": MAX_NUM_SEQS_LIMIT,
         "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS_LIMIT,
         "max_model_len": MAX_MODEL_LEN_LIMIT,
+        "long_prefill_token_threshold": MAX_NUM_BATCHED_TOKENS_LIMIT,
     }
 )
 

@@ -42,6 +42,8 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]  # (token id, logprob) alternatives, best first
+    # prompt logprobs: tokens at least as likely as this one (vLLM's rank, 1 = the best)
+    rank: int | None = None
 
 
 @dataclass(eq=False)
@@ -66,6 +68,11 @@ class Request:
         self.status = RequestStatus.WAITING
         self.block_hashes: list[bytes] = []  # chained hashes of this request's full blocks
         self.logprobs: list[TokenLogprob] = []
+        # `params.prompt_logprobs`: the entries of prompt tokens 1.. (read back so far), and
+        # the next position whose logits score the token after it (prompt_logprobs.py)
+        self.prompt_logprobs: list[TokenLogprob] = []
+        last = max(self.num_prompt_tokens - 1, 0)
+        self.prompt_logprobs_next = 0 if self.params.prompt_logprobs is not None else last
         self.stop_reason: str | int | None = None
         self.num_preemptions = 0
         self.first_scheduled_time: float | None = None
@@ -79,6 +86,12 @@ class Request:
         self.stop_ids = frozenset(stops)
         budget = self.max_model_len - self.num_prompt_tokens
         self.max_new_tokens = min(self.params.max_tokens or budget, budget)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Whether some prompt position's logits are still to be scored (never for a request
+        that did not ask): such a request computes its whole prompt, no prefix-cache hit."""
+        return self.prompt_logprobs_next < self.num_prompt_tokens - 1
 
     @property
     def num_tokens(self) -> int:

@@ -77,8 +77,10 @@ class KVCacheManager:
             hashes.append(parent)
 
     def get_computed_blocks(self, req: Request) -> tuple[list[KVCacheBlock], int]:
-        """Longest cached prefix of a not-yet-running request (always leaves one token to compute)."""
-        if not self._caches(req):
+        """Longest cached prefix of a not-yet-running request (always leaves one token to compute).
+        None for a request that still needs prompt logprobs: a cached block holds keys and
+        values, not the logits of its positions (as vLLM skips the cache for them)."""
+        if not self._caches(req) or req.wants_prompt_logprobs:
             return [], 0
         self._update_hashes(req)
         limit = (req.num_tokens - 1) // self.block_size

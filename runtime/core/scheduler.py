@@ -3,6 +3,14 @@
 Each step: running decodes first, then running partial prefills, then waiting requests, all
 under `max_num_batched_tokens` and `max_num_seqs`. When blocks run out, the most recently
 arrived running request is preempted (its blocks freed, recomputed later from the queue front).
+With chunked prefill, the prompt chunks of requests asking prompt logprobs add up to at most
+`PROMPT_LOGPROB_ROWS` tokens a step: each of them is a row of logits (vocabulary-wide) the step
+holds beside the sampling rows'.
+
+A long prompt does not stall the others (vLLM's `long_prefill_token_threshold`): while any other
+request is running or waiting, a prefill chunk is at most `long_prefill_token_threshold` tokens,
+so the step stays short and the rest of the budget goes to decodes and new prompts. Alone, a
+prompt takes the whole budget (nothing waits on it). 0 turns the cap off.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.sched_output import ScheduledRequest, SchedulerOutput
 from pagoda.runtime.request import RUNNING, Request, RequestStatus
 
+PROMPT_LOGPROB_ROWS = 1024  # a step's logits rows for prompt logprobs (chunked prefill)
+
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
@@ -24,6 +34,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        self._scored_room = PROMPT_LOGPROB_ROWS  # this step's (`_scored_chunk`)
 
     # -- queue management -------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -64,6 +75,10 @@ class Scheduler:
     # -- the step ----------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
+        # the largest prefill chunk this step: capped while the request is not alone
+        cap = self.config.long_prefill_token_threshold or 0
+        if cap <= 0 or len(self.running) + len(self.waiting) <= 1:
+            cap = budget  # off, or the request is alone: nothing waits on it
         plan: dict[str, ScheduledRequest] = {}
         preempted: list[Request] = []
         partial: list[Request] = []
@@ -91,6 +106,7 @@ class Scheduler:
             plan[rid] = ScheduledRequest(req, 1, ids_of[rid])
             budget -= 1
         chunked = self.config.enable_chunked_prefill
+        self._scored_room = PROMPT_LOGPROB_ROWS
         for req in partial:
             if budget <= 0 or req.status != RUNNING:
                 continue
@@ -99,10 +115,16 @@ class Scheduler:
             n = len(req.token_ids) + req.num_pending - req.num_computed_tokens
             if n <= 0:
                 continue
+            if n > cap:
+                n = cap
             if n > budget:
                 if not chunked:
                     continue
                 n = budget
+            if chunked and req.wants_prompt_logprobs:
+                n = self._scored_chunk(n)
+                if n <= 0:
+                    continue
             if not allocate(req, n):
                 fits, back = self._make_room(req, n, plan, preempted)
                 budget += back
@@ -112,7 +134,7 @@ class Scheduler:
             budget -= n
         num_running = len(plan)
         if not preempted:
-            self._admit_waiting(plan, budget)
+            self._admit_waiting(plan, budget, cap)
         scheduled = list(plan.values())
         if partial or len(plan) > num_running:  # decodes first (stable)
             scheduled.sort(key=lambda s: s.num_new_tokens != 1)
@@ -121,6 +143,14 @@ class Scheduler:
         else:
             num_decodes = num_tokens = len(scheduled)
         return SchedulerOutput(scheduled, num_decodes, num_tokens, preempted)
+
+    def _scored_chunk(self, n: int) -> int:
+        """A chunk of a request asking prompt logprobs: `n` tokens cut to the step's room for
+        scored rows, which it then takes (a chunk that then finds no blocks gives nothing
+        back: the step only scores less)."""
+        n = min(n, self._scored_room)
+        self._scored_room -= n
+        return n
 
     def _make_room(
         self, req: Request, n: int, plan: dict[str, ScheduledRequest], out: list[Request]
@@ -151,17 +181,21 @@ class Scheduler:
         out.append(victim)
         return done.num_new_tokens if done is not None else 0
 
-    def _admit_waiting(self, plan: dict[str, ScheduledRequest], budget: int) -> None:
+    def _admit_waiting(self, plan: dict[str, ScheduledRequest], budget: int, cap: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             if req.num_pending:
                 break  # preempted while a step of it was in flight: wait for its token
             computed, num_cached = self.kv.get_computed_blocks(req)
-            n = req.num_tokens - num_cached
+            n = min(req.num_tokens - num_cached, cap)
             if n > budget:
                 if not self.config.enable_chunked_prefill:
                     break
                 n = budget
+            if self.config.enable_chunked_prefill and req.wants_prompt_logprobs:
+                n = self._scored_chunk(n)
+                if n <= 0:
+                    break
             if not self.kv.allocate_slots(req, n, computed):
                 break
             self.waiting.popleft()

@@ -253,6 +253,7 @@ class AsyncEngine:
         prompts passed `check_prompts` already (the engine's availability is checked here).
         `arrival_time` (`time.monotonic`; default now): where the metrics' latencies start.
         """
+        params = params.validated()  # SamplingParams are mutable: this copy is what runs
         self.admission.check_size(len(prompts), params)
         if checked:
             self.loaded_info()
@@ -280,6 +281,7 @@ class AsyncEngine:
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
     ) -> RequestStream:
         """Admit a request or raise: ParamError (bad input), EngineUnavailableError, QueueFullError."""
+        params = params.validated()  # SamplingParams are mutable: this copy is what runs
         self.admission.check_size(1, params)
         self.validate(prompt_token_ids, params)
         self.admission.check_room(params.n, params.n > 1)

@@ -25,7 +25,7 @@ the same order; greedy output relies on batch invariance, the default).
 from __future__ import annotations
 
 import atexit
-import dataclasses
+import copy
 import gc
 import hashlib
 import logging
@@ -89,6 +89,7 @@ class EngineCore:
         self.max_model_len = limit
         if config.scheduler.max_model_len != limit:  # left to the model, or capped to the cache
             config = config.with_max_model_len(limit)
+        config = config.with_device_defaults()
         self.config = config
         self.kv = KVCacheManager(self.runner.num_blocks, bs, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
@@ -119,10 +120,12 @@ class EngineCore:
         return self.clock
 
     # -- requests ------------------------------------------------------------------------
-    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
-        """Raise ValueError (naming the field) for input the engine cannot serve."""
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> SamplingParams:
+        """Raise ValueError (naming the field) for input the engine cannot serve; returns the
+        params validated as they are now (a copy: SamplingParams are mutable, as vLLM's)."""
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams")
+        params = params.validated()
         if len(prompt_token_ids) == 0:
             raise ValueError("prompt must not be empty")
         if len(prompt_token_ids) >= self.max_model_len:
@@ -139,11 +142,12 @@ class EngineCore:
             from pagoda.runtime.structured.compiler import compiler_for
 
             compiler_for(self.tokenizer, vocab).compile(params.structured_outputs)
+        return params
 
     def add_request(
         self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
     ) -> None:
-        self.validate(prompt_token_ids, params)
+        params = self.validate(prompt_token_ids, params)  # later changes to theirs reach no request
         if request_id in self.outputs:
             raise ValueError(f"duplicate request id {request_id!r}")
         salt = None
@@ -153,7 +157,8 @@ class EngineCore:
         for i in range(params.n):
             child_params = params
             if params.n > 1 and params.seed is not None:
-                child_params = dataclasses.replace(params, seed=sample_seed(params.seed, i))
+                child_params = copy.copy(params)  # no second __post_init__: its seed -1
+                child_params.seed = sample_seed(params.seed, i)  # is a seed, not "none"
             cid = request_id if params.n == 1 else f"{request_id}#{i}"
             reqs.append(
                 Request(
@@ -168,6 +173,8 @@ class EngineCore:
         self.outputs.add(request_id, reqs)
         for req in reqs:
             self.scheduler.add_request(req)
+            if req.wants_prompt_logprobs:
+                self.runner.prompt_logprob_requests[req.request_id] = req
             if params.needs_penalties:
                 self._penalized.add(req.request_id)
 
@@ -176,6 +183,7 @@ class EngineCore:
         for cid in self.outputs.abort(request_id):
             self.scheduler.abort(cid)
             self._penalized.discard(cid)
+            self.runner.prompt_logprob_requests.pop(cid, None)
 
     def has_unfinished_requests(self) -> bool:
         return (
@@ -232,7 +240,7 @@ class EngineCore:
                 self.runner.sample_deferred(launched)
             for req in launched.requests:
                 req.num_pending += 1
-            self._inflight = launched if launched.requests else None
+            self._inflight = None if launched.empty else launched
         if prev is not None:
             outputs += self._finish(prev)
         return outputs
@@ -248,6 +256,7 @@ class EngineCore:
                 [result.requests[i] for i in keep],
                 [result.token_ids[i] for i in keep],
                 [result.logprobs[i] for i in keep],
+                result.prompt_logprobs,
             )
         self._update(result)
         return self.outputs.process(result, self.clock)
@@ -257,6 +266,8 @@ class EngineCore:
         anything is scheduled again (stop strings need the text, so those detokenize here)."""
         now = time.monotonic()
         check_stop_string = self.outputs.check_stop_string
+        for req, entries in result.prompt_logprobs:  # before the first token's output
+            req.prompt_logprobs.extend(entries)
         # once per request per step: attribute reads, no calls on the common path
         for req, tok, lp in zip(result.requests, result.token_ids, result.logprobs):
             ids = req.token_ids

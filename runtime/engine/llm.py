@@ -5,15 +5,33 @@ from __future__ import annotations
 import itertools
 import json
 import operator
+import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Required, TypedDict
 
 from pagoda.runtime.config import DEFAULT_MODEL, EngineConfig
 from pagoda.runtime.engine.core import EngineCore
-from pagoda.runtime.engine.outputs import CompletionOutput, RequestOutput
+from pagoda.runtime.engine.outputs import CompletionOutput, RequestOutput, prompt_logprob_dicts
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
 from pagoda.runtime.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagoda.runtime.engine.hf_tokenizer import HFTokenizer
+
+
+class TextPrompt(TypedDict):
+    """vLLM's `TextPrompt`: ``TextPrompt(prompt="...")`` is the dict ``{"prompt": "..."}``."""
+
+    prompt: str
+
+
+class TokensPrompt(TypedDict, total=False):
+    """vLLM's `TokensPrompt`: ``{"prompt_token_ids": [...]}``, `prompt` optional."""
+
+    prompt_token_ids: Required[Sequence[int]]
+    prompt: str
+
 
 PromptType = str | Sequence[int] | dict[str, Any]
 # vLLM's TextPrompt / TokensPrompt keys this runtime serves; any other (multi_modal_data,
@@ -31,7 +49,14 @@ class LLM:
     def __init__(
         self, model: str = DEFAULT_MODEL, *, loaded: LoadedModel | None = None, **engine_args: Any
     ) -> None:
-        """`loaded` reuses weights already in memory (tests, benchmarks) instead of reading `model`."""
+        """`loaded` reuses weights already in memory (tests, benchmarks) instead of reading `model`.
+        vLLM's `enforce_eager=True` is ``enable_cuda_graphs=False``; its `trust_remote_code` is
+        accepted and changes nothing (no checkpoint's own code is ever run here)."""
+        engine_args.pop("trust_remote_code", None)
+        if "enforce_eager" in engine_args:
+            if "enable_cuda_graphs" in engine_args:
+                raise ValueError("give enforce_eager or enable_cuda_graphs, not both")
+            engine_args["enable_cuda_graphs"] = not engine_args.pop("enforce_eager")
         self.engine = EngineCore(EngineConfig.create(model, **engine_args), loaded)
         self.config = self.engine.config  # with the context length resolved
         self.tokenizer = self.engine.tokenizer
@@ -49,6 +74,13 @@ class LLM:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def get_tokenizer(self) -> HFTokenizer:
+        """The tokenizer with the Hugging Face calls vLLM's `get_tokenizer()` users make
+        (`encode`, `decode`, `apply_chat_template(..., tokenize=False)`, ...)."""
+        from pagoda.runtime.engine.hf_tokenizer import HFTokenizer
+
+        return HFTokenizer(self.tokenizer)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What `generate` uses without params: the model's generation_config.json sampling
@@ -75,13 +107,14 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
-        use_tqdm: bool | Callable[..., Any] = False,
+        use_tqdm: bool | Callable[..., Any] = True,
     ) -> list[RequestOutput]:
         """Run all prompts together (continuous batching); results come back in input order.
 
-        `use_tqdm`: True for a progress bar, or (as vLLM's) a callable that makes the bar
-        (``tqdm``'s arguments: ``total``, ``desc``, ``unit``). Invalid input raises ValueError
-        before anything runs, naming the offending field.
+        `use_tqdm` (as vLLM's): True (the default) for a progress bar on stderr, shown only
+        where stderr is a terminal (no carriage-return lines in logs); False for none; or a
+        callable that makes the bar (``tqdm``'s arguments: ``total``, ``desc``, ``unit``).
+        Invalid input raises ValueError before anything runs, naming the offending field.
         """
         if self._closed:
             raise RuntimeError("this LLM is closed; create a new one")
@@ -96,8 +129,8 @@ class LLM:
             raise ValueError(f"sampling_params must be one SamplingParams or one per prompt: "
                              f"{len(plist)} for {len(prompts)} prompts")  # fmt: skip
         encoded = [self._to_ids(p) for p in prompts]
-        for (_, ids), p in zip(encoded, plist):
-            self.engine.validate(ids, p)
+        # all checked before any runs; the copies as validated now run (params are mutable)
+        plist = [self.engine.validate(ids, p) for (_, ids), p in zip(encoded, plist)]
         bar = _progress(use_tqdm, len(prompts))
         results: dict[str, RequestOutput] = {}
         try:
@@ -112,6 +145,10 @@ class LLM:
                     res = results[delta.request_id]
                     was_done = res.finished
                     res.add(delta)
+                    if delta.prompt_logprobs is not None and res.prompt_logprobs is None:
+                        res.prompt_logprobs = prompt_logprob_dicts(
+                            delta.prompt_logprobs, self._token_text
+                        )
                     if bar is not None and res.finished and not was_done:
                         bar.update(1)
         finally:  # interrupted (Ctrl-C, a failing progress bar): leave no request behind
@@ -120,14 +157,20 @@ class LLM:
                     self.engine.abort_request(rid)
             if bar is not None:
                 bar.close()
+        for res in results.values():
+            res.shape_logprobs(self._token_text)
         return list(results.values())
+
+    def _token_text(self, token_id: int) -> str:
+        """A token's own text (special tokens too), as vLLM's `Logprob.decoded_token`."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def chat(
         self,
         messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
-        use_tqdm: bool | Callable[..., Any] = False,
+        use_tqdm: bool | Callable[..., Any] = True,
         add_generation_prompt: bool | None = None,
         continue_final_message: bool = False,
         tools: Sequence[dict[str, Any]] | None = None,
@@ -193,10 +236,11 @@ def _progress(use_tqdm: bool | Callable[..., Any], total: int) -> Any:
     if not use_tqdm:
         return None
     if callable(use_tqdm):
-        return use_tqdm(total=total, desc="Generating", unit="req")
+        return use_tqdm(total=total, desc="Processed prompts", unit="req")
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="Generating", unit="req")
+    # disable=None: tqdm's "off unless the stream is a terminal"
+    return tqdm(total=total, desc="Processed prompts", unit="req", file=sys.stderr, disable=None)
 
 
 def template_messages(conversation: Sequence[dict[str, Any]], template: str | None) -> list:

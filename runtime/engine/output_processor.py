@@ -112,6 +112,7 @@ class OutputProcessor:
                 continue
             # `_output` of a running request without stop strings: all its text goes out
             text, detok.text = detok.text, ""
+            num_output = len(req.token_ids) - req.num_prompt_tokens
             append(
                 StepOutput(
                     s.parent,
@@ -124,10 +125,11 @@ class OutputProcessor:
                     req.stop_reason,
                     req.num_prompt_tokens,
                     req.num_cached_tokens,
-                    len(req.token_ids) - req.num_prompt_tokens,
+                    num_output,
                     req.arrival_time,
                     req.first_scheduled_time,
                     req.first_token_time,
+                    _prompt_logprobs(req) if num_output == 1 else None,
                 )
             )
         if clock is not None:
@@ -142,6 +144,7 @@ class OutputProcessor:
             ids = req.token_ids
             fed = status != _STOPPED or detok.include_stop  # the stop token's text is shown?
             detok.flush(len(ids) - (not fed))
+        num_output = len(req.token_ids) - req.num_prompt_tokens
         out = StepOutput(
             s.parent,
             s.index,
@@ -153,10 +156,11 @@ class OutputProcessor:
             req.stop_reason,
             req.num_prompt_tokens,
             req.num_cached_tokens,
-            len(req.token_ids) - req.num_prompt_tokens,
+            num_output,
             req.arrival_time,
             req.first_scheduled_time,
             req.first_token_time,
+            _prompt_logprobs(req) if num_output == 1 else None,
         )
         if finished:
             self._forget(req.request_id, s.parent)
@@ -169,3 +173,8 @@ class OutputProcessor:
             siblings.remove(child_id)
             if not siblings:
                 del self.children[parent]
+
+
+def _prompt_logprobs(req: Request) -> list | None:
+    """What a sample's first output carries: its prompt's logprobs, if it asked."""
+    return req.prompt_logprobs if req.params.prompt_logprobs is not None else None

@@ -9,6 +9,7 @@ into them (`core_proc.py`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -32,6 +33,32 @@ class StepOutput(msgspec.Struct, array_like=True, gc=False):
     arrival_time: float = 0.0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    # on a sample's first output, with `prompt_logprobs`: prompt tokens 1.. scored
+    prompt_logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class Logprob:
+    """vLLM's `Logprob`: one token's entry in a position's {token id: Logprob} dict."""
+
+    logprob: float
+    rank: int | None = None  # 1 = the most likely token
+    decoded_token: str | None = None
+
+
+def prompt_logprob_dicts(
+    entries: list[TokenLogprob], decode: Callable[[int], str]
+) -> list[dict[int, Logprob] | None]:
+    """Prompt logprobs as vLLM shapes them: None for the first prompt token, then per token a
+    dict of the token itself (first) and its top alternatives (rank 1..k)."""
+    out: list[dict[int, Logprob] | None] = [None]
+    for e in entries:
+        d = {e.token_id: Logprob(e.logprob, e.rank, decode(e.token_id))}
+        for rank, (t, v) in enumerate(e.top, 1):
+            if t not in d:
+                d[t] = Logprob(v, rank, decode(t))
+        out.append(d)
+    return out
 
 
 @dataclass
@@ -39,7 +66,8 @@ class CompletionOutput:
     index: int
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] | None = None
+    # with `logprobs`, as vLLM's: per generated token {token id: Logprob} (`logprob_dict`)
+    logprobs: list[dict[int, Logprob]] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     # the sum of the sampled tokens' log-probabilities; None unless logprobs were asked for
@@ -58,6 +86,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     num_cached_tokens: int = 0
+    # with SamplingParams.prompt_logprobs: vLLM's shape (`prompt_logprob_dicts`)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     def add(self, delta: StepOutput) -> None:
         """Fold one step's delta into this accumulated result."""
@@ -73,6 +103,22 @@ class RequestOutput:
             out.finish_reason, out.stop_reason = delta.finish_reason, delta.stop_reason
             self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
         self.finished = all(o.finished() for o in self.outputs)
+
+    def shape_logprobs(self, decode: Callable[[int], str]) -> None:
+        """The samples' logprobs, gathered by `add` as `TokenLogprob`s, in vLLM's shape."""
+        for out in self.outputs:
+            if out.logprobs is not None:
+                out.logprobs = [logprob_dict(lp, decode) for lp in out.logprobs]  # type: ignore[arg-type]
+
+
+def logprob_dict(lp: TokenLogprob, decode: Callable[[int], str]) -> dict[int, Logprob]:
+    """One generated token's logprobs in vLLM's shape: the sampled token first, with its rank in
+    the vocabulary (above k when it is not among the top k), then the top k ranked 1..k (the
+    sampled token, when among them, keeps its first place in the dict with their entry)."""
+    d = {lp.token_id: Logprob(lp.logprob, lp.rank, decode(lp.token_id))}
+    for rank, (token, value) in enumerate(lp.top, 1):
+        d[token] = Logprob(value, rank, decode(token))
+    return d
 
 
 class EngineStats(msgspec.Struct, array_like=True, gc=False):

@@ -103,8 +103,8 @@ class RequestStream:
 
 
 def _merge(deltas: list[StepOutput]) -> StepOutput:
-    """Successive deltas of one sample, as one (the first's request, times and prompt; the
-    last's finish; every token, text and logprob in order)."""
+    """Successive deltas of one sample, as one (the first's request, times, prompt and
+    prompt logprobs; the last's finish; every token, text and logprob in order)."""
     a, b = deltas[0], deltas[-1]
     lps = [lp for d in deltas for lp in d.new_logprobs]
     return StepOutput(
@@ -122,4 +122,5 @@ def _merge(deltas: list[StepOutput]) -> StepOutput:
         a.arrival_time,
         next((d.first_scheduled_time for d in deltas if d.first_scheduled_time is not None), None),
         next((d.first_token_time for d in deltas if d.first_token_time is not None), None),
+        next((d.prompt_logprobs for d in deltas if d.prompt_logprobs is not None), None),
     )

@@ -14,8 +14,8 @@ FP8_DTYPES = ("F8_E4M3",)
 
 
 def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The tensors every layer of `c` needs, with their shapes (the MLP's and experts' are the
-    loader's to read: their widths come from the weights)."""
+    """The tensors every layer of `c` needs, with their shapes (the MLPs' and experts' widths
+    come from the weights: `mlp_triples` names them, `_check_mlp` checks they agree)."""
     h, d = c.hidden_size, c.head_dim
     q, kv = c.num_heads * d, c.num_kv_heads * d
     out: dict[str, tuple[int, ...]] = {EMBED: (c.vocab_size, h), "model.norm.weight": (h,)}
@@ -23,12 +23,54 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         a = f"model.layers.{i}.self_attn."
         out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                     a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q),
-                    f"model.layers.{i}.input_layernorm.weight": (h,)})  # fmt: skip
+                    f"model.layers.{i}.input_layernorm.weight": (h,),
+                    f"model.layers.{i}.post_attention_layernorm.weight": (h,)})  # fmt: skip
+        if c.family.gemma_norms:
+            for norm in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
+                out[f"model.layers.{i}.{norm}.weight"] = (h,)
+        if c.family.has_experts(i):
+            out[_moe_block(c, i) + "gate.weight"] = (c.family.num_experts, h)  # the router
         if c.family.qk_norm:
             out[a + "q_norm.weight"] = out[a + "k_norm.weight"] = (d,)
     if not c.tie_word_embeddings:
         out[HEAD] = (c.vocab_size, h)  # where the checkpoint has one (else tied)
     return out
+
+
+def _moe_block(c: ModelConfig, layer: int) -> str:
+    block = "block_sparse_moe." if c.architecture == "mixtral" else "mlp."
+    return f"model.layers.{layer}.{block}"
+
+
+def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
+    """(gate, up, down) weight names of every MLP: each layer's, or each of its experts'."""
+    out = []
+    for i in range(c.num_layers):
+        if not c.family.has_experts(i):
+            p = f"model.layers.{i}.mlp."
+            out.append((p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"))
+            continue
+        names = ("w1", "w3", "w2") if c.architecture == "mixtral" else (
+            "gate_proj", "up_proj", "down_proj")  # fmt: skip
+        for e in range(c.family.num_experts):
+            p = f"{_moe_block(c, i)}experts.{e}."
+            out.append(tuple(f"{p}{n}.weight" for n in names))
+    return out
+
+
+def _check_mlp(c: ModelConfig, headers: Mapping[str, tuple[str, list[int]]]) -> None:
+    """Every MLP's gate, up and down present, of one width: gate and up [I, h], down [h, I]."""
+    for gate, up, down in mlp_triples(c):
+        for name in (gate, up, down):
+            if name not in headers:
+                raise ValueError(f"checkpoint is missing tensor {name!r}")
+        width = int(headers[gate][1][0]) if headers[gate][1] else 0
+        want = {gate: (width, c.hidden_size), up: (width, c.hidden_size),
+                down: (c.hidden_size, width)}  # fmt: skip
+        for name, shape in want.items():
+            if tuple(headers[name][1]) != shape:
+                raise ValueError(f"checkpoint tensor {name} is {list(headers[name][1])}; with "
+                                 f"{gate} {[width, c.hidden_size]} it must be {list(shape)}")  # fmt: skip
 
 
 def _describe(c: ModelConfig) -> str:
@@ -51,6 +93,7 @@ def check_checkpoint(
         if got != shape:
             raise ValueError(f"checkpoint tensor {name} is {list(got)}, config.json "
                              f"({_describe(config)}) needs {list(shape)}")  # fmt: skip
+    _check_mlp(config, headers)
     for name, (dtype, shape) in headers.items():
         if dtype.startswith("F8_") and dtype not in FP8_DTYPES:
             raise ValueError(f"checkpoint tensor {name} is {dtype}; FP8 weights must be E4M3")

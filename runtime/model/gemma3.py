@@ -21,7 +21,7 @@ from pagoda.runtime.cpu.quantized import QuantizedWeight
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.llama import LayerContext, LlamaModel, Step
-from pagoda.runtime.model.ops import gelu_tanh_and_mul, gemma_rms_norm
+from pagoda.runtime.model.ops import gemma_rms_norm
 from pagoda.runtime.model.qwen3 import Qwen3Layer
 
 
@@ -61,11 +61,7 @@ class Gemma3Model(LlamaModel):
         ctx = super().layer_context(linear)
         # float32: (1 + w) * norm(x) is `ops.rms_norm` with weight 1 + w (native on the CPU)
         norm = ctx.rms_norm if self.dtype == torch.float32 else gemma_rms_norm
-        return dataclasses.replace(ctx, rms_norm=norm, act_and_mul=self._act_and_mul())
-
-    def _act_and_mul(self) -> Callable[..., torch.Tensor]:
-        act = self.config.family.hidden_act
-        return gelu_tanh_and_mul if act == "gelu_tanh" else self.ops.silu_and_mul
+        return dataclasses.replace(ctx, rms_norm=norm)  # GeGLU: LlamaModel's, by hidden_act
 
     def norm_weight(self, weight: torch.Tensor) -> torch.Tensor:
         """1 + w in float32, as Gemma's norm computes it (then the model's dtype for float32);

@@ -140,6 +140,41 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
     return FamilyConfig(**fields)
 
 
+def _rope_scaling(reader, p: str, head_dim: int) -> dict | None:
+    """`ModelConfig.rope_scaling` from the file: its `rope.scaling.type` (linear, yarn), or the
+    per-frequency divisors of a `rope_freqs` tensor (llama.cpp's converter writes Llama 3.1's
+    llama3 scaling so), carried as a llama3 scaling with `freq_factors`."""
+    rotated = _field(reader, p + "rope.dimension_count")
+    if rotated is not None and int(rotated) != head_dim:
+        raise ValueError(f"GGUF rope.dimension_count {rotated} < head size {head_dim}: a partial "
+                         "rotary embedding is not supported")  # fmt: skip
+    if float(_field(reader, p + "rope.scaling.attn_factor", 1.0)) != 1.0:
+        raise ValueError("GGUF rope.scaling.attn_factor other than 1 is not supported")
+    scale_type = _field(reader, p + "rope.scaling.type")
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:
+        if scale_type not in (None, "none"):
+            raise ValueError(f"GGUF has rope_freqs and rope.scaling.type {scale_type!r}: one "
+                             "rotary scaling is read, not both")  # fmt: skip
+        factors = [float(x) for x in dequantize(freqs.data, freqs.tensor_type.name,
+                                                _shape(freqs), torch.float32, None).flatten()]  # fmt: skip
+        if len(factors) != head_dim // 2:
+            raise ValueError(f"GGUF rope_freqs has {len(factors)} factors; head size {head_dim} "
+                             f"needs {head_dim // 2}")  # fmt: skip
+        return {"rope_type": "llama3", "freq_factors": factors}
+    if scale_type in (None, "none"):
+        return None
+    if scale_type not in ("linear", "yarn"):
+        raise ValueError(f"GGUF rope.scaling.type {scale_type!r} is not supported (linear, yarn)")
+    return {
+        "rope_type": scale_type,
+        "factor": float(_field(reader, p + "rope.scaling.factor", 1.0)),
+        "original_max_position_embeddings": int(
+            _field(reader, p + "rope.scaling.original_context_length", 0) or 0
+        ),
+    }
+
+
 def read_config(reader) -> ModelConfig:
     gguf_arch = _field(reader, "general.architecture")
     if gguf_arch not in SUPPORTED_ARCHS:
@@ -156,16 +191,7 @@ def read_config(reader) -> ModelConfig:
     tokens = _field(reader, "tokenizer.ggml.tokens")
     vocab = int(_field(reader, p + "vocab_size", len(tokens)))
     head_dim = int(_field(reader, p + "attention.key_length", hidden // heads))
-    rope_scaling = None
-    scale_type = _field(reader, p + "rope.scaling.type")
-    if scale_type in ("linear", "yarn"):
-        rope_scaling = {
-            "rope_type": scale_type,
-            "factor": float(_field(reader, p + "rope.scaling.factor", 1.0)),
-            "original_max_position_embeddings": int(
-                _field(reader, p + "rope.scaling.original_context_length", 0) or 0
-            ),
-        }
+    rope_scaling = _rope_scaling(reader, p, head_dim)
     eos = [int(_field(reader, "tokenizer.ggml.eos_token_id", -1))]
     eot = _field(reader, "tokenizer.ggml.eot_token_id")
     if eot is not None and int(eot) not in eos:

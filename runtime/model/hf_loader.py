@@ -36,7 +36,8 @@ HF_ARCHITECTURES = {
 }
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
-# sparse in the published multimodal checkpoints).
+# sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
+# rms_norm_eps, 2048 for max_position_embeddings, no window and num_key_value_heads = heads.
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3": {
         "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
@@ -46,9 +47,18 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 131_072, "tie_word_embeddings": True,
         "hidden_activation": "gelu_pytorch_tanh", "bos_token_id": 2, "eos_token_id": 1,
     },
-    "qwen3moe": {"num_experts_per_tok": 8, "norm_topk_prob": False},  # 128 experts (below)
-    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "mistral": {"num_key_value_heads": 8, "max_position_embeddings": 131_072,
+                "sliding_window": 4096},
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "num_key_value_heads": 8,
+                "max_position_embeddings": 131_072, "rope_theta": 1_000_000.0,
+                "rms_norm_eps": 1e-5},
+    "qwen2": {"max_position_embeddings": 32_768},
+    "qwen3": {"max_position_embeddings": 32_768, "head_dim": 128},
+    "qwen3moe": {"num_experts_per_tok": 8, "norm_topk_prob": False,  # 128 experts (below)
+                 "num_key_value_heads": 4, "max_position_embeddings": 32_768},
 }  # fmt: skip
+# a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
+_NULLABLE = {"mistral": ("sliding_window",)}
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
@@ -88,9 +98,10 @@ def architecture(cfg: Mapping[str, Any]) -> str:
 def _rope(cfg: Mapping[str, Any], kind: str | None) -> tuple[float, dict | None]:
     """(theta, rope_scaling) from transformers 5's `rope_parameters` (keyed by layer kind for
     Gemma 3) or the older `rope_theta` / `rope_scaling`, with what transformers fills in where
-    a config leaves it out (yarn's original context and factor)."""
+    a config leaves it out (llama3's and yarn's original context, yarn's factor)."""
     params = cfg.get("rope_parameters") or {}
-    if kind is not None and isinstance(params.get(kind), dict):
+    nested = kind is not None and isinstance(params.get(kind), dict)
+    if nested:
         params = params[kind]
     theta = params.get("rope_theta") or cfg.get("rope_theta") or 10000.0
     scaling = cfg.get("rope_scaling")
@@ -98,12 +109,17 @@ def _rope(cfg: Mapping[str, Any], kind: str | None) -> tuple[float, dict | None]
         scaling = params
     if cfg.get("partial_rotary_factor") not in (None, 1, 1.0):
         scaling = {**(scaling or {}), "partial_rotary_factor": cfg["partial_rotary_factor"]}
-    if scaling and rope_kind(scaling) == "yarn":
+    if scaling and rope_kind(scaling) in ("llama3", "yarn"):
         context = cfg.get("max_position_embeddings")
         scaling = dict(scaling)
-        if not scaling.get("original_max_position_embeddings") and context:
+        # transformers' standardize_rope_params: a top-level original_max_position_embeddings
+        # (Phi-3's place for it) wins over rope_scaling's; without either, the model's context
+        top = None if nested else cfg.get("original_max_position_embeddings")
+        if top:
+            scaling["original_max_position_embeddings"] = int(top)
+        elif not scaling.get("original_max_position_embeddings") and context:
             scaling["original_max_position_embeddings"] = int(context)
-        if scaling.get("factor") is None and context:
+        if rope_kind(scaling) == "yarn" and scaling.get("factor") is None and context:
             scaling["factor"] = int(context) / scaling["original_max_position_embeddings"]
     return float(theta), scaling
 
@@ -117,7 +133,9 @@ def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None
             raise ValueError(f"layer_types names {len(types)} layers, the model has {n}")
         return tuple(t == "sliding_attention" for t in types)
     if arch == "gemma3":  # the older configs: every `sliding_window_pattern`-th layer is global
-        pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
+        # (transformers reads no other key: the `_sliding_window_pattern` it writes goes with
+        # `layer_types`)
+        pattern = int(cfg.get("sliding_window_pattern") or 6)
         return tuple(bool((i + 1) % pattern) for i in range(n))
     if arch in ("qwen2", "qwen3"):  # layers from max_window_layers on slide
         first = int(cfg.get("max_window_layers", 0))
@@ -183,6 +201,9 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
             round_topk_to_model_dtype=True,
             moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n)),
         )
+    if fields.get("num_experts") and fields["hidden_act"] != "silu":  # the fused-MoE kernel's
+        raise ValueError(f"hidden activation {act!r} in a mixture of experts is not supported "
+                         "(experts run SwiGLU: silu)")  # fmt: skip
     return FamilyConfig(**fields)
 
 
@@ -210,7 +231,8 @@ def read_config(model_dir: Path) -> ModelConfig:
 def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfig:
     read_quantization(model_dir)  # a quantization it cannot load fails with the metadata
     cfg = top.get("text_config") or top  # Gemma3ForConditionalGeneration: the text model
-    cfg = {**_DEFAULTS.get(arch, {}), **{k: v for k, v in cfg.items() if v is not None}}
+    cfg = {**_DEFAULTS.get(arch, {}),
+           **{k: v for k, v in cfg.items() if v is not None or k in _NULLABLE.get(arch, ())}}  # fmt: skip
     gen = _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])

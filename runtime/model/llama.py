@@ -31,6 +31,7 @@ from pagoda.runtime.model.ops import (
     build_cos_sin_cache,
     check_rope_context,
     gather_cos_sin,
+    gelu_tanh_and_mul,
 )
 from pagoda.runtime.model.parallel_linear import (
     column_linear,
@@ -252,9 +253,12 @@ class LlamaModel:
         heads, kv_heads = c.num_heads, c.num_kv_heads
         if tp is not None:  # this rank's (layout.py: KV heads replicated when fewer than ranks)
             heads, kv_heads = tp.layout.local_heads(heads, kv_heads)
+        # the config's hidden_act: SwiGLU, or GeGLU (Gemma's, and any family's that names it)
+        gelu = c.family.hidden_act == "gelu_tanh"
         return LayerContext(
             ops=self.ops, backend=self.backend, rms_norm=self.ops.rms_norm,
-            act_and_mul=self.ops.silu_and_mul, linear=linear, eps=c.rms_norm_eps,
+            act_and_mul=gelu_tanh_and_mul if gelu else self.ops.silu_and_mul,
+            linear=linear, eps=c.rms_norm_eps,
             num_heads=heads, num_kv_heads=kv_heads, head_dim=c.head_dim,
             batch_invariant=self.batch_invariant, tp=tp,
         )  # fmt: skip

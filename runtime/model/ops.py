@@ -151,7 +151,7 @@ def rope_inv_freq(
 
     Supports default, linear, dynamic (within the model's `max_position_embeddings`, where it
     is the default rotary: the engine refuses a longer context, `check_rope_context`), llama3
-    and yarn (with DeepSeek's `mscale`/`mscale_all_dim` and `truncate`), following the Hugging
+    (from its parameters, or a GGUF's per-frequency divisors, `freq_factors`) and yarn (with DeepSeek's `mscale`/`mscale_all_dim` and `truncate`), following the Hugging
     Face definitions. Anything else (longrope, a partial rotary) is a ValueError, one line.
     """
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -171,6 +171,8 @@ def rope_inv_freq(
         return inv, 1.0
     if kind == "linear":
         return inv / factor, 1.0
+    if kind == "llama3" and "freq_factors" in scaling:  # a GGUF's rope_freqs: divisors as given
+        return inv / torch.tensor(scaling["freq_factors"], dtype=torch.float32), 1.0
     if kind == "llama3":
         low = float(scaling.get("low_freq_factor", 1.0))
         high = float(scaling.get("high_freq_factor", 4.0))

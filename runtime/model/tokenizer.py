@@ -10,19 +10,18 @@ tokenizer from it (the merges follow the vocabulary's order, as transformers der
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jinja2.meta
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pagoda.runtime.model.byte_stream import (
     ByteStream,
     byte_pieces,
     is_plain_byte_level,
     whole_texts,
 )
+from pagoda.runtime.model.chat_template import environment as chat_template_environment
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -146,9 +145,7 @@ class Tokenizer:
         self._specials: re.Pattern | bool | None = False  # False: not looked up yet
         self.template_variables: frozenset[str] = frozenset()  # the names the template reads
         if chat_template:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _raise_template_error
-            env.filters["tojson"] = _tojson  # as transformers renders templates (no HTML escapes)
+            env = chat_template_environment()  # transformers' (its globals, filters, tags)
             self._template = env.from_string(chat_template)
             self.template_variables = frozenset(
                 jinja2.meta.find_undeclared_variables(env.parse(chat_template))
@@ -296,7 +293,8 @@ class Tokenizer:
 
 # What `apply_chat_template` puts in a template's context itself
 TEMPLATE_NAMES = frozenset(
-    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception"}
+    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
+     "strftime_now"}
 )
 
 
@@ -330,13 +328,3 @@ def _rebuild(
         eos_token_ids=eos_token_ids,
         add_bos_token=add_bos_token,
     )
-
-
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:  # fmt: skip
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)  # fmt: skip
-
-
-def _raise_template_error(message: str) -> None:
-    raise ValueError(f"chat template error: {message}")

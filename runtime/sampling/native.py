@@ -74,7 +74,10 @@ def _library() -> ctypes.CDLL | None:
     lib.argmax_rows.argtypes = [p, i32, i64, p, i64, p, i64]
     lib.sample_filtered_rows.argtypes = [p, i32, i64, p, p, p, p, p, p, p, i64, p, i64]
     lib.logprob_rows.argtypes = [p, i32, i64, p, p, i64, p, p, p, i64, p, i64]
-    for fn in (lib.sample_rows, lib.argmax_rows, lib.sample_filtered_rows, lib.logprob_rows):
+    lib.rank_rows.argtypes = [p, i32, i64, p, p, i64, p, i64]
+    fns = (lib.sample_rows, lib.argmax_rows, lib.sample_filtered_rows, lib.logprob_rows,
+           lib.rank_rows)  # fmt: skip
+    for fn in fns:
         fn.restype = ctypes.c_int
     return lib
 
@@ -173,6 +176,20 @@ def logprob_rows(
         chosen.data_ptr(), *ptrs,
     )  # fmt: skip
     return chosen, ids, lps
+
+
+def rank_rows(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Per row, how many entries are at least the row's token's (int64 [N]; 1 = the best):
+    vLLM's rank of a prompt token, without an [N, V] mask."""
+    x = logits.contiguous()
+    n, v = x.shape
+    t = tokens.long().contiguous()
+    if t.shape != (n,) or (n and not (int(t.min()) >= 0 and int(t.max()) < v)):
+        raise IndexError(f"tokens must be {n} indices below {v}")
+    rank = torch.empty(n, dtype=torch.long)
+    bf16 = int(x.dtype == torch.bfloat16)
+    _over_rows(_library().rank_rows, n, x.data_ptr(), bf16, v, t.data_ptr(), rank.data_ptr())
+    return rank
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:

@@ -31,12 +31,13 @@ class ParamError(ValueError):
         self.message = message
 
 
-@dataclass(frozen=True)
+@dataclass
 class SamplingParams:
     """OpenAI's knobs plus vLLM's extras (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`).
 
     temperature 0 means greedy. `logprobs=k` returns the chosen token's log-probability and the
     top-k alternatives (k may be 0 for the chosen token only); None returns none.
+    `prompt_logprobs=k` does the same for each prompt token after the first.
     """
 
     n: int = 1
@@ -52,10 +53,14 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
+    # lists, as vLLM's (`sp.stop.append(...)`); each validated copy has its own
+    stop: list[str] = dataclasses.field(default_factory=list)
+    stop_token_ids: list[int] = dataclasses.field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    # vLLM's: the log-probability of every prompt token after the first (and the top-k
+    # alternatives at each position); the prompt then skips the prefix cache
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     # OpenAI's logit_bias: (token id, value) pairs, sorted by id; a {id: value} mapping (ids as
@@ -65,13 +70,17 @@ class SamplingParams:
     structured_outputs: Any = None
 
     def __post_init__(self) -> None:
+        if type(self.seed) is int and self.seed == -1:  # vLLM's "unseeded"
+            object.__setattr__(self, "seed", None)
+        if self.logprobs is True:  # vLLM's: the chosen token and its best alternative
+            object.__setattr__(self, "logprobs", 1)
         if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
+            object.__setattr__(self, "stop", [self.stop])
         for name in ("stop", "stop_token_ids"):
             value = getattr(self, name) or ()
             if not isinstance(value, (list, tuple)):
                 raise ParamError(name, f"{name} must be a list, got {_short(value)}")
-            object.__setattr__(self, name, tuple(value))
+            object.__setattr__(self, name, list(value))
         _check_int("n", self.n, 1, MAX_N)
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, 1, None)
@@ -107,6 +116,8 @@ class SamplingParams:
             _check_int("seed", self.seed, MIN_SEED, MAX_SEED)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
         self._check_stops()
         object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
         if self.structured_outputs is not None:
@@ -131,9 +142,22 @@ class SamplingParams:
         ):
             raise ParamError("stop_token_ids", "stop_token_ids must be non-negative integers")
 
+    # Mutable, as vLLM's (``sp.max_tokens = 64``): validated when made and again when an engine
+    # receives it (`validated()`: the engine keeps that copy, so changing the object later does
+    # not reach requests already sent). Assigning a name that is not a field: AttributeError.
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _FIELDS:  # a typo or a vLLM field this runtime lacks: never ignored
+            raise AttributeError(f"SamplingParams has no field {name!r}")
+        object.__setattr__(self, name, value)
+
     def clone(self, **changes: Any) -> SamplingParams:
-        """A copy, with `changes` applied and validated (vLLM's `clone`; these are frozen)."""
+        """A copy, with `changes` applied, validated (vLLM's `clone()`, plus changes)."""
         return dataclasses.replace(self, **changes)
+
+    def validated(self) -> SamplingParams:
+        """A validated copy of the fields as they are now (ParamError if a later assignment made
+        them invalid): what an engine keeps of the params it receives."""
+        return dataclasses.replace(self)
 
     @property
     def greedy(self) -> bool:
@@ -149,6 +173,9 @@ class SamplingParams:
         return bool(
             self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
         )
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
 
 def sample_seed(seed: int, index: int) -> int:

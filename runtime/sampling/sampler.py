@@ -163,6 +163,8 @@ class SamplerOutput:
     logprobs: torch.Tensor | None  # [N] chosen-token logprob
     top_ids: torch.Tensor | None  # [N, K]
     top_logprobs: torch.Tensor | None  # [N, K]
+    # [N] int64 with logprobs: the chosen token's rank (entries of its row at or above it)
+    ranks: torch.Tensor | None = None
 
 
 def apply_top_k_top_p_min_p(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
@@ -236,11 +238,13 @@ def sample(
     if b.max_logprobs is None:
         return SamplerOutput(tokens, None, None, None)
     if native.usable(logits):
-        return SamplerOutput(tokens, *native.logprob_rows(logits, tokens, b.max_logprobs))
+        chosen, top_ids, top_lp = native.logprob_rows(logits, tokens, b.max_logprobs)
+        return SamplerOutput(tokens, chosen, top_ids, top_lp, native.rank_rows(logits, tokens))
     lp = logits.log_softmax(-1)
     chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1)
     top_lp, top_ids = lp.topk(b.max_logprobs, dim=-1) if b.max_logprobs else (None, None)
-    return SamplerOutput(tokens, chosen, top_ids, top_lp)
+    ranks = (lp >= chosen.unsqueeze(1)).sum(-1)  # as vLLM ranks the sampled token
+    return SamplerOutput(tokens, chosen, top_ids, top_lp, ranks)
 
 
 def _pick(logits: torch.Tensor, b: SamplingBatch, whole: WholeSampler | None) -> torch.Tensor:

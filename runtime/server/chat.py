@@ -57,7 +57,7 @@ class ChatEndpoint(Endpoint):
             extra["skip_special_tokens"] = False  # [TOOL_CALLS] is a special token
         params = self.sampling_params(
             req, renames, info.sampling_defaults, max_tokens=max_tokens, logprobs=logprobs,
-            structured_outputs=spec, **extra,
+            prompt_logprobs=req.prompt_logprobs, structured_outputs=spec, **extra,
         )  # fmt: skip
         raw = [m.as_template_dict() for m in req.messages]
         if template is not None and "developer" not in template:
@@ -94,6 +94,14 @@ class ChatEndpoint(Endpoint):
             if job.echo_text:
                 out.append({"index": i, "delta": {"content": job.echo_text}, "logprobs": None})
         return out
+
+    def response_fields(self, job: Job) -> dict[str, Any]:
+        """vLLM's `prompt_logprobs` of a chat response (one prompt: the rendered messages)."""
+        if job.prompt_logprobs_k is None:
+            return {}
+        entries = job.prompt_logprobs.get(0)
+        return {"prompt_logprobs": job.strings.prompt(job.prompts[0], entries,
+                                                      job.prompt_logprobs_k)}  # fmt: skip
 
     def _logprobs(self, job: Job, lps: list[TokenLogprob]) -> dict[str, Any] | None:
         return {"content": job.strings.chat(lps)} if job.params.logprobs is not None else None

@@ -57,6 +57,12 @@ class Job:
     role: str = "assistant"  # chat: the reply's role
     echo_text: str = ""  # chat: what each reply starts with (`echo`)
     continuous_usage: bool = False  # stream: every chunk's usage is its choice's so far
+    # Prompt logprobs: each prompt's entries as its first output brought them (by prompt
+    # index), the `prompt_logprobs` k the response shows (None: the field is left out)
+    prompt_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
+    prompt_logprobs_k: int | None = None
+    echo_logprobs: bool = False  # completions: echo with logprobs (the prompt's come first)
+    echo_only: bool = False  # completions: echo with max_tokens 0 (the one token is dropped)
 
     @property
     def num_choices(self) -> int:
@@ -147,6 +153,7 @@ class Endpoint(ABC):
         job = Job(self, job_id, model, prompts, texts, params, req.stream, include_usage,
                   strings, renames or self.renames, echo)  # fmt: skip
         job.continuous_usage = include_usage and req.stream_options.continuous_usage_stats
+        job.prompt_logprobs_k = req.prompt_logprobs
         return job
 
     # -- responses -----------------------------------------------------------------------------
@@ -157,6 +164,14 @@ class Endpoint(ABC):
     def opening(self, job: Job) -> list[dict[str, Any]]:
         """Stream choices sent before any token (chat: the assistant role)."""
         return []
+
+    def echoed_text_length(self, job: Job, i: int) -> int:
+        """How far choice `i`'s first chunk moves `text_offset` before its tokens' (echo)."""
+        return 0
+
+    def response_fields(self, job: Job) -> dict[str, Any]:
+        """Fields of a full response beside its choices (chat: `prompt_logprobs`)."""
+        return {}
 
     @abstractmethod
     def choice(self, job: Job, i: int, text: str, lps: list[TokenLogprob]) -> dict[str, Any]:

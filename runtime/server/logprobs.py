@@ -12,6 +12,7 @@ fragment is named by its bytes, as OpenAI does (`bytes:\\xf0\\x9f`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -107,21 +108,57 @@ class TokenStrings:
             for lp in lps
         ]
 
-    def completion(self, lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
+    def completion(
+        self, lps: list[TokenLogprob], offset: int, echoed: Echoed | None = None
+    ) -> dict[str, Any]:
         """Legacy shape; `top_logprobs` holds the alternatives plus the chosen token;
-        `text_offset` advances by each token's decoded text."""
-        tokens, offsets, tops = [], [], []
+        `text_offset` advances by each token's decoded text. `echoed`: the prompt's tokens
+        first (echo), scored by their prompt logprobs, the first one (which has none) with
+        null `token_logprobs` and `top_logprobs` entries, as OpenAI and vLLM give it."""
+        tokens, offsets, values, tops = [], [], [], []
+        if echoed is not None:
+            ids, entries, k = echoed
+            scored = [None, *(entries or ())]
+            for t, lp in zip(ids, scored + [None] * (len(ids) - len(scored))):
+                tokens.append(self.key(t))
+                offsets.append(offset)
+                offset += len(self.text(t))
+                values.append(None if lp is None else _finite(lp.logprob))
+                tops.append(None if lp is None else self._top(lp, lp.top[:k]))
         for lp in lps:
-            s = self.key(lp.token_id)
-            tokens.append(s)
+            tokens.append(self.key(lp.token_id))
             offsets.append(offset)
             offset += len(self.text(lp.token_id))
-            top = {self.key(t): _finite(v) for t, v in lp.top}
-            top.setdefault(s, _finite(lp.logprob))
-            tops.append(top)
-        return {
-            "tokens": tokens,
-            "token_logprobs": [_finite(lp.logprob) for lp in lps],
-            "top_logprobs": tops,
-            "text_offset": offsets,
-        }
+            values.append(_finite(lp.logprob))
+            tops.append(self._top(lp, lp.top))
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
+                "text_offset": offsets}  # fmt: skip
+
+    def _top(self, lp: TokenLogprob, top: list[tuple[int, float]]) -> dict[str, float]:
+        out = {self.key(t): _finite(v) for t, v in top}
+        out.setdefault(self.key(lp.token_id), _finite(lp.logprob))
+        return out
+
+    def text_length(self, token_ids: Sequence[int]) -> int:
+        """The length of the tokens' texts one by one (what `text_offset` advances by)."""
+        return sum(len(self.text(t)) for t in token_ids)
+
+    def prompt(
+        self, ids: Sequence[int], entries: list[TokenLogprob] | None, k: int
+    ) -> list[dict[str, dict[str, Any]] | None]:
+        """vLLM's `prompt_logprobs` field: null for the first prompt token, then per token
+        {token id: {logprob, rank, decoded_token}} for the token itself and its top `k`."""
+        out: list[dict[str, dict[str, Any]] | None] = [None]
+        for e in entries or ():
+            d = {str(e.token_id): self._vllm_logprob(e.token_id, e.logprob, e.rank)}
+            for rank, (t, v) in enumerate(e.top[:k], 1):
+                d.setdefault(str(t), self._vllm_logprob(t, v, rank))
+            out.append(d)
+        return out
+
+    def _vllm_logprob(self, token_id: int, logprob: float, rank: int | None) -> dict[str, Any]:
+        return {"logprob": _finite(logprob), "rank": rank, "decoded_token": self.text(token_id)}
+
+
+# echoed prompt: (its token ids, their prompt logprobs, alternatives per token)
+Echoed = tuple[Sequence[int], list[TokenLogprob] | None, int]

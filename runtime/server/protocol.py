@@ -134,6 +134,7 @@ class _SamplingFields(_Strict):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[str, float] | None = None
+    prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob and top k
     # accepted with the values that change nothing here (NO_OP_VALUES), hints with no effect
     store: bool | None = None
     service_tier: str | None = None
@@ -165,6 +166,10 @@ class _SamplingFields(_Strict):
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options is only allowed when stream is true",
                            param="stream_options", code="invalid_value")  # fmt: skip
+        if self.prompt_logprobs is not None and self.stream:  # vLLM refuses it too
+            raise APIError(400, "prompt_logprobs is not available when stream is true (with "
+                           "/v1/completions, echo with logprobs streams the prompt's logprobs)",
+                           param="prompt_logprobs", code="invalid_value")  # fmt: skip
         for token, bias in (self.logit_bias or {}).items():
             if not -MAX_LOGIT_BIAS_VALUE <= bias <= MAX_LOGIT_BIAS_VALUE:  # NaN fails too
                 raise APIError(

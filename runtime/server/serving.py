@@ -220,7 +220,9 @@ class Serving:
         async for idx, o in self._outputs(job):
             texts[idx] += o.new_text
             lps[idx].extend(o.new_logprobs)
-            tokens[idx] = o.num_output_tokens
+            tokens[idx] = 0 if job.echo_only else o.num_output_tokens
+            if o.prompt_logprobs is not None:
+                job.prompt_logprobs.setdefault(idx // job.params.n, o.prompt_logprobs)
             if o.finished:
                 finish[idx], stop[idx] = o.finish_reason, o.stop_reason
                 j = idx // job.params.n
@@ -232,9 +234,15 @@ class Serving:
             for i, c in enumerate(choices):
                 c.update(finish_reason=ep.finish_reason(job, i, finish[i]), stop_reason=stop[i])
             usage = self._usage(job, tokens, cached)
-            return response_json(ep.head(job, chunk=False), choices, usage)
+            head = {**ep.head(job, chunk=False), **ep.response_fields(job)}
+            return response_json(head, choices, usage)
 
         items = sum(map(len, lps)) * (1 + (job.params.logprobs or 0))
+        items += (
+            sum(map(len, job.prompt_logprobs.values()))
+            * job.params.n
+            * (1 + (job.params.prompt_logprobs or 0))
+        )
         if items + sum(map(len, texts)) // 100 <= BULK_RESPONSE_ITEMS:
             return build()
         return await asyncio.get_running_loop().run_in_executor(self.response_pool, build)
@@ -262,8 +270,10 @@ class Serving:
             for c in ep.opening(job):
                 yield chunk({**c, "finish_reason": None})
             async for idx, o in self._outputs(job):
-                tokens[idx] = o.num_output_tokens
+                tokens[idx] = 0 if job.echo_only else o.num_output_tokens
                 first, started[idx] = not started[idx], True
+                if o.prompt_logprobs is not None:
+                    job.prompt_logprobs.setdefault(idx // job.params.n, o.prompt_logprobs)
                 if not (o.new_text or o.finished or (want_lp and o.new_logprobs) or
                         (first and job.echo)):  # fmt: skip
                     continue
@@ -274,6 +284,8 @@ class Serving:
                 # text_offset counts the logprob tokens' own text, as the full response does:
                 # the text sent so far lags it while a possible stop string is held back
                 offsets[idx] += sum(len(job.strings.text(lp.token_id)) for lp in o.new_logprobs)
+                if first:
+                    offsets[idx] += ep.echoed_text_length(job, idx)
                 c["finish_reason"] = (
                     ep.finish_reason(job, idx, o.finish_reason) if o.finished else None
                 )

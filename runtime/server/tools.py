@@ -249,10 +249,12 @@ def tool_grammar(
 def template_messages(
     messages: list[dict[str, Any]], setup: ToolSetup | None, template: str | None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """(messages, tools) for the chat template: tools only when they are in play."""
-    active = setup is not None and setup.choice != "none"
+    """(messages, tools) for the chat template. A template that renders tools gets them under
+    `tool_choice: none` too (vLLM's default, and OpenAI's: the model knows its tools but answers
+    in content); Pagoda's own hermes prompt, which asks for calls, only when they are in play."""
     if template_supports_tools(template):
-        return [_arguments_as_objects(m) for m in messages], setup.tools if active else None
+        return [_arguments_as_objects(m) for m in messages], setup.tools if setup else None
+    active = setup is not None and setup.choice != "none"
     out = [_hermes_message(m) for m in messages]
     if active:
         listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in setup.tools)

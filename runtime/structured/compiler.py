@@ -37,6 +37,7 @@ import torch
 import xgrammar as xgr
 from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.structured import schema as schemas
+from pagoda.runtime.structured import structural_tag as structural_tags
 from pagoda.runtime.structured.matcher import Closer
 from pagoda.runtime.structured.params import StructuredOutputsParams, parse_schema_text
 
@@ -349,7 +350,9 @@ class GrammarCompiler:
                 if "::=" in spec.grammar:
                     return self._xgr.compile_grammar(spec.grammar)
                 return self._xgr.compile_lark(spec.grammar)
-            return self._xgr.compile_structural_tag(spec.structural_tag)
+            return self._xgr.compile_structural_tag(
+                structural_tags.normalise(spec.structural_tag, where)
+            )
         except schemas.SchemaError as e:
             raise ParamError(where, f"{where}: {e}") from e
         except ParamError:
@@ -381,7 +384,9 @@ def spec_grammar(spec: StructuredOutputsParams) -> xgr.Grammar:
             if "::=" in spec.grammar:
                 return xgr.Grammar.from_ebnf(spec.grammar)
             return xgr.Grammar.from_lark(spec.grammar)
-        return xgr.Grammar.from_structural_tag(spec.structural_tag)
+        return xgr.Grammar.from_structural_tag(
+            structural_tags.normalise(spec.structural_tag, where)
+        )
     except schemas.SchemaError as e:
         raise ParamError(where, f"{where}: {e}") from e
     except ParamError:

@@ -72,16 +72,46 @@ class Closer:
         self.stop = info.stop_token_ids[0] if info.stop_token_ids else None
         self.vocab_size = info.vocab_size
         self._mask = None  # a one-row bitmask, for the rare choice no closing character fits
+        self.by_bytes: dict[bytes, int] = {}  # token text -> id (the first with that text)
+        for i, b in enumerate(self.vocab[: self.vocab_size]):
+            if b:
+                self.by_bytes.setdefault(b, i)
+        self.longest = max(map(len, self.by_bytes), default=1)
 
     def plan(self, matcher: xgr.GrammarMatcher, limit: int) -> list[int] | None:
         """Tokens that take `matcher` to a complete output (at most `limit`), or None. Greedy
         first (`_choose`); where that walks in a circle (`a.a.a.` in an e-mail's name part
-        never reaches its `@`) or finds nothing, again, never taking a step it kept taking."""
-        plan, steps = self._walk(matcher, limit, frozenset())
+        never reaches its `@`) or finds nothing, again, never taking a step it kept taking.
+        The walk writes single characters where the grammar leaves a choice; its text is then
+        written in the longest tokens the grammar takes (`_in_long_tokens`), so a way out
+        counts about the tokens the text needs (`{"a": "", "b": 0}`: 9, not 13), and a budget
+        that fits it is steered into it rather than cut by `max_tokens`."""
+        reach = min(2 * limit, MAX_PLAN)  # single characters, before they are joined
+        plan, steps = self._walk(matcher, reach, frozenset())
         if plan is None:
             avoid = frozenset(step for step, n in steps.items() if n > 2)
-            plan = self._walk(matcher, limit, avoid)[0] if avoid else None
-        return self._shortest_start(matcher, plan, limit)
+            plan = self._walk(matcher, reach, avoid)[0] if avoid else None
+        plan = self._shortest_start(matcher, plan, reach)
+        if plan is None:
+            return None
+        plan = self._in_long_tokens(matcher, plan)
+        return plan if len(plan) <= limit else None
+
+    def _in_long_tokens(self, matcher: xgr.GrammarMatcher, plan: list[int]) -> list[int]:
+        """The text of `plan` in as few tokens as greedy longest match finds, each one the
+        grammar takes there (the same bytes: the same way out); `plan` where that fails."""
+        text = b"".join(self.vocab[t] for t in plan)
+        probe, out, at = matcher.fork(), [], 0
+        while at < len(text):
+            for n in range(min(self.longest, len(text) - at), 0, -1):
+                t = self.by_bytes.get(text[at : at + n])
+                if t is not None and probe.accept_token(t):
+                    out.append(t)
+                    at += n
+                    break
+            else:
+                return plan
+        return out if len(out) < len(plan) and probe.is_completed() else plan
 
     def _shortest_start(
         self, matcher: xgr.GrammarMatcher, plan: list[int] | None, limit: int

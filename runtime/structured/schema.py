@@ -30,6 +30,7 @@ import jsonschema
 from pagoda.runtime.structured.schema_rewrites import (
     ASSERTIONS,
     FORMAT_PATTERNS,
+    FORMAT_SUBSETS,
     SchemaError,
     distribute,
     enum_within,
@@ -99,6 +100,7 @@ def check(schema: Any, length_patterns: bool = False) -> Any:
     check_valid(schema)
     try:
         out = _normalise(schema, "", length_patterns)
+        _string_keys(out)
         _check_one_ofs(out)
         total = _count_properties(out)
     except RecursionError as e:
@@ -257,6 +259,8 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     if "anyOf" in out or "oneOf" in out:
         out = distribute(out, path, lambda b, where: _normalise(b, where, lp))
     fill_required(out, path)
+    _check_min_properties(out, path)
+    _drop_forbidden_properties(out)
     props = out.get("properties")
     if isinstance(props, dict) and len(props) > MAX_OPTIONAL_PROPERTIES:
         optional = len(set(props) - set(out.get("required") or ()))
@@ -271,6 +275,8 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
         out["type"] = list(_ANY_TYPE)
     if "multipleOf" in out:
         out = multiple_of(out, path)
+    if out.get("format") in FORMAT_SUBSETS:
+        out["format"] = FORMAT_SUBSETS[out["format"]]
     if (
         out.get("format") in FORMAT_PATTERNS
         and out.get("type") == "string"
@@ -288,6 +294,82 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     if isinstance(out.get("patternProperties"), dict):
         out["patternProperties"] = {optional_groups_as_alternatives(k): v
                                     for k, v in out["patternProperties"].items()}  # fmt: skip
+    return out
+
+
+def _check_min_properties(s: dict, path: str) -> None:
+    """SchemaError for a `minProperties` that only names beyond the required ones can meet, in
+    an object that allows other names: xgrammar cannot keep those distinct (`{"a": 1, "a": 2}`,
+    one property once parsed), so it would count a name written twice as two. The required
+    properties (listed, each written once) and closed objects are counted exactly."""
+    extra = s.get("additionalProperties")
+    names_open = isinstance(extra, dict) or extra is True or "patternProperties" in s or (
+        "propertyNames" in s)  # fmt: skip
+    least = s.get("minProperties")
+    if names_open and isinstance(least, int) and least > len(set(s.get("required") or ())):
+        raise SchemaError(f"{path}/minProperties", "minProperties beyond the required "
+                          "properties is not supported where other names are allowed "
+                          "(additionalProperties, patternProperties, propertyNames): constrained "
+                          "decoding cannot keep those names distinct, and a name written twice "
+                          "counts once")  # fmt: skip
+
+
+def _drop_forbidden_properties(s: dict) -> None:
+    """Properties whose schema is `false` (the name must not appear) left out, in place, of an
+    object that writes listed names only (xgrammar's strict mode: no `additionalProperties`,
+    `patternProperties` or `propertyNames`): it never writes them then, where it refused the
+    whole schema. A required one has no value: `_Finite` refuses the schema."""
+    props = s.get("properties")
+    if not isinstance(props, dict):
+        return
+    forbidden = {k for k, v in props.items() if v is False}
+    names_open = s.get("additionalProperties", False) is not False or any(
+        k in s for k in ("patternProperties", "propertyNames")
+    )
+    if not forbidden or names_open or forbidden & set(s.get("required") or ()):
+        return
+    s["properties"] = {k: v for k, v in props.items() if v is not False}
+
+
+def _string_keys(root: Any) -> None:
+    """Every `propertyNames` of the normalised schema held to strings, in place. xgrammar
+    writes whatever value a `propertyNames` schema allows as the key, unquoted (`{true: 1}`,
+    `{1: 2}`: not JSON), so an untyped one (typed with every type by `_normalise`), a `$ref`
+    to one, a type list or an `enum` with other values would let it write invalid JSON. A key
+    schema is inlined and typed `string`; `true` (any name) is dropped."""
+    for path, s in list(_subschemas(root, "")):
+        if "propertyNames" not in s:
+            continue
+        names = deref(root, s["propertyNames"])
+        if names is True:
+            del s["propertyNames"]
+        elif isinstance(names, dict):
+            s["propertyNames"] = _as_key(names, root, f"{path}/propertyNames")
+
+
+def _as_key(s: dict, root: Any, path: str) -> dict:
+    """A property-name schema allowing strings only (SchemaError if it allows none)."""
+    out = dict(s)
+    for key in ("anyOf", "oneOf"):
+        if isinstance(out.get(key), list):
+            out[key] = [_as_key(b, root, f"{path}/{key}/{i}")
+                        for i, b in enumerate(deref(root, b) for b in out[key])
+                        if isinstance(b, dict)]  # fmt: skip
+    if "const" in out and not isinstance(out["const"], str):
+        raise SchemaError(f"{path}/const", "property names are strings: this schema allows none")
+    if isinstance(out.get("enum"), list):
+        out["enum"] = [v for v in out["enum"] if isinstance(v, str)]
+        if not out["enum"]:
+            raise SchemaError(f"{path}/enum", "property names are strings: this schema allows "
+                              "none")  # fmt: skip
+    kinds = out.get("type")
+    if kinds is None and not _COMBINED & out.keys() - {"$ref"}:
+        out["type"] = "string"
+    elif kinds is not None:
+        if "string" not in ([kinds] if isinstance(kinds, str) else kinds):
+            raise SchemaError(f"{path}/type", "property names are strings: this schema allows "
+                              "none")  # fmt: skip
+        out["type"] = "string"
     return out
 
 

@@ -61,7 +61,16 @@ _DATE = f"({_YEAR}-{_MONTH_DAY}|{_LEAP_DAY})"
 _TIME = (
     r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
 )
-FORMAT_PATTERNS = {"date": f"^{_DATE}$", "date-time": f"^{_DATE}T{_TIME}$", "time": f"^{_TIME}$"}
+# An IPv4 address without leading zeros in its numbers (RFC 2673's dotted-quad, what Python's
+# `ipaddress` and so pydantic's IPv4Address take): xgrammar's own grammar allows `1.2.3.04`.
+_OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+FORMAT_PATTERNS = {"date": f"^{_DATE}$", "date-time": f"^{_DATE}T{_TIME}$", "time": f"^{_TIME}$",
+                   "ipv4": f"^({_OCTET}\\.){{3}}{_OCTET}$"}  # fmt: skip
+# Formats xgrammar does not know (it lets any string through) written as the ASCII formats it
+# enforces, whose values are all valid ones of these: an ASCII address is an internationalized
+# one, a URI an IRI.
+FORMAT_SUBSETS = {"idn-email": "email", "idn-hostname": "hostname", "iri": "uri",
+                  "iri-reference": "uri-reference"}  # fmt: skip
 
 
 def in_new_spellings(s: dict) -> dict:

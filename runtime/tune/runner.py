@@ -115,6 +115,9 @@ def _engine_config(req: TuneRequest, plan: Any, max_model_len: int) -> EngineCon
             # Serving with async scheduling hides the host's share, so these times are an upper
             # bound (on the H200 a full-batch decode step: 5.3 ms synchronous, 3.96 ms async).
             "async_scheduling": False,
+            # A prefill point of C tokens split over several prompts is one step of C tokens,
+            # not prompts capped as if streams waited beside them.
+            "long_prefill_token_threshold": 0,
         },
     )
 

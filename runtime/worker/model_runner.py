@@ -39,6 +39,7 @@ from pagoda.runtime.sampling.sampler import (
     sample,
 )
 from pagoda.runtime.structured.bitmask import GrammarBitmask, grammar_rows
+from pagoda.runtime.worker import prompt_logprobs
 from pagoda.runtime.worker.block_table import BlockTables
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
@@ -104,6 +105,9 @@ class ModelRunner:
         # Structured outputs: bitmasks of constrained rows, applied to the logits before sampling
         self.grammar = GrammarBitmask(loaded.tokenizer, mc.vocab_size, self.device)
         self._grammar_rows: list[int] = []  # constrained rows of the cached sampling batch
+        # Requests that asked for prompt logprobs, until their prompt is scored (by id; the
+        # engine adds them, `prompt_logprobs.prompt_rows` drops them): empty, steps skip it all
+        self.prompt_logprob_requests: dict[str, Request] = {}
 
     def _attention_backend(self) -> AttentionBackend:
         """The attention backend for this rank's heads (tensor parallel: its share of them;
@@ -194,11 +198,19 @@ class ModelRunner:
     def readback(self, step: LaunchedStep) -> ModelRunnerOutput:
         """Wait for a step queued by `execute_model` and read its sampled tokens back (the
         step's only device→host sync)."""
-        if step.sampler_output is None:
+        if step.sampler_output is None and step.prompt is None:
             return ModelRunnerOutput([], [], [])
         if step.ready is not None:
             step.ready.synchronize()  # this step only, not the ones queued after it
-        result = self._readback(step.requests, step.host or step.sampler_output)
+        if step.sampler_output is not None:
+            result = self._readback(step.requests, step.host or step.sampler_output)
+        else:  # only prompt positions this step (a chunk before the last)
+            result = ModelRunnerOutput([], [], [])
+        if step.prompt is not None:
+            rows, scores = step.prompt
+            result.prompt_logprobs = prompt_logprobs.entries(
+                rows, step.prompt_host or scores.tensors()
+            )
         if self.clock is not None:
             self.clock.mark("readback")
         return result
@@ -210,25 +222,30 @@ class ModelRunner:
         reqs = [out.scheduled[i].request for i in inp.sampling]
         batch = self._sampling_batch(reqs, self.model.vocab_size) if reqs else None
         rows = self._grammar_rows if batch is not None else []
-        plain = batch is not None and not rows and self._head_samples(batch)
+        plain = batch is not None and not rows and inp.prompt is None and self._head_samples(batch)
         head = head_sampling(batch) if plain else None
         if clock is not None:
             clock.mark("prepare")
         logits = self._forward(inp, head)
         if clock is not None:
             clock.mark("forward")
+        prompt = None
+        if inp.prompt is not None:  # the rows after the sampling rows' score prompt tokens
+            n, p = len(inp.sampling), inp.prompt
+            prompt = (p, prompt_logprobs.score(logits[n:], self.to_device(p.targets), p.k))
+            logits = logits[:n]
         if batch is None:
-            return LaunchedStep([], None)
+            return LaunchedStep([], None, prompt=prompt)
         if head is not None:  # the LM head gave the tokens: no logits were written
             step = LaunchedStep(reqs, SamplerOutput(logits, None, None, None))
         elif rows and self.async_scheduling:  # masks need the in-flight step's tokens first
-            return LaunchedStep(reqs, None, deferred=(logits, batch, rows))
+            return LaunchedStep(reqs, None, deferred=(logits, batch, rows), prompt=prompt)
         else:
             if rows:
                 self.grammar.apply(logits, reqs, rows)
             if self.logits_observer is not None:
                 self.logits_observer(reqs, logits.float())
-            step = LaunchedStep(reqs, sample(logits, batch, self._whole_sampler))
+            step = LaunchedStep(reqs, sample(logits, batch, self._whole_sampler), prompt=prompt)
         self._launched(step)
         if clock is not None:
             clock.mark("sample")
@@ -264,16 +281,13 @@ class ModelRunner:
 
     @staticmethod
     def _copy_to_host(step: LaunchedStep) -> None:
-        """Queue the sampled tensors' copy into pinned memory and mark it with an event."""
+        """Queue the sampled tensors' (and prompt scores') copy into pinned memory and mark it
+        with an event."""
         so = step.sampler_output
-        pinned = [
-            None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            for t in (so.token_ids, so.logprobs, so.top_ids, so.top_logprobs)
-        ]
-        for dst, src in zip(pinned, (so.token_ids, so.logprobs, so.top_ids, so.top_logprobs)):
-            if dst is not None:
-                dst.copy_(src, non_blocking=True)
-        step.host = SamplerOutput(*pinned)
+        step.host = SamplerOutput(*_pinned_copies((so.token_ids, so.logprobs, so.top_ids,
+                                                   so.top_logprobs, so.ranks)))  # fmt: skip
+        if step.prompt is not None:
+            step.prompt_host = _pinned_copies(step.prompt[1].tensors())
         step.ready = torch.cuda.Event()
         step.ready.record()
 
@@ -306,7 +320,14 @@ class ModelRunner:
         slots = table[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
         seq_lens = starts + qlens
         sampling = np.flatnonzero(seq_lens >= known).tolist()
-        return StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling, nd, pending)
+        inp = StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling, nd, pending)
+        if self.prompt_logprob_requests:  # some request asked: are its prompt positions here?
+            row_of = {s.request.request_id: i for i, s in enumerate(sched)}
+            inp.prompt = prompt_logprobs.prompt_rows(
+                self.prompt_logprob_requests, row_of, starts, qlens, cu
+            )
+            inp.extra_rows = inp.prompt.flat if inp.prompt is not None else None
+        return inp
 
     def _decode_ids(
         self, reqs: list[Request], starts: np.ndarray, known: np.ndarray
@@ -358,7 +379,7 @@ class ModelRunner:
         n, max_blocks, nd = len(inp.qlens), inp.table.shape[1], inp.num_decodes
         if graph is not None and head is None and graph.can_run(nd, n, max_blocks):
             logits = graph.run(self, ids, inp.positions, inp.slots, inp.table, seq_lens)
-            return logits.index_select(0, self.to_device(np.asarray(inp.sampling, np.int64)))
+            return logits.index_select(0, self.to_device(_logit_rows(inp, inp.sampling)))
         meta = AttentionMetadata(
             num_seqs=n,
             num_decodes=nd,
@@ -379,7 +400,7 @@ class ModelRunner:
             self.to_device(inp.positions),
             self.kv_caches,
             meta,
-            self.to_device(inp.cu[1:][inp.sampling] - 1),
+            self.to_device(_logit_rows(inp, inp.cu[1:][inp.sampling] - 1)),
             head,
         )
 
@@ -411,11 +432,30 @@ class ModelRunner:
         chosen = so.logprobs.tolist()
         top_ids = so.top_ids.tolist() if so.top_ids is not None else [[] for _ in reqs]
         top_lps = so.top_logprobs.tolist() if so.top_logprobs is not None else [[] for _ in reqs]
+        ranks = so.ranks.tolist() if so.ranks is not None else [None] * len(reqs)
         lps: list[TokenLogprob | None] = []
-        for r, t, c, ti, tl in zip(reqs, token_ids, chosen, top_ids, top_lps):
+        for r, t, c, ti, tl, rank in zip(reqs, token_ids, chosen, top_ids, top_lps, ranks):
             k = r.params.logprobs
-            lps.append(None if k is None else TokenLogprob(t, c, list(zip(ti[:k], tl[:k]))))
+            lps.append(None if k is None else TokenLogprob(t, c, list(zip(ti[:k], tl[:k])), rank))
         return ModelRunnerOutput(reqs, token_ids, lps)
+
+
+def _logit_rows(inp: StepInputs, sampling_rows) -> np.ndarray:
+    """The rows of the token batch the LM head projects: the sampling rows', then the rows
+    scored for prompt logprobs."""
+    rows = np.asarray(sampling_rows, dtype=np.int64)
+    return rows if inp.extra_rows is None else np.concatenate([rows, inp.extra_rows])
+
+
+def _pinned_copies(tensors) -> tuple[torch.Tensor | None, ...]:
+    """Pinned host copies of device tensors (None stays None), queued without a sync."""
+    out = []
+    for t in tensors:
+        dst = None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        if dst is not None:
+            dst.copy_(t, non_blocking=True)
+        out.append(dst)
+    return tuple(out)
 
 
 def _log_quantized_layers(model: LlamaModel) -> None:

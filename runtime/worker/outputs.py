@@ -5,7 +5,7 @@ Plain data in its own module, so the engine's output side reads it without impor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.request import Request, TokenLogprob
@@ -13,6 +13,7 @@ from pagoda.runtime.request import Request, TokenLogprob
 if TYPE_CHECKING:
     import torch
     from pagoda.runtime.sampling.sampler import SamplerOutput
+    from pagoda.runtime.worker.prompt_logprobs import PromptRows, PromptScores
 
 
 @dataclass
@@ -20,6 +21,8 @@ class ModelRunnerOutput:
     requests: list[Request]  # the requests that sampled, in row order
     token_ids: list[int]
     logprobs: list[TokenLogprob | None]
+    # prompt logprobs scored this step: (request, its new entries), in any order
+    prompt_logprobs: list[tuple[Request, list[TokenLogprob]]] = field(default_factory=list)
 
 
 @dataclass
@@ -33,3 +36,11 @@ class LaunchedStep:
     # Async scheduling with constrained rows: (logits, sampling batch, grammar rows) waiting for
     # the previous step's tokens before their bitmasks are filled (`ModelRunner.sample_deferred`)
     deferred: tuple[torch.Tensor, Any, list[int]] | None = None
+    # Prompt logprobs: the rows scored, their scores (device), pinned copies (CUDA, `ready`)
+    prompt: tuple[PromptRows, PromptScores] | None = None
+    prompt_host: tuple[torch.Tensor | None, ...] | None = None
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to read back: no row sampled or scored a prompt."""
+        return self.sampler_output is None and self.deferred is None and self.prompt is None

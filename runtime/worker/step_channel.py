@@ -7,7 +7,7 @@ crosses in three broadcasts:
 
 1. a fixed header (int64 [8], control group): what follows and its sizes, or "stop";
 2. the host arrays (int64, control group): positions, slots, block tables, query and sequence
-   lengths, their prefix sums, the sampling rows;
+   lengths, their prefix sums, the sampling rows, the rows scored for prompt logprobs;
 3. the token ids (device group): from rank 0's device, so a token sampled by the step still in
    flight (async scheduling) is broadcast without the host reading it.
 """
@@ -31,12 +31,13 @@ class StepChannel:
     def send(self, inp: StepInputs, ids: torch.Tensor) -> None:
         """Rank 0: broadcast the step (`ids` on the device) to the other ranks."""
         t, (b, width), s = ids.shape[0], inp.table.shape, len(inp.sampling)
+        extra = inp.extra_rows if inp.extra_rows is not None else np.empty(0, dtype=np.int64)
         h = self._header
-        h.copy_(torch.tensor([STEP, t, b, width, s, inp.num_decodes, 0, 0]))
+        h.copy_(torch.tensor([STEP, t, b, width, s, inp.num_decodes, len(extra), 0]))
         self.tp.broadcast_host(h)
         parts = (inp.positions, inp.slots, inp.table.reshape(-1), inp.qlens, inp.seq_lens, inp.cu)
         payload = np.concatenate([*(np.asarray(p, dtype=np.int64) for p in parts),
-                                  np.asarray(inp.sampling, dtype=np.int64)])  # fmt: skip
+                                  np.asarray(inp.sampling, dtype=np.int64), extra])  # fmt: skip
         self.tp.broadcast_host(torch.from_numpy(payload))
         self.tp.broadcast(ids)
 
@@ -51,16 +52,17 @@ class StepChannel:
         h = self.tp.broadcast_host(self._header).tolist()
         if h[0] == STOP:
             return None
-        t, b, width, s, nd = h[1:6]
-        payload = torch.empty(2 * t + b * width + 3 * b + 1 + s, dtype=torch.int64)
+        t, b, width, s, nd, e = h[1:7]
+        payload = torch.empty(2 * t + b * width + 3 * b + 1 + s + e, dtype=torch.int64)
         a = self.tp.broadcast_host(payload).numpy()
-        cuts = np.cumsum([t, t, b * width, b, b, b + 1])
-        positions, slots, table, qlens, seq_lens, cu, sampling = np.split(a, cuts)
+        cuts = np.cumsum([t, t, b * width, b, b, b + 1, s])
+        positions, slots, table, qlens, seq_lens, cu, sampling, extra = np.split(a, cuts)
         ids = torch.empty(t, dtype=torch.int64, device=self.tp.device)
         self.tp.broadcast(ids)
         inp = StepInputs(
             ids=np.empty(0, dtype=np.int64),  # on the device: `ids`
             positions=positions, slots=slots, table=table.reshape(b, width).astype(np.int32),
             qlens=qlens, seq_lens=seq_lens, cu=cu, sampling=sampling.tolist(), num_decodes=nd,
+            extra_rows=extra if e else None,
         )  # fmt: skip
         return inp, ids

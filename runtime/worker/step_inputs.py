@@ -8,6 +8,7 @@ other.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -25,3 +26,7 @@ class StepInputs:
     num_decodes: int = 0  # the first rows with one new token each
     # Async scheduling: (rows of `ids`, rows of the in-flight step's tokens) to fill on device.
     pending: tuple[np.ndarray, np.ndarray] | None = None
+    # Prompt logprobs: rows of `ids` whose logits are wanted after the sampling rows' (int64)
+    extra_rows: np.ndarray | None = None
+    # rank 0 only: who owns those rows (`sampling.prompt_logprobs.PromptRows`)
+    prompt: Any = None

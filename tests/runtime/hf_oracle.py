@@ -137,3 +137,31 @@ def save_multimodal_gemma3(path, cfg):
     for f in ("tokenizer.json", "tokenizer_config.json"):
         (path / f).write_bytes((path / "tok" / f).read_bytes())
     return model
+
+
+def hf_prompt_logprobs(model, prompt: list[int]) -> torch.Tensor:
+    """[len(prompt) - 1, vocab]: row j scores prompt token j + 1."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt]), use_cache=False).logits[0].float()
+    return logits.log_softmax(-1)[:-1]
+
+
+def check_prompt_logprobs(model, prompt: list[int], got, k: int = 3) -> None:
+    """`got` (`RequestOutput.prompt_logprobs`: vLLM's shape) equals transformers' scores of
+    `prompt` (float32 log_softmax of the whole sequence's logits), its top `k` and ranks."""
+    import pytest
+
+    assert got is not None and len(got) == len(prompt) and got[0] is None
+    ref = hf_prompt_logprobs(model, prompt)
+    for j in range(1, len(prompt)):
+        row, tok, entry = ref[j - 1], prompt[j], got[j]
+        assert next(iter(entry)) == tok, "the prompt token comes first, as vLLM's"
+        assert entry[tok].logprob == pytest.approx(float(row[tok]), abs=2e-5)
+        assert entry[tok].rank == int((row >= row[tok]).sum())
+        assert entry[tok].decoded_token == f"w{tok}"
+        top = row.topk(k)
+        alternatives = {t: v for t, v in entry.items() if t != tok or v.rank <= k}
+        expected = dict(zip(top.indices.tolist(), top.values.tolist()))
+        assert set(alternatives) == set(expected)
+        for t, v in expected.items():
+            assert alternatives[t].logprob == pytest.approx(v, abs=2e-5)

@@ -4,16 +4,25 @@ It answers the endpoints huggingface_hub's `model_info`, `list_repo_tree` and `s
 use, with the headers `hf_raise_for_status` and `get_hf_file_metadata` read:
 
 * GET  /api/models/ORG/NAME[/revision/REV]          → {"id", "sha", "siblings", "private"}
-* GET  /api/models/ORG/NAME/tree/REV[/PATH]         → [{"type": "file", "path", "size", "oid"}]
+* GET  /api/models/ORG/NAME/tree/REV[/PATH]         → [{"type": "file", "path", "size", "oid"
+                                                        (+ "lfs": {"oid": SHA-256, ...})}]
 * HEAD/GET /ORG/NAME/resolve/REV/PATH               → X-Repo-Commit, ETag, Content-Length (+ Range)
+
+An ETag, the name of the file's blob in huggingface_hub's cache, is the file's "oid" as the tree
+lists it: the SHA-256 of an LFS file (*.safetensors, ...), else its git object id.
 
 Errors as the Hub sends them: 404 with `X-Error-Code: RepoNotFound | RevisionNotFound |
 EntryNotFound`; a private repo without a token is 401 RepoNotFound (the Hub hides whether it
-exists); a wrong token is 401 "Invalid credentials in Authorization header". A gated repo's
+exists), and 404 RepoNotFound with a valid token of an account that cannot see it
+(`other_tokens`); a wrong token is 401 "Invalid credentials in Authorization header". A gated repo's
 metadata and listing are public, its files 401 GatedRepo without a token and 403 GatedRepo with
 one whose account was not granted access (`granted`).
 `understate_sizes` makes the listings claim 1-byte files (a listing that lies: the download must
-still fail cleanly when the disk fills).
+still fail cleanly when the disk fills). `cut_after[PATH] = N`: the next download of PATH from its
+first byte sends N bytes of the body and then drops the connection (once); `stall_after[PATH] = N`:
+each download of PATH sends up to byte N and then waits until `release` is set (a process to kill
+mid-file). `ranges` records the Range header of every file download (None without one);
+`refuse_ranges` answers a Range request 416.
 """
 
 from __future__ import annotations
@@ -21,11 +30,27 @@ from __future__ import annotations
 import hashlib
 import json
 import pathlib
+import socket
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
+
+LFS = (".safetensors", ".bin", ".gguf", ".pt")  # files the repos keep in Git LFS
+
+
+def _tree_entry(name: str, data: bytes, understate: bool) -> dict[str, Any]:
+    size = 1 if understate else len(data)
+    entry = {"type": "file", "path": name, "size": size, "oid": hashlib.sha1(data).hexdigest()}
+    if name.endswith(LFS):
+        entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": size, "pointerSize": 134}
+    return entry
+
+
+def etag(name: str, data: bytes) -> str:
+    """As the Hub's: an LFS file's SHA-256, another file's git object id (here its SHA-1)."""
+    return (hashlib.sha256 if name.endswith(LFS) else hashlib.sha1)(data).hexdigest()
 
 
 @dataclass
@@ -53,7 +78,13 @@ class FakeHub:
         self.repos: dict[str, Repo] = {}
         self.token = token
         self.granted: set[str] = set()  # gated repos whose terms the token's account accepted
+        self.other_tokens: set[str] = set()  # valid, of an account that sees no private repo
         self.understate_sizes = False
+        self.refuse_ranges = False  # a Range request is answered 416
+        self.cut_after: dict[str, int] = {}
+        self.stall_after: dict[str, int] = {}
+        self.release = threading.Event()
+        self.ranges: list[tuple[str, str | None]] = []
         self.requests: list[str] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -120,11 +151,12 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
         def _repo(self, repo_id: str) -> Repo | None:
             """The repo if this request may see it; otherwise the error is sent (None)."""
             auth = self.headers.get("Authorization")
-            if auth and hub.token is not None and auth != f"Bearer {hub.token}":
+            other = auth in {f"Bearer {t}" for t in hub.other_tokens}
+            if auth and hub.token is not None and auth != f"Bearer {hub.token}" and not other:
                 self._error(401, None, "Invalid credentials in Authorization header")
                 return None
             repo = hub.repos.get(repo_id)
-            if repo is None or (repo.private and not auth):
+            if repo is None or (repo.private and (not auth or other)):
                 status = 401 if not auth else 404
                 self._error(status, "RepoNotFound", "Repository not found")
                 return None
@@ -158,12 +190,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 recursive = "recursive=true" in (urlsplit(self.path).query or "").lower()
                 self._json(
                     [
-                        {
-                            "type": "file",
-                            "path": name,
-                            "size": 1 if hub.understate_sizes else len(data),
-                            "oid": hashlib.sha1(data).hexdigest(),
-                        }
+                        _tree_entry(name, data, hub.understate_sizes)
                         for name, data in sorted(repo.files.items())
                         if name.startswith(sub)
                         and (recursive or "/" not in name[len(sub) :].strip("/"))
@@ -202,16 +229,39 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             rng = self.headers.get("Range", "")
             if rng.startswith("bytes=") and rng[6:].split("-")[0].isdigit():
                 start = int(rng[6:].split("-")[0])
+                if hub.refuse_ranges and self.command == "GET":
+                    hub.ranges.append((name, rng))
+                    self._error(416, None, "Range Not Satisfiable")
+                    return
             headers = {
                 "X-Repo-Commit": commit,
-                "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
+                "ETag": f'"{etag(name, data)}"',
                 "Content-Type": "application/octet-stream",
                 "Content-Length": str(len(data) - start),
                 "Accept-Ranges": "bytes",
             }
             if start:
                 headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-            self._send(206 if start else 200, data[start:], headers)
+            if self.command == "GET":
+                hub.ranges.append((name, self.headers.get("Range")))
+            cut = hub.cut_after.pop(name, None) if self.command == "GET" and not start else None
+            stall = hub.stall_after.get(name) if self.command == "GET" else None
+            if cut is None and stall is None:
+                self._send(206 if start else 200, data[start:], headers)
+                return
+            self.send_response(206 if start else 200)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            end = max(cut if cut is not None else stall, start)
+            self.wfile.write(data[start:end])
+            self.wfile.flush()
+            if cut is None:
+                hub.release.wait(60)
+                self.wfile.write(data[end:])
+                return
+            self.close_connection = True  # the rest never comes: the client sees a cut body
+            self.connection.shutdown(socket.SHUT_RDWR)
 
     return Handler
 

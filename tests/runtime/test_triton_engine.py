@@ -137,6 +137,12 @@ def test_gpu_async_scheduling_matches_sync(smol_gpu):
     async_s = async_llm.generate([{"prompt_token_ids": p} for p in prompts[:3]], params)
     assert [o.outputs[0].token_ids for o in async_s] == [o.outputs[0].token_ids for o in sync_s]
 
+    def ranks(outs):  # the sampled tokens' ranks cross to the host with them (pinned copies)
+        return [[{t: p.rank for t, p in d.items()} for d in o.outputs[0].logprobs] for o in outs]
+
+    got = ranks(async_s)
+    assert got == ranks(sync_s) and all(r for o in got for d in o for r in d.values())
+
 
 @gpu
 def test_gpu_async_step_launches_without_a_sync(smol_gpu):

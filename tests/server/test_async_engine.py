@@ -179,7 +179,9 @@ async def test_one_validation_path_with_the_field_as_data():
             ([[]], SamplingParams(), "prompt"),
             ([[1, 100]], SamplingParams(), "prompt"),  # outside the vocabulary
             ([[1]] * 4, SamplingParams(), "prompt"),  # a batch that can never be queued
+            ([[1]], SamplingParams(), "top_p"),  # made valid, then changed (params are mutable)
         ]
+        cases[-1][1].top_p = 0
         for prompts, params, field in cases:
             with pytest.raises(ParamError) as e:
                 engine.add_requests(prompts, params, "x")

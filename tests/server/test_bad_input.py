@@ -195,11 +195,19 @@ def test_escaped_surrogate_pair_is_valid(http):
     assert r.status_code == 200, r.text
 
 
-def test_without_max_tokens_a_request_gets_what_fits(http):
-    """No max_tokens: generate up to the end of the context (the one default, both APIs)."""
+def test_without_max_tokens_completions_get_16_and_chat_what_fits(http):
+    """No max_tokens: completions default to 16 (OpenAI's legacy default, vLLM's), so a prompt
+    leaving fewer is refused naming max_tokens as vLLM refuses it; chat generates up to the end
+    of the context (vLLM's default there)."""
     prompt = [1000] * (MAX_MODEL_LEN - 7)
-    r = send(http, COMP, {"prompt": prompt, "ignore_eos": True})
+    check_error(send(http, COMP, {"prompt": prompt, "ignore_eos": True}), 400, "max_tokens")
+    r = send(http, COMP, {"prompt": prompt[:20], "ignore_eos": True, "max_tokens": None})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 16
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    r = send(http, CHAT, {"messages": [{"role": "user", "content": "word " * 470}],
+                          "ignore_eos": True})  # fmt: skip
     assert r.status_code == 200, r.text
     usage = r.json()["usage"]
-    assert usage["completion_tokens"] == 7 and usage["total_tokens"] == MAX_MODEL_LEN
+    assert 0 < usage["completion_tokens"] < 100 and usage["total_tokens"] == MAX_MODEL_LEN
     assert r.json()["choices"][0]["finish_reason"] == "length"

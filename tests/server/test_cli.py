@@ -70,6 +70,7 @@ def test_every_option_is_a_flag_with_its_default() -> None:
         {"served_model_name": ["a", "b"], "port": 9000, "host": "0.0.0.0", "seed": 3},
         {"attention_backend": "triton", "kv_cache_memory": "2G", "enable_debug_endpoints": True},
         {"max_queue_len": 7, "drain_timeout": 5.0, "max_request_bytes": 1 << 20},
+        {"long_prefill_token_threshold": 256},
     ],
 )
 def test_rendered_args_parse_back(values: dict) -> None:
@@ -157,6 +158,10 @@ def engine_config(*argv: str, profile: str | None = None):
         (("--max-num-batched-tokens", "1000000"),
          "more than one step can ever schedule (max_num_seqs 64 × max_model_len 8192"),
         (("--kv-cache-memory", "1KiB"), "holds fewer than 2 blocks"),
+        (("--long-prefill-token-threshold", "-1"),
+         "long_prefill_token_threshold must be an integer in 0..2097152, got -1"),
+        (("--no-enable-chunked-prefill", "--long-prefill-token-threshold", "256"),
+         "long_prefill_token_threshold (256) needs chunked prefill"),
         (("--kv-cache-memory", "100T"), "lower --kv-cache-memory"),
     ],
 )  # fmt: skip
@@ -289,3 +294,12 @@ def test_a_default_context_is_shortened_to_a_small_kv_cache_not_refused() -> Non
     cfg = engine_config("--kv-cache-memory", "1MiB")  # the engine caps 8192 to 32 tokens
     assert cfg.scheduler.max_model_len == 8192 and cfg.cache.kv_cache_memory == 1 << 20
     assert engine_config("--max-model-len", "32", "--kv-cache-memory", "1MiB")
+
+
+def test_long_prefill_threshold_reaches_the_engine_config() -> None:
+    assert (
+        engine_config("--long-prefill-token-threshold", "64").scheduler.long_prefill_token_threshold
+        == 64
+    )
+    default = engine_config().with_device_defaults().scheduler  # this machine: a CPU
+    assert default.long_prefill_token_threshold == options.CPU_LONG_PREFILL_TOKEN_THRESHOLD

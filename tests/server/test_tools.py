@@ -82,6 +82,9 @@ def test_a_template_with_tools_renders_them_and_the_round_trip(smol_tokenizer):
     assert json.dumps(TOOLS[0], ensure_ascii=False) in text  # no HTML escapes (<now>)
     assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in text  # an object
     assert "<tool_response>\n21 C\n</tool_response>" in text
+    # tool_choice none: the template still shows the tools (vLLM's default); nothing is parsed
+    setup, text = _render(smol_tokenizer, QWEN_LIKE, _request(tool_choice="none"))
+    assert setup.parser is None and json.dumps(TOOLS[0], ensure_ascii=False) in text
 
 
 def test_a_template_without_tools_gets_the_hermes_prompt(smol_tokenizer):

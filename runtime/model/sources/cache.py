@@ -219,9 +219,11 @@ def _wait_for_lock(fd: int, uri: str) -> None:
 
 
 @contextlib.contextmanager
-def download_lock(root: Path, ref: ModelURI) -> Iterator[None]:
+def download_lock(root: Path, ref: ModelURI) -> Iterator[bool]:
     """Held while this process downloads `ref` into `root`: another process (a pod sharing the
-    volume) waits for it, with a log line, instead of writing the same files at once."""
+    volume) waits for it, with a log line, instead of writing the same files at once. Yields
+    whether the lock is held (False on a filesystem without locks: then what looks left over by
+    a killed download may be another process's file in progress, not to be touched)."""
     import fcntl
 
     path = _key_path(root, LOCKS, _lock_uri(ref), ".lock")
@@ -230,10 +232,11 @@ def download_lock(root: Path, ref: ModelURI) -> Iterator[None]:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o664)
     except OSError as e:
         if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):  # nothing can be written here:
-            yield  # no download to guard (a complete copy is found; else writing fails, named)
+            yield False  # no download to guard (a complete copy is found; else writing fails)
             return
         raise from_os_error(ref.uri, e) from e
     try:
+        held = True
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -241,7 +244,8 @@ def download_lock(root: Path, ref: ModelURI) -> Iterator[None]:
             _wait_for_lock(fd, ref.uri)
         except OSError as e:  # ENOLCK, EOPNOTSUPP: a filesystem without locks
             log.warning("%s: cannot lock %s (%s); downloading without the lock", ref.uri, path, e)
-        yield
+            held = False
+        yield held
     finally:
         os.close(fd)  # releases the lock
 

@@ -60,18 +60,18 @@ def resolve_model(
     if cached is not None and immutable:
         return str(cached)
     cache.ensure_dir(ref.uri, root)
-    with cache.download_lock(root, ref):  # pods sharing the directory: one downloads at a time
+    with cache.download_lock(root, ref) as held:  # pods sharing the directory: one at a time
         if immutable and (done := cache.lookup(root, ref)) is not None:
             return str(done)  # another process completed it while this one waited
         try:
             if isinstance(ref, HfURI):
                 from pagoda.runtime.model.sources import hub
 
-                path, files, commit = hub.fetch(ref, root, size_limit=size_limit)
+                path, files, commit = hub.fetch(ref, root, size_limit=size_limit, exclusive=held)
             else:
                 from pagoda.runtime.model.sources import s3
 
-                path, files, commit = s3.fetch(ref, root, size_limit=size_limit)
+                path, files, commit = s3.fetch(ref, root, size_limit=size_limit, exclusive=held)
         except DownloadError as e:
             if e.detail == errors.UNREACHABLE and cached is not None:
                 log.warning("%s; using the copy in the download directory: %s", e, cached)

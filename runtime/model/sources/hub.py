@@ -4,7 +4,8 @@
 settings. The revision is resolved to a commit first, then only the files the engine reads are
 listed (ALLOW_PATTERNS, top level of the repo; of the weights, only those the loader reads:
 `select_weights`), their sizes checked against the free space, and `snapshot_download` fetches
-them into huggingface_hub's cache layout under the download dir. The revision asked for is
+them into huggingface_hub's cache layout under the download dir (after `resume` has completed
+the file a killed download was on). The revision asked for is
 recorded under `refs/` as huggingface_hub does, so its own offline mode finds the copy too.
 """
 
@@ -19,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pagoda.runtime.model.sources import errors
+from pagoda.runtime.model.sources import errors, resume
 from pagoda.runtime.model.sources.cache import check_space
 from pagoda.runtime.model.sources.errors import DownloadError, from_os_error
 from pagoda.runtime.model.sources.progress import Progress
@@ -37,6 +38,7 @@ ALLOW_PATTERNS = (
     "*.safetensors",
     "*.safetensors.index.json",
 )
+PICKLES = (".bin", ".pt", ".pth", ".ckpt")  # weights the engine refuses to read (pickles)
 INDEX = "model.safetensors.index.json"  # what the loader reads (model/safetensors_weights.py)
 MAX_WORKERS = 4
 log = logging.getLogger("pagoda.runtime.model.sources")
@@ -97,6 +99,15 @@ def check_layout(uri: str, names: list[str], where: str, others: Sequence[str] =
     if "config.json" not in names:
         raise DownloadError(errors.NOT_FOUND, f"{uri}: no config.json in {where}")
     if not any(n.endswith(".safetensors") for n in names):
+        pickles = sorted(n for n in others if n.endswith(PICKLES))
+        if pickles:
+            raise DownloadError(
+                errors.NOT_FOUND,
+                f"{uri}: {where} holds PyTorch pickle weights ({', '.join(pickles[:3])}"
+                f"{', ...' if len(pickles) > 3 else ''}), not safetensors: the engine reads "
+                "safetensors only (convert them, e.g. transformers' save_pretrained with "
+                "safe_serialization=True, or pick a repo that has *.safetensors)",
+            )
         raise DownloadError(
             errors.NOT_FOUND,
             f"{uri}: no *.safetensors weights in {where} (the engine reads safetensors; "
@@ -125,19 +136,21 @@ def _blob_bytes(blobs: Path) -> int:
 
 
 def fetch(
-    ref: HfURI, root: Path, *, size_limit: int | None = None
+    ref: HfURI, root: Path, *, size_limit: int | None = None, exclusive: bool = True
 ) -> tuple[Path, dict[str, int], str]:
-    """Download (or find in the cache) → (snapshot directory, {file: size}, commit)."""
+    """Download (or find in the cache) → (snapshot directory, {file: size}, commit).
+    `exclusive`: the caller holds the repo's download lock, so the `*.incomplete` files there
+    were left by a download cut short (completed or removed); else they are left alone."""
     quiet_http_logs()
     try:
         try:
-            return _fetch(ref, root, size_limit)
+            return _fetch(ref, root, size_limit, exclusive)
         except DownloadError:
             raise
         except Exception as e:
             raise classify(ref, e) from e
     except DownloadError as e:
-        if e.detail == errors.OUT_OF_SPACE:  # do not leave the disk full of partial files
+        if e.detail == errors.OUT_OF_SPACE and exclusive:  # do not leave the disk full
             _remove_partial_blobs(root, ref)
         raise
 
@@ -145,20 +158,23 @@ def fetch(
 def _remove_partial_blobs(root: Path, ref: HfURI) -> None:
     from huggingface_hub.file_download import repo_folder_name
 
-    blobs = root / repo_folder_name(repo_id=ref.repo, repo_type="model") / "blobs"
-    for partial in blobs.glob("*.incomplete"):
-        with contextlib.suppress(OSError):
-            partial.unlink()
+    resume.remove(
+        resume.leftovers(root / repo_folder_name(repo_id=ref.repo, repo_type="model") / "blobs")
+    )
 
 
-def _fetch(ref: HfURI, root: Path, size_limit: int | None) -> tuple[Path, dict[str, int], str]:
-    from huggingface_hub import HfApi, snapshot_download
+def _fetch(
+    ref: HfURI, root: Path, size_limit: int | None, exclusive: bool
+) -> tuple[Path, dict[str, int], str]:
+    from huggingface_hub import HfApi, get_token, hf_hub_url, snapshot_download
     from huggingface_hub.file_download import repo_folder_name
     from huggingface_hub.hf_api import RepoFile
 
     # Read at call time (huggingface_hub reads HF_ENDPOINT once, when first imported).
     endpoint = os.environ.get("HF_ENDPOINT") or None
-    token = os.environ.get("HF_TOKEN") or None  # None: huggingface_hub's token file, if any
+    # HF_TOKEN (HUGGING_FACE_HUB_TOKEN) without the newline a Secret made from a file often
+    # has, else huggingface_hub's token file; None: no token
+    token = get_token()
     api = HfApi(endpoint=endpoint, token=token)
     commit = api.model_info(ref.repo, revision=ref.revision).sha
     if not commit:
@@ -179,17 +195,27 @@ def _fetch(ref: HfURI, root: Path, size_limit: int | None) -> tuple[Path, dict[s
         ).read_bytes()  # fmt: skip
 
     files = select_weights(ref.uri, listed, read_index)
-    needed = sum(size for name, size in files.items() if not (snapshot / name).exists())
+    blobs = storage / "blobs"
+    # a file another commit has too is a blob already there: linked, not downloaded again
+    blob = {f.path: f.lfs.sha256 if f.lfs else f.blob_id for f in tree}
+    todo = sorted(
+        (n for n in files if not (snapshot / n).exists() and not (blobs / blob[n]).is_file()),
+        key=lambda n: -files[n],
+    )
+    needed = sum(files[n] for n in todo)
     if needed == 0 and all((snapshot / name).exists() for name in files):
         log.info("%s: all %d files at %s are in %s", ref.uri, len(files), commit[:12], root)
         _write_ref(storage, ref.revision, commit)
         return snapshot, files, commit
-    _remove_partial_blobs(root, ref)  # a killed download's (the caller holds the repo's lock)
-    check_space(ref.uri, root, needed, size_limit)
-    blobs = storage / "blobs"
-    before = _blob_bytes(blobs)
+    url_of = lambda name: hf_hub_url(ref.repo, name, revision=commit, endpoint=endpoint)  # noqa: E731
+    partials = resume.adopt(blobs, todo, url_of, token) if exclusive else []  # a killed one's
+    have = sum(p.have for p in partials)
+    check_space(ref.uri, root, needed - have, size_limit)
+    before = _blob_bytes(blobs) - have
     measure = lambda: _blob_bytes(blobs) - before  # noqa: E731
-    with Progress(ref.uri, needed, len(files), measure=measure):
+    with Progress(ref.uri, needed, len(todo), measure=measure):
+        for partial in partials:
+            resume.complete(partial, tqdm_class=_silent_tqdm())
         path = snapshot_download(
             ref.repo,
             revision=commit,
@@ -237,8 +263,10 @@ def is_network_error(error: BaseException) -> bool:
             return True
         name = type(e).__name__
         module = type(e).__module__.split(".")[0]
-        if module in ("httpx", "httpx2", "httpcore", "requests", "urllib3") and any(
-            w in name for w in ("Connect", "Timeout", "Network", "Proxy", "Protocol")
+        if (
+            module in ("httpx", "httpx2", "httpcore", "requests", "urllib3")
+            and not name.startswith("Local")  # a request this side could not send (a header)
+            and any(w in name for w in ("Connect", "Timeout", "Network", "Proxy", "Protocol"))
         ):
             return True
         e = e.__cause__ or e.__context__
@@ -246,10 +274,30 @@ def is_network_error(error: BaseException) -> bool:
 
 
 def classify(ref: HfURI, error: Exception) -> DownloadError:
-    """A huggingface_hub (or I/O) failure → DownloadError with its class."""
+    """A huggingface_hub (or I/O) failure → DownloadError with its class; never with the token
+    in it (an error may quote a header: the message goes to the pod's log and its status)."""
+    found = _classify(ref, error)
+    secrets = {os.environ.get(k, "") for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    secrets |= {" ".join(t.split()) for t in secrets} | {t.strip() for t in secrets}
+    message = str(found)
+    for secret in sorted((t for t in secrets if len(t) >= 4), key=len, reverse=True):
+        message = message.replace(secret, "<HF_TOKEN>").replace(repr(secret)[1:-1], "<HF_TOKEN>")
+    return found if message == str(found) else DownloadError(found.detail, message)
+
+
+def _classify(ref: HfURI, error: Exception) -> DownloadError:
     from huggingface_hub import errors as hf_errors
 
     uri = ref.uri
+    said = str(error)
+    if (type(error).__name__ == "LocalProtocolError" and "Bearer" in said) or (
+        isinstance(error, UnicodeEncodeError) and "authorization" in said.lower()
+    ):
+        return DownloadError(
+            errors.UNAUTHORIZED,
+            f"{uri}: HF_TOKEN cannot be sent: it holds a character an HTTP header cannot carry "
+            "(a quote, a non-ASCII or control character copied with it?)",
+        )
     status = _status(error)
     if isinstance(error, hf_errors.RevisionNotFoundError):
         return DownloadError(
@@ -265,8 +313,11 @@ def classify(ref: HfURI, error: Exception) -> DownloadError:
             f"{uri}: gated repo (HTTP {status}): {why} that accepted the repo's terms on the Hub",
         )
     if isinstance(error, hf_errors.RepositoryNotFoundError):
-        if status == 404:
-            return DownloadError(errors.NOT_FOUND, f"{uri}: repository {ref.repo} not found")
+        if status == 404:  # the Hub says 404 to a token whose account cannot see a private repo
+            from huggingface_hub import get_token
+
+            hint = " (or it is private and HF_TOKEN's account has no access)" if get_token() else ""
+            return DownloadError(errors.NOT_FOUND, f"{uri}: repository {ref.repo} not found{hint}")
         return DownloadError(
             errors.UNAUTHORIZED,
             f"{uri}: repository {ref.repo} not found or not accessible (HTTP {status}): it "

@@ -1,9 +1,11 @@
-"""Download progress as log lines a pod log can hold: one at the start, one every
-`interval_s` while bytes arrive, one at the end (no carriage-return bars)."""
+"""Download progress: a log line at the start and one at the end; between them, on a terminal
+(stderr is a TTY: `pagoda download` by hand) a tqdm bar redrawn in place, else (a pod's log, a
+file, a pipe) one line every `interval_s`, so a log holds a few lines, not carriage-return bars."""
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -11,6 +13,7 @@ from collections.abc import Callable
 from pagoda.runtime.model.sources.cache import human
 
 PROGRESS_INTERVAL_S = 10.0
+BAR_INTERVAL_S = 0.5
 log = logging.getLogger("pagoda.runtime.model.sources")
 
 
@@ -26,9 +29,12 @@ class Progress:
         *,
         interval_s: float = PROGRESS_INTERVAL_S,
         measure: Callable[[], int] | None = None,
+        bar: bool | None = None,
     ) -> None:
+        """`bar` None: a bar when stderr is a terminal."""
         self.uri, self.total, self.files = uri, total_bytes, total_files
-        self.interval_s = interval_s
+        self.bar = _is_terminal() if bar is None else bar
+        self.interval_s = BAR_INTERVAL_S if self.bar else interval_s
         self.measure = measure
         self.done = 0
         self.files_done = 0
@@ -82,5 +88,20 @@ class Progress:
         )
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            log.info("%s", self.line())
+        if not self.bar:
+            while not self._stop.wait(self.interval_s):
+                log.info("%s", self.line())
+            return
+        from tqdm import tqdm
+
+        with tqdm(total=self.total or None, desc=self.uri, unit="B", unit_scale=True,
+                  unit_divisor=1024, file=sys.stderr, leave=False) as bar:  # fmt: skip
+            while not self._stop.wait(self.interval_s):
+                bar.update(max(0, min(self._bytes(), self.total or 1 << 62) - bar.n))
+
+
+def _is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed
+        return False

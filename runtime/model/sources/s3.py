@@ -1,9 +1,9 @@
 """`s3://BUCKET/PREFIX` with boto3: the checkpoint files under PREFIX/ into the download dir.
 
 boto3 reads its usual settings from the environment: `AWS_ACCESS_KEY_ID`,
-`AWS_SECRET_ACCESS_KEY` (+ `AWS_SESSION_TOKEN`), `AWS_REGION` / `AWS_DEFAULT_REGION`, and
-`AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_S3`) for S3-compatible stores (MinIO, Ceph, R2, GCS's
-XML API). `PAGODA_S3_ADDRESSING_STYLE` (path | virtual | auto, default auto) picks the URL form;
+`AWS_SECRET_ACCESS_KEY` (+ `AWS_SESSION_TOKEN`), `AWS_DEFAULT_REGION` or `AWS_REGION` (read
+here: botocore does not), and `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_S3`) for S3-compatible
+stores (MinIO, Ceph, R2, GCS's XML API). `PAGODA_S3_ADDRESSING_STYLE` (path | virtual | auto, default auto) picks the URL form;
 S3-compatible stores usually want `path`. Without credentials the requests go unsigned
 (public buckets).
 
@@ -18,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,7 @@ from pagoda.runtime.model.sources.uri import S3URI
 
 ADDRESSING_STYLE_ENV = "PAGODA_S3_ADDRESSING_STYLE"
 ETAGS_FILE = ".pagoda-etags"  # the etag of every file downloaded complete, beside them
-PARTIAL = ".partial"  # a file being downloaded: `.NAME.partial` (under the download lock)
+PARTIAL = ".partial"  # a file being downloaded: `.NAME.partial-RANDOM`
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
            "ExpiredToken", "AllAccessDisabled", "AccountProblem", "403", "401"}  # fmt: skip
 _MISSING = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
@@ -54,7 +56,9 @@ def client() -> Any:
         raise DownloadError(
             errors.FAILED, f"{ADDRESSING_STYLE_ENV} must be auto, path or virtual, got {style!r}"
         )
-    session = boto3.session.Session()
+    session = boto3.session.Session(**_keys_from_env())
+    # botocore reads AWS_DEFAULT_REGION only; the other AWS SDKs (and EKS, ECS) set AWS_REGION
+    region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
     config = Config(
         s3={"addressing_style": style},
         retries={"max_attempts": 3, "mode": "standard"},
@@ -62,26 +66,59 @@ def client() -> Any:
         read_timeout=60,
         **({} if session.get_credentials() is not None else {"signature_version": UNSIGNED}),
     )
-    return session.client("s3", config=config)
+    return session.client("s3", config=config, region_name=region or session.region_name)
 
 
-def _list(s3: Any, ref: S3URI) -> tuple[dict[str, tuple[str, int, str]], int]:
-    """({relative path: (key, size, etag)} of the objects the engine reads under the prefix,
-    how many objects are under it in all)."""
-    objects: dict[str, tuple[str, int, str]] = {}
+@dataclass
+class Listing:
+    """What is under the prefix: {relative path: (key, size, etag)} of the objects the engine
+    reads, how many objects in all, the other top-level files, the subfolders with a config.json
+    (a prefix one level too high)."""
+
+    objects: dict[str, tuple[str, int, str]] = field(default_factory=dict)
+    seen: int = 0
+    others: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+
+
+KEY_ENV = {"aws_access_key_id": "AWS_ACCESS_KEY_ID",
+           "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
+           "aws_session_token": "AWS_SESSION_TOKEN"}  # fmt: skip
+
+
+def _keys_from_env() -> dict[str, str]:
+    """The keys from the environment without the spaces and newline around them (a Secret made
+    from a file keeps its newline: an invalid header, or a signature that never matches), as
+    huggingface_hub reads HF_TOKEN; {} (boto3's own chain: profiles, web identity, instance
+    roles) unless both keys are set and one of them needs it."""
+    raw = {arg: os.environ.get(name) for arg, name in KEY_ENV.items()}
+    if not (raw["aws_access_key_id"] and raw["aws_secret_access_key"]):
+        return {}
+    if all(v is None or v == v.strip() for v in raw.values()):
+        return {}
+    return {arg: v.strip() for arg, v in raw.items() if v and v.strip()}
+
+
+def _list(s3: Any, ref: S3URI) -> Listing:
+    found = Listing()
     folder = f"{ref.prefix}/" if ref.prefix else ""
-    seen = 0
     listed = ref.prefix if ref.prefix.endswith(".gguf") else folder  # not `PREFIX-other/...`
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=ref.bucket, Prefix=listed):
         for obj in page.get("Contents") or []:
             key, size, etag = obj["Key"], int(obj.get("Size") or 0), obj.get("ETag", "")
             if key == ref.prefix and key.endswith(".gguf"):
-                return {key.rpartition("/")[2]: (key, size, etag)}, 1  # one GGUF file
-            if key.startswith(folder):
-                seen += 1
-                if wanted(key[len(folder) :]):
-                    objects[key[len(folder) :]] = (key, size, etag)
-    return objects, seen
+                return Listing({key.rpartition("/")[2]: (key, size, etag)}, 1)  # one GGUF file
+            if not key.startswith(folder):
+                continue
+            found.seen += 1
+            rel = key[len(folder) :]
+            if wanted(rel):
+                found.objects[rel] = (key, size, etag)
+            elif "/" not in rel:
+                found.others.append(rel)
+            elif rel.endswith("/config.json"):
+                found.models.append(rel.removesuffix("config.json"))
+    return found
 
 
 def _etags(local: Path) -> dict[str, str]:
@@ -93,14 +130,16 @@ def _etags(local: Path) -> dict[str, str]:
 
 
 def fetch(
-    ref: S3URI, root: Path, *, size_limit: int | None = None
+    ref: S3URI, root: Path, *, size_limit: int | None = None, exclusive: bool = True
 ) -> tuple[Path, dict[str, int], None]:
-    """Download (or keep what is there) → (local path, {file: size}, None)."""
+    """Download (or keep what is there) → (local path, {file: size}, None). `exclusive`: the
+    caller holds the folder's download lock, so `.NAME.partial*` files there were left by a
+    download cut short (removed); else they are left alone."""
     quiet_http_logs()
     s3 = None
     try:
         s3 = client()
-        return _fetch(s3, ref, root, size_limit)
+        return _fetch(s3, ref, root, size_limit, exclusive)
     except DownloadError:
         raise
     except Exception as e:
@@ -114,18 +153,28 @@ def _unsigned(s3: Any) -> bool:
 
 
 def _fetch(
-    s3: Any, ref: S3URI, root: Path, size_limit: int | None
+    s3: Any, ref: S3URI, root: Path, size_limit: int | None, exclusive: bool
 ) -> tuple[Path, dict[str, int], None]:
-    objects, seen = _list(s3, ref)
+    found = _list(s3, ref)
+    objects, seen = found.objects, found.seen
     where = f"s3://{ref.bucket}/{ref.prefix + '/' if ref.prefix else ''}"
     if not seen:
         raise DownloadError(
             errors.NOT_FOUND, f"{ref.uri}: no objects under {where} (empty or missing prefix)"
         )
+    if "config.json" not in objects and found.models:
+        below = sorted(found.models, key=lambda m: (m.count("/"), m))
+        raise DownloadError(
+            errors.NOT_FOUND,
+            f"{ref.uri}: no config.json in {where}, but a model is in a folder below it: "
+            + ", ".join(f"{where}{m}" for m in below[:3]) + (" ..." if len(below) > 3 else "")
+            + " (name that prefix)",
+        )  # fmt: skip
     single = next(iter(objects)) if len(objects) == 1 and ref.prefix.endswith(".gguf") else None
     local = cache.s3_dir(root, ref.bucket, ref.prefix.rpartition("/")[0] if single else ref.prefix)
     if single is None:
-        check_layout(ref.uri, sorted(objects), f"{where} ({seen} objects; a GGUF file: name it)")
+        many = f"{seen} object{'' if seen == 1 else 's'}"
+        check_layout(ref.uri, sorted(objects), f"{where} ({many})", found.others)
         sizes = select_weights(ref.uri, {r: o[1] for r, o in objects.items()},
                                lambda: _read(s3, ref.bucket, objects[INDEX][0]))  # fmt: skip
         objects = {rel: obj for rel, obj in objects.items() if rel in sizes}
@@ -141,14 +190,15 @@ def _fetch(
     if not todo:
         log.info("%s: all %d files are in %s", ref.uri, len(files), local)
         return path, files, None
-    _remove_partials(local, objects)  # of a download cut short (the caller holds the lock)
+    if exclusive:  # of a download cut short (another's in progress without a lock)
+        _remove_partials(local, objects)
     cache.check_space(ref.uri, root, sum(o[1] for o in todo.values()), size_limit)
     local.mkdir(parents=True, exist_ok=True)
     cache.manifest_path(root, ref).unlink(missing_ok=True)  # files change: not complete now
     done = {rel: etag for rel, etag in known.items() if rel not in todo}  # (another .gguf's too)
     with Progress(ref.uri, sum(o[1] for o in todo.values()), len(todo)) as progress:
         for rel, (key, _, etag) in sorted(todo.items()):
-            tmp = local / f".{rel}{PARTIAL}"
+            tmp = local / f".{rel}{PARTIAL}-{uuid.uuid4().hex[:8]}"  # this process's alone
             try:
                 s3.download_file(ref.bucket, key, str(tmp), Callback=progress.add)
                 os.replace(tmp, local / rel)
@@ -165,14 +215,14 @@ def _read(s3: Any, bucket: str, key: str) -> bytes:
 
 
 def _write_etags(local: Path, etags: dict[str, str]) -> None:
-    tmp = local / f"{ETAGS_FILE}{PARTIAL}"
+    tmp = local / f"{ETAGS_FILE}{PARTIAL}-{uuid.uuid4().hex[:8]}"
     tmp.write_text("".join(f"{r}\t{e}\n" for r, e in sorted(etags.items())))
     os.replace(tmp, local / ETAGS_FILE)
 
 
 def _remove_partials(local: Path, names: Iterable[str]) -> None:
-    """What a download of these files cut short left: `.NAME.partial` and boto3's own
-    `.NAME.partial.RANDOM` (only theirs: another GGUF of the folder may be downloading)."""
+    """What a download of these files cut short left: `.NAME.partial-RANDOM` and boto3's own
+    `.NAME.partial-RANDOM.RANDOM` (only theirs: another GGUF of the folder may be downloading)."""
     for name in names:
         for partial in local.glob(f".{glob.escape(name)}{PARTIAL}*"):
             with contextlib.suppress(OSError):

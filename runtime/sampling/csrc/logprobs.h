@@ -50,3 +50,28 @@ int logprob_rows(const void *x, int bf16, int64_t v, const int64_t *rows, const 
     free(bm), free(c);
     return rc;
 }
+
+/* Prompt logprobs' ranks (`rank_rows`): per row, how many entries are at least the chosen
+   token's logit (1 = the best; the log-softmax keeps the order, so the logits are compared as
+   they are). One pass in chunks, rows as in logprob_rows; rank [n]. PyTorch's `(x >= t).sum(-1)`
+   writes an [n, v] mask first: ~10x slower on the Xeon. */
+int rank_rows(const void *x, int bf16, int64_t v, const int64_t *token, int64_t *rank, int64_t n,
+              int64_t *next, int64_t block) {
+    size_t row_bytes = (size_t)v * (bf16 ? 2 : 4);
+    float buf[CH];
+    for (int64_t r, end; (r = claim(next, block, n, &end)) < n;)
+        for (; r < end; r++) {
+            const void *row = (const char *)x + r * row_bytes;
+            float one[1];
+            float t = *chunk(row, bf16, token[r], 1, one);
+            int64_t count = 0;
+            for (int64_t lo = 0; lo < v; lo += CH) {
+                int64_t len = v - lo < CH ? v - lo : CH;
+                const float *c = chunk(row, bf16, lo, len, buf);
+#pragma omp simd reduction(+ : count)
+                for (int64_t j = 0; j < len; j++) count += c[j] >= t;
+            }
+            rank[r] = count;
+        }
+    return 0;
+}

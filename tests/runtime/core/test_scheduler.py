@@ -176,3 +176,135 @@ def test_cache_only_ever_names_computed_blocks():
             s.kv.check_integrity()
         assert not s.has_unfinished()
     assert any(uncached_calls), "no scheduled victim was ever preempted: the scenario is too easy"
+
+
+def test_prompt_logprob_chunks_share_a_capped_room(monkeypatch):
+    """Chunks of requests asking prompt logprobs (each token a vocabulary-wide row of logits)
+    add up to at most PROMPT_LOGPROB_ROWS a step; other requests fill the rest of the budget.
+    Without chunked prefill nothing can be cut: the whole prompt runs."""
+    from pagoda.runtime.core import scheduler
+
+    monkeypatch.setattr(scheduler, "PROMPT_LOGPROB_ROWS", 6)
+    s = make(max_num_batched_tokens=16)
+    scored = SamplingParams(max_tokens=4, prompt_logprobs=1)
+    s.add_request(Request("a", list(range(20)), scored, arrival_time=0.0))
+    s.add_request(req("plain", 20, start=200, t=1.0))
+    s.add_request(Request("b", list(range(100, 120)), scored, arrival_time=2.0))
+    sizes = [
+        [(x.request.request_id, x.num_new_tokens) for x in step(s).scheduled] for _ in range(4)
+    ]
+    assert sizes == [
+        [("a", 6), ("plain", 10)],
+        [("a", 6), ("plain", 10)],
+        [("plain", 1), ("a", 6)],  # no room left for "b"
+        [("plain", 1), ("a", 2), ("b", 4)],
+    ]
+    s = make(max_num_batched_tokens=32, enable_chunked_prefill=False)
+    s.add_request(Request("a", list(range(20)), scored))
+    assert step(s).scheduled[0].num_new_tokens == 20
+# -- long prefills beside other requests (long_prefill_token_threshold) ------------------------
+
+
+def prefill_chunks(s: Scheduler, rid: str, max_steps: int = 100) -> list[int]:
+    """Step until `rid` has its first token; the chunk it got in each step (0: none)."""
+    sizes = []
+    for _ in range(max_steps):
+        out = step(s)
+        sizes.append(sum(x.num_new_tokens for x in out.scheduled if x.request.request_id == rid))
+        if rid not in s.requests or s.requests[rid].num_output_tokens:
+            return sizes
+    raise AssertionError(f"{rid} never finished its prefill: {sizes}")
+
+
+def test_long_prefill_is_capped_while_others_decode():
+    s = make(max_num_batched_tokens=16, long_prefill_token_threshold=6)
+    s.add_request(req("short", 3, max_tokens=40, t=0.0))
+    step(s)  # "short" decodes from now on
+    s.add_request(req("long", 40, start=100, t=1.0))
+    sizes = prefill_chunks(s, "long")
+    assert sizes == [6] * 6 + [4]  # every prompt token once; no step over 1 + 6 tokens
+    assert s.requests["short"].num_output_tokens == 1 + len(sizes)  # a token every step
+
+
+def test_long_prefill_alone_takes_the_whole_budget():
+    s = make(max_num_batched_tokens=16, long_prefill_token_threshold=6)
+    s.add_request(req("long", 40))
+    assert prefill_chunks(s, "long") == [16, 16, 8]
+
+
+def test_cap_leaves_room_for_a_new_short_prompt_beside_a_long_one():
+    s = make(max_num_batched_tokens=16, long_prefill_token_threshold=6)
+    s.add_request(req("long", 40))
+    step(s)  # alone: 16 tokens
+    s.add_request(req("short", 5, start=100, t=1.0))
+    out = step(s)
+    got = {x.request.request_id: x.num_new_tokens for x in out.scheduled}
+    assert got == {"long": 6, "short": 5}  # short prompt whole (<= cap), TTFT of one step
+    off = make(max_num_batched_tokens=16)  # without the cap it waits for the long prompt
+    off.add_request(req("long", 40))
+    step(off)
+    off.add_request(req("short", 5, start=100, t=1.0))
+    out = step(off)
+    assert {x.request.request_id: x.num_new_tokens for x in out.scheduled} == {"long": 16}
+
+
+def test_a_waiting_long_prompt_is_capped_when_admitted_beside_others():
+    s = make(max_num_batched_tokens=64, long_prefill_token_threshold=8)
+    s.add_request(req("a", 30, start=0, t=0.0))
+    s.add_request(req("b", 30, start=100, t=1.0))
+    out = step(s)
+    assert [x.num_new_tokens for x in out.scheduled] == [8, 8]
+
+
+def test_cap_keeps_tokens_the_same_and_preemption_working():
+    """A fake model whose token depends on the request's whole context (as a greedy model's
+    does): the cap changes the chunks, never the tokens; preemption by recompute still happens
+    (6 blocks of 4 tokens do not hold all three) and every block comes back."""
+
+    def run(threshold: int) -> tuple[dict[str, list[int]], int]:
+        s = make(num_blocks=10, caching=False, max_num_batched_tokens=16,
+                 long_prefill_token_threshold=threshold)  # fmt: skip
+        s.add_request(req("a", 3, max_tokens=12, t=0.0))
+        s.add_request(req("b", 4, max_tokens=12, start=50, t=1.0))
+        s.add_request(req("long", 23, max_tokens=6, start=100, t=2.0))
+        outputs: dict[str, list[int]] = {}
+        for _ in range(400):
+            if not s.has_unfinished():
+                break
+            out = s.schedule()
+            s.update_after_step(out)
+            for sr in out.scheduled:
+                r = sr.request
+                assert r.num_computed_tokens <= r.num_tokens
+                if r.num_computed_tokens >= r.num_tokens:
+                    r.append_token(sum(r.token_ids) % 997)  # a function of the whole context
+                    if r.check_stop_token():
+                        outputs[r.request_id] = list(r.output_token_ids)
+                        s.finish(r)
+            s.kv.check_integrity()
+        assert not s.has_unfinished() and s.kv.num_free_blocks == 10
+        return outputs, s.num_preemptions
+
+    plain, _ = run(0)
+    capped, capped_preemptions = run(4)
+    assert capped == plain and set(capped) == {"a", "b", "long"}
+    assert capped_preemptions > 0
+
+
+def test_threshold_is_validated_once():
+    import pytest
+    from pagoda.runtime.config import EngineConfig
+
+    for bad in (-1, True, 2.0, "256"):
+        with pytest.raises(ValueError, match="long_prefill_token_threshold"):
+            SchedulerConfig(long_prefill_token_threshold=bad)
+    with pytest.raises(ValueError, match="needs chunked prefill"):
+        SchedulerConfig(long_prefill_token_threshold=256, enable_chunked_prefill=False)
+    assert SchedulerConfig(long_prefill_token_threshold=0, enable_chunked_prefill=False)
+    cpu = EngineConfig.create(device="cpu")
+    assert cpu.scheduler.long_prefill_token_threshold is None  # by device, once it is known
+    assert cpu.with_device_defaults().scheduler.long_prefill_token_threshold == 256
+    off = EngineConfig.create(device="cpu", enable_chunked_prefill=False)
+    assert off.with_device_defaults().scheduler.long_prefill_token_threshold == 0
+    mine = EngineConfig.create(device="cpu", long_prefill_token_threshold=64)
+    assert mine.with_device_defaults().scheduler.long_prefill_token_threshold == 64

@@ -16,8 +16,8 @@ from __future__ import annotations
 import pytest
 from arch_cases import CASES, NEW, check, generate
 from arch_cases import prompts as prompts_
-from hf_oracle import hf_greedy_plain, make_tiny_model
-from pagoda.runtime import LLM
+from hf_oracle import check_prompt_logprobs, hf_greedy_plain, make_tiny_model
+from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model.loader import load_model
 
 transformers = pytest.importorskip("transformers")
@@ -85,7 +85,7 @@ def test_the_other_ranks_leave_when_rank_0_dies(tmp_path):
     make_tiny_model(tmp_path, "Llama")
     script = f"""
 import os
-from pagoda.runtime import LLM
+from pagoda.runtime import LLM, SamplingParams
 if __name__ == "__main__":
     llm = LLM({str(tmp_path)!r}, tensor_parallel_size=2, dtype="float32", kv_cache_memory=1 << 24)
     print(next(iter(llm.engine.executor.procs.values())).pid, flush=True)
@@ -105,3 +105,16 @@ if __name__ == "__main__":
             break
         time.sleep(0.1)
     assert time.monotonic() < deadline, "rank 1 outlived rank 0"
+
+
+def test_prompt_logprobs_over_two_ranks(tmp_path):
+    """The rows scored for prompt logprobs cross to the other rank with the step (its half of
+    the vocabulary is gathered for them too): transformers' scores, chunked and preempted."""
+    hf = make_tiny_model(tmp_path, "Llama", vocab_size=301)
+    prompts = prompts_()
+    params = SamplingParams(temperature=0, max_tokens=NEW, prompt_logprobs=2)
+    with LLM(str(tmp_path), tensor_parallel_size=2, **POOL) as two:
+        outs = two.generate(prompts, params)
+        assert two.engine.scheduler.num_preemptions > 0
+    for p, o in zip(prompts, outs):
+        check_prompt_logprobs(hf, p, o.prompt_logprobs, k=2)

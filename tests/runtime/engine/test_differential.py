@@ -17,6 +17,7 @@ import random
 import pytest
 from hf_oracle import make_tiny_llama
 from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.engine.outputs import logprob_dict
 from pagoda.runtime.model.loader import load_model
 
 BS = 8  # block size
@@ -61,7 +62,10 @@ def reference(tiny):
 
 
 def _lp(logprobs) -> list:
-    return [(t.token_id, t.logprob, t.top) for t in logprobs or ()]
+    """Per token [(id, logprob, rank)] in the offline {id: Logprob} order, from that shape or from
+    the engine's `TokenLogprob`s."""
+    dicts = (p if isinstance(p, dict) else logprob_dict(p, str) for p in logprobs or ())
+    return [[(t, lp.logprob, lp.rank) for t, lp in d.items()] for d in dicts]
 
 
 def _workload(rng: random.Random, n: int, reference) -> list[tuple]:
@@ -159,6 +163,8 @@ def _check(tiny, reference, seed, async_scheduling, **engine_args):
         max_num_batched_tokens=rng.choice(budgets),
         enable_prefix_caching=rng.random() < 0.8,
         enable_chunked_prefill=chunked,
+        # a long prompt's chunk capped while others run or wait (0: off; the budget's 5..33)
+        long_prefill_token_threshold=rng.choice([0, 3, 8]) if chunked else 0,
     )
     args.update(engine_args)
     llm = LLM(

@@ -77,9 +77,9 @@ def test_logprobs(llm):
     (out,) = llm.generate("Hello", SamplingParams(temperature=0, max_tokens=3, logprobs=2))
     lps = out.outputs[0].logprobs
     assert len(lps) == 3
-    for lp, tok in zip(lps, out.outputs[0].token_ids):
-        assert lp.token_id == tok and lp.logprob <= 0 and len(lp.top) == 2
-        assert lp.top[0][0] == tok  # greedy picks the most likely
+    for lp, tok in zip(lps, out.outputs[0].token_ids):  # vLLM's {token id: Logprob}
+        assert len(lp) == 2 and next(iter(lp)) == tok  # the sampled token first
+        assert lp[tok].rank == 1 and lp[tok].logprob <= 0  # greedy picks the most likely
 
 
 @pytest.mark.parametrize(

@@ -77,3 +77,44 @@ def test_pagoda_serve_exits_2_before_binding(good, tmp_path):
     assert result.returncode == 2, result
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "k_proj.weight is [32, 64]" in lines[0], result.stderr
+
+
+def _edit_tensors(src: Path, dst: Path, edit) -> Path:
+    bad = _copy(src, dst)
+    tensors = load_file(str(bad / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(bad / "model.safetensors"))
+    return bad
+
+
+def _widen(name: str):
+    import torch
+
+    return lambda t: t.__setitem__(name, torch.cat([t[name], t[name]]))
+
+
+@pytest.mark.parametrize(
+    ("arch", "edit", "match"),
+    [
+        ("Qwen3", lambda t: t.pop("model.layers.1.mlp.down_proj.weight"),
+         "missing tensor 'model.layers.1.mlp.down_proj.weight'"),
+        ("Qwen3", _widen("model.layers.0.mlp.up_proj.weight"),
+         r"up_proj.weight is \[256, 64\]; with .*gate_proj.weight \[128, 64\] it must be"),
+        ("Qwen3", lambda t: t.pop("model.layers.0.post_attention_layernorm.weight"),
+         "missing tensor 'model.layers.0.post_attention_layernorm.weight'"),
+        ("Mixtral", lambda t: t.pop("model.layers.1.block_sparse_moe.experts.2.w3.weight"),
+         "missing tensor 'model.layers.1.block_sparse_moe.experts.2.w3.weight'"),
+        ("Gemma3Text", lambda t: t.pop("model.layers.0.pre_feedforward_layernorm.weight"),
+         "missing tensor 'model.layers.0.pre_feedforward_layernorm.weight'"),
+    ],
+)  # fmt: skip
+def test_mlps_experts_and_norms_are_checked_too(tmp_path, arch, edit, match):
+    """(They failed at the model's build in the engine process, or in the first forward for a
+    width that does not agree, after the server had bound.)"""
+    make_tiny_model(
+        tmp_path / "good", arch, **({"num_local_experts": 4} if arch == "Mixtral" else {})
+    )
+    bad = _edit_tensors(tmp_path / "good", tmp_path / "bad", edit)
+    with pytest.raises(ValueError, match=match) as e:
+        read_model_config(str(bad))
+    assert "\n" not in str(e.value)

@@ -3,7 +3,8 @@ scalings (llama3, yarn with DeepSeek's mscale and without truncation), Gemma 3's
 with their own rotary base in `rope_parameters`, a multimodal Gemma 3 whose top-level
 `tie_word_embeddings` says untied, Qwen3-MoE's window (every layer, whatever max_window_layers
 says); and what the engine cannot run exactly, refused at load in one line (longrope, a partial
-rotary, dynamic NTK past the model's context, Gemma 3's bidirectional attention)."""
+rotary, dynamic NTK past the model's context, Gemma 3's bidirectional attention, experts with
+another activation than SwiGLU)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ CASES = {
         head_dim=32, sliding_window=7, num_hidden_layers=3, layer_types=[SLIDING, FULL, SLIDING],
         rope_parameters={FULL: {**YARN, "rope_theta": 100000.0},
                          SLIDING: {"rope_type": "default", "rope_theta": 500.0}})),
+    # GeGLU named by a family other than Gemma's (it ran SiLU)
+    "llama-gelu-tanh": ("Llama", dict(hidden_act="gelu_pytorch_tanh")),
     # transformers windows every Qwen3-MoE layer when use_sliding_window, max_window_layers or not
     "qwen3moe-window-every-layer": ("Qwen3Moe", dict(
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, use_sliding_window=True,
@@ -53,6 +56,91 @@ def test_config_variants_match_transformers(tmp_path, name):
     got = generate(_engine(load_model(str(tmp_path))), PROMPTS)
     for i, (g, w) in enumerate(zip(got, want)):
         check(g, w, f"{name}: prompt {i}")
+
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+# config.json as older checkpoints write it (rope_theta / rope_scaling, edited in after saving):
+# transformers takes a top-level original_max_position_embeddings over rope_scaling's and,
+# without either, the model's context (not 8192)
+LEGACY_ROPE = {
+    "llama3-without-original-context": (
+        dict(max_position_embeddings=100), dict(rope_scaling=LLAMA3, rope_theta=500000.0)),
+    "llama3-top-level-original-context": (dict(), dict(
+        rope_scaling={**LLAMA3, "original_max_position_embeddings": 256}, rope_theta=500000.0,
+        original_max_position_embeddings=16)),
+    "yarn-top-level-original-context": (dict(max_position_embeddings=256), dict(
+        rope_scaling={"type": "yarn", "factor": 4.0}, original_max_position_embeddings=16)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(LEGACY_ROPE))
+def test_legacy_rope_fields_read_as_transformers_reads_them(tmp_path, name):
+    overrides, fields = LEGACY_ROPE[name]
+    make_tiny_model(tmp_path, "Llama", **overrides)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.pop("rope_parameters")
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_theta": 10000.0, **fields}))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    want = [hf_greedy_plain(model.eval(), p, NEW) for p in PROMPTS]
+    got = generate(_engine(load_model(str(tmp_path))), PROMPTS)
+    for i, (g, w) in enumerate(zip(got, want)):
+        check(g, w, f"{name}: prompt {i}")
+
+
+FAMILIES = {"Llama": {}, "Mistral": {}, "Qwen2": {}, "Qwen3": {}, "Gemma3Text": {},
+            "Mixtral": {}, "Qwen3Moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)}  # fmt: skip
+
+
+def _without_defaults(path, arch: str) -> None:
+    """Leave out of config.json every field equal to transformers' default for `arch`."""
+    default = getattr(transformers, f"{arch}Config")().to_dict()
+    cfg = json.loads((path / "config.json").read_text())
+    keep = ("architectures", "model_type")
+    cfg = {k: v for k, v in cfg.items() if k in keep or k not in default or default[k] != v}
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("arch", list(FAMILIES))
+def test_fields_a_config_leaves_out_take_transformers_defaults(tmp_path, arch):
+    """Mixtral's rotary base (1e6) and norm epsilon (1e-5), Mistral's window (4096), the
+    families' contexts and KV heads, as transformers reads the same config.json."""
+    make_tiny_model(tmp_path, arch, **FAMILIES[arch])
+    _without_defaults(tmp_path, arch)
+    hf, ours = transformers.AutoConfig.from_pretrained(tmp_path), read_model_config(str(tmp_path))
+    rope = hf.rope_parameters.get(FULL, hf.rope_parameters)
+    window = getattr(hf, "sliding_window", None) if getattr(hf, "use_sliding_window", 1) else None
+    assert (ours.rope_theta, ours.rms_norm_eps, ours.num_kv_heads, ours.head_dim,
+            ours.max_position_embeddings, ours.family.sliding_window) == (
+        rope["rope_theta"], hf.rms_norm_eps, hf.num_key_value_heads,
+        getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
+        hf.max_position_embeddings, window)  # fmt: skip
+
+
+def test_mixtral_without_its_default_fields_matches_transformers(tmp_path):
+    make_tiny_model(tmp_path, "Mixtral", num_local_experts=4)
+    _without_defaults(tmp_path, "Mixtral")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    want = hf_greedy_plain(model.eval(), PROMPTS[1], NEW)
+    check(generate(_engine(load_model(str(tmp_path))), PROMPTS[1:])[0], want, "sparse Mixtral")
+
+
+def test_gemma3_layer_pattern_as_transformers_reads_it(tmp_path):
+    """Without `layer_types`, `sliding_window_pattern` (default 6) places the global layers;
+    the `_sliding_window_pattern` transformers writes beside `layer_types` is not read."""
+    make_tiny_model(tmp_path, "Gemma3Text", head_dim=16, sliding_window=5, num_hidden_layers=4)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.pop("layer_types")
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "_sliding_window_pattern": 2}))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert model.config.layer_types == [SLIDING] * 4
+    want = hf_greedy_plain(model.eval(), LONG, NEW)
+    check(generate(_engine(load_model(str(tmp_path))), [LONG])[0], want, "pattern")
+
+
+def test_mistral_window_null_is_none(tmp_path):
+    make_tiny_model(tmp_path, "Mistral", sliding_window=None)
+    assert transformers.AutoConfig.from_pretrained(tmp_path).sliding_window is None
+    assert read_model_config(str(tmp_path)).family.sliding_window is None
 
 
 def test_multimodal_gemma3_untied_by_its_top_level_flag(tmp_path):
@@ -115,6 +203,12 @@ def test_dynamic_rope_is_exact_within_its_context_and_refused_past_it(tmp_path):
     check(generate(_engine(loaded), [LONG])[0], want, "dynamic within the context")
     with pytest.raises(ValueError, match="'dynamic' is exact only within the model's context"):
         LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, max_model_len=200)
+
+
+def test_experts_other_than_swiglu_are_refused_at_load(tmp_path):
+    make_tiny_model(tmp_path, "Mixtral", hidden_act="gelu_pytorch_tanh", num_local_experts=4)
+    with pytest.raises(ValueError, match="'gelu_pytorch_tanh' in a mixture of experts"):
+        read_model_config(str(tmp_path))
 
 
 def test_bidirectional_gemma3_is_refused_at_load(tmp_path):

@@ -83,9 +83,32 @@ def _spm_vocab(n: int) -> tuple[list[str], list[int]]:
     return tokens, types
 
 
-def write_gguf(path, hf_dir, arch: str, window: int | None = None) -> dict[str, torch.Tensor]:
-    """The checkpoint in `hf_dir` as llama.cpp's converter writes it; returns the checkpoint's
-    tensors as the file dequantizes them (for the oracle)."""
+def _llama3_rope_freqs(rope: dict, dim: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf.py for Llama 3.1's rotary: one divisor per frequency."""
+    import math
+
+    freqs = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old_context = rope["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_context / low, old_context / high
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            factors.append(1)
+        elif wavelen > low_wavelen:
+            factors.append(factor)
+        else:
+            smooth = (old_context / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def write_gguf(
+    path, hf_dir, arch: str, window: int | None = None, extra=None
+) -> dict[str, torch.Tensor]:
+    """The checkpoint in `hf_dir` as llama.cpp's converter writes it (`extra(writer)` adds
+    metadata); returns the checkpoint's tensors as the file dequantizes them (for the oracle)."""
     from safetensors.torch import load_file
 
     cfg = transformers.AutoConfig.from_pretrained(hf_dir)
@@ -111,6 +134,11 @@ def write_gguf(path, hf_dir, arch: str, window: int | None = None) -> dict[str, 
         )
     if window:
         w.add_sliding_window(window)
+    if extra is not None:
+        extra(w)
+    rope = cfg.rope_parameters
+    if rope.get("rope_type") == "llama3":  # the converter's divisors, as a tensor
+        w.add_tensor("rope_freqs.weight", _llama3_rope_freqs(rope, cfg.head_dim))
     if gemma:
         tokens, types = _spm_vocab(cfg.vocab_size)
         w.add_tokenizer_model("llama")
@@ -187,13 +215,19 @@ QWEN3MOE = dict(head_dim=64, vocab_size=300, num_experts=8, num_experts_per_tok=
 GEMMA3 = dict(head_dim=64, vocab_size=320, sliding_window=7, num_hidden_layers=2,
               query_pre_attn_scalar=64)  # fmt: skip
 MIXTRAL = dict(head_dim=32, vocab_size=300, num_local_experts=4, num_experts_per_tok=2)
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32, "rope_theta": 10000.0}  # fmt: skip
 CASES = {
     "qwen3": ("Qwen3", dict(head_dim=64, vocab_size=300), None),
+    # Llama 3.1's rotary: llama.cpp writes no scaling type but a rope_freqs tensor
+    "llama3-rope": ("Llama", dict(vocab_size=300, rope_parameters=LLAMA3), None),
     "qwen3moe": ("Qwen3Moe", QWEN3MOE, None),
     "gemma3": ("Gemma3Text", GEMMA3, 7),
     "llama": ("Mixtral", MIXTRAL, None),
 }
-GGUF_ARCH = {"qwen3": "qwen3", "qwen3moe": "qwen3moe", "gemma3": "gemma3", "llama": "llama"}
+GGUF_ARCH = {"qwen3": "qwen3", "qwen3moe": "qwen3moe", "gemma3": "gemma3", "llama": "llama",
+             "llama3-rope": "llama"}  # fmt: skip
+ARCH = {**GGUF_ARCH, "llama": "mixtral"}  # the engine's
 
 
 def _oracle(tmp_path, tensors: dict[str, torch.Tensor]):
@@ -224,7 +258,7 @@ def test_gguf_family_matches_transformers_on_its_dequantized_weights(tmp_path, c
     expected = write_gguf(path, tmp_path / "hf", GGUF_ARCH[case], window)
     model = _oracle(tmp_path, expected)
     config, weights, _, _ = load_gguf(path)
-    assert config.architecture == ("mixtral" if case == "llama" else case)
+    assert config.architecture == ARCH[case]
     for name, want in expected.items():
         if "experts." not in name:  # Gemma's norms as stored: 1 + w
             shift = 1.0 if case == "gemma3" and name.endswith("norm.weight") else 0.0
@@ -257,3 +291,18 @@ def test_gemma3_sentencepiece_vocabulary_tokenizes_as_transformers_reads_it(tmp_
         assert ours.encode(text, add_special_tokens=False) == want, text
         assert ours.decode(want, skip_special_tokens=False) == theirs.decode(want), text
     assert ours.encode("the cat")[:1] == [2]  # <bos>, as llama.cpp adds it
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (lambda w: w.add_rope_dimension_count(8), "partial rotary"),
+        (lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE), "'longrope'"),
+        (lambda w: w.add_rope_scaling_attn_factors(0.5), "attn_factor"),
+    ],
+)
+def test_gguf_rotary_the_engine_does_not_run_is_refused(tmp_path, extra, words):
+    make_tiny_model(tmp_path / "hf", "Llama", vocab_size=300, num_hidden_layers=1)
+    write_gguf(tmp_path / "m.gguf", tmp_path / "hf", "llama", extra=extra)
+    with pytest.raises(ValueError, match=words):
+        load_gguf(tmp_path / "m.gguf")

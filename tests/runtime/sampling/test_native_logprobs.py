@@ -62,5 +62,44 @@ def test_sample_returns_them_for_bfloat16_logits_as_for_their_float32_copy():
 
     a, b = run(x), run(x.float())
     assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.top_ids, b.top_ids)
+    assert torch.equal(a.ranks, b.ranks)  # the sampled tokens' ranks (vLLM's Logprob.rank)
     torch.testing.assert_close(a.logprobs, b.logprobs)
     torch.testing.assert_close(a.top_logprobs, b.top_logprobs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("v", [300, 32001])
+def test_rank_rows_counts_entries_at_least_the_tokens(v, dtype):
+    """Prompt logprobs' rank (`native.rank_rows`): entries >= the token's logit, ties counted
+    (a row of equal logits ranks every token last), -inf rows and the best token (rank 1)."""
+    torch.manual_seed(v)
+    x = (torch.randn(37, v) * 4).to(dtype)
+    x[1] = 0.0
+    x[2, : v // 2] = float("-inf")
+    tokens = torch.randint(0, v, (37,))
+    tokens[3] = int(x[3].float().argmax())
+    rank = native.rank_rows(x, tokens)
+    assert rank.dtype == torch.int64
+    assert torch.equal(rank, (x >= x.gather(1, tokens[:, None])).sum(-1))
+    assert rank[1] == v and rank[3] == 1
+
+
+def test_the_sampled_tokens_rank_as_vllm_counts_it_on_both_paths(monkeypatch):
+    """`SamplerOutput.ranks`: entries at or above the sampled token (ties count against it), from
+    the native kernels and from the PyTorch path alike."""
+    torch.manual_seed(4)
+    x = torch.randn(5, 3000) * 4
+    x[0, :7] = x[0, 7]
+    ps = [SamplingParams(temperature=1.5, seed=i, logprobs=2) for i in range(5)]
+    reqs = [Request(f"r{i}", [1], p) for i, p in enumerate(ps)]
+
+    def run():
+        for r in reqs:
+            r.generator = torch.Generator().manual_seed(r.params.seed)
+        return sample(x.clone(), SamplingBatch.build(reqs, 3000, torch.device("cpu")))
+
+    a = run()
+    monkeypatch.setattr(native, "usable", lambda *_: False)
+    b = run()
+    assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.ranks, b.ranks)
+    assert torch.equal(a.ranks, (x >= x.gather(1, a.token_ids[:, None])).sum(-1))

@@ -34,7 +34,7 @@ def test_bad_sampling_params(kwargs, field):
 
 
 def test_clone_copies_and_validates_changes():
-    """vLLM's `clone()`; these params are frozen, so changes go through it (validated)."""
+    """vLLM's `clone()`, plus changes (validated)."""
     p = SamplingParams(temperature=0.5, stop="x")
     q = p.clone()
     assert q == p and q is not p
@@ -43,14 +43,44 @@ def test_clone_copies_and_validates_changes():
         p.clone(top_p=0)
 
 
+def test_mutable_as_vllms_and_validated_when_received():
+    """vLLM users assign fields; a bad value is caught by `validated()` (what an engine runs on
+    receipt), and a name that is no field (a typo, a vLLM field not served here) is refused."""
+    p = SamplingParams()
+    p.max_tokens, p.temperature, p.stop = 64, 0, "x"
+    q = p.validated()
+    assert (q.max_tokens, q.temperature, q.stop) == (64, 0, ["x"]) and q is not p
+    p.min_tokens = 100
+    with pytest.raises(ValueError, match="min_tokens") as e:
+        p.validated()
+    assert e.value.field == "min_tokens"
+    with pytest.raises(AttributeError, match="bad_words"):
+        p.bad_words = ["x"]
+    with pytest.raises(TypeError, match="spaces_between_special_tokens"):
+        SamplingParams(spaces_between_special_tokens=False)
+
+
+def test_vllm_spellings():
+    """seed=-1 is vLLM's "no seed"; logprobs=True asks for one alternative."""
+    assert SamplingParams(seed=-1).seed is None and SamplingParams(seed=-2).seed == -2
+    assert SamplingParams(logprobs=True).logprobs == 1
+
+
 def test_top_k_0_is_off_as_in_vllm():
     """vLLM's "off" is 0 (-1 is accepted too): neither filters the vocabulary."""
     assert SamplingParams(top_k=0).top_k == -1 and not SamplingParams(top_k=0).filtered
     assert SamplingParams(top_k=-1).top_k == -1
 
 
-def test_stop_string_is_normalised_to_tuple():
-    assert SamplingParams(stop="x").stop == ("x",)
+def test_stops_are_lists_as_vllms():
+    """A stop string becomes a list of one; each copy has its own list, so appending to the
+    user's (as vLLM users do) reaches no request already received."""
+    p = SamplingParams(stop="x", stop_token_ids=(5,))
+    assert p.stop == ["x"] and p.stop_token_ids == [5]
+    q = p.validated()
+    p.stop.append("y")
+    p.stop_token_ids.append(6)
+    assert q.stop == ["x"] and q.stop_token_ids == [5] and p.validated().stop == ["x", "y"]
 
 
 @pytest.mark.parametrize(

@@ -172,3 +172,44 @@ def test_schemas_too_large_to_compile_in_time_are_refused():
         for k in range(25)}}  # fmt: skip
     with pytest.raises(schemas.SchemaError, match="5025 properties"):
         schemas.check(many)
+
+
+ARGS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+def _accepts(compiled, text: str) -> bool:
+    m = xgr.GrammarMatcher(compiled)
+    return m.accept_string(text) and m.is_completed()
+
+
+def test_vllm_s_older_structural_tag_form_is_read(compiler):
+    """`structures` and `triggers`, as vLLM's docs write a structural tag (vLLM compiles it
+    through xgrammar's deprecated API): was a 400 ("must have a format field")."""
+    tag = {"type": "structural_tag", "triggers": ["<function="],
+           "structures": [{"begin": "<function=get_weather>", "schema": ARGS,
+                           "end": "</function>"}]}  # fmt: skip
+    compiled = compiler.compile(Spec(structural_tag=tag))
+    assert _accepts(compiled, 'Sure. <function=get_weather>{"city": "Oslo"}</function>')
+    assert not _accepts(compiled, 'Sure. <function=get_weather>{"town": "Oslo"}</function>')
+
+
+@pytest.mark.parametrize(
+    ("schema", "loose"),
+    [({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, None),
+     ({"type": "object", "propertyNames": {"maxLength": 2},
+       "additionalProperties": {"type": "integer"}}, "{1: 1}"),
+     ({"type": "string", "pattern": "(?!a)."}, None)],
+)  # fmt: skip
+def test_schemas_inside_a_structural_tag_are_checked(compiler, schema, loose):
+    """A tag's JSON Schema went to xgrammar unchecked: `uniqueItems` ignored ([1, 1] allowed),
+    an untyped `propertyNames` writing a number as the key; now rewritten or a 400."""
+    tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<f>", "end": "</f>",
+           "content": {"type": "json_schema", "json_schema": schema}}}  # fmt: skip
+    spec = Spec(structural_tag=tag, field="structured_outputs.structural_tag")
+    if loose is None:
+        with pytest.raises(ParamError) as e:
+            compiler.compile(spec)
+        assert e.value.field == "structured_outputs.structural_tag"
+        assert "/format/content/json_schema" in e.value.message
+    else:
+        assert not _accepts(compiler.compile(spec), f"<f>{loose}</f>")

@@ -87,6 +87,36 @@ def test_a_tight_budget_is_met(compiler, smol_tokenizer):
     assert set(json.loads(text)) == {"a", "b"}
 
 
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags"],
+          "properties": {"name": {"type": "string", "maxLength": 12},
+                         "age": {"type": "integer", "minimum": 0},
+                         "tags": {"type": "array", "items": {"type": "string"}}}}  # fmt: skip
+
+
+def test_a_budget_that_fits_the_shortest_output_is_met(compiler, smol_tokenizer):
+    """The shortest output (`{"name": "", "age": 0, "tags": []}`) is 15 tokens; a budget of 20
+    ended by length with the JSON cut: the way out was counted in single characters (21
+    tokens: it did not fit, so nothing was steered)."""
+    shortest = smol_tokenizer.encode('{"name": "", "age": 0, "tags": []}', add_special_tokens=False)
+    budget = len(shortest) + 5
+    spec = Spec(json=PERSON).with_compiled(compiler.compile(Spec(json=PERSON)))
+    vocab = smol_tokenizer.model_vocab_size
+    req = Request("t", [1], SamplingParams(max_tokens=budget, structured_outputs=spec),
+                  eos_token_ids=smol_tokenizer.eos_token_ids)  # fmt: skip
+    gb = GrammarBitmask(smol_tokenizer, vocab, torch.device("cpu"))
+    letter = smol_tokenizer.encode("a", add_special_tokens=False)[0]
+    while not req.is_finished:
+        logits = torch.zeros(1, vocab)
+        logits[0, letter] = 10.0
+        gb.apply(logits, [req], [0])
+        req.append_token(int(logits.argmax()))
+        req.check_stop_token()
+    assert req.status.finish_reason == "stop", smol_tokenizer.decode(req.output_token_ids)
+    assert set(json.loads(smol_tokenizer.decode(req.output_token_ids[:-1]))) == set(
+        PERSON["required"]
+    )
+
+
 def test_no_steering_when_nothing_fits(compiler):
     state = GrammarState(compiler.compile(Spec(json=SCHEMA)))
     assert state.steer(compiler.closer, 3) == (None, False)  # the shortest answer needs more

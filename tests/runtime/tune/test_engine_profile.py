@@ -104,3 +104,15 @@ def test_points_read_their_own_steps_outputs_as_on_cuda(core):
             EngineProfiler(core)
     finally:
         core.async_scheduling = False
+
+
+def test_the_tuning_engine_times_whole_chunks():
+    """A prefill point split over several prompts must be one step of all its tokens: the
+    long-prefill cap (256 on CPU by default) would cut each prompt's share."""
+    from pagoda.runtime.tune.engine import make_plan
+    from pagoda.runtime.tune.runner import TuneRequest, _engine_config
+
+    plan = make_plan(max_model_len=300, cuda=False, quick=False)  # 512-token chunks: 2 prompts
+    cfg = _engine_config(TuneRequest("smollm2-135m", "/tmp/x"), plan, 300).with_device_defaults()
+    assert cfg.scheduler.long_prefill_token_threshold == 0
+    assert cfg.scheduler.max_num_batched_tokens >= max(plan.chunk_sizes)

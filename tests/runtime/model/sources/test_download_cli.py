@@ -55,3 +55,43 @@ def test_download_prints_the_path_and_failures_leave_a_termination_message(
     assert done.returncode == 2 and "HF_HUB_OFFLINE=1 is set" in done.stderr, done.stderr
     assert "pagoda download --model" not in done.stderr  # not the advice to run itself
     assert parse(log.read_text()).detail == "NotCached"
+
+
+def test_a_terminal_gets_a_progress_bar_and_a_log_gets_lines(
+    hub: FakeHub, tmp_path: pathlib.Path
+) -> None:
+    """By hand (stderr a terminal): a bar redrawn in place while the bytes come; in a pod's log
+    (stderr a pipe): no carriage returns, only the lines."""
+    import fcntl
+    import pty
+    import re
+    import struct
+    import termios
+
+    hub.stall_after["extra.safetensors"] = 4096  # until the bar has been drawn
+    main, sub = pty.openpty()
+    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 100 columns
+    cmd = [sys.executable, "-P", "-m", "pagoda.runtime.cli", "download", "--model", "hf://org/big",
+           "--download-dir", str(tmp_path / "tty")]  # fmt: skip
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=sub, cwd=ROOT) as proc:
+        os.close(sub)
+        seen = b""
+        while True:
+            try:
+                got = os.read(main, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not got:
+                break
+            seen += got
+            if b"B/s" in seen:
+                hub.release.set()
+        assert proc.wait(timeout=120) == 0, seen
+    os.close(main)
+    text = seen.decode(errors="replace")
+    assert re.search(r"\rhf://org/big: .*B/s", text), text  # redrawn in place (not \r\n)
+    assert "downloaded 311.9 KiB in" in text, text
+
+    done = pagoda("download", "--model", "hf://org/big", "--download-dir", str(tmp_path / "log"),
+                  env={})  # fmt: skip
+    assert done.returncode == 0 and "\r" not in done.stderr, done.stderr

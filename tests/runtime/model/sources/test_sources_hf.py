@@ -119,6 +119,24 @@ def test_unauthorized(
     monkeypatch.setenv("HF_HOME", str(tmp_path / "no-token-file"))
     err = failure("hf://org/private", tmp_path / "c")
     assert err.detail == "Unauthorized" and "private" in str(err)
+    hub.other_tokens.add("hf_other_account")  # valid, but its account cannot see the repo: 404
+    monkeypatch.setenv("HF_TOKEN", "hf_other_account")
+    err = failure("hf://org/private", tmp_path / "d")
+    assert err.detail == "NotFound" and "private and HF_TOKEN's account" in str(err), err
+
+
+def test_a_token_from_a_file_with_its_newline_works_and_a_bad_one_is_never_shown(
+    hub: FakeHub, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Secret made with `--from-file` keeps the file's newline: huggingface_hub's own token
+    reading drops it. A token no header can carry is Unauthorized naming HF_TOKEN, and the
+    message (a pod's log, the InferenceService's condition) never holds the token."""
+    monkeypatch.setenv("HF_TOKEN", f" {hub.token}\r\n")
+    assert resolve_model("hf://org/private", tmp_path / "a")
+    monkeypatch.setenv("HF_TOKEN", "hf_sec\x0bret_value")
+    err = failure("hf://org/private", tmp_path / "b")
+    assert err.detail == "Unauthorized" and "HF_TOKEN cannot be sent" in str(err), err
+    assert "ret_value" not in str(err)
 
 
 def test_out_of_space_is_refused_before_a_byte_is_written(
@@ -128,6 +146,24 @@ def test_out_of_space_is_refused_before_a_byte_is_written(
     assert err.detail == "OutOfSpace" and "size limit" in str(err), str(err)
     assert cache.disk_usage(tmp_path) == 0
     assert not any("/resolve/" in r for r in hub.requests)
+
+
+def test_a_new_commit_needs_room_only_for_the_files_it_changed(
+    hub: FakeHub, tmp_path: pathlib.Path
+) -> None:
+    """A commit to main that changes no weights (a README, a config): the blobs the snapshots
+    share are linked, not downloaded, so a volume with room for one copy keeps serving it (the
+    operator's init container runs this at every pod start)."""
+    first = resolve_model("hf://org/big", tmp_path, size_limit=450 << 10)
+    files = dict(hub.repos["org/big"].files)
+    files["README.md"] = b"# updated\n"
+    files["generation_config.json"] = b'{"do_sample": false}'
+    hub.add("org/big", files)
+    hub.requests.clear()
+    second = resolve_model("hf://org/big", tmp_path, size_limit=450 << 10)
+    assert second != first and hub.repos["org/big"].commit in second
+    got = [r for r in hub.requests if r.startswith("GET") and "/resolve/" in r]
+    assert [r.rpartition("/")[2] for r in got] == ["generation_config.json"], got
 
 
 @pytest.mark.filterwarnings("ignore:Not enough free disk space")

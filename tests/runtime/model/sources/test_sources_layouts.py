@@ -204,3 +204,25 @@ def test_what_a_killed_download_left_is_removed(hub: FakeHub, tmp_path: pathlib.
     (blobs / "0123abcd.9f8e7d6c.incomplete").write_bytes(b"\0" * (200 << 10))
     assert resolve_model("hf://org/big", tmp_path, size_limit=450 << 10)
     assert not list(blobs.glob("*.incomplete"))
+
+
+@pytest.mark.parametrize("source", ["hf", "s3"])
+def test_a_checkpoint_of_pickles_only_is_refused_naming_them(
+    request: pytest.FixtureRequest, tmp_path: pathlib.Path, checkpoint: pathlib.Path, source: str
+) -> None:
+    """config.json + pytorch_model.bin (older repos): NotFound saying these are PyTorch pickles
+    and the engine reads safetensors only."""
+    files = {p.name: p.read_bytes() for p in checkpoint.iterdir() if p.is_file()}
+    del files["model.safetensors"]
+    files["pytorch_model.bin"] = b"PK\3\4" + b"\0" * 60
+    if source == "hf":
+        request.getfixturevalue("hub").add("org/bin-only", files)
+        uri = "hf://org/bin-only"
+    else:
+        s3 = request.getfixturevalue("s3").client()
+        for name, data in files.items():
+            s3.put_object(Bucket="models", Key=f"bin-only/{name}", Body=data)
+        uri = "s3://models/bin-only"
+    err = failure(uri, tmp_path)
+    assert err.detail == "NotFound", err
+    assert "pytorch_model.bin" in str(err) and "safetensors only" in str(err), err

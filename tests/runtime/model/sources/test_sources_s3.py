@@ -55,7 +55,7 @@ def test_a_single_gguf_object(s3: MotoS3, tmp_path: pathlib.Path) -> None:
     [
         ("s3://models/nothing-here", "no objects under s3://models/nothing-here/"),
         ("s3://no-such-bucket/x", "NoSuchBucket"),
-        ("s3://models/gguf", "no config.json"),
+        ("s3://models/gguf", "holds GGUF files (tiny.gguf)"),
     ],
 )
 def test_not_found(s3: MotoS3, tmp_path: pathlib.Path, uri: str, words: str) -> None:
@@ -72,6 +72,16 @@ def test_unauthorized(s3: MotoS3, tmp_path: pathlib.Path, monkeypatch: pytest.Mo
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAUNKNOWN000000000")
         err = failure("s3://models/tiny", tmp_path / "c")
         assert err.detail == "Unauthorized" and "InvalidAccessKeyId" in str(err), str(err)
+
+
+def test_keys_from_a_file_with_its_newline_work(
+    s3: MotoS3, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Secret made with `--from-file` keeps the file's newline."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, s3.env[name] + "\n")
+    with s3.require_auth():
+        assert resolve_model("s3://models/tiny", tmp_path)
 
 
 def test_out_of_space(s3: MotoS3, tmp_path: pathlib.Path) -> None:
@@ -161,3 +171,27 @@ def test_two_gguf_objects_of_one_folder_keep_each_other(s3: MotoS3, tmp_path: pa
     assert a.parent == b.parent and b.read_bytes().endswith(b"b")
     assert resolve_model("s3://models/ggufs/a.gguf", tmp_path) == str(a)
     assert a.stat().st_mtime_ns == stamp  # not fetched again
+
+
+def test_a_prefix_one_level_too_high_names_the_model_below(
+    s3: MotoS3, tmp_path: pathlib.Path
+) -> None:
+    """`s3://models/org` when the model is in `org/llama/3b/`: NotFound naming that prefix."""
+    s3.upload_dir(
+        "models", "org/llama/3b", pathlib.Path(resolve_model("s3://models/tiny", tmp_path))
+    )
+    err = failure("s3://models/org", tmp_path)
+    assert err.detail == "NotFound" and "s3://models/org/llama/3b/" in str(err), err
+    assert resolve_model("s3://models/org/llama/3b", tmp_path)
+
+
+def test_the_region_from_aws_region(s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> None:
+    """AWS_REGION (what EKS, ECS and the other AWS SDKs set; botocore reads only
+    AWS_DEFAULT_REGION) is the region the requests are signed for; AWS_DEFAULT_REGION wins."""
+    from pagoda.runtime.model.sources.s3 import client
+
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    assert client().meta.region_name == "eu-west-1"
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-central-1")
+    assert client().meta.region_name == "eu-central-1"
