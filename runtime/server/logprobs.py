@@ -52,9 +52,10 @@ class TokenStrings:
         self._bytes: dict[int, list[int]] = {}
         self._key: dict[int, str] = {}
         self._byte_level = is_plain_byte_level(tokenizer.backend)
-        # a token that decodes to plain text: each token's text is read after it
+        # a token that decodes to plain text: each token's text is read after it (without a
+        # decoder, `tokenizers` joins tokens with spaces, which are no token's text)
         ids = tokenizer.encode("a", add_special_tokens=False)
-        self._anchor = ids[-1:] if ids else []
+        self._anchor = ids[-1:] if ids and tokenizer.backend.decoder is not None else []
         self._anchor_len = len(tokenizer.decode(self._anchor, skip_special_tokens=False))
 
     def text(self, token_id: int) -> str:
