@@ -293,8 +293,15 @@ class Tokenizer:
 
 # What `apply_chat_template` puts in a template's context itself
 TEMPLATE_NAMES = frozenset(
-    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
-     "strftime_now"}
+    {
+        "messages",
+        "tools",
+        "add_generation_prompt",
+        "bos_token",
+        "eos_token",
+        "raise_exception",
+        "strftime_now",
+    }
 )
 
 

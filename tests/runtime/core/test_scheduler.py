@@ -202,6 +202,8 @@ def test_prompt_logprob_chunks_share_a_capped_room(monkeypatch):
     s = make(max_num_batched_tokens=32, enable_chunked_prefill=False)
     s.add_request(Request("a", list(range(20)), scored))
     assert step(s).scheduled[0].num_new_tokens == 20
+
+
 # -- long prefills beside other requests (long_prefill_token_threshold) ------------------------
 
 
