@@ -28,6 +28,7 @@ from pagoda.runtime.server.metrics import ServerMetrics
 from pagoda.runtime.server.protocol import APIError
 from pagoda.runtime.server.serving import Serving
 from pagoda.runtime.server.structured_outputs import StructuredOutputs
+from pagoda.runtime.server.tokenize import add_tokenizer_routes
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
@@ -134,6 +135,8 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
         ),
     }
     add_openai_routes(app, cfg, serving, endpoints)
+    add_tokenizer_routes(app, serving, authorizer(cfg),
+                         endpoints["/v1/completions"].resolve_model, cfg.max_request_bytes)  # fmt: skip
     add_probe_routes(app, engine, metrics)
     if cfg.enable_debug_endpoints:
         add_debug_routes(app, engine)

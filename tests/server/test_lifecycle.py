@@ -46,6 +46,8 @@ def test_api_key(keyed):
             assert r.status_code == 401
             assert r.json()["error"]["code"] == "invalid_api_key"
         assert c.get("/v1/models").status_code == 401
+        assert c.get("/tokenizer_info").status_code == 401
+        assert c.post("/tokenize", json={"prompt": "Hi"}).status_code == 401
         for open_path in ("/health", "/ready", "/metrics"):
             assert c.get(open_path).status_code == 200
         assert c.get("/debug/engine").status_code == 404  # debug endpoints are off by default

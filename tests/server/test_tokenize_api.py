@@ -1,0 +1,61 @@
+"""vLLM's tokenizer endpoints over HTTP, asked as lm-evaluation-harness 0.4.13's remote tokenizer
+asks (`lm_eval.utils.RemoteTokenizer` / `check_remote_tokenizer_support`: its default
+`tokenizer_backend=auto` uses them when `/tokenizer_info` has `eos_token` and `/tokenize` returns
+`tokens`), against transformers' tokenizer of the same tiny checkpoint; and the 400s."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from hf_oracle import make_tiny_llama
+from server_testlib import ServerProcess
+
+pytestmark = pytest.mark.e2e
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    make_tiny_llama(path)
+    srv = ServerProcess("--model", str(path), "--device", "cpu", "--dtype", "float32",
+                        "--kv-cache-memory", "8MiB", "--log-level", "warning")  # fmt: skip
+    try:
+        srv.wait_ready()
+        yield transformers.AutoTokenizer.from_pretrained(path), srv
+    finally:
+        srv.stop()
+
+
+def test_lm_eval_remote_tokenizer_probe_and_calls(tiny):
+    hf, srv = tiny
+    info = httpx.get(f"{srv.base}/tokenizer_info", timeout=30)
+    assert info.status_code == 200, info.text
+    info = info.json()
+    assert info["eos_token"] == "w2" and info["bos_token"] == "w1" and info["pad_token"] is None
+    assert info["chat_template"].startswith("{% for m in messages %}")
+    text = "w5 w17 w299 w0"
+    r = httpx.post(f"{srv.base}/tokenize", json={"prompt": text, "add_special_tokens": False})
+    assert r.status_code == 200, r.text
+    ids = hf(text, add_special_tokens=False).input_ids
+    assert r.json()["tokens"] == ids and r.json()["count"] == len(ids)
+    assert r.json()["max_model_len"] == 512
+    r = httpx.post(f"{srv.base}/detokenize", json={"tokens": ids})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"prompt": hf.decode(ids)}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/detokenize", {"tokens": [5, 300]}, "tokens"),
+        ("/detokenize", {"tokens": [-1]}, "tokens"),
+        ("/tokenize", {"prompt": "w5", "messages": []}, "messages"),
+        ("/tokenize", {"prompt": 5}, "prompt"),
+        ("/tokenize", {"prompt": "w5", "model": "nope"}, "model"),
+    ],
+)
+def test_bad_tokenizer_requests(tiny, path, body, param):
+    r = httpx.post(f"{tiny[1].base}{path}", json=body, timeout=30)
+    assert r.status_code in (400, 404), r.text
+    assert r.json()["error"]["param"] == param
