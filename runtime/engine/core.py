@@ -138,6 +138,8 @@ class EngineCore:
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         if params.logit_bias and params.logit_bias[-1][0] >= vocab:  # sorted by id
             raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
+        if params.allowed_token_ids is not None and max(params.allowed_token_ids) >= vocab:
+            raise ValueError(f"allowed_token_ids must be in [0, {vocab})")
         if params.structured_outputs is not None:  # offline: compiled here (server: before)
             from pagoda.runtime.structured.compiler import compiler_for
 

@@ -66,6 +66,9 @@ class SamplingParams:
     # OpenAI's logit_bias: (token id, value) pairs, sorted by id; a {id: value} mapping (ids as
     # ints or decimal strings, as JSON spells them) is accepted and converted; values clipped
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # vLLM's: sampling only from these token ids (None: all); an empty list is an error, and
+    # ids past the vocabulary are refused when an engine receives the params
+    allowed_token_ids: list[int] | None = None
     # pagoda.runtime.structured.params.StructuredOutputsParams: the grammar the output follows
     structured_outputs: Any = None
 
@@ -120,6 +123,8 @@ class SamplingParams:
             _check_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
         self._check_stops()
         object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        if self.allowed_token_ids is not None:
+            object.__setattr__(self, "allowed_token_ids", _token_ids(self.allowed_token_ids))
         if self.structured_outputs is not None:
             if not hasattr(self.structured_outputs, "key"):  # no import: structured needs us
                 raise ParamError("structured_outputs", "structured_outputs must be a "
@@ -215,6 +220,21 @@ def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
             raise ParamError("logit_bias", f"logit_bias gives token {token} twice")
         out[token] = max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, float(bias)))
     return tuple(sorted(out.items()))
+
+
+def _token_ids(value: object) -> list[int]:
+    """allowed_token_ids as a new list; ParamError unless a non-empty list of non-negative
+    integers."""
+    name = "allowed_token_ids"
+    if not isinstance(value, (list, tuple)):
+        raise ParamError(name, f"{name} must be a list of token ids, got {_short(value)}")
+    if not value:
+        raise ParamError(name, f"{name} must not be empty (None allows every token)")
+    for t in value:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**63:
+            raise ParamError(name, f"{name} must hold token ids (non-negative integers), got "
+                             f"{_short(t)}")  # fmt: skip
+    return list(value)
 
 
 def _short(value: object) -> str:
