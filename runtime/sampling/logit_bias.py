@@ -9,6 +9,7 @@ its originals are put back afterwards, so logprobs report the model's own distri
 vLLM's `min_tokens` rides on it: while a row's next token is one of its first `min_tokens`,
 its stop tokens (EOS unless `ignore_eos`, `stop_token_ids`) get -inf. That changes as the
 output grows, so a batch holding such rows rebuilds its bias every step (`live` says so).
+So do vLLM's `bad_words` (`bad_words.py`): -inf on the tokens that would complete a word.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from pagoda.runtime.sampling.bad_words import banned_now, needs_history
 
 
 @dataclass
@@ -29,8 +31,8 @@ class LogitBias:
     @classmethod
     def build(cls, reqs: Sequence, vocab_size: int) -> LogitBias | None:
         """The entries of every row whose request asks for a bias, or whose next token is
-        one of its first `min_tokens` (its stop tokens in the vocabulary: -inf); None when no
-        row has any."""
+        one of its first `min_tokens` (its stop tokens in the vocabulary: -inf), or that would
+        complete one of its bad words (-inf); None when no row has any."""
         rows, tokens, values, live = [], [], [], False
         for i, r in enumerate(reqs):
             p = r.params
@@ -40,14 +42,21 @@ class LogitBias:
                 masked = dict(entries)
                 masked.update((t, float("-inf")) for t in r.stop_ids if t < vocab_size)
                 entries = masked.items()
+            if r.bad_words:  # the output is all on the host (such steps run synchronously)
+                live = live or needs_history(r.bad_words)
+                masked = dict(entries)
+                masked.update((t, float("-inf")) for t in
+                              banned_now(r.bad_words, r.token_ids[r.num_prompt_tokens :]))  # fmt: skip
+                entries = masked.items()
             for token, value in entries:
                 rows.append(i)
                 tokens.append(token)
                 values.append(value)
-        if not rows:
+        if not rows and not live:  # live: no entries now, but a bad word may need some next
             return None
         values_t = torch.tensor(values, dtype=torch.float32)
-        return cls(torch.tensor(rows), torch.tensor(tokens), values_t, live)
+        long = torch.int64
+        return cls(torch.tensor(rows, dtype=long), torch.tensor(tokens, dtype=long), values_t, live)
 
     def to(self, move: Callable[[torch.Tensor], torch.Tensor]) -> LogitBias:
         return LogitBias(move(self.rows), move(self.tokens), move(self.values), self.live)

@@ -86,8 +86,8 @@ class SamplingBatch:
         penalties = Penalties.build(reqs) if any(p.needs_penalties for p in ps) else None
         cand, full, k = _candidate_rows(ps, greedy_host, vocab_size, device)
         lps = [p.logprobs for p in ps if p.logprobs is not None]
-        bias = LogitBias.build(reqs, vocab_size) if any(p.logit_bias or p.min_tokens
-                                                         for p in ps) else None  # fmt: skip
+        biased = any(r.params.logit_bias or r.params.min_tokens or r.bad_words for r in reqs)
+        bias = LogitBias.build(reqs, vocab_size) if biased else None
         allowed = AllowedTokens.build(reqs, vocab_size)
 
         dev = functools.partial(_to_device, device=device)

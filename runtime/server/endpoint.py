@@ -127,6 +127,7 @@ class Endpoint(ABC):
             "include_stop_str_in_output": req.include_stop_str_in_output,
             "logit_bias": req.logit_bias,
             "allowed_token_ids": req.allowed_token_ids,
+            "bad_words": req.bad_words,
         }
         fields = {**defaults, **{k: v for k, v in fields.items() if v is not None}}
         try:
