@@ -78,3 +78,18 @@ def test_params_check():
         with pytest.raises(ParamError) as e:
             SamplingParams(bad_words=bad)
         assert e.value.field == "bad_words"
+
+
+def test_a_grammar_row_left_with_nothing_keeps_the_grammars_tokens():
+    """The grammar's mask is in the logits first: bans that leave none of its tokens are not
+    applied to that row (no draw from a row of -inf); other bans in the batch still hold."""
+    from pagoda.runtime.structured.params import StructuredOutputsParams
+
+    so = StructuredOutputsParams(choice=["x"])
+    logits = torch.full((2, V), float("-inf"))
+    logits[0, 10] = 0.0  # the grammar allows 10 alone
+    logits[1, [10, 11]] = torch.tensor([1.0, 0.0])
+    reqs = [_row(SamplingParams(temperature=0, structured_outputs=so), ((10,),), []),
+            _row(SamplingParams(temperature=0, structured_outputs=so), ((10,),), [])]  # fmt: skip
+    out = sample(logits.clone(), SamplingBatch.build(reqs, V, torch.device("cpu")))
+    assert out.token_ids.tolist() == [10, 11]
