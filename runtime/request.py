@@ -56,6 +56,8 @@ class Request:
     cache_salt: bytes | None = None
     eos_token_ids: tuple[int, ...] = ()
     max_model_len: int = 1 << 30
+    # `params.bad_words` as token-id sequences (`sampling.bad_words`), tokenized on receipt
+    bad_words: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         self.token_ids: list[int] = list(self.prompt_token_ids)

@@ -41,6 +41,7 @@ from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.request import FIRST_FINISHED, Request
+from pagoda.runtime.sampling.bad_words import bad_words_token_ids, needs_history
 from pagoda.runtime.sampling.params import SamplingParams, sample_seed
 from pagoda.runtime.worker.model_runner import ModelRunner
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
@@ -138,6 +139,8 @@ class EngineCore:
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         if params.logit_bias and params.logit_bias[-1][0] >= vocab:  # sorted by id
             raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
+        if params.allowed_token_ids is not None and max(params.allowed_token_ids) >= vocab:
+            raise ValueError(f"allowed_token_ids must be in [0, {vocab})")
         if params.structured_outputs is not None:  # offline: compiled here (server: before)
             from pagoda.runtime.structured.compiler import compiler_for
 
@@ -153,6 +156,10 @@ class EngineCore:
         salt = None
         if params.n > 1 and not self.config.cache.enable_prefix_caching:
             salt = hashlib.blake2b(request_id.encode(), digest_size=16).digest()  # siblings share
+        bad_words = ()
+        if params.bad_words:
+            vocab = self.model_config.vocab_size
+            bad_words = bad_words_token_ids(params.bad_words, self.tokenizer, vocab)
         reqs = []
         for i in range(params.n):
             child_params = params
@@ -168,6 +175,7 @@ class EngineCore:
                     cache_salt=salt,
                     eos_token_ids=self.model_config.eos_token_ids,
                     max_model_len=self.max_model_len,
+                    bad_words=bad_words,
                 )
             )
         self.outputs.add(request_id, reqs)
@@ -175,7 +183,7 @@ class EngineCore:
             self.scheduler.add_request(req)
             if req.wants_prompt_logprobs:
                 self.runner.prompt_logprob_requests[req.request_id] = req
-            if params.needs_penalties:
+            if params.needs_penalties or needs_history(bad_words):  # need the host's tokens
                 self._penalized.add(req.request_id)
 
     def abort_request(self, request_id: str) -> None:

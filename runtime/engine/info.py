@@ -58,6 +58,10 @@ class EngineInfo:
         if params.logit_bias and params.logit_bias[-1][0] >= vocab:  # sorted by id
             raise ParamError("logit_bias", f"logit_bias token id {params.logit_bias[-1][0]} is "
                              f"not in this model's vocabulary [0, {vocab})")  # fmt: skip
+        if params.allowed_token_ids is not None and max(params.allowed_token_ids) >= vocab:
+            raise ParamError("allowed_token_ids", f"allowed_token_ids holds token id "
+                             f"{max(params.allowed_token_ids)}, not in this model's vocabulary "
+                             f"[0, {vocab})")  # fmt: skip
         if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
             raise ParamError(
                 "max_tokens",

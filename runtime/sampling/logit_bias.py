@@ -9,6 +9,7 @@ its originals are put back afterwards, so logprobs report the model's own distri
 vLLM's `min_tokens` rides on it: while a row's next token is one of its first `min_tokens`,
 its stop tokens (EOS unless `ignore_eos`, `stop_token_ids`) get -inf. That changes as the
 output grows, so a batch holding such rows rebuilds its bias every step (`live` says so).
+So do vLLM's `bad_words` (`bad_words.py`): -inf on the tokens that would complete a word.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from pagoda.runtime.sampling.bad_words import banned_now, needs_history
 
 
 @dataclass
@@ -25,13 +27,16 @@ class LogitBias:
     tokens: torch.Tensor  # [M] int64: its token id (unique within a row)
     values: torch.Tensor  # [M] float32: what is added
     live: bool = False  # some row's stop tokens are masked for min_tokens (changes next step)
+    # rows with bad words and a grammar: where the bans leave nothing the grammar allows, the
+    # row's entries are not applied (the grammar's tokens win, as with allowed_token_ids)
+    guard: torch.Tensor | None = None
 
     @classmethod
     def build(cls, reqs: Sequence, vocab_size: int) -> LogitBias | None:
         """The entries of every row whose request asks for a bias, or whose next token is
-        one of its first `min_tokens` (its stop tokens in the vocabulary: -inf); None when no
-        row has any."""
-        rows, tokens, values, live = [], [], [], False
+        one of its first `min_tokens` (its stop tokens in the vocabulary: -inf), or that would
+        complete one of its bad words (-inf); None when no row has any."""
+        rows, tokens, values, live, guard = [], [], [], False, []
         for i, r in enumerate(reqs):
             p = r.params
             entries = p.logit_bias
@@ -40,17 +45,28 @@ class LogitBias:
                 masked = dict(entries)
                 masked.update((t, float("-inf")) for t in r.stop_ids if t < vocab_size)
                 entries = masked.items()
+            if r.bad_words:  # the output is all on the host (such steps run synchronously)
+                live = live or needs_history(r.bad_words)
+                masked = dict(entries)
+                masked.update((t, float("-inf")) for t in
+                              banned_now(r.bad_words, r.token_ids[r.num_prompt_tokens :]))  # fmt: skip
+                entries = masked.items()
+                if p.structured_outputs is not None:
+                    guard.append(i)
             for token, value in entries:
                 rows.append(i)
                 tokens.append(token)
                 values.append(value)
-        if not rows:
+        if not rows and not live:  # live: no entries now, but a bad word may need some next
             return None
         values_t = torch.tensor(values, dtype=torch.float32)
-        return cls(torch.tensor(rows), torch.tensor(tokens), values_t, live)
+        long = torch.int64
+        return cls(torch.tensor(rows, dtype=long), torch.tensor(tokens, dtype=long), values_t,
+                   live, torch.tensor(guard, dtype=long) if guard else None)  # fmt: skip
 
     def to(self, move: Callable[[torch.Tensor], torch.Tensor]) -> LogitBias:
-        return LogitBias(move(self.rows), move(self.tokens), move(self.values), self.live)
+        guard = move(self.guard) if self.guard is not None else None
+        return LogitBias(move(self.rows), move(self.tokens), move(self.values), self.live, guard)
 
     @torch.inference_mode()  # the model's logits are inference tensors: written in place here
     def apply(self, logits: torch.Tensor) -> Callable[[], None]:
@@ -62,6 +78,12 @@ class LogitBias:
         at = self.rows * logits.shape[1] + self.tokens
         was = flat.index_select(0, at)
         flat.index_copy_(0, at, was + self.values)
+        if self.guard is not None:  # a guarded row left with no finite logit: entries undone
+            dead = ~(logits.index_select(0, self.guard) > float("-inf")).any(-1)
+            dead_rows = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+            dead_rows.index_copy_(0, self.guard, dead)
+            undo = dead_rows.index_select(0, self.rows)
+            flat.index_copy_(0, at, torch.where(undo, was, was + self.values))
 
         @torch.inference_mode()
         def restore() -> None:

@@ -17,6 +17,7 @@ MAX_STOP_STRINGS = 4
 MAX_N = 16
 MAX_TEMPERATURE = 100.0  # finite; above ~5 sampling is already near uniform
 MAX_TOP_K = 2**31 - 1  # the sampler holds top_k in an int64 tensor; larger means "off" anyway
+MAX_BAD_WORDS = 300  # words of one request's bad_words (each step matches them all)
 MAX_LOGIT_BIAS = 300  # entries of one request's logit_bias
 LOGIT_BIAS_LIMIT = 100.0  # values are clipped to [-this, this], as OpenAI defines them
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
@@ -66,6 +67,12 @@ class SamplingParams:
     # OpenAI's logit_bias: (token id, value) pairs, sorted by id; a {id: value} mapping (ids as
     # ints or decimal strings, as JSON spells them) is accepted and converted; values clipped
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # vLLM's: sampling only from these token ids (None: all); an empty list is an error, and
+    # ids past the vocabulary are refused when an engine receives the params
+    allowed_token_ids: list[int] | None = None
+    # vLLM's: words the output must not contain (tokenized with and without a leading space
+    # when an engine receives the params; see sampling/bad_words.py)
+    bad_words: list[str] | None = None
     # pagoda.runtime.structured.params.StructuredOutputsParams: the grammar the output follows
     structured_outputs: Any = None
 
@@ -120,6 +127,10 @@ class SamplingParams:
             _check_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
         self._check_stops()
         object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        if self.allowed_token_ids is not None:
+            object.__setattr__(self, "allowed_token_ids", _token_ids(self.allowed_token_ids))
+        if self.bad_words is not None:
+            object.__setattr__(self, "bad_words", _bad_words(self.bad_words))
         if self.structured_outputs is not None:
             if not hasattr(self.structured_outputs, "key"):  # no import: structured needs us
                 raise ParamError("structured_outputs", "structured_outputs must be a "
@@ -215,6 +226,36 @@ def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
             raise ParamError("logit_bias", f"logit_bias gives token {token} twice")
         out[token] = max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, float(bias)))
     return tuple(sorted(out.items()))
+
+
+def _token_ids(value: object) -> list[int]:
+    """allowed_token_ids as a new list; ParamError unless a non-empty list of non-negative
+    integers."""
+    name = "allowed_token_ids"
+    if not isinstance(value, (list, tuple)):
+        raise ParamError(name, f"{name} must be a list of token ids, got {_short(value)}")
+    if not value:
+        raise ParamError(name, f"{name} must not be empty (None allows every token)")
+    for t in value:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**63:
+            raise ParamError(name, f"{name} must hold token ids (non-negative integers), got "
+                             f"{_short(t)}")  # fmt: skip
+    return list(value)
+
+
+def _bad_words(value: object) -> list[str]:
+    """bad_words as a new list; ParamError unless a list of at most `MAX_BAD_WORDS` strings
+    with something besides spaces in each."""
+    if not isinstance(value, (list, tuple)):
+        raise ParamError("bad_words", f"bad_words must be a list of strings, got {_short(value)}")
+    if len(value) > MAX_BAD_WORDS:
+        raise ParamError("bad_words", f"bad_words accepts at most {MAX_BAD_WORDS} words, got "
+                         f"{len(value)}")  # fmt: skip
+    for w in value:
+        if not isinstance(w, str) or not w.strip():
+            raise ParamError("bad_words", f"bad_words must hold non-empty strings, got "
+                             f"{_short(w)}")  # fmt: skip
+    return list(value)
 
 
 def _short(value: object) -> str:

@@ -1,4 +1,4 @@
-"""Batched sampling over one step's logits: logit bias, penalties, temperature, top-k/top-p/min-p, seeds.
+"""Batched sampling over one step's logits: allowed tokens, logit bias, penalties, temperature, top-k/top-p/min-p, seeds.
 
 Everything is tensor work over the [N, vocab] logits; the only per-request Python is building
 the parameter tensors and drawing each seeded request's uniform from its own generator. Sampling
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 from pagoda.runtime.sampling import native
+from pagoda.runtime.sampling.allowed_tokens import AllowedTokens
 from pagoda.runtime.sampling.logit_bias import LogitBias
 from pagoda.runtime.sampling.ops import LOG2E, argmax_rows, sample_candidates, sample_full
 from pagoda.runtime.sampling.params import SamplingParams
@@ -45,6 +46,7 @@ class SamplingBatch:
     max_logprobs: int | None  # largest logprobs k asked in the batch, None if no row asks
     any_greedy: bool = False
     logit_bias: LogitBias | None = None  # the rows' logit_bias entries, all rows together
+    allowed: AllowedTokens | None = None  # the masks of rows with allowed_token_ids
     candidate_rows: torch.Tensor | None = None  # sampled rows with top-k/top-p (None: none)
     full_rows: torch.Tensor | None = None  # the other rows, when both kinds are present
     num_candidates: int = 0  # candidates per candidate row (covers every row's top-k)
@@ -56,9 +58,14 @@ class SamplingBatch:
 
     @property
     def plain(self) -> bool:
-        """No penalties, no logit bias and no logprobs: only the token choice reads the
-        logits."""
-        return self.penalties is None and self.logit_bias is None and self.max_logprobs is None
+        """No penalties, no logit bias, no allowed tokens and no logprobs: only the token choice
+        reads the logits."""
+        return (
+            self.penalties is None
+            and self.logit_bias is None
+            and self.allowed is None
+            and self.max_logprobs is None
+        )
 
     @classmethod
     def build(cls, reqs: list[Request], vocab_size: int, device: torch.device) -> SamplingBatch:
@@ -79,8 +86,9 @@ class SamplingBatch:
         penalties = Penalties.build(reqs) if any(p.needs_penalties for p in ps) else None
         cand, full, k = _candidate_rows(ps, greedy_host, vocab_size, device)
         lps = [p.logprobs for p in ps if p.logprobs is not None]
-        bias = LogitBias.build(reqs, vocab_size) if any(p.logit_bias or p.min_tokens
-                                                         for p in ps) else None  # fmt: skip
+        biased = any(r.params.logit_bias or r.params.min_tokens or r.bad_words for r in reqs)
+        bias = LogitBias.build(reqs, vocab_size) if biased else None
+        allowed = AllowedTokens.build(reqs, vocab_size)
 
         dev = functools.partial(_to_device, device=device)
         return cls(
@@ -95,6 +103,7 @@ class SamplingBatch:
             max_logprobs=max(lps) if lps else None,
             any_greedy=any(greedy_host),
             logit_bias=bias.to(dev) if bias is not None else None,
+            allowed=allowed.to(dev) if allowed is not None else None,
             candidate_rows=dev(torch.tensor(cand)) if cand else None,
             full_rows=dev(torch.tensor(full)) if cand and full else None,
             num_candidates=k,
@@ -228,7 +237,9 @@ def sample(
     given = logits
     if logits.dtype != torch.float32 and not _native_as_is(logits, b):
         logits = logits.float()
-    restores = [x.apply(logits) for x in (b.logit_bias, b.penalties) if x is not None]
+    # vLLM's order: allowed tokens, then the bias (and min_tokens), then the penalties
+    order = (b.allowed, b.logit_bias, b.penalties)
+    restores = [x.apply(logits) for x in order if x is not None]
     try:
         tokens = _pick(logits, b, whole)
     finally:  # the caller's logits, and the logprobs' (the model's, before penalties), restored
@@ -276,9 +287,10 @@ def _sample_whole(logits: torch.Tensor, b: SamplingBatch, whole: WholeSampler) -
 
 
 def _native_as_is(logits: torch.Tensor, b: SamplingBatch) -> bool:
-    """Whether only the native kernels touch these logits (no penalties, no logit bias;
-    whole-vocabulary and top-k/top-p rows, and logprobs, alike)."""
-    return b.penalties is None and b.logit_bias is None and native.usable(logits)
+    """Whether only the native kernels touch these logits (no penalties, no logit bias, no
+    allowed tokens; whole-vocabulary and top-k/top-p rows, and logprobs, alike)."""
+    touched = b.penalties is not None or b.logit_bias is not None or b.allowed is not None
+    return not touched and native.usable(logits)
 
 
 def _uniforms(b: SamplingBatch, n: int, device: torch.device) -> torch.Tensor:

@@ -126,6 +126,8 @@ class Endpoint(ABC):
             "skip_special_tokens": req.skip_special_tokens,
             "include_stop_str_in_output": req.include_stop_str_in_output,
             "logit_bias": req.logit_bias,
+            "allowed_token_ids": req.allowed_token_ids,
+            "bad_words": req.bad_words,
         }
         fields = {**defaults, **{k: v for k, v in fields.items() if v is not None}}
         try:

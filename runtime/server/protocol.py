@@ -134,6 +134,8 @@ class _SamplingFields(_Strict):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None  # vLLM's: sample only from these ids
+    bad_words: list[str] | None = None  # vLLM's: words the output must not contain
     prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob and top k
     # accepted with the values that change nothing here (NO_OP_VALUES), hints with no effect
     store: bool | None = None

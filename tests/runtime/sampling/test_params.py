@@ -54,8 +54,8 @@ def test_mutable_as_vllms_and_validated_when_received():
     with pytest.raises(ValueError, match="min_tokens") as e:
         p.validated()
     assert e.value.field == "min_tokens"
-    with pytest.raises(AttributeError, match="bad_words"):
-        p.bad_words = ["x"]
+    with pytest.raises(AttributeError, match="output_kind"):
+        p.output_kind = 1
     with pytest.raises(TypeError, match="spaces_between_special_tokens"):
         SamplingParams(spaces_between_special_tokens=False)
 
