@@ -13,7 +13,7 @@ fragment is named by its bytes, as OpenAI does (`bytes:\\xf0\\x9f`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 from pagoda.runtime.model.byte_stream import is_plain_byte_level
@@ -51,20 +51,29 @@ class TokenStrings:
         self._text: dict[int, str] = {}
         self._bytes: dict[int, list[int]] = {}
         self._key: dict[int, str] = {}
-        self._byte_level = is_plain_byte_level(tokenizer.backend)
-        # a token that decodes to plain text: each token's text is read after it (without a
-        # decoder, `tokenizers` joins tokens with spaces, which are no token's text)
-        ids = tokenizer.encode("a", add_special_tokens=False)
-        self._anchor = ids[-1:] if ids and tokenizer.backend.decoder is not None else []
-        self._anchor_len = len(tokenizer.decode(self._anchor, skip_special_tokens=False))
+
+    @cached_property
+    def _byte_level(self) -> bool:
+        return is_plain_byte_level(self.tokenizer.backend)
+
+    @cached_property
+    def _anchor(self) -> tuple[list[int], int]:
+        """A token that decodes to plain text, and its length: each token's text is read after
+        it (without a decoder, `tokenizers` joins tokens with spaces, which are no token's
+        text). Built on the first logprobs asked, not for every server."""
+        tok = self.tokenizer
+        ids = tok.encode("a", add_special_tokens=False)
+        anchor = ids[-1:] if ids and tok.backend.decoder is not None else []
+        return anchor, len(tok.decode(anchor, skip_special_tokens=False))
 
     def text(self, token_id: int) -> str:
         """The text the token adds after other text (not at the start, where SentencePiece
         decoders strip its leading space)."""
         s = self._text.get(token_id)
         if s is None:
-            s = self.tokenizer.decode([*self._anchor, token_id], skip_special_tokens=False)
-            s = self._text[token_id] = s[self._anchor_len :]
+            anchor, skip = self._anchor
+            s = self.tokenizer.decode([*anchor, token_id], skip_special_tokens=False)
+            s = self._text[token_id] = s[skip:]
         return s
 
     def bytes(self, token_id: int) -> list[int]:
