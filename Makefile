@@ -78,11 +78,14 @@ serve: $(SERVE_STAMP)
 # One file or test: make test PYTEST_ARGS=tests/kernels/test_kernel_attention.py
 test: $(STAMP)
 	@$(PYTHON) .ci/e2e_tools.py || true
-	@echo "==> [1/2] tests not marked slow, on $(TEST_WORKERS) workers"
+	@echo "==> [1/3] tests not marked slow, on $(TEST_WORKERS) workers"
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -rs --durations=10 -m "not slow" \
 	  -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	@echo "==> [2/2] tests marked slow, one after another"
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -rs --durations=10 -m slow $(PYTEST_ARGS) \
+	@echo "==> [2/3] slow tests that share the cores (tests/conftest.py's SLOW_IN_PARALLEL)"
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -rs --durations=10 -m "slow and not serial" \
+	  -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	@echo "==> [3/3] the other slow tests (timing bounds, their own servers), one after another"
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -rs --durations=10 -m serial $(PYTEST_ARGS) \
 	  || [ $$? -eq 5 ]
 
 # Day-to-day subset: every package's tests except those marked `slow` (README: both durations),

@@ -26,7 +26,28 @@ def skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
+# Slow tests that share the cores well (no timing bounds, no servers of their own): `make test`
+# runs them on the xdist workers; every other slow test is marked `serial` and runs alone after.
+SLOW_IN_PARALLEL = (
+    "tests/benchmarks/",
+    "tests/kernels/test_kernel_invariance.py",
+    "tests/runtime/cpu/test_cpu_attention.py",
+    "tests/runtime/engine/test_async_scheduling.py",
+    "tests/runtime/engine/test_differential.py",
+    "tests/runtime/engine/test_invariance.py",
+    "tests/runtime/model/test_gguf.py",
+    "tests/runtime/test_correctness_hf.py",
+    "tests/runtime/tune/test_moe_sweep.py",
+    "tests/runtime/tune/test_tune_interpreter.py",
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects
 def pytest_collection_modifyitems(config, items):
+    serial = pytest.mark.serial
+    for item in items:
+        if "slow" in item.keywords and not item.nodeid.startswith(SLOW_IN_PARALLEL):
+            item.add_marker(serial)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
