@@ -23,7 +23,13 @@ import torch
 from pagoda.runtime.sampling import native
 from pagoda.runtime.sampling.allowed_tokens import AllowedTokens
 from pagoda.runtime.sampling.logit_bias import LogitBias
-from pagoda.runtime.sampling.ops import LOG2E, argmax_rows, sample_candidates, sample_full
+from pagoda.runtime.sampling.ops import (
+    LOG2E,
+    argmax_rows,
+    sample_candidates,
+    sample_full,
+    score_rows,
+)
 from pagoda.runtime.sampling.params import SamplingParams
 from pagoda.runtime.sampling.penalties import Penalties
 
@@ -248,13 +254,7 @@ def sample(
                 restore()
     if b.max_logprobs is None:
         return SamplerOutput(tokens, None, None, None)
-    if native.usable(logits):
-        chosen, top_ids, top_lp = native.logprob_rows(logits, tokens, b.max_logprobs)
-        return SamplerOutput(tokens, chosen, top_ids, top_lp, native.rank_rows(logits, tokens))
-    lp = logits.log_softmax(-1)
-    chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1)
-    top_lp, top_ids = lp.topk(b.max_logprobs, dim=-1) if b.max_logprobs else (None, None)
-    ranks = (lp >= chosen.unsqueeze(1)).sum(-1)  # as vLLM ranks the sampled token
+    chosen, ranks, top_ids, top_lp = score_rows(logits, tokens, b.max_logprobs)
     return SamplerOutput(tokens, chosen, top_ids, top_lp, ranks)
 
 

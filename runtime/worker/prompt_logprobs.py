@@ -17,11 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from pagoda.runtime.request import Request, TokenLogprob
-from pagoda.runtime.sampling import native
-
-# rows per float32 log-softmax (and rank comparison): bounds the temporaries to this many
-# rows of the vocabulary
-ROWS_AT_ONCE = 512
+from pagoda.runtime.sampling.ops import score_rows
 
 
 @dataclass
@@ -84,32 +80,8 @@ def prompt_rows(
 
 
 def score(logits: torch.Tensor, targets: torch.Tensor, k: int) -> PromptScores:
-    """Each row of `logits` [M, V]: its `targets` token's logprob, that token's rank, and the
-    row's top `k`. On CPU the native logprob kernels read the rows as they are (float32 or
-    bfloat16) without writing a log-softmax or a mask; elsewhere a float32 log-softmax,
-    `ROWS_AT_ONCE` rows at a time. Ranks compare the logits themselves (a log-softmax keeps
-    their order)."""
-    if native.usable(logits):
-        chosen, top_ids, top_lps = native.logprob_rows(logits, targets, k)
-        return PromptScores(chosen, native.rank_rows(logits, targets), top_ids, top_lps)
-    parts: list[tuple[torch.Tensor, ...]] = []
-    for a in range(0, logits.shape[0], ROWS_AT_ONCE):
-        lp = logits[a : a + ROWS_AT_ONCE].float().log_softmax(-1)
-        chosen = lp.gather(1, targets[a : a + ROWS_AT_ONCE].unsqueeze(1)).squeeze(1)
-        top = lp.topk(k, dim=-1) if k else None
-        parts.append((chosen, *((top.indices, top.values) if top else ())))
-    cols = [torch.cat(c) for c in zip(*parts)]
-    return PromptScores(cols[0], _ranks(logits, targets), *(cols[1:] if k else (None, None)))
-
-
-def _ranks(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """How many tokens of each row are at least as likely as its target (1 = the best)."""
-    out = []
-    for a in range(0, logits.shape[0], ROWS_AT_ONCE):
-        rows = logits[a : a + ROWS_AT_ONCE]
-        own = rows.gather(1, targets[a : a + ROWS_AT_ONCE].unsqueeze(1))
-        out.append((rows >= own).sum(-1))
-    return torch.cat(out)
+    """Each row of `logits` [M, V] scored against its prompt token (`ops.score_rows`)."""
+    return PromptScores(*score_rows(logits, targets, k))
 
 
 def entries(

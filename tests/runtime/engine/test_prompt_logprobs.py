@@ -105,13 +105,15 @@ def test_bad_prompt_logprobs_are_refused(bad):
 def test_the_torch_path_scores_as_the_native_kernels(monkeypatch):
     """Off the CPU (or without a C compiler) rows are scored by a float32 log-softmax in slices
     of ROWS_AT_ONCE rows: the same values, ranks and top k."""
+    from pagoda.runtime.sampling import native as kernels
+    from pagoda.runtime.sampling import ops
     from pagoda.runtime.worker import prompt_logprobs
 
     torch.manual_seed(0)
     logits, targets = torch.randn(70, 300) * 3, torch.randint(0, 300, (70,))
     native = prompt_logprobs.score(logits, targets, 4)
-    monkeypatch.setattr(prompt_logprobs.native, "usable", lambda x: False)
-    monkeypatch.setattr(prompt_logprobs, "ROWS_AT_ONCE", 32)
+    monkeypatch.setattr(kernels, "usable", lambda x: False)
+    monkeypatch.setattr(ops, "ROWS_AT_ONCE", 32)
     plain = prompt_logprobs.score(logits, targets, 4)
     assert torch.equal(native.rank, plain.rank) and torch.equal(native.top_ids, plain.top_ids)
     assert torch.allclose(native.chosen, plain.chosen, atol=1e-5)
