@@ -302,10 +302,15 @@ class ToolStream:
             self.region = p._start(text, final)
         if final and not self.calls and not p.parse(text, self.parallel)[1]:
             end = len(text)
-        elif self.region is None:
-            end = len(text) if final else len(text) - p._held(text)
         else:
-            end = max(self.region - len(p.marker_text(text, self.region)), self.content_sent)
+            if self.region is None:
+                end = len(text) - p._held(text)
+            else:
+                end = max(self.region - len(p.marker_text(text, self.region)), self.content_sent)
+            # whitespace before a call is not content (`parse` strips it): held until more
+            # content follows, so a stream's content is the whole response's
+            while end > self.content_sent and text[end - 1].isspace():
+                end -= 1
         if end > self.content_sent:
             out["content"] = text[self.content_sent : end]
             self.content_sent = end
