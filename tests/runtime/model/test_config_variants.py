@@ -215,3 +215,21 @@ def test_bidirectional_gemma3_is_refused_at_load(tmp_path):
     make_tiny_model(tmp_path, "Gemma3Text", head_dim=32, use_bidirectional_attention=True)
     with pytest.raises(ValueError, match=r"use_bidirectional_attention .* is not supported"):
         read_model_config(str(tmp_path))
+
+
+def test_multimodal_gemma3_stops_at_the_top_level_eos_ids(tmp_path):
+    """google/gemma-3-4b-it's config.json names EOS 1 and 106 (<end_of_turn>) at the top level,
+    its text_config none: without generation_config.json, transformers generates until either
+    (GenerationConfig.from_model_config), not until the text model's default 1 alone."""
+    text = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                head_dim=32, sliding_window=7)  # fmt: skip
+    cfg = transformers.Gemma3Config(text_config=text, eos_token_id=[1, 106])
+    cfg.architectures = ["Gemma3ForConditionalGeneration"]
+    cfg.save_pretrained(tmp_path)
+    c = json.loads((tmp_path / "config.json").read_text())
+    c["text_config"] = {k: v for k, v in c["text_config"].items() if k != "eos_token_id"}
+    (tmp_path / "config.json").write_text(json.dumps(c))
+    want = transformers.GenerationConfig.from_model_config(
+        transformers.AutoConfig.from_pretrained(tmp_path)
+    ).eos_token_id
+    assert read_model_config(str(tmp_path)).eos_token_ids == tuple(want) == (1, 106)
