@@ -328,7 +328,7 @@ class EngineCore:
 def check_max_model_len(asked: int | None, model: ModelConfig) -> int:
     """The sequence length the engine serves: `asked`, or the model's context length when left
     out; more than the context is refused, as vLLM does (the RoPE past it is untrained)."""
-    context = model.max_position_embeddings
+    context = model.context_length
     if asked is not None and asked > context:
         raise ValueError(
             f"max_model_len {asked} is more than the model's context length ({context} tokens, "
