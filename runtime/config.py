@@ -138,6 +138,20 @@ class ModelConfig:
                 raise ValueError(f"{name} must name each of the {self.num_layers} layers")
 
     @property
+    def context_length(self) -> int:
+        """The longest sequence the model serves (the default and the bound of max_model_len),
+        derived as vLLM derives it: `max_position_embeddings`, stretched by a `linear` scaling's
+        factor or to a `yarn` scaling's original context times its factor. llama3's scaling is
+        in max_position_embeddings already, Gemma 3's linear factor is its global layers' own
+        rotary, and a `dynamic` base would move with the length (`ops.check_rope_context`)."""
+        s, context = self.rope_scaling or {}, self.max_position_embeddings
+        kind = s.get("rope_type", s.get("type", "default"))
+        if self.architecture == "gemma3" or kind not in ("linear", "yarn") or not s.get("factor"):
+            return context
+        base = s.get("original_max_position_embeddings") if kind == "yarn" else None
+        return max(context, int((base or context) * float(s["factor"])))
+
+    @property
     def num_params(self) -> int:
         """Parameter count (embedding counted once when tied)."""
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim

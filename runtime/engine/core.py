@@ -66,7 +66,7 @@ class EngineCore:
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.sampling_defaults = dict(loaded.sampling_defaults)  # generation_config.json's
-        limit = config.scheduler.max_model_len or loaded.config.max_position_embeddings
+        limit = check_max_model_len(config.scheduler.max_model_len, loaded.config)
         self.executor = start_group(config, loaded.config, limit, on_failure)
         tp = self.executor.group if self.executor is not None else None
         try:  # a failed start stops the other ranks and leaves the group (a new one can start)
@@ -323,6 +323,18 @@ class EngineCore:
         """Stop the other tensor-parallel ranks, if any (idempotent)."""
         if self.executor is not None:
             self.executor.close(self.runner.channel if hasattr(self, "runner") else None)
+
+
+def check_max_model_len(asked: int | None, model: ModelConfig) -> int:
+    """The sequence length the engine serves: `asked`, or the model's context length when left
+    out; more than the context is refused, as vLLM does (the RoPE past it is untrained)."""
+    context = model.context_length
+    if asked is not None and asked > context:
+        raise ValueError(
+            f"max_model_len {asked} is more than the model's context length ({context} tokens, "
+            "from its metadata); lower --max-model-len"
+        )
+    return context if asked is None else asked
 
 
 def start_group(config: EngineConfig, model: ModelConfig, max_model_len: int, on_failure):

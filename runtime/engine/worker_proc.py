@@ -135,4 +135,4 @@ def _node_max_model_len(config: EngineConfig) -> int:
         return config.scheduler.max_model_len
     from pagoda.runtime.model.loader import read_model_config
 
-    return read_model_config(config.model).max_position_embeddings
+    return read_model_config(config.model).context_length

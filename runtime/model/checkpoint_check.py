@@ -33,7 +33,7 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         if c.family.qk_norm:
             out[a + "q_norm.weight"] = out[a + "k_norm.weight"] = (d,)
     if not c.tie_word_embeddings:
-        out[HEAD] = (c.vocab_size, h)  # where the checkpoint has one (else tied)
+        out[HEAD] = (c.vocab_size, h)
     return out
 
 
@@ -84,9 +84,10 @@ def check_checkpoint(
     """ValueError, one line, where `headers` (name -> (safetensors dtype, shape)) lacks a tensor
     `config` needs, holds one of another shape, or an FP8 weight without usable scales."""
     for name, shape in expected_shapes(config).items():
+        if name == HEAD and name not in headers:  # vLLM refuses it; transformers draws one
+            raise ValueError(f"checkpoint is missing tensor {HEAD!r} (config.json says "
+                             "tie_word_embeddings false: the head is not the embedding)")  # fmt: skip
         if name not in headers:
-            if name == HEAD:
-                continue
             raise ValueError(f"checkpoint is missing tensor {name!r} (config.json has "
                              f"{config.num_layers} layers)")  # fmt: skip
         got = tuple(headers[name][1])

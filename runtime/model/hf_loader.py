@@ -239,8 +239,10 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     rope_theta, scaling = _rope(cfg, "full_attention" if arch == "gemma3" else None)
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     rope_inv_freq(head_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
-    eos = _as_ids(gen.get("eos_token_id")) or _as_ids(cfg.get("eos_token_id"))
-    eos = eos or _as_ids(top.get("eos_token_id"))
+    # as transformers' GenerationConfig.from_model_config: a multimodal config's own ids
+    # (Gemma 3's [1, 106]: <end_of_turn> too) before its text_config's or the family default
+    eos = _as_ids(gen.get("eos_token_id")) or _as_ids(top.get("eos_token_id"))
+    eos = eos or _as_ids(cfg.get("eos_token_id"))
     return ModelConfig(
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=int(cfg["hidden_size"]),

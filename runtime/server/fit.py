@@ -118,7 +118,7 @@ def check(
     device = cfg.torch_device()
     plan = plan_of(cfg, model_path, tensor_parallel_size)
     if not plan.max_model_len:
-        plan = Plan(**{**plan.__dict__, "max_model_len": mc.max_position_embeddings})
+        plan = Plan(**{**plan.__dict__, "max_model_len": mc.context_length})
     held = weights_of.estimate(mc, cfg, model_path, tensor_parallel_size)  # as loaded
     weights = held.bytes
     have, where = usable(cfg, device)

@@ -27,6 +27,7 @@ import uvicorn
 from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.engine.async_engine import AsyncEngine
+from pagoda.runtime.engine.core import check_max_model_len
 from pagoda.runtime.model.loader import read_model_config, read_tokenizer, resolve_model_path
 from pagoda.runtime.model.safetensors_weights import checkpoint_files
 from pagoda.runtime.model.sources.fetch import resolve_model
@@ -117,15 +118,9 @@ def _looks_like_a_json_object(path: Path, edge: int = 64) -> bool:
 def check_context(kwargs: dict[str, Any], model_config: ModelConfig) -> None:
     """`max_model_len` defaults to the model's context length and may not exceed it (the RoPE
     of a longer context is untrained; vLLM refuses it too)."""
-    context = model_config.max_position_embeddings
     asked = kwargs.get("max_model_len")
-    if asked is None:
-        kwargs["max_model_len"] = context
-    elif isinstance(asked, int) and not isinstance(asked, bool) and asked > context:
-        raise ValueError(
-            f"max_model_len {asked} is more than the model's context length ({context} tokens, "
-            "from its metadata); lower --max-model-len"
-        )
+    if asked is None or (isinstance(asked, int) and not isinstance(asked, bool)):
+        kwargs["max_model_len"] = check_max_model_len(asked, model_config)
 
 
 def check_parallel(model_config: ModelConfig, engine_cfg: EngineConfig) -> None:

@@ -104,7 +104,7 @@ def estimate(
     to free memory (worked out by `check`)."""
     dtype = cfg.torch_dtype()
     sched, cache = cfg.scheduler, cfg.cache
-    max_len = sched.max_model_len or mc.max_position_embeddings
+    max_len = sched.max_model_len or mc.context_length
     # one rank's weights as loaded (not the file's size): on CUDA each GPU holds one rank's
     # share (checked on one); a CPU holds those of every rank on this node
     held = weights.estimate(mc, cfg, model_path, device=device)
@@ -141,7 +141,7 @@ def step_bytes(
     token budget, by max_num_seqs × max_model_len and by the KV cache; its sampling rows by
     max_num_seqs and by the blocks (each running sequence holds one)."""
     sched, bs = cfg.scheduler, cfg.cache.block_size
-    max_len = sched.max_model_len or mc.max_position_embeddings
+    max_len = sched.max_model_len or mc.context_length
     tokens = min(sched.max_num_batched_tokens, sched.max_num_seqs * max_len)
     rows = min(sched.max_num_seqs, tokens)
     if kv_blocks is not None:

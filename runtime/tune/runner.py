@@ -194,7 +194,7 @@ def _setup(req: TuneRequest, out: Path) -> _Setup:
         "dtype": dtype_name(base.torch_dtype()),
     }
     previous = _previous(out, identity, req.force)
-    max_model_len = req.max_model_len or model_config.max_position_embeddings
+    max_model_len = req.max_model_len or model_config.context_length
     _check_shapes(previous, out, max_model_len, base.cache.block_size)
     plan = make_plan(max_model_len=max_model_len, cuda=cuda, quick=req.quick)
     backend = base.attention_backend

@@ -122,3 +122,10 @@ def test_kv_manager_records_peak_usage(llm):
     llm.generate(["The sea is", "Cats are"], SamplingParams(temperature=0, max_tokens=20))
     assert 0 < peak.blocks <= llm.engine.kv.num_blocks
     assert 0 < peak.tokens <= peak.slots and peak.slots % llm.config.cache.block_size == 0
+
+
+def test_max_model_len_past_the_models_context_is_refused(smol):
+    """As vLLM's LLM (and `pagoda serve`): RoPE past max_position_embeddings is untrained."""
+    context = smol.config.max_position_embeddings
+    with pytest.raises(ValueError, match=f"max_model_len {context + 1} is more than the model's"):
+        LLM(loaded=smol, max_model_len=context + 1, kv_cache_memory=8 << 20)

@@ -201,7 +201,7 @@ def test_dynamic_rope_is_exact_within_its_context_and_refused_past_it(tmp_path):
     want = hf_greedy_plain(model, LONG, NEW)
     loaded = load_model(str(tmp_path))
     check(generate(_engine(loaded), [LONG])[0], want, "dynamic within the context")
-    with pytest.raises(ValueError, match="'dynamic' is exact only within the model's context"):
+    with pytest.raises(ValueError, match="max_model_len 200 is more than the model's context"):
         LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, max_model_len=200)
 
 
@@ -215,3 +215,59 @@ def test_bidirectional_gemma3_is_refused_at_load(tmp_path):
     make_tiny_model(tmp_path, "Gemma3Text", head_dim=32, use_bidirectional_attention=True)
     with pytest.raises(ValueError, match=r"use_bidirectional_attention .* is not supported"):
         read_model_config(str(tmp_path))
+
+
+def test_multimodal_gemma3_stops_at_the_top_level_eos_ids(tmp_path):
+    """google/gemma-3-4b-it's config.json names EOS 1 and 106 (<end_of_turn>) at the top level,
+    its text_config none: without generation_config.json, transformers generates until either
+    (GenerationConfig.from_model_config), not until the text model's default 1 alone."""
+    text = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                head_dim=32, sliding_window=7)  # fmt: skip
+    cfg = transformers.Gemma3Config(text_config=text, eos_token_id=[1, 106])
+    cfg.architectures = ["Gemma3ForConditionalGeneration"]
+    cfg.save_pretrained(tmp_path)
+    c = json.loads((tmp_path / "config.json").read_text())
+    c["text_config"] = {k: v for k, v in c["text_config"].items() if k != "eos_token_id"}
+    (tmp_path / "config.json").write_text(json.dumps(c))
+    want = transformers.GenerationConfig.from_model_config(
+        transformers.AutoConfig.from_pretrained(tmp_path)
+    ).eos_token_id
+    assert read_model_config(str(tmp_path)).eos_token_ids == tuple(want) == (1, 106)
+
+
+CONTEXTS = {  # rope_parameters -> the context vLLM derives from a 64-token max_position_embeddings
+    "yarn": ({**YARN, "original_max_position_embeddings": 32}, 128),  # Qwen3's advice: x4
+    "linear": ({"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}, 128),
+    "llama3": ({**LLAMA3, "rope_theta": 10000.0, "original_max_position_embeddings": 16}, 64),
+    "dynamic": ({"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}, 64),  # ours
+}
+
+
+@pytest.mark.parametrize("name", list(CONTEXTS))
+def test_a_rope_scaling_extends_the_context_as_vllm_derives_it(tmp_path, name):
+    """Qwen3's YaRN advice (rope_scaling factor 4 over 32,768, max_position_embeddings left at
+    40,960, `--max-model-len 131072`) was refused; a linear factor stretches the context too,
+    llama3's is in max_position_embeddings already (dynamic's base would move: refused)."""
+    rope, context = CONTEXTS[name]
+    make_tiny_model(tmp_path, "Llama", max_position_embeddings=64, rope_parameters=rope)
+    assert read_model_config(str(tmp_path)).context_length == context
+
+
+def test_yarn_serves_its_stretched_context_as_transformers(tmp_path):
+    rope = {**YARN, "original_max_position_embeddings": 32}
+    model = make_tiny_model(tmp_path, "Qwen3", head_dim=32, max_position_embeddings=64,
+                            rope_parameters=rope)  # fmt: skip
+    want = hf_greedy_plain(model, LONG, NEW)  # 76 positions: past max_position_embeddings
+    loaded = load_model(str(tmp_path))
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, max_model_len=128)
+    check(generate(llm, [LONG])[0], want, "yarn past max_position_embeddings")
+    with pytest.raises(ValueError, match="max_model_len 129 is more than the model's context"):
+        LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, max_model_len=129)
+
+
+def test_gemma3s_linear_factor_does_not_extend_its_context(tmp_path):
+    """Its global layers' factor 8 is the model's own rotary (vLLM leaves Gemma 3 out too)."""
+    make_tiny_model(tmp_path, "Gemma3Text", head_dim=16, max_position_embeddings=64,
+                    rope_parameters={FULL: {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                     SLIDING: {"rope_type": "default", "rope_theta": 1e4}})  # fmt: skip
+    assert read_model_config(str(tmp_path)).context_length == 64
