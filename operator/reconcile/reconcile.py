@@ -180,6 +180,7 @@ async def _apply_all(
         owner,
         spec,
         current_replicas=replicas,
+        current_kind=(current or {}).get("kind"),
         service_monitor=await api.has_resource("ServiceMonitor"),
         prometheus_rule=await api.has_resource("PrometheusRule"),
         tuned=await autotune_mount.lookup(api, body, spec),

@@ -367,18 +367,23 @@ class InferenceServiceSpec:
         """The fewest replicas the service may run with (decides whether a PDB makes sense)."""
         return self.autoscaling.min_replicas if self.autoscaling else self.replicas
 
-    def desired_replicas(self, current: int | None) -> int | None:
+    def desired_replicas(self, current: int | None, *, replacing: bool = False) -> int | None:
         """The Deployment's replicas as the reconciler writes them; None: not the reconciler's.
 
         One field, one writer. Without `spec.autoscaling` the reconciler owns the number and
         writes `spec.replicas` (a hand-scaled Deployment is scaled back). With it the reconciler
-        writes the number once, `minReplicas`, when it creates the Deployment (`current` None),
-        and afterwards leaves it out of what it applies: the autoscaler is the only writer (it
-        also clamps it into new bounds at its next evaluation).
+        writes the number once, when it creates the workload, and afterwards leaves it out of
+        what it applies: the autoscaler is the only writer (it also clamps it into new bounds at
+        its next evaluation). The first number is `minReplicas` (`current` None), or, when the
+        new workload `replacing` one of the other kind (a switch between a Deployment and a
+        LeaderWorkerSet), that one's `current` replicas clamped into the bounds: the
+        autoscaler's choice survives the switch instead of falling to the API's default of 1.
         """
         if self.autoscaling is None:
             return self.replicas
-        return self.autoscaling.min_replicas if current is None else None
+        if current is None:
+            return self.autoscaling.min_replicas
+        return self.autoscaling.clamp(current) if replacing else None
 
     @classmethod
     def from_dict(
