@@ -548,6 +548,54 @@ ENGINE_RULES = (BATCH_COVERS_SEQS, BATCH_COVERS_CONTEXT)
 CRD_ENGINE_RULES = (BATCH_COVERS_SEQS,)  # max_model_len defaults to the model's: no CEL for it
 
 
+@dataclass(frozen=True)
+class NeedsOn:
+    """`flag`, set above 0, needs the bool flag `on` (unset: `on_default`). The runtime's
+    `SchedulerConfig` checks it; the CRD's CEL rule (`cel`) and the operator's spec check are
+    tested against it (tests/operator/test_engine_rules.py)."""
+
+    flag: str
+    on: str
+    on_default: bool
+    why: str = ""  # appended to the runtime's error message
+
+    def holds(self, values: Mapping[str, Any]) -> bool:
+        on = values.get(self.on)
+        return not values.get(self.flag) or (self.on_default if on is None else bool(on))
+
+    def error(self, values: Mapping[str, Any]) -> str:
+        """The runtime's message when `holds(values)` is False."""
+        needs = self.on.removeprefix("enable_").replace("_", " ")
+        return f"{self.flag} ({values.get(self.flag)}) needs {needs}{self.why}"
+
+    def spec_error(self, values: Mapping[str, Any]) -> str:
+        """The operator's message (spec.engine field names)."""
+        flag, on = camel(self.flag), camel(self.on)
+        return f"spec.engine.{flag} ({values.get(self.flag)}) needs {on} (or set {flag} to 0)"
+
+    def cel(self) -> str:
+        """The rule as the CRD's CEL on `spec.engine` (`self` is the engine object)."""
+        flag, on = camel(self.flag), camel(self.on)
+        enabled = f"self.{on}" if self.on_default else f"(has(self.{on}) && self.{on})"
+        skip = [f"!has(self.{flag})", f"self.{flag} == 0"]
+        if self.on_default:
+            skip.append(f"!has(self.{on})")
+        return " || ".join([*skip, enabled])
+
+    def cel_message(self) -> str:
+        flag, on = camel(self.flag), camel(self.on)
+        return f"{flag} needs {on} (or set {flag} to 0)"
+
+
+CHUNK_CAP_NEEDS_CHUNKED_PREFILL = NeedsOn(
+    "long_prefill_token_threshold",
+    "enable_chunked_prefill",
+    DEFAULT_ENABLE_CHUNKED_PREFILL,
+    why=": without it a prompt runs whole (set 0, or enable chunked prefill)",
+)
+CRD_FLAG_RULES = (CHUNK_CAP_NEEDS_CHUNKED_PREFILL,)
+
+
 # --- `pagoda tune` flags (the operator's tuning Job renders these) ----------------------------
 
 DEFAULT_TUNE_TIME_BUDGET = "15m"

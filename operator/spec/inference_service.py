@@ -136,6 +136,8 @@ class EngineSpec:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     max_queue_len: int | None = None
+    # the largest prefill chunk of one prompt while others run or wait; 0: off (None: by device)
+    long_prefill_token_threshold: int | None = None
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -144,6 +146,9 @@ class EngineSpec:
         if self.block_size not in BLOCK_SIZES:
             raise SpecError("InvalidSpec", f"spec.engine.blockSize must be one of {BLOCK_SIZES}")
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # flag names
+        for needs in options.CRD_FLAG_RULES:
+            if not needs.holds(values):
+                raise SpecError("InvalidSpec", needs.spec_error(values))
         for rule in options.CRD_ENGINE_RULES:  # as `pagoda serve` checks them: defaults filled in
             filled = rule.filled(values)
             if not rule.holds(filled):
@@ -186,6 +191,7 @@ class EngineSpec:
             max_num_batched_tokens=opt_int(d, "maxNumBatchedTokens", p, 1, 1 << 20),
             max_model_len=opt_int(d, "maxModelLen", p, 2, 1 << 20),  # a prompt token + one out
             max_queue_len=opt_int(d, "maxQueueLen", p, 1, 1 << 20),
+            long_prefill_token_threshold=opt_int(d, "longPrefillTokenThreshold", p, 0, 1 << 20),
             extra_args=tuple(extra),
         )
 

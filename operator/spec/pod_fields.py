@@ -129,6 +129,7 @@ OPERATOR_FLAGS: Mapping[str, str] = {
             "max_num_batched_tokens",
             "max_model_len",
             "max_queue_len",
+            "long_prefill_token_threshold",
         )
     },
     "download_dir": "spec.modelCache",

@@ -136,6 +136,20 @@ def test_defaults() -> None:
         (
             {
                 "model": "smollm2-135m",
+                "engine": {"longPrefillTokenThreshold": 256, "enableChunkedPrefill": False},
+            },
+            "InvalidSpec",
+            "spec.engine.longPrefillTokenThreshold (256) needs enableChunkedPrefill (or set "
+            "longPrefillTokenThreshold to 0)",
+        ),
+        (
+            {"model": "smollm2-135m", "engine": {"longPrefillTokenThreshold": True}},
+            "InvalidSpec",
+            "spec.engine.longPrefillTokenThreshold must be an integer",
+        ),
+        (
+            {
+                "model": "smollm2-135m",
                 "engine": {"kvCacheDtype": "int8", "attentionBackend": "triton"},
             },
             "InvalidSpec",
