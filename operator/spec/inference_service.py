@@ -162,7 +162,7 @@ class EngineSpec:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EngineSpec:
         p = "spec.engine"
-        extra = d.get("extraArgs") or []
+        extra = [] if d.get("extraArgs") is None else d["extraArgs"]
         if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
             raise SpecError("InvalidSpec", f"{p}.extraArgs must be a list of strings")
         if len(extra) > MAX_EXTRA_ARGS or any(len(a) > MAX_EXTRA_ARG for a in extra):
@@ -413,7 +413,7 @@ class InferenceServiceSpec:
             raise SpecError(
                 "InvalidSpec", f"spec.autoscaling must be an object, got {show(autoscaling)}"
             )
-        parallelism = ParallelismSpec.from_dict(spec.get("parallelism") or {})
+        parallelism = ParallelismSpec.from_dict(_or_empty(spec.get("parallelism")))
         if parallelism.nodes > 1 and len(name) > MAX_GROUP_NAME_LENGTH:
             raise SpecError(
                 "InvalidName",
@@ -433,7 +433,7 @@ class InferenceServiceSpec:
             resources=ResourcesSpec.from_dict(mapping(spec, "resources", "spec")),
             engine=EngineSpec.from_dict(mapping(spec, "engine", "spec")),
             autoscaling=None if autoscaling is None else AutoscalingSpec.from_dict(autoscaling),
-            autotune=AutotuneSpec.from_dict(spec.get("autotune") or {}),
+            autotune=AutotuneSpec.from_dict(_or_empty(spec.get("autotune"))),
             parallelism=parallelism,
             api_key_secret=_secret_ref(spec),
             model_cache=ModelCacheSpec.from_dict(mapping(spec, "modelCache", "spec")),
@@ -448,6 +448,11 @@ class InferenceServiceSpec:
                 spec, "drainTimeoutSeconds", "spec", 0, 3600, DEFAULT_DRAIN_TIMEOUT_S
             ),
         )
+
+
+def _or_empty(value: Any) -> Any:
+    """An optional object as given, {} for null (`[]` or `false` reach the parser and are refused)."""
+    return {} if value is None else value
 
 
 def _model(spec: Mapping[str, Any]) -> ModelRef:
