@@ -352,6 +352,24 @@ class InferenceServiceSpec:
                 "spec.autotune.enabled measures a server on one GPU; it cannot tune a "
                 f"tensor-parallel one (tensor-parallel size {self.tensor_parallel_size})",
             )
+        self._check_split()
+
+    def _check_split(self) -> None:
+        """A built-in model's shape is known up front: a tensor-parallel size it cannot be split
+        over is refused here instead of every pod exiting at start (`pagoda serve` runs the same
+        arithmetic, `options.tensor_parallel_problem`)."""
+        builtin = (
+            options.BUILTIN_MODELS.get(self.model.uri) if self.model.source == "builtin" else None
+        )
+        tp = self.tensor_parallel_size
+        problem = builtin.tensor_parallel_problem(tp) if builtin is not None else None
+        if problem is not None:
+            raise SpecError(
+                "InvalidSpec",
+                f"spec.model {self.model.uri} cannot be sharded over {tp} tensor-parallel ranks "
+                f"(resources.gpus × parallelism.nodes, or parallelism.tensorParallelSize): "
+                f"{problem}",
+            )
 
     @property
     def tensor_parallel_size(self) -> int:

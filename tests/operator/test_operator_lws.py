@@ -43,7 +43,9 @@ GROUP = parse(
         "env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
     }
 )
-CPU_GROUP = parse({"model": "smollm2-135m", "parallelism": {"nodes": 2, "tensorParallelSize": 4}})
+CPU_GROUP = parse(
+    {"model": "/opt/models/llama", "parallelism": {"nodes": 2, "tensorParallelSize": 4}}
+)
 
 
 def templates(lws: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -278,6 +280,26 @@ def test_impossible_layouts_are_invalid_specs(spec: dict[str, Any], words: str) 
     with pytest.raises(SpecError, match=re.escape(words)) as e:
         parse(spec)
     assert e.value.reason == "InvalidSpec"
+
+
+def test_a_built_in_model_is_sharded_only_as_it_can_be() -> None:
+    """SmolLM2-135M's 9 heads (3 KV heads, MLP width 1536) split over 3 ranks only: another size
+    is refused up front with the runtime's own reason, not by every pod exiting at start."""
+    for fields in (
+        {"parallelism": {"nodes": 2}},
+        {"resources": {"gpus": 2}},
+        {"resources": {"gpus": 3}, "parallelism": {"nodes": 3}},
+    ):
+        with pytest.raises(
+            SpecError, match=r"does not divide the model's (9 attention heads|MLP width \(1536\))"
+        ) as e:
+            parse({"model": "smollm2-135m", **fields})
+        assert e.value.reason == "InvalidSpec" and "spec.model smollm2-135m" in e.value.message
+    assert parse({"model": "smollm2-135m", "parallelism": {"nodes": 3}}).tensor_parallel_size == 3
+    assert parse({"model": "smollm2-135m", "resources": {"gpus": 3}}).tensor_parallel_size == 3
+    assert (
+        parse({"parallelism": {"nodes": 2}}).tensor_parallel_size == 2
+    )  # unknown shape: the pod's
 
 
 def test_a_group_needs_a_shorter_name() -> None:

@@ -28,7 +28,7 @@ from pagoda.operator.kube.client import ApiError, KubeApi
 from pagoda.runtime.termination import Termination
 
 pytestmark = pytest.mark.e2e
-GROUP_SPEC = {"model": "smollm2-135m", "parallelism": {"nodes": 2}}
+GROUP_SPEC = {"model": "/opt/models/llama", "parallelism": {"nodes": 2}}
 
 
 @pytest.fixture
