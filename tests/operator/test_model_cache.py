@@ -134,6 +134,35 @@ def test_registry_and_status() -> None:
     )
 
 
+def test_a_group_pods_failure_outlives_its_recreation() -> None:
+    """LWS's RecreateGroupOnPodRestart deletes a group as soon as one rank's container restarts
+    and recreates it under the same pod names: the failure stays through the recreation and the
+    reload (one Event, not one per cycle) until that pod is Ready again, or a new spec is
+    reconciled. A Deployment's deleted pod takes its failure with it, as before."""
+    role = {"labels": {"app.kubernetes.io/instance": "svc", "serving.pagoda.dev/role": "worker"}}
+    fit = {"state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": {"terminated": {
+        "exitCode": 2, "message": "ModelDoesNotFit: weights 70.6 GiB exceed the 44.2 GiB free"}}}  # fmt: skip
+    reg = PodFailures()
+    changed, new = reg.observe("MODIFIED", pod("svc-lws-0-1", server=fit, **role))
+    assert changed and new is not None and new.reason == "ModelDoesNotFit"
+    deleting = pod("svc-lws-0-1", server=fit, deletionTimestamp="2026-01-01T00:00:00Z", **role)
+    assert reg.observe("MODIFIED", deleting) == (False, None)
+    assert reg.observe("DELETED", deleting) == (False, None)
+    loading = pod("svc-lws-0-1", server={"state": {"running": {}}}, **role)
+    assert reg.observe("ADDED", loading) == (False, None)  # recreated, loading the model
+    assert reg.failure("ns", "svc").reason == "ModelDoesNotFit"
+    assert reg.observe("MODIFIED", pod("svc-lws-0-1", server=fit, **role)) == (False, None)
+    assert reg.observe("DELETED", deleting) == (False, None)  # the next cycle: still shown
+    ready = {**loading, "status": {**loading["status"], "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+    assert reg.observe("MODIFIED", ready) == (True, None) and reg.failure("ns", "svc") is None
+
+    reg.observe("MODIFIED", pod("svc-lws-0-1", server=fit, **role))
+    reg.observe("DELETED", deleting)
+    assert reg.forget_departed("ns", "svc") and reg.failure("ns", "svc") is None
+    reg.observe("MODIFIED", pod("d1", server=fit))  # a Deployment's pod
+    assert reg.observe("DELETED", pod("d1", server=fit))[0] and reg.failure("ns", "svc") is None
+
+
 def test_a_container_that_cannot_start_is_named() -> None:
     """A spec.modelSecretRef naming a Secret that is not there: the kubelet never starts the
     download container; its waiting reason becomes the condition, not an endless Progressing."""

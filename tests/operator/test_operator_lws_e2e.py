@@ -111,6 +111,13 @@ async def test_a_group_runs_as_a_leader_worker_set_and_switches_kinds(
     # spec.autoscaling is set) survives a switch of kind, clamped into the new bounds.
     auto = {"autoscaling": {"minReplicas": 1, "maxReplicas": 4, "targetQueueDepth": 4}}
     await patch_isvc(kube, "grp", {"spec": auto})
+    isvc = "serving.pagoda.dev/v1alpha1/inferenceservices"
+
+    def reconciled() -> bool:  # no reconcile of the spec before autoscaling is still in flight
+        obj = lws.live(isvc, "default", "grp") or {}
+        return (obj.get("status") or {}).get("observedGeneration") == obj["metadata"]["generation"]
+
+    await wait_for(reconciled, what="the autoscaling spec reconciled")
     await kube.patch("LeaderWorkerSet", "default", names.lws_name("grp"), {"spec": {"replicas": 3}})
     await patch_isvc(kube, "grp", {"spec": {"parallelism": {"nodes": 1}}})  # one pod again
     deploy = await wait_for(
