@@ -353,6 +353,9 @@ def test_status_counts_groups_and_selects_leaders() -> None:
     stale = {**lws, "status": {"observedGeneration": 2}}
     conds = {c["type"]: c for c in status.compute_status(body, stale)["conditions"]}
     assert conds["Progressing"]["message"] == "waiting for the LeaderWorkerSet controller"
+    bad = status.compute_status(body, one, spec_error=SpecError("InvalidSpec", "x"))
+    kept = {c["type"]: c for c in bad["conditions"]}["Progressing"]
+    assert kept["message"] == "keeping the last valid LeaderWorkerSet"
     missing = {
         c["type"]: c
         for c in status.compute_status(body, None, kind="LeaderWorkerSet")["conditions"]
