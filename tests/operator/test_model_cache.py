@@ -186,3 +186,40 @@ def test_a_container_that_cannot_start_is_named() -> None:
     conditions = compute_status({"metadata": {"name": "svc"}}, deployment, pod_failure=f)
     ready = {c["type"]: c for c in conditions["conditions"]}["Ready"]
     assert ready["reason"] == "CreateContainerConfigError" and "hf-token" in ready["message"]
+
+
+async def test_claims_no_pod_of_the_service_could_use_are_refused(kube: Any) -> None:
+    """Against the emulator's PVCs: a ReadWriteOncePod claim admits one pod cluster-wide (a
+    group's other ranks, a second replica or a rollout's surge pod would stay Pending forever); a
+    ReadOnlyMany cache cannot be downloaded into. One pod that never surges (a GPU pod), or a
+    ReadWriteMany claim, passes."""
+    import logging
+
+    from pagoda.operator.spec.validation import check_cluster
+
+    for name, modes in (("once", ["ReadWriteOncePod"]), ("ro", ["ReadOnlyMany"]),
+                        ("rwx", ["ReadWriteMany"])):  # fmt: skip
+        pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+               "metadata": {"name": name, "namespace": "default"},
+               "spec": {"accessModes": modes, "resources": {"requests": {"storage": "1Gi"}}}}  # fmt: skip
+        await kube.create(pvc)
+    await kube.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node"}})
+    gpus = {"status": {"allocatable": {"nvidia.com/gpu": "8"}}}  # as the device plugin reports
+    await kube.patch("Node", None, "gpu-node", gpus, subresource="status")
+    log = logging.getLogger("test")
+    refused = (
+        ({"model": "pvc://once/m", "parallelism": {"nodes": 2}}, "groups of 2 pods"),
+        ({"model": "pvc://once/m", "replicas": 2, "resources": {"gpus": 1}}, "up to 2 replicas"),
+        ({"model": "pvc://once/m"}, "a second pod during each rollout"),
+        ({"model": "hf://o/m", "modelCache": {"claimName": "ro"}}, "is ReadOnlyMany"),
+    )
+    for fields, words in refused:
+        with pytest.raises(SpecError, match=words) as e:
+            await check_cluster(kube, spec(**fields), "default", log)
+        assert e.value.reason == "PVCAccessMode"
+    for fields in (
+        {"model": "pvc://once/m", "resources": {"gpus": 1}},
+        {"model": "pvc://ro/m", "replicas": 3},  # read only: ReadOnlyMany is fine
+        {"model": "hf://o/m", "modelCache": {"claimName": "rwx"}, "replicas": 3},
+    ):
+        await check_cluster(kube, spec(**fields), "default", log)
