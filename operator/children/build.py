@@ -48,6 +48,7 @@ def build_children(
     spec: InferenceServiceSpec,
     *,
     current_replicas: int | None = None,
+    current_kind: str | None = None,
     service_monitor: bool = False,
     prometheus_rule: bool = False,
     tuned: TunedMount | None = None,
@@ -55,6 +56,9 @@ def build_children(
     """Everything one InferenceService needs, in apply order (ConfigMap before the workload: a
     Deployment, or a LeaderWorkerSet with `spec.parallelism.nodes` > 1).
 
+    `current_replicas`: the live workload's, of `current_kind` (None: the kind built here); a
+    workload of the other kind is being replaced, and its replicas carry over
+    (`InferenceServiceSpec.desired_replicas`).
     `service_monitor` / `prometheus_rule` say whether those monitoring.coreos.com kinds exist;
     without them there is nothing to build or delete. The PrometheusRule exists only with
     `spec.autoscaling` (its alerts ask the autoscaler for a step). `tuned`: the tuned profile the
@@ -62,6 +66,7 @@ def build_children(
     """
     cm = build_config_map(owner, spec)
     absent: list[tuple[str, str]] = []
+    replacing = current_kind is not None and current_kind != spec.workload_kind
     if spec.multi_node:  # one of the two kinds: switching deletes the other
         workload = build_leader_worker_set(
             owner,
@@ -69,11 +74,16 @@ def build_children(
             pod_template=pod_template(owner, spec, config_hash_value=config_hash(cm)),
             rolling_update=rolling_update(spec),
             current_replicas=current_replicas,
+            replacing=replacing,
         )
         absent.append(("Deployment", owner.name))
     else:
         workload = build_deployment(
-            owner, spec, config_hash_value=config_hash(cm), current_replicas=current_replicas
+            owner,
+            spec,
+            config_hash_value=config_hash(cm),
+            current_replicas=current_replicas,
+            replacing=replacing,
         )
         if tuned is not None:  # tuning is for one-GPU servers only (the spec refuses the rest)
             mount_profile(workload, tuned)

@@ -156,12 +156,14 @@ def build_deployment(
     *,
     config_hash_value: str,
     current_replicas: int | None = None,
+    replacing: bool = False,
 ) -> dict[str, Any]:
     """The Deployment. `replicas` is left out once the autoscaler owns it (one field, one writer:
-    see `InferenceServiceSpec.desired_replicas`), so applying this never rewrites its choice."""
+    see `InferenceServiceSpec.desired_replicas`), so applying this never rewrites its choice.
+    `replacing`: `current_replicas` are a LeaderWorkerSet's that this Deployment replaces."""
     obj = child(owner, "Deployment", "apps/v1", owner.name)
     rolling = rolling_update(spec)
-    replicas = spec.desired_replicas(current_replicas)
+    replicas = spec.desired_replicas(current_replicas, replacing=replacing)
     obj["spec"] = {
         **({"replicas": replicas} if replicas is not None else {}),
         "revisionHistoryLimit": 5,

@@ -61,14 +61,16 @@ def build_leader_worker_set(
     pod_template: dict[str, Any],
     rolling_update: dict[str, int],
     current_replicas: int | None = None,
+    replacing: bool = False,
 ) -> dict[str, Any]:
     """The LeaderWorkerSet from the server's pod template and the Deployment's rolling-update
     bounds (children/deployment.py: the same pods, rolled the same way). `replicas` (groups) is
     left out once the autoscaler owns it, as the Deployment's is
-    (`InferenceServiceSpec.desired_replicas`)."""
+    (`InferenceServiceSpec.desired_replicas`; `replacing`: `current_replicas` are a
+    Deployment's that this LeaderWorkerSet replaces)."""
     obj = child(owner, "LeaderWorkerSet", API_VERSION, lws_name(owner.name))
     leader = _with_role(copy.deepcopy(pod_template), LEADER)
-    replicas = spec.desired_replicas(current_replicas)
+    replicas = spec.desired_replicas(current_replicas, replacing=replacing)
     obj["spec"] = {
         **({"replicas": replicas} if replicas is not None else {}),
         "startupPolicy": "LeaderCreated",

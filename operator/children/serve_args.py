@@ -49,6 +49,7 @@ def serve_values(spec: InferenceServiceSpec, role: str | None = None) -> dict[st
         "max_num_batched_tokens": e.max_num_batched_tokens,
         "max_model_len": e.max_model_len,
         "max_queue_len": e.max_queue_len,
+        "long_prefill_token_threshold": e.long_prefill_token_threshold,  # None: nothing
         # hf:// and s3:// only (None otherwise, so other services' config hashes do not change)
         "download_dir": MODEL_CACHE_MOUNT if spec.model.remote else None,
         **parallel_values(spec, role),
@@ -99,6 +100,8 @@ def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
         out["kvCacheDtype"] = kv_cache_dtype
     if e.quantization is not None:  # only when set, as kvCacheDtype (config hashes stay)
         out["quantization"] = e.quantization
+    if e.long_prefill_token_threshold is not None:  # likewise
+        out["longPrefillTokenThreshold"] = e.long_prefill_token_threshold
     if spec.tensor_parallel_size > 1:
         out["tensorParallelSize"] = spec.tensor_parallel_size
     if spec.multi_node:

@@ -149,6 +149,10 @@ async def reconcile(
         fresh.setdefault("apiVersion", body.get("apiVersion"))
         fresh.setdefault("kind", body.get("kind"))
         owner = Owner.from_body(fresh)
+        if pods is not None and (fresh.get("status") or {}).get("observedGeneration") != meta.get(
+            "generation"
+        ):  # a new spec: what deleted group pods died of no longer describes it
+            pods.forget_departed(owner.namespace, owner.name)
         current = await live_workload(api, owner)
         try:
             workload = await _apply_all(api, fresh, owner, current, config, logger)
@@ -180,6 +184,7 @@ async def _apply_all(
         owner,
         spec,
         current_replicas=replicas,
+        current_kind=(current or {}).get("kind"),
         service_monitor=await api.has_resource("ServiceMonitor"),
         prometheus_rule=await api.has_resource("PrometheusRule"),
         tuned=await autotune_mount.lookup(api, body, spec),

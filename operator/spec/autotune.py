@@ -39,7 +39,7 @@ class AutotuneSpec:
         p = "spec.autotune"
         if not isinstance(d, Mapping):
             raise SpecError("InvalidSpec", f"{p} must be an object, got {show(d)}")
-        targets = d.get("targets") or {}
+        targets = {} if d.get("targets") is None else d["targets"]
         if not isinstance(targets, Mapping):
             raise SpecError("InvalidSpec", f"{p}.targets must be an object, got {show(targets)}")
         ttft = opt_number(targets, "ttftSeconds", f"{p}.targets", 0.001)

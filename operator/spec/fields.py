@@ -110,7 +110,11 @@ def choice(d: Mapping[str, Any], key: str, path: str, choices: Sequence[Any], de
 
 
 def mapping(d: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
-    value = d.get(key) or {}
+    """An optional object field ({} when absent or null). Only null is absent: `[]`, `""`,
+    `false` or `0` are refused, not read as an empty object (the schema may not be applied)."""
+    value = d.get(key)
+    if value is None:
+        return {}
     if not isinstance(value, Mapping):
         raise SpecError("InvalidSpec", f"{path}.{key} must be an object, got {show(value)}")
     return value

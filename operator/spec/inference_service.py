@@ -136,6 +136,8 @@ class EngineSpec:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     max_queue_len: int | None = None
+    # the largest prefill chunk of one prompt while others run or wait; 0: off (None: by device)
+    long_prefill_token_threshold: int | None = None
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -144,6 +146,9 @@ class EngineSpec:
         if self.block_size not in BLOCK_SIZES:
             raise SpecError("InvalidSpec", f"spec.engine.blockSize must be one of {BLOCK_SIZES}")
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # flag names
+        for needs in options.CRD_FLAG_RULES:
+            if not needs.holds(values):
+                raise SpecError("InvalidSpec", needs.spec_error(values))
         for rule in options.CRD_ENGINE_RULES:  # as `pagoda serve` checks them: defaults filled in
             filled = rule.filled(values)
             if not rule.holds(filled):
@@ -157,7 +162,7 @@ class EngineSpec:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EngineSpec:
         p = "spec.engine"
-        extra = d.get("extraArgs") or []
+        extra = [] if d.get("extraArgs") is None else d["extraArgs"]
         if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
             raise SpecError("InvalidSpec", f"{p}.extraArgs must be a list of strings")
         if len(extra) > MAX_EXTRA_ARGS or any(len(a) > MAX_EXTRA_ARG for a in extra):
@@ -186,6 +191,7 @@ class EngineSpec:
             max_num_batched_tokens=opt_int(d, "maxNumBatchedTokens", p, 1, 1 << 20),
             max_model_len=opt_int(d, "maxModelLen", p, 2, 1 << 20),  # a prompt token + one out
             max_queue_len=opt_int(d, "maxQueueLen", p, 1, 1 << 20),
+            long_prefill_token_threshold=opt_int(d, "longPrefillTokenThreshold", p, 0, 1 << 20),
             extra_args=tuple(extra),
         )
 
@@ -346,6 +352,24 @@ class InferenceServiceSpec:
                 "spec.autotune.enabled measures a server on one GPU; it cannot tune a "
                 f"tensor-parallel one (tensor-parallel size {self.tensor_parallel_size})",
             )
+        self._check_split()
+
+    def _check_split(self) -> None:
+        """A built-in model's shape is known up front: a tensor-parallel size it cannot be split
+        over is refused here instead of every pod exiting at start (`pagoda serve` runs the same
+        arithmetic, `options.tensor_parallel_problem`)."""
+        builtin = (
+            options.BUILTIN_MODELS.get(self.model.uri) if self.model.source == "builtin" else None
+        )
+        tp = self.tensor_parallel_size
+        problem = builtin.tensor_parallel_problem(tp) if builtin is not None else None
+        if problem is not None:
+            raise SpecError(
+                "InvalidSpec",
+                f"spec.model {self.model.uri} cannot be sharded over {tp} tensor-parallel ranks "
+                f"(resources.gpus × parallelism.nodes, or parallelism.tensorParallelSize): "
+                f"{problem}",
+            )
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -367,18 +391,23 @@ class InferenceServiceSpec:
         """The fewest replicas the service may run with (decides whether a PDB makes sense)."""
         return self.autoscaling.min_replicas if self.autoscaling else self.replicas
 
-    def desired_replicas(self, current: int | None) -> int | None:
+    def desired_replicas(self, current: int | None, *, replacing: bool = False) -> int | None:
         """The Deployment's replicas as the reconciler writes them; None: not the reconciler's.
 
         One field, one writer. Without `spec.autoscaling` the reconciler owns the number and
         writes `spec.replicas` (a hand-scaled Deployment is scaled back). With it the reconciler
-        writes the number once, `minReplicas`, when it creates the Deployment (`current` None),
-        and afterwards leaves it out of what it applies: the autoscaler is the only writer (it
-        also clamps it into new bounds at its next evaluation).
+        writes the number once, when it creates the workload, and afterwards leaves it out of
+        what it applies: the autoscaler is the only writer (it also clamps it into new bounds at
+        its next evaluation). The first number is `minReplicas` (`current` None), or, when the
+        new workload `replacing` one of the other kind (a switch between a Deployment and a
+        LeaderWorkerSet), that one's `current` replicas clamped into the bounds: the
+        autoscaler's choice survives the switch instead of falling to the API's default of 1.
         """
         if self.autoscaling is None:
             return self.replicas
-        return self.autoscaling.min_replicas if current is None else None
+        if current is None:
+            return self.autoscaling.min_replicas
+        return self.autoscaling.clamp(current) if replacing else None
 
     @classmethod
     def from_dict(
@@ -402,7 +431,7 @@ class InferenceServiceSpec:
             raise SpecError(
                 "InvalidSpec", f"spec.autoscaling must be an object, got {show(autoscaling)}"
             )
-        parallelism = ParallelismSpec.from_dict(spec.get("parallelism") or {})
+        parallelism = ParallelismSpec.from_dict(_or_empty(spec.get("parallelism")))
         if parallelism.nodes > 1 and len(name) > MAX_GROUP_NAME_LENGTH:
             raise SpecError(
                 "InvalidName",
@@ -422,7 +451,7 @@ class InferenceServiceSpec:
             resources=ResourcesSpec.from_dict(mapping(spec, "resources", "spec")),
             engine=EngineSpec.from_dict(mapping(spec, "engine", "spec")),
             autoscaling=None if autoscaling is None else AutoscalingSpec.from_dict(autoscaling),
-            autotune=AutotuneSpec.from_dict(spec.get("autotune") or {}),
+            autotune=AutotuneSpec.from_dict(_or_empty(spec.get("autotune"))),
             parallelism=parallelism,
             api_key_secret=_secret_ref(spec),
             model_cache=ModelCacheSpec.from_dict(mapping(spec, "modelCache", "spec")),
@@ -437,6 +466,11 @@ class InferenceServiceSpec:
                 spec, "drainTimeoutSeconds", "spec", 0, 3600, DEFAULT_DRAIN_TIMEOUT_S
             ),
         )
+
+
+def _or_empty(value: Any) -> Any:
+    """An optional object as given, {} for null (`[]` or `false` reach the parser and are refused)."""
+    return {} if value is None else value
 
 
 def _model(spec: Mapping[str, Any]) -> ModelRef:

@@ -44,7 +44,7 @@ def node_selector(spec: Mapping[str, Any]) -> Mapping[str, str]:
 
 
 def _list_of_objects(spec: Mapping[str, Any], key: str, max_items: int) -> list[Mapping[str, Any]]:
-    value = spec.get(key) or []
+    value = [] if spec.get(key) is None else spec[key]
     if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
         raise SpecError("InvalidSpec", f"spec.{key} must be a list of objects")
     if len(value) > max_items:
@@ -129,6 +129,7 @@ OPERATOR_FLAGS: Mapping[str, str] = {
             "max_num_batched_tokens",
             "max_model_len",
             "max_queue_len",
+            "long_prefill_token_threshold",
         )
     },
     "download_dir": "spec.modelCache",

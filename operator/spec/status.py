@@ -95,7 +95,10 @@ def _conditions(
     if spec_error is not None:
         degraded = Condition("Degraded", True, spec_error.reason, spec_error.message)
         progressing = Condition(
-            "Progressing", False, spec_error.reason, "keeping the last valid Deployment"
+            "Progressing",
+            False,
+            spec_error.reason,
+            f"keeping the last valid {deployment.get('kind') or kind}",
         )
         return [ready_cond, progressing, degraded]
     degraded = _rollout_degraded(deployment)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 # Reasons that come from the spec (or the cluster's answer to it), not from a failing rollout.
 SPEC_REASONS = frozenset(
     {"InvalidSpec", "InvalidName", "InvalidModel", "UnknownModel", "UnsupportedModelURI", "PVCNotFound",
-     "PVCLost", "InsufficientGPU", "ChildRejected", "LeaderWorkerSetNotInstalled"}
+     "PVCLost", "PVCAccessMode", "InsufficientGPU", "ChildRejected", "LeaderWorkerSetNotInstalled"}
 )  # fmt: skip
 
 
@@ -60,9 +60,11 @@ async def check_cluster(
 ) -> None:
     """Raise SpecError when the cluster cannot run this spec as written."""
     if spec.model.source == "pvc" and spec.model.claim:
-        await _check_claim(api, namespace, spec.model.claim, f"spec.model {show(spec.model.uri)}")
+        where = f"spec.model {show(spec.model.uri)}"
+        await _check_claim(api, namespace, spec.model.claim, where, spec, writes=False)
     if spec.model.remote and spec.model_cache.claim_name:
-        await _check_claim(api, namespace, spec.model_cache.claim_name, "spec.modelCache")
+        claim = spec.model_cache.claim_name
+        await _check_claim(api, namespace, claim, "spec.modelCache", spec, writes=True)
     if spec.multi_node and not await api.has_resource("LeaderWorkerSet"):
         raise SpecError(
             "LeaderWorkerSetNotInstalled",
@@ -102,7 +104,15 @@ def check_gpu_capacity(spec: InferenceServiceSpec, capacities: list[int]) -> Non
     )
 
 
-async def _check_claim(api: KubeApi, namespace: str, claim: str, where: str) -> None:
+async def _check_claim(
+    api: KubeApi,
+    namespace: str,
+    claim: str,
+    where: str,
+    spec: InferenceServiceSpec,
+    *,
+    writes: bool,
+) -> None:
     pvc = await api.get("PersistentVolumeClaim", namespace, claim)
     if pvc is None:
         raise SpecError(
@@ -112,3 +122,44 @@ async def _check_claim(api: KubeApi, namespace: str, claim: str, where: str) -> 
         )
     if ((pvc.get("status") or {}).get("phase")) == "Lost":
         raise SpecError("PVCLost", f"PersistentVolumeClaim {show(claim)} lost its volume")
+    # the bound volume's modes, else the claim's request
+    modes = (pvc.get("status") or {}).get("accessModes") or (pvc.get("spec") or {}).get(
+        "accessModes"
+    )
+    check_access_modes(spec, claim, where, modes or [], writes=writes)
+
+
+def _several_pods(spec: InferenceServiceSpec) -> str | None:
+    """Why this service may run more than one pod at a time (None: it never does)."""
+    if spec.multi_node:
+        return f"groups of {spec.parallelism.nodes} pods (spec.parallelism.nodes)"
+    most = spec.autoscaling.max_replicas if spec.autoscaling else spec.replicas
+    if most > 1:
+        return f"up to {most} replicas"
+    if not spec.resources.gpus:  # CPU pods roll out with one surge pod (children/deployment.py)
+        return "a second pod during each rollout (CPU pods surge by one)"
+    return None
+
+
+def check_access_modes(
+    spec: InferenceServiceSpec, claim: str, where: str, modes: list[str], *, writes: bool
+) -> None:
+    """Modes no pod of this service could use as it does: a ReadWriteOncePod claim for a
+    service of several pods (the scheduler admits one pod cluster-wide; the others stay
+    Pending, a rollout never ends), a read-only claim as the download cache. Unknown modes
+    (empty) pass; ReadWriteOnce passes (enough while the pods share one node)."""
+    several = _several_pods(spec)
+    if set(modes) == {"ReadWriteOncePod"} and several is not None:
+        raise SpecError(
+            "PVCAccessMode",
+            f"PersistentVolumeClaim {show(claim)} (from {where}) is ReadWriteOncePod: one pod "
+            f"in the whole cluster may use it, and this service runs {several}; use a "
+            f"ReadWriteMany claim{'' if writes else ' (or ReadOnlyMany)'}",
+        )
+    if writes and modes and set(modes) <= {"ReadOnlyMany"}:
+        raise SpecError(
+            "PVCAccessMode",
+            f"PersistentVolumeClaim {show(claim)} (from {where}) is ReadOnlyMany: the "
+            "model-download init container writes the cache into it; use ReadWriteMany (or "
+            "ReadWriteOnce while every pod runs on one node)",
+        )

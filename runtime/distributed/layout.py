@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagoda.runtime import options
 from pagoda.runtime.config import ModelConfig
 
 
@@ -58,26 +59,18 @@ class TPLayout:
 
 
 def check(config: ModelConfig, size: int) -> None:
-    """ValueError, one line, if `config` cannot be split over `size` ranks."""
+    """ValueError, one line, if `config` cannot be split over `size` ranks (the arithmetic is
+    `options.tensor_parallel_problem`'s, which the operator also runs for the built-in models)."""
     if size == 1:
         return
-    flag = f"--tensor-parallel-size {size}"
-    h, kv = config.num_heads, config.num_kv_heads
-    if h % size:
-        raise ValueError(f"{flag} does not divide the model's {h} attention heads")
-    if kv % size and size % kv:
-        raise ValueError(
-            f"{flag}: the model's {kv} KV heads can neither be split over {size} ranks nor "
-            f"replicated evenly ({size} is not a multiple of {kv})"
-        )
     f = config.family
     dense = f.num_experts == 0 or any(not f.has_experts(i) for i in range(config.num_layers))
-    if dense and config.intermediate_size % size:
-        raise ValueError(
-            f"{flag} does not divide the model's MLP width ({config.intermediate_size})"
-        )
-    if f.num_experts and f.moe_intermediate_size % size:
-        raise ValueError(
-            f"{flag} does not divide the experts' width (moe_intermediate_size "
-            f"{f.moe_intermediate_size})"
-        )
+    problem = options.tensor_parallel_problem(
+        size,
+        config.num_heads,
+        config.num_kv_heads,
+        mlp_width=config.intermediate_size if dense else None,
+        expert_width=f.moe_intermediate_size if f.num_experts else None,
+    )
+    if problem is not None:
+        raise ValueError(problem)

@@ -37,7 +37,7 @@ def test_products_follow_the_node_selector_and_gpu_capacity() -> None:
         node("d", None, 8),
     ]
     assert products_for(parse(), nodes) == ["A100", "H200"]
-    two_gpus = parse(resources={"gpus": 2}, autotune={"enabled": False})
+    two_gpus = parse(model="/opt/models/m", resources={"gpus": 2}, autotune={"enabled": False})
     assert products_for(two_gpus, nodes) == ["H200"]
     assert products_for(parse(nodeSelector={"pool": "x"}), nodes) == ["H200"]
     assert products_for(parse(nodeSelector={PRODUCT_LABEL: "B200"}), nodes) == ["B200"]

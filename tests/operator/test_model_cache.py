@@ -134,6 +134,35 @@ def test_registry_and_status() -> None:
     )
 
 
+def test_a_group_pods_failure_outlives_its_recreation() -> None:
+    """LWS's RecreateGroupOnPodRestart deletes a group as soon as one rank's container restarts
+    and recreates it under the same pod names: the failure stays through the recreation and the
+    reload (one Event, not one per cycle) until that pod is Ready again, or a new spec is
+    reconciled. A Deployment's deleted pod takes its failure with it, as before."""
+    role = {"labels": {"app.kubernetes.io/instance": "svc", "serving.pagoda.dev/role": "worker"}}
+    fit = {"state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": {"terminated": {
+        "exitCode": 2, "message": "ModelDoesNotFit: weights 70.6 GiB exceed the 44.2 GiB free"}}}  # fmt: skip
+    reg = PodFailures()
+    changed, new = reg.observe("MODIFIED", pod("svc-lws-0-1", server=fit, **role))
+    assert changed and new is not None and new.reason == "ModelDoesNotFit"
+    deleting = pod("svc-lws-0-1", server=fit, deletionTimestamp="2026-01-01T00:00:00Z", **role)
+    assert reg.observe("MODIFIED", deleting) == (False, None)
+    assert reg.observe("DELETED", deleting) == (False, None)
+    loading = pod("svc-lws-0-1", server={"state": {"running": {}}}, **role)
+    assert reg.observe("ADDED", loading) == (False, None)  # recreated, loading the model
+    assert reg.failure("ns", "svc").reason == "ModelDoesNotFit"
+    assert reg.observe("MODIFIED", pod("svc-lws-0-1", server=fit, **role)) == (False, None)
+    assert reg.observe("DELETED", deleting) == (False, None)  # the next cycle: still shown
+    ready = {**loading, "status": {**loading["status"], "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+    assert reg.observe("MODIFIED", ready) == (True, None) and reg.failure("ns", "svc") is None
+
+    reg.observe("MODIFIED", pod("svc-lws-0-1", server=fit, **role))
+    reg.observe("DELETED", deleting)
+    assert reg.forget_departed("ns", "svc") and reg.failure("ns", "svc") is None
+    reg.observe("MODIFIED", pod("d1", server=fit))  # a Deployment's pod
+    assert reg.observe("DELETED", pod("d1", server=fit))[0] and reg.failure("ns", "svc") is None
+
+
 def test_a_container_that_cannot_start_is_named() -> None:
     """A spec.modelSecretRef naming a Secret that is not there: the kubelet never starts the
     download container; its waiting reason becomes the condition, not an endless Progressing."""
@@ -157,3 +186,40 @@ def test_a_container_that_cannot_start_is_named() -> None:
     conditions = compute_status({"metadata": {"name": "svc"}}, deployment, pod_failure=f)
     ready = {c["type"]: c for c in conditions["conditions"]}["Ready"]
     assert ready["reason"] == "CreateContainerConfigError" and "hf-token" in ready["message"]
+
+
+async def test_claims_no_pod_of_the_service_could_use_are_refused(kube: Any) -> None:
+    """Against the emulator's PVCs: a ReadWriteOncePod claim admits one pod cluster-wide (a
+    group's other ranks, a second replica or a rollout's surge pod would stay Pending forever); a
+    ReadOnlyMany cache cannot be downloaded into. One pod that never surges (a GPU pod), or a
+    ReadWriteMany claim, passes."""
+    import logging
+
+    from pagoda.operator.spec.validation import check_cluster
+
+    for name, modes in (("once", ["ReadWriteOncePod"]), ("ro", ["ReadOnlyMany"]),
+                        ("rwx", ["ReadWriteMany"])):  # fmt: skip
+        pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+               "metadata": {"name": name, "namespace": "default"},
+               "spec": {"accessModes": modes, "resources": {"requests": {"storage": "1Gi"}}}}  # fmt: skip
+        await kube.create(pvc)
+    await kube.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node"}})
+    gpus = {"status": {"allocatable": {"nvidia.com/gpu": "8"}}}  # as the device plugin reports
+    await kube.patch("Node", None, "gpu-node", gpus, subresource="status")
+    log = logging.getLogger("test")
+    refused = (
+        ({"model": "pvc://once/m", "parallelism": {"nodes": 2}}, "groups of 2 pods"),
+        ({"model": "pvc://once/m", "replicas": 2, "resources": {"gpus": 1}}, "up to 2 replicas"),
+        ({"model": "pvc://once/m"}, "a second pod during each rollout"),
+        ({"model": "hf://o/m", "modelCache": {"claimName": "ro"}}, "is ReadOnlyMany"),
+    )
+    for fields, words in refused:
+        with pytest.raises(SpecError, match=words) as e:
+            await check_cluster(kube, spec(**fields), "default", log)
+        assert e.value.reason == "PVCAccessMode"
+    for fields in (
+        {"model": "pvc://once/m", "resources": {"gpus": 1}},
+        {"model": "pvc://ro/m", "replicas": 3},  # read only: ReadOnlyMany is fine
+        {"model": "hf://o/m", "modelCache": {"claimName": "rwx"}, "replicas": 3},
+    ):
+        await check_cluster(kube, spec(**fields), "default", log)

@@ -151,6 +151,17 @@ def test_bad_examples_fail_with_a_readable_message(name: str, expected: str) -> 
         ),
         ({"model": "m", "engine": {"quantization": "awq"}}, "'awq' is not one of ['fp8']"),
         (
+            {
+                "model": "m",
+                "engine": {"longPrefillTokenThreshold": 256, "enableChunkedPrefill": False},
+            },
+            "longPrefillTokenThreshold needs enableChunkedPrefill (or set longPrefillTokenThreshold to 0)",
+        ),
+        (
+            {"model": "m", "engine": {"longPrefillTokenThreshold": -1}},
+            "-1 is less than the minimum of 0",
+        ),
+        (
             {"model": "m", "resources": {"memory": "-1Gi"}},
             "spec.resources.memory: '-1Gi' does not match",
         ),

@@ -43,7 +43,9 @@ GROUP = parse(
         "env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
     }
 )
-CPU_GROUP = parse({"model": "smollm2-135m", "parallelism": {"nodes": 2, "tensorParallelSize": 4}})
+CPU_GROUP = parse(
+    {"model": "/opt/models/llama", "parallelism": {"nodes": 2, "tensorParallelSize": 4}}
+)
 
 
 def templates(lws: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -280,6 +282,26 @@ def test_impossible_layouts_are_invalid_specs(spec: dict[str, Any], words: str) 
     assert e.value.reason == "InvalidSpec"
 
 
+def test_a_built_in_model_is_sharded_only_as_it_can_be() -> None:
+    """SmolLM2-135M's 9 heads (3 KV heads, MLP width 1536) split over 3 ranks only: another size
+    is refused up front with the runtime's own reason, not by every pod exiting at start."""
+    for fields in (
+        {"parallelism": {"nodes": 2}},
+        {"resources": {"gpus": 2}},
+        {"resources": {"gpus": 3}, "parallelism": {"nodes": 3}},
+    ):
+        with pytest.raises(
+            SpecError, match=r"does not divide the model's (9 attention heads|MLP width \(1536\))"
+        ) as e:
+            parse({"model": "smollm2-135m", **fields})
+        assert e.value.reason == "InvalidSpec" and "spec.model smollm2-135m" in e.value.message
+    assert parse({"model": "smollm2-135m", "parallelism": {"nodes": 3}}).tensor_parallel_size == 3
+    assert parse({"model": "smollm2-135m", "resources": {"gpus": 3}}).tensor_parallel_size == 3
+    assert (
+        parse({"parallelism": {"nodes": 2}}).tensor_parallel_size == 2
+    )  # unknown shape: the pod's
+
+
 def test_a_group_needs_a_shorter_name() -> None:
     with pytest.raises(SpecError, match="at most 45 characters") as e:
         parse({"parallelism": {"nodes": 2}}, name="x" * 46)
@@ -331,6 +353,9 @@ def test_status_counts_groups_and_selects_leaders() -> None:
     stale = {**lws, "status": {"observedGeneration": 2}}
     conds = {c["type"]: c for c in status.compute_status(body, stale)["conditions"]}
     assert conds["Progressing"]["message"] == "waiting for the LeaderWorkerSet controller"
+    bad = status.compute_status(body, one, spec_error=SpecError("InvalidSpec", "x"))
+    kept = {c["type"]: c for c in bad["conditions"]}["Progressing"]
+    assert kept["message"] == "keeping the last valid LeaderWorkerSet"
     missing = {
         c["type"]: c
         for c in status.compute_status(body, None, kind="LeaderWorkerSet")["conditions"]

@@ -28,7 +28,7 @@ from pagoda.operator.kube.client import ApiError, KubeApi
 from pagoda.runtime.termination import Termination
 
 pytestmark = pytest.mark.e2e
-GROUP_SPEC = {"model": "smollm2-135m", "parallelism": {"nodes": 2}}
+GROUP_SPEC = {"model": "/opt/models/llama", "parallelism": {"nodes": 2}}
 
 
 @pytest.fixture
@@ -107,20 +107,35 @@ async def test_a_group_runs_as_a_leader_worker_set_and_switches_kinds(
     status = lws.live("serving.pagoda.dev/v1alpha1/inferenceservices", "default", "grp")["status"]
     assert status["readyReplicas"] == 1 and status["selector"].endswith("role=leader")
 
+    # The autoscaler's number (here written as it would: the reconciler leaves it alone once
+    # spec.autoscaling is set) survives a switch of kind, clamped into the new bounds.
+    auto = {"autoscaling": {"minReplicas": 1, "maxReplicas": 4, "targetQueueDepth": 4}}
+    await patch_isvc(kube, "grp", {"spec": auto})
+    isvc = "serving.pagoda.dev/v1alpha1/inferenceservices"
+
+    def reconciled() -> bool:  # no reconcile of the spec before autoscaling is still in flight
+        obj = lws.live(isvc, "default", "grp") or {}
+        return (obj.get("status") or {}).get("observedGeneration") == obj["metadata"]["generation"]
+
+    await wait_for(reconciled, what="the autoscaling spec reconciled")
+    await kube.patch("LeaderWorkerSet", "default", names.lws_name("grp"), {"spec": {"replicas": 3}})
     await patch_isvc(kube, "grp", {"spec": {"parallelism": {"nodes": 1}}})  # one pod again
-    await wait_for(
-        lambda: lws.live(DEPLOY, "default", "grp") and group(lws, "grp") is None,
+    deploy = await wait_for(
+        lambda: group(lws, "grp") is None and lws.live(DEPLOY, "default", "grp"),
         timeout=10,
         what="the Deployment replacing the group",
     )
+    assert deploy["spec"].get("replicas") == 3  # not the default 1: 3 replicas kept serving
     await wait_for(lambda: names.LABEL_ROLE not in selector(lws, "grp"), what="all pods again")
 
+    await kube.patch("Deployment", "default", "grp", {"spec": {"replicas": 9}})  # > maxReplicas
     await patch_isvc(kube, "grp", {"spec": {"parallelism": {"nodes": 2}}})  # and back
-    await wait_for(
-        lambda: group(lws, "grp") and lws.live(DEPLOY, "default", "grp") is None,
+    stored = await wait_for(
+        lambda: lws.live(DEPLOY, "default", "grp") is None and group(lws, "grp"),
         timeout=10,
         what="the group replacing the Deployment",
     )
+    assert stored["spec"].get("replicas") == 4
     assert_permitted(lws)
 
 
@@ -143,9 +158,12 @@ async def test_the_autoscaler_scales_groups(
                 timeout=10,
                 what="4 groups",
             )
-        ups = events(lws, "big", "ScaledUp")
-        # Events are listed in no promised order: one of them records the second step.
-        assert any("from 2 to 4" in e["message"] for e in ups), [e["message"] for e in ups]
+        # The Event is posted after the scale's patch, and events are listed in no promised
+        # order: wait for the one that records the second step.
+        await wait_for(
+            lambda: any("from 2 to 4" in e["message"] for e in events(lws, "big", "ScaledUp")),
+            what="the ScaledUp Event of the second step",
+        )
         assert lws.live(DEPLOY, "default", "big") is None
     finally:
         await prom.stop()

@@ -136,6 +136,20 @@ def test_defaults() -> None:
         (
             {
                 "model": "smollm2-135m",
+                "engine": {"longPrefillTokenThreshold": 256, "enableChunkedPrefill": False},
+            },
+            "InvalidSpec",
+            "spec.engine.longPrefillTokenThreshold (256) needs enableChunkedPrefill (or set "
+            "longPrefillTokenThreshold to 0)",
+        ),
+        (
+            {"model": "smollm2-135m", "engine": {"longPrefillTokenThreshold": True}},
+            "InvalidSpec",
+            "spec.engine.longPrefillTokenThreshold must be an integer",
+        ),
+        (
+            {
+                "model": "smollm2-135m",
                 "engine": {"kvCacheDtype": "int8", "attentionBackend": "triton"},
             },
             "InvalidSpec",
@@ -167,6 +181,33 @@ def test_defaults() -> None:
         ),
         ({}, "InvalidSpec", "spec.model is required"),
         ({"model": "nope"}, "UnknownModel", "unknown built-in model"),
+        # a falsy non-object is refused, not read as "unset" (the schema may not be applied)
+        (
+            {"model": "smollm2-135m", "parallelism": []},
+            "InvalidSpec",
+            "spec.parallelism must be an object",
+        ),
+        (
+            {"model": "smollm2-135m", "resources": ""},
+            "InvalidSpec",
+            "spec.resources must be an object",
+        ),
+        (
+            {"model": "smollm2-135m", "engine": False},
+            "InvalidSpec",
+            "spec.engine must be an object",
+        ),
+        (
+            {"model": "smollm2-135m", "autotune": []},
+            "InvalidSpec",
+            "spec.autotune must be an object",
+        ),
+        (
+            {"model": "smollm2-135m", "engine": {"extraArgs": ""}},
+            "InvalidSpec",
+            "must be a list of strings",
+        ),
+        ({"model": "smollm2-135m", "env": {}}, "InvalidSpec", "spec.env must be a list of objects"),
     ],
 )
 def test_spec_errors(spec: dict[str, Any], reason: str, words: str) -> None:

@@ -105,6 +105,8 @@ def _engine_spread() -> list[dict[str, Any]]:
             engine[key] = rng.choice((None, lo, hi, rng.randint(lo, hi)))
         if engine["maxNumSeqs"] is not None and rng.random() < 0.7:
             engine["maxNumBatchedTokens"] = rng.choice((engine["maxNumSeqs"], 1 << 20))
+        if engine["enableChunkedPrefill"] and rng.random() < 0.5:  # 0: off
+            engine["longPrefillTokenThreshold"] = rng.choice((0, 256, 1 << 20))
         if engine["attentionBackend"] != "triton" and rng.random() < 0.5:
             engine["kvCacheDtype"] = rng.choice(("auto", "int8"))
         elif engine["attentionBackend"] != "torch" and rng.random() < 0.5:  # GPU pods
@@ -183,6 +185,7 @@ def test_metric_names_in_queries_and_rules_are_the_runtimes() -> None:
     ("kvCacheDtype", "--kv-cache-dtype", "int8", 0),
     ("kvCacheDtype", "--kv-cache-dtype", "fp8", 1),
     ("quantization", "--quantization", "fp8", 1),
+    ("longPrefillTokenThreshold", "--long-prefill-token-threshold", 512, 0),
 ])  # fmt: skip
 def test_new_engine_fields_render_only_when_set(field, flag, value, gpus) -> None:
     """Flags added after the first release: the default leaves every existing service's command
@@ -199,7 +202,7 @@ def test_new_engine_fields_render_only_when_set(field, flag, value, gpus) -> Non
             "containers"
         ][0]["args"]
         got = args[args.index(flag) + 1] if flag in args else None
-        assert got == want
+        assert got == (None if want is None else str(want))
         engine = json.loads(build_config_map(OWNER, spec)["data"]["engine.json"])
         assert engine.get(field) == want
         dest = flag.removeprefix("--").replace("-", "_")

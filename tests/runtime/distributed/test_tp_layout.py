@@ -52,3 +52,25 @@ def test_what_does_not_divide_is_named(config, size, words):
 def test_a_rank_outside_the_group_is_refused():
     with pytest.raises(ValueError, match="outside a group of 2"):
         TPLayout(2, 2)
+
+
+def test_the_built_in_models_shapes_are_their_files():
+    """`options.BUILTIN_MODELS` states each built-in model's shape for the operator, which has no
+    model file (it refuses a tensor-parallel size the model cannot be split over): the numbers
+    are the file's own, and the operator's arithmetic is the runtime's."""
+    from pagoda.runtime import options
+    from pagoda.runtime.model.gguf_loader import read_config
+    from pagoda.runtime.model.gguf_reader import open_reader
+    from pagoda.runtime.model.loader import builtin_model_path
+
+    for name, builtin in options.BUILTIN_MODELS.items():
+        config = read_config(open_reader(builtin_model_path(name)))
+        shape = (config.num_heads, config.num_kv_heads, config.intermediate_size)
+        assert shape == (builtin.num_heads, builtin.num_kv_heads, builtin.intermediate_size)
+        for size in range(1, 17):
+            try:
+                check(config, size)
+                problem = None
+            except ValueError as e:
+                problem = str(e)
+            assert builtin.tensor_parallel_problem(size) == problem, size
