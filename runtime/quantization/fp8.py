@@ -227,6 +227,16 @@ def resolve_scheme(quantization: str | None, hf_config: Mapping | None) -> Fp8Sc
     return ONLINE_SCHEME if quantization == "fp8" else None
 
 
+def check_checkpoint_form(quantization: str | None, path: str) -> None:
+    """ValueError, one line, for ``quantization="fp8"`` on a GGUF file: its weights carry their
+    own quantization (Q4/Q8/K-quants), and quantizing their dequantized values again would
+    compound the two errors; vLLM refuses the pair too. FP8 quantizes 16/32-bit safetensors."""
+    if quantization == "fp8" and str(path).endswith(".gguf"):
+        raise ValueError(f"quantization 'fp8' quantizes 16/32-bit safetensors checkpoints; "
+                         f"{path} is a GGUF file (its own quantization): serve it without "
+                         "--quantization")  # fmt: skip
+
+
 def engine_scheme(
     quantization: str | None, checkpoint: Fp8Scheme | None, fp8_runs: bool
 ) -> Fp8Scheme | None:
