@@ -414,10 +414,12 @@ def checkpoint_kv_scales(
     tensors: Mapping[str, torch.Tensor], attn_prefix: str
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """A layer's calibrated KV-cache scales if the checkpoint has them: vLLM's
-    ``<attn>.k_scale``/``<attn>.v_scale`` or compressed-tensors' ``<attn>.k_proj.output_scale``/
-    ``<attn>.v_proj.output_scale`` (``attn_prefix`` e.g. ``model.layers.0.self_attn``); float32,
+    ``<attn>.k_scale``/``<attn>.v_scale``, compressed-tensors' ``<attn>.k_proj.output_scale``/
+    ``<attn>.v_proj.output_scale``, or the one ``<attn>.kv_scale`` of older AutoFP8 exports,
+    for both, as vLLM reads it (``attn_prefix`` e.g. ``model.layers.0.self_attn``); float32,
     one element or one per KV head each, for `pagoda.kernels.write_kv_cache`."""
-    for k_name, v_name in (("k_scale", "v_scale"), ("k_proj.output_scale", "v_proj.output_scale")):
+    for k_name, v_name in (("k_scale", "v_scale"), ("k_proj.output_scale", "v_proj.output_scale"),
+                           ("kv_scale", "kv_scale")):  # fmt: skip
         k_key, v_key = f"{attn_prefix}.{k_name}", f"{attn_prefix}.{v_name}"
         if k_key in tensors and v_key in tensors:
             return _scale(tensors[k_key], k_key), _scale(tensors[v_key], v_key)
