@@ -3,7 +3,10 @@ against what the model `pagoda serve` builds really holds, on this machine's dev
 
 Random checkpoints written with transformers (`common.write_random_model`): a Llama with tied
 and one with untied embeddings, stored float32 and served bf16, a bf16 Qwen3-MoE, and the Llama
-with ``--quantization fp8`` where the FP8 kernels run. Held bytes on CUDA: the growth of
+with ``--quantization fp8`` where the FP8 kernels run; the untied Llama exported as FP8
+checkpoints too (`quantization_config` ``fp8``: one scale per output channel, held as FP8 where
+the FP8 kernels run and dequantized elsewhere; and 128x128 blocks, DeepSeek-V3 style, always
+dequantized). Held bytes on CUDA: the growth of
 `torch.cuda.memory_allocated()` while the model is built, less its RoPE tables (the caching
 allocator rounds each tensor up to 512 bytes); on a CPU: the bytes of the tensors the model
 object holds (`tests/runtime/model_bytes.py`: oneDNN's packed copies by their own size).
@@ -17,6 +20,7 @@ Exit status 1 when an estimate is off by more than 2 %.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -45,6 +49,39 @@ def cases(small: bool) -> list[tuple[str, str, dict, torch.dtype]]:
         ("llama-untied", "LlamaForCausalLM", llama, torch.float32),
         ("qwen3moe", "Qwen3MoeForCausalLM", moe, torch.bfloat16),
     ]
+
+
+def write_fp8_export(src: Path, dst: Path, block: tuple[int, int] | None) -> None:
+    """`src`'s decoder projections as an FP8 checkpoint at `dst`: E4M3 weights with one scale
+    per output channel (``weight_scale``) or per `block` tile (``weight_scale_inv``)."""
+    import json
+    import shutil
+
+    from pagoda.kernels import fp8
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    for name in [n for n in tensors if re.search(r"\.(self_attn|mlp)\.\w+_proj\.weight$", n)]:
+        w = tensors[name].float()
+        if block is None:
+            codes, scale = fp8.quantize_weight(w)
+            tensors[name], tensors[name + "_scale"] = codes, scale[:, None]
+            continue
+        (n, k), (bn, bk) = w.shape, block
+        tiles = torch.nn.functional.pad(w, (0, -k % bk, 0, -n % bn))
+        tiles = tiles.view(-(-n // bn), bn, -(-k // bk), bk)
+        scale = fp8.scale_from_amax(tiles.abs().amax(dim=(1, 3)))
+        codes = fp8.quantize(tiles, scale[:, None, :, None]).view(tiles.shape[0] * bn, -1)
+        tensors[name], tensors[name + "_scale_inv"] = codes[:n, :k].contiguous(), scale
+    save_file(tensors, str(dst / "model.safetensors"))
+    config = json.loads((dst / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                     "weight_block_size": list(block) if block else None,
+                                     "ignored_layers": ["lm_head"]}  # fmt: skip
+    if block is None:
+        del config["quantization_config"]["weight_block_size"]
+    (dst / "config.json").write_text(json.dumps(config))
 
 
 def held(path: Path, device: str, fp8) -> int:
@@ -80,12 +117,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for name, cls, config, stored in cases(args.small):
             path = Path(tmp) / name
             write_random_model(path, config, stored, cls)
-            for fp8 in (False, True) if fp8_here and cls.startswith("Llama") else (False,):
-                cfg = EngineConfig.create(str(path), device=args.device, dtype="bfloat16",
+            runs = [(name, path, fp8) for fp8 in
+                    ((False, True) if fp8_here and cls.startswith("Llama") else (False,))]  # fmt: skip
+            if name == "llama-untied":
+                for suffix, block in (("fp8-channel", None), ("fp8-block", (128, 128))):
+                    write_fp8_export(path, Path(tmp) / f"{name}-{suffix}", block)
+                    runs.append(
+                        (f"{name} {suffix} checkpoint", Path(tmp) / f"{name}-{suffix}", False)
+                    )
+            for case, where, fp8 in runs:
+                cfg = EngineConfig.create(str(where), device=args.device, dtype="bfloat16",
                                           quantization="fp8" if fp8 else None)  # fmt: skip
-                est = weights.estimate(read_model_config(str(path)), cfg, path)
-                got = held(path, args.device, ONLINE_SCHEME if fp8 else None)
-                rows.append({"case": name + (" fp8" if fp8 else ""), "estimate": est.bytes,
+                est = weights.estimate(read_model_config(str(where)), cfg, where)
+                got = held(where, args.device, ONLINE_SCHEME if fp8 else None)
+                rows.append({"case": case + (" fp8" if fp8 else ""), "estimate": est.bytes,
                              "held": got, "ratio": est.bytes / got, "how": est.how})  # fmt: skip
     table = [[r["case"], f"{r['estimate'] / 2**20:.2f}", f"{r['held'] / 2**20:.2f}",
               f"{r['ratio']:.4f}", r["how"]] for r in rows]  # fmt: skip

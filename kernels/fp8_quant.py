@@ -5,7 +5,7 @@ numerics of `pagoda.kernels.fp8.quantize_per_token` bit for bit. A program owns 
 (config ``fp8_quant``, keyed by ``hidden`` = K) and walks them in ``BLOCK``-wide slices:
 
 * dynamic (``scale=None``): it reads its rows once for each row's ``amax``, writes each row's
-  scale ``max(amax, 1e-12) / 448``, then reads the rows again and writes ``e4m3(x / scale)``;
+  scale ``max(amax, 1e-12) / 448`` (NaN for a row holding a NaN, as torch's amax), then reads the rows again and writes ``e4m3(x / scale)``;
 * static (a one-element ``scale``, a checkpoint's ``input_scale``): every row uses it.
 
 A row's codes depend on that row alone, so the FP8 GEMM behind it stays batch-invariant.
@@ -41,10 +41,14 @@ def _round_to_e4m3_grid(x):
 
 @triton.jit
 def to_fp8(x, EMULATE_CAST: tl.constexpr):
-    """float32 → E4M3: saturate to ±448, round to nearest even (see the module docstring)."""
-    x = tl.minimum(tl.maximum(x, -448.0), 448.0)
-    if EMULATE_CAST:
-        x = _round_to_e4m3_grid(x)
+    """float32 → E4M3: saturate to ±448, round to nearest even (see the module docstring). NaN
+    stays NaN (E4M3's NaN code), as torch's cast and ``cvt.rn.satfinite`` give it: a plain
+    ``minimum``/``maximum`` returns the other operand for a NaN, which would store -448."""
+    x = tl.clamp(x, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+    if EMULATE_CAST:  # the interpreter's cast also turns NaN into a number: set NaN's code
+        q = _round_to_e4m3_grid(x).to(tl.float8e4nv)
+        nan = (tl.zeros(x.shape, tl.uint8) + 0x7F).to(tl.float8e4nv, bitcast=True)
+        return tl.where(x != x, nan, q)
     return x.to(tl.float8e4nv)
 
 
@@ -72,11 +76,16 @@ def _quantize_rows_kernel(
     q_rows = q_ptr + rows[:, None] * stride_qm
     if DYNAMIC:
         amax = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+        nans = tl.zeros([ROWS, BLOCK], dtype=tl.int32)
         for k0 in range(0, K, BLOCK):
             mask = row_mask[:, None] & (offs[None, :] < K - k0)
             x = tl.load(x_rows + k0 + offs[None, :], mask=mask, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(x))
+            nans += (x != x).to(tl.int32)
         scale = tl.div_rn(tl.maximum(tl.max(amax, axis=1), AMAX_MIN), QMAX)  # [ROWS]
+        # a row with a NaN has a NaN amax in torch (the reference): its scale and codes are NaN,
+        # not the other values' scale with the NaN stored as a number (max drops a NaN)
+        scale = tl.where(tl.sum(nans, axis=1) > 0, float("nan"), scale)
         tl.store(scale_ptr + rows, scale, mask=row_mask)
     else:
         scale = tl.zeros([ROWS], dtype=tl.float32) + tl.load(scale_ptr)

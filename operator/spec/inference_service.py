@@ -336,6 +336,13 @@ class InferenceServiceSpec:
                 f"spec.engine.{' and '.join(fp8)} runs on GPU pods only (resources.gpus >= 1 on "
                 "GPUs with FP8: Ada, Hopper or later; attentionBackend auto or triton)",
             )
+        if self.engine.quantization == "fp8" and self.model.gguf:
+            raise SpecError(
+                "InvalidSpec",
+                f"spec.engine.quantization fp8 quantizes 16/32-bit safetensors checkpoints; "
+                f"spec.model {show(self.model.uri)} is a GGUF file (its own quantization): leave "
+                "quantization unset",
+            )
         if not self.model.remote and (self.model_secret or self.model_cache != ModelCacheSpec()):
             raise SpecError(
                 "InvalidSpec",

@@ -44,6 +44,14 @@ class ModelRef:
         return self.source in ("hf", "s3")
 
     @property
+    def gguf(self) -> bool:
+        """A GGUF file (a built-in model's, or a path ending in .gguf): weights with their own
+        quantization, which ``--quantization fp8`` refuses."""
+        if self.source == "builtin":
+            return BUILTIN_MODELS[self.uri].filename.endswith(".gguf")
+        return self.uri.rstrip("/").endswith(".gguf")
+
+    @property
     def server_arg(self) -> str:
         """The value of `pagoda serve --model` (a remote URI as is, with `--download-dir`)."""
         if self.source == "builtin" or self.remote:

@@ -227,6 +227,16 @@ def resolve_scheme(quantization: str | None, hf_config: Mapping | None) -> Fp8Sc
     return ONLINE_SCHEME if quantization == "fp8" else None
 
 
+def check_checkpoint_form(quantization: str | None, path: str) -> None:
+    """ValueError, one line, for ``quantization="fp8"`` on a GGUF file: its weights carry their
+    own quantization (Q4/Q8/K-quants), and quantizing their dequantized values again would
+    compound the two errors; vLLM refuses the pair too. FP8 quantizes 16/32-bit safetensors."""
+    if quantization == "fp8" and str(path).endswith(".gguf"):
+        raise ValueError(f"quantization 'fp8' quantizes 16/32-bit safetensors checkpoints; "
+                         f"{path} is a GGUF file (its own quantization): serve it without "
+                         "--quantization")  # fmt: skip
+
+
 def engine_scheme(
     quantization: str | None, checkpoint: Fp8Scheme | None, fp8_runs: bool
 ) -> Fp8Scheme | None:
@@ -404,10 +414,12 @@ def checkpoint_kv_scales(
     tensors: Mapping[str, torch.Tensor], attn_prefix: str
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """A layer's calibrated KV-cache scales if the checkpoint has them: vLLM's
-    ``<attn>.k_scale``/``<attn>.v_scale`` or compressed-tensors' ``<attn>.k_proj.output_scale``/
-    ``<attn>.v_proj.output_scale`` (``attn_prefix`` e.g. ``model.layers.0.self_attn``); float32,
+    ``<attn>.k_scale``/``<attn>.v_scale``, compressed-tensors' ``<attn>.k_proj.output_scale``/
+    ``<attn>.v_proj.output_scale``, or the one ``<attn>.kv_scale`` of older AutoFP8 exports,
+    for both, as vLLM reads it (``attn_prefix`` e.g. ``model.layers.0.self_attn``); float32,
     one element or one per KV head each, for `pagoda.kernels.write_kv_cache`."""
-    for k_name, v_name in (("k_scale", "v_scale"), ("k_proj.output_scale", "v_proj.output_scale")):
+    for k_name, v_name in (("k_scale", "v_scale"), ("k_proj.output_scale", "v_proj.output_scale"),
+                           ("kv_scale", "kv_scale")):  # fmt: skip
         k_key, v_key = f"{attn_prefix}.{k_name}", f"{attn_prefix}.{v_name}"
         if k_key in tensors and v_key in tensors:
             return _scale(tensors[k_key], k_key), _scale(tensors[v_key], v_key)

@@ -129,7 +129,8 @@ def check(
         return plan
     fp8_here = device.type == "cuda" and fp8_runs_on(device)
     text = message(mc, plan, weights, budget if budgeted else kv, have, where, fp8_here, budgeted,
-                   held.how, float32_fix(mc, cfg, model_path, plan, have))  # fmt: skip
+                   held.how, float32_fix(mc, cfg, model_path, plan, have),
+                   quantizable=model_path.suffix != ".gguf")  # fmt: skip
     raise ReasonedError(text, reason=REASON)
 
 
@@ -168,11 +169,13 @@ def kv_budget(cfg: EngineConfig, per_token: int, device: torch.device) -> int | 
 def message(
     mc: ModelConfig, plan: Plan, weights: int, kv: int, have: int, where: str, fp8_here: bool,
     budgeted: bool = False, how: str = "", first: list[str] | None = None,
+    quantizable: bool = True,
 ) -> str:  # fmt: skip
     """One line: what is needed, what there is, and what would fit (module docstring);
     ``budgeted``: ``kv`` is the fixed KV-cache size, smaller than one full sequence; ``how``:
     how the weights were counted (`weights.Weights.how`); ``first``: fixes worked out by the
-    caller, listed before the others."""
+    caller, listed before the others; ``quantizable``: ``--quantization fp8`` may be offered
+    (not for a GGUF: `quantization.fp8.check_checkpoint_form`)."""
     kind = "FP8" if plan.fp8_weights else str(plan.dtype).removeprefix("torch.")
     how = how or f"({kind})"
     kv_kind = "fp8" if plan.fp8_kv else str(plan.dtype).removeprefix("torch.")
@@ -185,25 +188,28 @@ def message(
         f"{gib(max(have, 0))} is {where}"
     )
     fixes = (first or []) + would_fit(mc, plan, weights, have, fp8_here, "usable on" in where,
-                                      budgeted)  # fmt: skip
+                                      budgeted, quantizable)  # fmt: skip
     tail = "; would fit: " + ", ".join(fixes) if fixes else "; nothing smaller fits this device"
     return head + tail
 
 
 def would_fit(
     mc: ModelConfig, plan: Plan, weights: int, have: int, fp8_here: bool, cuda: bool,
-    budgeted: bool = False,
+    budgeted: bool = False, quantizable: bool = True,
 ) -> list[str]:  # fmt: skip
     """Changes that make weights + one sequence fit, each with what it would need (``weights``:
     this plan's, as counted; ``budgeted``: the KV cache's size is set, so a smaller one is the
-    shorter context)."""
+    shorter context; ``quantizable``: FP8 weights may be offered, else (a GGUF) the FP8 KV
+    cache alone)."""
     out = []
     fp8_alone = False
+    changes = ([{"fp8_weights": True}, {"fp8_weights": True, "fp8_kv": True}] if quantizable
+               else [{"fp8_kv": True}] if not plan.fp8_kv else [])  # fmt: skip
     if fp8_here and not (plan.fp8_weights and plan.fp8_kv):
-        for fp8 in (Plan(**{**plan.__dict__, "fp8_weights": True}),
-                    Plan(**{**plan.__dict__, "fp8_weights": True, "fp8_kv": True})):  # fmt: skip
+        for fp8 in (Plan(**{**plan.__dict__, **change}) for change in changes):
             if fp8.need(mc) <= have:
-                flags = "--quantization fp8" + (" --kv-cache-dtype fp8" if fp8.fp8_kv else "")
+                flags = " ".join(f for f, on in (("--quantization fp8", quantizable),
+                                                 ("--kv-cache-dtype fp8", fp8.fp8_kv)) if on)  # fmt: skip
                 out.append(f"{flags} ({gib(fp8.need(mc))})")
                 fp8_alone = True
                 break
@@ -215,7 +221,7 @@ def would_fit(
                 out.append(f"--tensor-parallel-size {tp} ({gib(wider.need(mc))} per GPU)")
                 wider_tp = tp
                 break
-        if fp8_here and not plan.fp8_weights and not fp8_alone:  # FP8 on fewer GPUs than that
+        if fp8_here and quantizable and not plan.fp8_weights and not fp8_alone:  # FP8, fewer GPUs
             for tp in (t for t in TP_SIZES if plan.tp < t < (wider_tp or 1 << 30)):
                 both = Plan(**{**plan.__dict__, "tp": tp, "fp8_weights": True})
                 if both.need(mc) <= have:

@@ -31,6 +31,7 @@ from pagoda.runtime.engine.core import check_max_model_len
 from pagoda.runtime.model.loader import read_model_config, read_tokenizer, resolve_model_path
 from pagoda.runtime.model.safetensors_weights import checkpoint_files
 from pagoda.runtime.model.sources.fetch import resolve_model
+from pagoda.runtime.quantization.fp8 import check_checkpoint_form
 from pagoda.runtime.server import fit, memory
 from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.connections import guarded_protocol
@@ -64,6 +65,7 @@ def preflight(
     model_config = read_model_config(model_path)  # an unknown --model fails here
     check_context(kwargs, model_config)
     engine_cfg = EngineConfig.create(model_path, **kwargs)
+    check_checkpoint_form(engine_cfg.quantization, str(resolve_model_path(model_path)))
     if parallel is not None:
         engine_cfg = dataclasses.replace(engine_cfg, parallel=parallel)
     check_parallel(model_config, engine_cfg)  # a group's GPUs first: it says how many it needs

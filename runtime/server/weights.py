@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 
 EMBED, HEAD, NORM = "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-_NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "inv_freq")
+_NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
+             "output_scale", "inv_freq")  # fmt: skip
 _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
           "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"))  # fmt: skip
 _PROJECTIONS = re.compile(r"(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$")

@@ -28,7 +28,7 @@ from pagoda.runtime.model.llama import LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.ops import select_ops
 from pagoda.runtime.model.registry import build_model
-from pagoda.runtime.quantization.fp8 import engine_scheme
+from pagoda.runtime.quantization.fp8 import check_checkpoint_form, engine_scheme
 from pagoda.runtime.request import Request, TokenLogprob
 from pagoda.runtime.sampling.sampler import (
     HeadSampling,
@@ -133,6 +133,7 @@ class ModelRunner:
         """The model on this device, FP8 where the device has the kernels (an FP8 checkpoint is
         dequantized at load where it has not)."""
         mc, config = self.model_config, self.config
+        check_checkpoint_form(config.quantization, loaded.path)
         fp8 = engine_scheme(config.quantization, loaded.fp8_scheme, fp8_runs_on(self.device))
         if loaded.fp8_scheme is not None and fp8 is None:
             log.info("FP8 checkpoint: no FP8 kernels on %s, weights dequantized to %s at load",

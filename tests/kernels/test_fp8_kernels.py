@@ -89,6 +89,41 @@ def test_quantize_fp8_cast_rounds_ties_to_even_and_saturates(device):
     assert torch.equal(codes(q), codes(x.clamp(-448, 448).to(FP8)))
 
 
+def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal values, NaN where the other has NaN (codes compared as E4M3 values)."""
+    got, want = got.float(), want.float()
+    return torch.equal(got.isnan(), want.isnan()) and torch.equal(
+        got.nan_to_num(0.0), want.nan_to_num(0.0)
+    )
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN / scale
+def test_quantize_fp8_and_kv_write_keep_nan_as_torch_does(device):
+    """A NaN stays NaN (E4M3's NaN code) as in torch's cast, not -448 (``max(NaN, -448)`` is
+    -448 on a GPU and in the interpreter); a row holding one gets a NaN scale, as the
+    reference's amax, rather than the other values' scale; an inf row's scale is inf."""
+    from pagoda.kernels import quantize_fp8, write_kv_cache
+
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([[1.0, nan, 2.0, 3.0], [1.0, 2.0, inf, 3.0], [0.5, -1.0, 0.0, 2.0]])
+    x = x.to(device)
+    for scale in (None, torch.tensor([0.01], device=device)):
+        q, s = quantize_fp8(x=x, scale=scale)
+        want_q, want_s = fp8.quantize_fp8(x=x, scale=scale)
+        assert _same(q, want_q) and _same(s, want_s), (q, want_q, s, want_s)
+        assert q[0, 1].float().isnan()
+    k = torch.randn(3, 2, 8, device=device)
+    k[1, 0, 5] = nan
+    k_cache = torch.zeros(2, 4, 2, 8, device=device).to(FP8)
+    want = k_cache.clone()
+    args = dict(k=k, v=k, slot_mapping=torch.tensor([0, 1, 2], device=device),
+                k_scale=torch.tensor([0.01], device=device),
+                v_scale=torch.tensor([0.01], device=device))  # fmt: skip
+    write_kv_cache(k_cache=k_cache, v_cache=k_cache.clone(), **args)
+    fp8.write_kv_cache(k_cache=want, v_cache=want.clone(), **args)
+    assert _same(k_cache, want) and k_cache[0, 1, 0, 5].float().isnan()
+
+
 def test_quantize_fp8_outputs_and_errors(device):
     from pagoda.kernels import quantize_fp8
 

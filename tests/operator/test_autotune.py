@@ -51,9 +51,10 @@ def test_key_changes_with_shapes_image_and_targets_only() -> None:
         assert key_for(other, "H200").digest != k.digest
     assert key_for(parse(), "A100").profile_name != k.profile_name
     assert len(k.profile_name) <= 63 and k.job_name.startswith("pagoda-tune-")
-    fp8 = [key_for(parse(engine=e), "H200") for e in ({"quantization": "fp8"},
-                                                      {"kvCacheDtype": "fp8"})]  # fmt: skip
-    assert len({k.digest, *(f.digest for f in fp8)}) == 3
+    hf = "pvc://models/llama-3.1-8b/hf"  # --quantization fp8 refuses a GGUF (smollm2-135m)
+    fp8 = [key_for(parse(model=hf, engine=e), "H200") for e in ({"quantization": "fp8"},
+                                                                {"kvCacheDtype": "fp8"})]  # fmt: skip
+    assert len({key_for(parse(model=hf), "H200").digest, *(f.digest for f in fp8)}) == 3
     assert fp8[0].describe().endswith("/ quantization fp8")
     # FP8 left unset: the digest of a key without the FP8 fields (existing profiles keep names)
     fields = {n: v for n, v in vars(k).items() if n not in ("quantization", "kv_cache_dtype")}
@@ -179,7 +180,7 @@ def test_rendered_commands_parse_with_the_real_runtime_parsers() -> None:
     )
     assert tune_cli.parse_duration(t.time_budget) == spec.autotune.time_budget_seconds
     assert (t.quantization, t.kv_cache_dtype) == (None, "auto")
-    fp8 = parse(engine={"quantization": "fp8", "kvCacheDtype": "fp8"})
+    fp8 = parse(model="pvc://models/m/hf", engine={"quantization": "fp8", "kvCacheDtype": "fp8"})
     t = tune_parser.parse_args(jobs.tune_args(key_for(fp8, "H200"), fp8))
     assert (t.quantization, t.kv_cache_dtype) == ("fp8", "fp8")  # the FP8 sweep runs
     owner = Owner("svc", "default", "uid-1")

@@ -128,6 +128,15 @@ def test_defaults() -> None:
             "InvalidSpec",
             "spec.engine.kvCacheDtype fp8 and quantization fp8 runs on GPU pods only",
         ),
+        (  # the runtime refuses FP8 over a GGUF's own quantization (exit 2, a crash loop)
+            {
+                "model": "file:///m/x.gguf",
+                "resources": {"gpus": 1},
+                "engine": {"quantization": "fp8"},
+            },
+            "InvalidSpec",
+            "spec.engine.quantization fp8 quantizes 16/32-bit safetensors checkpoints; spec.model",
+        ),
         (
             {"model": "smollm2-135m", "resources": {"gpus": 1}, "engine": {"kvCacheDtype": "int8"}},
             "InvalidSpec",

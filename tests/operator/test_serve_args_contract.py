@@ -141,6 +141,11 @@ def test_crd_field_combinations_render_args_pagoda_serve_accepts() -> None:
         }
         if "fp8" in (engine.get("kvCacheDtype"), engine.get("quantization")):
             spec["resources"] = {"gpus": 1}  # FP8 runs on GPU pods only
+        if engine.get("quantization") == "fp8" and spec["model"] in (
+            "smollm2-135m",
+            "file:///opt/models/m.gguf",
+        ):
+            spec["model"] = "/opt/models/hf-dir"  # a GGUF keeps its own quantization
         parsed = check_rendered(
             InferenceServiceSpec.from_dict(spec, name="chat", default_image="img:1")
         )
@@ -193,9 +198,10 @@ def test_new_engine_fields_render_only_when_set(field, flag, value, gpus) -> Non
     shows, and the real `pagoda serve` parser reads it back."""
     from pagoda.runtime.server.cli import build_parser
 
+    model = "/opt/models/hf-dir"  # not a GGUF: --quantization fp8 refuses one
     for doc, want in (
-        ({"model": "smollm2-135m", "resources": {"gpus": gpus}}, None),
-        ({"model": "smollm2-135m", "resources": {"gpus": gpus}, "engine": {field: value}}, value),
+        ({"model": model, "resources": {"gpus": gpus}}, None),
+        ({"model": model, "resources": {"gpus": gpus}, "engine": {field: value}}, value),
     ):
         spec = InferenceServiceSpec.from_dict(doc, name=OWNER.name, default_image="img:1")
         args = build_children(OWNER, spec).get("Deployment")["spec"]["template"]["spec"][

@@ -38,15 +38,21 @@ def held_bytes(model) -> int:
 
 
 def build(path, dtype: torch.dtype, device: str = "cpu", tp=None, fp8=None):
-    """The model `pagoda serve` builds (`ModelRunner._build_model`'s arguments), torch attention."""
+    """The model `pagoda serve` builds (`ModelRunner._build_model`'s arguments), torch attention;
+    `fp8`: a scheme to run in FP8 (``ONLINE_SCHEME``: ``--quantization fp8``), else the runner's
+    choice for the checkpoint (`engine_scheme`: an FP8 checkpoint dequantized where the FP8
+    kernels do not run, and a block-wise one everywhere)."""
     from pagoda.runtime.attention import get_attention_backend
+    from pagoda.runtime.config import fp8_runs_on
     from pagoda.runtime.model.loader import load_model
     from pagoda.runtime.model.ops import select_ops
     from pagoda.runtime.model.registry import build_model
+    from pagoda.runtime.quantization.fp8 import engine_scheme
 
     loaded, dev = load_model(str(path)), torch.device(device)
     mc = loaded.config
+    fp8 = fp8 or engine_scheme(None, loaded.fp8_scheme, fp8_runs_on(dev))
     backend = get_attention_backend("torch", dev, mc.num_heads, mc.num_kv_heads, mc.head_dim, 1.0)
     return build_model(mc, loaded.weights, quantized=loaded.quantized, dtype=dtype, device=dev,
                        backend=backend, ops=select_ops(dev, backend.name), max_positions=64,
-                       tp=tp, fp8=fp8 or loaded.fp8_scheme)  # fmt: skip
+                       tp=tp, fp8=fp8)  # fmt: skip

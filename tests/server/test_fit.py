@@ -193,3 +193,17 @@ def test_the_embedded_gguf_counts_as_dequantized_bf16(monkeypatch):
     fix = msg.split("; would fit: ")[1]
     assert fix.startswith("--dtype float32 (108.1 MiB: the stored blocks read in place)"), msg
     fit.check(mc, dataclasses.replace(cfg, dtype="float32"), path)  # and so it does
+
+
+def test_a_gguf_is_offered_the_fp8_kv_cache_not_fp8_weights(gpu):
+    """`--quantization fp8` is refused on a GGUF (`quantization.fp8.check_checkpoint_form`), so
+    the fixes never name it there; an FP8 KV cache alone still fits."""
+    from pagoda.runtime.model.loader import builtin_model_path, read_model_config
+
+    gguf = builtin_model_path("smollm2-135m")
+    gpu(1580 << 20)  # ~398 MiB usable: bf16 weights + a bf16 8192-token sequence need 437 MiB
+    cfg = EngineConfig.create(str(gguf), device="cuda", max_model_len=8192)
+    with pytest.raises(ReasonedError) as err:
+        fit.check(read_model_config(str(gguf)), cfg, gguf)
+    fixes = str(err.value).split("; would fit: ")[1]
+    assert fixes.startswith("--kv-cache-dtype fp8 (") and "--quantization" not in fixes, fixes

@@ -193,6 +193,9 @@ def test_online_quantization_and_kv_scales():
     }
     assert fp8.checkpoint_kv_scales(ct, attn)[1].tolist() == [pytest.approx(0.2)]
     assert fp8.checkpoint_kv_scales({}, attn) is None
+    # older AutoFP8 exports: one kv_scale for both, as vLLM reads it (was ignored: scale 1.0)
+    k, v = fp8.checkpoint_kv_scales({f"{attn}.kv_scale": torch.tensor(0.125)}, attn)
+    assert k.tolist() == v.tolist() == [0.125]
 
 
 def test_engine_quantization_choices_and_the_plan():

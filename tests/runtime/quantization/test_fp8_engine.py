@@ -23,7 +23,7 @@ import pytest
 import torch
 from fp8_testlib import PROMPTS, greedy, write_fp8_pair
 from hf_oracle import make_tiny_llama
-from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime import LLM, SamplingParams, options
 from pagoda.runtime.model.loader import load_model
 from safetensors.torch import load_file, save_file
 
@@ -213,6 +213,24 @@ def test_pagoda_serve_refuses_fp8_on_a_cpu_in_one_line(tmp_path):
                                "need a GPU with FP8 tensor cores")  # fmt: skip
     assert "this is a CPU" in lines[0]
     assert (tmp_path / "t").read_text().startswith("InvalidConfiguration: ")
+
+
+@interpreted
+def test_quantization_fp8_on_a_gguf_is_refused_in_one_line():
+    """Where FP8 runs, `--quantization fp8` on a GGUF (its own Q4/Q8 blocks) was quantized again
+    from the dequantized values; refused before loading, as vLLM does, in `pagoda serve`'s
+    preflight and in the engine (`LLM(...)`)."""
+    from pagoda.runtime.model.loader import builtin_model_path
+    from pagoda.runtime.quantization.fp8 import check_checkpoint_form
+    from pagoda.runtime.server.cli import build_parser, server_config
+    from pagoda.runtime.server.launch import preflight
+
+    gguf = str(builtin_model_path("smollm2-135m"))
+    args = build_parser().parse_args(["--model", gguf, "--device", "cpu", "--quantization", "fp8"])
+    with pytest.raises(ValueError, match=r"is a GGUF file .*serve it without --quantization$"):
+        preflight(server_config(args), options.engine_kwargs(vars(args)))
+    check_checkpoint_form("fp8", "/m/model")  # a directory: quantized online
+    check_checkpoint_form(None, gguf)
 
 
 @pytest.mark.slow  # ~1.5 min on 2 busy cores: every FP8 GEMM in Triton's interpreter
