@@ -189,6 +189,9 @@ class CacheConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {util!r}")
         if self.num_blocks_override is not None:
             _positive("num_blocks_override", self.num_blocks_override)
+        alias = options.KV_CACHE_DTYPE_ALIASES.get(self.kv_cache_dtype)
+        if alias is not None:  # vLLM's "fp8_e4m3" is our "fp8"
+            object.__setattr__(self, "kv_cache_dtype", alias)
         if self.kv_cache_dtype not in options.KV_CACHE_DTYPES:
             choices = ", ".join(options.KV_CACHE_DTYPES)
             raise ValueError(

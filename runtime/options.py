@@ -90,6 +90,7 @@ DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
+KV_CACHE_DTYPE_ALIASES: Mapping[str, str] = MappingProxyType({"fp8_e4m3": "fp8"})  # vLLM's name
 QUANTIZATIONS = ("fp8",)  # engine `quantization` (None: the checkpoint's own, if any)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -260,7 +261,7 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          "small cost in accuracy (and slower prefill on CPUs with AMX); fp8 (CUDA, compute "
          "capability 8.9+, Triton attention): E4M3 K/V with a scale per layer (the checkpoint's "
          "k_scale/v_scale, else 1.0), 2x the tokens of bf16", DEFAULT_KV_CACHE_DTYPE,
-         choices=KV_CACHE_DTYPES),
+         choices=(*KV_CACHE_DTYPES, *KV_CACHE_DTYPE_ALIASES)),
     Flag("--quantization", "fp8: quantize a 16-bit checkpoint's linear layers to FP8 (E4M3) at "
          "load, one scale per output channel, activations per token (CUDA, compute capability "
          "8.9+); unset: the checkpoint's own FP8 format if it has one (dequantized on devices "
@@ -426,10 +427,14 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 def engine_kwargs(values: Mapping[str, Any]) -> dict[str, Any]:
     """Flag values by destination (an argparse Namespace's `vars`) → the keyword arguments of
     `EngineConfig.create`: the engine flags that are set (None leaves the engine's default),
-    `--dtype` aliases resolved, `--kv-cache-memory` parsed (ValueError names a bad size)."""
+    `--dtype` and `--kv-cache-dtype` aliases resolved, `--kv-cache-memory` parsed (ValueError names a bad size)."""
     out = {d: values[d] for d in ENGINE_FLAGS if d != "model" and values.get(d) is not None}
     if "dtype" in out:
         out["dtype"] = DTYPE_ALIASES.get(out["dtype"], out["dtype"])
+    if "kv_cache_dtype" in out:
+        out["kv_cache_dtype"] = KV_CACHE_DTYPE_ALIASES.get(
+            out["kv_cache_dtype"], out["kv_cache_dtype"]
+        )
     if "kv_cache_memory" in out:
         out["kv_cache_memory"] = parse_size(out["kv_cache_memory"])
     return out

@@ -61,3 +61,13 @@ def test_async_scheduling_is_a_boolean_or_none() -> None:
     cfg = EngineConfig.create(enable_prefix_caching=False, enable_chunked_prefill=False,
                               async_scheduling=False)  # fmt: skip
     assert not cfg.cache.enable_prefix_caching and not cfg.scheduler.enable_chunked_prefill
+
+
+def test_vllms_fp8_e4m3_kv_cache_dtype_is_fp8():
+    from pagoda.runtime import options
+    from pagoda.runtime.config import CacheConfig
+
+    assert CacheConfig(kv_cache_dtype="fp8_e4m3").kv_cache_dtype == "fp8"
+    assert options.engine_kwargs({"kv_cache_dtype": "fp8_e4m3"})["kv_cache_dtype"] == "fp8"
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
+        CacheConfig(kv_cache_dtype="fp8_e5m2")
