@@ -26,7 +26,7 @@ from typing import Any
 from pagoda.runtime.model.sources import errors
 from pagoda.runtime.model.sources.errors import DownloadError
 
-X
+PART_BYTES = 8 << 20  # one ranged GET (as s3transfer's multipart_chunksize)
 WORKERS = 8  # GETs at once (s3transfer's max_concurrency is 10)
 READ_BYTES = 1 << 20  # read from a response, written and counted at a time
 RETRIES = 3  # a part whose body broke off is asked for again this many times
