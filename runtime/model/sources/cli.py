@@ -31,6 +31,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="hf://ORG/NAME[@REVISION] or s3://BUCKET/PREFIX",
     )
     p.add_argument(
+        "--revision",
+        default=None,
+        metavar="REV",
+        help="with an hf:// model: the commit (or branch, tag) to fetch instead of the URI's "
+        "revision (the operator's init container pins an hf:// model to a commit this way)",
+    )
+    p.add_argument(
         "--download-dir",
         default=None,
         metavar="DIR",
@@ -67,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
                     f"--download-size-limit {args.download_size_limit!r}: expected bytes or a "
                     "size such as 512Mi or 20Gi"
                 ) from None
-        path = resolve_model(args.model, args.download_dir, size_limit=limit)
+        path = resolve_model(
+            args.model, args.download_dir, size_limit=limit, revision=args.revision
+        )
     except DownloadError as e:
         if e.detail == errors.NOT_CACHED:  # its advice is to run this command: say why it can't
             e = DownloadError(

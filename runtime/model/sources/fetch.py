@@ -18,11 +18,24 @@ from pathlib import Path
 
 from pagoda.runtime.model.sources import cache, errors
 from pagoda.runtime.model.sources.errors import DownloadError
-from pagoda.runtime.model.sources.uri import HfURI, is_remote, parse_uri
+from pagoda.runtime.model.sources.uri import HfURI, ModelURI, is_remote, parse_uri
 from pagoda.runtime.termination import ReasonedError
 
 log = logging.getLogger("pagoda.runtime.model.sources")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def with_revision(ref: ModelURI, revision: str) -> HfURI:
+    """`ref` at `revision` (`--revision`); InvalidModel for an s3:// one or a bad revision."""
+    if not isinstance(ref, HfURI):
+        raise ReasonedError(
+            f"--revision {revision!r}: only an hf:// model has revisions, not {ref.uri}",
+            reason="InvalidModel",
+        )
+    try:
+        return parse_uri(f"hf://{ref.repo}@{revision}")  # type: ignore[return-value]
+    except ValueError as e:
+        raise ReasonedError(f"--revision: {e}", reason="InvalidModel") from e
 
 
 def resolve_model(
@@ -31,12 +44,14 @@ def resolve_model(
     *,
     offline: bool | None = None,
     size_limit: int | None = None,
+    revision: str | None = None,
 ) -> str:
     """The local path of `model`; anything but an hf:// or s3:// URI is returned as is.
 
     `download_dir` None: `$PAGODA_DOWNLOAD_DIR` or ~/.cache/pagoda/models; `offline` None: from
     `HF_HUB_OFFLINE`; `size_limit`: bytes the download dir may hold in all (an emptyDir's
-    sizeLimit). Raises DownloadError (a ValueError) with one line saying what failed.
+    sizeLimit); `revision`: an hf:// model's commit (or branch, tag) in place of the URI's
+    (`--revision`: the operator's pin). Raises DownloadError (a ValueError) with one line saying what failed.
     """
     if not is_remote(model):
         return model
@@ -44,6 +59,8 @@ def resolve_model(
         ref = parse_uri(model)
     except ValueError as e:
         raise ReasonedError(str(e), reason="InvalidModel") from e
+    if revision:
+        ref = with_revision(ref, revision)
     root = Path(download_dir).expanduser() if download_dir else cache.default_download_dir()
     offline = cache.offline_from_env() if offline is None else offline
     cached = cache.lookup(root, ref)
