@@ -50,6 +50,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the most the download directory may hold in all, e.g. 20Gi (an emptyDir's "
         "sizeLimit): a model that would not fit is refused before downloading",
     )
+    p.add_argument(
+        "--prune",
+        action="store_true",
+        help="after the download, remove the repo's other snapshots (hf://) from the download "
+        "directory, but for those a running process reads (the operator's "
+        "spec.modelCache.prune)",
+    )
     p.add_argument("--log-level", default="info", choices=("error", "warning", "info", "debug"))
 
 
@@ -75,7 +82,11 @@ def run(args: argparse.Namespace) -> int:
                     "size such as 512Mi or 20Gi"
                 ) from None
         path = resolve_model(
-            args.model, args.download_dir, size_limit=limit, revision=args.revision
+            args.model,
+            args.download_dir,
+            size_limit=limit,
+            revision=args.revision,
+            prune=args.prune,
         )
     except DownloadError as e:
         if e.detail == errors.NOT_CACHED:  # its advice is to run this command: say why it can't

@@ -45,13 +45,16 @@ def resolve_model(
     offline: bool | None = None,
     size_limit: int | None = None,
     revision: str | None = None,
+    prune: bool = False,
 ) -> str:
     """The local path of `model`; anything but an hf:// or s3:// URI is returned as is.
 
     `download_dir` None: `$PAGODA_DOWNLOAD_DIR` or ~/.cache/pagoda/models; `offline` None: from
     `HF_HUB_OFFLINE`; `size_limit`: bytes the download dir may hold in all (an emptyDir's
     sizeLimit); `revision`: an hf:// model's commit (or branch, tag) in place of the URI's
-    (`--revision`: the operator's pin). Raises DownloadError (a ValueError) with one line saying what failed.
+    (`--revision`: the operator's pin); `prune`: then remove the repo's other snapshots that no
+    process holds (prune.py). An hf:// snapshot returned is held (in use) until the process
+    exits. Raises DownloadError (a ValueError) with one line saying what failed.
     """
     if not is_remote(model):
         return model
@@ -63,6 +66,19 @@ def resolve_model(
         ref = with_revision(ref, revision)
     root = Path(download_dir).expanduser() if download_dir else cache.default_download_dir()
     offline = cache.offline_from_env() if offline is None else offline
+    path = _resolve(ref, root, offline, size_limit)
+    if isinstance(ref, HfURI):
+        from pagoda.runtime.model.sources import prune as pruning
+
+        if prune and not offline and (snapshot := pruning.snapshot_of(path)) is not None:
+            with cache.download_lock(root, ref) as held:
+                if held:  # else another process's download may be linking blobs right now
+                    pruning.prune(root, ref.repo, keep=snapshot[1])
+        pruning.hold(root, path)
+    return str(path)
+
+
+def _resolve(ref: ModelURI, root: Path, offline: bool, size_limit: int | None) -> Path:
     cached = cache.lookup(root, ref)
     if offline:
         if cached is None:
@@ -72,14 +88,14 @@ def resolve_model(
                 f"{cache.OFFLINE_ENV}=1 forbids downloading (run `pagoda download --model "
                 f"{ref.uri} --download-dir {root}` first)",
             )
-        return str(cached)
+        return cached
     immutable = isinstance(ref, HfURI) and bool(ref.revision and _COMMIT.match(ref.revision))
     if cached is not None and immutable:
-        return str(cached)
+        return cached
     cache.ensure_dir(ref.uri, root)
     with cache.download_lock(root, ref) as held:  # pods sharing the directory: one at a time
         if immutable and (done := cache.lookup(root, ref)) is not None:
-            return str(done)  # another process completed it while this one waited
+            return done  # another process completed it while this one waited
         try:
             if isinstance(ref, HfURI):
                 from pagoda.runtime.model.sources import hub
@@ -92,7 +108,11 @@ def resolve_model(
         except DownloadError as e:
             if e.detail == errors.UNREACHABLE and cached is not None:
                 log.warning("%s; using the copy in the download directory: %s", e, cached)
-                return str(cached)
+                return cached
             raise
+        if isinstance(ref, HfURI) and commit:
+            from pagoda.runtime.model.sources import prune as pruning
+
+            pruning.create_inuse(root, ref.repo, commit)  # before the manifest: readers find it
         cache.record(root, ref, path, files, commit)
-    return str(path)
+    return Path(path)
