@@ -6,8 +6,9 @@ push between two pods' starts (a scale-up, a rescheduled pod, a rollout) makes t
 one service serve different weights. So the operator asks once, with huggingface_hub's
 `model_info` and the token of `spec.modelSecretRef`'s Secret (`HF_TOKEN`, else
 `HUGGING_FACE_HUB_TOKEN`), against the `HF_ENDPOINT` the download container gets (spec.env's,
-else the Secret's; else the operator's own, else the Hub), and the pods get `--revision COMMIT` (download and serve; `--model` stays as written, so a
-tuned profile and the served name do not change). The pin is kept in `status.model`:
+else the Secret's; else the operator's own, else the Hub), and the pods get `--revision COMMIT`
+(download and serve; `--model` stays as written, so a tuned profile and the served name do not
+change). The pin is kept in `status.model`:
 
     status.model: {uri: hf://ORG/NAME, commit: SHA, resolvedAt: TIME, resolveRequest: VALUE}
 
