@@ -131,7 +131,7 @@ async def _resolve(
             config.hub_timeout_s * 3,
         )
     except Exception as e:
-        failure = _classify(spec.model.uri, e, token)
+        failure = _classify(spec.model.uri, e, token, endpoint)
         transient = failure.detail in (errors.UNREACHABLE, errors.FAILED)
         raise ModelUnresolved(
             f"could not resolve {spec.model.uri} to a commit ({failure.detail}): {failure}; "
@@ -156,10 +156,10 @@ def _model_sha(uri: str, endpoint: str | None, token: str | None, timeout: float
     return sha
 
 
-def _classify(uri: str, error: Exception, token: str | None) -> Exception:
-    """The download's failure class for `error` (runtime/model/sources/hub.py), the token never
-    in the message."""
-    from pagoda.runtime.model.sources import hub
+def _classify(uri: str, error: Exception, token: str | None, endpoint: str | None) -> Exception:
+    """The download's failure class for `error` (runtime/model/sources/hub.py), naming the
+    endpoint asked (not the operator's HF_ENDPOINT), the token never in the message."""
+    from pagoda.runtime.model.sources import errors, hub
     from pagoda.runtime.model.sources.errors import DownloadError
     from pagoda.runtime.model.sources.uri import parse_uri
 
@@ -169,6 +169,9 @@ def _classify(uri: str, error: Exception, token: str | None) -> Exception:
         error if isinstance(error, DownloadError) else hub.classify(parse_uri(uri), error)  # type: ignore[arg-type]
     )
     message = str(found)
+    if found.detail == errors.UNREACHABLE:
+        where = endpoint or "https://huggingface.co"
+        message = f"{uri}: cannot reach {where}: {type(error).__name__}: {error}"
     if token and len(token) >= 4:
         message = message.replace(token, "<HF_TOKEN>")
     return DownloadError(found.detail, message)

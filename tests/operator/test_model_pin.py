@@ -78,15 +78,23 @@ async def test_a_branch_is_pinned_once_and_moves_only_when_asked(
     assert condition(emulator, "m", "Degraded")["reason"] == "AsExpected"
 
 
+CLOSED = [{"name": "HF_ENDPOINT", "value": "http://127.0.0.1:9"}]  # spec.env wins over the Secret
+
+
 @pytest.mark.parametrize(
-    ("model", "words"),
-    [("hf://org/missing", "NotFound"), ("hf://org/m@no-such-branch", "NotFound")],
-)
+    ("fields", "words"),
+    [
+        ({"model": "hf://org/missing"}, "(NotFound): hf://org/missing: repository org/missing"),
+        ({"model": "hf://org/m@no-such-branch"}, "(NotFound): hf://org/m@no-such-branch: revision"),
+        ({"model": "hf://org/m", "env": CLOSED}, "(Unreachable): hf://org/m: cannot reach http://127.0.0.1:9"),
+    ],
+    ids=["no-repo", "no-branch", "unreachable"],
+)  # fmt: skip
 async def test_a_failed_resolution_is_the_condition_and_leaves_no_pods(
-    emulator: Emulator, kube: KubeApi, start_operator: Any, hub: FakeHub, model: str, words: str
+    emulator: Emulator, kube: KubeApi, start_operator: Any, hub: FakeHub, fields: dict, words: str
 ) -> None:
     await start_operator(pin_models=True)
-    await create_isvc(kube, "bad", {**BASE, "model": model})
+    await create_isvc(kube, "bad", {**BASE, **fields})
     degraded = await wait_for(
         lambda: (
             (c := condition(emulator, "bad", "Degraded")).get("reason") == "ModelResolveFailed"
@@ -95,5 +103,6 @@ async def test_a_failed_resolution_is_the_condition_and_leaves_no_pods(
         what="Degraded ModelResolveFailed",
     )
     assert degraded["status"] == "True" and words in degraded["message"], degraded
+    assert ("retrying" in degraded["message"]) == ("Unreachable" in words)
     assert TOKEN not in degraded["message"]
     assert emulator.live(DEPLOY, "default", "bad") is None
