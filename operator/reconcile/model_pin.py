@@ -45,6 +45,7 @@ from pagoda.operator.spec.fields import SpecError
 if TYPE_CHECKING:
     from pagoda.operator.spec.config import OperatorConfig
     from pagoda.operator.spec.inference_service import InferenceServiceSpec
+    from pagoda.runtime.model.sources.errors import DownloadError
 
 # not under serving.pagoda.dev/, kopf's storage prefix: kopf leaves the annotations under it out
 # of the diff its update handler reacts to
@@ -146,28 +147,29 @@ def _model_sha(uri: str, endpoint: str | None, token: str | None, timeout: float
     from huggingface_hub import HfApi
     from pagoda.runtime.model.sources import errors
     from pagoda.runtime.model.sources.errors import DownloadError
-    from pagoda.runtime.model.sources.uri import parse_uri
+    from pagoda.runtime.model.sources.uri import HfURI, parse_uri
 
     ref = parse_uri(uri)
+    assert isinstance(ref, HfURI)
     api = HfApi(endpoint=endpoint, token=token or False)  # False: not the operator's own token
-    sha = api.model_info(ref.repo, revision=ref.revision, timeout=timeout).sha  # type: ignore[union-attr]
+    sha = api.model_info(ref.repo, revision=ref.revision, timeout=timeout).sha
     if not sha or not _COMMIT.match(sha):
         raise DownloadError(errors.FAILED, f"{uri}: the Hub answered without a commit ({sha!r})")
     return sha
 
 
-def _classify(uri: str, error: Exception, token: str | None, endpoint: str | None) -> Exception:
+def _classify(uri: str, error: Exception, token: str | None, endpoint: str | None) -> DownloadError:
     """The download's failure class for `error` (runtime/model/sources/hub.py), naming the
     endpoint asked (not the operator's HF_ENDPOINT), the token never in the message."""
     from pagoda.runtime.model.sources import errors, hub
     from pagoda.runtime.model.sources.errors import DownloadError
-    from pagoda.runtime.model.sources.uri import parse_uri
+    from pagoda.runtime.model.sources.uri import HfURI, parse_uri
 
     if isinstance(error, asyncio.TimeoutError):
         error = TimeoutError(f"no answer in time from {uri}")
-    found = (
-        error if isinstance(error, DownloadError) else hub.classify(parse_uri(uri), error)  # type: ignore[arg-type]
-    )
+    ref = parse_uri(uri)
+    assert isinstance(ref, HfURI)
+    found = error if isinstance(error, DownloadError) else hub.classify(ref, error)
     message = str(found)
     if found.detail == errors.UNREACHABLE:
         where = endpoint or "https://huggingface.co"

@@ -176,8 +176,9 @@ async def _apply_all(
     logger: logging.Logger,
 ) -> tuple[dict[str, Any], Mapping[str, Any] | None]:
     """Validate, pin an hf:// branch to a commit (model_pin.py), then create/patch every child
-    and delete the ones that must not exist; returns the live workload and the pin. `current`: the workload of either kind (its replicas carry over a switch
-    between a Deployment and a LeaderWorkerSet, so the autoscaler's choice survives it)."""
+    and delete the ones that must not exist; returns the live workload and the pin. `current`:
+    the workload of either kind (its replicas carry over a switch between a Deployment and a
+    LeaderWorkerSet, so the autoscaler's choice survives it)."""
     spec = validation.parse(body, config)
     await validation.check_cluster(api, spec, owner.namespace, logger)
     spec, pin = await model_pin.pin(api, body, spec, config, logger)
