@@ -14,8 +14,9 @@ ARG BASE_IMAGE=pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 # CPU torch of the demo image (the Makefile's TORCH_SPEC).
 ARG TORCH_CPU_VERSION=2.13.0
-# Distributions the operator imports (versions come from pyproject.toml).
-ARG OPERATOR_DEPS="kopf aiohttp prometheus-client"
+# Distributions the operator imports (versions come from pyproject.toml); huggingface_hub pins an
+# hf:// branch to a commit (operator/reconcile/model_pin.py).
+ARG OPERATOR_DEPS="kopf aiohttp prometheus-client huggingface_hub"
 
 # ---- wheel: the pagoda wheel (no dependencies) and requirement lists from pyproject.toml ----
 FROM ${PYTHON_IMAGE} AS wheel

@@ -51,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _scope_and_api_arguments(parser)
     _autoscaling_arguments(parser.add_argument_group("autoscaling"))
     _autotune_arguments(parser.add_argument_group("autotuning"))
+    _model_arguments(parser.add_argument_group("models"))
 
 
 def _scope_and_api_arguments(parser: argparse.ArgumentParser) -> None:
@@ -178,6 +179,21 @@ def _autotune_arguments(group: argparse._ArgumentGroup) -> None:
     )
 
 
+def _model_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--no-pin-models",
+        action="store_true",
+        help="do not resolve an hf:// branch or tag to a commit (each pod's download then asks "
+        "the Hub itself, and replicas may serve different commits after a push)",
+    )
+    group.add_argument(
+        "--hub-timeout",
+        type=float,
+        default=10.0,
+        help="seconds one request to the Hugging Face Hub (HF_ENDPOINT) may take",
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
     overrides: dict[str, object] = {
         "http_host": args.http_host,
@@ -200,6 +216,8 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         "autotune_interval_s": args.autotune_interval,
         "autotune_retry_base_s": args.autotune_retry_base,
         "autotune_product_grace_s": args.autotune_product_grace,
+        "pin_models": not args.no_pin_models,
+        "hub_timeout_s": args.hub_timeout,
     }
     if args.prometheus_url:
         overrides["prometheus_url"] = args.prometheus_url

@@ -307,6 +307,9 @@ SERVER_FLAGS: Mapping[str, Flag] = _flags(
     Flag("--download-dir", "where hf:// and s3:// models are downloaded and found again (with "
          "HF_HUB_OFFLINE=1 only found); default: $PAGODA_DOWNLOAD_DIR or ~/.cache/pagoda/models",
          None, metavar="DIR"),
+    Flag("--revision", "with an hf:// --model: the commit (or branch, tag) to fetch instead of "
+         "the URI's revision, as vLLM's --revision (the operator pins hf://ORG/NAME to the commit "
+         "it resolved this way, so every replica serves the same files)", None, metavar="REV"),
     Flag("--log-level", "log verbosity", DEFAULT_LOG_LEVEL, choices=LOG_LEVELS),
     Flag("--engine-process", "run the engine's step loop in a process of its own beside the "
          "HTTP server's (no GIL shared with streaming); --no-engine-process runs it on a "

@@ -40,6 +40,10 @@ def cache_volume(spec: InferenceServiceSpec) -> dict[str, Any]:
 
 def download_args(spec: InferenceServiceSpec) -> list[str]:
     args = ["--model", spec.model.uri, "--download-dir", MODEL_CACHE_MOUNT]
+    if spec.model.commit:  # every replica fetches the commit the operator pinned
+        args += ["--revision", spec.model.commit]
+    if spec.model_cache.prune:  # the repo's other snapshots that no running pod holds
+        args.append("--prune")
     if spec.model_cache.size_limit_bytes:
         args += ["--download-size-limit", str(spec.model_cache.size_limit_bytes)]
     return args

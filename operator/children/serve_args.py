@@ -52,6 +52,7 @@ def serve_values(spec: InferenceServiceSpec, role: str | None = None) -> dict[st
         "long_prefill_token_threshold": e.long_prefill_token_threshold,  # None: nothing
         # hf:// and s3:// only (None otherwise, so other services' config hashes do not change)
         "download_dir": MODEL_CACHE_MOUNT if spec.model.remote else None,
+        "revision": spec.model.commit,  # an hf:// branch's pin (None: not pinned, no flag)
         **parallel_values(spec, role),
     }
 
@@ -96,6 +97,8 @@ def engine_config(spec: InferenceServiceSpec) -> dict[str, Any]:
         "drainTimeoutSeconds": spec.drain_timeout_seconds,
         "args": server_args(spec),
     }
+    if spec.model.commit is not None:
+        out["modelCommit"] = spec.model.commit
     if (kv_cache_dtype := _kv_cache_dtype_if_set(spec)) is not None:
         out["kvCacheDtype"] = kv_cache_dtype
     if e.quantization is not None:  # only when set, as kvCacheDtype (config hashes stay)

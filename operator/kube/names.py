@@ -138,6 +138,8 @@ RESOURCES: Mapping[str, ResourceKind] = {
         "", "v1", "persistentvolumeclaims", "PersistentVolumeClaim"
     ),
     "Node": ResourceKind("", "v1", "nodes", "Node", namespaced=False),
+    # spec.modelSecretRef's HF_TOKEN: an hf:// branch resolved to a commit (reconcile/model_pin.py)
+    "Secret": ResourceKind("", "v1", "secrets", "Secret"),
     # multi-node services (spec.parallelism.nodes > 1), only if the LWS CRD is installed
     "LeaderWorkerSet": ResourceKind(
         "leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet"

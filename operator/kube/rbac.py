@@ -78,6 +78,14 @@ API_PERMISSIONS: tuple[Permission, ...] = (
     ),
     Permission("", "persistentvolumeclaims", ("get",), "pvc:// models, spec.modelCache must exist"),
     Permission(
+        "",
+        "secrets",
+        ("get",),
+        "the one spec.modelSecretRef names (HF_TOKEN, HF_ENDPOINT): an hf:// branch pinned to a "
+        "commit (reconcile/model_pin.py)",
+        feature="modelPinning",
+    ),
+    Permission(
         "", "pods", ("get", "list", "watch"), "a container's termination message → conditions"
     ),
     Permission("", "nodes", ("list",), "GPU requests must fit some node; GPU products to tune"),
@@ -93,7 +101,7 @@ API_PERMISSIONS: tuple[Permission, ...] = (
 
 
 def permissions(
-    features: frozenset[str] | set[str] = frozenset({"autotune"}),
+    features: frozenset[str] | set[str] = frozenset({"autotune", "modelPinning"}),
 ) -> tuple[Permission, ...]:
     """The permissions with these optional features on."""
     return tuple(p for p in API_PERMISSIONS if p.feature is None or p.feature in features)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.autotune import mount as autotune_mount
@@ -19,6 +20,7 @@ from pagoda.operator.children.owner import Owner
 from pagoda.operator.kube.client import MERGE_PATCH, ApiError, KubeApi
 from pagoda.operator.kube.locks import object_lock
 from pagoda.operator.kube.names import KIND, RESOURCES, WORKLOAD_KINDS, owned_by, workload_name
+from pagoda.operator.reconcile import model_pin
 from pagoda.operator.reconcile.apply import UNKNOWN, apply_child, delete_child
 from pagoda.operator.spec import status, validation
 from pagoda.operator.spec.fields import SpecError
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 # Degraded reasons only a full reconcile may clear (child events keep them as they are).
-STICKY_REASONS = validation.SPEC_REASONS | {"ResourceConflict"}
+STICKY_REASONS = validation.SPEC_REASONS | {"ResourceConflict", model_pin.REASON}
 
 
 @dataclass(frozen=True)
@@ -73,10 +75,12 @@ async def write_status(
     fresh: Mapping[str, Any] | None = None,
     kind: str = "Deployment",
     pods: PodFailures | None = None,
+    model: Mapping[str, Any] | EllipsisType | None = ...,
 ) -> bool:
     """Patch /status with what changed, against a fresh read of the object. True if it wrote.
 
     `workload`: the Deployment or LeaderWorkerSet (`kind`: the one wanted, when it is missing).
+    `model`: the hf:// pin for `status.model` (the full reconcile's; `...` leaves it).
     `fresh` may be passed when the caller read the object under the same per-object lock
     (only code holding that lock writes status, so it cannot be stale). A refused write raises
     `StatusWriteError`.
@@ -90,8 +94,9 @@ async def write_status(
     target = {**fresh, "metadata": {**fresh["metadata"], "generation": meta.get("generation")}}
     failure = pods.failure(meta["namespace"], meta["name"]) if pods is not None else None
     new = status.compute_status(
-        target, workload, spec_error=spec_error, url=url, kind=kind, pod_failure=failure
-    )
+        target, workload, spec_error=spec_error, url=url, kind=kind, pod_failure=failure,
+        model=model,
+    )  # fmt: skip
     patch = status.status_patch(fresh.get("status"), new)
     if patch is None:
         return False
@@ -155,13 +160,13 @@ async def reconcile(
             pods.forget_departed(owner.namespace, owner.name)
         current = await live_workload(api, owner)
         try:
-            workload = await _apply_all(api, fresh, owner, current, config, logger)
+            workload, model = await _apply_all(api, fresh, owner, current, config, logger)
         except SpecError as e:
             changed = await write_status(api, fresh, current, spec_error=e, url=None, fresh=fresh)
             return Result(spec_error=e, status_changed=changed)
         url = config.service_url(owner.name, owner.namespace)
         changed = await write_status(
-            api, fresh, workload, spec_error=None, url=url, fresh=fresh, pods=pods
+            api, fresh, workload, spec_error=None, url=url, fresh=fresh, pods=pods, model=model
         )
         return Result(spec_error=None, status_changed=changed)
 
@@ -173,12 +178,14 @@ async def _apply_all(
     current: Mapping[str, Any] | None,
     config: OperatorConfig,
     logger: logging.Logger,
-) -> dict[str, Any]:
-    """Validate, then create/patch every child and delete the ones that must not exist; returns
-    the live workload. `current`: the workload of either kind (its replicas carry over a switch
-    between a Deployment and a LeaderWorkerSet, so the autoscaler's choice survives it)."""
+) -> tuple[dict[str, Any], Mapping[str, Any] | None]:
+    """Validate, pin an hf:// branch to a commit (model_pin.py), then create/patch every child
+    and delete the ones that must not exist; returns the live workload and the pin. `current`:
+    the workload of either kind (its replicas carry over a switch between a Deployment and a
+    LeaderWorkerSet, so the autoscaler's choice survives it)."""
     spec = validation.parse(body, config)
     await validation.check_cluster(api, spec, owner.namespace, logger)
+    spec, pin = await model_pin.pin(api, body, spec, config, logger)
     replicas = ((current or {}).get("spec") or {}).get("replicas")
     children = build_children(
         owner,
@@ -206,7 +213,7 @@ async def _apply_all(
         await delete_child(api, kind, owner.namespace, name, owner.uid, logger)
     workload = live[spec.workload_kind]
     workload.setdefault("kind", spec.workload_kind)
-    return workload
+    return workload, pin
 
 
 def spec_error_in_status(body: Mapping[str, Any]) -> SpecError | None:
@@ -295,6 +302,11 @@ async def _restore(
         spec = validation.parse(fresh, config)
     except SpecError:
         return  # the create/update handler reports it
+    if config.pin_models and model_pin.needs_pin(spec):
+        pin = model_pin.recorded(fresh, spec)
+        if pin is None:
+            return  # not pinned yet (or to be pinned again): the full reconcile does it
+        spec = model_pin.pinned(spec, pin)
     # the event's body may be older than the object (kopf batches events): read it again,
     # so neither the restore nor the status is computed from a stale version
     actual = await api.get(kind, owner.namespace, name)

@@ -103,7 +103,8 @@ class Reconciler:
                     time.perf_counter() - started
                 )
         err = result.spec_error
-        if isinstance(err, ChildConflict):  # the garbage collector may free the name: try again
+        # the garbage collector may free the name; the Hub may answer: try again
+        if isinstance(err, ChildConflict) or getattr(err, "transient", False):
             self._count_error(trigger, "transient")
             if result.status_changed:
                 await self._warn(body, err)

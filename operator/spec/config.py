@@ -48,6 +48,9 @@ class OperatorConfig:
     autotune_retry_base_s: float = 300.0  # a failed Job is retried after base × 2^(attempts−1)
     # a GPU product label that blinks (node relabel, NFD restart) counts after this long
     autotune_product_grace_s: float = 300.0
+    # hf:// branches and tags pinned to a commit once (reconcile/model_pin.py)
+    pin_models: bool = True
+    hub_timeout_s: float = 10.0  # one request to the Hub
 
     def __post_init__(self) -> None:
         for ns in self.namespaces:

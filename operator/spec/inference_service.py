@@ -251,10 +251,12 @@ class AutoscalingSpec:
 @dataclass(frozen=True)
 class ModelCacheSpec:
     """Where hf:// and s3:// models are downloaded: a PersistentVolumeClaim shared by the
-    replicas (`claim_name`), else an emptyDir per pod, optionally capped at `size_limit`."""
+    replicas (`claim_name`), else an emptyDir per pod, optionally capped at `size_limit`;
+    `prune`: a claim keeps one snapshot of the repo (`pagoda download --prune`)."""
 
     claim_name: str | None = None
     size_limit: str | None = None  # a quantity; the emptyDir's sizeLimit
+    prune: bool = False
 
     def __post_init__(self) -> None:
         if self.claim_name and self.size_limit:
@@ -262,6 +264,12 @@ class ModelCacheSpec:
                 "InvalidSpec",
                 "spec.modelCache: sizeLimit caps the default emptyDir; a claimName's size is the "
                 "PersistentVolumeClaim's own: set one of them",
+            )
+        if self.prune and not self.claim_name:
+            raise SpecError(
+                "InvalidSpec",
+                "spec.modelCache.prune removes old snapshots from a shared claim; the default "
+                "emptyDir holds one pod's download only: set claimName too, or drop prune",
             )
 
     @classmethod
@@ -273,7 +281,7 @@ class ModelCacheSpec:
         limit = quantity(d, "sizeLimit", p)
         if limit is not None and not parse_quantity(limit):
             raise SpecError("InvalidSpec", f"{p}.sizeLimit must be more than 0")
-        return cls(claim_name=claim, size_limit=limit)
+        return cls(claim_name=claim, size_limit=limit, prune=bool_or(d, "prune", p, False))
 
     @property
     def size_limit_bytes(self) -> int | None:

@@ -29,12 +29,17 @@ class ModelRef:
     uri: str
     claim: str | None = None
     subpath: str = ""
+    # an hf:// model's branch or tag pinned to this commit by the operator (reconcile/model_pin.py):
+    # the pods get `--revision COMMIT`
+    commit: str | None = None
 
     MOUNT_ROOT = "/mnt/models"
 
     def __post_init__(self) -> None:
         if self.source not in ("builtin", "pvc", "image", "hf", "s3"):
             raise SpecError("InvalidModel", f"unknown model source {show(self.source)}")
+        if self.commit is not None and self.source != "hf":
+            raise SpecError("InvalidModel", f"{show(self.uri)}: only an hf:// model has commits")
         if self.source == "pvc" and not self.claim:
             raise SpecError("InvalidModel", f"{show(self.uri)}: a pvc:// model needs a claim name")
 

@@ -133,6 +133,8 @@ OPERATOR_FLAGS: Mapping[str, str] = {
         )
     },
     "download_dir": "spec.modelCache",
+    "revision": "spec.model (hf://ORG/NAME@REVISION; the operator pins a branch or tag to its "
+    "commit itself)",
     "tensor_parallel_size": "spec.parallelism.tensorParallelSize",
     "nnodes": "spec.parallelism.nodes",
     # not rendered, but a key on the command line shows in the pod spec and the ConfigMap's record

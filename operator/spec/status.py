@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.kube.names import leader_selector_labels, now_iso, selector_labels
@@ -155,8 +156,11 @@ def compute_status(
     url: str | None = None,
     kind: str = "Deployment",
     pod_failure: PodFailure | None = None,
+    model: Mapping[str, Any] | EllipsisType | None = ...,
 ) -> dict[str, Any]:
-    """The full status this InferenceService should have now. `deployment`: the workload, a
+    """The full status this InferenceService should have now. `model`: the hf:// pin
+    (reconcile/model_pin.py) to show as `status.model`, None to remove it, `...` (writers other
+    than the full reconcile) to leave it as it is. `deployment`: the workload, a
     Deployment or a LeaderWorkerSet (`kind`, when there is none yet); for a LeaderWorkerSet the
     replicas count groups and the selector picks their leaders."""
     meta = body.get("metadata") or {}
@@ -198,6 +202,8 @@ def compute_status(
         status["observedGeneration"] = generation
     if url is not None:
         status["url"] = url
+    if model is not ...:
+        status["model"] = dict(model) if model is not None else None
     return status
 
 

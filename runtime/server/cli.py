@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
 
             engine_cfg, profile = preflight(
                 cfg, engine_kwargs, args.tuned_profile, args.tuned_profile_mismatch,
-                download_dir=args.download_dir, parallel=layout,
+                download_dir=args.download_dir, revision=args.revision, parallel=layout,
             )  # fmt: skip
             start_listening(sockets, cfg.host)
     except ValueError as e:  # a ProfileError, KernelConfigError, failed download too
@@ -220,7 +220,7 @@ def serve_worker_node(
     try:
         engine_cfg, _ = preflight(
             cfg, engine_kwargs, args.tuned_profile, args.tuned_profile_mismatch,
-            download_dir=args.download_dir, parallel=layout,
+            download_dir=args.download_dir, revision=args.revision, parallel=layout,
         )  # fmt: skip
     except ValueError as e:
         fail(e)

@@ -49,6 +49,7 @@ def preflight(
     tuned_profile_mismatch: str = "error",
     download_dir: str | None = None,
     parallel: options.Parallelism | None = None,
+    revision: str | None = None,
 ) -> tuple[EngineConfig, TunedProfile | None]:
     """The one `EngineConfig` of this server, and the tuned profile applied to it (if any).
 
@@ -58,7 +59,7 @@ def preflight(
     reason ModelDoesNotFit (`fit.check`).
     """
     # hf:// and s3:// → a local copy, downloaded now or found in --download-dir (offline too)
-    model_path = resolve_model(cfg.model, download_dir)
+    model_path = resolve_model(cfg.model, download_dir, revision=revision)
     profile, kwargs = apply_tuned_profile(
         tuned_profile, model=cfg.model, engine_kwargs=engine_kwargs, mismatch=tuned_profile_mismatch
     )

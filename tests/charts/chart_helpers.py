@@ -46,7 +46,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "namespaced": {"watchNamespaces": ["team-a", "team-b"]},
     "monitoring": MONITORING_ON,
     "namespaced-monitoring": {**MONITORING_ON, "watchNamespaces": ["llm"]},
-    "autotune-off": {"autotune": {"enabled": False}, "watchNamespaces": ["llm"]},
+    "autotune-off": {
+        "autotune": {"enabled": False},
+        "modelPinning": {"enabled": False},
+        "watchNamespaces": ["llm"],
+    },
     "custom-images": {
         "operator": {
             "image": {"repository": "registry.example.com/pagoda/operator", "tag": "1.2.3"},

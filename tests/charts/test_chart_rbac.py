@@ -24,7 +24,11 @@ CLUSTER_SCOPED = {
 
 def features(values: dict[str, Any]) -> set[str]:
     """Optional permission features a value set switches on (rbac.Permission.feature)."""
-    return set() if (values.get("autotune") or {}).get("enabled") is False else {"autotune"}
+    return {
+        feature
+        for feature in ("autotune", "modelPinning")
+        if (values.get(feature) or {}).get("enabled") is not False
+    }
 
 
 def needed(values: dict[str, Any] | None = None) -> set[Triple]:
@@ -133,11 +137,17 @@ def test_autotune_off_drops_its_permissions_and_tells_the_operator() -> None:
     assert "--no-autotune" not in default["args"]
 
 
-def test_no_secret_access() -> None:
-    """The webhook token reaches the operator as an env var from the Secret; the operator itself
-    never reads Secrets through the API."""
+def test_secret_access_is_get_only_and_only_for_model_pinning() -> None:
+    """The webhook token reaches the operator as an env var from the Secret; the operator reads
+    a Secret through the API only to pin an hf:// branch (the one spec.modelSecretRef names:
+    `get`, never list or watch), and not at all with modelPinning off."""
     for role in of_kind(render(VALUE_SETS["monitoring"]), "ClusterRole"):
+        assert {v for (_, r, v) in triples(role) if r == "secrets"} == {"get"}
+    docs = render_cached("autotune-off")
+    for role in of_kind(docs, "ClusterRole") + of_kind(docs, "Role"):
         assert not any(r for (_, r, _) in triples(role) if r == "secrets")
+    (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--no-pin-models" in container["args"]
 
 
 def test_children_with_block_owner_deletion_are_permitted() -> None:

@@ -143,7 +143,8 @@ def test_operator_dependencies_cover_every_operator_import() -> None:
     deps = {Requirement(d).name.lower() for d in PYPROJECT["project"]["dependencies"]}
     assert names <= deps
     # import names as distribution names (prometheus_client is prometheus-client)
-    assert {m.replace("_", "-") for m in _third_party_imports(ROOT / "operator")} <= names
+    dists = {n.replace("_", "-") for n in names}
+    assert {m.replace("_", "-") for m in _third_party_imports(ROOT / "operator")} <= dists
 
 
 def test_cpu_demo_has_cpu_torch_and_the_embedded_model() -> None:

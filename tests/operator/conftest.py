@@ -50,6 +50,7 @@ async def start_operator(kube: KubeApi) -> AsyncIterator[Callable[..., Awaitable
             "http_port": 0,
             "request_timeout_s": 5.0,
             "resync_interval_s": 300.0,
+            "pin_models": False,  # no Hub here: test_model_pin.py turns it on with a local one
         }
         op = RunningOperator(OperatorConfig(**{**settings, **overrides}))
         started.append(op)

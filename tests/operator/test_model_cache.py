@@ -4,6 +4,7 @@ fields, the model-download init container (children/model_cache.py) and a pod's 
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import pytest
@@ -55,6 +56,14 @@ def test_model_cache_shapes() -> None:
     assert {"name": "model-cache", "emptyDir": {"sizeLimit": "2Gi"}} in ps["volumes"]
     assert ps["initContainers"][0]["args"][-2:] == ["--download-size-limit", str(2 << 30)]
     assert "initContainers" not in pod_spec(spec(model="smollm2-135m"))
+    ps = pod_spec(spec(model="hf://o/m", modelCache={"claimName": "models", "prune": True}))
+    init_args = ps["initContainers"][0]["args"]
+    assert init_args[-1] == "--prune"
+    from pagoda.runtime.model.sources.cli import add_arguments  # the real `pagoda download`
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(init_args).prune is True
 
 
 @pytest.mark.parametrize(
@@ -65,6 +74,7 @@ def test_model_cache_shapes() -> None:
         ({"model": "hf://o/m", "modelCache": {"claimName": "x", "sizeLimit": "1Gi"}}, "set one"),
         ({"model": "hf://o/m", "modelCache": {"claimName": "Bad_Name"}}, "not a valid PVC name"),
         ({"model": "hf://o/m", "modelSecretRef": {}}, "must be a Secret's name"),
+        ({"model": "hf://o/m", "modelCache": {"prune": True}}, "set claimName too"),
     ],
 )  # fmt: skip
 def test_invalid_combinations(fields: dict[str, Any], words: str) -> None:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import pathlib
 import re
@@ -133,19 +134,30 @@ def events(emulator: Emulator, reason: str) -> list[dict[str, Any]]:
 async def test_hf_model_downloaded_by_the_init_container_then_served_offline(
     emulator: Emulator, kube: KubeApi, start_operator: Any, hub: FakeHub, tmp_path: pathlib.Path
 ) -> None:
-    await start_operator()
+    await start_operator(pin_models=True)  # the operator reads the Secret to pin main
+    secrets = {"hf-creds": {"HF_TOKEN": TOKEN, "HF_ENDPOINT": hub.endpoint}}
+    await kube.create({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "hf-creds", "namespace": "default"},
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in secrets["hf-creds"].items()},
+    })  # fmt: skip
     spec = {**BASE, "model": "hf://org/tiny", "modelSecretRef": {"name": "hf-creds"}}
     deployment = await deployment_of(kube, emulator, "tiny", spec)
-    secrets = {"hf-creds": {"HF_TOKEN": TOKEN, "HF_ENDPOINT": hub.endpoint}}
     pod = Pod(deployment, tmp_path, secrets)
+    commit = hub.repos["org/tiny"].commit
+    for name in ("model-download", "server"):  # both pinned to the commit main was
+        args = pod.container(name)["args"]
+        assert args[args.index("--revision") + 1] == commit
+    hub.repos["org/tiny"].branches["main"] = "f" * 40  # main moves on: the pods do not
 
     rc, err, message = pod.run("model-download")
     assert rc == 0, err
-    assert "hf://org/tiny: downloading 5 files" in err and message == ""
+    assert f"hf://org/tiny@{commit}: downloading 5 files" in err and message == ""
     cached = list((pod.volumes["model-cache"] / "models--org--tiny" / "snapshots").iterdir())
-    assert len(cached) == 1 and (cached[0] / "model.safetensors").is_file()
+    assert [c.name for c in cached] == [commit] and (cached[0] / "model.safetensors").is_file()
+    hub.requests.clear()
     rc, err, _ = pod.run("model-download")  # a restart, or a replica on a shared cache
-    assert rc == 0 and "all 5 files" in err and "downloading" not in err
+    assert rc == 0 and "downloading" not in err and hub.requests == []  # a pinned commit: cached
 
     argv, env, _ = pod.command("server")
     assert "HF_TOKEN" not in env and env["HF_HUB_OFFLINE"] == "1"  # no credentials, no network

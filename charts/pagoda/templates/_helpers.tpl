@@ -130,6 +130,12 @@ ClusterRole.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get"]
+{{- if .Values.modelPinning.enabled }}
+{{- /* model pinning: the HF_TOKEN of the Secret spec.modelSecretRef names, to resolve an hf:// branch */}}
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]

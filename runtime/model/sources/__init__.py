@@ -4,8 +4,9 @@
 
 uri.py (the grammar; torch-free, the operator validates with it), errors.py (failure classes),
 cache.py (download-dir layout, manifests, free space), progress.py (log lines), hub.py
-(huggingface_hub), resume.py (a killed hf:// download goes on), s3.py (boto3), fetch.py (cache
-or download), cli.py (`pagoda download`).
+(huggingface_hub), resume.py (a killed hf:// download goes on), s3.py (boto3), s3_parts.py (an
+object in ranged parts, resumable), prune.py (old snapshots, in-use locks), fetch.py (cache or
+download), cli.py (`pagoda download`).
 huggingface_hub and boto3 are imported only when a download happens; this package imports
 nothing, so the operator (without torch) loads only uri.py.
 """

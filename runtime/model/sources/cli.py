@@ -31,6 +31,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="hf://ORG/NAME[@REVISION] or s3://BUCKET/PREFIX",
     )
     p.add_argument(
+        "--revision",
+        default=None,
+        metavar="REV",
+        help="with an hf:// model: the commit (or branch, tag) to fetch instead of the URI's "
+        "revision (the operator's init container pins an hf:// model to a commit this way)",
+    )
+    p.add_argument(
         "--download-dir",
         default=None,
         metavar="DIR",
@@ -42,6 +49,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="the most the download directory may hold in all, e.g. 20Gi (an emptyDir's "
         "sizeLimit): a model that would not fit is refused before downloading",
+    )
+    p.add_argument(
+        "--prune",
+        action="store_true",
+        help="after the download, remove the repo's other snapshots (hf://) from the download "
+        "directory, but for those a running process reads (the operator's "
+        "spec.modelCache.prune)",
     )
     p.add_argument("--log-level", default="info", choices=("error", "warning", "info", "debug"))
 
@@ -67,7 +81,13 @@ def run(args: argparse.Namespace) -> int:
                     f"--download-size-limit {args.download_size_limit!r}: expected bytes or a "
                     "size such as 512Mi or 20Gi"
                 ) from None
-        path = resolve_model(args.model, args.download_dir, size_limit=limit)
+        path = resolve_model(
+            args.model,
+            args.download_dir,
+            size_limit=limit,
+            revision=args.revision,
+            prune=args.prune,
+        )
     except DownloadError as e:
         if e.detail == errors.NOT_CACHED:  # its advice is to run this command: say why it can't
             e = DownloadError(

@@ -18,11 +18,24 @@ from pathlib import Path
 
 from pagoda.runtime.model.sources import cache, errors
 from pagoda.runtime.model.sources.errors import DownloadError
-from pagoda.runtime.model.sources.uri import HfURI, is_remote, parse_uri
+from pagoda.runtime.model.sources.uri import HfURI, ModelURI, is_remote, parse_uri
 from pagoda.runtime.termination import ReasonedError
 
 log = logging.getLogger("pagoda.runtime.model.sources")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def with_revision(ref: ModelURI, revision: str) -> HfURI:
+    """`ref` at `revision` (`--revision`); InvalidModel for an s3:// one or a bad revision."""
+    if not isinstance(ref, HfURI):
+        raise ReasonedError(
+            f"--revision {revision!r}: only an hf:// model has revisions, not {ref.uri}",
+            reason="InvalidModel",
+        )
+    try:
+        return parse_uri(f"hf://{ref.repo}@{revision}")  # type: ignore[return-value]
+    except ValueError as e:
+        raise ReasonedError(f"--revision: {e}", reason="InvalidModel") from e
 
 
 def resolve_model(
@@ -31,12 +44,17 @@ def resolve_model(
     *,
     offline: bool | None = None,
     size_limit: int | None = None,
+    revision: str | None = None,
+    prune: bool = False,
 ) -> str:
     """The local path of `model`; anything but an hf:// or s3:// URI is returned as is.
 
     `download_dir` None: `$PAGODA_DOWNLOAD_DIR` or ~/.cache/pagoda/models; `offline` None: from
     `HF_HUB_OFFLINE`; `size_limit`: bytes the download dir may hold in all (an emptyDir's
-    sizeLimit). Raises DownloadError (a ValueError) with one line saying what failed.
+    sizeLimit); `revision`: an hf:// model's commit (or branch, tag) in place of the URI's
+    (`--revision`: the operator's pin); `prune`: then remove the repo's other snapshots that no
+    process holds (prune.py). An hf:// snapshot returned is held (in use) until the process
+    exits. Raises DownloadError (a ValueError) with one line saying what failed.
     """
     if not is_remote(model):
         return model
@@ -44,8 +62,23 @@ def resolve_model(
         ref = parse_uri(model)
     except ValueError as e:
         raise ReasonedError(str(e), reason="InvalidModel") from e
+    if revision:
+        ref = with_revision(ref, revision)
     root = Path(download_dir).expanduser() if download_dir else cache.default_download_dir()
     offline = cache.offline_from_env() if offline is None else offline
+    path = _resolve(ref, root, offline, size_limit)
+    if isinstance(ref, HfURI):
+        from pagoda.runtime.model.sources import prune as pruning
+
+        if prune and not offline and (snapshot := pruning.snapshot_of(path)) is not None:
+            with cache.download_lock(root, ref) as held:
+                if held:  # else another process's download may be linking blobs right now
+                    pruning.prune(root, ref.repo, keep=snapshot[1])
+        pruning.hold(root, path)
+    return str(path)
+
+
+def _resolve(ref: ModelURI, root: Path, offline: bool, size_limit: int | None) -> Path:
     cached = cache.lookup(root, ref)
     if offline:
         if cached is None:
@@ -55,14 +88,14 @@ def resolve_model(
                 f"{cache.OFFLINE_ENV}=1 forbids downloading (run `pagoda download --model "
                 f"{ref.uri} --download-dir {root}` first)",
             )
-        return str(cached)
+        return cached
     immutable = isinstance(ref, HfURI) and bool(ref.revision and _COMMIT.match(ref.revision))
     if cached is not None and immutable:
-        return str(cached)
+        return cached
     cache.ensure_dir(ref.uri, root)
     with cache.download_lock(root, ref) as held:  # pods sharing the directory: one at a time
         if immutable and (done := cache.lookup(root, ref)) is not None:
-            return str(done)  # another process completed it while this one waited
+            return done  # another process completed it while this one waited
         try:
             if isinstance(ref, HfURI):
                 from pagoda.runtime.model.sources import hub
@@ -75,7 +108,11 @@ def resolve_model(
         except DownloadError as e:
             if e.detail == errors.UNREACHABLE and cached is not None:
                 log.warning("%s; using the copy in the download directory: %s", e, cached)
-                return str(cached)
+                return cached
             raise
+        if isinstance(ref, HfURI) and commit:
+            from pagoda.runtime.model.sources import prune as pruning
+
+            pruning.create_inuse(root, ref.repo, commit)  # before the manifest: readers find it
         cache.record(root, ref, path, files, commit)
-    return str(path)
+    return Path(path)

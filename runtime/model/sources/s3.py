@@ -10,7 +10,8 @@ S3-compatible stores usually want `path`. Without credentials the requests go un
 PREFIX names a folder (with or without a trailing '/': the files the engine reads, ALLOW_PATTERNS
 at its top level, of the weights only those the loader reads) or one `.gguf` object. Files
 already present with the size and ETag they were downloaded with are kept, so a download cut
-short resumes with the file it was on.
+short resumes with the file it was on, from the last part that reached the disk (s3_parts: ranged
+GETs with If-Match, so a changed object starts over).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pagoda.runtime.model.sources import cache, errors
+from pagoda.runtime.model.sources import cache, errors, s3_parts
 from pagoda.runtime.model.sources.errors import DownloadError, from_os_error
 from pagoda.runtime.model.sources.hub import (
     INDEX,
@@ -191,19 +192,29 @@ def _fetch(
         log.info("%s: all %d files are in %s", ref.uri, len(files), local)
         return path, files, None
     if exclusive:  # of a download cut short (another's in progress without a lock)
-        _remove_partials(local, objects)
-    cache.check_space(ref.uri, root, sum(o[1] for o in todo.values()), size_limit)
+        _remove_partials(local, objects, keep=todo)
+    resumed = {rel: _resumable(local, rel, obj) if exclusive else 0 for rel, obj in todo.items()}
+    needed = sum(o[1] for o in todo.values()) - sum(resumed.values())
+    cache.check_space(ref.uri, root, needed, size_limit)
     local.mkdir(parents=True, exist_ok=True)
     cache.manifest_path(root, ref).unlink(missing_ok=True)  # files change: not complete now
     done = {rel: etag for rel, etag in known.items() if rel not in todo}  # (another .gguf's too)
-    with Progress(ref.uri, sum(o[1] for o in todo.values()), len(todo)) as progress:
-        for rel, (key, _, etag) in sorted(todo.items()):
-            tmp = local / f".{rel}{PARTIAL}-{uuid.uuid4().hex[:8]}"  # this process's alone
+    with Progress(ref.uri, needed, len(todo)) as progress:
+        for rel, (key, size, etag) in sorted(todo.items()):
+            if resumed[rel]:
+                log.info("%s: resuming at %d of %d bytes (left by a download cut short)",
+                         rel, resumed[rel], size)  # fmt: skip
+            # with the lock, a name a download cut short finds again; without, this process's
+            tmp = local / (f".{rel}{PARTIAL}" if exclusive else
+                           f".{rel}{PARTIAL}-{uuid.uuid4().hex[:8]}")  # fmt: skip
             try:
-                s3.download_file(ref.bucket, key, str(tmp), Callback=progress.add)
+                s3_parts.download(s3, ref.bucket, key, size, etag, tmp, progress.add)
                 os.replace(tmp, local / rel)
-            finally:
-                tmp.unlink(missing_ok=True)
+            except BaseException:
+                if not exclusive:
+                    s3_parts.remove(tmp)
+                raise
+            s3_parts.remove(tmp)  # its journal
             done[rel] = etag  # recorded file by file: a download cut short keeps what it got
             _write_etags(local, done)
             progress.file_done()
@@ -220,13 +231,26 @@ def _write_etags(local: Path, etags: dict[str, str]) -> None:
     os.replace(tmp, local / ETAGS_FILE)
 
 
-def _remove_partials(local: Path, names: Iterable[str]) -> None:
-    """What a download of these files cut short left: `.NAME.partial-RANDOM` and boto3's own
-    `.NAME.partial-RANDOM.RANDOM` (only theirs: another GGUF of the folder may be downloading)."""
+def _resumable(local: Path, rel: str, obj: tuple[str, int, str]) -> int:
+    """Bytes of `rel` a download cut short left that the next one keeps (s3_parts)."""
+    _, size, etag = obj
+    parts = s3_parts.done_parts(local / f".{rel}{PARTIAL}", etag, size, s3_parts.PART_BYTES)
+    return sum(min(size, (i + 1) * s3_parts.PART_BYTES) - i * s3_parts.PART_BYTES for i in parts)
+
+
+def _remove_partials(local: Path, names: Iterable[str], keep: Iterable[str] = ()) -> None:
+    """What a download of these files cut short left (only theirs: another GGUF of the folder
+    may be downloading), but for the files still to download (`keep`) the `.NAME.partial` and
+    its journal that s3_parts resumes from: older `.NAME.partial-RANDOM` files and boto3's own
+    `.NAME.partial-RANDOM.RANDOM`."""
+    keep = set(keep)
     for name in names:
-        for partial in local.glob(f".{glob.escape(name)}{PARTIAL}*"):
-            with contextlib.suppress(OSError):
-                partial.unlink()
+        stable = f".{name}{PARTIAL}"
+        kept = {stable, stable + s3_parts.JOURNAL} if name in keep else set()
+        for partial in local.glob(f"{glob.escape(stable)}*"):
+            if partial.name not in kept:
+                with contextlib.suppress(OSError):
+                    partial.unlink()
 
 
 def classify(ref: S3URI, error: Exception, *, anonymous: bool = False) -> DownloadError:

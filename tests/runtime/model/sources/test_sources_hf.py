@@ -166,6 +166,27 @@ def test_a_new_commit_needs_room_only_for_the_files_it_changed(
     assert [r.rpartition("/")[2] for r in got] == ["generation_config.json"], got
 
 
+def test_revision_fetches_the_pinned_commit_whatever_the_branch_says(
+    hub: FakeHub, tmp_path: pathlib.Path
+) -> None:
+    """`--revision COMMIT` (the operator's pin of an hf:// branch): that commit is fetched
+    after the branch moved on, and found again offline and without a request; an s3:// model
+    has no revisions."""
+    from pagoda.runtime.termination import ReasonedError
+
+    commit = hub.repos["org/tiny"].commit
+    hub.repos["org/tiny"].branches["main"] = "f" * 40  # pushed to since the pin
+    path = resolve_model("hf://org/tiny", tmp_path, revision=commit)
+    assert pathlib.Path(path) == tmp_path / "models--org--tiny" / "snapshots" / commit
+    assert resolve_model("hf://org/tiny", tmp_path, offline=True, revision=commit) == path
+    hub.requests.clear()
+    assert resolve_model("hf://org/tiny", tmp_path, revision=commit) == path
+    assert hub.requests == []
+    assert failure("hf://org/tiny", tmp_path, revision="a" * 40).detail == "NotFound"
+    with pytest.raises(ReasonedError, match="only an hf:// model has revisions"):
+        resolve_model("s3://models/tiny", tmp_path, revision=commit)
+
+
 @pytest.mark.filterwarnings("ignore:Not enough free disk space")
 def test_a_full_disk(hub: FakeHub, small_disk: pathlib.Path) -> None:
     """On a real 192 KiB filesystem: the listed sizes are checked against its free space; and when

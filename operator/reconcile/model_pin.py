@@ -1,0 +1,213 @@
+"""An hf:// model named by a branch or tag (`hf://ORG/NAME` is `main`) pinned to one commit, so
+every replica of an InferenceService downloads and serves the same files.
+
+Without a pin each pod's `model-download` init container asks the Hub what the branch is now: a
+push between two pods' starts (a scale-up, a rescheduled pod, a rollout) makes the replicas of
+one service serve different weights. So the operator asks once, with huggingface_hub's
+`model_info` and the token of `spec.modelSecretRef`'s Secret (`HF_TOKEN`, else
+`HUGGING_FACE_HUB_TOKEN`), against the `HF_ENDPOINT` the download container gets (spec.env's,
+else the Secret's; else the operator's own, else the Hub), and the pods get `--revision COMMIT`
+(download and serve; `--model` stays as written, so a tuned profile and the served name do not
+change). The pin is kept in `status.model`:
+
+    status.model: {uri: hf://ORG/NAME, commit: SHA, resolvedAt: TIME, resolveRequest: VALUE}
+
+and read back on every reconcile, so a resync or an operator restart never moves it. It moves
+when `spec.model` changes, or when the annotation `pagoda.dev/resolve-model` is set to a
+value the pin was not resolved for (any new value: `kubectl annotate isvc NAME
+pagoda.dev/resolve-model="$(date +%s)" --overwrite`), which rolls the pods onto the
+branch's head. Other spec changes (replicas among them) keep it. A model named by a commit
+needs no pin; `pagoda operator --no-pin-models` turns pinning off.
+
+A failed resolution is the condition `Degraded`, reason `ModelResolveFailed`, with the
+download's failure class (`Unauthorized`, `NotFound`, `Unreachable`, `Failed`) in the message;
+the children are left as they are (running replicas keep their pin). A 5xx or an unreachable
+Hub is retried with backoff; a 401/404 waits for a change (the spec, the annotation, or the
+Secret, seen at the next resync).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import dataclasses
+import logging
+import os
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pagoda.operator.kube.client import ApiError, KubeApi
+from pagoda.operator.kube.names import now_iso
+from pagoda.operator.spec.fields import SpecError
+
+if TYPE_CHECKING:
+    from pagoda.operator.spec.config import OperatorConfig
+    from pagoda.operator.spec.inference_service import InferenceServiceSpec
+    from pagoda.runtime.model.sources.errors import DownloadError
+
+# not under serving.pagoda.dev/, kopf's storage prefix: kopf leaves the annotations under it out
+# of the diff its update handler reacts to
+RESOLVE_ANNOTATION = "pagoda.dev/resolve-model"
+REASON = "ModelResolveFailed"
+TOKEN_KEYS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # huggingface_hub's order
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+log = logging.getLogger(__name__)
+
+
+class ModelUnresolved(SpecError):
+    """The Hub did not say which commit the revision is; `transient`: worth retrying soon."""
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(REASON, message)
+        self.transient = transient
+
+
+def needs_pin(spec: InferenceServiceSpec) -> bool:
+    model = spec.model
+    return model.source == "hf" and not _COMMIT.match(_revision(model.uri) or "")
+
+
+def _revision(uri: str) -> str | None:
+    from pagoda.runtime.model.sources.uri import parse_uri
+
+    return parse_uri(uri).revision  # type: ignore[union-attr]
+
+
+def _request(body: Mapping[str, Any]) -> str:
+    return ((body.get("metadata") or {}).get("annotations") or {}).get(RESOLVE_ANNOTATION, "")
+
+
+def recorded(body: Mapping[str, Any], spec: InferenceServiceSpec) -> Mapping[str, Any] | None:
+    """`status.model` if it pins this spec's model for the current resolve request."""
+    pin = (body.get("status") or {}).get("model")
+    if not isinstance(pin, Mapping):
+        return None
+    commit = pin.get("commit")
+    same = pin.get("uri") == spec.model.uri and pin.get("resolveRequest", "") == _request(body)
+    return pin if same and isinstance(commit, str) and _COMMIT.match(commit) else None
+
+
+def pinned(spec: InferenceServiceSpec, pin: Mapping[str, Any] | None) -> InferenceServiceSpec:
+    if pin is None:
+        return spec
+    return dataclasses.replace(spec, model=dataclasses.replace(spec.model, commit=pin["commit"]))
+
+
+async def pin(
+    api: KubeApi,
+    body: Mapping[str, Any],
+    spec: InferenceServiceSpec,
+    config: OperatorConfig,
+    logger: logging.Logger,
+) -> tuple[InferenceServiceSpec, Mapping[str, Any] | None]:
+    """(the spec with its model pinned, the `status.model` to write: None removes it). Asks the
+    Hub only when status.model does not pin this model for the current request already."""
+    if not config.pin_models or not needs_pin(spec):
+        return spec, None
+    found = recorded(body, spec)
+    if found is None:
+        commit = await _resolve(api, body, spec, config)
+        revision = _revision(spec.model.uri) or "main"
+        logger.info("Pinned %s (%s) to commit %s.", spec.model.uri, revision, commit)
+        found = {"uri": spec.model.uri, "commit": commit, "resolvedAt": now_iso()}
+        if _request(body):
+            found["resolveRequest"] = _request(body)
+    return pinned(spec, found), found
+
+
+async def _resolve(
+    api: KubeApi, body: Mapping[str, Any], spec: InferenceServiceSpec, config: OperatorConfig
+) -> str:
+    from pagoda.runtime.model.sources import errors
+
+    namespace = (body.get("metadata") or {}).get("namespace")
+    secret = await _secret(api, namespace, spec.model_secret)
+    token = next((secret[k] for k in TOKEN_KEYS if secret.get(k)), None)
+    endpoint = _endpoint(spec, secret)
+    try:
+        return await asyncio.wait_for(
+            asyncio.to_thread(_model_sha, spec.model.uri, endpoint, token, config.hub_timeout_s),
+            config.hub_timeout_s * 3,
+        )
+    except Exception as e:
+        failure = _classify(spec.model.uri, e, token, endpoint)
+        transient = failure.detail in (errors.UNREACHABLE, errors.FAILED)
+        raise ModelUnresolved(
+            f"could not resolve {spec.model.uri} to a commit ({failure.detail}): {failure}; "
+            + ("retrying" if transient else "fix it, then change spec.model or the "
+               f"{RESOLVE_ANNOTATION} annotation (or wait for the resync)")
+            + "; the pods are left as they are",
+            transient=transient,
+        ) from e  # fmt: skip
+
+
+def _model_sha(uri: str, endpoint: str | None, token: str | None, timeout: float) -> str:
+    from huggingface_hub import HfApi
+    from pagoda.runtime.model.sources import errors
+    from pagoda.runtime.model.sources.errors import DownloadError
+    from pagoda.runtime.model.sources.uri import HfURI, parse_uri
+
+    ref = parse_uri(uri)
+    assert isinstance(ref, HfURI)
+    api = HfApi(endpoint=endpoint, token=token or False)  # False: not the operator's own token
+    sha = api.model_info(ref.repo, revision=ref.revision, timeout=timeout).sha
+    if not sha or not _COMMIT.match(sha):
+        raise DownloadError(errors.FAILED, f"{uri}: the Hub answered without a commit ({sha!r})")
+    return sha
+
+
+def _classify(uri: str, error: Exception, token: str | None, endpoint: str | None) -> DownloadError:
+    """The download's failure class for `error` (runtime/model/sources/hub.py), naming the
+    endpoint asked (not the operator's HF_ENDPOINT), the token never in the message."""
+    from pagoda.runtime.model.sources import errors, hub
+    from pagoda.runtime.model.sources.errors import DownloadError
+    from pagoda.runtime.model.sources.uri import HfURI, parse_uri
+
+    if isinstance(error, asyncio.TimeoutError):
+        error = TimeoutError(f"no answer in time from {uri}")
+    ref = parse_uri(uri)
+    assert isinstance(ref, HfURI)
+    found = error if isinstance(error, DownloadError) else hub.classify(ref, error)
+    message = str(found)
+    if found.detail == errors.UNREACHABLE:
+        where = endpoint or "https://huggingface.co"
+        message = f"{uri}: cannot reach {where}: {type(error).__name__}: {error}"
+    if token and len(token) >= 4:
+        message = message.replace(token, "<HF_TOKEN>")
+    return DownloadError(found.detail, message)
+
+
+def _endpoint(spec: InferenceServiceSpec, secret: Mapping[str, str]) -> str | None:
+    """What the download container gets as HF_ENDPOINT: a literal in spec.env (which wins over
+    the Secret's keys, as `env` wins over `envFrom`), else the Secret's, else the operator's
+    own; None: the Hub."""
+    for item in spec.env:
+        if item.get("name") == "HF_ENDPOINT" and isinstance(item.get("value"), str):
+            return item["value"] or None
+    return secret.get("HF_ENDPOINT") or os.environ.get("HF_ENDPOINT") or None
+
+
+async def _secret(api: KubeApi, namespace: str | None, name: str | None) -> dict[str, str]:
+    """The keys of spec.modelSecretRef's Secret this needs (HF_TOKEN, HUGGING_FACE_HUB_TOKEN,
+    HF_ENDPOINT), spaces and newline dropped as huggingface_hub drops them; {} without one (a
+    public repo still resolves; a missing or unreadable Secret is logged: the pods report it)."""
+    if not name:
+        return {}
+    try:
+        obj = await api.get("Secret", namespace, name)
+    except ApiError as e:
+        if e.transient:
+            raise
+        log.warning("Cannot read Secret %s/%s (HTTP %s): resolving without it", namespace, name,
+                    e.status)  # fmt: skip
+        return {}
+    out = {}
+    for key, value in ((obj or {}).get("data") or {}).items():
+        if key in (*TOKEN_KEYS, "HF_ENDPOINT"):
+            try:
+                out[key] = base64.b64decode(value, validate=True).decode().strip()
+            except (binascii.Error, UnicodeDecodeError, ValueError, TypeError):
+                continue
+    return out
