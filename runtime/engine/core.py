@@ -141,6 +141,8 @@ class EngineCore:
             raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         if params.allowed_token_ids is not None and max(params.allowed_token_ids) >= vocab:
             raise ValueError(f"allowed_token_ids must be in [0, {vocab})")
+        if params.stop_token_ids and max(params.stop_token_ids) >= vocab:
+            raise ValueError(f"stop_token_ids must be in [0, {vocab})")
         if params.structured_outputs is not None:  # offline: compiled here (server: before)
             from pagoda.runtime.structured.compiler import compiler_for
 
