@@ -161,7 +161,11 @@ class EngineCore:
         bad_words = ()
         if params.bad_words:
             vocab = self.model_config.vocab_size
-            bad_words = bad_words_token_ids(params.bad_words, self.tokenizer, vocab)
+            bad_words = params.bad_words_token_ids
+            if bad_words is None:
+                bad_words = bad_words_token_ids(params.bad_words, self.tokenizer, vocab)
+            elif any(not 0 <= t < vocab for ids in bad_words for t in ids):
+                raise ValueError(f"bad_words_token_ids must be in [0, {vocab})")
         reqs = []
         for i in range(params.n):
             child_params = params

@@ -21,6 +21,7 @@ from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.outputs import StepOutput
 from pagoda.runtime.engine.request_stream import RequestStream
+from pagoda.runtime.sampling.bad_words import bad_words_token_ids
 from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings
@@ -124,6 +125,13 @@ class Serving:
                 self.engine.check_prompts(info, job.prompts, job.params)
             except ParamError as e:
                 raise job.param_error(e) from e
+            if job.params.bad_words:  # here, not on the engine's step loop (up to seconds)
+                try:
+                    ids = bad_words_token_ids(job.params.bad_words, info.tokenizer,
+                                              info.vocab_size)  # fmt: skip
+                except ValueError as e:
+                    raise job.param_error(ParamError("bad_words", str(e))) from e
+                job.params = dataclasses.replace(job.params, bad_words_token_ids=ids)
             return job
 
         pool = self.prep_pool if len(body) <= BULK_BODY_BYTES else self.bulk_pool
