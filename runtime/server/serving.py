@@ -21,6 +21,7 @@ from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.outputs import StepOutput
 from pagoda.runtime.engine.request_stream import RequestStream
+from pagoda.runtime.sampling.allowed_tokens import check_reachable
 from pagoda.runtime.sampling.bad_words import bad_words_token_ids
 from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.server.endpoint import Endpoint, Job
@@ -132,6 +133,11 @@ class Serving:
                 except ValueError as e:
                     raise job.param_error(ParamError("bad_words", str(e))) from e
                 job.params = dataclasses.replace(job.params, bad_words_token_ids=ids)
+            try:
+                check_reachable(job.params, info.tokenizer.eos_token_ids,
+                                job.params.bad_words_token_ids or ())  # fmt: skip
+            except ParamError as e:
+                raise job.param_error(e) from e
             return job
 
         pool = self.prep_pool if len(body) <= BULK_BODY_BYTES else self.bulk_pool

@@ -143,6 +143,11 @@ CASES = [
         "name": "bob"}]}, 400, "messages[0].name"),
     ("obfuscation-asked", CHAT, {"messages": MSGS, "stream": True,
         "stream_options": {"include_obfuscation": True}}, 400, "stream_options.include_obfuscation"),
+    # bans that always hold leaving none of allowed_token_ids: token 0 was drawn, outside them
+    ("allowed-all-bad-words", COMP, {"prompt": "x", "max_tokens": 2,
+        "allowed_token_ids": [28120, 33662], "bad_words": ["hello"]}, 400, "allowed_token_ids"),
+    ("allowed-all-stops-with-min-tokens", COMP, {"prompt": "x", "max_tokens": 3,
+        "allowed_token_ids": [2], "min_tokens": 2}, 400, "allowed_token_ids"),
     ("tool-parameters-not-object", CHAT, {"messages": MSGS, "tools": [{"type": "function",
         "function": {"name": "f", "parameters": {"type": "string"}}}]}, 400,
      "tools[0].function.parameters"),
