@@ -5,8 +5,11 @@ ranges are checked once, by `SamplingParams`, whose `ParamError`s name the field
 server does not honour is refused with a 400 naming it (as OpenAI refuses arguments it does not
 know), never silently ignored: unknown fields, OpenAI's fields for features this server lacks
 (`audio`, `reasoning_effort`, ...), and values of accepted fields that would change nothing here
-(`store: true`, `service_tier: "flex"`, `modalities: ["audio"]`). vLLM's retired `guided_*`
-fields get a pointer to `structured_outputs`.
+(`store: true`, `service_tier: "flex"`, `modalities: ["audio"]`). A null for one of OpenAI's
+nullable fields asks for nothing and is dropped (`null_means_default`). vLLM's retired `guided_*`
+fields get a pointer to `structured_outputs`. Message fields are refused where no template
+reads them (`tool_call_id` outside a tool message, `reasoning_content` outside an assistant's),
+as is a tool message that answers no earlier call.
 
 Any body, however hostile, parses to a request model or raises APIError 400: invalid UTF-8 or
 JSON, duplicate keys in an object (which JSON parsers resolve differently), nesting deeper than
