@@ -86,6 +86,7 @@ class Request:
         if not self.params.ignore_eos:
             stops.update(self.eos_token_ids)
         self.stop_ids = frozenset(stops)
+        self.stop_ids_in_vocab = None  # a tensor of them, made by LogitBias.build (min_tokens)
         budget = self.max_model_len - self.num_prompt_tokens
         self.max_new_tokens = min(self.params.max_tokens or budget, budget)
 

@@ -41,6 +41,7 @@ from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.request import FIRST_FINISHED, Request
+from pagoda.runtime.sampling.allowed_tokens import check_reachable
 from pagoda.runtime.sampling.bad_words import bad_words_token_ids, needs_history
 from pagoda.runtime.sampling.params import SamplingParams, sample_seed
 from pagoda.runtime.worker.model_runner import ModelRunner
@@ -141,6 +142,8 @@ class EngineCore:
             raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         if params.allowed_token_ids is not None and max(params.allowed_token_ids) >= vocab:
             raise ValueError(f"allowed_token_ids must be in [0, {vocab})")
+        if params.stop_token_ids and max(params.stop_token_ids) >= vocab:
+            raise ValueError(f"stop_token_ids must be in [0, {vocab})")
         if params.structured_outputs is not None:  # offline: compiled here (server: before)
             from pagoda.runtime.structured.compiler import compiler_for
 
@@ -159,7 +162,12 @@ class EngineCore:
         bad_words = ()
         if params.bad_words:
             vocab = self.model_config.vocab_size
-            bad_words = bad_words_token_ids(params.bad_words, self.tokenizer, vocab)
+            bad_words = params.bad_words_token_ids
+            if bad_words is None:
+                bad_words = bad_words_token_ids(params.bad_words, self.tokenizer, vocab)
+            elif any(not 0 <= t < vocab for ids in bad_words for t in ids):
+                raise ValueError(f"bad_words_token_ids must be in [0, {vocab})")
+        check_reachable(params, self.model_config.eos_token_ids, bad_words)
         reqs = []
         for i in range(params.n):
             child_params = params

@@ -62,6 +62,10 @@ class EngineInfo:
             raise ParamError("allowed_token_ids", f"allowed_token_ids holds token id "
                              f"{max(params.allowed_token_ids)}, not in this model's vocabulary "
                              f"[0, {vocab})")  # fmt: skip
+        if params.stop_token_ids and max(params.stop_token_ids) >= vocab:  # it could never stop
+            raise ParamError("stop_token_ids", f"stop_token_ids holds token id "
+                             f"{max(params.stop_token_ids)}, not in this model's vocabulary "
+                             f"[0, {vocab})")  # fmt: skip
         if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
             raise ParamError(
                 "max_tokens",

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from pagoda.runtime.sampling.bad_words import BadWords
+from pagoda.runtime.sampling.params import ParamError
 
 
 @dataclass
@@ -55,3 +58,25 @@ class AllowedTokens:
             logits.index_copy_(0, self.rows, was)
 
         return restore
+
+
+def check_reachable(params: Any, eos_token_ids: Sequence[int], bad_words: BadWords) -> None:
+    """ParamError (`allowed_token_ids`) when the bans that always hold leave none of the allowed
+    tokens: one-token `bad_words`, and with `min_tokens` the stop tokens (EOS unless
+    `ignore_eos`, `stop_token_ids`). Such a row had no finite logit and drew token 0, outside
+    its list. With structured outputs the grammar's tokens win instead (no check)."""
+    allowed = params.allowed_token_ids
+    if allowed is None or params.structured_outputs is not None:
+        return
+    left = set(allowed).difference(ids[0] for ids in bad_words if len(ids) == 1)
+    if not left:
+        raise ParamError("allowed_token_ids", "allowed_token_ids: every allowed token is one of "
+                         "bad_words, so no token could be generated")  # fmt: skip
+    if params.min_tokens:
+        left.difference_update(params.stop_token_ids)
+        if not params.ignore_eos:
+            left.difference_update(eos_token_ids)
+        if not left:
+            raise ParamError("allowed_token_ids", "allowed_token_ids: every allowed token is a "
+                             "stop token (EOS or stop_token_ids), which min_tokens keeps out of "
+                             "the first tokens, so none could be generated")  # fmt: skip

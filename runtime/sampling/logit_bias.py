@@ -37,32 +37,39 @@ class LogitBias:
         one of its first `min_tokens` (its stop tokens in the vocabulary: -inf), or that would
         complete one of its bad words (-inf); None when no row has any."""
         rows, tokens, values, live, guard = [], [], [], False, []
+        stop_rows: list[tuple[int, torch.Tensor]] = []  # (row, its stop ids): -inf each
         for i, r in enumerate(reqs):
             p = r.params
-            entries = p.logit_bias
+            entries, stops, banned = p.logit_bias, frozenset(), set()
             if p.min_tokens and r.num_output_tokens + r.num_pending < p.min_tokens:
                 live = True  # the token sampled now is output token num_output + num_pending
-                masked = dict(entries)
-                masked.update((t, float("-inf")) for t in r.stop_ids if t < vocab_size)
-                entries = masked.items()
+                stops = r.stop_ids
+                stop_rows.append((i, _stop_ids_in_vocab(r, vocab_size)))
             if r.bad_words:  # the output is all on the host (such steps run synchronously)
                 live = live or needs_history(r.bad_words)
-                masked = dict(entries)
-                masked.update((t, float("-inf")) for t in
-                              banned_now(r.bad_words, r.token_ids[r.num_prompt_tokens :]))  # fmt: skip
-                entries = masked.items()
+                banned = banned_now(r.bad_words, r.token_ids[r.num_prompt_tokens :]) - stops
                 if p.structured_outputs is not None:
                     guard.append(i)
-            for token, value in entries:
-                rows.append(i)
-                tokens.append(token)
-                values.append(value)
-        if not rows and not live:  # live: no entries now, but a bad word may need some next
+            if entries and (stops or banned):  # a masked token's bias gives way to its -inf
+                entries = tuple((t, v) for t, v in entries if t not in stops and t not in banned)
+            rows += [i] * (len(entries) + len(banned))
+            tokens += [t for t, _ in entries]
+            tokens += banned
+            values += [v for _, v in entries]
+            values += [float("-inf")] * len(banned)
+        if not rows and not stop_rows and not live:  # live: a bad word may need some next step
             return None
-        values_t = torch.tensor(values, dtype=torch.float32)
         long = torch.int64
-        return cls(torch.tensor(rows, dtype=long), torch.tensor(tokens, dtype=long), values_t,
-                   live, torch.tensor(guard, dtype=long) if guard else None)  # fmt: skip
+        rows_t, tokens_t = torch.tensor(rows, dtype=long), torch.tensor(tokens, dtype=long)
+        values_t = torch.tensor(values, dtype=torch.float32)
+        if stop_rows:  # thousands of stop ids cost no per-token Python (cached tensors)
+            rows_t = torch.cat([rows_t, *(torch.full((len(s),), i, dtype=long)
+                                          for i, s in stop_rows)])  # fmt: skip
+            tokens_t = torch.cat([tokens_t, *(s for _, s in stop_rows)])
+            total = sum(len(s) for _, s in stop_rows)
+            values_t = torch.cat([values_t, torch.full((total,), float("-inf"))])
+        return cls(rows_t, tokens_t, values_t, live,
+                   torch.tensor(guard, dtype=long) if guard else None)  # fmt: skip
 
     def to(self, move: Callable[[torch.Tensor], torch.Tensor]) -> LogitBias:
         guard = move(self.guard) if self.guard is not None else None
@@ -90,3 +97,12 @@ class LogitBias:
             flat.index_copy_(0, at, was)
 
         return restore
+
+
+def _stop_ids_in_vocab(r, vocab_size: int) -> torch.Tensor:
+    """A request's stop ids below `vocab_size` as a tensor, made once (min_tokens masks them
+    at each of its first steps)."""
+    if r.stop_ids_in_vocab is None:
+        ids = sorted(t for t in r.stop_ids if t < vocab_size)
+        r.stop_ids_in_vocab = torch.tensor(ids, dtype=torch.int64)
+    return r.stop_ids_in_vocab

@@ -73,6 +73,10 @@ class SamplingParams:
     # vLLM's: words the output must not contain (tokenized with and without a leading space
     # when an engine receives the params; see sampling/bad_words.py)
     bad_words: list[str] | None = None
+    # `bad_words` tokenized (`bad_words_token_ids`), as vLLM's front end fills its
+    # `_bad_words_token_ids`: the server does it on a worker thread, so an engine never spends
+    # its step loop tokenizing a request's words (None: the engine tokenizes them)
+    bad_words_token_ids: tuple[tuple[int, ...], ...] | None = None
     # pagoda.runtime.structured.params.StructuredOutputsParams: the grammar the output follows
     structured_outputs: Any = None
 

@@ -72,6 +72,7 @@ class ChatEndpoint(Endpoint):
         )  # fmt: skip
         messages, listed = _render(tools.template_messages, raw, setup, template)
         text = render(messages, tools=listed)
+        _check_names_rendered(raw, messages, listed, text, render)
         self.check_length(text, info)
         # `render` runs again there when the client's text holds special-token text
         prompts = [encode_chat(info.tokenizer, messages, listed, text, self.content_as_text,
@@ -155,6 +156,21 @@ def _template_kwargs(kwargs: dict[str, Any] | None, tokenizer: Any,
                            f"'{shorten(key, 60)}', so it would change nothing", param=param,
                            code="unsupported_parameter")  # fmt: skip
     return kwargs
+
+
+def _check_names_rendered(raw: list[dict[str, Any]], messages: list[dict[str, Any]],
+                          listed: Any, text: str, render: Any) -> None:  # fmt: skip
+    """A message's `name` is a 400 when the chat template writes no name (the prompt is the
+    same without them): it would be dropped silently. One more rendering, with names only."""
+    named = next((i for i, m in enumerate(raw) if m.get("name") is not None), None)
+    if named is None:
+        return
+    nameless = [{k: v for k, v in m.items() if k != "name"} for m in messages]
+    if render(nameless, tools=listed) == text:
+        raise APIError(400, f"messages[{named}].name is not supported: this model's chat "
+                       "template does not write message names, so it would change nothing "
+                       "(put the name in the content instead)", param=f"messages[{named}].name",
+                       code="unsupported_parameter")  # fmt: skip
 
 
 def _render(apply: Any, *args: Any, **kw: Any) -> Any:

@@ -5,8 +5,11 @@ ranges are checked once, by `SamplingParams`, whose `ParamError`s name the field
 server does not honour is refused with a 400 naming it (as OpenAI refuses arguments it does not
 know), never silently ignored: unknown fields, OpenAI's fields for features this server lacks
 (`audio`, `reasoning_effort`, ...), and values of accepted fields that would change nothing here
-(`store: true`, `service_tier: "flex"`, `modalities: ["audio"]`). vLLM's retired `guided_*`
-fields get a pointer to `structured_outputs`.
+(`store: true`, `service_tier: "flex"`, `modalities: ["audio"]`). A null for one of OpenAI's
+nullable fields asks for nothing and is dropped (`null_means_default`). vLLM's retired `guided_*`
+fields get a pointer to `structured_outputs`. Message fields are refused where no template
+reads them (`tool_call_id` outside a tool message, `reasoning_content` outside an assistant's),
+as is a tool message that answers no earlier call.
 
 Any body, however hostile, parses to a request model or raises APIError 400: invalid UTF-8 or
 JSON, duplicate keys in an object (which JSON parsers resolve differently), nesting deeper than
@@ -86,9 +89,15 @@ class _Strict(BaseModel):
 class StreamOptions(_Strict):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: every chunk's usage is its choice's so far
+    include_obfuscation: bool | None = None  # OpenAI's; false (or null) is what this server does
 
     @model_validator(mode="after")
     def _continuous_needs_usage(self) -> StreamOptions:
+        if self.include_obfuscation:
+            raise APIError(400, "stream_options.include_obfuscation=true is not supported: this "
+                           "server does not pad stream chunks (send false or leave it out)",
+                           param="stream_options.include_obfuscation",
+                           code="unsupported_value")  # fmt: skip
         if self.continuous_usage_stats and not self.include_usage:
             raise APIError(400, "stream_options.continuous_usage_stats needs include_usage",
                            param="stream_options.continuous_usage_stats",
@@ -111,6 +120,11 @@ GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choi
 
 class _SamplingFields(_Strict):
     """Fields shared by completions and chat completions (OpenAI's plus vLLM's extras)."""
+
+    # OpenAI's fields whose null means "left out" (nullable in OpenAI's API and its SDK's
+    # types), whether this server has them or not: a null asks for nothing, so it is dropped
+    # (`n=None` from a client passing its own default through is not a 400)
+    null_means_default: ClassVar[frozenset[str]] = frozenset({"n", "stream"})
 
     model: str | None = None
     max_tokens: int | None = None
@@ -149,6 +163,9 @@ class _SamplingFields(_Strict):
     def _refuse_what_is_not_honoured(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
+        if any(data.get(k, 0) is None for k in cls.null_means_default):
+            data = {k: v for k, v in data.items() if v is not None or
+                    k not in cls.null_means_default}  # fmt: skip
         for name, (allowed, why) in NO_OP_VALUES.items():
             if name in data and data[name] not in allowed:
                 raise APIError(400, f"{name}={_scalar(data[name])} is not "
@@ -229,6 +246,7 @@ class CompletionRequest(_StructuredFields):
         "prompt": "prompt must be a string, a list of strings, a list of token ids (integers) "
         "or a list of lists of token ids",
     }
+    null_means_default = _SamplingFields.null_means_default | {"echo", "suffix"}
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None
     echo: bool = False
@@ -311,6 +329,9 @@ class NamedToolChoice(_Strict):
 
 
 class ChatCompletionRequest(_StructuredFields):
+    null_means_default = _SamplingFields.null_means_default | {
+        "logprobs", "audio", "moderation", "prediction", "prompt_cache_retention",
+        "reasoning_effort", "verbosity"}  # fmt: skip
     messages: list[ChatMessage] = Field(min_length=1)
     modalities: list[str] | None = None
     max_completion_tokens: int | None = None
@@ -352,6 +373,7 @@ class ChatCompletionRequest(_StructuredFields):
             raise APIError(400, "max_tokens and max_completion_tokens disagree; give one "
                            "(max_completion_tokens is the newer name)",
                            param="max_completion_tokens", code="invalid_value")  # fmt: skip
+        _check_message_fields(self.messages)
         return self
 
     @model_validator(mode="before")
@@ -395,6 +417,28 @@ class ChatCompletionRequest(_StructuredFields):
                         param=f"messages[{i}].content[{j}].type", code="unsupported_content",
                     )  # fmt: skip
         return data
+
+
+# A message field → the one role whose messages carry it (elsewhere no template reads it)
+ROLE_OF_FIELD = {"tool_call_id": "tool", "reasoning_content": "assistant"}
+
+
+def _check_message_fields(messages: list[ChatMessage]) -> None:
+    """APIError 400 for a field on a message of a role that does not carry it, and (as OpenAI
+    answers) for a tool message that answers no call of an earlier assistant message."""
+    calls: set[str] = set()
+    for i, m in enumerate(messages):
+        for key, role in ROLE_OF_FIELD.items():
+            if m.role != role and getattr(m, key) is not None:
+                raise APIError(400, f"messages[{i}].{key} is only read on messages with role "
+                               f"'{role}', not '{m.role}'", param=f"messages[{i}].{key}",
+                               code="unsupported_parameter")  # fmt: skip
+        calls.update(c.id for c in m.tool_calls or ())
+        if m.role == "tool" and m.tool_call_id not in calls:
+            raise APIError(400, f"messages[{i}]: a message with role 'tool' must answer a tool "
+                           f"call of an earlier assistant message; no call has the id "
+                           f"{shorten(m.tool_call_id or '', 80)!r}",
+                           param=f"messages[{i}].tool_call_id", code="invalid_value")  # fmt: skip
 
 
 def _has_sdk_copies(m: dict) -> bool:

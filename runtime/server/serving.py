@@ -21,6 +21,8 @@ from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.outputs import StepOutput
 from pagoda.runtime.engine.request_stream import RequestStream
+from pagoda.runtime.sampling.allowed_tokens import check_reachable
+from pagoda.runtime.sampling.bad_words import bad_words_token_ids
 from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings
@@ -122,6 +124,18 @@ class Serving:
             job = endpoint.prepare(parse_request(body, endpoint.request_model), info, strings)
             try:  # off the event loop: scanning 2 M token ids takes a second
                 self.engine.check_prompts(info, job.prompts, job.params)
+            except ParamError as e:
+                raise job.param_error(e) from e
+            if job.params.bad_words:  # here, not on the engine's step loop (up to seconds)
+                try:
+                    ids = bad_words_token_ids(job.params.bad_words, info.tokenizer,
+                                              info.vocab_size)  # fmt: skip
+                except ValueError as e:
+                    raise job.param_error(ParamError("bad_words", str(e))) from e
+                job.params = dataclasses.replace(job.params, bad_words_token_ids=ids)
+            try:
+                check_reachable(job.params, info.tokenizer.eos_token_ids,
+                                job.params.bad_words_token_ids or ())  # fmt: skip
             except ParamError as e:
                 raise job.param_error(e) from e
             return job

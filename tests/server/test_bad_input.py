@@ -128,6 +128,26 @@ CASES = [
     # the SDK's `parsed` copy is dropped from an assistant message only
     ("parsed-in-a-user-message", CHAT, {"messages": [{"role": "user", "content": "{}",
         "parsed": {}}]}, 400, "messages[0].parsed"),
+    # a stop token the model cannot produce would never stop anything
+    ("stop-token-id-outside-vocab", COMP, {"prompt": "x", "max_tokens": 1,
+        "stop_token_ids": [49152]}, 400, "stop_token_ids"),
+    # OpenAI's rule: a tool message answers a call of an earlier assistant message
+    ("tool-message-answers-no-call", CHAT, {"messages": [*MSGS, {"role": "tool",
+        "tool_call_id": "call_9", "content": "1"}]}, 400, "messages[1].tool_call_id"),
+    ("tool-call-id-on-a-user-message", CHAT, {"messages": [{"role": "user", "content": "x",
+        "tool_call_id": "c"}]}, 400, "messages[0].tool_call_id"),
+    ("reasoning-on-a-user-message", CHAT, {"messages": [{"role": "user", "content": "x",
+        "reasoning_content": "r"}]}, 400, "messages[0].reasoning_content"),
+    # SmolLM2's template writes no names: a name would be dropped
+    ("name-the-template-drops", CHAT, {"messages": [{"role": "user", "content": "x",
+        "name": "bob"}]}, 400, "messages[0].name"),
+    ("obfuscation-asked", CHAT, {"messages": MSGS, "stream": True,
+        "stream_options": {"include_obfuscation": True}}, 400, "stream_options.include_obfuscation"),
+    # bans that always hold leaving none of allowed_token_ids: token 0 was drawn, outside them
+    ("allowed-all-bad-words", COMP, {"prompt": "x", "max_tokens": 2,
+        "allowed_token_ids": [28120, 33662], "bad_words": ["hello"]}, 400, "allowed_token_ids"),
+    ("allowed-all-stops-with-min-tokens", COMP, {"prompt": "x", "max_tokens": 3,
+        "allowed_token_ids": [2], "min_tokens": 2}, 400, "allowed_token_ids"),
     ("tool-parameters-not-object", CHAT, {"messages": MSGS, "tools": [{"type": "function",
         "function": {"name": "f", "parameters": {"type": "string"}}}]}, 400,
      "tools[0].function.parameters"),

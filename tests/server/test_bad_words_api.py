@@ -9,6 +9,11 @@ import json
 import httpx
 import openai
 import pytest
+import structured_testlib
+from pagoda.runtime.engine.info import EngineInfo
+from pagoda.runtime.sampling.bad_words import bad_words_token_ids
+from pagoda.runtime.server.completions import CompletionEndpoint
+from pagoda.runtime.server.serving import Serving
 
 pytestmark = pytest.mark.e2e
 MODEL = "smollm2-135m"
@@ -48,3 +53,24 @@ def test_bad_values_are_400s(server, path, value, word):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"].startswith("bad_words") and word in err["message"], err
+
+
+async def test_words_are_tokenized_before_the_engine_gets_them():
+    """The server tokenizes the words on its worker thread and hands the engine their ids: a
+    request of 300 long words (seconds of tokenizing) once held the engine's step loop, and
+    every other stream, that long."""
+    tok = structured_testlib.smol_tokenizer()
+    info = EngineInfo(MODEL, 512, tok.model_vocab_size, tok)
+
+    class Engine:  # what Serving.prepare asks of an AsyncEngine
+        loaded_info = staticmethod(lambda: info)
+        check_prompts = staticmethod(lambda *a: None)
+
+    serving = Serving(Engine())  # type: ignore[arg-type]
+    body = json.dumps({"prompt": "x", "max_tokens": 1, "bad_words": ["Paris", "the sea"]})
+    try:
+        job = await serving.prepare(CompletionEndpoint((MODEL,), 16), body.encode())
+    finally:
+        serving.close()
+    want = bad_words_token_ids(["Paris", "the sea"], tok, tok.model_vocab_size)
+    assert job.params.bad_words_token_ids == want

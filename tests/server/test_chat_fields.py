@@ -124,3 +124,18 @@ def test_chat_template_kwargs_cannot_forge_control_tokens(tok):
     trusted = ChatEndpoint((MODEL,), allow_special_tokens=True).prepare(req, info, TokenStrings(t))
     start = t.encode("<|im_start|>", add_special_tokens=False)[0]
     assert trusted.prompts[0].count(start) == 4
+
+
+NAMED = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}{% if m.name %} ({{ m.name }}){% endif %}\n"
+    "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% endif %}"
+)
+
+
+def test_a_name_is_taken_where_the_template_writes_it(tok):
+    """A message's `name` reaches a template that writes names; SmolLM2's drops them, so
+    there it is refused (test_bad_input.py) rather than ignored."""
+    t = Tokenizer(tok.backend, chat_template=NAMED, bos_token_id=None, eos_token_ids=[2])
+    named = [{"role": "user", "content": "Hi", "name": "bob"}]
+    assert "user (bob)" in t.decode(_prompt(t, {"messages": named}))

@@ -89,6 +89,21 @@ def test_no_op_values_are_accepted(client):
     assert r.choices[0].finish_reason == "length"
 
 
+def test_openai_nulls_mean_left_out(client):
+    """OpenAI's API takes null for its optional fields (the SDK sends `n=None` as null): the
+    default, even for fields this server lacks (a null asks for none of them)."""
+    nulls = {"audio": None, "reasoning_effort": None, "verbosity": None, "prediction": None}
+    r = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=1, n=None,
+                                       logprobs=None, stream=None, extra_body=nulls)  # fmt: skip
+    assert len(r.choices) == 1 and r.choices[0].logprobs is None
+    r = client.completions.create(model=MODEL, prompt="x", max_tokens=1, n=None, echo=None,
+                                  suffix=None, stream=None)  # fmt: skip
+    assert len(r.choices) == 1
+    s = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=1, stream=True,
+                                       stream_options={"include_obfuscation": False})  # fmt: skip
+    assert [c.choices[0].finish_reason for c in s][-1] == "length"
+
+
 def test_duplicate_keys_are_refused(server):
     body = b'{"prompt": "x", "max_tokens": 1, "temperature": 0, "temperature": 2}'
     assert "temperature" in _error(_post(server, "/v1/completions", body), 400, "temperature")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from pagoda.runtime.request import Request
+from pagoda.runtime.sampling.logit_bias import LogitBias
 from pagoda.runtime.sampling.params import ParamError, SamplingParams
 from pagoda.runtime.sampling.sampler import SamplingBatch, sample
 
@@ -115,3 +116,21 @@ def test_min_tokens_is_checked():
         with pytest.raises(ParamError) as e:
             SamplingParams(max_tokens=4, min_tokens=bad)
         assert e.value.field == "min_tokens"
+
+
+def test_min_tokens_masks_a_large_stop_list_from_one_cached_tensor():
+    """Every stop id of the vocabulary gets one -inf entry (a bias on one gives way to it),
+    taken from a tensor made once per request: the list was rebuilt token by token in Python
+    at each step (49k stop ids: 50 ms a step, on the engine's loop, for every stream)."""
+    vocab = 4096
+    p = SamplingParams(min_tokens=3, stop_token_ids=list(range(1, vocab + 10)),
+                       logit_bias={5: 3.0, 0: 2.0})  # fmt: skip
+    r = Request("r", [1, 2, 3], p, eos_token_ids=(2,))
+    first = LogitBias.build([r], vocab)
+    cached = r.stop_ids_in_vocab
+    again = LogitBias.build([r], vocab)
+    assert r.stop_ids_in_vocab is cached and cached.tolist() == list(range(1, vocab))
+    for b in (first, again):
+        entries = dict(zip(b.tokens.tolist(), b.values.tolist(), strict=True))
+        assert len(entries) == len(b.tokens) == vocab and entries[0] == 2.0
+        assert all(entries[t] == float("-inf") for t in range(1, vocab))
