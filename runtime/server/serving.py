@@ -8,7 +8,6 @@ only moves bytes and outputs: parsing, templating and tokenization run on `prep_
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -134,7 +133,7 @@ class Serving:
                 compiled = await self.structured.compile(info, spec)
             except ParamError as e:
                 raise job.param_error(e) from e
-            job.params = dataclasses.replace(job.params, structured_outputs=compiled)
+            job.params = job.params.with_grammar(compiled)
         return job
 
     def submit(self, job: Job) -> None:
