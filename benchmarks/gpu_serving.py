@@ -31,6 +31,7 @@ process before the servers start.
     python -P benchmarks/gpu_serving.py --model smollm2-135m # CPU: embedded model, 32 clients
     python -P benchmarks/gpu_serving.py --servers thread=--no-engine-process process=  # A/B
     python -P benchmarks/gpu_serving.py --tiny               # smoke run (seconds, CI)
+    python -P benchmarks/gpu_serving.py --old-ref REF        # each server as REF and as now
 
 On a CUDA device the defaults are nano-vllm's (a random Llama-3.2-1B-shaped model written to a
 temporary directory, 256 requests, 256 clients); on a CPU the embedded SmolLM2-135M with 32
@@ -61,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_serving_load import bodies, chat_requests, corpus_text, drive, nano_requests, word_text
 from gpu_serving_report import HEADERS, fmt_row, ratios, summarize
 from gpu_serving_servers import Server, start_servers, startup_lines
+from long_context import _old_tree
 
 # A chat template for the random models (their tokenizer has none): ChatML, as SmolLM2's.
 CHATML = (
@@ -138,6 +140,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the rows and figures as JSON here")
     ap.add_argument("--py-spy", metavar="FILE", help="py-spy record of the first streaming run")
+    ap.add_argument("--old-ref", help="each server also as this git commit's runtime, alternating")
     args = ap.parse_args(argv)
     if args.model and args.shape:
         ap.error("--model or --shape, not both")
@@ -228,7 +231,10 @@ def main(argv: list[str] | None = None) -> dict:
                   "--kv-cache-memory", f"{int(args.kv_cache_gib * 1024)}MiB",
                   "--max-queue-len", str(max(512, 2 * args.num_requests)),
                   "--log-level", "info", *args.server_args.split()]  # fmt: skip
-        servers = start_servers(args.servers, common, args.ready_timeout)
+        trees = {"": None}
+        if args.old_ref:  # before, then after, for every workload and round
+            trees = {f" ({args.old_ref})": str(_old_tree(args.old_ref, Path(tmp))), "": None}
+        servers = start_servers(args.servers, common, args.ready_timeout, trees)
         pool = None
         try:
             for s in servers:

@@ -60,15 +60,16 @@ def ratios(rows: list[dict], offline: float | None) -> list[str]:
     lines = []
     for server in dict.fromkeys(r["server"] for r in rows):
         for wl in dict.fromkeys(r["workload"] for r in rows):
-            med, cpu, client = (
+            med, cpu, api, client = (
                 {st: _median(rows, key, (server, wl, st)) for st in (False, True)}
-                for key in ("tok_s", "cpu_ms_per_token", "client_cpu_us_per_token")
-            )
+                for key in ("tok_s", "cpu_ms_per_token", "api_cpu_us_per_token",
+                            "client_cpu_us_per_token")
+            )  # fmt: skip
             line = (
                 f"{server} {wl}: streaming {med[True]:.1f} / non-streaming {med[False]:.1f} "
                 f"tok/s = {med[True] / med[False]:.2f}x (server CPU {cpu[True]:.2f} / "
-                f"{cpu[False]:.2f} ms per token, clients {client[True]:.0f} / "
-                f"{client[False]:.0f} µs)"
+                f"{cpu[False]:.2f} ms per token, API process {api[True]:.1f} / "
+                f"{api[False]:.1f} µs, clients {client[True]:.0f} / {client[False]:.0f} µs)"
             )
             if offline and wl == "nano":
                 line += (

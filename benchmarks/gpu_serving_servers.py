@@ -25,14 +25,18 @@ def free_port() -> int:
 class Server:
     """A `pagoda serve` process on a free loopback port; its start-to-ready time and log."""
 
-    def __init__(self, label: str, flags: list[str]) -> None:
+    def __init__(self, label: str, flags: list[str], tree: str | None = None) -> None:
+        """`tree`: a directory holding an older `pagoda` package (`--old-ref`) to serve with."""
         self.label, self.port = label, free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="gpu-serving-", suffix=".log")  # noqa: SIM115
         cmd = [sys.executable, "-P", "-m", "pagoda.runtime.cli", "serve", "--port",
                str(self.port), *flags]  # fmt: skip
         self.started = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        env = None if tree is None else dict(os.environ, PYTHONPATH=tree)
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=env
+        )
         self.ready_s: float | None = None
 
     def output(self) -> str:
@@ -98,13 +102,18 @@ class Server:
         self.log.close()
 
 
-def start_servers(specs: list[str], common: list[str], timeout: float) -> list[Server]:
+def start_servers(
+    specs: list[str], common: list[str], timeout: float, trees: dict[str, str | None] | None = None
+) -> list[Server]:
+    """One server per spec and tree (`trees`: label suffix → an older `pagoda` package's
+    directory, None for this tree's), in that order."""
     servers = []
     for spec in specs:  # "FLAGS" or "LABEL=FLAGS" (a label lets flags start with "--")
         label, eq, flags = spec.partition("=")
         if not eq or label.startswith("-"):
             label, flags = spec.strip() or "default", spec
-        servers.append(Server(label, [*common, *flags.split()]))
+        for tag, tree in (trees or {"": None}).items():
+            servers.append(Server(label + tag, [*common, *flags.split()], tree))
     deadline = time.perf_counter() + timeout
     try:
         while not all(s.poll_ready() for s in servers):

@@ -250,14 +250,18 @@ class AsyncEngine:
 
         More sequences (prompts × n) than `max_seqs_per_request` can never be admitted:
         ParamError (400), not 503. A full queue is QueueFullError (503). `checked`: the
-        prompts passed `check_prompts` already (the engine's availability is checked here).
+        prompts passed `check_prompts` already (the engine's availability is checked here),
+        and the params are the caller's own, made for these requests and never changed after
+        (the server's): they run as they are, not copied and validated again (without it
+        the params are copied, since SamplingParams are mutable and the caller's may change).
         `arrival_time` (`time.monotonic`; default now): where the metrics' latencies start.
         """
-        params = params.validated()  # SamplingParams are mutable: this copy is what runs
-        self.admission.check_size(len(prompts), params)
         if checked:
+            self.admission.check_size(len(prompts), params)
             self.loaded_info()
         else:
+            params = params.validated()  # SamplingParams are mutable: this copy is what runs
+            self.admission.check_size(len(prompts), params)
             for ids in prompts:
                 self.validate(ids, params)
         seqs = len(prompts) * params.n
@@ -466,8 +470,8 @@ class AsyncEngine:
             kind = cmd[0]
             if kind == "add":
                 _, rid, ids, params = cmd
-                try:
-                    core.add_request(rid, ids, params)
+                try:  # validated, and this engine's own copy (`add_requests`)
+                    core.add_request(rid, ids, params, checked=True)
                 except Exception as exc:  # this request only
                     self._call_loop(self._fail, rid, exc)
             elif kind == "abort":

@@ -300,7 +300,7 @@ def portable(params: Any) -> Any:
     spec (its compiler caches per spec, so once per distinct grammar)."""
     so = getattr(params, "structured_outputs", None)
     if so is not None and getattr(so, "compiled", None) is not None:
-        params = dataclasses.replace(params, structured_outputs=so.with_compiled(None))
+        params = params.with_grammar(so.with_compiled(None))
     return params
 
 

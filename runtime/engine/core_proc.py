@@ -215,9 +215,10 @@ class EngineCoreProc:
         """Add one request to the core, with its compiled grammar; `f` if it is refused."""
         try:
             if compile_ is not None:
-                spec = params.structured_outputs.with_compiled(compile_.result())
-                params = dataclasses.replace(params, structured_outputs=spec)
-            core.add_request(rid, ids, params)
+                params = params.with_grammar(
+                    params.structured_outputs.with_compiled(compile_.result())
+                )
+            core.add_request(rid, ids, params, checked=True)  # validated by the API process
         except Exception as exc:  # this request only
             self.send(b"f", pickle.dumps((rid, dump_error(exc))))
 

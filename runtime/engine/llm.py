@@ -139,7 +139,7 @@ class LLM:
                 results[rid] = RequestOutput(
                     rid, text, ids, [CompletionOutput(i) for i in range(p.n)]
                 )
-                self.engine.add_request(rid, ids, p)
+                self.engine.add_request(rid, ids, p, checked=True)  # `validate`d above
             while self.engine.has_unfinished_requests():
                 for delta in self.engine.step():
                     res = results[delta.request_id]

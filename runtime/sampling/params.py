@@ -7,6 +7,7 @@ sampler fail (an error inside a step would take every request down with it).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -169,10 +170,29 @@ class SamplingParams:
         """A copy, with `changes` applied, validated (vLLM's `clone()`, plus changes)."""
         return dataclasses.replace(self, **changes)
 
+    def with_grammar(self, spec: Any) -> SamplingParams:
+        """A copy whose `structured_outputs` is `spec`: the same spec with its grammar compiled
+        or left out (the server's compile, the engine process's wire). Nothing else changes,
+        so nothing is validated again (`clone` checks every field, ~15-25 us); the lists are
+        shared, as with `copy.copy`: for params the engine already owns."""
+        new = copy.copy(self)
+        object.__setattr__(new, "structured_outputs", spec)
+        return new
+
     def validated(self) -> SamplingParams:
         """A validated copy of the fields as they are now (ParamError if a later assignment made
         them invalid): what an engine keeps of the params it receives."""
         return dataclasses.replace(self)
+
+    def __reduce__(self) -> tuple:
+        """Pickled as its field values in order (the engine process receives one per request):
+        ~3x faster both ways than a dataclass's default, which pickles a name → value dict."""
+        return (_unpickle, (tuple(self.__dict__.values()),))  # in field order: __init__'s
+
+    def __copy__(self) -> SamplingParams:
+        new = object.__new__(SamplingParams)
+        new.__dict__.update(self.__dict__)
+        return new
 
     @property
     def greedy(self) -> bool:
@@ -190,7 +210,16 @@ class SamplingParams:
         )
 
 
-_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+_FIELD_ORDER = tuple(f.name for f in dataclasses.fields(SamplingParams))
+_FIELDS = frozenset(_FIELD_ORDER)
+
+
+def _unpickle(values: tuple) -> SamplingParams:
+    """`SamplingParams.__reduce__`'s inverse: the fields as they were, not validated again
+    (as a default unpickling would not either: the sender's copy was validated)."""
+    params = object.__new__(SamplingParams)
+    params.__dict__.update(zip(_FIELD_ORDER, values))
+    return params
 
 
 def sample_seed(seed: int, index: int) -> int:

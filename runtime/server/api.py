@@ -37,7 +37,7 @@ from starlette.types import Receive, Scope, Send
 class EventStream(StreamingResponse):
     """SSE response that stops (and calls `on_close`) as soon as the client disconnects."""
 
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         super().__init__(content, media_type="text/event-stream", headers=headers)
         self._on_close = on_close

@@ -17,6 +17,9 @@ answers 503 only once a request has arrived, which such a client never completes
   younger has not had time to send: a burst of connections must not reset each other);
   otherwise the new one is answered 503 and closed.
 
+Its request/response cycles write a streamed body's chunks without h11's state machine
+(`chunked.py`).
+
 A connection that breaks a deadline gets ``408 Request Timeout`` (if it had sent anything) and is
 closed. Requests whose body has arrived are never timed out: generating a long answer is not a
 slow client.
@@ -29,6 +32,7 @@ import json
 from typing import Any
 
 import h11
+from pagoda.runtime.server.chunked import speed_up
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 _HEAD, _BODY, _BUSY = "head", "body", "busy"
@@ -93,6 +97,10 @@ class GuardedH11Protocol(H11Protocol):
         self._got_bytes = True
         super().data_received(data)
         self._follow()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        speed_up(self.cycle)  # a new request's cycle: chunks written directly (chunked.py)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel()

@@ -8,7 +8,6 @@ only moves bytes and outputs: parsing, templating and tokenization run on `prep_
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -55,13 +54,15 @@ def response_json(head: dict[str, Any], choices: list[dict[str, Any]], usage: An
     return top[:at] + b",".join(to_json(c) for c in choices) + top[at:]
 
 
-def sse(data: dict[str, Any]) -> str:
-    """One SSE event; orjson (about 10x json's speed: this runs per token per stream), json
-    for what orjson refuses (lone surrogates, non-string keys)."""
+def sse(data: dict[str, Any]) -> bytes:
+    """One SSE event as UTF-8; orjson (about 10x json's speed: this runs per token per stream),
+    json for what orjson refuses (lone surrogates, non-string keys). Bytes, not str: the
+    response would encode each event again."""
     try:
-        return f"data: {orjson.dumps(data).decode()}\n\n"
+        return b"data: " + orjson.dumps(data) + b"\n\n"
     except TypeError:  # orjson.JSONEncodeError is a TypeError
-        return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+        text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+        return f"data: {text}\n\n".encode()
 
 
 def unavailable(e: EngineUnavailableError) -> APIError:
@@ -148,7 +149,7 @@ class Serving:
                 compiled = await self.structured.compile(info, spec)
             except ParamError as e:
                 raise job.param_error(e) from e
-            job.params = dataclasses.replace(job.params, structured_outputs=compiled)
+            job.params = job.params.with_grammar(compiled)
         return job
 
     def submit(self, job: Job) -> None:
@@ -261,7 +262,7 @@ class Serving:
             return build()
         return await asyncio.get_running_loop().run_in_executor(self.response_pool, build)
 
-    async def stream_response(self, job: Job) -> AsyncIterator[str]:
+    async def stream_response(self, job: Job) -> AsyncIterator[bytes]:
         """SSE chunks; the last is `data: [DONE]`. Errors after the start become an error event."""
         k, ep = job.num_choices, job.endpoint
         head = ep.head(job, chunk=True)
@@ -269,7 +270,7 @@ class Serving:
         tokens, offsets, started = [0] * k, [0] * k, [False] * k
         cached = [0] * len(job.prompts)
 
-        def chunk(choice: dict[str, Any]) -> str:
+        def chunk(choice: dict[str, Any]) -> bytes:
             data = {**head, "choices": [choice]}
             if job.continuous_usage:  # vLLM's: this choice's prompt and its tokens so far
                 i = choice["index"]
@@ -297,7 +298,8 @@ class Serving:
                     continue
                 # text_offset counts the logprob tokens' own text, as the full response does:
                 # the text sent so far lags it while a possible stop string is held back
-                offsets[idx] += sum(len(job.strings.text(lp.token_id)) for lp in o.new_logprobs)
+                if o.new_logprobs:
+                    offsets[idx] += sum(len(job.strings.text(lp.token_id)) for lp in o.new_logprobs)
                 if first:
                     offsets[idx] += ep.echoed_text_length(job, idx)
                 c["finish_reason"] = (
@@ -316,4 +318,4 @@ class Serving:
                 log.exception("stream %s failed", job.id)
                 err = APIError(500, f"internal error ({type(e).__name__})", code="internal_error")
             yield sse(err.body())
-        yield "data: [DONE]\n\n"
+        yield b"data: [DONE]\n\n"

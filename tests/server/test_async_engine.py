@@ -52,6 +52,7 @@ class FakeCore:
         self.gate: threading.Event | None = None
         self.crash_on_step = False
         self.fail_add = False
+        self.added: list[tuple[SamplingParams, bool]] = []  # (params, checked) as received
 
     def close(self) -> None:  # EngineCore's: stops a tensor-parallel group's other ranks
         self.closed = True
@@ -62,7 +63,8 @@ class FakeCore:
         if len(ids) >= self.max_model_len:
             raise ValueError("prompt is too long")
 
-    def add_request(self, rid, ids, params) -> None:
+    def add_request(self, rid, ids, params, checked=False) -> None:
+        self.added.append((params, checked))
         if self.fail_add:
             raise ValueError("add failed")
         for i in range(params.n):
@@ -194,6 +196,29 @@ async def test_one_validation_path_with_the_field_as_data():
             engine.add_requests([[2]], SamplingParams(max_tokens=1), "busy")
         assert engine.num_in_flight == 3
         core.gate.set()
+    finally:
+        engine.stop()
+
+
+async def test_params_are_copied_and_validated_once(monkeypatch):
+    """Issue 40: a request's SamplingParams were validated (copied) up to three times, the
+    last on the engine loop. The server's own (`check_prompts`, then `checked=True`) run as
+    made; a caller's are copied once, by `add_request(s)`; the core checks neither again."""
+    core = FakeCore()
+    engine = await started(core)
+    server, caller = SamplingParams(max_tokens=2), SamplingParams(max_tokens=2)
+    made = []
+    post_init = SamplingParams.__post_init__
+    monkeypatch.setattr(
+        SamplingParams, "__post_init__", lambda self: (made.append(self), post_init(self))[1]
+    )
+    try:
+        engine.check_prompts(engine.info, [[1, 2]], server)
+        (stream,) = engine.add_requests([[1, 2]], server, "server", checked=True)
+        assert [o async for o in stream][-1].finished and made == []
+        assert [o async for o in engine.add_request([1], caller)][-1].finished
+        assert len(made) == 1 and made[0] is not caller  # the copy that runs
+        assert core.added[1:] == [(server, True), (made[0], True)]  # after the warm-up's
     finally:
         engine.stop()
 
@@ -393,8 +418,8 @@ class CountingCore(FakeCore):
         self.order: list[str] = []
         self.most = 0
 
-    def add_request(self, rid, ids, params) -> None:
-        super().add_request(rid, ids, params)
+    def add_request(self, rid, ids, params, checked=False) -> None:
+        super().add_request(rid, ids, params, checked)
         self.order.append(rid)
         self.most = max(self.most, len(self.reqs))
 

@@ -40,8 +40,8 @@ class UnevenCore(FakeCore):
 
     lengths = (2, 1000)
 
-    def add_request(self, rid, ids, params) -> None:
-        super().add_request(rid, ids, params)
+    def add_request(self, rid, ids, params, checked=False) -> None:
+        super().add_request(rid, ids, params, checked)
         for i in range(params.n):
             self.reqs[f"{rid}#{i}"]["left"] = self.lengths[i]
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import threading
 import time
 
+import h11
 import pytest
 import uvicorn
 from pagoda.runtime.engine.async_engine import AsyncEngine
@@ -264,3 +266,53 @@ def test_a_burst_of_new_connections_at_the_cap_does_not_close_each_other(server)
     assert health(port)[0] == 200  # the oldest still silent one is a slow client by now
     for s in fresh:
         s.close()
+
+
+def _stream(port: int, version: str) -> tuple[bytes | None, bytes]:
+    """A streamed completion over a raw socket (HTTP/`version`): (its Transfer-Encoding, its
+    body) as h11 reads them."""
+    body = json.dumps({"model": "fake", "prompt": [1, 2], "max_tokens": 5, "stream": True})
+    head = (f"POST /v1/completions HTTP/{version}\r\nHost: t\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+    with connect(port) as s:
+        s.sendall((head + body).encode())
+        raw, _ = read_until_closed(s)
+    client = h11.Connection(h11.CLIENT)
+    client.send(h11.Request(method="POST", target="/v1/completions",
+                            headers=[("Host", "t"), ("Content-Length", str(len(body)))]))  # fmt: skip
+    client.send(h11.Data(data=body.encode()))
+    client.send(h11.EndOfMessage())
+    client.receive_data(raw)
+    client.receive_data(b"")
+    data = []
+    while (event := client.next_event()) not in (h11.PAUSED, h11.NEED_DATA):
+        if isinstance(event, h11.Response):
+            framing = dict(event.headers).get(b"transfer-encoding")
+        elif isinstance(event, h11.Data):
+            data.append(bytes(event.data))
+        elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+            break
+    return framing, b"".join(data)
+
+
+def test_streamed_chunks_are_framed_without_h11s_state_machine(server, monkeypatch):
+    """Issue 40: a stream's SSE events are written as chunks by `chunked.ChunkedBodyCycle`
+    (h11's `Connection.send(Data)` took ~6 us an event); an HTTP/1.1 client reads the same
+    chunked body, an HTTP/1.0 client still gets h11's close-delimited one."""
+    data_events = []
+    send = h11.Connection.send
+
+    def counting(self, event):
+        if self.our_role is h11.SERVER and isinstance(event, h11.Data) and event.data:
+            data_events.append(event)
+        return send(self, event)
+
+    monkeypatch.setattr(h11.Connection, "send", counting)
+    for version, framing, via_h11 in (("1.1", b"chunked", False), ("1.0", None, True)):
+        data_events.clear()
+        got, body = _stream(server.port, version)
+        events = [e for e in body.split(b"\n\n") if e]
+        assert got == framing and events[-1] == b"data: [DONE]"
+        texts = [json.loads(e[6:])["choices"][0]["text"] for e in events[:-1]]
+        assert "".join(texts) == "xxxxx"
+        assert bool(data_events) == via_h11

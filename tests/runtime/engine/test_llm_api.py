@@ -190,6 +190,19 @@ def test_params_mutated_as_vllm_users_do(llm):
     assert not llm.engine.has_unfinished_requests()
 
 
+def test_generate_copies_and_validates_each_params_once(llm, monkeypatch):
+    """The copy `generate` validates when it receives the params is the one that runs: the
+    core's add_request neither copies nor checks it again (issue 40: ~15-25 us a request)."""
+    sp = GREEDY.clone(max_tokens=2)
+    made = []
+    post_init = SamplingParams.__post_init__
+    monkeypatch.setattr(
+        SamplingParams, "__post_init__", lambda self: (made.append(self), post_init(self))[1]
+    )
+    (out,) = llm.generate("Hello", sp)
+    assert len(made) == 1 and made[0] is not sp and len(out.outputs[0].token_ids) == 2
+
+
 def test_logprobs_in_vllms_shape(llm):
     """Per generated token {token id: Logprob(logprob, rank, decoded_token)}: the sampled token
     first, with its rank in the vocabulary (above k when not among the top k), then the top k

@@ -119,3 +119,19 @@ def test_bad_engine_config(make, field):
 )
 def test_async_scheduling_default_follows_the_device(kwargs, expected):
     assert EngineConfig.create(**kwargs).uses_async_scheduling() is expected
+
+
+def test_pickle_and_copy_keep_every_field_as_validated():
+    """The engine process receives each request's params pickled (as field values, in order:
+    `SamplingParams.__reduce__`); a copy is shallow, as `copy.copy` of a dataclass."""
+    import copy
+    import pickle
+
+    p = SamplingParams(seed=-1, top_k=0, stop="x", logit_bias={"7": 200}, max_tokens=9)
+    for q in (pickle.loads(pickle.dumps(p, protocol=5)), copy.copy(p), copy.deepcopy(p)):
+        assert type(q) is SamplingParams and q == p and q is not p
+        assert list(vars(q).items()) == list(vars(p).items())
+        assert (q.seed, q.top_k, q.stop, q.logit_bias) == (None, -1, ["x"], ((7, 100.0),))
+    c = copy.copy(p)
+    c.seed = 3
+    assert p.seed is None and c.stop is p.stop
