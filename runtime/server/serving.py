@@ -133,7 +133,7 @@ class Serving:
                                               info.vocab_size)  # fmt: skip
                 except ValueError as e:
                     raise job.param_error(ParamError("bad_words", str(e))) from e
-                job.params = dataclasses.replace(job.params, bad_words_token_ids=ids)
+                job.params.bad_words_token_ids = ids  # the job's own params: no re-check
             try:
                 check_reachable(job.params, info.tokenizer.eos_token_ids,
                                 job.params.bad_words_token_ids or ())  # fmt: skip
