@@ -9,13 +9,21 @@ changes no state and only frames the bytes (`ChunkedWriter.send_data`: the lengt
 the data, CRLF; nothing for empty data), so `ChunkedBodyCycle` writes that framing itself. The
 response's start, its last message, HEAD requests, other framings (a Content-Length, an
 HTTP/1.0 client's close-delimited body) and a paused transport go through uvicorn and h11 as
-before. uvicorn's httptools protocol writes chunks the same way; httptools is not a dependency.
+before, as does every cycle where an h11 or uvicorn release has renamed what this reads. uvicorn's httptools protocol writes chunks the same way; httptools is not a dependency.
 """
 
 from __future__ import annotations
 
-from h11._writers import ChunkedWriter
 from uvicorn.protocols.http.h11_impl import RequestResponseCycle
+
+try:  # h11's private writer: if a release renames it, every cycle keeps uvicorn's own send
+    from h11._writers import ChunkedWriter
+except ImportError:  # pragma: no cover - depends on the installed h11
+    ChunkedWriter = None
+
+# what the fast path reads of uvicorn's cycle; a cycle lacking any keeps uvicorn's own send
+_CYCLE_ATTRS = ("response_started", "response_complete", "disconnected", "flow", "conn",
+                "transport", "scope")  # fmt: skip
 
 
 class ChunkedBodyCycle(RequestResponseCycle):
@@ -29,7 +37,7 @@ class ChunkedBodyCycle(RequestResponseCycle):
             and not self.response_complete
             and not self.disconnected
             and not self.flow.write_paused
-            and type(self.conn._writer) is ChunkedWriter  # h11's choice at the response start
+            and type(getattr(self.conn, "_writer", None)) is ChunkedWriter  # h11's framing
             and self.scope["method"] != "HEAD"
         ):
             body = message.get("body", b"")
@@ -41,5 +49,9 @@ class ChunkedBodyCycle(RequestResponseCycle):
 
 def speed_up(cycle: object) -> None:
     """Give a cycle uvicorn has just made (its task not started yet) the fast path."""
-    if type(cycle) is RequestResponseCycle:
+    if (
+        ChunkedWriter is not None
+        and type(cycle) is RequestResponseCycle
+        and all(hasattr(cycle, a) for a in _CYCLE_ATTRS)
+    ):
         cycle.__class__ = ChunkedBodyCycle

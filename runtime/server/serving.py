@@ -134,11 +134,12 @@ class Serving:
                 except ValueError as e:
                     raise job.param_error(ParamError("bad_words", str(e))) from e
                 job.params.bad_words_token_ids = ids  # the job's own params: no re-check
-            try:
-                check_reachable(job.params, info.tokenizer.eos_token_ids,
-                                job.params.bad_words_token_ids or ())  # fmt: skip
-            except ParamError as e:
-                raise job.param_error(e) from e
+            if job.params.allowed_token_ids is not None:
+                try:
+                    check_reachable(job.params, info.tokenizer.eos_token_ids,
+                                    job.params.bad_words_token_ids or ())  # fmt: skip
+                except ParamError as e:
+                    raise job.param_error(e) from e
             return job
 
         pool = self.prep_pool if len(body) <= BULK_BODY_BYTES else self.bulk_pool

@@ -16,6 +16,7 @@ import h11
 import pytest
 import uvicorn
 from pagoda.runtime.engine.async_engine import AsyncEngine
+from pagoda.runtime.server import chunked
 from pagoda.runtime.server.api import create_app
 from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.connections import guarded_protocol
@@ -316,3 +317,8 @@ def test_streamed_chunks_are_framed_without_h11s_state_machine(server, monkeypat
         texts = [json.loads(e[6:])["choices"][0]["text"] for e in events[:-1]]
         assert "".join(texts) == "xxxxx"
         assert bool(data_events) == via_h11
+    # an h11 release without the private writer: uvicorn's own send, the same body
+    monkeypatch.setattr(chunked, "ChunkedWriter", None)
+    data_events.clear()
+    got, body = _stream(server.port, "1.1")
+    assert got == b"chunked" and data_events and body.endswith(b"data: [DONE]\n\n")
