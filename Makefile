@@ -71,20 +71,18 @@ serve: $(SERVE_STAMP)
 	@echo "    -d '{\"model\": \"smollm2-135m\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 32, \"temperature\": 0.2, \"top_p\": 0.9}'"
 	$(BIN)/pagoda serve --host $(HOST) --port $(PORT) $(ARGS)
 
-# Every test (CI runs this), in two passes: those not marked `slow` on TEST_WORKERS pytest-xdist
-# workers (a file stays on one worker), then the slow ones (servers, benchmarks, end-to-end runs
-# with timing bounds) one after another, so that nothing else competes for their cores. Each
-# pass lists its slowest ten before its summary; a pass that selects nothing (exit 5) is fine.
+# Every test (CI runs this), in two passes: all but those marked `serial` on TEST_WORKERS
+# pytest-xdist workers (a file stays on one worker; the files with the most slow tests start
+# first, see tests/conftest.py), then the `serial` ones (slow tests with timing bounds) one after
+# another, so that nothing else competes for their cores. Each pass lists its slowest ten before
+# its summary; a pass that selects nothing (exit 5) is fine.
 # One file or test: make test PYTEST_ARGS=tests/kernels/test_kernel_attention.py
 test: $(STAMP)
 	@$(PYTHON) .ci/e2e_tools.py || true
-	@echo "==> [1/3] tests not marked slow, on $(TEST_WORKERS) workers"
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -rs --durations=10 -m "not slow" \
-	  -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	@echo "==> [2/3] slow tests that share the cores (tests/conftest.py's SLOW_IN_PARALLEL)"
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -rs --durations=10 -m "slow and not serial" \
-	  -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	@echo "==> [3/3] the other slow tests (timing bounds, their own servers), one after another"
+	@echo "==> [1/2] all tests but those marked serial, on $(TEST_WORKERS) workers"
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -rs --durations=10 -m "not serial" \
+	  -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	@echo "==> [2/2] the slow tests with timing bounds (marked serial), one after another"
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -rs --durations=10 -m serial $(PYTEST_ARGS) \
 	  || [ $$? -eq 5 ]
 
@@ -95,7 +93,7 @@ TEST_WORKERS ?= 2
 test-fast: $(STAMP)
 	@$(PYTHON) .ci/e2e_tools.py || true
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -rs --durations=10 -m "not slow" \
-	  -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	  -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Debian's Prometheus and Alertmanager, used by the autoscaling end-to-end tests (root + apt).
 test-deps:

@@ -17,16 +17,36 @@ benchmark run needs it); without it the same code runs as plain Python, fine for
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
-try:
-    from numba import njit
-except ImportError:  # plain Python: correct, about 100x slower
 
-    def njit(*args, **kwargs):
-        return args[0] if args and callable(args[0]) else (lambda f: f)
+def njit(**options):
+    """Numba's `njit(**options)`, imported and compiled on the first call: importing numba takes
+    ~4 s of CPU, which every process that imports this module (each pytest worker collecting the
+    benchmark tests) would otherwise pay. Without numba the plain function runs (correct, about
+    100x slower)."""
+
+    def wrap(fn):
+        compiled = None
+
+        @functools.wraps(fn)
+        def call(*args):
+            nonlocal compiled
+            if compiled is None:
+                try:
+                    from numba import njit as numba_njit
+                except ImportError:
+                    compiled = fn
+                else:
+                    compiled = numba_njit(**options)(fn)
+            return compiled(*args)
+
+        return call
+
+    return wrap
 
 
 DT = 0.1  # seconds per tick
