@@ -27,8 +27,9 @@ class LogitBias:
     tokens: torch.Tensor  # [M] int64: its token id (unique within a row)
     values: torch.Tensor  # [M] float32: what is added
     live: bool = False  # some row's stop tokens are masked for min_tokens (changes next step)
-    # rows with bad words and a grammar: where the bans leave nothing the grammar allows, the
-    # row's entries are not applied (the grammar's tokens win, as with allowed_token_ids)
+    # rows with -inf entries (bad words, min_tokens) and a grammar or allowed_token_ids: where
+    # the bans leave nothing those allow, the row's entries are not applied (the grammar's or
+    # the allowed tokens win; a row with no finite logit would draw token 0)
     guard: torch.Tensor | None = None
 
     @classmethod
@@ -40,8 +41,9 @@ class LogitBias:
         for i, r in enumerate(reqs):
             p = r.params
             entries = p.logit_bias
+            bans = False
             if p.min_tokens and r.num_output_tokens + r.num_pending < p.min_tokens:
-                live = True  # the token sampled now is output token num_output + num_pending
+                live = bans = True  # the token sampled now is output num_output + num_pending
                 masked = dict(entries)
                 masked.update((t, float("-inf")) for t in r.stop_ids if t < vocab_size)
                 entries = masked.items()
@@ -51,8 +53,9 @@ class LogitBias:
                 masked.update((t, float("-inf")) for t in
                               banned_now(r.bad_words, r.token_ids[r.num_prompt_tokens :]))  # fmt: skip
                 entries = masked.items()
-                if p.structured_outputs is not None:
-                    guard.append(i)
+                bans = True
+            if bans and (p.structured_outputs is not None or p.allowed_token_ids is not None):
+                guard.append(i)
             for token, value in entries:
                 rows.append(i)
                 tokens.append(token)
