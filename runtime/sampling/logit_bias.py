@@ -27,8 +27,9 @@ class LogitBias:
     tokens: torch.Tensor  # [M] int64: its token id (unique within a row)
     values: torch.Tensor  # [M] float32: what is added
     live: bool = False  # some row's stop tokens are masked for min_tokens (changes next step)
-    # rows with bad words and a grammar: where the bans leave nothing the grammar allows, the
-    # row's entries are not applied (the grammar's tokens win, as with allowed_token_ids)
+    # rows with -inf entries (bad words, min_tokens) and a grammar or allowed_token_ids: where
+    # the bans leave nothing those allow, the row's entries are not applied (the grammar's or
+    # the allowed tokens win; a row with no finite logit would draw token 0)
     guard: torch.Tensor | None = None
 
     @classmethod
@@ -48,8 +49,10 @@ class LogitBias:
             if r.bad_words:  # the output is all on the host (such steps run synchronously)
                 live = live or needs_history(r.bad_words)
                 banned = banned_now(r.bad_words, r.token_ids[r.num_prompt_tokens :]) - stops
-                if p.structured_outputs is not None:
-                    guard.append(i)
+            if (stops or r.bad_words) and (
+                p.structured_outputs is not None or p.allowed_token_ids is not None
+            ):  # where the bans leave none of what those allow, those win (no token-0 draw)
+                guard.append(i)
             if entries and (stops or banned):  # a masked token's bias gives way to its -inf
                 entries = tuple((t, v) for t, v in entries if t not in stops and t not in banned)
             rows += [i] * (len(entries) + len(banned))

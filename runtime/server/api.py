@@ -135,7 +135,7 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
         ),
     }
     add_openai_routes(app, cfg, serving, endpoints)
-    add_tokenizer_routes(app, serving, authorizer(cfg),
+    add_tokenizer_routes(app, serving, endpoints["/v1/chat/completions"], authorizer(cfg),
                          endpoints["/v1/completions"].resolve_model, cfg.max_request_bytes)  # fmt: skip
     add_probe_routes(app, engine, metrics)
     if cfg.enable_debug_endpoints:

@@ -59,6 +59,23 @@ class ChatEndpoint(Endpoint):
             req, renames, info.sampling_defaults, max_tokens=max_tokens, logprobs=logprobs,
             prompt_logprobs=req.prompt_logprobs, structured_outputs=spec, **extra,
         )  # fmt: skip
+        raw, text, ids = self.prompt(req, info, setup)
+        job = self.job(req, model, [ids], [text], params, strings, renames)
+        job.tools = setup if setup is not None and setup.parser is not None else None
+        job.role = req.reply_role
+        if req.echo:  # vLLM's: the last message's content, when the reply continues its role
+            if job.tools is not None:
+                raise APIError(400, "echo cannot be combined with tools", param="echo",
+                               code="invalid_value")  # fmt: skip
+            last = raw[-1]
+            job.echo_text = str(last.get("content") or "") if last["role"] == job.role else ""
+        return job
+
+    def prompt(self, req: ChatCompletionRequest, info: EngineInfo,
+               setup: tools.ToolSetup | None) -> tuple[list[dict[str, Any]], str, list[int]]:  # fmt: skip
+        """(the messages as the template gets them, the rendered text, its token ids): what the
+        engine is fed (`/tokenize` with `messages` answers this too)."""
+        template = info.tokenizer.chat_template
         raw = [m.as_template_dict() for m in req.messages]
         if template is not None and "developer" not in template:
             raw = [as_system(m) for m in raw]
@@ -75,18 +92,8 @@ class ChatEndpoint(Endpoint):
         _check_names_rendered(raw, messages, listed, text, render)
         self.check_length(text, info)
         # `render` runs again there when the client's text holds special-token text
-        prompts = [encode_chat(info.tokenizer, messages, listed, text, self.content_as_text,
-                               render)]  # fmt: skip
-        job = self.job(req, model, prompts, [text], params, strings, renames)
-        job.tools = setup if setup is not None and setup.parser is not None else None
-        job.role = req.reply_role
-        if req.echo:  # vLLM's: the last message's content, when the reply continues its role
-            if job.tools is not None:
-                raise APIError(400, "echo cannot be combined with tools", param="echo",
-                               code="invalid_value")  # fmt: skip
-            last = raw[-1]
-            job.echo_text = str(last.get("content") or "") if last["role"] == job.role else ""
-        return job
+        ids = encode_chat(info.tokenizer, messages, listed, text, self.content_as_text, render)
+        return raw, text, ids
 
     def opening(self, job: Job) -> list[dict[str, Any]]:
         out = []

@@ -3,21 +3,36 @@
 They let a client use the served model's own tokenizer: lm-evaluation-harness's
 `local-completions` (0.4.13) probes `/tokenizer_info` and `/tokenize` and, when both answer, uses
 them (`tokenizer_backend=remote`, its default `auto`) to count context tokens for loglikelihood
-requests; without them it needs a Hugging Face tokenizer on the client. Text prompts only (vLLM's
-`messages` form and `return_token_strs` are refused by the strict request models).
+requests; without them it needs a Hugging Face tokenizer on the client. `/tokenize` takes a text
+`prompt` or, as vLLM's `TokenizeChatRequest`, chat `messages` (with `add_generation_prompt`,
+`continue_final_message`, `chat_template_kwargs`, `tools`): their ids are those
+`/v1/chat/completions` feeds the engine (its `usage.prompt_tokens` is their `count`), rendered by
+the chat endpoint's own code. `return_token_strs` adds each id's vocabulary string (vLLM's
+`convert_ids_to_tokens`). As in vLLM, a prompt longer than `max_model_len` is counted, not
+refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from pagoda.runtime.engine.admission import EngineUnavailableError
 from pagoda.runtime.engine.info import EngineInfo
+from pagoda.runtime.server import tools
+from pagoda.runtime.server.chat import ChatEndpoint
 from pagoda.runtime.server.http import read_body
-from pagoda.runtime.server.protocol import APIError, _Strict, parse_request
+from pagoda.runtime.server.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    _Strict,
+    load_json,
+    parse_request,
+)
 from pagoda.runtime.server.serving import Serving, unavailable
 from pydantic import Field
 
@@ -26,6 +41,21 @@ class TokenizeRequest(_Strict):
     model: str | None = None
     prompt: str
     add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(_Strict):
+    """vLLM's: the fields a chat request renders with; the rest of it is checked as
+    `/v1/chat/completions` checks it (`ChatCompletionRequest`)."""
+
+    model: str | None = None
+    messages: list[Any]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False  # vLLM's default for messages: the template writes them
+    return_token_strs: bool | None = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Any] | None = None
 
 
 class DetokenizeRequest(_Strict):
@@ -35,8 +65,25 @@ class DetokenizeRequest(_Strict):
 
 def tokenize(info: EngineInfo, req: TokenizeRequest) -> dict[str, Any]:
     tokens = info.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+    return _tokens(info, tokens, req.return_token_strs)
+
+
+def tokenize_chat(chat: ChatEndpoint, info: EngineInfo, req: TokenizeChatRequest) -> dict[str, Any]:
+    fields = req.model_dump(exclude_unset=True, exclude={"add_special_tokens", "return_token_strs"})
+    creq = parse_request(json.dumps(fields).encode(), ChatCompletionRequest)  # same 400s
+    setup = tools.prepare(creq, info.tokenizer.chat_template, chat.tool_parser)
+    tokens = chat.prompt(creq, info, setup)[2]
+    tok = info.tokenizer
+    if req.add_special_tokens and tok.add_bos_token and tok.bos_token_id is not None and \
+            tokens[:1] != [tok.bos_token_id]:  # fmt: skip
+        tokens = [tok.bos_token_id, *tokens]  # as `encode(..., add_special_tokens=True)` adds
+    return _tokens(info, tokens, req.return_token_strs)
+
+
+def _tokens(info: EngineInfo, tokens: list[int], strs: bool | None) -> dict[str, Any]:
+    token_strs = [info.tokenizer.token_to_str(t) for t in tokens] if strs else None
     return {"count": len(tokens), "max_model_len": info.max_model_len, "tokens": tokens,
-            "token_strs": None}  # fmt: skip
+            "token_strs": token_strs}  # fmt: skip
 
 
 def detokenize(info: EngineInfo, req: DetokenizeRequest) -> dict[str, Any]:
@@ -58,6 +105,7 @@ def tokenizer_info(info: EngineInfo) -> dict[str, Any]:
 def add_tokenizer_routes(
     app: FastAPI,
     serving: Serving,
+    chat: ChatEndpoint,
     authorize: Callable[[Request], None],
     resolve_model: Callable[[str | None], str],
     max_request_bytes: int,
@@ -68,17 +116,27 @@ def add_tokenizer_routes(
         except EngineUnavailableError as e:  # 503, as the other routes answer
             raise unavailable(e) from e
 
-    async def answer(raw: Request, model: type[_Strict], work: Callable) -> dict[str, Any]:
+    def parse(body: bytes, model: type[_Strict] | None) -> _Strict:
+        if model is None:  # /tokenize: vLLM's two forms, told apart by `messages`
+            data = load_json(body)
+            model = TokenizeChatRequest if isinstance(data, dict) and "messages" in data \
+                else TokenizeRequest  # fmt: skip
+        return parse_request(body, model)
+
+    async def answer(raw: Request, model: type[_Strict] | None, work: Callable) -> dict[str, Any]:
         authorize(raw)
-        req = parse_request(await read_body(raw, max_request_bytes), model)
+        body = await read_body(raw, max_request_bytes)
+        loop = asyncio.get_running_loop()  # a long text: off the event loop
+        req = await loop.run_in_executor(serving.prep_pool, parse, body, model)
         resolve_model(req.model)
         info = loaded()
-        loop = asyncio.get_running_loop()  # a long text: off the event loop
+        if isinstance(req, TokenizeChatRequest):
+            work = functools.partial(tokenize_chat, chat)
         return await loop.run_in_executor(serving.prep_pool, work, info, req)
 
     @app.post("/tokenize")
     async def tokenize_route(raw: Request) -> dict[str, Any]:
-        return await answer(raw, TokenizeRequest, tokenize)
+        return await answer(raw, None, tokenize)
 
     @app.post("/detokenize")
     async def detokenize_route(raw: Request) -> dict[str, Any]:

@@ -61,6 +61,7 @@ def test_lm_eval_loglikelihood_request(tiny, max_tokens):
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["usage"]["completion_tokens"] == (0 if max_tokens == 0 else 2)
+    assert out["usage"]["prompt_tokens"] == sum(map(len, PROMPTS)), "echo counts each prompt once"
     for ids, choice in zip(PROMPTS, out["choices"]):
         lp = choice["logprobs"]
         n = len(ids) + max_tokens

@@ -50,7 +50,20 @@ def test_lm_eval_remote_tokenizer_probe_and_calls(tiny):
     [
         ("/detokenize", {"tokens": [5, 300]}, "tokens"),
         ("/detokenize", {"tokens": [-1]}, "tokens"),
-        ("/tokenize", {"prompt": "w5", "messages": []}, "messages"),
+        ("/tokenize", {"prompt": "w5", "messages": []}, "prompt"),
+        ("/tokenize", {"messages": []}, "messages"),
+        ("/tokenize", {"messages": [{"role": "nobody", "content": "w5"}]}, "messages[0].role"),
+        ("/tokenize", {"messages": "w5"}, "messages"),
+        (
+            "/tokenize",
+            {"messages": [{"role": "user", "content": "w5"}], "max_tokens": 3},
+            "max_tokens",
+        ),
+        (
+            "/tokenize",
+            {"messages": [{"role": "user", "content": "w5"}], "chat_template_kwargs": {"nope": 1}},
+            "chat_template_kwargs.nope",
+        ),
         ("/tokenize", {"prompt": 5}, "prompt"),
         ("/tokenize", {"prompt": "w5", "model": "nope"}, "model"),
     ],
@@ -59,3 +72,25 @@ def test_bad_tokenizer_requests(tiny, path, body, param):
     r = httpx.post(f"{tiny[1].base}{path}", json=body, timeout=30)
     assert r.status_code in (400, 404), r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_chat_messages_are_what_chat_completions_feeds_the_engine(tiny):
+    """vLLM's `TokenizeChatRequest`: the rendered conversation's ids, as transformers'
+    `apply_chat_template(tokenize=True)` gives them and as many as a chat request's
+    `usage.prompt_tokens`; `return_token_strs` as `convert_ids_to_tokens` (both forms)."""
+    hf, srv = tiny
+    messages = [{"role": "system", "content": "w7 w8"}, {"role": "user", "content": "w10 w299"}]
+    r = httpx.post(f"{srv.base}/tokenize", json={"messages": messages, "return_token_strs": True})
+    assert r.status_code == 200, r.text
+    ids = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = getattr(ids, "input_ids", ids)
+    assert r.json() == {"count": len(ids), "max_model_len": 512, "tokens": ids,
+                        "token_strs": hf.convert_ids_to_tokens(ids)}  # fmt: skip
+    chat = httpx.post(f"{srv.base}/v1/chat/completions", timeout=60,
+                      json={"messages": messages, "max_tokens": 1})  # fmt: skip
+    assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] == len(ids), chat.text
+    r = httpx.post(f"{srv.base}/tokenize", json={"prompt": "w5 w6", "return_token_strs": True})
+    assert r.json()["token_strs"] == ["w5", "w6"]
+    long = " ".join(["w9"] * 600)  # counted, not refused (vLLM's too): the count says it
+    r = httpx.post(f"{srv.base}/tokenize", json={"prompt": long}, timeout=30)
+    assert r.status_code == 200 and r.json()["count"] == 600, r.text

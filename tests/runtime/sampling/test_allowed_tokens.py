@@ -104,3 +104,21 @@ def test_params_check():
     p.allowed_token_ids = []  # mutable: checked again on receipt
     with pytest.raises(ParamError):
         p.validated()
+
+
+@pytest.mark.parametrize("temperature", [0, 1.0])
+def test_bans_that_leave_none_of_them_give_way(temperature):
+    """bad_words or min_tokens banning every allowed token (`allowed_token_ids: [eos],
+    min_tokens: 2`): the allowed tokens win for that step (the row had no finite logit and drew
+    token 0, outside the list); a ban that leaves some allowed token still holds."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, V)
+    p = SamplingParams(temperature=temperature, seed=5, allowed_token_ids=[7, 9])
+    reqs = [Request("a", [1, 2, 3], p, bad_words=((7,), (9,))),
+            Request("b", [1, 2, 3], p.clone(min_tokens=2), eos_token_ids=(7, 9)),
+            Request("c", [1, 2, 3], p, bad_words=((7,),))]  # fmt: skip
+    for r in reqs:
+        r.generator = torch.Generator().manual_seed(5)
+    out = sample(logits.clone(), SamplingBatch.build(reqs, V, torch.device("cpu")))
+    got = out.token_ids.tolist()
+    assert got[0] in (7, 9) and got[1] in (7, 9) and got[2] == 9, got
