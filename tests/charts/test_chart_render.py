@@ -4,15 +4,18 @@ every document, and the operator Deployment's contract with `pagoda operator`.""
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 import helm_python as helm
 import pytest
+import yaml
 from chart_helpers import (
     CHART,
     K8S_VERSIONS,
     NAMESPACE,
     RELEASE,
+    ROOT,
     VALUE_SETS,
     of_kind,
     one,
@@ -262,6 +265,26 @@ def test_notes_show_how_to_try_it() -> None:
         assert text in notes
     namespaced = render_files(VALUE_SETS["namespaced"])["pagoda/templates/NOTES.txt"]
     assert "team-a, team-b" in namespaced
+
+
+def test_notes_put_the_example_where_the_operator_watches() -> None:
+    """The example pins `namespace: default`; an operator restricted to other namespaces would
+    never see it, so NOTES sends it (with a namespace the sed gives it) to a watched one."""
+    notes = render_files(VALUE_SETS["namespaced"])["pagoda/templates/NOTES.txt"]
+    (sed,) = re.findall(
+        r"^ +(sed .*examples/smollm2-cpu\.yaml) \| kubectl apply -f -$", notes, re.M
+    )
+    old, new = re.fullmatch(r"sed 's/([^/]+)/([^/]+)/' examples/smollm2-cpu\.yaml", sed).groups()
+    example = (ROOT / "examples" / "smollm2-cpu.yaml").read_text()
+    assert old in example
+    (isvc,) = [d for d in yaml.safe_load_all(example.replace(old, new)) if d]
+    assert isvc["metadata"]["namespace"] == "team-a"
+    assert "kubectl apply -f examples/smollm2-cpu.yaml" not in notes
+    for command in ("get isvc smollm2", "port-forward svc/smollm2", "scale isvc/smollm2"):
+        assert re.search(rf"kubectl {command} .*-n team-a", notes), command
+    watched = render_files({"watchNamespaces": ["llm", "default"]})["pagoda/templates/NOTES.txt"]
+    assert "kubectl apply -f examples/smollm2-cpu.yaml" in watched
+    assert "kubectl get isvc smollm2 -n default" in watched
 
 
 def test_rbac_and_service_account_can_be_disabled() -> None:
