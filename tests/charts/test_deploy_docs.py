@@ -120,6 +120,26 @@ def test_helm_install_set_values_deploy_the_built_images() -> None:
         assert f"{v['repository']}:{v['tag']}" in built
 
 
+def test_upgrade_applies_the_crd_before_helm_upgrade() -> None:
+    """Helm never upgrades crds/: the page (and the README) apply the CRD first, then upgrade
+    the same release, in the same namespace, with both images moved to the new tag."""
+    cmds = commands()
+    (upgrade,) = starting("helm", "upgrade")
+    crd = cmds.index(["kubectl", "apply", "-f", "charts/pagoda/crds/"])
+    assert crd < cmds.index(upgrade)
+    (install,) = [c for c in starting("helm", "install") if "--set" in c]
+    assert upgrade[2:4] == install[2:4] == ["pagoda", "charts/pagoda"]
+
+    def namespace(argv: list[str]) -> str:
+        return next(b for a, b in itertools.pairwise(argv) if a in ("-n", "--namespace"))
+
+    assert namespace(upgrade) == namespace(install) == "pagoda-system"
+    values = set_values(upgrade)
+    assert values == {"operator": {"image": {"tag": "$TAG"}}, "runtime": {"image": {"tag": "$TAG"}}}
+    assert "--reuse-values" in upgrade
+    assert re.search(r"kubectl apply -f charts/pagoda/crds/` before each `helm upgrade`", README)
+
+
 def test_python_render_without_helm_runs_as_written() -> None:
     pytest.importorskip("helm_python")
     (block,) = [b for b in BASH if "<<'EOF'" in b]
