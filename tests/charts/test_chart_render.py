@@ -4,7 +4,10 @@ every document, and the operator Deployment's contract with `pagoda operator`.""
 from __future__ import annotations
 
 import argparse
+import base64
 import re
+import shlex
+import subprocess
 from typing import Any
 
 import helm_python as helm
@@ -23,6 +26,7 @@ from chart_helpers import (
     render,
     render_cached,
     render_files,
+    require_tool,
     validation_errors,
 )
 from pagoda.operator import main as operator_main
@@ -250,6 +254,33 @@ def test_prometheus_url_and_webhook_token_reach_the_operator() -> None:
         "key": "bearer",
     }
     assert not of_kind(render_cached("custom-images"), "Secret")
+
+
+def test_notes_token_command_reads_a_dotted_key() -> None:
+    """The NOTES' jsonpath reads the token whatever the key (a dot must be escaped)."""
+    kubectl = require_tool("kubectl")
+    values = {"webhook": {"tokenSecret": {"create": True, "key": "bearer.token"}}}
+    notes = render_files(values)["pagoda/templates/NOTES.txt"]
+    (command,) = re.findall(r"Bearer token: (kubectl .*) \| base64 -d$", notes, re.M)
+    (jsonpath,) = [a for a in shlex.split(command) if a.startswith("jsonpath=")]
+    out = subprocess.run(
+        [
+            kubectl,
+            "create",
+            "secret",
+            "generic",
+            "t",
+            "--from-literal=bearer.token=s3cret",
+            "--dry-run=client",
+            "-o",
+            jsonpath,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert base64.b64decode(out) == b"s3cret"
 
 
 def test_notes_show_how_to_try_it() -> None:
