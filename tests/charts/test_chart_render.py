@@ -283,6 +283,15 @@ def test_notes_token_command_reads_a_dotted_key() -> None:
     assert base64.b64decode(out) == b"s3cret"
 
 
+@pytest.mark.parametrize("service_type", ["NodePort", "LoadBalancer"])
+def test_exposed_service_needs_a_webhook_token(service_type: str) -> None:
+    """POST /alerts scales InferenceServices up: outside the cluster only with a token."""
+    with pytest.raises(helm.HelmRenderError, match=rf"service.type {service_type} exposes .*token"):
+        render({"service": {"type": service_type}})
+    docs = render({"service": {"type": service_type}, "webhook": {"tokenSecret": {"create": True}}})
+    assert one(docs, "Service")["spec"]["type"] == service_type
+
+
 def test_notes_show_how_to_try_it() -> None:
     notes = render_files({})["pagoda/templates/NOTES.txt"]
     for text in (
