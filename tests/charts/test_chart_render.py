@@ -292,6 +292,29 @@ def test_exposed_service_needs_a_webhook_token(service_type: str) -> None:
     assert one(docs, "Service")["spec"]["type"] == service_type
 
 
+@pytest.mark.parametrize(
+    ("values", "name"),
+    [
+        ({"operator": {"extraEnv": [{"name": "HOME", "value": "/x"}]}}, "HOME"),
+        (
+            {
+                "prometheus": {"url": "http://prometheus:9090"},
+                "operator": {"extraEnv": [{"name": "PAGODA_PROMETHEUS_URL", "value": "http://p"}]},
+            },
+            "PAGODA_PROMETHEUS_URL",
+        ),
+        ({"operator": {"extraEnv": [{"name": "A", "value": "1"}, {"name": "A"}]}}, "A"),
+    ],
+)
+def test_extra_env_cannot_repeat_a_name(values: dict[str, Any], name: str) -> None:
+    """A duplicate env name: Kubernetes keeps one, and helm upgrade's patch can fail on it."""
+    with pytest.raises(helm.HelmRenderError, match=rf"operator.extraEnv: {name} is already set"):
+        render(values)
+    alone = {"operator": {"extraEnv": [{"name": "PAGODA_PROMETHEUS_URL", "value": "http://p"}]}}
+    env = [e["name"] for e in operator_container(render(alone))["env"]]
+    assert env.count("PAGODA_PROMETHEUS_URL") == 1
+
+
 def test_notes_show_how_to_try_it() -> None:
     notes = render_files({})["pagoda/templates/NOTES.txt"]
     for text in (
