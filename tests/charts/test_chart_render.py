@@ -315,6 +315,20 @@ def test_extra_env_cannot_repeat_a_name(values: dict[str, Any], name: str) -> No
     assert env.count("PAGODA_PROMETHEUS_URL") == 1
 
 
+def test_pod_ids_can_be_left_to_the_platform() -> None:
+    """OpenShift's restricted SCC assigns the uid: podSecurityContext=null leaves the ids out,
+    and the pod stays non-root with the RuntimeDefault profile."""
+    docs = render({"operator": {"podSecurityContext": None}})
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert not validation_errors(one(docs, "Deployment"), K8S_VERSIONS[0])
+    with pytest.raises(helm.HelmValuesError, match="runAsUser': minimum: got 0, want 1"):
+        render({"operator": {"podSecurityContext": {"runAsUser": 0}}})
+
+
 def test_notes_show_how_to_try_it() -> None:
     notes = render_files({})["pagoda/templates/NOTES.txt"]
     for text in (
