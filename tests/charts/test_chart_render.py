@@ -364,6 +364,21 @@ def test_notes_put_the_example_where_the_operator_watches() -> None:
     assert "kubectl get isvc smollm2 -n default" in watched
 
 
+@pytest.mark.parametrize("key", ["operatorServiceMonitor", "alertmanagerConfig", None])
+def test_notes_name_every_monitoring_object(key: str | None) -> None:
+    values = VALUE_SETS["monitoring"] if key is None else {"monitoring": {key: {"enabled": True}}}
+    notes = render_files(values)["pagoda/templates/NOTES.txt"]
+    objects = [
+        d
+        for d in render(values)
+        if d["apiVersion"].startswith("monitoring.coreos.com/") or d["kind"] == "ConfigMap"
+    ]
+    assert objects
+    for d in objects:
+        kind = "Grafana dashboard" if d["kind"] == "ConfigMap" else d["kind"]
+        assert re.search(rf"^   - {kind} .*{d['metadata']['name']}", notes, re.M), d["kind"]
+
+
 def test_rbac_and_service_account_can_be_disabled() -> None:
     docs = render(
         {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "existing"}}
