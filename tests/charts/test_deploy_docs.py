@@ -7,6 +7,7 @@ chart's NOTES say which images exist."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import shlex
@@ -14,6 +15,7 @@ import subprocess
 import sys
 from typing import Any
 
+import helm_python as helm
 import jsonschema
 import pytest
 import yaml
@@ -66,10 +68,11 @@ def make_image_tags(argv: list[str]) -> list[str]:
 
 
 def set_values(argv: list[str]) -> dict[str, Any]:
-    """`--set a.b=c` arguments as the nested values Helm builds from them (strings only)."""
+    """`--set a.b=c` (and `--set-string`) arguments as the nested values Helm builds from them
+    (strings only)."""
     values: dict[str, Any] = {}
     for flag, arg in itertools.pairwise(argv):
-        if flag == "--set":
+        if flag in ("--set", "--set-string"):
             key, _, value = arg.partition("=")
             *parents, leaf = key.split(".")
             node = values
@@ -137,6 +140,15 @@ def test_upgrade_applies_the_crd_before_helm_upgrade() -> None:
     values = set_values(upgrade)
     assert values == {"operator": {"image": {"tag": "$TAG"}}, "runtime": {"image": {"tag": "$TAG"}}}
     assert "--reuse-values" in upgrade
+    # a numeric tag given with --set becomes a number, which the schema refuses
+    assert all(flag == "--set-string" for flag, arg in itertools.pairwise(upgrade) if "$" in arg)
+    with pytest.raises(helm.HelmValuesError, match="tag': got number, want string"):
+        render(helm.parse_set_string("operator.image.tag=20261206"))
+    assert_deploys(
+        render(json.loads(json.dumps(values).replace("$TAG", "20261206"))),
+        "ghcr.io/pagoda-dev/pagoda-operator:20261206",
+        "ghcr.io/pagoda-dev/pagoda-runtime:20261206",
+    )
     assert re.search(r"kubectl apply -f charts/pagoda/crds/` before each `helm upgrade`", README)
 
 
