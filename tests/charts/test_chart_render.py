@@ -364,9 +364,13 @@ def test_notes_put_the_example_where_the_operator_watches() -> None:
     assert "kubectl get isvc smollm2 -n default" in watched
 
 
-@pytest.mark.parametrize("key", ["operatorServiceMonitor", "alertmanagerConfig", None])
+@pytest.mark.parametrize(
+    "key", ["operatorServiceMonitor", "alertmanagerConfig", "grafanaDashboard", None]
+)
 def test_notes_name_every_monitoring_object(key: str | None) -> None:
     values = VALUE_SETS["monitoring"] if key is None else {"monitoring": {key: {"enabled": True}}}
+    if key == "grafanaDashboard":
+        values["monitoring"][key]["namespace"] = "grafana"
     notes = render_files(values)["pagoda/templates/NOTES.txt"]
     objects = [
         d
@@ -377,6 +381,8 @@ def test_notes_name_every_monitoring_object(key: str | None) -> None:
     for d in objects:
         kind = "Grafana dashboard" if d["kind"] == "ConfigMap" else d["kind"]
         assert re.search(rf"^   - {kind} .*{d['metadata']['name']}", notes, re.M), d["kind"]
+        if d["metadata"]["namespace"] != NAMESPACE:
+            assert f"{d['metadata']['name']} (namespace {d['metadata']['namespace']})" in notes
 
 
 def test_rbac_and_service_account_can_be_disabled() -> None:
