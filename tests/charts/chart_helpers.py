@@ -60,6 +60,34 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "httpPort": 9090,
             "podLabels": {"team": "ml"},
             "nodeSelector": {"kubernetes.io/os": "linux"},
+            "tolerations": [
+                {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"},
+                {
+                    "key": "gpu",
+                    "operator": "Equal",
+                    "value": "no",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 60,
+                },
+            ],
+            "affinity": {
+                "podAntiAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 1,
+                            "podAffinityTerm": {
+                                "topologyKey": "kubernetes.io/hostname",
+                                "labelSelector": {"matchLabels": {"team": "ml"}},
+                            },
+                        }
+                    ]
+                }
+            },
+            "resources": {"requests": {"cpu": 0.1, "memory": "256Mi"}, "limits": {"cpu": 1}},
+            "extraEnv": [
+                {"name": "HTTPS_PROXY", "value": "http://proxy.example.com:3128"},
+                {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            ],
         },
         "runtime": {
             "image": {

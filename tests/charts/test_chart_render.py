@@ -4,15 +4,21 @@ every document, and the operator Deployment's contract with `pagoda operator`.""
 from __future__ import annotations
 
 import argparse
+import base64
+import re
+import shlex
+import subprocess
 from typing import Any
 
 import helm_python as helm
 import pytest
+import yaml
 from chart_helpers import (
     CHART,
     K8S_VERSIONS,
     NAMESPACE,
     RELEASE,
+    ROOT,
     VALUE_SETS,
     of_kind,
     one,
@@ -20,6 +26,7 @@ from chart_helpers import (
     render,
     render_cached,
     render_files,
+    require_tool,
     validation_errors,
 )
 from pagoda.operator import main as operator_main
@@ -249,6 +256,79 @@ def test_prometheus_url_and_webhook_token_reach_the_operator() -> None:
     assert not of_kind(render_cached("custom-images"), "Secret")
 
 
+def test_notes_token_command_reads_a_dotted_key() -> None:
+    """The NOTES' jsonpath reads the token whatever the key (a dot must be escaped)."""
+    kubectl = require_tool("kubectl")
+    values = {"webhook": {"tokenSecret": {"create": True, "key": "bearer.token"}}}
+    notes = render_files(values)["pagoda/templates/NOTES.txt"]
+    (command,) = re.findall(r"Bearer token: (kubectl .*) \| base64 -d$", notes, re.M)
+    (jsonpath,) = [a for a in shlex.split(command) if a.startswith("jsonpath=")]
+    out = subprocess.run(
+        [
+            kubectl,
+            "create",
+            "secret",
+            "generic",
+            "t",
+            "--from-literal=bearer.token=s3cret",
+            "--dry-run=client",
+            "-o",
+            jsonpath,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert base64.b64decode(out) == b"s3cret"
+
+
+@pytest.mark.parametrize("service_type", ["NodePort", "LoadBalancer"])
+def test_exposed_service_needs_a_webhook_token(service_type: str) -> None:
+    """POST /alerts scales InferenceServices up: outside the cluster only with a token."""
+    with pytest.raises(helm.HelmRenderError, match=rf"service.type {service_type} exposes .*token"):
+        render({"service": {"type": service_type}})
+    docs = render({"service": {"type": service_type}, "webhook": {"tokenSecret": {"create": True}}})
+    assert one(docs, "Service")["spec"]["type"] == service_type
+
+
+@pytest.mark.parametrize(
+    ("values", "name"),
+    [
+        ({"operator": {"extraEnv": [{"name": "HOME", "value": "/x"}]}}, "HOME"),
+        (
+            {
+                "prometheus": {"url": "http://prometheus:9090"},
+                "operator": {"extraEnv": [{"name": "PAGODA_PROMETHEUS_URL", "value": "http://p"}]},
+            },
+            "PAGODA_PROMETHEUS_URL",
+        ),
+        ({"operator": {"extraEnv": [{"name": "A", "value": "1"}, {"name": "A"}]}}, "A"),
+    ],
+)
+def test_extra_env_cannot_repeat_a_name(values: dict[str, Any], name: str) -> None:
+    """A duplicate env name: Kubernetes keeps one, and helm upgrade's patch can fail on it."""
+    with pytest.raises(helm.HelmRenderError, match=rf"operator.extraEnv: {name} is already set"):
+        render(values)
+    alone = {"operator": {"extraEnv": [{"name": "PAGODA_PROMETHEUS_URL", "value": "http://p"}]}}
+    env = [e["name"] for e in operator_container(render(alone))["env"]]
+    assert env.count("PAGODA_PROMETHEUS_URL") == 1
+
+
+def test_pod_ids_can_be_left_to_the_platform() -> None:
+    """OpenShift's restricted SCC assigns the uid: podSecurityContext=null leaves the ids out,
+    and the pod stays non-root with the RuntimeDefault profile."""
+    docs = render({"operator": {"podSecurityContext": None}})
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert not validation_errors(one(docs, "Deployment"), K8S_VERSIONS[0])
+    with pytest.raises(helm.HelmValuesError, match="runAsUser': minimum: got 0, want 1"):
+        render({"operator": {"podSecurityContext": {"runAsUser": 0}}})
+
+
 def test_notes_show_how_to_try_it() -> None:
     notes = render_files({})["pagoda/templates/NOTES.txt"]
     for text in (
@@ -262,6 +342,47 @@ def test_notes_show_how_to_try_it() -> None:
         assert text in notes
     namespaced = render_files(VALUE_SETS["namespaced"])["pagoda/templates/NOTES.txt"]
     assert "team-a, team-b" in namespaced
+
+
+def test_notes_put_the_example_where_the_operator_watches() -> None:
+    """The example pins `namespace: default`; an operator restricted to other namespaces would
+    never see it, so NOTES sends it (with a namespace the sed gives it) to a watched one."""
+    notes = render_files(VALUE_SETS["namespaced"])["pagoda/templates/NOTES.txt"]
+    (sed,) = re.findall(
+        r"^ +(sed .*examples/smollm2-cpu\.yaml) \| kubectl apply -f -$", notes, re.M
+    )
+    old, new = re.fullmatch(r"sed 's/([^/]+)/([^/]+)/' examples/smollm2-cpu\.yaml", sed).groups()
+    example = (ROOT / "examples" / "smollm2-cpu.yaml").read_text()
+    assert old in example
+    (isvc,) = [d for d in yaml.safe_load_all(example.replace(old, new)) if d]
+    assert isvc["metadata"]["namespace"] == "team-a"
+    assert "kubectl apply -f examples/smollm2-cpu.yaml" not in notes
+    for command in ("get isvc smollm2", "port-forward svc/smollm2", "scale isvc/smollm2"):
+        assert re.search(rf"kubectl {command} .*-n team-a", notes), command
+    watched = render_files({"watchNamespaces": ["llm", "default"]})["pagoda/templates/NOTES.txt"]
+    assert "kubectl apply -f examples/smollm2-cpu.yaml" in watched
+    assert "kubectl get isvc smollm2 -n default" in watched
+
+
+@pytest.mark.parametrize(
+    "key", ["operatorServiceMonitor", "alertmanagerConfig", "grafanaDashboard", None]
+)
+def test_notes_name_every_monitoring_object(key: str | None) -> None:
+    values = VALUE_SETS["monitoring"] if key is None else {"monitoring": {key: {"enabled": True}}}
+    if key == "grafanaDashboard":
+        values["monitoring"][key]["namespace"] = "grafana"
+    notes = render_files(values)["pagoda/templates/NOTES.txt"]
+    objects = [
+        d
+        for d in render(values)
+        if d["apiVersion"].startswith("monitoring.coreos.com/") or d["kind"] == "ConfigMap"
+    ]
+    assert objects
+    for d in objects:
+        kind = "Grafana dashboard" if d["kind"] == "ConfigMap" else d["kind"]
+        assert re.search(rf"^   - {kind} .*{d['metadata']['name']}", notes, re.M), d["kind"]
+        if d["metadata"]["namespace"] != NAMESPACE:
+            assert f"{d['metadata']['name']} (namespace {d['metadata']['namespace']})" in notes
 
 
 def test_rbac_and_service_account_can_be_disabled() -> None:

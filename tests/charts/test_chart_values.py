@@ -40,6 +40,29 @@ BAD_VALUES = [
     ),
     ({"prometheus": {"url": "prometheus:9090"}}, "/prometheus/url", "does not match pattern"),
     ({"service": {"port": 0}}, "/service/port", "minimum: got 0, want 1"),
+    # uid 1000 without NET_BIND_SERVICE cannot bind it (containerd < 2 keeps ports < 1024 privileged)
+    ({"operator": {"httpPort": 80}}, "/operator/httpPort", "minimum: got 80, want 1,024"),
+    # EnvVar and Toleration fields the API server would refuse later, less readably
+    (
+        {"operator": {"extraEnv": [{"name": "X", "value": 1}]}},
+        "/operator/extraEnv/0/value",
+        "got number, want string",
+    ),
+    (
+        {"operator": {"extraEnv": [{"name": "X", "valeu": "1"}]}},
+        "/operator/extraEnv/0",
+        "additional properties 'valeu' not allowed",
+    ),
+    (
+        {"operator": {"tolerations": [{"key": "gpu", "tolerationSeconds": "60"}]}},
+        "/operator/tolerations/0/tolerationSeconds",
+        "got string, want integer",
+    ),
+    (
+        {"operator": {"tolerations": [{"key": "gpu", "operator": "exists"}]}},
+        "/operator/tolerations/0/operator",
+        "must be one of 'Exists', 'Equal'",
+    ),
     (
         {"monitoring": {"runtimeServiceMonitor": {"enabled": "yes"}}},
         "/monitoring/runtimeServiceMonitor/enabled",

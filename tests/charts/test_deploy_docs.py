@@ -7,6 +7,7 @@ chart's NOTES say which images exist."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import shlex
@@ -14,6 +15,7 @@ import subprocess
 import sys
 from typing import Any
 
+import helm_python as helm
 import jsonschema
 import pytest
 import yaml
@@ -66,10 +68,11 @@ def make_image_tags(argv: list[str]) -> list[str]:
 
 
 def set_values(argv: list[str]) -> dict[str, Any]:
-    """`--set a.b=c` arguments as the nested values Helm builds from them (strings only)."""
+    """`--set a.b=c` (and `--set-string`) arguments as the nested values Helm builds from them
+    (strings only)."""
     values: dict[str, Any] = {}
     for flag, arg in itertools.pairwise(argv):
-        if flag == "--set":
+        if flag in ("--set", "--set-string"):
             key, _, value = arg.partition("=")
             *parents, leaf = key.split(".")
             node = values
@@ -118,6 +121,35 @@ def test_helm_install_set_values_deploy_the_built_images() -> None:
     for image in ("operator", "runtime"):
         v = values[image]["image"]
         assert f"{v['repository']}:{v['tag']}" in built
+
+
+def test_upgrade_applies_the_crd_before_helm_upgrade() -> None:
+    """Helm never upgrades crds/: the page (and the README) apply the CRD first, then upgrade
+    the same release, in the same namespace, with both images moved to the new tag."""
+    cmds = commands()
+    (upgrade,) = starting("helm", "upgrade")
+    crd = cmds.index(["kubectl", "apply", "-f", "charts/pagoda/crds/"])
+    assert crd < cmds.index(upgrade)
+    (install,) = [c for c in starting("helm", "install") if "--set" in c]
+    assert upgrade[2:4] == install[2:4] == ["pagoda", "charts/pagoda"]
+
+    def namespace(argv: list[str]) -> str:
+        return next(b for a, b in itertools.pairwise(argv) if a in ("-n", "--namespace"))
+
+    assert namespace(upgrade) == namespace(install) == "pagoda-system"
+    values = set_values(upgrade)
+    assert values == {"operator": {"image": {"tag": "$TAG"}}, "runtime": {"image": {"tag": "$TAG"}}}
+    assert "--reuse-values" in upgrade
+    # a numeric tag given with --set becomes a number, which the schema refuses
+    assert all(flag == "--set-string" for flag, arg in itertools.pairwise(upgrade) if "$" in arg)
+    with pytest.raises(helm.HelmValuesError, match="tag': got number, want string"):
+        render(helm.parse_set_string("operator.image.tag=20261206"))
+    assert_deploys(
+        render(json.loads(json.dumps(values).replace("$TAG", "20261206"))),
+        "ghcr.io/pagoda-dev/pagoda-operator:20261206",
+        "ghcr.io/pagoda-dev/pagoda-runtime:20261206",
+    )
+    assert re.search(r"kubectl apply -f charts/pagoda/crds/` before each `helm upgrade`", README)
 
 
 def test_python_render_without_helm_runs_as_written() -> None:
