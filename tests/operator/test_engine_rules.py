@@ -30,69 +30,52 @@ def test_the_crd_states_the_rules_as_options_renders_them() -> None:
     ]
 
 
-@pytest.mark.parametrize("rule", options.CRD_ENGINE_RULES, ids=lambda r: r.cel_message())
-def test_crd_operator_and_runtime_agree_with_the_rule(rule: options.AtLeast) -> None:
+def _agree(crd: dict, rule, values: dict, holds: bool) -> None:
+    """The CRD's CEL, the operator's spec check and the runtime's SchedulerConfig each accept
+    `values` (engine flags; None: unset, the runtime's default) exactly when the rule `holds`."""
     from pagoda.runtime.config import SchedulerConfig
 
+    engine = {options.camel(k): v for k, v in values.items() if v is not None}
+    doc = {
+        "apiVersion": "serving.pagoda.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "chat", "namespace": "default"},
+        "spec": {"model": "smollm2-135m", "engine": engine},
+    }
+    crd_errors = [e for e in validate(crd, doc) if rule.cel_message() in e]
+    assert bool(crd_errors) != holds, (values, crd_errors)
+    try:
+        InferenceServiceSpec.from_dict(doc["spec"], name="chat", default_image="img:1")
+        operator_ok = True
+    except SpecError:
+        operator_ok = False
+    assert operator_ok == holds, values
+    try:  # an unset flag: the runtime's default (the token budget is lifted to fit)
+        SchedulerConfig(**{k: v for k, v in values.items() if v is not None})
+        runtime_ok = True
+    except ValueError:
+        runtime_ok = False
+    assert runtime_ok == holds, values
+
+
+@pytest.mark.parametrize("rule", options.CRD_ENGINE_RULES, ids=lambda r: r.cel_message())
+def test_crd_operator_and_runtime_agree_with_the_rule(rule: options.AtLeast) -> None:
     crd = load_crd()
     for big, small in itertools.product(VALUES, VALUES):
         values = {rule.larger: big, rule.smaller: small}
-        holds = rule.holds(rule.filled(values))
-        engine = {options.camel(k): v for k, v in values.items() if v is not None}
-        doc = {
-            "apiVersion": "serving.pagoda.dev/v1alpha1",
-            "kind": "InferenceService",
-            "metadata": {"name": "chat", "namespace": "default"},
-            "spec": {"model": "smollm2-135m", "engine": engine},
-        }
-        crd_errors = [e for e in validate(crd, doc) if rule.cel_message() in e]
-        assert bool(crd_errors) != holds, (values, crd_errors)
-        try:
-            InferenceServiceSpec.from_dict(doc["spec"], name="chat", default_image="img:1")
-            operator_ok = True
-        except SpecError:
-            operator_ok = False
-        assert operator_ok == holds, values
-        try:  # an unset flag: the runtime's default (the token budget is lifted to fit)
-            SchedulerConfig(**{k: v for k, v in values.items() if v is not None})
-            runtime_ok = True
-        except ValueError:
-            runtime_ok = False
-        assert runtime_ok == holds, values
+        _agree(crd, rule, values, rule.holds(rule.filled(values)))
 
 
 @pytest.mark.parametrize("rule", options.CRD_FLAG_RULES, ids=lambda r: r.cel_message())
 def test_crd_operator_and_runtime_agree_with_the_flag_rule(rule: options.NeedsOn) -> None:
     """A size that needs a bool flag on (longPrefillTokenThreshold > 0 needs chunked prefill):
     the CRD, the operator and the runtime refuse exactly the same combinations."""
-    from pagoda.runtime.config import SchedulerConfig
-
     crd = load_crd()
     for size, on in itertools.product((None, 0, 256), (None, True, False)):
         values = {rule.flag: size, rule.on: on}
         holds = rule.holds(values)
         assert holds == (not size or on is not False)
-        engine = {options.camel(k): v for k, v in values.items() if v is not None}
-        doc = {
-            "apiVersion": "serving.pagoda.dev/v1alpha1",
-            "kind": "InferenceService",
-            "metadata": {"name": "chat", "namespace": "default"},
-            "spec": {"model": "smollm2-135m", "engine": engine},
-        }
-        crd_errors = [e for e in validate(crd, doc) if rule.cel_message() in e]
-        assert bool(crd_errors) != holds, (values, crd_errors)
-        try:
-            InferenceServiceSpec.from_dict(doc["spec"], name="chat", default_image="img:1")
-            operator_ok = True
-        except SpecError:
-            operator_ok = False
-        assert operator_ok == holds, values
-        try:
-            SchedulerConfig(**{k: v for k, v in values.items() if v is not None})
-            runtime_ok = True
-        except ValueError:
-            runtime_ok = False
-        assert runtime_ok == holds, values
+        _agree(crd, rule, values, holds)
 
 
 def test_the_runtime_default_is_the_one_the_rule_fills_in() -> None:
