@@ -203,6 +203,13 @@ async def test_bad_inputs_do_not_disturb_a_stream(server):
     assert json.loads(lines[-3][6:])["choices"][0]["finish_reason"] == "length"
 
 
+def test_empty_messages_is_openais_empty_array(http):
+    """OpenAI's answer to `messages: []` (its minItems 1): code `empty_array`, param messages."""
+    r = send(http, CHAT, {"model": MODEL, "messages": []})
+    check_error(r, 400, "messages")
+    assert r.json()["error"]["code"] == "empty_array"
+
+
 def test_huge_model_name_is_not_echoed_in_full(http):
     r = send(http, COMP, {"model": "m" * 1_000_000, "prompt": "x"})
     check_error(r, 404, "model")

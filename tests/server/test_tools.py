@@ -87,6 +87,18 @@ def test_a_template_with_tools_renders_them_and_the_round_trip(smol_tokenizer):
     assert setup.parser is None and json.dumps(TOOLS[0], ensure_ascii=False) in text
 
 
+def test_an_empty_tool_calls_list_renders_as_no_calls(smol_tokenizer):
+    """`tool_calls: []` (as older SDKs sent a message back) says no calls: a template that
+    tests `'tool_calls' in message` (Llama 3.1's) must not get an empty call list."""
+    llama_like = ("{% for m in messages %}{% if 'tool_calls' in m %}[{{ m.tool_calls | length }} "
+                  "calls]{% else %}{{ m.role }}: {{ m.content }}{% endif %};{% endfor %}")  # fmt: skip
+    history = [{"role": "user", "content": "Hi"},
+               {"role": "assistant", "content": "Hello", "tool_calls": []}]  # fmt: skip
+    req = ChatCompletionRequest.model_validate({"messages": history})
+    _, text = _render(smol_tokenizer, llama_like, req)
+    assert text == "user: Hi;assistant: Hello;"
+
+
 def test_a_template_without_tools_gets_the_hermes_prompt(smol_tokenizer):
     setup, text = _render(smol_tokenizer, smol_tokenizer.chat_template, _request())
     assert setup.parser.name == "hermes"
