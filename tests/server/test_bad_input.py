@@ -73,6 +73,8 @@ CASES = [
     ("token-id-2-70", COMP, {"prompt": [1, 2**70]}, 400, "prompt"),
     ("batch-over-queue-bound", COMP, {"prompt": ["x"] * 600}, 400, "prompt"),
     ("prompt-object", COMP, {"prompt": {"a": 1}}, 400, "prompt"),
+    ("prompt-empty-array", COMP, {"prompt": []}, 400, "prompt"),  # OpenAI's minItems 1
+    ("prompt-empty-token-list", COMP, {"prompt": [[1], []]}, 400, "prompt"),
     ("message-not-object", CHAT, {"messages": [5]}, 400, "messages[0]"),
     # newer features (hostile wave 3): each of these was a 500 or was silently ignored
     ("tool-call-arguments-deep", CHAT, {"messages": [*MSGS, {"role": "assistant", "tool_calls": [

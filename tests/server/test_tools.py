@@ -202,6 +202,17 @@ def test_bad_tools_are_400s_naming_the_field(kw, param):
     assert e.value.status == 400 and e.value.param == param
 
 
+def test_an_empty_tools_list_is_no_tools(smol_tokenizer):
+    """`tools: []` (which some clients always send) lists no tool: accepted as no tools, the
+    template gets none; a tool_choice that needs one is a 400 (OpenAI and vLLM refuse `[]`
+    itself, code `empty_array`; it means no tools, so it is honoured here)."""
+    setup, text = _render(smol_tokenizer, QWEN_LIKE, _request(tools=[], tool_choice="none"))
+    assert setup is None and "<tools>" not in text
+    with pytest.raises(APIError) as e:
+        tools.prepare(_request(tools=[], tool_choice="auto"), QWEN_LIKE, "auto")
+    assert e.value.param == "tool_choice" and e.value.code == "invalid_value"
+
+
 def test_a_template_in_an_unknown_format():
     odd = "{% for m in messages %}{{ m.content }}{% endfor %}{{ tools }}"
     with pytest.raises(APIError) as e:
