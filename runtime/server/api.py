@@ -151,10 +151,12 @@ def authorizer(cfg: ServerConfig) -> Callable[[Request], None]:
         if cfg.api_key is None:
             return
         scheme, _, token = raw.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(
-            token.strip().encode(), cfg.api_key.encode()
-        ):
-            raise APIError(401, "invalid or missing API key", code="invalid_api_key")
+        bearer = scheme.lower() == "bearer" and bool(token.strip())  # a token was given
+        if not bearer or not secrets.compare_digest(token.strip().encode(), cfg.api_key.encode()):
+            # RFC 6750 §3: the scheme to use, and invalid_token when a bearer token was wrong
+            challenge = 'Bearer error="invalid_token"' if bearer else "Bearer"
+            raise APIError(401, "invalid or missing API key", code="invalid_api_key",
+                           headers={"WWW-Authenticate": challenge})  # fmt: skip
 
     return authorize
 

@@ -304,6 +304,8 @@ class ChatMessage(BaseModel):
             # one part per line, as vLLM (and TensorRT-LLM) join text parts
             data["content"] = "\n".join(p.text for p in self.content)
         data.setdefault("content", "")
+        if not self.tool_calls:  # `[]` says no calls; templates testing `'tool_calls' in
+            data.pop("tool_calls", None)  # message` (Llama 3.1's) would render an empty call
         return data
 
 
@@ -384,6 +386,9 @@ class ChatCompletionRequest(_StructuredFields):
         `tool_call_id`, tool calls outside an assistant message, and
         a response's own fields sent back non-empty (empty ones are dropped)."""
         messages = data.get("messages") if isinstance(data, dict) else None
+        if messages == []:  # OpenAI's answer (its minItems: 1), not pydantic's wording
+            raise APIError(400, "invalid 'messages': empty array; expected at least one message",
+                           param="messages", code="empty_array")  # fmt: skip
         if isinstance(messages, list) and any(
             isinstance(m, dict) and (any(k in m for k in ECHOED_EMPTY) or _has_sdk_copies(m))
             for m in messages

@@ -84,9 +84,10 @@ def parser_for(template: str | None, configured: str) -> str | None:
 def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -> ToolSetup | None:
     """Check the request's tool fields; None when it has no tools (and asks for none)."""
     tools, choice = req.tools, req.tool_choice
-    if not tools:
+    if not tools:  # `tools: []` lists no tool: as if left out (nothing reaches the template)
         if choice not in (None, "none"):
-            raise APIError(400, "tool_choice requires tools", param="tool_choice")
+            raise APIError(400, "tool_choice other than 'none' requires at least one tool in "
+                           "tools", param="tool_choice", code="invalid_value")  # fmt: skip
         return None
     names: set[str] = set()
     for i, t in enumerate(tools):

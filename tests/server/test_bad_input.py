@@ -73,6 +73,8 @@ CASES = [
     ("token-id-2-70", COMP, {"prompt": [1, 2**70]}, 400, "prompt"),
     ("batch-over-queue-bound", COMP, {"prompt": ["x"] * 600}, 400, "prompt"),
     ("prompt-object", COMP, {"prompt": {"a": 1}}, 400, "prompt"),
+    ("prompt-empty-array", COMP, {"prompt": []}, 400, "prompt"),  # OpenAI's minItems 1
+    ("prompt-empty-token-list", COMP, {"prompt": [[1], []]}, 400, "prompt"),
     ("message-not-object", CHAT, {"messages": [5]}, 400, "messages[0]"),
     # newer features (hostile wave 3): each of these was a 500 or was silently ignored
     ("tool-call-arguments-deep", CHAT, {"messages": [*MSGS, {"role": "assistant", "tool_calls": [
@@ -201,6 +203,13 @@ async def test_bad_inputs_do_not_disturb_a_stream(server):
     assert lines[-1] == "data: [DONE]"
     assert json.loads(lines[-2][6:])["usage"]["completion_tokens"] == 24
     assert json.loads(lines[-3][6:])["choices"][0]["finish_reason"] == "length"
+
+
+def test_empty_messages_is_openais_empty_array(http):
+    """OpenAI's answer to `messages: []` (its minItems 1): code `empty_array`, param messages."""
+    r = send(http, CHAT, {"model": MODEL, "messages": []})
+    check_error(r, 400, "messages")
+    assert r.json()["error"]["code"] == "empty_array"
 
 
 def test_huge_model_name_is_not_echoed_in_full(http):

@@ -41,10 +41,14 @@ def test_ready_is_503_until_warmed_up(keyed):
 def test_api_key(keyed):
     body = {"model": "pagoda-test", "prompt": "Hi", "max_tokens": 2}
     with httpx.Client(base_url=keyed.base, timeout=60) as c:
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        # RFC 6750's challenge: the scheme, and invalid_token for a wrong bearer token
+        for headers, challenge in (({}, "Bearer"),
+                                   ({"Authorization": "Bearer wrong"}, 'Bearer error="invalid_token"'),
+                                   ({"Authorization": KEY}, "Bearer")):  # fmt: skip
             r = c.post("/v1/completions", json=body, headers=headers)
             assert r.status_code == 401
             assert r.json()["error"]["code"] == "invalid_api_key"
+            assert r.headers["www-authenticate"] == challenge
         assert c.get("/v1/models").status_code == 401
         assert c.get("/tokenizer_info").status_code == 401
         assert c.post("/tokenize", json={"prompt": "Hi"}).status_code == 401

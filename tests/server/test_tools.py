@@ -87,6 +87,18 @@ def test_a_template_with_tools_renders_them_and_the_round_trip(smol_tokenizer):
     assert setup.parser is None and json.dumps(TOOLS[0], ensure_ascii=False) in text
 
 
+def test_an_empty_tool_calls_list_renders_as_no_calls(smol_tokenizer):
+    """`tool_calls: []` (as older SDKs sent a message back) says no calls: a template that
+    tests `'tool_calls' in message` (Llama 3.1's) must not get an empty call list."""
+    llama_like = ("{% for m in messages %}{% if 'tool_calls' in m %}[{{ m.tool_calls | length }} "
+                  "calls]{% else %}{{ m.role }}: {{ m.content }}{% endif %};{% endfor %}")  # fmt: skip
+    history = [{"role": "user", "content": "Hi"},
+               {"role": "assistant", "content": "Hello", "tool_calls": []}]  # fmt: skip
+    req = ChatCompletionRequest.model_validate({"messages": history})
+    _, text = _render(smol_tokenizer, llama_like, req)
+    assert text == "user: Hi;assistant: Hello;"
+
+
 def test_a_template_without_tools_gets_the_hermes_prompt(smol_tokenizer):
     setup, text = _render(smol_tokenizer, smol_tokenizer.chat_template, _request())
     assert setup.parser.name == "hermes"
@@ -188,6 +200,17 @@ def test_bad_tools_are_400s_naming_the_field(kw, param):
     with pytest.raises(APIError) as e:
         tools.prepare(_request(**kw), QWEN_LIKE, "auto")
     assert e.value.status == 400 and e.value.param == param
+
+
+def test_an_empty_tools_list_is_no_tools(smol_tokenizer):
+    """`tools: []` (which some clients always send) lists no tool: accepted as no tools, the
+    template gets none; a tool_choice that needs one is a 400 (OpenAI and vLLM refuse `[]`
+    itself, code `empty_array`; it means no tools, so it is honoured here)."""
+    setup, text = _render(smol_tokenizer, QWEN_LIKE, _request(tools=[], tool_choice="none"))
+    assert setup is None and "<tools>" not in text
+    with pytest.raises(APIError) as e:
+        tools.prepare(_request(tools=[], tool_choice="auto"), QWEN_LIKE, "auto")
+    assert e.value.param == "tool_choice" and e.value.code == "invalid_value"
 
 
 def test_a_template_in_an_unknown_format():
