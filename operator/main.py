@@ -52,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _autoscaling_arguments(parser.add_argument_group("autoscaling"))
     _autotune_arguments(parser.add_argument_group("autotuning"))
     _model_arguments(parser.add_argument_group("models"))
+    _monitoring_arguments(parser.add_argument_group("monitoring"))
 
 
 def _scope_and_api_arguments(parser: argparse.ArgumentParser) -> None:
@@ -179,6 +180,21 @@ def _autotune_arguments(group: argparse._ArgumentGroup) -> None:
     )
 
 
+def _monitoring_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--no-service-monitors",
+        action="store_true",
+        help="do not create a ServiceMonitor per InferenceService (and delete those made "
+        "before): another one scrapes the pods, e.g. the chart's runtime ServiceMonitor",
+    )
+    group.add_argument(
+        "--no-prometheus-rules",
+        action="store_true",
+        help="do not create a PrometheusRule per autoscaled InferenceService (and delete those "
+        "made before): another rule carries Pagoda's alerts, e.g. the chart's PrometheusRule",
+    )
+
+
 def _model_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--no-pin-models",
@@ -218,6 +234,8 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         "autotune_product_grace_s": args.autotune_product_grace,
         "pin_models": not args.no_pin_models,
         "hub_timeout_s": args.hub_timeout,
+        "service_monitors": not args.no_service_monitors,
+        "prometheus_rules": not args.no_prometheus_rules,
     }
     if args.prometheus_url:
         overrides["prometheus_url"] = args.prometheus_url

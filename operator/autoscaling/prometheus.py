@@ -64,7 +64,7 @@ def prompt_len_query(namespace: str, name: str, window: str = "1m") -> str:
 
 
 # Seconds. The 15 s rate feeds the burst floor and needs a scrape every 5 s (three samples in
-# the window; the chart's and the operator's ServiceMonitors scrape so); on a slower scrape it
+# the window; the operator's and the chart's ServiceMonitor scrape so); on a slower scrape it
 # has no value and the burst floor stays off.
 ARRIVAL_WINDOWS = {"arrival_rate": 30, "arrival_rate_slow": 120, "arrival_rate_fast": 15}
 

@@ -51,6 +51,8 @@ def build_children(
     current_kind: str | None = None,
     service_monitor: bool = False,
     prometheus_rule: bool = False,
+    own_service_monitor: bool = True,
+    own_prometheus_rule: bool = True,
     tuned: TunedMount | None = None,
 ) -> Children:
     """Everything one InferenceService needs, in apply order (ConfigMap before the workload: a
@@ -61,7 +63,10 @@ def build_children(
     (`InferenceServiceSpec.desired_replicas`).
     `service_monitor` / `prometheus_rule` say whether those monitoring.coreos.com kinds exist;
     without them there is nothing to build or delete. The PrometheusRule exists only with
-    `spec.autoscaling` (its alerts ask the autoscaler for a step). `tuned`: the tuned profile the
+    `spec.autoscaling` (its alerts ask the autoscaler for a step). `own_service_monitor` /
+    `own_prometheus_rule` False (`--no-service-monitors` / `--no-prometheus-rules`): another
+    object (the chart's) owns that concern, so the operator's own are deleted, never built; one
+    scrape per pod and one rule per alert. `tuned`: the tuned profile the
     pods mount (autotune/mount.py), None for the runtime's defaults.
     """
     cm = build_config_map(owner, spec)
@@ -93,9 +98,11 @@ def build_children(
         desired.append(build_pdb(owner))
     else:
         absent.append(("PodDisruptionBudget", owner.name))
-    if service_monitor:
+    if service_monitor and own_service_monitor:
         desired.append(build_service_monitor(owner))
-    if prometheus_rule and spec.autoscaling is not None:
+    elif service_monitor:
+        absent.append(("ServiceMonitor", owner.name))
+    if prometheus_rule and own_prometheus_rule and spec.autoscaling is not None:
         desired.append(build_prometheus_rule(owner, spec))
     elif prometheus_rule:
         absent.append(("PrometheusRule", rules.rule_name(owner.name)))

@@ -194,6 +194,8 @@ async def _apply_all(
         current_kind=(current or {}).get("kind"),
         service_monitor=await api.has_resource("ServiceMonitor"),
         prometheus_rule=await api.has_resource("PrometheusRule"),
+        own_service_monitor=config.service_monitors,
+        own_prometheus_rule=config.prometheus_rules,
         tuned=await autotune_mount.lookup(api, body, spec),
     )
     live: dict[str, dict[str, Any]] = {}

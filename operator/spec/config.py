@@ -51,6 +51,11 @@ class OperatorConfig:
     # hf:// branches and tags pinned to a commit once (reconcile/model_pin.py)
     pin_models: bool = True
     hub_timeout_s: float = 10.0  # one request to the Hub
+    # Per-service monitoring.coreos.com children (children/monitoring.py), built when the
+    # Prometheus Operator's CRDs exist. Off: the chart's runtime ServiceMonitor / PrometheusRule
+    # own that concern, and the operator deletes the ones it made (one scrape, one rule per alert).
+    service_monitors: bool = True
+    prometheus_rules: bool = True
 
     def __post_init__(self) -> None:
         for ns in self.namespaces:

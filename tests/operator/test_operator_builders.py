@@ -360,6 +360,10 @@ def test_pdb_only_with_more_than_one_replica() -> None:
 
 def test_service_monitor_only_when_the_api_exists() -> None:
     assert "ServiceMonitor" not in [c["kind"] for c in build_children(OWNER, CPU).desired]
+    # --no-service-monitors: another owns scraping, so the operator's own must go
+    off = build_children(OWNER, CPU, service_monitor=True, own_service_monitor=False)
+    assert "ServiceMonitor" not in [c["kind"] for c in off.desired]
+    assert ("ServiceMonitor", "demo") in off.absent
     sm = build_children(OWNER, CPU, service_monitor=True).get("ServiceMonitor")
     assert sm["spec"]["selector"]["matchLabels"] == names.selector_labels("demo")
     (endpoint,) = sm["spec"]["endpoints"]

@@ -336,12 +336,23 @@ async def test_service_monitor_with_prometheus_operator(
     emulator.resources["monitoring.coreos.com/v1/servicemonitors"] = {
         "kind": "ServiceMonitor", "namespaced": True, "verbs": {"get", "list", "create", "patch", "delete"},
     }  # fmt: skip
-    await start_operator()
+    op = await start_operator()
     await create_isvc(kube, "watched", EXAMPLE_SPEC)
     sm = await wait_for(
         lambda: emulator.live("monitoring.coreos.com/v1/servicemonitors", "default", "watched")
     )
     assert sm["spec"]["endpoints"][0]["port"] == "http"
+    # --no-service-monitors (the chart's runtime ServiceMonitor on): the operator's own goes,
+    # so no pod is scraped twice
+    await op.shutdown()
+    await start_operator(service_monitors=False)
+    await wait_for(
+        lambda: (
+            emulator.live("monitoring.coreos.com/v1/servicemonitors", "default", "watched") is None
+        ),
+        what="the operator's ServiceMonitor deleted",
+    )
+    assert emulator.live(DEPLOY, "default", "watched") is not None
     assert_permitted(emulator)
 
 

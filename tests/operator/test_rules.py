@@ -83,6 +83,10 @@ def test_builder_adds_the_rule_only_with_autoscaling() -> None:
     off = build_children(owner, spec(), prometheus_rule=False)
     assert "PrometheusRule" not in [c["kind"] for c in off.desired]
     assert ("PrometheusRule", "chat-alerts") not in off.absent
+    # --no-prometheus-rules: the chart's PrometheusRule owns the alerts; the operator's goes
+    mine_off = build_children(owner, spec(), prometheus_rule=True, own_prometheus_rule=False)
+    assert "PrometheusRule" not in [c["kind"] for c in mine_off.desired]
+    assert ("PrometheusRule", "chat-alerts") in mine_off.absent
 
 
 def test_rendered_rules_pass_promtool_and_fire_only_for_their_service(

@@ -1,0 +1,91 @@
+"""One owner per monitoring concern: for every combination of the chart's runtime ServiceMonitor
+and PrometheusRule, the chart plus the children the operator (run with the chart's own args)
+builds for one autoscaled InferenceService give exactly one ServiceMonitor over its pods and
+each alert once. A Prometheus that selects every ServiceMonitor would otherwise scrape each pod
+twice, and two PrometheusRules would evaluate every alert twice (the lower TTFT threshold
+firing the scale-up step)."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+from typing import Any
+
+import pytest
+from chart_helpers import MONITORING_ON, NAMESPACE, of_kind, operator_container, render
+from pagoda.operator import main as operator_main
+from pagoda.operator.children.build import build_children
+from pagoda.operator.children.owner import Owner
+from pagoda.operator.spec.inference_service import InferenceServiceSpec
+
+OWNER = Owner(name="chat", namespace="team-a", uid="uid-1")
+SPEC = InferenceServiceSpec.from_dict(
+    {"model": "smollm2-135m", "autoscaling": {"maxReplicas": 3, "targetTTFTSeconds": 0.5}},
+    name=OWNER.name,
+    default_image="img",
+)
+ALERTS = {"PagodaTTFTHigh", "PagodaQueueBacklog", "PagodaKVCacheSaturated"}
+
+
+def _values(runtime_monitor: bool, rule: bool) -> dict[str, Any]:
+    monitoring = {
+        **MONITORING_ON["monitoring"],
+        "runtimeServiceMonitor": {"enabled": runtime_monitor},
+        "prometheusRule": {"enabled": rule},
+    }
+    return {**MONITORING_ON, "monitoring": monitoring}
+
+
+def _operator_children(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    """What the chart's operator builds for OWNER, with the Prometheus Operator CRDs present."""
+    parser = argparse.ArgumentParser()
+    operator_main.add_arguments(parser)
+    args = operator_container(docs)["args"]
+    assert args[0] == "operator"
+    config = operator_main.config_from_args(parser.parse_args(args[1:]))
+    children = build_children(
+        OWNER,
+        SPEC,
+        service_monitor=True,
+        prometheus_rule=True,
+        own_service_monitor=config.service_monitors,
+        own_prometheus_rule=config.prometheus_rules,
+    )
+    return children.desired
+
+
+def _selects(monitor: dict[str, Any], service: dict[str, Any]) -> bool:
+    """Whether a ServiceMonitor selects a Service (and so scrapes the pods behind it)."""
+    spec = monitor["spec"]
+    namespaces = spec.get("namespaceSelector") or {}
+    ns = service["metadata"]["namespace"]
+    if not namespaces.get("any"):
+        allowed = namespaces.get("matchNames") or [monitor["metadata"]["namespace"]]
+        if ns not in allowed:
+            return False
+    wanted = spec["selector"].get("matchLabels", {})
+    return wanted.items() <= service["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize("runtime_monitor", [False, True], ids=["sm-operator", "sm-chart"])
+@pytest.mark.parametrize("rule", [False, True], ids=["rules-operator", "rules-chart"])
+def test_one_service_monitor_per_pod_and_each_alert_once(runtime_monitor: bool, rule: bool) -> None:
+    docs = render(_values(runtime_monitor, rule))
+    built = _operator_children(docs)
+    service = next(c for c in built if c["kind"] == "Service")
+    monitors = of_kind(docs, "ServiceMonitor") + of_kind(built, "ServiceMonitor")
+    for m in monitors:
+        m["metadata"].setdefault("namespace", NAMESPACE)
+    scraping = [m["metadata"]["name"] for m in monitors if _selects(m, service)]
+    assert len(scraping) == 1, f"the pods of {OWNER.name} are scraped by {scraping}"
+    owner = "chart" if runtime_monitor else "operator"
+    assert scraping[0] == ("pagoda-runtime" if runtime_monitor else OWNER.name), owner
+
+    rules = of_kind(docs, "PrometheusRule") + of_kind(built, "PrometheusRule")
+    names = collections.Counter(
+        r["alert"] for doc in rules for g in doc["spec"]["groups"] for r in g["rules"]
+    )
+    assert set(names) == ALERTS
+    assert max(names.values()) == 1, f"alerts evaluated twice: {names}"
+    (only,) = rules
+    assert only["metadata"]["name"] == ("pagoda-alerts" if rule else "chat-alerts")
