@@ -80,3 +80,19 @@ def check_reachable(params: Any, eos_token_ids: Sequence[int], bad_words: BadWor
             raise ParamError("allowed_token_ids", "allowed_token_ids: every allowed token is a "
                              "stop token (EOS or stop_token_ids), which min_tokens keeps out of "
                              "the first tokens, so none could be generated")  # fmt: skip
+
+
+def check_stops_leave_tokens(params: Any, eos_token_ids: Sequence[int], vocab_size: int) -> None:
+    """ParamError (`stop_token_ids`) when `min_tokens` would ban every token of the vocabulary:
+    its stop tokens (`stop_token_ids`, and EOS unless `ignore_eos`) cover it all. Such a row has
+    no finite logit (vLLM's sampler then draws token 0, one of the stop tokens it banned). One
+    length test for the usual request; a set only when the ids could cover the vocabulary."""
+    if not params.min_tokens or params.allowed_token_ids is not None:  # `check_reachable`'s
+        return
+    eos = () if params.ignore_eos else eos_token_ids
+    if len(params.stop_token_ids) + len(eos) < vocab_size:
+        return
+    if len(set(params.stop_token_ids).union(eos)) >= vocab_size:  # ids are in [0, vocab_size)
+        raise ParamError("stop_token_ids", f"stop_token_ids{'' if params.ignore_eos else ' with EOS'} "
+                         f"cover the whole vocabulary ({vocab_size} tokens), which min_tokens "
+                         "keeps out of the first tokens, so none could be generated")  # fmt: skip

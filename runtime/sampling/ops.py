@@ -202,28 +202,30 @@ ROWS_AT_ONCE = 512
 
 
 def score_rows(
-    logits: torch.Tensor, targets: torch.Tensor, k: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    logits: torch.Tensor, targets: torch.Tensor, k: int, ranks: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Each row of `logits` [M, V]: its `targets` token's logprob, that token's rank (tokens at
-    least as likely, 1 = the best) and the row's top `k` (ids, logprobs; None for k = 0). On CPU
+    least as likely, 1 = the best; None unless `ranks`: a second pass over every row) and the
+    row's top `k` (ids, logprobs; None for k = 0). On CPU
     the native kernels read the rows as they are (float32 or bfloat16) without writing a
     log-softmax; elsewhere a float32 log-softmax, `ROWS_AT_ONCE` rows at a time. Ranks compare
     the logits themselves (a log-softmax keeps their order), as the native kernel does."""
     if native.usable(logits):
         chosen, top_ids, top_lps = native.logprob_rows(logits, targets, k)
-        return chosen, native.rank_rows(logits, targets), top_ids, top_lps
-    chosen, ranks, ids, lps = [], [], [], []
+        return chosen, native.rank_rows(logits, targets) if ranks else None, top_ids, top_lps
+    chosen, rank, ids, lps = [], [], [], []
     for a in range(0, logits.shape[0], ROWS_AT_ONCE):
         rows, own = logits[a : a + ROWS_AT_ONCE], targets[a : a + ROWS_AT_ONCE].unsqueeze(1)
         lp = rows.float().log_softmax(-1)
         chosen.append(lp.gather(1, own).squeeze(1))
-        ranks.append((rows >= rows.gather(1, own)).sum(-1))
+        if ranks:
+            rank.append((rows >= rows.gather(1, own)).sum(-1))
         if k:
             top = lp.topk(k, dim=-1)
             ids.append(top.indices)
             lps.append(top.values)
     top_ids, top_lps = (torch.cat(ids), torch.cat(lps)) if k else (None, None)
-    return torch.cat(chosen), torch.cat(ranks), top_ids, top_lps
+    return torch.cat(chosen), torch.cat(rank) if ranks else None, top_ids, top_lps
 
 
 def _filtered_total(logits, inv_temp, best, w, top_k, min_p) -> torch.Tensor:

@@ -50,6 +50,7 @@ class SamplingBatch:
     penalties: Penalties | None  # the entries repetition/frequency/presence penalties touch
     generators: list[tuple[int, torch.Generator]]  # (row, generator) for seeded rows
     max_logprobs: int | None  # largest logprobs k asked in the batch, None if no row asks
+    ranks: bool = False  # a row with logprobs wants its token's rank (`logprob_ranks`)
     any_greedy: bool = False
     logit_bias: LogitBias | None = None  # the rows' logit_bias entries, all rows together
     allowed: AllowedTokens | None = None  # the masks of rows with allowed_token_ids
@@ -107,6 +108,7 @@ class SamplingBatch:
             penalties=penalties.to(dev) if penalties is not None else None,
             generators=[(i, r.generator) for i, r in enumerate(reqs) if r.generator is not None],
             max_logprobs=max(lps) if lps else None,
+            ranks=any(p.logprob_ranks for p in ps if p.logprobs is not None),
             any_greedy=any(greedy_host),
             logit_bias=bias.to(dev) if bias is not None else None,
             allowed=allowed.to(dev) if allowed is not None else None,
@@ -178,7 +180,8 @@ class SamplerOutput:
     logprobs: torch.Tensor | None  # [N] chosen-token logprob
     top_ids: torch.Tensor | None  # [N, K]
     top_logprobs: torch.Tensor | None  # [N, K]
-    # [N] int64 with logprobs: the chosen token's rank (entries of its row at or above it)
+    # [N] int64 with logprobs and `SamplingBatch.ranks`: the chosen token's rank (entries of its
+    # row at or above it)
     ranks: torch.Tensor | None = None
 
 
@@ -254,7 +257,7 @@ def sample(
                 restore()
     if b.max_logprobs is None:
         return SamplerOutput(tokens, None, None, None)
-    chosen, ranks, top_ids, top_lp = score_rows(logits, tokens, b.max_logprobs)
+    chosen, ranks, top_ids, top_lp = score_rows(logits, tokens, b.max_logprobs, b.ranks)
     return SamplerOutput(tokens, chosen, top_ids, top_lp, ranks)
 
 

@@ -128,6 +128,9 @@ class Endpoint(ABC):
             "logit_bias": req.logit_bias,
             "allowed_token_ids": req.allowed_token_ids,
             "bad_words": req.bad_words,
+            # ranks only where a response shows them: vLLM's `prompt_logprobs` field (OpenAI's
+            # logprobs, and echo's prompt scores, have none)
+            "logprob_ranks": req.prompt_logprobs is not None,
         }
         fields = {**defaults, **{k: v for k, v in fields.items() if v is not None}}
         try:

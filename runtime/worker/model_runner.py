@@ -233,7 +233,7 @@ class ModelRunner:
         prompt = None
         if inp.prompt is not None:  # the rows after the sampling rows' score prompt tokens
             n, p = len(inp.sampling), inp.prompt
-            prompt = (p, prompt_logprobs.score(logits[n:], self.to_device(p.targets), p.k))
+            prompt = (p, prompt_logprobs.score(logits[n:], self.to_device(p.targets), p.k, p.ranks))
             logits = logits[:n]
         if batch is None:
             return LaunchedStep([], None, prompt=prompt)

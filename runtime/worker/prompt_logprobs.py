@@ -28,6 +28,7 @@ class PromptRows:
     flat: np.ndarray  # int64 [M] rows of the step's token batch whose logits are scored
     targets: np.ndarray  # int64 [M] the prompt token each row scores
     k: int  # alternatives per row: the most any owner asks
+    ranks: bool = True  # an owner wants the tokens' ranks (`SamplingParams.logprob_ranks`)
 
 
 @dataclass
@@ -35,7 +36,7 @@ class PromptScores:
     """The scores of a step's `PromptRows` (device tensors until read back)."""
 
     chosen: torch.Tensor  # [M] float32 the prompt token's logprob
-    rank: torch.Tensor  # [M] int64 tokens at least as likely (1 = the best)
+    rank: torch.Tensor | None  # [M] int64 tokens at least as likely (1 = the best), if asked
     top_ids: torch.Tensor | None  # [M, k]
     top_logprobs: torch.Tensor | None  # [M, k]
 
@@ -57,7 +58,7 @@ def prompt_rows(
     owners: list[tuple[Request, int]] = []
     flat: list[np.ndarray] = []
     targets: list[int] = []
-    k = 0
+    k, ranks = 0, False
     for rid, req in list(reqs.items()):
         if req.is_finished or not req.wants_prompt_logprobs:
             del reqs[rid]
@@ -73,15 +74,17 @@ def prompt_rows(
         flat.append(np.arange(cu[i] + a - s, cu[i] + b - s, dtype=np.int64))
         targets.extend(req.prompt_token_ids[a + 1 : b + 1])
         k = max(k, req.params.prompt_logprobs)
+        ranks = ranks or req.params.logprob_ranks
         req.prompt_logprobs_next = b
     if not owners:
         return None
-    return PromptRows(owners, np.concatenate(flat), np.asarray(targets, dtype=np.int64), k)
+    targets_arr = np.asarray(targets, dtype=np.int64)
+    return PromptRows(owners, np.concatenate(flat), targets_arr, k, ranks)
 
 
-def score(logits: torch.Tensor, targets: torch.Tensor, k: int) -> PromptScores:
+def score(logits: torch.Tensor, targets: torch.Tensor, k: int, ranks: bool = True) -> PromptScores:
     """Each row of `logits` [M, V] scored against its prompt token (`ops.score_rows`)."""
-    return PromptScores(*score_rows(logits, targets, k))
+    return PromptScores(*score_rows(logits, targets, k, ranks))
 
 
 def entries(
@@ -89,8 +92,9 @@ def entries(
 ) -> list[tuple[Request, list[TokenLogprob]]]:
     """Read-back scores (`PromptScores.tensors()` on the host) → each owner's new entries, its
     top alternatives cut to what it asked."""
-    chosen, rank = host[0].tolist(), host[1].tolist()
+    chosen = host[0].tolist()
     m = len(chosen)
+    rank = host[1].tolist() if host[1] is not None else [None] * m
     top_ids = host[2].tolist() if host[2] is not None else [[]] * m
     top_lps = host[3].tolist() if host[3] is not None else [[]] * m
     targets = rows.targets.tolist()

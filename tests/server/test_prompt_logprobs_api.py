@@ -170,3 +170,27 @@ def test_bad_values_are_400s(tiny, body, param):
         r = httpx.post(f"{tiny[1].base}/v1/chat/completions",
                        json={"messages": [{"role": "user", "content": "w5"}], **body}, timeout=30)  # fmt: skip
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_ranks_are_computed_only_for_the_prompt_logprobs_field():
+    """The server asks the engine for ranks (`logprob_ranks`) only where its response shows
+    them: vLLM's `prompt_logprobs` entries; OpenAI's logprobs and echo's prompt scores have no
+    rank, and each would cost a second pass over the row."""
+    from pagoda.runtime.server.chat import ChatEndpoint
+    from pagoda.runtime.server.completions import CompletionEndpoint
+    from pagoda.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+
+    def ranks(model, body) -> bool:
+        endpoint = (
+            ChatEndpoint(("m",))
+            if model is ChatCompletionRequest
+            else CompletionEndpoint(("m",), 1)
+        )
+        return endpoint.sampling_params(model.model_validate(body), {}).logprob_ranks
+
+    chat = {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}
+    assert not ranks(ChatCompletionRequest, chat)
+    assert ranks(ChatCompletionRequest, {**chat, "prompt_logprobs": 0})
+    echo = {"prompt": "hi", "echo": True, "logprobs": 2, "max_tokens": 0}
+    assert not ranks(CompletionRequest, echo)
+    assert ranks(CompletionRequest, {**echo, "prompt_logprobs": 1})

@@ -38,3 +38,29 @@ def test_bad_values_are_refused(llm):
     p.allowed_token_ids = []  # mutable, checked on receipt
     with pytest.raises(ValueError, match="allowed_token_ids"):
         llm.generate("Hi", p)
+
+
+def test_min_tokens_with_stop_ids_covering_the_vocabulary_is_refused(llm):
+    """min_tokens bans the stop tokens; stop_token_ids that with EOS cover the whole vocabulary
+    left no finite logit and token 0 (a banned stop token) was drawn. Refused at the request
+    (the offline LLM and `EngineInfo.validate`, the server's check); one token left is served."""
+    from pagoda.runtime.engine.info import EngineInfo
+    from pagoda.runtime.sampling.params import ParamError
+
+    mc = llm.engine.model_config
+    vocab, eos = mc.vocab_size, set(mc.eos_token_ids)
+    free = 100  # not EOS: the one token the request below may generate
+    assert free not in eos
+    stops = [t for t in range(vocab) if t not in eos and t != free]
+    p = SamplingParams(temperature=0, max_tokens=2, min_tokens=2, stop_token_ids=stops)
+    out = llm.generate("Hi", p)[0].outputs[0]
+    assert out.token_ids[0] == free
+    info = EngineInfo("m", 256, vocab, llm.engine.tokenizer)
+    for bad in (p.clone(stop_token_ids=[*stops, free]),
+                p.clone(stop_token_ids=[*stops, free, *eos], ignore_eos=True)):  # fmt: skip
+        with pytest.raises(ValueError, match="min_tokens"):
+            llm.generate("Hi", bad)
+        with pytest.raises(ParamError) as e:
+            info.validate([1, 2], bad)
+        assert e.value.field == "stop_token_ids"
+    info.validate([1, 2], p.clone(stop_token_ids=[*stops, free], ignore_eos=True))

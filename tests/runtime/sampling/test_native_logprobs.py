@@ -8,7 +8,7 @@ import pytest
 import torch
 from pagoda.runtime.request import Request
 from pagoda.runtime.sampling import native
-from pagoda.runtime.sampling.params import SamplingParams
+from pagoda.runtime.sampling.params import ParamError, SamplingParams
 from pagoda.runtime.sampling.sampler import SamplingBatch, sample
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no native kernels")
@@ -103,3 +103,27 @@ def test_the_sampled_tokens_rank_as_vllm_counts_it_on_both_paths(monkeypatch):
     b = run()
     assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.ranks, b.ranks)
     assert torch.equal(a.ranks, (x >= x.gather(1, a.token_ids[:, None])).sum(-1))
+
+
+def test_ranks_only_for_a_row_that_wants_them(monkeypatch):
+    """`logprob_ranks=False` (the OpenAI server's): no rank pass, logprobs and tokens as they
+    were; one row that wants ranks gets them for the batch, on both paths."""
+    torch.manual_seed(5)
+    x = torch.randn(4, 3000) * 3
+    off = SamplingParams(temperature=1.0, seed=3, logprobs=2, logprob_ranks=False)
+
+    def run(*ps):
+        reqs = [Request(f"r{i}", [1], p) for i, p in enumerate(ps)]
+        for r in reqs:
+            r.generator = torch.Generator().manual_seed(3)
+        return sample(x.clone(), SamplingBatch.build(reqs, 3000, torch.device("cpu")))
+
+    for _ in range(2):  # native kernels, then the PyTorch path
+        without, mixed = run(*[off] * 4), run(*[off] * 3, off.clone(logprob_ranks=True))
+        assert without.ranks is None and mixed.ranks is not None
+        assert torch.equal(without.token_ids, mixed.token_ids)
+        assert torch.equal(without.logprobs, mixed.logprobs)
+        assert torch.equal(mixed.ranks, (x >= x.gather(1, mixed.token_ids[:, None])).sum(-1))
+        monkeypatch.setattr(native, "usable", lambda *_: False)
+    with pytest.raises(ParamError):
+        SamplingParams(logprob_ranks=1)
