@@ -193,6 +193,14 @@ def _monitoring_arguments(group: argparse._ArgumentGroup) -> None:
         help="do not create a PrometheusRule per autoscaled InferenceService (and delete those "
         "made before): another rule carries Pagoda's alerts, e.g. the chart's PrometheusRule",
     )
+    group.add_argument(
+        "--monitoring-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="add this label to every ServiceMonitor and PrometheusRule the operator makes "
+        "(repeatable), e.g. release=kube-prometheus-stack so that Prometheus selects them",
+    )
 
 
 def _model_arguments(group: argparse._ArgumentGroup) -> None:
@@ -236,6 +244,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         "hub_timeout_s": args.hub_timeout,
         "service_monitors": not args.no_service_monitors,
         "prometheus_rules": not args.no_prometheus_rules,
+        "monitoring_labels": tuple(_key_value(a) for a in args.monitoring_label),
     }
     if args.prometheus_url:
         overrides["prometheus_url"] = args.prometheus_url
@@ -254,6 +263,13 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
     if args.cluster_domain:
         overrides["cluster_domain"] = args.cluster_domain
     return OperatorConfig.from_env(**overrides)
+
+
+def _key_value(arg: str) -> tuple[str, str]:
+    key, sep, value = arg.partition("=")
+    if not sep:
+        raise ValueError(f"--monitoring-label {arg!r}: expected KEY=VALUE")
+    return key, value
 
 
 def kopf_settings(config: OperatorConfig) -> kopf.OperatorSettings:

@@ -8,6 +8,7 @@ labels, so they stay immutable for the Deployment's lifetime.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,7 @@ def build_children(
     prometheus_rule: bool = False,
     own_service_monitor: bool = True,
     own_prometheus_rule: bool = True,
+    monitoring_labels: Sequence[tuple[str, str]] = (),
     tuned: TunedMount | None = None,
 ) -> Children:
     """Everything one InferenceService needs, in apply order (ConfigMap before the workload: a
@@ -66,7 +68,8 @@ def build_children(
     `spec.autoscaling` (its alerts ask the autoscaler for a step). `own_service_monitor` /
     `own_prometheus_rule` False (`--no-service-monitors` / `--no-prometheus-rules`): another
     object (the chart's) owns that concern, so the operator's own are deleted, never built; one
-    scrape per pod and one rule per alert. `tuned`: the tuned profile the
+    scrape per pod and one rule per alert. `monitoring_labels` (`--monitoring-label`): extra
+    labels on both, e.g. `release` for kube-prometheus-stack's selectors. `tuned`: the tuned profile the
     pods mount (autotune/mount.py), None for the runtime's defaults.
     """
     cm = build_config_map(owner, spec)
@@ -99,11 +102,11 @@ def build_children(
     else:
         absent.append(("PodDisruptionBudget", owner.name))
     if service_monitor and own_service_monitor:
-        desired.append(build_service_monitor(owner))
+        desired.append(build_service_monitor(owner, monitoring_labels))
     elif service_monitor:
         absent.append(("ServiceMonitor", owner.name))
     if prometheus_rule and own_prometheus_rule and spec.autoscaling is not None:
-        desired.append(build_prometheus_rule(owner, spec))
+        desired.append(build_prometheus_rule(owner, spec, monitoring_labels))
     elif prometheus_rule:
         absent.append(("PrometheusRule", rules.rule_name(owner.name)))
     return Children(desired=tuple(desired), absent=tuple(absent))

@@ -1,9 +1,11 @@
 """The monitoring.coreos.com children: the ServiceMonitor that scrapes the pods, and the
-PrometheusRule with this service's alerts (autoscaling/rules.py). Pure.
+PrometheusRule with this service's alerts (autoscaling/rules.py), both with the operator's
+`--monitoring-label`s (a Prometheus selects them by label, e.g. `release`). Pure.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.autoscaling import rules
@@ -15,6 +17,8 @@ if TYPE_CHECKING:
     from pagoda.operator.children.owner import Owner
     from pagoda.operator.spec.inference_service import InferenceServiceSpec
 
+Labels = Sequence[tuple[str, str]]  # extra (key, value) labels: OperatorConfig.monitoring_labels
+
 
 def _prom_name(label: str) -> str:
     """A Kubernetes label as Prometheus' service discovery names it (non-alphanumerics → _)."""
@@ -25,8 +29,18 @@ def _relabel(source: str, target: str) -> dict[str, Any]:
     return {"action": "replace", "sourceLabels": [source], "targetLabel": target}
 
 
-def build_service_monitor(owner: Owner) -> dict[str, Any]:
-    obj = child(owner, "ServiceMonitor", "monitoring.coreos.com/v1", owner.name)
+def _add_labels(obj: dict[str, Any], labels: Labels) -> dict[str, Any]:
+    """The operator's `--monitoring-label`s, before `adopt` (so the owner's labels never replace
+    them); the standard labels stay (OperatorConfig refuses those keys)."""
+    meta = obj["metadata"]
+    meta["labels"] = {**dict(labels), **meta["labels"]}
+    return obj
+
+
+def build_service_monitor(owner: Owner, labels: Labels = ()) -> dict[str, Any]:
+    obj = _add_labels(
+        child(owner, "ServiceMonitor", "monitoring.coreos.com/v1", owner.name), labels
+    )
     obj["spec"] = {
         "selector": {"matchLabels": selector_labels(owner.name)},
         "endpoints": [
@@ -49,8 +63,11 @@ def build_service_monitor(owner: Owner) -> dict[str, Any]:
     return adopt(obj, owner)
 
 
-def build_prometheus_rule(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
+def build_prometheus_rule(
+    owner: Owner, spec: InferenceServiceSpec, labels: Labels = ()
+) -> dict[str, Any]:
     """This service's alerts (rules.py), so Alertmanager can ask POST /alerts for a step."""
-    obj = child(owner, "PrometheusRule", "monitoring.coreos.com/v1", rules.rule_name(owner.name))
+    name = rules.rule_name(owner.name)
+    obj = _add_labels(child(owner, "PrometheusRule", "monitoring.coreos.com/v1", name), labels)
     obj["spec"] = rules.service_rules(owner.namespace, owner.name, spec)
     return adopt(obj, owner)

@@ -8,6 +8,7 @@ helpers only (no I/O, no kopf, no aiohttp).
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,23 @@ APPLIED_LABELS_ANNOTATION = "serving.pagoda.dev/applied-labels"
 GPU_RESOURCE = "nvidia.com/gpu"
 SERVER_PORT = options.DEFAULT_PORT  # `pagoda serve --port` in the pods (port `http`)
 MODEL_CACHE_MOUNT = "/var/cache/pagoda/models"  # hf:// and s3:// models: `--download-dir` in pods
+
+
+# Kubernetes label syntax (what the API server accepts): key `[DNS-1123 subdomain/]name`
+_DNS1123_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = re.compile(rf"^({_DNS1123_SUBDOMAIN}/)?{_LABEL_NAME}$")
+_LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
+_MAX_LABEL_KEY = 253 + 1 + 63  # prefix / name
+
+
+def is_label_key(key: object) -> bool:
+    return isinstance(key, str) and len(key) <= _MAX_LABEL_KEY and bool(_LABEL_KEY.match(key))
+
+
+def is_label_value(value: object) -> bool:
+    """At most 63 letters, digits, '-', '_', '.', starting and ending alphanumeric; or empty."""
+    return isinstance(value, str) and bool(_LABEL_VALUE.match(value))
 
 
 def selector_labels(name: str) -> dict[str, str]:

@@ -196,6 +196,7 @@ async def _apply_all(
         prometheus_rule=await api.has_resource("PrometheusRule"),
         own_service_monitor=config.service_monitors,
         own_prometheus_rule=config.prometheus_rules,
+        monitoring_labels=config.monitoring_labels,
         tuned=await autotune_mount.lookup(api, body, spec),
     )
     live: dict[str, dict[str, Any]] = {}

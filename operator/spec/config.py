@@ -6,7 +6,12 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from pagoda.operator.kube.names import SERVER_PORT
+from pagoda.operator.kube.names import (
+    SERVER_PORT,
+    is_label_key,
+    is_label_value,
+    standard_labels,
+)
 from pagoda.operator.spec.fields import is_http_url
 
 DEFAULT_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0"
@@ -56,6 +61,9 @@ class OperatorConfig:
     # own that concern, and the operator deletes the ones it made (one scrape, one rule per alert).
     service_monitors: bool = True
     prometheus_rules: bool = True
+    # Extra labels on every ServiceMonitor and PrometheusRule the operator makes, e.g.
+    # (("release", "kube-prometheus-stack"),) so that Prometheus selects them.
+    monitoring_labels: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         for ns in self.namespaces:
@@ -99,6 +107,8 @@ class OperatorConfig:
         ):
             raise ValueError("webhook token must be non-empty and without whitespace")
 
+        _check_monitoring_labels(self.monitoring_labels)
+
     @property
     def clusterwide(self) -> bool:
         return not self.namespaces
@@ -126,3 +136,23 @@ class OperatorConfig:
             env["webhook_token"] = os.environ["PAGODA_WEBHOOK_TOKEN"].strip()
         env.update(overrides)
         return cls(**env)  # type: ignore[arg-type]
+
+
+def _check_monitoring_labels(labels: tuple[tuple[str, str], ...]) -> None:
+    """Kubernetes label syntax; not one of the standard labels (the watch selects children by
+    them); each key once."""
+    reserved = standard_labels("x").keys()
+    seen: set[str] = set()
+    for key, value in labels:
+        if not is_label_key(key):
+            raise ValueError(f"monitoring label key {key!r} is not a Kubernetes label key")
+        if not is_label_value(value):
+            raise ValueError(
+                f"monitoring label {key}={value!r}: not a label value (at most 63 letters, "
+                "digits, '-', '_', '.', starting and ending alphanumeric)"
+            )
+        if key in reserved:
+            raise ValueError(f"monitoring label {key!r} is one the operator sets itself")
+        if key in seen:
+            raise ValueError(f"monitoring label {key!r} given twice")
+        seen.add(key)

@@ -15,14 +15,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pagoda.operator.kube.names import is_label_key, is_label_value
 from pagoda.operator.spec.fields import SpecError, mapping, show
 from pagoda.runtime import options
 
-_DNS1123_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-_LABEL_KEY = re.compile(rf"^({_DNS1123_SUBDOMAIN}/)?{_LABEL_NAME}$")
-_LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
-_MAX_LABEL_KEY = 253 + 1 + 63  # prefix / name
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 
 
@@ -32,9 +28,9 @@ def node_selector(spec: Mapping[str, Any]) -> Mapping[str, str]:
     if not all(isinstance(v, str) for v in node_selector.values()):
         raise SpecError("InvalidSpec", "spec.nodeSelector values must be strings")
     for k, v in node_selector.items():  # the API server's label rules, or it refuses the pods
-        if not isinstance(k, str) or not _LABEL_KEY.match(k) or len(k) > _MAX_LABEL_KEY:
+        if not is_label_key(k):
             raise SpecError("InvalidSpec", f"spec.nodeSelector: {show(k)} is not a label key")
-        if not _LABEL_VALUE.match(v):
+        if not is_label_value(v):
             raise SpecError(
                 "InvalidSpec",
                 f"spec.nodeSelector.{k}: {show(v)} is not a label value (at most 63 letters, "
@@ -68,11 +64,9 @@ def tolerations(spec: Mapping[str, Any], max_items: int) -> list[Mapping[str, An
                 "InvalidSpec", f"{p}: a toleration with operator Exists must not set a value"
             )
         key, value = t.get("key") or "", t.get("value") or ""
-        if key and (
-            not isinstance(key, str) or len(key) > _MAX_LABEL_KEY or not _LABEL_KEY.match(key)
-        ):
+        if key and not is_label_key(key):
             raise SpecError("InvalidSpec", f"{p}.key: {show(key)} is not a label key")
-        if value and (not isinstance(value, str) or not _LABEL_VALUE.match(value)):
+        if value and not is_label_value(value):
             raise SpecError("InvalidSpec", f"{p}.value: {show(value)} is not a label value")
         if "tolerationSeconds" in t and t.get("effect") != "NoExecute":
             raise SpecError("InvalidSpec", f"{p}: tolerationSeconds needs effect NoExecute")

@@ -1,7 +1,7 @@
 """One owner per monitoring concern: for every combination of the chart's runtime ServiceMonitor
 and PrometheusRule, the chart plus the children the operator (run with the chart's own args)
 builds for one autoscaled InferenceService give exactly one ServiceMonitor over its pods and
-each alert once. A Prometheus that selects every ServiceMonitor would otherwise scrape each pod
+each alert once, all of them with `monitoring.labels`. A Prometheus that selects every ServiceMonitor would otherwise scrape each pod
 twice, and two PrometheusRules would evaluate every alert twice (the lower TTFT threshold
 firing the scale-up step)."""
 
@@ -50,6 +50,7 @@ def _operator_children(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]
         prometheus_rule=True,
         own_service_monitor=config.service_monitors,
         own_prometheus_rule=config.prometheus_rules,
+        monitoring_labels=config.monitoring_labels,
     )
     return children.desired
 
@@ -89,3 +90,9 @@ def test_one_service_monitor_per_pod_and_each_alert_once(runtime_monitor: bool, 
     assert max(names.values()) == 1, f"alerts evaluated twice: {names}"
     (only,) = rules
     assert only["metadata"]["name"] == ("pagoda-alerts" if rule else "chat-alerts")
+
+    # monitoring.labels reach whichever owns it (the operator through --monitoring-label), so a
+    # kube-prometheus-stack Prometheus (selecting release: <its release>) picks every one up
+    release = MONITORING_ON["monitoring"]["labels"]["release"]
+    for doc in [*monitors, *rules, *of_kind(docs, "ConfigMap")]:
+        assert doc["metadata"]["labels"]["release"] == release, doc["metadata"]["name"]

@@ -63,6 +63,12 @@ BAD_VALUES = [
         "/operator/tolerations/0/operator",
         "must be one of 'Exists', 'Equal'",
     ),
+    # the operator sets these on its ServiceMonitors (its watch selects by managed-by)
+    (
+        {"monitoring": {"labels": {"app.kubernetes.io/managed-by": "x"}}},
+        "/monitoring/labels",
+        "invalid propertyName 'app.kubernetes.io/managed-by'",
+    ),
     (
         {"monitoring": {"runtimeServiceMonitor": {"enabled": "yes"}}},
         "/monitoring/runtimeServiceMonitor/enabled",

@@ -12,12 +12,13 @@ import jsonschema
 import kubernetes_validate
 import kubernetes_validate.utils
 import pytest
+from kube_emulator import merge_patch
 from pagoda.operator.children.build import build_children
 from pagoda.operator.children.config_map import build_config_map, config_hash
 from pagoda.operator.children.deployment import PRESTOP_SLEEP_S, build_deployment
 from pagoda.operator.children.owner import Owner
 from pagoda.operator.children.service import build_service
-from pagoda.operator.kube import names
+from pagoda.operator.kube import drift, names
 from pagoda.operator.spec.inference_service import InferenceServiceSpec
 
 K8S_VERSIONS = (
@@ -374,6 +375,38 @@ def test_service_monitor_only_when_the_api_exists() -> None:
         "inferenceservice": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
         "pod": ["__meta_kubernetes_pod_name"],
     }
+
+
+def test_monitoring_labels_on_service_monitor_and_rule_and_updated_on_reconcile() -> None:
+    """--monitoring-label (e.g. kube-prometheus-stack's `release`) on both monitoring children,
+    over an owner label of the same key; adding or dropping one is drift the next reconcile
+    patches."""
+    auto = parse(
+        {"model": "smollm2-135m", "autoscaling": {"maxReplicas": 3, "targetQueueDepth": 4}}
+    )
+    owner = Owner(OWNER.name, OWNER.namespace, OWNER.uid, labels=(("release", "mine"),))
+    kps = (("release", "kube-prometheus-stack"), ("example.com/scrape", ""))
+
+    def monitoring(labels: tuple[tuple[str, str], ...]) -> list[dict[str, Any]]:
+        built = build_children(
+            owner, auto, service_monitor=True, prometheus_rule=True, monitoring_labels=labels
+        )
+        return [c for c in built.desired if c["kind"] in ("ServiceMonitor", "PrometheusRule")]
+
+    before, after = monitoring(()), monitoring(kps)
+    assert [c["kind"] for c in after] == ["ServiceMonitor", "PrometheusRule"]
+    for old, new in zip(before, after, strict=True):
+        assert old["metadata"]["labels"]["release"] == "mine"
+        assert new["metadata"]["labels"] == {**old["metadata"]["labels"], **dict(kps)}
+        live = drift.recorded(old)  # made before the flag
+        for want in (drift.recorded(new), drift.recorded(old)):  # flag added, then taken off
+            assert drift.needs_update(want, live)
+            live = merge_patch(live, drift.merge_patch(want, live))
+            assert live["metadata"]["labels"] == want["metadata"]["labels"]
+            assert not drift.needs_update(want, live)
+    # the Deployment and Service keep their labels
+    plain = build_children(owner, auto, monitoring_labels=kps)
+    assert "example.com/scrape" not in plain.workload["metadata"]["labels"]
 
 
 def test_builders_are_pure() -> None:

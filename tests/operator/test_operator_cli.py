@@ -72,6 +72,25 @@ def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "invalid namespace" in capsys.readouterr().err
 
 
+def test_monitoring_labels(capsys: pytest.CaptureFixture[str]) -> None:
+    config = main.config_from_args(
+        parse("--monitoring-label", "release=kube-prometheus-stack", "--monitoring-label", "a/b=")
+    )
+    assert config.monitoring_labels == (("release", "kube-prometheus-stack"), ("a/b", ""))
+    for bad, why in [
+        ("release", "expected KEY=VALUE"),
+        ("Bad_/x=1", "not a Kubernetes label key"),
+        ("release=-x", "not a label value"),
+        ("release=" + "v" * 64, "not a label value"),
+        ("app.kubernetes.io/managed-by=helm", "one the operator sets itself"),
+    ]:
+        assert main.run(parse("--monitoring-label", bad)) == 2
+        err = capsys.readouterr().err
+        assert why in err and err.count("\n") == 1, err
+    assert main.run(parse("--monitoring-label", "a=1", "--monitoring-label", "a=2")) == 2
+    assert "given twice" in capsys.readouterr().err
+
+
 def test_kopf_settings() -> None:
     settings = main.kopf_settings(
         main.config_from_args(parse("--watch-timeout", "120", "--request-timeout", "9"))

@@ -342,6 +342,20 @@ async def test_service_monitor_with_prometheus_operator(
         lambda: emulator.live("monitoring.coreos.com/v1/servicemonitors", "default", "watched")
     )
     assert sm["spec"]["endpoints"][0]["port"] == "http"
+    assert "release" not in sm["metadata"]["labels"]
+    # --monitoring-label release=...: the restarted operator labels the existing one (so a
+    # kube-prometheus-stack Prometheus selects it)
+    await op.shutdown()
+    op = await start_operator(monitoring_labels=(("release", "kube-prometheus-stack"),))
+    await wait_for(
+        lambda: (
+            emulator.live("monitoring.coreos.com/v1/servicemonitors", "default", "watched")[
+                "metadata"
+            ]["labels"].get("release")
+            == "kube-prometheus-stack"
+        ),
+        what="the ServiceMonitor labelled",
+    )
     # --no-service-monitors (the chart's runtime ServiceMonitor on): the operator's own goes,
     # so no pod is scraped twice
     await op.shutdown()
