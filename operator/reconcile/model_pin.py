@@ -95,6 +95,18 @@ def pinned(spec: InferenceServiceSpec, pin: Mapping[str, Any] | None) -> Inferen
     return dataclasses.replace(spec, model=dataclasses.replace(spec.model, commit=pin["commit"]))
 
 
+def recorded_spec(
+    body: Mapping[str, Any], spec: InferenceServiceSpec, config: OperatorConfig
+) -> InferenceServiceSpec | None:
+    """`spec` with the pin `status.model` records (as is when it needs none); None when it needs
+    one not recorded yet (or to be resolved again): whoever builds from it waits for `pin`. Asks
+    nothing: what a child restored outside the full reconcile, or the tuning Job, is built with."""
+    if not config.pin_models or not needs_pin(spec):
+        return spec
+    found = recorded(body, spec)
+    return None if found is None else pinned(spec, found)
+
+
 async def pin(
     api: KubeApi,
     body: Mapping[str, Any],
