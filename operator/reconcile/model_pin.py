@@ -8,7 +8,8 @@ one service serve different weights. So the operator asks once, with huggingface
 `HUGGING_FACE_HUB_TOKEN`), against the `HF_ENDPOINT` the download container gets (spec.env's,
 else the Secret's; else the operator's own, else the Hub), and the pods get `--revision COMMIT`
 (download and serve; `--model` stays as written, so a tuned profile and the served name do not
-change). The pin is kept in `status.model`:
+change), as does the tuning Job of spec.autotune (autotune/loop.py reads the pin through
+`recorded_spec` and starts no Job before there is one). The pin is kept in `status.model`:
 
     status.model: {uri: hf://ORG/NAME, commit: SHA, resolvedAt: TIME, resolveRequest: VALUE}
 
