@@ -133,7 +133,9 @@ class Autotuner:
         states = []
         for key in keys:
             t.wanted.add((ns, key.profile_name))
-            if (ns, key.profile_name) not in t.states:
+            seen = t.states.get((ns, key.profile_name))
+            # a key shared with a service whose pin is not recorded yet: this one's may start it
+            if seen is None or (seen.reason == NOT_PINNED and with_pin is not None):
                 t.states[ns, key.profile_name] = await self._key(key, spec, with_pin, ns)
             states.append(t.states[ns, key.profile_name])
         await self._write(body, service_status(keys, states))

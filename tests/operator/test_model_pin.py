@@ -145,7 +145,8 @@ async def test_the_tuning_job_measures_the_commit_the_pods_serve(
 async def test_no_tuning_job_before_the_pin(emulator: Emulator, kube: KubeApi) -> None:
     """An hf:// branch not pinned yet (status.model not written, or a resolve asked again):
     the key waits as TuningPending/ModelNotPinned and starts no Job measuring whatever the
-    branch is then; once status.model records the pin, the Job gets it."""
+    branch is then; once status.model records the pin, the Job gets it, also when another
+    service sharing the key is still unpinned."""
     from pagoda.operator.autotune.loop import Autotuner
     from pagoda.operator.children.model_cache import add_model_download
     from pagoda.operator.reconcile import model_pin
@@ -154,6 +155,7 @@ async def test_no_tuning_job_before_the_pin(emulator: Emulator, kube: KubeApi) -
     async def reconcile(body: Any) -> None:
         pass
 
+    await create_isvc(kube, "a", TUNED)  # the same key, never pinned here (looked at first)
     await create_isvc(kube, "t", TUNED)
     tuner = Autotuner(kube, OperatorConfig(pin_models=True), reconcile,
                       pod_parts=add_model_download, pin=model_pin.recorded_spec)  # fmt: skip
@@ -171,3 +173,6 @@ async def test_no_tuning_job_before_the_pin(emulator: Emulator, kube: KubeApi) -
     assert job_revisions(emulator) == [(commit, commit)]
     st = (emulator.live(ISVC, "default", "t") or {})["status"]["autotune"]
     assert (st["state"], st["reason"]) == ("Tuning", "JobStarted"), st
+    await tuner.tick()  # the shared key's Job runs: the unpinned service reads it too
+    st = (emulator.live(ISVC, "default", "a") or {})["status"]["autotune"]
+    assert (st["state"], st["reason"]) == ("Tuning", "JobRunning"), st
