@@ -37,6 +37,7 @@ from pagoda.operator.kube.names import (
     WATCHED_CHILD_KINDS,
     pod_labels,
 )
+from pagoda.operator.reconcile import model_pin
 from pagoda.operator.reconcile.retry import Reconciler
 from pagoda.operator.spec.config import LOG_FORMATS, OperatorConfig
 from pagoda.operator.web.metrics import OperatorMetrics
@@ -329,7 +330,13 @@ async def serve(
     autoscaler = Autoscaler(api, config, metrics)
     reconciler = Reconciler(api, config, metrics)
     autotuner = (
-        Autotuner(api, config, reconciler.after_autotune, pod_parts=add_model_download)
+        Autotuner(
+            api,
+            config,
+            reconciler.after_autotune,
+            pod_parts=add_model_download,
+            pin=model_pin.recorded_spec,
+        )
         if config.autotune
         else None
     )

@@ -655,6 +655,10 @@ TUNE_FLAGS: Mapping[str, Flag] = _flags(
     *(ENGINE_FLAGS[d] for d in ("model", "dtype", "device", "attention_backend", "max_model_len",
                                 "block_size", "kv_cache_memory", "kv_cache_dtype",
                                 "quantization")),
+    Flag("--revision", "with an hf:// --model: the commit (or branch, tag) to measure instead "
+         "of the URI's, as `pagoda serve --revision` (the operator's tuning Job gets the commit "
+         "its pods serve); profile.json records the commit measured as model_commit", None,
+         metavar="REV"),
     Flag("--output", "directory the tuned profile is written to (resumed if it holds one)",
          None, metavar="DIR"),
     Flag("--time-budget", "stop measuring after this long, e.g. 15m, 90s (rerun to resume)",

@@ -48,6 +48,7 @@ MAX_NAME_CHARS = 4096  # device, model (a path), dtype, created
 _FILE_NAME = re.compile(r"^[-._a-zA-Z0-9]+\.json$")  # a ConfigMap key, and a kernel-config name
 KERNEL_CACHE_FILE = "triton-cache.tar.xz"  # profile.json's `kernel_cache` describes it
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")  # model_commit: an hf:// model's git commit
 _OLD_CONFIGS_DIR = "configs"  # where kernel configs were before the layout was flat
 
 
@@ -130,6 +131,25 @@ class TunedProfile:
     def created(self) -> str:
         return self.data["created"]
 
+    @property
+    def model_commit(self) -> str | None:
+        """The commit of an hf:// model the profile was measured on (None: not recorded, or not
+        an hf:// model). Provenance, not identity: another commit of the same model has the
+        same shapes, so the kernel configs and knobs still fit (`commit_note`)."""
+        return self.data.get("model_commit")
+
+    def commit_note(self, serving: str | None) -> str | None:
+        """One line when the server reads another commit of the model than the one measured."""
+        measured = self.model_commit
+        if not measured or not serving or measured == serving:
+            return None
+        return (
+            f"tuned profile {self.directory} was measured on commit {measured[:12]} of "
+            f"{self.model}, this server reads commit {serving[:12]}: using it (kernel configs "
+            "and scheduler knobs depend on the model's shapes, not its weights; re-run "
+            "`pagoda tune` if the new commit changed the architecture)"
+        )
+
     def kernel_cache(self) -> dict[str, Any]:
         """``profile.json``'s ``kernel_cache`` section ({} when the tuner wrote none)."""
         return self.data.get("kernel_cache") or {}
@@ -170,6 +190,10 @@ def validate(data: Any, where: Path | str) -> None:
         if key in data and not isinstance(data[key], dict):
             raise ProfileError(f"{where}: field {key!r} must be an object, got "
                                f"{_show(data[key])}")  # fmt: skip
+    commit = data.get("model_commit")
+    if commit is not None and not (isinstance(commit, str) and _COMMIT.match(commit)):
+        raise ProfileError(f"{where}: field 'model_commit' must be a 40-hex-digit commit, got "
+                           f"{_show(commit)}")  # fmt: skip
     digest = (data.get("kernel_cache") or {}).get("sha256")
     if digest is not None and not (isinstance(digest, str) and _SHA256.match(digest)):
         raise ProfileError(f"{where}: kernel_cache.sha256 must be 64 hex digits, got "

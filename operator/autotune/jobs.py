@@ -82,6 +82,7 @@ def tune_args(key: TuneKey, spec: InferenceServiceSpec) -> list[str]:
     """`pagoda tune` arguments, rendered with the runtime's own flag table."""
     values = {
         "model": key.model,
+        "revision": spec.model.commit,  # an hf:// branch's pin: the commit the pods serve
         "dtype": key.dtype,
         "attention_backend": key.attention_backend,
         "block_size": key.block_size,

@@ -43,9 +43,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 TUNING, TUNED, FAILED = "Tuning", "Tuned", "TuningFailed"
-PENDING = "TuningPending"  # the Job exists but is suspended (a queue has not admitted it)
+PENDING = "TuningPending"  # the Job is suspended (a queue has not admitted it) or waits for a pin
 JOB_NOT_CREATED = "JobNotCreated"  # the API server refused the Job (or its RBAC)
 Reconcile = Callable[[Mapping[str, Any]], Awaitable[None]]
+# (body, spec, config) → the spec with status.model's pin of an hf:// branch, None while it
+# needs one not recorded yet (reconcile/model_pin.py's `recorded_spec`; autotune/ is below it)
+Pin = Callable[[Mapping[str, Any], "InferenceServiceSpec", "OperatorConfig"],
+               "InferenceServiceSpec | None"]  # fmt: skip
+NOT_PINNED = "ModelNotPinned"
 
 
 @dataclass(frozen=True)
@@ -75,11 +80,13 @@ class Autotuner:
         config: OperatorConfig,
         reconcile: Reconcile,
         pod_parts: jobs.PodParts | None = None,
+        pin: Pin | None = None,
     ) -> None:
         self.api = api
         self.config = config
         self.reconcile = reconcile
         self.pod_parts = pod_parts  # what the model adds to a pod (jobs.build_job)
+        self.pin = pin  # the tuning Job measures the commit the pods serve
         self.clock: Callable[[], float] = time.time
         # per service and node selection: its node-derived GPU products (keys.steady_products)
         self._seen: dict[tuple[Any, ...], SeenProducts] = {}
@@ -121,12 +128,15 @@ class Autotuner:
                 await self._write(body, None)
             return
         t.specs.append((ns, spec))
+        with_pin = spec if self.pin is None else self.pin(body, spec, self.config)
         keys = [key_for(spec, p) for p in await self._products(t, body, spec)]
         states = []
         for key in keys:
             t.wanted.add((ns, key.profile_name))
-            if (ns, key.profile_name) not in t.states:
-                t.states[ns, key.profile_name] = await self._key(key, spec, ns, body)
+            seen = t.states.get((ns, key.profile_name))
+            # a key shared with a service whose pin is not recorded yet: this one's may start it
+            if seen is None or (seen.reason == NOT_PINNED and with_pin is not None):
+                t.states[ns, key.profile_name] = await self._key(key, spec, with_pin, ns)
             states.append(t.states[ns, key.profile_name])
         await self._write(body, service_status(keys, states))
 
@@ -150,8 +160,14 @@ class Autotuner:
     # --- one key ------------------------------------------------------------------------------
 
     async def _key(
-        self, key: TuneKey, spec: InferenceServiceSpec, ns: str, body: Mapping[str, Any]
+        self,
+        key: TuneKey,
+        spec: InferenceServiceSpec,
+        with_pin: InferenceServiceSpec | None,
+        ns: str,
     ) -> KeyState:
+        """`with_pin`: `spec` with its hf:// model pinned (None: not pinned yet, no Job starts;
+        the commit is not part of the key: it changes the weights, not the shapes measured)."""
         cm = await self._profile_config_map(key, ns)
         if profiles.is_tuned(cm):
             return _published(key, cm)
@@ -182,8 +198,12 @@ class Autotuner:
             attempts = dataclasses.replace(attempts, failed=now)
         if now < attempts.retry_at(self.config.autotune_retry_base_s):
             return self._waiting(attempts)
+        if with_pin is None:
+            return KeyState(PENDING, NOT_PINNED, f"waiting for status.model to pin "
+                            f"{spec.model.uri} to a commit, so that the Job measures the one "
+                            "the pods serve; serving on defaults meanwhile")  # fmt: skip
         try:
-            await self._start(key, spec, ns, cm, attempts)
+            await self._start(key, with_pin, ns, cm, attempts)
         except ApiError as e:  # RBAC or the Job refused: the cause goes to the status and Event
             if e.status == 0:
                 raise  # unreachable: the failure cannot be recorded either; the next pass retries

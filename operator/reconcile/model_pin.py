@@ -8,7 +8,8 @@ one service serve different weights. So the operator asks once, with huggingface
 `HUGGING_FACE_HUB_TOKEN`), against the `HF_ENDPOINT` the download container gets (spec.env's,
 else the Secret's; else the operator's own, else the Hub), and the pods get `--revision COMMIT`
 (download and serve; `--model` stays as written, so a tuned profile and the served name do not
-change). The pin is kept in `status.model`:
+change), as does the tuning Job of spec.autotune (autotune/loop.py reads the pin through
+`recorded_spec` and starts no Job before there is one). The pin is kept in `status.model`:
 
     status.model: {uri: hf://ORG/NAME, commit: SHA, resolvedAt: TIME, resolveRequest: VALUE}
 
@@ -93,6 +94,18 @@ def pinned(spec: InferenceServiceSpec, pin: Mapping[str, Any] | None) -> Inferen
     if pin is None:
         return spec
     return dataclasses.replace(spec, model=dataclasses.replace(spec.model, commit=pin["commit"]))
+
+
+def recorded_spec(
+    body: Mapping[str, Any], spec: InferenceServiceSpec, config: OperatorConfig
+) -> InferenceServiceSpec | None:
+    """`spec` with the pin `status.model` records (as is when it needs none); None when it needs
+    one not recorded yet (or to be resolved again): whoever builds from it waits for `pin`. Asks
+    nothing: what a child restored outside the full reconcile, or the tuning Job, is built with."""
+    if not config.pin_models or not needs_pin(spec):
+        return spec
+    found = recorded(body, spec)
+    return None if found is None else pinned(spec, found)
 
 
 async def pin(

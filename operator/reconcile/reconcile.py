@@ -305,11 +305,10 @@ async def _restore(
         spec = validation.parse(fresh, config)
     except SpecError:
         return  # the create/update handler reports it
-    if config.pin_models and model_pin.needs_pin(spec):
-        pin = model_pin.recorded(fresh, spec)
-        if pin is None:
-            return  # not pinned yet (or to be pinned again): the full reconcile does it
-        spec = model_pin.pinned(spec, pin)
+    with_pin = model_pin.recorded_spec(fresh, spec, config)
+    if with_pin is None:
+        return  # not pinned yet (or to be pinned again): the full reconcile does it
+    spec = with_pin
     # the event's body may be older than the object (kopf batches events): read it again,
     # so neither the restore nor the status is computed from a stale version
     actual = await api.get(kind, owner.namespace, name)

@@ -30,7 +30,7 @@ from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.engine.core import check_max_model_len
 from pagoda.runtime.model.loader import read_model_config, read_tokenizer, resolve_model_path
 from pagoda.runtime.model.safetensors_weights import checkpoint_files
-from pagoda.runtime.model.sources.fetch import resolve_model
+from pagoda.runtime.model.sources.fetch import resolve_model, snapshot_commit
 from pagoda.runtime.quantization.fp8 import check_checkpoint_form
 from pagoda.runtime.server import fit, memory
 from pagoda.runtime.server.config import ServerConfig
@@ -63,6 +63,8 @@ def preflight(
     profile, kwargs = apply_tuned_profile(
         tuned_profile, model=cfg.model, engine_kwargs=engine_kwargs, mismatch=tuned_profile_mismatch
     )
+    if profile is not None and (note := profile.commit_note(snapshot_commit(model_path))):
+        log.warning("%s", note)
     model_config = read_model_config(model_path)  # an unknown --model fails here
     check_context(kwargs, model_config)
     engine_cfg = EngineConfig.create(model_path, **kwargs)

@@ -58,7 +58,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from pagoda.runtime.tune.runner import TuneRequest, tune
-    from pagoda.runtime.tuned_profile import ProfileError
 
     try:
         from pagoda.runtime.tune.choose import Targets
@@ -66,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         request = TuneRequest(
             model=args.model,
             output=args.output,
+            revision=args.revision,
             engine_args=engine_kwargs(args),
             max_model_len=args.max_model_len,
             time_budget_s=parse_duration(args.time_budget),
@@ -75,9 +75,10 @@ def run(args: argparse.Namespace) -> int:
             force=args.force,
         )
         result = tune(request)
-    except (ValueError, ProfileError) as e:
-        print(f"pagoda tune: error: {' '.join(str(e).split())[:1000]}", file=sys.stderr)
-        return 2
+    except ValueError as e:  # a ProfileError, a failed download or bad --revision too
+        from pagoda.runtime.termination import exit_error
+
+        return exit_error("pagoda tune", e)  # one line, as `pagoda serve` and `pagoda download`
     print(result.summary)
     return 0 if result.usable else 3
 

@@ -49,11 +49,16 @@ def warm_in_fresh_process(
     engine_args: dict[str, Any],
     cache_dir: Path,
     timeout: float = TIMEOUT_S,
+    model_path: str | None = None,
 ) -> str:
     """Serve's engine build and warm-up with ``profile_dir`` in a new process writing Triton's
-    cache to ``cache_dir``; its log, or KernelCacheError (with the end of it) when it fails."""
+    cache to ``cache_dir``; its log, or KernelCacheError (with the end of it) when it fails.
+    ``model_path``: the local copy of an hf:// or s3:// ``model`` the tune measured (the profile
+    is checked against ``model``, the engine reads ``model_path``, as `pagoda serve` does)."""
     cmd = [sys.executable, "-P", "-m", __name__, "--profile", str(profile_dir),
            "--model", model, "--engine-args", json.dumps(engine_args)]  # fmt: skip
+    if model_path is not None and model_path != model:
+        cmd += ["--model-path", model_path]
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache_dir), "PYTHONSAFEPATH": "1"}
     try:
         run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -82,6 +87,7 @@ def run_cache_stage(
     engine_args: dict[str, Any],
     identity: Identity,
     timeout: float = TIMEOUT_S,
+    model_path: str | None = None,
 ) -> dict[str, Any]:
     """Warm up as serving will in a fresh process, then `ship`; the ``kernel_cache`` section
     (status ``packed``, ``skipped`` or ``failed``, with a note)."""
@@ -89,7 +95,7 @@ def run_cache_stage(
     _release_device_memory()  # the new process sizes its KV cache from the free memory
     with tempfile.TemporaryDirectory(prefix="pagoda-triton-") as tmp:
         try:
-            warm_in_fresh_process(out, model, engine_args, Path(tmp), timeout)
+            warm_in_fresh_process(out, model, engine_args, Path(tmp), timeout, model_path)
         except KernelCacheError as e:
             return {"status": "failed", "note": str(e)}
         return ship(Path(tmp), out, identity)
@@ -122,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="warm up as `pagoda serve --tuned-profile` would")
     p.add_argument("--profile", required=True)
     p.add_argument("--model", required=True)
+    p.add_argument("--model-path", default=None, help="the local copy of an hf:// or s3:// model")
     p.add_argument("--engine-args", required=True, help="JSON: EngineConfig.create arguments")
     args = p.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -138,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if profile is not None:
         log.info("%s", describe_profile(profile, kwargs))
-    core = build_core(EngineConfig.create(args.model, **kwargs))
+    core = build_core(EngineConfig.create(args.model_path or args.model, **kwargs))
     first_step(core)
     core.close()
     return 0

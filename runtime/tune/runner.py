@@ -35,6 +35,7 @@ SHAPE_KEYS = ("max_model_len", "block_size")  # a profile for other shapes is no
 class TuneRequest:
     model: str
     output: str
+    revision: str | None = None  # an hf:// model's commit (or branch, tag): `--revision`
     engine_args: dict[str, Any] = field(default_factory=dict)
     max_model_len: int | None = None
     time_budget_s: float = 900.0
@@ -98,12 +99,15 @@ def _progress_bar(total: int, enabled: bool):
     return tqdm(total=total, desc="pagoda tune", unit="point", file=sys.stderr, leave=True)
 
 
-def _engine_config(req: TuneRequest, plan: Any, max_model_len: int) -> EngineConfig:
-    """Room for the largest point: every decode batch, every prefill chunk in one step."""
+def _engine_config(
+    req: TuneRequest, plan: Any, max_model_len: int, model_path: str | None = None
+) -> EngineConfig:
+    """Room for the largest point: every decode batch, every prefill chunk in one step
+    (`model_path`: the local copy of an hf:// or s3:// `--model`)."""
     prompts = math.ceil(max(plan.chunk_sizes) / (max_model_len - 1))
     seqs = max(*plan.decode_batches, prompts)
     return EngineConfig.create(
-        req.model,
+        model_path or req.model,
         **{
             **req.engine_args,
             "max_model_len": max_model_len,
@@ -131,6 +135,8 @@ def tune(req: TuneRequest) -> TuneResult:
     out = Path(req.output)
     setup = _setup(req, out)
     profile = _skeleton(setup.previous, setup.identity, setup.base, setup.max_model_len, req)
+    if setup.commit is not None:
+        profile["model_commit"] = setup.commit
     profile["attention_backend"] = setup.backend
     save = lambda: write_profile(out, profile)  # noqa: E731
     save()
@@ -153,11 +159,10 @@ def tune(req: TuneRequest) -> TuneResult:
     try:
         kernels = _KernelStage(label, note, buckets, start + 0.6 * req.time_budget_s)
         _run_kernels(setup, kernels, req, out, profile, progress, save)
-        loaded = lambda: load_model(req.model)  # noqa: E731 - only if a point is left to measure
+        loaded = lambda: load_model(setup.model_path)  # noqa: E731 - only if a point is left
         deadline = start + req.time_budget_s
-        engine = _profile_engine(
-            req, loaded, setup.plan, setup.max_model_len, out, profile, deadline, progress, save
-        )
+        engine = _profile_engine(req, setup.model_path, loaded, setup.plan, setup.max_model_len,
+                                 out, profile, deadline, progress, save)  # fmt: skip
     finally:
         if bar is not None:
             bar.close()
@@ -173,6 +178,8 @@ class _Setup:
     """What a run measures, resolved (and checked against a previous run) before measuring."""
 
     base: EngineConfig
+    model_path: str  # the local copy of an hf:// or s3:// model (resolved once), else --model
+    commit: str | None  # the hf:// commit measured (profile.json's model_commit)
     model_config: Any
     identity: dict[str, str]
     previous: dict[str, Any] | None
@@ -183,10 +190,17 @@ class _Setup:
 
 def _setup(req: TuneRequest, out: Path) -> _Setup:
     from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.model.sources.fetch import resolve_model, snapshot_commit
     from pagoda.runtime.tune.engine import make_plan
 
-    base = EngineConfig.create(req.model, **req.engine_args)  # flag errors before loading
-    model_config = read_model_config(req.model)  # metadata only: a resumed run may load nothing
+    EngineConfig.create(req.model, **req.engine_args)  # flag errors before downloading
+    # hf:// and s3:// → the local copy, once, as `pagoda serve` does: every stage (the kernel
+    # shapes, the engine, the kernel-cache warm-up) reads the same files, whatever the branch
+    # does meanwhile
+    model_path = resolve_model(req.model, revision=req.revision)
+    commit = snapshot_commit(model_path) if req.model.startswith("hf://") else None
+    base = EngineConfig.create(model_path, **req.engine_args)
+    model_config = read_model_config(model_path)  # metadata only: a resumed run may load nothing
     cuda = base.torch_device().type == "cuda"
     identity = {
         "device": device_identity(base.torch_device()),
@@ -194,13 +208,26 @@ def _setup(req: TuneRequest, out: Path) -> _Setup:
         "dtype": dtype_name(base.torch_dtype()),
     }
     previous = _previous(out, identity, req.force)
+    _note_commit(previous, out, commit)
     max_model_len = req.max_model_len or model_config.context_length
     _check_shapes(previous, out, max_model_len, base.cache.block_size)
     plan = make_plan(max_model_len=max_model_len, cuda=cuda, quick=req.quick)
     backend = base.attention_backend
     if backend == "auto":
         backend = "triton" if cuda else "torch"
-    return _Setup(base, model_config, identity, previous, max_model_len, plan, backend)
+    return _Setup(
+        base, model_path, commit, model_config, identity, previous, max_model_len, plan, backend
+    )
+
+
+def _note_commit(previous: dict | None, out: Path, commit: str | None) -> None:
+    """Resuming a profile measured on another commit of the model is allowed (its points depend
+    on the architecture's shapes, not on the weights' values); say so, once."""
+    before = (previous or {}).get("model_commit")
+    if before and commit and before != commit:
+        print(f"note: {out} was measured on commit {before[:12]}, this run measures "
+              f"{commit[:12]}: resuming (the points depend on the model's shapes, not its "
+              "weights; --force measures everything again)", file=sys.stderr)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -246,7 +273,7 @@ def _kernel_cache(setup: _Setup, req: TuneRequest, out: Path, usable: bool) -> d
         print(f"kernel cache: warming up as `pagoda serve` will, in a fresh process ({note})",
               file=sys.stderr)  # fmt: skip
         args = {**req.engine_args, "max_model_len": setup.max_model_len}
-        section = run_cache_stage(out, req.model, args, identity)
+        section = run_cache_stage(out, req.model, args, identity, model_path=setup.model_path)
     print(f"kernel cache: {describe(section)}", file=sys.stderr)
     return section
 
@@ -303,6 +330,7 @@ def _skeleton(
 
 def _profile_engine(
     req: TuneRequest,
+    model_path: str,
     loaded: Any,
     plan: Any,
     max_model_len: int,
@@ -322,7 +350,7 @@ def _profile_engine(
         set_config_dirs([out, *before])
 
     def make_profiler() -> EngineProfiler:
-        core = EngineCore(_engine_config(req, plan, max_model_len), loaded())
+        core = EngineCore(_engine_config(req, plan, max_model_len, model_path), loaded())
         if core.max_model_len < max_model_len:
             raise ValueError(
                 f"the KV cache holds {core.max_model_len} tokens, less than max_model_len "

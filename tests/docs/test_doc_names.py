@@ -11,8 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-# Not after a letter, dot, slash or dash: `serving.pagoda.dev`, `charts/pagoda/...` are no names.
-DOTTED = re.compile(r"(?<![\w./-])pagoda(?:\.[A-Za-z_]\w*)+")
+# Not after a letter, dot, slash or dash: `serving.pagoda.dev`, `charts/pagoda/...` are no names;
+# nor before a slash: `pagoda.dev/resolve-model` is an annotation key.
+DOTTED = re.compile(r"(?<![\w./-])pagoda(?:\.[A-Za-z_]\w*)+(?![\w/])")
 FILE_SUFFIXES = (".yaml", ".yml", ".json", ".md", ".py", ".txt")
 
 
@@ -40,7 +41,8 @@ def resolves(name: str) -> bool:
 
 
 def test_the_scan_finds_names_and_the_check_can_fail() -> None:
-    text = "`pagoda.kernels.fp8.fp8_linear`, serving.pagoda.dev, `pagoda.yaml`, pagoda.runtime"
+    text = ("`pagoda.kernels.fp8.fp8_linear`, serving.pagoda.dev, `pagoda.yaml`, pagoda.runtime, "
+            "`pagoda.dev/resolve-model`")  # fmt: skip
     assert dotted_names(text) == {"pagoda.kernels.fp8.fp8_linear", "pagoda.runtime"}
     assert resolves("pagoda.kernels.fp8.fp8_linear") and resolves("pagoda.kernels.linear")
     assert not resolves("pagoda.kernels.reference.fused_experts")

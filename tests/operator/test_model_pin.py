@@ -106,3 +106,73 @@ async def test_a_failed_resolution_is_the_condition_and_leaves_no_pods(
     assert ("retrying" in degraded["message"]) == ("Unreachable" in words)
     assert TOKEN not in degraded["message"]
     assert emulator.live(DEPLOY, "default", "bad") is None
+
+
+TUNED = {**BASE, "model": "hf://org/m", "resources": {"gpus": 1, "cpu": "1", "memory": "1Gi"},
+         "autotune": {"enabled": True}, "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"}}  # fmt: skip
+
+
+def job_revisions(emulator: Emulator) -> list[tuple[str | None, str | None]]:
+    """(model-download's --revision, tune's --revision) of every tuning Job."""
+    out = []
+    for job in emulator.live_all("batch/v1/jobs"):
+        pod = job["spec"]["template"]["spec"]
+        found = {}
+        for c in pod["initContainers"]:
+            args = c["args"]
+            found[c["name"]] = args[args.index("--revision") + 1] if "--revision" in args else None
+        out.append((found.get("model-download"), found.get("tune")))
+    return out
+
+
+async def test_the_tuning_job_measures_the_commit_the_pods_serve(
+    emulator: Emulator, kube: KubeApi, start_operator: Any, hub: FakeHub
+) -> None:
+    """The operator pins the branch, then its autotune loop renders the tuning Job with the same
+    commit in the download init container and in `pagoda tune`; a push to the branch after the
+    pin changes neither."""
+    from test_autotune_e2e import H200, add_node
+
+    await add_node(kube, "n1", H200)
+    await start_operator(pin_models=True, autotune_interval_s=0.1)
+    first = hub.repos["org/m"].commit
+    await create_isvc(kube, "t", TUNED)
+    await wait_for(lambda: revisions(emulator, "t") == (first, first), what="pinned pods")
+    hub.add("org/m", {"config.json": b'{"v": 2}'}, private=True)  # a push to main
+    await wait_for(lambda: job_revisions(emulator) == [(first, first)], what="pinned tuning Job")
+
+
+async def test_no_tuning_job_before_the_pin(emulator: Emulator, kube: KubeApi) -> None:
+    """An hf:// branch not pinned yet (status.model not written, or a resolve asked again):
+    the key waits as TuningPending/ModelNotPinned and starts no Job measuring whatever the
+    branch is then; once status.model records the pin, the Job gets it, also when another
+    service sharing the key is still unpinned."""
+    from pagoda.operator.autotune.loop import Autotuner
+    from pagoda.operator.children.model_cache import add_model_download
+    from pagoda.operator.reconcile import model_pin
+    from pagoda.operator.spec.config import OperatorConfig
+
+    async def reconcile(body: Any) -> None:
+        pass
+
+    await create_isvc(kube, "a", TUNED)  # the same key, never pinned here (looked at first)
+    await create_isvc(kube, "t", TUNED)
+    tuner = Autotuner(kube, OperatorConfig(pin_models=True), reconcile,
+                      pod_parts=add_model_download, pin=model_pin.recorded_spec)  # fmt: skip
+    await tuner.tick()
+    st = (emulator.live(ISVC, "default", "t") or {})["status"]["autotune"]
+    assert (st["state"], st["reason"]) == ("TuningPending", "ModelNotPinned"), st
+    assert "hf://org/m" in st["message"] and job_revisions(emulator) == []
+
+    commit = "c" * 40
+    status = {
+        "model": {"uri": "hf://org/m", "commit": commit, "resolvedAt": "2026-12-06T00:00:00Z"}
+    }
+    await kube.patch("InferenceService", "default", "t", {"status": status}, subresource="status")
+    await tuner.tick()
+    assert job_revisions(emulator) == [(commit, commit)]
+    st = (emulator.live(ISVC, "default", "t") or {})["status"]["autotune"]
+    assert (st["state"], st["reason"]) == ("Tuning", "JobStarted"), st
+    await tuner.tick()  # the shared key's Job runs: the unpinned service reads it too
+    st = (emulator.live(ISVC, "default", "a") or {})["status"]["autotune"]
+    assert (st["state"], st["reason"]) == ("Tuning", "JobRunning"), st

@@ -57,6 +57,11 @@ def resolve_model(
     exits. Raises DownloadError (a ValueError) with one line saying what failed.
     """
     if not is_remote(model):
+        if revision:  # a local path or built-in name has no revisions to choose from
+            raise ReasonedError(
+                f"--revision {revision!r}: only an hf:// model has revisions, not {model!r}",
+                reason="InvalidModel",
+            )
         return model
     try:
         ref = parse_uri(model)
@@ -76,6 +81,15 @@ def resolve_model(
                     pruning.prune(root, ref.repo, keep=snapshot[1])
         pruning.hold(root, path)
     return str(path)
+
+
+def snapshot_commit(path: str | Path) -> str | None:
+    """The commit of an hf:// snapshot `resolve_model` returned (`…/snapshots/COMMIT`); None for
+    any other path (a local folder, a GGUF file, an s3:// copy)."""
+    from pagoda.runtime.model.sources import prune as pruning
+
+    found = pruning.snapshot_of(Path(path))
+    return found[1] if found is not None and _COMMIT.match(found[1]) else None
 
 
 def _resolve(ref: ModelURI, root: Path, offline: bool, size_limit: int | None) -> Path:

@@ -301,7 +301,7 @@ def _classify(ref: HfURI, error: Exception) -> DownloadError:
     status = _status(error)
     if isinstance(error, hf_errors.RevisionNotFoundError):
         return DownloadError(
-            errors.NOT_FOUND, f"{uri}: revision {ref.revision!r} not found in {ref.repo}"
+            errors.NOT_FOUND, f"{uri}: revision {ref.revision or 'main'!r} not found in {ref.repo}"
         )
     if isinstance(error, hf_errors.GatedRepoError):
         if status == 401:

@@ -66,15 +66,17 @@ def test_a_bad_kernel_cache_field_is_refused(tmp_path):
 
 def test_the_fresh_process_builds_and_warms_up_as_serve_would(tmp_path):
     """On this CPU nothing compiles, but the process is the one the GPU runs: the profile's
-    knobs applied, serve's factory and warm-up, Triton's cache where it was told."""
+    knobs applied, serve's factory and warm-up, Triton's cache where it was told. An hf://
+    model: the profile is checked against the URI, the engine reads the copy the tune measured
+    (`model_path`; no download in the fresh process, which would find another commit)."""
     from hf_oracle import make_tiny_llama
 
     model = tmp_path / "tiny"
     make_tiny_llama(model)
-    out = make_profile(tmp_path / "profile", model=str(model))
+    out = make_profile(tmp_path / "profile", model="hf://org/tiny")
     cache = tmp_path / "triton"
     args = {"device": "cpu", "dtype": "float32", "max_model_len": 128, "kv_cache_memory": 1 << 20}
-    log = stage.warm_in_fresh_process(out, str(model), args, cache, timeout=240)
+    log = stage.warm_in_fresh_process(out, "hf://org/tiny", args, cache, 240, str(model))
     assert f"kernel cache: warming up into {cache}" in log
     assert "max_num_seqs=12 max_num_batched_tokens=96" in log  # the profile's knobs
     assert "engine core built" in log and "warm-up: 0 attention launches" in log
@@ -83,4 +85,4 @@ def test_the_fresh_process_builds_and_warms_up_as_serve_would(tmp_path):
 
     bad = json.dumps({**args, "max_model_len": 10**9})
     with pytest.raises(kc.KernelCacheError, match="the warm-up process exited 1"):
-        stage.warm_in_fresh_process(out, str(model), json.loads(bad), cache, timeout=240)
+        stage.warm_in_fresh_process(out, "hf://org/tiny", json.loads(bad), cache, 240, str(model))
