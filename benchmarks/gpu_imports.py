@@ -106,24 +106,29 @@ def static_missing(allowed: set[str]) -> dict[str, list[str]]:
 
 
 BLOCKER = r"""
-import importlib.abc, importlib.metadata, re, sys
-ALLOWED = set(sys.argv[1].split(","))
+import importlib.machinery, importlib.metadata, re, sys
+ALLOWED = set(%r)
 DISTS = importlib.metadata.packages_distributions()
 blocked = []
-class NotOnNode(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
+class NotOnNode(importlib.machinery.PathFinder):
+    # the path finder, for which a top-level module of a distribution the node lacks is absent
+    # (None, as for any missing module: `find_spec` probes and `try: import` fall back)
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
         top = name.split(".")[0]
-        if "." in name or top == "pagoda" or top not in DISTS:  # stdlib, benchmarks/ modules
-            return None
-        if {re.sub(r"[-_.]+", "-", d).lower() for d in DISTS[top]} & ALLOWED:
-            return None
-        blocked.append(top)
-        raise ModuleNotFoundError(f"No module named {top!r} (not on the GPU node)", name=top)
-sys.meta_path.insert(0, NotOnNode())
-sys.path.insert(0, sys.argv[2])
-import importlib
+        if "." not in name and top != "pagoda" and top in DISTS:
+            if not {re.sub(r"[-_.]+", "-", d).lower() for d in DISTS[top]} & ALLOWED:
+                blocked.append(top)
+                return None
+        return super().find_spec(name, path, target)
+sys.meta_path[:] = [NotOnNode if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
+"""
+
+CHECK = r"""
+import importlib, sys
+sys.path.insert(0, sys.argv[1])
 failed = 0
-for mod in sys.argv[3:]:
+for mod in sys.argv[2:]:
     try:
         importlib.import_module(mod)
     except ImportError as e:
@@ -135,9 +140,34 @@ sys.exit(1 if failed else 0)
 """
 
 
+def with_their_needs(dists: set[str]) -> set[str]:
+    """The distributions and, transitively, what this venv's versions of them require: the node's
+    own versions bring what they need, so their local stand-ins may import these."""
+    seen: set[str] = set()
+    todo = list(dists)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            reqs = importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        todo += [
+            norm(re.split(r"[ ;<>=!~\[(]", r, maxsplit=1)[0]) for r in reqs if "extra ==" not in r
+        ]
+    return seen
+
+
+def blocker(allowed: set[str]) -> str:
+    """Python source that makes the distributions outside `allowed` absent."""
+    return BLOCKER % sorted(with_their_needs(node_packages()) | allowed)
+
+
 def dynamic_check(allowed: set[str], modules: list[str]) -> tuple[int, str]:
     """Import the modules in a fresh interpreter that cannot import what the node lacks."""
-    cmd = [sys.executable, "-P", "-c", BLOCKER, ",".join(sorted(allowed)), str(BENCH), *modules]
+    cmd = [sys.executable, "-P", "-c", blocker(allowed) + CHECK, str(BENCH), *modules]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     return proc.returncode, proc.stdout + proc.stderr[-2000:]
 
@@ -145,9 +175,18 @@ def dynamic_check(allowed: set[str], modules: list[str]) -> tuple[int, str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--static-only", action="store_true", help="skip the fresh-interpreter imports")
+    ap.add_argument(
+        "--sitecustomize", metavar="DIR",
+        help="write DIR/sitecustomize.py with the blocker and stop: put DIR first on PYTHONPATH "
+        "to run any command (servers included) as if on the node",
+    )  # fmt: skip
     ap.add_argument("modules", nargs="*", default=MODULES, help="modules to import (default: all)")
     args = ap.parse_args(argv)
     allowed = node_packages() | wheel_packages()
+    if args.sitecustomize:
+        Path(args.sitecustomize).mkdir(parents=True, exist_ok=True)
+        Path(args.sitecustomize, "sitecustomize.py").write_text(blocker(allowed))
+        return 0
     rc = 0
     for top, files in sorted(static_missing(allowed).items()):
         if top in LAZY:
