@@ -4,12 +4,15 @@
 # throughput workload on a Llama-3.2-1B-shaped random model, the cost of batch invariance,
 # `pagoda tune` on that model, and the kernel benchmark. Logs go to $OUT (or the first argument).
 #
-#   OUT=/tmp/gpu bash benchmarks/gpu_check.sh        # from the repository root
-#   STEPS="tests throughput" HF=64 SWEEP=1 ...        # a subset; HF baseline; matmul sweep
+#   OUT=/tmp/gpu bash benchmarks/gpu_check.sh        # from the repository root: issue 40's steps
+#   STEPS="tests prefill" BUDGET_S=240 ...            # a subset within 4 minutes
+#   STEPS="tests throughput" HF=64 SWEEP=1 ...        # HF baseline; matmul sweep
 #
-# The steps (their order is below): tests, tunetests, tune (matmul configs first), kcache (start to ready
-# with the profile's compiled kernels vs without), throughput (with the
-# tuned configs as one more run when tune ran first), invariance, kernels, then the fused-MoE
+# The steps (they run in STEPS's default order, whatever order STEPS names them in): serving,
+# prefillspeed, ready (start to ready, no profile) and throughput (with the tuned configs as one
+# more run when a profile is there) first, then tests, prefill, tunetests, tune (matmul configs
+# first), kcache (start to ready with the profile's compiled kernels vs without), invariance,
+# kernels, then the fused-MoE
 # ones: moetests (kernel vs reference compiled, Qwen3-30B-A3B expert shape invariance and graph
 # capture, the sweep), moekernels (kernel_speed's MoE rows), moe (nano-vllm's workload on a
 # Qwen3-30B-A3B-shaped random model, default and swept MoE configs side by side, step vs floor),
@@ -17,12 +20,12 @@
 # bit for bit where the maths is, the GEMM's invariance at Llama-3-8B shapes, the FP8 sweep) and
 # fp8kernels (kernel_speed's FP8 GEMM rows vs bf16 at Llama-3-8B shapes), fp8engine (FP8 KV
 # attention compiled, FP8 greedy tokens invariant to batch and chunking) and fp8throughput
-# (the 8b shape, bf16 vs FP8 weights + KV: output tok/s and KV capacity); then serving
-# (benchmarks/gpu_serving.py: `pagoda serve` under 256 HTTP clients on nano-vllm's workload,
-# streaming and not, with the engine in its own process and on a thread side by side, beside the
-# offline engine; needs .gpu-wheels/, see gpu_wheels.sh), then tensor
+# (the 8b shape, bf16 vs FP8 weights + KV: output tok/s and KV capacity); then tensor
 # parallelism: tptests (two NCCL ranks against one, CUDA graphs), tp (one rank vs two on an
 # 8B shape) and tpfp8 (--quantization fp8 over two ranks), which need two GPUs.
+# serving is benchmarks/gpu_serving.py: `pagoda serve` under 256 HTTP clients on nano-vllm's
+# workload, streaming and not, with the engine in its own process and on a thread side by side,
+# beside the offline engine; it, ready and kcache need .gpu-wheels/ (see gpu_wheels.sh).
 # The prefill kernel's own steps (~4 min): prefill, its tests compiled (against the reference at
 # Llama-3-8B shapes, and a row's bits as a decode, in a chunk and in a prompt: the tensor-core
 # assumption of its batch invariance), then prefillspeed, kernel_speed's prefill rows (flash, flash-invariant,
