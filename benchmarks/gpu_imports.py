@@ -5,12 +5,15 @@ checkout's venv:
 
     .venv/bin/python -P benchmarks/gpu_imports.py            # exit 1 when something is missing
 
-Two checks. Static: every third-party module that runtime/ and kernels/ import anywhere (lazy
-imports too), mapped to its distribution through this venv; those on neither list must be in
-LAZY (paths the GPU steps never take). Dynamic: the modules `pagoda serve`, `pagoda tune` and
+Two checks. Static: every third-party module that runtime/, kernels/ and the benchmarks of
+gpu_check.sh import anywhere (lazy imports too), mapped to its distribution through this venv;
+those on neither list must be in LAZY (paths the GPU steps never take). Dynamic: the modules `pagoda serve`, `pagoda tune` and
 the benchmarks of gpu_check.sh load, imported in a fresh interpreter where a distribution on
 neither list cannot be imported (as on the node); an optional import that its importer survives
-is listed, not fatal.
+is listed, not fatal. `--sitecustomize DIR` writes that interpreter's blocker as
+DIR/sitecustomize.py: with DIR first on PYTHONPATH any command, the servers it starts included,
+runs as if on the node (`PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 -p pytest_timeout` for pytest, whose
+plugins this venv has and the node lacks).
 """
 
 from __future__ import annotations
