@@ -129,10 +129,19 @@ else
     nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
 fi
 cat "$OUT/gpu.txt"
+# Two servers run at once, 32 GiB of KV cache each by default, beside the benchmark's own process:
+# ~80 GB, over an H100's. Under 100 GB of GPU memory each gets SERVING_KV_GIB (default 16; 512k
+# tokens of the 1B shape, the 256 requests' most).
+SERVING_KV=()
+if [[ -z $DRY_RUN ]]; then
+    mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n1)
+    ((${mem:-0} > 0 && ${mem:-0} < 100000)) && SERVING_KV=(--kv-cache-gib "${SERVING_KV_GIB:-16}")
+fi
 # issue 40 first: streaming vs not at 256 clients (p99 TTFT with it), prefill vs SDPA, start to
 # ready, output tok/s with the host's ms per step
 TAIL=30 step serving 420 $PY benchmarks/gpu_serving.py --shape 1b --json "$OUT/serving.json" \
-    --workloads nano --servers process=--engine-process thread=--no-engine-process ${SERVING_ARGS:-}
+    --workloads nano --servers process=--engine-process thread=--no-engine-process \
+    "${SERVING_KV[@]}" ${SERVING_ARGS:-}
 TAIL=20 step prefillspeed 150 $PY benchmarks/kernel_speed.py --batches "" --moe "" --fp8 "" \
     --prefill-paths flash,flash-invariant,sdpa-prefill,unified,unified-invariant \
     --prefill 4x2048,1x512/8192,1x2048/8192
