@@ -36,7 +36,8 @@
 # All of them take far more than one 10-minute device call (and a session has 15 minutes of
 # device time), so the default STEPS start with what issue 40 asks for; each step's log goes to
 # $OUT as it runs and a line per finished step to $OUT/steps.txt, so a call cut off midway keeps
-# what finished: serving (streaming vs not at 256 clients, p99 TTFT), prefillspeed (the prefill
+# what finished (issue 40's call leaves 6 files there; a device call brings back 8 at most):
+# serving (streaming vs not at 256 clients, p99 TTFT), prefillspeed (the prefill
 # kernel vs SDPA), ready (start to ready of `pagoda serve` on the 1B model, engine process and
 # thread), throughput (output tok/s and the host's ms per step by phase; HF=0 by default). Those
 # four fit one 10-minute call (~7-8 min; the budget per step is in docs/benchmarks.md, "GPU
@@ -120,15 +121,18 @@ from common import write_random_llama
 from gpu_throughput import SHAPES
 shape = SHAPES['1b']
 os.environ.get('DRY_RUN') or write_random_llama(Path('$MODEL'), shape, torch.bfloat16)
-" >>"$OUT/model.log" 2>&1 || echo "model: writing $MODEL failed, see model.log" | tee -a "$OUT/steps.txt"
+" >"$WORK/model.log" 2>&1 || { echo "model: writing $MODEL failed:"; tail -n 5 "$WORK/model.log"; } |
+        tee -a "$OUT/steps.txt"
 }
 
 if [[ -n $DRY_RUN ]]; then
-    echo "dry run on $(uname -m), $(python3 -V)" >"$OUT/gpu.txt"
+    echo "dry run on $(uname -m), $(python3 -V)" >"$PKG/gpu.txt"
 else
-    nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
+    nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >"$PKG/gpu.txt" 2>&1
 fi
-cat "$OUT/gpu.txt"
+# steps.txt starts with the GPU (a device call brings back at most 8 files from $OUT)
+{ cat "$PKG/gpu.txt"; cat "$OUT/steps.txt"; } >"$PKG/steps.txt" && cp "$PKG/steps.txt" "$OUT/steps.txt"
+cat "$PKG/gpu.txt"
 # Two servers run at once, 32 GiB of KV cache each by default, beside the benchmark's own process:
 # ~80 GB, over an H100's. Under 100 GB of GPU memory each gets SERVING_KV_GIB (default 16; 512k
 # tokens of the 1B shape, the 256 requests' most).

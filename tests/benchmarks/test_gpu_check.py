@@ -55,7 +55,8 @@ def test_dry_run_checks_each_command_and_installs_the_wheels(tmp_path):
         SERVING_ARGS="--server-args=--no-such-serve-flag", KCACHE_ROUNDS="1",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    lines = dict(line.split(": ", 1) for line in steps.splitlines())
+    assert steps.startswith("dry run on ")  # the GPU's line (nvidia-smi's on a device)
+    lines = dict(line.split(": ", 1) for line in steps.splitlines()[1:])
     assert lines["wheels"].endswith("install rc=0"), steps
     assert lines["serving"].startswith("rc=2"), steps
     assert "--no-such-serve-flag" in (tmp_path / "out" / "serving.log").read_text()
