@@ -139,7 +139,7 @@ cat "$PKG/gpu.txt"
 SERVING_KV=()
 if [[ -z $DRY_RUN ]]; then
     mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n1)
-    ((${mem:-0} > 0 && ${mem:-0} < 100000)) && SERVING_KV=(--kv-cache-gib "${SERVING_KV_GIB:-16}")
+    [[ $mem =~ ^[0-9]+$ ]] && ((mem < 100000)) && SERVING_KV=(--kv-cache-gib "${SERVING_KV_GIB:-16}")
 fi
 # issue 40 first: streaming vs not at 256 clients (p99 TTFT with it), prefill vs SDPA, start to
 # ready, output tok/s with the host's ms per step
