@@ -4,12 +4,15 @@
 # throughput workload on a Llama-3.2-1B-shaped random model, the cost of batch invariance,
 # `pagoda tune` on that model, and the kernel benchmark. Logs go to $OUT (or the first argument).
 #
-#   OUT=/tmp/gpu bash benchmarks/gpu_check.sh        # from the repository root
-#   STEPS="tests throughput" HF=0 SWEEP=1 ...         # a subset; no HF baseline; matmul sweep
+#   OUT=/tmp/gpu bash benchmarks/gpu_check.sh        # from the repository root: issue 40's steps
+#   STEPS="tests prefill" BUDGET_S=240 ...            # a subset within 4 minutes
+#   STEPS="tests throughput" HF=64 SWEEP=1 ...        # HF baseline; matmul sweep
 #
-# Steps run in this order: tests, tunetests, tune (matmul configs first), kcache (start to ready
-# with the profile's compiled kernels vs without), throughput (with the
-# tuned configs as one more run when tune ran first), invariance, kernels, then the fused-MoE
+# The steps (they run in STEPS's default order, whatever order STEPS names them in): serving,
+# prefillspeed, ready (start to ready, no profile) and throughput (with the tuned configs as one
+# more run when a profile is there) first, then tests, prefill, tunetests, tune (matmul configs
+# first), kcache (start to ready with the profile's compiled kernels vs without), invariance,
+# kernels, then the fused-MoE
 # ones: moetests (kernel vs reference compiled, Qwen3-30B-A3B expert shape invariance and graph
 # capture, the sweep), moekernels (kernel_speed's MoE rows), moe (nano-vllm's workload on a
 # Qwen3-30B-A3B-shaped random model, default and swept MoE configs side by side, step vs floor),
@@ -17,12 +20,12 @@
 # bit for bit where the maths is, the GEMM's invariance at Llama-3-8B shapes, the FP8 sweep) and
 # fp8kernels (kernel_speed's FP8 GEMM rows vs bf16 at Llama-3-8B shapes), fp8engine (FP8 KV
 # attention compiled, FP8 greedy tokens invariant to batch and chunking) and fp8throughput
-# (the 8b shape, bf16 vs FP8 weights + KV: output tok/s and KV capacity); then serving
-# (benchmarks/gpu_serving.py: `pagoda serve` under 256 HTTP clients on nano-vllm's workload,
-# streaming and not, with the engine in its own process and on a thread side by side, beside the
-# offline engine; needs .gpu-wheels/, see gpu_wheels.sh), then tensor
+# (the 8b shape, bf16 vs FP8 weights + KV: output tok/s and KV capacity); then tensor
 # parallelism: tptests (two NCCL ranks against one, CUDA graphs), tp (one rank vs two on an
 # 8B shape) and tpfp8 (--quantization fp8 over two ranks), which need two GPUs.
+# serving is benchmarks/gpu_serving.py: `pagoda serve` under 256 HTTP clients on nano-vllm's
+# workload, streaming and not, with the engine in its own process and on a thread side by side,
+# beside the offline engine; it, ready and kcache need .gpu-wheels/ (see gpu_wheels.sh).
 # The prefill kernel's own steps (~4 min): prefill, its tests compiled (against the reference at
 # Llama-3-8B shapes, and a row's bits as a decode, in a chunk and in a prompt: the tensor-core
 # assumption of its batch invariance), then prefillspeed, kernel_speed's prefill rows (flash, flash-invariant,
@@ -30,87 +33,164 @@
 # and unified, each against raw SDPA) and batch-invariant decodes (flash one-token launch vs unified), then
 # prefillsweep (~4 min, not in the default STEPS): the 5 fastest of tune's 27 prefill configs
 # per case, for the packaged NVIDIA_H200.json.
-# All of them take more than one 10-minute device call; 2026-12-04 ran STEPS="throughput tests"
-# (~3.5 min), then STEPS="tests tunetests tune throughput" HF=0. The MoE steps alone:
-# STEPS="moetests moekernels moe"; the FP8 ones: STEPS="fp8tests fp8kernels" and
-# STEPS="fp8engine fp8throughput" (each about one 10-minute call).
+# All of them take far more than one 10-minute device call (and a session has 15 minutes of
+# device time), so the default STEPS start with what issue 40 asks for; each step's log goes to
+# $OUT as it runs and a line per finished step to $OUT/steps.txt, so a call cut off midway keeps
+# what finished (issue 40's call leaves 6 files there; a device call brings back 8 at most):
+# serving (streaming vs not at 256 clients, p99 TTFT), prefillspeed (the prefill
+# kernel vs SDPA), ready (start to ready of `pagoda serve` on the 1B model, engine process and
+# thread), throughput (output tok/s and the host's ms per step by phase; HF=0 by default). Those
+# four fit one 10-minute call (~7-8 min; the budget per step is in docs/benchmarks.md, "GPU
+# checks: device time"). BUDGET_S (default 570) caps the steps' time in one call: a step gets
+# what is left of it as its limit, or is skipped with a line in steps.txt when under 30 s is.
+# Then, a call each: tests prefill (~4 min), tunetests tune kcache (~6 min), and the rest.
+#
+#   DRY_RUN=1 OUT=/tmp/dry bash benchmarks/gpu_check.sh   # on a CPU: every step's command checked
+#
+# DRY_RUN=1 runs each step through benchmarks/gpu_dry.py in place of python: pytest steps collect
+# only (paths, markers, -k), the others parse their arguments (and the `pagoda serve` flags they
+# pass on) and stop; the wheels install for CPython 3.12 x86-64 into a scratch folder (their tags
+# checked) and stay off the path; no model is written. tests/benchmarks/test_gpu_check.py runs it.
 set -u
-STEPS=${STEPS:-prefill prefillspeed tests tunetests tune kcache throughput invariance kernels moetests moekernels moe fp8tests fp8kernels fp8engine fp8throughput serving tptests tp tpfp8}
+ISSUE40="serving prefillspeed ready throughput"
+STEPS=${STEPS:-$ISSUE40 tests prefill tunetests tune kcache invariance kernels moetests moekernels moe fp8tests fp8kernels fp8engine fp8throughput tptests tp tpfp8}
 OUT=${OUT:-${1:-gpu-out}}
+BUDGET_S=${BUDGET_S:-570}
+DRY_RUN=${DRY_RUN:-}
 mkdir -p "$OUT"
+: >"$OUT/steps.txt"
 ROOT=$PWD
 PKG=$(mktemp -d)
+trap 'rm -rf "$PKG"' EXIT
+WORK=${WORK:-/tmp}
+[[ -n $DRY_RUN ]] && WORK=$PKG # a dry run writes nothing outside its scratch folder
+MODEL=$WORK/llama-1b PROFILE=$WORK/profile
 mkdir -p "$PKG/pagoda"
 for d in runtime kernels operator; do ln -s "$ROOT/$d" "$PKG/pagoda/$d"; done
 export PYTHONPATH="$PKG:$ROOT/tests/runtime" PYTHONSAFEPATH=1 TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
-# The serving steps need fastapi, uvicorn, pydantic, gguf ...: wheels brought along in .gpu-wheels/
-# (benchmarks/gpu_wheels.sh makes the folder), installed into a scratch site directory.
-if ls "$ROOT"/.gpu-wheels/*.whl >/dev/null 2>&1; then
-    python3 -m pip install --quiet --no-index --no-deps --target "$PKG/site" "$ROOT"/.gpu-wheels/*.whl
-    export PYTHONPATH="$PYTHONPATH:$PKG/site"
+export DRY_RUN
+# The serving steps need fastapi, uvicorn, pydantic, gguf, pyzmq, msgspec, orjson, jsonschema ...:
+# wheels brought along in .gpu-wheels/ (benchmarks/gpu_wheels.sh makes the folder;
+# benchmarks/gpu_imports.py checks that it covers the runtime's imports), installed into a scratch
+# site directory.
+WHEELS=${WHEELS:-$ROOT/.gpu-wheels}
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+    if [[ -n $DRY_RUN ]]; then
+        python3 -m pip install --quiet --no-index --no-deps --target "$PKG/site-node" \
+            --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
+            --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+            --platform manylinux_2_28_x86_64 "$WHEELS"/*.whl
+    else
+        python3 -m pip install --quiet --no-index --no-deps --target "$PKG/site" "$WHEELS"/*.whl
+    fi
+    rc=$?
+    echo "wheels: $(ls "$WHEELS"/*.whl | wc -l) from $WHEELS, install rc=$rc" | tee -a "$OUT/steps.txt"
+    [[ -z $DRY_RUN ]] && export PYTHONPATH="$PYTHONPATH:$PKG/site"
+else
+    echo "wheels: none in $WHEELS (serving, ready, kcache need them: benchmarks/gpu_wheels.sh)" |
+        tee -a "$OUT/steps.txt"
 fi
 PY="python3 -P"
+[[ -n $DRY_RUN ]] && PY="python3 -P $ROOT/benchmarks/gpu_dry.py"
 
-step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, print the tail
-    local name=$1 limit=$2 start=$SECONDS rc
+step() { # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, print the tail
+    local name=$1 limit=$2 start=$SECONDS rc left
     shift 2
     [[ " $STEPS " == *" $name "* ]] || return 0
+    left=$((BUDGET_S - SECONDS))
+    if ((left < 30)); then
+        echo "$name: skipped, $left s of BUDGET_S=$BUDGET_S left" | tee -a "$OUT/steps.txt"
+        return 0
+    fi
+    ((limit > left)) && limit=$left
     echo "=== $name"
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
     rc=$?
     tail -n "${TAIL:-25}" "$OUT/$name.log"
     echo "=== $name: rc=$rc in $((SECONDS - start)) s"
+    echo "$name: rc=$rc in $((SECONDS - start)) s (limit $limit s)" >>"$OUT/steps.txt"
 }
+wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
-cat "$OUT/gpu.txt"
-TAIL=12 step prefill 200 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 190 \
-    tests/kernels/test_prefill_attention.py tests/kernels/test_kernel_invariance.py \
-    tests/kernels/test_sdpa_prefill.py
-TAIL=20 step prefillspeed 150 $PY benchmarks/kernel_speed.py --batches "" --moe "" --fp8 "" \
-    --prefill-paths flash,flash-invariant,sdpa-prefill,unified,unified-invariant \
-    --prefill 4x2048,1x512/8192,1x2048/8192
-TAIL=30 step prefillsweep 300 $PY benchmarks/kernel_speed.py --batches "" --moe "" --fp8 "" \
-    --invariant-decodes "" --prefill-paths flash --prefill 4x2048,1x512/8192 --prefill-sweep 5
-TAIL=12 step tests 170 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 160 \
-    tests/kernels tests/runtime/test_triton_engine.py tests/runtime/engine/test_invariance.py
-TAIL=8 step tunetests 120 $PY -m pytest -q -rs -p no:cacheprovider --timeout 110 \
-    tests/runtime/tune/test_matmul_sweep.py tests/runtime/tune/test_kernel_sweep.py
-[[ " $STEPS " == *" tune "* ]] && $PY -c "
-import sys, torch; sys.path.insert(0, 'benchmarks')
+model_1b() { # the Llama-3.2-1B-shaped random model that ready, tune and kcache load (~11 s)
+    [[ -e $MODEL/config.json ]] && return 0
+    python3 -P -c "
+import os, sys, torch; sys.path.insert(0, 'benchmarks')
 from pathlib import Path
 from common import write_random_llama
 from gpu_throughput import SHAPES
-write_random_llama(Path('/tmp/llama-1b'), SHAPES['1b'], torch.bfloat16)
-" >"$OUT/model.log" 2>&1
+shape = SHAPES['1b']
+os.environ.get('DRY_RUN') or write_random_llama(Path('$MODEL'), shape, torch.bfloat16)
+" >"$WORK/model.log" 2>&1 || { echo "model: writing $MODEL failed:"; tail -n 5 "$WORK/model.log"; } |
+        tee -a "$OUT/steps.txt"
+}
+
+if [[ -n $DRY_RUN ]]; then
+    echo "dry run on $(uname -m), $(python3 -V)" >"$PKG/gpu.txt"
+else
+    nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >"$PKG/gpu.txt" 2>&1
+fi
+# steps.txt starts with the GPU (a device call brings back at most 8 files from $OUT)
+{ cat "$PKG/gpu.txt"; cat "$OUT/steps.txt"; } >"$PKG/steps.txt" && cp "$PKG/steps.txt" "$OUT/steps.txt"
+cat "$PKG/gpu.txt"
+# Two servers run at once, 32 GiB of KV cache each by default, beside the benchmark's own process:
+# ~80 GB, over an H100's. Under 100 GB of GPU memory each gets SERVING_KV_GIB (default 16; 512k
+# tokens of the 1B shape, the 256 requests' most).
+SERVING_KV=()
+if [[ -z $DRY_RUN ]]; then
+    mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n1)
+    [[ $mem =~ ^[0-9]+$ ]] && ((mem < 100000)) && SERVING_KV=(--kv-cache-gib "${SERVING_KV_GIB:-16}")
+fi
+# issue 40 first: streaming vs not at 256 clients (p99 TTFT with it), prefill vs SDPA, start to
+# ready, output tok/s with the host's ms per step
+TAIL=30 step serving 420 $PY benchmarks/gpu_serving.py --shape 1b --json "$OUT/serving.json" \
+    --workloads nano --servers process=--engine-process thread=--no-engine-process \
+    "${SERVING_KV[@]}" ${SERVING_ARGS:-}
+TAIL=20 step prefillspeed 150 $PY benchmarks/kernel_speed.py --batches "" --moe "" --fp8 "" \
+    --prefill-paths flash,flash-invariant,sdpa-prefill,unified,unified-invariant \
+    --prefill 4x2048,1x512/8192,1x2048/8192
+{ wants ready || wants tune || wants kcache; } && model_1b
+TAIL=30 step ready 150 $PY benchmarks/start_to_ready.py --rounds 1 --modes process thread \
+    -- --model "$MODEL"
+# After `tune`, the throughput run adds the defaults with its kernel configs (what tuning gains):
+# a profile left by an earlier call on the same warm machine counts.
+TUNED=()
+ls "$PROFILE"/*.json 2>/dev/null | grep -qv '/profile.json$' && TUNED=(--kernel-config-dir "$PROFILE")
+TAIL=40 step throughput 330 $PY benchmarks/gpu_throughput.py --shape 1b --also-sync --also-fast \
+    "${TUNED[@]}" --kernel-profile 10 --hf-requests "${HF:-0}"
+TAIL=12 step tests 170 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 160 \
+    tests/kernels tests/runtime/test_triton_engine.py tests/runtime/engine/test_invariance.py
+TAIL=12 step prefill 200 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 190 \
+    tests/kernels/test_prefill_attention.py tests/kernels/test_kernel_invariance.py \
+    tests/kernels/test_sdpa_prefill.py
+TAIL=30 step prefillsweep 300 $PY benchmarks/kernel_speed.py --batches "" --moe "" --fp8 "" \
+    --invariant-decodes "" --prefill-paths flash --prefill 4x2048,1x512/8192 --prefill-sweep 5
+TAIL=8 step tunetests 120 $PY -m pytest -q -rs -p no:cacheprovider --timeout 110 \
+    tests/runtime/tune/test_matmul_sweep.py tests/runtime/tune/test_kernel_sweep.py
 # (tune's last stage warms up in a fresh process as serve will and packs Triton's cache into the
 # profile: the model load and the warm-up, ~20-30 s on the 1B shape, after the budget)
-TAIL=30 step tune 190 $PY -m pagoda.runtime.cli tune --model /tmp/llama-1b --output /tmp/profile \
+TAIL=30 step tune 190 $PY -m pagoda.runtime.cli tune --model "$MODEL" --output "$PROFILE" \
     --time-budget "${TUNE_BUDGET:-80s}"
-tar -czf "$OUT/profile.tgz" -C /tmp profile 2>/dev/null
+wants tune && tar -czf "$OUT/profile.tgz" -C "$WORK" profile 2>/dev/null
 # kcache (after tune; needs .gpu-wheels/): start to ready of `pagoda serve` on the 1B model with
-# the tuned profile, its compiled kernels shipped vs the same profile without them, 2 rounds
-# interleaved, each start with an empty TRITON_CACHE_DIR (a fresh pod). Expect
+# the tuned profile, its compiled kernels shipped vs the same profile without them, KCACHE_ROUNDS
+# (2) rounds interleaved, each start with an empty TRITON_CACHE_DIR (a fresh pod). Expect
 # "kernel cache: N kernels from the tuned profile" and "start compiled 0 Triton cache entries"
 # in the shipped starts, and their warm-up shorter. Unmeasured so far.
 TAIL=60 step kcache 420 bash -c '
-    grep -A12 "\"kernel_cache\"" /tmp/profile/profile.json
-    ls -l /tmp/profile/triton-cache.tar.xz || exit 1
-    rm -rf /tmp/profile-bare && cp -r /tmp/profile /tmp/profile-bare
-    rm /tmp/profile-bare/triton-cache.tar.xz
-    for round in 1 2; do
-        for dir in /tmp/profile /tmp/profile-bare; do
+    P=$1 M=$2 PY=$3 rc=0
+    grep -A12 "\"kernel_cache\"" "$P/profile.json"
+    [[ -n $DRY_RUN ]] || ls -l "$P/triton-cache.tar.xz" || exit 1
+    rm -rf "$P-bare" && mkdir -p "$P" && cp -r "$P" "$P-bare" && rm -f "$P-bare/triton-cache.tar.xz"
+    for round in $(seq "${KCACHE_ROUNDS:-2}"); do
+        for dir in "$P" "$P-bare"; do
             echo "--- round $round, --tuned-profile $dir"
-            TRITON_CACHE_DIR=$(mktemp -d) '"$PY"' benchmarks/start_to_ready.py --rounds 1 \
-                --modes process --show-log -- --model /tmp/llama-1b --tuned-profile "$dir" |
-                grep -E "kernel cache|warm-up|engine core built|ready after|^\|"
+            TRITON_CACHE_DIR=$(mktemp -d) $PY benchmarks/start_to_ready.py --rounds 1 --modes process \
+                --show-log -- --model "$M" --tuned-profile "$dir" >"$P-start.log" 2>&1 || rc=1
+            grep -E "kernel cache|warm-up|engine core built|ready after|^\||^dry run|Error" "$P-start.log"
         done
-    done'
-# After `tune`, the throughput run adds the defaults with its kernel configs (what tuning gains).
-TUNED=()
-ls /tmp/profile/*.json 2>/dev/null | grep -qv '/profile.json$' && TUNED=(--kernel-config-dir /tmp/profile)
-TAIL=40 step throughput 330 $PY benchmarks/gpu_throughput.py --shape 1b --also-sync --also-fast \
-    "${TUNED[@]}" --kernel-profile 10 --hf-requests "${HF:-64}"
+    done
+    exit $rc' kcache "$PROFILE" "$MODEL" "$PY"
 TAIL=60 step invariance 150 $PY benchmarks/invariance_cost.py ${SWEEP:+--sweep}
 TAIL=30 step kernels 60 $PY benchmarks/kernel_speed.py --moe ""
 TAIL=12 step moetests 200 $PY -m pytest -q -rs -p no:cacheprovider --timeout 190 \
@@ -129,8 +209,6 @@ TAIL=15 step fp8engine 240 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --tim
     -k "attention or gpu" tests/kernels/test_fp8_kernels.py tests/runtime/quantization/test_fp8_engine.py
 TAIL=40 step fp8throughput 540 $PY benchmarks/gpu_throughput.py --shape 8b --also-fp8 \
     --hf-requests 0 --kv-cache-gib 24
-TAIL=30 step serving 420 $PY benchmarks/gpu_serving.py --shape 1b --json "$OUT/serving.json" \
-    --workloads nano --servers process=--engine-process thread=--no-engine-process ${SERVING_ARGS:-}
 # Tensor parallelism (two GPUs or more; on one GPU the test skips and the benchmark says so):
 # NCCL ranks with the all-reduces in the CUDA graphs against one rank, tokens and output tok/s.
 TAIL=10 step tptests 200 $PY -m pytest -q -rs -p no:cacheprovider --timeout 190 -m gpu \

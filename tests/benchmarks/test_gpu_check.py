@@ -1,0 +1,64 @@
+"""benchmarks/gpu_check.sh under DRY_RUN=1 on the CPU: each step's command line checked (argument
+parsing, the `pagoda serve` flags passed on, pytest collection), the wheels installed for the
+node's Python, each finished step recorded in $OUT/steps.txt, and BUDGET_S respected."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def gpu_check(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, str]:
+    out = tmp_path / "out"
+    env = {**os.environ, "DRY_RUN": "1", "OUT": str(out), **env}
+    proc = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    return proc, (out / "steps.txt").read_text()
+
+
+def pure_wheel(folder: Path) -> None:
+    """A minimal py3-none-any wheel, as the pure-Python ones of gpu_wheels.sh are."""
+    folder.mkdir()
+    with zipfile.ZipFile(folder / "drypkg-0.1-py3-none-any.whl", "w") as z:
+        z.writestr("drypkg/__init__.py", "")
+        z.writestr(
+            "drypkg-0.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: drypkg\nVersion: 0.1\n"
+        )
+        z.writestr(
+            "drypkg-0.1.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
+        z.writestr("drypkg-0.1.dist-info/RECORD", "")
+
+
+def test_budget_skips_what_does_not_fit(tmp_path):
+    proc, steps = gpu_check(tmp_path, STEPS="serving tests", BUDGET_S="20", WHEELS=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "serving: skipped" in steps and "tests: skipped" in steps
+    assert "wheels: none in" in steps
+
+
+@pytest.mark.slow
+def test_dry_run_checks_each_command_and_installs_the_wheels(tmp_path):
+    """The issue-40 steps and kcache; a `pagoda serve` flag that no longer exists is caught."""
+    pure_wheel(tmp_path / "wheels")
+    proc, steps = gpu_check(
+        tmp_path, STEPS="serving ready kcache", WHEELS=str(tmp_path / "wheels"),
+        SERVING_ARGS="--server-args=--no-such-serve-flag", KCACHE_ROUNDS="1",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert steps.startswith("dry run on ")  # the GPU's line (nvidia-smi's on a device)
+    lines = dict(line.split(": ", 1) for line in steps.splitlines()[1:])
+    assert lines["wheels"].endswith("install rc=0"), steps
+    assert lines["serving"].startswith("rc=2"), steps
+    assert "--no-such-serve-flag" in (tmp_path / "out" / "serving.log").read_text()
+    assert lines["ready"].startswith("rc=0") and lines["kcache"].startswith("rc=0"), steps
+    assert (tmp_path / "out" / "kcache.log").read_text().count("arguments parsed") == 2
