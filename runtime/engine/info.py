@@ -66,7 +66,8 @@ class EngineInfo:
             raise ParamError("stop_token_ids", f"stop_token_ids holds token id "
                              f"{max(params.stop_token_ids)}, not in this model's vocabulary "
                              f"[0, {vocab})")  # fmt: skip
-        check_stops_leave_tokens(params, self.tokenizer.eos_token_ids, vocab)
+        if params.min_tokens:  # only min_tokens bans the stop tokens
+            check_stops_leave_tokens(params, self.tokenizer.eos_token_ids, vocab)
         if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
             raise ParamError(
                 "max_tokens",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -16,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def gpu_check(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, str]:
     out = tmp_path / "out"
-    env = {**os.environ, "DRY_RUN": "1", "OUT": str(out), **env}
+    # the script's `python3` is the node's (torch installed): here, this interpreter's venv
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "PATH": path, "DRY_RUN": "1", "OUT": str(out), **env}
     proc = subprocess.run(
         ["bash", "benchmarks/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True,
         text=True, timeout=600,
