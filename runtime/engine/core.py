@@ -42,7 +42,7 @@ from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.request import FIRST_FINISHED, Request
-from pagoda.runtime.sampling.allowed_tokens import check_reachable, check_stops_leave_tokens
+from pagoda.runtime.sampling.allowed_tokens import check_bans_leave_tokens
 from pagoda.runtime.sampling.bad_words import bad_words_token_ids, needs_history
 from pagoda.runtime.sampling.params import SamplingParams, sample_seed
 from pagoda.runtime.worker.model_runner import ModelRunner
@@ -187,10 +187,8 @@ class EngineCore:
                 bad_words = bad_words_token_ids(params.bad_words, self.tokenizer, vocab)
             elif any(not 0 <= t < vocab for ids in bad_words for t in ids):
                 raise ValueError(f"bad_words_token_ids must be in [0, {vocab})")
-        check_reachable(params, self.model_config.eos_token_ids, bad_words)
-        check_stops_leave_tokens(
-            params, self.model_config.eos_token_ids, self.model_config.vocab_size
-        )
+        mc = self.model_config
+        check_bans_leave_tokens(params, mc.eos_token_ids, mc.vocab_size, bad_words)
         reqs = []
         for i in range(params.n):
             child_params = params

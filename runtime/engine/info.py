@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagoda.runtime.sampling.allowed_tokens import check_stops_leave_tokens
+from pagoda.runtime.sampling.allowed_tokens import bans_may_empty, check_bans_leave_tokens
 from pagoda.runtime.sampling.params import ParamError, SamplingParams
 
 
@@ -66,8 +66,8 @@ class EngineInfo:
             raise ParamError("stop_token_ids", f"stop_token_ids holds token id "
                              f"{max(params.stop_token_ids)}, not in this model's vocabulary "
                              f"[0, {vocab})")  # fmt: skip
-        if params.min_tokens:  # only min_tokens bans the stop tokens
-            check_stops_leave_tokens(params, self.tokenizer.eos_token_ids, vocab)
+        if bans_may_empty(params):  # the bans the params decide alone (bad words: the server's)
+            check_bans_leave_tokens(params, self.tokenizer.eos_token_ids, vocab, ())
         if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
             raise ParamError(
                 "max_tokens",

@@ -20,7 +20,7 @@ from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.engine.outputs import StepOutput
 from pagoda.runtime.engine.request_stream import RequestStream
-from pagoda.runtime.sampling.allowed_tokens import check_reachable
+from pagoda.runtime.sampling.allowed_tokens import check_bans_leave_tokens
 from pagoda.runtime.sampling.bad_words import bad_words_token_ids
 from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.server.endpoint import Endpoint, Job
@@ -134,10 +134,10 @@ class Serving:
                 except ValueError as e:
                     raise job.param_error(ParamError("bad_words", str(e))) from e
                 job.params.bad_words_token_ids = ids  # the job's own params: no re-check
-            if job.params.allowed_token_ids is not None:
-                try:
-                    check_reachable(job.params, info.tokenizer.eos_token_ids,
-                                    job.params.bad_words_token_ids or ())  # fmt: skip
+            if job.params.allowed_token_ids is not None and job.params.bad_words_token_ids:
+                try:  # the bad words' part (check_prompts checked the rest)
+                    check_bans_leave_tokens(job.params, info.tokenizer.eos_token_ids,
+                                            info.vocab_size, job.params.bad_words_token_ids)  # fmt: skip
                 except ParamError as e:
                     raise job.param_error(e) from e
             return job
