@@ -655,6 +655,7 @@ TUNE_FLAGS: Mapping[str, Flag] = _flags(
     *(ENGINE_FLAGS[d] for d in ("model", "dtype", "device", "attention_backend", "max_model_len",
                                 "block_size", "kv_cache_memory", "kv_cache_dtype",
                                 "quantization")),
+    SERVER_FLAGS["download_dir"],  # the same directory (and flag) as `pagoda serve`'s
     Flag("--revision", "with an hf:// --model: the commit (or branch, tag) to measure instead "
          "of the URI's, as `pagoda serve --revision` (the operator's tuning Job gets the commit "
          "its pods serve); profile.json records the commit measured as model_commit", None,

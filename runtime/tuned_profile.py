@@ -29,6 +29,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,7 +50,10 @@ _FILE_NAME = re.compile(r"^[-._a-zA-Z0-9]+\.json$")  # a ConfigMap key, and a ke
 KERNEL_CACHE_FILE = "triton-cache.tar.xz"  # profile.json's `kernel_cache` describes it
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")  # model_commit: an hf:// model's git commit
-_OLD_CONFIGS_DIR = "configs"  # where kernel configs were before the layout was flat
+_OLD_CONFIGS_DIR = "configs"
+FINGERPRINT_FIELD = "shape_fingerprint"  # the measured model's dimensions (optional: older tuners)
+MAX_FINGERPRINT_KEYS = 64
+MAX_DIMENSION = 1 << 40  # where kernel configs were before the layout was flat
 
 
 class ProfileError(ValueError):
@@ -134,19 +138,36 @@ class TunedProfile:
     @property
     def model_commit(self) -> str | None:
         """The commit of an hf:// model the profile was measured on (None: not recorded, or not
-        an hf:// model). Provenance, not identity: another commit of the same model has the
-        same shapes, so the kernel configs and knobs still fit (`commit_note`)."""
+        an hf:// model). Provenance, not identity: another commit of the same model with the
+        same `shape_fingerprint` fits (the kernel configs and knobs depend on shapes)."""
         return self.data.get("model_commit")
 
-    def commit_note(self, serving: str | None) -> str | None:
-        """One line when the server reads another commit of the model than the one measured."""
+    @property
+    def shape_fingerprint(self) -> dict[str, Any] | None:
+        """The measured model's dimensions (`pagoda.runtime.model.shape_fingerprint`); None in a
+        profile of an older `pagoda tune`, which serving accepts on the identity alone."""
+        return self.data.get(FINGERPRINT_FIELD)
+
+    def shape_mismatches(self, shapes: Mapping[str, Any] | None) -> list[str]:
+        """Readable differences between the measured model's fingerprint and `shapes` (this
+        server's model; `fingerprint_mismatches`)."""
+        return fingerprint_mismatches(self.shape_fingerprint, shapes)
+
+    def commit_note(self, serving: str | None, shapes_checked: bool = False) -> str | None:
+        """One line when the server reads another commit of the model than the one measured
+        (`shapes_checked`: its fingerprint was compared with this profile's and is the same)."""
         measured = self.model_commit
         if not measured or not serving or measured == serving:
             return None
-        return (
+        head = (
             f"tuned profile {self.directory} was measured on commit {measured[:12]} of "
-            f"{self.model}, this server reads commit {serving[:12]}: using it (kernel configs "
-            "and scheduler knobs depend on the model's shapes, not its weights; re-run "
+            f"{self.model}, this server reads commit {serving[:12]}: using it"
+        )
+        if shapes_checked and self.shape_fingerprint:
+            return f"{head} (same shape fingerprint: the kernel configs and knobs fit)"
+        return (
+            f"{head} (the profile has no shape fingerprint, from an older `pagoda tune`: kernel "
+            "configs and scheduler knobs depend on the model's shapes, not its weights; re-run "
             "`pagoda tune` if the new commit changed the architecture)"
         )
 
@@ -159,15 +180,33 @@ class TunedProfile:
         sched = self.data.get("scheduler") or {}
         return {k: sched[k] for k in SCHEDULER_KEYS if k in sched}  # checked by `validate`
 
-    def mismatches(self, *, device: str, model: str, dtype: str) -> list[str]:
-        """Readable differences between this profile and the engine about to use it."""
+    def mismatches(
+        self, *, device: str, model: str, dtype: str, shapes: Mapping[str, Any] | None = None
+    ) -> list[str]:
+        """Readable differences between this profile and the engine about to use it (`shapes`:
+        its model's fingerprint, compared when both have one)."""
         want = {"device": device, "model": normalize_model(model), "dtype": dtype}
         have = {**{k: self.data[k] for k in IDENTITY_KEYS}, "model": normalize_model(self.model)}
         return [
             f"{key} {have[key]!r} (profile) != {want[key]!r} (this server)"
             for key in IDENTITY_KEYS
             if have[key] != want[key]
-        ]
+        ] + self.shape_mismatches(shapes)
+
+
+def fingerprint_mismatches(
+    have: Mapping[str, Any] | None, want: Mapping[str, Any] | None
+) -> list[str]:
+    """``key A (profile) != B (this model)`` for each dimension of the profile's fingerprint
+    (`have`) that the model's (`want`) gives another value: only the keys both have (an older or
+    newer tuner may record fewer or more); none when either is unknown."""
+    if not have or not want:
+        return []
+    return [
+        f"{key} {have[key]!r} (profile) != {want[key]!r} (this model)"
+        for key in have
+        if key in want and have[key] != want[key]
+    ]
 
 
 def validate(data: Any, where: Path | str) -> None:
@@ -194,6 +233,7 @@ def validate(data: Any, where: Path | str) -> None:
     if commit is not None and not (isinstance(commit, str) and _COMMIT.match(commit)):
         raise ProfileError(f"{where}: field 'model_commit' must be a 40-hex-digit commit, got "
                            f"{_show(commit)}")  # fmt: skip
+    validate_fingerprint(data.get(FINGERPRINT_FIELD), where)
     digest = (data.get("kernel_cache") or {}).get("sha256")
     if digest is not None and not (isinstance(digest, str) and _SHA256.match(digest)):
         raise ProfileError(f"{where}: kernel_cache.sha256 must be 64 hex digits, got "
@@ -211,6 +251,22 @@ def validate(data: Any, where: Path | str) -> None:
         if value is not None and not (number and 0 <= value < float("inf")):
             raise ProfileError(f"{where}: capacity.{key} must be a finite number >= 0, got "
                                f"{_show(value)}")  # fmt: skip
+
+
+def validate_fingerprint(shapes: Any, where: Path | str) -> None:
+    """``shape_fingerprint``: absent, or an object of dimensions (integers >= 0) and short names
+    (``quantization``)."""
+    if shapes is None:
+        return
+    if not isinstance(shapes, dict) or not 0 < len(shapes) <= MAX_FINGERPRINT_KEYS:
+        raise ProfileError(f"{where}: field {FINGERPRINT_FIELD!r} must be an object of at most "
+                           f"{MAX_FINGERPRINT_KEYS} dimensions, got {_show(shapes)}")  # fmt: skip
+    for key, value in shapes.items():
+        dimension = type(value) is int and 0 <= value <= MAX_DIMENSION
+        name = isinstance(value, str) and 0 < len(value) <= 64
+        if len(key) > 64 or not (dimension or name):
+            raise ProfileError(f"{where}: {FINGERPRINT_FIELD}.{key[:64]} must be an integer "
+                               f">= 0 or a short name, got {_show(value)}")  # fmt: skip
 
 
 def _show(value: Any) -> str:

@@ -18,6 +18,7 @@ from pagoda.operator.autotune.profiles import profile_labels
 from pagoda.operator.kube.names import (
     GPU_RESOURCE,
     LABEL_COMPONENT,
+    MODEL_CACHE_MOUNT,
     cache_env,
     container_security,
 )
@@ -83,6 +84,8 @@ def tune_args(key: TuneKey, spec: InferenceServiceSpec) -> list[str]:
     values = {
         "model": key.model,
         "revision": spec.model.commit,  # an hf:// branch's pin: the commit the pods serve
+        # hf:// and s3://: the model-cache volume the download init container filled, as serving
+        "download_dir": MODEL_CACHE_MOUNT if spec.model.remote else None,
         "dtype": key.dtype,
         "attention_backend": key.attention_backend,
         "block_size": key.block_size,

@@ -12,7 +12,7 @@ tuning Job alike) through `add_model_download`.
   a condition (reconcile/pods.py);
 * the readers: the volume mounted read-only at the same path, `HF_HUB_OFFLINE=1` and
   `PAGODA_DOWNLOAD_DIR`, so `pagoda serve --model URI --download-dir ...` (and `pagoda tune
-  --model URI`) only look into the cache.
+  --model URI --download-dir ...`) only look into the cache.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 VOLUME = "model-cache"
 INIT_CONTAINER = "model-download"
 OFFLINE_ENV = {"name": "HF_HUB_OFFLINE", "value": "1"}
-DOWNLOAD_DIR_ENV = "PAGODA_DOWNLOAD_DIR"  # for readers without --download-dir (pagoda tune)
+DOWNLOAD_DIR_ENV = "PAGODA_DOWNLOAD_DIR"  # the default of --download-dir, for any other reader
 TERMINATION_LOG = "/dev/termination-log"  # the kubelet's default terminationMessagePath
 
 

@@ -30,6 +30,7 @@ from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.engine.core import check_max_model_len
 from pagoda.runtime.model.loader import read_model_config, read_tokenizer, resolve_model_path
 from pagoda.runtime.model.safetensors_weights import checkpoint_files
+from pagoda.runtime.model.shape_fingerprint import model_fingerprint
 from pagoda.runtime.model.sources.fetch import resolve_model, snapshot_commit
 from pagoda.runtime.quantization.fp8 import check_checkpoint_form
 from pagoda.runtime.server import fit, memory
@@ -60,12 +61,19 @@ def preflight(
     """
     # hf:// and s3:// → a local copy, downloaded now or found in --download-dir (offline too)
     model_path = resolve_model(cfg.model, download_dir, revision=revision)
-    profile, kwargs = apply_tuned_profile(
-        tuned_profile, model=cfg.model, engine_kwargs=engine_kwargs, mismatch=tuned_profile_mismatch
-    )
-    if profile is not None and (note := profile.commit_note(snapshot_commit(model_path))):
-        log.warning("%s", note)
     model_config = read_model_config(model_path)  # an unknown --model fails here
+    quantization = engine_kwargs.get("quantization")
+    profile, kwargs = apply_tuned_profile(
+        tuned_profile,
+        model=cfg.model,
+        engine_kwargs=engine_kwargs,
+        mismatch=tuned_profile_mismatch,
+        shapes=lambda: model_fingerprint(model_path, quantization, model_config),
+    )
+    if profile is not None:
+        note = profile.commit_note(snapshot_commit(model_path), shapes_checked=True)
+        if note:
+            log.log(logging.INFO if profile.shape_fingerprint else logging.WARNING, "%s", note)
     check_context(kwargs, model_config)
     engine_cfg = EngineConfig.create(model_path, **kwargs)
     check_checkpoint_form(engine_cfg.quantization, str(resolve_model_path(model_path)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +32,15 @@ log = logging.getLogger("pagoda.serve")
 
 
 def check_profile(
-    directory: str, *, model: str, engine_kwargs: Mapping[str, Any], mismatch: str = "error"
+    directory: str,
+    *,
+    model: str,
+    engine_kwargs: Mapping[str, Any],
+    mismatch: str = "error",
+    shapes: Callable[[], Mapping[str, Any]] | None = None,
 ) -> TunedProfile | None:
-    """The profile when it was measured for this device/model/dtype.
+    """The profile when it was measured for this device/model/dtype and, when it records one,
+    the shape fingerprint `shapes()` gives (this server's model; None: not compared).
 
     Otherwise ProfileError naming every difference (``mismatch="error"``), or None after a
     warning (``"warn"``: the server runs on its defaults). A missing or malformed profile is
@@ -46,9 +52,11 @@ def check_profile(
     profile = load_profile(directory)
     device = resolve_device(engine_kwargs.get("device", options.DEFAULT_DEVICE))
     dtype = resolve_dtype(engine_kwargs.get("dtype", options.DEFAULT_DTYPE), device)
+    fingerprint = shapes() if shapes is not None and profile.shape_fingerprint else None
     problems = profile.mismatches(
-        device=device_identity(device), model=model, dtype=str(dtype).removeprefix("torch.")
-    )
+        device=device_identity(device), model=model, dtype=str(dtype).removeprefix("torch."),
+        shapes=fingerprint,
+    )  # fmt: skip
     if not problems:
         return profile
     msg = f"tuned profile {directory} was measured for another setup: {'; '.join(problems)}"
@@ -120,14 +128,18 @@ def apply_tuned_profile(
     model: str,
     engine_kwargs: Mapping[str, Any],
     mismatch: str = "error",
+    shapes: Callable[[], Mapping[str, Any]] | None = None,
 ) -> tuple[TunedProfile | None, dict[str, Any]]:
     """(profile or None, engine arguments to use). ProfileError when it must not be served.
-    The caller logs `describe` once every other start-up check has passed."""
+    `shapes`: this server's model fingerprint, computed only when a profile records one to
+    compare it with. The caller logs `describe` once every other start-up check has passed."""
     kwargs = dict(engine_kwargs)
     directory = directory or os.environ.get(options.TUNED_PROFILE_ENV) or None
     if directory is None:
         return None, kwargs
-    profile = check_profile(directory, model=model, engine_kwargs=kwargs, mismatch=mismatch)
+    profile = check_profile(
+        directory, model=model, engine_kwargs=kwargs, mismatch=mismatch, shapes=shapes
+    )
     if profile is None:
         return None, kwargs
     kwargs = profile_engine_kwargs(profile, kwargs)

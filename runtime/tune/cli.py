@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
             model=args.model,
             output=args.output,
             revision=args.revision,
+            download_dir=args.download_dir,
             engine_args=engine_kwargs(args),
             max_model_len=args.max_model_len,
             time_budget_s=parse_duration(args.time_budget),

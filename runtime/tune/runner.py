@@ -14,16 +14,19 @@ from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.tune.choose import Targets, choose_scheduler
 from pagoda.runtime.tune.kernel_stage import kernel_buckets, kernel_target, run_kernel_stage
 from pagoda.runtime.tuned_profile import (
+    FINGERPRINT_FIELD,
     PROFILE_FILE,
     SCHEMA_VERSION,
     ProfileError,
     check_layout,
     device_identity,
+    fingerprint_mismatches,
     kernel_config_files,
     normalize_model,
     now_iso,
     read_json,
     remove_profile,
+    validate_fingerprint,
     versions,
     write_profile,
 )
@@ -36,6 +39,7 @@ class TuneRequest:
     model: str
     output: str
     revision: str | None = None  # an hf:// model's commit (or branch, tag): `--revision`
+    download_dir: str | None = None  # where hf:// and s3:// models are: `--download-dir`
     engine_args: dict[str, Any] = field(default_factory=dict)
     max_model_len: int | None = None
     time_budget_s: float = 900.0
@@ -135,6 +139,7 @@ def tune(req: TuneRequest) -> TuneResult:
     out = Path(req.output)
     setup = _setup(req, out)
     profile = _skeleton(setup.previous, setup.identity, setup.base, setup.max_model_len, req)
+    profile[FINGERPRINT_FIELD] = setup.fingerprint
     if setup.commit is not None:
         profile["model_commit"] = setup.commit
     profile["attention_backend"] = setup.backend
@@ -181,6 +186,7 @@ class _Setup:
     model_path: str  # the local copy of an hf:// or s3:// model (resolved once), else --model
     commit: str | None  # the hf:// commit measured (profile.json's model_commit)
     model_config: Any
+    fingerprint: dict[str, Any]  # the model's shape fingerprint (profile.json's)
     identity: dict[str, str]
     previous: dict[str, Any] | None
     max_model_len: int
@@ -190,6 +196,7 @@ class _Setup:
 
 def _setup(req: TuneRequest, out: Path) -> _Setup:
     from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.model.shape_fingerprint import model_fingerprint
     from pagoda.runtime.model.sources.fetch import resolve_model, snapshot_commit
     from pagoda.runtime.tune.engine import make_plan
 
@@ -197,10 +204,11 @@ def _setup(req: TuneRequest, out: Path) -> _Setup:
     # hf:// and s3:// → the local copy, once, as `pagoda serve` does: every stage (the kernel
     # shapes, the engine, the kernel-cache warm-up) reads the same files, whatever the branch
     # does meanwhile
-    model_path = resolve_model(req.model, revision=req.revision)
+    model_path = resolve_model(req.model, req.download_dir, revision=req.revision)
     commit = snapshot_commit(model_path) if req.model.startswith("hf://") else None
     base = EngineConfig.create(model_path, **req.engine_args)
     model_config = read_model_config(model_path)  # metadata only: a resumed run may load nothing
+    fingerprint = model_fingerprint(model_path, base.quantization, model_config)
     cuda = base.torch_device().type == "cuda"
     identity = {
         "device": device_identity(base.torch_device()),
@@ -208,6 +216,7 @@ def _setup(req: TuneRequest, out: Path) -> _Setup:
         "dtype": dtype_name(base.torch_dtype()),
     }
     previous = _previous(out, identity, req.force)
+    _check_fingerprint(previous, out, fingerprint)
     _note_commit(previous, out, commit)
     max_model_len = req.max_model_len or model_config.context_length
     _check_shapes(previous, out, max_model_len, base.cache.block_size)
@@ -215,19 +224,32 @@ def _setup(req: TuneRequest, out: Path) -> _Setup:
     backend = base.attention_backend
     if backend == "auto":
         backend = "triton" if cuda else "torch"
-    return _Setup(
-        base, model_path, commit, model_config, identity, previous, max_model_len, plan, backend
-    )
+    return _Setup(base, model_path, commit, model_config, fingerprint, identity, previous,
+                  max_model_len, plan, backend)  # fmt: skip
+
+
+def _check_fingerprint(previous: dict | None, out: Path, fingerprint: dict[str, Any]) -> None:
+    """A profile measured for other model shapes (another architecture behind the same --model,
+    or other FP8 weights) is not resumed; one without a fingerprint (an older tuner) is."""
+    if previous is None:
+        return
+    validate_fingerprint(previous.get(FINGERPRINT_FIELD), out / PROFILE_FILE)
+    differs = fingerprint_mismatches(previous.get(FINGERPRINT_FIELD), fingerprint)
+    if differs:
+        raise ProfileError(f"{out} was tuned for other model shapes ({'; '.join(differs)}); "
+                           "use --force")  # fmt: skip
 
 
 def _note_commit(previous: dict | None, out: Path, commit: str | None) -> None:
-    """Resuming a profile measured on another commit of the model is allowed (its points depend
-    on the architecture's shapes, not on the weights' values); say so, once."""
+    """Resuming a profile measured on another commit of the model is allowed once its shape
+    fingerprint is the same (`_check_fingerprint`: the points depend on the shapes, not on the
+    weights' values); say so, once."""
     before = (previous or {}).get("model_commit")
     if before and commit and before != commit:
+        same = "the same shape fingerprint" if previous.get(FINGERPRINT_FIELD) else "no fingerprint"
         print(f"note: {out} was measured on commit {before[:12]}, this run measures "
-              f"{commit[:12]}: resuming (the points depend on the model's shapes, not its "
-              "weights; --force measures everything again)", file=sys.stderr)  # fmt: skip
+              f"{commit[:12]}: resuming ({same}; the points depend on the model's shapes, not "
+              "its weights; --force measures everything again)", file=sys.stderr)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -224,9 +224,13 @@ def test_crd_rules_for_autotune(autotune: dict, resources: dict, ok: bool) -> No
 def test_a_remote_model_is_downloaded_before_tuning() -> None:
     """The tuning Job of an hf:// model gets what its serving pods get: the model-cache volume and
     the download init container (first), and `tune` reads the cache offline."""
+    import argparse
+
     import kubernetes_validate
     from pagoda.operator.autotune.jobs import build_job
     from pagoda.operator.children.model_cache import add_model_download
+    from pagoda.operator.kube.names import MODEL_CACHE_MOUNT
+    from pagoda.runtime.tune import cli as tune_cli
 
     spec = parse(model="hf://org/llama@main", modelSecretRef={"name": "hf"})
     key = key_for(spec, "H200")
@@ -236,6 +240,9 @@ def test_a_remote_model_is_downloaded_before_tuning() -> None:
     download, tune = pod["initContainers"]
     assert (download["name"], tune["name"]) == ("model-download", "tune")
     assert tune["args"][tune["args"].index("--model") + 1] == "hf://org/llama@main"
+    parser = argparse.ArgumentParser()
+    tune_cli.add_arguments(parser)
+    assert parser.parse_args(tune["args"]).download_dir == MODEL_CACHE_MOUNT  # as serve's
     assert {"HF_HUB_OFFLINE", "PAGODA_DOWNLOAD_DIR"} <= {e["name"] for e in tune["env"]}
     assert any(m["name"] == "model-cache" and m["readOnly"] for m in tune["volumeMounts"])
     assert not any(m["name"] == "model-cache" for m in pod["containers"][0]["volumeMounts"])
@@ -243,6 +250,7 @@ def test_a_remote_model_is_downloaded_before_tuning() -> None:
     assert "initContainers" in job["spec"]["template"]["spec"]
     plain = build_job(key_for(parse(), "H200"), parse(), "team-a", cm, pod_parts=add_model_download)
     assert [c["name"] for c in plain["spec"]["template"]["spec"]["initContainers"]] == ["tune"]
+    assert "--download-dir" not in plain["spec"]["template"]["spec"]["initContainers"][0]["args"]
 
 
 def test_profile_check_needs_no_writable_disk(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -160,3 +160,22 @@ def test_a_profile_with_a_bad_kernel_config_is_refused(tmp_path, text, needle):
     with pytest.raises(ProfileError) as err:
         load_profile(tmp_path)
     assert "Tuned_GPU.json" in str(err.value) and needle in str(err.value), err.value
+
+
+@pytest.mark.parametrize(
+    ("fingerprint", "needle"),
+    [
+        ([576], "'shape_fingerprint' must be an object"),
+        ({}, "'shape_fingerprint' must be an object"),
+        ({"hidden_size": -1}, "shape_fingerprint.hidden_size must be an integer >= 0"),
+        ({"hidden_size": True}, "shape_fingerprint.hidden_size must be an integer >= 0"),
+        ({"hidden_size": 5.0}, "shape_fingerprint.hidden_size must be an integer >= 0"),
+        ({"quantization": ""}, "shape_fingerprint.quantization must be an integer >= 0"),
+        ({"quantization": None}, "shape_fingerprint.quantization must be an integer >= 0"),
+    ],
+)
+def test_a_malformed_fingerprint_is_refused(tmp_path, fingerprint, needle):
+    """The operator loads the profile with this loader before mounting it (InvalidProfile)."""
+    make_profile(tmp_path, shape_fingerprint=fingerprint)
+    with pytest.raises(ProfileError, match=needle):
+        load_profile(tmp_path)

@@ -160,3 +160,78 @@ def test_the_engine_factory_installs_the_profile_kernels_before_warm_up(
     assert text.index("kernel cache: 2 kernels") < text.index("engine core built")
     assert "start compiled 0 Triton cache entries the profile did not ship" in text
     assert "warm-up: " in text  # with how long it took
+
+
+SMOLLM2_SHAPES = {
+    "hidden_size": 576, "intermediate_size": 1536, "num_heads": 9, "num_kv_heads": 3,
+    "head_dim": 64, "vocab_size": 49152, "num_layers": 30, "num_experts": 0,
+    "num_experts_per_tok": 0, "moe_intermediate_size": 0, "quantization": "none",
+}  # fmt: skip
+
+
+def smollm2_shapes():
+    from pagoda.runtime.model.shape_fingerprint import model_fingerprint
+
+    return model_fingerprint("smollm2-135m", None)
+
+
+def test_the_fingerprint_is_the_models_dimensions():
+    assert smollm2_shapes() == SMOLLM2_SHAPES
+
+
+@pytest.mark.parametrize("mismatch", ["error", "warn"])
+def test_a_profile_for_other_shapes_is_refused(tmp_path, caplog, mismatch):
+    """Another architecture behind the same --model (another commit, a replaced folder): the
+    kernel configs were chosen for other shapes. Error: one line (serve exits 2); warn: the
+    server runs on its defaults."""
+    other = {**SMOLLM2_SHAPES, "num_layers": 24, "quantization": "fp8"}
+    make_profile(tmp_path, shape_fingerprint=other, model_commit="a" * 40)
+    with caplog.at_level(logging.WARNING, "pagoda.serve"):
+        if mismatch == "error":
+            with pytest.raises(ProfileError) as err:
+                check_profile(str(tmp_path), model="smollm2-135m", engine_kwargs=ENGINE_ARGS,
+                              shapes=smollm2_shapes)  # fmt: skip
+            msg = str(err.value)
+        else:
+            profile, args = apply_tuned_profile(
+                str(tmp_path), model="smollm2-135m", engine_kwargs=ENGINE_ARGS, mismatch="warn",
+                shapes=smollm2_shapes,
+            )  # fmt: skip
+            assert profile is None and args == ENGINE_ARGS
+            msg = caplog.text
+    assert "num_layers 24 (profile) != 30 (this model)" in msg and "\n" not in msg.strip()
+    assert "quantization 'fp8' (profile) != 'none' (this model)" in msg
+
+
+def test_another_commit_with_the_same_shapes_is_used(tmp_path):
+    make_profile(tmp_path, shape_fingerprint=SMOLLM2_SHAPES, model_commit="a" * 40)
+    profile = check_profile(str(tmp_path), model="smollm2-135m", engine_kwargs=ENGINE_ARGS,
+                            shapes=smollm2_shapes)  # fmt: skip
+    assert profile is not None
+    note = profile.commit_note("b" * 40, shapes_checked=True)
+    assert (
+        note and "this server reads commit bbbbbbbbbbbb: using it (same shape fingerprint" in note
+    )
+    assert profile.commit_note("a" * 40, shapes_checked=True) is None
+
+
+def test_a_profile_without_a_fingerprint_keeps_working(tmp_path):
+    """An older `pagoda tune` wrote none: the identity checks alone, and the old warning."""
+    make_profile(tmp_path, model_commit="a" * 40)
+
+    def never():
+        raise AssertionError("nothing to compare the model's fingerprint with")
+
+    profile = check_profile(str(tmp_path), model="smollm2-135m", engine_kwargs=ENGINE_ARGS,
+                            shapes=never)  # fmt: skip
+    assert profile is not None and profile.shape_fingerprint is None
+    assert "has no shape fingerprint" in profile.commit_note("b" * 40, shapes_checked=True)
+
+
+def test_a_tuner_recording_more_or_fewer_dimensions_is_compared_on_the_shared_ones(tmp_path):
+    newer = {**SMOLLM2_SHAPES, "sliding_window": 4096}
+    fewer = {k: SMOLLM2_SHAPES[k] for k in ("hidden_size", "num_layers")}
+    for shapes in (newer, fewer):
+        make_profile(tmp_path, shape_fingerprint=shapes)
+        assert check_profile(str(tmp_path), model="smollm2-135m", engine_kwargs=ENGINE_ARGS,
+                             shapes=smollm2_shapes) is not None  # fmt: skip

@@ -41,21 +41,24 @@ def env(hub: FakeHub, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -
 @pytest.fixture(scope="module")
 def tuned(hub: FakeHub, tmp_path_factory: pytest.TempPathFactory) -> Iterator[pathlib.Path]:
     """One tune of hf://org/tiny at its commit, as the operator's tuning Job runs it: the init
-    container downloads the pinned commit, `pagoda tune` reads the cache offline."""
+    container downloads the pinned commit into the volume, `pagoda tune --download-dir` reads
+    it there offline."""
     root = tmp_path_factory.mktemp("job")
     commit = hub.repos["org/tiny"].commit
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_ENDPOINT", hub.endpoint)
         mp.setitem(hub.repos["org/tiny"].branches, "main", MOVED)
-        mp.setenv("PAGODA_DOWNLOAD_DIR", str(root / "models"))
+        mp.setenv("PAGODA_DOWNLOAD_DIR", str(root / "elsewhere"))  # --download-dir wins
         mp.setenv("PAGODA_TERMINATION_LOG", str(root / "termination"))
         mp.delenv("HF_HUB_OFFLINE", raising=False)
-        assert main(["download", "--model", "hf://org/tiny", "--revision", commit]) == 0
+        cache = ["--download-dir", str(root / "models")]  # the operator's volume
+        assert main(["download", "--model", "hf://org/tiny", "--revision", commit, *cache]) == 0
         mp.setenv("HF_HUB_OFFLINE", "1")
         out = root / "profile"
-        code = main(["tune", "--model", "hf://org/tiny", "--revision", commit,
+        code = main(["tune", "--model", "hf://org/tiny", "--revision", commit, *cache,
                      "--output", str(out), *TUNE])  # fmt: skip
         assert code == 0
+        assert not (root / "elsewhere").exists()
     yield out
 
 
@@ -65,6 +68,11 @@ def test_the_pinned_commit_is_measured_and_recorded(tuned: pathlib.Path, hub: Fa
     assert profile["model"] == "hf://org/tiny"  # the identity serving checks: --model as written
     assert profile["model_commit"] == hub.repos["org/tiny"].commit
     assert profile["engine"]["prefill"] and profile["engine"]["decode"]
+    assert profile["shape_fingerprint"] == {  # tiny_checkpoint's config.json
+        "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "num_kv_heads": 1,
+        "head_dim": 16, "vocab_size": 64, "num_layers": 1, "num_experts": 0,
+        "num_experts_per_tok": 0, "moe_intermediate_size": 0, "quantization": "none",
+    }  # fmt: skip
 
 
 @pytest.mark.slow
@@ -134,30 +142,70 @@ def test_offline_without_the_pin_finds_nothing(
     capsys.readouterr()
 
 
-@pytest.mark.slow
-def test_serve_logs_the_commit_note(
-    tuned: pathlib.Path, env: pathlib.Path, hub: FakeHub, caplog: pytest.LogCaptureFixture
-) -> None:
-    """`pagoda serve --tuned-profile` on a copy of the model at another commit: the start-up
-    check passes, with the note in the log."""
-    from pagoda.runtime.server.config import ServerConfig
-    from pagoda.runtime.server.launch import preflight
-
+def _measured_elsewhere(tuned: pathlib.Path, folder: str, **changes) -> pathlib.Path:
+    """A copy of the profile as if measured on commit bbbb… (`changes`: to profile.json)."""
     profile = json.loads((tuned / "profile.json").read_text())
-    moved = tuned.parent / "moved"
+    moved = tuned.parent / folder
     moved.mkdir(exist_ok=True)
     for f in tuned.iterdir():
         (moved / f.name).write_bytes(f.read_bytes())
-    (moved / "profile.json").write_text(json.dumps({**profile, "model_commit": "b" * 40}))
+    changed = {**profile, "model_commit": "b" * 40, **changes}
+    (moved / "profile.json").write_text(json.dumps({k: v for k, v in changed.items() if v}))
+    return moved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fingerprint", [True, False])
+def test_serve_logs_the_commit_note(
+    tuned: pathlib.Path, env: pathlib.Path, hub: FakeHub, caplog: pytest.LogCaptureFixture,
+    fingerprint: bool,
+) -> None:  # fmt: skip
+    """`pagoda serve --tuned-profile` on a copy of the model at another commit: the start-up
+    check passes, with the note in the log: the same shape fingerprint (info), or none to
+    compare, from an older tuner (a warning)."""
+    from pagoda.runtime.server.config import ServerConfig
+    from pagoda.runtime.server.launch import preflight
+
+    moved = _measured_elsewhere(tuned, f"moved-{fingerprint}",
+                                **({} if fingerprint else {"shape_fingerprint": None}))  # fmt: skip
     commit = hub.repos["org/tiny"].commit
-    caplog.set_level(logging.WARNING, "pagoda.serve")
+    caplog.set_level(logging.INFO, "pagoda.serve")
     cfg = ServerConfig(model="hf://org/tiny")
     engine_cfg, applied = preflight(
         cfg, {"dtype": "float32", "max_model_len": 64, "kv_cache_memory": 4 << 20}, str(moved),
         revision=commit,
     )  # fmt: skip
     assert applied is not None and engine_cfg.model.endswith(f"/snapshots/{commit}")
+    (note,) = [r for r in caplog.records if "measured on commit" in r.getMessage()]
     assert (
         f"measured on commit bbbbbbbbbbbb of hf://org/tiny, this server reads commit {commit[:12]}"
-        in caplog.text
+        in note.getMessage()
     )
+    if fingerprint:
+        assert note.levelno == logging.INFO and "same shape fingerprint" in note.getMessage()
+    else:
+        assert note.levelno == logging.WARNING and "no shape fingerprint" in note.getMessage()
+
+
+@pytest.mark.slow
+def test_another_commit_of_other_shapes_is_refused(
+    tuned: pathlib.Path, env: pathlib.Path, hub: FakeHub, capsys: pytest.CaptureFixture
+) -> None:
+    """A commit that changed the architecture: serving refuses the profile in one line (exit 2
+    from `pagoda serve`), and `pagoda tune` does not resume it (--force measures afresh)."""
+    from pagoda.runtime.server.config import ServerConfig
+    from pagoda.runtime.server.launch import preflight
+    from pagoda.runtime.tuned_profile import ProfileError
+
+    profile = json.loads((tuned / "profile.json").read_text())
+    wider = {**profile["shape_fingerprint"], "hidden_size": 64}
+    moved = _measured_elsewhere(tuned, "wider", shape_fingerprint=wider)
+    commit = hub.repos["org/tiny"].commit
+    with pytest.raises(ProfileError, match=r"hidden_size 64 \(profile\) != 32 \(this model\)"):
+        preflight(ServerConfig(model="hf://org/tiny"), {"dtype": "float32", "max_model_len": 64},
+                  str(moved), revision=commit)  # fmt: skip
+    resolve_model("hf://org/tiny", revision=commit)
+    code = main(["tune", "--model", "hf://org/tiny", "--revision", commit, "--output", str(moved),
+                 *TUNE])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "was tuned for other model shapes (hidden_size 64" in err, err

@@ -1,0 +1,73 @@
+"""A model's shape fingerprint: the dimensions a tuned profile depends on.
+
+Kernel configs are chosen by shapes (the matmuls' weight shapes, attention's heads and head
+size, the fused-MoE expert shape) and the scheduler knobs by the step times those shapes give,
+never by the weights' values. `pagoda tune` records the fingerprint in ``profile.json``
+(``shape_fingerprint``) and `pagoda serve --tuned-profile` compares it with the model it reads:
+the same fingerprint, the profile fits (another commit of the model included); another, it was
+measured for another architecture (`pagoda.runtime.tuned_profile.TunedProfile.mismatches`). The
+dtype is the profile's identity already (``dtype``), so it is not repeated here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pagoda.runtime.config import ModelConfig
+
+NO_QUANTIZATION = "none"
+# what selects kernel configs and times a step; `quantization` says how the linear layers run
+FINGERPRINT_KEYS = (
+    "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
+    "num_layers", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "quantization",
+)  # fmt: skip
+
+
+def shape_fingerprint(config: ModelConfig, quantization: str) -> dict[str, int | str]:
+    """The fingerprint of a model (`config`) whose linear layers run as `quantization`
+    (`weight_format`)."""
+    f = config.family
+    return {
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_heads": config.num_heads,
+        "num_kv_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "vocab_size": config.vocab_size,
+        "num_layers": config.num_layers,
+        "num_experts": f.num_experts,
+        "num_experts_per_tok": f.num_experts_per_tok,
+        "moe_intermediate_size": f.moe_intermediate_size,
+        "quantization": quantization,
+    }
+
+
+def weight_format(model_path: str, quantization: str | None) -> str:
+    """How the linear layers run: ``fp8`` with engine ``--quantization fp8`` or an FP8
+    checkpoint (``fp8 block RxC`` for block-wise scales), else ``none``. `model_path`: the local
+    model (a GGUF file or an HF directory)."""
+    if quantization is not None:
+        return quantization
+    from pagoda.runtime.model.loader import resolve_model_path
+    from pagoda.runtime.quantization.fp8 import scheme_from_hf_config
+
+    path = resolve_model_path(model_path)
+    config = path / "config.json" if path.is_dir() else None
+    if config is None or not config.is_file():
+        return NO_QUANTIZATION
+    scheme = scheme_from_hf_config(json.loads(config.read_text()))
+    if scheme is None:
+        return NO_QUANTIZATION
+    return "fp8" if scheme.block is None else f"fp8 block {scheme.block[0]}x{scheme.block[1]}"
+
+
+def model_fingerprint(
+    model_path: str, quantization: str | None, config: ModelConfig | None = None
+) -> dict[str, Any]:
+    """`shape_fingerprint` of the model at `model_path` (its config read unless given)."""
+    if config is None:
+        from pagoda.runtime.model.loader import read_model_config
+
+        config = read_model_config(model_path)
+    return shape_fingerprint(config, weight_format(model_path, quantization))
