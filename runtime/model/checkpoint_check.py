@@ -94,6 +94,11 @@ def check_checkpoint(
         if got != shape:
             raise ValueError(f"checkpoint tensor {name} is {list(got)}, config.json "
                              f"({_describe(config)}) needs {list(shape)}")  # fmt: skip
+    head = (config.vocab_size, config.hidden_size)
+    if config.tie_word_embeddings and HEAD in headers and tuple(headers[HEAD][1]) != head:
+        # transformers keeps a head that differs from the embedding, and cannot load this one
+        raise ValueError(f"checkpoint tensor {HEAD} is {list(headers[HEAD][1])}, config.json "
+                         f"({_describe(config)}) needs {list(head)}")  # fmt: skip
     _check_mlp(config, headers)
     for name, (dtype, shape) in headers.items():
         if dtype.startswith("F8_") and dtype not in FP8_DTYPES:

@@ -51,6 +51,12 @@ class DeviceWeights:
             return self._dequantized(name, t)
         return t.to(device=self.device, dtype=self.dtype)
 
+    def equal(self, a: str, b: str) -> bool:
+        """Whether tensors `a` and `b` are stored alike (shape, dtype and bits), read where they
+        are stored (an embedding and a head: once, at load, only when a config ties them)."""
+        x, y = self._w[a], self._w[b]
+        return x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y)
+
     def source(self, name: str) -> torch.Tensor:
         """Matrix `name` as ``--quantization fp8`` quantizes it: as stored (on the device), or
         in float32 where the checkpoint stores it in FP8 with scales the GEMM cannot take

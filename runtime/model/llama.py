@@ -231,7 +231,11 @@ class LlamaModel:
         ctx = self.layer_context(linear)
         self.rms_norm = ctx.rms_norm
         self.norm = self.norm_weight(w["model.norm.weight"])
-        tied = config.tie_word_embeddings or "lm_head.weight" not in w
+        # as transformers loads it: tied without a head of its own; with one, only when the
+        # config ties and the two tensors are equal (a distinct head is kept, as transformers 5)
+        tied = "lm_head.weight" not in w or (
+            config.tie_word_embeddings and w.equal(EMBED, "lm_head.weight")
+        )
         head = EMBED if tied else "lm_head.weight"
         if tp is not None:
             self.embed, self.lm_head, self.vocab_size = vocab_parallel(ctx, w, EMBED, head)

@@ -92,6 +92,32 @@ def test_gemma3_multimodal_checkpoint_serves_its_text_model(tmp_path):
     assert _tokens(llm) == want
 
 
+@pytest.mark.parametrize("head", ["its own", "the embedding's copy"])
+def test_a_tied_config_with_a_head_in_the_file_loads_as_transformers(tmp_path, head):
+    """`tie_word_embeddings: true` and an `lm_head.weight` in the checkpoint (a hand-edited or
+    re-exported file): transformers 5 ties only when the two are equal, and otherwise keeps the
+    file's head (with a warning); the engine serves what transformers computes."""
+    from safetensors.torch import load_file, save_file
+
+    make_tiny_model(tmp_path, "Llama", tie_word_embeddings=True)
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    embed = weights["model.embed_tokens.weight"]
+    assert "lm_head.weight" not in weights  # transformers saves a tied head once
+    g = torch.Generator().manual_seed(2)
+    own = 3 * torch.randn(embed.shape, generator=g)
+    weights["lm_head.weight"] = own if head == "its own" else embed.clone()
+    save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    kept = not torch.equal(ref.lm_head.weight, ref.model.embed_tokens.weight)
+    assert kept == (head == "its own")  # the oracle's own behaviour, checked
+    llm = LLM(str(tmp_path), dtype="float32", kv_cache_memory=8 << 20)
+    assert _tokens(llm) == hf_greedy_plain(ref, PROMPT, 5)[0]
+    weights["lm_head.weight"] = own[:, :-1].contiguous()  # a head transformers cannot load
+    save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"checkpoint tensor lm_head.weight is \[300, 63\]"):
+        read_model_config(str(tmp_path))
+
+
 def test_generation_config_gives_eos_ids_and_sampling_defaults(tmp_path):
     model = make_tiny_model(tmp_path, "Qwen3", head_dim=64)
     greedy = hf_greedy_plain(model, PROMPT, 6)[0]
