@@ -2,8 +2,9 @@
 
 Reads `config.json` (for Gemma 3's multimodal checkpoints, its `text_config`), the safetensors
 weights (`safetensors_weights`: one file or shards named by `model.safetensors.index.json`, read
-lazily), `tokenizer.json` with the chat template of `tokenizer_config.json` or
-`chat_template.jinja`, and `generation_config.json` (EOS ids, sampling defaults).
+lazily), `tokenizer.json` with the chat template (`template_files`: a processor's
+`chat_template.json`, `chat_template.jinja` or `tokenizer_config.json`), and
+`generation_config.json` (EOS ids, sampling defaults).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.ops import rope_inv_freq, rope_kind
 from pagoda.runtime.model.safetensors_weights import INDEX, SafetensorsWeights
+from pagoda.runtime.model.template_files import read_chat_template
 from pagoda.runtime.model.tokenizer import Tokenizer
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -295,10 +297,7 @@ def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
     if not path.exists():
         raise ValueError(f"{model_dir} has no tokenizer.json")
     tcfg = _read_json(model_dir / "tokenizer_config.json")
-    jinja = model_dir / "chat_template.jinja"  # takes priority, as in transformers
-    template = jinja.read_text() if jinja.exists() else tcfg.get("chat_template")
-    if isinstance(template, list):  # named templates: take "default"
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    template = read_chat_template(model_dir, tcfg)  # a processor's file first, as vLLM
     hf_tok = HFTokenizer.from_file(str(path))
     return Tokenizer(
         hf_tok,

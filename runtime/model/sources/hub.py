@@ -35,6 +35,7 @@ ALLOW_PATTERNS = (
     "special_tokens_map.json",
     "chat_template.jinja",
     "chat_template.json",
+    "processor_config.json",  # a multimodal checkpoint's chat template may be there
     "*.safetensors",
     "*.safetensors.index.json",
 )

@@ -189,6 +189,51 @@ def test_chat_template_jinja_wins_and_bos_follows_the_post_processor(tmp_path):
     assert tok.encode("w5", add_special_tokens=False) == [5]
 
 
+def test_a_multimodal_checkpoints_template_files_in_transformers_order(tmp_path):
+    """Gemma 3's multimodal layout: the processor's template in chat_template.json (or
+    chat_template.jinja, or processor_config.json) beside tokenizer_config.json's. The engine
+    renders the processor's template where transformers' processor loading finds one (its
+    `get_processor_dict`), else the tokenizer's (`AutoTokenizer`), as vLLM chooses."""
+    text = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=16)  # fmt: skip
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14)  # fmt: skip
+    cfg = transformers.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=299,
+        boi_token_index=297, eoi_token_index=298,
+    )  # fmt: skip
+    save_multimodal_gemma3(tmp_path, cfg)
+
+    def template(tag: str) -> str:
+        return tag + "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+
+    def transformers_template() -> str:
+        processor, _ = transformers.ProcessorMixin.get_processor_dict(str(tmp_path))
+        found = processor.get("chat_template")
+        return found or transformers.AutoTokenizer.from_pretrained(tmp_path).chat_template
+
+    layouts = [  # each file added beside the ones before it wins over them
+        ("tokenizer_config.json", None, "{% for m in messages %}w3"),  # as it was saved
+        ("chat_template.jinja", template("JINJA"), "JINJA"),
+        ("chat_template.json", json.dumps({"chat_template": template("LEGACY")}), "LEGACY"),
+        ("processor_config.json", json.dumps({"chat_template": template("PROC")}), "PROC"),
+    ]
+    for name, content, tag in layouts:
+        if content is not None:
+            (tmp_path / name).write_text(content)
+        want = transformers_template()
+        assert want.startswith(tag), name  # the oracle's own order, checked
+        assert read_tokenizer(str(tmp_path)).chat_template == want, name
+    (tmp_path / "processor_config.json").unlink()
+    (tmp_path / "chat_template.jinja").unlink()  # the legacy file alone, beside the tokenizer's
+    assert transformers_template().startswith("LEGACY")
+    tok = read_tokenizer(str(tmp_path))
+    assert tok.apply_chat_template([{"role": "user", "content": "w9"}]) == "LEGACY<user>w9"
+    (tmp_path / "chat_template.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"chat_template\.json is not valid JSON"):
+        read_tokenizer(str(tmp_path))
+
+
 def _same_tokenizer(a, b) -> None:
     text = "w5 w6 hello <|im_end|> 日本"
     assert a.backend.to_str() == b.backend.to_str()
