@@ -269,6 +269,29 @@ def test_profile_check_needs_no_writable_disk(monkeypatch: pytest.MonkeyPatch) -
     assert mount.profile_problem(cm, "smollm2-135m") is None
 
 
+def test_the_shape_fingerprint_is_checked_before_mounting() -> None:
+    """The operator loads a published profile with serving's loader: a malformed
+    `shape_fingerprint` (a hand edit) is InvalidProfile, as serving would exit 2 on it; a
+    well-formed one is mounted whatever its shapes (the operator does not read the model's files;
+    serving compares them under --tuned-profile-mismatch warn)."""
+    import json
+
+    from pagoda.operator.autotune import mount
+
+    base = {"schema_version": 1, "device": "NVIDIA H200", "model": "smollm2-135m",
+            "dtype": "bfloat16", "created": "2026-12-05T00:00:00Z"}  # fmt: skip
+
+    def problem(fingerprint: object) -> tuple[str, str] | None:
+        data = {"profile.json": json.dumps({**base, "shape_fingerprint": fingerprint})}
+        return mount.profile_problem({"metadata": {"name": "pagoda-tuned-f"}, "data": data},
+                                     "smollm2-135m")  # fmt: skip
+
+    reason, message = problem({"hidden_size": 4096.5}) or ("", "")
+    assert reason == mount.INVALID and "shape_fingerprint.hidden_size must be" in message
+    assert "ConfigMap pagoda-tuned-f" in message
+    assert problem({"hidden_size": 4096, "num_layers": 32, "quantization": "none"}) is None
+
+
 def test_a_failed_pass_does_not_end_the_autotune_loop() -> None:
     """Any error of one pass (a hand-edited annotation once overflowed) is logged and the next
     pass comes; the loop task once died with it, ending autotuning until a restart."""
