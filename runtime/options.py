@@ -291,8 +291,9 @@ SERVER_FLAGS: Mapping[str, Flag] = _flags(
     Flag("--tuned-profile", "directory written by `pagoda tune`: its kernel configs are searched "
          f"first and its scheduler knobs apply unless set by flags (or env {TUNED_PROFILE_ENV})",
          None, metavar="DIR"),
-    Flag("--tuned-profile-mismatch", "a profile measured for another device/model/dtype: error "
-         "refuses to start, warn serves on defaults", "error", choices=TUNED_PROFILE_MISMATCH),
+    Flag("--tuned-profile-mismatch", "a profile measured for another device/model/dtype or "
+         "model shapes (its shape fingerprint): error refuses to start, warn serves on defaults",
+         "error", choices=TUNED_PROFILE_MISMATCH),
     Flag("--tool-call-parser", "how tool calls are read from the model's output; auto: from "
          "the chat template (hermes for templates that do not render tools)",
          DEFAULT_TOOL_CALL_PARSER, choices=TOOL_CALL_PARSERS),
