@@ -22,6 +22,7 @@ from pagoda.runtime.request import TokenLogprob
 from pagoda.runtime.sampling.params import ParamError, SamplingParams
 from pagoda.runtime.server.logprobs import TokenStrings
 from pagoda.runtime.server.protocol import APIError, shorten
+from pagoda.runtime.server.reasoning import ReasoningStream
 from pagoda.runtime.server.tool_parsers import ToolStream
 from pagoda.runtime.server.tools import ToolSetup
 from pydantic import BaseModel
@@ -54,6 +55,9 @@ class Job:
     tools: ToolSetup | None = None  # chat with tools: how calls are parsed
     tool_streams: dict[int, ToolStream] = field(default_factory=dict)  # per choice, streaming
     called: set[int] = field(default_factory=set)  # choices whose output held tool calls
+    # chat with --reasoning-parser: whether replies start thinking (None: no parser)
+    reasoning: bool | None = None
+    reasoning_streams: dict[int, ReasoningStream] = field(default_factory=dict)  # per choice
     role: str = "assistant"  # chat: the reply's role
     echo_text: str = ""  # chat: what each reply starts with (`echo`)
     continuous_usage: bool = False  # stream: every chunk's usage is its choice's so far
