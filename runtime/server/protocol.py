@@ -297,9 +297,8 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
-    reasoning: str | None = (
-        None  # vLLM's newer name (a reply carries both): templates read the other
-    )
+    # vLLM's newer name of reasoning_content (a reply carries both); templates read the other
+    reasoning: str | None = None
 
     def as_template_dict(self) -> dict[str, Any]:
         data = self.model_dump(exclude_none=True)
