@@ -98,8 +98,10 @@ def split(text: str, thinking: bool) -> tuple[str | None, str | None]:
 
 def after_reasoning(spec: StructuredOutputsParams) -> StructuredOutputsParams:
     """`spec` applied only once the thinking ends, as vLLM applies a grammar: free text (an
-    optional opening `<think>`, then anything up to `</think>`), then `spec`'s own grammar; a
-    structural tag (xgrammar's: the `any_text` part ends at the first `</think>`)."""
+    optional opening `<think>`, then anything up to `</think>`), then `spec`'s own grammar
+    from the first character after the marker; a structural tag (xgrammar's `any_text` ends at
+    the first `</think>`). The thinking is not constrained, except that it cannot end the
+    output (EOS there is masked: a reply must reach its answer or max_tokens)."""
     from pagoda.runtime.structured.compiler import spec_grammar
 
     grammar = spec_grammar(spec)  # ParamError naming the spec's field when it is invalid
@@ -110,7 +112,6 @@ def after_reasoning(spec: StructuredOutputsParams) -> StructuredOutputsParams:
             "elements": [
                 {"type": "regex", "pattern": r"([ \t\r\n]*<think>)?"},
                 {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": END},
-                {"type": "regex", "pattern": r"[ \t\r\n]{0,4}"},
                 {"type": "grammar", "grammar": str(grammar)},
             ],
         },
