@@ -73,7 +73,10 @@ class ChatEndpoint(Endpoint):
         job = self.job(req, model, [ids], [text], params, strings, renames)
         job.tools = setup if setup is not None and setup.parser is not None else None
         job.role = req.reply_role
-        job.reasoning = thinking if self.reasoning_parser is not None else None
+        if self.reasoning_parser is not None:
+            job.reasoning = thinking
+            end = info.tokenizer.encode(reasoning.END, add_special_tokens=False)
+            job.reasoning_end_id = end[0] if len(end) == 1 else None
         if req.echo:  # vLLM's: the last message's content, when the reply continues its role
             if job.tools is not None:
                 raise APIError(400, "echo cannot be combined with tools", param="echo",
@@ -133,13 +136,24 @@ class ChatEndpoint(Endpoint):
         return {"prompt_logprobs": job.strings.prompt(job.prompts[0], entries,
                                                       job.prompt_logprobs_k)}  # fmt: skip
 
+    def usage_details(self, job: Job, ids: list[list[int]]) -> dict[str, Any]:
+        """With a reasoning parser, OpenAI's `completion_tokens_details.reasoning_tokens` (as
+        vLLM's): the thinking's tokens of every choice (`ids`: each choice's output tokens)."""
+        if job.reasoning is None:
+            return {}
+        n = sum(reasoning.reasoning_tokens(ids[i], job.reasoning_streams.get(i),
+                                           job.reasoning_end_id, job.strings.text)
+                for i in range(len(ids)))  # fmt: skip
+        return {"completion_tokens_details": {"reasoning_tokens": n}}
+
     def _logprobs(self, job: Job, lps: list[TokenLogprob]) -> dict[str, Any] | None:
         return {"content": job.strings.chat(lps)} if job.params.logprobs is not None else None
 
     def choice(self, job: Job, i: int, text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
         thought, answer = None, text
         if job.reasoning is not None:
-            thought, answer = reasoning.split(text, job.reasoning)
+            split = job.reasoning_streams[i] = reasoning.ReasoningStream(job.reasoning)
+            thought, answer = reasoning.split(text, split)
         content = None if answer is None else job.echo_text + answer
         message: dict[str, Any] = {"role": job.role, "content": content}
         if job.tools is not None and answer is not None:  # calls are read from the answer only

@@ -58,6 +58,7 @@ class Job:
     # chat with --reasoning-parser: whether replies start thinking (None: no parser)
     reasoning: bool | None = None
     reasoning_streams: dict[int, ReasoningStream] = field(default_factory=dict)  # per choice
+    reasoning_end_id: int | None = None  # `</think>`'s token, where it is one
     role: str = "assistant"  # chat: the reply's role
     echo_text: str = ""  # chat: what each reply starts with (`echo`)
     continuous_usage: bool = False  # stream: every chunk's usage is its choice's so far
@@ -192,6 +193,11 @@ class Endpoint(ABC):
         """A stream chunk's choice `i` (without finish_reason); `offset`: the length of
         the text of the tokens whose logprobs were sent so far (where `text_offset` goes on);
         `final`: the choice's last chunk. None: nothing to send yet."""
+
+    def usage_details(self, job: Job, ids: list[list[int]]) -> dict[str, Any]:
+        """Fields added to a response's usage (`ids`: each choice's output token ids, collected
+        only where `job.reasoning` is set)."""
+        return {}
 
     def finish_reason(self, job: Job, i: int, reason: str | None) -> str | None:
         """The finish reason a client sees (chat: `tool_calls` when the output held calls)."""

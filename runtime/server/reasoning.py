@@ -22,6 +22,7 @@ structured outputs apply to the content alone (`chat.py`, `after_reasoning`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pagoda.runtime.structured.params import StructuredOutputsParams
@@ -55,24 +56,29 @@ def _held(text: str, marker: str) -> int:
 class ReasoningStream:
     """One choice's text → (reasoning, content) pieces, fed delta by delta."""
 
-    __slots__ = ("opening", "pending", "thinking")
+    __slots__ = ("begin_at", "end_at", "fed", "opening", "pending", "thinking")
 
     def __init__(self, thinking: bool) -> None:
         self.thinking = thinking  # still inside the thinking block
         self.opening = thinking  # a `<think>` may still open the output
         self.pending = ""  # text held back: it may begin a marker
+        self.fed = 0  # characters of output fed so far
+        self.begin_at = 0  # where in the output the thinking begins (after a `<think>`)
+        self.end_at: int | None = None  # where in the output `</think>` begins, once seen
 
     def feed(self, text: str, final: bool) -> tuple[str, str]:
         """(reasoning, content) of `text` after what came before; `final`: the output ends
         here (nothing is held back)."""
         if not self.thinking:
             return "", text
-        buf = self.pending + text
+        self.fed += len(text)
+        buf = self.pending + text  # always the output's last len(buf) characters
         self.pending = ""
         if self.opening:
             body = buf.lstrip()
             if body.startswith(START):
                 buf, self.opening = body[len(START) :], False
+                self.begin_at = self.fed - len(buf)
             elif not final and START.startswith(body) and len(buf) <= _MAX_LEADING_SPACE:
                 self.pending = buf  # whitespace, or a beginning of `<think>`
                 return "", ""
@@ -80,20 +86,41 @@ class ReasoningStream:
                 self.opening = False
         at = buf.find(END)
         if at >= 0:
-            self.thinking = False
+            self.thinking, self.end_at = False, self.fed - len(buf) + at
             return buf[:at], buf[at + len(END) :]
         keep = 0 if final else _held(buf, END)
         self.pending = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep], ""
 
 
-def split(text: str, thinking: bool) -> tuple[str | None, str | None]:
-    """A whole output's (reasoning, content), as vLLM's parsers answer: reasoning None when the
-    reply does not think; content None when nothing follows the thinking."""
-    if not thinking:
+def split(text: str, stream: ReasoningStream) -> tuple[str | None, str | None]:
+    """A whole output's (reasoning, content), as vLLM's parsers answer, fed to a new `stream`:
+    reasoning None when the reply does not think; content None when nothing follows the
+    thinking."""
+    if not stream.thinking:
         return None, text
-    reasoning, content = ReasoningStream(True).feed(text, final=True)
+    reasoning, content = stream.feed(text, final=True)
     return reasoning, content or None
+
+
+def reasoning_tokens(ids: Sequence[int], stream: ReasoningStream | None, end_id: int | None,
+                     text_of: Callable[[int], str]) -> int:  # fmt: skip
+    """How many of a reply's tokens `ids` are thinking (OpenAI's `reasoning_tokens`): those
+    between an opening `<think>` and `</think>` (to the end while `stream` never saw it), by
+    where each token's text (`text_of`) begins; the marker is found by its token `end_id`
+    where it is one (Qwen3's and DeepSeek-R1's vocabularies). None without thinking."""
+    if stream is None or not (stream.thinking or stream.end_at is not None):
+        return 0
+    stop, end_at = len(ids), stream.end_at
+    if end_at is not None and end_id is not None and end_id in ids:
+        stop, end_at = list(ids).index(end_id), None
+    at = n = 0
+    for t in ids[:stop]:
+        if end_at is not None and at >= end_at:
+            break
+        n += at >= stream.begin_at
+        at += len(text_of(t))
+    return n
 
 
 def after_reasoning(spec: StructuredOutputsParams) -> StructuredOutputsParams:
