@@ -119,7 +119,7 @@ def _engine_spread() -> list[dict[str, Any]]:
                     ["--kv-cache-memory", "1G"],
                     ["--log-level", "debug"],
                     ["--reasoning-parser", "qwen3", "--tool-call-parser", "hermes"],
-                )  # fmt: skip
+                )
             )
     return [{k: v for k, v in e.items() if v is not None} for e in combos]
 
