@@ -55,7 +55,7 @@ class ChatEndpoint(Endpoint):
         template = info.tokenizer.chat_template
         setup = tools.prepare(req, template, self.tool_parser)
         spec = tools.output_constraint(setup, req.tools, spec_from_request(req))
-        raw, text, ids, tail = self._prompt(req, info, setup)
+        raw, text, ids, tail = self._prompt(req, info, setup, self.reasoning_parser is not None)
         thinking = reasoning.thinks(self.reasoning_parser, tail, req.chat_template_kwargs)
         if thinking and spec is not None:  # the grammar holds the answer, not the thinking
             try:
@@ -89,12 +89,12 @@ class ChatEndpoint(Endpoint):
                setup: tools.ToolSetup | None) -> tuple[list[dict[str, Any]], str, list[int]]:  # fmt: skip
         """(the messages as the template gets them, the rendered text, its token ids): what the
         engine is fed (`/tokenize` with `messages` answers this too)."""
-        return self._prompt(req, info, setup)[:3]
+        return self._prompt(req, info, setup, tail=False)[:3]
 
-    def _prompt(self, req: ChatCompletionRequest, info: EngineInfo, setup: tools.ToolSetup | None
-                ) -> tuple[list[dict[str, Any]], str, list[int], str]:  # fmt: skip
-        """`prompt`'s, and with a reasoning parser the text the template adds for the reply
-        (`_reply_tail`; "" without one)."""
+    def _prompt(self, req: ChatCompletionRequest, info: EngineInfo, setup: tools.ToolSetup | None,
+                tail: bool) -> tuple[list[dict[str, Any]], str, list[int], str]:  # fmt: skip
+        """`prompt`'s, and with `tail` the text the template adds for the reply (`_reply_tail`,
+        one more rendering; "" without)."""
         template = info.tokenizer.chat_template
         raw = [m.as_template_dict() for m in req.messages]
         if template is not None and "developer" not in template:
@@ -113,12 +113,8 @@ class ChatEndpoint(Endpoint):
         self.check_length(text, info)
         # `render` runs again there when the client's text holds special-token text
         ids = encode_chat(info.tokenizer, messages, listed, text, self.content_as_text, render)
-        tail = (
-            ""
-            if self.reasoning_parser is None
-            else _reply_tail(req, messages, listed, text, render)
-        )
-        return raw, text, ids, tail
+        added = _reply_tail(req, messages, listed, text, render) if tail else ""
+        return raw, text, ids, added
 
     def opening(self, job: Job) -> list[dict[str, Any]]:
         out = []
