@@ -57,6 +57,7 @@ SLOW_IN_PARALLEL = (
     "tests/server/test_cli.py",  # flags resolved to configs; exit 2 before loading
     "tests/server/test_fuzz.py",  # no 5xx, the engine intact after
     "tests/server/test_parallel_flags.py",  # exit 2 before loading
+    "tests/server/test_reasoning_api.py",  # replies split as the completions oracle's text
     "tests/server/test_structured_outputs.py",  # every output validates
 )
 

@@ -131,7 +131,10 @@ def create_app(cfg: ServerConfig, engine: AsyncEngine, metrics: ServerMetrics) -
             cfg.served_model_names, engine.admission.max_seqs_per_request
         ),
         "/v1/chat/completions": ChatEndpoint(
-            cfg.served_model_names, cfg.tool_call_parser, cfg.allow_chat_special_tokens
+            cfg.served_model_names,
+            cfg.tool_call_parser,
+            cfg.allow_chat_special_tokens,
+            cfg.reasoning_parser,
         ),
     }
     add_openai_routes(app, cfg, serving, endpoints)

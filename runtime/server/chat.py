@@ -1,6 +1,7 @@
 """`/v1/chat/completions`: messages → the model's chat template → assistant messages, with
-tool calls (`tools.py` before the run, `tool_parsers.py` after) and structured outputs; message
-content is tokenized as text (`chat_prompt.py`)."""
+tool calls (`tools.py` before the run, `tool_parsers.py` after), a reasoning model's thinking
+split off (`reasoning.py`) and structured outputs; message content is tokenized as text
+(`chat_prompt.py`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
 from pagoda.runtime.request import TokenLogprob
-from pagoda.runtime.server import tools
+from pagoda.runtime.sampling.params import ParamError
+from pagoda.runtime.server import reasoning, tools
 from pagoda.runtime.server.chat_prompt import encode_chat
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings
@@ -34,9 +36,11 @@ class ChatEndpoint(Endpoint):
     renames = {"prompt": "messages", "logprobs": "top_logprobs"}
 
     def __init__(self, served_model_names: tuple[str, ...], tool_parser: str = "auto",
-                 allow_special_tokens: bool = False) -> None:  # fmt: skip
+                 allow_special_tokens: bool = False,
+                 reasoning_parser: str | None = None) -> None:  # fmt: skip
         super().__init__(served_model_names)
         self.tool_parser = tool_parser  # --tool-call-parser: auto (from the template) or a name
+        self.reasoning_parser = reasoning_parser  # --reasoning-parser: None, qwen3, deepseek_r1
         # --allow-chat-special-tokens: content's special-token text as control tokens
         self.content_as_text = not allow_special_tokens
 
@@ -51,6 +55,13 @@ class ChatEndpoint(Endpoint):
         template = info.tokenizer.chat_template
         setup = tools.prepare(req, template, self.tool_parser)
         spec = tools.output_constraint(setup, req.tools, spec_from_request(req))
+        raw, text, ids, tail = self._prompt(req, info, setup, self.reasoning_parser is not None)
+        thinking = reasoning.thinks(self.reasoning_parser, tail, req.chat_template_kwargs)
+        if thinking and spec is not None:  # the grammar holds the answer, not the thinking
+            try:
+                spec = reasoning.after_reasoning(spec)
+            except ParamError as e:
+                raise APIError(400, e.message, param=e.field, code="invalid_value") from e
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         extra = {}
         if setup is not None and setup.parser is not None and setup.parser.name == "mistral":
@@ -59,10 +70,13 @@ class ChatEndpoint(Endpoint):
             req, renames, info.sampling_defaults, max_tokens=max_tokens, logprobs=logprobs,
             prompt_logprobs=req.prompt_logprobs, structured_outputs=spec, **extra,
         )  # fmt: skip
-        raw, text, ids = self.prompt(req, info, setup)
         job = self.job(req, model, [ids], [text], params, strings, renames)
         job.tools = setup if setup is not None and setup.parser is not None else None
         job.role = req.reply_role
+        if self.reasoning_parser is not None:
+            job.reasoning = thinking
+            end = info.tokenizer.encode(reasoning.END, add_special_tokens=False)
+            job.reasoning_end_id = end[0] if len(end) == 1 else None
         if req.echo:  # vLLM's: the last message's content, when the reply continues its role
             if job.tools is not None:
                 raise APIError(400, "echo cannot be combined with tools", param="echo",
@@ -75,6 +89,12 @@ class ChatEndpoint(Endpoint):
                setup: tools.ToolSetup | None) -> tuple[list[dict[str, Any]], str, list[int]]:  # fmt: skip
         """(the messages as the template gets them, the rendered text, its token ids): what the
         engine is fed (`/tokenize` with `messages` answers this too)."""
+        return self._prompt(req, info, setup, tail=False)[:3]
+
+    def _prompt(self, req: ChatCompletionRequest, info: EngineInfo, setup: tools.ToolSetup | None,
+                tail: bool) -> tuple[list[dict[str, Any]], str, list[int], str]:  # fmt: skip
+        """`prompt`'s, and with `tail` the text the template adds for the reply (`_reply_tail`,
+        one more rendering; "" without)."""
         template = info.tokenizer.chat_template
         raw = [m.as_template_dict() for m in req.messages]
         if template is not None and "developer" not in template:
@@ -93,7 +113,8 @@ class ChatEndpoint(Endpoint):
         self.check_length(text, info)
         # `render` runs again there when the client's text holds special-token text
         ids = encode_chat(info.tokenizer, messages, listed, text, self.content_as_text, render)
-        return raw, text, ids
+        added = _reply_tail(req, messages, listed, text, render) if tail else ""
+        return raw, text, ids, added
 
     def opening(self, job: Job) -> list[dict[str, Any]]:
         out = []
@@ -111,33 +132,63 @@ class ChatEndpoint(Endpoint):
         return {"prompt_logprobs": job.strings.prompt(job.prompts[0], entries,
                                                       job.prompt_logprobs_k)}  # fmt: skip
 
+    def usage_details(self, job: Job, ids: list[list[int]]) -> dict[str, Any]:
+        """With a reasoning parser, OpenAI's `completion_tokens_details.reasoning_tokens` (as
+        vLLM's): the thinking's tokens of every choice (`ids`: each choice's output tokens)."""
+        if job.reasoning is None:
+            return {}
+        n = sum(reasoning.reasoning_tokens(ids[i], job.reasoning_streams.get(i),
+                                           job.reasoning_end_id, job.strings.text)
+                for i in range(len(ids)))  # fmt: skip
+        return {"completion_tokens_details": {"reasoning_tokens": n}}
+
     def _logprobs(self, job: Job, lps: list[TokenLogprob]) -> dict[str, Any] | None:
         return {"content": job.strings.chat(lps)} if job.params.logprobs is not None else None
 
     def choice(self, job: Job, i: int, text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": job.role, "content": job.echo_text + text}
-        if job.tools is not None:
-            content, calls = job.tools.parser.parse(text, job.tools.parallel)
+        thought, answer = None, text
+        if job.reasoning is not None:
+            split = job.reasoning_streams[i] = reasoning.ReasoningStream(job.reasoning)
+            thought, answer = reasoning.split(text, split)
+        content = None if answer is None else job.echo_text + answer
+        message: dict[str, Any] = {"role": job.role, "content": content}
+        if job.tools is not None and answer is not None:  # calls are read from the answer only
+            parsed, calls = job.tools.parser.parse(answer, job.tools.parallel)
             if calls:
                 job.called.add(i)
-                message = {"role": "assistant", "content": content,
+                message = {"role": "assistant", "content": parsed,
                            "tool_calls": [c.openai() for c in calls]}  # fmt: skip
+        if job.reasoning is not None:  # both names: vLLM's `reasoning`, and the older one
+            message.update(reasoning=thought, reasoning_content=thought)
         return {"index": i, "message": message, "logprobs": self._logprobs(job, lps)}
 
     def delta(self, job: Job, i: int, text: str, lps: list[TokenLogprob], offset: int,
               first: bool, final: bool) -> dict[str, Any] | None:  # fmt: skip
         logprobs = self._logprobs(job, lps)
+        thought = ""
+        if job.reasoning is not None:
+            split = job.reasoning_streams.get(i)
+            if split is None:
+                split = job.reasoning_streams[i] = reasoning.ReasoningStream(job.reasoning)
+            thought, text = split.feed(text, final)
         if job.tools is None:
             delta = {"content": text} if text else {}
         else:
             stream = job.tool_streams.get(i)
             if stream is None:
                 stream = job.tool_streams[i] = job.tools.parser.stream(job.tools.parallel)
-            delta = stream.feed(text, final)
+            delta = stream.feed(text, final) if text or final else {}
             if stream.called:
                 job.called.add(i)
-            if not delta and not final and not lps:
-                return None
+        if thought:  # both names, as in a full response
+            delta = {"reasoning": thought, "reasoning_content": thought, **delta}
+        if (
+            not delta
+            and not final
+            and not lps
+            and (job.tools is not None or job.reasoning is not None)
+        ):
+            return None  # held back (a marker or a call may be beginning)
         return {"index": i, "delta": delta, "logprobs": logprobs}
 
 
@@ -163,6 +214,22 @@ def _template_kwargs(kwargs: dict[str, Any] | None, tokenizer: Any,
                            f"'{shorten(key, 60)}', so it would change nothing", param=param,
                            code="unsupported_parameter")  # fmt: skip
     return kwargs
+
+
+def _reply_tail(req: ChatCompletionRequest, messages: list[dict[str, Any]], listed: Any,
+                text: str, render: Any) -> str:  # fmt: skip
+    """What the chat template adds for the reply: `text` past where it parts from the messages
+    rendered without it (the messages before the one continued, with continue_final_message).
+    Whether it closes a thinking block decides whether the reply thinks (`reasoning.thinks`)."""
+    before = messages[:-1] if req.continue_final_message else messages
+    try:
+        base = render(before, tools=listed, add_generation_prompt=False,
+                      continue_final_message=False)  # fmt: skip
+    except APIError:  # a template may refuse the shorter list: look at all of it
+        return text
+    n = min(len(base), len(text))
+    at = next((j for j in range(n) if base[j] != text[j]), n)
+    return text[at:]
 
 
 def _check_names_rendered(raw: list[dict[str, Any]], messages: list[dict[str, Any]],

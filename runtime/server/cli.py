@@ -112,6 +112,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         log_level=args.log_level,
         engine_process=args.engine_process,
         tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         allow_chat_special_tokens=args.allow_chat_special_tokens,
         grammar_compile_timeout=args.grammar_compile_timeout,
         grammar_cache_bytes=_size("grammar_cache_size", args.grammar_cache_size),

@@ -28,6 +28,7 @@ class ServerConfig:
     log_level: str = options.DEFAULT_LOG_LEVEL
     engine_process: bool = options.DEFAULT_ENGINE_PROCESS
     tool_call_parser: str = options.DEFAULT_TOOL_CALL_PARSER
+    reasoning_parser: str | None = None  # None: the thinking stays in `content`
     allow_chat_special_tokens: bool = False  # content's special-token text: control tokens
     grammar_compile_timeout: float = options.DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S
     grammar_cache_bytes: int = options.parse_size(options.DEFAULT_GRAMMAR_CACHE_SIZE)
@@ -56,6 +57,13 @@ class ServerConfig:
         if self.tool_call_parser not in options.TOOL_CALL_PARSERS:
             raise ValueError(
                 f"tool_call_parser must be one of {', '.join(options.TOOL_CALL_PARSERS)}"
+            )
+        if (
+            self.reasoning_parser is not None
+            and self.reasoning_parser not in options.REASONING_PARSERS
+        ):
+            raise ValueError(
+                f"reasoning_parser must be one of {', '.join(options.REASONING_PARSERS)}"
             )
         if not self.grammar_compile_timeout > 0:
             raise ValueError(

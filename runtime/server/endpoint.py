@@ -22,6 +22,7 @@ from pagoda.runtime.request import TokenLogprob
 from pagoda.runtime.sampling.params import ParamError, SamplingParams
 from pagoda.runtime.server.logprobs import TokenStrings
 from pagoda.runtime.server.protocol import APIError, shorten
+from pagoda.runtime.server.reasoning import ReasoningStream
 from pagoda.runtime.server.tool_parsers import ToolStream
 from pagoda.runtime.server.tools import ToolSetup
 from pydantic import BaseModel
@@ -54,6 +55,10 @@ class Job:
     tools: ToolSetup | None = None  # chat with tools: how calls are parsed
     tool_streams: dict[int, ToolStream] = field(default_factory=dict)  # per choice, streaming
     called: set[int] = field(default_factory=set)  # choices whose output held tool calls
+    # chat with --reasoning-parser: whether replies start thinking (None: no parser)
+    reasoning: bool | None = None
+    reasoning_streams: dict[int, ReasoningStream] = field(default_factory=dict)  # per choice
+    reasoning_end_id: int | None = None  # `</think>`'s token, where it is one
     role: str = "assistant"  # chat: the reply's role
     echo_text: str = ""  # chat: what each reply starts with (`echo`)
     continuous_usage: bool = False  # stream: every chunk's usage is its choice's so far
@@ -188,6 +193,11 @@ class Endpoint(ABC):
         """A stream chunk's choice `i` (without finish_reason); `offset`: the length of
         the text of the tokens whose logprobs were sent so far (where `text_offset` goes on);
         `final`: the choice's last chunk. None: nothing to send yet."""
+
+    def usage_details(self, job: Job, ids: list[list[int]]) -> dict[str, Any]:
+        """Fields added to a response's usage (`ids`: each choice's output token ids, collected
+        only where `job.reasoning` is set)."""
+        return {}
 
     def finish_reason(self, job: Job, i: int, reason: str | None) -> str | None:
         """The finish reason a client sees (chat: `tool_calls` when the output held calls)."""

@@ -297,9 +297,13 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+    # vLLM's newer name of reasoning_content (a reply carries both); templates read the other
+    reasoning: str | None = None
 
     def as_template_dict(self) -> dict[str, Any]:
         data = self.model_dump(exclude_none=True)
+        if "reasoning" in data:
+            data.setdefault("reasoning_content", data.pop("reasoning"))
         if isinstance(self.content, list):
             # one part per line, as vLLM (and TensorRT-LLM) join text parts
             data["content"] = "\n".join(p.text for p in self.content)
@@ -425,7 +429,7 @@ class ChatCompletionRequest(_StructuredFields):
 
 
 # A message field → the one role whose messages carry it (elsewhere no template reads it)
-ROLE_OF_FIELD = {"tool_call_id": "tool", "reasoning_content": "assistant"}
+ROLE_OF_FIELD = {"tool_call_id": "tool", "reasoning_content": "assistant", "reasoning": "assistant"}
 
 
 def _check_message_fields(messages: list[ChatMessage]) -> None:
@@ -438,6 +442,10 @@ def _check_message_fields(messages: list[ChatMessage]) -> None:
                 raise APIError(400, f"messages[{i}].{key} is only read on messages with role "
                                f"'{role}', not '{m.role}'", param=f"messages[{i}].{key}",
                                code="unsupported_parameter")  # fmt: skip
+        if None not in (m.reasoning, m.reasoning_content) and m.reasoning != m.reasoning_content:
+            raise APIError(400, f"messages[{i}]: reasoning and reasoning_content are two names of "
+                           "one field and differ here; send one", param=f"messages[{i}].reasoning",
+                           code="invalid_value")  # fmt: skip
         calls.update(c.id for c in m.tool_calls or ())
         if m.role == "tool" and m.tool_call_id not in calls:
             raise APIError(400, f"messages[{i}]: a message with role 'tool' must answer a tool "

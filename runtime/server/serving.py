@@ -203,9 +203,12 @@ class Serving:
                 t.cancel()
 
     @staticmethod
-    def _usage(job: Job, tokens: list[int], cached: list[int]) -> dict[str, Any]:
+    def _usage(
+        job: Job, tokens: list[int], cached: list[int], ids: list[list[int]]
+    ) -> dict[str, Any]:
         """Usage; `cached`: each prompt's cached tokens (its choices share the prompt, and
-        the prompt is counted once, as are its cached tokens)."""
+        the prompt is counted once, as are its cached tokens); `ids`: each choice's output
+        tokens, where the endpoint counts some of them (`Endpoint.usage_details`)."""
         prompt = sum(len(p) for p in job.prompts)
         out = sum(tokens)
         return {
@@ -213,6 +216,7 @@ class Serving:
             "completion_tokens": out,
             "total_tokens": prompt + out,
             "prompt_tokens_details": {"cached_tokens": sum(cached)},
+            **job.endpoint.usage_details(job, ids),
         }
 
     async def full_response(self, job: Job) -> bytes:
@@ -231,10 +235,14 @@ class Serving:
         lps: list[list] = [[] for _ in range(k)]
         tokens, finish, stop = [0] * k, [None] * k, [None] * k
         cached = [0] * len(job.prompts)
+        ids: list[list[int]] = [[] for _ in range(k)]
+        keep_ids = job.reasoning is not None
         for s in job.streams or ():
             s.wake_at_end = True  # no wake-up per step: the deltas are merged for us
         async for idx, o in self._outputs(job):
             texts[idx] += o.new_text
+            if keep_ids:
+                ids[idx].extend(o.new_token_ids)
             lps[idx].extend(o.new_logprobs)
             tokens[idx] = 0 if job.echo_only else o.num_output_tokens
             if o.prompt_logprobs is not None:
@@ -249,7 +257,7 @@ class Serving:
             choices = [ep.choice(job, i, texts[i], lps[i]) for i in range(k)]
             for i, c in enumerate(choices):
                 c.update(finish_reason=ep.finish_reason(job, i, finish[i]), stop_reason=stop[i])
-            usage = self._usage(job, tokens, cached)
+            usage = self._usage(job, tokens, cached, ids)
             head = {**ep.head(job, chunk=False), **ep.response_fields(job)}
             return response_json(head, choices, usage)
 
@@ -270,6 +278,8 @@ class Serving:
         want_lp = job.params.logprobs is not None
         tokens, offsets, started = [0] * k, [0] * k, [False] * k
         cached = [0] * len(job.prompts)
+        ids: list[list[int]] = [[] for _ in range(k)]
+        keep_ids = job.reasoning is not None
 
         def chunk(choice: dict[str, Any]) -> bytes:
             data = {**head, "choices": [choice]}
@@ -288,6 +298,8 @@ class Serving:
             async for idx, o in self._outputs(job):
                 tokens[idx] = 0 if job.echo_only else o.num_output_tokens
                 first, started[idx] = not started[idx], True
+                if keep_ids:
+                    ids[idx].extend(o.new_token_ids)
                 if o.prompt_logprobs is not None:
                     job.prompt_logprobs.setdefault(idx // job.params.n, o.prompt_logprobs)
                 if not (o.new_text or o.finished or (want_lp and o.new_logprobs) or
@@ -312,7 +324,8 @@ class Serving:
                     cached[j] = max(cached[j], o.num_cached_tokens)
                 yield chunk(c)
             if job.include_usage:
-                yield sse({**head, "choices": [], "usage": self._usage(job, tokens, cached)})
+                usage = self._usage(job, tokens, cached, ids)
+                yield sse({**head, "choices": [], "usage": usage})
         except Exception as e:  # headers are sent: the error becomes the stream's last event
             err = failure(job, e)
             if err is None:

@@ -16,7 +16,10 @@ out), the bitmask allows only its next token, then EOS. The path is recomputed w
 slack, halving the gap each time: a few thousand matcher steps per request near its end, none
 before. Where the grammar can go a few ways (a tool call or an answer), the way out through each is
 compared and the shortest kept. It is a heuristic for grammars in general (JSON always closes);
-when it finds no way out in the budget, the request samples freely and may end by length.
+when it finds no way out in the budget, the request samples freely and may end by length, after
+one more look `LATE_LOOK` tokens before the end: free text before a grammar (a reasoning model's
+thinking, `server/reasoning.py`) has no way out the walk finds, nor should it (the thinking is
+never cut short), but an answer begun by then is steered to end within the budget.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ RETRY_EVERY = 16  # tokens between searches while no way out fits in the budget
 HARD_MARGIN = (4, 16)  # base // 2, within these bounds
 SOFT_MARGIN = (16, 64)  # 2 * base, within these bounds
 LATE = 4  # slack left when the halving stops: forced this many tokens early, not looked at
+LATE_LOOK = 64  # where none was found from the start, the one more look: this many tokens left
 # visits to one place (its bitmask) since the walk last reached a new place that tell it walks
 # in a circle; counted from the last new place, and this high, so that a uuid's 32 hex digits
 # (one place, by bitmask) are not taken for one
@@ -300,8 +304,8 @@ class GrammarState:
             return
         plan = closer.plan(self.matcher, min(left, MAX_PLAN))
         if plan is None:
-            if self.base is None:  # none fits the whole budget: nothing to steer towards
-                self.check_at = -1
+            if self.base is None:  # none fits the whole budget: one more look near its end
+                self.check_at = LATE_LOOK if left > LATE_LOOK else -1
             else:  # none fits what is left (yet): look again a little later
                 self.check_at = max(left - min(RETRY_EVERY, max(left // 4, 1)), 1)
             return

@@ -114,7 +114,12 @@ def _engine_spread() -> list[dict[str, Any]]:
             engine["quantization"] = rng.choice((None, "fp8"))
         if rng.random() < 0.3:
             engine["extraArgs"] = rng.choice(
-                (["--seed", "7"], ["--kv-cache-memory", "1G"], ["--log-level", "debug"])
+                (
+                    ["--seed", "7"],
+                    ["--kv-cache-memory", "1G"],
+                    ["--log-level", "debug"],
+                    ["--reasoning-parser", "qwen3", "--tool-call-parser", "hermes"],
+                )
             )
     return [{k: v for k, v in e.items() if v is not None} for e in combos]
 

@@ -119,6 +119,7 @@ def test_version() -> None:
         (["--port", "70000"], "port"),
         (["--max-num-seqs", "1e9"], "invalid int value: '1e9'"),  # argparse's, on one line
         (["--kv-cache-memory", "100T"], "--kv-cache-memory 100.0 TiB is more than the"),
+        (["--reasoning-parser", "granite"], "--reasoning-parser: invalid choice: 'granite'"),
     ],
 )
 def test_bad_flags_exit_with_one_line_before_binding(args: list[str], needle: str) -> None:

@@ -193,3 +193,39 @@ def test_places_visited_again_across_fields_are_no_circle(compiler):
     m = xgr.GrammarMatcher(compiler.compile(Spec(json=FORM)))
     plan = compiler.closer.plan(m, 400)  # from the start: what sizes the steering
     assert plan is not None and all(m.accept_token(t) for t in plan) and m.is_completed()
+
+
+@pytest.mark.parametrize("ends", [True, False])
+def test_a_reasoning_models_thinking_is_never_cut_but_its_answer_ends_in_the_budget(
+    compiler, smol_tokenizer, ends
+):
+    """The grammar after `</think>` (`--reasoning-parser`): no way out is looked for through
+    the free thinking, so it is never steered, however long; an answer begun more than
+    `LATE_LOOK` tokens before the end is steered to close (the model writing "aaaa..." in a
+    string), as without thinking."""
+    from pagoda.runtime.server.reasoning import after_reasoning
+
+    spec = after_reasoning(Spec(json=SCHEMA, field="response_format"))
+    spec = spec.with_compiled(compiler.compile(spec))
+    vocab = smol_tokenizer.model_vocab_size
+    req = Request("t", [1], SamplingParams(max_tokens=120, structured_outputs=spec),
+                  eos_token_ids=smol_tokenizer.eos_token_ids)  # fmt: skip
+    gb = GrammarBitmask(smol_tokenizer, vocab, torch.device("cpu"))
+    thought = "<think>" + " a plan" * (10 if ends else 200)
+    script = smol_tokenizer.encode(thought + ("</think>" if ends else ""), add_special_tokens=False)
+    letter = smol_tokenizer.encode("a", add_special_tokens=False)[0]
+    while not req.is_finished:
+        n = req.num_output_tokens
+        logits = torch.zeros(1, vocab)
+        logits[0, script[n] if n < len(script) else letter] = 10.0
+        gb.apply(logits, [req], [0])
+        req.append_token(int(logits.argmax()))
+        req.check_stop_token()
+    out = req.output_token_ids
+    assert out[: min(len(out), len(script))] == script[: len(out)]  # the thinking as written
+    if not ends:
+        assert req.status.finish_reason == "length" and len(out) == 120
+        return
+    assert req.status.finish_reason == "stop" and len(out) <= 120
+    answer = smol_tokenizer.decode(out[len(script) : -1])
+    assert set(json.loads(answer)) == {"a", "b"}

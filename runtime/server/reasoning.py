@@ -1,0 +1,148 @@
+"""Reasoning parsers (`pagoda serve --reasoning-parser`, names as vLLM's): the thinking a
+reasoning model writes as ``<think> … </think>`` before its answer → the chat message's
+`reasoning_content` (and `reasoning`, vLLM's newer name), the rest → `content`.
+
+Both parsers read the same markers with vLLM's rules:
+
+* `deepseek_r1` (DeepSeek-R1 and its Llama/Qwen2 distills, QwQ): the output is thinking until
+  ``</think>``; a ``<think>`` that opens the output is dropped (newer templates write it into the
+  prompt, older models write it themselves). No ``</think>`` (max_tokens hit while thinking):
+  all of it is reasoning, `content` is null.
+* `qwen3`: the same, and with `chat_template_kwargs: {"enable_thinking": false}` the output is
+  all content (the template wrote an empty thinking block into the prompt).
+
+Either way, where the prompt itself already closed the thinking (the text the template adds for
+the reply holds ``</think>`` after its last ``<think>``), the output is all content.
+
+`ReasoningStream` splits text as it streams: it holds back at most the few characters that may
+begin a marker and scans only new text, never the whole output again. Tool calls and
+structured outputs apply to the content alone (`chat.py`, `after_reasoning`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pagoda.runtime.structured.params import StructuredOutputsParams
+
+START, END = "<think>", "</think>"
+# Whitespace before an opening `<think>` is dropped with it; past this much, no `<think>` opens
+# the output (its text is reasoning as written).
+_MAX_LEADING_SPACE = 64
+
+
+def thinks(parser: str | None, prompt_tail: str, template_kwargs: dict[str, Any] | None) -> bool:
+    """Whether a reply starts inside the model's thinking: a parser is configured, qwen3's
+    thinking is not switched off, and the prompt's `prompt_tail` (what the chat template adds
+    for the reply) does not close a thinking block itself."""
+    if parser is None:
+        return False
+    if parser == "qwen3" and (template_kwargs or {}).get("enable_thinking") is False:
+        return False
+    closed = prompt_tail.rfind(END)
+    return closed < 0 or prompt_tail.rfind(START) > closed
+
+
+def _held(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that is a proper beginning of `marker`."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
+class ReasoningStream:
+    """One choice's text → (reasoning, content) pieces, fed delta by delta."""
+
+    __slots__ = ("begin_at", "end_at", "fed", "opening", "pending", "thinking")
+
+    def __init__(self, thinking: bool) -> None:
+        self.thinking = thinking  # still inside the thinking block
+        self.opening = thinking  # a `<think>` may still open the output
+        self.pending = ""  # text held back: it may begin a marker
+        self.fed = 0  # characters of output fed so far
+        self.begin_at = 0  # where in the output the thinking begins (after a `<think>`)
+        self.end_at: int | None = None  # where in the output `</think>` begins, once seen
+
+    def feed(self, text: str, final: bool) -> tuple[str, str]:
+        """(reasoning, content) of `text` after what came before; `final`: the output ends
+        here (nothing is held back)."""
+        if not self.thinking:
+            return "", text
+        self.fed += len(text)
+        buf = self.pending + text  # always the output's last len(buf) characters
+        self.pending = ""
+        if self.opening:
+            body = buf.lstrip()
+            if body.startswith(START):
+                buf, self.opening = body[len(START) :], False
+                self.begin_at = self.fed - len(buf)
+            elif not final and START.startswith(body) and len(buf) <= _MAX_LEADING_SPACE:
+                self.pending = buf  # whitespace, or a beginning of `<think>`
+                return "", ""
+            else:
+                self.opening = False
+        at = buf.find(END)
+        if at >= 0:
+            self.thinking, self.end_at = False, self.fed - len(buf) + at
+            return buf[:at], buf[at + len(END) :]
+        keep = 0 if final else _held(buf, END)
+        self.pending = buf[len(buf) - keep :] if keep else ""
+        return buf[: len(buf) - keep], ""
+
+
+def split(text: str, stream: ReasoningStream) -> tuple[str | None, str | None]:
+    """A whole output's (reasoning, content), as vLLM's parsers answer, fed to a new `stream`:
+    reasoning None when the reply does not think; content None when nothing follows the
+    thinking."""
+    if not stream.thinking:
+        return None, text
+    reasoning, content = stream.feed(text, final=True)
+    return reasoning, content or None
+
+
+def reasoning_tokens(ids: Sequence[int], stream: ReasoningStream | None, end_id: int | None,
+                     text_of: Callable[[int], str]) -> int:  # fmt: skip
+    """How many of a reply's tokens `ids` are thinking (OpenAI's `reasoning_tokens`): those
+    between an opening `<think>` and `</think>` (to the end while `stream` never saw it), by
+    where each token's text (`text_of`) begins; the marker is found by its token `end_id`
+    where it is one (Qwen3's and DeepSeek-R1's vocabularies). None without thinking."""
+    if stream is None or not (stream.thinking or stream.end_at is not None):
+        return 0
+    stop, end_at = len(ids), stream.end_at
+    if end_at is not None and end_id is not None and end_id in ids:
+        stop, end_at = list(ids).index(end_id), None
+    at = n = 0
+    for t in ids[:stop]:
+        if end_at is not None and at >= end_at:
+            break
+        n += at >= stream.begin_at
+        at += len(text_of(t))
+    return n
+
+
+def after_reasoning(spec: StructuredOutputsParams) -> StructuredOutputsParams:
+    """`spec` applied only once the thinking ends, as vLLM applies a grammar: free text (an
+    optional opening `<think>`, then anything up to `</think>`), then `spec`'s own grammar
+    from the first character after the marker; a structural tag (xgrammar's `any_text` ends at
+    the first `</think>`). The thinking is not constrained, except that it cannot end the
+    output (EOS there is masked: a reply must reach its answer or max_tokens)."""
+    from pagoda.runtime.structured.compiler import spec_grammar
+
+    grammar = spec_grammar(spec)  # ParamError naming the spec's field when it is invalid
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "sequence",
+            "elements": [
+                {"type": "regex", "pattern": r"([ \t\r\n]*<think>)?"},
+                {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": END},
+                {"type": "grammar", "grammar": str(grammar)},
+            ],
+        },
+    }
+    return StructuredOutputsParams(
+        structural_tag=json.dumps(tag, ensure_ascii=False), field=spec.field
+    )

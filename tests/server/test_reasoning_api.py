@@ -1,0 +1,150 @@
+"""`pagoda serve --reasoning-parser deepseek_r1` through the `openai` SDK, with the embedded model
+steered by few-shot turns into writing `<think> … </think>` before its answer (SmolLM2 copies the
+form; its tokenizer splits `</think>` into several tokens, so the end marker always spans stream
+chunks). The oracle is the same prompt on /v1/completions (which a reasoning parser leaves
+alone): the chat reply's reasoning and content are its text split by vLLM's rules."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from pydantic import BaseModel
+from server_testlib import ServerProcess
+
+MODEL = "smollm2-135m"
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+SHOTS = [("What is 2+2?", "<think>two plus two</think>4"),
+         ("What is 3+3?", "<think>three plus three</think>6"),
+         ("What is 5+5?", "<think>five plus five</think>10")]  # fmt: skip
+MESSAGES = [m for q, a in SHOTS for m in ({"role": "user", "content": q},
+                                          {"role": "assistant", "content": a})]  # fmt: skip
+ASK = [*MESSAGES, {"role": "user", "content": "What is 4+4?"}]
+
+
+class Answer(BaseModel):
+    value: int
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    srv = ServerProcess("--reasoning-parser", "deepseek_r1", "--kv-cache-memory", "64MiB",
+                        "--max-model-len", "512", "--no-engine-process", "--log-level", "warning")  # fmt: skip
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)
+
+
+def tokenize(client: openai.OpenAI, **body) -> list[int]:
+    r = httpx.post(f"{str(client.base_url).removesuffix('/v1/')}/tokenize",
+                   json={"model": MODEL, **body}, timeout=30)  # fmt: skip
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"]
+
+
+def raw(client: openai.OpenAI, messages: list[dict], max_tokens: int, **extra) -> str:
+    """What the model writes for these messages, unparsed (the chat prompt on /v1/completions)."""
+    ids = tokenize(client, messages=messages, **extra)
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=max_tokens, temperature=0)
+    return r.choices[0].text
+
+
+def test_the_thinking_is_split_off_whole_and_streamed(client):
+    text = raw(client, ASK, 30)
+    assert text.startswith("<think>") and "</think>" in text  # the steering held
+    thought, answer = text[len("<think>") :].split("</think>", 1)
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=30, temperature=0)
+    m = r.choices[0].message
+    assert (m.reasoning_content, m.reasoning, m.content) == (thought, thought, answer)
+    details = r.usage.completion_tokens_details
+    assert 0 < details.reasoning_tokens < r.usage.completion_tokens  # the total stays the total
+    assert details.reasoning_tokens == len(
+        tokenize(client, prompt=thought, add_special_tokens=False)
+    )
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=30, temperature=0, stream=True,
+        stream_options={"include_usage": True}))  # fmt: skip
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == thought
+    assert "".join(getattr(d, "reasoning", None) or "" for d in deltas) == thought
+    assert "".join(d.content or "" for d in deltas) == answer
+    ends = [j for j, d in enumerate(deltas) if d.content]  # no reasoning after the answer began
+    assert not any(getattr(d, "reasoning_content", None) for d in deltas[ends[0] :])
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == details.reasoning_tokens
+    # the reply goes back as the SDK hands it over (reasoning and reasoning_content both)
+    again = [*ASK, m, {"role": "user", "content": "And 6+6?"}]
+    r = client.chat.completions.create(model=MODEL, messages=again, max_tokens=30, temperature=0)
+    assert r.choices[0].message.reasoning_content
+
+
+def test_cut_off_while_thinking_all_of_it_is_reasoning(client):
+    text = raw(client, ASK, 4)
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, temperature=0)
+    m = r.choices[0].message
+    assert r.choices[0].finish_reason == "length" and m.content is None
+    assert m.reasoning_content == text.removeprefix("<think>")
+    assert r.usage.completion_tokens_details.reasoning_tokens == 4 - 3  # <think> is 3 tokens
+
+
+def test_a_prompt_that_opened_the_thinking(client):
+    """The reply continues an assistant message that opened `<think>` (what DeepSeek-R1's
+    newer templates write): the output starts inside the thinking, without a start tag."""
+    opened = [*ASK, {"role": "assistant", "content": "<think>"}]
+    extra = {"continue_final_message": True, "add_generation_prompt": False}
+    text = raw(client, opened, 30, **extra)
+    assert not text.startswith("<think>") and "</think>" in text
+    thought, answer = text.split("</think>", 1)
+    r = client.chat.completions.create(model=MODEL, messages=opened, max_tokens=30,
+                                       temperature=0, extra_body=extra)  # fmt: skip
+    assert (r.choices[0].message.reasoning_content, r.choices[0].message.content) == (
+        thought, answer)  # fmt: skip
+    closed = [*ASK, {"role": "assistant", "content": "<think>sum</think>"}]
+    r = client.chat.completions.create(model=MODEL, messages=closed, max_tokens=8,
+                                       temperature=0, extra_body=extra)  # fmt: skip
+    m = r.choices[0].message
+    assert m.reasoning_content is None and m.content == raw(client, closed, 8, **extra)
+
+
+def test_the_answer_format_holds_after_the_thinking(client):
+    """`response_format` constrains the answer only: the thinking is written as before, the
+    content parses (the SDK's `parse`)."""
+    r = client.chat.completions.parse(model=MODEL, messages=ASK, max_tokens=40, temperature=0,
+                                      response_format=Answer)  # fmt: skip
+    m = r.choices[0].message
+    assert r.choices[0].finish_reason == "stop"
+    assert m.reasoning_content == raw(client, ASK, 30)[len("<think>") :].split("</think>")[0]
+    assert isinstance(m.parsed, Answer) and m.content == m.parsed.model_dump_json().replace(
+        ":", ": "
+    )  # compact JSON has ": " here
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=40, temperature=0,
+                                       extra_body={"structured_outputs": {"choice": ["8", "16"]}})  # fmt: skip
+    assert r.choices[0].message.content in ("8", "16") and r.choices[0].message.reasoning_content
+
+
+def test_tool_calls_follow_the_thinking(client):
+    tools = [openai.pydantic_function_tool(Answer, name="report")]
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=60, temperature=0,
+                                       tools=tools, tool_choice="required",
+                                       parallel_tool_calls=False)  # fmt: skip
+    m = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert m.reasoning_content and "<tool_call>" not in m.reasoning_content
+    assert [c.function.name for c in m.tool_calls] == ["report"]
+    Answer.model_validate_json(m.tool_calls[0].function.arguments)
+
+
+def test_completions_are_left_alone(client):
+    prompt = "Q: 2+2?\nA: <think>two plus two</think>4\nQ: 3+3?\nA: <think>"
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    assert "</think>" in r.choices[0].text
+    assert r.usage.completion_tokens_details is None
