@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 import uvicorn
-from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.engine.core import check_max_model_len
 from pagoda.runtime.model.loader import read_model_config, read_tokenizer, resolve_model_path
 from pagoda.runtime.model.safetensors_weights import checkpoint_files
 from pagoda.runtime.model.sources.fetch import resolve_model, snapshot_commit
+from pagoda.runtime.parallelism import Parallelism
 from pagoda.runtime.quantization.fp8 import check_checkpoint_form
 from pagoda.runtime.server import fit, memory
 from pagoda.runtime.server.config import ServerConfig
@@ -48,7 +48,7 @@ def preflight(
     tuned_profile: str | None = None,
     tuned_profile_mismatch: str = "error",
     download_dir: str | None = None,
-    parallel: options.Parallelism | None = None,
+    parallel: Parallelism | None = None,
     revision: str | None = None,
 ) -> tuple[EngineConfig, TunedProfile | None]:
     """The one `EngineConfig` of this server, and the tuned profile applied to it (if any).
