@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from pagoda.runtime import options
+from pagoda.runtime import option_rules, options
 from pagoda.runtime.options import DEFAULT_MODEL
+from pagoda.runtime.parallelism import Parallelism
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 assert ("auto", *DTYPES) == options.DTYPES
@@ -23,8 +24,8 @@ __all__ = [
 
 
 def _positive(name: str, value: int) -> None:
-    """A positive integer (a bool is not one), at most `options.SIZE_LIMITS[name]` if named there."""
-    options.check_int(name, value)
+    """A positive integer (a bool is not one), at most `option_rules.SIZE_LIMITS[name]` if named there."""
+    option_rules.check_int(name, value)
 
 
 # What a model family changes in the Llama decoder, read once from the checkpoint's config by
@@ -177,8 +178,8 @@ class CacheConfig:
     kv_cache_dtype: str = options.DEFAULT_KV_CACHE_DTYPE
 
     def __post_init__(self) -> None:
-        options.check_integers(self, ("block_size",))
-        options.check_booleans(self, ("enable_prefix_caching",))
+        option_rules.check_integers(self, ("block_size",))
+        option_rules.check_booleans(self, ("enable_prefix_caching",))
         if self.block_size not in options.BLOCK_SIZES:
             sizes = ", ".join(map(str, options.BLOCK_SIZES))
             raise ValueError(f"block_size must be one of {sizes}, got {self.block_size!r}")
@@ -219,30 +220,30 @@ class SchedulerConfig:
     auto_batched_tokens: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        options.check_booleans(self, ("enable_chunked_prefill",))
+        option_rules.check_booleans(self, ("enable_chunked_prefill",))
         _positive("max_num_seqs", self.max_num_seqs)
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
         if self.max_num_batched_tokens is None or self.auto_batched_tokens:
             object.__setattr__(self, "auto_batched_tokens", True)
             values = self._values(options.DEFAULT_MAX_NUM_BATCHED_TOKENS)
-            for rule in options.ENGINE_RULES:  # the smallest default that fits every rule
+            for rule in option_rules.ENGINE_RULES:  # the smallest default that fits every rule
                 values = rule.lift(values)
             object.__setattr__(self, "max_num_batched_tokens", values["max_num_batched_tokens"])
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         cap = self.long_prefill_token_threshold
         if cap is not None:
-            options.check_int("long_prefill_token_threshold", cap, 0)
-            rule = options.CHUNK_CAP_NEEDS_CHUNKED_PREFILL
+            option_rules.check_int("long_prefill_token_threshold", cap, 0)
+            rule = option_rules.CHUNK_CAP_NEEDS_CHUNKED_PREFILL
             if not rule.holds(vars(self)):
                 raise ValueError(rule.error(vars(self)))
         values = self._values(self.max_num_batched_tokens)
-        for rule in options.ENGINE_RULES:
+        for rule in option_rules.ENGINE_RULES:
             if not rule.holds(values):
                 raise ValueError(rule.error(values))
 
     def _values(self, max_num_batched_tokens: int) -> dict[str, Any]:
-        """The fields by flag name, as `options.ENGINE_RULES` read them."""
+        """The fields by flag name, as `option_rules.ENGINE_RULES` read them."""
         return {
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": max_num_batched_tokens,
@@ -269,11 +270,11 @@ class EngineConfig:
     # quantization, if any; see pagoda.runtime.quantization.fp8)
     quantization: str | None = None
     # tensor parallelism: ranks, nodes, rendezvous (pagoda.runtime.distributed)
-    parallel: options.Parallelism = field(default_factory=options.Parallelism)
+    parallel: Parallelism = field(default_factory=Parallelism)
 
     def __post_init__(self) -> None:
-        options.check_integers(self, ("seed",))
-        options.check_booleans(
+        option_rules.check_integers(self, ("seed",))
+        option_rules.check_booleans(
             self, ("enable_cuda_graphs", "batch_invariant", "async_scheduling"),
             optional=("async_scheduling",),
         )  # fmt: skip
@@ -316,7 +317,7 @@ class EngineConfig:
         sched = SchedulerConfig(**{k: v for k, v in kwargs.items() if k in sched_keys})
         top = {k: v for k, v in kwargs.items() if k in top_keys}
         if any(k in par_keys for k in kwargs):
-            top["parallel"] = options.Parallelism.from_values(kwargs)
+            top["parallel"] = Parallelism.from_values(kwargs)
         return cls(model=model, cache=cache, scheduler=sched, **top)
 
     def with_device_defaults(self) -> EngineConfig:

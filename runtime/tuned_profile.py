@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pagoda.runtime import options
+from pagoda.runtime.option_rules import SIZE_LIMITS, check_int
 
 if TYPE_CHECKING:
     import torch
@@ -242,7 +242,7 @@ def validate(data: Any, where: Path | str) -> None:
     for key in SCHEDULER_KEYS:
         if key in scheduler:
             try:
-                options.check_int(f"scheduler.{key}", scheduler[key], 1, options.SIZE_LIMITS[key])
+                check_int(f"scheduler.{key}", scheduler[key], 1, SIZE_LIMITS[key])
             except ValueError as e:
                 raise ProfileError(f"{where}: {e}") from e
     for key, value in (data.get("capacity") or {}).items():

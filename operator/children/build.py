@@ -73,29 +73,8 @@ def build_children(
     pods mount (autotune/mount.py), None for the runtime's defaults.
     """
     cm = build_config_map(owner, spec)
-    absent: list[tuple[str, str]] = []
-    replacing = current_kind is not None and current_kind != spec.workload_kind
-    if spec.multi_node:  # one of the two kinds: switching deletes the other
-        workload = build_leader_worker_set(
-            owner,
-            spec,
-            pod_template=pod_template(owner, spec, config_hash_value=config_hash(cm)),
-            rolling_update=rolling_update(spec),
-            current_replicas=current_replicas,
-            replacing=replacing,
-        )
-        absent.append(("Deployment", owner.name))
-    else:
-        workload = build_deployment(
-            owner,
-            spec,
-            config_hash_value=config_hash(cm),
-            current_replicas=current_replicas,
-            replacing=replacing,
-        )
-        if tuned is not None:  # tuning is for one-GPU servers only (the spec refuses the rest)
-            mount_profile(workload, tuned)
-        absent.append(("LeaderWorkerSet", lws_name(owner.name)))
+    workload, other_kind = _workload(owner, spec, cm, current_replicas, current_kind, tuned)
+    absent: list[tuple[str, str]] = [other_kind]
     desired = [cm, workload, build_service(owner, leaders_only=spec.multi_node)]
     if wants_pdb(spec):
         desired.append(build_pdb(owner))
@@ -110,3 +89,36 @@ def build_children(
     elif prometheus_rule:
         absent.append(("PrometheusRule", rules.rule_name(owner.name)))
     return Children(desired=tuple(desired), absent=tuple(absent))
+
+
+def _workload(
+    owner: Owner,
+    spec: InferenceServiceSpec,
+    cm: dict[str, Any],
+    current_replicas: int | None,
+    current_kind: str | None,
+    tuned: TunedMount | None,
+) -> tuple[dict[str, Any], tuple[str, str]]:
+    """The Deployment or, multi-node, the LeaderWorkerSet, and the (kind, name) of the other one,
+    which must not exist: switching kinds deletes it."""
+    replacing = current_kind is not None and current_kind != spec.workload_kind
+    if spec.multi_node:
+        workload = build_leader_worker_set(
+            owner,
+            spec,
+            pod_template=pod_template(owner, spec, config_hash_value=config_hash(cm)),
+            rolling_update=rolling_update(spec),
+            current_replicas=current_replicas,
+            replacing=replacing,
+        )
+        return workload, ("Deployment", owner.name)
+    workload = build_deployment(
+        owner,
+        spec,
+        config_hash_value=config_hash(cm),
+        current_replicas=current_replicas,
+        replacing=replacing,
+    )
+    if tuned is not None:  # tuning is for one-GPU servers only (the spec refuses the rest)
+        mount_profile(workload, tuned)
+    return workload, ("LeaderWorkerSet", lws_name(owner.name))

@@ -35,6 +35,7 @@ from pagoda.operator.spec.fields import (
 from pagoda.operator.spec.model_ref import ModelRef
 from pagoda.operator.spec.parallelism import ParallelismSpec
 from pagoda.runtime import options
+from pagoda.runtime.option_rules import CRD_ENGINE_RULES, CRD_FLAG_RULES, camel
 
 # The engine's choices and defaults are the runtime's (pagoda.runtime.options, torch-free); the
 # CRD's enums and defaults equal them (test_operator_crd.py). Aliases such as "half" are the CLI's
@@ -146,17 +147,17 @@ class EngineSpec:
         if self.block_size not in BLOCK_SIZES:
             raise SpecError("InvalidSpec", f"spec.engine.blockSize must be one of {BLOCK_SIZES}")
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # flag names
-        for needs in options.CRD_FLAG_RULES:
+        for needs in CRD_FLAG_RULES:
             if not needs.holds(values):
                 raise SpecError("InvalidSpec", needs.spec_error(values))
-        for rule in options.CRD_ENGINE_RULES:  # as `pagoda serve` checks them: defaults filled in
+        for rule in CRD_ENGINE_RULES:  # as `pagoda serve` checks them: defaults filled in
             filled = rule.filled(values)
             if not rule.holds(filled):
                 unset = " when unset" if values.get(rule.smaller) is None else ""
                 raise SpecError(
                     "InvalidSpec",
-                    f"spec.engine.{options.camel(rule.larger)} ({filled[rule.larger]}) must be >= "
-                    f"{options.camel(rule.smaller)} ({filled[rule.smaller]}{unset})",
+                    f"spec.engine.{camel(rule.larger)} ({filled[rule.larger]}) must be >= "
+                    f"{camel(rule.smaller)} ({filled[rule.smaller]}{unset})",
                 )
 
     @classmethod

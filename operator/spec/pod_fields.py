@@ -17,7 +17,7 @@ from typing import Any
 
 from pagoda.operator.kube.names import is_label_key, is_label_value
 from pagoda.operator.spec.fields import SpecError, mapping, show
-from pagoda.runtime import options
+from pagoda.runtime import option_rules, options
 
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 
@@ -110,7 +110,7 @@ OPERATOR_FLAGS: Mapping[str, str] = {
     "port": f"the operator (the Service and probes use {options.DEFAULT_PORT})",
     "drain_timeout": "spec.drainTimeoutSeconds",
     **{
-        dest: f"spec.engine.{options.camel(dest)}"
+        dest: f"spec.engine.{option_rules.camel(dest)}"
         for dest in (
             "dtype",
             "block_size",

@@ -82,8 +82,8 @@ class Scheduler:
         plan: dict[str, ScheduledRequest] = {}
         preempted: list[Request] = []
         partial: list[Request] = []
-        allocate, block_ids = self.kv.allocate_slots, self.kv.block_ids
-        room, ids_of = self.kv.room, self.kv.req_block_ids  # the decode loop's fast path
+        # the decode loop's fast path
+        allocate, room, ids_of = self.kv.allocate_slots, self.kv.room, self.kv.req_block_ids
         # Decodes first, placed in the pass that finds them (a steady decode batch: one visit
         # per request); partial prefills after. A snapshot: preemption edits `running`.
         for req in list(self.running):
@@ -105,6 +105,31 @@ class Scheduler:
                     continue
             plan[rid] = ScheduledRequest(req, 1, ids_of[rid])
             budget -= 1
+        budget = self._schedule_prefills(partial, plan, preempted, budget, cap)
+        num_running = len(plan)
+        if not preempted:
+            self._admit_waiting(plan, budget, cap)
+        scheduled = list(plan.values())
+        if partial or len(plan) > num_running:  # decodes first (stable)
+            scheduled.sort(key=lambda s: s.num_new_tokens != 1)
+            num_decodes = sum(1 for s in scheduled if s.num_new_tokens == 1)
+            num_tokens = sum(s.num_new_tokens for s in scheduled)
+        else:
+            num_decodes = num_tokens = len(scheduled)
+        return SchedulerOutput(scheduled, num_decodes, num_tokens, preempted)
+
+    def _schedule_prefills(
+        self,
+        partial: list[Request],
+        plan: dict[str, ScheduledRequest],
+        preempted: list[Request],
+        budget: int,
+        cap: int,
+    ) -> int:
+        """Plan the running requests with more than one token to compute (prefill chunks), in
+        order, after the decodes: each gets what is left of `budget`, at most `cap` tokens (with
+        chunked prefill; without, its whole remainder or nothing). Returns the budget left."""
+        allocate, block_ids = self.kv.allocate_slots, self.kv.block_ids
         chunked = self.config.enable_chunked_prefill
         self._scored_room = PROMPT_LOGPROB_ROWS
         for req in partial:
@@ -132,17 +157,7 @@ class Scheduler:
                     continue
             plan[req.request_id] = ScheduledRequest(req, n, block_ids(req.request_id))
             budget -= n
-        num_running = len(plan)
-        if not preempted:
-            self._admit_waiting(plan, budget, cap)
-        scheduled = list(plan.values())
-        if partial or len(plan) > num_running:  # decodes first (stable)
-            scheduled.sort(key=lambda s: s.num_new_tokens != 1)
-            num_decodes = sum(1 for s in scheduled if s.num_new_tokens == 1)
-            num_tokens = sum(s.num_new_tokens for s in scheduled)
-        else:
-            num_decodes = num_tokens = len(scheduled)
-        return SchedulerOutput(scheduled, num_decodes, num_tokens, preempted)
+        return budget
 
     def _scored_chunk(self, n: int) -> int:
         """A chunk of a request asking prompt logprobs: `n` tokens cut to the step's room for

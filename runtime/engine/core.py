@@ -43,7 +43,7 @@ from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.request import FIRST_FINISHED, Request
 from pagoda.runtime.sampling.allowed_tokens import check_bans_leave_tokens
-from pagoda.runtime.sampling.bad_words import bad_words_token_ids, needs_history
+from pagoda.runtime.sampling.bad_words import BadWords, bad_words_token_ids, needs_history
 from pagoda.runtime.sampling.params import SamplingParams, sample_seed
 from pagoda.runtime.worker.model_runner import ModelRunner
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
@@ -176,9 +176,6 @@ class EngineCore:
             self._compile(params.structured_outputs)
         if request_id in self.outputs:
             raise ValueError(f"duplicate request id {request_id!r}")
-        salt = None
-        if params.n > 1 and not self.config.cache.enable_prefix_caching:
-            salt = hashlib.blake2b(request_id.encode(), digest_size=16).digest()  # siblings share
         bad_words = ()
         if params.bad_words:
             vocab = self.model_config.vocab_size
@@ -189,6 +186,27 @@ class EngineCore:
                 raise ValueError(f"bad_words_token_ids must be in [0, {vocab})")
         mc = self.model_config
         check_bans_leave_tokens(params, mc.eos_token_ids, mc.vocab_size, bad_words)
+        reqs = self._samples(request_id, prompt_token_ids, params, bad_words)
+        self.outputs.add(request_id, reqs)
+        for req in reqs:
+            self.scheduler.add_request(req)
+            if req.wants_prompt_logprobs:
+                self.runner.prompt_logprob_requests[req.request_id] = req
+            if params.needs_penalties or needs_history(bad_words):  # need the host's tokens
+                self._penalized.add(req.request_id)
+
+    def _samples(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        bad_words: BadWords,
+    ) -> list[Request]:
+        """One `Request` per sample (`n`): `request_id` itself for one, `request_id#i` for
+        several, each with its own seed drawn from the request's."""
+        salt = None
+        if params.n > 1 and not self.config.cache.enable_prefix_caching:
+            salt = hashlib.blake2b(request_id.encode(), digest_size=16).digest()  # siblings share
         reqs = []
         for i in range(params.n):
             child_params = params
@@ -207,13 +225,7 @@ class EngineCore:
                     bad_words=bad_words,
                 )
             )
-        self.outputs.add(request_id, reqs)
-        for req in reqs:
-            self.scheduler.add_request(req)
-            if req.wants_prompt_logprobs:
-                self.runner.prompt_logprob_requests[req.request_id] = req
-            if params.needs_penalties or needs_history(bad_words):  # need the host's tokens
-                self._penalized.add(req.request_id)
+        return reqs
 
     def abort_request(self, request_id: str) -> None:
         """Abort every sample of a request; its blocks are freed at once."""

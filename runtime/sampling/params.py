@@ -102,6 +102,34 @@ class SamplingParams:
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, 1, None)
         _check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
+        self._check_sampling_knobs()
+        if self.seed is not None:
+            _check_int("seed", self.seed, MIN_SEED, MAX_SEED)
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
+        if not isinstance(self.logprob_ranks, bool):
+            raise ParamError("logprob_ranks", f"logprob_ranks must be a bool, got "
+                             f"{_short(self.logprob_ranks)}")  # fmt: skip
+        self._check_stops()
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        if self.allowed_token_ids is not None:
+            object.__setattr__(self, "allowed_token_ids", _token_ids(self.allowed_token_ids))
+        if self.bad_words is not None:
+            object.__setattr__(self, "bad_words", _bad_words(self.bad_words))
+        if self.structured_outputs is not None:
+            if not hasattr(self.structured_outputs, "key"):  # no import: structured needs us
+                raise ParamError("structured_outputs", "structured_outputs must be a "
+                                 "StructuredOutputsParams")  # fmt: skip
+            for name in ("ignore_eos", "min_tokens"):
+                if getattr(self, name):
+                    raise ParamError(name, f"{name} cannot be combined with structured outputs: "
+                                     "the output ends when the grammar is complete")  # fmt: skip
+
+    def _check_sampling_knobs(self) -> None:
+        """The ranges of the knobs that shape the distribution: temperature, top_p, top_k (0 is
+        stored as -1, off), min_p and the three penalties."""
         _check_num("temperature", self.temperature)
         if not 0 <= self.temperature <= MAX_TEMPERATURE:
             raise ParamError(
@@ -129,29 +157,6 @@ class SamplingParams:
                 "repetition_penalty",
                 f"repetition_penalty must be > 0, got {self.repetition_penalty}",
             )
-        if self.seed is not None:
-            _check_int("seed", self.seed, MIN_SEED, MAX_SEED)
-        if self.logprobs is not None:
-            _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
-        if self.prompt_logprobs is not None:
-            _check_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
-        if not isinstance(self.logprob_ranks, bool):
-            raise ParamError("logprob_ranks", f"logprob_ranks must be a bool, got "
-                             f"{_short(self.logprob_ranks)}")  # fmt: skip
-        self._check_stops()
-        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
-        if self.allowed_token_ids is not None:
-            object.__setattr__(self, "allowed_token_ids", _token_ids(self.allowed_token_ids))
-        if self.bad_words is not None:
-            object.__setattr__(self, "bad_words", _bad_words(self.bad_words))
-        if self.structured_outputs is not None:
-            if not hasattr(self.structured_outputs, "key"):  # no import: structured needs us
-                raise ParamError("structured_outputs", "structured_outputs must be a "
-                                 "StructuredOutputsParams")  # fmt: skip
-            for name in ("ignore_eos", "min_tokens"):
-                if getattr(self, name):
-                    raise ParamError(name, f"{name} cannot be combined with structured outputs: "
-                                     "the output ends when the grammar is complete")  # fmt: skip
 
     def _check_stops(self) -> None:
         if len(self.stop) > MAX_STOP_STRINGS:

@@ -31,6 +31,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from pagoda.runtime import options
 from pagoda.runtime.options import ENGINE_FLAGS, PARALLEL_FLAGS, SERVER_FLAGS, Flag
+from pagoda.runtime.parallelism import Parallelism
 from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.listen import (
     bind_sockets,
@@ -160,10 +161,10 @@ def held_logs() -> Iterator[None]:
         root.handle(record)
 
 
-def parallelism(args: argparse.Namespace) -> options.Parallelism:
+def parallelism(args: argparse.Namespace) -> Parallelism:
     """The tensor-parallel flags, validated (ValueError); against the model and this node's
     devices in `launch.preflight`."""
-    return options.Parallelism.from_values(vars(args))
+    return Parallelism.from_values(vars(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -210,7 +211,7 @@ def stop_engine(engine: Any) -> None:
 
 
 def serve_worker_node(
-    args: argparse.Namespace, engine_kwargs: dict[str, Any], layout: options.Parallelism
+    args: argparse.Namespace, engine_kwargs: dict[str, Any], layout: Parallelism
 ) -> int:
     """`--node-rank R` > 0: this node's ranks of the group, headless, until rank 0 stops them
     (they run the steps it broadcasts); the same checks as node 0 first (exit 2)."""

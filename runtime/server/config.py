@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagoda.runtime import options
-from pagoda.runtime.options import check_int, check_seconds
+from pagoda.runtime.option_rules import check_int, check_seconds
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 import uvicorn
-from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.engine.core import check_max_model_len
@@ -32,6 +31,7 @@ from pagoda.runtime.model.loader import read_model_config, read_tokenizer, resol
 from pagoda.runtime.model.safetensors_weights import checkpoint_files
 from pagoda.runtime.model.shape_fingerprint import model_fingerprint
 from pagoda.runtime.model.sources.fetch import resolve_model, snapshot_commit
+from pagoda.runtime.parallelism import Parallelism
 from pagoda.runtime.quantization.fp8 import check_checkpoint_form
 from pagoda.runtime.server import fit, memory
 from pagoda.runtime.server.config import ServerConfig
@@ -49,7 +49,7 @@ def preflight(
     tuned_profile: str | None = None,
     tuned_profile_mismatch: str = "error",
     download_dir: str | None = None,
-    parallel: options.Parallelism | None = None,
+    parallel: Parallelism | None = None,
     revision: str | None = None,
 ) -> tuple[EngineConfig, TunedProfile | None]:
     """The one `EngineConfig` of this server, and the tuned profile applied to it (if any).

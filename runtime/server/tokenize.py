@@ -18,7 +18,7 @@ import asyncio
 import functools
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from pagoda.runtime.engine.admission import EngineUnavailableError
@@ -30,11 +30,10 @@ from pagoda.runtime.server.protocol import (
     APIError,
     ChatCompletionRequest,
     _Strict,
-    load_json,
     parse_request,
 )
 from pagoda.runtime.server.serving import Serving, unavailable
-from pydantic import Field
+from pydantic import Discriminator, Field, RootModel, Tag
 
 
 class TokenizeRequest(_Strict):
@@ -56,6 +55,20 @@ class TokenizeChatRequest(_Strict):
     return_token_strs: bool | None = False
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Any] | None = None
+
+
+def _tokenize_form(data: Any) -> str:
+    return "Chat" if isinstance(data, dict) and "messages" in data else "Text"
+
+
+# The body of `/tokenize`: vLLM's two forms, told apart by `messages` as the body is validated
+# (its JSON parsed once). The tags are capitalised: an error's `param` leaves them out.
+TokenizeBody = RootModel[
+    Annotated[
+        Annotated[TokenizeRequest, Tag("Text")] | Annotated[TokenizeChatRequest, Tag("Chat")],
+        Discriminator(_tokenize_form),
+    ]
+]
 
 
 class DetokenizeRequest(_Strict):
@@ -117,10 +130,8 @@ def add_tokenizer_routes(
             raise unavailable(e) from e
 
     def parse(body: bytes, model: type[_Strict] | None) -> _Strict:
-        if model is None:  # /tokenize: vLLM's two forms, told apart by `messages`
-            data = load_json(body)
-            model = TokenizeChatRequest if isinstance(data, dict) and "messages" in data \
-                else TokenizeRequest  # fmt: skip
+        if model is None:  # /tokenize: either form
+            return parse_request(body, TokenizeBody).root
         return parse_request(body, model)
 
     async def answer(raw: Request, model: type[_Strict] | None, work: Callable) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pagoda.runtime import options
+from pagoda.runtime import option_rules, options
 from pagoda.runtime.config import resolve_device, resolve_dtype
 from pagoda.runtime.tuned_profile import (
     KERNEL_CACHE_FILE,
@@ -83,7 +83,7 @@ def profile_engine_kwargs(
         if key not in explicit:
             merged[key] = value
     if "max_num_batched_tokens" not in explicit:  # the tuned budget is a default: it must fit
-        merged = options.BATCH_COVERS_SEQS.lift(merged)
+        merged = option_rules.BATCH_COVERS_SEQS.lift(merged)
     return merged
 
 

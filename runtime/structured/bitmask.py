@@ -172,7 +172,12 @@ class GrammarBitmask:
                 log.warning("grammar allows no token after %d output tokens; ending the request",
                             reqs[live[j]].num_output_tokens)  # fmt: skip
                 _only(host[j], self.closer.stop)
-        mask, rows_t = host[: len(live)], torch.tensor(live, dtype=torch.long)
+        self._mask_logits(logits, host[: len(live)], live)
+
+    def _mask_logits(self, logits: torch.Tensor, mask: torch.Tensor, live: list[int]) -> None:
+        """Set to -inf what the host bitmask `mask` (row j for logits row `live[j]`) bans: on
+        CUDA (or with `torch_apply`) in torch, else with the native kernel, else xgrammar's."""
+        rows_t = torch.tensor(live, dtype=torch.long)
         if self.device.type == "cuda" or self.torch_apply:  # pinned: copied without a sync
             if self.device.type == "cuda":
                 rows_t = rows_t.pin_memory().to(self.device, non_blocking=True)

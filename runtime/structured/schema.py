@@ -226,16 +226,7 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
     if not isinstance(s, dict):
         return s
     s = in_new_spellings(s)
-    for key, what in UNSUPPORTED.items():
-        if key in s and not (key == "uniqueItems" and s[key] is False):
-            raise SchemaError(f"{path}/{key}", f"{what} is not supported by constrained decoding")
-    if "$ref" in s and not _LOCAL_REF.match(str(s["$ref"])):
-        raise SchemaError(f"{path}/$ref", "only local JSON pointer references (#/...) are "
-                          "supported")  # fmt: skip
-    if isinstance(s.get("pattern"), str):
-        check_pattern(s["pattern"], f"{path}/pattern")
-    for key in s.get("patternProperties") or ():
-        check_pattern(key, f"{path}/patternProperties")
+    _refuse_unsupported(s, path)
     out = dict(s)
     for key in _SCHEMA_MAPS:
         if isinstance(s.get(key), dict):
@@ -275,6 +266,28 @@ def _normalise(s: Any, path: str, lp: bool = False) -> Any:
         out["type"] = list(_ANY_TYPE)
     if "multipleOf" in out:
         out = multiple_of(out, path)
+    return _string_keywords(out, s, path, lp)
+
+
+def _refuse_unsupported(s: dict, path: str) -> None:
+    """SchemaError for what constrained decoding cannot enforce in `s` itself: an `UNSUPPORTED`
+    keyword, a `$ref` outside the document, a pattern the grammar cannot hold."""
+    for key, what in UNSUPPORTED.items():
+        if key in s and not (key == "uniqueItems" and s[key] is False):
+            raise SchemaError(f"{path}/{key}", f"{what} is not supported by constrained decoding")
+    if "$ref" in s and not _LOCAL_REF.match(str(s["$ref"])):
+        raise SchemaError(f"{path}/$ref", "only local JSON pointer references (#/...) are "
+                          "supported")  # fmt: skip
+    if isinstance(s.get("pattern"), str):
+        check_pattern(s["pattern"], f"{path}/pattern")
+    for key in s.get("patternProperties") or ():
+        check_pattern(key, f"{path}/patternProperties")
+
+
+def _string_keywords(out: dict, s: dict, path: str, lp: bool) -> dict:
+    """`out` (normalised from `s`) with its string keywords as xgrammar enforces them: a format
+    it does not know as the one it does or as a pattern, lengths folded into the pattern (`lp`:
+    lengths as a pattern even without one), optional groups as alternatives."""
     if out.get("format") in FORMAT_SUBSETS:
         out["format"] = FORMAT_SUBSETS[out["format"]]
     if (

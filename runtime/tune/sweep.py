@@ -275,6 +275,34 @@ def _with_tile(candidates: list[dict], tile: int) -> list[dict]:
     return out
 
 
+def _sweep_one(
+    bucket: Bucket | matmul.MatmulBucket | moe.MoeBucket,
+    shape: AttentionShape,
+    reports: list[dict],
+    device: torch.device,
+    timer: Timer,
+    matmul_timer: Timer,
+    space: Callable[[str], list[dict]],
+) -> BucketResult:
+    """One bucket's sweep: the current config first, then `space`'s; a batch-invariant prefill
+    bucket only with the tile its decode bucket (swept before it, in `reports`) chose."""
+    from pagoda.kernels.config import get_kernel_config
+
+    baseline = get_kernel_config(bucket.kernel, bucket.shape, device)
+    candidates = [baseline, *(c for c in space(bucket.kernel) if c != baseline)]
+    decode_config = None
+    if getattr(bucket, "invariant", False) and bucket.shape["max_query_len"] != 1:
+        decode_config = invariant_decode_config(bucket, reports, device)
+        candidates = _with_tile(candidates, int(decode_config["TILE_SIZE"]))
+        if device.type != "cuda":  # the interpreter's dot is the host BLAS: its rounding
+            decode_config = None  # of a row may follow the row's place in a micro-tile
+    if bucket.kernel in (matmul.MATMUL, fp8_matmul.FP8_MATMUL):
+        return sweep_matmul_bucket(bucket, candidates, device, timer=matmul_timer)
+    if bucket.kernel == moe.FUSED_MOE:
+        return moe.sweep_moe_bucket(bucket, candidates, device, timer=matmul_timer)
+    return sweep_bucket(bucket, shape, candidates, device, timer=timer, decode_config=decode_config)
+
+
 def tune_kernels(
     shape: AttentionShape,
     buckets: list[Bucket | matmul.MatmulBucket | moe.MoeBucket],
@@ -294,7 +322,7 @@ def tune_kernels(
 
     Returns (bucket reports, complete). ``device_label`` names ``out_dir/<device_label>.json``.
     """
-    from pagoda.kernels.config import DEFAULT_DEVICE, get_kernel_config, save_kernel_config
+    from pagoda.kernels.config import DEFAULT_DEVICE, save_kernel_config
 
     if device_label == DEFAULT_DEVICE:
         raise ValueError("tuned configs need a device name; 'default' is the packaged fallback")
@@ -310,22 +338,7 @@ def tune_kernels(
             complete = False
             progress(f"{bucket.label} (out of time)")
             continue
-        baseline = get_kernel_config(bucket.kernel, bucket.shape, device)
-        candidates = [baseline, *(c for c in space(bucket.kernel) if c != baseline)]
-        decode_config = None
-        if getattr(bucket, "invariant", False) and bucket.shape["max_query_len"] != 1:
-            decode_config = invariant_decode_config(bucket, reports, device)
-            candidates = _with_tile(candidates, int(decode_config["TILE_SIZE"]))
-            if device.type != "cuda":  # the interpreter's dot is the host BLAS: its rounding
-                decode_config = None  # of a row may follow the row's place in a micro-tile
-        if bucket.kernel in (matmul.MATMUL, fp8_matmul.FP8_MATMUL):
-            result = sweep_matmul_bucket(bucket, candidates, device, timer=matmul_timer or timer)
-        elif bucket.kernel == moe.FUSED_MOE:
-            result = moe.sweep_moe_bucket(bucket, candidates, device, timer=matmul_timer or timer)
-        else:
-            result = sweep_bucket(
-                bucket, shape, candidates, device, timer=timer, decode_config=decode_config
-            )
+        result = _sweep_one(bucket, shape, reports, device, timer, matmul_timer or timer, space)
         if result.config is not None:
             save_kernel_config(
                 bucket.kernel,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kube_emulator import Emulator
 from operator_harness import DEPLOY, ISVC
-from operator_helpers import mark_available
+from operator_helpers import in_background, mark_available
 from pagoda.operator.kube.client import ApiError, KubeApi
 
 
@@ -76,10 +76,5 @@ async def deployment_controller(
                     seen[name] = want
             await asyncio.sleep(0.05)
 
-    task = asyncio.create_task(loop())
-    try:
+    async with in_background(loop()):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

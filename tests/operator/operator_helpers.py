@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any
 
 import yaml
@@ -21,6 +22,19 @@ EXAMPLE_SPEC = next(
 )["spec"]
 OPERATOR_AGENTS = ("kopf/", k8s.USER_AGENT)
 __all__ = ["CM", "DEPLOY", "EXAMPLE_SPEC", "ISVC", "ISVC_PATH", "PDB", "SVC"]
+
+
+@contextlib.asynccontextmanager
+async def in_background(coro: Coroutine[Any, Any, None]) -> AsyncIterator[asyncio.Task]:
+    """`coro` runs as a task while the block runs (a controller the emulator lacks); after it,
+    the task is cancelled and awaited."""
+    task = asyncio.create_task(coro)
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def create_isvc(kube: KubeApi, name: str, spec: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Each rule between engine flags is stated once, in `pagoda.runtime.options`; the CRD's CEL
+"""Each rule between engine flags is stated once, in `pagoda.runtime.option_rules`; the CRD's CEL
 (crds/, copied into the chart), the operator's spec check and the runtime's config must agree with
 that statement on every combination, an unset flag included: the runtime fills it with its
 default (`smaller_default`), so a spec that `pagoda serve` would refuse at start (a pod in a crash
@@ -13,7 +13,7 @@ from crd_schema import validate, version_schema
 from operator_harness import load_crd
 from pagoda.operator.spec.fields import SpecError
 from pagoda.operator.spec.inference_service import InferenceServiceSpec
-from pagoda.runtime import options
+from pagoda.runtime import option_rules
 
 VALUES = (None, 1, 8, 64, 100)
 
@@ -26,7 +26,7 @@ def engine_validations() -> list[dict[str, str]]:
 def test_the_crd_states_the_rules_as_options_renders_them() -> None:
     assert engine_validations() == [
         {"rule": r.cel(), "message": r.cel_message()}
-        for r in (*options.CRD_ENGINE_RULES, *options.CRD_FLAG_RULES)
+        for r in (*option_rules.CRD_ENGINE_RULES, *option_rules.CRD_FLAG_RULES)
     ]
 
 
@@ -35,7 +35,7 @@ def _agree(crd: dict, rule, values: dict, holds: bool) -> None:
     `values` (engine flags; None: unset, the runtime's default) exactly when the rule `holds`."""
     from pagoda.runtime.config import SchedulerConfig
 
-    engine = {options.camel(k): v for k, v in values.items() if v is not None}
+    engine = {option_rules.camel(k): v for k, v in values.items() if v is not None}
     doc = {
         "apiVersion": "serving.pagoda.dev/v1alpha1",
         "kind": "InferenceService",
@@ -58,16 +58,16 @@ def _agree(crd: dict, rule, values: dict, holds: bool) -> None:
     assert runtime_ok == holds, values
 
 
-@pytest.mark.parametrize("rule", options.CRD_ENGINE_RULES, ids=lambda r: r.cel_message())
-def test_crd_operator_and_runtime_agree_with_the_rule(rule: options.AtLeast) -> None:
+@pytest.mark.parametrize("rule", option_rules.CRD_ENGINE_RULES, ids=lambda r: r.cel_message())
+def test_crd_operator_and_runtime_agree_with_the_rule(rule: option_rules.AtLeast) -> None:
     crd = load_crd()
     for big, small in itertools.product(VALUES, VALUES):
         values = {rule.larger: big, rule.smaller: small}
         _agree(crd, rule, values, rule.holds(rule.filled(values)))
 
 
-@pytest.mark.parametrize("rule", options.CRD_FLAG_RULES, ids=lambda r: r.cel_message())
-def test_crd_operator_and_runtime_agree_with_the_flag_rule(rule: options.NeedsOn) -> None:
+@pytest.mark.parametrize("rule", option_rules.CRD_FLAG_RULES, ids=lambda r: r.cel_message())
+def test_crd_operator_and_runtime_agree_with_the_flag_rule(rule: option_rules.NeedsOn) -> None:
     """A size that needs a bool flag on (longPrefillTokenThreshold > 0 needs chunked prefill):
     the CRD, the operator and the runtime refuse exactly the same combinations."""
     crd = load_crd()
@@ -81,7 +81,7 @@ def test_crd_operator_and_runtime_agree_with_the_flag_rule(rule: options.NeedsOn
 def test_the_runtime_default_is_the_one_the_rule_fills_in() -> None:
     from pagoda.runtime.config import SchedulerConfig
 
-    assert options.BATCH_COVERS_SEQS.smaller_default == SchedulerConfig().max_num_seqs
+    assert option_rules.BATCH_COVERS_SEQS.smaller_default == SchedulerConfig().max_num_seqs
     # the gap this closes: a budget below the default batch with maxNumSeqs unset
     with pytest.raises(
         SpecError, match=r"maxNumBatchedTokens \(8\) must be >= maxNumSeqs \(64 when unset\)"

@@ -34,6 +34,7 @@ from operator_helpers import (
     SVC,
     condition,
     create_isvc,
+    in_background,
     mark_available,
     operator_requests,
     patch_isvc,
@@ -118,13 +119,8 @@ async def deployment_controller(kube: KubeApi, emulator: FaultyEmulator) -> Asyn
                         await mark_available(kube, meta["name"])
             await asyncio.sleep(0.1)
 
-    task = asyncio.create_task(loop())
-    try:
+    async with in_background(loop()):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def _spec(max_num_seqs: int, replicas: int = 1) -> dict[str, Any]:

@@ -15,6 +15,7 @@ HEAVY = ("torch", "numpy", "triton", "transformers", "gguf", "fastapi", "uvicorn
 ALLOWED_RUNTIME = {
     "pagoda.runtime",
     "pagoda.runtime.options",
+    "pagoda.runtime.option_rules",  # what values the flags accept (the CRD's rules)
     "pagoda.runtime.tuned_profile",
     "pagoda.runtime.termination",  # the termination-message format (pod failures → conditions)
     "pagoda.runtime.model",  # empty package

@@ -20,7 +20,7 @@ from pagoda.operator.spec import status
 from pagoda.operator.spec.fields import SpecError
 from pagoda.operator.spec.inference_service import InferenceServiceSpec
 from pagoda.operator.spec.validation import check_gpu_capacity
-from pagoda.runtime import options
+from pagoda.runtime.parallelism import Parallelism
 from pagoda.runtime.server.cli import build_parser
 
 OWNER = Owner(name="llama", namespace="team-a", uid="7c0e2f8e-1111-4c1e-9a34-5a1d2c3b4e5f")
@@ -86,7 +86,7 @@ def test_gpus_above_one_shard_one_pod() -> None:
     assert server(deploy["spec"]["template"])["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert ("LeaderWorkerSet", "llama-lws") in children.absent
     parsed = build_parser().parse_args(args)
-    assert options.Parallelism.from_values(vars(parsed)).tensor_parallel_size == 4
+    assert Parallelism.from_values(vars(parsed)).tensor_parallel_size == 4
 
 
 def test_one_gpu_or_cpu_renders_no_parallel_flag() -> None:
@@ -200,7 +200,7 @@ def test_every_rank_parses_with_the_real_parser(spec: InferenceServiceSpec) -> N
         }
         template = leader if index == 0 else worker
         args = kubelet_expand(server(template)["args"], env)
-        layout = options.Parallelism.from_values(vars(build_parser().parse_args(args)))
+        layout = Parallelism.from_values(vars(build_parser().parse_args(args)))
         assert layout.tensor_parallel_size == spec.tensor_parallel_size
         assert (layout.nnodes, layout.master_addr) == (nodes, "llama-lws-0.llama-lws.team-a")
         assert layout.ranks_per_node == spec.tensor_parallel_size // nodes

@@ -22,7 +22,14 @@ from fake_prometheus import FakePrometheus
 from faulty_emulator import FaultyEmulator
 from lws_crd import LWS_RESOURCE, load_lws_crd, lws_errors
 from operator_harness import DEPLOY, wait_for
-from operator_helpers import SVC, assert_permitted, condition, create_isvc, patch_isvc
+from operator_helpers import (
+    SVC,
+    assert_permitted,
+    condition,
+    create_isvc,
+    in_background,
+    patch_isvc,
+)
 from pagoda.operator.kube import names
 from pagoda.operator.kube.client import ApiError, KubeApi
 from pagoda.runtime.termination import Termination
@@ -74,13 +81,8 @@ async def lws_controller(kube: KubeApi, name: str) -> AsyncIterator[None]:
                     await mark_groups_ready(kube, name)
             await asyncio.sleep(0.05)
 
-    task = asyncio.create_task(loop())
-    try:
+    async with in_background(loop()):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def selector(emulator: FaultyEmulator, name: str) -> dict[str, str]:

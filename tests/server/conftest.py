@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import openai
 import pytest
 from server_testlib import MAX_MODEL_LEN, ServerProcess
 
@@ -29,6 +30,12 @@ def server_process() -> Iterator[ServerProcess]:
 def server(server_process: ServerProcess) -> ServerProcess:
     server_process.wait_ready()
     return server_process
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> openai.OpenAI:
+    """The `openai` SDK on the session's server (no retries: a test sees each answer)."""
+    return openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)
 
 
 @pytest.fixture(scope="session")

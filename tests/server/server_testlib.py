@@ -1,7 +1,9 @@
-"""Start and stop a real `pagoda serve` process on a free loopback port (used by fixtures)."""
+"""Start and stop a real `pagoda serve` process on a free loopback port (used by fixtures), and
+send it JSON bodies as they are (no SDK between the test and the server)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -10,11 +12,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_MODEL_LEN = 512
+MODEL = "smollm2-135m"  # the served model of the session's server (tests/server/conftest.py)
 
 
 def free_port() -> int:
@@ -60,6 +64,12 @@ class ServerProcess:
             time.sleep(0.2)
         raise TimeoutError(f"server not ready after {timeout} s:\n{self.output()}")
 
+    def post_json(self, path: str, body: Any, **headers: str) -> httpx.Response:
+        """POST `body` to `path`: JSON-encoded, or bytes as they are."""
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        headers = {"content-type": "application/json", **headers}
+        return httpx.post(f"{self.base}{path}", content=data, headers=headers, timeout=60)
+
     def terminate(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
 
@@ -72,3 +82,16 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait(10)
         self.log.close()
+
+
+def bad_field_error(server: ServerProcess, path: str, field: str, value: Any) -> dict[str, Any]:
+    """The error body of a one-token request to `path` (`/v1/completions` or
+    `/v1/chat/completions`) with `field` set to `value`, which must be a 400."""
+    body = {"model": MODEL, "max_tokens": 1, field: value}
+    if path == "/v1/completions":
+        body["prompt"] = "x"
+    else:
+        body["messages"] = [{"role": "user", "content": "Name a colour."}]
+    r = server.post_json(path, body)
+    assert r.status_code == 400, r.text
+    return r.json()["error"]

@@ -6,23 +6,17 @@ from __future__ import annotations
 
 import json
 
-import httpx
-import openai
 import pytest
 import structured_testlib
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.sampling.bad_words import bad_words_token_ids
 from pagoda.runtime.server.completions import CompletionEndpoint
 from pagoda.runtime.server.serving import Serving
+from server_testlib import bad_field_error
 
 pytestmark = pytest.mark.e2e
 MODEL = "smollm2-135m"
 USER = [{"role": "user", "content": "Name a colour and say why you like it."}]
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)
 
 
 def _words(text: str) -> list[str]:
@@ -46,12 +40,7 @@ def test_completions_and_chat_leave_banned_words_out(client):
                                              ([1], "string"), (["x"] * 301, "300")])  # fmt: skip
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_bad_values_are_400s(server, path, value, word):
-    body = {"model": MODEL, "max_tokens": 1, "bad_words": value}
-    body.update({"prompt": "x"} if path == "/v1/completions" else {"messages": USER})
-    r = httpx.post(f"{server.base}{path}", content=json.dumps(body),
-                   headers={"content-type": "application/json"}, timeout=60)  # fmt: skip
-    assert r.status_code == 400, r.text
-    err = r.json()["error"]
+    err = bad_field_error(server, path, "bad_words", value)
     assert err["param"].startswith("bad_words") and word in err["message"], err
 
 

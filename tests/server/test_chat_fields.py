@@ -29,11 +29,6 @@ def _hf(tok: Tokenizer) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok.backend, chat_template=tok.chat_template)
 
 
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)
-
-
 @pytest.mark.e2e
 @pytest.mark.parametrize("stream", [False, True])
 def test_continue_final_message_continues_it(client, tok, stream):

@@ -14,11 +14,6 @@ MODEL = "smollm2-135m"
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)
-
-
 @pytest.fixture
 def aclient(server) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)

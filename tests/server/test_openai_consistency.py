@@ -4,17 +4,11 @@ logprob tables against the chosen tokens, and how messages are rendered."""
 
 from __future__ import annotations
 
-import openai
 import pytest
 import structured_testlib
 
 MODEL = "smollm2-135m"
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)
 
 
 def test_completion_stream_logprobs_equal_full_with_held_back_text(client):

@@ -1,6 +1,6 @@
 """The tensor-parallel flags of `pagoda serve` (the contract the operator renders for a pod or a
 LeaderWorkerSet group): parsed from `options.PARALLEL_FLAGS`, validated once by
-`options.Parallelism`; a group the model cannot be split over (heads that do not divide) or
+`Parallelism`; a group the model cannot be split over (heads that do not divide) or
 this node cannot hold (fewer GPUs than ranks) is refused with one line and exit 2."""
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 from pagoda.runtime import options
+from pagoda.runtime.parallelism import Parallelism
 from pagoda.runtime.server.cli import build_parser, parallelism
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def layout(*argv: str) -> options.Parallelism:
-    return options.Parallelism.from_values(vars(build_parser().parse_args(list(argv))))
+def layout(*argv: str) -> Parallelism:
+    return Parallelism.from_values(vars(build_parser().parse_args(list(argv))))
 
 
 def test_defaults_are_one_rank_on_one_node() -> None:
@@ -34,7 +35,7 @@ def test_a_group_of_two_nodes_parses() -> None:
     rendered = options.render_args(
         {"tensor_parallel_size": 16, "nnodes": 2, "node_rank": 1, "master_addr": "h"}
     )
-    assert layout(*rendered) == options.Parallelism(16, 2, 1, "h")
+    assert layout(*rendered) == Parallelism(16, 2, 1, "h")
 
 
 @pytest.mark.parametrize(

@@ -23,19 +23,8 @@ USER = [{"role": "user", "content": "Name a colour."}]
 
 
 @pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
 def tok():
     return structured_testlib.smol_tokenizer()
-
-
-def _post(server, path: str, body, **headers) -> httpx.Response:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    headers = {"content-type": "application/json", **headers}
-    return httpx.post(f"{server.base}{path}", content=data, headers=headers, timeout=60)
 
 
 def _error(r: httpx.Response, status: int, param: str | None) -> str:
@@ -63,7 +52,7 @@ def test_logit_bias_steers_greedy_output(client, tok):
 )  # fmt: skip
 def test_bad_logit_bias_is_a_400(server, bias, word):
     body = {"model": MODEL, "prompt": "x", "max_tokens": 1, "logit_bias": bias}
-    assert word in _error(_post(server, "/v1/completions", body), 400, "logit_bias")
+    assert word in _error(server.post_json("/v1/completions", body), 400, "logit_bias")
 
 
 @pytest.mark.parametrize(
@@ -106,9 +95,9 @@ def test_openai_nulls_mean_left_out(client):
 
 def test_duplicate_keys_are_refused(server):
     body = b'{"prompt": "x", "max_tokens": 1, "temperature": 0, "temperature": 2}'
-    assert "temperature" in _error(_post(server, "/v1/completions", body), 400, "temperature")
+    assert "temperature" in _error(server.post_json("/v1/completions", body), 400, "temperature")
     nested = b'{"messages": [{"role": "user", "content": "a", "role": "system"}]}'
-    _error(_post(server, "/v1/chat/completions", nested), 400, "role")
+    _error(server.post_json("/v1/chat/completions", nested), 400, "role")
 
 
 def test_content_parts_other_than_text_are_named(client):
@@ -126,16 +115,16 @@ def test_content_parts_other_than_text_are_named(client):
 
 
 def test_a_wrong_prompt_type_says_what_a_prompt_is(server):
-    msg = _error(_post(server, "/v1/completions", {"prompt": [1.5]}), 400, "prompt")
+    msg = _error(server.post_json("/v1/completions", {"prompt": [1.5]}), 400, "prompt")
     assert "list of token ids" in msg
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "br"])
 def test_compressed_bodies_are_415(server, encoding):
     body = gzip.compress(json.dumps({"prompt": "x", "max_tokens": 1}).encode())
-    r = _post(server, "/v1/completions", body, **{"content-encoding": encoding})
+    r = server.post_json("/v1/completions", body, **{"content-encoding": encoding})
     assert encoding in _error(r, 415, None)
-    r = _post(server, "/v1/completions", {"prompt": "x", "max_tokens": 1},
+    r = server.post_json("/v1/completions", {"prompt": "x", "max_tokens": 1},
               **{"content-encoding": "identity"})  # fmt: skip
     assert r.status_code == 200
 

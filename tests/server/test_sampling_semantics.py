@@ -15,11 +15,6 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
 def tok():
     return structured_testlib.smol_tokenizer()
 

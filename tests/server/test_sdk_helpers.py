@@ -35,11 +35,6 @@ class Add(BaseModel):
     b: int
 
 
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)
-
-
 def test_parse_a_discriminated_union_and_send_the_answer_back(client):
     messages = [{"role": "user", "content": "Describe a pet as JSON."}]
     r = client.chat.completions.parse(model=MODEL, messages=messages, response_format=Pet,

@@ -28,11 +28,6 @@ def aclient(server) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)
 
 
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)
-
-
 async def _chat(c: openai.AsyncOpenAI, stream: bool, **kw) -> tuple[str, str | None, list]:
     """(content, finish_reason, tool calls as [name, arguments]) of one chat completion."""
     if not stream:

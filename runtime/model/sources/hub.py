@@ -18,13 +18,16 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.model.sources import errors, resume
 from pagoda.runtime.model.sources.cache import check_space
 from pagoda.runtime.model.sources.errors import DownloadError, from_os_error
 from pagoda.runtime.model.sources.progress import Progress
 from pagoda.runtime.model.sources.uri import HfURI
+
+if TYPE_CHECKING:
+    from huggingface_hub.hf_api import RepoFile
 
 # What runtime/model/hf_loader.py reads from a checkpoint directory.
 ALLOW_PATTERNS = (
@@ -197,12 +200,7 @@ def _fetch(
 
     files = select_weights(ref.uri, listed, read_index)
     blobs = storage / "blobs"
-    # a file another commit has too is a blob already there: linked, not downloaded again
-    blob = {f.path: f.lfs.sha256 if f.lfs else f.blob_id for f in tree}
-    todo = sorted(
-        (n for n in files if not (snapshot / n).exists() and not (blobs / blob[n]).is_file()),
-        key=lambda n: -files[n],
-    )
+    todo = _missing(files, tree, snapshot, blobs)
     needed = sum(files[n] for n in todo)
     if needed == 0 and all((snapshot / name).exists() for name in files):
         log.info("%s: all %d files at %s are in %s", ref.uri, len(files), commit[:12], root)
@@ -229,6 +227,16 @@ def _fetch(
         )
     _write_ref(storage, ref.revision, commit)
     return Path(path), files, commit
+
+
+def _missing(files: dict[str, int], tree: list[RepoFile], snapshot: Path, blobs: Path) -> list[str]:
+    """The `files` to download, largest first: those neither in the commit's snapshot nor a
+    blob another commit has too (that one is linked, not downloaded again)."""
+    blob = {f.path: f.lfs.sha256 if f.lfs else f.blob_id for f in tree}
+    return sorted(
+        (n for n in files if not (snapshot / n).exists() and not (blobs / blob[n]).is_file()),
+        key=lambda n: -files[n],
+    )
 
 
 def _write_ref(storage: Path, revision: str | None, commit: str) -> None:

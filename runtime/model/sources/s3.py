@@ -159,18 +159,7 @@ def _fetch(
     found = _list(s3, ref)
     objects, seen = found.objects, found.seen
     where = f"s3://{ref.bucket}/{ref.prefix + '/' if ref.prefix else ''}"
-    if not seen:
-        raise DownloadError(
-            errors.NOT_FOUND, f"{ref.uri}: no objects under {where} (empty or missing prefix)"
-        )
-    if "config.json" not in objects and found.models:
-        below = sorted(found.models, key=lambda m: (m.count("/"), m))
-        raise DownloadError(
-            errors.NOT_FOUND,
-            f"{ref.uri}: no config.json in {where}, but a model is in a folder below it: "
-            + ", ".join(f"{where}{m}" for m in below[:3]) + (" ..." if len(below) > 3 else "")
-            + " (name that prefix)",
-        )  # fmt: skip
+    _check_found(ref, found, where)
     single = next(iter(objects)) if len(objects) == 1 and ref.prefix.endswith(".gguf") else None
     local = cache.s3_dir(root, ref.bucket, ref.prefix.rpartition("/")[0] if single else ref.prefix)
     if single is None:
@@ -219,6 +208,23 @@ def _fetch(
             _write_etags(local, done)
             progress.file_done()
     return path, files, None
+
+
+def _check_found(ref: S3URI, found: Listing, where: str) -> None:
+    """DownloadError NOT_FOUND for a prefix with no objects, or with no config.json where a
+    folder below it holds a model (the likely mistake: name that folder)."""
+    if not found.seen:
+        raise DownloadError(
+            errors.NOT_FOUND, f"{ref.uri}: no objects under {where} (empty or missing prefix)"
+        )
+    if "config.json" not in found.objects and found.models:
+        below = sorted(found.models, key=lambda m: (m.count("/"), m))
+        raise DownloadError(
+            errors.NOT_FOUND,
+            f"{ref.uri}: no config.json in {where}, but a model is in a folder below it: "
+            + ", ".join(f"{where}{m}" for m in below[:3]) + (" ..." if len(below) > 3 else "")
+            + " (name that prefix)",
+        )  # fmt: skip
 
 
 def _read(s3: Any, bucket: str, key: str) -> bytes:

@@ -10,18 +10,7 @@ from pagoda.runtime.request import Request
 from pagoda.runtime.sampling.logit_bias import LogitBias
 from pagoda.runtime.sampling.params import ParamError, SamplingParams
 from pagoda.runtime.sampling.sampler import SamplingBatch, sample
-
-V = 64
-
-
-def batch(*params: SamplingParams) -> tuple[list[Request], SamplingBatch]:
-    rs = []
-    for i, p in enumerate(params):
-        r = Request(f"r{i}", [1, 2, 3], p)
-        if p.seed is not None:
-            r.generator = torch.Generator().manual_seed(p.seed)
-        rs.append(r)
-    return rs, SamplingBatch.build(rs, V, torch.device("cpu"))
+from sampling_testlib import V, batch
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -4,23 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda.runtime.request import Request
 from pagoda.runtime.sampling.params import SamplingParams
 from pagoda.runtime.sampling.sampler import SamplingBatch, apply_top_k_top_p_min_p, sample
+from sampling_testlib import requests as reqs
 
 V = 50
-
-
-def reqs(*params: SamplingParams, outputs=()) -> list[Request]:
-    out = []
-    for i, p in enumerate(params):
-        r = Request(f"r{i}", [1, 2, 3], p)
-        for t in outputs:
-            r.append_token(t)
-        if p.seed is not None:
-            r.generator = torch.Generator().manual_seed(p.seed)
-        out.append(r)
-    return out
 
 
 def run(logits, rs):

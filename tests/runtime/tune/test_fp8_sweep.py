@@ -22,8 +22,8 @@ from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.tune import fp8_matmul, matmul, sweep
 from pagoda.runtime.tune.kernel_stage import kernel_buckets, run_kernel_stage
 from pagoda.runtime.tune.kernels import candidate_space
+from sweep_testlib import DEVICE, timer, tune_one
 
-DEVICE = torch.device("cuda" if os.environ["TRITON_INTERPRET"] == "0" else "cpu")
 if DEVICE.type == "cuda" and not fp8_supported(DEVICE):
     pytest.skip("FP8 kernels need compute capability 8.9 or later", allow_module_level=True)
 BUCKET = matmul.MatmulBucket("o", {"n": 48, "k": 96}, rows=(5, 40), gemm=fp8_matmul.FP8_LINEAR)
@@ -31,7 +31,6 @@ GOOD = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stag
 WRONG = {**GOOD, "BLOCK_N": 32}  # the patched kernel corrupts these
 VARIANT = {**GOOD, "BLOCK_M": 32}  # ... and makes these depend on M
 INVALID = {**GOOD, "BLOCK_K": 16}  # the launcher refuses K tiles under 32
-timer = sweep.cuda_graph_timer if DEVICE.type == "cuda" else sweep.wall_timer
 LLAMA_8B = ModelConfig(128256, 4096, 14336, 32, 32, 8, 128)
 TINY = ModelConfig(300, 64, 128, 2, 4, 2, 16)
 
@@ -96,21 +95,9 @@ def test_wrong_refused_and_variant_candidates_are_rejected(faulty_fp8_linear):
 
 
 def test_tune_kernels_saves_the_fp8_winner(tmp_path, monkeypatch, faulty_fp8_linear):
-    monkeypatch.delenv(kc.CONFIG_DIR_ENV, raising=False)
-    kc.clear_config_cache()
-    out = tmp_path / "configs"
-    reports, complete = sweep.tune_kernels(
-        None, [BUCKET], device=DEVICE, device_label="Test GPU", out_dir=out, timer=timer,
-        space=lambda kernel: [WRONG, VARIANT, GOOD],
-    )  # fmt: skip
-    baseline = kc.get_kernel_config("fp8_matmul", BUCKET.shape, "default")
-    (r,) = reports
-    assert complete and r["kernel"] == "fp8_matmul" and r["candidates"] == 4
-    assert r["config"] in (GOOD, baseline) and len(r["rejected"]) == 2
-    saved = json.loads((out / "Test_GPU.json").read_text())
-    assert saved["kernels"]["fp8_matmul"] == [{"shape": BUCKET.shape, "config": r["config"]}]
-    monkeypatch.setenv(kc.CONFIG_DIR_ENV, str(out))
-    kc.clear_config_cache()
+    space = lambda kernel: [WRONG, VARIANT, GOOD]  # noqa: E731
+    r = tune_one(BUCKET, space, tmp_path / "configs", monkeypatch, good=GOOD, candidates=4,
+                 rejected=2)  # fmt: skip
     assert kc.get_kernel_config("fp8_matmul", {"n": 48, "k": 96}, "Test GPU") == r["config"]
     assert kc.get_kernel_config("matmul", {"n": 48, "k": 96}, "Test GPU") != r["config"]
     kc.clear_config_cache()

@@ -4,7 +4,6 @@ the fastest correct one saved where the runtime's lookup finds it."""
 
 from __future__ import annotations
 
-import json
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
@@ -19,14 +18,13 @@ from pagoda.kernels import config as kc
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.tune import matmul, sweep
 from pagoda.runtime.tune.kernels import candidate_space
+from sweep_testlib import DEVICE, timer, tune_one
 
-DEVICE = torch.device("cuda" if os.environ["TRITON_INTERPRET"] == "0" else "cpu")
 BUCKET = matmul.MatmulBucket("o", {"n": 48, "k": 80}, rows=(5, 40), dtype=torch.float32)
 GOOD = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=8, num_warps=4, num_stages=2)
 WRONG = {**GOOD, "BLOCK_N": 32}  # the patched kernel corrupts these
 VARIANT = {**GOOD, "BLOCK_M": 32}  # ... and makes these depend on M
 INVALID = {k: v for k, v in GOOD.items() if k != "num_warps"}
-timer = sweep.cuda_graph_timer if DEVICE.type == "cuda" else sweep.wall_timer
 
 
 @pytest.fixture
@@ -80,21 +78,9 @@ def test_wrong_refused_and_variant_candidates_are_rejected(faulty_linear):
 
 
 def test_tune_kernels_saves_the_matmul_winner(tmp_path, monkeypatch, faulty_linear):
-    monkeypatch.delenv(kc.CONFIG_DIR_ENV, raising=False)
-    kc.clear_config_cache()
-    out = tmp_path / "configs"
-    reports, complete = sweep.tune_kernels(
-        None, [BUCKET], device=DEVICE, device_label="Test GPU", out_dir=out, timer=timer,
-        space=lambda kernel: [WRONG, VARIANT, GOOD],
-    )  # fmt: skip
-    baseline = kc.get_kernel_config("matmul", BUCKET.shape, "default")
-    (r,) = reports
-    assert complete and r["kernel"] == "matmul" and r["candidates"] == 4
-    assert r["config"] in (GOOD, baseline) and len(r["rejected"]) == 2
-    saved = json.loads((out / "Test_GPU.json").read_text())
-    assert saved["kernels"]["matmul"] == [{"shape": BUCKET.shape, "config": r["config"]}]
-    monkeypatch.setenv(kc.CONFIG_DIR_ENV, str(out))
-    kc.clear_config_cache()
+    space = lambda kernel: [WRONG, VARIANT, GOOD]  # noqa: E731
+    r = tune_one(BUCKET, space, tmp_path / "configs", monkeypatch, good=GOOD, candidates=4,
+                 rejected=2)  # fmt: skip
     assert kc.get_kernel_config("matmul", {"n": 48, "k": 80}, "Test GPU") == r["config"]
     kc.clear_config_cache()
 

@@ -19,17 +19,16 @@ import transformers
 from pagoda.kernels import config as kc
 from pagoda.kernels import fused_moe
 from pagoda.runtime.config import EngineConfig, FamilyConfig, ModelConfig
-from pagoda.runtime.tune import moe, sweep
+from pagoda.runtime.tune import moe
 from pagoda.runtime.tune.engine import make_plan
 from pagoda.runtime.tune.kernel_stage import kernel_buckets
+from sweep_testlib import DEVICE, timer, tune_one
 
-DEVICE = torch.device("cuda" if os.environ["TRITON_INTERPRET"] == "0" else "cpu")
 TINY = moe.MoeShape(num_experts=8, intermediate=24, hidden=32, top_k=2)
 GOOD = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=8, num_warps=4, num_stages=2)
 WRONG = {**GOOD, "BLOCK_N": 32}  # the patched kernel corrupts these
 VARIANT = {**GOOD, "BLOCK_M": 32}  # ... and makes these depend on the batch
 INVALID = {k: v for k, v in GOOD.items() if k != "num_warps"}
-timer = sweep.cuda_graph_timer if DEVICE.type == "cuda" else sweep.wall_timer
 
 
 def _bucket(dtype=torch.float32, tokens=(3, 9)) -> moe.MoeBucket:
@@ -140,21 +139,9 @@ def test_wrong_refused_and_variant_candidates_are_rejected(faulty_experts):
 @pytest.mark.slow
 def test_tune_kernels_saves_the_moe_winner(tmp_path, monkeypatch, faulty_experts):
     """Two candidates (plus the packaged default as baseline), through `tune_kernels`."""
-    monkeypatch.delenv(kc.CONFIG_DIR_ENV, raising=False)
-    kc.clear_config_cache()
-    bucket, out = _bucket(), tmp_path / "configs"
-    reports, complete = sweep.tune_kernels(
-        None, [bucket], device=DEVICE, device_label="Test GPU", out_dir=out, timer=timer,
-        space=lambda kernel: [WRONG, GOOD] if kernel == moe.FUSED_MOE else [],
-    )  # fmt: skip
-    baseline = kc.get_kernel_config("fused_moe", bucket.shape, "default")
-    (r,) = reports
-    assert complete and r["kernel"] == "fused_moe" and r["candidates"] == 3
-    assert r["config"] in (GOOD, baseline) and len(r["rejected"]) == 1
-    saved = json.loads((out / "Test_GPU.json").read_text())
-    assert saved["kernels"]["fused_moe"] == [{"shape": bucket.shape, "config": r["config"]}]
-    monkeypatch.setenv(kc.CONFIG_DIR_ENV, str(out))
-    kc.clear_config_cache()
+    space = lambda kernel: [WRONG, GOOD] if kernel == moe.FUSED_MOE else []  # noqa: E731
+    r = tune_one(_bucket(), space, tmp_path / "configs", monkeypatch, good=GOOD, candidates=3,
+                 rejected=1)  # fmt: skip
     try:
         got = fused_moe.get_moe_config(num_experts=8, intermediate=24, hidden=32,
                                        dtype=torch.float32, num_tokens=3, device="Test GPU")  # fmt: skip
