@@ -288,15 +288,16 @@ def _string_keywords(out: dict, s: dict, path: str, lp: bool) -> dict:
     """`out` (normalised from `s`) with its string keywords as xgrammar enforces them: a format
     it does not know as the one it does or as a pattern, lengths folded into the pattern (`lp`:
     lengths as a pattern even without one), optional groups as alternatives."""
-    if out.get("format") in FORMAT_SUBSETS:
-        out["format"] = FORMAT_SUBSETS[out["format"]]
+    written = out.get("format")  # the schema's (or a merged allOf branch's) own name
+    if written in FORMAT_SUBSETS:
+        out["format"] = FORMAT_SUBSETS[written]
     if (
         out.get("format") in FORMAT_PATTERNS
         and out.get("type") == "string"
         and "pattern" not in out
     ):
         out = {k: v for k, v in out.items() if k != "format"}
-        out["pattern"] = FORMAT_PATTERNS[s["format"]]
+        out["pattern"] = FORMAT_PATTERNS[written]
     if "pattern" in out and ("minLength" in out or "maxLength" in out):
         out = pattern_lengths(out, path)
     elif lp and ("minLength" in out or "maxLength" in out):

@@ -202,6 +202,11 @@ def merge_all_of(s: dict, path: str) -> dict:
             elif key == "additionalProperties":
                 raise SchemaError(f"{where}/additionalProperties",
                                   "additionalProperties inside allOf is not supported")  # fmt: skip
+            elif key == "type" and "type" in merged:  # an untyped branch reads as every type
+                kinds = type_meet(merged["type"], value)
+                if not kinds:
+                    raise SchemaError(f"{where}/type", "allOf branches allow no common type")
+                merged["type"] = kinds[0] if len(kinds) == 1 else kinds
             elif key in merged and merged[key] != value:
                 raise SchemaError(f"{where}/{key}", f"allOf branches disagree on {key}")
             else:

@@ -41,6 +41,7 @@ from structured_testlib import random_schema
         ({"type": "strin"}, "/type"),
         ({"type": "integer", "minimum": "0"}, "/minimum"),
         ({"allOf": [{"type": "object", "additionalProperties": False}]}, "/allOf/0/additionalProperties"),
+        ({"type": "string", "allOf": [{"type": "integer"}]}, "/allOf/0/type"),
         ({"type": "number", "multipleOf": 0.5}, "/multipleOf"),
         # names beyond the required ones can repeat ({"a": 1, "a": 2}: one property, parsed)
         ({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2},
@@ -134,6 +135,8 @@ REWRITTEN = [
     # formats xgrammar writes: the way out must still close them (e-mail's name part loops)
     {"type": "object", "properties": {"email": {"type": "string", "format": "email"},
      "when": {"type": "string", "format": "date-time"}}, "required": ["email", "when"]},
+    # an untyped allOf branch beside a type (read as any type, then met with the parent's)
+    {"type": "string", "allOf": [{"format": "date"}]},
 ]  # fmt: skip
 
 
@@ -144,6 +147,7 @@ def test_rewrites_are_exact():
     assert schemas.check(REWRITTEN[3])["pattern"] == "^[a-z]{2,4}$"
     assert schemas.check(REWRITTEN[4])["pattern"] == "^[0-9]{0,2}$"
     assert schemas.check(REWRITTEN[9])["type"] == "integer"
+    assert schemas.check(REWRITTEN[-1]) == schemas.check({"type": "string", "format": "date"})
     original = {"type": "object", "required": ["a"]}
     schemas.check(original)
     assert original == {"type": "object", "required": ["a"]}  # the client's dict is not changed
