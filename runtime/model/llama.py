@@ -24,6 +24,7 @@ from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.quantized import QuantizedWeight
 from pagoda.runtime.distributed.group import TPGroup
+from pagoda.runtime.model import longrope
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.ops import (
@@ -184,7 +185,12 @@ class LlamaLayer:
         v = v.reshape(t, ctx.num_kv_heads, d)
         q, k = self.before_rotary(q, k)
         positions, rows = step.rope[self.rope]
-        q, k = ctx.ops.rotary_embedding(positions=positions, q=q, k=k, cos_sin_cache=rows)
+        r = rows.shape[-1]  # the rotating dims: all of them, or a partial rotary's first ones
+        if r == d:
+            q, k = ctx.ops.rotary_embedding(positions=positions, q=q, k=k, cos_sin_cache=rows)
+        else:  # in place on the first r dims of each head (every op rotates in place)
+            ctx.ops.rotary_embedding(positions=positions, q=q[..., :r], k=k[..., :r],
+                                     cos_sin_cache=rows)  # fmt: skip
         k_cache, v_cache = step.kv_caches[self.index]
         out = ctx.backend.forward(
             q, k, v, k_cache, v_cache, step.meta, window=self.window, kv_scales=self.kv_scales
@@ -314,6 +320,9 @@ class LlamaModel:
             caches["local"] = build_cos_sin_cache(
                 c.head_dim, f.local_rope_theta, None, max_positions
             )
+        # longrope: the tables of two halves (short, long) and the context that picks one
+        original = longrope.original_context(c.rope_scaling)  # (Gemma 3's local: never)
+        self.long_rope = {} if original is None else {"global": (original, max_positions)}
         return {name: cache.to(self.device) for name, cache in caches.items()}
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -334,13 +343,15 @@ class LlamaModel:
         """Every linear layer, layer by layer (attention, then the MLP's), then the LM head."""
         return [x for layer in self.layers for x in layer.linears()] + [self.lm_head]
 
-    def _rope_rows(self, positions: torch.Tensor, dtype: torch.dtype) -> dict:
-        if not self.ops.pregather_rotary:
-            return {name: (positions, cache) for name, cache in self.rope_caches.items()}
-        return {
-            name: (None, gather_cos_sin(positions, cache, dtype))
-            for name, cache in self.rope_caches.items()
-        }
+    def _rope_rows(self, positions: torch.Tensor, dtype: torch.dtype, meta) -> dict:
+        out = {}
+        for name, cache in self.rope_caches.items():
+            rows = positions
+            if name in self.long_rope:  # the short or the long half, by the token's sequence
+                rows = longrope.table_rows(positions, meta, *self.long_rope[name])
+            pregather = self.ops.pregather_rotary
+            out[name] = (None, gather_cos_sin(rows, cache, dtype)) if pregather else (rows, cache)
+        return out
 
     @torch.inference_mode()
     def forward(
@@ -355,7 +366,7 @@ class LlamaModel:
         """The logits [N, vocab] of the rows `logits_indices`; with `head`, their tokens (int64
         [N]) drawn inside the LM head, which must fuse sampling (`Linear.fuses_sampling`)."""
         h = self.embed_tokens(input_ids)
-        step = Step(meta, kv_caches, self._rope_rows(positions, h.dtype))
+        step = Step(meta, kv_caches, self._rope_rows(positions, h.dtype, meta))
         residual = None
         for layer in self.layers:
             h, residual = layer(h, residual, step)

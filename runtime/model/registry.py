@@ -20,6 +20,8 @@ MODEL_CLASSES = {
     "gemma3": ("gemma3", "Gemma3Model"),
     "mixtral": ("moe", "MixtralModel"),
     "qwen3moe": ("moe", "Qwen3MoeModel"),
+    "phi3": ("llama", "LlamaModel"),  # Llama's decoder over split fused weights (phi3.py)
+    "gemma2": ("gemma2", "Gemma2Model"),
 }
 
 

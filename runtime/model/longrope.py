@@ -1,0 +1,46 @@
+"""Which of LongRoPE's two rotary tables a token reads (`rope_scaling` type longrope, Phi-3's).
+
+LongRoPE rescales the rotary frequencies by `short_factor` for sequences within the model's
+`original_max_position_embeddings` and by `long_factor` for longer ones. transformers decides
+per forward: the positions of a forward whose sequence reaches past the original context
+(max(position_ids) + 1 > original) are rotated with the long factors, the others with the short
+ones; keys already cached keep the rotation they were stored with. So a prompt within the
+original context is prefilled short and the tokens generated past it are rotated long.
+
+The engine does the same per sequence and step: `ops.build_cos_sin_cache` stacks the short
+table's rows over the long one's, and `table_rows` moves a token to the long rows when its
+sequence's context in this step (`seq_lens`: the last position + 1) exceeds the original
+context. A prompt longer than the original context, prefilled in one step, is long throughout,
+as in transformers; chunked across steps, its first chunks are short (as transformers would
+compute them fed chunk by chunk), and a prefix-cache hit reuses the rotation of the request that
+stored the blocks (vLLM chooses per batch instead: a short sequence batched with a long one is
+rotated long there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pagoda.runtime.attention.base import AttentionMetadata
+from pagoda.runtime.model.ops import rope_kind
+
+
+def original_context(scaling: dict[str, Any] | None) -> int | None:
+    """The context past which a sequence is rotated long; None unless `scaling` is longrope."""
+    if rope_kind(scaling) != "longrope":
+        return None
+    return int(scaling["original_max_position_embeddings"])
+
+
+def table_rows(
+    positions: torch.Tensor, meta: AttentionMetadata, original: int, rows_per_table: int
+) -> torch.Tensor:
+    """The row of the stacked short/long table each token reads: its position, plus
+    `rows_per_table` where its sequence's context this step exceeds `original`. Device work
+    only (no host sync): the token's sequence from `query_start_loc`."""
+    ends = meta.query_start_loc[1:]
+    tokens = torch.arange(positions.shape[0], device=positions.device, dtype=ends.dtype)
+    seq = torch.searchsorted(ends, tokens, right=True).clamp_(max=max(ends.numel() - 1, 0))
+    long = meta.seq_lens.index_select(0, seq.long()) > original
+    return positions + long.to(positions.dtype) * rows_per_table

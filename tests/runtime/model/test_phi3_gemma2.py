@@ -1,0 +1,152 @@
+"""Phi-3 (`Phi3ForCausalLM`) and Gemma 2 (`Gemma2ForCausalLM`) against transformers, token for
+token, on tiny random checkpoints transformers writes itself (tests/runtime/hf_oracle.py).
+
+- Phi-3 with longrope and a partial rotary: one prompt within the original context that
+  generates past it (transformers, generating with its cache, rotates the tokens past it with
+  the long factors and keeps the prompt's keys short) batched in the same steps with one longer
+  than the original context (long throughout); the reference is transformers' cached loop,
+  whose factor choice is the one under test.
+- Phi-3 with a sliding window, and Gemma 2 (attention and final soft caps, window layers
+  alternating with global ones, four (1 + w) norms, query_pre_attn_scalar), chunked into
+  16-token steps, several prompts sharing steps, then again over a warm prefix cache; prompts
+  longer than the window.
+- Their chat templates (Phi-3.5-mini's and Gemma 2's, from tokenizer_config.json) rendered as
+  transformers renders them; a GGUF of either refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from arch_cases import check, generate
+from arch_cases import prompts as shared_prompts
+from hf_oracle import hf_greedy, hf_greedy_plain, make_tiny_model
+from pagoda.runtime import LLM, SamplingParams
+from pagoda.runtime.model.loader import load_model, read_model_config
+
+transformers = pytest.importorskip("transformers")
+NEW = 6
+ORIGINAL = 32  # Phi-3's original_max_position_embeddings in the longrope case
+LONGROPE = {
+    "rope_type": "longrope", "rope_theta": 10000.0,
+    "short_factor": [1.0 + 0.2 * i for i in range(6)],  # 6: half of 0.75 x head_dim 16
+    "long_factor": [1.5 + 1.5 * i for i in range(6)],
+}  # fmt: skip
+PHI3_LONGROPE = dict(max_position_embeddings=128, original_max_position_embeddings=ORIGINAL,
+                     rope_parameters=LONGROPE, partial_rotary_factor=0.75)  # fmt: skip
+PHI3_WINDOW = dict(sliding_window=11, num_hidden_layers=3)
+GEMMA2 = dict(head_dim=32, sliding_window=9, num_hidden_layers=3, query_pre_attn_scalar=48,
+              attn_logit_softcapping=4.0, final_logit_softcapping=6.0)  # fmt: skip
+PHI35_TEMPLATE = (  # microsoft/Phi-3.5-mini-instruct's tokenizer_config.json
+    "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}"
+    "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}"
+    "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
+    "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+GEMMA2_TEMPLATE = (  # google/gemma-2-2b-it's tokenizer_config.json
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}"
+    "{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + "
+    "message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{'<start_of_turn>model\n'}}{% endif %}"
+)
+
+
+def _engine(loaded, **kw) -> LLM:
+    args = dict(dtype="float32", kv_cache_memory=16 << 20, block_size=16, max_num_seqs=4)
+    return LLM(loaded=loaded, **{**args, **kw})
+
+
+def test_phi3_longrope_switches_factors_past_the_original_context_as_transformers(tmp_path):
+    model = make_tiny_model(tmp_path, "Phi3", **PHI3_LONGROPE)
+    within = [(7 * i + 3) % 290 + 5 for i in range(ORIGINAL - 3)]  # crosses it while generating
+    past = [(5 * i + 1) % 290 + 5 for i in range(ORIGINAL + 9)]  # past it from the start
+    n = 8
+    want = [hf_greedy(model, p, n) for p in (within, past)]
+    loaded = load_model(str(tmp_path))
+    assert loaded.config.rope_scaling["factor"] == 128 / ORIGINAL  # the attention factor's
+    llm = _engine(loaded, max_num_batched_tokens=128)  # each prompt prefilled in one step
+    seen: dict[str, list[torch.Tensor]] = {}
+    llm.engine.runner.logits_observer = lambda reqs, lg: [
+        seen.setdefault(r.request_id, []).append(row.cpu()) for r, row in zip(reqs, lg)
+    ]
+    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in (within, past)], params)
+    for i, out in enumerate(outs):
+        check((out.outputs[0].token_ids, seen[out.request_id]), want[i], f"prompt {i}")
+    # the switch matters: the short factors alone give other logits past the original context
+    short_only = {**LONGROPE, "long_factor": LONGROPE["short_factor"]}
+    other = make_tiny_model(tmp_path / "short", "Phi3", **{**PHI3_LONGROPE,
+                                                           "rope_parameters": short_only})  # fmt: skip
+    assert not torch.allclose(hf_greedy(other, within, n)[1][-1], want[0][1][-1], atol=1e-3)
+
+
+@pytest.fixture(scope="module", params=["phi3-window", "gemma2"])
+def windowed(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    arch, overrides = (
+        ("Phi3", PHI3_WINDOW) if request.param == "phi3-window" else ("Gemma2", GEMMA2)
+    )
+    model = make_tiny_model(path, arch, **overrides)
+    prompts = shared_prompts()  # two longer than the windows, two sharing a 48-token prefix
+    return request.param, path, model, prompts, [hf_greedy_plain(model, p, NEW) for p in prompts]
+
+
+def test_window_models_match_transformers_chunked_cached_and_batched(windowed):
+    name, path, _, prompts, reference = windowed
+    loaded = load_model(str(path))
+    llm = _engine(loaded, max_num_batched_tokens=16)
+    cold = generate(llm, prompts)
+    warm = generate(llm, prompts[::-1])[::-1]
+    for i, want in enumerate(reference):
+        check(cold[i], want, f"{name}: prompt {i}, cold")
+        check(warm[i], want, f"{name}: prompt {i}, warm")
+    assert llm.engine.kv.prefix_hits > 0
+    llm.engine.check_integrity()
+
+
+def test_gemma2_reads_its_caps_and_alternating_windows(windowed):
+    name, path, model, _, _ = windowed
+    if name != "gemma2":
+        pytest.skip("Gemma 2's config")
+    f = read_model_config(str(path)).family
+    assert (f.attn_logit_softcapping, f.final_logit_softcapping) == (4.0, 6.0)
+    assert f.window_layers == (True, False, True)  # transformers' default layer_types
+    assert [t == "sliding_attention" for t in model.config.layer_types] == list(f.window_layers)
+
+
+@pytest.mark.parametrize(
+    ("arch", "template", "messages"),
+    [
+        ("Phi3", PHI35_TEMPLATE, [{"role": "system", "content": "be brief"},
+                                  {"role": "user", "content": "hi"}]),
+        ("Gemma2", GEMMA2_TEMPLATE, [{"role": "user", "content": " hi "},
+                                     {"role": "assistant", "content": "yes"},
+                                     {"role": "user", "content": "and?"}]),
+    ],
+)  # fmt: skip
+def test_chat_template_from_the_checkpoint_renders_as_transformers(
+    tmp_path, arch, template, messages
+):
+    make_tiny_model(tmp_path, arch, num_hidden_layers=1)
+    tcfg = {"chat_template": template, "bos_token": "w1", "eos_token": "w2"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tcfg))
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    ours = load_model(str(tmp_path)).tokenizer
+    for gen in (True, False):
+        want = theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+        assert ours.apply_chat_template(messages, add_generation_prompt=gen) == want
+
+
+def test_gemma2_template_refuses_a_system_message(tmp_path):
+    make_tiny_model(tmp_path, "Gemma2", num_hidden_layers=1)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": GEMMA2_TEMPLATE}))
+    ours = load_model(str(tmp_path)).tokenizer
+    with pytest.raises(ValueError, match="System role not supported"):
+        ours.apply_chat_template([{"role": "system", "content": "x"}])
