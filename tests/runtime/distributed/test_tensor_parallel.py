@@ -7,8 +7,9 @@ rank, in float32, on a KV pool so small that requests are preempted, with prompt
 must be equal; logits (gathered from both ranks' vocabulary halves) within 1e-3 of
 transformers'. The cases cover biases on the split layers, KV heads split (2 over 2 ranks) and
 replicated (1 KV head, 2 ranks), a vocabulary that does not divide (301), Gemma 3's windows and
-norms, Mistral's and Qwen2's windows (Qwen2 with its biases), and mixtures of experts (Qwen3-MoE,
-Mixtral) split by width.
+norms, Phi-3's window on every layer (Mistral's kind) over its fused q/k/v and gate/up
+matrices, cut into each rank's rows of every part, Qwen2's window with its biases, and
+mixtures of experts (Qwen3-MoE, Mixtral) split by width.
 """
 
 from __future__ import annotations
@@ -25,13 +26,16 @@ transformers = pytest.importorskip("transformers")
 TP_CASES = {
     **{name: CASES[name] for name in ("llama-biases", "gemma3-window", "qwen3moe-top2-step2")},
     "qwen3-kv1-vocab301": ("Qwen3", dict(head_dim=64, num_key_value_heads=1, vocab_size=301), {}),
-    # the other families: Mistral's window, Qwen2's biases and window, Mixtral's experts
-    **{name: CASES[name] for name in ("mistral-window", "mixtral-top2-window")},
+    # the other families: Qwen2's biases and window, Mixtral's experts
+    **{name: CASES[name] for name in ("mixtral-top2-window",)},
     "qwen2-window": (
         "Qwen2",
         dict(use_sliding_window=True, sliding_window=12, max_window_layers=1),
         {},
     ),
+    # Phi-3's fused qkv_proj / gate_up_proj, each rank's rows of each part; a window on every
+    # layer (Mistral's: the same Llama decoder, which this case replaced here)
+    "phi3-fused-window": ("Phi3", dict(sliding_window=11, num_hidden_layers=3), {}),
 }
 POOL = dict(num_blocks_override=7, block_size=16, max_model_len=96, max_num_batched_tokens=16,
             max_num_seqs=3, dtype="float32")  # fmt: skip

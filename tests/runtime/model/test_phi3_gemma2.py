@@ -38,7 +38,7 @@ PHI3_LONGROPE = dict(max_position_embeddings=128, original_max_position_embeddin
                      rope_parameters=LONGROPE, partial_rotary_factor=0.75)  # fmt: skip
 PHI3_WINDOW = dict(sliding_window=11, num_hidden_layers=3)
 GEMMA2 = dict(head_dim=32, sliding_window=9, num_hidden_layers=3, query_pre_attn_scalar=48,
-              attn_logit_softcapping=4.0, final_logit_softcapping=6.0)  # fmt: skip
+              attn_logit_softcapping=1.0, final_logit_softcapping=3.0)  # fmt: skip
 PHI35_TEMPLATE = (  # microsoft/Phi-3.5-mini-instruct's tokenizer_config.json
     "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}"
     "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}"
@@ -116,7 +116,7 @@ def test_gemma2_reads_its_caps_and_alternating_windows(windowed):
     if name != "gemma2":
         pytest.skip("Gemma 2's config")
     f = read_model_config(str(path)).family
-    assert (f.attn_logit_softcapping, f.final_logit_softcapping) == (4.0, 6.0)
+    assert (f.attn_logit_softcapping, f.final_logit_softcapping) == (1.0, 3.0)
     assert f.window_layers == (True, False, True)  # transformers' default layer_types
     assert [t == "sliding_attention" for t in model.config.layer_types] == list(f.window_layers)
 
