@@ -150,3 +150,14 @@ def test_gemma2_template_refuses_a_system_message(tmp_path):
     ours = load_model(str(tmp_path)).tokenizer
     with pytest.raises(ValueError, match="System role not supported"):
         ours.apply_chat_template([{"role": "system", "content": "x"}])
+
+
+def test_a_fused_matrix_that_does_not_match_config_is_one_line_at_config_time(tmp_path):
+    """Phi-3's q/k/v widths come from config.json: a fused qkv_proj of another height is named
+    before the server binds (exit 2), not split at the wrong rows."""
+    make_tiny_model(tmp_path, "Phi3", num_hidden_layers=1)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["num_key_value_heads"] = 1  # q 64 + k 16 + v 16 rows; the file has 128
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"qkv_proj.weight has 128 rows; .* need 96$"):
+        read_model_config(str(tmp_path))
