@@ -11,7 +11,8 @@ token, on tiny random checkpoints transformers writes itself (tests/runtime/hf_o
   16-token steps, several prompts sharing steps, then again over a warm prefix cache; prompts
   longer than the window.
 - Their chat templates (Phi-3.5-mini's and Gemma 2's, from tokenizer_config.json) rendered as
-  transformers renders them; a GGUF of either refused in one line.
+  transformers renders them; a fused matrix config.json's heads do not tile refused in one
+  line; the hub's older Phi-3.5 config format (rope_scaling type su) read as the new one.
 """
 
 from __future__ import annotations
@@ -161,3 +162,27 @@ def test_a_fused_matrix_that_does_not_match_config_is_one_line_at_config_time(tm
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=r"qkv_proj.weight has 128 rows; .* need 96$"):
         read_model_config(str(tmp_path))
+
+
+def test_phi35s_older_config_format_reads_as_transformers_reads_it(tmp_path):
+    """The hub's Phi-3.5-mini config.json (transformers 4's format): `rope_scaling` of type su
+    (or longrope), rope_theta and partial_rotary_factor at the top level; the same rotary as
+    the format transformers 5 writes, and transformers reads it as longrope too."""
+    from pagoda.runtime.model.ops import build_cos_sin_cache
+
+    make_tiny_model(tmp_path, "Phi3", num_hidden_layers=1, **PHI3_LONGROPE)
+    new = read_model_config(str(tmp_path))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    rope = cfg.pop("rope_parameters")
+    cfg.update(rope_theta=rope.pop("rope_theta"),
+               partial_rotary_factor=rope.pop("partial_rotary_factor"))  # fmt: skip
+    rope.pop("rope_type")
+    cfg["rope_scaling"] = {**rope, "type": "su"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    old = read_model_config(str(tmp_path))
+    assert (
+        transformers.AutoConfig.from_pretrained(tmp_path).rope_parameters["rope_type"] == "longrope"
+    )
+    tables = [build_cos_sin_cache(c.head_dim, c.rope_theta, c.rope_scaling, 64) for c in (old, new)]
+    assert tables[0].shape == (128, 12)  # short rows, then long; 12 of 16 dims rotate
+    assert torch.equal(*tables)
