@@ -42,5 +42,18 @@ def table_rows(
     ends = meta.query_start_loc[1:]
     tokens = torch.arange(positions.shape[0], device=positions.device, dtype=ends.dtype)
     seq = torch.searchsorted(ends, tokens, right=True).clamp_(max=max(ends.numel() - 1, 0))
-    long = meta.seq_lens.index_select(0, seq.long()) > original
+    lens, prompts = meta.seq_lens, meta.prompt_lens
+    lens = lens if prompts is None else torch.maximum(lens, prompts)  # a prompt's chunks: long
+    long = lens.index_select(0, seq.long()) > original
     return positions + long.to(positions.dtype) * rows_per_table
+
+
+def cache_salt(scaling: dict[str, Any] | None, prompt_len: int) -> bytes | None:
+    """The prefix-cache salt of a request whose prompt is longer than longrope's original
+    context: its blocks are rotated long throughout, and a shorter prompt's (rotated short up
+    to where it passed the original context) must not serve it, nor it them. None otherwise."""
+    original = original_context(scaling)
+    return LONG_SALT if original is not None and prompt_len > original else None
+
+
+LONG_SALT = b"longrope: long factors"

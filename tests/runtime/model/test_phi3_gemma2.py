@@ -5,7 +5,8 @@ token, on tiny random checkpoints transformers writes itself (tests/runtime/hf_o
   generates past it (transformers, generating with its cache, rotates the tokens past it with
   the long factors and keeps the prompt's keys short) batched in the same steps with one longer
   than the original context (long throughout); the reference is transformers' cached loop,
-  whose factor choice is the one under test.
+  whose factor choice is the one under test. Again in 16-token chunks over a warm prefix cache,
+  with a long prompt that shares a short one's first block.
 - Phi-3 with a sliding window, and Gemma 2 (attention and final soft caps, window layers
   alternating with global ones, four (1 + w) norms, query_pre_attn_scalar), chunked into
   16-token steps, several prompts sharing steps, then again over a warm prefix cache; prompts
@@ -64,28 +65,43 @@ def _engine(loaded, **kw) -> LLM:
     return LLM(loaded=loaded, **{**args, **kw})
 
 
-def test_phi3_longrope_switches_factors_past_the_original_context_as_transformers(tmp_path):
-    model = make_tiny_model(tmp_path, "Phi3", **PHI3_LONGROPE)
-    within = [(7 * i + 3) % 290 + 5 for i in range(ORIGINAL - 3)]  # crosses it while generating
-    past = [(5 * i + 1) % 290 + 5 for i in range(ORIGINAL + 9)]  # past it from the start
-    n = 8
-    want = [hf_greedy(model, p, n) for p in (within, past)]
-    loaded = load_model(str(tmp_path))
-    assert loaded.config.rope_scaling["factor"] == 128 / ORIGINAL  # the attention factor's
-    llm = _engine(loaded, max_num_batched_tokens=128)  # each prompt prefilled in one step
+def _observed(llm: LLM, prompts: list[list[int]], n: int):
+    """(tokens, per-step logits) of each prompt, all in one batch."""
     seen: dict[str, list[torch.Tensor]] = {}
     llm.engine.runner.logits_observer = lambda reqs, lg: [
         seen.setdefault(r.request_id, []).append(row.cpu()) for r, row in zip(reqs, lg)
     ]
     params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": p} for p in (within, past)], params)
-    for i, out in enumerate(outs):
-        check((out.outputs[0].token_ids, seen[out.request_id]), want[i], f"prompt {i}")
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    return [(o.outputs[0].token_ids, seen[o.request_id]) for o in outs]
+
+
+def test_phi3_longrope_switches_factors_past_the_original_context_as_transformers(tmp_path):
+    model = make_tiny_model(tmp_path, "Phi3", **PHI3_LONGROPE)
+    within = [(7 * i + 3) % 290 + 5 for i in range(ORIGINAL - 3)]  # crosses it while generating
+    past = [(5 * i + 1) % 290 + 5 for i in range(ORIGINAL + 9)]  # past it from the start
+    longer = [*within, *past[:12]]  # `within`'s first block, then past the original context
+    n = 8
+    want = {id(p): hf_greedy(model, p, n) for p in (within, past, longer)}
+    loaded = load_model(str(tmp_path))
+    assert loaded.config.rope_scaling["factor"] == 128 / ORIGINAL  # the attention factor's
+    whole = _engine(loaded, max_num_batched_tokens=128)  # each prompt prefilled in one step
+    for i, got in enumerate(_observed(whole, [within, past], n)):
+        check(got, want[id((within, past)[i])], f"one step, prompt {i}")
+    # in 16-token chunks: a long prompt's first chunks are long too; on a warm cache, the long
+    # prompt does not take the short one's block (rotated short), nor the other way round
+    chunked = _engine(loaded, max_num_batched_tokens=16)
+    for run, prompts in enumerate(([within], [longer, past], [within, longer])):
+        for p, got in zip(prompts, _observed(chunked, prompts, n)):
+            check(got, want[id(p)], f"chunked, run {run}, {len(p)}-token prompt")
+    assert chunked.engine.kv.prefix_hits > 0
     # the switch matters: the short factors alone give other logits past the original context
     short_only = {**LONGROPE, "long_factor": LONGROPE["short_factor"]}
     other = make_tiny_model(tmp_path / "short", "Phi3", **{**PHI3_LONGROPE,
                                                            "rope_parameters": short_only})  # fmt: skip
-    assert not torch.allclose(hf_greedy(other, within, n)[1][-1], want[0][1][-1], atol=1e-3)
+    assert not torch.allclose(
+        hf_greedy(other, within, n)[1][-1], want[id(within)][1][-1], atol=1e-3
+    )
 
 
 @pytest.fixture(scope="module", params=["phi3-window", "gemma2"])
