@@ -4,17 +4,18 @@ LongRoPE rescales the rotary frequencies by `short_factor` for sequences within 
 `original_max_position_embeddings` and by `long_factor` for longer ones. transformers decides
 per forward: the positions of a forward whose sequence reaches past the original context
 (max(position_ids) + 1 > original) are rotated with the long factors, the others with the short
-ones; keys already cached keep the rotation they were stored with. So a prompt within the
-original context is prefilled short and the tokens generated past it are rotated long.
+ones; keys already cached keep the rotation they were stored with. Generating, a prompt within
+the original context is prefilled short and the tokens generated past it are rotated long; a
+longer prompt is long throughout.
 
-The engine does the same per sequence and step: `ops.build_cos_sin_cache` stacks the short
+The engine reproduces that whatever the chunking: `ops.build_cos_sin_cache` stacks the short
 table's rows over the long one's, and `table_rows` moves a token to the long rows when its
-sequence's context in this step (`seq_lens`: the last position + 1) exceeds the original
-context. A prompt longer than the original context, prefilled in one step, is long throughout,
-as in transformers; chunked across steps, its first chunks are short (as transformers would
-compute them fed chunk by chunk), and a prefix-cache hit reuses the rotation of the request that
-stored the blocks (vLLM chooses per batch instead: a short sequence batched with a long one is
-rotated long there).
+request's prompt (`AttentionMetadata.prompt_lens`, so a long prompt's first chunks too) or its
+context in this step (`seq_lens`) passes the original context. `cache_salt` keeps a long
+prompt's blocks (long throughout) and a short prompt's (short up to the original context) from
+serving each other through the prefix cache. (vLLM picks per batch instead: a short sequence
+batched with a long one is rotated long there.) A preempted request recomputed past the
+original context is rotated as a prompt of that length would be.
 """
 
 from __future__ import annotations
