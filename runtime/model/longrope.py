@@ -14,8 +14,9 @@ request's prompt (`AttentionMetadata.prompt_lens`, so a long prompt's first chun
 context in this step (`seq_lens`) passes the original context. `cache_salt` keeps a long
 prompt's blocks (long throughout) and a short prompt's (short up to the original context) from
 serving each other through the prefix cache. (vLLM picks per batch instead: a short sequence
-batched with a long one is rotated long there.) A preempted request recomputed past the
-original context is rotated as a prompt of that length would be.
+batched with a long one is rotated long there.) A request preempted past the original context
+whose blocks were evicted is recomputed by the same rule, chunk by chunk (a chunk that passes
+the original context is rotated long).
 """
 
 from __future__ import annotations
