@@ -322,7 +322,8 @@ class ModelRunner:
         seq_lens = starts + qlens
         sampling = np.flatnonzero(seq_lens >= known).tolist()
         inp = StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling, nd, pending)
-        inp.prompt_lens = np.fromiter((r.num_prompt_tokens for r in reqs), np.int64, count=n)
+        if self.model.long_rope:  # which rotary table a longrope prompt's chunks read
+            inp.prompt_lens = np.fromiter((r.num_prompt_tokens for r in reqs), np.int64, count=n)
         if self.prompt_logprob_requests:  # some request asked: are its prompt positions here?
             row_of = {s.request.request_id: i for i, s in enumerate(sched)}
             inp.prompt = prompt_logprobs.prompt_rows(
@@ -384,7 +385,7 @@ class ModelRunner:
             and head is None
             and graph.can_run(nd, n, max_blocks)
             and not (self.model.long_rope and (inp.prompt_lens > inp.seq_lens).any())
-        ):  # a graph's rows read longrope's table by seq_lens: a one-token chunk mid-prompt not
+        ):  # graphs read longrope's table by seq_lens: not for a one-token chunk mid-prompt
             logits = graph.run(self, ids, inp.positions, inp.slots, inp.table, seq_lens)
             return logits.index_select(0, self.to_device(_logit_rows(inp, inp.sampling)))
         meta = AttentionMetadata(

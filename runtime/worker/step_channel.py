@@ -7,7 +7,8 @@ crosses in three broadcasts:
 
 1. a fixed header (int64 [8], control group): what follows and its sizes, or "stop";
 2. the host arrays (int64, control group): positions, slots, block tables, query and sequence
-   lengths, their prefix sums, the sampling rows, the rows scored for prompt logprobs;
+   lengths, their prefix sums, the prompts' lengths (longrope's table: `model/longrope.py`),
+   the sampling rows, the rows scored for prompt logprobs;
 3. the token ids (device group): from rank 0's device, so a token sampled by the step still in
    flight (async scheduling) is broadcast without the host reading it.
 """

@@ -7,9 +7,9 @@ rank, in float32, on a KV pool so small that requests are preempted, with prompt
 must be equal; logits (gathered from both ranks' vocabulary halves) within 1e-3 of
 transformers'. The cases cover biases on the split layers, KV heads split (2 over 2 ranks) and
 replicated (1 KV head, 2 ranks), a vocabulary that does not divide (301), Gemma 3's windows and
-norms, Phi-3's window on every layer (Mistral's kind) over its fused q/k/v and gate/up
-matrices, cut into each rank's rows of every part, Qwen2's window with its biases, and
-mixtures of experts (Qwen3-MoE, Mixtral) split by width.
+norms, Phi-3's window on every layer (Mistral's kind), longrope and partial rotary over its
+fused q/k/v and gate/up matrices, cut into each rank's rows of every part, Qwen2's window with
+its biases, and mixtures of experts (Qwen3-MoE, Mixtral) split by width.
 """
 
 from __future__ import annotations
@@ -34,8 +34,26 @@ TP_CASES = {
         {},
     ),
     # Phi-3's fused qkv_proj / gate_up_proj, each rank's rows of each part; a window on every
-    # layer (Mistral's: the same Llama decoder, which this case replaced here)
-    "phi3-fused-window": ("Phi3", dict(sliding_window=11, num_hidden_layers=3), {}),
+    # layer (Mistral's: the same Llama decoder, which this case replaced here); longrope past
+    # its original context from every prompt's first chunk (the prompts' lengths reach rank 1)
+    # and a partial rotary
+    "phi3-fused-window-longrope": (
+        "Phi3",
+        dict(
+            sliding_window=11,
+            num_hidden_layers=3,
+            max_position_embeddings=128,
+            original_max_position_embeddings=16,
+            partial_rotary_factor=0.75,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0 + 0.2 * i for i in range(6)],
+                "long_factor": [1.5 + 1.5 * i for i in range(6)],
+            },
+        ),
+        {},
+    ),
 }
 POOL = dict(num_blocks_override=7, block_size=16, max_model_len=96, max_num_batched_tokens=16,
             max_num_seqs=3, dtype="float32")  # fmt: skip
