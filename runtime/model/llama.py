@@ -6,10 +6,10 @@ sequence that samples), which saves the vocabulary projection on every prefill t
 
 The other families subclass the two classes here and change only what differs (named in
 `ModelConfig.family`): `qwen3` adds per-head q/k norms, `gemma2` Gemma's norms, GeGLU, scales
-and soft caps (`gemma3`: with Qwen3's q/k norms), `moe` swaps the MLP for a mixture of experts (`make_mlp`). Llama, Mistral (with its sliding window),
-Qwen2 and Phi-3 (its fused matrices split at load, `phi3.py`) are this file as it stands; a
-partial rotary turns the first dims of each head only, and longrope reads one of two rotary
-tables per sequence (`longrope.py`).
+and soft caps (`gemma3`: with Qwen3's q/k norms), `moe` swaps the MLP for a mixture of experts
+(`make_mlp`). Llama, Mistral (with its sliding window), Qwen2 and Phi-3 (its fused matrices
+split at load, `phi3.py`) are this file as it stands; a partial rotary turns the first dims of
+each head only, and longrope reads one of two rotary tables per sequence (`longrope.py`).
 """
 
 from __future__ import annotations
