@@ -202,3 +202,15 @@ def test_phi35s_older_config_format_reads_as_transformers_reads_it(tmp_path):
     tables = [build_cos_sin_cache(c.head_dim, c.rope_theta, c.rope_scaling, 64) for c in (old, new)]
     assert tables[0].shape == (128, 12)  # short rows, then long; 12 of 16 dims rotate
     assert torch.equal(*tables)
+
+
+def test_an_fp8_phi3_checkpoint_is_refused_in_one_line(tmp_path):
+    """Its scales belong to the fused matrices, which the loader lists as their parts."""
+    from safetensors.torch import load_file, save_file
+
+    make_tiny_model(tmp_path, "Phi3", num_hidden_layers=1)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    tensors["model.layers.0.self_attn.qkv_proj.weight_scale"] = torch.ones(1)
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"FP8 Phi-3 checkpoints .* are not supported$"):
+        read_model_config(str(tmp_path))
