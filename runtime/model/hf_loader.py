@@ -27,14 +27,14 @@ if TYPE_CHECKING:
 HF_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
+    "Phi3ForCausalLM": "phi3",  # Phi-3, Phi-3.5-mini, phi-4, Phi-4-mini (model/phi3.py)
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its text model; the vision tower is not read
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3moe",
-    "Phi3ForCausalLM": "phi3",  # Phi-3, Phi-3.5-mini, phi-4, Phi-4-mini (model/phi3.py)
-    "Gemma2ForCausalLM": "gemma2",
 }
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
@@ -168,7 +168,9 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     window = cfg.get("sliding_window")
     if arch in ("qwen2", "qwen3", "qwen3moe") and not cfg.get("use_sliding_window", False):
         return None  # Qwen configs carry a window they do not use unless told to
-    if arch not in ("mistral", "mixtral", "gemma3", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2"):
+    if arch in ("phi3", "gemma2"):  # every layer (Phi-3), or the window layers (Gemma 2)
+        return int(window) if window else None
+    if arch not in ("mistral", "mixtral", "gemma3", "qwen2", "qwen3", "qwen3moe"):
         return None
     return int(window) if window else None
 
