@@ -250,6 +250,9 @@ class LlamaModel:
             self.vocab_size = head_weight.shape[0]  # the logits' width
             self.embed = _lookup_table(embed, w.quantized([EMBED]), self.lm_head, head == EMBED)
         self.rope_caches = self.build_rope_caches(max_positions)
+        # longrope: the tables of two halves (short, long), and the context that picks one
+        original = longrope.original_context(config.rope_scaling)  # (Gemma 3's local: never)
+        self.long_rope = {} if original is None else {"global": (original, max_positions)}
         self.layers = [
             self.layer_class(self, w, f"model.layers.{i}.", i, ctx)
             for i in range(config.num_layers)
@@ -322,9 +325,6 @@ class LlamaModel:
             caches["local"] = build_cos_sin_cache(
                 c.head_dim, f.local_rope_theta, None, max_positions
             )
-        # longrope: the tables of two halves (short, long) and the context that picks one
-        original = longrope.original_context(c.rope_scaling)  # (Gemma 3's local: never)
-        self.long_rope = {} if original is None else {"global": (original, max_positions)}
         return {name: cache.to(self.device) for name, cache in caches.items()}
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
