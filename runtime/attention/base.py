@@ -37,6 +37,9 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # int32 [B, max_blocks_per_seq], unused entries are 0
     slot_mapping: torch.Tensor  # int64 [T]
     block_size: int = 16
+    # int32 [B] each request's prompt length (longrope picks its table by it: `model/longrope.py`);
+    # None (CUDA-graph decodes) reads as `seq_lens`, which decodes never fall below
+    prompt_lens: torch.Tensor | None = None
     # Host copies (lists) of per-sequence lengths; backends may use them for planning only.
     query_lens_host: list[int] = field(default_factory=list)
     seq_lens_host: list[int] = field(default_factory=list)

@@ -40,6 +40,7 @@ from pagoda.runtime.cpu.host_memory import release_freed_memory
 from pagoda.runtime.engine.info import token_ids_in_range
 from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
+from pagoda.runtime.model import longrope
 from pagoda.runtime.model.loader import LoadedModel, load_model
 from pagoda.runtime.request import FIRST_FINISHED, Request
 from pagoda.runtime.sampling.allowed_tokens import check_bans_leave_tokens
@@ -207,6 +208,8 @@ class EngineCore:
         salt = None
         if params.n > 1 and not self.config.cache.enable_prefix_caching:
             salt = hashlib.blake2b(request_id.encode(), digest_size=16).digest()  # siblings share
+        elif self.config.cache.enable_prefix_caching:  # a longrope prompt past its original context
+            salt = longrope.cache_salt(self.model_config.rope_scaling, len(prompt_token_ids))
         reqs = []
         for i in range(params.n):
             child_params = params

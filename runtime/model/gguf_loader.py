@@ -1,7 +1,7 @@
 """GGUF → (ModelConfig, HF-named float tensors, Tokenizer) through the `gguf` package.
 
 Architectures as llama.cpp names them: llama (Mixtral too, with experts), mistral, qwen2, qwen3,
-qwen3moe, gemma3. Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
+qwen3moe, gemma3, gemma2. Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
 torch (`gguf_dequant`) when the model builder reads them (`GGUFWeights`), one at a time from the
 memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
@@ -25,7 +25,7 @@ from pagoda.runtime.model.gguf_reader import parse as _reader  # noqa: F401 - on
 from pagoda.runtime.model.gguf_reader import take_reader
 from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer, build_gemma_tokenizer
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma2")
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -39,7 +39,7 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_GEMMA3_NAMES = {  # Gemma 3's four norms a layer; the rest as above
+_GEMMA3_NAMES = {  # Gemma 2's and 3's four norms a layer; the rest as above
     **_LAYER_NAMES,
     "post_attention_norm": "post_attention_layernorm",
     "ffn_norm": "pre_feedforward_layernorm",
@@ -57,6 +57,8 @@ _MOE_BLOCKS = {  # architecture -> (block prefix, expert weight names) as the mo
 }
 GEMMA3_SWA_PATTERN = 6  # llama.cpp's: every sixth layer is global
 GEMMA3_LOCAL_THETA = 10_000.0
+# llama.cpp's Gemma 2: every other layer global, soft caps 50 (attention) and 30 (final)
+GEMMA2_SWA_PATTERN, GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP = 2, 50.0, 30.0
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -87,7 +89,7 @@ def _hf_name(name: str, architecture: str = "llama") -> str | None:
     if not m:
         return None
     layer, part, kind = m.groups()
-    names = _GEMMA3_NAMES if architecture == "gemma3" else _LAYER_NAMES
+    names = _GEMMA3_NAMES if architecture in ("gemma2", "gemma3") else _LAYER_NAMES
     if part in names:
         return f"model.layers.{layer}.{names[part]}.{kind}"
     if part in _MOE_NAMES and architecture in _MOE_BLOCKS:
@@ -104,6 +106,21 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
     window = _field(reader, p + "attention.sliding_window")
     if arch in ("gemma3", "mistral", "mixtral") and window:
         fields["sliding_window"] = int(window)
+    if arch == "gemma2":  # llama.cpp's gemma2 hparams (its 27B, 46 layers: hidden / heads)
+        fields.update(
+            sliding_window=int(window or 4096),
+            window_layers=tuple(bool((i + 1) % GEMMA2_SWA_PATTERN) for i in range(layers)),
+            gemma_norms=True,
+            norms_hold_one_plus_w=True,
+            hidden_act="gelu_tanh",
+            query_pre_attn_scalar=float(hidden // heads if layers == 46 else head_dim),
+            attn_logit_softcapping=float(
+                _field(reader, p + "attn_logit_softcapping", GEMMA2_ATTN_CAP)
+            ),
+            final_logit_softcapping=float(
+                _field(reader, p + "final_logit_softcapping", GEMMA2_FINAL_CAP)
+            ),
+        )
     if arch == "gemma3":
         pattern = _field(reader, p + "attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)
         if isinstance(pattern, list):  # a flag per layer
@@ -226,7 +243,7 @@ def read_tokenizer(reader, config: ModelConfig) -> Tokenizer:
         _field(reader, "tokenizer.ggml.tokens"),
         _field(reader, "tokenizer.ggml.token_type"),
     )
-    if model == "llama" and config.architecture == "gemma3":  # SentencePiece, Gemma's variant
+    if model == "llama" and config.architecture in ("gemma2", "gemma3"):  # Gemma's SentencePiece
         hf_tok = build_gemma_tokenizer(tokens, types)
     elif model == "gpt2":
         merges = _field(reader, "tokenizer.ggml.merges", [])
@@ -234,7 +251,7 @@ def read_tokenizer(reader, config: ModelConfig) -> Tokenizer:
     else:
         raise ValueError(
             f"unsupported GGUF tokenizer {model!r}: byte-level BPE ('gpt2') is read, and "
-            "SentencePiece ('llama') for gemma3"
+            "SentencePiece ('llama') for gemma2 and gemma3"
         )
     return Tokenizer(
         hf_tok,

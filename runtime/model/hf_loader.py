@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
-from pagoda.runtime.model.ops import rope_inv_freq, rope_kind
+from pagoda.runtime.model.ops import rope_inv_freq, rope_kind, rotary_dim
 from pagoda.runtime.model.safetensors_weights import INDEX, SafetensorsWeights
 from pagoda.runtime.model.template_files import read_chat_template
 from pagoda.runtime.model.tokenizer import Tokenizer
@@ -29,8 +29,10 @@ if TYPE_CHECKING:
 HF_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
+    "Phi3ForCausalLM": "phi3",  # Phi-3, Phi-3.5-mini, phi-4, Phi-4-mini (model/phi3.py)
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its text model; the vision tower is not read
     "MixtralForCausalLM": "mixtral",
@@ -49,6 +51,16 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 131_072, "tie_word_embeddings": True,
         "hidden_activation": "gelu_pytorch_tanh", "bos_token_id": 2, "eos_token_id": 1,
     },
+    "gemma2": {
+        "vocab_size": 256_000, "hidden_size": 2304, "intermediate_size": 9216,
+        "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "head_dim": 256, "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256,
+        "sliding_window": 4096, "max_position_embeddings": 8192, "tie_word_embeddings": True,
+        "hidden_activation": "gelu_pytorch_tanh", "bos_token_id": 2, "eos_token_id": 1,
+        "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
+    },
+    "phi3": {"original_max_position_embeddings": 4096, "max_position_embeddings": 4096,
+             "rms_norm_eps": 1e-5},  # Phi3Config's (its class default for the original context)
     "mistral": {"num_key_value_heads": 8, "max_position_embeddings": 131_072,
                 "sliding_window": 4096},
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "num_key_value_heads": 8,
@@ -60,7 +72,10 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                  "num_key_value_heads": 4, "max_position_embeddings": 32_768},
 }  # fmt: skip
 # a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
-_NULLABLE = {"mistral": ("sliding_window",)}
+_NULLABLE = {
+    "mistral": ("sliding_window",),
+    "gemma2": ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"),
+}
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
@@ -97,7 +112,9 @@ def architecture(cfg: Mapping[str, Any]) -> str:
     return arch
 
 
-def _rope(cfg: Mapping[str, Any], kind: str | None) -> tuple[float, dict | None]:
+def _rope(
+    cfg: Mapping[str, Any], kind: str | None, phi3: bool = False
+) -> tuple[float, dict | None]:
     """(theta, rope_scaling) from transformers 5's `rope_parameters` (keyed by layer kind for
     Gemma 3) or the older `rope_theta` / `rope_scaling`, with what transformers fills in where
     a config leaves it out (llama3's and yarn's original context, yarn's factor)."""
@@ -111,7 +128,9 @@ def _rope(cfg: Mapping[str, Any], kind: str | None) -> tuple[float, dict | None]
         scaling = params
     if cfg.get("partial_rotary_factor") not in (None, 1, 1.0):
         scaling = {**(scaling or {}), "partial_rotary_factor": cfg["partial_rotary_factor"]}
-    if scaling and rope_kind(scaling) in ("llama3", "yarn"):
+    if phi3 and rope_kind(scaling) in ("su", "yarn"):  # transformers' Phi3Config: longrope
+        scaling = {**scaling, "rope_type": "longrope"}
+    if scaling and rope_kind(scaling) in ("llama3", "yarn", "longrope"):
         context = cfg.get("max_position_embeddings")
         scaling = dict(scaling)
         # transformers' standardize_rope_params: a top-level original_max_position_embeddings
@@ -121,7 +140,7 @@ def _rope(cfg: Mapping[str, Any], kind: str | None) -> tuple[float, dict | None]
             scaling["original_max_position_embeddings"] = int(top)
         elif not scaling.get("original_max_position_embeddings") and context:
             scaling["original_max_position_embeddings"] = int(context)
-        if rope_kind(scaling) == "yarn" and scaling.get("factor") is None and context:
+        if rope_kind(scaling) in ("yarn", "longrope") and not scaling.get("factor") and context:
             scaling["factor"] = int(context) / scaling["original_max_position_embeddings"]
     return float(theta), scaling
 
@@ -134,6 +153,8 @@ def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None
         if len(types) != n:
             raise ValueError(f"layer_types names {len(types)} layers, the model has {n}")
         return tuple(t == "sliding_attention" for t in types)
+    if arch == "gemma2":  # transformers' default: even layers slide, odd ones are global
+        return tuple(bool((i + 1) % 2) for i in range(n))
     if arch == "gemma3":  # the older configs: every `sliding_window_pattern`-th layer is global
         # (transformers reads no other key: the `_sliding_window_pattern` it writes goes with
         # `layer_types`)
@@ -149,6 +170,8 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     window = cfg.get("sliding_window")
     if arch in ("qwen2", "qwen3", "qwen3moe") and not cfg.get("use_sliding_window", False):
         return None  # Qwen configs carry a window they do not use unless told to
+    if arch in ("phi3", "gemma2"):  # every layer (Phi-3), or the window layers (Gemma 2)
+        return int(window) if window else None
     if arch not in ("mistral", "mixtral", "gemma3", "qwen2", "qwen3", "qwen3moe"):
         return None
     return int(window) if window else None
@@ -182,6 +205,13 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
             query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]),
             # attn_logit_softcapping is in Gemma 3's config (inherited from Gemma 2's) but its
             # attention never applies it, in transformers as in llama.cpp: neither do we
+            final_logit_softcapping=cfg.get("final_logit_softcapping"),
+        )
+    if arch == "gemma2":
+        fields.update(
+            gemma_norms=True,
+            query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]),
+            attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
             final_logit_softcapping=cfg.get("final_logit_softcapping"),
         )
     if arch == "mixtral":
@@ -238,9 +268,13 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     gen = _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
-    rope_theta, scaling = _rope(cfg, "full_attention" if arch == "gemma3" else None)
+    rope_theta, scaling = _rope(cfg, "full_attention" if arch == "gemma3" else None, arch == "phi3")
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     rope_inv_freq(head_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
+    rope_inv_freq(head_dim, rope_theta, scaling, long=True)  # longrope: its long factors too
+    if arch != "phi3" and rotary_dim(head_dim, scaling) != head_dim:  # transformers' too
+        raise ValueError(f"a partial rotary embedding (partial_rotary_factor "
+                         f"{scaling['partial_rotary_factor']}) is not supported for {arch}")  # fmt: skip
     # as transformers' GenerationConfig.from_model_config: a multimodal config's own ids
     # (Gemma 3's [1, 106]: <end_of_turn> too) before its text_config's or the family default
     eos = _as_ids(gen.get("eos_token_id")) or _as_ids(top.get("eos_token_id"))
@@ -329,6 +363,10 @@ def check_weights(
         if not (model_dir / INDEX).exists() and not any(model_dir.glob("*.safetensors")):
             return None
         weights = read_weights(model_dir)
+    if config.architecture == "phi3":  # fused qkv_proj / gate_up_proj, listed as Llama's
+        from pagoda.runtime.model.phi3 import split_fused
+
+        split_fused(weights, config)
     scheme = read_quantization(model_dir)
     weights.fp8_block = None if scheme is None else scheme.block  # block-wise FP8 scales' tile
     headers = {name: weights.dtype_and_shape(name) for name in weights}

@@ -5,9 +5,11 @@ matmuls. Logits are computed only for the rows the caller asks for (the last tok
 sequence that samples), which saves the vocabulary projection on every prefill token.
 
 The other families subclass the two classes here and change only what differs (named in
-`ModelConfig.family`): `qwen3` adds per-head q/k norms, `gemma3` its norms, GeGLU and scales,
-`moe` swaps the MLP for a mixture of experts (`make_mlp`). Llama, Mistral (with its sliding window) and
-Qwen2 are this file as it stands.
+`ModelConfig.family`): `qwen3` adds per-head q/k norms, `gemma2` Gemma's norms, GeGLU, scales
+and soft caps (`gemma3`: with Qwen3's q/k norms), `moe` swaps the MLP for a mixture of experts
+(`make_mlp`). Llama, Mistral (with its sliding window), Qwen2 and Phi-3 (its fused matrices
+split at load, `phi3.py`) are this file as it stands; a partial rotary turns the first dims of
+each head only, and longrope reads one of two rotary tables per sequence (`longrope.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.quantized import QuantizedWeight
 from pagoda.runtime.distributed.group import TPGroup
+from pagoda.runtime.model import longrope
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.ops import (
@@ -184,7 +187,12 @@ class LlamaLayer:
         v = v.reshape(t, ctx.num_kv_heads, d)
         q, k = self.before_rotary(q, k)
         positions, rows = step.rope[self.rope]
-        q, k = ctx.ops.rotary_embedding(positions=positions, q=q, k=k, cos_sin_cache=rows)
+        r = rows.shape[-1]  # the rotating dims: all of them, or a partial rotary's first ones
+        if r == d:
+            q, k = ctx.ops.rotary_embedding(positions=positions, q=q, k=k, cos_sin_cache=rows)
+        else:  # in place on the first r dims of each head (every op rotates in place)
+            ctx.ops.rotary_embedding(positions=positions, q=q[..., :r], k=k[..., :r],
+                                     cos_sin_cache=rows)  # fmt: skip
         k_cache, v_cache = step.kv_caches[self.index]
         out = ctx.backend.forward(
             q, k, v, k_cache, v_cache, step.meta, window=self.window, kv_scales=self.kv_scales
@@ -246,6 +254,9 @@ class LlamaModel:
             self.vocab_size = head_weight.shape[0]  # the logits' width
             self.embed = _lookup_table(embed, w.quantized([EMBED]), self.lm_head, head == EMBED)
         self.rope_caches = self.build_rope_caches(max_positions)
+        # longrope: the tables of two halves (short, long), and the context that picks one
+        original = longrope.original_context(config.rope_scaling)  # (Gemma 3's local: never)
+        self.long_rope = {} if original is None else {"global": (original, max_positions)}
         self.layers = [
             self.layer_class(self, w, f"model.layers.{i}.", i, ctx)
             for i in range(config.num_layers)
@@ -338,13 +349,15 @@ class LlamaModel:
         """Every linear layer, layer by layer (attention, then the MLP's), then the LM head."""
         return [x for layer in self.layers for x in layer.linears()] + [self.lm_head]
 
-    def _rope_rows(self, positions: torch.Tensor, dtype: torch.dtype) -> dict:
-        if not self.ops.pregather_rotary:
-            return {name: (positions, cache) for name, cache in self.rope_caches.items()}
-        return {
-            name: (None, gather_cos_sin(positions, cache, dtype))
-            for name, cache in self.rope_caches.items()
-        }
+    def _rope_rows(self, positions: torch.Tensor, dtype: torch.dtype, meta) -> dict:
+        out = {}
+        for name, cache in self.rope_caches.items():
+            rows = positions
+            if name in self.long_rope:  # the short or the long half, by the token's sequence
+                rows = longrope.table_rows(positions, meta, *self.long_rope[name])
+            pregather = self.ops.pregather_rotary
+            out[name] = (None, gather_cos_sin(rows, cache, dtype)) if pregather else (rows, cache)
+        return out
 
     @torch.inference_mode()
     def forward(
@@ -359,7 +372,7 @@ class LlamaModel:
         """The logits [N, vocab] of the rows `logits_indices`; with `head`, their tokens (int64
         [N]) drawn inside the LM head, which must fuse sampling (`Linear.fuses_sampling`)."""
         h = self.embed_tokens(input_ids)
-        step = Step(meta, kv_caches, self._rope_rows(positions, h.dtype))
+        step = Step(meta, kv_caches, self._rope_rows(positions, h.dtype, meta))
         residual = None
         for layer in self.layers:
             h, residual = layer(h, residual, step)

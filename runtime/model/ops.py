@@ -134,7 +134,7 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 
 
 def rope_kind(scaling: dict[str, Any] | None) -> str:
@@ -144,17 +144,32 @@ def rope_kind(scaling: dict[str, Any] | None) -> str:
     return str(scaling.get("rope_type", scaling.get("type", "default")))
 
 
+def rotary_dim(head_dim: int, scaling: dict[str, Any] | None) -> int:
+    """The dims of each head that rotate: int(head_dim * partial_rotary_factor), as transformers
+    takes them (the first ones; the rest pass through)."""
+    partial = float((scaling or {}).get("partial_rotary_factor") or 1.0)
+    dim = int(head_dim * partial)
+    if not 0 < dim <= head_dim or dim % 2:
+        raise ValueError(f"partial_rotary_factor {partial} leaves {dim} of head_dim {head_dim} "
+                         "rotating; it must be a positive even number")  # fmt: skip
+    return dim
+
+
 def rope_inv_freq(
-    head_dim: int, theta: float, scaling: dict[str, Any] | None
+    head_dim: int, theta: float, scaling: dict[str, Any] | None, long: bool = False
 ) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies and the attention scale factor for the configured `rope_scaling`.
+    """Inverse frequencies (over the rotating dims, `rotary_dim`) and the attention scale
+    factor for the configured `rope_scaling`.
 
     Supports default, linear, dynamic (within the model's `max_position_embeddings`, where it
     is the default rotary: the engine refuses a longer context, `check_rope_context`), llama3
-    (from its parameters, or a GGUF's per-frequency divisors, `freq_factors`) and yarn (with DeepSeek's `mscale`/`mscale_all_dim` and `truncate`), following the Hugging
-    Face definitions. Anything else (longrope, a partial rotary) is a ValueError, one line.
+    (from its parameters, or a GGUF's per-frequency divisors, `freq_factors`), yarn (with
+    DeepSeek's `mscale`/`mscale_all_dim` and `truncate`) and longrope (Phi-3's: its short
+    factors, or with `long` its long ones; `longrope.py` says which a token takes), following
+    the Hugging Face definitions. Anything else is a ValueError, one line.
     """
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    dim = rotary_dim(head_dim, scaling)
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     if not scaling:
         return inv, 1.0
     kind = rope_kind(scaling)
@@ -162,10 +177,8 @@ def rope_inv_freq(
         raise ValueError(
             f"rope_scaling type {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})"
         )
-    partial = scaling.get("partial_rotary_factor")
-    if partial is not None and float(partial) != 1.0:
-        raise ValueError(f"a partial rotary embedding (partial_rotary_factor {partial}) is not "
-                         "supported for this architecture")  # fmt: skip
+    if kind == "longrope":
+        return _longrope(dim, theta, scaling, long)
     factor = float(scaling.get("factor") or 1.0)
     if kind in ("default", "dynamic"):
         return inv, 1.0
@@ -188,14 +201,14 @@ def rope_inv_freq(
     old_ctx = int(scaling.get("original_max_position_embeddings") or 4096)
     beta_fast = float(scaling.get("beta_fast") or 32)
     beta_slow = float(scaling.get("beta_slow") or 1)
-    low = _yarn_find_dim(beta_fast, head_dim, theta, old_ctx)
-    high = _yarn_find_dim(beta_slow, head_dim, theta, old_ctx)
+    low = _yarn_find_dim(beta_fast, dim, theta, old_ctx)
+    high = _yarn_find_dim(beta_slow, dim, theta, old_ctx)
     if scaling.get("truncate", True):
         low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, head_dim - 1)
+    low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001
-    ramp = (torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)
+    ramp = (torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)
     extrapolation = 1 - ramp.clamp(0, 1)
     inv = (inv / factor) * (1 - extrapolation) + inv * extrapolation
     mscale = scaling.get("attention_factor")
@@ -206,6 +219,28 @@ def rope_inv_freq(
         else:
             mscale = _yarn_mscale(factor)
     return inv, float(mscale)
+
+
+def _longrope(dim: int, theta: float, scaling: dict[str, Any], long: bool):
+    """transformers' _compute_longrope_parameters: 1 / (factors * theta ** (2i / dim)), and the
+    attention factor sqrt(1 + ln(factor) / ln(original context)) unless the config gives one
+    (`factor`: max_position_embeddings / original_max_position_embeddings, filled in by the
+    loader where the config leaves it out)."""
+    key = "long_factor" if long else "short_factor"
+    factors = scaling.get(key)
+    if not isinstance(factors, list | tuple) or len(factors) != dim // 2:
+        raise ValueError(f"rope_scaling longrope needs {key}: {dim // 2} numbers (half the "
+                         f"{dim} rotating dims), got {factors!r}")  # fmt: skip
+    original = scaling.get("original_max_position_embeddings")
+    if not original:
+        raise ValueError("rope_scaling longrope needs original_max_position_embeddings")
+    shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    inv = 1.0 / (torch.tensor(factors, dtype=torch.float32) * theta**shape)
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        factor = float(scaling.get("factor") or 1.0)
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return inv, float(attention)
 
 
 def check_rope_context(scaling: dict[str, Any] | None, context: int, positions: int) -> None:
@@ -222,7 +257,13 @@ def check_rope_context(scaling: dict[str, Any] | None, context: int, positions: 
 def build_cos_sin_cache(
     head_dim: int, theta: float, scaling: dict[str, Any] | None, max_positions: int
 ) -> torch.Tensor:
-    """[max_positions, head_dim] float32 rows of cat(cos, sin) (vLLM's layout)."""
-    inv, mscale = rope_inv_freq(head_dim, theta, scaling)
-    freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv)
-    return torch.cat([freqs.cos() * mscale, freqs.sin() * mscale], dim=-1)
+    """[max_positions, rotary_dim] float32 rows of cat(cos, sin) (vLLM's layout); for longrope
+    [2 * max_positions, rotary_dim]: the short factors' rows, then the long ones'
+    (`longrope.table_rows` picks a token's)."""
+    tables = [False, True] if rope_kind(scaling) == "longrope" else [False]
+    out = []
+    for long in tables:
+        inv, mscale = rope_inv_freq(head_dim, theta, scaling, long=long)
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv)
+        out.append(torch.cat([freqs.cos() * mscale, freqs.sin() * mscale], dim=-1))
+    return torch.cat(out) if len(out) > 1 else out[0]

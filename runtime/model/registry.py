@@ -15,8 +15,10 @@ from pagoda.runtime.model.llama import LlamaModel
 MODEL_CLASSES = {
     "llama": ("llama", "LlamaModel"),
     "mistral": ("llama", "LlamaModel"),
+    "phi3": ("llama", "LlamaModel"),  # Llama's decoder over split fused weights (phi3.py)
     "qwen2": ("llama", "LlamaModel"),
     "qwen3": ("qwen3", "Qwen3Model"),
+    "gemma2": ("gemma2", "Gemma2Model"),
     "gemma3": ("gemma3", "Gemma3Model"),
     "mixtral": ("moe", "MixtralModel"),
     "qwen3moe": ("moe", "Qwen3MoeModel"),

@@ -68,6 +68,7 @@ class SafetensorsWeights(Mapping):
 
         self._handles = [safe_open(str(f), framework="pt") for f in files]
         self._where: dict[str, tuple[int, str]] = {}  # name -> (handle, stored name)
+        self._rows: dict[str, tuple[int, int]] = {}  # a `split_rows` part -> its rows
         for i, handle in enumerate(self._handles):
             for stored in handle.keys():  # noqa: SIM118 - safe_open is not iterable
                 name = _text_name(stored)
@@ -80,7 +81,25 @@ class SafetensorsWeights(Mapping):
 
     def __getitem__(self, name: str) -> torch.Tensor:
         i, stored = self._where[name]
+        if name in self._rows:  # only these rows are read
+            start, stop = self._rows[name]
+            return self._handles[i].get_slice(stored)[start:stop]
         return self._handles[i].get_tensor(stored)
+
+    def split_rows(self, fused: str, parts: list[tuple[str, int, int]]) -> None:
+        """List the stored tensor `fused` as the tensors `parts` (name, first row, end row),
+        each read alone (Phi-3's fused qkv_proj as q_proj, k_proj, v_proj); `fused` is no
+        longer listed. ValueError where the rows do not tile it."""
+        i, stored = self._where[fused]
+        rows = self._handles[i].get_slice(stored).get_shape()[0]
+        edges = [0] + [stop for _, _, stop in parts]
+        if [start for _, start, _ in parts] != edges[:-1] or edges[-1] != rows:
+            raise ValueError(f"checkpoint tensor {fused} has {rows} rows; "
+                             f"{', '.join(n for n, _, _ in parts)} need {edges[-1]}")  # fmt: skip
+        del self._where[fused]
+        for name, start, stop in parts:
+            self._where[name] = (i, stored)
+            self._rows[name] = (start, stop)
 
     def __contains__(self, name: object) -> bool:
         return name in self._where
@@ -95,7 +114,11 @@ class SafetensorsWeights(Mapping):
         """The stored dtype ("BF16", "F32", ...) and shape, without reading the tensor."""
         i, stored = self._where[name]
         s = self._handles[i].get_slice(stored)
-        return s.get_dtype(), list(s.get_shape())
+        shape = list(s.get_shape())
+        if name in self._rows:
+            start, stop = self._rows[name]
+            shape[0] = stop - start
+        return s.get_dtype(), shape
 
     def blocks(self) -> Dense16Blocks:
         return Dense16Blocks(self)

@@ -54,7 +54,9 @@ _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_sc
              "output_scale", "inv_freq")  # fmt: skip
 _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
           "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"))  # fmt: skip
-_PROJECTIONS = re.compile(r"(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$")
+_PROJECTIONS = re.compile(
+    r"(self_attn\.([qkvo]|qkv)_proj|mlp\.(gate|up|gate_up|down)_proj)\.weight$"
+)
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 # safetensors dtype -> bytes per element
 _ITEM = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
@@ -296,7 +298,7 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
         if name.endswith(".weight") and len(t.shape) in (2, 3):
             groups.setdefault(_group(name), []).append(t)
         elif mc.family.gemma_norms and name.endswith("norm.weight"):
-            total += t.numel * 4  # 1 + w in float32 (gemma3.norm_weight)
+            total += t.numel * 4  # 1 + w in float32 (gemma2.norm_weight)
         else:  # norms and biases (o's and down's whole on every rank)
             total += _local(name, t.shape, mc, lay)[0] * p.dtype.itemsize
     fp8_layers = blocks = 0
@@ -342,6 +344,9 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
     if name in (EMBED, HEAD):
         start, stop = lay.vocab(rows)
         return stop - start, cols
+    if re.search(r"\bqkv_proj\.(weight|bias)$", part):  # Phi-3's fused q/k/v (model/phi3.py)
+        (q0, q1), (k0, k1) = lay.heads(mc.num_heads), lay.kv_heads(mc.num_kv_heads)
+        return (q1 - q0 + 2 * (k1 - k0)) * mc.head_dim, cols
     if re.search(r"\bq_proj\.(weight|bias)$", part):
         q0, q1 = lay.heads(mc.num_heads)
         return (q1 - q0) * mc.head_dim, cols
@@ -415,8 +420,8 @@ def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placemen
             return None
         return packed_bytes([(t.kind, t.shape[0])], t.shape[1])
 
-    capped = mc.architecture == "gemma3" and bool(mc.family.final_logit_softcapping)
-    head_blocks = None if capped else blocks(head)  # gemma3.head_blocks: capped heads stay dense
+    capped = bool(mc.family.final_logit_softcapping)  # Gemma 2's and 3's
+    head_blocks = None if capped else blocks(head)  # gemma2.head_blocks: capped heads stay dense
     if tied and head_blocks is not None:  # the lookups read the head's blocks
         return head_blocks, ""
     held = dense_head if head_blocks is None else head_blocks

@@ -322,6 +322,8 @@ class ModelRunner:
         seq_lens = starts + qlens
         sampling = np.flatnonzero(seq_lens >= known).tolist()
         inp = StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling, nd, pending)
+        if self.model.long_rope:  # which rotary table a longrope prompt's chunks read
+            inp.prompt_lens = np.fromiter((r.num_prompt_tokens for r in reqs), np.int64, count=n)
         if self.prompt_logprob_requests:  # some request asked: are its prompt positions here?
             row_of = {s.request.request_id: i for i, s in enumerate(sched)}
             inp.prompt = prompt_logprobs.prompt_rows(
@@ -378,7 +380,12 @@ class ModelRunner:
         graph = self.cuda_graphs
         seq_lens = inp.seq_lens.astype(np.int32)
         n, max_blocks, nd = len(inp.qlens), inp.table.shape[1], inp.num_decodes
-        if graph is not None and head is None and graph.can_run(nd, n, max_blocks):
+        if (
+            graph is not None
+            and head is None
+            and graph.can_run(nd, n, max_blocks)
+            and not (self.model.long_rope and (inp.prompt_lens > inp.seq_lens).any())
+        ):  # graphs read longrope's table by seq_lens: not for a one-token chunk mid-prompt
             logits = graph.run(self, ids, inp.positions, inp.slots, inp.table, seq_lens)
             return logits.index_select(0, self.to_device(_logit_rows(inp, inp.sampling)))
         meta = AttentionMetadata(
@@ -395,6 +402,8 @@ class ModelRunner:
             query_lens_host=inp.qlens.tolist(),
             seq_lens_host=inp.seq_lens.tolist(),
         )
+        if inp.prompt_lens is not None:
+            meta.prompt_lens = self.to_device(inp.prompt_lens.astype(np.int32))
         self.backend.prepare(meta)
         return self.model.forward(
             ids,

@@ -7,7 +7,8 @@ crosses in three broadcasts:
 
 1. a fixed header (int64 [8], control group): what follows and its sizes, or "stop";
 2. the host arrays (int64, control group): positions, slots, block tables, query and sequence
-   lengths, their prefix sums, the sampling rows, the rows scored for prompt logprobs;
+   lengths, their prefix sums, the prompts' lengths (longrope's table: `model/longrope.py`),
+   the sampling rows, the rows scored for prompt logprobs;
 3. the token ids (device group): from rank 0's device, so a token sampled by the step still in
    flight (async scheduling) is broadcast without the host reading it.
 """
@@ -35,7 +36,9 @@ class StepChannel:
         h = self._header
         h.copy_(torch.tensor([STEP, t, b, width, s, inp.num_decodes, len(extra), 0]))
         self.tp.broadcast_host(h)
-        parts = (inp.positions, inp.slots, inp.table.reshape(-1), inp.qlens, inp.seq_lens, inp.cu)
+        prompt_lens = inp.prompt_lens if inp.prompt_lens is not None else inp.seq_lens
+        parts = (inp.positions, inp.slots, inp.table.reshape(-1), inp.qlens, inp.seq_lens, inp.cu,
+                 prompt_lens)  # fmt: skip
         payload = np.concatenate([*(np.asarray(p, dtype=np.int64) for p in parts),
                                   np.asarray(inp.sampling, dtype=np.int64), extra])  # fmt: skip
         self.tp.broadcast_host(torch.from_numpy(payload))
@@ -53,16 +56,18 @@ class StepChannel:
         if h[0] == STOP:
             return None
         t, b, width, s, nd, e = h[1:7]
-        payload = torch.empty(2 * t + b * width + 3 * b + 1 + s + e, dtype=torch.int64)
+        payload = torch.empty(2 * t + b * width + 4 * b + 1 + s + e, dtype=torch.int64)
         a = self.tp.broadcast_host(payload).numpy()
-        cuts = np.cumsum([t, t, b * width, b, b, b + 1, s])
-        positions, slots, table, qlens, seq_lens, cu, sampling, extra = np.split(a, cuts)
+        cuts = np.cumsum([t, t, b * width, b, b, b + 1, b, s])
+        positions, slots, table, qlens, seq_lens, cu, prompt_lens, sampling, extra = np.split(
+            a, cuts
+        )
         ids = torch.empty(t, dtype=torch.int64, device=self.tp.device)
         self.tp.broadcast(ids)
         inp = StepInputs(
             ids=np.empty(0, dtype=np.int64),  # on the device: `ids`
             positions=positions, slots=slots, table=table.reshape(b, width).astype(np.int32),
             qlens=qlens, seq_lens=seq_lens, cu=cu, sampling=sampling.tolist(), num_decodes=nd,
-            extra_rows=extra if e else None,
+            extra_rows=extra if e else None, prompt_lens=prompt_lens,
         )  # fmt: skip
         return inp, ids

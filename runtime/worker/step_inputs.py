@@ -30,3 +30,4 @@ class StepInputs:
     extra_rows: np.ndarray | None = None
     # rank 0 only: who owns those rows (`sampling.prompt_logprobs.PromptRows`)
     prompt: Any = None
+    prompt_lens: np.ndarray | None = None  # int64 [B] each request's prompt (`model/longrope.py`)

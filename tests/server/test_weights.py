@@ -52,8 +52,11 @@ def _resave(model, src, dst, dtype):
         ("Qwen3Moe", {"head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
                       "moe_intermediate_size": 32, "mlp_only_layers": [1]}),
         ("Mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+        ("Gemma2", {"head_dim": 32, "final_logit_softcapping": 6.0}),
+        ("Phi3", {}),
     ],
-    ids=["llama", "llama-tied-bias", "gemma3-capped", "qwen3moe", "mixtral"],
+    ids=["llama", "llama-tied-bias", "gemma3-capped", "qwen3moe", "mixtral", "gemma2-capped",
+         "phi3-fused"],
 )  # fmt: skip
 def test_transformers_checkpoints_at_another_dtype(tmp_path, arch, overrides):
     """float32 files served as bf16 (half), bf16 files as float32 (read in place where `qgemm`
@@ -70,15 +73,18 @@ def test_transformers_checkpoints_at_another_dtype(tmp_path, arch, overrides):
     assert estimate(f32, "bfloat16").bytes < 0.75 * files  # not the file's size
 
 
-@pytest.mark.parametrize(("tp", "kv_heads"), [(2, 2), (4, 2)])
-def test_one_tensor_parallel_ranks_share(tmp_path, tp, kv_heads):
+@pytest.mark.parametrize(("arch", "tp", "kv_heads"), [("Llama", 2, 2), ("Llama", 4, 2),
+                                                     ("Phi3", 4, 2)])  # fmt: skip
+def test_one_tensor_parallel_ranks_share(tmp_path, arch, tp, kv_heads):
     """Rank 0 of a group built without communication (the layers read only the layout): q, the
-    MLP and the vocabulary split, k and v replicated past the KV heads, norms whole."""
+    MLP and the vocabulary split, k and v replicated past the KV heads, norms whole (Phi-3:
+    its fused q/k/v and gate/up matrices cut the same way)."""
     from pagoda.runtime.distributed.group import TPGroup
     from pagoda.runtime.distributed.layout import TPLayout
 
-    make_tiny_model(tmp_path, "Llama", num_key_value_heads=kv_heads, vocab_size=301,
-                    tie_word_embeddings=True, attention_bias=True)  # fmt: skip
+    bias = {"attention_bias": True} if arch == "Llama" else {}
+    make_tiny_model(tmp_path, arch, num_key_value_heads=kv_heads, vocab_size=301,
+                    tie_word_embeddings=True, **bias)  # fmt: skip
     group = TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
     held = held_bytes(build(tmp_path, torch.bfloat16, tp=group))
     got = estimate(tmp_path, "bfloat16", tensor_parallel_size=tp)

@@ -7,8 +7,9 @@ rank, in float32, on a KV pool so small that requests are preempted, with prompt
 must be equal; logits (gathered from both ranks' vocabulary halves) within 1e-3 of
 transformers'. The cases cover biases on the split layers, KV heads split (2 over 2 ranks) and
 replicated (1 KV head, 2 ranks), a vocabulary that does not divide (301), Gemma 3's windows and
-norms, Mistral's and Qwen2's windows (Qwen2 with its biases), and mixtures of experts (Qwen3-MoE,
-Mixtral) split by width.
+norms, Phi-3's window on every layer (Mistral's kind), longrope and partial rotary over its
+fused q/k/v and gate/up matrices, cut into each rank's rows of every part, Qwen2's window with
+its biases, and mixtures of experts (Qwen3-MoE, Mixtral) split by width.
 """
 
 from __future__ import annotations
@@ -25,11 +26,32 @@ transformers = pytest.importorskip("transformers")
 TP_CASES = {
     **{name: CASES[name] for name in ("llama-biases", "gemma3-window", "qwen3moe-top2-step2")},
     "qwen3-kv1-vocab301": ("Qwen3", dict(head_dim=64, num_key_value_heads=1, vocab_size=301), {}),
-    # the other families: Mistral's window, Qwen2's biases and window, Mixtral's experts
-    **{name: CASES[name] for name in ("mistral-window", "mixtral-top2-window")},
+    # the other families: Qwen2's biases and window, Mixtral's experts
+    **{name: CASES[name] for name in ("mixtral-top2-window",)},
     "qwen2-window": (
         "Qwen2",
         dict(use_sliding_window=True, sliding_window=12, max_window_layers=1),
+        {},
+    ),
+    # Phi-3's fused qkv_proj / gate_up_proj, each rank's rows of each part; a window on every
+    # layer (Mistral's: the same Llama decoder, which this case replaced here); longrope past
+    # its original context from every prompt's first chunk (the prompts' lengths reach rank 1)
+    # and a partial rotary
+    "phi3-fused-window-longrope": (
+        "Phi3",
+        dict(
+            sliding_window=11,
+            num_hidden_layers=3,
+            max_position_embeddings=128,
+            original_max_position_embeddings=16,
+            partial_rotary_factor=0.75,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0 + 0.2 * i for i in range(6)],
+                "long_factor": [1.5 + 1.5 * i for i in range(6)],
+            },
+        ),
         {},
     ),
 }

@@ -2,8 +2,9 @@
 scalings (llama3, yarn with DeepSeek's mscale and without truncation), Gemma 3's window layers
 with their own rotary base in `rope_parameters`, a multimodal Gemma 3 whose top-level
 `tie_word_embeddings` says untied, Qwen3-MoE's window (every layer, whatever max_window_layers
-says); and what the engine cannot run exactly, refused at load in one line (longrope, a partial
-rotary, dynamic NTK past the model's context, Gemma 3's bidirectional attention, experts with
+says); and what the engine cannot run exactly, refused at load in one line (an unknown rope
+type, a partial rotary outside Phi-3, longrope factors of the wrong length, dynamic NTK past the
+model's context, Gemma 3's bidirectional attention, experts with
 another activation than SwiGLU)."""
 
 from __future__ import annotations
@@ -181,9 +182,12 @@ def test_multimodal_gemma3_untied_by_its_top_level_flag(tmp_path):
 @pytest.mark.parametrize(
     ("rope", "match"),
     [
-        ({"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
-          "original_max_position_embeddings": 32}, "rope_scaling type 'longrope' is not supported"),
-        ({"rope_type": "default", "partial_rotary_factor": 0.5}, "partial rotary"),
+        ({"rope_type": "proportional", "factor": 2.0}, "rope_scaling type 'proportional' is not "
+         "supported"),
+        # transformers' Llama rotates every dim (its apply_rotary_pos_emb has no pass-through)
+        ({"rope_type": "default", "partial_rotary_factor": 0.5}, "partial rotary .* for llama"),
+        ({"rope_type": "longrope", "short_factor": [1.0] * 7, "long_factor": [2.0] * 8,
+          "original_max_position_embeddings": 32}, "short_factor: 8 numbers"),
     ],
 )  # fmt: skip
 def test_rope_the_engine_cannot_run_is_refused_at_load(tmp_path, rope, match):

@@ -1,6 +1,6 @@
-"""GGUF files of the newer families (qwen3, qwen3moe, gemma3; Mixtral as llama with experts),
-written here the way llama.cpp's converter writes them (its tensor names, stacked expert
-tensors, Gemma's norms stored as 1 + w, Q8_0 matrices): the engine matches transformers running
+"""GGUF files of the newer families (qwen3, qwen3moe, gemma3, gemma2 with its soft caps; Mixtral
+as llama with experts), written here the way llama.cpp's converter writes them (its tensor
+names, stacked expert tensors, Gemma's norms stored as 1 + w, Q8_0 matrices): the engine matches transformers running
 on exactly the dequantized weights, token for token, with experts multiplied from their blocks.
 Gemma's SentencePiece vocabulary tokenizes as transformers reads the same file."""
 
@@ -113,7 +113,7 @@ def write_gguf(
 
     cfg = transformers.AutoConfig.from_pretrained(hf_dir)
     sd = {k: v.float().numpy() for k, v in load_file(str(hf_dir / "model.safetensors")).items()}
-    gemma = arch == "gemma3"
+    gemma = arch in ("gemma2", "gemma3")
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
@@ -134,6 +134,9 @@ def write_gguf(
         )
     if window:
         w.add_sliding_window(window)
+    if arch == "gemma2":  # as llama.cpp's converter writes Gemma 2's caps
+        w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
     if extra is not None:
         extra(w)
     rope = cfg.rope_parameters
@@ -214,6 +217,9 @@ QWEN3MOE = dict(head_dim=64, vocab_size=300, num_experts=8, num_experts_per_tok=
                 moe_intermediate_size=64, norm_topk_prob=True)  # fmt: skip
 GEMMA3 = dict(head_dim=64, vocab_size=320, sliding_window=7, num_hidden_layers=2,
               query_pre_attn_scalar=64)  # fmt: skip
+# llama.cpp's Gemma 2 (but its 27B) scales the scores by the head size
+GEMMA2 = dict(head_dim=64, vocab_size=320, sliding_window=7, num_hidden_layers=2,
+              query_pre_attn_scalar=64, attn_logit_softcapping=2.0, final_logit_softcapping=5.0)  # fmt: skip
 MIXTRAL = dict(head_dim=32, vocab_size=300, num_local_experts=4, num_experts_per_tok=2)
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 32, "rope_theta": 10000.0}  # fmt: skip
@@ -223,10 +229,11 @@ CASES = {
     "llama3-rope": ("Llama", dict(vocab_size=300, rope_parameters=LLAMA3), None),
     "qwen3moe": ("Qwen3Moe", QWEN3MOE, None),
     "gemma3": ("Gemma3Text", GEMMA3, 7),
+    "gemma2": ("Gemma2", GEMMA2, 7),
     "llama": ("Mixtral", MIXTRAL, None),
 }
 GGUF_ARCH = {"qwen3": "qwen3", "qwen3moe": "qwen3moe", "gemma3": "gemma3", "llama": "llama",
-             "llama3-rope": "llama"}  # fmt: skip
+             "llama3-rope": "llama", "gemma2": "gemma2"}  # fmt: skip
 ARCH = {**GGUF_ARCH, "llama": "mixtral"}  # the engine's
 
 
@@ -259,9 +266,13 @@ def test_gguf_family_matches_transformers_on_its_dequantized_weights(tmp_path, c
     model = _oracle(tmp_path, expected)
     config, weights, _, _ = load_gguf(path)
     assert config.architecture == ARCH[case]
+    if case == "gemma2":  # its caps from the file; llama.cpp's layers: even ones slide
+        f = config.family
+        assert (f.attn_logit_softcapping, f.final_logit_softcapping) == (2.0, 5.0)
+        assert (f.window_layers, f.query_pre_attn_scalar, f.qk_norm) == ((True, False), 64, False)
     for name, want in expected.items():
         if "experts." not in name:  # Gemma's norms as stored: 1 + w
-            shift = 1.0 if case == "gemma3" and name.endswith("norm.weight") else 0.0
+            shift = 1.0 if case.startswith("gemma") and name.endswith("norm.weight") else 0.0
             torch.testing.assert_close(weights[name] - shift, want, rtol=0, atol=1e-6, msg=name)
     llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20, max_num_batched_tokens=16,
               max_num_seqs=4)  # fmt: skip
