@@ -34,7 +34,10 @@ slow client.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import struct
+import termios
 from typing import Any
 
 import h11
@@ -70,6 +73,7 @@ class GuardedH11Protocol(H11Protocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._refused = False  # answered 503 at the cap: input is drained until closed
         self._stalled: asyncio.TimerHandle | None = None  # writing paused: the send deadline
+        self._unsent = 0  # bytes waiting to be sent when the deadline was armed
 
     # -- asyncio.Protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -118,7 +122,24 @@ class GuardedH11Protocol(H11Protocol):
     def pause_writing(self) -> None:
         super().pause_writing()
         if self._stalled is None:
-            self._stalled = self.loop.call_later(self.send_timeout, self._send_expired)
+            self._arm_send()
+
+    def _arm_send(self) -> None:
+        self._unsent = self._unsent_bytes()
+        self._stalled = self.loop.call_later(self.send_timeout, self._send_expired)
+
+    def _unsent_bytes(self) -> int:
+        """What the client has not received yet: the transport's buffer and the socket's send
+        queue (TIOCOUTQ: the kernel takes more from the transport only once a third of its
+        buffer, up to MiBs, is free, so a client reading steadily can leave the transport's
+        part unchanged for seconds)."""
+        unsent = self.transport.get_write_buffer_size()
+        sock = self.transport.get_extra_info("socket")
+        try:
+            queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+        except (AttributeError, OSError, ValueError):  # no socket, or not Linux
+            return unsent
+        return unsent + struct.unpack("i", queued)[0]
 
     def resume_writing(self) -> None:
         self._unstall()
@@ -130,10 +151,14 @@ class GuardedH11Protocol(H11Protocol):
             self._stalled = None
 
     def _send_expired(self) -> None:
-        """The client read nothing for `send_timeout` s: reset the connection (`close` would
-        wait for the unsent bytes to flush, which they never do)."""
+        """`send_timeout` s with writing paused: if the client read nothing meanwhile, reset
+        the connection (`close` would wait for the unsent bytes to flush, which they never
+        do); a client still reading (a large response, slowly) gets another period."""
         self._stalled = None
-        self.transport.abort()
+        if self._unsent_bytes() < self._unsent:
+            self._arm_send()
+        else:
+            self.transport.abort()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
