@@ -142,6 +142,8 @@ MAX_REQUEST_BYTES_LIMIT = 1 << 30
 # still waiting for its headers (else for its body) is closed, or the new one gets 503.
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
+# a response the client stops reading is reset after this long without progress (nginx's 60 s)
+DEFAULT_SEND_TIMEOUT_S = 60.0
 DEFAULT_MAX_CONNECTIONS = 1024
 MAX_TIMEOUT_S = 3600.0
 MAX_CONNECTIONS_LIMIT = 1 << 20
@@ -287,6 +289,9 @@ SERVER_FLAGS: Mapping[str, Flag] = _flags(
          DEFAULT_HEADER_TIMEOUT_S, float, metavar="S"),
     Flag("--body-timeout", "seconds a request gets to send its whole body after the headers "
          "(408, then the connection is closed)", DEFAULT_BODY_TIMEOUT_S, float, metavar="S"),
+    Flag("--send-timeout", "seconds a response may wait on a client that reads nothing (its "
+         "socket full) before the connection is reset and its request aborted",
+         DEFAULT_SEND_TIMEOUT_S, float, metavar="S"),
     Flag("--api-key", f"require `Authorization: Bearer KEY` on /v1 (or env {API_KEY_ENV})", None),
     Flag("--drain-timeout", "seconds in-flight requests get on SIGTERM",
          DEFAULT_DRAIN_TIMEOUT_S, float),

@@ -58,6 +58,9 @@ class Request:
     max_model_len: int = 1 << 30
     # `params.bad_words` as token-id sequences (`sampling.bad_words`), tokenized on receipt
     bad_words: tuple[tuple[int, ...], ...] = ()
+    # A sequence of a request of several (prompts x n, engine/admission.py): the scheduler
+    # preempts these first and admits single-sequence requests before them
+    bulk: bool = False
 
     def __post_init__(self) -> None:
         self.token_ids: list[int] = list(self.prompt_token_ids)

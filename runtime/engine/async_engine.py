@@ -278,7 +278,7 @@ class AsyncEngine:
             self._feed()
         else:
             for rid, ids in zip(rids, prompts):
-                self._post(("add", rid, list(ids), params))
+                self._post(("add", rid, list(ids), params, bulk))
         return streams
 
     def add_request(
@@ -293,7 +293,7 @@ class AsyncEngine:
         if rid in self._streams:
             raise ValueError(f"duplicate request id {rid!r}")
         stream = self._admit(rid, params, params.n > 1)
-        self._post(("add", rid, list(prompt_token_ids), params))
+        self._post(("add", rid, list(prompt_token_ids), params, params.n > 1))
         return stream
 
     def _admit(
@@ -307,7 +307,7 @@ class AsyncEngine:
     def _feed(self) -> None:
         """Hand the core the bulk prompts whose turn it is (`Admission.next_for_core`)."""
         for rid, ids, params in self.admission.next_for_core():
-            self._post(("add", rid, ids, params))
+            self._post(("add", rid, ids, params, True))
 
     def _feed_soon(self) -> None:
         if self._loop is None:
@@ -469,9 +469,9 @@ class AsyncEngine:
             n += 1
             kind = cmd[0]
             if kind == "add":
-                _, rid, ids, params = cmd
+                _, rid, ids, params, bulk = cmd
                 try:  # validated, and this engine's own copy (`add_requests`)
-                    core.add_request(rid, ids, params, checked=True)
+                    core.add_request(rid, ids, params, checked=True, bulk=bulk)
                 except Exception as exc:  # this request only
                     self._call_loop(self._fail, rid, exc)
             elif kind == "abort":

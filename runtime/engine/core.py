@@ -163,8 +163,12 @@ class EngineCore:
         params: SamplingParams,
         *,
         checked: bool = False,
+        bulk: bool = False,
     ) -> None:
         """Add a request (ValueError for input the engine cannot serve, nothing added).
+
+        `bulk`: one prompt of a request of several sequences (prompts x n), or any request
+        with `n` > 1: its sequences yield blocks to single-sequence requests (scheduler.py).
 
         `checked`: the caller's own validated copy of the params, never changed after, with a
         prompt that passed `EngineInfo.validate` against this core (`AsyncEngine`'s requests,
@@ -226,6 +230,7 @@ class EngineCore:
                     eos_token_ids=self.model_config.eos_token_ids,
                     max_model_len=self.max_model_len,
                     bad_words=bad_words,
+                    bulk=bulk or params.n > 1,
                 )
             )
         return reqs

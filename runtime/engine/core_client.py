@@ -192,7 +192,7 @@ class EngineProcClient:
             self._calls[self._next_call] = fut
             cmd = ("call", self._next_call, fn)
         elif cmd[0] == "add":
-            cmd = (*cmd[:3], portable(cmd[3]))
+            cmd = (*cmd[:3], portable(cmd[3]), *cmd[4:])
         if not self._pending and self._loop is not None:
             self._loop.call_soon(self._flush)
         self._pending.append(cmd)

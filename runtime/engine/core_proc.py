@@ -14,7 +14,7 @@ before its peer is there).
 - API → engine (PUSH → PULL): one pickled list of commands per event-loop iteration:
   `("load", factory, with_tokenizer)` (first: the process is started before the server knows
   its engine config, and imports the engine's modules meanwhile; `with_tokenizer` False: the
-  API process loads its own, so `r` leaves it out), `("add", rid, ids, params)`,
+  API process loads its own, so `r` leaves it out), `("add", rid, ids, params, bulk)`,
   `("abort", rid)`, `("call", call_id, fn)`, `("stop",)`. A request with a structured-output
   spec arrives without its grammar (xgrammar's `CompiledGrammar` does not pickle): the grammar
   is compiled here again (cached per spec) on the compiler's threads, and the request joins
@@ -92,8 +92,10 @@ class EngineCoreProc:
         self.inbox, self.outbox, self.parent_pid = inbox, outbox, parent_pid
         self.encoder = msgspec.msgpack.Encoder()
         self.stopping = False
-        # requests waiting for their grammar: rid → (ids, params, the compile, when it began)
-        self.compiling: dict[str, tuple[Any, SamplingParams, concurrent.futures.Future, float]] = {}
+        # requests waiting for their grammar: rid → (ids, params, the compile, when it began, bulk)
+        self.compiling: dict[
+            str, tuple[Any, SamplingParams, concurrent.futures.Future, float, bool]
+        ] = {}
         self.compiler: Any = None  # the tokenizer's GrammarCompiler, once a grammar arrives
 
     def send(self, kind: bytes, payload: bytes) -> None:
@@ -176,16 +178,17 @@ class EngineCoreProc:
     def apply(self, core: EngineCore, cmd: tuple) -> None:
         kind = cmd[0]
         if kind == "add":
-            _, rid, ids, params = cmd
+            _, rid, ids, params, *more = cmd
+            bulk = bool(more and more[0])  # `bulk` may be left out (a single request)
             try:
                 compile_ = self.grammar(core, params)
             except Exception as exc:  # this request only
                 self.send(b"f", pickle.dumps((rid, dump_error(exc))))
                 return
             if compile_ is not None and not compile_.done():  # added once it is compiled
-                self.compiling[rid] = (ids, params, compile_, time.monotonic())
+                self.compiling[rid] = (ids, params, compile_, time.monotonic(), bulk)
             else:
-                self.add(core, rid, ids, params, compile_)
+                self.add(core, rid, ids, params, compile_, bulk)
         elif kind == "abort":
             if self.compiling.pop(cmd[1], None) is None:
                 core.abort_request(cmd[1])
@@ -211,14 +214,15 @@ class EngineCoreProc:
         return self.compiler.submit(spec)
 
     def add(self, core: EngineCore, rid: str, ids: Any, params: SamplingParams,
-            compile_: concurrent.futures.Future | None = None) -> None:  # fmt: skip
+            compile_: concurrent.futures.Future | None = None, bulk: bool = False) -> None:  # fmt: skip
         """Add one request to the core, with its compiled grammar; `f` if it is refused."""
         try:
             if compile_ is not None:
                 params = params.with_grammar(
                     params.structured_outputs.with_compiled(compile_.result())
                 )
-            core.add_request(rid, ids, params, checked=True)  # validated by the API process
+            # validated by the API process
+            core.add_request(rid, ids, params, checked=True, bulk=bulk)
         except Exception as exc:  # this request only
             self.send(b"f", pickle.dumps((rid, dump_error(exc))))
 
@@ -227,14 +231,14 @@ class EngineCoreProc:
         past the compiler's time bound gives its slot up, as in the server, so that a grammar
         that took long there (or was retried once cached) holds up no other's compile here."""
         ready, late = [], time.monotonic() - self.compiler.timeout_s
-        for rid, (_, _, fut, began) in self.compiling.items():
+        for rid, (_, _, fut, began, _) in self.compiling.items():
             if fut.done():
                 ready.append(rid)
             elif began < late:
                 self.compiler.give_up_slot(fut)
         for rid in ready:
-            ids, params, fut, _ = self.compiling.pop(rid)
-            self.add(core, rid, ids, params, fut)
+            ids, params, fut, _, bulk = self.compiling.pop(rid)
+            self.add(core, rid, ids, params, fut, bulk)
         return bool(ready)
 
 

@@ -108,8 +108,19 @@ def serve_steps(spec: WorkerSpec, rank: int) -> None:
 
 def serve_node(config: EngineConfig) -> int:
     """`pagoda serve --node-rank R` (R > 0): run this node's ranks, headless, until rank 0
-    stops them; the exit code (non-zero when any rank failed)."""
+    stops them; the exit code (non-zero when any rank failed).
+
+    SIGTERM does not stop them: Kubernetes sends it to every pod of a group at once, while the
+    leader first drains (`--drain-timeout`), and its in-flight steps need these ranks; rank 0
+    stops them once it has drained (the pod's grace period is the leader's, which covers it).
+    """
     import multiprocessing
+    import signal
+
+    def hold(signum: int, frame: object) -> None:
+        log.info("SIGTERM: this node's ranks run until rank 0 stops them (it drains first)")
+
+    signal.signal(signal.SIGTERM, hold)  # a handler, not SIG_IGN: spawned ranks get the default
 
     par = config.parallel
     spec = WorkerSpec(config, par.address, par.master_port, _node_max_model_len(config), 0,

@@ -108,6 +108,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         max_connections=args.max_connections,
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
+        send_timeout=args.send_timeout,
         drain_timeout=args.drain_timeout,
         enable_debug_endpoints=args.enable_debug_endpoints,
         log_level=args.log_level,

@@ -23,6 +23,7 @@ class ServerConfig:
     max_connections: int = options.DEFAULT_MAX_CONNECTIONS
     header_timeout: float = options.DEFAULT_HEADER_TIMEOUT_S
     body_timeout: float = options.DEFAULT_BODY_TIMEOUT_S
+    send_timeout: float = options.DEFAULT_SEND_TIMEOUT_S
     drain_timeout: float = options.DEFAULT_DRAIN_TIMEOUT_S
     enable_debug_endpoints: bool = False
     log_level: str = options.DEFAULT_LOG_LEVEL
@@ -51,6 +52,7 @@ class ServerConfig:
         check_int("max_connections", self.max_connections, 1, options.MAX_CONNECTIONS_LIMIT)
         check_seconds("header_timeout", self.header_timeout, 0.01)
         check_seconds("body_timeout", self.body_timeout, 0.01)
+        check_seconds("send_timeout", self.send_timeout, 0.01)
         check_seconds("drain_timeout", self.drain_timeout)
         if self.log_level not in options.LOG_LEVELS:
             raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")

@@ -5,7 +5,7 @@ half a request line, or a body one byte a minute, holds a socket (a file descrip
 about twenty thousand of them exhaust the process's descriptors. uvicorn's `limit_concurrency`
 answers 503 only once a request has arrived, which such a client never completes.
 
-`guarded_protocol` returns uvicorn's h11 protocol with three rules:
+`guarded_protocol` returns uvicorn's h11 protocol with four rules:
 
 - **headers**: the request line and headers must arrive within ``header_timeout`` seconds of the
   connection opening, or of the first byte of a later request on a keep-alive connection
@@ -15,7 +15,13 @@ answers 503 only once a request has arrived, which such a client never completes
   for its headers, else the oldest one still sending its body (a stalled client loses its
   place before a working one), if it has waited at least ``min(1 s, header_timeout / 2)`` (one
   younger has not had time to send: a burst of connections must not reset each other);
-  otherwise the new one is answered 503 and closed.
+  otherwise the new one is answered 503 and closed;
+- **reading**: a response the client stops reading (the socket's buffers full, so writing is
+  paused) is cut off once it has made no progress for ``send_timeout`` seconds (nginx's
+  `send_timeout`): the connection is reset, so a stream's request is aborted and its KV
+  blocks freed, and the connection and its unsent bytes no longer count against the cap.
+  uvicorn has no such timer: a reader that stalls holds its socket, and what is left to send,
+  forever.
 
 Its request/response cycles write a streamed body's chunks without h11's state machine
 (`chunked.py`).
@@ -28,7 +34,10 @@ slow client.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import struct
+import termios
 from typing import Any
 
 import h11
@@ -54,6 +63,7 @@ class GuardedH11Protocol(H11Protocol):
     max_connections = 1024
     header_timeout = 10.0
     body_timeout = 30.0
+    send_timeout = 60.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -62,6 +72,8 @@ class GuardedH11Protocol(H11Protocol):
         self._got_bytes = False  # in this phase
         self._deadline: asyncio.TimerHandle | None = None
         self._refused = False  # answered 503 at the cap: input is drained until closed
+        self._stalled: asyncio.TimerHandle | None = None  # writing paused: the send deadline
+        self._unsent = 0  # bytes waiting to be sent when the deadline was armed
 
     # -- asyncio.Protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -104,7 +116,49 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel()
+        self._unstall()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stalled is None:
+            self._arm_send()
+
+    def _arm_send(self) -> None:
+        self._unsent = self._unsent_bytes()
+        self._stalled = self.loop.call_later(self.send_timeout, self._send_expired)
+
+    def _unsent_bytes(self) -> int:
+        """What the client has not received yet: the transport's buffer and the socket's send
+        queue (TIOCOUTQ: the kernel takes more from the transport only once a third of its
+        buffer, up to MiBs, is free, so a client reading steadily can leave the transport's
+        part unchanged for seconds)."""
+        unsent = self.transport.get_write_buffer_size()
+        sock = self.transport.get_extra_info("socket")
+        try:
+            queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+        except (AttributeError, OSError, ValueError):  # no socket, or not Linux
+            return unsent
+        return unsent + struct.unpack("i", queued)[0]
+
+    def resume_writing(self) -> None:
+        self._unstall()
+        super().resume_writing()
+
+    def _unstall(self) -> None:
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
+
+    def _send_expired(self) -> None:
+        """`send_timeout` s with writing paused: if the client read nothing meanwhile, reset
+        the connection (`close` would wait for the unsent bytes to flush, which they never
+        do); a client still reading (a large response, slowly) gets another period."""
+        self._stalled = None
+        if self._unsent_bytes() < self._unsent:
+            self._arm_send()
+        else:
+            self.transport.abort()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -194,9 +248,12 @@ class GuardedH11Protocol(H11Protocol):
 
 
 def guarded_protocol(
-    max_connections: int, header_timeout: float, body_timeout: float
+    max_connections: int,
+    header_timeout: float,
+    body_timeout: float,
+    send_timeout: float = GuardedH11Protocol.send_timeout,
 ) -> type[GuardedH11Protocol]:
     """The protocol class for `uvicorn.Config(http=...)` with these limits."""
     attrs = {"max_connections": max_connections, "header_timeout": header_timeout,
-             "body_timeout": body_timeout}  # fmt: skip
+             "body_timeout": body_timeout, "send_timeout": send_timeout}  # fmt: skip
     return type("PagodaHTTPProtocol", (GuardedH11Protocol,), attrs)

@@ -3,7 +3,8 @@
 - `read_body`: 415 unless the body is JSON (so a web page cannot POST here cross-origin without
   a CORS preflight: text/plain and form encodings are refused) and uncompressed (a gzip or
   deflate `Content-Encoding` would otherwise read as invalid UTF-8), 413 over
-  `--max-request-bytes`, read in chunks so a large upload never blocks the event loop.
+  `--max-request-bytes`, read in chunks so a large upload never blocks the event loop; a
+  declared over-size body is refused before a `100 Continue`, so the client never sends it.
 - `ErrorGuard`: an ASGI middleware giving every request an id (`X-Request-Id`), and turning any
   unhandled exception into a well-formed JSON 500 that names the id, logged with it, without
   closing the keep-alive connection (Starlette's own handler re-raises, and uvicorn then drops
@@ -55,8 +56,14 @@ async def read_body(raw: Request, limit: int) -> bytes:
     except ClientDisconnect as e:
         raise APIError(400, "client disconnected while sending the body") from e
     if too_big:
-        await _drain(raw, limit * DRAIN_FACTOR)
-        raise APIError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+        # A client waiting for `100 Continue` (curl, for bodies over 1 MiB) has not sent the
+        # body: reading it would send the 100 and have it upload everything just to be refused.
+        # It gets the 413 at once, and the connection closes (the unsent body cannot be skipped)
+        waiting = raw.headers.get("expect", "").strip().lower() == "100-continue"
+        if not waiting:
+            await _drain(raw, limit * DRAIN_FACTOR)
+        raise APIError(413, f"request body is larger than {limit} bytes", code="request_too_large",
+                       headers={"Connection": "close"} if waiting else None)  # fmt: skip
     return b"".join(chunks)
 
 

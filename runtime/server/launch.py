@@ -264,7 +264,9 @@ def serve(
         app,
         host=cfg.host,
         port=bound_port(sockets),
-        http=guarded_protocol(cfg.max_connections, cfg.header_timeout, cfg.body_timeout),
+        http=guarded_protocol(
+            cfg.max_connections, cfg.header_timeout, cfg.body_timeout, cfg.send_timeout
+        ),
         log_level=cfg.log_level,
         access_log=cfg.log_level == "debug",
         timeout_graceful_shutdown=5,

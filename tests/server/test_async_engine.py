@@ -63,7 +63,7 @@ class FakeCore:
         if len(ids) >= self.max_model_len:
             raise ValueError("prompt is too long")
 
-    def add_request(self, rid, ids, params, checked=False) -> None:
+    def add_request(self, rid, ids, params, checked=False, bulk=False) -> None:
         self.added.append((params, checked))
         if self.fail_add:
             raise ValueError("add failed")
@@ -418,7 +418,7 @@ class CountingCore(FakeCore):
         self.order: list[str] = []
         self.most = 0
 
-    def add_request(self, rid, ids, params, checked=False) -> None:
+    def add_request(self, rid, ids, params, checked=False, bulk=False) -> None:
         super().add_request(rid, ids, params, checked)
         self.order.append(rid)
         self.most = max(self.most, len(self.reqs))

@@ -57,6 +57,20 @@ def test_openapi_describes_request_bodies(http):
     assert "ChatMessage" in doc["components"]["schemas"]  # nested models resolve too
 
 
+def test_an_oversize_body_awaiting_100_continue_is_refused_unsent(server):
+    """curl sends `Expect: 100-continue` above 1 MiB: the 413 comes instead of the 100, so the
+    50 MB is never uploaded, and the connection closes (the body it announced is not coming)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nExpect: 100-continue\r\n"
+                     b"Content-Length: 52428800\r\n\r\n")  # fmt: skip
+        data = b""
+        while chunk := sock.recv(65536):  # until the server closes
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 413 "), data[:200]
+    assert b"request_too_large" in data and b"connection: close" in data.lower()
+
+
 async def test_health_stays_fast_while_large_bodies_are_refused(server):
     """A 10 MB body (413), a 3 MB prompt (400 before tokenizing) and a 60 kB prompt (tokenized on
     a worker thread, then 400) never hold the event loop: /health answers within 100 ms."""

@@ -40,7 +40,7 @@ class UnevenCore(FakeCore):
 
     lengths = (2, 1000)
 
-    def add_request(self, rid, ids, params, checked=False) -> None:
+    def add_request(self, rid, ids, params, checked=False, bulk=False) -> None:
         super().add_request(rid, ids, params, checked)
         for i in range(params.n):
             self.reqs[f"{rid}#{i}"]["left"] = self.lengths[i]

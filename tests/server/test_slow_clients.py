@@ -15,6 +15,7 @@ import time
 import h11
 import pytest
 import uvicorn
+from fastapi.responses import StreamingResponse
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.server import chunked
 from pagoda.runtime.server.api import create_app
@@ -26,6 +27,7 @@ from test_async_engine import FakeCore
 
 HEADER_TIMEOUT = 0.6
 BODY_TIMEOUT = 0.8
+SEND_TIMEOUT = 0.8
 CAP = 6
 GRACE = min(1.0, HEADER_TIMEOUT / 2)  # connections younger than this are not evicted
 SLACK = 1.5  # the deadline plus this much, on a busy 2-core machine
@@ -42,6 +44,18 @@ def server():
         time.sleep(0.4)
         return {}
 
+    @app.get("/flood")
+    async def flood() -> StreamingResponse:  # a stream that never ends, as fast as it is read
+        async def chunks():
+            try:
+                while True:
+                    yield b"x" * 65536
+                    await asyncio.sleep(0)
+            finally:
+                release.flood_closed = time.monotonic()
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
     @app.get("/hold")
     async def hold() -> dict:  # a request that is being worked on, not a slow client
         while not release.is_set():
@@ -51,7 +65,9 @@ def server():
     sockets = bind_sockets("127.0.0.1", 0)
     start_listening(sockets, "127.0.0.1")
     config = uvicorn.Config(
-        app, http=guarded_protocol(CAP, HEADER_TIMEOUT, BODY_TIMEOUT), log_level="warning"
+        app,
+        http=guarded_protocol(CAP, HEADER_TIMEOUT, BODY_TIMEOUT, SEND_TIMEOUT),
+        log_level="warning",
     )
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, kwargs={"sockets": sockets}, daemon=True)
@@ -137,6 +153,27 @@ def test_stalled_clients_are_closed_within_the_timeouts_while_health_stays_fast(
     print(f"/health while 4 connections stalled: {len(probes)} probes, "
           f"max {max(t for _, t in probes) * 1e3:.1f} ms")  # fmt: skip
     assert max(t for _, t in probes) < 1.0  # never blocked behind a stalled client
+
+
+def test_a_client_that_stops_reading_is_reset_after_the_send_timeout(server):
+    """Its socket full, the response's writes pause: after --send-timeout without progress
+    the connection is reset and the response's generator closed (a stream's request is then
+    aborted), instead of both being held forever."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", server.port))
+    sock.settimeout(10)
+    sock.sendall(b"GET /flood HTTP/1.1\r\nHost: t\r\n\r\n")
+    t0, closed = time.monotonic(), None
+    while closed is None and time.monotonic() - t0 < 10 * SEND_TIMEOUT + SLACK:
+        time.sleep(0.05)
+        closed = getattr(server.release, "flood_closed", None)
+    assert closed is not None, "the stalled response was never cut off"
+    assert closed - t0 >= SEND_TIMEOUT, closed - t0
+    assert health(server.port)[0] == 200
+    data, _ = read_until_closed(sock)  # what the kernel had buffered, then the end
+    assert data.startswith(b"HTTP/1.1 200 ")
+    sock.close()
 
 
 def test_a_kept_alive_connection_gets_the_header_deadline_for_its_next_request(server):

@@ -3,6 +3,7 @@ ends it within seconds, `/health` answering 503 before the process exits non-zer
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -115,7 +116,25 @@ def test_a_group_of_two_nodes_serves_and_the_worker_node_leaves_with_it(tmp_path
         with LLM(str(tmp_path), dtype="float32", kv_cache_memory=16 << 20) as one:
             want = one.generate([prompt], SamplingParams(temperature=0, max_tokens=6))
         assert r.json()["choices"][0]["text"] == want[0].outputs[0].text
-        srv.terminate()  # SIGTERM: drain, then rank 0 tells the other ranks to stop
+        # Kubernetes deletes a group's pods at once: the worker gets SIGTERM while the leader
+        # sleeps in its preStop hook, then drains. The stream in flight must still finish.
+        stream = {**body, "max_tokens": 240, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{srv.base}/v1/completions", json=stream, timeout=60) as r:
+            lines = (line for line in r.iter_lines() if line)
+            first = next(lines)
+            kids = children(worker.pid)
+            worker.send_signal(signal.SIGTERM)
+            try:  # a container's PID 1 gone: the kernel kills the rest of it
+                worker.wait(0.5)
+                for pid in kids:
+                    os.kill(pid, signal.SIGKILL)
+            except subprocess.TimeoutExpired:
+                pass
+            srv.terminate()  # SIGTERM: drain, then rank 0 tells the other ranks to stop
+            events = [first, *lines]
+        assert events[-1] == "data: [DONE]", events[-3:]
+        last = json.loads(events[-2][6:])
+        assert "error" not in last and last["choices"][0]["finish_reason"] == "length", last
         assert srv.proc.wait(30) == 0, srv.output()
         out, _ = worker.communicate(timeout=30)
         assert worker.returncode == 0, out

@@ -108,6 +108,29 @@ def test_preempted_request_returns_to_front_of_queue():
     assert s.requests["b"].num_computed_tokens == 0
 
 
+def test_a_single_request_overtakes_bulk_sequences_that_fill_the_cache():
+    """Sequences of a multi-sequence request (`bulk`) that outgrow the KV cache preempt each
+    other, never a single-sequence request, which is admitted before the preempted ones."""
+    s = make(num_blocks=8, caching=False, max_num_batched_tokens=32)
+    for i in range(2):  # 8 + 16 tokens each: 6 blocks of 4, two cannot fit in 8
+        bulk = req(f"bulk{i}", 8, max_tokens=16, start=100 * i, t=0.0)
+        bulk.bulk = True
+        s.add_request(bulk)
+    while not any(o.preempted for o in [step(s)]):
+        pass  # the cache is full: bulk1 went back to the queue
+    s.add_request(req("single", 3, max_tokens=2, start=300, t=1.0))
+    steps, preempted = 0, []
+    while "single" in s.requests:
+        out = step(s)
+        preempted += [r.request_id for r in out.preempted]
+        steps += 1
+        assert steps < 6, [r.request_id for r in s.waiting]
+    while s.has_unfinished():
+        preempted += [r.request_id for r in step(s).preempted]
+    assert "single" not in preempted
+    assert s.kv.num_free_blocks == 8
+
+
 def test_prefix_reuse_skips_compute():
     s = make(max_num_batched_tokens=64)
     s.add_request(req("a", 18, max_tokens=1))

@@ -52,7 +52,7 @@ class FakeCore:
         self.aborted: list[str] = []
         self.crash = False
 
-    def add_request(self, rid, ids, params, checked=False) -> None:
+    def add_request(self, rid, ids, params, checked=False, bulk=False) -> None:
         if ids[0] == 99:
             raise ValueError("prompt refused by the core")
         self.crash = self.crash or ids[0] == 98

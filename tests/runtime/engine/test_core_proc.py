@@ -26,7 +26,7 @@ class Core:
         self.model_config = types.SimpleNamespace(vocab_size=tokenizer.model_vocab_size)
         self.added: dict[str, float] = {}
 
-    def add_request(self, rid, ids, params, checked=False) -> None:
+    def add_request(self, rid, ids, params, checked=False, bulk=False) -> None:
         assert params.structured_outputs.compiled is not None  # never compiled on the loop
         self.added[rid] = time.monotonic()
 
