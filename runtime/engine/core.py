@@ -191,7 +191,7 @@ class EngineCore:
                 raise ValueError(f"bad_words_token_ids must be in [0, {vocab})")
         mc = self.model_config
         check_bans_leave_tokens(params, mc.eos_token_ids, mc.vocab_size, bad_words)
-        reqs = self._samples(request_id, prompt_token_ids, params, bad_words)
+        reqs = self._samples(request_id, prompt_token_ids, params, bad_words, bulk)
         self.outputs.add(request_id, reqs)
         for req in reqs:
             self.scheduler.add_request(req)
@@ -206,9 +206,10 @@ class EngineCore:
         prompt_token_ids: Sequence[int],
         params: SamplingParams,
         bad_words: BadWords,
+        bulk: bool,
     ) -> list[Request]:
         """One `Request` per sample (`n`): `request_id` itself for one, `request_id#i` for
-        several, each with its own seed drawn from the request's."""
+        several, each with its own seed drawn from the request's (`bulk` with several)."""
         salt = None
         if params.n > 1 and not self.config.cache.enable_prefix_caching:
             salt = hashlib.blake2b(request_id.encode(), digest_size=16).digest()  # siblings share
