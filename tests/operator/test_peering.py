@@ -1,0 +1,137 @@
+"""Several operator replicas (operator/kube/peering.py): kopf's pause rule read back, and two
+real operators with kopf peering against the emulator — one acts (its loops, POST /alerts, its
+pod labelled active), the other stands by, and takes over when the first one stops."""
+
+from __future__ import annotations
+
+import datetime
+import pathlib
+from typing import Any
+
+import aiohttp
+import yaml
+from kube_emulator import Emulator
+from operator_harness import wait_for
+from operator_helpers import EXAMPLE_SPEC, assert_permitted, create_isvc
+from pagoda.operator.kube.client import KubeApi
+from pagoda.operator.kube.peering import PEERING_LABEL, auto_priority, is_active, live_peers
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
+PEERING = "pagoda"
+
+
+def record(priority: int, seconds_ago: float = 0, lifetime: int = 30) -> dict[str, Any]:
+    seen = NOW - datetime.timedelta(seconds=seconds_ago)
+    return {"priority": priority, "lifetime": lifetime, "lastseen": seen.isoformat()}
+
+
+def test_kopf_pause_rule() -> None:
+    """Paused while a live peer has a higher or the same priority (kopf pauses both then);
+    expired records, lifetime 0 (kopf's goodbye) and our own record do not count."""
+    assert is_active({}, "a", 5, NOW) and is_active(None, "a", 5, NOW)
+    assert is_active({"a": record(5), "b": record(4)}, "a", 5, NOW)
+    assert not is_active({"a": record(5), "b": record(6)}, "a", 5, NOW)
+    assert not is_active({"a": record(5), "b": record(5)}, "a", 5, NOW)  # same: both pause
+    assert is_active({"b": record(9, seconds_ago=31)}, "a", 5, NOW)  # b's record expired
+    assert not is_active({"b": record(9, seconds_ago=29)}, "a", 5, NOW)
+    assert is_active({"b": record(9, lifetime=0)}, "a", 5, NOW)  # b said goodbye
+    assert not is_active({"b": {"priority": 9}}, "a", 5, NOW)  # no lastseen: kopf says now
+    assert live_peers({"b": record(9), "c": "junk", "d": {"priority": "x"}}, "a", NOW) == {"b": 9}
+
+
+def test_an_earlier_start_is_a_higher_priority() -> None:
+    first, later = auto_priority(1_800_000_000.0, 999), auto_priority(1_800_000_000.001, 0)
+    assert first > later
+    assert auto_priority(1_800_000_000.0, 1) != auto_priority(1_800_000_000.0, 2)
+    assert abs(auto_priority()) < 2**53  # exact as a JSON number everywhere
+
+
+def peering_crds() -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((ROOT / "crds/kopf-peering.yaml").read_text()) if d]
+
+
+async def alerts_status(port: int) -> tuple[int, dict[str, Any], str | None]:
+    body = {"version": "4", "status": "firing", "alerts": []}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"http://127.0.0.1:{port}/alerts", json=body) as r,
+    ):
+        return r.status, await r.json(), r.headers.get("Connection")
+
+
+async def readyz(port: int) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/readyz") as r:
+        assert r.status == 200  # a standby replica is ready too (rollouts, PDBs, helm --wait)
+        return await r.json()
+
+
+async def role(kube: KubeApi, pod: str) -> str | None:
+    body = await kube.get("Pod", "default", pod)
+    assert body is not None
+    return (body["metadata"].get("labels") or {}).get(PEERING_LABEL)
+
+
+async def test_one_replica_acts_and_the_other_takes_over(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    for crd in peering_crds():
+        emulator.declare_crd(crd)
+        await kube.request(
+            "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body=crd
+        )
+    peering = {
+        "apiVersion": "kopf.dev/v1",
+        "kind": "ClusterKopfPeering",
+        "metadata": {"name": PEERING},
+    }
+    await kube.request("POST", "/apis/kopf.dev/v1/clusterkopfpeerings", body=peering)
+    for pod in ("op-a", "op-b"):
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": pod},
+            "spec": {"containers": []},
+        }
+        await kube.request("POST", "/api/v1/namespaces/default/pods", body=body)
+
+    def replica(name: str, priority: int) -> dict[str, Any]:
+        return {
+            "peering": PEERING,
+            "peering_priority": priority,
+            "peering_interval_s": 0.2,
+            "pod_name": name,
+            "pod_namespace": "default",
+        }
+
+    a = await start_operator(**replica("op-a", 20))
+    b = await start_operator(**replica("op-b", 10))
+
+    async def settled() -> bool:
+        return await role(kube, "op-a") == "active" and await role(kube, "op-b") == "standby"
+
+    await wait_for(settled, 10, what="op-a active, op-b standby")
+    status = (await kube.get("ClusterKopfPeering", None, PEERING))["status"]
+    assert {k: v["priority"] for k, v in status.items()} == {"op-a": 20, "op-b": 10}
+    assert (await readyz(a.http_port))["peering"] == "active"
+    assert (await readyz(b.http_port))["peering"] == "standby"
+    code, body, connection = await alerts_status(b.http_port)
+    assert (code, body["status"], connection) == (503, "standby", "close")
+    assert (await alerts_status(a.http_port))[:2] == (200, {"status": "ignored", "results": []})
+
+    # op-a stops (SIGTERM in a pod): kopf removes its record, op-b takes over — kopf's
+    # handlers (a new InferenceService gets its Deployment) and the gate (alerts, label).
+    await a.shutdown()
+
+    async def took_over() -> bool:
+        return await role(kube, "op-b") == "active"
+
+    await wait_for(took_over, 10, what="op-b active")
+    assert (await alerts_status(b.http_port))[0] == 200
+    await create_isvc(kube, "chat", EXAMPLE_SPEC)
+
+    async def deployed() -> bool:
+        return await kube.get("Deployment", "default", "chat") is not None
+
+    await wait_for(deployed, 15, what="op-b's kopf handlers created the Deployment")
+    assert_permitted(emulator)
