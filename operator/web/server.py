@@ -32,32 +32,39 @@ log = logging.getLogger(__name__)
 
 
 class ReloadingTls:
-    """A server SSLContext with the cert/key files, reloaded (by mtime) on new connections."""
+    """The server's SSLContext; a handshake after the cert/key files changed (by mtime, looked
+    at most every `TLS_RELOAD_S`) gets a context with the new ones (`sni_callback` may swap
+    the connection's context, so the change applies from that very handshake)."""
 
     def __init__(self, cert: str, key: str, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.cert, self.key, self._clock = cert, key, clock
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         self._stamp = self._mtimes()
-        self.context.load_cert_chain(cert, key)  # a bad file fails the start, with its error
-        self._checked = clock()
+        self.context = self._load()  # a bad file fails the start, with its error
         self.context.sni_callback = self._maybe_reload
+        self._current = self.context
+        self._checked = clock()
+
+    def _load(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.cert, self.key)
+        return context
 
     def _mtimes(self) -> tuple[float, float]:
         return os.stat(self.cert).st_mtime, os.stat(self.key).st_mtime
 
-    def _maybe_reload(self, *_: object) -> None:
-        if self._clock() - self._checked < TLS_RELOAD_S:
-            return
-        self._checked = self._clock()
-        try:
-            stamp = self._mtimes()
-            if stamp != self._stamp:
-                self.context.load_cert_chain(self.cert, self.key)
-                self._stamp = stamp
-                log.info("Reloaded the TLS certificate %s.", self.cert)
-        except (OSError, ssl.SSLError) as e:  # keep serving the loaded one
-            log.warning("Cannot reload the TLS certificate %s: %s", self.cert, e)
+    def _maybe_reload(self, connection: ssl.SSLObject, *_: object) -> None:
+        if self._clock() - self._checked >= TLS_RELOAD_S:
+            self._checked = self._clock()
+            try:
+                stamp = self._mtimes()
+                if stamp != self._stamp:
+                    self._current, self._stamp = self._load(), stamp
+                    log.info("Reloaded the TLS certificate %s.", self.cert)
+            except (OSError, ssl.SSLError) as e:  # keep serving the loaded one
+                log.warning("Cannot reload the TLS certificate %s: %s", self.cert, e)
+        if self._current is not self.context:
+            connection.context = self._current
 
 
 class OperatorHttpServer:
