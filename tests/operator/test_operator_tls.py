@@ -13,10 +13,15 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yaml
+from autoscale_helpers import require_tool
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from e2e_processes import Processes, alertmanager_cmd, alertmanager_config, free_port, wait_http
+from operator_harness import wait_for
+from operator_helpers import sample
 from pagoda.operator import main
 from pagoda.operator.web import server as server_mod
 from pagoda.operator.web.server import OperatorHttpServer
@@ -113,17 +118,53 @@ def test_flags_need_both_files(tmp_path: pathlib.Path) -> None:
         main.config_from_args(parser.parse_args(["--webhook-tls-cert", cert]))
 
 
-async def test_alerts_over_tls_through_the_operator(
-    tmp_path: pathlib.Path, start_operator: Any
-) -> None:
+async def test_alertmanager_delivers_over_tls(tmp_path: pathlib.Path, start_operator: Any) -> None:
+    """Alertmanager (Debian's binary) with the chart example's receiver plus `tls_config`
+    (what the chart's AlertmanagerConfig renders with webhook.tls) reaches the operator's
+    HTTPS port, verifying its certificate; a client without the token still gets 401."""
+    binary = require_tool("prometheus-alertmanager", "alertmanager")
     cert, key = write_cert(tmp_path, serial=4)
     op = await start_operator(http_tls_cert=cert, http_tls_key=key, webhook_token=TOKEN)
-    body = {"version": "4", "status": "firing", "alerts": []}
-    conn = aiohttp.TCPConnector(ssl=trusting(cert))
-    async with aiohttp.ClientSession(connector=conn) as s:
-        url = f"https://127.0.0.1:{op.http_port}/alerts"
-        async with s.post(url, json=body) as r:
-            assert r.status == 401
-        headers = {"Authorization": f"Bearer {TOKEN}"}
-        async with s.post(url, json=body, headers=headers) as r:
-            assert (r.status, (await r.json())["status"]) == (200, "ignored")
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    config = alertmanager_config(op.http_port, token_file)
+    (hook,) = next(r for r in config["receivers"] if r["name"] == "pagoda-operator")[
+        "webhook_configs"
+    ]
+    hook["url"] = hook["url"].replace("http://", "https://")
+    hook["http_config"]["tls_config"] = {"ca_file": cert, "server_name": "127.0.0.1"}
+    (tmp_path / "am.yml").write_text(yaml.safe_dump(config))
+    am_port = free_port()
+    procs = Processes(tmp_path)
+    try:
+        am = procs.start(
+            "alertmanager", alertmanager_cmd(binary, tmp_path / "am.yml", tmp_path / "am", am_port)
+        )
+        await asyncio.to_thread(wait_http, am, f"http://127.0.0.1:{am_port}/-/ready", 30)
+        labels = {
+            "alertname": "PagodaTTFTHigh",
+            "pagoda_action": "scale_up",
+            "namespace": "default",
+            "inferenceservice": "chat",
+        }
+        async with aiohttp.ClientSession() as s:
+            url = f"http://127.0.0.1:{am_port}/api/v2/alerts"
+            async with s.post(url, json=[{"labels": labels}]) as r:
+                assert r.status == 200
+        conn = aiohttp.TCPConnector(ssl=trusting(cert))
+        async with aiohttp.ClientSession(connector=conn) as s:
+            base = f"https://127.0.0.1:{op.http_port}"
+
+            async def delivered() -> bool:
+                async with s.get(f"{base}/metrics") as r:
+                    text = await r.text()
+                return (
+                    sample(text, "pagoda_operator_alerts_received_total", outcome="ok") or 0
+                ) >= 1
+
+            await wait_for(delivered, 20, what=f"Alertmanager's notification\n{am.output()}")
+            body = {"version": "4", "status": "firing", "alerts": []}
+            async with s.post(f"{base}/alerts", json=body) as r:
+                assert r.status == 401
+    finally:
+        procs.stop_all()
