@@ -4,15 +4,18 @@ pod labelled active), the other stands by, and takes over when the first one sto
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import pathlib
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
 from kube_emulator import Emulator
 from operator_harness import wait_for
 from operator_helpers import EXAMPLE_SPEC, assert_permitted, create_isvc
+from pagoda.operator import main
 from pagoda.operator.kube.client import KubeApi
 from pagoda.operator.kube.peering import PEERING_LABEL, auto_priority, is_active, live_peers
 
@@ -45,6 +48,25 @@ def test_an_earlier_start_is_a_higher_priority() -> None:
     assert first > later
     assert auto_priority(1_800_000_000.0, 1) != auto_priority(1_800_000_000.0, 2)
     assert abs(auto_priority()) < 2**53  # exact as a JSON number everywhere
+
+
+def test_peering_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = argparse.ArgumentParser()
+    main.add_arguments(parser)
+    monkeypatch.setenv("POD_NAME", "pagoda-operator-7d9f-abcde")
+    args = ["--peering", "pagoda-operator", "--peering-priority", "7", "--peering-lifetime", "15"]
+    config = main.config_from_args(parser.parse_args(args))
+    assert (config.peering, config.peering_priority, config.pod_name) == (
+        "pagoda-operator",
+        7,
+        "pagoda-operator-7d9f-abcde",
+    )
+    settings = main.kopf_settings(config)
+    assert settings.peering.lifetime == 15 and not settings.peering.standalone
+    assert main.config_from_args(parser.parse_args([])).peering is None
+    for bad in (["--peering", "Not_A_Name"], ["--peering", "x", "--peering-lifetime", "1"]):
+        with pytest.raises(ValueError):
+            main.config_from_args(parser.parse_args(bad))
 
 
 def peering_crds() -> list[dict[str, Any]]:
