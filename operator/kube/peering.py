@@ -113,6 +113,7 @@ class PeeringGate:
         self._changed = asyncio.Event()
         self.active = name is None
         self._labelled: bool | None = None  # the role last written to the pod
+        self._last_problem: str | None = None
 
     async def check(self) -> bool:
         """Read the peering record(s) once; update `active` (and the pod's label)."""
@@ -125,11 +126,14 @@ class PeeringGate:
             try:
                 body = await self.api.get(kind, ns, self.name)
             except ApiError as e:
-                log.warning("Cannot read the %s %s: %s (standing by).", kind, self.name, e)
+                self._problem(f"Cannot read the {kind} {self.name}: {e} (standing by).")
                 body = None
             else:
                 if body is None:
-                    log.warning("No %s %s in %s: standing by.", kind, self.name, ns or "cluster")
+                    where_ = f"in {ns}" if ns else "(cluster-wide)"
+                    self._problem(f"No {kind} {self.name} {where_}: kopf stays paused without it.")
+                else:
+                    self._problem(None)
             if body is None or not is_active(body.get("status"), self.identity, self.priority, now):
                 active = False
                 break
@@ -140,6 +144,12 @@ class PeeringGate:
             self._changed.set()
         await self._label(active)
         return active
+
+    def _problem(self, message: str | None) -> None:
+        """Log a problem with the peering object once, until it is gone."""
+        if message is not None and message != self._last_problem:
+            log.warning("%s", message)
+        self._last_problem = message
 
     async def _label(self, active: bool) -> None:
         if self.pod is None or self._labelled is active or self.api is None:

@@ -17,7 +17,13 @@ from operator_harness import wait_for
 from operator_helpers import EXAMPLE_SPEC, assert_permitted, create_isvc
 from pagoda.operator import main
 from pagoda.operator.kube.client import KubeApi
-from pagoda.operator.kube.peering import PEERING_LABEL, auto_priority, is_active, live_peers
+from pagoda.operator.kube.peering import (
+    PEERING_LABEL,
+    PeeringGate,
+    auto_priority,
+    is_active,
+    live_peers,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
@@ -132,9 +138,13 @@ async def test_one_replica_acts_and_the_other_takes_over(
     async def settled() -> bool:
         return await role(kube, "op-a") == "active" and await role(kube, "op-b") == "standby"
 
+    async def both_recorded() -> bool:  # each kopf keeps its record there
+        body = await kube.get("ClusterKopfPeering", None, PEERING)
+        status = (body or {}).get("status") or {}
+        return {k: v["priority"] for k, v in status.items()} == {"op-a": 20, "op-b": 10}
+
     await wait_for(settled, 10, what="op-a active, op-b standby")
-    status = (await kube.get("ClusterKopfPeering", None, PEERING))["status"]
-    assert {k: v["priority"] for k, v in status.items()} == {"op-a": 20, "op-b": 10}
+    await wait_for(both_recorded, 10, what="both kopfs' peering records")
     assert (await readyz(a.http_port))["peering"] == "active"
     assert (await readyz(b.http_port))["peering"] == "standby"
     code, body, connection = await alerts_status(b.http_port)
@@ -157,3 +167,25 @@ async def test_one_replica_acts_and_the_other_takes_over(
 
     await wait_for(deployed, 15, what="op-b's kopf handlers created the Deployment")
     assert_permitted(emulator)
+
+
+async def test_without_the_peering_object_a_replica_stands_by(
+    emulator: Emulator, kube: KubeApi
+) -> None:
+    """As kopf does: no KopfPeering in a served namespace (or no CRD) → nothing acts; once
+    it exists and holds no higher record, the replica acts."""
+    for crd in peering_crds():
+        emulator.declare_crd(crd)
+    changes: list[bool] = []
+    gate = PeeringGate(
+        kube, name=PEERING, namespaces=("default",), identity="op-x", priority=1,
+        on_change=changes.append,
+    )  # fmt: skip
+    assert gate.active is False and await gate.check() is False
+    body = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}
+    await kube.request("POST", "/apis/kopf.dev/v1/namespaces/default/kopfpeerings", body=body)
+    assert await gate.check() is True and changes == [True]
+    seen = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    op_y = {"priority": 2, "lifetime": 60, "lastseen": seen}  # a live, higher record
+    await kube.patch("KopfPeering", "default", PEERING, {"status": {"op-y": op_y}})
+    assert await gate.check() is False and changes == [True, False]
