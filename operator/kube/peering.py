@@ -89,6 +89,10 @@ def is_active(
 class PeeringGate:
     """`active` says whether this replica is the one that acts; `run()` keeps it current.
 
+    Stricter than kopf in one way: a replica acts only once its own record is there (kopf
+    writes it right after start-up), so two replicas that start together do not both run
+    the loops for a moment before they see each other's records.
+
     Without peering (`name` None) it is always active and `run()` only returns. The peering
     object missing (or unreadable) counts as not active, as kopf stays paused without it.
     """
@@ -134,7 +138,12 @@ class PeeringGate:
                     self._problem(f"No {kind} {self.name} {where_}: kopf stays paused without it.")
                 else:
                     self._problem(None)
-            if body is None or not is_active(body.get("status"), self.identity, self.priority, now):
+            status = (body or {}).get("status") or {}
+            # Joined first: until kopf's first keep-alive is there, a peer that started at the
+            # same moment may not have written its record yet either.
+            if self.identity not in status or not is_active(
+                status, self.identity, self.priority, now
+            ):
                 active = False
                 break
         if active != self.active:

@@ -5,6 +5,7 @@ pod labelled active), the other stands by, and takes over when the first one sto
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import pathlib
 from typing import Any
@@ -100,9 +101,8 @@ async def role(kube: KubeApi, pod: str) -> str | None:
     return (body["metadata"].get("labels") or {}).get(PEERING_LABEL)
 
 
-async def test_one_replica_acts_and_the_other_takes_over(
-    emulator: Emulator, kube: KubeApi, start_operator: Any
-) -> None:
+async def cluster_peering(emulator: Emulator, kube: KubeApi, pods: tuple[str, ...]) -> None:
+    """kopf's CRDs, the ClusterKopfPeering and a Pod object per replica (to be labelled)."""
     for crd in peering_crds():
         emulator.declare_crd(crd)
         await kube.request(
@@ -114,7 +114,7 @@ async def test_one_replica_acts_and_the_other_takes_over(
         "metadata": {"name": PEERING},
     }
     await kube.request("POST", "/apis/kopf.dev/v1/clusterkopfpeerings", body=peering)
-    for pod in ("op-a", "op-b"):
+    for pod in pods:
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -123,14 +123,21 @@ async def test_one_replica_acts_and_the_other_takes_over(
         }
         await kube.request("POST", "/api/v1/namespaces/default/pods", body=body)
 
-    def replica(name: str, priority: int) -> dict[str, Any]:
-        return {
-            "peering": PEERING,
-            "peering_priority": priority,
-            "peering_interval_s": 0.2,
-            "pod_name": name,
-            "pod_namespace": "default",
-        }
+
+def replica(name: str, priority: int | None) -> dict[str, Any]:
+    return {
+        "peering": PEERING,
+        "peering_priority": priority,
+        "peering_interval_s": 0.2,
+        "pod_name": name,
+        "pod_namespace": "default",
+    }
+
+
+async def test_one_replica_acts_and_the_other_takes_over(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    await cluster_peering(emulator, kube, ("op-a", "op-b"))
 
     a = await start_operator(**replica("op-a", 20))
     b = await start_operator(**replica("op-b", 10))
@@ -184,8 +191,35 @@ async def test_without_the_peering_object_a_replica_stands_by(
     assert gate.active is False and await gate.check() is False
     body = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}
     await kube.request("POST", "/apis/kopf.dev/v1/namespaces/default/kopfpeerings", body=body)
+    assert await gate.check() is False  # not joined: our own record is not there yet
+
+    def live(priority: int) -> dict[str, Any]:
+        seen = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        return {"priority": priority, "lifetime": 60, "lastseen": seen}
+
+    await kube.patch("KopfPeering", "default", PEERING, {"status": {"op-x": live(1)}})
     assert await gate.check() is True and changes == [True]
-    seen = datetime.datetime.now(datetime.timezone.utc).isoformat()
-    op_y = {"priority": 2, "lifetime": 60, "lastseen": seen}  # a live, higher record
-    await kube.patch("KopfPeering", "default", PEERING, {"status": {"op-y": op_y}})
+    await kube.patch("KopfPeering", "default", PEERING, {"status": {"op-y": live(2)}})
     assert await gate.check() is False and changes == [True, False]
+
+
+async def test_replicas_that_start_together_elect_one(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """Default priorities (from the start time, a random tie-break), started at once: never
+    kopf's same-priority pause of both; exactly one acts, the one with the higher record."""
+    pods = ("op-a", "op-b", "op-c")
+    await cluster_peering(emulator, kube, pods)
+    await asyncio.gather(*(start_operator(**replica(pod, None)) for pod in pods))
+
+    async def elected() -> str | None:
+        body = await kube.get("ClusterKopfPeering", None, PEERING)
+        status = (body or {}).get("status") or {}
+        roles = [await role(kube, pod) for pod in pods]
+        if len(status) < len(pods) or sorted(map(str, roles)) != ["active", "standby", "standby"]:
+            return None
+        assert len({r["priority"] for r in status.values()}) == len(pods)
+        return max(status, key=lambda pod: status[pod]["priority"])
+
+    highest = await wait_for(elected, 15, what="one active replica")
+    assert await role(kube, highest) == "active"
