@@ -15,7 +15,7 @@ import pytest
 import yaml
 from kube_emulator import Emulator
 from operator_harness import wait_for
-from operator_helpers import EXAMPLE_SPEC, assert_permitted, create_isvc
+from operator_helpers import EXAMPLE_SPEC, assert_permitted, create_isvc, sample
 from pagoda.operator import main
 from pagoda.operator.kube.client import KubeApi
 from pagoda.operator.kube.peering import (
@@ -89,6 +89,11 @@ async def alerts_status(port: int) -> tuple[int, dict[str, Any], str | None]:
         return r.status, await r.json(), r.headers.get("Connection")
 
 
+async def metric(port: int, name: str) -> float:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics") as r:
+        return sample(await r.text(), name) or 0.0
+
+
 async def readyz(port: int) -> dict[str, Any]:
     async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/readyz") as r:
         assert r.status == 200  # a standby replica is ready too (rollouts, PDBs, helm --wait)
@@ -124,11 +129,16 @@ async def cluster_peering(emulator: Emulator, kube: KubeApi, pods: tuple[str, ..
         await kube.request("POST", "/api/v1/namespaces/default/pods", body=body)
 
 
+async def _more(value: Any, than: float) -> bool:
+    return await value > than
+
+
 def replica(name: str, priority: int | None) -> dict[str, Any]:
     return {
         "peering": PEERING,
         "peering_priority": priority,
         "peering_interval_s": 0.2,
+        "autoscale_interval_s": 0.2,  # the active one's loop runs often; a standby's never
         "pod_name": name,
         "pod_namespace": "default",
     }
@@ -154,6 +164,14 @@ async def test_one_replica_acts_and_the_other_takes_over(
     await wait_for(both_recorded, 10, what="both kopfs' peering records")
     assert (await readyz(a.http_port))["peering"] == "active"
     assert (await readyz(b.http_port))["peering"] == "standby"
+    # an autoscaled service (no Prometheus: it holds) is evaluated by the active replica only
+    auto = {"minReplicas": 1, "maxReplicas": 2, "targetTTFTSeconds": 0.5}
+    await create_isvc(kube, "auto", {"model": "smollm2-135m", "autoscaling": auto})
+    passes = "pagoda_operator_autoscale_evaluation_duration_seconds_count"
+    await wait_for(lambda: _more(metric(a.http_port, passes), 2), 5, what="A's autoscaler")
+    assert await metric(b.http_port, passes) == 0  # the standby's autoscaler never ran
+    assert await metric(a.http_port, "pagoda_operator_peering_active") == 1
+    assert await metric(b.http_port, "pagoda_operator_peering_active") == 0
     code, body, connection = await alerts_status(b.http_port)
     assert (code, body["status"], connection) == (503, "standby", "close")
     assert (await alerts_status(a.http_port))[:2] == (200, {"status": "ignored", "results": []})
@@ -166,6 +184,8 @@ async def test_one_replica_acts_and_the_other_takes_over(
         return await role(kube, "op-b") == "active"
 
     await wait_for(took_over, 10, what="op-b active")
+    await wait_for(lambda: _more(metric(b.http_port, passes), 2), 5, what="B's autoscaler")
+    assert await metric(b.http_port, "pagoda_operator_peering_active") == 1
     assert (await alerts_status(b.http_port))[0] == 200
     await create_isvc(kube, "chat", EXAMPLE_SPEC)
 
