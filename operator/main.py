@@ -428,6 +428,7 @@ def _peering_gate(config: OperatorConfig, api: KubeApi, metrics: OperatorMetrics
         identity=config.pod_name or default_identity(),
         priority=auto_priority() if priority is None else priority,
         interval_s=config.peering_interval_s,
+        lifetime_s=config.peering_lifetime_s,
         pod=pod,
         on_change=lambda active: metrics.peering_active.set(int(active)),
     )

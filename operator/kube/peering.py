@@ -106,12 +106,15 @@ class PeeringGate:
         identity: str = "",
         priority: int = 0,
         interval_s: float = 5.0,
+        lifetime_s: float = 30.0,
         pod: tuple[str, str] | None = None,
         on_change: Callable[[bool], None] = lambda active: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api, self.name, self.identity, self.priority = api, name, identity, priority
         self.namespaces = tuple(namespaces)
-        self.interval_s = interval_s
+        self.interval_s, self.lifetime_s, self._clock = interval_s, lifetime_s, clock
+        self._read_at = clock()  # the last complete read of the records
         self.pod = pod  # (namespace, name) of our pod, labelled with the role
         self._on_change = on_change
         self._changed = asyncio.Event()
@@ -120,32 +123,31 @@ class PeeringGate:
         self._last_problem: str | None = None
 
     async def check(self) -> bool:
-        """Read the peering record(s) once; update `active` (and the pod's label)."""
-        assert self.api is not None and self.name is not None
-        now = datetime.datetime.now(datetime.timezone.utc)
-        where = [("ClusterKopfPeering", None)] if not self.namespaces else []
-        where += [("KopfPeering", ns) for ns in self.namespaces]
-        active = True
-        for kind, ns in where:
-            try:
-                body = await self.api.get(kind, ns, self.name)
-            except ApiError as e:
-                self._problem(f"Cannot read the {kind} {self.name}: {e} (standing by).")
-                body = None
-            else:
-                if body is None:
-                    where_ = f"in {ns}" if ns else "(cluster-wide)"
-                    self._problem(f"No {kind} {self.name} {where_}: kopf stays paused without it.")
-                else:
-                    self._problem(None)
-            status = (body or {}).get("status") or {}
+        """Read the peering record(s) once; update `active` (and the pod's label).
+
+        A failed read keeps the role (an API blip must not cost the active replica its loops
+        and the autoscaler its history) until reads have failed for `lifetime_s`: by then the
+        others count this replica's record as expired (its keep-alives fail too) and one of
+        them acts, so this one stands by."""
+        try:
+            bodies = await self._read()
+        except ApiError as e:
+            keep = self.active and self._clock() - self._read_at < self.lifetime_s
+            how = f"active for up to {self.lifetime_s:g} s" if keep else "standing by"
+            self._problem(f"Cannot read the peering record of {self.name}: {e} ({how}).")
+            active = keep
+        else:
+            self._read_at = self._clock()
+            now = datetime.datetime.now(datetime.timezone.utc)
             # Joined first: until kopf's first keep-alive is there, a peer that started at the
             # same moment may not have written its record yet either.
-            if self.identity not in status or not is_active(
-                status, self.identity, self.priority, now
-            ):
-                active = False
-                break
+            statuses = [(body or {}).get("status") or {} for body in bodies]
+            active = all(
+                body is not None
+                and self.identity in status
+                and is_active(status, self.identity, self.priority, now)
+                for body, status in zip(bodies, statuses)
+            )
         if active != self.active:
             log.info("Peering: this replica is now %s.", "active" if active else "standby")
             self.active = active
@@ -153,6 +155,22 @@ class PeeringGate:
             self._changed.set()
         await self._label(active)
         return active
+
+    async def _read(self) -> list[dict[str, Any] | None]:
+        """The ClusterKopfPeering, or the KopfPeering of every served namespace (None: absent)."""
+        assert self.api is not None and self.name is not None
+        where = [("ClusterKopfPeering", None)] if not self.namespaces else []
+        where += [("KopfPeering", ns) for ns in self.namespaces]
+        bodies = []
+        for kind, ns in where:
+            body = await self.api.get(kind, ns, self.name)
+            if body is None:
+                place = f"in {ns}" if ns else "(cluster-wide)"
+                self._problem(f"No {kind} {self.name} {place}: kopf stays paused without it.")
+            bodies.append(body)
+        if all(body is not None for body in bodies):
+            self._problem(None)
+        return bodies
 
     def _problem(self, message: str | None) -> None:
         """Log a problem with the peering object once, until it is gone."""

@@ -204,9 +204,10 @@ async def test_without_the_peering_object_a_replica_stands_by(
     for crd in peering_crds():
         emulator.declare_crd(crd)
     changes: list[bool] = []
+    clock = [0.0]
     gate = PeeringGate(
         kube, name=PEERING, namespaces=("default",), identity="op-x", priority=1,
-        on_change=changes.append,
+        lifetime_s=30, on_change=changes.append, clock=lambda: clock[0],
     )  # fmt: skip
     assert gate.active is False and await gate.check() is False
     body = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}
@@ -219,8 +220,15 @@ async def test_without_the_peering_object_a_replica_stands_by(
 
     await kube.patch("KopfPeering", "default", PEERING, {"status": {"op-x": live(1)}})
     assert await gate.check() is True and changes == [True]
-    await kube.patch("KopfPeering", "default", PEERING, {"status": {"op-y": live(2)}})
+    # API errors: the role holds (the loops and the autoscaler's history with it) until the
+    # reads have failed for a lifetime, when the others count this replica as gone
+    emulator.fail("GET", "kopfpeerings", 503, times=2)
+    assert await gate.check() is True
+    clock[0] += 31
     assert await gate.check() is False and changes == [True, False]
+    assert await gate.check() is True and changes == [True, False, True]  # reads again
+    await kube.patch("KopfPeering", "default", PEERING, {"status": {"op-y": live(2)}})
+    assert await gate.check() is False and changes == [True, False, True, False]
 
 
 async def test_replicas_that_start_together_elect_one(
