@@ -162,7 +162,7 @@ async def test_alertmanager_delivers_over_tls(tmp_path: pathlib.Path, start_oper
                     sample(text, "pagoda_operator_alerts_received_total", outcome="ok") or 0
                 ) >= 1
 
-            await wait_for(delivered, 20, what=f"Alertmanager's notification\n{am.output()}")
+            await wait_for(delivered, 30, what=f"Alertmanager's notification\n{am.output()}")
             body = {"version": "4", "status": "firing", "alerts": []}
             async with s.post(f"{base}/alerts", json=body) as r:
                 assert r.status == 401

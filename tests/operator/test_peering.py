@@ -160,15 +160,15 @@ async def test_one_replica_acts_and_the_other_takes_over(
         status = (body or {}).get("status") or {}
         return {k: v["priority"] for k, v in status.items()} == {"op-a": 20, "op-b": 10}
 
-    await wait_for(settled, 10, what="op-a active, op-b standby")
-    await wait_for(both_recorded, 10, what="both kopfs' peering records")
+    await wait_for(settled, 30, what="op-a active, op-b standby")
+    await wait_for(both_recorded, 30, what="both kopfs' peering records")
     assert (await readyz(a.http_port))["peering"] == "active"
     assert (await readyz(b.http_port))["peering"] == "standby"
     # an autoscaled service (no Prometheus: it holds) is evaluated by the active replica only
     auto = {"minReplicas": 1, "maxReplicas": 2, "targetTTFTSeconds": 0.5}
     await create_isvc(kube, "auto", {"model": "smollm2-135m", "autoscaling": auto})
     passes = "pagoda_operator_autoscale_evaluation_duration_seconds_count"
-    await wait_for(lambda: _more(metric(a.http_port, passes), 2), 5, what="A's autoscaler")
+    await wait_for(lambda: _more(metric(a.http_port, passes), 2), 30, what="A's autoscaler")
     assert await metric(b.http_port, passes) == 0  # the standby's autoscaler never ran
     assert await metric(a.http_port, "pagoda_operator_peering_active") == 1
     assert await metric(b.http_port, "pagoda_operator_peering_active") == 0
@@ -183,8 +183,8 @@ async def test_one_replica_acts_and_the_other_takes_over(
     async def took_over() -> bool:
         return await role(kube, "op-b") == "active"
 
-    await wait_for(took_over, 10, what="op-b active")
-    await wait_for(lambda: _more(metric(b.http_port, passes), 2), 5, what="B's autoscaler")
+    await wait_for(took_over, 30, what="op-b active")
+    await wait_for(lambda: _more(metric(b.http_port, passes), 2), 30, what="B's autoscaler")
     assert await metric(b.http_port, "pagoda_operator_peering_active") == 1
     assert (await alerts_status(b.http_port))[0] == 200
     await create_isvc(kube, "chat", EXAMPLE_SPEC)
@@ -192,7 +192,7 @@ async def test_one_replica_acts_and_the_other_takes_over(
     async def deployed() -> bool:
         return await kube.get("Deployment", "default", "chat") is not None
 
-    await wait_for(deployed, 15, what="op-b's kopf handlers created the Deployment")
+    await wait_for(deployed, 30, what="op-b's kopf handlers created the Deployment")
     assert_permitted(emulator)
 
 
@@ -249,5 +249,5 @@ async def test_replicas_that_start_together_elect_one(
         assert len({r["priority"] for r in status.values()}) == len(pods)
         return max(status, key=lambda pod: status[pod]["priority"])
 
-    highest = await wait_for(elected, 15, what="one active replica")
+    highest = await wait_for(elected, 30, what="one active replica")
     assert await role(kube, highest) == "active"
