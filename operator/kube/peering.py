@@ -121,6 +121,7 @@ class PeeringGate:
         self.active = name is None
         self._labelled: bool | None = None  # the role last written to the pod
         self._last_problem: str | None = None
+        self._label_failed = False
 
     async def check(self) -> bool:
         """Read the peering record(s) once; update `active` (and the pod's label).
@@ -185,10 +186,12 @@ class PeeringGate:
         patch = {"metadata": {"labels": {PEERING_LABEL: "active" if active else "standby"}}}
         try:
             await self.api.patch("Pod", ns, name, patch)
-        except ApiError as e:  # tried again at the next check
-            log.warning("Cannot label the pod %s/%s with its peering role: %s", ns, name, e)
+        except ApiError as e:  # tried again at the next check, logged once
+            if not self._label_failed:
+                log.warning("Cannot label the pod %s/%s with its peering role: %s", ns, name, e)
+            self._labelled, self._label_failed = None, True
             return
-        self._labelled = active
+        self._labelled, self._label_failed = active, False
 
     async def run(self) -> None:
         """Check every `interval_s` until cancelled (returns at once without peering)."""
