@@ -14,7 +14,8 @@ the autoscaler and the autotuner), and delegates.
   `ModelDownloadFailed/NotFound: ...` termination message) becomes the owner's condition;
 * startup starts the background loops: the resync (everything again every `resync_interval_s`),
   the autoscaler (autoscaling/loop.py) and, unless `--no-autotune`, the autotuner
-  (autotune/loop.py); cleanup stops them.
+  (autotune/loop.py), while this replica is the active one (kube/peering.py: with `--peering`,
+  kopf pauses the handlers of a standby replica and the gate these loops); cleanup stops them.
 
 No timers or delete handlers, so kopf puts no finalizer on the CRs: deletion never waits for
 the operator, and the garbage collector removes the children through their owner references.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 import kopf
@@ -37,6 +39,7 @@ from pagoda.operator.kube.names import (
     WATCHED_CHILD_KINDS,
     pod_labels,
 )
+from pagoda.operator.kube.peering import cancel_all
 
 
 @kopf.on.login()
@@ -47,12 +50,22 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 @kopf.on.startup()
 async def startup(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     config = memo.config
-    loops = {"pagoda-resync": memo.reconciler.resync_loop(logger)}
-    if memo.autoscaler is not None:
-        loops["pagoda-autoscale"] = memo.autoscaler.run()
-    if memo.autotuner is not None:
-        loops["pagoda-autotune"] = memo.autotuner.run()
-    memo.tasks = [asyncio.create_task(loop, name=name) for name, loop in loops.items()]
+
+    def loops() -> dict[str, Coroutine[Any, Any, None]]:
+        """The loops, made afresh each time this replica becomes the active one."""
+        made = {"pagoda-resync": memo.reconciler.resync_loop(logger)}
+        if memo.autoscaler is not None:
+            memo.autoscaler.forget_all()  # history of an earlier term is stale: start afresh
+            made["pagoda-autoscale"] = memo.autoscaler.run()
+        if memo.autotuner is not None:
+            made["pagoda-autotune"] = memo.autotuner.run()
+        return made
+
+    # Kopf pauses its own handlers on a standby replica (peering); the gate pauses these.
+    memo.tasks = [
+        asyncio.create_task(memo.gate.while_active(loops, logger), name="pagoda-loops"),
+        asyncio.create_task(memo.gate.run(), name="pagoda-peering"),
+    ]
     logger.info(
         "Pagoda operator started (%s, default image %s).",
         "cluster-wide" if config.clusterwide else "namespaces " + ",".join(config.namespaces),
@@ -62,14 +75,7 @@ async def startup(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    for task in getattr(memo, "tasks", ()):
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-        except Exception:  # a loop that died must not keep the operator from stopping
-            logging.getLogger(__name__).exception("Background loop %s had failed", task.get_name())
+    await cancel_all(getattr(memo, "tasks", ()))  # a loop that died is logged, not raised
     await memo.reconciler.close()
     await memo.api.close()
 

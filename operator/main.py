@@ -37,6 +37,7 @@ from pagoda.operator.kube.names import (
     WATCHED_CHILD_KINDS,
     pod_labels,
 )
+from pagoda.operator.kube.peering import PeeringGate, auto_priority, default_identity
 from pagoda.operator.reconcile import model_pin
 from pagoda.operator.reconcile.retry import Reconciler
 from pagoda.operator.spec.config import LOG_FORMATS, OperatorConfig
@@ -109,7 +110,21 @@ def _scope_and_api_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--peering",
         default=None,
-        help="kopf peering name (for several replicas); default: standalone",
+        help="kopf peering name (for several replicas: one is active, the others stand by; "
+        "needs kopf's peering CRD and that object); default: standalone",
+    )
+    parser.add_argument(
+        "--peering-priority",
+        type=int,
+        default=None,
+        help="this replica's peering priority (unique per replica; the highest live one is "
+        "active); default: an earlier start is a higher priority",
+    )
+    parser.add_argument(
+        "--peering-lifetime",
+        type=int,
+        default=30,
+        help="a replica that stopped without a goodbye counts as gone after this long, s",
     )
 
 
@@ -142,6 +157,13 @@ def _autoscaling_arguments(auto: argparse._ArgumentGroup) -> None:
         default=None,
         help="file with the bearer token POST /alerts requires (env PAGODA_WEBHOOK_TOKEN)",
     )
+    auto.add_argument(
+        "--webhook-tls-cert",
+        default=None,
+        help="PEM certificate (chain): serve the HTTP port (POST /alerts, /metrics, probes) "
+        "over TLS; with --webhook-tls-key",
+    )
+    auto.add_argument("--webhook-tls-key", default=None, help="PEM private key of the cert")
     auto.add_argument(
         "--api-unready-after",
         type=float,
@@ -231,6 +253,10 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         "verbose": args.verbose,
         "debug": args.debug,
         "peering": args.peering,
+        "peering_priority": args.peering_priority,
+        "peering_lifetime_s": args.peering_lifetime,
+        "http_tls_cert": args.webhook_tls_cert,
+        "http_tls_key": args.webhook_tls_key,
         "prometheus_timeout_s": args.prometheus_timeout,
         "autoscale_interval_s": args.autoscale_interval,
         "ttft_window": args.ttft_window,
@@ -294,6 +320,7 @@ def kopf_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     s.posting.reporting_instance = os.environ.get("HOSTNAME", config.component_name)
     s.peering.standalone = config.peering is None
     s.peering.name = config.peering or "default"
+    s.peering.lifetime = config.peering_lifetime_s
     s.peering.clusterwide = config.clusterwide
     # Watch only our children (server-side label selector; kopf >= 1.45 has the setting).
     selectors = getattr(s.watching, "label_selectors", None)
@@ -328,6 +355,7 @@ async def serve(
             on_error=lambda status, verb: metrics.api_errors.labels(str(status), verb).inc(),
         )
     autoscaler = Autoscaler(api, config, metrics)
+    gate = _peering_gate(config, api, metrics)
     reconciler = Reconciler(api, config, metrics)
     autotuner = (
         Autotuner(
@@ -347,6 +375,7 @@ async def serve(
         reconciler=reconciler,
         autoscaler=autoscaler,
         autotuner=autotuner,
+        gate=gate,
     )
     task: asyncio.Task[None] | None = None
     http = None
@@ -359,6 +388,7 @@ async def serve(
             ready.is_set,
             lambda: api.unreachable_for() if api is not None else 0.0,
             api.status_unwritable,
+            gate,
         )
         if on_http_started is not None:
             on_http_started(http.port or 0)
@@ -369,6 +399,8 @@ async def serve(
             namespaces=list(config.namespaces),
             standalone=config.peering is None,
             peering_name=config.peering,
+            identity=gate.identity,  # type: ignore[arg-type]  (kopf's NewType of str)
+            priority=gate.priority,
             stop_flag=stop_flag,
             ready_flag=ready,
             memo=memo,
@@ -383,6 +415,29 @@ async def serve(
         await autoscaler.close()
 
 
+def _peering_gate(config: OperatorConfig, api: KubeApi, metrics: OperatorMetrics) -> PeeringGate:
+    """Who acts among the replicas (kube/peering.py); always active without `--peering`."""
+    pod = None
+    if config.pod_name and config.pod_namespace:
+        pod = (config.pod_namespace, config.pod_name)
+    priority = config.peering_priority
+    gate = PeeringGate(
+        api,
+        name=config.peering,
+        namespaces=config.namespaces,
+        identity=config.pod_name or default_identity(),
+        priority=auto_priority() if priority is None else priority,
+        interval_s=config.peering_interval_s,
+        lifetime_s=config.peering_lifetime_s,
+        pod=pod,
+        on_change=lambda active: metrics.peering_active.set(int(active)),
+    )
+    metrics.peering_active.set(int(gate.active))
+    if config.peering is not None:
+        log.info("Peering %r as %s, priority %d.", config.peering, gate.identity, gate.priority)
+    return gate
+
+
 async def _start_http(
     config: OperatorConfig,
     metrics: OperatorMetrics,
@@ -391,6 +446,7 @@ async def _start_http(
     is_ready: Callable[[], bool],
     api_unreachable_for: Callable[[], float],
     status_unwritable: Callable[[], StatusFailure | None],
+    gate: PeeringGate,
 ) -> OperatorHttpServer:
     """The operator's port: /healthz, /readyz, /metrics and the Alertmanager webhook."""
     assert config.http_port is not None
@@ -402,14 +458,22 @@ async def _start_http(
         api_unreachable_for=api_unreachable_for,
         api_unready_after_s=config.api_unready_after_s,
         status_unwritable=status_unwritable,
+        peering_role=None if config.peering is None else (lambda: gate.active),
+        tls=(config.http_tls_cert, config.http_tls_key) if config.http_tls_cert else None,
     )
     http.add_routes(metrics.routes())
-    receiver = AlertReceiver(autoscaler.alert_scale_up, token=config.webhook_token, metrics=metrics)
+    receiver = AlertReceiver(
+        autoscaler.alert_scale_up,
+        token=config.webhook_token,
+        metrics=metrics,
+        is_active=lambda: gate.active,
+    )
     http.add_routes(receiver.routes())
     await http.start()
     log.info(
-        "Serving /healthz, /readyz, /metrics and POST /alerts%s on %s:%s.",
+        "Serving /healthz, /readyz, /metrics and POST /alerts%s on %s://%s:%s.",
         " (bearer token required)" if config.webhook_token else "",
+        "https" if config.http_tls_cert else "http",
         config.http_host,
         http.port,
     )

@@ -4,7 +4,10 @@ one immediate scale-up step per InferenceService.
 The whole payload is validated before anything is acted on, so a malformed or unknown payload
 gets 400 and changes nothing. Alerts without `pagoda_action` (other routes may share the
 receiver) and resolved alerts are accepted and ignored. With a token configured, callers must
-send `Authorization: Bearer TOKEN` (Alertmanager's `http_config.authorization`).
+send `Authorization: Bearer TOKEN` (Alertmanager's `http_config.authorization`). With several
+replicas (kopf peering) only the active one acts: a standby one answers 503 and closes the
+connection, so Alertmanager's retry goes through the Service again (which selects the active
+pod by its `serving.pagoda.dev/peering=active` label, kube/peering.py).
 """
 
 from __future__ import annotations
@@ -94,10 +97,18 @@ def authorized(header: str | None, token: str | None) -> bool:
 class AlertReceiver:
     """The POST /alerts handler; `scale_up` performs one step and returns its outcome."""
 
-    def __init__(self, scale_up: ScaleUp, *, token: str | None, metrics: OperatorMetrics) -> None:
+    def __init__(
+        self,
+        scale_up: ScaleUp,
+        *,
+        token: str | None,
+        metrics: OperatorMetrics,
+        is_active: Callable[[], bool] = lambda: True,
+    ) -> None:
         self._scale_up = scale_up
         self._token = token
         self._metrics = metrics
+        self._is_active = is_active
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post("/alerts", self.handle)]
@@ -109,6 +120,12 @@ class AlertReceiver:
     async def handle(self, request: web.Request) -> web.Response:
         if not authorized(request.headers.get("Authorization"), self._token):
             return self._reply(401, "unauthorized", error="missing or wrong bearer token")
+        if not self._is_active():
+            # A standby replica (kopf peering) must not act: 503 makes Alertmanager retry, and
+            # a closed connection lets the retry reach the active replica through the Service.
+            response = self._reply(503, "standby", error="this operator replica is standing by")
+            response.force_close()
+            return response
         if (request.content_length or 0) > MAX_BODY_BYTES:
             return self._reply(413, "rejected", error="payload too large")
         try:

@@ -142,6 +142,10 @@ class Autoscaler:
     async def close(self) -> None:
         await self.source.close()
 
+    def forget_all(self) -> None:
+        """Start afresh, as after a restart (a replica that becomes the active one again)."""
+        self._states.clear()
+
     # --- the loop ---------------------------------------------------------------------------
 
     async def run(self, logger: logging.Logger = log) -> None:

@@ -169,6 +169,11 @@ RESOURCES: Mapping[str, ResourceKind] = {
     "ServiceAccount": ResourceKind("", "v1", "serviceaccounts", "ServiceAccount"),
     "Role": ResourceKind("rbac.authorization.k8s.io", "v1", "roles", "Role"),
     "RoleBinding": ResourceKind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    # several replicas (`--peering`): kopf's peering records, read by kube/peering.py
+    "ClusterKopfPeering": ResourceKind(
+        "kopf.dev", "v1", "clusterkopfpeerings", "ClusterKopfPeering", namespaced=False
+    ),
+    "KopfPeering": ResourceKind("kopf.dev", "v1", "kopfpeerings", "KopfPeering"),
 }
 # Maps inside a child that belong to the operator as a whole: keys missing from the desired
 # manifest are removed from the live object (a JSON merge patch alone would keep them).

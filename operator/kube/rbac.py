@@ -97,11 +97,33 @@ API_PERMISSIONS: tuple[Permission, ...] = (
         "rbac.authorization.k8s.io", "roles", ("create",), "patch one profile ConfigMap", "autotune"
     ),
     Permission("rbac.authorization.k8s.io", "rolebindings", ("create",), "", "autotune"),
+    # several replicas (chart value operator.replicas > 1: `--peering`, kube/peering.py)
+    Permission(
+        "kopf.dev",
+        "clusterkopfpeerings",
+        ("get", "list", "watch", "patch"),
+        "kopf's keep-alives and pauses, cluster-wide operators",
+        "peering",
+    ),
+    Permission(
+        "kopf.dev",
+        "kopfpeerings",
+        ("get", "list", "watch", "patch"),
+        "kopf's keep-alives and pauses, one per served namespace",
+        "peering",
+    ),
+    Permission(
+        "",
+        "pods",
+        ("patch",),
+        "the operator's own pod: the peering=active label the operator Service selects",
+        "peering",
+    ),
 )
 
 
 def permissions(
-    features: frozenset[str] | set[str] = frozenset({"autotune", "modelPinning"}),
+    features: frozenset[str] | set[str] = frozenset({"autotune", "modelPinning", "peering"}),
 ) -> tuple[Permission, ...]:
     """The permissions with these optional features on."""
     return tuple(p for p in API_PERMISSIONS if p.feature is None or p.feature in features)

@@ -17,6 +17,7 @@ from pagoda.operator.spec.fields import is_http_url
 DEFAULT_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0"
 LOG_FORMATS = ("plain", "full", "json")
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_PEERING_NAME = re.compile(r"^[a-z0-9]([-.a-z0-9]{0,251}[a-z0-9])?$")
 _PROM_DURATION = re.compile(r"^([0-9]+(ms|s|m|h))+$")
 
 
@@ -37,6 +38,15 @@ class OperatorConfig:
     verbose: bool = False
     debug: bool = False
     peering: str | None = None  # kopf peering object name; None runs standalone
+    # Several replicas (kube/peering.py): None picks an earlier-start-is-higher priority.
+    peering_priority: int | None = None
+    peering_lifetime_s: int = 30  # a replica that died unannounced is gone after this
+    peering_interval_s: float = 5.0  # how often the gate reads the peering records
+    pod_name: str | None = None  # env POD_NAME: the peering identity, the pod to label
+    pod_namespace: str | None = None  # env POD_NAMESPACE
+    # TLS on the HTTP port (POST /alerts, /metrics, probes): PEM files, both or neither.
+    http_tls_cert: str | None = None
+    http_tls_key: str | None = None
     component_name: str = "pagoda-operator"
     # Autoscaling (autoscaling/): where the metrics are and how often to look.
     prometheus_url: str | None = None  # per-CR spec.autoscaling.prometheusURL overrides it
@@ -107,6 +117,16 @@ class OperatorConfig:
         ):
             raise ValueError("webhook token must be non-empty and without whitespace")
 
+        if self.peering is not None and not _PEERING_NAME.match(self.peering):
+            raise ValueError(f"peering must be a Kubernetes object name, got {self.peering!r}")
+        if not 2 <= self.peering_lifetime_s <= 3600:
+            raise ValueError(
+                f"peering_lifetime_s must be in 2..3600, got {self.peering_lifetime_s}"
+            )
+        if self.peering_interval_s <= 0:
+            raise ValueError(f"peering_interval_s must be positive, got {self.peering_interval_s}")
+        if (self.http_tls_cert is None) != (self.http_tls_key is None):
+            raise ValueError("a TLS certificate needs its key and a key its certificate")
         _check_monitoring_labels(self.monitoring_labels)
 
     @property
@@ -120,7 +140,8 @@ class OperatorConfig:
     @classmethod
     def from_env(cls, **overrides: object) -> OperatorConfig:
         """Defaults overridable by env (PAGODA_OPERATOR_NAMESPACES, PAGODA_DEFAULT_IMAGE,
-        PAGODA_CLUSTER_DOMAIN, PAGODA_PROMETHEUS_URL, PAGODA_WEBHOOK_TOKEN), then by `overrides`."""
+        PAGODA_CLUSTER_DOMAIN, PAGODA_PROMETHEUS_URL, PAGODA_WEBHOOK_TOKEN, POD_NAME,
+        POD_NAMESPACE), then by `overrides`."""
         env: dict[str, object] = {}
         if os.environ.get("PAGODA_DEFAULT_IMAGE"):
             env["default_image"] = os.environ["PAGODA_DEFAULT_IMAGE"]
@@ -132,6 +153,9 @@ class OperatorConfig:
             env["cluster_domain"] = os.environ["PAGODA_CLUSTER_DOMAIN"]
         if os.environ.get("PAGODA_PROMETHEUS_URL"):
             env["prometheus_url"] = os.environ["PAGODA_PROMETHEUS_URL"]
+        for var, key in (("POD_NAME", "pod_name"), ("POD_NAMESPACE", "pod_namespace")):
+            if os.environ.get(var):
+                env[key] = os.environ[var]
         if os.environ.get("PAGODA_WEBHOOK_TOKEN", "").strip():
             env["webhook_token"] = os.environ["PAGODA_WEBHOOK_TOKEN"].strip()
         env.update(overrides)

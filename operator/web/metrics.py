@@ -91,6 +91,12 @@ class OperatorMetrics:
             registry=r,
         )
 
+        self.peering_active = Gauge(
+            "pagoda_operator_peering_active",
+            "1 on the replica that acts (always, without --peering), 0 on a standby one.",
+            registry=r,
+        )
+
     def forget(self, namespace: str, name: str) -> None:
         """Drop the per-service gauge of a service that is gone or no longer autoscaled."""
         with contextlib.suppress(KeyError):

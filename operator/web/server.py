@@ -7,16 +7,64 @@ that long (a status write refused, say with a 422 from a CRD older than the oper
 that service see nothing new, and the reconciler keeps retrying it with backoff). /healthz stays
 200 then: restarting cannot fix either.
 One aiohttp application: other modules add routes (/metrics, POST /alerts) with `add_routes`.
+
+With kopf peering, /readyz says `"peering": "active"` or `"standby"` but its status code does not
+depend on it: a standby replica is healthy, and an unready one would stall rollouts,
+`helm --wait` and the PodDisruptionBudget (the Service picks the active pod by a label instead).
+With `tls` (PEM certificate and key files) the port serves HTTPS only; the files are read again
+when they change (a renewed Secret), checked at most every `TLS_RELOAD_S` seconds.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import ssl
+import time
 from collections.abc import Callable, Iterable
 
 from aiohttp import web
 
 # (seconds failing, "namespace/name", the last error) of the status write failing the longest
 StatusFailure = tuple[float, str, Exception]
+TLS_RELOAD_S = 60.0
+log = logging.getLogger(__name__)
+
+
+class ReloadingTls:
+    """The server's SSLContext; a handshake after the cert/key files changed (by mtime, looked
+    at most every `TLS_RELOAD_S`) gets a context with the new ones (`sni_callback` may swap
+    the connection's context, so the change applies from that very handshake)."""
+
+    def __init__(self, cert: str, key: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cert, self.key, self._clock = cert, key, clock
+        self._stamp = self._mtimes()
+        self.context = self._load()  # a bad file fails the start, with its error
+        self.context.sni_callback = self._maybe_reload
+        self._current = self.context
+        self._checked = clock()
+
+    def _load(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.cert, self.key)
+        return context
+
+    def _mtimes(self) -> tuple[float, float]:
+        return os.stat(self.cert).st_mtime, os.stat(self.key).st_mtime
+
+    def _maybe_reload(self, connection: ssl.SSLObject, *_: object) -> None:
+        if self._clock() - self._checked >= TLS_RELOAD_S:
+            self._checked = self._clock()
+            try:
+                stamp = self._mtimes()
+                if stamp != self._stamp:
+                    self._current, self._stamp = self._load(), stamp
+                    log.info("Reloaded the TLS certificate %s.", self.cert)
+            except (OSError, ssl.SSLError) as e:  # keep serving the loaded one
+                log.warning("Cannot reload the TLS certificate %s: %s", self.cert, e)
+        if self._current is not self.context:
+            connection.context = self._current
 
 
 class OperatorHttpServer:
@@ -30,6 +78,8 @@ class OperatorHttpServer:
         api_unreachable_for: Callable[[], float] = lambda: 0.0,
         api_unready_after_s: float = 60.0,
         status_unwritable: Callable[[], StatusFailure | None] = lambda: None,
+        peering_role: Callable[[], bool] | None = None,
+        tls: tuple[str, str] | None = None,
     ) -> None:
         self.host = host
         self.requested_port = port
@@ -40,6 +90,8 @@ class OperatorHttpServer:
         self._api_unreachable_for = api_unreachable_for
         self._api_unready_after_s = api_unready_after_s
         self._status_unwritable = status_unwritable
+        self._peering_role = peering_role
+        self.tls = ReloadingTls(*tls) if tls is not None else None
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -70,12 +122,20 @@ class OperatorHttpServer:
                 "error": str(error)[:1024],
             }
             return web.json_response(body, status=503)
-        return web.json_response({"status": "ready"})
+        body = {"status": "ready"}
+        if self._peering_role is not None:
+            body["peering"] = "active" if self._peering_role() else "standby"
+        return web.json_response(body)
 
     async def start(self) -> None:
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.requested_port)
+        site = web.TCPSite(
+            self._runner,
+            self.host,
+            self.requested_port,
+            ssl_context=self.tls.context if self.tls is not None else None,
+        )
         await site.start()
         addresses = self._runner.addresses
         self.port = addresses[0][1] if addresses else self.requested_port

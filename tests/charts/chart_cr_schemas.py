@@ -40,6 +40,14 @@ _METADATA = _obj(
     ("name", "namespace"),
 )
 _SECRET_KEY = _obj({"name": _STR, "key": _STR, "optional": {"type": "boolean"}}, ("key",))
+# SafeTLSConfig: the operator's own certificate, verified with the CA of its Secret
+_SAFE_TLS = _obj(
+    {
+        "ca": _obj({"secret": _SECRET_KEY, "configMap": _SECRET_KEY}),
+        "serverName": _STR,
+        "insecureSkipVerify": {"type": "boolean"},
+    }
+)
 _LABEL_SELECTOR = _obj(
     {
         "matchLabels": _STR_MAP,
@@ -84,6 +92,7 @@ _ENDPOINT = _obj(
         "relabelings": {"type": "array", "items": _RELABEL},
         "metricRelabelings": {"type": "array", "items": _RELABEL},
         "authorization": _obj({"type": _STR, "credentials": _SECRET_KEY}),
+        "tlsConfig": _SAFE_TLS,
     }
 )
 SERVICE_MONITOR = _obj(
@@ -171,7 +180,12 @@ _WEBHOOK = _obj(
         "sendResolved": {"type": "boolean"},
         "maxAlerts": {"type": "integer", "minimum": 0},
         "timeout": {"type": "string", "pattern": DURATION},
-        "httpConfig": _obj({"authorization": _obj({"type": _STR, "credentials": _SECRET_KEY})}),
+        "httpConfig": _obj(
+            {
+                "authorization": _obj({"type": _STR, "credentials": _SECRET_KEY}),
+                "tlsConfig": _SAFE_TLS,
+            }
+        ),
     }
 )
 ALERTMANAGER_CONFIG = _obj(
@@ -198,7 +212,27 @@ ALERTMANAGER_CONFIG = _obj(
     ("apiVersion", "kind", "metadata", "spec"),
 )
 
+
+def _kopf_peering(kind: str, namespaced: bool) -> dict[str, Any]:
+    """kopf's peering objects (crds/kopf-peering.yaml): metadata and a free-form status."""
+    fields = dict(_METADATA["properties"])
+    if not namespaced:
+        del fields["namespace"]  # cluster-scoped: a namespace is an error
+    meta = _obj(fields, ("name", "namespace") if namespaced else ("name",))
+    return _obj(
+        {
+            "apiVersion": {"const": "kopf.dev/v1"},
+            "kind": {"const": kind},
+            "metadata": meta,
+            "status": {"type": "object"},
+        },
+        ("apiVersion", "kind", "metadata"),
+    )
+
+
 CR_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
+    ("kopf.dev/v1", "ClusterKopfPeering"): _kopf_peering("ClusterKopfPeering", namespaced=False),
+    ("kopf.dev/v1", "KopfPeering"): _kopf_peering("KopfPeering", namespaced=True),
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR,
     ("monitoring.coreos.com/v1", "PrometheusRule"): PROMETHEUS_RULE,
     ("monitoring.coreos.com/v1alpha1", "AlertmanagerConfig"): ALERTMANAGER_CONFIG,

@@ -51,6 +51,14 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "modelPinning": {"enabled": False},
         "watchNamespaces": ["llm"],
     },
+    # several replicas (kopf peering) and TLS on the operator's port
+    "ha": {"operator": {"replicas": 2}},
+    "ha-namespaced-tls": {
+        **MONITORING_ON,
+        "operator": {"replicas": 3, "peering": {"lifetime": 20}},
+        "watchNamespaces": ["team-a", "team-b"],
+        "webhook": {"tokenSecret": {"create": True}, "tls": {"secretName": "operator-tls"}},
+    },
     "custom-images": {
         "operator": {
             "image": {"repository": "registry.example.com/pagoda/operator", "tag": "1.2.3"},

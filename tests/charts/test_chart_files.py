@@ -42,10 +42,15 @@ def test_sync_script_is_executable() -> None:
 
 def test_helm_sees_the_crd() -> None:
     with helm.Chart.load(str(CHART)) as chart:
-        (crd,) = chart.crds
-        doc = yaml.safe_load(crd["data"])
-        assert doc["metadata"]["name"] == "inferenceservices.serving.pagoda.dev"
-        assert [e for v in K8S_VERSIONS for e in validation_errors(doc, v)] == []
+        docs = [d for crd in chart.crds for d in yaml.safe_load_all(crd["data"]) if d]
+        names = sorted(d["metadata"]["name"] for d in docs)
+        assert names == [
+            "clusterkopfpeerings.kopf.dev",  # kopf peering (operator.replicas > 1)
+            "inferenceservices.serving.pagoda.dev",
+            "kopfpeerings.kopf.dev",
+        ]
+        for doc in docs:
+            assert [e for v in K8S_VERSIONS for e in validation_errors(doc, v)] == []
         meta = chart.metadata
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert meta["appVersion"] == pyproject["project"]["version"]

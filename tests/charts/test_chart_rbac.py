@@ -24,16 +24,22 @@ CLUSTER_SCOPED = {
 
 def features(values: dict[str, Any]) -> set[str]:
     """Optional permission features a value set switches on (rbac.Permission.feature)."""
-    return {
+    chosen = {
         feature
         for feature in ("autotune", "modelPinning")
         if (values.get(feature) or {}).get("enabled") is not False
     }
+    if (values.get("operator") or {}).get("replicas", 1) > 1:
+        chosen.add("peering")
+    return chosen
 
 
 def needed(values: dict[str, Any] | None = None) -> set[Triple]:
-    chosen = permissions(features(values or {}))
-    return {(p.group, p.resource, verb) for p in chosen for verb in p.verbs}
+    values = values or {}
+    chosen = permissions(features(values))
+    # kopf peers in the ClusterKopfPeering (cluster-wide) or a KopfPeering per namespace
+    unused = "clusterkopfpeerings" if values.get("watchNamespaces") else "kopfpeerings"
+    return {(p.group, p.resource, v) for p in chosen for v in p.verbs if p.resource != unused}
 
 
 def triples(role: dict[str, Any]) -> set[Triple]:

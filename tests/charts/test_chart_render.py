@@ -48,6 +48,8 @@ NAMESPACED_KINDS = {
     "ServiceMonitor",
     "PrometheusRule",
     "AlertmanagerConfig",
+    "KopfPeering",
+    "PodDisruptionBudget",
 }
 
 
@@ -136,7 +138,10 @@ def test_selectors_never_include_user_labels() -> None:
         assert selector["app.kubernetes.io/component"] == "operator"
         pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
         assert selector.items() <= pod_labels.items()
-        assert one(docs, "Service")["spec"]["selector"] == selector
+        service_selector = dict(one(docs, "Service")["spec"]["selector"])
+        if (VALUE_SETS[name].get("operator") or {}).get("replicas", 1) > 1:  # the active one
+            assert service_selector.pop("serving.pagoda.dev/peering") == "active"
+        assert service_selector == selector
     custom = render_cached("custom-images")
     pod_labels = one(custom, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert pod_labels["team"] == "ml" and pod_labels["cost-center"] == "llm"
@@ -160,8 +165,10 @@ def test_user_labels_cannot_override_selector_labels() -> None:
 def test_operator_pod_is_restricted(value_set: str) -> None:
     """Pod Security Standards `restricted`, read-only root, no service links, probes, resources."""
     deployment = one(render_cached(value_set), "Deployment")
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    replicas = (VALUE_SETS[value_set].get("operator") or {}).get("replicas", 1)
+    assert deployment["spec"]["replicas"] == replicas
+    if replicas == 1:  # standalone kopf: never two at once; peering: test_chart_peering.py
+        assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] != 0
@@ -180,7 +187,10 @@ def test_operator_pod_is_restricted(value_set: str) -> None:
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
-    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp"}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    if (VALUE_SETS[value_set].get("webhook") or {}).get("tls"):  # test_chart_peering.py
+        assert mounts.pop("/etc/pagoda/tls")["readOnly"] is True
+    assert set(mounts) == {"/tmp"}
     assert container["livenessProbe"]["httpGet"]["port"] == "http"
     assert container["readinessProbe"]["httpGet"]["port"] == "http"
 

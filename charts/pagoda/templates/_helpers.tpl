@@ -88,9 +88,33 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end }}
 
-{{/* In-cluster URL of the operator's alert webhook. */}}
+{{/* In-cluster URL of the operator's alert webhook (https with webhook.tls.secretName). */}}
 {{- define "pagoda.webhookURL" -}}
-{{- printf "http://%s.%s.svc:%v/alerts" (include "pagoda.operatorName" .) .Release.Namespace .Values.service.port -}}
+{{- printf "%s://%s/alerts" (include "pagoda.scheme" .) (include "pagoda.operatorHost" .) -}}
+{{- end }}
+
+{{/* host:port of the operator Service; the name its TLS certificate must carry. */}}
+{{- define "pagoda.operatorHost" -}}
+{{- printf "%s.%s.svc:%v" (include "pagoda.operatorName" .) .Release.Namespace .Values.service.port -}}
+{{- end }}
+
+{{/* http, or https when the operator serves TLS (webhook.tls.secretName). */}}
+{{- define "pagoda.scheme" -}}
+{{- if .Values.webhook.tls.secretName }}https{{ else }}http{{ end -}}
+{{- end }}
+
+{{/* The kopf peering object's name with operator.replicas > 1; empty for one replica. */}}
+{{- define "pagoda.peeringName" -}}
+{{- if gt (int .Values.operator.replicas) 1 }}{{ include "pagoda.operatorName" . }}{{ end -}}
+{{- end }}
+
+{{/* The Prometheus Operator's SafeTLSConfig verifying the operator's certificate. */}}
+{{- define "pagoda.operatorTlsConfig" -}}
+ca:
+  secret:
+    name: {{ .Values.webhook.tls.secretName }}
+    key: {{ .Values.webhook.tls.caKey }}
+serverName: {{ printf "%s.%s.svc" (include "pagoda.operatorName" .) .Release.Namespace }}
 {{- end }}
 
 {{/*
@@ -139,6 +163,12 @@ ClusterRole.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
+{{- if and (include "pagoda.peeringName" .) .Values.watchNamespaces }}
+{{- /* several replicas, namespaced: kopf's KopfPeering in each served namespace */}}
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}
 {{- if .Values.autotune.enabled }}
 {{- /* autotuning: one Job per key; the Job's ServiceAccount may only get/patch its profile ConfigMap */}}
 - apiGroups: [""]
@@ -166,6 +196,12 @@ ClusterRole.
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["list"]
+{{- if and (include "pagoda.peeringName" .) (not .Values.watchNamespaces) }}
+{{- /* several replicas, cluster-wide: kopf's ClusterKopfPeering */}}
+- apiGroups: ["kopf.dev"]
+  resources: ["clusterkopfpeerings"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}
 {{- end }}
 
 {{/*

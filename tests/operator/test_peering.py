@@ -1,0 +1,253 @@
+"""Several operator replicas (operator/kube/peering.py): kopf's pause rule read back, and two
+real operators with kopf peering against the emulator — one acts (its loops, POST /alerts, its
+pod labelled active), the other stands by, and takes over when the first one stops."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import pathlib
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from kube_emulator import Emulator
+from operator_harness import wait_for
+from operator_helpers import EXAMPLE_SPEC, assert_permitted, create_isvc, sample
+from pagoda.operator import main
+from pagoda.operator.kube.client import KubeApi
+from pagoda.operator.kube.peering import (
+    PEERING_LABEL,
+    PeeringGate,
+    auto_priority,
+    is_active,
+    live_peers,
+)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
+PEERING = "pagoda"
+
+
+def record(priority: int, seconds_ago: float = 0, lifetime: int = 30) -> dict[str, Any]:
+    seen = NOW - datetime.timedelta(seconds=seconds_ago)
+    return {"priority": priority, "lifetime": lifetime, "lastseen": seen.isoformat()}
+
+
+def test_kopf_pause_rule() -> None:
+    """Paused while a live peer has a higher or the same priority (kopf pauses both then);
+    expired records, lifetime 0 (kopf's goodbye) and our own record do not count."""
+    assert is_active({}, "a", 5, NOW) and is_active(None, "a", 5, NOW)
+    assert is_active({"a": record(5), "b": record(4)}, "a", 5, NOW)
+    assert not is_active({"a": record(5), "b": record(6)}, "a", 5, NOW)
+    assert not is_active({"a": record(5), "b": record(5)}, "a", 5, NOW)  # same: both pause
+    assert is_active({"b": record(9, seconds_ago=31)}, "a", 5, NOW)  # b's record expired
+    assert not is_active({"b": record(9, seconds_ago=29)}, "a", 5, NOW)
+    assert is_active({"b": record(9, lifetime=0)}, "a", 5, NOW)  # b said goodbye
+    assert not is_active({"b": {"priority": 9}}, "a", 5, NOW)  # no lastseen: kopf says now
+    assert live_peers({"b": record(9), "c": "junk", "d": {"priority": "x"}}, "a", NOW) == {"b": 9}
+
+
+def test_an_earlier_start_is_a_higher_priority() -> None:
+    first, later = auto_priority(1_800_000_000.0, 999), auto_priority(1_800_000_000.001, 0)
+    assert first > later
+    assert auto_priority(1_800_000_000.0, 1) != auto_priority(1_800_000_000.0, 2)
+    assert abs(auto_priority()) < 2**53  # exact as a JSON number everywhere
+
+
+def test_peering_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = argparse.ArgumentParser()
+    main.add_arguments(parser)
+    monkeypatch.setenv("POD_NAME", "pagoda-operator-7d9f-abcde")
+    args = ["--peering", "pagoda-operator", "--peering-priority", "7", "--peering-lifetime", "15"]
+    config = main.config_from_args(parser.parse_args(args))
+    assert (config.peering, config.peering_priority, config.pod_name) == (
+        "pagoda-operator",
+        7,
+        "pagoda-operator-7d9f-abcde",
+    )
+    settings = main.kopf_settings(config)
+    assert settings.peering.lifetime == 15 and not settings.peering.standalone
+    assert main.config_from_args(parser.parse_args([])).peering is None
+    for bad in (["--peering", "Not_A_Name"], ["--peering", "x", "--peering-lifetime", "1"]):
+        with pytest.raises(ValueError):
+            main.config_from_args(parser.parse_args(bad))
+
+
+def peering_crds() -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((ROOT / "crds/kopf-peering.yaml").read_text()) if d]
+
+
+async def alerts_status(port: int) -> tuple[int, dict[str, Any], str | None]:
+    body = {"version": "4", "status": "firing", "alerts": []}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"http://127.0.0.1:{port}/alerts", json=body) as r,
+    ):
+        return r.status, await r.json(), r.headers.get("Connection")
+
+
+async def metric(port: int, name: str) -> float:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics") as r:
+        return sample(await r.text(), name) or 0.0
+
+
+async def readyz(port: int) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/readyz") as r:
+        assert r.status == 200  # a standby replica is ready too (rollouts, PDBs, helm --wait)
+        return await r.json()
+
+
+async def role(kube: KubeApi, pod: str) -> str | None:
+    body = await kube.get("Pod", "default", pod)
+    assert body is not None
+    return (body["metadata"].get("labels") or {}).get(PEERING_LABEL)
+
+
+async def cluster_peering(emulator: Emulator, kube: KubeApi, pods: tuple[str, ...]) -> None:
+    """kopf's CRDs, the ClusterKopfPeering and a Pod object per replica (to be labelled)."""
+    for crd in peering_crds():
+        emulator.declare_crd(crd)
+        await kube.request(
+            "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body=crd
+        )
+    peering = {
+        "apiVersion": "kopf.dev/v1",
+        "kind": "ClusterKopfPeering",
+        "metadata": {"name": PEERING},
+    }
+    await kube.request("POST", "/apis/kopf.dev/v1/clusterkopfpeerings", body=peering)
+    for pod in pods:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": pod},
+            "spec": {"containers": []},
+        }
+        await kube.request("POST", "/api/v1/namespaces/default/pods", body=body)
+
+
+async def _more(value: Any, than: float) -> bool:
+    return await value > than
+
+
+def replica(name: str, priority: int | None) -> dict[str, Any]:
+    return {
+        "peering": PEERING,
+        "peering_priority": priority,
+        "peering_interval_s": 0.2,
+        "autoscale_interval_s": 0.2,  # the active one's loop runs often; a standby's never
+        "pod_name": name,
+        "pod_namespace": "default",
+    }
+
+
+async def test_one_replica_acts_and_the_other_takes_over(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    await cluster_peering(emulator, kube, ("op-a", "op-b"))
+
+    a = await start_operator(**replica("op-a", 20))
+    b = await start_operator(**replica("op-b", 10))
+
+    async def settled() -> bool:
+        return await role(kube, "op-a") == "active" and await role(kube, "op-b") == "standby"
+
+    async def both_recorded() -> bool:  # each kopf keeps its record there
+        body = await kube.get("ClusterKopfPeering", None, PEERING)
+        status = (body or {}).get("status") or {}
+        return {k: v["priority"] for k, v in status.items()} == {"op-a": 20, "op-b": 10}
+
+    await wait_for(settled, 30, what="op-a active, op-b standby")
+    await wait_for(both_recorded, 30, what="both kopfs' peering records")
+    assert (await readyz(a.http_port))["peering"] == "active"
+    assert (await readyz(b.http_port))["peering"] == "standby"
+    # an autoscaled service (no Prometheus: it holds) is evaluated by the active replica only
+    auto = {"minReplicas": 1, "maxReplicas": 2, "targetTTFTSeconds": 0.5}
+    await create_isvc(kube, "auto", {"model": "smollm2-135m", "autoscaling": auto})
+    passes = "pagoda_operator_autoscale_evaluation_duration_seconds_count"
+    await wait_for(lambda: _more(metric(a.http_port, passes), 2), 30, what="A's autoscaler")
+    assert await metric(b.http_port, passes) == 0  # the standby's autoscaler never ran
+    assert await metric(a.http_port, "pagoda_operator_peering_active") == 1
+    assert await metric(b.http_port, "pagoda_operator_peering_active") == 0
+    code, body, connection = await alerts_status(b.http_port)
+    assert (code, body["status"], connection) == (503, "standby", "close")
+    assert (await alerts_status(a.http_port))[:2] == (200, {"status": "ignored", "results": []})
+
+    # op-a stops (SIGTERM in a pod): kopf removes its record, op-b takes over — kopf's
+    # handlers (a new InferenceService gets its Deployment) and the gate (alerts, label).
+    await a.shutdown()
+
+    async def took_over() -> bool:
+        return await role(kube, "op-b") == "active"
+
+    await wait_for(took_over, 30, what="op-b active")
+    await wait_for(lambda: _more(metric(b.http_port, passes), 2), 30, what="B's autoscaler")
+    assert await metric(b.http_port, "pagoda_operator_peering_active") == 1
+    assert (await alerts_status(b.http_port))[0] == 200
+    await create_isvc(kube, "chat", EXAMPLE_SPEC)
+
+    async def deployed() -> bool:
+        return await kube.get("Deployment", "default", "chat") is not None
+
+    await wait_for(deployed, 30, what="op-b's kopf handlers created the Deployment")
+    assert_permitted(emulator)
+
+
+async def test_without_the_peering_object_a_replica_stands_by(
+    emulator: Emulator, kube: KubeApi
+) -> None:
+    """As kopf does: no KopfPeering in a served namespace (or no CRD) → nothing acts; once
+    it exists and holds no higher record, the replica acts."""
+    for crd in peering_crds():
+        emulator.declare_crd(crd)
+    changes: list[bool] = []
+    clock = [0.0]
+    gate = PeeringGate(
+        kube, name=PEERING, namespaces=("default",), identity="op-x", priority=1,
+        lifetime_s=30, on_change=changes.append, clock=lambda: clock[0],
+    )  # fmt: skip
+    assert gate.active is False and await gate.check() is False
+    body = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}
+    await kube.request("POST", "/apis/kopf.dev/v1/namespaces/default/kopfpeerings", body=body)
+    assert await gate.check() is False  # not joined: our own record is not there yet
+
+    def live(priority: int) -> dict[str, Any]:
+        seen = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        return {"priority": priority, "lifetime": 60, "lastseen": seen}
+
+    await kube.patch("KopfPeering", "default", PEERING, {"status": {"op-x": live(1)}})
+    assert await gate.check() is True and changes == [True]
+    # API errors: the role holds (the loops and the autoscaler's history with it) until the
+    # reads have failed for a lifetime, when the others count this replica as gone
+    emulator.fail("GET", "kopfpeerings", 503, times=2)
+    assert await gate.check() is True
+    clock[0] += 31
+    assert await gate.check() is False and changes == [True, False]
+    assert await gate.check() is True and changes == [True, False, True]  # reads again
+    await kube.patch("KopfPeering", "default", PEERING, {"status": {"op-y": live(2)}})
+    assert await gate.check() is False and changes == [True, False, True, False]
+
+
+async def test_replicas_that_start_together_elect_one(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """Default priorities (from the start time, a random tie-break), started at once: never
+    kopf's same-priority pause of both; exactly one acts, the one with the higher record."""
+    pods = ("op-a", "op-b", "op-c")
+    await cluster_peering(emulator, kube, pods)
+    await asyncio.gather(*(start_operator(**replica(pod, None)) for pod in pods))
+
+    async def elected() -> str | None:
+        body = await kube.get("ClusterKopfPeering", None, PEERING)
+        status = (body or {}).get("status") or {}
+        roles = [await role(kube, pod) for pod in pods]
+        if len(status) < len(pods) or sorted(map(str, roles)) != ["active", "standby", "standby"]:
+            return None
+        assert len({r["priority"] for r in status.values()}) == len(pods)
+        return max(status, key=lambda pod: status[pod]["priority"])
+
+    highest = await wait_for(elected, 30, what="one active replica")
+    assert await role(kube, highest) == "active"
