@@ -23,13 +23,19 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         a = f"model.layers.{i}.self_attn."
         out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                     a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q),
-                    f"model.layers.{i}.input_layernorm.weight": (h,),
                     f"model.layers.{i}.post_attention_layernorm.weight": (h,)})  # fmt: skip
+        if not c.family.olmo2_norms:  # OLMo 2 has no norm before attention
+            out[f"model.layers.{i}.input_layernorm.weight"] = (h,)
+        else:  # after the MLP, and q/k norms over the whole projections
+            out[f"model.layers.{i}.post_feedforward_layernorm.weight"] = (h,)
+            out[a + "q_norm.weight"], out[a + "k_norm.weight"] = (q,), (kv,)
         if c.family.gemma_norms:
             for norm in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
                 out[f"model.layers.{i}.{norm}.weight"] = (h,)
         if c.family.has_experts(i):
             out[_moe_block(c, i) + "gate.weight"] = (c.family.num_experts, h)  # the router
+            if c.family.shared_expert_intermediate_size:  # the shared expert's sigmoid gate
+                out[_moe_block(c, i) + "shared_expert_gate.weight"] = (1, h)
         if c.family.qk_norm:
             out[a + "q_norm.weight"] = out[a + "k_norm.weight"] = (d,)
     if not c.tie_word_embeddings:
@@ -54,6 +60,9 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "gate_proj", "up_proj", "down_proj")  # fmt: skip
         for e in range(c.family.num_experts):
             p = f"{_moe_block(c, i)}experts.{e}."
+            out.append(tuple(f"{p}{n}.weight" for n in names))
+        if c.family.shared_expert_intermediate_size:
+            p = f"{_moe_block(c, i)}shared_expert."
             out.append(tuple(f"{p}{n}.weight" for n in names))
     return out
 

@@ -1,4 +1,4 @@
-"""Mixture-of-experts MLP and the two families built on it: Mixtral and Qwen3-MoE.
+"""Mixture-of-experts MLP and the families built on it: Mixtral, Qwen3-MoE and Qwen2-MoE.
 
 The router is a linear layer to one logit per expert; its softmax (float32) picks the top-k
 experts of each token, whose probabilities are renormalised to sum to 1 (Mixtral, and Qwen3-MoE
@@ -19,6 +19,10 @@ vLLM's fused-MoE layer does: every rank holds rows [r N/R, (r+1) N/R) of every e
 up and those columns of its down, routes every token itself (the router is replicated), and the
 ranks' partial outputs are summed by one all-reduce per layer.
 
+Qwen2-MoE adds a shared expert (`SharedExpertMoE`): a SwiGLU MLP every token goes through, its
+output scaled by sigmoid(shared_expert_gate(x)) and added to the routed experts'; under tensor
+parallelism it is split by width like the experts, and both partial sums share the all-reduce.
+
 Expert weights come per expert (Hugging Face: `experts.{e}.w1` / `gate_proj` ...) or stacked
 `[E, N, K]` under `experts.{name}.weight` (the GGUF loader's names for `ffn_*_exps`).
 """
@@ -33,6 +37,7 @@ from pagoda.runtime.cpu.quantized import QuantizedWeight, stack
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaModel
+from pagoda.runtime.model.parallel_linear import RowParallelLinear
 from pagoda.runtime.model.qwen3 import Qwen3Model
 
 log = logging.getLogger(__name__)
@@ -209,8 +214,39 @@ class _ExpertTensors:
         return tuple(out)
 
 
+class SharedExpertMoE:
+    """The routed experts plus a shared expert gated by a sigmoid (Qwen2-MoE; module docstring):
+    ``experts(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)``."""
+
+    def __init__(self, routed: SparseMoE, shared: GatedMLP, gate: Linear) -> None:
+        self.routed, self.shared, self.gate = routed, shared, gate
+        self.tp = routed.tp
+
+    @classmethod
+    def from_weights(
+        cls, model: LlamaModel, w: DeviceWeights, prefix: str, ctx: LayerContext
+    ) -> SharedExpertMoE:
+        p = prefix + model.moe_names[0]  # type: ignore[attr-defined]
+        shared = GatedMLP(ctx, w, p + "shared_expert.")  # gate/up by rows, down by columns
+        if isinstance(shared.down, RowParallelLinear):  # its partial sum joins the experts'
+            shared.down = shared.down.inner  # (no bias to add after the sum)
+        gate = ctx.linear(w[p + "shared_expert_gate.weight"])  # [1, hidden], replicated
+        return cls(SparseMoE.from_weights(model, w, prefix, ctx), shared, gate)
+
+    def linears(self) -> list[Linear]:
+        return [*self.routed.linears(), *self.shared.linears(), self.gate]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        shared = torch.sigmoid(self.gate(x)) * self.shared(x)
+        out = self.routed._experts(x) + shared
+        return out if self.tp is None else self.tp.all_reduce(out)
+
+
 def _make_mlp(model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
-    if model.config.family.has_experts(index):
+    f = model.config.family
+    if f.has_experts(index) and f.shared_expert_intermediate_size:
+        return SharedExpertMoE.from_weights(model, w, prefix, ctx)
+    if f.has_experts(index):
         return SparseMoE.from_weights(model, w, prefix, ctx)
     return GatedMLP(ctx, w, prefix + "mlp.")
 
@@ -225,6 +261,15 @@ class MixtralModel(LlamaModel):
 class Qwen3MoeModel(Qwen3Model):
     """Qwen3 attention; experts where `FamilyConfig.moe_layers` says (`decoder_sparse_step`,
     `mlp_only_layers`), a dense MLP of `intermediate_size` elsewhere."""
+
+    moe_names = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
+    make_mlp = _make_mlp
+
+
+class Qwen2MoeModel(LlamaModel):
+    """Qwen2 attention (q/k/v biases); where `FamilyConfig.moe_layers` says, the routed experts
+    (softmax top-k, `norm_topk_prob`, weights rounded to the model's dtype as Qwen3-MoE's) with
+    the shared expert beside them (`SharedExpertMoE`); a dense MLP elsewhere."""
 
     moe_names = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
     make_mlp = _make_mlp
