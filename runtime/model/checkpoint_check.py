@@ -32,7 +32,11 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         if c.family.gemma_norms:
             for norm in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
                 out[f"model.layers.{i}.{norm}.weight"] = (h,)
-        if c.family.has_experts(i):
+        if c.architecture == "granitemoe":  # its router, and its experts stacked
+            e, n, p = c.family.num_experts, c.family.moe_intermediate_size, _moe_block(c, i)
+            out.update({p + "router.layer.weight": (e, h), p + "input_linear.weight": (e, 2 * n, h),
+                        p + "output_linear.weight": (e, h, n)})  # fmt: skip
+        elif c.family.has_experts(i):
             out[_moe_block(c, i) + "gate.weight"] = (c.family.num_experts, h)  # the router
             if c.family.shared_expert_intermediate_size:  # the shared expert's sigmoid gate
                 out[_moe_block(c, i) + "shared_expert_gate.weight"] = (1, h)
@@ -44,7 +48,7 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _moe_block(c: ModelConfig, layer: int) -> str:
-    block = "block_sparse_moe." if c.architecture == "mixtral" else "mlp."
+    block = "block_sparse_moe." if c.architecture in ("mixtral", "granitemoe") else "mlp."
     return f"model.layers.{layer}.{block}"
 
 
@@ -52,6 +56,8 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
     """(gate, up, down) weight names of every MLP: each layer's, or each of its experts'."""
     out = []
     for i in range(c.num_layers):
+        if c.architecture == "granitemoe":  # stacked: `expected_shapes` has them
+            continue
         if not c.family.has_experts(i):
             p = f"model.layers.{i}.mlp."
             out.append((p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"))

@@ -1,4 +1,4 @@
-"""IBM Granite (3.x): the Llama layer with four scalars from config.json.
+"""IBM Granite (3.x) and GraniteMoe: the Llama layer with four scalars from config.json.
 
 - the token embeddings are multiplied by `embedding_multiplier`;
 - each sublayer's output (attention's, the MLP's) by `residual_multiplier` before its residual
@@ -6,6 +6,11 @@
 - the softmax scale is `attention_multiplier` (`FamilyConfig.attention_scale`; the attention
   backend reads it), not head_dim ** -0.5;
 - the logits are divided by `logits_scaling`.
+
+GraniteMoe puts Mixtral-style experts in every layer (`moe.SparseMoE`): the router
+(`router.layer`) picks the top-k logits and softmaxes them (the renormalised top-k of a full
+softmax), the weights rounded to the model's dtype; each layer's experts are stacked, gate and
+up in one `input_linear` [E, 2N, K], down in `output_linear` [E, K, N].
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import torch
 from pagoda.runtime.cpu.quantized import QuantizedWeight
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step
+from pagoda.runtime.model.moe import make_mlp
 
 
 class GraniteLayer(LlamaLayer):
@@ -55,3 +61,9 @@ class GraniteModel(LlamaModel):
         if scaling == 1.0:
             return super().logits(x, head)
         return self.lm_head(x) / scaling
+
+
+class GraniteMoeModel(GraniteModel):
+    moe_names = ("block_sparse_moe.", ("input_linear", "output_linear"))
+    moe_router, moe_experts = "router.layer.weight", ""
+    make_mlp = make_mlp

@@ -36,6 +36,7 @@ HF_ARCHITECTURES = {
     "Qwen2MoeForCausalLM": "qwen2moe",
     "Olmo2ForCausalLM": "olmo2",
     "GraniteForCausalLM": "granite",
+    "GraniteMoeForCausalLM": "granitemoe",
 }
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
@@ -63,6 +64,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                  "shared_expert_intermediate_size": 5632, "norm_topk_prob": False,
                  "qkv_bias": True, "max_position_embeddings": 32_768},
     "olmo2": {"rms_norm_eps": 1e-5},
+    "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2},
 }  # fmt: skip
 # a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
 _NULLABLE = {"mistral": ("sliding_window",)}
@@ -193,7 +195,7 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
             # attention never applies it, in transformers as in llama.cpp: neither do we
             final_logit_softcapping=cfg.get("final_logit_softcapping"),
         )
-    if arch == "mixtral":
+    if arch in ("mixtral", "granitemoe"):  # experts of intermediate_size in every layer
         fields.update(
             num_experts=int(cfg["num_local_experts"]),
             num_experts_per_tok=int(cfg["num_experts_per_tok"]),
@@ -216,7 +218,12 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
         fields["shared_expert_intermediate_size"] = int(cfg["shared_expert_intermediate_size"])
     if arch == "olmo2":
         fields["olmo2_norms"] = True
-    if arch == "granite":  # transformers' defaults: 1.0 each (a softmax scale of 1, too)
+    if arch == "granitemoe":  # softmax over the top-k logits, weights in the model's dtype
+        fields["round_topk_to_model_dtype"] = True
+    if arch in (
+        "granite",
+        "granitemoe",
+    ):  # transformers' defaults: 1.0 each (a softmax scale of 1, too)
         for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
                      "logits_scaling"):  # fmt: skip
             fields[name] = float(cfg.get(name, 1.0))

@@ -105,8 +105,10 @@ class SparseMoE:
         f = model.config.family
         block, names = model.moe_names  # type: ignore[attr-defined]
         p = prefix + block
-        router = ctx.linear(w[p + "gate.weight"], quantized=w.quantized([p + "gate.weight"]))
-        tensors = _ExpertTensors(w, p + "experts.", names, f.num_experts)
+        gate = p + getattr(model, "moe_router", "gate.weight")
+        router = ctx.linear(w[gate], quantized=w.quantized([gate]))
+        tensors = _ExpertTensors(w, p + getattr(model, "moe_experts", "experts."), names,
+                                 f.num_experts)  # fmt: skip
         if ctx.tp is not None:
             tensors.rows = ctx.tp.layout.even(f.moe_intermediate_size)
         w13 = w2 = None
@@ -174,9 +176,10 @@ class SparseMoE:
 
 
 class _ExpertTensors:
-    """One layer's expert weights, per expert or stacked (read once, then sliced)."""
+    """One layer's expert weights, per expert or stacked (read once, then sliced); two names
+    are stacked gate and up in one [E, 2N, K] tensor, then down (GraniteMoe's)."""
 
-    def __init__(self, w: DeviceWeights, prefix: str, names: tuple[str, str, str], n: int):
+    def __init__(self, w: DeviceWeights, prefix: str, names: tuple[str, ...], n: int):
         self.w, self.prefix, self.names, self.n = w, prefix, names, n
         self.rows: tuple[int, int] | None = None  # this rank's intermediate rows (tensor parallel)
         self.stacked = f"{prefix}{names[0]}.weight" in w
@@ -188,7 +191,10 @@ class _ExpertTensors:
     def weights(self, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(gate [N, K], up [N, K], down [K, N]) of expert `e`; with `rows`, this rank's
         rows of gate and up and those columns of down."""
-        if self._stack is not None:
+        if self._stack is not None and len(self._stack) == 2:
+            gate_up, down = self._stack[0][e], self._stack[1][e]
+            gate, up = gate_up.chunk(2)
+        elif self._stack is not None:
             gate, up, down = (t[e] for t in self._stack)
         else:
             gate, up, down = (self.w[self._name(e, i)] for i in range(3))
@@ -201,6 +207,8 @@ class _ExpertTensors:
         """Stored blocks of (gate, up, down) for `qgemm` (float32 CPU models), or Nones."""
         if not self.stacked:
             return tuple(self.w.quantized([self._name(e, i)]) for i in range(3))
+        if len(self.names) == 2:  # GraniteMoe's (Hugging Face only): no stored blocks
+            return None, None, None
         out = []
         for name in self.names:
             q = self.w.quantized([f"{self.prefix}{name}.weight"])
@@ -242,7 +250,9 @@ class SharedExpertMoE:
         return out if self.tp is None else self.tp.all_reduce(out)
 
 
-def _make_mlp(model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
+def make_mlp(model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
+    """Layer `index`'s MLP (`LlamaModel.make_mlp` of the models with experts): the experts,
+    with the shared expert where the family has one, or a dense MLP."""
     f = model.config.family
     if f.has_experts(index) and f.shared_expert_intermediate_size:
         return SharedExpertMoE.from_weights(model, w, prefix, ctx)
@@ -255,7 +265,7 @@ class MixtralModel(LlamaModel):
     """Llama attention (with Mistral's sliding window when set), experts in every layer."""
 
     moe_names = ("block_sparse_moe.", ("w1", "w3", "w2"))
-    make_mlp = _make_mlp
+    make_mlp = make_mlp
 
 
 class Qwen3MoeModel(Qwen3Model):
@@ -263,7 +273,7 @@ class Qwen3MoeModel(Qwen3Model):
     `mlp_only_layers`), a dense MLP of `intermediate_size` elsewhere."""
 
     moe_names = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
-    make_mlp = _make_mlp
+    make_mlp = make_mlp
 
 
 class Qwen2MoeModel(LlamaModel):
@@ -272,4 +282,4 @@ class Qwen2MoeModel(LlamaModel):
     the shared expert beside them (`SharedExpertMoE`); a dense MLP elsewhere."""
 
     moe_names = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
-    make_mlp = _make_mlp
+    make_mlp = make_mlp

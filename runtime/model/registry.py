@@ -23,6 +23,7 @@ MODEL_CLASSES = {
     "qwen2moe": ("moe", "Qwen2MoeModel"),
     "olmo2": ("olmo2", "Olmo2Model"),
     "granite": ("granite", "GraniteModel"),
+    "granitemoe": ("granite", "GraniteMoeModel"),
 }
 
 

@@ -64,6 +64,13 @@ CASES = {
              logits_scaling=2.5, attention_bias=True, mlp_bias=True),
         {},
     ),
+    "granitemoe-top2": (  # stacked experts, softmax over the top-k logits, Granite's scalars
+        "GraniteMoe",
+        dict(num_local_experts=6, num_experts_per_tok=2, intermediate_size=32,
+             embedding_multiplier=2.0, residual_multiplier=0.7, attention_multiplier=0.1,
+             logits_scaling=1.5),
+        {},
+    ),
 }  # fmt: skip
 PREEMPTING = {"mixtral-top2-window", "gemma3-window"}  # these also run in a pool too small
 

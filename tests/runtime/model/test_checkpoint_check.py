@@ -95,7 +95,8 @@ def _widen(name: str):
 
 SMALL = {"Mixtral": dict(num_local_experts=4),
          "Qwen2Moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                          shared_expert_intermediate_size=48)}  # fmt: skip
+                          shared_expert_intermediate_size=48),
+         "GraniteMoe": dict(num_local_experts=4)}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -115,6 +116,8 @@ SMALL = {"Mixtral": dict(num_local_experts=4),
          "missing tensor 'model.layers.1.mlp.shared_expert_gate.weight'"),
         ("Qwen2Moe", _widen("model.layers.0.mlp.shared_expert.up_proj.weight"),
          r"shared_expert.up_proj.weight is \[96, 64\]; with .*gate_proj.weight \[48, 64\]"),
+        ("GraniteMoe", lambda t: t.pop("model.layers.1.block_sparse_moe.output_linear.weight"),
+         "missing tensor 'model.layers.1.block_sparse_moe.output_linear.weight'"),
         ("Olmo2", lambda t: t.pop("model.layers.1.post_feedforward_layernorm.weight"),
          "missing tensor 'model.layers.1.post_feedforward_layernorm.weight'"),
         # OLMo 2 normalises k over all its heads at once: a per-head norm is not its checkpoint

@@ -91,7 +91,7 @@ FAMILIES = {"Llama": {}, "Mistral": {}, "Qwen2": {}, "Qwen3": {}, "Gemma3Text": 
             "Mixtral": {}, "Qwen3Moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
             "Qwen2Moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                              shared_expert_intermediate_size=48),
-            "Olmo2": {}, "Granite": {}}  # fmt: skip
+            "Olmo2": {}, "Granite": {}, "GraniteMoe": {}}  # fmt: skip
 
 
 def _without_defaults(path, arch: str) -> None:
