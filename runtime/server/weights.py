@@ -22,7 +22,8 @@ safetensors headers through `SafetensorsWeights`; no tensor data is read):
   copy of the embedding table beside the table itself; on CUDA they share it;
 * projections that run in FP8 (`quantization.fp8.engine_scheme`: an FP8 checkpoint where the FP8
   kernels run, or ``--quantization fp8``) at one byte a weight plus a float32 scale per output
-  row; the embedding, LM head, router and experts stay in the dtype;
+  row (Qwen2-MoE's shared expert too); the embedding, LM head, routers and experts stay in the
+  dtype;
 * with tensor parallelism, one rank's share (`distributed.layout`): q by its heads, k and v by
   its KV heads (replicated when there are fewer than ranks), o and down by input columns (their
   biases, and FP8 scales, whole), gate/up and the experts by rows, the vocabulary padded to a
@@ -54,7 +55,9 @@ _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_sc
              "output_scale", "inv_freq")  # fmt: skip
 _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
           "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"))  # fmt: skip
-_PROJECTIONS = re.compile(r"(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$")
+_PROJECTIONS = re.compile(  # Qwen2-MoE's shared expert is a dense MLP (moe.SharedExpertMoE)
+    r"(self_attn\.[qkvo]_proj|mlp\.(shared_expert\.)?(gate|up|down)_proj)\.weight$"
+)
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 # safetensors dtype -> bytes per element
 _ITEM = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
@@ -263,6 +266,8 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     else:
         projections = (n * attn + mlp) * item
     experts = moe * f.num_experts * (3 * h * f.moe_intermediate_size + h) * item
+    if f.shared_expert_intermediate_size:  # Qwen2-MoE's shared expert and its gate
+        experts += moe * (3 * h * f.shared_expert_intermediate_size + h) * item
     embed = mc.vocab_size * h * (1 if mc.tie_word_embeddings else 2) * item
     norms = (2 * n + 1) * h * item
     return math.ceil(projections + (experts + embed) / t) + norms
@@ -295,8 +300,8 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
             continue
         if name.endswith(".weight") and len(t.shape) in (2, 3):
             groups.setdefault(_group(name), []).append(t)
-        elif mc.family.gemma_norms and name.endswith("norm.weight"):
-            total += t.numel * 4  # 1 + w in float32 (gemma3.norm_weight)
+        elif (mc.family.gemma_norms or mc.family.olmo2_norms) and name.endswith("norm.weight"):
+            total += t.numel * 4  # float32 (gemma3's 1 + w, olmo2's w: their norm_weight)
         else:  # norms and biases (o's and down's whole on every rank)
             total += _local(name, t.shape, mc, lay)[0] * p.dtype.itemsize
     fp8_layers = blocks = 0
@@ -326,7 +331,7 @@ def _runs_in_fp8(name: str, scheme: Fp8Scheme) -> bool:
 
 
 def _row_parallel(name: str) -> bool:
-    return name.endswith(("o_proj.weight", "down_proj.weight")) or bool(
+    return name.endswith(("o_proj.weight", "down_proj.weight", "output_linear.weight")) or bool(
         re.search(r"experts\.(\d+\.)?(down_proj|w2)\.weight$", name)
     )
 
@@ -350,7 +355,7 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
         return (k1 - k0) * mc.head_dim, cols
     if part.endswith(".weight") and _row_parallel(name):
         return rows, cols // lay.size  # input columns
-    if re.search(r"(gate_proj|up_proj|w1|w3)\.(weight|bias)$", part):
+    if re.search(r"(gate_proj|up_proj|w1|w3|input_linear)\.(weight|bias)$", part):
         return rows // lay.size, cols  # output rows (experts: their intermediate width)
     return rows, cols  # norms, the router, o's and down's biases: whole on every rank
 
