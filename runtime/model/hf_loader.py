@@ -220,10 +220,8 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
         fields["olmo2_norms"] = True
     if arch == "granitemoe":  # softmax over the top-k logits, weights in the model's dtype
         fields["round_topk_to_model_dtype"] = True
-    if arch in (
-        "granite",
-        "granitemoe",
-    ):  # transformers' defaults: 1.0 each (a softmax scale of 1, too)
+    granite = ("granite", "granitemoe")
+    if arch in granite:  # transformers' defaults: 1.0 each (a softmax scale of 1, too)
         for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
                      "logits_scaling"):  # fmt: skip
             fields[name] = float(cfg.get(name, 1.0))

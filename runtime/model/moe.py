@@ -1,4 +1,5 @@
-"""Mixture-of-experts MLP and the families built on it: Mixtral, Qwen3-MoE and Qwen2-MoE.
+"""Mixture-of-experts MLP and the families built on it: Mixtral, Qwen3-MoE and Qwen2-MoE here,
+GraniteMoe in `granite.py`.
 
 The router is a linear layer to one logit per expert; its softmax (float32) picks the top-k
 experts of each token, whose probabilities are renormalised to sum to 1 (Mixtral, and Qwen3-MoE
@@ -24,7 +25,9 @@ output scaled by sigmoid(shared_expert_gate(x)) and added to the routed experts'
 parallelism it is split by width like the experts, and both partial sums share the all-reduce.
 
 Expert weights come per expert (Hugging Face: `experts.{e}.w1` / `gate_proj` ...) or stacked
-`[E, N, K]` under `experts.{name}.weight` (the GGUF loader's names for `ffn_*_exps`).
+`[E, N, K]` under `experts.{name}.weight` (the GGUF loader's names for `ffn_*_exps`), or gate
+and up stacked together `[E, 2N, K]` beside down `[E, K, N]` (GraniteMoe's `input_linear` and
+`output_linear`; its router's softmax over the top-k logits is the renormalised top-k).
 """
 
 from __future__ import annotations
@@ -141,10 +144,11 @@ class SparseMoE:
         return [self.router, *(x for pair in self.experts for x in pair)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._experts(x)
+        out = self.partial(x)
         return out if self.tp is None else self.tp.all_reduce(out)
 
-    def _experts(self, x: torch.Tensor) -> torch.Tensor:
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """The experts' output before the ranks' sum (tensor parallel: this rank's part)."""
         probs = torch.softmax(self.router(x).float(), dim=-1)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:
@@ -238,7 +242,8 @@ class SharedExpertMoE:
         shared = GatedMLP(ctx, w, p + "shared_expert.")  # gate/up by rows, down by columns
         if isinstance(shared.down, RowParallelLinear):  # its partial sum joins the experts'
             shared.down = shared.down.inner  # (no bias to add after the sum)
-        gate = ctx.linear(w[p + "shared_expert_gate.weight"])  # [1, hidden], replicated
+        name = p + "shared_expert_gate.weight"  # [1, hidden], replicated
+        gate = ctx.linear(w[name], quantized=w.quantized([name]))
         return cls(SparseMoE.from_weights(model, w, prefix, ctx), shared, gate)
 
     def linears(self) -> list[Linear]:
@@ -246,7 +251,7 @@ class SharedExpertMoE:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shared = torch.sigmoid(self.gate(x)) * self.shared(x)
-        out = self.routed._experts(x) + shared
+        out = self.routed.partial(x) + shared
         return out if self.tp is None else self.tp.all_reduce(out)
 
 
