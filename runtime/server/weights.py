@@ -420,8 +420,10 @@ def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placemen
             return None
         return packed_bytes([(t.kind, t.shape[0])], t.shape[1])
 
+    # gemma3's and granite's head_blocks: capped or scaled logits come from a dense head
     capped = mc.architecture == "gemma3" and bool(mc.family.final_logit_softcapping)
-    head_blocks = None if capped else blocks(head)  # gemma3.head_blocks: capped heads stay dense
+    capped = capped or mc.family.logits_scaling != 1.0
+    head_blocks = None if capped else blocks(head)
     if tied and head_blocks is not None:  # the lookups read the head's blocks
         return head_blocks, ""
     held = dense_head if head_blocks is None else head_blocks

@@ -54,8 +54,10 @@ def _resave(model, src, dst, dtype):
                       "moe_intermediate_size": 32, "mlp_only_layers": [1]}),
         ("Mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
         ("Olmo2", {}),  # its norms in float32
+        ("Granite", {"tie_word_embeddings": True, "logits_scaling": 4.0}),  # a dense head
     ],
-    ids=["llama", "llama-tied-bias", "gemma3-capped", "qwen3moe", "mixtral", "olmo2"],
+    ids=["llama", "llama-tied-bias", "gemma3-capped", "qwen3moe", "mixtral", "olmo2",
+         "granite-scaled"],
 )  # fmt: skip
 def test_transformers_checkpoints_at_another_dtype(tmp_path, arch, overrides):
     """float32 files served as bf16 (half), bf16 files as float32 (read in place where `qgemm`
