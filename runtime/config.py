@@ -62,9 +62,10 @@ class FamilyConfig:
     # Qwen2-MoE: a shared expert of this width beside the routed ones, its output scaled by
     # sigmoid(shared_expert_gate(x)) (0: none)
     shared_expert_intermediate_size: int = 0
-    # OLMo 2's layer: norms on attention's and the MLP's outputs (none on their inputs), q/k
-    # norms over the whole projection (every head together), RMSNorm scaling in float32
+    # OLMo 2's layer: norms on attention's and the MLP's outputs (none on their inputs), RMSNorm
+    # scaling in float32
     olmo2_norms: bool = False
+    qk_norm_whole: bool = False  # an RMSNorm over all of q and of k (OLMo 2, OLMoE), not per head
     # Granite: embeddings x embedding_multiplier, each residual branch x residual_multiplier,
     # softmax scale attention_multiplier (None: head_dim ** -0.5), logits / logits_scaling
     embedding_multiplier: float = 1.0

@@ -26,8 +26,9 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
                     f"model.layers.{i}.post_attention_layernorm.weight": (h,)})  # fmt: skip
         if not c.family.olmo2_norms:  # OLMo 2 has no norm before attention
             out[f"model.layers.{i}.input_layernorm.weight"] = (h,)
-        else:  # after the MLP, and q/k norms over the whole projections
+        else:  # but one after the MLP
             out[f"model.layers.{i}.post_feedforward_layernorm.weight"] = (h,)
+        if c.family.qk_norm_whole:  # q/k norms over the whole projections
             out[a + "q_norm.weight"], out[a + "k_norm.weight"] = (q,), (kv,)
         if c.family.gemma_norms:
             for norm in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):

@@ -37,6 +37,7 @@ HF_ARCHITECTURES = {
     "Olmo2ForCausalLM": "olmo2",
     "GraniteForCausalLM": "granite",
     "GraniteMoeForCausalLM": "granitemoe",
+    "OlmoeForCausalLM": "olmoe",
 }
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
@@ -65,6 +66,8 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                  "qkv_bias": True, "max_position_embeddings": 32_768},
     "olmo2": {"rms_norm_eps": 1e-5},
     "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "olmoe": {"num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False,
+              "rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
 }  # fmt: skip
 # a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
 _NULLABLE = {"mistral": ("sliding_window",)}
@@ -217,7 +220,18 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
     if arch == "qwen2moe":
         fields["shared_expert_intermediate_size"] = int(cfg["shared_expert_intermediate_size"])
     if arch == "olmo2":
-        fields["olmo2_norms"] = True
+        fields.update(olmo2_norms=True, qk_norm_whole=True)
+    if arch == "olmoe":
+        if cfg.get("clip_qkv") is not None:
+            raise ValueError(f"clip_qkv {cfg['clip_qkv']} (OLMoE's q/k/v clamp) is not supported")
+        fields.update(
+            qk_norm_whole=True,
+            num_experts=int(cfg["num_experts"]),
+            num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+            moe_intermediate_size=int(cfg["intermediate_size"]),
+            norm_topk_prob=bool(cfg["norm_topk_prob"]),
+            round_topk_to_model_dtype=True,
+        )
     if arch == "granitemoe":  # softmax over the top-k logits, weights in the model's dtype
         fields["round_topk_to_model_dtype"] = True
     granite = ("granite", "granitemoe")

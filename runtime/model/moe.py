@@ -1,5 +1,5 @@
 """Mixture-of-experts MLP and the families built on it: Mixtral, Qwen3-MoE and Qwen2-MoE here,
-GraniteMoe in `granite.py`.
+GraniteMoe in `granite.py`, OLMoE in `olmo2.py`.
 
 The router is a linear layer to one logit per expert; its softmax (float32) picks the top-k
 experts of each token, whose probabilities are renormalised to sum to 1 (Mixtral, and Qwen3-MoE

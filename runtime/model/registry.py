@@ -24,6 +24,7 @@ MODEL_CLASSES = {
     "olmo2": ("olmo2", "Olmo2Model"),
     "granite": ("granite", "GraniteModel"),
     "granitemoe": ("granite", "GraniteMoeModel"),
+    "olmoe": ("olmo2", "OlmoeModel"),
 }
 
 

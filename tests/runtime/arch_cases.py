@@ -71,6 +71,9 @@ CASES = {
              logits_scaling=1.5),
         {},
     ),
+    "olmoe-top3": (  # OLMoE: whole-row q/k norms, experts every layer, not renormalised
+        "Olmoe", dict(num_experts=6, num_experts_per_tok=3, intermediate_size=32), {},
+    ),
 }  # fmt: skip
 PREEMPTING = {"mixtral-top2-window", "gemma3-window"}  # these also run in a pool too small
 

@@ -4,7 +4,7 @@ with their own rotary base in `rope_parameters`, a multimodal Gemma 3 whose top-
 `tie_word_embeddings` says untied, Qwen3-MoE's window (every layer, whatever max_window_layers
 says); and what the engine cannot run exactly, refused at load in one line (longrope, a partial
 rotary, dynamic NTK past the model's context, Gemma 3's bidirectional attention, experts with
-another activation than SwiGLU)."""
+another activation than SwiGLU, OLMoE's clip_qkv)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,8 @@ FAMILIES = {"Llama": {}, "Mistral": {}, "Qwen2": {}, "Qwen3": {}, "Gemma3Text": 
             "Mixtral": {}, "Qwen3Moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
             "Qwen2Moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                              shared_expert_intermediate_size=48),
-            "Olmo2": {}, "Granite": {}, "GraniteMoe": {}}  # fmt: skip
+            "Olmo2": {}, "Granite": {}, "GraniteMoe": {},
+            "Olmoe": dict(num_experts=8, intermediate_size=32)}  # fmt: skip
 
 
 def _without_defaults(path, arch: str) -> None:
@@ -231,6 +232,12 @@ def test_dynamic_rope_is_exact_within_its_context_and_refused_past_it(tmp_path):
 def test_experts_other_than_swiglu_are_refused_at_load(tmp_path):
     make_tiny_model(tmp_path, "Mixtral", hidden_act="gelu_pytorch_tanh", num_local_experts=4)
     with pytest.raises(ValueError, match="'gelu_pytorch_tanh' in a mixture of experts"):
+        read_model_config(str(tmp_path))
+
+
+def test_olmoe_clip_qkv_is_refused_at_load(tmp_path):
+    make_tiny_model(tmp_path, "Olmoe", num_experts=4, intermediate_size=32, clip_qkv=8.0)
+    with pytest.raises(ValueError, match=r"clip_qkv 8.0 .* is not supported"):
         read_model_config(str(tmp_path))
 
 
