@@ -160,10 +160,11 @@ def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None
 
 def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     window = cfg.get("sliding_window")
-    qwen = ("qwen2", "qwen3", "qwen3moe", "qwen2moe")
-    if arch in qwen and not cfg.get("use_sliding_window", False):
+    if arch == "qwen2moe":  # as the other Qwens: a window only with use_sliding_window
+        return int(window) if window and cfg.get("use_sliding_window", False) else None
+    if arch in ("qwen2", "qwen3", "qwen3moe") and not cfg.get("use_sliding_window", False):
         return None  # Qwen configs carry a window they do not use unless told to
-    if arch not in ("mistral", "mixtral", "gemma3", *qwen):
+    if arch not in ("mistral", "mixtral", "gemma3", "qwen2", "qwen3", "qwen3moe"):
         return None
     return int(window) if window else None
 
@@ -198,7 +199,7 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
             # attention never applies it, in transformers as in llama.cpp: neither do we
             final_logit_softcapping=cfg.get("final_logit_softcapping"),
         )
-    if arch in ("mixtral", "granitemoe"):  # experts of intermediate_size in every layer
+    if arch == "mixtral":
         fields.update(
             num_experts=int(cfg["num_local_experts"]),
             num_experts_per_tok=int(cfg["num_experts_per_tok"]),
@@ -232,8 +233,13 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
             norm_topk_prob=bool(cfg["norm_topk_prob"]),
             round_topk_to_model_dtype=True,
         )
-    if arch == "granitemoe":  # softmax over the top-k logits, weights in the model's dtype
-        fields["round_topk_to_model_dtype"] = True
+    if arch == "granitemoe":  # Mixtral's experts; softmax over the top-k logits, rounded
+        fields.update(
+            num_experts=int(cfg["num_local_experts"]),
+            num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+            moe_intermediate_size=int(cfg["intermediate_size"]),
+            round_topk_to_model_dtype=True,
+        )
     granite = ("granite", "granitemoe")
     if arch in granite:  # transformers' defaults: 1.0 each (a softmax scale of 1, too)
         for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",

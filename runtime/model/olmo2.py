@@ -90,13 +90,11 @@ class Olmo2Model(LlamaModel):
     layer_class = Olmo2Layer
 
     def layer_context(self, linear: Callable[..., Linear]) -> LayerContext:
+        """`gemma_rms_norm` with the weight as stored: the float32 normalised rows times the
+        16-bit weight is a float32 product (exactly the weight's value), rounded once."""
         ctx = super().layer_context(linear)
         norm = ctx.rms_norm if self.dtype == torch.float32 else gemma_rms_norm
         return dataclasses.replace(ctx, rms_norm=norm)
-
-    def norm_weight(self, weight: torch.Tensor) -> torch.Tensor:
-        """The weight in float32 (the product is rounded once), as stored for float32."""
-        return weight if self.dtype == torch.float32 else weight.float()
 
 
 class OlmoeModel(LlamaModel):

@@ -55,9 +55,8 @@ _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_sc
              "output_scale", "inv_freq")  # fmt: skip
 _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
           "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"))  # fmt: skip
-_PROJECTIONS = re.compile(  # Qwen2-MoE's shared expert is a dense MLP (moe.SharedExpertMoE)
-    r"(self_attn\.[qkvo]_proj|mlp\.(shared_expert\.)?(gate|up|down)_proj)\.weight$"
-)
+_PROJECTIONS = re.compile(r"(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$")
+_SHARED_EXPERT = re.compile(r"mlp\.shared_expert\.(gate|up|down)_proj\.weight$")  # Qwen2-MoE
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 # safetensors dtype -> bytes per element
 _ITEM = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
@@ -300,8 +299,8 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
             continue
         if name.endswith(".weight") and len(t.shape) in (2, 3):
             groups.setdefault(_group(name), []).append(t)
-        elif (mc.family.gemma_norms or mc.family.olmo2_norms) and name.endswith("norm.weight"):
-            total += t.numel * 4  # float32 (gemma3's 1 + w, olmo2's w: their norm_weight)
+        elif mc.family.gemma_norms and name.endswith("norm.weight"):
+            total += t.numel * 4  # 1 + w in float32 (gemma3.norm_weight)
         else:  # norms and biases (o's and down's whole on every rank)
             total += _local(name, t.shape, mc, lay)[0] * p.dtype.itemsize
     fp8_layers = blocks = 0
@@ -326,8 +325,10 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
 
 def _runs_in_fp8(name: str, scheme: Fp8Scheme) -> bool:
     """A dense layer's projection the FP8 scheme names (`llama.linear_layer`): not the router,
-    the experts, the embedding or the LM head."""
-    return bool(_PROJECTIONS.search(name)) and scheme.quantizes(name.removesuffix(".weight"))
+    the experts, the embedding or the LM head; Qwen2-MoE's shared expert is a dense MLP
+    (`moe.SharedExpertMoE`)."""
+    dense = _PROJECTIONS.search(name) or _SHARED_EXPERT.search(name)
+    return bool(dense) and scheme.quantizes(name.removesuffix(".weight"))
 
 
 def _row_parallel(name: str) -> bool:
@@ -420,10 +421,9 @@ def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placemen
             return None
         return packed_bytes([(t.kind, t.shape[0])], t.shape[1])
 
-    # gemma3's and granite's head_blocks: capped or scaled logits come from a dense head
     capped = mc.architecture == "gemma3" and bool(mc.family.final_logit_softcapping)
-    capped = capped or mc.family.logits_scaling != 1.0
-    head_blocks = None if capped else blocks(head)
+    capped = capped or mc.family.logits_scaling != 1.0  # granite.head_blocks: scaled, dense
+    head_blocks = None if capped else blocks(head)  # gemma3.head_blocks: capped heads stay dense
     if tied and head_blocks is not None:  # the lookups read the head's blocks
         return head_blocks, ""
     held = dense_head if head_blocks is None else head_blocks
