@@ -56,7 +56,6 @@ _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_sc
 _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
           "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"))  # fmt: skip
 _PROJECTIONS = re.compile(r"(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$")
-_SHARED_EXPERT = re.compile(r"mlp\.shared_expert\.(gate|up|down)_proj\.weight$")  # Qwen2-MoE
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 # safetensors dtype -> bytes per element
 _ITEM = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
@@ -321,6 +320,9 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     if fp8_layers:
         notes["fp8"] = str(fp8_layers)
     return total, notes
+
+
+_SHARED_EXPERT = re.compile(r"mlp\.shared_expert\.(gate|up|down)_proj\.weight$")  # Qwen2-MoE
 
 
 def _runs_in_fp8(name: str, scheme: Fp8Scheme) -> bool:

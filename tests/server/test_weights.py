@@ -1,8 +1,8 @@
 """The weights' in-memory bytes from checkpoint metadata (`server/weights.py`) against the bytes a
 model built by the loader really holds: the embedded GGUF (dequantized to bf16, or its blocks
 kept by `qgemm` in float32), tiny transformers checkpoints at another dtype (tied and untied,
-Gemma 3 with a capped head, Qwen3-MoE, Mixtral, OLMo 2), one tensor-parallel rank's share (Qwen2-MoE's
-shared expert, GraniteMoe's stacked experts too), FP8."""
+Gemma 3 with a capped head, Qwen3-MoE, Mixtral), one tensor-parallel rank's share, FP8; Granite's
+dense head, Qwen2-MoE's shared expert and GraniteMoe's stacked experts."""
 
 from __future__ import annotations
 
@@ -53,11 +53,8 @@ def _resave(model, src, dst, dtype):
         ("Qwen3Moe", {"head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
                       "moe_intermediate_size": 32, "mlp_only_layers": [1]}),
         ("Mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
-        ("Olmo2", {}),  # its norms in float32
-        ("Granite", {"tie_word_embeddings": True, "logits_scaling": 4.0}),  # a dense head
     ],
-    ids=["llama", "llama-tied-bias", "gemma3-capped", "qwen3moe", "mixtral", "olmo2",
-         "granite-scaled"],
+    ids=["llama", "llama-tied-bias", "gemma3-capped", "qwen3moe", "mixtral"],
 )  # fmt: skip
 def test_transformers_checkpoints_at_another_dtype(tmp_path, arch, overrides):
     """float32 files served as bf16 (half), bf16 files as float32 (read in place where `qgemm`
@@ -89,6 +86,14 @@ def test_one_tensor_parallel_ranks_share(tmp_path, tp, kv_heads):
     assert got.bytes == pytest.approx(held, rel=0.02), got
     assert f"one rank's share of {tp}" in got.how
     assert got.bytes < estimate(tmp_path, "bfloat16").bytes
+
+
+def test_granite_scaled_logits_come_from_a_dense_head(tmp_path):
+    """Granite's logits_scaling keeps the LM head dense (`granite.head_blocks`): a tied bf16
+    head served in float32 holds a float32 copy, not the blocks (counted at 0.41 of it)."""
+    test_transformers_checkpoints_at_another_dtype(
+        tmp_path, "Granite", {"tie_word_embeddings": True, "logits_scaling": 4.0}
+    )
 
 
 SHARED_AND_STACKED = {

@@ -8,8 +8,7 @@ must be equal; logits (gathered from both ranks' vocabulary halves) within 1e-3 
 transformers'. The cases cover biases on the split layers, KV heads split (2 over 2 ranks) and
 replicated (1 KV head, 2 ranks), a vocabulary that does not divide (301), Gemma 3's windows and
 norms, Mistral's and Qwen2's windows (Qwen2 with its biases), and mixtures of experts (Qwen3-MoE,
-Mixtral, Qwen2-MoE with its shared expert) split by width, and OLMo 2's q/k norms over
-whole projections a rank holds part of.
+Mixtral) split by width.
 """
 
 from __future__ import annotations
@@ -25,7 +24,8 @@ transformers = pytest.importorskip("transformers")
 
 TP_CASES = {
     **{name: CASES[name] for name in ("llama-biases", "gemma3-window", "qwen3moe-top2-step2")},
-    "qwen2moe-shared-dense1": CASES["qwen2moe-shared-dense1"],  # the shared expert split too
+    # Qwen2-MoE's shared expert split by width beside its experts, one all-reduce for both
+    "qwen2moe-shared-dense1": CASES["qwen2moe-shared-dense1"],
     # OLMo 2's q/k norms over whole rows a rank holds part of (its one KV head replicated)
     "olmo2-kv1": ("Olmo2", dict(num_key_value_heads=1), {}),  # (OLMoE's: the same layer)
     "qwen3-kv1-vocab301": ("Qwen3", dict(head_dim=64, num_key_value_heads=1, vocab_size=301), {}),

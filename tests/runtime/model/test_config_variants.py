@@ -4,7 +4,7 @@ with their own rotary base in `rope_parameters`, a multimodal Gemma 3 whose top-
 `tie_word_embeddings` says untied, Qwen3-MoE's window (every layer, whatever max_window_layers
 says); and what the engine cannot run exactly, refused at load in one line (longrope, a partial
 rotary, dynamic NTK past the model's context, Gemma 3's bidirectional attention, experts with
-another activation than SwiGLU, OLMoE's clip_qkv)."""
+another activation than SwiGLU)."""
 
 from __future__ import annotations
 
