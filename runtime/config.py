@@ -60,6 +60,19 @@ class FamilyConfig:
     norm_topk_prob: bool = True  # renormalise the top-k probabilities to sum to 1 (Mixtral: yes)
     round_topk_to_model_dtype: bool = False  # Qwen3-MoE rounds the routing weights (HF does)
     moe_layers: tuple[bool, ...] = ()  # per layer: True = experts; () = all (when num_experts)
+    # Qwen2-MoE: a shared expert of this width beside the routed ones, its output scaled by
+    # sigmoid(shared_expert_gate(x)) (0: none)
+    shared_expert_intermediate_size: int = 0
+    # OLMo 2's layer: norms on attention's and the MLP's outputs (none on their inputs), RMSNorm
+    # scaling in float32
+    olmo2_norms: bool = False
+    qk_norm_whole: bool = False  # an RMSNorm over all of q and of k (OLMo 2, OLMoE), not per head
+    # Granite: embeddings x embedding_multiplier, each residual branch x residual_multiplier,
+    # softmax scale attention_multiplier (None: head_dim ** -0.5), logits / logits_scaling
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    logits_scaling: float = 1.0
 
     def __post_init__(self) -> None:
         if self.sliding_window is not None and self.sliding_window < 1:
@@ -68,7 +81,8 @@ class FamilyConfig:
             raise ValueError(
                 f"hidden activation {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}"
             )
-        for name in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"):
+        for name in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar",
+                     "attention_multiplier", "logits_scaling"):  # fmt: skip
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be positive, got {value}")
@@ -80,6 +94,8 @@ class FamilyConfig:
                 )
             if self.moe_intermediate_size < 1:
                 raise ValueError("moe_intermediate_size must be positive")
+            if self.shared_expert_intermediate_size < 0:
+                raise ValueError("shared_expert_intermediate_size must not be negative")
 
     def window(self, layer: int) -> int | None:
         """The sliding window of `layer`, or None where it attends to its whole context."""
@@ -97,6 +113,8 @@ class FamilyConfig:
 
     def attention_scale(self, head_dim: int) -> float:
         """The softmax scale applied to q . k."""
+        if self.attention_multiplier is not None:
+            return self.attention_multiplier
         return (self.query_pre_attn_scalar or head_dim) ** -0.5
 
 
@@ -160,6 +178,8 @@ class ModelConfig:
         f = self.family
         moe = sum(f.has_experts(n) for n in range(self.num_layers))
         experts = moe * f.num_experts * (3 * h * f.moe_intermediate_size + h)  # + the router
+        if f.shared_expert_intermediate_size:  # Qwen2-MoE's shared expert and its gate
+            experts += moe * (3 * h * f.shared_expert_intermediate_size + h)
         mlps = (self.num_layers - moe) * 3 * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * (attn + 2 * h) + mlps + emb + h

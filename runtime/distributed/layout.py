@@ -72,5 +72,9 @@ def check(config: ModelConfig, size: int) -> None:
         mlp_width=config.intermediate_size if dense else None,
         expert_width=f.moe_intermediate_size if f.num_experts else None,
     )
+    shared = f.shared_expert_intermediate_size  # Qwen2-MoE's shared expert, split by width
+    if problem is None and shared % size:
+        problem = (f"--tensor-parallel-size {size} does not divide the shared expert's width "
+                   f"(shared_expert_intermediate_size {shared})")  # fmt: skip
     if problem is not None:
         raise ValueError(problem)

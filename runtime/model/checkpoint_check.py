@@ -23,13 +23,24 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         a = f"model.layers.{i}.self_attn."
         out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                     a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q),
-                    f"model.layers.{i}.input_layernorm.weight": (h,),
                     f"model.layers.{i}.post_attention_layernorm.weight": (h,)})  # fmt: skip
+        if not c.family.olmo2_norms:  # OLMo 2 has no norm before attention
+            out[f"model.layers.{i}.input_layernorm.weight"] = (h,)
+        else:  # but one after the MLP
+            out[f"model.layers.{i}.post_feedforward_layernorm.weight"] = (h,)
+        if c.family.qk_norm_whole:  # q/k norms over the whole projections
+            out[a + "q_norm.weight"], out[a + "k_norm.weight"] = (q,), (kv,)
         if c.family.gemma_norms:
             for norm in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
                 out[f"model.layers.{i}.{norm}.weight"] = (h,)
-        if c.family.has_experts(i):
+        if c.architecture == "granitemoe":  # its router, and its experts stacked
+            e, n, p = c.family.num_experts, c.family.moe_intermediate_size, _moe_block(c, i)
+            out.update({p + "router.layer.weight": (e, h), p + "input_linear.weight": (e, 2 * n, h),
+                        p + "output_linear.weight": (e, h, n)})  # fmt: skip
+        elif c.family.has_experts(i):
             out[_moe_block(c, i) + "gate.weight"] = (c.family.num_experts, h)  # the router
+            if c.family.shared_expert_intermediate_size:  # the shared expert's sigmoid gate
+                out[_moe_block(c, i) + "shared_expert_gate.weight"] = (1, h)
         if c.family.qk_norm:
             out[a + "q_norm.weight"] = out[a + "k_norm.weight"] = (d,)
     if not c.tie_word_embeddings:
@@ -38,7 +49,7 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _moe_block(c: ModelConfig, layer: int) -> str:
-    block = "block_sparse_moe." if c.architecture == "mixtral" else "mlp."
+    block = "block_sparse_moe." if c.architecture in ("mixtral", "granitemoe") else "mlp."
     return f"model.layers.{layer}.{block}"
 
 
@@ -46,6 +57,8 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
     """(gate, up, down) weight names of every MLP: each layer's, or each of its experts'."""
     out = []
     for i in range(c.num_layers):
+        if c.architecture == "granitemoe":  # stacked: `expected_shapes` has them
+            continue
         if not c.family.has_experts(i):
             p = f"model.layers.{i}.mlp."
             out.append((p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"))
@@ -54,6 +67,9 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             "gate_proj", "up_proj", "down_proj")  # fmt: skip
         for e in range(c.family.num_experts):
             p = f"{_moe_block(c, i)}experts.{e}."
+            out.append(tuple(f"{p}{n}.weight" for n in names))
+        if c.family.shared_expert_intermediate_size:
+            p = f"{_moe_block(c, i)}shared_expert."
             out.append(tuple(f"{p}{n}.weight" for n in names))
     return out
 

@@ -37,6 +37,11 @@ HF_ARCHITECTURES = {
     "Gemma3ForConditionalGeneration": "gemma3",  # its text model; the vision tower is not read
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3moe",
+    "Qwen2MoeForCausalLM": "qwen2moe",
+    "Olmo2ForCausalLM": "olmo2",
+    "GraniteForCausalLM": "granite",
+    "GraniteMoeForCausalLM": "granitemoe",
+    "OlmoeForCausalLM": "olmoe",
 }
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
@@ -70,6 +75,13 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3": {"max_position_embeddings": 32_768, "head_dim": 128},
     "qwen3moe": {"num_experts_per_tok": 8, "norm_topk_prob": False,  # 128 experts (below)
                  "num_key_value_heads": 4, "max_position_embeddings": 32_768},
+    "qwen2moe": {"num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                 "shared_expert_intermediate_size": 5632, "norm_topk_prob": False,
+                 "qkv_bias": True, "max_position_embeddings": 32_768},
+    "olmo2": {"rms_norm_eps": 1e-5},
+    "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "olmoe": {"num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False,
+              "rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
 }  # fmt: skip
 # a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
 _NULLABLE = {
@@ -163,11 +175,16 @@ def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None
     if arch in ("qwen2", "qwen3"):  # layers from max_window_layers on slide
         first = int(cfg.get("max_window_layers", 0))
         return tuple(i >= first for i in range(n))
+    if arch == "qwen2moe":  # transformers 5: every other layer below max_window_layers
+        last = int(cfg.get("max_window_layers", 28))
+        return tuple(bool((i + 1) % 2) and i < last for i in range(n))
     return ()  # Mistral, Mixtral, Qwen3-MoE (whatever max_window_layers says): every layer
 
 
 def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     window = cfg.get("sliding_window")
+    if arch == "qwen2moe":  # as the other Qwens: a window only with use_sliding_window
+        return int(window) if window and cfg.get("use_sliding_window", False) else None
     if arch in ("qwen2", "qwen3", "qwen3moe") and not cfg.get("use_sliding_window", False):
         return None  # Qwen configs carry a window they do not use unless told to
     if arch in ("phi3", "gemma2"):  # every layer (Phi-3), or the window layers (Gemma 2)
@@ -220,7 +237,7 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
             num_experts_per_tok=int(cfg["num_experts_per_tok"]),
             moe_intermediate_size=int(cfg["intermediate_size"]),
         )
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "qwen2moe"):
         # the hub's configs say num_experts; transformers 5 writes num_local_experts
         experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 128)
         step = int(cfg.get("decoder_sparse_step") or 1)
@@ -233,6 +250,33 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
             round_topk_to_model_dtype=True,
             moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n)),
         )
+    if arch == "qwen2moe":
+        fields["shared_expert_intermediate_size"] = int(cfg["shared_expert_intermediate_size"])
+    if arch == "olmo2":
+        fields.update(olmo2_norms=True, qk_norm_whole=True)
+    if arch == "olmoe":
+        if cfg.get("clip_qkv") is not None:
+            raise ValueError(f"clip_qkv {cfg['clip_qkv']} (OLMoE's q/k/v clamp) is not supported")
+        fields.update(
+            qk_norm_whole=True,
+            num_experts=int(cfg["num_experts"]),
+            num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+            moe_intermediate_size=int(cfg["intermediate_size"]),
+            norm_topk_prob=bool(cfg["norm_topk_prob"]),
+            round_topk_to_model_dtype=True,
+        )
+    if arch == "granitemoe":  # Mixtral's experts; softmax over the top-k logits, rounded
+        fields.update(
+            num_experts=int(cfg["num_local_experts"]),
+            num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+            moe_intermediate_size=int(cfg["intermediate_size"]),
+            round_topk_to_model_dtype=True,
+        )
+    granite = ("granite", "granitemoe")
+    if arch in granite:  # transformers' defaults: 1.0 each (a softmax scale of 1, too)
+        for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                     "logits_scaling"):  # fmt: skip
+            fields[name] = float(cfg.get(name, 1.0))
     if fields.get("num_experts") and fields["hidden_act"] != "silu":  # the fused-MoE kernel's
         raise ValueError(f"hidden activation {act!r} in a mixture of experts is not supported "
                          "(experts run SwiGLU: silu)")  # fmt: skip
@@ -292,7 +336,7 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
         rope_scaling=scaling,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         tie_word_embeddings=_tied(top, cfg),
-        attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
+        attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", cfg.get("qkv_bias"))),
         bos_token_id=cfg.get("bos_token_id", top.get("bos_token_id")),
         eos_token_ids=eos,
         architecture=arch,

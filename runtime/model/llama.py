@@ -149,7 +149,8 @@ class LlamaLayer:
     ) -> None:
         c, a = model.config, prefix + "self_attn."
         self.ctx, self.index = ctx, index
-        self.attn_norm = model.norm_weight(w[prefix + "input_layernorm.weight"])
+        pre = prefix + "input_layernorm.weight"  # none in OLMo 2 (olmo2.py: norms after)
+        self.attn_norm = model.norm_weight(w[pre]) if pre in w else None
         self.mlp_norm = model.norm_weight(w[prefix + "post_attention_layernorm.weight"])
         qkv = [f"{a}{n}.weight" for n in ("q_proj", "k_proj", "v_proj")]
         o = a + "o_proj.weight"

@@ -1,4 +1,5 @@
-"""Mixture-of-experts MLP and the two families built on it: Mixtral and Qwen3-MoE.
+"""Mixture-of-experts MLP and the families built on it: Mixtral, Qwen3-MoE and Qwen2-MoE here,
+GraniteMoe in `granite.py`, OLMoE in `olmo2.py`.
 
 The router is a linear layer to one logit per expert; its softmax (float32) picks the top-k
 experts of each token, whose probabilities are renormalised to sum to 1 (Mixtral, and Qwen3-MoE
@@ -19,8 +20,14 @@ vLLM's fused-MoE layer does: every rank holds rows [r N/R, (r+1) N/R) of every e
 up and those columns of its down, routes every token itself (the router is replicated), and the
 ranks' partial outputs are summed by one all-reduce per layer.
 
+Qwen2-MoE adds a shared expert (`SharedExpertMoE`): a SwiGLU MLP every token goes through, its
+output scaled by sigmoid(shared_expert_gate(x)) and added to the routed experts'; under tensor
+parallelism it is split by width like the experts, and both partial sums share the all-reduce.
+
 Expert weights come per expert (Hugging Face: `experts.{e}.w1` / `gate_proj` ...) or stacked
-`[E, N, K]` under `experts.{name}.weight` (the GGUF loader's names for `ffn_*_exps`).
+`[E, N, K]` under `experts.{name}.weight` (the GGUF loader's names for `ffn_*_exps`), or gate
+and up stacked together `[E, 2N, K]` beside down `[E, K, N]` (GraniteMoe's `input_linear` and
+`output_linear`; its router's softmax over the top-k logits is the renormalised top-k).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from pagoda.runtime.cpu.quantized import QuantizedWeight, stack
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaModel
+from pagoda.runtime.model.parallel_linear import RowParallelLinear
 from pagoda.runtime.model.qwen3 import Qwen3Model
 
 log = logging.getLogger(__name__)
@@ -100,8 +108,10 @@ class SparseMoE:
         f = model.config.family
         block, names = model.moe_names  # type: ignore[attr-defined]
         p = prefix + block
-        router = ctx.linear(w[p + "gate.weight"], quantized=w.quantized([p + "gate.weight"]))
-        tensors = _ExpertTensors(w, p + "experts.", names, f.num_experts)
+        gate = p + getattr(model, "moe_router", "gate.weight")
+        router = ctx.linear(w[gate], quantized=w.quantized([gate]))
+        tensors = _ExpertTensors(w, p + getattr(model, "moe_experts", "experts."), names,
+                                 f.num_experts)  # fmt: skip
         if ctx.tp is not None:
             tensors.rows = ctx.tp.layout.even(f.moe_intermediate_size)
         w13 = w2 = None
@@ -134,10 +144,11 @@ class SparseMoE:
         return [self.router, *(x for pair in self.experts for x in pair)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._experts(x)
+        out = self.partial(x)
         return out if self.tp is None else self.tp.all_reduce(out)
 
-    def _experts(self, x: torch.Tensor) -> torch.Tensor:
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """The experts' output before the ranks' sum (tensor parallel: this rank's part)."""
         probs = torch.softmax(self.router(x).float(), dim=-1)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:
@@ -169,9 +180,10 @@ class SparseMoE:
 
 
 class _ExpertTensors:
-    """One layer's expert weights, per expert or stacked (read once, then sliced)."""
+    """One layer's expert weights, per expert or stacked (read once, then sliced); two names
+    are stacked gate and up in one [E, 2N, K] tensor, then down (GraniteMoe's)."""
 
-    def __init__(self, w: DeviceWeights, prefix: str, names: tuple[str, str, str], n: int):
+    def __init__(self, w: DeviceWeights, prefix: str, names: tuple[str, ...], n: int):
         self.w, self.prefix, self.names, self.n = w, prefix, names, n
         self.rows: tuple[int, int] | None = None  # this rank's intermediate rows (tensor parallel)
         self.stacked = f"{prefix}{names[0]}.weight" in w
@@ -183,7 +195,10 @@ class _ExpertTensors:
     def weights(self, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(gate [N, K], up [N, K], down [K, N]) of expert `e`; with `rows`, this rank's
         rows of gate and up and those columns of down."""
-        if self._stack is not None:
+        if self._stack is not None and len(self._stack) == 2:
+            gate_up, down = self._stack[0][e], self._stack[1][e]
+            gate, up = gate_up.chunk(2)
+        elif self._stack is not None:
             gate, up, down = (t[e] for t in self._stack)
         else:
             gate, up, down = (self.w[self._name(e, i)] for i in range(3))
@@ -196,6 +211,8 @@ class _ExpertTensors:
         """Stored blocks of (gate, up, down) for `qgemm` (float32 CPU models), or Nones."""
         if not self.stacked:
             return tuple(self.w.quantized([self._name(e, i)]) for i in range(3))
+        if len(self.names) == 2:  # GraniteMoe's (Hugging Face only): no stored blocks
+            return None, None, None
         out = []
         for name in self.names:
             q = self.w.quantized([f"{self.prefix}{name}.weight"])
@@ -209,8 +226,42 @@ class _ExpertTensors:
         return tuple(out)
 
 
-def _make_mlp(model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
-    if model.config.family.has_experts(index):
+class SharedExpertMoE:
+    """The routed experts plus a shared expert gated by a sigmoid (Qwen2-MoE; module docstring):
+    ``experts(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)``."""
+
+    def __init__(self, routed: SparseMoE, shared: GatedMLP, gate: Linear) -> None:
+        self.routed, self.shared, self.gate = routed, shared, gate
+        self.tp = routed.tp
+
+    @classmethod
+    def from_weights(
+        cls, model: LlamaModel, w: DeviceWeights, prefix: str, ctx: LayerContext
+    ) -> SharedExpertMoE:
+        p = prefix + model.moe_names[0]  # type: ignore[attr-defined]
+        shared = GatedMLP(ctx, w, p + "shared_expert.")  # gate/up by rows, down by columns
+        if isinstance(shared.down, RowParallelLinear):  # its partial sum joins the experts'
+            shared.down = shared.down.inner  # (no bias to add after the sum)
+        name = p + "shared_expert_gate.weight"  # [1, hidden], replicated
+        gate = ctx.linear(w[name], quantized=w.quantized([name]))
+        return cls(SparseMoE.from_weights(model, w, prefix, ctx), shared, gate)
+
+    def linears(self) -> list[Linear]:
+        return [*self.routed.linears(), *self.shared.linears(), self.gate]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        shared = torch.sigmoid(self.gate(x)) * self.shared(x)
+        out = self.routed.partial(x) + shared
+        return out if self.tp is None else self.tp.all_reduce(out)
+
+
+def make_mlp(model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
+    """Layer `index`'s MLP (`LlamaModel.make_mlp` of the models with experts): the experts,
+    with the shared expert where the family has one, or a dense MLP."""
+    f = model.config.family
+    if f.has_experts(index) and f.shared_expert_intermediate_size:
+        return SharedExpertMoE.from_weights(model, w, prefix, ctx)
+    if f.has_experts(index):
         return SparseMoE.from_weights(model, w, prefix, ctx)
     return GatedMLP(ctx, w, prefix + "mlp.")
 
@@ -219,7 +270,7 @@ class MixtralModel(LlamaModel):
     """Llama attention (with Mistral's sliding window when set), experts in every layer."""
 
     moe_names = ("block_sparse_moe.", ("w1", "w3", "w2"))
-    make_mlp = _make_mlp
+    make_mlp = make_mlp
 
 
 class Qwen3MoeModel(Qwen3Model):
@@ -227,4 +278,13 @@ class Qwen3MoeModel(Qwen3Model):
     `mlp_only_layers`), a dense MLP of `intermediate_size` elsewhere."""
 
     moe_names = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
-    make_mlp = _make_mlp
+    make_mlp = make_mlp
+
+
+class Qwen2MoeModel(LlamaModel):
+    """Qwen2 attention (q/k/v biases); where `FamilyConfig.moe_layers` says, the routed experts
+    (softmax top-k, `norm_topk_prob`, weights rounded to the model's dtype as Qwen3-MoE's) with
+    the shared expert beside them (`SharedExpertMoE`); a dense MLP elsewhere."""
+
+    moe_names = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
+    make_mlp = make_mlp

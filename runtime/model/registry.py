@@ -22,6 +22,11 @@ MODEL_CLASSES = {
     "gemma3": ("gemma3", "Gemma3Model"),
     "mixtral": ("moe", "MixtralModel"),
     "qwen3moe": ("moe", "Qwen3MoeModel"),
+    "qwen2moe": ("moe", "Qwen2MoeModel"),
+    "olmo2": ("olmo2", "Olmo2Model"),
+    "granite": ("granite", "GraniteModel"),
+    "granitemoe": ("granite", "GraniteMoeModel"),
+    "olmoe": ("olmo2", "OlmoeModel"),
 }
 
 

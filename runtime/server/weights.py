@@ -22,7 +22,8 @@ safetensors headers through `SafetensorsWeights`; no tensor data is read):
   copy of the embedding table beside the table itself; on CUDA they share it;
 * projections that run in FP8 (`quantization.fp8.engine_scheme`: an FP8 checkpoint where the FP8
   kernels run, or ``--quantization fp8``) at one byte a weight plus a float32 scale per output
-  row; the embedding, LM head, router and experts stay in the dtype;
+  row (Qwen2-MoE's shared expert too); the embedding, LM head, routers and experts stay in the
+  dtype;
 * with tensor parallelism, one rank's share (`distributed.layout`): q by its heads, k and v by
   its KV heads (replicated when there are fewer than ranks), o and down by input columns (their
   biases, and FP8 scales, whole), gate/up and the experts by rows, the vocabulary padded to a
@@ -265,6 +266,8 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     else:
         projections = (n * attn + mlp) * item
     experts = moe * f.num_experts * (3 * h * f.moe_intermediate_size + h) * item
+    if f.shared_expert_intermediate_size:  # Qwen2-MoE's shared expert and its gate
+        experts += moe * (3 * h * f.shared_expert_intermediate_size + h) * item
     embed = mc.vocab_size * h * (1 if mc.tie_word_embeddings else 2) * item
     norms = (2 * n + 1) * h * item
     return math.ceil(projections + (experts + embed) / t) + norms
@@ -321,14 +324,19 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     return total, notes
 
 
+_SHARED_EXPERT = re.compile(r"mlp\.shared_expert\.(gate|up|down)_proj\.weight$")  # Qwen2-MoE
+
+
 def _runs_in_fp8(name: str, scheme: Fp8Scheme) -> bool:
     """A dense layer's projection the FP8 scheme names (`llama.linear_layer`): not the router,
-    the experts, the embedding or the LM head."""
-    return bool(_PROJECTIONS.search(name)) and scheme.quantizes(name.removesuffix(".weight"))
+    the experts, the embedding or the LM head; Qwen2-MoE's shared expert is a dense MLP
+    (`moe.SharedExpertMoE`)."""
+    dense = _PROJECTIONS.search(name) or _SHARED_EXPERT.search(name)
+    return bool(dense) and scheme.quantizes(name.removesuffix(".weight"))
 
 
 def _row_parallel(name: str) -> bool:
-    return name.endswith(("o_proj.weight", "down_proj.weight")) or bool(
+    return name.endswith(("o_proj.weight", "down_proj.weight", "output_linear.weight")) or bool(
         re.search(r"experts\.(\d+\.)?(down_proj|w2)\.weight$", name)
     )
 
@@ -355,7 +363,7 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
         return (k1 - k0) * mc.head_dim, cols
     if part.endswith(".weight") and _row_parallel(name):
         return rows, cols // lay.size  # input columns
-    if re.search(r"(gate_proj|up_proj|w1|w3)\.(weight|bias)$", part):
+    if re.search(r"(gate_proj|up_proj|w1|w3|input_linear)\.(weight|bias)$", part):
         return rows // lay.size, cols  # output rows (experts: their intermediate width)
     return rows, cols  # norms, the router, o's and down's biases: whole on every rank
 
@@ -421,6 +429,7 @@ def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placemen
         return packed_bytes([(t.kind, t.shape[0])], t.shape[1])
 
     capped = bool(mc.family.final_logit_softcapping)  # Gemma 2's and 3's
+    capped = capped or mc.family.logits_scaling != 1.0  # granite.head_blocks: scaled, dense
     head_blocks = None if capped else blocks(head)  # gemma2.head_blocks: capped heads stay dense
     if tied and head_blocks is not None:  # the lookups read the head's blocks
         return head_blocks, ""

@@ -113,16 +113,21 @@ class MatmulBucket:
 
 
 def named_weight_shapes(mc: Any) -> dict[str, tuple[int, int]]:
-    """(N, K) of each matmul of a Llama-family layer and of the LM head, by name."""
+    """(N, K) of each matmul of a Llama-family layer and of the LM head, by name; Qwen2-MoE's
+    shared expert (a dense MLP of its own width) too."""
     h, d = mc.hidden_size, mc.head_dim
     q, kv = mc.num_heads * d, mc.num_kv_heads * d
-    return {
+    out = {
         "qkv": (q + 2 * kv, h),
         "o": (h, q),
         "gate_up": (2 * mc.intermediate_size, h),
         "down": (h, mc.intermediate_size),
         "lm_head": (mc.vocab_size, h),
     }
+    shared = getattr(getattr(mc, "family", None), "shared_expert_intermediate_size", 0)
+    if shared:
+        out.update(shared_gate_up=(2 * shared, h), shared_down=(h, shared))
+    return out
 
 
 def weight_shapes(mc: Any, names: tuple[str, ...] | None = None) -> dict[str, tuple[int, int]]:

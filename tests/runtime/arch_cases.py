@@ -51,6 +51,29 @@ CASES = {
              norm_topk_prob=False, num_hidden_layers=2, decoder_sparse_step=2),
         {},
     ),
+    "qwen2moe-shared-dense1": (  # routed + shared experts, layer 1 dense, qkv biases
+        "Qwen2Moe",
+        dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+             shared_expert_intermediate_size=48, num_hidden_layers=2, mlp_only_layers=[1]),
+        {},
+    ),
+    "olmo2": ("Olmo2", dict(num_hidden_layers=2), {}),  # norms after, whole-row q/k norms
+    "granite-scalars": (
+        "Granite",
+        dict(embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.05,
+             logits_scaling=2.5, attention_bias=True, mlp_bias=True),
+        {},
+    ),
+    "granitemoe-top2": (  # stacked experts, softmax over the top-k logits, Granite's scalars
+        "GraniteMoe",
+        dict(num_local_experts=6, num_experts_per_tok=2, intermediate_size=32,
+             embedding_multiplier=2.0, residual_multiplier=0.7, attention_multiplier=0.1,
+             logits_scaling=1.5),
+        {},
+    ),
+    "olmoe-top3": (  # OLMoE: whole-row q/k norms, experts every layer, not renormalised
+        "Olmoe", dict(num_experts=6, num_experts_per_tok=3, intermediate_size=32), {},
+    ),
 }  # fmt: skip
 PREEMPTING = {"mixtral-top2-window", "gemma3-window"}  # these also run in a pool too small
 

@@ -176,7 +176,9 @@ def test_gpu_async_step_launches_without_a_sync(smol_gpu):
 
 
 @gpu
-@pytest.mark.parametrize("name", ["gemma3-window", "mixtral-top2-window", "qwen3moe-top8-d128"])
+@pytest.mark.parametrize("name", ["gemma3-window", "mixtral-top2-window", "qwen3moe-top8-d128",
+                                  "qwen2moe-shared-dense1", "granitemoe-top2", "olmo2",
+                                  "granite-scalars", "olmoe-top3"])  # fmt: skip
 def test_gpu_new_architectures_match_transformers_with_graphs(tmp_path, name):
     """On CUDA in float32 with the defaults (Triton attention with sliding windows, the fused
     MoE kernel, CUDA graphs): transformers' greedy tokens and logits (within 1e-3), and graph

@@ -1,7 +1,8 @@
 """The weights' in-memory bytes from checkpoint metadata (`server/weights.py`) against the bytes a
 model built by the loader really holds: the embedded GGUF (dequantized to bf16, or its blocks
 kept by `qgemm` in float32), tiny transformers checkpoints at another dtype (tied and untied,
-Gemma 3 with a capped head, Qwen3-MoE, Mixtral), one tensor-parallel rank's share, FP8."""
+Gemma 3 with a capped head, Qwen3-MoE, Mixtral), one tensor-parallel rank's share, FP8; Granite's
+dense head, Qwen2-MoE's shared expert and GraniteMoe's stacked experts."""
 
 from __future__ import annotations
 
@@ -93,6 +94,36 @@ def test_one_tensor_parallel_ranks_share(tmp_path, arch, tp, kv_heads):
     assert got.bytes < estimate(tmp_path, "bfloat16").bytes
 
 
+def test_granite_scaled_logits_come_from_a_dense_head(tmp_path):
+    """Granite's logits_scaling keeps the LM head dense (`granite.head_blocks`): a tied bf16
+    head served in float32 holds a float32 copy, not the blocks (counted at 0.41 of it)."""
+    test_transformers_checkpoints_at_another_dtype(
+        tmp_path, "Granite", {"tie_word_embeddings": True, "logits_scaling": 4.0}
+    )
+
+
+SHARED_AND_STACKED = {
+    "Qwen2Moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                     shared_expert_intermediate_size=48, mlp_only_layers=[1]),
+    "GraniteMoe": dict(num_local_experts=4),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", list(SHARED_AND_STACKED))
+def test_shared_and_stacked_experts_split_over_two_ranks(tmp_path, arch):
+    """Qwen2-MoE's shared expert and GraniteMoe's stacked gate/up (`input_linear`) and down
+    (`output_linear`) split by width like the other experts (GraniteMoe's counted whole on
+    each rank: 1.7 times what rank 0 holds)."""
+    from pagoda.runtime.distributed.group import TPGroup
+    from pagoda.runtime.distributed.layout import TPLayout
+
+    make_tiny_model(tmp_path, arch, **SHARED_AND_STACKED[arch])
+    group = TPGroup(TPLayout(0, 2), torch.device("cpu"), None, None)
+    held = held_bytes(build(tmp_path, torch.bfloat16, tp=group))
+    got = estimate(tmp_path, "bfloat16", tensor_parallel_size=2)
+    assert got.bytes == pytest.approx(held, rel=0.02), got
+
+
 def test_fp8_projections_at_one_byte_and_a_scale_per_row(tmp_path, monkeypatch):
     """--quantization fp8 where the FP8 kernels run (here: Triton's interpreter on the CPU): the
     decoder's projections at one byte a weight plus a float32 scale per output row."""
@@ -104,6 +135,11 @@ def test_fp8_projections_at_one_byte_and_a_scale_per_row(tmp_path, monkeypatch):
     make_tiny_model(tmp_path, "Llama")
     held = held_bytes(build(tmp_path, torch.bfloat16, fp8=ONLINE_SCHEME))
     got = estimate(tmp_path, "bfloat16", quantization="fp8")
+    assert got.bytes == pytest.approx(held, rel=0.02), got
+    # Qwen2-MoE's shared expert runs in FP8 too (it was counted at 2 bytes: 5% over here)
+    make_tiny_model(tmp_path / "moe", "Qwen2Moe", **SHARED_AND_STACKED["Qwen2Moe"])
+    held = held_bytes(build(tmp_path / "moe", torch.bfloat16, fp8=ONLINE_SCHEME))
+    got = estimate(tmp_path / "moe", "bfloat16", quantization="fp8")
     assert got.bytes == pytest.approx(held, rel=0.02), got
     assert got.how.startswith("as FP8 projections + bfloat16")
 

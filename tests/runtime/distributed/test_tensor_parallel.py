@@ -25,6 +25,10 @@ transformers = pytest.importorskip("transformers")
 
 TP_CASES = {
     **{name: CASES[name] for name in ("llama-biases", "gemma3-window", "qwen3moe-top2-step2")},
+    # Qwen2-MoE's shared expert split by width beside its experts, one all-reduce for both
+    "qwen2moe-shared-dense1": CASES["qwen2moe-shared-dense1"],
+    # OLMo 2's q/k norms over whole rows a rank holds part of (its one KV head replicated)
+    "olmo2-kv1": ("Olmo2", dict(num_key_value_heads=1), {}),  # (OLMoE's: the same layer)
     "qwen3-kv1-vocab301": ("Qwen3", dict(head_dim=64, num_key_value_heads=1, vocab_size=301), {}),
     # the other families: Qwen2's biases and window, Mixtral's experts
     **{name: CASES[name] for name in ("mixtral-top2-window",)},

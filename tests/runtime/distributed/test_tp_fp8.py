@@ -228,18 +228,25 @@ def test_an_fp8_checkpoint_without_fp8_kernels_splits_dequantized(tmp_path, monk
 
 
 @interpreted
-def test_a_mixture_of_experts_in_fp8_over_two_ranks(tmp_path):
-    """Qwen3-MoE (experts every second layer) with ``--quantization fp8``: attention and the
-    dense MLPs split in FP8, the experts split by width in 16 bits (they are 16-bit with one
-    rank too); logits within FP8's error of one rank's."""
+@pytest.mark.parametrize("case", ["qwen3moe-top2-step2", "qwen2moe-shared-dense1"])
+def test_a_mixture_of_experts_in_fp8_over_two_ranks(tmp_path, case):
+    """Qwen3-MoE (experts every second layer) and Qwen2-MoE (a dense layer after one of experts
+    with their shared expert) with ``--quantization fp8``: attention, the dense MLPs and the
+    shared expert split in FP8 (its down projection's partial sum joins the experts'), the
+    experts split by width in 16 bits (they are 16-bit with one rank too); logits within FP8's
+    error of one rank's."""
     from arch_cases import CASES
     from hf_oracle import make_tiny_model
     from pagoda.runtime.model.fp8_linear import Fp8Linear
 
-    arch, overrides, engine_args = CASES["qwen3moe-top2-step2"]
+    arch, overrides, engine_args = CASES[case]
     make_tiny_model(tmp_path, arch, **overrides)
     _, _, l1, l2, (_, two) = one_and_two(tmp_path, quantization="fp8", **engine_args)
-    assert isinstance(two.qkv, Fp8Linear) and isinstance(two.mlp.down.inner, Fp8Linear)
+    assert isinstance(two.qkv, Fp8Linear)
+    if case.startswith("qwen3moe"):  # layer 0: dense
+        assert isinstance(two.mlp.down.inner, Fp8Linear)
+    else:  # layer 0: experts and the shared expert, its down projection not reduced on its own
+        assert isinstance(two.mlp.shared.down, Fp8Linear)
     ours, theirs = torch.stack(l2), torch.stack(l1)
     assert (ours - theirs).abs().max() < 0.1 * theirs.abs().max()
 

@@ -41,6 +41,9 @@ def test_the_vocabulary_is_padded_to_a_multiple_of_the_ranks():
         (model(inter=66), 4, "does not divide the model's MLP width (66)"),
         (model(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=30), 4,
          "experts' width (moe_intermediate_size 30)"),
+        (model(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+               shared_expert_intermediate_size=42), 4,
+         "shared expert's width (shared_expert_intermediate_size 42)"),
     ],
 )  # fmt: skip
 def test_what_does_not_divide_is_named(config, size, words):

@@ -93,6 +93,12 @@ def _widen(name: str):
     return lambda t: t.__setitem__(name, torch.cat([t[name], t[name]]))
 
 
+SMALL = {"Mixtral": dict(num_local_experts=4),
+         "Qwen2Moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                          shared_expert_intermediate_size=48),
+         "GraniteMoe": dict(num_local_experts=4)}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("arch", "edit", "match"),
     [
@@ -106,6 +112,18 @@ def _widen(name: str):
          "missing tensor 'model.layers.1.block_sparse_moe.experts.2.w3.weight'"),
         ("Gemma3Text", lambda t: t.pop("model.layers.0.pre_feedforward_layernorm.weight"),
          "missing tensor 'model.layers.0.pre_feedforward_layernorm.weight'"),
+        ("Qwen2Moe", lambda t: t.pop("model.layers.1.mlp.shared_expert_gate.weight"),
+         "missing tensor 'model.layers.1.mlp.shared_expert_gate.weight'"),
+        ("Qwen2Moe", _widen("model.layers.0.mlp.shared_expert.up_proj.weight"),
+         r"shared_expert.up_proj.weight is \[96, 64\]; with .*gate_proj.weight \[48, 64\]"),
+        ("GraniteMoe", lambda t: t.pop("model.layers.1.block_sparse_moe.output_linear.weight"),
+         "missing tensor 'model.layers.1.block_sparse_moe.output_linear.weight'"),
+        ("Olmo2", lambda t: t.pop("model.layers.1.post_feedforward_layernorm.weight"),
+         "missing tensor 'model.layers.1.post_feedforward_layernorm.weight'"),
+        # OLMo 2 normalises k over all its heads at once: a per-head norm is not its checkpoint
+        ("Olmo2", lambda t: t.__setitem__("model.layers.0.self_attn.k_norm.weight",
+                                          t["model.layers.0.self_attn.k_norm.weight"][:16]),
+         r"k_norm.weight is \[16\], config.json .* needs \[32\]"),
         # untied by config.json: transformers gives it a random head, vLLM refuses (it was
         # served with the embedding as its head)
         ("Qwen3", lambda t: t.pop("lm_head.weight"),
@@ -115,9 +133,7 @@ def _widen(name: str):
 def test_mlps_experts_and_norms_are_checked_too(tmp_path, arch, edit, match):
     """(They failed at the model's build in the engine process, or in the first forward for a
     width that does not agree, after the server had bound.)"""
-    make_tiny_model(
-        tmp_path / "good", arch, **({"num_local_experts": 4} if arch == "Mixtral" else {})
-    )
+    make_tiny_model(tmp_path / "good", arch, **SMALL.get(arch, {}))
     bad = _edit_tensors(tmp_path / "good", tmp_path / "bad", edit)
     with pytest.raises(ValueError, match=match) as e:
         read_model_config(str(bad))

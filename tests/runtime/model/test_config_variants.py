@@ -89,7 +89,11 @@ def test_legacy_rope_fields_read_as_transformers_reads_them(tmp_path, name):
 
 
 FAMILIES = {"Llama": {}, "Mistral": {}, "Qwen2": {}, "Qwen3": {}, "Gemma3Text": {},
-            "Mixtral": {}, "Qwen3Moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)}  # fmt: skip
+            "Mixtral": {}, "Qwen3Moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+            "Qwen2Moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                             shared_expert_intermediate_size=48),
+            "Olmo2": {}, "Granite": {}, "GraniteMoe": {},
+            "Olmoe": dict(num_experts=8, intermediate_size=32)}  # fmt: skip
 
 
 def _without_defaults(path, arch: str) -> None:
@@ -115,6 +119,9 @@ def test_fields_a_config_leaves_out_take_transformers_defaults(tmp_path, arch):
         rope["rope_theta"], hf.rms_norm_eps, hf.num_key_value_heads,
         getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
         hf.max_position_embeddings, window)  # fmt: skip
+    d = ours.head_dim  # Granite's softmax scale: attention_multiplier (default 1), not d^-1/2
+    assert ours.family.attention_scale(d) == getattr(hf, "attention_multiplier", d**-0.5)
+    assert ours.family.norm_topk_prob == getattr(hf, "norm_topk_prob", True)  # Mixtral: True
 
 
 def test_mixtral_without_its_default_fields_matches_transformers(tmp_path):
@@ -136,6 +143,23 @@ def test_gemma3_layer_pattern_as_transformers_reads_it(tmp_path):
     assert model.config.layer_types == [SLIDING] * 4
     want = hf_greedy_plain(model.eval(), LONG, NEW)
     check(generate(_engine(load_model(str(tmp_path))), [LONG])[0], want, "pattern")
+
+
+def test_qwen2moe_window_layers_as_transformers_places_them(tmp_path):
+    """Without `layer_types`, Qwen2-MoE's `use_sliding_window` windows every other layer below
+    `max_window_layers` (transformers 5), unlike Qwen2's layers from it on."""
+    make_tiny_model(tmp_path, "Qwen2Moe", num_experts=4, num_experts_per_tok=2,
+                    moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                    use_sliding_window=True, sliding_window=9, max_window_layers=2)  # fmt: skip
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.pop("layer_types")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert model.config.layer_types == [SLIDING, FULL]
+    loaded = load_model(str(tmp_path))
+    assert loaded.config.family.window_layers == (True, False)
+    want = hf_greedy_plain(model.eval(), LONG, NEW)
+    check(generate(_engine(loaded), [LONG])[0], want, "Qwen2-MoE windows")
 
 
 def test_mistral_window_null_is_none(tmp_path):
@@ -212,6 +236,12 @@ def test_dynamic_rope_is_exact_within_its_context_and_refused_past_it(tmp_path):
 def test_experts_other_than_swiglu_are_refused_at_load(tmp_path):
     make_tiny_model(tmp_path, "Mixtral", hidden_act="gelu_pytorch_tanh", num_local_experts=4)
     with pytest.raises(ValueError, match="'gelu_pytorch_tanh' in a mixture of experts"):
+        read_model_config(str(tmp_path))
+
+
+def test_olmoe_clip_qkv_is_refused_at_load(tmp_path):
+    make_tiny_model(tmp_path, "Olmoe", num_experts=4, intermediate_size=32, clip_qkv=8.0)
+    with pytest.raises(ValueError, match=r"clip_qkv 8.0 .* is not supported"):
         read_model_config(str(tmp_path))
 
 

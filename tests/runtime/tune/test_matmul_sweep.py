@@ -4,6 +4,7 @@ the fastest correct one saved where the runtime's lookup finds it."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
@@ -15,8 +16,9 @@ pytest.importorskip("triton")
 
 from pagoda import kernels
 from pagoda.kernels import config as kc
-from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.tune import matmul, sweep
+from pagoda.runtime.tune.fp8_matmul import plan_fp8_buckets
 from pagoda.runtime.tune.kernels import candidate_space
 from sweep_testlib import DEVICE, timer, tune_one
 
@@ -63,6 +65,14 @@ def test_buckets_are_the_models_weight_shapes():
     names = [b.name for b in matmul.plan_matmul_buckets(
         square, torch.float32, max_num_seqs=8, max_num_batched_tokens=8, quick=False)]  # fmt: skip
     assert names == ["qkv", "o+lm_head", "gate_up", "down"] and len(set(names)) == 4
+    # Qwen2-MoE's shared expert: a dense MLP of its own width, in FP8 too
+    qwen2moe = dataclasses.replace(llama1b, family=FamilyConfig(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+        shared_expert_intermediate_size=5632))  # fmt: skip
+    for plan in (matmul.plan_matmul_buckets, plan_fp8_buckets):
+        got = {b.name: (b.shape["n"], b.shape["k"]) for b in plan(
+            qwen2moe, torch.bfloat16, max_num_seqs=8, max_num_batched_tokens=8, quick=False)}  # fmt: skip
+        assert got["shared_gate_up"] == (11264, 2048) and got["shared_down"] == (2048, 5632)
 
 
 def test_wrong_refused_and_variant_candidates_are_rejected(faulty_linear):

@@ -1,0 +1,69 @@
+"""IBM Granite (3.x) and GraniteMoe: the Llama layer with four scalars from config.json.
+
+- the token embeddings are multiplied by `embedding_multiplier`;
+- each sublayer's output (attention's, the MLP's) by `residual_multiplier` before its residual
+  add;
+- the softmax scale is `attention_multiplier` (`FamilyConfig.attention_scale`; the attention
+  backend reads it), not head_dim ** -0.5;
+- the logits are divided by `logits_scaling`.
+
+GraniteMoe puts Mixtral-style experts in every layer (`moe.SparseMoE`): the router
+(`router.layer`) picks the top-k logits and softmaxes them (the renormalised top-k of a full
+softmax), the weights rounded to the model's dtype; each layer's experts are stacked, gate and
+up in one `input_linear` [E, 2N, K], down in `output_linear` [E, K, N].
+"""
+
+from __future__ import annotations
+
+import torch
+from pagoda.runtime.cpu.quantized import QuantizedWeight
+from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step
+from pagoda.runtime.model.moe import make_mlp
+
+
+class GraniteLayer(LlamaLayer):
+    def __init__(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        super().__init__(model, w, prefix, index, ctx)
+        self.residual_multiplier = model.config.family.residual_multiplier
+
+    def __call__(
+        self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        norm, eps = self.ctx.rms_norm, self.ctx.eps
+        scale = self.residual_multiplier
+        if residual is None:
+            residual = h
+            x = norm(x=h, weight=self.attn_norm, eps=eps)
+        else:  # the last layer's MLP output, already scaled, added here
+            x, residual = norm(x=h, weight=self.attn_norm, eps=eps, residual=residual)
+        h = self.attention(x, step) * scale
+        x, residual = norm(x=h, weight=self.mlp_norm, eps=eps, residual=residual)
+        return self.mlp(x) * scale, residual
+
+
+class GraniteModel(LlamaModel):
+    layer_class = GraniteLayer
+
+    def head_blocks(self, w: DeviceWeights, head: str) -> list[QuantizedWeight] | None:
+        # the sampler draws from the scaled logits: no sampling fused into the raw head
+        if self.config.family.logits_scaling != 1.0:
+            return None
+        return super().head_blocks(w, head)
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().embed_tokens(input_ids) * self.config.family.embedding_multiplier
+
+    def logits(self, x, head):
+        scaling = self.config.family.logits_scaling
+        if scaling == 1.0:
+            return super().logits(x, head)
+        return self.lm_head(x) / scaling
+
+
+class GraniteMoeModel(GraniteModel):
+    moe_names = ("block_sparse_moe.", ("input_linear", "output_linear"))
+    moe_router, moe_experts = "router.layer.weight", ""
+    make_mlp = make_mlp
