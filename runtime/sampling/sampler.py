@@ -257,7 +257,9 @@ def sample(
                 restore()
     if b.max_logprobs is None:
         return SamplerOutput(tokens, None, None, None)
-    chosen, ranks, top_ids, top_lp = score_rows(logits, tokens, b.max_logprobs, b.ranks)
+    # a row without a token (NO_TOKEN) scores token 0: the engine drops it with the row
+    scored = tokens.clamp(min=0)
+    chosen, ranks, top_ids, top_lp = score_rows(logits, scored, b.max_logprobs, b.ranks)
     return SamplerOutput(tokens, chosen, top_ids, top_lp, ranks)
 
 

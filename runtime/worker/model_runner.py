@@ -359,7 +359,9 @@ class ModelRunner:
         ids = self.to_device(inp.ids)
         if inp.pending is not None:
             rows, src = (self.to_device(a) for a in inp.pending)
-            ids.index_copy_(0, rows, self._inflight[0].index_select(0, src))
+            # a row without a token (-1: non-finite logits) is dropped at its readback; its
+            # input here only has to be a valid id
+            ids.index_copy_(0, rows, self._inflight[0].index_select(0, src).clamp_(min=0))
         return ids
 
     def _forward(self, inp: StepInputs, head: HeadSampling | None) -> torch.Tensor:
