@@ -82,6 +82,9 @@ class ModelRunner:
         self.head_sampling = fused  # whether the LM head may sample (benchmarks turn it off)
         # Debug/test hook: called with (requests, float32 logits) of every step that samples.
         self.logits_observer: Callable[[list[Request], torch.Tensor], None] | None = None
+        # Test hook: called with (requests, logits) before sampling; may edit them in place
+        # (tests/runtime/engine/test_llm.py poisons one row with NaN, as a bad checkpoint would)
+        self.logits_hook: Callable[[list[Request], torch.Tensor], None] | None = None
         self.num_blocks = self._num_blocks()
         if tp is not None:  # the same pool on every rank: what the fullest device holds
             self.num_blocks = tp.agree_min(self.num_blocks)
@@ -244,6 +247,8 @@ class ModelRunner:
         else:
             if rows:
                 self.grammar.apply(logits, reqs, rows)
+            if self.logits_hook is not None:
+                self.logits_hook(reqs, logits)
             if self.logits_observer is not None:
                 self.logits_observer(reqs, logits.float())
             step = LaunchedStep(reqs, sample(logits, batch, self._whole_sampler), prompt=prompt)
@@ -258,6 +263,8 @@ class ModelRunner:
         logits, batch, rows = step.deferred
         step.deferred = None
         self.grammar.apply(logits, step.requests, rows)
+        if self.logits_hook is not None:
+            self.logits_hook(step.requests, logits)
         if self.logits_observer is not None:
             self.logits_observer(step.requests, logits.float())
         step.sampler_output = sample(logits, batch, self._whole_sampler)
@@ -277,7 +284,8 @@ class ModelRunner:
         """Whether the LM head can hand back the step's tokens itself: no row filters (top-k,
         top-p, min-p), nothing reads the logits (penalties, logprobs, the observer), and a
         kernel that samples from its outputs (`Linear.fuses_sampling`)."""
-        plain = batch.plain and self.logits_observer is None and not batch.filtered
+        hooked = self.logits_observer is not None or self.logits_hook is not None
+        plain = batch.plain and not hooked and not batch.filtered
         return plain and self.head_sampling and self._whole_sampler is not None
 
     @staticmethod
