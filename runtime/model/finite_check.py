@@ -1,0 +1,65 @@
+"""Does a checkpoint hold NaN or Inf? Checked on the device as the weights arrive there, so that
+a broken checkpoint is refused at load (one line naming the first such tensor; `pagoda serve` and
+`pagoda tune` exit 2, the offline `LLM` raises ValueError) instead of serving garbage tokens.
+
+Each tensor is reduced where it lies, into a flag of its own (a 0-d bool: `aminmax`, whose NaN
+propagates, and no temporary the size of the tensor; an FP8 E4M3 tensor's NaN bit patterns, its
+only non-finite values); the flags are read back once, after the last layer is built: one
+device→host sync per load, not one per tensor. What it costs: docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import torch
+from pagoda.runtime.termination import ReasonedError
+
+FP8_NAN = 0x7F  # E4M3FN: S.1111.111 is NaN; it has no infinities
+
+
+class NonFiniteWeights(ReasonedError):
+    """A checkpoint tensor holds NaN or Inf: bad input, as a checkpoint of the wrong shape is
+    (`pagoda serve` exits 2 with this one line, whether the engine loads before or after the
+    server listens)."""
+
+    reason = "InvalidCheckpoint"
+
+
+def non_finite(t: torch.Tensor) -> torch.Tensor:
+    """A 0-d bool on t's device: whether t holds NaN or ±Inf (no sync)."""
+    if t.dtype == torch.float8_e4m3fn:
+        return ((t.view(torch.uint8) & FP8_NAN) == FP8_NAN).any()
+    lo, hi = torch.aminmax(t)
+    return ~(torch.isfinite(lo) & torch.isfinite(hi))
+
+
+class FiniteCheck:
+    """Flags of the tensors `add`ed, read back by `check` in one sync."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._names: list[str] = []
+        self._flags: list[torch.Tensor] = []
+
+    def add(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """Note `t` (checkpoint tensor `name`, or what it became on the device); returns it."""
+        if self.enabled and t.is_floating_point() and t.numel():
+            self._names.append(name)
+            self._flags.append(non_finite(t.detach()))
+        return t
+
+    def check(self) -> None:
+        """NonFiniteWeights naming the first tensor added that holds NaN or Inf (one sync);
+        forgets the flags."""
+        names, flags = self._names, self._flags
+        self._names, self._flags = [], []
+        if not flags:
+            return
+        device = flags[0].device
+        read = torch.stack([f.to(device) for f in flags]).tolist()  # the one sync
+        bad = [i for i, flag in enumerate(read) if flag]
+        if bad:
+            raise NonFiniteWeights(
+                f"checkpoint tensor {names[bad[0]]} holds NaN or Inf values"
+                + (f" ({len(bad) - 1} more tensors do too)" if len(bad) > 1 else "")
+                + "; the checkpoint is broken (re-download or re-convert it)"
+            )
