@@ -1,5 +1,6 @@
 """A checkpoint whose weights hold NaN or Inf is refused at load, naming the first such tensor:
-16-bit safetensors, an FP8 checkpoint (its E4M3 NaN codes and its scales), and `pagoda serve`
+16-bit safetensors, a GGUF (its blocks dequantized on the device), an FP8 checkpoint (its E4M3
+NaN codes and its scales), and `pagoda serve`
 (one line, exit 2, after the server listened: the engine loads in its own process)."""
 
 from __future__ import annotations
@@ -96,3 +97,16 @@ def test_serve_exits_2_with_one_line_naming_the_tensor(tmp_path):
     assert errors == [f"pagoda serve: error: checkpoint tensor {BAD} holds NaN or Inf values; "
                       "the checkpoint is broken (re-download or re-convert it)"]  # fmt: skip
     assert log.read_text().startswith(f"InvalidCheckpoint: checkpoint tensor {BAD} holds NaN")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast")  # gguf's Q8_0 of NaN
+def test_a_gguf_whose_dequantized_weight_holds_nan_is_refused(tmp_path):
+    pytest.importorskip("gguf")
+    from hf_oracle import make_tiny_model
+    from test_gguf_families import write_gguf
+
+    make_tiny_model(tmp_path / "hf", "Llama", vocab_size=300, num_hidden_layers=1)
+    _poison(tmp_path / "hf", "model.layers.0.mlp.down_proj.weight", float("nan"))
+    write_gguf(tmp_path / "m.gguf", tmp_path / "hf", "llama")
+    with pytest.raises(ValueError, match=r"tensor model.layers.0.mlp.down_proj.weight holds NaN"):
+        LLM(str(tmp_path / "m.gguf"), dtype="float32", kv_cache_memory=8 << 20)
