@@ -1,7 +1,7 @@
 """A checkpoint whose weights hold NaN or Inf is refused at load, naming the first such tensor:
 16-bit safetensors, a GGUF (its blocks dequantized on the device), an FP8 checkpoint (its E4M3
-NaN codes and its scales), and `pagoda serve`
-(one line, exit 2, after the server listened: the engine loads in its own process)."""
+NaN codes and its scales), and `pagoda serve` (one line, exit 2, after the server listened: the
+engine loads in its own process)."""
 
 from __future__ import annotations
 
