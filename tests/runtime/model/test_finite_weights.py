@@ -110,3 +110,20 @@ def test_a_gguf_whose_dequantized_weight_holds_nan_is_refused(tmp_path):
     write_gguf(tmp_path / "m.gguf", tmp_path / "hf", "llama")
     with pytest.raises(ValueError, match=r"tensor model.layers.0.mlp.down_proj.weight holds NaN"):
         LLM(str(tmp_path / "m.gguf"), dtype="float32", kv_cache_memory=8 << 20)
+
+
+@pytest.mark.slow
+def test_tune_exits_2_with_one_line_naming_the_tensor(tmp_path, capsys, monkeypatch):
+    from hf_oracle import make_tiny_llama
+    from pagoda.runtime.cli import main
+
+    make_tiny_llama(tmp_path / "m")
+    _poison(tmp_path / "m", BAD, float("inf"))
+    monkeypatch.setenv("PAGODA_TERMINATION_LOG", str(tmp_path / "termination"))
+    code = main(["tune", "--model", str(tmp_path / "m"), "--output", str(tmp_path / "profile"),
+                 "--dtype", "float32", "--max-model-len", "64", "--kv-cache-memory", "4MiB",
+                 "--quick", "--time-budget", "2m"])  # fmt: skip
+    assert code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert errors == [f"pagoda tune: error: checkpoint tensor {BAD} holds NaN or Inf values; "
+                      "the checkpoint is broken (re-download or re-convert it)"]  # fmt: skip
