@@ -3,9 +3,10 @@ a broken checkpoint is refused at load (one line naming the first such tensor; `
 `pagoda tune` exit 2, the offline `LLM` raises ValueError) instead of serving garbage tokens.
 
 Each tensor is reduced where it lies, into a flag of its own (a 0-d bool: `aminmax`, whose NaN
-propagates, and no temporary the size of the tensor; an FP8 E4M3 tensor's NaN bit patterns, its
-only non-finite values); the flags are read back once, after the last layer is built: one
-device→host sync per load, not one per tensor. What it costs: docs/reliability.md.
+propagates; for FP8 E4M3, the maxima of its bytes, whose two NaN patterns are the int8 and the
+uint8 maximum: no temporary the size of the tensor either way); the flags are read back once,
+after the last layer is built: one device→host sync per load, not one per tensor. What it
+costs: docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ class NonFiniteWeights(ReasonedError):
 
 def non_finite(t: torch.Tensor) -> torch.Tensor:
     """A 0-d bool on t's device: whether t holds NaN or ±Inf (no sync)."""
-    if t.dtype == torch.float8_e4m3fn:
-        return ((t.view(torch.uint8) & FP8_NAN) == FP8_NAN).any()
+    if t.dtype == torch.float8_e4m3fn:  # its NaNs: 0x7F (int8's maximum) and 0xFF (uint8's)
+        return (t.view(torch.int8).amax() == FP8_NAN) | (t.view(torch.uint8).amax() == 0xFF)
     lo, hi = torch.aminmax(t)
     return ~(torch.isfinite(lo) & torch.isfinite(hi))
 
