@@ -153,6 +153,7 @@ class ModelRunner:
             batch_invariant=config.batch_invariant,
             tp=self.tp,
             fp8=fp8,
+            check_weights=config.check_weights,
         )
 
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:

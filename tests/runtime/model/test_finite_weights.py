@@ -58,6 +58,8 @@ def test_a_safetensors_checkpoint_with_a_non_finite_weight_is_refused(tmp_path, 
     _poison(tmp_path, BAD, value)
     with pytest.raises(ValueError, match=rf"checkpoint tensor {BAD} holds NaN or Inf"):
         LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=64)
+    # --no-check-weights: loaded as it is (the user's call, for the seconds it saves)
+    LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=64, check_weights=False)
 
 
 def test_an_fp8_checkpoint_with_a_nan_scale_or_code_is_refused(tmp_path):
