@@ -6,7 +6,7 @@ Each tensor is reduced where it lies, into a flag of its own (a 0-d bool: `aminm
 propagates; for FP8 E4M3, the maxima of its bytes, whose two NaN patterns are the int8 and the
 uint8 maximum: no temporary the size of the tensor either way); the flags are read back once,
 after the last layer is built: one device→host sync per load, not one per tensor. What it
-costs: docs/reliability.md.
+costs: docs/reliability.md; `--no-check-weights` skips it.
 """
 
 from __future__ import annotations
