@@ -55,10 +55,10 @@ class DeviceWeights:
             return self.finite.add(name, self._dequantized(name, t))
         return self.finite.add(name, t.to(device=self.device, dtype=self.dtype))
 
-    def check_finite(self) -> None:
+    def check_finite(self, tp=None) -> None:
         """`NonFiniteWeights` (a ValueError) naming the first tensor read so far that holds NaN
-        or Inf, as read onto the device (one sync for all of them)."""
-        self.finite.check()
+        or Inf, as read onto the device (one sync for all of them; `FiniteCheck.check`)."""
+        self.finite.check(tp)
 
     def source(self, name: str) -> torch.Tensor:
         """Matrix `name` as ``--quantization fp8`` quantizes it: as stored (on the device), or

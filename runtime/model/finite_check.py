@@ -11,8 +11,13 @@ costs: docs/reliability.md; `--no-check-weights` skips it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from pagoda.runtime.termination import ReasonedError
+
+if TYPE_CHECKING:
+    from pagoda.runtime.distributed.group import TPGroup
 
 FP8_NAN = 0x7F  # E4M3FN: S.1111.111 is NaN; it has no infinities
 
@@ -48,19 +53,27 @@ class FiniteCheck:
             self._flags.append(non_finite(t.detach()))
         return t
 
-    def check(self) -> None:
+    def check(self, tp: TPGroup | None = None) -> None:
         """NonFiniteWeights naming the first tensor added that holds NaN or Inf (one sync);
-        forgets the flags."""
+        forgets the flags. With `tp`, the ranks agree on the first such tensor (every rank adds
+        the same names in the same order, each its own shards) and rank 0 alone raises: the
+        others go on and are stopped by rank 0, rather than dying first and leaving it a lost
+        connection to report."""
         names, flags = self._names, self._flags
         self._names, self._flags = [], []
-        if not flags:
+        if not self.enabled:
             return
-        device = flags[0].device
-        read = torch.stack([f.to(device) for f in flags]).tolist()  # the one sync
-        bad = [i for i, flag in enumerate(read) if flag]
-        if bad:
+        read = []
+        if flags:
+            device = flags[0].device
+            read = torch.stack([f.to(device) for f in flags]).tolist()  # the one sync
+        first = next((i for i, flag in enumerate(read) if flag), len(read))
+        if tp is not None:
+            first = tp.agree_min(first)
+        if first < len(names) and (tp is None or tp.rank == 0):
+            more = sum(read[first + 1 :])
             raise NonFiniteWeights(
-                f"checkpoint tensor {names[bad[0]]} holds NaN or Inf values"
-                + (f" ({len(bad) - 1} more tensors do too)" if len(bad) > 1 else "")
+                f"checkpoint tensor {names[first]} holds NaN or Inf values"
+                + (f" ({more} more tensors do too)" if more else "")
                 + "; the checkpoint is broken (re-download or re-convert it)"
             )

@@ -248,7 +248,7 @@ class LlamaModel:
             self.layer_class(self, w, f"model.layers.{i}.", i, ctx)
             for i in range(config.num_layers)
         ]
-        w.check_finite()  # NaN/Inf in any tensor read: refused now (one sync), not served
+        w.check_finite(tp)  # NaN/Inf in any tensor read: refused now (one sync), not served
 
     # -- what subclasses change --------------------------------------------------------------
     def layer_context(self, linear: Callable[..., Linear]) -> LayerContext:
