@@ -286,6 +286,8 @@ class EngineConfig:
     enable_cuda_graphs: bool = True
     batch_invariant: bool = options.DEFAULT_BATCH_INVARIANT
     async_scheduling: bool | None = options.DEFAULT_ASYNC_SCHEDULING  # None: on with CUDA
+    # refuse a checkpoint whose tensors hold NaN/Inf at load (pagoda.runtime.model.finite_check)
+    check_weights: bool = True
     # "fp8": quantize a 16-bit checkpoint's linear layers at load (None: the checkpoint's own
     # quantization, if any; see pagoda.runtime.quantization.fp8)
     quantization: str | None = None
@@ -295,7 +297,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         option_rules.check_integers(self, ("seed",))
         option_rules.check_booleans(
-            self, ("enable_cuda_graphs", "batch_invariant", "async_scheduling"),
+            self, ("enable_cuda_graphs", "batch_invariant", "async_scheduling", "check_weights"),
             optional=("async_scheduling",),
         )  # fmt: skip
         if self.quantization is not None and self.quantization not in options.QUANTIZATIONS:

@@ -258,6 +258,9 @@ ENGINE_FLAGS: Mapping[str, Flag] = _flags(
          "extra row; steps with penalties run synchronously); default: on with CUDA, off on CPU",
          DEFAULT_ASYNC_SCHEDULING,
          kind="bool"),
+    Flag("--check-weights", "refuse a checkpoint whose weights hold NaN or Inf at load (one "
+         "reduction per tensor on the device; on a CPU about 1 s per 10^9 values, so "
+         "--no-check-weights saves seconds loading a large model there)", True, kind="bool"),
     Flag("--kv-cache-memory", "KV-cache budget, e.g. 512MiB or 2G (default: 2 GiB on CPU, 90%% "
          "of free memory on CUDA)", None, metavar="SIZE"),
     Flag("--kv-cache-dtype", "auto: the model's dtype; int8 (CPU): 8-bit K/V with a scale per "

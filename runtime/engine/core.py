@@ -42,7 +42,7 @@ from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
 from pagoda.runtime.model import longrope
 from pagoda.runtime.model.loader import LoadedModel, load_model
-from pagoda.runtime.request import FIRST_FINISHED, Request
+from pagoda.runtime.request import FIRST_FINISHED, Request, RequestStatus
 from pagoda.runtime.sampling.allowed_tokens import check_bans_leave_tokens
 from pagoda.runtime.sampling.bad_words import BadWords, bad_words_token_ids, needs_history
 from pagoda.runtime.sampling.params import SamplingParams, sample_seed
@@ -328,6 +328,9 @@ class EngineCore:
             req.prompt_logprobs.extend(entries)
         # once per request per step: attribute reads, no calls on the common path
         for req, tok, lp in zip(result.requests, result.token_ids, result.logprobs):
+            if tok < 0:  # no token: the row's logits had no finite maximum (NaN, overflow)
+                self._fail_request(req)
+                continue
             ids = req.token_ids
             ids.append(tok)  # Request.append_token
             if lp is not None:
@@ -344,6 +347,15 @@ class EngineCore:
                 self._penalized.discard(req.request_id)
         if self.clock is not None:
             self.clock.mark("update")
+
+    def _fail_request(self, req: Request) -> None:
+        """End a request whose step gave no token (finish reason "error"); the others of the
+        batch go on. Its blocks are freed now; the output processor reports it."""
+        log.error("request %s: the model produced non-finite logits (NaN or Inf); it ends "
+                  "with an error", req.request_id)  # fmt: skip
+        req.status = RequestStatus.FINISHED_ERROR
+        self.scheduler.finish(req)
+        self._penalized.discard(req.request_id)
 
     def _emit_pending(self) -> list[StepOutput]:
         pending, self._pending = self._pending, None

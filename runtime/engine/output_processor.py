@@ -86,6 +86,9 @@ class OutputProcessor:
             if s is None:
                 continue
             detok = s.detok
+            if tok < 0:  # no token (non-finite logits): the request ended with an error
+                live.append((s, req, tok, lp))
+                continue
             if not detok.stop and (req.status != _STOPPED or detok.include_stop):
                 # a stop/EOS token adds no text unless asked to
                 stream = detok.stream  # IncrementalDetokenizer.push, inlined
@@ -108,7 +111,7 @@ class OutputProcessor:
         for s, req, tok, lp in live:
             detok = s.detok
             if detok.stop or req.status >= FIRST_FINISHED:
-                append(self._output(s, req, tok, lp))
+                append(self._output(s, req, tok, lp) if tok >= 0 else self._error(s, req))
                 continue
             # `_output` of a running request without stop strings: all its text goes out
             text, detok.text = detok.text, ""
@@ -164,6 +167,33 @@ class OutputProcessor:
         )
         if finished:
             self._forget(req.request_id, s.parent)
+        return out
+
+    def _error(self, s: _Sample, req: Request) -> StepOutput:
+        """The last output of a sample whose step gave no token (finish reason "error"): the
+        text held back so far, no new token."""
+        detok = s.detok
+        if detok.stop_string is None:
+            detok.flush(len(req.token_ids))
+        num_output = len(req.token_ids) - req.num_prompt_tokens
+        out = StepOutput(
+            s.parent,
+            s.index,
+            [],
+            detok.pop_delta(True),
+            [],
+            True,
+            FINISH_REASONS[req.status],
+            None,
+            req.num_prompt_tokens,
+            req.num_cached_tokens,
+            num_output,
+            req.arrival_time,
+            req.first_scheduled_time,
+            req.first_token_time,
+            _prompt_logprobs(req) if num_output == 0 else None,
+        )
+        self._forget(req.request_id, s.parent)
         return out
 
     def _forget(self, child_id: str, parent: str) -> None:

@@ -25,7 +25,7 @@ class StepOutput(msgspec.Struct, array_like=True, gc=False):
     new_text: str
     new_logprobs: list[TokenLogprob]
     finished: bool
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" (no finite logit)
     stop_reason: str | int | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0

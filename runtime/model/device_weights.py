@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from pagoda.runtime.cpu.quantized import QuantizedWeight, stack
+from pagoda.runtime.model.finite_check import FiniteCheck
 
 if TYPE_CHECKING:
     from pagoda.runtime.quantization.fp8 import Fp8LinearWeights, Fp8Scheme
@@ -25,8 +26,11 @@ class DeviceWeights:
         dtype: torch.dtype,
         quantized: Mapping[str, QuantizedWeight],
         fp8: Fp8Scheme | None = None,
+        check_finite: bool = True,
     ) -> None:
         self._w, self.device, self.dtype = weights, device, dtype
+        # every tensor read is checked for NaN/Inf on the device; `check_finite()` reads it
+        self.finite = FiniteCheck(check_finite)
         # stored blocks serve only float32 on the CPU: there `qgemm` computes the same weights
         on_cpu_f32 = device.type == "cpu" and dtype == torch.float32
         self._q = quantized if on_cpu_f32 else {}
@@ -45,11 +49,16 @@ class DeviceWeights:
             raise ValueError(f"checkpoint is missing tensor {name!r}")
         read = getattr(self._w, "read", None)  # a GGUF's: its blocks dequantized on the device
         if read is not None:
-            return read(name, self.device, self.dtype)
+            return self.finite.add(name, read(name, self.device, self.dtype))
         t = self._w[name]
         if t.dtype == torch.float8_e4m3fn:  # an FP8 checkpoint's weight read as dense values
-            return self._dequantized(name, t)
-        return t.to(device=self.device, dtype=self.dtype)
+            return self.finite.add(name, self._dequantized(name, t))
+        return self.finite.add(name, t.to(device=self.device, dtype=self.dtype))
+
+    def check_finite(self, tp=None) -> None:
+        """`NonFiniteWeights` (a ValueError) naming the first tensor read so far that holds NaN
+        or Inf, as read onto the device (one sync for all of them; `FiniteCheck.check`)."""
+        self.finite.check(tp)
 
     def equal(self, a: str, b: str) -> bool:
         """Whether tensors `a` and `b` are stored alike (shape, dtype and bits), read where they
@@ -65,8 +74,8 @@ class DeviceWeights:
             raise ValueError(f"checkpoint is missing tensor {name!r}")
         t = self._w[name]
         if t.dtype == torch.float8_e4m3fn:
-            return self._dequantized(name, t, torch.float32)
-        return t.to(self.device)
+            return self.finite.add(name, self._dequantized(name, t, torch.float32))
+        return self.finite.add(name, t.to(self.device))
 
     def _dequantized(self, name: str, t: torch.Tensor, dtype: torch.dtype | None = None):
         """``weight · weight_scale`` (per tensor, per output channel, or per tile of a block-wise
@@ -83,6 +92,8 @@ class DeviceWeights:
             raise ValueError(f"checkpoint tensor {name} is float8_e4m3fn without a per-tensor "
                              f"or per-channel {scale_name}")  # fmt: skip
         scale = self._w[scale_name]
+        t = self.finite.add(name, t.to(self.device))  # NaN codes of the weight, then scales
+        self.finite.add(scale_name, scale.to(self.device))
         block = getattr(self._w, "fp8_block", None)  # the checkpoint's tile, if block-wise
         tiles = None if block is None else tuple(-(-a // b) for a, b in zip(t.shape, block))
         if tiles is not None and tuple(scale.shape) == tiles:
@@ -107,6 +118,11 @@ class DeviceWeights:
         modules = [n.removesuffix(".weight") for n in names]
         if self.fp8.serialized:
             parts = [fp8.load_linear(self._w, m, self.fp8).to(self.device) for m in modules]
+            for m, part in zip(modules, parts):
+                self.finite.add(f"{m}.weight", part.weight)
+                self.finite.add(f"{m}.weight_scale", part.weight_scale)
+                if part.input_scale is not None:
+                    self.finite.add(f"{m}.input_scale", part.input_scale)
             return fp8.fuse(parts)
         return fp8.quantize_linear(torch.cat([self.source(n) for n in names]))
 
@@ -152,6 +168,7 @@ class DeviceWeights:
             t = self._dequantized(name, t)
         have = max(0, min(stop, t.shape[dim]) - start)
         piece = t.narrow(dim, start, have).to(device=self.device, dtype=self.dtype)
+        self.finite.add(name, piece)
         if have < stop - start:
             pad = list(piece.shape)
             pad[dim] = stop - start - have

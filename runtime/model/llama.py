@@ -226,15 +226,17 @@ class LlamaModel:
         batch_invariant: bool = False,
         tp: TPGroup | None = None,
         fp8: Fp8Scheme | None = None,
+        check_weights: bool = True,
     ) -> None:
         """``fp8``: the linear layers it names run in the FP8 GEMM (`quantization.fp8`; the
-        runner passes it only where the FP8 kernels run)."""
+        runner passes it only where the FP8 kernels run). ``check_weights``: refuse NaN/Inf in
+        the tensors read (`finite_check`; ``--no-check-weights`` skips it)."""
         self.config = config
         self.dtype, self.device = dtype, device
         self.backend, self.ops = backend, ops
         self.tp = tp  # stored GGUF blocks are not split: a group multiplies float matrices
         quantized = {} if tp is not None else quantized or {}
-        w = DeviceWeights(weights, device, dtype, quantized, fp8)
+        w = DeviceWeights(weights, device, dtype, quantized, fp8, check_weights)
         self.batch_invariant = batch_invariant
         linear = functools.partial(Linear, invariant=batch_invariant)
         ctx = self.layer_context(linear)
@@ -262,6 +264,7 @@ class LlamaModel:
             self.layer_class(self, w, f"model.layers.{i}.", i, ctx)
             for i in range(config.num_layers)
         ]
+        w.check_finite(tp)  # NaN/Inf in any tensor read: refused now (one sync), not served
 
     # -- what subclasses change --------------------------------------------------------------
     def layer_context(self, linear: Callable[..., Linear]) -> LayerContext:

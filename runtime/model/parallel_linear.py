@@ -102,7 +102,10 @@ def fp8_rows(
     for n, (start, stop) in zip(names, parts):
         if w.fp8.serialized:
             whole = fp8.load_linear(w.stored, _module(n), w.fp8)
-            pieces.append(fp8.shard(whole, 0, start, stop).to(w.device))
+            piece = fp8.shard(whole, 0, start, stop).to(w.device)
+            w.finite.add(n, piece.weight)
+            w.finite.add(f"{_module(n)}.weight_scale", piece.weight_scale)
+            pieces.append(piece)
         else:  # one scale per row: these rows' codes are the whole matrix's
             rows = w.source(n).narrow(0, start, stop - start)
             pieces.append(fp8.quantize_linear(rows))

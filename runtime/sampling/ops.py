@@ -50,16 +50,30 @@ def _per_chunk(x: torch.Tensor, reduce: str) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
+NO_TOKEN = -1  # a row with no finite maximum: no token, the engine ends its request
+
+
+def finite_or_none(tokens: torch.Tensor, best: torch.Tensor) -> torch.Tensor:
+    """`tokens` where the row's maximum `best` [N] is finite, else `NO_TOKEN`: on the device,
+    no sync (the flag travels with the token to the step's one readback). PyTorch's maxima
+    propagate NaN, so here a NaN anywhere in a row makes it non-finite; the native kernels'
+    maxima skip NaN (a row of NaN, -inf or with a +inf has none either way)."""
+    return torch.where(torch.isfinite(best), tokens, NO_TOKEN)
+
+
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
-    """`x.argmax(-1)` for 2-D x (first maximum), vectorised on CPU through chunk maxima."""
+    """`x.argmax(-1)` for 2-D x (first maximum), vectorised on CPU through chunk maxima;
+    `NO_TOKEN` for a row without a finite maximum."""
     if x.device.type != "cpu" or x.shape[1] <= 2 * CHUNK:
-        return x.argmax(-1)
-    if native.usable(x):
-        return native.argmax_rows(x)
-    chunk = _per_chunk(x, "amax").argmax(-1)
-    cols, _ = _chunk_cols(chunk, x.shape[1])
-    inner = x.gather(1, cols).argmax(-1, keepdim=True)
-    return cols.gather(1, inner).squeeze(1)
+        tokens = x.argmax(-1)
+    elif native.usable(x):
+        return native.argmax_rows(x)  # the kernel writes NO_TOKEN itself
+    else:
+        chunk = _per_chunk(x, "amax").argmax(-1)
+        cols, _ = _chunk_cols(chunk, x.shape[1])
+        inner = x.gather(1, cols).argmax(-1, keepdim=True)
+        tokens = cols.gather(1, inner).squeeze(1)
+    return finite_or_none(tokens, x.gather(1, tokens.unsqueeze(1)).squeeze(1))
 
 
 def pick(weights: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -133,10 +147,11 @@ def sample_full(
         return native.sample_rows(logits, inv_temp, min_p, u, rows)
     if rows is not None:
         logits = logits[rows]
-    w = exp_weights(logits, inv_temp, logits.amax(-1, keepdim=True))
+    best = logits.amax(-1, keepdim=True)
+    w = exp_weights(logits, inv_temp, best)
     if min_p is not None:  # the best token has weight 1, so min-p compares against min_p itself
         w.masked_fill_(w < min_p.unsqueeze(1), 0.0)
-    return sample_weights(w, u)
+    return finite_or_none(sample_weights(w, u), best.squeeze(1))
 
 
 def sample_candidates(
@@ -181,7 +196,8 @@ def sample_candidates(
             short = w.sum(-1) <= top_p * total
             if top_k is not None:
                 short &= top_k >= v
-    tokens = ids.gather(1, pick(w, u * w.sum(-1)).unsqueeze(1)).squeeze(1)
+    tokens = finite_or_none(ids.gather(1, pick(w, u * w.sum(-1)).unsqueeze(1)).squeeze(1),
+                            vals[:, 0])  # fmt: skip
     if short is not None and bool(short.any()):  # rare: a flat distribution under top-p
         rows = short.nonzero().squeeze(1)
         tokens[rows] = sample_candidates(

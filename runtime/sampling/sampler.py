@@ -10,6 +10,9 @@ kernels (`native`, one or two passes per row, no sort) when a C compiler can bui
 Where the LM head samples from its outputs (`qgemm`: float32 models on AVX2 CPUs), the runner
 asks it for the tokens when no row filters or reads the logits (`HeadSampling`), and otherwise
 passes its sampler as `whole`, which then draws the greedy and unfiltered rows from the logits.
+A row whose logits have no finite maximum (NaN, all -inf, a +inf overflow) gets token -1
+(`ops.NO_TOKEN`) on every path, computed on the device (no sync): the engine ends its request
+with finish reason "error" (docs/reliability.md, "Non-finite numbers").
 """
 
 from __future__ import annotations
@@ -257,7 +260,9 @@ def sample(
                 restore()
     if b.max_logprobs is None:
         return SamplerOutput(tokens, None, None, None)
-    chosen, ranks, top_ids, top_lp = score_rows(logits, tokens, b.max_logprobs, b.ranks)
+    # a row without a token (NO_TOKEN) scores token 0: the engine drops it with the row
+    scored = tokens.clamp(min=0)
+    chosen, ranks, top_ids, top_lp = score_rows(logits, scored, b.max_logprobs, b.ranks)
     return SamplerOutput(tokens, chosen, top_ids, top_lp, ranks)
 
 

@@ -3,7 +3,8 @@
 SIGTERM/SIGINT start a drain: /ready turns 503, new requests get 503, in-flight requests run for
 up to --drain-timeout seconds, then the process exits 0. A second SIGINT exits at once. An
 engine that dies (its process killed, its loop failed) turns /health 503; two seconds later the
-process exits 1. Both exits 1 (an engine that fails to start, one that dies while serving) leave
+process exits 1 (an engine that fails to load on bad input, a `ReasonedError` such as a
+checkpoint with NaN weights, exits 2 with one line, as the checks before loading do). Both exits 1 (an engine that fails to start, one that dies while serving) leave
 `EngineFailed: ...` / `EngineDied: ...` as the container's termination message
 (runtime/termination.py), which the operator shows as the service's condition reason.
 """
@@ -20,7 +21,12 @@ from types import FrameType
 import uvicorn
 from pagoda.runtime.engine.async_engine import AsyncEngine
 from pagoda.runtime.server.config import ServerConfig
-from pagoda.runtime.termination import Termination, write_termination_log
+from pagoda.runtime.termination import (
+    ReasonedError,
+    Termination,
+    exit_error,
+    write_termination_log,
+)
 
 log = logging.getLogger("pagoda.serve")
 DEAD_GRACE_S = 2.0  # an engine dead while serving: seconds of 503s before the process exits
@@ -71,6 +77,13 @@ class DrainingServer(uvicorn.Server):
             names = ", ".join(self.cfg.served_model_names)
             url = f"http://{self.cfg.host}:{self.config.port}/v1"
             log.info("ready: OpenAI API at %s serving %s (metrics at /metrics)", url, names)
+        elif engine.dead and isinstance(engine.error, ReasonedError):
+            # bad input found only at load (a checkpoint with NaN/Inf weights): the one line
+            # and exit 2 of every refused checkpoint, with its reason for the operator
+            exit_error("pagoda serve", engine.error)
+            self.exit_code = 2
+            self.should_exit = True
+            return
         elif engine.dead:
             log.error("engine failed to start: %s", _one_line(engine.error))
             write_termination_log(Termination("EngineFailed", None, _one_line(engine.error)))

@@ -73,8 +73,18 @@ def unavailable(e: EngineUnavailableError) -> APIError:
     return APIError(503, str(e), code="unavailable", headers=headers)
 
 
+class NonFiniteLogits(Exception):
+    """A sample ended with finish reason "error": the model gave its row no finite logit."""
+
+
+NON_FINITE_MESSAGE = ("the model produced non-finite logits (NaN or Inf) for this request; "
+                      "its weights or activations are broken (a bad checkpoint, an overflow)")  # fmt: skip
+
+
 def failure(job: Job, e: Exception) -> APIError | None:
     """The API error for a request that failed in the engine; None for a server bug."""
+    if isinstance(e, NonFiniteLogits):
+        return APIError(500, NON_FINITE_MESSAGE, code="non_finite_logits")
     if isinstance(e, ParamError):
         return job.param_error(e)
     if isinstance(e, EngineUnavailableError):
@@ -175,6 +185,8 @@ class Serving:
         streams, n = job.streams or [], job.params.n
         if len(streams) == 1:
             async for out in streams[0]:
+                if out.finish_reason == "error":
+                    raise NonFiniteLogits(out.request_id)
                 yield out.index, out
             return
         queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -196,6 +208,8 @@ class Serving:
                     left -= 1
                 elif isinstance(item, Exception):
                     raise item
+                elif item.finish_reason == "error":
+                    raise NonFiniteLogits(item.request_id)
                 else:
                     yield idx, item
         finally:

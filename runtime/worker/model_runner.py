@@ -82,6 +82,9 @@ class ModelRunner:
         self.head_sampling = fused  # whether the LM head may sample (benchmarks turn it off)
         # Debug/test hook: called with (requests, float32 logits) of every step that samples.
         self.logits_observer: Callable[[list[Request], torch.Tensor], None] | None = None
+        # Test hook: called with (requests, logits) before sampling; may edit them in place
+        # (tests/runtime/engine/test_llm.py poisons one row with NaN, as a bad checkpoint would)
+        self.logits_hook: Callable[[list[Request], torch.Tensor], None] | None = None
         self.num_blocks = self._num_blocks()
         if tp is not None:  # the same pool on every rank: what the fullest device holds
             self.num_blocks = tp.agree_min(self.num_blocks)
@@ -150,6 +153,7 @@ class ModelRunner:
             batch_invariant=config.batch_invariant,
             tp=self.tp,
             fp8=fp8,
+            check_weights=config.check_weights,
         )
 
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
@@ -244,6 +248,8 @@ class ModelRunner:
         else:
             if rows:
                 self.grammar.apply(logits, reqs, rows)
+            if self.logits_hook is not None:
+                self.logits_hook(reqs, logits)
             if self.logits_observer is not None:
                 self.logits_observer(reqs, logits.float())
             step = LaunchedStep(reqs, sample(logits, batch, self._whole_sampler), prompt=prompt)
@@ -258,6 +264,8 @@ class ModelRunner:
         logits, batch, rows = step.deferred
         step.deferred = None
         self.grammar.apply(logits, step.requests, rows)
+        if self.logits_hook is not None:
+            self.logits_hook(step.requests, logits)
         if self.logits_observer is not None:
             self.logits_observer(step.requests, logits.float())
         step.sampler_output = sample(logits, batch, self._whole_sampler)
@@ -277,7 +285,8 @@ class ModelRunner:
         """Whether the LM head can hand back the step's tokens itself: no row filters (top-k,
         top-p, min-p), nothing reads the logits (penalties, logprobs, the observer), and a
         kernel that samples from its outputs (`Linear.fuses_sampling`)."""
-        plain = batch.plain and self.logits_observer is None and not batch.filtered
+        hooked = self.logits_observer is not None or self.logits_hook is not None
+        plain = batch.plain and not hooked and not batch.filtered
         return plain and self.head_sampling and self._whole_sampler is not None
 
     @staticmethod
@@ -361,7 +370,9 @@ class ModelRunner:
         ids = self.to_device(inp.ids)
         if inp.pending is not None:
             rows, src = (self.to_device(a) for a in inp.pending)
-            ids.index_copy_(0, rows, self._inflight[0].index_select(0, src))
+            # a row without a token (-1: non-finite logits) is dropped at its readback; its
+            # input here only has to be a valid id
+            ids.index_copy_(0, rows, self._inflight[0].index_select(0, src).clamp_(min=0))
         return ids
 
     def _forward(self, inp: StepInputs, head: HeadSampling | None) -> torch.Tensor:

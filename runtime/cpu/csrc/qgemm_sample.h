@@ -175,14 +175,15 @@ static int64_t draw(float* st, int64_t nbp, float m, float s, float u, Values va
 }
 
 // a row's token from its block stats: drawn (s > 0), else, or when the draw finds no mass, the
-// first output equal to the row maximum (0 when no output is above -inf)
+// first output equal to the row maximum; -1 when the row has no finite maximum (every output
+// NaN or -inf, or one +inf), as `argmax_rows`: the engine ends that request with an error
 template <class Values>
 static int64_t choose(float* st, int64_t nbp, float s, float u, Values values) {
   __m256 mv = _mm256_set1_ps(NEG_INF);
   for (int64_t b = 0; b < nbp; b += 8) mv = _mm256_max_ps(_mm256_loadu_ps(st + b), mv);
   const float m = hmax8(mv);
-  if (m == NEG_INF) return 0;
-  if (s > 0.0f && m < POS_INF) {
+  if (!(m > NEG_INF && m < POS_INF)) return -1;
+  if (s > 0.0f) {
     const int64_t at = draw(st, nbp, m, s, u, values);
     if (at >= 0) return at;
   }

@@ -138,7 +138,8 @@ static int64_t span_find(const void *row, int bf16, int64_t lo, int64_t n, float
 #endif
 
 /* First index of the row maximum (as torch.argmax): span maxima, then inside the best span.
-   A row with no entry above -inf (all -inf or NaN) gives its first -inf, else 0. */
+   NaN never wins; a row with no finite maximum (all -inf or NaN, or a +inf: an overflow)
+   gives -1, which the engine reads as "no token" and ends the request with an error. */
 static int64_t row_argmax(const void *row, int bf16, int64_t v) {
     float best = NEG_INF;
     int64_t at = 0;
@@ -146,6 +147,7 @@ static int64_t row_argmax(const void *row, int bf16, int64_t v) {
         float m = span_max_raw(row, bf16, lo, v - lo < ARGMAX_SPAN ? v - lo : ARGMAX_SPAN);
         if (m > best) { best = m; at = lo; }
     }
+    if (!(best > NEG_INF && best < -NEG_INF)) return -1;
     int64_t j = span_find(row, bf16, at, v - at < ARGMAX_SPAN ? v - at : ARGMAX_SPAN, best);
     return j < 0 ? 0 : at + j;
 }
@@ -207,13 +209,14 @@ static int64_t pick(const float *w, int64_t n, double target, double *acc) {
 }
 
 /* A token from weights 2^((x - max) * s) (weights below mp dropped) with the uniform u; a row
-   with no finite weight gets its argmax. w: v + 2 * chunks floats of scratch. */
+   with no finite maximum gets -1 (`row_argmax`). w: v + 2 * chunks floats of scratch. */
 static int64_t sample_row(const void *row, int bf16, int64_t v, float s, float mp, float u,
                           float *w) {
     int64_t nc = (v + CH - 1) / CH;
     float *sums = w + v, *maxes = sums + nc, m, buf[CH];
     double total = mp > 0.0f ? min_p_sums(row, bf16, v, s, mp, w, sums, &m)
                              : online_sums(row, bf16, v, s, sums, maxes, &m);
+    if (!(m > NEG_INF && m < -NEG_INF)) return -1;
     double acc = 0.0, target = u * total;
     int64_t c = total > 0.0 && total < __builtin_inf() ? pick(sums, nc, target, &acc) : -1;
     int64_t at = -1;

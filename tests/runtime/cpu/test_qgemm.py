@@ -122,8 +122,8 @@ def test_argmax_ties_go_to_the_first_column_and_nan_never_wins(kernel, rows):
     x = torch.rand(rows, 64, generator=torch.Generator().manual_seed(1)) + 0.5
     for _ in range(5):  # the threads claim blocks in varying orders
         assert (bound.argmax(x) == 9).all()
-    x[0, 3] = float("nan")  # every output of row 0 is NaN: 0, as argmax_rows gives
-    assert bound.argmax(x)[0] == 0 == argmax_rows(bound(x))[0]
+    x[0, 3] = float("nan")  # every output of row 0 is NaN: no token (-1), as argmax_rows
+    assert bound.argmax(x)[0] == -1 == argmax_rows(bound(x))[0]
     assert (bound.argmax(x)[1:] == 9).all()
 
 

@@ -117,15 +117,33 @@ def test_chi_square_against_softmax(kernel):
 
 def test_degenerate_rows_take_the_first_maximum(kernel):
     y = torch.randn(6, 100)
-    y[0] = float("-inf")  # no mass at all: 0
-    y[1, 50] = float("inf")  # infinite mass: the infinity
-    y[2, :] = float("nan")  # NaN never wins: 0
+    y[0] = float("-inf")  # no finite maximum: no token (-1)
+    y[1, 50] = float("inf")  # an overflow: no token either
+    y[2, :] = float("nan")  # NaN never wins: nothing finite, no token
     y[3, 40:] = float("nan")  # NaN outputs are never drawn
     y[4, 10] = y[4].max() + 200  # the rest underflows: the peak
     y[5, :] = -3.0  # flat: every token as likely (u = 0.5: the middle one)
     scale, u = torch.full((6,), LOG2E), torch.full((6,), 0.5)
     t = kernel.sample_logits(y, scale, u).tolist()
-    assert t[:3] == [0, 50, 0] and t[3] < 40 and t[4] == 10 and t[5] == 50
+    assert t[:3] == [-1, -1, -1] and t[3] < 40 and t[4] == 10 and t[5] == 50
+
+
+def test_a_row_of_nan_outputs_gets_no_token_from_the_fused_head(kernel):
+    """The LM head that samples without writing logits: a hidden state of NaN (a broken
+    checkpoint's) gives its row -1, greedy or sampled; the other rows their usual tokens."""
+    w = qgemm.probe_weight("Q8_0", 300, 64)
+    bound = kernel.bind(w, None)
+    x = torch.randn(4, 64)
+    x[1] = float("nan")
+    for scale in (None, torch.full((4,), LOG2E)):
+        u = None if scale is None else torch.full((4,), 0.5)
+        got = bound.sample(x, scale, u)
+        assert got[1] == -1
+        clean = x[[0, 2, 3]]
+        want = bound.sample(
+            clean, None if scale is None else scale[:3], None if u is None else u[:3]
+        )
+        assert got[[0, 2, 3]].tolist() == want.tolist()
 
 
 def test_bad_rows_are_refused(kernel):

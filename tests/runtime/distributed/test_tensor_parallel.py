@@ -144,3 +144,22 @@ def test_prompt_logprobs_over_two_ranks(tmp_path):
         assert two.engine.scheduler.num_preemptions > 0
     for p, o in zip(prompts, outs):
         check_prompt_logprobs(hf, p, o.prompt_logprobs, k=2)
+
+
+@pytest.mark.slow
+def test_nan_in_one_ranks_shard_is_refused_by_rank_0(tmp_path):
+    """A NaN in rows of q_proj that only rank 1 reads: the ranks agree on the first such tensor
+    and rank 0 raises the one-line refusal (before: rank 1 died and rank 0 reported a gloo
+    connection closed by its peer, a RuntimeError)."""
+    from hf_oracle import make_tiny_llama
+    from safetensors.torch import load_file, save_file
+
+    make_tiny_llama(tmp_path)
+    path, name = str(tmp_path / "model.safetensors"), "model.layers.1.self_attn.q_proj.weight"
+    tensors = load_file(path)
+    t = tensors[name].clone()
+    t[-1, 3] = float("nan")  # the last row: rank 1's half
+    save_file({**tensors, name: t}, path)
+    with pytest.raises(ValueError, match=rf"checkpoint tensor {name} holds NaN or Inf"):
+        LLM(str(tmp_path), tensor_parallel_size=2, dtype="float32", max_model_len=64,
+            kv_cache_memory=4 << 20)  # fmt: skip

@@ -147,3 +147,39 @@ def test_preemption_in_flight_matches_sync(smol):
     assert summary(async_.generate(prompts, params)) == want
     assert async_.engine.scheduler.num_preemptions > 0
     async_.engine.check_integrity()
+
+
+def test_a_row_without_a_finite_logit_ends_its_request_as_in_sync(engines):
+    """A request whose logits turn NaN (poisoned by the runner's hook) gets -1 for a token while
+    its next step is in flight already, fed that -1 from the device: that input is clamped to a
+    valid id, the step's row dropped at its readback; outputs equal the synchronous engine's."""
+    import torch
+
+    bad = [2, 17, 9, 80]
+    seen: dict[str, int] = {}  # the bad request's sampling steps (its output lags when async)
+
+    def poison(reqs, logits):
+        for i, r in enumerate(reqs):
+            if r.prompt_token_ids == bad:
+                seen[r.request_id] = seen.get(r.request_id, 0) + 1
+                if seen[r.request_id] == 4:
+                    with torch.inference_mode():
+                        logits[i] = float("nan")
+
+    prompts = [{"prompt_token_ids": ids} for ids in ([1, 504, 3295], bad, [7, 23])]
+    p = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    got = []
+    for llm in engines:
+        seen.clear()
+        llm.engine.runner.logits_hook = poison
+        try:
+            got.append(summary(llm.generate(prompts, p)))
+        finally:
+            llm.engine.runner.logits_hook = None
+        llm.engine.check_integrity()
+        assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
+    assert got[0] == got[1]
+    assert [c[0][2] for c in got[1]] == ["length", "error", "length"]
+    assert len(got[1][1][0][1]) == 3  # the tokens before its logits turned
+    outs = engines[1].generate(prompts, p)
+    assert [o.outputs[0].finish_reason for o in outs] == ["length", "length", "length"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from pagoda.runtime import LLM, SamplingParams
 
 
@@ -129,3 +130,34 @@ def test_max_model_len_past_the_models_context_is_refused(smol):
     context = smol.config.max_position_embeddings
     with pytest.raises(ValueError, match=f"max_model_len {context + 1} is more than the model's"):
         LLM(loaded=smol, max_model_len=context + 1, kv_cache_memory=8 << 20)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_row_with_non_finite_logits_ends_its_request_with_an_error(llm, temperature):
+    """One request's logits turn NaN at its third token (poisoned in place by the runner's
+    logits hook, then sampled by the real sampler): it ends with finish reason "error" and
+    the two tokens it had; the others in the same batch give the tokens they give alone."""
+    prompts = [{"prompt_token_ids": ids} for ids in ([1, 504, 3295], [2, 17, 9, 80], [7, 23])]
+    p = SamplingParams(temperature=temperature, seed=3, max_tokens=6, ignore_eos=True)
+    clean = llm.generate(prompts, p)
+    bad = [2, 17, 9, 80]
+
+    def poison(reqs, logits):
+        for i, r in enumerate(reqs):
+            if r.prompt_token_ids == bad and r.num_output_tokens == 2:
+                with torch.inference_mode():  # the forward's output is an inference tensor
+                    logits[i] = float("nan")
+
+    llm.engine.runner.logits_hook = poison
+    try:
+        out = llm.generate(prompts, p)
+    finally:
+        llm.engine.runner.logits_hook = None
+    failed = out[1].outputs[0]
+    assert failed.finish_reason == "error"
+    assert failed.token_ids == clean[1].outputs[0].token_ids[:2]
+    for i in (0, 2):
+        assert out[i].outputs[0].token_ids == clean[i].outputs[0].token_ids
+        assert out[i].outputs[0].finish_reason == "length"
+    llm.engine.check_integrity()  # the failed request's blocks went back to the pool
+    assert not llm.engine.has_unfinished_requests()

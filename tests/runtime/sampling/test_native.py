@@ -39,14 +39,16 @@ def test_argmax_matches_torch_including_ties_and_inf(vocab, dtype):
     x[8] = -3.0e38  # huge negative, finite
     x[8, vocab - 1] = -2.0e38
     x = x.to(dtype)
-    assert native.argmax_rows(x).tolist() == x.float().argmax(-1).tolist()
+    want = x.float().argmax(-1)
+    want[3] = want[4] = -1  # no finite maximum (all -inf; +inf): no token
+    assert native.argmax_rows(x).tolist() == want.tolist()
 
 
 def test_sample_rows_edge_rows_yield_valid_tokens():
     v = 300
     x = torch.randn(6, v)
-    x[0] = float("-inf")  # no finite weight: the argmax (0)
-    x[1, 7] = float("inf")  # an infinite logit: that token
+    x[0] = float("-inf")  # no finite maximum: no token (-1)
+    x[1, 7] = float("inf")  # an infinite logit (an overflow): no token either
     x[2, :] = float("-inf")
     x[2, 299] = 0.0  # a single finite token, in the tail
     x[3, :] = -1e30  # huge but finite: all weights equal
@@ -54,8 +56,8 @@ def test_sample_rows_edge_rows_yield_valid_tokens():
     inv_t = torch.tensor([1.0, 1.0, 1.0, 1.0, 100.0, 0.01])
     u = torch.tensor([0.5, 0.5, 0.9999999, 0.9999999, 0.0, 0.9999999])
     tokens = native.sample_rows(x, inv_t, None, u).tolist()
-    assert tokens[:3] == [0, 7, 299]
-    assert all(0 <= t < v for t in tokens)
+    assert tokens[:3] == [-1, -1, 299]
+    assert all(0 <= t < v for t in tokens[2:])
     assert tokens[4] == 123
 
 
@@ -169,7 +171,9 @@ def test_portable_build_argmax_matches_torch(tmp_path, dtype):
     args = (ctypes.c_void_p(x.data_ptr()), bf16, ctypes.c_int64(2049))
     lib.argmax_rows(*args, ctypes.c_void_p(out.data_ptr()), ctypes.c_int64(8),
                     ctypes.byref(counter), ctypes.c_int64(8))  # fmt: skip
-    assert out.tolist() == x.float().argmax(-1).tolist()
+    want = x.float().argmax(-1)
+    want[2] = -1  # no finite maximum: no token
+    assert out.tolist() == want.tolist()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

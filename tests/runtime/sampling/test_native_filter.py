@@ -217,8 +217,8 @@ def test_bfloat16_rows_draw_the_tokens_of_their_widening():
 @pytest.mark.parametrize("v", [300, 8192])
 def test_edge_rows_yield_valid_tokens(v, dtype):
     x = torch.randn(6, v)
-    x[0] = float("-inf")  # nothing finite: the argmax (0)
-    x[1, 7] = float("inf")  # an infinite logit: that token
+    x[0] = float("-inf")  # nothing finite: no token (-1)
+    x[1, 7] = float("inf")  # an infinite logit (an overflow): no token either
     x[2, :] = float("-inf")
     x[2, v - 1] = 0.0  # a single finite token, in the tail
     x[4, 123] = 50.0  # T = 0.01: every other weight underflows
@@ -228,7 +228,7 @@ def test_edge_rows_yield_valid_tokens(v, dtype):
     u = torch.full((6,), 0.9999999)
     x = x.to(dtype)
     tokens = native.sample_filtered_rows(x, inv_t, top_k, top_p, None, u).tolist()
-    assert tokens[:3] == [0, 7, v - 1]
+    assert tokens[:3] == [-1, -1, v - 1]
     assert tokens[3] == int(x[3].argmax())  # top_k = 1
     assert tokens[4] == 123
     assert tokens[5] == int(x[5].argmax())  # top_p = 0 keeps the best token
@@ -278,7 +278,8 @@ def test_non_finite_rows_leave_the_next_rows_alone(dtype):
         for i in clean
     ]  # fmt: skip
     assert mixed[clean].tolist() == alone
-    assert mixed[3] == 11  # the infinite logit
+    assert mixed[3] == -1  # an infinite logit: no finite maximum, no token
+    assert 0 <= mixed[1] < v  # NaN entries never count: the row's finite ones are drawn
     assert mixed[5] < 100  # the -0.0 entries are the finite ones: one of them
     assert not torch.isnan(x[1, mixed[1]].float())
 
