@@ -9,7 +9,9 @@ single-sequence requests for blocks too, as they do for batch slots: a bulk sequ
 preempted before any single one, and a waiting single request is admitted before waiting bulk
 sequences (preempted ones included), so a request of n=8 x 1,500 tokens that fills the KV cache
 does not hold a 3-token request back until its sequences finish (56 s before, on the test
-server).
+server). That yielding is capped: a bulk sequence that arrived more than `BULK_MAX_WAIT_S`
+ago is treated as a single one again (admitted and preempted in arrival order like any other),
+so a steady stream of single requests cannot starve a bulk request forever.
 With chunked prefill, the prompt chunks of requests asking prompt logprobs add up to at most
 `PROMPT_LOGPROB_ROWS` tokens a step: each of them is a row of logits (vocabulary-wide) the step
 holds beside the sampling rows'.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 from pagoda.runtime.config import SchedulerConfig
 from pagoda.runtime.core.kv_cache_manager import KVCacheManager
@@ -31,12 +34,22 @@ from pagoda.runtime.core.sched_output import ScheduledRequest, SchedulerOutput
 from pagoda.runtime.request import RUNNING, Request, RequestStatus
 
 PROMPT_LOGPROB_ROWS = 1024  # a step's logits rows for prompt logprobs (chunked prefill)
+# How long after its arrival a bulk sequence still yields to single-sequence requests (for batch
+# slots and KV blocks); older, it is scheduled in arrival order like any request (no starvation)
+BULK_MAX_WAIT_S = 60.0
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
         self.kv = kv
+        self.clock = clock  # `Request.arrival_time`'s clock
+        self.bulk_max_wait_s = BULK_MAX_WAIT_S
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -178,11 +191,14 @@ class Scheduler:
         self, req: Request, n: int, plan: dict[str, ScheduledRequest], out: list[Request]
     ) -> tuple[bool, int]:
         """`req`'s `n` slots did not fit: preempt the most recently arrived running request
-        (even `req` itself), bulk sequences first, until they do; (whether they fit, the
-        budget given back)."""
+        (even `req` itself), bulk sequences first (those not aged past `bulk_max_wait_s`),
+        until they do; (whether they fit, the budget given back)."""
         back = 0
+        young = self.clock() - self.bulk_max_wait_s  # bulk sequences that arrived after it
         while True:
-            victim = max(self.running, key=lambda r: (r.bulk, r.arrival_time))
+            victim = max(
+                self.running, key=lambda r: (r.bulk and r.arrival_time > young, r.arrival_time)
+            )
             back += self._preempt(victim, plan, out)
             if victim is req:
                 return False, back
@@ -205,13 +221,14 @@ class Scheduler:
         return done.num_new_tokens if done is not None else 0
 
     def _admit_waiting(self, plan: dict[str, ScheduledRequest], budget: int, cap: int) -> None:
-        # single-sequence requests first, in order (only a queue that starts with bulk
-        # sequences has any behind them: scanned once a step)
-        first = (
-            deque(r for r in self.waiting if not r.bulk)
-            if self.waiting and self.waiting[0].bulk
-            else None
-        )
+        # single-sequence requests (and bulk ones aged past `bulk_max_wait_s`) first, in order
+        # (only a queue that starts with a young bulk sequence has any behind one: scanned once
+        # a step)
+        first = None
+        if self.waiting and self.waiting[0].bulk:
+            young = self.clock() - self.bulk_max_wait_s
+            if self.waiting[0].arrival_time > young:
+                first = deque(r for r in self.waiting if not r.bulk or r.arrival_time <= young)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = first[0] if first else self.waiting[0]
             if req.num_pending:

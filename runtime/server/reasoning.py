@@ -144,5 +144,7 @@ def after_reasoning(spec: StructuredOutputsParams) -> StructuredOutputsParams:
         },
     }
     return StructuredOutputsParams(
-        structural_tag=json.dumps(tag, ensure_ascii=False), field=spec.field
+        structural_tag=json.dumps(tag, ensure_ascii=False),
+        field=spec.field,
+        asked=spec.asked or spec.kind,  # the metrics count what the client asked for
     )

@@ -135,4 +135,6 @@ class StructuredOutputs:
 
 
 def _label(spec: StructuredOutputsParams) -> str:
-    return "tool_calls" if spec.field == "tools" else spec.kind
+    """The client's constraint (a reasoning model's answer grammar is labelled by what it
+    wraps, not `structural_tag`)."""
+    return "tool_calls" if spec.field == "tools" else spec.asked or spec.kind

@@ -40,6 +40,9 @@ class StructuredOutputsParams:
     field: str = dataclasses.field(
         default="structured_outputs", compare=False
     )  # the request's field
+    # The constraint the client asked for, where this spec wraps it (a reasoning model's answer
+    # grammar is a structural tag: server/reasoning.py): the metrics' label; None: `kind`
+    asked: str | None = dataclasses.field(default=None, compare=False)
     compiled: Any = dataclasses.field(
         default=None, compare=False, repr=False
     )  # xgrammar CompiledGrammar

@@ -129,6 +129,11 @@ def test_the_answer_format_holds_after_the_thinking(client):
     r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=40, temperature=0,
                                        extra_body={"structured_outputs": {"choice": ["8", "16"]}})  # fmt: skip
     assert r.choices[0].message.content in ("8", "16") and r.choices[0].message.reasoning_content
+    # the metric counts what the client asked for, not the structural tag the answer's grammar is
+    metrics = httpx.get(f"{str(client.base_url).removesuffix('/v1/')}/metrics", timeout=30).text
+    kinds = {ln.split('type="')[1].split('"')[0] for ln in metrics.splitlines()
+             if ln.startswith("pagoda:structured_output_requests_total{")}  # fmt: skip
+    assert {"json", "choice"} <= kinds and "structural_tag" not in kinds, kinds
 
 
 def test_tool_calls_follow_the_thinking(client):

@@ -19,8 +19,10 @@ from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.logprobs import TokenStrings
 from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest, parse_request
 from pagoda.runtime.server.reasoning import ReasoningStream, split, thinks
+from pagoda.runtime.server.structured_outputs import StructuredOutputs
 from pagoda.runtime.structured.compiler import compiler_for
 from pagoda.runtime.structured.params import StructuredOutputsParams
+from prometheus_client import CollectorRegistry
 
 MODEL = "m"
 # Qwen3's shape: history replies keep their thinking; enable_thinking=false writes an empty
@@ -161,6 +163,29 @@ def test_the_grammar_starts_at_the_end_marker(tok):
     assert not run('x</think>{"b": 1}')[0]
     assert not run('x</think> {"a": 1}')[0]  # the grammar from the first character on
     assert not run('x</think>{"a": 1}</think>')[0]
+
+
+def test_the_metric_counts_the_constraint_the_client_asked_for():
+    """A reasoning model's answer grammar is a structural tag around the client's constraint;
+    `pagoda:structured_output_requests_total` is labelled by the client's (json, regex, ...)."""
+    registry = CollectorRegistry()
+    so = StructuredOutputs(MODEL, registry)
+    asked = [StructuredOutputsParams(json='{"type": "integer"}', field="response_format"),
+             StructuredOutputsParams(regex="[0-9]+"), StructuredOutputsParams(choice=("a", "b"))]  # fmt: skip
+    for spec in asked:
+        wrapped = reasoning.after_reasoning(spec)
+        assert wrapped.kind == "structural_tag"
+        so.count(wrapped.with_compiled(None))  # as the server counts it: compiled
+    tools = reasoning.after_reasoning(StructuredOutputsParams(regex="x", field="tools"))
+    so.count(tools)
+    for label in ("json", "regex", "choice", "tool_calls"):
+        value = registry.get_sample_value(
+            "pagoda:structured_output_requests_total", {"model_name": MODEL, "type": label}
+        )
+        assert value == 1.0, label
+    assert registry.get_sample_value(
+        "pagoda:structured_output_requests_total", {"model_name": MODEL, "type": "structural_tag"}
+    ) is None  # fmt: skip
 
 
 def _job(t: Tokenizer, parser: str, body: dict):

@@ -14,7 +14,8 @@ BS = 4
 def make(num_blocks=64, caching=True, **cfg) -> Scheduler:
     cfg.setdefault("max_num_batched_tokens", 16)
     cfg.setdefault("max_num_seqs", 8)
-    return Scheduler(SchedulerConfig(**cfg), KVCacheManager(num_blocks, BS, caching))
+    # a clock at 0: the requests' arrival times (`req`'s t) are all recent
+    return Scheduler(SchedulerConfig(**cfg), KVCacheManager(num_blocks, BS, caching), lambda: 0.0)
 
 
 def req(rid: str, n: int, max_tokens: int = 4, start: int = 0, t: float = 0.0) -> Request:
@@ -129,6 +130,40 @@ def test_a_single_request_overtakes_bulk_sequences_that_fill_the_cache():
         preempted += [r.request_id for r in step(s).preempted]
     assert "single" not in preempted
     assert s.kv.num_free_blocks == 8
+
+
+def test_a_bulk_request_waits_for_single_ones_no_longer_than_the_cap():
+    """Under a steady stream of single-sequence requests a waiting bulk sequence is admitted once
+    it has waited `bulk_max_wait_s` (before, it yields to each new single request)."""
+    now = [0.0]
+    s = make(max_num_seqs=1, max_num_batched_tokens=32)
+    s.clock = lambda: now[0]
+    bulk = req("bulk", 4, max_tokens=2, t=0.0)
+    bulk.bulk = True
+    s.add_request(bulk)
+    admitted, i = [], 0
+    for now[0] in (10.0, s.bulk_max_wait_s + 1):
+        for _ in range(12):
+            if not any(not r.bulk for r in s.waiting):  # always a single request waiting
+                s.add_request(req(f"single{i}", 4, max_tokens=2, start=10 * i, t=now[0]))
+                i += 1
+            admitted += [x.request.request_id for x in step(s).scheduled if x.request.bulk]
+        assert bool(admitted) == (now[0] > s.bulk_max_wait_s), now[0]
+
+
+def test_an_aged_bulk_sequence_is_preempted_in_arrival_order():
+    """Past `bulk_max_wait_s` a running bulk sequence is no longer the first to be preempted: the
+    single request that arrived after it is."""
+    for now, first_preempted in ((10.0, "bulk"), (100.0, "single")):
+        s = make(num_blocks=8, caching=False, max_num_batched_tokens=32)
+        s.clock = lambda now=now: now
+        bulk = req("bulk", 8, max_tokens=16, t=0.0)  # 6 blocks of 4 each: both cannot fit in 8
+        bulk.bulk = True
+        s.add_request(bulk)
+        s.add_request(req("single", 8, max_tokens=16, start=100, t=1.0))
+        while not (out := step(s)).preempted:
+            pass
+        assert [r.request_id for r in out.preempted] == [first_preempted], now
 
 
 def test_prefix_reuse_skips_compute():
