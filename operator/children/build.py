@@ -68,7 +68,9 @@ def build_children(
     `spec.autoscaling` (its alerts ask the autoscaler for a step). `own_service_monitor` /
     `own_prometheus_rule` False (`--no-service-monitors` / `--no-prometheus-rules`): another
     object (the chart's) owns that concern, so the operator's own are deleted, never built; one
-    scrape per pod and one rule per alert. `monitoring_labels` (`--monitoring-label`): extra
+    scrape per pod and one rule per alert. The PrometheusRule then keeps only the service's TTFT
+    alert threshold (a recording rule the chart's PagodaTTFTHigh compares with; none without
+    targetTTFTSeconds). `monitoring_labels` (`--monitoring-label`): extra
     labels on both, e.g. `release` for kube-prometheus-stack's selectors. `tuned`: the tuned profile the
     pods mount (autotune/mount.py), None for the runtime's defaults.
     """
@@ -84,10 +86,14 @@ def build_children(
         desired.append(build_service_monitor(owner, monitoring_labels))
     elif service_monitor:
         absent.append(("ServiceMonitor", owner.name))
-    if prometheus_rule and own_prometheus_rule and spec.autoscaling is not None:
-        desired.append(build_prometheus_rule(owner, spec, monitoring_labels))
-    elif prometheus_rule:
-        absent.append(("PrometheusRule", rules.rule_name(owner.name)))
+    if prometheus_rule:
+        rule = None
+        if spec.autoscaling is not None:
+            rule = build_prometheus_rule(owner, spec, monitoring_labels, alerts=own_prometheus_rule)
+        if rule is not None:
+            desired.append(rule)
+        else:
+            absent.append(("PrometheusRule", rules.rule_name(owner.name)))
     return Children(desired=tuple(desired), absent=tuple(absent))
 
 
