@@ -213,8 +213,10 @@ def _monitoring_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--no-prometheus-rules",
         action="store_true",
-        help="do not create a PrometheusRule per autoscaled InferenceService (and delete those "
-        "made before): another rule carries Pagoda's alerts, e.g. the chart's PrometheusRule",
+        help="do not put Pagoda's alerts in the PrometheusRule of each autoscaled "
+        "InferenceService: another rule carries them, e.g. the chart's PrometheusRule. The "
+        "operator's keeps only the recording rule of the service's TTFT alert threshold "
+        "(pagoda:ttft_alert_threshold_seconds, with targetTTFTSeconds; deleted without)",
     )
     group.add_argument(
         "--monitoring-label",

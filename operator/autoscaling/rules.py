@@ -2,12 +2,18 @@
 
 The rules come from `prometheus-rules.yaml` (package data: the chart's `files/prometheus-rules.yaml`
 as JSON, which is YAML too, so the operator needs no YAML parser;
-tests/operator/test_rules.py keeps the two equal and prints the command that regenerates it). Per service the operator narrows every
-`pagoda:` selector to its `namespace`/`inferenceservice` labels and sets the TTFT threshold to
-`ALERT_TTFT_FACTOR` × targetTTFTSeconds: the evaluation loop acts at the target, the alert is
-the "clearly overloaded" signal that Alertmanager sends to POST /alerts for an immediate step.
-Other thresholds and the `for` durations stay the file's. Pure functions, no I/O beyond reading
-the packaged file once.
+tests/operator/test_rules.py keeps the two equal and prints the command that regenerates it).
+
+The service's TTFT alert threshold is `ALERT_TTFT_FACTOR` × targetTTFTSeconds: the evaluation
+loop acts at the target, the alert is the "clearly overloaded" signal that Alertmanager sends to
+POST /alerts for an immediate step. It lives in a recording rule, `THRESHOLD_METRIC` with the
+service's `namespace`/`inferenceservice` labels, which the file's PagodaTTFTHigh compares with
+(falling back to its own number for services without one). So the threshold holds whoever
+evaluates the alerts: the operator's per-service copy of the file (every `pagoda:` selector
+narrowed to the service, thresholds and `for` the file's, TTFT's default set to the same
+threshold), or, with `--no-prometheus-rules`, the chart's single PrometheusRule, next to which the
+operator keeps only the recording rule. Pure functions, no I/O beyond reading the packaged file
+once.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ if TYPE_CHECKING:
 
 RULES_FILE = pathlib.Path(__file__).with_name("prometheus-rules.yaml")
 ALERT_TTFT_FACTOR = 2.0
+THRESHOLD_METRIC = "pagoda:ttft_alert_threshold_seconds"
+THRESHOLD_GROUP = "pagoda.thresholds"
 _METRIC = re.compile(r"(pagoda:[A-Za-z0-9_]+)(\{[^}]*\})?")
 # The file's convention (the chart's template relies on it too): each expr ends with `> NUMBER`.
 _THRESHOLD = re.compile(r">\s*[-+]?[0-9][0-9.eE+-]*\s*$")
@@ -66,20 +74,48 @@ def set_threshold(expr: str, threshold: float) -> str:
     return _THRESHOLD.sub(f"> {threshold:g}", expr)
 
 
-def service_rules(
-    namespace: str, name: str, spec: InferenceServiceSpec, *, for_: str | None = None
-) -> dict[str, Any]:
-    """`{"groups": [...]}` for one service (`for_` overrides every rule's `for`, for tests)."""
-    doc = rules_document()
+def alert_ttft_threshold(spec: InferenceServiceSpec) -> float | None:
+    """The service's own PagodaTTFTHigh threshold, s (None: the rule file's default)."""
     target = spec.autoscaling.target_ttft_seconds if spec.autoscaling else None
-    for group in doc["groups"]:
-        for rule in group["rules"]:
-            rule["expr"] = scope_expr(" ".join(rule["expr"].split()), namespace, name)
-            if rule.get("alert") == "PagodaTTFTHigh" and target is not None:
-                rule["expr"] = set_threshold(rule["expr"], ALERT_TTFT_FACTOR * target)
-            if for_ is not None:
-                rule["for"] = for_
-    return doc
+    return None if target is None else ALERT_TTFT_FACTOR * target
+
+
+def threshold_rule(namespace: str, name: str, threshold: float) -> dict[str, Any]:
+    """The recording rule of one service's TTFT alert threshold (a constant series)."""
+    return {
+        "record": THRESHOLD_METRIC,
+        "expr": f"vector({threshold:g})",
+        "labels": {"namespace": namespace, "inferenceservice": name},
+    }
+
+
+def service_rules(
+    namespace: str,
+    name: str,
+    spec: InferenceServiceSpec,
+    *,
+    alerts: bool = True,
+    for_: str | None = None,
+) -> dict[str, Any] | None:
+    """`{"groups": [...]}` for one service: its threshold's recording rule (with
+    targetTTFTSeconds) and, with `alerts`, the file's alerts scoped to it; None when that leaves
+    nothing. `for_` overrides every alert's `for`, for tests."""
+    threshold = alert_ttft_threshold(spec)
+    groups: list[dict[str, Any]] = []
+    if threshold is not None:
+        groups.append(
+            {"name": THRESHOLD_GROUP, "rules": [threshold_rule(namespace, name, threshold)]}
+        )
+    if alerts:
+        for group in rules_document()["groups"]:
+            for rule in group["rules"]:
+                rule["expr"] = scope_expr(" ".join(rule["expr"].split()), namespace, name)
+                if rule.get("alert") == "PagodaTTFTHigh" and threshold is not None:
+                    rule["expr"] = set_threshold(rule["expr"], threshold)
+                if for_ is not None:
+                    rule["for"] = for_
+            groups.append(group)
+    return {"groups": groups} if groups else None
 
 
 def rule_name(name: str) -> str:

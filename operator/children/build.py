@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING, Any
 from pagoda.operator.autoscaling import rules
 from pagoda.operator.autotune.mount import mount_profile
 from pagoda.operator.children.config_map import build_config_map, config_hash
-from pagoda.operator.children.deployment import build_deployment, pod_template, rolling_update
+from pagoda.operator.children.deployment import (
+    build_deployment,
+    pin_to_one_node,
+    pod_template,
+    rolling_update,
+)
 from pagoda.operator.children.leaderworkerset import build_leader_worker_set
 from pagoda.operator.children.monitoring import build_prometheus_rule, build_service_monitor
 from pagoda.operator.children.pdb import build_pdb, wants_pdb
@@ -56,6 +61,7 @@ def build_children(
     own_prometheus_rule: bool = True,
     monitoring_labels: Sequence[tuple[str, str]] = (),
     tuned: TunedMount | None = None,
+    one_node: bool = False,
 ) -> Children:
     """Everything one InferenceService needs, in apply order (ConfigMap before the workload: a
     Deployment, or a LeaderWorkerSet with `spec.parallelism.nodes` > 1).
@@ -68,12 +74,17 @@ def build_children(
     `spec.autoscaling` (its alerts ask the autoscaler for a step). `own_service_monitor` /
     `own_prometheus_rule` False (`--no-service-monitors` / `--no-prometheus-rules`): another
     object (the chart's) owns that concern, so the operator's own are deleted, never built; one
-    scrape per pod and one rule per alert. `monitoring_labels` (`--monitoring-label`): extra
+    scrape per pod and one rule per alert. The PrometheusRule then keeps only the service's TTFT
+    alert threshold (a recording rule the chart's PagodaTTFTHigh compares with; none without
+    targetTTFTSeconds). `monitoring_labels` (`--monitoring-label`): extra
     labels on both, e.g. `release` for kube-prometheus-stack's selectors. `tuned`: the tuned profile the
-    pods mount (autotune/mount.py), None for the runtime's defaults.
+    pods mount (autotune/mount.py), None for the runtime's defaults. `one_node`: the pods must
+    share one node (a ReadWriteOnce claim several of them mount: validation.check_cluster).
     """
     cm = build_config_map(owner, spec)
     workload, other_kind = _workload(owner, spec, cm, current_replicas, current_kind, tuned)
+    if one_node and not spec.multi_node:  # validation refuses a group on a single-node claim
+        pin_to_one_node(workload, owner)
     absent: list[tuple[str, str]] = [other_kind]
     desired = [cm, workload, build_service(owner, leaders_only=spec.multi_node)]
     if wants_pdb(spec):
@@ -84,10 +95,14 @@ def build_children(
         desired.append(build_service_monitor(owner, monitoring_labels))
     elif service_monitor:
         absent.append(("ServiceMonitor", owner.name))
-    if prometheus_rule and own_prometheus_rule and spec.autoscaling is not None:
-        desired.append(build_prometheus_rule(owner, spec, monitoring_labels))
-    elif prometheus_rule:
-        absent.append(("PrometheusRule", rules.rule_name(owner.name)))
+    if prometheus_rule:
+        rule = None
+        if spec.autoscaling is not None:
+            rule = build_prometheus_rule(owner, spec, monitoring_labels, alerts=own_prometheus_rule)
+        if rule is not None:
+            desired.append(rule)
+        else:
+            absent.append(("PrometheusRule", rules.rule_name(owner.name)))
     return Children(desired=tuple(desired), absent=tuple(absent))
 
 

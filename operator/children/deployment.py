@@ -193,3 +193,19 @@ def pod_template(
         },
         "spec": _pod_spec(owner, spec),
     }
+
+
+def pin_to_one_node(deployment: dict[str, Any], owner: Owner) -> None:
+    """Make every pod of this Deployment (a rollout's new ones too) share one node, the one its
+    first pod lands on: required pod affinity to its own pods by hostname (the scheduler admits
+    the first pod of a self-affine set anywhere). For a ReadWriteOnce claim that several pods
+    mount: a pod on a second node would hang in ContainerCreating (Multi-Attach error); pinned,
+    one that does not fit stays Pending with the scheduler's reason instead."""
+    term = {
+        "labelSelector": {"matchLabels": selector_labels(owner.name)},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    pod_spec = deployment["spec"]["template"]["spec"]
+    pod_spec["affinity"] = {
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+    }

@@ -1,5 +1,5 @@
 """The monitoring.coreos.com children: the ServiceMonitor that scrapes the pods, and the
-PrometheusRule with this service's alerts (autoscaling/rules.py), both with the operator's
+PrometheusRule with this service's alerts and TTFT alert threshold (autoscaling/rules.py), both with the operator's
 `--monitoring-label`s (a Prometheus selects them by label, e.g. `release`). Pure.
 """
 
@@ -64,10 +64,15 @@ def build_service_monitor(owner: Owner, labels: Labels = ()) -> dict[str, Any]:
 
 
 def build_prometheus_rule(
-    owner: Owner, spec: InferenceServiceSpec, labels: Labels = ()
-) -> dict[str, Any]:
-    """This service's alerts (rules.py), so Alertmanager can ask POST /alerts for a step."""
+    owner: Owner, spec: InferenceServiceSpec, labels: Labels = (), *, alerts: bool = True
+) -> dict[str, Any] | None:
+    """This service's alerts and TTFT alert threshold (rules.py), so Alertmanager can ask
+    POST /alerts for a step; `alerts` False: the threshold only (the chart's PrometheusRule
+    evaluates the alerts). None: nothing to evaluate."""
+    groups = rules.service_rules(owner.namespace, owner.name, spec, alerts=alerts)
+    if groups is None:
+        return None
     name = rules.rule_name(owner.name)
     obj = _add_labels(child(owner, "PrometheusRule", "monitoring.coreos.com/v1", name), labels)
-    obj["spec"] = rules.service_rules(owner.namespace, owner.name, spec)
+    obj["spec"] = groups
     return adopt(obj, owner)

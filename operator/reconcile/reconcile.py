@@ -184,7 +184,7 @@ async def _apply_all(
     the workload of either kind (its replicas carry over a switch between a Deployment and a
     LeaderWorkerSet, so the autoscaler's choice survives it)."""
     spec = validation.parse(body, config)
-    await validation.check_cluster(api, spec, owner.namespace, logger)
+    one_node = await validation.check_cluster(api, spec, owner.namespace, logger)
     spec, pin = await model_pin.pin(api, body, spec, config, logger)
     replicas = ((current or {}).get("spec") or {}).get("replicas")
     children = build_children(
@@ -198,7 +198,10 @@ async def _apply_all(
         own_prometheus_rule=config.prometheus_rules,
         monitoring_labels=config.monitoring_labels,
         tuned=await autotune_mount.lookup(api, body, spec),
+        one_node=one_node is not None,
     )
+    if one_node is not None and not _pinned(current):
+        await _report_pin(api, body, one_node, config, logger)
     live: dict[str, dict[str, Any]] = {}
     for child in children.desired:
         actual = current if child["kind"] == (current or {}).get("kind") else UNKNOWN
@@ -217,6 +220,32 @@ async def _apply_all(
     workload = live[spec.workload_kind]
     workload.setdefault("kind", spec.workload_kind)
     return workload, pin
+
+
+def _pinned(workload: Mapping[str, Any] | None) -> bool:
+    """Whether the live workload's pods already have the one-node affinity."""
+    pod_spec = (((workload or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+    return "podAffinity" in (pod_spec.get("affinity") or {})
+
+
+async def _report_pin(
+    api: KubeApi,
+    body: Mapping[str, Any],
+    why: str,
+    config: OperatorConfig,
+    logger: logging.Logger,
+) -> None:
+    """Say once (when the affinity is added) that the pods now share one node, and why."""
+    message = (
+        f"{why}: its volume attaches to one node at a time, so every pod is scheduled onto "
+        "the node of the first (required pod affinity by kubernetes.io/hostname); pods that do "
+        "not fit there stay Pending. Use a ReadWriteMany claim to spread them over nodes."
+    )
+    logger.info("%s", message)
+    await api.try_post_event(
+        body, type_="Normal", reason="PinnedToOneNode", message=message,
+        component=config.component_name,
+    )  # fmt: skip
 
 
 def spec_error_in_status(body: Mapping[str, Any]) -> SpecError | None:

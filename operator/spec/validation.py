@@ -57,14 +57,17 @@ def gpu_capacity(nodes: Iterable[Mapping[str, Any]], node_selector: Mapping[str,
 
 async def check_cluster(
     api: KubeApi, spec: InferenceServiceSpec, namespace: str, logger: logging.Logger
-) -> None:
-    """Raise SpecError when the cluster cannot run this spec as written."""
+) -> str | None:
+    """Raise SpecError when the cluster cannot run this spec as written. Returns why its pods
+    must share one node (a ReadWriteOnce claim that several pods mount), else None."""
+    one_node = None
     if spec.model.source == "pvc" and spec.model.claim:
         where = f"spec.model {show(spec.model.uri)}"
-        await _check_claim(api, namespace, spec.model.claim, where, spec, writes=False)
+        one_node = await _check_claim(api, namespace, spec.model.claim, where, spec, writes=False)
     if spec.model.remote and spec.model_cache.claim_name:
         claim = spec.model_cache.claim_name
-        await _check_claim(api, namespace, claim, "spec.modelCache", spec, writes=True)
+        cache = await _check_claim(api, namespace, claim, "spec.modelCache", spec, writes=True)
+        one_node = one_node or cache
     if spec.multi_node and not await api.has_resource("LeaderWorkerSet"):
         raise SpecError(
             "LeaderWorkerSetNotInstalled",
@@ -79,8 +82,9 @@ async def check_cluster(
             if e.status != 403:
                 raise
             logger.warning("Cannot list nodes (forbidden); skipping the GPU capacity check.")
-            return
+            return one_node
         check_gpu_capacity(spec, gpu_capacities(nodes, dict(spec.node_selector)))
+    return one_node
 
 
 def check_gpu_capacity(spec: InferenceServiceSpec, capacities: list[int]) -> None:
@@ -112,7 +116,7 @@ async def _check_claim(
     spec: InferenceServiceSpec,
     *,
     writes: bool,
-) -> None:
+) -> str | None:
     pvc = await api.get("PersistentVolumeClaim", namespace, claim)
     if pvc is None:
         raise SpecError(
@@ -126,7 +130,7 @@ async def _check_claim(
     modes = (pvc.get("status") or {}).get("accessModes") or (pvc.get("spec") or {}).get(
         "accessModes"
     )
-    check_access_modes(spec, claim, where, modes or [], writes=writes)
+    return check_access_modes(spec, claim, where, modes or [], writes=writes)
 
 
 def _several_pods(spec: InferenceServiceSpec) -> str | None:
@@ -143,12 +147,24 @@ def _several_pods(spec: InferenceServiceSpec) -> str | None:
 
 def check_access_modes(
     spec: InferenceServiceSpec, claim: str, where: str, modes: list[str], *, writes: bool
-) -> None:
+) -> str | None:
     """Modes no pod of this service could use as it does: a ReadWriteOncePod claim for a
     service of several pods (the scheduler admits one pod cluster-wide; the others stay
-    Pending, a rollout never ends), a read-only claim as the download cache. Unknown modes
-    (empty) pass; ReadWriteOnce passes (enough while the pods share one node)."""
+    Pending, a rollout never ends), a ReadWriteOnce claim for a multi-node group (its volume
+    attaches to one node at a time), a read-only claim as the download cache. Unknown modes
+    (empty) pass. A ReadWriteOnce claim that several pods of one Deployment mount returns why
+    they must share a node: the scheduler does not see the attachment, so a pod placed on a
+    second node would hang in ContainerCreating (Multi-Attach error); the builder pins them."""
     several = _several_pods(spec)
+    if set(modes) == {"ReadWriteOnce"} and several is not None:
+        if spec.multi_node:
+            raise SpecError(
+                "PVCAccessMode",
+                f"PersistentVolumeClaim {show(claim)} (from {where}) is ReadWriteOnce: its "
+                f"volume attaches to one node at a time, and this service runs {several} on "
+                f"different nodes; use a ReadWriteMany claim{'' if writes else ' (or ReadOnlyMany)'}",
+            )
+        return f"PersistentVolumeClaim {show(claim)} (from {where}) is ReadWriteOnce and this service runs {several}"
     if set(modes) == {"ReadWriteOncePod"} and several is not None:
         raise SpecError(
             "PVCAccessMode",
@@ -163,3 +179,4 @@ def check_access_modes(
             "model-download init container writes the cache into it; use ReadWriteMany (or "
             "ReadWriteOnce while every pod runs on one node)",
         )
+    return None

@@ -37,6 +37,8 @@ COUNTERS = {
 }
 SERIES = GAUGES | COUNTERS | {f"{h}_{s}" for h in HISTOGRAMS for s in ("bucket", "sum", "count")}
 METRIC = re.compile(r"pagoda:[a-z0-9_]+")
+# series a recording rule makes (the operator's per-service TTFT alert threshold), not the runtime
+RECORDED = {"pagoda:ttft_alert_threshold_seconds"}
 
 
 def rules() -> dict[str, Any]:

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import pathlib
 from typing import Any
 
 import pytest
+import yaml
 from chart_helpers import MONITORING_ON, NAMESPACE, of_kind, operator_container, render
+from monitoring_helpers import alerts_by_name, promtool
+from monitoring_helpers import rules as monitoring_rules
 from pagoda.operator import main as operator_main
 from pagoda.operator.children.build import build_children
 from pagoda.operator.children.owner import Owner
@@ -25,6 +29,7 @@ SPEC = InferenceServiceSpec.from_dict(
     default_image="img",
 )
 ALERTS = {"PagodaTTFTHigh", "PagodaQueueBacklog", "PagodaKVCacheSaturated"}
+THRESHOLD = "pagoda:ttft_alert_threshold_seconds"
 
 
 def _values(runtime_monitor: bool, rule: bool) -> dict[str, Any]:
@@ -84,15 +89,76 @@ def test_one_service_monitor_per_pod_and_each_alert_once(runtime_monitor: bool, 
 
     rules = of_kind(docs, "PrometheusRule") + of_kind(built, "PrometheusRule")
     names = collections.Counter(
-        r["alert"] for doc in rules for g in doc["spec"]["groups"] for r in g["rules"]
+        r.get("alert") or r["record"]
+        for doc in rules
+        for g in doc["spec"]["groups"]
+        for r in g["rules"]
     )
-    assert set(names) == ALERTS
-    assert max(names.values()) == 1, f"alerts evaluated twice: {names}"
-    (only,) = rules
-    assert only["metadata"]["name"] == ("pagoda-alerts" if rule else "chat-alerts")
+    assert set(names) == {*ALERTS, THRESHOLD}
+    assert max(names.values()) == 1, f"rules evaluated twice: {names}"
+    owners = [r["metadata"]["name"] for r in rules]
+    # the operator keeps the service's TTFT threshold (a recording rule) under either owner
+    assert owners == (["pagoda-alerts", "chat-alerts"] if rule else ["chat-alerts"])
 
     # monitoring.labels reach whichever owns it (the operator through --monitoring-label), so a
     # kube-prometheus-stack Prometheus (selecting release: <its release>) picks every one up
     release = MONITORING_ON["monitoring"]["labels"]["release"]
     for doc in [*monitors, *rules, *of_kind(docs, "ConfigMap")]:
         assert doc["metadata"]["labels"]["release"] == release, doc["metadata"]["name"]
+
+
+@pytest.mark.parametrize("rule", [False, True], ids=["rules-operator", "rules-chart"])
+def test_ttft_alert_keeps_the_services_threshold_under_either_owner(
+    rule: bool, tmp_path: pathlib.Path
+) -> None:
+    """promtool evaluates every PrometheusRule the chart and its operator make: a p95 TTFT of
+    1.95 s alerts, once, for `chat` (targetTTFTSeconds 0.5: threshold 2 x 0.5 = 1 s) and not for
+    `other` in the same namespace (no threshold of its own: the default 2 s)."""
+    docs = render(_values(False, rule))
+    built = _operator_children(docs)
+    files = []
+    for i, doc in enumerate(of_kind(docs, "PrometheusRule") + of_kind(built, "PrometheusRule")):
+        files.append(f"rules-{i}.yaml")
+        (tmp_path / files[-1]).write_text(yaml.safe_dump(doc["spec"]))
+    series = [
+        {
+            "series": f'pagoda:time_to_first_token_seconds_bucket{{namespace="{OWNER.namespace}",'
+            f'inferenceservice="{isvc}",pod="{isvc}-0",le="{le}"}}',
+            "values": f"0+{per_min}x10",
+        }
+        for isvc in (OWNER.name, "other")
+        for le, per_min in (("1.0", 0), ("2.0", 60), ("+Inf", 60))
+    ]
+    labels = {"namespace": OWNER.namespace, "inferenceservice": OWNER.name}
+    ttft = alerts_by_name(monitoring_rules())["PagodaTTFTHigh"]
+    test = {
+        "rule_files": files,
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [
+                    {
+                        "eval_time": "5m",
+                        "alertname": "PagodaTTFTHigh",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "pagoda_action": "scale_up",
+                                    **labels,
+                                },
+                                "exp_annotations": {
+                                    "summary": "team-a/chat: p95 time to first token is 1.95s",
+                                    "description": ttft["annotations"]["description"],
+                                },
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
+    assert "SUCCESS" in promtool("test", "rules", "test.yaml", cwd=tmp_path)

@@ -328,8 +328,10 @@ async def test_prometheus_rule_per_autoscaled_service(
     rule = await wait_for(lambda: emulator.live(RULES, "default", "chat-alerts"))
     (ref,) = rule["metadata"]["ownerReferences"]
     assert ref["name"] == "chat" and ref["controller"] is True
-    exprs = {r["alert"]: r["expr"] for r in rule["spec"]["groups"][0]["rules"]}
-    assert exprs["PagodaTTFTHigh"].endswith("> 0.5")  # 2 x targetTTFTSeconds
+    groups = rule["spec"]["groups"]
+    assert groups[0]["rules"][0]["expr"] == "vector(0.5)"  # the threshold, 2 x targetTTFTSeconds
+    exprs = {r["alert"]: r["expr"] for g in groups[1:] for r in g["rules"]}
+    assert exprs["PagodaTTFTHigh"].endswith("> 0.5")
     assert all('inferenceservice="chat"' in e for e in exprs.values())
     await patch_isvc(kube, "chat", {"spec": {"autoscaling": None}})
     await wait_for(lambda: emulator.live(RULES, "default", "chat-alerts") is None, what="deleted")

@@ -233,3 +233,64 @@ async def test_claims_no_pod_of_the_service_could_use_are_refused(kube: Any) -> 
         {"model": "hf://o/m", "modelCache": {"claimName": "rwx"}, "replicas": 3},
     ):
         await check_cluster(kube, spec(**fields), "default", log)
+
+
+async def test_pods_sharing_a_read_write_once_claim_are_pinned_to_one_node(
+    emulator: Any, kube: Any, start_operator: Any
+) -> None:
+    """A ReadWriteOnce claim attaches to one node at a time and the scheduler does not know: a
+    second replica (or a CPU pod's rollout surge) placed on another node hangs in
+    ContainerCreating (Multi-Attach error). The operator pins such a Deployment's pods to one
+    node (required pod affinity to themselves by hostname) and says so once in an Event; a
+    multi-node group, which must span nodes, is refused; one GPU pod is left as it was."""
+    import logging
+
+    from operator_harness import DEPLOY, ISVC, wait_for
+    from operator_helpers import create_isvc
+    from pagoda.operator.spec.validation import check_cluster
+
+    rwo = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+           "metadata": {"name": "rwo", "namespace": "default"},
+           "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}  # fmt: skip
+    await kube.create(rwo)
+    log = logging.getLogger("test")
+    for fields, words in (
+        ({"model": "pvc://rwo/m", "replicas": 2}, "up to 2 replicas"),
+        ({"model": "hf://o/m", "modelCache": {"claimName": "rwo"},
+          "autoscaling": {"maxReplicas": 3, "targetQueueDepth": 2}}, "up to 3 replicas"),
+        ({"model": "pvc://rwo/m"}, "a second pod during each rollout"),
+    ):  # fmt: skip
+        why = await check_cluster(kube, spec(**fields), "default", log)
+        assert why is not None and "is ReadWriteOnce" in why and words in why, why
+    await kube.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node"}})
+    gpus = {"status": {"allocatable": {"nvidia.com/gpu": "8"}}}
+    await kube.patch("Node", None, "gpu-node", gpus, subresource="status")
+    assert await check_cluster(kube, spec(model="pvc://rwo/m", resources={"gpus": 1}), "default", log) is None  # fmt: skip
+    group = spec(model="pvc://rwo/m", parallelism={"nodes": 2}, resources={"gpus": 1})
+    with pytest.raises(SpecError, match="ReadWriteOnce: its volume attaches to one node") as e:
+        await check_cluster(kube, group, "default", log)
+    assert e.value.reason == "PVCAccessMode"
+
+    await start_operator()
+    await create_isvc(kube, "chat", {"model": "pvc://rwo/m", "replicas": 2})
+    deployment = await wait_for(lambda: emulator.live(DEPLOY, "default", "chat"))
+    affinity = deployment["spec"]["template"]["spec"]["affinity"]
+    (term,) = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= (
+        deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+    pinned = lambda: [  # noqa: E731
+        e for e in emulator.live_all("v1/events") if e["reason"] == "PinnedToOneNode"
+    ]
+    (event,) = await wait_for(pinned)
+    assert "PersistentVolumeClaim 'rwo'" in event["message"], event["message"]
+    # a later reconcile (a spec change) keeps the affinity and does not repeat the Event
+    await kube.patch("InferenceService", "default", "chat", {"spec": {"replicas": 3}})
+    await wait_for(lambda: emulator.live(DEPLOY, "default", "chat")["spec"]["replicas"] == 3)
+    assert (
+        "podAffinity"
+        in emulator.live(DEPLOY, "default", "chat")["spec"]["template"]["spec"]["affinity"]
+    )
+    assert len(pinned()) == 1
+    assert emulator.live(ISVC, "default", "chat") is not None

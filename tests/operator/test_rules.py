@@ -63,7 +63,17 @@ def test_thresholds() -> None:
     with pytest.raises(ValueError):
         rules.set_threshold("x < 2", 0.5)
     doc = rules.service_rules("ns", "chat", spec())
-    exprs = {r["alert"]: r["expr"] for g in doc["groups"] for r in g["rules"]}
+    assert doc["groups"][0] == {
+        "name": "pagoda.thresholds",
+        "rules": [
+            {
+                "record": "pagoda:ttft_alert_threshold_seconds",
+                "expr": "vector(0.5)",
+                "labels": {"namespace": "ns", "inferenceservice": "chat"},
+            }
+        ],
+    }
+    exprs = {r["alert"]: r["expr"] for g in doc["groups"] for r in g["rules"] if "alert" in r}
     assert set(exprs) == {"PagodaTTFTHigh", "PagodaQueueBacklog", "PagodaKVCacheSaturated"}
     assert exprs["PagodaTTFTHigh"].endswith("> 0.5")  # 2 x targetTTFTSeconds
     assert exprs["PagodaQueueBacklog"].endswith("> 16")  # the chart's default
@@ -84,9 +94,14 @@ def test_builder_adds_the_rule_only_with_autoscaling() -> None:
     assert "PrometheusRule" not in [c["kind"] for c in off.desired]
     assert ("PrometheusRule", "chat-alerts") not in off.absent
     # --no-prometheus-rules: the chart's PrometheusRule owns the alerts; the operator's goes
-    mine_off = build_children(owner, spec(), prometheus_rule=True, own_prometheus_rule=False)
+    queue_only = spec(targetTTFTSeconds=None, targetQueueDepth=2)
+    mine_off = build_children(owner, queue_only, prometheus_rule=True, own_prometheus_rule=False)
     assert "PrometheusRule" not in [c["kind"] for c in mine_off.desired]
     assert ("PrometheusRule", "chat-alerts") in mine_off.absent
+    # ... except with targetTTFTSeconds: the threshold the chart's alert compares with stays
+    mine_off = build_children(owner, spec(), prometheus_rule=True, own_prometheus_rule=False)
+    (kept,) = [c for c in mine_off.desired if c["kind"] == "PrometheusRule"]
+    assert [g["name"] for g in kept["spec"]["groups"]] == ["pagoda.thresholds"]
 
 
 def test_rendered_rules_pass_promtool_and_fire_only_for_their_service(
@@ -94,7 +109,7 @@ def test_rendered_rules_pass_promtool_and_fire_only_for_their_service(
 ) -> None:
     promtool = require_tool("promtool")
     doc = rules.service_rules("ns", "chat", spec(), for_="0s")
-    ttft_rule = doc["groups"][0]["rules"][0]
+    ttft_rule = doc["groups"][1]["rules"][0]
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(doc))
     check = subprocess.run(
         [promtool, "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True, text=True
