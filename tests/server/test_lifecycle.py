@@ -73,6 +73,7 @@ async def test_queue_full_is_503_with_retry_after(keyed):
     busy = [r for r in rs if r.status_code == 503]
     assert all(int(r.headers["Retry-After"]) == 1 for r in busy)
     assert all(r.json()["error"]["code"] == "queue_full" for r in busy)
+    assert all(r.json()["error"]["type"] == "server_error" for r in busy)  # OpenAI's overloaded
     # OpenAI's retry-after-ms (its SDKs prefer it), spread so that the clients refused in one
     # burst come back apart: with Retry-After alone the openai SDK's retries came in lockstep
     waits = [int(r.headers["retry-after-ms"]) for r in busy]
