@@ -48,7 +48,8 @@ _HEAD, _BODY, _BUSY = "head", "body", "busy"
 
 
 def _response(status: int, reason: str, message: str, code: str) -> bytes:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
+    kind = "server_error" if status >= 500 else "invalid_request_error"  # OpenAI's types
+    body = json.dumps({"error": {"message": message, "type": kind,
                                  "param": None, "code": code}}).encode()  # fmt: skip
     head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n")  # fmt: skip

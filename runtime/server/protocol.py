@@ -26,15 +26,12 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+# OpenAI's `type`s (the SDKs expose it as `APIError.type`): a client's mistake, a wrong key and an
+# unknown model or URL are all invalid_request_error (the status and `code` tell them apart);
+# the server's failures and its "overloaded, retry" 503s are server_error
 HTTP_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    500: "internal_server_error",
-    503: "service_unavailable",
+    500: "server_error",
+    503: "server_error",
 }
 MAX_ECHO = 300  # characters of a client value repeated in an error message
 # JSON objects in one body (a long conversation with tools holds a few thousand): each becomes

@@ -279,9 +279,9 @@ def _refuse_unsupported(s: dict, path: str) -> None:
         raise SchemaError(f"{path}/$ref", "only local JSON pointer references (#/...) are "
                           "supported")  # fmt: skip
     if isinstance(s.get("pattern"), str):
-        check_pattern(s["pattern"], f"{path}/pattern")
+        check_pattern(s["pattern"], f"{path}/pattern", in_json=True)
     for key in s.get("patternProperties") or ():
-        check_pattern(key, f"{path}/patternProperties")
+        check_pattern(key, f"{path}/patternProperties", in_json=True)
 
 
 def _string_keywords(out: dict, s: dict, path: str, lp: bool) -> dict:
@@ -387,14 +387,49 @@ def _as_key(s: dict, root: Any, path: str) -> dict:
     return out
 
 
-def check_pattern(pattern: str, path: str | None) -> None:
+def check_pattern(pattern: str, path: str | None, in_json: bool = False) -> None:
     """SchemaError for regex features xgrammar compiles loosely: lookaround (it drops it inside
-    JSON Schema patterns) and anchors other than at the start and end (it drops them)."""
+    JSON Schema patterns) and anchors other than at the start and end (it drops them). `in_json`
+    (a JSON Schema's pattern, matched by a JSON string's value): also a literal '"', backslash
+    or control character, which xgrammar writes into the string unescaped (`^a"b$` gave
+    `"a"b"`, not JSON), also in a class (`["\\\\]`); ranges leave '"' and backslash out."""
     try:
         parsed = sre_parse.parse(pattern)
     except Exception:  # not Python's dialect: left to xgrammar's own parser
         return
     _check_regex_items(list(parsed), True, True, path)
+    if in_json:
+        _check_json_literals(list(parsed), path)
+
+
+def _unescaped(c: int) -> bool:
+    return c < 0x20 or c in (0x22, 0x5C)
+
+
+def _check_json_literals(items: list, path: str | None) -> None:
+    for op, av in items:
+        bad = None
+        if op is sre_parse.LITERAL and _unescaped(av):
+            bad = chr(av)
+        elif op is sre_parse.IN and (not av or av[0][0] is not sre_parse.NEGATE):
+            for kind, v in av:
+                if kind is sre_parse.LITERAL and _unescaped(v):
+                    bad = chr(v)
+                elif kind is sre_parse.RANGE and v[0] < 0x20:  # ranges leave '"' and '\' out
+                    bad = chr(v[0])
+        if bad is not None:
+            raise SchemaError(path, f"a pattern that matches {bad!r} is not supported by "
+                              "constrained decoding: xgrammar would write '\"', backslashes "
+                              "and control characters into the JSON string unescaped")  # fmt: skip
+        if op is sre_parse.BRANCH:
+            for alt in av[1]:
+                _check_json_literals(list(alt), path)
+        elif op is sre_parse.SUBPATTERN:
+            _check_json_literals(list(av[-1]), path)
+        elif op in _REPEATS:
+            _check_json_literals(list(av[2]), path)
+        elif op is getattr(sre_parse, "ATOMIC_GROUP", None):
+            _check_json_literals(list(av), path)
 
 
 def _check_regex_items(items: list, first: bool, last: bool, path: str | None) -> None:

@@ -25,7 +25,8 @@ def test_models(client):
     assert client.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError) as e:
         client.models.retrieve("gpt-9")
-    assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
+    assert e.value.code == "model_not_found" and e.value.param == "model"
+    assert e.value.type == "invalid_request_error"  # OpenAI's type for an unknown model
 
 
 def test_chat_greedy_equals_offline_with_usage(client, offline):

@@ -229,7 +229,7 @@ def test_unexpected_error_is_json_500_logged_with_id_and_keeps_the_connection(
         assert status == 500 and headers.get("connection") != "close"
         err = json.loads(body)["error"]
         request_id = headers["x-request-id"]
-        assert err["type"] == "internal_server_error" and request_id in err["message"]
+        assert err["type"] == "server_error" and request_id in err["message"]
         assert "unexpected" not in err["message"]  # no internals leak to the client
         status, headers, body = _exchange(sock, "/health")  # same connection
         assert status == 200 and json.loads(body)["status"] in ("ok", "loading")

@@ -209,6 +209,7 @@ def test_connection_cap_closes_the_oldest_waiting_then_refuses_with_503(server):
         data, _ = read_until_closed(s)
     assert data.startswith(b"HTTP/1.1 503 ") and b"too_many_connections" in data, data
     assert b"retry-after: 1" in data.lower()
+    assert json.loads(data.split(b"\r\n\r\n", 1)[1])["error"]["type"] == "server_error"
     server.release.set()  # the held requests finish normally
     for s in busy:
         s.settimeout(5)

@@ -56,6 +56,13 @@ from structured_testlib import random_schema
         ({"type": "string", "pattern": "a^b"}, "/pattern"),
         ({"type": "string", "pattern": "(a$)+"}, "/pattern"),
         ({"type": "object", "patternProperties": {"(?=a)": {}}}, "/patternProperties"),
+        # '"', backslash and controls written into the JSON string unescaped (`"a"b"`)
+        ({"type": "string", "pattern": '^a"b$'}, "/pattern"),
+        ({"type": "string", "pattern": "^(a\\\\)+$"}, "/pattern"),
+        ({"type": "string", "pattern": "^a\\nb$"}, "/pattern"),
+        ({"type": "string", "pattern": '^["\\\\]{2}$'}, "/pattern"),
+        ({"type": "string", "pattern": "^[\\x00-\\x1f]$"}, "/pattern"),
+        ({"type": "object", "patternProperties": {'^"': {}}}, "/patternProperties"),
         ({"$defs": {"a": {"$anchor": "foo", "type": "integer"}}, "$ref": "#foo"}, "/$ref"),
         ({"$dynamicRef": "#x"}, "/$dynamicRef"),
         ({"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a", "maximum": 3}, "/maximum"),
