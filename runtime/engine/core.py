@@ -69,6 +69,7 @@ class EngineCore:
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.sampling_defaults = dict(loaded.sampling_defaults)  # generation_config.json's
+        check_dtype(config, loaded.config)
         limit = check_max_model_len(config.scheduler.max_model_len, loaded.config)
         self.executor = start_group(config, loaded.config, limit, on_failure)
         tp = self.executor.group if self.executor is not None else None
@@ -397,6 +398,18 @@ def check_max_model_len(asked: int | None, model: ModelConfig) -> int:
             "from its metadata); lower --max-model-len"
         )
     return context if asked is None else asked
+
+
+# architectures whose activations overflow float16 (vLLM's _FLOAT16_NOT_SUPPORTED_MODELS)
+FLOAT16_UNSTABLE = ("gemma2", "gemma3")
+
+
+def check_dtype(config: EngineConfig, model: ModelConfig) -> None:
+    """ValueError, one line, for --dtype float16 on a model that overflows it: Gemma 2's and 3's
+    residual stream passes float16's 65504 (vLLM refuses them in float16 for the same reason)."""
+    if model.architecture in FLOAT16_UNSTABLE and config.torch_dtype() == torch.float16:
+        raise ValueError(f"a {model.architecture} model does not run in float16 (its activations "
+                         "overflow it: numerical instability); use --dtype bfloat16 or float32")  # fmt: skip
 
 
 def start_group(config: EngineConfig, model: ModelConfig, max_model_len: int, on_failure):

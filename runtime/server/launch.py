@@ -26,7 +26,7 @@ import torch
 import uvicorn
 from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.engine.async_engine import AsyncEngine
-from pagoda.runtime.engine.core import check_max_model_len
+from pagoda.runtime.engine.core import check_dtype, check_max_model_len
 from pagoda.runtime.model.loader import read_model_config, read_tokenizer, resolve_model_path
 from pagoda.runtime.model.safetensors_weights import checkpoint_files
 from pagoda.runtime.model.shape_fingerprint import model_fingerprint
@@ -76,6 +76,7 @@ def preflight(
             log.log(logging.INFO if profile.shape_fingerprint else logging.WARNING, "%s", note)
     check_context(kwargs, model_config)
     engine_cfg = EngineConfig.create(model_path, **kwargs)
+    check_dtype(engine_cfg, model_config)
     check_checkpoint_form(engine_cfg.quantization, str(resolve_model_path(model_path)))
     if parallel is not None:
         engine_cfg = dataclasses.replace(engine_cfg, parallel=parallel)
