@@ -151,7 +151,13 @@ class EngineProcClient:
         self.stopping = True
         if self.proc is None:
             return
-        if self.proc.is_alive():
+        if self.proc.is_alive() and self._loading is None:  # spawned, never given a model:
+            self.proc.terminate()  # nothing to stop gracefully (a failed start-up check; it
+            self.proc.join(max(timeout, 5))  # may be importing torch, reading no "stop" yet)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join(5)
+        elif self.proc.is_alive():
             self._pending.append(("stop",))
             self._flush()
             self.proc.join(timeout)

@@ -264,3 +264,14 @@ def test_step_outputs_pickle_and_the_tokenizer_too(tmp_path):
     back = pickle.loads(pickle.dumps(tok))
     assert back.encode("a") == tok.encode("a") == [0] and back.eos_token_ids == (1,)
     assert back.apply_chat_template([{"role": "user", "content": "hi"}]) == "hi!"
+
+
+def test_a_process_never_given_a_model_stops_at_once_and_quietly(caplog):
+    """A start-up check that fails (`pagoda serve`'s preflight) stops the engine process spawned
+    beside it, maybe still importing torch: it is terminated at once, with no "did not stop"
+    warning on the one-line error (a graceful stop waited for the imports to read it)."""
+    client = EngineProcClient().spawn()
+    with caplog.at_level("WARNING", logger="pagoda.runtime.engine.core_client"):
+        client.stop(timeout=0.2)
+    assert not client.proc.is_alive()
+    assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.text
