@@ -380,9 +380,25 @@ def _dense(parts: list[Stored], mc: ModelConfig, lay, p: Placement) -> int:
 
 
 def _padded(rows: int, cols: int, dtype: torch.dtype) -> tuple[int, int]:
-    """The shape of oneDNN's packed copy of a [rows, cols] weight (`linear._pack`)."""
+    """The shape of oneDNN's packed copy of a [rows, cols] weight (`linear._pack`): a one-row
+    weight (Qwen2-MoE's shared_expert_gate) is kept as it is in float32 (`_one_row_kept`)."""
+    if rows == 1 and _one_row_kept(dtype):
+        return rows, cols
     a, b = _pad(dtype)
     return -(-rows // a) * a, -(-cols // b) * b
+
+
+@functools.cache
+def _one_row_kept(dtype: torch.dtype) -> bool:
+    """Whether `linear._pack` keeps a one-row weight unpadded (float32: a GEMV's layout, where
+    2 rows pad to 64; bf16 on AVX-512 pads it as any other)."""
+    from pagoda.runtime.model import linear
+
+    try:
+        packed = linear._pack(torch.zeros(1, 65, dtype=dtype))
+        return torch.ops.mkldnn._nbytes(packed) == 65 * dtype.itemsize
+    except (AttributeError, RuntimeError):
+        return False
 
 
 @functools.cache

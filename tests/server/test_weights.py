@@ -285,3 +285,18 @@ def test_a_gguf_of_mixed_kinds(tmp_path, experts):
         cfg = EngineConfig.create(str(path), device="cpu", dtype=dtype)
         got = weights.estimate(mc, cfg, path)
         assert got.bytes == pytest.approx(held_bytes(model), rel=0.02), (dtype, got)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_packed_shape_is_onednns_for_one_row_too(dtype):
+    """A CPU `Linear`'s packed copy, counted by shape: one row (Qwen2-MoE's shared_expert_gate,
+    [1, hidden]) stays one row in float32 where 2 rows pad to 64 (it was counted as 64: a
+    tiny float32 Qwen2-MoE 4% over)."""
+    from pagoda.runtime.model import linear
+
+    if not linear._can_pack(dtype):
+        pytest.skip(f"no oneDNN packing of {dtype} here")
+    for rows, cols in ((1, 64), (2, 64), (6, 64), (65, 64), (1, 100)):
+        packed = linear._pack(torch.zeros(rows, cols, dtype=dtype))
+        n, k = weights._padded(rows, cols, dtype)
+        assert n * k * dtype.itemsize == torch.ops.mkldnn._nbytes(packed), (rows, cols)
