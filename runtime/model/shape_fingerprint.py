@@ -20,7 +20,8 @@ NO_QUANTIZATION = "none"
 # what selects kernel configs and times a step; `quantization` says how the linear layers run
 FINGERPRINT_KEYS = (
     "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
-    "num_layers", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "quantization",
+    "num_layers", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "shared_expert_intermediate_size", "num_moe_layers", "quantization",
 )  # fmt: skip
 
 
@@ -39,6 +40,10 @@ def shape_fingerprint(config: ModelConfig, quantization: str) -> dict[str, int |
         "num_experts": f.num_experts,
         "num_experts_per_tok": f.num_experts_per_tok,
         "moe_intermediate_size": f.moe_intermediate_size,
+        # Qwen2-MoE's shared expert (a third GEMM shape per MoE layer) and how many layers have
+        # experts (decoder_sparse_step, mlp_only_layers: the others run the dense MLP)
+        "shared_expert_intermediate_size": f.shared_expert_intermediate_size,
+        "num_moe_layers": sum(map(f.has_experts, range(config.num_layers))),
         "quantization": quantization,
     }
 

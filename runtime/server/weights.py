@@ -250,7 +250,8 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     plans): the decoder's projections at one byte plus a float32 scale per output row where
     they run in FP8, the rest in ``dtype``; q, o, the MLP, experts and vocabulary split over
     ``tp`` ranks, K and V by the rank's KV heads (replicated when fewer than ranks), the FP8
-    scales of row-parallel o and down whole on every rank, norms on every rank."""
+    scales of row-parallel o and down whole on every rank, norms and routers on every rank;
+    Qwen2-MoE's shared expert as a dense MLP (FP8 too)."""
     h, d, i, n, t = mc.hidden_size, mc.head_dim, mc.intermediate_size, mc.num_layers, tp
     item = dtype.itemsize
     f = mc.family
@@ -265,12 +266,16 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         projections = n * attn + mlp + 4 * rows
     else:
         projections = (n * attn + mlp) * item
-    experts = moe * f.num_experts * (3 * h * f.moe_intermediate_size + h) * item
-    if f.shared_expert_intermediate_size:  # Qwen2-MoE's shared expert and its gate
-        experts += moe * (3 * h * f.shared_expert_intermediate_size + h) * item
+    experts = moe * f.num_experts * 3 * h * f.moe_intermediate_size * item
+    routers = moe * f.num_experts * h * item  # whole on every rank
+    if s := f.shared_expert_intermediate_size:  # Qwen2-MoE's: a dense MLP (FP8 with the
+        # projections, gate/up split by rows, down by columns) and its gate, whole
+        shared = 3 * h * s / t + 4 * (2 * s / t + h) if fp8 else 3 * h * s / t * item
+        projections += moe * shared
+        routers += moe * h * item
     embed = mc.vocab_size * h * (1 if mc.tie_word_embeddings else 2) * item
     norms = (2 * n + 1) * h * item
-    return math.ceil(projections + (experts + embed) / t) + norms
+    return math.ceil(projections + (experts + embed) / t) + routers + norms
 
 
 def read_by_model(name: str, mc: ModelConfig) -> bool:
@@ -380,9 +385,25 @@ def _dense(parts: list[Stored], mc: ModelConfig, lay, p: Placement) -> int:
 
 
 def _padded(rows: int, cols: int, dtype: torch.dtype) -> tuple[int, int]:
-    """The shape of oneDNN's packed copy of a [rows, cols] weight (`linear._pack`)."""
+    """The shape of oneDNN's packed copy of a [rows, cols] weight (`linear._pack`): a one-row
+    weight (Qwen2-MoE's shared_expert_gate) is kept as it is in float32 (`_one_row_kept`)."""
+    if rows == 1 and _one_row_kept(dtype):
+        return rows, cols
     a, b = _pad(dtype)
     return -(-rows // a) * a, -(-cols // b) * b
+
+
+@functools.cache
+def _one_row_kept(dtype: torch.dtype) -> bool:
+    """Whether `linear._pack` keeps a one-row weight unpadded (float32: a GEMV's layout, where
+    2 rows pad to 64; bf16 on AVX-512 pads it as any other)."""
+    from pagoda.runtime.model import linear
+
+    try:
+        packed = linear._pack(torch.zeros(1, 65, dtype=dtype))
+        return torch.ops.mkldnn._nbytes(packed) == 65 * dtype.itemsize
+    except (AttributeError, RuntimeError):
+        return False
 
 
 @functools.cache

@@ -53,6 +53,7 @@ def build(path, dtype: torch.dtype, device: str = "cpu", tp=None, fp8=None):
     mc = loaded.config
     fp8 = fp8 or engine_scheme(None, loaded.fp8_scheme, fp8_runs_on(dev))
     backend = get_attention_backend("torch", dev, mc.num_heads, mc.num_kv_heads, mc.head_dim, 1.0)
+    # a rank built alone (`tp` without a process group) has no peers to agree on NaNs with
     return build_model(mc, loaded.weights, quantized=loaded.quantized, dtype=dtype, device=dev,
                        backend=backend, ops=select_ops(dev, backend.name), max_positions=64,
-                       tp=tp, fp8=fp8)  # fmt: skip
+                       tp=tp, fp8=fp8, check_weights=tp is None)  # fmt: skip

@@ -165,7 +165,8 @@ def test_the_engine_factory_installs_the_profile_kernels_before_warm_up(
 SMOLLM2_SHAPES = {
     "hidden_size": 576, "intermediate_size": 1536, "num_heads": 9, "num_kv_heads": 3,
     "head_dim": 64, "vocab_size": 49152, "num_layers": 30, "num_experts": 0,
-    "num_experts_per_tok": 0, "moe_intermediate_size": 0, "quantization": "none",
+    "num_experts_per_tok": 0, "moe_intermediate_size": 0, "shared_expert_intermediate_size": 0,
+    "num_moe_layers": 0, "quantization": "none",
 }  # fmt: skip
 
 

@@ -285,3 +285,54 @@ def test_a_gguf_of_mixed_kinds(tmp_path, experts):
         cfg = EngineConfig.create(str(path), device="cpu", dtype=dtype)
         got = weights.estimate(mc, cfg, path)
         assert got.bytes == pytest.approx(held_bytes(model), rel=0.02), (dtype, got)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_packed_shape_is_onednns_for_one_row_too(dtype):
+    """A CPU `Linear`'s packed copy, counted by shape: one row (Qwen2-MoE's shared_expert_gate,
+    [1, hidden]) stays one row in float32 where 2 rows pad to 64 (it was counted as 64: a
+    tiny float32 Qwen2-MoE 4% over)."""
+    from pagoda.runtime.model import linear
+
+    if not linear._can_pack(dtype):
+        pytest.skip(f"no oneDNN packing of {dtype} here")
+    for rows, cols in ((1, 64), (2, 64), (6, 64), (65, 64), (1, 100)):
+        packed = linear._pack(torch.zeros(rows, cols, dtype=dtype))
+        n, k = weights._padded(rows, cols, dtype)
+        assert n * k * dtype.itemsize == torch.ops.mkldnn._nbytes(packed), (rows, cols)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_a_shared_expert_from_shapes_as_from_its_tensors(tp, fp8):
+    """Qwen/Qwen1.5-MoE-A2.7B's shapes (two of its 24 layers) on CUDA: the shared expert runs in
+    FP8 with the projections (`_runs_in_fp8`), so `from_shapes` counts it at one byte a weight
+    too (it was counted in the dtype: Qwen2-57B-A14B's 6.2e9 shared weights, 6 GB over)."""
+    from pagoda.runtime.config import FamilyConfig, ModelConfig
+    from pagoda.runtime.quantization.fp8 import ONLINE_SCHEME
+
+    family = FamilyConfig(num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408,
+                          norm_topk_prob=False, shared_expert_intermediate_size=5632)  # fmt: skip
+    mc = ModelConfig(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_layers=2,
+                     num_heads=16, num_kv_heads=16, head_dim=128, family=family)  # fmt: skip
+    h, e, s = 2048, 1408, 5632
+    table = _llama_checkpoint(mc).tensors
+    for n in range(mc.num_layers):
+        p = f"model.layers.{n}.mlp."
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            del table[f"model.layers.{n}.mlp.{name}.weight"]
+        shapes = {p + "gate.weight": (60, h), p + "shared_expert_gate.weight": (1, h),
+                  p + "shared_expert.gate_proj.weight": (s, h),
+                  p + "shared_expert.up_proj.weight": (s, h),
+                  p + "shared_expert.down_proj.weight": (h, s)}  # fmt: skip
+        for x in range(60):
+            shapes |= {p + f"experts.{x}.gate_proj.weight": (e, h),
+                       p + f"experts.{x}.up_proj.weight": (e, h),
+                       p + f"experts.{x}.down_proj.weight": (h, e)}  # fmt: skip
+        table |= {
+            k: weights.Stored(k, "BF16", v, 2 * torch.Size(v).numel()) for k, v in shapes.items()
+        }
+    ckpt = weights.Checkpoint("safetensors", table, 0)
+    place = weights.Placement(torch.bfloat16, "cuda", tp, ONLINE_SCHEME if fp8 else None)
+    got, _ = weights.resident(ckpt, mc, place)
+    assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, fp8, tp), rel=1e-4)

@@ -35,5 +35,35 @@ def test_the_fingerprint_of_a_config(tmp_path, quantization_config, flag, want):
     assert shapes == {
         "hidden_size": 64, "intermediate_size": 96, "num_heads": 4, "num_kv_heads": 2,
         "head_dim": 16, "vocab_size": 1000, "num_layers": 3, "num_experts": 8,
-        "num_experts_per_tok": 2, "moe_intermediate_size": 96, "quantization": want,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 96,
+        "shared_expert_intermediate_size": 0, "num_moe_layers": 3, "quantization": want,
     }  # fmt: skip
+
+
+# Qwen/Qwen1.5-MoE-A2.7B's config.json, sizes shrunk, every other field as published
+QWEN2_MOE = {
+    "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "vocab_size": 1000,
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 8192,
+    "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "use_sliding_window": False,
+    "sliding_window": 32768, "max_window_layers": 21, "decoder_sparse_step": 1,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 128, "num_experts": 6,
+    "num_experts_per_tok": 4, "norm_topk_prob": False, "tie_word_embeddings": False,
+    "bos_token_id": 151643, "eos_token_id": 151643,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "change", [{"shared_expert_intermediate_size": 96}, {"mlp_only_layers": [1, 3]}]
+)
+def test_qwen2_moe_shapes_that_tune_differently_fingerprint_differently(tmp_path, change):
+    """The shared expert's width is a GEMM shape of its own, and a layer in mlp_only_layers runs
+    the dense MLP instead of the experts: a profile tuned for one is not the other's."""
+    shapes = []
+    for name, config in (("a", QWEN2_MOE), ("b", {**QWEN2_MOE, **change})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        shapes.append(model_fingerprint(str(tmp_path / name), None))
+    assert shapes[0]["shared_expert_intermediate_size"] == 128
+    assert shapes[0]["num_moe_layers"] == 4
+    assert shapes[0] != shapes[1]
