@@ -42,6 +42,7 @@ from typing import Any
 
 import h11
 from pagoda.runtime.server.chunked import speed_up
+from pagoda.runtime.server.protocol import retry_headers
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 _HEAD, _BODY, _BUSY = "head", "body", "busy"
@@ -53,8 +54,8 @@ def _response(status: int, reason: str, message: str, code: str) -> bytes:
                                  "param": None, "code": code}}).encode()  # fmt: skip
     head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n")  # fmt: skip
-    if status == 503:
-        head += "retry-after: 1\r\n"
+    if status == 503:  # spread like the queue's 503s: the refused burst does not return at once
+        head += "".join(f"{k.lower()}: {v}\r\n" for k, v in retry_headers(1).items())
     return head.encode() + b"\r\n" + body
 
 

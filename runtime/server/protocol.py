@@ -21,6 +21,7 @@ echoed back in messages are cut to `MAX_ECHO` characters.
 from __future__ import annotations
 
 import json
+import random
 import re
 from typing import Any, ClassVar, Literal
 
@@ -53,6 +54,14 @@ def _scalar(value: Any) -> str:
     if value is None or isinstance(value, (str, int, float, bool)):
         return shorten(json.dumps(value), 100)
     return "an array" if isinstance(value, list) else "an object"
+
+
+def retry_headers(after: int) -> dict[str, str]:
+    """`Retry-After` and OpenAI's `retry-after-ms` (which its SDKs prefer), the latter spread
+    over 0.5-1.5 x the former: clients refused in one burst then do not all come back at the
+    same instant (a whole-second Retry-After sends them back in lockstep, to be refused again)."""
+    ms = round(after * 1000 * random.uniform(0.5, 1.5))
+    return {"Retry-After": str(after), "retry-after-ms": str(ms)}
 
 
 class APIError(Exception):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -26,7 +25,7 @@ from pagoda.runtime.sampling.bad_words import bad_words_token_ids
 from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings
-from pagoda.runtime.server.protocol import APIError, parse_request
+from pagoda.runtime.server.protocol import APIError, parse_request, retry_headers
 from pagoda.runtime.server.structured_outputs import StructuredOutputs
 from prometheus_client import CollectorRegistry
 
@@ -68,13 +67,7 @@ def sse(data: dict[str, Any]) -> bytes:
 
 def unavailable(e: EngineUnavailableError) -> APIError:
     if isinstance(e, QueueFullError):
-        after = e.retry_after or 1
-        # OpenAI's `retry-after-ms`, which its SDKs prefer to Retry-After: spread over
-        # 0.5-1.5 x Retry-After, so that the clients refused in one burst do not all come back
-        # at the same instant (a whole-second Retry-After sends them back in lockstep, and the
-        # queue refuses all but a few of them again)
-        ms = round(after * 1000 * random.uniform(0.5, 1.5))
-        headers = {"Retry-After": str(after), "retry-after-ms": str(ms)}
+        headers = retry_headers(e.retry_after or 1)  # spread: no lockstep retries
         return APIError(503, str(e), code="queue_full", headers=headers)
     headers = {"Retry-After": str(e.retry_after)} if e.retry_after else None
     return APIError(503, str(e), code="unavailable", headers=headers)
