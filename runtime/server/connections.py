@@ -15,7 +15,13 @@ answers 503 only once a request has arrived, which such a client never completes
   for its headers, else the oldest one still sending its body (a stalled client loses its
   place before a working one), if it has waited at least ``min(1 s, header_timeout / 2)`` (one
   younger has not had time to send: a burst of connections must not reset each other);
-  otherwise the new one is answered 503 and closed;
+  otherwise it joins a **reserve** of ``probe_reserve`` connections that may only send a probe
+  (``GET /health``, ``/ready`` or ``/metrics``: with every connection working on a request,
+  the kubelet's liveness probe must not fail and restart a healthy pod, killing every stream,
+  and Prometheus must still scrape the load the autoscaler reacts to). A reserve connection's
+  request line decides: a probe is answered (with ``connection: close``), anything else gets
+  the cap's 503. With the reserve full, its oldest connection still waiting for its request
+  makes room by the same rule, else the new one is answered 503 and closed;
 - **reading**: a response the client stops reading (the socket's buffers full, so writing is
   paused) is cut off once it has made no progress for ``send_timeout`` seconds (nginx's
   `send_timeout`): the connection is reset, so a stream's request is aborted and its KV
@@ -41,11 +47,16 @@ import termios
 from typing import Any
 
 import h11
+from pagoda.runtime.options import HEALTH_PATH, METRICS_PATH, READY_PATH
 from pagoda.runtime.server.chunked import speed_up
 from pagoda.runtime.server.protocol import retry_headers
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 _HEAD, _BODY, _BUSY = "head", "body", "busy"
+# what a connection beyond the cap may ask (the module docstring): the request line's target
+# without its query; GET only, as the kubelet and Prometheus send
+PROBES = frozenset(path.encode() for path in (HEALTH_PATH, READY_PATH, METRICS_PATH))
+MAX_REQUEST_LINE = 8192  # a reserve connection's request line must fit (h11 allows 16 KiB heads)
 
 
 def _response(status: int, reason: str, message: str, code: str) -> bytes:
@@ -63,6 +74,7 @@ class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with read deadlines and a connection cap (module docstring)."""
 
     max_connections = 1024
+    probe_reserve = 32  # connections beyond the cap that may only send a probe
     header_timeout = 10.0
     body_timeout = 30.0
     send_timeout = 60.0
@@ -76,15 +88,30 @@ class GuardedH11Protocol(H11Protocol):
         self._refused = False  # answered 503 at the cap: input is drained until closed
         self._stalled: asyncio.TimerHandle | None = None  # writing paused: the send deadline
         self._unsent = 0  # bytes waiting to be sent when the deadline was armed
+        self._reserve = False  # beyond the cap: may only send a probe
+        self._line: bytearray | None = None  # a reserve connection's bytes until its request line
 
     # -- asyncio.Protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._enter(_HEAD, self.header_timeout)
-        if len(self.connections) > self.max_connections and not self._evict_one():
-            self._refuse(_response(503, "Service Unavailable",
-                                   f"too many open connections ({self.max_connections}); "
-                                   "retry later", "too_many_connections"))  # fmt: skip
+        if len(self.connections) <= self.max_connections:
+            return
+        reserve = [c for c in self.connections if getattr(c, "_reserve", False)]
+        if len(self.connections) - len(reserve) <= self.max_connections:
+            return  # the reserve's connections are not the cap's
+        main = [c for c in self.connections if not getattr(c, "_reserve", True)]
+        if self._evict_one(main):
+            return
+        if len(reserve) < self.probe_reserve or self._evict_one(reserve):
+            self._reserve, self._line = True, bytearray()
+        else:
+            self._refuse(self._over_the_cap())
+
+    def _over_the_cap(self, why: str = "") -> bytes:
+        return _response(503, "Service Unavailable",
+                         f"too many open connections ({self.max_connections}); retry later{why}",
+                         "too_many_connections")  # fmt: skip
 
     def _refuse(self, answer: bytes) -> None:
         """Answer and close the sending side, then drain what the client sends for up to a
@@ -106,11 +133,35 @@ class GuardedH11Protocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return  # drained, unread
+        if self._line is not None and not (data := self._screen(data)):
+            return
         if self._phase == _BUSY and self.conn.their_state is h11.IDLE:
             self._enter(_HEAD, self.header_timeout)  # the next request on a kept-alive connection
         self._got_bytes = True
         super().data_received(data)
         self._follow()
+
+    def _screen(self, data: bytes) -> bytes:
+        """A reserve connection's bytes until its request line: a probe's are passed on (with
+        ``connection: close`` added, so that the connection closes once it is answered), then
+        everything after them; anything else is answered 503 (and drained). b"" while the
+        line is incomplete."""
+        assert self._line is not None
+        self._line += data
+        self._got_bytes = True  # a 408 at the header deadline, as any half-sent request
+        line, crlf, rest = bytes(self._line).lstrip(b"\r\n").partition(b"\r\n")
+        if not crlf:
+            if len(self._line) > MAX_REQUEST_LINE:
+                self._refuse(self._over_the_cap())
+            return b""
+        self._line = None
+        method, _, rest_of_line = line.partition(b" ")
+        target = rest_of_line.partition(b" ")[0]
+        if method != b"GET" or target.partition(b"?")[0] not in PROBES:
+            self._refuse(self._over_the_cap(
+                "; beyond it only GET /health, /ready and /metrics are answered"))  # fmt: skip
+            return b""
+        return line + crlf + b"connection: close\r\n" + rest
 
     def handle_events(self) -> None:
         super().handle_events()
@@ -224,16 +275,16 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
     # -- the cap -----------------------------------------------------------------------------
-    def _evict_one(self) -> bool:
-        """Close the connection that has waited longest for its headers (not this one), else
-        the one that has waited longest for its body: at the cap, stalled uploads must not
-        turn every newcomer (the liveness probe included) into a 503."""
+    def _evict_one(self, among: list[GuardedH11Protocol]) -> bool:
+        """Close the connection (of `among`; not this one) that has waited longest for its
+        headers, else the one that has waited longest for its body: at the cap, stalled
+        uploads must not turn every newcomer (the liveness probe included) into a 503."""
         # one that opened a moment ago has not had time to send: closing it would reset a
         # client that is about to (a burst of connections); the newcomer gets 503 instead
         settled = self.loop.time() - min(1.0, self.header_timeout / 2)
         for phase in (_HEAD, _BODY):
-            waiting = [c for c in self.connections
-                       if c is not self and getattr(c, "_phase", None) == phase
+            waiting = [c for c in among
+                       if c is not self and c._phase == phase
                        and c._since <= settled]  # fmt: skip
             if waiting:
                 break
@@ -254,8 +305,10 @@ def guarded_protocol(
     header_timeout: float,
     body_timeout: float,
     send_timeout: float = GuardedH11Protocol.send_timeout,
+    probe_reserve: int = GuardedH11Protocol.probe_reserve,
 ) -> type[GuardedH11Protocol]:
     """The protocol class for `uvicorn.Config(http=...)` with these limits."""
     attrs = {"max_connections": max_connections, "header_timeout": header_timeout,
-             "body_timeout": body_timeout, "send_timeout": send_timeout}  # fmt: skip
+             "body_timeout": body_timeout, "send_timeout": send_timeout,
+             "probe_reserve": probe_reserve}  # fmt: skip
     return type("PagodaHTTPProtocol", (GuardedH11Protocol,), attrs)

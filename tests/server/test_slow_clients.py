@@ -29,14 +29,17 @@ HEADER_TIMEOUT = 0.6
 BODY_TIMEOUT = 0.8
 SEND_TIMEOUT = 0.8
 CAP = 6
+RESERVE = 2  # connections beyond the cap that may only send a probe
 GRACE = min(1.0, HEADER_TIMEOUT / 2)  # connections younger than this are not evicted
 SLACK = 1.5  # the deadline plus this much, on a busy 2-core machine
 
 
 @pytest.fixture
-def server():
+def server(request):
+    header_timeout = getattr(request, "param", {}).get("header_timeout", HEADER_TIMEOUT)
     metrics = ServerMetrics("fake")
-    app = create_app(ServerConfig(model="fake"), AsyncEngine(FakeCore, observer=metrics), metrics)
+    engine = AsyncEngine(FakeCore, observer=metrics)
+    app = create_app(ServerConfig(model="fake"), engine, metrics)
     release = threading.Event()
 
     @app.get("/block")
@@ -66,7 +69,7 @@ def server():
     start_listening(sockets, "127.0.0.1")
     config = uvicorn.Config(
         app,
-        http=guarded_protocol(CAP, HEADER_TIMEOUT, BODY_TIMEOUT, SEND_TIMEOUT),
+        http=guarded_protocol(CAP, header_timeout, BODY_TIMEOUT, SEND_TIMEOUT, RESERVE),
         log_level="warning",
     )
     srv = uvicorn.Server(config)
@@ -76,7 +79,7 @@ def server():
     while not srv.started:
         assert time.monotonic() < deadline and thread.is_alive()
         time.sleep(0.02)
-    srv.release = release
+    srv.release, srv.engine = release, engine
     srv.port = bound_port(sockets)
     yield srv
     srv.should_exit = True
@@ -107,6 +110,41 @@ def health(port: int) -> tuple[int, float]:
         s.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
         data, _ = read_until_closed(s)
     return int(data.split()[1]), time.monotonic() - t0
+
+
+def ask(port: int, request: bytes) -> bytes:
+    """Send `request` on a new connection; everything the server sends until it closes."""
+    with connect(port) as s:
+        s.sendall(request)
+        return read_until_closed(s)[0]
+
+
+def hold_every_connection(port: int) -> list[socket.socket]:
+    """CAP connections whose requests are being worked on (/hold): none can be evicted."""
+    busy = []
+    for _ in range(CAP):
+        s = connect(port)
+        s.sendall(b"GET /hold HTTP/1.1\r\nHost: t\r\n\r\n")
+        busy.append(s)
+    time.sleep(0.3)
+    return busy
+
+
+def assert_refused_at_the_cap(data: bytes) -> None:
+    assert data.startswith(b"HTTP/1.1 503 ") and b"too_many_connections" in data, data
+    assert b"retry-after: 1\r\n" in data.lower()
+    ms = int(data.lower().split(b"retry-after-ms: ", 1)[1].split(b"\r\n", 1)[0])
+    assert 500 <= ms <= 1500  # spread, as the queue's 503s: no lockstep retries
+    assert json.loads(data.split(b"\r\n\r\n", 1)[1])["error"]["type"] == "server_error"
+
+
+def release_held(server, busy: list[socket.socket]) -> None:
+    """The held requests finish normally: the cap never closed a working connection."""
+    server.release.set()
+    for s in busy:
+        s.settimeout(5)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
+        s.close()
 
 
 def in_thread(fn, *args):
@@ -199,24 +237,64 @@ def test_connection_cap_closes_the_oldest_waiting_then_refuses_with_503(server):
     for s in idle:
         s.close()
     time.sleep(0.2)
-    busy = []
-    for _ in range(CAP):  # requests being worked on are never closed for a newcomer
+    busy = hold_every_connection(port)  # requests being worked on are never closed for one
+    assert_refused_at_the_cap(ask(port, b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n"))
+    release_held(server, busy)
+
+
+def test_probes_are_answered_at_the_cap_and_anything_else_gets_503(server):
+    """With every connection working on a request, the kubelet's probes (and Prometheus's
+    scrape) are answered from the reserve beyond the cap, so a pod busy with legitimate
+    streams is not restarted; any other request there gets the cap's 503."""
+    port = server.port
+    busy = hold_every_connection(port)
+    probe = b"GET %s HTTP/1.1\r\nHost: t\r\n\r\n"  # kept alive, as far as the client asks
+    for path in (b"/health", b"/ready", b"/metrics", b"/ready?verbose=1"):
+        data = ask(port, probe % path)  # the server closes it once answered
+        assert data.startswith(b"HTTP/1.1 200 "), (path, data)
+        assert b"\r\nconnection: close\r\n" in data.lower(), data
+    body = json.dumps({"model": "fake", "prompt": [1, 2], "max_tokens": 2}).encode()
+    for request in (
+        b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body),
+        b"POST /health HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n",  # GET only
+        b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n",
+    ):
+        data = ask(port, request)
+        assert_refused_at_the_cap(data)
+        assert b"only GET /health, /ready and /metrics" in data, data
+    server.engine.draining = True  # as `drain` sets it: /ready says so at the cap too
+    data = ask(port, probe % b"/ready")
+    assert data.startswith(b"HTTP/1.1 503 ") and b'"draining"' in data, data
+    assert ask(port, probe % b"/health").startswith(b"HTTP/1.1 200 ")
+    release_held(server, busy)
+
+
+@pytest.mark.parametrize("server", [{"header_timeout": 3.0}], indirect=True)  # a 1 s grace
+def test_the_probe_reserve_is_bounded(server):
+    """RESERVE probes still sending their heads fill the reserve: one more is refused (they
+    are too young to close); once they have waited past the grace period the oldest makes
+    room for a new probe, as at the cap."""
+    port = server.port
+    busy = hold_every_connection(port)
+    held = []
+    for _ in range(RESERVE):
         s = connect(port)
-        s.sendall(b"GET /hold HTTP/1.1\r\nHost: t\r\n\r\n")
-        busy.append(s)
-    time.sleep(0.3)
-    with connect(port) as s:
-        data, _ = read_until_closed(s)
-    assert data.startswith(b"HTTP/1.1 503 ") and b"too_many_connections" in data, data
-    assert b"retry-after: 1\r\n" in data.lower()
-    ms = int(data.lower().split(b"retry-after-ms: ", 1)[1].split(b"\r\n", 1)[0])
-    assert 500 <= ms <= 1500  # spread, as the queue's 503s: no lockstep retries
-    assert json.loads(data.split(b"\r\n\r\n", 1)[1])["error"]["type"] == "server_error"
-    server.release.set()  # the held requests finish normally
-    for s in busy:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n")  # the blank line comes later
+        held.append(s)
+    assert_refused_at_the_cap(ask(port, b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n"))
+    time.sleep(1.1)
+    assert health(port)[0] == 200
+    held[0].settimeout(5)
+    data, _ = read_until_closed(held[0])  # the oldest made room, with a 408
+    assert data.startswith(b"HTTP/1.1 408 ") and b"connections were all taken" in data, data
+    for s in held[1:]:
+        s.sendall(b"\r\n")
         s.settimeout(5)
-        assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
+        assert read_until_closed(s)[0].startswith(b"HTTP/1.1 200 ")
         s.close()
+    held[0].close()
+    release_held(server, busy)
 
 
 def test_the_open_file_limit_is_raised_for_the_connection_cap_or_refused():
@@ -296,11 +374,12 @@ def test_a_client_refused_at_the_cap_reads_its_503_even_after_sending_its_reques
 def test_a_burst_of_new_connections_at_the_cap_does_not_close_each_other(server):
     """Connections that opened a moment ago have not had time to send: a newcomer at the cap
     gets 503 + Retry-After rather than closing one of them (which its client would see as a
-    reset); once they have waited past the grace period they make room as stalled clients."""
+    reset), a probe is answered from the reserve beyond the cap; once they have waited past
+    the grace period they make room as stalled clients."""
     port = server.port
     fresh = [connect(port) for _ in range(CAP)]
-    code, _ = health(port)
-    assert code == 503
+    assert_refused_at_the_cap(ask(port, b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n"))
+    assert health(port)[0] == 200
     fresh[0].sendall(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
     assert read_until_closed(fresh[0])[0].startswith(b"HTTP/1.1 200 ")
     time.sleep(GRACE + 0.2)
