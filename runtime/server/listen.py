@@ -65,7 +65,7 @@ def start_listening(sockets: list[socket.socket], host: str) -> None:
             raise ValueError(_bind_error(host, addr[1], addr, e)) from e
 
 
-FD_MARGIN = 256  # model files, the engine's threads, the metrics endpoint, a burst of accepts
+FD_MARGIN = 256  # model files, the engine's threads, the probe reserve (32), a burst of accepts
 
 
 def ensure_fd_limit(max_connections: int, *, adjustable: bool = False) -> int:
