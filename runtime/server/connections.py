@@ -44,7 +44,7 @@ import fcntl
 import json
 import struct
 import termios
-from typing import Any
+from typing import Any, ClassVar
 
 import h11
 from pagoda.runtime.options import HEALTH_PATH, METRICS_PATH, READY_PATH
@@ -75,6 +75,7 @@ class GuardedH11Protocol(H11Protocol):
 
     max_connections = 1024
     probe_reserve = 32  # connections beyond the cap that may only send a probe
+    reserved: ClassVar[set[GuardedH11Protocol]] = set()  # those open (one set per server's class)
     header_timeout = 10.0
     body_timeout = 30.0
     send_timeout = 60.0
@@ -95,16 +96,13 @@ class GuardedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._enter(_HEAD, self.header_timeout)
-        if len(self.connections) <= self.max_connections:
-            return
-        reserve = [c for c in self.connections if getattr(c, "_reserve", False)]
-        if len(self.connections) - len(reserve) <= self.max_connections:
+        if len(self.connections) - len(self.reserved) <= self.max_connections:
             return  # the reserve's connections are not the cap's
-        main = [c for c in self.connections if not getattr(c, "_reserve", True)]
-        if self._evict_one(main):
+        if self._evict_one(self.connections):
             return
-        if len(reserve) < self.probe_reserve or self._evict_one(reserve):
+        if len(self.reserved) < self.probe_reserve or self._evict_one(self.reserved):
             self._reserve, self._line = True, bytearray()
+            self.reserved.add(self)
         else:
             self._refuse(self._over_the_cap())
 
@@ -158,6 +156,7 @@ class GuardedH11Protocol(H11Protocol):
         method, _, rest_of_line = line.partition(b" ")
         target = rest_of_line.partition(b" ")[0]
         if method != b"GET" or target.partition(b"?")[0] not in PROBES:
+            self.reserved.discard(self)  # as any refused connection, drained for up to 1 s
             self._refuse(self._over_the_cap(
                 "; beyond it only GET /health, /ready and /metrics are answered"))  # fmt: skip
             return b""
@@ -168,6 +167,7 @@ class GuardedH11Protocol(H11Protocol):
         speed_up(self.cycle)  # a new request's cycle: chunks written directly (chunked.py)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.reserved.discard(self)
         self._cancel()
         self._unstall()
         super().connection_lost(exc)
@@ -275,22 +275,21 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
     # -- the cap -----------------------------------------------------------------------------
-    def _evict_one(self, among: list[GuardedH11Protocol]) -> bool:
-        """Close the connection (of `among`; not this one) that has waited longest for its
-        headers, else the one that has waited longest for its body: at the cap, stalled
-        uploads must not turn every newcomer (the liveness probe included) into a 503."""
+    def _evict_one(self, among: set[GuardedH11Protocol]) -> bool:
+        """Close the connection of the cap (`among` its connections) or of the reserve (`among`
+        the reserve) that has waited longest for its headers (not this one), else the one that
+        has waited longest for its body: at the cap, stalled uploads must not turn every
+        newcomer (the liveness probe included) into a 503."""
         # one that opened a moment ago has not had time to send: closing it would reset a
         # client that is about to (a burst of connections); the newcomer gets 503 instead
         settled = self.loop.time() - min(1.0, self.header_timeout / 2)
-        for phase in (_HEAD, _BODY):
-            waiting = [c for c in among
-                       if c is not self and c._phase == phase
-                       and c._since <= settled]  # fmt: skip
-            if waiting:
-                break
-        else:
+        reserve = among is self.reserved
+        waiting = [c for c in among
+                   if getattr(c, "_phase", _BUSY) != _BUSY and c._since <= settled
+                   and c._reserve is reserve and c is not self]  # fmt: skip
+        if not waiting:
             return False
-        oldest = min(waiting, key=lambda c: c._since)
+        oldest = min(waiting, key=lambda c: (c._phase != _HEAD, c._since))  # headers first
         oldest._expire_now()
         return True
 
@@ -298,6 +297,7 @@ class GuardedH11Protocol(H11Protocol):
         self._cancel()
         self._expire(evicted=True)
         self.connections.discard(self)  # counted out now; connection_lost follows
+        self.reserved.discard(self)
 
 
 def guarded_protocol(
@@ -310,5 +310,5 @@ def guarded_protocol(
     """The protocol class for `uvicorn.Config(http=...)` with these limits."""
     attrs = {"max_connections": max_connections, "header_timeout": header_timeout,
              "body_timeout": body_timeout, "send_timeout": send_timeout,
-             "probe_reserve": probe_reserve}  # fmt: skip
+             "probe_reserve": probe_reserve, "reserved": set()}  # fmt: skip
     return type("PagodaHTTPProtocol", (GuardedH11Protocol,), attrs)

@@ -263,6 +263,15 @@ def test_probes_are_answered_at_the_cap_and_anything_else_gets_503(server):
         data = ask(port, request)
         assert_refused_at_the_cap(data)
         assert b"only GET /health, /ready and /metrics" in data, data
+    refused = []  # refused, left open (drained for a second): they leave the reserve at once
+    for _ in range(RESERVE):
+        refused.append(connect(port))
+        refused[-1].sendall(b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n")
+    time.sleep(0.1)
+    assert health(port)[0] == 200
+    for s in refused:
+        assert s.recv(65536).startswith(b"HTTP/1.1 503 ")
+        s.close()
     server.engine.draining = True  # as `drain` sets it: /ready says so at the cap too
     data = ask(port, probe % b"/ready")
     assert data.startswith(b"HTTP/1.1 503 ") and b'"draining"' in data, data
