@@ -145,6 +145,7 @@ DEFAULT_BODY_TIMEOUT_S = 30.0
 # a response the client stops reading is reset after this long without progress (nginx's 60 s)
 DEFAULT_SEND_TIMEOUT_S = 60.0
 DEFAULT_MAX_CONNECTIONS = 1024
+PROBE_RESERVE = 32  # connections beyond --max-connections that may only send a probe
 MAX_TIMEOUT_S = 3600.0
 MAX_CONNECTIONS_LIMIT = 1 << 20
 DEFAULT_LOG_LEVEL = "info"
@@ -287,7 +288,8 @@ SERVER_FLAGS: Mapping[str, Flag] = _flags(
     Flag("--max-request-bytes", "largest request body accepted (413 above)",
          DEFAULT_MAX_REQUEST_BYTES, int),
     Flag("--max-connections", "open client connections; beyond it the oldest one still sending "
-         "its headers (else its body) is closed, else the new one gets 503", DEFAULT_MAX_CONNECTIONS, int),
+         "its headers (else its body) is closed, else the new one gets 503 (up to "
+         f"{PROBE_RESERVE} more may send GET /health, /ready or /metrics)", DEFAULT_MAX_CONNECTIONS, int),
     Flag("--header-timeout", "seconds a connection gets to send its request line and headers",
          DEFAULT_HEADER_TIMEOUT_S, float, metavar="S"),
     Flag("--body-timeout", "seconds a request gets to send its whole body after the headers "

@@ -47,7 +47,7 @@ import termios
 from typing import Any, ClassVar
 
 import h11
-from pagoda.runtime.options import HEALTH_PATH, METRICS_PATH, READY_PATH
+from pagoda.runtime.options import HEALTH_PATH, METRICS_PATH, PROBE_RESERVE, READY_PATH
 from pagoda.runtime.server.chunked import speed_up
 from pagoda.runtime.server.protocol import retry_headers
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -74,7 +74,7 @@ class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with read deadlines and a connection cap (module docstring)."""
 
     max_connections = 1024
-    probe_reserve = 32  # connections beyond the cap that may only send a probe
+    probe_reserve = PROBE_RESERVE  # connections beyond the cap that may only send a probe
     reserved: ClassVar[set[GuardedH11Protocol]] = set()  # those open (one set per server's class)
     header_timeout = 10.0
     body_timeout = 30.0
