@@ -1,6 +1,7 @@
 """GGUF → (ModelConfig, HF-named float tensors, Tokenizer) through the `gguf` package.
 
 Architectures as llama.cpp names them: llama (Mixtral too, with experts), mistral, qwen2, qwen3,
+qwen2moe (its shared expert `ffn_*_shexp`, gated by `ffn_gate_inp_shexp`),
 qwen3moe, gemma3, gemma2. Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
 torch (`gguf_dequant`) when the model builder reads them (`GGUFWeights`), one at a time from the
 memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
@@ -25,7 +26,7 @@ from pagoda.runtime.model.gguf_reader import parse as _reader  # noqa: F401 - on
 from pagoda.runtime.model.gguf_reader import take_reader
 from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer, build_gemma_tokenizer
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma2")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma2", "qwen2moe")
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -50,11 +51,19 @@ _MOE_NAMES = {  # llama.cpp's expert tensors -> (router | stacked experts) under
     "ffn_gate_exps": "experts.{gate}",
     "ffn_up_exps": "experts.{up}",
     "ffn_down_exps": "experts.{down}",
+    # Qwen2-MoE's shared expert and its sigmoid gate ([1, hidden] as the converter writes it)
+    "ffn_gate_inp_shexp": "shared_expert_gate",
+    "ffn_gate_shexp": "shared_expert.gate_proj",
+    "ffn_up_shexp": "shared_expert.up_proj",
+    "ffn_down_shexp": "shared_expert.down_proj",
 }
 _MOE_BLOCKS = {  # architecture -> (block prefix, expert weight names) as the models read them
     "mixtral": ("block_sparse_moe.", {"gate": "w1", "up": "w3", "down": "w2"}),
     "qwen3moe": ("mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
+    "qwen2moe": ("mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
 }
+# llama.cpp renormalises the top-k routing weights of these (the others' it hands on as they are)
+_RENORMALISED = ("mixtral", "qwen3moe")
 GEMMA3_SWA_PATTERN = 6  # llama.cpp's: every sixth layer is global
 GEMMA3_LOCAL_THETA = 10_000.0
 # llama.cpp's Gemma 2: every other layer global, soft caps 50 (attention) and 30 (final)
@@ -148,12 +157,18 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
                 _field(reader, p + "expert_feed_forward_length", 0)
                 or _field(reader, p + "feed_forward_length")
             ),
-            # llama.cpp renormalises the top-k weights of both (Qwen3-MoE's releases do too)
-            norm_topk_prob=bool(_field(reader, p + "expert_weights_norm", True)),
+            norm_topk_prob=bool(_field(reader, p + "expert_weights_norm", arch in _RENORMALISED)),
             moe_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in names for i in range(layers)),
         )
-        if arch == "qwen3moe":
+        if arch in ("qwen3moe", "qwen2moe"):
             fields["round_topk_to_model_dtype"] = True
+        if arch == "qwen2moe":  # the key, else the shared expert's rows (llama.cpp: the same)
+            shexp = next((t for t in reader.tensors if t.name.endswith(".ffn_gate_shexp.weight")),
+                         None)  # fmt: skip
+            width = _field(reader, p + "expert_shared_feed_forward_length")
+            fields["shared_expert_intermediate_size"] = int(
+                width or (_shape(shexp)[0] if shexp is not None else 0)
+            )
     return FamilyConfig(**fields)
 
 
@@ -302,6 +317,8 @@ class GGUFWeights(_ByName):
         (`gguf_dequant`: the stored blocks are what crosses to a GPU)."""
         t = self._tensors[name]
         w = dequantize(t.data, t.tensor_type.name, _shape(t), dtype, device)
+        if w.dim() == 1 and name.endswith("shared_expert_gate.weight"):  # squeezed: [hidden]
+            return w[None]
         heads = _permuted_heads(self._config, name)
         return _unpermute(w, heads) if heads else w
 

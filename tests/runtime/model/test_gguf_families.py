@@ -6,6 +6,8 @@ Gemma's SentencePiece vocabulary tokenizes as transformers reads the same file."
 
 from __future__ import annotations
 
+import itertools
+
 import gguf
 import numpy as np
 import pytest
@@ -32,6 +34,11 @@ NAMES = {
     "mlp.down_proj": "ffn_down",
     "mlp.gate": "ffn_gate_inp",
     "block_sparse_moe.gate": "ffn_gate_inp",
+    # Qwen2-MoE's shared expert; its gate [1, hidden] stays 2-D (the converter squeezes nothing)
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
 GEMMA3_NAMES = {
     **NAMES,
@@ -121,8 +128,10 @@ def write_gguf(
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
+    head_dim = getattr(cfg, "head_dim", None)
+    if head_dim:  # as the converter: only where config.json has one
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
@@ -132,6 +141,8 @@ def write_gguf(
         w.add_expert_feed_forward_length(
             getattr(cfg, "moe_intermediate_size", cfg.intermediate_size)
         )
+    if getattr(cfg, "shared_expert_intermediate_size", None):  # Qwen2-MoE's
+        w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     if window:
         w.add_sliding_window(window)
     if arch == "gemma2":  # as llama.cpp's converter writes Gemma 2's caps
@@ -141,7 +152,7 @@ def write_gguf(
         extra(w)
     rope = cfg.rope_parameters
     if rope.get("rope_type") == "llama3":  # the converter's divisors, as a tensor
-        w.add_tensor("rope_freqs.weight", _llama3_rope_freqs(rope, cfg.head_dim))
+        w.add_tensor("rope_freqs.weight", _llama3_rope_freqs(rope, head_dim))
     if gemma:
         tokens, types = _spm_vocab(cfg.vocab_size)
         w.add_tokenizer_model("llama")
@@ -186,13 +197,13 @@ def write_gguf(
     llama = arch == "llama"
     for i in range(cfg.num_hidden_layers):
         pre = f"model.layers.{i}."
-        for suffix, gname in names.items():
-            hf = f"{pre}{suffix}.weight"
+        for (suffix, gname), kind in itertools.product(names.items(), ("weight", "bias")):
+            hf = f"{pre}{suffix}.{kind}"
             if hf in sd:
                 heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}
                 norm = gname.endswith("norm")
                 qtype = Q.F32 if gname == "ffn_gate_inp" else Q.Q8_0
-                put(f"blk.{i}.{gname}.weight", sd[hf], hf, qtype, heads.get(gname, 0) if llama else 0,
+                put(f"blk.{i}.{gname}.{kind}", sd[hf], hf, qtype, heads.get(gname, 0) if llama else 0,
                     shift if norm else 0.0)  # fmt: skip
         for hf_names, g_names in EXPERTS.items():
             block = "block_sparse_moe." if hf_names[0] == "w1" else "mlp."
@@ -220,6 +231,8 @@ GEMMA3 = dict(head_dim=64, vocab_size=320, sliding_window=7, num_hidden_layers=2
 # llama.cpp's Gemma 2 (but its 27B) scales the scores by the head size
 GEMMA2 = dict(head_dim=64, vocab_size=320, sliding_window=7, num_hidden_layers=2,
               query_pre_attn_scalar=64, attn_logit_softcapping=2.0, final_logit_softcapping=5.0)  # fmt: skip
+QWEN2MOE = dict(vocab_size=300, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+                shared_expert_intermediate_size=64)  # fmt: skip
 MIXTRAL = dict(head_dim=32, vocab_size=300, num_local_experts=4, num_experts_per_tok=2)
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 32, "rope_theta": 10000.0}  # fmt: skip
@@ -228,12 +241,13 @@ CASES = {
     # Llama 3.1's rotary: llama.cpp writes no scaling type but a rope_freqs tensor
     "llama3-rope": ("Llama", dict(vocab_size=300, rope_parameters=LLAMA3), None),
     "qwen3moe": ("Qwen3Moe", QWEN3MOE, None),
+    "qwen2moe": ("Qwen2Moe", QWEN2MOE, None),  # a shared expert; q/k/v biases; not renormalised
     "gemma3": ("Gemma3Text", GEMMA3, 7),
     "gemma2": ("Gemma2", GEMMA2, 7),
     "llama": ("Mixtral", MIXTRAL, None),
 }
 GGUF_ARCH = {"qwen3": "qwen3", "qwen3moe": "qwen3moe", "gemma3": "gemma3", "llama": "llama",
-             "llama3-rope": "llama", "gemma2": "gemma2"}  # fmt: skip
+             "llama3-rope": "llama", "gemma2": "gemma2", "qwen2moe": "qwen2moe"}  # fmt: skip
 ARCH = {**GGUF_ARCH, "llama": "mixtral"}  # the engine's
 
 
@@ -278,6 +292,7 @@ def test_gguf_family_matches_transformers_on_its_dequantized_weights(tmp_path, c
               max_num_seqs=4)  # fmt: skip
     if config.family.num_experts and qgemm.load() is not None:  # experts from their Q8_0 blocks
         moe = llm.engine.runner.model.layers[0].mlp
+        moe = getattr(moe, "routed", moe)  # Qwen2-MoE's routed experts beside its shared one
         assert all(pair[0].fast.kinds == ("Q8_0",) for pair in moe.experts)
     prompts = [[(7 * i + 3) % 250 + 5 for i in range(n)] for n in (3, 29)]
     outs = llm.generate(
