@@ -2,7 +2,8 @@
 
 Architectures as llama.cpp names them: llama (Mixtral too, with experts), mistral, qwen2, qwen3,
 qwen2moe (its shared expert `ffn_*_shexp`, gated by `ffn_gate_inp_shexp`),
-qwen3moe, gemma3, gemma2. Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
+qwen3moe, gemma3, gemma2, granite (its `embedding_scale`, `residual_scale`, `attention.scale`,
+`logit_scale`; Q/K permuted as Llama's). Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
 torch (`gguf_dequant`) when the model builder reads them (`GGUFWeights`), one at a time from the
 memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
@@ -26,7 +27,17 @@ from pagoda.runtime.model.gguf_reader import parse as _reader  # noqa: F401 - on
 from pagoda.runtime.model.gguf_reader import take_reader
 from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer, build_gemma_tokenizer
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma2", "qwen2moe")
+SUPPORTED_ARCHS = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3moe",
+    "gemma3",
+    "gemma2",
+    "qwen2moe",
+    "granite",
+)
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -146,6 +157,14 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
             local_rope_theta=float(_field(reader, p + "rope.freq_base_swa", GEMMA3_LOCAL_THETA)),
             query_pre_attn_scalar=float(scalar),
             final_logit_softcapping=float(cap) if cap else None,
+        )
+    if arch == "granite":  # the converter's *_scale keys; llama.cpp: absent (0) means none
+        attention = _field(reader, p + "attention.scale")
+        fields.update(
+            embedding_multiplier=float(_field(reader, p + "embedding_scale", 0) or 1.0),
+            residual_multiplier=float(_field(reader, p + "residual_scale", 0) or 1.0),
+            attention_multiplier=float(attention) if attention else None,
+            logits_scaling=float(_field(reader, p + "logit_scale", 0) or 1.0),
         )
     experts = int(_field(reader, p + "expert_count", 0) or 0)
     if experts:
@@ -370,7 +389,7 @@ def load_gguf(
 
 def _permuted_heads(config: ModelConfig, name: str) -> int:
     """Heads whose rows llama.cpp interleaved in this tensor (0: not permuted)."""
-    if config.architecture not in ("llama", "mixtral"):  # both "llama" in the file
+    if config.architecture not in ("llama", "mixtral", "granite"):  # llama.cpp's LlamaModel's
         return 0
     if name.endswith(("q_proj.weight", "q_proj.bias")):
         return config.num_heads

@@ -148,6 +148,13 @@ def write_gguf(
     if arch == "gemma2":  # as llama.cpp's converter writes Gemma 2's caps
         w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
         w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    if arch.startswith("granite"):  # the converter's *_multiplier -> *_scale, where set
+        for key, scale in (("attention_multiplier", w.add_attention_scale),
+                           ("embedding_multiplier", w.add_embedding_scale),
+                           ("residual_multiplier", w.add_residual_scale),
+                           ("logits_scaling", w.add_logit_scale)):  # fmt: skip
+            if getattr(cfg, key, None):
+                scale(getattr(cfg, key))
     if extra is not None:
         extra(w)
     rope = cfg.rope_parameters
@@ -194,7 +201,7 @@ def write_gguf(
     put("output_norm.weight", sd["model.norm.weight"], "model.norm.weight", shift=shift)
     if "lm_head.weight" in sd and not cfg.tie_word_embeddings:
         put("output.weight", sd["lm_head.weight"], "lm_head.weight")
-    llama = arch == "llama"
+    llama = arch in ("llama", "granite", "granitemoe")  # the converter's LlamaModel: permuted
     for i in range(cfg.num_hidden_layers):
         pre = f"model.layers.{i}."
         for (suffix, gname), kind in itertools.product(names.items(), ("weight", "bias")):
@@ -233,6 +240,10 @@ GEMMA2 = dict(head_dim=64, vocab_size=320, sliding_window=7, num_hidden_layers=2
               query_pre_attn_scalar=64, attn_logit_softcapping=2.0, final_logit_softcapping=5.0)  # fmt: skip
 QWEN2MOE = dict(vocab_size=300, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
                 shared_expert_intermediate_size=64)  # fmt: skip
+GRANITE = dict(vocab_size=300, embedding_multiplier=3.0, residual_multiplier=0.5,
+               attention_multiplier=0.05, logits_scaling=2.5, attention_bias=True)  # fmt: skip
+GRANITE_SCALARS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                   "logits_scaling")  # fmt: skip
 MIXTRAL = dict(head_dim=32, vocab_size=300, num_local_experts=4, num_experts_per_tok=2)
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 32, "rope_theta": 10000.0}  # fmt: skip
@@ -243,11 +254,13 @@ CASES = {
     "qwen3moe": ("Qwen3Moe", QWEN3MOE, None),
     "qwen2moe": ("Qwen2Moe", QWEN2MOE, None),  # a shared expert; q/k/v biases; not renormalised
     "gemma3": ("Gemma3Text", GEMMA3, 7),
+    "granite": ("Granite", GRANITE, None),  # its four scalars; q/k (and their biases) permuted
     "gemma2": ("Gemma2", GEMMA2, 7),
     "llama": ("Mixtral", MIXTRAL, None),
 }
 GGUF_ARCH = {"qwen3": "qwen3", "qwen3moe": "qwen3moe", "gemma3": "gemma3", "llama": "llama",
-             "llama3-rope": "llama", "gemma2": "gemma2", "qwen2moe": "qwen2moe"}  # fmt: skip
+             "llama3-rope": "llama", "gemma2": "gemma2", "qwen2moe": "qwen2moe",
+             "granite": "granite"}  # fmt: skip
 ARCH = {**GGUF_ARCH, "llama": "mixtral"}  # the engine's
 
 
@@ -284,6 +297,11 @@ def test_gguf_family_matches_transformers_on_its_dequantized_weights(tmp_path, c
         f = config.family
         assert (f.attn_logit_softcapping, f.final_logit_softcapping) == (2.0, 5.0)
         assert (f.window_layers, f.query_pre_attn_scalar, f.qk_norm) == ((True, False), 64, False)
+    if case.startswith("granite"):  # the scalars from the file (logits_scaling: greedy-blind)
+        f = config.family
+        scalars = (f.embedding_multiplier, f.residual_multiplier, f.attention_multiplier,
+                   f.logits_scaling)  # fmt: skip
+        assert scalars == pytest.approx(tuple(overrides[k] for k in GRANITE_SCALARS))
     for name, want in expected.items():
         if "experts." not in name:  # Gemma's norms as stored: 1 + w
             shift = 1.0 if case.startswith("gemma") and name.endswith("norm.weight") else 0.0
