@@ -1,9 +1,10 @@
 """GGUF → (ModelConfig, HF-named float tensors, Tokenizer) through the `gguf` package.
 
 Architectures as llama.cpp names them: llama (Mixtral too, with experts), mistral, qwen2, qwen3,
-qwen2moe (its shared expert `ffn_*_shexp`, gated by `ffn_gate_inp_shexp`),
-qwen3moe, gemma3, gemma2, granite (its `embedding_scale`, `residual_scale`, `attention.scale`,
-`logit_scale`; Q/K permuted as Llama's). Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
+qwen3moe, gemma3, gemma2, qwen2moe (its shared expert `ffn_*_shexp`, gated by
+`ffn_gate_inp_shexp`), granite (`embedding_scale`, `residual_scale`, `attention.scale`,
+`logit_scale`), olmo2 (norms after the sublayers, q/k norms over every head; not OLMo 3's
+window) and olmoe. Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
 torch (`gguf_dequant`) when the model builder reads them (`GGUFWeights`), one at a time from the
 memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
@@ -27,17 +28,8 @@ from pagoda.runtime.model.gguf_reader import parse as _reader  # noqa: F401 - on
 from pagoda.runtime.model.gguf_reader import take_reader
 from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer, build_gemma_tokenizer
 
-SUPPORTED_ARCHS = (
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "qwen3moe",
-    "gemma3",
-    "gemma2",
-    "qwen2moe",
-    "granite",
-)
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma2",
+                   "qwen2moe", "granite", "olmo2", "olmoe")  # fmt: skip
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -57,6 +49,11 @@ _GEMMA3_NAMES = {  # Gemma 2's and 3's four norms a layer; the rest as above
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+_OLMO2_NAMES = {  # OLMo 2's norms after attention and the MLP (none before); q/k norms whole
+    **_LAYER_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _MOE_NAMES = {  # llama.cpp's expert tensors -> (router | stacked experts) under the MoE block
     "ffn_gate_inp": "gate",
     "ffn_gate_exps": "experts.{gate}",
@@ -72,6 +69,7 @@ _MOE_BLOCKS = {  # architecture -> (block prefix, expert weight names) as the mo
     "mixtral": ("block_sparse_moe.", {"gate": "w1", "up": "w3", "down": "w2"}),
     "qwen3moe": ("mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
     "qwen2moe": ("mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
+    "olmoe": ("mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
 }
 # llama.cpp renormalises the top-k routing weights of these (the others' it hands on as they are)
 _RENORMALISED = ("mixtral", "qwen3moe")
@@ -110,6 +108,7 @@ def _hf_name(name: str, architecture: str = "llama") -> str | None:
         return None
     layer, part, kind = m.groups()
     names = _GEMMA3_NAMES if architecture in ("gemma2", "gemma3") else _LAYER_NAMES
+    names = _OLMO2_NAMES if architecture == "olmo2" else names
     if part in names:
         return f"model.layers.{layer}.{names[part]}.{kind}"
     if part in _MOE_NAMES and architecture in _MOE_BLOCKS:
@@ -158,6 +157,12 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
             query_pre_attn_scalar=float(scalar),
             final_logit_softcapping=float(cap) if cap else None,
         )
+    if arch in ("olmo2", "olmoe"):
+        if window:  # llama.cpp's olmo2 with a window is OLMo 3 (its layers' own rotary)
+            raise ValueError("GGUF olmo2 with attention.sliding_window (OLMo 3) is not supported")
+        if _field(reader, p + "attention.clamp_kqv") is not None:
+            raise ValueError("GGUF attention.clamp_kqv (OLMoE's q/k/v clamp) is not supported")
+        fields.update(qk_norm_whole=True, olmo2_norms=arch == "olmo2")
     if arch == "granite":  # the converter's *_scale keys; llama.cpp: absent (0) means none
         attention = _field(reader, p + "attention.scale")
         fields.update(
@@ -179,7 +184,7 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
             norm_topk_prob=bool(_field(reader, p + "expert_weights_norm", arch in _RENORMALISED)),
             moe_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in names for i in range(layers)),
         )
-        if arch in ("qwen3moe", "qwen2moe"):
+        if arch in ("qwen3moe", "qwen2moe", "olmoe"):
             fields["round_topk_to_model_dtype"] = True
         if arch == "qwen2moe":  # the key, else the shared expert's rows (llama.cpp: the same)
             shexp = next((t for t in reader.tensors if t.name.endswith(".ffn_gate_shexp.weight")),

@@ -46,6 +46,11 @@ GEMMA3_NAMES = {
     "pre_feedforward_layernorm": "ffn_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
 }
+OLMO2_NAMES = {
+    **NAMES,
+    "post_attention_layernorm": "post_attention_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
 EXPERTS = {  # (HF expert names gate, up, down) -> llama.cpp's stacked tensors
     ("gate_proj", "up_proj", "down_proj"): ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
     ("w1", "w3", "w2"): ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
@@ -196,7 +201,7 @@ def write_gguf(
         return a.reshape(n, a.shape[0] // n // 2, 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
 
     shift = 1.0 if gemma else 0.0  # llama.cpp stores Gemma's norms as 1 + w
-    names = GEMMA3_NAMES if gemma else NAMES
+    names = GEMMA3_NAMES if gemma else OLMO2_NAMES if arch == "olmo2" else NAMES
     put("token_embd.weight", sd["model.embed_tokens.weight"], "model.embed_tokens.weight")
     put("output_norm.weight", sd["model.norm.weight"], "model.norm.weight", shift=shift)
     if "lm_head.weight" in sd and not cfg.tie_word_embeddings:
@@ -244,6 +249,7 @@ GRANITE = dict(vocab_size=300, embedding_multiplier=3.0, residual_multiplier=0.5
                attention_multiplier=0.05, logits_scaling=2.5, attention_bias=True)  # fmt: skip
 GRANITE_SCALARS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
                    "logits_scaling")  # fmt: skip
+OLMOE = dict(vocab_size=300, num_experts=6, num_experts_per_tok=3, intermediate_size=32)
 MIXTRAL = dict(head_dim=32, vocab_size=300, num_local_experts=4, num_experts_per_tok=2)
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 32, "rope_theta": 10000.0}  # fmt: skip
@@ -254,13 +260,19 @@ CASES = {
     "qwen3moe": ("Qwen3Moe", QWEN3MOE, None),
     "qwen2moe": ("Qwen2Moe", QWEN2MOE, None),  # a shared expert; q/k/v biases; not renormalised
     "gemma3": ("Gemma3Text", GEMMA3, 7),
-    "granite": ("Granite", GRANITE, None),  # its four scalars; q/k (and their biases) permuted
+    "granite": ("Granite", GRANITE, None),
+    "olmo2": ("Olmo2", dict(vocab_size=300), None),  # norms after; q/k norms over every head
+    "olmoe": (
+        "Olmoe",
+        OLMOE,
+        None,
+    ),  # whole q/k norms, experts, not renormalised  # its four scalars; q/k (and their biases) permuted
     "gemma2": ("Gemma2", GEMMA2, 7),
     "llama": ("Mixtral", MIXTRAL, None),
 }
 GGUF_ARCH = {"qwen3": "qwen3", "qwen3moe": "qwen3moe", "gemma3": "gemma3", "llama": "llama",
              "llama3-rope": "llama", "gemma2": "gemma2", "qwen2moe": "qwen2moe",
-             "granite": "granite"}  # fmt: skip
+             "granite": "granite", "olmo2": "olmo2", "olmoe": "olmoe"}  # fmt: skip
 ARCH = {**GGUF_ARCH, "llama": "mixtral"}  # the engine's
 
 
@@ -297,6 +309,8 @@ def test_gguf_family_matches_transformers_on_its_dequantized_weights(tmp_path, c
         f = config.family
         assert (f.attn_logit_softcapping, f.final_logit_softcapping) == (2.0, 5.0)
         assert (f.window_layers, f.query_pre_attn_scalar, f.qk_norm) == ((True, False), 64, False)
+    if config.family.num_experts:  # llama.cpp renormalises Mixtral's and Qwen3-MoE's top-k only
+        assert config.family.norm_topk_prob == getattr(model.config, "norm_topk_prob", True)
     if case.startswith("granite"):  # the scalars from the file (logits_scaling: greedy-blind)
         f = config.family
         scalars = (f.embedding_multiplier, f.residual_multiplier, f.attention_multiplier,
@@ -348,5 +362,22 @@ def test_gemma3_sentencepiece_vocabulary_tokenizes_as_transformers_reads_it(tmp_
 def test_gguf_rotary_the_engine_does_not_run_is_refused(tmp_path, extra, words):
     make_tiny_model(tmp_path / "hf", "Llama", vocab_size=300, num_hidden_layers=1)
     write_gguf(tmp_path / "m.gguf", tmp_path / "hf", "llama", extra=extra)
+    with pytest.raises(ValueError, match=words):
+        load_gguf(tmp_path / "m.gguf")
+
+
+@pytest.mark.parametrize(
+    ("arch", "overrides", "window", "extra", "words"),
+    [
+        ("Olmo2", {}, 8, None, "OLMo 3"),  # llama.cpp's olmo2 with a window: OLMo 3
+        ("Olmoe", dict(num_experts=4, intermediate_size=32), None,
+         lambda w: w.add_clamp_kqv(8.0), "clamp_kqv"),
+    ],
+)  # fmt: skip
+def test_gguf_olmo_variants_the_engine_does_not_run_are_refused(
+    tmp_path, arch, overrides, window, extra, words
+):
+    make_tiny_model(tmp_path / "hf", arch, vocab_size=300, num_hidden_layers=1, **overrides)
+    write_gguf(tmp_path / "m.gguf", tmp_path / "hf", arch.lower(), window, extra)
     with pytest.raises(ValueError, match=words):
         load_gguf(tmp_path / "m.gguf")
