@@ -3,7 +3,7 @@
 Architectures as llama.cpp names them: llama (Mixtral too, with experts), mistral, qwen2, qwen3,
 qwen3moe, gemma3, gemma2, qwen2moe (its shared expert `ffn_*_shexp`, gated by
 `ffn_gate_inp_shexp`), granite (`embedding_scale`, `residual_scale`, `attention.scale`,
-`logit_scale`), olmo2 (norms after the sublayers, q/k norms over every head; not OLMo 3's
+`logit_scale`), granitemoe (its `input_linear` split as gate and up), olmo2 (norms after the sublayers, q/k norms over every head; not OLMo 3's
 window) and olmoe. Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
 torch (`gguf_dequant`) when the model builder reads them (`GGUFWeights`), one at a time from the
 memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
@@ -29,7 +29,8 @@ from pagoda.runtime.model.gguf_reader import take_reader
 from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer, build_gemma_tokenizer
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma2",
-                   "qwen2moe", "granite", "olmo2", "olmoe")  # fmt: skip
+                   "qwen2moe", "granite", "granitemoe", "olmo2",
+                   "olmoe")  # fmt: skip
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -70,9 +71,12 @@ _MOE_BLOCKS = {  # architecture -> (block prefix, expert weight names) as the mo
     "qwen3moe": ("mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
     "qwen2moe": ("mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
     "olmoe": ("mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
+    # the converter splits GraniteMoe's input_linear into gate and up: Mixtral's three stacks
+    "granitemoe": ("block_sparse_moe.", {"gate": "w1", "up": "w3", "down": "w2"}),
 }
+_MOE_ROUTERS = {"granitemoe": "router.layer"}  # ffn_gate_inp where the model's is not `gate`
 # llama.cpp renormalises the top-k routing weights of these (the others' it hands on as they are)
-_RENORMALISED = ("mixtral", "qwen3moe")
+_RENORMALISED = ("mixtral", "qwen3moe", "granitemoe")
 GEMMA3_SWA_PATTERN = 6  # llama.cpp's: every sixth layer is global
 GEMMA3_LOCAL_THETA = 10_000.0
 # llama.cpp's Gemma 2: every other layer global, soft caps 50 (attention) and 30 (final)
@@ -113,6 +117,8 @@ def _hf_name(name: str, architecture: str = "llama") -> str | None:
         return f"model.layers.{layer}.{names[part]}.{kind}"
     if part in _MOE_NAMES and architecture in _MOE_BLOCKS:
         block, experts = _MOE_BLOCKS[architecture]
+        if part == "ffn_gate_inp" and architecture in _MOE_ROUTERS:
+            return f"model.layers.{layer}.{block}{_MOE_ROUTERS[architecture]}.{kind}"
         return f"model.layers.{layer}.{block}{_MOE_NAMES[part].format(**experts)}.{kind}"
     return None
 
@@ -163,7 +169,12 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
         if _field(reader, p + "attention.clamp_kqv") is not None:
             raise ValueError("GGUF attention.clamp_kqv (OLMoE's q/k/v clamp) is not supported")
         fields.update(qk_norm_whole=True, olmo2_norms=arch == "olmo2")
-    if arch == "granite":  # the converter's *_scale keys; llama.cpp: absent (0) means none
+    if arch == "granitemoe" and _field(reader, p + "expert_shared_feed_forward_length"):
+        raise ValueError("GGUF granitemoe with a shared expert (GraniteMoeShared) is not supported")
+    if arch in (
+        "granite",
+        "granitemoe",
+    ):  # the converter's *_scale keys; llama.cpp: absent (0) means none
         attention = _field(reader, p + "attention.scale")
         fields.update(
             embedding_multiplier=float(_field(reader, p + "embedding_scale", 0) or 1.0),
@@ -184,7 +195,7 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
             norm_topk_prob=bool(_field(reader, p + "expert_weights_norm", arch in _RENORMALISED)),
             moe_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in names for i in range(layers)),
         )
-        if arch in ("qwen3moe", "qwen2moe", "olmoe"):
+        if arch in ("qwen3moe", "qwen2moe", "olmoe", "granitemoe"):
             fields["round_topk_to_model_dtype"] = True
         if arch == "qwen2moe":  # the key, else the shared expert's rows (llama.cpp: the same)
             shexp = next((t for t in reader.tensors if t.name.endswith(".ffn_gate_shexp.weight")),
@@ -394,7 +405,12 @@ def load_gguf(
 
 def _permuted_heads(config: ModelConfig, name: str) -> int:
     """Heads whose rows llama.cpp interleaved in this tensor (0: not permuted)."""
-    if config.architecture not in ("llama", "mixtral", "granite"):  # llama.cpp's LlamaModel's
+    if config.architecture not in (
+        "llama",
+        "mixtral",
+        "granite",
+        "granitemoe",
+    ):  # llama.cpp's LlamaModel's
         return 0
     if name.endswith(("q_proj.weight", "q_proj.bias")):
         return config.num_heads

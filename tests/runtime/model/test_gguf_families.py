@@ -34,6 +34,7 @@ NAMES = {
     "mlp.down_proj": "ffn_down",
     "mlp.gate": "ffn_gate_inp",
     "block_sparse_moe.gate": "ffn_gate_inp",
+    "block_sparse_moe.router.layer": "ffn_gate_inp",  # GraniteMoe's
     # Qwen2-MoE's shared expert; its gate [1, hidden] stays 2-D (the converter squeezes nothing)
     "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
     "mlp.shared_expert.up_proj": "ffn_up_shexp",
@@ -229,6 +230,15 @@ def write_gguf(
                 for e, n in enumerate(per):
                     expected[n] = expected["stacked"][e]
                 del expected["stacked"]
+        granite_moe = f"{pre}block_sparse_moe."
+        if granite_moe + "input_linear.weight" in sd:  # the converter: gate and up split apart
+            gate, up = np.split(sd[granite_moe + "input_linear.weight"], 2, axis=1)
+            put(f"blk.{i}.ffn_gate_exps.weight", gate, "gate")
+            put(f"blk.{i}.ffn_up_exps.weight", up, "up")
+            put(f"blk.{i}.ffn_down_exps.weight", sd[granite_moe + "output_linear.weight"],
+                granite_moe + "output_linear.weight")  # fmt: skip
+            stacked = np.concatenate([expected.pop("gate"), expected.pop("up")], axis=1)
+            expected[granite_moe + "input_linear.weight"] = stacked
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -249,6 +259,9 @@ GRANITE = dict(vocab_size=300, embedding_multiplier=3.0, residual_multiplier=0.5
                attention_multiplier=0.05, logits_scaling=2.5, attention_bias=True)  # fmt: skip
 GRANITE_SCALARS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
                    "logits_scaling")  # fmt: skip
+GRANITEMOE = dict(vocab_size=300, num_local_experts=6, num_experts_per_tok=2,
+                  intermediate_size=32, embedding_multiplier=2.0, residual_multiplier=0.7,
+                  attention_multiplier=0.1, logits_scaling=1.5)  # fmt: skip
 OLMOE = dict(vocab_size=300, num_experts=6, num_experts_per_tok=3, intermediate_size=32)
 MIXTRAL = dict(head_dim=32, vocab_size=300, num_local_experts=4, num_experts_per_tok=2)
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -261,6 +274,7 @@ CASES = {
     "qwen2moe": ("Qwen2Moe", QWEN2MOE, None),  # a shared expert; q/k/v biases; not renormalised
     "gemma3": ("Gemma3Text", GEMMA3, 7),
     "granite": ("Granite", GRANITE, None),
+    "granitemoe": ("GraniteMoe", GRANITEMOE, None),  # input_linear split as gate and up
     "olmo2": ("Olmo2", dict(vocab_size=300), None),  # norms after; q/k norms over every head
     "olmoe": (
         "Olmoe",
@@ -272,7 +286,7 @@ CASES = {
 }
 GGUF_ARCH = {"qwen3": "qwen3", "qwen3moe": "qwen3moe", "gemma3": "gemma3", "llama": "llama",
              "llama3-rope": "llama", "gemma2": "gemma2", "qwen2moe": "qwen2moe",
-             "granite": "granite", "olmo2": "olmo2", "olmoe": "olmoe"}  # fmt: skip
+             "granite": "granite", "granitemoe": "granitemoe", "olmo2": "olmo2", "olmoe": "olmoe"}  # fmt: skip
 ARCH = {**GGUF_ARCH, "llama": "mixtral"}  # the engine's
 
 
@@ -317,7 +331,7 @@ def test_gguf_family_matches_transformers_on_its_dequantized_weights(tmp_path, c
                    f.logits_scaling)  # fmt: skip
         assert scalars == pytest.approx(tuple(overrides[k] for k in GRANITE_SCALARS))
     for name, want in expected.items():
-        if "experts." not in name:  # Gemma's norms as stored: 1 + w
+        if "experts." not in name and "_linear." not in name:  # Gemma's norms stored: 1 + w
             shift = 1.0 if case.startswith("gemma") and name.endswith("norm.weight") else 0.0
             torch.testing.assert_close(weights[name] - shift, want, rtol=0, atol=1e-6, msg=name)
     llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20, max_num_batched_tokens=16,
@@ -372,9 +386,11 @@ def test_gguf_rotary_the_engine_does_not_run_is_refused(tmp_path, extra, words):
         ("Olmo2", {}, 8, None, "OLMo 3"),  # llama.cpp's olmo2 with a window: OLMo 3
         ("Olmoe", dict(num_experts=4, intermediate_size=32), None,
          lambda w: w.add_clamp_kqv(8.0), "clamp_kqv"),
+        ("GraniteMoe", dict(num_local_experts=4, intermediate_size=32), None,
+         lambda w: w.add_expert_shared_feed_forward_length(32), "GraniteMoeShared"),
     ],
 )  # fmt: skip
-def test_gguf_olmo_variants_the_engine_does_not_run_are_refused(
+def test_gguf_variants_the_engine_does_not_run_are_refused(
     tmp_path, arch, overrides, window, extra, words
 ):
     make_tiny_model(tmp_path / "hf", arch, vocab_size=300, num_hidden_layers=1, **overrides)
