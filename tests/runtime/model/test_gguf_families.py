@@ -118,9 +118,10 @@ def _llama3_rope_freqs(rope: dict, dim: int) -> np.ndarray:
 
 
 def write_gguf(
-    path, hf_dir, arch: str, window: int | None = None, extra=None
+    path, hf_dir, arch: str, window: int | None = None, extra=None, squeeze: bool = False
 ) -> dict[str, torch.Tensor]:
-    """The checkpoint in `hf_dir` as llama.cpp's converter writes it (`extra(writer)` adds
+    """The checkpoint in `hf_dir` as llama.cpp's converter writes it (`squeeze`: as its older
+    versions, which squeezed every tensor: Qwen2-MoE's shared gate 1-D; `extra(writer)` adds
     metadata); returns the checkpoint's tensors as the file dequantizes them (for the oracle)."""
     from safetensors.torch import load_file
 
@@ -186,6 +187,8 @@ def write_gguf(
     expected: dict[str, np.ndarray] = {}
 
     def put(gname: str, arr: np.ndarray, hf: str, qtype=Q.Q8_0, heads: int = 0, shift=0.0):
+        shape = arr.shape
+        arr = arr.squeeze() if squeeze else arr
         stored = _permute(arr, heads) if heads else arr
         stored = stored + shift
         if arr.ndim == 1 or qtype == Q.F32:
@@ -196,7 +199,7 @@ def write_gguf(
             back = gguf.quants.dequantize(data, qtype).reshape(stored.shape)
         w.add_tensor(gname, data, raw_shape=data.shape, raw_dtype=qtype)
         back = back - shift
-        expected[hf] = _permute_back(back, heads) if heads else back
+        expected[hf] = (_permute_back(back, heads) if heads else back).reshape(shape)
 
     def _permute_back(a, n):
         return a.reshape(n, a.shape[0] // n // 2, 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
@@ -272,6 +275,7 @@ CASES = {
     "llama3-rope": ("Llama", dict(vocab_size=300, rope_parameters=LLAMA3), None),
     "qwen3moe": ("Qwen3Moe", QWEN3MOE, None),
     "qwen2moe": ("Qwen2Moe", QWEN2MOE, None),  # a shared expert; q/k/v biases; not renormalised
+    "qwen2moe-squeezed": ("Qwen2Moe", QWEN2MOE, None),  # its shared gate 1-D, as older files
     "gemma3": ("Gemma3Text", GEMMA3, 7),
     "granite": ("Granite", GRANITE, None),
     "granitemoe": ("GraniteMoe", GRANITEMOE, None),  # input_linear split as gate and up
@@ -286,6 +290,7 @@ CASES = {
 }
 GGUF_ARCH = {"qwen3": "qwen3", "qwen3moe": "qwen3moe", "gemma3": "gemma3", "llama": "llama",
              "llama3-rope": "llama", "gemma2": "gemma2", "qwen2moe": "qwen2moe",
+             "qwen2moe-squeezed": "qwen2moe",
              "granite": "granite", "granitemoe": "granitemoe", "olmo2": "olmo2", "olmoe": "olmoe"}  # fmt: skip
 ARCH = {**GGUF_ARCH, "llama": "mixtral"}  # the engine's
 
@@ -315,7 +320,8 @@ def test_gguf_family_matches_transformers_on_its_dequantized_weights(tmp_path, c
         overrides = {**overrides, "layer_types": ["sliding_attention"] * 2}
     make_tiny_model(tmp_path / "hf", arch, **overrides)
     path = tmp_path / f"{case}.gguf"
-    expected = write_gguf(path, tmp_path / "hf", GGUF_ARCH[case], window)
+    squeeze = case.endswith("squeezed")
+    expected = write_gguf(path, tmp_path / "hf", GGUF_ARCH[case], window, squeeze=squeeze)
     model = _oracle(tmp_path, expected)
     config, weights, _, _ = load_gguf(path)
     assert config.architecture == ARCH[case]
