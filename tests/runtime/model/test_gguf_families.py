@@ -1,6 +1,8 @@
 """GGUF files of the newer families (qwen3, qwen3moe, gemma3, gemma2 with its soft caps; Mixtral
-as llama with experts), written here the way llama.cpp's converter writes them (its tensor
-names, stacked expert tensors, Gemma's norms stored as 1 + w, Q8_0 matrices): the engine matches transformers running
+as llama with experts; qwen2moe with its shared expert, granite and granitemoe with their scalars
+and permuted Q/K, olmo2, olmoe), written here the way llama.cpp's converter writes them (its tensor
+names, stacked expert tensors, GraniteMoe's input_linear split, Gemma's norms stored as 1 + w, Q8_0
+matrices): the engine matches transformers running
 on exactly the dequantized weights, token for token, with experts multiplied from their blocks.
 Gemma's SentencePiece vocabulary tokenizes as transformers reads the same file."""
 
