@@ -405,3 +405,18 @@ def test_gguf_variants_the_engine_does_not_run_are_refused(
     write_gguf(tmp_path / "m.gguf", tmp_path / "hf", arch.lower(), window, extra)
     with pytest.raises(ValueError, match=words):
         load_gguf(tmp_path / "m.gguf")
+
+
+@pytest.mark.parametrize(
+    ("pre", "pieces"),
+    [
+        ("dbrx", ["abc", "Ġ", "123", "45", "'S"]),  # llama.cpp's DBRX: llama3's regex
+        ("olmo", ["abc", "Ġ12345", "'", "S"]),  # OLMoE's: GPT-2's
+    ],
+)
+def test_gguf_pre_tokenizers_of_the_olmo_families_split_as_llama_cpp(pre, pieces):
+    from pagoda.runtime.model.tokenizer import build_bpe_tokenizer
+
+    tokens, types, merges = _byte_level_vocab(300)
+    tok = build_bpe_tokenizer(tokens, merges, types, pre)
+    assert [p for p, _ in tok.pre_tokenizer.pre_tokenize_str("abc 12345'S")] == pieces
