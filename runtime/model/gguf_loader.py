@@ -1,7 +1,10 @@
 """GGUF → (ModelConfig, HF-named float tensors, Tokenizer) through the `gguf` package.
 
 Architectures as llama.cpp names them: llama (Mixtral too, with experts), mistral, qwen2, qwen3,
-qwen3moe, gemma3, gemma2. Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
+qwen3moe, gemma3, gemma2, qwen2moe (its shared expert `ffn_*_shexp`, gated by
+`ffn_gate_inp_shexp`), granite (`embedding_scale`, `residual_scale`, `attention.scale`,
+`logit_scale`), granitemoe (its `input_linear` split as gate and up), olmo2 (norms after the sublayers, q/k norms over every head; not OLMo 3's
+window) and olmoe. Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
 torch (`gguf_dequant`) when the model builder reads them (`GGUFWeights`), one at a time from the
 memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
@@ -25,7 +28,9 @@ from pagoda.runtime.model.gguf_reader import parse as _reader  # noqa: F401 - on
 from pagoda.runtime.model.gguf_reader import take_reader
 from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer, build_gemma_tokenizer
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma2")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma2",
+                   "qwen2moe", "granite", "granitemoe", "olmo2",
+                   "olmoe")  # fmt: skip
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -45,16 +50,33 @@ _GEMMA3_NAMES = {  # Gemma 2's and 3's four norms a layer; the rest as above
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+_OLMO2_NAMES = {  # OLMo 2's norms after attention and the MLP (none before); q/k norms whole
+    **_LAYER_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _MOE_NAMES = {  # llama.cpp's expert tensors -> (router | stacked experts) under the MoE block
     "ffn_gate_inp": "gate",
     "ffn_gate_exps": "experts.{gate}",
     "ffn_up_exps": "experts.{up}",
     "ffn_down_exps": "experts.{down}",
+    # Qwen2-MoE's shared expert and its sigmoid gate ([1, hidden] as the converter writes it)
+    "ffn_gate_inp_shexp": "shared_expert_gate",
+    "ffn_gate_shexp": "shared_expert.gate_proj",
+    "ffn_up_shexp": "shared_expert.up_proj",
+    "ffn_down_shexp": "shared_expert.down_proj",
 }
 _MOE_BLOCKS = {  # architecture -> (block prefix, expert weight names) as the models read them
     "mixtral": ("block_sparse_moe.", {"gate": "w1", "up": "w3", "down": "w2"}),
     "qwen3moe": ("mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
+    "qwen2moe": ("mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
+    "olmoe": ("mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
+    # the converter splits GraniteMoe's input_linear into gate and up: Mixtral's three stacks
+    "granitemoe": ("block_sparse_moe.", {"gate": "w1", "up": "w3", "down": "w2"}),
 }
+_MOE_ROUTERS = {"granitemoe": "router.layer"}  # ffn_gate_inp where the model's is not `gate`
+# llama.cpp renormalises the top-k routing weights of these (the others' it hands on as they are)
+_RENORMALISED = ("mixtral", "qwen3moe", "granitemoe")
 GEMMA3_SWA_PATTERN = 6  # llama.cpp's: every sixth layer is global
 GEMMA3_LOCAL_THETA = 10_000.0
 # llama.cpp's Gemma 2: every other layer global, soft caps 50 (attention) and 30 (final)
@@ -90,10 +112,13 @@ def _hf_name(name: str, architecture: str = "llama") -> str | None:
         return None
     layer, part, kind = m.groups()
     names = _GEMMA3_NAMES if architecture in ("gemma2", "gemma3") else _LAYER_NAMES
+    names = _OLMO2_NAMES if architecture == "olmo2" else names
     if part in names:
         return f"model.layers.{layer}.{names[part]}.{kind}"
     if part in _MOE_NAMES and architecture in _MOE_BLOCKS:
         block, experts = _MOE_BLOCKS[architecture]
+        if part == "ffn_gate_inp" and architecture in _MOE_ROUTERS:
+            return f"model.layers.{layer}.{block}{_MOE_ROUTERS[architecture]}.{kind}"
         return f"model.layers.{layer}.{block}{_MOE_NAMES[part].format(**experts)}.{kind}"
     return None
 
@@ -138,6 +163,25 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
             query_pre_attn_scalar=float(scalar),
             final_logit_softcapping=float(cap) if cap else None,
         )
+    if arch in ("olmo2", "olmoe"):
+        if window:  # llama.cpp's olmo2 with a window is OLMo 3 (its layers' own rotary)
+            raise ValueError("GGUF olmo2 with attention.sliding_window (OLMo 3) is not supported")
+        if _field(reader, p + "attention.clamp_kqv") is not None:
+            raise ValueError("GGUF attention.clamp_kqv (OLMoE's q/k/v clamp) is not supported")
+        fields.update(qk_norm_whole=True, olmo2_norms=arch == "olmo2")
+    if arch == "granitemoe" and _field(reader, p + "expert_shared_feed_forward_length"):
+        raise ValueError("GGUF granitemoe with a shared expert (GraniteMoeShared) is not supported")
+    if arch in (
+        "granite",
+        "granitemoe",
+    ):  # the converter's *_scale keys; llama.cpp: absent (0) means none
+        attention = _field(reader, p + "attention.scale")
+        fields.update(
+            embedding_multiplier=float(_field(reader, p + "embedding_scale", 0) or 1.0),
+            residual_multiplier=float(_field(reader, p + "residual_scale", 0) or 1.0),
+            attention_multiplier=float(attention) if attention else None,
+            logits_scaling=float(_field(reader, p + "logit_scale", 0) or 1.0),
+        )
     experts = int(_field(reader, p + "expert_count", 0) or 0)
     if experts:
         names = {t.name for t in reader.tensors}
@@ -148,12 +192,18 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
                 _field(reader, p + "expert_feed_forward_length", 0)
                 or _field(reader, p + "feed_forward_length")
             ),
-            # llama.cpp renormalises the top-k weights of both (Qwen3-MoE's releases do too)
-            norm_topk_prob=bool(_field(reader, p + "expert_weights_norm", True)),
+            norm_topk_prob=bool(_field(reader, p + "expert_weights_norm", arch in _RENORMALISED)),
             moe_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in names for i in range(layers)),
         )
-        if arch == "qwen3moe":
+        if arch in ("qwen3moe", "qwen2moe", "olmoe", "granitemoe"):
             fields["round_topk_to_model_dtype"] = True
+        if arch == "qwen2moe":  # the key, else the shared expert's rows (llama.cpp: the same)
+            shexp = next((t for t in reader.tensors if t.name.endswith(".ffn_gate_shexp.weight")),
+                         None)  # fmt: skip
+            width = _field(reader, p + "expert_shared_feed_forward_length")
+            fields["shared_expert_intermediate_size"] = int(
+                width or (_shape(shexp)[0] if shexp is not None else 0)
+            )
     return FamilyConfig(**fields)
 
 
@@ -302,6 +352,8 @@ class GGUFWeights(_ByName):
         (`gguf_dequant`: the stored blocks are what crosses to a GPU)."""
         t = self._tensors[name]
         w = dequantize(t.data, t.tensor_type.name, _shape(t), dtype, device)
+        if w.dim() == 1 and name.endswith("shared_expert_gate.weight"):  # squeezed: [hidden]
+            return w[None]
         heads = _permuted_heads(self._config, name)
         return _unpermute(w, heads) if heads else w
 
@@ -353,7 +405,12 @@ def load_gguf(
 
 def _permuted_heads(config: ModelConfig, name: str) -> int:
     """Heads whose rows llama.cpp interleaved in this tensor (0: not permuted)."""
-    if config.architecture not in ("llama", "mixtral"):  # both "llama" in the file
+    if config.architecture not in (
+        "llama",
+        "mixtral",
+        "granite",
+        "granitemoe",
+    ):  # llama.cpp's LlamaModel's
         return 0
     if name.endswith(("q_proj.weight", "q_proj.bias")):
         return config.num_heads

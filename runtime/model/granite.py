@@ -10,7 +10,8 @@
 GraniteMoe puts Mixtral-style experts in every layer (`moe.SparseMoE`): the router
 (`router.layer`) picks the top-k logits and softmaxes them (the renormalised top-k of a full
 softmax), the weights rounded to the model's dtype; each layer's experts are stacked, gate and
-up in one `input_linear` [E, 2N, K], down in `output_linear` [E, K, N].
+up in one `input_linear` [E, 2N, K], down in `output_linear` [E, K, N]. A GGUF's come as llama.cpp's
+converter splits them: gate, up and down stacked apart, under Mixtral's names (`gguf_loader`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from pagoda.runtime.cpu.quantized import QuantizedWeight
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step
-from pagoda.runtime.model.moe import make_mlp
+from pagoda.runtime.model.moe import MixtralModel, make_mlp
 
 
 class GraniteLayer(LlamaLayer):
@@ -66,4 +67,8 @@ class GraniteModel(LlamaModel):
 class GraniteMoeModel(GraniteModel):
     moe_names = ("block_sparse_moe.", ("input_linear", "output_linear"))
     moe_router, moe_experts = "router.layer.weight", ""
-    make_mlp = make_mlp
+
+    def make_mlp(self, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
+        if prefix + "block_sparse_moe.input_linear.weight" not in w:  # a GGUF's (docstring)
+            self.moe_names, self.moe_experts = MixtralModel.moe_names, "experts."
+        return make_mlp(self, w, prefix, index, ctx)

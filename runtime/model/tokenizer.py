@@ -37,6 +37,7 @@ PRE_TOKENIZER_SPLITS = {
     "llama3": _LLAMA3_SPLIT,
     "llama-bpe": _LLAMA3_SPLIT,
     "smaug-bpe": _LLAMA3_SPLIT,
+    "dbrx": _LLAMA3_SPLIT,  # cl100k's vocabularies (llama.cpp: "same as llama3")
     "qwen2": _QWEN2_SPLIT,
     "deepseek-r1-qwen": _QWEN2_SPLIT,
 }

@@ -1,10 +1,14 @@
 """GGUF files of the newer families (qwen3, qwen3moe, gemma3, gemma2 with its soft caps; Mixtral
-as llama with experts), written here the way llama.cpp's converter writes them (its tensor
-names, stacked expert tensors, Gemma's norms stored as 1 + w, Q8_0 matrices): the engine matches transformers running
+as llama with experts; qwen2moe with its shared expert, granite and granitemoe with their scalars
+and permuted Q/K, olmo2, olmoe), written here the way llama.cpp's converter writes them (its tensor
+names, stacked expert tensors, GraniteMoe's input_linear split, Gemma's norms stored as 1 + w, Q8_0
+matrices): the engine matches transformers running
 on exactly the dequantized weights, token for token, with experts multiplied from their blocks.
 Gemma's SentencePiece vocabulary tokenizes as transformers reads the same file."""
 
 from __future__ import annotations
+
+import itertools
 
 import gguf
 import numpy as np
@@ -32,11 +36,22 @@ NAMES = {
     "mlp.down_proj": "ffn_down",
     "mlp.gate": "ffn_gate_inp",
     "block_sparse_moe.gate": "ffn_gate_inp",
+    "block_sparse_moe.router.layer": "ffn_gate_inp",  # GraniteMoe's
+    # Qwen2-MoE's shared expert; its gate [1, hidden] stays 2-D (the converter squeezes nothing)
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
 GEMMA3_NAMES = {
     **NAMES,
     "post_attention_layernorm": "post_attention_norm",
     "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+OLMO2_NAMES = {
+    **NAMES,
+    "post_attention_layernorm": "post_attention_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
 }
 EXPERTS = {  # (HF expert names gate, up, down) -> llama.cpp's stacked tensors
@@ -105,9 +120,10 @@ def _llama3_rope_freqs(rope: dict, dim: int) -> np.ndarray:
 
 
 def write_gguf(
-    path, hf_dir, arch: str, window: int | None = None, extra=None
+    path, hf_dir, arch: str, window: int | None = None, extra=None, squeeze: bool = False
 ) -> dict[str, torch.Tensor]:
-    """The checkpoint in `hf_dir` as llama.cpp's converter writes it (`extra(writer)` adds
+    """The checkpoint in `hf_dir` as llama.cpp's converter writes it (`squeeze`: as its older
+    versions, which squeezed every tensor: Qwen2-MoE's shared gate 1-D; `extra(writer)` adds
     metadata); returns the checkpoint's tensors as the file dequantizes them (for the oracle)."""
     from safetensors.torch import load_file
 
@@ -121,8 +137,10 @@ def write_gguf(
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
+    head_dim = getattr(cfg, "head_dim", None)
+    if head_dim:  # as the converter: only where config.json has one
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
@@ -132,16 +150,25 @@ def write_gguf(
         w.add_expert_feed_forward_length(
             getattr(cfg, "moe_intermediate_size", cfg.intermediate_size)
         )
+    if getattr(cfg, "shared_expert_intermediate_size", None):  # Qwen2-MoE's
+        w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     if window:
         w.add_sliding_window(window)
     if arch == "gemma2":  # as llama.cpp's converter writes Gemma 2's caps
         w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
         w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    if arch.startswith("granite"):  # the converter's *_multiplier -> *_scale, where set
+        for key, scale in (("attention_multiplier", w.add_attention_scale),
+                           ("embedding_multiplier", w.add_embedding_scale),
+                           ("residual_multiplier", w.add_residual_scale),
+                           ("logits_scaling", w.add_logit_scale)):  # fmt: skip
+            if getattr(cfg, key, None):
+                scale(getattr(cfg, key))
     if extra is not None:
         extra(w)
     rope = cfg.rope_parameters
     if rope.get("rope_type") == "llama3":  # the converter's divisors, as a tensor
-        w.add_tensor("rope_freqs.weight", _llama3_rope_freqs(rope, cfg.head_dim))
+        w.add_tensor("rope_freqs.weight", _llama3_rope_freqs(rope, head_dim))
     if gemma:
         tokens, types = _spm_vocab(cfg.vocab_size)
         w.add_tokenizer_model("llama")
@@ -162,6 +189,8 @@ def write_gguf(
     expected: dict[str, np.ndarray] = {}
 
     def put(gname: str, arr: np.ndarray, hf: str, qtype=Q.Q8_0, heads: int = 0, shift=0.0):
+        shape = arr.shape
+        arr = arr.squeeze() if squeeze else arr
         stored = _permute(arr, heads) if heads else arr
         stored = stored + shift
         if arr.ndim == 1 or qtype == Q.F32:
@@ -172,27 +201,27 @@ def write_gguf(
             back = gguf.quants.dequantize(data, qtype).reshape(stored.shape)
         w.add_tensor(gname, data, raw_shape=data.shape, raw_dtype=qtype)
         back = back - shift
-        expected[hf] = _permute_back(back, heads) if heads else back
+        expected[hf] = (_permute_back(back, heads) if heads else back).reshape(shape)
 
     def _permute_back(a, n):
         return a.reshape(n, a.shape[0] // n // 2, 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
 
     shift = 1.0 if gemma else 0.0  # llama.cpp stores Gemma's norms as 1 + w
-    names = GEMMA3_NAMES if gemma else NAMES
+    names = GEMMA3_NAMES if gemma else OLMO2_NAMES if arch == "olmo2" else NAMES
     put("token_embd.weight", sd["model.embed_tokens.weight"], "model.embed_tokens.weight")
     put("output_norm.weight", sd["model.norm.weight"], "model.norm.weight", shift=shift)
     if "lm_head.weight" in sd and not cfg.tie_word_embeddings:
         put("output.weight", sd["lm_head.weight"], "lm_head.weight")
-    llama = arch == "llama"
+    llama = arch in ("llama", "granite", "granitemoe")  # the converter's LlamaModel: permuted
     for i in range(cfg.num_hidden_layers):
         pre = f"model.layers.{i}."
-        for suffix, gname in names.items():
-            hf = f"{pre}{suffix}.weight"
+        for (suffix, gname), kind in itertools.product(names.items(), ("weight", "bias")):
+            hf = f"{pre}{suffix}.{kind}"
             if hf in sd:
                 heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}
                 norm = gname.endswith("norm")
                 qtype = Q.F32 if gname == "ffn_gate_inp" else Q.Q8_0
-                put(f"blk.{i}.{gname}.weight", sd[hf], hf, qtype, heads.get(gname, 0) if llama else 0,
+                put(f"blk.{i}.{gname}.{kind}", sd[hf], hf, qtype, heads.get(gname, 0) if llama else 0,
                     shift if norm else 0.0)  # fmt: skip
         for hf_names, g_names in EXPERTS.items():
             block = "block_sparse_moe." if hf_names[0] == "w1" else "mlp."
@@ -206,6 +235,15 @@ def write_gguf(
                 for e, n in enumerate(per):
                     expected[n] = expected["stacked"][e]
                 del expected["stacked"]
+        granite_moe = f"{pre}block_sparse_moe."
+        if granite_moe + "input_linear.weight" in sd:  # the converter: gate and up split apart
+            gate, up = np.split(sd[granite_moe + "input_linear.weight"], 2, axis=1)
+            put(f"blk.{i}.ffn_gate_exps.weight", gate, "gate")
+            put(f"blk.{i}.ffn_up_exps.weight", up, "up")
+            put(f"blk.{i}.ffn_down_exps.weight", sd[granite_moe + "output_linear.weight"],
+                granite_moe + "output_linear.weight")  # fmt: skip
+            stacked = np.concatenate([expected.pop("gate"), expected.pop("up")], axis=1)
+            expected[granite_moe + "input_linear.weight"] = stacked
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -220,6 +258,16 @@ GEMMA3 = dict(head_dim=64, vocab_size=320, sliding_window=7, num_hidden_layers=2
 # llama.cpp's Gemma 2 (but its 27B) scales the scores by the head size
 GEMMA2 = dict(head_dim=64, vocab_size=320, sliding_window=7, num_hidden_layers=2,
               query_pre_attn_scalar=64, attn_logit_softcapping=2.0, final_logit_softcapping=5.0)  # fmt: skip
+QWEN2MOE = dict(vocab_size=300, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+                shared_expert_intermediate_size=64)  # fmt: skip
+GRANITE = dict(vocab_size=300, embedding_multiplier=3.0, residual_multiplier=0.5,
+               attention_multiplier=0.05, logits_scaling=2.5, attention_bias=True)  # fmt: skip
+GRANITE_SCALARS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                   "logits_scaling")  # fmt: skip
+GRANITEMOE = dict(vocab_size=300, num_local_experts=6, num_experts_per_tok=2,
+                  intermediate_size=32, embedding_multiplier=2.0, residual_multiplier=0.7,
+                  attention_multiplier=0.1, logits_scaling=1.5)  # fmt: skip
+OLMOE = dict(vocab_size=300, num_experts=6, num_experts_per_tok=3, intermediate_size=32)
 MIXTRAL = dict(head_dim=32, vocab_size=300, num_local_experts=4, num_experts_per_tok=2)
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 32, "rope_theta": 10000.0}  # fmt: skip
@@ -228,12 +276,24 @@ CASES = {
     # Llama 3.1's rotary: llama.cpp writes no scaling type but a rope_freqs tensor
     "llama3-rope": ("Llama", dict(vocab_size=300, rope_parameters=LLAMA3), None),
     "qwen3moe": ("Qwen3Moe", QWEN3MOE, None),
+    "qwen2moe": ("Qwen2Moe", QWEN2MOE, None),  # a shared expert; q/k/v biases; not renormalised
+    "qwen2moe-squeezed": ("Qwen2Moe", QWEN2MOE, None),  # its shared gate 1-D, as older files
     "gemma3": ("Gemma3Text", GEMMA3, 7),
+    "granite": ("Granite", GRANITE, None),
+    "granitemoe": ("GraniteMoe", GRANITEMOE, None),  # input_linear split as gate and up
+    "olmo2": ("Olmo2", dict(vocab_size=300), None),  # norms after; q/k norms over every head
+    "olmoe": (
+        "Olmoe",
+        OLMOE,
+        None,
+    ),  # whole q/k norms, experts, not renormalised  # its four scalars; q/k (and their biases) permuted
     "gemma2": ("Gemma2", GEMMA2, 7),
     "llama": ("Mixtral", MIXTRAL, None),
 }
 GGUF_ARCH = {"qwen3": "qwen3", "qwen3moe": "qwen3moe", "gemma3": "gemma3", "llama": "llama",
-             "llama3-rope": "llama", "gemma2": "gemma2"}  # fmt: skip
+             "llama3-rope": "llama", "gemma2": "gemma2", "qwen2moe": "qwen2moe",
+             "qwen2moe-squeezed": "qwen2moe",
+             "granite": "granite", "granitemoe": "granitemoe", "olmo2": "olmo2", "olmoe": "olmoe"}  # fmt: skip
 ARCH = {**GGUF_ARCH, "llama": "mixtral"}  # the engine's
 
 
@@ -262,7 +322,8 @@ def test_gguf_family_matches_transformers_on_its_dequantized_weights(tmp_path, c
         overrides = {**overrides, "layer_types": ["sliding_attention"] * 2}
     make_tiny_model(tmp_path / "hf", arch, **overrides)
     path = tmp_path / f"{case}.gguf"
-    expected = write_gguf(path, tmp_path / "hf", GGUF_ARCH[case], window)
+    squeeze = case.endswith("squeezed")
+    expected = write_gguf(path, tmp_path / "hf", GGUF_ARCH[case], window, squeeze=squeeze)
     model = _oracle(tmp_path, expected)
     config, weights, _, _ = load_gguf(path)
     assert config.architecture == ARCH[case]
@@ -270,14 +331,22 @@ def test_gguf_family_matches_transformers_on_its_dequantized_weights(tmp_path, c
         f = config.family
         assert (f.attn_logit_softcapping, f.final_logit_softcapping) == (2.0, 5.0)
         assert (f.window_layers, f.query_pre_attn_scalar, f.qk_norm) == ((True, False), 64, False)
+    if config.family.num_experts:  # llama.cpp renormalises Mixtral's and Qwen3-MoE's top-k only
+        assert config.family.norm_topk_prob == getattr(model.config, "norm_topk_prob", True)
+    if case.startswith("granite"):  # the scalars from the file (logits_scaling: greedy-blind)
+        f = config.family
+        scalars = (f.embedding_multiplier, f.residual_multiplier, f.attention_multiplier,
+                   f.logits_scaling)  # fmt: skip
+        assert scalars == pytest.approx(tuple(overrides[k] for k in GRANITE_SCALARS))
     for name, want in expected.items():
-        if "experts." not in name:  # Gemma's norms as stored: 1 + w
+        if "experts." not in name and "_linear." not in name:  # Gemma's norms stored: 1 + w
             shift = 1.0 if case.startswith("gemma") and name.endswith("norm.weight") else 0.0
             torch.testing.assert_close(weights[name] - shift, want, rtol=0, atol=1e-6, msg=name)
     llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20, max_num_batched_tokens=16,
               max_num_seqs=4)  # fmt: skip
     if config.family.num_experts and qgemm.load() is not None:  # experts from their Q8_0 blocks
         moe = llm.engine.runner.model.layers[0].mlp
+        moe = getattr(moe, "routed", moe)  # Qwen2-MoE's routed experts beside its shared one
         assert all(pair[0].fast.kinds == ("Q8_0",) for pair in moe.experts)
     prompts = [[(7 * i + 3) % 250 + 5 for i in range(n)] for n in (3, 29)]
     outs = llm.generate(
@@ -317,3 +386,37 @@ def test_gguf_rotary_the_engine_does_not_run_is_refused(tmp_path, extra, words):
     write_gguf(tmp_path / "m.gguf", tmp_path / "hf", "llama", extra=extra)
     with pytest.raises(ValueError, match=words):
         load_gguf(tmp_path / "m.gguf")
+
+
+@pytest.mark.parametrize(
+    ("arch", "overrides", "window", "extra", "words"),
+    [
+        ("Olmo2", {}, 8, None, "OLMo 3"),  # llama.cpp's olmo2 with a window: OLMo 3
+        ("Olmoe", dict(num_experts=4, intermediate_size=32), None,
+         lambda w: w.add_clamp_kqv(8.0), "clamp_kqv"),
+        ("GraniteMoe", dict(num_local_experts=4, intermediate_size=32), None,
+         lambda w: w.add_expert_shared_feed_forward_length(32), "GraniteMoeShared"),
+    ],
+)  # fmt: skip
+def test_gguf_variants_the_engine_does_not_run_are_refused(
+    tmp_path, arch, overrides, window, extra, words
+):
+    make_tiny_model(tmp_path / "hf", arch, vocab_size=300, num_hidden_layers=1, **overrides)
+    write_gguf(tmp_path / "m.gguf", tmp_path / "hf", arch.lower(), window, extra)
+    with pytest.raises(ValueError, match=words):
+        load_gguf(tmp_path / "m.gguf")
+
+
+@pytest.mark.parametrize(
+    ("pre", "pieces"),
+    [
+        ("dbrx", ["abc", "Ġ", "123", "45", "'S"]),  # llama.cpp's DBRX: llama3's regex
+        ("olmo", ["abc", "Ġ12345", "'", "S"]),  # OLMoE's: GPT-2's
+    ],
+)
+def test_gguf_pre_tokenizers_of_the_olmo_families_split_as_llama_cpp(pre, pieces):
+    from pagoda.runtime.model.tokenizer import build_bpe_tokenizer
+
+    tokens, types, merges = _byte_level_vocab(300)
+    tok = build_bpe_tokenizer(tokens, merges, types, pre)
+    assert [p for p, _ in tok.pre_tokenizer.pre_tokenize_str("abc 12345'S")] == pieces
