@@ -43,14 +43,24 @@ static const float *chunk(const void *row, int bf16, int64_t lo, int64_t len, fl
     return buf;
 }
 
+/* +inf, in a register the optimiser cannot see into: `x < top ? x : top` then compiles to one
+   min instruction (a NaN compares false: +inf), where GCC rewrites `x < +inf` as
+   `x <= FLT_MAX` and emits a compare and a blend (float32 draws ~3 % slower). */
+static inline float opaque_inf(void) {
+    float top = -NEG_INF;
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__("" : "+x"(top));
+#endif
+    return top;
+}
+
 /* The maximum of x[0, n), a NaN counting as +inf: PyTorch's maxima propagate NaN, so a row
-   holding one has no finite maximum here too (its token: -1). `x < +inf ? x : +inf` is one
-   min instruction (a NaN compares false) beside the max: the scan stays bound by its loads. */
+   holding one has no finite maximum here too (its token: -1), for one min per vector. */
 static float span_max(const float *x, int64_t n) {
-    float m = NEG_INF;
+    float m = NEG_INF, top = opaque_inf();
 #pragma omp simd reduction(max : m)
     for (int64_t j = 0; j < n; j++) {
-        float y = x[j] < -NEG_INF ? x[j] : -NEG_INF;
+        float y = x[j] < top ? x[j] : top;
         m = y > m ? y : m;
     }
     return m;
