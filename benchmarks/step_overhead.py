@@ -194,9 +194,10 @@ def cases(
     return out
 
 
-def before_after(args, rounds: int = 2) -> None:
+def before_after(args, rounds: int = 4) -> None:
     """This tree and `--old-ref`'s runtime, each in a child process, alternating for `rounds`
-    rounds so that drift on a shared machine hits both alike; medians of the rounds."""
+    rounds (each round the other one first) so that drift on a shared machine hits both alike;
+    medians of the rounds."""
     cmd = [sys.executable, "-P", __file__, "--child", "--steps", str(args.steps)]
     cmd += ["--prompt-len", str(args.prompt_len), "--seqs", *map(str, args.seqs)]
     cmd += ["--decoded", str(args.decoded), "--cases", *args.cases]
@@ -205,8 +206,8 @@ def before_after(args, rounds: int = 2) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"before": str(_old_tree(args.old_ref, Path(tmp))), "after": None}
         runs: dict[str, list[list[dict]]] = {"before": [], "after": []}
-        for _ in range(rounds):
-            for label, tree in trees.items():
+        for r in range(rounds):  # who goes first alternates too: drift within a round
+            for label, tree in list(trees.items())[:: 1 if r % 2 == 0 else -1]:
                 env = dict(os.environ)
                 if tree is not None:
                     env["PYTHONPATH"] = tree

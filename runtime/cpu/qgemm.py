@@ -171,8 +171,9 @@ class QGemmWeight:
         return kind, packed, rows
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
-        """`self(x).argmax(-1)` as `argmax_rows` computes it (first maximum, NaN never wins),
-        without storing the [M, N] outputs; for a weight of one part."""
+        """`self(x).argmax(-1)` as `argmax_rows` computes it (first maximum; -1 for a row with
+        no finite maximum: a NaN or +inf output, or all -inf), without storing the [M, N]
+        outputs; for a weight of one part."""
         return self.sample(x, None, None)
 
     def sample(

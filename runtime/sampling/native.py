@@ -68,6 +68,11 @@ def _library() -> ctypes.CDLL | None:
     if path is None:
         log.warning("no C compiler could build the native sampler; using the PyTorch sampler")
         return None
+    return load(path)
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """The library built at `path`, its functions typed (tests load other builds' too)."""
     lib = ctypes.CDLL(str(path))
     p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     lib.sample_rows.argtypes = [p, i32, i64, p, p, p, p, p, i64, p, i64]

@@ -51,13 +51,16 @@ INLINE __m256 reduce8(const __m256* v) {
 }
 
 // n <= 8 blocks of 16 values (a[i]: the first 8, b[i]: the last 8), block i sampled at scale
-// lane i of s (0: greedy): each block's maximum (NaN never counts: -inf with no other value)
-// and, for s > 0, its sum of 2^((v - max) * s) (0 with no value above -inf, +inf when a value
-// is +inf, which sends the row to its argmax); a block's results never depend on the others
+// lane i of s (0: greedy): each block's maximum, a NaN counting as +inf (PyTorch's maxima
+// propagate NaN: a row holding one has no finite maximum, no token; `min(x, +inf)` returns
+// +inf for a NaN, one instruction where max(x, -inf) dropped it) and, for s > 0, its sum of
+// 2^((v - max) * s) (0 with no value above -inf, +inf when the maximum is +inf); a block's
+// results never depend on the others
 INLINE void stats8(const __m256* a, const __m256* b, int n, __m256 s, float* bm, float* bs) {
   const __m256 ninf = _mm256_set1_ps(NEG_INF), pinf = _mm256_set1_ps(POS_INF);
   __m256 v[8];
-  for (int i = 0; i < 8; ++i) v[i] = i < n ? _mm256_max_ps(b[i], _mm256_max_ps(a[i], ninf)) : ninf;
+  for (int i = 0; i < 8; ++i)
+    v[i] = i < n ? _mm256_max_ps(_mm256_min_ps(b[i], pinf), _mm256_min_ps(a[i], pinf)) : ninf;
   const __m256 m = reduce8<true>(v);
   _mm256_storeu_ps(bm, m);
   const __m256 sampled = _mm256_cmp_ps(s, _mm256_setzero_ps(), _CMP_GT_OQ);
@@ -175,8 +178,9 @@ static int64_t draw(float* st, int64_t nbp, float m, float s, float u, Values va
 }
 
 // a row's token from its block stats: drawn (s > 0), else, or when the draw finds no mass, the
-// first output equal to the row maximum; -1 when the row has no finite maximum (every output
-// NaN or -inf, or one +inf), as `argmax_rows`: the engine ends that request with an error
+// first output equal to the row maximum; -1 when the row has no finite maximum (an output NaN
+// or +inf, which the block maxima hold as +inf, or every one -inf), as `argmax_rows`: the
+// engine ends that request with an error
 template <class Values>
 static int64_t choose(float* st, int64_t nbp, float s, float u, Values values) {
   __m256 mv = _mm256_set1_ps(NEG_INF);

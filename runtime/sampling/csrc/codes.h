@@ -25,11 +25,12 @@
 #include "select.h"
 #define CODES 65536 /* 16-bit codes (0xffff, a NaN's, also takes the non-finite entries) */
 #define GRP 16 /* codes per group: walks pass whole groups by their sums */
+#define INF_CODE 0xff80u /* +inf's code, the highest but NaN's */
 enum { BY_COUNT, BY_WEIGHT, BY_MASS }; /* a code's value in a walk: its count, count times its
                                           weight (bfloat16), its summed weights (float32) */
 /* Per thread; count and mass are zero between rows (each row clears what it touched). */
 typedef struct {
-    uint32_t *count, low, high; /* the lowest code, the highest non-NaN one (inf included) */
+    uint32_t *count, low, high; /* the lowest code, the highest one (+inf's for a NaN) */
     uint32_t gap_lo, gap_hi; /* no entry has a code strictly between: the codes near zero */
     double *mass, *group; /* group: the sums of `group_sums` */
 } codes_t;
@@ -52,15 +53,16 @@ static inline float code_value(uint32_t o) {
 }
 
 /* Codes of a bfloat16 span from its raw bits: non-finite entries get 0xffff (a NaN's code,
-   above every code read); folds the span into the bounds b[4]: lowest code, highest non-NaN
-   one, highest negative, lowest non-negative. */
+   above every code read); folds the span into the bounds b[4]: lowest code, highest code with
+   a NaN counted as +inf (PyTorch's maxima propagate NaN: such a row has no finite maximum,
+   no token), highest negative, lowest non-negative. */
 static void bf16_codes_tail(const uint16_t *r, int64_t len, uint16_t *code, uint16_t *b) {
     uint32_t cl = 0xffff, ch = 0, cn = 0, cp = 0xffff;
 #pragma omp simd reduction(min : cl, cp) reduction(max : ch, cn)
     for (int64_t i = 0; i < len; i++) {
         uint32_t h = r[i], mag = h & 0x7fffu;
         uint32_t o = mag ? h ^ (0x8000u | ((h >> 15) * 0x7fffu)) : 0x8000u; /* -0.0: 0.0 */
-        uint32_t hn = mag <= 0x7f80u ? o : 0, nn = o < 0x8000u ? o : 0;
+        uint32_t hn = mag <= 0x7f80u ? o : INF_CODE, nn = o < 0x8000u ? o : 0;
         uint32_t pp = o >= 0x8000u ? o : 0xffffu;
         cl = o < cl ? o : cl, ch = hn > ch ? hn : ch, cn = nn > cn ? nn : cn;
         cp = pp < cp ? pp : cp;
@@ -74,6 +76,7 @@ static void bf16_codes_tail(const uint16_t *r, int64_t len, uint16_t *code, uint
 static void bf16_codes(const uint16_t *r, int64_t len, uint16_t *code, uint16_t *b) {
     const __m512i top = _mm512_set1_epi16((short)0x8000), ones = _mm512_set1_epi16(-1);
     const __m512i low7 = _mm512_set1_epi16(0x7fff), inf = _mm512_set1_epi16(0x7f80);
+    const __m512i pinf = _mm512_set1_epi16((short)INF_CODE);
     __m512i cl = ones, ch = _mm512_setzero_si512(), cn = ch, cp = ones;
     int64_t i = 0;
     for (; i + 32 <= len; i += 32) {
@@ -83,7 +86,7 @@ static void bf16_codes(const uint16_t *r, int64_t len, uint16_t *code, uint16_t 
         o = _mm512_mask_mov_epi16(o, zero, top); /* -0.0 and 0.0: 0x8000 */
         __mmask32 below = _mm512_cmplt_epu16_mask(o, top);
         cl = _mm512_min_epu16(cl, o);
-        ch = _mm512_mask_max_epu16(ch, _mm512_cmple_epu16_mask(mag, inf), ch, o);
+        ch = _mm512_max_epu16(ch, _mm512_mask_mov_epi16(pinf, _mm512_cmple_epu16_mask(mag, inf), o));
         cn = _mm512_mask_max_epu16(cn, below, cn, o);
         cp = _mm512_mask_min_epu16(cp, ~below, cp, o);
         __mmask32 finite = _mm512_cmplt_epu16_mask(mag, inf);
@@ -108,7 +111,7 @@ static void f32_codes(const float *x, int64_t len, uint16_t *code, uint16_t *b) 
 #pragma omp simd reduction(min : cl, cp) reduction(max : ch, cn)
     for (int64_t i = 0; i < len; i++) {
         uint32_t o = code_of(x[i]);
-        uint32_t hn = x[i] == x[i] ? o : 0, nn = o < 0x8000u ? o : 0;
+        uint32_t hn = x[i] == x[i] ? o : INF_CODE, nn = o < 0x8000u ? o : 0;
         uint32_t pp = o >= 0x8000u ? o : 0xffffu;
         cl = o < cl ? o : cl, ch = hn > ch ? hn : ch, cn = nn > cn ? nn : cn;
         cp = pp < cp ? pp : cp;

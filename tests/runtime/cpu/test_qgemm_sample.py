@@ -119,13 +119,13 @@ def test_degenerate_rows_take_the_first_maximum(kernel):
     y = torch.randn(6, 100)
     y[0] = float("-inf")  # no finite maximum: no token (-1)
     y[1, 50] = float("inf")  # an overflow: no token either
-    y[2, :] = float("nan")  # NaN never wins: nothing finite, no token
-    y[3, 40:] = float("nan")  # NaN outputs are never drawn
+    y[2, :] = float("nan")  # nothing finite: no token
+    y[3, 40] = float("nan")  # one NaN among finite outputs: no token either (as PyTorch's max)
     y[4, 10] = y[4].max() + 200  # the rest underflows: the peak
     y[5, :] = -3.0  # flat: every token as likely (u = 0.5: the middle one)
     scale, u = torch.full((6,), LOG2E), torch.full((6,), 0.5)
     t = kernel.sample_logits(y, scale, u).tolist()
-    assert t[:3] == [-1, -1, -1] and t[3] < 40 and t[4] == 10 and t[5] == 50
+    assert t[:4] == [-1, -1, -1, -1] and t[4] == 10 and t[5] == 50
 
 
 def test_a_row_of_nan_outputs_gets_no_token_from_the_fused_head(kernel):
@@ -144,6 +144,23 @@ def test_a_row_of_nan_outputs_gets_no_token_from_the_fused_head(kernel):
             clean, None if scale is None else scale[:3], None if u is None else u[:3]
         )
         assert got[[0, 2, 3]].tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("at", [0, 17, 299])
+def test_one_nan_output_among_finite_ones_gets_no_token_from_the_fused_head(kernel, at):
+    """One NaN output (a bias of NaN: a broken checkpoint's) among finite ones ends every row,
+    greedy or sampled, as PyTorch's max (which propagates NaN) ends it on the other paths: the
+    GEMM's block maxima count it as +inf instead of dropping it."""
+    w = qgemm.probe_weight("Q8_0", 300, 64)
+    bias = torch.randn(300)
+    x = torch.randn(37, 64)
+    scale, u = _rows(37, 5)
+    assert (kernel.bind(w, bias).sample(x, scale, u) >= 0).all()
+    bias[at] = float("nan")
+    bound = kernel.bind(w, bias)
+    assert bound.sample(x, scale, u).tolist() == [-1] * 37
+    assert bound.argmax(x).tolist() == [-1] * 37
+    assert kernel.sample_logits(bound(x), scale, u).tolist() == [-1] * 37
 
 
 def test_bad_rows_are_refused(kernel):
