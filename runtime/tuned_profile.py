@@ -50,10 +50,10 @@ _FILE_NAME = re.compile(r"^[-._a-zA-Z0-9]+\.json$")  # a ConfigMap key, and a ke
 KERNEL_CACHE_FILE = "triton-cache.tar.xz"  # profile.json's `kernel_cache` describes it
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")  # model_commit: an hf:// model's git commit
-_OLD_CONFIGS_DIR = "configs"
+_OLD_CONFIGS_DIR = "configs"  # where kernel configs were before the layout was flat
 FINGERPRINT_FIELD = "shape_fingerprint"  # the measured model's dimensions (optional: older tuners)
 MAX_FINGERPRINT_KEYS = 64
-MAX_DIMENSION = 1 << 40  # where kernel configs were before the layout was flat
+MAX_DIMENSION = 1 << 40
 
 
 class ProfileError(ValueError):

@@ -149,13 +149,17 @@ class PeeringGate:
                 and is_active(status, self.identity, self.priority, now)
                 for body, status in zip(bodies, statuses)
             )
+        self._set_active(active)
+        await self._label(active)
+        return active
+
+    def _set_active(self, active: bool) -> None:
+        """Take the role `active` gives (logged, the callback told, waiters woken) if new."""
         if active != self.active:
             log.info("Peering: this replica is now %s.", "active" if active else "standby")
             self.active = active
             self._on_change(active)
             self._changed.set()
-        await self._label(active)
-        return active
 
     async def _read(self) -> list[dict[str, Any] | None]:
         """The ClusterKopfPeering, or the KopfPeering of every served namespace (None: absent)."""
@@ -202,10 +206,7 @@ class PeeringGate:
                 await self.check()
             except Exception:  # never let one bad read end the gate: stand by instead
                 log.exception("Peering check failed (standing by)")
-                if self.active:
-                    self.active = False
-                    self._on_change(False)
-                    self._changed.set()
+                self._set_active(False)
             await asyncio.sleep(self.interval_s)
 
     async def _wait_for(self, active: bool) -> None:

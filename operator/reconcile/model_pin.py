@@ -35,13 +35,13 @@ import binascii
 import dataclasses
 import logging
 import os
-import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pagoda.operator.kube.client import ApiError, KubeApi
 from pagoda.operator.kube.names import now_iso
 from pagoda.operator.spec.fields import SpecError
+from pagoda.runtime.model.sources.uri import COMMIT, HfURI, parse_uri
 
 if TYPE_CHECKING:
     from pagoda.operator.spec.config import OperatorConfig
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 RESOLVE_ANNOTATION = "pagoda.dev/resolve-model"
 REASON = "ModelResolveFailed"
 TOKEN_KEYS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # huggingface_hub's order
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 log = logging.getLogger(__name__)
 
 
@@ -67,12 +66,10 @@ class ModelUnresolved(SpecError):
 
 def needs_pin(spec: InferenceServiceSpec) -> bool:
     model = spec.model
-    return model.source == "hf" and not _COMMIT.match(_revision(model.uri) or "")
+    return model.source == "hf" and not COMMIT.match(_revision(model.uri) or "")
 
 
 def _revision(uri: str) -> str | None:
-    from pagoda.runtime.model.sources.uri import parse_uri
-
     return parse_uri(uri).revision  # type: ignore[union-attr]
 
 
@@ -87,7 +84,7 @@ def recorded(body: Mapping[str, Any], spec: InferenceServiceSpec) -> Mapping[str
         return None
     commit = pin.get("commit")
     same = pin.get("uri") == spec.model.uri and pin.get("resolveRequest", "") == _request(body)
-    return pin if same and isinstance(commit, str) and _COMMIT.match(commit) else None
+    return pin if same and isinstance(commit, str) and COMMIT.match(commit) else None
 
 
 def pinned(spec: InferenceServiceSpec, pin: Mapping[str, Any] | None) -> InferenceServiceSpec:
@@ -125,8 +122,9 @@ async def pin(
         revision = _revision(spec.model.uri) or "main"
         logger.info("Pinned %s (%s) to commit %s.", spec.model.uri, revision, commit)
         found = {"uri": spec.model.uri, "commit": commit, "resolvedAt": now_iso()}
-        if _request(body):
-            found["resolveRequest"] = _request(body)
+        request = _request(body)
+        if request:
+            found["resolveRequest"] = request
     return pinned(spec, found), found
 
 
@@ -160,13 +158,12 @@ def _model_sha(uri: str, endpoint: str | None, token: str | None, timeout: float
     from huggingface_hub import HfApi
     from pagoda.runtime.model.sources import errors
     from pagoda.runtime.model.sources.errors import DownloadError
-    from pagoda.runtime.model.sources.uri import HfURI, parse_uri
 
     ref = parse_uri(uri)
     assert isinstance(ref, HfURI)
     api = HfApi(endpoint=endpoint, token=token or False)  # False: not the operator's own token
     sha = api.model_info(ref.repo, revision=ref.revision, timeout=timeout).sha
-    if not sha or not _COMMIT.match(sha):
+    if not sha or not COMMIT.match(sha):
         raise DownloadError(errors.FAILED, f"{uri}: the Hub answered without a commit ({sha!r})")
     return sha
 
@@ -176,7 +173,6 @@ def _classify(uri: str, error: Exception, token: str | None, endpoint: str | Non
     endpoint asked (not the operator's HF_ENDPOINT), the token never in the message."""
     from pagoda.runtime.model.sources import errors, hub
     from pagoda.runtime.model.sources.errors import DownloadError
-    from pagoda.runtime.model.sources.uri import HfURI, parse_uri
 
     if isinstance(error, asyncio.TimeoutError):
         error = TimeoutError(f"no answer in time from {uri}")

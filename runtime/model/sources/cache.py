@@ -36,7 +36,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from pagoda.runtime.model.sources.errors import OUT_OF_SPACE, DownloadError, from_os_error
-from pagoda.runtime.model.sources.uri import HfURI, ModelURI, parse_uri
+from pagoda.runtime.model.sources.uri import COMMIT, HfURI, ModelURI, parse_uri
 
 DOWNLOAD_DIR_ENV = "PAGODA_DOWNLOAD_DIR"  # the default of --download-dir
 OFFLINE_ENV = "HF_HUB_OFFLINE"  # 1: never touch the network, use the cache (hf:// and s3://)
@@ -44,7 +44,6 @@ MANIFESTS = Path(".pagoda") / "manifests"
 LOCKS = Path(".pagoda") / "locks"
 MANIFEST_VERSION = 1
 DEFAULT_REVISION = "main"  # huggingface_hub's revision when none is given
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 log = logging.getLogger("pagoda.runtime.model.sources")
 
 
@@ -164,7 +163,7 @@ def hub_snapshot(root: Path, ref: HfURI) -> Path | None:
     storage = root / ("models--" + ref.repo.replace("/", "--"))
     revision = ref.revision or DEFAULT_REVISION
     try:
-        commit = revision if _COMMIT.match(revision) else (storage / "refs" / revision).read_text()
+        commit = revision if COMMIT.match(revision) else (storage / "refs" / revision).read_text()
     except OSError:
         return None
     snapshot = storage / "snapshots" / commit.strip()

@@ -13,16 +13,14 @@ cache when a complete copy is there, else downloaded (docs/runtime.md, "Model so
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
 from pagoda.runtime.model.sources import cache, errors
 from pagoda.runtime.model.sources.errors import DownloadError
-from pagoda.runtime.model.sources.uri import HfURI, ModelURI, is_remote, parse_uri
+from pagoda.runtime.model.sources.uri import COMMIT, HfURI, ModelURI, is_remote, parse_uri
 from pagoda.runtime.termination import ReasonedError
 
 log = logging.getLogger("pagoda.runtime.model.sources")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def with_revision(ref: ModelURI, revision: str) -> HfURI:
@@ -89,7 +87,7 @@ def snapshot_commit(path: str | Path) -> str | None:
     from pagoda.runtime.model.sources import prune as pruning
 
     found = pruning.snapshot_of(Path(path))
-    return found[1] if found is not None and _COMMIT.match(found[1]) else None
+    return found[1] if found is not None and COMMIT.match(found[1]) else None
 
 
 def _resolve(ref: ModelURI, root: Path, offline: bool, size_limit: int | None) -> Path:
@@ -103,7 +101,7 @@ def _resolve(ref: ModelURI, root: Path, offline: bool, size_limit: int | None) -
                 f"{ref.uri} --download-dir {root}` first)",
             )
         return cached
-    immutable = isinstance(ref, HfURI) and bool(ref.revision and _COMMIT.match(ref.revision))
+    immutable = isinstance(ref, HfURI) and bool(ref.revision and COMMIT.match(ref.revision))
     if cached is not None and immutable:
         return cached
     cache.ensure_dir(ref.uri, root)

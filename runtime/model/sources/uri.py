@@ -17,6 +17,7 @@ SCHEMES = (HF_SCHEME, S3_SCHEME)
 _HF_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
 _HF_REPO = re.compile(rf"^{_HF_PART}/{_HF_PART}$")
 # A branch, tag or commit: git ref characters, no '..', no spaces.
+COMMIT = re.compile(r"^[0-9a-f]{40}$")  # a git commit: an immutable revision
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$")
 # S3 bucket names (3-63 lowercase letters, digits, '.', '-'), as the S3 docs define them.
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
