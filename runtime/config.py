@@ -74,6 +74,11 @@ class FamilyConfig:
     attention_multiplier: float | None = None
     logits_scaling: float = 1.0
 
+    @property
+    def transforms_logits(self) -> bool:
+        """The logits are changed after the LM head (Gemma's soft cap, Granite's scale)."""
+        return bool(self.final_logit_softcapping) or self.logits_scaling != 1.0
+
     def __post_init__(self) -> None:
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")

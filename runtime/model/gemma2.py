@@ -20,7 +20,6 @@ import math
 from collections.abc import Callable
 
 import torch
-from pagoda.runtime.cpu.quantized import QuantizedWeight
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step
@@ -72,12 +71,6 @@ class Gemma2Model(LlamaModel):
         if not self.config.family.norms_hold_one_plus_w:
             one_plus = 1.0 + one_plus
         return one_plus if self.dtype != torch.float32 else one_plus.to(self.dtype)
-
-    def head_blocks(self, w: DeviceWeights, head: str) -> list[QuantizedWeight] | None:
-        # a capped head samples from capped logits: no fused sampling over the raw outputs
-        if self.config.family.final_logit_softcapping:
-            return None
-        return super().head_blocks(w, head)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return super().embed_tokens(input_ids) * self.embed_scale

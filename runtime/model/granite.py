@@ -17,7 +17,6 @@ converter splits them: gate, up and down stacked apart, under Mixtral's names (`
 from __future__ import annotations
 
 import torch
-from pagoda.runtime.cpu.quantized import QuantizedWeight
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step
 from pagoda.runtime.model.moe import MixtralModel, make_mlp
@@ -47,12 +46,6 @@ class GraniteLayer(LlamaLayer):
 
 class GraniteModel(LlamaModel):
     layer_class = GraniteLayer
-
-    def head_blocks(self, w: DeviceWeights, head: str) -> list[QuantizedWeight] | None:
-        # the sampler draws from the scaled logits: no sampling fused into the raw head
-        if self.config.family.logits_scaling != 1.0:
-            return None
-        return super().head_blocks(w, head)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return super().embed_tokens(input_ids) * self.config.family.embedding_multiplier

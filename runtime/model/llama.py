@@ -287,8 +287,10 @@ class LlamaModel:
         return weight
 
     def head_blocks(self, w: DeviceWeights, head: str) -> list[QuantizedWeight] | None:
-        """The LM head's stored blocks, for `qgemm` (float32 CPU models)."""
-        return w.quantized([head])
+        """The LM head's stored blocks, for `qgemm` (float32 CPU models); None where the
+        family changes the logits after the head (a soft cap, a scale): the sampler draws from
+        the changed logits, so nothing is fused into the raw head."""
+        return None if self.config.family.transforms_logits else w.quantized([head])
 
     def kv_scales(self, w: DeviceWeights, attn: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The (k_scale, v_scale) an FP8 KV cache stores layer ``attn``'s keys and values with:

@@ -449,9 +449,8 @@ def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placemen
             return None
         return packed_bytes([(t.kind, t.shape[0])], t.shape[1])
 
-    capped = bool(mc.family.final_logit_softcapping)  # Gemma 2's and 3's
-    capped = capped or mc.family.logits_scaling != 1.0  # granite.head_blocks: scaled, dense
-    head_blocks = None if capped else blocks(head)  # gemma2.head_blocks: capped heads stay dense
+    # LlamaModel.head_blocks: a soft-capped or scaled head stays dense
+    head_blocks = None if mc.family.transforms_logits else blocks(head)
     if tied and head_blocks is not None:  # the lookups read the head's blocks
         return head_blocks, ""
     held = dense_head if head_blocks is None else head_blocks
