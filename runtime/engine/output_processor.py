@@ -111,7 +111,7 @@ class OutputProcessor:
         for s, req, tok, lp in live:
             detok = s.detok
             if detok.stop or req.status >= FIRST_FINISHED:
-                append(self._output(s, req, tok, lp) if tok >= 0 else self._error(s, req))
+                append(self._output(s, req, tok, lp))
                 continue
             # `_output` of a running request without stop strings: all its text goes out
             text, detok.text = detok.text, ""
@@ -140,7 +140,10 @@ class OutputProcessor:
         return outputs
 
     def _output(self, s: _Sample, req: Request, tok: int, lp) -> StepOutput:
+        """A finished (or stop-string-watched) sample's output; `tok` −1: its step gave no
+        token (finish reason "error"), so only the text held back so far goes out."""
         status = req.status  # read once: this runs per request per step
+        ok = tok >= 0
         finished = status >= FIRST_FINISHED
         detok = s.detok
         if finished and detok.stop_string is None:  # a cut character's bytes are read now
@@ -151,9 +154,9 @@ class OutputProcessor:
         out = StepOutput(
             s.parent,
             s.index,
-            [tok],
+            [tok] if ok else [],
             detok.pop_delta(finished),
-            [lp] if lp is not None else [],
+            [lp] if lp is not None and ok else [],
             finished,
             FINISH_REASONS[status],
             req.stop_reason,
@@ -163,37 +166,10 @@ class OutputProcessor:
             req.arrival_time,
             req.first_scheduled_time,
             req.first_token_time,
-            _prompt_logprobs(req) if num_output == 1 else None,
+            _prompt_logprobs(req) if num_output == ok else None,
         )
         if finished:
             self._forget(req.request_id, s.parent)
-        return out
-
-    def _error(self, s: _Sample, req: Request) -> StepOutput:
-        """The last output of a sample whose step gave no token (finish reason "error"): the
-        text held back so far, no new token."""
-        detok = s.detok
-        if detok.stop_string is None:
-            detok.flush(len(req.token_ids))
-        num_output = len(req.token_ids) - req.num_prompt_tokens
-        out = StepOutput(
-            s.parent,
-            s.index,
-            [],
-            detok.pop_delta(True),
-            [],
-            True,
-            FINISH_REASONS[req.status],
-            None,
-            req.num_prompt_tokens,
-            req.num_cached_tokens,
-            num_output,
-            req.arrival_time,
-            req.first_scheduled_time,
-            req.first_token_time,
-            _prompt_logprobs(req) if num_output == 0 else None,
-        )
-        self._forget(req.request_id, s.parent)
         return out
 
     def _forget(self, child_id: str, parent: str) -> None:

@@ -41,6 +41,7 @@ class ChatEndpoint(Endpoint):
         super().__init__(served_model_names)
         self.tool_parser = tool_parser  # --tool-call-parser: auto (from the template) or a name
         self.reasoning_parser = reasoning_parser  # --reasoning-parser: None, qwen3, deepseek_r1
+        self._end_id: tuple[Any, int | None] | None = None  # (tokenizer, `</think>`'s one id)
         # --allow-chat-special-tokens: content's special-token text as control tokens
         self.content_as_text = not allow_special_tokens
 
@@ -75,8 +76,7 @@ class ChatEndpoint(Endpoint):
         job.role = req.reply_role
         if self.reasoning_parser is not None:
             job.reasoning = thinking
-            end = info.tokenizer.encode(reasoning.END, add_special_tokens=False)
-            job.reasoning_end_id = end[0] if len(end) == 1 else None
+            job.reasoning_end_id = self._reasoning_end_id(info.tokenizer)
         if req.echo:  # vLLM's: the last message's content, when the reply continues its role
             if job.tools is not None:
                 raise APIError(400, "echo cannot be combined with tools", param="echo",
@@ -84,6 +84,13 @@ class ChatEndpoint(Endpoint):
             last = raw[-1]
             job.echo_text = str(last.get("content") or "") if last["role"] == job.role else ""
         return job
+
+    def _reasoning_end_id(self, tokenizer: Any) -> int | None:
+        """`</think>`'s token id where it is one token (encoded once per tokenizer)."""
+        if self._end_id is None or self._end_id[0] is not tokenizer:
+            end = tokenizer.encode(reasoning.END, add_special_tokens=False)
+            self._end_id = (tokenizer, end[0] if len(end) == 1 else None)
+        return self._end_id[1]
 
     def prompt(self, req: ChatCompletionRequest, info: EngineInfo,
                setup: tools.ToolSetup | None) -> tuple[list[dict[str, Any]], str, list[int]]:  # fmt: skip
