@@ -73,11 +73,27 @@ class FamilyConfig:
     residual_multiplier: float = 1.0
     attention_multiplier: float | None = None
     logits_scaling: float = 1.0
+    # rotary: per layer, True = rotated; () = every layer (SmolLM3's NoPE layers, Cohere 2's
+    # global layers attend without positions)
+    rope_layers: tuple[bool, ...] = ()
+    rope_interleaved: bool = False  # rotate pairs (2i, 2i + 1), not halves (GLM, Cohere)
+    # GLM-4's layer: RMSNorms on attention's and the MLP's outputs too, before their residual adds
+    glm4_norms: bool = False
+    # Cohere's layer: LayerNorm (weight, no bias) for RMSNorm, attention and the MLP in parallel
+    # off one norm (x + attn(n) + mlp(n)); with qk_norm, a LayerNorm over each head of q and of
+    # k with a weight per head ([heads, head_dim])
+    cohere_layer: bool = False
+    logit_scale: float = 1.0  # logits x this (Cohere's `logit_scale`)
 
     @property
     def transforms_logits(self) -> bool:
-        """The logits are changed after the LM head (Gemma's soft cap, Granite's scale)."""
-        return bool(self.final_logit_softcapping) or self.logits_scaling != 1.0
+        """The logits are changed after the LM head (Gemma's soft cap, Granite's and Cohere's
+        scales)."""
+        return (
+            bool(self.final_logit_softcapping)
+            or self.logits_scaling != 1.0
+            or self.logit_scale != 1.0
+        )
 
     def __post_init__(self) -> None:
         if self.sliding_window is not None and self.sliding_window < 1:
@@ -87,7 +103,7 @@ class FamilyConfig:
                 f"hidden activation {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}"
             )
         for name in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar",
-                     "attention_multiplier", "logits_scaling"):  # fmt: skip
+                     "attention_multiplier", "logits_scaling", "logit_scale"):  # fmt: skip
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be positive, got {value}")
@@ -109,6 +125,10 @@ class FamilyConfig:
         if self.window_layers and not self.window_layers[layer]:
             return None
         return self.sliding_window
+
+    def has_rope(self, layer: int) -> bool:
+        """Whether `layer` rotates q and k (`rope_layers`)."""
+        return not self.rope_layers or self.rope_layers[layer]
 
     def has_experts(self, layer: int) -> bool:
         """Whether `layer`'s MLP is a mixture of experts."""
@@ -157,7 +177,7 @@ class ModelConfig:
             )
         if self.rms_norm_eps <= 0 or self.rope_theta <= 0:
             raise ValueError("rms_norm_eps and rope_theta must be positive")
-        for name in ("window_layers", "moe_layers"):
+        for name in ("window_layers", "moe_layers", "rope_layers"):
             if len(getattr(self.family, name)) not in (0, self.num_layers):
                 raise ValueError(f"{name} must name each of the {self.num_layers} layers")
 

@@ -42,6 +42,7 @@ HF_ARCHITECTURES = {
     "GraniteForCausalLM": "granite",
     "GraniteMoeForCausalLM": "granitemoe",
     "OlmoeForCausalLM": "olmoe",
+    "SmolLM3ForCausalLM": "smollm3",  # Llama with NoPE layers (`FamilyConfig.rope_layers`)
 }
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
@@ -79,6 +80,8 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                  "shared_expert_intermediate_size": 5632, "norm_topk_prob": False,
                  "qkv_bias": True, "max_position_embeddings": 32_768},
     "olmo2": {"rms_norm_eps": 1e-5},
+    "smollm3": {"no_rope_layer_interval": 4, "max_position_embeddings": 32_768,
+                "tie_word_embeddings": True},
     "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2},
     "olmoe": {"num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False,
               "rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
@@ -183,6 +186,8 @@ def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None
 
 def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     window = cfg.get("sliding_window")
+    if arch == "smollm3":
+        return _smollm3_window(cfg)
     if arch == "qwen2moe":  # as the other Qwens: a window only with use_sliding_window
         return int(window) if window and cfg.get("use_sliding_window", False) else None
     if arch in ("qwen2", "qwen3", "qwen3moe") and not cfg.get("use_sliding_window", False):
@@ -192,6 +197,45 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     if arch not in ("mistral", "mixtral", "gemma3", "qwen2", "qwen3", "qwen3moe"):
         return None
     return int(window) if window else None
+
+
+def _smollm3_window(cfg: Mapping[str, Any]) -> int | None:
+    """SmolLM3's window: on the `layer_types` layers that say sliding_attention (by default the
+    NoPE layers, with use_sliding_window and a sliding_window); transformers' masks slide by
+    layer_types, its flash path only with use_sliding_window too, so a config where the two
+    disagree is refused."""
+    types, window = cfg.get("layer_types"), cfg.get("sliding_window")
+    if not cfg.get("use_sliding_window", False):
+        if types and "sliding_attention" in types:
+            raise ValueError("SmolLM3 layer_types names sliding_attention layers but "
+                             "use_sliding_window is false (transformers' attention paths "
+                             "disagree on such a config)")  # fmt: skip
+        return None
+    if not window:
+        if types and "sliding_attention" in types:
+            raise ValueError("SmolLM3 layer_types names sliding_attention layers without a "
+                             "sliding_window")  # fmt: skip
+        return None
+    return int(window)
+
+
+def _no_rope_layers(cfg: Mapping[str, Any], n: int) -> tuple[bool, ...]:
+    """SmolLM3's per-layer rotary (1: rotated, 0: NoPE); by default every
+    `no_rope_layer_interval`-th layer skips it (transformers' SmolLM3Config)."""
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        interval = int(cfg["no_rope_layer_interval"])
+        flags = [int((i + 1) % interval != 0) for i in range(n)]
+    if len(flags) != n:
+        raise ValueError(f"no_rope_layers names {len(flags)} layers, the model has {n}")
+    return tuple(bool(f) for f in flags)
+
+
+def _smollm3_layer_types(cfg: Mapping[str, Any], n: int, window: int | None):
+    """transformers' default layer_types: the NoPE layers slide (when a window is on)."""
+    if window is None or cfg.get("layer_types"):
+        return _window_layers(cfg, "smollm3", n, window)
+    return tuple(not rope for rope in _no_rope_layers(cfg, n))
 
 
 def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
@@ -206,6 +250,9 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
     }
     if arch in ("qwen3", "qwen3moe", "gemma3"):
         fields["qk_norm"] = True
+    if arch == "smollm3":
+        fields.update(rope_layers=_no_rope_layers(cfg, n),
+                      window_layers=_smollm3_layer_types(cfg, n, window))  # fmt: skip
     if arch == "gemma3":
         if cfg.get("use_bidirectional_attention"):
             raise ValueError("use_bidirectional_attention (an embedding model's attention, "

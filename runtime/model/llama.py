@@ -35,6 +35,7 @@ from pagoda.runtime.model.ops import (
     check_rope_context,
     gather_cos_sin,
     gelu_tanh_and_mul,
+    rotary_interleaved,
 )
 from pagoda.runtime.model.parallel_linear import (
     column_linear,
@@ -161,6 +162,8 @@ class LlamaLayer:
         self.kv_scales = model.kv_scales(w, a.rstrip("."))  # an FP8 KV cache's (k, v) scales
         self.window = c.family.window(index)  # this layer's sliding window, or None
         self.rope = model.rope_table(index)
+        # halves (the ops' kernels), or pairs (GLM's and Cohere's interleaved layout)
+        self.rotary = rotary_interleaved if c.family.rope_interleaved else ctx.ops.rotary_embedding
         self.mlp = model.make_mlp(w, prefix, index, ctx)
 
     def linears(self) -> list[Linear]:
@@ -187,13 +190,14 @@ class LlamaLayer:
         k = k.reshape(t, ctx.num_kv_heads, d)
         v = v.reshape(t, ctx.num_kv_heads, d)
         q, k = self.before_rotary(q, k)
-        positions, rows = step.rope[self.rope]
-        r = rows.shape[-1]  # the rotating dims: all of them, or a partial rotary's first ones
-        if r == d:
-            q, k = ctx.ops.rotary_embedding(positions=positions, q=q, k=k, cos_sin_cache=rows)
-        else:  # in place on the first r dims of each head (every op rotates in place)
-            ctx.ops.rotary_embedding(positions=positions, q=q[..., :r], k=k[..., :r],
-                                     cos_sin_cache=rows)  # fmt: skip
+        if self.rope is not None:  # None: a layer without positions (`FamilyConfig.rope_layers`)
+            positions, rows = step.rope[self.rope]
+            r = rows.shape[-1]  # the rotating dims: all of them, or a partial rotary's first ones
+            rotate = self.rotary
+            if r == d:
+                q, k = rotate(positions=positions, q=q, k=k, cos_sin_cache=rows)
+            else:  # in place on the first r dims of each head (every op rotates in place)
+                rotate(positions=positions, q=q[..., :r], k=k[..., :r], cos_sin_cache=rows)
         k_cache, v_cache = step.kv_caches[self.index]
         out = ctx.backend.forward(
             q, k, v, k_cache, v_cache, step.meta, window=self.window, kv_scales=self.kv_scales
@@ -320,9 +324,12 @@ class LlamaModel:
         """Layer `index`'s MLP (`moe.py`'s models put experts where the family has them)."""
         return GatedMLP(ctx, w, prefix + "mlp.")
 
-    def rope_table(self, index: int) -> str:
-        """The rotary table layer `index` reads: "local" for Gemma 3's window layers."""
+    def rope_table(self, index: int) -> str | None:
+        """The rotary table layer `index` reads: "local" for Gemma 3's (and OLMo 3's) window
+        layers; None where the layer has no rotary (`FamilyConfig.rope_layers`)."""
         f = self.config.family
+        if not f.has_rope(index):
+            return None
         return "local" if f.local_rope_theta and f.window(index) is not None else "global"
 
     def build_rope_caches(self, max_positions: int) -> dict[str, torch.Tensor]:

@@ -27,6 +27,7 @@ MODEL_CLASSES = {
     "granite": ("granite", "GraniteModel"),
     "granitemoe": ("granite", "GraniteMoeModel"),
     "olmoe": ("olmo2", "OlmoeModel"),
+    "smollm3": ("llama", "LlamaModel"),  # Llama's, some layers without rotary (rope_layers)
 }
 
 
