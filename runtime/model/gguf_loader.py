@@ -3,8 +3,8 @@
 Architectures as llama.cpp names them: llama (Mixtral too, with experts), mistral, qwen2, qwen3,
 qwen3moe, gemma3, gemma2, qwen2moe (its shared expert `ffn_*_shexp`, gated by
 `ffn_gate_inp_shexp`), granite (`embedding_scale`, `residual_scale`, `attention.scale`,
-`logit_scale`), granitemoe (its `input_linear` split as gate and up), olmo2 (norms after the sublayers, q/k norms over every head; not OLMo 3's
-window) and olmoe. Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
+`logit_scale`), granitemoe (its `input_linear` split as gate and up), olmo2 (norms after the sublayers, q/k norms over every head; with
+`attention.sliding_window`, OLMo 3's window layers) and olmoe. Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
 torch (`gguf_dequant`) when the model builder reads them (`GGUFWeights`), one at a time from the
 memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
@@ -163,9 +163,9 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
             query_pre_attn_scalar=float(scalar),
             final_logit_softcapping=float(cap) if cap else None,
         )
+    if arch == "olmo2" and window:  # OLMo 3, as llama.cpp's converter writes it
+        fields.update(_olmo3_windows(reader, p, layers, int(window)))
     if arch in ("olmo2", "olmoe"):
-        if window:  # llama.cpp's olmo2 with a window is OLMo 3 (its layers' own rotary)
-            raise ValueError("GGUF olmo2 with attention.sliding_window (OLMo 3) is not supported")
         if _field(reader, p + "attention.clamp_kqv") is not None:
             raise ValueError("GGUF attention.clamp_kqv (OLMoE's q/k/v clamp) is not supported")
         fields.update(qk_norm_whole=True, olmo2_norms=arch == "olmo2")
@@ -205,6 +205,25 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
                 width or (_shape(shexp)[0] if shexp is not None else 0)
             )
     return FamilyConfig(**fields)
+
+
+def _olmo3_windows(reader, p: str, layers: int, window: int) -> dict:
+    """OLMo 3 in a GGUF: `olmo2` with `attention.sliding_window` and a flag per layer in
+    `attention.sliding_window_pattern` (without one, the converter's default: every fourth
+    layer global); the window layers rotate with the plain base, unscaled (llama.cpp's olmo2
+    graph; `rope.freq_base_swa` where the file has one), the global ones with its scaling."""
+    pattern = _field(reader, p + "attention.sliding_window_pattern")
+    if pattern is None:
+        pattern = [bool((i + 1) % 4) for i in range(layers)]
+    if not isinstance(pattern, list) or len(pattern) != layers:
+        raise ValueError(f"GGUF attention.sliding_window_pattern must name each of the {layers} "
+                         "layers")  # fmt: skip
+    fields: dict = {"sliding_window": window, "window_layers": tuple(bool(x) for x in pattern)}
+    theta = float(_field(reader, p + "rope.freq_base", 10000.0))
+    local = float(_field(reader, p + "rope.freq_base_swa", theta))
+    if local != theta or _field(reader, p + "rope.scaling.type") not in (None, "none"):
+        fields["local_rope_theta"] = local
+    return fields
 
 
 def _rope_scaling(reader, p: str, head_dim: int) -> dict | None:

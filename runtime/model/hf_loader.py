@@ -39,6 +39,7 @@ HF_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3moe",
     "Qwen2MoeForCausalLM": "qwen2moe",
     "Olmo2ForCausalLM": "olmo2",
+    "Olmo3ForCausalLM": "olmo3",  # OLMo 2's layer, sliding-window layers (model/olmo2.py)
     "GraniteForCausalLM": "granite",
     "GraniteMoeForCausalLM": "granitemoe",
     "OlmoeForCausalLM": "olmoe",
@@ -80,6 +81,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                  "shared_expert_intermediate_size": 5632, "norm_topk_prob": False,
                  "qkv_bias": True, "max_position_embeddings": 32_768},
     "olmo2": {"rms_norm_eps": 1e-5},
+    "olmo3": {"rms_norm_eps": 1e-5, "rope_theta": 500_000.0, "sliding_window": 4096},
     "smollm3": {"no_rope_layer_interval": 4, "max_position_embeddings": 32_768,
                 "tie_word_embeddings": True},
     "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2},
@@ -89,6 +91,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 # a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
 _NULLABLE = {
     "mistral": ("sliding_window",),
+    "olmo3": ("sliding_window",),
     "gemma2": ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"),
 }
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
@@ -170,6 +173,8 @@ def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None
         return tuple(t == "sliding_attention" for t in types)
     if arch == "gemma2":  # transformers' default: even layers slide, odd ones are global
         return tuple(bool((i + 1) % 2) for i in range(n))
+    if arch == "olmo3":  # transformers' default: every fourth layer is global
+        return tuple(bool((i + 1) % 4) for i in range(n))
     if arch == "gemma3":  # the older configs: every `sliding_window_pattern`-th layer is global
         # (transformers reads no other key: the `_sliding_window_pattern` it writes goes with
         # `layer_types`)
@@ -194,7 +199,7 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
         return None  # Qwen configs carry a window they do not use unless told to
     if arch in ("phi3", "gemma2"):  # every layer (Phi-3), or the window layers (Gemma 2)
         return int(window) if window else None
-    if arch not in ("mistral", "mixtral", "gemma3", "qwen2", "qwen3", "qwen3moe"):
+    if arch not in ("mistral", "mixtral", "gemma3", "qwen2", "qwen3", "qwen3moe", "olmo3"):
         return None
     return int(window) if window else None
 
@@ -238,6 +243,18 @@ def _smollm3_layer_types(cfg: Mapping[str, Any], n: int, window: int | None):
     return tuple(not rope for rope in _no_rope_layers(cfg, n))
 
 
+def _local_rope_theta(cfg: Mapping[str, Any], fallback: str, family: str) -> float:
+    """The rotary base of the sliding-window layers (transformers 5's
+    `rope_parameters.sliding_attention`, else config.json's `fallback` key); a scaling there is
+    refused in one line."""
+    params = (cfg.get("rope_parameters") or {}).get("sliding_attention")
+    params = params if isinstance(params, dict) else {}
+    if rope_kind(params) != "default":
+        raise ValueError(f"rope_scaling {rope_kind(params)!r} on {family}'s sliding-window "
+                         "layers is not supported")  # fmt: skip
+    return float(params.get("rope_theta") or cfg[fallback])
+
+
 def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
     window = _sliding_window(cfg, arch)
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
@@ -257,15 +274,9 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
         if cfg.get("use_bidirectional_attention"):
             raise ValueError("use_bidirectional_attention (an embedding model's attention, "
                              "EmbeddingGemma) is not supported: Pagoda serves causal decoders")  # fmt: skip
-        local_params = (cfg.get("rope_parameters") or {}).get("sliding_attention")
-        local_params = local_params if isinstance(local_params, dict) else {}
-        if rope_kind(local_params) != "default":  # transformers 5: the window layers' own rope
-            raise ValueError(f"rope_scaling {rope_kind(local_params)!r} on Gemma 3's "
-                             "sliding-window layers is not supported")  # fmt: skip
-        local = local_params.get("rope_theta") or cfg.get("rope_local_base_freq")
         fields.update(
             gemma_norms=True,
-            local_rope_theta=float(local),
+            local_rope_theta=_local_rope_theta(cfg, "rope_local_base_freq", "Gemma 3"),
             query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]),
             # attn_logit_softcapping is in Gemma 3's config (inherited from Gemma 2's) but its
             # attention never applies it, in transformers as in llama.cpp: neither do we
@@ -299,8 +310,13 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
         )
     if arch == "qwen2moe":
         fields["shared_expert_intermediate_size"] = int(cfg["shared_expert_intermediate_size"])
-    if arch == "olmo2":
+    if arch in ("olmo2", "olmo3"):
         fields.update(olmo2_norms=True, qk_norm_whole=True)
+    if arch == "olmo3" and window is not None:  # the window layers' rotary: unscaled
+        local = _local_rope_theta(cfg, "rope_theta", "OLMo 3")
+        theta, scaling = _rope(cfg, "full_attention")
+        if scaling is not None or local != theta:
+            fields["local_rope_theta"] = local
     if arch == "olmoe":
         if cfg.get("clip_qkv") is not None:
             raise ValueError(f"clip_qkv {cfg['clip_qkv']} (OLMoE's q/k/v clamp) is not supported")
@@ -359,7 +375,8 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     gen = _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
-    rope_theta, scaling = _rope(cfg, "full_attention" if arch == "gemma3" else None, arch == "phi3")
+    by_kind = "full_attention" if arch in ("gemma3", "olmo3") else None  # per layer kind
+    rope_theta, scaling = _rope(cfg, by_kind, arch == "phi3")
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     rope_inv_freq(head_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
     rope_inv_freq(head_dim, rope_theta, scaling, long=True)  # longrope: its long factors too

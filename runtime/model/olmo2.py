@@ -9,6 +9,12 @@ OLMo 2 (`Olmo2Layer`) also moves the layer's norms after its sublayers:
 - RMSNorm scales in float32 before rounding once (`ops.gemma_rms_norm` with the weight as
   stored; for a float32 model the same as `ops.rms_norm`).
 
+OLMo 3 (`Olmo3ForCausalLM`, and llama.cpp's `olmo2` GGUF with a window) is OLMo 2's model with
+sliding-window layers (`FamilyConfig.window_layers`: three of every four by default); the window
+layers rotate with the plain base and the global ones with the configured scaling
+(`rope_parameters` by layer kind: the "local" table, `FamilyConfig.local_rope_theta`, where
+they differ).
+
 OLMoE (`OlmoeModel`) keeps Llama's pre-norm layer and norms and puts experts in every layer
 (`moe.SparseMoE`: softmax top-k, `norm_topk_prob`, weights rounded to the model's dtype).
 

@@ -24,6 +24,7 @@ MODEL_CLASSES = {
     "qwen3moe": ("moe", "Qwen3MoeModel"),
     "qwen2moe": ("moe", "Qwen2MoeModel"),
     "olmo2": ("olmo2", "Olmo2Model"),
+    "olmo3": ("olmo2", "Olmo2Model"),  # OLMo 2's, with window layers (their own rotary table)
     "granite": ("granite", "GraniteModel"),
     "granitemoe": ("granite", "GraniteMoeModel"),
     "olmoe": ("olmo2", "OlmoeModel"),

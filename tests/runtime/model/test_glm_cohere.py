@@ -5,6 +5,8 @@ second pass, and a KV pool so small that requests are preempted; logits within 1
 transformers' plain greedy loop at every step.
 
 - SmolLM3: NoPE layers (every `no_rope_layer_interval`-th by default) that also slide;
+- OLMo 3: OLMo 2's layer with three window layers to a global one, the global layers' rotary
+  scaled and the window layers' not;
 """
 
 from __future__ import annotations
@@ -24,6 +26,14 @@ CASES = {
         "SmolLM3",
         dict(num_hidden_layers=4, no_rope_layer_interval=2, use_sliding_window=True,
              sliding_window=10, attention_bias=True),
+    ),
+    # three window layers to a global one (transformers' default layer_types); the global
+    # layer's rotary scaled (linear), the window layers' not
+    "olmo3-window-linear": (
+        "Olmo3",
+        dict(num_hidden_layers=4, sliding_window=10, rope_parameters={
+            FULL: {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+            SLIDING: {"rope_type": "default", "rope_theta": 10000.0}}),
     ),
 }  # fmt: skip
 
@@ -64,3 +74,5 @@ def test_per_layer_rotary_and_windows_read_as_transformers(case):
     if name.startswith("smollm3"):
         assert list(f.rope_layers) == [bool(x) for x in model.config.no_rope_layers]
         assert f.rope_layers == (True, False, True, False) and f.sliding_window == 10
+    if name.startswith("olmo3"):
+        assert f.window_layers == (True, True, True, False) and f.local_rope_theta == 10000.0
