@@ -28,6 +28,9 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out[f"model.layers.{i}.input_layernorm.weight"] = (h,)
         else:  # but one after the MLP
             out[f"model.layers.{i}.post_feedforward_layernorm.weight"] = (h,)
+        if c.family.glm4_norms:  # GLM-4's norms on attention's and the MLP's outputs
+            for norm in ("post_self_attn_layernorm", "post_mlp_layernorm"):
+                out[f"model.layers.{i}.{norm}.weight"] = (h,)
         if c.family.qk_norm_whole:  # q/k norms over the whole projections
             out[a + "q_norm.weight"], out[a + "k_norm.weight"] = (q,), (kv,)
         if c.family.gemma_norms:

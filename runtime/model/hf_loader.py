@@ -43,6 +43,8 @@ HF_ARCHITECTURES = {
     "GraniteForCausalLM": "granite",
     "GraniteMoeForCausalLM": "granitemoe",
     "OlmoeForCausalLM": "olmoe",
+    "GlmForCausalLM": "glm",  # GLM-4-9B-chat-hf (model/glm4.py)
+    "Glm4ForCausalLM": "glm4",  # GLM-4-0414, GLM-Z1 (model/glm4.py)
     "SmolLM3ForCausalLM": "smollm3",  # Llama with NoPE layers (`FamilyConfig.rope_layers`)
 }
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
@@ -82,6 +84,9 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                  "qkv_bias": True, "max_position_embeddings": 32_768},
     "olmo2": {"rms_norm_eps": 1e-5},
     "olmo3": {"rms_norm_eps": 1e-5, "rope_theta": 500_000.0, "sliding_window": 4096},
+    **{arch: {"partial_rotary_factor": 0.5, "attention_bias": True, "head_dim": 128,
+              "rms_norm_eps": 1.5625e-07, "max_position_embeddings": 131_072,
+              "eos_token_id": [151329, 151336, 151338]} for arch in ("glm", "glm4")},
     "smollm3": {"no_rope_layer_interval": 4, "max_position_embeddings": 32_768,
                 "tie_word_embeddings": True},
     "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2},
@@ -94,6 +99,8 @@ _NULLABLE = {
     "olmo3": ("sliding_window",),
     "gemma2": ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"),
 }
+_PARTIAL_ROTARY = ("phi3", "glm", "glm4")  # the families whose transformers models read it
+_FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
@@ -267,6 +274,8 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
     }
     if arch in ("qwen3", "qwen3moe", "gemma3"):
         fields["qk_norm"] = True
+    if arch in ("glm", "glm4"):
+        fields.update(rope_interleaved=True, glm4_norms=arch == "glm4")
     if arch == "smollm3":
         fields.update(rope_layers=_no_rope_layers(cfg, n),
                       window_layers=_smollm3_layer_types(cfg, n, window))  # fmt: skip
@@ -380,7 +389,7 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     rope_inv_freq(head_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
     rope_inv_freq(head_dim, rope_theta, scaling, long=True)  # longrope: its long factors too
-    if arch != "phi3" and rotary_dim(head_dim, scaling) != head_dim:  # transformers' too
+    if arch not in _PARTIAL_ROTARY and rotary_dim(head_dim, scaling) != head_dim:
         raise ValueError(f"a partial rotary embedding (partial_rotary_factor "
                          f"{scaling['partial_rotary_factor']}) is not supported for {arch}")  # fmt: skip
     # as transformers' GenerationConfig.from_model_config: a multimodal config's own ids
@@ -471,7 +480,7 @@ def check_weights(
         if not (model_dir / INDEX).exists() and not any(model_dir.glob("*.safetensors")):
             return None
         weights = read_weights(model_dir)
-    if config.architecture == "phi3":  # fused qkv_proj / gate_up_proj, listed as Llama's
+    if config.architecture in _FUSED:  # fused qkv_proj / gate_up_proj, listed as Llama's
         from pagoda.runtime.model.phi3 import split_fused
 
         split_fused(weights, config)

@@ -28,7 +28,9 @@ MODEL_CLASSES = {
     "granite": ("granite", "GraniteModel"),
     "granitemoe": ("granite", "GraniteMoeModel"),
     "olmoe": ("olmo2", "OlmoeModel"),
-    "smollm3": ("llama", "LlamaModel"),  # Llama's, some layers without rotary (rope_layers)
+    "smollm3": ("llama", "LlamaModel"),
+    "glm": ("llama", "LlamaModel"),  # Llama's over a split gate_up_proj, interleaved rotary
+    "glm4": ("glm4", "Glm4Model"),  # Llama's, some layers without rotary (rope_layers)
 }
 
 

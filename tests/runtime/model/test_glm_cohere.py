@@ -7,6 +7,8 @@ transformers' plain greedy loop at every step.
 - SmolLM3: NoPE layers (every `no_rope_layer_interval`-th by default) that also slide;
 - OLMo 3: OLMo 2's layer with three window layers to a global one, the global layers' rotary
   scaled and the window layers' not;
+- GLM-4 (and GLM): gate and up fused, a partial rotary (half of each head) in the interleaved
+  layout, q/k/v biases; GLM-4's norms on attention's and the MLP's outputs;
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ CASES = {
             FULL: {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
             SLIDING: {"rope_type": "default", "rope_theta": 10000.0}}),
     ),
+    # fused gate_up_proj, half of each head rotating in pairs, q/k/v biases, four norms a layer
+    "glm4-partial-interleaved": ("Glm4", dict(head_dim=32)),
+    "glm-partial-interleaved": ("Glm", dict(head_dim=32, num_key_value_heads=1)),  # GLM-4-chat
 }  # fmt: skip
 
 
@@ -69,8 +74,8 @@ def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):
 def test_per_layer_rotary_and_windows_read_as_transformers(case):
     name, path, model, _, _ = case
     f = read_model_config(str(path)).family
-    types = [t == SLIDING for t in model.config.layer_types]
-    assert not f.window_layers or list(f.window_layers) == types
+    types = getattr(model.config, "layer_types", None)
+    assert list(f.window_layers) == ([t == SLIDING for t in types] if f.window_layers else [])
     if name.startswith("smollm3"):
         assert list(f.rope_layers) == [bool(x) for x in model.config.no_rope_layers]
         assert f.rope_layers == (True, False, True, False) and f.sliding_window == 10
