@@ -22,8 +22,9 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     for i in range(c.num_layers):
         a = f"model.layers.{i}.self_attn."
         out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
-                    a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q),
-                    f"model.layers.{i}.post_attention_layernorm.weight": (h,)})  # fmt: skip
+                    a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
+        if not c.family.cohere_layer:  # Cohere: one norm a layer, before attention and the MLP
+            out[f"model.layers.{i}.post_attention_layernorm.weight"] = (h,)
         if not c.family.olmo2_norms:  # OLMo 2 has no norm before attention
             out[f"model.layers.{i}.input_layernorm.weight"] = (h,)
         else:  # but one after the MLP
@@ -44,7 +45,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out[_moe_block(c, i) + "gate.weight"] = (c.family.num_experts, h)  # the router
             if c.family.shared_expert_intermediate_size:  # the shared expert's sigmoid gate
                 out[_moe_block(c, i) + "shared_expert_gate.weight"] = (1, h)
-        if c.family.qk_norm:
+        if c.family.qk_norm and c.family.cohere_layer:  # a weight per head
+            out[a + "q_norm.weight"] = (c.num_heads, d)
+            out[a + "k_norm.weight"] = (c.num_kv_heads, d)
+        elif c.family.qk_norm:
             out[a + "q_norm.weight"] = out[a + "k_norm.weight"] = (d,)
     if not c.tie_word_embeddings:
         out[HEAD] = (c.vocab_size, h)

@@ -45,7 +45,9 @@ HF_ARCHITECTURES = {
     "OlmoeForCausalLM": "olmoe",
     "GlmForCausalLM": "glm",  # GLM-4-9B-chat-hf (model/glm4.py)
     "Glm4ForCausalLM": "glm4",  # GLM-4-0414, GLM-Z1 (model/glm4.py)
-    "SmolLM3ForCausalLM": "smollm3",  # Llama with NoPE layers (`FamilyConfig.rope_layers`)
+    "SmolLM3ForCausalLM": "smollm3",
+    "CohereForCausalLM": "cohere",  # Command R / R+, Aya (model/cohere.py)
+    "Cohere2ForCausalLM": "cohere2",  # Command R7B, Command A (model/cohere.py)  # Llama with NoPE layers (`FamilyConfig.rope_layers`)
 }
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
@@ -87,6 +89,9 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     **{arch: {"partial_rotary_factor": 0.5, "attention_bias": True, "head_dim": 128,
               "rms_norm_eps": 1.5625e-07, "max_position_embeddings": 131_072,
               "eos_token_id": [151329, 151336, 151338]} for arch in ("glm", "glm4")},
+    **{arch: {"logit_scale": 0.0625, "layer_norm_eps": 1e-5, "max_position_embeddings": 8192,
+              "tie_word_embeddings": True, "bos_token_id": 5, "eos_token_id": 255001}
+       for arch in ("cohere", "cohere2")},
     "smollm3": {"no_rope_layer_interval": 4, "max_position_embeddings": 32_768,
                 "tie_word_embeddings": True},
     "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2},
@@ -96,9 +101,11 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 # a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
 _NULLABLE = {
     "mistral": ("sliding_window",),
+    "cohere2": ("sliding_window",),
     "olmo3": ("sliding_window",),
     "gemma2": ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"),
 }
+_EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 _PARTIAL_ROTARY = ("phi3", "glm", "glm4")  # the families whose transformers models read it
 _FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
@@ -180,6 +187,9 @@ def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None
         return tuple(t == "sliding_attention" for t in types)
     if arch == "gemma2":  # transformers' default: even layers slide, odd ones are global
         return tuple(bool((i + 1) % 2) for i in range(n))
+    if arch == "cohere2":  # the older configs: every `sliding_window_pattern`-th layer global
+        pattern = int(cfg.get("sliding_window_pattern") or 4)
+        return tuple(bool((i + 1) % pattern) for i in range(n))
     if arch == "olmo3":  # transformers' default: every fourth layer is global
         return tuple(bool((i + 1) % 4) for i in range(n))
     if arch == "gemma3":  # the older configs: every `sliding_window_pattern`-th layer is global
@@ -206,7 +216,10 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
         return None  # Qwen configs carry a window they do not use unless told to
     if arch in ("phi3", "gemma2"):  # every layer (Phi-3), or the window layers (Gemma 2)
         return int(window) if window else None
-    if arch not in ("mistral", "mixtral", "gemma3", "qwen2", "qwen3", "qwen3moe", "olmo3"):
+    if arch == "cohere2" and not window:  # its global layers are told apart by having none
+        raise ValueError("Cohere 2 without a sliding_window is not supported")
+    if arch not in ("mistral", "mixtral", "gemma3", "qwen2", "qwen3", "qwen3moe", "olmo3",
+                    "cohere2"):  # fmt: skip
         return None
     return int(window) if window else None
 
@@ -276,6 +289,13 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
         fields["qk_norm"] = True
     if arch in ("glm", "glm4"):
         fields.update(rope_interleaved=True, glm4_norms=arch == "glm4")
+    if arch in ("cohere", "cohere2"):
+        fields.update(cohere_layer=True, rope_interleaved=True,
+                      logit_scale=float(cfg["logit_scale"]))  # fmt: skip
+    if arch == "cohere" and cfg.get("use_qk_norm"):  # (Cohere 2's attention has none)
+        fields["qk_norm"] = True
+    if arch == "cohere2":  # the global layers attend without rotary
+        fields["rope_layers"] = fields["window_layers"]
     if arch == "smollm3":
         fields.update(rope_layers=_no_rope_layers(cfg, n),
                       window_layers=_smollm3_layer_types(cfg, n, window))  # fmt: skip
@@ -387,6 +407,8 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     by_kind = "full_attention" if arch in ("gemma3", "olmo3") else None  # per layer kind
     rope_theta, scaling = _rope(cfg, by_kind, arch == "phi3")
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+    if arch == "cohere2":  # transformers' Cohere2Config sets it so, whatever config.json says
+        head_dim = int(cfg["hidden_size"]) // heads
     rope_inv_freq(head_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
     rope_inv_freq(head_dim, rope_theta, scaling, long=True)  # longrope: its long factors too
     if arch not in _PARTIAL_ROTARY and rotary_dim(head_dim, scaling) != head_dim:
@@ -404,7 +426,7 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
         num_heads=heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=head_dim,
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=float(cfg.get(_EPS.get(arch, "rms_norm_eps"), 1e-6)),
         rope_theta=rope_theta,
         rope_scaling=scaling,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),

@@ -152,7 +152,8 @@ class LlamaLayer:
         self.ctx, self.index = ctx, index
         pre = prefix + "input_layernorm.weight"  # none in OLMo 2 (olmo2.py: norms after)
         self.attn_norm = model.norm_weight(w[pre]) if pre in w else None
-        self.mlp_norm = model.norm_weight(w[prefix + "post_attention_layernorm.weight"])
+        post = prefix + "post_attention_layernorm.weight"  # none in Cohere's (one norm a layer)
+        self.mlp_norm = model.norm_weight(w[post]) if post in w else None
         qkv = [f"{a}{n}.weight" for n in ("q_proj", "k_proj", "v_proj")]
         o = a + "o_proj.weight"
         if ctx.tp is None:

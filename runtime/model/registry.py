@@ -30,7 +30,9 @@ MODEL_CLASSES = {
     "olmoe": ("olmo2", "OlmoeModel"),
     "smollm3": ("llama", "LlamaModel"),
     "glm": ("llama", "LlamaModel"),  # Llama's over a split gate_up_proj, interleaved rotary
-    "glm4": ("glm4", "Glm4Model"),  # Llama's, some layers without rotary (rope_layers)
+    "glm4": ("glm4", "Glm4Model"),
+    "cohere": ("cohere", "CohereModel"),
+    "cohere2": ("cohere", "CohereModel"),  # Llama's, some layers without rotary (rope_layers)
 }
 
 

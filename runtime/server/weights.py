@@ -13,7 +13,7 @@ safetensors headers through `SafetensorsWeights`; no tensor data is read):
   checkpoint's rotary ``inv_freq`` or vision tower, nor the LM head of a tied model; FP8 scales
   go with their weights;
 * each in the engine's dtype (`EngineConfig.torch_dtype`: ``auto`` is float32 on a CPU without
-  native bf16), Gemma's norms in float32 (their 1 + w);
+  native bf16), Gemma's norms in float32 (their 1 + w), Cohere's LayerNorm weights too;
 * on a CPU in float32, the matrices `qgemm` multiplies in place (`model.device_weights`: GGUF
   blocks of the kinds `quantized.readable` names, 16-bit matrices of a safetensors checkpoint,
   every part of a fused q/k/v or gate/up layer or none) as its packed layout (`qgemm.pack`: rows
@@ -27,7 +27,8 @@ safetensors headers through `SafetensorsWeights`; no tensor data is read):
 * with tensor parallelism, one rank's share (`distributed.layout`): q by its heads, k and v by
   its KV heads (replicated when there are fewer than ranks), o and down by input columns (their
   biases, and FP8 scales, whole), gate/up and the experts by rows, the vocabulary padded to a
-  multiple of the ranks; norms and the router whole on every rank.
+  multiple of the ranks; norms and the router whole on every rank (Cohere's per-head q/k norms
+  by heads).
 
 Pickled ``.bin`` checkpoints count as their file size (their dtypes need unpickling, and the
 loader reads safetensors only); a directory without weight files (a config.json alone) counts
@@ -303,10 +304,12 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     for name, t in tensors.items():
         if name in (EMBED, HEAD):
             continue
-        if name.endswith(".weight") and len(t.shape) in (2, 3):
+        norm = name.endswith("norm.weight")  # (Cohere's q/k norms: [heads, head_dim])
+        if name.endswith(".weight") and len(t.shape) in (2, 3) and not norm:
             groups.setdefault(_group(name), []).append(t)
-        elif mc.family.gemma_norms and name.endswith("norm.weight"):
-            total += t.numel * 4  # 1 + w in float32 (gemma2.norm_weight)
+        elif norm and (mc.family.gemma_norms or mc.family.cohere_layer):
+            # float32: Gemma's 1 + w (gemma2.norm_weight), Cohere's LayerNorm weights
+            total += math.prod(_local(name, t.shape, mc, lay)) * 4
         else:  # norms and biases (o's and down's whole on every rank)
             total += _local(name, t.shape, mc, lay)[0] * p.dtype.itemsize
     fp8_layers = blocks = 0
@@ -360,6 +363,9 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
     if re.search(r"\bqkv_proj\.(weight|bias)$", part):  # Phi-3's fused q/k/v (model/phi3.py)
         (q0, q1), (k0, k1) = lay.heads(mc.num_heads), lay.kv_heads(mc.num_kv_heads)
         return (q1 - q0 + 2 * (k1 - k0)) * mc.head_dim, cols
+    if re.search(r"\b[qk]_norm\.weight$", part) and len(shape) == 2:  # Cohere's, per head
+        h0, h1 = lay.heads(shape[0]) if part.startswith("self_attn.q") else lay.kv_heads(shape[0])
+        return (h1 - h0) * shape[1], 1
     if re.search(r"\bq_proj\.(weight|bias)$", part):
         q0, q1 = lay.heads(mc.num_heads)
         return (q1 - q0) * mc.head_dim, cols

@@ -9,9 +9,14 @@ transformers' plain greedy loop at every step.
   scaled and the window layers' not;
 - GLM-4 (and GLM): gate and up fused, a partial rotary (half of each head) in the interleaved
   layout, q/k/v biases; GLM-4's norms on attention's and the MLP's outputs;
+- Cohere (per-head q/k LayerNorms) and Cohere 2 (window layers rotated, global ones NoPE):
+  LayerNorm, attention and the MLP in parallel off one norm, the interleaved rotary, the
+  logits scaled, a tied head.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from arch_cases import check, generate, prompts
@@ -40,16 +45,45 @@ CASES = {
     # fused gate_up_proj, half of each head rotating in pairs, q/k/v biases, four norms a layer
     "glm4-partial-interleaved": ("Glm4", dict(head_dim=32)),
     "glm-partial-interleaved": ("Glm", dict(head_dim=32, num_key_value_heads=1)),  # GLM-4-chat
+    # LayerNorm, attention and MLP in parallel, interleaved rotary, scaled logits, tied head,
+    # per-head q/k LayerNorms, biases
+    "cohere-qknorm": ("Cohere", dict(use_qk_norm=True, attention_bias=True, logit_scale=0.5)),
+    # window layers with rotary, global ones without (NoPE), every other layer
+    "cohere2-window-nope": (
+        "Cohere2", dict(num_hidden_layers=4, sliding_window=10, sliding_window_pattern=2,
+                        logit_scale=0.25),
+    ),
 }  # fmt: skip
+
+
+_BUILT: dict[str, tuple] = {}
+
+
+def _build(name: str, tmp_path_factory):
+    """(checkpoint directory, transformers model, loaded checkpoint, reference) of case `name`,
+    written once per module."""
+    if name not in _BUILT:
+        path = tmp_path_factory.mktemp(name)
+        arch, overrides = CASES[name]
+        model = make_tiny_model(path, arch, **overrides)
+        reference = [hf_greedy_plain(model, p, 6) for p in prompts()]
+        _BUILT[name] = (path, model, load_model(str(path)), reference)
+    return _BUILT[name]
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp(request.param)
-    arch, overrides = CASES[request.param]
-    model = make_tiny_model(path, arch, **overrides)
-    reference = [hf_greedy_plain(model, p, 6) for p in prompts()]
-    return request.param, path, model, load_model(str(path)), reference
+    path, model, loaded, reference = _build(request.param, tmp_path_factory)
+    return request.param, path, model, loaded, reference
+
+
+@pytest.fixture(scope="module")
+def case_by_name(tmp_path_factory):
+    def get(name):
+        path, _, loaded, reference = _build(name, tmp_path_factory)
+        return path, loaded, reference
+
+    return get
 
 
 def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):
@@ -79,5 +113,72 @@ def test_per_layer_rotary_and_windows_read_as_transformers(case):
     if name.startswith("smollm3"):
         assert list(f.rope_layers) == [bool(x) for x in model.config.no_rope_layers]
         assert f.rope_layers == (True, False, True, False) and f.sliding_window == 10
+    if name.startswith("cohere2"):
+        assert f.window_layers == f.rope_layers == (True, False, True, False)
+        assert f.logit_scale == 0.25
     if name.startswith("olmo3"):
         assert f.window_layers == (True, True, True, False) and f.local_rope_theta == 10000.0
+
+
+@pytest.mark.parametrize(("arch", "overrides", "tp"), [
+    ("Glm4", dict(head_dim=32), 1),
+    ("Cohere", dict(use_qk_norm=True, attention_bias=True), 1),
+    ("Cohere", dict(use_qk_norm=True, num_key_value_heads=1, vocab_size=301), 2),
+])  # fmt: skip
+def test_the_weights_estimate_is_what_the_model_holds(tmp_path, arch, overrides, tp):
+    """`server/weights.py` against the built model, bf16 from float32 files: GLM-4's fused
+    gate_up and extra norms, Cohere's float32 LayerNorm weights and per-head q/k norms (with
+    two ranks: rank 0's heads' rows; its one KV head replicated)."""
+    import torch
+    from model_bytes import build, held_bytes
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.group import TPGroup
+    from pagoda.runtime.distributed.layout import TPLayout
+    from pagoda.runtime.server import weights
+
+    make_tiny_model(tmp_path, arch, **overrides)
+    group = None if tp == 1 else TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
+    held = held_bytes(build(tmp_path, torch.bfloat16, tp=group))
+    cfg = EngineConfig.create(str(tmp_path), device="cpu", dtype="bfloat16",
+                              tensor_parallel_size=tp)  # fmt: skip
+    got = weights.estimate(read_model_config(str(tmp_path)), cfg, tmp_path)
+    assert got.bytes == pytest.approx(held, rel=0.02), got
+
+
+@pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
+@pytest.mark.parametrize("name", ["glm4-partial-interleaved", "cohere-qknorm"])
+def test_two_ranks_match_transformers(case_by_name, name):
+    """Tensor parallelism over gloo, two ranks, the small pool (chunked, preempted) then a warm
+    cache: GLM-4's fused gate_up cut by width and its interleaved partial rotary on each rank's
+    heads; Cohere's per-head q/k norms, each rank its heads' rows. Tokens and logits as
+    transformers'."""
+    path, loaded, reference = case_by_name(name)
+    pool = dict(num_blocks_override=7, block_size=16, max_model_len=96, dtype="float32",
+                max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
+    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **pool) as two:
+        got = generate(two, prompts()) + generate(two, prompts()[::-1])[::-1]
+        core = two.engine
+        assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
+        assert core.runner.backend.num_kv_heads == 1  # this rank's
+        core.check_integrity()
+    for i, g in enumerate(got):
+        check(g, reference[i % 3], f"{name}: prompt {i}, two ranks")
+
+
+@pytest.mark.parametrize(("arch", "edit", "words"), [
+    ("SmolLM3", {"use_sliding_window": False, "layer_types": [SLIDING]},
+     "use_sliding_window is false"),
+    ("Olmo3", {"rope_parameters": {FULL: {"rope_type": "default", "rope_theta": 1e4},
+                                   SLIDING: {"rope_type": "linear", "factor": 2.0}}},
+     "'linear' on OLMo 3's sliding-window layers"),
+    ("Cohere2", {"sliding_window": None}, "Cohere 2 without a sliding_window"),
+    ("Olmo3", {"layer_types": [SLIDING, FULL]}, "layer_types names 2 layers, the model has 1"),
+])  # fmt: skip
+def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
+    """Read with the config (before the server binds: exit 2), naming the value."""
+    make_tiny_model(tmp_path, arch, num_hidden_layers=1)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(ValueError, match=words) as e:
+        read_model_config(str(tmp_path))
+    assert "\n" not in str(e.value)
