@@ -5,7 +5,8 @@ R7B, Command A): the Llama layer with Cohere's differences (`FamilyConfig.cohere
   and scaled in float32, rounded once), the final norm too, eps `layer_norm_eps`;
 - one norm a layer, attention and the MLP side by side off it: ``x + attn(n) + mlp(n)``, added
   in that order (the MLP's output is handed on to the next layer's norm as Llama's is);
-- the rotary in the interleaved layout, pairs (2i, 2i + 1) (`ops.rotary_interleaved`);
+- the rotary in the interleaved layout, pairs (2i, 2i + 1) (`ops.rotary_interleaved`), in
+  float32 and rounded once;
 - the logits multiplied by `logit_scale` (`FamilyConfig.logit_scale`); tied embeddings;
 - Cohere with `use_qk_norm` (Command R+ 08-2024): a LayerNorm over each head of q and of k
   before rotary, with a weight per head ([heads, head_dim]; a rank reads its heads' rows);
@@ -16,6 +17,7 @@ R7B, Command A): the Llama layer with Cohere's differences (`FamilyConfig.cohere
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import torch
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step
+from pagoda.runtime.model.ops import rotary_interleaved
 
 
 def layer_norm(
@@ -42,6 +45,7 @@ class CohereLayer(LlamaLayer):
         self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
     ) -> None:
         super().__init__(model, w, prefix, index, ctx)
+        self.rotary = functools.partial(rotary_interleaved, widen=True)  # in float32, as HF
         self.q_norm = self.k_norm = None
         if model.config.family.qk_norm:  # [heads, head_dim]: this rank's heads' rows
             c, a, tp = model.config, prefix + "self_attn.", ctx.tp

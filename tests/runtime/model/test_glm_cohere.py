@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from arch_cases import check, generate, prompts
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM
@@ -182,3 +183,58 @@ def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path,
     with pytest.raises(ValueError, match=words) as e:
         read_model_config(str(tmp_path))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("family", ["glm", "cohere"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_interleaved_rotary_is_transformers_bit_for_bit(family, dtype):
+    """`ops.rotary_interleaved` on q [T, H, D] and k [T, Hkv, D] against transformers' own
+    apply_rotary_pos_emb (GLM's partial one rounding per product, Cohere's in float32), from the
+    cache by positions (the CUDA ops' path) and from pregathered rows (the CPU's)."""
+    import importlib
+
+    from pagoda.runtime.model.ops import build_cos_sin_cache, gather_cos_sin, rotary_interleaved
+
+    hf = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    d, r = 32, 16 if family == "glm" else 32  # GLM: half of each head rotates
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(7, 4, d, generator=g).to(dtype)
+    k = torch.randn(7, 2, d, generator=g).to(dtype)
+    positions = torch.tensor([0, 1, 2, 40, 41, 300, 5])
+    cache = build_cos_sin_cache(d, 10000.0, {"partial_rotary_factor": r / d} if r < d else None,
+                                512)  # fmt: skip
+    freqs = cache[positions, : r // 2]  # cos; HF's tables from the same frequencies
+    emb = torch.cat([freqs, freqs], -1) if family == "glm" else freqs.repeat_interleave(2, -1)
+    sin = cache[positions, r // 2 :]
+    sin = torch.cat([sin, sin], -1) if family == "glm" else sin.repeat_interleave(2, -1)
+    want_q, want_k = hf.apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                             emb.to(dtype)[None], sin.to(dtype)[None])  # fmt: skip
+    widen = family == "cohere"
+    for rows in (positions, None):
+        gq, gk = q.clone(), k.clone()
+        table = cache if rows is not None else gather_cos_sin(positions, cache, dtype)
+        rotary_interleaved(positions=rows, q=gq[..., :r], k=gk[..., :r], cos_sin_cache=table,
+                           widen=widen)  # fmt: skip
+        assert torch.equal(gq, want_q[0].transpose(0, 1)), rows
+        assert torch.equal(gk, want_k[0].transpose(0, 1)), rows
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_gpu_matches_transformers_with_graphs(case_by_name, name):
+    """On CUDA in float32 with the defaults (the Triton ops and attention, whose rotary reads
+    the cache by positions, CUDA graphs): transformers' tokens and logits, graphs as eager."""
+    import os
+
+    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("needs CUDA with compiled Triton kernels (TRITON_INTERPRET=0)")
+    _, loaded, reference = case_by_name(name)
+    common = dict(loaded=loaded, dtype="float32", kv_cache_memory=256 << 20,
+                  max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    llm = LLM(**common)
+    assert llm.engine.runner.cuda_graphs is not None
+    got = generate(llm, prompts())
+    for i, want in enumerate(reference):
+        check(got[i], want, f"{name}: prompt {i}")
+    eager = generate(LLM(**common, enable_cuda_graphs=False), prompts())
+    assert [t for t, _ in eager] == [t for t, _ in got]
