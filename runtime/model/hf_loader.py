@@ -45,9 +45,9 @@ HF_ARCHITECTURES = {
     "OlmoeForCausalLM": "olmoe",
     "GlmForCausalLM": "glm",  # GLM-4-9B-chat-hf (model/glm4.py)
     "Glm4ForCausalLM": "glm4",  # GLM-4-0414, GLM-Z1 (model/glm4.py)
-    "SmolLM3ForCausalLM": "smollm3",
+    "SmolLM3ForCausalLM": "smollm3",  # Llama with NoPE layers (`FamilyConfig.rope_layers`)
     "CohereForCausalLM": "cohere",  # Command R / R+, Aya (model/cohere.py)
-    "Cohere2ForCausalLM": "cohere2",  # Command R7B, Command A (model/cohere.py)  # Llama with NoPE layers (`FamilyConfig.rope_layers`)
+    "Cohere2ForCausalLM": "cohere2",  # Command R7B, Command A (model/cohere.py)
 }
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is

@@ -238,3 +238,23 @@ def test_gpu_matches_transformers_with_graphs(case_by_name, name):
         check(got[i], want, f"{name}: prompt {i}")
     eager = generate(LLM(**common, enable_cuda_graphs=False), prompts())
     assert [t for t, _ in eager] == [t for t, _ in got]
+
+
+def test_olmo3s_hub_config_format_reads_as_transformers_reads_it(tmp_path):
+    """Olmo-3's config.json on the hub: a top-level `rope_theta` and a yarn `rope_scaling` with
+    its attention factor, which transformers puts on the global layers only; the window layers
+    rotate with the plain base."""
+    make_tiny_model(tmp_path, "Olmo3", num_hidden_layers=4, sliding_window=10)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.pop("rope_parameters")
+    yarn = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64,
+            "attention_factor": 1.2, "beta_fast": 32, "beta_slow": 1}  # fmt: skip
+    cfg.update(rope_theta=500000.0, rope_scaling=yarn)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path).rope_parameters
+    assert theirs[SLIDING]["rope_type"] == "default" and theirs[FULL]["rope_type"] == "yarn"
+    ours = read_model_config(str(tmp_path))
+    assert ours.rope_theta == theirs[FULL]["rope_theta"] == 500000.0
+    assert ours.rope_scaling["factor"] == 8.0 and ours.rope_scaling["attention_factor"] == 1.2
+    assert ours.family.local_rope_theta == theirs[SLIDING]["rope_theta"] == 500000.0
+    assert ours.family.window_layers == (True, True, True, False)
