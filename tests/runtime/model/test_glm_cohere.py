@@ -258,3 +258,27 @@ def test_olmo3s_hub_config_format_reads_as_transformers_reads_it(tmp_path):
     assert ours.rope_scaling["factor"] == 8.0 and ours.rope_scaling["attention_factor"] == 1.2
     assert ours.family.local_rope_theta == theirs[SLIDING]["rope_theta"] == 500000.0
     assert ours.family.window_layers == (True, True, True, False)
+
+
+@pytest.mark.parametrize(("arch", "overrides", "tensor", "words"), [
+    ("Glm4", dict(head_dim=32), "model.layers.0.post_mlp_layernorm.weight",
+     "missing tensor 'model.layers.0.post_mlp_layernorm.weight'"),
+    ("Cohere", dict(use_qk_norm=True), "model.layers.0.self_attn.q_norm.weight",
+     r"q_norm.weight is \[16\], .* needs \[4, 16\]"),
+])  # fmt: skip
+def test_a_checkpoint_without_a_familys_tensor_is_refused_at_config_time(
+    tmp_path, arch, overrides, tensor, words
+):
+    """GLM-4's extra norms and Cohere's per-head q/k norms are checked from the headers with
+    config.json (one line, before the server binds): a missing one, or one per head_dim only."""
+    from safetensors.torch import load_file, save_file
+
+    make_tiny_model(tmp_path, arch, num_hidden_layers=1, **overrides)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    if arch == "Glm4":
+        del tensors[tensor]
+    else:
+        tensors[tensor] = tensors[tensor][0].clone()
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=words):
+        read_model_config(str(tmp_path))
