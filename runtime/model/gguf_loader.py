@@ -4,7 +4,8 @@ Architectures as llama.cpp names them: llama (Mixtral too, with experts), mistra
 qwen3moe, gemma3, gemma2, qwen2moe (its shared expert `ffn_*_shexp`, gated by
 `ffn_gate_inp_shexp`), granite (`embedding_scale`, `residual_scale`, `attention.scale`,
 `logit_scale`), granitemoe (its `input_linear` split as gate and up), olmo2 (norms after the sublayers, q/k norms over every head; with
-`attention.sliding_window`, OLMo 3's window layers) and olmoe. Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
+`attention.sliding_window`, OLMo 3's window layers), olmoe and smollm3 (llama with every fourth
+layer NoPE, as llama.cpp hard-codes it). Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
 torch (`gguf_dequant`) when the model builder reads them (`GGUFWeights`), one at a time from the
 memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
@@ -30,7 +31,7 @@ from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer, build
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma2",
                    "qwen2moe", "granite", "granitemoe", "olmo2",
-                   "olmoe")  # fmt: skip
+                   "olmoe", "smollm3")  # fmt: skip
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -81,6 +82,7 @@ GEMMA3_SWA_PATTERN = 6  # llama.cpp's: every sixth layer is global
 GEMMA3_LOCAL_THETA = 10_000.0
 # llama.cpp's Gemma 2: every other layer global, soft caps 50 (attention) and 30 (final)
 GEMMA2_SWA_PATTERN, GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP = 2, 50.0, 30.0
+SMOLLM3_NO_ROPE_STEP = 4  # llama.cpp's n_no_rope_layer_step for smollm3 (no GGUF key)
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -163,6 +165,10 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
             query_pre_attn_scalar=float(scalar),
             final_logit_softcapping=float(cap) if cap else None,
         )
+    if arch == "smollm3":  # llama.cpp: no key for it, every fourth layer NoPE; no window
+        if window:
+            raise ValueError("GGUF smollm3 with attention.sliding_window is not supported")
+        fields["rope_layers"] = tuple(bool((i + 1) % SMOLLM3_NO_ROPE_STEP) for i in range(layers))
     if arch == "olmo2" and window:  # OLMo 3, as llama.cpp's converter writes it
         fields.update(_olmo3_windows(reader, p, layers, int(window)))
     if arch in ("olmo2", "olmoe"):
@@ -429,6 +435,7 @@ def _permuted_heads(config: ModelConfig, name: str) -> int:
         "mixtral",
         "granite",
         "granitemoe",
+        "smollm3",
     ):  # llama.cpp's LlamaModel's
         return 0
     if name.endswith(("q_proj.weight", "q_proj.bias")):

@@ -214,7 +214,7 @@ def write_gguf(
     put("output_norm.weight", sd["model.norm.weight"], "model.norm.weight", shift=shift)
     if "lm_head.weight" in sd and not cfg.tie_word_embeddings:
         put("output.weight", sd["lm_head.weight"], "lm_head.weight")
-    llama = arch in ("llama", "granite", "granitemoe")  # the converter's LlamaModel: permuted
+    llama = arch in ("llama", "granite", "granitemoe", "smollm3")  # its LlamaModel: permuted
     for i in range(cfg.num_hidden_layers):
         pre = f"model.layers.{i}."
         for (suffix, gname), kind in itertools.product(names.items(), ("weight", "bias")):
@@ -288,6 +288,8 @@ CASES = {
     "granitemoe": ("GraniteMoe", GRANITEMOE, None),  # input_linear split as gate and up
     "olmo2": ("Olmo2", dict(vocab_size=300), None),  # norms after; q/k norms over every head
     "olmo3": ("Olmo3", OLMO3, 7),  # olmo2 with a window on three layers of four
+    # permuted q/k; NoPE on every fourth layer (llama.cpp's fixed step, as the HF default)
+    "smollm3": ("SmolLM3", dict(vocab_size=300, num_hidden_layers=4), None),
     "olmoe": (
         "Olmoe",
         OLMOE,
@@ -300,7 +302,7 @@ GGUF_ARCH = {"qwen3": "qwen3", "qwen3moe": "qwen3moe", "gemma3": "gemma3", "llam
              "llama3-rope": "llama", "gemma2": "gemma2", "qwen2moe": "qwen2moe",
              "qwen2moe-squeezed": "qwen2moe",
              "granite": "granite", "granitemoe": "granitemoe", "olmo2": "olmo2", "olmoe": "olmoe",
-             "olmo3": "olmo2"}  # fmt: skip
+             "olmo3": "olmo2", "smollm3": "smollm3"}  # fmt: skip
 ARCH = {**GGUF_ARCH, "llama": "mixtral"}  # the engine's
 
 
@@ -338,6 +340,8 @@ def test_gguf_family_matches_transformers_on_its_dequantized_weights(tmp_path, c
         f = config.family
         assert (f.attn_logit_softcapping, f.final_logit_softcapping) == (2.0, 5.0)
         assert (f.window_layers, f.query_pre_attn_scalar, f.qk_norm) == ((True, False), 64, False)
+    if case == "smollm3":  # llama.cpp's NoPE layers are transformers' default ones
+        assert config.family.rope_layers == tuple(map(bool, model.config.no_rope_layers))
     if case == "olmo3":  # the file's window and per-layer flags
         assert (config.family.sliding_window, config.family.window_layers) == (
             7,
