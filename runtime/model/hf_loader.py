@@ -407,8 +407,6 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     by_kind = "full_attention" if arch in ("gemma3", "olmo3") else None  # per layer kind
     rope_theta, scaling = _rope(cfg, by_kind, arch == "phi3")
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
-    if arch == "cohere2":  # transformers' Cohere2Config sets it so, whatever config.json says
-        head_dim = int(cfg["hidden_size"]) // heads
     rope_inv_freq(head_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
     rope_inv_freq(head_dim, rope_theta, scaling, long=True)  # longrope: its long factors too
     if arch not in _PARTIAL_ROTARY and rotary_dim(head_dim, scaling) != head_dim:
