@@ -10,6 +10,9 @@ and soft caps (`gemma3`: with Qwen3's q/k norms), `moe` swaps the MLP for a mixt
 (`make_mlp`). Llama, Mistral (with its sliding window), Qwen2 and Phi-3 (its fused matrices
 split at load, `phi3.py`) are this file as it stands; a partial rotary turns the first dims of
 each head only, and longrope reads one of two rotary tables per sequence (`longrope.py`).
+SmolLM3 is too, some of its layers without rotary (`FamilyConfig.rope_layers`), and GLM, its
+rotary in the interleaved layout (`ops.rotary_interleaved`); GLM-4 (`glm4.py`), OLMo 3
+(`olmo2.py`) and Cohere (`cohere.py`) change the layer.
 """
 
 from __future__ import annotations
