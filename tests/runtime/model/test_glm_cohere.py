@@ -12,6 +12,11 @@ transformers' plain greedy loop at every step.
 - Cohere (per-head q/k LayerNorms) and Cohere 2 (window layers rotated, global ones NoPE):
   LayerNorm, attention and the MLP in parallel off one norm, the interleaved rotary, the
   logits scaled, a tied head.
+
+Also: GLM-4 and Cohere over two tensor-parallel ranks (gloo), the interleaved rotary bit for bit
+against transformers' own functions (float32, bf16), the weights estimate against what the built
+model holds, the hub's older config formats, and the config values and tensors the engine
+refuses in one line at config time.
 """
 
 from __future__ import annotations
