@@ -15,15 +15,11 @@ builds on these classes and adds q/k norms and a rotary base per layer kind).
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Callable
 
 import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
-from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step
-from pagoda.runtime.model.ops import gemma_rms_norm
 
 
 class Gemma2Layer(LlamaLayer):
@@ -51,18 +47,15 @@ class Gemma2Layer(LlamaLayer):
 
 class Gemma2Model(LlamaModel):
     layer_class = Gemma2Layer
+    # (1 + w) * norm(x) in float32, rounded once (`norm_weight` gives 1 + w); GeGLU: LlamaModel's,
+    # by hidden_act
+    norm_scales_in_float32 = True
 
     def __init__(self, config, weights, **kwargs) -> None:
         super().__init__(config, weights, **kwargs)
         # sqrt(hidden) as Hugging Face holds it: a float32 tensor, rounded to the model's dtype
         scale = torch.tensor(math.sqrt(config.hidden_size), dtype=torch.float32)
         self.embed_scale = scale.to(device=self.device, dtype=self.dtype)
-
-    def layer_context(self, linear: Callable[..., Linear]) -> LayerContext:
-        ctx = super().layer_context(linear)
-        # float32: (1 + w) * norm(x) is `ops.rms_norm` with weight 1 + w (native on the CPU)
-        norm = ctx.rms_norm if self.dtype == torch.float32 else gemma_rms_norm
-        return dataclasses.replace(ctx, rms_norm=norm)  # GeGLU: LlamaModel's, by hidden_act
 
     def norm_weight(self, weight: torch.Tensor) -> torch.Tensor:
         """1 + w in float32, as Gemma's norm computes it (then the model's dtype for float32);

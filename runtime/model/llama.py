@@ -35,6 +35,7 @@ from pagoda.runtime.model.ops import (
     check_rope_context,
     gather_cos_sin,
     gelu_tanh_and_mul,
+    gemma_rms_norm,
 )
 from pagoda.runtime.model.parallel_linear import (
     column_linear,
@@ -211,6 +212,9 @@ class LlamaModel:
     rows; the forward then runs on every rank of the group together."""
 
     layer_class: type[LlamaLayer] = LlamaLayer
+    # RMSNorm scales the float32 normalised rows and rounds once (`ops.gemma_rms_norm`), where
+    # Llama's rounds them first; for a float32 model both are `ops.rms_norm` (native on the CPU)
+    norm_scales_in_float32 = False
 
     def __init__(
         self,
@@ -274,8 +278,10 @@ class LlamaModel:
             heads, kv_heads = tp.layout.local_heads(heads, kv_heads)
         # the config's hidden_act: SwiGLU, or GeGLU (Gemma's, and any family's that names it)
         gelu = c.family.hidden_act == "gelu_tanh"
+        scale_first = self.norm_scales_in_float32 and self.dtype != torch.float32
         return LayerContext(
-            ops=self.ops, backend=self.backend, rms_norm=self.ops.rms_norm,
+            ops=self.ops, backend=self.backend,
+            rms_norm=gemma_rms_norm if scale_first else self.ops.rms_norm,
             act_and_mul=gelu_tanh_and_mul if gelu else self.ops.silu_and_mul,
             linear=linear, eps=c.rms_norm_eps,
             num_heads=heads, num_kv_heads=kv_heads, head_dim=c.head_dim,
