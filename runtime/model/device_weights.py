@@ -92,7 +92,8 @@ class DeviceWeights:
             raise ValueError(f"checkpoint tensor {name} is float8_e4m3fn without a per-tensor "
                              f"or per-channel {scale_name}")  # fmt: skip
         scale = self._w[scale_name]
-        t = self.finite.add(name, t.to(self.device))  # NaN codes of the weight, then scales
+        # the scale named if it is not finite; a NaN code is NaN in the values, which the
+        # caller checks (so each tensor is checked once)
         self.finite.add(scale_name, scale.to(self.device))
         block = getattr(self._w, "fp8_block", None)  # the checkpoint's tile, if block-wise
         tiles = None if block is None else tuple(-(-a // b) for a, b in zip(t.shape, block))
@@ -118,11 +119,8 @@ class DeviceWeights:
         modules = [n.removesuffix(".weight") for n in names]
         if self.fp8.serialized:
             parts = [fp8.load_linear(self._w, m, self.fp8).to(self.device) for m in modules]
-            for m, part in zip(modules, parts):
+            for m, part in zip(modules, parts):  # load_linear refused non-finite scales
                 self.finite.add(f"{m}.weight", part.weight)
-                self.finite.add(f"{m}.weight_scale", part.weight_scale)
-                if part.input_scale is not None:
-                    self.finite.add(f"{m}.input_scale", part.input_scale)
             return fp8.fuse(parts)
         return fp8.quantize_linear(torch.cat([self.source(n) for n in names]))
 
