@@ -250,7 +250,7 @@ class Serving:
         tokens, finish, stop = [0] * k, [None] * k, [None] * k
         cached = [0] * len(job.prompts)
         ids: list[list[int]] = [[] for _ in range(k)]
-        keep_ids = job.reasoning is not None
+        keep_ids = bool(job.reasoning)  # reasoning_tokens: 0 where the reply does not think
         for s in job.streams or ():
             s.wake_at_end = True  # no wake-up per step: the deltas are merged for us
         async for idx, o in self._outputs(job):
@@ -293,7 +293,7 @@ class Serving:
         tokens, offsets, started = [0] * k, [0] * k, [False] * k
         cached = [0] * len(job.prompts)
         ids: list[list[int]] = [[] for _ in range(k)]
-        keep_ids = job.reasoning is not None
+        keep_ids = bool(job.reasoning)  # reasoning_tokens: 0 where the reply does not think
 
         def chunk(choice: dict[str, Any]) -> bytes:
             data = {**head, "choices": [choice]}
