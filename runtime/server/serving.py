@@ -66,10 +66,10 @@ def sse(data: dict[str, Any]) -> bytes:
 
 
 def unavailable(e: EngineUnavailableError) -> APIError:
+    # retries spread (retry-after-ms), not in lockstep; a dead engine's 503 names no time
     if isinstance(e, QueueFullError):
-        headers = retry_headers(e.retry_after or 1)  # spread: no lockstep retries
-        return APIError(503, str(e), code="queue_full", headers=headers)
-    headers = {"Retry-After": str(e.retry_after)} if e.retry_after else None
+        return APIError(503, str(e), code="queue_full", headers=retry_headers(e.retry_after or 1))
+    headers = retry_headers(e.retry_after) if e.retry_after else None
     return APIError(503, str(e), code="unavailable", headers=headers)
 
 
