@@ -57,10 +57,10 @@ def greedy(llm: LLM, n: int = 5, first: list | None = None) -> list[list[int]]:
     seen: dict[str, torch.Tensor] = {}
 
     def observe(reqs, logits):
-        for r, row in zip(reqs, logits):
+        for r, row in zip(reqs, logits.float()):
             seen.setdefault(r.request_id, row.clone())
 
-    llm.engine.runner.logits_observer = observe if first is not None else None
+    llm.engine.runner.logits_hook = observe if first is not None else None
     params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
     if first is not None:
