@@ -35,11 +35,7 @@ class Gemma2Layer(LlamaLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # `mlp_norm` holds post_attention_layernorm: here it normalises attention's output
         norm, eps = self.ctx.rms_norm, self.ctx.eps
-        if residual is None:
-            residual = h
-            x = norm(x=h, weight=self.attn_norm, eps=eps)
-        else:
-            x, residual = norm(x=h, weight=self.attn_norm, eps=eps, residual=residual)
+        x, residual = self.attention_input(h, residual)
         h = norm(x=self.attention(x, step), weight=self.mlp_norm, eps=eps)
         x, residual = norm(x=h, weight=self.pre_mlp_norm, eps=eps, residual=residual)
         return norm(x=self.mlp(x), weight=self.post_mlp_norm, eps=eps), residual

@@ -170,15 +170,21 @@ class LlamaLayer:
     def __call__(
         self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, residual = self.attention_input(h, residual)
+        h = self.attention(x, step)
+        x, residual = self.ctx.rms_norm(x=h, weight=self.mlp_norm, eps=self.ctx.eps,
+                                        residual=residual)  # fmt: skip
+        return self.mlp(x), residual
+
+    def attention_input(
+        self, h: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(attention's input, the residual stream): `h`, the last layer's output, added to the
+        stream (it starts the stream at the first layer) and normalised."""
         norm, eps = self.ctx.rms_norm, self.ctx.eps
         if residual is None:
-            residual = h
-            x = norm(x=h, weight=self.attn_norm, eps=eps)
-        else:
-            x, residual = norm(x=h, weight=self.attn_norm, eps=eps, residual=residual)
-        h = self.attention(x, step)
-        x, residual = norm(x=h, weight=self.mlp_norm, eps=eps, residual=residual)
-        return self.mlp(x), residual
+            return norm(x=h, weight=self.attn_norm, eps=eps), h
+        return norm(x=h, weight=self.attn_norm, eps=eps, residual=residual)
 
     def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         ctx = self.ctx
