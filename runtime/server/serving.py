@@ -25,7 +25,8 @@ from pagoda.runtime.sampling.bad_words import bad_words_token_ids
 from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings
-from pagoda.runtime.server.protocol import APIError, parse_request, retry_headers
+from pagoda.runtime.server.protocol import APIError, retry_headers
+from pagoda.runtime.server.request_body import parse_request
 from pagoda.runtime.server.structured_outputs import StructuredOutputs
 from prometheus_client import CollectorRegistry
 
