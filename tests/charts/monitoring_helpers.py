@@ -3,7 +3,6 @@ exports, and small readers of rules, relabelings and dashboard targets."""
 
 from __future__ import annotations
 
-import pathlib
 import re
 from typing import Any
 
