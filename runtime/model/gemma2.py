@@ -20,6 +20,7 @@ import math
 import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step
+from pagoda.runtime.model.ops import gemma_rms_norm
 
 
 class Gemma2Layer(LlamaLayer):
@@ -45,7 +46,7 @@ class Gemma2Model(LlamaModel):
     layer_class = Gemma2Layer
     # (1 + w) * norm(x) in float32, rounded once (`norm_weight` gives 1 + w); GeGLU: LlamaModel's,
     # by hidden_act
-    norm_scales_in_float32 = True
+    rms_norm_16bit = staticmethod(gemma_rms_norm)
 
     def __init__(self, config, weights, **kwargs) -> None:
         super().__init__(config, weights, **kwargs)

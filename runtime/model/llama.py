@@ -35,7 +35,6 @@ from pagoda.runtime.model.ops import (
     check_rope_context,
     gather_cos_sin,
     gelu_tanh_and_mul,
-    gemma_rms_norm,
 )
 from pagoda.runtime.model.parallel_linear import (
     column_linear,
@@ -218,9 +217,10 @@ class LlamaModel:
     rows; the forward then runs on every rank of the group together."""
 
     layer_class: type[LlamaLayer] = LlamaLayer
-    # RMSNorm scales the float32 normalised rows and rounds once (`ops.gemma_rms_norm`), where
-    # Llama's rounds them first; for a float32 model both are `ops.rms_norm` (native on the CPU)
-    norm_scales_in_float32 = False
+    # A family's RMSNorm for 16-bit models where it is not `ops.rms_norm` (which rounds the
+    # normalised rows, then scales): `ops.gemma_rms_norm` scales the float32 rows, rounds once.
+    # In float32 the two are one, and `ops.rms_norm` (native on the CPU) serves.
+    rms_norm_16bit: Callable[..., Any] | None = None
 
     def __init__(
         self,
@@ -284,10 +284,9 @@ class LlamaModel:
             heads, kv_heads = tp.layout.local_heads(heads, kv_heads)
         # the config's hidden_act: SwiGLU, or GeGLU (Gemma's, and any family's that names it)
         gelu = c.family.hidden_act == "gelu_tanh"
-        scale_first = self.norm_scales_in_float32 and self.dtype != torch.float32
+        norm = self.rms_norm_16bit if self.dtype != torch.float32 else None
         return LayerContext(
-            ops=self.ops, backend=self.backend,
-            rms_norm=gemma_rms_norm if scale_first else self.ops.rms_norm,
+            ops=self.ops, backend=self.backend, rms_norm=norm or self.ops.rms_norm,
             act_and_mul=gelu_tanh_and_mul if gelu else self.ops.silu_and_mul,
             linear=linear, eps=c.rms_norm_eps,
             num_heads=heads, num_kv_heads=kv_heads, head_dim=c.head_dim,

@@ -23,6 +23,7 @@ import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step
 from pagoda.runtime.model.moe import make_mlp
+from pagoda.runtime.model.ops import gemma_rms_norm
 
 
 class WholeQKNormLayer(LlamaLayer):
@@ -85,7 +86,7 @@ class Olmo2Model(LlamaModel):
     layer_class = Olmo2Layer
     # `gemma_rms_norm` with the weight as stored: the float32 normalised rows times the 16-bit
     # weight is a float32 product (exactly the weight's value), rounded once
-    norm_scales_in_float32 = True
+    rms_norm_16bit = staticmethod(gemma_rms_norm)
 
 
 class OlmoeModel(LlamaModel):
