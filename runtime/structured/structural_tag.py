@@ -6,7 +6,7 @@ xgrammar compiles them.
   deprecated API), is read as the triggered tags it means: any text, and where a trigger is
   written, one of the structures (its begin, JSON matching its schema, its end).
 * Every JSON Schema inside (`json_schema` and `qwen_xml_parameter` formats) goes through
-  `schema.check`, and every `regex` format's pattern through `pattern_check`: xgrammar compiles
+  `schema.check`, and every `regex` format's pattern through `check_pattern`: xgrammar compiles
   them as loosely inside a tag as alone (`uniqueItems`, `propertyNames` without a type, ...),
   so they are rewritten or refused with a 400 naming where, as a `json` spec's are.
 """
@@ -18,7 +18,6 @@ from typing import Any
 
 from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.structured import schema as schemas
-from pagoda.runtime.structured.pattern_check import check_pattern
 
 SCHEMA_FORMATS = ("json_schema", "qwen_xml_parameter")
 
@@ -66,6 +65,6 @@ def _checked(node: Any, path: str) -> Any:
         except schemas.SchemaError as e:
             raise schemas.SchemaError(None, f"{e} in the schema at {path}/json_schema") from e
     if kind == "regex" and isinstance(node.get("pattern"), str):
-        check_pattern(node["pattern"], f"{path}/pattern")
+        schemas.check_pattern(node["pattern"], f"{path}/pattern")
         return node
     return {k: _checked(v, f"{path}/{k}") for k, v in node.items()}
