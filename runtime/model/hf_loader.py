@@ -9,7 +9,6 @@ lazily), `tokenizer.json` with the chat template (`template_files`: a processor'
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +18,7 @@ from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.ops import rope_inv_freq, rope_kind, rotary_dim
 from pagoda.runtime.model.safetensors_weights import INDEX, SafetensorsWeights
 from pagoda.runtime.model.template_files import read_chat_template
+from pagoda.runtime.model.template_files import read_json_object as _read_json
 from pagoda.runtime.model.tokenizer import Tokenizer
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -112,18 +112,6 @@ _FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Lla
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 _ACTIVATIONS.update({"gelu_tanh": "gelu_tanh", "gelu_python_tanh": "gelu_tanh"})
-
-
-def _read_json(path: Path) -> dict:
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path.name} is not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise ValueError(f"{path.name} must hold a JSON object")
-    return data
 
 
 def _as_ids(value) -> tuple[int, ...]:

@@ -11,7 +11,6 @@ dtype is the profile's identity already (``dtype``), so it is not repeated here.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
@@ -54,14 +53,11 @@ def weight_format(model_path: str, quantization: str | None) -> str:
     model (a GGUF file or an HF directory)."""
     if quantization is not None:
         return quantization
+    from pagoda.runtime.model.hf_loader import read_quantization
     from pagoda.runtime.model.loader import resolve_model_path
-    from pagoda.runtime.quantization.fp8 import scheme_from_hf_config
 
     path = resolve_model_path(model_path)
-    config = path / "config.json" if path.is_dir() else None
-    if config is None or not config.is_file():
-        return NO_QUANTIZATION
-    scheme = scheme_from_hf_config(json.loads(config.read_text()))
+    scheme = read_quantization(path) if path.is_dir() else None
     if scheme is None:
         return NO_QUANTIZATION
     return "fp8" if scheme.block is None else f"fp8 block {scheme.block[0]}x{scheme.block[1]}"

@@ -30,8 +30,8 @@ from pagoda.runtime.server.protocol import (
     APIError,
     ChatCompletionRequest,
     _Strict,
-    parse_request,
 )
+from pagoda.runtime.server.request_body import parse_request
 from pagoda.runtime.server.serving import Serving, unavailable
 from pydantic import Discriminator, Field, RootModel, Tag
 

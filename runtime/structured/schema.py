@@ -397,61 +397,57 @@ def check_pattern(pattern: str, path: str | None, in_json: bool = False) -> None
         parsed = sre_parse.parse(pattern)
     except Exception:  # not Python's dialect: left to xgrammar's own parser
         return
-    _check_regex_items(list(parsed), True, True, path)
+    items = list(_regex_items(list(parsed), True, True))
+    for op, av, at_start, at_end in items:
+        _check_regex_item(op, av, at_start, at_end, path)
     if in_json:
-        _check_json_literals(list(parsed), path)
+        for op, av, _, _ in items:
+            _check_json_literal(op, av, path)
+
+
+def _regex_items(items: list, first: bool, last: bool):
+    """(op, av, at_start, at_end) of every item of a parsed pattern, nested ones included."""
+    for i, (op, av) in enumerate(items):
+        at_start, at_end = first and i == 0, last and i == len(items) - 1
+        yield op, av, at_start, at_end
+        if op is sre_parse.BRANCH:
+            for alt in av[1]:
+                yield from _regex_items(list(alt), at_start, at_end)
+        elif op is sre_parse.SUBPATTERN:
+            yield from _regex_items(list(av[-1]), at_start, at_end)
+        elif op in _REPEATS:
+            yield from _regex_items(list(av[2]), False, False)
+        elif op is getattr(sre_parse, "ATOMIC_GROUP", None):
+            yield from _regex_items(list(av), False, False)
+
+
+def _check_regex_item(op, av, at_start: bool, at_end: bool, path: str | None) -> None:
+    if op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
+        raise SchemaError(path, "lookahead and lookbehind are not supported by "
+                          "constrained decoding")  # fmt: skip
+    if op is sre_parse.AT and not ((av in _AT_START and at_start) or (av in _AT_END and at_end)):
+        raise SchemaError(path, "anchors (^, $, \\b) are supported at the start and end "
+                          "of the pattern only")  # fmt: skip
 
 
 def _unescaped(c: int) -> bool:
     return c < 0x20 or c in (0x22, 0x5C)
 
 
-def _check_json_literals(items: list, path: str | None) -> None:
-    for op, av in items:
-        bad = None
-        if op is sre_parse.LITERAL and _unescaped(av):
-            bad = chr(av)
-        elif op is sre_parse.IN and (not av or av[0][0] is not sre_parse.NEGATE):
-            for kind, v in av:
-                if kind is sre_parse.LITERAL and _unescaped(v):
-                    bad = chr(v)
-                elif kind is sre_parse.RANGE and v[0] < 0x20:  # ranges leave '"' and '\' out
-                    bad = chr(v[0])
-        if bad is not None:
-            raise SchemaError(path, f"a pattern that matches {bad!r} is not supported by "
-                              "constrained decoding: xgrammar would write '\"', backslashes "
-                              "and control characters into the JSON string unescaped")  # fmt: skip
-        if op is sre_parse.BRANCH:
-            for alt in av[1]:
-                _check_json_literals(list(alt), path)
-        elif op is sre_parse.SUBPATTERN:
-            _check_json_literals(list(av[-1]), path)
-        elif op in _REPEATS:
-            _check_json_literals(list(av[2]), path)
-        elif op is getattr(sre_parse, "ATOMIC_GROUP", None):
-            _check_json_literals(list(av), path)
-
-
-def _check_regex_items(items: list, first: bool, last: bool, path: str | None) -> None:
-    for i, (op, av) in enumerate(items):
-        at_start, at_end = first and i == 0, last and i == len(items) - 1
-        if op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
-            raise SchemaError(path, "lookahead and lookbehind are not supported by "
-                              "constrained decoding")  # fmt: skip
-        if op is sre_parse.AT and not (
-            (av in _AT_START and at_start) or (av in _AT_END and at_end)
-        ):
-            raise SchemaError(path, "anchors (^, $, \\b) are supported at the start and end "
-                              "of the pattern only")  # fmt: skip
-        if op is sre_parse.BRANCH:
-            for alt in av[1]:
-                _check_regex_items(list(alt), at_start, at_end, path)
-        elif op is sre_parse.SUBPATTERN:
-            _check_regex_items(list(av[-1]), at_start, at_end, path)
-        elif op in _REPEATS:
-            _check_regex_items(list(av[2]), False, False, path)
-        elif op is getattr(sre_parse, "ATOMIC_GROUP", None):
-            _check_regex_items(list(av), False, False, path)
+def _check_json_literal(op, av, path: str | None) -> None:
+    bad = None
+    if op is sre_parse.LITERAL and _unescaped(av):
+        bad = chr(av)
+    elif op is sre_parse.IN and (not av or av[0][0] is not sre_parse.NEGATE):
+        for kind, v in av:
+            if kind is sre_parse.LITERAL and _unescaped(v):
+                bad = chr(v)
+            elif kind is sre_parse.RANGE and v[0] < 0x20:  # ranges leave '"' and '\' out
+                bad = chr(v[0])
+    if bad is not None:
+        raise SchemaError(path, f"a pattern that matches {bad!r} is not supported by "
+                          "constrained decoding: xgrammar would write '\"', backslashes "
+                          "and control characters into the JSON string unescaped")  # fmt: skip
 
 
 def _assertions(s: dict, *but: str) -> list[str]:
