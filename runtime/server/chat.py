@@ -48,7 +48,8 @@ class ChatEndpoint(Endpoint):
     def prepare(self, req: ChatCompletionRequest, info: EngineInfo, strings: TokenStrings) -> Job:
         model = self.resolve_model(req.model)
         if req.top_logprobs is not None and not req.logprobs:
-            raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
+            raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs",
+                           code="invalid_value")  # fmt: skip
         max_tokens, renames = req.max_tokens, self.renames
         if req.max_completion_tokens is not None:  # OpenAI's newer name; errors must use it
             max_tokens = req.max_completion_tokens
@@ -265,4 +266,5 @@ def _render(apply: Any, *args: Any, **kw: Any) -> Any:
     except ValueError as e:
         raise APIError(400, str(e), param="messages", code="invalid_messages") from e
     except Exception as e:
-        raise APIError(400, f"chat template failed: {e}", param="messages") from e
+        raise APIError(400, f"chat template failed: {e}", param="messages",
+                       code="invalid_messages") from e  # fmt: skip
