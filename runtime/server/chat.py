@@ -125,6 +125,11 @@ class ChatEndpoint(Endpoint):
         return raw, text, ids, added
 
     def opening(self, job: Job) -> list[dict[str, Any]]:
+        """The role, with `content: ""`, before any token (OpenAI's and vLLM's first chunk).
+        With tools the role waits for the first delta (`_with_role`): OpenAI's first chunk of a
+        reply that is a call says `content: null`, which is known only once the call begins."""
+        if job.tools is not None:
+            return []
         out = []
         for i in range(job.num_choices):
             out.append({"index": i, "delta": {"role": job.role, "content": ""}, "logprobs": None})
@@ -197,7 +202,21 @@ class ChatEndpoint(Endpoint):
             and (job.tools is not None or job.reasoning is not None)
         ):
             return None  # held back (a marker or a call may be beginning)
+        if job.tools is not None and i not in job.opened:
+            delta = _with_role(job, i, delta, final)
         return {"index": i, "delta": delta, "logprobs": logprobs}
+
+
+def _with_role(job: Job, i: int, delta: dict[str, Any], final: bool) -> dict[str, Any]:
+    """Choice `i`'s first delta with tools, carrying the role: `content` null unless text comes
+    first (a call, or thinking, may follow), so the SDK's accumulated message is the whole
+    response's: content null beside calls, "" for an empty reply without any."""
+    job.opened.add(i)
+    content = delta.get("content")
+    if content is None and final and i not in job.called:
+        content = ""
+    return {"role": job.role, "content": content,
+            **{k: v for k, v in delta.items() if k != "content"}}  # fmt: skip
 
 
 def _template_kwargs(kwargs: dict[str, Any] | None, tokenizer: Any,
