@@ -115,9 +115,13 @@ class ChatEndpoint(Endpoint):
             add_generation_prompt=req.generation_prompt,
             continue_final_message=req.continue_final_message, variables=variables,
         )  # fmt: skip
-        messages, listed = _render(tools.template_messages, raw, setup, template)
-        text = render(messages, tools=listed)
-        _check_names_rendered(raw, messages, listed, text, render)
+
+        def prompt_of(client_messages: list[dict[str, Any]]) -> tuple[Any, Any, str]:
+            messages, listed = _render(tools.template_messages, client_messages, setup, template)
+            return messages, listed, render(messages, tools=listed)
+
+        messages, listed, text = prompt_of(raw)
+        _check_names_rendered(raw, text, lambda ms: prompt_of(ms)[2])
         self.check_length(text, info)
         # `render` runs again there when the client's text holds special-token text
         ids = encode_chat(info.tokenizer, messages, listed, text, self.content_as_text, render)
@@ -259,19 +263,22 @@ def _reply_tail(req: ChatCompletionRequest, messages: list[dict[str, Any]], list
     return text[at:]
 
 
-def _check_names_rendered(raw: list[dict[str, Any]], messages: list[dict[str, Any]],
-                          listed: Any, text: str, render: Any) -> None:  # fmt: skip
-    """A message's `name` is a 400 when the chat template writes no name (the prompt is the
-    same without them): it would be dropped silently. One more rendering, with names only."""
-    named = next((i for i, m in enumerate(raw) if m.get("name") is not None), None)
-    if named is None:
-        return
-    nameless = [{k: v for k, v in m.items() if k != "name"} for m in messages]
-    if render(nameless, tools=listed) == text:
-        raise APIError(400, f"messages[{named}].name is not supported: this model's chat "
-                       "template does not write message names, so it would change nothing "
-                       "(put the name in the content instead)", param=f"messages[{named}].name",
-                       code="unsupported_parameter")  # fmt: skip
+def _check_names_rendered(raw: list[dict[str, Any]], text: str, render: Any) -> None:
+    """A message's `name` is a 400 where the chat template writes no name for messages of its
+    role: the prompt is the same with that role's names dropped, so they would be dropped
+    silently (SmolLM2's and Llama 3's templates write none; some write the user's only). One
+    more rendering (`render`: client messages → prompt) per role that carries names."""
+    for role in dict.fromkeys(m["role"] for m in raw if m.get("name") is not None):
+        named = next(
+            i for i, m in enumerate(raw) if m["role"] == role and m.get("name") is not None
+        )
+        nameless = [{k: v for k, v in m.items() if k != "name" or m["role"] != role} for m in raw]
+        if render(nameless) == text:
+            raise APIError(400, f"messages[{named}].name is not supported: this model's chat "
+                           f"template does not write the names of {role} messages, so it would "
+                           "change nothing (put the name in the content instead)",
+                           param=f"messages[{named}].name",
+                           code="unsupported_parameter")  # fmt: skip
 
 
 def _render(apply: Any, *args: Any, **kw: Any) -> Any:
