@@ -113,10 +113,10 @@ def escape(pattern: str, path: str) -> str:
     out = rewrite(pattern, path)
     if out != pattern and not _grammar_rules(out):
         raise SchemaError(path, "a pattern that matches '\"', a backslash or a control "
-                          "character is supported where xgrammar compiles it to grammar rules "
-                          "(which write them escaped); this one goes to its regex rule, which "
-                          "would write them unescaped or never: leave them out, or write the "
-                          "pattern without repeated groups")  # fmt: skip
+                          "character outside a class is written escaped where xgrammar compiles "
+                          "it to grammar rules; this one goes to its regex rule (as most "
+                          "repeated groups do), which never writes the escapes: leave those "
+                          "characters out, or write that part without repetition")  # fmt: skip
     return out
 
 
