@@ -12,6 +12,8 @@ features its xgrammar backend lacks):
   `allOf` of compatible object schemas is merged; a `required` name missing from `properties`
   gets an open schema there; lengths already implied by a pattern are dropped, or folded into
   a repeated class's count; a number schema with a whole `multipleOf` becomes an integer one;
+  a pattern's '"', backslashes and control characters match their JSON escapes
+  (`pattern_escapes.py`);
 * what cannot is refused: `check` raises `SchemaError(path, message)`, a 400 naming the keyword
   (this module walks the schema, refuses what has no rewrite, and checks `oneOf`, patterns and
   that some finite value satisfies the schema).
@@ -27,6 +29,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import jsonschema
+from pagoda.runtime.structured import pattern_escapes
 from pagoda.runtime.structured.schema_rewrites import (
     ASSERTIONS,
     FORMAT_PATTERNS,
@@ -278,8 +281,8 @@ def _refuse_unsupported(s: dict, path: str) -> None:
     if "$ref" in s and not _LOCAL_REF.match(str(s["$ref"])):
         raise SchemaError(f"{path}/$ref", "only local JSON pointer references (#/...) are "
                           "supported")  # fmt: skip
-    if isinstance(s.get("pattern"), str):
-        check_pattern(s["pattern"], f"{path}/pattern", in_json=True)
+    if isinstance(s.get("pattern"), str):  # '"', '\\' and controls: `pattern_escapes`
+        check_pattern(s["pattern"], f"{path}/pattern")
     for key in s.get("patternProperties") or ():
         check_pattern(key, f"{path}/patternProperties", in_json=True)
 
@@ -305,6 +308,7 @@ def _string_keywords(out: dict, s: dict, path: str, lp: bool) -> dict:
         out["pattern"] = f"^.{{{lo},{'' if hi is None else hi}}}$"
     if isinstance(out.get("pattern"), str):
         out["pattern"] = optional_groups_as_alternatives(out["pattern"])
+        out["pattern"] = pattern_escapes.escape(out["pattern"], f"{path}/pattern")
     if isinstance(out.get("patternProperties"), dict):
         out["patternProperties"] = {optional_groups_as_alternatives(k): v
                                     for k, v in out["patternProperties"].items()}  # fmt: skip
@@ -390,9 +394,10 @@ def _as_key(s: dict, root: Any, path: str) -> dict:
 def check_pattern(pattern: str, path: str | None, in_json: bool = False) -> None:
     """SchemaError for regex features xgrammar compiles loosely: lookaround (it drops it inside
     JSON Schema patterns) and anchors other than at the start and end (it drops them). `in_json`
-    (a JSON Schema's pattern, matched by a JSON string's value): also a literal '"', backslash
-    or control character, which xgrammar writes into the string unescaped (`^a"b$` gave
-    `"a"b"`, not JSON), also in a class (`["\\\\]`); ranges leave '"' and backslash out."""
+    (a `patternProperties` name, matched by a JSON string's value): also a literal '"',
+    backslash or control character, which xgrammar writes into the string unescaped (`^a"b$`
+    gave `"a"b"`, not JSON), also in a class; ranges leave '"' and backslash out. A `pattern`'s
+    are written escaped instead (`pattern_escapes`)."""
     try:
         parsed = sre_parse.parse(pattern)
     except Exception:  # not Python's dialect: left to xgrammar's own parser
