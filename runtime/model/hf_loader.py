@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
+from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.ops import rope_inv_freq, rope_kind, rotary_dim
 from pagoda.runtime.model.safetensors_weights import INDEX, SafetensorsWeights
@@ -42,6 +43,7 @@ HF_ARCHITECTURES = {
     "GraniteForCausalLM": "granite",
     "GraniteMoeForCausalLM": "granitemoe",
     "OlmoeForCausalLM": "olmoe",
+    **deepseek.ARCHITECTURES,  # DeepSeek-V2/V3, Kimi K2, Moonlight (model/deepseek.py)
 }
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
@@ -82,11 +84,13 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2},
     "olmoe": {"num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False,
               "rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
+    **deepseek.DEFAULTS,
 }  # fmt: skip
 # a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
 _NULLABLE = {
     "mistral": ("sliding_window",),
     "gemma2": ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"),
+    **{arch: deepseek.NULLABLE for arch in deepseek.DEFAULTS},
 }
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -194,7 +198,9 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     return int(window) if window else None
 
 
-def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
+def _family(
+    cfg: Mapping[str, Any], arch: str, n: int, scaling: Mapping[str, Any] | None = None
+) -> FamilyConfig:
     window = _sliding_window(cfg, arch)
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
     if act not in _ACTIVATIONS:
@@ -277,6 +283,8 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
         for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
                      "logits_scaling"):  # fmt: skip
             fields[name] = float(cfg.get(name, 1.0))
+    if arch in deepseek.ARCHITECTURES.values():
+        fields.update(deepseek.family_fields(cfg, arch, n, scaling))
     if fields.get("num_experts") and fields["hidden_act"] != "silu":  # the fused-MoE kernel's
         raise ValueError(f"hidden activation {act!r} in a mixture of experts is not supported "
                          "(experts run SwiGLU: silu)")  # fmt: skip
@@ -314,6 +322,9 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     layers = int(cfg["num_hidden_layers"])
     rope_theta, scaling = _rope(cfg, "full_attention" if arch == "gemma3" else None, arch == "phi3")
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    if arch in deepseek.ARCHITECTURES.values():  # latent attention, expanded per head
+        head_dim, kv_heads = deepseek.head_dim(cfg, arch), heads
     rope_inv_freq(head_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
     rope_inv_freq(head_dim, rope_theta, scaling, long=True)  # longrope: its long factors too
     if arch != "phi3" and rotary_dim(head_dim, scaling) != head_dim:  # transformers' too
@@ -329,7 +340,7 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
         intermediate_size=int(cfg["intermediate_size"]),
         num_layers=layers,
         num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        num_kv_heads=kv_heads,
         head_dim=head_dim,
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=rope_theta,
@@ -340,7 +351,7 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
         bos_token_id=cfg.get("bos_token_id", top.get("bos_token_id")),
         eos_token_ids=eos,
         architecture=arch,
-        family=_family(cfg, arch, layers),
+        family=_family(cfg, arch, layers, scaling),
     )
 
 

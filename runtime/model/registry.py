@@ -27,6 +27,8 @@ MODEL_CLASSES = {
     "granite": ("granite", "GraniteModel"),
     "granitemoe": ("granite", "GraniteMoeModel"),
     "olmoe": ("olmo2", "OlmoeModel"),
+    "deepseek_v2": ("deepseek", "DeepseekModel"),
+    "deepseek_v3": ("deepseek", "DeepseekModel"),
 }
 
 
