@@ -89,3 +89,28 @@ def test_greedy_matches_transformers_under_preemption(case):
     for i, want in enumerate(reference):
         check(got[i], want, f"{name}: prompt {i}, preempted")
     llm.engine.check_integrity()
+
+
+def test_tensor_parallelism_is_refused_in_one_line_and_never_offered(tmp_path):
+    """MLA is not split over ranks: `pagoda serve --tensor-parallel-size 2` is refused before
+    loading (one line, exit 2 through `check_parallel`), and the not-fit message offers no
+    tensor-parallel size for these models (it does for the same shapes without MLA)."""
+    import dataclasses
+
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server import fit
+    from pagoda.runtime.server.launch import check_parallel
+
+    make_tiny_model(tmp_path, "DeepseekV3", **CASES["v3"][1])
+    mc = read_model_config(str(tmp_path))
+    cfg = EngineConfig.create(str(tmp_path), tensor_parallel_size=2)
+    with pytest.raises(ValueError, match=r"latent attention .* --tensor-parallel-size 1"):
+        check_parallel(mc, cfg)
+    plan = fit.Plan(torch.bfloat16, False, False, max_model_len=4096)
+    have = plan.need(mc) * 2 // 3  # two ranks would hold it
+    offers = fit.would_fit(mc, plan, plan.weight_bytes(mc), have, False, cuda=True)
+    assert not any("--tensor-parallel-size" in o for o in offers), offers
+    plain = dataclasses.replace(mc, family=dataclasses.replace(mc.family, mla=None))
+    offers = fit.would_fit(plain, plan, plan.weight_bytes(mc), have, False, cuda=True)
+    assert any("--tensor-parallel-size 2" in o for o in offers), offers
