@@ -114,3 +114,44 @@ def test_tensor_parallelism_is_refused_in_one_line_and_never_offered(tmp_path):
     plain = dataclasses.replace(mc, family=dataclasses.replace(mc.family, mla=None))
     offers = fit.would_fit(plain, plan, plan.weight_bytes(mc), have, False, cuda=True)
     assert any("--tensor-parallel-size 2" in o for o in offers), offers
+
+
+def test_block_wise_fp8_checkpoint_as_deepseek_v3_publishes_it(tmp_path):
+    """DeepSeek-V3's FP8 release: every decoder projection (latent attention, dense MLP, experts,
+    shared experts) in E4M3 with a float32 `weight_scale_inv` per weight tile (partial tiles at
+    the edges), the router, norms, embedding and head in 16 bits. It loads dequantized and gives
+    transformers' tokens and logits on its dequantized weights."""
+    import json
+
+    from fp8_testlib import quantize_blocks
+    from safetensors.torch import load_file, save_file
+
+    arch, overrides = CASES["v3"]
+    make_tiny_model(tmp_path / "orig", arch, **overrides)
+    tensors = load_file(str(tmp_path / "orig" / "model.safetensors"))
+    quant, dense = {}, {}
+    for name, t in tensors.items():
+        projection = name.endswith("proj.weight") or name.endswith("proj_with_mqa.weight")
+        if not projection:
+            quant[name] = dense[name] = t
+            continue
+        codes, scales, dense[name] = quantize_blocks(t.float(), (32, 32))
+        quant[name], quant[name.removesuffix("weight") + "weight_scale_inv"] = codes, scales
+    for d, ts in (("fp8", quant), ("dequantized", dense)):
+        (tmp_path / d).mkdir()
+        for f in (tmp_path / "orig").iterdir():
+            if f.name != "model.safetensors":
+                (tmp_path / d / f.name).write_bytes(f.read_bytes())
+        save_file(ts, str(tmp_path / d / "model.safetensors"))
+    config = json.loads((tmp_path / "fp8" / "config.json").read_text())
+    config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                     "quant_method": "fp8", "weight_block_size": [32, 32]}  # fmt: skip
+    (tmp_path / "fp8" / "config.json").write_text(json.dumps(config))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "dequantized").eval()
+    reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
+    loaded = load_model(str(tmp_path / "fp8"))
+    assert loaded.fp8_scheme.block == (32, 32)
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20,
+              max_num_batched_tokens=16, max_num_seqs=4, block_size=16)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
+        check(got, want, f"FP8 V3: prompt {i}")
