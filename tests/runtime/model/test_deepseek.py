@@ -91,6 +91,24 @@ def test_greedy_matches_transformers_under_preemption(case):
     llm.engine.check_integrity()
 
 
+@pytest.mark.slow  # ~7 s in Triton's interpreter
+def test_the_triton_backend_takes_the_padded_head(case):
+    """Head size 48 (not a power of two: the kernels' masked tail), the value zero-padded into
+    it, through the Triton attention kernels (Triton's interpreter on a CPU, the GPU where there
+    is one), chunked and batched: transformers' tokens and logits."""
+    import os
+
+    name, loaded, reference = case
+    if name != "v2-lite":
+        pytest.skip("one case: the kernels see a head size and nothing else of the model")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton kernels run on a CPU under TRITON_INTERPRET=1 only")
+    llm = LLM(loaded=loaded, attention_backend="triton", dtype="float32",
+              kv_cache_memory=16 << 20, max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
+        check(got, want, f"{name}: prompt {i}, triton")
+
+
 def test_tensor_parallelism_is_refused_in_one_line_and_never_offered(tmp_path):
     """MLA is not split over ranks: `pagoda serve --tensor-parallel-size 2` is refused before
     loading (one line, exit 2 through `check_parallel`), and the not-fit message offers no
