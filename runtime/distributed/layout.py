@@ -64,9 +64,6 @@ def check(config: ModelConfig, size: int) -> None:
     if size == 1:
         return
     f = config.family
-    if f.mla is not None:  # model/deepseek.py
-        raise ValueError(f"--tensor-parallel-size {size}: DeepSeek's latent attention (MLA) is "
-                         "not split over ranks here; serve it with --tensor-parallel-size 1")  # fmt: skip
     dense = f.num_experts == 0 or any(not f.has_experts(i) for i in range(config.num_layers))
     problem = options.tensor_parallel_problem(
         size,

@@ -22,6 +22,11 @@ take 69 KiB; DeepSeek-V2-Lite (16 heads, 27 layers) 324 KiB per token.
 q_a_proj and kv_a_proj_with_mqa (or q_proj and kv_a_proj_with_mqa) read the same input and run
 as one matmul.
 
+**Tensor parallelism** splits the heads, as vLLM does: each rank holds its heads' rows of q_proj
+or q_b_proj and of kv_b_proj and their columns of o_proj (summed by the all-reduce), while the
+bottleneck, the latent projection and their norms are every head's and held whole on every rank
+(the latent is computed on each); the experts and shared experts split by width (`moe.py`).
+
 **Experts**: dense MLPs in the first ``first_k_dense_replace`` layers, then routed experts
 (`moe.SparseMoE`, the fused kernel on CUDA) picked by `moe_routing.GroupedRouter`, plus an
 ungated shared MLP of ``moe_intermediate_size x n_shared_experts`` (`moe.SharedExpertMoE`).
@@ -35,6 +40,7 @@ from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.moe import make_mlp
 from pagoda.runtime.model.ops import build_cos_sin_cache, check_rope_context
+from pagoda.runtime.model.parallel_linear import column_linear, row_linear
 
 
 class DeepseekLayer(LlamaLayer):
@@ -50,16 +56,33 @@ class DeepseekLayer(LlamaLayer):
         self.mlp_norm = w[prefix + "post_attention_layernorm.weight"]
         first = "q_a_proj" if m.q_lora_rank is not None else "q_proj"
         # q's first projection and the latent's read the same x: one matmul
-        self.qkv_a = linear_layer(ctx, w, [f"{a}{first}.weight", f"{a}kv_a_proj_with_mqa.weight"])
-        q_width = m.q_lora_rank or c.num_heads * m.qk_head_dim
+        names = [f"{a}{first}.weight", f"{a}kv_a_proj_with_mqa.weight"]
+        q_width = m.q_lora_rank or ctx.num_heads * m.qk_head_dim  # (this rank's heads)
         self.a_sizes = [q_width, m.kv_lora_rank, m.qk_rope_head_dim]
+        h0 = 0 if ctx.tp is None else ctx.tp.layout.heads(c.num_heads)[0]
+        heads = (h0, h0 + ctx.num_heads)  # this rank's (module docstring)
+
+        def by_heads(name: str, width: int):  # rows of `width` per head: this rank's heads'
+            if ctx.tp is None:
+                return linear_layer(ctx, w, [name])
+            return column_linear(ctx, w, [name], [(heads[0] * width, heads[1] * width)])
+
+        latent = (0, m.kv_lora_rank + m.qk_rope_head_dim)
+        if ctx.tp is None:
+            self.qkv_a = linear_layer(ctx, w, names)
+        elif m.q_lora_rank is None:  # this rank's heads of q_proj, the whole latent
+            self.qkv_a = column_linear(ctx, w, names, [(heads[0] * m.qk_head_dim,
+                                                        heads[1] * m.qk_head_dim), latent])  # fmt: skip
+        else:  # replicated: the bottleneck and the latent are every head's
+            self.qkv_a = column_linear(ctx, w, names, [(0, m.q_lora_rank), latent])
         self.q_norm = self.q_b = None
         if m.q_lora_rank is not None:
             self.q_norm = w[a + "q_a_layernorm.weight"]
-            self.q_b = linear_layer(ctx, w, [a + "q_b_proj.weight"])
+            self.q_b = by_heads(a + "q_b_proj.weight", m.qk_head_dim)
         self.kv_norm = w[a + "kv_a_layernorm.weight"]
-        self.kv_b = linear_layer(ctx, w, [a + "kv_b_proj.weight"])
-        self.o_proj = linear_layer(ctx, w, [a + "o_proj.weight"])
+        self.kv_b = by_heads(a + "kv_b_proj.weight", m.qk_nope_head_dim + m.v_head_dim)
+        o = a + "o_proj.weight"  # input columns by heads (an even share), summed over ranks
+        self.o_proj = linear_layer(ctx, w, [o]) if ctx.tp is None else row_linear(ctx, w, o)
         self.kv_scales = model.kv_scales(w, a.rstrip("."))
         self.window = None
         self.rope = "global"
@@ -120,11 +143,6 @@ class DeepseekModel(LlamaModel):
     layer_class = DeepseekLayer
     moe_names = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
     make_mlp = make_mlp
-
-    def __init__(self, config, weights, **kwargs) -> None:
-        if kwargs.get("tp") is not None:  # `distributed.layout.check` refuses it first
-            raise ValueError("DeepSeek's latent attention runs without tensor parallelism")
-        super().__init__(config, weights, **kwargs)
 
     def build_rope_caches(self, max_positions: int) -> dict[str, torch.Tensor]:
         c = self.config

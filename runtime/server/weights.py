@@ -265,7 +265,7 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     attn_rows = (mc.num_heads / t + 2 * kv) * d + h
     norms = (2 * n + 1) * h * item
     if f.mla is not None:  # DeepSeek's latent attention (one rank) and its two norms
-        mats = _mla_matrices(h, mc.num_heads, f.mla)
+        mats = _mla_matrices(h, mc.num_heads, f.mla, t)
         attn, attn_rows = sum(r * c for r, c in mats), sum(r for r, _ in mats)
         norms += n * (f.mla.kv_lora_rank + (f.mla.q_lora_rank or 0)) * item
     mlp = (n - moe) * 3 * h * i / t
@@ -288,13 +288,15 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     return math.ceil(projections + (experts + embed) / t) + routers + norms
 
 
-def _mla_matrices(h: int, heads: int, m) -> list[tuple[int, int]]:
-    """(rows, columns) of a latent attention layer's matrices (`config.MlaConfig`)."""
-    qk = heads * m.qk_head_dim
+def _mla_matrices(h: int, heads: int, m, t: int = 1) -> list[tuple[float, float]]:
+    """(rows, columns) on one of `t` ranks of a latent attention layer's matrices
+    (`config.MlaConfig`, `model/deepseek.py`): q (or q_b) and kv_b by heads, o by its columns,
+    the bottleneck and the latent whole."""
+    qk = heads * m.qk_head_dim / t
     q = [(qk, h)] if m.q_lora_rank is None else [(m.q_lora_rank, h), (qk, m.q_lora_rank)]
     kv = [(m.kv_lora_rank + m.qk_rope_head_dim, h),
-          (heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)]  # fmt: skip
-    return [*q, *kv, (h, heads * m.v_head_dim)]
+          (heads * (m.qk_nope_head_dim + m.v_head_dim) / t, m.kv_lora_rank)]  # fmt: skip
+    return [*q, *kv, (h, heads * m.v_head_dim / t)]
 
 
 def read_by_model(name: str, mc: ModelConfig) -> bool:
@@ -379,6 +381,8 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
     if name in (EMBED, HEAD):
         start, stop = lay.vocab(rows)
         return stop - start, cols
+    if mc.family.mla is not None and (m_rows := _mla_rows(part, mc, lay)) is not None:
+        return m_rows, cols
     if re.search(r"\bqkv_proj\.(weight|bias)$", part):  # Phi-3's fused q/k/v (model/phi3.py)
         (q0, q1), (k0, k1) = lay.heads(mc.num_heads), lay.kv_heads(mc.num_kv_heads)
         return (q1 - q0 + 2 * (k1 - k0)) * mc.head_dim, cols
@@ -393,6 +397,17 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
     if re.search(r"(gate_proj|up_proj|w1|w3|input_linear)\.(weight|bias)$", part):
         return rows // lay.size, cols  # output rows (experts: their intermediate width)
     return rows, cols  # norms, the router, o's and down's biases: whole on every rank
+
+
+def _mla_rows(part: str, mc: ModelConfig, lay) -> int | None:
+    """A rank's rows of a latent attention matrix split by heads (q_proj or q_b_proj, kv_b_proj:
+    `model/deepseek.py`); None for the others."""
+    m, (q0, q1) = mc.family.mla, lay.heads(mc.num_heads)
+    if re.search(r"\bq_(b_)?proj\.(weight|bias)$", part):
+        return (q1 - q0) * m.qk_head_dim
+    if re.search(r"\bkv_b_proj\.weight$", part):
+        return (q1 - q0) * (m.qk_nope_head_dim + m.v_head_dim)
+    return None
 
 
 def _dense(parts: list[Stored], mc: ModelConfig, lay, p: Placement) -> int:

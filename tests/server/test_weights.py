@@ -117,6 +117,7 @@ SHARED_AND_STACKED = {
     "Qwen2Moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                      shared_expert_intermediate_size=48, mlp_only_layers=[1]),
     "GraniteMoe": dict(num_local_experts=4),
+    **DEEPSEEK,  # latent attention split by heads, the bottleneck and latent whole
 }  # fmt: skip
 
 
@@ -349,16 +350,18 @@ def test_a_shared_expert_from_shapes_as_from_its_tensors(tp, fp8):
     assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, fp8, tp), rel=1e-4)
 
 
+@pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("arch", list(DEEPSEEK))
-def test_latent_attention_from_shapes_as_from_its_tensors(tmp_path, arch, fp8):
+def test_latent_attention_from_shapes_as_from_its_tensors(tmp_path, arch, fp8, tp):
     """DeepSeek's latent attention projections, shared experts and float32 router counted from
-    the config's shapes as from the checkpoint's tensors (on CUDA: no packing), FP8 too."""
+    the config's shapes as from the checkpoint's tensors (on CUDA: no packing), FP8 and one of
+    two ranks too."""
     from pagoda.runtime.quantization.fp8 import ONLINE_SCHEME
 
     make_tiny_model(tmp_path, arch, **DEEPSEEK[arch])
     mc = read_model_config(str(tmp_path))
     ckpt = weights.read_checkpoint(tmp_path, mc.architecture)
-    place = weights.Placement(torch.bfloat16, "cuda", 1, ONLINE_SCHEME if fp8 else None)
+    place = weights.Placement(torch.bfloat16, "cuda", tp, ONLINE_SCHEME if fp8 else None)
     got, _ = weights.resident(ckpt, mc, place)
-    assert got == weights.from_shapes(mc, torch.bfloat16, fp8)
+    assert got == weights.from_shapes(mc, torch.bfloat16, fp8, tp)

@@ -10,6 +10,9 @@ prompts sharing steps, and a pool small enough to preempt.
 - v3: q_lora, sigmoid scores with e_score_correction_bias (noaux_tc, best-two group sums),
   renormalised and scaled weights, v_head_dim above the qk head (q and k padded);
 - v3-no-interleave: rope_interleave false (rotate-half rotary).
+
+Also: two tensor-parallel ranks (heads split) against one, the 48-wide head through the Triton
+kernels, and DeepSeek-V3's block-wise FP8 release format.
 """
 
 from __future__ import annotations
@@ -109,29 +112,26 @@ def test_the_triton_backend_takes_the_padded_head(case):
         check(got, want, f"{name}: prompt {i}, triton")
 
 
-def test_tensor_parallelism_is_refused_in_one_line_and_never_offered(tmp_path):
-    """MLA is not split over ranks: `pagoda serve --tensor-parallel-size 2` is refused before
-    loading (one line, exit 2 through `check_parallel`), and the not-fit message offers no
-    tensor-parallel size for these models (it does for the same shapes without MLA)."""
-    import dataclasses
-
-    from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.model.loader import read_model_config
-    from pagoda.runtime.server import fit
-    from pagoda.runtime.server.launch import check_parallel
-
-    make_tiny_model(tmp_path, "DeepseekV3", **CASES["v3"][1])
-    mc = read_model_config(str(tmp_path))
-    cfg = EngineConfig.create(str(tmp_path), tensor_parallel_size=2)
-    with pytest.raises(ValueError, match=r"latent attention .* --tensor-parallel-size 1"):
-        check_parallel(mc, cfg)
-    plan = fit.Plan(torch.bfloat16, False, False, max_model_len=4096)
-    have = plan.need(mc) * 2 // 3  # two ranks would hold it
-    offers = fit.would_fit(mc, plan, plan.weight_bytes(mc), have, False, cuda=True)
-    assert not any("--tensor-parallel-size" in o for o in offers), offers
-    plain = dataclasses.replace(mc, family=dataclasses.replace(mc.family, mla=None))
-    offers = fit.would_fit(plain, plan, plan.weight_bytes(mc), have, False, cuda=True)
-    assert any("--tensor-parallel-size 2" in o for o in offers), offers
+@pytest.mark.slow  # two engines, one of two ranks (gloo): ~10 s
+def test_two_tensor_parallel_ranks_give_one_ranks_tokens(case):
+    """Heads split over two ranks (q_proj's or q_b_proj's rows, kv_b_proj's rows, o_proj's
+    columns; the bottleneck and the latent whole on each), experts and shared experts by width:
+    the tokens of one rank and transformers' logits, chunked, preempted and on a warm cache."""
+    name, loaded, reference = case
+    if name not in ("v2-lite", "v3"):
+        pytest.skip("q_proj (v2-lite) and q_lora (v3) are enough")
+    pool = dict(num_blocks_override=7, block_size=16, max_model_len=96,
+                max_num_batched_tokens=16, max_num_seqs=3, dtype="float32")  # fmt: skip
+    one = LLM(str(loaded.path), loaded=loaded, **pool)
+    want = generate(one, prompts()) + generate(one, prompts()[::-1])[::-1]
+    with LLM(str(loaded.path), loaded=loaded, tensor_parallel_size=2, **pool) as two:
+        got = generate(two, prompts()) + generate(two, prompts()[::-1])[::-1]
+        assert two.engine.scheduler.num_preemptions > 0 and two.engine.kv.prefix_hits > 0
+        assert two.engine.runner.backend.num_heads == 2  # this rank's half of 4
+        two.engine.check_integrity()
+    assert [t for t, _ in got] == [t for t, _ in want]
+    for i, g in enumerate(got):
+        check(g, reference[i % 3], f"{name}: prompt {i}, two ranks")
 
 
 def test_block_wise_fp8_checkpoint_as_deepseek_v3_publishes_it(tmp_path):
