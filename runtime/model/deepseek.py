@@ -68,7 +68,12 @@ class DeepseekLayer(LlamaLayer):
             return column_linear(ctx, w, [name], [(heads[0] * width, heads[1] * width)])
 
         latent = (0, m.kv_lora_rank + m.qk_rope_head_dim)
-        if ctx.tp is None:
+        self.kv_a = None  # apart only where q_proj has no bias and the latent has one
+        if m.q_lora_rank is None and a + "kv_a_proj_with_mqa.bias" in w:
+            self.qkv_a = by_heads(names[0], m.qk_head_dim)
+            self.kv_a = linear_layer(ctx, w, names[1:]) if ctx.tp is None else column_linear(
+                ctx, w, names[1:], [latent])  # fmt: skip
+        elif ctx.tp is None:
             self.qkv_a = linear_layer(ctx, w, names)
         elif m.q_lora_rank is None:  # this rank's heads of q_proj, the whole latent
             self.qkv_a = column_linear(ctx, w, names, [(heads[0] * m.qk_head_dim,
@@ -92,14 +97,17 @@ class DeepseekLayer(LlamaLayer):
         self.mlp = model.make_mlp(w, prefix, index, ctx)
 
     def linears(self):
-        q_b = [] if self.q_b is None else [self.q_b]
-        return [self.qkv_a, *q_b, self.kv_b, self.o_proj, *self.mlp.linears()]
+        apart = [x for x in (self.kv_a, self.q_b) if x is not None]
+        return [self.qkv_a, *apart, self.kv_b, self.o_proj, *self.mlp.linears()]
 
     def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         ctx, m = self.ctx, self.mla
         t, h, d = x.shape[0], ctx.num_heads, ctx.head_dim
         n, r, dv = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
-        q, latent, k_rot = self.qkv_a(x).split(self.a_sizes, dim=-1)
+        if self.kv_a is None:
+            q, latent, k_rot = self.qkv_a(x).split(self.a_sizes, dim=-1)
+        else:
+            q, (latent, k_rot) = self.qkv_a(x), self.kv_a(x).split(self.a_sizes[1:], dim=-1)
         if self.q_b is not None:
             q = self.q_b(ctx.rms_norm(x=q.contiguous(), weight=self.q_norm, eps=1e-6))
         latent = ctx.rms_norm(x=latent.contiguous(), weight=self.kv_norm, eps=1e-6)

@@ -5,6 +5,7 @@ prompts sharing steps, and a pool small enough to preempt.
 
 - v2-lite: q_proj (no q bottleneck), greedy softmax routing, two shared experts, a dense first
   layer, v_head_dim below the qk head (V padded in the cache);
+- v2-attention-bias: attention_bias (kv_a_proj_with_mqa's and o_proj's; q_proj has none);
 - v2-grouped-yarn: q_lora, group_limited_greedy routing, routed_scaling_factor, yarn rotary
   with mscale_all_dim (the softmax scale's mscale squared);
 - v3: q_lora, sigmoid scores with e_score_correction_bias (noaux_tc, best-two group sums),
@@ -33,6 +34,10 @@ CASES = {
     "v2-lite": ("DeepseekV2", dict(
         MLA, q_lora_rank=None, v_head_dim=32, n_routed_experts=6, num_experts_per_tok=2,
         n_shared_experts=2, moe_intermediate_size=32, first_k_dense_replace=1)),
+    "v2-attention-bias": ("DeepseekV2", dict(  # biases on kv_a and o, none on q_proj
+        MLA, q_lora_rank=None, v_head_dim=32, attention_bias=True, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
+        first_k_dense_replace=1)),
     "v2-grouped-yarn": ("DeepseekV2", dict(
         MLA, q_lora_rank=24, v_head_dim=48, n_routed_experts=6, num_experts_per_tok=3,
         topk_method="group_limited_greedy", n_group=3, topk_group=2, routed_scaling_factor=2.0,
