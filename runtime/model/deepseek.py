@@ -85,7 +85,12 @@ class DeepseekLayer(LlamaLayer):
             self.q_norm = w[a + "q_a_layernorm.weight"]
             self.q_b = by_heads(a + "q_b_proj.weight", m.qk_head_dim)
         self.kv_norm = w[a + "kv_a_layernorm.weight"]
-        self.kv_b = by_heads(a + "kv_b_proj.weight", m.qk_nope_head_dim + m.v_head_dim)
+        kv_b, width = a + "kv_b_proj.weight", m.qk_nope_head_dim + m.v_head_dim
+        if kv_b in w:
+            self.kv_b = by_heads(kv_b, width)
+        else:  # llama.cpp's converter split it (gguf_deepseek.py): joined back, this rank's rows
+            whole = kv_b_weight(w, a, m)
+            self.kv_b = ctx.linear(whole[heads[0] * width : heads[1] * width].contiguous())
         o = a + "o_proj.weight"  # input columns by heads (an even share), summed over ranks
         self.o_proj = linear_layer(ctx, w, [o]) if ctx.tp is None else row_linear(ctx, w, o)
         self.kv_scales = model.kv_scales(w, a.rstrip("."))
@@ -136,6 +141,13 @@ class DeepseekLayer(LlamaLayer):
         if dv != d:
             out = out[..., :dv]
         return self.o_proj(out.reshape(t, h * dv))
+
+
+def kv_b_weight(w: DeviceWeights, a: str, m: MlaConfig) -> torch.Tensor:
+    """kv_b_proj [heads x (qk_nope + v), kv_lora_rank] from llama.cpp's split of it: k_b
+    [heads, kv_lora_rank, qk_nope] (transposed) and v_b [heads, v, kv_lora_rank]."""
+    k_b, v_b = w[a + "k_b_proj.weight"], w[a + "v_b_proj.weight"]
+    return torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(-1, m.kv_lora_rank)
 
 
 def _padded(x: torch.Tensor, d: int) -> torch.Tensor:

@@ -59,6 +59,8 @@ _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)
 # DeepSeek's latent attention (model/deepseek.py): q_a (or q) with kv_a as one matmul, q_b, kv_b
 _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b)_proj|kv_a_proj_with_mqa)|"
                           r"mlp\.(gate|up|gate_up|down)_proj)\.weight$")  # fmt: skip
+# llama.cpp's split of DeepSeek's kv_b_proj, joined back at load (`deepseek.kv_b_weight`)
+_SPLIT_KV_B = re.compile(r"self_attn\.[kv]_b_proj\.weight$")
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter)
 _FLOAT32_ROUTER = re.compile(r"mlp\.gate\.(weight|e_score_correction_bias)$")
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
@@ -326,6 +328,8 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
             continue
         if mc.family.routing is not None and _FLOAT32_ROUTER.search(name):
             total += t.numel * 4
+        elif _SPLIT_KV_B.search(name):  # llama.cpp's k_b / v_b: one dense kv_b_proj Linear
+            total += _joined_kv_b(t, mc, lay, p)
         elif name.endswith(".weight") and len(t.shape) in (2, 3):
             groups.setdefault(_group(name), []).append(t)
         elif mc.family.gemma_norms and name.endswith("norm.weight"):
@@ -397,6 +401,19 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
     if re.search(r"(gate_proj|up_proj|w1|w3|input_linear)\.(weight|bias)$", part):
         return rows // lay.size, cols  # output rows (experts: their intermediate width)
     return rows, cols  # norms, the router, o's and down's biases: whole on every rank
+
+
+def _joined_kv_b(t: Stored, mc: ModelConfig, lay, p: Placement) -> int:
+    """The dense kv_b_proj `model/deepseek.py` joins from llama.cpp's split, counted with its
+    k_b part (its v_b part: 0): this rank's heads' rows, in the dtype (a CPU's packed copy
+    padded)."""
+    if ".k_b_proj." not in t.name:
+        return 0
+    m, (q0, q1) = mc.family.mla, lay.heads(mc.num_heads)
+    rows, cols = (q1 - q0) * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank
+    if p.packs:
+        rows, cols = _padded(rows, cols, p.dtype)
+    return rows * cols * p.dtype.itemsize
 
 
 def _mla_rows(part: str, mc: ModelConfig, lay) -> int | None:
