@@ -187,3 +187,18 @@ def test_deepseek2_gguf_matches_transformers_on_its_dequantized_weights(tmp_path
     cfg = EngineConfig.create(str(path), device="cpu", dtype="float32")
     got = weights.estimate(config, cfg, path)
     assert got.bytes == pytest.approx(held_bytes(llm.engine.runner.model), rel=0.02), got
+
+
+def test_the_deepseek_v3_pre_tokenizer_splits_as_llama_cpp():
+    """``tokenizer.ggml.pre`` deepseek-v3 (DeepSeek-V3/R1 GGUFs): llama.cpp's three regexes in
+    turn: digits in threes, a CJK/kana run apart from the space before it, punctuation with the
+    newlines after it (the GPT-2 fallback kept "12345" and " 日本語" whole)."""
+    from pagoda.runtime.model.tokenizer import _pre_tokenizer
+
+    text = "x = 12345 日本語テキスト Hello, world!!\n\nok"
+    pieces = [p for p, _ in _pre_tokenizer("deepseek-v3").pre_tokenize_str(text)]
+    byte = {"Ġ": " ", "Ċ": "\n"}  # byte-level spellings of the two ASCII bytes used here
+    plain = ["".join(byte.get(c, c) for c in p) for p in pieces]
+    assert plain[:5] == ["x", " =", " ", "123", "45"]
+    assert plain[-5:] == [" Hello", ",", " world", "!!\n\n", "ok"]
+    assert len(plain) == 12 and plain[5] == " "  # the CJK/kana run is one piece of its own
