@@ -118,7 +118,8 @@ class SparseMoE:
             from pagoda.runtime.model.moe_routing import GroupedRouter
 
             bias = p + "gate.e_score_correction_bias"
-            route = GroupedRouter(w.source(gate), w.source(bias) if f.routing.bias else None,
+            linear = ctx.linear(w.source(gate).float())  # replicated on every rank
+            route = GroupedRouter(linear, w.source(bias) if f.routing.bias else None,
                                   f.routing, f.num_experts_per_tok, f.norm_topk_prob)  # fmt: skip
             router = None
         else:
@@ -154,7 +155,7 @@ class SparseMoE:
         )  # fmt: skip
 
     def linears(self) -> list[Linear]:
-        router = [] if self.router is None else [self.router]
+        router = [self.router] if self.route is None else [self.route.linear]
         return [*router, *(x for pair in self.experts for x in pair)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

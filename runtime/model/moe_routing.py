@@ -3,7 +3,8 @@ what weights. One place for the rules, as transformers' DeepseekV2TopkRouter and
 DeepseekV3TopkRouter compute them; GLM-4.5's router is V3's.
 
 - scores: softmax (V2) or sigmoid (V3) of the router's logits, in float32 (transformers keeps
-  the router's weight in float32 and multiplies float32 hidden states);
+  the router's weight in float32 and multiplies float32 hidden states; here a float32 `Linear`,
+  row-invariant as every other layer, so a token's experts do not depend on its batch);
 - choice: greedy (the top-k scores), or limited to the best ``topk_group`` of ``n_group``
   groups of experts: a group scored by its best expert (V2's group_limited_greedy; the other
   groups' scores set to 0) or by the sum of its best two after adding the checkpoint's
@@ -18,30 +19,31 @@ the (weights, ids) it returns as its own softmax router's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-import torch.nn.functional as F
 from pagoda.runtime.config import ExpertRouting
 
 
 class GroupedRouter:
     """``(weights float32 [T, k], ids [T, k])`` of the hidden states ``x`` [T, hidden]."""
 
-    __slots__ = ("bias", "renormalize", "routing", "top_k", "weight")
+    __slots__ = ("bias", "linear", "renormalize", "routing", "top_k")
 
     def __init__(
         self,
-        weight: torch.Tensor,  # [E, hidden], held in float32
+        linear: Callable[[torch.Tensor], torch.Tensor],  # float32 [E, hidden] (`Linear`)
         bias: torch.Tensor | None,  # [E] e_score_correction_bias (noaux_tc), float32
         routing: ExpertRouting,
         top_k: int,
         renormalize: bool,
     ) -> None:
-        self.weight, self.bias = weight.float(), None if bias is None else bias.float()
+        self.linear, self.bias = linear, None if bias is None else bias.float()
         self.routing, self.top_k, self.renormalize = routing, top_k, renormalize
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r = self.routing
-        logits = F.linear(x.float(), self.weight)
+        logits = self.linear(x.float())
         scores = logits.softmax(dim=-1) if r.scoring == "softmax" else logits.sigmoid()
         choice = scores if self.bias is None else scores + self.bias
         if r.topk_method != "greedy":

@@ -327,7 +327,7 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
         if name in (EMBED, HEAD):
             continue
         if mc.family.routing is not None and _FLOAT32_ROUTER.search(name):
-            total += t.numel * 4
+            total += _float32_router(t, p)
         elif _SPLIT_KV_B.search(name):  # llama.cpp's k_b / v_b: one dense kv_b_proj Linear
             total += _joined_kv_b(t, mc, lay, p)
         elif name.endswith(".weight") and len(t.shape) in (2, 3):
@@ -401,6 +401,18 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
     if re.search(r"(gate_proj|up_proj|w1|w3|input_linear)\.(weight|bias)$", part):
         return rows // lay.size, cols  # output rows (experts: their intermediate width)
     return rows, cols  # norms, the router, o's and down's biases: whole on every rank
+
+
+def _float32_router(t: Stored, p: Placement) -> int:
+    """DeepSeek's router weight, a float32 `Linear` (a CPU's packed copy padded), or its
+    correction bias, a float32 vector."""
+    rows, cols = (t.shape[0], t.shape[1]) if len(t.shape) == 2 else (t.numel, 1)
+    if len(t.shape) == 2 and p.device == "cpu":
+        from pagoda.runtime.model import linear
+
+        if linear._can_pack(torch.float32):
+            rows, cols = _padded(rows, cols, torch.float32)
+    return rows * cols * 4
 
 
 def _joined_kv_b(t: Stored, mc: ModelConfig, lay, p: Placement) -> int:

@@ -14,10 +14,10 @@ import pytest
 import torch
 from arch_cases import NEW, check, generate, prompts
 from gguf import GGMLQuantizationType as Q
-from hf_oracle import hf_greedy_plain, make_tiny_model
+from hf_oracle import hf_greedy_plain
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model
-from test_deepseek import CASES, YARN
+from test_deepseek import CASES, YARN, write_case
 from test_gguf_families import _byte_level_vocab
 
 transformers = pytest.importorskip("transformers")
@@ -140,16 +140,10 @@ def write_deepseek2(path, hf_dir, split_kv_b: bool) -> dict[str, torch.Tensor]:
 )
 def test_deepseek2_gguf_matches_transformers_on_its_dequantized_weights(tmp_path, name, split_kv_b):
     arch, overrides = CASES[name]
+    changes = {}
     if "rope_parameters" in overrides:  # the file holds mscale_all_dim alone: DeepSeek's
-        overrides = {**overrides, "rope_parameters": {**YARN, "mscale": YARN["mscale_all_dim"]}}
-    hf = make_tiny_model(tmp_path / "hf", arch, **overrides)
-    if arch == "DeepseekV3":  # a correction bias that changes the picks (test_deepseek's)
-        g = torch.Generator().manual_seed(2)
-        with torch.no_grad():
-            for layer in hf.model.layers[overrides["first_k_dense_replace"] :]:
-                bias = layer.mlp.gate.e_score_correction_bias
-                bias.copy_(torch.randn(bias.shape, generator=g))
-        hf.save_pretrained(tmp_path / "hf")
+        changes["rope_parameters"] = {**YARN, "mscale": YARN["mscale_all_dim"]}
+    hf = write_case(name, tmp_path / "hf", **changes)
     path = tmp_path / "model.gguf"
     dequantized = write_deepseek2(path, tmp_path / "hf", split_kv_b)
     rest = {k: v for k, v in dequantized.items() if ".experts." not in k}
