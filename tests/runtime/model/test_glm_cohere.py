@@ -12,6 +12,11 @@ transformers' plain greedy loop at every step.
 - Cohere (per-head q/k LayerNorms) and Cohere 2 (window layers rotated, global ones NoPE):
   LayerNorm, attention and the MLP in parallel off one norm, the interleaved rotary, the
   logits scaled, a tied head.
+
+Also: GLM-4 and Cohere over two tensor-parallel ranks (gloo), the interleaved rotary bit for bit
+against transformers' own functions (float32, bf16), the weights estimate against what the built
+model holds, the hub's older config formats, and the config values and tensors the engine
+refuses in one line at config time.
 """
 
 from __future__ import annotations
@@ -282,3 +287,18 @@ def test_a_checkpoint_without_a_familys_tensor_is_refused_at_config_time(
     save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match=words):
         read_model_config(str(tmp_path))
+
+
+def test_cohere2s_older_config_format_reads_as_transformers_reads_it(tmp_path):
+    """Command R7B's config.json on the hub: `sliding_window_pattern` (every fourth layer
+    global) and no `layer_types`; the global layers are the NoPE ones."""
+    make_tiny_model(tmp_path, "Cohere2", num_hidden_layers=5)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.pop("layer_types")
+    cfg.update(sliding_window_pattern=4)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    ours = read_model_config(str(tmp_path))
+    want = tuple(t == SLIDING for t in theirs.layer_types)
+    assert ours.family.window_layers == ours.family.rope_layers == want
+    assert want == (True, True, True, False, True)
