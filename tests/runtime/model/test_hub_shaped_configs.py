@@ -102,3 +102,26 @@ def test_a_published_config_reads_as_transformers_reads_it(tmp_path, name):
     if S in params:  # OLMo 3's window layers: the plain base, unscaled
         assert params[S]["rope_type"] == "default"
         assert (f.local_rope_theta or ours.rope_theta) == params[S]["rope_theta"]
+
+
+def test_a_gguf_s_named_tool_use_template_renders_a_chat_with_tools(tmp_path):
+    """llama.cpp's converter writes a tokenizer's named templates as
+    `tokenizer.chat_template.<name>` (Hermes 2 Pro's `tool_use`): a chat with tools renders
+    that one, one without the default, as transformers renders the checkpoint it came from."""
+    from pagoda.runtime.model.gguf_loader import load_gguf
+    from test_gguf_families import write_gguf
+
+    default = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    tool_use = "{% for t in tools %}<tool>{{ t.function.name }}</tool>{% endfor %}" + default
+    named = [{"name": "default", "template": default}, {"name": "tool_use", "template": tool_use}]
+    make_tiny_model(tmp_path / "hf", "Llama", num_hidden_layers=1)
+    write_gguf(
+        tmp_path / "m.gguf", tmp_path / "hf", "llama", extra=lambda w: w.add_chat_template(named)
+    )
+    tok = load_gguf(tmp_path / "m.gguf")[2]
+    ask, tools = (
+        [{"role": "user", "content": "hi"}],
+        [{"type": "function", "function": {"name": "f"}}],
+    )
+    assert tok.apply_chat_template(ask, tools=tools) == "<tool>f</tool>hi"
+    assert tok.apply_chat_template(ask) == "hi"
