@@ -27,6 +27,7 @@ MODEL_CLASSES = {
     "granite": ("granite", "GraniteModel"),
     "granitemoe": ("granite", "GraniteMoeModel"),
     "olmoe": ("olmo2", "OlmoeModel"),
+    "gpt_oss": ("gpt_oss", "GptOssModel"),
 }
 
 

@@ -1,0 +1,183 @@
+"""gpt-oss (`GptOssForCausalLM`) against transformers, token for token, on a tiny random
+checkpoint transformers writes itself (tests/runtime/hf_oracle.py): attention sinks (scaled up
+so that they matter), window layers alternating with full ones, q/k/v/o biases, a head_dim
+that is not hidden / heads, YaRN, the biased router and experts with the clamped SwiGLU; chunked
+into 16-token steps, several prompts sharing steps, a warm prefix cache and a pool small enough
+to preempt. The same model with its experts packed into MXFP4 (the published checkpoints' form)
+against transformers running the dequantized weights; the Triton attention kernels (under
+TRITON_INTERPRET=1 on a CPU); the config and checkpoint checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
+
+import pytest
+import torch
+from arch_cases import check, generate, prompts
+from hf_oracle import hf_greedy_plain, make_tiny_model
+from pagoda.runtime import LLM
+from pagoda.runtime.model import mxfp4
+from pagoda.runtime.model.loader import load_model, read_model_config
+
+transformers = pytest.importorskip("transformers")
+NEW = 6
+SLIDING, FULL = "sliding_attention", "full_attention"
+YARN = {"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "truncate": False, "original_max_position_embeddings": 64, "rope_theta": 150000.0}  # fmt: skip
+CONFIG = dict(head_dim=32, num_local_experts=4, num_experts_per_tok=2, intermediate_size=64,
+              sliding_window=9, num_hidden_layers=3, layer_types=[SLIDING, FULL, SLIDING],
+              rope_parameters=YARN, swiglu_limit=1.5)  # fmt: skip
+
+
+def _tiny(path):
+    """The checkpoint, with sinks of a few units (transformers draws them near 0) and a swiglu
+    limit the scaled-up activations reach; returns the transformers model."""
+    model = make_tiny_model(path, "GptOss", **CONFIG)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.copy_(
+                3 * torch.randn(model.config.num_attention_heads, generator=g)
+            )
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gpt-oss")
+    model = _tiny(path)
+    return path, model, [hf_greedy_plain(model, p, NEW) for p in prompts()]
+
+
+def _engine(path, **kw) -> LLM:
+    args = dict(dtype="float32", kv_cache_memory=16 << 20, max_num_batched_tokens=16,
+                max_num_seqs=4, block_size=16)  # fmt: skip
+    return LLM(loaded=load_model(str(path)), **{**args, **kw})
+
+
+def test_gpt_oss_matches_transformers_chunked_cached_and_batched(tiny):
+    path, _, reference = tiny
+    llm = _engine(path)
+    cold = generate(llm, prompts())
+    warm = generate(llm, prompts()[::-1])[::-1]
+    for i, want in enumerate(reference):
+        check(cold[i], want, f"prompt {i}, cold")
+        check(warm[i], want, f"prompt {i}, warm")
+    assert llm.engine.kv.prefix_hits > 0
+    llm.engine.check_integrity()
+
+
+def test_gpt_oss_matches_transformers_under_preemption(tiny):
+    path, _, reference = tiny
+    llm = _engine(path, kv_cache_memory=None, num_blocks_override=7, max_model_len=96,
+                  max_num_seqs=3)  # fmt: skip
+    got = generate(llm, prompts())
+    assert llm.engine.scheduler.num_preemptions > 0
+    for i, want in enumerate(reference):
+        check(got[i], want, f"prompt {i}, preempted")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ["TRITON_INTERPRET"] != "1", reason="needs TRITON_INTERPRET=1")
+def test_gpt_oss_on_the_triton_backend_matches_transformers(tiny):
+    """The sinks through the Triton kernels in the engine (decode kernel beside prefill
+    chunks; every path of the kernels: tests/kernels/test_kernel_attention.py)."""
+    pytest.importorskip("triton")
+    path, _, reference = tiny
+    llm = _engine(path, attention_backend="triton", batch_invariant=False)
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()[:2]), reference[:2])):
+        check(got, want, f"prompt {i}")
+
+
+def test_gpt_oss_config_reads_sinks_windows_experts_and_yarn(tiny):
+    path, model, _ = tiny
+    c = read_model_config(str(path))
+    f = c.family
+    assert c.architecture == "gpt_oss" and c.attention_bias and c.head_dim == 32
+    assert f.attention_sinks and f.window_layers == (True, False, True) and f.sliding_window == 9
+    assert (f.num_experts, f.num_experts_per_tok, f.moe_intermediate_size) == (4, 2, 64)
+    assert (f.swiglu_alpha, f.swiglu_limit) == (model.config.swiglu_alpha, 1.5)
+    assert c.rope_scaling["rope_type"] == "yarn" and c.rope_scaling["truncate"] is False
+
+
+def _mxfp4_copy(src, dst, model):
+    """`src`'s checkpoint with its experts packed into MXFP4 (blocks, scales) under `dst`, and
+    `model` given the dequantized experts (what transformers runs for an MXFP4 checkpoint on a
+    machine without its kernels: `convert_moe_packed_tensors`)."""
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, dst / f.name)
+    tensors = load_file(str(src / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith(("gate_up_proj", "down_proj"))]:
+        blocks, scales = mxfp4.quantize(tensors.pop(name).transpose(1, 2))  # [E, rows, cols]
+        tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+        module, attr = name.rsplit(".", 1)
+        deq = mxfp4.dequantize(blocks, scales, torch.float32).transpose(1, 2)
+        with torch.no_grad():
+            getattr(model.get_submodule(module), attr).copy_(deq)
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+    }
+    (dst / "config.json").write_text(json.dumps(cfg))
+
+
+def test_gpt_oss_mxfp4_experts_match_transformers_dequantized(tiny, tmp_path):
+    src, _, _ = tiny
+    model = _tiny(tmp_path / "model")  # a copy transformers runs with the dequantized experts
+    _mxfp4_copy(src, tmp_path / "mxfp4", model)
+    prompt = prompts()[0]
+    want = hf_greedy_plain(model, prompt, NEW)
+    got = generate(_engine(tmp_path / "mxfp4"), [prompt])[0]
+    check(got, want, "mxfp4")
+
+
+def test_mxfp4_dequantize_is_transformers_convert_moe_packed_tensors():
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    g = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, 256, (3, 5, 4, 16), dtype=torch.uint8, generator=g)
+    scales = torch.randint(110, 140, (3, 5, 4), dtype=torch.uint8, generator=g)
+    want = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)  # [E, cols, rows]
+    assert torch.equal(mxfp4.dequantize(blocks, scales, torch.float32), want.transpose(1, 2))
+    x = mxfp4.dequantize(blocks, scales, torch.float32)
+    again = mxfp4.quantize(x)  # values already on the grid come back as they were
+    assert torch.equal(mxfp4.dequantize(*again, torch.float32), x)
+
+
+@pytest.mark.parametrize(
+    ("tensor", "shape", "needs"),
+    [
+        ("model.layers.1.self_attn.sinks", [3], "[4]"),
+        ("model.layers.0.mlp.experts.down_proj", [4, 64, 32], "[4, 64, 64]"),
+        ("model.layers.2.mlp.router.bias", [5], "[4]"),
+    ],
+)
+def test_gpt_oss_checkpoint_of_other_shapes_is_refused_in_one_line(tiny, tmp_path, tensor,
+                                                                   shape, needs):  # fmt: skip
+    from safetensors.torch import load_file, save_file
+
+    src, _, _ = tiny
+    shutil.copytree(src, tmp_path / "bad")
+    tensors = load_file(str(src / "model.safetensors"))
+    tensors[tensor] = torch.zeros(shape)
+    save_file(tensors, str(tmp_path / "bad" / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"{tensor} is .*needs .*{needs[1:-1]}") as e:
+        load_model(str(tmp_path / "bad"))
+    assert "\n" not in str(e.value)
