@@ -3,7 +3,7 @@ checkpoint transformers writes itself (tests/runtime/hf_oracle.py): attention si
 so that they matter), window layers alternating with full ones, q/k/v/o biases, a head_dim
 that is not hidden / heads, YaRN, the biased router and experts with the clamped SwiGLU; chunked
 into 16-token steps, several prompts sharing steps, a warm prefix cache and a pool small enough
-to preempt. The same model with its experts packed into MXFP4 (the published checkpoints' form)
+to preempt, over two tensor-parallel ranks. The same model with its experts packed into MXFP4 (the published checkpoints' form)
 against transformers running the dequantized weights; the Triton attention kernels (under
 TRITON_INTERPRET=1 on a CPU); the config and checkpoint checks.
 """
@@ -58,7 +58,7 @@ def tiny(tmp_path_factory):
 def _engine(path, **kw) -> LLM:
     args = dict(dtype="float32", kv_cache_memory=16 << 20, max_num_batched_tokens=16,
                 max_num_seqs=4, block_size=16)  # fmt: skip
-    return LLM(loaded=load_model(str(path)), **{**args, **kw})
+    return LLM(str(path), loaded=load_model(str(path)), **{**args, **kw})
 
 
 def test_gpt_oss_matches_transformers_chunked_cached_and_batched(tiny):
@@ -93,6 +93,20 @@ def test_gpt_oss_on_the_triton_backend_matches_transformers(tiny):
     llm = _engine(path, attention_backend="triton", batch_invariant=False)
     for i, (got, want) in enumerate(zip(generate(llm, prompts()[:2]), reference[:2])):
         check(got, want, f"prompt {i}")
+
+
+def test_gpt_oss_over_two_ranks_matches_transformers(tiny):
+    """Tensor parallelism (gloo, rank 1 a spawned process): each rank its heads' sinks and
+    q/k/v biases, every expert's intermediate columns (gate/up rows, down columns; down's bias
+    added by rank 0 alone before the sum); chunked, preempted, then over a warm cache."""
+    path, _, reference = tiny
+    pool = dict(num_blocks_override=7, max_model_len=96, max_num_seqs=3, kv_cache_memory=None)
+    with _engine(path, tensor_parallel_size=2, **pool) as two:
+        got = generate(two, prompts()) + generate(two, prompts()[::-1])[::-1]
+        assert two.engine.scheduler.num_preemptions > 0 and two.engine.kv.prefix_hits > 0
+        two.engine.check_integrity()
+    for i, g in enumerate(got):
+        check(g, reference[i % len(reference)], f"two ranks, prompt {i}")
 
 
 def test_gpt_oss_config_reads_sinks_windows_experts_and_yarn(tiny):
@@ -138,14 +152,44 @@ def _mxfp4_copy(src, dst, model):
     (dst / "config.json").write_text(json.dumps(cfg))
 
 
-def test_gpt_oss_mxfp4_experts_match_transformers_dequantized(tiny, tmp_path):
+@pytest.fixture(scope="module")
+def packed(tiny, tmp_path_factory):
+    """(the MXFP4 checkpoint, transformers' model with its dequantized experts)."""
     src, _, _ = tiny
-    model = _tiny(tmp_path / "model")  # a copy transformers runs with the dequantized experts
-    _mxfp4_copy(src, tmp_path / "mxfp4", model)
+    tmp = tmp_path_factory.mktemp("gpt-oss-mxfp4")
+    model = _tiny(tmp / "model")  # a copy transformers runs with the dequantized experts
+    _mxfp4_copy(src, tmp / "mxfp4", model)
+    return tmp / "mxfp4", model
+
+
+def test_gpt_oss_mxfp4_experts_match_transformers_dequantized(packed):
+    path, model = packed
     prompt = prompts()[0]
     want = hf_greedy_plain(model, prompt, NEW)
-    got = generate(_engine(tmp_path / "mxfp4"), [prompt])[0]
+    got = generate(_engine(path), [prompt])[0]
     check(got, want, "mxfp4")
+
+
+@pytest.mark.parametrize(("which", "dtype", "tp"), [("tiny", "bfloat16", 1),
+                         ("tiny", "float32", 1), ("packed", "bfloat16", 1),
+                         ("packed", "bfloat16", 2)])  # fmt: skip
+def test_gpt_oss_weight_estimate_is_what_the_engine_holds(request, which, dtype, tp):
+    """`server/weights.py` from the headers alone against the bytes a built model holds: the
+    float32 files as bf16 and float32, the MXFP4 experts dequantized, one rank of two."""
+    from model_bytes import build, held_bytes
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.group import TPGroup
+    from pagoda.runtime.distributed.layout import TPLayout
+    from pagoda.runtime.server import weights
+
+    path = request.getfixturevalue(which)[0]
+    group = None if tp == 1 else TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
+    held = held_bytes(build(path, getattr(torch, dtype), tp=group))
+    cfg = EngineConfig.create(str(path), device="cpu", dtype=dtype, tensor_parallel_size=tp)
+    got = weights.estimate(read_model_config(str(path)), cfg, path)
+    assert got.bytes == pytest.approx(held, rel=1e-3), got
+    if which == "packed":
+        assert "dequantized" in got.how
 
 
 def test_mxfp4_dequantize_is_transformers_convert_moe_packed_tensors():
