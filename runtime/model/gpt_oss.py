@@ -60,6 +60,12 @@ def expert_tensors(
     return gate_up, bias, down, w[prefix + "down_proj_bias"]
 
 
+def fused_kernel(device: torch.device):
+    """The fused-MoE kernel where the experts run in it (CUDA), else None (the CPU's grouped
+    `Linear`s)."""
+    return _fused_kernel() if device.type == "cuda" else None
+
+
 class GptOssMoE:
     """Router + experts of one layer (module docstring). CPU: grouped by expert, the dense
     layers' `Linear`s with their biases (`moe.grouped_experts`); CUDA: the fused-MoE kernel
@@ -82,7 +88,7 @@ class GptOssMoE:
             b13 = torch.cat([b13[:, a:b], b13[:, n + a : n + b]], dim=1).contiguous()
             down = down[:, :, a:b].contiguous()
             b2 = b2 if ctx.tp.rank == 0 else torch.zeros_like(b2)  # added once in the sum
-        self.fused = _fused_kernel() if w.device.type == "cuda" else None
+        self.fused = fused_kernel(w.device)
         self.experts: list[tuple[Linear, Linear]] = []
         if self.fused is not None:
             self.w13, self.b13, self.w2, self.b2 = gate_up, b13, down, b2

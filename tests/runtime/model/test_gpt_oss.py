@@ -109,6 +109,22 @@ def test_gpt_oss_over_two_ranks_matches_transformers(tiny):
         check(g, reference[i % len(reference)], f"two ranks, prompt {i}")
 
 
+@pytest.mark.skipif(os.environ["TRITON_INTERPRET"] != "1", reason="needs TRITON_INTERPRET=1")
+def test_gpt_oss_experts_in_the_fused_kernel_match_transformers(tiny, monkeypatch):
+    """The CUDA path of the experts (stacked [E, 2I, hidden] gate rows then up rows, biases and
+    the clamped SwiGLU in the fused-MoE kernel's epilogues), run here by Triton's interpreter."""
+    pytest.importorskip("triton")
+    from pagoda.kernels.fused_moe import fused_experts
+    from pagoda.runtime.model import gpt_oss
+
+    monkeypatch.setattr(gpt_oss, "fused_kernel", lambda device: fused_experts)
+    path, _, reference = tiny
+    llm = _engine(path)
+    assert llm.engine.runner.model.layers[0].mlp.experts == []  # the fused path, not Linears
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()[1:]), reference[1:])):
+        check(got, want, f"prompt {i + 1}")
+
+
 def test_gpt_oss_config_reads_sinks_windows_experts_and_yarn(tiny):
     path, model, _ = tiny
     c = read_model_config(str(path))
@@ -225,3 +241,28 @@ def test_gpt_oss_checkpoint_of_other_shapes_is_refused_in_one_line(tiny, tmp_pat
     with pytest.raises(ValueError, match=rf"{tensor} is .*needs .*{needs[1:-1]}") as e:
         load_model(str(tmp_path / "bad"))
     assert "\n" not in str(e.value)
+
+
+def test_gpt_oss_mxfp4_checkpoint_checks_and_fingerprint(packed, tmp_path):
+    """MXFP4 blocks of another shape are refused in one line; mxfp4 on another architecture
+    too; the fingerprint of the MXFP4 checkpoint is the bf16 one's (its experts run
+    dequantized: quantization "none")."""
+    from pagoda.runtime.model.shape_fingerprint import model_fingerprint
+    from safetensors.torch import load_file, save_file
+
+    path, _ = packed
+    assert model_fingerprint(str(path), None)["quantization"] == "none"
+    shutil.copytree(path, tmp_path / "bad")
+    tensors = load_file(str(path / "model.safetensors"))
+    name = "model.layers.1.mlp.experts.down_proj_blocks"
+    tensors[name] = tensors[name][:, :, :1].contiguous()  # one block of 32 per row, not two
+    save_file(tensors, str(tmp_path / "bad" / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(
+        ValueError, match=rf"{name} is U8 \[4, 64, 1, 16\].*needs U8 \[4, 64, 2, 16\]"
+    ):
+        load_model(str(tmp_path / "bad"))
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    (tmp_path / "bad" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="quantization 'mxfp4' is not supported"):
+        read_model_config(str(tmp_path / "bad"))
