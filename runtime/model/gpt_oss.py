@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.linear import Linear
-from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, linear_layer
+from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel
 from pagoda.runtime.model.moe import _fused_kernel, grouped_experts
 from pagoda.runtime.model.ops import gemma_rms_norm
 
@@ -76,7 +76,8 @@ class GptOssMoE:
     def __init__(self, model: LlamaModel, w: DeviceWeights, prefix: str, ctx: LayerContext):
         f = model.config.family
         p = prefix + "mlp."
-        self.router = linear_layer(ctx, w, [p + "router.weight"])  # with router.bias
+        router = p + "router.weight"  # 16-bit as every router (never the FP8 GEMM), its bias
+        self.router = ctx.linear(w[router], w.biases([router]), quantized=w.quantized([router]))
         self.top_k, self.tp = f.num_experts_per_tok, ctx.tp
         self.alpha, self.limit = f.swiglu_alpha, f.swiglu_limit
         self.batch_invariant = ctx.batch_invariant
