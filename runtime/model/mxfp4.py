@@ -56,7 +56,7 @@ def read_experts(w, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
         full = torch.empty(e, rows, groups * BLOCK, dtype=w.dtype, device=w.device)
         for i in range(e):
             full[i] = dequantize(blocks[i].to(w.device), scales[i].to(w.device), w.dtype)
-        out.append(w.finite.add(f"{prefix}{name}", full))
+        out.append(w.finite.add(f"{prefix}{name}_blocks", full))  # (an E8M0 of 255: NaN)
     return out[0], out[1]
 
 

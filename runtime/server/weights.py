@@ -279,6 +279,12 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         routers += moe * h * item
     embed = mc.vocab_size * h * (1 if mc.tie_word_embeddings else 2) * item
     norms = (2 * n + 1) * h * item
+    if mc.architecture == "gpt_oss":  # biases, sinks (float32), norms in float32
+        heads = mc.num_heads / t
+        biases = (heads + 2 * kv) * d + h  # q/k/v this rank's, o's whole
+        biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
+        projections += n * biases * item + n * 4 * heads
+        norms = (2 * n + 1) * h * 4
     return math.ceil(projections + (experts + embed) / t) + routers + norms
 
 

@@ -263,6 +263,19 @@ def test_gpt_oss_checkpoint_of_other_shapes_is_refused_in_one_line(tiny, tmp_pat
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_gpt_oss_weights_from_shapes_as_from_its_tensors(packed, tp):
+    """`fit`'s count from config.json alone (`from_shapes`) is the headers' count on a GPU
+    (no packed copies): the dequantized experts, biases, float32 sinks and norms."""
+    from pagoda.runtime.server import weights
+
+    path = packed[0]
+    mc = read_model_config(str(path))
+    ckpt = weights.read_checkpoint(path, mc.architecture)
+    got, _ = weights.resident(ckpt, mc, weights.Placement(torch.bfloat16, "cuda", tp))
+    assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, tp), rel=1e-6)
+
+
 def test_gpt_oss_mxfp4_checkpoint_checks_and_fingerprint(packed, tmp_path):
     """MXFP4 blocks of another shape are refused in one line; mxfp4 on another architecture
     too; the fingerprint of the MXFP4 checkpoint is the bf16 one's (its experts run
