@@ -299,3 +299,61 @@ def test_gpt_oss_mxfp4_checkpoint_checks_and_fingerprint(packed, tmp_path):
     (tmp_path / "bad" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="quantization 'mxfp4' is not supported"):
         read_model_config(str(tmp_path / "bad"))
+
+
+def test_the_published_gpt_oss_20b_layout_is_checked_and_counted(tmp_path):
+    """openai/gpt-oss-20b as published (its config.json's fields, its tensors' names, dtypes and
+    shapes: 13.8 GB of MXFP4 experts and bf16 rest), from metadata alone: the checks pass, and
+    one GPU holds 41.8 GB once the experts are dequantized to bf16 (what `from_shapes` counts
+    too), a quarter of it on each of four ranks."""
+    import math
+
+    from pagoda.runtime.model.checkpoint_check import check_checkpoint
+    from pagoda.runtime.server import weights
+
+    layers, e, h, v = 24, 32, 2880, 201088
+    cfg = {"architectures": ["GptOssForCausalLM"], "attention_bias": True, "eos_token_id": 200002,
+           "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": h,
+           "initial_context_length": 4096, "intermediate_size": 2880, "layer_types": [
+               SLIDING if i % 2 == 0 else FULL for i in range(layers)],
+           "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
+           "num_experts_per_tok": 4, "num_hidden_layers": layers, "num_key_value_heads": 8,
+           "num_local_experts": e, "pad_token_id": 199999, "quantization_config": {
+               "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                          "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+           "rms_norm_eps": 1e-05, "rope_scaling": {
+               "beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "rope_type": "yarn",
+               "original_max_position_embeddings": 4096, "truncate": False},
+           "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0,
+           "tie_word_embeddings": False, "vocab_size": v}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    mc = read_model_config(str(tmp_path))
+    assert mc.context_length == 131072 and mc.family.window(0) == 128 and not mc.family.window(1)
+    headers = {"model.embed_tokens.weight": ("BF16", [v, h]), "lm_head.weight": ("BF16", [v, h]),
+               "model.norm.weight": ("BF16", [h])}  # fmt: skip
+    for i in range(layers):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        for proj, rows in (("q", 4096), ("k", 512), ("v", 512)):
+            headers[f"{a}{proj}_proj.weight"] = ("BF16", [rows, h])
+            headers[f"{a}{proj}_proj.bias"] = ("BF16", [rows])
+        headers.update({
+            a + "o_proj.weight": ("BF16", [h, 4096]), a + "o_proj.bias": ("BF16", [h]),
+            a + "sinks": ("BF16", [64]), f"model.layers.{i}.input_layernorm.weight": ("BF16", [h]),
+            f"model.layers.{i}.post_attention_layernorm.weight": ("BF16", [h]),
+            m + "router.weight": ("BF16", [e, h]), m + "router.bias": ("BF16", [e]),
+            m + "experts.gate_up_proj_blocks": ("U8", [e, 5760, 90, 16]),
+            m + "experts.gate_up_proj_scales": ("U8", [e, 5760, 90]),
+            m + "experts.gate_up_proj_bias": ("BF16", [e, 5760]),
+            m + "experts.down_proj_blocks": ("U8", [e, h, 90, 16]),
+            m + "experts.down_proj_scales": ("U8", [e, h, 90]),
+            m + "experts.down_proj_bias": ("BF16", [e, h])})  # fmt: skip
+    check_checkpoint(mc, headers)
+    size = {"BF16": 2, "U8": 1}
+    stored = {n: weights.Stored(n, k, tuple(s), math.prod(s) * size[k])
+              for n, (k, s) in headers.items()}  # fmt: skip
+    ckpt = weights.Checkpoint("safetensors", stored, sum(t.nbytes for t in stored.values()))
+    assert ckpt.file_bytes == pytest.approx(13.76e9, rel=1e-3)
+    for tp in (1, 4):
+        held, _ = weights.resident(ckpt, mc, weights.Placement(torch.bfloat16, "cuda", tp))
+        assert held == pytest.approx(41.8e9 / tp, rel=2e-3)
+        assert held == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, tp), rel=1e-6)
