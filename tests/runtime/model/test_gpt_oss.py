@@ -1,11 +1,14 @@
 """gpt-oss (`GptOssForCausalLM`) against transformers, token for token, on a tiny random
 checkpoint transformers writes itself (tests/runtime/hf_oracle.py): attention sinks (scaled up
 so that they matter), window layers alternating with full ones, q/k/v/o biases, a head_dim
-that is not hidden / heads, YaRN, the biased router and experts with the clamped SwiGLU; chunked
-into 16-token steps, several prompts sharing steps, a warm prefix cache and a pool small enough
-to preempt, over two tensor-parallel ranks. The same model with its experts packed into MXFP4 (the published checkpoints' form)
-against transformers running the dequantized weights; the Triton attention kernels (under
-TRITON_INTERPRET=1 on a CPU); the config and checkpoint checks.
+that is not hidden / heads, YaRN, the biased router and experts with the clamped SwiGLU (a limit
+the activations reach); chunked into 16-token steps, several prompts sharing steps, a warm
+prefix cache, a pool small enough to preempt, two tensor-parallel ranks, the Triton attention
+kernels and the fused-MoE kernel (under TRITON_INTERPRET=1 on a CPU); bf16 rows bit for bit
+whatever the batch. The same model with its experts packed into MXFP4 (the published
+checkpoints' form) against transformers running the dequantized weights. The config and
+checkpoint checks, the weights estimate against a built model, and the published 20b layout
+from its metadata.
 """
 
 from __future__ import annotations
