@@ -209,22 +209,28 @@ def test_gpt_oss_mxfp4_experts_match_transformers_dequantized(packed):
     check(got, want, "mxfp4")
 
 
-@pytest.mark.parametrize(("which", "dtype", "tp"), [("tiny", "bfloat16", 1),
-                         ("tiny", "float32", 1), ("packed", "bfloat16", 1),
-                         ("packed", "bfloat16", 2)])  # fmt: skip
-def test_gpt_oss_weight_estimate_is_what_the_engine_holds(request, which, dtype, tp):
+@pytest.mark.parametrize(("which", "dtype", "tp", "fp8"), [("tiny", "bfloat16", 1, False),
+                         ("tiny", "float32", 1, False), ("packed", "bfloat16", 1, False),
+                         ("packed", "bfloat16", 2, False), ("packed", "bfloat16", 1, True)])  # fmt: skip
+def test_gpt_oss_weight_estimate_is_what_the_engine_holds(request, which, dtype, tp, fp8):
     """`server/weights.py` from the headers alone against the bytes a built model holds: the
-    float32 files as bf16 and float32, the MXFP4 experts dequantized, one rank of two."""
+    float32 files as bf16 and float32, the MXFP4 experts dequantized, one rank of two, and
+    with --quantization fp8 (attention's projections in FP8; router and experts 16-bit)."""
     from model_bytes import build, held_bytes
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.distributed.group import TPGroup
     from pagoda.runtime.distributed.layout import TPLayout
+    from pagoda.runtime.quantization.fp8 import ONLINE_SCHEME
     from pagoda.runtime.server import weights
 
+    if fp8 and os.environ["TRITON_INTERPRET"] != "1":
+        pytest.skip("FP8 kernels run on the CPU under TRITON_INTERPRET=1 only")
     path = request.getfixturevalue(which)[0]
     group = None if tp == 1 else TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
-    held = held_bytes(build(path, getattr(torch, dtype), tp=group))
-    cfg = EngineConfig.create(str(path), device="cpu", dtype=dtype, tensor_parallel_size=tp)
+    scheme = ONLINE_SCHEME if fp8 else None
+    held = held_bytes(build(path, getattr(torch, dtype), tp=group, fp8=scheme))
+    cfg = EngineConfig.create(str(path), device="cpu", dtype=dtype, tensor_parallel_size=tp,
+                              quantization="fp8" if fp8 else None)  # fmt: skip
     got = weights.estimate(read_model_config(str(path)), cfg, path)
     assert got.bytes == pytest.approx(held, rel=1e-3), got
     if which == "packed":
