@@ -198,16 +198,9 @@ class LlamaLayer:
                                      cos_sin_cache=rows)  # fmt: skip
         k_cache, v_cache = step.kv_caches[self.index]
         out = ctx.backend.forward(
-            q,
-            k,
-            v,
-            k_cache,
-            v_cache,
-            step.meta,
-            window=self.window,
-            kv_scales=self.kv_scales,
+            q, k, v, k_cache, v_cache, step.meta, window=self.window, kv_scales=self.kv_scales,
             sinks=self.sinks,
-        )
+        )  # fmt: skip
         return self.o_proj(out.reshape(t, ctx.num_heads * d))
 
     def before_rotary(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
