@@ -3,8 +3,9 @@
 Architectures as llama.cpp names them: llama (Mixtral too, with experts), mistral, qwen2, qwen3,
 qwen3moe, gemma3, gemma2, qwen2moe (its shared expert `ffn_*_shexp`, gated by
 `ffn_gate_inp_shexp`), granite (`embedding_scale`, `residual_scale`, `attention.scale`,
-`logit_scale`), granitemoe (its `input_linear` split as gate and up), olmo2 (norms after the sublayers, q/k norms over every head; not OLMo 3's
-window) and olmoe. Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
+`logit_scale`), granitemoe (its `input_linear` split as gate and up), olmo2 (norms after the sublayers, q/k norms over every head; with
+`attention.sliding_window`, OLMo 3's window layers), olmoe, smollm3 (llama with every fourth
+layer NoPE, as llama.cpp hard-codes it) and deepseek2 (`gguf_deepseek.py`). Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
 torch (`gguf_dequant`) when the model builder reads them (`GGUFWeights`), one at a time from the
 memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.cpu.quantized import QuantizedWeight, from_gguf, readable
+from pagoda.runtime.model import gguf_deepseek
 from pagoda.runtime.model.gguf_dequant import dequantize
 from pagoda.runtime.model.gguf_reader import parse as _reader  # noqa: F401 - one of its own
 from pagoda.runtime.model.gguf_reader import take_reader
@@ -30,7 +32,7 @@ from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer, build
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma2",
                    "qwen2moe", "granite", "granitemoe", "olmo2",
-                   "olmoe")  # fmt: skip
+                   "olmoe", "smollm3", gguf_deepseek.GGUF_ARCH)  # fmt: skip
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -81,6 +83,7 @@ GEMMA3_SWA_PATTERN = 6  # llama.cpp's: every sixth layer is global
 GEMMA3_LOCAL_THETA = 10_000.0
 # llama.cpp's Gemma 2: every other layer global, soft caps 50 (attention) and 30 (final)
 GEMMA2_SWA_PATTERN, GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP = 2, 50.0, 30.0
+SMOLLM3_NO_ROPE_STEP = 4  # llama.cpp's n_no_rope_layer_step for smollm3 (no GGUF key)
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -111,6 +114,8 @@ def _hf_name(name: str, architecture: str = "llama") -> str | None:
     if not m:
         return None
     layer, part, kind = m.groups()
+    if architecture in gguf_deepseek.ARCHITECTURES:  # deepseek2 (gguf_deepseek.py)
+        return gguf_deepseek.hf_name(layer, part, kind)
     names = _GEMMA3_NAMES if architecture in ("gemma2", "gemma3") else _LAYER_NAMES
     names = _OLMO2_NAMES if architecture == "olmo2" else names
     if part in names:
@@ -163,9 +168,13 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
             query_pre_attn_scalar=float(scalar),
             final_logit_softcapping=float(cap) if cap else None,
         )
+    if arch == "smollm3":  # llama.cpp: no key for it, every fourth layer NoPE; no window
+        if window:
+            raise ValueError("GGUF smollm3 with attention.sliding_window is not supported")
+        fields["rope_layers"] = tuple(bool((i + 1) % SMOLLM3_NO_ROPE_STEP) for i in range(layers))
+    if arch == "olmo2" and window:  # OLMo 3, as llama.cpp's converter writes it
+        fields.update(_olmo3_windows(reader, p, layers, int(window)))
     if arch in ("olmo2", "olmoe"):
-        if window:  # llama.cpp's olmo2 with a window is OLMo 3 (its layers' own rotary)
-            raise ValueError("GGUF olmo2 with attention.sliding_window (OLMo 3) is not supported")
         if _field(reader, p + "attention.clamp_kqv") is not None:
             raise ValueError("GGUF attention.clamp_kqv (OLMoE's q/k/v clamp) is not supported")
         fields.update(qk_norm_whole=True, olmo2_norms=arch == "olmo2")
@@ -205,6 +214,25 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
                 width or (_shape(shexp)[0] if shexp is not None else 0)
             )
     return FamilyConfig(**fields)
+
+
+def _olmo3_windows(reader, p: str, layers: int, window: int) -> dict:
+    """OLMo 3 in a GGUF: `olmo2` with `attention.sliding_window` and a flag per layer in
+    `attention.sliding_window_pattern` (without one, the converter's default: every fourth
+    layer global); the window layers rotate with the plain base, unscaled (llama.cpp's olmo2
+    graph; `rope.freq_base_swa` where the file has one), the global ones with its scaling."""
+    pattern = _field(reader, p + "attention.sliding_window_pattern")
+    if pattern is None:
+        pattern = [bool((i + 1) % 4) for i in range(layers)]
+    if not isinstance(pattern, list) or len(pattern) != layers:
+        raise ValueError(f"GGUF attention.sliding_window_pattern must name each of the {layers} "
+                         "layers")  # fmt: skip
+    fields: dict = {"sliding_window": window, "window_layers": tuple(bool(x) for x in pattern)}
+    theta = float(_field(reader, p + "rope.freq_base", 10000.0))
+    local = float(_field(reader, p + "rope.freq_base_swa", theta))
+    if local != theta or _field(reader, p + "rope.scaling.type") not in (None, "none"):
+        fields["local_rope_theta"] = local
+    return fields
 
 
 def _rope_scaling(reader, p: str, head_dim: int) -> dict | None:
@@ -257,8 +285,15 @@ def read_config(reader) -> ModelConfig:
     kv_heads = int(_field(reader, p + "attention.head_count_kv", heads))
     tokens = _field(reader, "tokenizer.ggml.tokens")
     vocab = int(_field(reader, p + "vocab_size", len(tokens)))
+    deepseek: dict = {}
+    if gguf_arch == gguf_deepseek.GGUF_ARCH:  # latent attention, DeepSeek's experts
+        deepseek = gguf_deepseek.config_fields(
+            lambda key, default=None: _field(reader, p + key, default),
+            {t.name for t in reader.tensors}, hidden, heads, int(_field(reader, p + "block_count")),
+        )  # fmt: skip
     head_dim = int(_field(reader, p + "attention.key_length", hidden // heads))
-    rope_scaling = _rope_scaling(reader, p, head_dim)
+    head_dim = deepseek.get("head_dim", head_dim)
+    rope_scaling = deepseek["rope_scaling"] if deepseek else _rope_scaling(reader, p, head_dim)
     eos = [int(_field(reader, "tokenizer.ggml.eos_token_id", -1))]
     eot = _field(reader, "tokenizer.ggml.eot_token_id")
     if eot is not None and int(eot) not in eos:
@@ -266,6 +301,8 @@ def read_config(reader) -> ModelConfig:
     names = {t.name for t in reader.tensors}
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     layers = int(_field(reader, p + "block_count"))
+    if deepseek:
+        arch, kv_heads = deepseek["architecture"], deepseek["num_kv_heads"]
     return ModelConfig(
         vocab_size=vocab,
         hidden_size=hidden,
@@ -283,7 +320,8 @@ def read_config(reader) -> ModelConfig:
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=tuple(e for e in eos if e >= 0),
         architecture=arch,
-        family=_family(reader, gguf_arch, arch, layers, head_dim, heads, hidden),
+        family=deepseek.get("family")
+        or _family(reader, gguf_arch, arch, layers, head_dim, heads, hidden),
     )
 
 
@@ -410,6 +448,7 @@ def _permuted_heads(config: ModelConfig, name: str) -> int:
         "mixtral",
         "granite",
         "granitemoe",
+        "smollm3",
     ):  # llama.cpp's LlamaModel's
         return 0
     if name.endswith(("q_proj.weight", "q_proj.bias")):

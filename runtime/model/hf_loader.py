@@ -9,16 +9,17 @@ lazily), `tokenizer.json` with the chat template (`template_files`: a processor'
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
+from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.ops import rope_inv_freq, rope_kind, rotary_dim
 from pagoda.runtime.model.safetensors_weights import INDEX, SafetensorsWeights
 from pagoda.runtime.model.template_files import read_chat_template
+from pagoda.runtime.model.template_files import read_json_object as _read_json
 from pagoda.runtime.model.tokenizer import Tokenizer
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -39,9 +40,16 @@ HF_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3moe",
     "Qwen2MoeForCausalLM": "qwen2moe",
     "Olmo2ForCausalLM": "olmo2",
+    "Olmo3ForCausalLM": "olmo3",  # OLMo 2's layer, sliding-window layers (model/olmo2.py)
     "GraniteForCausalLM": "granite",
     "GraniteMoeForCausalLM": "granitemoe",
     "OlmoeForCausalLM": "olmoe",
+    "GlmForCausalLM": "glm",  # GLM-4-9B-chat-hf (model/glm4.py)
+    "Glm4ForCausalLM": "glm4",  # GLM-4-0414, GLM-Z1 (model/glm4.py)
+    "SmolLM3ForCausalLM": "smollm3",  # Llama with NoPE layers (`FamilyConfig.rope_layers`)
+    "CohereForCausalLM": "cohere",  # Command R / R+, Aya (model/cohere.py)
+    "Cohere2ForCausalLM": "cohere2",  # Command R7B, Command A (model/cohere.py)
+    **deepseek.ARCHITECTURES,  # DeepSeek-V2/V3, Kimi K2, Moonlight (model/deepseek.py)
     "GptOssForCausalLM": "gpt_oss",  # gpt-oss-20b/120b: sinks, biased experts (model/gpt_oss.py)
 }
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
@@ -80,6 +88,15 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                  "shared_expert_intermediate_size": 5632, "norm_topk_prob": False,
                  "qkv_bias": True, "max_position_embeddings": 32_768},
     "olmo2": {"rms_norm_eps": 1e-5},
+    "olmo3": {"rms_norm_eps": 1e-5, "rope_theta": 500_000.0, "sliding_window": 4096},
+    **{arch: {"partial_rotary_factor": 0.5, "attention_bias": True, "head_dim": 128,
+              "rms_norm_eps": 1.5625e-07, "max_position_embeddings": 131_072,
+              "eos_token_id": [151329, 151336, 151338]} for arch in ("glm", "glm4")},
+    **{arch: {"logit_scale": 0.0625, "layer_norm_eps": 1e-5, "max_position_embeddings": 8192,
+              "tie_word_embeddings": True, "bos_token_id": 5, "eos_token_id": 255001}
+       for arch in ("cohere", "cohere2")},
+    "smollm3": {"no_rope_layer_interval": 4, "max_position_embeddings": 32_768,
+                "tie_word_embeddings": True},
     "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2},
     "olmoe": {"num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False,
               "rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
@@ -91,6 +108,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "rope_theta": 150_000.0, "attention_bias": True, "swiglu_alpha": 1.702,
         "swiglu_limit": 7.0,
     },
+    **deepseek.DEFAULTS,
 }  # fmt: skip
 # GptOssConfig's rotary where config.json names none (neither rope_scaling nor rope_parameters)
 _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
@@ -98,24 +116,18 @@ _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_s
 # a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
 _NULLABLE = {
     "mistral": ("sliding_window",),
+    "cohere2": ("sliding_window",),
+    "olmo3": ("sliding_window",),
     "gemma2": ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"),
+    **{arch: deepseek.NULLABLE for arch in deepseek.DEFAULTS},
 }
+_EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
+_PARTIAL_ROTARY = ("phi3", "glm", "glm4")  # the families whose transformers models read it
+_FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 _ACTIVATIONS.update({"gelu_tanh": "gelu_tanh", "gelu_python_tanh": "gelu_tanh"})
-
-
-def _read_json(path: Path) -> dict:
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path.name} is not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise ValueError(f"{path.name} must hold a JSON object")
-    return data
 
 
 def _as_ids(value) -> tuple[int, ...]:
@@ -179,6 +191,11 @@ def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None
         return tuple(t == "sliding_attention" for t in types)
     if arch in ("gemma2", "gpt_oss"):  # transformers' default: even layers slide, odd global
         return tuple(bool((i + 1) % 2) for i in range(n))
+    if arch == "cohere2":  # the older configs: every `sliding_window_pattern`-th layer global
+        pattern = int(cfg.get("sliding_window_pattern") or 4)
+        return tuple(bool((i + 1) % pattern) for i in range(n))
+    if arch == "olmo3":  # transformers' default: every fourth layer is global
+        return tuple(bool((i + 1) % 4) for i in range(n))
     if arch == "gemma3":  # the older configs: every `sliding_window_pattern`-th layer is global
         # (transformers reads no other key: the `_sliding_window_pattern` it writes goes with
         # `layer_types`)
@@ -195,18 +212,76 @@ def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None
 
 def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     window = cfg.get("sliding_window")
+    if arch == "smollm3":
+        return _smollm3_window(cfg)
     if arch == "qwen2moe":  # as the other Qwens: a window only with use_sliding_window
         return int(window) if window and cfg.get("use_sliding_window", False) else None
     if arch in ("qwen2", "qwen3", "qwen3moe") and not cfg.get("use_sliding_window", False):
         return None  # Qwen configs carry a window they do not use unless told to
     if arch in ("phi3", "gemma2", "gpt_oss"):  # every layer (Phi-3), or the window layers
         return int(window) if window else None
-    if arch not in ("mistral", "mixtral", "gemma3", "qwen2", "qwen3", "qwen3moe"):
+    if arch == "cohere2" and not window:  # its global layers are told apart by having none
+        raise ValueError("Cohere 2 without a sliding_window is not supported")
+    if arch not in ("mistral", "mixtral", "gemma3", "qwen2", "qwen3", "qwen3moe", "olmo3",
+                    "cohere2"):  # fmt: skip
         return None
     return int(window) if window else None
 
 
-def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
+def _smollm3_window(cfg: Mapping[str, Any]) -> int | None:
+    """SmolLM3's window: on the `layer_types` layers that say sliding_attention (by default the
+    NoPE layers, with use_sliding_window and a sliding_window); transformers' masks slide by
+    layer_types, its flash path only with use_sliding_window too, so a config where the two
+    disagree is refused."""
+    types, window = cfg.get("layer_types"), cfg.get("sliding_window")
+    if not cfg.get("use_sliding_window", False):
+        if types and "sliding_attention" in types:
+            raise ValueError("SmolLM3 layer_types names sliding_attention layers but "
+                             "use_sliding_window is false (transformers' attention paths "
+                             "disagree on such a config)")  # fmt: skip
+        return None
+    if not window:
+        if types and "sliding_attention" in types:
+            raise ValueError("SmolLM3 layer_types names sliding_attention layers without a "
+                             "sliding_window")  # fmt: skip
+        return None
+    return int(window)
+
+
+def _no_rope_layers(cfg: Mapping[str, Any], n: int) -> tuple[bool, ...]:
+    """SmolLM3's per-layer rotary (1: rotated, 0: NoPE); by default every
+    `no_rope_layer_interval`-th layer skips it (transformers' SmolLM3Config)."""
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        interval = int(cfg["no_rope_layer_interval"])
+        flags = [int((i + 1) % interval != 0) for i in range(n)]
+    if len(flags) != n:
+        raise ValueError(f"no_rope_layers names {len(flags)} layers, the model has {n}")
+    return tuple(bool(f) for f in flags)
+
+
+def _smollm3_layer_types(cfg: Mapping[str, Any], n: int, window: int | None):
+    """transformers' default layer_types: the NoPE layers slide (when a window is on)."""
+    if window is None or cfg.get("layer_types"):
+        return _window_layers(cfg, "smollm3", n, window)
+    return tuple(not rope for rope in _no_rope_layers(cfg, n))
+
+
+def _local_rope_theta(cfg: Mapping[str, Any], fallback: str, family: str) -> float:
+    """The rotary base of the sliding-window layers (transformers 5's
+    `rope_parameters.sliding_attention`, else config.json's `fallback` key); a scaling there is
+    refused in one line."""
+    params = (cfg.get("rope_parameters") or {}).get("sliding_attention")
+    params = params if isinstance(params, dict) else {}
+    if rope_kind(params) != "default":
+        raise ValueError(f"rope_scaling {rope_kind(params)!r} on {family}'s sliding-window "
+                         "layers is not supported")  # fmt: skip
+    return float(params.get("rope_theta") or cfg[fallback])
+
+
+def _family(
+    cfg: Mapping[str, Any], arch: str, n: int, scaling: Mapping[str, Any] | None = None
+) -> FamilyConfig:
     window = _sliding_window(cfg, arch)
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
     if act not in _ACTIVATIONS:
@@ -218,19 +293,25 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
     }
     if arch in ("qwen3", "qwen3moe", "gemma3"):
         fields["qk_norm"] = True
+    if arch in ("glm", "glm4"):
+        fields.update(rope_interleaved=True, glm4_norms=arch == "glm4")
+    if arch in ("cohere", "cohere2"):
+        fields.update(cohere_layer=True, rope_interleaved=True,
+                      logit_scale=float(cfg["logit_scale"]))  # fmt: skip
+    if arch == "cohere" and cfg.get("use_qk_norm"):  # (Cohere 2's attention has none)
+        fields["qk_norm"] = True
+    if arch == "cohere2":  # the global layers attend without rotary
+        fields["rope_layers"] = fields["window_layers"]
+    if arch == "smollm3":
+        fields.update(rope_layers=_no_rope_layers(cfg, n),
+                      window_layers=_smollm3_layer_types(cfg, n, window))  # fmt: skip
     if arch == "gemma3":
         if cfg.get("use_bidirectional_attention"):
             raise ValueError("use_bidirectional_attention (an embedding model's attention, "
                              "EmbeddingGemma) is not supported: Pagoda serves causal decoders")  # fmt: skip
-        local_params = (cfg.get("rope_parameters") or {}).get("sliding_attention")
-        local_params = local_params if isinstance(local_params, dict) else {}
-        if rope_kind(local_params) != "default":  # transformers 5: the window layers' own rope
-            raise ValueError(f"rope_scaling {rope_kind(local_params)!r} on Gemma 3's "
-                             "sliding-window layers is not supported")  # fmt: skip
-        local = local_params.get("rope_theta") or cfg.get("rope_local_base_freq")
         fields.update(
             gemma_norms=True,
-            local_rope_theta=float(local),
+            local_rope_theta=_local_rope_theta(cfg, "rope_local_base_freq", "Gemma 3"),
             query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]),
             # attn_logit_softcapping is in Gemma 3's config (inherited from Gemma 2's) but its
             # attention never applies it, in transformers as in llama.cpp: neither do we
@@ -264,8 +345,13 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
         )
     if arch == "qwen2moe":
         fields["shared_expert_intermediate_size"] = int(cfg["shared_expert_intermediate_size"])
-    if arch == "olmo2":
+    if arch in ("olmo2", "olmo3"):
         fields.update(olmo2_norms=True, qk_norm_whole=True)
+    if arch == "olmo3" and window is not None:  # the window layers' rotary: unscaled
+        local = _local_rope_theta(cfg, "rope_theta", "OLMo 3")
+        theta, full_scaling = _rope(cfg, "full_attention")
+        if full_scaling is not None or local != theta:
+            fields["local_rope_theta"] = local
     if arch == "olmoe":
         if cfg.get("clip_qkv") is not None:
             raise ValueError(f"clip_qkv {cfg['clip_qkv']} (OLMoE's q/k/v clamp) is not supported")
@@ -299,6 +385,8 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
         for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
                      "logits_scaling"):  # fmt: skip
             fields[name] = float(cfg.get(name, 1.0))
+    if arch in deepseek.ARCHITECTURES.values():
+        fields.update(deepseek.family_fields(cfg, arch, n, scaling))
     if fields.get("num_experts") and fields["hidden_act"] != "silu":  # the fused-MoE kernel's
         raise ValueError(f"hidden activation {act!r} in a mixture of experts is not supported "
                          "(experts run SwiGLU: silu)")  # fmt: skip
@@ -336,11 +424,15 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     gen = _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
-    rope_theta, scaling = _rope(cfg, "full_attention" if arch == "gemma3" else None, arch == "phi3")
+    by_kind = "full_attention" if arch in ("gemma3", "olmo3") else None  # per layer kind
+    rope_theta, scaling = _rope(cfg, by_kind, arch == "phi3")
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    if arch in deepseek.ARCHITECTURES.values():  # latent attention, expanded per head
+        head_dim, kv_heads = deepseek.head_dim(cfg, arch), heads
     rope_inv_freq(head_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
     rope_inv_freq(head_dim, rope_theta, scaling, long=True)  # longrope: its long factors too
-    if arch != "phi3" and rotary_dim(head_dim, scaling) != head_dim:  # transformers' too
+    if arch not in _PARTIAL_ROTARY and rotary_dim(head_dim, scaling) != head_dim:
         raise ValueError(f"a partial rotary embedding (partial_rotary_factor "
                          f"{scaling['partial_rotary_factor']}) is not supported for {arch}")  # fmt: skip
     # as transformers' GenerationConfig.from_model_config: a multimodal config's own ids
@@ -353,9 +445,9 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
         intermediate_size=int(cfg["intermediate_size"]),
         num_layers=layers,
         num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        num_kv_heads=kv_heads,
         head_dim=head_dim,
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=float(cfg.get(_EPS.get(arch, "rms_norm_eps"), 1e-6)),
         rope_theta=rope_theta,
         rope_scaling=scaling,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
@@ -364,7 +456,7 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
         bos_token_id=cfg.get("bos_token_id", top.get("bos_token_id")),
         eos_token_ids=eos,
         architecture=arch,
-        family=_family(cfg, arch, layers),
+        family=_family(cfg, arch, layers, scaling),
     )
 
 
@@ -431,7 +523,7 @@ def check_weights(
         if not (model_dir / INDEX).exists() and not any(model_dir.glob("*.safetensors")):
             return None
         weights = read_weights(model_dir)
-    if config.architecture == "phi3":  # fused qkv_proj / gate_up_proj, listed as Llama's
+    if config.architecture in _FUSED:  # fused qkv_proj / gate_up_proj, listed as Llama's
         from pagoda.runtime.model.phi3 import split_fused
 
         split_fused(weights, config)

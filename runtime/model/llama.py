@@ -10,6 +10,9 @@ and soft caps (`gemma3`: with Qwen3's q/k norms), `moe` swaps the MLP for a mixt
 (`make_mlp`). Llama, Mistral (with its sliding window), Qwen2 and Phi-3 (its fused matrices
 split at load, `phi3.py`) are this file as it stands; a partial rotary turns the first dims of
 each head only, and longrope reads one of two rotary tables per sequence (`longrope.py`).
+SmolLM3 is too, some of its layers without rotary (`FamilyConfig.rope_layers`), and GLM, its
+rotary in the interleaved layout (`ops.rotary_interleaved`); GLM-4 (`glm4.py`), OLMo 3
+(`olmo2.py`) and Cohere (`cohere.py`) change the layer.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pagoda.runtime.model.ops import (
     check_rope_context,
     gather_cos_sin,
     gelu_tanh_and_mul,
+    rotary_interleaved,
 )
 from pagoda.runtime.model.parallel_linear import (
     column_linear,
@@ -153,7 +157,8 @@ class LlamaLayer:
         self.ctx, self.index = ctx, index
         pre = prefix + "input_layernorm.weight"  # none in OLMo 2 (olmo2.py: norms after)
         self.attn_norm = model.norm_weight(w[pre]) if pre in w else None
-        self.mlp_norm = model.norm_weight(w[prefix + "post_attention_layernorm.weight"])
+        post = prefix + "post_attention_layernorm.weight"  # none in Cohere's (one norm a layer)
+        self.mlp_norm = model.norm_weight(w[post]) if post in w else None
         qkv = [f"{a}{n}.weight" for n in ("q_proj", "k_proj", "v_proj")]
         o = a + "o_proj.weight"
         if ctx.tp is None:
@@ -163,6 +168,8 @@ class LlamaLayer:
         self.kv_scales = model.kv_scales(w, a.rstrip("."))  # an FP8 KV cache's (k, v) scales
         self.window = c.family.window(index)  # this layer's sliding window, or None
         self.rope = model.rope_table(index)
+        # halves (the ops' kernels), or pairs (GLM's and Cohere's interleaved layout)
+        self.rotary = rotary_interleaved if c.family.rope_interleaved else ctx.ops.rotary_embedding
         self.mlp = model.make_mlp(w, prefix, index, ctx)
 
     def linears(self) -> list[Linear]:
@@ -171,15 +178,21 @@ class LlamaLayer:
     def __call__(
         self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, residual = self.attention_input(h, residual)
+        h = self.attention(x, step)
+        x, residual = self.ctx.rms_norm(x=h, weight=self.mlp_norm, eps=self.ctx.eps,
+                                        residual=residual)  # fmt: skip
+        return self.mlp(x), residual
+
+    def attention_input(
+        self, h: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(attention's input, the residual stream): `h`, the last layer's output, added to the
+        stream (it starts the stream at the first layer) and normalised."""
         norm, eps = self.ctx.rms_norm, self.ctx.eps
         if residual is None:
-            residual = h
-            x = norm(x=h, weight=self.attn_norm, eps=eps)
-        else:
-            x, residual = norm(x=h, weight=self.attn_norm, eps=eps, residual=residual)
-        h = self.attention(x, step)
-        x, residual = norm(x=h, weight=self.mlp_norm, eps=eps, residual=residual)
-        return self.mlp(x), residual
+            return norm(x=h, weight=self.attn_norm, eps=eps), h
+        return norm(x=h, weight=self.attn_norm, eps=eps, residual=residual)
 
     def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         ctx = self.ctx
@@ -189,13 +202,14 @@ class LlamaLayer:
         k = k.reshape(t, ctx.num_kv_heads, d)
         v = v.reshape(t, ctx.num_kv_heads, d)
         q, k = self.before_rotary(q, k)
-        positions, rows = step.rope[self.rope]
-        r = rows.shape[-1]  # the rotating dims: all of them, or a partial rotary's first ones
-        if r == d:
-            q, k = ctx.ops.rotary_embedding(positions=positions, q=q, k=k, cos_sin_cache=rows)
-        else:  # in place on the first r dims of each head (every op rotates in place)
-            ctx.ops.rotary_embedding(positions=positions, q=q[..., :r], k=k[..., :r],
-                                     cos_sin_cache=rows)  # fmt: skip
+        if self.rope is not None:  # None: a layer without positions (`FamilyConfig.rope_layers`)
+            positions, rows = step.rope[self.rope]
+            r = rows.shape[-1]  # the rotating dims: all of them, or a partial rotary's first ones
+            rotate = self.rotary
+            if r == d:
+                q, k = rotate(positions=positions, q=q, k=k, cos_sin_cache=rows)
+            else:  # in place on the first r dims of each head (every op rotates in place)
+                rotate(positions=positions, q=q[..., :r], k=k[..., :r], cos_sin_cache=rows)
         k_cache, v_cache = step.kv_caches[self.index]
         out = ctx.backend.forward(
             q, k, v, k_cache, v_cache, step.meta, window=self.window, kv_scales=self.kv_scales,
@@ -214,6 +228,10 @@ class LlamaModel:
     rows; the forward then runs on every rank of the group together."""
 
     layer_class: type[LlamaLayer] = LlamaLayer
+    # A family's RMSNorm for 16-bit models where it is not `ops.rms_norm` (which rounds the
+    # normalised rows, then scales): `ops.gemma_rms_norm` scales the float32 rows, rounds once.
+    # In float32 the two are one, and `ops.rms_norm` (native on the CPU) serves.
+    rms_norm_16bit: Callable[..., Any] | None = None
 
     def __init__(
         self,
@@ -277,8 +295,9 @@ class LlamaModel:
             heads, kv_heads = tp.layout.local_heads(heads, kv_heads)
         # the config's hidden_act: SwiGLU, or GeGLU (Gemma's, and any family's that names it)
         gelu = c.family.hidden_act == "gelu_tanh"
+        norm = self.rms_norm_16bit if self.dtype != torch.float32 else None
         return LayerContext(
-            ops=self.ops, backend=self.backend, rms_norm=self.ops.rms_norm,
+            ops=self.ops, backend=self.backend, rms_norm=norm or self.ops.rms_norm,
             act_and_mul=gelu_tanh_and_mul if gelu else self.ops.silu_and_mul,
             linear=linear, eps=c.rms_norm_eps,
             num_heads=heads, num_kv_heads=kv_heads, head_dim=c.head_dim,
@@ -323,9 +342,12 @@ class LlamaModel:
         """Layer `index`'s MLP (`moe.py`'s models put experts where the family has them)."""
         return GatedMLP(ctx, w, prefix + "mlp.")
 
-    def rope_table(self, index: int) -> str:
-        """The rotary table layer `index` reads: "local" for Gemma 3's window layers."""
+    def rope_table(self, index: int) -> str | None:
+        """The rotary table layer `index` reads: "local" for Gemma 3's (and OLMo 3's) window
+        layers; None where the layer has no rotary (`FamilyConfig.rope_layers`)."""
         f = self.config.family
+        if not f.has_rope(index):
+            return None
         return "local" if f.local_rope_theta and f.window(index) is not None else "global"
 
     def build_rope_caches(self, max_positions: int) -> dict[str, torch.Tensor]:

@@ -9,6 +9,12 @@ OLMo 2 (`Olmo2Layer`) also moves the layer's norms after its sublayers:
 - RMSNorm scales in float32 before rounding once (`ops.gemma_rms_norm` with the weight as
   stored; for a float32 model the same as `ops.rms_norm`).
 
+OLMo 3 (`Olmo3ForCausalLM`, and llama.cpp's `olmo2` GGUF with a window) is OLMo 2's model with
+sliding-window layers (`FamilyConfig.window_layers`: three of every four by default); the window
+layers rotate with the plain base and the global ones with the configured scaling
+(`rope_parameters` by layer kind: the "local" table, `FamilyConfig.local_rope_theta`, where
+they differ).
+
 OLMoE (`OlmoeModel`) keeps Llama's pre-norm layer and norms and puts experts in every layer
 (`moe.SparseMoE`: softmax top-k, `norm_topk_prob`, weights rounded to the model's dtype).
 
@@ -19,12 +25,8 @@ heads are replicated), so each rank scales its part by the whole row's norm.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-
 import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
-from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step
 from pagoda.runtime.model.moe import make_mlp
 from pagoda.runtime.model.ops import gemma_rms_norm
@@ -88,13 +90,9 @@ class Olmo2Layer(WholeQKNormLayer):
 
 class Olmo2Model(LlamaModel):
     layer_class = Olmo2Layer
-
-    def layer_context(self, linear: Callable[..., Linear]) -> LayerContext:
-        """`gemma_rms_norm` with the weight as stored: the float32 normalised rows times the
-        16-bit weight is a float32 product (exactly the weight's value), rounded once."""
-        ctx = super().layer_context(linear)
-        norm = ctx.rms_norm if self.dtype == torch.float32 else gemma_rms_norm
-        return dataclasses.replace(ctx, rms_norm=norm)
+    # `gemma_rms_norm` with the weight as stored: the float32 normalised rows times the 16-bit
+    # weight is a float32 product (exactly the weight's value), rounded once
+    rms_norm_16bit = staticmethod(gemma_rms_norm)
 
 
 class OlmoeModel(LlamaModel):

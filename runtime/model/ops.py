@@ -79,6 +79,39 @@ def rotary_embedding(
     return q, k
 
 
+def rotary_interleaved(
+    *,
+    positions: torch.Tensor | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    widen: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rotary_embedding` with the pairs (2i, 2i + 1) rotated by frequency i, not (i, i + D/2):
+    GLM's and Cohere's layout (transformers' `rotate_half` over x[..., 0::2], x[..., 1::2] with
+    cos/sin repeat_interleave'd). In place on q and k, every token and head in one set of ops;
+    the same signature (and cache rows) as `rotary_embedding`. Rounded per product as it (GLM's),
+    or with `widen` computed in float32 and rounded once (Cohere's); cos and sin are in the
+    model's dtype either way, as transformers hands them over."""
+    cs = cos_sin_cache if positions is None else gather_cos_sin(positions, cos_sin_cache, q.dtype)
+    cos, sin = cs.unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2]
+    for x in (q, k):
+        pairs = x.unflatten(-1, (-1, 2))  # a view: [T, H, D/2, 2]
+        x1, x2 = pairs[..., 0], pairs[..., 1]
+        if widen and x.dtype != torch.float32:
+            a, b, c, s = x1.float(), x2.float(), cos.float(), sin.float()
+            x1.copy_(a * c - b * s)
+            x2.copy_(b * c + a * s)
+            continue
+        new1 = torch.mul(x1, cos)
+        tmp = torch.mul(x2, sin)
+        new1.sub_(tmp)  # x1 cos - x2 sin
+        torch.mul(x1, sin, out=tmp)
+        x2.mul_(cos).add_(tmp)  # x2 cos + x1 sin
+        x1.copy_(new1)
+    return q, k
+
+
 def _joint_view(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
     """[T, H + Hkv, D] over q and k when k's heads follow q's in memory, row by row."""
     (t, h, d), hk = q.shape, k.shape[1]

@@ -21,6 +21,7 @@ from pagoda.runtime.model.safetensors_weights import SafetensorsWeights
 # fused module -> its parts (Llama's modules), in the fused matrix's row order
 FUSED = {"self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"),
          "mlp.gate_up_proj": ("gate_proj", "up_proj")}  # fmt: skip
+_FAMILIES = {"phi3": "Phi-3", "glm": "GLM", "glm4": "GLM-4"}  # (GLM's gate_up_proj: glm4.py)
 _SCALES = ("weight_scale", "weight_scale_inv", "input_scale")
 
 
@@ -37,8 +38,9 @@ def split_fused(weights: SafetensorsWeights, config: ModelConfig) -> None:
             if prefix + "weight" not in weights:
                 raise ValueError(f"checkpoint is missing tensor {prefix + 'weight'!r}")
             if any(prefix + s in weights for s in _SCALES):
+                family = _FAMILIES.get(config.architecture, config.architecture)
                 raise ValueError(f"checkpoint tensor {prefix}weight is FP8-quantized: FP8 "
-                                 "Phi-3 checkpoints (fused qkv/gate_up) are not supported")  # fmt: skip
+                                 f"{family} checkpoints (fused qkv/gate_up) are not supported")  # fmt: skip
             if len(parts) == 3:
                 sizes = [q, kv, kv]
             else:  # gate and up: halves

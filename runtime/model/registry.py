@@ -24,9 +24,17 @@ MODEL_CLASSES = {
     "qwen3moe": ("moe", "Qwen3MoeModel"),
     "qwen2moe": ("moe", "Qwen2MoeModel"),
     "olmo2": ("olmo2", "Olmo2Model"),
+    "olmo3": ("olmo2", "Olmo2Model"),  # OLMo 2's, with window layers (their own rotary table)
     "granite": ("granite", "GraniteModel"),
     "granitemoe": ("granite", "GraniteMoeModel"),
     "olmoe": ("olmo2", "OlmoeModel"),
+    "smollm3": ("llama", "LlamaModel"),
+    "glm": ("llama", "LlamaModel"),  # Llama's over a split gate_up_proj, interleaved rotary
+    "glm4": ("glm4", "Glm4Model"),
+    "cohere": ("cohere", "CohereModel"),
+    "cohere2": ("cohere", "CohereModel"),  # Llama's, some layers without rotary (rope_layers)
+    "deepseek_v2": ("deepseek", "DeepseekModel"),
+    "deepseek_v3": ("deepseek", "DeepseekModel"),
     "gpt_oss": ("gpt_oss", "GptOssModel"),
 }
 

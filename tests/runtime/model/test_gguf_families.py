@@ -154,6 +154,8 @@ def write_gguf(
         w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     if window:
         w.add_sliding_window(window)
+    if window and arch == "olmo2":  # OLMo 3: the converter's flag per layer
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
     if arch == "gemma2":  # as llama.cpp's converter writes Gemma 2's caps
         w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
         w.add_final_logit_softcapping(cfg.final_logit_softcapping)
@@ -212,7 +214,7 @@ def write_gguf(
     put("output_norm.weight", sd["model.norm.weight"], "model.norm.weight", shift=shift)
     if "lm_head.weight" in sd and not cfg.tie_word_embeddings:
         put("output.weight", sd["lm_head.weight"], "lm_head.weight")
-    llama = arch in ("llama", "granite", "granitemoe")  # the converter's LlamaModel: permuted
+    llama = arch in ("llama", "granite", "granitemoe", "smollm3")  # its LlamaModel: permuted
     for i in range(cfg.num_hidden_layers):
         pre = f"model.layers.{i}."
         for (suffix, gname), kind in itertools.product(names.items(), ("weight", "bias")):
@@ -268,6 +270,9 @@ GRANITEMOE = dict(vocab_size=300, num_local_experts=6, num_experts_per_tok=2,
                   intermediate_size=32, embedding_multiplier=2.0, residual_multiplier=0.7,
                   attention_multiplier=0.1, logits_scaling=1.5)  # fmt: skip
 OLMOE = dict(vocab_size=300, num_experts=6, num_experts_per_tok=3, intermediate_size=32)
+OLMO3 = dict(vocab_size=300, num_hidden_layers=4, sliding_window=7, rope_parameters={
+    k: {"rope_type": "default", "rope_theta": 10000.0} for k in ("full_attention",
+                                                                 "sliding_attention")})  # fmt: skip
 MIXTRAL = dict(head_dim=32, vocab_size=300, num_local_experts=4, num_experts_per_tok=2)
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 32, "rope_theta": 10000.0}  # fmt: skip
@@ -282,6 +287,9 @@ CASES = {
     "granite": ("Granite", GRANITE, None),
     "granitemoe": ("GraniteMoe", GRANITEMOE, None),  # input_linear split as gate and up
     "olmo2": ("Olmo2", dict(vocab_size=300), None),  # norms after; q/k norms over every head
+    "olmo3": ("Olmo3", OLMO3, 7),  # olmo2 with a window on three layers of four
+    # permuted q/k; NoPE on every fourth layer (llama.cpp's fixed step, as the HF default)
+    "smollm3": ("SmolLM3", dict(vocab_size=300, num_hidden_layers=4), None),
     "olmoe": (
         "Olmoe",
         OLMOE,
@@ -293,7 +301,8 @@ CASES = {
 GGUF_ARCH = {"qwen3": "qwen3", "qwen3moe": "qwen3moe", "gemma3": "gemma3", "llama": "llama",
              "llama3-rope": "llama", "gemma2": "gemma2", "qwen2moe": "qwen2moe",
              "qwen2moe-squeezed": "qwen2moe",
-             "granite": "granite", "granitemoe": "granitemoe", "olmo2": "olmo2", "olmoe": "olmoe"}  # fmt: skip
+             "granite": "granite", "granitemoe": "granitemoe", "olmo2": "olmo2", "olmoe": "olmoe",
+             "olmo3": "olmo2", "smollm3": "smollm3"}  # fmt: skip
 ARCH = {**GGUF_ARCH, "llama": "mixtral"}  # the engine's
 
 
@@ -331,6 +340,13 @@ def test_gguf_family_matches_transformers_on_its_dequantized_weights(tmp_path, c
         f = config.family
         assert (f.attn_logit_softcapping, f.final_logit_softcapping) == (2.0, 5.0)
         assert (f.window_layers, f.query_pre_attn_scalar, f.qk_norm) == ((True, False), 64, False)
+    if case == "smollm3":  # llama.cpp's NoPE layers are transformers' default ones
+        assert config.family.rope_layers == tuple(map(bool, model.config.no_rope_layers))
+    if case == "olmo3":  # the file's window and per-layer flags
+        assert (config.family.sliding_window, config.family.window_layers) == (
+            7,
+            (True, True, True, False),
+        )
     if config.family.num_experts:  # llama.cpp renormalises Mixtral's and Qwen3-MoE's top-k only
         assert config.family.norm_topk_prob == getattr(model.config, "norm_topk_prob", True)
     if case.startswith("granite"):  # the scalars from the file (logits_scaling: greedy-blind)
@@ -391,7 +407,6 @@ def test_gguf_rotary_the_engine_does_not_run_is_refused(tmp_path, extra, words):
 @pytest.mark.parametrize(
     ("arch", "overrides", "window", "extra", "words"),
     [
-        ("Olmo2", {}, 8, None, "OLMo 3"),  # llama.cpp's olmo2 with a window: OLMo 3
         ("Olmoe", dict(num_experts=4, intermediate_size=32), None,
          lambda w: w.add_clamp_kqv(8.0), "clamp_kqv"),
         ("GraniteMoe", dict(num_local_experts=4, intermediate_size=32), None,
