@@ -148,6 +148,23 @@ def test_gpt_oss_experts_in_the_fused_kernel_match_transformers(tiny, monkeypatc
         check(got, want, f"prompt {i + 1}")
 
 
+@pytest.mark.gpu
+def test_gpt_oss_on_cuda_matches_transformers(tiny):
+    """On a GPU (benchmarks/gpu_check.sh's `gptoss` step): the sinks in the compiled Triton
+    kernels, the experts in the fused-MoE kernel (biases, clamped SwiGLU), decodes in CUDA
+    graphs, float32: transformers' tokens and logits, chunked, batched, on a warm cache."""
+    if not torch.cuda.is_available() or os.environ["TRITON_INTERPRET"] == "1":
+        pytest.skip("needs a CUDA device with compiled Triton kernels")
+    path, _, reference = tiny
+    llm = _engine(path, device="cuda")
+    assert llm.engine.runner.model.layers[0].mlp.fused is not None
+    cold = generate(llm, prompts())
+    warm = generate(llm, prompts()[::-1])[::-1]
+    for i, want in enumerate(reference):
+        check(cold[i], want, f"prompt {i}, cold")
+        check(warm[i], want, f"prompt {i}, warm")
+
+
 def test_gpt_oss_config_reads_sinks_windows_experts_and_yarn(tiny):
     path, model, _ = tiny
     c = read_model_config(str(path))
