@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.cpu.quantized import QuantizedWeight, from_gguf, readable
+from pagoda.runtime.model import pre_tokenizers
 from pagoda.runtime.model.gguf_dequant import dequantize
 from pagoda.runtime.model.gguf_reader import parse as _reader  # noqa: F401 - one of its own
 from pagoda.runtime.model.gguf_reader import take_reader
@@ -273,6 +274,8 @@ def read_config(reader) -> ModelConfig:
         raise ValueError(
             f"unsupported GGUF architecture {gguf_arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
         )
+    if _field(reader, "tokenizer.ggml.model") == "gpt2":  # refused at start-up, as llama.cpp does
+        pre_tokenizers.lookup(_field(reader, "tokenizer.ggml.pre"))
     p = f"{gguf_arch}."
     arch = gguf_arch
     if arch == "llama" and _field(reader, p + "expert_count", 0):
