@@ -21,6 +21,7 @@ from pagoda.operator.kube.names import (
     MODEL_CACHE_MOUNT,
     cache_env,
     container_security,
+    pod_security,
 )
 from pagoda.runtime import options
 
@@ -34,7 +35,6 @@ OUTPUT_DIR = "/profile"
 TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where kopf's login looks
 STARTUP_MARGIN_S = 900  # image pull + model load on top of the measuring budget
 PUBLISH_VERBS = ("get", "patch")
-RUN_AS_ID = 1000
 
 
 def _meta(kind: str, api_version: str, name: str, namespace: str, owner: Mapping[str, Any]):
@@ -203,13 +203,7 @@ def build_job(
                 "enableServiceLinks": False,
                 "nodeSelector": {**dict(spec.node_selector), PRODUCT_LABEL: key.product},
                 "tolerations": tolerations,
-                "securityContext": {
-                    "runAsNonRoot": True,
-                    "runAsUser": RUN_AS_ID,
-                    "runAsGroup": RUN_AS_ID,
-                    "fsGroup": RUN_AS_ID,
-                    "seccompProfile": {"type": "RuntimeDefault"},
-                },
+                "securityContext": pod_security(),
                 "initContainers": [tune],
                 "containers": [publish],
                 "volumes": [*volumes, _token_volume()],

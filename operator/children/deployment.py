@@ -21,6 +21,7 @@ from pagoda.operator.kube.names import (
     cache_env,
     config_map_name,
     container_security,
+    pod_security,
     selector_labels,
     standard_labels,
 )
@@ -35,7 +36,6 @@ CONTAINER_NAME = "server"
 CONFIG_MOUNT = "/etc/pagoda"
 PRESTOP_SLEEP_S = 5  # lets endpoints drop the pod before SIGTERM starts the drain
 PROBE_PERIOD_S = 10
-RUN_AS_ID = 1000
 
 
 def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
@@ -124,13 +124,7 @@ def _pod_spec(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS_ID,
-            "runAsGroup": RUN_AS_ID,
-            "fsGroup": RUN_AS_ID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pod_security(),
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         "containers": [_container(spec, mounts)],
         "volumes": volumes,

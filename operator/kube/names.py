@@ -36,6 +36,7 @@ CONFIG_HASH_ANNOTATION = "serving.pagoda.dev/config-hash"
 APPLIED_LABELS_ANNOTATION = "serving.pagoda.dev/applied-labels"
 GPU_RESOURCE = "nvidia.com/gpu"
 SERVER_PORT = options.DEFAULT_PORT  # `pagoda serve --port` in the pods (port `http`)
+RUN_AS_ID = 1000  # the image's user (Dockerfile), every pod's
 MODEL_CACHE_MOUNT = "/var/cache/pagoda/models"  # hf:// and s3:// models: `--download-dir` in pods
 
 
@@ -214,6 +215,18 @@ WATCHED_CHILD_KINDS = (
 def pod_labels() -> dict[str, str]:
     """What the pod watch filters on: the serving pods the operator's Deployments create."""
     return {LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: COMPONENT}
+
+
+def pod_security() -> dict[str, Any]:
+    """The security context of every pod the operator creates: the image's non-root user
+    (`RUN_AS_ID`, the Dockerfile's), which owns the volumes too."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_ID,
+        "runAsGroup": RUN_AS_ID,
+        "fsGroup": RUN_AS_ID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 def container_security() -> dict[str, Any]:

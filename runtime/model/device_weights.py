@@ -35,6 +35,7 @@ class DeviceWeights:
         on_cpu_f32 = device.type == "cpu" and dtype == torch.float32
         self._q = quantized if on_cpu_f32 else {}
         self.fp8 = fp8  # the linear layers it names run in the FP8 GEMM (`fp8_weights`)
+        self._kept: dict[str, torch.Tensor] = {}  # read by `equal`, taken by the next read
 
     @property
     def stored(self) -> Mapping[str, torch.Tensor]:
@@ -50,7 +51,7 @@ class DeviceWeights:
         read = getattr(self._w, "read", None)  # a GGUF's: its blocks dequantized on the device
         if read is not None:
             return self.finite.add(name, read(name, self.device, self.dtype))
-        t = self._w[name]
+        t = self._stored(name)
         if t.dtype == torch.float8_e4m3fn:  # an FP8 checkpoint's weight read as dense values
             return self.finite.add(name, self._dequantized(name, t))
         return self.finite.add(name, t.to(device=self.device, dtype=self.dtype))
@@ -58,13 +59,23 @@ class DeviceWeights:
     def check_finite(self, tp=None) -> None:
         """`NonFiniteWeights` (a ValueError) naming the first tensor read so far that holds NaN
         or Inf, as read onto the device (one sync for all of them; `FiniteCheck.check`)."""
+        self._kept.clear()
         self.finite.check(tp)
 
     def equal(self, a: str, b: str) -> bool:
         """Whether tensors `a` and `b` are stored alike (shape, dtype and bits), read where they
-        are stored (an embedding and a head: once, at load, only when a config ties them)."""
-        x, y = self._w[a], self._w[b]
-        return x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y)
+        are stored (an embedding and a head: once, at load, only when a config ties them). The
+        next read of `a`, and of `b` where they differ, takes the tensor read here."""
+        x, y = self._stored(a), self._stored(b)
+        same = x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y)
+        if getattr(self._w, "read", None) is None:  # a GGUF's `read` dequantizes anew
+            self._kept = {a: x} if same else {a: x, b: y}
+        return same
+
+    def _stored(self, name: str) -> torch.Tensor:
+        """Tensor `name` as stored: the one `equal` read, else read now."""
+        kept = self._kept.pop(name, None)
+        return self._w[name] if kept is None else kept
 
     def source(self, name: str) -> torch.Tensor:
         """Matrix `name` as ``--quantization fp8`` quantizes it: as stored (on the device), or
@@ -72,7 +83,7 @@ class DeviceWeights:
         (block-wise), so that it is requantized one scale per output channel."""
         if name not in self._w:
             raise ValueError(f"checkpoint is missing tensor {name!r}")
-        t = self._w[name]
+        t = self._stored(name)
         if t.dtype == torch.float8_e4m3fn:
             return self.finite.add(name, self._dequantized(name, t, torch.float32))
         return self.finite.add(name, t.to(self.device))
@@ -92,7 +103,8 @@ class DeviceWeights:
             raise ValueError(f"checkpoint tensor {name} is float8_e4m3fn without a per-tensor "
                              f"or per-channel {scale_name}")  # fmt: skip
         scale = self._w[scale_name]
-        t = self.finite.add(name, t.to(self.device))  # NaN codes of the weight, then scales
+        # the scale named if it is not finite; a NaN code is NaN in the values, which the
+        # caller checks (so each tensor is checked once)
         self.finite.add(scale_name, scale.to(self.device))
         block = getattr(self._w, "fp8_block", None)  # the checkpoint's tile, if block-wise
         tiles = None if block is None else tuple(-(-a // b) for a, b in zip(t.shape, block))
@@ -118,11 +130,8 @@ class DeviceWeights:
         modules = [n.removesuffix(".weight") for n in names]
         if self.fp8.serialized:
             parts = [fp8.load_linear(self._w, m, self.fp8).to(self.device) for m in modules]
-            for m, part in zip(modules, parts):
+            for m, part in zip(modules, parts):  # load_linear refused non-finite scales
                 self.finite.add(f"{m}.weight", part.weight)
-                self.finite.add(f"{m}.weight_scale", part.weight_scale)
-                if part.input_scale is not None:
-                    self.finite.add(f"{m}.input_scale", part.input_scale)
             return fp8.fuse(parts)
         return fp8.quantize_linear(torch.cat([self.source(n) for n in names]))
 
@@ -156,14 +165,15 @@ class DeviceWeights:
         """The size of tensor `name` along `dim`."""
         if name not in self._w:
             raise ValueError(f"checkpoint is missing tensor {name!r}")
-        return self._w[name].shape[dim]
+        header = getattr(self._w, "dtype_and_shape", None)  # safetensors: without reading it
+        return header(name)[1][dim] if header is not None else self._w[name].shape[dim]
 
     def part(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
         """Rows (dim 0) or columns (dim 1) [start, stop) of `name`, cut before the move to the
         device, zero-padded past its end (a vocabulary rounded up for tensor parallelism)."""
         if name not in self._w:
             raise ValueError(f"checkpoint is missing tensor {name!r}")
-        t = self._w[name]
+        t = self._stored(name)
         if t.dtype == torch.float8_e4m3fn:  # with its scale, as `self[name]` reads it
             t = self._dequantized(name, t)
         have = max(0, min(stop, t.shape[dim]) - start)

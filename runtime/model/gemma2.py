@@ -15,13 +15,10 @@ builds on these classes and adds q/k norms and a rotary base per layer kind).
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Callable
 
 import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
-from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step
 from pagoda.runtime.model.ops import gemma_rms_norm
 
@@ -39,11 +36,7 @@ class Gemma2Layer(LlamaLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # `mlp_norm` holds post_attention_layernorm: here it normalises attention's output
         norm, eps = self.ctx.rms_norm, self.ctx.eps
-        if residual is None:
-            residual = h
-            x = norm(x=h, weight=self.attn_norm, eps=eps)
-        else:
-            x, residual = norm(x=h, weight=self.attn_norm, eps=eps, residual=residual)
+        x, residual = self.attention_input(h, residual)
         h = norm(x=self.attention(x, step), weight=self.mlp_norm, eps=eps)
         x, residual = norm(x=h, weight=self.pre_mlp_norm, eps=eps, residual=residual)
         return norm(x=self.mlp(x), weight=self.post_mlp_norm, eps=eps), residual
@@ -51,18 +44,15 @@ class Gemma2Layer(LlamaLayer):
 
 class Gemma2Model(LlamaModel):
     layer_class = Gemma2Layer
+    # (1 + w) * norm(x) in float32, rounded once (`norm_weight` gives 1 + w); GeGLU: LlamaModel's,
+    # by hidden_act
+    rms_norm_16bit = staticmethod(gemma_rms_norm)
 
     def __init__(self, config, weights, **kwargs) -> None:
         super().__init__(config, weights, **kwargs)
         # sqrt(hidden) as Hugging Face holds it: a float32 tensor, rounded to the model's dtype
         scale = torch.tensor(math.sqrt(config.hidden_size), dtype=torch.float32)
         self.embed_scale = scale.to(device=self.device, dtype=self.dtype)
-
-    def layer_context(self, linear: Callable[..., Linear]) -> LayerContext:
-        ctx = super().layer_context(linear)
-        # float32: (1 + w) * norm(x) is `ops.rms_norm` with weight 1 + w (native on the CPU)
-        norm = ctx.rms_norm if self.dtype == torch.float32 else gemma_rms_norm
-        return dataclasses.replace(ctx, rms_norm=norm)  # GeGLU: LlamaModel's, by hidden_act
 
     def norm_weight(self, weight: torch.Tensor) -> torch.Tensor:
         """1 + w in float32, as Gemma's norm computes it (then the model's dtype for float32);

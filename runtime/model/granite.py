@@ -32,15 +32,11 @@ class GraniteLayer(LlamaLayer):
     def __call__(
         self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        norm, eps = self.ctx.rms_norm, self.ctx.eps
         scale = self.residual_multiplier
-        if residual is None:
-            residual = h
-            x = norm(x=h, weight=self.attn_norm, eps=eps)
-        else:  # the last layer's MLP output, already scaled, added here
-            x, residual = norm(x=h, weight=self.attn_norm, eps=eps, residual=residual)
+        x, residual = self.attention_input(h, residual)  # h: the last MLP's, already scaled
         h = self.attention(x, step) * scale
-        x, residual = norm(x=h, weight=self.mlp_norm, eps=eps, residual=residual)
+        x, residual = self.ctx.rms_norm(x=h, weight=self.mlp_norm, eps=self.ctx.eps,
+                                        residual=residual)  # fmt: skip
         return self.mlp(x) * scale, residual
 
 

@@ -9,16 +9,17 @@ lazily), `tokenizer.json` with the chat template (`template_files`: a processor'
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
+from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.ops import rope_inv_freq, rope_kind, rotary_dim
 from pagoda.runtime.model.safetensors_weights import INDEX, SafetensorsWeights
 from pagoda.runtime.model.template_files import read_chat_template
+from pagoda.runtime.model.template_files import read_json_object as _read_json
 from pagoda.runtime.model.tokenizer import Tokenizer
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -48,6 +49,7 @@ HF_ARCHITECTURES = {
     "SmolLM3ForCausalLM": "smollm3",  # Llama with NoPE layers (`FamilyConfig.rope_layers`)
     "CohereForCausalLM": "cohere",  # Command R / R+, Aya (model/cohere.py)
     "Cohere2ForCausalLM": "cohere2",  # Command R7B, Command A (model/cohere.py)
+    **deepseek.ARCHITECTURES,  # DeepSeek-V2/V3, Kimi K2, Moonlight (model/deepseek.py)
 }
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
@@ -97,6 +99,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2},
     "olmoe": {"num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False,
               "rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
+    **deepseek.DEFAULTS,
 }  # fmt: skip
 # a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
 _NULLABLE = {
@@ -104,6 +107,7 @@ _NULLABLE = {
     "cohere2": ("sliding_window",),
     "olmo3": ("sliding_window",),
     "gemma2": ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"),
+    **{arch: deepseek.NULLABLE for arch in deepseek.DEFAULTS},
 }
 _EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 _PARTIAL_ROTARY = ("phi3", "glm", "glm4")  # the families whose transformers models read it
@@ -112,18 +116,6 @@ _FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Lla
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 _ACTIVATIONS.update({"gelu_tanh": "gelu_tanh", "gelu_python_tanh": "gelu_tanh"})
-
-
-def _read_json(path: Path) -> dict:
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path.name} is not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise ValueError(f"{path.name} must hold a JSON object")
-    return data
 
 
 def _as_ids(value) -> tuple[int, ...]:
@@ -275,7 +267,9 @@ def _local_rope_theta(cfg: Mapping[str, Any], fallback: str, family: str) -> flo
     return float(params.get("rope_theta") or cfg[fallback])
 
 
-def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
+def _family(
+    cfg: Mapping[str, Any], arch: str, n: int, scaling: Mapping[str, Any] | None = None
+) -> FamilyConfig:
     window = _sliding_window(cfg, arch)
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
     if act not in _ACTIVATIONS:
@@ -343,8 +337,8 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
         fields.update(olmo2_norms=True, qk_norm_whole=True)
     if arch == "olmo3" and window is not None:  # the window layers' rotary: unscaled
         local = _local_rope_theta(cfg, "rope_theta", "OLMo 3")
-        theta, scaling = _rope(cfg, "full_attention")
-        if scaling is not None or local != theta:
+        theta, full_scaling = _rope(cfg, "full_attention")
+        if full_scaling is not None or local != theta:
             fields["local_rope_theta"] = local
     if arch == "olmoe":
         if cfg.get("clip_qkv") is not None:
@@ -369,6 +363,8 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
         for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
                      "logits_scaling"):  # fmt: skip
             fields[name] = float(cfg.get(name, 1.0))
+    if arch in deepseek.ARCHITECTURES.values():
+        fields.update(deepseek.family_fields(cfg, arch, n, scaling))
     if fields.get("num_experts") and fields["hidden_act"] != "silu":  # the fused-MoE kernel's
         raise ValueError(f"hidden activation {act!r} in a mixture of experts is not supported "
                          "(experts run SwiGLU: silu)")  # fmt: skip
@@ -407,6 +403,9 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     by_kind = "full_attention" if arch in ("gemma3", "olmo3") else None  # per layer kind
     rope_theta, scaling = _rope(cfg, by_kind, arch == "phi3")
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    if arch in deepseek.ARCHITECTURES.values():  # latent attention, expanded per head
+        head_dim, kv_heads = deepseek.head_dim(cfg, arch), heads
     rope_inv_freq(head_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
     rope_inv_freq(head_dim, rope_theta, scaling, long=True)  # longrope: its long factors too
     if arch not in _PARTIAL_ROTARY and rotary_dim(head_dim, scaling) != head_dim:
@@ -422,7 +421,7 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
         intermediate_size=int(cfg["intermediate_size"]),
         num_layers=layers,
         num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        num_kv_heads=kv_heads,
         head_dim=head_dim,
         rms_norm_eps=float(cfg.get(_EPS.get(arch, "rms_norm_eps"), 1e-6)),
         rope_theta=rope_theta,
@@ -433,7 +432,7 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
         bos_token_id=cfg.get("bos_token_id", top.get("bos_token_id")),
         eos_token_ids=eos,
         architecture=arch,
-        family=_family(cfg, arch, layers),
+        family=_family(cfg, arch, layers, scaling),
     )
 
 

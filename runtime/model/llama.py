@@ -176,15 +176,21 @@ class LlamaLayer:
     def __call__(
         self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, residual = self.attention_input(h, residual)
+        h = self.attention(x, step)
+        x, residual = self.ctx.rms_norm(x=h, weight=self.mlp_norm, eps=self.ctx.eps,
+                                        residual=residual)  # fmt: skip
+        return self.mlp(x), residual
+
+    def attention_input(
+        self, h: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(attention's input, the residual stream): `h`, the last layer's output, added to the
+        stream (it starts the stream at the first layer) and normalised."""
         norm, eps = self.ctx.rms_norm, self.ctx.eps
         if residual is None:
-            residual = h
-            x = norm(x=h, weight=self.attn_norm, eps=eps)
-        else:
-            x, residual = norm(x=h, weight=self.attn_norm, eps=eps, residual=residual)
-        h = self.attention(x, step)
-        x, residual = norm(x=h, weight=self.mlp_norm, eps=eps, residual=residual)
-        return self.mlp(x), residual
+            return norm(x=h, weight=self.attn_norm, eps=eps), h
+        return norm(x=h, weight=self.attn_norm, eps=eps, residual=residual)
 
     def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         ctx = self.ctx
@@ -219,6 +225,10 @@ class LlamaModel:
     rows; the forward then runs on every rank of the group together."""
 
     layer_class: type[LlamaLayer] = LlamaLayer
+    # A family's RMSNorm for 16-bit models where it is not `ops.rms_norm` (which rounds the
+    # normalised rows, then scales): `ops.gemma_rms_norm` scales the float32 rows, rounds once.
+    # In float32 the two are one, and `ops.rms_norm` (native on the CPU) serves.
+    rms_norm_16bit: Callable[..., Any] | None = None
 
     def __init__(
         self,
@@ -282,8 +292,9 @@ class LlamaModel:
             heads, kv_heads = tp.layout.local_heads(heads, kv_heads)
         # the config's hidden_act: SwiGLU, or GeGLU (Gemma's, and any family's that names it)
         gelu = c.family.hidden_act == "gelu_tanh"
+        norm = self.rms_norm_16bit if self.dtype != torch.float32 else None
         return LayerContext(
-            ops=self.ops, backend=self.backend, rms_norm=self.ops.rms_norm,
+            ops=self.ops, backend=self.backend, rms_norm=norm or self.ops.rms_norm,
             act_and_mul=gelu_tanh_and_mul if gelu else self.ops.silu_and_mul,
             linear=linear, eps=c.rms_norm_eps,
             num_heads=heads, num_kv_heads=kv_heads, head_dim=c.head_dim,

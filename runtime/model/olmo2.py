@@ -25,12 +25,8 @@ heads are replicated), so each rank scales its part by the whole row's norm.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-
 import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
-from pagoda.runtime.model.linear import Linear
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step
 from pagoda.runtime.model.moe import make_mlp
 from pagoda.runtime.model.ops import gemma_rms_norm
@@ -94,13 +90,9 @@ class Olmo2Layer(WholeQKNormLayer):
 
 class Olmo2Model(LlamaModel):
     layer_class = Olmo2Layer
-
-    def layer_context(self, linear: Callable[..., Linear]) -> LayerContext:
-        """`gemma_rms_norm` with the weight as stored: the float32 normalised rows times the
-        16-bit weight is a float32 product (exactly the weight's value), rounded once."""
-        ctx = super().layer_context(linear)
-        norm = ctx.rms_norm if self.dtype == torch.float32 else gemma_rms_norm
-        return dataclasses.replace(ctx, rms_norm=norm)
+    # `gemma_rms_norm` with the weight as stored: the float32 normalised rows times the 16-bit
+    # weight is a float32 product (exactly the weight's value), rounded once
+    rms_norm_16bit = staticmethod(gemma_rms_norm)
 
 
 class OlmoeModel(LlamaModel):

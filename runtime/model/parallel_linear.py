@@ -103,8 +103,7 @@ def fp8_rows(
         if w.fp8.serialized:
             whole = fp8.load_linear(w.stored, _module(n), w.fp8)
             piece = fp8.shard(whole, 0, start, stop).to(w.device)
-            w.finite.add(n, piece.weight)
-            w.finite.add(f"{_module(n)}.weight_scale", piece.weight_scale)
+            w.finite.add(n, piece.weight)  # load_linear refused non-finite scales
             pieces.append(piece)
         else:  # one scale per row: these rows' codes are the whole matrix's
             rows = w.source(n).narrow(0, start, stop - start)

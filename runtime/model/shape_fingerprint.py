@@ -11,7 +11,6 @@ dtype is the profile's identity already (``dtype``), so it is not repeated here.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pagoda.runtime.config import ModelConfig
@@ -23,12 +22,16 @@ FINGERPRINT_KEYS = (
     "num_layers", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
     "shared_expert_intermediate_size", "num_moe_layers", "quantization",
 )  # fmt: skip
+# DeepSeek's latent attention (`config.MlaConfig`): its projections' shapes, recorded only for
+# the models that have it (a profile compares the keys both fingerprints hold)
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 def shape_fingerprint(config: ModelConfig, quantization: str) -> dict[str, int | str]:
     """The fingerprint of a model (`config`) whose linear layers run as `quantization`
     (`weight_format`)."""
     f = config.family
+    mla = {} if f.mla is None else {k: getattr(f.mla, k) or 0 for k in MLA_KEYS}
     return {
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
@@ -45,6 +48,7 @@ def shape_fingerprint(config: ModelConfig, quantization: str) -> dict[str, int |
         "shared_expert_intermediate_size": f.shared_expert_intermediate_size,
         "num_moe_layers": sum(map(f.has_experts, range(config.num_layers))),
         "quantization": quantization,
+        **mla,
     }
 
 
@@ -54,14 +58,11 @@ def weight_format(model_path: str, quantization: str | None) -> str:
     model (a GGUF file or an HF directory)."""
     if quantization is not None:
         return quantization
+    from pagoda.runtime.model.hf_loader import read_quantization
     from pagoda.runtime.model.loader import resolve_model_path
-    from pagoda.runtime.quantization.fp8 import scheme_from_hf_config
 
     path = resolve_model_path(model_path)
-    config = path / "config.json" if path.is_dir() else None
-    if config is None or not config.is_file():
-        return NO_QUANTIZATION
-    scheme = scheme_from_hf_config(json.loads(config.read_text()))
+    scheme = read_quantization(path) if path.is_dir() else None
     if scheme is None:
         return NO_QUANTIZATION
     return "fp8" if scheme.block is None else f"fp8 block {scheme.block[0]}x{scheme.block[1]}"

@@ -31,12 +31,12 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 def read_chat_template(model_dir: Path, tokenizer_config: Mapping[str, Any]) -> str | None:
     """The template `model_dir` renders chats with (None: it has none); ValueError, one line
     naming the file, for one that cannot be read."""
-    processor = _json_object(model_dir / PROCESSOR_CONFIG)
+    processor = read_json_object(model_dir / PROCESSOR_CONFIG)
     if processor.get("chat_template") is not None:
         return _default(processor["chat_template"], PROCESSOR_CONFIG)
     legacy = model_dir / LEGACY_PROCESSOR_TEMPLATE
     if legacy.is_file():
-        data = _json_object(legacy)
+        data = read_json_object(legacy)
         if "chat_template" not in data:  # transformers fails on it too (a KeyError)
             raise ValueError(f"{LEGACY_PROCESSOR_TEMPLATE} has no 'chat_template'")
         return _default(data["chat_template"], LEGACY_PROCESSOR_TEMPLATE)
@@ -61,7 +61,9 @@ def _default(template: Any, where: str) -> str | None:
     return chosen
 
 
-def _json_object(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A checkpoint's JSON file as a dict ({} when there is no such file); ValueError, one line
+    naming the file, for one that is not a JSON object."""
     if not path.is_file():
         return {}
     try:

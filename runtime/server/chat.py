@@ -48,7 +48,8 @@ class ChatEndpoint(Endpoint):
     def prepare(self, req: ChatCompletionRequest, info: EngineInfo, strings: TokenStrings) -> Job:
         model = self.resolve_model(req.model)
         if req.top_logprobs is not None and not req.logprobs:
-            raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
+            raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs",
+                           code="invalid_value")  # fmt: skip
         max_tokens, renames = req.max_tokens, self.renames
         if req.max_completion_tokens is not None:  # OpenAI's newer name; errors must use it
             max_tokens = req.max_completion_tokens
@@ -114,9 +115,13 @@ class ChatEndpoint(Endpoint):
             add_generation_prompt=req.generation_prompt,
             continue_final_message=req.continue_final_message, variables=variables,
         )  # fmt: skip
-        messages, listed = _render(tools.template_messages, raw, setup, template)
-        text = render(messages, tools=listed)
-        _check_names_rendered(raw, messages, listed, text, render)
+
+        def prompt_of(client_messages: list[dict[str, Any]]) -> tuple[Any, Any, str]:
+            messages, listed = _render(tools.template_messages, client_messages, setup, template)
+            return messages, listed, render(messages, tools=listed)
+
+        messages, listed, text = prompt_of(raw)
+        _check_names_rendered(raw, text, lambda ms: prompt_of(ms)[2])
         self.check_length(text, info)
         # `render` runs again there when the client's text holds special-token text
         ids = encode_chat(info.tokenizer, messages, listed, text, self.content_as_text, render)
@@ -124,6 +129,11 @@ class ChatEndpoint(Endpoint):
         return raw, text, ids, added
 
     def opening(self, job: Job) -> list[dict[str, Any]]:
+        """The role, with `content: ""`, before any token (OpenAI's and vLLM's first chunk).
+        With tools the role waits for the first delta (`_with_role`): OpenAI's first chunk of a
+        reply that is a call says `content: null`, which is known only once the call begins."""
+        if job.tools is not None:
+            return []
         out = []
         for i in range(job.num_choices):
             out.append({"index": i, "delta": {"role": job.role, "content": ""}, "logprobs": None})
@@ -196,7 +206,21 @@ class ChatEndpoint(Endpoint):
             and (job.tools is not None or job.reasoning is not None)
         ):
             return None  # held back (a marker or a call may be beginning)
+        if job.tools is not None and i not in job.opened:
+            delta = _with_role(job, i, delta, final)
         return {"index": i, "delta": delta, "logprobs": logprobs}
+
+
+def _with_role(job: Job, i: int, delta: dict[str, Any], final: bool) -> dict[str, Any]:
+    """Choice `i`'s first delta with tools, carrying the role: `content` null unless text comes
+    first (a call, or thinking, may follow), so the SDK's accumulated message is the whole
+    response's: content null beside calls, "" for an empty reply without any."""
+    job.opened.add(i)
+    content = delta.get("content")
+    if content is None and final and i not in job.called:
+        content = ""
+    return {"role": job.role, "content": content,
+            **{k: v for k, v in delta.items() if k != "content"}}  # fmt: skip
 
 
 def _template_kwargs(kwargs: dict[str, Any] | None, tokenizer: Any,
@@ -239,19 +263,22 @@ def _reply_tail(req: ChatCompletionRequest, messages: list[dict[str, Any]], list
     return text[at:]
 
 
-def _check_names_rendered(raw: list[dict[str, Any]], messages: list[dict[str, Any]],
-                          listed: Any, text: str, render: Any) -> None:  # fmt: skip
-    """A message's `name` is a 400 when the chat template writes no name (the prompt is the
-    same without them): it would be dropped silently. One more rendering, with names only."""
-    named = next((i for i, m in enumerate(raw) if m.get("name") is not None), None)
-    if named is None:
-        return
-    nameless = [{k: v for k, v in m.items() if k != "name"} for m in messages]
-    if render(nameless, tools=listed) == text:
-        raise APIError(400, f"messages[{named}].name is not supported: this model's chat "
-                       "template does not write message names, so it would change nothing "
-                       "(put the name in the content instead)", param=f"messages[{named}].name",
-                       code="unsupported_parameter")  # fmt: skip
+def _check_names_rendered(raw: list[dict[str, Any]], text: str, render: Any) -> None:
+    """A message's `name` is a 400 where the chat template writes no name for messages of its
+    role: the prompt is the same with that role's names dropped, so they would be dropped
+    silently (SmolLM2's and Llama 3's templates write none; some write the user's only). One
+    more rendering (`render`: client messages → prompt) per role that carries names."""
+    for role in dict.fromkeys(m["role"] for m in raw if m.get("name") is not None):
+        named = next(
+            i for i, m in enumerate(raw) if m["role"] == role and m.get("name") is not None
+        )
+        nameless = [{k: v for k, v in m.items() if k != "name" or m["role"] != role} for m in raw]
+        if render(nameless) == text:
+            raise APIError(400, f"messages[{named}].name is not supported: this model's chat "
+                           f"template does not write the names of {role} messages, so it would "
+                           "change nothing (put the name in the content instead)",
+                           param=f"messages[{named}].name",
+                           code="unsupported_parameter")  # fmt: skip
 
 
 def _render(apply: Any, *args: Any, **kw: Any) -> Any:
@@ -265,4 +292,5 @@ def _render(apply: Any, *args: Any, **kw: Any) -> Any:
     except ValueError as e:
         raise APIError(400, str(e), param="messages", code="invalid_messages") from e
     except Exception as e:
-        raise APIError(400, f"chat template failed: {e}", param="messages") from e
+        raise APIError(400, f"chat template failed: {e}", param="messages",
+                       code="invalid_messages") from e  # fmt: skip

@@ -34,7 +34,8 @@ class CompletionEndpoint(Endpoint):
     def prepare(self, req: CompletionRequest, info: EngineInfo, strings: TokenStrings) -> Job:
         model = self.resolve_model(req.model)
         if req.best_of is not None and req.best_of != req.n:
-            raise APIError(400, "best_of other than n is not supported", param="best_of")
+            raise APIError(400, "best_of other than n is not supported", param="best_of",
+                           code="unsupported_value")  # fmt: skip
         max_tokens = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
         echo_only = req.echo and max_tokens == 0
         if max_tokens == 0 and not req.echo:

@@ -55,6 +55,7 @@ class Job:
     tools: ToolSetup | None = None  # chat with tools: how calls are parsed
     tool_streams: dict[int, ToolStream] = field(default_factory=dict)  # per choice, streaming
     called: set[int] = field(default_factory=set)  # choices whose output held tool calls
+    opened: set[int] = field(default_factory=set)  # chat with tools: choices whose role was sent
     # chat with --reasoning-parser: whether replies start thinking (None: no parser)
     reasoning: bool | None = None
     reasoning_streams: dict[int, ReasoningStream] = field(default_factory=dict)  # per choice

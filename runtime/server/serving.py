@@ -25,7 +25,8 @@ from pagoda.runtime.sampling.bad_words import bad_words_token_ids
 from pagoda.runtime.sampling.params import ParamError
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings
-from pagoda.runtime.server.protocol import APIError, parse_request, retry_headers
+from pagoda.runtime.server.protocol import APIError, retry_headers
+from pagoda.runtime.server.request_body import parse_request
 from pagoda.runtime.server.structured_outputs import StructuredOutputs
 from prometheus_client import CollectorRegistry
 
@@ -66,10 +67,10 @@ def sse(data: dict[str, Any]) -> bytes:
 
 
 def unavailable(e: EngineUnavailableError) -> APIError:
+    # retries spread (retry-after-ms), not in lockstep; a dead engine's 503 names no time
     if isinstance(e, QueueFullError):
-        headers = retry_headers(e.retry_after or 1)  # spread: no lockstep retries
-        return APIError(503, str(e), code="queue_full", headers=headers)
-    headers = {"Retry-After": str(e.retry_after)} if e.retry_after else None
+        return APIError(503, str(e), code="queue_full", headers=retry_headers(e.retry_after or 1))
+    headers = retry_headers(e.retry_after) if e.retry_after else None
     return APIError(503, str(e), code="unavailable", headers=headers)
 
 
@@ -250,7 +251,7 @@ class Serving:
         tokens, finish, stop = [0] * k, [None] * k, [None] * k
         cached = [0] * len(job.prompts)
         ids: list[list[int]] = [[] for _ in range(k)]
-        keep_ids = job.reasoning is not None
+        keep_ids = bool(job.reasoning)  # reasoning_tokens: 0 where the reply does not think
         for s in job.streams or ():
             s.wake_at_end = True  # no wake-up per step: the deltas are merged for us
         async for idx, o in self._outputs(job):
@@ -293,7 +294,7 @@ class Serving:
         tokens, offsets, started = [0] * k, [0] * k, [False] * k
         cached = [0] * len(job.prompts)
         ids: list[list[int]] = [[] for _ in range(k)]
-        keep_ids = job.reasoning is not None
+        keep_ids = bool(job.reasoning)  # reasoning_tokens: 0 where the reply does not think
 
         def chunk(choice: dict[str, Any]) -> bytes:
             data = {**head, "choices": [choice]}

@@ -36,7 +36,7 @@ def spec_from_request(req: Any) -> StructuredOutputsParams | None:
     rf, so = getattr(req, "response_format", None), getattr(req, "structured_outputs", None)
     if rf is not None and rf.type != "text" and so is not None:
         raise APIError(400, "give response_format or structured_outputs, not both",
-                       param="structured_outputs")  # fmt: skip
+                       param="structured_outputs", code="invalid_value")  # fmt: skip
     try:
         if rf is not None and rf.type == "json_object":
             return StructuredOutputsParams(json_object=True, field="response_format")

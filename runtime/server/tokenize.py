@@ -30,8 +30,8 @@ from pagoda.runtime.server.protocol import (
     APIError,
     ChatCompletionRequest,
     _Strict,
-    parse_request,
 )
+from pagoda.runtime.server.request_body import parse_request
 from pagoda.runtime.server.serving import Serving, unavailable
 from pydantic import Discriminator, Field, RootModel, Tag
 
@@ -103,7 +103,7 @@ def detokenize(info: EngineInfo, req: DetokenizeRequest) -> dict[str, Any]:
     bad = next((t for t in req.tokens if not 0 <= t < info.vocab_size), None)
     if bad is not None:
         raise APIError(400, f"token id {bad} is out of vocabulary (0..{info.vocab_size - 1})",
-                       param="tokens")  # fmt: skip
+                       param="tokens", code="invalid_value")  # fmt: skip
     return {"prompt": info.tokenizer.decode(req.tokens, skip_special_tokens=False)}
 
 

@@ -98,10 +98,11 @@ def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -
                 f"tools[{i}].function.name must be 1-64 letters, digits, '_' or '-', got "
                 f"{name[:80]!r}",
                 param=f"tools[{i}].function.name",
+                code="invalid_value",
             )
         if name in names:
             raise APIError(400, f"tools[{i}].function.name: {name!r} is given twice",
-                           param=f"tools[{i}].function.name")  # fmt: skip
+                           param=f"tools[{i}].function.name", code="invalid_value")  # fmt: skip
         names.add(name)
         check_parameters(t.function.parameters, f"tools[{i}].function.parameters")
     kind = "auto" if choice is None else choice if isinstance(choice, str) else "function"
@@ -110,6 +111,7 @@ def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -
             400,
             f"tool_choice names {choice.function.name[:80]!r}, which is not among the tools",
             param="tool_choice.function.name",
+            code="invalid_value",
         )
     parallel = req.parallel_tool_calls is not False
     listed = [t.model_dump(exclude_none=True) for t in tools]
@@ -123,6 +125,7 @@ def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -
                 "tool_choice auto: this model's chat template renders tools in a format no "
                 "tool-call parser here reads; start the server with --tool-call-parser",
                 param="tool_choice",
+                code="unsupported_value",
             )
         name = "hermes"
     setup = ToolSetup(PARSERS[name](), kind, parallel, listed)
@@ -148,7 +151,8 @@ def output_constraint(
         return setup.grammar
     if setup.choice != "auto":
         raise APIError(400, "tool_choice required or a named function cannot be combined with "
-                       "response_format or structured_outputs", param="tool_choice")  # fmt: skip
+                       "response_format or structured_outputs", param="tool_choice",
+                       code="invalid_value")  # fmt: skip
     if not answer.field.startswith("response_format"):
         return answer
     return tool_grammar(setup.parser.name, tools or [], None, setup.parallel, answer=answer)
@@ -212,9 +216,10 @@ def tool_grammar(
                 json.dumps(schema), any_whitespace=False, strict_mode=True
             )
         except schemas.SchemaError as e:
-            raise APIError(400, f"{where}: {e}", param=where) from e
+            raise APIError(400, f"{where}: {e}", param=where, code="invalid_value") from e
         except (RuntimeError, ValueError) as e:
-            raise APIError(400, f"{where}: invalid JSON Schema: {e}", param=where) from e
+            raise APIError(400, f"{where}: invalid JSON Schema: {e}", param=where,
+                           code="invalid_value") from e  # fmt: skip
         tags.append(st.TagFormat(
             begin=begin.format(name=f.name), content=st.GrammarFormat(grammar=str(grammar)),
             end=end,
@@ -244,7 +249,7 @@ def tool_grammar(
     try:
         return StructuredOutputsParams(structural_tag=text, field="tools")
     except ParamError as e:
-        raise APIError(400, e.message, param="tools") from e
+        raise APIError(400, e.message, param="tools", code="invalid_value") from e
 
 
 def template_messages(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import json
 import re
@@ -29,7 +30,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -333,35 +334,14 @@ class GrammarCompiler:
         return compiled
 
     def _build_grammar(self, spec: StructuredOutputsParams) -> xgr.CompiledGrammar:
-        kind, where = spec.kind, spec.field
-        try:
-            if kind == "json":
-                schema = parse_schema_text(spec.json, where)
-                checked = schemas.check(schema, length_patterns=not spec.disable_any_whitespace)
-                return self._json(json.dumps(checked), spec)
-            if kind == "json_object":
-                return self._json('{"type": "object"}', spec)
-            if kind == "regex":
-                schemas.check_pattern(spec.regex, "")
-                return self._xgr.compile_regex(spec.regex)
-            if kind == "choice":
-                return self._xgr.compile_grammar(_choice_ebnf(spec.choice))
-            if kind == "grammar":
-                if "::=" in spec.grammar:
-                    return self._xgr.compile_grammar(spec.grammar)
-                return self._xgr.compile_lark(spec.grammar)
-            return self._xgr.compile_structural_tag(
-                structural_tags.normalise(spec.structural_tag, where)
-            )
-        except schemas.SchemaError as e:
-            raise ParamError(where, f"{where}: {e}") from e
-        except ParamError:
-            raise
-        except (RuntimeError, ValueError, TypeError) as e:  # xgrammar's parse/convert errors
-            raise _invalid(spec, e) from e
-
-    def _json(self, text: str, spec: StructuredOutputsParams) -> xgr.CompiledGrammar:
-        return self._xgr.compile_json_schema(text, **_json_options(spec))
+        c = self._xgr
+        with _param_errors(spec):
+            form, text = _grammar_source(spec, length_patterns=not spec.disable_any_whitespace)
+            if form == "json":
+                return c.compile_json_schema(text, **_json_options(spec))
+            build = {"regex": c.compile_regex, "ebnf": c.compile_grammar, "lark": c.compile_lark,
+                     "structural_tag": c.compile_structural_tag}  # fmt: skip
+            return build[form](text)
 
 
 def spec_grammar(spec: StructuredOutputsParams) -> xgr.Grammar:
@@ -369,26 +349,41 @@ def spec_grammar(spec: StructuredOutputsParams) -> xgr.Grammar:
     in the request's format); ParamError naming the spec's field when it is invalid. The masks
     of a structural tag are not ANDed with `GrammarCompiler.printable`, so length-bounded JSON
     strings become patterns here whatever the whitespace setting."""
+    g = xgr.Grammar
+    with _param_errors(spec):
+        form, text = _grammar_source(spec, length_patterns=True)
+        if form == "json":
+            return g.from_json_schema(text, **_json_options(spec))
+        build = {"regex": g.from_regex, "ebnf": g.from_ebnf, "lark": g.from_lark,
+                 "structural_tag": g.from_structural_tag}  # fmt: skip
+        return build[form](text)
+
+
+def _grammar_source(spec: StructuredOutputsParams, length_patterns: bool) -> tuple[str, str]:
+    """(the form xgrammar reads the spec in, its text): "json" (the checked schema,
+    `length_patterns` as `schema.check` takes it), "regex" (checked), "ebnf" (a choice's too),
+    "lark", or "structural_tag" (normalised); SchemaError or ParamError where it is invalid."""
     kind, where = spec.kind, spec.field
+    if kind in ("json", "json_object"):
+        schema = parse_schema_text(spec.json, where) if kind == "json" else {"type": "object"}
+        return "json", json.dumps(schemas.check(schema, length_patterns=length_patterns))
+    if kind == "regex":
+        schemas.check_pattern(spec.regex, "")
+        return "regex", spec.regex
+    if kind == "choice":
+        return "ebnf", _choice_ebnf(spec.choice)
+    if kind == "grammar":
+        return ("ebnf" if "::=" in spec.grammar else "lark"), spec.grammar
+    return "structural_tag", structural_tags.normalise(spec.structural_tag, where)
+
+
+@contextlib.contextmanager
+def _param_errors(spec: StructuredOutputsParams) -> Iterator[None]:
+    """A spec's errors, and xgrammar's parse and convert errors, as ParamError naming its field."""
     try:
-        if kind in ("json", "json_object"):
-            schema = parse_schema_text(spec.json, where) if kind == "json" else {"type": "object"}
-            checked = schemas.check(schema, length_patterns=True)
-            return xgr.Grammar.from_json_schema(json.dumps(checked), **_json_options(spec))
-        if kind == "regex":
-            schemas.check_pattern(spec.regex, "")
-            return xgr.Grammar.from_regex(spec.regex)
-        if kind == "choice":
-            return xgr.Grammar.from_ebnf(_choice_ebnf(spec.choice))
-        if kind == "grammar":
-            if "::=" in spec.grammar:
-                return xgr.Grammar.from_ebnf(spec.grammar)
-            return xgr.Grammar.from_lark(spec.grammar)
-        return xgr.Grammar.from_structural_tag(
-            structural_tags.normalise(spec.structural_tag, where)
-        )
+        yield
     except schemas.SchemaError as e:
-        raise ParamError(where, f"{where}: {e}") from e
+        raise ParamError(spec.field, f"{spec.field}: {e}") from e
     except ParamError:
         raise
     except (RuntimeError, ValueError, TypeError) as e:  # xgrammar's parse/convert errors

@@ -12,6 +12,8 @@ features its xgrammar backend lacks):
   `allOf` of compatible object schemas is merged; a `required` name missing from `properties`
   gets an open schema there; lengths already implied by a pattern are dropped, or folded into
   a repeated class's count; a number schema with a whole `multipleOf` becomes an integer one;
+  a pattern's '"', backslashes and control characters match their JSON escapes
+  (`pattern_escapes.py`);
 * what cannot is refused: `check` raises `SchemaError(path, message)`, a 400 naming the keyword
   (this module walks the schema, refuses what has no rewrite, and checks `oneOf`, patterns and
   that some finite value satisfies the schema).
@@ -27,6 +29,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import jsonschema
+from pagoda.runtime.structured import pattern_escapes
 from pagoda.runtime.structured.schema_rewrites import (
     ASSERTIONS,
     FORMAT_PATTERNS,
@@ -278,8 +281,8 @@ def _refuse_unsupported(s: dict, path: str) -> None:
     if "$ref" in s and not _LOCAL_REF.match(str(s["$ref"])):
         raise SchemaError(f"{path}/$ref", "only local JSON pointer references (#/...) are "
                           "supported")  # fmt: skip
-    if isinstance(s.get("pattern"), str):
-        check_pattern(s["pattern"], f"{path}/pattern", in_json=True)
+    if isinstance(s.get("pattern"), str):  # '"', '\\' and controls: `pattern_escapes`
+        check_pattern(s["pattern"], f"{path}/pattern")
     for key in s.get("patternProperties") or ():
         check_pattern(key, f"{path}/patternProperties", in_json=True)
 
@@ -305,6 +308,7 @@ def _string_keywords(out: dict, s: dict, path: str, lp: bool) -> dict:
         out["pattern"] = f"^.{{{lo},{'' if hi is None else hi}}}$"
     if isinstance(out.get("pattern"), str):
         out["pattern"] = optional_groups_as_alternatives(out["pattern"])
+        out["pattern"] = pattern_escapes.escape(out["pattern"], f"{path}/pattern")
     if isinstance(out.get("patternProperties"), dict):
         out["patternProperties"] = {optional_groups_as_alternatives(k): v
                                     for k, v in out["patternProperties"].items()}  # fmt: skip
@@ -390,68 +394,65 @@ def _as_key(s: dict, root: Any, path: str) -> dict:
 def check_pattern(pattern: str, path: str | None, in_json: bool = False) -> None:
     """SchemaError for regex features xgrammar compiles loosely: lookaround (it drops it inside
     JSON Schema patterns) and anchors other than at the start and end (it drops them). `in_json`
-    (a JSON Schema's pattern, matched by a JSON string's value): also a literal '"', backslash
-    or control character, which xgrammar writes into the string unescaped (`^a"b$` gave
-    `"a"b"`, not JSON), also in a class (`["\\\\]`); ranges leave '"' and backslash out."""
+    (a `patternProperties` name, matched by a JSON string's value): also a literal '"',
+    backslash or control character, which xgrammar writes into the string unescaped (`^a"b$`
+    gave `"a"b"`, not JSON), also in a class; ranges leave '"' and backslash out. A `pattern`'s
+    are written escaped instead (`pattern_escapes`)."""
     try:
         parsed = sre_parse.parse(pattern)
     except Exception:  # not Python's dialect: left to xgrammar's own parser
         return
-    _check_regex_items(list(parsed), True, True, path)
+    items = list(_regex_items(list(parsed), True, True))
+    for op, av, at_start, at_end in items:
+        _check_regex_item(op, av, at_start, at_end, path)
     if in_json:
-        _check_json_literals(list(parsed), path)
+        for op, av, _, _ in items:
+            _check_json_literal(op, av, path)
+
+
+def _regex_items(items: list, first: bool, last: bool):
+    """(op, av, at_start, at_end) of every item of a parsed pattern, nested ones included."""
+    for i, (op, av) in enumerate(items):
+        at_start, at_end = first and i == 0, last and i == len(items) - 1
+        yield op, av, at_start, at_end
+        if op is sre_parse.BRANCH:
+            for alt in av[1]:
+                yield from _regex_items(list(alt), at_start, at_end)
+        elif op is sre_parse.SUBPATTERN:
+            yield from _regex_items(list(av[-1]), at_start, at_end)
+        elif op in _REPEATS:
+            yield from _regex_items(list(av[2]), False, False)
+        elif op is getattr(sre_parse, "ATOMIC_GROUP", None):
+            yield from _regex_items(list(av), False, False)
+
+
+def _check_regex_item(op, av, at_start: bool, at_end: bool, path: str | None) -> None:
+    if op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
+        raise SchemaError(path, "lookahead and lookbehind are not supported by "
+                          "constrained decoding")  # fmt: skip
+    if op is sre_parse.AT and not ((av in _AT_START and at_start) or (av in _AT_END and at_end)):
+        raise SchemaError(path, "anchors (^, $, \\b) are supported at the start and end "
+                          "of the pattern only")  # fmt: skip
 
 
 def _unescaped(c: int) -> bool:
     return c < 0x20 or c in (0x22, 0x5C)
 
 
-def _check_json_literals(items: list, path: str | None) -> None:
-    for op, av in items:
-        bad = None
-        if op is sre_parse.LITERAL and _unescaped(av):
-            bad = chr(av)
-        elif op is sre_parse.IN and (not av or av[0][0] is not sre_parse.NEGATE):
-            for kind, v in av:
-                if kind is sre_parse.LITERAL and _unescaped(v):
-                    bad = chr(v)
-                elif kind is sre_parse.RANGE and v[0] < 0x20:  # ranges leave '"' and '\' out
-                    bad = chr(v[0])
-        if bad is not None:
-            raise SchemaError(path, f"a pattern that matches {bad!r} is not supported by "
-                              "constrained decoding: xgrammar would write '\"', backslashes "
-                              "and control characters into the JSON string unescaped")  # fmt: skip
-        if op is sre_parse.BRANCH:
-            for alt in av[1]:
-                _check_json_literals(list(alt), path)
-        elif op is sre_parse.SUBPATTERN:
-            _check_json_literals(list(av[-1]), path)
-        elif op in _REPEATS:
-            _check_json_literals(list(av[2]), path)
-        elif op is getattr(sre_parse, "ATOMIC_GROUP", None):
-            _check_json_literals(list(av), path)
-
-
-def _check_regex_items(items: list, first: bool, last: bool, path: str | None) -> None:
-    for i, (op, av) in enumerate(items):
-        at_start, at_end = first and i == 0, last and i == len(items) - 1
-        if op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
-            raise SchemaError(path, "lookahead and lookbehind are not supported by "
-                              "constrained decoding")  # fmt: skip
-        if op is sre_parse.AT and not (
-            (av in _AT_START and at_start) or (av in _AT_END and at_end)
-        ):
-            raise SchemaError(path, "anchors (^, $, \\b) are supported at the start and end "
-                              "of the pattern only")  # fmt: skip
-        if op is sre_parse.BRANCH:
-            for alt in av[1]:
-                _check_regex_items(list(alt), at_start, at_end, path)
-        elif op is sre_parse.SUBPATTERN:
-            _check_regex_items(list(av[-1]), at_start, at_end, path)
-        elif op in _REPEATS:
-            _check_regex_items(list(av[2]), False, False, path)
-        elif op is getattr(sre_parse, "ATOMIC_GROUP", None):
-            _check_regex_items(list(av), False, False, path)
+def _check_json_literal(op, av, path: str | None) -> None:
+    bad = None
+    if op is sre_parse.LITERAL and _unescaped(av):
+        bad = chr(av)
+    elif op is sre_parse.IN and (not av or av[0][0] is not sre_parse.NEGATE):
+        for kind, v in av:
+            if kind is sre_parse.LITERAL and _unescaped(v):
+                bad = chr(v)
+            elif kind is sre_parse.RANGE and v[0] < 0x20:  # ranges leave '"' and '\' out
+                bad = chr(v[0])
+    if bad is not None:
+        raise SchemaError(path, f"a pattern that matches {bad!r} is not supported by "
+                          "constrained decoding: xgrammar would write '\"', backslashes "
+                          "and control characters into the JSON string unescaped")  # fmt: skip
 
 
 def _assertions(s: dict, *but: str) -> list[str]:

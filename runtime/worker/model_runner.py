@@ -80,10 +80,9 @@ class ModelRunner:
         fused = self.model.lm_head.fuses_sampling
         self._whole_sampler: WholeSampler | None = qgemm.load().sample_logits if fused else None
         self.head_sampling = fused  # whether the LM head may sample (benchmarks turn it off)
-        # Debug/test hook: called with (requests, float32 logits) of every step that samples.
-        self.logits_observer: Callable[[list[Request], torch.Tensor], None] | None = None
-        # Test hook: called with (requests, logits) before sampling; may edit them in place
-        # (tests/runtime/engine/test_llm.py poisons one row with NaN, as a bad checkpoint would)
+        # Debug/test hook: called with (requests, logits in the model's dtype) of every step
+        # that samples, before sampling; it reads them, or edits them in place (test_llm.py
+        # poisons one row with NaN, as a bad checkpoint would)
         self.logits_hook: Callable[[list[Request], torch.Tensor], None] | None = None
         self.num_blocks = self._num_blocks()
         if tp is not None:  # the same pool on every rank: what the fullest device holds
@@ -250,8 +249,6 @@ class ModelRunner:
                 self.grammar.apply(logits, reqs, rows)
             if self.logits_hook is not None:
                 self.logits_hook(reqs, logits)
-            if self.logits_observer is not None:
-                self.logits_observer(reqs, logits.float())
             step = LaunchedStep(reqs, sample(logits, batch, self._whole_sampler), prompt=prompt)
         self._launched(step)
         if clock is not None:
@@ -266,8 +263,6 @@ class ModelRunner:
         self.grammar.apply(logits, step.requests, rows)
         if self.logits_hook is not None:
             self.logits_hook(step.requests, logits)
-        if self.logits_observer is not None:
-            self.logits_observer(step.requests, logits.float())
         step.sampler_output = sample(logits, batch, self._whole_sampler)
         self._launched(step)
 
@@ -283,10 +278,9 @@ class ModelRunner:
 
     def _head_samples(self, batch: SamplingBatch) -> bool:
         """Whether the LM head can hand back the step's tokens itself: no row filters (top-k,
-        top-p, min-p), nothing reads the logits (penalties, logprobs, the observer), and a
+        top-p, min-p), nothing reads the logits (penalties, logprobs, the hook), and a
         kernel that samples from its outputs (`Linear.fuses_sampling`)."""
-        hooked = self.logits_observer is not None or self.logits_hook is not None
-        plain = batch.plain and not hooked and not batch.filtered
+        plain = batch.plain and self.logits_hook is None and not batch.filtered
         return plain and self.head_sampling and self._whole_sampler is not None
 
     @staticmethod

@@ -8,9 +8,7 @@ Custom resources are checked against trimmed copies of the Prometheus Operator C
 from __future__ import annotations
 
 import functools
-import os
 import pathlib
-import shutil
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -18,9 +16,9 @@ import helm_python as helm
 import jsonschema
 import kubernetes_validate
 import kubernetes_validate.utils
-import pytest
 import yaml
 from chart_cr_schemas import CR_SCHEMAS
+from prometheus_testlib import require_tool as require_tool  # the chart tests' tools
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "pagoda"
@@ -173,15 +171,3 @@ def validation_errors(doc: Mapping[str, Any], version: str) -> list[str]:
     except kubernetes_validate.SchemaNotFoundError:
         return [f"{where}: no schema for {key} in Kubernetes {version}"]
     return []
-
-
-def require_tool(name: str) -> str:
-    """Path of a command-line tool; skip without it locally, fail in CI (.ci/run installs
-    Prometheus and Alertmanager and sets PAGODA_REQUIRE_E2E=1)."""
-    path = shutil.which(name)
-    if path is None:
-        reason = f"{name} is not installed (apt-get install prometheus prometheus-alertmanager)"
-        if os.environ.get("PAGODA_REQUIRE_E2E") == "1":
-            pytest.fail(f"required in CI: {reason}")
-        pytest.skip(reason)
-    return path

@@ -3,13 +3,11 @@ exports, and small readers of rules, relabelings and dashboard targets."""
 
 from __future__ import annotations
 
-import pathlib
 import re
-import subprocess
 from typing import Any
 
 import yaml
-from chart_helpers import CHART, require_tool
+from chart_helpers import CHART
 
 FILES = CHART / "files"
 RULES_FILE = FILES / "prometheus-rules.yaml"
@@ -47,14 +45,6 @@ def rules() -> dict[str, Any]:
 
 def alerts_by_name(groups: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {r["alert"]: r for g in groups["groups"] for r in g["rules"]}
-
-
-def promtool(*args: str, cwd: pathlib.Path) -> str:
-    result = subprocess.run(
-        [require_tool("promtool"), *args], cwd=cwd, capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
 
 
 def relabel_targets(relabelings: list[dict[str, Any]], key: str, target: str) -> dict[str, str]:

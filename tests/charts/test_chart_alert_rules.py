@@ -16,9 +16,9 @@ from chart_helpers import (
 from monitoring_helpers import (
     RULES_FILE,
     alerts_by_name,
-    promtool,
     rules,
 )
+from prometheus_testlib import promtool
 
 # --- alert rules ---------------------------------------------------------------------------
 

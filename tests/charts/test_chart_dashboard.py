@@ -21,9 +21,9 @@ from monitoring_helpers import (
     SERIES,
     alerts_by_name,
     dashboard_targets,
-    promtool,
     rules,
 )
+from prometheus_testlib import promtool
 
 # --- Grafana ----------------------------------------------------------------------------------
 

@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 import yaml
 from chart_helpers import MONITORING_ON, NAMESPACE, of_kind, operator_container, render
-from monitoring_helpers import alerts_by_name, promtool
+from monitoring_helpers import alerts_by_name
 from monitoring_helpers import rules as monitoring_rules
 from pagoda.operator import main as operator_main
 from pagoda.operator.children.build import build_children
 from pagoda.operator.children.owner import Owner
 from pagoda.operator.spec.inference_service import InferenceServiceSpec
+from prometheus_testlib import promtool_test, ttft_alert_test
 
 OWNER = Owner(name="chat", namespace="team-a", uid="uid-1")
 SPEC = InferenceServiceSpec.from_dict(
@@ -120,45 +121,9 @@ def test_ttft_alert_keeps_the_services_threshold_under_either_owner(
     for i, doc in enumerate(of_kind(docs, "PrometheusRule") + of_kind(built, "PrometheusRule")):
         files.append(f"rules-{i}.yaml")
         (tmp_path / files[-1]).write_text(yaml.safe_dump(doc["spec"]))
-    series = [
-        {
-            "series": f'pagoda:time_to_first_token_seconds_bucket{{namespace="{OWNER.namespace}",'
-            f'inferenceservice="{isvc}",pod="{isvc}-0",le="{le}"}}',
-            "values": f"0+{per_min}x10",
-        }
-        for isvc in (OWNER.name, "other")
-        for le, per_min in (("1.0", 0), ("2.0", 60), ("+Inf", 60))
-    ]
-    labels = {"namespace": OWNER.namespace, "inferenceservice": OWNER.name}
     ttft = alerts_by_name(monitoring_rules())["PagodaTTFTHigh"]
-    test = {
-        "rule_files": files,
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": series,
-                "alert_rule_test": [
-                    {
-                        "eval_time": "5m",
-                        "alertname": "PagodaTTFTHigh",
-                        "exp_alerts": [
-                            {
-                                "exp_labels": {
-                                    "severity": "warning",
-                                    "pagoda_action": "scale_up",
-                                    **labels,
-                                },
-                                "exp_annotations": {
-                                    "summary": "team-a/chat: p95 time to first token is 1.95s",
-                                    "description": ttft["annotations"]["description"],
-                                },
-                            }
-                        ],
-                    }
-                ],
-            }
-        ],
-    }
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
-    assert "SUCCESS" in promtool("test", "rules", "test.yaml", cwd=tmp_path)
+    annotations = {"summary": "team-a/chat: p95 time to first token is 1.95s",
+                   "description": ttft["annotations"]["description"]}  # fmt: skip
+    buckets = [("1.0", 0), ("2.0", 60), ("+Inf", 60)]
+    test = ttft_alert_test(files, OWNER.namespace, OWNER.name, buckets, annotations)
+    assert "SUCCESS" in promtool_test(tmp_path, test)

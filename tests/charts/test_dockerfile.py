@@ -23,7 +23,7 @@ import pytest
 from chart_helpers import ROOT, operator_container, render_cached
 from packaging.requirements import Requirement
 from pagoda.operator import main as operator_main
-from pagoda.operator.children.deployment import RUN_AS_ID
+from pagoda.operator.kube.names import RUN_AS_ID
 from pagoda.operator.spec import config
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+

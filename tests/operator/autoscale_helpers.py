@@ -4,31 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shutil
 from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from kube_emulator import Emulator
 from operator_harness import DEPLOY, ISVC
 from operator_helpers import in_background, mark_available
 from pagoda.operator.kube.client import ApiError, KubeApi
-
-
-def require_tool(*names: str) -> str:
-    """The first of `names` on PATH; else skip, or fail in CI (PAGODA_REQUIRE_E2E=1, as
-    tests/conftest.py's skip_or_fail: .ci/run installs Prometheus and Alertmanager)."""
-    for name in names:
-        path = shutil.which(name)
-        if path:
-            return path
-    reason = (
-        f"{' or '.join(names)} not installed (apt-get install prometheus prometheus-alertmanager)"
-    )
-    if os.environ.get("PAGODA_REQUIRE_E2E") == "1":
-        pytest.fail(f"required in CI: {reason}")
-    pytest.skip(reason)
+from prometheus_testlib import require_tool as require_tool  # Prometheus, Alertmanager
 
 
 def replicas(emulator: Emulator, name: str, namespace: str = "default") -> int | None:

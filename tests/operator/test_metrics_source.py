@@ -4,13 +4,9 @@ real Prometheus in test_autoscale_e2e.py."""
 from __future__ import annotations
 
 import pathlib
-import subprocess
-import textwrap
 from typing import Any
 
 import pytest
-import yaml
-from autoscale_helpers import require_tool
 from pagoda.operator.autoscaling.prometheus import (
     MetricsUnavailable,
     demand_queries,
@@ -19,6 +15,7 @@ from pagoda.operator.autoscaling.prometheus import (
     scalar,
 )
 from pagoda.operator.autoscaling.rules import selector
+from prometheus_testlib import promtool_test
 
 
 def vector(*values: str) -> dict[str, Any]:
@@ -71,7 +68,6 @@ def test_demand_queries_on_a_real_prometheus_engine(tmp_path: pathlib.Path) -> N
     """promtool evaluates the demand floor's PromQL over scraped series (every 15 s): 2 requests/s
     finish while the in-flight count grows by 1/s, so 3 arrive per second; the output length is
     generated tokens over finished requests; another service's series change nothing."""
-    promtool = require_tool("promtool")
     q = demand_queries("ns", "chat")
     assert set(q) == {
         "arrival_rate", "arrival_rate_slow", "arrival_rate_fast", "output_len",
@@ -95,11 +91,7 @@ def test_demand_queries_on_a_real_prometheus_engine(tmp_path: pathlib.Path) -> N
         )
     ]  # fmt: skip
     doc = {"tests": [{"interval": "15s", "input_series": series, "promql_expr_test": tests}]}
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(doc))
-    run = subprocess.run(
-        [promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True
-    )
-    assert run.returncode == 0, textwrap.shorten(run.stdout + run.stderr, 3000)
+    promtool_test(tmp_path, doc)
 
 
 def test_arrivals_of_n_sample_requests_are_requests(tmp_path: pathlib.Path) -> None:
@@ -107,7 +99,6 @@ def test_arrivals_of_n_sample_requests_are_requests(tmp_path: pathlib.Path) -> N
     gauge, which counts sequences, grows by 4/s: that is 1 more request in flight per second, so
     2 requests arrive per second (adding the gauge's 4/s as requests would say 5). The mean n
     comes from request_params_n (counted once per request, at its first output: 2/s)."""
-    promtool = require_tool("promtool")
     q = demand_queries("ns", "chat")
     labels = 'namespace="ns",inferenceservice="chat",model_name="m"'
     series = [
@@ -127,17 +118,12 @@ def test_arrivals_of_n_sample_requests_are_requests(tmp_path: pathlib.Path) -> N
         )
     ]  # fmt: skip
     doc = {"tests": [{"interval": "15s", "input_series": series, "promql_expr_test": tests}]}
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(doc))
-    run = subprocess.run(
-        [promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True
-    )
-    assert run.returncode == 0, textwrap.shorten(run.stdout + run.stderr, 3000)
+    promtool_test(tmp_path, doc)
 
 
 def test_sample_age_is_measured_on_prometheus_clock(tmp_path: pathlib.Path) -> None:
     """The freshness input is an age computed by Prometheus (`time() - timestamp`), so the
     operator's clock never enters it: scraped every 15 s until 600 s, evaluated at 620 s."""
-    promtool = require_tool("promtool")
     q = queries("ns", "chat")
     labels = 'namespace="ns",inferenceservice="chat"'
     series = [{"series": f"pagoda:num_requests_waiting{{{labels}}}", "values": "1+0x40"}]
@@ -145,11 +131,7 @@ def test_sample_age_is_measured_on_prometheus_clock(tmp_path: pathlib.Path) -> N
         {"expr": q["age"], "eval_time": "620s", "exp_samples": [{"labels": "{}", "value": 20}]}
     ]
     doc = {"tests": [{"interval": "15s", "input_series": series, "promql_expr_test": tests}]}
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(doc))
-    run = subprocess.run(
-        [promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True
-    )
-    assert run.returncode == 0, textwrap.shorten(run.stdout + run.stderr, 3000)
+    promtool_test(tmp_path, doc)
 
 
 def test_fast_arrival_rate_and_prompt_length_on_a_5s_scrape(tmp_path: pathlib.Path) -> None:
@@ -157,7 +139,6 @@ def test_fast_arrival_rate_and_prompt_length_on_a_5s_scrape(tmp_path: pathlib.Pa
     15 s arrival rate (the burst floor's input) 10 s after the load tripled: it shows all of it. The mean prompt length
     divides prompt tokens by first tokens (the TTFT histogram's count), both counted at the first
     token, so a burst whose requests have not finished yet does not inflate it."""
-    promtool = require_tool("promtool")
     q = {**demand_queries("ns", "chat"), "prompt_len": prompt_len_query("ns", "chat")}
     labels = 'namespace="ns",inferenceservice="chat",model_name="m"'
     # 61 samples at 5 s: 1 request/s finishes (5 per sample) until 285 s, then 3/s; in flight
@@ -179,11 +160,7 @@ def test_fast_arrival_rate_and_prompt_length_on_a_5s_scrape(tmp_path: pathlib.Pa
         for key, want in (("arrival_rate_fast", 3.0), ("prompt_len", 1000.0))
     ]
     doc = {"tests": [{"interval": "5s", "input_series": series, "promql_expr_test": tests}]}
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(doc))
-    run = subprocess.run(
-        [promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True
-    )
-    assert run.returncode == 0, textwrap.shorten(run.stdout + run.stderr, 3000)
+    promtool_test(tmp_path, doc)
 
 
 async def test_credentials_in_the_prometheus_url_stay_out_of_messages() -> None:

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import json
 import pathlib
-import subprocess
-import textwrap
 
 import pytest
 import yaml
-from autoscale_helpers import require_tool
 from operator_harness import ROOT
 from pagoda.operator.autoscaling import rules
 from pagoda.operator.children.build import build_children
 from pagoda.operator.children.owner import Owner
 from pagoda.operator.spec.inference_service import InferenceServiceSpec
+from prometheus_testlib import promtool, promtool_test, ttft_alert_test
 
 CHART_RULES = ROOT / "charts" / "pagoda" / "files" / "prometheus-rules.yaml"
 REGENERATE = (
@@ -107,57 +105,12 @@ def test_builder_adds_the_rule_only_with_autoscaling() -> None:
 def test_rendered_rules_pass_promtool_and_fire_only_for_their_service(
     tmp_path: pathlib.Path,
 ) -> None:
-    promtool = require_tool("promtool")
     doc = rules.service_rules("ns", "chat", spec(), for_="0s")
     ttft_rule = doc["groups"][1]["rules"][0]
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(doc))
-    check = subprocess.run(
-        [promtool, "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True, text=True
-    )
-    assert check.returncode == 0, check.stdout + check.stderr
+    promtool("check", "rules", "rules.yaml", cwd=tmp_path)
     # p95 TTFT of ~0.75 s (over 2 x 0.25 s) on both services; only ours may alert
-    series = []
-    for isvc in ("chat", "other"):
-        for le, per_min in (("0.5", 0), ("1.0", 60), ("+Inf", 60)):
-            labels = f'namespace="ns",inferenceservice="{isvc}",le="{le}"'
-            series.append(
-                {
-                    "series": f"pagoda:time_to_first_token_seconds_bucket{{{labels}}}",
-                    "values": f"0+{per_min}x10",
-                }
-            )
-    test = {
-        "rule_files": ["rules.yaml"],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": series,
-                "alert_rule_test": [
-                    {
-                        "eval_time": "5m",
-                        "alertname": "PagodaTTFTHigh",
-                        "exp_alerts": [
-                            {
-                                "exp_labels": {
-                                    "severity": "warning",
-                                    "pagoda_action": "scale_up",
-                                    "namespace": "ns",
-                                    "inferenceservice": "chat",
-                                },
-                                "exp_annotations": {
-                                    "summary": "ns/chat: p95 time to first token is 975ms",
-                                    "description": ttft_rule["annotations"]["description"],
-                                },
-                            }
-                        ],
-                    }
-                ],
-            }
-        ],
-    }
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
-    run = subprocess.run(
-        [promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True
-    )
-    assert run.returncode == 0, textwrap.shorten(run.stdout + run.stderr, 3000)
+    annotations = {"summary": "ns/chat: p95 time to first token is 975ms",
+                   "description": ttft_rule["annotations"]["description"]}  # fmt: skip
+    buckets = [("0.5", 0), ("1.0", 60), ("+Inf", 60)]
+    promtool_test(tmp_path, ttft_alert_test(["rules.yaml"], "ns", "chat", buckets, annotations))

@@ -96,8 +96,8 @@ def build(name: str, path):
 def generate(llm: LLM, prompts: list[list[int]]):
     """(greedy tokens, per-step float32 logits) of each prompt, all in one batch."""
     seen: dict[str, list[torch.Tensor]] = {}
-    llm.engine.runner.logits_observer = lambda reqs, lg: [
-        seen.setdefault(r.request_id, []).append(row.cpu()) for r, row in zip(reqs, lg)
+    llm.engine.runner.logits_hook = lambda reqs, lg: [
+        seen.setdefault(r.request_id, []).append(row.cpu()) for r, row in zip(reqs, lg.float())
     ]
     params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)

@@ -37,18 +37,24 @@ def write_fp8_pair(root, per_tensor: bool = False):
         prefix = name.removesuffix(".weight")
         quant[name], quant[prefix + ".weight_scale"] = codes, scale
         dense[name] = math.dequantize(codes, scale.reshape(-1, 1))
-    for d, ts, qc in ((q, quant, True), (deq, dense, False)):
+    config = {"quant_method": "fp8", "activation_scheme": "dynamic", "ignored_layers": ["lm_head"]}
+    _write_pair(orig, (q, quant, config), (deq, dense))
+    return orig, q, deq
+
+
+def _write_pair(orig, fp8: tuple, dense: tuple) -> None:
+    """The FP8 checkpoint (directory, tensors, quantization_config) and its dense twin
+    (directory, tensors), each with `orig`'s other files (config, tokenizer)."""
+    for d, tensors, qc in (fp8, (*dense, None)):
         d.mkdir()
         for f in orig.iterdir():
             if f.name != "model.safetensors":
                 (d / f.name).write_bytes(f.read_bytes())
-        save_file(ts, str(d / "model.safetensors"))
-        if qc:
+        save_file(tensors, str(d / "model.safetensors"))
+        if qc is not None:
             cfg = json.loads((d / "config.json").read_text())
-            cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
-                                          "ignored_layers": ["lm_head"]}  # fmt: skip
+            cfg["quantization_config"] = qc
             (d / "config.json").write_text(json.dumps(cfg))
-    return orig, q, deq
 
 
 def greedy(llm: LLM, n: int = 5, first: list | None = None) -> list[list[int]]:
@@ -57,10 +63,10 @@ def greedy(llm: LLM, n: int = 5, first: list | None = None) -> list[list[int]]:
     seen: dict[str, torch.Tensor] = {}
 
     def observe(reqs, logits):
-        for r, row in zip(reqs, logits):
+        for r, row in zip(reqs, logits.float()):
             seen.setdefault(r.request_id, row.clone())
 
-    llm.engine.runner.logits_observer = observe if first is not None else None
+    llm.engine.runner.logits_hook = observe if first is not None else None
     params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
     if first is not None:
@@ -98,14 +104,5 @@ def write_block_pair(root, quantization_config: dict, block: tuple[int, int], sc
             continue
         codes, scales, dense[name] = quantize_blocks(t.float(), block)
         quant[name], quant[name.removesuffix("weight") + scale_suffix] = codes, scales
-    for d, ts, qc in ((q, quant, True), (deq, dense, False)):
-        d.mkdir()
-        for f in orig.iterdir():
-            if f.name != "model.safetensors":
-                (d / f.name).write_bytes(f.read_bytes())
-        save_file(ts, str(d / "model.safetensors"))
-        if qc:
-            cfg = json.loads((d / "config.json").read_text())
-            cfg["quantization_config"] = quantization_config
-            (d / "config.json").write_text(json.dumps(cfg))
+    _write_pair(orig, (q, quant, quantization_config), (deq, dense))
     return q, deq

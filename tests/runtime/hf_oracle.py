@@ -22,10 +22,7 @@ def hf_greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[torch.T
 def make_tiny_llama(path, **overrides):
     """Save a small random Llama (weights scaled so greedy decoding is not flat) with a word-level
     tokenizer to `path`; returns the transformers model."""
-    import json
-
     import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
 
     cfg = dict(
         vocab_size=300,
@@ -48,14 +45,22 @@ def make_tiny_llama(path, **overrides):
         for p in model.parameters():
             p.mul_(4.0 if p.dim() > 1 else 1.0)
     model.save_pretrained(path)
-    tok = Tokenizer(
-        models.WordLevel({f"w{i}": i for i in range(cfg["vocab_size"])}, unk_token="w0")
-    )
+    save_word_tokenizer(path, cfg["vocab_size"])
+    return model
+
+
+def save_word_tokenizer(path, vocab_size: int) -> None:
+    """A word-level tokenizer ("w0" .. "w<vocab_size - 1>", split on whitespace) and a chat
+    template ("w3 <content> w4 " a message) saved to `path` beside a tiny model."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(path / "tokenizer.json"))
     template = "{% for m in messages %}w3 {{ m['content'] }} w4 {% endfor %}"
     (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
-    return model
 
 
 def hf_greedy_plain(model, prompt: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
@@ -82,10 +87,7 @@ def make_tiny_model(path, arch: str, scale: float = 3.0, **overrides):
     template; returns the transformers model (float32, eval). Matrices are scaled by `scale` so
     greedy picks are well separated; every 1-D weight (norms, biases) gets noise too, so that a
     norm read as w where (1 + w) was meant, or the other way round, changes the tokens."""
-    import json
-
     import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
 
     cfg = dict(
         vocab_size=300,
@@ -112,13 +114,7 @@ def make_tiny_model(path, arch: str, scale: float = 3.0, **overrides):
             else:
                 p.add_(0.2 * torch.randn(p.shape, generator=g))
     model.save_pretrained(path)
-    tok = Tokenizer(
-        models.WordLevel({f"w{i}": i for i in range(cfg["vocab_size"])}, unk_token="w0")
-    )
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(path / "tokenizer.json"))
-    template = "{% for m in messages %}w3 {{ m['content'] }} w4 {% endfor %}"
-    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    save_word_tokenizer(path, cfg["vocab_size"])
     return model
 
 

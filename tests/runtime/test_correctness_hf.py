@@ -45,10 +45,10 @@ def test_greedy_matches_transformers(smol, prompts, reference, engine_args):
     seen: dict[str, list[torch.Tensor]] = {}
 
     def observe(reqs, logits):
-        for r, row in zip(reqs, logits):
+        for r, row in zip(reqs, logits.float()):
             seen.setdefault(r.request_id, []).append(row.clone())
 
-    llm.engine.runner.logits_observer = observe
+    llm.engine.runner.logits_hook = observe
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     for out, (ref_tokens, ref_logits), n in zip(outs, reference, LENGTHS):

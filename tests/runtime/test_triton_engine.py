@@ -226,10 +226,10 @@ def test_triton_backend_logits_invariant_to_chunks_cache_and_batch_on_cpu(tmp_pa
         rows = {}
 
         def observe(reqs, logits):
-            for r, row in zip(reqs, logits, strict=True):
+            for r, row in zip(reqs, logits.float(), strict=True):
                 rows[(tuple(r.prompt_token_ids), r.num_output_tokens)] = row.clone()
 
-        llm.engine.runner.logits_observer = observe
+        llm.engine.runner.logits_hook = observe
         outs = llm.generate([{"prompt_token_ids": p} for p in batch], params)
         return [o.outputs[0].token_ids for o in outs], rows
 

@@ -283,6 +283,17 @@ async def test_dead_loop_fails_streams_and_health():
     assert 'pagoda:generation_tokens_total{model_name="fake"} 2.0' in text
 
 
+def test_a_loading_or_draining_engines_503_spreads_its_retries():
+    """Retry-After and retry-after-ms (spread over 0.5-1.5 x) as a full queue's 503 has them;
+    a dead engine's names no time."""
+    from pagoda.runtime.server.serving import unavailable
+
+    err = unavailable(EngineUnavailableError("model is still loading", 2))
+    assert (err.status, err.headers["Retry-After"]) == (503, "2")
+    assert 1000 <= int(err.headers["retry-after-ms"]) <= 3000
+    assert unavailable(EngineUnavailableError("engine loop died: x")).headers == {}
+
+
 async def test_failure_from_another_thread_fails_streams_and_health_then_closes_the_core():
     """What a tensor-parallel rank's death does (`AsyncEngine.fail` from the executor's watch):
     the engine is dead at once, a stream waiting on a step fails, /health turns 503; the core

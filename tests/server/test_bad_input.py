@@ -14,6 +14,7 @@ pytestmark = pytest.mark.e2e
 MODEL = "smollm2-135m"
 CHAT, COMP = "/v1/chat/completions", "/v1/completions"
 MSGS = [{"role": "user", "content": "hi"}]
+TOOL = {"type": "function", "function": {"name": "f"}}
 LONG = "word " * 600  # > --max-model-len 512 tokens
 
 # (id, path, body (dict, or raw bytes), status, param)
@@ -153,6 +154,24 @@ CASES = [
     ("tool-parameters-not-object", CHAT, {"messages": MSGS, "tools": [{"type": "function",
         "function": {"name": "f", "parameters": {"type": "string"}}}]}, 400,
      "tools[0].function.parameters"),
+    # tool errors name the field and carry a code, as the other 400s (they had code null)
+    ("tool-name-with-a-space", CHAT, {"messages": MSGS, "tools": [{"type": "function",
+        "function": {"name": "a b"}}]}, 400, "tools[0].function.name"),
+    ("tool-name-twice", CHAT, {"messages": MSGS, "tools": [TOOL, TOOL]}, 400,
+     "tools[1].function.name"),
+    ("tool-choice-names-no-tool", CHAT, {"messages": MSGS, "tools": [TOOL], "tool_choice": {
+        "type": "function", "function": {"name": "g"}}}, 400, "tool_choice.function.name"),
+    ("tool-choice-required-with-a-format", CHAT, {"messages": MSGS, "tools": [TOOL],
+        "tool_choice": "required", "response_format": {"type": "json_object"}}, 400,
+     "tool_choice"),
+    ("tool-parameters-lookahead", CHAT, {"messages": MSGS, "tool_choice": "required",
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+        "properties": {"a": {"type": "string", "pattern": "(?=a)a"}}}}}]}, 400,
+     "tools[0].function.parameters"),
+    ("best-of-other-than-n", COMP, {"prompt": "x", "best_of": 2}, 400, "best_of"),
+    ("format-and-structured-outputs", CHAT, {"messages": MSGS, "response_format": {
+        "type": "json_object"}, "structured_outputs": {"regex": "a"}}, 400,
+     "structured_outputs"),
 ]
 # fmt: on
 
@@ -168,6 +187,7 @@ def check_error(r: httpx.Response, status: int, param: str | None) -> None:
     assert set(err) == {"message", "type", "param", "code"}
     assert len(r.content) < 2000, "client values are echoed truncated"
     assert err["param"] == param and err["message"]
+    assert err["code"], "every refusal carries a code (OpenAI's, or vLLM's where it has none)"
     if param:
         assert param.split("[")[0].split(".")[0] in err["message"] or status == 404
 

@@ -134,3 +134,18 @@ def test_a_name_is_taken_where_the_template_writes_it(tok):
     t = Tokenizer(tok.backend, chat_template=NAMED, bos_token_id=None, eos_token_ids=[2])
     named = [{"role": "user", "content": "Hi", "name": "bob"}]
     assert "user (bob)" in t.decode(_prompt(t, {"messages": named}))
+
+
+USER_NAMES = NAMED.replace("{% if m.name %}", "{% if m.name and m.role == 'user' %}")
+
+
+def test_a_name_is_refused_on_a_role_whose_names_the_template_drops(tok):
+    """The rule is per role: a template that writes the user's name only takes it there, and
+    refuses an assistant's name (it was accepted beside a user's name: the prompt changed)."""
+    t = Tokenizer(tok.backend, chat_template=USER_NAMES, bos_token_id=None, eos_token_ids=[2])
+    user = {"role": "user", "content": "Hi", "name": "bob"}
+    assert "user (bob)" in t.decode(_prompt(t, {"messages": [user]}))
+    named = [user, {"role": "assistant", "content": "Hello", "name": "ada"}, user]
+    with pytest.raises(APIError) as e:
+        _prompt(t, {"messages": named})
+    assert (e.value.param, e.value.code) == ("messages[1].name", "unsupported_parameter")

@@ -113,6 +113,7 @@ def test_a_prompt_that_opened_the_thinking(client):
                                        temperature=0, extra_body=extra)  # fmt: skip
     m = r.choices[0].message
     assert m.reasoning_content is None and m.content == raw(client, closed, 8, **extra)
+    assert r.usage.completion_tokens_details.reasoning_tokens == 0  # no ids kept to count
 
 
 def test_the_answer_format_holds_after_the_thinking(client):

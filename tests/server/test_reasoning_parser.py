@@ -17,8 +17,9 @@ from pagoda.runtime.server import reasoning
 from pagoda.runtime.server.chat import ChatEndpoint
 from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.logprobs import TokenStrings
-from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest, parse_request
+from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest
 from pagoda.runtime.server.reasoning import ReasoningStream, split, thinks
+from pagoda.runtime.server.request_body import parse_request
 from pagoda.runtime.server.structured_outputs import StructuredOutputs
 from pagoda.runtime.structured.compiler import compiler_for
 from pagoda.runtime.structured.params import StructuredOutputsParams

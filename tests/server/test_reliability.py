@@ -103,7 +103,7 @@ async def test_health_stays_fast_while_bodies_of_many_objects_are_refused(server
     object validated into a model holds the GIL (and the collector walked every start-up
     object on top), so /health waited 1.0-1.4 s per body. Now more than `MAX_JSON_OBJECTS` is
     a 400 while parsing, and start-up objects are frozen."""
-    from pagoda.runtime.server.protocol import MAX_JSON_OBJECTS
+    from pagoda.runtime.server.request_body import MAX_JSON_OBJECTS
 
     msgs = json.dumps({"messages": [{"role": "user", "content": "hi"}] * 110_000}).encode()
     parts = json.dumps({"messages": [{"role": "user", "content": [
@@ -249,8 +249,9 @@ def test_unexpected_error_is_json_500_logged_with_id_and_keeps_the_connection(
 def test_an_unknown_field_is_named_whatever_its_spelling(model, body, field):
     """An unknown key starting with a capital (or named like a type) was reported as 'None'."""
     from pagoda.runtime.server import protocol
+    from pagoda.runtime.server.request_body import parse_request
 
     raw = json.dumps({"model": "m", **body}).encode()
     with pytest.raises(protocol.APIError) as err:
-        protocol.parse_request(raw, getattr(protocol, model))
+        parse_request(raw, getattr(protocol, model))
     assert err.value.param == field and f"'{field}'" in str(err.value.message), err.value.message

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 
 import httpx
@@ -165,6 +166,31 @@ def test_a_cut_budget_still_closes_the_json(client):
             max_tokens=40, temperature=temp,
         )  # fmt: skip
         jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+
+QUOTED = {"type": "object", "properties": {
+    "said": {"type": "string", "pattern": '^"[a-z]{1,6}"$'},
+    "folder": {"type": "string", "pattern": "^C:\\\\[a-z]{1,6}\\n$"}},
+    "required": ["said", "folder"], "additionalProperties": False}  # fmt: skip
+
+
+def test_patterns_with_quotes_and_backslashes_are_written_escaped(client):
+    """A pattern matching '"', a backslash or a newline (outside a class) is written as JSON
+    escapes, in an answer and in a call's arguments: the text parses and its values match."""
+    ask = [{"role": "user", "content": "Quote a word and name a folder."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "q", "schema": QUOTED}}
+    r = client.chat.completions.create(model=MODEL, messages=ask, response_format=fmt,
+                                       max_tokens=40, temperature=0)  # fmt: skip
+    tool = {"type": "function", "function": {"name": "save", "parameters": QUOTED}}
+    c = client.chat.completions.create(model=MODEL, messages=ask, tools=[tool],
+                                       tool_choice="required", max_tokens=40, temperature=0)  # fmt: skip
+    for text in (
+        r.choices[0].message.content,
+        c.choices[0].message.tool_calls[0].function.arguments,
+    ):
+        value = json.loads(text)
+        for key, prop in QUOTED["properties"].items():
+            assert re.fullmatch(prop["pattern"], value[key]), (key, text)
 
 
 TOOLS = [

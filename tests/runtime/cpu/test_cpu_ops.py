@@ -245,8 +245,9 @@ def test_model_logits_unchanged(tmp_path, monkeypatch, native, dtype):
                   max_num_batched_tokens=128)  # fmt: skip
         assert llm.engine.runner.model.ops is chosen
         seen: dict[str, list[torch.Tensor]] = {}
-        llm.engine.runner.logits_observer = lambda reqs, lg, seen=seen: [
-            seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg)
+        llm.engine.runner.logits_hook = lambda reqs, lg, seen=seen: [
+            seen.setdefault(r.request_id, []).append(row.clone())
+            for r, row in zip(reqs, lg.float())
         ]
         outs = llm.generate(
             [{"prompt_token_ids": p} for p in prompts],

@@ -52,8 +52,8 @@ def test_two_gpus_in_fp8_give_one_gpus_results(tmp_path):
 
     def first_logits(llm):
         seen = {}
-        llm.engine.runner.logits_observer = lambda reqs, logits: [
-            seen.setdefault(r.request_id, row.clone()) for r, row in zip(reqs, logits)
+        llm.engine.runner.logits_hook = lambda reqs, logits: [
+            seen.setdefault(r.request_id, row.float()) for r, row in zip(reqs, logits)
         ]
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
         return torch.stack([seen[o.request_id] for o in outs]).float().cpu()

@@ -69,7 +69,7 @@ def test_min_tokens_lifts_its_mask_at_the_same_token(engines):
 
 def _rows_per_step(engine) -> list[int]:
     rows: list[int] = []
-    engine.runner.logits_observer = lambda reqs, logits: rows.append(len(reqs))
+    engine.runner.logits_hook = lambda reqs, logits: rows.append(len(reqs))
     return rows
 
 
@@ -86,7 +86,7 @@ def test_next_step_launches_before_the_last_is_read(engines):
         while engine.has_unfinished_requests():
             seen += engine.step()
     finally:
-        engine.runner.logits_observer = None
+        engine.runner.logits_hook = None
     assert sum(len(o.new_token_ids) for o in seen) == 3 and seen[-1].finish_reason == "length"
     assert rows == [1, 1, 1]  # the length limit is known ahead: no row is computed for nothing
     assert not engine.has_unfinished_requests() and engine.step() == []
@@ -101,7 +101,7 @@ def test_a_stop_costs_one_dropped_row(engines):
         params = SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop_at])
         out = llm.generate([PROMPTS[0]], params)[0].outputs[0]
     finally:
-        llm.engine.runner.logits_observer = None
+        llm.engine.runner.logits_hook = None
     assert out.token_ids == first.outputs[0].token_ids[:2] and out.finish_reason == "stop"
     assert rows == [1, 1, 1]  # the third row ran before the stop was read, and was dropped
 

@@ -127,12 +127,12 @@ def _logits_and_tokens(llm: LLM, prompts: list[list[int]]):
     rows: dict[tuple[tuple[int, ...], int], torch.Tensor] = {}
 
     def observe(reqs, logits):
-        for r, row in zip(reqs, logits.cpu()):
+        for r, row in zip(reqs, logits.float().cpu()):
             rows[(tuple(r.prompt_token_ids), r.num_output_tokens)] = row
 
-    llm.engine.runner.logits_observer = observe
+    llm.engine.runner.logits_hook = observe
     tokens = _tokens(llm, prompts)
-    llm.engine.runner.logits_observer = None
+    llm.engine.runner.logits_hook = None
     return tokens, rows
 
 

@@ -93,10 +93,11 @@ def test_gemma3_multimodal_checkpoint_serves_its_text_model(tmp_path):
 
 
 @pytest.mark.parametrize("head", ["its own", "the embedding's copy"])
-def test_a_tied_config_with_a_head_in_the_file_loads_as_transformers(tmp_path, head):
+def test_a_tied_config_with_a_head_in_the_file_loads_as_transformers(tmp_path, head, monkeypatch):
     """`tie_word_embeddings: true` and an `lm_head.weight` in the checkpoint (a hand-edited or
     re-exported file): transformers 5 ties only when the two are equal, and otherwise keeps the
-    file's head (with a warning); the engine serves what transformers computes."""
+    file's head (with a warning); the engine serves what transformers computes, reading each of
+    the two from the file once (the comparison's read is the one the model keeps)."""
     from safetensors.torch import load_file, save_file
 
     make_tiny_model(tmp_path, "Llama", tie_word_embeddings=True)
@@ -110,7 +111,14 @@ def test_a_tied_config_with_a_head_in_the_file_loads_as_transformers(tmp_path, h
     ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     kept = not torch.equal(ref.lm_head.weight, ref.model.embed_tokens.weight)
     assert kept == (head == "its own")  # the oracle's own behaviour, checked
+    from pagoda.runtime.model.safetensors_weights import SafetensorsWeights
+
+    reads, get = [], SafetensorsWeights.__getitem__
+    monkeypatch.setattr(
+        SafetensorsWeights, "__getitem__", lambda w, n: reads.append(n) or get(w, n)
+    )
     llm = LLM(str(tmp_path), dtype="float32", kv_cache_memory=8 << 20)
+    assert reads.count("model.embed_tokens.weight") == reads.count("lm_head.weight") == 1
     assert _tokens(llm) == hf_greedy_plain(ref, PROMPT, 5)[0]
     weights["lm_head.weight"] = own[:, :-1].contiguous()  # a head transformers cannot load
     save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})

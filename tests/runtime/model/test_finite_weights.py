@@ -62,7 +62,7 @@ def test_a_safetensors_checkpoint_with_a_non_finite_weight_is_refused(tmp_path, 
     LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=64, check_weights=False)
 
 
-def test_an_fp8_checkpoint_with_a_nan_scale_or_code_is_refused(tmp_path):
+def test_an_fp8_checkpoint_with_a_nan_scale_or_code_is_refused(tmp_path, monkeypatch):
     from fp8_testlib import write_fp8_pair
 
     _, q, _ = write_fp8_pair(tmp_path)
@@ -79,6 +79,13 @@ def test_an_fp8_checkpoint_with_a_nan_scale_or_code_is_refused(tmp_path):
     save_file({**tensors, "model.layers.1.mlp.up_proj.weight": codes},
               str(q / "model.safetensors"))  # fmt: skip
     with pytest.raises(ValueError, match=r"tensor model.layers.1.mlp.up_proj.weight holds NaN"):
+        LLM(str(q), device="cpu", dtype="float32", max_model_len=64)
+    # where the FP8 GEMM does not run, the codes are dequantized at load and checked once, as
+    # values (not also as codes: "1 more" tensor, itself)
+    from pagoda.runtime.worker import model_runner
+
+    monkeypatch.setattr(model_runner, "fp8_runs_on", lambda device: False)
+    with pytest.raises(ValueError, match=r"up_proj.weight holds NaN or Inf values; the"):
         LLM(str(q), device="cpu", dtype="float32", max_model_len=64)
 
 

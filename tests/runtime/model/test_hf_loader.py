@@ -55,8 +55,8 @@ def test_hf_directory_matches_transformers(tmp_path, case):
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=8 << 20, max_num_batched_tokens=64)
     prompts = [[(7 * i + 3) % 300 for i in range(n)] for n in (5, 150)]
     seen = {}
-    llm.engine.runner.logits_observer = lambda reqs, lg: [
-        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg)
+    llm.engine.runner.logits_hook = lambda reqs, lg: [
+        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg.float())
     ]
     outs = llm.generate(
         [{"prompt_token_ids": p} for p in prompts],
@@ -87,8 +87,8 @@ def test_a_bf16_directory_runs_on_its_16_bit_weights_in_float32(tmp_path, case):
     assert {getattr(x.fast, "kinds", None) for x in linears} == {("BF16",)}
     assert all(x.weight is None and x.packed is None for x in linears)  # no float32 copies
     seen = {}
-    llm.engine.runner.logits_observer = lambda reqs, lg: [
-        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg)
+    llm.engine.runner.logits_hook = lambda reqs, lg: [
+        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg.float())
     ]
     prompt = [(5 * i + 1) % 300 for i in range(40)]
     (out,) = llm.generate(

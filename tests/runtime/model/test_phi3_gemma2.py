@@ -68,8 +68,8 @@ def _engine(loaded, **kw) -> LLM:
 def _observed(llm: LLM, prompts: list[list[int]], n: int):
     """(tokens, per-step logits) of each prompt, all in one batch."""
     seen: dict[str, list[torch.Tensor]] = {}
-    llm.engine.runner.logits_observer = lambda reqs, lg: [
-        seen.setdefault(r.request_id, []).append(row.cpu()) for r, row in zip(reqs, lg)
+    llm.engine.runner.logits_hook = lambda reqs, lg: [
+        seen.setdefault(r.request_id, []).append(row.cpu()) for r, row in zip(reqs, lg.float())
     ]
     params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)

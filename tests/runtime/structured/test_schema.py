@@ -56,10 +56,9 @@ from structured_testlib import random_schema
         ({"type": "string", "pattern": "a^b"}, "/pattern"),
         ({"type": "string", "pattern": "(a$)+"}, "/pattern"),
         ({"type": "object", "patternProperties": {"(?=a)": {}}}, "/patternProperties"),
-        # '"', backslash and controls written into the JSON string unescaped (`"a"b"`)
-        ({"type": "string", "pattern": '^a"b$'}, "/pattern"),
-        ({"type": "string", "pattern": "^(a\\\\)+$"}, "/pattern"),
-        ({"type": "string", "pattern": "^a\\nb$"}, "/pattern"),
+        # '"', backslash and controls a class lists (written into the JSON string unescaped:
+        # `"a"b"`), or outside one where xgrammar's regex rule takes the escaped pattern
+        ({"type": "string", "pattern": '^a("|x)+b$'}, "/pattern"),
         ({"type": "string", "pattern": '^["\\\\]{2}$'}, "/pattern"),
         ({"type": "string", "pattern": "^[\\x00-\\x1f]$"}, "/pattern"),
         ({"type": "object", "patternProperties": {'^"': {}}}, "/patternProperties"),
@@ -142,6 +141,14 @@ REWRITTEN = [
     # formats xgrammar writes: the way out must still close them (e-mail's name part loops)
     {"type": "object", "properties": {"email": {"type": "string", "format": "email"},
      "when": {"type": "string", "format": "date-time"}}, "required": ["email", "when"]},
+    # '"', backslash and controls in a pattern (outside a class): matched escaped
+    {"type": "object", "properties": {
+        "q": {"type": "string", "pattern": '^"[a-z ]{1,8}"$'},
+        "path": {"type": "string", "pattern": "^[A-Z]:\\\\[^\\\\]{1,5}$"},
+        "lines": {"type": "string", "pattern": "^a\\nb\\t\\x01$"},
+        "quotes": {"type": "string", "pattern": '^x"{1,3}$'},
+        "repeat": {"type": "string", "pattern": "^(a\\\\){1,3}$"}},
+     "required": ["q", "path", "lines", "quotes", "repeat"]},
     # an untyped allOf branch beside a type (read as any type, then met with the parent's)
     {"type": "string", "allOf": [{"format": "date"}]},
 ]  # fmt: skip
@@ -155,6 +162,12 @@ def test_rewrites_are_exact():
     assert schemas.check(REWRITTEN[4])["pattern"] == "^[0-9]{0,2}$"
     assert schemas.check(REWRITTEN[9])["type"] == "integer"
     assert schemas.check(REWRITTEN[-1]) == schemas.check({"type": "string", "format": "date"})
+    escaped = schemas.check(REWRITTEN[-2])["properties"]
+    assert [escaped[k]["pattern"] for k in ("q", "path", "lines")] == [
+        '^\\\\"[a-z ]{1,8}\\\\"$',
+        "^[A-Z]:\\\\\\\\[^\\\\]{1,5}$",
+        "^a\\\\nb\\\\t\\\\u0001$",
+    ]
     original = {"type": "object", "required": ["a"]}
     schemas.check(original)
     assert original == {"type": "object", "required": ["a"]}  # the client's dict is not changed

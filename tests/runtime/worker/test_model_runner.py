@@ -76,7 +76,7 @@ def test_an_all_greedy_step_takes_its_tokens_from_the_lm_head(smol):
     assert [o.outputs[0].token_ids for o in outs] == fused and not any(calls)
 
     calls.clear()
-    llm.engine.runner.logits_observer = lambda reqs, logits: None
+    llm.engine.runner.logits_hook = lambda reqs, logits: None
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)] == fused
     assert not any(calls)
     llm.engine.check_integrity()
@@ -109,6 +109,6 @@ def test_a_seeded_row_draws_the_same_tokens_whether_the_head_samples_or_not(smol
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     mixed = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, [greedy, seeded[1]])]
     assert mixed[1] == fused[1] and all(calls)
-    llm.engine.runner.logits_observer = lambda reqs, logits: None
+    llm.engine.runner.logits_hook = lambda reqs, logits: None
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, [greedy, seeded[1]])] == mixed
     llm.engine.check_integrity()

@@ -1,0 +1,60 @@
+"""Tool calls through the `openai` SDK against `pagoda serve`: a streamed reply that is a call
+says `content: null`, as OpenAI's does, so the SDK's stream helper (`ChatCompletionStreamState`)
+builds the message a whole response gives (content null, the same call); tool errors carry a
+code and name the field."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from pydantic import BaseModel
+
+MODEL = "smollm2-135m"
+pytestmark = pytest.mark.e2e
+
+
+class Add(BaseModel):
+    a: int
+    b: int
+
+
+ASK = [{"role": "user", "content": "What is 2 + 3?"}]
+CALL = dict(model=MODEL, messages=ASK, tools=[openai.pydantic_function_tool(Add)],
+            tool_choice="required", parallel_tool_calls=False, max_tokens=40,
+            temperature=0)  # fmt: skip
+
+
+def test_a_streamed_call_accumulates_to_the_whole_message(client):
+    whole = client.chat.completions.create(**CALL).choices[0]
+    assert whole.finish_reason == "tool_calls" and whole.message.content is None
+    chunks = []
+    with client.chat.completions.stream(**CALL) as stream:
+        chunks = [e.chunk for e in stream if e.type == "chunk"]
+        final = stream.get_final_completion().choices[0]
+    assert final.finish_reason == "tool_calls"
+    assert final.message.role == "assistant" and final.message.content is None  # was ""
+    (call,), (want,) = final.message.tool_calls, whole.message.tool_calls
+    assert (call.function.name, call.function.arguments) == (want.function.name,
+                                                             want.function.arguments)  # fmt: skip
+    assert isinstance(call.function.parsed_arguments, Add)
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert deltas[0].role == "assistant" and sum(d.role is not None for d in deltas) == 1
+    assert all(d.content is None for d in deltas)  # no "" beside a call, as OpenAI
+
+
+def test_a_text_reply_with_tools_streams_its_content(client):
+    """tool_choice auto, answered in text: the first delta carries the role and text."""
+    kw = {**CALL, "tool_choice": "auto", "max_tokens": 6}
+    kw.pop("parallel_tool_calls")
+    whole = client.chat.completions.create(**kw).choices[0]
+    with client.chat.completions.stream(**kw) as stream:
+        final = stream.get_final_completion().choices[0]
+    assert final.message.content == whole.message.content
+    assert final.message.tool_calls == whole.message.tool_calls
+
+
+def test_tool_errors_carry_a_code(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**{**CALL, "tool_choice": {
+            "type": "function", "function": {"name": "sub"}}})  # fmt: skip
+    assert (e.value.code, e.value.param) == ("invalid_value", "tool_choice.function.name")
