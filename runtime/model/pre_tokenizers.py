@@ -6,9 +6,10 @@ each splitting the pieces the previous one left, matches and the text between th
 table holds the same names and regexes, in the form of the model's own tokenizer.json where
 llama.cpp rewrote one for std::regex (`(?i:'s|...)` for its `'[sS]|...`, `\\p{Lu}` classes for
 its lookaheads): `tokenizers`' regex engine (Oniguruma) reads them as written, so the pieces are
-the Hugging Face tokenizer's. A name llama.cpp does not know is refused (llama.cpp: "unknown
-pre-tokenizer type"), and so are the few it knows whose splitting is code rather than regexes
-(Kimi-K2's, AFMoE's digits) or that are not byte-level (Gemma 4's, Sarvam's, "whitespace").
+the Hugging Face tokenizer's (Kimi-K2's, code in llama.cpp, is tokenization_kimi.py's regex,
+class intersections and all). A name llama.cpp does not know is refused (llama.cpp: "unknown
+pre-tokenizer type"), and so are the few it knows whose splitting is code rather than a regex
+(AFMoE's digit groups) or that are not byte-level (Gemma 4's, Sarvam's, "whitespace").
 """
 
 from __future__ import annotations
@@ -115,6 +116,14 @@ EXAONE_MOE = (
     _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+"
 )
+_NOT_HAN_UPPER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]"
+_NOT_HAN_LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]"
+KIMI_K2 = (  # tokenization_kimi.py's pat_str (llama.cpp runs it as code: std::regex lacks &&)
+    r"[\p{Han}]+"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?{_NOT_HAN_UPPER}*{_NOT_HAN_LOWER}+{_CONTRACTIONS}?"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?{_NOT_HAN_UPPER}+{_NOT_HAN_LOWER}*{_CONTRACTIONS}?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 MINICPM5 = [
     r"\p{N}{1,3}",
     _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
@@ -177,10 +186,10 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **_names("laguna", LAGUNA),
     **_names("exaone-moe", EXAONE_MOE),
     **_names("minicpm5", MINICPM5, ignore_merges=True),
+    **_names("kimi-k2", KIMI_K2),  # tiktoken's ranks, written as merges by the converter
 }
 # Names llama.cpp knows whose splitting is not a byte-level regex sequence
 NOT_SUPPORTED = {
-    "kimi-k2": "Kimi-K2's split is code in llama.cpp, and its vocabulary has no merges",
     "afmoe": "AFMoE's digit grouping is code in llama.cpp",
     "gemma4": "Gemma 4's BPE reads raw UTF-8, not bytes",
     "granite-embed-multi-311m": "it is a Gemma 4-style BPE over raw UTF-8, not bytes",

@@ -11,6 +11,7 @@ exits 2, as llama.cpp refuses it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -18,10 +19,12 @@ from pathlib import Path
 
 import gguf
 import pytest
+import regex
 from pagoda.runtime.model import pre_tokenizers
 from pagoda.runtime.model.loader import read_tokenizer
 from tokenizers import Tokenizer, decoders, models, trainers
 from tokenizers import pre_tokenizers as hf_pre
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -139,6 +142,56 @@ def test_gguf_pre_tokenizer_gives_the_hugging_face_tokenizers_ids(tmp_path, bpe,
     assert got.decode(expected) == TEXT
 
 
+KIMI_PAT = "|".join(  # tokenization_kimi.py's pat_str, run by `regex` (V1: sets with &&)
+    [
+        r"[\p{Han}]+",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"
+        r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"
+        r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"\p{N}{1,3}",
+        r" ?[^\s\p{L}\p{N}]+[\r\n]*",
+        r"\s*[\r\n]+",
+        r"\s+(?!\S)",
+        r"\s+",
+    ]
+)
+
+
+def _rank_bpe(ranks: dict[bytes, int], piece: bytes, max_rank: int | None = None) -> list[bytes]:
+    """tiktoken's BPE: merge the adjacent pair whose join ranks lowest, until none is ranked
+    (below `max_rank`: how llama.cpp's converter finds the pair a token was merged from)."""
+    parts = [bytes([b]) for b in piece]
+    while True:
+        ranked = [(ranks[a + b], i) for i, (a, b) in enumerate(itertools.pairwise(parts))
+                  if a + b in ranks]  # fmt: skip
+        if not ranked or (max_rank is not None and min(ranked)[0] >= max_rank):
+            return parts
+        i = min(ranked)[1]
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
+
+
+def test_kimi_k2_gguf_gives_tiktokens_ids(tmp_path, bpe):
+    """Kimi-K2 ships a tiktoken model, no tokenizer.json: the oracle is tiktoken's algorithm
+    (ranks, tokenization_kimi.py's regex run by `regex`); the GGUF holds the merges llama.cpp's
+    converter derives from the ranks."""
+    byte_chars = bytes_to_unicode()  # GPT-2's byte -> character, as the converter spells tokens
+    chars = {c: b for b, c in byte_chars.items()}
+    vocab, _ = bpe
+    ranks = {bytes(chars[c] for c in tok): i for tok, i in vocab.items()}
+    spell = {v: k for k, v in vocab.items()}
+    merges = [
+        tuple("".join(byte_chars[b] for b in part) for part in parts)
+        for token, rank in ranks.items()
+        if len(token) > 1 and len(parts := _rank_bpe(ranks, token, max_rank=rank)) == 2
+    ]
+    text = TEXT + " 中文Kimi混合TEXT漢字"
+    expected = [ranks[p] for piece in regex.findall(KIMI_PAT, text, flags=regex.V1)
+                for p in _rank_bpe(ranks, piece.encode())]  # fmt: skip
+    got = read_tokenizer(str(write_tokenizer_gguf(tmp_path / "k.gguf", vocab, merges, "kimi-k2")))
+    assert got.encode(text, add_special_tokens=False) == expected, [spell[i] for i in expected]
+
+
 def test_every_llama_cpp_name_builds_and_splits_without_losing_text():
     for name, pre in pre_tokenizers.PRE_TOKENIZERS.items():
         pieces = pre_tokenizers.build(pre).pre_tokenize_str(TEXT)  # Oniguruma reads each regex
@@ -146,7 +199,7 @@ def test_every_llama_cpp_name_builds_and_splits_without_losing_text():
         assert "".join(p for p, _ in pieces) == whole[0][0], name
 
 
-@pytest.mark.parametrize("pre", ["no-such-pre", "kimi-k2"])
+@pytest.mark.parametrize("pre", ["no-such-pre", "afmoe"])
 def test_a_pre_tokenizer_llama_cpp_refuses_is_refused(tmp_path, bpe, pre):
     path = write_tokenizer_gguf(tmp_path / "t.gguf", *bpe, pre)
     with pytest.raises(ValueError, match=f"tokenizer.ggml.pre {pre!r}"):
