@@ -145,7 +145,7 @@ def write_gguf(
     if head_dim:  # as the converter: only where config.json has one
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    w.add_rope_freq_base(10000.0)
+    w.add_rope_freq_base(cfg.rope_parameters.get("rope_theta", 10000.0))  # Cohere's: 500k
     if arch in ("command-r", "cohere2"):  # Cohere's LayerNorm eps, its logit scale
         w.add_layer_norm_eps(cfg.layer_norm_eps)
         w.add_logit_scale(cfg.logit_scale)
@@ -234,7 +234,8 @@ def write_gguf(
             if hf in sd:
                 heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}
                 norm = gname.endswith("norm")
-                qtype = Q.F32 if gname == "ffn_gate_inp" else Q.Q8_0
+                # the converter keeps routers and norms (Cohere's per-head q/k norms: 2-D) in F32
+                qtype = Q.F32 if gname == "ffn_gate_inp" or norm else Q.Q8_0
                 put(f"blk.{i}.{gname}.{kind}", sd[hf], hf, qtype, heads.get(gname, 0) if llama else 0,
                     shift if norm else 0.0)  # fmt: skip
         for hf_names, g_names in EXPERTS.items():
@@ -311,13 +312,18 @@ CASES = {
     "llama": ("Mixtral", MIXTRAL, None),
     # fused gate_up as ffn_up, two more norms, q/k/v biases, half the head rotating interleaved
     "glm4": ("Glm4", dict(vocab_size=300, head_dim=32), None),
+    # LayerNorms, parallel attention and MLP, per-head q/k norms, logit scale, tied embeddings
+    "command-r": ("Cohere", dict(vocab_size=300, use_qk_norm=True, logit_scale=0.5), None),
+    # window layers rotated, every fourth layer global and NoPE (llama.cpp's fixed pattern)
+    "cohere2": ("Cohere2", dict(vocab_size=300, num_hidden_layers=4, sliding_window=10), 10),
 }
 GGUF_ARCH = {"qwen3": "qwen3", "qwen3moe": "qwen3moe", "gemma3": "gemma3", "llama": "llama",
              "llama3-rope": "llama", "gemma2": "gemma2", "qwen2moe": "qwen2moe",
              "qwen2moe-squeezed": "qwen2moe",
              "granite": "granite", "granitemoe": "granitemoe", "olmo2": "olmo2", "olmoe": "olmoe",
-             "olmo3": "olmo2", "smollm3": "smollm3", "glm4": "glm4"}  # fmt: skip
-ARCH = {**GGUF_ARCH, "llama": "mixtral"}  # the engine's
+             "olmo3": "olmo2", "smollm3": "smollm3", "glm4": "glm4", "command-r": "command-r",
+             "cohere2": "cohere2"}  # fmt: skip
+ARCH = {**GGUF_ARCH, "llama": "mixtral", "command-r": "cohere"}  # the engine's
 
 
 def _oracle(tmp_path, tensors: dict[str, torch.Tensor]):
@@ -356,6 +362,14 @@ def test_gguf_family_matches_transformers_on_its_dequantized_weights(tmp_path, c
         assert (f.window_layers, f.query_pre_attn_scalar, f.qk_norm) == ((True, False), 64, False)
     if case == "smollm3":  # llama.cpp's NoPE layers are transformers' default ones
         assert config.family.rope_layers == tuple(map(bool, model.config.no_rope_layers))
+    if case == "cohere2":  # llama.cpp's pattern: every fourth layer global, without rotary
+        f = config.family
+        assert (
+            f.window_layers
+            == f.rope_layers
+            == (True, True, True, False)
+            == tuple(t == "sliding_attention" for t in model.config.layer_types)
+        )
     if case == "olmo3":  # the file's window and per-layer flags
         assert (config.family.sliding_window, config.family.window_layers) == (
             7,
