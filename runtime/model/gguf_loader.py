@@ -5,7 +5,8 @@ qwen3moe, gemma3, gemma2, qwen2moe (its shared expert `ffn_*_shexp`, gated by
 `ffn_gate_inp_shexp`), granite (`embedding_scale`, `residual_scale`, `attention.scale`,
 `logit_scale`), granitemoe (its `input_linear` split as gate and up), olmo2 (norms after the sublayers, q/k norms over every head; with
 `attention.sliding_window`, OLMo 3's window layers), olmoe, smollm3 (llama with every fourth
-layer NoPE, as llama.cpp hard-codes it) and deepseek2 (`gguf_deepseek.py`). Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
+layer NoPE, as llama.cpp hard-codes it), deepseek2 (`gguf_deepseek.py`), glm4, command-r and cohere2
+(`gguf_glm_cohere.py`). Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
 torch (`gguf_dequant`) when the model builder reads them (`GGUFWeights`), one at a time from the
 memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
