@@ -18,6 +18,7 @@ in a process (the start-up checks' reader is the load's).
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -31,6 +32,7 @@ from pagoda.runtime.model.gguf_reader import parse as _reader  # noqa: F401 - on
 from pagoda.runtime.model.gguf_reader import take_reader
 from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer, build_gemma_tokenizer
 
+log = logging.getLogger(__name__)
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma2",
                    "qwen2moe", "granite", "granitemoe", "olmo2",
                    "olmoe", "smollm3", gguf_deepseek.GGUF_ARCH,
@@ -285,7 +287,11 @@ def read_config(reader) -> ModelConfig:
             f"unsupported GGUF architecture {gguf_arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
         )
     if _field(reader, "tokenizer.ggml.model") == "gpt2":  # refused at start-up, as llama.cpp does
-        pre_tokenizers.lookup(_field(reader, "tokenizer.ggml.pre"))
+        pre = _field(reader, "tokenizer.ggml.pre")
+        pre_tokenizers.lookup(pre)
+        if not pre:  # llama.cpp: "missing pre-tokenizer type, using: 'default'"
+            log.warning("GGUF has no tokenizer.ggml.pre: splitting as llama.cpp's 'default'; "
+                        "token ids may differ from the model's own tokenizer")  # fmt: skip
     p = f"{gguf_arch}."
     arch = gguf_glm_cohere.ENGINE_ARCH.get(gguf_arch, gguf_arch)
     if arch == "llama" and _field(reader, p + "expert_count", 0):

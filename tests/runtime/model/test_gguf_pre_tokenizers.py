@@ -199,6 +199,15 @@ def test_every_llama_cpp_name_builds_and_splits_without_losing_text():
         assert "".join(p for p, _ in pieces) == whole[0][0], name
 
 
+def test_a_gguf_without_a_pre_tokenizer_splits_as_llama_cpps_default_and_says_so(
+    tmp_path, bpe, caplog
+):
+    path = write_tokenizer_gguf(tmp_path / "t.gguf", *bpe, None)
+    got = read_tokenizer(str(path)).backend.pre_tokenizer.pre_tokenize_str("x 12345 a+b")
+    assert [p for p, _ in got] == ["x", "Ġ", "123", "45", "Ġa", "+", "b"]  # "default": 4 regexes
+    assert "no tokenizer.ggml.pre" in caplog.text
+
+
 @pytest.mark.parametrize("pre", ["no-such-pre", "afmoe"])
 def test_a_pre_tokenizer_llama_cpp_refuses_is_refused(tmp_path, bpe, pre):
     path = write_tokenizer_gguf(tmp_path / "t.gguf", *bpe, pre)
