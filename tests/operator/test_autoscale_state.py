@@ -201,7 +201,7 @@ def test_a_deleted_services_gauge_goes_with_it() -> None:
 
     async def evaluate(body: dict[str, Any], logger: Any = None) -> None:
         meta = body["metadata"]
-        scaler._state(body, 0.0, 1)
+        scaler._state(body, 0.0, 1, POLICY)
         metrics.desired_replicas.labels(meta["namespace"], meta["name"]).set(1)
 
     scaler.evaluate = evaluate  # type: ignore[method-assign]
