@@ -70,7 +70,7 @@ def test_a_loaded_memory_decides_as_the_saved_one() -> None:
     assert max(full) >= 8 and min(full) <= 2  # bursts held and scaled down from between them
     late = 0
     for split in range(60, 800, 23):
-        before, state, current = run(POLICY, Memory(((0.0, 2),)), readings[:split], 0.0, 2)
+        _, state, current = run(POLICY, Memory(((0.0, 2),)), readings[:split], 0.0, 2)
         saved = json.loads(json.dumps(memory.dump(state, OFFSET_A)))  # through the API's JSON
         t_b = 5.0 * split + OFFSET_A - OFFSET_B  # the same instant on B's clock
         loaded = memory.load(saved, now=t_b + 5.0, offset=OFFSET_B, current=current, policy=POLICY)
