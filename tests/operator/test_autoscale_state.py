@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import math
 from typing import Any
@@ -84,6 +85,42 @@ class StatusApi(Api):
         if kw.get("subresource") == "status":
             self.status.update(body["status"])
         return await super().patch(kind, ns, name, body, **kw)
+
+
+def test_a_take_over_between_bursts_keeps_the_burst_floor() -> None:
+    """Two bursts on one operator, then another one (its own monotonic clock) takes over from
+    status.autoscaling.state in the quiet after them: it holds the burst floor as the first one
+    would have; without the saved state it lets the fleet go down to the quiet's need."""
+    api, wall0 = StatusApi(), 1_800_000_000.0
+    clock_a, clock_b = [0.0], [50_000.0]
+    first = Autoscaler(api, OperatorConfig(), OperatorMetrics(), clock=lambda: clock_a[0],
+                       wall=lambda: wall0 + clock_a[0])  # type: ignore[arg-type]  # fmt: skip
+    quiet, burst = reading(1.0, 1.0), reading(40.0, 4.0)
+
+    async def run(scaler: Autoscaler, clock: list[float], loads: list[Metrics], status: bool):
+        out = []
+        for m in loads:
+            clock[0] += 5.0
+            fresh = {"metadata": {"namespace": "default", "name": "chat", "uid": "u1"}}
+            if status:
+                fresh["status"] = json.loads(json.dumps(api.status))  # as read from the API
+            d = await scaler._decide_and_apply(
+                POLICY, fresh, api.deployment(), m, ("", ""), logging.getLogger("test")
+            )
+            out.append((d.replicas, d.reason))
+        return out
+
+    asyncio.run(run(first, clock_a, [quiet] * 3 + [burst] * 2 + [quiet] * 4 + [burst] * 2, True))
+    need = math.ceil(40 * 0.2 / POLICY.target_utilization)
+    assert api.replicas == need and api.status["autoscaling"]["state"]["version"] == 1
+    for saved, want in ((True, (need, "BurstFloor")), (False, (1, "BelowTarget"))):
+        replicas = api.replicas
+        clock_b[0] = 50_000.0 + clock_a[0]  # the same instant: B's clock reads 50,000 s more
+        second = Autoscaler(api, OperatorConfig(), OperatorMetrics(), clock=lambda: clock_b[0],
+                            wall=lambda: wall0 + clock_b[0] - 50_000.0)  # type: ignore[arg-type]  # fmt: skip
+        out = asyncio.run(run(second, clock_b, [quiet] * 6, saved))
+        assert out[-1] == want, (saved, out)
+        api.replicas = replicas
 
 
 def _replay(scaler: Autoscaler, api: Api, clock: list[float], status: dict | None) -> list[str]:
