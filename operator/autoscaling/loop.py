@@ -461,8 +461,8 @@ class Autoscaler:
             old.get("autoscaling"), decision, metrics, ready, scaled, since_iso, saved
         )
         patch: dict[str, Any] = {}
-        if new_auto != old.get("autoscaling"):
-            patch["autoscaling"] = new_auto
+        if new_auto != old.get("autoscaling"):  # what changed, and null what went
+            patch["autoscaling"] = status_mod.merge_diff(old.get("autoscaling"), new_auto)
         if scaled is None or scaled[1] == "metrics":  # alerts say nothing about availability
             was = status_mod.condition(fresh, CONDITION)
             conditions = status_mod.with_condition(

@@ -12,6 +12,7 @@ import logging
 import math
 from typing import Any
 
+from kube_api import merge_patch
 from pagoda.operator.autoscaling import loop
 from pagoda.operator.autoscaling.loop import Autoscaler
 from pagoda.operator.autoscaling.policy import Metrics, Policy
@@ -75,7 +76,7 @@ def test_the_burst_samples_carry_over_between_evaluations() -> None:
 
 
 class StatusApi(Api):
-    """Api that also keeps the status patches, as the status subresource would."""
+    """Api that also applies the status merge patches, as the status subresource would."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -83,7 +84,7 @@ class StatusApi(Api):
 
     async def patch(self, kind: str, ns: str, name: str, body: dict, **kw: Any) -> dict:
         if kw.get("subresource") == "status":
-            self.status.update(body["status"])
+            self.status = merge_patch(self.status, body["status"])
         return await super().patch(kind, ns, name, body, **kw)
 
 
@@ -160,6 +161,7 @@ def test_an_operator_restart_keeps_a_services_age() -> None:
     for status, young in ((dict(api.status), False), (None, True)):
         clock2 = [5.0]
         api2 = StatusApi()
+        api2.status = json.loads(json.dumps(status or {}))  # the object the restart reads
         scaler = Autoscaler(
             api2, OperatorConfig(), OperatorMetrics(), clock=lambda c=clock2: c[0],
             wall=lambda c=clock2: wall0 + restarted_at + c[0],
