@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagoda.operator.spec.fields import SpecError
 from kube_api import merge_patch
+from pagoda.operator.spec.fields import SpecError
 from pagoda.operator.spec.status import compute_status, condition, merge_diff, status_patch
 
 ISVC = {"metadata": {"name": "demo", "namespace": "default", "generation": 3}}
