@@ -120,7 +120,7 @@ def dump(memory: Memory, offset: float) -> dict[str, Any]:
     out: dict[str, Any] = {"version": VERSION}
     if last is not None:
         out["recommendations"] = [[_t(t, offset), r] for t, r in _outranking(ends, last)]
-        out["recommending"] = [last, None if start is None else _t(start, offset)]
+        out["recommending"] = [last] if start is None else [last, _t(start, offset)]  # no nulls
     if round(memory.correction, 2) != 1.0:
         out["correction"] = round(memory.correction, 2)
     samples, newest = _samples(memory.bursts.samples)
@@ -168,7 +168,8 @@ def _load(
 
     history = [(mono(t), int(r)) for t, r in raw.get("recommendations") or ()]
     if raw.get("recommending") is not None:
-        last, start = raw["recommending"]
+        last, *rest = raw["recommending"]
+        start = rest[0] if rest else None
         if start is not None:  # outranked by the next: changes no window, keeps the run's start
             history.append((mono(start), int(last)))
         history.append((now, int(last)))
