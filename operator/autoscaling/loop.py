@@ -147,11 +147,20 @@ class Autoscaler:
             timeout_s=config.prometheus_timeout_s, ttft_window=config.ttft_window
         )
         self.clock, self.wall = clock, wall
-        self._offset = wall() - clock()  # monotonic → wall seconds, fixed: saved times stay put
+        self._offset = wall() - clock()  # monotonic → wall seconds (_wall_offset)
         self._states: dict[str, _State] = {}
 
     async def close(self) -> None:
         await self.source.close()
+
+    def _wall_offset(self) -> float:
+        """Wall-clock minus monotonic seconds, for the saved state's times: kept while the two
+        clocks agree within a second (the saved times stay put, no write for jitter), renewed
+        when the wall clock was stepped."""
+        offset = self.wall() - self.clock()
+        if abs(offset - self._offset) > 1.0:
+            self._offset = offset
+        return self._offset
 
     def forget_all(self) -> None:
         """Start afresh, as after a restart (a replica that becomes the active one again): each
@@ -341,7 +350,7 @@ class Autoscaler:
             since = traffic_since(auto, now, self.wall())
             where = (body["metadata"]["namespace"], body["metadata"]["name"])
             saved = memory.load(
-                auto.get("state"), now=now, offset=self._offset, current=current, policy=policy,
+                auto.get("state"), now=now, offset=self._wall_offset(), current=current, policy=policy,
                 since=since,
             )  # fmt: skip
             if saved is None:
@@ -456,7 +465,7 @@ class Autoscaler:
         old = fresh.get("status") or {}
         since = state.bursts.since
         since_iso = None if since is None else wall_iso(self.wall() - (self.clock() - since))
-        saved = memory.dump(state.saved(), self._offset)
+        saved = memory.dump(state.saved(), self._wall_offset())
         new_auto = autoscaling_status(
             old.get("autoscaling"), decision, metrics, ready, scaled, since_iso, saved
         )
