@@ -29,6 +29,7 @@ from pagoda.operator.kube.peering import (
     is_active,
     live_peers,
 )
+from pagoda.operator.web.metrics import OperatorMetrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
@@ -198,6 +199,27 @@ async def test_one_replica_acts_and_the_other_takes_over(
 
     await wait_for(deployed, 30, what="op-b's kopf handlers created the Deployment")
     assert_permitted(emulator)
+
+
+def test_a_replica_that_stands_by_drops_its_desired_replicas() -> None:
+    """Every replica is scraped (the chart's headless metrics Service): a standby must not go on
+    exporting the desired replicas of its last term beside the active replica's."""
+    metrics = OperatorMetrics()
+    config = main.config_from_args(_parser().parse_args(["--peering", PEERING]))
+    gate = main._peering_gate(config, None, metrics)  # type: ignore[arg-type]  (no reads here)
+    gate._set_active(True)
+    metrics.desired_replicas.labels("default", "chat").set(3)
+    assert sample(metrics.render().decode(), "pagoda_operator_desired_replicas") == 3
+    gate._set_active(False)
+    text = metrics.render().decode()
+    assert sample(text, "pagoda_operator_desired_replicas") is None
+    assert sample(text, "pagoda_operator_peering_active") == 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    main.add_arguments(parser)
+    return parser
 
 
 async def test_without_the_peering_object_a_replica_stands_by(
