@@ -123,32 +123,49 @@ def _attention(*, head_dim, heads, kv_heads, dtype, kv_dtype, seqs, tuned=None, 
     )  # fmt: skip
 
 
-def _gemm(*, gemm: str, config: dict, dtype: torch.dtype) -> None:
-    """One GEMM launcher with an explicit launch config (as a config file may hold)."""
+def _gemm(
+    *,
+    gemm: str,
+    config: dict | None,
+    dtype: torch.dtype,
+    tokens: int = 64,
+    hidden: int = 512,
+    inter: int = 512,
+    experts: int = 4,
+    top_k: int = 2,
+    invariant: bool = True,
+) -> None:
+    """One GEMM launcher with an explicit launch config (as a config file may hold), or with
+    ``config=None`` the one it looks up (the packaged files) for the shapes given: ``hidden``
+    (K) and ``inter`` (N: the experts' w13 is [E, 2N, K]) of ``experts`` experts, ``top_k``
+    picks for each of ``tokens`` tokens (``invariant``: the batch-invariant bucket, else
+    the one of ``tokens``)."""
     from pagoda import kernels
     from pagoda.kernels.fp8 import quantize_weight
 
-    x, w = torch.empty((64, 512), dtype=dtype), torch.empty((512, 512), dtype=dtype)
+    x = torch.empty((tokens, hidden), dtype=dtype)
     if gemm == "linear":
-        kernels.linear(x=x, weight=w, config=config)
+        kernels.linear(x=x, weight=torch.empty((512, hidden), dtype=dtype), config=config)
     elif gemm == "fp8_linear":
-        w8, scale = quantize_weight(torch.zeros((512, 512)))
+        w8, scale = quantize_weight(torch.zeros((512, hidden)))
         kernels.fp8_linear(x=x, weight=w8, weight_scale=scale, weight_only=True, config=config)
     else:
-        experts, ids = 4, torch.zeros((64, 2), dtype=torch.int32)
+        ids = torch.arange(tokens * top_k, dtype=torch.int32).view(tokens, top_k) % experts
         extra = {}
         if gemm == "fused_experts_oai":  # gpt-oss's: biases and the clamped SwiGLU
-            extra = dict(activation="swiglu_oai", w13_bias=torch.zeros((experts, 1024), dtype=dtype),
-                         w2_bias=torch.zeros((experts, 512), dtype=dtype))  # fmt: skip
-        kernels.fused_experts(x, torch.empty((experts, 1024, 512), dtype=dtype),
-                              torch.empty((experts, 512, 512), dtype=dtype),
-                              torch.ones((64, 2)), ids, config=config, **extra)  # fmt: skip
+            extra = dict(activation="swiglu_oai", limit=7.0,
+                         w13_bias=torch.zeros((experts, 2 * inter), dtype=dtype),
+                         w2_bias=torch.zeros((experts, hidden), dtype=dtype))  # fmt: skip
+        kernels.fused_experts(x, torch.empty((experts, 2 * inter, hidden), dtype=dtype),
+                              torch.empty((experts, hidden, inter), dtype=dtype),
+                              torch.ones((tokens, top_k)), ids, config=config,
+                              batch_invariant=invariant, **extra)  # fmt: skip
 
 
 # The deepest pipeline a config file may hold: 8 stages of 256 x 256 x 256 tiles (2-4 MB).
 DEEP = {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 256, "GROUP_M": 8, "num_warps": 8,
         "num_stages": 8}  # fmt: skip
-BF16, FP32 = torch.bfloat16, torch.float32
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 FP8 = torch.float8_e4m3fn
 # name -> a `paged_attention` call (shapes and flags) or a GEMM launcher's (`_gemm`); each
 # compiles the kernels it launches.
@@ -191,6 +208,54 @@ CASES: dict[str, dict] = {
                           dtype=BF16),
     "moe-swiglu-oai": dict(gemm="fused_experts_oai", config={**DEEP, "BLOCK_M": 64,
                            "BLOCK_K": 64}, dtype=BF16),
+    # gpt-oss's sinks in the unified kernel (flash_prefill=False), in fp16 and over an FP8 cache
+    "sinks-unified": dict(head_dim=64, heads=64, kv_heads=8, dtype=BF16, kv_dtype=BF16,
+                          seqs=[(1, 5), (70, 90)], max_seq_len=90, num_decodes=1,
+                          flash_prefill=False, sliding_window=128, sinks=True),
+    "sinks-split-decode-fp16": dict(head_dim=64, heads=64, kv_heads=8, dtype=FP16,
+                                    kv_dtype=FP16, seqs=[(1, 5)] * 3 + [(70, 90)],
+                                    max_seq_len=32768, num_decodes=3, num_kv_splits=4,
+                                    sinks=True),
+    "sinks-fp8-split-decode": dict(head_dim=64, heads=64, kv_heads=8, dtype=BF16, kv_dtype=FP8,
+                                   seqs=[(1, 5)] * 3 + [(70, 90)], max_seq_len=32768,
+                                   num_decodes=3, num_kv_splits=4, sinks=True),
+    # DeepSeek-V2/V3 and V2-Lite: the latent attention expanded per head at 192 (128 + a 64-wide
+    # rotary part; V's 128 zero-padded), 256 wide in the kernels: split-KV decodes and the
+    # prefill kernel, the unified kernel, every row's prefill kernel, an FP8 cache; bf16, fp16
+    "mla-d192-split-decode": dict(head_dim=192, heads=16, kv_heads=16, dtype=BF16,
+                                  kv_dtype=BF16, seqs=[(1, 5)] * 3 + [(70, 90)],
+                                  max_seq_len=32768, num_decodes=3, num_kv_splits=4),
+    "mla-d192-split-decode-fp16": dict(head_dim=192, heads=16, kv_heads=16, dtype=FP16,
+                                       kv_dtype=FP16, seqs=[(1, 5)] * 3 + [(70, 90)],
+                                       max_seq_len=32768, num_decodes=3, num_kv_splits=4),
+    "mla-d192-unified": dict(head_dim=192, heads=16, kv_heads=16, dtype=BF16, kv_dtype=BF16,
+                             seqs=[(1, 5), (70, 90)], max_seq_len=90, num_decodes=1,
+                             flash_prefill=False),
+    "mla-d192-invariant-fp16": dict(head_dim=192, heads=16, kv_heads=16, dtype=FP16,
+                                    kv_dtype=FP16, seqs=[(1, 5), (70, 90)], max_seq_len=90,
+                                    num_decodes=1, batch_invariant=True),
+    "mla-d192-fp8-decode": dict(head_dim=192, heads=16, kv_heads=16, dtype=BF16, kv_dtype=FP8,
+                                seqs=[(1, 5)] * 3, max_seq_len=32768),
+    # GLM-4-9B: 32 query heads over 2 KV heads (16 per KV head) at 128
+    "gqa16-d128": dict(head_dim=128, heads=32, kv_heads=2, dtype=BF16, kv_dtype=BF16,
+                       seqs=[(1, 5)] * 3 + [(70, 90)], max_seq_len=32768, num_decodes=3),
+    "gqa16-d128-unified": dict(head_dim=128, heads=32, kv_heads=2, dtype=FP16, kv_dtype=FP16,
+                               seqs=[(1, 5), (70, 90)], max_seq_len=90, num_decodes=1,
+                               flash_prefill=False),
+    # Experts at the new models' shapes under the packaged configs (batch-invariant bucket and
+    # a large batch's): gpt-oss's (2880 x 2880, biases, clamped SwiGLU), DeepSeek-V3's
+    # (7168 x 2048, top 8) and V2-Lite's (2048 x 1408); the deepest file config in fp16
+    "moe-oai-gpt-oss-bf16": dict(gemm="fused_experts_oai", config=None, dtype=BF16,
+                                 hidden=2880, inter=2880, experts=8, top_k=4),
+    "moe-oai-gpt-oss-fp16": dict(gemm="fused_experts_oai", config=None, dtype=FP16,
+                                 hidden=2880, inter=2880, experts=8, top_k=4, tokens=1024,
+                                 invariant=False),
+    "moe-oai-deep-fp16": dict(gemm="fused_experts_oai", config={**DEEP, "BLOCK_M": 64,
+                              "BLOCK_K": 64}, dtype=FP16),
+    "moe-deepseek-v3-bf16": dict(gemm="fused_experts", config=None, dtype=BF16, hidden=7168,
+                                 inter=2048, experts=8, top_k=8, tokens=1024, invariant=False),
+    "moe-v2-lite-fp16": dict(gemm="fused_experts", config=None, dtype=FP16, hidden=2048,
+                             inter=1408, experts=8, top_k=6),
 }  # fmt: skip
 
 

@@ -267,3 +267,42 @@ def test_sinks_match_reference(device, path, dtype):
     torch.testing.assert_close(got, expected, **TOL[dtype])
     assert not torch.allclose(expected.float(), reference.paged_attention(**args, **extra).float(),
                               **TOL[dtype])  # fmt: skip
+
+
+# The new families' shapes on the compiled kernels (dtype, head_dim, heads, KV heads, sinks):
+# DeepSeek's latent attention expanded per head at 192 (256 wide in the tiles) and the tiny
+# checkpoints' 48, gpt-oss's 64 with sinks over 8 query heads per KV head, GLM-4-9B's 16 per KV
+# head at 128.
+NEW_FAMILY_CASES = [
+    (torch.bfloat16, 192, 4, 4, False),
+    (torch.float16, 192, 4, 4, False),
+    (torch.float32, 48, 4, 4, False),
+    (torch.bfloat16, 64, 16, 2, True),
+    (torch.bfloat16, 128, 32, 2, False),
+]
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize(
+    "case", NEW_FAMILY_CASES,
+    ids=lambda c: f"{str(c[0]).removeprefix('torch.')}-d{c[1]}-h{c[2]}-kv{c[3]}"
+    + ("-sinks" if c[4] else ""),
+)  # fmt: skip
+def test_new_families_head_shapes_match_reference(device, case, path):
+    """Compiled tiles at the head sizes and GQA ratios the new families reach (the interpreter
+    covers the masked head tail at 80 and 96 above): every path against the reference."""
+    from pagoda.kernels import paged_attention
+
+    if device.type == "cpu":
+        pytest.skip("compiled tiles only (gpu_check.sh's `families` step)")
+    dtype, head_dim, heads, kv_heads, with_sinks = case
+    batch = make_batch(mixed_seqs(16), num_heads=heads, num_kv_heads=kv_heads,
+                       head_dim=head_dim, block_size=16, dtype=dtype, device=device)  # fmt: skip
+    args = batch.attention_args(scale=head_dim**-0.5)
+    extra = {}
+    if with_sinks:
+        extra = dict(sinks=torch.linspace(-4.0, 6.0, heads, device=device), sliding_window=20)
+    expected = reference.paged_attention(**args, **extra)
+    kwargs = {"num_decodes": batch.num_decodes, **PATHS[path]}
+    got = paged_attention(**args, **kwargs, **extra)
+    torch.testing.assert_close(got, expected, **TOL[dtype])

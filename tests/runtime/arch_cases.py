@@ -110,3 +110,30 @@ def check(got, want, what: str) -> None:
     assert tokens == ref_tokens, what
     worst = max(float((a - b).abs().max()) for a, b in zip(logits, ref_logits))
     assert worst < 1e-3, f"{what}: logits differ by {worst}"
+
+
+def tokens_without_host_syncs(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    """Greedy tokens of `prompts` in one batch on a CUDA engine, every step's launch
+    (`ModelRunner.execute_model`: prefill chunks, mixed steps eager, decodes in CUDA graphs)
+    run under torch's sync debug mode "error": an ``.item()``, a data-dependent shape or a
+    pageable copy in a family's forward raises. The token readback after the launch is the
+    step's one sync. `llm` must schedule synchronously (``async_scheduling=False``) and have
+    no logits hook (`generate`'s reads rows to the host)."""
+    runner = llm.engine.runner
+    launch = runner.execute_model
+
+    def checked(out):
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return launch(out)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    runner.execute_model = checked
+    try:
+        params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    finally:
+        del runner.execute_model
+    return [o.outputs[0].token_ids for o in outs]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from arch_cases import check, generate, prompts
+from arch_cases import check, generate, prompts, tokens_without_host_syncs
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model
@@ -213,3 +213,34 @@ def test_block_wise_fp8_checkpoint_as_deepseek_v3_publishes_it(tmp_path):
               max_num_batched_tokens=16, max_num_seqs=4, block_size=16)  # fmt: skip
     for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
         check(got, want, f"FP8 V3: prompt {i}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_gpu_matches_transformers_with_graphs(built, name):
+    """On CUDA (benchmarks/gpu_check.sh's `families` step), float32 with the defaults: the
+    latent attention at its padded head size through the compiled Triton kernels, the routed
+    experts in the fused-MoE kernel, decodes in CUDA graphs: transformers' tokens and logits,
+    chunked, batched, on a warm cache; eager decodes give the graphs' tokens, and no step's
+    launch syncs with the host (`tokens_without_host_syncs`)."""
+    import os
+
+    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("needs CUDA with compiled Triton kernels (TRITON_INTERPRET=0)")
+    _, loaded, reference = built(name)
+    common = dict(loaded=loaded, dtype="float32", kv_cache_memory=256 << 20,
+                  max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    llm = LLM(**common)
+    runner = llm.engine.runner
+    assert runner.cuda_graphs is not None and runner.backend.name == "triton"
+    moe = runner.model.layers[-1].mlp
+    assert getattr(moe, "routed", moe).fused is not None  # the fused kernel, not every expert
+    cold = generate(llm, prompts())
+    warm = generate(llm, prompts()[::-1])[::-1]
+    for i, want in enumerate(reference):
+        check(cold[i], want, f"{name}: prompt {i}, graphs, cold")
+        check(warm[i], want, f"{name}: prompt {i}, graphs, warm")
+    eager = generate(LLM(**common, enable_cuda_graphs=False), prompts())
+    assert [t for t, _ in eager] == [t for t, _ in cold]
+    synced = tokens_without_host_syncs(LLM(**common, async_scheduling=False), prompts())
+    assert synced == [t for t, _ in cold]

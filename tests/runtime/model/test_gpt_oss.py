@@ -21,7 +21,7 @@ os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_ava
 
 import pytest
 import torch
-from arch_cases import check, generate, prompts
+from arch_cases import check, generate, prompts, tokens_without_host_syncs
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM
 from pagoda.runtime.model import mxfp4
@@ -150,19 +150,26 @@ def test_gpt_oss_experts_in_the_fused_kernel_match_transformers(tiny, monkeypatc
 
 @pytest.mark.gpu
 def test_gpt_oss_on_cuda_matches_transformers(tiny):
-    """On a GPU (benchmarks/gpu_check.sh's `gptoss` step): the sinks in the compiled Triton
+    """On a GPU (benchmarks/gpu_check.sh's `families` step): the sinks in the compiled Triton
     kernels, the experts in the fused-MoE kernel (biases, clamped SwiGLU), decodes in CUDA
-    graphs, float32: transformers' tokens and logits, chunked, batched, on a warm cache."""
+    graphs, float32: transformers' tokens and logits, chunked, batched, on a warm cache; eager
+    decodes give the graphs' tokens, and no step's launch syncs with the host."""
     if not torch.cuda.is_available() or os.environ["TRITON_INTERPRET"] == "1":
         pytest.skip("needs a CUDA device with compiled Triton kernels")
     path, _, reference = tiny
     llm = _engine(path, device="cuda")
     assert llm.engine.runner.model.layers[0].mlp.fused is not None
+    assert llm.engine.runner.cuda_graphs is not None
     cold = generate(llm, prompts())
     warm = generate(llm, prompts()[::-1])[::-1]
     for i, want in enumerate(reference):
         check(cold[i], want, f"prompt {i}, cold")
         check(warm[i], want, f"prompt {i}, warm")
+    eager = generate(_engine(path, device="cuda", enable_cuda_graphs=False), prompts())
+    assert [t for t, _ in eager] == [t for t, _ in cold]
+    synced = tokens_without_host_syncs(_engine(path, device="cuda", async_scheduling=False),
+                                       prompts())  # fmt: skip
+    assert synced == [t for t, _ in cold]
 
 
 def test_gpt_oss_config_reads_sinks_windows_experts_and_yarn(tiny):
