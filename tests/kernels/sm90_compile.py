@@ -7,7 +7,10 @@ is compiled for sm_90 (frontend, TTGIR, LLVM, PTX, ``ptxas``) and never run. It 
 line per compiled kernel, ``{"case", "kernel", "shared", "error"}``, then
 ``{"cases", "shared_limit"}``.
 
-``python sm90_compile.py CASE...`` with the cases of :data:`CASES` (all when none are named).
+``python sm90_compile.py [--registers] [--fast | --slow | CASE...]`` with the cases of
+:data:`CASES` (all when none are named; ``--fast``/``--slow``: those outside or in :data:`SLOW`);
+``--registers`` adds each kernel's ``registers`` and ``spilled`` bytes (`registers`), and the
+summary names the cases allowed to spill (:data:`KNOWN_SPILLS`).
 Needs Triton's NVIDIA backend and its bundled ``ptxas`` (in the Linux wheels), no CUDA driver.
 """
 
@@ -15,8 +18,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # compile, before Triton decorates the kernels
 
@@ -49,8 +55,28 @@ class _CompileOnlyDriver:
         return True
 
 
-def install(results: list[dict], case: str) -> None:
-    """Make every launch compile for sm_90 and record (kernel, shared memory, error)."""
+def registers(ptx: str) -> dict:
+    """``ptxas -v`` on a kernel's PTX for sm_90a with the ``ptxas`` Triton compiles it with:
+    registers per thread and the bytes spilled to local memory (stores and loads)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(TARGET.arch).path
+    with tempfile.TemporaryDirectory() as folder:
+        src = Path(folder, "kernel.ptx")
+        src.write_text(ptx)
+        log = subprocess.run(
+            [str(ptxas), "-v", "--gpu-name=sm_90a", str(src), "-o", str(Path(folder, "k.cubin"))],
+            capture_output=True, text=True, check=True,
+        ).stderr  # fmt: skip
+    used = re.search(r"Used (\d+) registers", log)
+    spilled = re.findall(r"(\d+) bytes spill (?:stores|loads)", log)
+    return {"registers": int(used.group(1)) if used else None,
+            "spilled": sum(int(x) for x in spilled)}  # fmt: skip
+
+
+def install(results: list[dict], case: str, with_registers: bool = False) -> None:
+    """Make every launch compile for sm_90 and record (kernel, shared memory, error), with
+    ``with_registers`` its registers and spills too (`registers`)."""
     driver.set_active(_CompileOnlyDriver())
     run = jit.JITFunction.run
 
@@ -64,6 +90,9 @@ def install(results: list[dict], case: str) -> None:
                 e = e.__cause__ or e.__context__
             results.append({"case": case[0], "kernel": self._fn_name, "shared": None,
                             "error": " ".join(str(e).split())[:400]})  # fmt: skip
+            return
+        if with_registers:
+            results[-1].update(registers(kernel.asm["ptx"]))
 
     jit.JITFunction.run = compile_only
 
@@ -258,18 +287,50 @@ CASES: dict[str, dict] = {
                              inter=1408, experts=8, top_k=6),
 }  # fmt: skip
 
+# Cases of the slow test (test_kernel_compile.py): more dtypes and shapes of variants the fast
+# cases already compile once.
+SLOW = {
+    "sinks-split-decode-fp16",
+    "sinks-fp8-split-decode",
+    "mla-d192-split-decode-fp16",
+    "mla-d192-invariant-fp16",
+    "mla-d192-fp8-decode",
+    "gqa16-d128",
+    "gqa16-d128-unified",
+    "moe-oai-gpt-oss-fp16",
+    "moe-oai-deep-fp16",
+    "moe-deepseek-v3-bf16",
+    "moe-v2-lite-fp16",
+}
+# Cases with a kernel that spills registers (ptxas 13.4 for sm_90a, Triton 3.9; bytes stored
+# and loaded): a config file's extremes (float32 at head 256: 19.6 kB; the deep MoE config in
+# float32: 77 kB; the deep GEMM configs: 3.7 kB), the batch-invariant decode launch at head 64
+# (8 B), and every 256-wide head (DeepSeek's 192, Gemma's 256) in the prefill kernel under the
+# packaged 64-row configs: halved to 32 rows at 4 warps, 255 registers and 216 B (100 B in the
+# one-token launch); 64 rows at 4 warps fit in 254 (not measured on a GPU).
+KNOWN_SPILLS = {"fp32-d256-decode", "deep-moe", "deep-matmul", "deep-fp8-w8a16",
+                "sinks-invariant", "mla-d192-split-decode", "mla-d192-split-decode-fp16",
+                "mla-d192-invariant-fp16"}  # fmt: skip
 
-def main(names: list[str]) -> int:
+
+def main(args: list[str]) -> int:
+    """``args``: case names, or ``--fast`` (the cases outside :data:`SLOW`) or ``--slow`` (those
+    in it), and ``--registers``."""
+    flags = {a for a in args if a.startswith("--")}
+    names = [a for a in args if not a.startswith("--")]
+    if "--fast" in flags or "--slow" in flags:
+        names += [n for n in CASES if (n in SLOW) == ("--slow" in flags)]
     results: list[dict] = []
     case = [""]
-    install(results, case)
+    install(results, case, "--registers" in flags)
     for name in names or list(CASES):
         case[0] = name
         case_kwargs = CASES[name]
         (_gemm if "gemm" in case_kwargs else _attention)(**case_kwargs)
     for r in results:
         print(json.dumps(r))
-    print(json.dumps({"cases": names or list(CASES), "shared_limit": SHARED_LIMIT}))
+    print(json.dumps({"cases": names or list(CASES), "shared_limit": SHARED_LIMIT,
+                      "known_spills": sorted(KNOWN_SPILLS)}))  # fmt: skip
     return 0
 
 
