@@ -1,0 +1,126 @@
+"""The new families' forward passes queue no device-to-host sync, checked on a CPU.
+
+On CUDA a decode step is replayed from a CUDA graph and every other step is launched without
+waiting for the device; an ``.item()``, a ``.tolist()``, a data-dependent shape (``nonzero``,
+``masked_select``, ``unique``) or a Python branch on a tensor's value in a model's forward
+would stall the step (and break graph capture). Here each family's tiny checkpoint runs on the
+Triton backend (its kernels in Triton's interpreter: the CUDA path's launchers) while a torch
+dispatch mode records the aten ops that synchronize on CUDA, in `LlamaModel.forward` only (the
+readback and the scheduler's host work are outside it). The experts run as on CUDA: gpt-oss's
+in the fused-MoE kernel, the routed experts of the other families densely (no per-expert
+counts read on the host, as `SparseMoE._every_expert` does without the fused kernel).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from arch_cases import generate, prompts
+from hf_oracle import make_tiny_model
+from pagoda.runtime import LLM
+from pagoda.runtime.model.loader import load_model
+from torch.utils._python_dispatch import TorchDispatchMode
+
+pytestmark = [
+    pytest.mark.slow,  # the Triton interpreter: ~3-6 s a family
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1 on a CPU"
+    ),
+]
+
+# aten ops that wait for the device on CUDA (the value, or the output's size, is read back)
+SYNCING = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2",
+           "aten::unique_consecutive", "aten::unique_dim", "aten::bincount"}  # fmt: skip
+# Tensor methods that read a CUDA tensor to the host without an aten op on a CPU one
+READBACKS = ("tolist", "numpy", "cpu", "item", "__array__")
+
+MLA = dict(kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, num_key_value_heads=4)
+FAMILIES = {
+    "deepseek-v3": ("DeepseekV3", dict(MLA, q_lora_rank=24, v_head_dim=64, n_routed_experts=8,
+                    num_experts_per_tok=2, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                    n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1)),
+    "deepseek-v2-lite": ("DeepseekV2", dict(MLA, q_lora_rank=None, v_head_dim=32,
+                         n_routed_experts=6, num_experts_per_tok=2, n_shared_experts=2,
+                         moe_intermediate_size=32, first_k_dense_replace=1)),
+    "gpt-oss": ("GptOss", dict(num_local_experts=4, num_experts_per_tok=2, head_dim=32,
+                intermediate_size=64, sliding_window=9,
+                layer_types=["sliding_attention", "full_attention"], num_hidden_layers=2)),
+    "glm4": ("Glm4", dict(head_dim=32)),
+    "cohere": ("Cohere", dict(use_qk_norm=True, attention_bias=True)),
+    "cohere2": ("Cohere2", dict(num_hidden_layers=4, sliding_window=10, sliding_window_pattern=2)),
+    "smollm3": ("SmolLM3", dict(num_hidden_layers=4, no_rope_layer_interval=2,
+                use_sliding_window=True, sliding_window=10)),
+    "olmo3": ("Olmo3", dict(num_hidden_layers=4, sliding_window=10)),
+}  # fmt: skip
+
+
+class SyncWatch(TorchDispatchMode):
+    """Records the aten ops of `SYNCING` dispatched, and the `READBACKS` called, while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+        self.saved = {name: getattr(torch.Tensor, name) for name in READBACKS}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name in SYNCING:
+            self.seen.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+    def __enter__(self):
+        for name, method in self.saved.items():
+            setattr(torch.Tensor, name, self._recording(name, method))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for name, method in self.saved.items():
+            setattr(torch.Tensor, name, method)
+        return super().__exit__(*exc)
+
+    def _recording(self, name, method):
+        def call(tensor, *args, **kwargs):
+            self.seen.append(f"Tensor.{name}")
+            return method(tensor, *args, **kwargs)
+
+        return call
+
+
+def dense_experts(x, topk_weights, topk_ids, expert):
+    """`moe.grouped_experts` without the host's per-expert counts: every expert over every row,
+    weighted by a scattered [T, E] routing matrix (`SparseMoE._every_expert`'s maths)."""
+    n = len(expert.__self__.experts)  # the layer's (`SparseMoE`) experts
+    dense = torch.zeros(x.shape[0], n, dtype=torch.float32)
+    dense.scatter_(1, topk_ids.long(), topk_weights.float())
+    out = torch.zeros_like(x)
+    for e in range(n):
+        out += (expert(e, x) * dense[:, e : e + 1]).to(out.dtype)
+    return out
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_forward_queues_no_host_sync(tmp_path, monkeypatch, family):
+    from pagoda.kernels.fused_moe import fused_experts
+    from pagoda.runtime.model import gpt_oss, moe
+
+    arch, overrides = FAMILIES[family]
+    make_tiny_model(tmp_path, arch, **overrides)
+    monkeypatch.setattr(moe, "grouped_experts", dense_experts)
+    monkeypatch.setattr(gpt_oss, "fused_kernel", lambda device: fused_experts)
+    llm = LLM(loaded=load_model(str(tmp_path)), attention_backend="triton", dtype="float32",
+              kv_cache_memory=16 << 20, max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    model = llm.engine.runner.model
+    forward, seen, calls = model.forward, [], [0]
+
+    def watched(*args, **kwargs):
+        with SyncWatch() as watch:
+            out = forward(*args, **kwargs)
+        seen.extend(watch.seen)
+        calls[0] += 1
+        return out
+
+    monkeypatch.setattr(model, "forward", watched)
+    generate(llm, prompts())  # chunked prompts, mixed steps, decodes
+    assert calls[0] > 5
+    assert not seen, f"{family}: {sorted(set(seen))} in the forward"
