@@ -84,6 +84,10 @@ class FamilyConfig:
     # k with a weight per head ([heads, head_dim])
     cohere_layer: bool = False
     logit_scale: float = 1.0  # logits x this (Cohere's `logit_scale`)
+    # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
+    # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)
+    query_scale_beta: float = 0.0
+    query_scale_context: int = 0
 
     @property
     def transforms_logits(self) -> bool:
@@ -107,6 +111,8 @@ class FamilyConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be positive, got {value}")
+        if self.query_scale_beta and self.query_scale_context < 1:
+            raise ValueError("query_scale_context must be positive with a query_scale_beta")
         if self.num_experts:
             if not 1 <= self.num_experts_per_tok <= self.num_experts:
                 raise ValueError(

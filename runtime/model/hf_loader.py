@@ -48,7 +48,14 @@ HF_ARCHITECTURES = {
     "SmolLM3ForCausalLM": "smollm3",  # Llama with NoPE layers (`FamilyConfig.rope_layers`)
     "CohereForCausalLM": "cohere",  # Command R / R+, Aya (model/cohere.py)
     "Cohere2ForCausalLM": "cohere2",  # Command R7B, Command A (model/cohere.py)
+    # Mistral-Small-3.1/3.2, Devstral-Small, Magistral-Small: the text model (`text_config`,
+    # its `model_type` naming the family: `_TEXT_MODEL_TYPES`); the vision tower is not read
+    "Mistral3ForConditionalGeneration": "mistral",
+    "MinistralForCausalLM": "ministral",  # Ministral-8B-2410: window layers by layer_types
+    "Ministral3ForCausalLM": "ministral3",  # Ministral 3: yarn, q scaled by position (ministral3.py)
 }
+# a multimodal wrapper's text model, by its text_config's model_type, where not the wrapper's
+_TEXT_MODEL_TYPES = {"ministral3": "ministral3", "ministral": "ministral"}
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
 # sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
@@ -74,6 +81,14 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
              "rms_norm_eps": 1e-5},  # Phi3Config's (its class default for the original context)
     "mistral": {"num_key_value_heads": 8, "max_position_embeddings": 131_072,
                 "sliding_window": 4096},
+    "ministral": {"num_key_value_heads": 8, "max_position_embeddings": 131_072,
+                  "sliding_window": 4096, "rms_norm_eps": 1e-5},
+    "ministral3": {"num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
+                   "max_position_embeddings": 262_144, "bos_token_id": 1, "eos_token_id": 2,
+                   "rope_parameters": {"rope_type": "yarn", "rope_theta": 1_000_000.0,
+                                       "factor": 16.0, "original_max_position_embeddings": 16384,
+                                       "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                                       "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}},
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "num_key_value_heads": 8,
                 "max_position_embeddings": 131_072, "rope_theta": 1_000_000.0,
                 "rms_norm_eps": 1e-5},
@@ -101,6 +116,8 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 # a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
 _NULLABLE = {
     "mistral": ("sliding_window",),
+    "ministral": ("sliding_window",),
+    "ministral3": ("sliding_window",),
     "cohere2": ("sliding_window",),
     "olmo3": ("sliding_window",),
     "gemma2": ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"),
@@ -129,6 +146,9 @@ def architecture(cfg: Mapping[str, Any]) -> str:
         raise ValueError(
             f"unsupported architecture ({found}); supported: {', '.join(HF_ARCHITECTURES)}"
         )
+    text = cfg.get("text_config")
+    if isinstance(text, Mapping) and text.get("model_type") in _TEXT_MODEL_TYPES:
+        return _TEXT_MODEL_TYPES[text["model_type"]]
     return arch
 
 
@@ -207,7 +227,7 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     if arch == "cohere2" and not window:  # its global layers are told apart by having none
         raise ValueError("Cohere 2 without a sliding_window is not supported")
     if arch not in ("mistral", "mixtral", "gemma3", "qwen2", "qwen3", "qwen3moe", "olmo3",
-                    "cohere2"):  # fmt: skip
+                    "cohere2", "ministral", "ministral3"):  # fmt: skip
         return None
     return int(window) if window else None
 
@@ -263,6 +283,22 @@ def _local_rope_theta(cfg: Mapping[str, Any], fallback: str, family: str) -> flo
     return float(params.get("rope_theta") or cfg[fallback])
 
 
+def _llama4_query_scale(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Ministral 3's q scale by position (`FamilyConfig.query_scale_beta`): its
+    `rope_parameters`' `llama_4_scaling_beta` over their `original_max_position_embeddings`
+    (transformers reads both there and fails without them)."""
+    _, scaling = _rope(cfg, None)
+    scaling = scaling or {}
+    beta, context = (
+        scaling.get("llama_4_scaling_beta"),
+        scaling.get("original_max_position_embeddings"),
+    )
+    if beta is None or not context:
+        raise ValueError("Ministral 3 needs rope_parameters with llama_4_scaling_beta and "
+                         "original_max_position_embeddings")  # fmt: skip
+    return {"query_scale_beta": float(beta), "query_scale_context": int(context)}
+
+
 def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
     window = _sliding_window(cfg, arch)
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
@@ -284,6 +320,8 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
         fields["qk_norm"] = True
     if arch == "cohere2":  # the global layers attend without rotary
         fields["rope_layers"] = fields["window_layers"]
+    if arch == "ministral3":
+        fields.update(_llama4_query_scale(cfg))
     if arch == "smollm3":
         fields.update(rope_layers=_no_rope_layers(cfg, n),
                       window_layers=_smollm3_layer_types(cfg, n, window))  # fmt: skip

@@ -1,0 +1,205 @@
+"""Mistral 3 (its text model), Ministral and Ministral 3 against transformers, token for token,
+on tiny random checkpoints transformers writes itself (tests/runtime/hf_oracle.py): float32,
+prompts chunked into 16-token steps, three prompts sharing steps, a warm prefix cache on the
+second pass, and a KV pool so small that requests are preempted; logits within 1e-3 of
+transformers' plain greedy loop at every step.
+
+- Mistral 3 (`Mistral3ForConditionalGeneration`: Mistral-Small-3.1/3.2, Devstral, Magistral):
+  the text model under `language_model.`, the vision tower and projector not read, the
+  processor's chat template;
+- Ministral (`MinistralForCausalLM`): window and global layers by `layer_types`;
+- Ministral 3 (`Ministral3ForCausalLM`, or Mistral 3's wrapper around a `ministral3` text
+  model): yarn, and q scaled by position (Llama 4's `llama_4_scaling_beta`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from arch_cases import check, generate, prompts
+from hf_oracle import hf_greedy_plain, make_tiny_model, save_word_tokenizer
+from pagoda.runtime import LLM
+from pagoda.runtime.model.loader import load_model, read_model_config
+
+transformers = pytest.importorskip("transformers")
+SLIDING, FULL = "sliding_attention", "full_attention"
+# Ministral 3's rotary: yarn over an original context of 16, so that q's scale changes within
+# the prompts (1 + beta * log(1 + floor(p / 16)))
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+        "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 16, "llama_4_scaling_beta": 0.5}  # fmt: skip
+# name: (transformers config class prefix, config overrides); "Mistral3:<text>" is
+# Mistral3ForConditionalGeneration around a <text> model
+CASES = {
+    "mistral3-untied": ("Mistral3:Mistral", dict(head_dim=16, sliding_window=None)),
+    "mistral3-ministral3-tied": ("Mistral3:Ministral3", dict(head_dim=16, rope_parameters=YARN)),
+    "ministral-layer-types": (
+        "Ministral", dict(head_dim=16, num_hidden_layers=3, sliding_window=10,
+                         layer_types=[SLIDING, FULL, SLIDING]),
+    ),
+    "ministral3": ("Ministral3", dict(head_dim=16, rope_parameters=YARN)),
+}  # fmt: skip
+
+
+def make_mistral3(path, text: str, tie: bool, **overrides):
+    """Mistral3ForConditionalGeneration around a tiny `text` model (a transformers config class
+    prefix) and a one-layer Pixtral tower, scaled as `make_tiny_model`'s, with its tokenizer."""
+    text_cfg = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                    eos_token_id=2, bos_token_id=1, pad_token_id=0)  # fmt: skip
+    text_cfg.update(overrides)
+    vision = transformers.PixtralVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        head_dim=16, image_size=28, patch_size=14,
+    )  # fmt: skip
+    cfg = transformers.Mistral3Config(
+        text_config=getattr(transformers, f"{text}Config")(**text_cfg), vision_config=vision,
+        tie_word_embeddings=tie,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Mistral3ForConditionalGeneration(cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0) if p.dim() > 1 else p.add_(0.2 * torch.randn(p.shape, generator=g))
+    model.save_pretrained(path)
+    save_word_tokenizer(path, 300)
+    return model
+
+
+def _make(path, name: str):
+    arch, overrides = CASES[name]
+    if arch.startswith("Mistral3:"):
+        return make_mistral3(path, arch.split(":")[1], tie=name.endswith("-tied"), **overrides)
+    return make_tiny_model(path, arch, **overrides)
+
+
+_BUILT: dict[str, tuple] = {}
+
+
+def _build(name: str, tmp_path_factory):
+    """(checkpoint directory, transformers model, loaded checkpoint, reference) of case `name`,
+    written once per module."""
+    if name not in _BUILT:
+        path = tmp_path_factory.mktemp(name)
+        model = _make(path, name)
+        reference = [hf_greedy_plain(model, p, 6) for p in prompts()]
+        _BUILT[name] = (path, model, load_model(str(path)), reference)
+    return _BUILT[name]
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request, tmp_path_factory):
+    path, model, loaded, reference = _build(request.param, tmp_path_factory)
+    return request.param, path, model, loaded, reference
+
+
+@pytest.fixture(scope="module")
+def case_by_name(tmp_path_factory):
+    def get(name):
+        path, _, loaded, reference = _build(name, tmp_path_factory)
+        return path, loaded, reference
+
+    return get
+
+
+def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):
+    name, _, _, loaded, reference = case
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+              max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    cold = generate(llm, prompts())
+    warm = generate(llm, prompts()[::-1])[::-1]
+    for i, want in enumerate(reference):
+        check(cold[i], want, f"{name}: prompt {i}, cold")
+        check(warm[i], want, f"{name}: prompt {i}, warm")
+    assert llm.engine.kv.prefix_hits > 0
+    small = LLM(loaded=loaded, dtype="float32", num_blocks_override=7, block_size=16,
+                max_model_len=96, max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
+    got = generate(small, prompts())
+    assert small.engine.scheduler.num_preemptions > 0
+    for i, want in enumerate(reference):
+        check(got[i], want, f"{name}: prompt {i}, preempted")
+    small.engine.check_integrity()
+
+
+def test_the_config_reads_as_transformers(case):
+    name, path, model, _, _ = case
+    c = read_model_config(str(path))
+    text = model.config.get_text_config()
+    assert c.architecture == {"Mistral": "mistral", "Ministral3": "ministral3",
+                              "Ministral": "ministral"}[type(text).__name__[:-6]]  # fmt: skip
+    assert c.tie_word_embeddings == (name == "mistral3-ministral3-tied")
+    types = getattr(text, "layer_types", None)
+    if name.startswith("ministral-"):
+        assert list(c.family.window_layers) == [t == SLIDING for t in types]
+    if "ministral3" in name:
+        assert (c.family.query_scale_beta, c.family.query_scale_context) == (0.5, 16)
+
+
+@pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
+def test_two_ranks_match_transformers(case_by_name):
+    """Ministral 3 from Mistral 3's wrapper over gloo, two ranks (each its heads, its scaled
+    q), the small pool (chunked, preempted) then a warm cache."""
+    path, loaded, reference = case_by_name("mistral3-ministral3-tied")
+    pool = dict(num_blocks_override=7, block_size=16, max_model_len=96, dtype="float32",
+                max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
+    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **pool) as two:
+        got = generate(two, prompts()) + generate(two, prompts()[::-1])[::-1]
+        core = two.engine
+        assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
+        core.check_integrity()
+    for i, g in enumerate(got):
+        check(g, reference[i % 3], f"prompt {i}, two ranks")
+
+
+def test_mistral3s_processor_chat_template_is_the_one_rendered(case_by_name):
+    """Mistral-Small-3.1's repository: the processor's `chat_template.json` beside the
+    tokenizer's template in tokenizer_config.json; the processor's wins (as vLLM, transformers)."""
+    path, _, _ = case_by_name("mistral3-untied")
+    template = "{% for m in messages %}w7 {{ m['content'] }} w8 {% endfor %}"
+    (path / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    try:
+        tok = load_model(str(path)).tokenizer
+        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "w9"}]))
+    finally:
+        (path / "chat_template.json").unlink()
+    assert ids[-3:] == [7, 9, 8]
+
+
+@pytest.mark.parametrize(("arch", "overrides", "tp"), [
+    ("Mistral3:Mistral", dict(head_dim=16, sliding_window=None), 1),
+    ("Mistral3:Ministral3", dict(head_dim=16, num_key_value_heads=1, rope_parameters=YARN), 2),
+])  # fmt: skip
+def test_the_weights_estimate_is_what_the_model_holds(tmp_path, arch, overrides, tp):
+    """`server/weights.py` against the built model, bf16 from float32 files: Mistral 3's text
+    model under `language_model.` (the vision tower not counted), with two ranks rank 0's part."""
+    from model_bytes import build, held_bytes
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.group import TPGroup
+    from pagoda.runtime.distributed.layout import TPLayout
+    from pagoda.runtime.server import weights
+
+    make_mistral3(tmp_path, arch.split(":")[1], tie=False, **overrides)
+    group = None if tp == 1 else TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
+    held = held_bytes(build(tmp_path, torch.bfloat16, tp=group))
+    cfg = EngineConfig.create(str(tmp_path), device="cpu", dtype="bfloat16",
+                              tensor_parallel_size=tp)  # fmt: skip
+    got = weights.estimate(read_model_config(str(tmp_path)), cfg, tmp_path)
+    assert got.bytes == pytest.approx(held, rel=0.02), got
+
+
+@pytest.mark.parametrize(("arch", "edit", "words"), [
+    ("Ministral3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+     "Ministral 3 needs rope_parameters with llama_4_scaling_beta"),
+    ("Ministral", {"layer_types": [SLIDING, FULL]}, "layer_types names 2 layers, the model has 1"),
+])  # fmt: skip
+def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
+    """Read with the config (before the server binds: exit 2), naming the value."""
+    make_tiny_model(tmp_path, arch, num_hidden_layers=1, head_dim=16)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(ValueError, match=words) as e:
+        read_model_config(str(tmp_path))
+    assert "\n" not in str(e.value)
