@@ -34,6 +34,75 @@ def _positive(name: str, value: int) -> None:
 ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU (Llama, Qwen, Mixtral) and GeGLU (Gemma)
 
 
+# DeepSeek-V2/V3 (runtime/model/deepseek.py): multi-head latent attention and a grouped router
+@dataclass(frozen=True)
+class MlaConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi K2, Moonlight): q from the hidden state
+    (`q_proj`) or through a low-rank bottleneck (`q_a_proj`, its norm, `q_b_proj`); one latent
+    of `kv_lora_rank` plus a shared rotary key of `qk_rope_head_dim` per token
+    (`kv_a_proj_with_mqa`), the latent normed and expanded per head (`kv_b_proj`) into the
+    key's unrotated part and the value. The engine caches the expanded keys and values (the
+    absorbed latent cache is not implemented): `ModelConfig.head_dim` is max(qk, v) head dims."""
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None  # None: q_proj (DeepSeek-V2-Lite)
+    rope_interleave: bool = True  # rotary pairs (x0, x1), (x2, x3), ... (V2 always, V3's flag)
+
+    def __post_init__(self) -> None:
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            _positive(name, getattr(self, name))
+        if self.q_lora_rank is not None:
+            _positive("q_lora_rank", self.q_lora_rank)
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim must be even, got {self.qk_rope_head_dim}")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+ROUTER_SCORES = ("softmax", "sigmoid")
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+
+
+@dataclass(frozen=True)
+class ExpertRouting:
+    """DeepSeek's router (`moe_routing.GroupedRouter`; GLM-4.5's is V3's): scores of the router
+    logits (softmax: V2; sigmoid: V3), experts picked from the best `topk_group` of `n_group`
+    groups (a group's score: its best expert's for V2's group_limited_greedy, its best two's sum
+    for V3's noaux_tc, which adds the checkpoint's `e_score_correction_bias` to the scores for
+    the choice only), weights from the uncorrected scores, renormalised with
+    `FamilyConfig.norm_topk_prob`, then times `routed_scaling_factor`."""
+
+    scoring: str = "softmax"
+    topk_method: str = "greedy"
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.scoring not in ROUTER_SCORES:
+            raise ValueError(f"scoring_func must be one of {', '.join(ROUTER_SCORES)}, "
+                             f"got {self.scoring!r}")  # fmt: skip
+        if self.topk_method not in TOPK_METHODS:
+            raise ValueError(f"topk_method must be one of {', '.join(TOPK_METHODS)}, "
+                             f"got {self.topk_method!r}")  # fmt: skip
+        _positive("n_group", self.n_group)
+        if not 1 <= self.topk_group <= self.n_group:
+            raise ValueError(f"topk_group must be in [1, n_group {self.n_group}], "
+                             f"got {self.topk_group}")  # fmt: skip
+        if not self.routed_scaling_factor > 0:
+            raise ValueError("routed_scaling_factor must be positive")
+
+    @property
+    def bias(self) -> bool:
+        """Whether the checkpoint holds `e_score_correction_bias` (noaux_tc)."""
+        return self.topk_method == "noaux_tc"
+
+
 @dataclass(frozen=True)
 class FamilyConfig:
     """The defaults are Llama's: a Llama, Mistral or Qwen2 checkpoint changes nothing here but
@@ -60,8 +129,8 @@ class FamilyConfig:
     norm_topk_prob: bool = True  # renormalise the top-k probabilities to sum to 1 (Mixtral: yes)
     round_topk_to_model_dtype: bool = False  # Qwen3-MoE rounds the routing weights (HF does)
     moe_layers: tuple[bool, ...] = ()  # per layer: True = experts; () = all (when num_experts)
-    # Qwen2-MoE: a shared expert of this width beside the routed ones, its output scaled by
-    # sigmoid(shared_expert_gate(x)) (0: none)
+    # a shared expert of this width beside the routed ones (0: none), its output scaled by
+    # sigmoid(shared_expert_gate(x)) in Qwen2-MoE, ungated where `routing` is set (DeepSeek)
     shared_expert_intermediate_size: int = 0
     # OLMo 2's layer: norms on attention's and the MLP's outputs (none on their inputs), RMSNorm
     # scaling in float32
@@ -84,6 +153,11 @@ class FamilyConfig:
     # k with a weight per head ([heads, head_dim])
     cohere_layer: bool = False
     logit_scale: float = 1.0  # logits x this (Cohere's `logit_scale`)
+    # DeepSeek-V2/V3 (model/deepseek.py): latent attention (its softmax scale in
+    # attention_multiplier), the grouped router, and an ungated shared expert of
+    # shared_expert_intermediate_size (moe_intermediate_size x n_shared_experts)
+    mla: MlaConfig | None = None
+    routing: ExpertRouting | None = None
     # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
     # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)
     query_scale_beta: float = 0.0
@@ -123,6 +197,9 @@ class FamilyConfig:
                 raise ValueError("moe_intermediate_size must be positive")
             if self.shared_expert_intermediate_size < 0:
                 raise ValueError("shared_expert_intermediate_size must not be negative")
+            if self.routing is not None and self.num_experts % self.routing.n_group:
+                raise ValueError(f"n_group ({self.routing.n_group}) must divide the "
+                                 f"{self.num_experts} routed experts")  # fmt: skip
 
     def window(self, layer: int) -> int | None:
         """The sliding window of `layer`, or None where it attends to its whole context."""
@@ -207,13 +284,26 @@ class ModelConfig:
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
         attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
         f = self.family
+        if f.mla is not None:
+            attn = mla_params(h, self.num_heads, f.mla)
         moe = sum(f.has_experts(n) for n in range(self.num_layers))
         experts = moe * f.num_experts * (3 * h * f.moe_intermediate_size + h)  # + the router
-        if f.shared_expert_intermediate_size:  # Qwen2-MoE's shared expert and its gate
-            experts += moe * (3 * h * f.shared_expert_intermediate_size + h)
+        if f.shared_expert_intermediate_size:  # the shared expert (and Qwen2-MoE's gate)
+            gate = h if f.routing is None else 0
+            experts += moe * (3 * h * f.shared_expert_intermediate_size + gate)
         mlps = (self.num_layers - moe) * 3 * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * (attn + 2 * h) + mlps + emb + h
+
+
+def mla_params(hidden: int, heads: int, m: MlaConfig) -> int:
+    """The weights of one latent attention layer (`MlaConfig`): its projections and norms."""
+    q = hidden * heads * m.qk_head_dim
+    if m.q_lora_rank is not None:
+        q = hidden * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * m.qk_head_dim
+    kv_a = hidden * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+    kv_b = m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+    return q + kv_a + kv_b + heads * m.v_head_dim * hidden
 
 
 @dataclass(frozen=True)

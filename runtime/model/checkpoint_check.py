@@ -21,8 +21,11 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {EMBED: (c.vocab_size, h), "model.norm.weight": (h,)}
     for i in range(c.num_layers):
         a = f"model.layers.{i}.self_attn."
-        out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
-                    a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
+        if c.family.mla is not None:  # DeepSeek's latent attention
+            out.update(mla_shapes(c, a))
+        else:
+            out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
+                        a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
         if not c.family.cohere_layer:  # Cohere: one norm a layer, before attention and the MLP
             out[f"model.layers.{i}.post_attention_layernorm.weight"] = (h,)
         if not c.family.olmo2_norms:  # OLMo 2 has no norm before attention
@@ -43,8 +46,11 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
                         p + "output_linear.weight": (e, h, n)})  # fmt: skip
         elif c.family.has_experts(i):
             out[_moe_block(c, i) + "gate.weight"] = (c.family.num_experts, h)  # the router
-            if c.family.shared_expert_intermediate_size:  # the shared expert's sigmoid gate
+            routing = c.family.routing
+            if c.family.shared_expert_intermediate_size and routing is None:  # its sigmoid gate
                 out[_moe_block(c, i) + "shared_expert_gate.weight"] = (1, h)
+            if routing is not None and routing.bias:  # DeepSeek-V3's choice-only bias
+                out[_moe_block(c, i) + "gate.e_score_correction_bias"] = (c.family.num_experts,)
         if c.family.qk_norm and c.family.cohere_layer:  # a weight per head
             out[a + "q_norm.weight"] = (c.num_heads, d)
             out[a + "k_norm.weight"] = (c.num_kv_heads, d)
@@ -52,6 +58,23 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out[a + "q_norm.weight"] = out[a + "k_norm.weight"] = (d,)
     if not c.tie_word_embeddings:
         out[HEAD] = (c.vocab_size, h)
+    return out
+
+
+def mla_shapes(c: ModelConfig, a: str) -> dict[str, tuple[int, ...]]:
+    """The tensors of one latent attention layer (`config.MlaConfig`) under prefix `a`."""
+    m, h, heads = c.family.mla, c.hidden_size, c.num_heads
+    q = heads * m.qk_head_dim
+    out = {a + "kv_a_proj_with_mqa.weight": (m.kv_lora_rank + m.qk_rope_head_dim, h),
+           a + "kv_a_layernorm.weight": (m.kv_lora_rank,),
+           a + "kv_b_proj.weight": (heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
+           a + "o_proj.weight": (h, heads * m.v_head_dim)}  # fmt: skip
+    if m.q_lora_rank is None:
+        out[a + "q_proj.weight"] = (q, h)
+    else:
+        out.update({a + "q_a_proj.weight": (m.q_lora_rank, h),
+                    a + "q_a_layernorm.weight": (m.q_lora_rank,),
+                    a + "q_b_proj.weight": (q, m.q_lora_rank)})  # fmt: skip
     return out
 
 
@@ -76,7 +99,8 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             p = f"{_moe_block(c, i)}experts.{e}."
             out.append(tuple(f"{p}{n}.weight" for n in names))
         if c.family.shared_expert_intermediate_size:
-            p = f"{_moe_block(c, i)}shared_expert."
+            shared = "shared_expert." if c.family.routing is None else "shared_experts."
+            p = f"{_moe_block(c, i)}{shared}"
             out.append(tuple(f"{p}{n}.weight" for n in names))
     return out
 

@@ -4,8 +4,8 @@ Architectures as llama.cpp names them: llama (Mixtral too, with experts), mistra
 qwen3moe, gemma3, gemma2, qwen2moe (its shared expert `ffn_*_shexp`, gated by
 `ffn_gate_inp_shexp`), granite (`embedding_scale`, `residual_scale`, `attention.scale`,
 `logit_scale`), granitemoe (its `input_linear` split as gate and up), olmo2 (norms after the sublayers, q/k norms over every head; with
-`attention.sliding_window`, OLMo 3's window layers), olmoe and smollm3 (llama with every fourth
-layer NoPE, as llama.cpp hard-codes it). Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
+`attention.sliding_window`, OLMo 3's window layers), olmoe, smollm3 (llama with every fourth
+layer NoPE, as llama.cpp hard-codes it) and deepseek2 (`gguf_deepseek.py`). Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
 torch (`gguf_dequant`) when the model builder reads them (`GGUFWeights`), one at a time from the
 memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.cpu.quantized import QuantizedWeight, from_gguf, readable
+from pagoda.runtime.model import gguf_deepseek
 from pagoda.runtime.model.gguf_dequant import dequantize
 from pagoda.runtime.model.gguf_reader import parse as _reader  # noqa: F401 - one of its own
 from pagoda.runtime.model.gguf_reader import take_reader
@@ -31,7 +32,7 @@ from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer, build
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma2",
                    "qwen2moe", "granite", "granitemoe", "olmo2",
-                   "olmoe", "smollm3")  # fmt: skip
+                   "olmoe", "smollm3", gguf_deepseek.GGUF_ARCH)  # fmt: skip
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -113,6 +114,8 @@ def _hf_name(name: str, architecture: str = "llama") -> str | None:
     if not m:
         return None
     layer, part, kind = m.groups()
+    if architecture in gguf_deepseek.ARCHITECTURES:  # deepseek2 (gguf_deepseek.py)
+        return gguf_deepseek.hf_name(layer, part, kind)
     names = _GEMMA3_NAMES if architecture in ("gemma2", "gemma3") else _LAYER_NAMES
     names = _OLMO2_NAMES if architecture == "olmo2" else names
     if part in names:
@@ -282,8 +285,15 @@ def read_config(reader) -> ModelConfig:
     kv_heads = int(_field(reader, p + "attention.head_count_kv", heads))
     tokens = _field(reader, "tokenizer.ggml.tokens")
     vocab = int(_field(reader, p + "vocab_size", len(tokens)))
+    deepseek: dict = {}
+    if gguf_arch == gguf_deepseek.GGUF_ARCH:  # latent attention, DeepSeek's experts
+        deepseek = gguf_deepseek.config_fields(
+            lambda key, default=None: _field(reader, p + key, default),
+            {t.name for t in reader.tensors}, hidden, heads, int(_field(reader, p + "block_count")),
+        )  # fmt: skip
     head_dim = int(_field(reader, p + "attention.key_length", hidden // heads))
-    rope_scaling = _rope_scaling(reader, p, head_dim)
+    head_dim = deepseek.get("head_dim", head_dim)
+    rope_scaling = deepseek["rope_scaling"] if deepseek else _rope_scaling(reader, p, head_dim)
     eos = [int(_field(reader, "tokenizer.ggml.eos_token_id", -1))]
     eot = _field(reader, "tokenizer.ggml.eot_token_id")
     if eot is not None and int(eot) not in eos:
@@ -291,6 +301,8 @@ def read_config(reader) -> ModelConfig:
     names = {t.name for t in reader.tensors}
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     layers = int(_field(reader, p + "block_count"))
+    if deepseek:
+        arch, kv_heads = deepseek["architecture"], deepseek["num_kv_heads"]
     return ModelConfig(
         vocab_size=vocab,
         hidden_size=hidden,
@@ -308,7 +320,8 @@ def read_config(reader) -> ModelConfig:
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=tuple(e for e in eos if e >= 0),
         architecture=arch,
-        family=_family(reader, gguf_arch, arch, layers, head_dim, heads, hidden),
+        family=deepseek.get("family")
+        or _family(reader, gguf_arch, arch, layers, head_dim, heads, hidden),
     )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
+from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.ops import rope_inv_freq, rope_kind, rotary_dim
 from pagoda.runtime.model.safetensors_weights import INDEX, SafetensorsWeights
@@ -48,6 +49,7 @@ HF_ARCHITECTURES = {
     "SmolLM3ForCausalLM": "smollm3",  # Llama with NoPE layers (`FamilyConfig.rope_layers`)
     "CohereForCausalLM": "cohere",  # Command R / R+, Aya (model/cohere.py)
     "Cohere2ForCausalLM": "cohere2",  # Command R7B, Command A (model/cohere.py)
+    **deepseek.ARCHITECTURES,  # DeepSeek-V2/V3, Kimi K2, Moonlight (model/deepseek.py)
     # Mistral-Small-3.1/3.2, Devstral-Small, Magistral-Small: the text model (`text_config`,
     # its `model_type` naming the family: `_TEXT_MODEL_TYPES`); the vision tower is not read
     "Mistral3ForConditionalGeneration": "mistral",
@@ -112,6 +114,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2},
     "olmoe": {"num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False,
               "rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
+    **deepseek.DEFAULTS,
 }  # fmt: skip
 # a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
 _NULLABLE = {
@@ -121,6 +124,7 @@ _NULLABLE = {
     "cohere2": ("sliding_window",),
     "olmo3": ("sliding_window",),
     "gemma2": ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"),
+    **{arch: deepseek.NULLABLE for arch in deepseek.DEFAULTS},
 }
 _EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 _PARTIAL_ROTARY = ("phi3", "glm", "glm4")  # the families whose transformers models read it
@@ -299,7 +303,9 @@ def _llama4_query_scale(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {"query_scale_beta": float(beta), "query_scale_context": int(context)}
 
 
-def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
+def _family(
+    cfg: Mapping[str, Any], arch: str, n: int, scaling: Mapping[str, Any] | None = None
+) -> FamilyConfig:
     window = _sliding_window(cfg, arch)
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
     if act not in _ACTIVATIONS:
@@ -369,8 +375,8 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
         fields.update(olmo2_norms=True, qk_norm_whole=True)
     if arch == "olmo3" and window is not None:  # the window layers' rotary: unscaled
         local = _local_rope_theta(cfg, "rope_theta", "OLMo 3")
-        theta, scaling = _rope(cfg, "full_attention")
-        if scaling is not None or local != theta:
+        theta, full_scaling = _rope(cfg, "full_attention")
+        if full_scaling is not None or local != theta:
             fields["local_rope_theta"] = local
     if arch == "olmoe":
         if cfg.get("clip_qkv") is not None:
@@ -395,6 +401,8 @@ def _family(cfg: Mapping[str, Any], arch: str, n: int) -> FamilyConfig:
         for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
                      "logits_scaling"):  # fmt: skip
             fields[name] = float(cfg.get(name, 1.0))
+    if arch in deepseek.ARCHITECTURES.values():
+        fields.update(deepseek.family_fields(cfg, arch, n, scaling))
     if fields.get("num_experts") and fields["hidden_act"] != "silu":  # the fused-MoE kernel's
         raise ValueError(f"hidden activation {act!r} in a mixture of experts is not supported "
                          "(experts run SwiGLU: silu)")  # fmt: skip
@@ -433,6 +441,9 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     by_kind = "full_attention" if arch in ("gemma3", "olmo3") else None  # per layer kind
     rope_theta, scaling = _rope(cfg, by_kind, arch == "phi3")
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    if arch in deepseek.ARCHITECTURES.values():  # latent attention, expanded per head
+        head_dim, kv_heads = deepseek.head_dim(cfg, arch), heads
     rope_inv_freq(head_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
     rope_inv_freq(head_dim, rope_theta, scaling, long=True)  # longrope: its long factors too
     if arch not in _PARTIAL_ROTARY and rotary_dim(head_dim, scaling) != head_dim:
@@ -448,7 +459,7 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
         intermediate_size=int(cfg["intermediate_size"]),
         num_layers=layers,
         num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        num_kv_heads=kv_heads,
         head_dim=head_dim,
         rms_norm_eps=float(cfg.get(_EPS.get(arch, "rms_norm_eps"), 1e-6)),
         rope_theta=rope_theta,
@@ -459,7 +470,7 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
         bos_token_id=cfg.get("bos_token_id", top.get("bos_token_id")),
         eos_token_ids=eos,
         architecture=arch,
-        family=_family(cfg, arch, layers),
+        family=_family(cfg, arch, layers, scaling),
     )
 
 

@@ -91,8 +91,12 @@ class SparseMoE:
         top_k: int,
         renormalize: bool,
         round_weights: bool,
+        route: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> None:
+        """``route``: (weights, ids) of the hidden states where the family routes otherwise
+        than by `router`'s softmax (`moe_routing.GroupedRouter`, DeepSeek's)."""
         self.router, self.experts, self.w13, self.w2 = router, experts, w13, w2
+        self.route = route
         self.top_k, self.renormalize, self.round_weights = top_k, renormalize, round_weights
         self.act_and_mul = ctx.act_and_mul
         self.batch_invariant = ctx.batch_invariant
@@ -109,7 +113,17 @@ class SparseMoE:
         block, names = model.moe_names  # type: ignore[attr-defined]
         p = prefix + block
         gate = p + getattr(model, "moe_router", "gate.weight")
-        router = ctx.linear(w[gate], quantized=w.quantized([gate]))
+        route = None
+        if f.routing is not None:  # DeepSeek's: float32 scores, grouped (moe_routing.py)
+            from pagoda.runtime.model.moe_routing import GroupedRouter
+
+            bias = p + "gate.e_score_correction_bias"
+            linear = ctx.linear(w.source(gate).float())  # replicated on every rank
+            route = GroupedRouter(linear, w.source(bias) if f.routing.bias else None,
+                                  f.routing, f.num_experts_per_tok, f.norm_topk_prob)  # fmt: skip
+            router = None
+        else:
+            router = ctx.linear(w[gate], quantized=w.quantized([gate]))
         tensors = _ExpertTensors(w, p + getattr(model, "moe_experts", "experts."), names,
                                  f.num_experts)  # fmt: skip
         if ctx.tp is not None:
@@ -137,11 +151,12 @@ class SparseMoE:
                 )
         return cls(
             ctx, router, experts, w13, w2, f.num_experts_per_tok, f.norm_topk_prob,
-            f.round_topk_to_model_dtype,
+            f.round_topk_to_model_dtype, route,
         )  # fmt: skip
 
     def linears(self) -> list[Linear]:
-        return [self.router, *(x for pair in self.experts for x in pair)]
+        router = [self.router] if self.route is None else [self.route.linear]
+        return [*router, *(x for pair in self.experts for x in pair)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = self.partial(x)
@@ -149,10 +164,13 @@ class SparseMoE:
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
         """The experts' output before the ranks' sum (tensor parallel: this rank's part)."""
-        probs = torch.softmax(self.router(x).float(), dim=-1)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.route is not None:
+            weights, ids = self.route(x)
+        else:
+            probs = torch.softmax(self.router(x).float(), dim=-1)
+            weights, ids = torch.topk(probs, self.top_k, dim=-1)
+            if self.renormalize:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
         if self.round_weights:  # Qwen3-MoE hands the experts weights in the model's dtype
             weights = weights.to(x.dtype).float()
         if self.fused is not None:
@@ -228,9 +246,10 @@ class _ExpertTensors:
 
 class SharedExpertMoE:
     """The routed experts plus a shared expert gated by a sigmoid (Qwen2-MoE; module docstring):
-    ``experts(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)``."""
+    ``experts(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)``; without a gate (DeepSeek's
+    `shared_experts`), ``experts(x) + shared_experts(x)``."""
 
-    def __init__(self, routed: SparseMoE, shared: GatedMLP, gate: Linear) -> None:
+    def __init__(self, routed: SparseMoE, shared: GatedMLP, gate: Linear | None) -> None:
         self.routed, self.shared, self.gate = routed, shared, gate
         self.tp = routed.tp
 
@@ -239,18 +258,24 @@ class SharedExpertMoE:
         cls, model: LlamaModel, w: DeviceWeights, prefix: str, ctx: LayerContext
     ) -> SharedExpertMoE:
         p = prefix + model.moe_names[0]  # type: ignore[attr-defined]
-        shared = GatedMLP(ctx, w, p + "shared_expert.")  # gate/up by rows, down by columns
+        gated = model.config.family.routing is None  # DeepSeek's shared_experts: no gate
+        shared = GatedMLP(ctx, w, p + ("shared_expert." if gated else "shared_experts."))
         if isinstance(shared.down, RowParallelLinear):  # its partial sum joins the experts'
             shared.down = shared.down.inner  # (no bias to add after the sum)
-        name = p + "shared_expert_gate.weight"  # [1, hidden], replicated
-        gate = ctx.linear(w[name], quantized=w.quantized([name]))
+        gate = None
+        if gated:
+            name = p + "shared_expert_gate.weight"  # [1, hidden], replicated
+            gate = ctx.linear(w[name], quantized=w.quantized([name]))
         return cls(SparseMoE.from_weights(model, w, prefix, ctx), shared, gate)
 
     def linears(self) -> list[Linear]:
-        return [*self.routed.linears(), *self.shared.linears(), self.gate]
+        gate = [] if self.gate is None else [self.gate]
+        return [*self.routed.linears(), *self.shared.linears(), *gate]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        shared = torch.sigmoid(self.gate(x)) * self.shared(x)
+        shared = self.shared(x)
+        if self.gate is not None:
+            shared = torch.sigmoid(self.gate(x)) * shared
         out = self.routed.partial(x) + shared
         return out if self.tp is None else self.tp.all_reduce(out)
 

@@ -33,6 +33,8 @@ MODEL_CLASSES = {
     "glm4": ("glm4", "Glm4Model"),
     "cohere": ("cohere", "CohereModel"),
     "cohere2": ("cohere", "CohereModel"),  # Llama's, some layers without rotary (rope_layers)
+    "deepseek_v2": ("deepseek", "DeepseekModel"),
+    "deepseek_v3": ("deepseek", "DeepseekModel"),
     "ministral": ("llama", "LlamaModel"),  # Mistral's, window layers by layer_types
     "ministral3": ("ministral3", "Ministral3Model"),  # q scaled by position
 }

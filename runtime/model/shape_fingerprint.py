@@ -22,12 +22,16 @@ FINGERPRINT_KEYS = (
     "num_layers", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
     "shared_expert_intermediate_size", "num_moe_layers", "quantization",
 )  # fmt: skip
+# DeepSeek's latent attention (`config.MlaConfig`): its projections' shapes, recorded only for
+# the models that have it (a profile compares the keys both fingerprints hold)
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 def shape_fingerprint(config: ModelConfig, quantization: str) -> dict[str, int | str]:
     """The fingerprint of a model (`config`) whose linear layers run as `quantization`
     (`weight_format`)."""
     f = config.family
+    mla = {} if f.mla is None else {k: getattr(f.mla, k) or 0 for k in MLA_KEYS}
     return {
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
@@ -44,6 +48,7 @@ def shape_fingerprint(config: ModelConfig, quantization: str) -> dict[str, int |
         "shared_expert_intermediate_size": f.shared_expert_intermediate_size,
         "num_moe_layers": sum(map(f.has_experts, range(config.num_layers))),
         "quantization": quantization,
+        **mla,
     }
 
 

@@ -33,7 +33,16 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-PRE_TOKENIZER_SPLITS = {
+# llama.cpp's deepseek-v3 (DeepSeek-V3, R1, V3.1 GGUFs): three regexes, each splitting the
+# pieces of the one before (digits by three, then CJK/kana runs, then words and punctuation)
+_DEEPSEEK_V3_SPLITS = (
+    r"\p{N}{1,3}",
+    r"[一-龥぀-ゟ゠-ヿ]+",
+    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+)
+PRE_TOKENIZER_SPLITS: dict[str, str | tuple[str, ...]] = {
+    "deepseek-v3": _DEEPSEEK_V3_SPLITS,
     "llama3": _LLAMA3_SPLIT,
     "llama-bpe": _LLAMA3_SPLIT,
     "smaug-bpe": _LLAMA3_SPLIT,
@@ -48,12 +57,14 @@ SPIECE_SPACE = "\u2581"
 
 def _pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
     if pre in PRE_TOKENIZER_SPLITS:
+        splits = PRE_TOKENIZER_SPLITS[pre]
         return pre_tokenizers.Sequence(
             [
-                pre_tokenizers.Split(Regex(PRE_TOKENIZER_SPLITS[pre]), behavior="isolated"),
+                *(pre_tokenizers.Split(Regex(x), behavior="isolated")
+                  for x in ((splits,) if isinstance(splits, str) else splits)),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
-        )
+        )  # fmt: skip
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre in ("smollm", "starcoder", "refact"):  # digits are split one by one first
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])

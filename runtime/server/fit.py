@@ -193,6 +193,18 @@ def message(
     return head + tail
 
 
+def _splits(mc: ModelConfig, tp: int) -> bool:
+    """Whether `mc` can be split over `tp` ranks (`distributed.layout.check`: heads and widths
+    that divide; DeepSeek's latent attention not at all), so that no refused size is offered."""
+    from pagoda.runtime.distributed.layout import check
+
+    try:
+        check(mc, tp)
+    except ValueError:
+        return False
+    return True
+
+
 def would_fit(
     mc: ModelConfig, plan: Plan, weights: int, have: int, fp8_here: bool, cuda: bool,
     budgeted: bool = False, quantizable: bool = True,
@@ -215,14 +227,15 @@ def would_fit(
                 break
     if cuda:
         wider_tp = None  # the fewest GPUs that hold the model as it is
-        for tp in (t for t in TP_SIZES if t > plan.tp):
+        for tp in (t for t in TP_SIZES if t > plan.tp and _splits(mc, t)):
             wider = Plan(**{**plan.__dict__, "tp": tp})
             if wider.need(mc) <= have:
                 out.append(f"--tensor-parallel-size {tp} ({gib(wider.need(mc))} per GPU)")
                 wider_tp = tp
                 break
         if fp8_here and quantizable and not plan.fp8_weights and not fp8_alone:  # FP8, fewer GPUs
-            for tp in (t for t in TP_SIZES if plan.tp < t < (wider_tp or 1 << 30)):
+            for tp in (t for t in TP_SIZES
+                       if plan.tp < t < (wider_tp or 1 << 30) and _splits(mc, t)):  # fmt: skip
                 both = Plan(**{**plan.__dict__, "tp": tp, "fp8_weights": True})
                 if both.need(mc) <= have:
                     out.append(f"--quantization fp8 --tensor-parallel-size {tp} "

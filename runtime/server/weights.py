@@ -55,10 +55,15 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
              "output_scale", "inv_freq")  # fmt: skip
 _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
-          "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"))  # fmt: skip
-_PROJECTIONS = re.compile(
-    r"(self_attn\.([qkvo]|qkv)_proj|mlp\.(gate|up|gate_up|down)_proj)\.weight$"
-)
+          "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"),
+          (re.compile(r"\b(q_a_proj|kv_a_proj_with_mqa)\b"), "qkv_proj"))  # fmt: skip
+# DeepSeek's latent attention (model/deepseek.py): q_a (or q) with kv_a as one matmul, q_b, kv_b
+_PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b)_proj|kv_a_proj_with_mqa)|"
+                          r"mlp\.(gate|up|gate_up|down)_proj)\.weight$")  # fmt: skip
+# llama.cpp's split of DeepSeek's kv_b_proj, joined back at load (`deepseek.kv_b_weight`)
+_SPLIT_KV_B = re.compile(r"self_attn\.[kv]_b_proj\.weight$")
+# DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter)
+_FLOAT32_ROUTER = re.compile(r"mlp\.gate\.(weight|e_score_correction_bias)$")
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 # safetensors dtype -> bytes per element
 _ITEM = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
@@ -260,23 +265,41 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     kv = max(1, mc.num_kv_heads // t)  # this rank's K and V heads: split, or replicated
     # this rank's projections: q and o split by heads, k and v its KV heads, the MLP by width
     attn = h * d * (2 * mc.num_heads / t + 2 * kv)
+    attn_rows = (mc.num_heads / t + 2 * kv) * d + h
+    norms = (2 * n + 1) * h * item
+    if f.mla is not None:  # DeepSeek's latent attention (one rank) and its two norms
+        mats = _mla_matrices(h, mc.num_heads, f.mla, t)
+        attn, attn_rows = sum(r * c for r, c in mats), sum(r for r, _ in mats)
+        norms += n * (f.mla.kv_lora_rank + (f.mla.q_lora_rank or 0)) * item
     mlp = (n - moe) * 3 * h * i / t
     if fp8:  # one byte each, a float32 scale per output row (o's and down's rows are whole on
         # every rank: split by input columns, their scales replicated)
-        rows = n * ((mc.num_heads / t + 2 * kv) * d + h) + (n - moe) * (2 * i / t + h)
+        rows = n * attn_rows + (n - moe) * (2 * i / t + h)
         projections = n * attn + mlp + 4 * rows
     else:
         projections = (n * attn + mlp) * item
     experts = moe * f.num_experts * 3 * h * f.moe_intermediate_size * item
     routers = moe * f.num_experts * h * item  # whole on every rank
-    if s := f.shared_expert_intermediate_size:  # Qwen2-MoE's: a dense MLP (FP8 with the
-        # projections, gate/up split by rows, down by columns) and its gate, whole
+    if f.routing is not None:  # DeepSeek's: float32, with V3's correction bias
+        routers = moe * f.num_experts * (h + f.routing.bias) * 4
+    if s := f.shared_expert_intermediate_size:  # a dense MLP (FP8 with the projections,
+        # gate/up split by rows, down by columns) and Qwen2-MoE's gate, whole
         shared = 3 * h * s / t + 4 * (2 * s / t + h) if fp8 else 3 * h * s / t * item
         projections += moe * shared
-        routers += moe * h * item
+        routers += moe * h * item if f.routing is None else 0
     embed = mc.vocab_size * h * (1 if mc.tie_word_embeddings else 2) * item
-    norms = (2 * n + 1) * h * item
     return math.ceil(projections + (experts + embed) / t) + routers + norms
+
+
+def _mla_matrices(h: int, heads: int, m, t: int = 1) -> list[tuple[float, float]]:
+    """(rows, columns) on one of `t` ranks of a latent attention layer's matrices
+    (`config.MlaConfig`, `model/deepseek.py`): q (or q_b) and kv_b by heads, o by its columns,
+    the bottleneck and the latent whole."""
+    qk = heads * m.qk_head_dim / t
+    q = [(qk, h)] if m.q_lora_rank is None else [(m.q_lora_rank, h), (qk, m.q_lora_rank)]
+    kv = [(m.kv_lora_rank + m.qk_rope_head_dim, h),
+          (heads * (m.qk_nope_head_dim + m.v_head_dim) / t, m.kv_lora_rank)]  # fmt: skip
+    return [*q, *kv, (h, heads * m.v_head_dim / t)]
 
 
 def read_by_model(name: str, mc: ModelConfig) -> bool:
@@ -305,7 +328,11 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
         if name in (EMBED, HEAD):
             continue
         norm = name.endswith("norm.weight")  # (Cohere's q/k norms: [heads, head_dim])
-        if name.endswith(".weight") and len(t.shape) in (2, 3) and not norm:
+        if mc.family.routing is not None and _FLOAT32_ROUTER.search(name):
+            total += _float32_router(t, p)
+        elif _SPLIT_KV_B.search(name):  # llama.cpp's k_b / v_b: one dense kv_b_proj Linear
+            total += _joined_kv_b(t, mc, lay, p)
+        elif name.endswith(".weight") and len(t.shape) in (2, 3) and not norm:
             groups.setdefault(_group(name), []).append(t)
         elif norm and (mc.family.gemma_norms or mc.family.cohere_layer):
             # float32: Gemma's 1 + w (gemma2.norm_weight), Cohere's LayerNorm weights
@@ -332,7 +359,8 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     return total, notes
 
 
-_SHARED_EXPERT = re.compile(r"mlp\.shared_expert\.(gate|up|down)_proj\.weight$")  # Qwen2-MoE
+# Qwen2-MoE's shared expert, DeepSeek's shared_experts
+_SHARED_EXPERT = re.compile(r"mlp\.shared_experts?\.(gate|up|down)_proj\.weight$")
 
 
 def _runs_in_fp8(name: str, scheme: Fp8Scheme) -> bool:
@@ -360,6 +388,8 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
     if name in (EMBED, HEAD):
         start, stop = lay.vocab(rows)
         return stop - start, cols
+    if mc.family.mla is not None and (m_rows := _mla_rows(part, mc, lay)) is not None:
+        return m_rows, cols
     if re.search(r"\bqkv_proj\.(weight|bias)$", part):  # Phi-3's fused q/k/v (model/phi3.py)
         (q0, q1), (k0, k1) = lay.heads(mc.num_heads), lay.kv_heads(mc.num_kv_heads)
         return (q1 - q0 + 2 * (k1 - k0)) * mc.head_dim, cols
@@ -377,6 +407,42 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
     if re.search(r"(gate_proj|up_proj|w1|w3|input_linear)\.(weight|bias)$", part):
         return rows // lay.size, cols  # output rows (experts: their intermediate width)
     return rows, cols  # norms, the router, o's and down's biases: whole on every rank
+
+
+def _float32_router(t: Stored, p: Placement) -> int:
+    """DeepSeek's router weight, a float32 `Linear` (a CPU's packed copy padded), or its
+    correction bias, a float32 vector."""
+    rows, cols = (t.shape[0], t.shape[1]) if len(t.shape) == 2 else (t.numel, 1)
+    if len(t.shape) == 2 and p.device == "cpu":
+        from pagoda.runtime.model import linear
+
+        if linear._can_pack(torch.float32):
+            rows, cols = _padded(rows, cols, torch.float32)
+    return rows * cols * 4
+
+
+def _joined_kv_b(t: Stored, mc: ModelConfig, lay, p: Placement) -> int:
+    """The dense kv_b_proj `model/deepseek.py` joins from llama.cpp's split, counted with its
+    k_b part (its v_b part: 0): this rank's heads' rows, in the dtype (a CPU's packed copy
+    padded)."""
+    if ".k_b_proj." not in t.name:
+        return 0
+    m, (q0, q1) = mc.family.mla, lay.heads(mc.num_heads)
+    rows, cols = (q1 - q0) * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank
+    if p.packs:
+        rows, cols = _padded(rows, cols, p.dtype)
+    return rows * cols * p.dtype.itemsize
+
+
+def _mla_rows(part: str, mc: ModelConfig, lay) -> int | None:
+    """A rank's rows of a latent attention matrix split by heads (q_proj or q_b_proj, kv_b_proj:
+    `model/deepseek.py`); None for the others."""
+    m, (q0, q1) = mc.family.mla, lay.heads(mc.num_heads)
+    if re.search(r"\bq_(b_)?proj\.(weight|bias)$", part):
+        return (q1 - q0) * m.qk_head_dim
+    if re.search(r"\bkv_b_proj\.weight$", part):
+        return (q1 - q0) * (m.qk_nope_head_dim + m.v_head_dim)
+    return None
 
 
 def _dense(parts: list[Stored], mc: ModelConfig, lay, p: Placement) -> int:

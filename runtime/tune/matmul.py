@@ -114,7 +114,8 @@ class MatmulBucket:
 
 def named_weight_shapes(mc: Any) -> dict[str, tuple[int, int]]:
     """(N, K) of each matmul of a Llama-family layer and of the LM head, by name; Qwen2-MoE's
-    shared expert (a dense MLP of its own width) too."""
+    and DeepSeek's shared expert (a dense MLP of its own width) and DeepSeek's latent attention
+    projections too."""
     h, d = mc.hidden_size, mc.head_dim
     q, kv = mc.num_heads * d, mc.num_kv_heads * d
     out = {
@@ -127,6 +128,15 @@ def named_weight_shapes(mc: Any) -> dict[str, tuple[int, int]]:
     shared = getattr(getattr(mc, "family", None), "shared_expert_intermediate_size", 0)
     if shared:
         out.update(shared_gate_up=(2 * shared, h), shared_down=(h, shared))
+    m = getattr(getattr(mc, "family", None), "mla", None)
+    if m is not None:  # DeepSeek's latent attention (model/deepseek.py): q (or q_a) with kv_a
+        heads = mc.num_heads
+        first = m.q_lora_rank or heads * m.qk_head_dim
+        out.update(qkv=(first + m.kv_lora_rank + m.qk_rope_head_dim, h),
+                   o=(h, heads * m.v_head_dim),
+                   kv_b=(heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank))  # fmt: skip
+        if m.q_lora_rank:
+            out["q_b"] = (heads * m.qk_head_dim, m.q_lora_rank)
     return out
 
 

@@ -207,3 +207,17 @@ def test_a_gguf_is_offered_the_fp8_kv_cache_not_fp8_weights(gpu):
         fit.check(read_model_config(str(gguf)), cfg, gguf)
     fixes = str(err.value).split("; would fit: ")[1]
     assert fixes.startswith("--kv-cache-dtype fp8 (") and "--quantization" not in fixes, fixes
+
+
+def test_only_group_sizes_the_model_splits_into_are_offered():
+    """A model of 9 heads (the embedded one's) splits over no power of two: no
+    --tensor-parallel-size is offered (each would be refused at start, `layout.check`); with 8
+    heads the smallest group that holds it is."""
+    nine = ModelConfig(**{**LLAMA_8B, "num_heads": 9, "num_kv_heads": 3, "head_dim": 448})
+    plan = fit.Plan(torch.bfloat16, False, False, max_model_len=8192)
+    have = plan.need(nine) * 2 // 3  # two ranks would hold it
+    offers = fit.would_fit(nine, plan, plan.weight_bytes(nine), have, False, cuda=True)
+    assert not any("--tensor-parallel-size" in o for o in offers), offers
+    eight = dataclasses.replace(nine, num_heads=8, num_kv_heads=8, head_dim=504)
+    offers = fit.would_fit(eight, plan, plan.weight_bytes(eight), have, False, cuda=True)
+    assert any(o.startswith("--tensor-parallel-size 2 (") for o in offers), offers

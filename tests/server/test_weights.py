@@ -38,6 +38,15 @@ def test_the_embedded_gguf_as_loaded(dtype):
         assert got.bytes > 3 * path.stat().st_size and "dequantized" in got.how
 
 
+MLA = dict(kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+           n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+           first_k_dense_replace=1)  # fmt: skip
+# V2-Lite's shape (q_proj fused with kv_a_proj_with_mqa, two shared experts); V3's (q_a_proj
+# fused with it, a float32 router with its correction bias)
+DEEPSEEK = {"DeepseekV2": dict(MLA, q_lora_rank=None, n_shared_experts=2),
+            "DeepseekV3": dict(MLA, q_lora_rank=24, n_group=2, topk_group=1)}  # fmt: skip
+
+
 def _resave(model, src, dst, dtype):
     model.to(dtype).save_pretrained(dst)
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -55,9 +64,11 @@ def _resave(model, src, dst, dtype):
         ("Mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
         ("Gemma2", {"head_dim": 32, "final_logit_softcapping": 6.0}),
         ("Phi3", {}),
+        ("DeepseekV2", DEEPSEEK["DeepseekV2"]),
+        ("DeepseekV3", DEEPSEEK["DeepseekV3"]),
     ],
     ids=["llama", "llama-tied-bias", "gemma3-capped", "qwen3moe", "mixtral", "gemma2-capped",
-         "phi3-fused"],
+         "phi3-fused", "deepseek-v2-lite", "deepseek-v3"],
 )  # fmt: skip
 def test_transformers_checkpoints_at_another_dtype(tmp_path, arch, overrides):
     """float32 files served as bf16 (half), bf16 files as float32 (read in place where `qgemm`
@@ -106,6 +117,7 @@ SHARED_AND_STACKED = {
     "Qwen2Moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                      shared_expert_intermediate_size=48, mlp_only_layers=[1]),
     "GraniteMoe": dict(num_local_experts=4),
+    **DEEPSEEK,  # latent attention split by heads, the bottleneck and latent whole
 }  # fmt: skip
 
 
@@ -336,3 +348,20 @@ def test_a_shared_expert_from_shapes_as_from_its_tensors(tp, fp8):
     place = weights.Placement(torch.bfloat16, "cuda", tp, ONLINE_SCHEME if fp8 else None)
     got, _ = weights.resident(ckpt, mc, place)
     assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, fp8, tp), rel=1e-4)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("arch", list(DEEPSEEK))
+def test_latent_attention_from_shapes_as_from_its_tensors(tmp_path, arch, fp8, tp):
+    """DeepSeek's latent attention projections, shared experts and float32 router counted from
+    the config's shapes as from the checkpoint's tensors (on CUDA: no packing), FP8 and one of
+    two ranks too."""
+    from pagoda.runtime.quantization.fp8 import ONLINE_SCHEME
+
+    make_tiny_model(tmp_path, arch, **DEEPSEEK[arch])
+    mc = read_model_config(str(tmp_path))
+    ckpt = weights.read_checkpoint(tmp_path, mc.architecture)
+    place = weights.Placement(torch.bfloat16, "cuda", tp, ONLINE_SCHEME if fp8 else None)
+    got, _ = weights.resident(ckpt, mc, place)
+    assert got == weights.from_shapes(mc, torch.bfloat16, fp8, tp)

@@ -1,0 +1,172 @@
+"""DeepSeek-V2 and DeepSeek-V3 (`DeepseekV2ForCausalLM`, `DeepseekV3ForCausalLM`: V2-Lite,
+V3, R1, V3.1, Kimi K2, Moonlight): multi-head latent attention (MLA) and DeepSeek's experts.
+
+**Attention** (`config.MlaConfig`), as transformers computes it: q from ``q_proj`` (V2-Lite) or
+``q_b_proj(norm(q_a_proj(x)))``; ``kv_a_proj_with_mqa(x)`` splits into a latent of
+``kv_lora_rank``, normed and expanded per head by ``kv_b_proj`` into the key's unrotated part
+(``qk_nope_head_dim``) and the value (``v_head_dim``), and one rotary key (``qk_rope_head_dim``)
+shared by every head. Rotary turns the last ``qk_rope_head_dim`` dims of q and k only; V2 (its
+complex rotary) and V3 with ``rope_interleave`` pair dims (0, 1), (2, 3), ...: those dims are
+de-interleaved first (q and k alike, so every q . k is the same) and rotated as every other
+model's. The softmax scale is qk_head_dim ** -0.5, times yarn's mscale(mscale_all_dim) squared
+(`FamilyConfig.attention_multiplier`, read by `deepseek_config`).
+
+The latent is expanded before the cache: every head's key (nope + rope) and value are cached as
+an ordinary multi-head attention's, in `ModelConfig.head_dim` = max(qk, v) head dims (the
+shorter zero-padded, the output sliced), so the paged KV cache, prefix caching and every
+attention backend work unchanged. The price is memory: DeepSeek-V3 (128 heads, 192 dims, 61
+layers) caches 2 x 128 x 192 x 61 x 2 bytes = 5.7 MiB of bf16 per token where the absorbed
+latent cache (kv_lora_rank + qk_rope_head_dim = 576 values per layer, not implemented) would
+take 69 KiB; DeepSeek-V2-Lite (16 heads, 27 layers) 324 KiB per token.
+
+q_a_proj and kv_a_proj_with_mqa (or q_proj and kv_a_proj_with_mqa) read the same input and run
+as one matmul.
+
+**Tensor parallelism** splits the heads, as vLLM does: each rank holds its heads' rows of q_proj
+or q_b_proj and of kv_b_proj and their columns of o_proj (summed by the all-reduce), while the
+bottleneck, the latent projection and their norms are every head's and held whole on every rank
+(the latent is computed on each); the experts and shared experts split by width (`moe.py`).
+
+**Experts**: dense MLPs in the first ``first_k_dense_replace`` layers, then routed experts
+(`moe.SparseMoE`, the fused kernel on CUDA) picked by `moe_routing.GroupedRouter`, plus an
+ungated shared MLP of ``moe_intermediate_size x n_shared_experts`` (`moe.SharedExpertMoE`).
+"""
+
+from __future__ import annotations
+
+import torch
+from pagoda.runtime.config import MlaConfig
+from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
+from pagoda.runtime.model.moe import make_mlp
+from pagoda.runtime.model.ops import build_cos_sin_cache, check_rope_context
+from pagoda.runtime.model.parallel_linear import column_linear, row_linear
+
+
+class DeepseekLayer(LlamaLayer):
+    """Llama's residual layer around latent attention and DeepSeek's MLP (module docstring)."""
+
+    def __init__(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        c, a = model.config, prefix + "self_attn."
+        m: MlaConfig = c.family.mla
+        self.ctx, self.index, self.mla = ctx, index, m
+        self.attn_norm = w[prefix + "input_layernorm.weight"]
+        self.mlp_norm = w[prefix + "post_attention_layernorm.weight"]
+        first = "q_a_proj" if m.q_lora_rank is not None else "q_proj"
+        # q's first projection and the latent's read the same x: one matmul
+        names = [f"{a}{first}.weight", f"{a}kv_a_proj_with_mqa.weight"]
+        q_width = m.q_lora_rank or ctx.num_heads * m.qk_head_dim  # (this rank's heads)
+        self.a_sizes = [q_width, m.kv_lora_rank, m.qk_rope_head_dim]
+        h0 = 0 if ctx.tp is None else ctx.tp.layout.heads(c.num_heads)[0]
+        heads = (h0, h0 + ctx.num_heads)  # this rank's (module docstring)
+
+        def by_heads(name: str, width: int):  # rows of `width` per head: this rank's heads'
+            if ctx.tp is None:
+                return linear_layer(ctx, w, [name])
+            return column_linear(ctx, w, [name], [(heads[0] * width, heads[1] * width)])
+
+        latent = (0, m.kv_lora_rank + m.qk_rope_head_dim)
+        self.kv_a = None  # apart only where q_proj has no bias and the latent has one
+        if m.q_lora_rank is None and a + "kv_a_proj_with_mqa.bias" in w:
+            self.qkv_a = by_heads(names[0], m.qk_head_dim)
+            self.kv_a = linear_layer(ctx, w, names[1:]) if ctx.tp is None else column_linear(
+                ctx, w, names[1:], [latent])  # fmt: skip
+        elif ctx.tp is None:
+            self.qkv_a = linear_layer(ctx, w, names)
+        elif m.q_lora_rank is None:  # this rank's heads of q_proj, the whole latent
+            self.qkv_a = column_linear(ctx, w, names, [(heads[0] * m.qk_head_dim,
+                                                        heads[1] * m.qk_head_dim), latent])  # fmt: skip
+        else:  # replicated: the bottleneck and the latent are every head's
+            self.qkv_a = column_linear(ctx, w, names, [(0, m.q_lora_rank), latent])
+        self.q_norm = self.q_b = None
+        if m.q_lora_rank is not None:
+            self.q_norm = w[a + "q_a_layernorm.weight"]
+            self.q_b = by_heads(a + "q_b_proj.weight", m.qk_head_dim)
+        self.kv_norm = w[a + "kv_a_layernorm.weight"]
+        kv_b, width = a + "kv_b_proj.weight", m.qk_nope_head_dim + m.v_head_dim
+        if kv_b in w:
+            self.kv_b = by_heads(kv_b, width)
+        else:  # llama.cpp's converter split it (gguf_deepseek.py): joined back, this rank's rows
+            whole = kv_b_weight(w, a, m)
+            self.kv_b = ctx.linear(whole[heads[0] * width : heads[1] * width].contiguous())
+        o = a + "o_proj.weight"  # input columns by heads (an even share), summed over ranks
+        self.o_proj = linear_layer(ctx, w, [o]) if ctx.tp is None else row_linear(ctx, w, o)
+        self.kv_scales = model.kv_scales(w, a.rstrip("."))
+        self.window = None
+        self.rope = "global"
+        r = m.qk_rope_head_dim  # de-interleaving: the even dims, then the odd ones
+        perm = torch.cat([torch.arange(0, r, 2), torch.arange(1, r, 2)])
+        self.perm = perm.to(w.device) if m.rope_interleave else None
+        self.mlp = model.make_mlp(w, prefix, index, ctx)
+
+    def linears(self):
+        apart = [x for x in (self.kv_a, self.q_b) if x is not None]
+        return [self.qkv_a, *apart, self.kv_b, self.o_proj, *self.mlp.linears()]
+
+    def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        ctx, m = self.ctx, self.mla
+        t, h, d = x.shape[0], ctx.num_heads, ctx.head_dim
+        n, r, dv = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+        if self.kv_a is None:
+            q, latent, k_rot = self.qkv_a(x).split(self.a_sizes, dim=-1)
+        else:
+            q, (latent, k_rot) = self.qkv_a(x), self.kv_a(x).split(self.a_sizes[1:], dim=-1)
+        if self.q_b is not None:
+            q = self.q_b(ctx.rms_norm(x=q.contiguous(), weight=self.q_norm, eps=1e-6))
+        latent = ctx.rms_norm(x=latent.contiguous(), weight=self.kv_norm, eps=1e-6)
+        kv = self.kv_b(latent).view(t, h, n + dv)
+        # q and k at the cache's head size: [nope | rope | zeros]
+        q_full = q.view(t, h, n + r) if d == n + r else _padded(q.view(t, h, n + r), d)
+        k_full = x.new_empty(t, h, d)
+        k_full[..., :n] = kv[..., :n]
+        if d > n + r:
+            k_full[..., n + r :] = 0
+        k_rot = k_rot.unsqueeze(1)
+        q_rot = q_full[..., n : n + r]
+        if self.perm is not None:
+            q_rot.copy_(q_rot.index_select(-1, self.perm))
+            k_rot = k_rot.index_select(-1, self.perm)
+        else:
+            k_rot = k_rot.contiguous()
+        positions, rows = step.rope[self.rope]
+        ctx.ops.rotary_embedding(positions=positions, q=q_rot, k=k_rot, cos_sin_cache=rows)
+        k_full[..., n : n + r] = k_rot
+        v = kv[..., n:] if dv == d else _padded(kv[..., n:], d)
+        k_cache, v_cache = step.kv_caches[self.index]
+        out = ctx.backend.forward(
+            q_full, k_full, v, k_cache, v_cache, step.meta, window=None, kv_scales=self.kv_scales
+        )
+        if dv != d:
+            out = out[..., :dv]
+        return self.o_proj(out.reshape(t, h * dv))
+
+
+def kv_b_weight(w: DeviceWeights, a: str, m: MlaConfig) -> torch.Tensor:
+    """kv_b_proj [heads x (qk_nope + v), kv_lora_rank] from llama.cpp's split of it: k_b
+    [heads, kv_lora_rank, qk_nope] (transposed) and v_b [heads, v, kv_lora_rank]."""
+    k_b, v_b = w[a + "k_b_proj.weight"], w[a + "v_b_proj.weight"]
+    return torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(-1, m.kv_lora_rank)
+
+
+def _padded(x: torch.Tensor, d: int) -> torch.Tensor:
+    """[T, H, e] → [T, H, d]: x, then zeros."""
+    out = x.new_zeros(*x.shape[:-1], d)
+    out[..., : x.shape[-1]] = x
+    return out
+
+
+class DeepseekModel(LlamaModel):
+    """DeepSeek-V2/V3 (module docstring)."""
+
+    layer_class = DeepseekLayer
+    moe_names = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
+    make_mlp = make_mlp
+
+    def build_rope_caches(self, max_positions: int) -> dict[str, torch.Tensor]:
+        c = self.config
+        check_rope_context(c.rope_scaling, c.max_position_embeddings, max_positions)
+        r = c.family.mla.qk_rope_head_dim
+        cache = build_cos_sin_cache(r, c.rope_theta, c.rope_scaling, max_positions)
+        return {"global": cache.to(self.device)}

@@ -1,0 +1,68 @@
+"""DeepSeek's expert routers (`config.ExpertRouting`): which experts a token goes to, and with
+what weights. One place for the rules, as transformers' DeepseekV2TopkRouter and
+DeepseekV3TopkRouter compute them; GLM-4.5's router is V3's.
+
+- scores: softmax (V2) or sigmoid (V3) of the router's logits, in float32 (transformers keeps
+  the router's weight in float32 and multiplies float32 hidden states; here a float32 `Linear`,
+  row-invariant as every other layer, so a token's experts do not depend on its batch);
+- choice: greedy (the top-k scores), or limited to the best ``topk_group`` of ``n_group``
+  groups of experts: a group scored by its best expert (V2's group_limited_greedy; the other
+  groups' scores set to 0) or by the sum of its best two after adding the checkpoint's
+  ``e_score_correction_bias`` (V3's noaux_tc; the other groups' set to -inf);
+- weights: the picked experts' uncorrected scores (V2: the masked ones it picked from),
+  renormalised to sum to 1 with ``norm_topk_prob`` (V3; transformers' V2 never does), times
+  ``routed_scaling_factor``.
+
+The top-k runs on the device with no host sync (CUDA graphs capture it); `moe.SparseMoE` takes
+the (weights, ids) it returns as its own softmax router's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from pagoda.runtime.config import ExpertRouting
+
+
+class GroupedRouter:
+    """``(weights float32 [T, k], ids [T, k])`` of the hidden states ``x`` [T, hidden]."""
+
+    __slots__ = ("bias", "linear", "renormalize", "routing", "top_k")
+
+    def __init__(
+        self,
+        linear: Callable[[torch.Tensor], torch.Tensor],  # float32 [E, hidden] (`Linear`)
+        bias: torch.Tensor | None,  # [E] e_score_correction_bias (noaux_tc), float32
+        routing: ExpertRouting,
+        top_k: int,
+        renormalize: bool,
+    ) -> None:
+        self.linear, self.bias = linear, None if bias is None else bias.float()
+        self.routing, self.top_k, self.renormalize = routing, top_k, renormalize
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r = self.routing
+        logits = self.linear(x.float())
+        scores = logits.softmax(dim=-1) if r.scoring == "softmax" else logits.sigmoid()
+        choice = scores if self.bias is None else scores + self.bias
+        if r.topk_method != "greedy":
+            choice = self._best_groups(choice)
+        ids = torch.topk(choice, self.top_k, dim=-1, sorted=False).indices
+        weights = (scores if self.bias is not None else choice).gather(1, ids)
+        if self.renormalize:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * r.routed_scaling_factor, ids
+
+    def _best_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        """`choice` with the experts outside each token's best `topk_group` groups masked."""
+        r, (t, e) = self.routing, choice.shape
+        grouped = choice.view(t, r.n_group, e // r.n_group)
+        if r.topk_method == "noaux_tc":
+            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        else:
+            group_scores = grouped.amax(dim=-1)
+        best = torch.topk(group_scores, r.topk_group, dim=-1, sorted=False).indices
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+        fill = float("-inf") if r.topk_method == "noaux_tc" else 0.0
+        return grouped.masked_fill(~keep.unsqueeze(-1), fill).view(t, e)

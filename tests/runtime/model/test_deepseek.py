@@ -1,0 +1,215 @@
+"""DeepSeek-V2 and DeepSeek-V3 (`DeepseekV2ForCausalLM`, `DeepseekV3ForCausalLM`) against
+transformers, token for token and logits within 1e-3 (float32), on tiny random checkpoints
+transformers writes itself: prompts chunked into 16-token steps, a warm prefix cache, three
+prompts sharing steps, and a pool small enough to preempt.
+
+- v2-lite: q_proj (no q bottleneck), greedy softmax routing, two shared experts, a dense first
+  layer, v_head_dim below the qk head (V padded in the cache);
+- v2-attention-bias: attention_bias (kv_a_proj_with_mqa's and o_proj's; q_proj has none);
+- v2-grouped-yarn: q_lora, group_limited_greedy routing, routed_scaling_factor, yarn rotary
+  with mscale_all_dim (the softmax scale's mscale squared);
+- v3: q_lora, sigmoid scores with e_score_correction_bias (noaux_tc, best-two group sums),
+  renormalised and scaled weights, v_head_dim above the qk head (q and k padded);
+- v3-no-interleave: rope_interleave false (rotate-half rotary).
+
+Also: two tensor-parallel ranks (heads split) against one, the 48-wide head through the Triton
+kernels, and DeepSeek-V3's block-wise FP8 release format.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from arch_cases import check, generate, prompts
+from hf_oracle import hf_greedy_plain, make_tiny_model
+from pagoda.runtime import LLM
+from pagoda.runtime.model.loader import load_model
+
+transformers = pytest.importorskip("transformers")
+NEW = 6
+MLA = dict(kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, num_key_value_heads=4)
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 0.9,
+        "mscale_all_dim": 0.8, "original_max_position_embeddings": 128}  # fmt: skip
+CASES = {
+    "v2-lite": ("DeepseekV2", dict(
+        MLA, q_lora_rank=None, v_head_dim=32, n_routed_experts=6, num_experts_per_tok=2,
+        n_shared_experts=2, moe_intermediate_size=32, first_k_dense_replace=1)),
+    "v2-attention-bias": ("DeepseekV2", dict(  # biases on kv_a and o, none on q_proj
+        MLA, q_lora_rank=None, v_head_dim=32, attention_bias=True, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
+        first_k_dense_replace=1)),
+    "v2-grouped-yarn": ("DeepseekV2", dict(
+        MLA, q_lora_rank=24, v_head_dim=48, n_routed_experts=6, num_experts_per_tok=3,
+        topk_method="group_limited_greedy", n_group=3, topk_group=2, routed_scaling_factor=2.0,
+        n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=0,
+        rope_parameters=YARN)),
+    "v3": ("DeepseekV3", dict(
+        MLA, q_lora_rank=24, v_head_dim=64, n_routed_experts=8, num_experts_per_tok=2,
+        n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
+        n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1,
+        num_hidden_layers=3)),
+    "v3-no-interleave": ("DeepseekV3", dict(
+        MLA, q_lora_rank=24, v_head_dim=32, n_routed_experts=8, num_experts_per_tok=3,
+        n_group=2, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=False,
+        n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1,
+        rope_interleave=False)),
+}  # fmt: skip
+PREEMPTING = ["v2-lite", "v3"]
+
+
+def write_case(name: str, path, **changes):
+    """Case `name`'s checkpoint (its config with `changes`) written to `path` by transformers:
+    the model (float32, eval)."""
+    arch, overrides = CASES[name]
+    overrides = {**overrides, **changes}
+    model = make_tiny_model(path, arch, **overrides)
+    if arch == "DeepseekV3":  # a correction bias large enough to change the experts picked
+        g = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for layer in model.model.layers[overrides["first_k_dense_replace"] :]:
+                bias = layer.mlp.gate.e_score_correction_bias
+                bias.copy_(torch.randn(bias.shape, generator=g))
+        model.save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """name -> (name, loaded checkpoint, transformers' greedy tokens and logits per prompt),
+    each case written once per module."""
+    done: dict[str, tuple] = {}
+
+    def get(name: str):
+        if name not in done:
+            path = tmp_path_factory.mktemp(name)
+            model = write_case(name, path)
+            reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
+            done[name] = (name, load_model(str(path)), reference)
+        return done[name]
+
+    return get
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request, built):
+    return built(request.param)
+
+
+def test_greedy_matches_transformers_chunked_cached_and_batched(case):
+    name, loaded, reference = case
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20,
+              max_num_batched_tokens=16, max_num_seqs=4, block_size=16)  # fmt: skip
+    cold = generate(llm, prompts())
+    warm = generate(llm, prompts()[::-1])[::-1]
+    for i, want in enumerate(reference):
+        check(cold[i], want, f"{name}: prompt {i}, cold")
+        check(warm[i], want, f"{name}: prompt {i}, warm")
+    assert llm.engine.kv.prefix_hits > 0
+    llm.engine.check_integrity()
+
+
+@pytest.mark.parametrize("name", PREEMPTING)
+def test_greedy_matches_transformers_under_preemption(built, name):
+    _, loaded, reference = built(name)
+    llm = LLM(loaded=loaded, dtype="float32", num_blocks_override=7, block_size=16,
+              max_model_len=96, max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
+    got = generate(llm, prompts())
+    assert llm.engine.scheduler.num_preemptions > 0
+    for i, want in enumerate(reference):
+        check(got[i], want, f"{name}: prompt {i}, preempted")
+    llm.engine.check_integrity()
+
+
+def test_bf16_greedy_does_not_depend_on_cache_chunks_or_batch(built):
+    """In bfloat16 (the CPU default where bf16 is native) the latent attention's and the
+    float32 router's rows keep their bits: a prompt alone on a plain engine and among others,
+    chunked, on a warm cache give the same tokens."""
+    from pagoda.runtime.model.linear import bf16_rows_invariant
+
+    if not bf16_rows_invariant():
+        pytest.skip("bf16 GEMMs on AMX round a row by the row count (docs/runtime.md)")
+    _, loaded, _ = built("v3")  # V3's sigmoid router, q and k padded for a wider value
+    common = dict(loaded=loaded, dtype="bfloat16", kv_cache_memory=16 << 20)
+    plain = LLM(**common, enable_prefix_caching=False, enable_chunked_prefill=False)
+    alone = [generate(plain, [p])[0][0] for p in prompts()]
+    busy = LLM(**common, max_num_batched_tokens=16, max_num_seqs=4)
+    for run in ("cold", "warm"):
+        assert [t for t, _ in generate(busy, prompts())] == alone, run
+
+
+@pytest.mark.slow  # ~7 s in Triton's interpreter
+def test_the_triton_backend_takes_the_padded_head(built):
+    """Head size 48 (not a power of two: the kernels' masked tail), the value zero-padded into
+    it, through the Triton attention kernels (Triton's interpreter on a CPU, the GPU where there
+    is one), chunked and batched: transformers' tokens and logits."""
+    import os
+
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton kernels run on a CPU under TRITON_INTERPRET=1 only")
+    name, loaded, reference = built("v2-lite")
+    llm = LLM(loaded=loaded, attention_backend="triton", dtype="float32",
+              kv_cache_memory=16 << 20, max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
+        check(got, want, f"{name}: prompt {i}, triton")
+
+
+@pytest.mark.slow  # two engines, one of two ranks (gloo): ~10 s
+@pytest.mark.parametrize("name", ["v2-lite", "v3"])  # q_proj and the q bottleneck split
+def test_two_tensor_parallel_ranks_give_one_ranks_tokens(built, name):
+    """Heads split over two ranks (q_proj's or q_b_proj's rows, kv_b_proj's rows, o_proj's
+    columns; the bottleneck and the latent whole on each), experts and shared experts by width:
+    the tokens of one rank and transformers' logits, chunked, preempted and on a warm cache."""
+    _, loaded, reference = built(name)
+    pool = dict(num_blocks_override=7, block_size=16, max_model_len=96,
+                max_num_batched_tokens=16, max_num_seqs=3, dtype="float32")  # fmt: skip
+    one = LLM(str(loaded.path), loaded=loaded, **pool)
+    want = generate(one, prompts()) + generate(one, prompts()[::-1])[::-1]
+    with LLM(str(loaded.path), loaded=loaded, tensor_parallel_size=2, **pool) as two:
+        got = generate(two, prompts()) + generate(two, prompts()[::-1])[::-1]
+        assert two.engine.scheduler.num_preemptions > 0 and two.engine.kv.prefix_hits > 0
+        assert two.engine.runner.backend.num_heads == 2  # this rank's half of 4
+        two.engine.check_integrity()
+    assert [t for t, _ in got] == [t for t, _ in want]
+    for i, g in enumerate(got):
+        check(g, reference[i % 3], f"{name}: prompt {i}, two ranks")
+
+
+def test_block_wise_fp8_checkpoint_as_deepseek_v3_publishes_it(tmp_path):
+    """DeepSeek-V3's FP8 release: every decoder projection (latent attention, dense MLP, experts,
+    shared experts) in E4M3 with a float32 `weight_scale_inv` per weight tile (partial tiles at
+    the edges), the router, norms, embedding and head in 16 bits. It loads dequantized and gives
+    transformers' tokens and logits on its dequantized weights."""
+    import json
+
+    from fp8_testlib import quantize_blocks
+    from safetensors.torch import load_file, save_file
+
+    arch, overrides = CASES["v3"]
+    make_tiny_model(tmp_path / "orig", arch, **overrides)
+    tensors = load_file(str(tmp_path / "orig" / "model.safetensors"))
+    quant, dense = {}, {}
+    for name, t in tensors.items():
+        projection = name.endswith("proj.weight") or name.endswith("proj_with_mqa.weight")
+        if not projection:
+            quant[name] = dense[name] = t
+            continue
+        codes, scales, dense[name] = quantize_blocks(t.float(), (32, 32))
+        quant[name], quant[name.removesuffix("weight") + "weight_scale_inv"] = codes, scales
+    for d, ts in (("fp8", quant), ("dequantized", dense)):
+        (tmp_path / d).mkdir()
+        for f in (tmp_path / "orig").iterdir():
+            if f.name != "model.safetensors":
+                (tmp_path / d / f.name).write_bytes(f.read_bytes())
+        save_file(ts, str(tmp_path / d / "model.safetensors"))
+    config = json.loads((tmp_path / "fp8" / "config.json").read_text())
+    config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                     "quant_method": "fp8", "weight_block_size": [32, 32]}  # fmt: skip
+    (tmp_path / "fp8" / "config.json").write_text(json.dumps(config))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "dequantized").eval()
+    reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
+    loaded = load_model(str(tmp_path / "fp8"))
+    assert loaded.fp8_scheme.block == (32, 32)
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20,
+              max_num_batched_tokens=16, max_num_seqs=4, block_size=16)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
+        check(got, want, f"FP8 V3: prompt {i}")
