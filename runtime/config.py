@@ -133,7 +133,7 @@ class FamilyConfig:
     # sigmoid(shared_expert_gate(x)) in Qwen2-MoE, ungated where `routing` is set (DeepSeek)
     shared_expert_intermediate_size: int = 0
     # OLMo 2's layer: norms on attention's and the MLP's outputs (none on their inputs), RMSNorm
-    # scaling in float32
+    # scaling in float32 (EXAONE 4's: the same layer, Llama's RMSNorm)
     olmo2_norms: bool = False
     qk_norm_whole: bool = False  # an RMSNorm over all of q and of k (OLMo 2, OLMoE), not per head
     # Granite: embeddings x embedding_multiplier, each residual branch x residual_multiplier,

@@ -54,6 +54,7 @@ HF_ARCHITECTURES = {
     # its `model_type` naming the family: `_TEXT_MODEL_TYPES`); the vision tower is not read
     "Mistral3ForConditionalGeneration": "mistral",
     "MinistralForCausalLM": "ministral",  # Ministral-8B-2410: window layers by layer_types
+    "Exaone4ForCausalLM": "exaone4",  # EXAONE 4.0 (model/exaone4.py)
     "Ministral3ForCausalLM": "ministral3",  # Ministral 3: yarn, q scaled by position (ministral3.py)
 }
 # a multimodal wrapper's text model, by its text_config's model_type, where not the wrapper's
@@ -83,6 +84,8 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
              "rms_norm_eps": 1e-5},  # Phi3Config's (its class default for the original context)
     "mistral": {"num_key_value_heads": 8, "max_position_embeddings": 131_072,
                 "sliding_window": 4096},
+    "exaone4": {"rms_norm_eps": 1e-5, "sliding_window": 4096, "sliding_window_pattern": 4,
+                "bos_token_id": 0, "eos_token_id": 2},
     "ministral": {"num_key_value_heads": 8, "max_position_embeddings": 131_072,
                   "sliding_window": 4096, "rms_norm_eps": 1e-5},
     "ministral3": {"num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
@@ -119,6 +122,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 # a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
 _NULLABLE = {
     "mistral": ("sliding_window",),
+    "exaone4": ("sliding_window",),
     "ministral": ("sliding_window",),
     "ministral3": ("sliding_window",),
     "cohere2": ("sliding_window",),
@@ -202,6 +206,12 @@ def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None
     if arch == "cohere2":  # the older configs: every `sliding_window_pattern`-th layer global
         pattern = int(cfg.get("sliding_window_pattern") or 4)
         return tuple(bool((i + 1) % pattern) for i in range(n))
+    if arch == "exaone4":  # every `sliding_window_pattern`-th layer global
+        pattern = cfg.get("sliding_window_pattern")
+        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+            raise ValueError(f"EXAONE 4's sliding_window_pattern {pattern!r} without layer_types "
+                             "is not supported (transformers reads an integer)")  # fmt: skip
+        return tuple(bool((i + 1) % pattern) for i in range(n))
     if arch == "olmo3":  # transformers' default: every fourth layer is global
         return tuple(bool((i + 1) % 4) for i in range(n))
     if arch == "gemma3":  # the older configs: every `sliding_window_pattern`-th layer is global
@@ -231,7 +241,7 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     if arch == "cohere2" and not window:  # its global layers are told apart by having none
         raise ValueError("Cohere 2 without a sliding_window is not supported")
     if arch not in ("mistral", "mixtral", "gemma3", "qwen2", "qwen3", "qwen3moe", "olmo3",
-                    "cohere2", "ministral", "ministral3"):  # fmt: skip
+                    "cohere2", "ministral", "ministral3", "exaone4"):  # fmt: skip
         return None
     return int(window) if window else None
 
@@ -328,6 +338,10 @@ def _family(
         fields["rope_layers"] = fields["window_layers"]
     if arch == "ministral3":
         fields.update(_llama4_query_scale(cfg))
+    if arch == "exaone4":  # norms after; per-head q/k norms; with a window, global layers NoPE
+        fields.update(olmo2_norms=True, qk_norm=True)
+        if window is not None:
+            fields["rope_layers"] = fields["window_layers"]
     if arch == "smollm3":
         fields.update(rope_layers=_no_rope_layers(cfg, n),
                       window_layers=_smollm3_layer_types(cfg, n, window))  # fmt: skip

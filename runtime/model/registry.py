@@ -37,6 +37,7 @@ MODEL_CLASSES = {
     "deepseek_v3": ("deepseek", "DeepseekModel"),
     "ministral": ("llama", "LlamaModel"),  # Mistral's, window layers by layer_types
     "ministral3": ("ministral3", "Ministral3Model"),  # q scaled by position
+    "exaone4": ("exaone4", "Exaone4Model"),  # OLMo 2's norms after, per-head q/k norms
 }
 
 

@@ -27,7 +27,7 @@ transformers = pytest.importorskip("transformers")
 SLIDING, FULL = "sliding_attention", "full_attention"
 # Ministral 3's rotary: yarn over an original context of 16, so that q's scale changes within
 # the prompts (1 + beta * log(1 + floor(p / 16)))
-YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0, "beta_fast": 32.0,
         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
         "original_max_position_embeddings": 16, "llama_4_scaling_beta": 0.5}  # fmt: skip
 # name: (transformers config class prefix, config overrides); "Mistral3:<text>" is
@@ -40,6 +40,13 @@ CASES = {
                          layer_types=[SLIDING, FULL, SLIDING]),
     ),
     "ministral3": ("Ministral3", dict(head_dim=16, rope_parameters=YARN)),
+    # norms after the sublayers, per-head q/k norms; window layers rotated, global ones NoPE
+    "exaone4-window-nope": (
+        "Exaone4", dict(num_hidden_layers=4, sliding_window=10, sliding_window_pattern=2),
+    ),
+    "exaone4-global": (  # no window: every layer global, and rotated
+        "Exaone4", dict(sliding_window=None, layer_types=[FULL, FULL]),
+    ),
 }  # fmt: skip
 
 
@@ -129,20 +136,27 @@ def test_the_config_reads_as_transformers(case):
     c = read_model_config(str(path))
     text = model.config.get_text_config()
     assert c.architecture == {"Mistral": "mistral", "Ministral3": "ministral3",
-                              "Ministral": "ministral"}[type(text).__name__[:-6]]  # fmt: skip
+                              "Ministral": "ministral", "Exaone4": "exaone4"}[
+        type(text).__name__[:-6]]  # fmt: skip
     assert c.tie_word_embeddings == (name == "mistral3-ministral3-tied")
     types = getattr(text, "layer_types", None)
     if name.startswith("ministral-"):
         assert list(c.family.window_layers) == [t == SLIDING for t in types]
     if "ministral3" in name:
         assert (c.family.query_scale_beta, c.family.query_scale_context) == (0.5, 16)
+    if name == "exaone4-window-nope":
+        assert c.family.window_layers == c.family.rope_layers == (True, False, True, False)
+    if name == "exaone4-global":
+        assert c.family.sliding_window is None and c.family.rope_layers == ()
 
 
 @pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
-def test_two_ranks_match_transformers(case_by_name):
-    """Ministral 3 from Mistral 3's wrapper over gloo, two ranks (each its heads, its scaled
-    q), the small pool (chunked, preempted) then a warm cache."""
-    path, loaded, reference = case_by_name("mistral3-ministral3-tied")
+@pytest.mark.parametrize("name", ["mistral3-ministral3-tied", "exaone4-window-nope"])
+def test_two_ranks_match_transformers(case_by_name, name):
+    """Tensor parallelism over gloo, two ranks, the small pool (chunked, preempted) then a warm
+    cache: Ministral 3 from Mistral 3's wrapper (each rank its heads, its scaled q); EXAONE 4's
+    per-head q/k norms and norms after the sublayers."""
+    path, loaded, reference = case_by_name(name)
     pool = dict(num_blocks_override=7, block_size=16, max_model_len=96, dtype="float32",
                 max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
     with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **pool) as two:
@@ -151,7 +165,7 @@ def test_two_ranks_match_transformers(case_by_name):
         assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
         core.check_integrity()
     for i, g in enumerate(got):
-        check(g, reference[i % 3], f"prompt {i}, two ranks")
+        check(g, reference[i % 3], f"{name}: prompt {i}, two ranks")
 
 
 def test_mistral3s_processor_chat_template_is_the_one_rendered(case_by_name):
@@ -171,17 +185,22 @@ def test_mistral3s_processor_chat_template_is_the_one_rendered(case_by_name):
 @pytest.mark.parametrize(("arch", "overrides", "tp"), [
     ("Mistral3:Mistral", dict(head_dim=16, sliding_window=None), 1),
     ("Mistral3:Ministral3", dict(head_dim=16, num_key_value_heads=1, rope_parameters=YARN), 2),
+    ("Exaone4", dict(num_hidden_layers=4, sliding_window=10, sliding_window_pattern=2), 2),
 ])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(tmp_path, arch, overrides, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: Mistral 3's text
-    model under `language_model.` (the vision tower not counted), with two ranks rank 0's part."""
+    model under `language_model.` (the vision tower not counted); with two ranks rank 0's part
+    (EXAONE 4's q/k norms whole on every rank)."""
     from model_bytes import build, held_bytes
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.distributed.group import TPGroup
     from pagoda.runtime.distributed.layout import TPLayout
     from pagoda.runtime.server import weights
 
-    make_mistral3(tmp_path, arch.split(":")[1], tie=False, **overrides)
+    if arch.startswith("Mistral3:"):
+        make_mistral3(tmp_path, arch.split(":")[1], tie=False, **overrides)
+    else:
+        make_tiny_model(tmp_path, arch, **overrides)
     group = None if tp == 1 else TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
     held = held_bytes(build(tmp_path, torch.bfloat16, tp=group))
     cfg = EngineConfig.create(str(tmp_path), device="cpu", dtype="bfloat16",
@@ -194,6 +213,8 @@ def test_the_weights_estimate_is_what_the_model_holds(tmp_path, arch, overrides,
     ("Ministral3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
      "Ministral 3 needs rope_parameters with llama_4_scaling_beta"),
     ("Ministral", {"layer_types": [SLIDING, FULL]}, "layer_types names 2 layers, the model has 1"),
+    ("Exaone4", {"layer_types": None, "sliding_window_pattern": "LLLG"},
+     "EXAONE 4's sliding_window_pattern 'LLLG' without layer_types"),
 ])  # fmt: skip
 def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
     """Read with the config (before the server binds: exit 2), naming the value."""
