@@ -32,6 +32,9 @@ def _positive(name: str, value: int) -> None:
 # the loaders; the model files (runtime/model/qwen3.py, gemma3.py, moe.py) read these fields, the
 # attention backends only the sliding window and the soft cap.
 ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU (Llama, Qwen, Mixtral) and GeGLU (Gemma)
+# an ungated MLP's (`FamilyConfig.gated_mlp` false): StarCoder2's GELU, Arcee's ReLU²,
+# Apertus' xIELU (its parameters per layer, from the checkpoint)
+UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu")
 
 
 # DeepSeek-V2/V3 (runtime/model/deepseek.py): multi-head latent attention and a grouped router
@@ -162,6 +165,10 @@ class FamilyConfig:
     # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)
     query_scale_beta: float = 0.0
     query_scale_context: int = 0
+    # the MLP: down(act(up(x))), no gate (`model/ungated_mlp.py`: Arcee, Apertus, StarCoder2)
+    gated_mlp: bool = True
+    # StarCoder2's norms: LayerNorm with a weight and a bias (in the model's dtype) for RMSNorm
+    layer_norm_bias: bool = False
 
     @property
     def transforms_logits(self) -> bool:
@@ -176,10 +183,11 @@ class FamilyConfig:
     def __post_init__(self) -> None:
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")
-        if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(
-                f"hidden activation {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}"
-            )
+        allowed = ACTIVATIONS if self.gated_mlp else UNGATED_ACTIVATIONS
+        if self.hidden_act not in allowed:
+            which = "a gated" if self.gated_mlp else "an ungated"
+            raise ValueError(f"hidden activation {self.hidden_act!r} in {which} MLP is not one "
+                             f"of {', '.join(allowed)}")  # fmt: skip
         for name in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar",
                      "attention_multiplier", "logits_scaling", "logit_scale"):  # fmt: skip
             value = getattr(self, name)
@@ -291,7 +299,8 @@ class ModelConfig:
         if f.shared_expert_intermediate_size:  # the shared expert (and Qwen2-MoE's gate)
             gate = h if f.routing is None else 0
             experts += moe * (3 * h * f.shared_expert_intermediate_size + gate)
-        mlps = (self.num_layers - moe) * 3 * h * i + experts
+        mats = 3 if f.gated_mlp else 2  # gate, up, down; an ungated MLP: up, down
+        mlps = (self.num_layers - moe) * mats * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * (attn + 2 * h) + mlps + emb + h
 

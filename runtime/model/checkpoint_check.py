@@ -58,6 +58,28 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out[a + "q_norm.weight"] = out[a + "k_norm.weight"] = (d,)
     if not c.tie_word_embeddings:
         out[HEAD] = (c.vocab_size, h)
+    return _family_tensors(c, out)
+
+
+# Apertus' names for the norms before attention and before the MLP
+_APERTUS_NORMS = {"input_layernorm": "attention_layernorm",
+                  "post_attention_layernorm": "feedforward_layernorm"}  # fmt: skip
+_XIELU = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}  # mlp.act_fn.'s
+
+
+def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
+    """`out` with what Apertus (its norms' names, xIELU's parameters) and StarCoder2 (its
+    LayerNorms' biases) change."""
+    if c.architecture == "apertus":
+        for old, new in _APERTUS_NORMS.items():
+            for i in range(c.num_layers):
+                out[f"model.layers.{i}.{new}.weight"] = out.pop(f"model.layers.{i}.{old}.weight")
+    if c.family.hidden_act == "xielu":
+        for i in range(c.num_layers):
+            out.update({f"model.layers.{i}.mlp.act_fn.{p}": s for p, s in _XIELU.items()})
+    if c.family.layer_norm_bias:
+        out.update({n[: -len("weight")] + "bias": s for n, s in list(out.items())
+                    if n.endswith("norm.weight")})  # fmt: skip
     return out
 
 
@@ -83,11 +105,20 @@ def _moe_block(c: ModelConfig, layer: int) -> str:
     return f"model.layers.{layer}.{block}"
 
 
+_UP_DOWN = ("up_proj", "down_proj")  # an ungated MLP's matrices (`FamilyConfig.gated_mlp`)
+_UNGATED_NAMES = {"starcoder2": ("c_fc", "c_proj")}
+
+
 def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
-    """(gate, up, down) weight names of every MLP: each layer's, or each of its experts'."""
+    """(gate, up, down) weight names of every MLP: each layer's, or each of its experts'; an
+    ungated MLP's (up, up, down)."""
     out = []
     for i in range(c.num_layers):
         if c.architecture == "granitemoe":  # stacked: `expected_shapes` has them
+            continue
+        if not c.family.has_experts(i) and not c.family.gated_mlp:  # its up stands for a gate
+            p, (up, down) = f"model.layers.{i}.mlp.", _UNGATED_NAMES.get(c.architecture, _UP_DOWN)
+            out.append((f"{p}{up}.weight", f"{p}{up}.weight", f"{p}{down}.weight"))
             continue
         if not c.family.has_experts(i):
             p = f"model.layers.{i}.mlp."

@@ -55,6 +55,11 @@ HF_ARCHITECTURES = {
     "Mistral3ForConditionalGeneration": "mistral",
     "MinistralForCausalLM": "ministral",  # Ministral-8B-2410: window layers by layer_types
     "Exaone4ForCausalLM": "exaone4",  # EXAONE 4.0 (model/exaone4.py)
+    "SeedOssForCausalLM": "seed_oss",  # Seed-OSS-36B: Llama's with q/k/v biases
+    "Ernie4_5ForCausalLM": "ernie4_5",  # ERNIE-4.5-0.3B: interleaved rotary (ernie4_5.py)
+    "ArceeForCausalLM": "arcee",  # AFM-4.5B: ReLU² MLP, no gate (ungated_mlp.py)
+    "Starcoder2ForCausalLM": "starcoder2",  # LayerNorm with biases, GELU MLP (starcoder2.py)
+    "ApertusForCausalLM": "apertus",  # xIELU MLP, q/k norms (apertus.py)
     "Ministral3ForCausalLM": "ministral3",  # Ministral 3: yarn, q scaled by position (ministral3.py)
 }
 # a multimodal wrapper's text model, by its text_config's model_type, where not the wrapper's
@@ -89,11 +94,19 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "ministral": {"num_key_value_heads": 8, "max_position_embeddings": 131_072,
                   "sliding_window": 4096, "rms_norm_eps": 1e-5},
     "ministral3": {"num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
-                   "max_position_embeddings": 262_144, "bos_token_id": 1, "eos_token_id": 2,
-                   "rope_parameters": {"rope_type": "yarn", "rope_theta": 1_000_000.0,
-                                       "factor": 16.0, "original_max_position_embeddings": 16384,
-                                       "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
-                                       "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}},
+                   "max_position_embeddings": 262_144, "bos_token_id": 1, "eos_token_id": 2},
+    "seed_oss": {"attention_bias": True, "head_dim": 128, "rms_norm_eps": 1e-6,
+                 "max_position_embeddings": 524_288, "bos_token_id": 0, "eos_token_id": 2},
+    "ernie4_5": {"num_key_value_heads": 2, "head_dim": 128, "rms_norm_eps": 1e-5,
+                 "max_position_embeddings": 131_072, "tie_word_embeddings": True,
+                 "bos_token_id": 1, "eos_token_id": 2},
+    "arcee": {"hidden_act": "relu2", "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
+              "bos_token_id": 128_000, "eos_token_id": 128_001},
+    "starcoder2": {"hidden_act": "gelu_pytorch_tanh", "norm_epsilon": 1e-5, "use_bias": True,
+                   "num_key_value_heads": 2, "max_position_embeddings": 4096,
+                   "tie_word_embeddings": True, "bos_token_id": 50256, "eos_token_id": 50256},
+    "apertus": {"hidden_act": "xielu", "rms_norm_eps": 1e-5, "max_position_embeddings": 65_536,
+                "bos_token_id": 1, "eos_token_id": 2},
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "num_key_value_heads": 8,
                 "max_position_embeddings": 131_072, "rope_theta": 1_000_000.0,
                 "rms_norm_eps": 1e-5},
@@ -131,12 +144,37 @@ _NULLABLE = {
     **{arch: deepseek.NULLABLE for arch in deepseek.DEFAULTS},
 }
 _EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
+_EPS["starcoder2"] = "norm_epsilon"
+# the rotary transformers' config class fills in when config.json names none at all
+_DEFAULT_ROPE = {
+    "ministral3": {
+        "rope_type": "yarn",
+        "rope_theta": 1_000_000.0,
+        "factor": 16.0,
+        "original_max_position_embeddings": 16384,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "llama_4_scaling_beta": 0.1,
+    },
+    "apertus": {
+        "rope_type": "llama3",
+        "rope_theta": 12_000_000.0,
+        "factor": 8.0,
+        "original_max_position_embeddings": 8192,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+    },
+}
+_UNGATED = ("arcee", "apertus", "starcoder2")  # down(act(up(x))) MLPs (model/ungated_mlp.py)
 _PARTIAL_ROTARY = ("phi3", "glm", "glm4")  # the families whose transformers models read it
 _FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 _ACTIVATIONS.update({"gelu_tanh": "gelu_tanh", "gelu_python_tanh": "gelu_tanh"})
+_ACTIVATIONS.update({"relu2": "relu2", "xielu": "xielu"})  # ungated MLPs' (Arcee's, Apertus')
 
 
 def _as_ids(value) -> tuple[int, ...]:
@@ -241,7 +279,7 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     if arch == "cohere2" and not window:  # its global layers are told apart by having none
         raise ValueError("Cohere 2 without a sliding_window is not supported")
     if arch not in ("mistral", "mixtral", "gemma3", "qwen2", "qwen3", "qwen3moe", "olmo3",
-                    "cohere2", "ministral", "ministral3", "exaone4"):  # fmt: skip
+                    "cohere2", "ministral", "ministral3", "exaone4", "starcoder2"):  # fmt: skip
         return None
     return int(window) if window else None
 
@@ -338,6 +376,14 @@ def _family(
         fields["rope_layers"] = fields["window_layers"]
     if arch == "ministral3":
         fields.update(_llama4_query_scale(cfg))
+    if arch in _UNGATED:
+        fields["gated_mlp"] = False
+    if arch == "starcoder2":
+        fields["layer_norm_bias"] = True
+    if arch == "apertus":
+        fields["qk_norm"] = True
+    if arch == "ernie4_5":
+        fields["rope_interleaved"] = True
     if arch == "exaone4":  # norms after; per-head q/k norms; with a window, global layers NoPE
         fields.update(olmo2_norms=True, qk_norm=True)
         if window is not None:
@@ -449,6 +495,8 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     cfg = top.get("text_config") or top  # Gemma3ForConditionalGeneration: the text model
     cfg = {**_DEFAULTS.get(arch, {}),
            **{k: v for k, v in cfg.items() if v is not None or k in _NULLABLE.get(arch, ())}}  # fmt: skip
+    if arch in _DEFAULT_ROPE and not {"rope_parameters", "rope_scaling", "rope_theta"} & set(cfg):
+        cfg["rope_parameters"] = _DEFAULT_ROPE[arch]
     gen = _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
@@ -480,7 +528,8 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
         rope_scaling=scaling,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         tie_word_embeddings=_tied(top, cfg),
-        attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", cfg.get("qkv_bias"))),
+        attention_bias=arch == "qwen2"
+        or bool(cfg.get("attention_bias", cfg.get("qkv_bias", cfg.get("use_bias")))),
         bos_token_id=cfg.get("bos_token_id", top.get("bos_token_id")),
         eos_token_ids=eos,
         architecture=arch,

@@ -154,9 +154,9 @@ class LlamaLayer:
         c, a = model.config, prefix + "self_attn."
         self.ctx, self.index = ctx, index
         pre = prefix + "input_layernorm.weight"  # none in OLMo 2 (olmo2.py: norms after)
-        self.attn_norm = model.norm_weight(w[pre]) if pre in w else None
+        self.attn_norm = model.read_norm(w, pre) if pre in w else None
         post = prefix + "post_attention_layernorm.weight"  # none in Cohere's (one norm a layer)
-        self.mlp_norm = model.norm_weight(w[post]) if post in w else None
+        self.mlp_norm = model.read_norm(w, post) if post in w else None
         qkv = [f"{a}{n}.weight" for n in ("q_proj", "k_proj", "v_proj")]
         o = a + "o_proj.weight"
         if ctx.tp is None:
@@ -259,7 +259,7 @@ class LlamaModel:
         linear = functools.partial(Linear, invariant=batch_invariant)
         ctx = self.layer_context(linear)
         self.rms_norm = ctx.rms_norm
-        self.norm = self.norm_weight(w["model.norm.weight"])
+        self.norm = self.read_norm(w, "model.norm.weight")
         # as transformers loads it: tied without a head of its own; with one, only when the
         # config ties and the two tensors are equal (a distinct head is kept, as transformers 5)
         tied = "lm_head.weight" not in w or (
@@ -304,6 +304,11 @@ class LlamaModel:
     def norm_weight(self, weight: torch.Tensor) -> torch.Tensor:
         """A norm's weight as `rms_norm` takes it."""
         return weight
+
+    def read_norm(self, w: DeviceWeights, name: str) -> torch.Tensor:
+        """The norm `name` (a checkpoint's ``....weight``) as `rms_norm` takes it (StarCoder2's
+        with its bias: `starcoder2.py`)."""
+        return self.norm_weight(w[name])
 
     def head_blocks(self, w: DeviceWeights, head: str) -> list[QuantizedWeight] | None:
         """The LM head's stored blocks, for `qgemm` (float32 CPU models); None where the

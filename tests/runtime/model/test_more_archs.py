@@ -9,7 +9,16 @@ transformers' plain greedy loop at every step.
   processor's chat template;
 - Ministral (`MinistralForCausalLM`): window and global layers by `layer_types`;
 - Ministral 3 (`Ministral3ForCausalLM`, or Mistral 3's wrapper around a `ministral3` text
-  model): yarn, and q scaled by position (Llama 4's `llama_4_scaling_beta`).
+  model): yarn, and q scaled by position (Llama 4's `llama_4_scaling_beta`);
+- EXAONE 4: OLMo 2's norms after the sublayers, per-head q/k norms, window layers rotated and
+  global ones NoPE (or no window: all global, rotated);
+- Seed-OSS (biases on q/k/v and o), ERNIE 4.5 (the interleaved rotary in float32, biases);
+- the ungated MLPs: Arcee's ReLU², StarCoder2's GELU (with its LayerNorms' biases and a
+  window), Apertus' xIELU (with q/k norms and llama3 rotary).
+
+Also: some of them over two tensor-parallel ranks (gloo), the weights estimate against what the
+built model holds, the processor's chat template, and the config values and tensors the engine
+refuses in one line at config time.
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0, "beta_fast": 32.0,
         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
         "original_max_position_embeddings": 16, "llama_4_scaling_beta": 0.5}  # fmt: skip
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
 # name: (transformers config class prefix, config overrides); "Mistral3:<text>" is
 # Mistral3ForConditionalGeneration around a <text> model
 CASES = {
@@ -47,6 +58,15 @@ CASES = {
     "exaone4-global": (  # no window: every layer global, and rotated
         "Exaone4", dict(sliding_window=None, layer_types=[FULL, FULL]),
     ),
+    # Llama's with q/k/v biases (default) and o's (attention_out_bias)
+    "seed-oss-biases": ("SeedOss", dict(head_dim=16, attention_out_bias=True)),
+    # the interleaved rotary in float32, biases everywhere (use_bias), a tied head
+    "ernie4_5-biases-tied": ("Ernie4_5", dict(head_dim=16, use_bias=True)),
+    "arcee-relu2": ("Arcee", dict(num_key_value_heads=1)),  # down(relu(up(x))²)
+    # LayerNorm with biases, c_proj(gelu(c_fc(x))) with biases, q/k/v/o biases, a window
+    "starcoder2-window": ("Starcoder2", dict(sliding_window=10)),
+    # xIELU (its parameters per layer), per-head q/k norms, renamed norms, llama3 rotary
+    "apertus-xielu": ("Apertus", dict(rope_parameters=LLAMA3)),
 }  # fmt: skip
 
 
@@ -136,9 +156,12 @@ def test_the_config_reads_as_transformers(case):
     c = read_model_config(str(path))
     text = model.config.get_text_config()
     assert c.architecture == {"Mistral": "mistral", "Ministral3": "ministral3",
-                              "Ministral": "ministral", "Exaone4": "exaone4"}[
+                              "Ministral": "ministral", "Exaone4": "exaone4",
+                              "SeedOss": "seed_oss", "Ernie4_5": "ernie4_5", "Arcee": "arcee",
+                              "Starcoder2": "starcoder2", "Apertus": "apertus"}[
         type(text).__name__[:-6]]  # fmt: skip
-    assert c.tie_word_embeddings == (name == "mistral3-ministral3-tied")
+    assert c.family.gated_mlp == (name.split("-")[0] not in ("arcee", "starcoder2", "apertus"))
+    assert c.tie_word_embeddings == name.endswith("-tied") or name.startswith("starcoder2")
     types = getattr(text, "layer_types", None)
     if name.startswith("ministral-"):
         assert list(c.family.window_layers) == [t == SLIDING for t in types]
@@ -151,11 +174,15 @@ def test_the_config_reads_as_transformers(case):
 
 
 @pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
-@pytest.mark.parametrize("name", ["mistral3-ministral3-tied", "exaone4-window-nope"])
+@pytest.mark.parametrize(
+    "name",
+    ["mistral3-ministral3-tied", "exaone4-window-nope", "starcoder2-window", "apertus-xielu"],
+)
 def test_two_ranks_match_transformers(case_by_name, name):
     """Tensor parallelism over gloo, two ranks, the small pool (chunked, preempted) then a warm
     cache: Ministral 3 from Mistral 3's wrapper (each rank its heads, its scaled q); EXAONE 4's
-    per-head q/k norms and norms after the sublayers."""
+    per-head q/k norms and norms after the sublayers; the ungated MLPs cut by width (c_fc's
+    rows and bias, c_proj's columns, its bias added once), LayerNorm biases, xIELU."""
     path, loaded, reference = case_by_name(name)
     pool = dict(num_blocks_override=7, block_size=16, max_model_len=96, dtype="float32",
                 max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
@@ -186,11 +213,15 @@ def test_mistral3s_processor_chat_template_is_the_one_rendered(case_by_name):
     ("Mistral3:Mistral", dict(head_dim=16, sliding_window=None), 1),
     ("Mistral3:Ministral3", dict(head_dim=16, num_key_value_heads=1, rope_parameters=YARN), 2),
     ("Exaone4", dict(num_hidden_layers=4, sliding_window=10, sliding_window_pattern=2), 2),
+    ("Starcoder2", dict(sliding_window=10), 2),
+    ("Apertus", dict(rope_parameters=LLAMA3), 1),
+    ("Arcee", dict(num_key_value_heads=1), 2),
 ])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(tmp_path, arch, overrides, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: Mistral 3's text
     model under `language_model.` (the vision tower not counted); with two ranks rank 0's part
-    (EXAONE 4's q/k norms whole on every rank)."""
+    (EXAONE 4's q/k norms whole on every rank); the ungated MLPs' two matrices (StarCoder2's
+    c_fc / c_proj and their biases, its LayerNorms' biases)."""
     from model_bytes import build, held_bytes
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.distributed.group import TPGroup
@@ -209,12 +240,35 @@ def test_the_weights_estimate_is_what_the_model_holds(tmp_path, arch, overrides,
     assert got.bytes == pytest.approx(held, rel=0.02), got
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_gpu_matches_transformers_with_graphs(case_by_name, name):
+    """On CUDA in float32 with the defaults (the Triton ops and attention, whose rotary reads
+    the cache by positions, CUDA graphs): transformers' tokens and logits, graphs as eager."""
+    import os
+
+    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("needs CUDA with compiled Triton kernels (TRITON_INTERPRET=0)")
+    _, loaded, reference = case_by_name(name)
+    common = dict(loaded=loaded, dtype="float32", kv_cache_memory=256 << 20,
+                  max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    llm = LLM(**common)
+    assert llm.engine.runner.cuda_graphs is not None
+    got = generate(llm, prompts())
+    for i, want in enumerate(reference):
+        check(got[i], want, f"{name}: prompt {i}")
+    eager = generate(LLM(**common, enable_cuda_graphs=False), prompts())
+    assert [t for t, _ in eager] == [t for t, _ in got]
+
+
 @pytest.mark.parametrize(("arch", "edit", "words"), [
     ("Ministral3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
      "Ministral 3 needs rope_parameters with llama_4_scaling_beta"),
     ("Ministral", {"layer_types": [SLIDING, FULL]}, "layer_types names 2 layers, the model has 1"),
     ("Exaone4", {"layer_types": None, "sliding_window_pattern": "LLLG"},
      "EXAONE 4's sliding_window_pattern 'LLLG' without layer_types"),
+    ("Arcee", {"hidden_act": "silu"}, "hidden activation 'silu' in an ungated MLP"),
+    ("SeedOss", {"hidden_act": "relu2"}, "hidden activation 'relu2' in a gated MLP"),
 ])  # fmt: skip
 def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
     """Read with the config (before the server binds: exit 2), naming the value."""
@@ -224,3 +278,26 @@ def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path,
     with pytest.raises(ValueError, match=words) as e:
         read_model_config(str(tmp_path))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("arch", "overrides", "tensor", "words"), [
+    ("Apertus", dict(rope_parameters=LLAMA3), "model.layers.0.mlp.act_fn.alpha_n",
+     "missing tensor 'model.layers.0.mlp.act_fn.alpha_n'"),
+    ("Starcoder2", {}, "model.layers.0.input_layernorm.bias",
+     "missing tensor 'model.layers.0.input_layernorm.bias'"),
+    ("Exaone4", {}, "model.layers.0.post_feedforward_layernorm.weight",
+     "missing tensor 'model.layers.0.post_feedforward_layernorm.weight'"),
+])  # fmt: skip
+def test_a_checkpoint_without_a_familys_tensor_is_refused_at_config_time(
+    tmp_path, arch, overrides, tensor, words
+):
+    """xIELU's parameters, StarCoder2's norm biases and EXAONE 4's norms after the MLP are
+    checked from the headers with config.json (one line, before the server binds)."""
+    from safetensors.torch import load_file, save_file
+
+    make_tiny_model(tmp_path, arch, num_hidden_layers=1, **overrides)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    del tensors[tensor]
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=words):
+        read_model_config(str(tmp_path))
