@@ -62,8 +62,12 @@ HF_ARCHITECTURES = {
     "ApertusForCausalLM": "apertus",  # xIELU MLP, q/k norms (apertus.py)
     "Ministral3ForCausalLM": "ministral3",  # Ministral 3: yarn, q scaled by position (ministral3.py)
 }
-# a multimodal wrapper's text model, by its text_config's model_type, where not the wrapper's
-_TEXT_MODEL_TYPES = {"ministral3": "ministral3", "ministral": "ministral"}
+# a multimodal wrapper's text model, by its text_config's model_type (transformers' default
+# first); another model_type is refused
+_TEXT_MODEL_TYPES = {
+    "Mistral3ForConditionalGeneration": {"mistral": "mistral", "ministral": "ministral",
+                                         "ministral3": "ministral3"},
+}  # fmt: skip
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
 # sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
@@ -192,9 +196,15 @@ def architecture(cfg: Mapping[str, Any]) -> str:
         raise ValueError(
             f"unsupported architecture ({found}); supported: {', '.join(HF_ARCHITECTURES)}"
         )
-    text = cfg.get("text_config")
-    if isinstance(text, Mapping) and text.get("model_type") in _TEXT_MODEL_TYPES:
-        return _TEXT_MODEL_TYPES[text["model_type"]]
+    wrapper = next((a for a in archs if a in HF_ARCHITECTURES), "")
+    if wrapper in _TEXT_MODEL_TYPES:  # its text model's family
+        text = cfg.get("text_config") or {}
+        kinds = _TEXT_MODEL_TYPES[wrapper]
+        kind = text.get("model_type", next(iter(kinds))) if isinstance(text, Mapping) else None
+        if kind not in kinds:
+            raise ValueError(f"{wrapper} with a text_config of model_type {kind!r} is not "
+                             f"supported (supported: {', '.join(kinds)})")  # fmt: skip
+        return kinds[kind]
     return arch
 
 

@@ -301,3 +301,29 @@ def test_a_checkpoint_without_a_familys_tensor_is_refused_at_config_time(
     save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match=words):
         read_model_config(str(tmp_path))
+
+
+def test_a_gated_models_tuned_profile_does_not_fit_an_ungated_one(tmp_path):
+    """The shape fingerprint tells an ungated MLP (up and down: Arcee's) from a gated one (a
+    Llama) of the same dimensions, whose first MLP GEMM is twice as wide."""
+    from pagoda.runtime.model.shape_fingerprint import model_fingerprint
+    from pagoda.runtime.tuned_profile import fingerprint_mismatches
+
+    shapes = {}
+    for arch in ("Llama", "Arcee"):
+        make_tiny_model(tmp_path / arch, arch, num_hidden_layers=1)
+        shapes[arch] = model_fingerprint(str(tmp_path / arch), None)
+    assert fingerprint_mismatches(shapes["Llama"], shapes["Arcee"]) == [
+        "mlp_matrices 3 (profile) != 2 (this model)"
+    ]
+
+
+def test_a_mistral3_around_another_text_model_is_refused_in_one_line(case_by_name, tmp_path):
+    """Mistral 3's wrapper names its text model's family in text_config.model_type: one the
+    engine does not know as Mistral's is refused (not run as Mistral's)."""
+    path, _, _ = case_by_name("mistral3-untied")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["text_config"]["model_type"] = "mistral4"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="text_config of model_type 'mistral4' is not supported"):
+        read_model_config(str(tmp_path))
