@@ -327,3 +327,29 @@ def test_a_mistral3_around_another_text_model_is_refused_in_one_line(case_by_nam
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="text_config of model_type 'mistral4' is not supported"):
         read_model_config(str(tmp_path))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ernie4_5s_rotary_is_transformers_bit_for_bit(dtype):
+    """ERNIE 4.5's rotary (`ernie4_5.rotary_float32`) on q [T, H, D] and k [T, Hkv, D] against
+    transformers' own apply_rotary_pos_emb with its float32 cos and sin, from the cache by
+    positions (the CUDA ops' path) and from float32 rows gathered once (the CPU's)."""
+    from pagoda.runtime.model.ernie4_5 import rotary_float32
+    from pagoda.runtime.model.ops import build_cos_sin_cache, gather_cos_sin
+    from transformers.models.ernie4_5 import modeling_ernie4_5 as hf
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(7, 4, 32, generator=g).to(dtype)
+    k = torch.randn(7, 2, 32, generator=g).to(dtype)
+    positions = torch.tensor([0, 1, 2, 40, 41, 300, 5])
+    cache = build_cos_sin_cache(32, 10000.0, None, 512)
+    cos, sin = cache[positions].chunk(2, dim=-1)  # transformers' cat((freqs, freqs)) tables
+    cos, sin = torch.cat([cos, cos], -1)[None], torch.cat([sin, sin], -1)[None]
+    want_q, want_k = hf.apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                             cos, sin)  # fmt: skip
+    for rows in (positions, None):
+        gq, gk = q.clone(), k.clone()
+        table = cache if rows is not None else gather_cos_sin(positions, cache, torch.float32)
+        rotary_float32(positions=rows, q=gq, k=gk, cos_sin_cache=table)
+        assert torch.equal(gq, want_q[0].transpose(0, 1)), rows
+        assert torch.equal(gk, want_k[0].transpose(0, 1)), rows
