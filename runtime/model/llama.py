@@ -12,7 +12,10 @@ split at load, `phi3.py`) are this file as it stands; a partial rotary turns the
 each head only, and longrope reads one of two rotary tables per sequence (`longrope.py`).
 SmolLM3 is too, some of its layers without rotary (`FamilyConfig.rope_layers`), and GLM, its
 rotary in the interleaved layout (`ops.rotary_interleaved`); GLM-4 (`glm4.py`), OLMo 3
-(`olmo2.py`) and Cohere (`cohere.py`) change the layer.
+(`olmo2.py`) and Cohere (`cohere.py`) change the layer. Mistral 3's text model, Ministral and
+Seed-OSS are this file too; Ministral 3 (`ministral3.py`), EXAONE 4 (`exaone4.py`), ERNIE 4.5
+(`ernie4_5.py`), StarCoder2 (`starcoder2.py`), Apertus (`apertus.py`) and Arcee (an ungated MLP,
+`ungated_mlp.py`) change it.
 """
 
 from __future__ import annotations
