@@ -149,7 +149,8 @@ _NULLABLE = {
 }
 _EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 _EPS["starcoder2"] = "norm_epsilon"
-# the rotary transformers' config class fills in when config.json names none at all
+# the rotary transformers' config class fills in when config.json has neither rope_parameters
+# nor rope_scaling
 _DEFAULT_ROPE = {
     "ministral3": {
         "rope_type": "yarn",
@@ -505,7 +506,8 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     cfg = top.get("text_config") or top  # Gemma3ForConditionalGeneration: the text model
     cfg = {**_DEFAULTS.get(arch, {}),
            **{k: v for k, v in cfg.items() if v is not None or k in _NULLABLE.get(arch, ())}}  # fmt: skip
-    if arch in _DEFAULT_ROPE and not {"rope_parameters", "rope_scaling", "rope_theta"} & set(cfg):
+    if arch in _DEFAULT_ROPE and not {"rope_parameters", "rope_scaling"} & set(cfg):
+        # (a top-level rope_theta alone does not count: transformers takes the default's)
         cfg["rope_parameters"] = _DEFAULT_ROPE[arch]
     gen = _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
