@@ -102,6 +102,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "seed_oss": {"attention_bias": True, "head_dim": 128, "rms_norm_eps": 1e-6,
                  "max_position_embeddings": 524_288, "bos_token_id": 0, "eos_token_id": 2},
     "ernie4_5": {"num_key_value_heads": 2, "head_dim": 128, "rms_norm_eps": 1e-5,
+                 "rope_theta": 500_000.0,  # transformers' default_theta
                  "max_position_embeddings": 131_072, "tie_word_embeddings": True,
                  "bos_token_id": 1, "eos_token_id": 2},
     "arcee": {"hidden_act": "relu2", "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
@@ -110,6 +111,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                    "num_key_value_heads": 2, "max_position_embeddings": 4096,
                    "tie_word_embeddings": True, "bos_token_id": 50256, "eos_token_id": 50256},
     "apertus": {"hidden_act": "xielu", "rms_norm_eps": 1e-5, "max_position_embeddings": 65_536,
+                "rope_theta": 12_000_000.0,  # transformers' default_theta
                 "bos_token_id": 1, "eos_token_id": 2},
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "num_key_value_heads": 8,
                 "max_position_embeddings": 131_072, "rope_theta": 1_000_000.0,

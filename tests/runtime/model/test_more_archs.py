@@ -355,14 +355,15 @@ def test_ernie4_5s_rotary_is_transformers_bit_for_bit(dtype):
         assert torch.equal(gk, want_k[0].transpose(0, 1)), rows
 
 
-@pytest.mark.parametrize("arch", ["Apertus", "Ministral3"])
-@pytest.mark.parametrize("rope", [{}, {"rope_theta": 5e5}, {"rope_theta": 5e5, "rope_scaling": {
+@pytest.mark.parametrize("arch", ["Apertus", "Ministral3", "Ernie4_5"])
+@pytest.mark.parametrize("rope", [{}, {"rope_theta": 5e5}, {"rope_scaling": {
     "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128,
     "llama_4_scaling_beta": 0.2}}])  # fmt: skip
 def test_the_rotary_without_rope_parameters_reads_as_transformers_reads_it(tmp_path, arch, rope):
     """Apertus' and Ministral 3's config classes fill in their own rotary (llama3, yarn with
     Llama 4's q scale) when config.json has neither rope_parameters nor rope_scaling, a
-    top-level rope_theta notwithstanding; an older config's rope_scaling is read as it is."""
+    top-level rope_theta notwithstanding; an older config's rope_scaling is read as it is, with
+    the class's default base (Apertus' and ERNIE 4.5's `default_theta`) where it names none."""
     make_tiny_model(tmp_path, arch, num_hidden_layers=1, head_dim=16)
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg.pop("rope_parameters")
@@ -370,6 +371,9 @@ def test_the_rotary_without_rope_parameters_reads_as_transformers_reads_it(tmp_p
     theirs = transformers.AutoConfig.from_pretrained(tmp_path).rope_parameters
     ours = read_model_config(str(tmp_path))
     assert ours.rope_theta == theirs["rope_theta"]
+    if theirs["rope_type"] == "default":
+        assert ours.rope_scaling is None
+        return
     for key in ("rope_type", "factor", "original_max_position_embeddings"):
         assert ours.rope_scaling[key] == theirs[key], key
     if arch == "Ministral3":
