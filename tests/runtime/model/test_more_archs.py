@@ -378,3 +378,33 @@ def test_the_rotary_without_rope_parameters_reads_as_transformers_reads_it(tmp_p
         assert ours.rope_scaling[key] == theirs[key], key
     if arch == "Ministral3":
         assert ours.family.query_scale_beta == theirs["llama_4_scaling_beta"]
+
+
+@pytest.mark.parametrize(("arch", "model_type"), [
+    ("SeedOss", "seed_oss"), ("Ernie4_5", "ernie4_5"), ("Arcee", "arcee"),
+    ("Starcoder2", "starcoder2"), ("Apertus", "apertus"), ("Exaone4", "exaone4"),
+])  # fmt: skip
+def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_type):
+    """A config.json with the core shapes only: what the engine fills in (eps, rotary base and
+    scaling, context, tying, BOS/EOS, window, KV heads, head size) is what transformers' config
+    class fills in."""
+    core = dict(vocab_size=300, hidden_size=256, intermediate_size=128, num_hidden_layers=4,
+                num_attention_heads=32)  # fmt: skip
+    config = {"architectures": [f"{arch}ForCausalLM"], "model_type": model_type, **core}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    t, o = transformers.AutoConfig.from_pretrained(tmp_path), read_model_config(str(tmp_path))
+    eos = t.eos_token_id if isinstance(t.eos_token_id, list) else [t.eos_token_id]
+    assert o.rms_norm_eps == getattr(t, "rms_norm_eps", getattr(t, "norm_epsilon", None))
+    assert o.rope_theta == t.rope_parameters["rope_theta"]
+    assert (o.rope_scaling or {}).get("rope_type", "default") == t.rope_parameters["rope_type"]
+    assert (
+        o.max_position_embeddings,
+        o.tie_word_embeddings,
+        o.bos_token_id,
+        list(o.eos_token_ids),
+    ) == (t.max_position_embeddings, t.tie_word_embeddings, t.bos_token_id, eos)
+    assert o.family.sliding_window == getattr(t, "sliding_window", None)
+    assert (o.num_kv_heads, o.head_dim) == (
+        t.num_key_value_heads,
+        getattr(t, "head_dim", None) or 8,
+    )
