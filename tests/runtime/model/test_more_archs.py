@@ -408,3 +408,32 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
         t.num_key_value_heads,
         getattr(t, "head_dim", None) or 8,
     )
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("names", [("up_proj", "down_proj"), ("c_fc", "c_proj")])
+def test_an_ungated_mlp_from_shapes_as_from_its_tensors(tp, fp8, names):
+    """On CUDA (no packing): an ungated MLP's two matrices (Arcee's up/down, StarCoder2's
+    c_fc/c_proj: up split by rows, down by columns, FP8 with the projections) from the
+    checkpoint's table as from the shapes alone (`from_shapes`, the plans `fit` suggests)."""
+    from pagoda.runtime.config import FamilyConfig, ModelConfig
+    from pagoda.runtime.quantization.fp8 import ONLINE_SCHEME
+    from pagoda.runtime.server import weights
+
+    family = FamilyConfig(gated_mlp=False, hidden_act="relu2")
+    mc = ModelConfig(vocab_size=32000, hidden_size=2560, intermediate_size=18432, num_layers=2,
+                     num_heads=20, num_kv_heads=4, head_dim=128, family=family)  # fmt: skip
+    h, i, q, kv = 2560, 18432, 20 * 128, 4 * 128
+    shapes = {"model.embed_tokens.weight": (32000, h), "lm_head.weight": (32000, h),
+              "model.norm.weight": (h,)}  # fmt: skip
+    for n in range(2):
+        p = f"model.layers.{n}."
+        shapes |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                   p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+                   p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+                   p + f"mlp.{names[0]}.weight": (i, h), p + f"mlp.{names[1]}.weight": (h, i)}  # fmt: skip
+    table = {k: weights.Stored(k, "BF16", v, 2 * torch.Size(v).numel()) for k, v in shapes.items()}
+    place = weights.Placement(torch.bfloat16, "cuda", tp, ONLINE_SCHEME if fp8 else None)
+    got, _ = weights.resident(weights.Checkpoint("safetensors", table, 0), mc, place)
+    assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, fp8, tp), rel=1e-6)
