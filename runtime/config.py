@@ -161,6 +161,12 @@ class FamilyConfig:
     # shared_expert_intermediate_size (moe_intermediate_size x n_shared_experts)
     mla: MlaConfig | None = None
     routing: ExpertRouting | None = None
+    # gpt-oss (`model/gpt_oss.py`): a learned logit per head that joins each softmax's
+    # denominator only (`self_attn.sinks`), and experts with biases running the clamped SwiGLU
+    # (up + 1) * gate * sigmoid(alpha * gate), gate <= limit, |up| <= limit
+    attention_sinks: bool = False
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float | None = None  # None: the experts run plain SwiGLU (silu)
     # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
     # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)
     query_scale_beta: float = 0.0
@@ -189,7 +195,7 @@ class FamilyConfig:
             raise ValueError(f"hidden activation {self.hidden_act!r} in {which} MLP is not one "
                              f"of {', '.join(allowed)}")  # fmt: skip
         for name in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar",
-                     "attention_multiplier", "logits_scaling", "logit_scale"):  # fmt: skip
+                     "attention_multiplier", "logits_scaling", "logit_scale", "swiglu_limit"):  # fmt: skip
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be positive, got {value}")

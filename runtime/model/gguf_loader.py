@@ -5,7 +5,8 @@ qwen3moe, gemma3, gemma2, qwen2moe (its shared expert `ffn_*_shexp`, gated by
 `ffn_gate_inp_shexp`), granite (`embedding_scale`, `residual_scale`, `attention.scale`,
 `logit_scale`), granitemoe (its `input_linear` split as gate and up), olmo2 (norms after the sublayers, q/k norms over every head; with
 `attention.sliding_window`, OLMo 3's window layers), olmoe, smollm3 (llama with every fourth
-layer NoPE, as llama.cpp hard-codes it) and deepseek2 (`gguf_deepseek.py`). Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
+layer NoPE, as llama.cpp hard-codes it), deepseek2 (`gguf_deepseek.py`), glm4, command-r and cohere2
+(`gguf_glm_cohere.py`). Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
 torch (`gguf_dequant`) when the model builder reads them (`GGUFWeights`), one at a time from the
 memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
@@ -17,6 +18,7 @@ in a process (the start-up checks' reader is the load's).
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -24,15 +26,17 @@ from pathlib import Path
 import torch
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.cpu.quantized import QuantizedWeight, from_gguf, readable
-from pagoda.runtime.model import gguf_deepseek
+from pagoda.runtime.model import gguf_deepseek, gguf_glm_cohere, pre_tokenizers
 from pagoda.runtime.model.gguf_dequant import dequantize
 from pagoda.runtime.model.gguf_reader import parse as _reader  # noqa: F401 - one of its own
 from pagoda.runtime.model.gguf_reader import take_reader
 from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer, build_gemma_tokenizer
 
+log = logging.getLogger(__name__)
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma2",
                    "qwen2moe", "granite", "granitemoe", "olmo2",
-                   "olmoe", "smollm3", gguf_deepseek.GGUF_ARCH)  # fmt: skip
+                   "olmoe", "smollm3", gguf_deepseek.GGUF_ARCH,
+                   *gguf_glm_cohere.ENGINE_ARCH)  # fmt: skip
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -118,6 +122,7 @@ def _hf_name(name: str, architecture: str = "llama") -> str | None:
         return gguf_deepseek.hf_name(layer, part, kind)
     names = _GEMMA3_NAMES if architecture in ("gemma2", "gemma3") else _LAYER_NAMES
     names = _OLMO2_NAMES if architecture == "olmo2" else names
+    names = {**names, **gguf_glm_cohere.GLM4_NAMES} if architecture == "glm4" else names
     if part in names:
         return f"model.layers.{layer}.{names[part]}.{kind}"
     if part in _MOE_NAMES and architecture in _MOE_BLOCKS:
@@ -133,6 +138,11 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
     none in the file (Gemma 3's layer pattern, local rotary base and query scale)."""
     p = f"{gguf_arch}."
     fields: dict = {"qk_norm": arch in ("qwen3", "qwen3moe", "gemma3")}
+    if gguf_arch in gguf_glm_cohere.ENGINE_ARCH:  # GLM-4, Cohere (gguf_glm_cohere.py)
+        fields.update(gguf_glm_cohere.family_fields(
+            lambda key, default=None: _field(reader, p + key, default), gguf_arch, layers,
+            {t.name for t in reader.tensors},
+        ))  # fmt: skip
     window = _field(reader, p + "attention.sliding_window")
     if arch in ("gemma3", "mistral", "mixtral") and window:
         fields["sliding_window"] = int(window)
@@ -235,12 +245,12 @@ def _olmo3_windows(reader, p: str, layers: int, window: int) -> dict:
     return fields
 
 
-def _rope_scaling(reader, p: str, head_dim: int) -> dict | None:
+def _rope_scaling(reader, p: str, head_dim: int, partial: bool = False) -> dict | None:
     """`ModelConfig.rope_scaling` from the file: its `rope.scaling.type` (linear, yarn), or the
     per-frequency divisors of a `rope_freqs` tensor (llama.cpp's converter writes Llama 3.1's
     llama3 scaling so), carried as a llama3 scaling with `freq_factors`."""
     rotated = _field(reader, p + "rope.dimension_count")
-    if rotated is not None and int(rotated) != head_dim:
+    if rotated is not None and int(rotated) != head_dim and not partial:
         raise ValueError(f"GGUF rope.dimension_count {rotated} < head size {head_dim}: a partial "
                          "rotary embedding is not supported")  # fmt: skip
     if float(_field(reader, p + "rope.scaling.attn_factor", 1.0)) != 1.0:
@@ -276,8 +286,14 @@ def read_config(reader) -> ModelConfig:
         raise ValueError(
             f"unsupported GGUF architecture {gguf_arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
         )
+    if _field(reader, "tokenizer.ggml.model") == "gpt2":  # refused at start-up, as llama.cpp does
+        pre = _field(reader, "tokenizer.ggml.pre")
+        pre_tokenizers.lookup(pre)
+        if not pre:  # llama.cpp: "missing pre-tokenizer type, using: 'default'"
+            log.warning("GGUF has no tokenizer.ggml.pre: splitting as llama.cpp's 'default'; "
+                        "token ids may differ from the model's own tokenizer")  # fmt: skip
     p = f"{gguf_arch}."
-    arch = gguf_arch
+    arch = gguf_glm_cohere.ENGINE_ARCH.get(gguf_arch, gguf_arch)
     if arch == "llama" and _field(reader, p + "expert_count", 0):
         arch = "mixtral"  # llama.cpp stores Mixtral as llama with experts
     hidden = int(_field(reader, p + "embedding_length"))
@@ -293,7 +309,14 @@ def read_config(reader) -> ModelConfig:
         )  # fmt: skip
     head_dim = int(_field(reader, p + "attention.key_length", hidden // heads))
     head_dim = deepseek.get("head_dim", head_dim)
-    rope_scaling = deepseek["rope_scaling"] if deepseek else _rope_scaling(reader, p, head_dim)
+    partial = gguf_glm_cohere.partial_rotary(
+        gguf_arch, _field(reader, p + "rope.dimension_count"), head_dim
+    )
+    if deepseek:
+        rope_scaling = deepseek["rope_scaling"]
+    else:
+        rope_scaling = _rope_scaling(reader, p, head_dim, partial is not None)
+        rope_scaling = {**(rope_scaling or {}), **partial} if partial else rope_scaling
     eos = [int(_field(reader, "tokenizer.ggml.eos_token_id", -1))]
     eot = _field(reader, "tokenizer.ggml.eot_token_id")
     if eot is not None and int(eot) not in eos:
@@ -311,7 +334,7 @@ def read_config(reader) -> ModelConfig:
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        rms_norm_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        rms_norm_eps=float(_field(reader, p + gguf_glm_cohere.eps_key(gguf_arch), 1e-5)),
         rope_theta=float(_field(reader, p + "rope.freq_base", 10000.0)),
         rope_scaling=rope_scaling,
         max_position_embeddings=int(_field(reader, p + "context_length", 2048)),
@@ -376,6 +399,13 @@ class GGUFWeights(_ByName):
         self._config = config  # the tensors' arrays view the reader's memory map, keeping it
         named = ((_hf_name(t.name, config.architecture), t) for t in reader.tensors)
         self._tensors = {name: t for name, t in named if name is not None}  # not e.g. rope_freqs
+        self._rows: dict[str, tuple[int, int]] = {}  # a fused tensor's parts (GLM-4's ffn_up,
+        # read as its Llama name up_proj above): each part's rows, under the part's own name
+        for t in reader.tensors:
+            parts = gguf_glm_cohere.fused_names(t.name, config.architecture)
+            rows = _shape(t)[0] // max(len(parts), 1)
+            for i, name in enumerate(parts):
+                self._tensors[name], self._rows[name] = t, (i * rows, (i + 1) * rows)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.read(name)
@@ -390,13 +420,15 @@ class GGUFWeights(_ByName):
         (`gguf_dequant`: the stored blocks are what crosses to a GPU)."""
         t = self._tensors[name]
         w = dequantize(t.data, t.tensor_type.name, _shape(t), dtype, device)
+        if name in self._rows:  # a part of a fused tensor
+            w = w[slice(*self._rows[name])].contiguous()
         if w.dim() == 1 and name.endswith("shared_expert_gate.weight"):  # squeezed: [hidden]
             return w[None]
         heads = _permuted_heads(self._config, name)
         return _unpermute(w, heads) if heads else w
 
     def blocks(self) -> GGUFBlocks:
-        return GGUFBlocks(self._tensors, self._config)
+        return GGUFBlocks(self._tensors, self._config, self._rows)
 
 
 class GGUFBlocks(_ByName):
@@ -404,8 +436,8 @@ class GGUFBlocks(_ByName):
     rows in the same HF order, copied out of the file when read: only float32 CPU models read
     them, so a GPU or bf16 load copies none."""
 
-    def __init__(self, tensors: dict, config: ModelConfig) -> None:
-        self._config = config
+    def __init__(self, tensors: dict, config: ModelConfig, rows: dict | None = None) -> None:
+        self._config, self._rows = config, rows or {}
         self._tensors = {
             name: t
             for name, t in tensors.items()
@@ -417,6 +449,9 @@ class GGUFBlocks(_ByName):
     def __getitem__(self, name: str) -> QuantizedWeight:
         t = self._tensors[name]
         blocks = from_gguf(t.tensor_type.name, t.data, _shape(t)[-1])  # experts: E * N rows
+        if name in self._rows:  # a part of a fused tensor
+            part = blocks.blocks[slice(*self._rows[name])].contiguous()
+            blocks = QuantizedWeight(blocks.kind, part, blocks.cols)
         heads = _permuted_heads(self._config, name)
         if heads:
             blocks = QuantizedWeight(

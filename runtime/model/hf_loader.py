@@ -50,6 +50,7 @@ HF_ARCHITECTURES = {
     "CohereForCausalLM": "cohere",  # Command R / R+, Aya (model/cohere.py)
     "Cohere2ForCausalLM": "cohere2",  # Command R7B, Command A (model/cohere.py)
     **deepseek.ARCHITECTURES,  # DeepSeek-V2/V3, Kimi K2, Moonlight (model/deepseek.py)
+    "GptOssForCausalLM": "gpt_oss",  # gpt-oss-20b/120b: sinks, biased experts (model/gpt_oss.py)
     # Mistral-Small-3.1/3.2, Devstral-Small, Magistral-Small: the text model (`text_config`,
     # its `model_type` naming the family: `_TEXT_MODEL_TYPES`); the vision tower is not read
     "Mistral3ForConditionalGeneration": "mistral",
@@ -138,8 +139,19 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2},
     "olmoe": {"num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False,
               "rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
+    "gpt_oss": {  # GptOssConfig's (and its yarn rotary, `_GPT_OSS_ROPE`)
+        "vocab_size": 201_088, "hidden_size": 2880, "intermediate_size": 2880,
+        "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "head_dim": 64, "num_local_experts": 128, "num_experts_per_tok": 4,
+        "sliding_window": 128, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5,
+        "rope_theta": 150_000.0, "attention_bias": True, "swiglu_alpha": 1.702,
+        "swiglu_limit": 7.0,
+    },
     **deepseek.DEFAULTS,
 }  # fmt: skip
+# GptOssConfig's rotary where config.json names none (neither rope_scaling nor rope_parameters)
+_GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                 "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
 # a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
 _NULLABLE = {
     "mistral": ("sliding_window",),
@@ -254,7 +266,7 @@ def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None
         if len(types) != n:
             raise ValueError(f"layer_types names {len(types)} layers, the model has {n}")
         return tuple(t == "sliding_attention" for t in types)
-    if arch == "gemma2":  # transformers' default: even layers slide, odd ones are global
+    if arch in ("gemma2", "gpt_oss"):  # transformers' default: even layers slide, odd global
         return tuple(bool((i + 1) % 2) for i in range(n))
     if arch == "cohere2":  # the older configs: every `sliding_window_pattern`-th layer global
         pattern = int(cfg.get("sliding_window_pattern") or 4)
@@ -289,7 +301,7 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
         return int(window) if window and cfg.get("use_sliding_window", False) else None
     if arch in ("qwen2", "qwen3", "qwen3moe") and not cfg.get("use_sliding_window", False):
         return None  # Qwen configs carry a window they do not use unless told to
-    if arch in ("phi3", "gemma2"):  # every layer (Phi-3), or the window layers (Gemma 2)
+    if arch in ("phi3", "gemma2", "gpt_oss"):  # every layer (Phi-3), or the window layers
         return int(window) if window else None
     if arch == "cohere2" and not window:  # its global layers are told apart by having none
         raise ValueError("Cohere 2 without a sliding_window is not supported")
@@ -471,6 +483,16 @@ def _family(
             moe_intermediate_size=int(cfg["intermediate_size"]),
             round_topk_to_model_dtype=True,
         )
+    if arch == "gpt_oss":  # softmax over the top-k logits: the renormalised top-k
+        fields.update(
+            num_experts=int(cfg["num_local_experts"]),
+            num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+            moe_intermediate_size=int(cfg["intermediate_size"]),
+            round_topk_to_model_dtype=True,
+            attention_sinks=True,
+            swiglu_alpha=float(cfg["swiglu_alpha"]),
+            swiglu_limit=float(cfg["swiglu_limit"]),
+        )
     granite = ("granite", "granitemoe")
     if arch in granite:  # transformers' defaults: 1.0 each (a softmax scale of 1, too)
         for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
@@ -510,6 +532,8 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     cfg = top.get("text_config") or top  # Gemma3ForConditionalGeneration: the text model
     cfg = {**_DEFAULTS.get(arch, {}),
            **{k: v for k, v in cfg.items() if v is not None or k in _NULLABLE.get(arch, ())}}  # fmt: skip
+    if arch == "gpt_oss" and not cfg.get("rope_scaling") and not cfg.get("rope_parameters"):
+        cfg["rope_scaling"] = dict(_GPT_OSS_ROPE)
     if arch in _DEFAULT_ROPE and not {"rope_parameters", "rope_scaling"} & set(cfg):
         # (a top-level rope_theta alone does not count: transformers takes the default's)
         cfg["rope_parameters"] = _DEFAULT_ROPE[arch]

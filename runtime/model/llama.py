@@ -151,6 +151,8 @@ class LlamaLayer:
     """x + attention(norm(x)), then + mlp(norm(x)); the residual adds are fused into the norms
     (`__call__` hands back the MLP's output and the residual it is still to be added to)."""
 
+    sinks: torch.Tensor | None = None  # attention sinks, float32 [heads] (gpt_oss.py)
+
     def __init__(
         self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
     ) -> None:
@@ -213,8 +215,9 @@ class LlamaLayer:
                 rotate(positions=positions, q=q[..., :r], k=k[..., :r], cos_sin_cache=rows)
         k_cache, v_cache = step.kv_caches[self.index]
         out = ctx.backend.forward(
-            q, k, v, k_cache, v_cache, step.meta, window=self.window, kv_scales=self.kv_scales
-        )
+            q, k, v, k_cache, v_cache, step.meta, window=self.window, kv_scales=self.kv_scales,
+            sinks=self.sinks,
+        )  # fmt: skip
         return self.o_proj(out.reshape(t, ctx.num_heads * d))
 
     def before_rotary(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,6 +35,7 @@ MODEL_CLASSES = {
     "cohere2": ("cohere", "CohereModel"),  # Llama's, some layers without rotary (rope_layers)
     "deepseek_v2": ("deepseek", "DeepseekModel"),
     "deepseek_v3": ("deepseek", "DeepseekModel"),
+    "gpt_oss": ("gpt_oss", "GptOssModel"),
     "ministral": ("llama", "LlamaModel"),  # Mistral's, window layers by layer_types
     "ministral3": ("ministral3", "Ministral3Model"),  # q scaled by position
     "exaone4": ("exaone4", "Exaone4Model"),  # OLMo 2's norms after, per-head q/k norms

@@ -1,8 +1,8 @@
 """Tokenizer: a `tokenizers` BPE plus the chat template and the special tokens a server needs.
 
 GGUF files carry the vocabulary and merges but not the pre-tokenizer itself, only its llama.cpp
-name (`tokenizer.ggml.pre`); `PRE_TOKENIZER_SPLITS` maps those names to the regexes the merges
-were learned with, so token ids match the original Hugging Face tokenizer. Gemma's GGUFs carry a
+name (`tokenizer.ggml.pre`); `pre_tokenizers` maps those names to the regexes the merges were
+learned with (llama.cpp's table), so token ids match the original Hugging Face tokenizer. Gemma's GGUFs carry a
 SentencePiece vocabulary without merges: `build_gemma_tokenizer` rebuilds Hugging Face's Gemma
 tokenizer from it (the merges follow the vocabulary's order, as transformers derives them).
 """
@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jinja2.meta
+from pagoda.runtime.model import pre_tokenizers as pre_tokenizers_by_name
 from pagoda.runtime.model.byte_stream import (
     ByteStream,
     byte_pieces,
@@ -22,63 +23,26 @@ from pagoda.runtime.model.byte_stream import (
     whole_texts,
 )
 from pagoda.runtime.model.chat_template import environment as chat_template_environment
-from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# llama.cpp's deepseek-v3 (DeepSeek-V3, R1, V3.1 GGUFs): three regexes, each splitting the
-# pieces of the one before (digits by three, then CJK/kana runs, then words and punctuation)
-_DEEPSEEK_V3_SPLITS = (
-    r"\p{N}{1,3}",
-    r"[一-龥぀-ゟ゠-ヿ]+",
-    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
-    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-)
-PRE_TOKENIZER_SPLITS: dict[str, str | tuple[str, ...]] = {
-    "deepseek-v3": _DEEPSEEK_V3_SPLITS,
-    "llama3": _LLAMA3_SPLIT,
-    "llama-bpe": _LLAMA3_SPLIT,
-    "smaug-bpe": _LLAMA3_SPLIT,
-    "dbrx": _LLAMA3_SPLIT,  # cl100k's vocabularies (llama.cpp: "same as llama3")
-    "qwen2": _QWEN2_SPLIT,
-    "deepseek-r1-qwen": _QWEN2_SPLIT,
-}
 _CONTROL, _USER_DEFINED = 3, 4
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 SPIECE_SPACE = "\u2581"
 
 
-def _pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
-    if pre in PRE_TOKENIZER_SPLITS:
-        splits = PRE_TOKENIZER_SPLITS[pre]
-        return pre_tokenizers.Sequence(
-            [
-                *(pre_tokenizers.Split(Regex(x), behavior="isolated")
-                  for x in ((splits,) if isinstance(splits, str) else splits)),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )  # fmt: skip
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in ("smollm", "starcoder", "refact"):  # digits are split one by one first
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    return byte_level  # "gpt2", "default" and unknown names: the GPT-2 regex
-
-
 def build_bpe_tokenizer(
     tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int] | None, pre: str | None
 ) -> HFTokenizer:
-    """A byte-level BPE `tokenizers.Tokenizer` from GGUF vocabulary data."""
+    """A byte-level BPE `tokenizers.Tokenizer` from GGUF vocabulary data; `pre` is the file's
+    `tokenizer.ggml.pre` (`pre_tokenizers`: ValueError for a name llama.cpp does not know)."""
+    split = pre_tokenizers_by_name.lookup(pre)
     vocab = {tok: i for i, tok in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, ignore_merges=False))
-    tok.pre_tokenizer = _pre_tokenizer(pre)
+    tok = HFTokenizer(
+        models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, ignore_merges=split.ignore_merges)
+    )
+    tok.pre_tokenizer = pre_tokenizers_by_name.build(split)
     tok.decoder = decoders.ByteLevel()
     _add_typed_tokens(tok, tokens, list(token_types or []))
     return tok

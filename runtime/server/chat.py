@@ -59,6 +59,11 @@ class ChatEndpoint(Endpoint):
         spec = tools.output_constraint(setup, req.tools, spec_from_request(req))
         raw, text, ids, tail = self._prompt(req, info, setup, self.reasoning_parser is not None)
         thinking = reasoning.thinks(self.reasoning_parser, tail, req.chat_template_kwargs)
+        harmony = self.reasoning_parser == reasoning.HARMONY
+        if harmony and spec is not None:  # its answer follows channels of special tokens
+            raise APIError(400, f"{spec.field} is not applied with --reasoning-parser "
+                           f"{reasoning.HARMONY} (gpt-oss's channels)", param=spec.field,
+                           code="invalid_value")  # fmt: skip
         if thinking and spec is not None:  # the grammar holds the answer, not the thinking
             try:
                 spec = reasoning.after_reasoning(spec)
@@ -68,6 +73,8 @@ class ChatEndpoint(Endpoint):
         extra = {}
         if setup is not None and setup.parser is not None and setup.parser.name == "mistral":
             extra["skip_special_tokens"] = False  # [TOOL_CALLS] is a special token
+        if harmony:
+            extra["skip_special_tokens"] = False  # the channels' markers are special tokens
         params = self.sampling_params(
             req, renames, info.sampling_defaults, max_tokens=max_tokens, logprobs=logprobs,
             prompt_logprobs=req.prompt_logprobs, structured_outputs=spec, **extra,
@@ -165,7 +172,8 @@ class ChatEndpoint(Endpoint):
     def choice(self, job: Job, i: int, text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
         thought, answer = None, text
         if job.reasoning is not None:
-            split = job.reasoning_streams[i] = reasoning.ReasoningStream(job.reasoning)
+            split = job.reasoning_streams[i] = reasoning.new_stream(self.reasoning_parser,
+                                                                    job.reasoning)  # fmt: skip
             thought, answer = reasoning.split(text, split)
         content = None if answer is None else job.echo_text + answer
         message: dict[str, Any] = {"role": job.role, "content": content}
@@ -186,7 +194,8 @@ class ChatEndpoint(Endpoint):
         if job.reasoning is not None:
             split = job.reasoning_streams.get(i)
             if split is None:
-                split = job.reasoning_streams[i] = reasoning.ReasoningStream(job.reasoning)
+                split = job.reasoning_streams[i] = reasoning.new_stream(self.reasoning_parser,
+                                                                        job.reasoning)  # fmt: skip
             thought, text = split.feed(text, final)
         if job.tools is None:
             delta = {"content": text} if text else {}

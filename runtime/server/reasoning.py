@@ -17,6 +17,8 @@ the reply holds ``</think>`` after its last ``<think>``), the output is all cont
 `ReasoningStream` splits text as it streams: it holds back at most the few characters that may
 begin a marker and scans only new text, never the whole output again. Tool calls and
 structured outputs apply to the content alone (`chat.py`, `after_reasoning`).
+
+`openai_gptoss` reads gpt-oss's harmony channels instead (`harmony.py`: `new_stream`).
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pagoda.runtime.server.harmony import HarmonyStream
 from pagoda.runtime.structured.params import StructuredOutputsParams
 
 START, END = "<think>", "</think>"
+HARMONY = "openai_gptoss"  # gpt-oss's channels (`harmony.py`)
 # Whitespace before an opening `<think>` is dropped with it; past this much, no `<think>` opens
 # the output (its text is reasoning as written).
 _MAX_LEADING_SPACE = 64
@@ -43,6 +47,11 @@ def thinks(parser: str | None, prompt_tail: str, template_kwargs: dict[str, Any]
         return False
     closed = prompt_tail.rfind(END)
     return closed < 0 or prompt_tail.rfind(START) > closed
+
+
+def new_stream(parser: str | None, thinking: bool) -> ReasoningStream | HarmonyStream:
+    """A choice's splitter for `parser`'s replies (`thinking`: `thinks`'s answer)."""
+    return HarmonyStream() if parser == HARMONY else ReasoningStream(thinking)
 
 
 def _held(text: str, marker: str) -> int:
@@ -109,6 +118,8 @@ def reasoning_tokens(ids: Sequence[int], stream: ReasoningStream | None, end_id:
     between an opening `<think>` and `</think>` (to the end while `stream` never saw it), by
     where each token's text (`text_of`) begins; the marker is found by its token `end_id`
     where it is one (Qwen3's and DeepSeek-R1's vocabularies). None without thinking."""
+    if isinstance(stream, HarmonyStream):
+        return stream.reasoning_tokens(ids, text_of)
     if stream is None or not (stream.thinking or stream.end_at is not None):
         return 0
     stop, end_at = len(ids), stream.end_at

@@ -28,7 +28,10 @@ safetensors headers through `SafetensorsWeights`; no tensor data is read):
   its KV heads (replicated when there are fewer than ranks), o and down by input columns (their
   biases, and FP8 scales, whole), gate/up and the experts by rows, the vocabulary padded to a
   multiple of the ranks; norms and the router whole on every rank (Cohere's per-head q/k norms
-  by heads).
+  by heads);
+* gpt-oss's stacked experts (`model/gpt_oss.py`) as the engine holds them: dequantized from
+  MXFP4 (`*_blocks`, `*_scales`) or transposed from [E, hidden, 2I], one `Linear` per expert
+  (never `qgemm`'s blocks), their attention sinks and norms in float32.
 
 Pickled ``.bin`` checkpoints count as their file size (their dtypes need unpickling, and the
 loader reads safetensors only); a directory without weight files (a config.json alone) counts
@@ -164,6 +167,7 @@ def estimate(
         target = f"FP8 projections + {name}" if "fp8" in notes else name
         quantized = ckpt.form == "GGUF" and any(t.kind not in ("F32", "F16", "BF16")
                                                  for t in ckpt.tensors.values())  # fmt: skip
+        quantized = quantized or any(n.endswith("_blocks") for n in ckpt.tensors)  # MXFP4
         same = {t.kind for t in ckpt.tensors.values()} == {_KIND.get(place.dtype)}
         verb = " dequantized" if quantized else " as stored" if same else " converted"
     extra = "".join(f"; {v}" for k, v in notes.items() if k not in ("blocks", "fp8"))
@@ -288,6 +292,12 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         projections += moe * shared
         routers += moe * h * item if f.routing is None else 0
     embed = mc.vocab_size * h * (1 if mc.tie_word_embeddings else 2) * item
+    if mc.architecture == "gpt_oss":  # biases, sinks (float32), norms in float32
+        heads = mc.num_heads / t
+        biases = (heads + 2 * kv) * d + h  # q/k/v this rank's, o's whole
+        biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
+        projections += n * biases * item + n * 4 * heads
+        norms = (2 * n + 1) * h * 4
     return math.ceil(projections + (experts + embed) / t) + routers + norms
 
 
@@ -320,6 +330,8 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
 
     lay = TPLayout(0, p.tp)
     tensors = {n: t for n, t in ckpt.tensors.items() if read_by_model(n, mc)}
+    if mc.architecture == "gpt_oss":
+        tensors = _gpt_oss_as_held(tensors, mc)
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     notes = {"tied": note} if note else {}
@@ -334,14 +346,19 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
             total += _joined_kv_b(t, mc, lay, p)
         elif name.endswith(".weight") and len(t.shape) in (2, 3) and not norm:
             groups.setdefault(_group(name), []).append(t)
-        elif norm and (mc.family.gemma_norms or mc.family.cohere_layer):
-            # float32: Gemma's 1 + w (gemma2.norm_weight), Cohere's LayerNorm weights
+        elif norm and (
+            mc.family.gemma_norms or mc.family.cohere_layer or mc.architecture == "gpt_oss"
+        ):
+            # float32: Gemma's 1 + w (gemma2.norm_weight), Cohere's LayerNorm weights, gpt-oss's w
             total += math.prod(_local(name, t.shape, mc, lay)) * 4
+        elif name.endswith("self_attn.sinks"):  # float32, this rank's heads
+            start, stop = lay.heads(mc.num_heads)
+            total += (stop - start) * 4
         else:  # norms and biases (o's and down's whole on every rank)
             total += _local(name, t.shape, mc, lay)[0] * p.dtype.itemsize
     fp8_layers = blocks = 0
     for parts in groups.values():
-        held = _bound(parts) if p.blocks else None
+        held = _bound(parts) if p.blocks and parts[0].kind != _HELD else None
         if held is not None:
             total, blocks = total + held, blocks + 1
         elif p.fp8 is not None and _runs_in_fp8(parts[0].name, p.fp8):
@@ -357,6 +374,36 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     if fp8_layers:
         notes["fp8"] = str(fp8_layers)
     return total, notes
+
+
+_HELD = "held"  # a tensor made at load (gpt-oss's experts): no stored form to read in place
+_GPT_OSS_EXPERTS = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.)(gate_up_proj|down_proj)"
+                              r"(_blocks|_scales|_bias)?$")  # fmt: skip
+
+
+def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
+    """gpt-oss's experts under names and shapes the rules here read as the engine holds them
+    (`gpt_oss.expert_tensors`): gate/up rows [E, 2I, hidden] and down [E, hidden, I] per
+    expert `Linear`, from the stacked x @ W tensors or MXFP4 blocks (their scales go with
+    them); the biases as vectors, gate/up's split by rows, down's whole on every rank."""
+    out = {}
+    for name, t in tensors.items():
+        m = _GPT_OSS_EXPERTS.match(name)
+        if m is None:
+            out[name] = t
+            continue
+        prefix, which, suffix = m.groups()
+        if suffix == "_scales":
+            continue
+        if suffix == "_bias":
+            new = f"{prefix}{which}.bias"
+            out[new] = Stored(new, t.kind, (t.numel,), t.nbytes)
+            continue
+        e, n, h = mc.family.num_experts, mc.family.moe_intermediate_size, mc.hidden_size
+        shape = (e, 2 * n, h) if which == "gate_up_proj" else (e, h, n)
+        new = f"{prefix}{which}.weight"
+        out[new] = Stored(new, _HELD, shape, t.nbytes)
+    return out
 
 
 # Qwen2-MoE's shared expert, DeepSeek's shared_experts

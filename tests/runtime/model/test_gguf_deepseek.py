@@ -187,10 +187,15 @@ def test_the_deepseek_v3_pre_tokenizer_splits_as_llama_cpp():
     """``tokenizer.ggml.pre`` deepseek-v3 (DeepSeek-V3/R1 GGUFs): llama.cpp's three regexes in
     turn: digits in threes, a CJK/kana run apart from the space before it, punctuation with the
     newlines after it (the GPT-2 fallback kept "12345" and " 日本語" whole)."""
-    from pagoda.runtime.model.tokenizer import _pre_tokenizer
+    from pagoda.runtime.model import pre_tokenizers
 
     text = "x = 12345 日本語テキスト Hello, world!!\n\nok"
-    pieces = [p for p, _ in _pre_tokenizer("deepseek-v3").pre_tokenize_str(text)]
+    pieces = [
+        p
+        for p, _ in pre_tokenizers.build(pre_tokenizers.lookup("deepseek-v3")).pre_tokenize_str(
+            text
+        )
+    ]
     byte = {"Ġ": " ", "Ċ": "\n"}  # byte-level spellings of the two ASCII bytes used here
     plain = ["".join(byte.get(c, c) for c in p) for p in pieces]
     assert plain[:5] == ["x", " =", " ", "123", "45"]

@@ -42,6 +42,10 @@ NAMES = {
     "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp",
     "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    # GLM-4's: the fused gate_up kept whole, its norms after attention and after the MLP
+    "mlp.gate_up_proj": "ffn_up",
+    "post_self_attn_layernorm": "post_attention_norm",
+    "post_mlp_layernorm": "post_ffw_norm",
 }
 GEMMA3_NAMES = {
     **NAMES,
@@ -141,8 +145,16 @@ def write_gguf(
     if head_dim:  # as the converter: only where config.json has one
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope_parameters.get("rope_theta", 10000.0))  # Cohere's: 500k
+    if arch in ("command-r", "cohere2"):  # Cohere's LayerNorm eps, its logit scale
+        w.add_layer_norm_eps(cfg.layer_norm_eps)
+        w.add_logit_scale(cfg.logit_scale)
+    else:
+        w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if arch == "glm4":  # the converter: head size x partial_rotary_factor
+        partial = cfg.rope_parameters.get("partial_rotary_factor", 0.5)
+        w.add_rope_dimension_count(int((head_dim or cfg.hidden_size // cfg.num_attention_heads)
+                                       * partial))  # fmt: skip
     experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
     if experts:
         w.add_expert_count(experts)
@@ -222,7 +234,8 @@ def write_gguf(
             if hf in sd:
                 heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}
                 norm = gname.endswith("norm")
-                qtype = Q.F32 if gname == "ffn_gate_inp" else Q.Q8_0
+                # the converter keeps routers and norms (Cohere's per-head q/k norms: 2-D) in F32
+                qtype = Q.F32 if gname == "ffn_gate_inp" or norm else Q.Q8_0
                 put(f"blk.{i}.{gname}.{kind}", sd[hf], hf, qtype, heads.get(gname, 0) if llama else 0,
                     shift if norm else 0.0)  # fmt: skip
         for hf_names, g_names in EXPERTS.items():
@@ -297,13 +310,20 @@ CASES = {
     ),  # whole q/k norms, experts, not renormalised  # its four scalars; q/k (and their biases) permuted
     "gemma2": ("Gemma2", GEMMA2, 7),
     "llama": ("Mixtral", MIXTRAL, None),
+    # fused gate_up as ffn_up, two more norms, q/k/v biases, half the head rotating interleaved
+    "glm4": ("Glm4", dict(vocab_size=300, head_dim=32), None),
+    # LayerNorms, parallel attention and MLP, per-head q/k norms, logit scale, tied embeddings
+    "command-r": ("Cohere", dict(vocab_size=300, use_qk_norm=True, logit_scale=0.5), None),
+    # window layers rotated, every fourth layer global and NoPE (llama.cpp's fixed pattern)
+    "cohere2": ("Cohere2", dict(vocab_size=300, num_hidden_layers=4, sliding_window=10), 10),
 }
 GGUF_ARCH = {"qwen3": "qwen3", "qwen3moe": "qwen3moe", "gemma3": "gemma3", "llama": "llama",
              "llama3-rope": "llama", "gemma2": "gemma2", "qwen2moe": "qwen2moe",
              "qwen2moe-squeezed": "qwen2moe",
              "granite": "granite", "granitemoe": "granitemoe", "olmo2": "olmo2", "olmoe": "olmoe",
-             "olmo3": "olmo2", "smollm3": "smollm3"}  # fmt: skip
-ARCH = {**GGUF_ARCH, "llama": "mixtral"}  # the engine's
+             "olmo3": "olmo2", "smollm3": "smollm3", "glm4": "glm4", "command-r": "command-r",
+             "cohere2": "cohere2"}  # fmt: skip
+ARCH = {**GGUF_ARCH, "llama": "mixtral", "command-r": "cohere"}  # the engine's
 
 
 def _oracle(tmp_path, tensors: dict[str, torch.Tensor]):
@@ -342,6 +362,14 @@ def test_gguf_family_matches_transformers_on_its_dequantized_weights(tmp_path, c
         assert (f.window_layers, f.query_pre_attn_scalar, f.qk_norm) == ((True, False), 64, False)
     if case == "smollm3":  # llama.cpp's NoPE layers are transformers' default ones
         assert config.family.rope_layers == tuple(map(bool, model.config.no_rope_layers))
+    if case == "cohere2":  # llama.cpp's pattern: every fourth layer global, without rotary
+        f = config.family
+        assert (
+            f.window_layers
+            == f.rope_layers
+            == (True, True, True, False)
+            == tuple(t == "sliding_attention" for t in model.config.layer_types)
+        )
     if case == "olmo3":  # the file's window and per-layer flags
         assert (config.family.sliding_window, config.family.window_layers) == (
             7,
@@ -355,7 +383,10 @@ def test_gguf_family_matches_transformers_on_its_dequantized_weights(tmp_path, c
                    f.logits_scaling)  # fmt: skip
         assert scalars == pytest.approx(tuple(overrides[k] for k in GRANITE_SCALARS))
     for name, want in expected.items():
-        if "experts." not in name and "_linear." not in name:  # Gemma's norms stored: 1 + w
+        if name.endswith("gate_up_proj.weight"):  # GLM-4's ffn_up read as gate and up rows
+            got = torch.cat([weights[name.replace("gate_up", part)] for part in ("gate", "up")])
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6, msg=name)
+        elif "experts." not in name and "_linear." not in name:  # Gemma's norms stored: 1 + w
             shift = 1.0 if case.startswith("gemma") and name.endswith("norm.weight") else 0.0
             torch.testing.assert_close(weights[name] - shift, want, rtol=0, atol=1e-6, msg=name)
     llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20, max_num_batched_tokens=16,

@@ -1,0 +1,115 @@
+"""gpt-oss's harmony replies (`pagoda serve --reasoning-parser openai_gptoss`, vLLM's name).
+
+gpt-oss writes its reply as messages on channels, each a header and a body between special
+tokens (its chat template ends the prompt with ``<|start|>assistant``)::
+
+    <|channel|>analysis<|message|>…<|end|><|start|>assistant<|channel|>final<|message|>…<|return|>
+
+The analysis channel's bodies are the reasoning (`reasoning_content`, `reasoning`), every other
+channel's (final; a commentary preamble) the content; headers and markers are dropped. The
+markers are special tokens, so such replies are decoded with them (`chat.py` sets
+``skip_special_tokens`` false). An output that does not open with a harmony marker (a model that
+does not write the format) is content as written.
+
+`HarmonyStream` reads a reply as it streams, with `reasoning.ReasoningStream`'s interface: it
+holds back at most a header or a marker's beginning, scans only new text, and records where each
+analysis body lies in the output so that `reasoning_tokens` counts its tokens. Structured outputs
+are not applied after the analysis (`chat.py` refuses them with this parser).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+MESSAGE = "<|message|>"
+CHANNEL = "<|channel|>"
+OPENERS = (CHANNEL, "<|start|>")  # what a harmony reply (or its next message) begins with
+ENDS = ("<|end|>", "<|return|>", "<|call|>")  # what ends a message's body
+REASONING = "analysis"
+
+
+def _channel(header: str) -> str:
+    """The channel a message header names (``<|start|>assistant to=functions.f<|channel|>
+    commentary json`` → commentary), "" where it names none."""
+    at = header.rfind(CHANNEL)
+    if at < 0:
+        return ""
+    words = header[at + len(CHANNEL) :].split("<|", 1)[0].split()
+    return words[0] if words else ""
+
+
+def _held(text: str, markers: Sequence[str]) -> int:
+    """Length of the longest end of `text` that is a proper beginning of one of `markers`."""
+    for n in range(min(max(map(len, markers)) - 1, len(text)), 0, -1):
+        if any(m.startswith(text[-n:]) for m in markers):
+            return n
+    return 0
+
+
+class HarmonyStream:
+    """One choice's harmony text → (reasoning, content) pieces, fed delta by delta."""
+
+    __slots__ = ("channel", "fed", "in_body", "pending", "plain", "spans", "thinking")
+
+    def __init__(self) -> None:
+        self.thinking = True  # (`ReasoningStream`'s flag: the output is read, not passed on)
+        self.plain: bool | None = None  # the output is not harmony (None: not known yet)
+        self.pending = ""  # held back: the output's undecided start, a header, a marker's start
+        self.in_body = False
+        self.channel = ""
+        self.fed = 0  # characters of output fed so far
+        self.spans: list[list[int]] = []  # [begin, end) of each analysis body in the output
+
+    def feed(self, text: str, final: bool) -> tuple[str, str]:
+        """(reasoning, content) of `text` after what came before; `final`: the output ends
+        here (nothing is held back; an unfinished header is dropped)."""
+        self.fed += len(text)
+        buf, self.pending = self.pending + text, ""
+        base = self.fed - len(buf)  # where `buf` begins in the output
+        if self.plain is None:
+            start = buf.lstrip()
+            if start.startswith(OPENERS):
+                self.plain = False
+            elif not final and any(o.startswith(start) for o in OPENERS):
+                self.pending = buf  # whitespace, or a marker's beginning
+                return "", ""
+            else:
+                self.plain = True
+        if self.plain:
+            return "", buf
+        reasoning: list[str] = []
+        content: list[str] = []
+        pos = 0
+        while pos < len(buf):
+            if not self.in_body:  # a header: up to <|message|>
+                at = buf.find(MESSAGE, pos)
+                if at < 0:
+                    self.pending = "" if final else buf[pos:]
+                    break
+                self.channel, self.in_body, pos = _channel(buf[pos:at]), True, at + len(MESSAGE)
+                if self.channel == REASONING:
+                    self.spans.append([base + pos, self.fed])
+                continue
+            found = [(at, m) for m in ENDS if (at := buf.find(m, pos)) >= 0]
+            if found:
+                end, marker = min(found)
+                after = end + len(marker)
+            else:  # the body goes on: keep back what may begin an end marker
+                end = after = len(buf) - (0 if final else _held(buf[pos:], ENDS))
+            (reasoning if self.channel == REASONING else content).append(buf[pos:end])
+            if self.channel == REASONING:
+                self.spans[-1][1] = base + end
+            if found:
+                self.in_body, pos = False, after
+            else:
+                self.pending, pos = buf[end:], len(buf)
+        return "".join(reasoning), "".join(content)
+
+    def reasoning_tokens(self, ids: Sequence[int], text_of: Callable[[int], str]) -> int:
+        """How many of `ids` (the reply's tokens, each adding `text_of(t)` to its text) begin
+        inside an analysis body."""
+        n = at = 0
+        for t in ids:
+            n += any(begin <= at < end for begin, end in self.spans)
+            at += len(text_of(t))
+        return n
