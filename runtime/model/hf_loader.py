@@ -18,7 +18,7 @@ from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.ops import rope_inv_freq, rope_kind, rotary_dim
 from pagoda.runtime.model.safetensors_weights import INDEX, SafetensorsWeights
-from pagoda.runtime.model.template_files import read_chat_template
+from pagoda.runtime.model.template_files import read_chat_template, read_tool_template
 from pagoda.runtime.model.template_files import read_json_object as _read_json
 from pagoda.runtime.model.tokenizer import Tokenizer
 from tokenizers import Tokenizer as HFTokenizer
@@ -613,6 +613,7 @@ def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
     return Tokenizer(
         hf_tok,
         chat_template=template,
+        tool_chat_template=read_tool_template(model_dir, tcfg),
         bos_token_id=config.bos_token_id,
         eos_token_ids=config.eos_token_ids,
         add_bos_token=_adds_bos(hf_tok, config.bos_token_id, tcfg),

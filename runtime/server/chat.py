@@ -54,7 +54,7 @@ class ChatEndpoint(Endpoint):
         if req.max_completion_tokens is not None:  # OpenAI's newer name; errors must use it
             max_tokens = req.max_completion_tokens
             renames = {**renames, "max_tokens": "max_completion_tokens"}
-        template = info.tokenizer.chat_template
+        template = info.tokenizer.template_for(bool(req.tools))  # Command R's tool_use one
         setup = tools.prepare(req, template, self.tool_parser)
         spec = tools.output_constraint(setup, req.tools, spec_from_request(req))
         raw, text, ids, tail = self._prompt(req, info, setup, self.reasoning_parser is not None)
@@ -110,13 +110,13 @@ class ChatEndpoint(Endpoint):
                 tail: bool) -> tuple[list[dict[str, Any]], str, list[int], str]:  # fmt: skip
         """`prompt`'s, and with `tail` the text the template adds for the reply (`_reply_tail`,
         one more rendering; "" without)."""
-        template = info.tokenizer.chat_template
+        template = info.tokenizer.template_for(bool(req.tools))
         raw = [m.as_template_dict() for m in req.messages]
         if template is not None and "developer" not in template:
             raw = [as_system(m) for m in raw]
         self.check_length("".join(str(m.get("content", "")) for m in raw), info)
         variables = _template_kwargs(req.chat_template_kwargs, info.tokenizer,
-                                     self.content_as_text)  # fmt: skip
+                                     self.content_as_text, bool(req.tools))  # fmt: skip
         render = functools.partial(
             _render, info.tokenizer.apply_chat_template,
             add_generation_prompt=req.generation_prompt,
@@ -232,8 +232,8 @@ def _with_role(job: Job, i: int, delta: dict[str, Any], final: bool) -> dict[str
             **{k: v for k, v in delta.items() if k != "content"}}  # fmt: skip
 
 
-def _template_kwargs(kwargs: dict[str, Any] | None, tokenizer: Any,
-                     as_text: bool) -> dict[str, Any] | None:  # fmt: skip
+def _template_kwargs(kwargs: dict[str, Any] | None, tokenizer: Any, as_text: bool,
+                     tools: bool = False) -> dict[str, Any] | None:  # fmt: skip
     """`chat_template_kwargs`, each a variable this model's chat template reads; one it does not
     read (it would change nothing) or one the server sets itself is a 400 naming it, and so is
     special-token text in a value while the client's text is read as text (`as_text`): the
@@ -249,7 +249,7 @@ def _template_kwargs(kwargs: dict[str, Any] | None, tokenizer: Any,
             raise APIError(400, f"{param}: the server sets '{shorten(key, 60)}' itself (use the "
                            "request's fields: messages, tools, add_generation_prompt)",
                            param=param, code="invalid_value")  # fmt: skip
-        if key not in tokenizer.template_variables:
+        if key not in tokenizer.variables_for(tools):
             raise APIError(400, f"{param}: this model's chat template does not read "
                            f"'{shorten(key, 60)}', so it would change nothing", param=param,
                            code="unsupported_parameter")  # fmt: skip
