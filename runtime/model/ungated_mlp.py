@@ -39,9 +39,11 @@ def xielu(weights: dict[str, torch.Tensor]) -> Callable[[torch.Tensor], torch.Te
     alpha_p = F.softplus(weights["alpha_p"])
     alpha_n = beta + F.softplus(weights["alpha_n"])
 
-    def act(x: torch.Tensor) -> torch.Tensor:
-        negative = (torch.expm1(torch.minimum(x, eps)) - x) * alpha_n + beta * x
-        return torch.where(x > 0, alpha_p * x * x + beta * x, negative)
+    def act(x: torch.Tensor) -> torch.Tensor:  # transformers' order of operations, in place
+        linear = x * beta
+        positive = x.mul(alpha_p).mul_(x).add_(linear)
+        negative = torch.minimum(x, eps).expm1_().sub_(x).mul_(alpha_n).add_(linear)
+        return torch.where(x > 0, positive, negative)
 
     return act
 

@@ -437,3 +437,17 @@ def test_an_ungated_mlp_from_shapes_as_from_its_tensors(tp, fp8, names):
     place = weights.Placement(torch.bfloat16, "cuda", tp, ONLINE_SCHEME if fp8 else None)
     got, _ = weights.resident(weights.Checkpoint("safetensors", table, 0), mc, place)
     assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, fp8, tp), rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_xielu_is_transformers_bit_for_bit(dtype):
+    """`ungated_mlp.xielu` from the stored parameters against transformers' own
+    XIELUActivation (its Python path) in the model's dtype."""
+    from pagoda.runtime.model.ungated_mlp import XIELU_PARAMS, xielu
+    from transformers.activations import ACT2CLS
+
+    theirs = ACT2CLS["xielu"](alpha_p_init=0.6, alpha_n_init=0.9, beta=0.4, dtype=dtype)
+    stored = {p: getattr(theirs, p).detach() for p in XIELU_PARAMS}
+    x = torch.randn(33, 257, generator=torch.Generator().manual_seed(0)).mul(4).to(dtype)
+    with torch.no_grad():
+        assert torch.equal(xielu(stored)(x.clone()), theirs._xielu_python(x))
