@@ -33,8 +33,8 @@ def test_pagoda_serve_answers_a_chat_with_a_tiktoken_deepseek_v3(tmp_path):
     rendered = "<|im_user|>user<|im_middle|>Hello 你好 😀 x=12345<|im_end|><|im_assistant|>assistant<|im_middle|>"
     prompt = tiktoken_encode(ranks, specials, rendered)
     want, _ = hf_greedy_plain(model, prompt, 8)
-    srv = ServerProcess("--model", str(tmp_path), "--kv-cache-memory", "16MiB",
-                        "--max-model-len", "256", "--log-level", "warning")  # fmt: skip
+    srv = ServerProcess("--model", str(tmp_path), "--dtype", "float32", "--kv-cache-memory",
+                        "16MiB", "--max-model-len", "256", "--log-level", "warning")  # fmt: skip
     try:
         srv.wait_ready()
         client = openai.OpenAI(base_url=srv.base + "/v1", api_key="x", max_retries=0)

@@ -48,7 +48,9 @@ def test_merges_are_transformers_tiktoken_converters(ranks, tmp_path):
 @pytest.mark.parametrize(
     "text",
     [TEXT, TEXT.lower(), TEXT.upper(), "   leading and trailing   ", "1234567890" * 3,
-     "中文中文中文", "\n\n\t\t  \r\n", "a" * 300, "ÿþ\u00a0\u200b\ufeff", ""],
+     "中文中文中文", "Helloworld THEYRE indentedTab quickbrownfoxes 你好世界中文 HTTPServers",
+     "words unseen whole: they're, we'll, Hello-World, WORLD-hello, cafés 1000000000",
+     "\n\n\t\t  \r\n", "a" * 300, "ÿþ\u00a0\u200b\ufeff", ""],
 )  # fmt: skip
 def test_ids_are_tiktokens_and_decode_back(kimi, ranks, text):
     _, specials, tok = kimi
