@@ -468,10 +468,12 @@ def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
     Kimi K2, Moonlight); ValueError, one line, for a directory with neither."""
     path = model_dir / "tokenizer.json"
     tcfg = _read_json(model_dir / "tokenizer_config.json")
+    sort_tool_keys = False
     if path.exists():
         hf_tok = HFTokenizer.from_file(str(path))
     elif (model_dir / tiktoken_files.TIKTOKEN_FILE).exists():
         hf_tok = tiktoken_files.read_tiktoken_dir(model_dir, tcfg)
+        sort_tool_keys = tiktoken_files.sorts_tool_keys(model_dir, tcfg)
     else:
         raise ValueError(f"{model_dir} has no tokenizer.json (nor {tiktoken_files.TIKTOKEN_FILE})")
     template = read_chat_template(model_dir, tcfg)  # a processor's file first, as vLLM
@@ -481,6 +483,7 @@ def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
         bos_token_id=config.bos_token_id,
         eos_token_ids=config.eos_token_ids,
         add_bos_token=_adds_bos(hf_tok, config.bos_token_id, tcfg),
+        sort_tool_keys=sort_tool_keys,
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -129,21 +130,29 @@ def build_tiktoken_tokenizer(
     tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, ignore_merges=True))
     tok.pre_tokenizer = pre_tokenizers.build(pre_tokenizers.PreTokenizer((pattern,)))
     tok.decoder = decoders.ByteLevel()
-    for want, text, special in specials:  # in id order: each takes the next id
-        token = AddedToken(text, special=special, normalized=False)
-        (tok.add_special_tokens if special else tok.add_tokens)([token])
+    for special, run in itertools.groupby(specials, key=lambda s: s[2]):  # in id order
+        tokens = [AddedToken(text, special=special, normalized=False) for _, text, _ in run]
+        (tok.add_special_tokens if special else tok.add_tokens)(tokens)  # the next ids
+    for want, text, _ in specials:
         if tok.token_to_id(text) != want:
             raise ValueError(f"special token {text!r} would get id {tok.token_to_id(text)}, "
                              f"not its id {want} (its text is also a BPE token)")  # fmt: skip
     return tok
 
 
+def code_module(tcfg: Mapping[str, Any]) -> str | None:
+    """The module of the tokenizer class tokenizer_config.json's `auto_map` names
+    (``["tokenization_kimi.TikTokenTokenizer", null]`` -> "tokenization_kimi")."""
+    auto_map = tcfg.get("auto_map")
+    auto = auto_map.get("AutoTokenizer") if isinstance(auto_map, Mapping) else None
+    names = [a for a in (auto if isinstance(auto, list) else [auto]) if isinstance(a, str)]
+    return names[0].rsplit(".", 1)[0] if names else None
+
+
 def tiktoken_code(model_dir: Path, tcfg: Mapping[str, Any]) -> TiktokenCode:
     """The known tokenizer code a directory's tokenizer_config.json names (`auto_map`), its
     regex checked against that file's text where the directory has it; ValueError otherwise."""
-    auto = (tcfg.get("auto_map") or {}).get("AutoTokenizer") if isinstance(tcfg, Mapping) else None
-    names = [a for a in (auto if isinstance(auto, list) else [auto]) if isinstance(a, str)]
-    module = names[0].rsplit(".", 1)[0] if names else None
+    module = code_module(tcfg)
     if module not in KNOWN_CODE:
         known = ", ".join(f"{m}.py" for m in KNOWN_CODE)
         raise ValueError(f"{model_dir} has {TIKTOKEN_FILE} but no tokenizer.json, and its "
@@ -160,6 +169,13 @@ def tiktoken_code(model_dir: Path, tcfg: Mapping[str, Any]) -> TiktokenCode:
                              "tokens differently from the Kimi code known here: add a "
                              "tokenizer.json")  # fmt: skip
     return code
+
+
+def sorts_tool_keys(model_dir: Path, tcfg: Mapping[str, Any]) -> bool:
+    """Whether the directory's tokenizer code sorts the keys of `tools` before rendering the
+    chat template (later Kimi releases' `deep_sort_dict(tools)`); False without the file."""
+    source = model_dir / f"{code_module(tcfg)}.py"
+    return source.is_file() and "deep_sort_dict(tools)" in source.read_text(errors="replace")
 
 
 def read_tiktoken_dir(model_dir: Path, tcfg: Mapping[str, Any]) -> HFTokenizer:

@@ -108,8 +108,10 @@ class Tokenizer:
         bos_token_id: int | None,
         eos_token_ids: Sequence[int],
         add_bos_token: bool = False,
+        sort_tool_keys: bool = False,
     ) -> None:
         self._tok = tokenizer
+        self.sort_tool_keys = sort_tool_keys  # Kimi's code sorts `tools` (`tiktoken_files`)
         self.chat_template = chat_template
         self.bos_token_id = bos_token_id
         self.eos_token_ids = tuple(eos_token_ids)
@@ -133,7 +135,7 @@ class Tokenizer:
         return (
             _rebuild,
             (self._tok.to_str(), self.chat_template, self.bos_token_id, self.eos_token_ids,
-             self.add_bos_token),
+             self.add_bos_token, self.sort_tool_keys),
         )  # fmt: skip
 
     @property
@@ -262,7 +264,9 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt and not continue_final_message,
             bos_token=self._special(self.bos_token_id),
             eos_token=self._special(self.eos_token_ids[0] if self.eos_token_ids else None),
-            tools=list(tools) if tools else None,
+            tools=([_sorted_keys(t) for t in tools] if self.sort_tool_keys else list(tools))
+            if tools
+            else None,
         )
         return _open_final_message(text, messages) if continue_final_message and messages else text
 
@@ -279,6 +283,15 @@ TEMPLATE_NAMES = frozenset(
         "strftime_now",
     }
 )
+
+
+def _sorted_keys(obj: Any) -> Any:
+    """`obj` with every dict's keys in sorted order, nested (Kimi's `deep_sort_dict`)."""
+    if isinstance(obj, dict):
+        return {k: _sorted_keys(v) for k, v in sorted(obj.items())}
+    if isinstance(obj, list):
+        return [_sorted_keys(v) for v in obj]
+    return obj
 
 
 def _open_final_message(text: str, messages: Sequence[dict[str, Any]]) -> str:
@@ -303,6 +316,7 @@ def _rebuild(
     bos_token_id: int | None,
     eos_token_ids: Sequence[int],
     add_bos_token: bool,
+    sort_tool_keys: bool = False,
 ) -> Tokenizer:
     return Tokenizer(
         HFTokenizer.from_str(data),
@@ -310,4 +324,5 @@ def _rebuild(
         bos_token_id=bos_token_id,
         eos_token_ids=eos_token_ids,
         add_bos_token=add_bos_token,
+        sort_tool_keys=sort_tool_keys,
     )

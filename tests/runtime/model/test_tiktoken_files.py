@@ -7,6 +7,9 @@ side: tests/server/test_tiktoken_server.py."""
 
 from __future__ import annotations
 
+import json
+import pickle
+
 import pytest
 from pagoda.runtime.model import tiktoken_files
 from pagoda.runtime.model.hf_loader import read_tokenizer
@@ -102,3 +105,29 @@ def test_a_bad_tiktoken_file_is_one_line(tmp_path, ranks):
     (tmp_path / "tiktoken.model").write_text("IQ== 0\nIg== 2\n")
     with pytest.raises(ValueError, match=r"ranks are not 0..1"):
         read_tokenizer(tmp_path, None)
+
+
+@pytest.mark.parametrize("sorts", [True, False])
+def test_tools_keys_are_sorted_where_the_kimi_code_sorts_them(tmp_path, ranks, sorts):
+    """Later tokenization_kimi.py releases render `tools` through `deep_sort_dict`."""
+    write_tiktoken_dir(tmp_path, ranks)
+    tcfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    tcfg["chat_template"] = "{{ tools | tojson }}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tcfg))
+    code = ", ".join(f"r'''{a}'''" for a in tiktoken_files.KIMI.alternatives)
+    code = f"pat_str = '|'.join([{code}])\nnum_reserved_special_tokens = 256\n"
+    (tmp_path / "tokenization_kimi.py").write_text(
+        code + ("    tools = deep_sort_dict(tools)\n" if sorts else "")
+    )
+    config = type("C", (), {"bos_token_id": None, "eos_token_ids": ()})()
+    tok = pickle.loads(pickle.dumps(read_tokenizer(tmp_path, config)))  # as the API process
+    tool = {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"z": 1, "a": [{"y": 0, "b": 0}]}},
+    }
+    got = tok.apply_chat_template([{"role": "user", "content": "x"}], tools=[tool])
+    want = {
+        "function": {"name": "f", "parameters": {"a": [{"b": 0, "y": 0}], "z": 1}},
+        "type": "function",
+    }
+    assert got == json.dumps([want if sorts else tool], ensure_ascii=False)
