@@ -59,6 +59,26 @@ KIMI = TiktokenCode(pre_tokenizers.KIMI_K2, _KIMI_ALTERNATIVES, reserved=256 + 2
 KNOWN_CODE = {"tokenization_kimi": KIMI, "tokenization_moonshot": KIMI}
 
 
+def _parse_line(line: bytes) -> tuple[bytes, int]:
+    token_b64, rank_text = line.split()
+    return base64.b64decode(token_b64, validate=True), int(rank_text)
+
+
+def looks_like_ranks(path: Path, edge: int = 256) -> bool:
+    """Whether the file's first and last lines are tiktoken lines (what a Git LFS pointer, an
+    error page or a file cut mid-line is not), without reading the rest."""
+    with path.open("rb") as f:
+        head = f.read(edge)
+        f.seek(0, 2)
+        f.seek(max(0, f.tell() - edge))
+        tail = f.read()
+    try:
+        _parse_line(head.splitlines()[0]), _parse_line(tail.splitlines()[-1])
+    except (ValueError, IndexError, binascii.Error):
+        return False
+    return True
+
+
 def read_ranks(path: Path) -> dict[bytes, int]:
     """The token bytes -> rank of a tiktoken BPE file (blank lines skipped, as tiktoken's
     `load_tiktoken_bpe`); ValueError naming the first bad line, a repeated token or rank, or
@@ -68,8 +88,7 @@ def read_ranks(path: Path) -> dict[bytes, int]:
         if not line:
             continue
         try:
-            token_b64, rank_text = line.split()
-            token, rank = base64.b64decode(token_b64, validate=True), int(rank_text)
+            token, rank = _parse_line(line)
         except (ValueError, binascii.Error):
             raise ValueError(f"{path}:{number}: not a tiktoken line (base64 token, rank)") from None
         if token in ranks:

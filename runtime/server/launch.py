@@ -127,8 +127,12 @@ def _check_tiktoken_dir(path: Path) -> None:
     from pagoda.runtime.model import tiktoken_files
     from pagoda.runtime.model.template_files import read_json_object
 
-    if not (path / tiktoken_files.TIKTOKEN_FILE).is_file():
+    ranks = path / tiktoken_files.TIKTOKEN_FILE
+    if not ranks.is_file():
         raise ValueError(f"{path} has no tokenizer.json (nor {tiktoken_files.TIKTOKEN_FILE})")
+    if not tiktoken_files.looks_like_ranks(ranks):
+        raise ValueError(f"{ranks} is not a tiktoken file (base64 token, rank per line; "
+                         "truncated, or a Git LFS pointer?)")  # fmt: skip
     tiktoken_files.tiktoken_code(path, read_json_object(path / "tokenizer_config.json"))
 
 
