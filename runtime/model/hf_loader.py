@@ -2,8 +2,9 @@
 
 Reads `config.json` (for Gemma 3's multimodal checkpoints, its `text_config`), the safetensors
 weights (`safetensors_weights`: one file or shards named by `model.safetensors.index.json`, read
-lazily), `tokenizer.json` (or a tiktoken file: `tiktoken_files`) with the chat template (`template_files`: a processor's
-`chat_template.json`, `chat_template.jinja` or `tokenizer_config.json`), and
+lazily), `tokenizer.json` (or a tiktoken file: `tiktoken_files`) with the chat template
+(`template_files`: a processor's `chat_template.json`, `chat_template.jinja` or
+`tokenizer_config.json`), and
 `generation_config.json` (EOS ids, sampling defaults).
 """
 

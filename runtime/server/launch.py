@@ -102,8 +102,8 @@ def preflight(
 
 def check_checkpoint_files(model: str, path: Path) -> None:
     """A Hugging Face directory holds its safetensors files and a tokenizer.json that is a JSON
-    object (or a tiktoken file with known tokenizer code, `_check_tiktoken_dir`). The metadata checks above read config.json alone (a config without weights is
-    enough to size a model), so a directory without them would otherwise fail in the engine's
+    object (or a tiktoken file with known tokenizer code, `_check_tiktoken_dir`). The metadata
+    checks above read config.json alone (a config without weights is enough to size a model), so a directory without them would otherwise fail in the engine's
     load, after the server listens. The tokenizer is looked at, not parsed (that would add its
     time, ~0.3 s for a 128k vocabulary, to every start): its first and last bytes, which a
     truncated download, a Git LFS pointer or an error page saved in its place do not have."""

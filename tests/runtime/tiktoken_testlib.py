@@ -90,8 +90,8 @@ def write_tiktoken_dir(path, ranks: dict[bytes, int], module: str = "tokenizatio
     ]
     (path / "tiktoken.model").write_text("\n".join(lines) + "\n")
     n = len(ranks)
-    added = {str(n + i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                          "single_word": False, "special": True} for i, t in NAMED.items()}  # fmt: skip
+    flags = {"lstrip": False, "normalized": False, "rstrip": False, "single_word": False}
+    added = {str(n + i): {"content": t, **flags, "special": True} for i, t in NAMED.items()}
     tcfg = {"tokenizer_class": "TikTokenTokenizer", "bos_token": "[BOS]", "eos_token": "[EOS]",
             "pad_token": "[PAD]", "unk_token": "[UNK]", "added_tokens_decoder": added,
             "auto_map": {"AutoTokenizer": [f"{module}.TikTokenTokenizer", None]},
