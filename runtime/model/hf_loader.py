@@ -2,8 +2,9 @@
 
 Reads `config.json` (for Gemma 3's multimodal checkpoints, its `text_config`), the safetensors
 weights (`safetensors_weights`: one file or shards named by `model.safetensors.index.json`, read
-lazily), `tokenizer.json` with the chat template (`template_files`: a processor's
-`chat_template.json`, `chat_template.jinja` or `tokenizer_config.json`), and
+lazily), `tokenizer.json` (or a tiktoken file: `tiktoken_files`) with the chat template
+(`template_files`: a processor's `chat_template.json`, `chat_template.jinja` or
+`tokenizer_config.json`), and
 `generation_config.json` (EOS ids, sampling defaults).
 """
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model import deepseek_config as deepseek
+from pagoda.runtime.model import tiktoken_files
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.ops import rope_inv_freq, rope_kind, rotary_dim
 from pagoda.runtime.model.safetensors_weights import INDEX, SafetensorsWeights
@@ -604,12 +606,19 @@ def read_weights(model_dir: Path) -> SafetensorsWeights:
 
 
 def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
+    """tokenizer.json, else a tiktoken BPE file with known tokenizer code (`tiktoken_files`:
+    Kimi K2, Moonlight); ValueError, one line, for a directory with neither."""
     path = model_dir / "tokenizer.json"
-    if not path.exists():
-        raise ValueError(f"{model_dir} has no tokenizer.json")
     tcfg = _read_json(model_dir / "tokenizer_config.json")
+    sort_tool_keys = False
+    if path.exists():
+        hf_tok = HFTokenizer.from_file(str(path))
+    elif (model_dir / tiktoken_files.TIKTOKEN_FILE).exists():
+        hf_tok = tiktoken_files.read_tiktoken_dir(model_dir, tcfg)
+        sort_tool_keys = tiktoken_files.sorts_tool_keys(model_dir, tcfg)
+    else:
+        raise ValueError(f"{model_dir} has no tokenizer.json (nor {tiktoken_files.TIKTOKEN_FILE})")
     template = read_chat_template(model_dir, tcfg)  # a processor's file first, as vLLM
-    hf_tok = HFTokenizer.from_file(str(path))
     return Tokenizer(
         hf_tok,
         chat_template=template,
@@ -617,6 +626,7 @@ def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
         bos_token_id=config.bos_token_id,
         eos_token_ids=config.eos_token_ids,
         add_bos_token=_adds_bos(hf_tok, config.bos_token_id, tcfg),
+        sort_tool_keys=sort_tool_keys,
     )
 
 
