@@ -150,7 +150,7 @@ MAX_TIMEOUT_S = 3600.0
 MAX_CONNECTIONS_LIMIT = 1 << 20
 DEFAULT_LOG_LEVEL = "info"
 DEFAULT_ENGINE_PROCESS = True  # the step loop in its own process (docs/benchmarks.md, serving)
-TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "openai")  # openai: gpt-oss
 DEFAULT_TOOL_CALL_PARSER = "auto"
 # <think> … </think>, and gpt-oss's harmony channels (docs/runtime.md)
 REASONING_PARSERS = ("qwen3", "deepseek_r1", "openai_gptoss")
