@@ -308,7 +308,8 @@ SERVER_FLAGS: Mapping[str, Flag] = _flags(
          "model shapes (its shape fingerprint): error refuses to start, warn serves on defaults",
          "error", choices=TUNED_PROFILE_MISMATCH),
     Flag("--tool-call-parser", "how tool calls are read from the model's output; auto: from "
-         "the chat template (hermes for templates that do not render tools)",
+         "the chat template (hermes for templates that do not render tools); openai: gpt-oss's "
+         "harmony calls (with --reasoning-parser openai_gptoss)",
          DEFAULT_TOOL_CALL_PARSER, choices=TOOL_CALL_PARSERS),
     Flag("--reasoning-parser", "split a reasoning model's <think> … </think> (openai_gptoss: "
          "gpt-oss's analysis channel) off the chat reply into reasoning_content (and "

@@ -348,5 +348,6 @@ class ToolStream:
             state["sent"] = len(args) if state["sent"] >= 0 else -1
         return deltas
 
+
 # gpt-oss's harmony calls (`openai`) register themselves in PARSERS; their module reads this one
 import pagoda.runtime.server.harmony_tools  # noqa: E402, F401
