@@ -16,8 +16,9 @@ soon as its header is read, then its arguments as they arrive (the body as writt
 The other text is content. Without `parallel_tool_calls`, calls after the first are dropped.
 
 `tool_choice` `required` or a named function is refused with this parser (a 400, `tools.py`):
-the grammar would have to let the analysis channel run free and then force a header of
-special tokens, and structured outputs are not applied under the harmony reasoning parser.
+its grammar would have to force a call header, and harmony's headers are special tokens,
+which grammars here never allow (`structured/compiler.tokenizer_info`: special tokens other
+than EOS are masked, so that no JSON string holds `<|im_start|>`).
 Results sent back as `role: tool` messages render through gpt-oss's own template (its
 ``<|start|>functions.NAME to=assistant<|channel|>commentary<|message|>…`` turns).
 """

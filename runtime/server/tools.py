@@ -131,9 +131,9 @@ def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -
         name = "hermes"
     if name == harmony_tools.NAME and kind != "auto":
         raise APIError(400, f"tool_choice {'required' if kind == 'required' else 'naming a function'}"
-                       " is not enforced with --tool-call-parser openai: gpt-oss writes a call "
-                       "after free analysis, as a header of special tokens, and no grammar holds "
-                       "harmony's channels here; use tool_choice auto", param="tool_choice",
+                       " is not enforced with --tool-call-parser openai: gpt-oss's call header "
+                       "is special tokens (<|channel|>, <|message|>), which a grammar here never "
+                       "lets a model write; use tool_choice auto", param="tool_choice",
                        code="unsupported_value")  # fmt: skip
     setup = ToolSetup(PARSERS[name](), kind, parallel, listed)
     if kind != "auto":
