@@ -173,8 +173,8 @@ class ChatEndpoint(Endpoint):
     def choice(self, job: Job, i: int, text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
         thought, answer = None, text
         if job.reasoning is not None:
-            split = job.reasoning_streams[i] = reasoning.new_stream(self.reasoning_parser,
-                                                                    job.reasoning, _calls(job))  # fmt: skip
+            split = job.reasoning_streams[i] = reasoning.new_stream(
+                self.reasoning_parser, job.reasoning, _calls(job))  # fmt: skip
             thought, answer = reasoning.split(text, split)
         content = None if answer is None else job.echo_text + answer
         message: dict[str, Any] = {"role": job.role, "content": content}
@@ -195,8 +195,8 @@ class ChatEndpoint(Endpoint):
         if job.reasoning is not None:
             split = job.reasoning_streams.get(i)
             if split is None:
-                split = job.reasoning_streams[i] = reasoning.new_stream(self.reasoning_parser,
-                                                                        job.reasoning, _calls(job))  # fmt: skip
+                split = job.reasoning_streams[i] = reasoning.new_stream(
+                    self.reasoning_parser, job.reasoning, _calls(job))  # fmt: skip
             thought, text = split.feed(text, final)
         if job.tools is None:
             delta = {"content": text} if text else {}

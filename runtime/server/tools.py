@@ -130,10 +130,11 @@ def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -
             )
         name = "hermes"
     if name == harmony_tools.NAME and kind != "auto":
-        raise APIError(400, f"tool_choice {'required' if kind == 'required' else 'naming a function'}"
-                       " is not enforced with --tool-call-parser openai: gpt-oss's call header "
-                       "is special tokens (<|channel|>, <|message|>), which a grammar here never "
-                       "lets a model write; use tool_choice auto", param="tool_choice",
+        what = "required" if kind == "required" else "naming a function"
+        raise APIError(400, f"tool_choice {what} is not enforced with --tool-call-parser "
+                       "openai: gpt-oss's call header is special tokens (<|channel|>, "
+                       "<|message|>), which a grammar here never lets a model write; use "
+                       "tool_choice auto", param="tool_choice",
                        code="unsupported_value")  # fmt: skip
     setup = ToolSetup(PARSERS[name](), kind, parallel, listed)
     if kind != "auto":

@@ -69,9 +69,10 @@ def test_a_tool_result_goes_back_and_reasoning_effort_is_the_templates(client):
     message = first.choices[0].message
     turn = [*ASK, {"role": "assistant", "content": None,
                    "tool_calls": [c.model_dump() for c in message.tool_calls]},
-            {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "sunny"}]  # fmt: skip
-    r = client.chat.completions.create(model="gpt-oss", messages=turn, tools=TOOLS,
-                                       max_tokens=40, temperature=0, reasoning_effort="high")  # fmt: skip
+            {"role": "tool", "tool_call_id": message.tool_calls[0].id,
+             "content": "sunny"}]  # fmt: skip
+    r = client.chat.completions.create(model="gpt-oss", messages=turn, tools=TOOLS, max_tokens=40,
+                                       temperature=0, reasoning_effort="high")  # fmt: skip
     _check_call(r.choices[0])  # (the steered model writes its one reply whatever the prompt)
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="gpt-oss", messages=ASK, tools=TOOLS,
