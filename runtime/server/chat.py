@@ -13,7 +13,7 @@ from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
 from pagoda.runtime.request import TokenLogprob
 from pagoda.runtime.sampling.params import ParamError
-from pagoda.runtime.server import reasoning, tools
+from pagoda.runtime.server import harmony, reasoning, tools
 from pagoda.runtime.server.chat_prompt import encode_chat
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings
@@ -114,6 +114,8 @@ class ChatEndpoint(Endpoint):
         raw = [m.as_template_dict() for m in req.messages]
         if template is not None and "developer" not in template:
             raw = [as_system(m) for m in raw]
+        if self.reasoning_parser == reasoning.HARMONY:
+            raw = [harmony.template_message(m) for m in raw]
         self.check_length("".join(str(m.get("content", "")) for m in raw), info)
         variables = _template_kwargs(req.chat_template_kwargs, info.tokenizer,
                                      self.content_as_text)  # fmt: skip

@@ -44,6 +44,16 @@ def recipient(header: str) -> str | None:
     return m.group(1) if m else None
 
 
+def template_message(message: dict) -> dict:
+    """A client's message as gpt-oss's chat template reads it: an assistant turn's reasoning
+    (`reasoning_content`, or vLLM's `reasoning`) as `thinking`, which the template writes back
+    as the analysis before that turn's tool call (and drops elsewhere, as harmony does)."""
+    if message.get("role") != "assistant" or "thinking" in message:
+        return message
+    thought = message.get("reasoning_content")
+    return message if thought is None else {**message, "thinking": thought}
+
+
 def _channel(header: str) -> str:
     """The channel a message header names (``<|start|>assistant to=functions.f<|channel|>
     commentary json`` → commentary), "" where it names none."""

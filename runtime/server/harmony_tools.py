@@ -39,6 +39,13 @@ from pagoda.runtime.server.tool_parsers import (
 NAME = "openai"
 
 
+def described(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool as gpt-oss's chat template takes it: with a `description` (OpenAI's is optional;
+    the template writes ``"// " + tool.description`` and fails where there is none)."""
+    fn = tool.get("function", {})
+    return tool if "description" in fn else {**tool, "function": {**fn, "description": ""}}
+
+
 class HarmonyToolParser(ToolParser):
     """Reads the harmony splitter's normalized calls (not the model's raw text)."""
 

@@ -116,6 +116,8 @@ def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -
         )
     parallel = req.parallel_tool_calls is not False
     listed = [t.model_dump(exclude_none=True) for t in tools]
+    if configured == harmony_tools.NAME:
+        listed = [harmony_tools.described(t) for t in listed]
     if kind == "none":
         return ToolSetup(None, kind, parallel, listed)
     name = parser_for(template, configured)

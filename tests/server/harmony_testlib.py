@@ -1,5 +1,7 @@
 """gpt-oss's chat template condensed (the same constructs: a system message reading
-`reasoning_effort`, the tools as a `functions` namespace in a developer message, a past call as
+`reasoning_effort`, the tools as a `functions` namespace in a developer message (each with
+``"// " + description``, which fails without one), a past call's `thinking` as its analysis and
+the call as
 ``<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>ARGS<|call|>``, a
 tool result as ``<|start|>functions.NAME to=assistant<|channel|>commentary<|message|>…``, the
 reply opened with ``<|start|>assistant``), and a tiny gpt-oss checkpoint steered to write one
@@ -14,11 +16,15 @@ TEMPLATE = (
     "{%- set ns = namespace(last='') %}"
     "<|start|>system<|message|>Reasoning: {{ reasoning_effort | default('medium') }}<|end|>"
     "{%- if tools %}<|start|>developer<|message|># Tools\nnamespace functions {\n"
-    "{%- for t in tools %}type {{ t.function.name }} = (_: {{ t.function.parameters | tojson }})"
-    " => any;\n{% endfor %}} // namespace functions<|end|>{%- endif %}"
+    "{%- for t in tools %}{{- '// ' + t.function.description + '\n' }}type {{ t.function.name }}"
+    " = (_: {{ t.function.parameters | tojson }}) => any;\n{% endfor %}} // namespace functions"
+    "<|end|>{%- endif %}"
     "{%- for m in messages %}"
     "{%- if m.role == 'assistant' and m.tool_calls %}"
     "{%- set c = m.tool_calls[0].function %}"
+    "{%- if m.thinking %}"
+    "{{- '<|start|>assistant<|channel|>analysis<|message|>' + m.thinking + '<|end|>' }}"
+    "{%- endif %}"
     "{{- '<|start|>assistant to=functions.' + c.name + '<|channel|>commentary json<|message|>'"
     " + c.arguments | tojson + '<|call|>' }}"
     "{%- set ns.last = c.name %}"

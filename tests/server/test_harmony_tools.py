@@ -12,6 +12,7 @@ import structured_testlib
 from harmony_testlib import TEMPLATE
 from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.model.tokenizer import Tokenizer
+from pagoda.runtime.server import tools
 from pagoda.runtime.server.chat import ChatEndpoint
 from pagoda.runtime.server.config import ServerConfig
 from pagoda.runtime.server.harmony import HarmonyStream
@@ -169,19 +170,22 @@ def test_a_tool_result_renders_as_gpt_oss_function_turn():
     info = _info()
     messages = [
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+        {"role": "assistant", "content": None, "reasoning_content": "Look it up.",
+         "tool_calls": [{"id": "call_1", "type": "function",
          "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     ]  # fmt: skip
     ep, _, req = _job({"messages": messages}, info)
-    _, text, _ = ep.prompt(req, info, None)
+    _, text, _ = ep.prompt(req, info, tools.prepare(req, TEMPLATE, "openai"))
     assert (
         "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
         '"{\\"city\\": \\"Paris\\"}"' not in text
     )  # fmt: skip  (arguments as an object)
-    assert ('<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>'
+    assert ('<|start|>assistant<|channel|>analysis<|message|>Look it up.<|end|>'
+            '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>'
             '{"city": "Paris"}<|call|><|start|>functions.get_weather to=assistant'
             '<|channel|>commentary<|message|>"sunny"<|end|>') in text  # fmt: skip
+    assert "// \ntype get_weather" in text  # a tool without a description renders
 
 
 def test_reasoning_effort_is_the_templates_variable():
