@@ -14,7 +14,11 @@ import json
 
 TEMPLATE = (
     "{%- set ns = namespace(last='') %}"
-    "<|start|>system<|message|>Reasoning: {{ reasoning_effort | default('medium') }}<|end|>"
+    # (in a macro, as gpt-oss's: the variable is read before it may be set)
+    "{%- macro system() -%}{%- if reasoning_effort is not defined %}"
+    "{%- set reasoning_effort = 'medium' %}{%- endif %}"
+    "{{- 'Reasoning: ' + reasoning_effort }}{%- endmacro -%}"
+    "<|start|>system<|message|>{{ system() }}<|end|>"
     "{%- if tools %}<|start|>developer<|message|># Tools\nnamespace functions {\n"
     "{%- for t in tools %}{{- '// ' + t.function.description + '\n' }}type {{ t.function.name }}"
     " = (_: {{ t.function.parameters | tojson }}) => any;\n{% endfor %}} // namespace functions"
