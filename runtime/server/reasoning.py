@@ -49,9 +49,11 @@ def thinks(parser: str | None, prompt_tail: str, template_kwargs: dict[str, Any]
     return closed < 0 or prompt_tail.rfind(START) > closed
 
 
-def new_stream(parser: str | None, thinking: bool) -> ReasoningStream | HarmonyStream:
-    """A choice's splitter for `parser`'s replies (`thinking`: `thinks`'s answer)."""
-    return HarmonyStream() if parser == HARMONY else ReasoningStream(thinking)
+def new_stream(parser: str | None, thinking: bool,
+               calls: bool = False) -> ReasoningStream | HarmonyStream:  # fmt: skip
+    """A choice's splitter for `parser`'s replies (`thinking`: `thinks`'s answer; `calls`:
+    harmony messages to functions are tool calls, `harmony_tools.py`)."""
+    return HarmonyStream(calls) if parser == HARMONY else ReasoningStream(thinking)
 
 
 def _held(text: str, marker: str) -> int:

@@ -272,7 +272,8 @@ def detect(template: str | None) -> str | None:
     """The parser a chat template's tool format calls for, when exactly one fits."""
     if not template:
         return None
-    found = [name for name, p in PARSERS.items() if all(m in template for m in p.markers[:1])]
+    found = [name for name, p in PARSERS.items()
+             if p.markers and all(m in template for m in p.markers[:1])]  # fmt: skip
     if "llama3_json" in found and "<|python_tag|>" not in template:
         found.remove("llama3_json")
     return found[0] if len(found) == 1 else None
@@ -346,3 +347,7 @@ class ToolStream:
             deltas.append({"index": i, "function": {"arguments": args[max(state["sent"], 0) :]}})
             state["sent"] = len(args) if state["sent"] >= 0 else -1
         return deltas
+
+
+# gpt-oss's harmony calls (`openai`) register themselves in PARSERS; their module reads this one
+import pagoda.runtime.server.harmony_tools  # noqa: E402, F401

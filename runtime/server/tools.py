@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagoda.runtime.sampling.params import ParamError
+from pagoda.runtime.server import harmony_tools
 from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest
 from pagoda.runtime.server.tool_parsers import PARSERS, ToolParser, detect
 from pagoda.runtime.structured import schema as schemas
@@ -115,6 +116,8 @@ def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -
         )
     parallel = req.parallel_tool_calls is not False
     listed = [t.model_dump(exclude_none=True) for t in tools]
+    if configured == harmony_tools.NAME:
+        listed = [harmony_tools.described(t) for t in listed]
     if kind == "none":
         return ToolSetup(None, kind, parallel, listed)
     name = parser_for(template, configured)
@@ -128,6 +131,13 @@ def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -
                 code="unsupported_value",
             )
         name = "hermes"
+    if name == harmony_tools.NAME and kind != "auto":
+        what = "required" if kind == "required" else "naming a function"
+        raise APIError(400, f"tool_choice {what} is not enforced with --tool-call-parser "
+                       "openai: gpt-oss's call header is special tokens (<|channel|>, "
+                       "<|message|>), which a grammar here never lets a model write; use "
+                       "tool_choice auto", param="tool_choice",
+                       code="unsupported_value")  # fmt: skip
     setup = ToolSetup(PARSERS[name](), kind, parallel, listed)
     if kind != "auto":
         only = choice.function.name if kind == "function" else None
@@ -153,8 +163,8 @@ def output_constraint(
         raise APIError(400, "tool_choice required or a named function cannot be combined with "
                        "response_format or structured_outputs", param="tool_choice",
                        code="invalid_value")  # fmt: skip
-    if not answer.field.startswith("response_format"):
-        return answer
+    if not answer.field.startswith("response_format") or setup.parser.name not in FORMATS:
+        return answer  # (a harmony reply's format is refused with its reasoning parser)
     return tool_grammar(setup.parser.name, tools or [], None, setup.parallel, answer=answer)
 
 
