@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model import deepseek_config as deepseek
+from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.ops import rope_inv_freq, rope_kind, rotary_dim
 from pagoda.runtime.model.safetensors_weights import INDEX, SafetensorsWeights
@@ -50,6 +51,7 @@ HF_ARCHITECTURES = {
     "CohereForCausalLM": "cohere",  # Command R / R+, Aya (model/cohere.py)
     "Cohere2ForCausalLM": "cohere2",  # Command R7B, Command A (model/cohere.py)
     **deepseek.ARCHITECTURES,  # DeepSeek-V2/V3, Kimi K2, Moonlight (model/deepseek.py)
+    **glm4_moe.ARCHITECTURES,  # GLM-4.5, GLM-4.5-Air, GLM-4.6 (model/glm4_moe.py)
 }
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
@@ -100,6 +102,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "olmoe": {"num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False,
               "rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
     **deepseek.DEFAULTS,
+    **glm4_moe.DEFAULTS,
 }  # fmt: skip
 # a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
 _NULLABLE = {
@@ -110,7 +113,8 @@ _NULLABLE = {
     **{arch: deepseek.NULLABLE for arch in deepseek.DEFAULTS},
 }
 _EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
-_PARTIAL_ROTARY = ("phi3", "glm", "glm4")  # the families whose transformers models read it
+# the families whose transformers models read partial_rotary_factor
+_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe")
 _FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -150,8 +154,8 @@ def _rope(
     scaling = cfg.get("rope_scaling")
     if params.get("rope_type", "default") != "default" or "partial_rotary_factor" in params:
         scaling = params
-    if cfg.get("partial_rotary_factor") not in (None, 1, 1.0):
-        scaling = {**(scaling or {}), "partial_rotary_factor": cfg["partial_rotary_factor"]}
+    if cfg.get("partial_rotary_factor") not in (None, 1, 1.0):  # rope_parameters' own wins
+        scaling = {"partial_rotary_factor": cfg["partial_rotary_factor"], **(scaling or {})}
     if phi3 and rope_kind(scaling) in ("su", "yarn"):  # transformers' Phi3Config: longrope
         scaling = {**scaling, "rope_type": "longrope"}
     if scaling and rope_kind(scaling) in ("llama3", "yarn", "longrope"):
@@ -365,6 +369,8 @@ def _family(
             fields[name] = float(cfg.get(name, 1.0))
     if arch in deepseek.ARCHITECTURES.values():
         fields.update(deepseek.family_fields(cfg, arch, n, scaling))
+    if arch == "glm4_moe":  # GLM-4.5: V3's router, shared experts, optional q/k norms
+        fields.update(glm4_moe.family_fields(cfg, n))
     if fields.get("num_experts") and fields["hidden_act"] != "silu":  # the fused-MoE kernel's
         raise ValueError(f"hidden activation {act!r} in a mixture of experts is not supported "
                          "(experts run SwiGLU: silu)")  # fmt: skip

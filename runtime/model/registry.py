@@ -35,6 +35,7 @@ MODEL_CLASSES = {
     "cohere2": ("cohere", "CohereModel"),  # Llama's, some layers without rotary (rope_layers)
     "deepseek_v2": ("deepseek", "DeepseekModel"),
     "deepseek_v3": ("deepseek", "DeepseekModel"),
+    "glm4_moe": ("glm4_moe", "Glm4MoeModel"),  # GLM-4.5 / 4.6
 }
 
 
