@@ -40,7 +40,7 @@ class ChatEndpoint(Endpoint):
                  reasoning_parser: str | None = None) -> None:  # fmt: skip
         super().__init__(served_model_names)
         self.tool_parser = tool_parser  # --tool-call-parser: auto (from the template) or a name
-        self.reasoning_parser = reasoning_parser  # --reasoning-parser: None, qwen3, deepseek_r1
+        self.reasoning_parser = reasoning_parser  # --reasoning-parser: None or a name
         self._end_id: tuple[Any, int | None] | None = None  # (tokenizer, `</think>`'s one id)
         # --allow-chat-special-tokens: content's special-token text as control tokens
         self.content_as_text = not allow_special_tokens
@@ -165,7 +165,9 @@ class ChatEndpoint(Endpoint):
     def choice(self, job: Job, i: int, text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
         thought, answer = None, text
         if job.reasoning is not None:
-            split = job.reasoning_streams[i] = reasoning.ReasoningStream(job.reasoning)
+            split = job.reasoning_streams[i] = reasoning.ReasoningStream(
+                job.reasoning, self.reasoning_parser
+            )
             thought, answer = reasoning.split(text, split)
         content = None if answer is None else job.echo_text + answer
         message: dict[str, Any] = {"role": job.role, "content": content}
@@ -186,7 +188,9 @@ class ChatEndpoint(Endpoint):
         if job.reasoning is not None:
             split = job.reasoning_streams.get(i)
             if split is None:
-                split = job.reasoning_streams[i] = reasoning.ReasoningStream(job.reasoning)
+                split = job.reasoning_streams[i] = reasoning.ReasoningStream(
+                    job.reasoning, self.reasoning_parser
+                )
             thought, text = split.feed(text, final)
         if job.tools is None:
             delta = {"content": text} if text else {}

@@ -196,6 +196,12 @@ class ToolParser(ABC):
     def stream(self, parallel: bool = True) -> ToolStream:
         return ToolStream(self, parallel)
 
+    @classmethod
+    def for_request(cls, tools: list[dict[str, Any]]) -> ToolParser:
+        """The parser of one request with these tools (OpenAI's shape; GLM-4.5's types its
+        arguments by their schemas)."""
+        return cls()
+
 
 class HermesParser(ToolParser):
     name = "hermes"
@@ -275,6 +281,8 @@ def detect(template: str | None) -> str | None:
     found = [name for name, p in PARSERS.items() if all(m in template for m in p.markers[:1])]
     if "llama3_json" in found and "<|python_tag|>" not in template:
         found.remove("llama3_json")
+    if "glm45" in found:  # GLM-4.5's calls open with <tool_call> too, then key/value tags
+        found.remove("hermes")
     return found[0] if len(found) == 1 else None
 
 
@@ -346,3 +354,7 @@ class ToolStream:
             deltas.append({"index": i, "function": {"arguments": args[max(state["sent"], 0) :]}})
             state["sent"] = len(args) if state["sent"] >= 0 else -1
         return deltas
+
+
+# GLM-4.5's key/value tags: their own module, which adds its parser to PARSERS
+from pagoda.runtime.server import tool_parser_glm45  # noqa: E402, F401
