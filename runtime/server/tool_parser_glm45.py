@@ -28,7 +28,7 @@ import json
 import re
 from typing import Any
 
-from pagoda.runtime.server.tool_parsers import PARSERS, ToolCall, ToolParser, _prefix_overlap
+from pagoda.runtime.server.tool_call import ToolCall, call_id, prefix_overlap
 
 TAG, END = "<tool_call>", "</tool_call>"
 _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
@@ -47,9 +47,12 @@ def _types(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
     return out
 
 
-class Glm45Parser(ToolParser):
+class Glm45Parser:
+    """`tool_parsers.ToolParser`'s interface (listed in its PARSERS) over GLM-4.5's tags."""
+
     name = "glm45"
     markers = ("<arg_key>", TAG)  # the first tells GLM-4.5's template from a Hermes one
+    new_id = staticmethod(call_id)
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         self.types = _types(tools)
@@ -66,7 +69,7 @@ class Glm45Parser(ToolParser):
         return TAG
 
     def _held(self, text: str) -> int:
-        return _prefix_overlap(text, TAG)
+        return prefix_overlap(text, TAG)
 
     def value(self, tool: str, key: str, raw: str) -> Any:
         """An argument's value from its text (module docstring)."""
@@ -181,6 +184,3 @@ class Glm45Stream:
             if deltas:
                 out["tool_calls"] = deltas
         return out
-
-
-PARSERS[Glm45Parser.name] = Glm45Parser
