@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
+from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.ops import rope_inv_freq, rope_kind, rotary_dim
 from pagoda.runtime.model.safetensors_weights import INDEX, SafetensorsWeights
@@ -52,6 +53,7 @@ HF_ARCHITECTURES = {
     "Cohere2ForCausalLM": "cohere2",  # Command R7B, Command A (model/cohere.py)
     **deepseek.ARCHITECTURES,  # DeepSeek-V2/V3, Kimi K2, Moonlight (model/deepseek.py)
     **glm4_moe.ARCHITECTURES,  # GLM-4.5, GLM-4.5-Air, GLM-4.6 (model/glm4_moe.py)
+    **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
 }
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
@@ -103,6 +105,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
               "rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
     **deepseek.DEFAULTS,
     **glm4_moe.DEFAULTS,
+    **llama4.DEFAULTS,
 }  # fmt: skip
 # a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
 _NULLABLE = {
@@ -111,6 +114,7 @@ _NULLABLE = {
     "olmo3": ("sliding_window",),
     "gemma2": ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"),
     **{arch: deepseek.NULLABLE for arch in deepseek.DEFAULTS},
+    "llama4": llama4.NULLABLE,
 }
 _EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 # the families whose transformers models read partial_rotary_factor
@@ -371,6 +375,8 @@ def _family(
         fields.update(deepseek.family_fields(cfg, arch, n, scaling))
     if arch == "glm4_moe":  # GLM-4.5: V3's router, shared experts, optional q/k norms
         fields.update(glm4_moe.family_fields(cfg, n))
+    if arch == "llama4":  # NoPE layers, top-1 sigmoid experts with a shared one
+        fields.update(llama4.family_fields(cfg, n))
     if fields.get("num_experts") and fields["hidden_act"] != "silu":  # the fused-MoE kernel's
         raise ValueError(f"hidden activation {act!r} in a mixture of experts is not supported "
                          "(experts run SwiGLU: silu)")  # fmt: skip
@@ -408,6 +414,8 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     layers = int(cfg["num_hidden_layers"])
     by_kind = "full_attention" if arch in ("gemma3", "olmo3") else None  # per layer kind
     rope_theta, scaling = _rope(cfg, by_kind, arch == "phi3")
+    if arch == "llama4":  # the dense MLP's width; the context capped at one attention chunk
+        cfg = {**cfg, **llama4.overrides(cfg)}
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     if arch in deepseek.ARCHITECTURES.values():  # latent attention, expanded per head

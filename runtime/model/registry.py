@@ -36,6 +36,7 @@ MODEL_CLASSES = {
     "deepseek_v2": ("deepseek", "DeepseekModel"),
     "deepseek_v3": ("deepseek", "DeepseekModel"),
     "glm4_moe": ("glm4_moe", "Glm4MoeModel"),  # GLM-4.5 / 4.6
+    "llama4": ("llama4", "Llama4Model"),  # the text model of Scout / Maverick
 }
 
 
