@@ -131,3 +131,34 @@ def test_two_tensor_parallel_ranks_match_transformers(built):
         core.check_integrity()
     for i, g in enumerate(got):
         check(g, reference[i % 3], f"scout: prompt {i}, two ranks")
+
+
+def test_the_multimodal_checkpoints_language_model(tmp_path):
+    """`Llama4ForConditionalGeneration` (Scout's and Maverick's published class): its
+    `text_config` and its `language_model.` weights are read, the vision tower's are not; text
+    prompts give transformers' tokens and logits."""
+    from hf_oracle import save_word_tokenizer
+
+    text = dict(vocab_size=300, hidden_size=64, intermediate_size=32, intermediate_size_mlp=96,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                num_local_experts=4, attention_chunk_size=128, max_position_embeddings=512,
+                no_rope_layer_interval=2, floor_scale=8, pad_token_id=0, bos_token_id=1,
+                eos_token_id=2)  # fmt: skip
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14, vision_output_dim=32,
+                  projector_input_dim=32, projector_output_dim=32)  # fmt: skip
+    torch.manual_seed(0)
+    config = transformers.Llama4Config(text_config=text, vision_config=vision)
+    model = transformers.Llama4ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0) if p.dim() > 1 else p.add_(0.2 * torch.randn(p.shape))
+    model.save_pretrained(tmp_path)
+    save_word_tokenizer(tmp_path, 300)
+    reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
+    loaded = load_model(str(tmp_path))
+    assert not any(n.startswith("vision_model") for n in loaded.weights)
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+              max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
+        check(got, want, f"multimodal: prompt {i}")
