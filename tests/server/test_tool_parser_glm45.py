@@ -133,6 +133,16 @@ def test_the_required_grammar_takes_glm45s_own_call_text():
     assert accepts(grammar, CALL)
     assert accepts(grammar, CALL + "\n<tool_call>now\n</tool_call>")
     assert not accepts(grammar, CALL.replace("<arg_value>3<", "<arg_value>three<"))
+    # tool_choice auto with a strict tool: free text, but a call once <tool_call> starts one
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
+                                tools=strict, tool_choice="auto")  # fmt: skip
+    grammar = xgr.Grammar.from_structural_tag(
+        prepare(req, "{{ tools }}", "glm45").grammar.structural_tag
+    )
+    assert accepts(grammar, "Let me see.\n" + CALL)
+    assert accepts(grammar, "No call needed.")
+    assert not accepts(grammar, "Let me see.\n" + CALL.replace(">3<", ">three<"))
 
 
 @pytest.mark.parametrize(("text", "want"), [
