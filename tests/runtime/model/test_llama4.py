@@ -91,7 +91,7 @@ def test_config_reads_as_transformers_and_the_context_is_one_chunk(built):
     c = read_model_config(str(path))
     assert c.context_length == 128 and c.intermediate_size == 96
     assert c.family.moe_intermediate_size == 32
-    with pytest.raises(ValueError, match="max_model_len"):
+    with pytest.raises(ValueError, match="128 tokens, one attention chunk: Llama 4's chunked"):
         LLM(loaded=loaded, dtype="float32", max_model_len=129, kv_cache_memory=16 << 20)
     assert EngineConfig.create(str(path), device="cpu", max_model_len=128)
 
