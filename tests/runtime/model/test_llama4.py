@@ -162,3 +162,34 @@ def test_the_multimodal_checkpoints_language_model(tmp_path):
               max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
     for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
         check(got, want, f"multimodal: prompt {i}")
+
+
+def test_scouts_hub_config_reads_as_transformers_reads_it(tmp_path):
+    """Llama-4-Scout's config.json (a config alone, no weights): the multimodal wrapper's
+    text_config with the older `rope_scaling` (llama3, original context 8192), an empty
+    `no_rope_layers` (the default: every fourth layer NoPE), experts in every layer; the context
+    is one attention chunk, 8192 of max_position_embeddings' 10M."""
+    import json
+
+    text = {"attention_chunk_size": 8192, "attn_scale": 0.1, "attn_temperature_tuning": True,
+            "floor_scale": 8192, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
+            "interleave_moe_layer_step": 1, "intermediate_size": 8192,
+            "intermediate_size_mlp": 16384, "max_position_embeddings": 10485760,
+            "model_type": "llama4_text", "no_rope_layers": [], "num_attention_heads": 40,
+            "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8,
+            "num_local_experts": 16, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+            "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                             "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+            "use_qk_norm": True, "vocab_size": 202048, "eos_token_id": [200001, 200007, 200008]}  # fmt: skip
+    cfg = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+           "text_config": text, "tie_word_embeddings": False}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path).text_config
+    ours = read_model_config(str(tmp_path))
+    assert list(ours.family.rope_layers) == [bool(x) for x in theirs.no_rope_layers]
+    assert ours.family.rope_layers[:4] == (True, True, True, False)
+    assert all(ours.family.moe_layers) and len(theirs.moe_layers) == 48
+    assert ours.rope_scaling["rope_type"] == theirs.rope_parameters["rope_type"] == "llama3"
+    assert ours.rope_scaling["factor"] == 16.0 and ours.rope_theta == 500000.0
+    assert ours.context_length == 8192 and ours.intermediate_size == 16384
+    assert ours.eos_token_ids == (200001, 200007, 200008) and not ours.tie_word_embeddings
