@@ -110,6 +110,13 @@ def glm45_split(text: str) -> tuple[str | None, str | None]:
     return thought, (answer or None) if end else None
 
 
+def _thinking_tokens(text: str) -> int:
+    """The tokens between an opening <think> and </think> (or the end): with the allowed
+    tokens (each a word, a newline or a marker), one per piece."""
+    body = text.lstrip().removeprefix("<think>").split("</think>")[0]
+    return len(re.findall(r" \w+|\n|<think>", body))
+
+
 def test_the_thinking_splits_whole_and_streamed(served):
     client, ids = served
     model = client.models.list().data[0].id
@@ -120,8 +127,11 @@ def test_the_thinking_splits_whole_and_streamed(served):
         text = client.completions.create(prompt=prompt_ids(client), **kw, extra_body=extra)
         text = text.choices[0].text
         thought, answer = glm45_split(text)
-        m = client.chat.completions.create(messages=ASK, **kw, extra_body=extra).choices[0].message
+        r = client.chat.completions.create(messages=ASK, **kw, extra_body=extra)
+        m = r.choices[0].message
         assert (m.reasoning_content, m.reasoning, m.content) == (thought, thought, answer), text
+        n = r.usage.completion_tokens_details.reasoning_tokens  # <think> and </think>: 1 each
+        assert n == (0 if thought is None else _thinking_tokens(text)), text
         chunks = client.chat.completions.create(messages=ASK, **kw, extra_body=extra, stream=True)
         deltas = [c.choices[0].delta for c in chunks if c.choices]
         streamed = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
