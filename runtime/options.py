@@ -150,10 +150,17 @@ MAX_TIMEOUT_S = 3600.0
 MAX_CONNECTIONS_LIMIT = 1 << 20
 DEFAULT_LOG_LEVEL = "info"
 DEFAULT_ENGINE_PROCESS = True  # the step loop in its own process (docs/benchmarks.md, serving)
-TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "openai")  # openai: gpt-oss
+TOOL_CALL_PARSERS = (
+    "auto",
+    "hermes",
+    "llama3_json",
+    "mistral",
+    "openai",
+    "glm45",
+)  # openai: gpt-oss
 DEFAULT_TOOL_CALL_PARSER = "auto"
 # <think> … </think>, and gpt-oss's harmony channels (docs/runtime.md)
-REASONING_PARSERS = ("qwen3", "deepseek_r1", "openai_gptoss")
+REASONING_PARSERS = ("qwen3", "deepseek_r1", "openai_gptoss", "glm45")
 DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S = 10.0
 DEFAULT_GRAMMAR_CACHE_SIZE = "256MiB"
 API_KEY_ENV = "PAGODA_API_KEY"

@@ -40,7 +40,7 @@ class ChatEndpoint(Endpoint):
                  reasoning_parser: str | None = None) -> None:  # fmt: skip
         super().__init__(served_model_names)
         self.tool_parser = tool_parser  # --tool-call-parser: auto (from the template) or a name
-        self.reasoning_parser = reasoning_parser  # --reasoning-parser: None, qwen3, deepseek_r1
+        self.reasoning_parser = reasoning_parser  # --reasoning-parser: None or a name
         self._end_id: tuple[Any, int | None] | None = None  # (tokenizer, `</think>`'s one id)
         # --allow-chat-special-tokens: content's special-token text as control tokens
         self.content_as_text = not allow_special_tokens

@@ -28,13 +28,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from pagoda.runtime.server.harmony import CALL_END, CALL_OPEN, MESSAGE
-from pagoda.runtime.server.tool_parsers import (
-    PARSERS,
-    ToolCall,
-    ToolParser,
-    _prefix_overlap,
-    call_id,
-)
+from pagoda.runtime.server.tool_call import ToolCall, call_id, prefix_overlap
 
 NAME = "openai"
 
@@ -46,11 +40,17 @@ def described(tool: dict[str, Any]) -> dict[str, Any]:
     return tool if "description" in fn else {**tool, "function": {**fn, "description": ""}}
 
 
-class HarmonyToolParser(ToolParser):
-    """Reads the harmony splitter's normalized calls (not the model's raw text)."""
+class HarmonyToolParser:
+    """`tool_parsers.ToolParser`'s interface (listed in its PARSERS) over the harmony splitter's
+    normalized calls (not the model's raw text)."""
 
     name = NAME
     markers: ClassVar[tuple[str, ...]] = ()  # never chosen by `detect`: named with the flag
+    new_id = staticmethod(call_id)
+
+    @classmethod
+    def for_request(cls, tools: list[dict[str, Any]]) -> HarmonyToolParser:
+        return cls()
 
     def _start(self, text: str, final: bool) -> int | None:  # (the normalized form's)
         i = text.find(CALL_OPEN)
@@ -62,7 +62,7 @@ class HarmonyToolParser(ToolParser):
         calls = [ToolCall(c["name"], c["arguments"], c["id"]) for c in stream.calls]
         return delta.get("content") or None, calls
 
-    def stream(self, parallel: bool = True) -> HarmonyToolStream:  # type: ignore[override]
+    def stream(self, parallel: bool = True) -> HarmonyToolStream:
         return HarmonyToolStream(parallel)
 
 
@@ -89,7 +89,7 @@ class HarmonyToolStream:
             if not self.in_call:
                 at = buf.find(CALL_OPEN)
                 if at < 0:
-                    keep = 0 if final else _prefix_overlap(buf, CALL_OPEN)
+                    keep = 0 if final else prefix_overlap(buf, CALL_OPEN)
                     content.append(buf[: len(buf) - keep])
                     self.pending = buf[len(buf) - keep :]
                     break
@@ -102,7 +102,7 @@ class HarmonyToolStream:
                 buf = buf[head + len(MESSAGE) :]
                 continue
             end = buf.find(CALL_END)
-            stop = end if end >= 0 else len(buf) - (0 if final else _prefix_overlap(buf, CALL_END))
+            stop = end if end >= 0 else len(buf) - (0 if final else prefix_overlap(buf, CALL_END))
             self._arguments(buf[:stop], deltas)
             if end < 0:
                 self.pending = buf[stop:]
@@ -134,6 +134,3 @@ class HarmonyToolStream:
             deltas[-1]["function"]["arguments"] += text
         else:
             deltas.append({"index": index, "function": {"arguments": text}})
-
-
-PARSERS[NAME] = HarmonyToolParser
