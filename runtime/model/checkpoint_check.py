@@ -42,6 +42,11 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
                 out[f"model.layers.{i}.{norm}.weight"] = (h,)
         if c.architecture == "gpt_oss":  # sinks, biases, its router (`_check_gpt_oss_experts`)
             out.update(_gpt_oss_shapes(c, i))
+        if c.architecture == "llama4" and c.family.has_experts(i):  # its router, experts stacked
+            e, n, p = c.family.num_experts, c.family.moe_intermediate_size, f"model.layers.{i}."
+            out.update({p + "feed_forward.router.weight": (e, h),
+                        p + "feed_forward.experts.gate_up_proj": (e, h, 2 * n),
+                        p + "feed_forward.experts.down_proj": (e, n, h)})  # fmt: skip
         elif c.architecture == "granitemoe":  # its router, and its experts stacked
             e, n, p = c.family.num_experts, c.family.moe_intermediate_size, _moe_block(c, i)
             out.update({p + "router.layer.weight": (e, h), p + "input_linear.weight": (e, 2 * n, h),
@@ -60,6 +65,28 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out[a + "q_norm.weight"] = out[a + "k_norm.weight"] = (d,)
     if not c.tie_word_embeddings:
         out[HEAD] = (c.vocab_size, h)
+    return _family_tensors(c, out)
+
+
+# Apertus' names for the norms before attention and before the MLP
+_APERTUS_NORMS = {"input_layernorm": "attention_layernorm",
+                  "post_attention_layernorm": "feedforward_layernorm"}  # fmt: skip
+_XIELU = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}  # mlp.act_fn.'s
+
+
+def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
+    """`out` with what Apertus (its norms' names, xIELU's parameters) and StarCoder2 (its
+    LayerNorms' biases) change."""
+    if c.architecture == "apertus":
+        for old, new in _APERTUS_NORMS.items():
+            for i in range(c.num_layers):
+                out[f"model.layers.{i}.{new}.weight"] = out.pop(f"model.layers.{i}.{old}.weight")
+    if c.family.hidden_act == "xielu":
+        for i in range(c.num_layers):
+            out.update({f"model.layers.{i}.mlp.act_fn.{p}": s for p, s in _XIELU.items()})
+    if c.family.layer_norm_bias:
+        out.update({n[: -len("weight")] + "bias": s for n, s in list(out.items())
+                    if n.endswith("norm.weight")})  # fmt: skip
     return out
 
 
@@ -121,11 +148,25 @@ def _moe_block(c: ModelConfig, layer: int) -> str:
     return f"model.layers.{layer}.{block}"
 
 
+_UP_DOWN = ("up_proj", "down_proj")  # an ungated MLP's matrices (`FamilyConfig.gated_mlp`)
+_UNGATED_NAMES = {"starcoder2": ("c_fc", "c_proj")}
+
+
 def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
-    """(gate, up, down) weight names of every MLP: each layer's, or each of its experts'."""
+    """(gate, up, down) weight names of every MLP: each layer's, or each of its experts'; an
+    ungated MLP's (up, up, down)."""
     out = []
     for i in range(c.num_layers):
         if c.architecture in ("granitemoe", "gpt_oss"):  # stacked: checked on their own
+            continue
+        if not c.family.has_experts(i) and not c.family.gated_mlp:  # its up stands for a gate
+            p, (up, down) = f"model.layers.{i}.mlp.", _UNGATED_NAMES.get(c.architecture, _UP_DOWN)
+            out.append((f"{p}{up}.weight", f"{p}{up}.weight", f"{p}{down}.weight"))
+            continue
+        if c.architecture == "llama4":  # Llama 4's dense MLP, or its shared expert
+            shared = "shared_expert." if c.family.has_experts(i) else ""
+            p = f"model.layers.{i}.feed_forward.{shared}"
+            out.append((p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"))
             continue
         if not c.family.has_experts(i):
             p = f"model.layers.{i}.mlp."

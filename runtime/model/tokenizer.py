@@ -109,8 +109,10 @@ class Tokenizer:
         eos_token_ids: Sequence[int],
         add_bos_token: bool = False,
         tool_chat_template: str | None = None,
+        sort_tool_keys: bool = False,
     ) -> None:
         self._tok = tokenizer
+        self.sort_tool_keys = sort_tool_keys  # Kimi's code sorts `tools` (`tiktoken_files`)
         self.chat_template = chat_template
         # the template named tool_use (Command R's): a request with tools renders with it
         self.tool_chat_template = tool_chat_template
@@ -135,7 +137,7 @@ class Tokenizer:
         return (
             _rebuild,
             (self._tok.to_str(), self.chat_template, self.bos_token_id, self.eos_token_ids,
-             self.add_bos_token, self.tool_chat_template),
+             self.add_bos_token, self.tool_chat_template, self.sort_tool_keys),
         )  # fmt: skip
 
     def template_for(self, tools: bool) -> str | None:
@@ -274,7 +276,9 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt and not continue_final_message,
             bos_token=self._special(self.bos_token_id),
             eos_token=self._special(self.eos_token_ids[0] if self.eos_token_ids else None),
-            tools=list(tools) if tools else None,
+            tools=([_sorted_keys(t) for t in tools] if self.sort_tool_keys else list(tools))
+            if tools
+            else None,
         )
         return _open_final_message(text, messages) if continue_final_message and messages else text
 
@@ -291,6 +295,15 @@ TEMPLATE_NAMES = frozenset(
         "strftime_now",
     }
 )
+
+
+def _sorted_keys(obj: Any) -> Any:
+    """`obj` with every dict's keys in sorted order, nested (Kimi's `deep_sort_dict`)."""
+    if isinstance(obj, dict):
+        return {k: _sorted_keys(v) for k, v in sorted(obj.items())}
+    if isinstance(obj, list):
+        return [_sorted_keys(v) for v in obj]
+    return obj
 
 
 def _open_final_message(text: str, messages: Sequence[dict[str, Any]]) -> str:
@@ -316,6 +329,7 @@ def _rebuild(
     eos_token_ids: Sequence[int],
     add_bos_token: bool,
     tool_chat_template: str | None = None,
+    sort_tool_keys: bool = False,
 ) -> Tokenizer:
     return Tokenizer(
         HFTokenizer.from_str(data),
@@ -324,6 +338,7 @@ def _rebuild(
         eos_token_ids=eos_token_ids,
         add_bos_token=add_bos_token,
         tool_chat_template=tool_chat_template,
+        sort_tool_keys=sort_tool_keys,
     )
 
 

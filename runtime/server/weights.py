@@ -62,7 +62,7 @@ _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)
           (re.compile(r"\b(q_a_proj|kv_a_proj_with_mqa)\b"), "qkv_proj"))  # fmt: skip
 # DeepSeek's latent attention (model/deepseek.py): q_a (or q) with kv_a as one matmul, q_b, kv_b
 _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b)_proj|kv_a_proj_with_mqa)|"
-                          r"mlp\.(gate|up|gate_up|down)_proj)\.weight$")  # fmt: skip
+                          r"mlp\.((gate|up|gate_up|down)_proj|c_fc|c_proj))\.weight$")  # fmt: skip
 # llama.cpp's split of DeepSeek's kv_b_proj, joined back at load (`deepseek.kv_b_weight`)
 _SPLIT_KV_B = re.compile(r"self_attn\.[kv]_b_proj\.weight$")
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter)
@@ -275,10 +275,10 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         mats = _mla_matrices(h, mc.num_heads, f.mla, t)
         attn, attn_rows = sum(r * c for r, c in mats), sum(r for r, _ in mats)
         norms += n * (f.mla.kv_lora_rank + (f.mla.q_lora_rank or 0)) * item
-    mlp = (n - moe) * 3 * h * i / t
+    mlp = (n - moe) * (3 if f.gated_mlp else 2) * h * i / t  # an ungated MLP: up and down
     if fp8:  # one byte each, a float32 scale per output row (o's and down's rows are whole on
         # every rank: split by input columns, their scales replicated)
-        rows = n * attn_rows + (n - moe) * (2 * i / t + h)
+        rows = n * attn_rows + (n - moe) * ((2 if f.gated_mlp else 1) * i / t + h)
         projections = n * attn + mlp + 4 * rows
     else:
         projections = (n * attn + mlp) * item
@@ -318,7 +318,7 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         return False
     if name == HEAD:
         return not mc.tie_word_embeddings
-    if name in (EMBED, NORM):
+    if name in (EMBED, NORM, "model.norm.bias"):  # (StarCoder2's LayerNorm has a bias)
         return True
     m = _LAYER.match(name)
     return m is not None and int(m.group(1)) < mc.num_layers
@@ -332,6 +332,8 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     tensors = {n: t for n, t in ckpt.tensors.items() if read_by_model(n, mc)}
     if mc.architecture == "gpt_oss":
         tensors = _gpt_oss_as_held(tensors, mc)
+    if mc.architecture == "llama4":  # its stacked experts, as the Linears they become
+        tensors = dict(_llama4_experts(t) for t in tensors.values())
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     notes = {"tied": note} if note else {}
@@ -410,6 +412,19 @@ def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, S
 _SHARED_EXPERT = re.compile(r"mlp\.shared_experts?\.(gate|up|down)_proj\.weight$")
 
 
+def _llama4_experts(t: Stored) -> tuple[str, Stored]:
+    """Llama 4's stacked experts (`model/llama4.py`), gate_up [E, hidden, 2N] and down
+    [E, N, hidden], as the per-expert Linears they load into: GraniteMoe's stacked names and
+    layout ([E, 2N, hidden] split by rows, [E, hidden, N] by columns); other tensors as read."""
+    for stored, as_linear in (("experts.gate_up_proj", "input_linear.weight"),
+                              ("experts.down_proj", "output_linear.weight")):  # fmt: skip
+        if t.name.endswith(stored) and len(t.shape) == 3:
+            name = t.name.removesuffix(stored) + as_linear
+            e, a, b = t.shape
+            return name, Stored(name, t.kind, (e, b, a), t.nbytes)
+    return t.name, t
+
+
 def _runs_in_fp8(name: str, scheme: Fp8Scheme) -> bool:
     """A dense layer's projection the FP8 scheme names (`llama.linear_layer`): not the router,
     the experts, the embedding or the LM head; Qwen2-MoE's shared expert is a dense MLP
@@ -419,9 +434,8 @@ def _runs_in_fp8(name: str, scheme: Fp8Scheme) -> bool:
 
 
 def _row_parallel(name: str) -> bool:
-    return name.endswith(("o_proj.weight", "down_proj.weight", "output_linear.weight")) or bool(
-        re.search(r"experts\.(\d+\.)?(down_proj|w2)\.weight$", name)
-    )
+    down = ("o_proj.weight", "down_proj.weight", "output_linear.weight", "mlp.c_proj.weight")
+    return name.endswith(down) or bool(re.search(r"experts\.(\d+\.)?(down_proj|w2)\.weight$", name))
 
 
 def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int, int]:
@@ -451,7 +465,7 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
         return (k1 - k0) * mc.head_dim, cols
     if part.endswith(".weight") and _row_parallel(name):
         return rows, cols // lay.size  # input columns
-    if re.search(r"(gate_proj|up_proj|w1|w3|input_linear)\.(weight|bias)$", part):
+    if re.search(r"(gate_proj|up_proj|w1|w3|input_linear|c_fc)\.(weight|bias)$", part):
         return rows // lay.size, cols  # output rows (experts: their intermediate width)
     return rows, cols  # norms, the router, o's and down's biases: whole on every rank
 
