@@ -1,4 +1,5 @@
-"""The new families' forward passes queue no device-to-host sync, checked on a CPU.
+"""The new families' forward passes queue no device-to-host sync, checked on a CPU (DeepSeek-V2/V3,
+gpt-oss, GLM-4, Cohere, Cohere 2, SmolLM3, OLMo 3, GLM-4.5, Llama 4, EXAONE 4).
 
 On CUDA a decode step is replayed from a CUDA graph and every other step is launched without
 waiting for the device; an ``.item()``, a ``.tolist()``, a data-dependent shape (``nonzero``,
@@ -18,7 +19,7 @@ import os
 import pytest
 import torch
 from arch_cases import generate, prompts
-from hf_oracle import make_tiny_model
+from hf_oracle import _LM_CLASSES, make_tiny_model
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -30,6 +31,7 @@ pytestmark = [
     ),
 ]
 
+_LM_CLASSES.setdefault("Llama4Text", "Llama4ForCausalLM")  # as test_llama4.py
 # aten ops that wait for the device on CUDA (the value, or the output's size, is read back)
 SYNCING = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2",
            "aten::unique_consecutive", "aten::unique_dim", "aten::bincount"}  # fmt: skip
@@ -53,6 +55,16 @@ FAMILIES = {
     "smollm3": ("SmolLM3", dict(num_hidden_layers=4, no_rope_layer_interval=2,
                 use_sliding_window=True, sliding_window=10)),
     "olmo3": ("Olmo3", dict(num_hidden_layers=4, sliding_window=10)),
+    "glm45": ("Glm4Moe", dict(use_qk_norm=True, attention_bias=True, head_dim=32,
+              n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+              routed_scaling_factor=2.5, norm_topk_prob=True, n_shared_experts=1,
+              moe_intermediate_size=32, first_k_dense_replace=1, num_hidden_layers=3)),
+    "llama4": ("Llama4Text", dict(num_local_experts=4, num_experts_per_tok=1, intermediate_size=32,
+               intermediate_size_mlp=96, num_hidden_layers=4, head_dim=16,
+               no_rope_layer_interval=2, interleave_moe_layer_step=1, use_qk_norm=True,
+               attn_temperature_tuning=True, floor_scale=8, attn_scale=0.5,
+               attention_chunk_size=128)),
+    "exaone4": ("Exaone4", dict(num_hidden_layers=4, sliding_window=10, sliding_window_pattern=2)),
 }  # fmt: skip
 
 
@@ -102,11 +114,12 @@ def dense_experts(x, topk_weights, topk_ids, expert):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_forward_queues_no_host_sync(tmp_path, monkeypatch, family):
     from pagoda.kernels.fused_moe import fused_experts
-    from pagoda.runtime.model import gpt_oss, moe
+    from pagoda.runtime.model import gpt_oss, llama4, moe
 
     arch, overrides = FAMILIES[family]
     make_tiny_model(tmp_path, arch, **overrides)
     monkeypatch.setattr(moe, "grouped_experts", dense_experts)
+    monkeypatch.setattr(llama4, "grouped_experts", dense_experts)
     monkeypatch.setattr(gpt_oss, "fused_kernel", lambda device: fused_experts)
     llm = LLM(loaded=load_model(str(tmp_path)), attention_backend="triton", dtype="float32",
               kv_cache_memory=16 << 20, max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
