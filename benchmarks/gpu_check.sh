@@ -200,21 +200,23 @@ TAIL=12 step moetests 200 $PY -m pytest -q -rs -p no:cacheprovider --timeout 190
 TAIL=20 step moekernels 150 $PY benchmarks/kernel_speed.py --no-attention
 TAIL=40 step moe 540 $PY benchmarks/gpu_throughput.py --shape qwen3-30b-a3b --tune-moe \
     --hf-requests 0 --kernel-profile 5
-# The new families' CUDA paths (~3-5 min, est.): their kernel shapes compiled against the
-# references (sinks in every attention path, DeepSeek's heads of 192 and 48, GQA 8 and 16,
-# gpt-oss's experts' biases and clamped SwiGLU), then every gpu-marked test of
-# tests/runtime/model: each family's tiny model against transformers on the GPU with CUDA
-# graphs and eager decodes against the graphs (DeepSeek-V2/V3, gpt-oss, GLM/GLM-4,
-# Cohere/Cohere 2, SmolLM3, OLMo 3, and any family whose test file adds one).
-TAIL=25 step families 450 bash -c '
+# The new families' CUDA paths (~5-7 min, est., unmeasured: STEPS=families BUDGET_S=560 in one
+# call): their kernel shapes compiled against the references (sinks in every attention path,
+# DeepSeek's heads of 192 and 48, GQA 8 and 16, gpt-oss's experts' biases and clamped SwiGLU),
+# then every gpu-marked test of tests/runtime/model (FAMILY_TESTS: other paths, for a rerun of
+# what a cut-off call left): each family's tiny model against transformers on the GPU with CUDA
+# graphs, eager decodes as the graphs', no host sync in any step's launch (DeepSeek-V2/V3,
+# gpt-oss, GLM/GLM-4, GLM-4.5, Llama 4, Cohere/Cohere 2, SmolLM3, OLMo 3, Mistral 3, EXAONE 4
+# ..., and any family whose test file adds one), in file order.
+TAIL=40 step families 540 bash -c '
     $1 -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 150 \
         -k "sinks or gpt_oss or new_families" tests/kernels/test_kernel_attention.py \
         tests/kernels/test_fused_moe.py
     kernels=$?
-    $1 -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 150 tests/runtime/model
+    $1 -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 150 $2
     models=$?
     echo "families: kernels rc=$kernels, models rc=$models"
-    exit $((kernels || models))' families "$PY"
+    exit $((kernels || models))' families "$PY" "${FAMILY_TESTS:-tests/runtime/model}"
 TAIL=15 step fp8tests 240 $PY -m pytest -q -rs -p no:cacheprovider --timeout 230 \
     tests/kernels/test_fp8_kernels.py tests/runtime/tune/test_fp8_sweep.py
 TAIL=40 step fp8kernels 200 $PY benchmarks/kernel_speed.py --no-attention --moe "" --fp8 llama3-8b

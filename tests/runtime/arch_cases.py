@@ -137,3 +137,30 @@ def tokens_without_host_syncs(llm: LLM, prompts: list[list[int]]) -> list[list[i
     finally:
         del runner.execute_model
     return [o.outputs[0].token_ids for o in outs]
+
+
+def check_on_cuda_with_graphs(loaded, reference, what: str) -> LLM:
+    """A family's gpu test (benchmarks/gpu_check.sh's `families` step): float32 with the
+    defaults on CUDA (the Triton ops and attention, the fused-MoE kernel, CUDA graphs):
+    transformers' tokens and logits, cold and on a warm cache; eager decodes give the graphs'
+    tokens; no step's launch syncs with the host (`tokens_without_host_syncs`). Returns the
+    engine with graphs."""
+    import os
+
+    import pytest
+
+    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("needs CUDA with compiled Triton kernels (TRITON_INTERPRET=0)")
+    common = dict(loaded=loaded, dtype="float32", kv_cache_memory=256 << 20,
+                  max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    llm = LLM(**common)
+    assert llm.engine.runner.cuda_graphs is not None and llm.engine.runner.backend.name == "triton"
+    cold = generate(llm, prompts())
+    warm = generate(llm, prompts()[::-1])[::-1]
+    for i, want in enumerate(reference):
+        check(cold[i], want, f"{what}: prompt {i}, graphs, cold")
+        check(warm[i], want, f"{what}: prompt {i}, graphs, warm")
+    tokens = [t for t, _ in cold]
+    assert [t for t, _ in generate(LLM(**common, enable_cuda_graphs=False), prompts())] == tokens
+    assert tokens_without_host_syncs(LLM(**common, async_scheduling=False), prompts()) == tokens
+    return llm

@@ -21,7 +21,7 @@ import json
 
 import pytest
 import torch
-from arch_cases import check, generate, prompts
+from arch_cases import check, check_on_cuda_with_graphs, generate, prompts
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model, read_model_config
@@ -211,3 +211,15 @@ def test_quantization_fp8_runs_the_projections_in_fp8(built):
         # E4M3 weights and per-token activations through three layers (3 mantissa bits): the
         # first step's logits point where transformers' do (scrambled weights: cosine ~0)
         assert torch.nn.functional.cosine_similarity(ours[0], theirs[0], dim=0) > 0.98
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_gpu_matches_transformers_with_graphs(built, name):
+    """On CUDA (benchmarks/gpu_check.sh's `families` step): the experts in the fused-MoE
+    kernel, decodes in CUDA graphs, eager as graphs, no host sync in a step's launch
+    (`arch_cases.check_on_cuda_with_graphs`)."""
+    _, loaded, reference = built(name)
+    runner = check_on_cuda_with_graphs(loaded, reference, name).engine.runner
+    moe = runner.model.layers[-1].mlp
+    assert getattr(moe, "routed", moe).fused is not None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from arch_cases import check, generate, prompts
+from arch_cases import check, check_on_cuda_with_graphs, generate, prompts
 from hf_oracle import _LM_CLASSES, hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model, read_model_config
@@ -193,3 +193,15 @@ def test_scouts_hub_config_reads_as_transformers_reads_it(tmp_path):
     assert ours.rope_scaling["factor"] == 16.0 and ours.rope_theta == 500000.0
     assert ours.context_length == 8192 and ours.intermediate_size == 16384
     assert ours.eos_token_ids == (200001, 200007, 200008) and not ours.tie_word_embeddings
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_gpu_matches_transformers_with_graphs(built, name):
+    """On CUDA (benchmarks/gpu_check.sh's `families` step): the experts in the fused-MoE
+    kernel, decodes in CUDA graphs, eager as graphs, no host sync in a step's launch
+    (`arch_cases.check_on_cuda_with_graphs`)."""
+    _, loaded, reference = built(name)
+    runner = check_on_cuda_with_graphs(loaded, reference, name).engine.runner
+    moes = [layer.mlp for layer in runner.model.layers if hasattr(layer.mlp, "experts")]
+    assert moes and all(m.experts.fused is not None for m in moes)

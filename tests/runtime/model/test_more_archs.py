@@ -27,7 +27,7 @@ import json
 
 import pytest
 import torch
-from arch_cases import check, generate, prompts
+from arch_cases import check, generate, prompts, tokens_without_host_syncs
 from hf_oracle import hf_greedy_plain, make_tiny_model, save_word_tokenizer
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model, read_model_config
@@ -244,7 +244,8 @@ def test_the_weights_estimate_is_what_the_model_holds(tmp_path, arch, overrides,
 @pytest.mark.parametrize("name", list(CASES))
 def test_gpu_matches_transformers_with_graphs(case_by_name, name):
     """On CUDA in float32 with the defaults (the Triton ops and attention, whose rotary reads
-    the cache by positions, CUDA graphs): transformers' tokens and logits, graphs as eager."""
+    the cache by positions, CUDA graphs): transformers' tokens and logits, graphs as eager, no
+    step's launch syncing with the host (`tokens_without_host_syncs`)."""
     import os
 
     if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
@@ -259,6 +260,8 @@ def test_gpu_matches_transformers_with_graphs(case_by_name, name):
         check(got[i], want, f"{name}: prompt {i}")
     eager = generate(LLM(**common, enable_cuda_graphs=False), prompts())
     assert [t for t, _ in eager] == [t for t, _ in got]
+    synced = tokens_without_host_syncs(LLM(**common, async_scheduling=False), prompts())
+    assert synced == [t for t, _ in got]
 
 
 @pytest.mark.parametrize(("arch", "edit", "words"), [
