@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 # mistralai/Mistral-Small-3.1-24B-Instruct-2503's config.json (3.2-2506's and Magistral-Small-
 # 2509's alike), shrunk: its text_config names no BOS nor EOS id
 PIXTRAL = {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64, "head_dim": 16,
-           "num_attention_heads": 2, "num_hidden_layers": 1, "image_size": 28, "patch_size": 14}
+           "num_attention_heads": 2, "num_hidden_layers": 1, "image_size": 28, "patch_size": 14}  # fmt: skip
 MISTRAL_SMALL_3_1 = {
     "architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
     "image_token_index": 10, "multimodal_projector_bias": False, "projector_hidden_act": "gelu",
