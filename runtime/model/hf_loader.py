@@ -100,7 +100,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                 "num_key_value_heads": 32,
                 "bos_token_id": 0, "eos_token_id": 2},
     "ministral": {"num_key_value_heads": 8, "max_position_embeddings": 131_072,
-                  "sliding_window": 4096, "rms_norm_eps": 1e-5, "bos_token_id": 1,
+                  "sliding_window": 4096, "rms_norm_eps": 1e-6, "bos_token_id": 1,
                   "eos_token_id": 2},
     "ministral3": {"num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
                    "max_position_embeddings": 262_144, "bos_token_id": 1, "eos_token_id": 2},

@@ -49,3 +49,32 @@ def test_a_mistral3_text_config_without_ids_reads_transformers_bos_and_eos(tmp_p
     tok = read_tokenizer(tmp_path, ours)
     text = tok.apply_chat_template([{"role": "user", "content": "w9"}])
     assert tok.encode(text, add_special_tokens=False) == [1, 3, 9, 4]
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+@pytest.mark.parametrize("model_type", ["mistral", "ministral", "ministral3"])
+def test_a_sparse_mistral_family_config_reads_with_transformers_defaults(
+    tmp_path, model_type, wrapped
+):
+    """The core shapes alone, as a causal LM's config.json or as Mistral 3's text_config: the
+    norm's eps, rotary, context, window (every layer), KV heads, head size and ids that
+    transformers' MistralConfig / MinistralConfig (eps 1e-6) / Ministral3Config fill in."""
+    core = dict(vocab_size=300, hidden_size=256, intermediate_size=128, num_hidden_layers=4,
+                num_attention_heads=32)  # fmt: skip
+    arch = {"mistral": "Mistral", "ministral": "Ministral", "ministral3": "Ministral3"}
+    config = {"architectures": [f"{arch[model_type]}ForCausalLM"], "model_type": model_type}
+    if wrapped:
+        config = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+                  "text_config": {"model_type": model_type, **core}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps({**config, **({} if wrapped else core)}))
+    t = transformers.AutoConfig.from_pretrained(tmp_path).get_text_config()
+    o = read_model_config(str(tmp_path))
+    rope = t.rope_parameters
+    assert (o.rms_norm_eps, o.rope_theta, o.max_position_embeddings) == (
+        t.rms_norm_eps, rope["rope_theta"], t.max_position_embeddings)  # fmt: skip
+    assert (o.rope_scaling or {}).get("rope_type", "default") == rope["rope_type"]
+    assert (o.num_kv_heads, o.head_dim) == (t.num_key_value_heads, t.head_dim or 8)
+    assert (o.bos_token_id, list(o.eos_token_ids)) == (t.bos_token_id, [t.eos_token_id])
+    assert o.family.sliding_window == t.sliding_window
+    kinds = getattr(t, "layer_types", None) or []
+    assert all(k == "sliding_attention" for k in kinds) and not o.family.window_layers
