@@ -107,6 +107,19 @@ class ExpertRouting:
 
 
 @dataclass(frozen=True)
+class Llama4Attention:
+    """Llama 4's attention on top of Llama's (`model/llama4.py`): the rotary layers' q and k
+    L2-normalised per head after rotary (`qk_norm`: a weightless RMSNorm), and the NoPE layers'
+    q scaled by log1p(floor((position + 1) / floor_scale)) x attn_scale + 1
+    (`temperature_tuning`)."""
+
+    qk_norm: bool = True
+    temperature_tuning: bool = True
+    floor_scale: float = 8192.0
+    attn_scale: float = 0.1
+
+
+@dataclass(frozen=True)
 class FamilyConfig:
     """The defaults are Llama's: a Llama, Mistral or Qwen2 checkpoint changes nothing here but
     Mistral's sliding window."""
@@ -175,6 +188,9 @@ class FamilyConfig:
     gated_mlp: bool = True
     # StarCoder2's norms: LayerNorm with a weight and a bias (in the model's dtype) for RMSNorm
     layer_norm_bias: bool = False
+    # Llama 4 (model/llama4.py): its attention's extras; its experts are routed by a sigmoid of
+    # the top-1 logit that scales the expert's input, beside an ungated shared expert
+    llama4: Llama4Attention | None = None
 
     @property
     def transforms_logits(self) -> bool:

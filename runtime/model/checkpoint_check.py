@@ -42,6 +42,11 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
                 out[f"model.layers.{i}.{norm}.weight"] = (h,)
         if c.architecture == "gpt_oss":  # sinks, biases, its router (`_check_gpt_oss_experts`)
             out.update(_gpt_oss_shapes(c, i))
+        if c.architecture == "llama4" and c.family.has_experts(i):  # its router, experts stacked
+            e, n, p = c.family.num_experts, c.family.moe_intermediate_size, f"model.layers.{i}."
+            out.update({p + "feed_forward.router.weight": (e, h),
+                        p + "feed_forward.experts.gate_up_proj": (e, h, 2 * n),
+                        p + "feed_forward.experts.down_proj": (e, n, h)})  # fmt: skip
         elif c.architecture == "granitemoe":  # its router, and its experts stacked
             e, n, p = c.family.num_experts, c.family.moe_intermediate_size, _moe_block(c, i)
             out.update({p + "router.layer.weight": (e, h), p + "input_linear.weight": (e, 2 * n, h),
@@ -157,6 +162,11 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
         if not c.family.has_experts(i) and not c.family.gated_mlp:  # its up stands for a gate
             p, (up, down) = f"model.layers.{i}.mlp.", _UNGATED_NAMES.get(c.architecture, _UP_DOWN)
             out.append((f"{p}{up}.weight", f"{p}{up}.weight", f"{p}{down}.weight"))
+            continue
+        if c.architecture == "llama4":  # Llama 4's dense MLP, or its shared expert
+            shared = "shared_expert." if c.family.has_experts(i) else ""
+            p = f"model.layers.{i}.feed_forward.{shared}"
+            out.append((p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"))
             continue
         if not c.family.has_experts(i):
             p = f"model.layers.{i}.mlp."

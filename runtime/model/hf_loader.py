@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model import deepseek_config as deepseek
+from pagoda.runtime.model import glm4_moe_config as glm4_moe
+from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model import tiktoken_files
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.ops import rope_inv_freq, rope_kind, rotary_dim
@@ -64,6 +66,8 @@ HF_ARCHITECTURES = {
     "Starcoder2ForCausalLM": "starcoder2",  # LayerNorm with biases, GELU MLP (starcoder2.py)
     "ApertusForCausalLM": "apertus",  # xIELU MLP, q/k norms (apertus.py)
     "Ministral3ForCausalLM": "ministral3",  # Ministral 3: yarn, q scaled by position (ministral3.py)
+    **glm4_moe.ARCHITECTURES,  # GLM-4.5, GLM-4.5-Air, GLM-4.6 (model/glm4_moe.py)
+    **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
 }
 # a multimodal wrapper's text model, by its text_config's model_type (transformers' default
 # first); another model_type is refused
@@ -151,6 +155,8 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "swiglu_limit": 7.0,
     },
     **deepseek.DEFAULTS,
+    **glm4_moe.DEFAULTS,
+    **llama4.DEFAULTS,
 }  # fmt: skip
 # GptOssConfig's rotary where config.json names none (neither rope_scaling nor rope_parameters)
 _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
@@ -165,6 +171,7 @@ _NULLABLE = {
     "olmo3": ("sliding_window",),
     "gemma2": ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"),
     **{arch: deepseek.NULLABLE for arch in deepseek.DEFAULTS},
+    "llama4": llama4.NULLABLE,
 }
 _EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 _EPS["starcoder2"] = "norm_epsilon"
@@ -192,7 +199,8 @@ _DEFAULT_ROPE = {
     },
 }
 _UNGATED = ("arcee", "apertus", "starcoder2")  # down(act(up(x))) MLPs (model/ungated_mlp.py)
-_PARTIAL_ROTARY = ("phi3", "glm", "glm4")  # the families whose transformers models read it
+# the families whose transformers models read partial_rotary_factor
+_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe")
 _FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -242,8 +250,8 @@ def _rope(
     scaling = cfg.get("rope_scaling")
     if params.get("rope_type", "default") != "default" or "partial_rotary_factor" in params:
         scaling = params
-    if cfg.get("partial_rotary_factor") not in (None, 1, 1.0):
-        scaling = {**(scaling or {}), "partial_rotary_factor": cfg["partial_rotary_factor"]}
+    if cfg.get("partial_rotary_factor") not in (None, 1, 1.0):  # rope_parameters' own wins
+        scaling = {"partial_rotary_factor": cfg["partial_rotary_factor"], **(scaling or {})}
     if phi3 and rope_kind(scaling) in ("su", "yarn"):  # transformers' Phi3Config: longrope
         scaling = {**scaling, "rope_type": "longrope"}
     if scaling and rope_kind(scaling) in ("llama3", "yarn", "longrope"):
@@ -503,6 +511,10 @@ def _family(
             fields[name] = float(cfg.get(name, 1.0))
     if arch in deepseek.ARCHITECTURES.values():
         fields.update(deepseek.family_fields(cfg, arch, n, scaling))
+    if arch == "glm4_moe":  # GLM-4.5: V3's router, shared experts, optional q/k norms
+        fields.update(glm4_moe.family_fields(cfg, n))
+    if arch == "llama4":  # NoPE layers, top-1 sigmoid experts with a shared one
+        fields.update(llama4.family_fields(cfg, n))
     if fields.get("num_experts") and fields["hidden_act"] != "silu":  # the fused-MoE kernel's
         raise ValueError(f"hidden activation {act!r} in a mixture of experts is not supported "
                          "(experts run SwiGLU: silu)")  # fmt: skip
@@ -545,6 +557,8 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     layers = int(cfg["num_hidden_layers"])
     by_kind = "full_attention" if arch in ("gemma3", "olmo3") else None  # per layer kind
     rope_theta, scaling = _rope(cfg, by_kind, arch == "phi3")
+    if arch == "llama4":  # the dense MLP's width; the context capped at one attention chunk
+        cfg = {**cfg, **llama4.overrides(cfg)}
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     if arch in deepseek.ARCHITECTURES.values():  # latent attention, expanded per head

@@ -44,6 +44,8 @@ MODEL_CLASSES = {
     "arcee": ("ungated_mlp", "ArceeModel"),  # ReLU² MLP, no gate
     "starcoder2": ("starcoder2", "Starcoder2Model"),  # LayerNorm with biases, GELU MLP
     "apertus": ("apertus", "ApertusModel"),  # xIELU MLP, q/k norms
+    "glm4_moe": ("glm4_moe", "Glm4MoeModel"),  # GLM-4.5 / 4.6
+    "llama4": ("llama4", "Llama4Model"),  # the text model of Scout / Maverick
 }
 
 

@@ -13,7 +13,7 @@ from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
 from pagoda.runtime.request import TokenLogprob
 from pagoda.runtime.sampling.params import ParamError
-from pagoda.runtime.server import reasoning, tools
+from pagoda.runtime.server import harmony, reasoning, tools
 from pagoda.runtime.server.chat_prompt import encode_chat
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings
@@ -40,7 +40,7 @@ class ChatEndpoint(Endpoint):
                  reasoning_parser: str | None = None) -> None:  # fmt: skip
         super().__init__(served_model_names)
         self.tool_parser = tool_parser  # --tool-call-parser: auto (from the template) or a name
-        self.reasoning_parser = reasoning_parser  # --reasoning-parser: None, qwen3, deepseek_r1
+        self.reasoning_parser = reasoning_parser  # --reasoning-parser: None or a name
         self._end_id: tuple[Any, int | None] | None = None  # (tokenizer, `</think>`'s one id)
         # --allow-chat-special-tokens: content's special-token text as control tokens
         self.content_as_text = not allow_special_tokens
@@ -114,9 +114,13 @@ class ChatEndpoint(Endpoint):
         raw = [m.as_template_dict() for m in req.messages]
         if template is not None and "developer" not in template:
             raw = [as_system(m) for m in raw]
+        if self.reasoning_parser == reasoning.HARMONY:
+            raw = [harmony.template_message(m) for m in raw]
         self.check_length("".join(str(m.get("content", "")) for m in raw), info)
         variables = _template_kwargs(req.chat_template_kwargs, info.tokenizer,
                                      self.content_as_text, bool(req.tools))  # fmt: skip
+        variables = _with_effort(variables, req.reasoning_effort, info.tokenizer,
+                                 bool(req.tools))  # fmt: skip
         render = functools.partial(
             _render, info.tokenizer.apply_chat_template,
             add_generation_prompt=req.generation_prompt,
@@ -172,8 +176,8 @@ class ChatEndpoint(Endpoint):
     def choice(self, job: Job, i: int, text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
         thought, answer = None, text
         if job.reasoning is not None:
-            split = job.reasoning_streams[i] = reasoning.new_stream(self.reasoning_parser,
-                                                                    job.reasoning)  # fmt: skip
+            split = job.reasoning_streams[i] = reasoning.new_stream(
+                self.reasoning_parser, job.reasoning, _calls(job))  # fmt: skip
             thought, answer = reasoning.split(text, split)
         content = None if answer is None else job.echo_text + answer
         message: dict[str, Any] = {"role": job.role, "content": content}
@@ -194,8 +198,8 @@ class ChatEndpoint(Endpoint):
         if job.reasoning is not None:
             split = job.reasoning_streams.get(i)
             if split is None:
-                split = job.reasoning_streams[i] = reasoning.new_stream(self.reasoning_parser,
-                                                                        job.reasoning)  # fmt: skip
+                split = job.reasoning_streams[i] = reasoning.new_stream(
+                    self.reasoning_parser, job.reasoning, _calls(job))  # fmt: skip
             thought, text = split.feed(text, final)
         if job.tools is None:
             delta = {"content": text} if text else {}
@@ -218,6 +222,11 @@ class ChatEndpoint(Endpoint):
         if job.tools is not None and i not in job.opened:
             delta = _with_role(job, i, delta, final)
         return {"index": i, "delta": delta, "logprobs": logprobs}
+
+
+def _calls(job: Job) -> bool:
+    """Whether harmony messages to functions are tool calls (`--tool-call-parser openai`)."""
+    return job.tools is not None and job.tools.parser.name == "openai"
 
 
 def _with_role(job: Job, i: int, delta: dict[str, Any], final: bool) -> dict[str, Any]:
@@ -254,6 +263,25 @@ def _template_kwargs(kwargs: dict[str, Any] | None, tokenizer: Any, as_text: boo
                            f"'{shorten(key, 60)}', so it would change nothing", param=param,
                            code="unsupported_parameter")  # fmt: skip
     return kwargs
+
+
+def _with_effort(variables: dict[str, Any] | None, effort: str | None, tokenizer: Any,
+                 tools: bool = False) -> dict[str, Any] | None:  # fmt: skip
+    """The request's `reasoning_effort` as the chat template's variable of that name (what vLLM
+    does; gpt-oss's template writes `Reasoning: <effort>` into its system message). A template
+    that does not read it would change nothing: a 400, as for `chat_template_kwargs`."""
+    if effort is None:
+        return variables
+    if "reasoning_effort" not in tokenizer.variables_for(tools):
+        raise APIError(400, "reasoning_effort is not supported: this model's chat template does "
+                       "not read 'reasoning_effort', so it would change nothing",
+                       param="reasoning_effort", code="unsupported_parameter")  # fmt: skip
+    given = (variables or {}).get("reasoning_effort", effort)
+    if given != effort:
+        raise APIError(400, "reasoning_effort and chat_template_kwargs.reasoning_effort "
+                       "disagree; give one", param="reasoning_effort",
+                       code="invalid_value")  # fmt: skip
+    return {**(variables or {}), "reasoning_effort": effort}
 
 
 def _reply_tail(req: ChatCompletionRequest, messages: list[dict[str, Any]], listed: Any,

@@ -332,6 +332,8 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     tensors = {n: t for n, t in ckpt.tensors.items() if read_by_model(n, mc)}
     if mc.architecture == "gpt_oss":
         tensors = _gpt_oss_as_held(tensors, mc)
+    if mc.architecture == "llama4":  # its stacked experts, as the Linears they become
+        tensors = dict(_llama4_experts(t) for t in tensors.values())
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     notes = {"tied": note} if note else {}
@@ -408,6 +410,19 @@ def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, S
 
 # Qwen2-MoE's shared expert, DeepSeek's shared_experts
 _SHARED_EXPERT = re.compile(r"mlp\.shared_experts?\.(gate|up|down)_proj\.weight$")
+
+
+def _llama4_experts(t: Stored) -> tuple[str, Stored]:
+    """Llama 4's stacked experts (`model/llama4.py`), gate_up [E, hidden, 2N] and down
+    [E, N, hidden], as the per-expert Linears they load into: GraniteMoe's stacked names and
+    layout ([E, 2N, hidden] split by rows, [E, hidden, N] by columns); other tensors as read."""
+    for stored, as_linear in (("experts.gate_up_proj", "input_linear.weight"),
+                              ("experts.down_proj", "output_linear.weight")):  # fmt: skip
+        if t.name.endswith(stored) and len(t.shape) == 3:
+            name = t.name.removesuffix(stored) + as_linear
+            e, a, b = t.shape
+            return name, Stored(name, t.kind, (e, b, a), t.nbytes)
+    return t.name, t
 
 
 def _runs_in_fp8(name: str, scheme: Fp8Scheme) -> bool:
