@@ -78,3 +78,32 @@ def test_a_sparse_mistral_family_config_reads_with_transformers_defaults(
     assert o.family.sliding_window == t.sliding_window
     kinds = getattr(t, "layer_types", None) or []
     assert all(k == "sliding_attention" for k in kinds) and not o.family.window_layers
+
+
+def test_mistral_small_3_1s_own_head_is_kept_and_counted(tmp_path):
+    """Mistral-Small-3.1's config.json leaves tie_word_embeddings out (Mistral3Config: true)
+    while its checkpoint holds a distinct `language_model.lm_head.weight`: transformers 5 keeps
+    that head, and so does the model; the config read says untied, so that the weights
+    estimate on CUDA (where a tied head is the table itself) counts the head's bytes too."""
+    import torch
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.server import weights
+
+    cfg = json.loads(json.dumps(MISTRAL_SMALL_3_1))
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
+    torch.manual_seed(0)
+    hf = transformers.Mistral3ForConditionalGeneration(
+        transformers.AutoConfig.from_pretrained(tmp_path)
+    )
+    hf.save_pretrained(tmp_path)
+    engine = EngineConfig.create(str(tmp_path), device="cpu", dtype="bfloat16")
+    cuda = torch.device("cuda")
+    explicit = weights.estimate(read_model_config(str(tmp_path)), engine, tmp_path, device=cuda)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # as published
+    assert transformers.AutoConfig.from_pretrained(tmp_path).tie_word_embeddings  # the default
+    loaded = transformers.Mistral3ForConditionalGeneration.from_pretrained(tmp_path)
+    assert not torch.equal(loaded.lm_head.weight, loaded.get_input_embeddings().weight)
+    ours = read_model_config(str(tmp_path))
+    assert not ours.tie_word_embeddings
+    got = weights.estimate(ours, engine, tmp_path, device=cuda)
+    assert got.bytes == explicit.bytes
