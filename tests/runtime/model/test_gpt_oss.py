@@ -393,3 +393,18 @@ def test_the_published_gpt_oss_layouts_are_checked_and_counted(tmp_path, size):
         assert held == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, tp), rel=1e-6)
     fingerprint = shape_fingerprint(mc, "none")
     assert (fingerprint["num_layers"], fingerprint["num_experts"]) == (layers, e)
+
+
+def test_gpt_oss_int8_kv_cache_keeps_transformers_tokens(tiny):
+    """An int8 KV cache (the torch attention backend's, a float32 scale per row) with the sinks
+    in its softmax: transformers' tokens, logits within the cache's rounding, over a warm
+    prefix cache too."""
+    path, _, reference = tiny
+    llm = _engine(path, kv_cache_dtype="int8")
+    got = generate(llm, prompts()) + generate(llm, prompts()[::-1])[::-1]
+    assert llm.engine.kv.prefix_hits > 0
+    for i, (tokens, logits) in enumerate(got):
+        want_tokens, want_logits = reference[i % len(reference)]
+        assert tokens == want_tokens, i
+        worst = max(float((a - b).abs().max()) for a, b in zip(logits, want_logits))
+        assert worst < 0.05, (i, worst)
