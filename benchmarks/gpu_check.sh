@@ -16,6 +16,7 @@
 # ones: moetests (kernel vs reference compiled, Qwen3-30B-A3B expert shape invariance and graph
 # capture, the sweep), moekernels (kernel_speed's MoE rows), moe (nano-vllm's workload on a
 # Qwen3-30B-A3B-shaped random model, default and swept MoE configs side by side, step vs floor),
+# gptoss (gpt-oss's sinks and experts compiled, its tiny model against transformers on the GPU),
 # then the FP8 ones: fp8tests (quantization, GEMM and KV write compiled against the references,
 # bit for bit where the maths is, the GEMM's invariance at Llama-3-8B shapes, the FP8 sweep) and
 # fp8kernels (kernel_speed's FP8 GEMM rows vs bf16 at Llama-3-8B shapes), fp8engine (FP8 KV
@@ -53,7 +54,7 @@
 # checked) and stay off the path; no model is written. tests/benchmarks/test_gpu_check.py runs it.
 set -u
 ISSUE40="serving prefillspeed ready throughput"
-STEPS=${STEPS:-$ISSUE40 tests prefill tunetests tune kcache invariance kernels moetests moekernels moe fp8tests fp8kernels fp8engine fp8throughput tptests tp tpfp8}
+STEPS=${STEPS:-$ISSUE40 tests prefill tunetests tune kcache invariance kernels moetests moekernels moe gptoss fp8tests fp8kernels fp8engine fp8throughput tptests tp tpfp8}
 OUT=${OUT:-${1:-gpu-out}}
 BUDGET_S=${BUDGET_S:-570}
 DRY_RUN=${DRY_RUN:-}
@@ -198,6 +199,11 @@ TAIL=12 step moetests 200 $PY -m pytest -q -rs -p no:cacheprovider --timeout 190
 TAIL=20 step moekernels 150 $PY benchmarks/kernel_speed.py --no-attention
 TAIL=40 step moe 540 $PY benchmarks/gpu_throughput.py --shape qwen3-30b-a3b --tune-moe \
     --hf-requests 0 --kernel-profile 5
+# gpt-oss compiled: its sinks and experts' kernels against the references (in `tests` too) and
+# the tiny model against transformers on the GPU (Triton attention, fused MoE, CUDA graphs)
+TAIL=12 step gptoss 200 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 190 \
+    -k "sinks or gpt_oss" tests/kernels/test_kernel_attention.py tests/kernels/test_fused_moe.py \
+    tests/runtime/model/test_gpt_oss.py
 TAIL=15 step fp8tests 240 $PY -m pytest -q -rs -p no:cacheprovider --timeout 230 \
     tests/kernels/test_fp8_kernels.py tests/runtime/tune/test_fp8_sweep.py
 TAIL=40 step fp8kernels 200 $PY benchmarks/kernel_speed.py --no-attention --moe "" --fp8 llama3-8b

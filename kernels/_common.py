@@ -75,7 +75,7 @@ def fit_stages(
     ``(num_stages - unbuffered) * stage_bytes`` (a GEMM's A and B tiles per stage), would not fit
     ``device``: a config tuned on an H100, or one a file may hold, then still compiles on a
     smaller GPU. ``unbuffered``: stages Triton does not keep in shared memory (measured on sm_90:
-    the plain GEMMs keep all ``num_stages``, the MoE GEMM one fewer). Stages only overlap loads
+    the plain GEMMs keep all ``num_stages``, the MoE GEMM one fewer in float32, all in 16-bit). Stages only overlap loads
     with the MMA, so the result's bits do not change."""
     limit = shared_memory_limit(device)
     if limit is None or stage_bytes <= 0:

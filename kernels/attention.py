@@ -9,6 +9,9 @@
 * ``sliding_window``: each query sees its last W keys (its own included), and both kernels start
   at the window's first tile, so a window layer reads only the window's blocks; the split count
   of the decodes is chosen for the window's length. ``softcap`` caps the scores (Gemma).
+* ``sinks``: attention sinks (gpt-oss), one float32 logit per query head that joins its
+  softmax's denominator only, added after a row's last tile (`attn_common.add_sink`; the
+  split-KV decodes add it in their merge).
 * Prefill rows (sequences after the decodes) run in the FlashAttention-2-style prefill kernel
   (``prefill_attention.py``; ``flash_prefill=False`` keeps them in the unified kernel). The
   decodes then always take the split-KV kernel (one segment when the rule asks for no split).
@@ -94,6 +97,7 @@ def paged_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     flash_prefill: bool = True,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a ragged batch against a paged KV cache (module docstring).
 
@@ -108,13 +112,13 @@ def paged_attention(
     `write_kv_cache` with ``k_scale``/``v_scale``) is read with the same scales: float32, one
     element or one per KV head; its tiles are widened to q's dtype (exact), the K scale joins
     the softmax scale and the V scale multiplies the output. ``flash_prefill=False`` runs the
-    prefill rows in the unified kernel instead of the prefill kernel (comparisons). Returns
-    ``out``.
+    prefill rows in the unified kernel instead of the prefill kernel (comparisons). ``sinks``:
+    float32 ``[H]`` attention sinks (module docstring). Returns ``out``.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _validate(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out)
-    scales = [t for t in (k_scale, v_scale) if t is not None]
+    scales = [t for t in (k_scale, v_scale, sinks) if t is not None]
     check_device(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, *scales)
     kv_scale_args(k_cache, k_scale, v_scale, seq_lens)  # validated once, before any launch
     num_seqs = seq_lens.shape[0]
@@ -128,7 +132,7 @@ def paged_attention(
         _flash_launches(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
             max_seq_len, scale, out, num_decodes, num_kv_splits, batch_invariant, sliding_window,
-            softcap, k_scale, v_scale,
+            softcap, k_scale, v_scale, sinks,
         )  # fmt: skip
         return out
     first_seq = 0
@@ -136,7 +140,7 @@ def paged_attention(
         first_seq = _launch_decodes(
             q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_decodes,
             num_decodes == num_seqs, max_seq_len, num_kv_splits, sliding_window, softcap,
-            k_scale, v_scale,
+            k_scale, v_scale, sinks,
         )  # fmt: skip
     if first_seq < num_seqs:
         bucket = INVARIANT_QUERY_LEN if batch_invariant else max_query_len
@@ -157,6 +161,7 @@ def paged_attention(
             softcap=softcap,
             k_scale=k_scale,
             v_scale=v_scale,
+            sinks=sinks,
         )
     return out
 
@@ -177,6 +182,7 @@ def _launch_decodes(
     softcap: float | None,
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
+    sinks: torch.Tensor | None = None,
 ) -> int:
     """Run the leading decodes through the split-KV kernel when it splits (or when the batch is
     all decodes); returns how many sequences it took (0: the unified kernel does them)."""
@@ -213,6 +219,7 @@ def _launch_decodes(
         softcap=softcap,
         k_scale=k_scale,
         v_scale=v_scale,
+        sinks=sinks,
     )
     return num_decodes
 
@@ -248,6 +255,7 @@ def _flash_launches(
     softcap: float | None,
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Decodes (split-KV, or the prefill kernel's decode launch when batch-invariant), then the
     other sequences in the prefill kernel."""
@@ -256,7 +264,7 @@ def _flash_launches(
     common = dict(
         q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens,
         query_start_loc=query_start_loc, scale=scale, out=out, sliding_window=sliding_window,
-        softcap=softcap, k_scale=k_scale, v_scale=v_scale,
+        softcap=softcap, k_scale=k_scale, v_scale=v_scale, sinks=sinks,
     )  # fmt: skip
     if num_decodes > 0 and batch_invariant:
         launch_prefill_attention(
@@ -266,7 +274,7 @@ def _flash_launches(
     elif num_decodes > 0:
         _launch_decodes(
             q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_decodes, True,
-            max_seq_len, num_kv_splits, sliding_window, softcap, k_scale, v_scale,
+            max_seq_len, num_kv_splits, sliding_window, softcap, k_scale, v_scale, sinks,
         )  # fmt: skip
     if num_decodes < num_seqs:
         launch_prefill_attention(

@@ -41,6 +41,20 @@ def softcap_arg(softcap: float | None) -> float:
     return float(softcap or 0.0)
 
 
+def sinks_arg(sinks: torch.Tensor | None, num_heads: int, fallback: torch.Tensor):
+    """``(sinks, HAS_SINKS)`` for the kernels: attention sinks (gpt-oss), one float32 logit
+    per query head that joins its softmax's denominator (`add_sink`); without them ``fallback``
+    stands in, never read."""
+    if sinks is None:
+        return fallback, False
+    if sinks.dtype != torch.float32 or sinks.shape != (num_heads,) or not sinks.is_contiguous():
+        raise ValueError(f"sinks must be contiguous float32 [num_heads={num_heads}], got "
+                         f"{tuple(sinks.shape)} {sinks.dtype}")  # fmt: skip
+    if sinks.device != fallback.device:
+        raise ValueError(f"sinks are on {sinks.device}, the attention on {fallback.device}")
+    return sinks, True
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """How :func:`mma` multiplies. fp32 caches get exact products ("ieee"; the default would be
     TF32). Half types take the backend's default (tensor cores). Triton 3.9's interpreter
@@ -236,6 +250,23 @@ def widen_kv(k, v, dtype, KV_FP8: tl.constexpr):
         k = k.to(dtype)
         v = v.to(dtype)
     return k, v
+
+
+@triton.jit
+def add_sink(acc, l_i, m_i, sinks_ptr, head, head_mask, HAS_SINKS: tl.constexpr):
+    """``(acc, l_i)`` after each row's attention sink (natural units, loaded by query head)
+    joins its softmax denominator once, after its last tile: both rescaled to the larger of
+    the running max ``m_i`` (log2 units) and the sink, ``l_i`` plus exp2(sink - that max); a
+    row that saw no key keeps acc 0 (then its output is 0, as Hugging Face's). As given
+    without ``HAS_SINKS``."""
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head, mask=head_mask, other=float("-inf")) * 1.4426950408889634
+        m_fin = tl.maximum(m_i, sink)
+        m_ref = tl.where(m_fin == float("-inf"), 0.0, m_fin)
+        alpha = tl.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.exp2(sink - m_ref)
+        acc = acc * alpha[:, None]
+    return acc, l_i
 
 
 @triton.jit

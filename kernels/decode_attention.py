@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 from pagoda.kernels._common import cdiv, next_pow2, prev_pow2
 from pagoda.kernels.attn_common import (
+    add_sink,
     kv_scale_args,
     kv_scales,
     load_kv_tile,
@@ -26,6 +27,7 @@ from pagoda.kernels.attn_common import (
     paged_strides,
     score_scale,
     scores,
+    sinks_arg,
     softcap_arg,
     widen_kv,
     window_arg,
@@ -47,6 +49,7 @@ def _decode_stage1_kernel(
     k_scale_ptr,  # [1] or [num_kv_heads] float32 (stride_kv_scale 0 or 1), read when KV_FP8
     v_scale_ptr,  # [1] or [num_kv_heads] float32
     stride_kv_scale,
+    sinks_ptr,  # [NUM_HEADS] float32 attention sinks, read when HAS_SINKS (one split only)
     stride_q_tok,
     stride_q_head,
     stride_o_tok,
@@ -69,6 +72,7 @@ def _decode_stage1_kernel(
     DOT_PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr,
     KV_FP8: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -132,7 +136,9 @@ def _decode_stage1_kernel(
         m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION)
 
     empty = l_i == 0.0
-    acc = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if NUM_SPLITS == 1:  # with more, the sink joins in stage 2's merge
+        acc, l_i = add_sink(acc, l_i, m_i, sinks_ptr, head, head_mask, HAS_SINKS)
+    acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     if KV_FP8:
         acc = acc * v_s
     if NUM_SPLITS == 1:
@@ -157,14 +163,17 @@ def _decode_stage2_kernel(
     out_ptr,  # [num_tokens, NUM_HEADS, HEAD_DIM]
     mid_o_ptr,  # [num_decodes, NUM_HEADS, NUM_SPLITS, HEAD_DIM_PADDED] float32
     mid_lse_ptr,  # [num_decodes, NUM_HEADS, NUM_SPLITS] float32
+    sinks_ptr,  # [NUM_HEADS] float32, read when HAS_SINKS
     stride_o_tok,
     stride_o_head,
     NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PADDED: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
-    """Merge the segments of one (decode, head): weights are exp2(lse_s - max lse)."""
+    """Merge the segments of one (decode, head): weights are exp2(lse_s - max lse); an
+    attention sink adds exp2(sink - max) to the total (the max taken over it too)."""
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, NUM_SPLITS)
@@ -172,10 +181,16 @@ def _decode_stage2_kernel(
     row = (seq * NUM_HEADS + head) * NUM_SPLITS + offs_s  # [NUM_SPLITS]
     lse = tl.load(mid_lse_ptr + row)  # [NUM_SPLITS]
     lse_max = tl.max(lse, axis=0)
+    sink = float("-inf")
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head) * 1.4426950408889634  # log2 units, as the lse
+        lse_max = tl.maximum(lse_max, sink)
     lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
     w = tl.exp2(lse - lse_max)  # [NUM_SPLITS]; empty segments weigh 0
     part = tl.load(mid_o_ptr + row[:, None] * HEAD_DIM_PADDED + offs_d[None, :])  # [S, D_PAD]
     total = tl.sum(w, axis=0)
+    if HAS_SINKS:
+        total += tl.exp2(sink - lse_max)
     acc = tl.sum(part * w[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
     tl.store(
         out_ptr + seq * stride_o_tok + head * stride_o_head + offs_d,
@@ -222,10 +237,12 @@ def launch_decode_attention(
     softcap: float | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Attention for the first ``num_decodes`` sequences (one query token each), over their
     last ``sliding_window`` keys when given (only those tiles are read); ``k_scale``/``v_scale``:
-    an E4M3 cache's scales (`attn_common.kv_scale_args`).
+    an E4M3 cache's scales (`attn_common.kv_scale_args`); ``sinks``: attention sinks
+    (`attn_common.add_sink`; with splits, added in stage 2's merge).
 
     Grid: stage 1 ``(num_decodes, num_kv_heads, num_splits)``; stage 2 ``(num_decodes, heads)``,
     skipped when ``num_splits == 1`` (stage 1 then writes ``out`` itself).
@@ -247,6 +264,7 @@ def launch_decode_attention(
         )
     else:  # unused by the kernel; any float32 pointer will do
         mid_o = mid_lse = out
+    sinks, has_sinks = sinks_arg(sinks, num_heads, seq_lens)
     _decode_stage1_kernel[(num_decodes, num_kv_heads, num_splits)](
         out,
         mid_o,
@@ -259,8 +277,10 @@ def launch_decode_attention(
         score_scale(scale, softcap),
         window_arg(sliding_window),
         *kv_scale_args(k_cache, k_scale, v_scale, seq_lens),
+        sinks,
         *paged_strides(q, out, k_cache, v_cache, block_tables),
         NUM_HEADS=num_heads,
+        HAS_SINKS=has_sinks,
         QUERIES_PER_KV=queries_per_kv,
         BLOCK_H=max(16, next_pow2(queries_per_kv)),
         NUM_SPLITS=num_splits,
@@ -272,11 +292,13 @@ def launch_decode_attention(
             out,
             mid_o,
             mid_lse,
+            sinks,
             out.stride(0),
             out.stride(1),
             NUM_HEADS=num_heads,
             HEAD_DIM=head_dim,
             HEAD_DIM_PADDED=head_dim_padded,
             NUM_SPLITS=num_splits,
+            HAS_SINKS=has_sinks,
             num_warps=4 if head_dim_padded >= 128 else 2,
         )

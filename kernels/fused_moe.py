@@ -55,7 +55,7 @@ FUSED_MOE = "fused_moe"  # the kernel's name in configs/*.json
 # common step under load (`pagoda tune` times this bucket's candidates at the decode batch and
 # at the prefill chunk, as for the matmuls).
 INVARIANT_TOKENS = 256
-ACTIVATIONS = ("silu",)
+ACTIVATIONS = ("silu", "swiglu_oai")  # SwiGLU; gpt-oss's clamped one (`swiglu_oai_ref`)
 ALIGN_CHUNK = 1024  # assignments one align program reads per step
 
 
@@ -196,9 +196,15 @@ def _moe_gemm_kernel(
     stride_we,
     stride_wn,
     stride_cm,
+    bias_ptr,  # [E, N or 2N] the experts' biases, read when HAS_BIAS
+    stride_be,
+    alpha,  # swiglu_oai's sigmoid gain and clamp
+    limit,
     ROWS_PER_A: tl.constexpr,  # assignments per row of a: top_k for the tokens, else 1
-    GATED: tl.constexpr,  # w holds gate rows then up rows: write silu(gate) * up
+    GATED: tl.constexpr,  # w holds gate rows then up rows: write act(gate) * up
     MUL_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,  # + the expert's bias (gate's and up's: N apart), as stored
+    SWIGLU_OAI: tl.constexpr,  # GATED's activation: gpt-oss's clamped SwiGLU, not silu
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -240,9 +246,22 @@ def _moe_gemm_kernel(
         w_ptrs += BLOCK_K
 
     out_ty = c_ptr.dtype.element_ty
-    if GATED:  # gate and up as stored values, then SiLU-and-mul in fp32 (see module docstring)
+    if HAS_BIAS:  # the product rounded as stored, then + bias rounded (x @ W + b, two ops)
+        b_ptrs = bias_ptr + expert.to(tl.int64) * stride_be + offs_n
+        bias = tl.load(b_ptrs, mask=n_mask, other=0.0).to(tl.float32)
+        acc = (acc.to(out_ty).to(tl.float32) + bias).to(out_ty).to(tl.float32)
+        if GATED:
+            bias_up = tl.load(b_ptrs + N, mask=n_mask, other=0.0).to(tl.float32)
+            acc_up = (acc_up.to(out_ty).to(tl.float32) + bias_up).to(out_ty).to(tl.float32)
+    if GATED:  # gate and up as stored values, then the activation in fp32 (module docstring)
         gate = acc.to(out_ty).to(tl.float32)
-        acc = gate / (1.0 + tl.exp(-gate)) * acc_up.to(out_ty).to(tl.float32)
+        up = acc_up.to(out_ty).to(tl.float32)
+        if SWIGLU_OAI:  # (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g <= limit
+            gate = tl.minimum(gate, limit)
+            up = tl.minimum(tl.maximum(up, -limit), limit) + 1.0
+            acc = gate / (1.0 + tl.exp(-alpha * gate)) * up
+        else:
+            acc = gate / (1.0 + tl.exp(-gate)) * up
     if MUL_WEIGHT:
         acc = acc * tl.load(topk_weights_ptr + assign, mask=row_mask, other=0.0)[:, None]
     c_ptrs = c_ptr + assign[:, None].to(tl.int64) * stride_cm + offs_n[None, :]
@@ -265,6 +284,13 @@ def _moe_sum_kernel(
     for j in tl.static_range(TOP_K):  # slot order: the same sum whatever else is in the batch
         acc += tl.load(x_ptr + (t * TOP_K + j) * K + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + t * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _check_biases(w13, w2, w13_bias, w2_bias) -> None:
+    for name, bias, want in (("w13_bias", w13_bias, w13.shape[:2]),
+                             ("w2_bias", w2_bias, w2.shape[:2])):  # fmt: skip
+        if bias is not None and (bias.shape != want or not bias.is_contiguous()):
+            raise ValueError(f"{name} must be contiguous {list(want)}, got {list(bias.shape)}")
 
 
 def _validate(x, w13, w2, topk_weights, topk_ids, activation: str) -> None:
@@ -314,6 +340,10 @@ def fused_experts(
     activation: str = "silu",
     config: dict | None = None,
     batch_invariant: bool = True,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    alpha: float = 1.702,
+    limit: float = 7.0,
 ) -> torch.Tensor:
     """The MoE MLP of a batch: ``[T, K]`` in ``hidden_states``' dtype (module docstring).
 
@@ -321,10 +351,15 @@ def fused_experts(
     ``[E, K, N]``; ``topk_weights`` float32 and ``topk_ids`` int32, both ``[T, top_k]``, ids in
     ``[0, E)`` (not checked on the device: that would need a host sync). ``config`` overrides
     the launch config (tuning sweeps); any fixed config is batch-invariant. Shapes and host ints
-    only: graph-capturable.
+    only: graph-capturable. gpt-oss's experts: ``w13_bias`` ``[E, 2N]`` and ``w2_bias``
+    ``[E, K]`` added to each product (rounded as stored, before the activation and the routing
+    weight), ``activation="swiglu_oai"`` with ``alpha`` and ``limit``
+    (`fused_moe_reference.swiglu_oai_ref`).
     """
     _validate(hidden_states, w13, w2, topk_weights, topk_ids, activation)
-    device = check_device(hidden_states, w13, w2, topk_weights, topk_ids)
+    _check_biases(w13, w2, w13_bias, w2_bias)
+    biases = [b for b in (w13_bias, w2_bias) if b is not None]
+    device = check_device(hidden_states, w13, w2, topk_weights, topk_ids, *biases)
     (T, K), (E, N) = hidden_states.shape, (w2.shape[0], w2.shape[2])
     top_k = topk_ids.shape[1]
     out = torch.empty((T, K), dtype=hidden_states.dtype, device=device)
@@ -347,19 +382,26 @@ def fused_experts(
         BLOCK_M=bm, GROUP_M=int(cfg["GROUP_M"]), DOT_PRECISION=dot_precision(out.dtype),
         num_warps=int(cfg["num_warps"]),
     )  # fmt: skip
-    passes = (  # (a, w, c, rows per a, gated, weighted, output width, reduction width)
-        (hidden_states, w13, act, top_k, True, False, N, K),
-        (act, w2, rows, 1, False, True, K, N),
+    passes = (  # (a, w, c, rows per a, gated, weighted, output width, reduction width, bias)
+        (hidden_states, w13, act, top_k, True, False, N, K, w13_bias),
+        (act, w2, rows, 1, False, True, K, N, w2_bias),
     )
-    for a, w, c, per_a, gated, weighted, n_out, k_in in passes:
+    # stages Triton keeps out of shared memory (measured on sm_90): one in float32, none in
+    # 16-bit (its wgmma pipeline holds every stage's tiles: 4 stages of a 64x256x64 gated tile,
+    # 295 kB, did not fit an H100)
+    held = 1 if hidden_states.dtype == torch.float32 else 0
+    for a, w, c, per_a, gated, weighted, n_out, k_in, bias in passes:
         bn = min(int(cfg["BLOCK_N"]), max(next_pow2(n_out), 16))
         bk = min(int(cfg["BLOCK_K"]), max(next_pow2(k_in), 16))  # from shapes only
         stage_bytes = (bm + (2 if gated else 1) * bn) * bk * a.element_size()  # gate+up tiles
         _moe_gemm_kernel[(num_blocks * triton.cdiv(n_out, bn),)](
             a, w, c, weights, sorted_ids, expert_ids, num_assign, num_blocks, n_out, k_in,
             n_out * w.stride(1), a.stride(0), w.stride(0), w.stride(1), c.stride(0),
-            ROWS_PER_A=per_a, GATED=gated, MUL_WEIGHT=weighted, BLOCK_N=bn, BLOCK_K=bk,
-            num_stages=fit_stages(int(cfg["num_stages"]), stage_bytes, device, unbuffered=1),
+            weights if bias is None else bias, 0 if bias is None else bias.stride(0),
+            float(alpha), float(limit),
+            ROWS_PER_A=per_a, GATED=gated, MUL_WEIGHT=weighted, HAS_BIAS=bias is not None,
+            SWIGLU_OAI=activation == "swiglu_oai", BLOCK_N=bn, BLOCK_K=bk,
+            num_stages=fit_stages(int(cfg["num_stages"]), stage_bytes, device, unbuffered=held),
             **common,
         )  # fmt: skip
     if top_k > 1:

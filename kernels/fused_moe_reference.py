@@ -44,6 +44,13 @@ def moe_align_block_size(
     return sorted_ids, expert_ids, ends[-1:].to(torch.int32)
 
 
+def swiglu_oai_ref(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float):
+    """gpt-oss's expert activation: ``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g)``,
+    ``g = min(gate, limit)``."""
+    g = gate.clamp(max=limit)
+    return (up.clamp(-limit, limit) + 1) * g * torch.sigmoid(alpha * g)
+
+
 def fused_experts(
     hidden_states: torch.Tensor,
     w13: torch.Tensor,
@@ -54,12 +61,17 @@ def fused_experts(
     activation: str = "silu",
     config: dict | None = None,
     batch_invariant: bool = True,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    alpha: float = 1.702,
+    limit: float = 7.0,
 ) -> torch.Tensor:
     """``sum_j w[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t))``, ``e = ids[t, j]``; ``[T, K]``
     in ``hidden_states``' dtype. ``config`` and ``batch_invariant`` are launch hints (ignored)."""
     del config, batch_invariant
-    if activation != "silu":
-        raise ValueError(f"activation {activation!r} is not supported; choose from ('silu',)")
+    if activation not in ("silu", "swiglu_oai"):
+        raise ValueError(f"activation {activation!r} is not supported; choose from "
+                         "('silu', 'swiglu_oai')")  # fmt: skip
     T, K = hidden_states.shape
     E = w2.shape[0]
     top_k = topk_ids.shape[1]
@@ -76,8 +88,17 @@ def fused_experts(
         sel = order[start : start + n]
         start += n
         x = hidden_states[sel // top_k]
-        gate, up = F.linear(x, w13[e]).chunk(2, dim=-1)  # rounded to the dtype, as stored
-        h = (F.silu(gate.float()) * up.float()).to(dtype)
-        y = F.linear(h, w2[e]).float() * weights[sel, None]
+        gate_up = F.linear(x, w13[e])  # rounded to the dtype, as stored
+        if w13_bias is not None:
+            gate_up = gate_up + w13_bias[e]
+        gate, up = gate_up.chunk(2, dim=-1)
+        if activation == "swiglu_oai":
+            h = swiglu_oai_ref(gate.float(), up.float(), alpha, limit).to(dtype)
+        else:
+            h = (F.silu(gate.float()) * up.float()).to(dtype)
+        y = F.linear(h, w2[e])
+        if w2_bias is not None:
+            y = y + w2_bias[e]
+        y = y.float() * weights[sel, None]
         rows[sel] = y.to(dtype)
     return rows.view(T, top_k, K).float().sum(dim=1).to(dtype)

@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 from pagoda.kernels._common import next_pow2
 from pagoda.kernels.attn_common import (
+    add_sink,
     dot_precision,
     kv_scale_args,
     kv_scales,
@@ -47,6 +48,7 @@ from pagoda.kernels.attn_common import (
     paged_strides,
     score_scale,
     scores,
+    sinks_arg,
     softcap_arg,
     tile_size,
     width_shrink,
@@ -195,6 +197,7 @@ def _prefill_attention_kernel(
     k_scale_ptr,  # [1] or [num_kv_heads] float32 (stride_kv_scale 0 or 1), read when KV_FP8
     v_scale_ptr,  # [1] or [num_kv_heads] float32
     stride_kv_scale,
+    sinks_ptr,  # [NUM_HEADS] float32 attention sinks, read when HAS_SINKS
     stride_q_tok,
     stride_q_head,
     stride_o_tok,
@@ -218,6 +221,7 @@ def _prefill_attention_kernel(
     ONE_TOKEN_PER_SEQ: tl.constexpr,  # decodes: program i is sequence first_seq + i
     DIM_PADDED: tl.constexpr,  # HEAD_DIM < HEAD_DIM_PADDED: loads mask the padding
     KV_FP8: tl.constexpr,  # an E4M3 cache: tiles widened in `_load_kv`, scales applied here
+    HAS_SINKS: tl.constexpr,  # attention sinks join each row's denominator (`add_sink`)
 ):
     kv_head = tl.program_id(1)
     if ONE_TOKEN_PER_SEQ:
@@ -294,6 +298,7 @@ def _prefill_attention_kernel(
 
     # Every column of acc_l holds the row's sum: the max picks it exactly, whatever the layout.
     l_i = tl.max(acc_l, axis=1)
+    acc, l_i = add_sink(acc, l_i, m_i, sinks_ptr, head, row_mask, HAS_SINKS)
     # Rows with an empty context (CUDA-graph padding) get zeros rather than 0/0.
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     if KV_FP8:
@@ -337,11 +342,13 @@ def launch_prefill_attention(
     softcap: float | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Attend for sequences ``[first_seq, last_seq)``, whose query rows are the tokens
     ``[first_token, last_token)``, in one launch (module docstring). ``one_token_per_seq``: each
     of them has exactly one query token (decodes); the grid is then one program per sequence.
-    ``k_scale``/``v_scale``: an E4M3 cache's scales (`attn_common.kv_scale_args`).
+    ``k_scale``/``v_scale``: an E4M3 cache's scales (`attn_common.kv_scale_args`); ``sinks``:
+    attention sinks (`attn_common.add_sink`).
 
     Grid: ``(last_token - first_token) // BLOCK_Q + (last_seq - first_seq)`` query tiles × KV
     heads, an upper bound from host ints only (CUDA-graph capturable); spare programs exit.
@@ -366,6 +373,7 @@ def launch_prefill_attention(
         grid = ((last_token - first_token) // block_q + num_seqs, num_kv_heads)
     if num_seqs <= 0 or grid[0] <= 0:
         return
+    sinks, has_sinks = sinks_arg(sinks, num_heads, seq_lens)
     _prefill_attention_kernel[grid](
         out,
         q,
@@ -379,6 +387,7 @@ def launch_prefill_attention(
         last_seq,
         window_arg(sliding_window),
         *kv_scale_args(k_cache, k_scale, v_scale, seq_lens),
+        sinks,
         *paged_strides(q, out, k_cache, v_cache, block_tables),
         QUERIES_PER_KV=queries_per_kv,
         HEAD_DIM=head_dim,
@@ -392,6 +401,7 @@ def launch_prefill_attention(
         ONE_TOKEN_PER_SEQ=one_token_per_seq,
         DIM_PADDED=head_dim != dim_padded,
         KV_FP8=k_cache.dtype != q.dtype,
+        HAS_SINKS=has_sinks,
         num_warps=int(config["num_warps"]),
         num_stages=int(config["num_stages"]),
     )

@@ -25,12 +25,15 @@ def paged_attention(
     num_kv_splits: int | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention by absolute position, gathered through the block tables (float32 maths).
 
     With ``sliding_window`` W, the query at position p sees the keys p - W + 1 .. p (as Hugging
     Face's sliding-window mask); with ``softcap`` c, scores are c * tanh(scores / c) before the
-    mask (Gemma). Only the window's blocks are read.
+    mask (Gemma); with ``sinks`` [H], each head's sink joins its softmax's denominator (a logit
+    no value is read for, as Hugging Face's gpt-oss attention). Only the window's blocks are
+    read.
     """
     del max_query_len, max_seq_len, num_decodes, num_kv_splits  # planning hints only
     if out is None:
@@ -63,7 +66,11 @@ def paged_attention(
         if sliding_window is not None:
             hidden |= k_pos[None, None, :] <= q_pos[None, :, None] - sliding_window
         scores = scores.masked_fill(hidden, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
+        if sinks is not None:  # a column for the sink, dropped after the softmax
+            sink = sinks.float()[:, None, None].expand(-1, hi - lo, 1)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
         out[lo:hi] = torch.einsum("hls,shd->lhd", probs, v).to(out.dtype)
     return out
 

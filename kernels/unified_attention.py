@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 from pagoda.kernels._common import next_pow2
 from pagoda.kernels.attn_common import (
+    add_sink,
     kv_scale_args,
     kv_scales,
     load_kv_tile,
@@ -22,6 +23,7 @@ from pagoda.kernels.attn_common import (
     paged_strides,
     score_scale,
     scores,
+    sinks_arg,
     softcap_arg,
     widen_kv,
     width_shrink,
@@ -72,6 +74,7 @@ def _unified_attention_kernel(
     k_scale_ptr,  # [1] or [num_kv_heads] float32 (stride_kv_scale 0 or 1), read when KV_FP8
     v_scale_ptr,  # [1] or [num_kv_heads] float32
     stride_kv_scale,
+    sinks_ptr,  # [NUM_HEADS] float32 attention sinks, read when HAS_SINKS
     stride_q_tok,
     stride_q_head,
     stride_o_tok,
@@ -93,6 +96,7 @@ def _unified_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr,
     KV_FP8: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     q_block_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -166,6 +170,7 @@ def _unified_attention_kernel(
         s = tl.where(visible, s, float("-inf"))
         m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION)
 
+    acc, l_i = add_sink(acc, l_i, m_i, sinks_ptr, head, row_mask, HAS_SINKS)
     # Rows with an empty context (padding) get zeros rather than 0/0.
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     if KV_FP8:
@@ -194,11 +199,13 @@ def launch_unified_attention(
     softcap: float | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Attend for sequences ``first_seq..`` (tokens ``first_token..``), one launch; with
     ``sliding_window`` W a query sees its last W keys (itself included) and reads only their
     tiles; ``softcap`` caps the scores (`attn_common.scores`); ``k_scale``/``v_scale``: an E4M3
-    cache's scales (`attn_common.kv_scale_args`).
+    cache's scales (`attn_common.kv_scale_args`); ``sinks``: attention sinks
+    (`attn_common.add_sink`).
 
     Grid: ``(num_tokens - first_token) // BLOCK_Q + (num_seqs - first_seq)`` q-blocks × KV heads,
     an upper bound computed from shapes alone.
@@ -213,6 +220,7 @@ def launch_unified_attention(
     grid = ((num_tokens - first_token) // block_q + (num_seqs - first_seq), num_kv_heads)
     if grid[0] <= 0:
         return
+    sinks, has_sinks = sinks_arg(sinks, num_heads, seq_lens)
     _unified_attention_kernel[grid](
         out,
         q,
@@ -226,8 +234,10 @@ def launch_unified_attention(
         num_seqs,
         window_arg(sliding_window),
         *kv_scale_args(k_cache, k_scale, v_scale, seq_lens),
+        sinks,
         *paged_strides(q, out, k_cache, v_cache, block_tables),
         QUERIES_PER_KV=queries_per_kv,
+        HAS_SINKS=has_sinks,
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
         SOFTCAP=softcap_arg(softcap),

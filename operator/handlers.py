@@ -55,7 +55,7 @@ async def startup(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
         """The loops, made afresh each time this replica becomes the active one."""
         made = {"pagoda-resync": memo.reconciler.resync_loop(logger)}
         if memo.autoscaler is not None:
-            memo.autoscaler.forget_all()  # history of an earlier term is stale: start afresh
+            memo.autoscaler.forget_all()  # an earlier term's is stale: read each status back
             made["pagoda-autoscale"] = memo.autoscaler.run()
         if memo.autotuner is not None:
             made["pagoda-autotune"] = memo.autotuner.run()

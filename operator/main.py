@@ -432,9 +432,9 @@ def _peering_gate(config: OperatorConfig, api: KubeApi, metrics: OperatorMetrics
         interval_s=config.peering_interval_s,
         lifetime_s=config.peering_lifetime_s,
         pod=pod,
-        on_change=lambda active: metrics.peering_active.set(int(active)),
+        on_change=metrics.set_role,
     )
-    metrics.peering_active.set(int(gate.active))
+    metrics.set_role(gate.active)
     if config.peering is not None:
         log.info("Peering %r as %s, priority %d.", config.peering, gate.identity, gate.priority)
     return gate

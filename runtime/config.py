@@ -32,6 +32,9 @@ def _positive(name: str, value: int) -> None:
 # the loaders; the model files (runtime/model/qwen3.py, gemma3.py, moe.py) read these fields, the
 # attention backends only the sliding window and the soft cap.
 ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU (Llama, Qwen, Mixtral) and GeGLU (Gemma)
+# an ungated MLP's (`FamilyConfig.gated_mlp` false): StarCoder2's GELU, Arcee's ReLU²,
+# Apertus' xIELU (its parameters per layer, from the checkpoint)
+UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu")
 
 
 # DeepSeek-V2/V3 (runtime/model/deepseek.py): multi-head latent attention and a grouped router
@@ -104,6 +107,19 @@ class ExpertRouting:
 
 
 @dataclass(frozen=True)
+class Llama4Attention:
+    """Llama 4's attention on top of Llama's (`model/llama4.py`): the rotary layers' q and k
+    L2-normalised per head after rotary (`qk_norm`: a weightless RMSNorm), and the NoPE layers'
+    q scaled by log1p(floor((position + 1) / floor_scale)) x attn_scale + 1
+    (`temperature_tuning`)."""
+
+    qk_norm: bool = True
+    temperature_tuning: bool = True
+    floor_scale: float = 8192.0
+    attn_scale: float = 0.1
+
+
+@dataclass(frozen=True)
 class FamilyConfig:
     """The defaults are Llama's: a Llama, Mistral or Qwen2 checkpoint changes nothing here but
     Mistral's sliding window."""
@@ -133,7 +149,7 @@ class FamilyConfig:
     # sigmoid(shared_expert_gate(x)) in Qwen2-MoE, ungated where `routing` is set (DeepSeek)
     shared_expert_intermediate_size: int = 0
     # OLMo 2's layer: norms on attention's and the MLP's outputs (none on their inputs), RMSNorm
-    # scaling in float32
+    # scaling in float32 (EXAONE 4's: the same layer, Llama's RMSNorm)
     olmo2_norms: bool = False
     qk_norm_whole: bool = False  # an RMSNorm over all of q and of k (OLMo 2, OLMoE), not per head
     # Granite: embeddings x embedding_multiplier, each residual branch x residual_multiplier,
@@ -158,6 +174,23 @@ class FamilyConfig:
     # shared_expert_intermediate_size (moe_intermediate_size x n_shared_experts)
     mla: MlaConfig | None = None
     routing: ExpertRouting | None = None
+    # gpt-oss (`model/gpt_oss.py`): a learned logit per head that joins each softmax's
+    # denominator only (`self_attn.sinks`), and experts with biases running the clamped SwiGLU
+    # (up + 1) * gate * sigmoid(alpha * gate), gate <= limit, |up| <= limit
+    attention_sinks: bool = False
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float | None = None  # None: the experts run plain SwiGLU (silu)
+    # Ministral 3's (Llama 4's) q scale by position p: 1 + beta * log(1 + floor(p / context))
+    # (`llama_4_scaling_beta`, the rotary's `original_max_position_embeddings`; 0: none)
+    query_scale_beta: float = 0.0
+    query_scale_context: int = 0
+    # the MLP: down(act(up(x))), no gate (`model/ungated_mlp.py`: Arcee, Apertus, StarCoder2)
+    gated_mlp: bool = True
+    # StarCoder2's norms: LayerNorm with a weight and a bias (in the model's dtype) for RMSNorm
+    layer_norm_bias: bool = False
+    # Llama 4 (model/llama4.py): its attention's extras; its experts are routed by a sigmoid of
+    # the top-1 logit that scales the expert's input, beside an ungated shared expert
+    llama4: Llama4Attention | None = None
 
     @property
     def transforms_logits(self) -> bool:
@@ -172,15 +205,18 @@ class FamilyConfig:
     def __post_init__(self) -> None:
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")
-        if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(
-                f"hidden activation {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}"
-            )
+        allowed = ACTIVATIONS if self.gated_mlp else UNGATED_ACTIVATIONS
+        if self.hidden_act not in allowed:
+            which = "a gated" if self.gated_mlp else "an ungated"
+            raise ValueError(f"hidden activation {self.hidden_act!r} in {which} MLP is not one "
+                             f"of {', '.join(allowed)}")  # fmt: skip
         for name in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar",
-                     "attention_multiplier", "logits_scaling", "logit_scale"):  # fmt: skip
+                     "attention_multiplier", "logits_scaling", "logit_scale", "swiglu_limit"):  # fmt: skip
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be positive, got {value}")
+        if self.query_scale_beta and self.query_scale_context < 1:
+            raise ValueError("query_scale_context must be positive with a query_scale_beta")
         if self.num_experts:
             if not 1 <= self.num_experts_per_tok <= self.num_experts:
                 raise ValueError(
@@ -285,7 +321,8 @@ class ModelConfig:
         if f.shared_expert_intermediate_size:  # the shared expert (and Qwen2-MoE's gate)
             gate = h if f.routing is None else 0
             experts += moe * (3 * h * f.shared_expert_intermediate_size + gate)
-        mlps = (self.num_layers - moe) * 3 * h * i + experts
+        mats = 3 if f.gated_mlp else 2  # gate, up, down; an ungated MLP: up, down
+        mlps = (self.num_layers - moe) * mats * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * (attn + 2 * h) + mlps + emb + h
 

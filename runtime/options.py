@@ -150,9 +150,17 @@ MAX_TIMEOUT_S = 3600.0
 MAX_CONNECTIONS_LIMIT = 1 << 20
 DEFAULT_LOG_LEVEL = "info"
 DEFAULT_ENGINE_PROCESS = True  # the step loop in its own process (docs/benchmarks.md, serving)
-TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
+TOOL_CALL_PARSERS = (
+    "auto",
+    "hermes",
+    "llama3_json",
+    "mistral",
+    "openai",
+    "glm45",
+)  # openai: gpt-oss
 DEFAULT_TOOL_CALL_PARSER = "auto"
-REASONING_PARSERS = ("qwen3", "deepseek_r1")  # <think> … </think> (docs/runtime.md)
+# <think> … </think>, and gpt-oss's harmony channels (docs/runtime.md)
+REASONING_PARSERS = ("qwen3", "deepseek_r1", "openai_gptoss", "glm45")
 DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S = 10.0
 DEFAULT_GRAMMAR_CACHE_SIZE = "256MiB"
 API_KEY_ENV = "PAGODA_API_KEY"
@@ -307,11 +315,13 @@ SERVER_FLAGS: Mapping[str, Flag] = _flags(
          "model shapes (its shape fingerprint): error refuses to start, warn serves on defaults",
          "error", choices=TUNED_PROFILE_MISMATCH),
     Flag("--tool-call-parser", "how tool calls are read from the model's output; auto: from "
-         "the chat template (hermes for templates that do not render tools)",
+         "the chat template (hermes for templates that do not render tools); openai: gpt-oss's "
+         "harmony calls (with --reasoning-parser openai_gptoss)",
          DEFAULT_TOOL_CALL_PARSER, choices=TOOL_CALL_PARSERS),
-    Flag("--reasoning-parser", "split a reasoning model's <think> … </think> off the chat "
-         "reply into reasoning_content (and reasoning); structured outputs then hold the answer "
-         "after it (default: none, the thinking stays in content)", None,
+    Flag("--reasoning-parser", "split a reasoning model's <think> … </think> (openai_gptoss: "
+         "gpt-oss's analysis channel) off the chat reply into reasoning_content (and "
+         "reasoning); structured outputs then hold the answer after it (default: none, the "
+         "thinking stays in content)", None,
          choices=REASONING_PARSERS),
     Flag("--allow-chat-special-tokens", "read special-token text in chat message content "
          "(e.g. <|im_start|>) as control tokens, as vLLM does; by default it is plain text, so "

@@ -5,11 +5,13 @@ slow), then under the per-object lock the reconciler also takes, read the Deploy
 patch `spec.replicas` (with a resourceVersion precondition, so a concurrent writer wins and we
 retry next interval), post an Event per scale, and write `status.autoscaling` and the
 `MetricsUnavailable` condition only when they changed. Alert-driven steps (alerts.py) go through
-the same lock and history. The history lives in memory and is seeded with the current count, so
-after a restart a scale down waits a full window; the learned correction and the burst floor's
-samples live beside it and start afresh. A service's first traffic is kept in
-`status.autoscaling.trafficSince`, so a restart does not make an old service young again (the
-burst floor's young-service margin, bursts.py).
+the same lock and history. The history, the learned correction, the burst floor's samples and the
+last scale up live in memory and go with each status write into `status.autoscaling.state`
+(memory.py), which the replica that takes over (or a restarted operator) reads back at its first
+evaluation of the service: a failover neither restarts the scale-down window nor the burst floor.
+Without a readable state the history is seeded with the current count (a scale down waits a full
+window). A service's first traffic is kept in `status.autoscaling.trafficSince`, so a restart does
+not make an old service young again (the burst floor's young-service margin, bursts.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pagoda.operator.autoscaling import memory
 from pagoda.operator.autoscaling.bursts import Bursts
 from pagoda.operator.autoscaling.policy import (
     Decision,
@@ -62,6 +65,9 @@ class _State:
     last_reason: str | None = None
     where: tuple[str, str] = ("", "")  # (namespace, name): its gauge goes when the service does
 
+    def saved(self) -> memory.Memory:
+        return memory.Memory(self.history, self.correction, self.bursts, self.last_scale_up)
+
 
 def _r(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
@@ -93,10 +99,14 @@ def autoscaling_status(
     ready: int,
     scaled: tuple[str, str] | None = None,
     since_iso: str | None = None,
+    state: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The whole `status.autoscaling` after a decision (pure). `scaled`: (reason, source);
-    `since_iso`: the first traffic, written once (a restart reads it back)."""
+    `since_iso`: the first traffic, written once (a restart reads it back); `state`: the
+    autoscaler's memory (memory.dump)."""
     new = dict(old or {})
+    if state is not None:
+        new["state"] = state
     if since_iso is not None and not new.get("trafficSince"):
         new["trafficSince"] = since_iso
     new["desiredReplicas"] = decision.replicas
@@ -137,13 +147,24 @@ class Autoscaler:
             timeout_s=config.prometheus_timeout_s, ttft_window=config.ttft_window
         )
         self.clock, self.wall = clock, wall
+        self._offset = wall() - clock()  # monotonic → wall seconds (_wall_offset)
         self._states: dict[str, _State] = {}
 
     async def close(self) -> None:
         await self.source.close()
 
+    def _wall_offset(self) -> float:
+        """Wall-clock minus monotonic seconds, for the saved state's times: kept while the two
+        clocks agree within a second (the saved times stay put, no write for jitter), renewed
+        when the wall clock was stepped."""
+        offset = self.wall() - self.clock()
+        if abs(offset - self._offset) > 1.0:
+            self._offset = offset
+        return self._offset
+
     def forget_all(self) -> None:
-        """Start afresh, as after a restart (a replica that becomes the active one again)."""
+        """Start afresh, as after a restart (a replica that becomes the active one again): each
+        service's state is read back from its status at its next evaluation."""
         self._states.clear()
 
     # --- the loop ---------------------------------------------------------------------------
@@ -290,7 +311,7 @@ class Autoscaler:
         current = int((deploy.get("spec") or {}).get("replicas") or 0)
         ready = int((deploy.get("status") or {}).get("readyReplicas") or 0)
         now = self.clock()
-        state = self._state(fresh, now, current)
+        state = self._state(fresh, now, current, policy)
         decision = decide(
             policy, metrics, current=current, ready=ready, history=state.history, now=now,
             unavailable=f"{why[0]}: {why[1]}", correction=state.correction, bursts=state.bursts,
@@ -316,20 +337,33 @@ class Autoscaler:
             level, "Autoscale %s/%s: %d (%d ready) -> %d: %s: %s",
             ns, name, current, ready, decision.replicas, decision.reason, decision.message,
         )  # fmt: skip
-        await self._write_status(fresh, decision, metrics, ready, scaled, unavailable)
+        await self._write_status(fresh, decision, metrics, ready, scaled, unavailable, state)
         return decision
 
-    def _state(self, body: Mapping[str, Any], now: float, current: int) -> _State:
-        """This service's state; a new one (first sight, or after a restart) keeps the first
-        traffic its status recorded."""
+    def _state(self, body: Mapping[str, Any], now: float, current: int, policy: Policy) -> _State:
+        """This service's state; a new one (first sight: a restart, a failover) is read back from
+        `status.autoscaling.state` (memory.py), else starts afresh from the current count; both
+        keep the first traffic the status recorded."""
         uid = body["metadata"]["uid"]
         if uid not in self._states:
-            auto = (body.get("status") or {}).get("autoscaling")
+            auto = (body.get("status") or {}).get("autoscaling") or {}
             since = traffic_since(auto, now, self.wall())
             where = (body["metadata"]["namespace"], body["metadata"]["name"])
+            saved = memory.load(
+                auto.get("state"), now=now, offset=self._wall_offset(), current=current, policy=policy,
+                since=since,
+            )  # fmt: skip
+            if saved is None:
+                saved = memory.Memory(history=((now, current),), bursts=Bursts(since=since))
+            else:
+                log.info(
+                    "Autoscaling %s/%s: state restored from its status (%d recommendations, "
+                    "%d burst samples).", *where, len(saved.history), len(saved.bursts.samples),
+                )  # fmt: skip
             self._states[uid] = _State(
-                history=((now, current),), bursts=Bursts(since=since), where=where
-            )
+                history=saved.history, correction=saved.correction, bursts=saved.bursts,
+                last_scale_up=saved.last_scale_up, where=where,
+            )  # fmt: skip
         return self._states[uid]
 
     async def alert_scale_up(self, req: ScaleUpRequest, logger: logging.Logger = log) -> str:
@@ -361,7 +395,7 @@ class Autoscaler:
             current = int((deploy.get("spec") or {}).get("replicas") or 0)
             ready = int((deploy.get("status") or {}).get("readyReplicas") or 0)
             now = self.clock()
-            state = self._state(body, now, current)
+            state = self._state(body, now, current, policy)
             if (
                 state.last_scale_up is not None
                 and now - state.last_scale_up < self.config.alert_cooldown_s
@@ -379,7 +413,7 @@ class Autoscaler:
             state.last_scale_up = now
             self.metrics.desired_replicas.labels(req.namespace, req.name).set(decision.replicas)
             logger.info("Autoscale %s/%s: %s", req.namespace, req.name, text)
-            await self._write_status(body, decision, None, ready, (text, "alert"), None)
+            await self._write_status(body, decision, None, ready, (text, "alert"), None, state)
             return "ScaledUp"
 
     # --- writes -----------------------------------------------------------------------------
@@ -423,18 +457,21 @@ class Autoscaler:
         ready: int,
         scaled: tuple[str, str] | None,
         unavailable: tuple[str, str] | None,
+        state: _State,
     ) -> None:
-        """Patch status.autoscaling and MetricsUnavailable when they changed (lock held)."""
+        """Patch status.autoscaling (the state with it) and MetricsUnavailable when they changed
+        (lock held)."""
         meta = fresh["metadata"]
         old = fresh.get("status") or {}
-        since = decision.bursts.since
+        since = state.bursts.since
         since_iso = None if since is None else wall_iso(self.wall() - (self.clock() - since))
+        saved = memory.dump(state.saved(), self._wall_offset())
         new_auto = autoscaling_status(
-            old.get("autoscaling"), decision, metrics, ready, scaled, since_iso
+            old.get("autoscaling"), decision, metrics, ready, scaled, since_iso, saved
         )
         patch: dict[str, Any] = {}
-        if new_auto != old.get("autoscaling"):
-            patch["autoscaling"] = new_auto
+        if new_auto != old.get("autoscaling"):  # what changed, and null what went
+            patch["autoscaling"] = status_mod.merge_diff(old.get("autoscaling"), new_auto)
         if scaled is None or scaled[1] == "metrics":  # alerts say nothing about availability
             was = status_mod.condition(fresh, CONDITION)
             conditions = status_mod.with_condition(

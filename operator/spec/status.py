@@ -216,6 +216,22 @@ def status_patch(
     return changed or None
 
 
+def merge_diff(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`: changed keys, nested objects
+    diffed, and keys `new` no longer has set to null (a merge patch keeps what it omits). `new`
+    holds no nulls (a null would delete its key)."""
+    old = old or {}
+    patch: dict[str, Any] = {k: None for k in old if k not in new}
+    for key, value in new.items():
+        was = old.get(key)
+        if isinstance(value, Mapping) and isinstance(was, Mapping):
+            if (sub := merge_diff(was, value)) or key not in old:
+                patch[key] = sub
+        elif key not in old or was != value:
+            patch[key] = value
+    return patch
+
+
 def condition(body: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
     """A condition of an InferenceService body ({} when absent)."""
     for cond in (body.get("status") or {}).get("conditions") or []:

@@ -102,6 +102,13 @@ class OperatorMetrics:
         with contextlib.suppress(KeyError):
             self.desired_replicas.remove(namespace, name)
 
+    def set_role(self, active: bool) -> None:
+        """The peering role: a standby's desired-replicas gauges go (its autoscaler stopped;
+        every replica is scraped, so stale ones would add to the active replica's)."""
+        self.peering_active.set(int(active))
+        if not active:
+            self.desired_replicas.clear()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

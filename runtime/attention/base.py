@@ -4,7 +4,9 @@ A step's batch is flattened: T query tokens from B sequences laid end to end, *d
 (sequences with exactly one new token), then prefill chunks. Every sequence attends, causally by
 absolute position, to all of its context: the tokens already in the paged cache plus the new ones;
 in a layer with a sliding window of W keys, a query at position p sees only the keys p - W + 1 .. p
-(Hugging Face's definition), and a backend reads only those keys' blocks.
+(Hugging Face's definition), and a backend reads only those keys' blocks. A layer with attention
+sinks (gpt-oss) passes one learned logit per head that joins each softmax's denominator and
+nothing else: ``p_j = exp(s_j) / (sum_i exp(s_i) + exp(sink))``, as if a key no value reads.
 
 KV cache layout, per layer: ``k_cache`` and ``v_cache`` of shape
 ``[num_blocks, block_size, num_kv_heads, head_dim]`` (a backend may choose another layout and
@@ -62,9 +64,11 @@ class AttentionBackend(ABC):
         *,
         sliding_window: int | None = None,
         softcap: float | None = None,
+        sinks: bool = False,
     ) -> None:
         """``sliding_window``: the window of the model's window layers (None: it has none);
-        ``softcap``: scores become softcap * tanh(scores / softcap) before the softmax (Gemma)."""
+        ``softcap``: scores become softcap * tanh(scores / softcap) before the softmax (Gemma);
+        ``sinks``: the model's layers pass attention sinks to ``forward`` (gpt-oss)."""
         if num_heads % num_kv_heads:
             raise ValueError(
                 f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}"
@@ -76,6 +80,7 @@ class AttentionBackend(ABC):
         self.kv_cache_dtype = kv_cache_dtype  # "auto" (the model's dtype), "int8" or "fp8"
         self.sliding_window = sliding_window
         self.softcap = softcap
+        self.sinks = sinks
 
     def cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """Element type of the KV cache (the model's by default)."""
@@ -112,7 +117,9 @@ class AttentionBackend(ABC):
         meta: AttentionMetadata,
         window: int | None = None,
         kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         """Store k/v at ``meta.slot_mapping``, then return attention output for every query token;
         ``window``: this layer's sliding window (the backend's ``sliding_window``), or None;
-        ``kv_scales``: this layer's (k_scale, v_scale), float32, with an FP8 cache only."""
+        ``kv_scales``: this layer's (k_scale, v_scale), float32, with an FP8 cache only;
+        ``sinks``: this layer's attention sinks, float32 ``[num_heads]`` (module docstring)."""

@@ -5,7 +5,8 @@ in place from a packed cache layout, one code path for decode and prefill rows; 
 ``csrc/attention/attention.cpp`` for the layout and why each row's result cannot depend on the
 rest of the step. A window layer's rows read only their window's blocks there (each tile starts
 at its first row's window). ``allocate_kv_cache`` picks it when it builds and the shapes suit it
-(bf16/float32/int8, head_dim and block_size multiples of 16, no attention soft cap);
+(bf16/float32/int8, head_dim and block_size multiples of 16, no attention soft cap and no
+attention sinks);
 ``forward`` tells the paths apart by the cache's rank (5: packed).
 
 **Torch path** (no compiler, ``PAGODA_CPU_ATTENTION=torch``), described below.
@@ -214,9 +215,9 @@ class TorchAttentionBackend(AttentionBackend):
         hkv, d = self.num_kv_heads, self.head_dim
         usable = dt in (torch.float32, torch.bfloat16, torch.int8)
         usable = usable and d % 16 == 0 and block_size % 16 == 0 and d <= 512
-        # the kernel takes sliding windows (it reads only the window's blocks), not soft caps:
-        # a model with a soft cap takes the torch path
-        usable = usable and self.softcap is None
+        # the kernel takes sliding windows (it reads only the window's blocks), not soft caps
+        # or attention sinks: a model with either takes the torch path
+        usable = usable and self.softcap is None and not self.sinks
         self.kernel = cpu_kernel.load() if usable and device.type == "cpu" else None
         if self.kernel is not None:
             k_shape, v_shape = cpu_kernel.packed_shapes(hkv, num_blocks, block_size, d, dt)
@@ -234,9 +235,11 @@ class TorchAttentionBackend(AttentionBackend):
             rows = quantize_rows(x) if cache.dtype == torch.int8 else x.to(cache.dtype)
             cache.view(hkv, nb * bs, width).index_copy_(1, slots, rows.transpose(0, 1))
 
-    def forward(self, q, k, v, k_cache, v_cache, meta, window=None, kv_scales=None):
+    def forward(self, q, k, v, k_cache, v_cache, meta, window=None, kv_scales=None, sinks=None):
         if kv_scales is not None:  # get_attention_backend gives FP8 caches to Triton only
             raise ValueError("the torch attention backend has no FP8 KV cache")
+        if sinks is not None and self.kernel is not None:  # allocate_kv_cache saw `self.sinks`
+            raise ValueError("attention sinks need a backend built with sinks=True")
         if self.kernel is not None:  # the kernel's layout: it reads the cache in place
             self.kernel.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             aux = meta.aux
@@ -254,21 +257,26 @@ class TorchAttentionBackend(AttentionBackend):
             vb = v_cache.index_select(1, flat).view(hkv, b, nblk * bs, width)
             if k_cache.dtype == torch.int8:
                 kb, vb = dequantize_rows(kb, q.dtype), dequantize_rows(vb, q.dtype)
-            o = self._attend(q[bk.q_rows], kb, vb, bk)
+            o = self._attend(q[bk.q_rows], kb, vb, bk, sinks)
             out.index_copy_(0, bk.dst, o.reshape(-1, *o.shape[2:]).index_select(0, bk.src))
         return out
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bk: _Bucket):
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bk: _Bucket, sinks=None
+    ) -> torch.Tensor:
         """[B, Qp, H, D] x [Hkv, B, Kp, D] → [B, Qp, H, D], in row slices.
 
         Both GEMMs run in the cache's dtype (float32 accumulation inside); the softmax runs in
-        float32 on the scores, as Hugging Face's eager attention does.
+        float32 on the scores, as Hugging Face's eager attention does; with ``sinks`` (float32
+        [H]) each head's sink joins the denominator (`_softmax_with_sinks`).
         """
         b, qp, h, d = q.shape
         hkv, g = k.shape[0], h // k.shape[0]
         qs = (q.float() * self.scale).to(k.dtype).view(b, qp, hkv, g, d).permute(2, 0, 1, 3, 4)
         out = torch.empty(b, qp, hkv, g, d, dtype=q.dtype, device=q.device)
         step = bk.rows_per_call
+        if sinks is not None:  # [Hkv, 1, 1, g, 1]: a head's sink, as the scores' layout
+            sinks = sinks.float().view(hkv, 1, 1, g, 1)
         for i, r0 in enumerate(range(0, qp, step)):
             r1, n = min(r0 + step, qp), int(bk.key_len[i])
             rows = qs[:, :, r0:r1].reshape(hkv, b, (r1 - r0) * g, d)
@@ -277,10 +285,21 @@ class TorchAttentionBackend(AttentionBackend):
             if self.softcap is not None:  # as Hugging Face's eager attention: before the mask
                 s = torch.tanh(s.div_(self.softcap)).mul_(self.softcap)
             s = s.add_(bk.mask[:, r0:r1, :, :n])
-            p = torch.softmax(s, dim=-1).to(k.dtype).view(hkv, b, (r1 - r0) * g, n)
+            p = torch.softmax(s, dim=-1) if sinks is None else _softmax_with_sinks(s, sinks)
+            p = p.to(k.dtype).view(hkv, b, (r1 - r0) * g, n)
             o = _p_times_v(p, v[:, :, :n]).view(hkv, b, r1 - r0, g, d)
             out[:, r0:r1] = o.permute(1, 2, 0, 3, 4)
         return out.view(b, qp, h, d)
+
+
+def _softmax_with_sinks(s: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim of float32 scores ``s`` with ``sinks`` (broadcast to ``s``'s
+    rows) in each denominator: ``exp(s - m) / (sum exp(s - m) + exp(sink - m))``, ``m`` the
+    larger of the row's max and its sink (Hugging Face's eager gpt-oss attention, which drops
+    the sink's column after the softmax). Masked keys (-inf) add exact zeros, as in `softmax`."""
+    m = torch.maximum(s.amax(dim=-1, keepdim=True), sinks)
+    e = torch.exp(s - m)
+    return e.div_(e.sum(dim=-1, keepdim=True).add_(torch.exp(sinks - m)))
 
 
 def quantize_rows(x: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,8 @@ read ``query_start_loc``/``seq_lens``/``block_tables`` directly. Which kernel ru
 * non-invariant (``--no-batch-invariant``): decodes in the split-KV decode kernel; the prompt
   rows through torch's ``scaled_dot_product_attention`` (its FlashAttention kernel on CUDA;
   ``sdpa_prefill``), one call per prefill sequence, for up to ``sdpa_prefill.MAX_SDPA_SEQS``
-  of them; with more, or in a layer with a sliding window or a logit softcap (which SDPA's
-  fused kernels cannot express), in the Triton prefill kernel. Decode-only steps, the ones CUDA
+  of them; with more, or in a layer with a sliding window, a logit softcap or attention sinks
+  (which SDPA's fused kernels cannot express), in the Triton prefill kernel. Decode-only steps, the ones CUDA
   graphs capture, take the decode kernel as before.
 """
 
@@ -39,12 +39,13 @@ class TritonAttentionBackend(AttentionBackend):
         sliding_window: int | None = None,
         softcap: float | None = None,
         kv_cache_dtype: str = "auto",
+        sinks: bool = False,
     ) -> None:
         if kv_cache_dtype not in ("auto", "fp8"):
             raise ValueError(f"the Triton backend stores KV as auto or fp8, not {kv_cache_dtype!r}")
         super().__init__(
             num_heads, num_kv_heads, head_dim, scale, kv_cache_dtype,
-            sliding_window=sliding_window, softcap=softcap,
+            sliding_window=sliding_window, softcap=softcap, sinks=sinks,
         )  # fmt: skip
         self.batch_invariant = batch_invariant
         # Imported here so that choosing the torch backend never needs Triton installed.
@@ -63,17 +64,20 @@ class TritonAttentionBackend(AttentionBackend):
         meta: AttentionMetadata,
         window: int | None = None,
         kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         """Store k/v at ``meta.slot_mapping`` (-1 skipped), then attend causally over the cache
         (over the last ``window`` keys of each query when given: the kernels read only those).
-        An FP8 cache is written and read with this layer's ``kv_scales``."""
+        An FP8 cache is written and read with this layer's ``kv_scales``; ``sinks`` (float32
+        [num_heads]) join each head's softmax denominator."""
         k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)
         self._write_kv_cache(
             k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=meta.slot_mapping,
             k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        if not self.batch_invariant and sdpa_prefill.supports(meta, window, self.softcap):
+        supported = sdpa_prefill.supports(meta, window, self.softcap, sinks is not None)
+        if not self.batch_invariant and supported:
             nd = meta.num_decodes
             if nd:  # the decode rows (the first nd) in the decode kernel, as in a decode step
                 n = meta.query_lens_host[:nd]
@@ -104,4 +108,5 @@ class TritonAttentionBackend(AttentionBackend):
             softcap=self.softcap,
             k_scale=k_scale,
             v_scale=v_scale,
+            sinks=sinks,
         )

@@ -187,7 +187,7 @@ class LLM:
         """
         if messages and isinstance(messages[0], dict):
             messages = [messages]  # type: ignore[list-item]
-        if tools and "tools" not in self.tokenizer.template_variables:
+        if tools and "tools" not in self.tokenizer.variables_for(True):
             raise ValueError("tools: this model's chat template does not render tools, so the "
                              "model would never see them")  # fmt: skip
         if continue_final_message and add_generation_prompt:
@@ -200,24 +200,26 @@ class LLM:
             }
             for text in (
                 self.tokenizer.apply_chat_template(
-                    template_messages(conv, self.tokenizer.chat_template),
+                    template_messages(conv, self.tokenizer.template_for(bool(tools))),
                     add_generation_prompt=add_generation_prompt is not False,
                     continue_final_message=continue_final_message,
                     tools=tools,
-                    variables=self._template_kwargs(chat_template_kwargs),
+                    variables=self._template_kwargs(chat_template_kwargs, bool(tools)),
                 )
                 for conv in messages
             )
         ]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
-    def _template_kwargs(self, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _template_kwargs(
+        self, kwargs: dict[str, Any] | None, tools: bool = False
+    ) -> dict[str, Any] | None:
         """`chat_template_kwargs`, each a variable the chat template reads (as the server's)."""
         for key in kwargs or {}:
             if key in TEMPLATE_NAMES:
                 raise ValueError(f"chat_template_kwargs: '{key}' is set by chat() itself (use its "
                                  "arguments: messages, tools, add_generation_prompt)")  # fmt: skip
-            if key not in self.tokenizer.template_variables:
+            if key not in self.tokenizer.variables_for(tools):
                 raise ValueError(f"chat_template_kwargs: this model's chat template does not read "
                                  f"'{key}', so it would change nothing")  # fmt: skip
         return kwargs

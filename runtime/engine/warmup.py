@@ -156,8 +156,9 @@ def _engine_steps(core: EngineCore) -> int:
     limit = core.max_model_len - 4
     lengths = sorted({max(1, min(n, limit)) for n in (32, 7)})
     params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    vocab = core.model_config.vocab_size  # (a tiny vocabulary may hold fewer than 98 ids)
     for i, n in enumerate(lengths):
-        core.add_request(f"__warmup-{i}", [1 + (j % 97) for j in range(n)], params)
+        core.add_request(f"__warmup-{i}", [(1 + j % 97) % vocab for j in range(n)], params)
     steps = 0
     while core.has_unfinished_requests():
         core.step()

@@ -40,7 +40,14 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         if c.family.gemma_norms:
             for norm in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
                 out[f"model.layers.{i}.{norm}.weight"] = (h,)
-        if c.architecture == "granitemoe":  # its router, and its experts stacked
+        if c.architecture == "gpt_oss":  # sinks, biases, its router (`_check_gpt_oss_experts`)
+            out.update(_gpt_oss_shapes(c, i))
+        if c.architecture == "llama4" and c.family.has_experts(i):  # its router, experts stacked
+            e, n, p = c.family.num_experts, c.family.moe_intermediate_size, f"model.layers.{i}."
+            out.update({p + "feed_forward.router.weight": (e, h),
+                        p + "feed_forward.experts.gate_up_proj": (e, h, 2 * n),
+                        p + "feed_forward.experts.down_proj": (e, n, h)})  # fmt: skip
+        elif c.architecture == "granitemoe":  # its router, and its experts stacked
             e, n, p = c.family.num_experts, c.family.moe_intermediate_size, _moe_block(c, i)
             out.update({p + "router.layer.weight": (e, h), p + "input_linear.weight": (e, 2 * n, h),
                         p + "output_linear.weight": (e, h, n)})  # fmt: skip
@@ -58,6 +65,28 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out[a + "q_norm.weight"] = out[a + "k_norm.weight"] = (d,)
     if not c.tie_word_embeddings:
         out[HEAD] = (c.vocab_size, h)
+    return _family_tensors(c, out)
+
+
+# Apertus' names for the norms before attention and before the MLP
+_APERTUS_NORMS = {"input_layernorm": "attention_layernorm",
+                  "post_attention_layernorm": "feedforward_layernorm"}  # fmt: skip
+_XIELU = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}  # mlp.act_fn.'s
+
+
+def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
+    """`out` with what Apertus (its norms' names, xIELU's parameters) and StarCoder2 (its
+    LayerNorms' biases) change."""
+    if c.architecture == "apertus":
+        for old, new in _APERTUS_NORMS.items():
+            for i in range(c.num_layers):
+                out[f"model.layers.{i}.{new}.weight"] = out.pop(f"model.layers.{i}.{old}.weight")
+    if c.family.hidden_act == "xielu":
+        for i in range(c.num_layers):
+            out.update({f"model.layers.{i}.mlp.act_fn.{p}": s for p, s in _XIELU.items()})
+    if c.family.layer_norm_bias:
+        out.update({n[: -len("weight")] + "bias": s for n, s in list(out.items())
+                    if n.endswith("norm.weight")})  # fmt: skip
     return out
 
 
@@ -78,16 +107,66 @@ def mla_shapes(c: ModelConfig, a: str) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def _gpt_oss_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
+    h, d, e, n = c.hidden_size, c.head_dim, c.family.num_experts, c.family.moe_intermediate_size
+    a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+    return {a + "sinks": (c.num_heads,), a + "q_proj.bias": (c.num_heads * d,),
+            a + "k_proj.bias": (c.num_kv_heads * d,), a + "v_proj.bias": (c.num_kv_heads * d,),
+            a + "o_proj.bias": (h,), m + "router.weight": (e, h), m + "router.bias": (e,),
+            m + "experts.gate_up_proj_bias": (e, 2 * n), m + "experts.down_proj_bias": (e, h)}  # fmt: skip
+
+
+def _check_gpt_oss_experts(c: ModelConfig, headers: Mapping[str, tuple[str, list[int]]]) -> None:
+    """gpt-oss's stacked experts, bf16/float32 ([E, hidden, 2I] and [E, I, hidden], as x @ W)
+    or MXFP4 (`mxfp4.py`: uint8 `_blocks` [E, rows, cols / 32, 16] and `_scales` [E, rows,
+    cols / 32] of the transposed matrices)."""
+    h, e, n = c.hidden_size, c.family.num_experts, c.family.moe_intermediate_size
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}.mlp.experts."
+        mxfp4 = p + "gate_up_proj_blocks" in headers
+        for name, (rows, cols) in (("gate_up_proj", (2 * n, h)), ("down_proj", (h, n))):
+            want = {p + name: ("", (e, cols, rows))}
+            if mxfp4:
+                if cols % 32:
+                    raise ValueError(f"{p}{name}: MXFP4 needs a width that is a multiple of 32, "
+                                     f"config.json gives {cols}")  # fmt: skip
+                want = {p + name + "_blocks": ("U8", (e, rows, cols // 32, 16)),
+                        p + name + "_scales": ("U8", (e, rows, cols // 32))}  # fmt: skip
+            for t, (dtype, shape) in want.items():
+                if t not in headers:
+                    raise ValueError(f"checkpoint is missing tensor {t!r} (config.json has "
+                                     f"{c.num_layers} layers)")  # fmt: skip
+                got_dtype, got = headers[t][0], tuple(headers[t][1])
+                if got != shape or (dtype and got_dtype != dtype):
+                    raise ValueError(f"checkpoint tensor {t} is {got_dtype} {list(got)}, config.json "
+                                     f"(hidden_size {h}, intermediate_size {n}, num_local_experts "
+                                     f"{e}) needs {dtype or 'a float'} {list(shape)}")  # fmt: skip
+
+
 def _moe_block(c: ModelConfig, layer: int) -> str:
     block = "block_sparse_moe." if c.architecture in ("mixtral", "granitemoe") else "mlp."
     return f"model.layers.{layer}.{block}"
 
 
+_UP_DOWN = ("up_proj", "down_proj")  # an ungated MLP's matrices (`FamilyConfig.gated_mlp`)
+_UNGATED_NAMES = {"starcoder2": ("c_fc", "c_proj")}
+
+
 def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
-    """(gate, up, down) weight names of every MLP: each layer's, or each of its experts'."""
+    """(gate, up, down) weight names of every MLP: each layer's, or each of its experts'; an
+    ungated MLP's (up, up, down)."""
     out = []
     for i in range(c.num_layers):
-        if c.architecture == "granitemoe":  # stacked: `expected_shapes` has them
+        if c.architecture in ("granitemoe", "gpt_oss"):  # stacked: checked on their own
+            continue
+        if not c.family.has_experts(i) and not c.family.gated_mlp:  # its up stands for a gate
+            p, (up, down) = f"model.layers.{i}.mlp.", _UNGATED_NAMES.get(c.architecture, _UP_DOWN)
+            out.append((f"{p}{up}.weight", f"{p}{up}.weight", f"{p}{down}.weight"))
+            continue
+        if c.architecture == "llama4":  # Llama 4's dense MLP, or its shared expert
+            shared = "shared_expert." if c.family.has_experts(i) else ""
+            p = f"model.layers.{i}.feed_forward.{shared}"
+            out.append((p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"))
             continue
         if not c.family.has_experts(i):
             p = f"model.layers.{i}.mlp."
@@ -147,6 +226,8 @@ def check_checkpoint(
         raise ValueError(f"checkpoint tensor {HEAD} is {list(headers[HEAD][1])}, config.json "
                          f"({_describe(config)}) needs {list(head)}")  # fmt: skip
     _check_mlp(config, headers)
+    if config.architecture == "gpt_oss":
+        _check_gpt_oss_experts(config, headers)
     for name, (dtype, shape) in headers.items():
         if dtype.startswith("F8_") and dtype not in FP8_DTYPES:
             raise ValueError(f"checkpoint tensor {name} is {dtype}; FP8 weights must be E4M3")

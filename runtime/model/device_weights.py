@@ -186,7 +186,10 @@ class DeviceWeights:
             pad = list(piece.shape)
             pad[dim] = stop - start - have
             piece = torch.cat([piece, piece.new_zeros(pad)], dim)
-        return piece.contiguous()
+        piece = piece.contiguous()
+        # rows cut from a tensor read whole, already on the device in the dtype, are a view
+        # that keeps all of it (a CPU rank's embedding shard held the whole table): copy them
+        return piece.clone() if piece.untyped_storage().nbytes() > piece.nbytes else piece
 
     def cat(self, names: list[str]) -> torch.Tensor:
         return torch.cat([self[n] for n in names])

@@ -367,6 +367,8 @@ def read_tokenizer(reader, config: ModelConfig) -> Tokenizer:
     return Tokenizer(
         hf_tok,
         chat_template=_field(reader, "tokenizer.chat_template"),
+        # a named template, as llama.cpp's converter writes them: tools render with it
+        tool_chat_template=_field(reader, "tokenizer.chat_template.tool_use"),
         bos_token_id=config.bos_token_id,
         eos_token_ids=config.eos_token_ids,
         # llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise

@@ -2,8 +2,9 @@
 
 Reads `config.json` (for Gemma 3's multimodal checkpoints, its `text_config`), the safetensors
 weights (`safetensors_weights`: one file or shards named by `model.safetensors.index.json`, read
-lazily), `tokenizer.json` with the chat template (`template_files`: a processor's
-`chat_template.json`, `chat_template.jinja` or `tokenizer_config.json`), and
+lazily), `tokenizer.json` (or a tiktoken file: `tiktoken_files`) with the chat template
+(`template_files`: a processor's `chat_template.json`, `chat_template.jinja` or
+`tokenizer_config.json`), and
 `generation_config.json` (EOS ids, sampling defaults).
 """
 
@@ -15,10 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model import deepseek_config as deepseek
+from pagoda.runtime.model import glm4_moe_config as glm4_moe
+from pagoda.runtime.model import llama4_config as llama4
+from pagoda.runtime.model import tiktoken_files
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.ops import rope_inv_freq, rope_kind, rotary_dim
 from pagoda.runtime.model.safetensors_weights import INDEX, SafetensorsWeights
-from pagoda.runtime.model.template_files import read_chat_template
+from pagoda.runtime.model.template_files import read_chat_template, read_tool_template
 from pagoda.runtime.model.template_files import read_json_object as _read_json
 from pagoda.runtime.model.tokenizer import Tokenizer
 from tokenizers import Tokenizer as HFTokenizer
@@ -50,7 +54,27 @@ HF_ARCHITECTURES = {
     "CohereForCausalLM": "cohere",  # Command R / R+, Aya (model/cohere.py)
     "Cohere2ForCausalLM": "cohere2",  # Command R7B, Command A (model/cohere.py)
     **deepseek.ARCHITECTURES,  # DeepSeek-V2/V3, Kimi K2, Moonlight (model/deepseek.py)
+    "GptOssForCausalLM": "gpt_oss",  # gpt-oss-20b/120b: sinks, biased experts (model/gpt_oss.py)
+    # Mistral-Small-3.1/3.2, Devstral-Small, Magistral-Small: the text model (`text_config`,
+    # its `model_type` naming the family: `_TEXT_MODEL_TYPES`); the vision tower is not read
+    "Mistral3ForConditionalGeneration": "mistral",
+    "MinistralForCausalLM": "ministral",  # Ministral-8B-2410: window layers by layer_types
+    "Exaone4ForCausalLM": "exaone4",  # EXAONE 4.0 (model/exaone4.py)
+    "SeedOssForCausalLM": "seed_oss",  # Seed-OSS-36B: Llama's with q/k/v biases
+    "Ernie4_5ForCausalLM": "ernie4_5",  # ERNIE-4.5-0.3B: interleaved rotary (ernie4_5.py)
+    "ArceeForCausalLM": "arcee",  # AFM-4.5B: ReLU² MLP, no gate (ungated_mlp.py)
+    "Starcoder2ForCausalLM": "starcoder2",  # LayerNorm with biases, GELU MLP (starcoder2.py)
+    "ApertusForCausalLM": "apertus",  # xIELU MLP, q/k norms (apertus.py)
+    "Ministral3ForCausalLM": "ministral3",  # Ministral 3: yarn, q scaled by position (ministral3.py)
+    **glm4_moe.ARCHITECTURES,  # GLM-4.5, GLM-4.5-Air, GLM-4.6 (model/glm4_moe.py)
+    **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
 }
+# a multimodal wrapper's text model, by its text_config's model_type (transformers' default
+# first); another model_type is refused
+_TEXT_MODEL_TYPES = {
+    "Mistral3ForConditionalGeneration": {"mistral": "mistral", "ministral": "ministral",
+                                         "ministral3": "ministral3"},
+}  # fmt: skip
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
 # sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
@@ -76,6 +100,28 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
              "rms_norm_eps": 1e-5},  # Phi3Config's (its class default for the original context)
     "mistral": {"num_key_value_heads": 8, "max_position_embeddings": 131_072,
                 "sliding_window": 4096},
+    "exaone4": {"rms_norm_eps": 1e-5, "sliding_window": 4096, "sliding_window_pattern": 4,
+                "num_key_value_heads": 32,
+                "bos_token_id": 0, "eos_token_id": 2},
+    "ministral": {"num_key_value_heads": 8, "max_position_embeddings": 131_072,
+                  "sliding_window": 4096, "rms_norm_eps": 1e-5},
+    "ministral3": {"num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
+                   "max_position_embeddings": 262_144, "bos_token_id": 1, "eos_token_id": 2},
+    "seed_oss": {"attention_bias": True, "head_dim": 128, "rms_norm_eps": 1e-6,
+                 "num_key_value_heads": 8, "max_position_embeddings": 524_288,
+                 "bos_token_id": 0, "eos_token_id": 2},
+    "ernie4_5": {"num_key_value_heads": 2, "head_dim": 128, "rms_norm_eps": 1e-5,
+                 "rope_theta": 500_000.0,  # transformers' default_theta
+                 "max_position_embeddings": 131_072, "tie_word_embeddings": True,
+                 "bos_token_id": 1, "eos_token_id": 2},
+    "arcee": {"hidden_act": "relu2", "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
+              "bos_token_id": 128_000, "eos_token_id": 128_001},
+    "starcoder2": {"hidden_act": "gelu_pytorch_tanh", "norm_epsilon": 1e-5, "use_bias": True,
+                   "num_key_value_heads": 2, "max_position_embeddings": 4096,
+                   "tie_word_embeddings": True, "bos_token_id": 50256, "eos_token_id": 50256},
+    "apertus": {"hidden_act": "xielu", "rms_norm_eps": 1e-5, "max_position_embeddings": 65_536,
+                "rope_theta": 12_000_000.0,  # transformers' default_theta
+                "bos_token_id": 1, "eos_token_id": 2},
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "num_key_value_heads": 8,
                 "max_position_embeddings": 131_072, "rope_theta": 1_000_000.0,
                 "rms_norm_eps": 1e-5},
@@ -99,23 +145,67 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2},
     "olmoe": {"num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False,
               "rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
+    "gpt_oss": {  # GptOssConfig's (and its yarn rotary, `_GPT_OSS_ROPE`)
+        "vocab_size": 201_088, "hidden_size": 2880, "intermediate_size": 2880,
+        "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "head_dim": 64, "num_local_experts": 128, "num_experts_per_tok": 4,
+        "sliding_window": 128, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5,
+        "rope_theta": 150_000.0, "attention_bias": True, "swiglu_alpha": 1.702,
+        "swiglu_limit": 7.0,
+    },
     **deepseek.DEFAULTS,
+    **glm4_moe.DEFAULTS,
+    **llama4.DEFAULTS,
 }  # fmt: skip
+# GptOssConfig's rotary where config.json names none (neither rope_scaling nor rope_parameters)
+_GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                 "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
 # a null that means "none" rather than "the default" (Mistral's window: v0.2 on say null)
 _NULLABLE = {
     "mistral": ("sliding_window",),
+    "exaone4": ("sliding_window",),
+    "ministral": ("sliding_window",),
+    "ministral3": ("sliding_window",),
     "cohere2": ("sliding_window",),
     "olmo3": ("sliding_window",),
     "gemma2": ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"),
     **{arch: deepseek.NULLABLE for arch in deepseek.DEFAULTS},
+    "llama4": llama4.NULLABLE,
 }
 _EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
-_PARTIAL_ROTARY = ("phi3", "glm", "glm4")  # the families whose transformers models read it
+_EPS["starcoder2"] = "norm_epsilon"
+# the rotary transformers' config class fills in when config.json has neither rope_parameters
+# nor rope_scaling
+_DEFAULT_ROPE = {
+    "ministral3": {
+        "rope_type": "yarn",
+        "rope_theta": 1_000_000.0,
+        "factor": 16.0,
+        "original_max_position_embeddings": 16384,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "llama_4_scaling_beta": 0.1,
+    },
+    "apertus": {
+        "rope_type": "llama3",
+        "rope_theta": 12_000_000.0,
+        "factor": 8.0,
+        "original_max_position_embeddings": 8192,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+    },
+}
+_UNGATED = ("arcee", "apertus", "starcoder2")  # down(act(up(x))) MLPs (model/ungated_mlp.py)
+# the families whose transformers models read partial_rotary_factor
+_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe")
 _FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 _ACTIVATIONS.update({"gelu_tanh": "gelu_tanh", "gelu_python_tanh": "gelu_tanh"})
+_ACTIVATIONS.update({"relu2": "relu2", "xielu": "xielu"})  # ungated MLPs' (Arcee's, Apertus')
 
 
 def _as_ids(value) -> tuple[int, ...]:
@@ -133,6 +223,15 @@ def architecture(cfg: Mapping[str, Any]) -> str:
         raise ValueError(
             f"unsupported architecture ({found}); supported: {', '.join(HF_ARCHITECTURES)}"
         )
+    wrapper = next((a for a in archs if a in HF_ARCHITECTURES), "")
+    if wrapper in _TEXT_MODEL_TYPES:  # its text model's family
+        text = cfg.get("text_config") or {}
+        kinds = _TEXT_MODEL_TYPES[wrapper]
+        kind = text.get("model_type", next(iter(kinds))) if isinstance(text, Mapping) else None
+        if kind not in kinds:
+            raise ValueError(f"{wrapper} with a text_config of model_type {kind!r} is not "
+                             f"supported (supported: {', '.join(kinds)})")  # fmt: skip
+        return kinds[kind]
     return arch
 
 
@@ -150,8 +249,8 @@ def _rope(
     scaling = cfg.get("rope_scaling")
     if params.get("rope_type", "default") != "default" or "partial_rotary_factor" in params:
         scaling = params
-    if cfg.get("partial_rotary_factor") not in (None, 1, 1.0):
-        scaling = {**(scaling or {}), "partial_rotary_factor": cfg["partial_rotary_factor"]}
+    if cfg.get("partial_rotary_factor") not in (None, 1, 1.0):  # rope_parameters' own wins
+        scaling = {"partial_rotary_factor": cfg["partial_rotary_factor"], **(scaling or {})}
     if phi3 and rope_kind(scaling) in ("su", "yarn"):  # transformers' Phi3Config: longrope
         scaling = {**scaling, "rope_type": "longrope"}
     if scaling and rope_kind(scaling) in ("llama3", "yarn", "longrope"):
@@ -177,10 +276,16 @@ def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None
         if len(types) != n:
             raise ValueError(f"layer_types names {len(types)} layers, the model has {n}")
         return tuple(t == "sliding_attention" for t in types)
-    if arch == "gemma2":  # transformers' default: even layers slide, odd ones are global
+    if arch in ("gemma2", "gpt_oss"):  # transformers' default: even layers slide, odd global
         return tuple(bool((i + 1) % 2) for i in range(n))
     if arch == "cohere2":  # the older configs: every `sliding_window_pattern`-th layer global
         pattern = int(cfg.get("sliding_window_pattern") or 4)
+        return tuple(bool((i + 1) % pattern) for i in range(n))
+    if arch == "exaone4":  # every `sliding_window_pattern`-th layer global
+        pattern = cfg.get("sliding_window_pattern")
+        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+            raise ValueError(f"EXAONE 4's sliding_window_pattern {pattern!r} without layer_types "
+                             "is not supported (transformers reads an integer)")  # fmt: skip
         return tuple(bool((i + 1) % pattern) for i in range(n))
     if arch == "olmo3":  # transformers' default: every fourth layer is global
         return tuple(bool((i + 1) % 4) for i in range(n))
@@ -206,12 +311,12 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
         return int(window) if window and cfg.get("use_sliding_window", False) else None
     if arch in ("qwen2", "qwen3", "qwen3moe") and not cfg.get("use_sliding_window", False):
         return None  # Qwen configs carry a window they do not use unless told to
-    if arch in ("phi3", "gemma2"):  # every layer (Phi-3), or the window layers (Gemma 2)
+    if arch in ("phi3", "gemma2", "gpt_oss"):  # every layer (Phi-3), or the window layers
         return int(window) if window else None
     if arch == "cohere2" and not window:  # its global layers are told apart by having none
         raise ValueError("Cohere 2 without a sliding_window is not supported")
     if arch not in ("mistral", "mixtral", "gemma3", "qwen2", "qwen3", "qwen3moe", "olmo3",
-                    "cohere2"):  # fmt: skip
+                    "cohere2", "ministral", "ministral3", "exaone4", "starcoder2"):  # fmt: skip
         return None
     return int(window) if window else None
 
@@ -267,6 +372,22 @@ def _local_rope_theta(cfg: Mapping[str, Any], fallback: str, family: str) -> flo
     return float(params.get("rope_theta") or cfg[fallback])
 
 
+def _llama4_query_scale(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Ministral 3's q scale by position (`FamilyConfig.query_scale_beta`): its
+    `rope_parameters`' `llama_4_scaling_beta` over their `original_max_position_embeddings`
+    (transformers reads both there and fails without them)."""
+    _, scaling = _rope(cfg, None)
+    scaling = scaling or {}
+    beta, context = (
+        scaling.get("llama_4_scaling_beta"),
+        scaling.get("original_max_position_embeddings"),
+    )
+    if beta is None or not context:
+        raise ValueError("Ministral 3 needs rope_parameters with llama_4_scaling_beta and "
+                         "original_max_position_embeddings")  # fmt: skip
+    return {"query_scale_beta": float(beta), "query_scale_context": int(context)}
+
+
 def _family(
     cfg: Mapping[str, Any], arch: str, n: int, scaling: Mapping[str, Any] | None = None
 ) -> FamilyConfig:
@@ -290,6 +411,20 @@ def _family(
         fields["qk_norm"] = True
     if arch == "cohere2":  # the global layers attend without rotary
         fields["rope_layers"] = fields["window_layers"]
+    if arch == "ministral3":
+        fields.update(_llama4_query_scale(cfg))
+    if arch in _UNGATED:
+        fields["gated_mlp"] = False
+    if arch == "starcoder2":
+        fields["layer_norm_bias"] = True
+    if arch == "apertus":
+        fields["qk_norm"] = True
+    if arch == "ernie4_5":
+        fields["rope_interleaved"] = True
+    if arch == "exaone4":  # norms after; per-head q/k norms; with a window, global layers NoPE
+        fields.update(olmo2_norms=True, qk_norm=True)
+        if window is not None:
+            fields["rope_layers"] = fields["window_layers"]
     if arch == "smollm3":
         fields.update(rope_layers=_no_rope_layers(cfg, n),
                       window_layers=_smollm3_layer_types(cfg, n, window))  # fmt: skip
@@ -358,6 +493,16 @@ def _family(
             moe_intermediate_size=int(cfg["intermediate_size"]),
             round_topk_to_model_dtype=True,
         )
+    if arch == "gpt_oss":  # softmax over the top-k logits: the renormalised top-k
+        fields.update(
+            num_experts=int(cfg["num_local_experts"]),
+            num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+            moe_intermediate_size=int(cfg["intermediate_size"]),
+            round_topk_to_model_dtype=True,
+            attention_sinks=True,
+            swiglu_alpha=float(cfg["swiglu_alpha"]),
+            swiglu_limit=float(cfg["swiglu_limit"]),
+        )
     granite = ("granite", "granitemoe")
     if arch in granite:  # transformers' defaults: 1.0 each (a softmax scale of 1, too)
         for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
@@ -365,6 +510,10 @@ def _family(
             fields[name] = float(cfg.get(name, 1.0))
     if arch in deepseek.ARCHITECTURES.values():
         fields.update(deepseek.family_fields(cfg, arch, n, scaling))
+    if arch == "glm4_moe":  # GLM-4.5: V3's router, shared experts, optional q/k norms
+        fields.update(glm4_moe.family_fields(cfg, n))
+    if arch == "llama4":  # NoPE layers, top-1 sigmoid experts with a shared one
+        fields.update(llama4.family_fields(cfg, n))
     if fields.get("num_experts") and fields["hidden_act"] != "silu":  # the fused-MoE kernel's
         raise ValueError(f"hidden activation {act!r} in a mixture of experts is not supported "
                          "(experts run SwiGLU: silu)")  # fmt: skip
@@ -397,11 +546,18 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     cfg = top.get("text_config") or top  # Gemma3ForConditionalGeneration: the text model
     cfg = {**_DEFAULTS.get(arch, {}),
            **{k: v for k, v in cfg.items() if v is not None or k in _NULLABLE.get(arch, ())}}  # fmt: skip
+    if arch == "gpt_oss" and not cfg.get("rope_scaling") and not cfg.get("rope_parameters"):
+        cfg["rope_scaling"] = dict(_GPT_OSS_ROPE)
+    if arch in _DEFAULT_ROPE and not {"rope_parameters", "rope_scaling"} & set(cfg):
+        # (a top-level rope_theta alone does not count: transformers takes the default's)
+        cfg["rope_parameters"] = _DEFAULT_ROPE[arch]
     gen = _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
     by_kind = "full_attention" if arch in ("gemma3", "olmo3") else None  # per layer kind
     rope_theta, scaling = _rope(cfg, by_kind, arch == "phi3")
+    if arch == "llama4":  # the dense MLP's width; the context capped at one attention chunk
+        cfg = {**cfg, **llama4.overrides(cfg)}
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     if arch in deepseek.ARCHITECTURES.values():  # latent attention, expanded per head
@@ -428,7 +584,8 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
         rope_scaling=scaling,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         tie_word_embeddings=_tied(top, cfg),
-        attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", cfg.get("qkv_bias"))),
+        attention_bias=arch == "qwen2"
+        or bool(cfg.get("attention_bias", cfg.get("qkv_bias", cfg.get("use_bias")))),
         bos_token_id=cfg.get("bos_token_id", top.get("bos_token_id")),
         eos_token_ids=eos,
         architecture=arch,
@@ -463,18 +620,27 @@ def read_weights(model_dir: Path) -> SafetensorsWeights:
 
 
 def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
+    """tokenizer.json, else a tiktoken BPE file with known tokenizer code (`tiktoken_files`:
+    Kimi K2, Moonlight); ValueError, one line, for a directory with neither."""
     path = model_dir / "tokenizer.json"
-    if not path.exists():
-        raise ValueError(f"{model_dir} has no tokenizer.json")
     tcfg = _read_json(model_dir / "tokenizer_config.json")
+    sort_tool_keys = False
+    if path.exists():
+        hf_tok = HFTokenizer.from_file(str(path))
+    elif (model_dir / tiktoken_files.TIKTOKEN_FILE).exists():
+        hf_tok = tiktoken_files.read_tiktoken_dir(model_dir, tcfg)
+        sort_tool_keys = tiktoken_files.sorts_tool_keys(model_dir, tcfg)
+    else:
+        raise ValueError(f"{model_dir} has no tokenizer.json (nor {tiktoken_files.TIKTOKEN_FILE})")
     template = read_chat_template(model_dir, tcfg)  # a processor's file first, as vLLM
-    hf_tok = HFTokenizer.from_file(str(path))
     return Tokenizer(
         hf_tok,
         chat_template=template,
+        tool_chat_template=read_tool_template(model_dir, tcfg),
         bos_token_id=config.bos_token_id,
         eos_token_ids=config.eos_token_ids,
         add_bos_token=_adds_bos(hf_tok, config.bos_token_id, tcfg),
+        sort_tool_keys=sort_tool_keys,
     )
 
 

@@ -12,7 +12,10 @@ split at load, `phi3.py`) are this file as it stands; a partial rotary turns the
 each head only, and longrope reads one of two rotary tables per sequence (`longrope.py`).
 SmolLM3 is too, some of its layers without rotary (`FamilyConfig.rope_layers`), and GLM, its
 rotary in the interleaved layout (`ops.rotary_interleaved`); GLM-4 (`glm4.py`), OLMo 3
-(`olmo2.py`) and Cohere (`cohere.py`) change the layer.
+(`olmo2.py`) and Cohere (`cohere.py`) change the layer. Mistral 3's text model, Ministral and
+Seed-OSS are this file too; Ministral 3 (`ministral3.py`), EXAONE 4 (`exaone4.py`), ERNIE 4.5
+(`ernie4_5.py`), StarCoder2 (`starcoder2.py`), Apertus (`apertus.py`) and Arcee (an ungated MLP,
+`ungated_mlp.py`) change it.
 """
 
 from __future__ import annotations
@@ -148,15 +151,17 @@ class LlamaLayer:
     """x + attention(norm(x)), then + mlp(norm(x)); the residual adds are fused into the norms
     (`__call__` hands back the MLP's output and the residual it is still to be added to)."""
 
+    sinks: torch.Tensor | None = None  # attention sinks, float32 [heads] (gpt_oss.py)
+
     def __init__(
         self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
     ) -> None:
         c, a = model.config, prefix + "self_attn."
         self.ctx, self.index = ctx, index
         pre = prefix + "input_layernorm.weight"  # none in OLMo 2 (olmo2.py: norms after)
-        self.attn_norm = model.norm_weight(w[pre]) if pre in w else None
+        self.attn_norm = model.read_norm(w, pre) if pre in w else None
         post = prefix + "post_attention_layernorm.weight"  # none in Cohere's (one norm a layer)
-        self.mlp_norm = model.norm_weight(w[post]) if post in w else None
+        self.mlp_norm = model.read_norm(w, post) if post in w else None
         qkv = [f"{a}{n}.weight" for n in ("q_proj", "k_proj", "v_proj")]
         o = a + "o_proj.weight"
         if ctx.tp is None:
@@ -210,8 +215,9 @@ class LlamaLayer:
                 rotate(positions=positions, q=q[..., :r], k=k[..., :r], cos_sin_cache=rows)
         k_cache, v_cache = step.kv_caches[self.index]
         out = ctx.backend.forward(
-            q, k, v, k_cache, v_cache, step.meta, window=self.window, kv_scales=self.kv_scales
-        )
+            q, k, v, k_cache, v_cache, step.meta, window=self.window, kv_scales=self.kv_scales,
+            sinks=self.sinks,
+        )  # fmt: skip
         return self.o_proj(out.reshape(t, ctx.num_heads * d))
 
     def before_rotary(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -259,7 +265,7 @@ class LlamaModel:
         linear = functools.partial(Linear, invariant=batch_invariant)
         ctx = self.layer_context(linear)
         self.rms_norm = ctx.rms_norm
-        self.norm = self.norm_weight(w["model.norm.weight"])
+        self.norm = self.read_norm(w, "model.norm.weight")
         # as transformers loads it: tied without a head of its own; with one, only when the
         # config ties and the two tensors are equal (a distinct head is kept, as transformers 5)
         tied = "lm_head.weight" not in w or (
@@ -304,6 +310,11 @@ class LlamaModel:
     def norm_weight(self, weight: torch.Tensor) -> torch.Tensor:
         """A norm's weight as `rms_norm` takes it."""
         return weight
+
+    def read_norm(self, w: DeviceWeights, name: str) -> torch.Tensor:
+        """The norm `name` (a checkpoint's ``....weight``) as `rms_norm` takes it (StarCoder2's
+        with its bias: `starcoder2.py`)."""
+        return self.norm_weight(w[name])
 
     def head_blocks(self, w: DeviceWeights, head: str) -> list[QuantizedWeight] | None:
         """The LM head's stored blocks, for `qgemm` (float32 CPU models); None where the

@@ -35,6 +35,17 @@ MODEL_CLASSES = {
     "cohere2": ("cohere", "CohereModel"),  # Llama's, some layers without rotary (rope_layers)
     "deepseek_v2": ("deepseek", "DeepseekModel"),
     "deepseek_v3": ("deepseek", "DeepseekModel"),
+    "gpt_oss": ("gpt_oss", "GptOssModel"),
+    "ministral": ("llama", "LlamaModel"),  # Mistral's, window layers by layer_types
+    "ministral3": ("ministral3", "Ministral3Model"),  # q scaled by position
+    "exaone4": ("exaone4", "Exaone4Model"),  # OLMo 2's norms after, per-head q/k norms
+    "seed_oss": ("llama", "LlamaModel"),  # Llama's, q/k/v (and o) biases
+    "ernie4_5": ("ernie4_5", "Ernie4_5Model"),  # interleaved rotary in float32
+    "arcee": ("ungated_mlp", "ArceeModel"),  # ReLU² MLP, no gate
+    "starcoder2": ("starcoder2", "Starcoder2Model"),  # LayerNorm with biases, GELU MLP
+    "apertus": ("apertus", "ApertusModel"),  # xIELU MLP, q/k norms
+    "glm4_moe": ("glm4_moe", "Glm4MoeModel"),  # GLM-4.5 / 4.6
+    "llama4": ("llama4", "Llama4Model"),  # the text model of Scout / Maverick
 }
 
 

@@ -24,7 +24,7 @@ _PREFIXES = (  # stored prefix -> the text model's (Gemma3ForConditionalGenerati
     ("language_model.lm_head.", "lm_head."),
 )
 _SKIP = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.")
-_SKIP += ("model.multi_modal_projector.",)
+_SKIP += ("model.multi_modal_projector.", "vision_model.")  # (Llama 4's vision tower)
 
 
 def _text_name(stored: str) -> str | None:

@@ -20,7 +20,7 @@ NO_QUANTIZATION = "none"
 FINGERPRINT_KEYS = (
     "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
     "num_layers", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-    "shared_expert_intermediate_size", "num_moe_layers", "quantization",
+    "shared_expert_intermediate_size", "num_moe_layers", "quantization", "mlp_matrices",
 )  # fmt: skip
 # DeepSeek's latent attention (`config.MlaConfig`): its projections' shapes, recorded only for
 # the models that have it (a profile compares the keys both fingerprints hold)
@@ -48,6 +48,9 @@ def shape_fingerprint(config: ModelConfig, quantization: str) -> dict[str, int |
         "shared_expert_intermediate_size": f.shared_expert_intermediate_size,
         "num_moe_layers": sum(map(f.has_experts, range(config.num_layers))),
         "quantization": quantization,
+        # a dense MLP's matrices: gate/up and down (3), or an ungated one's up and down (2:
+        # Arcee, Apertus, StarCoder2), whose first GEMM is half as wide
+        "mlp_matrices": 3 if f.gated_mlp else 2,
         **mla,
     }
 

@@ -13,6 +13,11 @@ else the tokenizer's. Each is read as transformers 5 reads it:
 `chat_template.jinja` is in both lists, so the whole order is: processor_config.json,
 chat_template.json, chat_template.jinja, tokenizer_config.json. Named templates (a list of
 ``{name, template}`` or an object by name) give their ``default``.
+
+A request with tools renders the tokenizer's ``tool_use`` template where it has one
+(`read_tool_template`: Command R's, Hermes 2 Pro's), as transformers' `get_chat_template` and
+vLLM choose it; ``additional_chat_templates/tool_use.jinja`` beside `chat_template.jinja` (how
+transformers saves named templates), else the one named so in `tokenizer_config.json`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ PROCESSOR_CONFIG = "processor_config.json"
 LEGACY_PROCESSOR_TEMPLATE = "chat_template.json"
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
+ADDITIONAL_TEMPLATES = "additional_chat_templates"  # transformers' folder of named templates
+TOOL_USE = "tool_use"
 
 
 def read_chat_template(model_dir: Path, tokenizer_config: Mapping[str, Any]) -> str | None:
@@ -46,16 +53,26 @@ def read_chat_template(model_dir: Path, tokenizer_config: Mapping[str, Any]) -> 
     return _default(tokenizer_config.get("chat_template"), TOKENIZER_CONFIG)
 
 
-def _default(template: Any, where: str) -> str | None:
-    """A template, or the one named ``default`` of named templates (None if none is)."""
+def read_tool_template(model_dir: Path, tokenizer_config: Mapping[str, Any]) -> str | None:
+    """The tokenizer's template named ``tool_use`` (None: it has none), which transformers and
+    vLLM render a request with tools with in place of the default."""
+    if (model_dir / TEMPLATE_FILE).is_file():
+        named = model_dir / ADDITIONAL_TEMPLATES / f"{TOOL_USE}.jinja"
+        return named.read_text(encoding="utf-8") if named.is_file() else None
+    template = tokenizer_config.get("chat_template")
+    return None if isinstance(template, str) else _default(template, TOKENIZER_CONFIG, TOOL_USE)
+
+
+def _default(template: Any, where: str, name: str = "default") -> str | None:
+    """A template, or the one named `name` of named templates (None if none is)."""
     if template is None or isinstance(template, str):
-        return template
+        return template if name == "default" else None
     named: Any = None
     if isinstance(template, list) and all(isinstance(t, dict) for t in template):
         named = {t.get("name"): t.get("template") for t in template}
     elif isinstance(template, dict):
         named = template
-    chosen = None if named is None else named.get("default")
+    chosen = None if named is None else named.get(name)
     if named is None or not (chosen is None or isinstance(chosen, str)):
         raise ValueError(f"{where}: chat_template must be a string or named templates")
     return chosen

@@ -108,9 +108,14 @@ class Tokenizer:
         bos_token_id: int | None,
         eos_token_ids: Sequence[int],
         add_bos_token: bool = False,
+        tool_chat_template: str | None = None,
+        sort_tool_keys: bool = False,
     ) -> None:
         self._tok = tokenizer
+        self.sort_tool_keys = sort_tool_keys  # Kimi's code sorts `tools` (`tiktoken_files`)
         self.chat_template = chat_template
+        # the template named tool_use (Command R's): a request with tools renders with it
+        self.tool_chat_template = tool_chat_template
         self.bos_token_id = bos_token_id
         self.eos_token_ids = tuple(eos_token_ids)
         self.add_bos_token = add_bos_token
@@ -120,12 +125,11 @@ class Tokenizer:
         self._as_text: HFTokenizer | None = None  # a copy that reads special-token text as text
         self._specials: re.Pattern | bool | None = False  # False: not looked up yet
         self.template_variables: frozenset[str] = frozenset()  # the names the template reads
+        self._tool_template, self._tool_variables = None, frozenset()
         if chat_template:
-            env = chat_template_environment()  # transformers' (its globals, filters, tags)
-            self._template = env.from_string(chat_template)
-            self.template_variables = frozenset(
-                jinja2.meta.find_undeclared_variables(env.parse(chat_template))
-            )
+            self._template, self.template_variables = _compiled(chat_template)
+        if tool_chat_template:
+            self._tool_template, self._tool_variables = _compiled(tool_chat_template)
 
     def __reduce__(self) -> tuple:
         """Pickles as its parts (the compiled template and byte tables are rebuilt): the engine
@@ -133,8 +137,17 @@ class Tokenizer:
         return (
             _rebuild,
             (self._tok.to_str(), self.chat_template, self.bos_token_id, self.eos_token_ids,
-             self.add_bos_token),
+             self.add_bos_token, self.tool_chat_template, self.sort_tool_keys),
         )  # fmt: skip
+
+    def template_for(self, tools: bool) -> str | None:
+        """The template a chat renders with: with tools, the tool_use one where there is one
+        (transformers' `get_chat_template`), else the default."""
+        return self.tool_chat_template if tools and self._tool_template else self.chat_template
+
+    def variables_for(self, tools: bool) -> frozenset[str]:
+        """The names `template_for(tools)` reads."""
+        return self._tool_variables if tools and self._tool_template else self.template_variables
 
     @property
     def backend(self) -> HFTokenizer:
@@ -256,13 +269,16 @@ class Tokenizer:
             if not isinstance(m, dict) or "role" not in m:
                 raise ValueError(f"messages[{i}] must be an object with a 'role'")
         extra = {k: v for k, v in (variables or {}).items() if k not in TEMPLATE_NAMES}
-        text = self._template.render(
+        template = self._tool_template if tools and self._tool_template else self._template
+        text = template.render(
             **extra,
             messages=list(messages),
             add_generation_prompt=add_generation_prompt and not continue_final_message,
             bos_token=self._special(self.bos_token_id),
             eos_token=self._special(self.eos_token_ids[0] if self.eos_token_ids else None),
-            tools=list(tools) if tools else None,
+            tools=([_sorted_keys(t) for t in tools] if self.sort_tool_keys else list(tools))
+            if tools
+            else None,
         )
         return _open_final_message(text, messages) if continue_final_message and messages else text
 
@@ -279,6 +295,15 @@ TEMPLATE_NAMES = frozenset(
         "strftime_now",
     }
 )
+
+
+def _sorted_keys(obj: Any) -> Any:
+    """`obj` with every dict's keys in sorted order, nested (Kimi's `deep_sort_dict`)."""
+    if isinstance(obj, dict):
+        return {k: _sorted_keys(v) for k, v in sorted(obj.items())}
+    if isinstance(obj, list):
+        return [_sorted_keys(v) for v in obj]
+    return obj
 
 
 def _open_final_message(text: str, messages: Sequence[dict[str, Any]]) -> str:
@@ -303,6 +328,8 @@ def _rebuild(
     bos_token_id: int | None,
     eos_token_ids: Sequence[int],
     add_bos_token: bool,
+    tool_chat_template: str | None = None,
+    sort_tool_keys: bool = False,
 ) -> Tokenizer:
     return Tokenizer(
         HFTokenizer.from_str(data),
@@ -310,4 +337,14 @@ def _rebuild(
         bos_token_id=bos_token_id,
         eos_token_ids=eos_token_ids,
         add_bos_token=add_bos_token,
+        tool_chat_template=tool_chat_template,
+        sort_tool_keys=sort_tool_keys,
     )
+
+
+def _compiled(template: str) -> tuple[jinja2.Template, frozenset[str]]:
+    """A chat template compiled in transformers' environment (its globals, filters, tags), and
+    the names it reads."""
+    env = chat_template_environment()
+    names = jinja2.meta.find_undeclared_variables(env.parse(template))
+    return env.from_string(template), frozenset(names)

@@ -96,6 +96,11 @@ def _matches(module: str, name: str) -> bool:
     return module == name or module.endswith("." + name) or module.startswith(name + ".")
 
 
+def _architectures(hf_config: Mapping) -> set[str]:
+    archs = hf_config.get("architectures")
+    return set(archs) if isinstance(archs, list) else set()
+
+
 def _quantization_config(hf_config: Mapping) -> Mapping | None:
     qc = hf_config.get("quantization_config")
     if qc is None and isinstance(hf_config.get("text_config"), Mapping):
@@ -120,11 +125,12 @@ def scheme_from_hf_config(hf_config: Mapping) -> Fp8Scheme | None:
         return Fp8Scheme(SERIALIZED_FP8, "dynamic", ignored=tuple(ignored))
     if method == COMPRESSED_TENSORS:
         return _compressed_tensors_scheme(qc)
+    if method == "mxfp4" and _architectures(hf_config) & {"GptOssForCausalLM"}:
+        return None  # gpt-oss's MXFP4 experts: dequantized at load (model/mxfp4.py)
     raise ValueError(
         f"checkpoint quantization {method!r} is not supported: Pagoda loads FP8 checkpoints "
         "(quant_method 'fp8', 'fbgemm_fp8' or 'compressed-tensors' with 8-bit float weights) "
-        "and quantizes "
-        "16-bit ones with --quantization fp8"
+        "and gpt-oss's 'mxfp4' experts, and quantizes 16-bit ones with --quantization fp8"
     )
 
 

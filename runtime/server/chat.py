@@ -13,7 +13,7 @@ from pagoda.runtime.engine.info import EngineInfo
 from pagoda.runtime.model.tokenizer import TEMPLATE_NAMES
 from pagoda.runtime.request import TokenLogprob
 from pagoda.runtime.sampling.params import ParamError
-from pagoda.runtime.server import reasoning, tools
+from pagoda.runtime.server import harmony, reasoning, tools
 from pagoda.runtime.server.chat_prompt import encode_chat
 from pagoda.runtime.server.endpoint import Endpoint, Job
 from pagoda.runtime.server.logprobs import TokenStrings
@@ -40,7 +40,7 @@ class ChatEndpoint(Endpoint):
                  reasoning_parser: str | None = None) -> None:  # fmt: skip
         super().__init__(served_model_names)
         self.tool_parser = tool_parser  # --tool-call-parser: auto (from the template) or a name
-        self.reasoning_parser = reasoning_parser  # --reasoning-parser: None, qwen3, deepseek_r1
+        self.reasoning_parser = reasoning_parser  # --reasoning-parser: None or a name
         self._end_id: tuple[Any, int | None] | None = None  # (tokenizer, `</think>`'s one id)
         # --allow-chat-special-tokens: content's special-token text as control tokens
         self.content_as_text = not allow_special_tokens
@@ -54,11 +54,16 @@ class ChatEndpoint(Endpoint):
         if req.max_completion_tokens is not None:  # OpenAI's newer name; errors must use it
             max_tokens = req.max_completion_tokens
             renames = {**renames, "max_tokens": "max_completion_tokens"}
-        template = info.tokenizer.chat_template
+        template = info.tokenizer.template_for(bool(req.tools))  # Command R's tool_use one
         setup = tools.prepare(req, template, self.tool_parser)
         spec = tools.output_constraint(setup, req.tools, spec_from_request(req))
         raw, text, ids, tail = self._prompt(req, info, setup, self.reasoning_parser is not None)
         thinking = reasoning.thinks(self.reasoning_parser, tail, req.chat_template_kwargs)
+        harmony = self.reasoning_parser == reasoning.HARMONY
+        if harmony and spec is not None:  # its answer follows channels of special tokens
+            raise APIError(400, f"{spec.field} is not applied with --reasoning-parser "
+                           f"{reasoning.HARMONY} (gpt-oss's channels)", param=spec.field,
+                           code="invalid_value")  # fmt: skip
         if thinking and spec is not None:  # the grammar holds the answer, not the thinking
             try:
                 spec = reasoning.after_reasoning(spec)
@@ -68,6 +73,8 @@ class ChatEndpoint(Endpoint):
         extra = {}
         if setup is not None and setup.parser is not None and setup.parser.name == "mistral":
             extra["skip_special_tokens"] = False  # [TOOL_CALLS] is a special token
+        if harmony:
+            extra["skip_special_tokens"] = False  # the channels' markers are special tokens
         params = self.sampling_params(
             req, renames, info.sampling_defaults, max_tokens=max_tokens, logprobs=logprobs,
             prompt_logprobs=req.prompt_logprobs, structured_outputs=spec, **extra,
@@ -103,13 +110,17 @@ class ChatEndpoint(Endpoint):
                 tail: bool) -> tuple[list[dict[str, Any]], str, list[int], str]:  # fmt: skip
         """`prompt`'s, and with `tail` the text the template adds for the reply (`_reply_tail`,
         one more rendering; "" without)."""
-        template = info.tokenizer.chat_template
+        template = info.tokenizer.template_for(bool(req.tools))
         raw = [m.as_template_dict() for m in req.messages]
         if template is not None and "developer" not in template:
             raw = [as_system(m) for m in raw]
+        if self.reasoning_parser == reasoning.HARMONY:
+            raw = [harmony.template_message(m) for m in raw]
         self.check_length("".join(str(m.get("content", "")) for m in raw), info)
         variables = _template_kwargs(req.chat_template_kwargs, info.tokenizer,
-                                     self.content_as_text)  # fmt: skip
+                                     self.content_as_text, bool(req.tools))  # fmt: skip
+        variables = _with_effort(variables, req.reasoning_effort, info.tokenizer,
+                                 bool(req.tools))  # fmt: skip
         render = functools.partial(
             _render, info.tokenizer.apply_chat_template,
             add_generation_prompt=req.generation_prompt,
@@ -165,7 +176,8 @@ class ChatEndpoint(Endpoint):
     def choice(self, job: Job, i: int, text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
         thought, answer = None, text
         if job.reasoning is not None:
-            split = job.reasoning_streams[i] = reasoning.ReasoningStream(job.reasoning)
+            split = job.reasoning_streams[i] = reasoning.new_stream(
+                self.reasoning_parser, job.reasoning, _calls(job))  # fmt: skip
             thought, answer = reasoning.split(text, split)
         content = None if answer is None else job.echo_text + answer
         message: dict[str, Any] = {"role": job.role, "content": content}
@@ -186,7 +198,8 @@ class ChatEndpoint(Endpoint):
         if job.reasoning is not None:
             split = job.reasoning_streams.get(i)
             if split is None:
-                split = job.reasoning_streams[i] = reasoning.ReasoningStream(job.reasoning)
+                split = job.reasoning_streams[i] = reasoning.new_stream(
+                    self.reasoning_parser, job.reasoning, _calls(job))  # fmt: skip
             thought, text = split.feed(text, final)
         if job.tools is None:
             delta = {"content": text} if text else {}
@@ -211,6 +224,11 @@ class ChatEndpoint(Endpoint):
         return {"index": i, "delta": delta, "logprobs": logprobs}
 
 
+def _calls(job: Job) -> bool:
+    """Whether harmony messages to functions are tool calls (`--tool-call-parser openai`)."""
+    return job.tools is not None and job.tools.parser.name == "openai"
+
+
 def _with_role(job: Job, i: int, delta: dict[str, Any], final: bool) -> dict[str, Any]:
     """Choice `i`'s first delta with tools, carrying the role: `content` null unless text comes
     first (a call, or thinking, may follow), so the SDK's accumulated message is the whole
@@ -223,8 +241,8 @@ def _with_role(job: Job, i: int, delta: dict[str, Any], final: bool) -> dict[str
             **{k: v for k, v in delta.items() if k != "content"}}  # fmt: skip
 
 
-def _template_kwargs(kwargs: dict[str, Any] | None, tokenizer: Any,
-                     as_text: bool) -> dict[str, Any] | None:  # fmt: skip
+def _template_kwargs(kwargs: dict[str, Any] | None, tokenizer: Any, as_text: bool,
+                     tools: bool = False) -> dict[str, Any] | None:  # fmt: skip
     """`chat_template_kwargs`, each a variable this model's chat template reads; one it does not
     read (it would change nothing) or one the server sets itself is a 400 naming it, and so is
     special-token text in a value while the client's text is read as text (`as_text`): the
@@ -240,11 +258,30 @@ def _template_kwargs(kwargs: dict[str, Any] | None, tokenizer: Any,
             raise APIError(400, f"{param}: the server sets '{shorten(key, 60)}' itself (use the "
                            "request's fields: messages, tools, add_generation_prompt)",
                            param=param, code="invalid_value")  # fmt: skip
-        if key not in tokenizer.template_variables:
+        if key not in tokenizer.variables_for(tools):
             raise APIError(400, f"{param}: this model's chat template does not read "
                            f"'{shorten(key, 60)}', so it would change nothing", param=param,
                            code="unsupported_parameter")  # fmt: skip
     return kwargs
+
+
+def _with_effort(variables: dict[str, Any] | None, effort: str | None, tokenizer: Any,
+                 tools: bool = False) -> dict[str, Any] | None:  # fmt: skip
+    """The request's `reasoning_effort` as the chat template's variable of that name (what vLLM
+    does; gpt-oss's template writes `Reasoning: <effort>` into its system message). A template
+    that does not read it would change nothing: a 400, as for `chat_template_kwargs`."""
+    if effort is None:
+        return variables
+    if "reasoning_effort" not in tokenizer.variables_for(tools):
+        raise APIError(400, "reasoning_effort is not supported: this model's chat template does "
+                       "not read 'reasoning_effort', so it would change nothing",
+                       param="reasoning_effort", code="unsupported_parameter")  # fmt: skip
+    given = (variables or {}).get("reasoning_effort", effort)
+    if given != effort:
+        raise APIError(400, "reasoning_effort and chat_template_kwargs.reasoning_effort "
+                       "disagree; give one", param="reasoning_effort",
+                       code="invalid_value")  # fmt: skip
+    return {**(variables or {}), "reasoning_effort": effort}
 
 
 def _reply_tail(req: ChatCompletionRequest, messages: list[dict[str, Any]], listed: Any,

@@ -67,6 +67,11 @@ class ServerConfig:
             raise ValueError(
                 f"reasoning_parser must be one of {', '.join(options.REASONING_PARSERS)}"
             )
+        if self.tool_call_parser == "openai" and self.reasoning_parser != "openai_gptoss":
+            raise ValueError(
+                "tool_call_parser openai (gpt-oss's harmony calls) needs reasoning_parser "
+                "openai_gptoss, which reads the channels"
+            )
         if not self.grammar_compile_timeout > 0:
             raise ValueError(
                 f"grammar_compile_timeout must be > 0, got {self.grammar_compile_timeout!r}"

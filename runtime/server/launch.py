@@ -102,8 +102,8 @@ def preflight(
 
 def check_checkpoint_files(model: str, path: Path) -> None:
     """A Hugging Face directory holds its safetensors files and a tokenizer.json that is a JSON
-    object. The metadata checks above read config.json alone (a config without weights is
-    enough to size a model), so a directory without them would otherwise fail in the engine's
+    object (or a tiktoken file with known tokenizer code, `_check_tiktoken_dir`). The metadata
+    checks above read config.json alone (a config without weights is enough to size a model), so a directory without them would otherwise fail in the engine's
     load, after the server listens. The tokenizer is looked at, not parsed (that would add its
     time, ~0.3 s for a 128k vocabulary, to every start): its first and last bytes, which a
     truncated download, a Git LFS pointer or an error page saved in its place do not have."""
@@ -113,11 +113,27 @@ def check_checkpoint_files(model: str, path: Path) -> None:
         checkpoint_files(path)
         tokenizer = path / "tokenizer.json"
         if not tokenizer.is_file():
-            raise ValueError(f"{path} has no tokenizer.json")
+            _check_tiktoken_dir(path)
+            return
         if not _looks_like_a_json_object(tokenizer):
             raise ValueError(f"{tokenizer} is not a JSON object (truncated, or a Git LFS pointer?)")
     except ValueError as e:
         raise ValueError(f"model {model!r}: {e}") from e
+
+
+def _check_tiktoken_dir(path: Path) -> None:
+    """Without tokenizer.json, a tiktoken file whose tokenizer code is known (Kimi K2,
+    Moonlight: `tiktoken_files`); its ranks are read at load."""
+    from pagoda.runtime.model import tiktoken_files
+    from pagoda.runtime.model.template_files import read_json_object
+
+    ranks = path / tiktoken_files.TIKTOKEN_FILE
+    if not ranks.is_file():
+        raise ValueError(f"{path} has no tokenizer.json (nor {tiktoken_files.TIKTOKEN_FILE})")
+    if not tiktoken_files.looks_like_ranks(ranks):
+        raise ValueError(f"{ranks} is not a tiktoken file (base64 token, rank per line; "
+                         "truncated, or a Git LFS pointer?)")  # fmt: skip
+    tiktoken_files.tiktoken_code(path, read_json_object(path / "tokenizer_config.json"))
 
 
 def _looks_like_a_json_object(path: Path, edge: int = 64) -> bool:

@@ -344,6 +344,9 @@ class ChatCompletionRequest(_StructuredFields):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # OpenAI's and vLLM's: the chat template's `reasoning_effort` variable (gpt-oss's), a 400
+    # for a template that does not read it (`chat._with_effort`)
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
     # vLLM's chat extras
     echo: bool = False  # the reply starts with the last message's content when it has its role
     add_generation_prompt: bool = True

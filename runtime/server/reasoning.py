@@ -2,7 +2,7 @@
 reasoning model writes as ``<think> … </think>`` before its answer → the chat message's
 `reasoning_content` (and `reasoning`, vLLM's newer name), the rest → `content`.
 
-Both parsers read the same markers with vLLM's rules:
+The parsers read the same markers with vLLM's rules:
 
 * `deepseek_r1` (DeepSeek-R1 and its Llama/Qwen2 distills, QwQ): the output is thinking until
   ``</think>``; a ``<think>`` that opens the output is dropped (newer templates write it into the
@@ -11,12 +11,20 @@ Both parsers read the same markers with vLLM's rules:
 * `qwen3`: the same, and with `chat_template_kwargs: {"enable_thinking": false}` the output is
   all content (the template wrote an empty thinking block into the prompt).
 
+* `glm45` (GLM-4.5, GLM-4.6): the model opens its thinking itself (GLM's template ends the prompt
+  at ``<|assistant|>``): an output that opens with ``<think>`` is thinking until ``</think>``
+  (to its end without one, as vLLM streams it), one that does not is all content (vLLM's
+  rule); `enable_thinking: false` (the template writes ``<think></think>`` into the prompt) is
+  all content too.
+
 Either way, where the prompt itself already closed the thinking (the text the template adds for
 the reply holds ``</think>`` after its last ``<think>``), the output is all content.
 
 `ReasoningStream` splits text as it streams: it holds back at most the few characters that may
 begin a marker and scans only new text, never the whole output again. Tool calls and
 structured outputs apply to the content alone (`chat.py`, `after_reasoning`).
+
+`openai_gptoss` reads gpt-oss's harmony channels instead (`harmony.py`: `new_stream`).
 """
 
 from __future__ import annotations
@@ -25,12 +33,15 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pagoda.runtime.server.harmony import HarmonyStream
 from pagoda.runtime.structured.params import StructuredOutputsParams
 
 START, END = "<think>", "</think>"
+HARMONY = "openai_gptoss"  # gpt-oss's channels (`harmony.py`)
 # Whitespace before an opening `<think>` is dropped with it; past this much, no `<think>` opens
 # the output (its text is reasoning as written).
 _MAX_LEADING_SPACE = 64
+MUST_OPEN = ("glm45",)  # parsers whose output thinks only when it opens with `<think>`
 
 
 def thinks(parser: str | None, prompt_tail: str, template_kwargs: dict[str, Any] | None) -> bool:
@@ -39,10 +50,17 @@ def thinks(parser: str | None, prompt_tail: str, template_kwargs: dict[str, Any]
     for the reply) does not close a thinking block itself."""
     if parser is None:
         return False
-    if parser == "qwen3" and (template_kwargs or {}).get("enable_thinking") is False:
+    if parser in ("qwen3", "glm45") and (template_kwargs or {}).get("enable_thinking") is False:
         return False
     closed = prompt_tail.rfind(END)
     return closed < 0 or prompt_tail.rfind(START) > closed
+
+
+def new_stream(parser: str | None, thinking: bool,
+               calls: bool = False) -> ReasoningStream | HarmonyStream:  # fmt: skip
+    """A choice's splitter for `parser`'s replies (`thinking`: `thinks`'s answer; `calls`:
+    harmony messages to functions are tool calls, `harmony_tools.py`)."""
+    return HarmonyStream(calls) if parser == HARMONY else ReasoningStream(thinking, parser)
 
 
 def _held(text: str, marker: str) -> int:
@@ -56,11 +74,12 @@ def _held(text: str, marker: str) -> int:
 class ReasoningStream:
     """One choice's text → (reasoning, content) pieces, fed delta by delta."""
 
-    __slots__ = ("begin_at", "end_at", "fed", "opening", "pending", "thinking")
+    __slots__ = ("begin_at", "end_at", "fed", "must_open", "opening", "pending", "thinking")
 
-    def __init__(self, thinking: bool) -> None:
+    def __init__(self, thinking: bool, parser: str | None = None) -> None:
         self.thinking = thinking  # still inside the thinking block
         self.opening = thinking  # a `<think>` may still open the output
+        self.must_open = parser in MUST_OPEN  # without that `<think>`, the output is content
         self.pending = ""  # text held back: it may begin a marker
         self.fed = 0  # characters of output fed so far
         self.begin_at = 0  # where in the output the thinking begins (after a `<think>`)
@@ -84,6 +103,9 @@ class ReasoningStream:
                 return "", ""
             else:
                 self.opening = False
+                if self.must_open:  # the model did not think: all of it is content
+                    self.thinking = False
+                    return "", buf
         at = buf.find(END)
         if at >= 0:
             self.thinking, self.end_at = False, self.fed - len(buf) + at
@@ -100,6 +122,8 @@ def split(text: str, stream: ReasoningStream) -> tuple[str | None, str | None]:
     if not stream.thinking:
         return None, text
     reasoning, content = stream.feed(text, final=True)
+    if not stream.thinking and stream.end_at is None:  # glm45's output that did not think
+        return None, content or None
     return reasoning, content or None
 
 
@@ -109,6 +133,8 @@ def reasoning_tokens(ids: Sequence[int], stream: ReasoningStream | None, end_id:
     between an opening `<think>` and `</think>` (to the end while `stream` never saw it), by
     where each token's text (`text_of`) begins; the marker is found by its token `end_id`
     where it is one (Qwen3's and DeepSeek-R1's vocabularies). None without thinking."""
+    if isinstance(stream, HarmonyStream):
+        return stream.reasoning_tokens(ids, text_of)
     if stream is None or not (stream.thinking or stream.end_at is not None):
         return 0
     stop, end_at = len(ids), stream.end_at

@@ -15,6 +15,9 @@ its `arguments` (or `parameters`) value is streamed as raw JSON text as it arriv
 sees OpenAI's chunk sequence: the call's id, type and name first, then argument deltas. Text
 before the call region is content (streamed too, holding back only what could begin a call
 marker). Output that does not parse as calls stays content (what vLLM's parsers do).
+
+GLM-4.5's calls (`glm45`: key/value tags, not JSON) are read by `tool_parser_glm45.py`, listed
+in `PARSERS` beside these.
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ import json
 import re
 import secrets
 import string
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from pagoda.runtime.server.harmony_tools import HarmonyToolParser
+from pagoda.runtime.server.tool_call import ToolCall, call_id, prefix_overlap
+from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser
 
 ARG_KEYS = ("arguments", "parameters")
 _NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
@@ -35,25 +41,10 @@ _ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 _ALNUM = string.ascii_letters + string.digits
 
 
-def call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
 def mistral_call_id() -> str:
     """9 letters and digits: Mistral's chat templates refuse any other id when the call and
     its result are sent back (as vLLM's mistral parser writes them)."""
     return "".join(secrets.choice(_ALNUM) for _ in range(9))
-
-
-@dataclass
-class ToolCall:
-    name: str
-    arguments: str  # JSON text of an object
-    id: str = field(default_factory=call_id)
-
-    def openai(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}  # fmt: skip
 
 
 def _value_end(text: str, start: int) -> int | None:
@@ -196,6 +187,12 @@ class ToolParser(ABC):
     def stream(self, parallel: bool = True) -> ToolStream:
         return ToolStream(self, parallel)
 
+    @classmethod
+    def for_request(cls, tools: list[dict[str, Any]]) -> ToolParser:
+        """The parser of one request with these tools (OpenAI's shape; GLM-4.5's types its
+        arguments by their schemas)."""
+        return cls()
+
 
 class HermesParser(ToolParser):
     name = "hermes"
@@ -210,7 +207,7 @@ class HermesParser(ToolParser):
         return self.TAG
 
     def _held(self, text: str) -> int:
-        return _prefix_overlap(text, self.TAG)
+        return prefix_overlap(text, self.TAG)
 
 
 class Llama3JsonParser(ToolParser):
@@ -252,29 +249,25 @@ class MistralParser(ToolParser):
         return self.TAG
 
     def _held(self, text: str) -> int:
-        return _prefix_overlap(text, self.TAG)
-
-
-def _prefix_overlap(text: str, tag: str) -> int:
-    """Length of the longest end of `text` that begins `tag`."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-k:]):
-            return k
-    return 0
+        return prefix_overlap(text, self.TAG)
 
 
 PARSERS: dict[str, type[ToolParser]] = {
-    p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser)
-}
+    p.name: p
+    for p in (HermesParser, Llama3JsonParser, MistralParser, Glm45Parser, HarmonyToolParser)
+}  # type: ignore[misc]  # (GLM-4.5's tags: tool_parser_glm45.py; gpt-oss's: harmony_tools.py)
 
 
 def detect(template: str | None) -> str | None:
     """The parser a chat template's tool format calls for, when exactly one fits."""
     if not template:
         return None
-    found = [name for name, p in PARSERS.items() if all(m in template for m in p.markers[:1])]
+    found = [name for name, p in PARSERS.items()
+             if p.markers and all(m in template for m in p.markers[:1])]  # fmt: skip
     if "llama3_json" in found and "<|python_tag|>" not in template:
         found.remove("llama3_json")
+    if "glm45" in found:  # GLM-4.5's calls open with <tool_call> too, then key/value tags
+        found.remove("hermes")
     return found[0] if len(found) == 1 else None
 
 

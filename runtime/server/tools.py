@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagoda.runtime.sampling.params import ParamError
+from pagoda.runtime.server import harmony_tools
 from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest
 from pagoda.runtime.server.tool_parsers import PARSERS, ToolParser, detect
 from pagoda.runtime.structured import schema as schemas
@@ -43,10 +44,12 @@ FORMATS = {
     "hermes": ("", '<tool_call>\n{{"name": "{name}", "arguments": ', "}\n</tool_call>", "\n", ""),
     "llama3_json": ("", '{{"name": "{name}", "parameters": ', "}", "; ", ""),
     "mistral": ("[TOOL_CALLS][", '{{"name": "{name}", "arguments": ', "}", ", ", "]"),
+    # GLM-4.5: the arguments as <arg_key>/<arg_value> tags (xgrammar's glm_xml style), not JSON
+    "glm45": ("", "<tool_call>{name}\n", "</tool_call>", "\n", ""),
 }
 # tool_choice auto with strict tools: text that starts a call, per parser (mistral's marker is a
 # special token, and its calls one JSON array: not enforced under auto)
-TRIGGERS = {"hermes": "<tool_call>", "llama3_json": '{"name": "'}
+TRIGGERS = {"hermes": "<tool_call>", "llama3_json": '{"name": "', "glm45": "<tool_call>"}
 HERMES_SYSTEM = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
@@ -115,6 +118,8 @@ def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -
         )
     parallel = req.parallel_tool_calls is not False
     listed = [t.model_dump(exclude_none=True) for t in tools]
+    if configured == harmony_tools.NAME:
+        listed = [harmony_tools.described(t) for t in listed]
     if kind == "none":
         return ToolSetup(None, kind, parallel, listed)
     name = parser_for(template, configured)
@@ -128,7 +133,14 @@ def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -
                 code="unsupported_value",
             )
         name = "hermes"
-    setup = ToolSetup(PARSERS[name](), kind, parallel, listed)
+    if name == harmony_tools.NAME and kind != "auto":
+        what = "required" if kind == "required" else "naming a function"
+        raise APIError(400, f"tool_choice {what} is not enforced with --tool-call-parser "
+                       "openai: gpt-oss's call header is special tokens (<|channel|>, "
+                       "<|message|>), which a grammar here never lets a model write; use "
+                       "tool_choice auto", param="tool_choice",
+                       code="unsupported_value")  # fmt: skip
+    setup = ToolSetup(PARSERS[name].for_request(listed), kind, parallel, listed)
     if kind != "auto":
         only = choice.function.name if kind == "function" else None
         setup.grammar = tool_grammar(name, tools, only, parallel)
@@ -153,8 +165,8 @@ def output_constraint(
         raise APIError(400, "tool_choice required or a named function cannot be combined with "
                        "response_format or structured_outputs", param="tool_choice",
                        code="invalid_value")  # fmt: skip
-    if not answer.field.startswith("response_format"):
-        return answer
+    if not answer.field.startswith("response_format") or setup.parser.name not in FORMATS:
+        return answer  # (a harmony reply's format is refused with its reasoning parser)
     return tool_grammar(setup.parser.name, tools or [], None, setup.parallel, answer=answer)
 
 
@@ -220,10 +232,10 @@ def tool_grammar(
         except (RuntimeError, ValueError) as e:
             raise APIError(400, f"{where}: invalid JSON Schema: {e}", param=where,
                            code="invalid_value") from e  # fmt: skip
-        tags.append(st.TagFormat(
-            begin=begin.format(name=f.name), content=st.GrammarFormat(grammar=str(grammar)),
-            end=end,
-        ))  # fmt: skip
+        content: Any = st.GrammarFormat(grammar=str(grammar))
+        if parser == "glm45":  # the same schema, written as GLM-4.5's key/value tags
+            content = st.JSONSchemaFormat(json_schema=schema, style="glm_xml")
+        tags.append(st.TagFormat(begin=begin.format(name=f.name), content=content, end=end))
     if free:
         body: Any = st.TriggeredTagsFormat(
             triggers=[TRIGGERS[parser]], tags=tags, stop_after_first=not parallel

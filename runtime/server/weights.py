@@ -28,7 +28,10 @@ safetensors headers through `SafetensorsWeights`; no tensor data is read):
   its KV heads (replicated when there are fewer than ranks), o and down by input columns (their
   biases, and FP8 scales, whole), gate/up and the experts by rows, the vocabulary padded to a
   multiple of the ranks; norms and the router whole on every rank (Cohere's per-head q/k norms
-  by heads).
+  by heads);
+* gpt-oss's stacked experts (`model/gpt_oss.py`) as the engine holds them: dequantized from
+  MXFP4 (`*_blocks`, `*_scales`) or transposed from [E, hidden, 2I], one `Linear` per expert
+  (never `qgemm`'s blocks), their attention sinks and norms in float32.
 
 Pickled ``.bin`` checkpoints count as their file size (their dtypes need unpickling, and the
 loader reads safetensors only); a directory without weight files (a config.json alone) counts
@@ -59,7 +62,7 @@ _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)
           (re.compile(r"\b(q_a_proj|kv_a_proj_with_mqa)\b"), "qkv_proj"))  # fmt: skip
 # DeepSeek's latent attention (model/deepseek.py): q_a (or q) with kv_a as one matmul, q_b, kv_b
 _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b)_proj|kv_a_proj_with_mqa)|"
-                          r"mlp\.(gate|up|gate_up|down)_proj)\.weight$")  # fmt: skip
+                          r"mlp\.((gate|up|gate_up|down)_proj|c_fc|c_proj))\.weight$")  # fmt: skip
 # llama.cpp's split of DeepSeek's kv_b_proj, joined back at load (`deepseek.kv_b_weight`)
 _SPLIT_KV_B = re.compile(r"self_attn\.[kv]_b_proj\.weight$")
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter)
@@ -164,6 +167,7 @@ def estimate(
         target = f"FP8 projections + {name}" if "fp8" in notes else name
         quantized = ckpt.form == "GGUF" and any(t.kind not in ("F32", "F16", "BF16")
                                                  for t in ckpt.tensors.values())  # fmt: skip
+        quantized = quantized or any(n.endswith("_blocks") for n in ckpt.tensors)  # MXFP4
         same = {t.kind for t in ckpt.tensors.values()} == {_KIND.get(place.dtype)}
         verb = " dequantized" if quantized else " as stored" if same else " converted"
     extra = "".join(f"; {v}" for k, v in notes.items() if k not in ("blocks", "fp8"))
@@ -271,10 +275,10 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         mats = _mla_matrices(h, mc.num_heads, f.mla, t)
         attn, attn_rows = sum(r * c for r, c in mats), sum(r for r, _ in mats)
         norms += n * (f.mla.kv_lora_rank + (f.mla.q_lora_rank or 0)) * item
-    mlp = (n - moe) * 3 * h * i / t
+    mlp = (n - moe) * (3 if f.gated_mlp else 2) * h * i / t  # an ungated MLP: up and down
     if fp8:  # one byte each, a float32 scale per output row (o's and down's rows are whole on
         # every rank: split by input columns, their scales replicated)
-        rows = n * attn_rows + (n - moe) * (2 * i / t + h)
+        rows = n * attn_rows + (n - moe) * ((2 if f.gated_mlp else 1) * i / t + h)
         projections = n * attn + mlp + 4 * rows
     else:
         projections = (n * attn + mlp) * item
@@ -288,6 +292,12 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         projections += moe * shared
         routers += moe * h * item if f.routing is None else 0
     embed = mc.vocab_size * h * (1 if mc.tie_word_embeddings else 2) * item
+    if mc.architecture == "gpt_oss":  # biases, sinks (float32), norms in float32
+        heads = mc.num_heads / t
+        biases = (heads + 2 * kv) * d + h  # q/k/v this rank's, o's whole
+        biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
+        projections += n * biases * item + n * 4 * heads
+        norms = (2 * n + 1) * h * 4
     return math.ceil(projections + (experts + embed) / t) + routers + norms
 
 
@@ -308,7 +318,7 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         return False
     if name == HEAD:
         return not mc.tie_word_embeddings
-    if name in (EMBED, NORM):
+    if name in (EMBED, NORM, "model.norm.bias"):  # (StarCoder2's LayerNorm has a bias)
         return True
     m = _LAYER.match(name)
     return m is not None and int(m.group(1)) < mc.num_layers
@@ -320,6 +330,10 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
 
     lay = TPLayout(0, p.tp)
     tensors = {n: t for n, t in ckpt.tensors.items() if read_by_model(n, mc)}
+    if mc.architecture == "gpt_oss":
+        tensors = _gpt_oss_as_held(tensors, mc)
+    if mc.architecture == "llama4":  # its stacked experts, as the Linears they become
+        tensors = dict(_llama4_experts(t) for t in tensors.values())
     tied = mc.tie_word_embeddings or HEAD not in ckpt.tensors
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     notes = {"tied": note} if note else {}
@@ -334,14 +348,19 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
             total += _joined_kv_b(t, mc, lay, p)
         elif name.endswith(".weight") and len(t.shape) in (2, 3) and not norm:
             groups.setdefault(_group(name), []).append(t)
-        elif norm and (mc.family.gemma_norms or mc.family.cohere_layer):
-            # float32: Gemma's 1 + w (gemma2.norm_weight), Cohere's LayerNorm weights
+        elif norm and (
+            mc.family.gemma_norms or mc.family.cohere_layer or mc.architecture == "gpt_oss"
+        ):
+            # float32: Gemma's 1 + w (gemma2.norm_weight), Cohere's LayerNorm weights, gpt-oss's w
             total += math.prod(_local(name, t.shape, mc, lay)) * 4
+        elif name.endswith("self_attn.sinks"):  # float32, this rank's heads
+            start, stop = lay.heads(mc.num_heads)
+            total += (stop - start) * 4
         else:  # norms and biases (o's and down's whole on every rank)
             total += _local(name, t.shape, mc, lay)[0] * p.dtype.itemsize
     fp8_layers = blocks = 0
     for parts in groups.values():
-        held = _bound(parts) if p.blocks else None
+        held = _bound(parts) if p.blocks and parts[0].kind != _HELD else None
         if held is not None:
             total, blocks = total + held, blocks + 1
         elif p.fp8 is not None and _runs_in_fp8(parts[0].name, p.fp8):
@@ -359,8 +378,51 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     return total, notes
 
 
+_HELD = "held"  # a tensor made at load (gpt-oss's experts): no stored form to read in place
+_GPT_OSS_EXPERTS = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.)(gate_up_proj|down_proj)"
+                              r"(_blocks|_scales|_bias)?$")  # fmt: skip
+
+
+def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
+    """gpt-oss's experts under names and shapes the rules here read as the engine holds them
+    (`gpt_oss.expert_tensors`): gate/up rows [E, 2I, hidden] and down [E, hidden, I] per
+    expert `Linear`, from the stacked x @ W tensors or MXFP4 blocks (their scales go with
+    them); the biases as vectors, gate/up's split by rows, down's whole on every rank."""
+    out = {}
+    for name, t in tensors.items():
+        m = _GPT_OSS_EXPERTS.match(name)
+        if m is None:
+            out[name] = t
+            continue
+        prefix, which, suffix = m.groups()
+        if suffix == "_scales":
+            continue
+        if suffix == "_bias":
+            new = f"{prefix}{which}.bias"
+            out[new] = Stored(new, t.kind, (t.numel,), t.nbytes)
+            continue
+        e, n, h = mc.family.num_experts, mc.family.moe_intermediate_size, mc.hidden_size
+        shape = (e, 2 * n, h) if which == "gate_up_proj" else (e, h, n)
+        new = f"{prefix}{which}.weight"
+        out[new] = Stored(new, _HELD, shape, t.nbytes)
+    return out
+
+
 # Qwen2-MoE's shared expert, DeepSeek's shared_experts
 _SHARED_EXPERT = re.compile(r"mlp\.shared_experts?\.(gate|up|down)_proj\.weight$")
+
+
+def _llama4_experts(t: Stored) -> tuple[str, Stored]:
+    """Llama 4's stacked experts (`model/llama4.py`), gate_up [E, hidden, 2N] and down
+    [E, N, hidden], as the per-expert Linears they load into: GraniteMoe's stacked names and
+    layout ([E, 2N, hidden] split by rows, [E, hidden, N] by columns); other tensors as read."""
+    for stored, as_linear in (("experts.gate_up_proj", "input_linear.weight"),
+                              ("experts.down_proj", "output_linear.weight")):  # fmt: skip
+        if t.name.endswith(stored) and len(t.shape) == 3:
+            name = t.name.removesuffix(stored) + as_linear
+            e, a, b = t.shape
+            return name, Stored(name, t.kind, (e, b, a), t.nbytes)
+    return t.name, t
 
 
 def _runs_in_fp8(name: str, scheme: Fp8Scheme) -> bool:
@@ -372,9 +434,8 @@ def _runs_in_fp8(name: str, scheme: Fp8Scheme) -> bool:
 
 
 def _row_parallel(name: str) -> bool:
-    return name.endswith(("o_proj.weight", "down_proj.weight", "output_linear.weight")) or bool(
-        re.search(r"experts\.(\d+\.)?(down_proj|w2)\.weight$", name)
-    )
+    down = ("o_proj.weight", "down_proj.weight", "output_linear.weight", "mlp.c_proj.weight")
+    return name.endswith(down) or bool(re.search(r"experts\.(\d+\.)?(down_proj|w2)\.weight$", name))
 
 
 def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int, int]:
@@ -404,7 +465,7 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
         return (k1 - k0) * mc.head_dim, cols
     if part.endswith(".weight") and _row_parallel(name):
         return rows, cols // lay.size  # input columns
-    if re.search(r"(gate_proj|up_proj|w1|w3|input_linear)\.(weight|bias)$", part):
+    if re.search(r"(gate_proj|up_proj|w1|w3|input_linear|c_fc)\.(weight|bias)$", part):
         return rows // lay.size, cols  # output rows (experts: their intermediate width)
     return rows, cols  # norms, the router, o's and down's biases: whole on every rank
 

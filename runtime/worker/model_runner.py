@@ -129,6 +129,7 @@ class ModelRunner:
             kv_cache_dtype=config.cache.kv_cache_dtype,
             sliding_window=mc.family.sliding_window,
             softcap=mc.family.attn_logit_softcapping,
+            sinks=mc.family.attention_sinks,
         )
 
     def _build_model(self, loaded: LoadedModel, max_model_len: int) -> LlamaModel:

@@ -147,6 +147,11 @@ def one(docs: Any, kind: str, name: str | None = None) -> dict[str, Any]:
     return found[0]
 
 
+def operator_service(docs: Any) -> dict[str, Any]:
+    """The operator Service (the Deployment's name; not the headless metrics Service)."""
+    return one(docs, "Service", one(docs, "Deployment")["metadata"]["name"])
+
+
 def operator_container(docs: Any) -> dict[str, Any]:
     deployment = one(docs, "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]

@@ -9,7 +9,9 @@ import copy
 import pathlib
 import re
 import subprocess
+from typing import Any
 
+import pytest
 import yaml
 from chart_helpers import (
     NAMESPACE,
@@ -18,6 +20,7 @@ from chart_helpers import (
     of_kind,
     one,
     operator_container,
+    operator_service,
     render,
     render_cached,
     require_tool,
@@ -53,18 +56,36 @@ def test_runtime_service_monitor_selects_operator_built_services_and_adds_keys()
     assert namespaced["spec"]["namespaceSelector"] == {"matchNames": ["llm"]}
 
 
-def test_operator_service_monitor_scrapes_the_operator_service() -> None:
-    docs = render_cached("monitoring")
+def scraped_services(docs: Any, monitor: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Services of the release namespace a ServiceMonitor's selector picks."""
+    wanted = monitor["spec"]["selector"]["matchLabels"].items()
+    return [s for s in of_kind(docs, "Service") if wanted <= s["metadata"]["labels"].items()]
+
+
+@pytest.mark.parametrize("value_set", ["monitoring", "ha-namespaced-tls"])
+def test_operator_service_monitor_scrapes_every_operator_pod(value_set: str) -> None:
+    """Through a headless Service of every operator pod, not the operator Service (with several
+    replicas that one selects the active pod only): a standby's /metrics, its
+    pagoda_operator_peering_active 0, reaches Prometheus too."""
+    docs = render_cached(value_set)
     monitor = one(docs, "ServiceMonitor", f"{RELEASE}-operator")
-    service = one(docs, "Service")
-    assert (
-        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    )
+    (service,) = scraped_services(docs, monitor)
+    assert service["metadata"]["name"] == f"{RELEASE}-metrics"
+    assert service["spec"]["clusterIP"] == "None"  # endpoints: the pods themselves
+    deployment = one(docs, "Deployment")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     (endpoint,) = monitor["spec"]["endpoints"]
-    assert endpoint["port"] == service["spec"]["ports"][0]["name"]
+    (port,) = service["spec"]["ports"]
+    assert endpoint["port"] == port["name"]
+    container_ports = deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert port["targetPort"] in {p["name"] for p in container_ports}
     for doc in of_kind(docs, "ServiceMonitor") + of_kind(docs, "PrometheusRule"):
         assert doc["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert of_kind(render_cached("ha"), "ServiceMonitor") == []  # only when asked for
+    assert [s["metadata"]["name"] for s in of_kind(render_cached("ha"), "Service")] == [
+        f"{RELEASE}-operator"
+    ]
 
 
 def test_plain_prometheus_scrape_example(tmp_path: pathlib.Path) -> None:
@@ -103,7 +124,7 @@ def test_plain_prometheus_scrape_example(tmp_path: pathlib.Path) -> None:
 def test_alertmanager_config_routes_scale_up_alerts_to_the_operator_webhook() -> None:
     docs = render_cached("monitoring")
     config = one(docs, "AlertmanagerConfig")
-    service = one(docs, "Service")
+    service = operator_service(docs)
     port = service["spec"]["ports"][0]["port"]
     route = config["spec"]["route"]
     assert route["matchers"] == [{"name": "pagoda_action", "matchType": "=", "value": "scale_up"}]
@@ -129,7 +150,7 @@ def test_alertmanager_example_file(tmp_path: pathlib.Path) -> None:
     receiver = next(r for r in example["receivers"] if r["name"] == routes[0]["receiver"])
     (hook,) = receiver["webhook_configs"]
     default = render_cached("defaults")
-    service = one(default, "Service")
+    service = operator_service(default)
     assert hook["url"] == (
         f"http://{service['metadata']['name']}.{NAMESPACE}.svc:{service['spec']['ports'][0]['port']}/alerts"
     )

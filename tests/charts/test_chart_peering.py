@@ -6,7 +6,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from chart_helpers import NAMESPACE, VALUE_SETS, of_kind, one, operator_container, render_cached
+from chart_helpers import (
+    NAMESPACE,
+    VALUE_SETS,
+    of_kind,
+    one,
+    operator_container,
+    operator_service,
+    render_cached,
+)
 from pagoda.operator import main as operator_main
 from pagoda.operator.kube.peering import PEERING_LABEL
 
@@ -27,7 +35,7 @@ def test_one_replica_runs_standalone() -> None:
     assert one(docs, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
     for kind in ("ClusterKopfPeering", "KopfPeering", "PodDisruptionBudget", "Role"):
         assert of_kind(docs, kind) == []
-    assert PEERING_LABEL not in one(docs, "Service")["spec"]["selector"]
+    assert PEERING_LABEL not in operator_service(docs)["spec"]["selector"]
     container = operator_container(docs)
     assert config_of(docs).http_tls_cert is None
     assert "scheme" not in container["readinessProbe"]["httpGet"]  # plain HTTP
@@ -48,7 +56,7 @@ def test_two_replicas_peer_cluster_wide() -> None:
     assert of_kind(docs, "KopfPeering") == []
     assert {"POD_NAME", "POD_NAMESPACE"} <= env_names(docs)  # identity, the pod to label
     # the Service reaches the active pod only: the label the operator's gate writes
-    selector = dict(one(docs, "Service")["spec"]["selector"])  # not the cached render
+    selector = dict(operator_service(docs)["spec"]["selector"])  # not the cached render
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert selector.pop(PEERING_LABEL) == "active"
     assert selector.items() <= pod_labels.items()
@@ -86,7 +94,7 @@ def test_namespaced_replicas_peer_per_namespace_over_tls() -> None:
     assert config.http_tls_key == mount["mountPath"] + "/tls.key"
     for probe in ("livenessProbe", "readinessProbe"):
         assert pod["containers"][0][probe]["httpGet"]["scheme"] == "HTTPS"
-    service = one(docs, "Service")
+    service = operator_service(docs)
     host = f"{service['metadata']['name']}.{NAMESPACE}.svc"
     expected_tls = {"ca": {"secret": {"name": "operator-tls", "key": "ca.crt"}}, "serverName": host}
     (webhook,) = one(docs, "AlertmanagerConfig")["spec"]["receivers"][0]["webhookConfigs"]

@@ -23,6 +23,7 @@ from chart_helpers import (
     of_kind,
     one,
     operator_container,
+    operator_service,
     render,
     render_cached,
     render_files,
@@ -138,7 +139,7 @@ def test_selectors_never_include_user_labels() -> None:
         assert selector["app.kubernetes.io/component"] == "operator"
         pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
         assert selector.items() <= pod_labels.items()
-        service_selector = dict(one(docs, "Service")["spec"]["selector"])
+        service_selector = dict(operator_service(docs)["spec"]["selector"])
         if (VALUE_SETS[name].get("operator") or {}).get("replicas", 1) > 1:  # the active one
             assert service_selector.pop("serving.pagoda.dev/peering") == "active"
         assert service_selector == selector
@@ -213,7 +214,7 @@ def test_operator_args_are_real_cli_flags(value_set: str) -> None:
     (port,) = container["ports"]
     assert port["name"] == "http" and port["containerPort"] == config.http_port
     assert config.log_format == values.get("operator", {}).get("logFormat", "json")
-    service = one(docs, "Service")
+    service = operator_service(docs)
     (service_port,) = service["spec"]["ports"]
     assert service_port["targetPort"] == "http" and service_port["name"] == "http"
     routes = {
@@ -299,7 +300,7 @@ def test_exposed_service_needs_a_webhook_token(service_type: str) -> None:
     with pytest.raises(helm.HelmRenderError, match=rf"service.type {service_type} exposes .*token"):
         render({"service": {"type": service_type}})
     docs = render({"service": {"type": service_type}, "webhook": {"tokenSecret": {"create": True}}})
-    assert one(docs, "Service")["spec"]["type"] == service_type
+    assert operator_service(docs)["spec"]["type"] == service_type
 
 
 @pytest.mark.parametrize(

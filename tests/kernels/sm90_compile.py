@@ -84,7 +84,8 @@ def install(results: list[dict], case: str) -> None:
             module.check_device = lambda *tensors: tensors[0].device
 
 
-def _attention(*, head_dim, heads, kv_heads, dtype, kv_dtype, seqs, tuned=None, **kwargs) -> None:
+def _attention(*, head_dim, heads, kv_heads, dtype, kv_dtype, seqs, tuned=None, sinks=False,
+               **kwargs) -> None:  # fmt: skip
     """One `paged_attention` call; ``tuned``: {kernel: config} saved as the device's tuned file
     (one bucket each, at head size 64), searched first for this call."""
     if tuned:
@@ -99,7 +100,7 @@ def _attention(*, head_dim, heads, kv_heads, dtype, kv_dtype, seqs, tuned=None, 
             previous = config.set_config_dirs([folder])
             try:
                 _attention(head_dim=head_dim, heads=heads, kv_heads=kv_heads, dtype=dtype,
-                           kv_dtype=kv_dtype, seqs=seqs, **kwargs)  # fmt: skip
+                           kv_dtype=kv_dtype, seqs=seqs, sinks=sinks, **kwargs)  # fmt: skip
             finally:
                 config.set_config_dirs(previous)
         return
@@ -112,6 +113,8 @@ def _attention(*, head_dim, heads, kv_heads, dtype, kv_dtype, seqs, tuned=None, 
     scales = {}
     if kv_dtype == FP8:
         scales = {"k_scale": torch.ones(1), "v_scale": torch.ones(1)}
+    if sinks:  # gpt-oss's attention sinks (`attn_common.add_sink`)
+        scales["sinks"] = torch.zeros(heads)
     paged_attention(
         q=torch.empty((tokens, heads, head_dim), dtype=dtype), k_cache=k_cache,
         v_cache=torch.empty_like(k_cache), block_tables=torch.zeros((len(seqs), 4), dtype=torch.int32),
@@ -133,9 +136,13 @@ def _gemm(*, gemm: str, config: dict, dtype: torch.dtype) -> None:
         kernels.fp8_linear(x=x, weight=w8, weight_scale=scale, weight_only=True, config=config)
     else:
         experts, ids = 4, torch.zeros((64, 2), dtype=torch.int32)
+        extra = {}
+        if gemm == "fused_experts_oai":  # gpt-oss's: biases and the clamped SwiGLU
+            extra = dict(activation="swiglu_oai", w13_bias=torch.zeros((experts, 1024), dtype=dtype),
+                         w2_bias=torch.zeros((experts, 512), dtype=dtype))  # fmt: skip
         kernels.fused_experts(x, torch.empty((experts, 1024, 512), dtype=dtype),
                               torch.empty((experts, 512, 512), dtype=dtype),
-                              torch.ones((64, 2)), ids, config=config)  # fmt: skip
+                              torch.ones((64, 2)), ids, config=config, **extra)  # fmt: skip
 
 
 # The deepest pipeline a config file may hold: 8 stages of 256 x 256 x 256 tiles (2-4 MB).
@@ -170,6 +177,20 @@ CASES: dict[str, dict] = {
     "deep-fp8-w8a16": dict(gemm="fp8_linear", config={**DEEP, "BLOCK_K": 64}, dtype=BF16),
     "deep-moe": dict(gemm="fused_experts", config={**DEEP, "BLOCK_M": 64, "BLOCK_K": 64},
                      dtype=FP32),
+    # gpt-oss: attention sinks in the split-KV decodes (four segments, the sink in the merge)
+    # and the prefill kernel beside them; in every row's prefill kernel (batch-invariant); its
+    # experts' biases and clamped SwiGLU in the fused-MoE epilogues.
+    "sinks-split-decode": dict(head_dim=64, heads=64, kv_heads=8, dtype=BF16, kv_dtype=BF16,
+                               seqs=[(1, 5)] * 3 + [(70, 90)], max_seq_len=32768, num_decodes=3,
+                               num_kv_splits=4, sliding_window=128, sinks=True),
+    "sinks-invariant": dict(head_dim=64, heads=64, kv_heads=8, dtype=BF16, kv_dtype=BF16,
+                            seqs=[(1, 5), (70, 90)], max_seq_len=90, num_decodes=1,
+                            batch_invariant=True, sinks=True),
+    # ... in bf16, where every stage stays in shared memory (4 stages: 295 kB before the fix)
+    "deep-moe-bf16": dict(gemm="fused_experts", config={**DEEP, "BLOCK_M": 64, "BLOCK_K": 64},
+                          dtype=BF16),
+    "moe-swiglu-oai": dict(gemm="fused_experts_oai", config={**DEEP, "BLOCK_M": 64,
+                           "BLOCK_K": 64}, dtype=BF16),
 }  # fmt: skip
 
 

@@ -245,3 +245,25 @@ def test_softcap_matches_reference(device, path):
     got = paged_attention(**args, **kwargs, softcap=3.0, sliding_window=20)
     torch.testing.assert_close(got, expected, **TOL[torch.float32])
     assert not torch.allclose(expected, reference.paged_attention(**args, sliding_window=20))
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sinks_match_reference(device, path, dtype):
+    """Attention sinks (gpt-oss): each head's logit joins its denominator, in every path (the
+    split-KV decodes add it in their merge), with a window and a soft cap beside it."""
+    from pagoda.kernels import paged_attention
+
+    batch = make_batch(
+        mixed_seqs(16), num_heads=6, num_kv_heads=2, head_dim=64, block_size=16, dtype=dtype,
+        device=device,
+    )  # fmt: skip
+    args = batch.attention_args(scale=0.25)
+    sinks = torch.tensor([4.0, -1.0, 0.5, 9.0, -30.0, 2.0], device=device)  # 9: most mass
+    extra = dict(sliding_window=20, softcap=8.0) if dtype == torch.bfloat16 else {}
+    expected = reference.paged_attention(**args, sinks=sinks, **extra)
+    kwargs = {"num_decodes": batch.num_decodes, **PATHS[path]}
+    got = paged_attention(**args, **kwargs, sinks=sinks, **extra)
+    torch.testing.assert_close(got, expected, **TOL[dtype])
+    assert not torch.allclose(expected.float(), reference.paged_attention(**args, **extra).float(),
+                              **TOL[dtype])  # fmt: skip

@@ -17,7 +17,15 @@ from autoscale_helpers import autoscaling, deployment_controller, events, replic
 from fake_prometheus import FakePrometheus
 from kube_emulator import Emulator
 from operator_harness import wait_for
-from operator_helpers import ISVC, assert_permitted, condition, create_isvc, patch_isvc, sample
+from operator_helpers import (
+    ISVC,
+    assert_permitted,
+    condition,
+    create_isvc,
+    patch_isvc,
+    sample,
+    writes_during,
+)
 from pagoda.operator.kube.client import KubeApi
 
 pytestmark = pytest.mark.e2e
@@ -87,6 +95,11 @@ async def test_scales_up_on_ttft_then_down_after_the_window(
         await wait_for(lambda: events(emulator, "chat", "ScaledDown"))  # posted after the patch
         await asyncio.sleep(0.6)
         assert replicas(emulator, "chat") == 1  # the reconciler does not fight the autoscaler
+        # idle: the TTFT it no longer has leaves the status (a merge patch nulls it), and a
+        # service at rest is not written again, its saved state (status.autoscaling.state) too
+        assert "ttftP95Seconds" not in autoscaling(emulator, "chat")["metrics"]
+        assert autoscaling(emulator, "chat")["state"]["recommending"][0] == 1
+        assert await writes_during(emulator, 1.0) == []
 
     text = await metrics_text(op.http_port)
     scaled = sample(

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import math
 from typing import Any
 
+from kube_api import merge_patch
 from pagoda.operator.autoscaling import loop
 from pagoda.operator.autoscaling.loop import Autoscaler
 from pagoda.operator.autoscaling.policy import Metrics, Policy
@@ -74,7 +76,7 @@ def test_the_burst_samples_carry_over_between_evaluations() -> None:
 
 
 class StatusApi(Api):
-    """Api that also keeps the status patches, as the status subresource would."""
+    """Api that also applies the status merge patches, as the status subresource would."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -82,8 +84,44 @@ class StatusApi(Api):
 
     async def patch(self, kind: str, ns: str, name: str, body: dict, **kw: Any) -> dict:
         if kw.get("subresource") == "status":
-            self.status.update(body["status"])
+            self.status = merge_patch(self.status, body["status"])
         return await super().patch(kind, ns, name, body, **kw)
+
+
+def test_a_take_over_between_bursts_keeps_the_burst_floor() -> None:
+    """Two bursts on one operator, then another one (its own monotonic clock) takes over from
+    status.autoscaling.state in the quiet after them: it holds the burst floor as the first one
+    would have; without the saved state it lets the fleet go down to the quiet's need."""
+    api, wall0 = StatusApi(), 1_800_000_000.0
+    clock_a, clock_b = [0.0], [50_000.0]
+    first = Autoscaler(api, OperatorConfig(), OperatorMetrics(), clock=lambda: clock_a[0],
+                       wall=lambda: wall0 + clock_a[0])  # type: ignore[arg-type]  # fmt: skip
+    quiet, burst = reading(1.0, 1.0), reading(40.0, 4.0)
+
+    async def run(scaler: Autoscaler, clock: list[float], loads: list[Metrics], status: bool):
+        out = []
+        for m in loads:
+            clock[0] += 5.0
+            fresh = {"metadata": {"namespace": "default", "name": "chat", "uid": "u1"}}
+            if status:
+                fresh["status"] = json.loads(json.dumps(api.status))  # as read from the API
+            d = await scaler._decide_and_apply(
+                POLICY, fresh, api.deployment(), m, ("", ""), logging.getLogger("test")
+            )
+            out.append((d.replicas, d.reason))
+        return out
+
+    asyncio.run(run(first, clock_a, [quiet] * 3 + [burst] * 2 + [quiet] * 4 + [burst] * 2, True))
+    need = math.ceil(40 * 0.2 / POLICY.target_utilization)
+    assert api.replicas == need and api.status["autoscaling"]["state"]["version"] == 1
+    for saved, want in ((True, (need, "BurstFloor")), (False, (1, "BelowTarget"))):
+        replicas = api.replicas
+        clock_b[0] = 50_000.0 + clock_a[0]  # the same instant: B's clock reads 50,000 s more
+        second = Autoscaler(api, OperatorConfig(), OperatorMetrics(), clock=lambda: clock_b[0],
+                            wall=lambda: wall0 + clock_b[0] - 50_000.0)  # type: ignore[arg-type]  # fmt: skip
+        out = asyncio.run(run(second, clock_b, [quiet] * 6, saved))
+        assert out[-1] == want, (saved, out)
+        api.replicas = replicas
 
 
 def _replay(scaler: Autoscaler, api: Api, clock: list[float], status: dict | None) -> list[str]:
@@ -123,6 +161,7 @@ def test_an_operator_restart_keeps_a_services_age() -> None:
     for status, young in ((dict(api.status), False), (None, True)):
         clock2 = [5.0]
         api2 = StatusApi()
+        api2.status = json.loads(json.dumps(status or {}))  # the object the restart reads
         scaler = Autoscaler(
             api2, OperatorConfig(), OperatorMetrics(), clock=lambda c=clock2: c[0],
             wall=lambda c=clock2: wall0 + restarted_at + c[0],
@@ -201,7 +240,7 @@ def test_a_deleted_services_gauge_goes_with_it() -> None:
 
     async def evaluate(body: dict[str, Any], logger: Any = None) -> None:
         meta = body["metadata"]
-        scaler._state(body, 0.0, 1)
+        scaler._state(body, 0.0, 1, POLICY)
         metrics.desired_replicas.labels(meta["namespace"], meta["name"]).set(1)
 
     scaler.evaluate = evaluate  # type: ignore[method-assign]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kube_api import merge_patch
 from pagoda.operator.spec.fields import SpecError
-from pagoda.operator.spec.status import compute_status, condition, status_patch
+from pagoda.operator.spec.status import compute_status, condition, merge_diff, status_patch
 
 ISVC = {"metadata": {"name": "demo", "namespace": "default", "generation": 3}}
 
@@ -126,3 +127,15 @@ def test_condition_messages_fit_the_crd() -> None:
     body = {"metadata": {"name": "demo", "generation": 1}}
     st = compute_status(body, None, spec_error=SpecError("InvalidSpec", "x" * 100_000))
     assert max(len(c["message"]) for c in st["conditions"]) == 32768
+
+
+def test_merge_diff_nulls_what_went() -> None:
+    """The autoscaler's status.autoscaling patch: a key the new value no longer has is nulled
+    (a merge patch keeps what it omits: an idle service once kept its last TTFT and was written
+    every evaluation), nested objects are diffed, lists replaced, nothing when equal."""
+    old = {"reason": "A", "metrics": {"ttft": 3.0, "ratio": 6.0}, "state": {"s": [1, 2]}}
+    new = {"reason": "A", "metrics": {"ratio": 0.0}, "state": {"s": [2]}, "since": "t"}
+    patch = merge_diff(old, new)
+    assert patch == {"metrics": {"ttft": None, "ratio": 0.0}, "state": {"s": [2]}, "since": "t"}
+    assert merge_patch(old, patch) == new
+    assert merge_diff(new, new) == {} and merge_diff(None, new) == new

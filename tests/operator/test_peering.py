@@ -8,11 +8,15 @@ import argparse
 import asyncio
 import datetime
 import pathlib
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 import yaml
+from autoscale_helpers import autoscaling, deployment_controller, replicas
+from fake_prometheus import FakePrometheus
 from kube_emulator import Emulator
 from operator_harness import wait_for
 from operator_helpers import EXAMPLE_SPEC, assert_permitted, create_isvc, sample
@@ -25,6 +29,7 @@ from pagoda.operator.kube.peering import (
     is_active,
     live_peers,
 )
+from pagoda.operator.web.metrics import OperatorMetrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
@@ -196,6 +201,27 @@ async def test_one_replica_acts_and_the_other_takes_over(
     assert_permitted(emulator)
 
 
+def test_a_replica_that_stands_by_drops_its_desired_replicas() -> None:
+    """Every replica is scraped (the chart's headless metrics Service): a standby must not go on
+    exporting the desired replicas of its last term beside the active replica's."""
+    metrics = OperatorMetrics()
+    config = main.config_from_args(_parser().parse_args(["--peering", PEERING]))
+    gate = main._peering_gate(config, None, metrics)  # type: ignore[arg-type]  (no reads here)
+    gate._set_active(True)
+    metrics.desired_replicas.labels("default", "chat").set(3)
+    assert sample(metrics.render().decode(), "pagoda_operator_desired_replicas") == 3
+    gate._set_active(False)
+    text = metrics.render().decode()
+    assert sample(text, "pagoda_operator_desired_replicas") is None
+    assert sample(text, "pagoda_operator_peering_active") == 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    main.add_arguments(parser)
+    return parser
+
+
 async def test_without_the_peering_object_a_replica_stands_by(
     emulator: Emulator, kube: KubeApi
 ) -> None:
@@ -251,3 +277,59 @@ async def test_replicas_that_start_together_elect_one(
 
     highest = await wait_for(elected, 30, what="one active replica")
     assert await role(kube, highest) == "active"
+
+
+@pytest.fixture
+async def prom() -> AsyncIterator[FakePrometheus]:
+    p = FakePrometheus()
+    await p.start()
+    yield p
+    await p.stop()
+
+
+@pytest.mark.slow  # asserts how soon the standby scales down: `make test` runs it alone
+async def test_the_standby_goes_on_from_the_autoscalers_saved_state(
+    emulator: Emulator, kube: KubeApi, start_operator: Any, prom: FakePrometheus
+) -> None:
+    """The active replica scales up, then records lower recommendations while the scale-down
+    window runs, and stops; the standby takes over from status.autoscaling.state: it scales down
+    when the window of the last high reading ends, not a full window after it took over."""
+    window, stop_at = 5, 2.0  # op-a stops 2 s into the window: 3 s for its shutdown
+    await cluster_peering(emulator, kube, ("op-a", "op-b"))
+    fast = {"prometheus_url": prom.url, "alert_cooldown_s": 0.0}
+    a = await start_operator(**replica("op-a", 20), **fast)
+    b = await start_operator(**replica("op-b", 10), **fast)
+    await wait_for(lambda: _is(kube, "op-a", "active"), 30, what="op-a active")
+    auto = {"minReplicas": 1, "maxReplicas": 4, "targetTTFTSeconds": 0.5,
+            "scaleDownStabilizationSeconds": window}  # fmt: skip
+    await create_isvc(kube, "chat", {"model": "smollm2-135m", "autoscaling": auto})
+    async with deployment_controller(kube, "chat"):
+        prom.ttft = 3.0
+        await wait_for(lambda: replicas(emulator, "chat") == 4, 15, what="op-a scaled up")
+        # ... and saw the 4 ready with TTFT high (not a ReplicasStarting hold, which would make
+        # the first idle reading's recommendation 4 too)
+        await wait_for(lambda: autoscaling(emulator, "chat")["metrics"]["readyReplicas"] == 4, 10)
+        prom.ttft = None  # idle: op-a recommends 1 and holds 4 for the window
+        await wait_for(lambda: autoscaling(emulator, "chat").get("reason") == "Stabilizing", 10)
+        last_high = max(t for t, v in prom.ttft_answers if v is not None)
+        saved = autoscaling(emulator, "chat")["state"]
+        assert saved["version"] == 1 and saved["recommending"][0] == 1, saved
+        await asyncio.sleep(max(0.0, last_high + stop_at - time.monotonic()))
+        await a.shutdown()
+        await wait_for(lambda: _is(kube, "op-b", "active"), 30, what="op-b active")
+        took_over = time.monotonic()
+        assert replicas(emulator, "chat") == 4, "op-a scaled down before it stopped"
+        await wait_for(lambda: replicas(emulator, "chat") == 1, 15, what="op-b scaled down")
+        down = time.monotonic()
+    # never before the window of the last high reading ends; and not a whole window after op-b
+    # took over, as a fresh start would (the evaluations may lag on a loaded machine: op-a's
+    # shutdown and op-b's take-over, at least `stop_at` s of the window, are the margin)
+    assert down - last_high >= window, (down - last_high, took_over - last_high)
+    assert down - took_over < window - 1.0, (down - took_over, took_over - last_high)
+    scaled = "pagoda_operator_scale_events_total"
+    assert await metric(b.http_port, scaled) == 1  # op-b's scale down
+    assert_permitted(emulator)
+
+
+async def _is(kube: KubeApi, pod: str, want: str) -> bool:
+    return await role(kube, pod) == want

@@ -196,7 +196,17 @@ def test_a_checkpoint_directory_without_weights_or_tokenizer_is_refused_before_l
     tokenizer.unlink()
     with pytest.raises(ValueError) as err:
         engine_config(*argv)
-    assert str(err.value) == f"model {str(tmp_path)!r}: {tmp_path} has no tokenizer.json"
+    assert str(err.value) == (
+        f"model {str(tmp_path)!r}: {tmp_path} has no tokenizer.json (nor tiktoken.model)"
+    )
+    (tmp_path / "tiktoken.model").write_text("version https://git-lfs.github.com/spec/v1\n")
+    with pytest.raises(ValueError, match=r"tiktoken.model is not a tiktoken file"):
+        engine_config(*argv)
+    (tmp_path / "tiktoken.model").write_text("IQ== 0\n")  # tiktoken ranks, unknown code
+    (tmp_path / "tokenizer_config.json").write_text('{"auto_map": {"AutoTokenizer": ["x.T"]}}')
+    with pytest.raises(ValueError, match=r"tokenizer code \(x\) is not one whose split regex"):
+        engine_config(*argv)
+    (tmp_path / "tiktoken.model").unlink()
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(ValueError) as err:
         engine_config(*argv)

@@ -166,7 +166,7 @@ SMOLLM2_SHAPES = {
     "hidden_size": 576, "intermediate_size": 1536, "num_heads": 9, "num_kv_heads": 3,
     "head_dim": 64, "vocab_size": 49152, "num_layers": 30, "num_experts": 0,
     "num_experts_per_tok": 0, "moe_intermediate_size": 0, "shared_expert_intermediate_size": 0,
-    "num_moe_layers": 0, "quantization": "none",
+    "num_moe_layers": 0, "quantization": "none", "mlp_matrices": 3,
 }  # fmt: skip
 
 

@@ -25,6 +25,12 @@ user labels (commonLabels, podLabels), so changing those never breaks a Deployme
 {{- printf "%s-operator" (include "pagoda.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/* The headless Service the operator ServiceMonitor scrapes: every operator pod, the standby
+ones too (the operator Service selects the active one only). */}}
+{{- define "pagoda.metricsServiceName" -}}
+{{- printf "%s-metrics" (include "pagoda.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "pagoda.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}

@@ -35,6 +35,9 @@ ALLOW_PATTERNS = (
     "generation_config.json",
     "tokenizer.json",
     "tokenizer_config.json",
+    "tiktoken.model",  # Kimi K2's, Moonlight's vocabulary (model/tiktoken_files.py)
+    "tokenization_kimi.py",  # read as text, never run: its split regex is checked
+    "tokenization_moonshot.py",
     "special_tokens_map.json",
     "chat_template.jinja",
     "chat_template.json",

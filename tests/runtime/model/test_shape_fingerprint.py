@@ -37,6 +37,7 @@ def test_the_fingerprint_of_a_config(tmp_path, quantization_config, flag, want):
         "head_dim": 16, "vocab_size": 1000, "num_layers": 3, "num_experts": 8,
         "num_experts_per_tok": 2, "moe_intermediate_size": 96,
         "shared_expert_intermediate_size": 0, "num_moe_layers": 3, "quantization": want,
+        "mlp_matrices": 3,
     }  # fmt: skip
 
 

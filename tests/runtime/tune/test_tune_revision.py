@@ -73,6 +73,7 @@ def test_the_pinned_commit_is_measured_and_recorded(tuned: pathlib.Path, hub: Fa
         "head_dim": 16, "vocab_size": 64, "num_layers": 1, "num_experts": 0,
         "num_experts_per_tok": 0, "moe_intermediate_size": 0,
         "shared_expert_intermediate_size": 0, "num_moe_layers": 0, "quantization": "none",
+        "mlp_matrices": 3,
     }  # fmt: skip
 
 

@@ -61,6 +61,19 @@ def test_hf_sharded_beside_consolidated_fetches_the_shards_only(
     assert load_model(str(path)).config.vocab_size == 64
 
 
+def test_a_kimi_repo_fetches_its_tiktoken_files_and_no_other_code(
+    hub: FakeHub, tmp_path: pathlib.Path, checkpoint: pathlib.Path
+) -> None:
+    files = {p.name: p.read_bytes() for p in checkpoint.iterdir() if p.is_file()}
+    del files["tokenizer.json"]
+    extra = ["tiktoken.model", "tokenization_kimi.py", "modeling_deepseek.py", "README.md"]
+    hub.add("org/kimi", {**files, **{name: b"x" for name in extra}})
+    path = pathlib.Path(resolve_model("hf://org/kimi", tmp_path))
+    names = {p.name for p in path.iterdir()}
+    assert {"tiktoken.model", "tokenization_kimi.py"} <= names
+    assert not names & {"modeling_deepseek.py", "README.md"}
+
+
 def test_s3_sharded_beside_consolidated_fetches_the_shards_only(
     s3: MotoS3, tmp_path: pathlib.Path, checkpoint: pathlib.Path
 ) -> None:

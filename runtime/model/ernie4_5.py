@@ -1,0 +1,42 @@
+"""ERNIE 4.5 (`Ernie4_5ForCausalLM`: ERNIE-4.5-0.3B): Llama's layer with the rotary in the
+interleaved layout, pairs (2i, 2i + 1) (`ops.rotary_interleaved`, `FamilyConfig.rope_interleaved`),
+in float32 throughout as transformers' (`rotary_float32`): cos and sin stay float32 (the rows
+are gathered in float32, not the model's dtype), q and k are widened, rotated and rounded once.
+`use_bias` puts biases on q, k, v, o and the MLP's three matrices (read where the checkpoint has
+them, as Llama's).
+"""
+
+from __future__ import annotations
+
+import torch
+from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel
+from pagoda.runtime.model.ops import gather_cos_sin, rotary_interleaved
+
+
+def rotary_float32(
+    *, positions: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rotary_interleaved` in float32 with float32 cos and sin (the cache's rows, gathered here
+    by `positions`, or this step's float32 rows), in place on q and k."""
+    rows = (
+        cos_sin_cache
+        if positions is None
+        else gather_cos_sin(positions, cos_sin_cache, torch.float32)
+    )
+    return rotary_interleaved(positions=None, q=q, k=k, cos_sin_cache=rows, widen=True)
+
+
+class Ernie4_5Layer(LlamaLayer):
+    def __init__(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        super().__init__(model, w, prefix, index, ctx)
+        self.rotary = rotary_float32
+
+
+class Ernie4_5Model(LlamaModel):
+    layer_class = Ernie4_5Layer
+
+    def _rope_rows(self, positions: torch.Tensor, dtype: torch.dtype, meta) -> dict:
+        return super()._rope_rows(positions, torch.float32, meta)  # cos and sin in float32

@@ -1,0 +1,186 @@
+"""GLM-4.5 / GLM-4.6's tool calls (`--tool-call-parser glm45`, vLLM's name): after optional text,
+one block per call, the arguments as key/value tags rather than JSON::
+
+    <tool_call>get_weather
+    <arg_key>city</arg_key>
+    <arg_value>Paris</arg_value>
+    <arg_key>days</arg_key>
+    <arg_value>3</arg_value>
+    </tool_call>
+
+A value is the text between its tags, stripped (vLLM's rule): kept as a string where the tool's
+schema types that argument ``string`` (GLM's chat template writes strings raw), else read as
+JSON (the template writes other values with ``tojson``), else as a Python literal, else kept as
+the string. A call's arguments become one JSON object, each key once (the first).
+
+Streaming sends a call's id and name once its name line is written, then its arguments as JSON
+text pair by pair as each ``</arg_value>`` arrives, and the closing brace with
+``</tool_call>``: the pieces join to the whole response's arguments. Text before the first call
+is content (holding back what could begin ``<tool_call>``); output that holds no complete call
+stays content, as vLLM's parser leaves it.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import re
+from typing import Any
+
+from pagoda.runtime.server.tool_call import ToolCall, call_id, prefix_overlap
+
+TAG, END = "<tool_call>", "</tool_call>"
+_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+_NAME_END = re.compile(r"\n|<arg_key>|</tool_call>")
+
+
+def _types(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """tool name -> {argument: its schema's `type`} of the request's tools (OpenAI's shape)."""
+    out: dict[str, dict[str, Any]] = {}
+    for t in tools or []:
+        fn = t.get("function") or {}
+        props = (fn.get("parameters") or {}).get("properties") or {}
+        out[fn.get("name", "")] = {
+            k: v.get("type") for k, v in props.items() if isinstance(v, dict)
+        }
+    return out
+
+
+class Glm45Parser:
+    """`tool_parsers.ToolParser`'s interface (listed in its PARSERS) over GLM-4.5's tags."""
+
+    name = "glm45"
+    markers = ("<arg_key>", TAG)  # the first tells GLM-4.5's template from a Hermes one
+    new_id = staticmethod(call_id)
+
+    def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
+        self.types = _types(tools)
+
+    @classmethod
+    def for_request(cls, tools: list[dict[str, Any]]) -> Glm45Parser:
+        return cls(tools)
+
+    def _start(self, text: str, final: bool) -> int | None:
+        i = text.find(TAG)
+        return None if i < 0 else i + len(TAG)
+
+    def marker_text(self, text: str, start: int) -> str:
+        return TAG
+
+    def _held(self, text: str) -> int:
+        return prefix_overlap(text, TAG)
+
+    def value(self, tool: str, key: str, raw: str) -> Any:
+        """An argument's value from its text (module docstring)."""
+        text = raw.strip()
+        if self.types.get(tool, {}).get(key) == "string":
+            return text
+        with contextlib.suppress(ValueError):
+            return json.loads(text)
+        with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            literal = ast.literal_eval(text)
+            json.dumps(literal)  # only what JSON can carry
+            return literal
+        return text
+
+    def scan(self, region: str, parallel: bool) -> list[tuple[str, list[str], bool]]:
+        """The calls in `region` (the text after the first `<tool_call>`) so far: (name, the
+        arguments' `"key": value` JSON pieces, closed), up to the first whose name is not yet
+        written."""
+        calls: list[tuple[str, list[str], bool]] = []
+        pos = 0
+        while True:
+            if calls:
+                j = region.find(TAG, pos)
+                if j < 0:
+                    break
+                pos = j + len(TAG)
+            close = region.find(END, pos)
+            body = region[pos:] if close < 0 else region[pos:close]
+            m = _NAME_END.search(body)
+            if m is None and close < 0:
+                break  # the name is still being written
+            name = (body[: m.start()] if m else body).strip()
+            if not name or "<" in name:
+                break
+            pieces, seen = [], set()
+            for key, raw in _PAIR.findall(body):
+                key = key.strip()
+                if key not in seen:
+                    seen.add(key)
+                    value = json.dumps(self.value(name, key, raw), ensure_ascii=False)
+                    pieces.append(f"{json.dumps(key, ensure_ascii=False)}: {value}")
+            calls.append((name, pieces, close >= 0))
+            if close < 0 or not parallel:
+                break
+            pos = close + len(END)
+        return calls
+
+    def parse(self, text: str, parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
+        start = self._start(text, True)
+        if start is None:
+            return text, []
+        found = self.scan(text[start:], parallel)
+        if not found or not all(done for _, _, done in found):
+            return text, []  # a call cut short (max_tokens): the text as it is, as vLLM's
+        calls = [
+            ToolCall(name, arguments(pieces, True), self.new_id()) for name, pieces, _ in found
+        ]
+        return text[: start - len(TAG)].strip() or None, calls
+
+    def stream(self, parallel: bool = True) -> Glm45Stream:
+        return Glm45Stream(self, parallel)
+
+
+def arguments(pieces: list[str], done: bool) -> str:
+    """A call's arguments JSON text so far: every prefix of the closed call's."""
+    if not pieces:
+        return "{}" if done else ""
+    return "{" + ", ".join(pieces) + ("}" if done else "")
+
+
+class Glm45Stream:
+    """Incremental `Glm45Parser` output as OpenAI chat deltas (`tool_parsers.ToolStream`'s
+    interface)."""
+
+    def __init__(self, parser: Glm45Parser, parallel: bool = True) -> None:
+        self.parser, self.parallel = parser, parallel
+        self.text = ""
+        self.content_sent = 0
+        self.region: int | None = None
+        self.calls: list[dict[str, Any]] = []  # per call: its id, argument characters sent
+
+    @property
+    def called(self) -> bool:
+        return bool(self.calls)
+
+    def feed(self, delta: str, final: bool = False) -> dict[str, Any]:
+        self.text += delta
+        p, text, out = self.parser, self.text, {}
+        if self.region is None:
+            self.region = p._start(text, final)
+        if final and not self.calls and not p.parse(text, self.parallel)[1]:
+            end = len(text)  # no call after all: content
+        else:
+            end = len(text) - p._held(text) if self.region is None else self.region - len(TAG)
+            end = max(end, self.content_sent)
+            while end > self.content_sent and text[end - 1].isspace():
+                end -= 1  # whitespace before a call is not content (as `parse` strips it)
+        if end > self.content_sent:
+            out["content"] = text[self.content_sent : end]
+            self.content_sent = end
+        if self.region is not None and end < len(text):
+            deltas = []
+            for i, (name, pieces, done) in enumerate(p.scan(text[self.region :], self.parallel)):
+                if i == len(self.calls):
+                    self.calls.append({"id": p.new_id(), "sent": 0})
+                    deltas.append({"index": i, "id": self.calls[i]["id"], "type": "function",
+                                   "function": {"name": name, "arguments": ""}})  # fmt: skip
+                args, state = arguments(pieces, done), self.calls[i]
+                if len(args) > state["sent"]:
+                    deltas.append({"index": i, "function": {"arguments": args[state["sent"] :]}})
+                    state["sent"] = len(args)
+            if deltas:
+                out["tool_calls"] = deltas
+        return out

@@ -1,0 +1,195 @@
+"""Llama 4's text model (`Llama4ForCausalLM`, and `Llama4ForConditionalGeneration`'s language
+model) against transformers, token for token and logits within 1e-3 (float32), on tiny random
+checkpoints transformers writes itself: prompts chunked into 16-token steps, three prompts
+sharing steps, a warm prefix cache, and a pool small enough to preempt.
+
+- scout-like: experts in every layer (top-1 sigmoid scaling the expert's input, a shared
+  expert), every other layer NoPE with attention temperature tuning (floor_scale small enough
+  that the q scale changes within the prompts), L2 q/k norms on the rotary layers, the
+  interleaved (complex) rotary with llama3 scaling;
+- maverick-like: experts every second layer (dense MLPs of intermediate_size_mlp between), no
+  q/k norm, no temperature tuning.
+
+The chunk size is larger than the prompts: chunked attention is causal attention within one
+chunk, and the context is capped at one chunk (a longer max_model_len is refused). Also: two
+tensor-parallel ranks, the weights estimate, and what the checks refuse.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from arch_cases import check, generate, prompts
+from hf_oracle import _LM_CLASSES, hf_greedy_plain, make_tiny_model
+from pagoda.runtime import LLM
+from pagoda.runtime.model.loader import load_model, read_model_config
+
+transformers = pytest.importorskip("transformers")
+_LM_CLASSES.setdefault("Llama4Text", "Llama4ForCausalLM")
+NEW = 6
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+CASES = {
+    "scout": dict(num_local_experts=4, num_experts_per_tok=1, intermediate_size=32,
+                  intermediate_size_mlp=96, num_hidden_layers=4, head_dim=16,
+                  no_rope_layer_interval=2, interleave_moe_layer_step=1, use_qk_norm=True,
+                  attn_temperature_tuning=True, floor_scale=8, attn_scale=0.5,
+                  attention_chunk_size=128, rope_parameters=LLAMA3),
+    "maverick": dict(num_local_experts=6, num_experts_per_tok=1, intermediate_size=32,
+                     intermediate_size_mlp=96, num_hidden_layers=4, head_dim=16,
+                     no_rope_layer_interval=4, interleave_moe_layer_step=2, use_qk_norm=False,
+                     attn_temperature_tuning=False, attention_chunk_size=128),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    done: dict[str, tuple] = {}
+
+    def get(name: str):
+        if name not in done:
+            path = tmp_path_factory.mktemp(name)
+            model = make_tiny_model(path, "Llama4Text", **CASES[name])
+            reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
+            done[name] = (path, load_model(str(path)), reference)
+        return done[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(built, name):
+    _, loaded, reference = built(name)
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+              max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    cold = generate(llm, prompts())
+    warm = generate(llm, prompts()[::-1])[::-1]
+    for i, want in enumerate(reference):
+        check(cold[i], want, f"{name}: prompt {i}, cold")
+        check(warm[i], want, f"{name}: prompt {i}, warm")
+    assert llm.engine.kv.prefix_hits > 0
+    small = LLM(loaded=loaded, dtype="float32", num_blocks_override=7, block_size=16,
+                max_model_len=96, max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
+    got = generate(small, prompts())
+    assert small.engine.scheduler.num_preemptions > 0
+    for i, want in enumerate(reference):
+        check(got[i], want, f"{name}: prompt {i}, preempted")
+    small.engine.check_integrity()
+
+
+def test_config_reads_as_transformers_and_the_context_is_one_chunk(built):
+    """Rotary and expert layers as transformers derives them; the context capped at
+    attention_chunk_size (128 of max_position_embeddings 512): a longer max_model_len is
+    refused, never computed with the wrong mask."""
+    from pagoda.runtime.config import EngineConfig
+
+    path, loaded, _ = built("maverick")
+    hf = transformers.AutoConfig.from_pretrained(path)
+    f = read_model_config(str(path)).family
+    assert list(f.rope_layers) == [bool(x) for x in hf.no_rope_layers] == [True] * 3 + [False]
+    assert [i for i, m in enumerate(f.moe_layers) if m] == hf.moe_layers == [1, 3]
+    c = read_model_config(str(path))
+    assert c.context_length == 128 and c.intermediate_size == 96
+    assert c.family.moe_intermediate_size == 32
+    with pytest.raises(ValueError, match="128 tokens, one attention chunk: Llama 4's chunked"):
+        LLM(loaded=loaded, dtype="float32", max_model_len=129, kv_cache_memory=16 << 20)
+    assert EngineConfig.create(str(path), device="cpu", max_model_len=128)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_weights_estimate_is_what_the_model_holds(built, tp):
+    """`server/weights.py` against the built model, bf16 from float32 files: the stacked
+    experts (split by width over two ranks), the router, the shared expert, the dense MLPs."""
+    from model_bytes import build, held_bytes
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.group import TPGroup
+    from pagoda.runtime.distributed.layout import TPLayout
+    from pagoda.runtime.server import weights
+
+    path, _, _ = built("maverick")
+    group = None if tp == 1 else TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
+    held = held_bytes(build(path, torch.bfloat16, tp=group))
+    cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16",
+                              tensor_parallel_size=tp)  # fmt: skip
+    got = weights.estimate(read_model_config(str(path)), cfg, path)
+    assert got.bytes == pytest.approx(held, rel=0.02), got
+
+
+@pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
+def test_two_tensor_parallel_ranks_match_transformers(built):
+    """Heads split over two ranks (each rank's q/k L2-normed and temperature-scaled), the
+    stacked experts and the shared expert by width, the router whole: transformers' tokens and
+    logits, chunked, preempted and on a warm cache."""
+    path, loaded, reference = built("scout")
+    pool = dict(num_blocks_override=7, block_size=16, max_model_len=96, dtype="float32",
+                max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
+    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **pool) as two:
+        got = generate(two, prompts()) + generate(two, prompts()[::-1])[::-1]
+        core = two.engine
+        assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
+        assert core.runner.backend.num_kv_heads == 1  # this rank's
+        core.check_integrity()
+    for i, g in enumerate(got):
+        check(g, reference[i % 3], f"scout: prompt {i}, two ranks")
+
+
+def test_the_multimodal_checkpoints_language_model(tmp_path):
+    """`Llama4ForConditionalGeneration` (Scout's and Maverick's published class): its
+    `text_config` and its `language_model.` weights are read, the vision tower's are not; text
+    prompts give transformers' tokens and logits."""
+    from hf_oracle import save_word_tokenizer
+
+    text = dict(vocab_size=300, hidden_size=64, intermediate_size=32, intermediate_size_mlp=96,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                num_local_experts=4, attention_chunk_size=128, max_position_embeddings=512,
+                no_rope_layer_interval=2, floor_scale=8, pad_token_id=0, bos_token_id=1,
+                eos_token_id=2)  # fmt: skip
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14, vision_output_dim=32,
+                  projector_input_dim=32, projector_output_dim=32)  # fmt: skip
+    torch.manual_seed(0)
+    config = transformers.Llama4Config(text_config=text, vision_config=vision)
+    model = transformers.Llama4ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0) if p.dim() > 1 else p.add_(0.2 * torch.randn(p.shape))
+    model.save_pretrained(tmp_path)
+    save_word_tokenizer(tmp_path, 300)
+    reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
+    loaded = load_model(str(tmp_path))
+    assert not any(n.startswith("vision_model") for n in loaded.weights)
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+              max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
+        check(got, want, f"multimodal: prompt {i}")
+
+
+def test_scouts_hub_config_reads_as_transformers_reads_it(tmp_path):
+    """Llama-4-Scout's config.json (a config alone, no weights): the multimodal wrapper's
+    text_config with the older `rope_scaling` (llama3, original context 8192), an empty
+    `no_rope_layers` (the default: every fourth layer NoPE), experts in every layer; the context
+    is one attention chunk, 8192 of max_position_embeddings' 10M."""
+    import json
+
+    text = {"attention_chunk_size": 8192, "attn_scale": 0.1, "attn_temperature_tuning": True,
+            "floor_scale": 8192, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
+            "interleave_moe_layer_step": 1, "intermediate_size": 8192,
+            "intermediate_size_mlp": 16384, "max_position_embeddings": 10485760,
+            "model_type": "llama4_text", "no_rope_layers": [], "num_attention_heads": 40,
+            "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8,
+            "num_local_experts": 16, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+            "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                             "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+            "use_qk_norm": True, "vocab_size": 202048, "eos_token_id": [200001, 200007, 200008]}  # fmt: skip
+    cfg = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+           "text_config": text, "tie_word_embeddings": False}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path).text_config
+    ours = read_model_config(str(tmp_path))
+    assert list(ours.family.rope_layers) == [bool(x) for x in theirs.no_rope_layers]
+    assert ours.family.rope_layers[:4] == (True, True, True, False)
+    assert all(ours.family.moe_layers) and len(theirs.moe_layers) == 48
+    assert ours.rope_scaling["rope_type"] == theirs.rope_parameters["rope_type"] == "llama3"
+    assert ours.rope_scaling["factor"] == 16.0 and ours.rope_theta == 500000.0
+    assert ours.context_length == 8192 and ours.intermediate_size == 16384
+    assert ours.eos_token_ids == (200001, 200007, 200008) and not ours.tie_word_embeddings

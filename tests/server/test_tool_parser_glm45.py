@@ -1,0 +1,170 @@
+"""GLM-4.5's tool calls (`--tool-call-parser glm45`) and thinking (`--reasoning-parser glm45`),
+as vLLM's glm4_moe parsers read them: whole outputs and streams split anywhere give the same
+calls and content; each argument typed by its tool's schema (a string kept raw, the rest read as
+JSON); what is not a complete call stays content; the parser is detected from GLM-4.5's
+template; the structural tag of `tool_choice: required` accepts GLM-4.5's own call text."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from pagoda.runtime.server.reasoning import ReasoningStream, split, thinks
+from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser
+from pagoda.runtime.server.tool_parsers import detect
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "code": {"type": "string"},
+                                         "days": {"type": "integer"}, "metric": {"type": "boolean"},
+                                         "hours": {"type": "array",
+                                                   "items": {"type": "integer"}}}}}},
+    {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}},
+]  # fmt: skip
+CALL = ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>New York</arg_value>\n"
+        "<arg_key>code</arg_key>\n<arg_value>42</arg_value>\n<arg_key>days</arg_key>\n"
+        "<arg_value>3</arg_value>\n<arg_key>metric</arg_key>\n<arg_value>true</arg_value>\n"
+        "<arg_key>hours</arg_key>\n<arg_value>[6, 12]</arg_value>\n</tool_call>")  # fmt: skip
+WEATHER = {"city": "New York", "code": "42", "days": 3, "metric": True, "hours": [6, 12]}
+CASES = [
+    (CALL, None, [("get_weather", WEATHER)]),
+    ("Let me check.\n" + CALL + "\n<tool_call>now\n</tool_call>", "Let me check.",
+     [("get_weather", WEATHER), ("now", {})]),
+    # a value the schema does not type: JSON where it is JSON, a Python literal, else the text
+    ("<tool_call>unknown<arg_key>a</arg_key><arg_value>{'x': True}</arg_value><arg_key>b"
+     "</arg_key><arg_value> two words </arg_value><arg_key>a</arg_key><arg_value>9"
+     "</arg_value></tool_call>", None, [("unknown", {"a": {"x": True}, "b": "two words"})]),
+]  # fmt: skip
+PLAIN = ["No call: 2 + 2 = 4.", "<tool_call>\n</tool_call>", "a <tool_call> b"]
+
+
+def parser() -> Glm45Parser:
+    return Glm45Parser.for_request(TOOLS)
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), CASES)
+def test_whole_outputs(text, content, calls):
+    got_content, got = parser().parse(text)
+    assert got_content == content
+    assert [(c.name, json.loads(c.arguments)) for c in got] == calls
+    assert all(c.id.startswith("call_") for c in got) and len({c.id for c in got}) == len(got)
+    assert [c.name for c in parser().parse(text, parallel=False)[1]] == [calls[0][0]]
+
+
+def _streamed(text: str, seed: int, parallel: bool = True) -> tuple[str, list]:
+    rng, stream, deltas, i = random.Random(seed), parser().stream(parallel), [], 0
+    while i < len(text):
+        k = rng.randint(1, 7)
+        deltas.append(stream.feed(text[i : i + k]))
+        i += k
+    deltas.append(stream.feed("", final=True))
+    calls: dict[int, list] = {}
+    for d in deltas:
+        for c in d.get("tool_calls", ()):
+            if "id" in c:  # a call's first delta: id, type and name, no arguments yet
+                assert c["index"] not in calls and c["type"] == "function"
+                assert c["function"]["arguments"] == ""
+                calls[c["index"]] = [c["function"]["name"], ""]
+            calls[c["index"]][1] += c["function"].get("arguments", "")
+    return "".join(d.get("content", "") for d in deltas), [calls[i] for i in sorted(calls)]
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), CASES)
+@pytest.mark.parametrize("seed", range(4))
+def test_streams_give_the_same_calls(text, content, calls, seed):
+    got_content, got = _streamed(text, seed)
+    assert got_content == (content or "")
+    assert [(n, json.loads(a)) for n, a in got] == calls
+    whole = parser().parse(text)[1]
+    assert [a for _, a in got] == [c.arguments for c in whole]  # the same JSON text
+    assert len(_streamed(text, seed, parallel=False)[1]) == 1
+
+
+@pytest.mark.parametrize("text", PLAIN)
+def test_what_is_not_a_call_stays_content(text):
+    assert parser().parse(text) == (text, [])
+    content, _ = _streamed(text, 0)
+    assert content == text
+
+
+def test_a_call_cut_short_streams_what_it_has():
+    """max_tokens inside a value: the whole response keeps the text as content; a stream has
+    sent the call's start and its complete pairs (finish_reason `length` tells it is cut)."""
+    text = CALL[: CALL.index("<arg_key>days")] + "<arg_key>da"
+    assert parser().parse(text) == (text, [])
+    assert _streamed(text, 0) == ("", [["get_weather", '{"city": "New York", "code": "42"']])
+
+
+def test_arguments_stream_pair_by_pair():
+    stream = parser().stream()
+    assert stream.feed("Hi <tool_") == {"content": "Hi"}
+    first = stream.feed("call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo")
+    assert first["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert stream.feed("</arg_value>\n")["tool_calls"] == [
+        {"index": 0, "function": {"arguments": '{"city": "Oslo"'}}
+    ]
+    assert stream.feed("</tool_call>")["tool_calls"] == [
+        {"index": 0, "function": {"arguments": "}"}}
+    ]
+
+
+def test_detected_from_glm45s_template_not_as_hermes():
+    glm = ("{% for tool in tools %}{{ tool | tojson }}{% endfor %}<tool_call>{function-name}\n"
+           "<arg_key>{arg-key-1}</arg_key>\n<arg_value>{arg-value-1}</arg_value>\n</tool_call>")  # fmt: skip
+    assert detect(glm) == "glm45"
+    assert detect("{% for tool in tools %}<tool_call>\n{{ tool }}</tool_call>") == "hermes"
+
+
+def test_the_required_grammar_takes_glm45s_own_call_text():
+    """The structural tag `tool_choice: required` compiles (xgrammar's glm_xml style inside
+    GLM-4.5's call tags) accepts the call as GLM-4.5's template writes it, typed values and
+    all, and refuses a value of the wrong type."""
+    import xgrammar as xgr
+    from pagoda.runtime.server.protocol import ChatCompletionRequest
+    from pagoda.runtime.server.tools import prepare
+
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
+                                tools=TOOLS, tool_choice="required")  # fmt: skip
+    setup = prepare(req, "{{ tools }}", "glm45")
+    assert setup.parser.name == "glm45"
+    grammar = xgr.Grammar.from_structural_tag(setup.grammar.structural_tag)
+    accepts = xgr.testing._is_grammar_accept_string
+    assert accepts(grammar, CALL)
+    assert accepts(grammar, CALL + "\n<tool_call>now\n</tool_call>")
+    assert not accepts(grammar, CALL.replace("<arg_value>3<", "<arg_value>three<"))
+    # tool_choice auto with a strict tool: free text, but a call once <tool_call> starts one
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
+                                tools=strict, tool_choice="auto")  # fmt: skip
+    grammar = xgr.Grammar.from_structural_tag(
+        prepare(req, "{{ tools }}", "glm45").grammar.structural_tag
+    )
+    assert accepts(grammar, "Let me see.\n" + CALL)
+    assert accepts(grammar, "No call needed.")
+    assert not accepts(grammar, "Let me see.\n" + CALL.replace(">3<", ">three<"))
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("<think>sum it</think>8", ("sum it", "8")),
+    ("\n<think>still thinking", ("still thinking", None)),  # cut off: all of it is reasoning
+    ("8, no thinking </think> here", (None, "8, no thinking </think> here")),  # vLLM's rule
+    ("<think></think>", ("", None)),
+])  # fmt: skip
+@pytest.mark.parametrize("seed", range(3))
+def test_glm45_reasoning_whole_and_streamed(text, want, seed):
+    assert split(text, ReasoningStream(True, "glm45")) == want
+    rng, stream = random.Random(seed), ReasoningStream(True, "glm45")
+    thought = content = ""
+    i = 0
+    while i <= len(text):
+        k = rng.randint(1, 5)
+        t, c = stream.feed(text[i : i + k], final=i + k >= len(text))
+        thought, content, i = thought + t, content + c, i + k
+    assert (thought or None if want[0] is None else thought, content or None) == want
+
+
+def test_glm45_thinking_off():
+    assert not thinks("glm45", "<|assistant|>\n<think></think>", None)
+    assert not thinks("glm45", "<|assistant|>", {"enable_thinking": False})
+    assert thinks("glm45", "<|assistant|>", {"enable_thinking": True})
