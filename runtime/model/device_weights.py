@@ -178,9 +178,6 @@ class DeviceWeights:
             t = self._dequantized(name, t)
         have = max(0, min(stop, t.shape[dim]) - start)
         piece = t.narrow(dim, start, have).to(device=self.device, dtype=self.dtype)
-        same = piece.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
-        if same and have < t.shape[dim]:  # a view would keep every rank's rows alive
-            piece = piece.clone(memory_format=torch.contiguous_format)
         self.finite.add(name, piece)
         if have < stop - start:
             pad = list(piece.shape)
