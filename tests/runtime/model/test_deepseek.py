@@ -213,3 +213,19 @@ def test_block_wise_fp8_checkpoint_as_deepseek_v3_publishes_it(tmp_path):
               max_num_batched_tokens=16, max_num_seqs=4, block_size=16)  # fmt: skip
     for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
         check(got, want, f"FP8 V3: prompt {i}")
+
+
+def test_a_v2_noaux_tc_router_is_refused_by_name(tmp_path):
+    """DeepseekV2's router is greedy or group_limited_greedy (transformers' V2 has no other
+    branch): noaux_tc on it is refused by name, not reported as a missing
+    e_score_correction_bias."""
+    import json
+
+    from pagoda.runtime.model.loader import read_model_config
+
+    arch, overrides = CASES["v2-grouped-yarn"]
+    make_tiny_model(tmp_path, arch, **overrides)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "topk_method": "noaux_tc"}))
+    with pytest.raises(ValueError, match="topk_method 'noaux_tc' is not supported for deepseek_v2"):
+        read_model_config(str(tmp_path))
