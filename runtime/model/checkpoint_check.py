@@ -42,7 +42,7 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
                 out[f"model.layers.{i}.{norm}.weight"] = (h,)
         if c.architecture == "gpt_oss":  # sinks, biases, its router (`_check_gpt_oss_experts`)
             out.update(_gpt_oss_shapes(c, i))
-        elif c.architecture == "llama4" and c.family.has_experts(i):  # its router, stacked
+        elif c.architecture == "llama4" and c.family.has_experts(i):  # router, experts stacked
             e, n, p = c.family.num_experts, c.family.moe_intermediate_size, f"model.layers.{i}."
             out.update({p + "feed_forward.router.weight": (e, h),
                         p + "feed_forward.experts.gate_up_proj": (e, h, 2 * n),

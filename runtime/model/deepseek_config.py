@@ -75,6 +75,9 @@ def family_fields(
     for key, want in (("topk_method", method), ("scoring_func", scoring)):
         if cfg.get(key) not in (None, want):  # transformers' V3 router is noaux_tc, sigmoid
             raise ValueError(f"{key} {cfg[key]!r} is not supported for {arch} ({want!r})")
+    if not v3 and method == "noaux_tc":  # transformers' V2 router has no such branch
+        raise ValueError("topk_method 'noaux_tc' is not supported for deepseek_v2 (greedy or "
+                         "group_limited_greedy; noaux_tc is DeepseekV3's)")  # fmt: skip
     groups = int(cfg.get("n_group") or 1) if method != "greedy" else 1
     routing = ExpertRouting(
         scoring=scoring,

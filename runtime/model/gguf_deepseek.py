@@ -129,6 +129,10 @@ def _yarn(field: Callable[..., Any]) -> dict[str, Any] | None:
             field("rope.scaling.original_context_length", 0) or 0
         ),
     }
+    for key in ("beta_fast", "beta_slow"):  # Kimi K2's 1 and 1; missing: yarn's 32 and 1
+        value = field(f"rope.scaling.yarn_{key}")
+        if value is not None:
+            out[key] = float(value)
     log_mul = float(field("rope.scaling.yarn_log_multiplier", 0.0) or 0.0)
     if log_mul:  # 0.1 x mscale_all_dim, DeepSeek's mscale the same
         out["mscale"] = out["mscale_all_dim"] = log_mul / 0.1

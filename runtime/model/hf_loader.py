@@ -10,6 +10,7 @@ lazily), `tokenizer.json` (or a tiktoken file: `tiktoken_files`) with the chat t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,12 +100,13 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "phi3": {"original_max_position_embeddings": 4096, "max_position_embeddings": 4096,
              "rms_norm_eps": 1e-5},  # Phi3Config's (its class default for the original context)
     "mistral": {"num_key_value_heads": 8, "max_position_embeddings": 131_072,
-                "sliding_window": 4096},
+                "sliding_window": 4096, "bos_token_id": 1, "eos_token_id": 2},
     "exaone4": {"rms_norm_eps": 1e-5, "sliding_window": 4096, "sliding_window_pattern": 4,
                 "num_key_value_heads": 32,
                 "bos_token_id": 0, "eos_token_id": 2},
     "ministral": {"num_key_value_heads": 8, "max_position_embeddings": 131_072,
-                  "sliding_window": 4096, "rms_norm_eps": 1e-5},
+                  "sliding_window": 4096, "rms_norm_eps": 1e-6, "bos_token_id": 1,
+                  "eos_token_id": 2},
     "ministral3": {"num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
                    "max_position_embeddings": 262_144, "bos_token_id": 1, "eos_token_id": 2},
     "seed_oss": {"attention_bias": True, "head_dim": 128, "rms_norm_eps": 1e-6,
@@ -676,10 +678,32 @@ def check_weights(
     return weights
 
 
+def untie_a_distinct_head(config: ModelConfig, weights: SafetensorsWeights | None) -> ModelConfig:
+    """`config` untied where it ties the LM head to the embedding but the checkpoint holds a
+    head of its own that differs (as transformers 5 loads it, and `LlamaModel` builds it):
+    Mistral-Small-3.1/3.2's config.json leaves tie_word_embeddings out (Mistral3Config's
+    default: true) beside a distinct `lm_head.weight`. The first rows are compared (a few KiB
+    read): the model compares the whole tensors at load, where rows alike further on tie it."""
+    if weights is None or not config.tie_word_embeddings:
+        return config
+    embed, head = "model.embed_tokens.weight", "lm_head.weight"
+    if head not in weights or embed not in weights:
+        return config
+    if weights.dtype_and_shape(head) != weights.dtype_and_shape(embed):
+        return config  # (check_checkpoint refuses a head of another shape)
+    import torch
+
+    rows = min(16, weights.dtype_and_shape(head)[1][0])
+    if torch.equal(weights.rows(head, rows), weights.rows(embed, rows)):
+        return config
+    return dataclasses.replace(config, tie_word_embeddings=False)
+
+
 def load_hf_dir(
     model_dir: str | Path,
 ) -> tuple[ModelConfig, SafetensorsWeights, Tokenizer, dict[str, float | int]]:
     model_dir = Path(model_dir)
     config = read_config(model_dir)
     weights = check_weights(model_dir, config, read_weights(model_dir))
+    config = untie_a_distinct_head(config, weights)
     return config, weights, read_tokenizer(model_dir, config), read_sampling_defaults(model_dir)

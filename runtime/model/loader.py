@@ -79,12 +79,12 @@ def read_model_config(model: str) -> ModelConfig:
 
             return read_gguf_config(open_reader(path))  # parsed once, shared with later reads
         if path.is_dir():
-            from pagoda.runtime.model.hf_loader import check_weights
+            from pagoda.runtime.model.hf_loader import check_weights, untie_a_distinct_head
             from pagoda.runtime.model.hf_loader import read_config as read_hf_config
 
             config = read_hf_config(path)
-            check_weights(path, config)  # the safetensors headers against config.json
-            return config
+            weights = check_weights(path, config)  # the safetensors headers against config.json
+            return untie_a_distinct_head(config, weights)
     except ValueError as e:
         raise ValueError(f"model {model!r}: {e}") from e
     except Exception as e:  # a truncated or foreign file: any parser error

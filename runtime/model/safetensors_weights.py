@@ -86,6 +86,12 @@ class SafetensorsWeights(Mapping):
             return self._handles[i].get_slice(stored)[start:stop]
         return self._handles[i].get_tensor(stored)
 
+    def rows(self, name: str, n: int) -> torch.Tensor:
+        """The first `n` rows of tensor `name`, read alone."""
+        i, stored = self._where[name]
+        start = self._rows.get(name, (0, 0))[0]
+        return self._handles[i].get_slice(stored)[start : start + n]
+
     def split_rows(self, fused: str, parts: list[tuple[str, int, int]]) -> None:
         """List the stored tensor `fused` as the tensors `parts` (name, first row, end row),
         each read alone (Phi-3's fused qkv_proj as q_proj, k_proj, v_proj); `fused` is no

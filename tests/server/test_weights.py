@@ -136,6 +136,20 @@ def test_shared_and_stacked_experts_split_over_two_ranks(tmp_path, arch):
     assert got.bytes == pytest.approx(held, rel=0.02), got
 
 
+def test_a_rank_keeps_only_its_rows_of_a_float32_embedding(tmp_path):
+    """Served in the checkpoint's own float32 on a CPU, rank 0 of 2 holds its half of the
+    embedding table (a copy), not a view that keeps the whole loaded table alive: DeepSeek-V3's
+    float32 table is 3.7 GB, 1.8 GB of it another rank's."""
+    from pagoda.runtime.distributed.group import TPGroup
+    from pagoda.runtime.distributed.layout import TPLayout
+
+    make_tiny_model(tmp_path, "DeepseekV3", **DEEPSEEK["DeepseekV3"])
+    group = TPGroup(TPLayout(0, 2), torch.device("cpu"), None, None)
+    held = held_bytes(build(tmp_path, torch.float32, tp=group))
+    got = estimate(tmp_path, "float32", tensor_parallel_size=2)
+    assert got.bytes == pytest.approx(held, rel=0.01), got
+
+
 def test_fp8_projections_at_one_byte_and_a_scale_per_row(tmp_path, monkeypatch):
     """--quantization fp8 where the FP8 kernels run (here: Triton's interpreter on the CPU): the
     decoder's projections at one byte a weight plus a float32 scale per output row."""

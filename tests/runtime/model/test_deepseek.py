@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from arch_cases import check, generate, prompts, tokens_without_host_syncs
+from arch_cases import check, check_on_cuda_with_graphs, generate, prompts
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model
@@ -215,32 +215,30 @@ def test_block_wise_fp8_checkpoint_as_deepseek_v3_publishes_it(tmp_path):
         check(got, want, f"FP8 V3: prompt {i}")
 
 
+def test_a_v2_noaux_tc_router_is_refused_by_name(tmp_path):
+    """DeepseekV2's router is greedy or group_limited_greedy (transformers' V2 has no other
+    branch): noaux_tc on it is refused by name, not reported as a missing
+    e_score_correction_bias."""
+    import json
+
+    from pagoda.runtime.model.loader import read_model_config
+
+    arch, overrides = CASES["v2-grouped-yarn"]
+    make_tiny_model(tmp_path, arch, **overrides)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "topk_method": "noaux_tc"}))
+    with pytest.raises(ValueError, match="topk_method 'noaux_tc' is not supported for deepseek_v2"):
+        read_model_config(str(tmp_path))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
 def test_gpu_matches_transformers_with_graphs(built, name):
-    """On CUDA (benchmarks/gpu_check.sh's `families` step), float32 with the defaults: the
-    latent attention at its padded head size through the compiled Triton kernels, the routed
-    experts in the fused-MoE kernel, decodes in CUDA graphs: transformers' tokens and logits,
-    chunked, batched, on a warm cache; eager decodes give the graphs' tokens, and no step's
-    launch syncs with the host (`tokens_without_host_syncs`)."""
-    import os
-
-    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("needs CUDA with compiled Triton kernels (TRITON_INTERPRET=0)")
+    """On CUDA (benchmarks/gpu_check.sh's `families` step): the latent attention at its padded
+    head size through the compiled Triton kernels, the routed experts in the fused-MoE kernel,
+    decodes in CUDA graphs, eager as graphs, no host sync in a step's launch
+    (`arch_cases.check_on_cuda_with_graphs`)."""
     _, loaded, reference = built(name)
-    common = dict(loaded=loaded, dtype="float32", kv_cache_memory=256 << 20,
-                  max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
-    llm = LLM(**common)
-    runner = llm.engine.runner
-    assert runner.cuda_graphs is not None and runner.backend.name == "triton"
+    runner = check_on_cuda_with_graphs(loaded, reference, name).engine.runner
     moe = runner.model.layers[-1].mlp
     assert getattr(moe, "routed", moe).fused is not None  # the fused kernel, not every expert
-    cold = generate(llm, prompts())
-    warm = generate(llm, prompts()[::-1])[::-1]
-    for i, want in enumerate(reference):
-        check(cold[i], want, f"{name}: prompt {i}, graphs, cold")
-        check(warm[i], want, f"{name}: prompt {i}, graphs, warm")
-    eager = generate(LLM(**common, enable_cuda_graphs=False), prompts())
-    assert [t for t, _ in eager] == [t for t, _ in cold]
-    synced = tokens_without_host_syncs(LLM(**common, async_scheduling=False), prompts())
-    assert synced == [t for t, _ in cold]

@@ -3,8 +3,9 @@
 per head into a transposed ``attn_k_b`` and ``attn_v_b`` (or whole, as older converters left
 it), stacked experts, ``exp_probs_b``, the router's gating function, groups, norm and scale as
 metadata, yarn's mscale as ``yarn_log_multiplier`` (which holds mscale_all_dim alone: DeepSeek's
-checkpoints set mscale to the same value), Q8_0 matrices): the engine matches
-transformers running on exactly the dequantized weights, token for token."""
+checkpoints set mscale to the same value) and its betas where set (Kimi K2's 1 and 1), Q8_0
+matrices): the engine matches transformers running on exactly the dequantized weights, token
+for token."""
 
 from __future__ import annotations
 
@@ -83,6 +84,10 @@ def write_deepseek2(path, hf_dir, split_kv_b: bool) -> dict[str, torch.Tensor]:
         w.add_rope_scaling_factor(rope["factor"])
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
         w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
+        if rope.get("beta_fast") is not None:  # the converter's TextModel writes them if set
+            w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        if rope.get("beta_slow") is not None:
+            w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
     tokens, types, merges = _byte_level_vocab(c.vocab_size)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
@@ -135,14 +140,30 @@ def write_deepseek2(path, hf_dir, split_kv_b: bool) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in back.items()}
 
 
+# Kimi K2's yarn: beta_fast and beta_slow 1 (not yarn's 32 and 1), one expert group
+KIMI_K2 = dict(rope_parameters={**YARN, "beta_fast": 1.0, "beta_slow": 1.0}, n_group=1,
+               topk_group=1)  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    ("name", "split_kv_b"), [("v2-grouped-yarn", True), ("v3", True), ("v2-lite", False)]
+    ("name", "split_kv_b", "extra"),
+    [
+        ("v2-grouped-yarn", True, {}),
+        ("v3", True, {}),
+        ("v2-lite", False, {}),
+        ("v3", True, KIMI_K2),
+    ],
+    ids=["v2-grouped-yarn", "v3", "v2-lite", "kimi-k2-yarn-betas"],
 )
-def test_deepseek2_gguf_matches_transformers_on_its_dequantized_weights(tmp_path, name, split_kv_b):
+def test_deepseek2_gguf_matches_transformers_on_its_dequantized_weights(
+    tmp_path, name, split_kv_b, extra
+):
     arch, overrides = CASES[name]
-    changes = {}
+    overrides = {**overrides, **extra}
+    changes = dict(extra)
     if "rope_parameters" in overrides:  # the file holds mscale_all_dim alone: DeepSeek's
-        changes["rope_parameters"] = {**YARN, "mscale": YARN["mscale_all_dim"]}
+        rope = overrides["rope_parameters"]
+        changes["rope_parameters"] = {**rope, "mscale": rope["mscale_all_dim"]}
     hf = write_case(name, tmp_path / "hf", **changes)
     path = tmp_path / "model.gguf"
     dequantized = write_deepseek2(path, tmp_path / "hf", split_kv_b)

@@ -334,17 +334,25 @@ def test_gpt_oss_mxfp4_checkpoint_checks_and_fingerprint(packed, tmp_path):
         read_model_config(str(tmp_path / "bad"))
 
 
-def test_the_published_gpt_oss_20b_layout_is_checked_and_counted(tmp_path):
-    """openai/gpt-oss-20b as published (its config.json's fields, its tensors' names, dtypes and
-    shapes: 13.8 GB of MXFP4 experts and bf16 rest), from metadata alone: the checks pass, and
-    one GPU holds 41.8 GB once the experts are dequantized to bf16 (what `from_shapes` counts
-    too), a quarter of it on each of four ranks."""
+# (layers, experts, file bytes, bytes held on one GPU in bf16) of openai/gpt-oss-20b and -120b
+PUBLISHED = {"20b": (24, 32, 13.76e9, 41.83e9), "120b": (36, 128, 65.25e9, 233.66e9)}
+
+
+@pytest.mark.parametrize("size", list(PUBLISHED))
+def test_the_published_gpt_oss_layouts_are_checked_and_counted(tmp_path, size):
+    """openai/gpt-oss-20b and -120b as published (their config.json's fields, their tensors'
+    names, dtypes and shapes: MXFP4 experts and bf16 rest), from metadata alone: the checks
+    pass, and one GPU holds 41.8 GB (20b) or 233.7 GB (120b) once the experts are dequantized
+    to bf16 (what `from_shapes` counts too), a quarter of it on each of four ranks; the shape
+    fingerprint tells the two apart (a profile tuned for one is not taken for the other)."""
     import math
 
     from pagoda.runtime.model.checkpoint_check import check_checkpoint
+    from pagoda.runtime.model.shape_fingerprint import shape_fingerprint
     from pagoda.runtime.server import weights
 
-    layers, e, h, v = 24, 32, 2880, 201088
+    layers, e, file_bytes, held_bytes = PUBLISHED[size]
+    h, v = 2880, 201088
     cfg = {"architectures": ["GptOssForCausalLM"], "attention_bias": True, "eos_token_id": 200002,
            "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": h,
            "initial_context_length": 4096, "intermediate_size": 2880, "layer_types": [
@@ -385,8 +393,25 @@ def test_the_published_gpt_oss_20b_layout_is_checked_and_counted(tmp_path):
     stored = {n: weights.Stored(n, k, tuple(s), math.prod(s) * size[k])
               for n, (k, s) in headers.items()}  # fmt: skip
     ckpt = weights.Checkpoint("safetensors", stored, sum(t.nbytes for t in stored.values()))
-    assert ckpt.file_bytes == pytest.approx(13.76e9, rel=1e-3)
+    assert ckpt.file_bytes == pytest.approx(file_bytes, rel=1e-3)
     for tp in (1, 4):
         held, _ = weights.resident(ckpt, mc, weights.Placement(torch.bfloat16, "cuda", tp))
-        assert held == pytest.approx(41.8e9 / tp, rel=2e-3)
+        assert held == pytest.approx(held_bytes / tp, rel=2e-3)
         assert held == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, tp), rel=1e-6)
+    fingerprint = shape_fingerprint(mc, "none")
+    assert (fingerprint["num_layers"], fingerprint["num_experts"]) == (layers, e)
+
+
+def test_gpt_oss_int8_kv_cache_keeps_transformers_tokens(tiny):
+    """An int8 KV cache (the torch attention backend's, a float32 scale per row) with the sinks
+    in its softmax: transformers' tokens, logits within the cache's rounding, over a warm
+    prefix cache too."""
+    path, _, reference = tiny
+    llm = _engine(path, kv_cache_dtype="int8")
+    got = generate(llm, prompts()) + generate(llm, prompts()[::-1])[::-1]
+    assert llm.engine.kv.prefix_hits > 0
+    for i, (tokens, logits) in enumerate(got):
+        want_tokens, want_logits = reference[i % len(reference)]
+        assert tokens == want_tokens, i
+        worst = max(float((a - b).abs().max()) for a, b in zip(logits, want_logits))
+        assert worst < 0.05, (i, worst)

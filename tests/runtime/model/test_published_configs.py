@@ -1,0 +1,109 @@
+"""Published config.json files of the Mistral 3 / Ministral checkpoints as they are on the hub
+(sparse: what transformers' config classes fill in is left out), read as transformers reads
+them, and the chat template rendered with what they imply."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hf_oracle import save_word_tokenizer
+from pagoda.runtime.model.hf_loader import read_tokenizer
+from pagoda.runtime.model.loader import read_model_config
+
+transformers = pytest.importorskip("transformers")
+
+# mistralai/Mistral-Small-3.1-24B-Instruct-2503's config.json (3.2-2506's and Magistral-Small-
+# 2509's alike), shrunk: its text_config names no BOS nor EOS id
+PIXTRAL = {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64, "head_dim": 16,
+           "num_attention_heads": 2, "num_hidden_layers": 1, "image_size": 28, "patch_size": 14}  # fmt: skip
+MISTRAL_SMALL_3_1 = {
+    "architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+    "image_token_index": 10, "multimodal_projector_bias": False, "projector_hidden_act": "gelu",
+    "spatial_merge_size": 2, "vision_feature_layer": -1, "vision_config": PIXTRAL,
+    "text_config": {"model_type": "mistral", "head_dim": 16, "hidden_act": "silu",
+                    "hidden_size": 64, "intermediate_size": 128, "max_position_embeddings": 131072,
+                    "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2,
+                    "rms_norm_eps": 1e-05, "rope_theta": 1000000000.0, "sliding_window": None,
+                    "vocab_size": 300},
+}  # fmt: skip
+# the processor's chat template opens with `bos_token` (chat_template.json)
+TEMPLATE = ("{{- bos_token }} {% for m in messages %}{{ 'w3 ' + m['content'] + ' w4 ' }}"
+            "{% endfor %}")  # fmt: skip
+
+
+@pytest.mark.parametrize("text_type", ["mistral", "ministral"])
+def test_a_mistral3_text_config_without_ids_reads_transformers_bos_and_eos(tmp_path, text_type):
+    """Mistral-Small-3.1's text_config has no bos_token_id / eos_token_id (nor a
+    generation_config.json here): MistralConfig's (and MinistralConfig's) 1 and 2, so that the
+    template's `bos_token` is <s>'s and the prompt starts with BOS, as transformers renders it."""
+    cfg = json.loads(json.dumps(MISTRAL_SMALL_3_1))
+    cfg["text_config"]["model_type"] = text_type
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path).get_text_config()
+    ours = read_model_config(str(tmp_path))
+    assert (ours.bos_token_id, list(ours.eos_token_ids)) == (1, [2])
+    assert (ours.bos_token_id, ours.eos_token_ids[0]) == (theirs.bos_token_id, theirs.eos_token_id)
+    save_word_tokenizer(tmp_path, 300)
+    (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+    tok = read_tokenizer(tmp_path, ours)
+    text = tok.apply_chat_template([{"role": "user", "content": "w9"}])
+    assert tok.encode(text, add_special_tokens=False) == [1, 3, 9, 4]
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+@pytest.mark.parametrize("model_type", ["mistral", "ministral", "ministral3"])
+def test_a_sparse_mistral_family_config_reads_with_transformers_defaults(
+    tmp_path, model_type, wrapped
+):
+    """The core shapes alone, as a causal LM's config.json or as Mistral 3's text_config: the
+    norm's eps, rotary, context, window (every layer), KV heads, head size and ids that
+    transformers' MistralConfig / MinistralConfig (eps 1e-6) / Ministral3Config fill in."""
+    core = dict(vocab_size=300, hidden_size=256, intermediate_size=128, num_hidden_layers=4,
+                num_attention_heads=32)  # fmt: skip
+    arch = {"mistral": "Mistral", "ministral": "Ministral", "ministral3": "Ministral3"}
+    config = {"architectures": [f"{arch[model_type]}ForCausalLM"], "model_type": model_type}
+    if wrapped:
+        config = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+                  "text_config": {"model_type": model_type, **core}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps({**config, **({} if wrapped else core)}))
+    t = transformers.AutoConfig.from_pretrained(tmp_path).get_text_config()
+    o = read_model_config(str(tmp_path))
+    rope = t.rope_parameters
+    assert (o.rms_norm_eps, o.rope_theta, o.max_position_embeddings) == (
+        t.rms_norm_eps, rope["rope_theta"], t.max_position_embeddings)  # fmt: skip
+    assert (o.rope_scaling or {}).get("rope_type", "default") == rope["rope_type"]
+    assert (o.num_kv_heads, o.head_dim) == (t.num_key_value_heads, t.head_dim or 8)
+    assert (o.bos_token_id, list(o.eos_token_ids)) == (t.bos_token_id, [t.eos_token_id])
+    assert o.family.sliding_window == t.sliding_window
+    kinds = getattr(t, "layer_types", None) or []
+    assert all(k == "sliding_attention" for k in kinds) and not o.family.window_layers
+
+
+def test_mistral_small_3_1s_own_head_is_kept_and_counted(tmp_path):
+    """Mistral-Small-3.1's config.json leaves tie_word_embeddings out (Mistral3Config: true)
+    while its checkpoint holds a distinct `language_model.lm_head.weight`: transformers 5 keeps
+    that head, and so does the model; the config read says untied, so that the weights
+    estimate on CUDA (where a tied head is the table itself) counts the head's bytes too."""
+    import torch
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.server import weights
+
+    cfg = json.loads(json.dumps(MISTRAL_SMALL_3_1))
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
+    torch.manual_seed(0)
+    hf = transformers.Mistral3ForConditionalGeneration(
+        transformers.AutoConfig.from_pretrained(tmp_path)
+    )
+    hf.save_pretrained(tmp_path)
+    engine = EngineConfig.create(str(tmp_path), device="cpu", dtype="bfloat16")
+    cuda = torch.device("cuda")
+    explicit = weights.estimate(read_model_config(str(tmp_path)), engine, tmp_path, device=cuda)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # as published
+    assert transformers.AutoConfig.from_pretrained(tmp_path).tie_word_embeddings  # the default
+    loaded = transformers.Mistral3ForConditionalGeneration.from_pretrained(tmp_path)
+    assert not torch.equal(loaded.lm_head.weight, loaded.get_input_embeddings().weight)
+    ours = read_model_config(str(tmp_path))
+    assert not ours.tie_word_embeddings
+    got = weights.estimate(ours, engine, tmp_path, device=cuda)
+    assert got.bytes == explicit.bytes
