@@ -106,3 +106,37 @@ def test_required_or_named_is_a_400_and_auto_parses(name, choice):
     assert e.value.status == 400 and e.value.param == "tool_choice" and name in str(e.value)
     setup = tools.prepare(req("auto"), None, name)
     assert setup.parser.name == name and setup.grammar is None
+
+
+def test_the_chat_job_answers_calls_whole_and_streamed():
+    import structured_testlib
+    from pagoda.runtime.engine.info import EngineInfo
+    from pagoda.runtime.model.tokenizer import Tokenizer
+    from pagoda.runtime.server.chat import ChatEndpoint
+    from pagoda.runtime.server.logprobs import TokenStrings
+
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    t = Tokenizer(structured_testlib.smol_tokenizer().backend, chat_template=template,
+                  bos_token_id=None, eos_token_ids=[2])  # fmt: skip
+    info = EngineInfo("m", 8192, t.vocab_size, t)
+    text, content, calls = CASES["deepseek_v31"][1]
+    for stream in (False, True):
+        req = ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
+             "stream": stream})  # fmt: skip
+        ep = ChatEndpoint(("m",), tool_parser="deepseek_v31")
+        job = ep.prepare(req, info, TokenStrings(t))
+        assert job.params.skip_special_tokens is False  # the markers may be special tokens
+        if not stream:
+            message = ep.choice(job, 0, text, [])["message"]
+            got = [(c["function"]["name"], c["function"]["arguments"]) for c in
+                   message["tool_calls"]]  # fmt: skip
+            assert (message["content"], got) == (content, calls)
+        else:
+            deltas = [ep.delta(job, 0, text[j : j + 3], [], 0, j == 0, j + 3 >= len(text))
+                      for j in range(0, len(text), 3)]  # fmt: skip
+            ds = [d["delta"] for d in deltas if d is not None]
+            assert "".join(d.get("content") or "" for d in ds) == content
+            args = "".join(c["function"]["arguments"] for d in ds for c in d.get("tool_calls", []))
+            assert args == ARGS + "{}"
+        assert ep.finish_reason(job, 0, "stop") == "tool_calls"
