@@ -157,6 +157,8 @@ TOOL_CALL_PARSERS = (
     "mistral",
     "openai",
     "glm45",
+    "deepseek_v3",
+    "deepseek_v31",
 )  # openai: gpt-oss
 DEFAULT_TOOL_CALL_PARSER = "auto"
 # <think> … </think>, and gpt-oss's harmony channels (docs/runtime.md)

@@ -116,6 +116,17 @@ def config_fields(field: Callable[..., Any], names: set[str], hidden: int, heads
     }
 
 
+def yarn_betas(field: Callable[..., Any]) -> dict[str, float]:
+    """Yarn's `beta_fast` and `beta_slow` where the file has them (`rope.scaling.yarn_beta_*`;
+    Kimi K2's 1 and 1); missing: yarn's 32 and 1. Every family with yarn reads them so."""
+    out = {}
+    for key in ("beta_fast", "beta_slow"):
+        value = field(f"rope.scaling.yarn_{key}")
+        if value is not None:
+            out[key] = float(value)
+    return out
+
+
 def _yarn(field: Callable[..., Any]) -> dict[str, Any] | None:
     kind = field("rope.scaling.type")
     if kind in (None, "none"):
@@ -129,10 +140,7 @@ def _yarn(field: Callable[..., Any]) -> dict[str, Any] | None:
             field("rope.scaling.original_context_length", 0) or 0
         ),
     }
-    for key in ("beta_fast", "beta_slow"):  # Kimi K2's 1 and 1; missing: yarn's 32 and 1
-        value = field(f"rope.scaling.yarn_{key}")
-        if value is not None:
-            out[key] = float(value)
+    out.update(yarn_betas(field))
     log_mul = float(field("rope.scaling.yarn_log_multiplier", 0.0) or 0.0)
     if log_mul:  # 0.1 x mscale_all_dim, DeepSeek's mscale the same
         out["mscale"] = out["mscale_all_dim"] = log_mul / 0.1

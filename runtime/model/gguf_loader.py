@@ -271,13 +271,16 @@ def _rope_scaling(reader, p: str, head_dim: int, partial: bool = False) -> dict 
         return None
     if scale_type not in ("linear", "yarn"):
         raise ValueError(f"GGUF rope.scaling.type {scale_type!r} is not supported (linear, yarn)")
-    return {
+    out = {
         "rope_type": scale_type,
         "factor": float(_field(reader, p + "rope.scaling.factor", 1.0)),
         "original_max_position_embeddings": int(
             _field(reader, p + "rope.scaling.original_context_length", 0) or 0
         ),
     }
+    if scale_type == "yarn":  # its betas where the file has them (else yarn's 32 and 1)
+        out.update(gguf_deepseek.yarn_betas(lambda key, d=None: _field(reader, p + key, d)))
+    return out
 
 
 def read_config(reader) -> ModelConfig:

@@ -71,8 +71,12 @@ class ChatEndpoint(Endpoint):
                 raise APIError(400, e.message, param=e.field, code="invalid_value") from e
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         extra = {}
-        if setup is not None and setup.parser is not None and setup.parser.name == "mistral":
-            extra["skip_special_tokens"] = False  # [TOOL_CALLS] is a special token
+        if (
+            setup is not None
+            and setup.parser is not None
+            and setup.parser.name in ("mistral", "deepseek_v3", "deepseek_v31")
+        ):  # [TOOL_CALLS] is a special token, and so may DeepSeek's call markers be
+            extra["skip_special_tokens"] = False
         if harmony:
             extra["skip_special_tokens"] = False  # the channels' markers are special tokens
         params = self.sampling_params(

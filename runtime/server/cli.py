@@ -85,6 +85,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     distributed = p.add_argument_group("tensor parallelism")
     for f in PARALLEL_FLAGS.values():
         _add(distributed, f)
+    _add_model_positional(p, error)
+
+
+_UNSET = object()  # --model not given (its default is only filled in after parsing)
+
+
+def _add_model_positional(p: argparse.ArgumentParser, error: Any) -> None:
+    """`pagoda serve MODEL` as `vllm serve MODEL`: the model as a positional argument or as
+    --model; both given and different is an error (one line, exit 2)."""
+    p.add_argument("model_positional", nargs="?", default=argparse.SUPPRESS, metavar="MODEL",
+                   help="the model, as --model (either form; not both with different values)")  # fmt: skip
+    parse_known_args = p.parse_known_args
+
+    def parse(args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        namespace = argparse.Namespace() if namespace is None else namespace
+        preset = hasattr(namespace, "model")
+        if not preset:
+            namespace.model = _UNSET
+        namespace, extras = parse_known_args(args, namespace)
+        positional = vars(namespace).pop("model_positional", None)
+        if namespace.model is _UNSET:
+            namespace.model = (
+                positional if positional is not None else ENGINE_FLAGS["model"].default
+            )
+        elif positional is not None and positional != namespace.model:
+            error(f"the model is given twice: {positional!r} and --model {namespace.model!r}")
+        return namespace, extras
+
+    p.parse_known_args = parse  # type: ignore[method-assign]
 
 
 def build_parser() -> argparse.ArgumentParser:

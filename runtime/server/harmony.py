@@ -77,6 +77,8 @@ class HarmonyStream:
 
     __slots__ = ("calls", "channel", "fed", "in_body", "in_call", "pending", "plain", "spans",
                  "thinking")  # fmt: skip
+    # a whole reply without analysis text: reasoning None, as vLLM's `parse_chat_output`
+    no_reasoning_is_none = True
 
     def __init__(self, calls: bool = False) -> None:
         self.calls = calls  # a message to a function is a call (in its normalized form)

@@ -75,6 +75,8 @@ class ReasoningStream:
     """One choice's text → (reasoning, content) pieces, fed delta by delta."""
 
     __slots__ = ("begin_at", "end_at", "fed", "must_open", "opening", "pending", "thinking")
+    # a whole reply's reasoning stays what its <think> block holds, "" included (vLLM's parsers)
+    no_reasoning_is_none = False
 
     def __init__(self, thinking: bool, parser: str | None = None) -> None:
         self.thinking = thinking  # still inside the thinking block
@@ -117,11 +119,13 @@ class ReasoningStream:
 
 def split(text: str, stream: ReasoningStream) -> tuple[str | None, str | None]:
     """A whole output's (reasoning, content), as vLLM's parsers answer, fed to a new `stream`:
-    reasoning None when the reply does not think; content None when nothing follows the
-    thinking."""
+    reasoning None when the reply does not think (gpt-oss's: when it has no analysis text, as
+    vLLM's harmony reading); content None when nothing follows the thinking."""
     if not stream.thinking:
         return None, text
     reasoning, content = stream.feed(text, final=True)
+    if stream.no_reasoning_is_none:  # gpt-oss: no (or an empty) analysis is None, as vLLM's
+        return reasoning or None, content or None
     if not stream.thinking and stream.end_at is None:  # glm45's output that did not think
         return None, content or None
     return reasoning, content or None

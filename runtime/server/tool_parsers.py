@@ -17,7 +17,8 @@ before the call region is content (streamed too, holding back only what could be
 marker). Output that does not parse as calls stays content (what vLLM's parsers do).
 
 GLM-4.5's calls (`glm45`: key/value tags, not JSON) are read by `tool_parser_glm45.py`, listed
-in `PARSERS` beside these.
+in `PARSERS` beside these, and so are DeepSeek's (`deepseek_v3`, `deepseek_v31`:
+`tool_parser_deepseek.py`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any, ClassVar
 
 from pagoda.runtime.server.harmony_tools import HarmonyToolParser
 from pagoda.runtime.server.tool_call import ToolCall, call_id, prefix_overlap
+from pagoda.runtime.server.tool_parser_deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser
 
 ARG_KEYS = ("arguments", "parameters")
@@ -254,8 +256,17 @@ class MistralParser(ToolParser):
 
 PARSERS: dict[str, type[ToolParser]] = {
     p.name: p
-    for p in (HermesParser, Llama3JsonParser, MistralParser, Glm45Parser, HarmonyToolParser)
-}  # type: ignore[misc]  # (GLM-4.5's tags: tool_parser_glm45.py; gpt-oss's: harmony_tools.py)
+    for p in (
+        HermesParser,
+        Llama3JsonParser,
+        MistralParser,
+        Glm45Parser,
+        HarmonyToolParser,
+        DeepSeekV3Parser,
+        DeepSeekV31Parser,
+    )
+}  # type: ignore[misc]  # (GLM-4.5's: tool_parser_glm45.py; gpt-oss's: harmony_tools.py;
+#                          DeepSeek's: tool_parser_deepseek.py)
 
 
 def detect(template: str | None) -> str | None:

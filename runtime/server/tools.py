@@ -50,6 +50,15 @@ FORMATS = {
 # tool_choice auto with strict tools: text that starts a call, per parser (mistral's marker is a
 # special token, and its calls one JSON array: not enforced under auto)
 TRIGGERS = {"hermes": "<tool_call>", "llama3_json": '{"name": "', "glm45": "<tool_call>"}
+# parsers whose calls no grammar here writes: tool_choice required or named is a 400
+UNENFORCED = {
+    harmony_tools.NAME: "gpt-oss's call header is special tokens (<|channel|>, <|message|>), "
+    "which a grammar here never lets a model write",
+    "deepseek_v3": "DeepSeek's call markers (<｜tool▁calls▁begin｜>, ...) are not written by "
+    "a grammar here",
+    "deepseek_v31": "DeepSeek's call markers (<｜tool▁calls▁begin｜>, ...) are not written by "
+    "a grammar here",
+}
 HERMES_SYSTEM = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
@@ -133,12 +142,10 @@ def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -
                 code="unsupported_value",
             )
         name = "hermes"
-    if name == harmony_tools.NAME and kind != "auto":
+    if name in UNENFORCED and kind != "auto":
         what = "required" if kind == "required" else "naming a function"
         raise APIError(400, f"tool_choice {what} is not enforced with --tool-call-parser "
-                       "openai: gpt-oss's call header is special tokens (<|channel|>, "
-                       "<|message|>), which a grammar here never lets a model write; use "
-                       "tool_choice auto", param="tool_choice",
+                       f"{name}: {UNENFORCED[name]}; use tool_choice auto", param="tool_choice",
                        code="unsupported_value")  # fmt: skip
     setup = ToolSetup(PARSERS[name].for_request(listed), kind, parallel, listed)
     if kind != "auto":

@@ -62,6 +62,17 @@ def test_every_option_is_a_flag_with_its_default() -> None:
     assert defaults["port"] == options.DEFAULT_PORT and defaults["model"] == options.DEFAULT_MODEL
 
 
+def test_model_positional_as_vllm_serve() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["/m"]).model == "/m"  # `vllm serve MODEL`
+    assert parser.parse_args(["--port", "9", "/m"]).model == "/m"
+    assert parser.parse_args(["/m", "--model", "/m"]).model == "/m"  # both, the same: fine
+    assert "model_positional" not in vars(parser.parse_args(["/m"]))
+    with pytest.raises(SystemExit) as err:
+        parser.parse_args(["/a", "--model", "/b"])
+    assert err.value.code == 2
+
+
 @pytest.mark.parametrize(
     "values",
     [
@@ -113,6 +124,8 @@ def test_version() -> None:
     ("args", "needle"),
     [
         (["--model", "nosuch"], "nosuch"),
+        (["nosuch"], "model 'nosuch' is neither"),  # positional, as `vllm serve MODEL`
+        (["/a", "--model", "/b"], "the model is given twice: '/a' and --model '/b'"),
         (["--no-enable-chunked-prefill", "--max-num-batched-tokens", "256"], "max_model_len"),
         (["--max-num-seqs", "0"], "max_num_seqs"),
         (["--kv-cache-memory", "lots"], "kv_cache_memory"),

@@ -138,3 +138,11 @@ def test_structured_outputs_are_refused_and_the_config_takes_the_name():
         _job({"response_format": {"type": "json_object"}})
     assert e.value.status == 400 and e.value.param == "response_format"
     assert ServerConfig(reasoning_parser="openai_gptoss").reasoning_parser == "openai_gptoss"
+
+
+@pytest.mark.parametrize("text", [CASES[4], f"{ANALYSIS}<|end|>{FINAL}x", "plain"])
+def test_a_reply_without_analysis_text_has_null_reasoning_as_vllm(text):
+    ep, job = _job({})  # vLLM's parse_chat_output: empty reasoning is None, not ""
+    message = ep.choice(job, 0, text, [])["message"]
+    assert message["reasoning_content"] is None and message["reasoning"] is None
+    assert message["content"]

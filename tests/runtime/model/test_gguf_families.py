@@ -181,6 +181,12 @@ def write_gguf(
     if extra is not None:
         extra(w)
     rope = cfg.rope_parameters
+    if rope.get("rope_type") == "yarn":  # as the converter: type, factor, context, betas
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
     if rope.get("rope_type") == "llama3":  # the converter's divisors, as a tensor
         w.add_tensor("rope_freqs.weight", _llama3_rope_freqs(rope, head_dim))
     if gemma:
@@ -289,8 +295,12 @@ OLMO3 = dict(vocab_size=300, num_hidden_layers=4, sliding_window=7, rope_paramet
 MIXTRAL = dict(head_dim=32, vocab_size=300, num_local_experts=4, num_experts_per_tok=2)
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 32, "rope_theta": 10000.0}  # fmt: skip
+# yarn with betas other than its 32 and 1 (read from rope.scaling.yarn_beta_*)
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+        "beta_fast": 4.0, "beta_slow": 2.0, "rope_theta": 10000.0}  # fmt: skip
 CASES = {
     "qwen3": ("Qwen3", dict(head_dim=64, vocab_size=300), None),
+    "qwen3-yarn": ("Qwen3", dict(head_dim=64, vocab_size=300, rope_parameters=YARN), None),
     # Llama 3.1's rotary: llama.cpp writes no scaling type but a rope_freqs tensor
     "llama3-rope": ("Llama", dict(vocab_size=300, rope_parameters=LLAMA3), None),
     "qwen3moe": ("Qwen3Moe", QWEN3MOE, None),
@@ -317,7 +327,7 @@ CASES = {
     # window layers rotated, every fourth layer global and NoPE (llama.cpp's fixed pattern)
     "cohere2": ("Cohere2", dict(vocab_size=300, num_hidden_layers=4, sliding_window=10), 10),
 }
-GGUF_ARCH = {"qwen3": "qwen3", "qwen3moe": "qwen3moe", "gemma3": "gemma3", "llama": "llama",
+GGUF_ARCH = {"qwen3": "qwen3", "qwen3-yarn": "qwen3", "qwen3moe": "qwen3moe", "gemma3": "gemma3", "llama": "llama",
              "llama3-rope": "llama", "gemma2": "gemma2", "qwen2moe": "qwen2moe",
              "qwen2moe-squeezed": "qwen2moe",
              "granite": "granite", "granitemoe": "granitemoe", "olmo2": "olmo2", "olmoe": "olmoe",

@@ -1,0 +1,159 @@
+"""DeepSeek's tool calls (`--tool-call-parser deepseek_v3|deepseek_v31`, vLLM's names). After
+optional text, one block of calls, each with its name and its arguments' JSON text:
+
+    deepseek_v3:  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+                  ```json
+                  {"city": "Paris"}
+                  ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+    deepseek_v31: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{"city": "Paris"}
+                  <｜tool▁call▁end｜><｜tool▁calls▁end｜>
+
+(V3.1 has no newline before its end marker.) As vLLM's parsers: the content is the text before
+the block as written (None when empty), each call's arguments the text between its markers,
+not checked. Output that holds no complete call stays content (as `tool_parser_glm45.py`).
+
+Streaming sends a call's id and name once its header is whole (V3: through the line
+```` ```json ````), then its arguments as they arrive, holding back only what may begin the
+call's end: the pieces join to the whole response's. Never chosen by `tools.detect` (both
+templates write the same first marker): named with the flag. `tool_choice` required or a
+named function is a 400 (`tools.py`): no grammar here writes DeepSeek's markers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pagoda.runtime.server.tool_call import ToolCall, call_id, prefix_overlap
+
+CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+
+
+class DeepSeekV3Parser:
+    """`tool_parsers.ToolParser`'s interface (listed in its PARSERS) over DeepSeek-V3's calls."""
+
+    name = "deepseek_v3"
+    markers: ClassVar[tuple[str, ...]] = ()  # never chosen by `detect`: named with the flag
+    new_id = staticmethod(call_id)
+    args_open = "\n```json\n"  # between the name and the arguments
+    args_close = "\n```" + CALL_END
+
+    @classmethod
+    def for_request(cls, tools: list[dict[str, Any]]) -> DeepSeekV3Parser:
+        return cls()
+
+    def header(self, head: str) -> str | None:
+        """The call's name from its header (the text after CALL_BEGIN, up to the arguments)."""
+        _, sep, name = head.partition(SEP)  # V3: the call's type ("function") before SEP
+        return name.strip() if sep else None
+
+    def scan(self, region: str, parallel: bool) -> list[tuple[str, str, bool]]:
+        """The calls in `region` (the text after CALLS_BEGIN) so far: (name, arguments text so
+        far, closed), up to the first whose header is not yet whole."""
+        calls: list[tuple[str, str, bool]] = []
+        pos = 0
+        while True:
+            begin = region.find(CALL_BEGIN, pos)
+            if begin < 0:
+                break
+            start = begin + len(CALL_BEGIN)
+            opened = region.find(self.args_open, start)
+            if opened < 0:
+                break  # the header is still being written
+            name = self.header(region[start:opened])
+            if not name:
+                break
+            body = opened + len(self.args_open)
+            close = region.find(self.args_close, body)
+            if close < 0:
+                held = prefix_overlap(region[body:], self.args_close)
+                calls.append((name, region[body : len(region) - held], False))
+                break
+            calls.append((name, region[body:close], True))
+            if not parallel:
+                break
+            pos = close + len(self.args_close)
+        return calls
+
+    def _start(self, text: str, final: bool) -> int | None:
+        i = text.find(CALLS_BEGIN)
+        return None if i < 0 else i + len(CALLS_BEGIN)
+
+    def marker_text(self, text: str, start: int) -> str:
+        return CALLS_BEGIN
+
+    def _held(self, text: str) -> int:
+        return prefix_overlap(text, CALLS_BEGIN)
+
+    def parse(self, text: str, parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
+        start = self._start(text, True)
+        if start is None:
+            return text, []
+        found = self.scan(text[start:], parallel)
+        if not found or not all(done for _, _, done in found):
+            return text, []  # a call cut short (max_tokens): the text as it is
+        calls = [ToolCall(name, args, self.new_id()) for name, args, _ in found]
+        return text[: start - len(CALLS_BEGIN)] or None, calls
+
+    def stream(self, parallel: bool = True) -> DeepSeekStream:
+        return DeepSeekStream(self, parallel)
+
+
+class DeepSeekV31Parser(DeepSeekV3Parser):
+    """DeepSeek-V3.1's calls: the name, then SEP, then the arguments up to the call's end."""
+
+    name = "deepseek_v31"
+    args_open = SEP
+    args_close = CALL_END
+
+    @classmethod
+    def for_request(cls, tools: list[dict[str, Any]]) -> DeepSeekV31Parser:
+        return cls()
+
+    def header(self, head: str) -> str | None:
+        return head.strip() or None
+
+
+class DeepSeekStream:
+    """Incremental `DeepSeekV3Parser` output as OpenAI chat deltas (`tool_parsers.ToolStream`'s
+    interface)."""
+
+    def __init__(self, parser: DeepSeekV3Parser, parallel: bool = True) -> None:
+        self.parser, self.parallel = parser, parallel
+        self.text = ""
+        self.content_sent = 0
+        self.region: int | None = None
+        self.calls: list[dict[str, Any]] = []  # per call: its id, argument characters sent
+
+    @property
+    def called(self) -> bool:
+        return bool(self.calls)
+
+    def feed(self, delta: str, final: bool = False) -> dict[str, Any]:
+        self.text += delta
+        p, text, out = self.parser, self.text, {}
+        if self.region is None:
+            self.region = p._start(text, final)
+        if final and not self.calls and not p.parse(text, self.parallel)[1]:
+            end = len(text)  # no call after all: content
+        elif self.region is None:
+            end = len(text) - p._held(text)
+        else:
+            end = self.region - len(CALLS_BEGIN)
+        if end > self.content_sent:
+            out["content"] = text[self.content_sent : end]
+            self.content_sent = end
+        if self.region is not None and end < len(text):
+            deltas = []
+            for i, (name, args, _) in enumerate(p.scan(text[self.region :], self.parallel)):
+                if i == len(self.calls):
+                    self.calls.append({"id": p.new_id(), "sent": 0})
+                    deltas.append({"index": i, "id": self.calls[i]["id"], "type": "function",
+                                   "function": {"name": name, "arguments": ""}})  # fmt: skip
+                state = self.calls[i]
+                if len(args) > state["sent"]:
+                    deltas.append({"index": i, "function": {"arguments": args[state["sent"] :]}})
+                    state["sent"] = len(args)
+            if deltas:
+                out["tool_calls"] = deltas
+        return out
