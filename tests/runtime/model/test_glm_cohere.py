@@ -25,10 +25,15 @@ import json
 
 import pytest
 import torch
-from arch_cases import check, generate, prompts, tokens_without_host_syncs
-from hf_oracle import hf_greedy_plain, make_tiny_model
-from pagoda.runtime import LLM
-from pagoda.runtime.model.loader import load_model, read_model_config
+from arch_cases import (
+    built_cases,
+    check_chunked_cached_batched,
+    check_on_cuda_with_graphs,
+    check_preempted,
+    check_two_ranks,
+)
+from hf_oracle import make_tiny_model
+from pagoda.runtime.model.loader import read_model_config
 
 transformers = pytest.importorskip("transformers")
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -62,31 +67,26 @@ CASES = {
 }  # fmt: skip
 
 
-_BUILT: dict[str, tuple] = {}
-
-
-def _build(name: str, tmp_path_factory):
-    """(checkpoint directory, transformers model, loaded checkpoint, reference) of case `name`,
-    written once per module."""
-    if name not in _BUILT:
-        path = tmp_path_factory.mktemp(name)
-        arch, overrides = CASES[name]
-        model = make_tiny_model(path, arch, **overrides)
-        reference = [hf_greedy_plain(model, p, 6) for p in prompts()]
-        _BUILT[name] = (path, model, load_model(str(path)), reference)
-    return _BUILT[name]
-
-
-@pytest.fixture(scope="module", params=list(CASES))
-def case(request, tmp_path_factory):
-    path, model, loaded, reference = _build(request.param, tmp_path_factory)
-    return request.param, path, model, loaded, reference
+def _make(path, name: str):
+    arch, overrides = CASES[name]
+    return make_tiny_model(path, arch, **overrides)
 
 
 @pytest.fixture(scope="module")
-def case_by_name(tmp_path_factory):
+def built(tmp_path_factory):
+    """name -> (checkpoint directory, transformers model, loaded checkpoint, reference)."""
+    return built_cases(tmp_path_factory, lambda name, path: _make(path, name))
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request, built):
+    return request.param, *built(request.param)
+
+
+@pytest.fixture(scope="module")
+def case_by_name(built):
     def get(name):
-        path, _, loaded, reference = _build(name, tmp_path_factory)
+        path, _, loaded, reference = built(name)
         return path, loaded, reference
 
     return get
@@ -94,21 +94,8 @@ def case_by_name(tmp_path_factory):
 
 def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):
     name, _, _, loaded, reference = case
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
-              max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
-    cold = generate(llm, prompts())
-    warm = generate(llm, prompts()[::-1])[::-1]
-    for i, want in enumerate(reference):
-        check(cold[i], want, f"{name}: prompt {i}, cold")
-        check(warm[i], want, f"{name}: prompt {i}, warm")
-    assert llm.engine.kv.prefix_hits > 0
-    small = LLM(loaded=loaded, dtype="float32", num_blocks_override=7, block_size=16,
-                max_model_len=96, max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
-    got = generate(small, prompts())
-    assert small.engine.scheduler.num_preemptions > 0
-    for i, want in enumerate(reference):
-        check(got[i], want, f"{name}: prompt {i}, preempted")
-    small.engine.check_integrity()
+    check_chunked_cached_batched(loaded, reference, name)
+    check_preempted(loaded, reference, name)
 
 
 def test_per_layer_rotary_and_windows_read_as_transformers(case):
@@ -159,16 +146,7 @@ def test_two_ranks_match_transformers(case_by_name, name):
     heads; Cohere's per-head q/k norms, each rank its heads' rows. Tokens and logits as
     transformers'."""
     path, loaded, reference = case_by_name(name)
-    pool = dict(num_blocks_override=7, block_size=16, max_model_len=96, dtype="float32",
-                max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
-    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **pool) as two:
-        got = generate(two, prompts()) + generate(two, prompts()[::-1])[::-1]
-        core = two.engine
-        assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
-        assert core.runner.backend.num_kv_heads == 1  # this rank's
-        core.check_integrity()
-    for i, g in enumerate(got):
-        check(g, reference[i % 3], f"{name}: prompt {i}, two ranks")
+    check_two_ranks(path, loaded, reference, name, kv_heads=1)
 
 
 @pytest.mark.parametrize(("arch", "edit", "words"), [
@@ -230,22 +208,8 @@ def test_gpu_matches_transformers_with_graphs(case_by_name, name):
     """On CUDA in float32 with the defaults (the Triton ops and attention, whose rotary reads
     the cache by positions, CUDA graphs): transformers' tokens and logits, graphs as eager, no
     step's launch syncing with the host (`tokens_without_host_syncs`)."""
-    import os
-
-    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("needs CUDA with compiled Triton kernels (TRITON_INTERPRET=0)")
     _, loaded, reference = case_by_name(name)
-    common = dict(loaded=loaded, dtype="float32", kv_cache_memory=256 << 20,
-                  max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
-    llm = LLM(**common)
-    assert llm.engine.runner.cuda_graphs is not None
-    got = generate(llm, prompts())
-    for i, want in enumerate(reference):
-        check(got[i], want, f"{name}: prompt {i}")
-    eager = generate(LLM(**common, enable_cuda_graphs=False), prompts())
-    assert [t for t, _ in eager] == [t for t, _ in got]
-    synced = tokens_without_host_syncs(LLM(**common, async_scheduling=False), prompts())
-    assert synced == [t for t, _ in got]
+    check_on_cuda_with_graphs(loaded, reference, name)
 
 
 def test_olmo3s_hub_config_format_reads_as_transformers_reads_it(tmp_path):

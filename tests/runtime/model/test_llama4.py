@@ -19,7 +19,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from arch_cases import check, check_on_cuda_with_graphs, generate, prompts
+from arch_cases import (
+    built_cases,
+    check,
+    check_chunked_cached_batched,
+    check_on_cuda_with_graphs,
+    check_preempted,
+    generate,
+    prompts,
+)
 from hf_oracle import _LM_CLASSES, hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model, read_model_config
@@ -44,37 +52,18 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    done: dict[str, tuple] = {}
-
-    def get(name: str):
-        if name not in done:
-            path = tmp_path_factory.mktemp(name)
-            model = make_tiny_model(path, "Llama4Text", **CASES[name])
-            reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
-            done[name] = (path, load_model(str(path)), reference)
-        return done[name]
-
-    return get
+    """name -> (checkpoint directory, transformers model, loaded checkpoint, transformers'
+    greedy tokens and logits per prompt), each case written once per module."""
+    return built_cases(
+        tmp_path_factory, lambda name, path: make_tiny_model(path, "Llama4Text", **CASES[name])
+    )
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(built, name):
-    _, loaded, reference = built(name)
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
-              max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
-    cold = generate(llm, prompts())
-    warm = generate(llm, prompts()[::-1])[::-1]
-    for i, want in enumerate(reference):
-        check(cold[i], want, f"{name}: prompt {i}, cold")
-        check(warm[i], want, f"{name}: prompt {i}, warm")
-    assert llm.engine.kv.prefix_hits > 0
-    small = LLM(loaded=loaded, dtype="float32", num_blocks_override=7, block_size=16,
-                max_model_len=96, max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
-    got = generate(small, prompts())
-    assert small.engine.scheduler.num_preemptions > 0
-    for i, want in enumerate(reference):
-        check(got[i], want, f"{name}: prompt {i}, preempted")
-    small.engine.check_integrity()
+    _, _, loaded, reference = built(name)
+    check_chunked_cached_batched(loaded, reference, name)
+    check_preempted(loaded, reference, name)
 
 
 def test_config_reads_as_transformers_and_the_context_is_one_chunk(built):
@@ -83,7 +72,7 @@ def test_config_reads_as_transformers_and_the_context_is_one_chunk(built):
     refused, never computed with the wrong mask."""
     from pagoda.runtime.config import EngineConfig
 
-    path, loaded, _ = built("maverick")
+    path, _, loaded, _ = built("maverick")
     hf = transformers.AutoConfig.from_pretrained(path)
     f = read_model_config(str(path)).family
     assert list(f.rope_layers) == [bool(x) for x in hf.no_rope_layers] == [True] * 3 + [False]
@@ -106,7 +95,7 @@ def test_the_weights_estimate_is_what_the_model_holds(built, tp):
     from pagoda.runtime.distributed.layout import TPLayout
     from pagoda.runtime.server import weights
 
-    path, _, _ = built("maverick")
+    path, _, _, _ = built("maverick")
     group = None if tp == 1 else TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
     held = held_bytes(build(path, torch.bfloat16, tp=group))
     cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16",
@@ -120,7 +109,7 @@ def test_two_tensor_parallel_ranks_match_transformers(built):
     """Heads split over two ranks (each rank's q/k L2-normed and temperature-scaled), the
     stacked experts and the shared expert by width, the router whole: transformers' tokens and
     logits, chunked, preempted and on a warm cache."""
-    path, loaded, reference = built("scout")
+    path, _, loaded, reference = built("scout")
     pool = dict(num_blocks_override=7, block_size=16, max_model_len=96, dtype="float32",
                 max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
     with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **pool) as two:
@@ -201,7 +190,7 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     """On CUDA (benchmarks/gpu_check.sh's `families` step): the experts in the fused-MoE
     kernel, decodes in CUDA graphs, eager as graphs, no host sync in a step's launch
     (`arch_cases.check_on_cuda_with_graphs`)."""
-    _, loaded, reference = built(name)
+    _, _, loaded, reference = built(name)
     runner = check_on_cuda_with_graphs(loaded, reference, name).engine.runner
     moes = [layer.mlp for layer in runner.model.layers if hasattr(layer.mlp, "experts")]
     assert moes and all(m.experts.fused is not None for m in moes)
