@@ -138,19 +138,10 @@ def test_the_weights_estimate_is_what_the_model_holds(built, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: the float32
     router and correction bias, the shared experts, q/k norms and biases; the MTP layer the
     checkpoint carries is neither read nor counted."""
-    from model_bytes import build, held_bytes
-    from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.distributed.group import TPGroup
-    from pagoda.runtime.distributed.layout import TPLayout
-    from pagoda.runtime.server import weights
+    from model_bytes import check_estimate
 
     path, _, _, _ = built("glm45")
-    group = None if tp == 1 else TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
-    held = held_bytes(build(path, torch.bfloat16, tp=group))
-    cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16",
-                              tensor_parallel_size=tp)  # fmt: skip
-    got = weights.estimate(read_model_config(str(path)), cfg, path)
-    assert got.bytes == pytest.approx(held, rel=0.02), got
+    check_estimate(path, tp)
 
 
 @pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores

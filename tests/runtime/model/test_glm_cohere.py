@@ -83,15 +83,6 @@ def case(request, built):
     return request.param, *built(request.param)
 
 
-@pytest.fixture(scope="module")
-def case_by_name(built):
-    def get(name):
-        path, _, loaded, reference = built(name)
-        return path, loaded, reference
-
-    return get
-
-
 def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):
     name, _, _, loaded, reference = case
     check_chunked_cached_batched(loaded, reference, name)
@@ -122,30 +113,20 @@ def test_the_weights_estimate_is_what_the_model_holds(tmp_path, arch, overrides,
     """`server/weights.py` against the built model, bf16 from float32 files: GLM-4's fused
     gate_up and extra norms, Cohere's float32 LayerNorm weights and per-head q/k norms (with
     two ranks: rank 0's heads' rows; its one KV head replicated)."""
-    import torch
-    from model_bytes import build, held_bytes
-    from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.distributed.group import TPGroup
-    from pagoda.runtime.distributed.layout import TPLayout
-    from pagoda.runtime.server import weights
+    from model_bytes import check_estimate
 
     make_tiny_model(tmp_path, arch, **overrides)
-    group = None if tp == 1 else TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
-    held = held_bytes(build(tmp_path, torch.bfloat16, tp=group))
-    cfg = EngineConfig.create(str(tmp_path), device="cpu", dtype="bfloat16",
-                              tensor_parallel_size=tp)  # fmt: skip
-    got = weights.estimate(read_model_config(str(tmp_path)), cfg, tmp_path)
-    assert got.bytes == pytest.approx(held, rel=0.02), got
+    check_estimate(tmp_path, tp)
 
 
 @pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
 @pytest.mark.parametrize("name", ["glm4-partial-interleaved", "cohere-qknorm"])
-def test_two_ranks_match_transformers(case_by_name, name):
+def test_two_ranks_match_transformers(built, name):
     """Tensor parallelism over gloo, two ranks, the small pool (chunked, preempted) then a warm
     cache: GLM-4's fused gate_up cut by width and its interleaved partial rotary on each rank's
     heads; Cohere's per-head q/k norms, each rank its heads' rows. Tokens and logits as
     transformers'."""
-    path, loaded, reference = case_by_name(name)
+    path, _, loaded, reference = built(name)
     check_two_ranks(path, loaded, reference, name, kv_heads=1)
 
 
@@ -204,11 +185,11 @@ def test_interleaved_rotary_is_transformers_bit_for_bit(family, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
-def test_gpu_matches_transformers_with_graphs(case_by_name, name):
+def test_gpu_matches_transformers_with_graphs(built, name):
     """On CUDA in float32 with the defaults (the Triton ops and attention, whose rotary reads
     the cache by positions, CUDA graphs): transformers' tokens and logits, graphs as eager, no
     step's launch syncing with the host (`tokens_without_host_syncs`)."""
-    _, loaded, reference = case_by_name(name)
+    _, _, loaded, reference = built(name)
     check_on_cuda_with_graphs(loaded, reference, name)
 
 

@@ -119,15 +119,6 @@ def case(request, built):
     return request.param, *built(request.param)
 
 
-@pytest.fixture(scope="module")
-def case_by_name(built):
-    def get(name):
-        path, _, loaded, reference = built(name)
-        return path, loaded, reference
-
-    return get
-
-
 def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):
     name, _, _, loaded, reference = case
     check_chunked_cached_batched(loaded, reference, name)
@@ -161,19 +152,19 @@ def test_the_config_reads_as_transformers(case):
     "name",
     ["mistral3-ministral3-tied", "exaone4-window-nope", "starcoder2-window", "apertus-xielu"],
 )
-def test_two_ranks_match_transformers(case_by_name, name):
+def test_two_ranks_match_transformers(built, name):
     """Tensor parallelism over gloo, two ranks, the small pool (chunked, preempted) then a warm
     cache: Ministral 3 from Mistral 3's wrapper (each rank its heads, its scaled q); EXAONE 4's
     per-head q/k norms and norms after the sublayers; the ungated MLPs cut by width (c_fc's
     rows and bias, c_proj's columns, its bias added once), LayerNorm biases, xIELU."""
-    path, loaded, reference = case_by_name(name)
+    path, _, loaded, reference = built(name)
     check_two_ranks(path, loaded, reference, name)
 
 
-def test_mistral3s_processor_chat_template_is_the_one_rendered(case_by_name):
+def test_mistral3s_processor_chat_template_is_the_one_rendered(built):
     """Mistral-Small-3.1's repository: the processor's `chat_template.json` beside the
     tokenizer's template in tokenizer_config.json; the processor's wins (as vLLM, transformers)."""
-    path, _, _ = case_by_name("mistral3-untied")
+    path, _, _, _ = built("mistral3-untied")
     template = "{% for m in messages %}w7 {{ m['content'] }} w8 {% endfor %}"
     (path / "chat_template.json").write_text(json.dumps({"chat_template": template}))
     try:
@@ -197,31 +188,22 @@ def test_the_weights_estimate_is_what_the_model_holds(tmp_path, arch, overrides,
     model under `language_model.` (the vision tower not counted); with two ranks rank 0's part
     (EXAONE 4's q/k norms whole on every rank); the ungated MLPs' two matrices (StarCoder2's
     c_fc / c_proj and their biases, its LayerNorms' biases)."""
-    from model_bytes import build, held_bytes
-    from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.distributed.group import TPGroup
-    from pagoda.runtime.distributed.layout import TPLayout
-    from pagoda.runtime.server import weights
+    from model_bytes import check_estimate
 
     if arch.startswith("Mistral3:"):
         make_mistral3(tmp_path, arch.split(":")[1], tie=False, **overrides)
     else:
         make_tiny_model(tmp_path, arch, **overrides)
-    group = None if tp == 1 else TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
-    held = held_bytes(build(tmp_path, torch.bfloat16, tp=group))
-    cfg = EngineConfig.create(str(tmp_path), device="cpu", dtype="bfloat16",
-                              tensor_parallel_size=tp)  # fmt: skip
-    got = weights.estimate(read_model_config(str(tmp_path)), cfg, tmp_path)
-    assert got.bytes == pytest.approx(held, rel=0.02), got
+    check_estimate(tmp_path, tp)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
-def test_gpu_matches_transformers_with_graphs(case_by_name, name):
+def test_gpu_matches_transformers_with_graphs(built, name):
     """On CUDA in float32 with the defaults (the Triton ops and attention, whose rotary reads
     the cache by positions, CUDA graphs): transformers' tokens and logits, graphs as eager, no
     step's launch syncing with the host (`tokens_without_host_syncs`)."""
-    _, loaded, reference = case_by_name(name)
+    _, _, loaded, reference = built(name)
     check_on_cuda_with_graphs(loaded, reference, name)
 
 
@@ -282,10 +264,10 @@ def test_a_gated_models_tuned_profile_does_not_fit_an_ungated_one(tmp_path):
     ]
 
 
-def test_a_mistral3_around_another_text_model_is_refused_in_one_line(case_by_name, tmp_path):
+def test_a_mistral3_around_another_text_model_is_refused_in_one_line(built, tmp_path):
     """Mistral 3's wrapper names its text model's family in text_config.model_type: one the
     engine does not know as Mistral's is refused (not run as Mistral's)."""
-    path, _, _ = case_by_name("mistral3-untied")
+    path, _, _, _ = built("mistral3-untied")
     cfg = json.loads((path / "config.json").read_text())
     cfg["text_config"]["model_type"] = "mistral4"
     (tmp_path / "config.json").write_text(json.dumps(cfg))
