@@ -224,3 +224,16 @@ def check_two_ranks(path, loaded, reference, what: str, kv_heads: int | None = N
         core.check_integrity()
     for i, g in enumerate(got):
         check(g, reference[i % 3], f"{what}: prompt {i}, two ranks")
+
+
+def scramble_correction_biases(model, path, first_moe_layer: int) -> torch.Generator:
+    """Random router correction biases (`e_score_correction_bias`, V3's noaux_tc router), large
+    enough to change the experts picked, on the layers from `first_moe_layer` on; the model saved
+    again to `path`. Returns the generator (seed 2) for further draws."""
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for layer in model.model.layers[first_moe_layer:]:
+            bias = layer.mlp.gate.e_score_correction_bias
+            bias.copy_(torch.randn(bias.shape, generator=g))
+    model.save_pretrained(path)
+    return g

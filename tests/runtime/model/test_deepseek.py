@@ -28,6 +28,7 @@ from arch_cases import (
     check_preempted,
     generate,
     prompts,
+    scramble_correction_biases,
 )
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM
@@ -72,12 +73,7 @@ def write_case(name: str, path, **changes):
     overrides = {**overrides, **changes}
     model = make_tiny_model(path, arch, **overrides)
     if arch == "DeepseekV3":  # a correction bias large enough to change the experts picked
-        g = torch.Generator().manual_seed(2)
-        with torch.no_grad():
-            for layer in model.model.layers[overrides["first_k_dense_replace"] :]:
-                bias = layer.mlp.gate.e_score_correction_bias
-                bias.copy_(torch.randn(bias.shape, generator=g))
-        model.save_pretrained(path)
+        scramble_correction_biases(model, path, overrides["first_k_dense_replace"])
     return model
 
 

@@ -29,6 +29,7 @@ from arch_cases import (
     check_two_ranks,
     generate,
     prompts,
+    scramble_correction_biases,
 )
 from hf_oracle import make_tiny_model
 from pagoda.runtime import LLM
@@ -60,12 +61,7 @@ def write_case(name: str, path):
 
     overrides = CASES[name]
     model = make_tiny_model(path, "Glm4Moe", **overrides)
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for layer in model.model.layers[overrides["first_k_dense_replace"] :]:
-            bias = layer.mlp.gate.e_score_correction_bias
-            bias.copy_(torch.randn(bias.shape, generator=g))
-    model.save_pretrained(path)
+    g = scramble_correction_biases(model, path, overrides["first_k_dense_replace"])
     if name in MTP:
         tensors = load_file(str(path / "model.safetensors"))
         n, h = model.config.num_hidden_layers, model.config.hidden_size
