@@ -3,6 +3,7 @@ by tests/runtime/model/test_architectures.py and the Triton-backend run in test_
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM, SamplingParams
@@ -166,21 +167,38 @@ def check_on_cuda_with_graphs(loaded, reference, what: str) -> LLM:
     return llm
 
 
-def built_cases(tmp_path_factory, write):
-    """name -> (checkpoint directory, transformers model, loaded checkpoint, transformers'
-    greedy tokens and logits per prompt), each case written once by `write(name, path)` (which
-    returns the transformers model): a module-scoped fixture's getter."""
-    done: dict[str, tuple] = {}
+def built_fixture(write):
+    """A module-scoped fixture `built`: name -> (checkpoint directory, transformers model,
+    loaded checkpoint, transformers' greedy tokens and logits per prompt), each case written
+    once by `write(name, path)` (which returns the transformers model). A test module binds it
+    as `built = built_fixture(write)`."""
 
-    def get(name: str):
-        if name not in done:
-            path = tmp_path_factory.mktemp(name)
-            model = write(name, path)
-            reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
-            done[name] = (path, model, load_model(str(path)), reference)
-        return done[name]
+    @pytest.fixture(scope="module")
+    def built(tmp_path_factory):
+        done: dict[str, tuple] = {}
 
-    return get
+        def get(name: str):
+            if name not in done:
+                path = tmp_path_factory.mktemp(name)
+                model = write(name, path)
+                reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
+                done[name] = (path, model, load_model(str(path)), reference)
+            return done[name]
+
+        return get
+
+    return built
+
+
+def case_fixture(names):
+    """A module-scoped fixture `case` over `names`: (name, *built(name)). A test module binds it
+    as `case = case_fixture(CASES)`."""
+
+    @pytest.fixture(scope="module", params=list(names))
+    def case(request, built):
+        return request.param, *built(request.param)
+
+    return case
 
 
 def check_chunked_cached_batched(loaded, reference, what: str) -> LLM:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 from arch_cases import (
-    built_cases,
+    built_fixture,
     check,
     check_chunked_cached_batched,
     check_on_cuda_with_graphs,
@@ -77,11 +77,7 @@ def write_case(name: str, path, **changes):
     return model
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """name -> (checkpoint directory, transformers model, loaded checkpoint, transformers'
-    greedy tokens and logits per prompt), each case written once per module."""
-    return built_cases(tmp_path_factory, write_case)
+built = built_fixture(write_case)
 
 
 @pytest.fixture(scope="module", params=list(CASES))

@@ -22,7 +22,7 @@ import json
 import pytest
 import torch
 from arch_cases import (
-    built_cases,
+    built_fixture,
     check_chunked_cached_batched,
     check_on_cuda_with_graphs,
     check_preempted,
@@ -77,11 +77,7 @@ def write_case(name: str, path):
     return model
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """name -> (checkpoint directory, transformers model, loaded checkpoint, transformers'
-    greedy tokens and logits per prompt), each case written once per module."""
-    return built_cases(tmp_path_factory, write_case)
+built = built_fixture(write_case)
 
 
 @pytest.mark.parametrize("name", list(CASES))

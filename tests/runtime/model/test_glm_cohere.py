@@ -26,7 +26,8 @@ import json
 import pytest
 import torch
 from arch_cases import (
-    built_cases,
+    built_fixture,
+    case_fixture,
     check_chunked_cached_batched,
     check_on_cuda_with_graphs,
     check_preempted,
@@ -67,20 +68,13 @@ CASES = {
 }  # fmt: skip
 
 
-def _make(path, name: str):
+def _make(name: str, path):
     arch, overrides = CASES[name]
     return make_tiny_model(path, arch, **overrides)
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """name -> (checkpoint directory, transformers model, loaded checkpoint, reference)."""
-    return built_cases(tmp_path_factory, lambda name, path: _make(path, name))
-
-
-@pytest.fixture(scope="module", params=list(CASES))
-def case(request, built):
-    return request.param, *built(request.param)
+built = built_fixture(_make)
+case = case_fixture(CASES)
 
 
 def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):

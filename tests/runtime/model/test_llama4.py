@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 from arch_cases import (
-    built_cases,
+    built_fixture,
     check,
     check_chunked_cached_batched,
     check_on_cuda_with_graphs,
@@ -50,13 +50,7 @@ CASES = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """name -> (checkpoint directory, transformers model, loaded checkpoint, transformers'
-    greedy tokens and logits per prompt), each case written once per module."""
-    return built_cases(
-        tmp_path_factory, lambda name, path: make_tiny_model(path, "Llama4Text", **CASES[name])
-    )
+built = built_fixture(lambda name, path: make_tiny_model(path, "Llama4Text", **CASES[name]))
 
 
 @pytest.mark.parametrize("name", list(CASES))
