@@ -3,6 +3,7 @@ by tests/runtime/model/test_architectures.py and the Triton-backend run in test_
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM, SamplingParams
@@ -164,3 +165,93 @@ def check_on_cuda_with_graphs(loaded, reference, what: str) -> LLM:
     assert [t for t, _ in generate(LLM(**common, enable_cuda_graphs=False), prompts())] == tokens
     assert tokens_without_host_syncs(LLM(**common, async_scheduling=False), prompts()) == tokens
     return llm
+
+
+def built_fixture(write):
+    """A module-scoped fixture `built`: name -> (checkpoint directory, transformers model,
+    loaded checkpoint, transformers' greedy tokens and logits per prompt), each case written
+    once by `write(name, path)` (which returns the transformers model). A test module binds it
+    as `built = built_fixture(write)`."""
+
+    @pytest.fixture(scope="module")
+    def built(tmp_path_factory):
+        done: dict[str, tuple] = {}
+
+        def get(name: str):
+            if name not in done:
+                path = tmp_path_factory.mktemp(name)
+                model = write(name, path)
+                reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
+                done[name] = (path, model, load_model(str(path)), reference)
+            return done[name]
+
+        return get
+
+    return built
+
+
+def case_fixture(names):
+    """A module-scoped fixture `case` over `names`: (name, *built(name)). A test module binds it
+    as `case = case_fixture(CASES)`."""
+
+    @pytest.fixture(scope="module", params=list(names))
+    def case(request, built):
+        return request.param, *built(request.param)
+
+    return case
+
+
+def check_chunked_cached_batched(loaded, reference, what: str) -> LLM:
+    """float32, 16-token steps, the three prompts in one batch, then again in reverse order on
+    the warm prefix cache: transformers' tokens and logits each time. Returns the engine."""
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+              max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    cold = generate(llm, prompts())
+    warm = generate(llm, prompts()[::-1])[::-1]
+    for i, want in enumerate(reference):
+        check(cold[i], want, f"{what}: prompt {i}, cold")
+        check(warm[i], want, f"{what}: prompt {i}, warm")
+    assert llm.engine.kv.prefix_hits > 0
+    return llm
+
+
+SMALL_POOL = dict(num_blocks_override=7, block_size=16, max_model_len=96, dtype="float32",
+                  max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
+
+
+def check_preempted(loaded, reference, what: str) -> None:
+    """A KV pool of 7 blocks: requests are preempted, tokens and logits still transformers';
+    the pool whole after."""
+    small = LLM(loaded=loaded, **SMALL_POOL)
+    got = generate(small, prompts())
+    assert small.engine.scheduler.num_preemptions > 0
+    for i, want in enumerate(reference):
+        check(got[i], want, f"{what}: prompt {i}, preempted")
+    small.engine.check_integrity()
+
+
+def check_two_ranks(path, loaded, reference, what: str, kv_heads: int | None = None) -> None:
+    """Tensor parallelism over gloo, two ranks, the small pool (chunked, preempted) then a warm
+    cache: transformers' tokens and logits. `kv_heads`: the KV heads rank 0 must hold."""
+    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **SMALL_POOL) as two:
+        got = generate(two, prompts()) + generate(two, prompts()[::-1])[::-1]
+        core = two.engine
+        assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
+        if kv_heads is not None:
+            assert core.runner.backend.num_kv_heads == kv_heads  # this rank's
+        core.check_integrity()
+    for i, g in enumerate(got):
+        check(g, reference[i % 3], f"{what}: prompt {i}, two ranks")
+
+
+def scramble_correction_biases(model, path, first_moe_layer: int) -> torch.Generator:
+    """Random router correction biases (`e_score_correction_bias`, V3's noaux_tc router), large
+    enough to change the experts picked, on the layers from `first_moe_layer` on; the model saved
+    again to `path`. Returns the generator (seed 2) for further draws."""
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for layer in model.model.layers[first_moe_layer:]:
+            bias = layer.mlp.gate.e_score_correction_bias
+            bias.copy_(torch.randn(bias.shape, generator=g))
+    model.save_pretrained(path)
+    return g

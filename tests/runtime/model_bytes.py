@@ -57,3 +57,21 @@ def build(path, dtype: torch.dtype, device: str = "cpu", tp=None, fp8=None):
     return build_model(mc, loaded.weights, quantized=loaded.quantized, dtype=dtype, device=dev,
                        backend=backend, ops=select_ops(dev, backend.name), max_positions=64,
                        tp=tp, fp8=fp8, check_weights=tp is None)  # fmt: skip
+
+
+def check_estimate(path, tp: int = 1) -> None:
+    """`server/weights.py`'s estimate of the checkpoint at `path` (bf16, `tp` ranks: rank 0's
+    share) within 2% of what the model built from it holds."""
+    import pytest
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.group import TPGroup
+    from pagoda.runtime.distributed.layout import TPLayout
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server import weights
+
+    group = None if tp == 1 else TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
+    held = held_bytes(build(path, torch.bfloat16, tp=group))
+    cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16",
+                              tensor_parallel_size=tp)  # fmt: skip
+    got = weights.estimate(read_model_config(str(path)), cfg, path)
+    assert got.bytes == pytest.approx(held, rel=0.02), got

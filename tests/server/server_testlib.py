@@ -11,6 +11,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -95,3 +97,33 @@ def bad_field_error(server: ServerProcess, path: str, field: str, value: Any) ->
     r = server.post_json(path, body)
     assert r.status_code == 400, r.text
     return r.json()["error"]
+
+
+@contextmanager
+def openai_client(*args: str) -> Iterator[Any]:
+    """An `openai` client of `pagoda serve *args` once it is ready; the server stopped after."""
+    import openai
+
+    srv = ServerProcess(*args)
+    try:
+        srv.wait_ready()
+        yield openai.OpenAI(base_url=srv.base + "/v1", api_key="x", max_retries=0)
+    finally:
+        srv.stop()
+
+
+def chat_prompt_ids(client: Any, **body: Any) -> list[int]:
+    """The prompt ids /tokenize renders for a chat `body` (its messages, chat_template_kwargs,
+    tools ...): the /v1/completions oracle's prompt."""
+    base = str(client.base_url).removesuffix("/v1/")
+    r = httpx.post(f"{base}/tokenize", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"]
+
+
+def save_tokenizer(path: Path, backend: Any, chat_template: str) -> None:
+    """A `tokenizers` backend and a chat template (EOS <|im_end|>, no BOS) written beside a
+    checkpoint as tokenizer.json and tokenizer_config.json."""
+    backend.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": chat_template, "eos_token": "<|im_end|>", "bos_token": None}))  # fmt: skip

@@ -17,12 +17,11 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import openai
 import pytest
 import structured_testlib
 from hf_oracle import make_tiny_model
-from server_testlib import ServerProcess
+from server_testlib import chat_prompt_ids, openai_client, save_tokenizer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -76,28 +75,19 @@ def served(tmp_path_factory) -> Iterator[tuple[openai.OpenAI, dict[str, int]]]:
                     num_key_value_heads=1, head_dim=16, n_routed_experts=4,
                     num_experts_per_tok=2, moe_intermediate_size=16, first_k_dense_replace=0,
                     tie_word_embeddings=True)  # fmt: skip
-    backend.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None}))  # fmt: skip
+    save_tokenizer(path, backend, TEMPLATE)
     ids = {t: backend.token_to_id(t) for t in ("<think>", "</think>")}
     ids.update({w: backend.token_to_id(w) for w in ("Ġsunny", "Ġrain", "Ġis", "Ċ")})
     assert None not in ids.values(), ids
     # no --tool-call-parser: `auto` must read GLM-4.5's template as glm45's, not hermes'
-    srv = ServerProcess("--model", str(path), "--reasoning-parser", "glm45",
-                        "--kv-cache-memory", "16MiB", "--max-model-len", "512",
-                        "--no-engine-process", "--log-level", "warning")  # fmt: skip
-    try:
-        srv.wait_ready()
-        yield openai.OpenAI(base_url=srv.base + "/v1", api_key="x", max_retries=0), ids
-    finally:
-        srv.stop()
+    with openai_client("--model", str(path), "--reasoning-parser", "glm45",
+                       "--kv-cache-memory", "16MiB", "--max-model-len", "512",
+                       "--no-engine-process", "--log-level", "warning") as client:  # fmt: skip
+        yield client, ids
 
 
 def prompt_ids(client: openai.OpenAI, **extra) -> list[int]:
-    base = str(client.base_url).removesuffix("/v1/")
-    r = httpx.post(f"{base}/tokenize", json={"messages": ASK, **extra}, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()["tokens"]
+    return chat_prompt_ids(client, **{"messages": ASK, **extra})
 
 
 def glm45_split(text: str) -> tuple[str | None, str | None]:

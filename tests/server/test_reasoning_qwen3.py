@@ -8,16 +8,14 @@ is /v1/completions of the same prompt ids, which a reasoning parser leaves alone
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import openai
 import pytest
 import structured_testlib
 from hf_oracle import make_tiny_model
-from server_testlib import ServerProcess
+from server_testlib import chat_prompt_ids, openai_client, save_tokenizer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -58,27 +56,18 @@ def served(tmp_path_factory) -> Iterator[tuple[openai.OpenAI, dict[str, int]]]:
     make_tiny_model(path, "Qwen3", vocab_size=vocab, hidden_size=32, intermediate_size=64,
                     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                     head_dim=16, tie_word_embeddings=True)  # fmt: skip
-    backend.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None}))  # fmt: skip
+    save_tokenizer(path, backend, TEMPLATE)
     ids = {t: backend.token_to_id(t) for t in ("<think>", "</think>", "<|im_end|>")}
     ids.update({w: backend.token_to_id(w) for w in ("Ġeight", "Ġsum", "Ġis", "Ċ")})
     assert None not in ids.values() and ids["<|im_end|>"] == 2, ids
-    srv = ServerProcess("--model", str(path), "--reasoning-parser", "qwen3",
-                        "--kv-cache-memory", "16MiB", "--max-model-len", "256",
-                        "--no-engine-process", "--log-level", "warning")  # fmt: skip
-    try:
-        srv.wait_ready()
-        yield openai.OpenAI(base_url=srv.base + "/v1", api_key="x", max_retries=0), ids
-    finally:
-        srv.stop()
+    with openai_client("--model", str(path), "--reasoning-parser", "qwen3",
+                       "--kv-cache-memory", "16MiB", "--max-model-len", "256",
+                       "--no-engine-process", "--log-level", "warning") as client:  # fmt: skip
+        yield client, ids
 
 
 def prompt_ids(client: openai.OpenAI, **extra) -> list[int]:
-    base = str(client.base_url).removesuffix("/v1/")
-    r = httpx.post(f"{base}/tokenize", json={"messages": ASK, **extra}, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()["tokens"]
+    return chat_prompt_ids(client, **{"messages": ASK, **extra})
 
 
 def both(

@@ -20,7 +20,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from arch_cases import check, check_on_cuda_with_graphs, generate, prompts
+from arch_cases import (
+    built_fixture,
+    check,
+    check_chunked_cached_batched,
+    check_on_cuda_with_graphs,
+    check_preempted,
+    generate,
+    prompts,
+    scramble_correction_biases,
+)
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model
@@ -64,60 +73,28 @@ def write_case(name: str, path, **changes):
     overrides = {**overrides, **changes}
     model = make_tiny_model(path, arch, **overrides)
     if arch == "DeepseekV3":  # a correction bias large enough to change the experts picked
-        g = torch.Generator().manual_seed(2)
-        with torch.no_grad():
-            for layer in model.model.layers[overrides["first_k_dense_replace"] :]:
-                bias = layer.mlp.gate.e_score_correction_bias
-                bias.copy_(torch.randn(bias.shape, generator=g))
-        model.save_pretrained(path)
+        scramble_correction_biases(model, path, overrides["first_k_dense_replace"])
     return model
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """name -> (name, loaded checkpoint, transformers' greedy tokens and logits per prompt),
-    each case written once per module."""
-    done: dict[str, tuple] = {}
-
-    def get(name: str):
-        if name not in done:
-            path = tmp_path_factory.mktemp(name)
-            model = write_case(name, path)
-            reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
-            done[name] = (name, load_model(str(path)), reference)
-        return done[name]
-
-    return get
+built = built_fixture(write_case)
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request, built):
-    return built(request.param)
+    return request.param, *built(request.param)[2:]
 
 
 def test_greedy_matches_transformers_chunked_cached_and_batched(case):
     name, loaded, reference = case
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20,
-              max_num_batched_tokens=16, max_num_seqs=4, block_size=16)  # fmt: skip
-    cold = generate(llm, prompts())
-    warm = generate(llm, prompts()[::-1])[::-1]
-    for i, want in enumerate(reference):
-        check(cold[i], want, f"{name}: prompt {i}, cold")
-        check(warm[i], want, f"{name}: prompt {i}, warm")
-    assert llm.engine.kv.prefix_hits > 0
+    llm = check_chunked_cached_batched(loaded, reference, name)
     llm.engine.check_integrity()
 
 
 @pytest.mark.parametrize("name", PREEMPTING)
 def test_greedy_matches_transformers_under_preemption(built, name):
-    _, loaded, reference = built(name)
-    llm = LLM(loaded=loaded, dtype="float32", num_blocks_override=7, block_size=16,
-              max_model_len=96, max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
-    got = generate(llm, prompts())
-    assert llm.engine.scheduler.num_preemptions > 0
-    for i, want in enumerate(reference):
-        check(got[i], want, f"{name}: prompt {i}, preempted")
-    llm.engine.check_integrity()
+    _, _, loaded, reference = built(name)
+    check_preempted(loaded, reference, name)
 
 
 def test_bf16_greedy_does_not_depend_on_cache_chunks_or_batch(built):
@@ -128,7 +105,7 @@ def test_bf16_greedy_does_not_depend_on_cache_chunks_or_batch(built):
 
     if not bf16_rows_invariant():
         pytest.skip("bf16 GEMMs on AMX round a row by the row count (docs/runtime.md)")
-    _, loaded, _ = built("v3")  # V3's sigmoid router, q and k padded for a wider value
+    _, _, loaded, _ = built("v3")  # V3's sigmoid router, q and k padded for a wider value
     common = dict(loaded=loaded, dtype="bfloat16", kv_cache_memory=16 << 20)
     plain = LLM(**common, enable_prefix_caching=False, enable_chunked_prefill=False)
     alone = [generate(plain, [p])[0][0] for p in prompts()]
@@ -146,11 +123,11 @@ def test_the_triton_backend_takes_the_padded_head(built):
 
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the Triton kernels run on a CPU under TRITON_INTERPRET=1 only")
-    name, loaded, reference = built("v2-lite")
+    _, _, loaded, reference = built("v2-lite")
     llm = LLM(loaded=loaded, attention_backend="triton", dtype="float32",
               kv_cache_memory=16 << 20, max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
     for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
-        check(got, want, f"{name}: prompt {i}, triton")
+        check(got, want, f"v2-lite: prompt {i}, triton")
 
 
 @pytest.mark.slow  # two engines, one of two ranks (gloo): ~10 s
@@ -159,7 +136,7 @@ def test_two_tensor_parallel_ranks_give_one_ranks_tokens(built, name):
     """Heads split over two ranks (q_proj's or q_b_proj's rows, kv_b_proj's rows, o_proj's
     columns; the bottleneck and the latent whole on each), experts and shared experts by width:
     the tokens of one rank and transformers' logits, chunked, preempted and on a warm cache."""
-    _, loaded, reference = built(name)
+    _, _, loaded, reference = built(name)
     pool = dict(num_blocks_override=7, block_size=16, max_model_len=96,
                 max_num_batched_tokens=16, max_num_seqs=3, dtype="float32")  # fmt: skip
     one = LLM(str(loaded.path), loaded=loaded, **pool)
@@ -238,7 +215,7 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     head size through the compiled Triton kernels, the routed experts in the fused-MoE kernel,
     decodes in CUDA graphs, eager as graphs, no host sync in a step's launch
     (`arch_cases.check_on_cuda_with_graphs`)."""
-    _, loaded, reference = built(name)
+    _, _, loaded, reference = built(name)
     runner = check_on_cuda_with_graphs(loaded, reference, name).engine.runner
     moe = runner.model.layers[-1].mlp
     assert getattr(moe, "routed", moe).fused is not None  # the fused kernel, not every expert

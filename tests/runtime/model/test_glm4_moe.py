@@ -21,13 +21,21 @@ import json
 
 import pytest
 import torch
-from arch_cases import check, check_on_cuda_with_graphs, generate, prompts
-from hf_oracle import hf_greedy_plain, make_tiny_model
+from arch_cases import (
+    built_fixture,
+    check_chunked_cached_batched,
+    check_on_cuda_with_graphs,
+    check_preempted,
+    check_two_ranks,
+    generate,
+    prompts,
+    scramble_correction_biases,
+)
+from hf_oracle import make_tiny_model
 from pagoda.runtime import LLM
-from pagoda.runtime.model.loader import load_model, read_model_config
+from pagoda.runtime.model.loader import read_model_config
 
 transformers = pytest.importorskip("transformers")
-NEW = 6
 CASES = {
     "glm45": dict(
         use_qk_norm=True, attention_bias=True, head_dim=32, n_routed_experts=8,
@@ -53,12 +61,7 @@ def write_case(name: str, path):
 
     overrides = CASES[name]
     model = make_tiny_model(path, "Glm4Moe", **overrides)
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for layer in model.model.layers[overrides["first_k_dense_replace"] :]:
-            bias = layer.mlp.gate.e_score_correction_bias
-            bias.copy_(torch.randn(bias.shape, generator=g))
-    model.save_pretrained(path)
+    g = scramble_correction_biases(model, path, overrides["first_k_dense_replace"])
     if name in MTP:
         tensors = load_file(str(path / "model.safetensors"))
         n, h = model.config.num_hidden_layers, model.config.hidden_size
@@ -74,40 +77,14 @@ def write_case(name: str, path):
     return model
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """name -> (path, loaded checkpoint, transformers' greedy tokens and logits per prompt)."""
-    done: dict[str, tuple] = {}
-
-    def get(name: str):
-        if name not in done:
-            path = tmp_path_factory.mktemp(name)
-            model = write_case(name, path)
-            reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
-            done[name] = (path, load_model(str(path)), reference)
-        return done[name]
-
-    return get
+built = built_fixture(write_case)
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(built, name):
-    _, loaded, reference = built(name)
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
-              max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
-    cold = generate(llm, prompts())
-    warm = generate(llm, prompts()[::-1])[::-1]
-    for i, want in enumerate(reference):
-        check(cold[i], want, f"{name}: prompt {i}, cold")
-        check(warm[i], want, f"{name}: prompt {i}, warm")
-    assert llm.engine.kv.prefix_hits > 0
-    small = LLM(loaded=loaded, dtype="float32", num_blocks_override=7, block_size=16,
-                max_model_len=96, max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
-    got = generate(small, prompts())
-    assert small.engine.scheduler.num_preemptions > 0
-    for i, want in enumerate(reference):
-        check(got[i], want, f"{name}: prompt {i}, preempted")
-    small.engine.check_integrity()
+    _, _, loaded, reference = built(name)
+    check_chunked_cached_batched(loaded, reference, name)
+    check_preempted(loaded, reference, name)
 
 
 def test_config_reads_as_transformers(built, tmp_path):
@@ -116,7 +93,7 @@ def test_config_reads_as_transformers(built, tmp_path):
     default."""
     from pagoda.runtime.model.shape_fingerprint import shape_fingerprint
 
-    path, _, _ = built("glm45")
+    path, _, _, _ = built("glm45")
     c = read_model_config(str(path))
     f = c.family
     assert c.architecture == "glm4_moe" and c.attention_bias and f.qk_norm
@@ -153,19 +130,10 @@ def test_the_weights_estimate_is_what_the_model_holds(built, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: the float32
     router and correction bias, the shared experts, q/k norms and biases; the MTP layer the
     checkpoint carries is neither read nor counted."""
-    from model_bytes import build, held_bytes
-    from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.distributed.group import TPGroup
-    from pagoda.runtime.distributed.layout import TPLayout
-    from pagoda.runtime.server import weights
+    from model_bytes import check_estimate
 
-    path, _, _ = built("glm45")
-    group = None if tp == 1 else TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
-    held = held_bytes(build(path, torch.bfloat16, tp=group))
-    cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16",
-                              tensor_parallel_size=tp)  # fmt: skip
-    got = weights.estimate(read_model_config(str(path)), cfg, path)
-    assert got.bytes == pytest.approx(held, rel=0.02), got
+    path, _, _, _ = built("glm45")
+    check_estimate(path, tp)
 
 
 @pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
@@ -173,17 +141,8 @@ def test_two_tensor_parallel_ranks_match_transformers(built):
     """Heads split over two ranks (q/k/v with their biases, per-head q/k norms on each), the
     experts and shared experts by width, the router whole on each: transformers' tokens and
     logits, chunked, preempted and on a warm cache."""
-    path, loaded, reference = built("glm45")
-    pool = dict(num_blocks_override=7, block_size=16, max_model_len=96, dtype="float32",
-                max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
-    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **pool) as two:
-        got = generate(two, prompts()) + generate(two, prompts()[::-1])[::-1]
-        core = two.engine
-        assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
-        assert core.runner.backend.num_kv_heads == 1  # this rank's
-        core.check_integrity()
-    for i, g in enumerate(got):
-        check(g, reference[i % 3], f"glm45: prompt {i}, two ranks")
+    path, _, loaded, reference = built("glm45")
+    check_two_ranks(path, loaded, reference, "glm45", kv_heads=1)
 
 
 @pytest.mark.slow  # Triton's interpreter on a CPU: ~10 s
@@ -197,7 +156,7 @@ def test_quantization_fp8_runs_the_projections_in_fp8(built):
 
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the FP8 kernels run on a CPU under TRITON_INTERPRET=1 only")
-    _, loaded, reference = built("glm45")
+    _, _, loaded, reference = built("glm45")
     llm = LLM(loaded=loaded, dtype="float32", quantization="fp8", kv_cache_memory=16 << 20,
               max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
     model = llm.engine.runner.model
@@ -219,7 +178,7 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     """On CUDA (benchmarks/gpu_check.sh's `families` step): the experts in the fused-MoE
     kernel, decodes in CUDA graphs, eager as graphs, no host sync in a step's launch
     (`arch_cases.check_on_cuda_with_graphs`)."""
-    _, loaded, reference = built(name)
+    _, _, loaded, reference = built(name)
     runner = check_on_cuda_with_graphs(loaded, reference, name).engine.runner
     moe = runner.model.layers[-1].mlp
     assert getattr(moe, "routed", moe).fused is not None

@@ -25,10 +25,16 @@ import json
 
 import pytest
 import torch
-from arch_cases import check, generate, prompts, tokens_without_host_syncs
-from hf_oracle import hf_greedy_plain, make_tiny_model
-from pagoda.runtime import LLM
-from pagoda.runtime.model.loader import load_model, read_model_config
+from arch_cases import (
+    built_fixture,
+    case_fixture,
+    check_chunked_cached_batched,
+    check_on_cuda_with_graphs,
+    check_preempted,
+    check_two_ranks,
+)
+from hf_oracle import make_tiny_model
+from pagoda.runtime.model.loader import read_model_config
 
 transformers = pytest.importorskip("transformers")
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -62,53 +68,19 @@ CASES = {
 }  # fmt: skip
 
 
-_BUILT: dict[str, tuple] = {}
+def _make(name: str, path):
+    arch, overrides = CASES[name]
+    return make_tiny_model(path, arch, **overrides)
 
 
-def _build(name: str, tmp_path_factory):
-    """(checkpoint directory, transformers model, loaded checkpoint, reference) of case `name`,
-    written once per module."""
-    if name not in _BUILT:
-        path = tmp_path_factory.mktemp(name)
-        arch, overrides = CASES[name]
-        model = make_tiny_model(path, arch, **overrides)
-        reference = [hf_greedy_plain(model, p, 6) for p in prompts()]
-        _BUILT[name] = (path, model, load_model(str(path)), reference)
-    return _BUILT[name]
-
-
-@pytest.fixture(scope="module", params=list(CASES))
-def case(request, tmp_path_factory):
-    path, model, loaded, reference = _build(request.param, tmp_path_factory)
-    return request.param, path, model, loaded, reference
-
-
-@pytest.fixture(scope="module")
-def case_by_name(tmp_path_factory):
-    def get(name):
-        path, _, loaded, reference = _build(name, tmp_path_factory)
-        return path, loaded, reference
-
-    return get
+built = built_fixture(_make)
+case = case_fixture(CASES)
 
 
 def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):
     name, _, _, loaded, reference = case
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
-              max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
-    cold = generate(llm, prompts())
-    warm = generate(llm, prompts()[::-1])[::-1]
-    for i, want in enumerate(reference):
-        check(cold[i], want, f"{name}: prompt {i}, cold")
-        check(warm[i], want, f"{name}: prompt {i}, warm")
-    assert llm.engine.kv.prefix_hits > 0
-    small = LLM(loaded=loaded, dtype="float32", num_blocks_override=7, block_size=16,
-                max_model_len=96, max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
-    got = generate(small, prompts())
-    assert small.engine.scheduler.num_preemptions > 0
-    for i, want in enumerate(reference):
-        check(got[i], want, f"{name}: prompt {i}, preempted")
-    small.engine.check_integrity()
+    check_chunked_cached_batched(loaded, reference, name)
+    check_preempted(loaded, reference, name)
 
 
 def test_per_layer_rotary_and_windows_read_as_transformers(case):
@@ -135,40 +107,21 @@ def test_the_weights_estimate_is_what_the_model_holds(tmp_path, arch, overrides,
     """`server/weights.py` against the built model, bf16 from float32 files: GLM-4's fused
     gate_up and extra norms, Cohere's float32 LayerNorm weights and per-head q/k norms (with
     two ranks: rank 0's heads' rows; its one KV head replicated)."""
-    import torch
-    from model_bytes import build, held_bytes
-    from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.distributed.group import TPGroup
-    from pagoda.runtime.distributed.layout import TPLayout
-    from pagoda.runtime.server import weights
+    from model_bytes import check_estimate
 
     make_tiny_model(tmp_path, arch, **overrides)
-    group = None if tp == 1 else TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
-    held = held_bytes(build(tmp_path, torch.bfloat16, tp=group))
-    cfg = EngineConfig.create(str(tmp_path), device="cpu", dtype="bfloat16",
-                              tensor_parallel_size=tp)  # fmt: skip
-    got = weights.estimate(read_model_config(str(tmp_path)), cfg, tmp_path)
-    assert got.bytes == pytest.approx(held, rel=0.02), got
+    check_estimate(tmp_path, tp)
 
 
 @pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
 @pytest.mark.parametrize("name", ["glm4-partial-interleaved", "cohere-qknorm"])
-def test_two_ranks_match_transformers(case_by_name, name):
+def test_two_ranks_match_transformers(built, name):
     """Tensor parallelism over gloo, two ranks, the small pool (chunked, preempted) then a warm
     cache: GLM-4's fused gate_up cut by width and its interleaved partial rotary on each rank's
     heads; Cohere's per-head q/k norms, each rank its heads' rows. Tokens and logits as
     transformers'."""
-    path, loaded, reference = case_by_name(name)
-    pool = dict(num_blocks_override=7, block_size=16, max_model_len=96, dtype="float32",
-                max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
-    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **pool) as two:
-        got = generate(two, prompts()) + generate(two, prompts()[::-1])[::-1]
-        core = two.engine
-        assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
-        assert core.runner.backend.num_kv_heads == 1  # this rank's
-        core.check_integrity()
-    for i, g in enumerate(got):
-        check(g, reference[i % 3], f"{name}: prompt {i}, two ranks")
+    path, _, loaded, reference = built(name)
+    check_two_ranks(path, loaded, reference, name, kv_heads=1)
 
 
 @pytest.mark.parametrize(("arch", "edit", "words"), [
@@ -226,26 +179,12 @@ def test_interleaved_rotary_is_transformers_bit_for_bit(family, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
-def test_gpu_matches_transformers_with_graphs(case_by_name, name):
+def test_gpu_matches_transformers_with_graphs(built, name):
     """On CUDA in float32 with the defaults (the Triton ops and attention, whose rotary reads
     the cache by positions, CUDA graphs): transformers' tokens and logits, graphs as eager, no
     step's launch syncing with the host (`tokens_without_host_syncs`)."""
-    import os
-
-    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("needs CUDA with compiled Triton kernels (TRITON_INTERPRET=0)")
-    _, loaded, reference = case_by_name(name)
-    common = dict(loaded=loaded, dtype="float32", kv_cache_memory=256 << 20,
-                  max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
-    llm = LLM(**common)
-    assert llm.engine.runner.cuda_graphs is not None
-    got = generate(llm, prompts())
-    for i, want in enumerate(reference):
-        check(got[i], want, f"{name}: prompt {i}")
-    eager = generate(LLM(**common, enable_cuda_graphs=False), prompts())
-    assert [t for t, _ in eager] == [t for t, _ in got]
-    synced = tokens_without_host_syncs(LLM(**common, async_scheduling=False), prompts())
-    assert synced == [t for t, _ in got]
+    _, _, loaded, reference = built(name)
+    check_on_cuda_with_graphs(loaded, reference, name)
 
 
 def test_olmo3s_hub_config_format_reads_as_transformers_reads_it(tmp_path):

@@ -19,7 +19,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from arch_cases import check, check_on_cuda_with_graphs, generate, prompts
+from arch_cases import (
+    built_fixture,
+    check,
+    check_chunked_cached_batched,
+    check_on_cuda_with_graphs,
+    check_preempted,
+    generate,
+    prompts,
+)
 from hf_oracle import _LM_CLASSES, hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM
 from pagoda.runtime.model.loader import load_model, read_model_config
@@ -42,39 +50,14 @@ CASES = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    done: dict[str, tuple] = {}
-
-    def get(name: str):
-        if name not in done:
-            path = tmp_path_factory.mktemp(name)
-            model = make_tiny_model(path, "Llama4Text", **CASES[name])
-            reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
-            done[name] = (path, load_model(str(path)), reference)
-        return done[name]
-
-    return get
+built = built_fixture(lambda name, path: make_tiny_model(path, "Llama4Text", **CASES[name]))
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(built, name):
-    _, loaded, reference = built(name)
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
-              max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
-    cold = generate(llm, prompts())
-    warm = generate(llm, prompts()[::-1])[::-1]
-    for i, want in enumerate(reference):
-        check(cold[i], want, f"{name}: prompt {i}, cold")
-        check(warm[i], want, f"{name}: prompt {i}, warm")
-    assert llm.engine.kv.prefix_hits > 0
-    small = LLM(loaded=loaded, dtype="float32", num_blocks_override=7, block_size=16,
-                max_model_len=96, max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
-    got = generate(small, prompts())
-    assert small.engine.scheduler.num_preemptions > 0
-    for i, want in enumerate(reference):
-        check(got[i], want, f"{name}: prompt {i}, preempted")
-    small.engine.check_integrity()
+    _, _, loaded, reference = built(name)
+    check_chunked_cached_batched(loaded, reference, name)
+    check_preempted(loaded, reference, name)
 
 
 def test_config_reads_as_transformers_and_the_context_is_one_chunk(built):
@@ -83,7 +66,7 @@ def test_config_reads_as_transformers_and_the_context_is_one_chunk(built):
     refused, never computed with the wrong mask."""
     from pagoda.runtime.config import EngineConfig
 
-    path, loaded, _ = built("maverick")
+    path, _, loaded, _ = built("maverick")
     hf = transformers.AutoConfig.from_pretrained(path)
     f = read_model_config(str(path)).family
     assert list(f.rope_layers) == [bool(x) for x in hf.no_rope_layers] == [True] * 3 + [False]
@@ -100,19 +83,10 @@ def test_config_reads_as_transformers_and_the_context_is_one_chunk(built):
 def test_the_weights_estimate_is_what_the_model_holds(built, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: the stacked
     experts (split by width over two ranks), the router, the shared expert, the dense MLPs."""
-    from model_bytes import build, held_bytes
-    from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.distributed.group import TPGroup
-    from pagoda.runtime.distributed.layout import TPLayout
-    from pagoda.runtime.server import weights
+    from model_bytes import check_estimate
 
-    path, _, _ = built("maverick")
-    group = None if tp == 1 else TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
-    held = held_bytes(build(path, torch.bfloat16, tp=group))
-    cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16",
-                              tensor_parallel_size=tp)  # fmt: skip
-    got = weights.estimate(read_model_config(str(path)), cfg, path)
-    assert got.bytes == pytest.approx(held, rel=0.02), got
+    path, _, _, _ = built("maverick")
+    check_estimate(path, tp)
 
 
 @pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
@@ -120,7 +94,7 @@ def test_two_tensor_parallel_ranks_match_transformers(built):
     """Heads split over two ranks (each rank's q/k L2-normed and temperature-scaled), the
     stacked experts and the shared expert by width, the router whole: transformers' tokens and
     logits, chunked, preempted and on a warm cache."""
-    path, loaded, reference = built("scout")
+    path, _, loaded, reference = built("scout")
     pool = dict(num_blocks_override=7, block_size=16, max_model_len=96, dtype="float32",
                 max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
     with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **pool) as two:
@@ -201,7 +175,7 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     """On CUDA (benchmarks/gpu_check.sh's `families` step): the experts in the fused-MoE
     kernel, decodes in CUDA graphs, eager as graphs, no host sync in a step's launch
     (`arch_cases.check_on_cuda_with_graphs`)."""
-    _, loaded, reference = built(name)
+    _, _, loaded, reference = built(name)
     runner = check_on_cuda_with_graphs(loaded, reference, name).engine.runner
     moes = [layer.mlp for layer in runner.model.layers if hasattr(layer.mlp, "experts")]
     assert moes and all(m.experts.fused is not None for m in moes)

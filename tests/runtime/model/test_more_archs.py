@@ -27,9 +27,15 @@ import json
 
 import pytest
 import torch
-from arch_cases import check, generate, prompts, tokens_without_host_syncs
-from hf_oracle import hf_greedy_plain, make_tiny_model, save_word_tokenizer
-from pagoda.runtime import LLM
+from arch_cases import (
+    built_fixture,
+    case_fixture,
+    check_chunked_cached_batched,
+    check_on_cuda_with_graphs,
+    check_preempted,
+    check_two_ranks,
+)
+from hf_oracle import make_tiny_model, save_word_tokenizer
 from pagoda.runtime.model.loader import load_model, read_model_config
 
 transformers = pytest.importorskip("transformers")
@@ -96,59 +102,21 @@ def make_mistral3(path, text: str, tie: bool, **overrides):
     return model
 
 
-def _make(path, name: str):
+def _make(name: str, path):
     arch, overrides = CASES[name]
     if arch.startswith("Mistral3:"):
         return make_mistral3(path, arch.split(":")[1], tie=name.endswith("-tied"), **overrides)
     return make_tiny_model(path, arch, **overrides)
 
 
-_BUILT: dict[str, tuple] = {}
-
-
-def _build(name: str, tmp_path_factory):
-    """(checkpoint directory, transformers model, loaded checkpoint, reference) of case `name`,
-    written once per module."""
-    if name not in _BUILT:
-        path = tmp_path_factory.mktemp(name)
-        model = _make(path, name)
-        reference = [hf_greedy_plain(model, p, 6) for p in prompts()]
-        _BUILT[name] = (path, model, load_model(str(path)), reference)
-    return _BUILT[name]
-
-
-@pytest.fixture(scope="module", params=list(CASES))
-def case(request, tmp_path_factory):
-    path, model, loaded, reference = _build(request.param, tmp_path_factory)
-    return request.param, path, model, loaded, reference
-
-
-@pytest.fixture(scope="module")
-def case_by_name(tmp_path_factory):
-    def get(name):
-        path, _, loaded, reference = _build(name, tmp_path_factory)
-        return path, loaded, reference
-
-    return get
+built = built_fixture(_make)
+case = case_fixture(CASES)
 
 
 def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):
     name, _, _, loaded, reference = case
-    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
-              max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
-    cold = generate(llm, prompts())
-    warm = generate(llm, prompts()[::-1])[::-1]
-    for i, want in enumerate(reference):
-        check(cold[i], want, f"{name}: prompt {i}, cold")
-        check(warm[i], want, f"{name}: prompt {i}, warm")
-    assert llm.engine.kv.prefix_hits > 0
-    small = LLM(loaded=loaded, dtype="float32", num_blocks_override=7, block_size=16,
-                max_model_len=96, max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
-    got = generate(small, prompts())
-    assert small.engine.scheduler.num_preemptions > 0
-    for i, want in enumerate(reference):
-        check(got[i], want, f"{name}: prompt {i}, preempted")
-    small.engine.check_integrity()
+    check_chunked_cached_batched(loaded, reference, name)
+    check_preempted(loaded, reference, name)
 
 
 def test_the_config_reads_as_transformers(case):
@@ -178,27 +146,19 @@ def test_the_config_reads_as_transformers(case):
     "name",
     ["mistral3-ministral3-tied", "exaone4-window-nope", "starcoder2-window", "apertus-xielu"],
 )
-def test_two_ranks_match_transformers(case_by_name, name):
+def test_two_ranks_match_transformers(built, name):
     """Tensor parallelism over gloo, two ranks, the small pool (chunked, preempted) then a warm
     cache: Ministral 3 from Mistral 3's wrapper (each rank its heads, its scaled q); EXAONE 4's
     per-head q/k norms and norms after the sublayers; the ungated MLPs cut by width (c_fc's
     rows and bias, c_proj's columns, its bias added once), LayerNorm biases, xIELU."""
-    path, loaded, reference = case_by_name(name)
-    pool = dict(num_blocks_override=7, block_size=16, max_model_len=96, dtype="float32",
-                max_num_batched_tokens=16, max_num_seqs=3)  # fmt: skip
-    with LLM(str(path), loaded=loaded, tensor_parallel_size=2, **pool) as two:
-        got = generate(two, prompts()) + generate(two, prompts()[::-1])[::-1]
-        core = two.engine
-        assert core.scheduler.num_preemptions > 0 and core.kv.prefix_hits > 0
-        core.check_integrity()
-    for i, g in enumerate(got):
-        check(g, reference[i % 3], f"{name}: prompt {i}, two ranks")
+    path, _, loaded, reference = built(name)
+    check_two_ranks(path, loaded, reference, name)
 
 
-def test_mistral3s_processor_chat_template_is_the_one_rendered(case_by_name):
+def test_mistral3s_processor_chat_template_is_the_one_rendered(built):
     """Mistral-Small-3.1's repository: the processor's `chat_template.json` beside the
     tokenizer's template in tokenizer_config.json; the processor's wins (as vLLM, transformers)."""
-    path, _, _ = case_by_name("mistral3-untied")
+    path, _, _, _ = built("mistral3-untied")
     template = "{% for m in messages %}w7 {{ m['content'] }} w8 {% endfor %}"
     (path / "chat_template.json").write_text(json.dumps({"chat_template": template}))
     try:
@@ -222,46 +182,23 @@ def test_the_weights_estimate_is_what_the_model_holds(tmp_path, arch, overrides,
     model under `language_model.` (the vision tower not counted); with two ranks rank 0's part
     (EXAONE 4's q/k norms whole on every rank); the ungated MLPs' two matrices (StarCoder2's
     c_fc / c_proj and their biases, its LayerNorms' biases)."""
-    from model_bytes import build, held_bytes
-    from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.distributed.group import TPGroup
-    from pagoda.runtime.distributed.layout import TPLayout
-    from pagoda.runtime.server import weights
+    from model_bytes import check_estimate
 
     if arch.startswith("Mistral3:"):
         make_mistral3(tmp_path, arch.split(":")[1], tie=False, **overrides)
     else:
         make_tiny_model(tmp_path, arch, **overrides)
-    group = None if tp == 1 else TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
-    held = held_bytes(build(tmp_path, torch.bfloat16, tp=group))
-    cfg = EngineConfig.create(str(tmp_path), device="cpu", dtype="bfloat16",
-                              tensor_parallel_size=tp)  # fmt: skip
-    got = weights.estimate(read_model_config(str(tmp_path)), cfg, tmp_path)
-    assert got.bytes == pytest.approx(held, rel=0.02), got
+    check_estimate(tmp_path, tp)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
-def test_gpu_matches_transformers_with_graphs(case_by_name, name):
+def test_gpu_matches_transformers_with_graphs(built, name):
     """On CUDA in float32 with the defaults (the Triton ops and attention, whose rotary reads
     the cache by positions, CUDA graphs): transformers' tokens and logits, graphs as eager, no
     step's launch syncing with the host (`tokens_without_host_syncs`)."""
-    import os
-
-    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("needs CUDA with compiled Triton kernels (TRITON_INTERPRET=0)")
-    _, loaded, reference = case_by_name(name)
-    common = dict(loaded=loaded, dtype="float32", kv_cache_memory=256 << 20,
-                  max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
-    llm = LLM(**common)
-    assert llm.engine.runner.cuda_graphs is not None
-    got = generate(llm, prompts())
-    for i, want in enumerate(reference):
-        check(got[i], want, f"{name}: prompt {i}")
-    eager = generate(LLM(**common, enable_cuda_graphs=False), prompts())
-    assert [t for t, _ in eager] == [t for t, _ in got]
-    synced = tokens_without_host_syncs(LLM(**common, async_scheduling=False), prompts())
-    assert synced == [t for t, _ in got]
+    _, _, loaded, reference = built(name)
+    check_on_cuda_with_graphs(loaded, reference, name)
 
 
 @pytest.mark.parametrize(("arch", "edit", "words"), [
@@ -321,10 +258,10 @@ def test_a_gated_models_tuned_profile_does_not_fit_an_ungated_one(tmp_path):
     ]
 
 
-def test_a_mistral3_around_another_text_model_is_refused_in_one_line(case_by_name, tmp_path):
+def test_a_mistral3_around_another_text_model_is_refused_in_one_line(built, tmp_path):
     """Mistral 3's wrapper names its text model's family in text_config.model_type: one the
     engine does not know as Mistral's is refused (not run as Mistral's)."""
-    path, _, _ = case_by_name("mistral3-untied")
+    path, _, _, _ = built("mistral3-untied")
     cfg = json.loads((path / "config.json").read_text())
     cfg["text_config"]["model_type"] = "mistral4"
     (tmp_path / "config.json").write_text(json.dumps(cfg))
