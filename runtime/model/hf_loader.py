@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model import deepseek_config as deepseek
+from pagoda.runtime.model import family_fields, tiktoken_files
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import llama4_config as llama4
-from pagoda.runtime.model import tiktoken_files
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
-from pagoda.runtime.model.ops import rope_inv_freq, rope_kind, rotary_dim
+from pagoda.runtime.model.ops import rope_inv_freq, rotary_dim
 from pagoda.runtime.model.safetensors_weights import INDEX, SafetensorsWeights
 from pagoda.runtime.model.template_files import read_chat_template, read_tool_template
 from pagoda.runtime.model.template_files import read_json_object as _read_json
@@ -199,7 +199,6 @@ _DEFAULT_ROPE = {
         "high_freq_factor": 4.0,
     },
 }
-_UNGATED = ("arcee", "apertus", "starcoder2")  # down(act(up(x))) MLPs (model/ungated_mlp.py)
 # the families whose transformers models read partial_rotary_factor
 _PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe")
 _FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)
@@ -235,39 +234,6 @@ def architecture(cfg: Mapping[str, Any]) -> str:
                              f"supported (supported: {', '.join(kinds)})")  # fmt: skip
         return kinds[kind]
     return arch
-
-
-def _rope(
-    cfg: Mapping[str, Any], kind: str | None, phi3: bool = False
-) -> tuple[float, dict | None]:
-    """(theta, rope_scaling) from transformers 5's `rope_parameters` (keyed by layer kind for
-    Gemma 3) or the older `rope_theta` / `rope_scaling`, with what transformers fills in where
-    a config leaves it out (llama3's and yarn's original context, yarn's factor)."""
-    params = cfg.get("rope_parameters") or {}
-    nested = kind is not None and isinstance(params.get(kind), dict)
-    if nested:
-        params = params[kind]
-    theta = params.get("rope_theta") or cfg.get("rope_theta") or 10000.0
-    scaling = cfg.get("rope_scaling")
-    if params.get("rope_type", "default") != "default" or "partial_rotary_factor" in params:
-        scaling = params
-    if cfg.get("partial_rotary_factor") not in (None, 1, 1.0):  # rope_parameters' own wins
-        scaling = {"partial_rotary_factor": cfg["partial_rotary_factor"], **(scaling or {})}
-    if phi3 and rope_kind(scaling) in ("su", "yarn"):  # transformers' Phi3Config: longrope
-        scaling = {**scaling, "rope_type": "longrope"}
-    if scaling and rope_kind(scaling) in ("llama3", "yarn", "longrope"):
-        context = cfg.get("max_position_embeddings")
-        scaling = dict(scaling)
-        # transformers' standardize_rope_params: a top-level original_max_position_embeddings
-        # (Phi-3's place for it) wins over rope_scaling's; without either, the model's context
-        top = None if nested else cfg.get("original_max_position_embeddings")
-        if top:
-            scaling["original_max_position_embeddings"] = int(top)
-        elif not scaling.get("original_max_position_embeddings") and context:
-            scaling["original_max_position_embeddings"] = int(context)
-        if rope_kind(scaling) in ("yarn", "longrope") and not scaling.get("factor") and context:
-            scaling["factor"] = int(context) / scaling["original_max_position_embeddings"]
-    return float(theta), scaling
 
 
 def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None):
@@ -343,53 +309,6 @@ def _smollm3_window(cfg: Mapping[str, Any]) -> int | None:
     return int(window)
 
 
-def _no_rope_layers(cfg: Mapping[str, Any], n: int) -> tuple[bool, ...]:
-    """SmolLM3's per-layer rotary (1: rotated, 0: NoPE); by default every
-    `no_rope_layer_interval`-th layer skips it (transformers' SmolLM3Config)."""
-    flags = cfg.get("no_rope_layers")
-    if flags is None:
-        interval = int(cfg["no_rope_layer_interval"])
-        flags = [int((i + 1) % interval != 0) for i in range(n)]
-    if len(flags) != n:
-        raise ValueError(f"no_rope_layers names {len(flags)} layers, the model has {n}")
-    return tuple(bool(f) for f in flags)
-
-
-def _smollm3_layer_types(cfg: Mapping[str, Any], n: int, window: int | None):
-    """transformers' default layer_types: the NoPE layers slide (when a window is on)."""
-    if window is None or cfg.get("layer_types"):
-        return _window_layers(cfg, "smollm3", n, window)
-    return tuple(not rope for rope in _no_rope_layers(cfg, n))
-
-
-def _local_rope_theta(cfg: Mapping[str, Any], fallback: str, family: str) -> float:
-    """The rotary base of the sliding-window layers (transformers 5's
-    `rope_parameters.sliding_attention`, else config.json's `fallback` key); a scaling there is
-    refused in one line."""
-    params = (cfg.get("rope_parameters") or {}).get("sliding_attention")
-    params = params if isinstance(params, dict) else {}
-    if rope_kind(params) != "default":
-        raise ValueError(f"rope_scaling {rope_kind(params)!r} on {family}'s sliding-window "
-                         "layers is not supported")  # fmt: skip
-    return float(params.get("rope_theta") or cfg[fallback])
-
-
-def _llama4_query_scale(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Ministral 3's q scale by position (`FamilyConfig.query_scale_beta`): its
-    `rope_parameters`' `llama_4_scaling_beta` over their `original_max_position_embeddings`
-    (transformers reads both there and fails without them)."""
-    _, scaling = _rope(cfg, None)
-    scaling = scaling or {}
-    beta, context = (
-        scaling.get("llama_4_scaling_beta"),
-        scaling.get("original_max_position_embeddings"),
-    )
-    if beta is None or not context:
-        raise ValueError("Ministral 3 needs rope_parameters with llama_4_scaling_beta and "
-                         "original_max_position_embeddings")  # fmt: skip
-    return {"query_scale_beta": float(beta), "query_scale_context": int(context)}
-
-
 def _family(
     cfg: Mapping[str, Any], arch: str, n: int, scaling: Mapping[str, Any] | None = None
 ) -> FamilyConfig:
@@ -397,125 +316,14 @@ def _family(
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
     if act not in _ACTIVATIONS:
         raise ValueError(f"unsupported hidden activation {act!r}")
+    layers = _window_layers(cfg, arch, n, window)
     fields: dict[str, Any] = {
         "sliding_window": window,
-        "window_layers": _window_layers(cfg, arch, n, window),
+        "window_layers": layers,
         "hidden_act": _ACTIVATIONS[act],
     }
-    if arch in ("qwen3", "qwen3moe", "gemma3"):
-        fields["qk_norm"] = True
-    if arch in ("glm", "glm4"):
-        fields.update(rope_interleaved=True, glm4_norms=arch == "glm4")
-    if arch in ("cohere", "cohere2"):
-        fields.update(cohere_layer=True, rope_interleaved=True,
-                      logit_scale=float(cfg["logit_scale"]))  # fmt: skip
-    if arch == "cohere" and cfg.get("use_qk_norm"):  # (Cohere 2's attention has none)
-        fields["qk_norm"] = True
-    if arch == "cohere2":  # the global layers attend without rotary
-        fields["rope_layers"] = fields["window_layers"]
-    if arch == "ministral3":
-        fields.update(_llama4_query_scale(cfg))
-    if arch in _UNGATED:
-        fields["gated_mlp"] = False
-    if arch == "starcoder2":
-        fields["layer_norm_bias"] = True
-    if arch == "apertus":
-        fields["qk_norm"] = True
-    if arch == "ernie4_5":
-        fields["rope_interleaved"] = True
-    if arch == "exaone4":  # norms after; per-head q/k norms; with a window, global layers NoPE
-        fields.update(olmo2_norms=True, qk_norm=True)
-        if window is not None:
-            fields["rope_layers"] = fields["window_layers"]
-    if arch == "smollm3":
-        fields.update(rope_layers=_no_rope_layers(cfg, n),
-                      window_layers=_smollm3_layer_types(cfg, n, window))  # fmt: skip
-    if arch == "gemma3":
-        if cfg.get("use_bidirectional_attention"):
-            raise ValueError("use_bidirectional_attention (an embedding model's attention, "
-                             "EmbeddingGemma) is not supported: Pagoda serves causal decoders")  # fmt: skip
-        fields.update(
-            gemma_norms=True,
-            local_rope_theta=_local_rope_theta(cfg, "rope_local_base_freq", "Gemma 3"),
-            query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]),
-            # attn_logit_softcapping is in Gemma 3's config (inherited from Gemma 2's) but its
-            # attention never applies it, in transformers as in llama.cpp: neither do we
-            final_logit_softcapping=cfg.get("final_logit_softcapping"),
-        )
-    if arch == "gemma2":
-        fields.update(
-            gemma_norms=True,
-            query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]),
-            attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
-            final_logit_softcapping=cfg.get("final_logit_softcapping"),
-        )
-    if arch == "mixtral":
-        fields.update(
-            num_experts=int(cfg["num_local_experts"]),
-            num_experts_per_tok=int(cfg["num_experts_per_tok"]),
-            moe_intermediate_size=int(cfg["intermediate_size"]),
-        )
-    if arch in ("qwen3moe", "qwen2moe"):
-        # the hub's configs say num_experts; transformers 5 writes num_local_experts
-        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 128)
-        step = int(cfg.get("decoder_sparse_step") or 1)
-        dense = set(cfg.get("mlp_only_layers") or [])
-        fields.update(
-            num_experts=experts,
-            num_experts_per_tok=int(cfg["num_experts_per_tok"]),
-            moe_intermediate_size=int(cfg["moe_intermediate_size"]),
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-            round_topk_to_model_dtype=True,
-            moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n)),
-        )
-    if arch == "qwen2moe":
-        fields["shared_expert_intermediate_size"] = int(cfg["shared_expert_intermediate_size"])
-    if arch in ("olmo2", "olmo3"):
-        fields.update(olmo2_norms=True, qk_norm_whole=True)
-    if arch == "olmo3" and window is not None:  # the window layers' rotary: unscaled
-        local = _local_rope_theta(cfg, "rope_theta", "OLMo 3")
-        theta, full_scaling = _rope(cfg, "full_attention")
-        if full_scaling is not None or local != theta:
-            fields["local_rope_theta"] = local
-    if arch == "olmoe":
-        if cfg.get("clip_qkv") is not None:
-            raise ValueError(f"clip_qkv {cfg['clip_qkv']} (OLMoE's q/k/v clamp) is not supported")
-        fields.update(
-            qk_norm_whole=True,
-            num_experts=int(cfg["num_experts"]),
-            num_experts_per_tok=int(cfg["num_experts_per_tok"]),
-            moe_intermediate_size=int(cfg["intermediate_size"]),
-            norm_topk_prob=bool(cfg["norm_topk_prob"]),
-            round_topk_to_model_dtype=True,
-        )
-    if arch == "granitemoe":  # Mixtral's experts; softmax over the top-k logits, rounded
-        fields.update(
-            num_experts=int(cfg["num_local_experts"]),
-            num_experts_per_tok=int(cfg["num_experts_per_tok"]),
-            moe_intermediate_size=int(cfg["intermediate_size"]),
-            round_topk_to_model_dtype=True,
-        )
-    if arch == "gpt_oss":  # softmax over the top-k logits: the renormalised top-k
-        fields.update(
-            num_experts=int(cfg["num_local_experts"]),
-            num_experts_per_tok=int(cfg["num_experts_per_tok"]),
-            moe_intermediate_size=int(cfg["intermediate_size"]),
-            round_topk_to_model_dtype=True,
-            attention_sinks=True,
-            swiglu_alpha=float(cfg["swiglu_alpha"]),
-            swiglu_limit=float(cfg["swiglu_limit"]),
-        )
-    granite = ("granite", "granitemoe")
-    if arch in granite:  # transformers' defaults: 1.0 each (a softmax scale of 1, too)
-        for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
-                     "logits_scaling"):  # fmt: skip
-            fields[name] = float(cfg.get(name, 1.0))
-    if arch in deepseek.ARCHITECTURES.values():
-        fields.update(deepseek.family_fields(cfg, arch, n, scaling))
-    if arch == "glm4_moe":  # GLM-4.5: V3's router, shared experts, optional q/k norms
-        fields.update(glm4_moe.family_fields(cfg, n))
-    if arch == "llama4":  # NoPE layers, top-1 sigmoid experts with a shared one
-        fields.update(llama4.family_fields(cfg, n))
+    if arch in family_fields.FIELDS:  # what the family sets (model/family_fields.py)
+        fields.update(family_fields.FIELDS[arch](cfg, arch, n, window, layers, scaling))
     if fields.get("num_experts") and fields["hidden_act"] != "silu":  # the fused-MoE kernel's
         raise ValueError(f"hidden activation {act!r} in a mixture of experts is not supported "
                          "(experts run SwiGLU: silu)")  # fmt: skip
@@ -557,7 +365,7 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
     by_kind = "full_attention" if arch in ("gemma3", "olmo3") else None  # per layer kind
-    rope_theta, scaling = _rope(cfg, by_kind, arch == "phi3")
+    rope_theta, scaling = family_fields.read_rope(cfg, by_kind, arch == "phi3")
     if arch == "llama4":  # the dense MLP's width; the context capped at one attention chunk
         cfg = {**cfg, **llama4.overrides(cfg)}
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
