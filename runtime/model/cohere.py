@@ -65,12 +65,7 @@ class CohereLayer(LlamaLayer):
     def __call__(
         self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        norm, eps = self.ctx.rms_norm, self.ctx.eps
-        if residual is None:
-            residual = h
-            x = norm(x=h, weight=self.attn_norm, eps=eps)
-        else:  # the last layer's MLP output, added here
-            x, residual = norm(x=h, weight=self.attn_norm, eps=eps, residual=residual)
+        x, residual = self.attention_input(h, residual)  # the last layer's output added
         residual = residual.add_(self.attention(x, step))  # x + attn(n), then + mlp(n)
         return self.mlp(x), residual
 

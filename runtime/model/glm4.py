@@ -31,11 +31,7 @@ class Glm4Layer(LlamaLayer):
         self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
     ) -> tuple[torch.Tensor, torch.Tensor]:
         norm, eps = self.ctx.rms_norm, self.ctx.eps
-        if residual is None:
-            residual = h
-            x = norm(x=h, weight=self.attn_norm, eps=eps)
-        else:  # the last layer's MLP branch, normalised, added here
-            x, residual = norm(x=h, weight=self.attn_norm, eps=eps, residual=residual)
+        x, residual = self.attention_input(h, residual)  # the last MLP branch, normalised, added
         h = norm(x=self.attention(x, step), weight=self.post_attn_norm, eps=eps)
         x, residual = norm(x=h, weight=self.mlp_norm, eps=eps, residual=residual)
         return norm(x=self.mlp(x), weight=self.post_mlp_norm, eps=eps), residual
