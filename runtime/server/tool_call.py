@@ -1,5 +1,5 @@
 """A parsed tool call (OpenAI's shape) and the helpers every tool-call parser shares
-(`tool_parsers.py`, `tool_parser_glm45.py`)."""
+(`tool_parsers.py`, `tool_parser_glm45.py`, `tool_parser_deepseek.py`)."""
 
 from __future__ import annotations
 
@@ -29,3 +29,61 @@ def prefix_overlap(text: str, tag: str) -> int:
         if tag.startswith(text[-k:]):
             return k
     return 0
+
+
+class ScannedCallStream:
+    """Incremental output of a parser that reads its calls by scanning the text after its marker
+    (GLM-4.5's, DeepSeek's), as OpenAI chat deltas (`tool_parsers.ToolStream`'s interface): the
+    content up to the marker, then each call's id and name once and its arguments as they grow.
+    The parser gives `_start`, `_held`, `marker_text`, `parse`, `new_id` and `scan(region,
+    parallel)`: per call so far (name, arguments text so far, closed)."""
+
+    def __init__(self, parser: Any, parallel: bool = True) -> None:
+        self.parser, self.parallel = parser, parallel
+        self.text = ""
+        self.content_sent = 0
+        self.region: int | None = None
+        self.calls: list[dict[str, Any]] = []  # per call: its id, argument characters sent
+
+    @property
+    def called(self) -> bool:
+        return bool(self.calls)
+
+    def content_end(self, text: str) -> int:
+        """Where the content sent so far may end: before a marker that may be beginning, or
+        before the marker once seen."""
+        p = self.parser
+        if self.region is None:
+            return len(text) - p._held(text)
+        return self.region - len(p.marker_text(text, self.region))
+
+    def arguments(self, region: str) -> list[tuple[str, str]]:
+        """(name, arguments text so far) of each call in `region`."""
+        return [(name, args) for name, args, _ in self.parser.scan(region, self.parallel)]
+
+    def feed(self, delta: str, final: bool = False) -> dict[str, Any]:
+        self.text += delta
+        p, text, out = self.parser, self.text, {}
+        if self.region is None:
+            self.region = p._start(text, final)
+        if final and not self.calls and not p.parse(text, self.parallel)[1]:
+            end = len(text)  # no call after all: content
+        else:
+            end = self.content_end(text)
+        if end > self.content_sent:
+            out["content"] = text[self.content_sent : end]
+            self.content_sent = end
+        if self.region is not None and end < len(text):
+            deltas = []
+            for i, (name, args) in enumerate(self.arguments(text[self.region :])):
+                if i == len(self.calls):
+                    self.calls.append({"id": p.new_id(), "sent": 0})
+                    deltas.append({"index": i, "id": self.calls[i]["id"], "type": "function",
+                                   "function": {"name": name, "arguments": ""}})  # fmt: skip
+                state = self.calls[i]
+                if len(args) > state["sent"]:
+                    deltas.append({"index": i, "function": {"arguments": args[state["sent"] :]}})
+                    state["sent"] = len(args)
+            if deltas:
+                out["tool_calls"] = deltas
+        return out

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pagoda.runtime.server.tool_call import ToolCall, call_id, prefix_overlap
+from pagoda.runtime.server.tool_call import ScannedCallStream, ToolCall, call_id, prefix_overlap
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -114,46 +114,6 @@ class DeepSeekV31Parser(DeepSeekV3Parser):
         return head.strip() or None
 
 
-class DeepSeekStream:
-    """Incremental `DeepSeekV3Parser` output as OpenAI chat deltas (`tool_parsers.ToolStream`'s
-    interface)."""
-
-    def __init__(self, parser: DeepSeekV3Parser, parallel: bool = True) -> None:
-        self.parser, self.parallel = parser, parallel
-        self.text = ""
-        self.content_sent = 0
-        self.region: int | None = None
-        self.calls: list[dict[str, Any]] = []  # per call: its id, argument characters sent
-
-    @property
-    def called(self) -> bool:
-        return bool(self.calls)
-
-    def feed(self, delta: str, final: bool = False) -> dict[str, Any]:
-        self.text += delta
-        p, text, out = self.parser, self.text, {}
-        if self.region is None:
-            self.region = p._start(text, final)
-        if final and not self.calls and not p.parse(text, self.parallel)[1]:
-            end = len(text)  # no call after all: content
-        elif self.region is None:
-            end = len(text) - p._held(text)
-        else:
-            end = self.region - len(CALLS_BEGIN)
-        if end > self.content_sent:
-            out["content"] = text[self.content_sent : end]
-            self.content_sent = end
-        if self.region is not None and end < len(text):
-            deltas = []
-            for i, (name, args, _) in enumerate(p.scan(text[self.region :], self.parallel)):
-                if i == len(self.calls):
-                    self.calls.append({"id": p.new_id(), "sent": 0})
-                    deltas.append({"index": i, "id": self.calls[i]["id"], "type": "function",
-                                   "function": {"name": name, "arguments": ""}})  # fmt: skip
-                state = self.calls[i]
-                if len(args) > state["sent"]:
-                    deltas.append({"index": i, "function": {"arguments": args[state["sent"] :]}})
-                    state["sent"] = len(args)
-            if deltas:
-                out["tool_calls"] = deltas
-        return out
+class DeepSeekStream(ScannedCallStream):
+    """Incremental `DeepSeekV3Parser` output as OpenAI chat deltas: content up to
+    `CALLS_BEGIN`, then each call's arguments as they arrive."""

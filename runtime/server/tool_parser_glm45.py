@@ -28,7 +28,7 @@ import json
 import re
 from typing import Any
 
-from pagoda.runtime.server.tool_call import ToolCall, call_id, prefix_overlap
+from pagoda.runtime.server.tool_call import ScannedCallStream, ToolCall, call_id, prefix_overlap
 
 TAG, END = "<tool_call>", "</tool_call>"
 _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
@@ -140,47 +140,16 @@ def arguments(pieces: list[str], done: bool) -> str:
     return "{" + ", ".join(pieces) + ("}" if done else "")
 
 
-class Glm45Stream:
-    """Incremental `Glm45Parser` output as OpenAI chat deltas (`tool_parsers.ToolStream`'s
-    interface)."""
+class Glm45Stream(ScannedCallStream):
+    """Incremental `Glm45Parser` output as OpenAI chat deltas: content up to `<tool_call>`,
+    then each call's key/value pairs as JSON arguments as they arrive."""
 
-    def __init__(self, parser: Glm45Parser, parallel: bool = True) -> None:
-        self.parser, self.parallel = parser, parallel
-        self.text = ""
-        self.content_sent = 0
-        self.region: int | None = None
-        self.calls: list[dict[str, Any]] = []  # per call: its id, argument characters sent
+    def content_end(self, text: str) -> int:
+        end = max(super().content_end(text), self.content_sent)
+        while end > self.content_sent and text[end - 1].isspace():
+            end -= 1  # whitespace before a call is not content (as `parse` strips it)
+        return end
 
-    @property
-    def called(self) -> bool:
-        return bool(self.calls)
-
-    def feed(self, delta: str, final: bool = False) -> dict[str, Any]:
-        self.text += delta
-        p, text, out = self.parser, self.text, {}
-        if self.region is None:
-            self.region = p._start(text, final)
-        if final and not self.calls and not p.parse(text, self.parallel)[1]:
-            end = len(text)  # no call after all: content
-        else:
-            end = len(text) - p._held(text) if self.region is None else self.region - len(TAG)
-            end = max(end, self.content_sent)
-            while end > self.content_sent and text[end - 1].isspace():
-                end -= 1  # whitespace before a call is not content (as `parse` strips it)
-        if end > self.content_sent:
-            out["content"] = text[self.content_sent : end]
-            self.content_sent = end
-        if self.region is not None and end < len(text):
-            deltas = []
-            for i, (name, pieces, done) in enumerate(p.scan(text[self.region :], self.parallel)):
-                if i == len(self.calls):
-                    self.calls.append({"id": p.new_id(), "sent": 0})
-                    deltas.append({"index": i, "id": self.calls[i]["id"], "type": "function",
-                                   "function": {"name": name, "arguments": ""}})  # fmt: skip
-                args, state = arguments(pieces, done), self.calls[i]
-                if len(args) > state["sent"]:
-                    deltas.append({"index": i, "function": {"arguments": args[state["sent"] :]}})
-                    state["sent"] = len(args)
-            if deltas:
-                out["tool_calls"] = deltas
-        return out
+    def arguments(self, region: str) -> list[tuple[str, str]]:
+        return [(name, arguments(pieces, done))
+                for name, pieces, done in self.parser.scan(region, self.parallel)]  # fmt: skip
