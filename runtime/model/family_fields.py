@@ -18,7 +18,8 @@ Fields = Callable[
     [Mapping[str, Any], str, int, "int | None", "tuple[bool, ...]", "Mapping[str, Any] | None"],
     dict[str, Any],
 ]
-UNGATED = ("arcee", "apertus", "starcoder2")  # down(act(up(x))) MLPs (model/ungated_mlp.py)
+# down(act(up(x))) MLPs (model/ungated_mlp.py)
+UNGATED = ("arcee", "apertus", "starcoder2", "nemotron")
 
 
 def read_rope(
@@ -129,7 +130,7 @@ def _ministral3(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     fields: dict[str, Any] = {"gated_mlp": False}
-    if arch == "starcoder2":
+    if arch in ("starcoder2", "nemotron"):  # (Nemotron's: LayerNorm1P, by 1 + w)
         fields["layer_norm_bias"] = True
     if arch == "apertus":
         fields["qk_norm"] = True
@@ -177,6 +178,10 @@ def _gemma2(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
         final_logit_softcapping=cfg.get("final_logit_softcapping"),
     )
+
+
+def _gemma(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    return {"gemma_norms": True}  # (1 + w) norms, the scaled embedding; two norms a layer
 
 
 def _mixtral(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
@@ -274,6 +279,7 @@ FIELDS: dict[str, Fields] = {
     "qwen3": _qwen3,
     "gemma3": _gemma3,
     "gemma2": _gemma2,
+    "gemma": _gemma,
     "glm": _glm,
     "glm4": _glm,
     "cohere": _cohere,

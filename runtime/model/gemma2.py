@@ -11,6 +11,9 @@ builds on these classes and adds q/k norms and a rotary base per layer kind).
   one, and a capped model leaves it for the torch path), and the final logits too;
 - sliding-window layers alternating with global ones (`FamilyConfig.window_layers`: even
   layers slide unless config.json's `layer_types` says otherwise).
+
+Gemma (`GemmaForCausalLM`, v1: gemma-2b/7b, CodeGemma) is this model with Llama's layer: two
+norms a layer, before attention and before the MLP, no soft caps, no window (`GemmaModel`).
 """
 
 from __future__ import annotations
@@ -71,3 +74,7 @@ class Gemma2Model(LlamaModel):
             return super().logits(x, head)
         logits = self.lm_head(x)
         return torch.tanh(logits / cap) * cap
+
+
+class GemmaModel(Gemma2Model):
+    layer_class = LlamaLayer

@@ -68,6 +68,12 @@ HF_ARCHITECTURES = {
     "ApertusForCausalLM": "apertus",  # xIELU MLP, q/k norms (apertus.py)
     "Ministral3ForCausalLM": "ministral3",  # Ministral 3: yarn, q scaled by position (ministral3.py)
     **glm4_moe.ARCHITECTURES,  # GLM-4.5, GLM-4.5-Air, GLM-4.6 (model/glm4_moe.py)
+    # EXAONE 3.0 / 3.5: Llama's, GPT-style names (safetensors_weights); EXAONE 4.5: its text model
+    "ExaoneForCausalLM": "exaone",
+    "Exaone4_5_ForConditionalGeneration": "exaone4",
+    "NemotronForCausalLM": "nemotron",  # LayerNorm1P, ReLU² MLP, partial rotary (nemotron.py)
+    "InternLM3ForCausalLM": "internlm3",  # Llama's (qkv_bias / bias)
+    "GemmaForCausalLM": "gemma",  # Gemma 2's norms and GeGLU in Llama's layer (gemma2.py)
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
 }
 # a multimodal wrapper's text model, by its text_config's model_type (transformers' default
@@ -75,6 +81,15 @@ HF_ARCHITECTURES = {
 _TEXT_MODEL_TYPES = {
     "Mistral3ForConditionalGeneration": {"mistral": "mistral", "ministral": "ministral",
                                          "ministral3": "ministral3"},
+    "Exaone4_5_ForConditionalGeneration": {"exaone4": "exaone4", "exaone4_5_text": "exaone4"},
+}  # fmt: skip
+# a wrapper's own default for tie_word_embeddings (else true, as Gemma 3's and Mistral 3's)
+_WRAPPER_TIES = {"exaone4_5": False}
+# older config.json keys a family's config class reads as another (its `attribute_map`)
+_ALIASES = {
+    "exaone": {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
+               "activation_function": "hidden_act"},
+    "internlm3": {"qkv_bias": "attention_bias", "bias": "mlp_bias"},
 }  # fmt: skip
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
@@ -124,6 +139,18 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "apertus": {"hidden_act": "xielu", "rms_norm_eps": 1e-5, "max_position_embeddings": 65_536,
                 "rope_theta": 12_000_000.0,  # transformers' default_theta
                 "bos_token_id": 1, "eos_token_id": 2},
+    "exaone": {"vocab_size": 102_400, "intermediate_size": 14_336, "num_key_value_heads": 8,
+               "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 500_000.0,
+               "bos_token_id": 1, "eos_token_id": 361},
+    "nemotron": {"hidden_act": "relu2", "norm_eps": 1e-5, "partial_rotary_factor": 0.5,
+                 "max_position_embeddings": 4096, "bos_token_id": 2, "eos_token_id": 3},
+    "internlm3": {"vocab_size": 128_512, "num_key_value_heads": 2, "head_dim": 128,
+                  "max_position_embeddings": 32_768, "rms_norm_eps": 1e-5, "bos_token_id": 1,
+                  "eos_token_id": 2},
+    "gemma": {"vocab_size": 256_000, "hidden_size": 3072, "intermediate_size": 24_576,
+              "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
+              "head_dim": 256, "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 8192,
+              "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1},
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "num_key_value_heads": 8,
                 "max_position_embeddings": 131_072, "rope_theta": 1_000_000.0,
                 "rms_norm_eps": 1e-5},
@@ -175,7 +202,7 @@ _NULLABLE = {
     "llama4": llama4.NULLABLE,
 }
 _EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
-_EPS["starcoder2"] = "norm_epsilon"
+_EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps")
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 _DEFAULT_ROPE = {
@@ -200,7 +227,7 @@ _DEFAULT_ROPE = {
     },
 }
 # the families whose transformers models read partial_rotary_factor
-_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe")
+_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "nemotron")
 _FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -335,8 +362,23 @@ def _tied(top: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
     (transformers ties by it, default true, whatever its text_config says); else the text
     model's (its family's default when left out)."""
     if "text_config" in top:
-        return bool(top.get("tie_word_embeddings", True))
+        return bool(top.get("tie_word_embeddings", _WRAPPER_TIES.get(top.get("model_type"), True)))
     return bool(cfg.get("tie_word_embeddings", False))
+
+
+def _aliased(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """`cfg` with a family's older keys under the names the engine reads (`_ALIASES`; the newer
+    name wins where both are set); Gemma's legacy `hidden_act` "gelu" read, as transformers'
+    GemmaConfig reads it, as the tanh approximation (its `hidden_activation` is not read)."""
+    out = dict(cfg)
+    for old, new in _ALIASES.get(arch, {}).items():
+        if old in out and out.get(new) is None:
+            out[new] = out[old]
+    if arch == "gemma":
+        out.pop("hidden_activation", None)
+        if out.get("hidden_act") == "gelu":
+            out["hidden_act"] = "gelu_pytorch_tanh"
+    return out
 
 
 def read_config(model_dir: Path) -> ModelConfig:
@@ -353,7 +395,7 @@ def read_config(model_dir: Path) -> ModelConfig:
 
 def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfig:
     read_quantization(model_dir)  # a quantization it cannot load fails with the metadata
-    cfg = top.get("text_config") or top  # Gemma3ForConditionalGeneration: the text model
+    cfg = _aliased(top.get("text_config") or top, arch)  # a wrapper's: its text model
     cfg = {**_DEFAULTS.get(arch, {}),
            **{k: v for k, v in cfg.items() if v is not None or k in _NULLABLE.get(arch, ())}}  # fmt: skip
     if arch == "gpt_oss" and not cfg.get("rope_scaling") and not cfg.get("rope_parameters"):

@@ -46,6 +46,10 @@ MODEL_CLASSES = {
     "apertus": ("apertus", "ApertusModel"),  # xIELU MLP, q/k norms
     "glm4_moe": ("glm4_moe", "Glm4MoeModel"),  # GLM-4.5 / 4.6
     "llama4": ("llama4", "Llama4Model"),  # the text model of Scout / Maverick
+    "exaone": ("llama", "LlamaModel"),  # EXAONE 3 / 3.5: Llama's under GPT-style names
+    "nemotron": ("nemotron", "NemotronModel"),  # LayerNorm1P, ReLU² MLP
+    "internlm3": ("llama", "LlamaModel"),  # Llama's
+    "gemma": ("gemma2", "GemmaModel"),  # Gemma 2's norms, two a layer
 }
 
 

@@ -6,11 +6,14 @@ sharded and consolidated copies, as some Mistral repositories do, is read once),
 memory-mapped files as the model is built: loading never holds a second copy of the checkpoint.
 Gemma 3's multimodal checkpoints keep the text model under `language_model`: those names are
 mapped to the text model's (`model.layers...`, `lm_head.weight`); vision weights are not listed.
+EXAONE 3 / 3.5's GPT-style names (`transformer.h.N.attn.attention.q_proj`, `ln_1`, `c_fc_0`) are
+listed under Llama's, as transformers' conversion mapping renames them (`_RENAMES`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -25,6 +28,15 @@ _PREFIXES = (  # stored prefix -> the text model's (Gemma3ForConditionalGenerati
 )
 _SKIP = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.")
 _SKIP += ("model.multi_modal_projector.", "vision_model.")  # (Llama 4's vision tower)
+_SKIP += ("model.visual.",)  # (EXAONE 4.5's)
+# EXAONE 3's names -> Llama's (transformers' conversion_mapping "exaone"), on `transformer.` names
+_RENAMES = tuple((re.compile(a), b) for a, b in (
+    (r"^transformer\.wte\.", "model.embed_tokens."), (r"^transformer\.h\.", "model.layers."),
+    (r"^transformer\.ln_f\.", "model.norm."), (r"\.attn\.attention\.", ".self_attn."),
+    (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."), (r"\.ln_1\.", ".input_layernorm."),
+    (r"\.ln_2\.", ".post_attention_layernorm."), (r"\.mlp\.c_fc_0\.", ".mlp.gate_proj."),
+    (r"\.mlp\.c_fc_1\.", ".mlp.up_proj."), (r"\.mlp\.c_proj\.", ".mlp.down_proj."),
+))  # fmt: skip
 
 
 def _text_name(stored: str) -> str | None:
@@ -33,6 +45,9 @@ def _text_name(stored: str) -> str | None:
     for old, new in _PREFIXES:
         if stored.startswith(old):
             return new + stored[len(old) :]
+    if stored.startswith("transformer."):
+        for pattern, new in _RENAMES:
+            stored = pattern.sub(new, stored)
     return stored
 
 

@@ -1,0 +1,229 @@
+"""EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3 and Gemma (v1) against
+transformers, token for token, on tiny random checkpoints transformers writes itself
+(tests/runtime/hf_oracle.py): float32, prompts chunked into 16-token steps, three prompts
+sharing steps, a warm prefix cache on the second pass, and a KV pool so small that requests are
+preempted; logits within 1e-3 of transformers' plain greedy loop at every step.
+
+Each config.json is then rewritten as the published checkpoints write theirs (the older keys:
+EXAONE's `num_layers` / `layer_norm_epsilon` / `activation_function`, InternLM3's `qkv_bias` /
+`bias`, Gemma's legacy `hidden_act` "gelu", a top-level `rope_theta` / `rope_scaling` /
+`partial_rotary_factor`, `architectures` naming the family's class), and transformers reloads
+the directory for the reference: both read the published shape alike.
+
+- EXAONE 3 / 3.5 (`ExaoneForCausalLM`): Llama's model under GPT-style tensor names
+  (`transformer.h.N.attn.attention.q_proj`, `ln_1`, `c_fc_0`, ...), as transformers saves it;
+  3.5's llama3 rotary and tied head;
+- EXAONE 4.5 (`Exaone4_5_ForConditionalGeneration`): the EXAONE 4 text model under
+  `model.language_model.`, the vision tower not read, the head untied by default;
+- Nemotron (`NemotronForCausalLM`): LayerNorm1P (1 + w, with a bias), ReLU² ungated MLP, a
+  partial rotary, head_dim apart from hidden / heads, biases;
+- InternLM3 (`InternLM3ForCausalLM`): Llama's, biases by `qkv_bias` / `bias`, dynamic rotary;
+- Gemma (`GemmaForCausalLM`): (1 + w) norms in float32, two a layer, GeGLU, the scaled
+  embedding, one KV head, a tied head.
+
+Also: some over two tensor-parallel ranks (gloo), the weights estimate against what the built
+model holds, and what a sparse config.json reads as against transformers' config classes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from arch_cases import (
+    built_fixture,
+    case_fixture,
+    check_chunked_cached_batched,
+    check_on_cuda_with_graphs,
+    check_preempted,
+    check_two_ranks,
+)
+from hf_oracle import make_tiny_model, save_word_tokenizer
+from pagoda.runtime.model.loader import read_model_config
+
+transformers = pytest.importorskip("transformers")
+SLIDING, FULL = "sliding_attention", "full_attention"
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+# name: (config class prefix, config overrides, the published config.json's renamed keys)
+CASES = {
+    "exaone3_5-llama3-tied": (
+        "Exaone", dict(tie_word_embeddings=True, rope_parameters=LLAMA3),
+        {"num_hidden_layers": "num_layers", "rms_norm_eps": "layer_norm_epsilon",
+         "hidden_act": "activation_function"},
+    ),
+    "exaone4_5-window": (
+        "Exaone4_5", dict(num_hidden_layers=4, sliding_window=10, sliding_window_pattern=2), {},
+    ),
+    "nemotron-partial-biases": (
+        "Nemotron", dict(head_dim=32, attention_bias=True, mlp_bias=True,
+                         rope_parameters={"rope_type": "default", "rope_theta": 20000.0,
+                                          "partial_rotary_factor": 0.5}),
+        {},
+    ),
+    "internlm3-biases-dynamic": (
+        "InternLM3", dict(head_dim=32, attention_bias=True, mlp_bias=True,
+                          rope_parameters={"rope_type": "dynamic", "factor": 6.0,
+                                           "rope_theta": 5e7}),
+        {"attention_bias": "qkv_bias", "mlp_bias": "bias"},
+    ),
+    "gemma-gelu-mqa": ("Gemma", dict(head_dim=32, num_key_value_heads=1), {}),
+}  # fmt: skip
+# transformers writes LlamaForCausalLM for these two (it runs them as Llama): the hub's own names
+_CLASSES = {"exaone": "ExaoneForCausalLM", "internlm3": "InternLM3ForCausalLM"}
+
+
+def published(path, renames: dict[str, str]) -> None:
+    """config.json as the hub's: `renames` (transformers' name -> the older key), the rotary
+    at the top level (`rope_theta`, `rope_scaling`, `partial_rotary_factor`), `architectures`
+    naming the family's own class, Gemma's legacy "gelu"; what transformers adds left out."""
+    cfg = json.loads((path / "config.json").read_text())
+    for new, old in renames.items():
+        cfg[old] = cfg.pop(new)
+    rope = cfg.pop("rope_parameters", None) or {}
+    cfg["rope_theta"] = rope.pop("rope_theta", 10000.0)
+    if "partial_rotary_factor" in rope:
+        cfg["partial_rotary_factor"] = rope.pop("partial_rotary_factor")
+    cfg["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None
+    cfg["architectures"] = [_CLASSES.get(cfg["model_type"], cfg["architectures"][0])]
+    if cfg["model_type"] == "gemma":
+        cfg["hidden_act"] = "gelu"
+        cfg.pop("tie_word_embeddings")  # gemma-2b's config.json has none (GemmaConfig: true)
+    for key in ("transformers_version", "dtype", "use_cache", "initializer_range"):
+        cfg.pop(key, None)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+def make_exaone4_5(path, **overrides):
+    """Exaone4_5_ForConditionalGeneration around a tiny EXAONE 4 text model and a one-block
+    vision tower, scaled as `make_tiny_model`'s, with its tokenizer."""
+    text = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                eos_token_id=2, bos_token_id=1, pad_token_id=0) | overrides  # fmt: skip
+    vision = transformers.Exaone4_5_VisionConfig(
+        depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+        fullatt_block_indexes=[0], num_key_value_heads=2,
+    )  # fmt: skip
+    cfg = transformers.Exaone4_5_Config(
+        text_config=transformers.Exaone4Config(**text), vision_config=vision
+    )
+    torch.manual_seed(0)
+    model = transformers.Exaone4_5_ForConditionalGeneration(cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0) if p.dim() > 1 else p.add_(0.2 * torch.randn(p.shape, generator=g))
+    model.save_pretrained(path)
+    save_word_tokenizer(path, 300)
+    return model
+
+
+def _make(name: str, path):
+    arch, overrides, renames = CASES[name]
+    if arch == "Exaone4_5":
+        return make_exaone4_5(path, **overrides)
+    make_tiny_model(path, arch, **overrides)
+    published(path, renames)
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+built = built_fixture(_make)
+case = case_fixture(CASES)
+
+
+def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):
+    name, _, _, loaded, reference = case
+    check_chunked_cached_batched(loaded, reference, name)
+    check_preempted(loaded, reference, name)
+
+
+def test_the_published_config_reads_as_transformers_reads_it(case):
+    """The architecture, the tying, the head size, the rotary (partial, scaled) and the eps as
+    transformers' reloaded config says."""
+    name, path, model, _, _ = case
+    c, t = read_model_config(str(path)), model.config.get_text_config()
+    assert c.architecture == name.split("-")[0].replace("exaone3_5", "exaone").replace(
+        "exaone4_5", "exaone4")  # fmt: skip
+    assert c.tie_word_embeddings == ("tied" in name or name.startswith("gemma"))
+    assert c.tie_word_embeddings == (model.lm_head.weight is model.get_input_embeddings().weight)
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    assert (c.num_layers, c.head_dim, c.num_kv_heads) == (
+        t.num_hidden_layers, head_dim, t.num_key_value_heads)  # fmt: skip
+    rope = t.rope_parameters
+    assert c.rope_theta == rope["rope_theta"]
+    assert (c.rope_scaling or {}).get("rope_type", "default") == rope["rope_type"]
+    assert (c.rope_scaling or {}).get("partial_rotary_factor", 1.0) == rope.get(
+        "partial_rotary_factor", 1.0)  # fmt: skip
+    assert c.rms_norm_eps == getattr(t, "rms_norm_eps", getattr(t, "norm_eps", None))
+    assert c.family.gated_mlp == (not name.startswith("nemotron"))
+    if name.startswith("gemma"):
+        assert t.hidden_act == "gelu_pytorch_tanh" and c.family.hidden_act == "gelu_tanh"
+    if name.startswith("internlm3"):
+        assert c.attention_bias and t.attention_bias and t.mlp_bias
+
+
+@pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
+@pytest.mark.parametrize("name", ["exaone3_5-llama3-tied", "nemotron-partial-biases"])
+def test_two_ranks_match_transformers(built, name):
+    """Tensor parallelism over gloo, two ranks, the small pool (chunked, preempted) then a warm
+    cache: EXAONE's renamed tensors cut as Llama's; Nemotron's partial rotary on each rank's
+    heads, its LayerNorm1P biases whole, up's rows and bias cut, down's bias added once."""
+    path, _, loaded, reference = built(name)
+    check_two_ranks(path, loaded, reference, name)
+
+
+@pytest.mark.parametrize(("name", "tp"), [
+    ("exaone3_5-llama3-tied", 2), ("exaone4_5-window", 1), ("nemotron-partial-biases", 2),
+    ("internlm3-biases-dynamic", 1), ("gemma-gelu-mqa", 2),
+])  # fmt: skip
+def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
+    """`server/weights.py` against the built model, bf16 from float32 files: EXAONE's tensors
+    by their Llama names, EXAONE 4.5's vision tower not counted, Nemotron's two MLP matrices and
+    LayerNorm biases, Gemma's float32 (1 + w) norms; with two ranks rank 0's part."""
+    from model_bytes import check_estimate
+
+    path, _, _, _ = built(name)
+    check_estimate(path, tp)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_gpu_matches_transformers_with_graphs(built, name):
+    """On CUDA in float32 with the defaults (the Triton ops and attention, CUDA graphs):
+    transformers' tokens and logits, graphs as eager, no step's launch syncing with the host."""
+    _, _, loaded, reference = built(name)
+    check_on_cuda_with_graphs(loaded, reference, name)
+
+
+@pytest.mark.parametrize(("arch", "model_type", "extra"), [
+    ("Exaone", "exaone", {"num_layers": 4}),
+    ("Nemotron", "nemotron", {"num_hidden_layers": 4}),
+    ("InternLM3", "internlm3", {"num_hidden_layers": 4}),
+    ("Gemma", "gemma", {"num_hidden_layers": 4}),
+])  # fmt: skip
+def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_type, extra):
+    """A config.json with the core shapes only: what the engine fills in (eps, rotary base,
+    partial rotary, context, tying, BOS/EOS, KV heads, head size) is what transformers' config
+    class fills in."""
+    core = dict(vocab_size=300, hidden_size=256, intermediate_size=128, num_attention_heads=32)
+    config = {"architectures": [f"{arch}ForCausalLM"], "model_type": model_type, **core, **extra}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    t, o = transformers.AutoConfig.from_pretrained(tmp_path), read_model_config(str(tmp_path))
+    eos = t.eos_token_id if isinstance(t.eos_token_id, list) else [t.eos_token_id]
+    assert o.rms_norm_eps == getattr(t, "rms_norm_eps", getattr(t, "norm_eps", None))
+    assert o.rope_theta == t.rope_parameters["rope_theta"]
+    assert (o.rope_scaling or {}).get("partial_rotary_factor", 1.0) == t.rope_parameters.get(
+        "partial_rotary_factor", 1.0)  # fmt: skip
+    assert (
+        o.num_layers,
+        o.max_position_embeddings,
+        o.tie_word_embeddings,
+        o.bos_token_id,
+        list(o.eos_token_ids),
+    ) == (t.num_hidden_layers, t.max_position_embeddings, t.tie_word_embeddings,
+          t.bos_token_id, eos)  # fmt: skip
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    # (NemotronConfig leaves num_key_value_heads None, which its attention cannot run: as MHA)
+    assert (o.num_kv_heads, o.head_dim) == (t.num_key_value_heads or t.num_attention_heads,
+                                            head_dim)  # fmt: skip
