@@ -19,7 +19,7 @@ Fields = Callable[
     dict[str, Any],
 ]
 # down(act(up(x))) MLPs (model/ungated_mlp.py)
-UNGATED = ("arcee", "apertus", "starcoder2", "nemotron")
+UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi")
 
 
 def read_rope(
@@ -130,8 +130,10 @@ def _ministral3(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     fields: dict[str, Any] = {"gated_mlp": False}
-    if arch in ("starcoder2", "nemotron"):  # (Nemotron's: LayerNorm1P, by 1 + w)
+    if arch in ("starcoder2", "nemotron", "phi"):  # (Nemotron's: LayerNorm1P, by 1 + w)
         fields["layer_norm_bias"] = True
+    if arch == "phi" and cfg.get("qk_layernorm"):  # a LayerNorm over each head, with a bias
+        fields["qk_norm"] = True
     if arch == "apertus":
         fields["qk_norm"] = True
     return fields

@@ -74,6 +74,7 @@ HF_ARCHITECTURES = {
     "NemotronForCausalLM": "nemotron",  # LayerNorm1P, ReLU² MLP, partial rotary (nemotron.py)
     "InternLM3ForCausalLM": "internlm3",  # Llama's (qkv_bias / bias)
     "GemmaForCausalLM": "gemma",  # Gemma 2's norms and GeGLU in Llama's layer (gemma2.py)
+    "PhiForCausalLM": "phi",  # phi-2: parallel layer, LayerNorm with biases, GELU MLP (phi.py)
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
 }
 # a multimodal wrapper's text model, by its text_config's model_type (transformers' default
@@ -151,6 +152,10 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
               "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
               "head_dim": 256, "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 8192,
               "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1},
+    "phi": {"vocab_size": 51_200, "hidden_size": 2048, "intermediate_size": 8192,
+            "num_hidden_layers": 24, "num_attention_heads": 32, "hidden_act": "gelu_new",
+            "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.5, "attention_bias": True,
+            "max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2},
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "num_key_value_heads": 8,
                 "max_position_embeddings": 131_072, "rope_theta": 1_000_000.0,
                 "rms_norm_eps": 1e-5},
@@ -202,7 +207,7 @@ _NULLABLE = {
     "llama4": llama4.NULLABLE,
 }
 _EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
-_EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps")
+_EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 _DEFAULT_ROPE = {
@@ -227,12 +232,13 @@ _DEFAULT_ROPE = {
     },
 }
 # the families whose transformers models read partial_rotary_factor
-_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "nemotron")
+_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "nemotron", "phi")
 _FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 _ACTIVATIONS.update({"gelu_tanh": "gelu_tanh", "gelu_python_tanh": "gelu_tanh"})
+_ACTIVATIONS["gelu_new"] = "gelu_tanh"  # (Phi's: the tanh approximation)
 _ACTIVATIONS.update({"relu2": "relu2", "xielu": "xielu"})  # ungated MLPs' (Arcee's, Apertus')
 
 

@@ -7,7 +7,8 @@ memory-mapped files as the model is built: loading never holds a second copy of 
 Gemma 3's multimodal checkpoints keep the text model under `language_model`: those names are
 mapped to the text model's (`model.layers...`, `lm_head.weight`); vision weights are not listed.
 EXAONE 3 / 3.5's GPT-style names (`transformer.h.N.attn.attention.q_proj`, `ln_1`, `c_fc_0`) are
-listed under Llama's, as transformers' conversion mapping renames them (`_RENAMES`).
+listed under Llama's, as transformers' conversion mapping renames them (`_RENAMES`); so are
+Phi's (`self_attn.dense`, `mlp.fc1` / `fc2`, `final_layernorm`: `_PHI_RENAMES`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ _RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"\.ln_2\.", ".post_attention_layernorm."), (r"\.mlp\.c_fc_0\.", ".mlp.gate_proj."),
     (r"\.mlp\.c_fc_1\.", ".mlp.up_proj."), (r"\.mlp\.c_proj\.", ".mlp.down_proj."),
 ))  # fmt: skip
+# Phi's names -> Llama's (model/phi.py)
+_PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
+    (r"^model\.final_layernorm\.", "model.norm."), (r"\.self_attn\.dense\.", ".self_attn.o_proj."),
+    (r"\.mlp\.fc1\.", ".mlp.up_proj."), (r"\.mlp\.fc2\.", ".mlp.down_proj."),
+    (r"\.self_attn\.([qk])_layernorm\.", r".self_attn.\1_norm."),
+))  # fmt: skip
 
 
 def _text_name(stored: str) -> str | None:
@@ -45,9 +52,9 @@ def _text_name(stored: str) -> str | None:
     for old, new in _PREFIXES:
         if stored.startswith(old):
             return new + stored[len(old) :]
-    if stored.startswith("transformer."):
-        for pattern, new in _RENAMES:
-            stored = pattern.sub(new, stored)
+    renames = _RENAMES if stored.startswith("transformer.") else _PHI_RENAMES
+    for pattern, new in renames:
+        stored = pattern.sub(new, stored)
     return stored
 
 

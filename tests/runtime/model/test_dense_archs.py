@@ -1,4 +1,4 @@
-"""EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3 and Gemma (v1) against
+"""EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1) and Phi against
 transformers, token for token, on tiny random checkpoints transformers writes itself
 (tests/runtime/hf_oracle.py): float32, prompts chunked into 16-token steps, three prompts
 sharing steps, a warm prefix cache on the second pass, and a KV pool so small that requests are
@@ -19,7 +19,10 @@ the directory for the reference: both read the published shape alike.
   partial rotary, head_dim apart from hidden / heads, biases;
 - InternLM3 (`InternLM3ForCausalLM`): Llama's, biases by `qkv_bias` / `bias`, dynamic rotary;
 - Gemma (`GemmaForCausalLM`): (1 + w) norms in float32, two a layer, GeGLU, the scaled
-  embedding, one KV head, a tied head.
+  embedding, one KV head, a tied head;
+- Phi (`PhiForCausalLM`: phi-2): attention and the MLP side by side off one LayerNorm (with a
+  bias), `fc2(gelu_new(fc1(x)))`, biases everywhere (the LM head's too), a partial rotary
+  (0.4 of each head, as phi-2), `qk_layernorm` (a LayerNorm over each head of q and k).
 
 Also: some over two tensor-parallel ranks (gloo), the weights estimate against what the built
 model holds, and what a sparse config.json reads as against transformers' config classes.
@@ -69,6 +72,9 @@ CASES = {
         {"attention_bias": "qkv_bias", "mlp_bias": "bias"},
     ),
     "gemma-gelu-mqa": ("Gemma", dict(head_dim=32, num_key_value_heads=1), {}),
+    "phi-partial": ("Phi", dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                 "partial_rotary_factor": 0.4}), {}),
+    "phi-qk-layernorm": ("Phi", dict(qk_layernorm=True, num_key_value_heads=4), {}),
 }  # fmt: skip
 # transformers writes LlamaForCausalLM for these two (it runs them as Llama): the hub's own names
 _CLASSES = {"exaone": "ExaoneForCausalLM", "internlm3": "InternLM3ForCausalLM"}
@@ -128,6 +134,13 @@ def _make(name: str, path):
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
+def _eps(t) -> float:
+    """The norms' eps under the family's name for it."""
+    return next(
+        getattr(t, k) for k in ("rms_norm_eps", "norm_eps", "layer_norm_eps") if hasattr(t, k)
+    )
+
+
 built = built_fixture(_make)
 case = case_fixture(CASES)
 
@@ -155,8 +168,8 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     assert (c.rope_scaling or {}).get("rope_type", "default") == rope["rope_type"]
     assert (c.rope_scaling or {}).get("partial_rotary_factor", 1.0) == rope.get(
         "partial_rotary_factor", 1.0)  # fmt: skip
-    assert c.rms_norm_eps == getattr(t, "rms_norm_eps", getattr(t, "norm_eps", None))
-    assert c.family.gated_mlp == (not name.startswith("nemotron"))
+    assert c.rms_norm_eps == _eps(t)
+    assert c.family.gated_mlp == (name.split("-")[0] not in ("nemotron", "phi"))
     if name.startswith("gemma"):
         assert t.hidden_act == "gelu_pytorch_tanh" and c.family.hidden_act == "gelu_tanh"
     if name.startswith("internlm3"):
@@ -164,18 +177,21 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
 
 
 @pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
-@pytest.mark.parametrize("name", ["exaone3_5-llama3-tied", "nemotron-partial-biases"])
+@pytest.mark.parametrize(
+    "name", ["exaone3_5-llama3-tied", "nemotron-partial-biases", "phi-qk-layernorm"]
+)
 def test_two_ranks_match_transformers(built, name):
     """Tensor parallelism over gloo, two ranks, the small pool (chunked, preempted) then a warm
     cache: EXAONE's renamed tensors cut as Llama's; Nemotron's partial rotary on each rank's
-    heads, its LayerNorm1P biases whole, up's rows and bias cut, down's bias added once."""
+    heads, its LayerNorm1P biases whole, up's rows and bias cut, down's bias added once; Phi's
+    parallel layer, per-head q/k LayerNorms and the LM head's bias after the gather."""
     path, _, loaded, reference = built(name)
     check_two_ranks(path, loaded, reference, name)
 
 
 @pytest.mark.parametrize(("name", "tp"), [
     ("exaone3_5-llama3-tied", 2), ("exaone4_5-window", 1), ("nemotron-partial-biases", 2),
-    ("internlm3-biases-dynamic", 1), ("gemma-gelu-mqa", 2),
+    ("internlm3-biases-dynamic", 1), ("gemma-gelu-mqa", 2), ("phi-partial", 2),
 ])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: EXAONE's tensors
@@ -201,6 +217,7 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     ("Nemotron", "nemotron", {"num_hidden_layers": 4}),
     ("InternLM3", "internlm3", {"num_hidden_layers": 4}),
     ("Gemma", "gemma", {"num_hidden_layers": 4}),
+    ("Phi", "phi", {"num_hidden_layers": 4}),
 ])  # fmt: skip
 def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_type, extra):
     """A config.json with the core shapes only: what the engine fills in (eps, rotary base,
@@ -211,7 +228,7 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
     (tmp_path / "config.json").write_text(json.dumps(config))
     t, o = transformers.AutoConfig.from_pretrained(tmp_path), read_model_config(str(tmp_path))
     eos = t.eos_token_id if isinstance(t.eos_token_id, list) else [t.eos_token_id]
-    assert o.rms_norm_eps == getattr(t, "rms_norm_eps", getattr(t, "norm_eps", None))
+    assert o.rms_norm_eps == _eps(t)
     assert o.rope_theta == t.rope_parameters["rope_theta"]
     assert (o.rope_scaling or {}).get("partial_rotary_factor", 1.0) == t.rope_parameters.get(
         "partial_rotary_factor", 1.0)  # fmt: skip

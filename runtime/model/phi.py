@@ -1,0 +1,68 @@
+"""Phi (`PhiForCausalLM`: phi-1, phi-1.5, phi-2): Cohere's parallel layer over StarCoder2's
+norms (`starcoder2.py`: LayerNorm with a weight and a bias, in the model's dtype), with
+
+- one norm a layer, attention and the MLP side by side off it: ``x + attn(n) + mlp(n)``
+  (`cohere.CohereLayer.__call__`);
+- an ungated MLP, ``fc2(gelu_tanh(fc1(x)))`` (`gelu_new`), with biases; biases on q, k, v and
+  the output projection (`dense`), and on the LM head (added to the logits);
+- a partial rotary (`partial_rotary_factor`, default 0.5) in the rotate-half layout;
+- with `qk_layernorm`, a LayerNorm (weight and bias) over each head of q and of k before rotary.
+
+Its tensors are read under Llama's names (`safetensors_weights`: `self_attn.dense` as o_proj,
+`mlp.fc1` / `fc2` as up / down, `final_layernorm` as the final norm, `q_layernorm` /
+`k_layernorm` as q_norm / k_norm), so that tensor parallelism, the checkpoint check and the
+weights estimate treat them as the other families'.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pagoda.runtime.model.cohere import CohereLayer
+from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel
+from pagoda.runtime.model.starcoder2 import Starcoder2Model
+from pagoda.runtime.model.ungated_mlp import UngatedMLP
+
+HEAD_BIAS = "lm_head.bias"
+
+
+class PhiLayer(LlamaLayer):
+    def __init__(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        super().__init__(model, w, prefix, index, ctx)
+        a = prefix + "self_attn."
+        self.q_norm = self.k_norm = None
+        if model.config.family.qk_norm:  # [2, head_dim]: weight and bias, the same every head
+            self.q_norm = model.read_norm(w, a + "q_norm.weight")
+            self.k_norm = model.read_norm(w, a + "k_norm.weight")
+
+    def before_rotary(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.q_norm is None:
+            return q, k
+        eps, d = self.ctx.eps, (q.shape[-1],)
+        q = F.layer_norm(q, d, self.q_norm[0], self.q_norm[1], eps)
+        return q, F.layer_norm(k, d, self.k_norm[0], self.k_norm[1], eps)
+
+    __call__ = CohereLayer.__call__  # attention and the MLP off one norm
+
+
+class PhiModel(Starcoder2Model):
+    layer_class = PhiLayer
+
+    def __init__(self, config, weights, **kwargs) -> None:
+        super().__init__(config, weights, **kwargs)
+        self.head_bias = None
+        if HEAD_BIAS in weights:  # in the model's dtype, whole on every rank
+            self.head_bias = weights[HEAD_BIAS].to(device=self.device, dtype=self.dtype)
+
+    def make_mlp(self, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
+        return UngatedMLP(ctx, w, prefix + "mlp.", self.config.family.hidden_act)
+
+    def head_blocks(self, w: DeviceWeights, head: str):
+        return None  # the logits take the head's bias: no sampling fused into the matmul
+
+    def logits(self, x, head):
+        logits = super().logits(x, None)
+        return logits if self.head_bias is None else logits + self.head_bias
