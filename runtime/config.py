@@ -191,6 +191,7 @@ class FamilyConfig:
     # Llama 4 (model/llama4.py): its attention's extras; its experts are routed by a sigmoid of
     # the top-1 logit that scales the expert's input, beside an ungated shared expert
     llama4: Llama4Attention | None = None
+    clip_qkv: float | None = None  # OLMo's: q, k and v clamped to [-clip_qkv, clip_qkv]
 
     @property
     def transforms_logits(self) -> bool:

@@ -84,6 +84,9 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
     if c.family.hidden_act == "xielu":
         for i in range(c.num_layers):
             out.update({f"model.layers.{i}.mlp.act_fn.{p}": s for p, s in _XIELU.items()})
+    if c.architecture == "olmo":  # its LayerNorms have no parameters
+        for name in [n for n in out if n.endswith("norm.weight")]:
+            del out[name]
     if c.family.layer_norm_bias:
         out.update({n[: -len("weight")] + "bias": s for n, s in list(out.items())
                     if n.endswith("norm.weight")})  # fmt: skip

@@ -186,6 +186,13 @@ def _gemma(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     return {"gemma_norms": True}  # (1 + w) norms, the scaled embedding; two norms a layer
 
 
+def _olmo(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    clip = cfg.get("clip_qkv")
+    if clip is not None and not float(clip) > 0:
+        raise ValueError(f"clip_qkv must be positive, got {clip}")
+    return {"clip_qkv": None if clip is None else float(clip)}
+
+
 def _mixtral(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     return dict(
         num_experts=int(cfg["num_local_experts"]),
@@ -282,6 +289,7 @@ FIELDS: dict[str, Fields] = {
     "gemma3": _gemma3,
     "gemma2": _gemma2,
     "gemma": _gemma,
+    "olmo": _olmo,
     "glm": _glm,
     "glm4": _glm,
     "cohere": _cohere,

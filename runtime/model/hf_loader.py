@@ -74,6 +74,7 @@ HF_ARCHITECTURES = {
     "NemotronForCausalLM": "nemotron",  # LayerNorm1P, ReLU² MLP, partial rotary (nemotron.py)
     "InternLM3ForCausalLM": "internlm3",  # Llama's (qkv_bias / bias)
     "GemmaForCausalLM": "gemma",  # Gemma 2's norms and GeGLU in Llama's layer (gemma2.py)
+    "OlmoForCausalLM": "olmo",  # OLMo v1: parameter-free LayerNorm, clip_qkv (olmo.py)
     "PhiForCausalLM": "phi",  # phi-2: parallel layer, LayerNorm with biases, GELU MLP (phi.py)
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
 }
@@ -152,6 +153,9 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
               "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
               "head_dim": 256, "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 8192,
               "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1},
+    "olmo": {"vocab_size": 50_304, "hidden_size": 4096, "intermediate_size": 11_008,
+             "num_hidden_layers": 32, "num_attention_heads": 32, "pad_token_id": 1,
+             "eos_token_id": 50_279},
     "phi": {"vocab_size": 51_200, "hidden_size": 2048, "intermediate_size": 8192,
             "num_hidden_layers": 24, "num_attention_heads": 32, "hidden_act": "gelu_new",
             "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.5, "attention_bias": True,

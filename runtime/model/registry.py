@@ -50,6 +50,7 @@ MODEL_CLASSES = {
     "nemotron": ("nemotron", "NemotronModel"),  # LayerNorm1P, ReLU² MLP
     "internlm3": ("llama", "LlamaModel"),  # Llama's
     "gemma": ("gemma2", "GemmaModel"),  # Gemma 2's norms, two a layer
+    "olmo": ("olmo", "OlmoModel"),  # OLMo v1: parameter-free LayerNorm, clip_qkv
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
 }
 

@@ -1,4 +1,5 @@
-"""EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1) and Phi against
+"""EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1), Phi and OLMo
+against
 transformers, token for token, on tiny random checkpoints transformers writes itself
 (tests/runtime/hf_oracle.py): float32, prompts chunked into 16-token steps, three prompts
 sharing steps, a warm prefix cache on the second pass, and a KV pool so small that requests are
@@ -22,7 +23,9 @@ the directory for the reference: both read the published shape alike.
   embedding, one KV head, a tied head;
 - Phi (`PhiForCausalLM`: phi-2): attention and the MLP side by side off one LayerNorm (with a
   bias), `fc2(gelu_new(fc1(x)))`, biases everywhere (the LM head's too), a partial rotary
-  (0.4 of each head, as phi-2), `qk_layernorm` (a LayerNorm over each head of q and k).
+  (0.4 of each head, as phi-2), `qk_layernorm` (a LayerNorm over each head of q and k);
+- OLMo (`OlmoForCausalLM`, v1): LayerNorms without parameters (none in the checkpoint),
+  `clip_qkv` small enough to clamp, a tied head (OLMo-1B's).
 
 Also: some over two tensor-parallel ranks (gloo), the weights estimate against what the built
 model holds, and what a sparse config.json reads as against transformers' config classes.
@@ -75,6 +78,7 @@ CASES = {
     "phi-partial": ("Phi", dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                  "partial_rotary_factor": 0.4}), {}),
     "phi-qk-layernorm": ("Phi", dict(qk_layernorm=True, num_key_value_heads=4), {}),
+    "olmo-clip-tied": ("Olmo", dict(clip_qkv=0.5, tie_word_embeddings=True), {}),
 }  # fmt: skip
 # transformers writes LlamaForCausalLM for these two (it runs them as Llama): the hub's own names
 _CLASSES = {"exaone": "ExaoneForCausalLM", "internlm3": "InternLM3ForCausalLM"}
@@ -134,11 +138,10 @@ def _make(name: str, path):
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-def _eps(t) -> float:
-    """The norms' eps under the family's name for it."""
-    return next(
-        getattr(t, k) for k in ("rms_norm_eps", "norm_eps", "layer_norm_eps") if hasattr(t, k)
-    )
+def _eps(t) -> float | None:
+    """The norms' eps under the family's name for it (None: OLMo's, fixed at 1e-5)."""
+    names = ("rms_norm_eps", "norm_eps", "layer_norm_eps")
+    return next((getattr(t, k) for k in names if hasattr(t, k)), None)
 
 
 built = built_fixture(_make)
@@ -168,7 +171,7 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     assert (c.rope_scaling or {}).get("rope_type", "default") == rope["rope_type"]
     assert (c.rope_scaling or {}).get("partial_rotary_factor", 1.0) == rope.get(
         "partial_rotary_factor", 1.0)  # fmt: skip
-    assert c.rms_norm_eps == _eps(t)
+    assert _eps(t) in (None, c.rms_norm_eps)
     assert c.family.gated_mlp == (name.split("-")[0] not in ("nemotron", "phi"))
     if name.startswith("gemma"):
         assert t.hidden_act == "gelu_pytorch_tanh" and c.family.hidden_act == "gelu_tanh"
@@ -192,6 +195,7 @@ def test_two_ranks_match_transformers(built, name):
 @pytest.mark.parametrize(("name", "tp"), [
     ("exaone3_5-llama3-tied", 2), ("exaone4_5-window", 1), ("nemotron-partial-biases", 2),
     ("internlm3-biases-dynamic", 1), ("gemma-gelu-mqa", 2), ("phi-partial", 2),
+    ("olmo-clip-tied", 2),
 ])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: EXAONE's tensors
@@ -218,6 +222,7 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     ("InternLM3", "internlm3", {"num_hidden_layers": 4}),
     ("Gemma", "gemma", {"num_hidden_layers": 4}),
     ("Phi", "phi", {"num_hidden_layers": 4}),
+    ("Olmo", "olmo", {"num_hidden_layers": 4}),
 ])  # fmt: skip
 def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_type, extra):
     """A config.json with the core shapes only: what the engine fills in (eps, rotary base,
@@ -228,7 +233,7 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
     (tmp_path / "config.json").write_text(json.dumps(config))
     t, o = transformers.AutoConfig.from_pretrained(tmp_path), read_model_config(str(tmp_path))
     eos = t.eos_token_id if isinstance(t.eos_token_id, list) else [t.eos_token_id]
-    assert o.rms_norm_eps == _eps(t)
+    assert _eps(t) in (None, o.rms_norm_eps)
     assert o.rope_theta == t.rope_parameters["rope_theta"]
     assert (o.rope_scaling or {}).get("partial_rotary_factor", 1.0) == t.rope_parameters.get(
         "partial_rotary_factor", 1.0)  # fmt: skip
