@@ -5,6 +5,7 @@ rotary reading (`read_rope`) that both this module and the loader use."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -193,6 +194,19 @@ def _olmo(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     return {"clip_qkv": None if clip is None else float(clip)}
 
 
+def _minicpm3(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    # DeepSeek's latent attention (rotate-half rotary), a dense MLP, muP's scales (Granite's
+    # fields; the logits' divisor applies to the hidden states before the head: minicpm3.py)
+    depth = cfg.get("scale_depth")
+    base = cfg.get("dim_model_base") or cfg["hidden_size"]
+    return {
+        **deepseek.family_fields(cfg, "minicpm3", n, scaling),
+        "embedding_multiplier": float(cfg["scale_emb"]),
+        "residual_multiplier": 1.0 if depth is None else float(depth) / math.sqrt(n),
+        "logits_scaling": int(cfg["hidden_size"]) / int(base),
+    }
+
+
 def _mixtral(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     return dict(
         num_experts=int(cfg["num_local_experts"]),
@@ -290,6 +304,7 @@ FIELDS: dict[str, Fields] = {
     "gemma2": _gemma2,
     "gemma": _gemma,
     "olmo": _olmo,
+    "minicpm3": _minicpm3,
     "glm": _glm,
     "glm4": _glm,
     "cohere": _cohere,

@@ -75,6 +75,7 @@ HF_ARCHITECTURES = {
     "InternLM3ForCausalLM": "internlm3",  # Llama's (qkv_bias / bias)
     "GemmaForCausalLM": "gemma",  # Gemma 2's norms and GeGLU in Llama's layer (gemma2.py)
     "OlmoForCausalLM": "olmo",  # OLMo v1: parameter-free LayerNorm, clip_qkv (olmo.py)
+    "MiniCPM3ForCausalLM": "minicpm3",  # DeepSeek's latent attention, muP scales (minicpm3.py)
     "PhiForCausalLM": "phi",  # phi-2: parallel layer, LayerNorm with biases, GELU MLP (phi.py)
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
 }
@@ -156,6 +157,13 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "olmo": {"vocab_size": 50_304, "hidden_size": 4096, "intermediate_size": 11_008,
              "num_hidden_layers": 32, "num_attention_heads": 32, "pad_token_id": 1,
              "eos_token_id": 50_279},
+    "minicpm3": {"vocab_size": 73_448, "hidden_size": 2560, "intermediate_size": 6400,
+                 "num_hidden_layers": 62, "num_attention_heads": 40, "rms_norm_eps": 1e-5,
+                 "max_position_embeddings": 32_768, "tie_word_embeddings": True,
+                 "kv_lora_rank": 256, "q_lora_rank": 768, "qk_nope_head_dim": 64,
+                 "qk_rope_head_dim": 32, "scale_emb": 12, "scale_depth": 1.4,
+                 "dim_model_base": 256, "rope_interleave": False, "bos_token_id": 1,
+                 "eos_token_id": 2},
     "phi": {"vocab_size": 51_200, "hidden_size": 2048, "intermediate_size": 8192,
             "num_hidden_layers": 24, "num_attention_heads": 32, "hidden_act": "gelu_new",
             "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.5, "attention_bias": True,
@@ -209,6 +217,7 @@ _NULLABLE = {
     "gemma2": ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"),
     **{arch: deepseek.NULLABLE for arch in deepseek.DEFAULTS},
     "llama4": llama4.NULLABLE,
+    "minicpm3": ("q_lora_rank", "v_head_dim", "scale_depth", "dim_model_base"),  # null: derived
 }
 _EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 _EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
@@ -384,6 +393,10 @@ def _aliased(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     for old, new in _ALIASES.get(arch, {}).items():
         if old in out and out.get(new) is None:
             out[new] = out[old]
+    if arch == "minicpm3" and out.get("v_head_dim") is None:  # MiniCPM3Config's
+        out["v_head_dim"] = int(out.get("hidden_size", 2560)) // int(
+            out.get("num_attention_heads", 40)
+        )
     if arch == "gemma":
         out.pop("hidden_activation", None)
         if out.get("hidden_act") == "gelu":
@@ -422,11 +435,13 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
         cfg = {**cfg, **llama4.overrides(cfg)}
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    if arch in deepseek.ARCHITECTURES.values():  # latent attention, expanded per head
+    rope_dim = head_dim
+    if arch in (*deepseek.ARCHITECTURES.values(), "minicpm3"):  # latent attention, per head
         head_dim, kv_heads = deepseek.head_dim(cfg, arch), heads
-    rope_inv_freq(head_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
-    rope_inv_freq(head_dim, rope_theta, scaling, long=True)  # longrope: its long factors too
-    if arch not in _PARTIAL_ROTARY and rotary_dim(head_dim, scaling) != head_dim:
+        rope_dim = int(cfg["qk_rope_head_dim"])  # (the dims that rotate)
+    rope_inv_freq(rope_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
+    rope_inv_freq(rope_dim, rope_theta, scaling, long=True)  # longrope: its long factors too
+    if arch not in _PARTIAL_ROTARY and rotary_dim(rope_dim, scaling) != rope_dim:
         raise ValueError(f"a partial rotary embedding (partial_rotary_factor "
                          f"{scaling['partial_rotary_factor']}) is not supported for {arch}")  # fmt: skip
     # as transformers' GenerationConfig.from_model_config: a multimodal config's own ids

@@ -51,6 +51,7 @@ MODEL_CLASSES = {
     "internlm3": ("llama", "LlamaModel"),  # Llama's
     "gemma": ("gemma2", "GemmaModel"),  # Gemma 2's norms, two a layer
     "olmo": ("olmo", "OlmoModel"),  # OLMo v1: parameter-free LayerNorm, clip_qkv
+    "minicpm3": ("minicpm3", "MiniCPM3Model"),  # DeepSeek's latent attention, muP scales
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
 }
 

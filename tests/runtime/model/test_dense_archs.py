@@ -1,5 +1,5 @@
-"""EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1), Phi and OLMo
-against
+"""EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1), Phi, OLMo and
+MiniCPM3 against
 transformers, token for token, on tiny random checkpoints transformers writes itself
 (tests/runtime/hf_oracle.py): float32, prompts chunked into 16-token steps, three prompts
 sharing steps, a warm prefix cache on the second pass, and a KV pool so small that requests are
@@ -25,7 +25,10 @@ the directory for the reference: both read the published shape alike.
   bias), `fc2(gelu_new(fc1(x)))`, biases everywhere (the LM head's too), a partial rotary
   (0.4 of each head, as phi-2), `qk_layernorm` (a LayerNorm over each head of q and k);
 - OLMo (`OlmoForCausalLM`, v1): LayerNorms without parameters (none in the checkpoint),
-  `clip_qkv` small enough to clamp, a tied head (OLMo-1B's).
+  `clip_qkv` small enough to clamp, a tied head (OLMo-1B's);
+- MiniCPM3 (`MiniCPM3ForCausalLM`): DeepSeek's latent attention (rotate-half rotary, a v head
+  narrower than q's, derived from hidden / heads), longrope past a short original context,
+  muP's embedding, residual and pre-head scales.
 
 Also: some over two tensor-parallel ranks (gloo), the weights estimate against what the built
 model holds, and what a sparse config.json reads as against transformers' config classes.
@@ -47,11 +50,15 @@ from arch_cases import (
 )
 from hf_oracle import make_tiny_model, save_word_tokenizer
 from pagoda.runtime.model.loader import read_model_config
+from pagoda.runtime.model.ops import rope_kind
 
 transformers = pytest.importorskip("transformers")
 SLIDING, FULL = "sliding_attention", "full_attention"
 LLAMA3 = {"rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+# MiniCPM3-4B's rotary, shrunk: longrope over an original context of 32 (the prompts pass it)
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 32,
+            "short_factor": [1.0, 1.1, 1.5, 2.0], "long_factor": [1.2, 2.0, 4.0, 9.0]}  # fmt: skip
 # name: (config class prefix, config overrides, the published config.json's renamed keys)
 CASES = {
     "exaone3_5-llama3-tied": (
@@ -79,6 +86,11 @@ CASES = {
                                                  "partial_rotary_factor": 0.4}), {}),
     "phi-qk-layernorm": ("Phi", dict(qk_layernorm=True, num_key_value_heads=4), {}),
     "olmo-clip-tied": ("Olmo", dict(clip_qkv=0.5, tie_word_embeddings=True), {}),
+    "minicpm3-longrope": ("MiniCPM3", dict(
+        num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=None, scale_emb=12, scale_depth=1.4, dim_model_base=16,
+        tie_word_embeddings=False, rope_parameters=LONGROPE), {}),
 }  # fmt: skip
 # transformers writes LlamaForCausalLM for these two (it runs them as Llama): the hub's own names
 _CLASSES = {"exaone": "ExaoneForCausalLM", "internlm3": "InternLM3ForCausalLM"}
@@ -97,6 +109,9 @@ def published(path, renames: dict[str, str]) -> None:
         cfg["partial_rotary_factor"] = rope.pop("partial_rotary_factor")
     cfg["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None
     cfg["architectures"] = [_CLASSES.get(cfg["model_type"], cfg["architectures"][0])]
+    if cfg["model_type"] == "minicpm3":  # MiniCPM3-4B's: "type", v_head_dim left out
+        cfg["rope_scaling"]["type"] = cfg["rope_scaling"].pop("rope_type")
+        cfg.pop("v_head_dim")
     if cfg["model_type"] == "gemma":
         cfg["hidden_act"] = "gelu"
         cfg.pop("tie_word_embeddings")  # gemma-2b's config.json has none (GemmaConfig: true)
@@ -164,11 +179,16 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     assert c.tie_word_embeddings == ("tied" in name or name.startswith("gemma"))
     assert c.tie_word_embeddings == (model.lm_head.weight is model.get_input_embeddings().weight)
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    if name.startswith("minicpm3"):  # latent attention: every head's k and v, max(qk, v) wide
+        head_dim = max(t.qk_head_dim, t.v_head_dim)
+        assert (c.family.mla.v_head_dim, c.family.mla.qk_rope_head_dim) == (16, 8)
+        assert (c.family.embedding_multiplier, c.family.logits_scaling) == (12, t.logits_scaling)
+        assert c.family.residual_multiplier == pytest.approx(1.4 / 2**0.5)
     assert (c.num_layers, c.head_dim, c.num_kv_heads) == (
         t.num_hidden_layers, head_dim, t.num_key_value_heads)  # fmt: skip
     rope = t.rope_parameters
     assert c.rope_theta == rope["rope_theta"]
-    assert (c.rope_scaling or {}).get("rope_type", "default") == rope["rope_type"]
+    assert rope_kind(c.rope_scaling) == rope["rope_type"]
     assert (c.rope_scaling or {}).get("partial_rotary_factor", 1.0) == rope.get(
         "partial_rotary_factor", 1.0)  # fmt: skip
     assert _eps(t) in (None, c.rms_norm_eps)
@@ -181,7 +201,8 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
 
 @pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
 @pytest.mark.parametrize(
-    "name", ["exaone3_5-llama3-tied", "nemotron-partial-biases", "phi-qk-layernorm"]
+    "name",
+    ["exaone3_5-llama3-tied", "nemotron-partial-biases", "phi-qk-layernorm", "minicpm3-longrope"],
 )
 def test_two_ranks_match_transformers(built, name):
     """Tensor parallelism over gloo, two ranks, the small pool (chunked, preempted) then a warm
@@ -195,7 +216,7 @@ def test_two_ranks_match_transformers(built, name):
 @pytest.mark.parametrize(("name", "tp"), [
     ("exaone3_5-llama3-tied", 2), ("exaone4_5-window", 1), ("nemotron-partial-biases", 2),
     ("internlm3-biases-dynamic", 1), ("gemma-gelu-mqa", 2), ("phi-partial", 2),
-    ("olmo-clip-tied", 2),
+    ("olmo-clip-tied", 2), ("minicpm3-longrope", 2),
 ])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: EXAONE's tensors
@@ -223,6 +244,7 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     ("Gemma", "gemma", {"num_hidden_layers": 4}),
     ("Phi", "phi", {"num_hidden_layers": 4}),
     ("Olmo", "olmo", {"num_hidden_layers": 4}),
+    ("MiniCPM3", "minicpm3", {"num_hidden_layers": 4}),
 ])  # fmt: skip
 def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_type, extra):
     """A config.json with the core shapes only: what the engine fills in (eps, rotary base,
@@ -246,6 +268,11 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
     ) == (t.num_hidden_layers, t.max_position_embeddings, t.tie_word_embeddings,
           t.bos_token_id, eos)  # fmt: skip
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    if model_type == "minicpm3":  # every head's k and v (its class default of 40 KV heads is
+        # not what a 32-head model runs), max(qk, v) wide; v derived from hidden / heads
+        assert o.family.mla.v_head_dim == t.v_head_dim == 8
+        assert (o.num_kv_heads, o.head_dim) == (32, max(t.qk_head_dim, t.v_head_dim))
+        return
     # (NemotronConfig leaves num_key_value_heads None, which its attention cannot run: as MHA)
     assert (o.num_kv_heads, o.head_dim) == (t.num_key_value_heads or t.num_attention_heads,
                                             head_dim)  # fmt: skip
