@@ -34,7 +34,7 @@ def _positive(name: str, value: int) -> None:
 ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU (Llama, Qwen, Mixtral) and GeGLU (Gemma)
 # an ungated MLP's (`FamilyConfig.gated_mlp` false): StarCoder2's GELU, Arcee's ReLU²,
 # Apertus' xIELU (its parameters per layer, from the checkpoint)
-UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu")
+UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu", "gelu")  # (gelu: exact, Falcon's)
 
 
 # DeepSeek-V2/V3 (runtime/model/deepseek.py): multi-head latent attention and a grouped router
@@ -192,6 +192,10 @@ class FamilyConfig:
     # the top-1 logit that scales the expert's input, beside an ungated shared expert
     llama4: Llama4Attention | None = None
     clip_qkv: float | None = None  # OLMo's: q, k and v clamped to [-clip_qkv, clip_qkv]
+    # Falcon's fused q/k/v layout ("multi_query", "grouped", "per_head") and its layer's norms
+    # ("one", "two", "sequential"): model/falcon.py
+    falcon_qkv: str = ""
+    falcon_norms: str = ""
 
     @property
     def transforms_logits(self) -> bool:

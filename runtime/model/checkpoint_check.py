@@ -26,7 +26,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         else:
             out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                         a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
-        if not c.family.cohere_layer and c.architecture != "phi":  # Cohere's, Phi's: one norm
+        one_norm = (
+            c.family.cohere_layer or c.architecture == "phi" or c.family.falcon_norms == "one"
+        )
+        if not one_norm:  # (Cohere's, Phi's, Falcon's parallel layers: one norm)
             out[f"model.layers.{i}.post_attention_layernorm.weight"] = (h,)
         if not c.family.olmo2_norms:  # OLMo 2 has no norm before attention
             out[f"model.layers.{i}.input_layernorm.weight"] = (h,)

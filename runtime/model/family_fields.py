@@ -20,7 +20,7 @@ Fields = Callable[
     dict[str, Any],
 ]
 # down(act(up(x))) MLPs (model/ungated_mlp.py)
-UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi")
+UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi", "falcon")
 
 
 def read_rope(
@@ -131,8 +131,10 @@ def _ministral3(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     fields: dict[str, Any] = {"gated_mlp": False}
-    if arch in ("starcoder2", "nemotron", "phi"):  # (Nemotron's: LayerNorm1P, by 1 + w)
+    if arch in ("starcoder2", "nemotron", "phi", "falcon"):  # (Nemotron's: LayerNorm1P, 1 + w)
         fields["layer_norm_bias"] = True
+    if arch == "falcon":
+        fields.update(_falcon(cfg))
     if arch == "phi" and cfg.get("qk_layernorm"):  # a LayerNorm over each head, with a bias
         fields["qk_norm"] = True
     if arch == "apertus":
@@ -181,6 +183,24 @@ def _gemma2(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
         attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
         final_logit_softcapping=cfg.get("final_logit_softcapping"),
     )
+
+
+def _falcon(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Falcon's q/k/v layout and layer (model/falcon.py), as transformers' FalconDecoderLayer
+    picks them; ALiBi refused."""
+    if cfg.get("alibi"):
+        raise ValueError("Falcon with alibi (ALiBi position biases: falcon-rw) is not supported")
+    new, parallel = bool(cfg.get("new_decoder_architecture")), bool(cfg.get("parallel_attn"))
+    if new:
+        layers = cfg.get("num_ln_in_parallel_attn") or 2
+        if layers == 1 and not parallel:  # (transformers' layer has no MLP input then)
+            raise ValueError("Falcon's new_decoder_architecture with num_ln_in_parallel_attn 1 "
+                             "and parallel_attn false is not supported")  # fmt: skip
+        norms = "two" if layers == 2 else "one"
+    else:
+        norms = "one" if parallel else "sequential"
+    qkv = "grouped" if new else "multi_query" if cfg.get("multi_query") else "per_head"
+    return {"falcon_qkv": qkv, "falcon_norms": norms}
 
 
 def _gemma(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:

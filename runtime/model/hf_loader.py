@@ -76,6 +76,7 @@ HF_ARCHITECTURES = {
     "GemmaForCausalLM": "gemma",  # Gemma 2's norms and GeGLU in Llama's layer (gemma2.py)
     "OlmoForCausalLM": "olmo",  # OLMo v1: parameter-free LayerNorm, clip_qkv (olmo.py)
     "MiniCPM3ForCausalLM": "minicpm3",  # DeepSeek's latent attention, muP scales (minicpm3.py)
+    "FalconForCausalLM": "falcon",  # falcon-7b/40b/180b: fused q/k/v, parallel layer (falcon.py)
     "PhiForCausalLM": "phi",  # phi-2: parallel layer, LayerNorm with biases, GELU MLP (phi.py)
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
 }
@@ -93,6 +94,7 @@ _ALIASES = {
     "exaone": {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
                "activation_function": "hidden_act"},
     "internlm3": {"qkv_bias": "attention_bias", "bias": "mlp_bias"},
+    "falcon": {"n_embed": "hidden_size", "activation": "hidden_act", "bias": "attention_bias"},
 }  # fmt: skip
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
@@ -164,6 +166,11 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                  "qk_rope_head_dim": 32, "scale_emb": 12, "scale_depth": 1.4,
                  "dim_model_base": 256, "rope_interleave": False, "bos_token_id": 1,
                  "eos_token_id": 2},
+    "falcon": {"vocab_size": 65_024, "hidden_size": 4544, "num_hidden_layers": 32,
+               "num_attention_heads": 71, "layer_norm_epsilon": 1e-5, "hidden_act": "gelu",
+               "multi_query": True, "parallel_attn": True, "new_decoder_architecture": False,
+               "max_position_embeddings": 2048, "tie_word_embeddings": True,
+               "bos_token_id": 11, "eos_token_id": 11},
     "phi": {"vocab_size": 51_200, "hidden_size": 2048, "intermediate_size": 8192,
             "num_hidden_layers": 24, "num_attention_heads": 32, "hidden_act": "gelu_new",
             "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.5, "attention_bias": True,
@@ -221,6 +228,7 @@ _NULLABLE = {
 }
 _EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 _EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
+_EPS["falcon"] = "layer_norm_epsilon"
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 _DEFAULT_ROPE = {
@@ -252,6 +260,7 @@ SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penal
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 _ACTIVATIONS.update({"gelu_tanh": "gelu_tanh", "gelu_python_tanh": "gelu_tanh"})
 _ACTIVATIONS["gelu_new"] = "gelu_tanh"  # (Phi's: the tanh approximation)
+_ACTIVATIONS["gelu"] = "gelu"  # exact (Falcon's ungated MLP; a gated one refuses it)
 _ACTIVATIONS.update({"relu2": "relu2", "xielu": "xielu"})  # ungated MLPs' (Arcee's, Apertus')
 
 
@@ -397,6 +406,12 @@ def _aliased(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         out["v_head_dim"] = int(out.get("hidden_size", 2560)) // int(
             out.get("num_attention_heads", 40)
         )
+    if arch == "falcon":  # FalconConfig's: its MLP's width, and the KV heads it runs
+        hidden = int(out.get("hidden_size", 4544))
+        out["intermediate_size"] = out.get("ffn_hidden_size") or 4 * hidden
+        heads = out.get("num_attention_heads", 71)
+        grouped = out.get("new_decoder_architecture") or not out.get("multi_query", True)
+        out["num_key_value_heads"] = (out.get("num_kv_heads") or heads) if grouped else 1
     if arch == "gemma":
         out.pop("hidden_activation", None)
         if out.get("hidden_act") == "gelu":
@@ -546,6 +561,10 @@ def check_weights(
         from pagoda.runtime.model.phi3 import split_fused
 
         split_fused(weights, config)
+    if config.architecture == "falcon":  # its fused query_key_value, by its layout
+        from pagoda.runtime.model.falcon import split_qkv
+
+        split_qkv(weights, config)
     scheme = read_quantization(model_dir)
     weights.fp8_block = None if scheme is None else scheme.block  # block-wise FP8 scales' tile
     headers = {name: weights.dtype_and_shape(name) for name in weights}

@@ -52,6 +52,7 @@ MODEL_CLASSES = {
     "gemma": ("gemma2", "GemmaModel"),  # Gemma 2's norms, two a layer
     "olmo": ("olmo", "OlmoModel"),  # OLMo v1: parameter-free LayerNorm, clip_qkv
     "minicpm3": ("minicpm3", "MiniCPM3Model"),  # DeepSeek's latent attention, muP scales
+    "falcon": ("falcon", "FalconModel"),  # parallel layer, fused q/k/v, GELU MLP
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
 }
 

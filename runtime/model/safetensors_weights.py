@@ -6,7 +6,7 @@ sharded and consolidated copies, as some Mistral repositories do, is read once),
 memory-mapped files as the model is built: loading never holds a second copy of the checkpoint.
 Gemma 3's multimodal checkpoints keep the text model under `language_model`: those names are
 mapped to the text model's (`model.layers...`, `lm_head.weight`); vision weights are not listed.
-EXAONE 3 / 3.5's GPT-style names (`transformer.h.N.attn.attention.q_proj`, `ln_1`, `c_fc_0`) are
+EXAONE 3 / 3.5's and Falcon's GPT-style names (`transformer.h.N.attn.attention.q_proj`, `ln_1`, `c_fc_0`) are
 listed under Llama's, as transformers' conversion mapping renames them (`_RENAMES`); so are
 Phi's (`self_attn.dense`, `mlp.fc1` / `fc2`, `final_layernorm`: `_PHI_RENAMES`).
 """
@@ -37,6 +37,12 @@ _RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."), (r"\.ln_1\.", ".input_layernorm."),
     (r"\.ln_2\.", ".post_attention_layernorm."), (r"\.mlp\.c_fc_0\.", ".mlp.gate_proj."),
     (r"\.mlp\.c_fc_1\.", ".mlp.up_proj."), (r"\.mlp\.c_proj\.", ".mlp.down_proj."),
+    # Falcon's (model/falcon.py)
+    (r"^transformer\.word_embeddings\.", "model.embed_tokens."),
+    (r"\.self_attention\.query_key_value\.", ".self_attn.qkv_proj."),
+    (r"\.self_attention\.dense\.", ".self_attn.o_proj."), (r"\.ln_attn\.", ".input_layernorm."),
+    (r"\.ln_mlp\.", ".post_attention_layernorm."),
+    (r"\.mlp\.dense_h_to_4h\.", ".mlp.up_proj."), (r"\.mlp\.dense_4h_to_h\.", ".mlp.down_proj."),
 ))  # fmt: skip
 # Phi's names -> Llama's (model/phi.py)
 _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
@@ -90,7 +96,8 @@ class SafetensorsWeights(Mapping):
 
         self._handles = [safe_open(str(f), framework="pt") for f in files]
         self._where: dict[str, tuple[int, str]] = {}  # name -> (handle, stored name)
-        self._rows: dict[str, tuple[int, int]] = {}  # a `split_rows` part -> its rows
+        # a `split_rows` part -> its rows: (start, stop) ranges of the stored tensor, in order
+        self._rows: dict[str, tuple[tuple[int, int], ...]] = {}
         for i, handle in enumerate(self._handles):
             for stored in handle.keys():  # noqa: SIM118 - safe_open is not iterable
                 name = _text_name(stored)
@@ -104,30 +111,37 @@ class SafetensorsWeights(Mapping):
     def __getitem__(self, name: str) -> torch.Tensor:
         i, stored = self._where[name]
         if name in self._rows:  # only these rows are read
-            start, stop = self._rows[name]
-            return self._handles[i].get_slice(stored)[start:stop]
+            part = self._handles[i].get_slice(stored)
+            pieces = [part[start:stop] for start, stop in self._rows[name]]
+            return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         return self._handles[i].get_tensor(stored)
 
     def rows(self, name: str, n: int) -> torch.Tensor:
         """The first `n` rows of tensor `name`, read alone."""
         i, stored = self._where[name]
-        start = self._rows.get(name, (0, 0))[0]
-        return self._handles[i].get_slice(stored)[start : start + n]
+        if name in self._rows:
+            return self[name][:n]
+        return self._handles[i].get_slice(stored)[:n]
 
     def split_rows(self, fused: str, parts: list[tuple[str, int, int]]) -> None:
         """List the stored tensor `fused` as the tensors `parts` (name, first row, end row),
         each read alone (Phi-3's fused qkv_proj as q_proj, k_proj, v_proj); `fused` is no
-        longer listed. ValueError where the rows do not tile it."""
+        longer listed. ValueError where the rows do not tile it. A name given more than once
+        is its ranges joined in order (Falcon's q/k/v interleaved by head group)."""
         i, stored = self._where[fused]
         rows = self._handles[i].get_slice(stored).get_shape()[0]
         edges = [0] + [stop for _, _, stop in parts]
         if [start for _, start, _ in parts] != edges[:-1] or edges[-1] != rows:
-            raise ValueError(f"checkpoint tensor {fused} has {rows} rows; "
-                             f"{', '.join(n for n, _, _ in parts)} need {edges[-1]}")  # fmt: skip
+            names = ", ".join(dict.fromkeys(n for n, _, _ in parts))
+            raise ValueError(f"checkpoint tensor {fused} has {rows} rows; {names} need "
+                             f"{edges[-1]}")  # fmt: skip
         del self._where[fused]
+        ranges: dict[str, list[tuple[int, int]]] = {}
         for name, start, stop in parts:
+            ranges.setdefault(name, []).append((start, stop))
+        for name, spans in ranges.items():
             self._where[name] = (i, stored)
-            self._rows[name] = (start, stop)
+            self._rows[name] = tuple(spans)
 
     def __contains__(self, name: object) -> bool:
         return name in self._where
@@ -144,8 +158,7 @@ class SafetensorsWeights(Mapping):
         s = self._handles[i].get_slice(stored)
         shape = list(s.get_shape())
         if name in self._rows:
-            start, stop = self._rows[name]
-            shape[0] = stop - start
+            shape[0] = sum(stop - start for start, stop in self._rows[name])
         return s.get_dtype(), shape
 
     def blocks(self) -> Dense16Blocks:

@@ -1,5 +1,5 @@
-"""EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1), Phi, OLMo and
-MiniCPM3 against
+"""EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1), Phi, OLMo,
+MiniCPM3 and Falcon against
 transformers, token for token, on tiny random checkpoints transformers writes itself
 (tests/runtime/hf_oracle.py): float32, prompts chunked into 16-token steps, three prompts
 sharing steps, a warm prefix cache on the second pass, and a KV pool so small that requests are
@@ -28,7 +28,10 @@ the directory for the reference: both read the published shape alike.
   `clip_qkv` small enough to clamp, a tied head (OLMo-1B's);
 - MiniCPM3 (`MiniCPM3ForCausalLM`): DeepSeek's latent attention (rotate-half rotary, a v head
   narrower than q's, derived from hidden / heads), longrope past a short original context,
-  muP's embedding, residual and pre-head scales.
+  muP's embedding, residual and pre-head scales;
+- Falcon (`FalconForCausalLM`): its fused query_key_value in the three layouts (multi-query,
+  grouped by KV head, per head), one norm or two (ln_attn, ln_mlp) in the parallel layer, or
+  Llama's sequential one, exact GELU, biases, a tied head; the MLP's width left out (4 x hidden).
 
 Also: some over two tensor-parallel ranks (gloo), the weights estimate against what the built
 model holds, and what a sparse config.json reads as against transformers' config classes.
@@ -59,6 +62,7 @@ LLAMA3 = {"rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0, "low_freq_fac
 # MiniCPM3-4B's rotary, shrunk: longrope over an original context of 32 (the prompts pass it)
 LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 32,
             "short_factor": [1.0, 1.1, 1.5, 2.0], "long_factor": [1.2, 2.0, 4.0, 9.0]}  # fmt: skip
+FALCON = dict(ffn_hidden_size=256, num_key_value_heads=None)  # (4 x hidden: left out, derived)
 # name: (config class prefix, config overrides, the published config.json's renamed keys)
 CASES = {
     "exaone3_5-llama3-tied": (
@@ -91,6 +95,17 @@ CASES = {
         qk_rope_head_dim=8,
         v_head_dim=None, scale_emb=12, scale_depth=1.4, dim_model_base=16,
         tie_word_embeddings=False, rope_parameters=LONGROPE), {}),
+    # falcon-7b: every head's q, one k and v head, one norm, parallel
+    "falcon-multi-query": ("Falcon", dict(FALCON, multi_query=True), {}),
+    # falcon-40b / 180b: q/k/v by KV head group, ln_attn and ln_mlp; with biases
+    "falcon-grouped-two-norms": ("Falcon", dict(FALCON, new_decoder_architecture=True,
+                                                num_kv_heads=2, bias=True), {}),
+    # Falcon2-11B: grouped, one norm
+    "falcon2-grouped-one-norm": ("Falcon", dict(FALCON, new_decoder_architecture=True,
+                                                num_kv_heads=1, num_ln_in_parallel_attn=1), {}),
+    # neither: q, k, v per head, Llama's sequential layer, biases (falcon-rw without ALiBi)
+    "falcon-per-head-sequential": ("Falcon", dict(FALCON, multi_query=False, parallel_attn=False,
+                                                  bias=True), {}),
 }  # fmt: skip
 # transformers writes LlamaForCausalLM for these two (it runs them as Llama): the hub's own names
 _CLASSES = {"exaone": "ExaoneForCausalLM", "internlm3": "InternLM3ForCausalLM"}
@@ -112,6 +127,9 @@ def published(path, renames: dict[str, str]) -> None:
     if cfg["model_type"] == "minicpm3":  # MiniCPM3-4B's: "type", v_head_dim left out
         cfg["rope_scaling"]["type"] = cfg["rope_scaling"].pop("rope_type")
         cfg.pop("v_head_dim")
+    if cfg["model_type"] == "falcon":  # falcon-7b's: no derived fields, no context
+        for key in ("num_key_value_heads", "ffn_hidden_size", "max_position_embeddings"):
+            cfg.pop(key, None)
     if cfg["model_type"] == "gemma":
         cfg["hidden_act"] = "gelu"
         cfg.pop("tie_word_embeddings")  # gemma-2b's config.json has none (GemmaConfig: true)
@@ -174,9 +192,9 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     transformers' reloaded config says."""
     name, path, model, _, _ = case
     c, t = read_model_config(str(path)), model.config.get_text_config()
-    assert c.architecture == name.split("-")[0].replace("exaone3_5", "exaone").replace(
-        "exaone4_5", "exaone4")  # fmt: skip
-    assert c.tie_word_embeddings == ("tied" in name or name.startswith("gemma"))
+    family = {"exaone3_5": "exaone", "exaone4_5": "exaone4", "falcon2": "falcon"}
+    assert c.architecture == family.get(name.split("-")[0], name.split("-")[0])
+    assert c.tie_word_embeddings == ("tied" in name or name.startswith(("gemma", "falcon")))
     assert c.tie_word_embeddings == (model.lm_head.weight is model.get_input_embeddings().weight)
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
     if name.startswith("minicpm3"):  # latent attention: every head's k and v, max(qk, v) wide
@@ -192,7 +210,7 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     assert (c.rope_scaling or {}).get("partial_rotary_factor", 1.0) == rope.get(
         "partial_rotary_factor", 1.0)  # fmt: skip
     assert _eps(t) in (None, c.rms_norm_eps)
-    assert c.family.gated_mlp == (name.split("-")[0] not in ("nemotron", "phi"))
+    assert c.family.gated_mlp == (c.architecture not in ("nemotron", "phi", "falcon"))
     if name.startswith("gemma"):
         assert t.hidden_act == "gelu_pytorch_tanh" and c.family.hidden_act == "gelu_tanh"
     if name.startswith("internlm3"):
@@ -202,7 +220,15 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
 @pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
 @pytest.mark.parametrize(
     "name",
-    ["exaone3_5-llama3-tied", "nemotron-partial-biases", "phi-qk-layernorm", "minicpm3-longrope"],
+    [
+        "exaone3_5-llama3-tied",
+        "nemotron-partial-biases",
+        "phi-qk-layernorm",
+        "minicpm3-longrope",
+        "falcon-grouped-two-norms",
+        "falcon-multi-query",
+        "olmo-clip-tied",
+    ],
 )
 def test_two_ranks_match_transformers(built, name):
     """Tensor parallelism over gloo, two ranks, the small pool (chunked, preempted) then a warm
@@ -216,7 +242,8 @@ def test_two_ranks_match_transformers(built, name):
 @pytest.mark.parametrize(("name", "tp"), [
     ("exaone3_5-llama3-tied", 2), ("exaone4_5-window", 1), ("nemotron-partial-biases", 2),
     ("internlm3-biases-dynamic", 1), ("gemma-gelu-mqa", 2), ("phi-partial", 2),
-    ("olmo-clip-tied", 2), ("minicpm3-longrope", 2),
+    ("olmo-clip-tied", 2), ("minicpm3-longrope", 2), ("falcon-grouped-two-norms", 2),
+    ("falcon-per-head-sequential", 1),
 ])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: EXAONE's tensors
@@ -245,8 +272,12 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     ("Phi", "phi", {"num_hidden_layers": 4}),
     ("Olmo", "olmo", {"num_hidden_layers": 4}),
     ("MiniCPM3", "minicpm3", {"num_hidden_layers": 4}),
+    ("Falcon", "falcon", {"num_hidden_layers": 4}),
+    ("Falcon", "falcon", {"num_hidden_layers": 4, "new_decoder_architecture": True,
+                          "num_kv_heads": 8}),
 ])  # fmt: skip
 def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_type, extra):
+    # (Falcon's: its MLP 4 x hidden, one KV head unless grouped)
     """A config.json with the core shapes only: what the engine fills in (eps, rotary base,
     partial rotary, context, tying, BOS/EOS, KV heads, head size) is what transformers' config
     class fills in."""
@@ -276,3 +307,31 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
     # (NemotronConfig leaves num_key_value_heads None, which its attention cannot run: as MHA)
     assert (o.num_kv_heads, o.head_dim) == (t.num_key_value_heads or t.num_attention_heads,
                                             head_dim)  # fmt: skip
+
+
+@pytest.mark.parametrize(("arch", "edit", "words"), [
+    ("Falcon", {"alibi": True}, "Falcon with alibi"),
+    ("Falcon", {"new_decoder_architecture": True, "num_ln_in_parallel_attn": 1,
+                "parallel_attn": False}, "num_ln_in_parallel_attn 1 and parallel_attn false"),
+    ("Olmo", {"clip_qkv": -1.0}, "clip_qkv must be positive"),
+])  # fmt: skip
+def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
+    """Read with the config (before the server binds: exit 2), naming the value."""
+    make_tiny_model(tmp_path, arch, num_hidden_layers=1)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(ValueError, match=words) as e:
+        read_model_config(str(tmp_path))
+    assert "\n" not in str(e.value)
+
+
+def test_a_falcon_qkv_of_the_wrong_height_is_refused_at_config_time(tmp_path):
+    """The fused query_key_value's rows are checked against the layout config.json names
+    (one line, from the headers): a grouped (40b-style) checkpoint read as multi-query."""
+    make_tiny_model(tmp_path, "Falcon", num_hidden_layers=1, new_decoder_architecture=True,
+                    num_kv_heads=2, **FALCON)  # fmt: skip
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["new_decoder_architecture"] = False
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"qkv_proj.weight has 128 rows"):
+        read_model_config(str(tmp_path))
