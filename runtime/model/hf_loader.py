@@ -387,8 +387,8 @@ def _family(
 
 def _tied(top: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
     """Whether the LM head is the embedding: a multimodal checkpoint's top-level flag decides
-    (transformers ties by it, default true, whatever its text_config says); else the text
-    model's (its family's default when left out)."""
+    (transformers ties by it, whatever its text_config says; by default true, EXAONE 4.5's
+    false: `_WRAPPER_TIES`); else the text model's (its family's default when left out)."""
     if "text_config" in top:
         return bool(top.get("tie_word_embeddings", _WRAPPER_TIES.get(top.get("model_type"), True)))
     return bool(cfg.get("tie_word_embeddings", False))

@@ -335,3 +335,12 @@ def test_a_falcon_qkv_of_the_wrong_height_is_refused_at_config_time(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=r"qkv_proj.weight has 128 rows"):
         read_model_config(str(tmp_path))
+
+
+def test_an_exaone_directory_transformers_saved_reads_as_llama(tmp_path):
+    """transformers 5 saves an EXAONE 3 model as `LlamaForCausalLM` (model_type exaone) under
+    EXAONE's own tensor names: read as Llama's, every tensor found under Llama's name."""
+    make_tiny_model(tmp_path, "Exaone", num_hidden_layers=1)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["model_type"] == "exaone"
+    assert read_model_config(str(tmp_path)).architecture == "llama"
