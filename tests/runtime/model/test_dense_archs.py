@@ -226,15 +226,14 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
         "phi-qk-layernorm",
         "minicpm3-longrope",
         "falcon-grouped-two-norms",
-        "falcon-multi-query",
-        "olmo-clip-tied",
     ],
 )
 def test_two_ranks_match_transformers(built, name):
     """Tensor parallelism over gloo, two ranks, the small pool (chunked, preempted) then a warm
     cache: EXAONE's renamed tensors cut as Llama's; Nemotron's partial rotary on each rank's
     heads, its LayerNorm1P biases whole, up's rows and bias cut, down's bias added once; Phi's
-    parallel layer, per-head q/k LayerNorms and the LM head's bias after the gather."""
+    parallel layer, per-head q/k LayerNorms and the LM head's bias after the gather;
+    MiniCPM3's latent attention by heads; Falcon's grouped q/k/v rows cut by heads."""
     path, _, loaded, reference = built(name)
     check_two_ranks(path, loaded, reference, name)
 
