@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
+from pagoda.runtime.model import config_keys, family_fields, tiktoken_files
 from pagoda.runtime.model import deepseek_config as deepseek
-from pagoda.runtime.model import family_fields, tiktoken_files
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
@@ -89,13 +89,6 @@ _TEXT_MODEL_TYPES = {
 }  # fmt: skip
 # a wrapper's own default for tie_word_embeddings (else true, as Gemma 3's and Mistral 3's)
 _WRAPPER_TIES = {"exaone4_5": False}
-# older config.json keys a family's config class reads as another (its `attribute_map`)
-_ALIASES = {
-    "exaone": {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
-               "activation_function": "hidden_act"},
-    "internlm3": {"qkv_bias": "attention_bias", "bias": "mlp_bias"},
-    "falcon": {"n_embed": "hidden_size", "activation": "hidden_act", "bias": "attention_bias"},
-}  # fmt: skip
 SUPPORTED = HF_ARCHITECTURES  # the same table under the name importers use
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is
 # sparse in the published multimodal checkpoints); elsewhere 10,000 for rope_theta, 1e-6 for
@@ -394,31 +387,6 @@ def _tied(top: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
     return bool(cfg.get("tie_word_embeddings", False))
 
 
-def _aliased(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
-    """`cfg` with a family's older keys under the names the engine reads (`_ALIASES`; the newer
-    name wins where both are set); Gemma's legacy `hidden_act` "gelu" read, as transformers'
-    GemmaConfig reads it, as the tanh approximation (its `hidden_activation` is not read)."""
-    out = dict(cfg)
-    for old, new in _ALIASES.get(arch, {}).items():
-        if old in out and out.get(new) is None:
-            out[new] = out[old]
-    if arch == "minicpm3" and out.get("v_head_dim") is None:  # MiniCPM3Config's
-        out["v_head_dim"] = int(out.get("hidden_size", 2560)) // int(
-            out.get("num_attention_heads", 40)
-        )
-    if arch == "falcon":  # FalconConfig's: its MLP's width, and the KV heads it runs
-        hidden = int(out.get("hidden_size", 4544))
-        out["intermediate_size"] = out.get("ffn_hidden_size") or 4 * hidden
-        heads = out.get("num_attention_heads", 71)
-        grouped = out.get("new_decoder_architecture") or not out.get("multi_query", True)
-        out["num_key_value_heads"] = (out.get("num_kv_heads") or heads) if grouped else 1
-    if arch == "gemma":
-        out.pop("hidden_activation", None)
-        if out.get("hidden_act") == "gelu":
-            out["hidden_act"] = "gelu_pytorch_tanh"
-    return out
-
-
 def read_config(model_dir: Path) -> ModelConfig:
     top = _read_json(model_dir / "config.json")
     if not top:
@@ -433,9 +401,10 @@ def read_config(model_dir: Path) -> ModelConfig:
 
 def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfig:
     read_quantization(model_dir)  # a quantization it cannot load fails with the metadata
-    cfg = _aliased(top.get("text_config") or top, arch)  # a wrapper's: its text model
+    cfg = config_keys.renamed(top.get("text_config") or top, arch)  # a wrapper's: its text model
     cfg = {**_DEFAULTS.get(arch, {}),
            **{k: v for k, v in cfg.items() if v is not None or k in _NULLABLE.get(arch, ())}}  # fmt: skip
+    cfg = config_keys.derived(cfg, arch)
     if arch == "gpt_oss" and not cfg.get("rope_scaling") and not cfg.get("rope_parameters"):
         cfg["rope_scaling"] = dict(_GPT_OSS_ROPE)
     if arch in _DEFAULT_ROPE and not {"rope_parameters", "rope_scaling"} & set(cfg):

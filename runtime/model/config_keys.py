@@ -1,0 +1,47 @@
+"""What some families' config.json files say under other names, or leave to their transformers
+config class to derive: `renamed` before the loader's defaults are merged (the older keys,
+transformers' `attribute_map`), `derived` after (the values a `__post_init__` computes)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# older config.json keys a family's config class reads as another (its `attribute_map`, or an
+# init argument it renames)
+ALIASES = {
+    "exaone": {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
+               "activation_function": "hidden_act"},
+    "internlm3": {"qkv_bias": "attention_bias", "bias": "mlp_bias"},
+    "falcon": {"n_embed": "hidden_size", "activation": "hidden_act", "bias": "attention_bias"},
+}  # fmt: skip
+
+
+def renamed(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """`cfg` with a family's older keys under the names the engine reads (the newer name wins
+    where both are set); Gemma's legacy `hidden_act` "gelu" read, as transformers' GemmaConfig
+    reads it, as the tanh approximation (its `hidden_activation` is not read)."""
+    out = dict(cfg)
+    for old, new in ALIASES.get(arch, {}).items():
+        if old in out and out.get(new) is None:
+            out[new] = out[old]
+    if arch == "gemma":
+        out.pop("hidden_activation", None)
+        if out.get("hidden_act") == "gelu":
+            out["hidden_act"] = "gelu_pytorch_tanh"
+    return out
+
+
+def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """`cfg` (the family's defaults merged) with what its config class derives: MiniCPM3's
+    `v_head_dim` (hidden / heads), Falcon's MLP width (`ffn_hidden_size`, else 4 x hidden) and
+    the KV heads its attention runs (one for multi-query, else `num_kv_heads`)."""
+    out = dict(cfg)
+    if arch == "minicpm3" and out.get("v_head_dim") is None:
+        out["v_head_dim"] = int(out["hidden_size"]) // int(out["num_attention_heads"])
+    if arch == "falcon":
+        out["intermediate_size"] = out.get("ffn_hidden_size") or 4 * int(out["hidden_size"])
+        grouped = out.get("new_decoder_architecture") or not out.get("multi_query")
+        heads = out.get("num_kv_heads") or out["num_attention_heads"]
+        out["num_key_value_heads"] = heads if grouped else 1
+    return out
