@@ -192,8 +192,8 @@ class FamilyConfig:
     # the top-1 logit that scales the expert's input, beside an ungated shared expert
     llama4: Llama4Attention | None = None
     clip_qkv: float | None = None  # OLMo's: q, k and v clamped to [-clip_qkv, clip_qkv]
-    # Falcon's fused q/k/v layout ("multi_query", "grouped", "per_head") and its layer's norms
-    # ("one", "two", "sequential"): model/falcon.py
+    # Falcon's (and GPT-NeoX's) fused q/k/v layout ("multi_query", "grouped", "per_head") and
+    # its layer's norms ("one", "two", "sequential"): model/falcon.py
     falcon_qkv: str = ""
     falcon_norms: str = ""
 

@@ -14,6 +14,7 @@ ALIASES = {
                "activation_function": "hidden_act"},
     "internlm3": {"qkv_bias": "attention_bias", "bias": "mlp_bias"},
     "falcon": {"n_embed": "hidden_size", "activation": "hidden_act", "bias": "attention_bias"},
+    "gpt_neox": {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"},
 }  # fmt: skip
 
 
@@ -35,7 +36,8 @@ def renamed(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
 def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     """`cfg` (the family's defaults merged) with what its config class derives: MiniCPM3's
     `v_head_dim` (hidden / heads), Falcon's MLP width (`ffn_hidden_size`, else 4 x hidden) and
-    the KV heads its attention runs (one for multi-query, else `num_kv_heads`)."""
+    the KV heads its attention runs (one for multi-query, else `num_kv_heads`; GPT-NeoX's:
+    every head)."""
     out = dict(cfg)
     if arch == "minicpm3" and out.get("v_head_dim") is None:
         out["v_head_dim"] = int(out["hidden_size"]) // int(out["num_attention_heads"])
@@ -44,4 +46,6 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         grouped = out.get("new_decoder_architecture") or not out.get("multi_query")
         heads = out.get("num_kv_heads") or out["num_attention_heads"]
         out["num_key_value_heads"] = heads if grouped else 1
+    if arch == "gpt_neox":  # multi-head attention, whatever else config.json says
+        out["num_key_value_heads"] = out["num_attention_heads"]
     return out

@@ -18,6 +18,11 @@ with `num_ln_in_parallel_attn` 2): ``x + attn(ln_attn(x)) + mlp(ln_mlp(x))``; "s
 post_attention_layernorm, `ln_f` as the final norm), so tensor
 parallelism, the checkpoint check and the weights estimate treat them as the other families'.
 ALiBi (`alibi` true: falcon-rw) is refused when the config is read.
+
+GPT-NeoX (`GPTNeoXForCausalLM`: Pythia, GPT-NeoX-20B) is this model too: its q/k/v per head, two
+norms in parallel (`use_parallel_residual`, `input_layernorm` / `post_attention_layernorm`) or
+Llama's layer, a partial rotary (`rotary_pct`, default 0.25), biases, GELU; its tensors under
+`gpt_neox.` and `embed_out` read as Llama's too.
 """
 
 from __future__ import annotations

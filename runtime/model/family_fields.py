@@ -20,7 +20,7 @@ Fields = Callable[
     dict[str, Any],
 ]
 # down(act(up(x))) MLPs (model/ungated_mlp.py)
-UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi", "falcon")
+UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi", "falcon", "gpt_neox")
 
 
 def read_rope(
@@ -131,10 +131,13 @@ def _ministral3(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     fields: dict[str, Any] = {"gated_mlp": False}
-    if arch in ("starcoder2", "nemotron", "phi", "falcon"):  # (Nemotron's: LayerNorm1P, 1 + w)
+    if arch in ("starcoder2", "nemotron", "phi", "falcon", "gpt_neox"):  # (Nemotron's: 1 + w)
         fields["layer_norm_bias"] = True
     if arch == "falcon":
         fields.update(_falcon(cfg))
+    if arch == "gpt_neox":  # Falcon's per-head q/k/v; two norms in parallel, or Llama's layer
+        parallel = cfg.get("use_parallel_residual", True)
+        fields.update(falcon_qkv="per_head", falcon_norms="two" if parallel else "sequential")
     if arch == "phi" and cfg.get("qk_layernorm"):  # a LayerNorm over each head, with a bias
         fields["qk_norm"] = True
     if arch == "apertus":

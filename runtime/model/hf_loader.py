@@ -77,6 +77,7 @@ HF_ARCHITECTURES = {
     "OlmoForCausalLM": "olmo",  # OLMo v1: parameter-free LayerNorm, clip_qkv (olmo.py)
     "MiniCPM3ForCausalLM": "minicpm3",  # DeepSeek's latent attention, muP scales (minicpm3.py)
     "FalconForCausalLM": "falcon",  # falcon-7b/40b/180b: fused q/k/v, parallel layer (falcon.py)
+    "GPTNeoXForCausalLM": "gpt_neox",  # Pythia, GPT-NeoX-20B: Falcon's model (falcon.py)
     "PhiForCausalLM": "phi",  # phi-2: parallel layer, LayerNorm with biases, GELU MLP (phi.py)
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
 }
@@ -164,6 +165,11 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                "multi_query": True, "parallel_attn": True, "new_decoder_architecture": False,
                "max_position_embeddings": 2048, "tie_word_embeddings": True,
                "bos_token_id": 11, "eos_token_id": 11},
+    "gpt_neox": {"vocab_size": 50_432, "hidden_size": 6144, "num_hidden_layers": 44,
+                 "num_attention_heads": 64, "intermediate_size": 24_576, "hidden_act": "gelu",
+                 "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25, "attention_bias": True,
+                 "use_parallel_residual": True, "max_position_embeddings": 2048,
+                 "bos_token_id": 0, "eos_token_id": 2},
     "phi": {"vocab_size": 51_200, "hidden_size": 2048, "intermediate_size": 8192,
             "num_hidden_layers": 24, "num_attention_heads": 32, "hidden_act": "gelu_new",
             "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.5, "attention_bias": True,
@@ -221,7 +227,7 @@ _NULLABLE = {
 }
 _EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 _EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
-_EPS["falcon"] = "layer_norm_epsilon"
+_EPS.update(falcon="layer_norm_epsilon", gpt_neox="layer_norm_eps")
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 _DEFAULT_ROPE = {
@@ -246,13 +252,14 @@ _DEFAULT_ROPE = {
     },
 }
 # the families whose transformers models read partial_rotary_factor
-_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "nemotron", "phi")
+_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "nemotron", "phi", "gpt_neox")
 _FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 _ACTIVATIONS.update({"gelu_tanh": "gelu_tanh", "gelu_python_tanh": "gelu_tanh"})
 _ACTIVATIONS["gelu_new"] = "gelu_tanh"  # (Phi's: the tanh approximation)
+_ACTIVATIONS["gelu_fast"] = "gelu_tanh"  # (GPT-NeoX-20B's: the same formula)
 _ACTIVATIONS["gelu"] = "gelu"  # exact (Falcon's ungated MLP; a gated one refuses it)
 _ACTIVATIONS.update({"relu2": "relu2", "xielu": "xielu"})  # ungated MLPs' (Arcee's, Apertus')
 
@@ -530,7 +537,7 @@ def check_weights(
         from pagoda.runtime.model.phi3 import split_fused
 
         split_fused(weights, config)
-    if config.architecture == "falcon":  # its fused query_key_value, by its layout
+    if config.architecture in ("falcon", "gpt_neox"):  # the fused query_key_value, by layout
         from pagoda.runtime.model.falcon import split_qkv
 
         split_qkv(weights, config)

@@ -8,7 +8,8 @@ Gemma 3's multimodal checkpoints keep the text model under `language_model`: tho
 mapped to the text model's (`model.layers...`, `lm_head.weight`); vision weights are not listed.
 EXAONE 3 / 3.5's and Falcon's GPT-style names (`transformer.h.N.attn.attention.q_proj`, `ln_1`, `c_fc_0`) are
 listed under Llama's, as transformers' conversion mapping renames them (`_RENAMES`); so are
-Phi's (`self_attn.dense`, `mlp.fc1` / `fc2`, `final_layernorm`: `_PHI_RENAMES`).
+Phi's (`self_attn.dense`, `mlp.fc1` / `fc2`, `final_layernorm`: `_PHI_RENAMES`) and GPT-NeoX's
+(`gpt_neox.layers.N.attention.query_key_value`, `embed_out`: `_NEOX_RENAMES`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,14 @@ _RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"\.ln_mlp\.", ".post_attention_layernorm."),
     (r"\.mlp\.dense_h_to_4h\.", ".mlp.up_proj."), (r"\.mlp\.dense_4h_to_h\.", ".mlp.down_proj."),
 ))  # fmt: skip
+# GPT-NeoX's names -> Llama's (model/falcon.py), on `gpt_neox.` and `embed_out.` names
+_NEOX_RENAMES = tuple((re.compile(a), b) for a, b in (
+    (r"^gpt_neox\.embed_in\.", "model.embed_tokens."), (r"^gpt_neox\.layers\.", "model.layers."),
+    (r"^gpt_neox\.final_layer_norm\.", "model.norm."), (r"^embed_out\.", "lm_head."),
+    (r"\.attention\.query_key_value\.", ".self_attn.qkv_proj."),
+    (r"\.attention\.dense\.", ".self_attn.o_proj."),
+    (r"\.mlp\.dense_h_to_4h\.", ".mlp.up_proj."), (r"\.mlp\.dense_4h_to_h\.", ".mlp.down_proj."),
+))  # fmt: skip
 # Phi's names -> Llama's (model/phi.py)
 _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"^model\.final_layernorm\.", "model.norm."), (r"\.self_attn\.dense\.", ".self_attn.o_proj."),
@@ -59,6 +68,8 @@ def _text_name(stored: str) -> str | None:
         if stored.startswith(old):
             return new + stored[len(old) :]
     renames = _RENAMES if stored.startswith("transformer.") else _PHI_RENAMES
+    if stored.startswith(("gpt_neox.", "embed_out.")):
+        renames = _NEOX_RENAMES
     for pattern, new in renames:
         stored = pattern.sub(new, stored)
     return stored

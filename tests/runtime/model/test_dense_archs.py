@@ -1,5 +1,5 @@
 """EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1), Phi, OLMo,
-MiniCPM3 and Falcon against
+MiniCPM3, Falcon and GPT-NeoX against
 transformers, token for token, on tiny random checkpoints transformers writes itself
 (tests/runtime/hf_oracle.py): float32, prompts chunked into 16-token steps, three prompts
 sharing steps, a warm prefix cache on the second pass, and a KV pool so small that requests are
@@ -31,7 +31,9 @@ the directory for the reference: both read the published shape alike.
   muP's embedding, residual and pre-head scales;
 - Falcon (`FalconForCausalLM`): its fused query_key_value in the three layouts (multi-query,
   grouped by KV head, per head), one norm or two (ln_attn, ln_mlp) in the parallel layer, or
-  Llama's sequential one, exact GELU, biases, a tied head; the MLP's width left out (4 x hidden).
+  Llama's sequential one, exact GELU, biases, a tied head; the MLP's width left out (4 x hidden);
+- GPT-NeoX (`GPTNeoXForCausalLM`: Pythia, GPT-NeoX-20B): Falcon's model with q/k/v per head,
+  two norms in parallel or Llama's layer, the older `rotary_pct` / `rotary_emb_base`.
 
 Also: some over two tensor-parallel ranks (gloo), the weights estimate against what the built
 model holds, and what a sparse config.json reads as against transformers' config classes.
@@ -106,6 +108,11 @@ CASES = {
     # neither: q, k, v per head, Llama's sequential layer, biases (falcon-rw without ALiBi)
     "falcon-per-head-sequential": ("Falcon", dict(FALCON, multi_query=False, parallel_attn=False,
                                                   bias=True), {}),
+    # Pythia: q/k/v per head, two norms in parallel, rotary_pct 0.25, biases, exact GELU
+    "gpt_neox-parallel": ("GPTNeoX", dict(num_key_value_heads=None), {}),
+    # GPT-NeoX's sequential layer (use_parallel_residual false), GPT-NeoX-20B's gelu_fast
+    "gpt_neox-sequential": ("GPTNeoX", dict(num_key_value_heads=None, hidden_act="gelu_fast",
+                                            use_parallel_residual=False), {}),
 }  # fmt: skip
 # transformers writes LlamaForCausalLM for these two (it runs them as Llama): the hub's own names
 _CLASSES = {"exaone": "ExaoneForCausalLM", "internlm3": "InternLM3ForCausalLM"}
@@ -129,6 +136,11 @@ def published(path, renames: dict[str, str]) -> None:
         cfg.pop("v_head_dim")
     if cfg["model_type"] == "falcon":  # falcon-7b's: no derived fields, no context
         for key in ("num_key_value_heads", "ffn_hidden_size", "max_position_embeddings"):
+            cfg.pop(key, None)
+    if cfg["model_type"] == "gpt_neox":  # Pythia's: the older rotary keys
+        cfg["rotary_pct"] = cfg.pop("partial_rotary_factor")
+        cfg["rotary_emb_base"] = cfg.pop("rope_theta")
+        for key in ("rope_scaling", "attention_bias", "num_key_value_heads"):
             cfg.pop(key, None)
     if cfg["model_type"] == "gemma":
         cfg["hidden_act"] = "gelu"
@@ -177,6 +189,11 @@ def _eps(t) -> float | None:
     return next((getattr(t, k) for k in names if hasattr(t, k)), None)
 
 
+def _kv_heads(t) -> int:
+    """The KV heads transformers' attention runs (GPT-NeoX's config has no such field)."""
+    return getattr(t, "num_key_value_heads", None) or t.num_attention_heads
+
+
 built = built_fixture(_make)
 case = case_fixture(CASES)
 
@@ -203,14 +220,14 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
         assert (c.family.embedding_multiplier, c.family.logits_scaling) == (12, t.logits_scaling)
         assert c.family.residual_multiplier == pytest.approx(1.4 / 2**0.5)
     assert (c.num_layers, c.head_dim, c.num_kv_heads) == (
-        t.num_hidden_layers, head_dim, t.num_key_value_heads)  # fmt: skip
+        t.num_hidden_layers, head_dim, _kv_heads(t))  # fmt: skip
     rope = t.rope_parameters
     assert c.rope_theta == rope["rope_theta"]
     assert rope_kind(c.rope_scaling) == rope["rope_type"]
     assert (c.rope_scaling or {}).get("partial_rotary_factor", 1.0) == rope.get(
         "partial_rotary_factor", 1.0)  # fmt: skip
     assert _eps(t) in (None, c.rms_norm_eps)
-    assert c.family.gated_mlp == (c.architecture not in ("nemotron", "phi", "falcon"))
+    assert c.family.gated_mlp == (c.architecture not in ("nemotron", "phi", "falcon", "gpt_neox"))
     if name.startswith("gemma"):
         assert t.hidden_act == "gelu_pytorch_tanh" and c.family.hidden_act == "gelu_tanh"
     if name.startswith("internlm3"):
@@ -242,7 +259,7 @@ def test_two_ranks_match_transformers(built, name):
     ("exaone3_5-llama3-tied", 2), ("exaone4_5-window", 1), ("nemotron-partial-biases", 2),
     ("internlm3-biases-dynamic", 1), ("gemma-gelu-mqa", 2), ("phi-partial", 2),
     ("olmo-clip-tied", 2), ("minicpm3-longrope", 2), ("falcon-grouped-two-norms", 2),
-    ("falcon-per-head-sequential", 1),
+    ("falcon-per-head-sequential", 1), ("gpt_neox-parallel", 2),
 ])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: EXAONE's tensors
@@ -274,6 +291,8 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     ("Falcon", "falcon", {"num_hidden_layers": 4}),
     ("Falcon", "falcon", {"num_hidden_layers": 4, "new_decoder_architecture": True,
                           "num_kv_heads": 8}),
+    ("GPTNeoX", "gpt_neox", {"num_hidden_layers": 4}),
+    ("GPTNeoX", "gpt_neox", {"num_hidden_layers": 4, "rotary_pct": 0.5, "rotary_emb_base": 1e4}),
 ])  # fmt: skip
 def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_type, extra):
     # (Falcon's: its MLP 4 x hidden, one KV head unless grouped)
@@ -304,8 +323,7 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
         assert (o.num_kv_heads, o.head_dim) == (32, max(t.qk_head_dim, t.v_head_dim))
         return
     # (NemotronConfig leaves num_key_value_heads None, which its attention cannot run: as MHA)
-    assert (o.num_kv_heads, o.head_dim) == (t.num_key_value_heads or t.num_attention_heads,
-                                            head_dim)  # fmt: skip
+    assert (o.num_kv_heads, o.head_dim) == (_kv_heads(t), head_dim)
 
 
 @pytest.mark.parametrize(("arch", "edit", "words"), [
