@@ -87,6 +87,13 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
     if c.family.hidden_act == "xielu":
         for i in range(c.num_layers):
             out.update({f"model.layers.{i}.mlp.act_fn.{p}": s for p, s in _XIELU.items()})
+    if c.architecture == "stablelm" and c.family.qk_norm:  # a weight per head, stored apart
+        for i in range(c.num_layers):
+            a = f"model.layers.{i}.self_attn."
+            for kind, heads in (("q", c.num_heads), ("k", c.num_kv_heads)):
+                del out[f"{a}{kind}_norm.weight"]
+                out.update({f"{a}{kind}_layernorm.norms.{h}.weight": (c.head_dim,)
+                            for h in range(heads)})  # fmt: skip
     if c.architecture == "olmo":  # its LayerNorms have no parameters
         for name in [n for n in out if n.endswith("norm.weight")]:
             del out[name]

@@ -15,6 +15,7 @@ ALIASES = {
     "internlm3": {"qkv_bias": "attention_bias", "bias": "mlp_bias"},
     "falcon": {"n_embed": "hidden_size", "activation": "hidden_act", "bias": "attention_bias"},
     "gpt_neox": {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"},
+    "stablelm": {"use_qkv_bias": "attention_bias"},
 }  # fmt: skip
 
 

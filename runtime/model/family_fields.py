@@ -206,6 +206,15 @@ def _falcon(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {"falcon_qkv": qkv, "falcon_norms": norms}
 
 
+def _stablelm(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    # StarCoder2's LayerNorms; per-head q/k LayerNorms; one norm in parallel, or Llama's layer
+    return {
+        "layer_norm_bias": True,
+        "qk_norm": bool(cfg.get("qk_layernorm")),
+        "falcon_norms": "one" if cfg.get("use_parallel_residual") else "sequential",
+    }
+
+
 def _gemma(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     return {"gemma_norms": True}  # (1 + w) norms, the scaled embedding; two norms a layer
 
@@ -327,6 +336,7 @@ FIELDS: dict[str, Fields] = {
     "gemma2": _gemma2,
     "gemma": _gemma,
     "olmo": _olmo,
+    "stablelm": _stablelm,
     "minicpm3": _minicpm3,
     "glm": _glm,
     "glm4": _glm,

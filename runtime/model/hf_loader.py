@@ -78,6 +78,7 @@ HF_ARCHITECTURES = {
     "MiniCPM3ForCausalLM": "minicpm3",  # DeepSeek's latent attention, muP scales (minicpm3.py)
     "FalconForCausalLM": "falcon",  # falcon-7b/40b/180b: fused q/k/v, parallel layer (falcon.py)
     "GPTNeoXForCausalLM": "gpt_neox",  # Pythia, GPT-NeoX-20B: Falcon's model (falcon.py)
+    "StableLmForCausalLM": "stablelm",  # StableLM (2): LayerNorms, partial rotary (stablelm.py)
     "PhiForCausalLM": "phi",  # phi-2: parallel layer, LayerNorm with biases, GELU MLP (phi.py)
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
 }
@@ -170,6 +171,10 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                  "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25, "attention_bias": True,
                  "use_parallel_residual": True, "max_position_embeddings": 2048,
                  "bos_token_id": 0, "eos_token_id": 2},
+    "stablelm": {"vocab_size": 50_304, "intermediate_size": 6912, "hidden_size": 2560,
+                 "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+                 "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25,
+                 "max_position_embeddings": 4096, "bos_token_id": 0, "eos_token_id": 0},
     "phi": {"vocab_size": 51_200, "hidden_size": 2048, "intermediate_size": 8192,
             "num_hidden_layers": 24, "num_attention_heads": 32, "hidden_act": "gelu_new",
             "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.5, "attention_bias": True,
@@ -227,7 +232,7 @@ _NULLABLE = {
 }
 _EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 _EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
-_EPS.update(falcon="layer_norm_epsilon", gpt_neox="layer_norm_eps")
+_EPS.update(falcon="layer_norm_epsilon", gpt_neox="layer_norm_eps", stablelm="layer_norm_eps")
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 _DEFAULT_ROPE = {
@@ -252,7 +257,7 @@ _DEFAULT_ROPE = {
     },
 }
 # the families whose transformers models read partial_rotary_factor
-_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "nemotron", "phi", "gpt_neox")
+_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "nemotron", "phi", "gpt_neox", "stablelm")
 _FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")

@@ -54,6 +54,7 @@ MODEL_CLASSES = {
     "minicpm3": ("minicpm3", "MiniCPM3Model"),  # DeepSeek's latent attention, muP scales
     "falcon": ("falcon", "FalconModel"),  # parallel layer, fused q/k/v, GELU MLP
     "gpt_neox": ("falcon", "FalconModel"),  # Falcon's, q/k/v per head, a partial rotary
+    "stablelm": ("stablelm", "StableLmModel"),  # LayerNorm with biases, partial rotary
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
 }
 

@@ -57,7 +57,7 @@ _NEOX_RENAMES = tuple((re.compile(a), b) for a, b in (
 _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"^model\.final_layernorm\.", "model.norm."), (r"\.self_attn\.dense\.", ".self_attn.o_proj."),
     (r"\.mlp\.fc1\.", ".mlp.up_proj."), (r"\.mlp\.fc2\.", ".mlp.down_proj."),
-    (r"\.self_attn\.([qk])_layernorm\.", r".self_attn.\1_norm."),
+    (r"\.self_attn\.([qk])_layernorm\.(weight|bias)$", r".self_attn.\1_norm.\2"),
 ))  # fmt: skip
 
 

@@ -1,5 +1,5 @@
 """EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1), Phi, OLMo,
-MiniCPM3, Falcon and GPT-NeoX against
+MiniCPM3, Falcon, GPT-NeoX and StableLM against
 transformers, token for token, on tiny random checkpoints transformers writes itself
 (tests/runtime/hf_oracle.py): float32, prompts chunked into 16-token steps, three prompts
 sharing steps, a warm prefix cache on the second pass, and a KV pool so small that requests are
@@ -33,7 +33,9 @@ the directory for the reference: both read the published shape alike.
   grouped by KV head, per head), one norm or two (ln_attn, ln_mlp) in the parallel layer, or
   Llama's sequential one, exact GELU, biases, a tied head; the MLP's width left out (4 x hidden);
 - GPT-NeoX (`GPTNeoXForCausalLM`: Pythia, GPT-NeoX-20B): Falcon's model with q/k/v per head,
-  two norms in parallel or Llama's layer, the older `rotary_pct` / `rotary_emb_base`.
+  two norms in parallel or Llama's layer, the older `rotary_pct` / `rotary_emb_base`;
+- StableLM (`StableLmForCausalLM`): LayerNorms with biases, a partial rotary, q/k/v biases;
+  StableLM 2 12B's parallel layer and per-head q/k LayerNorms (a weight per head) with GQA.
 
 Also: some over two tensor-parallel ranks (gloo), the weights estimate against what the built
 model holds, and what a sparse config.json reads as against transformers' config classes.
@@ -113,6 +115,11 @@ CASES = {
     # GPT-NeoX's sequential layer (use_parallel_residual false), GPT-NeoX-20B's gelu_fast
     "gpt_neox-sequential": ("GPTNeoX", dict(num_key_value_heads=None, hidden_act="gelu_fast",
                                             use_parallel_residual=False), {}),
+    # StableLM 2 1.6B: LayerNorms with biases, a quarter of each head rotated, q/k/v biases
+    "stablelm-qkv-bias": ("StableLm", dict(use_qkv_bias=True), {}),
+    # StableLM 2 12B: one norm in parallel, per-head q/k LayerNorms, GQA
+    "stablelm-parallel-qk-norms": ("StableLm", dict(use_parallel_residual=True,
+                                                    qk_layernorm=True), {}),
 }  # fmt: skip
 # transformers writes LlamaForCausalLM for these two (it runs them as Llama): the hub's own names
 _CLASSES = {"exaone": "ExaoneForCausalLM", "internlm3": "InternLM3ForCausalLM"}
@@ -243,6 +250,7 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
         "phi-qk-layernorm",
         "minicpm3-longrope",
         "falcon-grouped-two-norms",
+        "stablelm-parallel-qk-norms",
     ],
 )
 def test_two_ranks_match_transformers(built, name):
@@ -260,6 +268,7 @@ def test_two_ranks_match_transformers(built, name):
     ("internlm3-biases-dynamic", 1), ("gemma-gelu-mqa", 2), ("phi-partial", 2),
     ("olmo-clip-tied", 2), ("minicpm3-longrope", 2), ("falcon-grouped-two-norms", 2),
     ("falcon-per-head-sequential", 1), ("gpt_neox-parallel", 2),
+    ("stablelm-parallel-qk-norms", 1),
 ])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: EXAONE's tensors
@@ -293,6 +302,7 @@ def test_gpu_matches_transformers_with_graphs(built, name):
                           "num_kv_heads": 8}),
     ("GPTNeoX", "gpt_neox", {"num_hidden_layers": 4}),
     ("GPTNeoX", "gpt_neox", {"num_hidden_layers": 4, "rotary_pct": 0.5, "rotary_emb_base": 1e4}),
+    ("StableLm", "stablelm", {"num_hidden_layers": 4}),
 ])  # fmt: skip
 def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_type, extra):
     # (Falcon's: its MLP 4 x hidden, one KV head unless grouped)
