@@ -20,7 +20,7 @@ Fields = Callable[
     dict[str, Any],
 ]
 # down(act(up(x))) MLPs (model/ungated_mlp.py)
-UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi", "falcon", "gpt_neox")
+UNGATED = ("arcee", "apertus", "starcoder2", "nemotron", "phi", "falcon", "gpt_neox", "jais2")
 
 
 def read_rope(
@@ -131,7 +131,14 @@ def _ministral3(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
 
 def _ungated(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     fields: dict[str, Any] = {"gated_mlp": False}
-    if arch in ("starcoder2", "nemotron", "phi", "falcon", "gpt_neox"):  # (Nemotron's: 1 + w)
+    if arch in (
+        "starcoder2",
+        "nemotron",
+        "phi",
+        "falcon",
+        "gpt_neox",
+        "jais2",
+    ):  # (Nemotron: 1 + w)
         fields["layer_norm_bias"] = True
     if arch == "falcon":
         fields.update(_falcon(cfg))

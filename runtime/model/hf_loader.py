@@ -79,6 +79,7 @@ HF_ARCHITECTURES = {
     "FalconForCausalLM": "falcon",  # falcon-7b/40b/180b: fused q/k/v, parallel layer (falcon.py)
     "GPTNeoXForCausalLM": "gpt_neox",  # Pythia, GPT-NeoX-20B: Falcon's model (falcon.py)
     "StableLmForCausalLM": "stablelm",  # StableLM (2): LayerNorms, partial rotary (stablelm.py)
+    "Jais2ForCausalLM": "jais2",  # Nemotron's model without 1 + w or a partial rotary
     "PhiForCausalLM": "phi",  # phi-2: parallel layer, LayerNorm with biases, GELU MLP (phi.py)
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
 }
@@ -175,6 +176,10 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
                  "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25,
                  "max_position_embeddings": 4096, "bos_token_id": 0, "eos_token_id": 0},
+    "jais2": {"vocab_size": 150_272, "hidden_size": 3328, "intermediate_size": 26_624,
+              "num_attention_heads": 26, "hidden_act": "relu2", "max_position_embeddings": 8192,
+              "layer_norm_eps": 1e-5, "attention_bias": True, "mlp_bias": True,
+              "bos_token_id": 0, "eos_token_id": 150_024},
     "phi": {"vocab_size": 51_200, "hidden_size": 2048, "intermediate_size": 8192,
             "num_hidden_layers": 24, "num_attention_heads": 32, "hidden_act": "gelu_new",
             "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.5, "attention_bias": True,
@@ -233,6 +238,7 @@ _NULLABLE = {
 _EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 _EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
 _EPS.update(falcon="layer_norm_epsilon", gpt_neox="layer_norm_eps", stablelm="layer_norm_eps")
+_EPS["jais2"] = "layer_norm_eps"
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 _DEFAULT_ROPE = {

@@ -48,6 +48,7 @@ MODEL_CLASSES = {
     "llama4": ("llama4", "Llama4Model"),  # the text model of Scout / Maverick
     "exaone": ("llama", "LlamaModel"),  # EXAONE 3 / 3.5: Llama's under GPT-style names
     "nemotron": ("nemotron", "NemotronModel"),  # LayerNorm1P, ReLU² MLP
+    "jais2": ("nemotron", "Jais2Model"),  # LayerNorm with biases, ReLU² MLP
     "internlm3": ("llama", "LlamaModel"),  # Llama's
     "gemma": ("gemma2", "GemmaModel"),  # Gemma 2's norms, two a layer
     "olmo": ("olmo", "OlmoModel"),  # OLMo v1: parameter-free LayerNorm, clip_qkv

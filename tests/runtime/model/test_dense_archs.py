@@ -1,5 +1,5 @@
 """EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1), Phi, OLMo,
-MiniCPM3, Falcon, GPT-NeoX and StableLM against
+MiniCPM3, Falcon, GPT-NeoX, StableLM and Jais 2 against
 transformers, token for token, on tiny random checkpoints transformers writes itself
 (tests/runtime/hf_oracle.py): float32, prompts chunked into 16-token steps, three prompts
 sharing steps, a warm prefix cache on the second pass, and a KV pool so small that requests are
@@ -35,7 +35,8 @@ the directory for the reference: both read the published shape alike.
 - GPT-NeoX (`GPTNeoXForCausalLM`: Pythia, GPT-NeoX-20B): Falcon's model with q/k/v per head,
   two norms in parallel or Llama's layer, the older `rotary_pct` / `rotary_emb_base`;
 - StableLM (`StableLmForCausalLM`): LayerNorms with biases, a partial rotary, q/k/v biases;
-  StableLM 2 12B's parallel layer and per-head q/k LayerNorms (a weight per head) with GQA.
+  StableLM 2 12B's parallel layer and per-head q/k LayerNorms (a weight per head) with GQA;
+- Jais 2 (`Jais2ForCausalLM`): Llama's layer with LayerNorms (biases), a ReLU² ungated MLP.
 
 Also: some over two tensor-parallel ranks (gloo), the weights estimate against what the built
 model holds, and what a sparse config.json reads as against transformers' config classes.
@@ -120,6 +121,8 @@ CASES = {
     # StableLM 2 12B: one norm in parallel, per-head q/k LayerNorms, GQA
     "stablelm-parallel-qk-norms": ("StableLm", dict(use_parallel_residual=True,
                                                     qk_layernorm=True), {}),
+    # Jais 2: LayerNorms with biases, ReLU² ungated MLP, biases everywhere
+    "jais2-relu2": ("Jais2", dict(), {}),
 }  # fmt: skip
 # transformers writes LlamaForCausalLM for these two (it runs them as Llama): the hub's own names
 _CLASSES = {"exaone": "ExaoneForCausalLM", "internlm3": "InternLM3ForCausalLM"}
@@ -234,7 +237,8 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     assert (c.rope_scaling or {}).get("partial_rotary_factor", 1.0) == rope.get(
         "partial_rotary_factor", 1.0)  # fmt: skip
     assert _eps(t) in (None, c.rms_norm_eps)
-    assert c.family.gated_mlp == (c.architecture not in ("nemotron", "phi", "falcon", "gpt_neox"))
+    ungated = ("nemotron", "phi", "falcon", "gpt_neox", "jais2")
+    assert c.family.gated_mlp == (c.architecture not in ungated)
     if name.startswith("gemma"):
         assert t.hidden_act == "gelu_pytorch_tanh" and c.family.hidden_act == "gelu_tanh"
     if name.startswith("internlm3"):
@@ -268,7 +272,7 @@ def test_two_ranks_match_transformers(built, name):
     ("internlm3-biases-dynamic", 1), ("gemma-gelu-mqa", 2), ("phi-partial", 2),
     ("olmo-clip-tied", 2), ("minicpm3-longrope", 2), ("falcon-grouped-two-norms", 2),
     ("falcon-per-head-sequential", 1), ("gpt_neox-parallel", 2),
-    ("stablelm-parallel-qk-norms", 1),
+    ("stablelm-parallel-qk-norms", 1), ("jais2-relu2", 2),
 ])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: EXAONE's tensors
@@ -303,6 +307,7 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     ("GPTNeoX", "gpt_neox", {"num_hidden_layers": 4}),
     ("GPTNeoX", "gpt_neox", {"num_hidden_layers": 4, "rotary_pct": 0.5, "rotary_emb_base": 1e4}),
     ("StableLm", "stablelm", {"num_hidden_layers": 4}),
+    ("Jais2", "jais2", {"num_hidden_layers": 4}),
 ])  # fmt: skip
 def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_type, extra):
     # (Falcon's: its MLP 4 x hidden, one KV head unless grouped)
