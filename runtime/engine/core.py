@@ -406,7 +406,7 @@ def check_max_model_len(asked: int | None, model: ModelConfig) -> int:
 
 
 # architectures whose activations overflow float16 (vLLM's _FLOAT16_NOT_SUPPORTED_MODELS)
-FLOAT16_UNSTABLE = ("gemma2", "gemma3")
+FLOAT16_UNSTABLE = ("gemma2", "gemma3", "vaultgemma")
 
 
 def check_dtype(config: EngineConfig, model: ModelConfig) -> None:

@@ -40,7 +40,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
                 out[f"model.layers.{i}.{norm}.weight"] = (h,)
         if c.family.qk_norm_whole:  # q/k norms over the whole projections
             out[a + "q_norm.weight"], out[a + "k_norm.weight"] = (q,), (kv,)
-        if c.family.gemma_norms and c.architecture != "gemma":  # (Gemma v1: Llama's two)
+        if c.architecture == "vaultgemma":  # before attention and before the MLP only
+            del out[f"model.layers.{i}.post_attention_layernorm.weight"]
+            out[f"model.layers.{i}.pre_feedforward_layernorm.weight"] = (h,)
+        elif c.family.gemma_norms and c.architecture != "gemma":  # (Gemma v1: Llama's two)
             for norm in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
                 out[f"model.layers.{i}.{norm}.weight"] = (h,)
         if c.architecture == "gpt_oss":  # sinks, biases, its router (`_check_gpt_oss_experts`)

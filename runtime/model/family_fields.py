@@ -341,6 +341,7 @@ FIELDS: dict[str, Fields] = {
     "qwen3": _qwen3,
     "gemma3": _gemma3,
     "gemma2": _gemma2,
+    "vaultgemma": _gemma2,
     "gemma": _gemma,
     "olmo": _olmo,
     "stablelm": _stablelm,

@@ -14,6 +14,8 @@ builds on these classes and adds q/k norms and a rotary base per layer kind).
 
 Gemma (`GemmaForCausalLM`, v1: gemma-2b/7b, CodeGemma) is this model with Llama's layer: two
 norms a layer, before attention and before the MLP, no soft caps, no window (`GemmaModel`).
+VaultGemma (`VaultGemmaForCausalLM`) is Gemma 2's model with Llama's layer too, its norm before
+the MLP named `pre_feedforward_layernorm` (none after attention or the MLP: `VaultGemmaModel`).
 """
 
 from __future__ import annotations
@@ -78,3 +80,15 @@ class Gemma2Model(LlamaModel):
 
 class GemmaModel(Gemma2Model):
     layer_class = LlamaLayer
+
+
+class VaultGemmaLayer(LlamaLayer):
+    def __init__(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        super().__init__(model, w, prefix, index, ctx)
+        self.mlp_norm = model.read_norm(w, prefix + "pre_feedforward_layernorm.weight")
+
+
+class VaultGemmaModel(Gemma2Model):
+    layer_class = VaultGemmaLayer

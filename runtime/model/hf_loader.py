@@ -80,6 +80,7 @@ HF_ARCHITECTURES = {
     "GPTNeoXForCausalLM": "gpt_neox",  # Pythia, GPT-NeoX-20B: Falcon's model (falcon.py)
     "StableLmForCausalLM": "stablelm",  # StableLM (2): LayerNorms, partial rotary (stablelm.py)
     "Jais2ForCausalLM": "jais2",  # Nemotron's model without 1 + w or a partial rotary
+    "VaultGemmaForCausalLM": "vaultgemma",  # Gemma 2's, two norms a layer (gemma2.py)
     "PhiForCausalLM": "phi",  # phi-2: parallel layer, LayerNorm with biases, GELU MLP (phi.py)
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
 }
@@ -219,6 +220,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     **glm4_moe.DEFAULTS,
     **llama4.DEFAULTS,
 }  # fmt: skip
+_DEFAULTS["vaultgemma"] = _DEFAULTS["gemma2"]  # (VaultGemmaConfig is Gemma2Config's)
 # GptOssConfig's rotary where config.json names none (neither rope_scaling nor rope_parameters)
 _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                  "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
@@ -230,7 +232,10 @@ _NULLABLE = {
     "ministral3": ("sliding_window",),
     "cohere2": ("sliding_window",),
     "olmo3": ("sliding_window",),
-    "gemma2": ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"),
+    **dict.fromkeys(
+        ("gemma2", "vaultgemma"),
+        ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"),
+    ),
     **{arch: deepseek.NULLABLE for arch in deepseek.DEFAULTS},
     "llama4": llama4.NULLABLE,
     "minicpm3": ("q_lora_rank", "v_head_dim", "scale_depth", "dim_model_base"),  # null: derived
@@ -310,7 +315,7 @@ def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None
         if len(types) != n:
             raise ValueError(f"layer_types names {len(types)} layers, the model has {n}")
         return tuple(t == "sliding_attention" for t in types)
-    if arch in ("gemma2", "gpt_oss"):  # transformers' default: even layers slide, odd global
+    if arch in ("gemma2", "vaultgemma", "gpt_oss"):  # transformers': even layers slide
         return tuple(bool((i + 1) % 2) for i in range(n))
     if arch == "cohere2":  # the older configs: every `sliding_window_pattern`-th layer global
         pattern = int(cfg.get("sliding_window_pattern") or 4)
@@ -345,7 +350,7 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
         return int(window) if window and cfg.get("use_sliding_window", False) else None
     if arch in ("qwen2", "qwen3", "qwen3moe") and not cfg.get("use_sliding_window", False):
         return None  # Qwen configs carry a window they do not use unless told to
-    if arch in ("phi3", "gemma2", "gpt_oss"):  # every layer (Phi-3), or the window layers
+    if arch in ("phi3", "gemma2", "vaultgemma", "gpt_oss"):  # every layer (Phi-3), or some
         return int(window) if window else None
     if arch == "cohere2" and not window:  # its global layers are told apart by having none
         raise ValueError("Cohere 2 without a sliding_window is not supported")

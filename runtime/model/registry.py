@@ -51,6 +51,7 @@ MODEL_CLASSES = {
     "jais2": ("nemotron", "Jais2Model"),  # LayerNorm with biases, ReLU² MLP
     "internlm3": ("llama", "LlamaModel"),  # Llama's
     "gemma": ("gemma2", "GemmaModel"),  # Gemma 2's norms, two a layer
+    "vaultgemma": ("gemma2", "VaultGemmaModel"),  # Gemma 2's, two norms a layer
     "olmo": ("olmo", "OlmoModel"),  # OLMo v1: parameter-free LayerNorm, clip_qkv
     "minicpm3": ("minicpm3", "MiniCPM3Model"),  # DeepSeek's latent attention, muP scales
     "falcon": ("falcon", "FalconModel"),  # parallel layer, fused q/k/v, GELU MLP

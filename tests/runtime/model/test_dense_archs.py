@@ -1,5 +1,5 @@
 """EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1), Phi, OLMo,
-MiniCPM3, Falcon, GPT-NeoX, StableLM and Jais 2 against
+MiniCPM3, Falcon, GPT-NeoX, StableLM, Jais 2 and VaultGemma against
 transformers, token for token, on tiny random checkpoints transformers writes itself
 (tests/runtime/hf_oracle.py): float32, prompts chunked into 16-token steps, three prompts
 sharing steps, a warm prefix cache on the second pass, and a KV pool so small that requests are
@@ -36,7 +36,9 @@ the directory for the reference: both read the published shape alike.
   two norms in parallel or Llama's layer, the older `rotary_pct` / `rotary_emb_base`;
 - StableLM (`StableLmForCausalLM`): LayerNorms with biases, a partial rotary, q/k/v biases;
   StableLM 2 12B's parallel layer and per-head q/k LayerNorms (a weight per head) with GQA;
-- Jais 2 (`Jais2ForCausalLM`): Llama's layer with LayerNorms (biases), a ReLU² ungated MLP.
+- Jais 2 (`Jais2ForCausalLM`): Llama's layer with LayerNorms (biases), a ReLU² ungated MLP;
+- VaultGemma (`VaultGemmaForCausalLM`): Gemma 2's model, two norms a layer (the second named
+  `pre_feedforward_layernorm`), window layers, attention and final soft caps.
 
 Also: some over two tensor-parallel ranks (gloo), the weights estimate against what the built
 model holds, and what a sparse config.json reads as against transformers' config classes.
@@ -123,6 +125,10 @@ CASES = {
                                                     qk_layernorm=True), {}),
     # Jais 2: LayerNorms with biases, ReLU² ungated MLP, biases everywhere
     "jais2-relu2": ("Jais2", dict(), {}),
+    # VaultGemma: Gemma 2's model with two norms a layer; windows, both soft caps
+    "vaultgemma-window-caps": ("VaultGemma", dict(
+        head_dim=32, num_hidden_layers=3, sliding_window=10, query_pre_attn_scalar=48,
+        attn_logit_softcapping=4.0, final_logit_softcapping=6.0), {}),
 }  # fmt: skip
 # transformers writes LlamaForCausalLM for these two (it runs them as Llama): the hub's own names
 _CLASSES = {"exaone": "ExaoneForCausalLM", "internlm3": "InternLM3ForCausalLM"}
@@ -221,7 +227,8 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     c, t = read_model_config(str(path)), model.config.get_text_config()
     family = {"exaone3_5": "exaone", "exaone4_5": "exaone4", "falcon2": "falcon"}
     assert c.architecture == family.get(name.split("-")[0], name.split("-")[0])
-    assert c.tie_word_embeddings == ("tied" in name or name.startswith(("gemma", "falcon")))
+    tied_by_default = ("gemma", "falcon", "vaultgemma")
+    assert c.tie_word_embeddings == ("tied" in name or name.startswith(tied_by_default))
     assert c.tie_word_embeddings == (model.lm_head.weight is model.get_input_embeddings().weight)
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
     if name.startswith("minicpm3"):  # latent attention: every head's k and v, max(qk, v) wide
@@ -272,7 +279,7 @@ def test_two_ranks_match_transformers(built, name):
     ("internlm3-biases-dynamic", 1), ("gemma-gelu-mqa", 2), ("phi-partial", 2),
     ("olmo-clip-tied", 2), ("minicpm3-longrope", 2), ("falcon-grouped-two-norms", 2),
     ("falcon-per-head-sequential", 1), ("gpt_neox-parallel", 2),
-    ("stablelm-parallel-qk-norms", 1), ("jais2-relu2", 2),
+    ("stablelm-parallel-qk-norms", 1), ("jais2-relu2", 2), ("vaultgemma-window-caps", 2),
 ])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: EXAONE's tensors
@@ -308,6 +315,7 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     ("GPTNeoX", "gpt_neox", {"num_hidden_layers": 4, "rotary_pct": 0.5, "rotary_emb_base": 1e4}),
     ("StableLm", "stablelm", {"num_hidden_layers": 4}),
     ("Jais2", "jais2", {"num_hidden_layers": 4}),
+    ("VaultGemma", "vaultgemma", {"num_hidden_layers": 4}),
 ])  # fmt: skip
 def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_type, extra):
     # (Falcon's: its MLP 4 x hidden, one KV head unless grouped)
