@@ -310,6 +310,19 @@ def _granite(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     return fields
 
 
+def _hyperclovax(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    # Granite's embedding and residual scalars; the softmax scale head_dim ** -0.5 unless
+    # attention_multiplier; logits x logits_scaling (Cohere's logit_scale); peri-norms (GLM-4's)
+    attention = cfg.get("attention_multiplier")
+    return {
+        "embedding_multiplier": float(cfg.get("embedding_multiplier", 1.0)),
+        "residual_multiplier": float(cfg.get("residual_multiplier", 1.0)),
+        "attention_multiplier": None if attention is None else float(attention),
+        "logit_scale": float(cfg.get("logits_scaling", 1.0)),
+        "glm4_norms": bool(cfg.get("use_post_norm", True)),
+    }
+
+
 def _gpt_oss(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     # softmax over the top-k logits: the renormalised top-k
     return dict(
@@ -363,6 +376,7 @@ FIELDS: dict[str, Fields] = {
     "olmoe": _olmoe,
     "granite": _granite,
     "granitemoe": _granite,
+    "hyperclovax": _hyperclovax,
     "gpt_oss": _gpt_oss,
     **dict.fromkeys(deepseek.ARCHITECTURES.values(), _deepseek),
     "glm4_moe": _glm4_moe,

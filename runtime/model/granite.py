@@ -53,6 +53,52 @@ class GraniteModel(LlamaModel):
         return self.lm_head(x) / scaling
 
 
+class HyperClovaxLayer(GraniteLayer):
+    """Granite's layer with, where `use_post_norm` (`FamilyConfig.glm4_norms`), GLM-4's norms on
+    attention's and the MLP's outputs (`post_norm1` / `post_norm2`, read under GLM-4's names)
+    before their scaled residual adds."""
+
+    def __init__(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        super().__init__(model, w, prefix, index, ctx)
+        self.post_norms = None
+        if model.config.family.glm4_norms:
+            self.post_norms = tuple(model.norm_weight(w[f"{prefix}{n}.weight"])
+                                    for n in ("post_self_attn_layernorm", "post_mlp_layernorm"))  # fmt: skip
+
+    def __call__(
+        self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        norm, eps, scale, post = (
+            self.ctx.rms_norm,
+            self.ctx.eps,
+            self.residual_multiplier,
+            self.post_norms,
+        )
+        x, residual = self.attention_input(h, residual)  # h: the last MLP's, already scaled
+        h = self.attention(x, step)
+        if post is not None:
+            h = norm(x=h, weight=post[0], eps=eps)
+        x, residual = norm(x=h * scale, weight=self.mlp_norm, eps=eps, residual=residual)
+        h = self.mlp(x)
+        if post is not None:
+            h = norm(x=h, weight=post[1], eps=eps)
+        return h * scale, residual
+
+
+class HyperClovaxModel(GraniteModel):
+    """HyperCLOVA X (`HyperCLOVAXForCausalLM`): Granite's scalars with `HyperClovaxLayer`; the
+    softmax scale head_dim ** -0.5 unless `attention_multiplier` says, and the logits multiplied
+    by `logits_scaling` (`FamilyConfig.logit_scale`), not divided as Granite's."""
+
+    layer_class = HyperClovaxLayer
+
+    def logits(self, x, head):
+        scale = self.config.family.logit_scale
+        return super().logits(x, head) if scale == 1.0 else self.lm_head(x) * scale
+
+
 class GraniteMoeModel(GraniteModel):
     moe_names = ("block_sparse_moe.", ("input_linear", "output_linear"))
     moe_router, moe_experts = "router.layer.weight", ""

@@ -81,6 +81,7 @@ HF_ARCHITECTURES = {
     "StableLmForCausalLM": "stablelm",  # StableLM (2): LayerNorms, partial rotary (stablelm.py)
     "Jais2ForCausalLM": "jais2",  # Nemotron's model without 1 + w or a partial rotary
     "VaultGemmaForCausalLM": "vaultgemma",  # Gemma 2's, two norms a layer (gemma2.py)
+    "HyperCLOVAXForCausalLM": "hyperclovax",  # Granite's, peri-norms (model/granite.py)
     "PhiForCausalLM": "phi",  # phi-2: parallel layer, LayerNorm with biases, GELU MLP (phi.py)
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
 }
@@ -181,6 +182,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
               "num_attention_heads": 26, "hidden_act": "relu2", "max_position_embeddings": 8192,
               "layer_norm_eps": 1e-5, "attention_bias": True, "mlp_bias": True,
               "bos_token_id": 0, "eos_token_id": 150_024},
+    "hyperclovax": {"bos_token_id": 1, "eos_token_id": 2},
     "phi": {"vocab_size": 51_200, "hidden_size": 2048, "intermediate_size": 8192,
             "num_hidden_layers": 24, "num_attention_heads": 32, "hidden_act": "gelu_new",
             "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.5, "attention_bias": True,

@@ -27,6 +27,7 @@ MODEL_CLASSES = {
     "olmo3": ("olmo2", "Olmo2Model"),  # OLMo 2's, with window layers (their own rotary table)
     "granite": ("granite", "GraniteModel"),
     "granitemoe": ("granite", "GraniteMoeModel"),
+    "hyperclovax": ("granite", "HyperClovaxModel"),  # Granite's, GLM-4's post-sublayer norms
     "olmoe": ("olmo2", "OlmoeModel"),
     "smollm3": ("llama", "LlamaModel"),
     "glm": ("llama", "LlamaModel"),  # Llama's over a split gate_up_proj, interleaved rotary

@@ -1,5 +1,5 @@
 """EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1), Phi, OLMo,
-MiniCPM3, Falcon, GPT-NeoX, StableLM, Jais 2 and VaultGemma against
+MiniCPM3, Falcon, GPT-NeoX, StableLM, Jais 2, VaultGemma and HyperCLOVA X against
 transformers, token for token, on tiny random checkpoints transformers writes itself
 (tests/runtime/hf_oracle.py): float32, prompts chunked into 16-token steps, three prompts
 sharing steps, a warm prefix cache on the second pass, and a KV pool so small that requests are
@@ -38,7 +38,10 @@ the directory for the reference: both read the published shape alike.
   StableLM 2 12B's parallel layer and per-head q/k LayerNorms (a weight per head) with GQA;
 - Jais 2 (`Jais2ForCausalLM`): Llama's layer with LayerNorms (biases), a ReLU² ungated MLP;
 - VaultGemma (`VaultGemmaForCausalLM`): Gemma 2's model, two norms a layer (the second named
-  `pre_feedforward_layernorm`), window layers, attention and final soft caps.
+  `pre_feedforward_layernorm`), window layers, attention and final soft caps;
+- HyperCLOVA X (`HyperCLOVAXForCausalLM`): Granite's scalars with norms on attention's and the
+  MLP's outputs (`use_post_norm`), the logits multiplied by `logits_scaling`, the softmax scale
+  head_dim ** -0.5 unless `attention_multiplier` says.
 
 Also: some over two tensor-parallel ranks (gloo), the weights estimate against what the built
 model holds, and what a sparse config.json reads as against transformers' config classes.
@@ -129,6 +132,12 @@ CASES = {
     "vaultgemma-window-caps": ("VaultGemma", dict(
         head_dim=32, num_hidden_layers=3, sliding_window=10, query_pre_attn_scalar=48,
         attn_logit_softcapping=4.0, final_logit_softcapping=6.0), {}),
+    # HyperCLOVA X: Granite's scalars, peri-norms, logits multiplied, head_dim ** -0.5 scale
+    "hyperclovax-peri-norms": ("HyperCLOVAX", dict(
+        embedding_multiplier=3.0, residual_multiplier=0.5, logits_scaling=2.5), {}),
+    # and with its softmax scale given, without the peri-norms
+    "hyperclovax-no-post-norm": ("HyperCLOVAX", dict(
+        use_post_norm=False, attention_multiplier=0.05, residual_multiplier=0.7), {}),
 }  # fmt: skip
 # transformers writes LlamaForCausalLM for these two (it runs them as Llama): the hub's own names
 _CLASSES = {"exaone": "ExaoneForCausalLM", "internlm3": "InternLM3ForCausalLM"}
@@ -280,6 +289,7 @@ def test_two_ranks_match_transformers(built, name):
     ("olmo-clip-tied", 2), ("minicpm3-longrope", 2), ("falcon-grouped-two-norms", 2),
     ("falcon-per-head-sequential", 1), ("gpt_neox-parallel", 2),
     ("stablelm-parallel-qk-norms", 1), ("jais2-relu2", 2), ("vaultgemma-window-caps", 2),
+    ("hyperclovax-peri-norms", 2),
 ])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: EXAONE's tensors
@@ -316,6 +326,7 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     ("StableLm", "stablelm", {"num_hidden_layers": 4}),
     ("Jais2", "jais2", {"num_hidden_layers": 4}),
     ("VaultGemma", "vaultgemma", {"num_hidden_layers": 4}),
+    ("HyperCLOVAX", "hyperclovax", {"num_hidden_layers": 4}),
 ])  # fmt: skip
 def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_type, extra):
     # (Falcon's: its MLP 4 x hidden, one KV head unless grouped)
