@@ -82,6 +82,7 @@ HF_ARCHITECTURES = {
     "Jais2ForCausalLM": "jais2",  # Nemotron's model without 1 + w or a partial rotary
     "VaultGemmaForCausalLM": "vaultgemma",  # Gemma 2's, two norms a layer (gemma2.py)
     "HyperCLOVAXForCausalLM": "hyperclovax",  # Granite's, peri-norms (model/granite.py)
+    "HeliumForCausalLM": "helium",  # Helium-1: interleaved rotary (model/helium.py)
     "PhiForCausalLM": "phi",  # phi-2: parallel layer, LayerNorm with biases, GELU MLP (phi.py)
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
 }
@@ -183,6 +184,11 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
               "layer_norm_eps": 1e-5, "attention_bias": True, "mlp_bias": True,
               "bos_token_id": 0, "eos_token_id": 150_024},
     "hyperclovax": {"bos_token_id": 1, "eos_token_id": 2},
+    "helium": {"vocab_size": 48_000, "hidden_size": 2560, "intermediate_size": 7040,
+               "num_hidden_layers": 24, "num_attention_heads": 20, "num_key_value_heads": 20,
+               "head_dim": 128, "rms_norm_eps": 1e-8, "max_position_embeddings": 4096,
+               "rope_theta": 100_000.0,  # transformers' default_theta
+               "bos_token_id": 1, "eos_token_id": 2},
     "phi": {"vocab_size": 51_200, "hidden_size": 2048, "intermediate_size": 8192,
             "num_hidden_layers": 24, "num_attention_heads": 32, "hidden_act": "gelu_new",
             "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.5, "attention_bias": True,

@@ -58,6 +58,7 @@ MODEL_CLASSES = {
     "falcon": ("falcon", "FalconModel"),  # parallel layer, fused q/k/v, GELU MLP
     "gpt_neox": ("falcon", "FalconModel"),  # Falcon's, q/k/v per head, a partial rotary
     "stablelm": ("stablelm", "StableLmModel"),  # LayerNorm with biases, partial rotary
+    "helium": ("helium", "HeliumModel"),  # interleaved rotary, float32-scaled RMSNorm
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
 }
 

@@ -1,5 +1,5 @@
 """EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1), Phi, OLMo,
-MiniCPM3, Falcon, GPT-NeoX, StableLM, Jais 2, VaultGemma and HyperCLOVA X against
+MiniCPM3, Falcon, GPT-NeoX, StableLM, Jais 2, VaultGemma, HyperCLOVA X and Helium against
 transformers, token for token, on tiny random checkpoints transformers writes itself
 (tests/runtime/hf_oracle.py): float32, prompts chunked into 16-token steps, three prompts
 sharing steps, a warm prefix cache on the second pass, and a KV pool so small that requests are
@@ -41,7 +41,8 @@ the directory for the reference: both read the published shape alike.
   `pre_feedforward_layernorm`), window layers, attention and final soft caps;
 - HyperCLOVA X (`HyperCLOVAXForCausalLM`): Granite's scalars with norms on attention's and the
   MLP's outputs (`use_post_norm`), the logits multiplied by `logits_scaling`, the softmax scale
-  head_dim ** -0.5 unless `attention_multiplier` says.
+  head_dim ** -0.5 unless `attention_multiplier` says;
+- Helium (`HeliumForCausalLM`): Llama's with the interleaved rotary, q/k/v biases.
 
 Also: some over two tensor-parallel ranks (gloo), the weights estimate against what the built
 model holds, and what a sparse config.json reads as against transformers' config classes.
@@ -138,6 +139,8 @@ CASES = {
     # and with its softmax scale given, without the peri-norms
     "hyperclovax-no-post-norm": ("HyperCLOVAX", dict(
         use_post_norm=False, attention_multiplier=0.05, residual_multiplier=0.7), {}),
+    # Helium: the interleaved rotary, q/k/v biases, its float32-scaled RMSNorm
+    "helium-biases": ("Helium", dict(head_dim=16, attention_bias=True), {}),
 }  # fmt: skip
 # transformers writes LlamaForCausalLM for these two (it runs them as Llama): the hub's own names
 _CLASSES = {"exaone": "ExaoneForCausalLM", "internlm3": "InternLM3ForCausalLM"}
@@ -289,7 +292,7 @@ def test_two_ranks_match_transformers(built, name):
     ("olmo-clip-tied", 2), ("minicpm3-longrope", 2), ("falcon-grouped-two-norms", 2),
     ("falcon-per-head-sequential", 1), ("gpt_neox-parallel", 2),
     ("stablelm-parallel-qk-norms", 1), ("jais2-relu2", 2), ("vaultgemma-window-caps", 2),
-    ("hyperclovax-peri-norms", 2),
+    ("hyperclovax-peri-norms", 2), ("helium-biases", 2),
 ])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: EXAONE's tensors
@@ -327,6 +330,7 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     ("Jais2", "jais2", {"num_hidden_layers": 4}),
     ("VaultGemma", "vaultgemma", {"num_hidden_layers": 4}),
     ("HyperCLOVAX", "hyperclovax", {"num_hidden_layers": 4}),
+    ("Helium", "helium", {"num_hidden_layers": 4, "num_key_value_heads": 8}),
 ])  # fmt: skip
 def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_type, extra):
     # (Falcon's: its MLP 4 x hidden, one KV head unless grouped)
