@@ -83,6 +83,7 @@ HF_ARCHITECTURES = {
     "VaultGemmaForCausalLM": "vaultgemma",  # Gemma 2's, two norms a layer (gemma2.py)
     "HyperCLOVAXForCausalLM": "hyperclovax",  # Granite's, peri-norms (model/granite.py)
     "HeliumForCausalLM": "helium",  # Helium-1: interleaved rotary (model/helium.py)
+    "CwmForCausalLM": "cwm",  # Code World Model: Llama's, window layers (layer_types)
     "PhiForCausalLM": "phi",  # phi-2: parallel layer, LayerNorm with biases, GELU MLP (phi.py)
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
 }
@@ -184,6 +185,11 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
               "layer_norm_eps": 1e-5, "attention_bias": True, "mlp_bias": True,
               "bos_token_id": 0, "eos_token_id": 150_024},
     "hyperclovax": {"bos_token_id": 1, "eos_token_id": 2},
+    "cwm": {"vocab_size": 128_256, "hidden_size": 6144, "intermediate_size": 21_504,
+            "num_hidden_layers": 64, "num_attention_heads": 48, "num_key_value_heads": 8,
+            "head_dim": 128, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5,
+            "sliding_window": 8192, "bos_token_id": 128_000,
+            "eos_token_id": [128_001, 128_008, 128_009]},
     "helium": {"vocab_size": 48_000, "hidden_size": 2560, "intermediate_size": 7040,
                "num_hidden_layers": 24, "num_attention_heads": 20, "num_key_value_heads": 20,
                "head_dim": 128, "rms_norm_eps": 1e-8, "max_position_embeddings": 4096,
@@ -237,6 +243,7 @@ _NULLABLE = {
     "mistral": ("sliding_window",),
     "exaone4": ("sliding_window",),
     "ministral": ("sliding_window",),
+    "cwm": ("sliding_window",),
     "ministral3": ("sliding_window",),
     "cohere2": ("sliding_window",),
     "olmo3": ("sliding_window",),
@@ -265,6 +272,14 @@ _DEFAULT_ROPE = {
         "mscale": 1.0,
         "mscale_all_dim": 1.0,
         "llama_4_scaling_beta": 0.1,
+    },
+    "cwm": {
+        "rope_type": "llama3",
+        "rope_theta": 1_000_000.0,
+        "factor": 16.0,
+        "original_max_position_embeddings": 8192,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
     },
     "apertus": {
         "rope_type": "llama3",
@@ -334,6 +349,8 @@ def _window_layers(cfg: Mapping[str, Any], arch: str, n: int, window: int | None
             raise ValueError(f"EXAONE 4's sliding_window_pattern {pattern!r} without layer_types "
                              "is not supported (transformers reads an integer)")  # fmt: skip
         return tuple(bool((i + 1) % pattern) for i in range(n))
+    if arch == "cwm":  # CwmConfig's default: every fourth layer global, from the first
+        return tuple(i % 4 != 0 for i in range(n))
     if arch == "olmo3":  # transformers' default: every fourth layer is global
         return tuple(bool((i + 1) % 4) for i in range(n))
     if arch == "gemma3":  # the older configs: every `sliding_window_pattern`-th layer is global
@@ -363,7 +380,7 @@ def _sliding_window(cfg: Mapping[str, Any], arch: str) -> int | None:
     if arch == "cohere2" and not window:  # its global layers are told apart by having none
         raise ValueError("Cohere 2 without a sliding_window is not supported")
     if arch not in ("mistral", "mixtral", "gemma3", "qwen2", "qwen3", "qwen3moe", "olmo3",
-                    "cohere2", "ministral", "ministral3", "exaone4", "starcoder2"):  # fmt: skip
+                    "cohere2", "ministral", "ministral3", "exaone4", "starcoder2", "cwm"):  # fmt: skip
         return None
     return int(window) if window else None
 

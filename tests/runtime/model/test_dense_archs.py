@@ -1,5 +1,5 @@
 """EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1), Phi, OLMo,
-MiniCPM3, Falcon, GPT-NeoX, StableLM, Jais 2, VaultGemma, HyperCLOVA X and Helium against
+MiniCPM3, Falcon, GPT-NeoX, StableLM, Jais 2, VaultGemma, HyperCLOVA X, Helium and CWM against
 transformers, token for token, on tiny random checkpoints transformers writes itself
 (tests/runtime/hf_oracle.py): float32, prompts chunked into 16-token steps, three prompts
 sharing steps, a warm prefix cache on the second pass, and a KV pool so small that requests are
@@ -42,7 +42,9 @@ the directory for the reference: both read the published shape alike.
 - HyperCLOVA X (`HyperCLOVAXForCausalLM`): Granite's scalars with norms on attention's and the
   MLP's outputs (`use_post_norm`), the logits multiplied by `logits_scaling`, the softmax scale
   head_dim ** -0.5 unless `attention_multiplier` says;
-- Helium (`HeliumForCausalLM`): Llama's with the interleaved rotary, q/k/v biases.
+- Helium (`HeliumForCausalLM`): Llama's with the interleaved rotary, q/k/v biases;
+- Code World Model (`CwmForCausalLM`): Llama's with window layers (its default pattern when
+  config.json names no layer_types) and its llama3 rotary by default.
 
 Also: some over two tensor-parallel ranks (gloo), the weights estimate against what the built
 model holds, and what a sparse config.json reads as against transformers' config classes.
@@ -141,6 +143,9 @@ CASES = {
         use_post_norm=False, attention_multiplier=0.05, residual_multiplier=0.7), {}),
     # Helium: the interleaved rotary, q/k/v biases, its float32-scaled RMSNorm
     "helium-biases": ("Helium", dict(head_dim=16, attention_bias=True), {}),
+    # Code World Model: window layers by its default pattern (every fourth global), llama3 rotary
+    "cwm-window-layers": ("Cwm", dict(head_dim=16, num_hidden_layers=5, sliding_window=10,
+                                      layer_types=None, rope_parameters=None), {}),
 }  # fmt: skip
 # transformers writes LlamaForCausalLM for these two (it runs them as Llama): the hub's own names
 _CLASSES = {"exaone": "ExaoneForCausalLM", "internlm3": "InternLM3ForCausalLM"}
@@ -170,6 +175,9 @@ def published(path, renames: dict[str, str]) -> None:
         cfg["rotary_emb_base"] = cfg.pop("rope_theta")
         for key in ("rope_scaling", "attention_bias", "num_key_value_heads"):
             cfg.pop(key, None)
+    if cfg["model_type"] == "cwm":  # left to CwmConfig: its window pattern and llama3 rotary
+        for key in ("layer_types", "rope_theta", "rope_scaling"):
+            cfg.pop(key)
     if cfg["model_type"] == "gemma":
         cfg["hidden_act"] = "gelu"
         cfg.pop("tie_word_embeddings")  # gemma-2b's config.json has none (GemmaConfig: true)
@@ -260,6 +268,9 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     assert c.family.gated_mlp == (c.architecture not in ungated)
     if name.startswith("gemma"):
         assert t.hidden_act == "gelu_pytorch_tanh" and c.family.hidden_act == "gelu_tanh"
+    if name.startswith("cwm"):
+        assert list(c.family.window_layers) == [k == "sliding_attention" for k in t.layer_types]
+        assert c.family.window_layers == (False, True, True, True, False)
     if name.startswith("internlm3"):
         assert c.attention_bias and t.attention_bias and t.mlp_bias
 
@@ -331,6 +342,7 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     ("VaultGemma", "vaultgemma", {"num_hidden_layers": 4}),
     ("HyperCLOVAX", "hyperclovax", {"num_hidden_layers": 4}),
     ("Helium", "helium", {"num_hidden_layers": 4, "num_key_value_heads": 8}),
+    ("Cwm", "cwm", {"num_hidden_layers": 5}),
 ])  # fmt: skip
 def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_type, extra):
     # (Falcon's: its MLP 4 x hidden, one KV head unless grouped)
