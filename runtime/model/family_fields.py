@@ -366,6 +366,7 @@ FIELDS: dict[str, Fields] = {
     "ministral3": _ministral3,
     **dict.fromkeys(UNGATED, _ungated),
     "ernie4_5": _ernie4_5,
+    "hunyuan_v1_dense": _qwen3,  # (its q/k norms after rotary: model/qwen3.py)
     "helium": _ernie4_5,  # (the interleaved rotary)
     "exaone4": _exaone4,
     "smollm3": _smollm3,

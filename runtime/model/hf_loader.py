@@ -84,6 +84,7 @@ HF_ARCHITECTURES = {
     "HyperCLOVAXForCausalLM": "hyperclovax",  # Granite's, peri-norms (model/granite.py)
     "HeliumForCausalLM": "helium",  # Helium-1: interleaved rotary (model/helium.py)
     "CwmForCausalLM": "cwm",  # Code World Model: Llama's, window layers (layer_types)
+    "HunYuanDenseV1ForCausalLM": "hunyuan_v1_dense",  # q/k norms after rotary (model/qwen3.py)
     "PhiForCausalLM": "phi",  # phi-2: parallel layer, LayerNorm with biases, GELU MLP (phi.py)
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
 }
@@ -185,6 +186,8 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
               "layer_norm_eps": 1e-5, "attention_bias": True, "mlp_bias": True,
               "bos_token_id": 0, "eos_token_id": 150_024},
     "hyperclovax": {"bos_token_id": 1, "eos_token_id": 2},
+    "hunyuan_v1_dense": {"vocab_size": 290_943, "rms_norm_eps": 1e-5, "bos_token_id": 1,
+                         "eos_token_id": 2},
     "cwm": {"vocab_size": 128_256, "hidden_size": 6144, "intermediate_size": 21_504,
             "num_hidden_layers": 64, "num_attention_heads": 48, "num_key_value_heads": 8,
             "head_dim": 128, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5,

@@ -1,5 +1,5 @@
 """EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1), Phi, OLMo,
-MiniCPM3, Falcon, GPT-NeoX, StableLM, Jais 2, VaultGemma, HyperCLOVA X, Helium and CWM against
+MiniCPM3, Falcon, GPT-NeoX, StableLM, Jais 2, VaultGemma, HyperCLOVA X, Helium, CWM and HunYuan against
 transformers, token for token, on tiny random checkpoints transformers writes itself
 (tests/runtime/hf_oracle.py): float32, prompts chunked into 16-token steps, three prompts
 sharing steps, a warm prefix cache on the second pass, and a KV pool so small that requests are
@@ -44,7 +44,9 @@ the directory for the reference: both read the published shape alike.
   head_dim ** -0.5 unless `attention_multiplier` says;
 - Helium (`HeliumForCausalLM`): Llama's with the interleaved rotary, q/k/v biases;
 - Code World Model (`CwmForCausalLM`): Llama's with window layers (its default pattern when
-  config.json names no layer_types) and its llama3 rotary by default.
+  config.json names no layer_types) and its llama3 rotary by default;
+- HunYuan dense (`HunYuanDenseV1ForCausalLM`): per-head q/k RMSNorms after rotary, its
+  "dynamic" rotary with a fixed `alpha` (a static base).
 
 Also: some over two tensor-parallel ranks (gloo), the weights estimate against what the built
 model holds, and what a sparse config.json reads as against transformers' config classes.
@@ -146,6 +148,9 @@ CASES = {
     # Code World Model: window layers by its default pattern (every fourth global), llama3 rotary
     "cwm-window-layers": ("Cwm", dict(head_dim=16, num_hidden_layers=5, sliding_window=10,
                                       layer_types=None, rope_parameters=None), {}),
+    # HunYuan dense: q/k norms after rotary; its NTK rotary with a fixed alpha (Hunyuan-7B's)
+    "hunyuan-ntk-alpha": ("HunYuanDenseV1", dict(head_dim=16, rope_parameters={
+        "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}), {}),
 }  # fmt: skip
 # transformers writes LlamaForCausalLM for these two (it runs them as Llama): the hub's own names
 _CLASSES = {"exaone": "ExaoneForCausalLM", "internlm3": "InternLM3ForCausalLM"}
@@ -245,7 +250,8 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     transformers' reloaded config says."""
     name, path, model, _, _ = case
     c, t = read_model_config(str(path)), model.config.get_text_config()
-    family = {"exaone3_5": "exaone", "exaone4_5": "exaone4", "falcon2": "falcon"}
+    family = {"exaone3_5": "exaone", "exaone4_5": "exaone4", "falcon2": "falcon",
+              "hunyuan": "hunyuan_v1_dense"}  # fmt: skip
     assert c.architecture == family.get(name.split("-")[0], name.split("-")[0])
     tied_by_default = ("gemma", "falcon", "vaultgemma")
     assert c.tie_word_embeddings == ("tied" in name or name.startswith(tied_by_default))
@@ -259,6 +265,10 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     assert (c.num_layers, c.head_dim, c.num_kv_heads) == (
         t.num_hidden_layers, head_dim, _kv_heads(t))  # fmt: skip
     rope = t.rope_parameters
+    if name.startswith("hunyuan"):  # the fixed-alpha NTK rotary: a static base
+        assert model.model.rotary_emb.rope_type == "ntk_alpha" and c.rope_scaling is None
+        assert c.rope_theta == 10000.0 * 1000.0 ** (16 / 14)
+        return
     assert c.rope_theta == rope["rope_theta"]
     assert rope_kind(c.rope_scaling) == rope["rope_type"]
     assert (c.rope_scaling or {}).get("partial_rotary_factor", 1.0) == rope.get(
@@ -343,6 +353,7 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     ("HyperCLOVAX", "hyperclovax", {"num_hidden_layers": 4}),
     ("Helium", "helium", {"num_hidden_layers": 4, "num_key_value_heads": 8}),
     ("Cwm", "cwm", {"num_hidden_layers": 5}),
+    ("HunYuanDenseV1", "hunyuan_v1_dense", {"num_hidden_layers": 4}),
 ])  # fmt: skip
 def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_type, extra):
     # (Falcon's: its MLP 4 x hidden, one KV head unless grouped)
