@@ -15,8 +15,11 @@ rotary in the interleaved layout (`ops.rotary_interleaved`); GLM-4 (`glm4.py`), 
 (`olmo2.py`) and Cohere (`cohere.py`) change the layer. Mistral 3's text model, Ministral and
 Seed-OSS are this file too; Ministral 3 (`ministral3.py`), EXAONE 4 (`exaone4.py`), ERNIE 4.5
 (`ernie4_5.py`), StarCoder2 (`starcoder2.py`), Apertus (`apertus.py`) and Arcee (an ungated MLP,
-`ungated_mlp.py`) change it; so do Nemotron (`nemotron.py`), Phi (`phi.py`) and Gemma v1
-(`gemma2.py`), while EXAONE 3 and InternLM3 are this file (EXAONE's tensors renamed at read).
+`ungated_mlp.py`) change it; so do Nemotron and Jais 2 (`nemotron.py`), Phi (`phi.py`), OLMo
+(`olmo.py`), MiniCPM3 (`minicpm3.py`), Falcon and GPT-NeoX (`falcon.py`), StableLM
+(`stablelm.py`), Helium (`helium.py`), HyperCLOVA X (`granite.py`), HunYuan (`qwen3.py`: q/k
+norms in `after_rotary`), Gemma v1 and VaultGemma (`gemma2.py`), while EXAONE 3, InternLM3 and
+CWM are this file (EXAONE's tensors renamed at read).
 """
 
 from __future__ import annotations
