@@ -27,7 +27,9 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                         a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
         one_norm = (
-            c.family.cohere_layer or c.architecture == "phi" or c.family.falcon_norms == "one"
+            c.family.cohere_layer
+            or c.architecture in ("phi", "gptj")
+            or c.family.falcon_norms == "one"
         )
         if not one_norm:  # (Cohere's, Phi's, Falcon's parallel layers: one norm)
             out[f"model.layers.{i}.post_attention_layernorm.weight"] = (h,)

@@ -16,6 +16,9 @@ ALIASES = {
     "falcon": {"n_embed": "hidden_size", "activation": "hidden_act", "bias": "attention_bias"},
     "gpt_neox": {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"},
     "stablelm": {"use_qkv_bias": "attention_bias"},
+    "gptj": {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_layer": "num_hidden_layers",
+             "n_positions": "max_position_embeddings", "n_inner": "intermediate_size",
+             "activation_function": "hidden_act"},
 }  # fmt: skip
 
 
@@ -47,7 +50,12 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         grouped = out.get("new_decoder_architecture") or not out.get("multi_query")
         heads = out.get("num_kv_heads") or out["num_attention_heads"]
         out["num_key_value_heads"] = heads if grouped else 1
-    if arch == "gpt_neox":  # multi-head attention, whatever else config.json says
+    if arch == "gptj":  # its MLP 4 x hidden by default, `rotary_dim` of each head rotated
+        hidden, heads = int(out["hidden_size"]), int(out["num_attention_heads"])
+        out["intermediate_size"] = out.get("intermediate_size") or 4 * hidden
+        if out.get("rotary_dim"):
+            out["partial_rotary_factor"] = int(out["rotary_dim"]) / (hidden // heads)
+    if arch in ("gpt_neox", "gptj"):  # multi-head attention, whatever else config.json says
         out["num_key_value_heads"] = out["num_attention_heads"]
     if arch == "hunyuan_v1_dense":
         out.update(_ntk_alpha(out))

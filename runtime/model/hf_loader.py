@@ -85,7 +85,8 @@ HF_ARCHITECTURES = {
     "HeliumForCausalLM": "helium",  # Helium-1: interleaved rotary (model/helium.py)
     "CwmForCausalLM": "cwm",  # Code World Model: Llama's, window layers (layer_types)
     "HunYuanDenseV1ForCausalLM": "hunyuan_v1_dense",  # q/k norms after rotary (model/qwen3.py)
-    "PhiForCausalLM": "phi",  # phi-2: parallel layer, LayerNorm with biases, GELU MLP (phi.py)
+    "PhiForCausalLM": "phi",
+    "GPTJForCausalLM": "gptj",  # GPT-J: Phi's model with the interleaved rotary (model/phi.py)  # phi-2: parallel layer, LayerNorm with biases, GELU MLP (phi.py)
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
 }
 # a multimodal wrapper's text model, by its text_config's model_type (transformers' default
@@ -186,6 +187,10 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
               "layer_norm_eps": 1e-5, "attention_bias": True, "mlp_bias": True,
               "bos_token_id": 0, "eos_token_id": 150_024},
     "hyperclovax": {"bos_token_id": 1, "eos_token_id": 2},
+    "gptj": {"vocab_size": 50_400, "max_position_embeddings": 2048, "hidden_size": 4096,
+             "num_hidden_layers": 28, "num_attention_heads": 16, "rotary_dim": 64,
+             "hidden_act": "gelu_new", "layer_norm_epsilon": 1e-5, "bos_token_id": 50_256,
+             "eos_token_id": 50_256},
     "hunyuan_v1_dense": {"vocab_size": 290_943, "rms_norm_eps": 1e-5, "bos_token_id": 1,
                          "eos_token_id": 2},
     "cwm": {"vocab_size": 128_256, "hidden_size": 6144, "intermediate_size": 21_504,
@@ -261,7 +266,7 @@ _NULLABLE = {
 _EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 _EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
 _EPS.update(falcon="layer_norm_epsilon", gpt_neox="layer_norm_eps", stablelm="layer_norm_eps")
-_EPS["jais2"] = "layer_norm_eps"
+_EPS.update(jais2="layer_norm_eps", gptj="layer_norm_epsilon")
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 _DEFAULT_ROPE = {
@@ -294,7 +299,8 @@ _DEFAULT_ROPE = {
     },
 }
 # the families whose transformers models read partial_rotary_factor
-_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "nemotron", "phi", "gpt_neox", "stablelm")
+_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "nemotron", "phi", "gpt_neox", "stablelm",
+                   "gptj")  # fmt: skip
 _FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")

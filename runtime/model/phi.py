@@ -12,6 +12,10 @@ Its tensors are read under Llama's names (`safetensors_weights`: `self_attn.dens
 `mlp.fc1` / `fc2` as up / down, `final_layernorm` as the final norm, `q_layernorm` /
 `k_layernorm` as q_norm / k_norm), so that tensor parallelism, the checkpoint check and the
 weights estimate treat them as the other families'.
+
+GPT-J (`GPTJForCausalLM`: gpt-j-6b) is this model with the rotary in the interleaved layout, pairs
+(2i, 2i + 1) over `rotary_dim` of each head, no q/k/v or output biases, and its GPT-2-style
+names and keys (`transformer.h.N.attn.q_proj`, `mlp.fc_in` / `fc_out`; `n_embd`, `n_head`, ...).
 """
 
 from __future__ import annotations

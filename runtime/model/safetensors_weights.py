@@ -36,6 +36,8 @@ _SKIP += ("model.visual.",)  # (EXAONE 4.5's)
 _RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"^transformer\.wte\.", "model.embed_tokens."), (r"^transformer\.h\.", "model.layers."),
     (r"^transformer\.ln_f\.", "model.norm."), (r"\.attn\.attention\.", ".self_attn."),
+    (r"\.attn\.(?=[qkv]_proj\.|out_proj\.)", ".self_attn."),  # (GPT-J's: model/phi.py)
+    (r"\.mlp\.fc_in\.", ".mlp.up_proj."), (r"\.mlp\.fc_out\.", ".mlp.down_proj."),
     (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."), (r"\.ln_1\.", ".input_layernorm."),
     (r"\.ln_2\.", ".post_attention_layernorm."), (r"\.mlp\.c_fc_0\.", ".mlp.gate_proj."),
     (r"\.mlp\.c_fc_1\.", ".mlp.up_proj."), (r"\.mlp\.c_proj\.", ".mlp.down_proj."),

@@ -1,5 +1,5 @@
 """EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1), Phi, OLMo,
-MiniCPM3, Falcon, GPT-NeoX, StableLM, Jais 2, VaultGemma, HyperCLOVA X, Helium, CWM and HunYuan against
+MiniCPM3, Falcon, GPT-NeoX, StableLM, Jais 2, VaultGemma, HyperCLOVA X, Helium, CWM, HunYuan and GPT-J against
 transformers, token for token, on tiny random checkpoints transformers writes itself
 (tests/runtime/hf_oracle.py): float32, prompts chunked into 16-token steps, three prompts
 sharing steps, a warm prefix cache on the second pass, and a KV pool so small that requests are
@@ -46,7 +46,9 @@ the directory for the reference: both read the published shape alike.
 - Code World Model (`CwmForCausalLM`): Llama's with window layers (its default pattern when
   config.json names no layer_types) and its llama3 rotary by default;
 - HunYuan dense (`HunYuanDenseV1ForCausalLM`): per-head q/k RMSNorms after rotary, its
-  "dynamic" rotary with a fixed `alpha` (a static base).
+  "dynamic" rotary with a fixed `alpha` (a static base);
+- GPT-J (`GPTJForCausalLM`): Phi's model with the interleaved rotary over `rotary_dim`, its
+  GPT-2-style keys (`n_embd`, `n_head`, `n_inner`, ...).
 
 Also: some over two tensor-parallel ranks (gloo), the weights estimate against what the built
 model holds, and what a sparse config.json reads as against transformers' config classes.
@@ -151,6 +153,8 @@ CASES = {
     # HunYuan dense: q/k norms after rotary; its NTK rotary with a fixed alpha (Hunyuan-7B's)
     "hunyuan-ntk-alpha": ("HunYuanDenseV1", dict(head_dim=16, rope_parameters={
         "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}), {}),
+    # GPT-J: Phi's parallel layer with the interleaved rotary over rotary_dim, the head's bias
+    "gptj-rotary-dim": ("GPTJ", dict(n_inner=128, rotary_dim=8, num_key_value_heads=None), {}),
 }  # fmt: skip
 # transformers writes LlamaForCausalLM for these two (it runs them as Llama): the hub's own names
 _CLASSES = {"exaone": "ExaoneForCausalLM", "internlm3": "InternLM3ForCausalLM"}
@@ -183,6 +187,9 @@ def published(path, renames: dict[str, str]) -> None:
     if cfg["model_type"] == "cwm":  # left to CwmConfig: its window pattern and llama3 rotary
         for key in ("layer_types", "rope_theta", "rope_scaling"):
             cfg.pop(key)
+    if cfg["model_type"] == "gptj":  # gpt-j-6b's: GPT-2's keys only
+        for key in ("intermediate_size", "num_key_value_heads", "rope_theta", "rope_scaling"):
+            cfg.pop(key, None)
     if cfg["model_type"] == "gemma":
         cfg["hidden_act"] = "gelu"
         cfg.pop("tie_word_embeddings")  # gemma-2b's config.json has none (GemmaConfig: true)
@@ -230,6 +237,14 @@ def _eps(t) -> float | None:
     return next((getattr(t, k) for k in names if hasattr(t, k)), None)
 
 
+def _rope(t) -> dict:
+    """transformers' rotary of config `t` (GPT-J's: a base of 10,000 over `rotary_dim`)."""
+    if t.model_type == "gptj":
+        return {"rope_type": "default", "rope_theta": 10000.0,
+                "partial_rotary_factor": t.rotary_dim / (t.n_embd // t.n_head)}  # fmt: skip
+    return t.rope_parameters
+
+
 def _kv_heads(t) -> int:
     """The KV heads transformers' attention runs (GPT-NeoX's config has no such field)."""
     return getattr(t, "num_key_value_heads", None) or t.num_attention_heads
@@ -252,6 +267,9 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     c, t = read_model_config(str(path)), model.config.get_text_config()
     family = {"exaone3_5": "exaone", "exaone4_5": "exaone4", "falcon2": "falcon",
               "hunyuan": "hunyuan_v1_dense"}  # fmt: skip
+    if name.startswith("gptj"):  # GPT-2's keys (transformers' attribute_map): checked below
+        assert (c.hidden_size, c.intermediate_size, c.num_kv_heads) == (64, 128, 4)
+        assert c.rope_scaling["partial_rotary_factor"] == 0.5 and c.family.rope_interleaved
     assert c.architecture == family.get(name.split("-")[0], name.split("-")[0])
     tied_by_default = ("gemma", "falcon", "vaultgemma")
     assert c.tie_word_embeddings == ("tied" in name or name.startswith(tied_by_default))
@@ -264,7 +282,7 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
         assert c.family.residual_multiplier == pytest.approx(1.4 / 2**0.5)
     assert (c.num_layers, c.head_dim, c.num_kv_heads) == (
         t.num_hidden_layers, head_dim, _kv_heads(t))  # fmt: skip
-    rope = t.rope_parameters
+    rope = _rope(t)
     if name.startswith("hunyuan"):  # the fixed-alpha NTK rotary: a static base
         assert model.model.rotary_emb.rope_type == "ntk_alpha" and c.rope_scaling is None
         assert c.rope_theta == 10000.0 * 1000.0 ** (16 / 14)
@@ -274,7 +292,7 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     assert (c.rope_scaling or {}).get("partial_rotary_factor", 1.0) == rope.get(
         "partial_rotary_factor", 1.0)  # fmt: skip
     assert _eps(t) in (None, c.rms_norm_eps)
-    ungated = ("nemotron", "phi", "falcon", "gpt_neox", "jais2")
+    ungated = ("nemotron", "phi", "falcon", "gpt_neox", "jais2", "gptj")
     assert c.family.gated_mlp == (c.architecture not in ungated)
     if name.startswith("gemma"):
         assert t.hidden_act == "gelu_pytorch_tanh" and c.family.hidden_act == "gelu_tanh"
@@ -313,7 +331,7 @@ def test_two_ranks_match_transformers(built, name):
     ("olmo-clip-tied", 2), ("minicpm3-longrope", 2), ("falcon-grouped-two-norms", 2),
     ("falcon-per-head-sequential", 1), ("gpt_neox-parallel", 2),
     ("stablelm-parallel-qk-norms", 1), ("jais2-relu2", 2), ("vaultgemma-window-caps", 2),
-    ("hyperclovax-peri-norms", 2), ("helium-biases", 2),
+    ("hyperclovax-peri-norms", 2), ("helium-biases", 2), ("gptj-rotary-dim", 2),
 ])  # fmt: skip
 def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: EXAONE's tensors
@@ -354,6 +372,7 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     ("Helium", "helium", {"num_hidden_layers": 4, "num_key_value_heads": 8}),
     ("Cwm", "cwm", {"num_hidden_layers": 5}),
     ("HunYuanDenseV1", "hunyuan_v1_dense", {"num_hidden_layers": 4}),
+    ("GPTJ", "gptj", {"n_layer": 4, "rotary_dim": 4}),
 ])  # fmt: skip
 def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_type, extra):
     # (Falcon's: its MLP 4 x hidden, one KV head unless grouped)
@@ -366,8 +385,8 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
     t, o = transformers.AutoConfig.from_pretrained(tmp_path), read_model_config(str(tmp_path))
     eos = t.eos_token_id if isinstance(t.eos_token_id, list) else [t.eos_token_id]
     assert _eps(t) in (None, o.rms_norm_eps)
-    assert o.rope_theta == t.rope_parameters["rope_theta"]
-    assert (o.rope_scaling or {}).get("partial_rotary_factor", 1.0) == t.rope_parameters.get(
+    assert o.rope_theta == _rope(t)["rope_theta"]
+    assert (o.rope_scaling or {}).get("partial_rotary_factor", 1.0) == _rope(t).get(
         "partial_rotary_factor", 1.0)  # fmt: skip
     assert (
         o.num_layers,
