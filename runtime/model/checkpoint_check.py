@@ -99,6 +99,8 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                 del out[f"{a}{kind}_norm.weight"]
                 out.update({f"{a}{kind}_layernorm.norms.{h}.weight": (c.head_dim,)
                             for h in range(heads)})  # fmt: skip
+    if c.architecture == "phi":  # its final norm's name
+        out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     if c.architecture == "olmo":  # its LayerNorms have no parameters
         for name in [n for n in out if n.endswith("norm.weight")]:
             del out[name]

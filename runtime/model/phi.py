@@ -9,9 +9,9 @@ norms (`starcoder2.py`: LayerNorm with a weight and a bias, in the model's dtype
 - with `qk_layernorm`, a LayerNorm (weight and bias) over each head of q and of k before rotary.
 
 Its tensors are read under Llama's names (`safetensors_weights`: `self_attn.dense` as o_proj,
-`mlp.fc1` / `fc2` as up / down, `final_layernorm` as the final norm, `q_layernorm` /
-`k_layernorm` as q_norm / k_norm), so that tensor parallelism, the checkpoint check and the
-weights estimate treat them as the other families'.
+`mlp.fc1` / `fc2` as up / down, `q_layernorm` / `k_layernorm` as q_norm / k_norm), so that
+tensor parallelism, the checkpoint check and the weights estimate treat them as the other
+families'; its final norm is read as `model.final_layernorm` (`FINAL_NORM`).
 
 GPT-J (`GPTJForCausalLM`: gpt-j-6b) is this model with the rotary in the interleaved layout, pairs
 (2i, 2i + 1) over `rotary_dim` of each head, no q/k/v or output biases, and its GPT-2-style
@@ -29,6 +29,7 @@ from pagoda.runtime.model.starcoder2 import Starcoder2Model
 from pagoda.runtime.model.ungated_mlp import UngatedMLP
 
 HEAD_BIAS = "lm_head.bias"
+FINAL_NORM = "model.final_layernorm.weight"  # Phi's name for `model.norm` (Bamba's too)
 
 
 class PhiLayer(LlamaLayer):
@@ -63,6 +64,11 @@ class PhiModel(Starcoder2Model):
 
     def make_mlp(self, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
         return UngatedMLP(ctx, w, prefix + "mlp.", self.config.family.hidden_act)
+
+    def read_norm(self, w: DeviceWeights, name: str) -> torch.Tensor:
+        if name == "model.norm.weight" and name not in w:  # phi-2's (GPT-J's: model.norm)
+            name = FINAL_NORM
+        return super().read_norm(w, name)
 
     def head_blocks(self, w: DeviceWeights, head: str):
         return None  # the logits take the head's bias: no sampling fused into the matmul

@@ -61,11 +61,8 @@ MODEL_CLASSES = {
     "helium": ("helium", "HeliumModel"),  # interleaved rotary, float32-scaled RMSNorm
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
     "hunyuan_v1_dense": ("qwen3", "HunYuanDenseModel"),  # q/k norms after rotary
-    "phi": ("phi", "PhiModel"),
-    "gptj": (
-        "phi",
-        "PhiModel",
-    ),  # Phi's, the rotary interleaved  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
+    "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
+    "gptj": ("phi", "PhiModel"),  # Phi's, the rotary interleaved
 }
 
 

@@ -8,7 +8,7 @@ Gemma 3's multimodal checkpoints keep the text model under `language_model`: tho
 mapped to the text model's (`model.layers...`, `lm_head.weight`); vision weights are not listed.
 EXAONE 3 / 3.5's and Falcon's GPT-style names (`transformer.h.N.attn.attention.q_proj`, `ln_1`, `c_fc_0`) are
 listed under Llama's, as transformers' conversion mapping renames them (`_RENAMES`); so are
-Phi's (`self_attn.dense`, `mlp.fc1` / `fc2`, `final_layernorm`: `_PHI_RENAMES`, with HyperCLOVA
+Phi's (`self_attn.dense`, `mlp.fc1` / `fc2`: `_PHI_RENAMES`, with HyperCLOVA
 X's `post_norm1` / `post_norm2` as GLM-4's post-sublayer norms) and GPT-NeoX's
 (`gpt_neox.layers.N.attention.query_key_value`, `embed_out`: `_NEOX_RENAMES`).
 """
@@ -58,7 +58,7 @@ _NEOX_RENAMES = tuple((re.compile(a), b) for a, b in (
 ))  # fmt: skip
 # Phi's names -> Llama's (model/phi.py), and HyperCLOVA X's post-sublayer norms -> GLM-4's
 _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
-    (r"^model\.final_layernorm\.", "model.norm."), (r"\.self_attn\.dense\.", ".self_attn.o_proj."),
+    (r"\.self_attn\.dense\.", ".self_attn.o_proj."),
     (r"\.mlp\.fc1\.", ".mlp.up_proj."), (r"\.mlp\.fc2\.", ".mlp.down_proj."),
     (r"\.self_attn\.([qk])_layernorm\.(weight|bias)$", r".self_attn.\1_norm.\2"),
     # HunYuan's per-head q/k norms, as Qwen3's (model/qwen3.py)

@@ -318,7 +318,14 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         return False
     if name == HEAD:
         return not mc.tie_word_embeddings
-    if name in (EMBED, NORM, "model.norm.bias", "lm_head.bias"):  # (StarCoder2's, Phi's biases)
+    if name in (
+        EMBED,
+        NORM,
+        "model.norm.bias",
+        "lm_head.bias",
+        "model.final_layernorm.weight",
+        "model.final_layernorm.bias",
+    ):  # (StarCoder2's, Phi's biases; Phi's final norm)
         return True
     m = _LAYER.match(name)
     return m is not None and int(m.group(1)) < mc.num_layers
