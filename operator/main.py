@@ -123,7 +123,7 @@ def _scope_and_api_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--peering-lifetime",
         type=int,
-        default=30,
+        default=15,
         help="a replica that stopped without a goodbye counts as gone after this long, s",
     )
 

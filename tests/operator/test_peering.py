@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import os
 import pathlib
 import time
 from collections.abc import AsyncIterator
@@ -333,3 +334,53 @@ async def test_the_standby_goes_on_from_the_autoscalers_saved_state(
 
 async def _is(kube: KubeApi, pod: str, want: str) -> bool:
     return await role(kube, pod) == want
+
+
+@pytest.mark.slow  # waits out a peering lifetime: `make test` runs it alone
+async def test_a_crashed_active_replica_is_replaced_within_a_lifetime(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """The active replica hangs (a crash, a lost node: no goodbye) right after a keep-alive, the
+    worst case: its record lives a whole `--peering-lifetime`. The standby's kopf resumes its
+    handlers when the record expires, and its gate (polled every `peering_interval_s`) labels
+    it active and starts the loops, within the lifetime plus one poll (plus 3 s for a busy
+    machine) of the hang. A 4 s lifetime here; `PAGODA_FAILOVER_DEFAULTS=1` (with `-s`: it
+    prints the times) measures the defaults, 15 s and 2 s (docs/operator.md)."""
+    config = main.config_from_args(_parser().parse_args(["--peering", PEERING]))
+    lifetime, poll = config.peering_lifetime_s, config.peering_interval_s
+    if not os.environ.get("PAGODA_FAILOVER_DEFAULTS"):
+        lifetime, poll = 4, 0.5
+    await cluster_peering(emulator, kube, ("op-a", "op-b"))
+    fixed = {"peering": PEERING, "pod_namespace": "default", "peering_lifetime_s": lifetime,
+             "peering_interval_s": poll}  # fmt: skip
+    a = await start_operator(peering_priority=20, pod_name="op-a", **fixed)
+    await start_operator(peering_priority=10, pod_name="op-b", **fixed)
+    await wait_for(lambda: _is(kube, "op-a", "active"), 30, what="op-a active")
+    await wait_for(lambda: _is(kube, "op-b", "standby"), 30, what="op-b standby")
+
+    async def lastseen() -> str:
+        body = await kube.get("ClusterKopfPeering", None, PEERING)
+        return (((body or {}).get("status") or {}).get("op-a") or {}).get("lastseen", "")
+
+    before = await lastseen()
+    await wait_for(lambda: _newer(lastseen(), before), lifetime, what="op-a's next keep-alive")
+    a.freeze()
+    hung = time.monotonic()
+    await create_isvc(kube, "chat", EXAMPLE_SPEC)  # waits for a replica whose kopf acts
+
+    async def deployed() -> bool:
+        return await kube.get("Deployment", "default", "chat") is not None
+
+    await wait_for(lambda: _is(kube, "op-b", "active"), lifetime + poll + 10, what="op-b active")
+    labelled = time.monotonic() - hung
+    await wait_for(deployed, 10, what="op-b's kopf handlers")
+    handled = time.monotonic() - hung
+    print(f"crash failover (lifetime {lifetime} s, poll {poll:g} s): kopf's handlers "
+          f"{handled:.1f} s, gate {labelled:.1f} s")  # fmt: skip
+    assert lifetime - 1 <= labelled <= lifetime + poll + 3, (labelled, handled)
+    assert handled <= lifetime + poll + 3, (labelled, handled)
+
+
+async def _newer(value: Any, than: str) -> bool:
+    got = await value
+    return bool(got) and got != than
