@@ -358,7 +358,7 @@ async def serve(
         )
     autoscaler = Autoscaler(api, config, metrics)
     gate = _peering_gate(config, api, metrics)
-    reconciler = Reconciler(api, config, metrics)
+    reconciler = Reconciler(api, config, metrics, active=lambda: gate.active)
     autotuner = (
         Autotuner(
             api,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import logging
 import os
 import pathlib
 import time
@@ -14,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import kopf
 import pytest
 import yaml
 from autoscale_helpers import autoscaling, deployment_controller, replicas
@@ -30,6 +32,7 @@ from pagoda.operator.kube.peering import (
     is_active,
     live_peers,
 )
+from pagoda.operator.reconcile import retry
 from pagoda.operator.web.metrics import OperatorMetrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -384,3 +387,28 @@ async def test_a_crashed_active_replica_is_replaced_within_a_lifetime(
 async def _newer(value: Any, than: str) -> bool:
     got = await value
     return bool(got) and got != than
+
+
+@pytest.mark.parametrize("stands_by", [False, True])
+async def test_a_standby_drops_its_follow_up_retries(
+    emulator: Emulator, kube: KubeApi, monkeypatch: pytest.MonkeyPatch, stands_by: bool
+) -> None:
+    """A reconcile that failed on the active replica schedules a follow-up retry; if the replica
+    stands by before it wakes, the retry does nothing (the active replica acts: two writers of
+    the children otherwise, for up to 7 minutes of retries); still active, it reconciles."""
+    monkeypatch.setattr(retry, "backoff", lambda n: 0.05)
+    body = await create_isvc(kube, "chat", EXAMPLE_SPEC)
+    active = [True]
+    api = KubeApi(request_timeout_s=5)
+    config = main.config_from_args(_parser().parse_args(["--peering", PEERING, "--no-pin-models"]))
+    reconciler = retry.Reconciler(api, config, active=lambda: active[0])
+    emulator.fail("GET", "inferenceservices", 503)  # its fresh read fails: a follow-up
+    with pytest.raises(kopf.TemporaryError):
+        await reconciler.run(body, logging.getLogger("test"), 0, "resync")
+    active[0] = not stands_by
+    try:
+        await asyncio.sleep(0.5)
+        assert (await kube.get("Deployment", "default", "chat") is None) is stands_by
+    finally:
+        await reconciler.close()
+        await api.close()
