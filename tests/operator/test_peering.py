@@ -412,3 +412,29 @@ async def test_a_standby_drops_its_follow_up_retries(
     finally:
         await reconciler.close()
         await api.close()
+
+
+async def test_a_failed_read_keeps_the_role_only_while_its_record_lives(
+    emulator: Emulator, kube: KubeApi
+) -> None:
+    """The others count this replica as gone `lifetime` after its last keep-alive, which may be
+    up to lifetime − 5 s before the gate's last good read: when the reads fail, the gate stands
+    by when that record expires, not a lifetime after the read (both would act meanwhile)."""
+    for crd in peering_crds():
+        emulator.declare_crd(crd)
+    body = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}
+    await kube.request("POST", "/apis/kopf.dev/v1/namespaces/default/kopfpeerings", body=body)
+    seen = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=10)
+    record = {"priority": 1, "lifetime": 15, "lastseen": seen.isoformat()}
+    await kube.patch("KopfPeering", "default", PEERING, {"status": {"op-x": record}})
+    clock = [0.0]
+    gate = PeeringGate(
+        kube, name=PEERING, namespaces=("default",), identity="op-x", priority=1,
+        lifetime_s=15, clock=lambda: clock[0],
+    )  # fmt: skip
+    assert await gate.check() is True  # its record has ~5 s left
+    emulator.fail("GET", "kopfpeerings", 503, times=3)
+    clock[0] += 3
+    assert await gate.check() is True
+    clock[0] += 3  # 16 s after the keep-alive, 6 s after the read: the others act now
+    assert await gate.check() is False
