@@ -89,9 +89,10 @@ def is_active(
 class PeeringGate:
     """`active` says whether this replica is the one that acts; `run()` keeps it current.
 
-    Stricter than kopf in one way: a replica acts only once its own record is there (kopf
-    writes it right after start-up), so two replicas that start together do not both run
-    the loops for a moment before they see each other's records.
+    Stricter than kopf in one way: a replica acts only while its own record is there (kopf
+    writes it right after start-up) and alive, so two replicas that start together do not both
+    run the loops for a moment before they see each other's records, and one whose keep-alives
+    fail stands by when the others count it as gone.
 
     Without peering (`name` None) it is always active and `run()` only returns. The peering
     object missing (or unreadable) counts as not active, as kopf stays paused without it.
@@ -146,11 +147,13 @@ class PeeringGate:
             statuses = [(body or {}).get("status") or {} for body in bodies]
             left = [self._record_left(status.get(self.identity), now) for status in statuses]
             self._alive_until = self._clock() + min(left, default=self.lifetime_s)
+            # ... and alive: a record the others count as expired (its keep-alives failed) lets
+            # one of them act
             active = all(
                 body is not None
-                and self.identity in status
+                and ttl > 0
                 and is_active(status, self.identity, self.priority, now)
-                for body, status in zip(bodies, statuses)
+                for body, status, ttl in zip(bodies, statuses, left)
             )
         self._set_active(active)
         await self._label(active)

@@ -424,7 +424,7 @@ async def test_a_failed_read_keeps_the_role_only_while_its_record_lives(
         emulator.declare_crd(crd)
     body = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}
     await kube.request("POST", "/apis/kopf.dev/v1/namespaces/default/kopfpeerings", body=body)
-    seen = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=10)
+    seen = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=5)
     record = {"priority": 1, "lifetime": 15, "lastseen": seen.isoformat()}
     await kube.patch("KopfPeering", "default", PEERING, {"status": {"op-x": record}})
     clock = [0.0]
@@ -432,9 +432,15 @@ async def test_a_failed_read_keeps_the_role_only_while_its_record_lives(
         kube, name=PEERING, namespaces=("default",), identity="op-x", priority=1,
         lifetime_s=15, clock=lambda: clock[0],
     )  # fmt: skip
-    assert await gate.check() is True  # its record has ~5 s left
-    emulator.fail("GET", "kopfpeerings", 503, times=3)
-    clock[0] += 3
+    assert await gate.check() is True  # its record has ~10 s left
+    emulator.fail("GET", "kopfpeerings", 503, times=2)
+    clock[0] += 4
     assert await gate.check() is True
-    clock[0] += 3  # 16 s after the keep-alive, 6 s after the read: the others act now
+    clock[0] += 7  # 16 s after the keep-alive, 11 s after the read: the others act now
+    assert await gate.check() is False
+    # read again: a record of its own that has expired (its keep-alives fail, its reads work)
+    # is no record, as the others see it
+    assert await gate.check() is True
+    old = (seen - datetime.timedelta(seconds=11)).isoformat()
+    await kube.patch("KopfPeering", "default", PEERING, {"status": {"op-x": {"lastseen": old}}})
     assert await gate.check() is False
