@@ -76,6 +76,7 @@ def _decode_stage1_kernel(
     SOFTCAP: tl.constexpr,
     KV_FP8: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    CHUNKED: tl.constexpr,  # chunked attention: `chunk` is read (`attn_common.first_key`)
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -84,7 +85,7 @@ def _decode_stage1_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
     # The query at seq_len - 1 sees the keys [kv_first, seq_len): its window or its chunk's,
     # or all of them.
-    kv_first = first_key(seq_len - 1, window, chunk)
+    kv_first = first_key(seq_len - 1, window, chunk, CHUNKED)
     # Tile-aligned segment length, from the true length of this sequence's visible keys.
     split_len = tl.cdiv(tl.cdiv(seq_len - kv_first, NUM_SPLITS), TILE_SIZE) * TILE_SIZE
     kv_lo = kv_first + split * split_len
@@ -288,6 +289,7 @@ def launch_decode_attention(
         *paged_strides(q, out, k_cache, v_cache, block_tables),
         NUM_HEADS=num_heads,
         HAS_SINKS=has_sinks,
+        CHUNKED=attention_chunk is not None,
         QUERIES_PER_KV=queries_per_kv,
         BLOCK_H=max(16, next_pow2(queries_per_kv)),
         NUM_SPLITS=num_splits,

@@ -135,7 +135,8 @@ def _attend_tiles(
     kv_need,  # keys before this are never read (the tile's first window or chunk)
     kv_end,  # keys from here on are never read (past the last query)
     q_abs,  # [BLOCK_M] absolute position of each row's query
-    q_lo,  # [BLOCK_M] the first key each row sees (`attn_common.first_key`)
+    q_chunk,  # [BLOCK_M] where each row's attention chunk starts (read when CHUNKED)
+    window,
     k_cache_ptr,
     v_cache_ptr,
     bt_row,
@@ -156,6 +157,7 @@ def _attend_tiles(
     SOFTCAP: tl.constexpr,
     MASKED: tl.constexpr,
     DIM_PADDED: tl.constexpr,
+    CHUNKED: tl.constexpr,
 ):
     """Online softmax over the K/V tiles ``[kv_lo, kv_hi)``; ``MASKED`` tiles mask causality,
     the window or chunk and the range, the others are seen in full by every row."""
@@ -171,7 +173,9 @@ def _attend_tiles(
         s = scores(q, k, scale, SOFTCAP, DOT_PRECISION)  # [BLOCK_M, TILE_SIZE]
         if MASKED:
             visible = (kv_pos[None, :] <= q_abs[:, None]) & kv_mask[None, :]
-            visible = visible & (kv_pos[None, :] >= q_lo[:, None])
+            visible = visible & (kv_pos[None, :] > q_abs[:, None] - window)
+            if CHUNKED:
+                visible = visible & (kv_pos[None, :] >= q_chunk[:, None])
             s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -226,6 +230,7 @@ def _prefill_attention_kernel(
     DIM_PADDED: tl.constexpr,  # HEAD_DIM < HEAD_DIM_PADDED: loads mask the padding
     KV_FP8: tl.constexpr,  # an E4M3 cache: tiles widened in `_load_kv`, scales applied here
     HAS_SINKS: tl.constexpr,  # attention sinks join each row's denominator (`add_sink`)
+    CHUNKED: tl.constexpr,  # chunked attention: `chunk` is read (`attn_common.first_key`)
 ):
     kv_head = tl.program_id(1)
     if ONE_TOKEN_PER_SEQ:
@@ -274,31 +279,33 @@ def _prefill_attention_kernel(
     q_first = context_len + q_block_local * BLOCK_Q  # first query of the tile
     q_last = context_len + tl.minimum(q_block_local * BLOCK_Q + BLOCK_Q, q_len) - 1
     kv_end = q_last + 1  # no row of the tile sees a key from here on
-    q_lo = first_key(q_abs, window, chunk)  # [BLOCK_M] each row's first key
-    kv_need = first_key(q_first, window, chunk)  # no row sees a key before this
+    q_chunk = q_abs - q_abs % chunk  # [BLOCK_M] each row's chunk start (used when CHUNKED)
+    kv_need = first_key(q_first, window, chunk, CHUNKED)  # no row sees a key before this
     kv_lo = kv_need // TILE_SIZE * TILE_SIZE
     # Tiles in [full_lo, full_hi) are seen whole by every row: past the last row's window (or
     # chunk) start and not past the first row's own position.
-    full_lo = tl.maximum(tl.cdiv(first_key(q_last, window, chunk), TILE_SIZE) * TILE_SIZE, kv_lo)
+    full_lo = tl.maximum(
+        tl.cdiv(first_key(q_last, window, chunk, CHUNKED), TILE_SIZE) * TILE_SIZE, kv_lo
+    )
     full_hi = tl.maximum((q_first + 1) // TILE_SIZE * TILE_SIZE, full_lo)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
     acc, acc_l, m_i = _attend_tiles(
-        acc, acc_l, m_i, q, ones, kv_lo, full_lo, kv_need, kv_end, q_abs, q_lo,
+        acc, acc_l, m_i, q, ones, kv_lo, full_lo, kv_need, kv_end, q_abs, q_chunk, window,
         k_cache_ptr, v_cache_ptr, bt_row, kv_head, offs_d, dim_mask, scale,
         stride_k_blk, stride_k_tok, stride_k_head, stride_v_blk, stride_v_tok, stride_v_head,
-        compute_dtype, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, SOFTCAP, True, DIM_PADDED,
+        compute_dtype, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, SOFTCAP, True, DIM_PADDED, CHUNKED,
     )  # fmt: skip
     acc, acc_l, m_i = _attend_tiles(
-        acc, acc_l, m_i, q, ones, full_lo, full_hi, kv_need, kv_end, q_abs, q_lo,
+        acc, acc_l, m_i, q, ones, full_lo, full_hi, kv_need, kv_end, q_abs, q_chunk, window,
         k_cache_ptr, v_cache_ptr, bt_row, kv_head, offs_d, dim_mask, scale,
         stride_k_blk, stride_k_tok, stride_k_head, stride_v_blk, stride_v_tok, stride_v_head,
-        compute_dtype, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, SOFTCAP, False, DIM_PADDED,
+        compute_dtype, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, SOFTCAP, False, DIM_PADDED, CHUNKED,
     )  # fmt: skip
     acc, acc_l, m_i = _attend_tiles(
-        acc, acc_l, m_i, q, ones, full_hi, kv_end, kv_need, kv_end, q_abs, q_lo,
+        acc, acc_l, m_i, q, ones, full_hi, kv_end, kv_need, kv_end, q_abs, q_chunk, window,
         k_cache_ptr, v_cache_ptr, bt_row, kv_head, offs_d, dim_mask, scale,
         stride_k_blk, stride_k_tok, stride_k_head, stride_v_blk, stride_v_tok, stride_v_head,
-        compute_dtype, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, SOFTCAP, True, DIM_PADDED,
+        compute_dtype, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, SOFTCAP, True, DIM_PADDED, CHUNKED,
     )  # fmt: skip
 
     # Every column of acc_l holds the row's sum: the max picks it exactly, whatever the layout.
@@ -410,6 +417,7 @@ def launch_prefill_attention(
         DIM_PADDED=head_dim != dim_padded,
         KV_FP8=k_cache.dtype != q.dtype,
         HAS_SINKS=has_sinks,
+        CHUNKED=attention_chunk is not None,
         num_warps=int(config["num_warps"]),
         num_stages=int(config["num_stages"]),
     )

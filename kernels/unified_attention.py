@@ -100,6 +100,7 @@ def _unified_attention_kernel(
     SOFTCAP: tl.constexpr,
     KV_FP8: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    CHUNKED: tl.constexpr,  # chunked attention: `chunk` is read (`attn_common.first_key`)
 ):
     q_block_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -144,8 +145,8 @@ def _unified_attention_kernel(
     # kv_need: start at the tile holding it and load nothing before it. Tiles stay at
     # multiples of TILE_SIZE from key 0, and keys a row cannot see leave its state exactly as
     # it was, so a row's bits do not depend on the block it is in.
-    kv_need = first_key(context_len + q_block_local * BLOCK_Q, window, chunk)
-    q_lo = first_key(q_abs, window, chunk)  # [BLOCK_M] each row's first key
+    kv_need = first_key(context_len + q_block_local * BLOCK_Q, window, chunk, CHUNKED)
+    q_chunk = q_abs - q_abs % chunk  # [BLOCK_M] each row's chunk start (used when CHUNKED)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
     for kv_start in range(kv_need // TILE_SIZE * TILE_SIZE, kv_end, TILE_SIZE):
         kv_pos = kv_start + offs_t  # [TILE_SIZE]
@@ -170,7 +171,9 @@ def _unified_attention_kernel(
         k, v = widen_kv(k, v, q.dtype, KV_FP8)
         s = scores(q, k, scale, SOFTCAP, DOT_PRECISION)  # [BLOCK_M, TILE_SIZE]
         visible = (kv_pos[None, :] <= q_abs[:, None]) & kv_mask[None, :] & row_mask[:, None]
-        visible = visible & (kv_pos[None, :] >= q_lo[:, None])
+        visible = visible & (kv_pos[None, :] > q_abs[:, None] - window)
+        if CHUNKED:
+            visible = visible & (kv_pos[None, :] >= q_chunk[:, None])
         s = tl.where(visible, s, float("-inf"))
         m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION)
 
@@ -245,6 +248,7 @@ def launch_unified_attention(
         *paged_strides(q, out, k_cache, v_cache, block_tables),
         QUERIES_PER_KV=queries_per_kv,
         HAS_SINKS=has_sinks,
+        CHUNKED=attention_chunk is not None,
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
         SOFTCAP=softcap_arg(softcap),
