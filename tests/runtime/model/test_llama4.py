@@ -101,7 +101,8 @@ def test_the_triton_backend_masks_the_chunks(built):
 def test_config_reads_as_transformers_and_the_context_is_max_position_embeddings(built):
     """Rotary, chunked and expert layers as transformers derives them; the context is
     max_position_embeddings (512), past the attention chunk (12): 512 is served, 513 refused;
-    the chunked layers pass their chunk to the backend, the NoPE layer none."""
+    the chunked layers pass their chunk to the backend, the NoPE layer none; the rotary table
+    holds the positions served (Scout's 10M would be 5.4 GB)."""
     from pagoda.runtime.config import EngineConfig
 
     path, _, loaded, _ = built("maverick")
@@ -117,8 +118,10 @@ def test_config_reads_as_transformers_and_the_context_is_max_position_embeddings
     with pytest.raises(ValueError, match="context length \\(512 tokens, from its metadata"):
         LLM(loaded=loaded, dtype="float32", max_model_len=513, kv_cache_memory=16 << 20)
     assert EngineConfig.create(str(path), device="cpu", max_model_len=512)
-    llm = LLM(loaded=loaded, dtype="float32", max_model_len=512, kv_cache_memory=16 << 20)
-    assert [layer.chunk for layer in llm.engine.runner.model.layers] == [12, 12, 12, None]
+    llm = LLM(loaded=loaded, dtype="float32", max_model_len=96, kv_cache_memory=16 << 20)
+    model = llm.engine.runner.model
+    assert [layer.chunk for layer in model.layers] == [12, 12, 12, None]
+    assert model.rope_caches["global"].shape[0] == 96  # the positions served, not 512
 
 
 def test_layer_types_name_the_chunked_layers():
