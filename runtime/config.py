@@ -30,7 +30,7 @@ def _positive(name: str, value: int) -> None:
 
 # What a model family changes in the Llama decoder, read once from the checkpoint's config by
 # the loaders; the model files (runtime/model/qwen3.py, gemma3.py, moe.py) read these fields, the
-# attention backends only the sliding window and the soft cap.
+# attention backends only the sliding window, the attention chunk and the soft cap.
 ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU (Llama, Qwen, Mixtral) and GeGLU (Gemma)
 # an ungated MLP's (`FamilyConfig.gated_mlp` false): StarCoder2's GELU, Arcee's ReLU²,
 # Apertus' xIELU (its parameters per layer, from the checkpoint)
@@ -129,6 +129,9 @@ class FamilyConfig:
     sliding_window: int | None = None  # keys a window layer sees, its own position included
     window_layers: tuple[bool, ...] = ()  # per layer: True = a window layer; () = all of them
     local_rope_theta: float | None = None  # window layers' rotary base (Gemma 3), no scaling
+    # chunked attention (Llama 4): a chunked layer's query at p sees the keys p - p % C .. p
+    attention_chunk_size: int | None = None
+    chunk_layers: tuple[bool, ...] = ()  # per layer: True = chunked; () = all of them
     query_pre_attn_scalar: float | None = None  # softmax scale = this ** -0.5 (None: head_dim)
     # scores = cap * tanh(scores / cap) (Gemma 2's; Gemma 3 configs carry it unused)
     attn_logit_softcapping: float | None = None
@@ -205,6 +208,9 @@ class FamilyConfig:
     def __post_init__(self) -> None:
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")
+        if self.attention_chunk_size is not None and self.attention_chunk_size < 1:
+            raise ValueError(f"attention_chunk_size must be positive, got "
+                             f"{self.attention_chunk_size}")  # fmt: skip
         allowed = ACTIVATIONS if self.gated_mlp else UNGATED_ACTIVATIONS
         if self.hidden_act not in allowed:
             which = "a gated" if self.gated_mlp else "an ungated"
@@ -238,6 +244,14 @@ class FamilyConfig:
         if self.window_layers and not self.window_layers[layer]:
             return None
         return self.sliding_window
+
+    def chunk(self, layer: int) -> int | None:
+        """The attention chunk of `layer` (chunked attention), or None where it has none."""
+        if self.attention_chunk_size is None:
+            return None
+        if self.chunk_layers and not self.chunk_layers[layer]:
+            return None
+        return self.attention_chunk_size
 
     def has_rope(self, layer: int) -> bool:
         """Whether `layer` rotates q and k (`rope_layers`)."""
@@ -290,7 +304,7 @@ class ModelConfig:
             )
         if self.rms_norm_eps <= 0 or self.rope_theta <= 0:
             raise ValueError("rms_norm_eps and rope_theta must be positive")
-        for name in ("window_layers", "moe_layers", "rope_layers"):
+        for name in ("window_layers", "moe_layers", "rope_layers", "chunk_layers"):
             if len(getattr(self.family, name)) not in (0, self.num_layers):
                 raise ValueError(f"{name} must name each of the {self.num_layers} layers")
 

@@ -4,7 +4,9 @@ A step's batch is flattened: T query tokens from B sequences laid end to end, *d
 (sequences with exactly one new token), then prefill chunks. Every sequence attends, causally by
 absolute position, to all of its context: the tokens already in the paged cache plus the new ones;
 in a layer with a sliding window of W keys, a query at position p sees only the keys p - W + 1 .. p
-(Hugging Face's definition), and a backend reads only those keys' blocks. A layer with attention
+(Hugging Face's definition), and a backend reads only those keys' blocks; in a layer with chunked
+attention (Llama 4's rotary layers) of C keys, a query at position p sees only the keys of its own
+chunk, p - p % C .. p, likewise read from that chunk's first block on. A layer with attention
 sinks (gpt-oss) passes one learned logit per head that joins each softmax's denominator and
 nothing else: ``p_j = exp(s_j) / (sum_i exp(s_i) + exp(sink))``, as if a key no value reads.
 
@@ -118,8 +120,10 @@ class AttentionBackend(ABC):
         window: int | None = None,
         kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
         sinks: torch.Tensor | None = None,
+        chunk: int | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         """Store k/v at ``meta.slot_mapping``, then return attention output for every query token;
         ``window``: this layer's sliding window (the backend's ``sliding_window``), or None;
         ``kv_scales``: this layer's (k_scale, v_scale), float32, with an FP8 cache only;
-        ``sinks``: this layer's attention sinks, float32 ``[num_heads]`` (module docstring)."""
+        ``sinks``: this layer's attention sinks, float32 ``[num_heads]``; ``chunk``: this
+        layer's attention chunk, or None (module docstring)."""

@@ -4,7 +4,7 @@
 in place from a packed cache layout, one code path for decode and prefill rows; see its
 ``csrc/attention/attention.cpp`` for the layout and why each row's result cannot depend on the
 rest of the step. A window layer's rows read only their window's blocks there (each tile starts
-at its first row's window). ``allocate_kv_cache`` picks it when it builds and the shapes suit it
+at its first row's window), a chunked layer's (Llama 4) only their chunk's. ``allocate_kv_cache`` picks it when it builds and the shapes suit it
 (bf16/float32/int8, head_dim and block_size multiples of 16, no attention soft cap and no
 attention sinks);
 ``forward`` tells the paths apart by the cache's rank (5: packed).
@@ -126,27 +126,35 @@ class TorchAttentionBackend(AttentionBackend):
             return
         meta.aux["buckets"] = self._plan(meta, None)
 
-    def _buckets(self, meta: AttentionMetadata, window: int | None) -> list[_Bucket]:
-        if window is None:
+    def _buckets(
+        self, meta: AttentionMetadata, window: int | None, chunk: int | None = None
+    ) -> list[_Bucket]:
+        if window is None and chunk is None:
             return meta.aux["buckets"]
-        key = ("buckets", window)
+        key = ("buckets", window, chunk)
         if key not in meta.aux:
-            meta.aux[key] = self._plan(meta, window)
+            meta.aux[key] = self._plan(meta, window, chunk)
         return meta.aux[key]
 
-    def _plan(self, meta: AttentionMetadata, window: int | None) -> list[_Bucket]:
+    def _plan(
+        self, meta: AttentionMetadata, window: int | None, chunk: int | None = None
+    ) -> list[_Bucket]:
         qlens = np.asarray(meta.query_lens_host, dtype=np.int64)
         slens = np.asarray(meta.seq_lens_host, dtype=np.int64)
         qstart = np.concatenate([[0], np.cumsum(qlens)[:-1]])
-        # the first key each sequence reads: 0, or where its first query's window starts
-        # (rounded down to WINDOW_ALIGN keys, so that a row's keys sit at the same offsets in
-        # the score and p @ V chunks whatever the chunk it came in)
+        # the first key each sequence reads: 0, or where its first query's window (or attention
+        # chunk) starts, rounded down to WINDOW_ALIGN keys, so that a row's keys sit at the same
+        # offsets in the score and p @ V chunks whatever the prefill chunk it came in
         first = np.zeros_like(slens)
+        p0 = slens - qlens  # the first query's position
         if window is not None:
-            first = np.maximum(slens - qlens - window + 1, 0) // WINDOW_ALIGN * WINDOW_ALIGN
+            first = np.maximum(p0 - window + 1, 0)
+        if chunk is not None:
+            first = np.maximum(first, p0 - p0 % chunk)
+        first = first // WINDOW_ALIGN * WINDOW_ALIGN
         nd = meta.num_decodes
         buckets: list[_Bucket] = []
-        plan = (qlens, slens, qstart, first, window)
+        plan = (qlens, slens, qstart, first, window, chunk)
         if nd:
             order = np.argsort(slens[:nd] - first[:nd], kind="stable")
             padded = -(-(slens - first)[order] // KEY_ALIGN) * KEY_ALIGN
@@ -165,7 +173,7 @@ class TorchAttentionBackend(AttentionBackend):
             start = end
         return out
 
-    def _bucket(self, meta, seqs, qlens, slens, qstart, first, window) -> _Bucket:
+    def _bucket(self, meta, seqs, qlens, slens, qstart, first, window, chunk) -> _Bucket:
         bs, dev = meta.block_size, meta.block_tables.device
         ql, sl, f = qlens[seqs], slens[seqs], first[seqs]
         align = bs * KEY_ALIGN // math.gcd(bs, KEY_ALIGN)
@@ -187,6 +195,8 @@ class TorchAttentionBackend(AttentionBackend):
         allowed = k_pos <= q_pos[:, :, None]
         if window is not None:
             allowed &= k_pos > q_pos[:, :, None] - window
+        if chunk is not None:  # the query's own chunk only (Llama 4's chunked attention)
+            allowed &= k_pos >= (q_pos - q_pos % chunk)[:, :, None]
         mask = np.where(allowed, np.float32(0), np.float32(-np.inf))[:, :, None, :]
         cols = np.minimum(
             f[:, None] // bs + np.arange(nblk)[None, :], meta.block_tables.shape[1] - 1
@@ -215,8 +225,8 @@ class TorchAttentionBackend(AttentionBackend):
         hkv, d = self.num_kv_heads, self.head_dim
         usable = dt in (torch.float32, torch.bfloat16, torch.int8)
         usable = usable and d % 16 == 0 and block_size % 16 == 0 and d <= 512
-        # the kernel takes sliding windows (it reads only the window's blocks), not soft caps
-        # or attention sinks: a model with either takes the torch path
+        # the kernel takes sliding windows and attention chunks (it reads only their blocks),
+        # not soft caps or attention sinks: a model with either takes the torch path
         usable = usable and self.softcap is None and not self.sinks
         self.kernel = cpu_kernel.load() if usable and device.type == "cpu" else None
         if self.kernel is not None:
@@ -235,7 +245,8 @@ class TorchAttentionBackend(AttentionBackend):
             rows = quantize_rows(x) if cache.dtype == torch.int8 else x.to(cache.dtype)
             cache.view(hkv, nb * bs, width).index_copy_(1, slots, rows.transpose(0, 1))
 
-    def forward(self, q, k, v, k_cache, v_cache, meta, window=None, kv_scales=None, sinks=None):
+    def forward(self, q, k, v, k_cache, v_cache, meta, window=None, kv_scales=None, sinks=None,
+                chunk=None):  # fmt: skip
         if kv_scales is not None:  # get_attention_backend gives FP8 caches to Triton only
             raise ValueError("the torch attention backend has no FP8 KV cache")
         if sinks is not None and self.kernel is not None:  # allocate_kv_cache saw `self.sinks`
@@ -245,12 +256,12 @@ class TorchAttentionBackend(AttentionBackend):
             aux = meta.aux
             return self.kernel.attention(
                 q, k_cache, v_cache, meta.block_tables, aux["qstart"], aux["seq_lens"], self.scale,
-                window=window,
+                window=window, chunk=chunk,
             )  # fmt: skip
         self.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         hkv, _, bs, width = k_cache.shape
         out = torch.empty_like(q)
-        for bk in self._buckets(meta, window):
+        for bk in self._buckets(meta, window, chunk):
             b, nblk = bk.blocks.shape
             flat = bk.blocks.reshape(-1)
             kb = k_cache.index_select(1, flat).view(hkv, b, nblk * bs, width)

@@ -11,8 +11,8 @@ read ``query_start_loc``/``seq_lens``/``block_tables`` directly. Which kernel ru
 * non-invariant (``--no-batch-invariant``): decodes in the split-KV decode kernel; the prompt
   rows through torch's ``scaled_dot_product_attention`` (its FlashAttention kernel on CUDA;
   ``sdpa_prefill``), one call per prefill sequence, for up to ``sdpa_prefill.MAX_SDPA_SEQS``
-  of them; with more, or in a layer with a sliding window, a logit softcap or attention sinks
-  (which SDPA's fused kernels cannot express), in the Triton prefill kernel. Decode-only steps, the ones CUDA
+  of them; with more, or in a layer with a sliding window, chunked attention, a logit softcap
+  or attention sinks (which SDPA's fused kernels cannot express), in the Triton prefill kernel. Decode-only steps, the ones CUDA
   graphs capture, take the decode kernel as before.
 """
 
@@ -65,9 +65,11 @@ class TritonAttentionBackend(AttentionBackend):
         window: int | None = None,
         kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
         sinks: torch.Tensor | None = None,
+        chunk: int | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         """Store k/v at ``meta.slot_mapping`` (-1 skipped), then attend causally over the cache
-        (over the last ``window`` keys of each query when given: the kernels read only those).
+        (over the last ``window`` keys of each query when given, or over its own ``chunk``'s:
+        the kernels read only those).
         An FP8 cache is written and read with this layer's ``kv_scales``; ``sinks`` (float32
         [num_heads]) join each head's softmax denominator."""
         k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)
@@ -76,7 +78,7 @@ class TritonAttentionBackend(AttentionBackend):
             k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        supported = sdpa_prefill.supports(meta, window, self.softcap, sinks is not None)
+        supported = sdpa_prefill.supports(meta, window, self.softcap, sinks is not None, chunk)
         if not self.batch_invariant and supported:
             nd = meta.num_decodes
             if nd:  # the decode rows (the first nd) in the decode kernel, as in a decode step
@@ -109,4 +111,5 @@ class TritonAttentionBackend(AttentionBackend):
             k_scale=k_scale,
             v_scale=v_scale,
             sinks=sinks,
+            attention_chunk=chunk,
         )

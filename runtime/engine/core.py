@@ -393,14 +393,9 @@ def check_max_model_len(asked: int | None, model: ModelConfig) -> int:
     out; more than the context is refused, as vLLM does (the RoPE past it is untrained)."""
     context = model.context_length
     if asked is not None and asked > context:
-        where = "from its metadata"
-        if model.architecture == "llama4":  # model/llama4_config.py
-            where = (
-                "one attention chunk: Llama 4's chunked attention across chunks is not implemented"
-            )
         raise ValueError(
             f"max_model_len {asked} is more than the model's context length ({context} tokens, "
-            f"{where}); lower --max-model-len"
+            "from its metadata); lower --max-model-len"
         )
     return context if asked is None else asked
 

@@ -366,7 +366,7 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     layers = int(cfg["num_hidden_layers"])
     by_kind = "full_attention" if arch in ("gemma3", "olmo3") else None  # per layer kind
     rope_theta, scaling = family_fields.read_rope(cfg, by_kind, arch == "phi3")
-    if arch == "llama4":  # the dense MLP's width; the context capped at one attention chunk
+    if arch == "llama4":  # the dense MLP's width
         cfg = {**cfg, **llama4.overrides(cfg)}
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)

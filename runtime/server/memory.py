@@ -126,7 +126,7 @@ def estimate(
     width = math.ceil(max_len / cache.block_size)
     rows = 2 * sched.max_num_seqs
     tables = rows * ((width + 1) * 4 + 60)  # int32 table, int64 length, list slots per row
-    rope = max(max_len, mc.max_position_embeddings) * mc.head_dim * 4
+    rope = max_len * mc.head_dim * 4  # float32 rows of the positions served (model_runner)
     graphs = 0
     if device.type == "cuda" and cfg.enable_cuda_graphs:
         graphs = min(sched.max_num_seqs, CUDA_GRAPH_MAX_BATCH) * (width * 4 + 64)

@@ -149,7 +149,9 @@ class ModelRunner:
             device=self.device,
             backend=self.backend,
             ops=select_ops(self.device, self.backend.name),
-            max_positions=max(max_model_len, mc.max_position_embeddings),
+            # the rotary tables cover the positions served, not the whole context: Llama 4
+            # Scout's 10M positions would be 5.4 GB of float32 rows at head size 128
+            max_positions=max_model_len,
             batch_invariant=config.batch_invariant,
             tp=self.tp,
             fp8=fp8,
