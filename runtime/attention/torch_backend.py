@@ -216,22 +216,27 @@ class TorchAttentionBackend(AttentionBackend):
         usable = dt in (torch.float32, torch.bfloat16, torch.int8)
         usable = usable and d % 16 == 0 and block_size % 16 == 0 and d <= 512
         # the kernel takes sliding windows (it reads only the window's blocks), not soft caps
-        # or attention sinks: a model with either takes the torch path
-        usable = usable and self.softcap is None and not self.sinks
+        # or attention sinks: a model with either takes the torch path, as does a latent cache
+        usable = usable and self.softcap is None and not self.sinks and self.latent is None
         self.kernel = cpu_kernel.load() if usable and device.type == "cpu" else None
         if self.kernel is not None:
             k_shape, v_shape = cpu_kernel.packed_shapes(hkv, num_blocks, block_size, d, dt)
         else:
             k_shape = v_shape = (hkv, num_blocks, block_size, d + 4 * (dt == torch.int8))
-        return zeros(k_shape, dt, device), zeros(v_shape, dt, device)
+        k_cache = zeros(k_shape, dt, device)
+        if self.latent is not None:  # one tensor: its rows are the keys and hold the values
+            return k_cache, k_cache
+        return k_cache, zeros(v_shape, dt, device)
 
     def write_kv(self, k, v, k_cache, v_cache, slots: torch.Tensor) -> None:
-        """Store ``k``/``v`` ``[T, Hkv, D]`` at ``slots`` in this backend's cache layout."""
+        """Store ``k``/``v`` ``[T, Hkv, D]`` at ``slots`` in this backend's cache layout (``k``
+        alone in a latent cache)."""
         if self.kernel is not None:
             self.kernel.write_kv(k, v, k_cache, v_cache, slots)
             return
         hkv, nb, bs, width = k_cache.shape
-        for x, cache in ((k, k_cache), (v, v_cache)):
+        pairs = ((k, k_cache),) if self.latent is not None else ((k, k_cache), (v, v_cache))
+        for x, cache in pairs:
             rows = quantize_rows(x) if cache.dtype == torch.int8 else x.to(cache.dtype)
             cache.view(hkv, nb * bs, width).index_copy_(1, slots, rows.transpose(0, 1))
 
@@ -249,14 +254,19 @@ class TorchAttentionBackend(AttentionBackend):
             )  # fmt: skip
         self.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         hkv, _, bs, width = k_cache.shape
-        out = torch.empty_like(q)
+        latent = self.latent
+        out = q.new_empty(*q.shape[:2], latent or q.shape[2])
+        int8 = k_cache.dtype == torch.int8
         for bk in self._buckets(meta, window):
             b, nblk = bk.blocks.shape
             flat = bk.blocks.reshape(-1)
             kb = k_cache.index_select(1, flat).view(hkv, b, nblk * bs, width)
-            vb = v_cache.index_select(1, flat).view(hkv, b, nblk * bs, width)
-            if k_cache.dtype == torch.int8:
-                kb, vb = dequantize_rows(kb, q.dtype), dequantize_rows(vb, q.dtype)
+            kb = dequantize_rows(kb, q.dtype) if int8 else kb
+            if latent is not None:  # one gather: the values are the rows' first columns
+                vb = kb[..., :latent]
+            else:
+                vb = v_cache.index_select(1, flat).view(hkv, b, nblk * bs, width)
+                vb = dequantize_rows(vb, q.dtype) if int8 else vb
             o = self._attend(q[bk.q_rows], kb, vb, bk, sinks)
             out.index_copy_(0, bk.dst, o.reshape(-1, *o.shape[2:]).index_select(0, bk.src))
         return out
@@ -264,16 +274,17 @@ class TorchAttentionBackend(AttentionBackend):
     def _attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bk: _Bucket, sinks=None
     ) -> torch.Tensor:
-        """[B, Qp, H, D] x [Hkv, B, Kp, D] → [B, Qp, H, D], in row slices.
+        """[B, Qp, H, D] x [Hkv, B, Kp, D] and values [Hkv, B, Kp, Dv] → [B, Qp, H, Dv], in
+        row slices.
 
         Both GEMMs run in the cache's dtype (float32 accumulation inside); the softmax runs in
         float32 on the scores, as Hugging Face's eager attention does; with ``sinks`` (float32
         [H]) each head's sink joins the denominator (`_softmax_with_sinks`).
         """
         b, qp, h, d = q.shape
-        hkv, g = k.shape[0], h // k.shape[0]
+        hkv, g, dv = k.shape[0], h // k.shape[0], v.shape[-1]
         qs = (q.float() * self.scale).to(k.dtype).view(b, qp, hkv, g, d).permute(2, 0, 1, 3, 4)
-        out = torch.empty(b, qp, hkv, g, d, dtype=q.dtype, device=q.device)
+        out = torch.empty(b, qp, hkv, g, dv, dtype=q.dtype, device=q.device)
         step = bk.rows_per_call
         if sinks is not None:  # [Hkv, 1, 1, g, 1]: a head's sink, as the scores' layout
             sinks = sinks.float().view(hkv, 1, 1, g, 1)
@@ -287,9 +298,9 @@ class TorchAttentionBackend(AttentionBackend):
             s = s.add_(bk.mask[:, r0:r1, :, :n])
             p = torch.softmax(s, dim=-1) if sinks is None else _softmax_with_sinks(s, sinks)
             p = p.to(k.dtype).view(hkv, b, (r1 - r0) * g, n)
-            o = _p_times_v(p, v[:, :, :n]).view(hkv, b, r1 - r0, g, d)
+            o = _p_times_v(p, v[:, :, :n]).view(hkv, b, r1 - r0, g, dv)
             out[:, r0:r1] = o.permute(1, 2, 0, 3, 4)
-        return out.view(b, qp, h, d)
+        return out.view(b, qp, h, dv)
 
 
 def _softmax_with_sinks(s: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:

@@ -40,12 +40,13 @@ class TritonAttentionBackend(AttentionBackend):
         softcap: float | None = None,
         kv_cache_dtype: str = "auto",
         sinks: bool = False,
+        latent: int | None = None,
     ) -> None:
         if kv_cache_dtype not in ("auto", "fp8"):
             raise ValueError(f"the Triton backend stores KV as auto or fp8, not {kv_cache_dtype!r}")
         super().__init__(
             num_heads, num_kv_heads, head_dim, scale, kv_cache_dtype,
-            sliding_window=sliding_window, softcap=softcap, sinks=sinks,
+            sliding_window=sliding_window, softcap=softcap, sinks=sinks, latent=latent,
         )  # fmt: skip
         self.batch_invariant = batch_invariant
         # Imported here so that choosing the torch backend never needs Triton installed.
@@ -69,7 +70,16 @@ class TritonAttentionBackend(AttentionBackend):
         """Store k/v at ``meta.slot_mapping`` (-1 skipped), then attend causally over the cache
         (over the last ``window`` keys of each query when given: the kernels read only those).
         An FP8 cache is written and read with this layer's ``kv_scales``; ``sinks`` (float32
-        [num_heads]) join each head's softmax denominator."""
+        [num_heads]) join each head's softmax denominator. A latent cache (``self.latent``):
+        ``k_cache`` is ``v_cache``, ``k`` is stored (with the K scale) and read as both, and
+        the output is the first ``latent`` columns of the kernels' (a view, no copy)."""
+        if self.latent is not None:
+            scale = None if kv_scales is None else (kv_scales[0], kv_scales[0])
+            out = self._attend(q, k, k, k_cache, k_cache, meta, window, scale, sinks)
+            return out[..., : self.latent]
+        return self._attend(q, k, v, k_cache, v_cache, meta, window, kv_scales, sinks)
+
+    def _attend(self, q, k, v, k_cache, v_cache, meta, window, kv_scales, sinks) -> torch.Tensor:
         k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)
         self._write_kv_cache(
             k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=meta.slot_mapping,

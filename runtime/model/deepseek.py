@@ -85,12 +85,7 @@ class DeepseekLayer(LlamaLayer):
             self.q_norm = w[a + "q_a_layernorm.weight"]
             self.q_b = by_heads(a + "q_b_proj.weight", m.qk_head_dim)
         self.kv_norm = w[a + "kv_a_layernorm.weight"]
-        kv_b, width = a + "kv_b_proj.weight", m.qk_nope_head_dim + m.v_head_dim
-        if kv_b in w:
-            self.kv_b = by_heads(kv_b, width)
-        else:  # llama.cpp's converter split it (gguf_deepseek.py): joined back, this rank's rows
-            whole = kv_b_weight(w, a, m)
-            self.kv_b = ctx.linear(whole[heads[0] * width : heads[1] * width].contiguous())
+        self.w_uk, self.w_uv = absorbed(w, a, m, heads)
         o = a + "o_proj.weight"  # input columns by heads (an even share), summed over ranks
         self.o_proj = linear_layer(ctx, w, [o]) if ctx.tp is None else row_linear(ctx, w, o)
         self.kv_scales = model.kv_scales(w, a.rstrip("."))
@@ -103,44 +98,62 @@ class DeepseekLayer(LlamaLayer):
 
     def linears(self):
         apart = [x for x in (self.kv_a, self.q_b) if x is not None]
-        return [self.qkv_a, *apart, self.kv_b, self.o_proj, *self.mlp.linears()]
+        return [self.qkv_a, *apart, self.o_proj, *self.mlp.linears()]
 
     def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        """Absorbed latent attention (module docstring): per head, the query's unrotated part
+        times W_UK is scored against the cached latent, its rotary part against the shared
+        rotary key; the output, a mix of latents, is turned into the value by W_UV."""
         ctx, m = self.ctx, self.mla
-        t, h, d = x.shape[0], ctx.num_heads, ctx.head_dim
-        n, r, dv = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+        t, h = x.shape[0], ctx.num_heads
+        n, r, c = m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank
         if self.kv_a is None:
             q, latent, k_rot = self.qkv_a(x).split(self.a_sizes, dim=-1)
         else:
             q, (latent, k_rot) = self.qkv_a(x), self.kv_a(x).split(self.a_sizes[1:], dim=-1)
         if self.q_b is not None:
             q = self.q_b(ctx.rms_norm(x=q.contiguous(), weight=self.q_norm, eps=1e-6))
-        latent = ctx.rms_norm(x=latent.contiguous(), weight=self.kv_norm, eps=1e-6)
-        kv = self.kv_b(latent).view(t, h, n + dv)
-        # q and k at the cache's head size: [nope | rope | zeros]
-        q_full = q.view(t, h, n + r) if d == n + r else _padded(q.view(t, h, n + r), d)
-        k_full = x.new_empty(t, h, d)
-        k_full[..., :n] = kv[..., :n]
-        if d > n + r:
-            k_full[..., n + r :] = 0
-        k_rot = k_rot.unsqueeze(1)
-        q_rot = q_full[..., n : n + r]
+        q = q.view(t, h, n + r)
+        # the query and the cache row: [q_nope @ W_UK | q_rope] and [normed latent | k_rope]
+        q_full = x.new_empty(t, h, c + r)
+        q_full[..., :c] = torch.bmm(q[..., :n].transpose(0, 1), self.w_uk).transpose(0, 1)
+        k_full = x.new_empty(t, 1, c + r)
+        k_full[:, 0, :c] = ctx.rms_norm(x=latent.contiguous(), weight=self.kv_norm, eps=1e-6)
+        q_rot, k_rot = q_full[..., c:], k_rot.unsqueeze(1)
         if self.perm is not None:
-            q_rot.copy_(q_rot.index_select(-1, self.perm))
+            q_rot.copy_(q[..., n:].index_select(-1, self.perm))
             k_rot = k_rot.index_select(-1, self.perm)
         else:
+            q_rot.copy_(q[..., n:])
             k_rot = k_rot.contiguous()
         positions, rows = step.rope[self.rope]
         ctx.ops.rotary_embedding(positions=positions, q=q_rot, k=k_rot, cos_sin_cache=rows)
-        k_full[..., n : n + r] = k_rot
-        v = kv[..., n:] if dv == d else _padded(kv[..., n:], d)
+        k_full[..., c:] = k_rot
         k_cache, v_cache = step.kv_caches[self.index]
-        out = ctx.backend.forward(
-            q_full, k_full, v, k_cache, v_cache, step.meta, window=None, kv_scales=self.kv_scales
-        )
-        if dv != d:
-            out = out[..., :dv]
-        return self.o_proj(out.reshape(t, h * dv))
+        out = ctx.backend.forward(  # [t, h, c]: each head's mix of latents
+            q_full, k_full, k_full, k_cache, v_cache, step.meta, window=None,
+            kv_scales=self.kv_scales,
+        )  # fmt: skip
+        v = torch.bmm(out.transpose(0, 1), self.w_uv)  # [h, t, v_head_dim]
+        return self.o_proj(v.transpose(0, 1).reshape(t, h * m.v_head_dim))
+
+
+def absorbed(
+    w: DeviceWeights, a: str, m: MlaConfig, heads: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """kv_b_proj's rows of heads ``heads`` split for the absorbed form, once at load: W_UK
+    ``[h, qk_nope, kv_lora_rank]`` (q_nope @ W_UK is the query against the latent) and W_UV^T
+    ``[h, kv_lora_rank, v_head_dim]`` (the attended latent @ W_UV^T is the value), contiguous
+    for `torch.bmm`, in the model's dtype (the products accumulate in float32)."""
+    name, width = a + "kv_b_proj.weight", m.qk_nope_head_dim + m.v_head_dim
+    if a + "kv_b_proj.bias" in w:  # transformers' has none; the absorbed form could not add one
+        raise ValueError(f"{a}kv_b_proj.bias: kv_b_proj has no bias in DeepSeek's attention")
+    # llama.cpp's converter split it (gguf_deepseek.py): joined back
+    whole = w[name] if name in w else kv_b_weight(w, a, m)
+    per_head = whole.view(-1, width, m.kv_lora_rank)[heads[0] : heads[1]]
+    w_uk = per_head[:, : m.qk_nope_head_dim].contiguous()
+    w_uv = per_head[:, m.qk_nope_head_dim :].transpose(1, 2).contiguous()
+    return w_uk, w_uv
 
 
 def kv_b_weight(w: DeviceWeights, a: str, m: MlaConfig) -> torch.Tensor:
@@ -148,13 +161,6 @@ def kv_b_weight(w: DeviceWeights, a: str, m: MlaConfig) -> torch.Tensor:
     [heads, kv_lora_rank, qk_nope] (transposed) and v_b [heads, v, kv_lora_rank]."""
     k_b, v_b = w[a + "k_b_proj.weight"], w[a + "v_b_proj.weight"]
     return torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(-1, m.kv_lora_rank)
-
-
-def _padded(x: torch.Tensor, d: int) -> torch.Tensor:
-    """[T, H, e] → [T, H, d]: x, then zeros."""
-    out = x.new_zeros(*x.shape[:-1], d)
-    out[..., : x.shape[-1]] = x
-    return out
 
 
 class DeepseekModel(LlamaModel):
