@@ -142,7 +142,7 @@ class AttentionBackend(ABC):
         window: int | None = None,
         kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
         sinks: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # [T, num_heads, head_dim]
+    ) -> torch.Tensor:  # [T, num_heads, head_dim] (a latent cache: [T, num_heads, latent])
         """Store k/v at ``meta.slot_mapping``, then return attention output for every query token;
         ``window``: this layer's sliding window (the backend's ``sliding_window``), or None;
         ``kv_scales``: this layer's (k_scale, v_scale), float32, with an FP8 cache only;

@@ -14,6 +14,12 @@ read ``query_start_loc``/``seq_lens``/``block_tables`` directly. Which kernel ru
   of them; with more, or in a layer with a sliding window, a logit softcap or attention sinks
   (which SDPA's fused kernels cannot express), in the Triton prefill kernel. Decode-only steps, the ones CUDA
   graphs capture, take the decode kernel as before.
+
+A latent cache (`base.py`, DeepSeek's MLA) needs no kernel of its own: the kernels take the one
+tensor as both caches (one KV head, head size kv_lora_rank + qk_rope_head_dim), so each output
+row is ``p @ row``, of which the first ``latent`` columns are the answer (the rest, ``p`` times
+the rotary keys, is dropped). The price is the value width's padding in the kernels (576 → 1024
+lanes) and 64 columns of wasted ``p @ V``; no memory.
 """
 
 from __future__ import annotations

@@ -11,21 +11,27 @@ de-interleaved first (q and k alike, so every q . k is the same) and rotated as 
 model's. The softmax scale is qk_head_dim ** -0.5, times yarn's mscale(mscale_all_dim) squared
 (`FamilyConfig.attention_multiplier`, read by `deepseek_config`).
 
-The latent is expanded before the cache: every head's key (nope + rope) and value are cached as
-an ordinary multi-head attention's, in `ModelConfig.head_dim` = max(qk, v) head dims (the
-shorter zero-padded, the output sliced), so the paged KV cache, prefix caching and every
-attention backend work unchanged. The price is memory: DeepSeek-V3 (128 heads, 192 dims, 61
-layers) caches 2 x 128 x 192 x 61 x 2 bytes = 5.7 MiB of bf16 per token where the absorbed
-latent cache (kv_lora_rank + qk_rope_head_dim = 576 values per layer, not implemented) would
-take 69 KiB; DeepSeek-V2-Lite (16 heads, 27 layers) 324 KiB per token.
+**The latent cache and absorbed attention** (vLLM's and SGLang's MLA): a layer caches one row
+per token, the normed latent then the rotated shared key (``kv_lora_rank + qk_rope_head_dim``
+values, 512 + 64 on V3), one KV head shared by every head, K and V one tensor
+(`attention/base.py`, ``latent``): DeepSeek-V3 in bf16 caches 61 x 576 x 2 bytes = 68.6 KiB
+per token (expanded per head, as this engine used to, 5.7 MiB: 85x), V2-Lite 30.4 KiB (324).
+kv_b_proj is split at load into W_UK (the key's unrotated part) and W_UV (the value), per head,
+and never applied to the cache: each head's query is ``[q_nope @ W_UK | q_rope]`` (576 wide),
+scored against the rows as they are (q_nope . (W_UK c) = (q_nope W_UK) . c), the softmax mixes
+the rows' latents (their first 512 columns, no separate V) and ``mix @ W_UV^T`` is the head's
+value, then o_proj. Every row takes this form, prefill chunks too: one path keeps a row's bits
+independent of chunking and the prefix cache (`attention/torch_backend.py`), though expanding
+the context per head for prefill (vLLM's) does fewer FLOPs (docs/benchmarks.md measures it).
 
 q_a_proj and kv_a_proj_with_mqa (or q_proj and kv_a_proj_with_mqa) read the same input and run
 as one matmul.
 
 **Tensor parallelism** splits the heads, as vLLM does: each rank holds its heads' rows of q_proj
-or q_b_proj and of kv_b_proj and their columns of o_proj (summed by the all-reduce), while the
-bottleneck, the latent projection and their norms are every head's and held whole on every rank
-(the latent is computed on each); the experts and shared experts split by width (`moe.py`).
+or q_b_proj and of kv_b_proj (its W_UK and W_UV) and their columns of o_proj (summed by the
+all-reduce), while the bottleneck, the latent projection and their norms are every head's and
+held whole on every rank (the latent is computed, and cached whole, on each); the experts and
+shared experts split by width (`moe.py`).
 
 **Experts**: dense MLPs in the first ``first_k_dense_replace`` layers, then routed experts
 (`moe.SparseMoE`, the fused kernel on CUDA) picked by `moe_routing.GroupedRouter`, plus an
@@ -91,9 +97,7 @@ class DeepseekLayer(LlamaLayer):
         self.kv_scales = model.kv_scales(w, a.rstrip("."))
         self.window = None
         self.rope = "global"
-        r = m.qk_rope_head_dim  # de-interleaving: the even dims, then the odd ones
-        perm = torch.cat([torch.arange(0, r, 2), torch.arange(1, r, 2)])
-        self.perm = perm.to(w.device) if m.rope_interleave else None
+        self.interleaved = m.rope_interleave  # rotary dims de-interleaved first (docstring)
         self.mlp = model.make_mlp(w, prefix, index, ctx)
 
     def linears(self):
@@ -108,9 +112,9 @@ class DeepseekLayer(LlamaLayer):
         t, h = x.shape[0], ctx.num_heads
         n, r, c = m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank
         if self.kv_a is None:
-            q, latent, k_rot = self.qkv_a(x).split(self.a_sizes, dim=-1)
+            q, latent, k_pe = self.qkv_a(x).split(self.a_sizes, dim=-1)
         else:
-            q, (latent, k_rot) = self.qkv_a(x), self.kv_a(x).split(self.a_sizes[1:], dim=-1)
+            q, (latent, k_pe) = self.qkv_a(x), self.kv_a(x).split(self.a_sizes[1:], dim=-1)
         if self.q_b is not None:
             q = self.q_b(ctx.rms_norm(x=q.contiguous(), weight=self.q_norm, eps=1e-6))
         q = q.view(t, h, n + r)
@@ -119,13 +123,9 @@ class DeepseekLayer(LlamaLayer):
         q_full[..., :c] = torch.bmm(q[..., :n].transpose(0, 1), self.w_uk).transpose(0, 1)
         k_full = x.new_empty(t, 1, c + r)
         k_full[:, 0, :c] = ctx.rms_norm(x=latent.contiguous(), weight=self.kv_norm, eps=1e-6)
-        q_rot, k_rot = q_full[..., c:], k_rot.unsqueeze(1)
-        if self.perm is not None:
-            q_rot.copy_(q[..., n:].index_select(-1, self.perm))
-            k_rot = k_rot.index_select(-1, self.perm)
-        else:
-            q_rot.copy_(q[..., n:])
-            k_rot = k_rot.contiguous()
+        q_rot, k_rot = q_full[..., c:], x.new_empty(t, 1, r)
+        _rotary_dims(q_rot, q[..., n:], self.interleaved)
+        _rotary_dims(k_rot, k_pe.unsqueeze(1), self.interleaved)
         positions, rows = step.rope[self.rope]
         ctx.ops.rotary_embedding(positions=positions, q=q_rot, k=k_rot, cos_sin_cache=rows)
         k_full[..., c:] = k_rot
@@ -136,6 +136,14 @@ class DeepseekLayer(LlamaLayer):
         )  # fmt: skip
         v = torch.bmm(out.transpose(0, 1), self.w_uv)  # [h, t, v_head_dim]
         return self.o_proj(v.transpose(0, 1).reshape(t, h * m.v_head_dim))
+
+
+def _rotary_dims(dst: torch.Tensor, src: torch.Tensor, interleaved: bool) -> None:
+    """``dst[...] = src``, de-interleaved when ``interleaved``: the even dims, then the odd ones
+    (module docstring), in one strided copy."""
+    if interleaved:
+        dst, src = dst.unflatten(-1, (2, -1)), src.unflatten(-1, (-1, 2)).transpose(-1, -2)
+    dst.copy_(src)
 
 
 def absorbed(
