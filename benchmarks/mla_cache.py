@@ -11,7 +11,14 @@ alternating for ``--rounds`` rounds so that drift hits both alike):
   ``--output-len`` new tokens each (greedy, ignore_eos);
 * seconds to prefill one ``--prefill-len``-token prompt (one output token).
 
-    .venv/bin/python -P benchmarks/mla_cache.py --old-ref REF    # ~4 min on 2 cores
+``--forms`` instead times one layer's attention (V3's widths, 16 heads, bf16) in the two forms a
+latent cache allows, on this tree: absorbed (the torch backend on the latent cache, with the
+W_UK / W_UV products) against expanded per head (kv_b_proj over the latents, then the CPU
+attention kernel on per-head K/V, or torch's SDPA), for one ``--prefill-len``-token prompt and
+for a decode step of ``--batch`` x ``--decode-context``.
+
+    .venv/bin/python -P benchmarks/mla_cache.py --old-ref REF    # ~6 min on 2 cores
+    .venv/bin/python -P benchmarks/mla_cache.py --forms          # ~1 min
 """
 
 from __future__ import annotations
@@ -72,6 +79,87 @@ def measure(path: str, args) -> dict:
     return row
 
 
+def attention_forms(args) -> None:
+    """`--forms` (module docstring): best of 3 per form, after one untimed call."""
+    import torch.nn.functional as F
+    from pagoda.runtime.attention import AttentionMetadata, get_attention_backend
+
+    h, c, r = V3_SHAPED["num_attention_heads"], V3_SHAPED["kv_lora_rank"], 64
+    n, v, bs, dt, cpu = 128, 128, 16, torch.bfloat16, torch.device("cpu")
+    scale = (n + r) ** -0.5
+    w_kv_b = torch.randn(h * (n + v), c, dtype=dt) * 0.05
+    w_uk = w_kv_b.view(h, n + v, c)[:, :n].contiguous()
+    w_uv = w_kv_b.view(h, n + v, c)[:, n:].transpose(1, 2).contiguous()
+
+    def case(seqs: int, context: int, new: int):
+        per = context // bs + 1
+        tables = torch.arange(seqs * per, dtype=torch.int32).view(seqs, per)
+        pos = torch.arange(context - new, context)
+        slots = (tables[:, pos // bs] * bs + pos % bs).reshape(-1).long()
+        t = seqs * new
+        meta = dict(num_seqs=seqs, num_decodes=seqs if new == 1 else 0, num_tokens=t,
+                    max_query_len=new, max_seq_len=context,
+                    query_start_loc=torch.arange(seqs + 1, dtype=torch.int32) * new,
+                    seq_lens=torch.full((seqs,), context, dtype=torch.int32),
+                    block_tables=tables, slot_mapping=slots, block_size=bs,
+                    query_lens_host=[new] * seqs, seq_lens_host=[context] * seqs)  # fmt: skip
+        q, rows = torch.randn(t, h, n + r, dtype=dt), torch.randn(t, c + r, dtype=dt)
+        absorbed_b = get_attention_backend("torch", cpu, h, 1, c + r, scale, latent=c)
+        expanded_b = get_attention_backend("torch", cpu, h, h, n + r, scale)
+        caches = {b: b.allocate_kv_cache(seqs * per, bs, dt, cpu) for b in (absorbed_b, expanded_b)}
+        for k_cache, v_cache in caches.values():  # the context before the new tokens
+            k_cache.normal_(), v_cache.normal_()
+
+        def absorbed():
+            m = AttentionMetadata(**meta)
+            absorbed_b.prepare(m)
+            qf = q.new_empty(t, h, c + r)
+            qf[..., :c] = torch.bmm(q[..., :n].transpose(0, 1), w_uk).transpose(0, 1)
+            qf[..., c:] = q[..., n:]
+            o = absorbed_b.forward(qf, rows[:, None], rows[:, None], *caches[absorbed_b], m)
+            return torch.bmm(o.transpose(0, 1), w_uv)
+
+        def per_head():
+            kv = (rows[:, :c] @ w_kv_b.T).view(t, h, n + v)
+            k = torch.cat([kv[..., :n], rows[:, None, c:].expand(t, h, r)], dim=-1)
+            return k, kv[..., n:]
+
+        def expanded_kernel():
+            m = AttentionMetadata(**meta)
+            expanded_b.prepare(m)
+            k, val = per_head()
+            return expanded_b.forward(q, k, F.pad(val, (0, n + r - v)), *caches[expanded_b], m)
+
+        def expanded_sdpa():  # a fresh prompt only: its keys are the step's
+            k, val = per_head()
+            return F.scaled_dot_product_attention(
+                q.transpose(0, 1), k.transpose(0, 1), val.transpose(0, 1), is_causal=True,
+                scale=scale)  # fmt: skip
+
+        forms = {"absorbed (latent cache)": absorbed,
+                 "expanded (CPU attention kernel)": expanded_kernel}  # fmt: skip
+        if seqs == 1 and new == context:
+            forms["expanded (SDPA)"] = expanded_sdpa
+        out = []
+        for name, fn in forms.items():
+            fn()
+            times = []
+            for _ in range(3):
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+            out.append((name, min(times) * 1e3))
+        return out
+
+    rows_out = []
+    for what, shape in ((f"prefill {args.prefill_len}", (1, args.prefill_len, args.prefill_len)),
+                        (f"decode {args.batch} x {args.decode_context}",
+                         (args.batch, args.decode_context, 1))):  # fmt: skip
+        for name, ms in case(*shape):
+            rows_out.append([what, name, f"{ms:.1f}"])
+    print(markdown_table(["one layer's attention", "form", "ms (best of 3)"], rows_out))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -85,12 +173,17 @@ def main() -> int:
     ap.add_argument("--kv-cache-mib", type=int, default=512)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--forms", action="store_true", help="time the attention forms (docstring)")
+    ap.add_argument("--decode-context", type=int, default=1024)
     ap.add_argument("--child", metavar="CHECKPOINT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(measure(args.child, args)), flush=True)
         return 0
     print(machine())
+    if args.forms:
+        attention_forms(args)
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "v3-shaped"
         write_random_model(path, V3_SHAPED, torch.bfloat16, "DeepseekV3ForCausalLM")
