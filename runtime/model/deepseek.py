@@ -154,7 +154,7 @@ def absorbed(
     ``[h, kv_lora_rank, v_head_dim]`` (the attended latent @ W_UV^T is the value), contiguous
     for `torch.bmm`, in the model's dtype (the products accumulate in float32)."""
     name, width = a + "kv_b_proj.weight", m.qk_nope_head_dim + m.v_head_dim
-    if a + "kv_b_proj.bias" in w:  # transformers' has none; the absorbed form could not add one
+    if a + "kv_b_proj.bias" in w:  # transformers' kv_b_proj has none (nor any checkpoint)
         raise ValueError(f"{a}kv_b_proj.bias: kv_b_proj has no bias in DeepSeek's attention")
     # llama.cpp's converter split it (gguf_deepseek.py): joined back
     whole = w[name] if name in w else kv_b_weight(w, a, m)
