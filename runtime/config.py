@@ -44,8 +44,9 @@ class MlaConfig:
     (`q_proj`) or through a low-rank bottleneck (`q_a_proj`, its norm, `q_b_proj`); one latent
     of `kv_lora_rank` plus a shared rotary key of `qk_rope_head_dim` per token
     (`kv_a_proj_with_mqa`), the latent normed and expanded per head (`kv_b_proj`) into the
-    key's unrotated part and the value. The engine caches the expanded keys and values (the
-    absorbed latent cache is not implemented): `ModelConfig.head_dim` is max(qk, v) head dims."""
+    key's unrotated part and the value. The engine caches the latent and the rotary key, one
+    row of `cache_width` values per token (`ModelConfig`: one KV head of that head size), and
+    attends in the absorbed form (model/deepseek.py)."""
 
     kv_lora_rank: int
     qk_nope_head_dim: int
@@ -65,6 +66,11 @@ class MlaConfig:
     @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def cache_width(self) -> int:
+        """A latent cache row: the normed latent, then the rotated shared key (512 + 64)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
 
 ROUTER_SCORES = ("softmax", "sigmoid")
@@ -321,6 +327,12 @@ class ModelConfig:
             return context
         base = s.get("original_max_position_embeddings") if kind == "yarn" else None
         return max(context, int((base or context) * float(s["factor"])))
+
+    @property
+    def kv_tensors(self) -> int:
+        """KV-cache tensors per layer: K and V (2), or one latent row serving as both (1:
+        multi-head latent attention, `MlaConfig`; `num_kv_heads` 1, `head_dim` its width)."""
+        return 1 if self.family.mla is not None else 2
 
     @property
     def num_params(self) -> int:

@@ -370,8 +370,8 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
         cfg = {**cfg, **llama4.overrides(cfg)}
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    if arch in deepseek.ARCHITECTURES.values():  # latent attention, expanded per head
-        head_dim, kv_heads = deepseek.head_dim(cfg, arch), heads
+    if arch in deepseek.ARCHITECTURES.values():  # latent attention: one cached row per token
+        head_dim, kv_heads = deepseek.head_dim(cfg, arch), 1
     rope_inv_freq(head_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
     rope_inv_freq(head_dim, rope_theta, scaling, long=True)  # longrope: its long factors too
     if arch not in _PARTIAL_ROTARY and rotary_dim(head_dim, scaling) != head_dim:

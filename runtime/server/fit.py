@@ -69,7 +69,7 @@ class Plan:
 
     def kv_bytes_per_token(self, mc: ModelConfig) -> int:
         item = 1 if self.fp8_kv else self.dtype.itemsize
-        return mc.num_layers * 2 * self.kv_heads(mc) * mc.head_dim * item
+        return mc.num_layers * mc.kv_tensors * self.kv_heads(mc) * mc.head_dim * item
 
     def kv_bytes(self, mc: ModelConfig, tokens: int | None = None) -> int:
         """One sequence of ``tokens`` (default ``max_model_len``), in whole blocks."""

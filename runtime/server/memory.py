@@ -71,13 +71,15 @@ _BLAME = {
 
 
 def kv_bytes_per_token(mc: ModelConfig, dtype: torch.dtype, kv_cache_dtype: str) -> int:
-    """KV-cache bytes of one token over every layer (attention/base.py `bytes_per_token`)."""
+    """KV-cache bytes of one token over every layer (attention/base.py `bytes_per_token`; one
+    latent row per layer for multi-head latent attention, `ModelConfig.kv_tensors`)."""
+    rows = mc.kv_tensors * mc.num_kv_heads
     if kv_cache_dtype == "int8":
-        per_layer = 2 * mc.num_kv_heads * (mc.head_dim + 4)
+        per_layer = rows * (mc.head_dim + 4)
     elif kv_cache_dtype == "fp8":
-        per_layer = 2 * mc.num_kv_heads * mc.head_dim
+        per_layer = rows * mc.head_dim
     else:
-        per_layer = 2 * mc.num_kv_heads * mc.head_dim * dtype.itemsize
+        per_layer = rows * mc.head_dim * dtype.itemsize
     return mc.num_layers * per_layer
 
 
@@ -126,7 +128,8 @@ def estimate(
     width = math.ceil(max_len / cache.block_size)
     rows = 2 * sched.max_num_seqs
     tables = rows * ((width + 1) * 4 + 60)  # int32 table, int64 length, list slots per row
-    rope = max_len * mc.head_dim * 4  # float32 rows of the positions served (model_runner)
+    rotary = mc.head_dim if mc.family.mla is None else mc.family.mla.qk_rope_head_dim
+    rope = max_len * rotary * 4  # float32 rows of the positions served (model_runner)
     graphs = 0
     if device.type == "cuda" and cfg.enable_cuda_graphs:
         graphs = min(sched.max_num_seqs, CUDA_GRAPH_MAX_BATCH) * (width * 4 + 64)

@@ -130,6 +130,7 @@ class ModelRunner:
             sliding_window=mc.family.sliding_window,
             softcap=mc.family.attn_logit_softcapping,
             sinks=mc.family.attention_sinks,
+            latent=None if mc.family.mla is None else mc.family.mla.kv_lora_rank,
         )
 
     def _build_model(self, loaded: LoadedModel, max_model_len: int) -> LlamaModel:
