@@ -109,9 +109,7 @@ def detokenize(info: EngineInfo, req: DetokenizeRequest) -> dict[str, Any]:
 
 def tokenizer_info(info: EngineInfo) -> dict[str, Any]:
     tok = info.tokenizer
-    eos = tok.token_to_str(tok.eos_token_ids[0]) if tok.eos_token_ids else None
-    bos = tok.token_to_str(tok.bos_token_id) if tok.bos_token_id is not None else None
-    return {"eos_token": eos, "bos_token": bos, "pad_token": None,
+    return {"eos_token": tok.eos_token or None, "bos_token": tok.bos_token or None, "pad_token": None,
             "chat_template": tok.chat_template, "model_max_length": info.max_model_len}  # fmt: skip
 
 
