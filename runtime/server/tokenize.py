@@ -84,7 +84,8 @@ def tokenize(info: EngineInfo, req: TokenizeRequest) -> dict[str, Any]:
 def tokenize_chat(chat: ChatEndpoint, info: EngineInfo, req: TokenizeChatRequest) -> dict[str, Any]:
     fields = req.model_dump(exclude_unset=True, exclude={"add_special_tokens", "return_token_strs"})
     creq = parse_request(json.dumps(fields).encode(), ChatCompletionRequest)  # same 400s
-    setup = tools.prepare(creq, info.tokenizer.template_for(bool(creq.tools)), chat.tool_parser)
+    template = info.tokenizer.template_for(bool(creq.tools))
+    setup = tools.prepare(creq, template, chat.tool_parser, info.tokenizer)
     tokens = chat.prompt(creq, info, setup)[2]
     tok = info.tokenizer
     if req.add_special_tokens and tok.add_bos_token and tok.bos_token_id is not None and \
