@@ -76,3 +76,9 @@ def test_the_reply_is_a_call_whole_and_streamed(client, choice, names):
     first, again = r.choices[0].message.tool_calls[0], final.choices[0].message.tool_calls[0]
     assert (again.function.name, again.function.arguments) == (
         first.function.name, first.function.arguments)  # fmt: skip
+
+
+def test_a_budget_too_small_for_the_call_ends_at_length(client):
+    r = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, max_tokens=4,
+                                       tool_choice="required", temperature=0)  # fmt: skip
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4
