@@ -12,8 +12,9 @@ become a `tokenizers` byte-level BPE whose merges are derived from them as trans
 path every tokenizer.json takes. Building it is done once per start: the merges are found with
 numpy (`token_splits`), which cut a K2-sized build (163,584 ranks, 335k merges) 1.7x, from
 1.9 to 1.1 s on a busy 2-core CPU (`benchmarks/tokenizer_speed.py`); much of the rest is
-`tokenizers` building its BPE. No built tokenizer is cached on disk: reading one back as
-tokenizer.json costs about as much as building it. A tiktoken file whose tokenizer code is not
+`tokenizers` building its BPE. No built tokenizer is cached on disk: reading it back as
+tokenizer.json took ~0.6x the build, a saving only where a restarted process finds the cache
+of an earlier one (a new pod starts without it). A tiktoken file whose tokenizer code is not
 known here is refused in one line: its split regex cannot be read from the file.
 """
 
