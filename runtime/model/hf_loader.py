@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model import deepseek_config as deepseek
-from pagoda.runtime.model import family_fields, tiktoken_files
+from pagoda.runtime.model import family_fields, special_tokens, tiktoken_files
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
@@ -377,10 +377,11 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     if arch not in _PARTIAL_ROTARY and rotary_dim(head_dim, scaling) != head_dim:
         raise ValueError(f"a partial rotary embedding (partial_rotary_factor "
                          f"{scaling['partial_rotary_factor']}) is not supported for {arch}")  # fmt: skip
-    # as transformers' GenerationConfig.from_model_config: a multimodal config's own ids
-    # (Gemma 3's [1, 106]: <end_of_turn> too) before its text_config's or the family default
-    eos = _as_ids(gen.get("eos_token_id")) or _as_ids(top.get("eos_token_id"))
-    eos = eos or _as_ids(cfg.get("eos_token_id"))
+    # every id that ends generation (`special_tokens`): generation_config.json's, a multimodal
+    # config's own (Gemma 3's [1, 106]: <end_of_turn> too), its text_config's or the family
+    # default; the tokenizer's `eos_token` joins them in `read_tokenizer`
+    ids = (gen.get("eos_token_id"), top.get("eos_token_id"), cfg.get("eos_token_id"))
+    eos = tuple(dict.fromkeys(i for v in ids for i in _as_ids(v)))
     return ModelConfig(
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=int(cfg["hidden_size"]),
@@ -448,9 +449,10 @@ def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
         chat_template=template,
         tool_chat_template=read_tool_template(model_dir, tcfg),
         bos_token_id=config.bos_token_id,
-        eos_token_ids=config.eos_token_ids,
+        eos_token_ids=special_tokens.stop_ids(config.eos_token_ids, tokenizer=hf_tok, tcfg=tcfg),
         add_bos_token=_adds_bos(hf_tok, config.bos_token_id, tcfg),
         sort_tool_keys=sort_tool_keys,
+        template_tokens=special_tokens.template_tokens(tcfg),
     )
 
 
@@ -514,4 +516,6 @@ def load_hf_dir(
     config = read_config(model_dir)
     weights = check_weights(model_dir, config, read_weights(model_dir))
     config = untie_a_distinct_head(config, weights)
-    return config, weights, read_tokenizer(model_dir, config), read_sampling_defaults(model_dir)
+    tokenizer = read_tokenizer(model_dir, config)
+    config = dataclasses.replace(config, eos_token_ids=tokenizer.eos_token_ids)  # + its eos_token
+    return config, weights, tokenizer, read_sampling_defaults(model_dir)
