@@ -120,6 +120,54 @@ class Llama4Attention:
 
 
 @dataclass(frozen=True)
+class MambaConfig:
+    """The Mamba2 mixers of a hybrid model (`model/mamba2.py`; Granite 4.0, Bamba): the layers
+    `layers` marks run one in place of attention, each keeping a recurrent state per sequence
+    (`worker/mamba_state.py`): a conv state [conv_dim, d_conv - 1] and an SSM state
+    [n_heads, head_dim, d_state]."""
+
+    layers: tuple[bool, ...]  # per layer: True = a Mamba2 mixer, False = attention
+    n_heads: int
+    head_dim: int
+    d_state: int
+    n_groups: int = 1
+    d_conv: int = 4
+    chunk_size: int = 256
+    conv_bias: bool = True
+    proj_bias: bool = False
+    dt_min: float = 0.0  # the softplus'd time step clamped to [dt_min, dt_max]
+    dt_max: float = float("inf")
+
+    def __post_init__(self) -> None:
+        for name in ("n_heads", "head_dim", "d_state", "n_groups", "d_conv", "chunk_size"):
+            _positive(name, getattr(self, name))
+        if self.n_heads % self.n_groups:
+            raise ValueError(f"mamba n_groups ({self.n_groups}) must divide its "
+                             f"{self.n_heads} heads")  # fmt: skip
+
+    @property
+    def d_inner(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """The channels the causal conv runs over: x, B and C."""
+        return self.d_inner + 2 * self.n_groups * self.d_state
+
+    @property
+    def num_layers(self) -> int:
+        return sum(self.layers)
+
+    def state_elements(self) -> int:
+        """One sequence's state in one layer: conv [conv_dim, d_conv - 1], SSM [H, P, N]."""
+        return self.conv_dim * (self.d_conv - 1) + self.n_heads * self.head_dim * self.d_state
+
+    def state_bytes(self, dtype: torch.dtype, seqs: int) -> int:
+        """The state slots of `seqs` sequences over every Mamba layer."""
+        return self.num_layers * self.state_elements() * dtype.itemsize * seqs
+
+
+@dataclass(frozen=True)
 class FamilyConfig:
     """The defaults are Llama's: a Llama, Mistral or Qwen2 checkpoint changes nothing here but
     Mistral's sliding window."""
@@ -191,6 +239,8 @@ class FamilyConfig:
     # Llama 4 (model/llama4.py): its attention's extras; its experts are routed by a sigmoid of
     # the top-1 logit that scales the expert's input, beside an ungated shared expert
     llama4: Llama4Attention | None = None
+    # hybrid state-space models (Granite 4.0, Bamba): the Mamba2 layers, None: all attention
+    mamba: MambaConfig | None = None
 
     @property
     def transforms_logits(self) -> bool:
@@ -293,6 +343,15 @@ class ModelConfig:
         for name in ("window_layers", "moe_layers", "rope_layers"):
             if len(getattr(self.family, name)) not in (0, self.num_layers):
                 raise ValueError(f"{name} must name each of the {self.num_layers} layers")
+        m = self.family.mamba
+        if m is not None and len(m.layers) != self.num_layers:
+            raise ValueError(f"the Mamba layers must name each of the {self.num_layers} layers")
+
+    @property
+    def num_kv_layers(self) -> int:
+        """The layers that keep a KV cache: all but a hybrid's Mamba layers."""
+        m = self.family.mamba
+        return self.num_layers - (m.num_layers if m is not None else 0)
 
     @property
     def context_length(self) -> int:

@@ -1,0 +1,237 @@
+"""The Mamba2 mixer of hybrid models (Granite 4.0, Bamba) over a step's flattened batch, in pure
+torch: a port of transformers' `torch_forward` path (the non-CUDA fallback of
+`GraniteMoeHybridMambaLayer` / `BambaMixer`, itself the reference of the mamba_ssm kernels).
+
+Per token: ``in_proj`` gives the gate z, the conv input xBC and the time step dt; xBC goes
+through a causal depthwise conv of width ``d_conv`` and SiLU, then splits into x (heads x
+head_dim), B and C (groups x d_state); the selective scan
+
+    h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t,    y_t = C_t h_t + D x_t
+
+(dt softplus'd with its bias, clamped to the config's limit) runs per head; y is gated by
+SiLU(z), normalised per group (`gated_rms_norm`) and projected back by ``out_proj``.
+
+Each sequence carries two states between steps (`worker/mamba_state.py`: preallocated slots,
+one per running sequence, zeroed when a sequence starts): the conv state, the last
+``d_conv - 1`` conv inputs [conv_dim, d_conv - 1], and the SSM state h [heads, head_dim,
+d_state]. A step's rows are decodes first, then prefill chunks (`attention.base`):
+
+- the decode rows (one token each) are one batched recurrence step (`conv_step`,
+  `recurrent_step`) over their slots, gathered and scattered back with index ops;
+- each prefill chunk runs the chunked scan (`ssd_scan`: SSD, state-space duality, as
+  transformers' `mamba2_chunk_scan`) from its sequence's state, and leaves the final one in its
+  slot, so a prompt split over steps (chunked prefill) computes what one pass would. The prefill
+  chunks of a step are a loop over their sequences (host-known lengths: no sync); the
+  projections and the norm around them run on the whole step at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from pagoda.runtime.config import MambaConfig
+
+
+@dataclass
+class MambaStep:
+    """What the Mamba layers of one step read besides their input (built by the runner)."""
+
+    slots: torch.Tensor  # int64 [B] each sequence's state slot, on the device
+    slots_host: list[int]
+    query_lens: list[int]  # new tokens per sequence (host)
+    num_decodes: int  # the first sequences, one token each
+
+
+def segment_sum(x: torch.Tensor) -> torch.Tensor:
+    """[..., L] -> [..., L, L]: out[..., i, j] = sum(x[..., j + 1 : i + 1]) for j <= i, -inf
+    above the diagonal (transformers' stable form: a masked cumsum, no subtraction)."""
+    n = x.size(-1)
+    x = x[..., None].expand(*x.size(), n)
+    below = torch.tril(torch.ones(n, n, device=x.device, dtype=torch.bool), diagonal=-1)
+    x = x.masked_fill(~below, 0)
+    out = torch.cumsum(x, dim=-2)
+    keep = torch.tril(torch.ones(n, n, device=x.device, dtype=torch.bool), diagonal=0)
+    return out.masked_fill(~keep, -torch.inf)
+
+
+def ssd_scan(
+    x: torch.Tensor,  # [L, H, P] float32
+    dt: torch.Tensor,  # [L, H] float32, softplus'd and clamped
+    A: torch.Tensor,  # [H] float32 (negative)
+    B: torch.Tensor,  # [L, G, N]
+    C: torch.Tensor,  # [L, G, N]
+    D: torch.Tensor,  # [H] float32
+    state: torch.Tensor,  # [H, P, N] float32, the state before the first token
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y [L, H, P], final state [H, P, N]) of one sequence: transformers' `mamba2_chunk_scan`
+    (batch of one) with its initial state: within each chunk of `chunk` tokens the quadratic
+    (attention-like) form, between chunks the recurrence on the chunk-boundary states."""
+    L, H, _ = x.shape
+    reps = H // B.shape[1]
+    B = B.float().repeat_interleave(reps, dim=1)
+    C = C.float().repeat_interleave(reps, dim=1)
+    pad = (chunk - L % chunk) % chunk
+    d_res = D[:, None] * x
+    x = x * dt[..., None]
+    a = A * dt  # [L, H]
+
+    def chunks(t: torch.Tensor) -> torch.Tensor:  # [L, ...] -> [c, l, ...], zero-padded
+        t = F.pad(t, (0, 0) * (t.dim() - 1) + (0, pad))
+        return t.reshape(-1, chunk, *t.shape[1:])
+
+    x, a, B, C = chunks(x), chunks(a), chunks(B), chunks(C)
+    a = a.permute(2, 0, 1)  # [H, c, l]
+    a_cum = torch.cumsum(a, dim=-1)
+    # 1. within each chunk: y = (C B^T * decay) x
+    decay = torch.exp(segment_sum(a))  # [H, c, l, s]
+    scores = torch.einsum("clhn,cshn->clsh", C, B) * decay.permute(1, 2, 3, 0)
+    y = torch.einsum("clsh,cshp->clhp", scores, x)
+    # 2. each chunk's own contribution to the state at its end
+    to_end = torch.exp(a_cum[:, :, -1:] - a_cum)  # [H, c, l]
+    states = torch.einsum("clhn,clhp->chpn", B * to_end.permute(1, 2, 0)[..., None], x)
+    # 3. the states at chunk boundaries: the recurrence over chunks, from `state`
+    states = torch.cat([state[None], states], dim=0)  # [c + 1, H, P, N]
+    across = torch.exp(segment_sum(F.pad(a_cum[:, :, -1], (1, 0))))  # [H, c + 1, c + 1]
+    states = torch.einsum("hzc,chpn->zhpn", across, states)
+    states, final = states[:-1], states[-1]
+    # 4. each chunk's start state read out at every position of it
+    y = (
+        y
+        + torch.einsum("clhn,chpn->clhp", C, states) * torch.exp(a_cum).permute(1, 2, 0)[..., None]
+    )
+    y = y.reshape(-1, H, y.shape[-1])[:L] + d_res
+    return y, final
+
+
+def recurrent_step(
+    state: torch.Tensor,  # [S, H, P, N] float32
+    x: torch.Tensor,  # [S, H, P] float32
+    dt: torch.Tensor,  # [S, H] float32, softplus'd and clamped
+    A: torch.Tensor,  # [H]
+    B: torch.Tensor,  # [S, G, N]
+    C: torch.Tensor,  # [S, G, N]
+    D: torch.Tensor,  # [H]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of each of S sequences: (y [S, H, P], the new state) (transformers'
+    `mamba2_selective_state_update`)."""
+    reps = x.shape[1] // B.shape[1]
+    B = B.float().repeat_interleave(reps, dim=1)  # [S, H, N]
+    C = C.float().repeat_interleave(reps, dim=1)
+    dA = torch.exp(dt * A)[..., None, None]  # [S, H, 1, 1]
+    state = state * dA + (dt[..., None] * x)[..., None] * B[:, :, None, :]
+    y = torch.einsum("shpn,shn->shp", state, C) + x * D[:, None]
+    return y, state
+
+
+def conv_step(
+    conv_state: torch.Tensor,  # [S, C, K - 1]
+    x: torch.Tensor,  # [S, C]
+    weight: torch.Tensor,  # [C, K]
+    bias: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the causal conv for S sequences: (SiLU(conv) [S, C], the new state)."""
+    window = torch.cat([conv_state, x[..., None]], dim=-1)  # [S, C, K]
+    out = (window * weight).sum(-1)
+    if bias is not None:
+        out = out + bias
+    return F.silu(out), window[..., 1:]
+
+
+def conv_chunk(
+    conv_state: torch.Tensor,  # [C, K - 1]
+    x: torch.Tensor,  # [L, C]
+    weight: torch.Tensor,  # [C, K]
+    bias: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The causal conv over L tokens of one sequence after its state: (SiLU(conv) [L, C], the
+    new state: the last K - 1 inputs)."""
+    window = torch.cat([conv_state, x.t()], dim=-1)  # [C, K - 1 + L]
+    out = F.conv1d(window[None], weight[:, None, :], bias, groups=weight.shape[0])[0]
+    return F.silu(out.t()), window[:, window.shape[1] - conv_state.shape[1] :]
+
+
+def gated_rms_norm(
+    y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group: int, eps: float
+) -> torch.Tensor:
+    """weight * RMSNorm(y * SiLU(z)) over groups of `group` channels, in float32, rounded to
+    the input's dtype before the weight (transformers' `MambaRMSNormGated`)."""
+    dtype = y.dtype
+    h = y.float() * F.silu(z.float())
+    g = h.view(*h.shape[:-1], -1, group)
+    g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * g.view(h.shape).to(dtype)
+
+
+class Mamba2Mixer:
+    """One Mamba2 layer's weights and forward (module docstring)."""
+
+    def __init__(self, m: MambaConfig, w, prefix: str, index: int, eps: float, linear) -> None:
+        """`w`: the model's `DeviceWeights`; `linear`: a function of the names of the
+        checkpoint matrices to stack (`llama.linear_layer`)."""
+        self.m, self.index, self.eps = m, index, eps
+        p = prefix + "mamba."
+        self.in_proj = linear([p + "in_proj.weight"])
+        self.out_proj = linear([p + "out_proj.weight"])
+        self.conv_weight = w[p + "conv1d.weight"][:, 0, :].contiguous()  # [C, K]
+        self.conv_bias = w[p + "conv1d.bias"] if m.conv_bias else None
+        # float32 as transformers computes with them (A = -exp(A_log.float()))
+        self.A = -torch.exp(w[p + "A_log"].float())
+        self.D = w[p + "D"].float()
+        self.dt_bias = w[p + "dt_bias"]
+        self.norm = w[p + "norm.weight"]
+        self.clamp = (m.dt_min, m.dt_max) != (0.0, float("inf"))
+
+    def linears(self) -> list:
+        return [self.in_proj, self.out_proj]
+
+    def _dt(self, dt: torch.Tensor) -> torch.Tensor:
+        dt = F.softplus((dt + self.dt_bias.to(dt.dtype)).float())
+        return dt.clamp(self.m.dt_min, self.m.dt_max) if self.clamp else dt
+
+    def __call__(
+        self, h: torch.Tensor, states: tuple[torch.Tensor, torch.Tensor], step: MambaStep
+    ) -> torch.Tensor:
+        """h [T, hidden] -> [T, hidden]; `states` (conv [slots, C, K - 1], ssm [slots, H, P,
+        N]) updated in place at the step's slots."""
+        m = self.m
+        t = h.shape[0]
+        z, xbc, dt = self.in_proj(h).split([m.d_inner, m.conv_dim, m.n_heads], dim=-1)
+        dt = self._dt(dt)
+        conv, ssm = states
+        xbc_out = torch.empty_like(xbc)
+        y = torch.empty(t, m.n_heads, m.head_dim, dtype=torch.float32, device=h.device)
+        nd = step.num_decodes
+        if nd:
+            slots = step.slots[:nd]
+            c, new_conv = conv_step(conv.index_select(0, slots), xbc[:nd], self.conv_weight,
+                                    self.conv_bias)  # fmt: skip
+            conv.index_copy_(0, slots, new_conv.to(conv.dtype))
+            xbc_out[:nd] = c
+            x, B, C = self._split(c)
+            y[:nd], new_ssm = recurrent_step(ssm.index_select(0, slots).float(), x.float(),
+                                             dt[:nd], self.A, B, C, self.D)  # fmt: skip
+            ssm.index_copy_(0, slots, new_ssm.to(ssm.dtype))
+        start = nd
+        for i in range(nd, len(step.query_lens)):
+            n, s = step.query_lens[i], step.slots_host[i]
+            rows = slice(start, start + n)
+            c, conv[s] = conv_chunk(conv[s], xbc[rows], self.conv_weight, self.conv_bias)
+            x, B, C = self._split(c)
+            y[rows], final = ssd_scan(x.float(), dt[rows], self.A, B, C, self.D,
+                                      ssm[s].float(), m.chunk_size)  # fmt: skip
+            ssm[s] = final.to(ssm.dtype)
+            start += n
+        out = y.view(t, m.d_inner).to(h.dtype)
+        out = gated_rms_norm(out, z, self.norm, m.d_inner // m.n_groups, self.eps)
+        return self.out_proj(out)
+
+    def _split(self, xbc: torch.Tensor):
+        m = self.m
+        gn = m.n_groups * m.d_state
+        x, B, C = xbc.split([m.d_inner, gn, gn], dim=-1)
+        s = xbc.shape[0]
+        return (x.reshape(s, m.n_heads, m.head_dim), B.reshape(s, m.n_groups, m.d_state),
+                C.reshape(s, m.n_groups, m.d_state))  # fmt: skip
