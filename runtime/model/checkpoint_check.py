@@ -95,6 +95,8 @@ _XIELU = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}  # mlp.act_fn
 def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
     """`out` with what Apertus (its norms' names, xIELU's parameters) and StarCoder2 (its
     LayerNorms' biases) change."""
+    if c.architecture == "bamba":  # its final norm's name
+        out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     if c.architecture == "apertus":
         for old, new in _APERTUS_NORMS.items():
             for i in range(c.num_layers):

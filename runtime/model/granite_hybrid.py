@@ -22,6 +22,7 @@ from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaLayer, Step,
 from pagoda.runtime.model.mamba2 import Mamba2Mixer
 from pagoda.runtime.model.moe import SharedExpertMoE, SparseMoE
 
+BAMBA_FINAL_NORM = "model.final_layernorm.weight"  # Bamba's name for `model.norm`
 MAMBA_STEP = "mamba"  # the key of the step's `MambaStep` in `AttentionMetadata.aux`
 
 
@@ -97,6 +98,11 @@ class HybridModel(GraniteModel):
         if not self.config.family.num_experts:
             return shared
         return SharedExpertMoE(SparseMoE.from_weights(self, w, prefix, ctx), shared, None)
+
+    def read_norm(self, w: DeviceWeights, name: str) -> torch.Tensor:
+        if name == "model.norm.weight" and self.config.architecture == "bamba":
+            name = BAMBA_FINAL_NORM
+        return super().read_norm(w, name)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.config.family.embedding_multiplier == 1.0:

@@ -43,10 +43,12 @@ class Footprint:
     cuda_graphs: int
     activations: int  # the largest step: hidden states, MLP, logits of every sampling row
     weights_how: str = ""  # how `weights` was counted (`weights.Weights.how`), for messages
+    state: int = 0  # a hybrid's Mamba state slots (`worker/mamba_state.py`): one per sequence
 
     @property
     def device_bytes(self) -> int:
-        return self.weights + self.kv_cache + self.rope + self.cuda_graphs + self.activations
+        return (self.weights + self.kv_cache + self.rope + self.cuda_graphs + self.activations
+                + self.state)  # fmt: skip
 
     def parts(self) -> dict[str, int]:
         return {
@@ -56,6 +58,7 @@ class Footprint:
             "largest step": self.activations,
             "RoPE table": self.rope,
             "CUDA graphs": self.cuda_graphs,
+            "Mamba state": self.state,
         }
 
 
@@ -67,6 +70,7 @@ _BLAME = {
     "largest step": "--max-num-batched-tokens or --max-num-seqs",
     "RoPE table": "--max-model-len",
     "CUDA graphs": "--max-model-len",
+    "Mamba state": "--max-num-seqs",
 }
 
 
@@ -78,7 +82,7 @@ def kv_bytes_per_token(mc: ModelConfig, dtype: torch.dtype, kv_cache_dtype: str)
         per_layer = 2 * mc.num_kv_heads * mc.head_dim
     else:
         per_layer = 2 * mc.num_kv_heads * mc.head_dim * dtype.itemsize
-    return mc.num_layers * per_layer
+    return mc.num_kv_layers * per_layer  # (a hybrid's Mamba layers keep no KV cache)
 
 
 def host_available() -> tuple[int, str]:
@@ -130,8 +134,10 @@ def estimate(
     graphs = 0
     if device.type == "cuda" and cfg.enable_cuda_graphs:
         graphs = min(sched.max_num_seqs, CUDA_GRAPH_MAX_BATCH) * (width * 4 + 64)
+    m = mc.family.mamba
+    state = 0 if m is None else m.state_bytes(dtype, sched.max_num_seqs)
     return Footprint(w, kv, blocks, tables, rope, graphs,
-                     step_bytes(mc, cfg, dtype, blocks or None), held.how)  # fmt: skip
+                     step_bytes(mc, cfg, dtype, blocks or None), held.how, state)  # fmt: skip
 
 
 def step_bytes(
@@ -168,7 +174,7 @@ def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path,
         free, total = device_available(device)
         if fp.kv_cache == 0:  # default budget: what the runner will take after the weights
             budget = int(total * cfg.cache.gpu_memory_utilization) - (total - free)
-            budget -= fp.weights + GPU_HEADROOM
+            budget -= fp.weights + fp.state + GPU_HEADROOM
             fp = estimate_with_kv(fp, mc, cfg, max(budget, 0), per_block)
             derived = True
         where = f"free on {device} ({gib(total)} in all)"
@@ -210,7 +216,7 @@ def estimate_with_kv(fp: Footprint, mc: ModelConfig, cfg: EngineConfig, kv: int,
     blocks = kv // per_block
     act = step_bytes(mc, cfg, cfg.torch_dtype(), blocks)
     return Footprint(fp.weights, kv, blocks, fp.block_tables, fp.rope, fp.cuda_graphs, act,
-                     fp.weights_how)  # fmt: skip
+                     fp.weights_how, fp.state)  # fmt: skip
 
 
 def _fits(fp: Footprint, need: int, have: int, where: str, *, exclude: tuple[str, ...] = (),

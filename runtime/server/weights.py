@@ -65,6 +65,8 @@ _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b)_proj|kv_a_pro
                           r"mlp\.((gate|up|gate_up|down)_proj|c_fc|c_proj))\.weight$")  # fmt: skip
 # llama.cpp's split of DeepSeek's kv_b_proj, joined back at load (`deepseek.kv_b_weight`)
 _SPLIT_KV_B = re.compile(r"self_attn\.[kv]_b_proj\.weight$")
+# a Mamba2 mixer's tensors held as they are, not as `Linear`s (`model/mamba2.py`)
+_MAMBA_TENSORS = re.compile(r"\.mamba\.(conv1d\.weight|A_log|D)$")
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter)
 _FLOAT32_ROUTER = re.compile(r"mlp\.gate\.(weight|e_score_correction_bias)$")
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
@@ -318,7 +320,8 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         return False
     if name == HEAD:
         return not mc.tie_word_embeddings
-    if name in (EMBED, NORM, "model.norm.bias"):  # (StarCoder2's LayerNorm has a bias)
+    if name in (EMBED, NORM, "model.norm.bias", "model.final_layernorm.weight"):  # (StarCoder2's
+        # LayerNorm has a bias; Bamba's final norm its own name)
         return True
     m = _LAYER.match(name)
     return m is not None and int(m.group(1)) < mc.num_layers
@@ -344,6 +347,9 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
         norm = name.endswith("norm.weight")  # (Cohere's q/k norms: [heads, head_dim])
         if mc.family.routing is not None and _FLOAT32_ROUTER.search(name):
             total += _float32_router(t, p)
+        elif _MAMBA_TENSORS.search(name):  # a Mamba2 mixer's conv (a tensor, not a Linear),
+            # A and D in float32 (`model/mamba2.py`)
+            total += t.numel * (4 if name.endswith(("A_log", "D")) else p.dtype.itemsize)
         elif _SPLIT_KV_B.search(name):  # llama.cpp's k_b / v_b: one dense kv_b_proj Linear
             total += _joined_kv_b(t, mc, lay, p)
         elif name.endswith(".weight") and len(t.shape) in (2, 3) and not norm:
