@@ -108,7 +108,7 @@ def test_a_missing_mamba_tensor_is_refused_in_one_line(built):
 
     path, _, loaded, _ = built("bamba")
     with safe_open(str(path / "model.safetensors"), "pt") as f:
-        headers = {k: ("F32", list(f.get_slice(k).get_shape())) for k in f}
+        headers = {k: ("F32", list(f.get_slice(k).get_shape())) for k in f.keys()}  # noqa: SIM118
     check_checkpoint(loaded.config, headers)
     del headers["model.layers.2.mamba.dt_bias"]
     with pytest.raises(
