@@ -137,6 +137,9 @@ class MambaConfig:
     proj_bias: bool = False
     dt_min: float = 0.0  # the softplus'd time step clamped to [dt_min, dt_max]
     dt_max: float = float("inf")
+    # Nemotron-H: layers that are an MLP alone (neither a Mamba mixer nor attention); () none
+    mlp_layers: tuple[bool, ...] = ()
+    ssm_float32: bool = False  # the SSM state kept in float32 whatever the model's dtype
 
     def __post_init__(self) -> None:
         for name in ("n_heads", "head_dim", "d_state", "n_groups", "d_conv", "chunk_size"):
@@ -158,13 +161,19 @@ class MambaConfig:
     def num_layers(self) -> int:
         return sum(self.layers)
 
-    def state_elements(self) -> int:
-        """One sequence's state in one layer: conv [conv_dim, d_conv - 1], SSM [H, P, N]."""
-        return self.conv_dim * (self.d_conv - 1) + self.n_heads * self.head_dim * self.d_state
+    def attention(self, layer: int) -> bool:
+        """Whether `layer` is an attention layer (keeps a KV cache)."""
+        return not self.layers[layer] and not (self.mlp_layers and self.mlp_layers[layer])
+
+    def ssm_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return torch.float32 if self.ssm_float32 else dtype
 
     def state_bytes(self, dtype: torch.dtype, seqs: int) -> int:
-        """The state slots of `seqs` sequences over every Mamba layer."""
-        return self.num_layers * self.state_elements() * dtype.itemsize * seqs
+        """The state slots of `seqs` sequences over every Mamba layer: conv [conv_dim,
+        d_conv - 1] in `dtype`, SSM [heads, head_dim, d_state] in `ssm_dtype`."""
+        conv = self.conv_dim * (self.d_conv - 1) * dtype.itemsize
+        ssm = self.n_heads * self.head_dim * self.d_state * self.ssm_dtype(dtype).itemsize
+        return self.num_layers * (conv + ssm) * seqs
 
 
 @dataclass(frozen=True)
@@ -351,7 +360,7 @@ class ModelConfig:
     def num_kv_layers(self) -> int:
         """The layers that keep a KV cache: all but a hybrid's Mamba layers."""
         m = self.family.mamba
-        return self.num_layers - (m.num_layers if m is not None else 0)
+        return self.num_layers if m is None else sum(map(m.attention, range(self.num_layers)))
 
     @property
     def context_length(self) -> int:

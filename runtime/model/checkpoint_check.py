@@ -77,12 +77,14 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
     h, p = c.hidden_size, f"model.layers.{i}."
     out = mamba_config.expected_shapes(c, i)
-    if not c.family.mamba.layers[i]:
+    if c.family.mamba.attention(i):
         q, kv, a = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, p + "self_attn."
         out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                     a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
-    norm = "pre_ff_layernorm" if c.architecture == "bamba" else "post_attention_layernorm"
-    out[p + "input_layernorm.weight"] = out[f"{p}{norm}.weight"] = (h,)
+    out[p + "input_layernorm.weight"] = (h,)
+    if c.architecture != "nemotron_h":  # (one norm a layer: each layer is one block)
+        norm = "pre_ff_layernorm" if c.architecture == "bamba" else "post_attention_layernorm"
+        out[f"{p}{norm}.weight"] = (h,)
     return out
 
 
@@ -177,8 +179,8 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
     ungated MLP's (up, up, down)."""
     out = []
     for i in range(c.num_layers):
-        if c.architecture in ("granitemoe", "gpt_oss", "granitemoehybrid"):  # stacked, or
-            continue  # checked with their layer (`_hybrid_layer`)
+        if c.architecture in ("granitemoe", "gpt_oss", "granitemoehybrid", "nemotron_h"):
+            continue  # stacked, or checked with their layer (`_hybrid_layer`)
         if c.architecture == "bamba":
             p = f"model.layers.{i}.feed_forward."
             out.append((p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"))

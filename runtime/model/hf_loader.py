@@ -364,6 +364,8 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     if arch in _DEFAULT_ROPE and not {"rope_parameters", "rope_scaling"} & set(cfg):
         # (a top-level rope_theta alone does not count: transformers takes the default's)
         cfg["rope_parameters"] = _DEFAULT_ROPE[arch]
+    if arch in hybrid.DEFAULTS:  # Granite 4.0's shared MLP width, Bamba's half rotary,
+        cfg = {**cfg, **hybrid.overrides(cfg, arch)}  # Nemotron-H's layers from their types
     gen = _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
@@ -371,8 +373,6 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     rope_theta, scaling = family_fields.read_rope(cfg, by_kind, arch == "phi3")
     if arch == "llama4":  # the dense MLP's width; the context capped at one attention chunk
         cfg = {**cfg, **llama4.overrides(cfg)}
-    if arch in hybrid.DEFAULTS:  # Granite 4.0's shared MLP width, Bamba's half rotary
-        cfg = {**cfg, **hybrid.overrides(cfg, arch)}
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     if arch in deepseek.ARCHITECTURES.values():  # latent attention, expanded per head

@@ -12,11 +12,17 @@ model so that reading a config imports no layer code.
 - Bamba (`BambaForCausalLM`): attention on `attn_layer_indices`, a dense `feed_forward` MLP
   behind `pre_ff_layernorm`, rotary on half of each head (transformers hard-codes
   `partial_rotary_factor` 0.5).
+- Nemotron-H (`NemotronHForCausalLM`): each layer one block, norm -> mixer -> residual add, the
+  mixer a Mamba2 one, attention (no rotary) or an ungated ReLU² MLP (`layers_block_type`, or
+  the older `hybrid_override_pattern` "M" / "*" / "-"); the SSM state in float32
+  (`mamba_ssm_cache_dtype`). Its MoE layers ("moe", "E": Nemotron 3) are refused in one line.
+  The checkpoint's `backbone.` names are read as Llama's (`nemotron_name`).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +31,7 @@ from pagoda.runtime.config import MambaConfig, ModelConfig
 ARCHITECTURES = {
     "GraniteMoeHybridForCausalLM": "granitemoehybrid",
     "BambaForCausalLM": "bamba",
+    "NemotronHForCausalLM": "nemotron_h",
 }
 # transformers' config defaults, where config.json leaves one out
 _MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
@@ -35,8 +42,42 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                          "shared_intermediate_size": 1024, "max_position_embeddings": 2048},
     "bamba": {**_MAMBA_DEFAULTS, "rms_norm_eps": 1e-5, "num_key_value_heads": 8,
               "max_position_embeddings": 262_144, "partial_rotary_factor": 0.5},
+    "nemotron_h": {"num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                   "max_position_embeddings": 4096, "intermediate_size": 21504,
+                   "mlp_hidden_act": "relu2", "mamba_num_heads": 128, "mamba_head_dim": 64,
+                   "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4, "chunk_size": 128,
+                   "use_conv_bias": True, "use_bias": False, "mlp_bias": False,
+                   "layer_norm_epsilon": 1e-5, "mamba_hidden_act": "silu",
+                   "mamba_ssm_cache_dtype": "float32"},
 }  # fmt: skip
+# Nemotron-H's older config keys (transformers' NemotronHConfig reads them so)
+_NEMOTRON_ALIASES = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel",
+                     "mamba_chunk_size": "chunk_size", "mamba_conv_bias": "use_conv_bias",
+                     "mamba_dt_limit": "time_step_limit"}  # fmt: skip
+_PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 _MAMBA, _ATTENTION = ("mamba", "linear_attention"), ("attention", "full_attention")
+
+
+def nemotron_types(cfg: Mapping[str, Any]) -> list[str]:
+    """Nemotron-H's per-layer block types: `layers_block_type`, or `hybrid_override_pattern`."""
+    types = cfg.get("layers_block_type") or cfg.get("layer_types")
+    if types is None:
+        pattern = cfg.get("hybrid_override_pattern")
+        if not pattern:
+            raise ValueError("a nemotron_h config.json needs layers_block_type or "
+                             "hybrid_override_pattern")  # fmt: skip
+        unknown = sorted(set(pattern) - set(_PATTERN))
+        if unknown:
+            raise ValueError(f"hybrid_override_pattern has unknown block types {unknown}")
+        types = [_PATTERN[c] for c in pattern]
+    types = [{"linear_attention": "mamba", "full_attention": "attention"}.get(t, t) for t in types]
+    if "moe" in types:
+        raise ValueError("Nemotron-H MoE layers (layers_block_type 'moe', Nemotron 3) are not "
+                         "supported: Mamba2, attention and MLP layers are")  # fmt: skip
+    unknown = sorted({t for t in types if t not in ("mamba", "attention", "mlp")})
+    if unknown:
+        raise ValueError(f"layers_block_type {unknown} are not supported in a nemotron_h model")
+    return types
 
 
 def _layers(cfg: Mapping[str, Any], arch: str, n: int) -> tuple[bool, ...]:
@@ -44,6 +85,8 @@ def _layers(cfg: Mapping[str, Any], arch: str, n: int) -> tuple[bool, ...]:
     if arch == "bamba":
         attn = set(cfg.get("attn_layer_indices") or ())
         return tuple(i not in attn for i in range(n))
+    if arch == "nemotron_h":
+        return tuple(t == "mamba" for t in nemotron_types(cfg))
     types = cfg.get("layer_types") or cfg.get("layers_block_type")
     if types is None:  # transformers' default: every layer a Mamba layer
         return (True,) * n
@@ -63,7 +106,31 @@ def _limit(value: Any) -> float:
     return float(value)
 
 
+def _nemotron_mamba(cfg: Mapping[str, Any], n: int) -> MambaConfig:
+    cfg = {**cfg, **{new: cfg[old] for old, new in _NEMOTRON_ALIASES.items() if old in cfg}}
+    if cfg["mamba_hidden_act"] != "silu":
+        raise ValueError(f"mamba_hidden_act {cfg['mamba_hidden_act']!r} is not supported (silu)")
+    low, high = cfg.get("time_step_limit") or (0.0, math.inf)
+    return MambaConfig(
+        layers=_layers(cfg, "nemotron_h", n),
+        n_heads=int(cfg["mamba_num_heads"]),
+        head_dim=int(cfg["mamba_head_dim"]),
+        d_state=int(cfg["ssm_state_size"]),
+        n_groups=int(cfg["n_groups"]),
+        d_conv=int(cfg["conv_kernel"]),
+        chunk_size=int(cfg["chunk_size"]),
+        conv_bias=bool(cfg["use_conv_bias"]),
+        proj_bias=bool(cfg["use_bias"]),
+        dt_min=_limit(low),
+        dt_max=_limit(high),
+        mlp_layers=tuple(t == "mlp" for t in nemotron_types(cfg)),
+        ssm_float32=cfg.get("mamba_ssm_cache_dtype") == "float32",
+    )
+
+
 def mamba(cfg: Mapping[str, Any], arch: str, n: int) -> MambaConfig:
+    if arch == "nemotron_h":
+        return _nemotron_mamba(cfg, n)
     hidden, heads = int(cfg["hidden_size"]), int(cfg["mamba_n_heads"])
     head_dim = cfg["mamba_d_head"]
     inner = int(cfg["mamba_expand"]) * hidden
@@ -96,6 +163,9 @@ def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
                 "granite_expert_width": cfg.get("intermediate_size")}  # fmt: skip
     if arch == "bamba":  # transformers hard-codes it, whatever config.json says
         return {"partial_rotary_factor": 0.5}
+    if arch == "nemotron_h":  # the layers from their types; the MLPs' activation; the norms' eps
+        return {"num_hidden_layers": len(nemotron_types(cfg)), "hidden_act": cfg["mlp_hidden_act"],
+                "rms_norm_eps": cfg["layer_norm_epsilon"], "attention_bias": False}  # fmt: skip
     return {}
 
 
@@ -114,7 +184,34 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
             fields[name] = float(cfg.get(name, 1.0))
         if cfg.get("position_embedding_type") != "rope":  # NoPE: no layer rotates
             fields["rope_layers"] = (False,) * n
+    if arch == "nemotron_h":  # ungated ReLU² MLPs; attention without rotary
+        fields.update(gated_mlp=False, rope_layers=(False,) * n)
     return fields
+
+
+_NEMOTRON_LAYER = re.compile(r"backbone\.layers\.(\d+)\.(norm|mixer)\.(.*)")
+_NEMOTRON_TOP = {"backbone.embeddings.weight": "model.embed_tokens.weight",
+                 "backbone.norm_f.weight": "model.norm.weight"}  # fmt: skip
+_ATTENTION_PARTS = ("q_proj.", "k_proj.", "v_proj.", "o_proj.")
+
+
+def nemotron_name(stored: str) -> str:
+    """A Nemotron-H checkpoint's tensor under Llama's name: `backbone.` is `model.`, a layer's
+    `norm` its `input_layernorm`, its `mixer.` `self_attn.`, `mlp.` or `mamba.` by what it
+    holds (`safetensors_weights` reads the checkpoint so)."""
+    if stored in _NEMOTRON_TOP:
+        return _NEMOTRON_TOP[stored]
+    m = _NEMOTRON_LAYER.fullmatch(stored)
+    if m is None:
+        return "model." + stored.removeprefix("backbone.")
+    i, part, rest = m.groups()
+    if part == "norm":
+        return f"model.layers.{i}.input_layernorm.{rest}"
+    if rest.startswith(_ATTENTION_PARTS):
+        return f"model.layers.{i}.self_attn.{rest}"
+    if rest.startswith(("up_proj.", "down_proj.")):
+        return f"model.layers.{i}.mlp.{rest}"
+    return f"model.layers.{i}.mamba.{rest}"
 
 
 def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
@@ -130,6 +227,9 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
                     x + "norm.weight": (m.d_inner,), x + "out_proj.weight": (h, m.d_inner)})  # fmt: skip
         if m.conv_bias:
             out[x + "conv1d.bias"] = (m.conv_dim,)
+    if c.architecture == "nemotron_h" and m.mlp_layers[i]:  # up and down
+        s = c.intermediate_size
+        out.update({p + "mlp.up_proj.weight": (s, h), p + "mlp.down_proj.weight": (h, s)})
     if c.architecture == "granitemoehybrid":
         s = c.intermediate_size
         out.update({p + "shared_mlp.input_linear.weight": (2 * s, h),

@@ -48,6 +48,7 @@ MODEL_CLASSES = {
     "llama4": ("llama4", "Llama4Model"),  # the text model of Scout / Maverick
     "granitemoehybrid": ("granite_hybrid", "HybridModel"),  # Granite 4.0: Mamba2 + attention
     "bamba": ("granite_hybrid", "HybridModel"),  # Mamba2 + attention, a dense MLP
+    "nemotron_h": ("nemotron_h", "NemotronHModel"),  # Mamba2, attention or MLP blocks
 }
 
 

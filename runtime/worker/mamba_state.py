@@ -45,12 +45,13 @@ def state_bytes(mc: ModelConfig, dtype: torch.dtype, max_num_seqs: int) -> int:
 class MambaState:
     def __init__(self, mc: ModelConfig, num_slots: int, dtype: torch.dtype, device) -> None:
         m = mc.family.mamba
+        self.m = m
         self.layers = [i for i, mamba in enumerate(m.layers) if mamba]
         self.states = {
             i: (
                 torch.zeros(num_slots, m.conv_dim, m.d_conv - 1, dtype=dtype, device=device),
-                torch.zeros(num_slots, m.n_heads, m.head_dim, m.d_state, dtype=dtype,
-                            device=device),
+                torch.zeros(num_slots, m.n_heads, m.head_dim, m.d_state,
+                            dtype=m.ssm_dtype(dtype), device=device),
             )
             for i in self.layers
         }  # fmt: skip
@@ -64,10 +65,13 @@ class MambaState:
 
     def layer_caches(self, kv_caches: list) -> list:
         """Every layer's entry of the step's caches: the attention layers' paged K and V
-        (`kv_caches`, in layer order), the Mamba layers' (conv, SSM) slots."""
+        (`kv_caches`, in layer order), the Mamba layers' (conv, SSM) slots, nothing for an
+        MLP layer (Nemotron-H's)."""
         kv = iter(kv_caches)
-        n = len(self.layers) + len(kv_caches)
-        return [self.states[i] if i in self.states else next(kv) for i in range(n)]
+        return [
+            self.states[i] if i in self.states else next(kv) if self.m.attention(i) else ()
+            for i in range(len(self.m.layers))
+        ]
 
     def prepare(self, scheduled: Sequence[ScheduledRequest], num_decodes: int) -> HostSlots:
         """The step's slots, claimed for sequences seen for the first time."""

@@ -5,7 +5,9 @@ the whole sequence) at every step.
 
 - Granite 4.0 (`GraniteMoeHybridForCausalLM`): experts beside the shared MLP, rotary, Granite's
   multipliers, two groups of B/C; and a dense NoPE one, attention first;
-- Bamba (`BambaForCausalLM`): half-rotary attention, a dense MLP with biases.
+- Bamba (`BambaForCausalLM`): half-rotary attention, a dense MLP with biases;
+- Nemotron-H (`NemotronHForCausalLM`): single blocks (Mamba2, ReLU² MLP, attention without
+  rotary), its checkpoint's `backbone.` names, the SSM state in float32.
 
 Each case runs prompts in 16-token steps (chunked prefill carries the state across chunks; the
 SSD scan's chunk of 8 splits them further), three prompts sharing steps with two state slots
@@ -44,6 +46,13 @@ CASES = {
         "Bamba",
         dict(num_hidden_layers=3, attn_layer_indices=[1], **MAMBA, mamba_d_head=32,
              mlp_bias=True, max_position_embeddings=512),
+    ),
+    # one block a layer: Mamba2 (biased projections), ReLU² MLP, attention without rotary
+    "nemotron-h": (
+        "NemotronH",
+        dict(layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba"],
+             num_hidden_layers=5, mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=16,
+             n_groups=2, chunk_size=8, head_dim=16, use_bias=True, mlp_bias=True),
     ),
 }  # fmt: skip
 
@@ -120,19 +129,46 @@ def test_a_missing_mamba_tensor_is_refused_in_one_line(built):
         check_checkpoint(loaded.config, headers)
 
 
-@pytest.mark.parametrize("name", ["granite4-moe-rope", "bamba"])
+@pytest.mark.parametrize("name", ["granite4-moe-rope", "bamba", "nemotron-h"])
 def test_the_weights_and_state_estimates(built, name):
     """`server/weights.py` against the built model (bf16), and the memory estimate's state
-    slots: max_num_seqs x the Mamba layers' conv and SSM states."""
+    slots: max_num_seqs x the Mamba layers' conv and SSM states (Nemotron-H's SSM state in
+    float32); the KV cache's bytes per token count the attention layers only."""
     from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.server import memory
 
     path, _, loaded, _ = built(name)
     check_estimate(path)
+    mc = loaded.config
     cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16", max_num_seqs=8)
-    fp = memory.estimate(loaded.config, cfg, path, torch.device("cpu"))
-    m = loaded.config.family.mamba
-    per_seq = 2 * (m.conv_dim * 3 + m.n_heads * m.head_dim * m.d_state) * 2  # 2 layers, bf16
+    fp = memory.estimate(mc, cfg, path, torch.device("cpu"))
+    m = mc.family.mamba
+    ssm = 4 if name == "nemotron-h" else 2
+    per_seq = 2 * (m.conv_dim * 3 * 2 + m.n_heads * m.head_dim * m.d_state * ssm)  # 2 layers
     assert fp.parts()["Mamba state"] == 8 * per_seq
-    assert memory.kv_bytes_per_token(loaded.config, torch.bfloat16, "auto") == 1 * 2 * 2 * 16 * 2
+    per_token = 2 * mc.num_kv_heads * mc.head_dim * 2  # K and V, bf16, one attention layer
+    assert memory.kv_bytes_per_token(mc, torch.bfloat16, "auto") == per_token
+
+
+def test_nemotron_h_configs_of_the_hub(tmp_path):
+    """The older `hybrid_override_pattern` (Nemotron-H 8B's config.json) reads as
+    `layers_block_type`; MoE blocks (Nemotron 3) are refused in one line."""
+    import json
+
+    from pagoda.runtime.model.loader import read_model_config
+
+    cfg = {"architectures": ["NemotronHForCausalLM"], "vocab_size": 300, "hidden_size": 64,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+           "intermediate_size": 128, "mamba_num_heads": 4, "mamba_head_dim": 32,
+           "ssm_state_size": 16, "n_groups": 2, "num_hidden_layers": 4,
+           "hybrid_override_pattern": "M-*-"}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    mc = read_model_config(str(tmp_path))
+    m = mc.family.mamba
+    assert m.layers == (True, False, False, False)
+    assert m.mlp_layers == (False, True, False, True) and mc.num_kv_layers == 1
+    assert m.ssm_float32 and mc.family.hidden_act == "relu2" and not mc.family.gated_mlp
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "hybrid_override_pattern": "M*E-"}))
+    with pytest.raises(ValueError, match="MoE layers"):
+        read_model_config(str(tmp_path))

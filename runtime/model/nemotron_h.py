@@ -1,0 +1,75 @@
+"""Nemotron-H (`NemotronHForCausalLM`: Nemotron-H 4B/8B/47B/56B, NVIDIA-Nemotron-Nano-9B-v2):
+a stack of single blocks, each ``x + mixer(norm(x))`` with one norm, the mixer per layer
+(`config.MambaConfig`, read in `mamba_config.py`):
+
+- a Mamba2 mixer (`mamba2.Mamba2Mixer`; its SSM state kept in float32, as the model's
+  `mamba_ssm_cache_dtype` says), or
+- attention without rotary (softmax scale head_dim ** -0.5), or
+- an ungated MLP, down(relu(up(x))²) (`ungated_mlp.UngatedMLP`).
+
+The RMSNorm scales the float32 rows by the weight and rounds once (`ops.gemma_rms_norm` with
+the weight in float32, as Gemma's and OLMo 2's). The checkpoint's `backbone.` names are read as
+Llama's (`mamba_config.nemotron_name`). MoE layers (Nemotron 3) are refused when the config is
+read.
+"""
+
+from __future__ import annotations
+
+import torch
+from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.granite_hybrid import MAMBA_STEP
+from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
+from pagoda.runtime.model.mamba2 import Mamba2Mixer
+from pagoda.runtime.model.ops import gemma_rms_norm
+from pagoda.runtime.model.ungated_mlp import UngatedMLP
+
+
+class NemotronHLayer(LlamaLayer):
+    """x + mixer(norm(x)): the residual add fused into the next layer's norm, as Llama's."""
+
+    mixer: Mamba2Mixer | None = None
+
+    def __init__(
+        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        c = model.config
+        m = c.family.mamba
+        self.attends = m.attention(index)
+        if self.attends:
+            super().__init__(model, w, prefix, index, ctx)  # no MLP (`make_mlp`), no rotary
+            return
+        self.ctx, self.index = ctx, index
+        self.attn_norm = model.read_norm(w, prefix + "input_layernorm.weight")
+        self.mlp = model.make_mlp(w, prefix, index, ctx)
+        if m.layers[index]:
+            self.mixer = Mamba2Mixer(m, w, prefix, index, c.rms_norm_eps,
+                                     lambda names: linear_layer(ctx, w, names))  # fmt: skip
+
+    def linears(self):
+        if self.attends:
+            return [self.qkv, self.o_proj]
+        return self.mixer.linears() if self.mixer is not None else self.mlp.linears()
+
+    def __call__(
+        self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, residual = self.attention_input(h, residual)
+        if self.attends:
+            return self.attention(x, step), residual
+        if self.mixer is not None:
+            return self.mixer(x, step.kv_caches[self.index], step.meta.aux[MAMBA_STEP]), residual
+        return self.mlp(x), residual
+
+
+class NemotronHModel(LlamaModel):
+    layer_class = NemotronHLayer
+    rms_norm_16bit = staticmethod(gemma_rms_norm)  # the float32 rows scaled, then rounded
+
+    def norm_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight.float() if self.dtype != torch.float32 else weight
+
+    def make_mlp(self, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
+        m = self.config.family.mamba
+        if not m.mlp_layers[index]:
+            return None  # a Mamba or attention block: no MLP
+        return UngatedMLP(ctx, w, prefix + "mlp.", self.config.family.hidden_act)
