@@ -8,9 +8,9 @@
 - Bamba (`bamba`): the same layer without the multipliers, a dense `feed_forward` MLP after
   `pre_ff_layernorm`, rotary on half of each head.
 
-The Mamba layers' entries of the step's `kv_caches` hold their recurrent state slots (conv,
-SSM; `worker/mamba_state.py`) in place of a layer's paged K and V, and the step's slots are in
-`meta.aux["mamba"]` (`mamba2.MambaStep`).
+The Mamba layers read their recurrent state slots (conv, SSM; `worker/mamba_state.py`) and the
+step's slots from `meta.aux["mamba"]` (`mamba2.MambaStep`); their entries of the step's
+`kv_caches` are empty (no KV cache).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class HybridLayer(LlamaLayer):
         if self.mixer is None:
             h = self.attention(x, step)
         else:
-            h = self.mixer(x, step.kv_caches[self.index], step.meta.aux[MAMBA_STEP])
+            h = self.mixer(x, step.meta.aux[MAMBA_STEP])
         if self.scale != 1.0:
             h = h * self.scale
         x, residual = self.ctx.rms_norm(x=h, weight=self.mlp_norm, eps=self.ctx.eps,

@@ -42,6 +42,8 @@ class MambaStep:
     slots_host: list[int]
     query_lens: list[int]  # new tokens per sequence (host)
     num_decodes: int  # the first sequences, one token each
+    # layer -> its (conv [slots, conv_dim, d_conv - 1], SSM [slots, H, P, N]) state slots
+    states: dict[int, tuple[torch.Tensor, torch.Tensor]]
 
 
 def segment_sum(x: torch.Tensor) -> torch.Tensor:
@@ -191,12 +193,11 @@ class Mamba2Mixer:
         dt = F.softplus((dt + self.dt_bias.to(dt.dtype)).float())
         return dt.clamp(self.m.dt_min, self.m.dt_max) if self.clamp else dt
 
-    def __call__(
-        self, h: torch.Tensor, states: tuple[torch.Tensor, torch.Tensor], step: MambaStep
-    ) -> torch.Tensor:
-        """h [T, hidden] -> [T, hidden]; `states` (conv [slots, C, K - 1], ssm [slots, H, P,
-        N]) updated in place at the step's slots."""
+    def __call__(self, h: torch.Tensor, step: MambaStep) -> torch.Tensor:
+        """h [T, hidden] -> [T, hidden]; the layer's states updated in place at the step's
+        slots."""
         m = self.m
+        states = step.states[self.index]
         t = h.shape[0]
         z, xbc, dt = self.in_proj(h).split([m.d_inner, m.conv_dim, m.n_heads], dim=-1)
         dt = self._dt(dt)

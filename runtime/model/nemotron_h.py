@@ -57,7 +57,7 @@ class NemotronHLayer(LlamaLayer):
         if self.attends:
             return self.attention(x, step), residual
         if self.mixer is not None:
-            return self.mixer(x, step.kv_caches[self.index], step.meta.aux[MAMBA_STEP]), residual
+            return self.mixer(x, step.meta.aux[MAMBA_STEP]), residual
         return self.mlp(x), residual
 
 

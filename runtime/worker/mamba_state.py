@@ -65,13 +65,10 @@ class MambaState:
 
     def layer_caches(self, kv_caches: list) -> list:
         """Every layer's entry of the step's caches: the attention layers' paged K and V
-        (`kv_caches`, in layer order), the Mamba layers' (conv, SSM) slots, nothing for an
-        MLP layer (Nemotron-H's)."""
+        (`kv_caches`, in layer order), nothing for the others (a Mamba layer's state is in
+        the step's `MambaStep`)."""
         kv = iter(kv_caches)
-        return [
-            self.states[i] if i in self.states else next(kv) if self.m.attention(i) else ()
-            for i in range(len(self.m.layers))
-        ]
+        return [next(kv) if self.m.attention(i) else () for i in range(len(self.m.layers))]
 
     def prepare(self, scheduled: Sequence[ScheduledRequest], num_decodes: int) -> HostSlots:
         """The step's slots, claimed for sequences seen for the first time."""
@@ -96,7 +93,7 @@ class MambaState:
                 conv.index_fill_(0, fresh, 0)
                 ssm.index_fill_(0, fresh, 0)
         return MambaStep(to_device(host.slots), host.slots.tolist(), host.query_lens,
-                         host.num_decodes)  # fmt: skip
+                         host.num_decodes, self.states)  # fmt: skip
 
     def _claim(self, req: Request) -> int:
         old = self._slot.pop(req.request_id, None)

@@ -99,7 +99,7 @@ class ModelRunner:
             )
             for _ in range(mc.num_kv_layers)
         ]
-        if self.mamba is not None:  # the Mamba layers' entries hold their state slots
+        if self.mamba is not None:  # the attention layers' caches at their layers' places
             self.kv_caches = self.mamba.layer_caches(self.kv_caches)
         self.cuda_graphs: CudaGraphRunner | None = None
         # Rows for every running request, and as many again before finished ones are reclaimed.

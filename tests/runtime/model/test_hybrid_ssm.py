@@ -95,9 +95,10 @@ def test_state_slots_and_kv_layers(built):
               block_size=16)  # fmt: skip
     runner = llm.engine.runner
     assert loaded.config.num_kv_layers == 1
-    conv, ssm = runner.kv_caches[0]
+    conv, ssm = runner.mamba.states[0]
     assert conv.shape == (3, 128 + 2 * 2 * 16, 3) and ssm.shape == (3, 4, 32, 16)
-    assert len(runner.kv_caches) == 3 and runner.kv_caches[2][1].shape == ssm.shape
+    assert runner.mamba.states[2][1].shape == ssm.shape and 1 not in runner.mamba.states
+    assert len(runner.kv_caches) == 3 and runner.kv_caches[0] == runner.kv_caches[2] == ()
     assert runner.bytes_per_block == 16 * runner.backend.bytes_per_token(torch.float32)
 
 
