@@ -120,6 +120,22 @@ class Llama4Attention:
 
 
 @dataclass(frozen=True)
+class FalconH1Scales:
+    """Falcon-H1's µP multipliers (`model/falcon_h1.py`), 1.0 where none."""
+
+    embedding: float = 1.0
+    lm_head: float = 1.0
+    key: float = 1.0  # k before rotary
+    attention_in: float = 1.0
+    attention_out: float = 1.0
+    ssm_in: float = 1.0
+    ssm_out: float = 1.0
+    zxbcdt: tuple[float, ...] = (1.0,) * 5  # the Mamba in_proj's z, x, B, C and dt parts
+    mlp_gate: float = 1.0
+    mlp_down: float = 1.0
+
+
+@dataclass(frozen=True)
 class MambaConfig:
     """The Mamba2 mixers of a hybrid model (`model/mamba2.py`; Granite 4.0, Bamba): the layers
     `layers` marks run one in place of attention, each keeping a recurrent state per sequence
@@ -140,6 +156,12 @@ class MambaConfig:
     # Nemotron-H: layers that are an MLP alone (neither a Mamba mixer nor attention); () none
     mlp_layers: tuple[bool, ...] = ()
     ssm_float32: bool = False  # the SSM state kept in float32 whatever the model's dtype
+    # the output norm: y * silu(z) normalised per group (False: y * silu(z) alone, Falcon-H1
+    # without `mamba_rms_norm`); `norm_before_gate`: norm(y) * silu(z) (Falcon-H1's)
+    gated_norm: bool = True
+    norm_before_gate: bool = False
+    parallel_attention: bool = False  # attention beside the mixer in every layer (Falcon-H1)
+    falcon: FalconH1Scales | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_heads", "head_dim", "d_state", "n_groups", "d_conv", "chunk_size"):
@@ -162,7 +184,9 @@ class MambaConfig:
         return sum(self.layers)
 
     def attention(self, layer: int) -> bool:
-        """Whether `layer` is an attention layer (keeps a KV cache)."""
+        """Whether `layer` attends (keeps a KV cache)."""
+        if self.parallel_attention:
+            return True
         return not self.layers[layer] and not (self.mlp_layers and self.mlp_layers[layer])
 
     def ssm_dtype(self, dtype: torch.dtype) -> torch.dtype:

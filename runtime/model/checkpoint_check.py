@@ -83,7 +83,8 @@ def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
                     a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
     out[p + "input_layernorm.weight"] = (h,)
     if c.architecture != "nemotron_h":  # (one norm a layer: each layer is one block)
-        norm = "pre_ff_layernorm" if c.architecture == "bamba" else "post_attention_layernorm"
+        pre_ff = c.architecture in ("bamba", "falcon_h1")
+        norm = "pre_ff_layernorm" if pre_ff else "post_attention_layernorm"
         out[f"{p}{norm}.weight"] = (h,)
     return out
 
@@ -97,7 +98,7 @@ _XIELU = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}  # mlp.act_fn
 def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
     """`out` with what Apertus (its norms' names, xIELU's parameters) and StarCoder2 (its
     LayerNorms' biases) change."""
-    if c.architecture == "bamba":  # its final norm's name
+    if c.architecture in ("bamba", "falcon_h1"):  # their final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     if c.architecture == "apertus":
         for old, new in _APERTUS_NORMS.items():
@@ -181,7 +182,7 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
     for i in range(c.num_layers):
         if c.architecture in ("granitemoe", "gpt_oss", "granitemoehybrid", "nemotron_h"):
             continue  # stacked, or checked with their layer (`_hybrid_layer`)
-        if c.architecture == "bamba":
+        if c.architecture in ("bamba", "falcon_h1"):
             p = f"model.layers.{i}.feed_forward."
             out.append((p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"))
             continue

@@ -155,16 +155,26 @@ def conv_chunk(
     return F.silu(out.t()), window[:, window.shape[1] - conv_state.shape[1] :]
 
 
+def _group_norm(h: torch.Tensor, group: int, eps: float) -> torch.Tensor:
+    g = h.view(*h.shape[:-1], -1, group)
+    return (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)).view(h.shape)
+
+
 def gated_rms_norm(
     y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group: int, eps: float
 ) -> torch.Tensor:
     """weight * RMSNorm(y * SiLU(z)) over groups of `group` channels, in float32, rounded to
     the input's dtype before the weight (transformers' `MambaRMSNormGated`)."""
-    dtype = y.dtype
     h = y.float() * F.silu(z.float())
-    g = h.view(*h.shape[:-1], -1, group)
-    g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * g.view(h.shape).to(dtype)
+    return weight * _group_norm(h, group, eps).to(y.dtype)
+
+
+def norm_then_gate(
+    y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group: int, eps: float
+) -> torch.Tensor:
+    """weight * RMSNorm(y) * SiLU(z), in float32, rounded once (Falcon-H1's
+    `norm_before_gate`)."""
+    return (weight * _group_norm(y.float(), group, eps) * F.silu(z.float())).to(y.dtype)
 
 
 class Mamba2Mixer:
@@ -183,8 +193,17 @@ class Mamba2Mixer:
         self.A = -torch.exp(w[p + "A_log"].float())
         self.D = w[p + "D"].float()
         self.dt_bias = w[p + "dt_bias"]
-        self.norm = w[p + "norm.weight"]
+        self.norm = w[p + "norm.weight"] if m.gated_norm else None
         self.clamp = (m.dt_min, m.dt_max) != (0.0, float("inf"))
+        # Falcon-H1's µP multipliers: on the input, and on in_proj's z, x, B, C and dt parts
+        f = m.falcon
+        self.in_scale = f.ssm_in if f is not None and f.ssm_in != 1.0 else None
+        self.mup = None
+        if f is not None and any(x != 1.0 for x in f.zxbcdt):
+            gn = m.n_groups * m.d_state
+            sizes = [m.d_inner, m.d_inner, gn, gn, m.n_heads]
+            self.mup = torch.cat([torch.full((n,), x, dtype=self.A.dtype, device=self.A.device)
+                                  for n, x in zip(sizes, f.zxbcdt)]).to(self.dt_bias.dtype)  # fmt: skip
 
     def linears(self) -> list:
         return [self.in_proj, self.out_proj]
@@ -199,7 +218,10 @@ class Mamba2Mixer:
         m = self.m
         states = step.states[self.index]
         t = h.shape[0]
-        z, xbc, dt = self.in_proj(h).split([m.d_inner, m.conv_dim, m.n_heads], dim=-1)
+        zxbcdt = self.in_proj(h if self.in_scale is None else h * self.in_scale)
+        if self.mup is not None:
+            zxbcdt = zxbcdt * self.mup
+        z, xbc, dt = zxbcdt.split([m.d_inner, m.conv_dim, m.n_heads], dim=-1)
         dt = self._dt(dt)
         conv, ssm = states
         xbc_out = torch.empty_like(xbc)
@@ -225,9 +247,16 @@ class Mamba2Mixer:
                                       ssm[s].float(), m.chunk_size)  # fmt: skip
             ssm[s] = final.to(ssm.dtype)
             start += n
-        out = y.view(t, m.d_inner).to(h.dtype)
-        out = gated_rms_norm(out, z, self.norm, m.d_inner // m.n_groups, self.eps)
-        return self.out_proj(out)
+        return self.out_proj(self._output(y.view(t, m.d_inner), z, h.dtype))
+
+    def _output(self, y: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The scan's output [T, d_inner] (float32) gated by z and normalised, in `dtype`."""
+        m = self.m
+        if self.norm is None:  # Falcon-H1 without `mamba_rms_norm`: the gate alone
+            return (y * F.silu(z.float())).to(dtype)
+        if m.norm_before_gate:
+            return norm_then_gate(y, z, self.norm, m.d_inner // m.n_groups, self.eps).to(dtype)
+        return gated_rms_norm(y.to(dtype), z, self.norm, m.d_inner // m.n_groups, self.eps)
 
     def _split(self, xbc: torch.Tensor):
         m = self.m

@@ -17,6 +17,11 @@ model so that reading a config imports no layer code.
   the older `hybrid_override_pattern` "M" / "*" / "-"); the SSM state in float32
   (`mamba_ssm_cache_dtype`). Its MoE layers ("moe", "E": Nemotron 3) are refused in one line.
   The checkpoint's `backbone.` names are read as Llama's (`nemotron_name`).
+- Falcon-H1 (`FalconH1ForCausalLM`): attention and a Mamba2 mixer side by side in every layer
+  (`mamba_d_ssm` wide, its output norm optional: `mamba_rms_norm`, normalised before the gate),
+  then Llama's MLP after `pre_ff_layernorm`; µP multipliers on the embedding, the keys, the
+  mixers' inputs and outputs, the Mamba projection's five parts, the MLP and the logits
+  (`config.FalconH1Scales`).
 """
 
 from __future__ import annotations
@@ -26,12 +31,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from pagoda.runtime.config import MambaConfig, ModelConfig
+from pagoda.runtime.config import FalconH1Scales, MambaConfig, ModelConfig
 
 ARCHITECTURES = {
     "GraniteMoeHybridForCausalLM": "granitemoehybrid",
     "BambaForCausalLM": "bamba",
     "NemotronHForCausalLM": "nemotron_h",
+    "FalconH1ForCausalLM": "falcon_h1",
 }
 # transformers' config defaults, where config.json leaves one out
 _MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
@@ -49,6 +55,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                    "use_conv_bias": True, "use_bias": False, "mlp_bias": False,
                    "layer_norm_epsilon": 1e-5, "mamba_hidden_act": "silu",
                    "mamba_ssm_cache_dtype": "float32"},
+    "falcon_h1": {**_MAMBA_DEFAULTS, "mamba_d_ssm": 1024, "rms_norm_eps": 1e-5,
+                  "num_key_value_heads": 8, "max_position_embeddings": 8192,
+                  "mamba_norm_before_gate": True, "mamba_rms_norm": False},
 }  # fmt: skip
 # Nemotron-H's older config keys (transformers' NemotronHConfig reads them so)
 _NEMOTRON_ALIASES = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel",
@@ -82,6 +91,8 @@ def nemotron_types(cfg: Mapping[str, Any]) -> list[str]:
 
 def _layers(cfg: Mapping[str, Any], arch: str, n: int) -> tuple[bool, ...]:
     """Per layer: True where a Mamba2 mixer runs."""
+    if arch == "falcon_h1":  # a mixer in every layer (attention beside it)
+        return (True,) * n
     if arch == "bamba":
         attn = set(cfg.get("attn_layer_indices") or ())
         return tuple(i not in attn for i in range(n))
@@ -128,12 +139,30 @@ def _nemotron_mamba(cfg: Mapping[str, Any], n: int) -> MambaConfig:
     )
 
 
+def _falcon_scales(cfg: Mapping[str, Any]) -> FalconH1Scales:
+    one = {k: float(cfg.get(k) or 1.0) for k in (
+        "embedding_multiplier", "lm_head_multiplier", "key_multiplier", "attention_in_multiplier",
+        "attention_out_multiplier", "ssm_in_multiplier", "ssm_out_multiplier")}  # fmt: skip
+    zxbcdt = tuple(float(x) for x in cfg.get("ssm_multipliers") or (1.0,) * 5)
+    gate, down = (float(x) for x in cfg.get("mlp_multipliers") or (1.0, 1.0))
+    if len(zxbcdt) != 5:
+        raise ValueError(f"ssm_multipliers must have 5 values (z, x, B, C, dt), got {len(zxbcdt)}")
+    return FalconH1Scales(
+        embedding=one["embedding_multiplier"], lm_head=one["lm_head_multiplier"],
+        key=one["key_multiplier"], attention_in=one["attention_in_multiplier"],
+        attention_out=one["attention_out_multiplier"], ssm_in=one["ssm_in_multiplier"],
+        ssm_out=one["ssm_out_multiplier"], zxbcdt=zxbcdt, mlp_gate=gate, mlp_down=down,
+    )  # fmt: skip
+
+
 def mamba(cfg: Mapping[str, Any], arch: str, n: int) -> MambaConfig:
     if arch == "nemotron_h":
         return _nemotron_mamba(cfg, n)
     hidden, heads = int(cfg["hidden_size"]), int(cfg["mamba_n_heads"])
     head_dim = cfg["mamba_d_head"]
     inner = int(cfg["mamba_expand"]) * hidden
+    if arch == "falcon_h1" and cfg.get("mamba_d_ssm") is not None:
+        inner = int(cfg["mamba_d_ssm"])
     if head_dim == "auto":
         head_dim = inner // heads
     if int(head_dim) * heads != inner:
@@ -152,7 +181,16 @@ def mamba(cfg: Mapping[str, Any], arch: str, n: int) -> MambaConfig:
         proj_bias=bool(cfg["mamba_proj_bias"]),
         dt_min=_limit(low),
         dt_max=_limit(high),
+        **_falcon_fields(cfg, arch),
     )
+
+
+def _falcon_fields(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    if arch != "falcon_h1":
+        return {}
+    return dict(gated_norm=bool(cfg["mamba_rms_norm"]),
+                norm_before_gate=bool(cfg["mamba_norm_before_gate"]), parallel_attention=True,
+                falcon=_falcon_scales(cfg))  # fmt: skip
 
 
 def overrides(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
@@ -186,6 +224,8 @@ def family_fields(cfg: Mapping[str, Any], arch: str, n: int) -> dict[str, Any]:
             fields["rope_layers"] = (False,) * n
     if arch == "nemotron_h":  # ungated ReLU² MLPs; attention without rotary
         fields.update(gated_mlp=False, rope_layers=(False,) * n)
+    if arch == "falcon_h1":  # the logits scaled after the head (no sampling fused into it)
+        fields["logit_scale"] = fields["mamba"].falcon.lm_head
     return fields
 
 
@@ -224,7 +264,9 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         out.update({x + "in_proj.weight": (m.d_inner + m.conv_dim + m.n_heads, h),
                     x + "conv1d.weight": (m.conv_dim, 1, m.d_conv),
                     x + "A_log": (m.n_heads,), x + "D": (m.n_heads,), x + "dt_bias": (m.n_heads,),
-                    x + "norm.weight": (m.d_inner,), x + "out_proj.weight": (h, m.d_inner)})  # fmt: skip
+                    x + "out_proj.weight": (h, m.d_inner)})  # fmt: skip
+        if m.gated_norm:
+            out[x + "norm.weight"] = (m.d_inner,)
         if m.conv_bias:
             out[x + "conv1d.bias"] = (m.conv_dim,)
     if c.architecture == "nemotron_h" and m.mlp_layers[i]:  # up and down

@@ -49,6 +49,7 @@ MODEL_CLASSES = {
     "granitemoehybrid": ("granite_hybrid", "HybridModel"),  # Granite 4.0: Mamba2 + attention
     "bamba": ("granite_hybrid", "HybridModel"),  # Mamba2 + attention, a dense MLP
     "nemotron_h": ("nemotron_h", "NemotronHModel"),  # Mamba2, attention or MLP blocks
+    "falcon_h1": ("falcon_h1", "FalconH1Model"),  # attention and Mamba2 side by side
 }
 
 

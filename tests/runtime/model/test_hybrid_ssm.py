@@ -7,7 +7,9 @@ the whole sequence) at every step.
   multipliers, two groups of B/C; and a dense NoPE one, attention first;
 - Bamba (`BambaForCausalLM`): half-rotary attention, a dense MLP with biases;
 - Nemotron-H (`NemotronHForCausalLM`): single blocks (Mamba2, ReLU² MLP, attention without
-  rotary), its checkpoint's `backbone.` names, the SSM state in float32.
+  rotary), its checkpoint's `backbone.` names, the SSM state in float32;
+- Falcon-H1 (`FalconH1ForCausalLM`): attention and Mamba2 side by side in every layer, its µP
+  multipliers, the mixer's output norm before the gate, or no norm.
 
 Each case runs prompts in 16-token steps (chunked prefill carries the state across chunks; the
 SSD scan's chunk of 8 splits them further), three prompts sharing steps with two state slots
@@ -53,6 +55,21 @@ CASES = {
         dict(layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba"],
              num_hidden_layers=5, mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=16,
              n_groups=2, chunk_size=8, head_dim=16, use_bias=True, mlp_bias=True),
+    ),
+    # attention and Mamba2 side by side, every µP multiplier, the norm before the gate
+    "falcon-h1-mup": (
+        "FalconH1",
+        dict(num_hidden_layers=2, mamba_d_ssm=96, mamba_n_heads=3, mamba_d_state=16,
+             mamba_chunk_size=8, mamba_rms_norm=True, head_dim=16, key_multiplier=0.5,
+             attention_in_multiplier=1.5, attention_out_multiplier=0.8, ssm_in_multiplier=1.2,
+             ssm_out_multiplier=0.9, ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.3],
+             mlp_multipliers=[0.7, 1.4], embedding_multiplier=2.0, lm_head_multiplier=0.6,
+             projectors_bias=True),
+    ),
+    "falcon-h1-gate-only": (  # no output norm: y * silu(z); two groups of B/C
+        "FalconH1",
+        dict(num_hidden_layers=2, mamba_n_heads=4, mamba_d_ssm=128, mamba_d_state=16,
+             mamba_n_groups=2, mamba_chunk_size=8, mamba_rms_norm=False, mamba_proj_bias=True),
     ),
 }  # fmt: skip
 
@@ -130,7 +147,7 @@ def test_a_missing_mamba_tensor_is_refused_in_one_line(built):
         check_checkpoint(loaded.config, headers)
 
 
-@pytest.mark.parametrize("name", ["granite4-moe-rope", "bamba", "nemotron-h"])
+@pytest.mark.parametrize("name", ["granite4-moe-rope", "bamba", "nemotron-h", "falcon-h1-mup"])
 def test_the_weights_and_state_estimates(built, name):
     """`server/weights.py` against the built model (bf16), and the memory estimate's state
     slots: max_num_seqs x the Mamba layers' conv and SSM states (Nemotron-H's SSM state in
@@ -148,7 +165,8 @@ def test_the_weights_and_state_estimates(built, name):
     ssm = 4 if name == "nemotron-h" else 2
     per_seq = 2 * (m.conv_dim * 3 * 2 + m.n_heads * m.head_dim * m.d_state * ssm)  # 2 layers
     assert fp.parts()["Mamba state"] == 8 * per_seq
-    per_token = 2 * mc.num_kv_heads * mc.head_dim * 2  # K and V, bf16, one attention layer
+    assert mc.num_kv_layers == (2 if name.startswith("falcon") else 1)
+    per_token = mc.num_kv_layers * 2 * mc.num_kv_heads * mc.head_dim * 2  # K and V, bf16
     assert memory.kv_bytes_per_token(mc, torch.bfloat16, "auto") == per_token
 
 
