@@ -20,6 +20,7 @@ one-token prompt (its first step a decode row from a zeroed slot).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -120,13 +121,20 @@ def test_state_slots_and_kv_layers(built):
 
 
 def test_tensor_parallel_and_fp8_refused(built):
-    _, _, loaded, _ = built("granite4-dense-nope")
+    """In the engine, and in `pagoda serve`'s checks before it binds (one line, exit 2)."""
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.server.launch import check_recurrent
+
+    path, _, loaded, _ = built("granite4-dense-nope")
     with pytest.raises(ValueError, match="runs on one rank only"):
         LLM(loaded=loaded, dtype="float32", tensor_parallel_size=2)
-    from pagoda.runtime.engine.recurrent import check_engine
-
+    two = EngineConfig.create(str(path), device="cpu", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="--tensor-parallel-size 2: a granitemoehybrid model"):
+        check_recurrent(loaded.config, two, path)
+    fp8 = EngineConfig.create(str(path), device="cpu")
+    fp8 = dataclasses.replace(fp8, quantization="fp8")  # (as a CUDA engine would take it)
     with pytest.raises(ValueError, match="fp8 quantization is not supported"):
-        check_engine(loaded.config, 1, "fp8")
+        check_recurrent(loaded.config, fp8, path)
 
 
 def test_a_missing_mamba_tensor_is_refused_in_one_line(built):
