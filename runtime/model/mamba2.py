@@ -118,13 +118,15 @@ def recurrent_step(
     D: torch.Tensor,  # [H]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token of each of S sequences: (y [S, H, P], the new state) (transformers'
-    `mamba2_selective_state_update`)."""
-    reps = x.shape[1] // B.shape[1]
-    B = B.float().repeat_interleave(reps, dim=1)  # [S, H, N]
-    C = C.float().repeat_interleave(reps, dim=1)
-    dA = torch.exp(dt * A)[..., None, None]  # [S, H, 1, 1]
-    state = state * dA + (dt[..., None] * x)[..., None] * B[:, :, None, :]
-    y = torch.einsum("shpn,shn->shp", state, C) + x * D[:, None]
+    `mamba2_selective_state_update`). `state` is a gathered copy: updated in place. The heads
+    of a group share its B and C (broadcast, not repeated)."""
+    S, H, P, N = state.shape
+    G = B.shape[1]
+    grouped = (S, G, H // G)
+    new = state.view(*grouped, P, N)
+    new.mul_(torch.exp(dt * A).view(*grouped, 1, 1))
+    new.addcmul_((dt[..., None] * x).view(*grouped, P, 1), B.float().view(S, G, 1, 1, N))
+    y = torch.matmul(new, C.float().view(S, G, 1, N, 1)).view(S, H, P) + x * D[:, None]
     return y, state
 
 
