@@ -44,6 +44,7 @@ class MambaStep:
     num_decodes: int  # the first sequences, one token each
     # layer -> its (conv [slots, conv_dim, d_conv - 1], SSM [slots, H, P, N]) state slots
     states: dict[int, tuple[torch.Tensor, torch.Tensor]]
+    decode_run: tuple[int, int] | None = None  # the decode rows' slots, when they are a..b - 1
 
 
 def segment_sum(x: torch.Tensor) -> torch.Tensor:
@@ -226,19 +227,10 @@ class Mamba2Mixer:
         z, xbc, dt = zxbcdt.split([m.d_inner, m.conv_dim, m.n_heads], dim=-1)
         dt = self._dt(dt)
         conv, ssm = states
-        xbc_out = torch.empty_like(xbc)
         y = torch.empty(t, m.n_heads, m.head_dim, dtype=torch.float32, device=h.device)
         nd = step.num_decodes
         if nd:
-            slots = step.slots[:nd]
-            c, new_conv = conv_step(conv.index_select(0, slots), xbc[:nd], self.conv_weight,
-                                    self.conv_bias)  # fmt: skip
-            conv.index_copy_(0, slots, new_conv.to(conv.dtype))
-            xbc_out[:nd] = c
-            x, B, C = self._split(c)
-            y[:nd], new_ssm = recurrent_step(ssm.index_select(0, slots).float(), x.float(),
-                                             dt[:nd], self.A, B, C, self.D)  # fmt: skip
-            ssm.index_copy_(0, slots, new_ssm.to(ssm.dtype))
+            y[:nd] = self._decode(conv, ssm, xbc[:nd], dt[:nd], step)
         start = nd
         for i in range(nd, len(step.query_lens)):
             n, s = step.query_lens[i], step.slots_host[i]
@@ -259,6 +251,27 @@ class Mamba2Mixer:
         if m.norm_before_gate:
             return norm_then_gate(y, z, self.norm, m.d_inner // m.n_groups, self.eps).to(dtype)
         return gated_rms_norm(y.to(dtype), z, self.norm, m.d_inner // m.n_groups, self.eps)
+
+    def _decode(self, conv, ssm, xbc: torch.Tensor, dt: torch.Tensor, step: MambaStep):
+        """The decode rows' one recurrence step: their states gathered from their slots and
+        scattered back, or, where the slots are one run (steady decoding: sequences admitted
+        together keep consecutive slots) and the SSM state float32, updated in place there."""
+        nd = xbc.shape[0]
+        run = step.decode_run
+        slots = step.slots[:nd]
+        conv_in = conv[run[0] : run[1]] if run else conv.index_select(0, slots)
+        c, new_conv = conv_step(conv_in, xbc, self.conv_weight, self.conv_bias)
+        if run:
+            conv_in.copy_(new_conv)
+        else:
+            conv.index_copy_(0, slots, new_conv.to(conv.dtype))
+        x, B, C = self._split(c)
+        in_place = run is not None and ssm.dtype == torch.float32
+        state = ssm[run[0] : run[1]] if in_place else ssm.index_select(0, slots).float()
+        y, state = recurrent_step(state, x.float(), dt, self.A, B, C, self.D)
+        if not in_place:
+            ssm.index_copy_(0, slots, state.to(ssm.dtype))
+        return y
 
     def _split(self, xbc: torch.Tensor):
         m = self.m

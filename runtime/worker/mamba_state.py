@@ -92,8 +92,15 @@ class MambaState:
             for conv, ssm in self.states.values():
                 conv.index_fill_(0, fresh, 0)
                 ssm.index_fill_(0, fresh, 0)
-        return MambaStep(to_device(host.slots), host.slots.tolist(), host.query_lens,
-                         host.num_decodes, self.states)  # fmt: skip
+        nd, slots = host.num_decodes, host.slots.tolist()
+        run = None
+        if (
+            nd
+            and slots[nd - 1] - slots[0] == nd - 1
+            and slots[:nd] == list(range(slots[0], slots[0] + nd))
+        ):
+            run = (slots[0], slots[0] + nd)
+        return MambaStep(to_device(host.slots), slots, host.query_lens, nd, self.states, run)
 
     def _claim(self, req: Request) -> int:
         old = self._slot.pop(req.request_id, None)
