@@ -189,6 +189,17 @@ class MambaConfig:
             return True
         return not self.layers[layer] and not (self.mlp_layers and self.mlp_layers[layer])
 
+    def mixer_params(self, hidden: int) -> int:
+        """One Mamba2 mixer's weights: in_proj, out_proj, the conv, the norm, A, D, dt_bias."""
+        c = self.conv_dim
+        proj = (self.d_inner + c + self.n_heads) * hidden + hidden * self.d_inner
+        return (
+            proj
+            + c * (self.d_conv + self.conv_bias)
+            + self.d_inner * self.gated_norm
+            + 3 * self.n_heads
+        )
+
     def ssm_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return torch.float32 if self.ssm_float32 else dtype
 
@@ -380,6 +391,18 @@ class ModelConfig:
         if m is not None and len(m.layers) != self.num_layers:
             raise ValueError(f"the Mamba layers must name each of the {self.num_layers} layers")
 
+    def hybrid_params(self) -> int:
+        """What a hybrid's layers hold beyond (or short of) Llama's shape: its Mamba2 mixers,
+        less attention where a layer has none and (Nemotron-H) the MLP where it has none."""
+        m, h = self.family.mamba, self.hidden_size
+        if m is None:
+            return 0
+        attn = h * self.head_dim * (self.num_heads * 2 + self.num_kv_heads * 2)
+        out = m.num_layers * m.mixer_params(h) - (self.num_layers - self.num_kv_layers) * attn
+        if m.mlp_layers:  # an ungated MLP in those layers only
+            out -= (self.num_layers - sum(m.mlp_layers)) * 2 * h * self.intermediate_size
+        return out
+
     @property
     def num_kv_layers(self) -> int:
         """The layers that keep a KV cache: all but a hybrid's Mamba layers."""
@@ -416,7 +439,7 @@ class ModelConfig:
         mats = 3 if f.gated_mlp else 2  # gate, up, down; an ungated MLP: up, down
         mlps = (self.num_layers - moe) * mats * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * (attn + 2 * h) + mlps + emb + h
+        return self.num_layers * (attn + 2 * h) + mlps + emb + h + self.hybrid_params()
 
 
 def mla_params(hidden: int, heads: int, m: MlaConfig) -> int:

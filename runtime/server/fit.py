@@ -140,7 +140,7 @@ def check(
     fp8_here = device.type == "cuda" and fp8_runs_on(device)
     text = message(mc, plan, weights, budget if budgeted else kv, have, where, fp8_here, budgeted,
                    how, float32_fix(mc, cfg, model_path, plan, have),
-                   quantizable=model_path.suffix != ".gguf")  # fmt: skip
+                   quantizable=model_path.suffix != ".gguf" and mc.family.mamba is None)  # fmt: skip
     raise ReasonedError(text, reason=REASON)
 
 
@@ -205,9 +205,12 @@ def message(
 
 def _splits(mc: ModelConfig, tp: int) -> bool:
     """Whether `mc` can be split over `tp` ranks (`distributed.layout.check`: heads and widths
-    that divide; DeepSeek's latent attention not at all), so that no refused size is offered."""
+    that divide; DeepSeek's latent attention not at all; a hybrid's Mamba layers not at all:
+    `engine/recurrent.py`), so that no refused size is offered."""
     from pagoda.runtime.distributed.layout import check
 
+    if mc.family.mamba is not None:
+        return False
     try:
         check(mc, tp)
     except ValueError:

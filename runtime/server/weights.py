@@ -300,7 +300,8 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
         projections += n * biases * item + n * 4 * heads
         norms = (2 * n + 1) * h * 4
-    return math.ceil(projections + (experts + embed) / t) + routers + norms
+    hybrid = mc.hybrid_params() * item  # Mamba2 mixers (`config.MambaConfig`; one rank)
+    return math.ceil(projections + (experts + embed) / t) + routers + norms + hybrid
 
 
 def _mla_matrices(h: int, heads: int, m, t: int = 1) -> list[tuple[float, float]]:

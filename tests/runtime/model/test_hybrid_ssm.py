@@ -191,12 +191,15 @@ def test_the_weights_and_state_estimates(built, name):
     """`server/weights.py` against the built model (bf16), and the memory estimate's state
     slots: max_num_seqs x the Mamba layers' conv and SSM states (Nemotron-H's SSM state in
     float32); the KV cache's bytes per token count the attention layers only."""
-    from model_bytes import check_estimate
+    from model_bytes import build, check_estimate, held_bytes
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.server import memory
+    from pagoda.runtime.server.weights import from_shapes
 
     path, _, loaded, _ = built(name)
     check_estimate(path)
+    shapes = from_shapes(loaded.config, torch.bfloat16, False)  # a config.json alone
+    assert shapes == pytest.approx(held_bytes(build(path, torch.bfloat16)), rel=0.1)  # (unpadded)
     mc = loaded.config
     cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16", max_num_seqs=8)
     fp = memory.estimate(mc, cfg, path, torch.device("cpu"))
