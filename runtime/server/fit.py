@@ -255,7 +255,7 @@ def would_fit(
                                f"({gib(both.need(mc))} per GPU)")  # fmt: skip
                     break
     room = have - weights
-    if room > 0:
+    if room > 0 and plan.kv_bytes_per_token(mc):  # (none without attention layers)
         tokens = room // plan.kv_bytes_per_token(mc) // plan.block_size * plan.block_size
         if tokens >= plan.block_size and budgeted:
             size = plan.kv_bytes(mc, tokens)

@@ -126,8 +126,11 @@ def estimate(
         kv = 0  # the runner takes what is free after the weights
     if device.type == "cpu" and cache.num_blocks_override is None:
         kv *= cfg.parallel.ranks_per_node  # a budget per rank, every rank on this host
-    blocks = kv // (per_token * cache.block_size)
     width = math.ceil(max_len / cache.block_size)
+    if per_token == 0:  # no attention layer (Mamba2 alone): blocks hold nothing
+        kv, blocks = 0, sched.max_num_seqs * (width + 1)
+    else:
+        blocks = kv // (per_token * cache.block_size)
     rows = 2 * sched.max_num_seqs
     tables = rows * ((width + 1) * 4 + 60)  # int32 table, int64 length, list slots per row
     rope = max(max_len, mc.max_position_embeddings) * mc.head_dim * 4
@@ -200,6 +203,8 @@ def check_context_fits(mc: ModelConfig, cfg: EngineConfig, asked_len: int, per_b
     """An explicit context longer than a KV cache of known size holds is refused, as vLLM
     refuses it (one rank's cache: its share of the KV heads, at least one, in its budget)."""
     bs, tp = cfg.cache.block_size, cfg.parallel.tensor_parallel_size
+    if per_block == 0:  # no attention layer: no KV cache to hold the context
+        return
     budget = cfg.cache.kv_cache_memory or options.DEFAULT_CPU_KV_CACHE_MEMORY
     rank_block = per_block * max(1, mc.num_kv_heads // tp) // mc.num_kv_heads
     blocks = budget // rank_block
@@ -213,7 +218,8 @@ def check_context_fits(mc: ModelConfig, cfg: EngineConfig, asked_len: int, per_b
 
 def estimate_with_kv(fp: Footprint, mc: ModelConfig, cfg: EngineConfig, kv: int,
                      per_block: int) -> Footprint:  # fmt: skip
-    blocks = kv // per_block
+    blocks = kv // per_block if per_block else fp.kv_blocks  # (0: no attention layer)
+    kv = kv if per_block else 0
     act = step_bytes(mc, cfg, cfg.torch_dtype(), blocks)
     return Footprint(fp.weights, kv, blocks, fp.block_tables, fp.rope, fp.cuda_graphs, act,
                      fp.weights_how, fp.state)  # fmt: skip

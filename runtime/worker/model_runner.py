@@ -89,7 +89,7 @@ class ModelRunner:
         # a hybrid's Mamba layers: their state slots, before the KV budget is measured
         self.mamba = MambaState.for_model(mc, config.scheduler.max_num_seqs, self.dtype,
                                           self.device)  # fmt: skip
-        self.num_blocks = self._num_blocks()
+        self.num_blocks = self._num_blocks(max_model_len)
         if tp is not None:  # the same pool on every rank: what the fullest device holds
             self.num_blocks = tp.agree_min(self.num_blocks)
         self.channel = StepChannel(tp) if tp is not None and tp.rank == 0 else None
@@ -184,11 +184,16 @@ class ModelRunner:
         layers = self.model_config.num_kv_layers
         return layers * self.block_size * self.backend.bytes_per_token(self.dtype)
 
-    def _num_blocks(self) -> int:
-        """From the memory budget: bytes on CPU, a fraction of free memory on GPU."""
+    def _num_blocks(self, max_model_len: int) -> int:
+        """From the memory budget: bytes on CPU, a fraction of free memory on GPU. A model
+        without attention layers (Mamba2 alone) keeps no KV cache: its blocks, which only
+        count positions, are enough for every sequence's whole context."""
         cache = self.config.cache
         if cache.num_blocks_override is not None:
             return cache.num_blocks_override
+        if self.bytes_per_block == 0:
+            per_seq = -(-max_model_len // self.block_size) + 1
+            return self.config.scheduler.max_num_seqs * per_seq
         if cache.kv_cache_memory is not None:
             budget = cache.kv_cache_memory
         elif self.device.type == "cuda":

@@ -45,6 +45,10 @@ CASES = {
         dict(num_hidden_layers=3, layer_types=["attention", "mamba", "mamba"], **MAMBA,
              num_local_experts=0, shared_intermediate_size=64, residual_multiplier=0.5),
     ),
+    "granite4-all-mamba": (  # transformers' default layer_types: no attention, no KV cache
+        "GraniteMoeHybrid",
+        dict(num_hidden_layers=2, **MAMBA, num_local_experts=0, shared_intermediate_size=64),
+    ),
     "bamba": (
         "Bamba",
         dict(num_hidden_layers=3, attn_layer_indices=[1], **MAMBA, mamba_d_head=32,
@@ -233,3 +237,19 @@ def test_nemotron_h_configs_of_the_hub(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "hybrid_override_pattern": "M*E-"}))
     with pytest.raises(ValueError, match="MoE layers"):
         read_model_config(str(tmp_path))
+
+
+def test_a_model_without_attention_layers_keeps_no_kv_cache(built):
+    """Mamba2 alone: the KV cache's bytes are 0, its blocks (positions only) enough for every
+    sequence's whole context; the start-up checks count the state slots alone."""
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.server import fit, memory
+
+    path, _, loaded, _ = built("granite4-all-mamba")
+    cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8)
+    parts = memory.check(loaded.config, cfg, path, 256).parts()
+    assert parts["KV cache"] == 0 and parts["Mamba state"] > 0
+    assert fit.check(loaded.config, cfg, path).state_bytes(loaded.config) == parts["Mamba state"]
+    llm = LLM(loaded=loaded, dtype="float32", max_num_seqs=4, max_model_len=512)
+    assert llm.engine.runner.bytes_per_block == 0 and llm.engine.max_model_len == 512
+    assert llm.engine.runner.num_blocks == 4 * (512 // 16 + 1)
