@@ -253,3 +253,42 @@ def test_a_model_without_attention_layers_keeps_no_kv_cache(built):
     llm = LLM(loaded=loaded, dtype="float32", max_num_seqs=4, max_model_len=512)
     assert llm.engine.runner.bytes_per_block == 0 and llm.engine.max_model_len == 512
     assert llm.engine.runner.num_blocks == 4 * (512 // 16 + 1)
+
+
+def test_granite_4_h_1b_config_of_the_hub(tmp_path):
+    """Granite-4.0-H-1B's config.json shape (its layer_types, 36 Mamba2 layers and 4 of
+    attention under the hub's "mamba" / "attention" names, its Mamba sizes; the MLP widths and
+    scalars filled in here; NoPE, an infinite time-step limit as Python's json writes it):
+    read without weights, the KV cache per token counts 4 layers, the state slots 36, and the
+    start-up checks work from the shapes alone."""
+    import json
+
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server import fit, memory
+
+    types = (["mamba"] * 5 + ["attention"] + ["mamba"] * 9 + ["attention"] + ["mamba"] * 9
+             + ["attention"] + ["mamba"] * 9 + ["attention"] + ["mamba"] * 4)  # fmt: skip
+    cfg = {"architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid",
+           "hidden_size": 1536, "num_hidden_layers": 40, "vocab_size": 100352,
+           "max_position_embeddings": 131072, "num_attention_heads": 12,
+           "num_key_value_heads": 4, "intermediate_size": 4096, "shared_intermediate_size": 4096,
+           "num_local_experts": 0, "mamba_n_heads": 48, "mamba_d_head": 64, "mamba_d_state": 128,
+           "mamba_chunk_size": 256, "mamba_n_groups": 1, "layer_types": types,
+           "position_embedding_type": "nope", "time_step_limit": [0.0, float("inf")],
+           "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 6.0,
+           "attention_multiplier": 0.0078125, "tie_word_embeddings": True}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    mc = read_model_config(str(tmp_path))
+    m = mc.family.mamba
+    assert m.num_layers == 36 and mc.num_kv_layers == 4 and m.dt_max == float("inf")
+    assert m.d_inner == 3072 and m.conv_dim == 3072 + 2 * 128 and mc.family.rope_layers[5] is False
+    cfg_e = EngineConfig.create(str(tmp_path), device="cpu", dtype="bfloat16", max_num_seqs=16,
+                                max_model_len=4096)  # fmt: skip
+    per_seq = 36 * ((3072 + 256) * 3 + 48 * 64 * 128) * 2
+    assert memory.estimate(mc, cfg_e, tmp_path, torch.device("cpu")).state == 16 * per_seq
+    assert memory.kv_bytes_per_token(mc, torch.bfloat16, "auto") == 4 * 2 * 4 * 128 * 2
+    plan = fit.check(mc, cfg_e, tmp_path)
+    assert plan.state_bytes(mc) == 16 * per_seq
+    # embedding 0.15B + 36 mixers 0.53B + 4 attention layers 0.03B + MLPs 0.75B
+    assert 1.4e9 < mc.num_params < 1.5e9
