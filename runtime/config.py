@@ -136,6 +136,35 @@ class FalconH1Scales:
 
 
 @dataclass(frozen=True)
+class NemotronHExperts:
+    """Nemotron-H's MoE blocks (Nemotron 3; `model/nemotron_h.py`): ungated ReLU² experts of
+    `intermediate` (on a `latent`-wide projection of the input where set), routed by DeepSeek-V3's
+    sigmoid router (`routing`, with `e_score_correction_bias`), beside an ungated shared expert
+    of `shared_intermediate`."""
+
+    layers: tuple[bool, ...]  # per layer: True = a MoE block
+    num_experts: int
+    top_k: int
+    intermediate: int
+    shared_intermediate: int
+    routing: ExpertRouting
+    norm_topk_prob: bool = True
+    latent: int | None = None
+
+    def params(self, hidden: int) -> int:
+        """One block's weights: experts, shared expert, router and its bias, latent projections."""
+        width = self.latent or hidden
+        experts = self.num_experts * 2 * width * self.intermediate
+        latent = 2 * hidden * self.latent if self.latent else 0
+        return (
+            experts
+            + 2 * hidden * self.shared_intermediate
+            + self.num_experts * (hidden + 1)
+            + latent
+        )
+
+
+@dataclass(frozen=True)
 class MambaConfig:
     """The Mamba2 mixers of a hybrid model (`model/mamba2.py`; Granite 4.0, Bamba): the layers
     `layers` marks run one in place of attention, each keeping a recurrent state per sequence
@@ -162,6 +191,7 @@ class MambaConfig:
     norm_before_gate: bool = False
     parallel_attention: bool = False  # attention beside the mixer in every layer (Falcon-H1)
     falcon: FalconH1Scales | None = None
+    moe: NemotronHExperts | None = None  # Nemotron-H's MoE blocks
 
     def __post_init__(self) -> None:
         for name in ("n_heads", "head_dim", "d_state", "n_groups", "d_conv", "chunk_size"):
@@ -187,7 +217,10 @@ class MambaConfig:
         """Whether `layer` attends (keeps a KV cache)."""
         if self.parallel_attention:
             return True
-        return not self.layers[layer] and not (self.mlp_layers and self.mlp_layers[layer])
+        moe = self.moe is not None and self.moe.layers[layer]
+        return (
+            not self.layers[layer] and not (self.mlp_layers and self.mlp_layers[layer]) and not moe
+        )
 
     def mixer_params(self, hidden: int) -> int:
         """One Mamba2 mixer's weights: in_proj, out_proj, the conv, the norm, A, D, dt_bias."""
@@ -401,6 +434,8 @@ class ModelConfig:
         out = m.num_layers * m.mixer_params(h) - (self.num_layers - self.num_kv_layers) * attn
         if m.mlp_layers:  # an ungated MLP in those layers only
             out -= (self.num_layers - sum(m.mlp_layers)) * 2 * h * self.intermediate_size
+        if m.moe is not None:  # Nemotron-H's MoE blocks
+            out += sum(m.moe.layers) * m.moe.params(h)
         return out
 
     @property

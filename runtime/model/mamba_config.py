@@ -15,8 +15,10 @@ model so that reading a config imports no layer code.
 - Nemotron-H (`NemotronHForCausalLM`): each layer one block, norm -> mixer -> residual add, the
   mixer a Mamba2 one, attention (no rotary) or an ungated ReLU² MLP (`layers_block_type`, or
   the older `hybrid_override_pattern` "M" / "*" / "-"); the SSM state in float32
-  (`mamba_ssm_cache_dtype`). Its MoE layers ("moe", "E": Nemotron 3) are refused in one line.
-  The checkpoint's `backbone.` names are read as Llama's (`nemotron_name`).
+  (`mamba_ssm_cache_dtype`); or a MoE block ("moe", "E": Nemotron 3): ungated ReLU² experts
+  routed by DeepSeek-V3's sigmoid router beside a shared expert (`config.NemotronHExperts`).
+  The checkpoint's `backbone.` names are read as Llama's (`nemotron_name`; the MoE block's
+  under `mlp.`, as DeepSeek's).
 - Falcon-H1 (`FalconH1ForCausalLM`): attention and a Mamba2 mixer side by side in every layer
   (`mamba_d_ssm` wide, its output norm optional: `mamba_rms_norm`, normalised before the gate),
   then Llama's MLP after `pre_ff_layernorm`; µP multipliers on the embedding, the keys, the
@@ -31,7 +33,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from pagoda.runtime.config import FalconH1Scales, MambaConfig, ModelConfig
+from pagoda.runtime.config import (
+    ExpertRouting,
+    FalconH1Scales,
+    MambaConfig,
+    ModelConfig,
+    NemotronHExperts,
+)
 
 ARCHITECTURES = {
     "GraniteMoeHybridForCausalLM": "granitemoehybrid",
@@ -54,7 +62,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                    "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4, "chunk_size": 128,
                    "use_conv_bias": True, "use_bias": False, "mlp_bias": False,
                    "layer_norm_epsilon": 1e-5, "mamba_hidden_act": "silu",
-                   "mamba_ssm_cache_dtype": "float32"},
+                   "mamba_ssm_cache_dtype": "float32", "n_routed_experts": 8,
+                   "num_experts_per_tok": 2, "moe_intermediate_size": 7688,
+                   "moe_shared_expert_intermediate_size": 7688, "n_group": 1, "topk_group": 1,
+                   "routed_scaling_factor": 1.0, "norm_topk_prob": True},
     "falcon_h1": {**_MAMBA_DEFAULTS, "mamba_d_ssm": 1024, "rms_norm_eps": 1e-5,
                   "num_key_value_heads": 8, "max_position_embeddings": 8192,
                   "mamba_norm_before_gate": True, "mamba_rms_norm": False},
@@ -80,10 +91,7 @@ def nemotron_types(cfg: Mapping[str, Any]) -> list[str]:
             raise ValueError(f"hybrid_override_pattern has unknown block types {unknown}")
         types = [_PATTERN[c] for c in pattern]
     types = [{"linear_attention": "mamba", "full_attention": "attention"}.get(t, t) for t in types]
-    if "moe" in types:
-        raise ValueError("Nemotron-H MoE layers (layers_block_type 'moe', Nemotron 3) are not "
-                         "supported: Mamba2, attention and MLP layers are")  # fmt: skip
-    unknown = sorted({t for t in types if t not in ("mamba", "attention", "mlp")})
+    unknown = sorted({t for t in types if t not in ("mamba", "attention", "mlp", "moe")})
     if unknown:
         raise ValueError(f"layers_block_type {unknown} are not supported in a nemotron_h model")
     return types
@@ -136,6 +144,30 @@ def _nemotron_mamba(cfg: Mapping[str, Any], n: int) -> MambaConfig:
         dt_max=_limit(high),
         mlp_layers=tuple(t == "mlp" for t in nemotron_types(cfg)),
         ssm_float32=cfg.get("mamba_ssm_cache_dtype") == "float32",
+        moe=_nemotron_experts(cfg),
+    )
+
+
+def _nemotron_experts(cfg: Mapping[str, Any]) -> NemotronHExperts | None:
+    layers = tuple(t == "moe" for t in nemotron_types(cfg))
+    if not any(layers):
+        return None
+    if cfg.get("mlp_hidden_act", "relu2") != "relu2":
+        raise ValueError(f"mlp_hidden_act {cfg['mlp_hidden_act']!r} in Nemotron-H's experts is "
+                         "not supported (relu2)")  # fmt: skip
+    routing = ExpertRouting(scoring="sigmoid", topk_method="noaux_tc",
+                            n_group=int(cfg["n_group"]), topk_group=int(cfg["topk_group"]),
+                            routed_scaling_factor=float(cfg["routed_scaling_factor"]))  # fmt: skip
+    latent = cfg.get("moe_latent_size")
+    return NemotronHExperts(
+        layers=layers,
+        num_experts=int(cfg["n_routed_experts"]),
+        top_k=int(cfg["num_experts_per_tok"]),
+        intermediate=int(cfg["moe_intermediate_size"]),
+        shared_intermediate=int(cfg["moe_shared_expert_intermediate_size"]),
+        routing=routing,
+        norm_topk_prob=bool(cfg["norm_topk_prob"]),
+        latent=int(latent) if latent else None,
     )
 
 
@@ -233,6 +265,7 @@ _NEMOTRON_LAYER = re.compile(r"backbone\.layers\.(\d+)\.(norm|mixer)\.(.*)")
 _NEMOTRON_TOP = {"backbone.embeddings.weight": "model.embed_tokens.weight",
                  "backbone.norm_f.weight": "model.norm.weight"}  # fmt: skip
 _ATTENTION_PARTS = ("q_proj.", "k_proj.", "v_proj.", "o_proj.")
+_MOE_PARTS = ("experts.", "gate.", "shared_experts.", "fc1_latent_proj.", "fc2_latent_proj.")
 
 
 def nemotron_name(stored: str) -> str:
@@ -249,7 +282,7 @@ def nemotron_name(stored: str) -> str:
         return f"model.layers.{i}.input_layernorm.{rest}"
     if rest.startswith(_ATTENTION_PARTS):
         return f"model.layers.{i}.self_attn.{rest}"
-    if rest.startswith(("up_proj.", "down_proj.")):
+    if rest.startswith(("up_proj.", "down_proj.", *_MOE_PARTS)):  # an MLP, or a MoE block
         return f"model.layers.{i}.mlp.{rest}"
     return f"model.layers.{i}.mamba.{rest}"
 
@@ -272,6 +305,8 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     if c.architecture == "nemotron_h" and m.mlp_layers[i]:  # up and down
         s = c.intermediate_size
         out.update({p + "mlp.up_proj.weight": (s, h), p + "mlp.down_proj.weight": (h, s)})
+    if m.moe is not None and m.moe.layers[i]:
+        out.update(_moe_shapes(m.moe, h, p + "mlp."))
     if c.architecture == "granitemoehybrid":
         s = c.intermediate_size
         out.update({p + "shared_mlp.input_linear.weight": (2 * s, h),
@@ -281,4 +316,18 @@ def expected_shapes(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
             e, n, b = f.num_experts, f.moe_intermediate_size, p + "block_sparse_moe."
             out.update({b + "router.layer.weight": (e, h), b + "input_linear.weight": (e, 2 * n, h),
                         b + "output_linear.weight": (e, h, n)})  # fmt: skip
+    return out
+
+
+def _moe_shapes(e: NemotronHExperts, h: int, p: str) -> dict[str, tuple[int, ...]]:
+    """A Nemotron-H MoE block's tensors (under Llama's `mlp.`: `nemotron_name`)."""
+    width, n, s = e.latent or h, e.intermediate, e.shared_intermediate
+    out = {p + "gate.weight": (e.num_experts, h), p + "gate.e_score_correction_bias": (e.num_experts,),
+           p + "shared_experts.up_proj.weight": (s, h), p + "shared_experts.down_proj.weight": (h, s)}  # fmt: skip
+    for x in range(e.num_experts):
+        out[f"{p}experts.{x}.up_proj.weight"] = (n, width)
+        out[f"{p}experts.{x}.down_proj.weight"] = (width, n)
+    if e.latent:
+        out[p + "fc1_latent_proj.weight"] = (e.latent, h)
+        out[p + "fc2_latent_proj.weight"] = (h, e.latent)
     return out

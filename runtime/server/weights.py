@@ -342,11 +342,13 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     notes = {"tied": note} if note else {}
     groups: dict[str, list[Stored]] = {}  # the matrices of one Linear (q/k/v, gate/up fused)
+    m = mc.family.mamba  # DeepSeek's router, and Nemotron-H's (the same one), held in float32
+    float32_router = mc.family.routing is not None or (m is not None and m.moe is not None)
     for name, t in tensors.items():
         if name in (EMBED, HEAD):
             continue
         norm = name.endswith("norm.weight")  # (Cohere's q/k norms: [heads, head_dim])
-        if mc.family.routing is not None and _FLOAT32_ROUTER.search(name):
+        if float32_router and _FLOAT32_ROUTER.search(name):
             total += _float32_router(t, p)
         elif _MAMBA_TENSORS.search(name):  # a Mamba2 mixer's conv (a tensor, not a Linear),
             # A and D in float32 (`model/mamba2.py`)

@@ -7,7 +7,8 @@ the whole sequence) at every step.
   multipliers, two groups of B/C; and a dense NoPE one, attention first;
 - Bamba (`BambaForCausalLM`): half-rotary attention, a dense MLP with biases;
 - Nemotron-H (`NemotronHForCausalLM`): single blocks (Mamba2, ReLU² MLP, attention without
-  rotary), its checkpoint's `backbone.` names, the SSM state in float32;
+  rotary), its checkpoint's `backbone.` names, the SSM state in float32; and Nemotron 3's MoE
+  blocks (sigmoid-routed ReLU² experts with correction biases, latent projections);
 - Falcon-H1 (`FalconH1ForCausalLM`): attention and Mamba2 side by side in every layer, its µP
   multipliers, the mixer's output norm before the gate, or no norm.
 
@@ -61,6 +62,16 @@ CASES = {
              num_hidden_layers=5, mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=16,
              n_groups=2, chunk_size=8, head_dim=16, use_bias=True, mlp_bias=True),
     ),
+    # Nemotron 3's MoE blocks: sigmoid router over 2 groups with correction biases (scrambled
+    # below), routed scale, latent projections, a shared expert
+    "nemotron-h-moe": (
+        "NemotronH",
+        dict(layers_block_type=["mamba", "moe", "attention", "moe"], num_hidden_layers=4,
+             mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=16, n_groups=2, chunk_size=8,
+             head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+             moe_shared_expert_intermediate_size=48, moe_latent_size=32, n_group=2,
+             topk_group=1, routed_scaling_factor=2.5),
+    ),
     # attention and Mamba2 side by side, every µP multiplier, the norm before the gate
     "falcon-h1-mup": (
         "FalconH1",
@@ -81,7 +92,15 @@ CASES = {
 
 def _make(name: str, path):
     arch, overrides = CASES[name]
-    return make_tiny_model(path, arch, **overrides)
+    model = make_tiny_model(path, arch, **overrides)
+    if name == "nemotron-h-moe":  # biases (buffers: zeros) large enough to change the picks
+        g = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for key, buf in model.named_buffers():
+                if key.endswith("e_score_correction_bias"):
+                    buf.copy_(torch.randn(buf.shape, generator=g))
+        model.save_pretrained(path)
+    return model
 
 
 built = built_fixture(_make)
@@ -190,12 +209,14 @@ def test_a_missing_mamba_tensor_is_refused_in_one_line(built):
         check_checkpoint(loaded.config, headers)
 
 
-@pytest.mark.parametrize("name", ["granite4-moe-rope", "bamba", "nemotron-h", "falcon-h1-mup"])
+@pytest.mark.parametrize(
+    "name", ["granite4-moe-rope", "bamba", "nemotron-h", "nemotron-h-moe", "falcon-h1-mup"]
+)
 def test_the_weights_and_state_estimates(built, name):
     """`server/weights.py` against the built model (bf16), and the memory estimate's state
     slots: max_num_seqs x the Mamba layers' conv and SSM states (Nemotron-H's SSM state in
     float32); the KV cache's bytes per token count the attention layers only."""
-    from model_bytes import build, check_estimate, held_bytes
+    from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
     from pagoda.runtime.server import memory
     from pagoda.runtime.server.weights import from_shapes
@@ -203,13 +224,14 @@ def test_the_weights_and_state_estimates(built, name):
     path, _, loaded, _ = built(name)
     check_estimate(path)
     shapes = from_shapes(loaded.config, torch.bfloat16, False)  # a config.json alone
-    assert shapes == pytest.approx(held_bytes(build(path, torch.bfloat16)), rel=0.1)  # (unpadded)
+    stored = sum(t.numel() for t in loaded.weights.values()) * 2  # every tensor, in bf16
+    assert shapes == pytest.approx(stored, rel=0.02)
     mc = loaded.config
     cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16", max_num_seqs=8)
     fp = memory.estimate(mc, cfg, path, torch.device("cpu"))
     m = mc.family.mamba
-    ssm = 4 if name == "nemotron-h" else 2
-    per_seq = 2 * (m.conv_dim * 3 * 2 + m.n_heads * m.head_dim * m.d_state * ssm)  # 2 layers
+    ssm = 4 if name.startswith("nemotron-h") else 2
+    per_seq = m.num_layers * (m.conv_dim * 3 * 2 + m.n_heads * m.head_dim * m.d_state * ssm)
     assert fp.parts()["Mamba state"] == 8 * per_seq
     assert mc.num_kv_layers == (2 if name.startswith("falcon") else 1)
     per_token = mc.num_kv_layers * 2 * mc.num_kv_heads * mc.head_dim * 2  # K and V, bf16
@@ -218,7 +240,7 @@ def test_the_weights_and_state_estimates(built, name):
 
 def test_nemotron_h_configs_of_the_hub(tmp_path):
     """The older `hybrid_override_pattern` (Nemotron-H 8B's config.json) reads as
-    `layers_block_type`; MoE blocks (Nemotron 3) are refused in one line."""
+    `layers_block_type`; an unknown block type is refused in one line."""
     import json
 
     from pagoda.runtime.model.loader import read_model_config
@@ -234,8 +256,8 @@ def test_nemotron_h_configs_of_the_hub(tmp_path):
     assert m.layers == (True, False, False, False)
     assert m.mlp_layers == (False, True, False, True) and mc.num_kv_layers == 1
     assert m.ssm_float32 and mc.family.hidden_act == "relu2" and not mc.family.gated_mlp
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, "hybrid_override_pattern": "M*E-"}))
-    with pytest.raises(ValueError, match="MoE layers"):
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "hybrid_override_pattern": "M*X-"}))
+    with pytest.raises(ValueError, match="unknown block types \\['X'\\]"):
         read_model_config(str(tmp_path))
 
 
