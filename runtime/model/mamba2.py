@@ -18,11 +18,12 @@ d_state]. A step's rows are decodes first, then prefill chunks (`attention.base`
 
 - the decode rows (one token each) are one batched recurrence step (`conv_step`,
   `recurrent_step`) over their slots, gathered and scattered back with index ops;
-- each prefill chunk runs the chunked scan (`ssd_scan`: SSD, state-space duality, as
-  transformers' `mamba2_chunk_scan`) from its sequence's state, and leaves the final one in its
-  slot, so a prompt split over steps (chunked prefill) computes what one pass would. The prefill
-  chunks of a step are a loop over their sequences (host-known lengths: no sync); the
-  projections and the norm around them run on the whole step at once.
+- the prefill chunks run together (`Mamba2Mixer._prefill`), laid out [sequences, longest
+  chunk] with dt 0 on the padding (which then neither decays nor feeds a state): the causal
+  conv from each sequence's conv state, the chunked scan (`ssd_scan`: SSD, state-space duality,
+  as transformers' `mamba2_chunk_scan`) from its SSM state; the final states go back to their
+  slots, so a prompt split over steps (chunked prefill) computes what one pass would. No loop
+  over sequences, no host sync (the layout is built on the host from the scheduled lengths).
 """
 
 from __future__ import annotations
@@ -35,16 +36,25 @@ from pagoda.runtime.config import MambaConfig
 
 
 @dataclass
+class Prefill:
+    """A step's prefill chunks laid out [sequences, longest chunk] (`Mamba2Mixer._prefill`)."""
+
+    shape: tuple[int, int]  # (sequences, the longest chunk's tokens)
+    rows: torch.Tensor  # int64 [prefill tokens]: each token's place in the layout
+    lens: torch.Tensor  # int64 [sequences] each chunk's tokens
+    slots: torch.Tensor  # int64 [sequences] their state slots
+
+
+@dataclass
 class MambaStep:
     """What the Mamba layers of one step read besides their input (built by the runner)."""
 
     slots: torch.Tensor  # int64 [B] each sequence's state slot, on the device
-    slots_host: list[int]
-    query_lens: list[int]  # new tokens per sequence (host)
     num_decodes: int  # the first sequences, one token each
     # layer -> its (conv [slots, conv_dim, d_conv - 1], SSM [slots, H, P, N]) state slots
     states: dict[int, tuple[torch.Tensor, torch.Tensor]]
     decode_run: tuple[int, int] | None = None  # the decode rows' slots, when they are a..b - 1
+    prefill: Prefill | None = None  # the prefill chunks (rows after the decodes)
 
 
 def segment_sum(x: torch.Tensor) -> torch.Tensor:
@@ -60,52 +70,52 @@ def segment_sum(x: torch.Tensor) -> torch.Tensor:
 
 
 def ssd_scan(
-    x: torch.Tensor,  # [L, H, P] float32
-    dt: torch.Tensor,  # [L, H] float32, softplus'd and clamped
+    x: torch.Tensor,  # [b, L, H, P] float32
+    dt: torch.Tensor,  # [b, L, H] float32, softplus'd and clamped (0 on padding)
     A: torch.Tensor,  # [H] float32 (negative)
-    B: torch.Tensor,  # [L, G, N]
-    C: torch.Tensor,  # [L, G, N]
+    B: torch.Tensor,  # [b, L, G, N]
+    C: torch.Tensor,  # [b, L, G, N]
     D: torch.Tensor,  # [H] float32
-    state: torch.Tensor,  # [H, P, N] float32, the state before the first token
+    state: torch.Tensor,  # [b, H, P, N] float32, each sequence's state before its first token
     chunk: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y [L, H, P], final state [H, P, N]) of one sequence: transformers' `mamba2_chunk_scan`
-    (batch of one) with its initial state: within each chunk of `chunk` tokens the quadratic
-    (attention-like) form, between chunks the recurrence on the chunk-boundary states."""
-    L, H, _ = x.shape
-    reps = H // B.shape[1]
-    B = B.float().repeat_interleave(reps, dim=1)
-    C = C.float().repeat_interleave(reps, dim=1)
+    """(y [b, L, H, P], final states [b, H, P, N]): transformers' `mamba2_chunk_scan` with
+    initial states: within each chunk of `chunk` tokens the quadratic (attention-like) form,
+    between chunks the recurrence on the chunk-boundary states. A position whose dt is 0 (a
+    shorter sequence's padding) neither decays the state nor adds to it: the final state is
+    the one after the sequence's last token."""
+    b, L, H, _ = x.shape
+    reps = H // B.shape[2]
+    B = B.float().repeat_interleave(reps, dim=2)
+    C = C.float().repeat_interleave(reps, dim=2)
     pad = (chunk - L % chunk) % chunk
     d_res = D[:, None] * x
     x = x * dt[..., None]
-    a = A * dt  # [L, H]
+    a = A * dt  # [b, L, H]
 
-    def chunks(t: torch.Tensor) -> torch.Tensor:  # [L, ...] -> [c, l, ...], zero-padded
-        t = F.pad(t, (0, 0) * (t.dim() - 1) + (0, pad))
-        return t.reshape(-1, chunk, *t.shape[1:])
+    def chunks(t: torch.Tensor) -> torch.Tensor:  # [b, L, ...] -> [b, c, l, ...], zero-padded
+        t = F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad))
+        return t.reshape(b, -1, chunk, *t.shape[2:])
 
     x, a, B, C = chunks(x), chunks(a), chunks(B), chunks(C)
-    a = a.permute(2, 0, 1)  # [H, c, l]
+    a = a.permute(0, 3, 1, 2)  # [b, H, c, l]
     a_cum = torch.cumsum(a, dim=-1)
     # 1. within each chunk: y = (C B^T * decay) x
-    decay = torch.exp(segment_sum(a))  # [H, c, l, s]
-    scores = torch.einsum("clhn,cshn->clsh", C, B) * decay.permute(1, 2, 3, 0)
-    y = torch.einsum("clsh,cshp->clhp", scores, x)
+    decay = torch.exp(segment_sum(a))  # [b, H, c, l, s]
+    scores = torch.einsum("bclhn,bcshn->bclsh", C, B) * decay.permute(0, 2, 3, 4, 1)
+    y = torch.einsum("bclsh,bcshp->bclhp", scores, x)
     # 2. each chunk's own contribution to the state at its end
-    to_end = torch.exp(a_cum[:, :, -1:] - a_cum)  # [H, c, l]
-    states = torch.einsum("clhn,clhp->chpn", B * to_end.permute(1, 2, 0)[..., None], x)
+    to_end = torch.exp(a_cum[..., -1:] - a_cum)  # [b, H, c, l]
+    states = torch.einsum("bclhn,bclhp->bchpn", B * to_end.permute(0, 2, 3, 1)[..., None], x)
     # 3. the states at chunk boundaries: the recurrence over chunks, from `state`
-    states = torch.cat([state[None], states], dim=0)  # [c + 1, H, P, N]
-    across = torch.exp(segment_sum(F.pad(a_cum[:, :, -1], (1, 0))))  # [H, c + 1, c + 1]
-    states = torch.einsum("hzc,chpn->zhpn", across, states)
-    states, final = states[:-1], states[-1]
+    states = torch.cat([state[:, None], states], dim=1)  # [b, c + 1, H, P, N]
+    across = torch.exp(segment_sum(F.pad(a_cum[..., -1], (1, 0))))  # [b, H, c + 1, c + 1]
+    states = torch.einsum("bhzc,bchpn->bzhpn", across, states)
+    states, final = states[:, :-1], states[:, -1]
     # 4. each chunk's start state read out at every position of it
-    y = (
-        y
-        + torch.einsum("clhn,chpn->clhp", C, states) * torch.exp(a_cum).permute(1, 2, 0)[..., None]
-    )
-    y = y.reshape(-1, H, y.shape[-1])[:L] + d_res
+    out = torch.einsum("bclhn,bchpn->bclhp", C, states)
+    y = y + out * torch.exp(a_cum).permute(0, 2, 3, 1)[..., None]
+    y = y.reshape(b, -1, H, y.shape[-1])[:, :L] + d_res
     return y, final
 
 
@@ -143,19 +153,6 @@ def conv_step(
     if bias is not None:
         out = out + bias
     return F.silu(out), window[..., 1:]
-
-
-def conv_chunk(
-    conv_state: torch.Tensor,  # [C, K - 1]
-    x: torch.Tensor,  # [L, C]
-    weight: torch.Tensor,  # [C, K]
-    bias: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The causal conv over L tokens of one sequence after its state: (SiLU(conv) [L, C], the
-    new state: the last K - 1 inputs)."""
-    window = torch.cat([conv_state, x.t()], dim=-1)  # [C, K - 1 + L]
-    out = F.conv1d(window[None], weight[:, None, :], bias, groups=weight.shape[0])[0]
-    return F.silu(out.t()), window[:, window.shape[1] - conv_state.shape[1] :]
 
 
 def _group_norm(h: torch.Tensor, group: int, eps: float) -> torch.Tensor:
@@ -231,16 +228,8 @@ class Mamba2Mixer:
         nd = step.num_decodes
         if nd:
             y[:nd] = self._decode(conv, ssm, xbc[:nd], dt[:nd], step)
-        start = nd
-        for i in range(nd, len(step.query_lens)):
-            n, s = step.query_lens[i], step.slots_host[i]
-            rows = slice(start, start + n)
-            c, conv[s] = conv_chunk(conv[s], xbc[rows], self.conv_weight, self.conv_bias)
-            x, B, C = self._split(c)
-            y[rows], final = ssd_scan(x.float(), dt[rows], self.A, B, C, self.D,
-                                      ssm[s].float(), m.chunk_size)  # fmt: skip
-            ssm[s] = final.to(ssm.dtype)
-            start += n
+        if step.prefill is not None:
+            y[nd:] = self._prefill(conv, ssm, xbc[nd:], dt[nd:], step.prefill)
         return self.out_proj(self._output(y.view(t, m.d_inner), z, h.dtype))
 
     def _output(self, y: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -272,6 +261,26 @@ class Mamba2Mixer:
         if not in_place:
             ssm.index_copy_(0, slots, state.to(ssm.dtype))
         return y
+
+    def _prefill(self, conv, ssm, xbc: torch.Tensor, dt: torch.Tensor, pre: Prefill):
+        """The step's prefill chunks, all at once: laid out [sequences, longest chunk] (dt 0 on
+        the padding), the causal conv from each one's conv state, the chunked scan from each
+        one's SSM state; both states left in their slots, the outputs back in the step's rows."""
+        m, (b, n) = self.m, pre.shape
+        k = m.d_conv - 1
+        padded = xbc.new_zeros(b * n, m.conv_dim).index_copy_(0, pre.rows, xbc)
+        window = torch.cat([conv.index_select(0, pre.slots), padded.view(b, n, -1).transpose(1, 2)],
+                           dim=2)  # [b, C, K - 1 + n]  # fmt: skip
+        c = F.conv1d(window, self.conv_weight[:, None, :], self.conv_bias, groups=m.conv_dim)
+        ends = (pre.lens[:, None] + torch.arange(k, device=pre.lens.device))[:, None, :]
+        conv.index_copy_(0, pre.slots, window.gather(2, ends.expand(b, m.conv_dim, k)))
+        x, B, C = self._split(F.silu(c.transpose(1, 2)).reshape(b * n, -1))
+        dt = dt.new_zeros(b * n, m.n_heads).index_copy_(0, pre.rows, dt)
+        y, final = ssd_scan(x.float().view(b, n, m.n_heads, m.head_dim), dt.view(b, n, -1),
+                            self.A, B.view(b, n, m.n_groups, -1), C.view(b, n, m.n_groups, -1),
+                            self.D, ssm.index_select(0, pre.slots).float(), m.chunk_size)  # fmt: skip
+        ssm.index_copy_(0, pre.slots, final.to(ssm.dtype))
+        return y.reshape(b * n, m.n_heads, m.head_dim).index_select(0, pre.rows)
 
     def _split(self, xbc: torch.Tensor):
         m = self.m

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.core.sched_output import ScheduledRequest
-from pagoda.runtime.model.mamba2 import MambaStep
+from pagoda.runtime.model.mamba2 import MambaStep, Prefill
 from pagoda.runtime.request import RUNNING, Request
 
 
@@ -94,13 +94,17 @@ class MambaState:
                 ssm.index_fill_(0, fresh, 0)
         nd, slots = host.num_decodes, host.slots.tolist()
         run = None
-        if (
-            nd
-            and slots[nd - 1] - slots[0] == nd - 1
-            and slots[:nd] == list(range(slots[0], slots[0] + nd))
-        ):
+        if nd and slots[:nd] == list(range(slots[0], slots[0] + nd)):
             run = (slots[0], slots[0] + nd)
-        return MambaStep(to_device(host.slots), slots, host.query_lens, nd, self.states, run)
+        on_device = to_device(host.slots)
+        prefill = None
+        if nd < len(slots):  # the prefill chunks, laid out [sequences, longest chunk]
+            lens = np.asarray(host.query_lens[nd:], dtype=np.int64)
+            n = int(lens.max())
+            starts = np.repeat(np.arange(len(lens)) * n - np.cumsum(lens) + lens, lens)
+            rows = starts + np.arange(int(lens.sum()))
+            prefill = Prefill((len(lens), n), to_device(rows), to_device(lens), on_device[nd:])
+        return MambaStep(on_device, nd, self.states, run, prefill)
 
     def _claim(self, req: Request) -> int:
         old = self._slot.pop(req.request_id, None)
