@@ -312,5 +312,13 @@ def test_granite_4_h_1b_config_of_the_hub(tmp_path):
     assert memory.kv_bytes_per_token(mc, torch.bfloat16, "auto") == 4 * 2 * 4 * 128 * 2
     plan = fit.check(mc, cfg_e, tmp_path)
     assert plan.state_bytes(mc) == 16 * per_seq
+    from pagoda.runtime.model.shape_fingerprint import shape_fingerprint
+
+    print_ = shape_fingerprint(mc, "none")  # a tuned profile's: the Mamba layers' shapes too
+    assert (print_["mamba_layers"], print_["attention_layers"], print_["mamba_heads"]) == (
+        36,
+        4,
+        48,
+    )
     # embedding 0.15B + 36 mixers 0.53B + 4 attention layers 0.03B + MLPs 0.75B
     assert 1.4e9 < mc.num_params < 1.5e9
