@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.config import MambaConfig
+from pagoda.runtime.cpu import mamba_step
 
 
 @dataclass
@@ -194,6 +195,8 @@ class Mamba2Mixer:
         self.D = w[p + "D"].float()
         self.dt_bias = w[p + "dt_bias"]
         self.norm = w[p + "norm.weight"] if m.gated_norm else None
+        # the CPU's native recurrence for float32 states (`cpu/mamba_step.py`), else torch's
+        self.native = mamba_step.load() if w.device.type == "cpu" else None
         self.clamp = (m.dt_min, m.dt_max) != (0.0, float("inf"))
         # Falcon-H1's µP multipliers: on the input, and on in_proj's z, x, B, C and dt parts
         f = m.falcon
@@ -242,9 +245,10 @@ class Mamba2Mixer:
         return gated_rms_norm(y.to(dtype), z, self.norm, m.d_inner // m.n_groups, self.eps)
 
     def _decode(self, conv, ssm, xbc: torch.Tensor, dt: torch.Tensor, step: MambaStep):
-        """The decode rows' one recurrence step: their states gathered from their slots and
-        scattered back, or, where the slots are one run (steady decoding: sequences admitted
-        together keep consecutive slots) and the SSM state float32, updated in place there."""
+        """The decode rows' one recurrence step: on the CPU with float32 states, the native
+        loop in the slots themselves; else their states gathered from their slots and scattered
+        back, or, where the slots are one run (steady decoding: sequences admitted together
+        keep consecutive slots) and the SSM state float32, updated in place there."""
         nd = xbc.shape[0]
         run = step.decode_run
         slots = step.slots[:nd]
@@ -255,6 +259,8 @@ class Mamba2Mixer:
         else:
             conv.index_copy_(0, slots, new_conv.to(conv.dtype))
         x, B, C = self._split(c)
+        if self.native is not None and ssm.dtype == torch.float32:  # one pass, in the slots
+            return self.native(ssm, slots, x, dt, self.A, B, C, self.D)
         in_place = run is not None and ssm.dtype == torch.float32
         state = ssm[run[0] : run[1]] if in_place else ssm.index_select(0, slots).float()
         y, state = recurrent_step(state, x.float(), dt, self.A, B, C, self.D)

@@ -128,10 +128,12 @@ def test_greedy_matches_transformers_chunked_batched_and_preempted(case):
     small.engine.check_integrity()
 
 
-def test_decode_slots_out_of_order(built, monkeypatch):
+@pytest.mark.parametrize("native", [True, False])
+def test_decode_slots_out_of_order(built, monkeypatch, native):
     """A request that finishes early gives its slot to the next one: the decode rows' slots
-    are then not one run (0, 2, 1), and their states are gathered and scattered back, where a
-    run is updated in place; every sequence still reads as transformers'."""
+    are then not one run (0, 2, 1); the native CPU recurrence updates them where they lie, the
+    torch one gathers and scatters them back (a run: updated in place); every sequence still
+    reads as transformers'."""
     from pagoda.runtime import SamplingParams
     from pagoda.runtime.worker import mamba_state
 
@@ -146,6 +148,11 @@ def test_decode_slots_out_of_order(built, monkeypatch):
 
     monkeypatch.setattr(mamba_state.MambaState, "device_step", record)
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=3)
+    mixers = [layer.mixer for layer in llm.engine.runner.model.layers if layer.mixer]
+    assert all(m.native is not None for m in mixers)  # (built here: a C compiler is needed)
+    if not native:
+        for m in mixers:
+            m.native = None
     ps = [[5 + i, 17, 42 + i, 9] for i in range(4)]
     lens = [NEW, 2, NEW, NEW]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lens]
