@@ -1,7 +1,8 @@
 """Decode speed of a hybrid model (Granite 4.0: Mamba2 + attention layers) on this machine, next
 to an all-attention Granite of the same width and depth, at batch 1 and 32, in one run.
 
-Both tiny models are written by transformers with random weights (hidden 256, 4 layers: the
+The hybrid runs twice: with the native CPU recurrence (`cpu/mamba_step.py`, the default for
+float32 states) and with the torch one. Both tiny models are written by transformers with random weights (hidden 256, 4 layers: the
 hybrid's three Mamba2 layers and one attention layer; 8 Mamba heads of 64, d_state 64). Decode
 tokens/s: the batch's prompts are prefilled first, then the engine's steps are timed until
 every request has its N tokens; the two models alternate `--repeats` times, each one's best
@@ -83,6 +84,15 @@ def main(argv: list[str] | None = None) -> int:
         models = build(Path(tmp))
         engines = {name: LLM(loaded=m, dtype=args.dtype, max_num_seqs=max(args.batches),
                              max_num_batched_tokens=2048) for name, m in models.items()}  # fmt: skip
+        # the hybrid again with the decode recurrence in torch (`model/mamba2.recurrent_step`)
+        # instead of the native loop (`cpu/mamba_step.py`, float32 states on the CPU)
+        hybrid = next(iter(models.values()))
+        torch_path = LLM(loaded=hybrid, dtype=args.dtype, max_num_seqs=max(args.batches),
+                         max_num_batched_tokens=2048)  # fmt: skip
+        for layer in torch_path.engine.runner.model.layers:
+            if layer.mixer is not None:
+                layer.mixer.native = None
+        engines["granite 4.0, torch recurrence"] = torch_path
         rows = []
         for b in args.batches:
             best: dict[str, float] = {}
