@@ -329,3 +329,31 @@ def test_granite_4_h_1b_config_of_the_hub(tmp_path):
     )
     # embedding 0.15B + 36 mixers 0.53B + 4 attention layers 0.03B + MLPs 0.75B
     assert 1.4e9 < mc.num_params < 1.5e9
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["granite4-moe-rope", "nemotron-h-moe", "falcon-h1-mup"])
+def test_gpu_matches_transformers_without_host_syncs(built, name):
+    """On CUDA (the Triton attention, CUDA graphs off for these models): transformers' tokens
+    and logits, chunked and preempted; no step's launch syncs with the host
+    (`arch_cases.tokens_without_host_syncs`: the Mamba layers' slots, prefill layout and state
+    zeroing are all built on the host and copied without a sync)."""
+    import os
+
+    from arch_cases import tokens_without_host_syncs
+
+    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("needs CUDA with compiled Triton kernels (TRITON_INTERPRET=0)")
+    _, _, loaded, reference = built(name)
+    common = dict(loaded=loaded, dtype="float32", kv_cache_memory=256 << 20,
+                  max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    llm = LLM(**common)
+    assert llm.engine.runner.cuda_graphs is None and llm.engine.runner.device.type == "cuda"
+    got = generate(llm, prompts())
+    for i, want in enumerate(reference):
+        check(got[i], want, f"{name}: prompt {i}, cuda")
+    tokens = [t for t, _ in got]
+    assert tokens_without_host_syncs(LLM(**common, async_scheduling=False), prompts()) == tokens
+    small = LLM(loaded=loaded, **{**SMALL_POOL, "device": "cuda"})
+    for i, (want, g) in enumerate(zip(reference, generate(small, prompts()))):
+        check(g, want, f"{name}: prompt {i}, cuda, preempted")
