@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.model.device_weights import DeviceWeights
-from pagoda.runtime.model.granite_hybrid import BAMBA_FINAL_NORM, MAMBA_STEP
+from pagoda.runtime.model.granite_hybrid import BAMBA_FINAL_NORM
 from pagoda.runtime.model.llama import (
     GatedMLP,
     LayerContext,
@@ -23,7 +23,7 @@ from pagoda.runtime.model.llama import (
     Step,
     linear_layer,
 )
-from pagoda.runtime.model.mamba2 import Mamba2Mixer
+from pagoda.runtime.model.mamba2 import MAMBA_STEP, Mamba2Mixer
 
 
 class FalconMLP(GatedMLP):

@@ -19,11 +19,10 @@ import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.granite import GraniteModel
 from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaLayer, Step, linear_layer
-from pagoda.runtime.model.mamba2 import Mamba2Mixer
+from pagoda.runtime.model.mamba2 import MAMBA_STEP, Mamba2Mixer
 from pagoda.runtime.model.moe import SharedExpertMoE, SparseMoE
 
 BAMBA_FINAL_NORM = "model.final_layernorm.weight"  # Bamba's name for `model.norm`
-MAMBA_STEP = "mamba"  # the key of the step's `MambaStep` in `AttentionMetadata.aux`
 
 
 class SharedMLP(GatedMLP):

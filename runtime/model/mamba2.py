@@ -35,6 +35,8 @@ import torch.nn.functional as F
 from pagoda.runtime.config import MambaConfig
 from pagoda.runtime.cpu import mamba_step
 
+MAMBA_STEP = "mamba"  # the key of the step's `MambaStep` in `AttentionMetadata.aux`
+
 
 @dataclass
 class Prefill:

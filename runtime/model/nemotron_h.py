@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
-from pagoda.runtime.model.granite_hybrid import MAMBA_STEP
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
-from pagoda.runtime.model.mamba2 import Mamba2Mixer
+from pagoda.runtime.model.mamba2 import MAMBA_STEP, Mamba2Mixer
 from pagoda.runtime.model.moe import grouped_experts
 from pagoda.runtime.model.moe_routing import GroupedRouter
 from pagoda.runtime.model.ops import gemma_rms_norm

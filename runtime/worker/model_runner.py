@@ -24,9 +24,9 @@ from pagoda.runtime.core.sched_output import SchedulerOutput
 from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.host_memory import keep_freed_memory
 from pagoda.runtime.distributed.group import TPGroup
-from pagoda.runtime.model.granite_hybrid import MAMBA_STEP
 from pagoda.runtime.model.llama import LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
+from pagoda.runtime.model.mamba2 import MAMBA_STEP
 from pagoda.runtime.model.ops import select_ops
 from pagoda.runtime.model.registry import build_model
 from pagoda.runtime.quantization.fp8 import check_checkpoint_form, engine_scheme
