@@ -1,6 +1,7 @@
-"""The Mamba2 mixer of hybrid models (Granite 4.0, Bamba) over a step's flattened batch, in pure
-torch: a port of transformers' `torch_forward` path (the non-CUDA fallback of
-`GraniteMoeHybridMambaLayer` / `BambaMixer`, itself the reference of the mamba_ssm kernels).
+"""The Mamba2 mixer of hybrid models (Granite 4.0, Bamba, Nemotron-H, Falcon-H1) over a step's
+flattened batch, in pure torch: a port of transformers' `torch_forward` path (the non-CUDA
+fallback of `GraniteMoeHybridMambaLayer` / `BambaMixer`, itself the reference of the mamba_ssm
+kernels).
 
 Per token: ``in_proj`` gives the gate z, the conv input xBC and the time step dt; xBC goes
 through a causal depthwise conv of width ``d_conv`` and SiLU, then splits into x (heads x
@@ -17,7 +18,8 @@ one per running sequence, zeroed when a sequence starts): the conv state, the la
 d_state]. A step's rows are decodes first, then prefill chunks (`attention.base`):
 
 - the decode rows (one token each) are one batched recurrence step (`conv_step`,
-  `recurrent_step`) over their slots, gathered and scattered back with index ops;
+  `recurrent_step`) over their slots, gathered and scattered back with index ops (on the CPU,
+  float32 SSM states in one native pass where they lie: `cpu/mamba_step.py`);
 - the prefill chunks run together (`Mamba2Mixer._prefill`), laid out [sequences, longest
   chunk] with dt 0 on the padding (which then neither decays nor feeds a state): the causal
   conv from each sequence's conv state, the chunked scan (`ssd_scan`: SSD, state-space duality,
