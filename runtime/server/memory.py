@@ -157,6 +157,10 @@ def step_bytes(
         tokens, rows = min(tokens, kv_blocks * bs), min(rows, kv_blocks)
     qkv = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
     per_token = (4 * mc.hidden_size + qkv + 3 * mc.intermediate_size) * dtype.itemsize
+    if (m := mc.family.mamba) is not None:  # the chunked scan's float32 temporaries, at
+        # least the decay mask and the scores alive together: two [heads, chunk] rows a token
+        # (`mamba2.ssd_scan`; a floor: its einsums' copies come and go beside them)
+        per_token += 2 * m.n_heads * min(m.chunk_size, tokens) * 4 + 2 * m.conv_dim * 4
     return tokens * per_token + rows * mc.vocab_size * 8  # float32 logits and probabilities
 
 
