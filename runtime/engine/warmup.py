@@ -191,7 +191,7 @@ def warm_kernels(runner, *, max_num_seqs: int, max_model_len: int, max_num_batch
         runner.block_size,
         runner.dtype,
         runner.device,
-        runner.kv_caches[0][0].dtype if runner.kv_caches else None,
+        next((c[0].dtype for c in runner.kv_caches if c), None),  # (a Mamba layer's: empty)
         _kv_scale_size(runner),
         _chunk(runner),
     )

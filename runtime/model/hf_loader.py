@@ -20,6 +20,7 @@ from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import family_fields, special_tokens, tiktoken_files
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import llama4_config as llama4
+from pagoda.runtime.model import mamba_config as hybrid
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.ops import rope_inv_freq, rotary_dim
 from pagoda.runtime.model.safetensors_weights import INDEX, SafetensorsWeights
@@ -69,6 +70,7 @@ HF_ARCHITECTURES = {
     "Ministral3ForCausalLM": "ministral3",  # Ministral 3: yarn, q scaled by position (ministral3.py)
     **glm4_moe.ARCHITECTURES,  # GLM-4.5, GLM-4.5-Air, GLM-4.6 (model/glm4_moe.py)
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
+    **hybrid.ARCHITECTURES,  # Granite 4.0, Bamba: Mamba2 and attention layers (granite_hybrid.py)
 }
 # a multimodal wrapper's text model, by its text_config's model_type (transformers' default
 # first); another model_type is refused
@@ -158,6 +160,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     **deepseek.DEFAULTS,
     **glm4_moe.DEFAULTS,
     **llama4.DEFAULTS,
+    **hybrid.DEFAULTS,
 }  # fmt: skip
 # GptOssConfig's rotary where config.json names none (neither rope_scaling nor rope_parameters)
 _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
@@ -200,7 +203,7 @@ _DEFAULT_ROPE = {
     },
 }
 # the families whose transformers models read partial_rotary_factor
-_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe")
+_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "bamba")
 _FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -361,6 +364,8 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     if arch in _DEFAULT_ROPE and not {"rope_parameters", "rope_scaling"} & set(cfg):
         # (a top-level rope_theta alone does not count: transformers takes the default's)
         cfg["rope_parameters"] = _DEFAULT_ROPE[arch]
+    if arch in hybrid.DEFAULTS:  # Granite 4.0's shared MLP width, Bamba's half rotary,
+        cfg = {**cfg, **hybrid.overrides(cfg, arch)}  # Nemotron-H's layers from their types
     gen = _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])

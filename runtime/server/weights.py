@@ -66,6 +66,8 @@ _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b)_proj|kv_a_pro
 # llama.cpp's split of DeepSeek's kv_b_proj, joined back at load (`deepseek.kv_b_weight`)
 # kv_b_proj, or llama.cpp's split of it: held as the absorbed W_UK and W_UV (model/deepseek.py)
 _KV_B = re.compile(r"self_attn\.(kv|k|v)_b_proj\.weight$")
+# a Mamba2 mixer's tensors held as they are, not as `Linear`s (`model/mamba2.py`)
+_MAMBA_TENSORS = re.compile(r"\.mamba\.(conv1d\.weight|A_log|D)$")
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter)
 _FLOAT32_ROUTER = re.compile(r"mlp\.gate\.(weight|e_score_correction_bias)$")
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
@@ -302,7 +304,8 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
         projections += n * biases * item + n * 4 * heads
         norms = (2 * n + 1) * h * 4
-    return math.ceil(projections + absorbed + (experts + embed) / t) + routers + norms
+    hybrid = mc.hybrid_params() * item  # Mamba2 mixers (`config.MambaConfig`; one rank)
+    return math.ceil(projections + absorbed + (experts + embed) / t) + routers + norms + hybrid
 
 
 def _mla_matrices(h: int, heads: int, m, t: int = 1) -> list[tuple[float, float]]:
@@ -325,7 +328,8 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         return False
     if name == HEAD:
         return not mc.tie_word_embeddings
-    if name in (EMBED, NORM, "model.norm.bias"):  # (StarCoder2's LayerNorm has a bias)
+    if name in (EMBED, NORM, "model.norm.bias", "model.final_layernorm.weight"):  # (StarCoder2's
+        # LayerNorm has a bias; Bamba's final norm its own name)
         return True
     m = _LAYER.match(name)
     return m is not None and int(m.group(1)) < mc.num_layers
@@ -345,14 +349,19 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     notes = {"tied": note} if note else {}
     groups: dict[str, list[Stored]] = {}  # the matrices of one Linear (q/k/v, gate/up fused)
+    m = mc.family.mamba  # DeepSeek's router, and Nemotron-H's (the same one), held in float32
+    float32_router = mc.family.routing is not None or (m is not None and m.moe is not None)
     for name, t in tensors.items():
         if name in (EMBED, HEAD):
             continue
         norm = name.endswith("norm.weight")  # (Cohere's q/k norms: [heads, head_dim])
-        if mc.family.routing is not None and _FLOAT32_ROUTER.search(name):
+        if float32_router and _FLOAT32_ROUTER.search(name):
             total += _float32_router(t, p)
         elif mc.family.mla is not None and _KV_B.search(name):
             total += _absorbed_kv_b(t, mc, lay, p)
+        elif _MAMBA_TENSORS.search(name):  # a Mamba2 mixer's conv (a tensor, not a Linear),
+            # A and D in float32 (`model/mamba2.py`)
+            total += t.numel * (4 if name.endswith(("A_log", "D")) else p.dtype.itemsize)
         elif name.endswith(".weight") and len(t.shape) in (2, 3) and not norm:
             groups.setdefault(_group(name), []).append(t)
         elif norm and (
