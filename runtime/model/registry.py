@@ -63,6 +63,10 @@ MODEL_CLASSES = {
     "hunyuan_v1_dense": ("qwen3", "HunYuanDenseModel"),  # q/k norms after rotary
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
     "gptj": ("phi", "PhiModel"),  # Phi's, the rotary interleaved
+    "granitemoehybrid": ("granite_hybrid", "HybridModel"),  # Granite 4.0: Mamba2 + attention
+    "bamba": ("granite_hybrid", "HybridModel"),  # Mamba2 + attention, a dense MLP
+    "nemotron_h": ("nemotron_h", "NemotronHModel"),  # Mamba2, attention or MLP blocks
+    "falcon_h1": ("falcon_h1", "FalconH1Model"),  # attention and Mamba2 side by side
 }
 
 

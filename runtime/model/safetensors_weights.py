@@ -73,6 +73,10 @@ _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
 def _text_name(stored: str) -> str | None:
     if stored.startswith(_SKIP):
         return None
+    if stored.startswith("backbone."):  # Nemotron-H's names (model/mamba_config.py)
+        from pagoda.runtime.model.mamba_config import nemotron_name
+
+        return nemotron_name(stored)
     for old, new in _PREFIXES:
         if stored.startswith(old):
             return new + stored[len(old) :]

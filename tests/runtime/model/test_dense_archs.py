@@ -275,13 +275,13 @@ def test_the_published_config_reads_as_transformers_reads_it(case):
     assert c.tie_word_embeddings == ("tied" in name or name.startswith(tied_by_default))
     assert c.tie_word_embeddings == (model.lm_head.weight is model.get_input_embeddings().weight)
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
-    if name.startswith("minicpm3"):  # latent attention: every head's k and v, max(qk, v) wide
-        head_dim = max(t.qk_head_dim, t.v_head_dim)
+    if name.startswith("minicpm3"):  # DeepSeek's latent cache: one row (latent, rotary key)
+        head_dim = t.kv_lora_rank + t.qk_rope_head_dim
         assert (c.family.mla.v_head_dim, c.family.mla.qk_rope_head_dim) == (16, 8)
         assert (c.family.embedding_multiplier, c.family.logits_scaling) == (12, t.logits_scaling)
         assert c.family.residual_multiplier == pytest.approx(1.4 / 2**0.5)
-    assert (c.num_layers, c.head_dim, c.num_kv_heads) == (
-        t.num_hidden_layers, head_dim, _kv_heads(t))  # fmt: skip
+    kv_heads = 1 if name.startswith("minicpm3") else _kv_heads(t)  # (a latent row a token)
+    assert (c.num_layers, c.head_dim, c.num_kv_heads) == (t.num_hidden_layers, head_dim, kv_heads)
     rope = _rope(t)
     if name.startswith("hunyuan"):  # the fixed-alpha NTK rotary: a static base
         assert model.model.rotary_emb.rope_type == "ntk_alpha" and c.rope_scaling is None
@@ -397,10 +397,10 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
     ) == (t.num_hidden_layers, t.max_position_embeddings, t.tie_word_embeddings,
           t.bos_token_id, eos)  # fmt: skip
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
-    if model_type == "minicpm3":  # every head's k and v (its class default of 40 KV heads is
-        # not what a 32-head model runs), max(qk, v) wide; v derived from hidden / heads
+    if model_type == "minicpm3":  # DeepSeek's latent cache: one row of latent and rotary key
+        # (its class default of 40 KV heads is not read); v derived from hidden / heads
         assert o.family.mla.v_head_dim == t.v_head_dim == 8
-        assert (o.num_kv_heads, o.head_dim) == (32, max(t.qk_head_dim, t.v_head_dim))
+        assert (o.num_kv_heads, o.head_dim) == (1, t.kv_lora_rank + t.qk_rope_head_dim)
         return
     # (NemotronConfig leaves num_key_value_heads None, which its attention cannot run: as MHA)
     assert (o.num_kv_heads, o.head_dim) == (_kv_heads(t), head_dim)
