@@ -1,6 +1,6 @@
 """EXAONE 3 / 3.5, EXAONE 4.5 (its text model), Nemotron, InternLM3, Gemma (v1), Phi, OLMo,
-MiniCPM3, Falcon, GPT-NeoX, StableLM, Jais 2, VaultGemma, HyperCLOVA X, Helium, CWM, HunYuan and GPT-J against
-transformers, token for token, on tiny random checkpoints transformers writes itself
+MiniCPM3, Falcon, GPT-NeoX, StableLM, Jais 2, VaultGemma, HyperCLOVA X, Helium, CWM, HunYuan
+and GPT-J against transformers, token for token, on tiny random checkpoints transformers writes itself
 (tests/runtime/hf_oracle.py): float32, prompts chunked into 16-token steps, three prompts
 sharing steps, a warm prefix cache on the second pass, and a KV pool so small that requests are
 preempted; logits within 1e-3 of transformers' plain greedy loop at every step.
