@@ -49,6 +49,7 @@ SLOW_IN_PARALLEL = (
     "tests/runtime/engine/test_invariance.py",
     "tests/runtime/engine/test_warmup.py",  # which kernel variants a run launches
     "tests/runtime/model/test_gguf.py",
+    "tests/runtime/model/test_dense_archs.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_forward_sync_free.py",  # Triton's interpreter, ops recorded
     "tests/runtime/model/test_gpt_oss.py",  # Triton's interpreter in the engine
     "tests/runtime/model/test_llama4.py",  # Triton's interpreter in the engine, two ranks
@@ -61,6 +62,7 @@ SLOW_IN_PARALLEL = (
     "tests/server/test_fuzz.py",  # no 5xx, the engine intact after
     "tests/server/test_glm45_api.py",  # calls and thinking parsed as written
     "tests/server/test_harmony_tools_api.py",  # a steered model's harmony calls
+    "tests/server/test_hybrid_serve.py",  # answers equal transformers'
     "tests/server/test_parallel_flags.py",  # exit 2 before loading
     "tests/server/test_reasoning_api.py",  # replies split as the completions oracle's text
     "tests/server/test_structured_outputs.py",  # every output validates
