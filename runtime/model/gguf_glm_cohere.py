@@ -43,8 +43,8 @@ def fused_names(name: str, architecture: str) -> tuple[str, ...]:
 
 
 def eps_key(gguf_arch: str) -> str:
-    """The key of the norms' eps: Cohere's LayerNorm has its own."""
-    if gguf_arch in ("command-r", "cohere2"):
+    """The key of the norms' eps: Cohere's (and StarCoder2's) LayerNorm has its own."""
+    if gguf_arch in ("command-r", "cohere2", "starcoder2"):
         return "attention.layer_norm_epsilon"
     return "attention.layer_norm_rms_epsilon"
 
