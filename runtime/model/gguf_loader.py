@@ -269,9 +269,14 @@ def _rope_scaling(reader, p: str, head_dim: int, partial: bool = False) -> dict 
     if rotated is not None and int(rotated) != head_dim and not partial:
         raise ValueError(f"GGUF rope.dimension_count {rotated} < head size {head_dim}: a partial "
                          "rotary embedding is not supported")  # fmt: skip
-    if float(_field(reader, p + "rope.scaling.attn_factor", 1.0)) != 1.0:
-        raise ValueError("GGUF rope.scaling.attn_factor other than 1 is not supported")
     scale_type = _field(reader, p + "rope.scaling.type")
+    # yarn's attention factor (transformers' `attention_factor`: OLMo 3's), as the converter
+    # writes it: `attn_factor` (older), `yarn_attn_factor` (newer)
+    attn = {float(v) for v in (_field(reader, p + "rope.scaling.attn_factor"),
+                               _field(reader, p + "rope.scaling.yarn_attn_factor")) if v is not None}  # fmt: skip
+    if len(attn) > 1 or (attn - {1.0} and scale_type != "yarn"):
+        raise ValueError(f"GGUF rope.scaling.attn_factor {sorted(attn)} is supported only as "
+                         "yarn's one attention factor")  # fmt: skip
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     if freqs is not None:
         if scale_type not in (None, "none"):
@@ -296,6 +301,7 @@ def _rope_scaling(reader, p: str, head_dim: int, partial: bool = False) -> dict 
     }
     if scale_type == "yarn":  # its betas where the file has them (else yarn's 32 and 1)
         out.update(gguf_deepseek.yarn_betas(lambda key, d=None: _field(reader, p + key, d)))
+        out.update({"attention_factor": attn.pop()} if attn else {})
     return out
 
 

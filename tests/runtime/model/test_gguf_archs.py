@@ -328,3 +328,77 @@ def test_gguf_arch_matches_transformers_on_its_dequantized_weights(tmp_path, cas
         prompts = [PROMPTS[1], [(5 * i + 1) % 290 + 5 for i in range(41)]]
     want = [hf_greedy_plain(oracle, p, 6)[0] for p in prompts]
     assert _generate(path, prompts) == want, case
+
+
+OLMO3_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+              "original_max_position_embeddings": 16, "attention_factor": 4.0}  # fmt: skip
+
+
+@pytest.mark.parametrize("newer", [False, True])
+def test_olmo3_gguf_yarn_attention_factor_is_transformers_attention_factor(tmp_path, newer):
+    """OLMo 3's yarn on its global layers with an `attention_factor` (OLMo-3's own equals
+    yarn's default; 4 here, so that it matters): the older converter wrote it as
+    `rope.scaling.attn_factor`, the newer as `rope.scaling.yarn_attn_factor` with the betas."""
+    from test_gguf_families import write_gguf
+
+    rope = {"full_attention": OLMO3_YARN,
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}  # fmt: skip
+    make_tiny_model(tmp_path / "hf", "Olmo3", vocab_size=300, num_hidden_layers=4,
+                    sliding_window=7, rope_parameters=rope)  # fmt: skip
+
+    def extra(w):
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(OLMO3_YARN["factor"])
+        w.add_rope_scaling_orig_ctx_len(OLMO3_YARN["original_max_position_embeddings"])
+        if newer:
+            w.add_rope_scaling_yarn_attn_factor(OLMO3_YARN["attention_factor"])
+            w.add_rope_scaling_yarn_beta_fast(32.0)
+            w.add_rope_scaling_yarn_beta_slow(1.0)
+        else:
+            w.add_rope_scaling_attn_factors(OLMO3_YARN["attention_factor"])
+
+    path = tmp_path / "olmo3.gguf"
+    oracle = _oracle(tmp_path, write_gguf(path, tmp_path / "hf", "olmo2", 7, extra))
+    config, _, _, _ = load_gguf(path)
+    assert config.rope_scaling["attention_factor"] == 4.0
+    assert config.family.local_rope_theta == 10000.0  # the window layers: unscaled
+    want = [hf_greedy_plain(oracle, p, 6)[0] for p in PROMPTS]
+    assert _generate(path, PROMPTS) == want
+
+
+def _one_factor(w, cfg, sd, put):  # a longrope file missing its short factors
+    w.add_tensor("rope_factors_long.weight", np.ones(8, dtype=np.float32))
+    return _phi3_extra(w, cfg, sd, put)
+
+
+def _no_xielu(w, cfg, sd, put):  # Apertus without its xIELU arrays
+    return [n for n in sd if ".act_fn." in n]
+
+
+def _attn_factors(*values):
+    def extra(w, cfg, sd, put):
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(2.0)
+        w.add_rope_scaling_attn_factors(values[0])
+        if len(values) > 1:
+            w.add_rope_scaling_yarn_attn_factor(values[1])
+        return []
+
+    return extra
+
+
+@pytest.mark.parametrize(
+    ("hf_arch", "overrides", "arch", "extra", "words"),
+    [
+        ("Phi3", dict(num_hidden_layers=1), "phi3", _one_factor, "rope_factors_short"),
+        ("Apertus", dict(num_hidden_layers=1), "apertus", _no_xielu, "xielu.alpha_p"),
+        ("Arcee", dict(num_hidden_layers=1), "arcee", _attn_factors(2.0), "attn_factor"),
+    ],
+)  # fmt: skip
+def test_gguf_variants_of_these_archs_the_engine_does_not_run_are_refused(
+    tmp_path, hf_arch, overrides, arch, extra, words
+):
+    make_tiny_model(tmp_path / "hf", hf_arch, **overrides)
+    convert(tmp_path / "m.gguf", tmp_path / "hf", arch, extra=extra)
+    with pytest.raises(ValueError, match=words):
+        load_gguf(tmp_path / "m.gguf")
