@@ -174,7 +174,10 @@ def _generate(path, prompts, n=6):
 PROMPTS = [[(7 * i + 3) % 250 + 5 for i in range(n)] for n in (3, 29)]
 
 
-def test_gpt_oss_gguf_matches_transformers_on_its_dequantized_weights(tmp_path):
+@pytest.fixture(scope="module")
+def gpt_oss_gguf(tmp_path_factory):
+    """(the gpt-oss GGUF, transformers' model of its dequantized weights)."""
+    tmp_path = tmp_path_factory.mktemp("gpt-oss-gguf")
     model = make_tiny_model(tmp_path / "hf", "GptOss", **GPT_OSS)
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():  # sinks of a few units (transformers draws them near 0)
@@ -195,7 +198,11 @@ def test_gpt_oss_gguf_matches_transformers_on_its_dequantized_weights(tmp_path):
         bias[:, 0::2], bias[:, 1::2] = expected.pop(f"gate_b{i}"), expected.pop(f"up_b{i}")
         expected[p + "gate_up_proj_bias"] = bias
         expected[p + "down_proj"] = expected[p + "down_proj"].transpose(1, 2).contiguous()
-    oracle = _oracle(tmp_path, expected)
+    return path, _oracle(tmp_path, expected)
+
+
+def test_gpt_oss_gguf_matches_transformers_on_its_dequantized_weights(gpt_oss_gguf):
+    path, oracle = gpt_oss_gguf
     config, _, tokenizer, _ = load_gguf(path)
     f = config.family
     assert config.architecture == "gpt_oss" and config.attention_bias and config.head_dim == 32
@@ -208,6 +215,22 @@ def test_gpt_oss_gguf_matches_transformers_on_its_dequantized_weights(tmp_path):
     assert tokenizer.chat_template == TEMPLATE
     want = [hf_greedy_plain(oracle, p, 6)[0] for p in PROMPTS]
     assert _generate(path, PROMPTS) == want
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_gpt_oss_gguf_weight_estimate_is_what_the_engine_holds(gpt_oss_gguf, dtype):
+    """`server/weights.py` from the file's tensor table against a built model: the MXFP4
+    experts as the dense gate/up and down `Linear`s the engine makes of them."""
+    from model_bytes import build, held_bytes
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server import weights
+
+    path = gpt_oss_gguf[0]
+    held = held_bytes(build(path, getattr(torch, dtype)))
+    cfg = EngineConfig.create(str(path), device="cpu", dtype=dtype)
+    got = weights.estimate(read_model_config(str(path)), cfg, path)
+    assert got.bytes == pytest.approx(held, rel=1e-3), got
 
 
 def test_gguf_mxfp4_blocks_hold_the_checkpoints_values():
