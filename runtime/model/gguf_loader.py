@@ -30,7 +30,12 @@ from pagoda.runtime.model import gguf_archs, gguf_deepseek, gguf_glm_cohere, pre
 from pagoda.runtime.model.gguf_dequant import dequantize
 from pagoda.runtime.model.gguf_reader import parse as _reader  # noqa: F401 - one of its own
 from pagoda.runtime.model.gguf_reader import take_reader
-from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer, build_gemma_tokenizer
+from pagoda.runtime.model.tokenizer import (
+    Tokenizer,
+    build_bpe_tokenizer,
+    build_gemma_tokenizer,
+    build_spm_tokenizer,
+)
 
 log = logging.getLogger(__name__)
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma2",
@@ -390,13 +395,19 @@ def read_tokenizer(reader, config: ModelConfig) -> Tokenizer:
     )
     if model == "llama" and config.architecture in ("gemma2", "gemma3"):  # Gemma's SentencePiece
         hf_tok = build_gemma_tokenizer(tokens, types)
+    elif model == "llama":  # SentencePiece: Llama's (Phi-3's prefix before every text)
+        scores = _field(reader, "tokenizer.ggml.scores") or [0.0] * len(tokens)
+        hf_tok = build_spm_tokenizer(
+            tokens, scores, types, bool(_field(reader, "tokenizer.ggml.add_space_prefix", True)),
+            prefix_every_text=config.architecture == "phi3",
+        )  # fmt: skip
     elif model == "gpt2":
         merges = _field(reader, "tokenizer.ggml.merges", [])
         hf_tok = build_bpe_tokenizer(tokens, merges, types, _field(reader, "tokenizer.ggml.pre"))
     else:
         raise ValueError(
-            f"unsupported GGUF tokenizer {model!r}: byte-level BPE ('gpt2') is read, and "
-            "SentencePiece ('llama') for gemma2 and gemma3"
+            f"unsupported GGUF tokenizer {model!r}: byte-level BPE ('gpt2') and SentencePiece "
+            "('llama') are read"
         )
     return Tokenizer(
         hf_tok,

@@ -48,7 +48,28 @@ def _unpermute(a, n):
     return a.reshape(n, a.shape[0] // n // 2, 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
 
 
-def convert(path, hf_dir, arch: str, pre: str = "qwen2", extra=None, tokens_extra=()):
+def _spm_vocab(n: int) -> tuple[list[str], list[float], list[int]]:
+    """A Llama-style SentencePiece vocabulary of n tokens: <unk>, <s>, </s>, byte fallbacks,
+    pieces scored so that the merge order matters, Phi-3's chat tokens, unused fillers."""
+    tokens, types = ["<unk>", "<s>", "</s>"], [2, 3, 3]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [6] * 256
+    pieces = ["\u2581t", "he", "\u2581the", "an", "nd", "\u2581and", "\u2581a", "at", "\u2581c",
+              "\u2581cat", "\u2581h", "\u2581hat", "\u2581", *"acdehnt"]  # fmt: skip
+    # by score "\u2581a" merges before "an" (in the file's order, after): "\u2581and" whole
+    order = {"\u2581a": 1.5}
+    scores = [0.0] * len(tokens) + [order.get(p, -float(i)) for i, p in enumerate(pieces)]
+    tokens += pieces
+    types += [1] * len(pieces)
+    for t in ("<|user|>", "<|end|>", "<|assistant|>"):
+        tokens, types, scores = [*tokens, t], [*types, 3], [*scores, 0.0]
+    fill = n - len(tokens)
+    return ([*tokens, *(f"<unused{i}>" for i in range(fill))], [*scores, *[0.0] * fill],
+            [*types, *[5] * fill])  # fmt: skip
+
+
+def convert(path, hf_dir, arch: str, pre: str = "qwen2", extra=None, tokens_extra=(),
+            spm: bool = False):  # fmt: skip
     """The checkpoint in `hf_dir` as llama.cpp's converter writes it for `arch` (module
     docstring); `extra(writer, cfg, sd, put)` writes what the family's converter adds and
     returns the HF names it took care of. Returns the tensors as the file dequantizes them."""
@@ -84,15 +105,25 @@ def convert(path, hf_dir, arch: str, pre: str = "qwen2", extra=None, tokens_extr
                          ("beta_slow", w.add_rope_scaling_yarn_beta_slow)):  # fmt: skip
             if rope.get(key) is not None:
                 add(rope[key])
-    tokens, types, merges = _byte_level_vocab(cfg.vocab_size)
-    for i, t in enumerate(tokens_extra):  # special tokens over the last ids
-        tokens[-1 - i], types[-1 - i] = t, 3
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_eos_token_id(cfg.vocab_size - 1)
+    if spm:  # SentencePiece, as the converters write Phi-3's and ERNIE 4.5's
+        tokens, scores, types = _spm_vocab(cfg.vocab_size)
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+    else:
+        tokens, types, merges = _byte_level_vocab(cfg.vocab_size)
+        for i, t in enumerate(tokens_extra):  # special tokens over the last ids
+            tokens[-1 - i], types[-1 - i] = t, 3
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(pre)
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_eos_token_id(cfg.vocab_size - 1)
     expected: dict[str, np.ndarray] = {}
 
     def put(gname, arr, hf, qtype=Q.Q8_0, heads=0):
@@ -425,3 +456,29 @@ def test_gguf_variants_of_these_archs_the_engine_does_not_run_are_refused(
     convert(tmp_path / "m.gguf", tmp_path / "hf", arch, extra=extra)
     with pytest.raises(ValueError, match=words):
         load_gguf(tmp_path / "m.gguf")
+
+
+@pytest.mark.parametrize("case", ["phi3-window", "ernie4_5"])
+def test_sentencepiece_vocabulary_tokenizes_as_transformers_reads_the_file(tmp_path, case):
+    """Phi-3's and ERNIE 4.5's GGUFs carry a SentencePiece vocabulary (`tokenizer.ggml.model`
+    llama, scores, no merges): the engine's tokenizer gives transformers' ids for the same file
+    (Phi-3: a prefix space before each text between special tokens, as its normalizer; the
+    others: before the first, as LlamaTokenizer), decodes them back, and adds BOS."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        convert_gguf_tokenizer,
+        get_gguf_tokenizer,
+    )
+
+    hf_arch, overrides, arch, extra, _ = CASES[case]
+    make_tiny_model(tmp_path / "hf", hf_arch, **{**overrides, "num_hidden_layers": 1})
+    path = tmp_path / "m.gguf"
+    convert(path, tmp_path / "hf", arch, extra=extra, spm=True)
+    _, _, ours, _ = load_gguf(path)
+    theirs, _ = convert_gguf_tokenizer(*get_gguf_tokenizer(str(path))[:2])
+    texts = ["the cat and the hat", "  two  spaces   and\ttabs", "that hat, \u00e9clair \U0001f642",
+             "<|user|>\nthe cat<|end|>\n<|assistant|>", "andandand the", " the"]  # fmt: skip
+    for text in texts:
+        want = theirs.encode(text, add_special_tokens=False).ids
+        assert ours.encode(text, add_special_tokens=False) == want, text
+        assert ours.decode(want, skip_special_tokens=False) == theirs.decode(want, skip_special_tokens=False), text
+    assert ours.encode("the cat")[:1] == [1]  # <s>, as llama.cpp adds it
