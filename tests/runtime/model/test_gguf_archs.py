@@ -480,5 +480,7 @@ def test_sentencepiece_vocabulary_tokenizes_as_transformers_reads_the_file(tmp_p
     for text in texts:
         want = theirs.encode(text, add_special_tokens=False).ids
         assert ours.encode(text, add_special_tokens=False) == want, text
-        assert ours.decode(want, skip_special_tokens=False) == theirs.decode(want, skip_special_tokens=False), text
+        assert ours.decode(want, skip_special_tokens=False) == theirs.decode(
+            want, skip_special_tokens=False
+        ), text
     assert ours.encode("the cat")[:1] == [1]  # <s>, as llama.cpp adds it
