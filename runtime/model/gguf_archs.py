@@ -193,8 +193,13 @@ def _phi3_rope(get: Get, head_dim: int, tensors: dict) -> dict | None:
     context = int(get("context_length"))
     if not original:
         raise ValueError("GGUF phi3 with rope factors needs rope.scaling.original_context_length")
+    factors = {"long_factor": _values(long), "short_factor": _values(short)}
+    dims = int(rotated) if rotated is not None else head_dim
+    if any(len(f) != dims // 2 for f in factors.values()):
+        raise ValueError(f"GGUF phi3 rope_factors_long/short need {dims // 2} values each (half "
+                         f"the {dims} rotating dims)")  # fmt: skip
     out.update(rope_type="longrope", original_max_position_embeddings=original,
-               factor=context / original, long_factor=_values(long), short_factor=_values(short))  # fmt: skip
+               factor=context / original, **factors)  # fmt: skip
     attention = get("rope.scaling.attn_factor")
     if attention is not None:
         out["attention_factor"] = float(attention)

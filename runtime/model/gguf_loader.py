@@ -363,6 +363,7 @@ def read_config(reader) -> ModelConfig:
     names = {t.name for t in reader.tensors}
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     layers = int(_field(reader, p + "block_count"))
+    gguf_archs.extra_tensors(reader, gguf_arch, layers)  # (Apertus' xIELU: checked at start-up)
     if deepseek:
         arch, kv_heads = deepseek["architecture"], deepseek["num_kv_heads"]
     return ModelConfig(

@@ -18,6 +18,7 @@ from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.model import mxfp4
 from pagoda.runtime.model.gguf_loader import load_gguf
+from pagoda.runtime.model.loader import read_model_config
 from test_gguf_families import _byte_level_vocab, _oracle, _permute
 
 transformers = pytest.importorskip("transformers")
@@ -155,10 +156,14 @@ _ARCH_ENUM = {"gpt-oss": "GPT_OSS", "phi3": "PHI3", "exaone4": "EXAONE4", "seed_
               "apertus": "APERTUS", "mistral3": "MISTRAL3"}  # fmt: skip
 
 
-def _gpt_oss_extra(w, cfg, sd, put):
-    """gpt-oss's converter: the window, the experts' width, sinks, the experts apart in MXFP4
-    (gate rows 0::2, up rows 1::2 of gate_up, transposed to [E, rows, cols]) with their biases,
-    the harmony chat template."""
+def _gpt_oss_extra(fused: bool):
+    """gpt-oss's converter: the window, the experts' width, sinks, the experts apart (or fused:
+    gate rows, then up) in MXFP4 (gate rows 0::2, up rows 1::2 of gate_up, transposed to
+    [E, rows, cols]) with their biases, the harmony chat template."""
+    return lambda w, cfg, sd, put: _gpt_oss_tensors(w, cfg, sd, put, fused)
+
+
+def _gpt_oss_tensors(w, cfg, sd, put, fused):
     w.add_sliding_window(cfg.sliding_window)
     w.add_expert_feed_forward_length(cfg.intermediate_size)
     w.add_chat_template(TEMPLATE)
@@ -168,10 +173,16 @@ def _gpt_oss_extra(w, cfg, sd, put):
         put(f"blk.{i}.attn_sinks.weight", sd[p + "self_attn.sinks"], p + "self_attn.sinks")
         gate_up = sd[p + "mlp.experts.gate_up_proj"].transpose(0, 2, 1)  # [E, 2I, H]
         bias = sd[p + "mlp.experts.gate_up_proj_bias"]
-        put(f"blk.{i}.ffn_gate_exps.weight", gate_up[:, 0::2], f"gate{i}", Q.MXFP4)
-        put(f"blk.{i}.ffn_up_exps.weight", gate_up[:, 1::2], f"up{i}", Q.MXFP4)
-        put(f"blk.{i}.ffn_gate_exps.bias", bias[:, 0::2], f"gate_b{i}")
-        put(f"blk.{i}.ffn_up_exps.bias", bias[:, 1::2], f"up_b{i}")
+        if fused:  # the converter's fused form: gate rows, then up rows
+            both = np.concatenate([gate_up[:, 0::2], gate_up[:, 1::2]], axis=1)
+            put(f"blk.{i}.ffn_gate_up_exps.weight", both, f"gate_up{i}", Q.MXFP4)
+            put(f"blk.{i}.ffn_gate_up_exps.bias", np.concatenate([bias[:, 0::2], bias[:, 1::2]], 1),
+                f"gate_up_b{i}")  # fmt: skip
+        else:
+            put(f"blk.{i}.ffn_gate_exps.weight", gate_up[:, 0::2], f"gate{i}", Q.MXFP4)
+            put(f"blk.{i}.ffn_up_exps.weight", gate_up[:, 1::2], f"up{i}", Q.MXFP4)
+            put(f"blk.{i}.ffn_gate_exps.bias", bias[:, 0::2], f"gate_b{i}")
+            put(f"blk.{i}.ffn_up_exps.bias", bias[:, 1::2], f"up_b{i}")
         down = sd[p + "mlp.experts.down_proj"].transpose(0, 2, 1)  # [E, H, I]
         put(f"blk.{i}.ffn_down_exps.weight", down, p + "mlp.experts.down_proj", Q.MXFP4)
         put(f"blk.{i}.ffn_down_exps.bias", sd[p + "mlp.experts.down_proj_bias"],
@@ -205,9 +216,10 @@ def _generate(path, prompts, n=6):
 PROMPTS = [[(7 * i + 3) % 250 + 5 for i in range(n)] for n in (3, 29)]
 
 
-@pytest.fixture(scope="module")
-def gpt_oss_gguf(tmp_path_factory):
-    """(the gpt-oss GGUF, transformers' model of its dequantized weights)."""
+@pytest.fixture(scope="module", params=["apart", "fused"])
+def gpt_oss_gguf(tmp_path_factory, request):
+    """(the gpt-oss GGUF, transformers' model of its dequantized weights): the experts' gate
+    and up apart, as llama.cpp's converter writes them by default, or fused."""
     tmp_path = tmp_path_factory.mktemp("gpt-oss-gguf")
     model = make_tiny_model(tmp_path / "hf", "GptOss", **GPT_OSS)
     g = torch.Generator().manual_seed(2)
@@ -217,10 +229,14 @@ def gpt_oss_gguf(tmp_path_factory):
                                                         generator=g))  # fmt: skip
     model.save_pretrained(tmp_path / "hf")
     path = tmp_path / "gpt-oss.gguf"
-    expected = convert(path, tmp_path / "hf", "gpt-oss", pre="gpt-4o", extra=_gpt_oss_extra,
-                       tokens_extra=HARMONY)  # fmt: skip
+    fused = request.param == "fused"
+    expected = convert(path, tmp_path / "hf", "gpt-oss", pre="gpt-4o",
+                       extra=_gpt_oss_extra(fused), tokens_extra=HARMONY)  # fmt: skip
     for i in range(model.config.num_hidden_layers):  # the experts back in the HF layout
         p = f"model.layers.{i}.mlp.experts."
+        if fused:
+            expected[f"gate{i}"], expected[f"up{i}"] = expected.pop(f"gate_up{i}").chunk(2, 1)
+            expected[f"gate_b{i}"], expected[f"up_b{i}"] = expected.pop(f"gate_up_b{i}").chunk(2, 1)
         gate, up = expected.pop(f"gate{i}"), expected.pop(f"up{i}")
         gate_up = torch.empty(gate.shape[0], 2 * gate.shape[1], gate.shape[2])
         gate_up[:, 0::2], gate_up[:, 1::2] = gate, up
@@ -254,7 +270,6 @@ def test_gpt_oss_gguf_weight_estimate_is_what_the_engine_holds(gpt_oss_gguf, dty
     experts as the dense gate/up and down `Linear`s the engine makes of them."""
     from model_bytes import build, held_bytes
     from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.model.loader import read_model_config
     from pagoda.runtime.server import weights
 
     path = gpt_oss_gguf[0]
@@ -425,6 +440,14 @@ def _one_factor(w, cfg, sd, put):  # a longrope file missing its short factors
     return _phi3_extra(w, cfg, sd, put)
 
 
+def _short_factors(w, cfg, sd, put):  # 5 factors each where the 12 rotating dims need 6
+    for kind in ("long", "short"):
+        w.add_tensor(f"rope_factors_{kind}.weight", np.ones(5, dtype=np.float32))
+    w.add_rope_scaling_orig_ctx_len(32)
+    w.add_rope_dimension_count(12)
+    return []
+
+
 def _no_xielu(w, cfg, sd, put):  # Apertus without its xIELU arrays
     return [n for n in sd if ".act_fn." in n]
 
@@ -445,6 +468,7 @@ def _attn_factors(*values):
     ("hf_arch", "overrides", "arch", "extra", "words"),
     [
         ("Phi3", dict(num_hidden_layers=1), "phi3", _one_factor, "rope_factors_short"),
+        ("Phi3", dict(num_hidden_layers=1), "phi3", _short_factors, "need 6 values"),
         ("Apertus", dict(num_hidden_layers=1), "apertus", _no_xielu, "xielu.alpha_p"),
         ("Arcee", dict(num_hidden_layers=1), "arcee", _attn_factors(2.0), "attn_factor"),
     ],
@@ -454,8 +478,8 @@ def test_gguf_variants_of_these_archs_the_engine_does_not_run_are_refused(
 ):
     make_tiny_model(tmp_path / "hf", hf_arch, **overrides)
     convert(tmp_path / "m.gguf", tmp_path / "hf", arch, extra=extra)
-    with pytest.raises(ValueError, match=words):
-        load_gguf(tmp_path / "m.gguf")
+    with pytest.raises(ValueError, match=words):  # from the metadata: before a server binds
+        read_model_config(str(tmp_path / "m.gguf"))
 
 
 @pytest.mark.parametrize("case", ["phi3-window", "ernie4_5"])
