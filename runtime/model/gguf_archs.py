@@ -9,8 +9,7 @@ from Llama's).
   a bias; newer converters may fuse gate and up as `ffn_gate_up_exps`: gate rows, then up) in
   MXFP4 (`gguf_dequant`), llama.cpp's fixed swiglu (alpha 1.702, limit 7) and window pattern
   (even layers slide), and gpt-oss's yarn, which does not truncate its correction range (the
-  file cannot say so: its config does); llama.cpp's end-of-generation tokens (`<|return|>`,
-  `<|call|>`, `<|endoftext|>`, not `<|end|>`) as EOS ids.
+  file cannot say so: its config does).
 - phi3: q/k/v fused as `attn_qkv` and gate/up as `ffn_up` (row parts, read apart), a partial
   rotary as `rope.dimension_count`, `sliding_window` 0 for none, longrope as the
   `rope_factors_long`/`rope_factors_short` tensors with `rope.scaling.attn_factor` and
@@ -27,6 +26,9 @@ from Llama's).
   `attention.temperature_scale` it is Ministral 3 (q scaled by position: that beta over the
   yarn's original context; yarn's `mscale_all_dim` from `rope.scaling.yarn_log_multiplier`,
   its mscale 1 as llama.cpp assumes).
+
+For all of them, llama.cpp's end-of-generation tokens by their text (`EOG_TEXTS`: Phi-3's
+`<|end|>`, gpt-oss's `<|return|>` and `<|call|>` but not its `<|end|>`) join the EOS ids.
 """
 
 from __future__ import annotations
@@ -43,7 +45,11 @@ ENGINE_ARCH = {"gpt-oss": "gpt_oss", "phi3": "phi3", "exaone4": "exaone4",
                "arcee": "arcee", "apertus": "apertus", "mistral3": "mistral"}  # fmt: skip
 PERMUTED = ("arcee", "mistral3")  # converted by llama.cpp's LlamaModel: Q/K rows permuted
 GPT_OSS_SWIGLU = (1.702, 7.0)  # llama.cpp's (alpha, limit): no key for them
-GPT_OSS_EOG = ("<|return|>", "<|call|>", "<|endoftext|>")  # llama.cpp's, <|end|> left out
+# tokens llama.cpp ends a generation on by their text (llama-vocab.cpp), beside the file's EOS
+# and EOT ids; where <|return|> and <|call|> are (harmony), <|end|> is not one
+EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
+             "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>",
+             "<end_of_utterance>")  # fmt: skip
 XIELU = ("alpha_p", "alpha_n", "beta", "eps")  # `xielu.<p>`: one value a layer
 # llama.cpp's per-layer names -> the engine's, where they differ from Llama's
 NAMES: dict[str, dict[str, str]] = {
@@ -112,11 +118,15 @@ def extra_tensors(reader, gguf_arch: str, layers: int) -> dict[str, torch.Tensor
 
 
 def eos_ids(gguf_arch: str, tokens: list[str]) -> list[int]:
-    """End-of-generation ids llama.cpp adds by their text (gpt-oss's harmony ones)."""
-    if gguf_arch != "gpt-oss":
+    """The end-of-generation ids llama.cpp adds by their text (`EOG_TEXTS`: Phi-3's <|end|>,
+    gpt-oss's <|return|> and <|call|>), for these families."""
+    if gguf_arch not in ENGINE_ARCH:
         return []
-    ids = {t: i for i, t in enumerate(tokens) if t in GPT_OSS_EOG}
-    return [ids[t] for t in GPT_OSS_EOG if t in ids]
+    texts = set(EOG_TEXTS)
+    found = {t: i for i, t in enumerate(tokens) if t in texts}
+    if "<|return|>" in found and "<|call|>" in found:
+        found.pop("<|end|>", None)
+    return sorted(found.values())
 
 
 def family_fields(get: Get, gguf_arch: str, layers: int, window_pattern) -> dict[str, Any]:

@@ -497,7 +497,9 @@ def test_sentencepiece_vocabulary_tokenizes_as_transformers_reads_the_file(tmp_p
     make_tiny_model(tmp_path / "hf", hf_arch, **{**overrides, "num_hidden_layers": 1})
     path = tmp_path / "m.gguf"
     convert(path, tmp_path / "hf", arch, extra=extra, spm=True)
-    _, _, ours, _ = load_gguf(path)
+    config, _, ours, _ = load_gguf(path)
+    end = ours.encode("<|end|>", add_special_tokens=False)
+    assert len(end) == 1 and {2, end[0]} <= set(config.eos_token_ids)  # </s>, and by its text
     theirs, _ = convert_gguf_tokenizer(*get_gguf_tokenizer(str(path))[:2])
     texts = ["the cat and the hat", "  two  spaces   and\ttabs", "that hat, \u00e9clair \U0001f642",
              "<|user|>\nthe cat<|end|>\n<|assistant|>", "andandand the", " the"]  # fmt: skip
