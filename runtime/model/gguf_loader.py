@@ -364,6 +364,8 @@ def read_config(reader) -> ModelConfig:
     names = {t.name for t in reader.tensors}
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     layers = int(_field(reader, p + "block_count"))
+    if gguf_arch in gguf_archs.ENGINE_ARCH:  # EXAONE 4.5's MTP blocks follow the decoder's
+        layers -= int(_field(reader, p + "nextn_predict_layers", 0) or 0)
     gguf_archs.extra_tensors(reader, gguf_arch, layers)  # (Apertus' xIELU: checked at start-up)
     if deepseek:
         arch, kv_heads = deepseek["architecture"], deepseek["num_kv_heads"]

@@ -70,7 +70,7 @@ def _spm_vocab(n: int) -> tuple[list[str], list[float], list[int]]:
 
 
 def convert(path, hf_dir, arch: str, pre: str = "qwen2", extra=None, tokens_extra=(),
-            spm: bool = False):  # fmt: skip
+            spm: bool = False, mtp: int = 0):  # fmt: skip
     """The checkpoint in `hf_dir` as llama.cpp's converter writes it for `arch` (module
     docstring); `extra(writer, cfg, sd, put)` writes what the family's converter adds and
     returns the HF names it took care of. Returns the tensors as the file dequantizes them."""
@@ -80,7 +80,9 @@ def convert(path, hf_dir, arch: str, pre: str = "qwen2", extra=None, tokens_extr
     sd = {k: v.float().numpy() for k, v in load_file(str(hf_dir / "model.safetensors")).items()}
     w = gguf.GGUFWriter(str(path), arch)
     n = cfg.num_hidden_layers
-    w.add_block_count(n)
+    w.add_block_count(n + mtp)  # EXAONE 4.5's converter counts its MTP blocks
+    if mtp:
+        w.add_nextn_predict_layers(mtp)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
@@ -144,6 +146,10 @@ def convert(path, hf_dir, arch: str, pre: str = "qwen2", extra=None, tokens_extr
         if permute and hf.endswith("k_proj.weight"):
             heads = cfg.num_key_value_heads
         put(gname, arr, hf, Q.F32 if "norm" in hf else Q.Q8_0, heads)
+        if mtp and gname.startswith("blk.0."):  # an MTP block after the decoder's: layer 0's
+            w.add_tensor(gname.replace("blk.0.", f"blk.{n}.", 1), arr.astype(np.float32))
+    if mtp:
+        w.add_tensor(f"blk.{n}.nextn.eh_proj.weight", np.ones((8, 8), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -510,3 +516,14 @@ def test_sentencepiece_vocabulary_tokenizes_as_transformers_reads_the_file(tmp_p
             want, skip_special_tokens=False
         ), text
     assert ours.encode("the cat")[:1] == [1]  # <s>, as llama.cpp adds it
+
+
+def test_exaone4_gguf_with_an_mtp_block_runs_its_decoder(tmp_path):
+    """EXAONE 4.5's text model as its converter writes it: `block_count` counts the MTP block
+    after the decoder's (`nextn_predict_layers`), which the engine neither builds nor reads."""
+    make_tiny_model(tmp_path / "hf", "Exaone4", sliding_window=None, layer_types=[FULL, FULL])
+    path = tmp_path / "m.gguf"
+    oracle = _oracle(tmp_path, convert(path, tmp_path / "hf", "exaone4", mtp=1))
+    assert load_gguf(path)[0].num_layers == 2
+    want = [hf_greedy_plain(oracle, p, 6)[0] for p in PROMPTS]
+    assert _generate(path, PROMPTS) == want
