@@ -57,6 +57,8 @@ NAMES: dict[str, dict[str, str]] = {
                 "ffn_gate_exps": "mlp.experts.gate", "ffn_up_exps": "mlp.experts.up",
                 "ffn_down_exps": "mlp.experts.down", "ffn_gate_up_exps": "mlp.experts.gate_up"},
     "seed_oss": {"post_attention_norm": "post_attention_layernorm"},
+    # the fused wholes (their parts are read: `fused_parts`), named for the weights estimate
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     "exaone4": {"post_attention_norm": "post_attention_layernorm",
                 "post_ffw_norm": "post_feedforward_layernorm"},
     "starcoder2": {"ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},

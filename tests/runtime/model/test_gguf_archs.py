@@ -274,15 +274,7 @@ def test_gpt_oss_gguf_matches_transformers_on_its_dequantized_weights(gpt_oss_gg
 def test_gpt_oss_gguf_weight_estimate_is_what_the_engine_holds(gpt_oss_gguf, dtype):
     """`server/weights.py` from the file's tensor table against a built model: the MXFP4
     experts as the dense gate/up and down `Linear`s the engine makes of them."""
-    from model_bytes import build, held_bytes
-    from pagoda.runtime.config import EngineConfig
-    from pagoda.runtime.server import weights
-
-    path = gpt_oss_gguf[0]
-    held = held_bytes(build(path, getattr(torch, dtype)))
-    cfg = EngineConfig.create(str(path), device="cpu", dtype=dtype)
-    got = weights.estimate(read_model_config(str(path)), cfg, path)
-    assert got.bytes == pytest.approx(held, rel=1e-3), got
+    _check_estimate(gpt_oss_gguf[0], dtype)
 
 
 def test_gguf_mxfp4_blocks_hold_the_checkpoints_values():
@@ -403,6 +395,19 @@ def test_gguf_arch_matches_transformers_on_its_dequantized_weights(tmp_path, cas
         prompts = [PROMPTS[1], [(5 * i + 1) % 290 + 5 for i in range(41)]]
     want = [hf_greedy_plain(oracle, p, 6)[0] for p in prompts]
     assert _generate(path, prompts) == want, case
+    _check_estimate(path, "bfloat16")  # (Phi-3's fused qkv counted too)
+
+
+def _check_estimate(path, dtype: str) -> None:
+    """`server/weights.py` from the file's tensor table is what a built model holds."""
+    from model_bytes import build, held_bytes
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.server import weights
+
+    held = held_bytes(build(path, getattr(torch, dtype)))
+    cfg = EngineConfig.create(str(path), device="cpu", dtype=dtype)
+    got = weights.estimate(read_model_config(str(path)), cfg, path)
+    assert got.bytes == pytest.approx(held, rel=1e-3), got
 
 
 OLMO3_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
