@@ -1,8 +1,8 @@
 """GGUFs of the families the engine runs from safetensors that llama.cpp's converter writes
 under architectures of their own: `gpt-oss`, `phi3`, `exaone4`, `seed_oss`, `ernie4_5`,
-`starcoder2`, `arcee`, `apertus` and `mistral3`, read into the names and `FamilyConfig` fields
-of the models the safetensors loader builds (`gguf_loader` asks this module where they differ
-from Llama's).
+`starcoder2`, `arcee`, `apertus`, `mistral3` and `glm4moe`, read into the names and
+`FamilyConfig` fields of the models the safetensors loader builds (`gguf_loader` asks this
+module where they differ from Llama's).
 
 - gpt-oss: `attn_sinks` (a logit per head), the FFN's input norm as `post_attention_norm`, the
   router with its bias as `ffn_gate_inp`, the experts apart (`ffn_{gate,up,down}_exps`, each with
@@ -22,6 +22,9 @@ from Llama's).
   LlamaModel's). apertus: `attn_norm`/`ffn_norm` as `attention_layernorm`/
   `feedforward_layernorm`, xIELU's parameters as metadata arrays (`xielu.alpha_p`, ... one a
   layer), Q/K as stored.
+- glm4moe (GLM-4.5 / 4.6): DeepSeek-V3's router and experts as the deepseek2 files hold them
+  (`exp_probs_b`, stacked `ffn_*_exps`, `ffn_*_shexp`), the FFN's input norm as
+  `post_attention_norm`, a sigmoid `expert_gating_func`, the MTP blocks after the decoder's.
 - mistral3 (Mistral-Small-3.x's text model, Ministral 3): Q/K permuted; with
   `attention.temperature_scale` it is Ministral 3 (q scaled by position: that beta over the
   yarn's original context; yarn's `mscale_all_dim` from `rope.scaling.yarn_log_multiplier`,
@@ -42,7 +45,8 @@ from pagoda.runtime.model.gguf_dequant import dequantize
 
 ENGINE_ARCH = {"gpt-oss": "gpt_oss", "phi3": "phi3", "exaone4": "exaone4",
                "seed_oss": "seed_oss", "ernie4_5": "ernie4_5", "starcoder2": "starcoder2",
-               "arcee": "arcee", "apertus": "apertus", "mistral3": "mistral"}  # fmt: skip
+               "arcee": "arcee", "apertus": "apertus", "mistral3": "mistral",
+               "glm4moe": "glm4_moe"}  # fmt: skip
 PERMUTED = ("arcee", "mistral3")  # converted by llama.cpp's LlamaModel: Q/K rows permuted
 GPT_OSS_SWIGLU = (1.702, 7.0)  # llama.cpp's (alpha, limit): no key for them
 # tokens llama.cpp ends a generation on by their text (llama-vocab.cpp), beside the file's EOS
@@ -63,7 +67,14 @@ NAMES: dict[str, dict[str, str]] = {
                 "post_ffw_norm": "post_feedforward_layernorm"},
     "starcoder2": {"ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
     "apertus": {"attn_norm": "attention_layernorm", "ffn_norm": "feedforward_layernorm"},
+    "glm4_moe": {"post_attention_norm": "post_attention_layernorm", "ffn_gate_inp": "mlp.gate",
+                 **{f"ffn_{p}_exps": f"mlp.experts.{p}_proj" for p in ("gate", "up", "down")},
+                 **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj"
+                    for p in ("gate", "up", "down")}},
 }  # fmt: skip
+# names without a weight/bias suffix in the engine's checkpoints
+BARE = {("gpt_oss", "attn_sinks"): "self_attn.sinks",
+        ("glm4_moe", "exp_probs_b"): "mlp.gate.e_score_correction_bias"}  # fmt: skip
 _FUSED = {"attn_qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
           "ffn_up": ("mlp.gate_proj", "mlp.up_proj")}  # phi3's, in row order  # fmt: skip
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -79,8 +90,8 @@ def engine_arch(gguf_arch: str, get: Get) -> str:
 
 def hf_name(layer: str, part: str, kind: str, architecture: str) -> str | None:
     """The engine's name of `blk.{layer}.{part}.{kind}` where this module names it."""
-    if architecture == "gpt_oss" and part == "attn_sinks":
-        return f"model.layers.{layer}.self_attn.sinks"
+    if (architecture, part) in BARE:
+        return f"model.layers.{layer}.{BARE[architecture, part]}"
     name = NAMES.get(architecture, {}).get(part)
     return None if name is None else f"model.layers.{layer}.{name}.{kind}"
 
@@ -131,11 +142,14 @@ def eos_ids(gguf_arch: str, tokens: list[str]) -> list[int]:
     return sorted(found.values())
 
 
-def family_fields(get: Get, gguf_arch: str, layers: int, window_pattern) -> dict[str, Any]:
+def family_fields(get: Get, gguf_arch: str, layers: int, window_pattern,
+                  tensors: set[str]) -> dict[str, Any]:  # fmt: skip
     """`FamilyConfig` fields of these families from the file (`window_pattern(default)`:
-    `attention.sliding_window_pattern` as a flag per layer, checked)."""
+    `attention.sliding_window_pattern` as a flag per layer, checked; `tensors`: its names)."""
     window = get("attention.sliding_window")
     window = int(window) if window else None
+    if gguf_arch == "glm4moe":
+        return _glm4_moe(get, tensors)
     if gguf_arch == "gpt-oss":
         alpha, limit = GPT_OSS_SWIGLU
         return dict(attention_sinks=True, swiglu_alpha=alpha, swiglu_limit=limit,
@@ -169,6 +183,26 @@ def family_fields(get: Get, gguf_arch: str, layers: int, window_pattern) -> dict
             fields.update(query_scale_beta=float(beta), query_scale_context=int(context))
         return fields
     return {}
+
+
+def _glm4_moe(get: Get, tensors: set[str]) -> dict[str, Any]:
+    """GLM-4.5's router (V3's: sigmoid with `exp_probs_b`, groups, scale) and shared experts;
+    the experts' count, width, top-k, norm and layers are read as every family's."""
+    from pagoda.runtime.config import ExpertRouting
+
+    if int(get("expert_gating_func", 2) or 2) != 2:
+        raise ValueError("GGUF glm4moe with a router other than sigmoid (expert_gating_func 2) "
+                         "is not supported")  # fmt: skip
+    experts, groups = int(get("expert_count")), int(get("expert_group_count", 1) or 1)
+    if experts % groups or experts // groups < 2:
+        raise ValueError(f"GGUF glm4moe expert_group_count {groups} must divide the {experts} "
+                         "experts into groups of two or more")  # fmt: skip
+    routing = ExpertRouting(scoring="sigmoid", topk_method="noaux_tc", n_group=groups,
+                            topk_group=int(get("expert_group_used_count", 1) or 1),
+                            routed_scaling_factor=float(get("expert_weights_scale", 1.0) or 1.0))  # fmt: skip
+    width = int(get("expert_feed_forward_length"))
+    return {"qk_norm": "blk.0.attn_q_norm.weight" in tensors, "routing": routing,
+            "shared_expert_intermediate_size": width * int(get("expert_shared_count", 0) or 0)}  # fmt: skip
 
 
 def rope_scaling(get: Get, gguf_arch: str, scaling: dict | None, head_dim: int,

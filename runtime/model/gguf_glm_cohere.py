@@ -50,9 +50,9 @@ def eps_key(gguf_arch: str) -> str:
 
 
 def partial_rotary(gguf_arch: str, rotated: int | None, head_dim: int) -> dict | None:
-    """GLM-4's `rope_scaling` for a `rope.dimension_count` below the head size (None for a
-    whole-head rotary); another family's partial rotary is refused by the caller."""
-    if gguf_arch != "glm4" or rotated is None or int(rotated) == head_dim:
+    """GLM-4's (and GLM-4.5's) `rope_scaling` for a `rope.dimension_count` below the head size
+    (None for a whole-head rotary); another family's partial rotary is refused by the caller."""
+    if gguf_arch not in ("glm4", "glm4moe") or rotated is None or int(rotated) == head_dim:
         return None
     return {"partial_rotary_factor": int(rotated) / head_dim}
 

@@ -158,6 +158,7 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
         fields.update(gguf_archs.family_fields(
             lambda key, default=None: _field(reader, p + key, default), gguf_arch, layers,
             lambda default: _window_flags(reader, p, layers, default),
+            {t.name for t in reader.tensors},
         ))  # fmt: skip
     window = _field(reader, p + "attention.sliding_window")
     if arch in ("gemma3", "mistral", "mixtral") and window:
@@ -358,8 +359,9 @@ def read_config(reader) -> ModelConfig:
             )  # fmt: skip
     eos = [int(_field(reader, "tokenizer.ggml.eos_token_id", -1))]
     eot = _field(reader, "tokenizer.ggml.eot_token_id")
-    if eot is not None and int(eot) not in eos:
-        eos.append(int(eot))
+    for end in (eot, _field(reader, "tokenizer.ggml.eom_token_id")):  # llama.cpp's EOG ids too
+        if end is not None and int(end) not in eos:
+            eos.append(int(end))
     eos += [i for i in gguf_archs.eos_ids(gguf_arch, tokens) if i not in eos]
     names = {t.name for t in reader.tensors}
     bos = _field(reader, "tokenizer.ggml.bos_token_id")

@@ -159,7 +159,7 @@ def convert(path, hf_dir, arch: str, pre: str = "qwen2", extra=None, tokens_extr
 
 _ARCH_ENUM = {"gpt-oss": "GPT_OSS", "phi3": "PHI3", "exaone4": "EXAONE4", "seed_oss": "SEED_OSS",
               "ernie4_5": "ERNIE4_5", "starcoder2": "STARCODER2", "arcee": "ARCEE",
-              "apertus": "APERTUS", "mistral3": "MISTRAL3"}  # fmt: skip
+              "apertus": "APERTUS", "mistral3": "MISTRAL3", "glm4moe": "GLM4_MOE"}  # fmt: skip
 
 
 def _gpt_oss_extra(fused: bool):
@@ -532,3 +532,70 @@ def test_exaone4_gguf_with_an_mtp_block_runs_its_decoder(tmp_path):
     assert load_gguf(path)[0].num_layers == 2
     want = [hf_greedy_plain(oracle, p, 6)[0] for p in PROMPTS]
     assert _generate(path, PROMPTS) == want
+
+
+GLM45 = dict(use_qk_norm=True, attention_bias=True, head_dim=32, n_routed_experts=8,
+             num_experts_per_tok=2, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+             norm_topk_prob=True, n_shared_experts=1, moe_intermediate_size=32,
+             first_k_dense_replace=1, num_hidden_layers=3)  # fmt: skip
+
+
+def _glm4moe_extra(stacked: dict[str, list[str]]):
+    """GLM-4.5's converter: the rotating dims, the router (sigmoid, groups, scale, norm), the
+    shared experts' count, the dense layers; the experts stacked (each stack's experts' names
+    in `stacked`), the correction bias as `exp_probs_b`."""
+
+    def extra(w, cfg, sd, put):
+        partial = cfg.rope_parameters["partial_rotary_factor"]
+        w.add_rope_dimension_count(int(cfg.head_dim * partial))
+        w.add_expert_count(cfg.n_routed_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_group_count(cfg.n_group)
+        w.add_expert_group_used_count(cfg.topk_group)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        w.add_expert_shared_count(cfg.n_shared_experts)
+        w.add_leading_dense_block_count(cfg.first_k_dense_replace)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_scale(cfg.routed_scaling_factor)
+        w.add_expert_weights_norm(cfg.norm_topk_prob)
+        done = []
+        for i in range(cfg.first_k_dense_replace, cfg.num_hidden_layers):
+            p = f"model.layers.{i}.mlp."
+            for part in ("gate", "up", "down"):
+                names = [f"{p}experts.{e}.{part}_proj.weight" for e in range(cfg.n_routed_experts)]
+                put(f"blk.{i}.ffn_{part}_exps.weight", np.stack([sd[n] for n in names]),
+                    f"{part}{i}")  # fmt: skip
+                stacked[f"{part}{i}"] = names
+                done += names
+            put(f"blk.{i}.exp_probs_b.bias", sd[p + "gate.e_score_correction_bias"],
+                p + "gate.e_score_correction_bias")  # fmt: skip
+            put(f"blk.{i}.ffn_gate_inp.weight", sd[p + "gate.weight"], p + "gate.weight", Q.F32)
+            done += [p + "gate.e_score_correction_bias", p + "gate.weight"]
+        return done
+
+    return extra
+
+
+def test_glm4moe_gguf_matches_transformers_on_its_dequantized_weights(tmp_path):
+    """GLM-4.5 (`glm4moe`): per-head q/k norms, q/k/v biases, half of each head rotating
+    (rotate-half), a dense first layer, V3's grouped sigmoid router with its correction bias,
+    a shared expert; the converter's MTP block after the decoder's (not read)."""
+    from arch_cases import scramble_correction_biases
+
+    model = make_tiny_model(tmp_path / "hf", "Glm4Moe", **GLM45)
+    scramble_correction_biases(model, tmp_path / "hf", GLM45["first_k_dense_replace"])
+    path, stacked = tmp_path / "glm45.gguf", {}
+    expected = convert(path, tmp_path / "hf", "glm4moe", pre="glm4",
+                       extra=_glm4moe_extra(stacked), mtp=1)  # fmt: skip
+    for key, names in stacked.items():  # the file's experts under their own names
+        experts = expected.pop(key)
+        expected.update({n: experts[e] for e, n in enumerate(names)})
+    oracle = _oracle(tmp_path, expected)
+    config = load_gguf(path)[0]
+    f = config.family
+    assert config.architecture == "glm4_moe" and config.num_layers == 3 and f.qk_norm
+    assert f.moe_layers == (False, True, True) and f.shared_expert_intermediate_size == 32
+    assert (f.routing.n_group, f.routing.topk_group, f.routing.routed_scaling_factor) == (4, 2, 2.5)
+    want = [hf_greedy_plain(oracle, p, 6)[0] for p in PROMPTS]
+    assert _generate(path, PROMPTS) == want
+    _check_estimate(path, "bfloat16")
