@@ -1,11 +1,12 @@
 """GGUFs of the families llama.cpp converts under architectures of their own (`gguf_archs.py`):
-gpt-oss (sinks, window layers, experts apart in MXFP4 with their biases, the harmony EOS ids
-and chat template), Phi-3 (fused qkv and gate/up, longrope as tensors, a partial rotary),
-EXAONE 4, Seed-OSS, ERNIE 4.5, StarCoder2, Arcee, Apertus (xIELU from metadata) and Mistral 3 /
-Ministral 3, written here as llama.cpp's converter writes them (gguf-py's tensor names for the
-architecture, its metadata keys, Q/K permuted where its LlamaModel permutes them, Q8_0
-matrices): the engine matches transformers running on exactly the dequantized weights, token
-for token."""
+gpt-oss (sinks, window layers, experts apart or fused in MXFP4 with their biases, the harmony
+EOS ids and chat template), Phi-3 (fused qkv and gate/up, longrope as tensors, a partial
+rotary, its SentencePiece vocabulary), EXAONE 4 (and 4.5's MTP block), Seed-OSS, ERNIE 4.5,
+StarCoder2, Arcee, Apertus (xIELU from metadata), Mistral 3 / Ministral 3, GLM-4.5, and OLMo
+3's yarn attention factor, written here as llama.cpp's converter writes them (gguf-py's tensor
+names for the architecture, its metadata keys, Q/K permuted where its LlamaModel permutes them,
+Q8_0 matrices): the engine matches transformers running on exactly the dequantized weights,
+token for token, and the start-up weights estimate is what the built model holds."""
 
 from __future__ import annotations
 
