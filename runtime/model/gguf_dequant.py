@@ -27,12 +27,17 @@ from pagoda.runtime.cpu.quantized import (
 )
 
 _PLAIN = {"F32": torch.float32, **HALF_KINDS}
+MXFP4_BLOCK, MXFP4_BYTES = 32, 17  # values a block, its bytes (an E8M0 exponent, 16 of nibbles)
+# ggml's kvalues_mxfp4: the E2M1 codes' values doubled (its scale is halved to match)
+_MXFP4_DOUBLED = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 def covered(kind: str, cols: int) -> bool:
     """Whether tensors of GGUF type `kind` with rows of `cols` values dequantize in torch."""
     if kind in _PLAIN:
         return True
+    if kind == "MXFP4":
+        return cols % MXFP4_BLOCK == 0
     return kind in BLOCKS and cols % BLOCKS[kind][0] == 0
 
 
@@ -55,6 +60,9 @@ def dequantize(
         values = raw.view(_PLAIN[kind]).reshape(shape)
         out = values.to(device=device, dtype=dtype)
         return out.clone() if out.data_ptr() == values.data_ptr() else out
+    if kind == "MXFP4":
+        blocks = raw.reshape(-1, MXFP4_BYTES).to(device)
+        return _mxfp4(blocks).reshape(shape).to(dtype)
     blocks = raw.reshape(-1, cols // BLOCKS[kind][0] * BLOCK_BYTES[kind]).to(device)
     return _blocks(QuantizedWeight(kind, blocks, cols)).reshape(shape).to(dtype)
 
@@ -75,6 +83,19 @@ def _blocks(w: QuantizedWeight) -> torch.Tensor:
     elif w.kind in ("Q4_K", "Q5_K"):
         out.sub_(m[..., None])
     return out.view(w.rows, w.cols)
+
+
+def _mxfp4(blocks: torch.Tensor) -> torch.Tensor:
+    """[n, 17] MXFP4 blocks -> [n, 32] float32, as ggml's `dequantize_row_mxfp4` (and
+    `gguf.quants.MXFP4`): value j = kvalues[qs[j] & 15] x d, value j + 16 = kvalues[qs[j] >> 4] x d,
+    d = `ggml_e8m0_to_fp32_half(e)` (0x00200000 << e for e < 2, else (e - 1) << 23, as float32
+    bits: 2^(e - 128)). Exact: small integers times a power of two."""
+    e, qs = blocks[:, :1].to(torch.int32), blocks[:, 1:]
+    bits = torch.where(e < 2, torch.bitwise_left_shift(0x00200000, e), (e - 1) << 23)
+    d = bits.view(torch.float32)
+    lut = torch.tensor(_MXFP4_DOUBLED, dtype=torch.float32, device=blocks.device)
+    codes = torch.cat([qs & 0x0F, qs >> 4], dim=1).long()
+    return lut[codes].mul_(d)
 
 
 def _as_tensor(data: np.ndarray) -> torch.Tensor:

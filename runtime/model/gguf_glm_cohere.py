@@ -43,16 +43,16 @@ def fused_names(name: str, architecture: str) -> tuple[str, ...]:
 
 
 def eps_key(gguf_arch: str) -> str:
-    """The key of the norms' eps: Cohere's LayerNorm has its own."""
-    if gguf_arch in ("command-r", "cohere2"):
+    """The key of the norms' eps: Cohere's (and StarCoder2's) LayerNorm has its own."""
+    if gguf_arch in ("command-r", "cohere2", "starcoder2"):
         return "attention.layer_norm_epsilon"
     return "attention.layer_norm_rms_epsilon"
 
 
 def partial_rotary(gguf_arch: str, rotated: int | None, head_dim: int) -> dict | None:
-    """GLM-4's `rope_scaling` for a `rope.dimension_count` below the head size (None for a
-    whole-head rotary); another family's partial rotary is refused by the caller."""
-    if gguf_arch != "glm4" or rotated is None or int(rotated) == head_dim:
+    """GLM-4's (and GLM-4.5's) `rope_scaling` for a `rope.dimension_count` below the head size
+    (None for a whole-head rotary); another family's partial rotary is refused by the caller."""
+    if gguf_arch not in ("glm4", "glm4moe") or rotated is None or int(rotated) == head_dim:
         return None
     return {"partial_rotary_factor": int(rotated) / head_dim}
 

@@ -6,9 +6,10 @@ qwen3moe, gemma3, gemma2, qwen2moe (its shared expert `ffn_*_shexp`, gated by
 `logit_scale`), granitemoe (its `input_linear` split as gate and up), olmo2 (norms after the sublayers, q/k norms over every head; with
 `attention.sliding_window`, OLMo 3's window layers), olmoe, smollm3 (llama with every fourth
 layer NoPE, as llama.cpp hard-codes it), deepseek2 (`gguf_deepseek.py`), glm4, command-r and cohere2
-(`gguf_glm_cohere.py`). Quantized tensors (Q4_0, Q4_1, Q8_0, the K kinds, ...) are dequantized in
-torch (`gguf_dequant`) when the model builder reads them (`GGUFWeights`), one at a time from the
-memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
+(`gguf_glm_cohere.py`), gpt-oss, phi3, exaone4, seed_oss, ernie4_5, starcoder2, arcee, apertus
+and mistral3 (`gguf_archs.py`: their names, fused rows and fields). Quantized tensors (Q4_0,
+Q4_1, Q8_0, the K kinds, MXFP4, ...) are dequantized in torch (`gguf_dequant`) when the model
+builder reads them (`GGUFWeights`), one at a time from the memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
 serves every loader. Mixture-of-experts tensors (`ffn_*_exps`, [E, N, K]) keep their stacked
 shape under `...experts.{gate,up,down}.weight` names (`moe.py` slices them, blocks included). Gemma's norms are stored as 1 + w
@@ -26,17 +27,22 @@ from pathlib import Path
 import torch
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.cpu.quantized import QuantizedWeight, from_gguf, readable
-from pagoda.runtime.model import gguf_deepseek, gguf_glm_cohere, pre_tokenizers
+from pagoda.runtime.model import gguf_archs, gguf_deepseek, gguf_glm_cohere, pre_tokenizers
 from pagoda.runtime.model.gguf_dequant import dequantize
 from pagoda.runtime.model.gguf_reader import parse as _reader  # noqa: F401 - one of its own
 from pagoda.runtime.model.gguf_reader import take_reader
-from pagoda.runtime.model.tokenizer import Tokenizer, build_bpe_tokenizer, build_gemma_tokenizer
+from pagoda.runtime.model.tokenizer import (
+    Tokenizer,
+    build_bpe_tokenizer,
+    build_gemma_tokenizer,
+    build_spm_tokenizer,
+)
 
 log = logging.getLogger(__name__)
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma2",
                    "qwen2moe", "granite", "granitemoe", "olmo2",
                    "olmoe", "smollm3", gguf_deepseek.GGUF_ARCH,
-                   *gguf_glm_cohere.ENGINE_ARCH)  # fmt: skip
+                   *gguf_glm_cohere.ENGINE_ARCH, *gguf_archs.ENGINE_ARCH)  # fmt: skip
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -91,6 +97,7 @@ SMOLLM3_NO_ROPE_STEP = 4  # llama.cpp's n_no_rope_layer_step for smollm3 (no GGU
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
+    "output_norm.bias": "model.norm.bias",  # StarCoder2's LayerNorm
     "output.weight": "lm_head.weight",
 }
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -123,6 +130,10 @@ def _hf_name(name: str, architecture: str = "llama") -> str | None:
     names = _GEMMA3_NAMES if architecture in ("gemma2", "gemma3") else _LAYER_NAMES
     names = _OLMO2_NAMES if architecture == "olmo2" else names
     names = {**names, **gguf_glm_cohere.GLM4_NAMES} if architecture == "glm4" else names
+    if architecture in gguf_archs.NAMES:  # gpt-oss, Seed-OSS, EXAONE 4, ... (gguf_archs.py)
+        own = gguf_archs.hf_name(layer, part, kind, architecture)
+        if own is not None:
+            return own
     if part in names:
         return f"model.layers.{layer}.{names[part]}.{kind}"
     if part in _MOE_NAMES and architecture in _MOE_BLOCKS:
@@ -141,6 +152,12 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
     if gguf_arch in gguf_glm_cohere.ENGINE_ARCH:  # GLM-4, Cohere (gguf_glm_cohere.py)
         fields.update(gguf_glm_cohere.family_fields(
             lambda key, default=None: _field(reader, p + key, default), gguf_arch, layers,
+            {t.name for t in reader.tensors},
+        ))  # fmt: skip
+    if gguf_arch in gguf_archs.ENGINE_ARCH:  # gpt-oss, Phi-3, EXAONE 4, ... (gguf_archs.py)
+        fields.update(gguf_archs.family_fields(
+            lambda key, default=None: _field(reader, p + key, default), gguf_arch, layers,
+            lambda default: _window_flags(reader, p, layers, default),
             {t.name for t in reader.tensors},
         ))  # fmt: skip
     window = _field(reader, p + "attention.sliding_window")
@@ -231,18 +248,24 @@ def _olmo3_windows(reader, p: str, layers: int, window: int) -> dict:
     `attention.sliding_window_pattern` (without one, the converter's default: every fourth
     layer global); the window layers rotate with the plain base, unscaled (llama.cpp's olmo2
     graph; `rope.freq_base_swa` where the file has one), the global ones with its scaling."""
-    pattern = _field(reader, p + "attention.sliding_window_pattern")
-    if pattern is None:
-        pattern = [bool((i + 1) % 4) for i in range(layers)]
-    if not isinstance(pattern, list) or len(pattern) != layers:
-        raise ValueError(f"GGUF attention.sliding_window_pattern must name each of the {layers} "
-                         "layers")  # fmt: skip
-    fields: dict = {"sliding_window": window, "window_layers": tuple(bool(x) for x in pattern)}
+    fields: dict = {"sliding_window": window,
+                    "window_layers": _window_flags(reader, p, layers, [bool((i + 1) % 4) for i in range(layers)])}  # fmt: skip
     theta = float(_field(reader, p + "rope.freq_base", 10000.0))
     local = float(_field(reader, p + "rope.freq_base_swa", theta))
     if local != theta or _field(reader, p + "rope.scaling.type") not in (None, "none"):
         fields["local_rope_theta"] = local
     return fields
+
+
+def _window_flags(reader, p: str, layers: int, default: list[bool]) -> tuple[bool, ...]:
+    """`attention.sliding_window_pattern` as a flag per layer (`default` where the file has
+    none); ValueError for another form."""
+    pattern = _field(reader, p + "attention.sliding_window_pattern")
+    pattern = default if pattern is None else pattern
+    if not isinstance(pattern, list) or len(pattern) != layers:
+        raise ValueError(f"GGUF attention.sliding_window_pattern must name each of the {layers} "
+                         "layers")  # fmt: skip
+    return tuple(bool(x) for x in pattern)
 
 
 def _rope_scaling(reader, p: str, head_dim: int, partial: bool = False) -> dict | None:
@@ -253,9 +276,14 @@ def _rope_scaling(reader, p: str, head_dim: int, partial: bool = False) -> dict 
     if rotated is not None and int(rotated) != head_dim and not partial:
         raise ValueError(f"GGUF rope.dimension_count {rotated} < head size {head_dim}: a partial "
                          "rotary embedding is not supported")  # fmt: skip
-    if float(_field(reader, p + "rope.scaling.attn_factor", 1.0)) != 1.0:
-        raise ValueError("GGUF rope.scaling.attn_factor other than 1 is not supported")
     scale_type = _field(reader, p + "rope.scaling.type")
+    # yarn's attention factor (transformers' `attention_factor`: OLMo 3's), as the converter
+    # writes it: `attn_factor` (older), `yarn_attn_factor` (newer)
+    attn = {float(v) for v in (_field(reader, p + "rope.scaling.attn_factor"),
+                               _field(reader, p + "rope.scaling.yarn_attn_factor")) if v is not None}  # fmt: skip
+    if len(attn) > 1 or (attn - {1.0} and scale_type != "yarn"):
+        raise ValueError(f"GGUF rope.scaling.attn_factor {sorted(attn)} is supported only as "
+                         "yarn's one attention factor")  # fmt: skip
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     if freqs is not None:
         if scale_type not in (None, "none"):
@@ -280,6 +308,7 @@ def _rope_scaling(reader, p: str, head_dim: int, partial: bool = False) -> dict 
     }
     if scale_type == "yarn":  # its betas where the file has them (else yarn's 32 and 1)
         out.update(gguf_deepseek.yarn_betas(lambda key, d=None: _field(reader, p + key, d)))
+        out.update({"attention_factor": attn.pop()} if attn else {})
     return out
 
 
@@ -297,6 +326,8 @@ def read_config(reader) -> ModelConfig:
                         "token ids may differ from the model's own tokenizer")  # fmt: skip
     p = f"{gguf_arch}."
     arch = gguf_glm_cohere.ENGINE_ARCH.get(gguf_arch, gguf_arch)
+    if gguf_arch in gguf_archs.ENGINE_ARCH:
+        arch = gguf_archs.engine_arch(gguf_arch, lambda key, d=None: _field(reader, p + key, d))
     if arch == "llama" and _field(reader, p + "expert_count", 0):
         arch = "mixtral"  # llama.cpp stores Mixtral as llama with experts
     hidden = int(_field(reader, p + "embedding_length"))
@@ -318,15 +349,25 @@ def read_config(reader) -> ModelConfig:
     if deepseek:
         rope_scaling = deepseek["rope_scaling"]
     else:
-        rope_scaling = _rope_scaling(reader, p, head_dim, partial is not None)
+        rope_scaling = (None if gguf_arch == "phi3"  # (its longrope: gguf_archs)
+                        else _rope_scaling(reader, p, head_dim, partial is not None))  # fmt: skip
         rope_scaling = {**(rope_scaling or {}), **partial} if partial else rope_scaling
+        if gguf_arch in gguf_archs.ENGINE_ARCH:
+            rope_scaling = gguf_archs.rope_scaling(
+                lambda key, d=None: _field(reader, p + key, d), gguf_arch, rope_scaling, head_dim,
+                {t.name: t for t in reader.tensors if t.name.startswith("rope_factors")},
+            )  # fmt: skip
     # the end-of-generation ids llama.cpp reads (EOS, end of turn, end of message: Llama 3.1's
     # <|eom_id|> after a built-in tool call)
     keys = ("eos_token_id", "eot_token_id", "eom_token_id")
     eos = list(dict.fromkeys(int(_field(reader, f"tokenizer.ggml.{k}", -1)) for k in keys))
+    eos += [i for i in gguf_archs.eos_ids(gguf_arch, tokens) if i not in eos]
     names = {t.name for t in reader.tensors}
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     layers = int(_field(reader, p + "block_count"))
+    if gguf_arch in gguf_archs.ENGINE_ARCH:  # EXAONE 4.5's MTP blocks follow the decoder's
+        layers -= int(_field(reader, p + "nextn_predict_layers", 0) or 0)
+    gguf_archs.extra_tensors(reader, gguf_arch, layers)  # (Apertus' xIELU: checked at start-up)
     if deepseek:
         arch, kv_heads = deepseek["architecture"], deepseek["num_kv_heads"]
     return ModelConfig(
@@ -359,13 +400,19 @@ def read_tokenizer(reader, config: ModelConfig) -> Tokenizer:
     )
     if model == "llama" and config.architecture in ("gemma2", "gemma3"):  # Gemma's SentencePiece
         hf_tok = build_gemma_tokenizer(tokens, types)
+    elif model == "llama":  # SentencePiece: Llama's (Phi-3's prefix before every text)
+        scores = _field(reader, "tokenizer.ggml.scores") or [0.0] * len(tokens)
+        hf_tok = build_spm_tokenizer(
+            tokens, scores, types, bool(_field(reader, "tokenizer.ggml.add_space_prefix", True)),
+            prefix_every_text=config.architecture == "phi3",
+        )  # fmt: skip
     elif model == "gpt2":
         merges = _field(reader, "tokenizer.ggml.merges", [])
         hf_tok = build_bpe_tokenizer(tokens, merges, types, _field(reader, "tokenizer.ggml.pre"))
     else:
         raise ValueError(
-            f"unsupported GGUF tokenizer {model!r}: byte-level BPE ('gpt2') is read, and "
-            "SentencePiece ('llama') for gemma2 and gemma3"
+            f"unsupported GGUF tokenizer {model!r}: byte-level BPE ('gpt2') and SentencePiece "
+            "('llama') are read"
         )
     return Tokenizer(
         hf_tok,
@@ -402,6 +449,8 @@ class GGUFWeights(_ByName):
 
     def __init__(self, reader, config: ModelConfig) -> None:
         self._config = config  # the tensors' arrays view the reader's memory map, keeping it
+        gguf_arch = _field(reader, "general.architecture")
+        self._permuted = config.architecture in _PERMUTED or gguf_arch in gguf_archs.PERMUTED
         named = ((_hf_name(t.name, config.architecture), t) for t in reader.tensors)
         self._tensors = {name: t for name, t in named if name is not None}  # not e.g. rope_freqs
         self._rows: dict[str, tuple[int, int]] = {}  # a fused tensor's parts (GLM-4's ffn_up,
@@ -409,8 +458,11 @@ class GGUFWeights(_ByName):
         for t in reader.tensors:
             parts = gguf_glm_cohere.fused_names(t.name, config.architecture)
             rows = _shape(t)[0] // max(len(parts), 1)
-            for i, name in enumerate(parts):
-                self._tensors[name], self._rows[name] = t, (i * rows, (i + 1) * rows)
+            spans = [(name, i * rows, (i + 1) * rows) for i, name in enumerate(parts)]
+            for name, start, stop in spans or gguf_archs.fused_parts(t.name, _shape(t)[0], config):
+                self._tensors[name], self._rows[name] = t, (start, stop)
+        # values the converter wrote as metadata (Apertus' xIELU parameters)
+        self._tensors.update(gguf_archs.extra_tensors(reader, gguf_arch, config.num_layers))
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.read(name)
@@ -424,16 +476,18 @@ class GGUFWeights(_ByName):
         """Tensor `name` as `dtype` on `device` (default: the CPU), dequantized there
         (`gguf_dequant`: the stored blocks are what crosses to a GPU)."""
         t = self._tensors[name]
+        if isinstance(t, torch.Tensor):  # from the metadata
+            return t.to(device=device, dtype=dtype)
         w = dequantize(t.data, t.tensor_type.name, _shape(t), dtype, device)
         if name in self._rows:  # a part of a fused tensor
             w = w[slice(*self._rows[name])].contiguous()
         if w.dim() == 1 and name.endswith("shared_expert_gate.weight"):  # squeezed: [hidden]
             return w[None]
-        heads = _permuted_heads(self._config, name)
+        heads = _permuted_heads(self._config, name, self._permuted)
         return _unpermute(w, heads) if heads else w
 
     def blocks(self) -> GGUFBlocks:
-        return GGUFBlocks(self._tensors, self._config, self._rows)
+        return GGUFBlocks(self._tensors, self._config, self._rows, self._permuted)
 
 
 class GGUFBlocks(_ByName):
@@ -441,12 +495,14 @@ class GGUFBlocks(_ByName):
     rows in the same HF order, copied out of the file when read: only float32 CPU models read
     them, so a GPU or bf16 load copies none."""
 
-    def __init__(self, tensors: dict, config: ModelConfig, rows: dict | None = None) -> None:
-        self._config, self._rows = config, rows or {}
+    def __init__(self, tensors: dict, config: ModelConfig, rows: dict | None = None,
+                 permuted: bool = False) -> None:  # fmt: skip
+        self._config, self._rows, self._permuted = config, rows or {}, permuted
         self._tensors = {
             name: t
             for name, t in tensors.items()
             if name.endswith(".weight")
+            and not isinstance(t, torch.Tensor)
             and len(_shape(t)) in (2, 3)  # 3: stacked experts, their rows one after another
             and readable(t.tensor_type.name, _shape(t)[-1])
         }
@@ -457,7 +513,7 @@ class GGUFBlocks(_ByName):
         if name in self._rows:  # a part of a fused tensor
             part = blocks.blocks[slice(*self._rows[name])].contiguous()
             blocks = QuantizedWeight(blocks.kind, part, blocks.cols)
-        heads = _permuted_heads(self._config, name)
+        heads = _permuted_heads(self._config, name, self._permuted)
         if heads:
             blocks = QuantizedWeight(
                 blocks.kind, _unpermute_rows(blocks.blocks, heads), blocks.cols
@@ -481,15 +537,13 @@ def load_gguf(
     return config, weights, read_tokenizer(reader, config), weights.blocks()
 
 
-def _permuted_heads(config: ModelConfig, name: str) -> int:
-    """Heads whose rows llama.cpp interleaved in this tensor (0: not permuted)."""
-    if config.architecture not in (
-        "llama",
-        "mixtral",
-        "granite",
-        "granitemoe",
-        "smollm3",
-    ):  # llama.cpp's LlamaModel's
+_PERMUTED = ("llama", "mixtral", "granite", "granitemoe", "smollm3")  # llama.cpp's LlamaModel's
+
+
+def _permuted_heads(config: ModelConfig, name: str, permuted: bool) -> int:
+    """Heads whose rows llama.cpp interleaved in this tensor (0: not permuted): q and k of a
+    file whose converter permutes them (`permuted`)."""
+    if not permuted:
         return 0
     if name.endswith(("q_proj.weight", "q_proj.bias")):
         return config.num_heads

@@ -52,7 +52,16 @@ def expert_tensors(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One layer's experts in the engine's layout: (gate_up [E, 2I, H] gate rows then up rows,
     its bias [E, 2I] likewise, down [E, H, I], its bias [E, H]) from the checkpoint's stacked
-    interleaved tensors, in bf16/float32 or MXFP4 (`mxfp4.read_experts`)."""
+    interleaved tensors, in bf16/float32 or MXFP4 (`mxfp4.read_experts`); or a GGUF's, already
+    in that layout: `gate`/`up` (or `gate_up`, gate rows then up) and `down`, with biases
+    (`gguf_archs`)."""
+    if prefix + "down.weight" in w:  # a GGUF's
+        if prefix + "gate_up.weight" in w:
+            gate_up, bias = w[prefix + "gate_up.weight"], w[prefix + "gate_up.bias"]
+        else:
+            gate_up = torch.cat([w[prefix + "gate.weight"], w[prefix + "up.weight"]], dim=1)
+            bias = torch.cat([w[prefix + "gate.bias"], w[prefix + "up.bias"]], dim=1)
+        return gate_up, bias, w[prefix + "down.weight"], w[prefix + "down.bias"]
     if mxfp4.stored(w, prefix):
         gate_up, down = mxfp4.read_experts(w, prefix)  # [E, 2I, H] interleaved, [E, H, I]
     else:

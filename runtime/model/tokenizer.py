@@ -4,7 +4,9 @@ GGUF files carry the vocabulary and merges but not the pre-tokenizer itself, onl
 name (`tokenizer.ggml.pre`); `pre_tokenizers` maps those names to the regexes the merges were
 learned with (llama.cpp's table), so token ids match the original Hugging Face tokenizer. Gemma's GGUFs carry a
 SentencePiece vocabulary without merges: `build_gemma_tokenizer` rebuilds Hugging Face's Gemma
-tokenizer from it (the merges follow the vocabulary's order, as transformers derives them).
+tokenizer from it (the merges follow the vocabulary's order, as transformers derives them);
+other SentencePiece vocabularies (Llama 2, Mistral, Phi-3, ERNIE 4.5) rebuild transformers'
+Llama tokenizer (`build_spm_tokenizer`: merges by score).
 """
 
 from __future__ import annotations
@@ -94,6 +96,41 @@ def build_gemma_tokenizer(tokens: Sequence[str], token_types: Sequence[int] | No
         [decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     )
     _add_typed_tokens(tok, spelled, list(token_types or []))
+    return tok
+
+
+def build_spm_tokenizer(
+    tokens: Sequence[str],
+    scores: Sequence[float],
+    token_types: Sequence[int] | None,
+    add_space_prefix: bool = True,
+    prefix_every_text: bool = False,
+) -> HFTokenizer:
+    """Hugging Face's Llama tokenizer from a GGUF's SentencePiece vocabulary (Llama 2, Mistral,
+    Phi-3, ERNIE 4.5, ...): BPE with byte fallback whose merges rank by the merged token's score
+    (transformers' `generate_merges`, llama.cpp's SPM bigram order), spaces as "\u2581" and one
+    before the text (`add_space_prefix`, llama.cpp's `tokenizer.ggml.add_space_prefix`: Metaspace
+    on the first piece, as transformers' LlamaTokenizer); `prefix_every_text`: Phi-3's normalizer
+    instead, which puts one before each text between special tokens too (transformers rebuilds
+    Phi-3's so, as its tokenizer.json has it)."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = merges_from_vocabulary(vocab, dict(zip(tokens, scores)))
+    unk = "<unk>" if "<unk>" in vocab else None
+    tok = HFTokenizer(
+        models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
+    )
+    steps = [decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if prefix_every_text:
+        tok.normalizer = normalizers.Sequence(
+            [normalizers.Prepend(SPIECE_SPACE), normalizers.Replace(" ", SPIECE_SPACE)]
+        )
+    else:
+        scheme = "first" if add_space_prefix else "never"
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(SPIECE_SPACE, scheme, split=False)
+    if add_space_prefix or prefix_every_text:
+        steps.append(decoders.Strip(" ", 1, 0))
+    tok.decoder = decoders.Sequence(steps)
+    _add_typed_tokens(tok, tokens, list(token_types or []))
     return tok
 
 

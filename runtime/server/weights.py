@@ -30,8 +30,9 @@ safetensors headers through `SafetensorsWeights`; no tensor data is read):
   multiple of the ranks; norms and the router whole on every rank (Cohere's per-head q/k norms
   by heads);
 * gpt-oss's stacked experts (`model/gpt_oss.py`) as the engine holds them: dequantized from
-  MXFP4 (`*_blocks`, `*_scales`) or transposed from [E, hidden, 2I], one `Linear` per expert
-  (never `qgemm`'s blocks), their attention sinks and norms in float32.
+  MXFP4 (`*_blocks`, `*_scales`; a GGUF's `experts.{gate,up,down}`) or transposed from
+  [E, hidden, 2I], one `Linear` per expert (never `qgemm`'s blocks), their attention sinks and
+  norms in float32.
 
 Pickled ``.bin`` checkpoints count as their file size (their dtypes need unpickling, and the
 loader reads safetensors only); a directory without weight files (a config.json alone) counts
@@ -404,6 +405,9 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
 _HELD = "held"  # a tensor made at load (gpt-oss's experts): no stored form to read in place
 _GPT_OSS_EXPERTS = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.)(gate_up_proj|down_proj)"
                               r"(_blocks|_scales|_bias)?$")  # fmt: skip
+# a GGUF's (`gguf_archs`): gate and up apart (or gate_up) and down, as the engine lays them out
+_GGUF_EXPERTS = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.)(gate|up|gate_up|down)"
+                           r"\.(weight|bias)$")  # fmt: skip
 
 
 def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, Stored]:
@@ -412,8 +416,19 @@ def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, S
     expert `Linear`, from the stacked x @ W tensors or MXFP4 blocks (their scales go with
     them); the biases as vectors, gate/up's split by rows, down's whole on every rank."""
     out = {}
+    e, n, h = mc.family.num_experts, mc.family.moe_intermediate_size, mc.hidden_size
     for name, t in tensors.items():
         m = _GPT_OSS_EXPERTS.match(name)
+        g = _GGUF_EXPERTS.match(name) if m is None else None
+        if g is not None:  # gate and up (and their biases) as one gate_up, like the files'
+            prefix, which, kind = g.groups()
+            new = f"{prefix}{'down' if which == 'down' else 'gate_up'}_proj.{kind}"
+            shape = (e * (2 * n if which != "down" else h),) if kind == "bias" else (
+                (e, 2 * n, h) if which != "down" else (e, h, n))  # fmt: skip
+            held = out.get(new)
+            out[new] = Stored(new, t.kind if kind == "bias" else _HELD, shape,
+                              t.nbytes + (held.nbytes if held else 0))  # fmt: skip
+            continue
         if m is None:
             out[name] = t
             continue
@@ -424,7 +439,6 @@ def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, S
             new = f"{prefix}{which}.bias"
             out[new] = Stored(new, t.kind, (t.numel,), t.nbytes)
             continue
-        e, n, h = mc.family.num_experts, mc.family.moe_intermediate_size, mc.hidden_size
         shape = (e, 2 * n, h) if which == "gate_up_proj" else (e, h, n)
         new = f"{prefix}{which}.weight"
         out[new] = Stored(new, _HELD, shape, t.nbytes)

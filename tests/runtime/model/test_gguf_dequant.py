@@ -79,3 +79,19 @@ def test_dequantizes_on_the_target_device(kind):
     blocks = probe_weight(kind, 4, 256).blocks.numpy()
     out = gguf_dequant.dequantize(blocks, kind, (2, 2, 256), torch.bfloat16, torch.device("meta"))
     assert out.device.type == "meta" and out.shape == (2, 2, 256) and out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_mxfp4_dequantizes_bit_exact(shape):
+    """gpt-oss's MXFP4 (17 bytes per 32 values: an E8M0 exponent, then the nibbles): blocks
+    gguf-py quantizes, and random bytes (every exponent, 0, 1 and 255 included: ggml's half
+    scale from the exponent's bits, denormal below 2, 2^127 at 255)."""
+    values = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    values *= np.exp2(np.random.default_rng(1).integers(-30, 30, (*shape[:-1], 1)))
+    assert gguf_dequant.covered("MXFP4", shape[-1]) and not gguf_dequant.covered("MXFP4", 48)
+    check(gguf.quants.quantize(values, Q.MXFP4), "MXFP4", shape)
+    raw = np.random.default_rng(2).integers(0, 256, (*shape[:-1], shape[-1] // 32 * 17),
+                                            dtype=np.uint8)  # fmt: skip
+    raw.reshape(-1, 17)[:3, 0] = (0, 1, 255)
+    with np.errstate(over="ignore"):  # (gguf-py's float32 product at exponent 255)
+        check(raw, "MXFP4", shape)
