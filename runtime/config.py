@@ -85,6 +85,8 @@ class ExpertRouting:
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
+    # a correction bias beside greedy or grouped choice (ERNIE 4.5's softmax router: `bias`)
+    correction_bias: bool = False
 
     def __post_init__(self) -> None:
         if self.scoring not in ROUTER_SCORES:
@@ -102,8 +104,9 @@ class ExpertRouting:
 
     @property
     def bias(self) -> bool:
-        """Whether the checkpoint holds `e_score_correction_bias` (noaux_tc)."""
-        return self.topk_method == "noaux_tc"
+        """Whether the checkpoint holds `e_score_correction_bias` (noaux_tc, or
+        `correction_bias`)."""
+        return self.topk_method == "noaux_tc" or self.correction_bias
 
 
 @dataclass(frozen=True)

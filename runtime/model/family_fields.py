@@ -11,6 +11,7 @@ from typing import Any
 from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import llama4_config as llama4
+from pagoda.runtime.model import moe_families
 from pagoda.runtime.model.ops import rope_kind
 
 # (cfg, arch, n, window, window_layers, scaling) -> the fields the family sets
@@ -295,4 +296,5 @@ FIELDS: dict[str, Fields] = {
     **dict.fromkeys(deepseek.ARCHITECTURES.values(), _deepseek),
     "glm4_moe": _glm4_moe,
     "llama4": _llama4,
+    **moe_families.FIELDS,
 }

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model import deepseek_config as deepseek
-from pagoda.runtime.model import family_fields, tiktoken_files
+from pagoda.runtime.model import family_fields, moe_families, tiktoken_files
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
@@ -69,6 +69,7 @@ HF_ARCHITECTURES = {
     "Ministral3ForCausalLM": "ministral3",  # Ministral 3: yarn, q scaled by position (ministral3.py)
     **glm4_moe.ARCHITECTURES,  # GLM-4.5, GLM-4.5-Air, GLM-4.6 (model/glm4_moe.py)
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
+    **moe_families.ARCHITECTURES,  # ERNIE 4.5 MoE, ... (model/moe_families.py)
 }
 # a multimodal wrapper's text model, by its text_config's model_type (transformers' default
 # first); another model_type is refused
@@ -158,6 +159,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     **deepseek.DEFAULTS,
     **glm4_moe.DEFAULTS,
     **llama4.DEFAULTS,
+    **moe_families.DEFAULTS,
 }  # fmt: skip
 # GptOssConfig's rotary where config.json names none (neither rope_scaling nor rope_parameters)
 _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model import moe_families
 from pagoda.runtime.model.llama import LlamaModel
 
 # architecture -> (module in pagoda.runtime.model, class)
@@ -46,6 +47,7 @@ MODEL_CLASSES = {
     "apertus": ("apertus", "ApertusModel"),  # xIELU MLP, q/k norms
     "glm4_moe": ("glm4_moe", "Glm4MoeModel"),  # GLM-4.5 / 4.6
     "llama4": ("llama4", "Llama4Model"),  # the text model of Scout / Maverick
+    **moe_families.MODEL_CLASSES,  # ERNIE 4.5 MoE, ...
 }
 
 

@@ -65,8 +65,10 @@ _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b)_proj|kv_a_pro
                           r"mlp\.((gate|up|gate_up|down)_proj|c_fc|c_proj))\.weight$")  # fmt: skip
 # llama.cpp's split of DeepSeek's kv_b_proj, joined back at load (`deepseek.kv_b_weight`)
 _SPLIT_KV_B = re.compile(r"self_attn\.[kv]_b_proj\.weight$")
-# DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter)
-_FLOAT32_ROUTER = re.compile(r"mlp\.gate\.(weight|e_score_correction_bias)$")
+# DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
+# their names in the families of `model/moe_names.py` too)
+_FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe)\.(gate\.(wg\.)?weight|"
+                             r"(gate\.|moe_statics\.)?e_score_correction_bias)$")  # fmt: skip
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 # safetensors dtype -> bytes per element
 _ITEM = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
@@ -409,7 +411,7 @@ def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, S
 
 
 # Qwen2-MoE's shared expert, DeepSeek's shared_experts
-_SHARED_EXPERT = re.compile(r"mlp\.shared_experts?\.(gate|up|down)_proj\.weight$")
+_SHARED_EXPERT = re.compile(r"mlp\.(shared_experts?|shared_mlp)\.(gate|up|down)_proj\.weight$")
 
 
 def _llama4_experts(t: Stored) -> tuple[str, Stored]:
@@ -473,8 +475,9 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
 def _float32_router(t: Stored, p: Placement) -> int:
     """DeepSeek's router weight, a float32 `Linear` (a CPU's packed copy padded), or its
     correction bias, a float32 vector."""
-    rows, cols = (t.shape[0], t.shape[1]) if len(t.shape) == 2 else (t.numel, 1)
-    if len(t.shape) == 2 and p.device == "cpu":
+    matrix = len(t.shape) == 2 and not t.name.endswith("bias")  # (ERNIE's bias: [1, E])
+    rows, cols = (t.shape[0], t.shape[1]) if matrix else (t.numel, 1)
+    if matrix and p.device == "cpu":
         from pagoda.runtime.model import linear
 
         if linear._can_pack(torch.float32):
