@@ -374,6 +374,8 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     if arch in deepseek.ARCHITECTURES.values():  # latent attention, expanded per head
         head_dim, kv_heads = deepseek.head_dim(cfg, arch), heads
+    if arch in moe_families.ROPE:  # the family's own reading (Hunyuan's NTK alpha)
+        rope_theta, scaling = moe_families.ROPE[arch](rope_theta, scaling, head_dim)
     rope_inv_freq(head_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
     rope_inv_freq(head_dim, rope_theta, scaling, long=True)  # longrope: its long factors too
     if arch not in _PARTIAL_ROTARY and rotary_dim(head_dim, scaling) != head_dim:

@@ -213,6 +213,7 @@ class LlamaLayer:
                 q, k = rotate(positions=positions, q=q, k=k, cos_sin_cache=rows)
             else:  # in place on the first r dims of each head (every op rotates in place)
                 rotate(positions=positions, q=q[..., :r], k=k[..., :r], cos_sin_cache=rows)
+            q, k = self.after_rotary(q, k)
         k_cache, v_cache = step.kv_caches[self.index]
         out = ctx.backend.forward(
             q, k, v, k_cache, v_cache, step.meta, window=self.window, kv_scales=self.kv_scales,
@@ -222,6 +223,10 @@ class LlamaLayer:
 
     def before_rotary(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """What a family does to q [T, H, D] and k [T, Hkv, D] before rotary: nothing here."""
+        return q, k
+
+    def after_rotary(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a family does to the rotated q and k (Hunyuan's q/k norms): nothing here."""
         return q, k
 
 
