@@ -175,6 +175,7 @@ _NULLABLE = {
     "gemma2": ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"),
     **{arch: deepseek.NULLABLE for arch in deepseek.DEFAULTS},
     "llama4": llama4.NULLABLE,
+    **moe_families.NULLABLE,
 }
 _EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 _EPS["starcoder2"] = "norm_epsilon"
