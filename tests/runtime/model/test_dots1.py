@@ -64,7 +64,7 @@ def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(built,
 def test_config_reads_as_transformers(built, tmp_path):
     """The window on transformers' layer_types, and a config without layer_types (the released
     ones: `sliding_window` null, or set with `max_window_layers`) read as Dots1Config does."""
-    path, model, _, _ = built("dots1")
+    path, _, _, _ = built("dots1")
     c = read_model_config(str(path))
     f = c.family
     assert c.architecture == "dots1" and f.qk_norm and c.rope_scaling is None
