@@ -203,7 +203,7 @@ _DEFAULT_ROPE = {
     },
 }
 # the families whose transformers models read partial_rotary_factor
-_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe")
+_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", *moe_families.PARTIAL_ROTARY)
 _FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -376,7 +376,7 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     if arch in deepseek.ARCHITECTURES.values():  # latent attention, expanded per head
         head_dim, kv_heads = deepseek.head_dim(cfg, arch), heads
     if arch in moe_families.ROPE:  # the family's own reading (Hunyuan's NTK alpha)
-        rope_theta, scaling = moe_families.ROPE[arch](rope_theta, scaling, head_dim)
+        rope_theta, scaling = moe_families.ROPE[arch](cfg, rope_theta, scaling, head_dim)
     rope_inv_freq(head_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
     rope_inv_freq(head_dim, rope_theta, scaling, long=True)  # longrope: its long factors too
     if arch not in _PARTIAL_ROTARY and rotary_dim(head_dim, scaling) != head_dim:

@@ -66,7 +66,7 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     }
 
 
-def rope(theta: float, scaling: Mapping[str, Any] | None, head_dim: int):
+def rope(cfg: Mapping[str, Any], theta: float, scaling: Mapping[str, Any] | None, head_dim: int):
     """(theta, rope_scaling) as Hunyuan's rotary runs them: a "dynamic" rotary with an `alpha`
     is transformers' fixed NTK-alpha one, the base theta x alpha ** (d / (d - 2))."""
     if scaling and rope_kind(dict(scaling)) == "dynamic" and scaling.get("alpha"):

@@ -3,18 +3,26 @@ beside DeepSeek's and GLM-4.5's, gathered so that the shared tables (`hf_loader.
 `family_fields.FIELDS`, `registry.MODEL_CLASSES`) take them in one entry each. Each module
 names its architectures (config.json's -> `ModelConfig.architecture`), transformers' config
 defaults, its model class, `family_fields` (`family_fields.Fields`' signature) and, where the
-family has them, the keys whose null means none (`NULLABLE`) and its own rotary reading (`rope`)."""
+family has them, the keys whose null means none (`NULLABLE`), a partial rotary (`PARTIAL_ROTARY`) and its own
+rotary reading (`rope`)."""
 
 from __future__ import annotations
 
-from pagoda.runtime.model import dots1_config, ernie4_5_moe_config, hunyuan_config
+from pagoda.runtime.model import (
+    dots1_config,
+    ernie4_5_moe_config,
+    hunyuan_config,
+    minimax_m2_config,
+)
 
-MODULES = (ernie4_5_moe_config, hunyuan_config, dots1_config)
+MODULES = (ernie4_5_moe_config, hunyuan_config, dots1_config, minimax_m2_config)
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}
 MODEL_CLASSES = {k: v for m in MODULES for k, v in m.MODEL_CLASSES.items()}
 FIELDS = {arch: m.family_fields for m in MODULES for arch in m.ARCHITECTURES.values()}
 # config.json keys whose null means "none" rather than the default
 NULLABLE = {k: v for m in MODULES for k, v in getattr(m, "NULLABLE", {}).items()}
-# a family's own rotary reading, (theta, rope_scaling, head_dim) -> (theta, rope_scaling)
+# the families whose rotary may be partial (`partial_rotary_factor`)
+PARTIAL_ROTARY = tuple(a for m in MODULES for a in getattr(m, "PARTIAL_ROTARY", ()))
+# a family's own rotary reading, (cfg, theta, rope_scaling, head_dim) -> (theta, rope_scaling)
 ROPE = {arch: m.rope for m in MODULES if hasattr(m, "rope") for arch in m.ARCHITECTURES.values()}

@@ -1,0 +1,103 @@
+"""MiniMax-M2 (`MiniMaxM2ForCausalLM`) against transformers, token for token and logits within
+1e-3 (float32), on tiny random checkpoints transformers writes itself: prompts chunked into
+16-token steps, three prompts sharing steps, a warm prefix cache, and a pool small enough to
+preempt.
+
+- minimax-m2: q and k normalised over their whole projections, half of each head rotating (the
+  released configs' `rotary_dim`), top-2 of 8 experts by sigmoid scores with a correction bias
+  large enough to change the picks, renormalised;
+- minimax-m2-full: the whole head rotating, top-3 of 6, one KV head.
+
+Also: the released configs' `rotary_dim` read as transformers reads it, the weights estimate
+against what the built model holds, and two tensor-parallel ranks (gloo: the q/k norms' sums
+all-reduced).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from arch_cases import (
+    built_fixture,
+    check_chunked_cached_batched,
+    check_on_cuda_with_graphs,
+    check_preempted,
+    check_two_ranks,
+)
+from hf_oracle import make_tiny_model
+from pagoda.runtime.model.loader import read_model_config
+
+transformers = pytest.importorskip("transformers")
+IDS = dict(bos_token_id=1, eos_token_id=2)
+CASES = {
+    "minimax-m2": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32,
+                       head_dim=32, rotary_dim=16, num_hidden_layers=3, **IDS),
+    "minimax-m2-full": dict(num_local_experts=6, num_experts_per_tok=3, intermediate_size=24,
+                            head_dim=16, num_key_value_heads=1, **IDS),
+}  # fmt: skip
+
+
+def write_case(name: str, path):
+    """Case `name`'s checkpoint written to `path` by transformers (float32, eval), with random
+    correction biases; returns the model."""
+    model = make_tiny_model(path, "MiniMaxM2", **CASES[name])
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            bias = layer.mlp.e_score_correction_bias
+            bias.copy_(torch.randn(bias.shape, generator=g))
+    model.save_pretrained(path)
+    return model
+
+
+built = built_fixture(write_case)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(built, name):
+    _, _, loaded, reference = built(name)
+    check_chunked_cached_batched(loaded, reference, name)
+    check_preempted(loaded, reference, name)
+
+
+def test_rotary_dim_reads_as_transformers(built, tmp_path):
+    """A released config's `rotary_dim` beside a top-level rope_theta, no rope_parameters: the
+    same partial rotary as transformers'."""
+    path, _, _, _ = built("minimax-m2")
+    c = read_model_config(str(path))
+    assert c.architecture == "minimax_m2" and c.family.qk_norm_whole
+    assert c.rope_scaling["partial_rotary_factor"] == 0.5 and c.family.routing.bias
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.pop("rope_parameters")
+    cfg.update(rope_theta=5e6, rotary_dim=8)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path).rope_parameters
+    ours = read_model_config(str(tmp_path))
+    assert ours.rope_scaling["partial_rotary_factor"] == theirs["partial_rotary_factor"] == 0.25
+    assert ours.rope_theta == theirs["rope_theta"] == 5e6
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_weights_estimate_is_what_the_model_holds(built, tp):
+    """`server/weights.py` against the built model, bf16 from float32 files: the float32
+    router and correction bias under `block_sparse_moe`, the whole q/k norms."""
+    from model_bytes import check_estimate
+
+    path, _, _, _ = built("minimax-m2")
+    check_estimate(path, tp)
+
+
+@pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
+def test_two_tensor_parallel_ranks_match_transformers(built):
+    path, _, loaded, reference = built("minimax-m2")
+    check_two_ranks(path, loaded, reference, "minimax-m2", kv_heads=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_gpu_matches_transformers_with_graphs(built, name):
+    _, _, loaded, reference = built(name)
+    runner = check_on_cuda_with_graphs(loaded, reference, name).engine.runner
+    assert runner.model.layers[-1].mlp.fused is not None
