@@ -25,7 +25,7 @@ NAMES: dict[str, MoeNames] = {
     "hunyuan_v1_moe": MoeNames(router="gate.wg.weight", shared="shared_mlp."),
     "minimax_m2": MoeNames(
         block="block_sparse_moe.", experts=("w1", "w3", "w2"), bias="e_score_correction_bias"
-    ),  # fmt: skip
+    ),
 }
 
 
