@@ -68,7 +68,8 @@ class MlaConfig:
 
 
 ROUTER_SCORES = ("softmax", "sigmoid")
-TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+# sparsemixer: PhiMoE's two experts, each by its own masked softmax (moe_routing.sparsemixer)
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc", "sparsemixer")
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class ExpertRouting:
     routed_scaling_factor: float = 1.0
     # a correction bias beside greedy or grouped choice (ERNIE 4.5's softmax router: `bias`)
     correction_bias: bool = False
+    jitter_eps: float = 0.0  # sparsemixer's mask: logits this far below the best are out
 
     def __post_init__(self) -> None:
         if self.scoring not in ROUTER_SCORES:

@@ -13,9 +13,16 @@ from pagoda.runtime.model import (
     ernie4_5_moe_config,
     hunyuan_config,
     minimax_m2_config,
+    phimoe_config,
 )
 
-MODULES = (ernie4_5_moe_config, hunyuan_config, dots1_config, minimax_m2_config)
+MODULES = (
+    ernie4_5_moe_config,
+    hunyuan_config,
+    dots1_config,
+    minimax_m2_config,
+    phimoe_config,
+)
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}
 MODEL_CLASSES = {k: v for m in MODULES for k, v in m.MODEL_CLASSES.items()}

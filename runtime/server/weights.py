@@ -320,7 +320,7 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         return False
     if name == HEAD:
         return not mc.tie_word_embeddings
-    if name in (EMBED, NORM, "model.norm.bias"):  # (StarCoder2's LayerNorm has a bias)
+    if name in (EMBED, NORM, "model.norm.bias", "lm_head.bias"):  # (StarCoder2's, PhiMoE's)
         return True
     m = _LAYER.match(name)
     return m is not None and int(m.group(1)) < mc.num_layers
