@@ -46,9 +46,20 @@ FORMATS = {
     "mistral": ("[TOOL_CALLS][", '{{"name": "{name}", "arguments": ', "}", ", ", "]"),
     # GLM-4.5: the arguments as <arg_key>/<arg_value> tags (xgrammar's glm_xml style), not JSON
     "glm45": ("", "<tool_call>{name}\n", "</tool_call>", "\n", ""),
+    # MiniMax-M2: one block of <invoke> tags, the arguments as <parameter> tags (minimax_xml)
+    "minimax_m2": (
+        "<minimax:tool_call>\n",
+        '<invoke name="{name}">\n',
+        "</invoke>",
+        "\n",
+        "\n</minimax:tool_call>",
+    ),
 }
+# the formats whose arguments are tags, not JSON: xgrammar's style for each
+XML_STYLES = {"glm45": "glm_xml", "minimax_m2": "minimax_xml"}
 # tool_choice auto with strict tools: text that starts a call, per parser (mistral's marker is a
-# special token, and its calls one JSON array: not enforced under auto)
+# special token, and its calls one JSON array; MiniMax-M2's calls one <minimax:tool_call> block:
+# not enforced under auto)
 TRIGGERS = {"hermes": "<tool_call>", "llama3_json": '{"name": "', "glm45": "<tool_call>"}
 # parsers whose calls no grammar here writes: tool_choice required or named is a 400
 UNENFORCED = {
@@ -240,8 +251,8 @@ def tool_grammar(
             raise APIError(400, f"{where}: invalid JSON Schema: {e}", param=where,
                            code="invalid_value") from e  # fmt: skip
         content: Any = st.GrammarFormat(grammar=str(grammar))
-        if parser == "glm45":  # the same schema, written as GLM-4.5's key/value tags
-            content = st.JSONSchemaFormat(json_schema=schema, style="glm_xml")
+        if parser in XML_STYLES:  # the same schema, written as the format's tags
+            content = st.JSONSchemaFormat(json_schema=schema, style=XML_STYLES[parser])
         tags.append(st.TagFormat(begin=begin.format(name=f.name), content=content, end=end))
     if free:
         body: Any = st.TriggeredTagsFormat(
