@@ -1,16 +1,17 @@
 """The config readers of the mixture-of-experts families (and their dense siblings) added
-beside DeepSeek's and GLM-4.5's, gathered so that the shared tables (`hf_loader.HF_ARCHITECTURES` and its defaults,
-`family_fields.FIELDS`, `registry.MODEL_CLASSES`) take them in one entry each. Each module
-names its architectures (config.json's -> `ModelConfig.architecture`), transformers' config
-defaults, its model class, `family_fields` (`family_fields.Fields`' signature) and, where the
-family has them, the keys whose null means none (`NULLABLE`), a partial rotary (`PARTIAL_ROTARY`) and its own
-rotary reading (`rope`)."""
+beside DeepSeek's and GLM-4.5's, gathered so that the shared tables (`hf_loader`'s
+HF_ARCHITECTURES and defaults, `family_fields.FIELDS`, `registry.MODEL_CLASSES`) take them in
+one entry each. Each module names its architectures (config.json's ->
+`ModelConfig.architecture`), transformers' config defaults, its model class, `family_fields`
+(`family_fields.Fields`' signature) and, where the family has them, the keys whose null means
+none (`NULLABLE`), a partial rotary (`PARTIAL_ROTARY`) and its own rotary reading (`rope`)."""
 
 from __future__ import annotations
 
 from pagoda.runtime.model import (
     dots1_config,
     ernie4_5_moe_config,
+    exaone_moe_config,
     hunyuan_config,
     minimax_m2_config,
     phimoe_config,
@@ -22,6 +23,7 @@ MODULES = (
     dots1_config,
     minimax_m2_config,
     phimoe_config,
+    exaone_moe_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}
