@@ -70,7 +70,7 @@ def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(built,
 
 
 def test_config_reads_as_transformers(built):
-    path, model, _, _ = built("exaone-moe")
+    path, _, _, _ = built("exaone-moe")
     f = read_model_config(str(path)).family
     assert f.qk_norm and f.sliding_window == 11
     assert f.window_layers == f.rope_layers == (True, False, True, False)
