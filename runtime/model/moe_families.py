@@ -12,6 +12,7 @@ from pagoda.runtime.model import (
     dots1_config,
     ernie4_5_moe_config,
     exaone_moe_config,
+    flex_olmo_config,
     hunyuan_config,
     minimax_m2_config,
     phimoe_config,
@@ -24,6 +25,7 @@ MODULES = (
     minimax_m2_config,
     phimoe_config,
     exaone_moe_config,
+    flex_olmo_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}
