@@ -62,6 +62,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
                 out[_moe_block(c, i) + names.bias] = (1, e) if names.bias_rows else (e,)
         if c.architecture in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # its q/k norms
             out[a + "query_layernorm.weight"] = out[a + "key_layernorm.weight"] = (d,)
+        if c.architecture == "afmoe":  # its norms around the MLP, attention's output gate
+            out.update({f"model.layers.{i}.pre_mlp_layernorm.weight": (h,),
+                        f"model.layers.{i}.post_mlp_layernorm.weight": (h,),
+                        a + "gate_proj.weight": (q, h)})  # fmt: skip
         if c.family.qk_norm and c.family.cohere_layer:  # a weight per head
             out[a + "q_norm.weight"] = (c.num_heads, d)
             out[a + "k_norm.weight"] = (c.num_kv_heads, d)

@@ -219,7 +219,12 @@ class LlamaLayer:
             q, k, v, k_cache, v_cache, step.meta, window=self.window, kv_scales=self.kv_scales,
             sinks=self.sinks,
         )  # fmt: skip
-        return self.o_proj(out.reshape(t, ctx.num_heads * d))
+        return self.o_proj(self.attention_output(x, out.reshape(t, ctx.num_heads * d)))
+
+    def attention_output(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """What a family does to attention's output [T, H * D] (of the input `x`) before o_proj
+        (AfMoE's sigmoid gate): nothing here."""
+        return out
 
     def before_rotary(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """What a family does to q [T, H, D] and k [T, Hkv, D] before rotary: nothing here."""

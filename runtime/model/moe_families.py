@@ -9,6 +9,7 @@ none (`NULLABLE`), a partial rotary (`PARTIAL_ROTARY`) and its own rotary readin
 from __future__ import annotations
 
 from pagoda.runtime.model import (
+    afmoe_config,
     dots1_config,
     ernie4_5_moe_config,
     exaone_moe_config,
@@ -26,6 +27,7 @@ MODULES = (
     phimoe_config,
     exaone_moe_config,
     flex_olmo_config,
+    afmoe_config,
 )
 ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
 DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}

@@ -23,6 +23,7 @@ DEEPSEEK = MoeNames()
 NAMES: dict[str, MoeNames] = {
     "ernie4_5_moe": MoeNames(bias="moe_statics.e_score_correction_bias", bias_rows=True),
     "hunyuan_v1_moe": MoeNames(router="gate.wg.weight", shared="shared_mlp."),
+    "afmoe": MoeNames(router="router.gate.weight", bias="expert_bias"),
     "exaone_moe": MoeNames(bias="e_score_correction_bias"),
     "phimoe": MoeNames(block="block_sparse_moe.", experts=("w1", "w3", "w2")),
     "minimax_m2": MoeNames(

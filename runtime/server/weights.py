@@ -67,8 +67,8 @@ _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b)_proj|kv_a_pro
 _SPLIT_KV_B = re.compile(r"self_attn\.[kv]_b_proj\.weight$")
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
-_FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe)\.(gate\.(wg\.)?weight|"
-                             r"(gate\.|moe_statics\.)?e_score_correction_bias)$")  # fmt: skip
+_FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe)\.((router\.)?gate\.(wg\.)?weight|"
+                             r"((gate|moe_statics)\.)?e_score_correction_bias|expert_bias)$")  # fmt: skip
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 # safetensors dtype -> bytes per element
 _ITEM = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
