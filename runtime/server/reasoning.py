@@ -24,7 +24,8 @@ the reply holds ``</think>`` after its last ``<think>``), the output is all cont
 begin a marker and scans only new text, never the whole output again. Tool calls and
 structured outputs apply to the content alone (`chat.py`, `after_reasoning`).
 
-`openai_gptoss` reads gpt-oss's harmony channels instead (`harmony.py`: `new_stream`).
+`openai_gptoss` reads gpt-oss's harmony channels instead (`harmony.py`: `new_stream`), and
+`hunyuan_a13b` strips Hunyuan's `<answer>` tags off the content too (`reasoning_hunyuan.py`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ HARMONY = "openai_gptoss"  # gpt-oss's channels (`harmony.py`)
 # Whitespace before an opening `<think>` is dropped with it; past this much, no `<think>` opens
 # the output (its text is reasoning as written).
 _MAX_LEADING_SPACE = 64
-MUST_OPEN = ("glm45",)  # parsers whose output thinks only when it opens with `<think>`
+# parsers whose output thinks only when it opens with `<think>`
+MUST_OPEN = ("glm45", "hunyuan_a13b")
+HUNYUAN = "hunyuan_a13b"  # its answer tags stripped too (`reasoning_hunyuan.py`)
 
 
 def thinks(parser: str | None, prompt_tail: str, template_kwargs: dict[str, Any] | None) -> bool:
@@ -60,6 +63,10 @@ def new_stream(parser: str | None, thinking: bool,
                calls: bool = False) -> ReasoningStream | HarmonyStream:  # fmt: skip
     """A choice's splitter for `parser`'s replies (`thinking`: `thinks`'s answer; `calls`:
     harmony messages to functions are tool calls, `harmony_tools.py`)."""
+    if parser == HUNYUAN:
+        from pagoda.runtime.server.reasoning_hunyuan import AnswerStream
+
+        return AnswerStream(thinking)  # type: ignore[return-value]
     return HarmonyStream(calls) if parser == HARMONY else ReasoningStream(thinking, parser)
 
 
@@ -121,6 +128,8 @@ def split(text: str, stream: ReasoningStream) -> tuple[str | None, str | None]:
     """A whole output's (reasoning, content), as vLLM's parsers answer, fed to a new `stream`:
     reasoning None when the reply does not think (gpt-oss's: when it has no analysis text, as
     vLLM's harmony reading); content None when nothing follows the thinking."""
+    if hasattr(stream, "split"):  # Hunyuan's (`reasoning_hunyuan.AnswerStream`)
+        return stream.split(text)
     if not stream.thinking:
         return None, text
     reasoning, content = stream.feed(text, final=True)

@@ -256,6 +256,16 @@ class MistralParser(ToolParser):
         return prefix_overlap(text, self.TAG)
 
 
+class HunyuanParser(MistralParser):
+    """Hunyuan-A13B's calls, as vLLM's hunyuan_a13b reads them: a JSON array of
+    `{"name", "arguments"}` objects between `<tool_calls>` and `</tool_calls>`."""
+
+    name = "hunyuan_a13b"
+    markers = ("<tool_calls>",)
+    TAG = "<tool_calls>"
+    new_id = staticmethod(call_id)
+
+
 PARSERS: dict[str, type[ToolParser]] = {
     p.name: p
     for p in (
@@ -267,6 +277,7 @@ PARSERS: dict[str, type[ToolParser]] = {
         DeepSeekV3Parser,
         DeepSeekV31Parser,
         MiniMaxM2Parser,
+        HunyuanParser,
     )
 }  # type: ignore[misc]  # (GLM-4.5's: tool_parser_glm45.py; gpt-oss's: harmony_tools.py;
 #                          DeepSeek's: tool_parser_deepseek.py; MiniMax-M2's:
@@ -282,6 +293,8 @@ def detect(template: str | None) -> str | None:
     if "llama3_json" in found and "<|python_tag|>" not in template:
         found.remove("llama3_json")
     if "glm45" in found:  # GLM-4.5's calls open with <tool_call> too, then key/value tags
+        found.remove("hermes")
+    if "hunyuan_a13b" in found and "hermes" in found:  # <tool_calls> holds <tool_call>
         found.remove("hermes")
     return found[0] if len(found) == 1 else None
 

@@ -46,6 +46,14 @@ FORMATS = {
     "mistral": ("[TOOL_CALLS][", '{{"name": "{name}", "arguments": ', "}", ", ", "]"),
     # GLM-4.5: the arguments as <arg_key>/<arg_value> tags (xgrammar's glm_xml style), not JSON
     "glm45": ("", "<tool_call>{name}\n", "</tool_call>", "\n", ""),
+    # Hunyuan-A13B: one JSON array of calls between <tool_calls> tags
+    "hunyuan_a13b": (
+        "<tool_calls>[",
+        '{{"name": "{name}", "arguments": ',
+        "}",
+        ", ",
+        "]</tool_calls>",
+    ),
     # MiniMax-M2: one block of <invoke> tags, the arguments as <parameter> tags (minimax_xml)
     "minimax_m2": (
         "<minimax:tool_call>\n",
