@@ -61,7 +61,7 @@ _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)
           "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"),
           (re.compile(r"\b(q_a_proj|kv_a_proj_with_mqa)\b"), "qkv_proj"))  # fmt: skip
 # DeepSeek's latent attention (model/deepseek.py): q_a (or q) with kv_a as one matmul, q_b, kv_b
-_PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b)_proj|kv_a_proj_with_mqa)|"
+_PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b|gate)_proj|kv_a_proj_with_mqa)|"
                           r"mlp\.((gate|up|gate_up|down)_proj|c_fc|c_proj))\.weight$")  # fmt: skip
 # llama.cpp's split of DeepSeek's kv_b_proj, joined back at load (`deepseek.kv_b_weight`)
 _SPLIT_KV_B = re.compile(r"self_attn\.[kv]_b_proj\.weight$")
@@ -273,6 +273,12 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     attn = h * d * (2 * mc.num_heads / t + 2 * kv)
     attn_rows = (mc.num_heads / t + 2 * kv) * d + h
     norms = (2 * n + 1) * h * item
+    if mc.architecture == "afmoe":  # attention's output gate (as q) and two more norms a layer
+        attn += h * d * mc.num_heads / t
+        attn_rows += mc.num_heads / t * d
+        norms += 2 * n * h * item
+    if f.layer_norm_bias:  # LayerNorms with biases (StarCoder2's, PhiMoE's)
+        norms *= 2
     if f.mla is not None:  # DeepSeek's latent attention (one rank) and its two norms
         mats = _mla_matrices(h, mc.num_heads, f.mla, t)
         attn, attn_rows = sum(r * c for r, c in mats), sum(r for r, _ in mats)
