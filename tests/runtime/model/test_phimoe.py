@@ -73,6 +73,35 @@ def test_config_and_the_long_tables_attention_factor(built):
     assert torch.allclose(table[300:], want, atol=1e-6)
 
 
+def test_the_released_config_format_reads_as_transformers(tmp_path):
+    """Phi-3.5-MoE-instruct's config.json (shrunk): `PhiMoEForCausalLM`, a top-level
+    rope_theta, `rope_scaling` of type longrope with its mscales, a window as long as the
+    context, both biases: read as transformers 5 reads it."""
+    import json
+
+    cfg = dict(architectures=["PhiMoEForCausalLM"], model_type="phimoe", hidden_size=64,
+               intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
+               num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2,
+               max_position_embeddings=131072, original_max_position_embeddings=4096,
+               rope_theta=10000.0, sliding_window=131072, attention_bias=True,
+               lm_head_bias=True, router_jitter_noise=0.01, input_jitter_noise=0.01,
+               rms_norm_eps=1e-05, vocab_size=300, rope_scaling={
+                   "type": "longrope", "long_mscale": 1.243163121016122,
+                   "short_mscale": 1.243163121016122, "original_max_position_embeddings": 4096,
+                   "long_factor": [1.0 + i for i in range(8)], "short_factor": [1.0] * 8})  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path).rope_parameters
+    ours = read_model_config(str(tmp_path))
+    assert ours.architecture == "phimoe" and ours.attention_bias
+    assert ours.rope_theta == theirs["rope_theta"] == 10000.0
+    scaling = ours.rope_scaling
+    assert scaling["type"] == theirs["rope_type"] == "longrope"
+    assert scaling["original_max_position_embeddings"] == 4096
+    assert (scaling["short_mscale"], scaling["long_mscale"]) == (
+        theirs["short_mscale"], theirs["long_mscale"])  # fmt: skip
+    assert ours.family.sliding_window == 131072 and ours.family.routing.jitter_eps == 0.01
+
+
 def test_the_sparsemixer_picks_as_transformers():
     """Two experts a token, each weighted by a softmax over the logits near it, ties and a
     wide eps included."""
