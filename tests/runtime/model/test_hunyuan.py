@@ -110,3 +110,18 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     """On CUDA: the experts in the fused-MoE kernel, decodes in CUDA graphs, no host sync."""
     _, _, loaded, reference = built(name)
     check_on_cuda_with_graphs(loaded, reference, name)
+
+
+@pytest.mark.parametrize("tensor", ["model.layers.0.self_attn.key_layernorm.weight",
+                                    "model.layers.1.mlp.gate.wg.weight",
+                                    "model.layers.1.mlp.shared_mlp.up_proj.weight"])  # fmt: skip
+def test_a_checkpoint_without_one_of_its_tensors_is_refused_at_config_time(built, tmp_path, tensor):
+    from safetensors.torch import load_file, save_file
+
+    path, _, _, _ = built("hunyuan-moe")
+    tensors = load_file(str(path / "model.safetensors"))
+    del tensors[tensor]
+    (tmp_path / "config.json").write_bytes((path / "config.json").read_bytes())
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=f"missing tensor '{tensor}'"):
+        read_model_config(str(tmp_path))

@@ -101,3 +101,18 @@ def test_gpu_matches_transformers_with_graphs(built, name):
     _, _, loaded, reference = built(name)
     runner = check_on_cuda_with_graphs(loaded, reference, name).engine.runner
     assert runner.model.layers[-1].mlp.fused is not None
+
+
+@pytest.mark.parametrize("tensor", ["model.layers.2.block_sparse_moe.e_score_correction_bias",
+                                    "model.layers.0.block_sparse_moe.experts.3.w3.weight",
+                                    "model.layers.1.self_attn.k_norm.weight"])  # fmt: skip
+def test_a_checkpoint_without_one_of_its_tensors_is_refused_at_config_time(built, tmp_path, tensor):
+    from safetensors.torch import load_file, save_file
+
+    path, _, _, _ = built("minimax-m2")
+    tensors = load_file(str(path / "model.safetensors"))
+    del tensors[tensor]
+    (tmp_path / "config.json").write_bytes((path / "config.json").read_bytes())
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=f"missing tensor '{tensor}'"):
+        read_model_config(str(tmp_path))
