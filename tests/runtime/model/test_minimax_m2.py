@@ -79,6 +79,52 @@ def test_rotary_dim_reads_as_transformers(built, tmp_path):
     assert ours.rope_theta == theirs["rope_theta"] == 5e6
 
 
+def test_block_wise_fp8_checkpoint_as_minimax_publishes_it(tmp_path):
+    """MiniMax-M2's release format: attention's projections and every expert's w1/w2/w3 in
+    E4M3 with a float32 `weight_scale_inv` per tile, the router, its bias, the norms, the
+    embedding and the head in 16 bits, its quantization_config naming the format
+    `float8_e4m3fn` and the modules left out: it loads dequantized and gives transformers'
+    tokens and logits on its dequantized weights."""
+    import json
+
+    from arch_cases import NEW, check, generate, prompts
+    from fp8_testlib import quantize_blocks
+    from hf_oracle import hf_greedy_plain
+    from pagoda.runtime import LLM
+    from pagoda.runtime.model.loader import load_model
+    from safetensors.torch import load_file, save_file
+
+    write_case("minimax-m2", tmp_path / "orig")
+    tensors = load_file(str(tmp_path / "orig" / "model.safetensors"))
+    quant, dense = {}, {}
+    for name, t in tensors.items():
+        if not name.endswith(("proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")):
+            quant[name] = dense[name] = t
+            continue
+        codes, scales, dense[name] = quantize_blocks(t.float(), (16, 16))
+        quant[name], quant[name.removesuffix("weight") + "weight_scale_inv"] = codes, scales
+    for d, ts in (("fp8", quant), ("dequantized", dense)):
+        (tmp_path / d).mkdir()
+        for f in (tmp_path / "orig").iterdir():
+            if f.name != "model.safetensors":
+                (tmp_path / d / f.name).write_bytes(f.read_bytes())
+        save_file(ts, str(tmp_path / d / "model.safetensors"))
+    config = json.loads((tmp_path / "fp8" / "config.json").read_text())
+    config["quantization_config"] = {
+        "activation_scheme": "dynamic", "fmt": "float8_e4m3fn", "quant_method": "fp8",
+        "weight_block_size": [16, 16],
+        "modules_to_not_convert": ["gate", "e_score_correction_bias", "lm_head"]}  # fmt: skip
+    (tmp_path / "fp8" / "config.json").write_text(json.dumps(config))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "dequantized").eval()
+    reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
+    loaded = load_model(str(tmp_path / "fp8"))
+    assert loaded.fp8_scheme.block == (16, 16)
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20,
+              max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
+        check(got, want, f"FP8 MiniMax-M2: prompt {i}")
+
+
 @pytest.mark.parametrize("tp", [1, 2])
 def test_the_weights_estimate_is_what_the_model_holds(built, tp):
     """`server/weights.py` against the built model, bf16 from float32 files: the float32
