@@ -79,7 +79,9 @@ class ExpertRouting:
     groups (a group's score: its best expert's for V2's group_limited_greedy, its best two's sum
     for V3's noaux_tc, which adds the checkpoint's `e_score_correction_bias` to the scores for
     the choice only), weights from the uncorrected scores, renormalised with
-    `FamilyConfig.norm_topk_prob`, then times `routed_scaling_factor`."""
+    `FamilyConfig.norm_topk_prob`, then times `routed_scaling_factor`. The correction bias also
+    beside a greedy choice with `correction_bias` (ERNIE 4.5 MoE, MiniMax-M2, AfMoE; its tensor
+    where `model/moe_names.py` says); PhiMoE's sparsemixer is its own `topk_method`."""
 
     scoring: str = "softmax"
     topk_method: str = "greedy"

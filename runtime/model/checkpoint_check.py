@@ -58,7 +58,7 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             routing = c.family.routing
             if c.family.shared_expert_intermediate_size and routing is None:  # its sigmoid gate
                 out[_moe_block(c, i) + "shared_expert_gate.weight"] = (1, h)
-            if routing is not None and routing.bias:  # DeepSeek-V3's choice-only bias
+            if routing is not None and routing.bias:  # the choice-only bias (V3's, ERNIE's, ...)
                 out[_moe_block(c, i) + names.bias] = (1, e) if names.bias_rows else (e,)
         if c.architecture in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # its q/k norms
             out[a + "query_layernorm.weight"] = out[a + "key_layernorm.weight"] = (d,)
@@ -152,9 +152,8 @@ def _check_gpt_oss_experts(c: ModelConfig, headers: Mapping[str, tuple[str, list
 
 
 def _moe_block(c: ModelConfig, layer: int) -> str:
-    block = moe_names.of(c.architecture).block
-    if c.architecture in ("mixtral", "granitemoe"):
-        block = "block_sparse_moe."
+    mixtral = c.architecture in ("mixtral", "granitemoe")
+    block = "block_sparse_moe." if mixtral else moe_names.of(c.architecture).block
     return f"model.layers.{layer}.{block}"
 
 
