@@ -76,7 +76,7 @@ def kv_bytes_per_token(config) -> int:
     from pagoda.runtime.config import cpu_has_fast_bf16
 
     elem = 2 if cpu_has_fast_bf16() else 4
-    return config.num_layers * 2 * config.num_kv_heads * config.head_dim * elem
+    return config.num_layers * config.kv_tensors * config.num_kv_heads * config.head_dim * elem
 
 
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:

@@ -202,7 +202,8 @@ TAIL=40 step moe 540 $PY benchmarks/gpu_throughput.py --shape qwen3-30b-a3b --tu
     --hf-requests 0 --kernel-profile 5
 # The new families' CUDA paths (~5-7 min, est., unmeasured: STEPS=families BUDGET_S=560 in one
 # call): their kernel shapes compiled against the references (sinks in every attention path,
-# DeepSeek's heads of 192 and 48, GQA 8 and 16, gpt-oss's experts' biases and clamped SwiGLU),
+# Llama 4's chunked attention in every path, DeepSeek's heads of 192 and 48, GQA 8 and 16,
+# gpt-oss's experts' biases and clamped SwiGLU),
 # then every gpu-marked test of tests/runtime/model (FAMILY_TESTS: other paths, for a rerun of
 # what a cut-off call left): each family's tiny model against transformers on the GPU with CUDA
 # graphs, eager decodes as the graphs', no host sync in any step's launch (DeepSeek-V2/V3,
@@ -211,8 +212,8 @@ TAIL=40 step moe 540 $PY benchmarks/gpu_throughput.py --shape qwen3-30b-a3b --tu
 # family whose test file adds one), in file order.
 TAIL=40 step families 540 bash -c '
     $1 -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 150 \
-        -k "sinks or gpt_oss or new_families" tests/kernels/test_kernel_attention.py \
-        tests/kernels/test_fused_moe.py
+        -k "sinks or gpt_oss or new_families or chunked" tests/kernels/test_kernel_attention.py \
+        tests/kernels/test_prefill_attention.py tests/kernels/test_fused_moe.py
     kernels=$?
     $1 -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 150 $2
     models=$?

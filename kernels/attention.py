@@ -9,6 +9,10 @@
 * ``sliding_window``: each query sees its last W keys (its own included), and both kernels start
   at the window's first tile, so a window layer reads only the window's blocks; the split count
   of the decodes is chosen for the window's length. ``softcap`` caps the scores (Gemma).
+* ``attention_chunk``: chunked attention (Llama 4's rotary layers), the query at position p
+  sees the keys p - p % C .. p; a lower bound per row as a window's, so the kernels start at
+  the first row's chunk and read only its blocks, and the decodes' split count is chosen for
+  at most one chunk.
 * ``sinks``: attention sinks (gpt-oss), one float32 logit per query head that joins its
   softmax's denominator only, added after a row's last tile (`attn_common.add_sink`; the
   split-KV decodes add it in their merge).
@@ -98,6 +102,7 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
     flash_prefill: bool = True,
     sinks: torch.Tensor | None = None,
+    attention_chunk: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of a ragged batch against a paged KV cache (module docstring).
 
@@ -113,7 +118,8 @@ def paged_attention(
     element or one per KV head; its tiles are widened to q's dtype (exact), the K scale joins
     the softmax scale and the V scale multiplies the output. ``flash_prefill=False`` runs the
     prefill rows in the unified kernel instead of the prefill kernel (comparisons). ``sinks``:
-    float32 ``[H]`` attention sinks (module docstring). Returns ``out``.
+    float32 ``[H]`` attention sinks; ``attention_chunk``: chunked attention's chunk (module
+    docstring). Returns ``out``.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -132,7 +138,7 @@ def paged_attention(
         _flash_launches(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
             max_seq_len, scale, out, num_decodes, num_kv_splits, batch_invariant, sliding_window,
-            softcap, k_scale, v_scale, sinks,
+            softcap, k_scale, v_scale, sinks, attention_chunk=attention_chunk,
         )  # fmt: skip
         return out
     first_seq = 0
@@ -140,7 +146,7 @@ def paged_attention(
         first_seq = _launch_decodes(
             q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_decodes,
             num_decodes == num_seqs, max_seq_len, num_kv_splits, sliding_window, softcap,
-            k_scale, v_scale, sinks,
+            k_scale, v_scale, sinks, attention_chunk=attention_chunk,
         )  # fmt: skip
     if first_seq < num_seqs:
         bucket = INVARIANT_QUERY_LEN if batch_invariant else max_query_len
@@ -162,6 +168,7 @@ def paged_attention(
             k_scale=k_scale,
             v_scale=v_scale,
             sinks=sinks,
+            attention_chunk=attention_chunk,
         )
     return out
 
@@ -183,11 +190,14 @@ def _launch_decodes(
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
     sinks: torch.Tensor | None = None,
+    attention_chunk: int | None = None,
 ) -> int:
     """Run the leading decodes through the split-KV kernel when it splits (or when the batch is
     all decodes); returns how many sequences it took (0: the unified kernel does them)."""
     if sliding_window is not None:
         max_seq_len = min(max_seq_len, sliding_window)  # the keys a decode reads
+    if attention_chunk is not None:
+        max_seq_len = min(max_seq_len, attention_chunk)
     shape = {"head_dim": q.shape[2], "num_seqs": num_decodes, "max_seq_len": max_seq_len}
     cfg = get_kernel_config("decode_attention", shape, q.device)
     if num_kv_splits is not None:
@@ -220,6 +230,7 @@ def _launch_decodes(
         k_scale=k_scale,
         v_scale=v_scale,
         sinks=sinks,
+        attention_chunk=attention_chunk,
     )
     return num_decodes
 
@@ -256,6 +267,7 @@ def _flash_launches(
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
     sinks: torch.Tensor | None = None,
+    attention_chunk: int | None = None,
 ) -> None:
     """Decodes (split-KV, or the prefill kernel's decode launch when batch-invariant), then the
     other sequences in the prefill kernel."""
@@ -265,6 +277,7 @@ def _flash_launches(
         q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens,
         query_start_loc=query_start_loc, scale=scale, out=out, sliding_window=sliding_window,
         softcap=softcap, k_scale=k_scale, v_scale=v_scale, sinks=sinks,
+        attention_chunk=attention_chunk,
     )  # fmt: skip
     if num_decodes > 0 and batch_invariant:
         launch_prefill_attention(
@@ -275,6 +288,7 @@ def _flash_launches(
         _launch_decodes(
             q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_decodes, True,
             max_seq_len, num_kv_splits, sliding_window, softcap, k_scale, v_scale, sinks,
+            attention_chunk=attention_chunk,
         )  # fmt: skip
     if num_decodes < num_seqs:
         launch_prefill_attention(

@@ -28,6 +28,20 @@ def window_arg(sliding_window: int | None) -> int:
     return int(sliding_window)
 
 
+NO_CHUNK = 1 << 30  # the `chunk` argument of layers without chunked attention: one chunk
+
+
+def chunk_arg(attention_chunk: int | None) -> int:
+    """The kernels' ``chunk`` argument: a query at position p sees the keys from
+    p - p % chunk on (Llama 4's chunked attention; `first_key`), read where the ``CHUNKED``
+    constexpr (``attention_chunk is not None``) is set: other layers compile without it."""
+    if attention_chunk is None:
+        return NO_CHUNK
+    if not 0 < attention_chunk <= NO_CHUNK:
+        raise ValueError(f"attention_chunk must be in [1, {NO_CHUNK}], got {attention_chunk}")
+    return int(attention_chunk)
+
+
 def score_scale(scale: float, softcap: float | None) -> float:
     """The factor the kernels multiply q . k by: in log2 units, or, with a soft cap, the natural
     scale (the cap applies to natural scores; :func:`scores` converts after it)."""
@@ -172,6 +186,19 @@ def mma(a, b, DOT_PRECISION: tl.constexpr):
         return tl.dot(a, b, input_precision="ieee")
     else:
         return tl.dot(a, b)
+
+
+@triton.jit
+def first_key(pos, window, chunk, CHUNKED: tl.constexpr):
+    """The first key the query at ``pos`` sees: its window's start (pos - window + 1), with
+    ``CHUNKED`` the later of that and its chunk's (pos - pos % chunk), at least 0. Monotone in
+    ``pos``, so a tile's first row bounds the keys any of its rows reads (and its last row the
+    keys all of them read), as for a window alone. Negative ``pos`` (empty rows) give 0
+    whatever ``%`` rounds to."""
+    lo = tl.maximum(pos - window + 1, 0)
+    if CHUNKED:
+        lo = tl.maximum(lo, pos - pos % chunk)
+    return lo
 
 
 @triton.jit

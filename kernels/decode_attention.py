@@ -19,6 +19,8 @@ import triton.language as tl
 from pagoda.kernels._common import cdiv, next_pow2, prev_pow2
 from pagoda.kernels.attn_common import (
     add_sink,
+    chunk_arg,
+    first_key,
     kv_scale_args,
     kv_scales,
     load_kv_tile,
@@ -34,7 +36,7 @@ from pagoda.kernels.attn_common import (
 )
 
 
-@triton.jit(do_not_specialize=["window"])
+@triton.jit(do_not_specialize=["window", "chunk"])
 def _decode_stage1_kernel(
     out_ptr,  # [num_tokens, NUM_HEADS, HEAD_DIM], written directly when NUM_SPLITS == 1
     mid_o_ptr,  # [num_decodes, NUM_HEADS, NUM_SPLITS, HEAD_DIM_PADDED] float32 partial outputs
@@ -46,6 +48,7 @@ def _decode_stage1_kernel(
     seq_lens_ptr,  # [num_seqs] int32
     scale,  # float32: softmax scale * log2(e) (with SOFTCAP: the softmax scale, see `scores`)
     window,  # keys the query sees, its own included (`attn_common.NO_WINDOW`: all of them)
+    chunk,  # chunked attention's chunk (`attn_common.NO_CHUNK`: none; `first_key`)
     k_scale_ptr,  # [1] or [num_kv_heads] float32 (stride_kv_scale 0 or 1), read when KV_FP8
     v_scale_ptr,  # [1] or [num_kv_heads] float32
     stride_kv_scale,
@@ -73,14 +76,16 @@ def _decode_stage1_kernel(
     SOFTCAP: tl.constexpr,
     KV_FP8: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    CHUNKED: tl.constexpr,  # chunked attention: `chunk` is read (`attn_common.first_key`)
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
     seq_len = tl.load(seq_lens_ptr + seq)
-    # The query at seq_len - 1 sees the keys [kv_first, seq_len): its window, or all of them.
-    kv_first = tl.maximum(seq_len - window, 0)
+    # The query at seq_len - 1 sees the keys [kv_first, seq_len): its window or its chunk's,
+    # or all of them.
+    kv_first = first_key(seq_len - 1, window, chunk, CHUNKED)
     # Tile-aligned segment length, from the true length of this sequence's visible keys.
     split_len = tl.cdiv(tl.cdiv(seq_len - kv_first, NUM_SPLITS), TILE_SIZE) * TILE_SIZE
     kv_lo = kv_first + split * split_len
@@ -238,11 +243,13 @@ def launch_decode_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    attention_chunk: int | None = None,
 ) -> None:
     """Attention for the first ``num_decodes`` sequences (one query token each), over their
     last ``sliding_window`` keys when given (only those tiles are read); ``k_scale``/``v_scale``:
     an E4M3 cache's scales (`attn_common.kv_scale_args`); ``sinks``: attention sinks
-    (`attn_common.add_sink`; with splits, added in stage 2's merge).
+    (`attn_common.add_sink`; with splits, added in stage 2's merge); ``attention_chunk`` C:
+    the query at p reads the keys p - p % C .. p only.
 
     Grid: stage 1 ``(num_decodes, num_kv_heads, num_splits)``; stage 2 ``(num_decodes, heads)``,
     skipped when ``num_splits == 1`` (stage 1 then writes ``out`` itself).
@@ -276,11 +283,13 @@ def launch_decode_attention(
         seq_lens,
         score_scale(scale, softcap),
         window_arg(sliding_window),
+        chunk_arg(attention_chunk),
         *kv_scale_args(k_cache, k_scale, v_scale, seq_lens),
         sinks,
         *paged_strides(q, out, k_cache, v_cache, block_tables),
         NUM_HEADS=num_heads,
         HAS_SINKS=has_sinks,
+        CHUNKED=attention_chunk is not None,
         QUERIES_PER_KV=queries_per_kv,
         BLOCK_H=max(16, next_pow2(queries_per_kv)),
         NUM_SPLITS=num_splits,

@@ -11,9 +11,10 @@ What makes it faster than the unified kernel on long prompts:
 * large query tiles (``BLOCK_M`` up to 128 rows) and K/V tiles (``TILE_SIZE`` 64-128);
 * the K/V loop runs in three parts: tiles every row of the query tile sees in full run without
   any mask (no predicated loads, no ``where``); only the tiles on the causal diagonal and, with
-  a sliding window, at the window's start compute masks;
+  a sliding window or chunked attention, at the window's or chunk's start compute masks;
 * causal tile skipping: the loop stops at the last key the tile's last query sees; a sliding
-  window starts at the first query's window, so a window layer reads only its window's blocks;
+  window starts at the first query's window, so a window layer reads only its window's blocks
+  (a chunked layer, Llama 4's: its chunk's, from the first query's chunk start on);
 * the heaviest query tiles (last in their sequence, longest causal range) start first, so the
   grid does not end on a tail of long programs;
 * each loop is software-pipelined by Triton (``num_stages``).
@@ -41,7 +42,9 @@ import triton.language as tl
 from pagoda.kernels._common import next_pow2
 from pagoda.kernels.attn_common import (
     add_sink,
+    chunk_arg,
     dot_precision,
+    first_key,
     kv_scale_args,
     kv_scales,
     mma,
@@ -129,9 +132,10 @@ def _attend_tiles(
     ones,  # [TILE_SIZE, 16] ones (tl.dot: N >= 16) in the compute dtype
     kv_lo,  # first key of the first tile (a multiple of TILE_SIZE)
     kv_hi,  # end of the tiles' range
-    kv_need,  # keys before this are never read (the tile's first window)
+    kv_need,  # keys before this are never read (the tile's first window or chunk)
     kv_end,  # keys from here on are never read (past the last query)
     q_abs,  # [BLOCK_M] absolute position of each row's query
+    q_chunk,  # [BLOCK_M] where each row's attention chunk starts (read when CHUNKED)
     window,
     k_cache_ptr,
     v_cache_ptr,
@@ -153,9 +157,10 @@ def _attend_tiles(
     SOFTCAP: tl.constexpr,
     MASKED: tl.constexpr,
     DIM_PADDED: tl.constexpr,
+    CHUNKED: tl.constexpr,
 ):
     """Online softmax over the K/V tiles ``[kv_lo, kv_hi)``; ``MASKED`` tiles mask causality,
-    the window and the range, the others are seen in full by every row."""
+    the window or chunk and the range, the others are seen in full by every row."""
     offs_t = tl.arange(0, TILE_SIZE)
     for kv_start in range(kv_lo, kv_hi, TILE_SIZE):
         kv_pos = kv_start + offs_t
@@ -169,6 +174,8 @@ def _attend_tiles(
         if MASKED:
             visible = (kv_pos[None, :] <= q_abs[:, None]) & kv_mask[None, :]
             visible = visible & (kv_pos[None, :] > q_abs[:, None] - window)
+            if CHUNKED:
+                visible = visible & (kv_pos[None, :] >= q_chunk[:, None])
             s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -181,7 +188,7 @@ def _attend_tiles(
     return acc, acc_l, m_i
 
 
-@triton.jit(do_not_specialize=["first_seq", "last_seq", "window"])
+@triton.jit(do_not_specialize=["first_seq", "last_seq", "window", "chunk"])
 def _prefill_attention_kernel(
     out_ptr,  # [num_tokens, NUM_HEADS, HEAD_DIM]
     q_ptr,  # [num_tokens, NUM_HEADS, HEAD_DIM]
@@ -194,6 +201,7 @@ def _prefill_attention_kernel(
     first_seq,  # this launch covers sequences [first_seq, last_seq)
     last_seq,
     window,  # keys a query sees, its own included (`attn_common.NO_WINDOW`: all of them)
+    chunk,  # chunked attention's chunk (`attn_common.NO_CHUNK`: none; `first_key`)
     k_scale_ptr,  # [1] or [num_kv_heads] float32 (stride_kv_scale 0 or 1), read when KV_FP8
     v_scale_ptr,  # [1] or [num_kv_heads] float32
     stride_kv_scale,
@@ -222,6 +230,7 @@ def _prefill_attention_kernel(
     DIM_PADDED: tl.constexpr,  # HEAD_DIM < HEAD_DIM_PADDED: loads mask the padding
     KV_FP8: tl.constexpr,  # an E4M3 cache: tiles widened in `_load_kv`, scales applied here
     HAS_SINKS: tl.constexpr,  # attention sinks join each row's denominator (`add_sink`)
+    CHUNKED: tl.constexpr,  # chunked attention: `chunk` is read (`attn_common.first_key`)
 ):
     kv_head = tl.program_id(1)
     if ONE_TOKEN_PER_SEQ:
@@ -270,30 +279,33 @@ def _prefill_attention_kernel(
     q_first = context_len + q_block_local * BLOCK_Q  # first query of the tile
     q_last = context_len + tl.minimum(q_block_local * BLOCK_Q + BLOCK_Q, q_len) - 1
     kv_end = q_last + 1  # no row of the tile sees a key from here on
-    kv_need = tl.maximum(q_first - window + 1, 0)  # no row sees a key before this
+    q_chunk = q_abs - q_abs % chunk  # [BLOCK_M] each row's chunk start (used when CHUNKED)
+    kv_need = first_key(q_first, window, chunk, CHUNKED)  # no row sees a key before this
     kv_lo = kv_need // TILE_SIZE * TILE_SIZE
-    # Tiles in [full_lo, full_hi) are seen whole by every row: past the last row's window start
-    # and not past the first row's own position.
-    full_lo = tl.maximum(tl.cdiv(tl.maximum(q_last - window + 1, 0), TILE_SIZE) * TILE_SIZE, kv_lo)
+    # Tiles in [full_lo, full_hi) are seen whole by every row: past the last row's window (or
+    # chunk) start and not past the first row's own position.
+    full_lo = tl.maximum(
+        tl.cdiv(first_key(q_last, window, chunk, CHUNKED), TILE_SIZE) * TILE_SIZE, kv_lo
+    )
     full_hi = tl.maximum((q_first + 1) // TILE_SIZE * TILE_SIZE, full_lo)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
     acc, acc_l, m_i = _attend_tiles(
-        acc, acc_l, m_i, q, ones, kv_lo, full_lo, kv_need, kv_end, q_abs, window,
+        acc, acc_l, m_i, q, ones, kv_lo, full_lo, kv_need, kv_end, q_abs, q_chunk, window,
         k_cache_ptr, v_cache_ptr, bt_row, kv_head, offs_d, dim_mask, scale,
         stride_k_blk, stride_k_tok, stride_k_head, stride_v_blk, stride_v_tok, stride_v_head,
-        compute_dtype, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, SOFTCAP, True, DIM_PADDED,
+        compute_dtype, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, SOFTCAP, True, DIM_PADDED, CHUNKED,
     )  # fmt: skip
     acc, acc_l, m_i = _attend_tiles(
-        acc, acc_l, m_i, q, ones, full_lo, full_hi, kv_need, kv_end, q_abs, window,
+        acc, acc_l, m_i, q, ones, full_lo, full_hi, kv_need, kv_end, q_abs, q_chunk, window,
         k_cache_ptr, v_cache_ptr, bt_row, kv_head, offs_d, dim_mask, scale,
         stride_k_blk, stride_k_tok, stride_k_head, stride_v_blk, stride_v_tok, stride_v_head,
-        compute_dtype, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, SOFTCAP, False, DIM_PADDED,
+        compute_dtype, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, SOFTCAP, False, DIM_PADDED, CHUNKED,
     )  # fmt: skip
     acc, acc_l, m_i = _attend_tiles(
-        acc, acc_l, m_i, q, ones, full_hi, kv_end, kv_need, kv_end, q_abs, window,
+        acc, acc_l, m_i, q, ones, full_hi, kv_end, kv_need, kv_end, q_abs, q_chunk, window,
         k_cache_ptr, v_cache_ptr, bt_row, kv_head, offs_d, dim_mask, scale,
         stride_k_blk, stride_k_tok, stride_k_head, stride_v_blk, stride_v_tok, stride_v_head,
-        compute_dtype, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, SOFTCAP, True, DIM_PADDED,
+        compute_dtype, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, SOFTCAP, True, DIM_PADDED, CHUNKED,
     )  # fmt: skip
 
     # Every column of acc_l holds the row's sum: the max picks it exactly, whatever the layout.
@@ -343,12 +355,14 @@ def launch_prefill_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    attention_chunk: int | None = None,
 ) -> None:
     """Attend for sequences ``[first_seq, last_seq)``, whose query rows are the tokens
     ``[first_token, last_token)``, in one launch (module docstring). ``one_token_per_seq``: each
     of them has exactly one query token (decodes); the grid is then one program per sequence.
     ``k_scale``/``v_scale``: an E4M3 cache's scales (`attn_common.kv_scale_args`); ``sinks``:
-    attention sinks (`attn_common.add_sink`).
+    attention sinks (`attn_common.add_sink`); ``attention_chunk`` C: a query at position p
+    sees the keys p - p % C .. p only (chunked attention), and its tiles start at its chunk's.
 
     Grid: ``(last_token - first_token) // BLOCK_Q + (last_seq - first_seq)`` query tiles × KV
     heads, an upper bound from host ints only (CUDA-graph capturable); spare programs exit.
@@ -386,6 +400,7 @@ def launch_prefill_attention(
         first_seq,
         last_seq,
         window_arg(sliding_window),
+        chunk_arg(attention_chunk),
         *kv_scale_args(k_cache, k_scale, v_scale, seq_lens),
         sinks,
         *paged_strides(q, out, k_cache, v_cache, block_tables),
@@ -402,6 +417,7 @@ def launch_prefill_attention(
         DIM_PADDED=head_dim != dim_padded,
         KV_FP8=k_cache.dtype != q.dtype,
         HAS_SINKS=has_sinks,
+        CHUNKED=attention_chunk is not None,
         num_warps=int(config["num_warps"]),
         num_stages=int(config["num_stages"]),
     )

@@ -26,14 +26,16 @@ def paged_attention(
     sliding_window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    attention_chunk: int | None = None,
 ) -> torch.Tensor:
     """Causal attention by absolute position, gathered through the block tables (float32 maths).
 
     With ``sliding_window`` W, the query at position p sees the keys p - W + 1 .. p (as Hugging
     Face's sliding-window mask); with ``softcap`` c, scores are c * tanh(scores / c) before the
     mask (Gemma); with ``sinks`` [H], each head's sink joins its softmax's denominator (a logit
-    no value is read for, as Hugging Face's gpt-oss attention). Only the window's blocks are
-    read.
+    no value is read for, as Hugging Face's gpt-oss attention); with ``attention_chunk`` C,
+    the query at p sees the keys p - p % C .. p (Hugging Face's chunked mask, Llama 4). Only
+    the blocks of the first query's window or chunk on are read.
     """
     del max_query_len, max_seq_len, num_decodes, num_kv_splits  # planning hints only
     if out is None:
@@ -48,9 +50,12 @@ def paged_attention(
         if seq_len == 0:
             out[lo:hi] = 0
             continue
-        first = 0 if sliding_window is None else max(0, seq_len - (hi - lo) - sliding_window + 1)
+        p0 = seq_len - (hi - lo)  # the first query's position
+        first = 0 if sliding_window is None else max(0, p0 - sliding_window + 1)
+        if attention_chunk is not None:
+            first = max(first, p0 - p0 % attention_chunk)
         b0, n_blocks = first // block_size, -(-seq_len // block_size)
-        blocks = block_tables[seq, b0:n_blocks].long()  # the window's blocks only
+        blocks = block_tables[seq, b0:n_blocks].long()  # the window's (chunk's) blocks only
         start, d = b0 * block_size, k_cache.shape[3]
         k = k_cache[blocks].reshape(-1, num_kv_heads, d)[: seq_len - start].float()
         v = v_cache[blocks].reshape(-1, num_kv_heads, d)[: seq_len - start].float()
@@ -65,6 +70,9 @@ def paged_attention(
         hidden = k_pos[None, None, :] > q_pos[None, :, None]
         if sliding_window is not None:
             hidden |= k_pos[None, None, :] <= q_pos[None, :, None] - sliding_window
+        if attention_chunk is not None:  # another chunk's key (transformers' chunked_overlay)
+            c = attention_chunk
+            hidden |= k_pos[None, None, :] // c != q_pos[None, :, None] // c
         scores = scores.masked_fill(hidden, float("-inf"))
         if sinks is not None:  # a column for the sink, dropped after the softmax
             sink = sinks.float()[:, None, None].expand(-1, hi - lo, 1)

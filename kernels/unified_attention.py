@@ -15,6 +15,8 @@ import triton.language as tl
 from pagoda.kernels._common import next_pow2
 from pagoda.kernels.attn_common import (
     add_sink,
+    chunk_arg,
+    first_key,
     kv_scale_args,
     kv_scales,
     load_kv_tile,
@@ -58,7 +60,7 @@ def _find_seq(
     return lo - 1
 
 
-@triton.jit(do_not_specialize=["first_seq", "num_seqs", "window"])
+@triton.jit(do_not_specialize=["first_seq", "num_seqs", "window", "chunk"])
 def _unified_attention_kernel(
     out_ptr,  # [num_tokens, NUM_HEADS, HEAD_DIM]
     q_ptr,  # [num_tokens, NUM_HEADS, HEAD_DIM]
@@ -71,6 +73,7 @@ def _unified_attention_kernel(
     first_seq,  # sequences before this one are handled elsewhere (split-KV decode)
     num_seqs,
     window,  # keys a query sees, its own included (`attn_common.NO_WINDOW`: all of them)
+    chunk,  # chunked attention's chunk (`attn_common.NO_CHUNK`: none; `first_key`)
     k_scale_ptr,  # [1] or [num_kv_heads] float32 (stride_kv_scale 0 or 1), read when KV_FP8
     v_scale_ptr,  # [1] or [num_kv_heads] float32
     stride_kv_scale,
@@ -97,6 +100,7 @@ def _unified_attention_kernel(
     SOFTCAP: tl.constexpr,
     KV_FP8: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    CHUNKED: tl.constexpr,  # chunked attention: `chunk` is read (`attn_common.first_key`)
 ):
     q_block_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -137,11 +141,12 @@ def _unified_attention_kernel(
     q_abs = context_len + q_pos  # [BLOCK_M] absolute position of each query token
     # The last query of this block sees keys [0, context_len + its index]; nothing beyond.
     kv_end = tl.minimum(seq_len, context_len + (q_block_local + 1) * BLOCK_Q)
-    # With a sliding window no query of this block sees a key before kv_need: start at the
-    # tile holding it and load nothing before it. Tiles stay at multiples of TILE_SIZE from
-    # key 0, and keys a row cannot see leave its state exactly as it was, so a row's bits do not
-    # depend on the block it is in.
-    kv_need = tl.maximum(context_len + q_block_local * BLOCK_Q - window + 1, 0)
+    # With a sliding window (or chunked attention) no query of this block sees a key before
+    # kv_need: start at the tile holding it and load nothing before it. Tiles stay at
+    # multiples of TILE_SIZE from key 0, and keys a row cannot see leave its state exactly as
+    # it was, so a row's bits do not depend on the block it is in.
+    kv_need = first_key(context_len + q_block_local * BLOCK_Q, window, chunk, CHUNKED)
+    q_chunk = q_abs - q_abs % chunk  # [BLOCK_M] each row's chunk start (used when CHUNKED)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
     for kv_start in range(kv_need // TILE_SIZE * TILE_SIZE, kv_end, TILE_SIZE):
         kv_pos = kv_start + offs_t  # [TILE_SIZE]
@@ -167,6 +172,8 @@ def _unified_attention_kernel(
         s = scores(q, k, scale, SOFTCAP, DOT_PRECISION)  # [BLOCK_M, TILE_SIZE]
         visible = (kv_pos[None, :] <= q_abs[:, None]) & kv_mask[None, :] & row_mask[:, None]
         visible = visible & (kv_pos[None, :] > q_abs[:, None] - window)
+        if CHUNKED:
+            visible = visible & (kv_pos[None, :] >= q_chunk[:, None])
         s = tl.where(visible, s, float("-inf"))
         m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION)
 
@@ -200,12 +207,14 @@ def launch_unified_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    attention_chunk: int | None = None,
 ) -> None:
     """Attend for sequences ``first_seq..`` (tokens ``first_token..``), one launch; with
     ``sliding_window`` W a query sees its last W keys (itself included) and reads only their
     tiles; ``softcap`` caps the scores (`attn_common.scores`); ``k_scale``/``v_scale``: an E4M3
     cache's scales (`attn_common.kv_scale_args`); ``sinks``: attention sinks
-    (`attn_common.add_sink`).
+    (`attn_common.add_sink`); ``attention_chunk`` C: a query at position p sees the keys
+    p - p % C .. p only, and reads from its chunk's tile on.
 
     Grid: ``(num_tokens - first_token) // BLOCK_Q + (num_seqs - first_seq)`` q-blocks × KV heads,
     an upper bound computed from shapes alone.
@@ -233,11 +242,13 @@ def launch_unified_attention(
         first_seq,
         num_seqs,
         window_arg(sliding_window),
+        chunk_arg(attention_chunk),
         *kv_scale_args(k_cache, k_scale, v_scale, seq_lens),
         sinks,
         *paged_strides(q, out, k_cache, v_cache, block_tables),
         QUERIES_PER_KV=queries_per_kv,
         HAS_SINKS=has_sinks,
+        CHUNKED=attention_chunk is not None,
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
         SOFTCAP=softcap_arg(softcap),

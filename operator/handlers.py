@@ -58,6 +58,7 @@ async def startup(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
             memo.autoscaler.forget_all()  # an earlier term's is stale: read each status back
             made["pagoda-autoscale"] = memo.autoscaler.run()
         if memo.autotuner is not None:
+            memo.autotuner.forget_all()  # likewise: the products' memory is read back
             made["pagoda-autotune"] = memo.autotuner.run()
         return made
 

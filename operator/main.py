@@ -123,7 +123,7 @@ def _scope_and_api_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--peering-lifetime",
         type=int,
-        default=30,
+        default=15,
         help="a replica that stopped without a goodbye counts as gone after this long, s",
     )
 
@@ -358,7 +358,7 @@ async def serve(
         )
     autoscaler = Autoscaler(api, config, metrics)
     gate = _peering_gate(config, api, metrics)
-    reconciler = Reconciler(api, config, metrics)
+    reconciler = Reconciler(api, config, metrics, active=lambda: gate.active)
     autotuner = (
         Autotuner(
             api,

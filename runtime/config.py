@@ -30,7 +30,7 @@ def _positive(name: str, value: int) -> None:
 
 # What a model family changes in the Llama decoder, read once from the checkpoint's config by
 # the loaders; the model files (runtime/model/qwen3.py, gemma3.py, moe.py) read these fields, the
-# attention backends only the sliding window and the soft cap.
+# attention backends only the sliding window, the attention chunk and the soft cap.
 ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU (Llama, Qwen, Mixtral) and GeGLU (Gemma)
 # an ungated MLP's (`FamilyConfig.gated_mlp` false): StarCoder2's GELU, Arcee's ReLU²,
 # Apertus' xIELU (its parameters per layer, from the checkpoint)
@@ -44,8 +44,9 @@ class MlaConfig:
     (`q_proj`) or through a low-rank bottleneck (`q_a_proj`, its norm, `q_b_proj`); one latent
     of `kv_lora_rank` plus a shared rotary key of `qk_rope_head_dim` per token
     (`kv_a_proj_with_mqa`), the latent normed and expanded per head (`kv_b_proj`) into the
-    key's unrotated part and the value. The engine caches the expanded keys and values (the
-    absorbed latent cache is not implemented): `ModelConfig.head_dim` is max(qk, v) head dims."""
+    key's unrotated part and the value. The engine caches the latent and the rotary key, one
+    row of `cache_width` values per token (`ModelConfig`: one KV head of that head size), and
+    attends in the absorbed form (model/deepseek.py)."""
 
     kv_lora_rank: int
     qk_nope_head_dim: int
@@ -65,6 +66,11 @@ class MlaConfig:
     @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def cache_width(self) -> int:
+        """A latent cache row: the normed latent, then the rotated shared key (512 + 64)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
 
 ROUTER_SCORES = ("softmax", "sigmoid")
@@ -127,6 +133,131 @@ class Llama4Attention:
 
 
 @dataclass(frozen=True)
+class FalconH1Scales:
+    """Falcon-H1's µP multipliers (`model/falcon_h1.py`), 1.0 where none."""
+
+    embedding: float = 1.0
+    lm_head: float = 1.0
+    key: float = 1.0  # k before rotary
+    attention_in: float = 1.0
+    attention_out: float = 1.0
+    ssm_in: float = 1.0
+    ssm_out: float = 1.0
+    zxbcdt: tuple[float, ...] = (1.0,) * 5  # the Mamba in_proj's z, x, B, C and dt parts
+    mlp_gate: float = 1.0
+    mlp_down: float = 1.0
+
+
+@dataclass(frozen=True)
+class NemotronHExperts:
+    """Nemotron-H's MoE blocks (Nemotron 3; `model/nemotron_h.py`): ungated ReLU² experts of
+    `intermediate` (on a `latent`-wide projection of the input where set), routed by DeepSeek-V3's
+    sigmoid router (`routing`, with `e_score_correction_bias`), beside an ungated shared expert
+    of `shared_intermediate`."""
+
+    layers: tuple[bool, ...]  # per layer: True = a MoE block
+    num_experts: int
+    top_k: int
+    intermediate: int
+    shared_intermediate: int
+    routing: ExpertRouting
+    norm_topk_prob: bool = True
+    latent: int | None = None
+
+    def params(self, hidden: int) -> int:
+        """One block's weights: experts, shared expert, router and its bias, latent projections."""
+        width = self.latent or hidden
+        experts = self.num_experts * 2 * width * self.intermediate
+        latent = 2 * hidden * self.latent if self.latent else 0
+        return (
+            experts
+            + 2 * hidden * self.shared_intermediate
+            + self.num_experts * (hidden + 1)
+            + latent
+        )
+
+
+@dataclass(frozen=True)
+class MambaConfig:
+    """The Mamba2 mixers of a hybrid model (`model/mamba2.py`; Granite 4.0, Bamba): the layers
+    `layers` marks run one in place of attention, each keeping a recurrent state per sequence
+    (`worker/mamba_state.py`): a conv state [conv_dim, d_conv - 1] and an SSM state
+    [n_heads, head_dim, d_state]."""
+
+    layers: tuple[bool, ...]  # per layer: True = a Mamba2 mixer, False = attention
+    n_heads: int
+    head_dim: int
+    d_state: int
+    n_groups: int = 1
+    d_conv: int = 4
+    chunk_size: int = 256
+    conv_bias: bool = True
+    proj_bias: bool = False
+    dt_min: float = 0.0  # the softplus'd time step clamped to [dt_min, dt_max]
+    dt_max: float = float("inf")
+    # Nemotron-H: layers that are an MLP alone (neither a Mamba mixer nor attention); () none
+    mlp_layers: tuple[bool, ...] = ()
+    ssm_float32: bool = False  # the SSM state kept in float32 whatever the model's dtype
+    # the output norm: y * silu(z) normalised per group (False: y * silu(z) alone, Falcon-H1
+    # without `mamba_rms_norm`); `norm_before_gate`: norm(y) * silu(z) (Falcon-H1's)
+    gated_norm: bool = True
+    norm_before_gate: bool = False
+    parallel_attention: bool = False  # attention beside the mixer in every layer (Falcon-H1)
+    falcon: FalconH1Scales | None = None
+    moe: NemotronHExperts | None = None  # Nemotron-H's MoE blocks
+
+    def __post_init__(self) -> None:
+        for name in ("n_heads", "head_dim", "d_state", "n_groups", "d_conv", "chunk_size"):
+            _positive(name, getattr(self, name))
+        if self.n_heads % self.n_groups:
+            raise ValueError(f"mamba n_groups ({self.n_groups}) must divide its "
+                             f"{self.n_heads} heads")  # fmt: skip
+
+    @property
+    def d_inner(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """The channels the causal conv runs over: x, B and C."""
+        return self.d_inner + 2 * self.n_groups * self.d_state
+
+    @property
+    def num_layers(self) -> int:
+        return sum(self.layers)
+
+    def attention(self, layer: int) -> bool:
+        """Whether `layer` attends (keeps a KV cache)."""
+        if self.parallel_attention:
+            return True
+        moe = self.moe is not None and self.moe.layers[layer]
+        return (
+            not self.layers[layer] and not (self.mlp_layers and self.mlp_layers[layer]) and not moe
+        )
+
+    def mixer_params(self, hidden: int) -> int:
+        """One Mamba2 mixer's weights: in_proj, out_proj, the conv, the norm, A, D, dt_bias."""
+        c = self.conv_dim
+        proj = (self.d_inner + c + self.n_heads) * hidden + hidden * self.d_inner
+        return (
+            proj
+            + c * (self.d_conv + self.conv_bias)
+            + self.d_inner * self.gated_norm
+            + 3 * self.n_heads
+        )
+
+    def ssm_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return torch.float32 if self.ssm_float32 else dtype
+
+    def state_bytes(self, dtype: torch.dtype, seqs: int) -> int:
+        """The state slots of `seqs` sequences over every Mamba layer: conv [conv_dim,
+        d_conv - 1] in `dtype`, SSM [heads, head_dim, d_state] in `ssm_dtype`."""
+        conv = self.conv_dim * (self.d_conv - 1) * dtype.itemsize
+        ssm = self.n_heads * self.head_dim * self.d_state * self.ssm_dtype(dtype).itemsize
+        return self.num_layers * (conv + ssm) * seqs
+
+
+@dataclass(frozen=True)
 class FamilyConfig:
     """The defaults are Llama's: a Llama, Mistral or Qwen2 checkpoint changes nothing here but
     Mistral's sliding window."""
@@ -136,6 +267,9 @@ class FamilyConfig:
     sliding_window: int | None = None  # keys a window layer sees, its own position included
     window_layers: tuple[bool, ...] = ()  # per layer: True = a window layer; () = all of them
     local_rope_theta: float | None = None  # window layers' rotary base (Gemma 3), no scaling
+    # chunked attention (Llama 4): a chunked layer's query at p sees the keys p - p % C .. p
+    attention_chunk_size: int | None = None
+    chunk_layers: tuple[bool, ...] = ()  # per layer: True = chunked; () = all of them
     query_pre_attn_scalar: float | None = None  # softmax scale = this ** -0.5 (None: head_dim)
     # scores = cap * tanh(scores / cap) (Gemma 2's; Gemma 3 configs carry it unused)
     attn_logit_softcapping: float | None = None
@@ -198,6 +332,8 @@ class FamilyConfig:
     # Llama 4 (model/llama4.py): its attention's extras; its experts are routed by a sigmoid of
     # the top-1 logit that scales the expert's input, beside an ungated shared expert
     llama4: Llama4Attention | None = None
+    # hybrid state-space models (Granite 4.0, Bamba): the Mamba2 layers, None: all attention
+    mamba: MambaConfig | None = None
 
     @property
     def transforms_logits(self) -> bool:
@@ -212,6 +348,9 @@ class FamilyConfig:
     def __post_init__(self) -> None:
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")
+        if self.attention_chunk_size is not None and self.attention_chunk_size < 1:
+            raise ValueError(f"attention_chunk_size must be positive, got "
+                             f"{self.attention_chunk_size}")  # fmt: skip
         allowed = ACTIVATIONS if self.gated_mlp else UNGATED_ACTIVATIONS
         if self.hidden_act not in allowed:
             which = "a gated" if self.gated_mlp else "an ungated"
@@ -245,6 +384,14 @@ class FamilyConfig:
         if self.window_layers and not self.window_layers[layer]:
             return None
         return self.sliding_window
+
+    def chunk(self, layer: int) -> int | None:
+        """The attention chunk of `layer` (chunked attention), or None where it has none."""
+        if self.attention_chunk_size is None:
+            return None
+        if self.chunk_layers and not self.chunk_layers[layer]:
+            return None
+        return self.attention_chunk_size
 
     def has_rope(self, layer: int) -> bool:
         """Whether `layer` rotates q and k (`rope_layers`)."""
@@ -297,9 +444,32 @@ class ModelConfig:
             )
         if self.rms_norm_eps <= 0 or self.rope_theta <= 0:
             raise ValueError("rms_norm_eps and rope_theta must be positive")
-        for name in ("window_layers", "moe_layers", "rope_layers"):
+        for name in ("window_layers", "moe_layers", "rope_layers", "chunk_layers"):
             if len(getattr(self.family, name)) not in (0, self.num_layers):
                 raise ValueError(f"{name} must name each of the {self.num_layers} layers")
+        m = self.family.mamba
+        if m is not None and len(m.layers) != self.num_layers:
+            raise ValueError(f"the Mamba layers must name each of the {self.num_layers} layers")
+
+    def hybrid_params(self) -> int:
+        """What a hybrid's layers hold beyond (or short of) Llama's shape: its Mamba2 mixers,
+        less attention where a layer has none and (Nemotron-H) the MLP where it has none."""
+        m, h = self.family.mamba, self.hidden_size
+        if m is None:
+            return 0
+        attn = h * self.head_dim * (self.num_heads * 2 + self.num_kv_heads * 2)
+        out = m.num_layers * m.mixer_params(h) - (self.num_layers - self.num_kv_layers) * attn
+        if m.mlp_layers:  # an ungated MLP in those layers only
+            out -= (self.num_layers - sum(m.mlp_layers)) * 2 * h * self.intermediate_size
+        if m.moe is not None:  # Nemotron-H's MoE blocks
+            out += sum(m.moe.layers) * m.moe.params(h)
+        return out
+
+    @property
+    def num_kv_layers(self) -> int:
+        """The layers that keep a KV cache: all but a hybrid's Mamba layers."""
+        m = self.family.mamba
+        return self.num_layers if m is None else sum(map(m.attention, range(self.num_layers)))
 
     @property
     def context_length(self) -> int:
@@ -314,6 +484,12 @@ class ModelConfig:
             return context
         base = s.get("original_max_position_embeddings") if kind == "yarn" else None
         return max(context, int((base or context) * float(s["factor"])))
+
+    @property
+    def kv_tensors(self) -> int:
+        """KV-cache tensors per layer: K and V (2), or one latent row serving as both (1:
+        multi-head latent attention, `MlaConfig`; `num_kv_heads` 1, `head_dim` its width)."""
+        return 1 if self.family.mla is not None else 2
 
     @property
     def num_params(self) -> int:
@@ -331,7 +507,7 @@ class ModelConfig:
         mats = 3 if f.gated_mlp else 2  # gate, up, down; an ungated MLP: up, down
         mlps = (self.num_layers - moe) * mats * h * i + experts
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * (attn + 2 * h) + mlps + emb + h
+        return self.num_layers * (attn + 2 * h) + mlps + emb + h + self.hybrid_params()
 
 
 def mla_params(hidden: int, heads: int, m: MlaConfig) -> int:

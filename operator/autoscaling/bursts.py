@@ -70,6 +70,9 @@ class Bursts:
     samples: Samples = ()  # every evaluation's fast need within the window
     onsets: tuple[Onset, ...] = ()  # distinct bursts within the memory, oldest first
     since: float | None = None  # the first evaluation with traffic (None: none yet)
+    # while young (within the window since `since`): the sum and count of the needs since then
+    # (young_need's mean; kept apart from `samples` so that memory.py can save it exactly)
+    young: tuple[float, int] | None = None
 
 
 def clump_need(
@@ -113,7 +116,11 @@ def record(
     elif onset and memory_s > 0 and not (onsets and now - onsets[-1][0] <= MERGE_S):
         onsets = (*onsets, (now, fast))
     since = state.since if state.since is not None or fast <= 0 else now
-    return Bursts((*kept, (now, fast, above)), onsets, since)
+    young = None
+    if since is not None and now - since < window_s:
+        total, count = state.young or (0.0, 0)
+        young = (total + fast, count + 1)
+    return Bursts((*kept, (now, fast, above)), onsets, since, young)
 
 
 def onsets(samples: Samples) -> int:
@@ -155,10 +162,10 @@ def young_need(state: Bursts, now: float, window_s: float, margin: float) -> flo
     if state.since is None or margin <= 1.0:
         return None
     age = now - state.since
-    if age >= window_s:
+    if age >= window_s or not state.young or not state.young[1]:
         return None
-    needs = [s[1] for s in state.samples if s[0] >= state.since]
-    peak, mean = max(needs), sum(needs) / len(needs)
+    peak = max(s[1] for s in state.samples if s[0] >= state.since)
+    mean = state.young[0] / state.young[1]
     if mean <= 0:
         return None
     burstiness = min(margin, peak / (ONSET_RATIO * mean))

@@ -63,10 +63,13 @@ class _State:
     bursts: Bursts = field(default_factory=Bursts)  # the burst floor's memory
     last_scale_up: float | None = None
     last_reason: str | None = None
+    raised: tuple[float, float] | None = None  # the correction's last rise (memory.last_rise)
     where: tuple[str, str] = ("", "")  # (namespace, name): its gauge goes when the service does
 
     def saved(self) -> memory.Memory:
-        return memory.Memory(self.history, self.correction, self.bursts, self.last_scale_up)
+        return memory.Memory(
+            self.history, self.correction, self.bursts, self.last_scale_up, self.raised
+        )
 
 
 def _r(value: float | None, digits: int) -> float | None:
@@ -316,6 +319,7 @@ class Autoscaler:
             policy, metrics, current=current, ready=ready, history=state.history, now=now,
             unavailable=f"{why[0]}: {why[1]}", correction=state.correction, bursts=state.bursts,
         )  # fmt: skip
+        state.raised = memory.last_rise(state.raised, state.correction, decision.correction, now)
         state.history, state.correction = decision.history, decision.correction
         state.bursts = decision.bursts
         unavailable = None
@@ -351,7 +355,7 @@ class Autoscaler:
             where = (body["metadata"]["namespace"], body["metadata"]["name"])
             saved = memory.load(
                 auto.get("state"), now=now, offset=self._wall_offset(), current=current, policy=policy,
-                since=since,
+                since=since, interval_s=self.config.autoscale_interval_s,
             )  # fmt: skip
             if saved is None:
                 saved = memory.Memory(history=((now, current),), bursts=Bursts(since=since))
@@ -362,7 +366,7 @@ class Autoscaler:
                 )  # fmt: skip
             self._states[uid] = _State(
                 history=saved.history, correction=saved.correction, bursts=saved.bursts,
-                last_scale_up=saved.last_scale_up, where=where,
+                last_scale_up=saved.last_scale_up, raised=saved.raised, where=where,
             )  # fmt: skip
         return self._states[uid]
 

@@ -10,6 +10,7 @@ keys in one namespace share one profile and one Job.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
@@ -149,3 +150,58 @@ def steady_products(
             used[p] = now
             del new[p]
     return sorted(used), SeenProducts(used, new)
+
+
+# --- saved in status.autotune.nodeProducts, read back by an operator that takes over ----------
+
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def selection(spec: InferenceServiceSpec) -> str:
+    """What selects the service's nodes, as a digest: a saved memory of another is not read."""
+    raw = json.dumps([sorted(spec.node_selector), spec.resources.gpus], separators=(",", ":"))
+    return hashlib.sha256(raw.encode()).hexdigest()[:HASH_LEN]
+
+
+def _iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime(TIME_FORMAT)
+
+
+def _epoch(raw: Any) -> float:
+    parsed = datetime.datetime.strptime(str(raw), TIME_FORMAT)
+    return parsed.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+def dump_seen(memory: SeenProducts, now: float, where: str) -> dict[str, Any] | None:
+    """`memory` after the pass at `now` (wall-clock s) as status.autotune.nodeProducts; None
+    when it holds nothing. A product in use that this pass saw has no time (it changes only
+    when the products do, not with each pass); one the nodes stopped showing keeps the last
+    pass that saw it, a new one the pass since which the nodes show it."""
+    if not memory.last_seen and not memory.first_seen:
+        return None
+    out: dict[str, Any] = {"selection": where}
+    if memory.last_seen:
+        out["inUse"] = [{"product": p, **({} if t >= now else {"lastSeen": _iso(t)})}
+                        for p, t in sorted(memory.last_seen.items())]  # fmt: skip
+    if memory.first_seen:
+        out["new"] = [
+            {"product": p, "since": _iso(t)} for p, t in sorted(memory.first_seen.items())
+        ]
+    return out
+
+
+def load_seen(raw: Any, where: str, last_pass: float) -> SeenProducts | None:
+    """The memory `dump_seen` saved for the node selection `where`; a product in use seen by the
+    saving pass counts as seen at `last_pass` (the pass before this one). None: absent, saved
+    for another selection, or unreadable (the nodes' products then count at once)."""
+    if not isinstance(raw, Mapping) or raw.get("selection") != where:
+        return None
+    try:
+        used = {
+            str(e["product"]): _epoch(e["lastSeen"]) if e.get("lastSeen") else last_pass
+            for e in raw.get("inUse") or ()
+        }
+        new = {str(e["product"]): _epoch(e["since"]) for e in raw.get("new") or ()}
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return None
+    return SeenProducts(used, new)

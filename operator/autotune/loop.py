@@ -28,8 +28,11 @@ from pagoda.operator.autotune.keys import (
     PRODUCT_LABEL,
     SeenProducts,
     TuneKey,
+    dump_seen,
     key_for,
+    load_seen,
     products_for,
+    selection,
     steady_products,
 )
 from pagoda.operator.kube.client import ApiError, KubeApi
@@ -88,8 +91,14 @@ class Autotuner:
         self.pod_parts = pod_parts  # what the model adds to a pod (jobs.build_job)
         self.pin = pin  # the tuning Job measures the commit the pods serve
         self.clock: Callable[[], float] = time.time
-        # per service and node selection: its node-derived GPU products (keys.steady_products)
+        # per service and node selection: its node-derived GPU products (keys.steady_products),
+        # saved in status.autotune.nodeProducts and read back by a fresh process (a take-over)
         self._seen: dict[tuple[Any, ...], SeenProducts] = {}
+
+    def forget_all(self) -> None:
+        """Start afresh, as after a restart (a replica that becomes the active one again): each
+        service's products are read back from its status at the next pass."""
+        self._seen.clear()
 
     async def run(self) -> None:
         while True:
@@ -129,7 +138,8 @@ class Autotuner:
             return
         t.specs.append((ns, spec))
         with_pin = spec if self.pin is None else self.pin(body, spec, self.config)
-        keys = [key_for(spec, p) for p in await self._products(t, body, spec)]
+        products, node_products = await self._products(t, body, spec)
+        keys = [key_for(spec, p) for p in products]
         states = []
         for key in keys:
             t.wanted.add((ns, key.profile_name))
@@ -138,24 +148,33 @@ class Autotuner:
             if seen is None or (seen.reason == NOT_PINNED and with_pin is not None):
                 t.states[ns, key.profile_name] = await self._key(key, spec, with_pin, ns)
             states.append(t.states[ns, key.profile_name])
-        await self._write(body, service_status(keys, states))
+        status = service_status(keys, states)
+        if node_products is not None:
+            status["nodeProducts"] = node_products
+        await self._write(body, status)
 
     async def _products(
         self, t: Tick, body: Mapping[str, Any], spec: InferenceServiceSpec
-    ) -> list[str]:
-        """The GPU products to tune for: a pinned one, else the nodes' through a blink's grace."""
+    ) -> tuple[list[str], dict[str, Any] | None]:
+        """The GPU products to tune for: a pinned one, else the nodes' through a blink's grace;
+        and the memory of them to save (status.autotune.nodeProducts; None: nothing to keep)."""
         if any(k == PRODUCT_LABEL for k, _ in spec.node_selector):
-            return products_for(spec, ())
+            return products_for(spec, ()), None
         if t.nodes is None:
             t.nodes = await self.api.list("Node")
         meta = body["metadata"]
         # an edit of what selects the nodes starts afresh (its products count at once)
         where = (meta["namespace"], meta["name"], spec.node_selector, spec.resources.gpus)
+        now, digest = self.clock(), selection(spec)
+        memory = self._seen.get(where)
+        if memory is None:  # a fresh process: what the last one saw, its last pass an interval ago
+            saved = ((body.get("status") or {}).get("autotune") or {}).get("nodeProducts")
+            memory = load_seen(saved, digest, now - self.config.autotune_interval_s)
         products, t.seen[where] = steady_products(
-            self._seen.get(where, SeenProducts()), products_for(spec, t.nodes),
-            self.clock(), self.config.autotune_product_grace_s,
+            memory or SeenProducts(), products_for(spec, t.nodes), now,
+            self.config.autotune_product_grace_s,
         )  # fmt: skip
-        return products
+        return products, dump_seen(t.seen[where], now, digest)
 
     # --- one key ------------------------------------------------------------------------------
 
@@ -399,9 +418,10 @@ def _owned_by(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> bool:
 
 
 def _same(old: Any, new: Any) -> bool:
-    """Equal apart from volatile message text ("retry in N s")."""
+    """Equal apart from volatile message text ("retry in N s") and the products' memory."""
 
     def strip(v: Any) -> Any:
-        return {k: x for k, x in v.items() if k != "message"} if isinstance(v, dict) else v
+        volatile = ("message", "nodeProducts")  # the products' memory mounts nothing by itself
+        return {k: x for k, x in v.items() if k not in volatile} if isinstance(v, dict) else v
 
     return strip(old) == strip(new)

@@ -89,9 +89,10 @@ def is_active(
 class PeeringGate:
     """`active` says whether this replica is the one that acts; `run()` keeps it current.
 
-    Stricter than kopf in one way: a replica acts only once its own record is there (kopf
-    writes it right after start-up), so two replicas that start together do not both run
-    the loops for a moment before they see each other's records.
+    Stricter than kopf in one way: a replica acts only while its own record is there (kopf
+    writes it right after start-up) and alive, so two replicas that start together do not both
+    run the loops for a moment before they see each other's records, and one whose keep-alives
+    fail stands by when the others count it as gone.
 
     Without peering (`name` None) it is always active and `run()` only returns. The peering
     object missing (or unreadable) counts as not active, as kopf stays paused without it.
@@ -105,8 +106,8 @@ class PeeringGate:
         namespaces: Iterable[str] = (),
         identity: str = "",
         priority: int = 0,
-        interval_s: float = 5.0,
-        lifetime_s: float = 30.0,
+        interval_s: float = 2.0,
+        lifetime_s: float = 15.0,
         pod: tuple[str, str] | None = None,
         on_change: Callable[[bool], None] = lambda active: None,
         clock: Callable[[], float] = time.monotonic,
@@ -114,7 +115,9 @@ class PeeringGate:
         self.api, self.name, self.identity, self.priority = api, name, identity, priority
         self.namespaces = tuple(namespaces)
         self.interval_s, self.lifetime_s, self._clock = interval_s, lifetime_s, clock
-        self._read_at = clock()  # the last complete read of the records
+        # until when (on `clock`) the others count this replica's record alive, as of the last
+        # complete read of the records: a failed read keeps the role until then
+        self._alive_until = clock() + lifetime_s
         self.pod = pod  # (namespace, name) of our pod, labelled with the role
         self._on_change = on_change
         self._changed = asyncio.Event()
@@ -127,31 +130,48 @@ class PeeringGate:
         """Read the peering record(s) once; update `active` (and the pod's label).
 
         A failed read keeps the role (an API blip must not cost the active replica its loops
-        and the autoscaler its history) until reads have failed for `lifetime_s`: by then the
-        others count this replica's record as expired (its keep-alives fail too) and one of
-        them acts, so this one stands by."""
+        and the autoscaler its history) until its own record, as last read, expires (at most
+        `lifetime_s` after that read): then the others count it as gone (its keep-alives
+        fail too) and one of them acts, so this one stands by."""
         try:
             bodies = await self._read()
         except ApiError as e:
-            keep = self.active and self._clock() - self._read_at < self.lifetime_s
+            keep = self.active and self._clock() < self._alive_until
             how = f"active for up to {self.lifetime_s:g} s" if keep else "standing by"
             self._problem(f"Cannot read the peering record of {self.name}: {e} ({how}).")
             active = keep
         else:
-            self._read_at = self._clock()
             now = datetime.datetime.now(datetime.timezone.utc)
             # Joined first: until kopf's first keep-alive is there, a peer that started at the
             # same moment may not have written its record yet either.
             statuses = [(body or {}).get("status") or {} for body in bodies]
+            left = [self._record_left(status.get(self.identity), now) for status in statuses]
+            self._alive_until = self._clock() + min(left, default=self.lifetime_s)
+            # ... and alive: a record the others count as expired (its keep-alives failed) lets
+            # one of them act
             active = all(
                 body is not None
-                and self.identity in status
+                and ttl > 0
                 and is_active(status, self.identity, self.priority, now)
-                for body, status in zip(bodies, statuses)
+                for body, status, ttl in zip(bodies, statuses, left)
             )
         self._set_active(active)
         await self._label(active)
         return active
+
+    def _record_left(self, record: Any, now: datetime.datetime) -> float:
+        """Seconds until the others count our `record` expired (at most `lifetime_s`; 0 when
+        it is absent or unreadable)."""
+        if not isinstance(record, Mapping):
+            return 0.0
+        seen = _parse_time(record.get("lastseen"))
+        try:
+            lifetime = min(self.lifetime_s, int(record.get("lifetime", KOPF_LIFETIME_DEFAULT_S)))
+        except (TypeError, ValueError):
+            return 0.0
+        if seen is None:
+            return lifetime
+        return max(0.0, lifetime - (now - seen).total_seconds())
 
     def _set_active(self, active: bool) -> None:
         """Take the role `active` gives (logged, the callback told, waiters woken) if new."""

@@ -14,7 +14,8 @@ Every failed reconcile is retried with exponential backoff by the path that need
   schedules the follow-up directly.
 
 A follow-up re-reads the object, so it always reconciles the latest spec; at most one runs per
-InferenceService; after `MAX_FOLLOW_UPS` failures in a row the periodic resync takes over.
+InferenceService; after `MAX_FOLLOW_UPS` failures in a row the periodic resync takes over. A
+replica that stands by (kube/peering.py) runs none: the active one acts.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import contextlib
 import copy
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import kopf
@@ -54,11 +55,16 @@ class Reconciler:
     """`reconcile.reconcile` with kopf's error semantics, metrics and follow-up retries."""
 
     def __init__(
-        self, api: KubeApi, config: OperatorConfig, metrics: OperatorMetrics | None = None
+        self,
+        api: KubeApi,
+        config: OperatorConfig,
+        metrics: OperatorMetrics | None = None,
+        active: Callable[[], bool] = lambda: True,
     ) -> None:
         self.api = api
         self.config = config
         self.metrics = metrics
+        self.active = active  # this replica acts (kube/peering.py): a standby's follow-ups stop
         self._follow_ups: dict[str, asyncio.Task[None]] = {}
         self._succeeded: dict[str, float] = {}  # uid → monotonic time of the last success
         self._failed: dict[str, float] = {}  # uid → monotonic time of the last failure
@@ -297,6 +303,9 @@ class Reconciler:
             await asyncio.sleep(delay)
             if self._succeeded.get(uid, float("-inf")) > self._failed.get(uid, float("inf")):
                 return  # kopf's retry (or another path) succeeded after the last failure
+            if not self.active():
+                log.info("%s %s: not retrying, this replica stands by.", KIND, name)
+                return  # the active replica acts on it (its kopf resumed, its resync runs)
             if self.metrics is not None:
                 self.metrics.reconcile_retries.labels(trigger).inc()
             try:

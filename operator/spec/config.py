@@ -40,8 +40,11 @@ class OperatorConfig:
     peering: str | None = None  # kopf peering object name; None runs standalone
     # Several replicas (kube/peering.py): None picks an earlier-start-is-higher priority.
     peering_priority: int | None = None
-    peering_lifetime_s: int = 30  # a replica that died unannounced is gone after this
-    peering_interval_s: float = 5.0  # how often the gate reads the peering records
+    # A replica that died unannounced is gone after this (kopf keeps its record alive every
+    # lifetime − 5..10 s, at least 1 s: 15 → every 5..10 s); Kubernetes' own leader election
+    # uses a 15 s lease renewed every 2 s.
+    peering_lifetime_s: int = 15
+    peering_interval_s: float = 2.0  # how often the gate reads the peering records
     pod_name: str | None = None  # env POD_NAME: the peering identity, the pod to label
     pod_namespace: str | None = None  # env POD_NAMESPACE
     # TLS on the HTTP port (POST /alerts, /metrics, probes): PEM files, both or neither.

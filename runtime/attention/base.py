@@ -4,7 +4,9 @@ A step's batch is flattened: T query tokens from B sequences laid end to end, *d
 (sequences with exactly one new token), then prefill chunks. Every sequence attends, causally by
 absolute position, to all of its context: the tokens already in the paged cache plus the new ones;
 in a layer with a sliding window of W keys, a query at position p sees only the keys p - W + 1 .. p
-(Hugging Face's definition), and a backend reads only those keys' blocks. A layer with attention
+(Hugging Face's definition), and a backend reads only those keys' blocks; in a layer with chunked
+attention (Llama 4's rotary layers) of C keys, a query at position p sees only the keys of its own
+chunk, p - p % C .. p, likewise read from that chunk's first block on. A layer with attention
 sinks (gpt-oss) passes one learned logit per head that joins each softmax's denominator and
 nothing else: ``p_j = exp(s_j) / (sum_i exp(s_i) + exp(sink))``, as if a key no value reads.
 
@@ -13,6 +15,13 @@ KV cache layout, per layer: ``k_cache`` and ``v_cache`` of shape
 element type through ``allocate_kv_cache``, as the CPU backend does); token ``t`` of a sequence lives in block
 ``block_tables[seq, t // block_size]`` at offset ``t % block_size``; ``slot_mapping[i]`` is
 ``block * block_size + offset`` for new token ``i`` (``-1``: do not write, e.g. padding).
+
+**Latent cache** (``latent``, multi-head latent attention: DeepSeek-V2/V3): one KV head whose
+row of ``head_dim`` values per token serves as both key and value, the value being its first
+``latent`` columns (DeepSeek's normed latent; the rest is the shared rotary key). There is one
+tensor per layer: ``allocate_kv_cache`` returns it twice (``k_cache is v_cache``), ``forward``
+stores ``k`` only (``v`` is ignored) and returns ``[T, num_heads, latent]``. Scores are
+``q . row`` over all ``head_dim`` columns, the output ``softmax @ row[:, :latent]``.
 """
 
 from __future__ import annotations
@@ -65,10 +74,13 @@ class AttentionBackend(ABC):
         sliding_window: int | None = None,
         softcap: float | None = None,
         sinks: bool = False,
+        latent: int | None = None,
     ) -> None:
         """``sliding_window``: the window of the model's window layers (None: it has none);
         ``softcap``: scores become softcap * tanh(scores / softcap) before the softmax (Gemma);
-        ``sinks``: the model's layers pass attention sinks to ``forward`` (gpt-oss)."""
+        ``sinks``: the model's layers pass attention sinks to ``forward`` (gpt-oss);
+        ``latent``: a latent cache whose values are each row's first ``latent`` columns
+        (module docstring; None: separate K and V)."""
         if num_heads % num_kv_heads:
             raise ValueError(
                 f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}"
@@ -81,6 +93,15 @@ class AttentionBackend(ABC):
         self.sliding_window = sliding_window
         self.softcap = softcap
         self.sinks = sinks
+        if latent is not None and not (num_kv_heads == 1 and 0 < latent <= head_dim):
+            raise ValueError(f"a latent cache has one KV head and values within its {head_dim} "
+                             f"columns; got {num_kv_heads} KV heads, latent {latent}")  # fmt: skip
+        self.latent = latent
+
+    @property
+    def kv_tensors(self) -> int:
+        """Cache tensors per layer: 2 (K and V), or 1 (a latent cache: its rows are both)."""
+        return 1 if self.latent is not None else 2
 
     def cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """Element type of the KV cache (the model's by default)."""
@@ -89,19 +110,24 @@ class AttentionBackend(ABC):
         return torch.int8 if self.kv_cache_dtype == "int8" else model_dtype
 
     def bytes_per_token(self, model_dtype: torch.dtype) -> int:
-        """Cache bytes one token takes in one layer (K and V); int8 adds a float32 scale per
-        token and KV head to its ``head_dim`` bytes."""
+        """Cache bytes one token takes in one layer (K and V, or a latent row); int8 adds a
+        float32 scale per token and KV head to its ``head_dim`` bytes."""
+        n = self.kv_tensors * self.num_kv_heads
         if self.kv_cache_dtype == "int8":
-            return 2 * self.num_kv_heads * (self.head_dim + 4)
-        return 2 * self.num_kv_heads * self.head_dim * self.cache_dtype(model_dtype).itemsize
+            return n * (self.head_dim + 4)
+        return n * self.head_dim * self.cache_dtype(model_dtype).itemsize
 
     def allocate_kv_cache(
         self, num_blocks: int, block_size: int, model_dtype: torch.dtype, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One layer's (k_cache, v_cache), laid out as the module docstring says."""
+        """One layer's (k_cache, v_cache), laid out as the module docstring says (a latent
+        cache: one tensor, twice)."""
         shape = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
         dt = self.cache_dtype(model_dtype)
-        return zeros(shape, dt, device), zeros(shape, dt, device)
+        k_cache = zeros(shape, dt, device)
+        return (
+            (k_cache, k_cache) if self.latent is not None else (k_cache, zeros(shape, dt, device))
+        )
 
     def prepare(self, meta: AttentionMetadata) -> None:  # noqa: B027 - optional hook
         """Build per-step tensors once (not once per layer); store them in ``meta.aux``."""
@@ -118,8 +144,10 @@ class AttentionBackend(ABC):
         window: int | None = None,
         kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
         sinks: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # [T, num_heads, head_dim]
+        chunk: int | None = None,
+    ) -> torch.Tensor:  # [T, num_heads, head_dim] (a latent cache: [T, num_heads, latent])
         """Store k/v at ``meta.slot_mapping``, then return attention output for every query token;
         ``window``: this layer's sliding window (the backend's ``sliding_window``), or None;
         ``kv_scales``: this layer's (k_scale, v_scale), float32, with an FP8 cache only;
-        ``sinks``: this layer's attention sinks, float32 ``[num_heads]`` (module docstring)."""
+        ``sinks``: this layer's attention sinks, float32 ``[num_heads]``; ``chunk``: this
+        layer's attention chunk, or None (module docstring)."""

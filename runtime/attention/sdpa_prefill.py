@@ -25,7 +25,8 @@ CPU and its paged mode wants larger pages than our 16-token blocks.
 
 Layers that SDPA cannot express with its fused kernels stay on the Triton kernel
 (`supports`): logit soft-capping and attention sinks (gpt-oss) have no SDPA equivalent, and a
-sliding window would need an explicit mask, which rules out the flash backend.
+sliding window or chunked attention (Llama 4) would need an explicit mask, which rules out the
+flash backend.
 """
 
 from __future__ import annotations
@@ -41,12 +42,16 @@ MAX_SDPA_SEQS = 8
 
 
 def supports(
-    meta: AttentionMetadata, window: int | None, softcap: float | None, sinks: bool = False
+    meta: AttentionMetadata,
+    window: int | None,
+    softcap: float | None,
+    sinks: bool = False,
+    chunk: int | None = None,
 ) -> bool:
     """True when this step's prompt rows can run through SDPA: the step has prefill sequences
     (at most `MAX_SDPA_SEQS`), the host lists are there to plan with, and the layer has no
-    window, no softcap and no attention sinks."""
-    if window is not None or softcap is not None or sinks:
+    window, no attention chunk, no softcap and no attention sinks."""
+    if window is not None or chunk is not None or softcap is not None or sinks:
         return False
     if not 0 < meta.num_seqs - meta.num_decodes <= MAX_SDPA_SEQS:
         return False  # decode-only steps (and CUDA-graph capture) keep the decode kernel

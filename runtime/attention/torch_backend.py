@@ -4,9 +4,10 @@
 in place from a packed cache layout, one code path for decode and prefill rows; see its
 ``csrc/attention/attention.cpp`` for the layout and why each row's result cannot depend on the
 rest of the step. A window layer's rows read only their window's blocks there (each tile starts
-at its first row's window). ``allocate_kv_cache`` picks it when it builds and the shapes suit it
-(bf16/float32/int8, head_dim and block_size multiples of 16, no attention soft cap and no
-attention sinks);
+at its first row's window), a chunked layer's (Llama 4) only their chunk's. ``allocate_kv_cache`` picks it when it builds and the shapes suit it
+(bf16/float32/int8, head_dim and block_size multiples of 16, no attention soft cap, no
+attention sinks, no latent cache: its layouts for K and V differ, and a latent cache is one
+tensor);
 ``forward`` tells the paths apart by the cache's rank (5: packed).
 
 **Torch path** (no compiler, ``PAGODA_CPU_ATTENTION=torch``), described below.
@@ -15,6 +16,9 @@ model's dtype, so that gathering a bucket's blocks yields ``[Hkv, B, Kp, D]``, d
 operand of a batched GEMM: one copy of the keys per step (the gather) instead of three (gather,
 convert, transpose). Decode reads K/V from memory, so bytes per element count: a float32 cache
 (tried) made the offline benchmark 25% slower than this bf16 one.
+A latent cache (`base.py`) is one such tensor: a bucket gathers its blocks once, as keys and
+as values (``p @ rows``, of which the first ``latent`` columns are kept: cheaper than copying
+a slice of them).
 Sequences are gathered through their block tables into padded batches. To keep padding small
 without a Python loop per sequence, sequences are grouped into a few *buckets* of similar size:
 decodes sorted by context length, prefill chunks by query length, each cut at the split points that
@@ -126,27 +130,35 @@ class TorchAttentionBackend(AttentionBackend):
             return
         meta.aux["buckets"] = self._plan(meta, None)
 
-    def _buckets(self, meta: AttentionMetadata, window: int | None) -> list[_Bucket]:
-        if window is None:
+    def _buckets(
+        self, meta: AttentionMetadata, window: int | None, chunk: int | None = None
+    ) -> list[_Bucket]:
+        if window is None and chunk is None:
             return meta.aux["buckets"]
-        key = ("buckets", window)
+        key = ("buckets", window, chunk)
         if key not in meta.aux:
-            meta.aux[key] = self._plan(meta, window)
+            meta.aux[key] = self._plan(meta, window, chunk)
         return meta.aux[key]
 
-    def _plan(self, meta: AttentionMetadata, window: int | None) -> list[_Bucket]:
+    def _plan(
+        self, meta: AttentionMetadata, window: int | None, chunk: int | None = None
+    ) -> list[_Bucket]:
         qlens = np.asarray(meta.query_lens_host, dtype=np.int64)
         slens = np.asarray(meta.seq_lens_host, dtype=np.int64)
         qstart = np.concatenate([[0], np.cumsum(qlens)[:-1]])
-        # the first key each sequence reads: 0, or where its first query's window starts
-        # (rounded down to WINDOW_ALIGN keys, so that a row's keys sit at the same offsets in
-        # the score and p @ V chunks whatever the chunk it came in)
+        # the first key each sequence reads: 0, or where its first query's window (or attention
+        # chunk) starts, rounded down to WINDOW_ALIGN keys, so that a row's keys sit at the same
+        # offsets in the score and p @ V chunks whatever the prefill chunk it came in
         first = np.zeros_like(slens)
+        p0 = slens - qlens  # the first query's position
         if window is not None:
-            first = np.maximum(slens - qlens - window + 1, 0) // WINDOW_ALIGN * WINDOW_ALIGN
+            first = np.maximum(p0 - window + 1, 0)
+        if chunk is not None:
+            first = np.maximum(first, p0 - p0 % chunk)
+        first = first // WINDOW_ALIGN * WINDOW_ALIGN
         nd = meta.num_decodes
         buckets: list[_Bucket] = []
-        plan = (qlens, slens, qstart, first, window)
+        plan = (qlens, slens, qstart, first, window, chunk)
         if nd:
             order = np.argsort(slens[:nd] - first[:nd], kind="stable")
             padded = -(-(slens - first)[order] // KEY_ALIGN) * KEY_ALIGN
@@ -165,7 +177,7 @@ class TorchAttentionBackend(AttentionBackend):
             start = end
         return out
 
-    def _bucket(self, meta, seqs, qlens, slens, qstart, first, window) -> _Bucket:
+    def _bucket(self, meta, seqs, qlens, slens, qstart, first, window, chunk) -> _Bucket:
         bs, dev = meta.block_size, meta.block_tables.device
         ql, sl, f = qlens[seqs], slens[seqs], first[seqs]
         align = bs * KEY_ALIGN // math.gcd(bs, KEY_ALIGN)
@@ -187,6 +199,8 @@ class TorchAttentionBackend(AttentionBackend):
         allowed = k_pos <= q_pos[:, :, None]
         if window is not None:
             allowed &= k_pos > q_pos[:, :, None] - window
+        if chunk is not None:  # the query's own chunk only (Llama 4's chunked attention)
+            allowed &= k_pos >= (q_pos - q_pos % chunk)[:, :, None]
         mask = np.where(allowed, np.float32(0), np.float32(-np.inf))[:, :, None, :]
         cols = np.minimum(
             f[:, None] // bs + np.arange(nblk)[None, :], meta.block_tables.shape[1] - 1
@@ -215,27 +229,34 @@ class TorchAttentionBackend(AttentionBackend):
         hkv, d = self.num_kv_heads, self.head_dim
         usable = dt in (torch.float32, torch.bfloat16, torch.int8)
         usable = usable and d % 16 == 0 and block_size % 16 == 0 and d <= 512
-        # the kernel takes sliding windows (it reads only the window's blocks), not soft caps
-        # or attention sinks: a model with either takes the torch path
-        usable = usable and self.softcap is None and not self.sinks
+        # the kernel takes sliding windows and attention chunks (it reads only their blocks),
+        # not soft caps or attention sinks: a model with either takes the torch path, as does a
+        # latent cache
+        usable = usable and self.softcap is None and not self.sinks and self.latent is None
         self.kernel = cpu_kernel.load() if usable and device.type == "cpu" else None
         if self.kernel is not None:
             k_shape, v_shape = cpu_kernel.packed_shapes(hkv, num_blocks, block_size, d, dt)
         else:
             k_shape = v_shape = (hkv, num_blocks, block_size, d + 4 * (dt == torch.int8))
-        return zeros(k_shape, dt, device), zeros(v_shape, dt, device)
+        k_cache = zeros(k_shape, dt, device)
+        if self.latent is not None:  # one tensor: its rows are the keys and hold the values
+            return k_cache, k_cache
+        return k_cache, zeros(v_shape, dt, device)
 
     def write_kv(self, k, v, k_cache, v_cache, slots: torch.Tensor) -> None:
-        """Store ``k``/``v`` ``[T, Hkv, D]`` at ``slots`` in this backend's cache layout."""
+        """Store ``k``/``v`` ``[T, Hkv, D]`` at ``slots`` in this backend's cache layout (``k``
+        alone in a latent cache)."""
         if self.kernel is not None:
             self.kernel.write_kv(k, v, k_cache, v_cache, slots)
             return
         hkv, nb, bs, width = k_cache.shape
-        for x, cache in ((k, k_cache), (v, v_cache)):
+        pairs = ((k, k_cache),) if self.latent is not None else ((k, k_cache), (v, v_cache))
+        for x, cache in pairs:
             rows = quantize_rows(x) if cache.dtype == torch.int8 else x.to(cache.dtype)
             cache.view(hkv, nb * bs, width).index_copy_(1, slots, rows.transpose(0, 1))
 
-    def forward(self, q, k, v, k_cache, v_cache, meta, window=None, kv_scales=None, sinks=None):
+    def forward(self, q, k, v, k_cache, v_cache, meta, window=None, kv_scales=None, sinks=None,
+                chunk=None):  # fmt: skip
         if kv_scales is not None:  # get_attention_backend gives FP8 caches to Triton only
             raise ValueError("the torch attention backend has no FP8 KV cache")
         if sinks is not None and self.kernel is not None:  # allocate_kv_cache saw `self.sinks`
@@ -245,35 +266,45 @@ class TorchAttentionBackend(AttentionBackend):
             aux = meta.aux
             return self.kernel.attention(
                 q, k_cache, v_cache, meta.block_tables, aux["qstart"], aux["seq_lens"], self.scale,
-                window=window,
+                window=window, chunk=chunk,
             )  # fmt: skip
         self.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         hkv, _, bs, width = k_cache.shape
-        out = torch.empty_like(q)
-        for bk in self._buckets(meta, window):
+        latent = self.latent
+        out = q.new_empty(*q.shape[:2], latent or q.shape[2])
+        int8 = k_cache.dtype == torch.int8
+        for bk in self._buckets(meta, window, chunk):
             b, nblk = bk.blocks.shape
             flat = bk.blocks.reshape(-1)
             kb = k_cache.index_select(1, flat).view(hkv, b, nblk * bs, width)
-            vb = v_cache.index_select(1, flat).view(hkv, b, nblk * bs, width)
-            if k_cache.dtype == torch.int8:
-                kb, vb = dequantize_rows(kb, q.dtype), dequantize_rows(vb, q.dtype)
-            o = self._attend(q[bk.q_rows], kb, vb, bk, sinks)
+            kb = dequantize_rows(kb, q.dtype) if int8 else kb
+            if latent is not None:  # one gather: the rows are the values (their first columns)
+                vb = kb
+            else:
+                vb = v_cache.index_select(1, flat).view(hkv, b, nblk * bs, width)
+                vb = dequantize_rows(vb, q.dtype) if int8 else vb
+            o = self._attend(q[bk.q_rows], kb, vb, bk, sinks, latent)
             out.index_copy_(0, bk.dst, o.reshape(-1, *o.shape[2:]).index_select(0, bk.src))
         return out
 
     def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bk: _Bucket, sinks=None
-    ) -> torch.Tensor:
-        """[B, Qp, H, D] x [Hkv, B, Kp, D] → [B, Qp, H, D], in row slices.
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bk: _Bucket, sinks=None,
+        width: int | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """[B, Qp, H, D] x [Hkv, B, Kp, D] and values [Hkv, B, Kp, Dv] → [B, Qp, H, Dv], in
+        row slices; ``width``: only the first ``width`` columns of ``p @ v`` are kept (a latent
+        cache's values, read from the whole rows: a slice of ``v`` would be copied).
 
         Both GEMMs run in the cache's dtype (float32 accumulation inside); the softmax runs in
         float32 on the scores, as Hugging Face's eager attention does; with ``sinks`` (float32
         [H]) each head's sink joins the denominator (`_softmax_with_sinks`).
         """
         b, qp, h, d = q.shape
-        hkv, g = k.shape[0], h // k.shape[0]
-        qs = (q.float() * self.scale).to(k.dtype).view(b, qp, hkv, g, d).permute(2, 0, 1, 3, 4)
-        out = torch.empty(b, qp, hkv, g, d, dtype=q.dtype, device=q.device)
+        hkv, g, dv = k.shape[0], h // k.shape[0], width or v.shape[-1]
+        # q * scale rounded to the cache dtype (one rounding of the float32 product, as q.float())
+        qs = q * self.scale if q.dtype == k.dtype else (q.float() * self.scale).to(k.dtype)
+        qs = qs.view(b, qp, hkv, g, d).permute(2, 0, 1, 3, 4)
+        out = torch.empty(b, qp, hkv, g, dv, dtype=q.dtype, device=q.device)
         step = bk.rows_per_call
         if sinks is not None:  # [Hkv, 1, 1, g, 1]: a head's sink, as the scores' layout
             sinks = sinks.float().view(hkv, 1, 1, g, 1)
@@ -287,9 +318,9 @@ class TorchAttentionBackend(AttentionBackend):
             s = s.add_(bk.mask[:, r0:r1, :, :n])
             p = torch.softmax(s, dim=-1) if sinks is None else _softmax_with_sinks(s, sinks)
             p = p.to(k.dtype).view(hkv, b, (r1 - r0) * g, n)
-            o = _p_times_v(p, v[:, :, :n]).view(hkv, b, r1 - r0, g, d)
-            out[:, r0:r1] = o.permute(1, 2, 0, 3, 4)
-        return out.view(b, qp, h, d)
+            o = _p_times_v(p, v[:, :, :n]).view(hkv, b, r1 - r0, g, v.shape[-1])
+            out[:, r0:r1] = o[..., :dv].permute(1, 2, 0, 3, 4)
+        return out.view(b, qp, h, dv)
 
 
 def _softmax_with_sinks(s: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:

@@ -11,9 +11,15 @@ read ``query_start_loc``/``seq_lens``/``block_tables`` directly. Which kernel ru
 * non-invariant (``--no-batch-invariant``): decodes in the split-KV decode kernel; the prompt
   rows through torch's ``scaled_dot_product_attention`` (its FlashAttention kernel on CUDA;
   ``sdpa_prefill``), one call per prefill sequence, for up to ``sdpa_prefill.MAX_SDPA_SEQS``
-  of them; with more, or in a layer with a sliding window, a logit softcap or attention sinks
-  (which SDPA's fused kernels cannot express), in the Triton prefill kernel. Decode-only steps, the ones CUDA
+  of them; with more, or in a layer with a sliding window, chunked attention, a logit softcap
+  or attention sinks (which SDPA's fused kernels cannot express), in the Triton prefill kernel. Decode-only steps, the ones CUDA
   graphs capture, take the decode kernel as before.
+
+A latent cache (`base.py`, DeepSeek's MLA) needs no kernel of its own: the kernels take the one
+tensor as both caches (one KV head, head size kv_lora_rank + qk_rope_head_dim), so each output
+row is ``p @ row``, of which the first ``latent`` columns are the answer (the rest, ``p`` times
+the rotary keys, is dropped). The price is the value width's padding in the kernels (576 → 1024
+lanes) and 64 columns of wasted ``p @ V``; no memory.
 """
 
 from __future__ import annotations
@@ -40,12 +46,13 @@ class TritonAttentionBackend(AttentionBackend):
         softcap: float | None = None,
         kv_cache_dtype: str = "auto",
         sinks: bool = False,
+        latent: int | None = None,
     ) -> None:
         if kv_cache_dtype not in ("auto", "fp8"):
             raise ValueError(f"the Triton backend stores KV as auto or fp8, not {kv_cache_dtype!r}")
         super().__init__(
             num_heads, num_kv_heads, head_dim, scale, kv_cache_dtype,
-            sliding_window=sliding_window, softcap=softcap, sinks=sinks,
+            sliding_window=sliding_window, softcap=softcap, sinks=sinks, latent=latent,
         )  # fmt: skip
         self.batch_invariant = batch_invariant
         # Imported here so that choosing the torch backend never needs Triton installed.
@@ -65,18 +72,31 @@ class TritonAttentionBackend(AttentionBackend):
         window: int | None = None,
         kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
         sinks: torch.Tensor | None = None,
+        chunk: int | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         """Store k/v at ``meta.slot_mapping`` (-1 skipped), then attend causally over the cache
-        (over the last ``window`` keys of each query when given: the kernels read only those).
+        (over the last ``window`` keys of each query when given, or over its own ``chunk``'s:
+        the kernels read only those).
         An FP8 cache is written and read with this layer's ``kv_scales``; ``sinks`` (float32
-        [num_heads]) join each head's softmax denominator."""
+        [num_heads]) join each head's softmax denominator. A latent cache (``self.latent``):
+        ``k_cache`` is ``v_cache``, ``k`` is stored (with the K scale) and read as both, and
+        the output is the first ``latent`` columns of the kernels' (a view, no copy)."""
+        if self.latent is not None:
+            scale = None if kv_scales is None else (kv_scales[0], kv_scales[0])
+            out = self._attend(q, k, k, k_cache, k_cache, meta, window, scale, sinks, chunk)
+            return out[..., : self.latent]
+        return self._attend(q, k, v, k_cache, v_cache, meta, window, kv_scales, sinks, chunk)
+
+    def _attend(
+        self, q, k, v, k_cache, v_cache, meta, window, kv_scales, sinks, chunk
+    ) -> torch.Tensor:
         k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)
         self._write_kv_cache(
             k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=meta.slot_mapping,
             k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        supported = sdpa_prefill.supports(meta, window, self.softcap, sinks is not None)
+        supported = sdpa_prefill.supports(meta, window, self.softcap, sinks is not None, chunk)
         if not self.batch_invariant and supported:
             nd = meta.num_decodes
             if nd:  # the decode rows (the first nd) in the decode kernel, as in a decode step
@@ -109,4 +129,5 @@ class TritonAttentionBackend(AttentionBackend):
             k_scale=k_scale,
             v_scale=v_scale,
             sinks=sinks,
+            attention_chunk=chunk,
         )

@@ -53,7 +53,7 @@ class CpuKernel:
         lib = ctypes.CDLL(str(path))
         p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
         lib.pagoda_attention.argtypes = (
-            [i32, p, p, p, p, p, i64, p, p] + [i32] * 7 + [f32, i64, i32, i32]
+            [i32, p, p, p, p, p, i64, p, p] + [i32] * 7 + [f32, i64, i32, i32, i32]
         )
         lib.pagoda_write_kv.argtypes = [i32, p, p, p, p, p] + [i32] * 6
         lib.pagoda_attention.restype = lib.pagoda_write_kv.restype = i32
@@ -80,14 +80,15 @@ class CpuKernel:
 
     def attention(
         self, q, k_cache, v_cache, block_tables, qstart, seq_lens, scale, wave: int = WAVE,
-        window: int | None = None,
+        window: int | None = None, chunk: int | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """Causal paged attention for every row of ``q [T, H, D]``; returns ``[T, H, D]``.
 
         ``qstart`` (B + 1) and ``seq_lens`` (B) are int32 CPU tensors built from host lists;
         ``wave`` bounds the float32 scores held at once (tiles are attended in waves);
         ``window``: a sliding window of that many keys (the query's own included), whose
-        blocks alone are read."""
+        blocks alone are read; ``chunk``: chunked attention's chunk (the query at p sees the
+        keys p - p % chunk .. p, Llama 4's), read from the first row's chunk on."""
         t, h, d = q.shape
         kind, hkv, nb, bs, _ = geometry(k_cache, v_cache)
         dtype = q.dtype
@@ -116,6 +117,7 @@ class CpuKernel:
             wave,
             torch.get_num_threads(),  # the pool's size
             int(window or 0),
+            int(chunk or 0),
         )
         if rc == 1:
             raise ValueError(f"CPU attention kernel: unsupported shape (head_dim {d}, block {bs})")

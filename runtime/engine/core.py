@@ -37,6 +37,7 @@ from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.scheduler import Scheduler
 from pagoda.runtime.cpu.host_memory import release_freed_memory
+from pagoda.runtime.engine import recurrent
 from pagoda.runtime.engine.info import token_ids_in_range
 from pagoda.runtime.engine.output_processor import OutputProcessor
 from pagoda.runtime.engine.outputs import EngineStats, StepOutput
@@ -70,6 +71,9 @@ class EngineCore:
         self.tokenizer = loaded.tokenizer
         self.sampling_defaults = dict(loaded.sampling_defaults)  # generation_config.json's
         check_dtype(config, loaded.config)
+        fp8 = config.quantization or ("fp8" if loaded.fp8_scheme is not None else None)
+        recurrent.check_engine(loaded.config, config.parallel.tensor_parallel_size, fp8)
+        config = recurrent.engine_config(config, loaded.config)  # prefix caching off
         limit = check_max_model_len(config.scheduler.max_model_len, loaded.config)
         self.executor = start_group(config, loaded.config, limit, on_failure)
         tp = self.executor.group if self.executor is not None else None
@@ -393,14 +397,9 @@ def check_max_model_len(asked: int | None, model: ModelConfig) -> int:
     out; more than the context is refused, as vLLM does (the RoPE past it is untrained)."""
     context = model.context_length
     if asked is not None and asked > context:
-        where = "from its metadata"
-        if model.architecture == "llama4":  # model/llama4_config.py
-            where = (
-                "one attention chunk: Llama 4's chunked attention across chunks is not implemented"
-            )
         raise ValueError(
             f"max_model_len {asked} is more than the model's context length ({context} tokens, "
-            f"{where}); lower --max-model-len"
+            "from its metadata); lower --max-model-len"
         )
     return context if asked is None else asked
 

@@ -25,13 +25,18 @@ class HFTokenizer:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer  # the runtime's own (what the engine encodes with)
         self.chat_template = tokenizer.chat_template
-        self.bos_token_id = tokenizer.bos_token_id
-        self.eos_token_id = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None
-        self.bos_token = self._token(self.bos_token_id)
-        self.eos_token = self._token(self.eos_token_id)
+        # as transformers': the tokens tokenizer_config.json names, else config.json's ids
+        self.bos_token = tokenizer.bos_token or None
+        self.eos_token = tokenizer.eos_token or None
+        self.bos_token_id = self._id(self.bos_token, tokenizer.bos_token_id)
+        eos_id = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None
+        self.eos_token_id = self._id(self.eos_token, eos_id)
 
-    def _token(self, token_id: int | None) -> str | None:
-        return None if token_id is None else self.tokenizer.token_to_str(token_id)
+    def _id(self, token: str | None, default: int | None) -> int | None:
+        if token is None:
+            return None
+        found = self.tokenizer.backend.token_to_id(token)
+        return default if found is None else found
 
     def __len__(self) -> int:
         return self.tokenizer.vocab_size

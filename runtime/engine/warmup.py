@@ -6,7 +6,9 @@ the H200 the first steps after start took 0.4–0.7 s each while that happened, 
 first users. Serving decides every variant from host ints (``paged_attention``'s rules), so the
 set is enumerable: each decode (batch, context) bucket's config and split count, and each
 prefill ``max_query_len`` bucket's config of the prefill kernel (batch-invariant: its decode and
-its prefill config), with block-table widths in each specialisation class.
+its prefill config), with block-table widths in each specialisation class, and with and
+without an attention chunk where the model has chunked layers (Llama 4: the kernels' ``CHUNKED``
+variants).
 Everything runs on a scratch cache of a few blocks, never on the engine's KV cache.
 
 Then a few small engine steps (prefills of 16k and odd lengths, decodes) cover the other
@@ -40,6 +42,7 @@ class Geometry:
     device: torch.device
     cache_dtype: torch.dtype | None = None  # an FP8 cache's (None: `dtype`)
     kv_scale_size: int = 1  # an FP8 cache's scales: 1 (per tensor) or Hkv (their stride differs)
+    chunk: int | None = None  # the chunked layers' attention chunk (Llama 4), None: no such layer
 
 
 def _grid(limit: int, start: int = 1) -> list[int]:
@@ -104,7 +107,8 @@ def _widths(need: int) -> list[int]:
 def run_kernel_case(
     geo: Geometry, num_decodes: int, max_seq_len: int, prefill: int, batch_invariant: bool = False
 ) -> int:
-    """Launch one case at every table width; returns the number of launches."""
+    """Launch one case at every table width (and with the model's attention chunk, if any);
+    returns the number of launches."""
     from pagoda.kernels import paged_attention
 
     bs, dev = geo.block_size, geo.device
@@ -123,7 +127,8 @@ def run_kernel_case(
         [0, *torch.tensor([q_ for q_, _ in seqs]).cumsum(0).tolist()], dtype=torch.int32
     )
     seq_lens = torch.tensor([s for _, s in seqs], dtype=torch.int32)
-    for width in _widths(need):
+    chunks = (None, geo.chunk) if geo.chunk is not None else (None,)
+    for width, chunk in ((w, c) for w in _widths(need) for c in chunks):
         table = (torch.arange(len(seqs) * width, dtype=torch.int32) % SCRATCH_BLOCKS).view(
             len(seqs), width
         )
@@ -139,9 +144,10 @@ def run_kernel_case(
             scale=geo.head_dim**-0.5,
             num_decodes=num_decodes,
             batch_invariant=batch_invariant,
+            attention_chunk=chunk,
             **scales,
         )
-    return len(_widths(need))
+    return len(_widths(need)) * len(chunks)
 
 
 def _kv_scale_size(runner) -> int:
@@ -149,6 +155,12 @@ def _kv_scale_size(runner) -> int:
     layers = getattr(runner.model, "layers", None) or [None]
     scales = getattr(layers[0], "kv_scales", None)
     return scales[0].numel() if scales is not None else 1
+
+
+def _chunk(runner) -> int | None:
+    """An attention chunk of the model's chunked layers (`LlamaLayer.chunk`), or None."""
+    chunks = [getattr(layer, "chunk", None) for layer in getattr(runner.model, "layers", [])]
+    return next((c for c in chunks if c is not None), None)
 
 
 def _engine_steps(core: EngineCore) -> int:
@@ -179,8 +191,9 @@ def warm_kernels(runner, *, max_num_seqs: int, max_model_len: int, max_num_batch
         runner.block_size,
         runner.dtype,
         runner.device,
-        runner.kv_caches[0][0].dtype if runner.kv_caches else None,
+        next((c[0].dtype for c in runner.kv_caches if c), None),  # (a Mamba layer's: empty)
         _kv_scale_size(runner),
+        _chunk(runner),
     )
     invariant = bool(getattr(backend, "batch_invariant", False))
     cases = kernel_cases(

@@ -22,6 +22,9 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {EMBED: (c.vocab_size, h), "model.norm.weight": (h,)}
     for i in range(c.num_layers):
         a = f"model.layers.{i}.self_attn."
+        if c.family.mamba is not None:  # a hybrid: its Mamba2 mixer or attention, its MLP
+            out.update(_hybrid_layer(c, i))
+            continue
         if c.family.mla is not None:  # DeepSeek's latent attention
             out.update(mla_shapes(c, a))
         else:
@@ -76,6 +79,24 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     return _family_tensors(c, out)
 
 
+def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
+    """Layer `i` of a hybrid (Granite 4.0, Bamba): its mixer, norms and Granite's MLP."""
+    from pagoda.runtime.model import mamba_config
+
+    h, p = c.hidden_size, f"model.layers.{i}."
+    out = mamba_config.expected_shapes(c, i)
+    if c.family.mamba.attention(i):
+        q, kv, a = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, p + "self_attn."
+        out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
+                    a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
+    out[p + "input_layernorm.weight"] = (h,)
+    if c.architecture != "nemotron_h":  # (one norm a layer: each layer is one block)
+        pre_ff = c.architecture in ("bamba", "falcon_h1")
+        norm = "pre_ff_layernorm" if pre_ff else "post_attention_layernorm"
+        out[f"{p}{norm}.weight"] = (h,)
+    return out
+
+
 # Apertus' names for the norms before attention and before the MLP
 _APERTUS_NORMS = {"input_layernorm": "attention_layernorm",
                   "post_attention_layernorm": "feedforward_layernorm"}  # fmt: skip
@@ -85,6 +106,8 @@ _XIELU = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}  # mlp.act_fn
 def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
     """`out` with what Apertus (its norms' names, xIELU's parameters) and StarCoder2 (its
     LayerNorms' biases) change."""
+    if c.architecture in ("bamba", "falcon_h1"):  # their final norm's name
+        out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
     if c.architecture == "apertus":
         for old, new in _APERTUS_NORMS.items():
             for i in range(c.num_layers):
@@ -166,7 +189,11 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
     ungated MLP's (up, up, down)."""
     out = []
     for i in range(c.num_layers):
-        if c.architecture in ("granitemoe", "gpt_oss"):  # stacked: checked on their own
+        if c.architecture in ("granitemoe", "gpt_oss", "granitemoehybrid", "nemotron_h"):
+            continue  # stacked, or checked with their layer (`_hybrid_layer`)
+        if c.architecture in ("bamba", "falcon_h1"):
+            p = f"model.layers.{i}.feed_forward."
+            out.append((p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"))
             continue
         if not c.family.has_experts(i) and not c.family.gated_mlp:  # its up stands for a gate
             p, (up, down) = f"model.layers.{i}.mlp.", _UNGATED_NAMES.get(c.architecture, _UP_DOWN)

@@ -11,21 +11,27 @@ de-interleaved first (q and k alike, so every q . k is the same) and rotated as 
 model's. The softmax scale is qk_head_dim ** -0.5, times yarn's mscale(mscale_all_dim) squared
 (`FamilyConfig.attention_multiplier`, read by `deepseek_config`).
 
-The latent is expanded before the cache: every head's key (nope + rope) and value are cached as
-an ordinary multi-head attention's, in `ModelConfig.head_dim` = max(qk, v) head dims (the
-shorter zero-padded, the output sliced), so the paged KV cache, prefix caching and every
-attention backend work unchanged. The price is memory: DeepSeek-V3 (128 heads, 192 dims, 61
-layers) caches 2 x 128 x 192 x 61 x 2 bytes = 5.7 MiB of bf16 per token where the absorbed
-latent cache (kv_lora_rank + qk_rope_head_dim = 576 values per layer, not implemented) would
-take 69 KiB; DeepSeek-V2-Lite (16 heads, 27 layers) 324 KiB per token.
+**The latent cache and absorbed attention** (vLLM's and SGLang's MLA): a layer caches one row
+per token, the normed latent then the rotated shared key (``kv_lora_rank + qk_rope_head_dim``
+values, 512 + 64 on V3), one KV head shared by every head, K and V one tensor
+(`attention/base.py`, ``latent``): DeepSeek-V3 in bf16 caches 61 x 576 x 2 bytes = 68.6 KiB
+per token (expanded per head, as this engine used to, 5.7 MiB: 85x), V2-Lite 30.4 KiB (324).
+kv_b_proj is split at load into W_UK (the key's unrotated part) and W_UV (the value), per head,
+and never applied to the cache: each head's query is ``[q_nope @ W_UK | q_rope]`` (576 wide),
+scored against the rows as they are (q_nope . (W_UK c) = (q_nope W_UK) . c), the softmax mixes
+the rows' latents (their first 512 columns, no separate V) and ``mix @ W_UV^T`` is the head's
+value, then o_proj. Every row takes this form, prefill chunks too: one path keeps a row's bits
+independent of chunking and the prefix cache (`attention/torch_backend.py`), though expanding
+the context per head for prefill (vLLM's) does fewer FLOPs (docs/benchmarks.md measures it).
 
 q_a_proj and kv_a_proj_with_mqa (or q_proj and kv_a_proj_with_mqa) read the same input and run
 as one matmul.
 
 **Tensor parallelism** splits the heads, as vLLM does: each rank holds its heads' rows of q_proj
-or q_b_proj and of kv_b_proj and their columns of o_proj (summed by the all-reduce), while the
-bottleneck, the latent projection and their norms are every head's and held whole on every rank
-(the latent is computed on each); the experts and shared experts split by width (`moe.py`).
+or q_b_proj and of kv_b_proj (its W_UK and W_UV) and their columns of o_proj (summed by the
+all-reduce), while the bottleneck, the latent projection and their norms are every head's and
+held whole on every rank (the latent is computed, and cached whole, on each); the experts and
+shared experts split by width (`moe.py`).
 
 **Experts**: dense MLPs in the first ``first_k_dense_replace`` layers, then routed experts
 (`moe.SparseMoE`, the fused kernel on CUDA) picked by `moe_routing.GroupedRouter`, plus an
@@ -85,62 +91,77 @@ class DeepseekLayer(LlamaLayer):
             self.q_norm = w[a + "q_a_layernorm.weight"]
             self.q_b = by_heads(a + "q_b_proj.weight", m.qk_head_dim)
         self.kv_norm = w[a + "kv_a_layernorm.weight"]
-        kv_b, width = a + "kv_b_proj.weight", m.qk_nope_head_dim + m.v_head_dim
-        if kv_b in w:
-            self.kv_b = by_heads(kv_b, width)
-        else:  # llama.cpp's converter split it (gguf_deepseek.py): joined back, this rank's rows
-            whole = kv_b_weight(w, a, m)
-            self.kv_b = ctx.linear(whole[heads[0] * width : heads[1] * width].contiguous())
+        self.w_uk, self.w_uv = absorbed(w, a, m, heads)
         o = a + "o_proj.weight"  # input columns by heads (an even share), summed over ranks
         self.o_proj = linear_layer(ctx, w, [o]) if ctx.tp is None else row_linear(ctx, w, o)
         self.kv_scales = model.kv_scales(w, a.rstrip("."))
         self.window = None
         self.rope = "global"
-        r = m.qk_rope_head_dim  # de-interleaving: the even dims, then the odd ones
-        perm = torch.cat([torch.arange(0, r, 2), torch.arange(1, r, 2)])
-        self.perm = perm.to(w.device) if m.rope_interleave else None
+        self.interleaved = m.rope_interleave  # rotary dims de-interleaved first (docstring)
         self.mlp = model.make_mlp(w, prefix, index, ctx)
 
     def linears(self):
         apart = [x for x in (self.kv_a, self.q_b) if x is not None]
-        return [self.qkv_a, *apart, self.kv_b, self.o_proj, *self.mlp.linears()]
+        return [self.qkv_a, *apart, self.o_proj, *self.mlp.linears()]
 
     def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        """Absorbed latent attention (module docstring): per head, the query's unrotated part
+        times W_UK is scored against the cached latent, its rotary part against the shared
+        rotary key; the output, a mix of latents, is turned into the value by W_UV."""
         ctx, m = self.ctx, self.mla
-        t, h, d = x.shape[0], ctx.num_heads, ctx.head_dim
-        n, r, dv = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+        t, h = x.shape[0], ctx.num_heads
+        n, r, c = m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank
         if self.kv_a is None:
-            q, latent, k_rot = self.qkv_a(x).split(self.a_sizes, dim=-1)
+            q, latent, k_pe = self.qkv_a(x).split(self.a_sizes, dim=-1)
         else:
-            q, (latent, k_rot) = self.qkv_a(x), self.kv_a(x).split(self.a_sizes[1:], dim=-1)
+            q, (latent, k_pe) = self.qkv_a(x), self.kv_a(x).split(self.a_sizes[1:], dim=-1)
         if self.q_b is not None:
             q = self.q_b(ctx.rms_norm(x=q.contiguous(), weight=self.q_norm, eps=1e-6))
-        latent = ctx.rms_norm(x=latent.contiguous(), weight=self.kv_norm, eps=1e-6)
-        kv = self.kv_b(latent).view(t, h, n + dv)
-        # q and k at the cache's head size: [nope | rope | zeros]
-        q_full = q.view(t, h, n + r) if d == n + r else _padded(q.view(t, h, n + r), d)
-        k_full = x.new_empty(t, h, d)
-        k_full[..., :n] = kv[..., :n]
-        if d > n + r:
-            k_full[..., n + r :] = 0
-        k_rot = k_rot.unsqueeze(1)
-        q_rot = q_full[..., n : n + r]
-        if self.perm is not None:
-            q_rot.copy_(q_rot.index_select(-1, self.perm))
-            k_rot = k_rot.index_select(-1, self.perm)
-        else:
-            k_rot = k_rot.contiguous()
+        q = q.view(t, h, n + r)
+        # the query and the cache row: [q_nope @ W_UK | q_rope] and [normed latent | k_rope]
+        q_full = x.new_empty(t, h, c + r)
+        q_full[..., :c] = torch.bmm(q[..., :n].transpose(0, 1), self.w_uk).transpose(0, 1)
+        k_full = x.new_empty(t, 1, c + r)
+        k_full[:, 0, :c] = ctx.rms_norm(x=latent.contiguous(), weight=self.kv_norm, eps=1e-6)
+        q_rot, k_rot = q_full[..., c:], x.new_empty(t, 1, r)
+        _rotary_dims(q_rot, q[..., n:], self.interleaved)
+        _rotary_dims(k_rot, k_pe.unsqueeze(1), self.interleaved)
         positions, rows = step.rope[self.rope]
         ctx.ops.rotary_embedding(positions=positions, q=q_rot, k=k_rot, cos_sin_cache=rows)
-        k_full[..., n : n + r] = k_rot
-        v = kv[..., n:] if dv == d else _padded(kv[..., n:], d)
+        k_full[..., c:] = k_rot
         k_cache, v_cache = step.kv_caches[self.index]
-        out = ctx.backend.forward(
-            q_full, k_full, v, k_cache, v_cache, step.meta, window=None, kv_scales=self.kv_scales
-        )
-        if dv != d:
-            out = out[..., :dv]
-        return self.o_proj(out.reshape(t, h * dv))
+        out = ctx.backend.forward(  # [t, h, c]: each head's mix of latents
+            q_full, k_full, k_full, k_cache, v_cache, step.meta, window=None,
+            kv_scales=self.kv_scales,
+        )  # fmt: skip
+        v = torch.bmm(out.transpose(0, 1), self.w_uv)  # [h, t, v_head_dim]
+        return self.o_proj(v.transpose(0, 1).reshape(t, h * m.v_head_dim))
+
+
+def _rotary_dims(dst: torch.Tensor, src: torch.Tensor, interleaved: bool) -> None:
+    """``dst[...] = src``, de-interleaved when ``interleaved``: the even dims, then the odd ones
+    (module docstring), in one strided copy."""
+    if interleaved:
+        dst, src = dst.unflatten(-1, (2, -1)), src.unflatten(-1, (-1, 2)).transpose(-1, -2)
+    dst.copy_(src)
+
+
+def absorbed(
+    w: DeviceWeights, a: str, m: MlaConfig, heads: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """kv_b_proj's rows of heads ``heads`` split for the absorbed form, once at load: W_UK
+    ``[h, qk_nope, kv_lora_rank]`` (q_nope @ W_UK is the query against the latent) and W_UV^T
+    ``[h, kv_lora_rank, v_head_dim]`` (the attended latent @ W_UV^T is the value), contiguous
+    for `torch.bmm`, in the model's dtype (the products accumulate in float32)."""
+    name, width = a + "kv_b_proj.weight", m.qk_nope_head_dim + m.v_head_dim
+    if a + "kv_b_proj.bias" in w:  # transformers' kv_b_proj has none (nor any checkpoint)
+        raise ValueError(f"{a}kv_b_proj.bias: kv_b_proj has no bias in DeepSeek's attention")
+    # llama.cpp's converter split it (gguf_deepseek.py): joined back
+    whole = w[name] if name in w else kv_b_weight(w, a, m)
+    per_head = whole.view(-1, width, m.kv_lora_rank)[heads[0] : heads[1]]
+    w_uk = per_head[:, : m.qk_nope_head_dim].contiguous()
+    w_uv = per_head[:, m.qk_nope_head_dim :].transpose(1, 2).contiguous()
+    return w_uk, w_uv
 
 
 def kv_b_weight(w: DeviceWeights, a: str, m: MlaConfig) -> torch.Tensor:
@@ -148,13 +169,6 @@ def kv_b_weight(w: DeviceWeights, a: str, m: MlaConfig) -> torch.Tensor:
     [heads, kv_lora_rank, qk_nope] (transposed) and v_b [heads, v, kv_lora_rank]."""
     k_b, v_b = w[a + "k_b_proj.weight"], w[a + "v_b_proj.weight"]
     return torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(-1, m.kv_lora_rank)
-
-
-def _padded(x: torch.Tensor, d: int) -> torch.Tensor:
-    """[T, H, e] → [T, H, d]: x, then zeros."""
-    out = x.new_zeros(*x.shape[:-1], d)
-    out[..., : x.shape[-1]] = x
-    return out
 
 
 class DeepseekModel(LlamaModel):

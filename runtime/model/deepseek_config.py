@@ -45,9 +45,8 @@ def mla_config(cfg: Mapping[str, Any], arch: str) -> MlaConfig:
 
 
 def head_dim(cfg: Mapping[str, Any], arch: str) -> int:
-    """The cache's head size: max(qk, v) head dims (module docstring)."""
-    m = mla_config(cfg, arch)
-    return max(m.qk_head_dim, m.v_head_dim)
+    """The cache's head size: one latent row (`MlaConfig.cache_width`), in one KV head."""
+    return mla_config(cfg, arch).cache_width
 
 
 def family_fields(

@@ -11,6 +11,7 @@ from typing import Any
 from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import llama4_config as llama4
+from pagoda.runtime.model import mamba_config as hybrid
 from pagoda.runtime.model import moe_families
 from pagoda.runtime.model.ops import rope_kind
 
@@ -271,6 +272,11 @@ def _llama4(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     return llama4.family_fields(cfg, n)
 
 
+def _hybrid(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    # Mamba2 layers among attention layers (Granite 4.0, Bamba)
+    return hybrid.family_fields(cfg, arch, n)
+
+
 FIELDS: dict[str, Fields] = {
     "qwen3": _qwen3,
     "gemma3": _gemma3,
@@ -296,5 +302,6 @@ FIELDS: dict[str, Fields] = {
     **dict.fromkeys(deepseek.ARCHITECTURES.values(), _deepseek),
     "glm4_moe": _glm4_moe,
     "llama4": _llama4,
+    **dict.fromkeys(hybrid.DEFAULTS, _hybrid),
     **moe_families.FIELDS,
 }

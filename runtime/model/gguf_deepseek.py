@@ -109,8 +109,8 @@ def config_fields(field: Callable[..., Any], names: set[str], hidden: int, heads
         )  # fmt: skip
     return {
         "architecture": ARCHITECTURES[gating == SIGMOID],
-        "head_dim": max(mla.qk_head_dim, mla.v_head_dim),
-        "num_kv_heads": heads,  # expanded per head (model/deepseek.py)
+        "head_dim": mla.cache_width,
+        "num_kv_heads": 1,  # one latent row per token (model/deepseek.py)
         "rope_scaling": scaling,
         "family": FamilyConfig(**family),
     }

@@ -320,10 +320,10 @@ def read_config(reader) -> ModelConfig:
     else:
         rope_scaling = _rope_scaling(reader, p, head_dim, partial is not None)
         rope_scaling = {**(rope_scaling or {}), **partial} if partial else rope_scaling
-    eos = [int(_field(reader, "tokenizer.ggml.eos_token_id", -1))]
-    eot = _field(reader, "tokenizer.ggml.eot_token_id")
-    if eot is not None and int(eot) not in eos:
-        eos.append(int(eot))
+    # the end-of-generation ids llama.cpp reads (EOS, end of turn, end of message: Llama 3.1's
+    # <|eom_id|> after a built-in tool call)
+    keys = ("eos_token_id", "eot_token_id", "eom_token_id")
+    eos = list(dict.fromkeys(int(_field(reader, f"tokenizer.ggml.{k}", -1)) for k in keys))
     names = {t.name for t in reader.tensors}
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     layers = int(_field(reader, p + "block_count"))

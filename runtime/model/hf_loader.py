@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model import deepseek_config as deepseek
-from pagoda.runtime.model import family_fields, moe_families, tiktoken_files
+from pagoda.runtime.model import family_fields, moe_families, special_tokens, tiktoken_files
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import llama4_config as llama4
+from pagoda.runtime.model import mamba_config as hybrid
 from pagoda.runtime.model.checkpoint_check import check_checkpoint
 from pagoda.runtime.model.ops import rope_inv_freq, rotary_dim
 from pagoda.runtime.model.safetensors_weights import INDEX, SafetensorsWeights
@@ -69,6 +70,7 @@ HF_ARCHITECTURES = {
     "Ministral3ForCausalLM": "ministral3",  # Ministral 3: yarn, q scaled by position (ministral3.py)
     **glm4_moe.ARCHITECTURES,  # GLM-4.5, GLM-4.5-Air, GLM-4.6 (model/glm4_moe.py)
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
+    **hybrid.ARCHITECTURES,  # Granite 4.0, Bamba: Mamba2 and attention layers (granite_hybrid.py)
     **moe_families.ARCHITECTURES,  # ERNIE 4.5 MoE, ... (model/moe_families.py)
 }
 # a multimodal wrapper's text model, by its text_config's model_type (transformers' default
@@ -159,6 +161,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     **deepseek.DEFAULTS,
     **glm4_moe.DEFAULTS,
     **llama4.DEFAULTS,
+    **hybrid.DEFAULTS,
     **moe_families.DEFAULTS,
 }  # fmt: skip
 # GptOssConfig's rotary where config.json names none (neither rope_scaling nor rope_parameters)
@@ -203,7 +206,7 @@ _DEFAULT_ROPE = {
     },
 }
 # the families whose transformers models read partial_rotary_factor
-_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", *moe_families.PARTIAL_ROTARY)
+_PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "bamba", *moe_families.PARTIAL_ROTARY)
 _FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -364,17 +367,19 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     if arch in _DEFAULT_ROPE and not {"rope_parameters", "rope_scaling"} & set(cfg):
         # (a top-level rope_theta alone does not count: transformers takes the default's)
         cfg["rope_parameters"] = _DEFAULT_ROPE[arch]
+    if arch in hybrid.DEFAULTS:  # Granite 4.0's shared MLP width, Bamba's half rotary,
+        cfg = {**cfg, **hybrid.overrides(cfg, arch)}  # Nemotron-H's layers from their types
     gen = _read_json(model_dir / "generation_config.json")
     heads = int(cfg["num_attention_heads"])
     layers = int(cfg["num_hidden_layers"])
     by_kind = "full_attention" if arch in ("gemma3", "olmo3") else None  # per layer kind
     rope_theta, scaling = family_fields.read_rope(cfg, by_kind, arch == "phi3")
-    if arch == "llama4":  # the dense MLP's width; the context capped at one attention chunk
+    if arch == "llama4":  # the dense MLP's width
         cfg = {**cfg, **llama4.overrides(cfg)}
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    if arch in deepseek.ARCHITECTURES.values():  # latent attention, expanded per head
-        head_dim, kv_heads = deepseek.head_dim(cfg, arch), heads
+    if arch in deepseek.ARCHITECTURES.values():  # latent attention: one cached row per token
+        head_dim, kv_heads = deepseek.head_dim(cfg, arch), 1
     if arch in moe_families.ROPE:  # the family's own reading (Hunyuan's NTK alpha)
         rope_theta, scaling = moe_families.ROPE[arch](cfg, rope_theta, scaling, head_dim)
     rope_inv_freq(head_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
@@ -382,10 +387,11 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     if arch not in _PARTIAL_ROTARY and rotary_dim(head_dim, scaling) != head_dim:
         raise ValueError(f"a partial rotary embedding (partial_rotary_factor "
                          f"{scaling['partial_rotary_factor']}) is not supported for {arch}")  # fmt: skip
-    # as transformers' GenerationConfig.from_model_config: a multimodal config's own ids
-    # (Gemma 3's [1, 106]: <end_of_turn> too) before its text_config's or the family default
-    eos = _as_ids(gen.get("eos_token_id")) or _as_ids(top.get("eos_token_id"))
-    eos = eos or _as_ids(cfg.get("eos_token_id"))
+    # every id that ends generation (`special_tokens`): generation_config.json's, a multimodal
+    # config's own (Gemma 3's [1, 106]: <end_of_turn> too), its text_config's or the family
+    # default; the tokenizer's `eos_token` joins them in `read_tokenizer`
+    ids = (gen.get("eos_token_id"), top.get("eos_token_id"), cfg.get("eos_token_id"))
+    eos = tuple(dict.fromkeys(i for v in ids for i in _as_ids(v)))
     return ModelConfig(
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=int(cfg["hidden_size"]),
@@ -453,9 +459,10 @@ def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
         chat_template=template,
         tool_chat_template=read_tool_template(model_dir, tcfg),
         bos_token_id=config.bos_token_id,
-        eos_token_ids=config.eos_token_ids,
+        eos_token_ids=special_tokens.stop_ids(config.eos_token_ids, tokenizer=hf_tok, tcfg=tcfg),
         add_bos_token=_adds_bos(hf_tok, config.bos_token_id, tcfg),
         sort_tool_keys=sort_tool_keys,
+        template_tokens=special_tokens.template_tokens(tcfg),
     )
 
 
@@ -519,4 +526,6 @@ def load_hf_dir(
     config = read_config(model_dir)
     weights = check_weights(model_dir, config, read_weights(model_dir))
     config = untie_a_distinct_head(config, weights)
-    return config, weights, read_tokenizer(model_dir, config), read_sampling_defaults(model_dir)
+    tokenizer = read_tokenizer(model_dir, config)
+    config = dataclasses.replace(config, eos_token_ids=tokenizer.eos_token_ids)  # + its eos_token
+    return config, weights, tokenizer, read_sampling_defaults(model_dir)

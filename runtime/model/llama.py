@@ -170,6 +170,7 @@ class LlamaLayer:
             self.qkv, self.o_proj = qkv_linear(ctx, w, qkv, c), row_linear(ctx, w, o)
         self.kv_scales = model.kv_scales(w, a.rstrip("."))  # an FP8 KV cache's (k, v) scales
         self.window = c.family.window(index)  # this layer's sliding window, or None
+        self.chunk = c.family.chunk(index)  # this layer's attention chunk (Llama 4), or None
         self.rope = model.rope_table(index)
         # halves (the ops' kernels), or pairs (GLM's and Cohere's interleaved layout)
         self.rotary = rotary_interleaved if c.family.rope_interleaved else ctx.ops.rotary_embedding
@@ -217,7 +218,7 @@ class LlamaLayer:
         k_cache, v_cache = step.kv_caches[self.index]
         out = ctx.backend.forward(
             q, k, v, k_cache, v_cache, step.meta, window=self.window, kv_scales=self.kv_scales,
-            sinks=self.sinks,
+            sinks=self.sinks, chunk=self.chunk,
         )  # fmt: skip
         return self.o_proj(self.attention_output(x, out.reshape(t, ctx.num_heads * d)))
 

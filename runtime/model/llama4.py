@@ -15,9 +15,9 @@ differences.
   [E, N, hidden]; they run as every other family's (`moe.SparseMoE`'s grouped CPU path, the fused
   kernel on CUDA) with unit weights. Tensor parallelism splits the experts and the shared
   expert by width (their partial sums share one all-reduce), the router whole on every rank.
-
-Chunked attention is not masked here: `llama4_config` caps the context at one chunk, where it
-is causal attention.
+- chunked attention on the layers `FamilyConfig.chunk_layers` marks (the rotary ones): a token
+  sees the keys of its own `attention_chunk_size` chunk only, masked by the attention backend
+  (the layer passes its chunk as it would a sliding window); the NoPE layers see everything.
 """
 
 from __future__ import annotations
@@ -63,8 +63,9 @@ class Llama4Layer(LlamaLayer):
             q = (q * scale.unsqueeze(1)).to(q.dtype)  # [T, 1, 1]
         k_cache, v_cache = step.kv_caches[self.index]
         out = ctx.backend.forward(
-            q, k, v, k_cache, v_cache, step.meta, window=None, kv_scales=self.kv_scales
-        )
+            q, k, v, k_cache, v_cache, step.meta, window=None, kv_scales=self.kv_scales,
+            chunk=self.chunk,
+        )  # fmt: skip
         return self.o_proj(out.reshape(t, ctx.num_heads * d))
 
 

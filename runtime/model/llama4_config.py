@@ -8,11 +8,11 @@ reading a config imports no layer code.
 - experts (`num_local_experts` of `intermediate_size`, top-1) where `moe_layers` says (by
   default every `interleave_moe_layer_step`-th layer), beside a shared expert of the same width;
   dense MLPs of `intermediate_size_mlp` elsewhere (`ModelConfig.intermediate_size`);
-- the rotary layers attend in chunks of `attention_chunk_size` (a token sees the keys of its
-  own chunk only). No attention backend here masks by chunk, so the context is capped at one
-  chunk (`max_position_embeddings` read as min(it, attention_chunk_size)): within one chunk
-  chunked attention is causal attention, every sequence served is computed as transformers
-  computes it, and a longer `--max-model-len` or prompt is refused rather than computed wrong.
+- the rotary layers attend in chunks of `attention_chunk_size` (a token at position p sees
+  the keys p - p % C .. p; `layer_types` names them where given): `FamilyConfig`'s
+  `attention_chunk_size` and `chunk_layers`, masked by every attention backend; the context is
+  `max_position_embeddings` (10M for Scout, as transformers reads it: lower `--max-model-len`
+  to what the memory holds).
 """
 
 from __future__ import annotations
@@ -54,21 +54,28 @@ def _layers(cfg: Mapping[str, Any], n: int) -> tuple[list[bool], list[bool]]:
 
 def overrides(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The config.json fields read otherwise for `ModelConfig` (module docstring): the dense
-    MLP's width, and the context capped at one attention chunk."""
-    out: dict[str, Any] = {"intermediate_size": cfg["intermediate_size_mlp"],
-                           "llama4_expert_width": cfg["intermediate_size"]}  # fmt: skip
+    MLP's width."""
+    return {"intermediate_size": cfg["intermediate_size_mlp"],
+            "llama4_expert_width": cfg["intermediate_size"]}  # fmt: skip
+
+
+def _chunked(cfg: Mapping[str, Any], n: int, rope: list[bool]) -> dict[str, Any]:
+    """`attention_chunk_size` and `chunk_layers` as Llama4TextConfig's `layer_types` says
+    (by default: the rotary layers, where there is a chunk size); ValueError for chunked layers
+    without a chunk size."""
     chunk = cfg.get("attention_chunk_size")
-    n = int(cfg["num_hidden_layers"])
     types = cfg.get("layer_types") or [
-        "chunked_attention" if r and chunk is not None else "full_attention"
-        for r in _layers(cfg, n)[0]
+        "chunked_attention" if r and chunk is not None else "full_attention" for r in rope
     ]
-    if "chunked_attention" in types:
-        if not chunk:
-            raise ValueError("layer_types names chunked_attention layers without an "
-                             "attention_chunk_size")  # fmt: skip
-        out["max_position_embeddings"] = min(int(cfg["max_position_embeddings"]), int(chunk))
-    return out
+    if len(types) != n:
+        raise ValueError(f"layer_types names {len(types)} layers, the model has {n}")
+    chunked = tuple(t == "chunked_attention" for t in types)
+    if not any(chunked):
+        return {}
+    if not chunk or int(chunk) < 1:
+        raise ValueError("layer_types names chunked_attention layers without a positive "
+                         "attention_chunk_size")  # fmt: skip
+    return {"attention_chunk_size": int(chunk), "chunk_layers": chunked}
 
 
 def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
@@ -88,6 +95,7 @@ def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
         "shared_expert_intermediate_size": width,
         "moe_layers": tuple(moe),
         "norm_topk_prob": False,
+        **_chunked(cfg, n, rope),
         "llama4": Llama4Attention(
             qk_norm=bool(cfg["use_qk_norm"]),
             temperature_tuning=bool(cfg["attn_temperature_tuning"]),

@@ -215,8 +215,24 @@ def lookup(pre: str | None) -> PreTokenizer:
 
 def build(pre: PreTokenizer) -> pre_tokenizers.PreTokenizer:
     """The `tokenizers` pre-tokenizer: each regex in turn (matches and the text between kept,
-    as llama.cpp's split keeps them), then the bytes as GPT-2's characters."""
-    return pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.splits]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    )
+    as llama.cpp's split keeps them), then the bytes as GPT-2's characters.
+
+    Two splits take `tokenizers`' native form, as the models' own tokenizer.json files write
+    them (SmolLM's, StarCoder's: `Digits`, then `ByteLevel` with its regex): `\\p{N}` is
+    `Digits(individual_digits=True)` (the same characters: Rust's `char::is_numeric`), and a
+    last regex that is GPT-2's (with or without its final `\\s+`: whitespace nothing else
+    matches stays a piece of its own either way) is `ByteLevel`'s own, split and mapped to
+    bytes in one pass. Through Oniguruma as a `Split` each, SmolLM2's GGUF encoded ~10 %
+    slower (`benchmarks/tokenizer_speed.py`)."""
+    splits = list(pre.splits)
+    native_gpt2 = bool(splits) and splits[-1] in (GPT2, _GPT2_NO_TAIL)
+    if native_gpt2:
+        splits.pop()
+    steps = [
+        pre_tokenizers.Digits(individual_digits=True)
+        if r == r"\p{N}"
+        else pre_tokenizers.Split(Regex(r), behavior="isolated")
+        for r in splits
+    ]
+    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=native_gpt2))
+    return pre_tokenizers.Sequence(steps)

@@ -47,6 +47,10 @@ MODEL_CLASSES = {
     "apertus": ("apertus", "ApertusModel"),  # xIELU MLP, q/k norms
     "glm4_moe": ("glm4_moe", "Glm4MoeModel"),  # GLM-4.5 / 4.6
     "llama4": ("llama4", "Llama4Model"),  # the text model of Scout / Maverick
+    "granitemoehybrid": ("granite_hybrid", "HybridModel"),  # Granite 4.0: Mamba2 + attention
+    "bamba": ("granite_hybrid", "HybridModel"),  # Mamba2 + attention, a dense MLP
+    "nemotron_h": ("nemotron_h", "NemotronHModel"),  # Mamba2, attention or MLP blocks
+    "falcon_h1": ("falcon_h1", "FalconH1Model"),  # attention and Mamba2 side by side
     **moe_families.MODEL_CLASSES,  # ERNIE 4.5 MoE, ...
 }
 

@@ -30,6 +30,10 @@ _SKIP += ("model.multi_modal_projector.", "vision_model.")  # (Llama 4's vision 
 def _text_name(stored: str) -> str | None:
     if stored.startswith(_SKIP):
         return None
+    if stored.startswith("backbone."):  # Nemotron-H's names (model/mamba_config.py)
+        from pagoda.runtime.model.mamba_config import nemotron_name
+
+        return nemotron_name(stored)
     for old, new in _PREFIXES:
         if stored.startswith(old):
             return new + stored[len(old) :]

@@ -25,6 +25,18 @@ FINGERPRINT_KEYS = (
 # DeepSeek's latent attention (`config.MlaConfig`): its projections' shapes, recorded only for
 # the models that have it (a profile compares the keys both fingerprints hold)
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+# a hybrid's Mamba2 layers (`config.MambaConfig`): how many, and their projections' and state's
+# shapes, recorded only for the models that have them
+MAMBA_KEYS = ("mamba_layers", "attention_layers", "mamba_heads", "mamba_head_dim",
+              "mamba_d_state", "mamba_n_groups")  # fmt: skip
+
+
+def _mamba(config: ModelConfig) -> dict[str, int]:
+    m = config.family.mamba
+    if m is None:
+        return {}
+    values = (m.num_layers, config.num_kv_layers, m.n_heads, m.head_dim, m.d_state, m.n_groups)
+    return dict(zip(MAMBA_KEYS, values, strict=True))
 
 
 def shape_fingerprint(config: ModelConfig, quantization: str) -> dict[str, int | str]:
@@ -52,6 +64,7 @@ def shape_fingerprint(config: ModelConfig, quantization: str) -> dict[str, int |
         # Arcee, Apertus, StarCoder2), whose first GEMM is half as wide
         "mlp_matrices": 3 if f.gated_mlp else 2,
         **mla,
+        **_mamba(config),
     }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jinja2.meta
@@ -110,6 +110,7 @@ class Tokenizer:
         add_bos_token: bool = False,
         tool_chat_template: str | None = None,
         sort_tool_keys: bool = False,
+        template_tokens: Mapping[str, str] | None = None,
     ) -> None:
         self._tok = tokenizer
         self.sort_tool_keys = sort_tool_keys  # Kimi's code sorts `tools` (`tiktoken_files`)
@@ -119,6 +120,12 @@ class Tokenizer:
         self.bos_token_id = bos_token_id
         self.eos_token_ids = tuple(eos_token_ids)
         self.add_bos_token = add_bos_token
+        # `bos_token` / `eos_token` as tokenizer_config.json names them (`special_tokens`);
+        # a name it leaves out: the text of `bos_token_id` / `eos_token_ids[0]`
+        self.template_tokens = dict(template_tokens or {})
+        eos_id = self.eos_token_ids[0] if self.eos_token_ids else None
+        self.bos_token = self.template_tokens.get("bos_token", self._text(bos_token_id))
+        self.eos_token = self.template_tokens.get("eos_token", self._text(eos_id))
         self._template = None
         self._byte_level: bool | None = None  # decided on first use (byte_stream)
         self._pieces: dict[bool, tuple[list[bytes], list[str | None]]] = {}  # byte_stream's
@@ -137,7 +144,8 @@ class Tokenizer:
         return (
             _rebuild,
             (self._tok.to_str(), self.chat_template, self.bos_token_id, self.eos_token_ids,
-             self.add_bos_token, self.tool_chat_template, self.sort_tool_keys),
+             self.add_bos_token, self.tool_chat_template, self.sort_tool_keys,
+             self.template_tokens),
         )  # fmt: skip
 
     def template_for(self, tools: bool) -> str | None:
@@ -169,8 +177,8 @@ class Tokenizer:
         m = _BYTE_TOKEN.fullmatch(self._tok.id_to_token(token_id) or "")
         return int(m.group(1), 16) if m else None
 
-    def _special(self, token_id: int | None) -> str:
-        return (self._tok.id_to_token(token_id) or "") if token_id is not None else ""
+    def _text(self, token_id: int | None) -> str | None:
+        return self._tok.id_to_token(token_id) if token_id is not None else None
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids; special tokens written in the text (e.g. ``<|im_start|>``) stay whole.
@@ -274,8 +282,8 @@ class Tokenizer:
             **extra,
             messages=list(messages),
             add_generation_prompt=add_generation_prompt and not continue_final_message,
-            bos_token=self._special(self.bos_token_id),
-            eos_token=self._special(self.eos_token_ids[0] if self.eos_token_ids else None),
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
             tools=([_sorted_keys(t) for t in tools] if self.sort_tool_keys else list(tools))
             if tools
             else None,
@@ -330,6 +338,7 @@ def _rebuild(
     add_bos_token: bool,
     tool_chat_template: str | None = None,
     sort_tool_keys: bool = False,
+    template_tokens: Mapping[str, str] | None = None,
 ) -> Tokenizer:
     return Tokenizer(
         HFTokenizer.from_str(data),
@@ -339,6 +348,7 @@ def _rebuild(
         add_bos_token=add_bos_token,
         tool_chat_template=tool_chat_template,
         sort_tool_keys=sort_tool_keys,
+        template_tokens=template_tokens,
     )
 
 

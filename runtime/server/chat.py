@@ -55,16 +55,19 @@ class ChatEndpoint(Endpoint):
             max_tokens = req.max_completion_tokens
             renames = {**renames, "max_tokens": "max_completion_tokens"}
         template = info.tokenizer.template_for(bool(req.tools))  # Command R's tool_use one
-        setup = tools.prepare(req, template, self.tool_parser)
+        setup = tools.prepare(req, template, self.tool_parser, info.tokenizer)
         spec = tools.output_constraint(setup, req.tools, spec_from_request(req))
+        # tool_choice required / named: on harmony, the grammar holds the whole reply (its
+        # analysis too: `tool_markers`)
+        whole = setup is not None and spec is setup.grammar and setup.choice != "auto"
         raw, text, ids, tail = self._prompt(req, info, setup, self.reasoning_parser is not None)
         thinking = reasoning.thinks(self.reasoning_parser, tail, req.chat_template_kwargs)
         harmony = self.reasoning_parser == reasoning.HARMONY
-        if harmony and spec is not None:  # its answer follows channels of special tokens
+        if harmony and spec is not None and not whole:  # its answer follows channels
             raise APIError(400, f"{spec.field} is not applied with --reasoning-parser "
                            f"{reasoning.HARMONY} (gpt-oss's channels)", param=spec.field,
                            code="invalid_value")  # fmt: skip
-        if thinking and spec is not None:  # the grammar holds the answer, not the thinking
+        if thinking and spec is not None and not harmony:  # the answer, not the thinking
             try:
                 spec = reasoning.after_reasoning(spec)
             except ParamError as e:

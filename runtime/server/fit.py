@@ -58,6 +58,7 @@ class Plan:
     tp: int = 1
     max_model_len: int = 0
     block_size: int = 16
+    max_num_seqs: int = 1  # a hybrid's Mamba state slots: one per sequence
 
     def weight_bytes(self, mc: ModelConfig) -> int:
         """The weights of one rank (module docstring)."""
@@ -69,7 +70,7 @@ class Plan:
 
     def kv_bytes_per_token(self, mc: ModelConfig) -> int:
         item = 1 if self.fp8_kv else self.dtype.itemsize
-        return mc.num_layers * 2 * self.kv_heads(mc) * mc.head_dim * item
+        return mc.num_kv_layers * mc.kv_tensors * self.kv_heads(mc) * mc.head_dim * item
 
     def kv_bytes(self, mc: ModelConfig, tokens: int | None = None) -> int:
         """One sequence of ``tokens`` (default ``max_model_len``), in whole blocks."""
@@ -77,8 +78,13 @@ class Plan:
         blocks = -(-tokens // self.block_size)
         return blocks * self.block_size * self.kv_bytes_per_token(mc)
 
+    def state_bytes(self, mc: ModelConfig) -> int:
+        """A hybrid's Mamba state slots, one per sequence (`worker/mamba_state.py`)."""
+        m = mc.family.mamba
+        return 0 if m is None else m.state_bytes(self.dtype, self.max_num_seqs)
+
     def need(self, mc: ModelConfig) -> int:
-        return self.weight_bytes(mc) + self.kv_bytes(mc)
+        return self.weight_bytes(mc) + self.kv_bytes(mc) + self.state_bytes(mc)
 
 
 def plan_of(cfg: EngineConfig, model_path: Path, tp: int = 1) -> Plan:
@@ -93,7 +99,8 @@ def plan_of(cfg: EngineConfig, model_path: Path, tp: int = 1) -> Plan:
         scheme = None
     fp8 = (cfg.quantization == "fp8" or scheme is not None) and fp8_runs_on(device)
     return Plan(cfg.torch_dtype(), fp8, cfg.cache.kv_cache_dtype == "fp8", tp,
-                cfg.scheduler.max_model_len or 0, cfg.cache.block_size)  # fmt: skip
+                cfg.scheduler.max_model_len or 0, cfg.cache.block_size,
+                cfg.scheduler.max_num_seqs)  # fmt: skip
 
 
 def usable(cfg: EngineConfig, device: torch.device) -> tuple[int, str]:
@@ -120,7 +127,10 @@ def check(
     if not plan.max_model_len:
         plan = Plan(**{**plan.__dict__, "max_model_len": mc.context_length})
     held = weights_of.estimate(mc, cfg, model_path, tensor_parallel_size)  # as loaded
-    weights = held.bytes
+    weights, how = held.bytes, held.how
+    if state := plan.state_bytes(mc):  # counted with the weights: both fixed at start
+        weights += state
+        how += f", and {gib(state)} of Mamba state for {plan.max_num_seqs} sequences"
     have, where = usable(cfg, device)
     kv = plan.kv_bytes(mc)
     budget = kv_budget(cfg, plan.kv_bytes_per_token(mc), device)
@@ -129,8 +139,8 @@ def check(
         return plan
     fp8_here = device.type == "cuda" and fp8_runs_on(device)
     text = message(mc, plan, weights, budget if budgeted else kv, have, where, fp8_here, budgeted,
-                   held.how, float32_fix(mc, cfg, model_path, plan, have),
-                   quantizable=model_path.suffix != ".gguf")  # fmt: skip
+                   how, float32_fix(mc, cfg, model_path, plan, have),
+                   quantizable=model_path.suffix != ".gguf" and mc.family.mamba is None)  # fmt: skip
     raise ReasonedError(text, reason=REASON)
 
 
@@ -195,9 +205,12 @@ def message(
 
 def _splits(mc: ModelConfig, tp: int) -> bool:
     """Whether `mc` can be split over `tp` ranks (`distributed.layout.check`: heads and widths
-    that divide; DeepSeek's latent attention not at all), so that no refused size is offered."""
+    that divide; DeepSeek's latent attention not at all; a hybrid's Mamba layers not at all:
+    `engine/recurrent.py`), so that no refused size is offered."""
     from pagoda.runtime.distributed.layout import check
 
+    if mc.family.mamba is not None:
+        return False
     try:
         check(mc, tp)
     except ValueError:
@@ -242,7 +255,7 @@ def would_fit(
                                f"({gib(both.need(mc))} per GPU)")  # fmt: skip
                     break
     room = have - weights
-    if room > 0:
+    if room > 0 and plan.kv_bytes_per_token(mc):  # (none without attention layers)
         tokens = room // plan.kv_bytes_per_token(mc) // plan.block_size * plan.block_size
         if tokens >= plan.block_size and budgeted:
             size = plan.kv_bytes(mc, tokens)

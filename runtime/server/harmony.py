@@ -20,7 +20,8 @@ unambiguous); other recipients' messages stay content.
 `HarmonyStream` reads a reply as it streams, with `reasoning.ReasoningStream`'s interface: it
 holds back at most a header or a marker's beginning, scans only new text, and records where each
 analysis body lies in the output so that `reasoning_tokens` counts its tokens. Structured outputs
-are not applied after the analysis (`chat.py` refuses them with this parser).
+are not applied after the analysis (`chat.py` refuses them with this parser); the grammar of
+`tool_choice` required or named holds the whole reply, channels included (`tool_markers.py`).
 """
 
 from __future__ import annotations

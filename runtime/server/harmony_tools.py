@@ -15,10 +15,8 @@ soon as its header is read, then its arguments as they arrive (the body as writt
 `openai` parser returns it: the ``json`` constraint is the model's promise, not checked here).
 The other text is content. Without `parallel_tool_calls`, calls after the first are dropped.
 
-`tool_choice` `required` or a named function is refused with this parser (a 400, `tools.py`):
-its grammar would have to force a call header, and harmony's headers are special tokens,
-which grammars here never allow (`structured/compiler.tokenizer_info`: special tokens other
-than EOS are masked, so that no JSON string holds `<|im_start|>`).
+`tool_choice` `required` or a named function: a structural tag holds the reply to an optional
+analysis and one call in this form, its markers named by token id (`tool_markers.py`).
 Results sent back as `role: tool` messages render through gpt-oss's own template (its
 ``<|start|>functions.NAME to=assistant<|channel|>commentary<|message|>…`` turns).
 """

@@ -43,10 +43,12 @@ class Footprint:
     cuda_graphs: int
     activations: int  # the largest step: hidden states, MLP, logits of every sampling row
     weights_how: str = ""  # how `weights` was counted (`weights.Weights.how`), for messages
+    state: int = 0  # a hybrid's Mamba state slots (`worker/mamba_state.py`): one per sequence
 
     @property
     def device_bytes(self) -> int:
-        return self.weights + self.kv_cache + self.rope + self.cuda_graphs + self.activations
+        return (self.weights + self.kv_cache + self.rope + self.cuda_graphs + self.activations
+                + self.state)  # fmt: skip
 
     def parts(self) -> dict[str, int]:
         return {
@@ -56,6 +58,7 @@ class Footprint:
             "largest step": self.activations,
             "RoPE table": self.rope,
             "CUDA graphs": self.cuda_graphs,
+            "Mamba state": self.state,
         }
 
 
@@ -67,18 +70,21 @@ _BLAME = {
     "largest step": "--max-num-batched-tokens or --max-num-seqs",
     "RoPE table": "--max-model-len",
     "CUDA graphs": "--max-model-len",
+    "Mamba state": "--max-num-seqs",
 }
 
 
 def kv_bytes_per_token(mc: ModelConfig, dtype: torch.dtype, kv_cache_dtype: str) -> int:
-    """KV-cache bytes of one token over every layer (attention/base.py `bytes_per_token`)."""
+    """KV-cache bytes of one token over every layer (attention/base.py `bytes_per_token`; one
+    latent row per layer for multi-head latent attention, `ModelConfig.kv_tensors`)."""
+    rows = mc.kv_tensors * mc.num_kv_heads
     if kv_cache_dtype == "int8":
-        per_layer = 2 * mc.num_kv_heads * (mc.head_dim + 4)
+        per_layer = rows * (mc.head_dim + 4)
     elif kv_cache_dtype == "fp8":
-        per_layer = 2 * mc.num_kv_heads * mc.head_dim
+        per_layer = rows * mc.head_dim
     else:
-        per_layer = 2 * mc.num_kv_heads * mc.head_dim * dtype.itemsize
-    return mc.num_layers * per_layer
+        per_layer = rows * mc.head_dim * dtype.itemsize
+    return mc.num_kv_layers * per_layer  # (a hybrid's Mamba layers keep no KV cache)
 
 
 def host_available() -> tuple[int, str]:
@@ -122,16 +128,22 @@ def estimate(
         kv = 0  # the runner takes what is free after the weights
     if device.type == "cpu" and cache.num_blocks_override is None:
         kv *= cfg.parallel.ranks_per_node  # a budget per rank, every rank on this host
-    blocks = kv // (per_token * cache.block_size)
     width = math.ceil(max_len / cache.block_size)
+    if per_token == 0:  # no attention layer (Mamba2 alone): blocks hold nothing
+        kv, blocks = 0, sched.max_num_seqs * (width + 1)
+    else:
+        blocks = kv // (per_token * cache.block_size)
     rows = 2 * sched.max_num_seqs
     tables = rows * ((width + 1) * 4 + 60)  # int32 table, int64 length, list slots per row
-    rope = max(max_len, mc.max_position_embeddings) * mc.head_dim * 4
+    rotary = mc.head_dim if mc.family.mla is None else mc.family.mla.qk_rope_head_dim
+    rope = max_len * rotary * 4  # float32 rows of the positions served (model_runner)
     graphs = 0
     if device.type == "cuda" and cfg.enable_cuda_graphs:
         graphs = min(sched.max_num_seqs, CUDA_GRAPH_MAX_BATCH) * (width * 4 + 64)
+    m = mc.family.mamba
+    state = 0 if m is None else m.state_bytes(dtype, sched.max_num_seqs)
     return Footprint(w, kv, blocks, tables, rope, graphs,
-                     step_bytes(mc, cfg, dtype, blocks or None), held.how)  # fmt: skip
+                     step_bytes(mc, cfg, dtype, blocks or None), held.how, state)  # fmt: skip
 
 
 def step_bytes(
@@ -148,6 +160,10 @@ def step_bytes(
         tokens, rows = min(tokens, kv_blocks * bs), min(rows, kv_blocks)
     qkv = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
     per_token = (4 * mc.hidden_size + qkv + 3 * mc.intermediate_size) * dtype.itemsize
+    if (m := mc.family.mamba) is not None:  # the chunked scan's float32 temporaries, at
+        # least the decay mask and the scores alive together: two [heads, chunk] rows a token
+        # (`mamba2.ssd_scan`; a floor: its einsums' copies come and go beside them)
+        per_token += 2 * m.n_heads * min(m.chunk_size, tokens) * 4 + 2 * m.conv_dim * 4
     return tokens * per_token + rows * mc.vocab_size * 8  # float32 logits and probabilities
 
 
@@ -168,7 +184,7 @@ def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path,
         free, total = device_available(device)
         if fp.kv_cache == 0:  # default budget: what the runner will take after the weights
             budget = int(total * cfg.cache.gpu_memory_utilization) - (total - free)
-            budget -= fp.weights + GPU_HEADROOM
+            budget -= fp.weights + fp.state + GPU_HEADROOM
             fp = estimate_with_kv(fp, mc, cfg, max(budget, 0), per_block)
             derived = True
         where = f"free on {device} ({gib(total)} in all)"
@@ -194,6 +210,8 @@ def check_context_fits(mc: ModelConfig, cfg: EngineConfig, asked_len: int, per_b
     """An explicit context longer than a KV cache of known size holds is refused, as vLLM
     refuses it (one rank's cache: its share of the KV heads, at least one, in its budget)."""
     bs, tp = cfg.cache.block_size, cfg.parallel.tensor_parallel_size
+    if per_block == 0:  # no attention layer: no KV cache to hold the context
+        return
     budget = cfg.cache.kv_cache_memory or options.DEFAULT_CPU_KV_CACHE_MEMORY
     rank_block = per_block * max(1, mc.num_kv_heads // tp) // mc.num_kv_heads
     blocks = budget // rank_block
@@ -207,10 +225,11 @@ def check_context_fits(mc: ModelConfig, cfg: EngineConfig, asked_len: int, per_b
 
 def estimate_with_kv(fp: Footprint, mc: ModelConfig, cfg: EngineConfig, kv: int,
                      per_block: int) -> Footprint:  # fmt: skip
-    blocks = kv // per_block
+    blocks = kv // per_block if per_block else fp.kv_blocks  # (0: no attention layer)
+    kv = kv if per_block else 0
     act = step_bytes(mc, cfg, cfg.torch_dtype(), blocks)
     return Footprint(fp.weights, kv, blocks, fp.block_tables, fp.rope, fp.cuda_graphs, act,
-                     fp.weights_how)  # fmt: skip
+                     fp.weights_how, fp.state)  # fmt: skip
 
 
 def _fits(fp: Footprint, need: int, have: int, where: str, *, exclude: tuple[str, ...] = (),

@@ -84,7 +84,8 @@ def tokenize(info: EngineInfo, req: TokenizeRequest) -> dict[str, Any]:
 def tokenize_chat(chat: ChatEndpoint, info: EngineInfo, req: TokenizeChatRequest) -> dict[str, Any]:
     fields = req.model_dump(exclude_unset=True, exclude={"add_special_tokens", "return_token_strs"})
     creq = parse_request(json.dumps(fields).encode(), ChatCompletionRequest)  # same 400s
-    setup = tools.prepare(creq, info.tokenizer.template_for(bool(creq.tools)), chat.tool_parser)
+    template = info.tokenizer.template_for(bool(creq.tools))
+    setup = tools.prepare(creq, template, chat.tool_parser, info.tokenizer)
     tokens = chat.prompt(creq, info, setup)[2]
     tok = info.tokenizer
     if req.add_special_tokens and tok.add_bos_token and tok.bos_token_id is not None and \
@@ -109,9 +110,7 @@ def detokenize(info: EngineInfo, req: DetokenizeRequest) -> dict[str, Any]:
 
 def tokenizer_info(info: EngineInfo) -> dict[str, Any]:
     tok = info.tokenizer
-    eos = tok.token_to_str(tok.eos_token_ids[0]) if tok.eos_token_ids else None
-    bos = tok.token_to_str(tok.bos_token_id) if tok.bos_token_id is not None else None
-    return {"eos_token": eos, "bos_token": bos, "pad_token": None,
+    return {"eos_token": tok.eos_token or None, "bos_token": tok.bos_token or None, "pad_token": None,
             "chat_template": tok.chat_template, "model_max_length": info.max_model_len}  # fmt: skip
 
 

@@ -16,7 +16,7 @@ Streaming sends a call's id and name once its header is whole (V3: through the l
 ```` ```json ````), then its arguments as they arrive, holding back only what may begin the
 call's end: the pieces join to the whole response's. Never chosen by `tools.detect` (both
 templates write the same first marker): named with the flag. `tool_choice` required or a
-named function is a 400 (`tools.py`): no grammar here writes DeepSeek's markers.
+named function: a grammar writes the block, its markers as tokens (`tool_markers.py`).
 """
 
 from __future__ import annotations

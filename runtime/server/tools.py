@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagoda.runtime.sampling.params import ParamError
-from pagoda.runtime.server import harmony_tools
+from pagoda.runtime.server import harmony_tools, tool_markers
 from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest
 from pagoda.runtime.server.tool_parsers import PARSERS, ToolParser, detect
 from pagoda.runtime.structured import schema as schemas
@@ -69,15 +69,6 @@ XML_STYLES = {"glm45": "glm_xml", "minimax_m2": "minimax_xml"}
 # special token, and its calls one JSON array; MiniMax-M2's calls one <minimax:tool_call> block:
 # not enforced under auto)
 TRIGGERS = {"hermes": "<tool_call>", "llama3_json": '{"name": "', "glm45": "<tool_call>"}
-# parsers whose calls no grammar here writes: tool_choice required or named is a 400
-UNENFORCED = {
-    harmony_tools.NAME: "gpt-oss's call header is special tokens (<|channel|>, <|message|>), "
-    "which a grammar here never lets a model write",
-    "deepseek_v3": "DeepSeek's call markers (<｜tool▁calls▁begin｜>, ...) are not written by "
-    "a grammar here",
-    "deepseek_v31": "DeepSeek's call markers (<｜tool▁calls▁begin｜>, ...) are not written by "
-    "a grammar here",
-}
 HERMES_SYSTEM = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
@@ -112,8 +103,12 @@ def parser_for(template: str | None, configured: str) -> str | None:
     return detect(template)
 
 
-def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -> ToolSetup | None:
-    """Check the request's tool fields; None when it has no tools (and asks for none)."""
+def prepare(
+    req: ChatCompletionRequest, template: str | None, configured: str, tokenizer: Any = None
+) -> ToolSetup | None:
+    """Check the request's tool fields; None when it has no tools (and asks for none).
+    `tokenizer`: the model's, whose tokens a grammar names where a format's markers are
+    tokens (`tool_markers`)."""
     tools, choice = req.tools, req.tool_choice
     if not tools:  # `tools: []` lists no tool: as if left out (nothing reaches the template)
         if choice not in (None, "none"):
@@ -161,15 +156,10 @@ def prepare(req: ChatCompletionRequest, template: str | None, configured: str) -
                 code="unsupported_value",
             )
         name = "hermes"
-    if name in UNENFORCED and kind != "auto":
-        what = "required" if kind == "required" else "naming a function"
-        raise APIError(400, f"tool_choice {what} is not enforced with --tool-call-parser "
-                       f"{name}: {UNENFORCED[name]}; use tool_choice auto", param="tool_choice",
-                       code="unsupported_value")  # fmt: skip
     setup = ToolSetup(PARSERS[name].for_request(listed), kind, parallel, listed)
     if kind != "auto":
         only = choice.function.name if kind == "function" else None
-        setup.grammar = tool_grammar(name, tools, only, parallel)
+        setup.grammar = tool_grammar(name, tools, only, parallel, tokenizer=tokenizer)
     elif name in TRIGGERS and any(t.function.strict for t in tools):
         setup.grammar = tool_grammar(name, tools, None, parallel, free=True)
     return setup
@@ -227,43 +217,51 @@ def arguments_schema(parameters: dict[str, Any] | None) -> dict[str, Any]:
     return {**parameters, "type": "object"}
 
 
+def _arguments(parser: str, i: int, parameters: dict[str, Any] | None) -> Any:
+    """The structural tag format of tools[i]'s arguments in `parser`'s calls."""
+    import xgrammar as xgr
+    from xgrammar import structural_tag as st
+
+    where = f"tools[{i}].function.parameters"
+    try:
+        # length-bounded strings as patterns: a tool grammar's tags hold newlines, so its
+        # masks cannot rule out control bytes (see `GrammarCompiler.printable`)
+        schema = schemas.check(arguments_schema(parameters), length_patterns=True)
+        grammar = xgr.Grammar.from_json_schema(
+            json.dumps(schema), any_whitespace=False, strict_mode=True
+        )
+    except schemas.SchemaError as e:
+        raise APIError(400, f"{where}: {e}", param=where, code="invalid_value") from e
+    except (RuntimeError, ValueError) as e:
+        raise APIError(400, f"{where}: invalid JSON Schema: {e}", param=where,
+                       code="invalid_value") from e  # fmt: skip
+    if parser in XML_STYLES:  # the same schema, written as the format's tags
+        return st.JSONSchemaFormat(json_schema=schema, style=XML_STYLES[parser])
+    return st.GrammarFormat(grammar=str(grammar))
+
+
 def tool_grammar(
     parser: str, tools: list, only: str | None, parallel: bool, free: bool = False,
-    answer: StructuredOutputsParams | None = None,
+    answer: StructuredOutputsParams | None = None, tokenizer: Any = None,
 ) -> StructuredOutputsParams:  # fmt: skip
     """The structural tag forcing calls in `parser`'s format: exactly `only`, else at least one
     of the tools (just one without `parallel`), each with arguments matching its schema. `free`
     (tool_choice auto with strict tools): any text, but what starts a call (`TRIGGERS`) must go
     on as a call to one of the tools with arguments matching its schema. `answer` (tool_choice
-    auto with a response format): either such calls or an answer in that format."""
-    import xgrammar as xgr
+    auto with a response format): either such calls or an answer in that format. Formats whose
+    markers are tokens (`tool_markers`: harmony, DeepSeek) name them in `tokenizer`."""
     from xgrammar import structural_tag as st
 
+    calls = [(t.function.name, _arguments(parser, i, t.function.parameters))
+             for i, t in enumerate(tools) if only is None or t.function.name == only]  # fmt: skip
+    if parser in tool_markers.PARSERS:  # (tool_choice required or named only)
+        body: Any = tool_markers.marked_calls(parser, calls, parallel, tokenizer)
+        return _structural_tag(st.StructuralTag(format=body).model_dump_json())
     prefix, begin, end, sep, suffix = FORMATS[parser]
-    tags = []
-    for i, t in enumerate(tools):
-        f = t.function
-        if only is not None and f.name != only:
-            continue
-        where = f"tools[{i}].function.parameters"
-        try:
-            # length-bounded strings as patterns: a tool grammar's tags hold newlines, so its
-            # masks cannot rule out control bytes (see `GrammarCompiler.printable`)
-            schema = schemas.check(arguments_schema(f.parameters), length_patterns=True)
-            grammar = xgr.Grammar.from_json_schema(
-                json.dumps(schema), any_whitespace=False, strict_mode=True
-            )
-        except schemas.SchemaError as e:
-            raise APIError(400, f"{where}: {e}", param=where, code="invalid_value") from e
-        except (RuntimeError, ValueError) as e:
-            raise APIError(400, f"{where}: invalid JSON Schema: {e}", param=where,
-                           code="invalid_value") from e  # fmt: skip
-        content: Any = st.GrammarFormat(grammar=str(grammar))
-        if parser in XML_STYLES:  # the same schema, written as the format's tags
-            content = st.JSONSchemaFormat(json_schema=schema, style=XML_STYLES[parser])
-        tags.append(st.TagFormat(begin=begin.format(name=f.name), content=content, end=end))
+    tags = [st.TagFormat(begin=begin.format(name=name), content=content, end=end)
+            for name, content in calls]  # fmt: skip
     if free:
-        body: Any = st.TriggeredTagsFormat(
+        body = st.TriggeredTagsFormat(
             triggers=[TRIGGERS[parser]], tags=tags, stop_after_first=not parallel
         )
     elif only is not None:
@@ -283,7 +281,10 @@ def tool_grammar(
         except ParamError as e:
             raise APIError(400, e.message, param=e.field, code="invalid_value") from e
         body = st.OrFormat(elements=[body, st.GrammarFormat(grammar=str(grammar))])
-    text = st.StructuralTag(format=body).model_dump_json()
+    return _structural_tag(st.StructuralTag(format=body).model_dump_json())
+
+
+def _structural_tag(text: str) -> StructuredOutputsParams:
     try:
         return StructuredOutputsParams(structural_tag=text, field="tools")
     except ParamError as e:

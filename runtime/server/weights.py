@@ -64,7 +64,10 @@ _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)
 _PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b|gate)_proj|kv_a_proj_with_mqa)|"
                           r"mlp\.((gate|up|gate_up|down)_proj|c_fc|c_proj))\.weight$")  # fmt: skip
 # llama.cpp's split of DeepSeek's kv_b_proj, joined back at load (`deepseek.kv_b_weight`)
-_SPLIT_KV_B = re.compile(r"self_attn\.[kv]_b_proj\.weight$")
+# kv_b_proj, or llama.cpp's split of it: held as the absorbed W_UK and W_UV (model/deepseek.py)
+_KV_B = re.compile(r"self_attn\.(kv|k|v)_b_proj\.weight$")
+# a Mamba2 mixer's tensors held as they are, not as `Linear`s (`model/mamba2.py`)
+_MAMBA_TENSORS = re.compile(r"\.mamba\.(conv1d\.weight|A_log|D)$")
 # DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
 # their names in the families of `model/moe_names.py` too)
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe)\.((router\.)?gate\.(wg\.)?weight|"
@@ -279,10 +282,13 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         norms += 2 * n * h * item
     if f.layer_norm_bias:  # LayerNorms with biases (StarCoder2's, PhiMoE's)
         norms *= 2
-    if f.mla is not None:  # DeepSeek's latent attention (one rank) and its two norms
+    absorbed = 0.0  # latent attention's W_UK and W_UV
+    if f.mla is not None:  # DeepSeek's latent attention (one rank) and its two norms; kv_b
+        # as the absorbed W_UK and W_UV, dense in the dtype whatever runs in FP8
         mats = _mla_matrices(h, mc.num_heads, f.mla, t)
         attn, attn_rows = sum(r * c for r, c in mats), sum(r for r, _ in mats)
         norms += n * (f.mla.kv_lora_rank + (f.mla.q_lora_rank or 0)) * item
+        absorbed = n * _kv_b_rows(mc.num_heads, f.mla) / t * f.mla.kv_lora_rank * item
     mlp = (n - moe) * (3 if f.gated_mlp else 2) * h * i / t  # an ungated MLP: up and down
     if fp8:  # one byte each, a float32 scale per output row (o's and down's rows are whole on
         # every rank: split by input columns, their scales replicated)
@@ -306,18 +312,22 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
         projections += n * biases * item + n * 4 * heads
         norms = (2 * n + 1) * h * 4
-    return math.ceil(projections + (experts + embed) / t) + routers + norms
+    hybrid = mc.hybrid_params() * item  # Mamba2 mixers (`config.MambaConfig`; one rank)
+    return math.ceil(projections + absorbed + (experts + embed) / t) + routers + norms + hybrid
 
 
 def _mla_matrices(h: int, heads: int, m, t: int = 1) -> list[tuple[float, float]]:
-    """(rows, columns) on one of `t` ranks of a latent attention layer's matrices
-    (`config.MlaConfig`, `model/deepseek.py`): q (or q_b) and kv_b by heads, o by its columns,
-    the bottleneck and the latent whole."""
+    """(rows, columns) on one of `t` ranks of a latent attention layer's projections
+    (`config.MlaConfig`, `model/deepseek.py`): q (or q_b) by heads, o by its columns, the
+    bottleneck and the latent whole (kv_b, absorbed, is no projection: `_kv_b_rows`)."""
     qk = heads * m.qk_head_dim / t
     q = [(qk, h)] if m.q_lora_rank is None else [(m.q_lora_rank, h), (qk, m.q_lora_rank)]
-    kv = [(m.kv_lora_rank + m.qk_rope_head_dim, h),
-          (heads * (m.qk_nope_head_dim + m.v_head_dim) / t, m.kv_lora_rank)]  # fmt: skip
-    return [*q, *kv, (h, heads * m.v_head_dim / t)]
+    return [*q, (m.kv_lora_rank + m.qk_rope_head_dim, h), (h, heads * m.v_head_dim / t)]
+
+
+def _kv_b_rows(heads: int, m) -> int:
+    """kv_b_proj's rows of `heads` heads (W_UK's and W_UV's, `kv_lora_rank` columns each)."""
+    return heads * (m.qk_nope_head_dim + m.v_head_dim)
 
 
 def read_by_model(name: str, mc: ModelConfig) -> bool:
@@ -326,7 +336,8 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         return False
     if name == HEAD:
         return not mc.tie_word_embeddings
-    if name in (EMBED, NORM, "model.norm.bias", "lm_head.bias"):  # (StarCoder2's, PhiMoE's)
+    # (StarCoder2's LayerNorm has a bias; Bamba's final norm its own name; PhiMoE's head a bias)
+    if name in (EMBED, NORM, "model.norm.bias", "model.final_layernorm.weight", "lm_head.bias"):
         return True
     m = _LAYER.match(name)
     return m is not None and int(m.group(1)) < mc.num_layers
@@ -346,14 +357,19 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     total, note = _embedding_and_head(tensors, mc, p, lay, tied)
     notes = {"tied": note} if note else {}
     groups: dict[str, list[Stored]] = {}  # the matrices of one Linear (q/k/v, gate/up fused)
+    m = mc.family.mamba  # DeepSeek's router, and Nemotron-H's (the same one), held in float32
+    float32_router = mc.family.routing is not None or (m is not None and m.moe is not None)
     for name, t in tensors.items():
         if name in (EMBED, HEAD):
             continue
         norm = name.endswith("norm.weight")  # (Cohere's q/k norms: [heads, head_dim])
-        if mc.family.routing is not None and _FLOAT32_ROUTER.search(name):
+        if float32_router and _FLOAT32_ROUTER.search(name):
             total += _float32_router(t, p)
-        elif _SPLIT_KV_B.search(name):  # llama.cpp's k_b / v_b: one dense kv_b_proj Linear
-            total += _joined_kv_b(t, mc, lay, p)
+        elif mc.family.mla is not None and _KV_B.search(name):
+            total += _absorbed_kv_b(t, mc, lay, p)
+        elif _MAMBA_TENSORS.search(name):  # a Mamba2 mixer's conv (a tensor, not a Linear),
+            # A and D in float32 (`model/mamba2.py`)
+            total += t.numel * (4 if name.endswith(("A_log", "D")) else p.dtype.itemsize)
         elif name.endswith(".weight") and len(t.shape) in (2, 3) and not norm:
             groups.setdefault(_group(name), []).append(t)
         elif norm and (
@@ -491,27 +507,22 @@ def _float32_router(t: Stored, p: Placement) -> int:
     return rows * cols * 4
 
 
-def _joined_kv_b(t: Stored, mc: ModelConfig, lay, p: Placement) -> int:
-    """The dense kv_b_proj `model/deepseek.py` joins from llama.cpp's split, counted with its
-    k_b part (its v_b part: 0): this rank's heads' rows, in the dtype (a CPU's packed copy
-    padded)."""
-    if ".k_b_proj." not in t.name:
+def _absorbed_kv_b(t: Stored, mc: ModelConfig, lay, p: Placement) -> int:
+    """kv_b_proj as `model/deepseek.py` holds it, the absorbed W_UK and W_UV: this rank's
+    heads' rows, dense in the dtype (never in place, packed or FP8); llama.cpp's split counted
+    with its k_b part (its v_b part: 0)."""
+    if ".v_b_proj." in t.name:
         return 0
-    m, (q0, q1) = mc.family.mla, lay.heads(mc.num_heads)
-    rows, cols = (q1 - q0) * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank
-    if p.packs:
-        rows, cols = _padded(rows, cols, p.dtype)
-    return rows * cols * p.dtype.itemsize
+    q0, q1 = lay.heads(mc.num_heads)
+    return _kv_b_rows(q1 - q0, mc.family.mla) * mc.family.mla.kv_lora_rank * p.dtype.itemsize
 
 
 def _mla_rows(part: str, mc: ModelConfig, lay) -> int | None:
-    """A rank's rows of a latent attention matrix split by heads (q_proj or q_b_proj, kv_b_proj:
+    """A rank's rows of a latent attention matrix split by heads (q_proj or q_b_proj:
     `model/deepseek.py`); None for the others."""
     m, (q0, q1) = mc.family.mla, lay.heads(mc.num_heads)
     if re.search(r"\bq_(b_)?proj\.(weight|bias)$", part):
         return (q1 - q0) * m.qk_head_dim
-    if re.search(r"\bkv_b_proj\.weight$", part):
-        return (q1 - q0) * (m.qk_nope_head_dim + m.v_head_dim)
     return None
 
 

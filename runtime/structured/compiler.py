@@ -65,18 +65,23 @@ CompileObserver = Callable[[StructuredOutputsParams, float], None]
 def tokenizer_info(tokenizer: Any, vocab_size: int) -> xgr.TokenizerInfo:
     """xgrammar's view of our tokenizer: its vocabulary as stored (byte-level strings decoded by
     xgrammar), the model's vocabulary size (the logits' width; ids past the tokenizer's are never
-    allowed) and EOS as the stop tokens. Special tokens other than EOS get an empty string, which
-    xgrammar never allows: `<|im_start|>` must not appear inside a JSON string."""
+    allowed) and EOS as the stop tokens.
+
+    Special tokens other than EOS are never text: `<|im_start|>` must not appear inside a JSON
+    string. In a byte-level vocabulary each gets a stand-in that decodes to bytes no text rule
+    matches (0xFF, never in UTF-8, then its id: `special_stand_in`), so that a structural tag
+    can still name it by id (`{"type": "token"}`: harmony's `<|channel|>` in a gpt-oss tool
+    call, `tools.py`); elsewhere an empty string, which xgrammar never allows."""
     raw = tokenizer.backend
     stops = list(tokenizer.eos_token_ids)
     encoded = [""] * vocab_size
     for text, i in raw.get_vocab(with_added_tokens=True).items():
         if i < vocab_size:
             encoded[i] = text
-    for i, added in raw.get_added_tokens_decoder().items():
-        if added.special and i < vocab_size and i not in stops:
-            encoded[i] = ""
     meta = xgr.TokenizerInfo._detect_metadata_from_hf(raw.to_str())
+    byte_level = meta["vocab_type"] == xgr.VocabType.BYTE_LEVEL
+    for i in special_ids(tokenizer, vocab_size):
+        encoded[i] = special_stand_in(i) if byte_level else ""
     return xgr.TokenizerInfo(
         encoded,
         vocab_type=meta["vocab_type"],
@@ -84,6 +89,19 @@ def tokenizer_info(tokenizer: Any, vocab_size: int) -> xgr.TokenizerInfo:
         stop_token_ids=stops,
         add_prefix_space=meta["add_prefix_space"],
     )
+
+
+def special_ids(tokenizer: Any, vocab_size: int) -> list[int]:
+    """The special tokens that are not stops (`tokenizer_info`)."""
+    stops = set(tokenizer.eos_token_ids)
+    added = tokenizer.backend.get_added_tokens_decoder().items()
+    return [i for i, t in added if t.special and i < vocab_size and i not in stops]
+
+
+def special_stand_in(token_id: int) -> str:
+    """A special token's text for xgrammar in a byte-level vocabulary: "ÿ" (byte 0xFF, invalid
+    in UTF-8 wherever it stands) and the id's digits, one per token."""
+    return f"\u00ff{token_id}"
 
 
 class GrammarCompiler:
@@ -97,6 +115,8 @@ class GrammarCompiler:
         threads: int = DEFAULT_THREADS,
     ) -> None:
         self.info = tokenizer_info(tokenizer, vocab_size)
+        self._stand_ins = [i for i in special_ids(tokenizer, vocab_size) if self.info.vocab_type
+                           == xgr.VocabType.BYTE_LEVEL]  # fmt: skip
         self.vocab_size = vocab_size
         self._xgr = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
         self.cache_bytes = cache_bytes
@@ -148,6 +168,7 @@ class GrammarCompiler:
         vocab = self.decoded_vocab
         good = np.array([_valid_inside(b) for b in vocab], bool)
         good[self.info.stop_token_ids] = True
+        good[self._stand_ins] = True  # special tokens (their stand-ins' 0xFF is not text)
         after: dict[int, torch.Tensor] = {}
         bans: dict[int, torch.Tensor] = {}
         for i, b in enumerate(vocab):

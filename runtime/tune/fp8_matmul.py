@@ -26,8 +26,8 @@ from pagoda.runtime.tune.matmul import Gemm, MatmulBucket, Operands, plan_matmul
 
 FP8_MATMUL = "fp8_matmul"
 # the LM head stays 16-bit; Qwen2-MoE's shared expert runs in FP8 (moe.SharedExpertMoE), and
-# DeepSeek's latent attention projections (model/deepseek.py)
-FP8_LAYERS = ("qkv", "o", "gate_up", "down", "shared_gate_up", "shared_down", "q_b", "kv_b")
+# DeepSeek's latent attention projections (model/deepseek.py; kv_b is absorbed, not a Linear)
+FP8_LAYERS = ("qkv", "o", "gate_up", "down", "shared_gate_up", "shared_down", "q_b")
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); GROUP_M stays 8. FP8 MMAs take K in steps
 # of 32 and move half the bytes of bf16 per element, so K tiles are twice the bf16 sweep's.
 CANDIDATES = [(64, 64, 128, 4, 3), (64, 128, 128, 4, 4), (64, 32, 128, 4, 4), (64, 64, 256, 4, 3),

@@ -129,12 +129,12 @@ def named_weight_shapes(mc: Any) -> dict[str, tuple[int, int]]:
     if shared:
         out.update(shared_gate_up=(2 * shared, h), shared_down=(h, shared))
     m = getattr(getattr(mc, "family", None), "mla", None)
-    if m is not None:  # DeepSeek's latent attention (model/deepseek.py): q (or q_a) with kv_a
+    if m is not None:  # DeepSeek's latent attention (model/deepseek.py): q (or q_a) with kv_a;
+        # kv_b_proj is absorbed (batched matmuls per head, not a Linear)
         heads = mc.num_heads
         first = m.q_lora_rank or heads * m.qk_head_dim
         out.update(qkv=(first + m.kv_lora_rank + m.qk_rope_head_dim, h),
-                   o=(h, heads * m.v_head_dim),
-                   kv_b=(heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank))  # fmt: skip
+                   o=(h, heads * m.v_head_dim))  # fmt: skip
         if m.q_lora_rank:
             out["q_b"] = (heads * m.qk_head_dim, m.q_lora_rank)
     return out

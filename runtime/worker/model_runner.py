@@ -26,6 +26,7 @@ from pagoda.runtime.cpu.host_memory import keep_freed_memory
 from pagoda.runtime.distributed.group import TPGroup
 from pagoda.runtime.model.llama import LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
+from pagoda.runtime.model.mamba2 import MAMBA_STEP
 from pagoda.runtime.model.ops import select_ops
 from pagoda.runtime.model.registry import build_model
 from pagoda.runtime.quantization.fp8 import check_checkpoint_form, engine_scheme
@@ -42,6 +43,7 @@ from pagoda.runtime.structured.bitmask import GrammarBitmask, grammar_rows
 from pagoda.runtime.worker import prompt_logprobs
 from pagoda.runtime.worker.block_table import BlockTables
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner
+from pagoda.runtime.worker.mamba_state import MambaState
 from pagoda.runtime.worker.outputs import LaunchedStep, ModelRunnerOutput
 from pagoda.runtime.worker.step_channel import StepChannel
 from pagoda.runtime.worker.step_clock import StepClock
@@ -84,7 +86,10 @@ class ModelRunner:
         # that samples, before sampling; it reads them, or edits them in place (test_llm.py
         # poisons one row with NaN, as a bad checkpoint would)
         self.logits_hook: Callable[[list[Request], torch.Tensor], None] | None = None
-        self.num_blocks = self._num_blocks()
+        # a hybrid's Mamba layers: their state slots, before the KV budget is measured
+        self.mamba = MambaState.for_model(mc, config.scheduler.max_num_seqs, self.dtype,
+                                          self.device)  # fmt: skip
+        self.num_blocks = self._num_blocks(max_model_len)
         if tp is not None:  # the same pool on every rank: what the fullest device holds
             self.num_blocks = tp.agree_min(self.num_blocks)
         self.channel = StepChannel(tp) if tp is not None and tp.rank == 0 else None
@@ -92,8 +97,10 @@ class ModelRunner:
             self.backend.allocate_kv_cache(
                 self.num_blocks, self.block_size, self.dtype, self.device
             )
-            for _ in range(mc.num_layers)
+            for _ in range(mc.num_kv_layers)
         ]
+        if self.mamba is not None:  # the attention layers' caches at their layers' places
+            self.kv_caches = self.mamba.layer_caches(self.kv_caches)
         self.cuda_graphs: CudaGraphRunner | None = None
         # Rows for every running request, and as many again before finished ones are reclaimed.
         max_blocks = -(-max_model_len // self.block_size) + 1
@@ -130,6 +137,7 @@ class ModelRunner:
             sliding_window=mc.family.sliding_window,
             softcap=mc.family.attn_logit_softcapping,
             sinks=mc.family.attention_sinks,
+            latent=None if mc.family.mla is None else mc.family.mla.kv_lora_rank,
         )
 
     def _build_model(self, loaded: LoadedModel, max_model_len: int) -> LlamaModel:
@@ -149,7 +157,9 @@ class ModelRunner:
             device=self.device,
             backend=self.backend,
             ops=select_ops(self.device, self.backend.name),
-            max_positions=max(max_model_len, mc.max_position_embeddings),
+            # the rotary tables cover the positions served, not the whole context: Llama 4
+            # Scout's 10M positions would be 5.4 GB of float32 rows at head size 128
+            max_positions=max_model_len,
             batch_invariant=config.batch_invariant,
             tp=self.tp,
             fp8=fp8,
@@ -164,6 +174,9 @@ class ModelRunner:
             and self.backend.name == "triton"
         ):
             return
+        if self.mamba is not None:
+            log.info("CUDA graphs off: a model with Mamba layers runs its decodes eagerly")
+            return
         self.cuda_graphs = CudaGraphRunner(
             self.model, self.kv_caches, self.block_size, max_num_seqs, max_model_len, self.device
         )
@@ -171,14 +184,19 @@ class ModelRunner:
 
     @property
     def bytes_per_block(self) -> int:
-        layers = self.model_config.num_layers
+        layers = self.model_config.num_kv_layers
         return layers * self.block_size * self.backend.bytes_per_token(self.dtype)
 
-    def _num_blocks(self) -> int:
-        """From the memory budget: bytes on CPU, a fraction of free memory on GPU."""
+    def _num_blocks(self, max_model_len: int) -> int:
+        """From the memory budget: bytes on CPU, a fraction of free memory on GPU. A model
+        without attention layers (Mamba2 alone) keeps no KV cache: its blocks, which only
+        count positions, are enough for every sequence's whole context."""
         cache = self.config.cache
         if cache.num_blocks_override is not None:
             return cache.num_blocks_override
+        if self.bytes_per_block == 0:
+            per_seq = -(-max_model_len // self.block_size) + 1
+            return self.config.scheduler.max_num_seqs * per_seq
         if cache.kv_cache_memory is not None:
             budget = cache.kv_cache_memory
         elif self.device.type == "cuda":
@@ -326,6 +344,8 @@ class ModelRunner:
         seq_lens = starts + qlens
         sampling = np.flatnonzero(seq_lens >= known).tolist()
         inp = StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling, nd, pending)
+        if self.mamba is not None:  # the Mamba layers' state slots
+            inp.mamba = self.mamba.prepare(sched, nd)
         if self.model.long_rope:  # which rotary table a longrope prompt's chunks read
             inp.prompt_lens = np.fromiter((r.num_prompt_tokens for r in reqs), np.int64, count=n)
         if self.prompt_logprob_requests:  # some request asked: are its prompt positions here?
@@ -411,6 +431,8 @@ class ModelRunner:
         if inp.prompt_lens is not None:
             meta.prompt_lens = self.to_device(inp.prompt_lens.astype(np.int32))
         self.backend.prepare(meta)
+        if inp.mamba is not None:
+            meta.aux[MAMBA_STEP] = self.mamba.device_step(inp.mamba, self.to_device)
         return self.model.forward(
             ids,
             self.to_device(inp.positions),

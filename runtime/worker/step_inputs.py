@@ -31,3 +31,4 @@ class StepInputs:
     # rank 0 only: who owns those rows (`sampling.prompt_logprobs.PromptRows`)
     prompt: Any = None
     prompt_lens: np.ndarray | None = None  # int64 [B] each request's prompt (`model/longrope.py`)
+    mamba: Any = None  # a hybrid's state slots (`worker.mamba_state.HostSlots`)

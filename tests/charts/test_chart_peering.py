@@ -52,7 +52,7 @@ def test_two_replicas_peer_cluster_wide() -> None:
     }
     config = config_of(docs)
     peering = one(docs, "ClusterKopfPeering")
-    assert config.peering == peering["metadata"]["name"] and config.peering_lifetime_s == 30
+    assert config.peering == peering["metadata"]["name"] and config.peering_lifetime_s == 15
     assert of_kind(docs, "KopfPeering") == []
     assert {"POD_NAME", "POD_NAMESPACE"} <= env_names(docs)  # identity, the pod to label
     # the Service reaches the active pod only: the label the operator's gate writes

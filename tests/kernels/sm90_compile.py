@@ -285,6 +285,20 @@ CASES: dict[str, dict] = {
                                  inter=2048, experts=8, top_k=8, tokens=1024, invariant=False),
     "moe-v2-lite-fp16": dict(gemm="fused_experts", config=None, dtype=FP16, hidden=2048,
                              inter=1408, experts=8, top_k=6),
+    # Llama 4 Scout/Maverick: chunked attention (8192-key chunks) at 40 query heads over 8 KV
+    # heads (5 per KV head) at 128: split-KV decodes beside the prefill kernel; every row's
+    # prefill kernel (batch-invariant) in fp16; the unified kernel over an FP8 cache
+    "chunked-gqa5-split-decode": dict(head_dim=128, heads=40, kv_heads=8, dtype=BF16,
+                                      kv_dtype=BF16, seqs=[(1, 5)] * 3 + [(70, 90)],
+                                      max_seq_len=32768, num_decodes=3, num_kv_splits=4,
+                                      attention_chunk=8192),
+    "chunked-gqa5-invariant-fp16": dict(head_dim=128, heads=40, kv_heads=8, dtype=FP16,
+                                        kv_dtype=FP16, seqs=[(1, 5), (70, 90)], max_seq_len=90,
+                                        num_decodes=1, batch_invariant=True,
+                                        attention_chunk=8192),
+    "chunked-gqa5-fp8-unified": dict(head_dim=128, heads=40, kv_heads=8, dtype=BF16,
+                                     kv_dtype=FP8, seqs=[(1, 5), (70, 90)], max_seq_len=90,
+                                     num_decodes=1, flash_prefill=False, attention_chunk=8192),
 }  # fmt: skip
 
 # Cases of the slow test (test_kernel_compile.py): more dtypes and shapes of variants the fast
@@ -301,16 +315,20 @@ SLOW = {
     "moe-oai-deep-fp16",
     "moe-deepseek-v3-bf16",
     "moe-v2-lite-fp16",
+    "chunked-gqa5-invariant-fp16",
+    "chunked-gqa5-fp8-unified",
 }
 # Cases with a kernel that spills registers (ptxas 13.4 for sm_90a, Triton 3.9; bytes stored
 # and loaded): a config file's extremes (float32 at head 256: 19.6 kB; the deep MoE config in
 # float32: 77 kB; the deep GEMM configs: 3.7 kB), the batch-invariant decode launch at head 64
 # (8 B), and every 256-wide head (DeepSeek's 192, Gemma's 256) in the prefill kernel under the
 # packaged 64-row configs: halved to 32 rows at 4 warps, 255 registers and 216 B (100 B in the
-# one-token launch); 64 rows at 4 warps fit in 254 (not measured on a GPU).
+# one-token launch); 64 rows at 4 warps fit in 254 (not measured on a GPU). Llama 4's 5 query
+# heads per KV head at 128 in the batch-invariant one-token launch: 32 B in fp16, with or
+# without its attention chunk (the same at 3ea64c3, before chunks).
 KNOWN_SPILLS = {"fp32-d256-decode", "deep-moe", "deep-matmul", "deep-fp8-w8a16",
                 "sinks-invariant", "mla-d192-split-decode", "mla-d192-split-decode-fp16",
-                "mla-d192-invariant-fp16"}  # fmt: skip
+                "mla-d192-invariant-fp16", "chunked-gqa5-invariant-fp16"}  # fmt: skip
 
 
 def main(args: list[str]) -> int:

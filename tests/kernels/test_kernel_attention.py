@@ -231,6 +231,52 @@ def test_sliding_window_reads_only_the_window(device, dtype, head_dim, window, p
     assert not torch.allclose(full[-1].float(), expected[-1].float(), **TOL[dtype])
 
 
+def _poison_before_chunks(batch, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copies of the caches with NaN in every key and value slot before the chunk of its
+    sequence's first query: a kernel that reads one of them, even to mask it, returns NaN."""
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    bs = k_cache.shape[1]
+    for seq, (q_len, s_len) in enumerate(zip(batch.query_lens, batch.seq_lens_host)):
+        first = s_len - q_len
+        for pos in range(first - first % chunk):
+            blk = int(batch.block_tables[seq, pos // bs])
+            k_cache[blk, pos % bs] = float("nan")
+            v_cache[blk, pos % bs] = float("nan")
+    return k_cache, v_cache
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize(
+    ("dtype", "head_dim", "group", "chunk"),
+    [(torch.float32, 64, 1, 8), (torch.bfloat16, 128, 5, 16), (torch.float16, 64, 2, 37)],
+    ids=["f32-d64-c8", "bf16-d128-gqa5-c16", "f16-d64-c37"],
+)
+def test_chunked_attention_reads_only_its_chunk(device, dtype, head_dim, group, chunk, path):
+    """Llama 4's chunked attention (the query at p sees the keys p - p % C .. p): chunks
+    shorter than a tile, at a block's size and off block edges, query tiles and prefill chunks
+    crossing chunk boundaries; every path matches the reference (transformers' chunked mask)
+    and never reads a key before its first query's chunk (those are NaN here)."""
+    from pagoda.kernels import paged_attention
+
+    block_size = 16
+    batch = make_batch(
+        [*mixed_seqs(block_size), (1, 70), (20, 60), (45, 90)],
+        num_heads=2 * group, num_kv_heads=2, head_dim=head_dim, block_size=block_size,
+        dtype=dtype, device=device,
+    )  # fmt: skip
+    args = batch.attention_args(scale=head_dim**-0.5)
+    expected = reference.paged_attention(**args, attention_chunk=chunk)
+    k_cache, v_cache = _poison_before_chunks(batch, chunk)
+    got = paged_attention(
+        **{**args, "k_cache": k_cache, "v_cache": v_cache},
+        **{"num_decodes": batch.num_decodes, **PATHS[path]}, attention_chunk=chunk,
+    )  # fmt: skip
+    torch.testing.assert_close(got, expected, **TOL[dtype])
+    # the chunk matters: attending to the whole context gives other rows
+    full = reference.paged_attention(**args)
+    assert not torch.allclose(full[-1].float(), expected[-1].float(), **TOL[dtype])
+
+
 @pytest.mark.parametrize("path", list(PATHS))
 def test_softcap_matches_reference(device, path):
     from pagoda.kernels import paged_attention

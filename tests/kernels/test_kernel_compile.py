@@ -66,5 +66,6 @@ def test_attention_kernels_compile_for_sm90_within_shared_memory() -> None:
 def test_new_families_variants_compile_for_sm90() -> None:
     """The new families' kernels in their other dtypes and shapes: sinks in fp16 and over an
     FP8 cache, heads of 192 in fp16 and over an FP8 cache, 16 query heads per KV head, the
-    experts at gpt-oss's, DeepSeek-V3's and V2-Lite's shapes under the packaged configs."""
+    experts at gpt-oss's, DeepSeek-V3's and V2-Lite's shapes under the packaged configs,
+    Llama 4's chunked attention (5 query heads per KV head) in fp16 and over an FP8 cache."""
     _compile("--slow")

@@ -91,14 +91,16 @@ def _batch(seqs: list[tuple[int, torch.Tensor, list[int]]], device) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("dtype", "window"),
-    [(torch.float32, None), (torch.bfloat16, None), (torch.float32, 37)],
-    ids=["float32", "bfloat16", "float32-window37"],
-)
+    ("dtype", "window", "chunk"),
+    [(torch.float32, None, None), (torch.bfloat16, None, None), (torch.float32, 37, None),
+     (torch.float32, None, 45)],
+    ids=["float32", "bfloat16", "float32-window37", "float32-chunk45"],
+)  # fmt: skip
 @pytest.mark.slow
-def test_attention_row_does_not_depend_on_how_it_is_batched(device, dtype, window):
+def test_attention_row_does_not_depend_on_how_it_is_batched(device, dtype, window, chunk):
     """With a sliding window too: a chunk starts reading at its first row's window, a decode at
-    its own, and the row's bits stay the same."""
+    its own, and the row's bits stay the same; likewise with an attention chunk (Llama 4: 40
+    prefill rows before the last cross a chunk start, so they start reading a chunk earlier)."""
     from pagoda.kernels import paged_attention
 
     cuda = device.type == "cuda"
@@ -129,12 +131,12 @@ def test_attention_row_does_not_depend_on_how_it_is_batched(device, dtype, windo
         batch = _batch(seqs, device)
         out = paged_attention(
             k_cache=k_cache, v_cache=v_cache, scale=scale, batch_invariant=True,
-            sliding_window=window, **batch,
+            sliding_window=window, attention_chunk=chunk, **batch,
         )  # fmt: skip
         got[name] = out[-1]
         assert torch.equal(got[name], got["decode"]), name
     ref = reference.paged_attention(
         k_cache=k_cache, v_cache=v_cache, scale=scale, sliding_window=window,
-        **_batch(cases["decode"], device),
+        attention_chunk=chunk, **_batch(cases["decode"], device),
     )  # fmt: skip
     torch.testing.assert_close(got["decode"], ref[-1], **TOL[dtype])

@@ -21,7 +21,9 @@ CONFIGS = {
 SEQS = [(37, 37), (5, 21), (16, 48), (1, 9), (70, 101), (64, 64), (3, 130)]
 
 
-def _launch(batch, config, *, window=None, softcap=None, seqs=None, one_token=False, scale=None):
+def _launch(
+    batch, config, *, window=None, softcap=None, seqs=None, one_token=False, scale=None, chunk=None
+):
     from pagoda.kernels.prefill_attention import launch_prefill_attention
 
     args = batch.attention_args(scale=scale or batch.q.shape[2] ** -0.5)
@@ -34,6 +36,7 @@ def _launch(batch, config, *, window=None, softcap=None, seqs=None, one_token=Fa
         query_start_loc=args["query_start_loc"], scale=args["scale"], out=out,
         first_seq=first, last_seq=last, first_token=qsl[first], last_token=qsl[last],
         config=config, one_token_per_seq=one_token, sliding_window=window, softcap=softcap,
+        attention_chunk=chunk,
     )  # fmt: skip
     return out, args
 
@@ -96,6 +99,26 @@ def test_window_and_softcap(device, config, window, softcap):
     if window is not None:
         _poison_outside_windows(batch, window)
     got, _ = _launch(batch, CONFIGS[config], window=window, softcap=softcap, scale=0.5)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("chunk", [8, 40, 100])
+@pytest.mark.parametrize("config", ["m16-t16", "m128-t64"])
+def test_chunked_attention(device, config, chunk):
+    """Chunked attention (Llama 4): chunks shorter than a key tile, between the tiles and
+    longer than a 64-key tile (unmasked interior tiles inside one chunk), query tiles across
+    chunk starts; the keys before each sequence's first chunk are NaN in the cache."""
+    batch = make_batch(
+        SEQS, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float32,
+        device=device,
+    )  # fmt: skip
+    args = batch.attention_args(scale=0.5)
+    want = reference.paged_attention(**args, attention_chunk=chunk)
+    bs = batch.k_cache.shape[1]
+    for i, (q_len, s_len) in enumerate(zip(batch.query_lens, batch.seq_lens_host, strict=True)):
+        for pos in range((s_len - q_len) // chunk * chunk):
+            batch.k_cache[int(batch.block_tables[i, pos // bs]), pos % bs] = float("nan")
+    got, _ = _launch(batch, CONFIGS[config], chunk=chunk, scale=0.5)
     torch.testing.assert_close(got, want, **TOL[torch.float32])
 
 

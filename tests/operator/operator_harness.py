@@ -71,21 +71,23 @@ class RunningOperator:
         self.ready = threading.Event()
         self.http_port: int | None = None
         self.error: BaseException | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._frozen = threading.Event()
         self.thread = threading.Thread(target=self._run, name="operator", daemon=True)
 
     def _run(self) -> None:
         def http_started(port: int) -> None:
             self.http_port = port
 
+        async def serve() -> None:
+            self.loop = asyncio.get_running_loop()
+            await main.serve(
+                self.config, stop_flag=self.stop, ready_flag=self.ready,
+                on_http_started=http_started,
+            )  # fmt: skip
+
         try:
-            asyncio.run(
-                main.serve(
-                    self.config,
-                    stop_flag=self.stop,
-                    ready_flag=self.ready,
-                    on_http_started=http_started,
-                )
-            )
+            asyncio.run(serve())
         except BaseException as e:  # reported by start()/shutdown()
             self.error = e
 
@@ -99,7 +101,15 @@ class RunningOperator:
         if not self.thread.is_alive():
             raise AssertionError(f"the operator exited during startup: {self.error!r}")
 
+    def freeze(self) -> None:
+        """Hang the operator's event loop, as a crashed process or a lost node: no request, no
+        keep-alive, no goodbye (its peering record stays until it expires). `shutdown` thaws."""
+        assert self.loop is not None
+        self._frozen.clear()
+        self.loop.call_soon_threadsafe(self._frozen.wait)
+
     async def shutdown(self, timeout: float = 15.0) -> None:
+        self._frozen.set()
         self.stop.set()
         await wait_for(lambda: not self.thread.is_alive(), timeout, what="operator stopped")
         if self.error is not None:

@@ -54,7 +54,8 @@ def run(policy: Policy, state: Memory, readings: list[Metrics], t0: float, curre
             policy, m, current=current, ready=current, history=state.history, now=t0 + 5.0 * i,
             correction=state.correction, bursts=state.bursts,
         )  # fmt: skip
-        state = Memory(d.history, d.correction, d.bursts)
+        rise = memory.last_rise(state.raised, state.correction, d.correction, t0 + 5.0 * i)
+        state = Memory(d.history, d.correction, d.bursts, raised=rise)
         current = d.replicas
         out.append(current)
     return out, state, current
@@ -80,6 +81,31 @@ def test_a_loaded_memory_decides_as_the_saved_one() -> None:
             assert got >= want, (split, i, full[split:][: i + 3], after[: i + 3])
         late += sum(g != w for g, w in zip(after, full[split:]))
     assert late <= 5, late  # one evaluation late here and there, no drift
+
+
+def test_a_take_over_at_the_next_evaluation_decides_as_without_it() -> None:
+    """The young service's margin (the mean need since its first traffic) and the learned
+    correction (growing while the fleet at its floor still queues, decaying otherwise) are
+    saved exactly: a process that loads the memory at the next evaluation's time (the loop's
+    `interval_s`) makes the same decisions, to the replica, as the one that saved it, whether
+    the split falls in the service's first burst window or hours later. (Before: the margin's
+    mean came from the kept peaks, the correction was saved to 1 % and lost the first
+    evaluation's growth: up to 14 replicas apart.)"""
+    young = replace(POLICY, young_margin=4.0)
+    readings = [replace(m, waiting=6.0 if m.ttft_p95_s == 2.5 else 0.0) for m in loads(7, 400)]
+    full, end, _ = run(young, Memory(((0.0, 2),)), readings, 0.0, 2)
+    assert end.correction > 2 and max(full) >= 20  # both at work
+    for split in [*range(5, 60, 6), *range(60, 400, 23)]:
+        _, state, current = run(young, Memory(((0.0, 2),)), readings[:split], 0.0, 2)
+        saved = json.loads(json.dumps(memory.dump(state, OFFSET_A)))
+        t_b = 5.0 * split + OFFSET_A - OFFSET_B  # the same instant on B's clock
+        assert state.bursts.since is not None
+        since = int(state.bursts.since + OFFSET_A) - OFFSET_B  # trafficSince, to the second
+        loaded = memory.load(saved, now=t_b + 5.0, offset=OFFSET_B, current=current,
+                             policy=young, since=since, interval_s=5.0)  # fmt: skip
+        assert loaded is not None
+        after, _, _ = run(young, loaded, readings[split:], t_b, current)
+        assert after == full[split:], split
 
 
 def test_without_the_memory_a_due_scale_down_waits_a_full_window() -> None:

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from crd_schema import validate
 from kube_emulator import Emulator
+from operator_harness import load_crd
 from operator_helpers import CM, create_isvc
 from pagoda.operator.autotune.keys import PRODUCT_LABEL
 from pagoda.operator.autotune.loop import Autotuner
@@ -24,6 +27,11 @@ async def relabel(kube: KubeApi, node: str, product: str | None) -> None:
         "PATCH", f"/api/v1/nodes/{node}", body={"metadata": {"labels": {PRODUCT_LABEL: product}}},
         content_type="application/merge-patch+json",
     )  # fmt: skip
+
+
+def decided(st: dict[str, Any]) -> dict[str, Any]:
+    """status.autotune but the products' memory (nodeProducts)."""
+    return {k: v for k, v in st.items() if k != "nodeProducts"}
 
 
 def jobs_for(emulator: Emulator) -> dict[str, str]:
@@ -64,7 +72,7 @@ async def test_a_gpu_label_blink_keeps_the_profile_and_starts_no_job(
     # blinks shorter than the grace: the label gone, then another product for a pass, then back
     for label in (None, A100, H200):
         await relabel(kube, "n1", label)
-        assert await tick() == tuned, label  # nothing unmounted, no new product
+        assert decided(await tick()) == decided(tuned), label  # nothing unmounted, no new product
         assert set(jobs_for(emulator)) <= {H200}, label  # no Job for a GPU type not there
         assert emulator.live(CM, "default", profile) is not None
     assert len(reconciled) == before  # no rollout either way
@@ -93,3 +101,54 @@ async def test_a_gpu_label_blink_keeps_the_profile_and_starts_no_job(
     await kube.delete("InferenceService", "default", "c")
     await tick()
     assert emulator.live(CM, "default", profile) is None
+
+
+@pytest.mark.parametrize("take_over_after", [None, 2, 3])
+async def test_a_take_over_during_a_blink_decides_as_without_it(
+    emulator: Emulator, kube: KubeApi, take_over_after: int | None
+) -> None:
+    """The products' memory is saved in status.autotune.nodeProducts: an operator that takes
+    over (a fresh Autotuner: another replica, a restart) reads it back, so a blink that spans
+    the take-over is still a blink (no Job for a GPU type that is not there, the profile stays
+    mounted), and the grace ends at the same pass as without the take-over. Without it the new
+    process took the products of its first pass: NoGPUNodes, or a Job for the blinked one."""
+    await add_node(kube, "n1", H200)
+    await create_isvc(kube, "c", spec())
+    config = OperatorConfig(autotune_product_grace_s=GRACE)  # passes every 15 s (the interval)
+    now = [1_000_000.0]
+
+    def tuner() -> Autotuner:
+        async def reconcile(body: Any) -> None:
+            pass
+
+        made = Autotuner(kube, config, reconcile)
+        made.clock = lambda: now[0]
+        return made
+
+    current, passes, crd = tuner(), 0, load_crd()
+
+    async def tick(dt: float = config.autotune_interval_s) -> dict[str, Any]:
+        nonlocal current, passes
+        if passes == take_over_after:
+            current = tuner()  # its first pass, one interval after the last one's
+        passes += 1
+        now[0] += dt
+        await current.tick()
+        body = emulator.live("serving.pagoda.dev/v1alpha1/inferenceservices", "default", "c")
+        assert not validate(crd, body), validate(crd, body)  # the CRD keeps it (no pruning)
+        return autotune(emulator, "c")
+
+    st = await tick()
+    await kube.patch("ConfigMap", "default", st["profile"],
+                     {"data": {"profile.json": profile_json()}})  # fmt: skip
+    await finish_job(kube, jobs_for(emulator)[H200], ok=True)
+    tuned = await tick()  # pass 2: the nodes show H200
+    assert tuned["state"] == "Tuned" and tuned["nodeProducts"]["inUse"] == [{"product": H200}]
+
+    for label in (None, A100, None):  # passes 3-5: a blink, another product for a pass
+        await relabel(kube, "n1", label)
+        assert decided(await tick()) == decided(tuned), label
+        assert set(jobs_for(emulator)) <= {H200}, label
+    # the grace runs out 300 s after pass 2, at the same pass either way
+    assert decided(await tick(GRACE - 3 * config.autotune_interval_s)) == decided(tuned)
+    assert (await tick())["reason"] == "NoGPUNodes"

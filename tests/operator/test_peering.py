@@ -7,12 +7,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import logging
+import os
 import pathlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import kopf
 import pytest
 import yaml
 from autoscale_helpers import autoscaling, deployment_controller, replicas
@@ -29,6 +32,7 @@ from pagoda.operator.kube.peering import (
     is_active,
     live_peers,
 )
+from pagoda.operator.reconcile import retry
 from pagoda.operator.web.metrics import OperatorMetrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -333,3 +337,110 @@ async def test_the_standby_goes_on_from_the_autoscalers_saved_state(
 
 async def _is(kube: KubeApi, pod: str, want: str) -> bool:
     return await role(kube, pod) == want
+
+
+@pytest.mark.slow  # waits out a peering lifetime: `make test` runs it alone
+async def test_a_crashed_active_replica_is_replaced_within_a_lifetime(
+    emulator: Emulator, kube: KubeApi, start_operator: Any
+) -> None:
+    """The active replica hangs (a crash, a lost node: no goodbye) right after a keep-alive, the
+    worst case: its record lives a whole `--peering-lifetime`. The standby's kopf resumes its
+    handlers when the record expires, and its gate (polled every `peering_interval_s`) labels
+    it active and starts the loops, within the lifetime plus one poll (plus 3 s for a busy
+    machine) of the hang. A 4 s lifetime here; `PAGODA_FAILOVER_DEFAULTS=1` (with `-s`: it
+    prints the times) measures the defaults, 15 s and 2 s (docs/operator.md)."""
+    config = main.config_from_args(_parser().parse_args(["--peering", PEERING]))
+    lifetime, poll = config.peering_lifetime_s, config.peering_interval_s
+    if not os.environ.get("PAGODA_FAILOVER_DEFAULTS"):
+        lifetime, poll = 4, 0.5
+    await cluster_peering(emulator, kube, ("op-a", "op-b"))
+    fixed = {"peering": PEERING, "pod_namespace": "default", "peering_lifetime_s": lifetime,
+             "peering_interval_s": poll}  # fmt: skip
+    a = await start_operator(peering_priority=20, pod_name="op-a", **fixed)
+    await start_operator(peering_priority=10, pod_name="op-b", **fixed)
+    await wait_for(lambda: _is(kube, "op-a", "active"), 30, what="op-a active")
+    await wait_for(lambda: _is(kube, "op-b", "standby"), 30, what="op-b standby")
+
+    async def lastseen() -> str:
+        body = await kube.get("ClusterKopfPeering", None, PEERING)
+        return (((body or {}).get("status") or {}).get("op-a") or {}).get("lastseen", "")
+
+    before = await lastseen()
+    await wait_for(lambda: _newer(lastseen(), before), lifetime, what="op-a's next keep-alive")
+    a.freeze()
+    hung = time.monotonic()
+    await create_isvc(kube, "chat", EXAMPLE_SPEC)  # waits for a replica whose kopf acts
+
+    async def deployed() -> bool:
+        return await kube.get("Deployment", "default", "chat") is not None
+
+    await wait_for(lambda: _is(kube, "op-b", "active"), lifetime + poll + 10, what="op-b active")
+    labelled = time.monotonic() - hung
+    await wait_for(deployed, 10, what="op-b's kopf handlers")
+    handled = time.monotonic() - hung
+    print(f"crash failover (lifetime {lifetime} s, poll {poll:g} s): kopf's handlers "
+          f"{handled:.1f} s, gate {labelled:.1f} s")  # fmt: skip
+    assert lifetime - 1 <= labelled <= lifetime + poll + 3, (labelled, handled)
+    assert handled <= lifetime + poll + 3, (labelled, handled)
+
+
+async def _newer(value: Any, than: str) -> bool:
+    got = await value
+    return bool(got) and got != than
+
+
+@pytest.mark.parametrize("stands_by", [False, True])
+async def test_a_standby_drops_its_follow_up_retries(
+    emulator: Emulator, kube: KubeApi, monkeypatch: pytest.MonkeyPatch, stands_by: bool
+) -> None:
+    """A reconcile that failed on the active replica schedules a follow-up retry; if the replica
+    stands by before it wakes, the retry does nothing (the active replica acts: two writers of
+    the children otherwise, for up to 7 minutes of retries); still active, it reconciles."""
+    monkeypatch.setattr(retry, "backoff", lambda n: 0.05)
+    body = await create_isvc(kube, "chat", EXAMPLE_SPEC)
+    active = [True]
+    api = KubeApi(request_timeout_s=5)
+    config = main.config_from_args(_parser().parse_args(["--peering", PEERING, "--no-pin-models"]))
+    reconciler = retry.Reconciler(api, config, active=lambda: active[0])
+    emulator.fail("GET", "inferenceservices", 503)  # its fresh read fails: a follow-up
+    with pytest.raises(kopf.TemporaryError):
+        await reconciler.run(body, logging.getLogger("test"), 0, "resync")
+    active[0] = not stands_by
+    try:
+        await asyncio.sleep(0.5)
+        assert (await kube.get("Deployment", "default", "chat") is None) is stands_by
+    finally:
+        await reconciler.close()
+        await api.close()
+
+
+async def test_a_failed_read_keeps_the_role_only_while_its_record_lives(
+    emulator: Emulator, kube: KubeApi
+) -> None:
+    """The others count this replica as gone `lifetime` after its last keep-alive, which may be
+    up to lifetime − 5 s before the gate's last good read: when the reads fail, the gate stands
+    by when that record expires, not a lifetime after the read (both would act meanwhile)."""
+    for crd in peering_crds():
+        emulator.declare_crd(crd)
+    body = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}
+    await kube.request("POST", "/apis/kopf.dev/v1/namespaces/default/kopfpeerings", body=body)
+    seen = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=5)
+    record = {"priority": 1, "lifetime": 15, "lastseen": seen.isoformat()}
+    await kube.patch("KopfPeering", "default", PEERING, {"status": {"op-x": record}})
+    clock = [0.0]
+    gate = PeeringGate(
+        kube, name=PEERING, namespaces=("default",), identity="op-x", priority=1,
+        lifetime_s=15, clock=lambda: clock[0],
+    )  # fmt: skip
+    assert await gate.check() is True  # its record has ~10 s left
+    emulator.fail("GET", "kopfpeerings", 503, times=2)
+    clock[0] += 4
+    assert await gate.check() is True
+    clock[0] += 7  # 16 s after the keep-alive, 11 s after the read: the others act now
+    assert await gate.check() is False
+    # read again: a record of its own that has expired (its keep-alives fail, its reads work)
+    # is no record, as the others see it
+    assert await gate.check() is True
+    old = (seen - datetime.timedelta(seconds=11)).isoformat()
+    await kube.patch("KopfPeering", "default", PEERING, {"status": {"op-x": {"lastseen": old}}})
+    assert await gate.check() is False

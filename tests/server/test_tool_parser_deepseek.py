@@ -1,7 +1,7 @@
 """DeepSeek's tool calls (`--tool-call-parser deepseek_v3|deepseek_v31`), as vLLM's
 deepseekv3/deepseekv31 parsers read them: whole outputs, and streams split at every point (and a
 character at a time) give the same calls and content; what is not a complete call stays content;
-tool_choice required or named is a 400 naming tool_choice."""
+tool_choice required or named gets a grammar (what it takes: `test_tool_markers.py`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import pytest
 from pagoda.runtime import options
 from pagoda.runtime.server import tools
-from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest
+from pagoda.runtime.server.protocol import ChatCompletionRequest
 from pagoda.runtime.server.tool_parser_deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from pagoda.runtime.server.tool_parsers import PARSERS
 
@@ -95,15 +95,14 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 @pytest.mark.parametrize(
     "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
 )
-def test_required_or_named_is_a_400_and_auto_parses(name, choice):
+def test_required_or_named_gets_a_grammar_and_auto_none(name, choice):
     def req(tool_choice):
         return ChatCompletionRequest.model_validate(
             {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
              "tool_choice": tool_choice})  # fmt: skip
 
-    with pytest.raises(APIError) as e:
-        tools.prepare(req(choice), None, name)
-    assert e.value.status == 400 and e.value.param == "tool_choice" and name in str(e.value)
+    setup = tools.prepare(req(choice), None, name)
+    assert setup.parser.name == name and setup.grammar.field == "tools"
     setup = tools.prepare(req("auto"), None, name)
     assert setup.parser.name == name and setup.grammar is None
 

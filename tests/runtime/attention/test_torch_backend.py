@@ -118,6 +118,29 @@ def test_matches_reference(seq_lens, query_lens, dtype):
     torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_latent_cache_is_one_tensor_read_as_keys_and_values(dtype):
+    """Multi-head latent attention's cache (``latent``): one KV head whose 48-wide rows are the
+    keys and, in their first 32 columns, the values; one tensor (the torch path reads it on
+    either setting), an output 32 wide; against the reference given the cache as K and V."""
+    seq_lens, query_lens = [5, 90, 200, 16, 100, 37], [1, 1, 50, 16, 20, 37]
+    q, k, _, kc2, _, meta = make_step(seq_lens, query_lens, h=6, hkv=1, d=48, dtype=dtype)
+    be = TorchAttentionBackend(6, 1, 48, 0.1, latent=32)
+    kc, vc = to_backend_layout(be, kc2, kc2)
+    assert kc is vc and be.kernel is None and be.bytes_per_token(dtype) == 48 * dtype.itemsize
+    be.prepare(meta)
+    out = be.forward(q, k, k, kc, vc, meta)
+    reference.write_kv_cache(k=k, v=k, k_cache=kc2, v_cache=kc2, slot_mapping=meta.slot_mapping)
+    ref = reference.paged_attention(
+        q=q, k_cache=kc2, v_cache=kc2, block_tables=meta.block_tables, seq_lens=meta.seq_lens,
+        query_start_loc=meta.query_start_loc, max_query_len=meta.max_query_len,
+        max_seq_len=meta.max_seq_len, scale=0.1, num_decodes=meta.num_decodes,
+    )  # fmt: skip
+    assert out.shape == (q.shape[0], 6, 32)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), ref[..., :32].float(), atol=tol, rtol=tol)
+
+
 def test_bucket_plan_reduces_padding():
     lens = np.array([16] * 20 + [512] * 4 + [1024] * 2)
     ends = plan_buckets(lens)
@@ -159,6 +182,37 @@ def test_sliding_window_and_softcap_match_reference(path, seq_lens, query_lens, 
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     want = reference.paged_attention(**args, sliding_window=window)
     torch.testing.assert_close(windowed.float(), want.float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(
+        full.float(), reference.paged_attention(**args).float(), atol=tol, rtol=tol
+    )
+
+
+@pytest.mark.parametrize(
+    "seq_lens,query_lens",
+    [([16, 17, 300, 1000, 2], [1] * 5), ([100, 37, 600, 290, 16], [20, 37, 300, 50, 16])],
+)
+@pytest.mark.parametrize("chunk", [7, 64, 300])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_chunks_match_reference(path, seq_lens, query_lens, chunk, dtype):
+    """A chunked layer's rows (Llama 4: the query at p sees the keys p - p % chunk .. p),
+    decodes and chunks on cached context crossing chunk starts, on both CPU paths, against
+    the reference; the same backend attends to the whole context in the other layers."""
+    q, k, v, kc2, vc2, meta = make_step(seq_lens, query_lens, dtype=dtype)
+    be = TorchAttentionBackend(6, 2, 32, 32**-0.5)
+    kc, vc = to_backend_layout(be, kc2, vc2)
+    assert (be.kernel is not None) == (path == "kernel")
+    be.prepare(meta)
+    chunked = be.forward(q, k, v, kc, vc, meta, chunk=chunk)
+    full = be.forward(q, k, v, kc, vc, meta)
+    reference.write_kv_cache(k=k, v=v, k_cache=kc2, v_cache=vc2, slot_mapping=meta.slot_mapping)
+    args = dict(
+        q=q, k_cache=kc2, v_cache=vc2, block_tables=meta.block_tables, seq_lens=meta.seq_lens,
+        query_start_loc=meta.query_start_loc, max_query_len=meta.max_query_len,
+        max_seq_len=meta.max_seq_len, scale=32**-0.5,
+    )  # fmt: skip
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    want = reference.paged_attention(**args, attention_chunk=chunk)
+    torch.testing.assert_close(chunked.float(), want.float(), atol=tol, rtol=tol)
     torch.testing.assert_close(
         full.float(), reference.paged_attention(**args).float(), atol=tol, rtol=tol
     )

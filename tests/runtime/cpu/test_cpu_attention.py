@@ -119,15 +119,16 @@ def test_the_avx512_loops_on_a_cpu_with_amx():
     assert res.returncode == 0, res.stdout[-3000:]
 
 
-@pytest.mark.parametrize("window", [None, 45])
+@pytest.mark.parametrize(("window", "chunk"), [(None, None), (45, None), (None, 40)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(
     "h,hkv,d,bs", [(4, 2, 128, 64), (6, 3, 64, 48), (2, 1, 96, 32), (4, 4, 16, 16)]
 )
-def test_unusual_shapes_match_a_float64_reference(kernel, dtype, h, hkv, d, bs, window):
+def test_unusual_shapes_match_a_float64_reference(kernel, dtype, h, hkv, d, bs, window, chunk):
     """Head dims and block sizes off the common path (AMX steps of 32 dims and 16 key pairs,
     tiles of several chunks per block): decodes and prefill chunks on cached context, with and
-    without a sliding window (each query sees its last `window` keys)."""
+    without a sliding window (each query sees its last `window` keys) or chunked attention
+    (Llama 4's: the query at p sees the keys p - p % chunk .. p)."""
     g = torch.Generator().manual_seed(0)
     seqs = [(300, 1), (97, 1), (260, 70), (40, 40)]  # (context incl. new tokens, new tokens)
     p = 4 // dtype.itemsize
@@ -148,24 +149,28 @@ def test_unusual_shapes_match_a_float64_reference(kernel, dtype, h, hkv, d, bs, 
         s = s.masked_fill(keys > pos, float("-inf"))
         if window is not None:
             s = s.masked_fill(keys <= pos - window, float("-inf"))
+        if chunk is not None:
+            s = s.masked_fill(keys < pos - pos % chunk, float("-inf"))
         refs.append(torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vv))
         qs.append(q)
     qstart = torch.tensor(
         [0, *torch.tensor([m for _, m in seqs]).cumsum(0).tolist()], dtype=torch.int32
     )
     lens = torch.tensor([c for c, _ in seqs], dtype=torch.int32)
-    out = kernel.attention(torch.cat(qs), kc, vc, tables, qstart, lens, d**-0.5, window=window)
+    out = kernel.attention(torch.cat(qs), kc, vc, tables, qstart, lens, d**-0.5, window=window,
+                           chunk=chunk)  # fmt: skip
     tol = 3e-2 if dtype == torch.bfloat16 else 1e-5
     torch.testing.assert_close(out.double(), torch.cat(refs), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("window", [None, 50])
+@pytest.mark.parametrize(("window", "chunk"), [(None, None), (50, None), (None, 48)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("h,hkv,d", [(9, 3, 64), (16, 1, 64), (4, 4, 32)])
-def test_a_row_is_the_same_at_every_place_in_a_tile(kernel, dtype, h, hkv, d, window):
+def test_a_row_is_the_same_at_every_place_in_a_tile(kernel, dtype, h, hkv, d, window, chunk):
     """One query row in chunks of 1 to 20 rows, at every offset: its row-heads sit at every
     place of a tile (AMX: 16 rows per tile; AVX-512: up to 12; AVX2: 6) and beside 0 to 15
-    others. With a window, the chunk's first row's window starts one block earlier or not."""
+    others. With a window, the chunk's first row's window starts one block earlier or not;
+    with an attention chunk (48: the row's starts at 192), its first row's at 144 or 192."""
     g, bs, n, pos = torch.Generator().manual_seed(1), 16, 240, 200
     p = 4 // dtype.itemsize
     nblk = -(-n // bs)
@@ -180,8 +185,9 @@ def test_a_row_is_the_same_at_every_place_in_a_tile(kernel, dtype, h, hkv, d, wi
         qstart = torch.tensor([0, last - first + 1], dtype=torch.int32)
         lens = torch.tensor([last + 1], dtype=torch.int32)
         out = kernel.attention(
-            q[first : last + 1], kc, vc, table[None], qstart, lens, d**-0.5, window=window
-        )
+            q[first : last + 1], kc, vc, table[None], qstart, lens, d**-0.5, window=window,
+            chunk=chunk,
+        )  # fmt: skip
         return out[pos - first]
 
     want = row(pos, pos)  # a decode

@@ -51,7 +51,8 @@ def launches(monkeypatch):
             width = kw["block_tables"].stride(0)
             cls = "one" if width == 1 else "div16" if width % 16 == 0 else "other"
             split = kw.get("num_splits", kw.get("one_token_per_seq", False))
-            seen.append((kind, tuple(sorted(kw["config"].items())), split, cls))
+            chunked = kw.get("attention_chunk") is not None  # the CHUNKED variants
+            seen.append((kind, tuple(sorted(kw["config"].items())), split, cls, chunked))
             real(**kw)
 
         monkeypatch.setattr(module, name, recorded)
@@ -63,12 +64,26 @@ def launches(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("invariant", [False, True], ids=["by-shape", "batch-invariant"])
+@pytest.mark.parametrize(
+    ("invariant", "model"),
+    [(False, "llama"), (True, "llama"), (False, "llama4")],
+    ids=["by-shape", "batch-invariant", "by-shape-chunked"],
+)
 @pytest.mark.slow
-def test_serving_hits_only_warmed_variants(tmp_path, split_friendly_configs, launches, invariant):
+def test_serving_hits_only_warmed_variants(tmp_path, split_friendly_configs, launches, invariant,
+                                           model):  # fmt: skip
     """Per-shape configs: split counts and prefill buckets; batch-invariant: the prefill
-    kernel's decode and prefill launches only."""
-    make_tiny_llama(tmp_path / "m")
+    kernel's decode and prefill launches only; Llama 4's chunked layers (chunks of 8) beside its
+    NoPE ones: each variant with and without its attention chunk."""
+    if model == "llama4":
+        from hf_oracle import _LM_CLASSES, make_tiny_model
+
+        _LM_CLASSES.setdefault("Llama4Text", "Llama4ForCausalLM")
+        make_tiny_model(tmp_path / "m", "Llama4Text", num_local_experts=2, intermediate_size=32,
+                        intermediate_size_mlp=64, head_dim=16, no_rope_layer_interval=2,
+                        attention_chunk_size=8)  # fmt: skip
+    else:
+        make_tiny_llama(tmp_path / "m")
     args = dict(dtype="float32", kv_cache_memory=4 << 20, max_num_batched_tokens=48, max_num_seqs=4)
     llm = LLM(str(tmp_path / "m"), loaded=load_model(str(tmp_path / "m")), attention_backend="triton",
               max_model_len=96, batch_invariant=invariant, **args)  # fmt: skip
@@ -78,6 +93,7 @@ def test_serving_hits_only_warmed_variants(tmp_path, split_friendly_configs, lau
         assert {(k[0], k[2]) for k in warmed} == {("prefill", True), ("prefill", False)}
     else:
         assert {k[2] for k in warmed if k[0] == "decode"} >= {1, 2, 4}  # several split counts
+    assert {k[4] for k in warmed} == ({False, True} if model == "llama4" else {False})
     launches.clear()
     prompts = [[(7 * i + n) % 290 + 3 for i in range(n)] for n in (3, 17, 40, 70, 5)]
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)

@@ -4,16 +4,18 @@ transformers writes itself: prompts chunked into 16-token steps, a warm prefix c
 prompts sharing steps, and a pool small enough to preempt.
 
 - v2-lite: q_proj (no q bottleneck), greedy softmax routing, two shared experts, a dense first
-  layer, v_head_dim below the qk head (V padded in the cache);
+  layer, v_head_dim below the qk head;
 - v2-attention-bias: attention_bias (kv_a_proj_with_mqa's and o_proj's; q_proj has none);
 - v2-grouped-yarn: q_lora, group_limited_greedy routing, routed_scaling_factor, yarn rotary
   with mscale_all_dim (the softmax scale's mscale squared);
 - v3: q_lora, sigmoid scores with e_score_correction_bias (noaux_tc, best-two group sums),
-  renormalised and scaled weights, v_head_dim above the qk head (q and k padded);
+  renormalised and scaled weights, v_head_dim above the qk head;
 - v3-no-interleave: rope_interleave false (rotate-half rotary).
 
-Also: two tensor-parallel ranks (heads split) against one, the 48-wide head through the Triton
-kernels, and DeepSeek-V3's block-wise FP8 release format.
+Every case caches one latent row per token and layer (kv_lora_rank 32 + qk_rope_head_dim 16)
+and attends in the absorbed form. Also: the cache's size (one row, one tensor), two
+tensor-parallel ranks (heads split) against one, the latent cache through the Triton kernels,
+and DeepSeek-V3's block-wise FP8 release format.
 """
 
 from __future__ import annotations
@@ -114,20 +116,62 @@ def test_bf16_greedy_does_not_depend_on_cache_chunks_or_batch(built):
         assert [t for t, _ in generate(busy, prompts())] == alone, run
 
 
-@pytest.mark.slow  # ~7 s in Triton's interpreter
-def test_the_triton_backend_takes_the_padded_head(built):
-    """Head size 48 (not a power of two: the kernels' masked tail), the value zero-padded into
-    it, through the Triton attention kernels (Triton's interpreter on a CPU, the GPU where there
-    is one), chunked and batched: transformers' tokens and logits."""
+def test_the_cache_holds_one_latent_row_per_token(built, tmp_path):
+    """A layer caches kv_lora_rank + qk_rope_head_dim values per token in one tensor that is
+    both K and V (no V tensor, no per-head rows): the runner's bytes per block, the tensors it
+    allocates, the memory estimate and the fit check all count that row (48 float32 values a
+    layer here); DeepSeek-V3's published shape: 61 x 576 x 2 bytes, 68.6 KiB a token in bf16
+    (the cache expanded per head took 5.7 MiB)."""
+    import json
+    from pathlib import Path
+
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server import fit, memory
+
+    _, _, loaded, _ = built("v3")
+    mc, row = loaded.config, 32 + 16
+    runner = LLM(loaded=loaded, dtype="float32", kv_cache_memory=1 << 20).engine.runner
+    want = mc.num_layers * row * 4
+    assert runner.backend.latent == 32 and runner.bytes_per_block == runner.block_size * want
+    assert all(k is v for k, v in runner.kv_caches)
+    held = sum(k.untyped_storage().nbytes() for k, _ in runner.kv_caches)
+    assert held == runner.num_blocks * runner.bytes_per_block
+    assert memory.kv_bytes_per_token(mc, torch.float32, "auto") == want
+    assert fit.Plan(torch.float32, False, False).kv_bytes_per_token(mc) == want
+    config = json.loads((Path(loaded.path) / "config.json").read_text())
+    config.update(num_hidden_layers=61, num_attention_heads=128, hidden_size=7168,
+                  kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128,
+                  qk_rope_head_dim=64, v_head_dim=128)  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    v3 = read_model_config(str(tmp_path))
+    assert (v3.num_kv_heads, v3.head_dim) == (1, 576)
+    assert memory.kv_bytes_per_token(v3, torch.bfloat16, "auto") == 61 * 576 * 2  # 68.6 KiB
+    assert fit.Plan(torch.bfloat16, False, True, tp=8).kv_bytes_per_token(v3) == 61 * 576
+
+
+@pytest.mark.slow  # ~15 s in Triton's interpreter
+@pytest.mark.parametrize("invariant", [True, False])
+def test_the_triton_backend_reads_the_latent_cache(built, invariant):
+    """The latent cache through the Triton kernels (Triton's interpreter on a CPU, the GPU where
+    there is one): one KV head of 48 columns (not a power of two: the kernels' masked tail)
+    read as keys and, from the same tensor, as values (the output's first 32 columns);
+    chunked, batched and on a warm prefix cache; batch-invariant (every row in the prefill
+    kernel) or not (decodes in the split-KV kernel, prompts through SDPA): transformers' tokens
+    and logits."""
     import os
 
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the Triton kernels run on a CPU under TRITON_INTERPRET=1 only")
     _, _, loaded, reference = built("v2-lite")
     llm = LLM(loaded=loaded, attention_backend="triton", dtype="float32",
-              kv_cache_memory=16 << 20, max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
-    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
-        check(got, want, f"v2-lite: prompt {i}, triton")
+              kv_cache_memory=16 << 20, max_num_batched_tokens=16, max_num_seqs=4,
+              batch_invariant=invariant)  # fmt: skip
+    runner = llm.engine.runner
+    assert runner.backend.latent == 32 and runner.kv_caches[0][0] is runner.kv_caches[0][1]
+    for run in ("cold", "warm"):
+        for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
+            check(got, want, f"v2-lite: prompt {i}, triton, {run}")
+    assert llm.engine.kv.prefix_hits > 0
 
 
 @pytest.mark.slow  # two engines, one of two ranks (gloo): ~10 s

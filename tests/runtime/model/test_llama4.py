@@ -10,9 +10,11 @@ sharing steps, a warm prefix cache, and a pool small enough to preempt.
 - maverick-like: experts every second layer (dense MLPs of intermediate_size_mlp between), no
   q/k norm, no temperature tuning.
 
-The chunk size is larger than the prompts: chunked attention is causal attention within one
-chunk, and the context is capped at one chunk (a longer max_model_len is refused). Also: two
-tensor-parallel ranks, the weights estimate, and what the checks refuse.
+Chunked attention on the rotary layers with tiny chunks (8 and 12 tokens: the prompts and
+their 16-token prefill steps cross several chunks, at and off block edges, through a warm
+prefix cache, batching and preemption), the NoPE layers attending to everything; the context is
+max_position_embeddings, no longer one chunk. Also: two tensor-parallel ranks, the weights
+estimate, and what the checks refuse.
 """
 
 from __future__ import annotations
@@ -42,11 +44,11 @@ CASES = {
                   intermediate_size_mlp=96, num_hidden_layers=4, head_dim=16,
                   no_rope_layer_interval=2, interleave_moe_layer_step=1, use_qk_norm=True,
                   attn_temperature_tuning=True, floor_scale=8, attn_scale=0.5,
-                  attention_chunk_size=128, rope_parameters=LLAMA3),
+                  attention_chunk_size=8, rope_parameters=LLAMA3),
     "maverick": dict(num_local_experts=6, num_experts_per_tok=1, intermediate_size=32,
                      intermediate_size_mlp=96, num_hidden_layers=4, head_dim=16,
                      no_rope_layer_interval=4, interleave_moe_layer_step=2, use_qk_norm=False,
-                     attn_temperature_tuning=False, attention_chunk_size=128),
+                     attn_temperature_tuning=False, attention_chunk_size=12),
 }  # fmt: skip
 
 
@@ -60,10 +62,47 @@ def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(built,
     check_preempted(loaded, reference, name)
 
 
-def test_config_reads_as_transformers_and_the_context_is_one_chunk(built):
-    """Rotary and expert layers as transformers derives them; the context capped at
-    attention_chunk_size (128 of max_position_embeddings 512): a longer max_model_len is
-    refused, never computed with the wrong mask."""
+@pytest.mark.slow  # ~5 s
+def test_the_cpu_backends_torch_path_masks_the_chunks(built, monkeypatch):
+    """The CPU backend's torch path (`PAGODA_CPU_ATTENTION=torch`: buckets and masks planned
+    per step, a chunked layer's keys from its first query's chunk on), chunked, batched, on a
+    warm cache; the C++ kernel's path is the default the tests above run."""
+    from pagoda.runtime.cpu import attention as cpu_attention
+
+    monkeypatch.setenv(cpu_attention.ENV_SWITCH, "torch")
+    _, _, loaded, reference = built("maverick")
+    llm = check_chunked_cached_batched(loaded, reference, "maverick, torch path")
+    assert llm.engine.runner.backend.kernel is None
+
+
+@pytest.mark.slow  # Triton's interpreter: ~20 s
+def test_the_triton_backend_masks_the_chunks(built):
+    """The Triton kernels (Triton's interpreter on a CPU, the GPU where there is one) not
+    batch-invariant: the decodes in the split-KV kernel, the chunked layers' prompt rows in the
+    prefill kernel, the NoPE layer's through SDPA (the batch-invariant path, every row in the
+    prefill kernel, is the gpu test's; each path against the reference:
+    tests/kernels/test_kernel_attention.py); chunked, batched and on a warm cache:
+    transformers' tokens and logits."""
+    import os
+
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton kernels run on a CPU under TRITON_INTERPRET=1 only")
+    _, _, loaded, reference = built("maverick")
+    llm = LLM(loaded=loaded, attention_backend="triton", dtype="float32",
+              kv_cache_memory=16 << 20, max_num_batched_tokens=16, max_num_seqs=4,
+              batch_invariant=False)  # fmt: skip
+    cold = generate(llm, prompts())
+    warm = generate(llm, prompts()[::-1])[::-1]
+    for i, want in enumerate(reference):
+        check(cold[i], want, f"maverick: prompt {i}, triton, cold")
+        check(warm[i], want, f"maverick: prompt {i}, triton, warm")
+
+
+def test_config_reads_as_transformers_and_the_context_is_max_position_embeddings(built):
+    """Rotary, chunked and expert layers as transformers derives them; the context is
+    max_position_embeddings (512), past the attention chunk (12): 512 is served, 513 refused;
+    the chunked layers pass their chunk to the backend, the NoPE layer none; the rotary table
+    holds the positions served (Scout's 10M would be 5.4 GB)."""
     from pagoda.runtime.config import EngineConfig
 
     path, _, loaded, _ = built("maverick")
@@ -71,12 +110,36 @@ def test_config_reads_as_transformers_and_the_context_is_one_chunk(built):
     f = read_model_config(str(path)).family
     assert list(f.rope_layers) == [bool(x) for x in hf.no_rope_layers] == [True] * 3 + [False]
     assert [i for i, m in enumerate(f.moe_layers) if m] == hf.moe_layers == [1, 3]
+    assert [f.chunk(i) for i in range(4)] == [12, 12, 12, None]
+    assert [t == "chunked_attention" for t in hf.layer_types] == list(f.chunk_layers)
     c = read_model_config(str(path))
-    assert c.context_length == 128 and c.intermediate_size == 96
+    assert c.context_length == 512 and c.intermediate_size == 96
     assert c.family.moe_intermediate_size == 32
-    with pytest.raises(ValueError, match="128 tokens, one attention chunk: Llama 4's chunked"):
-        LLM(loaded=loaded, dtype="float32", max_model_len=129, kv_cache_memory=16 << 20)
-    assert EngineConfig.create(str(path), device="cpu", max_model_len=128)
+    with pytest.raises(ValueError, match="context length \\(512 tokens, from its metadata"):
+        LLM(loaded=loaded, dtype="float32", max_model_len=513, kv_cache_memory=16 << 20)
+    assert EngineConfig.create(str(path), device="cpu", max_model_len=512)
+    llm = LLM(loaded=loaded, dtype="float32", max_model_len=96, kv_cache_memory=16 << 20)
+    model = llm.engine.runner.model
+    assert [layer.chunk for layer in model.layers] == [12, 12, 12, None]
+    assert model.rope_caches["global"].shape[0] == 96  # the positions served, not 512
+
+
+def test_layer_types_name_the_chunked_layers():
+    """`layer_types` where config.json gives it: its chunked layers, not the rotary ones; a
+    chunked layer without an attention_chunk_size is refused with one line."""
+    from pagoda.runtime.model.llama4_config import family_fields, overrides
+
+    cfg = dict(num_hidden_layers=4, no_rope_layer_interval=4, interleave_moe_layer_step=1,
+               num_experts_per_tok=1, num_local_experts=4, intermediate_size=32,
+               intermediate_size_mlp=96, use_qk_norm=True, attn_temperature_tuning=True,
+               floor_scale=8, attn_scale=0.1, attention_chunk_size=16,
+               layer_types=["chunked_attention", "full_attention"] * 2)  # fmt: skip
+    f = family_fields({**cfg, **overrides(cfg)}, 4)
+    assert f["chunk_layers"] == (True, False, True, False) and f["attention_chunk_size"] == 16
+    with pytest.raises(ValueError, match="without a positive attention_chunk_size"):
+        family_fields({**cfg, **overrides(cfg), "attention_chunk_size": None}, 4)
+    assert "chunk_layers" not in family_fields({**cfg, **overrides(cfg), "layer_types": None,
+                                                "attention_chunk_size": None}, 4)  # fmt: skip
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -115,7 +178,7 @@ def test_the_multimodal_checkpoints_language_model(tmp_path):
 
     text = dict(vocab_size=300, hidden_size=64, intermediate_size=32, intermediate_size_mlp=96,
                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                num_local_experts=4, attention_chunk_size=128, max_position_embeddings=512,
+                num_local_experts=4, attention_chunk_size=16, max_position_embeddings=512,
                 no_rope_layer_interval=2, floor_scale=8, pad_token_id=0, bos_token_id=1,
                 eos_token_id=2)  # fmt: skip
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -141,8 +204,9 @@ def test_the_multimodal_checkpoints_language_model(tmp_path):
 def test_scouts_hub_config_reads_as_transformers_reads_it(tmp_path):
     """Llama-4-Scout's config.json (a config alone, no weights): the multimodal wrapper's
     text_config with the older `rope_scaling` (llama3, original context 8192), an empty
-    `no_rope_layers` (the default: every fourth layer NoPE), experts in every layer; the context
-    is one attention chunk, 8192 of max_position_embeddings' 10M."""
+    `no_rope_layers` (the default: every fourth layer NoPE), experts in every layer; chunks of
+    8192 on the rotary layers (transformers' layer_types); the context is
+    max_position_embeddings' 10M."""
     import json
 
     text = {"attention_chunk_size": 8192, "attn_scale": 0.1, "attn_temperature_tuning": True,
@@ -165,7 +229,9 @@ def test_scouts_hub_config_reads_as_transformers_reads_it(tmp_path):
     assert all(ours.family.moe_layers) and len(theirs.moe_layers) == 48
     assert ours.rope_scaling["rope_type"] == theirs.rope_parameters["rope_type"] == "llama3"
     assert ours.rope_scaling["factor"] == 16.0 and ours.rope_theta == 500000.0
-    assert ours.context_length == 8192 and ours.intermediate_size == 16384
+    assert ours.context_length == 10485760 and ours.intermediate_size == 16384
+    assert ours.family.attention_chunk_size == 8192
+    assert list(ours.family.chunk_layers) == [t == "chunked_attention" for t in theirs.layer_types]
     assert ours.eos_token_ids == (200001, 200007, 200008) and not ours.tie_word_embeddings
 
 

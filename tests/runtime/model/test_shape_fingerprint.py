@@ -89,14 +89,14 @@ DEEPSEEK_V2_LITE = {
 
 
 def test_latent_attention_shapes_fingerprint_their_ranks(tmp_path):
-    """DeepSeek's cache head (qk 48, the value's 32 padded), its ungated shared experts
-    (2 x 32) and the latent ranks; a q bottleneck is another set of GEMMs."""
+    """DeepSeek's cache head (one latent row: kv_lora_rank 32 + rope 16), its ungated shared
+    experts (2 x 32) and the latent ranks; a q bottleneck is another set of GEMMs."""
     shapes = []
     for name, config in (("a", DEEPSEEK_V2_LITE), ("b", {**DEEPSEEK_V2_LITE, "q_lora_rank": 24})):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(config))
         shapes.append(model_fingerprint(str(tmp_path / name), None))
-    assert shapes[0]["head_dim"] == 48 and shapes[0]["num_kv_heads"] == 4
+    assert shapes[0]["head_dim"] == 48 and shapes[0]["num_kv_heads"] == 1  # one latent row
     assert shapes[0]["shared_expert_intermediate_size"] == 64
     assert shapes[0]["num_moe_layers"] == 2
     assert {k: shapes[0][k] for k in ("q_lora_rank", "kv_lora_rank", "v_head_dim")} == {

@@ -73,15 +73,16 @@ def test_buckets_are_the_models_weight_shapes():
         got = {b.name: (b.shape["n"], b.shape["k"]) for b in plan(
             qwen2moe, torch.bfloat16, max_num_seqs=8, max_num_batched_tokens=8, quick=False)}  # fmt: skip
         assert got["shared_gate_up"] == (11264, 2048) and got["shared_down"] == (2048, 5632)
-    # DeepSeek-V3's latent attention: q_a with kv_a_proj_with_mqa, q_b, kv_b, o (FP8 too)
+    # DeepSeek-V3's latent attention: q_a with kv_a_proj_with_mqa, q_b, o (FP8 too; kv_b is
+    # absorbed, no Linear)
     mla = MlaConfig(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
                     q_lora_rank=1536)  # fmt: skip
-    v3 = ModelConfig(129280, 7168, 18432, 61, 128, 128, 192, family=FamilyConfig(mla=mla))
+    v3 = ModelConfig(129280, 7168, 18432, 61, 128, 1, 576, family=FamilyConfig(mla=mla))
     for plan in (matmul.plan_matmul_buckets, plan_fp8_buckets):
         got = {b.name: (b.shape["n"], b.shape["k"]) for b in plan(
             v3, torch.bfloat16, max_num_seqs=8, max_num_batched_tokens=8, quick=False)}  # fmt: skip
         assert got["qkv"] == (1536 + 576, 7168) and got["q_b"] == (128 * 192, 1536)
-        assert got["kv_b"] == (128 * 256, 512) and got["o"] == (7168, 128 * 128)
+        assert "kv_b" not in got and got["o"] == (7168, 128 * 128)
 
 
 def test_wrong_refused_and_variant_candidates_are_rejected(faulty_linear):

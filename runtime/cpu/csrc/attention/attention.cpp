@@ -376,15 +376,15 @@ extern "C" {
 int pagoda_uses_amx() { return use_amx() ? 1 : 0; }
 
 // kind: 0 float32 caches, 1 bf16, 2 int8 (float32 q and out). window: the keys a query sees
-// (itself included), 0 for all of them.
+// (itself included), 0 for all of them; chunk: chunked attention's chunk (`first_key`), 0: none.
 int pagoda_attention(int kind, const void* q, void* out, const void* kc, const void* vc,
                      const int32_t* bt, int64_t bts, const int32_t* qs, const int32_t* sl, int B,
                      int T, int H, int HKV, int D, int NB, int BS, float scale, int64_t wave,
-                     int nt, int window) {
-  if (D % 16 || BS % 16 || H % HKV || kind < 0 || kind > 2 || window < 0) return 1;
+                     int nt, int window, int chunk) {
+  if (D % 16 || BS % 16 || H % HKV || kind < 0 || kind > 2 || window < 0 || chunk < 0) return 1;
   if (kind == 2 && D > 512) return 1;
   const bool bf16 = kind == 1;
-  Geo g{H, HKV, D, NB, BS, bf16 ? 2 : 1, H / HKV, false, kind == 2, window};
+  Geo g{H, HKV, D, NB, BS, bf16 ? 2 : 1, H / HKV, false, kind == 2, window, chunk};
   // AMX products: 32 dims of a score, up to 32 keys (whole blocks) of p @ V
   g.amx = bf16 && D % 32 == 0 && D <= 512 && (BS <= 32 || BS % 32 == 0) && use_amx();
   const uint32_t *k = (const uint32_t*)kc, *v = (const uint32_t*)vc;

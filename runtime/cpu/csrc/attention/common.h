@@ -99,13 +99,18 @@ static inline float hsum(vf v) {  // a fixed tree
   return v[0];
 }
 
-// P: q and p words (q8: float); W: the sliding window (keys a query sees, itself included), 0: none
-struct Geo { int H, HKV, D, NB, BS, P, G; bool amx, q8; int W; };
+// P: q and p words (q8: float); W: the sliding window (keys a query sees, itself included), 0: none;
+// C: chunked attention's chunk (the query at p sees the keys p - p % C .. p: Llama 4), 0: none
+struct Geo { int H, HKV, D, NB, BS, P, G; bool amx, q8; int W, C; };
 struct Tile {  // row-heads rh = r * G + j of one sequence and kv head; rows r0.. of that sequence
   int seq, kvh, rh0, n, nblk;   // first flattened row-head, count, blocks the tile reads
   int64_t scratch;              // offset of its [n][nblk * BS] scores (from key 0)
   int t0, pos0;                 // step row and context position of row 0 of the sequence
-  int blo;                      // first block any of its rows sees (0 without a window)
+  int blo;                      // first block any of its rows sees (0 without a window or chunk)
 };
-// The first key the query at `pos` sees: its window's start, or 0.
-static inline int first_key(const Geo& g, int pos) { return g.W ? std::max(0, pos - g.W + 1) : 0; }
+// The first key the query at `pos` sees: the later of its window's start and its chunk's, or 0.
+// Monotone in `pos`, so a tile's first row bounds the blocks any of its rows reads.
+static inline int first_key(const Geo& g, int pos) {
+  const int lo = g.W ? std::max(0, pos - g.W + 1) : 0;
+  return g.C ? std::max(lo, pos - pos % g.C) : lo;
+}

@@ -1,0 +1,109 @@
+"""Hybrid models: Mamba2 layers among attention layers (`FamilyConfig.mamba`; configs read in
+`mamba_config.py`).
+
+- Granite 4.0 (`granitemoehybrid`): Granite's layer and multipliers (`granite.py`), each layer's
+  mixer a Mamba2 one (`mamba2.Mamba2Mixer`) or attention (NoPE unless the config says "rope");
+  the MLP is the `shared_mlp` (gate and up in one `input_linear`), plus top-k experts
+  (`block_sparse_moe`, GraniteMoe's) beside it where `num_local_experts` > 0.
+- Bamba (`bamba`): the same layer without the multipliers, a dense `feed_forward` MLP after
+  `pre_ff_layernorm`, rotary on half of each head.
+
+The Mamba layers read their recurrent state slots (conv, SSM; `worker/mamba_state.py`) and the
+step's slots from `meta.aux["mamba"]` (`mamba2.MambaStep`); their entries of the step's
+`kv_caches` are empty (no KV cache).
+"""
+
+from __future__ import annotations
+
+import torch
+from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.granite import GraniteModel
+from pagoda.runtime.model.llama import GatedMLP, LayerContext, LlamaLayer, Step, linear_layer
+from pagoda.runtime.model.mamba2 import MAMBA_STEP, Mamba2Mixer
+from pagoda.runtime.model.moe import SharedExpertMoE, SparseMoE
+
+BAMBA_FINAL_NORM = "model.final_layernorm.weight"  # Bamba's name for `model.norm`
+
+
+class SharedMLP(GatedMLP):
+    """Granite 4.0's `shared_mlp`: down(silu(gate(x)) * up(x)), gate and up stored as one
+    `input_linear` [2I, hidden] (gate first), down as `output_linear`."""
+
+    __slots__ = ()
+
+    def __init__(self, ctx: LayerContext, w: DeviceWeights, prefix: str) -> None:
+        self.gate_up = linear_layer(ctx, w, [prefix + "input_linear.weight"])
+        self.down = linear_layer(ctx, w, [prefix + "output_linear.weight"])
+        self.act_and_mul = ctx.act_and_mul
+
+
+class HybridLayer(LlamaLayer):
+    """x + mixer(norm(x)), then + mlp(norm(x)), each branch times `residual_multiplier`
+    (Granite's; 1 for Bamba); the mixer a Mamba2 one or attention, by layer."""
+
+    mixer: Mamba2Mixer | None = None
+
+    def __init__(
+        self, model: GraniteModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
+    ) -> None:
+        c = model.config
+        m = c.family.mamba
+        if not m.layers[index]:
+            super().__init__(model, w, prefix, index, ctx)  # attention: Llama's
+        else:
+            self.ctx, self.index = ctx, index
+            self.attn_norm = model.read_norm(w, prefix + "input_layernorm.weight")
+            self.mlp = model.make_mlp(w, prefix, index, ctx)
+            self.mixer = Mamba2Mixer(m, w, prefix, index, c.rms_norm_eps,
+                                     lambda names: linear_layer(ctx, w, names))  # fmt: skip
+        norm = "pre_ff_layernorm" if c.architecture == "bamba" else "post_attention_layernorm"
+        self.mlp_norm = model.read_norm(w, f"{prefix}{norm}.weight")
+        self.scale = c.family.residual_multiplier
+
+    def linears(self):
+        if self.mixer is None:
+            return super().linears()
+        return [*self.mixer.linears(), *self.mlp.linears()]
+
+    def __call__(
+        self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, residual = self.attention_input(h, residual)  # h: the last MLP's, already scaled
+        if self.mixer is None:
+            h = self.attention(x, step)
+        else:
+            h = self.mixer(x, step.meta.aux[MAMBA_STEP])
+        if self.scale != 1.0:
+            h = h * self.scale
+        x, residual = self.ctx.rms_norm(x=h, weight=self.mlp_norm, eps=self.ctx.eps,
+                                        residual=residual)  # fmt: skip
+        out = self.mlp(x)
+        return (out * self.scale if self.scale != 1.0 else out), residual
+
+
+class HybridModel(GraniteModel):
+    """Granite 4.0 and Bamba (module docstring). Granite's embedding and logits scales are 1.0
+    for Bamba."""
+
+    layer_class = HybridLayer
+    # GraniteMoe's stacked experts and router (`moe.SparseMoE`)
+    moe_names = ("block_sparse_moe.", ("input_linear", "output_linear"))
+    moe_router, moe_experts = "router.layer.weight", ""
+
+    def make_mlp(self, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
+        if self.config.architecture == "bamba":
+            return GatedMLP(ctx, w, prefix + "feed_forward.")
+        shared = SharedMLP(ctx, w, prefix + "shared_mlp.")
+        if not self.config.family.num_experts:
+            return shared
+        return SharedExpertMoE(SparseMoE.from_weights(self, w, prefix, ctx), shared, None)
+
+    def read_norm(self, w: DeviceWeights, name: str) -> torch.Tensor:
+        if name == "model.norm.weight" and self.config.architecture == "bamba":
+            name = BAMBA_FINAL_NORM
+        return super().read_norm(w, name)
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.config.family.embedding_multiplier == 1.0:
+            return super(GraniteModel, self).embed_tokens(input_ids)
+        return super().embed_tokens(input_ids)

@@ -1,0 +1,301 @@
+"""The Mamba2 mixer of hybrid models (Granite 4.0, Bamba, Nemotron-H, Falcon-H1) over a step's
+flattened batch, in pure torch: a port of transformers' `torch_forward` path (the non-CUDA
+fallback of `GraniteMoeHybridMambaLayer` / `BambaMixer`, itself the reference of the mamba_ssm
+kernels).
+
+Per token: ``in_proj`` gives the gate z, the conv input xBC and the time step dt; xBC goes
+through a causal depthwise conv of width ``d_conv`` and SiLU, then splits into x (heads x
+head_dim), B and C (groups x d_state); the selective scan
+
+    h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t,    y_t = C_t h_t + D x_t
+
+(dt softplus'd with its bias, clamped to the config's limit) runs per head; y is gated by
+SiLU(z), normalised per group (`gated_rms_norm`) and projected back by ``out_proj``.
+
+Each sequence carries two states between steps (`worker/mamba_state.py`: preallocated slots,
+one per running sequence, zeroed when a sequence starts): the conv state, the last
+``d_conv - 1`` conv inputs [conv_dim, d_conv - 1], and the SSM state h [heads, head_dim,
+d_state]. A step's rows are decodes first, then prefill chunks (`attention.base`):
+
+- the decode rows (one token each) are one batched recurrence step (`conv_step`,
+  `recurrent_step`) over their slots, gathered and scattered back with index ops (on the CPU,
+  float32 SSM states in one native pass where they lie: `cpu/mamba_step.py`);
+- the prefill chunks run together (`Mamba2Mixer._prefill`), laid out [sequences, longest
+  chunk] with dt 0 on the padding (which then neither decays nor feeds a state): the causal
+  conv from each sequence's conv state, the chunked scan (`ssd_scan`: SSD, state-space duality,
+  as transformers' `mamba2_chunk_scan`) from its SSM state; the final states go back to their
+  slots, so a prompt split over steps (chunked prefill) computes what one pass would. No loop
+  over sequences, no host sync (the layout is built on the host from the scheduled lengths).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from pagoda.runtime.config import MambaConfig
+from pagoda.runtime.cpu import mamba_step
+
+MAMBA_STEP = "mamba"  # the key of the step's `MambaStep` in `AttentionMetadata.aux`
+
+
+@dataclass
+class Prefill:
+    """A step's prefill chunks laid out [sequences, longest chunk] (`Mamba2Mixer._prefill`)."""
+
+    shape: tuple[int, int]  # (sequences, the longest chunk's tokens)
+    rows: torch.Tensor  # int64 [prefill tokens]: each token's place in the layout
+    lens: torch.Tensor  # int64 [sequences] each chunk's tokens
+    slots: torch.Tensor  # int64 [sequences] their state slots
+
+
+@dataclass
+class MambaStep:
+    """What the Mamba layers of one step read besides their input (built by the runner)."""
+
+    slots: torch.Tensor  # int64 [B] each sequence's state slot, on the device
+    num_decodes: int  # the first sequences, one token each
+    # layer -> its (conv [slots, conv_dim, d_conv - 1], SSM [slots, H, P, N]) state slots
+    states: dict[int, tuple[torch.Tensor, torch.Tensor]]
+    decode_run: tuple[int, int] | None = None  # the decode rows' slots, when they are a..b - 1
+    prefill: Prefill | None = None  # the prefill chunks (rows after the decodes)
+
+
+def segment_sum(x: torch.Tensor) -> torch.Tensor:
+    """[..., L] -> [..., L, L]: out[..., i, j] = sum(x[..., j + 1 : i + 1]) for j <= i, -inf
+    above the diagonal (transformers' stable form: a masked cumsum, no subtraction)."""
+    n = x.size(-1)
+    x = x[..., None].expand(*x.size(), n)
+    below = torch.tril(torch.ones(n, n, device=x.device, dtype=torch.bool), diagonal=-1)
+    x = x.masked_fill(~below, 0)
+    out = torch.cumsum(x, dim=-2)
+    keep = torch.tril(torch.ones(n, n, device=x.device, dtype=torch.bool), diagonal=0)
+    return out.masked_fill(~keep, -torch.inf)
+
+
+def ssd_scan(
+    x: torch.Tensor,  # [b, L, H, P] float32
+    dt: torch.Tensor,  # [b, L, H] float32, softplus'd and clamped (0 on padding)
+    A: torch.Tensor,  # [H] float32 (negative)
+    B: torch.Tensor,  # [b, L, G, N]
+    C: torch.Tensor,  # [b, L, G, N]
+    D: torch.Tensor,  # [H] float32
+    state: torch.Tensor,  # [b, H, P, N] float32, each sequence's state before its first token
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y [b, L, H, P], final states [b, H, P, N]): transformers' `mamba2_chunk_scan` with
+    initial states: within each chunk of `chunk` tokens the quadratic (attention-like) form,
+    between chunks the recurrence on the chunk-boundary states. A position whose dt is 0 (a
+    shorter sequence's padding) neither decays the state nor adds to it: the final state is
+    the one after the sequence's last token."""
+    b, L, H, _ = x.shape
+    reps = H // B.shape[2]
+    B = B.float().repeat_interleave(reps, dim=2)
+    C = C.float().repeat_interleave(reps, dim=2)
+    pad = (chunk - L % chunk) % chunk
+    d_res = D[:, None] * x
+    x = x * dt[..., None]
+    a = A * dt  # [b, L, H]
+
+    def chunks(t: torch.Tensor) -> torch.Tensor:  # [b, L, ...] -> [b, c, l, ...], zero-padded
+        t = F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad))
+        return t.reshape(b, -1, chunk, *t.shape[2:])
+
+    x, a, B, C = chunks(x), chunks(a), chunks(B), chunks(C)
+    a = a.permute(0, 3, 1, 2)  # [b, H, c, l]
+    a_cum = torch.cumsum(a, dim=-1)
+    # 1. within each chunk: y = (C B^T * decay) x
+    decay = torch.exp(segment_sum(a))  # [b, H, c, l, s]
+    scores = torch.einsum("bclhn,bcshn->bclsh", C, B) * decay.permute(0, 2, 3, 4, 1)
+    y = torch.einsum("bclsh,bcshp->bclhp", scores, x)
+    # 2. each chunk's own contribution to the state at its end
+    to_end = torch.exp(a_cum[..., -1:] - a_cum)  # [b, H, c, l]
+    states = torch.einsum("bclhn,bclhp->bchpn", B * to_end.permute(0, 2, 3, 1)[..., None], x)
+    # 3. the states at chunk boundaries: the recurrence over chunks, from `state`
+    states = torch.cat([state[:, None], states], dim=1)  # [b, c + 1, H, P, N]
+    across = torch.exp(segment_sum(F.pad(a_cum[..., -1], (1, 0))))  # [b, H, c + 1, c + 1]
+    states = torch.einsum("bhzc,bchpn->bzhpn", across, states)
+    states, final = states[:, :-1], states[:, -1]
+    # 4. each chunk's start state read out at every position of it
+    out = torch.einsum("bclhn,bchpn->bclhp", C, states)
+    y = y + out * torch.exp(a_cum).permute(0, 2, 3, 1)[..., None]
+    y = y.reshape(b, -1, H, y.shape[-1])[:, :L] + d_res
+    return y, final
+
+
+def recurrent_step(
+    state: torch.Tensor,  # [S, H, P, N] float32
+    x: torch.Tensor,  # [S, H, P] float32
+    dt: torch.Tensor,  # [S, H] float32, softplus'd and clamped
+    A: torch.Tensor,  # [H]
+    B: torch.Tensor,  # [S, G, N]
+    C: torch.Tensor,  # [S, G, N]
+    D: torch.Tensor,  # [H]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of each of S sequences: (y [S, H, P], the new state) (transformers'
+    `mamba2_selective_state_update`). `state` is a gathered copy: updated in place. The heads
+    of a group share its B and C (broadcast, not repeated)."""
+    S, H, P, N = state.shape
+    G = B.shape[1]
+    grouped = (S, G, H // G)
+    new = state.view(*grouped, P, N)
+    new.mul_(torch.exp(dt * A).view(*grouped, 1, 1))
+    new.addcmul_((dt[..., None] * x).view(*grouped, P, 1), B.float().view(S, G, 1, 1, N))
+    y = torch.matmul(new, C.float().view(S, G, 1, N, 1)).view(S, H, P) + x * D[:, None]
+    return y, state
+
+
+def conv_step(
+    conv_state: torch.Tensor,  # [S, C, K - 1]
+    x: torch.Tensor,  # [S, C]
+    weight: torch.Tensor,  # [C, K]
+    bias: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the causal conv for S sequences: (SiLU(conv) [S, C], the new state)."""
+    window = torch.cat([conv_state, x[..., None]], dim=-1)  # [S, C, K]
+    out = (window * weight).sum(-1)
+    if bias is not None:
+        out = out + bias
+    return F.silu(out), window[..., 1:]
+
+
+def _group_norm(h: torch.Tensor, group: int, eps: float) -> torch.Tensor:
+    g = h.view(*h.shape[:-1], -1, group)
+    return (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)).view(h.shape)
+
+
+def gated_rms_norm(
+    y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group: int, eps: float
+) -> torch.Tensor:
+    """weight * RMSNorm(y * SiLU(z)) over groups of `group` channels, in float32, rounded to
+    the input's dtype before the weight (transformers' `MambaRMSNormGated`)."""
+    h = y.float() * F.silu(z.float())
+    return weight * _group_norm(h, group, eps).to(y.dtype)
+
+
+def norm_then_gate(
+    y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group: int, eps: float
+) -> torch.Tensor:
+    """weight * RMSNorm(y) * SiLU(z), in float32, rounded once (Falcon-H1's
+    `norm_before_gate`)."""
+    return (weight * _group_norm(y.float(), group, eps) * F.silu(z.float())).to(y.dtype)
+
+
+class Mamba2Mixer:
+    """One Mamba2 layer's weights and forward (module docstring)."""
+
+    def __init__(self, m: MambaConfig, w, prefix: str, index: int, eps: float, linear) -> None:
+        """`w`: the model's `DeviceWeights`; `linear`: a function of the names of the
+        checkpoint matrices to stack (`llama.linear_layer`)."""
+        self.m, self.index, self.eps = m, index, eps
+        p = prefix + "mamba."
+        self.in_proj = linear([p + "in_proj.weight"])
+        self.out_proj = linear([p + "out_proj.weight"])
+        self.conv_weight = w[p + "conv1d.weight"][:, 0, :].contiguous()  # [C, K]
+        self.conv_bias = w[p + "conv1d.bias"] if m.conv_bias else None
+        # float32 as transformers computes with them (A = -exp(A_log.float()))
+        self.A = -torch.exp(w[p + "A_log"].float())
+        self.D = w[p + "D"].float()
+        self.dt_bias = w[p + "dt_bias"]
+        self.norm = w[p + "norm.weight"] if m.gated_norm else None
+        # the CPU's native recurrence for float32 states (`cpu/mamba_step.py`), else torch's
+        self.native = mamba_step.load(recurrent_step) if w.device.type == "cpu" else None
+        self.clamp = (m.dt_min, m.dt_max) != (0.0, float("inf"))
+        # Falcon-H1's µP multipliers: on the input, and on in_proj's z, x, B, C and dt parts
+        f = m.falcon
+        self.in_scale = f.ssm_in if f is not None and f.ssm_in != 1.0 else None
+        self.mup = None
+        if f is not None and any(x != 1.0 for x in f.zxbcdt):
+            gn = m.n_groups * m.d_state
+            sizes = [m.d_inner, m.d_inner, gn, gn, m.n_heads]
+            self.mup = torch.cat([torch.full((n,), x, dtype=self.A.dtype, device=self.A.device)
+                                  for n, x in zip(sizes, f.zxbcdt)]).to(self.dt_bias.dtype)  # fmt: skip
+
+    def linears(self) -> list:
+        return [self.in_proj, self.out_proj]
+
+    def _dt(self, dt: torch.Tensor) -> torch.Tensor:
+        dt = F.softplus((dt + self.dt_bias.to(dt.dtype)).float())
+        return dt.clamp(self.m.dt_min, self.m.dt_max) if self.clamp else dt
+
+    def __call__(self, h: torch.Tensor, step: MambaStep) -> torch.Tensor:
+        """h [T, hidden] -> [T, hidden]; the layer's states updated in place at the step's
+        slots."""
+        m = self.m
+        states = step.states[self.index]
+        t = h.shape[0]
+        zxbcdt = self.in_proj(h if self.in_scale is None else h * self.in_scale)
+        if self.mup is not None:
+            zxbcdt = zxbcdt * self.mup
+        z, xbc, dt = zxbcdt.split([m.d_inner, m.conv_dim, m.n_heads], dim=-1)
+        dt = self._dt(dt)
+        conv, ssm = states
+        y = torch.empty(t, m.n_heads, m.head_dim, dtype=torch.float32, device=h.device)
+        nd = step.num_decodes
+        if nd:
+            y[:nd] = self._decode(conv, ssm, xbc[:nd], dt[:nd], step)
+        if step.prefill is not None:
+            y[nd:] = self._prefill(conv, ssm, xbc[nd:], dt[nd:], step.prefill)
+        return self.out_proj(self._output(y.view(t, m.d_inner), z, h.dtype))
+
+    def _output(self, y: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The scan's output [T, d_inner] (float32) gated by z and normalised, in `dtype`."""
+        m = self.m
+        if self.norm is None:  # Falcon-H1 without `mamba_rms_norm`: the gate alone
+            return (y * F.silu(z.float())).to(dtype)
+        if m.norm_before_gate:
+            return norm_then_gate(y, z, self.norm, m.d_inner // m.n_groups, self.eps).to(dtype)
+        return gated_rms_norm(y.to(dtype), z, self.norm, m.d_inner // m.n_groups, self.eps)
+
+    def _decode(self, conv, ssm, xbc: torch.Tensor, dt: torch.Tensor, step: MambaStep):
+        """The decode rows' one recurrence step: on the CPU with float32 states, the native
+        loop in the slots themselves; else their states gathered from their slots and scattered
+        back, or, where the slots are one run (steady decoding: sequences admitted together
+        keep consecutive slots) and the SSM state float32, updated in place there."""
+        nd = xbc.shape[0]
+        run = step.decode_run
+        slots = step.slots[:nd]
+        conv_in = conv[run[0] : run[1]] if run else conv.index_select(0, slots)
+        c, new_conv = conv_step(conv_in, xbc, self.conv_weight, self.conv_bias)
+        if run:
+            conv_in.copy_(new_conv)
+        else:
+            conv.index_copy_(0, slots, new_conv.to(conv.dtype))
+        x, B, C = self._split(c)
+        if self.native is not None and ssm.dtype == torch.float32:  # one pass, in the slots
+            return self.native(ssm, slots, x, dt, self.A, B, C, self.D)
+        in_place = run is not None and ssm.dtype == torch.float32
+        state = ssm[run[0] : run[1]] if in_place else ssm.index_select(0, slots).float()
+        y, state = recurrent_step(state, x.float(), dt, self.A, B, C, self.D)
+        if not in_place:
+            ssm.index_copy_(0, slots, state.to(ssm.dtype))
+        return y
+
+    def _prefill(self, conv, ssm, xbc: torch.Tensor, dt: torch.Tensor, pre: Prefill):
+        """The step's prefill chunks, all at once: laid out [sequences, longest chunk] (dt 0 on
+        the padding), the causal conv from each one's conv state, the chunked scan from each
+        one's SSM state; both states left in their slots, the outputs back in the step's rows."""
+        m, (b, n) = self.m, pre.shape
+        k = m.d_conv - 1
+        padded = xbc.new_zeros(b * n, m.conv_dim).index_copy_(0, pre.rows, xbc)
+        window = torch.cat([conv.index_select(0, pre.slots), padded.view(b, n, -1).transpose(1, 2)],
+                           dim=2)  # [b, C, K - 1 + n]  # fmt: skip
+        c = F.conv1d(window, self.conv_weight[:, None, :], self.conv_bias, groups=m.conv_dim)
+        ends = (pre.lens[:, None] + torch.arange(k, device=pre.lens.device))[:, None, :]
+        conv.index_copy_(0, pre.slots, window.gather(2, ends.expand(b, m.conv_dim, k)))
+        x, B, C = self._split(F.silu(c.transpose(1, 2)).reshape(b * n, -1))
+        dt = dt.new_zeros(b * n, m.n_heads).index_copy_(0, pre.rows, dt)
+        y, final = ssd_scan(x.float().view(b, n, m.n_heads, m.head_dim), dt.view(b, n, -1),
+                            self.A, B.view(b, n, m.n_groups, -1), C.view(b, n, m.n_groups, -1),
+                            self.D, ssm.index_select(0, pre.slots).float(), m.chunk_size)  # fmt: skip
+        ssm.index_copy_(0, pre.slots, final.to(ssm.dtype))
+        return y.reshape(b * n, m.n_heads, m.head_dim).index_select(0, pre.rows)
+
+    def _split(self, xbc: torch.Tensor):
+        m = self.m
+        gn = m.n_groups * m.d_state
+        x, B, C = xbc.split([m.d_inner, gn, gn], dim=-1)
+        s = xbc.shape[0]
+        return (x.reshape(s, m.n_heads, m.head_dim), B.reshape(s, m.n_groups, m.d_state),
+                C.reshape(s, m.n_groups, m.d_state))  # fmt: skip

@@ -1,0 +1,366 @@
+"""Hybrid state-space models (Mamba2 layers among attention layers) against transformers, token
+for token, on tiny random checkpoints transformers writes itself (tests/runtime/hf_oracle.py):
+float32, logits within 1e-3 of transformers' plain greedy loop (its `torch_forward` scan over
+the whole sequence) at every step.
+
+- Granite 4.0 (`GraniteMoeHybridForCausalLM`): experts beside the shared MLP, rotary, Granite's
+  multipliers, two groups of B/C; and a dense NoPE one, attention first;
+- Bamba (`BambaForCausalLM`): half-rotary attention, a dense MLP with biases;
+- Nemotron-H (`NemotronHForCausalLM`): single blocks (Mamba2, ReLU² MLP, attention without
+  rotary), its checkpoint's `backbone.` names, the SSM state in float32; and Nemotron 3's MoE
+  blocks (sigmoid-routed ReLU² experts with correction biases, latent projections);
+- Falcon-H1 (`FalconH1ForCausalLM`): attention and Mamba2 side by side in every layer, its µP
+  multipliers, the mixer's output norm before the gate, or no norm.
+
+Each case runs prompts in 16-token steps (chunked prefill carries the state across chunks; the
+SSD scan's chunk of 8 splits them further), three prompts sharing steps with two state slots
+(slots reused, zeroed for the new sequence), then again in reverse order on the same engine;
+then a KV pool so small that requests are preempted (their state rebuilt by recompute); a
+one-token prompt (its first step a decode row from a zeroed slot).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import torch
+from arch_cases import NEW, SMALL_POOL, built_fixture, case_fixture, check, generate, prompts
+from hf_oracle import hf_greedy_plain, make_tiny_model
+from pagoda.runtime import LLM
+
+transformers = pytest.importorskip("transformers")
+MAMBA = dict(mamba_n_heads=4, mamba_d_state=16, mamba_chunk_size=8)
+CASES = {
+    "granite4-moe-rope": (
+        "GraniteMoeHybrid",
+        dict(num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"], **MAMBA,
+             mamba_n_groups=2, num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
+             shared_intermediate_size=48, position_embedding_type="rope",
+             embedding_multiplier=2.0, residual_multiplier=0.7, attention_multiplier=0.1,
+             logits_scaling=1.5),
+    ),
+    "granite4-dense-nope": (
+        "GraniteMoeHybrid",
+        dict(num_hidden_layers=3, layer_types=["attention", "mamba", "mamba"], **MAMBA,
+             num_local_experts=0, shared_intermediate_size=64, residual_multiplier=0.5),
+    ),
+    "granite4-all-mamba": (  # transformers' default layer_types: no attention, no KV cache
+        "GraniteMoeHybrid",
+        dict(num_hidden_layers=2, **MAMBA, num_local_experts=0, shared_intermediate_size=64),
+    ),
+    "bamba": (
+        "Bamba",
+        dict(num_hidden_layers=3, attn_layer_indices=[1], **MAMBA, mamba_d_head=32,
+             mlp_bias=True, max_position_embeddings=512),
+    ),
+    # one block a layer: Mamba2 (biased projections), ReLU² MLP, attention without rotary
+    "nemotron-h": (
+        "NemotronH",
+        dict(layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba"],
+             num_hidden_layers=5, mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=16,
+             n_groups=2, chunk_size=8, head_dim=16, use_bias=True, mlp_bias=True),
+    ),
+    # Nemotron 3's MoE blocks: sigmoid router over 2 groups with correction biases (scrambled
+    # below), routed scale, latent projections, a shared expert
+    "nemotron-h-moe": (
+        "NemotronH",
+        dict(layers_block_type=["mamba", "moe", "attention", "moe"], num_hidden_layers=4,
+             mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=16, n_groups=2, chunk_size=8,
+             head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+             moe_shared_expert_intermediate_size=48, moe_latent_size=32, n_group=2,
+             topk_group=1, routed_scaling_factor=2.5),
+    ),
+    # attention and Mamba2 side by side, every µP multiplier, the norm before the gate
+    "falcon-h1-mup": (
+        "FalconH1",
+        dict(num_hidden_layers=2, mamba_d_ssm=96, mamba_n_heads=3, mamba_d_state=16,
+             mamba_chunk_size=8, mamba_rms_norm=True, head_dim=16, key_multiplier=0.5,
+             attention_in_multiplier=1.5, attention_out_multiplier=0.8, ssm_in_multiplier=1.2,
+             ssm_out_multiplier=0.9, ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.3],
+             mlp_multipliers=[0.7, 1.4], embedding_multiplier=2.0, lm_head_multiplier=0.6,
+             projectors_bias=True),
+    ),
+    "falcon-h1-gate-only": (  # no output norm: y * silu(z); two groups of B/C
+        "FalconH1",
+        dict(num_hidden_layers=2, mamba_n_heads=4, mamba_d_ssm=128, mamba_d_state=16,
+             mamba_n_groups=2, mamba_chunk_size=8, mamba_rms_norm=False, mamba_proj_bias=True),
+    ),
+}  # fmt: skip
+
+
+def _make(name: str, path):
+    arch, overrides = CASES[name]
+    model = make_tiny_model(path, arch, **overrides)
+    if name == "nemotron-h-moe":  # biases (buffers: zeros) large enough to change the picks
+        g = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for key, buf in model.named_buffers():
+                if key.endswith("e_score_correction_bias"):
+                    buf.copy_(torch.randn(buf.shape, generator=g))
+        model.save_pretrained(path)
+    return model
+
+
+built = built_fixture(_make)
+case = case_fixture(CASES)
+
+
+def test_greedy_matches_transformers_chunked_batched_and_preempted(case):
+    name, _, model, loaded, reference = case
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, block_size=16,
+              max_num_batched_tokens=16, max_num_seqs=2)  # fmt: skip
+    assert not llm.engine.config.cache.enable_prefix_caching  # off for recurrent layers
+    cold = generate(llm, prompts())
+    warm = generate(llm, prompts()[::-1])[::-1]
+    for i, want in enumerate(reference):
+        check(cold[i], want, f"{name}: prompt {i}, cold")
+        check(warm[i], want, f"{name}: prompt {i}, again")
+    assert llm.engine.runner.mamba.num_held == 0
+    one = [7]  # a one-token prompt: its first step is a decode row
+    check(generate(llm, [one])[0], hf_greedy_plain(model, one, NEW), f"{name}: one token")
+    small = LLM(loaded=loaded, **SMALL_POOL)
+    got = generate(small, prompts())
+    assert small.engine.scheduler.num_preemptions > 0
+    for i, want in enumerate(reference):
+        check(got[i], want, f"{name}: prompt {i}, preempted")
+    small.engine.check_integrity()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_decode_slots_out_of_order(built, monkeypatch, native):
+    """A request that finishes early gives its slot to the next one: the decode rows' slots
+    are then not one run (0, 2, 1); the native CPU recurrence updates them where they lie, the
+    torch one gathers and scatters them back (a run: updated in place); every sequence still
+    reads as transformers'."""
+    from pagoda.runtime import SamplingParams
+    from pagoda.runtime.worker import mamba_state
+
+    _, model, loaded, _ = built("granite4-moe-rope")
+    runs = []
+    step = mamba_state.MambaState.device_step
+
+    def record(self, host, to_device):
+        out = step(self, host, to_device)
+        runs.append(out.decode_run if out.num_decodes > 1 else "one")
+        return out
+
+    monkeypatch.setattr(mamba_state.MambaState, "device_step", record)
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=3)
+    mixers = [layer.mixer for layer in llm.engine.runner.model.layers if layer.mixer]
+    assert all(m.native is not None for m in mixers)  # (built here: a C compiler is needed)
+    if not native:
+        for m in mixers:
+            m.native = None
+    ps = [[5 + i, 17, 42 + i, 9] for i in range(4)]
+    lens = [NEW, 2, NEW, NEW]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lens]
+    seen: dict[str, list[torch.Tensor]] = {}
+    llm.engine.runner.logits_hook = lambda reqs, lg: [
+        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg.float())
+    ]
+    outs = llm.generate([{"prompt_token_ids": p} for p in ps], params)
+    for i, (p, n, o) in enumerate(zip(ps, lens, outs)):
+        check((o.outputs[0].token_ids, seen[o.request_id]), hf_greedy_plain(model, p, n), f"{i}")
+    assert None in runs and any(r not in (None, "one") for r in runs)
+
+
+def test_state_slots_and_kv_layers(built):
+    """The KV cache holds the attention layers only; each Mamba layer one conv and one SSM
+    state slot per sequence (max_num_seqs of them)."""
+    _, _, loaded, _ = built("granite4-moe-rope")
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=3,
+              block_size=16)  # fmt: skip
+    runner = llm.engine.runner
+    assert loaded.config.num_kv_layers == 1
+    conv, ssm = runner.mamba.states[0]
+    assert conv.shape == (3, 128 + 2 * 2 * 16, 3) and ssm.shape == (3, 4, 32, 16)
+    assert runner.mamba.states[2][1].shape == ssm.shape and 1 not in runner.mamba.states
+    assert len(runner.kv_caches) == 3 and runner.kv_caches[0] == runner.kv_caches[2] == ()
+    assert runner.bytes_per_block == 16 * runner.backend.bytes_per_token(torch.float32)
+
+
+def test_tensor_parallel_and_fp8_refused(built):
+    """In the engine, and in `pagoda serve`'s checks before it binds (one line, exit 2)."""
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.server.launch import check_recurrent
+
+    path, _, loaded, _ = built("granite4-dense-nope")
+    with pytest.raises(ValueError, match="runs on one rank only"):
+        LLM(loaded=loaded, dtype="float32", tensor_parallel_size=2)
+    two = EngineConfig.create(str(path), device="cpu", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="--tensor-parallel-size 2: a granitemoehybrid model"):
+        check_recurrent(loaded.config, two, path)
+    fp8 = EngineConfig.create(str(path), device="cpu")
+    fp8 = dataclasses.replace(fp8, quantization="fp8")  # (as a CUDA engine would take it)
+    with pytest.raises(ValueError, match="fp8 quantization is not supported"):
+        check_recurrent(loaded.config, fp8, path)
+
+
+def test_a_missing_mamba_tensor_is_refused_in_one_line(built):
+    from pagoda.runtime.model.checkpoint_check import check_checkpoint
+    from safetensors import safe_open
+
+    path, _, loaded, _ = built("bamba")
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        headers = {k: ("F32", list(f.get_slice(k).get_shape())) for k in f.keys()}  # noqa: SIM118
+    check_checkpoint(loaded.config, headers)
+    del headers["model.layers.2.mamba.dt_bias"]
+    with pytest.raises(
+        ValueError, match=re.escape("missing tensor 'model.layers.2.mamba.dt_bias'")
+    ):
+        check_checkpoint(loaded.config, headers)
+    headers["model.layers.2.mamba.dt_bias"] = ("F32", [5])
+    with pytest.raises(ValueError, match=re.escape("mamba.dt_bias is [5]")):
+        check_checkpoint(loaded.config, headers)
+
+
+@pytest.mark.parametrize(
+    "name", ["granite4-moe-rope", "bamba", "nemotron-h", "nemotron-h-moe", "falcon-h1-mup"]
+)
+def test_the_weights_and_state_estimates(built, name):
+    """`server/weights.py` against the built model (bf16), and the memory estimate's state
+    slots: max_num_seqs x the Mamba layers' conv and SSM states (Nemotron-H's SSM state in
+    float32); the KV cache's bytes per token count the attention layers only."""
+    from model_bytes import check_estimate
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.server import memory
+    from pagoda.runtime.server.weights import from_shapes
+
+    path, _, loaded, _ = built(name)
+    check_estimate(path)
+    shapes = from_shapes(loaded.config, torch.bfloat16, False)  # a config.json alone
+    stored = sum(t.numel() for t in loaded.weights.values()) * 2  # every tensor, in bf16
+    assert shapes == pytest.approx(stored, rel=0.02)
+    mc = loaded.config
+    cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16", max_num_seqs=8)
+    fp = memory.estimate(mc, cfg, path, torch.device("cpu"))
+    m = mc.family.mamba
+    ssm = 4 if name.startswith("nemotron-h") else 2
+    per_seq = m.num_layers * (m.conv_dim * 3 * 2 + m.n_heads * m.head_dim * m.d_state * ssm)
+    assert fp.parts()["Mamba state"] == 8 * per_seq
+    assert mc.num_kv_layers == (2 if name.startswith("falcon") else 1)
+    per_token = mc.num_kv_layers * 2 * mc.num_kv_heads * mc.head_dim * 2  # K and V, bf16
+    assert memory.kv_bytes_per_token(mc, torch.bfloat16, "auto") == per_token
+
+
+def test_nemotron_h_configs_of_the_hub(tmp_path):
+    """The older `hybrid_override_pattern` (Nemotron-H 8B's config.json) reads as
+    `layers_block_type`; an unknown block type is refused in one line."""
+    import json
+
+    from pagoda.runtime.model.loader import read_model_config
+
+    cfg = {"architectures": ["NemotronHForCausalLM"], "vocab_size": 300, "hidden_size": 64,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+           "intermediate_size": 128, "mamba_num_heads": 4, "mamba_head_dim": 32,
+           "ssm_state_size": 16, "n_groups": 2, "num_hidden_layers": 4,
+           "hybrid_override_pattern": "M-*-"}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    mc = read_model_config(str(tmp_path))
+    m = mc.family.mamba
+    assert m.layers == (True, False, False, False)
+    assert m.mlp_layers == (False, True, False, True) and mc.num_kv_layers == 1
+    assert m.ssm_float32 and mc.family.hidden_act == "relu2" and not mc.family.gated_mlp
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "hybrid_override_pattern": "M*X-"}))
+    with pytest.raises(ValueError, match="unknown block types \\['X'\\]"):
+        read_model_config(str(tmp_path))
+
+
+def test_a_model_without_attention_layers_keeps_no_kv_cache(built):
+    """Mamba2 alone: the KV cache's bytes are 0, its blocks (positions only) enough for every
+    sequence's whole context; the start-up checks count the state slots alone."""
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.server import fit, memory
+
+    path, _, loaded, _ = built("granite4-all-mamba")
+    cfg = EngineConfig.create(str(path), device="cpu", dtype="float32", max_num_seqs=8)
+    parts = memory.check(loaded.config, cfg, path, 256).parts()
+    assert parts["KV cache"] == 0 and parts["Mamba state"] > 0
+    assert fit.check(loaded.config, cfg, path).state_bytes(loaded.config) == parts["Mamba state"]
+    llm = LLM(loaded=loaded, dtype="float32", max_num_seqs=4, max_model_len=512)
+    assert llm.engine.runner.bytes_per_block == 0 and llm.engine.max_model_len == 512
+    assert llm.engine.runner.num_blocks == 4 * (512 // 16 + 1)
+
+
+def test_granite_4_h_1b_config_of_the_hub(tmp_path):
+    """Granite-4.0-H-1B's config.json shape (its layer_types, 36 Mamba2 layers and 4 of
+    attention under the hub's "mamba" / "attention" names, its Mamba sizes; the MLP widths and
+    scalars filled in here; NoPE, an infinite time-step limit as Python's json writes it):
+    read without weights, the KV cache per token counts 4 layers, the state slots 36, and the
+    start-up checks work from the shapes alone."""
+    import json
+
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server import fit, memory
+
+    types = (["mamba"] * 5 + ["attention"] + ["mamba"] * 9 + ["attention"] + ["mamba"] * 9
+             + ["attention"] + ["mamba"] * 9 + ["attention"] + ["mamba"] * 4)  # fmt: skip
+    cfg = {"architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid",
+           "hidden_size": 1536, "num_hidden_layers": 40, "vocab_size": 100352,
+           "max_position_embeddings": 131072, "num_attention_heads": 12,
+           "num_key_value_heads": 4, "intermediate_size": 4096, "shared_intermediate_size": 4096,
+           "num_local_experts": 0, "mamba_n_heads": 48, "mamba_d_head": 64, "mamba_d_state": 128,
+           "mamba_chunk_size": 256, "mamba_n_groups": 1, "layer_types": types,
+           "position_embedding_type": "nope", "time_step_limit": [0.0, float("inf")],
+           "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 6.0,
+           "attention_multiplier": 0.0078125, "tie_word_embeddings": True}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    mc = read_model_config(str(tmp_path))
+    m = mc.family.mamba
+    assert m.num_layers == 36 and mc.num_kv_layers == 4 and m.dt_max == float("inf")
+    assert m.d_inner == 3072 and m.conv_dim == 3072 + 2 * 128 and mc.family.rope_layers[5] is False
+    cfg_e = EngineConfig.create(str(tmp_path), device="cpu", dtype="bfloat16", max_num_seqs=16,
+                                max_model_len=4096)  # fmt: skip
+    per_seq = 36 * ((3072 + 256) * 3 + 48 * 64 * 128) * 2
+    assert memory.estimate(mc, cfg_e, tmp_path, torch.device("cpu")).state == 16 * per_seq
+    assert memory.kv_bytes_per_token(mc, torch.bfloat16, "auto") == 4 * 2 * 4 * 128 * 2
+    plan = fit.check(mc, cfg_e, tmp_path)
+    assert plan.state_bytes(mc) == 16 * per_seq
+    # the largest step's activations count the chunked scan's decay mask and scores
+    attention_only = dataclasses.replace(mc, family=dataclasses.replace(mc.family, mamba=None))
+    tokens = min(cfg_e.scheduler.max_num_batched_tokens, 16 * 4096)
+    scan = memory.step_bytes(mc, cfg_e, torch.bfloat16, None) - memory.step_bytes(
+        attention_only, cfg_e, torch.bfloat16, None
+    )
+    assert scan == tokens * (2 * 48 * 256 * 4 + 2 * (3072 + 256) * 4)
+    from pagoda.runtime.model.shape_fingerprint import shape_fingerprint
+
+    print_ = shape_fingerprint(mc, "none")  # a tuned profile's: the Mamba layers' shapes too
+    assert (print_["mamba_layers"], print_["attention_layers"], print_["mamba_heads"]) == (
+        36,
+        4,
+        48,
+    )
+    # embedding 0.15B + 36 mixers 0.53B + 4 attention layers 0.03B + MLPs 0.75B
+    assert 1.4e9 < mc.num_params < 1.5e9
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["granite4-moe-rope", "nemotron-h-moe", "falcon-h1-mup"])
+def test_gpu_matches_transformers_without_host_syncs(built, name):
+    """On CUDA (the Triton attention, CUDA graphs off for these models): transformers' tokens
+    and logits, chunked and preempted; no step's launch syncs with the host
+    (`arch_cases.tokens_without_host_syncs`: the Mamba layers' slots, prefill layout and state
+    zeroing are all built on the host and copied without a sync)."""
+    import os
+
+    from arch_cases import tokens_without_host_syncs
+
+    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("needs CUDA with compiled Triton kernels (TRITON_INTERPRET=0)")
+    _, _, loaded, reference = built(name)
+    common = dict(loaded=loaded, dtype="float32", kv_cache_memory=256 << 20,
+                  max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    llm = LLM(**common)
+    assert llm.engine.runner.cuda_graphs is None and llm.engine.runner.device.type == "cuda"
+    got = generate(llm, prompts())
+    for i, want in enumerate(reference):
+        check(got[i], want, f"{name}: prompt {i}, cuda")
+    tokens = [t for t, _ in got]
+    assert tokens_without_host_syncs(LLM(**common, async_scheduling=False), prompts()) == tokens
+    small = LLM(loaded=loaded, **{**SMALL_POOL, "device": "cuda"})
+    for i, (want, g) in enumerate(zip(reference, generate(small, prompts()))):
+        check(g, want, f"{name}: prompt {i}, cuda, preempted")
