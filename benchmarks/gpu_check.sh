@@ -207,8 +207,9 @@ TAIL=40 step moe 540 $PY benchmarks/gpu_throughput.py --shape qwen3-30b-a3b --tu
 # then every gpu-marked test of tests/runtime/model (FAMILY_TESTS: other paths, for a rerun of
 # what a cut-off call left): each family's tiny model against transformers on the GPU with CUDA
 # graphs, eager decodes as the graphs', no host sync in any step's launch (DeepSeek-V2/V3,
-# gpt-oss, GLM/GLM-4, GLM-4.5, Llama 4, Cohere/Cohere 2, SmolLM3, OLMo 3, Mistral 3, EXAONE 4
-# ..., and any family whose test file adds one), in file order.
+# gpt-oss, GLM/GLM-4, GLM-4.5, Llama 4, Cohere/Cohere 2, SmolLM3, OLMo 3, Mistral 3, EXAONE 4,
+# ERNIE 4.5 MoE, Hunyuan, dots.llm1, MiniMax-M2, PhiMoE, EXAONE MoE, FlexOlmo, AfMoE ..., and any
+# family whose test file adds one), in file order.
 TAIL=40 step families 540 bash -c '
     $1 -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 150 \
         -k "sinks or gpt_oss or new_families or chunked" tests/kernels/test_kernel_attention.py \

@@ -74,7 +74,8 @@ class MlaConfig:
 
 
 ROUTER_SCORES = ("softmax", "sigmoid")
-TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+# sparsemixer: PhiMoE's two experts, each by its own masked softmax (moe_routing.sparsemixer)
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc", "sparsemixer")
 
 
 @dataclass(frozen=True)
@@ -84,13 +85,18 @@ class ExpertRouting:
     groups (a group's score: its best expert's for V2's group_limited_greedy, its best two's sum
     for V3's noaux_tc, which adds the checkpoint's `e_score_correction_bias` to the scores for
     the choice only), weights from the uncorrected scores, renormalised with
-    `FamilyConfig.norm_topk_prob`, then times `routed_scaling_factor`."""
+    `FamilyConfig.norm_topk_prob`, then times `routed_scaling_factor`. The correction bias also
+    beside a greedy choice with `correction_bias` (ERNIE 4.5 MoE, MiniMax-M2, AfMoE; its tensor
+    where `model/moe_names.py` says); PhiMoE's sparsemixer is its own `topk_method`."""
 
     scoring: str = "softmax"
     topk_method: str = "greedy"
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
+    # a correction bias beside greedy or grouped choice (ERNIE 4.5's softmax router: `bias`)
+    correction_bias: bool = False
+    jitter_eps: float = 0.0  # sparsemixer's mask: logits this far below the best are out
 
     def __post_init__(self) -> None:
         if self.scoring not in ROUTER_SCORES:
@@ -108,8 +114,9 @@ class ExpertRouting:
 
     @property
     def bias(self) -> bool:
-        """Whether the checkpoint holds `e_score_correction_bias` (noaux_tc)."""
-        return self.topk_method == "noaux_tc"
+        """Whether the checkpoint holds `e_score_correction_bias` (noaux_tc, or
+        `correction_bias`)."""
+        return self.topk_method == "noaux_tc" or self.correction_bias
 
 
 @dataclass(frozen=True)

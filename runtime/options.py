@@ -159,10 +159,14 @@ TOOL_CALL_PARSERS = (
     "glm45",
     "deepseek_v3",
     "deepseek_v31",
+    "minimax_m2",
+    "hunyuan_a13b",
 )  # openai: gpt-oss
 DEFAULT_TOOL_CALL_PARSER = "auto"
 # <think> … </think>, and gpt-oss's harmony channels (docs/runtime.md)
-REASONING_PARSERS = ("qwen3", "deepseek_r1", "openai_gptoss", "glm45")
+REASONING_PARSERS = (
+    "qwen3", "deepseek_r1", "openai_gptoss", "glm45", "minimax_m2", "hunyuan_a13b",
+)  # fmt: skip
 DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S = 10.0
 DEFAULT_GRAMMAR_CACHE_SIZE = "256MiB"
 API_KEY_ENV = "PAGODA_API_KEY"

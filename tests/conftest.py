@@ -61,6 +61,7 @@ SLOW_IN_PARALLEL = (
     "tests/server/test_cli.py",  # flags resolved to configs; exit 2 before loading
     "tests/server/test_fuzz.py",  # no 5xx, the engine intact after
     "tests/server/test_glm45_api.py",  # calls and thinking parsed as written
+    "tests/server/test_minimax_m2_api.py",  # calls and thinking parsed as written
     "tests/server/test_harmony_tools_api.py",  # a steered model's harmony calls
     "tests/server/test_hybrid_serve.py",  # answers equal transformers'
     "tests/server/test_parallel_flags.py",  # exit 2 before loading

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model import moe_names
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 FP8_DTYPES = ("F8_E4M3",)
@@ -63,12 +64,19 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             out.update({p + "router.layer.weight": (e, h), p + "input_linear.weight": (e, 2 * n, h),
                         p + "output_linear.weight": (e, h, n)})  # fmt: skip
         elif c.family.has_experts(i):
-            out[_moe_block(c, i) + "gate.weight"] = (c.family.num_experts, h)  # the router
+            e, names = c.family.num_experts, moe_names.of(c.architecture)
+            out[_moe_block(c, i) + names.router] = (e, h)  # the router
             routing = c.family.routing
             if c.family.shared_expert_intermediate_size and routing is None:  # its sigmoid gate
                 out[_moe_block(c, i) + "shared_expert_gate.weight"] = (1, h)
-            if routing is not None and routing.bias:  # DeepSeek-V3's choice-only bias
-                out[_moe_block(c, i) + "gate.e_score_correction_bias"] = (c.family.num_experts,)
+            if routing is not None and routing.bias:  # the choice-only bias (V3's, ERNIE's, ...)
+                out[_moe_block(c, i) + names.bias] = (1, e) if names.bias_rows else (e,)
+        if c.architecture in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # its q/k norms
+            out[a + "query_layernorm.weight"] = out[a + "key_layernorm.weight"] = (d,)
+        if c.architecture == "afmoe":  # its norms around the MLP, attention's output gate
+            out.update({f"model.layers.{i}.pre_mlp_layernorm.weight": (h,),
+                        f"model.layers.{i}.post_mlp_layernorm.weight": (h,),
+                        a + "gate_proj.weight": (q, h)})  # fmt: skip
         if c.family.qk_norm and c.family.cohere_layer:  # a weight per head
             out[a + "q_norm.weight"] = (c.num_heads, d)
             out[a + "k_norm.weight"] = (c.num_kv_heads, d)
@@ -187,7 +195,8 @@ def _check_gpt_oss_experts(c: ModelConfig, headers: Mapping[str, tuple[str, list
 
 
 def _moe_block(c: ModelConfig, layer: int) -> str:
-    block = "block_sparse_moe." if c.architecture in ("mixtral", "granitemoe") else "mlp."
+    mixtral = c.architecture in ("mixtral", "granitemoe")
+    block = "block_sparse_moe." if mixtral else moe_names.of(c.architecture).block
     return f"model.layers.{layer}.{block}"
 
 
@@ -220,12 +229,13 @@ def mlp_triples(c: ModelConfig) -> list[tuple[str, str, str]]:
             out.append((p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"))
             continue
         names = ("w1", "w3", "w2") if c.architecture == "mixtral" else (
-            "gate_proj", "up_proj", "down_proj")  # fmt: skip
+            moe_names.of(c.architecture).experts)  # fmt: skip
         for e in range(c.family.num_experts):
             p = f"{_moe_block(c, i)}experts.{e}."
             out.append(tuple(f"{p}{n}.weight" for n in names))
         if c.family.shared_expert_intermediate_size:
-            shared = "shared_expert." if c.family.routing is None else "shared_experts."
+            shared = "shared_expert." if c.family.routing is None else moe_names.of(
+                c.architecture).shared  # fmt: skip
             p = f"{_moe_block(c, i)}{shared}"
             out.append(tuple(f"{p}{n}.weight" for n in names))
     return out

@@ -41,7 +41,7 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     """`cfg` (the family's defaults merged) with what its config class derives: MiniCPM3's
     `v_head_dim` (hidden / heads), Falcon's MLP width (`ffn_hidden_size`, else 4 x hidden) and
     the KV heads its attention runs (one for multi-query, else `num_kv_heads`; GPT-NeoX's:
-    every head), HunYuan's NTK-alpha rotary base (`_ntk_alpha`)."""
+    every head)."""
     out = dict(cfg)
     if arch == "minicpm3" and out.get("v_head_dim") is None:
         out["v_head_dim"] = int(out["hidden_size"]) // int(out["num_attention_heads"])
@@ -57,19 +57,4 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
             out["partial_rotary_factor"] = int(out["rotary_dim"]) / (hidden // heads)
     if arch in ("gpt_neox", "gptj"):  # multi-head attention, whatever else config.json says
         out["num_key_value_heads"] = out["num_attention_heads"]
-    if arch == "hunyuan_v1_dense":
-        out.update(_ntk_alpha(out))
     return out
-
-
-def _ntk_alpha(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """HunYuan's "dynamic" rotary with a fixed `alpha` (transformers' ntk_alpha: not dynamic at
-    all) as the default rotary over base theta * alpha ** (d / (d - 2)); {} for another."""
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    kind = params.get("rope_type", params.get("type"))
-    if kind != "dynamic" or not params.get("alpha"):
-        return {}
-    d = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
-    theta = float(params.get("rope_theta") or cfg.get("rope_theta") or 10000.0)
-    base = theta * float(params["alpha"]) ** (d / (d - 2))
-    return {"rope_parameters": {"rope_type": "default", "rope_theta": base}, "rope_scaling": None}

@@ -13,6 +13,7 @@ from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import llama4_config as llama4
 from pagoda.runtime.model import mamba_config as hybrid
+from pagoda.runtime.model import moe_families
 from pagoda.runtime.model.ops import rope_kind
 
 # (cfg, arch, n, window, window_layers, scaling) -> the fields the family sets
@@ -375,7 +376,6 @@ FIELDS: dict[str, Fields] = {
     "ministral3": _ministral3,
     **dict.fromkeys(UNGATED, _ungated),
     "ernie4_5": _ernie4_5,
-    "hunyuan_v1_dense": _qwen3,  # (its q/k norms after rotary: model/qwen3.py)
     "helium": _ernie4_5,  # (the interleaved rotary)
     "exaone4": _exaone4,
     "smollm3": _smollm3,
@@ -393,4 +393,5 @@ FIELDS: dict[str, Fields] = {
     "glm4_moe": _glm4_moe,
     "llama4": _llama4,
     **dict.fromkeys(hybrid.DEFAULTS, _hybrid),
+    **moe_families.FIELDS,
 }

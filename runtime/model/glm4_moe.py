@@ -13,6 +13,7 @@ Llama layer with GLM-4.5's differences.
 from __future__ import annotations
 
 import torch
+from pagoda.runtime.model import moe_names
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel
 from pagoda.runtime.model.moe import make_mlp
@@ -36,6 +37,13 @@ class Glm4MoeLayer(Qwen3Layer):
 
 
 class Glm4MoeModel(LlamaModel):
+    """Also dots.llm1's and EXAONE MoE's (`dots1_config.py`, `exaone_moe_config.py`): their
+    correction bias where `moe_names` puts it."""
+
     layer_class = Glm4MoeLayer
     moe_names = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
     make_mlp = make_mlp
+
+    @property
+    def moe_bias(self) -> str:
+        return moe_names.of(self.config.architecture).bias

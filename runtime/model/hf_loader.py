@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
-from pagoda.runtime.model import config_keys, family_fields, special_tokens, tiktoken_files
+from pagoda.runtime.model import (
+    config_keys,
+    family_fields,
+    moe_families,
+    special_tokens,
+    tiktoken_files,
+)
 from pagoda.runtime.model import deepseek_config as deepseek
 from pagoda.runtime.model import glm4_moe_config as glm4_moe
 from pagoda.runtime.model import llama4_config as llama4
@@ -85,11 +91,11 @@ HF_ARCHITECTURES = {
     "HyperCLOVAXForCausalLM": "hyperclovax",  # Granite's, peri-norms (model/granite.py)
     "HeliumForCausalLM": "helium",  # Helium-1: interleaved rotary (model/helium.py)
     "CwmForCausalLM": "cwm",  # Code World Model: Llama's, window layers (layer_types)
-    "HunYuanDenseV1ForCausalLM": "hunyuan_v1_dense",  # q/k norms after rotary (model/qwen3.py)
     "PhiForCausalLM": "phi",
     "GPTJForCausalLM": "gptj",  # GPT-J: Phi's model with the interleaved rotary (model/phi.py)  # phi-2: parallel layer, LayerNorm with biases, GELU MLP (phi.py)
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
     **hybrid.ARCHITECTURES,  # Granite 4.0, Bamba: Mamba2 and attention layers (granite_hybrid.py)
+    **moe_families.ARCHITECTURES,  # ERNIE 4.5 MoE, ... (model/moe_families.py)
 }
 # a multimodal wrapper's text model, by its text_config's model_type (transformers' default
 # first); another model_type is refused
@@ -193,8 +199,6 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
              "num_hidden_layers": 28, "num_attention_heads": 16, "rotary_dim": 64,
              "hidden_act": "gelu_new", "layer_norm_epsilon": 1e-5, "bos_token_id": 50_256,
              "eos_token_id": 50_256},
-    "hunyuan_v1_dense": {"vocab_size": 290_943, "rms_norm_eps": 1e-5, "bos_token_id": 1,
-                         "eos_token_id": 2},
     "cwm": {"vocab_size": 128_256, "hidden_size": 6144, "intermediate_size": 21_504,
             "num_hidden_layers": 64, "num_attention_heads": 48, "num_key_value_heads": 8,
             "head_dim": 128, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5,
@@ -244,6 +248,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     **glm4_moe.DEFAULTS,
     **llama4.DEFAULTS,
     **hybrid.DEFAULTS,
+    **moe_families.DEFAULTS,
 }  # fmt: skip
 _DEFAULTS["vaultgemma"] = _DEFAULTS["gemma2"]  # (VaultGemmaConfig is Gemma2Config's)
 # GptOssConfig's rotary where config.json names none (neither rope_scaling nor rope_parameters)
@@ -265,6 +270,7 @@ _NULLABLE = {
     **{arch: deepseek.NULLABLE for arch in deepseek.DEFAULTS},
     "llama4": llama4.NULLABLE,
     "minicpm3": ("q_lora_rank", "v_head_dim", "scale_depth", "dim_model_base"),  # null: derived
+    **moe_families.NULLABLE,
 }
 _EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 _EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
@@ -303,7 +309,7 @@ _DEFAULT_ROPE = {
 }
 # the families whose transformers models read partial_rotary_factor
 _PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "bamba", "nemotron", "phi", "gpt_neox",
-                   "stablelm", "gptj")  # fmt: skip
+                   "stablelm", "gptj", *moe_families.PARTIAL_ROTARY)  # fmt: skip
 _FUSED = ("phi3", "glm", "glm4")  # fused qkv_proj / gate_up_proj, listed as Llama's (phi3.py)
 # generation_config.json keys that become a request's defaults (vLLM's set, less max_tokens)
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -485,6 +491,8 @@ def _model_config(model_dir: Path, top: dict[str, Any], arch: str) -> ModelConfi
     if arch in (*deepseek.ARCHITECTURES.values(), "minicpm3"):  # latent attention: one row
         head_dim, kv_heads = deepseek.head_dim(cfg, arch), 1  # per token
         rope_dim = int(cfg["qk_rope_head_dim"])  # (the dims that rotate)
+    if arch in moe_families.ROPE:  # the family's own reading (Hunyuan's NTK alpha)
+        rope_theta, scaling = moe_families.ROPE[arch](cfg, rope_theta, scaling, head_dim)
     rope_inv_freq(rope_dim, rope_theta, scaling)  # an unsupported rope_scaling fails here
     rope_inv_freq(rope_dim, rope_theta, scaling, long=True)  # longrope: its long factors too
     if arch not in _PARTIAL_ROTARY and rotary_dim(rope_dim, scaling) != rope_dim:

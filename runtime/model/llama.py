@@ -17,7 +17,7 @@ Seed-OSS are this file too; Ministral 3 (`ministral3.py`), EXAONE 4 (`exaone4.py
 (`ernie4_5.py`), StarCoder2 (`starcoder2.py`), Apertus (`apertus.py`) and Arcee (an ungated MLP,
 `ungated_mlp.py`) change it; so do Nemotron and Jais 2 (`nemotron.py`), Phi (`phi.py`), OLMo
 (`olmo.py`), MiniCPM3 (`minicpm3.py`), Falcon and GPT-NeoX (`falcon.py`), StableLM
-(`stablelm.py`), Helium (`helium.py`), HyperCLOVA X (`granite.py`), HunYuan (`qwen3.py`: q/k
+(`stablelm.py`), Helium (`helium.py`), HyperCLOVA X (`granite.py`), Hunyuan (`hunyuan.py`: q/k
 norms in `after_rotary`), Gemma v1 and VaultGemma (`gemma2.py`), while EXAONE 3, InternLM3 and
 CWM are this file (EXAONE's tensors renamed at read).
 """
@@ -224,15 +224,19 @@ class LlamaLayer:
             q, k, v, k_cache, v_cache, step.meta, window=self.window, kv_scales=self.kv_scales,
             sinks=self.sinks, chunk=self.chunk,
         )  # fmt: skip
-        return self.o_proj(out.reshape(t, ctx.num_heads * d))
+        return self.o_proj(self.attention_output(x, out.reshape(t, ctx.num_heads * d)))
+
+    def attention_output(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """What a family does to attention's output [T, H * D] (of the input `x`) before o_proj
+        (AfMoE's sigmoid gate): nothing here."""
+        return out
 
     def before_rotary(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """What a family does to q [T, H, D] and k [T, Hkv, D] before rotary: nothing here."""
         return q, k
 
     def after_rotary(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """What a family does to q and k after rotary, before attention: nothing here
-        (HunYuan's q/k norms: `qwen3.HunYuanDenseLayer`)."""
+        """What a family does to the rotated q and k (Hunyuan's q/k norms): nothing here."""
         return q, k
 
 

@@ -117,10 +117,11 @@ class SparseMoE:
         if f.routing is not None:  # DeepSeek's: float32 scores, grouped (moe_routing.py)
             from pagoda.runtime.model.moe_routing import GroupedRouter
 
-            bias = p + "gate.e_score_correction_bias"
+            bias = p + getattr(model, "moe_bias", "gate.e_score_correction_bias")
             linear = ctx.linear(w.source(gate).float())  # replicated on every rank
-            route = GroupedRouter(linear, w.source(bias) if f.routing.bias else None,
-                                  f.routing, f.num_experts_per_tok, f.norm_topk_prob)  # fmt: skip
+            bias = w.source(bias).reshape(-1) if f.routing.bias else None  # ([1, E]: ERNIE's)
+            route = GroupedRouter(linear, bias, f.routing, f.num_experts_per_tok,
+                                  f.norm_topk_prob)  # fmt: skip
             router = None
         else:
             router = ctx.linear(w[gate], quantized=w.quantized([gate]))
@@ -259,7 +260,8 @@ class SharedExpertMoE:
     ) -> SharedExpertMoE:
         p = prefix + model.moe_names[0]  # type: ignore[attr-defined]
         gated = model.config.family.routing is None  # DeepSeek's shared_experts: no gate
-        shared = GatedMLP(ctx, w, p + ("shared_expert." if gated else "shared_experts."))
+        name = "shared_expert." if gated else getattr(model, "moe_shared", "shared_experts.")
+        shared = GatedMLP(ctx, w, p + name)
         if isinstance(shared.down, RowParallelLinear):  # its partial sum joins the experts'
             shared.down = shared.down.inner  # (no bias to add after the sum)
         gate = None

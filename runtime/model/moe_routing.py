@@ -13,6 +13,9 @@ DeepseekV3TopkRouter compute them; GLM-4.5's router is V3's.
   renormalised to sum to 1 with ``norm_topk_prob`` (V3; transformers' V2 never does), times
   ``routed_scaling_factor``.
 
+PhiMoE's router (`sparsemixer`: ``topk_method`` sparsemixer) picks its two experts one after the
+other, each weighted by a softmax over the logits near it.
+
 The top-k runs on the device with no host sync (CUDA graphs capture it); `moe.SparseMoE` takes
 the (weights, ids) it returns as its own softmax router's.
 """
@@ -44,6 +47,9 @@ class GroupedRouter:
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r = self.routing
         logits = self.linear(x.float())
+        if r.topk_method == "sparsemixer":
+            weights, ids = sparsemixer(logits, r.jitter_eps)
+            return weights * r.routed_scaling_factor, ids
         scores = logits.softmax(dim=-1) if r.scoring == "softmax" else logits.sigmoid()
         choice = scores if self.bias is None else scores + self.bias
         if r.topk_method != "greedy":
@@ -66,3 +72,20 @@ class GroupedRouter:
         keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
         fill = float("-inf") if r.topk_method == "noaux_tc" else 0.0
         return grouped.masked_fill(~keep.unsqueeze(-1), fill).view(t, e)
+
+
+def sparsemixer(logits: torch.Tensor, jitter_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PhiMoE's top-2 at inference (transformers' `sparsemixer`, not training): the best
+    expert, weighted by its softmax over the logits within ``2 * jitter_eps`` (relative) of it,
+    then the best of the rest, weighted by its softmax over the rest's logits within that of
+    it. ``(weights float32 [T, 2], ids [T, 2])``."""
+    ids, weights = [], []
+    rest = logits
+    for _ in range(2):
+        best, top = rest.max(dim=-1, keepdim=True)
+        factor = logits.abs().clamp(min=best)
+        out = ((best - logits) / factor) > 2 * jitter_eps
+        weights.append(rest.masked_fill(out, float("-inf")).softmax(dim=-1).gather(1, top))
+        ids.append(top)
+        rest = rest.scatter(1, top, float("-inf"))
+    return torch.cat(weights, dim=1), torch.cat(ids, dim=1)

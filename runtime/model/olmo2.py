@@ -99,3 +99,10 @@ class OlmoeModel(LlamaModel):
     layer_class = WholeQKNormLayer
     moe_names = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
     make_mlp = make_mlp
+
+
+class FlexOlmoModel(Olmo2Model):
+    """FlexOlmo (`flex_olmo_config.py`): OLMo 2's layer with OLMoE's experts in every layer."""
+
+    moe_names = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
+    make_mlp = make_mlp

@@ -258,7 +258,7 @@ def _longrope(dim: int, theta: float, scaling: dict[str, Any], long: bool):
     """transformers' _compute_longrope_parameters: 1 / (factors * theta ** (2i / dim)), and the
     attention factor sqrt(1 + ln(factor) / ln(original context)) unless the config gives one
     (`factor`: max_position_embeddings / original_max_position_embeddings, filled in by the
-    loader where the config leaves it out)."""
+    loader where the config leaves it out; PhiMoE's `short_mscale` / `long_mscale`, by table)."""
     key = "long_factor" if long else "short_factor"
     factors = scaling.get(key)
     if not isinstance(factors, list | tuple) or len(factors) != dim // 2:
@@ -270,6 +270,9 @@ def _longrope(dim: int, theta: float, scaling: dict[str, Any], long: bool):
     shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
     inv = 1.0 / (torch.tensor(factors, dtype=torch.float32) * theta**shape)
     attention = scaling.get("attention_factor")
+    mscale = scaling.get("long_mscale" if long else "short_mscale")  # PhiMoE's, by table
+    if mscale is not None:
+        attention = mscale
     if attention is None:
         factor = float(scaling.get("factor") or 1.0)
         attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))

@@ -1,5 +1,5 @@
-"""Qwen3: the Llama layer plus an RMSNorm over each head of q and of k before rotary (HunYuan's
-dense models: after it, `HunYuanDenseModel`).
+"""Qwen3: the Llama layer plus an RMSNorm over each head of q and of k before rotary (Hunyuan's
+models: after it, `hunyuan.py`).
 
 Qwen3-MoE (`moe.py`) and Gemma 3 (`gemma3.py`, with its own norm) build on this layer.
 """
@@ -30,21 +30,3 @@ class Qwen3Layer(LlamaLayer):
 
 class Qwen3Model(LlamaModel):
     layer_class = Qwen3Layer
-
-
-class HunYuanDenseLayer(Qwen3Layer):
-    """HunYuan's (`HunYuanDenseV1ForCausalLM`): Qwen3's per-head q/k RMSNorms after rotary, not
-    before (`query_layernorm` / `key_layernorm`, read as q_norm / k_norm)."""
-
-    def before_rotary(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return q, k
-
-    after_rotary = Qwen3Layer.before_rotary
-
-
-class HunYuanDenseModel(LlamaModel):
-    """HunYuan dense (Hunyuan-0.5B/1.8B/4B/7B): `HunYuanDenseLayer`; its NTK rotary with a fixed
-    `alpha` is the default rotary over base theta * alpha ** (d / (d - 2)) (read so by
-    `family_fields`)."""
-
-    layer_class = HunYuanDenseLayer

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 
 from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model import moe_families
 from pagoda.runtime.model.llama import LlamaModel
 
 # architecture -> (module in pagoda.runtime.model, class)
@@ -60,13 +61,13 @@ MODEL_CLASSES = {
     "stablelm": ("stablelm", "StableLmModel"),  # LayerNorm with biases, partial rotary
     "helium": ("helium", "HeliumModel"),  # interleaved rotary, float32-scaled RMSNorm
     "cwm": ("llama", "LlamaModel"),  # Llama's, window layers by layer_types
-    "hunyuan_v1_dense": ("qwen3", "HunYuanDenseModel"),  # q/k norms after rotary
     "phi": ("phi", "PhiModel"),  # phi-2: parallel layer, LayerNorm with biases, GELU MLP
     "gptj": ("phi", "PhiModel"),  # Phi's, the rotary interleaved
     "granitemoehybrid": ("granite_hybrid", "HybridModel"),  # Granite 4.0: Mamba2 + attention
     "bamba": ("granite_hybrid", "HybridModel"),  # Mamba2 + attention, a dense MLP
     "nemotron_h": ("nemotron_h", "NemotronHModel"),  # Mamba2, attention or MLP blocks
     "falcon_h1": ("falcon_h1", "FalconH1Model"),  # attention and Mamba2 side by side
+    **moe_families.MODEL_CLASSES,  # ERNIE 4.5 MoE, ...
 }
 
 

@@ -61,9 +61,6 @@ _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"\.self_attn\.dense\.", ".self_attn.o_proj."),
     (r"\.mlp\.fc1\.", ".mlp.up_proj."), (r"\.mlp\.fc2\.", ".mlp.down_proj."),
     (r"\.self_attn\.([qk])_layernorm\.(weight|bias)$", r".self_attn.\1_norm.\2"),
-    # HunYuan's per-head q/k norms, as Qwen3's (model/qwen3.py)
-    (r"\.self_attn\.query_layernorm\.weight$", ".self_attn.q_norm.weight"),
-    (r"\.self_attn\.key_layernorm\.weight$", ".self_attn.k_norm.weight"),
     # HyperCLOVA X's peri-norms, as GLM-4's (model/granite.py)
     (r"\.post_norm1\.weight$", ".post_self_attn_layernorm.weight"),
     (r"\.post_norm2\.weight$", ".post_mlp_layernorm.weight"),

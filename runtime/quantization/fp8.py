@@ -149,7 +149,7 @@ def _fp8_scheme(qc: Mapping) -> Fp8Scheme:
     block = qc.get("weight_block_size")
     block = None if block is None else _block(block, "weight_block_size")
     fmt = qc.get("fmt", "e4m3")
-    if fmt != "e4m3":
+    if fmt not in ("e4m3", "float8_e4m3fn"):  # (torch's name for it: MiniMax-M2's config)
         raise ValueError(f"FP8 checkpoint format {fmt!r} is not supported (only e4m3)")
     scheme = qc.get("activation_scheme", "dynamic")
     if scheme not in ("dynamic", "static"):

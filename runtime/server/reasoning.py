@@ -24,7 +24,8 @@ the reply holds ``</think>`` after its last ``<think>``), the output is all cont
 begin a marker and scans only new text, never the whole output again. Tool calls and
 structured outputs apply to the content alone (`chat.py`, `after_reasoning`).
 
-`openai_gptoss` reads gpt-oss's harmony channels instead (`harmony.py`: `new_stream`).
+`openai_gptoss` reads gpt-oss's harmony channels instead (`harmony.py`: `new_stream`), and
+`hunyuan_a13b` strips Hunyuan's `<answer>` tags off the content too (`AnswerStream`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ HARMONY = "openai_gptoss"  # gpt-oss's channels (`harmony.py`)
 # Whitespace before an opening `<think>` is dropped with it; past this much, no `<think>` opens
 # the output (its text is reasoning as written).
 _MAX_LEADING_SPACE = 64
-MUST_OPEN = ("glm45",)  # parsers whose output thinks only when it opens with `<think>`
+# parsers whose output thinks only when it opens with `<think>`
+MUST_OPEN = ("glm45", "hunyuan_a13b")
+HUNYUAN = "hunyuan_a13b"  # its answer tags stripped too (`AnswerStream`)
 
 
 def thinks(parser: str | None, prompt_tail: str, template_kwargs: dict[str, Any] | None) -> bool:
@@ -60,6 +63,8 @@ def new_stream(parser: str | None, thinking: bool,
                calls: bool = False) -> ReasoningStream | HarmonyStream:  # fmt: skip
     """A choice's splitter for `parser`'s replies (`thinking`: `thinks`'s answer; `calls`:
     harmony messages to functions are tool calls, `harmony_tools.py`)."""
+    if parser == HUNYUAN:
+        return AnswerStream(thinking)  # type: ignore[return-value]
     return HarmonyStream(calls) if parser == HARMONY else ReasoningStream(thinking, parser)
 
 
@@ -121,6 +126,8 @@ def split(text: str, stream: ReasoningStream) -> tuple[str | None, str | None]:
     """A whole output's (reasoning, content), as vLLM's parsers answer, fed to a new `stream`:
     reasoning None when the reply does not think (gpt-oss's: when it has no analysis text, as
     vLLM's harmony reading); content None when nothing follows the thinking."""
+    if hasattr(stream, "split"):  # Hunyuan's (`AnswerStream`)
+        return stream.split(text)
     if not stream.thinking:
         return None, text
     reasoning, content = stream.feed(text, final=True)
@@ -178,3 +185,96 @@ def after_reasoning(spec: StructuredOutputsParams) -> StructuredOutputsParams:
         field=spec.field,
         asked=spec.asked or spec.kind,  # the metrics count what the client asked for
     )
+
+
+ANSWER, ANSWER_END = "<answer>", "</answer>"
+
+
+class AnswerStream:
+    """One choice's text → (reasoning, content) pieces, fed delta by delta, for Hunyuan's replies
+    (`--reasoning-parser hunyuan_a13b`, vLLM's name; Hunyuan-A13B and the dense Hunyuan 0.5B-7B
+    instruct models)::
+
+        <think>
+        the thinking
+        </think>
+        <answer>
+        the answer
+        </answer>
+
+    as vLLM's hunyuan_a13b parser reads them: the reasoning is the text between the markers
+    without the newline after ``<think>`` and the one before ``</think>`` (null when that leaves
+    nothing: an empty thinking block); the content is the answer without ``<answer>``, the newline
+    after it, the newline before ``</answer>`` and that marker (null when empty). An output that
+    does not open with ``<think>`` does not think (`reasoning.MUST_OPEN`); its content loses the
+    answer tags too, as does the reply of a prompt whose template closed the thinking itself.
+
+    `AnswerStream` wraps `reasoning.ReasoningStream` (which splits at the markers, holding back
+    what may begin one) and trims its two sides as they stream: a newline that ends the reasoning
+    so far is held until more reasoning follows, and the content holds back what may begin
+    ``</answer>``; text after ``</answer>`` is dropped.
+    """
+
+    no_reasoning_is_none = True
+
+    def __init__(self, thinking: bool) -> None:
+        self.inner = ReasoningStream(thinking, HUNYUAN)
+        self.started = False  # the reasoning's first character seen (its newline dropped)
+        self.newline = ""  # a newline held at the end of the reasoning so far
+        self.opening = True  # the content may still begin with <answer>
+        self.pending = ""  # content held back: it may begin <answer> or </answer>
+        self.done = False  # </answer> seen
+
+    # `reasoning.reasoning_tokens` reads these off the splitter
+    thinking = property(lambda self: self.inner.thinking)
+    begin_at = property(lambda self: self.inner.begin_at)
+    end_at = property(lambda self: self.inner.end_at)
+
+    def feed(self, text: str, final: bool) -> tuple[str, str]:
+        reasoning, content = self.inner.feed(text, final)
+        return self._reasoning(reasoning, final or not self.inner.thinking), self._content(
+            content, final
+        )
+
+    def split(self, text: str) -> tuple[str | None, str | None]:
+        """A whole output's (reasoning, content) (`reasoning.split`), nulls for empty ones."""
+        thought, answer = self.feed(text, final=True)
+        thinks = self.inner.end_at is not None or self.inner.thinking or bool(thought)
+        return (thought or None) if thinks else None, answer or None
+
+    def _reasoning(self, text: str, closing: bool) -> str:
+        buf = self.newline + text
+        self.newline = ""
+        if not self.started and buf:
+            self.started = True
+            buf = buf.removeprefix("\n")
+        if buf.endswith("\n"):
+            buf = buf[:-1]
+            self.newline = "" if closing else "\n"
+        return buf
+
+    def _content(self, text: str, final: bool) -> str:
+        if self.done:
+            return ""
+        buf = self.pending + text
+        self.pending = ""
+        if self.opening:
+            body = buf.lstrip()
+            if body.startswith(ANSWER):
+                rest = body[len(ANSWER) :]
+                if not rest and not final:  # the newline after it may follow
+                    self.pending = buf
+                    return ""
+                buf, self.opening = rest.removeprefix("\n"), False
+            elif not final and ANSWER.startswith(body):
+                self.pending = buf  # whitespace, or a beginning of <answer>
+                return ""
+            else:
+                self.opening = False
+        at = buf.find(ANSWER_END)
+        if at >= 0:
+            self.done = True
+            return buf[:at].removesuffix("\n")
+        keep = 0 if final else max(_held(buf, "\n" + ANSWER_END), _held(buf, ANSWER_END))
+        self.pending = buf[len(buf) - keep :] if keep else ""
+        return buf[: len(buf) - keep]

@@ -109,8 +109,7 @@ class Glm45Parser:
                 key = key.strip()
                 if key not in seen:
                     seen.add(key)
-                    value = json.dumps(self.value(name, key, raw), ensure_ascii=False)
-                    pieces.append(f"{json.dumps(key, ensure_ascii=False)}: {value}")
+                    pieces.append(json_pair(key, self.value(name, key, raw)))
             calls.append((name, pieces, close >= 0))
             if close < 0 or not parallel:
                 break
@@ -127,10 +126,15 @@ class Glm45Parser:
         calls = [
             ToolCall(name, arguments(pieces, True), self.new_id()) for name, pieces, _ in found
         ]
-        return text[: start - len(TAG)].strip() or None, calls
+        return text[: start - len(self.marker_text(text, start))].strip() or None, calls
 
     def stream(self, parallel: bool = True) -> Glm45Stream:
         return Glm45Stream(self, parallel)
+
+
+def json_pair(key: str, value: Any) -> str:
+    """One argument as the JSON text of an object's member: `"key": value`."""
+    return f"{json.dumps(key, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}"
 
 
 def arguments(pieces: list[str], done: bool) -> str:

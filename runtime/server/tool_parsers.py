@@ -18,7 +18,8 @@ marker). Output that does not parse as calls stays content (what vLLM's parsers 
 
 GLM-4.5's calls (`glm45`: key/value tags, not JSON) are read by `tool_parser_glm45.py`, listed
 in `PARSERS` beside these, and so are DeepSeek's (`deepseek_v3`, `deepseek_v31`:
-`tool_parser_deepseek.py`).
+`tool_parser_deepseek.py`) and MiniMax-M2's (`minimax_m2`: `<invoke>` / `<parameter>` tags,
+`tool_parser_minimax_m2.py`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pagoda.runtime.server.harmony_tools import HarmonyToolParser
 from pagoda.runtime.server.tool_call import ToolCall, call_id, prefix_overlap
 from pagoda.runtime.server.tool_parser_deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser
+from pagoda.runtime.server.tool_parser_minimax_m2 import MiniMaxM2Parser
 
 ARG_KEYS = ("arguments", "parameters")
 _NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
@@ -254,6 +256,16 @@ class MistralParser(ToolParser):
         return prefix_overlap(text, self.TAG)
 
 
+class HunyuanParser(MistralParser):
+    """Hunyuan-A13B's calls, as vLLM's hunyuan_a13b reads them: a JSON array of
+    `{"name", "arguments"}` objects between `<tool_calls>` and `</tool_calls>`."""
+
+    name = "hunyuan_a13b"
+    markers = ("<tool_calls>",)
+    TAG = "<tool_calls>"
+    new_id = staticmethod(call_id)
+
+
 PARSERS: dict[str, type[ToolParser]] = {
     p.name: p
     for p in (
@@ -264,9 +276,12 @@ PARSERS: dict[str, type[ToolParser]] = {
         HarmonyToolParser,
         DeepSeekV3Parser,
         DeepSeekV31Parser,
+        MiniMaxM2Parser,
+        HunyuanParser,
     )
 }  # type: ignore[misc]  # (GLM-4.5's: tool_parser_glm45.py; gpt-oss's: harmony_tools.py;
-#                          DeepSeek's: tool_parser_deepseek.py)
+#                          DeepSeek's: tool_parser_deepseek.py; MiniMax-M2's:
+#                          tool_parser_minimax_m2.py)
 
 
 def detect(template: str | None) -> str | None:
@@ -278,6 +293,8 @@ def detect(template: str | None) -> str | None:
     if "llama3_json" in found and "<|python_tag|>" not in template:
         found.remove("llama3_json")
     if "glm45" in found:  # GLM-4.5's calls open with <tool_call> too, then key/value tags
+        found.remove("hermes")
+    if "hunyuan_a13b" in found and "hermes" in found:  # <tool_calls> holds <tool_call>
         found.remove("hermes")
     return found[0] if len(found) == 1 else None
 

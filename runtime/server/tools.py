@@ -46,9 +46,28 @@ FORMATS = {
     "mistral": ("[TOOL_CALLS][", '{{"name": "{name}", "arguments": ', "}", ", ", "]"),
     # GLM-4.5: the arguments as <arg_key>/<arg_value> tags (xgrammar's glm_xml style), not JSON
     "glm45": ("", "<tool_call>{name}\n", "</tool_call>", "\n", ""),
+    # Hunyuan-A13B: one JSON array of calls between <tool_calls> tags
+    "hunyuan_a13b": (
+        "<tool_calls>[",
+        '{{"name": "{name}", "arguments": ',
+        "}",
+        ", ",
+        "]</tool_calls>",
+    ),
+    # MiniMax-M2: one block of <invoke> tags, the arguments as <parameter> tags (minimax_xml)
+    "minimax_m2": (
+        "<minimax:tool_call>\n",
+        '<invoke name="{name}">\n',
+        "</invoke>",
+        "\n",
+        "\n</minimax:tool_call>",
+    ),
 }
+# the formats whose arguments are tags, not JSON: xgrammar's style for each
+XML_STYLES = {"glm45": "glm_xml", "minimax_m2": "minimax_xml"}
 # tool_choice auto with strict tools: text that starts a call, per parser (mistral's marker is a
-# special token, and its calls one JSON array: not enforced under auto)
+# special token, and its calls one JSON array; MiniMax-M2's calls one <minimax:tool_call> block:
+# not enforced under auto)
 TRIGGERS = {"hermes": "<tool_call>", "llama3_json": '{"name": "', "glm45": "<tool_call>"}
 HERMES_SYSTEM = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -216,8 +235,8 @@ def _arguments(parser: str, i: int, parameters: dict[str, Any] | None) -> Any:
     except (RuntimeError, ValueError) as e:
         raise APIError(400, f"{where}: invalid JSON Schema: {e}", param=where,
                        code="invalid_value") from e  # fmt: skip
-    if parser == "glm45":  # the same schema, written as GLM-4.5's key/value tags
-        return st.JSONSchemaFormat(json_schema=schema, style="glm_xml")
+    if parser in XML_STYLES:  # the same schema, written as the format's tags
+        return st.JSONSchemaFormat(json_schema=schema, style=XML_STYLES[parser])
     return st.GrammarFormat(grammar=str(grammar))
 
 

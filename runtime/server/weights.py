@@ -62,15 +62,17 @@ _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)
           "gate_up_proj"), (re.compile(r"\bw[13]\b"), "w13"),
           (re.compile(r"\b(q_a_proj|kv_a_proj_with_mqa)\b"), "qkv_proj"))  # fmt: skip
 # DeepSeek's latent attention (model/deepseek.py): q_a (or q) with kv_a as one matmul, q_b, kv_b
-_PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b)_proj|kv_a_proj_with_mqa)|"
+_PROJECTIONS = re.compile(r"(self_attn\.(([qkvo]|qkv|q_a|q_b|kv_b|gate)_proj|kv_a_proj_with_mqa)|"
                           r"mlp\.((gate|up|gate_up|down)_proj|c_fc|c_proj))\.weight$")  # fmt: skip
 # llama.cpp's split of DeepSeek's kv_b_proj, joined back at load (`deepseek.kv_b_weight`)
 # kv_b_proj, or llama.cpp's split of it: held as the absorbed W_UK and W_UV (model/deepseek.py)
 _KV_B = re.compile(r"self_attn\.(kv|k|v)_b_proj\.weight$")
 # a Mamba2 mixer's tensors held as they are, not as `Linear`s (`model/mamba2.py`)
 _MAMBA_TENSORS = re.compile(r"\.mamba\.(conv1d\.weight|A_log|D)$")
-# DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter)
-_FLOAT32_ROUTER = re.compile(r"mlp\.gate\.(weight|e_score_correction_bias)$")
+# DeepSeek's router: its weight and correction bias held in float32 (moe_routing.GroupedRouter;
+# their names in the families of `model/moe_names.py` too)
+_FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe)\.((router\.)?gate\.(wg\.)?weight|"
+                             r"((gate|moe_statics)\.)?e_score_correction_bias|expert_bias)$")  # fmt: skip
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 # safetensors dtype -> bytes per element
 _ITEM = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
@@ -275,6 +277,12 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     attn = h * d * (2 * mc.num_heads / t + 2 * kv)
     attn_rows = (mc.num_heads / t + 2 * kv) * d + h
     norms = (2 * n + 1) * h * item
+    if mc.architecture == "afmoe":  # attention's output gate (as q) and two more norms a layer
+        attn += h * d * mc.num_heads / t
+        attn_rows += mc.num_heads / t * d
+        norms += 2 * n * h * item
+    if f.layer_norm_bias:  # LayerNorms with biases (StarCoder2's, PhiMoE's)
+        norms *= 2
     absorbed = 0.0  # latent attention's W_UK and W_UV
     if f.mla is not None:  # DeepSeek's latent attention (one rank) and its two norms; kv_b
         # as the absorbed W_UK and W_UV, dense in the dtype whatever runs in FP8
@@ -336,8 +344,8 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         "lm_head.bias",
         "model.final_layernorm.weight",
         "model.final_layernorm.bias",
-    ):  # (StarCoder2's and Phi's biases; Bamba's and Phi's
-        # final norm under its own name)
+    ):  # (StarCoder2's and Phi's biases; Bamba's and Phi's final norm under its own name;
+        # PhiMoE's head a bias)
         return True
     m = _LAYER.match(name)
     return m is not None and int(m.group(1)) < mc.num_layers
@@ -446,7 +454,7 @@ def _gpt_oss_as_held(tensors: dict[str, Stored], mc: ModelConfig) -> dict[str, S
 
 
 # Qwen2-MoE's shared expert, DeepSeek's shared_experts
-_SHARED_EXPERT = re.compile(r"mlp\.shared_experts?\.(gate|up|down)_proj\.weight$")
+_SHARED_EXPERT = re.compile(r"mlp\.(shared_experts?|shared_mlp)\.(gate|up|down)_proj\.weight$")
 
 
 def _llama4_experts(t: Stored) -> tuple[str, Stored]:
@@ -510,8 +518,9 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
 def _float32_router(t: Stored, p: Placement) -> int:
     """DeepSeek's router weight, a float32 `Linear` (a CPU's packed copy padded), or its
     correction bias, a float32 vector."""
-    rows, cols = (t.shape[0], t.shape[1]) if len(t.shape) == 2 else (t.numel, 1)
-    if len(t.shape) == 2 and p.device == "cpu":
+    matrix = len(t.shape) == 2 and not t.name.endswith("bias")  # (ERNIE's bias: [1, E])
+    rows, cols = (t.shape[0], t.shape[1]) if matrix else (t.numel, 1)
+    if matrix and p.device == "cpu":
         from pagoda.runtime.model import linear
 
         if linear._can_pack(torch.float32):

@@ -1,5 +1,6 @@
 """The new families' forward passes queue no device-to-host sync, checked on a CPU (DeepSeek-V2/V3,
-gpt-oss, GLM-4, Cohere, Cohere 2, SmolLM3, OLMo 3, GLM-4.5, Llama 4, EXAONE 4).
+gpt-oss, GLM-4, Cohere, Cohere 2, SmolLM3, OLMo 3, GLM-4.5, Llama 4, EXAONE 4, ERNIE 4.5 MoE,
+Hunyuan MoE, PhiMoE, AfMoE).
 
 On CUDA a decode step is replayed from a CUDA graph and every other step is launched without
 waiting for the device; an ``.item()``, a ``.tolist()``, a data-dependent shape (``nonzero``,
@@ -65,6 +66,16 @@ FAMILIES = {
                attn_temperature_tuning=True, floor_scale=8, attn_scale=0.5,
                attention_chunk_size=128)),
     "exaone4": ("Exaone4", dict(num_hidden_layers=4, sliding_window=10, sliding_window_pattern=2)),
+    # the new MoE families whose layers or routers add ops of their own (MiniMax-M2, dots.llm1,
+    # EXAONE MoE and FlexOlmo only reuse ones checked here)
+    "ernie45-moe": ("Ernie4_5_Moe", dict(moe_num_experts=8, moe_k=2, moe_intermediate_size=32)),
+    "hunyuan-moe": ("HunYuanMoEV1", dict(num_experts=8, moe_topk=2, head_dim=16, rope_parameters={
+                    "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 1e4})),
+    "phimoe": ("Phimoe", dict(num_local_experts=8, head_dim=16, attention_bias=True,
+               lm_head_bias=True, router_jitter_noise=0.3, sliding_window=11)),
+    "afmoe": ("Afmoe", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+              head_dim=32, num_hidden_layers=4, sliding_window=11, global_attn_every_n_layers=2,
+              mup_enabled=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)),
 }  # fmt: skip
 
 

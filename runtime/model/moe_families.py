@@ -1,0 +1,41 @@
+"""The config readers of the mixture-of-experts families (and their dense siblings) added
+beside DeepSeek's and GLM-4.5's, gathered so that the shared tables (`hf_loader`'s
+HF_ARCHITECTURES and defaults, `family_fields.FIELDS`, `registry.MODEL_CLASSES`) take them in
+one entry each. Each module names its architectures (config.json's ->
+`ModelConfig.architecture`), transformers' config defaults, its model class, `family_fields`
+(`family_fields.Fields`' signature) and, where the family has them, the keys whose null means
+none (`NULLABLE`), a partial rotary (`PARTIAL_ROTARY`) and its own rotary reading (`rope`)."""
+
+from __future__ import annotations
+
+from pagoda.runtime.model import (
+    afmoe_config,
+    dots1_config,
+    ernie4_5_moe_config,
+    exaone_moe_config,
+    flex_olmo_config,
+    hunyuan_config,
+    minimax_m2_config,
+    phimoe_config,
+)
+
+MODULES = (
+    ernie4_5_moe_config,
+    hunyuan_config,
+    dots1_config,
+    minimax_m2_config,
+    phimoe_config,
+    exaone_moe_config,
+    flex_olmo_config,
+    afmoe_config,
+)
+ARCHITECTURES = {k: v for m in MODULES for k, v in m.ARCHITECTURES.items()}
+DEFAULTS = {k: v for m in MODULES for k, v in m.DEFAULTS.items()}
+MODEL_CLASSES = {k: v for m in MODULES for k, v in m.MODEL_CLASSES.items()}
+FIELDS = {arch: m.family_fields for m in MODULES for arch in m.ARCHITECTURES.values()}
+# config.json keys whose null means "none" rather than the default
+NULLABLE = {k: v for m in MODULES for k, v in getattr(m, "NULLABLE", {}).items()}
+# the families whose rotary may be partial (`partial_rotary_factor`)
+PARTIAL_ROTARY = tuple(a for m in MODULES for a in getattr(m, "PARTIAL_ROTARY", ()))
+# a family's own rotary reading, (cfg, theta, rope_scaling, head_dim) -> (theta, rope_scaling)
+ROPE = {arch: m.rope for m in MODULES if hasattr(m, "rope") for arch in m.ARCHITECTURES.values()}

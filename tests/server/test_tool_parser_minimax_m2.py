@@ -1,0 +1,129 @@
+"""MiniMax-M2's tool calls (`--tool-call-parser minimax_m2`) and thinking (`--reasoning-parser
+minimax_m2`), in the format MiniMax-M2's chat template asks for (`<minimax:tool_call>`, one
+`<invoke name=...>` per call, `<parameter name=...>` per argument): whole outputs and streams
+split anywhere give the same calls and content; each argument typed by its tool's schema; what
+is not a complete call stays content; the parser is detected from the template; the structural
+tag of `tool_choice: required` accepts the model's own call text."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from pagoda.runtime.server.reasoning import ReasoningStream, split, thinks
+from pagoda.runtime.server.tool_parser_minimax_m2 import MiniMaxM2Parser
+from pagoda.runtime.server.tool_parsers import detect
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "code": {"type": "string"},
+                                         "days": {"type": "integer"},
+                                         "hours": {"type": "array",
+                                                   "items": {"type": "integer"}}}}}},
+    {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}},
+]  # fmt: skip
+INVOKE = ('<invoke name="get_weather">\n<parameter name="city">New York</parameter>\n'
+          '<parameter name="code">42</parameter>\n<parameter name="days">3</parameter>\n'
+          '<parameter name="hours">[6, 12]</parameter>\n</invoke>')  # fmt: skip
+CALL = f"<minimax:tool_call>\n{INVOKE}\n</minimax:tool_call>"
+WEATHER = {"city": "New York", "code": "42", "days": 3, "hours": [6, 12]}
+CASES = [
+    (CALL, None, [("get_weather", WEATHER)]),
+    (f'Let me check.\n<minimax:tool_call>\n{INVOKE}\n<invoke name="now">\n</invoke>\n'
+     "</minimax:tool_call>", "Let me check.", [("get_weather", WEATHER), ("now", {})]),
+    # unquoted names, a value spread over lines, a repeated key (the first kept), no schema
+    ("<minimax:tool_call><invoke name=unknown><parameter name=a>\n{'x': True}\n</parameter>"
+     '<parameter name="b"> two words </parameter><parameter name="a">9</parameter></invoke>'
+     "</minimax:tool_call>", None, [("unknown", {"a": {"x": True}, "b": "two words"})]),
+]  # fmt: skip
+PLAIN = ["No call: 2 + 2 = 4.", "<minimax:tool_call>\n</minimax:tool_call>",
+         "a <minimax:tool_call> b"]  # fmt: skip
+
+
+def parser() -> MiniMaxM2Parser:
+    return MiniMaxM2Parser.for_request(TOOLS)
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), CASES)
+def test_whole_outputs(text, content, calls):
+    got_content, got = parser().parse(text)
+    assert got_content == content
+    assert [(c.name, json.loads(c.arguments)) for c in got] == calls
+    assert len({c.id for c in got}) == len(got)
+    assert [c.name for c in parser().parse(text, parallel=False)[1]] == [calls[0][0]]
+
+
+def _streamed(text: str, seed: int, parallel: bool = True) -> tuple[str, list]:
+    rng, stream, deltas, i = random.Random(seed), parser().stream(parallel), [], 0
+    while i < len(text):
+        k = rng.randint(1, 7)
+        deltas.append(stream.feed(text[i : i + k]))
+        i += k
+    deltas.append(stream.feed("", final=True))
+    calls: dict[int, list] = {}
+    for d in deltas:
+        for c in d.get("tool_calls", ()):
+            if "id" in c:  # a call's first delta: id, type and name, no arguments yet
+                assert c["index"] not in calls and c["function"]["arguments"] == ""
+                calls[c["index"]] = [c["function"]["name"], ""]
+            calls[c["index"]][1] += c["function"].get("arguments", "")
+    return "".join(d.get("content", "") for d in deltas), [calls[i] for i in sorted(calls)]
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), CASES)
+@pytest.mark.parametrize("seed", range(4))
+def test_streams_give_the_same_calls(text, content, calls, seed):
+    got_content, got = _streamed(text, seed)
+    assert got_content == (content or "")
+    assert [(n, json.loads(a)) for n, a in got] == calls
+    assert [a for _, a in got] == [c.arguments for c in parser().parse(text)[1]]
+    assert len(_streamed(text, seed, parallel=False)[1]) == 1
+
+
+@pytest.mark.parametrize("text", PLAIN)
+def test_what_is_not_a_call_stays_content(text):
+    assert parser().parse(text) == (text, [])
+    assert _streamed(text, 0)[0] == text
+
+
+def test_a_call_cut_short_streams_what_it_has():
+    """max_tokens inside a value: the whole response keeps the text as content; a stream has
+    sent the call's start and its complete parameters (finish_reason `length` tells)."""
+    text = CALL[: CALL.index('<parameter name="days">')] + '<parameter name="days">1'
+    assert parser().parse(text) == (text, [])
+    assert _streamed(text, 0) == ("", [["get_weather", '{"city": "New York", "code": "42"']])
+
+
+def test_detected_from_the_template():
+    template = ("{% for tool in tools %}<tool>{{ tool | tojson }}</tool>{% endfor %}\n"
+                '<minimax:tool_call>\n<invoke name="tool-name-1">\n<parameter name="param-key-1">'
+                "param-value-1</parameter>\n</invoke>\n</minimax:tool_call>")  # fmt: skip
+    assert detect(template) == "minimax_m2"
+
+
+def test_the_required_grammar_takes_the_models_own_call_text():
+    import xgrammar as xgr
+    from pagoda.runtime.server.protocol import ChatCompletionRequest
+    from pagoda.runtime.server.tools import prepare
+
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
+                                tools=TOOLS, tool_choice="required")  # fmt: skip
+    setup = prepare(req, "{{ tools }}", "minimax_m2")
+    assert setup.parser.name == "minimax_m2"
+    grammar = xgr.Grammar.from_structural_tag(setup.grammar.structural_tag)
+    accepts = xgr.testing._is_grammar_accept_string
+    assert accepts(grammar, CALL)
+    assert accepts(grammar, CASES[1][0].removeprefix("Let me check.\n"))
+    assert not accepts(grammar, CALL.replace(">3<", ">three<"))
+    assert parser().parse(CALL)[1][0].name == "get_weather"
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("sum it</think>\n\n8", ("sum it", "\n\n8")),  # the template opened <think> in the prompt
+    ("still thinking", ("still thinking", None)),  # cut off: all of it is reasoning
+])  # fmt: skip
+def test_minimax_m2_reasoning(text, want):
+    """The prompt ends with the template's `<think>\\n`: the output thinks until `</think>`."""
+    assert thinks("minimax_m2", "]~b]ai\n<think>\n", None)
+    assert split(text, ReasoningStream(True, "minimax_m2")) == want
