@@ -166,6 +166,28 @@ def test_decode_slots_out_of_order(built, monkeypatch, native):
     assert None in runs and any(r not in (None, "one") for r in runs)
 
 
+def test_parallel_samples_each_prefill_their_own_state(built):
+    """`n` > 1: without prefix caching the siblings of a request share their prompt's KV
+    blocks (one salt); a hybrid's siblings must not, or a sibling's Mamba state would skip the
+    prompt tokens it found cached. Each of the three samples reads as transformers'."""
+    from pagoda.runtime import SamplingParams
+
+    _, model, loaded, _ = built("bamba")
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=3)
+    p = prompts()[0]
+    seen: dict[str, list[torch.Tensor]] = {}
+    llm.engine.runner.logits_hook = lambda reqs, lg: [
+        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg.float())
+    ]
+    params = SamplingParams(temperature=0, n=3, max_tokens=NEW, ignore_eos=True)
+    out = llm.generate([{"prompt_token_ids": p}], params)[0]
+    want = hf_greedy_plain(model, p, NEW)
+    assert len(seen) == 3
+    for i, sample in enumerate(out.outputs):
+        rid = next(r for r in seen if r.endswith(f"#{i}"))
+        check((sample.token_ids, seen[rid]), want, f"sample {i}")
+
+
 def test_state_slots_and_kv_layers(built):
     """The KV cache holds the attention layers only; each Mamba layer one conv and one SSM
     state slot per sequence (max_num_seqs of them)."""
