@@ -219,7 +219,7 @@ class EngineCore:
         # siblings share their prompt's blocks, except a hybrid's: a cached block does not hold
         # its Mamba layers' state (`engine/recurrent.py`), each sibling prefills its own
         if (params.n > 1 and not self.config.cache.enable_prefix_caching
-                and self.model_config.family.mamba is None):  # fmt: skip
+                and not recurrent.keeps_state(self.model_config)):  # fmt: skip
             salt = hashlib.blake2b(request_id.encode(), digest_size=16).digest()
         elif self.config.cache.enable_prefix_caching:  # a longrope prompt past its original context
             salt = longrope.cache_salt(self.model_config.rope_scaling, len(prompt_token_ids))

@@ -188,6 +188,26 @@ def test_parallel_samples_each_prefill_their_own_state(built):
         check((sample.token_ids, seen[rid]), want, f"sample {i}")
 
 
+def test_granite_4_micro_all_attention_keeps_prefix_caching(tmp_path):
+    """Granite-4.0-Micro's shape: `GraniteMoeHybridForCausalLM` with attention in every layer
+    (rotary, tied, Granite's multipliers, no experts). No layer keeps a recurrent state, so
+    prefix caching stays on: a second pass over the prompts hits the cache and still reads as
+    transformers'."""
+    from arch_cases import check_chunked_cached_batched
+    from pagoda.runtime.model.loader import load_model
+
+    model = make_tiny_model(
+        tmp_path, "GraniteMoeHybrid", num_hidden_layers=2,
+        layer_types=["attention", "attention"], **MAMBA, num_local_experts=0,
+        shared_intermediate_size=64, position_embedding_type="rope", tie_word_embeddings=True,
+        embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125,
+        logits_scaling=6.0,
+    )  # fmt: skip
+    reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
+    llm = check_chunked_cached_batched(load_model(str(tmp_path)), reference, "granite-4.0-micro")
+    assert llm.engine.config.cache.enable_prefix_caching and llm.engine.kv.prefix_hits > 0
+
+
 def test_state_slots_and_kv_layers(built):
     """The KV cache holds the attention layers only; each Mamba layer one conv and one SSM
     state slot per sequence (max_num_seqs of them)."""
