@@ -25,7 +25,7 @@ def check_engine(mc: ModelConfig, tensor_parallel_size: int, quantization: str |
     `quantization`: --quantization, or the checkpoint's own ("fp8")."""
     if mc.family.mamba is None:
         return
-    if tensor_parallel_size > 1:
+    if tensor_parallel_size > 1 and keeps_state(mc):  # (attention alone splits as Llama's)
         raise ValueError(f"--tensor-parallel-size {tensor_parallel_size}: a {mc.architecture} "
                          "model (Mamba2 layers) runs on one rank only")  # fmt: skip
     if quantization is not None:
