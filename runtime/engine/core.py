@@ -216,8 +216,11 @@ class EngineCore:
         """One `Request` per sample (`n`): `request_id` itself for one, `request_id#i` for
         several, each with its own seed drawn from the request's (`bulk` with several)."""
         salt = None
-        if params.n > 1 and not self.config.cache.enable_prefix_caching:
-            salt = hashlib.blake2b(request_id.encode(), digest_size=16).digest()  # siblings share
+        # siblings share their prompt's blocks, except a hybrid's: a cached block does not hold
+        # its Mamba layers' state (`engine/recurrent.py`), each sibling prefills its own
+        if (params.n > 1 and not self.config.cache.enable_prefix_caching
+                and not recurrent.keeps_state(self.model_config)):  # fmt: skip
+            salt = hashlib.blake2b(request_id.encode(), digest_size=16).digest()
         elif self.config.cache.enable_prefix_caching:  # a longrope prompt past its original context
             salt = longrope.cache_salt(self.model_config.rope_scaling, len(prompt_token_ids))
         reqs = []

@@ -25,7 +25,7 @@ def check_engine(mc: ModelConfig, tensor_parallel_size: int, quantization: str |
     `quantization`: --quantization, or the checkpoint's own ("fp8")."""
     if mc.family.mamba is None:
         return
-    if tensor_parallel_size > 1:
+    if tensor_parallel_size > 1 and keeps_state(mc):  # (attention alone splits as Llama's)
         raise ValueError(f"--tensor-parallel-size {tensor_parallel_size}: a {mc.architecture} "
                          "model (Mamba2 layers) runs on one rank only")  # fmt: skip
     if quantization is not None:
@@ -34,9 +34,15 @@ def check_engine(mc: ModelConfig, tensor_parallel_size: int, quantization: str |
                          "checkpoint")  # fmt: skip
 
 
+def keeps_state(mc: ModelConfig) -> bool:
+    """Whether some layer keeps a recurrent state (Granite-4.0-Micro, a hybrid family with
+    attention in every layer, keeps none: its KV blocks hold all it needs)."""
+    return mc.family.mamba is not None and mc.family.mamba.num_layers > 0
+
+
 def engine_config(config: EngineConfig, mc: ModelConfig) -> EngineConfig:
     """`config` with prefix caching off for a model with Mamba layers (module docstring)."""
-    if mc.family.mamba is None or not config.cache.enable_prefix_caching:
+    if not keeps_state(mc) or not config.cache.enable_prefix_caching:
         return config
     log.info("prefix caching off: a %s model's Mamba layers keep a state per sequence that "
              "cached KV blocks do not hold", mc.architecture)  # fmt: skip

@@ -209,7 +209,7 @@ def _splits(mc: ModelConfig, tp: int) -> bool:
     `engine/recurrent.py`), so that no refused size is offered."""
     from pagoda.runtime.distributed.layout import check
 
-    if mc.family.mamba is not None:
+    if mc.family.mamba is not None and mc.family.mamba.num_layers:
         return False
     try:
         check(mc, tp)

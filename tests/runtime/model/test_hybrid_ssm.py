@@ -166,6 +166,68 @@ def test_decode_slots_out_of_order(built, monkeypatch, native):
     assert None in runs and any(r not in (None, "one") for r in runs)
 
 
+def test_parallel_samples_each_prefill_their_own_state(built):
+    """`n` > 1: without prefix caching the siblings of a request share their prompt's KV
+    blocks (one salt); a hybrid's siblings must not, or a sibling's Mamba state would skip the
+    prompt tokens it found cached. Each of the three samples reads as transformers'."""
+    from pagoda.runtime import SamplingParams
+
+    _, model, loaded, _ = built("bamba")
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=3)
+    p = prompts()[0]
+    seen: dict[str, list[torch.Tensor]] = {}
+    llm.engine.runner.logits_hook = lambda reqs, lg: [
+        seen.setdefault(r.request_id, []).append(row.clone()) for r, row in zip(reqs, lg.float())
+    ]
+    params = SamplingParams(temperature=0, n=3, max_tokens=NEW, ignore_eos=True)
+    out = llm.generate([{"prompt_token_ids": p}], params)[0]
+    want = hf_greedy_plain(model, p, NEW)
+    assert len(seen) == 3
+    for i, sample in enumerate(out.outputs):
+        rid = next(r for r in seen if r.endswith(f"#{i}"))
+        check((sample.token_ids, seen[rid]), want, f"sample {i}")
+
+
+def _granite_4_micro(path):
+    """Granite-4.0-Micro's shape: `GraniteMoeHybridForCausalLM` with attention in every layer
+    (rotary, tied, Granite's multipliers, no experts): (transformers model, loaded, its greedy
+    tokens and logits per prompt)."""
+    from pagoda.runtime.model.loader import load_model
+
+    model = make_tiny_model(
+        path, "GraniteMoeHybrid", num_hidden_layers=2, layer_types=["attention", "attention"],
+        **MAMBA, num_local_experts=0, shared_intermediate_size=64, position_embedding_type="rope",
+        tie_word_embeddings=True, embedding_multiplier=12.0, residual_multiplier=0.22,
+        attention_multiplier=0.0078125, logits_scaling=6.0,
+    )  # fmt: skip
+    return model, load_model(str(path)), [hf_greedy_plain(model, p, NEW) for p in prompts()]
+
+
+def test_granite_4_micro_all_attention_keeps_prefix_caching(tmp_path):
+    """No layer of Granite-4.0-Micro keeps a recurrent state, so prefix caching stays on: a
+    second pass over the prompts hits the cache and still reads as transformers'. FP8 stays
+    refused (not run on these families here); two ranks are not (below)."""
+    from arch_cases import check_chunked_cached_batched
+    from pagoda.runtime.engine.recurrent import check_engine
+
+    _, loaded, reference = _granite_4_micro(tmp_path)
+    llm = check_chunked_cached_batched(loaded, reference, "granite-4.0-micro")
+    assert llm.engine.config.cache.enable_prefix_caching and llm.engine.kv.prefix_hits > 0
+    check_engine(loaded.config, 2, None)
+    with pytest.raises(ValueError, match="fp8 quantization is not supported"):
+        check_engine(loaded.config, 1, "fp8")
+
+
+@pytest.mark.slow  # a second process (gloo): ~6 s on 2 busy cores
+def test_granite_4_micro_on_two_ranks(tmp_path):
+    """Granite-4.0-Micro (attention alone) splits over two ranks as Granite does: the small
+    pool (chunked, preempted), then a warm cache; tokens and logits as transformers'."""
+    from arch_cases import check_two_ranks
+
+    _, loaded, reference = _granite_4_micro(tmp_path)
+    check_two_ranks(tmp_path, loaded, reference, "granite-4.0-micro")
+
+
 def test_state_slots_and_kv_layers(built):
     """The KV cache holds the attention layers only; each Mamba layer one conv and one SSM
     state slot per sequence (max_num_seqs of them)."""
