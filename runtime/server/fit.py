@@ -50,7 +50,8 @@ TP_SIZES = (2, 4, 8, 16, 32, 64)  # the group sizes suggested (GPUs of the same 
 
 @dataclass(frozen=True)
 class Plan:
-    """What one rank holds: the served dtype, FP8 projections or not, FP8 KV or not, ranks."""
+    """What one rank holds: the served dtype, FP8 projections or not, FP8 KV or not, ranks;
+    ``int8_kv``: the CPU's int8 KV cache (each row's bytes and a float32 scale)."""
 
     dtype: torch.dtype
     fp8_weights: bool
@@ -59,6 +60,7 @@ class Plan:
     max_model_len: int = 0
     block_size: int = 16
     max_num_seqs: int = 1  # a hybrid's Mamba state slots: one per sequence
+    int8_kv: bool = False
 
     def weight_bytes(self, mc: ModelConfig) -> int:
         """The weights of one rank (module docstring)."""
@@ -69,8 +71,9 @@ class Plan:
         return max(1, mc.num_kv_heads // self.tp)
 
     def kv_bytes_per_token(self, mc: ModelConfig) -> int:
-        item = 1 if self.fp8_kv else self.dtype.itemsize
-        return mc.num_kv_layers * mc.kv_tensors * self.kv_heads(mc) * mc.head_dim * item
+        item = 1 if self.fp8_kv or self.int8_kv else self.dtype.itemsize
+        row = mc.head_dim * item + 4 * self.int8_kv  # int8: a float32 scale per row
+        return mc.num_kv_layers * mc.kv_tensors * self.kv_heads(mc) * row
 
     def kv_bytes(self, mc: ModelConfig, tokens: int | None = None) -> int:
         """One sequence of ``tokens`` (default ``max_model_len``), in whole blocks."""
@@ -98,9 +101,9 @@ def plan_of(cfg: EngineConfig, model_path: Path, tp: int = 1) -> Plan:
     if scheme is not None and scheme.block is not None:  # block-wise: dequantized at load
         scheme = None
     fp8 = (cfg.quantization == "fp8" or scheme is not None) and fp8_runs_on(device)
-    return Plan(cfg.torch_dtype(), fp8, cfg.cache.kv_cache_dtype == "fp8", tp,
-                cfg.scheduler.max_model_len or 0, cfg.cache.block_size,
-                cfg.scheduler.max_num_seqs)  # fmt: skip
+    kv = cfg.cache.kv_cache_dtype
+    return Plan(cfg.torch_dtype(), fp8, kv == "fp8", tp, cfg.scheduler.max_model_len or 0,
+                cfg.cache.block_size, cfg.scheduler.max_num_seqs, kv == "int8")  # fmt: skip
 
 
 def usable(cfg: EngineConfig, device: torch.device) -> tuple[int, str]:
@@ -188,7 +191,9 @@ def message(
     (not for a GGUF: `quantization.fp8.check_checkpoint_form`)."""
     kind = "FP8" if plan.fp8_weights else str(plan.dtype).removeprefix("torch.")
     how = how or f"({kind})"
-    kv_kind = "fp8" if plan.fp8_kv else str(plan.dtype).removeprefix("torch.")
+    kv_kind = (
+        "fp8" if plan.fp8_kv else "int8" if plan.int8_kv else str(plan.dtype).removeprefix("torch.")
+    )
     params = mc.num_params / 1e9
     ranks = f" per GPU over {plan.tp} ranks" if plan.tp > 1 else ""
     what = "--kv-cache-memory" if budgeted else f"one {plan.max_model_len}-token sequence"

@@ -142,6 +142,26 @@ def test_cpu_counts_host_memory_and_suggests_a_smaller_cache(tmp_path, monkeypat
                                       kv_cache_memory=512 << 20), tmp_path)  # fmt: skip
 
 
+def test_the_cpus_int8_kv_cache_counts_its_bytes_and_scales(tmp_path, monkeypatch):
+    """``--kv-cache-dtype int8`` (the CPU's): a row is its head_dim bytes and a float32 scale,
+    as the engine allocates it (`memory.kv_bytes_per_token`), not the model dtype's; the
+    message names int8 KV. DeepSeek-V3's latent row: 61 x (576 + 4) bytes a token."""
+    monkeypatch.setattr(memory, "host_available", lambda: (8 * GIB, "MemAvailable"))
+    mc = ModelConfig(**LLAMA_8B)
+    cfg = EngineConfig.create("m", device="cpu", dtype="bfloat16", max_model_len=4096,
+                              kv_cache_dtype="int8")  # fmt: skip
+    plan = fit.plan_of(cfg, tmp_path)
+    want = memory.kv_bytes_per_token(mc, torch.bfloat16, "int8")
+    assert plan.kv_bytes_per_token(mc) == want == 32 * 2 * 8 * (128 + 4)
+    with pytest.raises(ReasonedError, match=r"KV cache 264\.0 MiB for one 4096-token sequence "
+                                            r"\(int8 KV\)"):  # fmt: skip
+        fit.check(mc, cfg, tmp_path)
+    v3 = {**LLAMA_8B, "num_layers": 61, "num_kv_heads": 1, "head_dim": 576, "num_heads": 128}
+    mla = dataclasses.replace(ModelConfig(**v3), family=config.FamilyConfig(mla=config.MlaConfig(
+        kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)))  # fmt: skip
+    assert plan.kv_bytes_per_token(mla) == 61 * 580
+
+
 def test_an_fp8_checkpoint_counts_as_fp8_only_where_fp8_runs(tmp_path, gpu):
     hf = {**{HF_NAMES.get(k, k): v for k, v in LLAMA_8B.items()},
           "architectures": ["LlamaForCausalLM"],
