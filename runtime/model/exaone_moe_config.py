@@ -54,8 +54,9 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
                                        or pattern < 1):  # fmt: skip
         raise ValueError(f"EXAONE MoE's sliding_window_pattern {pattern!r} without layer_types "
                          "is not supported (transformers reads a positive integer)")  # fmt: skip
-    default = ["full_attention" if not (i + 1) % (pattern or 1) else "sliding_attention"
-               for i in range(n)]  # fmt: skip
+    # (a pattern beside layer_types is not read: EXAONE's own configs name it "LLLG")
+    default = [] if cfg.get("layer_types") else [
+        "full_attention" if not (i + 1) % pattern else "sliding_attention" for i in range(n)]  # fmt: skip
     kinds = ("sliding_attention", "full_attention")
     sliding = tuple(t == kinds[0] for t in _per_layer(cfg, "layer_types", n, default, kinds))
     # the window layers rotate; the global ones attend without rotary (NoPE)

@@ -11,7 +11,8 @@ JSON, as MiniMax-M2's chat template asks for them::
 
 A value is typed as GLM-4.5's (`tool_parser_glm45.Glm45Parser.value`: the text, stripped, kept
 as a string where the tool's schema says ``string``, else read as JSON, else as a Python
-literal, else the string), which is what MiniMax's own parser does for the schema's types; a
+literal, else the string), which is what MiniMax's own parser does for the schema's types,
+except that ``null`` is null whatever the type (as MiniMax's and vLLM's parsers read it); a
 name may be quoted or not. Streaming is GLM-4.5's too (`Glm45Stream`): a call's id and name
 once its ``<invoke name=...>`` is written, its arguments as JSON text parameter by parameter,
 the closing brace with ``</invoke>``. Output that holds no complete call stays content.
@@ -20,6 +21,7 @@ the closing brace with ``</invoke>``. Output that holds no complete call stays c
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from pagoda.runtime.server.tool_call import prefix_overlap
 from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser, json_pair
@@ -51,6 +53,14 @@ class MiniMaxM2Parser(Glm45Parser):
 
     def _held(self, text: str) -> int:
         return prefix_overlap(text, TAG)
+
+    def value(self, tool: str, key: str, raw: str) -> Any:
+        """GLM-4.5's typing, but ``null`` is JSON's null whatever the schema says (a string
+        argument's included), as MiniMax's and vLLM's parsers read it: the chat template
+        writes a None argument as ``null``."""
+        if raw.strip().lower() == "null":
+            return None
+        return super().value(tool, key, raw)
 
     def scan(self, region: str, parallel: bool) -> list[tuple[str, list[str], bool]]:
         """The calls in `region` (the text after `<minimax:tool_call>`) so far: (name, the

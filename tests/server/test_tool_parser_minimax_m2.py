@@ -33,6 +33,10 @@ CASES = [
     (f'Let me check.\n<minimax:tool_call>\n{INVOKE}\n<invoke name="now">\n</invoke>\n'
      "</minimax:tool_call>", "Let me check.", [("get_weather", WEATHER), ("now", {})]),
     # unquoted names, a value spread over lines, a repeated key (the first kept), no schema
+    # null is None whatever the schema's type, as MiniMax's and vLLM's parsers read it
+    ('<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">null'
+     '</parameter>\n<parameter name="days">Null</parameter>\n</invoke>\n</minimax:tool_call>',
+     None, [("get_weather", {"city": None, "days": None})]),
     ("<minimax:tool_call><invoke name=unknown><parameter name=a>\n{'x': True}\n</parameter>"
      '<parameter name="b"> two words </parameter><parameter name="a">9</parameter></invoke>'
      "</minimax:tool_call>", None, [("unknown", {"a": {"x": True}, "b": "two words"})]),

@@ -81,6 +81,20 @@ def test_config_reads_as_transformers(built):
     assert g.shared_expert_intermediate_size == 48
 
 
+def test_a_pattern_string_beside_layer_types_reads_as_transformers(built, tmp_path):
+    """EXAONE's own configs name the pattern "LLLG" beside `layer_types`: transformers reads
+    the list (and never the string); so does the engine (it raised a TypeError)."""
+    import json
+
+    cfg = json.loads((built("exaone-moe-types")[0] / "config.json").read_text())
+    cfg["sliding_window_pattern"] = "LLLG"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path).layer_types
+    f = read_model_config(str(tmp_path)).family
+    assert f.window_layers == tuple(t == "sliding_attention" for t in theirs) == (
+        False, True, False)  # fmt: skip
+
+
 @pytest.mark.parametrize("tp", [1, 2])
 def test_the_weights_estimate_is_what_the_model_holds(built, tp):
     from model_bytes import check_estimate
