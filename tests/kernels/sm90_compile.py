@@ -335,7 +335,8 @@ CASES: dict[str, dict] = {
     "d256-bf16-split-decode": dict(head_dim=256, heads=16, kv_heads=4, dtype=BF16,
                                    kv_dtype=BF16, seqs=[(1, 5)] * 3 + [(70, 90)],
                                    max_seq_len=32768, num_decodes=3, num_kv_splits=4),
-    # ... at DeepSeek-V3's 128 query heads on one GPU (128 rows of 1024 lanes per program)
+    # ... at DeepSeek-V3's 128 query heads on one GPU: 393 kB of shared memory in one tile
+    # (past sm_90's 227 kB) before `attention.max_query_heads`; now 8 launches of 16 heads
     "latent-d576-h128-split-decode": dict(head_dim=576, heads=128, kv_heads=1, dtype=BF16,
                                           kv_dtype=BF16, seqs=[(1, 5)] * 3 + [(70, 90)],
                                           max_seq_len=32768, num_decodes=3, num_kv_splits=4,
@@ -384,6 +385,8 @@ SLOW = {
 # split-KV decode and unified kernels 0.3-0.5 kB at 255 registers; shared memory fits (99 kB).
 # They compile and are correct (test_kernel_latent.py) but will be slow on a GPU: a 1024-lane
 # row needs tiles or warps sized for it (not done; the `families` step's latent test runs them).
+# At 128 query heads the decode and prefill kernels needed 393 kB of shared memory (one tile of
+# all of a KV head's query heads) until paged_attention launched them in groups of 16.
 KNOWN_SPILLS = {"fp32-d256-decode", "deep-moe", "deep-matmul", "deep-fp8-w8a16",
                 "sinks-invariant", "mla-d192-split-decode", "mla-d192-split-decode-fp16",
                 "mla-d192-invariant-fp16", "chunked-gqa5-invariant-fp16",
