@@ -16,8 +16,8 @@
 # ones: moetests (kernel vs reference compiled, Qwen3-30B-A3B expert shape invariance and graph
 # capture, the sweep), moekernels (kernel_speed's MoE rows), moe (nano-vllm's workload on a
 # Qwen3-30B-A3B-shaped random model, default and swept MoE configs side by side, step vs floor),
-# families (the new architectures' kernel shapes compiled, each family's tiny model against
-# transformers on the GPU, CUDA graphs against eager),
+# families and families2 (the new architectures' kernel shapes compiled, DeepSeek's latent
+# cache, each family's tiny model against transformers on the GPU, CUDA graphs against eager),
 # then the FP8 ones: fp8tests (quantization, GEMM and KV write compiled against the references,
 # bit for bit where the maths is, the GEMM's invariance at Llama-3-8B shapes, the FP8 sweep) and
 # fp8kernels (kernel_speed's FP8 GEMM rows vs bf16 at Llama-3-8B shapes), fp8engine (FP8 KV
@@ -55,7 +55,7 @@
 # checked) and stay off the path; no model is written. tests/benchmarks/test_gpu_check.py runs it.
 set -u
 ISSUE40="serving prefillspeed ready throughput"
-STEPS=${STEPS:-$ISSUE40 tests prefill tunetests tune kcache invariance kernels moetests moekernels moe families fp8tests fp8kernels fp8engine fp8throughput tptests tp tpfp8}
+STEPS=${STEPS:-$ISSUE40 tests prefill tunetests tune kcache invariance kernels moetests moekernels moe families families2 fp8tests fp8kernels fp8engine fp8throughput tptests tp tpfp8}
 OUT=${OUT:-${1:-gpu-out}}
 BUDGET_S=${BUDGET_S:-570}
 DRY_RUN=${DRY_RUN:-}
@@ -200,25 +200,44 @@ TAIL=12 step moetests 200 $PY -m pytest -q -rs -p no:cacheprovider --timeout 190
 TAIL=20 step moekernels 150 $PY benchmarks/kernel_speed.py --no-attention
 TAIL=40 step moe 540 $PY benchmarks/gpu_throughput.py --shape qwen3-30b-a3b --tune-moe \
     --hf-requests 0 --kernel-profile 5
-# The new families' CUDA paths (~5-7 min, est., unmeasured: STEPS=families BUDGET_S=560 in one
-# call): their kernel shapes compiled against the references (sinks in every attention path,
-# Llama 4's chunked attention in every path, DeepSeek's heads of 192 and 48, GQA 8 and 16,
-# gpt-oss's experts' biases and clamped SwiGLU),
-# then every gpu-marked test of tests/runtime/model (FAMILY_TESTS: other paths, for a rerun of
-# what a cut-off call left): each family's tiny model against transformers on the GPU with CUDA
-# graphs, eager decodes as the graphs', no host sync in any step's launch (DeepSeek-V2/V3,
-# gpt-oss, GLM/GLM-4, GLM-4.5, Llama 4, Cohere/Cohere 2, SmolLM3, OLMo 3, Mistral 3, EXAONE 4,
-# ERNIE 4.5 MoE, Hunyuan, dots.llm1, MiniMax-M2, PhiMoE, EXAONE MoE, FlexOlmo, AfMoE ..., and any
-# family whose test file adds one), in file order.
+# The new families' CUDA paths, in two steps of one call each (STEPS=families BUDGET_S=560, then
+# STEPS=families2; est. ~6-7.5 and ~6.5-7 min, unmeasured; docs/benchmarks.md has the sums).
+# families: their kernel shapes compiled against the references (sinks in every attention path,
+# Llama 4's chunked attention in every path, DeepSeek's heads of 192 and 48 and its latent cache:
+# one tensor as both caches, 576 wide in 1024 lanes, GQA 8 and 16, gpt-oss's experts' biases and
+# clamped SwiGLU), then FAMILY_TESTS's gpu-marked tests, most valuable first: DeepSeek (the
+# latent cache), the hybrid Mamba2 models (their Mamba kernels; CUDA graphs off), Llama 4,
+# gpt-oss, then the MoE families' experts in the fused-MoE kernel (ERNIE 4.5 MoE, Hunyuan,
+# dots.llm1, MiniMax-M2, PhiMoE, EXAONE MoE, FlexOlmo, AfMoE). families2: FAMILY_TESTS2, the
+# dense families (test_dense_archs: heads of 80, 96, 112, 256 with partial rotary ...), GLM,
+# Cohere, GLM-4.5 and the rest. Each family's tiny model against transformers on the GPU with
+# CUDA graphs, eager decodes as the graphs', no host sync in any step's launch. Between them
+# the two lists hold every test file of tests/runtime/model with a gpu-marked test
+# (tests/benchmarks/test_gpu_check.py checks it); set either to a subset to rerun what a
+# cut-off call left.
+FAMILY_TESTS=${FAMILY_TESTS:-tests/runtime/model/test_deepseek.py \
+    tests/runtime/model/test_hybrid_ssm.py tests/runtime/model/test_llama4.py \
+    tests/runtime/model/test_gpt_oss.py tests/runtime/model/test_ernie4_5_moe.py \
+    tests/runtime/model/test_hunyuan.py tests/runtime/model/test_dots1.py \
+    tests/runtime/model/test_minimax_m2.py tests/runtime/model/test_phimoe.py \
+    tests/runtime/model/test_exaone_moe.py tests/runtime/model/test_flex_olmo.py \
+    tests/runtime/model/test_afmoe.py}
+FAMILY_TESTS2=${FAMILY_TESTS2:-tests/runtime/model/test_dense_archs.py \
+    tests/runtime/model/test_glm_cohere.py tests/runtime/model/test_glm4_moe.py \
+    tests/runtime/model/test_more_archs.py}
 TAIL=40 step families 540 bash -c '
+    $1 -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 150 tests/kernels/test_kernel_latent.py
+    latent=$?
     $1 -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 150 \
         -k "sinks or gpt_oss or new_families or chunked" tests/kernels/test_kernel_attention.py \
         tests/kernels/test_prefill_attention.py tests/kernels/test_fused_moe.py
     kernels=$?
     $1 -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 150 $2
     models=$?
-    echo "families: kernels rc=$kernels, models rc=$models"
-    exit $((kernels || models))' families "$PY" "${FAMILY_TESTS:-tests/runtime/model}"
+    echo "families: latent rc=$latent, kernels rc=$kernels, models rc=$models"
+    exit $((latent || kernels || models))' families "$PY" "$FAMILY_TESTS"
+TAIL=40 step families2 540 $PY -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 150 \
+    $FAMILY_TESTS2
 TAIL=15 step fp8tests 240 $PY -m pytest -q -rs -p no:cacheprovider --timeout 230 \
     tests/kernels/test_fp8_kernels.py tests/runtime/tune/test_fp8_sweep.py
 TAIL=40 step fp8kernels 200 $PY benchmarks/kernel_speed.py --no-attention --moe "" --fp8 llama3-8b

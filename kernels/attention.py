@@ -33,7 +33,7 @@ Everything is decided from shapes and host ints, so the launcher can be captured
 from __future__ import annotations
 
 import torch
-from pagoda.kernels._common import check_device
+from pagoda.kernels._common import check_device, next_pow2
 from pagoda.kernels.attn_common import kv_scale_args
 from pagoda.kernels.config import get_kernel_config, num_sms
 from pagoda.kernels.decode_attention import choose_num_splits, launch_decode_attention
@@ -79,6 +79,24 @@ def _validate(
         raise ValueError("query_start_loc must be int32 [num_seqs + 1]")
     if block_tables.shape[0] != seq_lens.shape[0] or block_tables.stride(1) != 1:
         raise ValueError("block_tables must be [num_seqs, max_blocks] with contiguous rows")
+
+
+# The query tile a program holds (a KV head's query heads, at least): 16 heads of DeepSeek's
+# latent 576 (1024 lanes) in bf16, 99 kB of shared memory on sm_90; its 128 heads in one tile
+# needed 393 kB, past the 227 kB there (tests/kernels/sm90_compile.py's latent-d576-h128 case).
+QUERY_TILE_BYTES = 16 * 1024 * 2
+
+
+def max_query_heads(q: torch.Tensor) -> int:
+    """The most query heads of one KV head a launch takes (`QUERY_TILE_BYTES`): more are
+    attended in groups of this many, a function of the head size and dtype only (a row's result
+    is the same whatever the batch: batch invariance holds)."""
+    return max(1, QUERY_TILE_BYTES // (max(next_pow2(q.shape[2]), 16) * q.element_size()))
+
+
+def _kv_head(scale: torch.Tensor | None, kv: slice) -> torch.Tensor | None:
+    """A KV head's slice of an FP8 cache's scale (one element, or one per KV head)."""
+    return scale if scale is None or scale.numel() == 1 else scale.reshape(-1)[kv]
 
 
 def paged_attention(
@@ -134,6 +152,24 @@ def paged_attention(
         num_decodes = num_seqs if max_query_len == 1 else 0
     if not 0 <= num_decodes <= num_seqs:
         raise ValueError(f"num_decodes={num_decodes} outside [0, {num_seqs}]")
+    kv_heads, group = k_cache.shape[2], max_query_heads(q)
+    per_kv = q.shape[1] // kv_heads
+    if per_kv > group:  # the kernels hold a KV head's query heads in one tile: launch in groups
+        for h in range(kv_heads):
+            kv = slice(h, h + 1)
+            for first in range(h * per_kv, (h + 1) * per_kv, group):
+                heads = slice(first, min(first + group, (h + 1) * per_kv))
+                paged_attention(
+                    q=q[:, heads], k_cache=k_cache[:, :, kv], v_cache=v_cache[:, :, kv],
+                    block_tables=block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc,
+                    max_query_len=max_query_len, max_seq_len=max_seq_len, scale=scale,
+                    out=out[:, heads], num_decodes=num_decodes, num_kv_splits=num_kv_splits,
+                    batch_invariant=batch_invariant, sliding_window=sliding_window,
+                    softcap=softcap, k_scale=_kv_head(k_scale, kv), v_scale=_kv_head(v_scale, kv),
+                    flash_prefill=flash_prefill, sinks=None if sinks is None else sinks[heads],
+                    attention_chunk=attention_chunk,
+                )  # fmt: skip
+        return out
     if flash_prefill:
         _flash_launches(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,

@@ -62,10 +62,12 @@ def test_attention_kernels_compile_for_sm90_within_shared_memory() -> None:
     _compile("--fast")
 
 
-@pytest.mark.slow  # ~3 min with a cold Triton cache
+@pytest.mark.slow  # ~5 min with a cold Triton cache
 def test_new_families_variants_compile_for_sm90() -> None:
     """The new families' kernels in their other dtypes and shapes: sinks in fp16 and over an
     FP8 cache, heads of 192 in fp16 and over an FP8 cache, 16 query heads per KV head, the
     experts at gpt-oss's, DeepSeek-V3's and V2-Lite's shapes under the packaged configs,
-    Llama 4's chunked attention (5 query heads per KV head) in fp16 and over an FP8 cache."""
+    Llama 4's chunked attention (5 query heads per KV head) in fp16 and over an FP8 cache,
+    DeepSeek's latent cache (one tensor as both caches, 576 wide in 1024 lanes; bf16 and FP8,
+    16 and 128 query heads), the new dense families' heads of 80, 96, 112 and 256 in bf16."""
     _compile("--slow")
