@@ -74,6 +74,20 @@ def segment_sum(x: torch.Tensor) -> torch.Tensor:
     return out.masked_fill(~keep, -torch.inf)
 
 
+def ssd_scan_bytes(tokens: int, heads: int, head_dim: int, d_state: int, chunk: int) -> int:
+    """An upper bound on `ssd_scan`'s float32 temporaries for `tokens` tokens laid out in one
+    sequence (padded to whole chunks; independent of n_groups, as B and C are repeated per
+    head, and of the model's dtype, as the scan runs in float32). Per head and token: three
+    [chunk] rows (the decay matrix, the scores, the scores' copy in their einsum), four
+    [d_state] (B and C repeated per head, their padded copies, B scaled to the chunk end),
+    five [head_dim] (x scaled by dt and padded, D x, y, the start states' read-out) and the
+    per-chunk states twice (each chunk's own and after the recurrence, [head_dim, d_state]
+    per chunk). Measured (`tests/runtime/model/test_hybrid_ssm.py`) at 0.65-0.9 of this."""
+    padded = -(-tokens // chunk) * chunk
+    per = 3 * chunk + 4 * d_state + 5 * head_dim + 2 * head_dim * d_state / chunk
+    return int(padded * heads * per * 4)
+
+
 def ssd_scan(
     x: torch.Tensor,  # [b, L, H, P] float32
     dt: torch.Tensor,  # [b, L, H] float32, softplus'd and clamped (0 on padding)

@@ -135,6 +135,10 @@ def check(
         weights += state
         how += f", and {gib(state)} of Mamba state for {plan.max_num_seqs} sequences"
     have, where = usable(cfg, device)
+    tokens = cfg.scheduler.max_num_batched_tokens
+    if device.type == "cuda" and (scan := memory.scan_bytes(mc, tokens)):  # kept free too
+        have -= scan
+        where = f"{where[:-1]}, and {gib(scan)} for the Mamba scan of a {tokens}-token step)"
     kv = plan.kv_bytes(mc)
     budget = kv_budget(cfg, plan.kv_bytes_per_token(mc), device)
     budgeted = budget is not None and budget < kv

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig
+from pagoda.runtime.model.mamba2 import ssd_scan_bytes
 from pagoda.runtime.server import weights
 from pagoda.runtime.server.weights import gib  # used here, and by callers as `memory.gib`
 
@@ -160,11 +161,21 @@ def step_bytes(
         tokens, rows = min(tokens, kv_blocks * bs), min(rows, kv_blocks)
     qkv = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
     per_token = (4 * mc.hidden_size + qkv + 3 * mc.intermediate_size) * dtype.itemsize
-    if (m := mc.family.mamba) is not None:  # the chunked scan's float32 temporaries, at
-        # least the decay mask and the scores alive together: two [heads, chunk] rows a token
-        # (`mamba2.ssd_scan`; a floor: its einsums' copies come and go beside them)
-        per_token += 2 * m.n_heads * min(m.chunk_size, tokens) * 4 + 2 * m.conv_dim * 4
-    return tokens * per_token + rows * mc.vocab_size * 8  # float32 logits and probabilities
+    scan = 0
+    if (m := mc.family.mamba) is not None:  # the chunked scan's float32 temporaries and the
+        # conv's padded input and output (`mamba2.ssd_scan_bytes`)
+        per_token += 2 * m.conv_dim * 4
+        scan = scan_bytes(mc, tokens)
+    return tokens * per_token + scan + rows * mc.vocab_size * 8  # float32 logits, probabilities
+
+
+def scan_bytes(mc: ModelConfig, tokens: int) -> int:
+    """A hybrid's chunked-scan temporaries for a step of `tokens` prefill tokens (0 without
+    Mamba layers): what the CUDA runner keeps free beside `GPU_HEADROOM`."""
+    m = mc.family.mamba
+    if m is None:
+        return 0
+    return ssd_scan_bytes(tokens, m.n_heads, m.head_dim, m.d_state, m.chunk_size)
 
 
 def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path,
@@ -184,7 +195,12 @@ def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path,
         free, total = device_available(device)
         if fp.kv_cache == 0:  # default budget: what the runner will take after the weights
             budget = int(total * cfg.cache.gpu_memory_utilization) - (total - free)
-            budget -= fp.weights + fp.state + GPU_HEADROOM
+            budget -= (
+                fp.weights
+                + fp.state
+                + GPU_HEADROOM
+                + scan_bytes(mc, cfg.scheduler.max_num_batched_tokens)
+            )
             fp = estimate_with_kv(fp, mc, cfg, max(budget, 0), per_block)
             derived = True
         where = f"free on {device} ({gib(total)} in all)"

@@ -39,6 +39,7 @@ from pagoda.runtime.sampling.sampler import (
     head_sampling,
     sample,
 )
+from pagoda.runtime.server import memory
 from pagoda.runtime.structured.bitmask import GrammarBitmask, grammar_rows
 from pagoda.runtime.worker import prompt_logprobs
 from pagoda.runtime.worker.block_table import BlockTables
@@ -202,7 +203,9 @@ class ModelRunner:
         elif self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             used = total - free
-            headroom = 1 << 30  # activations and CUDA graphs
+            # activations and CUDA graphs, and a hybrid's chunked-scan temporaries
+            tokens = self.config.scheduler.max_num_batched_tokens
+            headroom = memory.GPU_HEADROOM + memory.scan_bytes(self.model_config, tokens)
             budget = int(total * cache.gpu_memory_utilization) - used - headroom
         else:
             budget = CPU_DEFAULT_KV_BYTES

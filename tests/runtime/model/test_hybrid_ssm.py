@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import weakref
 
 import pytest
 import torch
 from arch_cases import NEW, SMALL_POOL, built_fixture, case_fixture, check, generate, prompts
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM
+from pagoda.runtime.model.mamba2 import ssd_scan, ssd_scan_bytes
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 transformers = pytest.importorskip("transformers")
 MAMBA = dict(mamba_n_heads=4, mamba_d_state=16, mamba_chunk_size=8)
@@ -426,3 +430,100 @@ def test_gpu_matches_transformers_without_host_syncs(built, name):
     small = LLM(loaded=loaded, **{**SMALL_POOL, "device": "cuda"})
     for i, (want, g) in enumerate(zip(reference, generate(small, prompts()))):
         check(g, want, f"{name}: prompt {i}, cuda, preempted")
+
+
+class _LiveBytes(TorchDispatchMode):
+    """The peak bytes of the storages that ops create and that some tensor still holds (the
+    inputs' storages left out): an allocator's peak, measured on the CPU, op by op."""
+
+    def __init__(self, inputs):
+        super().__init__()
+        self.outside = {t.untyped_storage().data_ptr() for t in inputs}
+        self.live: dict[int, list[int]] = {}  # storage -> [bytes, tensors holding it]
+        self.now = self.peak = 0
+
+    def _release(self, key: int) -> None:
+        entry = self.live[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.now -= entry[0]
+            del self.live[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                s = t.untyped_storage()
+                key = s.data_ptr()
+                if key in self.outside or s.nbytes() == 0:
+                    continue
+                if key not in self.live:
+                    self.live[key] = [s.nbytes(), 0]
+                    self.now += s.nbytes()
+                self.live[key][1] += 1
+                weakref.finalize(t, self._release, key)
+        self.peak = max(self.peak, self.now)
+        return out
+
+
+@pytest.mark.parametrize(
+    "tokens, heads, head_dim, d_state, groups, chunk",
+    [(512, 8, 32, 64, 1, 64), (300, 4, 16, 128, 2, 32), (256, 4, 64, 32, 4, 128)],
+)
+def test_the_scan_temporaries_estimate_bounds_the_measured_peak(
+    tokens, heads, head_dim, d_state, groups, chunk
+):
+    """`ssd_scan_bytes` (the memory estimate's and the CUDA runner's term for the chunked
+    scan) is at least the scan's measured peak and at most twice it."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, tokens, heads, head_dim, generator=g)
+    dt = torch.rand(1, tokens, heads, generator=g)
+    A, D = -torch.rand(heads, generator=g), torch.rand(heads, generator=g)
+    B = torch.randn(1, tokens, groups, d_state, generator=g)
+    C = torch.randn(1, tokens, groups, d_state, generator=g)
+    state = torch.zeros(1, heads, head_dim, d_state)
+    with _LiveBytes([x, dt, A, B, C, D, state]) as live:
+        y, final = ssd_scan(x, dt, A, B, C, D, state, chunk)
+        del y, final
+    est = ssd_scan_bytes(tokens, heads, head_dim, d_state, chunk)
+    assert live.peak <= est <= 2 * live.peak, (live.peak, est)
+
+
+def test_the_scan_is_kept_free_on_cuda_for_the_step_token_budget(tmp_path, monkeypatch):
+    """Nemotron-Nano-9B-v2's shapes (128 Mamba heads of 80, d_state 128, chunk 128): an
+    8k-token step's scan needs ~5.7 GiB, which the fit check (and the runner) keep free on CUDA
+    beside the flat 1 GiB, and which the memory estimate's activations count."""
+    import json
+
+    from pagoda.runtime import config
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.server import fit, memory
+
+    cfg = {"architectures": ["NemotronHForCausalLM"], "vocab_size": 131072, "hidden_size": 4480,
+           "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+           "intermediate_size": 15680, "mamba_num_heads": 128, "mamba_head_dim": 80,
+           "ssm_state_size": 128, "n_groups": 8, "chunk_size": 128, "num_hidden_layers": 4,
+           "hybrid_override_pattern": "M-*-"}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    mc = read_model_config(str(tmp_path))
+    scan = memory.scan_bytes(mc, 8192)
+    assert 5 << 30 < scan < 8 << 30
+    assert memory.scan_bytes(dataclasses.replace(mc, family=dataclasses.replace(
+        mc.family, mamba=None)), 8192) == 0  # fmt: skip
+    monkeypatch.setattr(memory, "device_available", lambda d: (80 << 30, 80 << 30))
+    monkeypatch.setattr(config, "fp8_runs_on", lambda d: False)
+    monkeypatch.setattr(fit, "fp8_runs_on", lambda d: False)
+    run = dict(device="cuda", max_model_len=4096, max_num_batched_tokens=8192)
+    plan = fit.check(mc, EngineConfig.create(str(tmp_path), **run), tmp_path)
+    have, _ = fit.usable(EngineConfig.create(str(tmp_path), **run), torch.device("cuda"))
+    assert have - scan > plan.weight_bytes(mc)  # fits, with the scan kept free
+    # a GPU whose usable memory the scan takes: refused, the scan named
+    small = int((plan.weight_bytes(mc) + 2 * scan // 3) / 0.9) + (1 << 30)
+    monkeypatch.setattr(memory, "device_available", lambda d: (small, small))
+    with pytest.raises(Exception, match="for the Mamba scan of a 8192-token step"):
+        fit.check(mc, EngineConfig.create(str(tmp_path), **run), tmp_path)
+    fp = memory.estimate(mc, EngineConfig.create(str(tmp_path), device="cpu",
+                                                 max_num_batched_tokens=8192),
+                         tmp_path, torch.device("cpu"))  # fmt: skip
+    assert fp.activations >= scan
