@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from pagoda.runtime.config import MambaConfig
+from pagoda.runtime.config import MambaConfig, ModelConfig
 from pagoda.runtime.cpu import mamba_step
 
 MAMBA_STEP = "mamba"  # the key of the step's `MambaStep` in `AttentionMetadata.aux`
@@ -86,6 +86,15 @@ def ssd_scan_bytes(tokens: int, heads: int, head_dim: int, d_state: int, chunk: 
     padded = -(-tokens // chunk) * chunk
     per = 3 * chunk + 4 * d_state + 5 * head_dim + 2 * head_dim * d_state / chunk
     return int(padded * heads * per * 4)
+
+
+def scan_bytes(mc: ModelConfig, tokens: int) -> int:
+    """A hybrid's chunked-scan temporaries for a step of `tokens` prefill tokens (0 without
+    Mamba layers): what the CUDA runner keeps free beside its activations' headroom."""
+    m = mc.family.mamba
+    if m is None:
+        return 0
+    return ssd_scan_bytes(tokens, m.n_heads, m.head_dim, m.d_state, m.chunk_size)
 
 
 def ssd_scan(

@@ -23,11 +23,12 @@ from pathlib import Path
 import torch
 from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig
-from pagoda.runtime.model.mamba2 import ssd_scan_bytes
+from pagoda.runtime.model.mamba2 import scan_bytes
 from pagoda.runtime.server import weights
 from pagoda.runtime.server.weights import gib  # used here, and by callers as `memory.gib`
 
-GPU_HEADROOM = 1 << 30  # the runner keeps this much free on CUDA (activations, graphs)
+GPU_HEADROOM = 1 << 30  # the runner keeps this much free on CUDA (activations, graphs;
+# `model_runner.GPU_HEADROOM`, which this module cannot import: the same value)
 CUDA_GRAPH_MAX_BATCH = 512  # the largest captured decode batch (worker/cuda_graph.py)
 _UNLIMITED = 1 << 60  # cgroup limits above this mean "no limit"
 
@@ -167,15 +168,6 @@ def step_bytes(
         per_token += 2 * m.conv_dim * 4
         scan = scan_bytes(mc, tokens)
     return tokens * per_token + scan + rows * mc.vocab_size * 8  # float32 logits, probabilities
-
-
-def scan_bytes(mc: ModelConfig, tokens: int) -> int:
-    """A hybrid's chunked-scan temporaries for a step of `tokens` prefill tokens (0 without
-    Mamba layers): what the CUDA runner keeps free beside `GPU_HEADROOM`."""
-    m = mc.family.mamba
-    if m is None:
-        return 0
-    return ssd_scan_bytes(tokens, m.n_heads, m.head_dim, m.d_state, m.chunk_size)
 
 
 def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path,

@@ -24,6 +24,7 @@ from pagoda.runtime.core.sched_output import SchedulerOutput
 from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.host_memory import keep_freed_memory
 from pagoda.runtime.distributed.group import TPGroup
+from pagoda.runtime.model import mamba2
 from pagoda.runtime.model.llama import LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.mamba2 import MAMBA_STEP
@@ -39,7 +40,6 @@ from pagoda.runtime.sampling.sampler import (
     head_sampling,
     sample,
 )
-from pagoda.runtime.server import memory
 from pagoda.runtime.structured.bitmask import GrammarBitmask, grammar_rows
 from pagoda.runtime.worker import prompt_logprobs
 from pagoda.runtime.worker.block_table import BlockTables
@@ -52,6 +52,7 @@ from pagoda.runtime.worker.step_inputs import StepInputs
 
 log = logging.getLogger(__name__)
 CPU_DEFAULT_KV_BYTES = options.DEFAULT_CPU_KV_CACHE_MEMORY
+GPU_HEADROOM = 1 << 30  # kept free on CUDA: activations, CUDA graphs (`memory.GPU_HEADROOM`)
 
 
 class ModelRunner:
@@ -205,7 +206,7 @@ class ModelRunner:
             used = total - free
             # activations and CUDA graphs, and a hybrid's chunked-scan temporaries
             tokens = self.config.scheduler.max_num_batched_tokens
-            headroom = memory.GPU_HEADROOM + memory.scan_bytes(self.model_config, tokens)
+            headroom = GPU_HEADROOM + mamba2.scan_bytes(self.model_config, tokens)
             budget = int(total * cache.gpu_memory_utilization) - used - headroom
         else:
             budget = CPU_DEFAULT_KV_BYTES
