@@ -1,5 +1,5 @@
 """What the engine does differently for a model with recurrent layers (a hybrid's Mamba2
-layers, `config.MambaConfig`): checked and applied once, at start.
+layers, `model_configs.MambaConfig`): checked and applied once, at start.
 
 - Prefix caching is off: a cached prefix's KV blocks hold the attention layers' keys and values
   but not the Mamba layers' state after it, so a hit could not skip those tokens (vLLM v1 keeps

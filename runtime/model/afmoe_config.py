@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pagoda.runtime.config import ExpertRouting
+from pagoda.runtime.model_configs import ExpertRouting
 
 ARCHITECTURES = {"AfmoeForCausalLM": "afmoe"}
 MODEL_CLASSES = {"afmoe": ("afmoe", "AfmoeModel")}

@@ -142,7 +142,7 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
 
 
 def mla_shapes(c: ModelConfig, a: str) -> dict[str, tuple[int, ...]]:
-    """The tensors of one latent attention layer (`config.MlaConfig`) under prefix `a`."""
+    """The tensors of one latent attention layer (`model_configs.MlaConfig`) under prefix `a`."""
     m, h, heads = c.family.mla, c.hidden_size, c.num_heads
     q = heads * m.qk_head_dim
     out = {a + "kv_a_proj_with_mqa.weight": (m.kv_lora_rank + m.qk_rope_head_dim, h),

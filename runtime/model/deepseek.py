@@ -1,7 +1,7 @@
 """DeepSeek-V2 and DeepSeek-V3 (`DeepseekV2ForCausalLM`, `DeepseekV3ForCausalLM`: V2-Lite,
 V3, R1, V3.1, Kimi K2, Moonlight): multi-head latent attention (MLA) and DeepSeek's experts.
 
-**Attention** (`config.MlaConfig`), as transformers computes it: q from ``q_proj`` (V2-Lite) or
+**Attention** (`model_configs.MlaConfig`), as transformers computes it: q from ``q_proj`` (V2-Lite) or
 ``q_b_proj(norm(q_a_proj(x)))``; ``kv_a_proj_with_mqa(x)`` splits into a latent of
 ``kv_lora_rank``, normed and expanded per head by ``kv_b_proj`` into the key's unrotated part
 (``qk_nope_head_dim``) and the value (``v_head_dim``), and one rotary key (``qk_rope_head_dim``)
@@ -41,12 +41,12 @@ ungated shared MLP of ``moe_intermediate_size x n_shared_experts`` (`moe.SharedE
 from __future__ import annotations
 
 import torch
-from pagoda.runtime.config import MlaConfig
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel, Step, linear_layer
 from pagoda.runtime.model.moe import make_mlp
 from pagoda.runtime.model.ops import build_cos_sin_cache, check_rope_context
 from pagoda.runtime.model.parallel_linear import column_linear, row_linear
+from pagoda.runtime.model_configs import MlaConfig
 
 
 class DeepseekLayer(LlamaLayer):

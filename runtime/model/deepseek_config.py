@@ -8,8 +8,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from pagoda.runtime.config import ExpertRouting, MlaConfig
 from pagoda.runtime.model.ops import rope_kind
+from pagoda.runtime.model_configs import ExpertRouting, MlaConfig
 
 ARCHITECTURES = {"DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3"}
 # transformers' DeepseekV2Config / DeepseekV3Config defaults, where config.json leaves one out

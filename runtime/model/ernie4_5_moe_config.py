@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pagoda.runtime.config import ExpertRouting
+from pagoda.runtime.model_configs import ExpertRouting
 
 ARCHITECTURES = {"Ernie4_5_MoeForCausalLM": "ernie4_5_moe"}
 MODEL_CLASSES = {"ernie4_5_moe": ("ernie4_5", "Ernie4_5MoeModel")}

@@ -188,7 +188,7 @@ def family_fields(get: Get, gguf_arch: str, layers: int, window_pattern,
 def _glm4_moe(get: Get, tensors: set[str]) -> dict[str, Any]:
     """GLM-4.5's router (V3's: sigmoid with `exp_probs_b`, groups, scale) and shared experts;
     the experts' count, width, top-k, norm and layers are read as every family's."""
-    from pagoda.runtime.config import ExpertRouting
+    from pagoda.runtime.model_configs import ExpertRouting
 
     if int(get("expert_gating_func", 2) or 2) != 2:
         raise ValueError("GGUF glm4moe with a router other than sigmoid (expert_gating_func 2) "

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pagoda.runtime.config import ExpertRouting, FamilyConfig, MlaConfig
+from pagoda.runtime.config import FamilyConfig
+from pagoda.runtime.model_configs import ExpertRouting, MlaConfig
 
 GGUF_ARCH = "deepseek2"
 ARCHITECTURES = ("deepseek_v2", "deepseek_v3")  # the engine's, by the router's scores

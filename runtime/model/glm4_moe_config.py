@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pagoda.runtime.config import ExpertRouting
+from pagoda.runtime.model_configs import ExpertRouting
 
 ARCHITECTURES = {"Glm4MoeForCausalLM": "glm4_moe"}
 # transformers' Glm4MoeConfig defaults, where config.json leaves one out

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pagoda.runtime.config import ExpertRouting
 from pagoda.runtime.model.ops import rope_kind
+from pagoda.runtime.model_configs import ExpertRouting
 
 ARCHITECTURES = {"HunYuanDenseV1ForCausalLM": "hunyuan_v1_dense",
                  "HunYuanMoEV1ForCausalLM": "hunyuan_v1_moe"}  # fmt: skip

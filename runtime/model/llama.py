@@ -202,13 +202,21 @@ class LlamaLayer:
             return norm(x=h, weight=self.attn_norm, eps=eps), h
         return norm(x=h, weight=self.attn_norm, eps=eps, residual=residual)
 
-    def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+    def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, heads, D], k and v [T, KV heads, D] of the input `x` [T, hidden]."""
         ctx = self.ctx
         t, d = x.shape[0], ctx.head_dim
         q, k, v = self.qkv(x).split(ctx.qkv_sizes, dim=-1)
-        q = q.reshape(t, ctx.num_heads, d)
-        k = k.reshape(t, ctx.num_kv_heads, d)
-        v = v.reshape(t, ctx.num_kv_heads, d)
+        return (
+            q.reshape(t, ctx.num_heads, d),
+            k.reshape(t, ctx.num_kv_heads, d),
+            v.reshape(t, ctx.num_kv_heads, d),
+        )
+
+    def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        ctx = self.ctx
+        t, d = x.shape[0], ctx.head_dim
+        q, k, v = self.qkv_heads(x)
         q, k = self.before_rotary(q, k)
         if self.rope is not None:  # None: a layer without positions (`FamilyConfig.rope_layers`)
             positions, rows = step.rope[self.rope]

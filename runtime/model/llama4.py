@@ -48,10 +48,7 @@ class Llama4Layer(LlamaLayer):
     def attention(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         ctx = self.ctx
         t, d = x.shape[0], ctx.head_dim
-        q, k, v = self.qkv(x).split(ctx.qkv_sizes, dim=-1)
-        q = q.reshape(t, ctx.num_heads, d)
-        k = k.reshape(t, ctx.num_kv_heads, d)
-        v = v.reshape(t, ctx.num_kv_heads, d)
+        q, k, v = self.qkv_heads(x)
         if self.rope is not None:
             positions, rows = step.rope[self.rope]
             q, k = self.rotary(positions=positions, q=q, k=k, cos_sin_cache=rows)

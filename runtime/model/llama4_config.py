@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pagoda.runtime.config import Llama4Attention
+from pagoda.runtime.model_configs import Llama4Attention
 
 ARCHITECTURES = {"Llama4ForCausalLM": "llama4", "Llama4ForConditionalGeneration": "llama4"}
 # transformers' Llama4TextConfig defaults, where config.json leaves one out

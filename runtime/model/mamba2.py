@@ -34,8 +34,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from pagoda.runtime.config import MambaConfig, ModelConfig
+from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.cpu import mamba_step
+from pagoda.runtime.model_configs import MambaConfig
 
 MAMBA_STEP = "mamba"  # the key of the step's `MambaStep` in `AttentionMetadata.aux`
 

@@ -16,14 +16,14 @@ model so that reading a config imports no layer code.
   mixer a Mamba2 one, attention (no rotary) or an ungated ReLU² MLP (`layers_block_type`, or
   the older `hybrid_override_pattern` "M" / "*" / "-"); the SSM state in float32
   (`mamba_ssm_cache_dtype`); or a MoE block ("moe", "E": Nemotron 3): ungated ReLU² experts
-  routed by DeepSeek-V3's sigmoid router beside a shared expert (`config.NemotronHExperts`).
+  routed by DeepSeek-V3's sigmoid router beside a shared expert (`model_configs.NemotronHExperts`).
   The checkpoint's `backbone.` names are read as Llama's (`nemotron_name`; the MoE block's
   under `mlp.`, as DeepSeek's).
 - Falcon-H1 (`FalconH1ForCausalLM`): attention and a Mamba2 mixer side by side in every layer
   (`mamba_d_ssm` wide, its output norm optional: `mamba_rms_norm`, normalised before the gate),
   then Llama's MLP after `pre_ff_layernorm`; µP multipliers on the embedding, the keys, the
   mixers' inputs and outputs, the Mamba projection's five parts, the MLP and the logits
-  (`config.FalconH1Scales`).
+  (`model_configs.FalconH1Scales`).
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from pagoda.runtime.config import (
+from pagoda.runtime.config import ModelConfig
+from pagoda.runtime.model_configs import (
     ExpertRouting,
     FalconH1Scales,
     MambaConfig,
-    ModelConfig,
     NemotronHExperts,
 )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pagoda.runtime.config import ExpertRouting
+from pagoda.runtime.model_configs import ExpertRouting
 
 ARCHITECTURES = {"MiniMaxM2ForCausalLM": "minimax_m2"}
 MODEL_CLASSES = {"minimax_m2": ("minimax_m2", "MiniMaxM2Model")}

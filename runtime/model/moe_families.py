@@ -1,5 +1,5 @@
 """The config readers of the mixture-of-experts families (and their dense siblings) added
-beside DeepSeek's and GLM-4.5's, gathered so that the shared tables (`hf_loader`'s
+beside DeepSeek's and GLM-4.5's, gathered so that the shared tables (`hf_tables`'
 HF_ARCHITECTURES and defaults, `family_fields.FIELDS`, `registry.MODEL_CLASSES`) take them in
 one entry each. Each module names its architectures (config.json's ->
 `ModelConfig.architecture`), transformers' config defaults, its model class, `family_fields`

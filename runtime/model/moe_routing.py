@@ -1,4 +1,4 @@
-"""DeepSeek's expert routers (`config.ExpertRouting`): which experts a token goes to, and with
+"""DeepSeek's expert routers (`model_configs.ExpertRouting`): which experts a token goes to, and with
 what weights. One place for the rules, as transformers' DeepseekV2TopkRouter and
 DeepseekV3TopkRouter compute them; GLM-4.5's router is V3's.
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from pagoda.runtime.config import ExpertRouting
+from pagoda.runtime.model_configs import ExpertRouting
 
 
 class GroupedRouter:

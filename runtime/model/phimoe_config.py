@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagoda.runtime.config import ExpertRouting
+from pagoda.runtime.model_configs import ExpertRouting
 
 ARCHITECTURES = {"PhimoeForCausalLM": "phimoe", "PhiMoEForCausalLM": "phimoe"}
 MODEL_CLASSES = {"phimoe": ("phimoe", "PhimoeModel")}

@@ -1,6 +1,6 @@
 """The architectures the engine runs, by `ModelConfig.architecture`, and the model class of each.
 
-The loaders name the architecture from the checkpoint (`hf_loader.HF_ARCHITECTURES`,
+The loaders name the architecture from the checkpoint (`hf_tables.HF_ARCHITECTURES`,
 `gguf_loader.SUPPORTED_ARCHS`); `build_model` picks the class that computes it.
 """
 

@@ -22,10 +22,10 @@ FINGERPRINT_KEYS = (
     "num_layers", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
     "shared_expert_intermediate_size", "num_moe_layers", "quantization", "mlp_matrices",
 )  # fmt: skip
-# DeepSeek's latent attention (`config.MlaConfig`): its projections' shapes, recorded only for
+# DeepSeek's latent attention (`model_configs.MlaConfig`): its projections' shapes, recorded only for
 # the models that have it (a profile compares the keys both fingerprints hold)
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-# a hybrid's Mamba2 layers (`config.MambaConfig`): how many, and their projections' and state's
+# a hybrid's Mamba2 layers (`model_configs.MambaConfig`): how many, and their projections' and state's
 # shapes, recorded only for the models that have them
 MAMBA_KEYS = ("mamba_layers", "attention_layers", "mamba_heads", "mamba_head_dim",
               "mamba_d_state", "mamba_n_groups")  # fmt: skip

@@ -313,13 +313,13 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
         projections += n * biases * item + n * 4 * heads
         norms = (2 * n + 1) * h * 4
-    hybrid = mc.hybrid_params() * item  # Mamba2 mixers (`config.MambaConfig`; one rank)
+    hybrid = mc.hybrid_params() * item  # Mamba2 mixers (`model_configs.MambaConfig`; one rank)
     return math.ceil(projections + absorbed + (experts + embed) / t) + routers + norms + hybrid
 
 
 def _mla_matrices(h: int, heads: int, m, t: int = 1) -> list[tuple[float, float]]:
     """(rows, columns) on one of `t` ranks of a latent attention layer's projections
-    (`config.MlaConfig`, `model/deepseek.py`): q (or q_b) by heads, o by its columns, the
+    (`model_configs.MlaConfig`, `model/deepseek.py`): q (or q_b) by heads, o by its columns, the
     bottleneck and the latent whole (kv_b, absorbed, is no projection: `_kv_b_rows`)."""
     qk = heads * m.qk_head_dim / t
     q = [(qk, h)] if m.q_lora_rank is None else [(m.q_lora_rank, h), (qk, m.q_lora_rank)]

@@ -1,7 +1,7 @@
 """The recurrent state of a hybrid model's Mamba layers (vLLM v1's Mamba state, in small).
 
 Each Mamba layer keeps, per running sequence, a conv state [conv_dim, d_conv - 1] and an SSM
-state [heads, head_dim, d_state] (`config.MambaConfig`), in preallocated slot tensors of
+state [heads, head_dim, d_state] (`model_configs.MambaConfig`), in preallocated slot tensors of
 ``max_num_seqs`` slots (the scheduler never runs more sequences than that, so every running
 sequence has one; their bytes are in the memory estimate, `state_bytes`). A sequence gets a slot
 the first step it is scheduled in; the slot is zeroed whenever a sequence starts from its first

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hf_oracle import hf_greedy_plain, make_tiny_model, save_multimodal_gemma3
 from pagoda.runtime import LLM, SamplingParams
-from pagoda.runtime.model.hf_loader import HF_ARCHITECTURES
+from pagoda.runtime.model.hf_tables import HF_ARCHITECTURES
 from pagoda.runtime.model.loader import load_model, read_model_config, read_tokenizer
 
 transformers = pytest.importorskip("transformers")

@@ -16,7 +16,8 @@ pytest.importorskip("triton")
 
 from pagoda import kernels
 from pagoda.kernels import config as kc
-from pagoda.runtime.config import FamilyConfig, MlaConfig, ModelConfig
+from pagoda.runtime.config import FamilyConfig, ModelConfig
+from pagoda.runtime.model_configs import MlaConfig
 from pagoda.runtime.tune import matmul, sweep
 from pagoda.runtime.tune.fp8_matmul import plan_fp8_buckets
 from pagoda.runtime.tune.kernels import candidate_space

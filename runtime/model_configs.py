@@ -1,0 +1,236 @@
+"""The frozen sub-configs a model family adds to `FamilyConfig` (runtime/config.py): DeepSeek's
+latent attention, the expert routers, Llama 4's attention, Falcon-H1's scales, Nemotron-H's
+experts and the Mamba2 mixers of the hybrid models. Validated in ``__post_init__`` like the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from pagoda.runtime import option_rules
+
+
+def _positive(name: str, value: int) -> None:
+    """A positive integer (a bool is not one), at most `option_rules.SIZE_LIMITS[name]` if named there."""
+    option_rules.check_int(name, value)
+
+
+# DeepSeek-V2/V3 (runtime/model/deepseek.py): multi-head latent attention and a grouped router
+@dataclass(frozen=True)
+class MlaConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi K2, Moonlight): q from the hidden state
+    (`q_proj`) or through a low-rank bottleneck (`q_a_proj`, its norm, `q_b_proj`); one latent
+    of `kv_lora_rank` plus a shared rotary key of `qk_rope_head_dim` per token
+    (`kv_a_proj_with_mqa`), the latent normed and expanded per head (`kv_b_proj`) into the
+    key's unrotated part and the value. The engine caches the latent and the rotary key, one
+    row of `cache_width` values per token (`ModelConfig`: one KV head of that head size), and
+    attends in the absorbed form (model/deepseek.py)."""
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None  # None: q_proj (DeepSeek-V2-Lite)
+    rope_interleave: bool = True  # rotary pairs (x0, x1), (x2, x3), ... (V2 always, V3's flag)
+
+    def __post_init__(self) -> None:
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            _positive(name, getattr(self, name))
+        if self.q_lora_rank is not None:
+            _positive("q_lora_rank", self.q_lora_rank)
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim must be even, got {self.qk_rope_head_dim}")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def cache_width(self) -> int:
+        """A latent cache row: the normed latent, then the rotated shared key (512 + 64)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+ROUTER_SCORES = ("softmax", "sigmoid")
+# sparsemixer: PhiMoE's two experts, each by its own masked softmax (moe_routing.sparsemixer)
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc", "sparsemixer")
+
+
+@dataclass(frozen=True)
+class ExpertRouting:
+    """DeepSeek's router (`moe_routing.GroupedRouter`; GLM-4.5's is V3's): scores of the router
+    logits (softmax: V2; sigmoid: V3), experts picked from the best `topk_group` of `n_group`
+    groups (a group's score: its best expert's for V2's group_limited_greedy, its best two's sum
+    for V3's noaux_tc, which adds the checkpoint's `e_score_correction_bias` to the scores for
+    the choice only), weights from the uncorrected scores, renormalised with
+    `FamilyConfig.norm_topk_prob`, then times `routed_scaling_factor`. The correction bias also
+    beside a greedy choice with `correction_bias` (ERNIE 4.5 MoE, MiniMax-M2, AfMoE; its tensor
+    where `model/moe_names.py` says); PhiMoE's sparsemixer is its own `topk_method`."""
+
+    scoring: str = "softmax"
+    topk_method: str = "greedy"
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    # a correction bias beside greedy or grouped choice (ERNIE 4.5's softmax router: `bias`)
+    correction_bias: bool = False
+    jitter_eps: float = 0.0  # sparsemixer's mask: logits this far below the best are out
+
+    def __post_init__(self) -> None:
+        if self.scoring not in ROUTER_SCORES:
+            raise ValueError(f"scoring_func must be one of {', '.join(ROUTER_SCORES)}, "
+                             f"got {self.scoring!r}")  # fmt: skip
+        if self.topk_method not in TOPK_METHODS:
+            raise ValueError(f"topk_method must be one of {', '.join(TOPK_METHODS)}, "
+                             f"got {self.topk_method!r}")  # fmt: skip
+        _positive("n_group", self.n_group)
+        if not 1 <= self.topk_group <= self.n_group:
+            raise ValueError(f"topk_group must be in [1, n_group {self.n_group}], "
+                             f"got {self.topk_group}")  # fmt: skip
+        if not self.routed_scaling_factor > 0:
+            raise ValueError("routed_scaling_factor must be positive")
+
+    @property
+    def bias(self) -> bool:
+        """Whether the checkpoint holds `e_score_correction_bias` (noaux_tc, or
+        `correction_bias`)."""
+        return self.topk_method == "noaux_tc" or self.correction_bias
+
+
+@dataclass(frozen=True)
+class Llama4Attention:
+    """Llama 4's attention on top of Llama's (`model/llama4.py`): the rotary layers' q and k
+    L2-normalised per head after rotary (`qk_norm`: a weightless RMSNorm), and the NoPE layers'
+    q scaled by log1p(floor((position + 1) / floor_scale)) x attn_scale + 1
+    (`temperature_tuning`)."""
+
+    qk_norm: bool = True
+    temperature_tuning: bool = True
+    floor_scale: float = 8192.0
+    attn_scale: float = 0.1
+
+
+@dataclass(frozen=True)
+class FalconH1Scales:
+    """Falcon-H1's µP multipliers (`model/falcon_h1.py`), 1.0 where none."""
+
+    embedding: float = 1.0
+    lm_head: float = 1.0
+    key: float = 1.0  # k before rotary
+    attention_in: float = 1.0
+    attention_out: float = 1.0
+    ssm_in: float = 1.0
+    ssm_out: float = 1.0
+    zxbcdt: tuple[float, ...] = (1.0,) * 5  # the Mamba in_proj's z, x, B, C and dt parts
+    mlp_gate: float = 1.0
+    mlp_down: float = 1.0
+
+
+@dataclass(frozen=True)
+class NemotronHExperts:
+    """Nemotron-H's MoE blocks (Nemotron 3; `model/nemotron_h.py`): ungated ReLU² experts of
+    `intermediate` (on a `latent`-wide projection of the input where set), routed by DeepSeek-V3's
+    sigmoid router (`routing`, with `e_score_correction_bias`), beside an ungated shared expert
+    of `shared_intermediate`."""
+
+    layers: tuple[bool, ...]  # per layer: True = a MoE block
+    num_experts: int
+    top_k: int
+    intermediate: int
+    shared_intermediate: int
+    routing: ExpertRouting
+    norm_topk_prob: bool = True
+    latent: int | None = None
+
+    def params(self, hidden: int) -> int:
+        """One block's weights: experts, shared expert, router and its bias, latent projections."""
+        width = self.latent or hidden
+        experts = self.num_experts * 2 * width * self.intermediate
+        latent = 2 * hidden * self.latent if self.latent else 0
+        return (
+            experts
+            + 2 * hidden * self.shared_intermediate
+            + self.num_experts * (hidden + 1)
+            + latent
+        )
+
+
+@dataclass(frozen=True)
+class MambaConfig:
+    """The Mamba2 mixers of a hybrid model (`model/mamba2.py`; Granite 4.0, Bamba): the layers
+    `layers` marks run one in place of attention, each keeping a recurrent state per sequence
+    (`worker/mamba_state.py`): a conv state [conv_dim, d_conv - 1] and an SSM state
+    [n_heads, head_dim, d_state]."""
+
+    layers: tuple[bool, ...]  # per layer: True = a Mamba2 mixer, False = attention
+    n_heads: int
+    head_dim: int
+    d_state: int
+    n_groups: int = 1
+    d_conv: int = 4
+    chunk_size: int = 256
+    conv_bias: bool = True
+    proj_bias: bool = False
+    dt_min: float = 0.0  # the softplus'd time step clamped to [dt_min, dt_max]
+    dt_max: float = float("inf")
+    # Nemotron-H: layers that are an MLP alone (neither a Mamba mixer nor attention); () none
+    mlp_layers: tuple[bool, ...] = ()
+    ssm_float32: bool = False  # the SSM state kept in float32 whatever the model's dtype
+    # the output norm: y * silu(z) normalised per group (False: y * silu(z) alone, Falcon-H1
+    # without `mamba_rms_norm`); `norm_before_gate`: norm(y) * silu(z) (Falcon-H1's)
+    gated_norm: bool = True
+    norm_before_gate: bool = False
+    parallel_attention: bool = False  # attention beside the mixer in every layer (Falcon-H1)
+    falcon: FalconH1Scales | None = None
+    moe: NemotronHExperts | None = None  # Nemotron-H's MoE blocks
+
+    def __post_init__(self) -> None:
+        for name in ("n_heads", "head_dim", "d_state", "n_groups", "d_conv", "chunk_size"):
+            _positive(name, getattr(self, name))
+        if self.n_heads % self.n_groups:
+            raise ValueError(f"mamba n_groups ({self.n_groups}) must divide its "
+                             f"{self.n_heads} heads")  # fmt: skip
+
+    @property
+    def d_inner(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """The channels the causal conv runs over: x, B and C."""
+        return self.d_inner + 2 * self.n_groups * self.d_state
+
+    @property
+    def num_layers(self) -> int:
+        return sum(self.layers)
+
+    def attention(self, layer: int) -> bool:
+        """Whether `layer` attends (keeps a KV cache)."""
+        if self.parallel_attention:
+            return True
+        moe = self.moe is not None and self.moe.layers[layer]
+        return (
+            not self.layers[layer] and not (self.mlp_layers and self.mlp_layers[layer]) and not moe
+        )
+
+    def mixer_params(self, hidden: int) -> int:
+        """One Mamba2 mixer's weights: in_proj, out_proj, the conv, the norm, A, D, dt_bias."""
+        c = self.conv_dim
+        proj = (self.d_inner + c + self.n_heads) * hidden + hidden * self.d_inner
+        return (
+            proj
+            + c * (self.d_conv + self.conv_bias)
+            + self.d_inner * self.gated_norm
+            + 3 * self.n_heads
+        )
+
+    def ssm_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return torch.float32 if self.ssm_float32 else dtype
+
+    def state_bytes(self, dtype: torch.dtype, seqs: int) -> int:
+        """The state slots of `seqs` sequences over every Mamba layer: conv [conv_dim,
+        d_conv - 1] in `dtype`, SSM [heads, head_dim, d_state] in `ssm_dtype`."""
+        conv = self.conv_dim * (self.d_conv - 1) * dtype.itemsize
+        ssm = self.n_heads * self.head_dim * self.d_state * self.ssm_dtype(dtype).itemsize
+        return self.num_layers * (conv + ssm) * seqs
