@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagoda.runtime.sampling.params import ParamError
-from pagoda.runtime.server import harmony_tools, tool_markers
+from pagoda.runtime.server import harmony_tools
 from pagoda.runtime.server.protocol import APIError, ChatCompletionRequest
 from pagoda.runtime.server.tool_parsers import PARSERS, ToolParser, detect
 from pagoda.runtime.structured import schema as schemas
@@ -250,6 +250,7 @@ def tool_grammar(
     on as a call to one of the tools with arguments matching its schema. `answer` (tool_choice
     auto with a response format): either such calls or an answer in that format. Formats whose
     markers are tokens (`tool_markers`: harmony, DeepSeek) name them in `tokenizer`."""
+    from pagoda.runtime.server import tool_markers  # (imports xgrammar: here, as xgrammar is)
     from xgrammar import structural_tag as st
 
     calls = [(t.function.name, _arguments(parser, i, t.function.parameters))
