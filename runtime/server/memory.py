@@ -27,8 +27,7 @@ from pagoda.runtime.model.mamba2 import scan_bytes
 from pagoda.runtime.server import weights
 from pagoda.runtime.server.weights import gib  # used here, and by callers as `memory.gib`
 
-GPU_HEADROOM = 1 << 30  # the runner keeps this much free on CUDA (activations, graphs;
-# `model_runner.GPU_HEADROOM`, which this module cannot import: the same value)
+GPU_HEADROOM = options.GPU_HEADROOM  # the runner keeps this much free on CUDA
 CUDA_GRAPH_MAX_BATCH = 512  # the largest captured decode batch (worker/cuda_graph.py)
 _UNLIMITED = 1 << 60  # cgroup limits above this mean "no limit"
 

@@ -52,7 +52,6 @@ from pagoda.runtime.worker.step_inputs import StepInputs
 
 log = logging.getLogger(__name__)
 CPU_DEFAULT_KV_BYTES = options.DEFAULT_CPU_KV_CACHE_MEMORY
-GPU_HEADROOM = 1 << 30  # kept free on CUDA: activations, CUDA graphs (`memory.GPU_HEADROOM`)
 
 
 class ModelRunner:
@@ -206,7 +205,7 @@ class ModelRunner:
             used = total - free
             # activations and CUDA graphs, and a hybrid's chunked-scan temporaries
             tokens = self.config.scheduler.max_num_batched_tokens
-            headroom = GPU_HEADROOM + mamba2.scan_bytes(self.model_config, tokens)
+            headroom = options.GPU_HEADROOM + mamba2.scan_bytes(self.model_config, tokens)
             budget = int(total * cache.gpu_memory_utilization) - used - headroom
         else:
             budget = CPU_DEFAULT_KV_BYTES
