@@ -8,9 +8,10 @@ differences.
 - the NoPE layers' q scaled by log1p(floor((position + 1) / floor_scale)) x attn_scale + 1
   (`attn_temperature_tuning`; the factor per position is one more table beside the rotary's,
   gathered with it);
-- the MLP (`feed_forward`): dense, or (`moe_layers`) a router whose top-1 logit's sigmoid
-  scales the token before its expert (transformers' `routed_in = x * score`: the expert's
-  output is not weighted after), plus a shared expert every token goes through, ungated. The
+- the MLP (`feed_forward`): dense, or (`moe_layers`) a router whose top-k logits' sigmoids
+  each scale the token before their expert (transformers' `routed_in = x * score`: the
+  expert's output is not weighted after; with k > 1 every pick runs on its own scaled row and
+  the k outputs are summed), plus a shared expert every token goes through, ungated. The
   experts come stacked: `experts.gate_up_proj` [E, hidden, 2N] and `experts.down_proj`
   [E, N, hidden]; they run as every other family's (`moe.SparseMoE`'s grouped CPU path, the fused
   kernel on CUDA) with unit weights. Tensor parallelism splits the experts and the shared
@@ -98,15 +99,20 @@ class Llama4Moe:
         if isinstance(self.shared.down, RowParallelLinear):  # its partial sum joins the experts'
             self.shared.down = self.shared.down.inner
         self.tp = ctx.tp
+        self.top_k = f.num_experts_per_tok
 
     def linears(self) -> list[Linear]:
         return [self.router, *(x for pair in self.experts.experts for x in pair),
                 *self.shared.linears()]  # fmt: skip
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        top, ids = torch.topk(self.router(x), 1, dim=-1)
+        k = self.top_k
+        top, ids = torch.topk(self.router(x), k, dim=-1)  # [T, k]
         score = torch.sigmoid(top.float()).to(x.dtype)
-        routed_in = x * score  # the expert's input scaled, not its output (transformers')
+        # each pick's own row, its expert's input scaled by its score (transformers' routed_in):
+        # [T * k, hidden], one expert a row, summed back per token after
+        routed_in = (x.unsqueeze(1) * score.unsqueeze(-1)).reshape(-1, x.shape[-1])
+        ids = ids.reshape(-1, 1)
         ones = torch.ones(ids.shape, dtype=torch.float32, device=x.device)
         s = self.experts
         if s.fused is not None:
@@ -116,6 +122,8 @@ class Llama4Moe:
             routed = s._every_expert(routed_in, ones, ids)
         else:
             routed = grouped_experts(routed_in, ones, ids, s._expert)
+        if k > 1:
+            routed = routed.view(x.shape[0], k, -1).sum(1)
         out = self.shared(x) + routed
         return out if self.tp is None else self.tp.all_reduce(out)
 

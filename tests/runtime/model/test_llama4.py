@@ -8,7 +8,9 @@ sharing steps, a warm prefix cache, and a pool small enough to preempt.
   that the q scale changes within the prompts), L2 q/k norms on the rotary layers, the
   interleaved (complex) rotary with llama3 scaling;
 - maverick-like: experts every second layer (dense MLPs of intermediate_size_mlp between), no
-  q/k norm, no temperature tuning.
+  q/k norm, no temperature tuning; top-2 routing (released checkpoints are top-1, transformers
+  runs k > 1: each pick's sigmoid scales its own copy of the token before its expert, the
+  outputs summed).
 
 Chunked attention on the rotary layers with tiny chunks (8 and 12 tokens: the prompts and
 their 16-token prefill steps cross several chunks, at and off block edges, through a warm
@@ -45,7 +47,7 @@ CASES = {
                   no_rope_layer_interval=2, interleave_moe_layer_step=1, use_qk_norm=True,
                   attn_temperature_tuning=True, floor_scale=8, attn_scale=0.5,
                   attention_chunk_size=8, rope_parameters=LLAMA3),
-    "maverick": dict(num_local_experts=6, num_experts_per_tok=1, intermediate_size=32,
+    "maverick": dict(num_local_experts=6, num_experts_per_tok=2, intermediate_size=32,
                      intermediate_size_mlp=96, num_hidden_layers=4, head_dim=16,
                      no_rope_layer_interval=4, interleave_moe_layer_step=2, use_qk_norm=False,
                      attn_temperature_tuning=False, attention_chunk_size=12),
