@@ -115,8 +115,13 @@ class FamilyConfig:
     gated_mlp: bool = True
     # StarCoder2's norms: LayerNorm with a weight and a bias (in the model's dtype) for RMSNorm
     layer_norm_bias: bool = False
-    # Llama 4 (model/llama4.py): its attention's extras; its experts are routed by a sigmoid of
-    # the top-1 logit that scales the expert's input, beside an ungated shared expert
+    # biases on attention's output projection (with `ModelConfig.attention_bias`) and on the LM
+    # head: PhiMoE's (the model reads them where the checkpoint has them; `server/weights.py`'s
+    # count from the config alone needs to know)
+    o_proj_bias: bool = False
+    lm_head_bias: bool = False
+    # Llama 4 (model/llama4.py): its attention's extras; its experts are routed by sigmoids of
+    # the top-k logits that scale the experts' inputs, beside an ungated shared expert
     llama4: Llama4Attention | None = None
     clip_qkv: float | None = None  # OLMo's: q, k and v clamped to [-clip_qkv, clip_qkv]
     # Falcon's (and GPT-NeoX's) fused q/k/v layout ("multi_query", "grouped", "per_head") and

@@ -266,7 +266,8 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     plans): the decoder's projections at one byte plus a float32 scale per output row where
     they run in FP8, the rest in ``dtype``; q, o, the MLP, experts and vocabulary split over
     ``tp`` ranks, K and V by the rank's KV heads (replicated when fewer than ranks), the FP8
-    scales of row-parallel o and down whole on every rank, norms and routers on every rank;
+    scales of row-parallel o and down whole on every rank, norms (q/k norms too) and routers on
+    every rank; q/k/v biases by the rank's heads, o's and the LM head's (PhiMoE's) whole;
     Qwen2-MoE's shared expert as a dense MLP (FP8 too)."""
     h, d, i, n, t = mc.hidden_size, mc.head_dim, mc.intermediate_size, mc.num_layers, tp
     item = dtype.itemsize
@@ -283,6 +284,13 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         norms += 2 * n * h * item
     if f.layer_norm_bias:  # LayerNorms with biases (StarCoder2's, PhiMoE's)
         norms *= 2
+    if f.qk_norm_whole:  # q/k norms over all heads (OLMo 2's, MiniMax-M2's), whole on every rank
+        norms += n * (mc.num_heads + mc.num_kv_heads) * d * item
+    elif f.qk_norm:  # over each head (Qwen3's)
+        norms += n * 2 * d * item
+    if mc.attention_bias:  # q/k/v biases this rank's; o's (PhiMoE's) whole, as the LM head's
+        norms += n * ((mc.num_heads / t + 2 * kv) * d + h * f.o_proj_bias) * item
+    norms += mc.vocab_size * item * f.lm_head_bias
     absorbed = 0.0  # latent attention's W_UK and W_UV
     if f.mla is not None:  # DeepSeek's latent attention (one rank) and its two norms; kv_b
         # as the absorbed W_UK and W_UV, dense in the dtype whatever runs in FP8
@@ -314,7 +322,7 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         projections += n * biases * item + n * 4 * heads
         norms = (2 * n + 1) * h * 4
     hybrid = mc.hybrid_params() * item  # Mamba2 mixers (`model_configs.MambaConfig`; one rank)
-    return math.ceil(projections + absorbed + (experts + embed) / t) + routers + norms + hybrid
+    return math.ceil(projections + absorbed + (experts + embed) / t + norms) + routers + hybrid
 
 
 def _mla_matrices(h: int, heads: int, m, t: int = 1) -> list[tuple[float, float]]:

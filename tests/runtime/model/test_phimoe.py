@@ -127,6 +127,23 @@ def test_the_weights_estimate_is_what_the_model_holds(built, tp):
     check_estimate(path, tp)
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_the_weights_from_shapes_as_from_its_tensors(built, tp, fp8):
+    """`fit`'s count from config.json alone (`from_shapes`) against the headers' on a GPU:
+    the q/k/v biases (by the rank's heads), o's and the LM head's (whole) counted; they
+    were left out"""
+    from pagoda.runtime.quantization.fp8 import ONLINE_SCHEME
+    from pagoda.runtime.server import weights
+
+    path, _, _, _ = built("phimoe")
+    mc = read_model_config(str(path))
+    ckpt = weights.read_checkpoint(path, mc.architecture)
+    place = weights.Placement(torch.bfloat16, "cuda", tp, ONLINE_SCHEME if fp8 else None)
+    got, _ = weights.resident(ckpt, mc, place)
+    assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, fp8, tp), rel=1e-6)
+
+
 @pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
 def test_two_tensor_parallel_ranks_match_transformers(built):
     path, _, loaded, reference = built("phimoe")
