@@ -77,6 +77,28 @@ def test_the_cpu_backends_torch_path_masks_the_chunks(built, monkeypatch):
     assert llm.engine.runner.backend.kernel is None
 
 
+def test_the_cuda_expert_paths_route_top_k_as_transformers(built):
+    """The experts' CUDA paths on the CPU (the stacked [E, 2N, K] / [E, K, N] weights: every
+    expert over every token where the fused kernel cannot be imported, and the fused kernel's
+    torch reference): top-2, each pick's own scaled row, against transformers' Llama4TextMoe
+    and the CPU path."""
+    from pagoda.kernels import fused_moe_reference
+
+    _, model, loaded, _ = built("maverick")
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=4 << 20)
+    moe = llm.engine.runner.model.layers[1].mlp
+    theirs = model.model.layers[1].feed_forward
+    x = torch.randn(7, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = theirs(x)[0]
+        torch.testing.assert_close(moe(x), want, rtol=1e-4, atol=1e-4)
+        s = moe.experts
+        s.w13 = theirs.experts.gate_up_proj.transpose(1, 2).contiguous()  # gate rows, then up
+        s.w2 = theirs.experts.down_proj.transpose(1, 2).contiguous()
+        for s.fused in (None, fused_moe_reference.fused_experts):
+            torch.testing.assert_close(moe(x), want, rtol=1e-4, atol=1e-4, msg=str(s.fused))
+
+
 @pytest.mark.slow  # Triton's interpreter: ~20 s
 def test_the_triton_backend_masks_the_chunks(built):
     """The Triton kernels (Triton's interpreter on a CPU, the GPU where there is one) not
