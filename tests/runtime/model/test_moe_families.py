@@ -393,33 +393,16 @@ def test_minimax_m2_block_wise_fp8_checkpoint_as_minimax_publishes_it(built, tmp
     `float8_e4m3fn` and the modules left out: it loads dequantized and gives transformers'
     tokens and logits on its dequantized weights."""
     from arch_cases import NEW, check, generate, prompts
-    from fp8_testlib import quantize_blocks
+    from fp8_testlib import write_blocks_of
     from hf_oracle import hf_greedy_plain
     from pagoda.runtime import LLM
     from pagoda.runtime.model.loader import load_model
-    from safetensors.torch import load_file, save_file
 
-    orig = built("minimax-m2")[0]
-    tensors = load_file(str(orig / "model.safetensors"))
-    quant, dense = {}, {}
-    for name, t in tensors.items():
-        if not name.endswith(("proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")):
-            quant[name] = dense[name] = t
-            continue
-        codes, scales, dense[name] = quantize_blocks(t.float(), (16, 16))
-        quant[name], quant[name.removesuffix("weight") + "weight_scale_inv"] = codes, scales
-    for d, ts in (("fp8", quant), ("dequantized", dense)):
-        (tmp_path / d).mkdir()
-        for f in orig.iterdir():
-            if f.name != "model.safetensors":
-                (tmp_path / d / f.name).write_bytes(f.read_bytes())
-        save_file(ts, str(tmp_path / d / "model.safetensors"))
-    config = json.loads((tmp_path / "fp8" / "config.json").read_text())
-    config["quantization_config"] = {
-        "activation_scheme": "dynamic", "fmt": "float8_e4m3fn", "quant_method": "fp8",
-        "weight_block_size": [16, 16],
-        "modules_to_not_convert": ["gate", "e_score_correction_bias", "lm_head"]}  # fmt: skip
-    (tmp_path / "fp8" / "config.json").write_text(json.dumps(config))
+    qc = {"activation_scheme": "dynamic", "fmt": "float8_e4m3fn", "quant_method": "fp8",
+          "weight_block_size": [16, 16],
+          "modules_to_not_convert": ["gate", "e_score_correction_bias", "lm_head"]}  # fmt: skip
+    experts = ("proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")
+    write_blocks_of(built("minimax-m2")[0], tmp_path, qc, (16, 16), lambda n: n.endswith(experts))
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "dequantized").eval()
     reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
     loaded = load_model(str(tmp_path / "fp8"))
