@@ -23,7 +23,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pagoda.runtime.server.tool_call import prefix_overlap
 from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser, json_pair
 
 TAG = "<minimax:tool_call>"
@@ -43,16 +42,7 @@ class MiniMaxM2Parser(Glm45Parser):
 
     name = "minimax_m2"
     markers = (TAG,)
-
-    def _start(self, text: str, final: bool) -> int | None:
-        i = text.find(TAG)
-        return None if i < 0 else i + len(TAG)
-
-    def marker_text(self, text: str, start: int) -> str:
-        return TAG
-
-    def _held(self, text: str) -> int:
-        return prefix_overlap(text, TAG)
+    TAG = TAG
 
     def value(self, tool: str, key: str, raw: str) -> Any:
         """GLM-4.5's typing, but ``null`` is JSON's null whatever the schema says (a string
