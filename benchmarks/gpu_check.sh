@@ -217,11 +217,7 @@ TAIL=40 step moe 540 $PY benchmarks/gpu_throughput.py --shape qwen3-30b-a3b --tu
 # cut-off call left.
 FAMILY_TESTS=${FAMILY_TESTS:-tests/runtime/model/test_deepseek.py \
     tests/runtime/model/test_hybrid_ssm.py tests/runtime/model/test_llama4.py \
-    tests/runtime/model/test_gpt_oss.py tests/runtime/model/test_ernie4_5_moe.py \
-    tests/runtime/model/test_hunyuan.py tests/runtime/model/test_dots1.py \
-    tests/runtime/model/test_minimax_m2.py tests/runtime/model/test_phimoe.py \
-    tests/runtime/model/test_exaone_moe.py tests/runtime/model/test_flex_olmo.py \
-    tests/runtime/model/test_afmoe.py}
+    tests/runtime/model/test_gpt_oss.py tests/runtime/model/test_moe_families.py}
 FAMILY_TESTS2=${FAMILY_TESTS2:-tests/runtime/model/test_dense_archs.py \
     tests/runtime/model/test_glm_cohere.py tests/runtime/model/test_glm4_moe.py \
     tests/runtime/model/test_more_archs.py}

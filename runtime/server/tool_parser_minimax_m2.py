@@ -28,7 +28,6 @@ import math
 import re
 from typing import Any
 
-from pagoda.runtime.server.tool_call import prefix_overlap
 from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser, json_pair
 
 TAG = "<minimax:tool_call>"
@@ -92,16 +91,7 @@ class MiniMaxM2Parser(Glm45Parser):
 
     name = "minimax_m2"
     markers = (TAG,)
-
-    def _start(self, text: str, final: bool) -> int | None:
-        i = text.find(TAG)
-        return None if i < 0 else i + len(TAG)
-
-    def marker_text(self, text: str, start: int) -> str:
-        return TAG
-
-    def _held(self, text: str) -> int:
-        return prefix_overlap(text, TAG)
+    TAG = TAG
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__(tools)

@@ -44,12 +44,14 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from pagoda.runtime.config import EngineConfig, ModelConfig
+from pagoda.runtime.server.placement import Placement, packed_bytes, packed_shape, placement
+from pagoda.runtime.server.stored import ITEM_BYTES, Checkpoint, Stored
 
 if TYPE_CHECKING:
     from pagoda.runtime.quantization.fp8 import Fp8Scheme
@@ -74,53 +76,6 @@ _MAMBA_TENSORS = re.compile(r"\.mamba\.(conv1d\.weight|A_log|D)$")
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe)\.((router\.)?gate\.(wg\.)?weight|"
                              r"((gate|moe_statics)\.)?e_score_correction_bias|expert_bias)$")  # fmt: skip
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
-# safetensors dtype -> bytes per element
-_ITEM = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
-         "I16": 2, "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Stored:
-    """One checkpoint tensor as the model reads it: HF name, stored type, shape, bytes."""
-
-    name: str
-    kind: str  # a GGUF type ("Q4_1", "F32") or a safetensors dtype ("BF16", "F8_E4M3")
-    shape: tuple[int, ...]
-    nbytes: int
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """The tensors of a checkpoint (metadata only) and its files' size."""
-
-    form: str  # "GGUF", "safetensors", ".bin" / "file" (sizes only), "" (no weight files)
-    tensors: dict[str, Stored] = field(default_factory=dict)
-    file_bytes: int = 0
-
-    def kinds(self) -> str:
-        """The stored types that hold most of the bytes, largest first ("Q4_1/Q8_0")."""
-        by: dict[str, int] = {}
-        for t in self.tensors.values():
-            by[t.kind] = by.get(t.kind, 0) + t.nbytes
-        total = sum(by.values()) or 1
-        top = sorted((k for k in by if by[k] >= total / 20), key=lambda k: -by[k])
-        return "/".join(top[:3])
-
-
-@dataclass(frozen=True)
-class Placement:
-    """How the engine holds weights: dtype, device, ranks, FP8 layers, `qgemm` blocks, packing."""
-
-    dtype: torch.dtype
-    device: str = "cpu"  # "cpu" or "cuda"
-    tp: int = 1
-    fp8: Fp8Scheme | None = None  # the scheme the projections run in FP8 with (None: 16/32-bit)
-    blocks: bool = False  # float32 on a CPU with `qgemm`: stored blocks / 16-bit read in place
-    packs: bool = False  # CPU `Linear`s hold a packed copy (a tied LM head: a second table)
 
 
 @dataclass(frozen=True)
@@ -185,37 +140,6 @@ def _ranks(tp: int) -> str:
     return f"; one rank's share of {tp}" if tp > 1 else ""
 
 
-def placement(
-    cfg: EngineConfig, path: Path, tp: int = 1, device: torch.device | None = None
-) -> Placement:
-    """How `cfg` holds the weights of `path`, by the loader's and the layers' own rules."""
-    from pagoda.runtime.config import fp8_runs_on, resolve_dtype
-    from pagoda.runtime.quantization.fp8 import engine_scheme
-
-    device = cfg.torch_device() if device is None else device
-    dtype = resolve_dtype(cfg.dtype, device)
-    scheme = None
-    if path.is_dir():
-        from pagoda.runtime.model.hf_loader import read_quantization
-
-        scheme = read_quantization(path)
-    try:
-        fp8 = engine_scheme(cfg.quantization, scheme, fp8_runs_on(device))
-    except ValueError:  # --quantization fp8 where it cannot run: refused by the config already
-        fp8 = None
-    cpu = device.type == "cpu"
-    blocks = packs = False
-    if cpu and dtype == torch.float32 and tp == 1:  # DeviceWeights: blocks serve float32 only
-        from pagoda.runtime.cpu import qgemm
-
-        blocks = qgemm.wanted() and qgemm.load() is not None
-    if cpu:
-        from pagoda.runtime.model import linear
-
-        packs = dtype in linear.PACKED_DTYPES and linear._can_pack(dtype)
-    return Placement(dtype, device.type, tp, fp8, blocks, packs)
-
-
 def read_checkpoint(path: Path, architecture: str) -> Checkpoint:
     """The checkpoint's tensors as the loader names them (metadata only; cached per file)."""
     try:
@@ -257,7 +181,7 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
     for name in weights:
         kind, shape = weights.dtype_and_shape(name)
         numel = math.prod(shape)
-        tensors[name] = Stored(name, kind, tuple(shape), numel * _ITEM.get(kind, 4))
+        tensors[name] = Stored(name, kind, tuple(shape), numel * ITEM_BYTES.get(kind, 4))
     return Checkpoint("safetensors", tensors, sum(f.stat().st_size for f in files))
 
 
@@ -532,7 +456,7 @@ def _float32_router(t: Stored, p: Placement) -> int:
         from pagoda.runtime.model import linear
 
         if linear._can_pack(torch.float32):
-            rows, cols = _padded(rows, cols, torch.float32)
+            rows, cols = packed_shape(rows, cols, torch.float32)
     return rows * cols * 4
 
 
@@ -562,47 +486,8 @@ def _dense(parts: list[Stored], mc: ModelConfig, lay, p: Placement) -> int:
     rows, cols = sum(r for r, _ in shapes), shapes[0][1]
     experts = parts[0].shape[0] if len(parts[0].shape) == 3 else 1
     if p.packs:
-        rows, cols = _padded(rows, cols, p.dtype)
+        rows, cols = packed_shape(rows, cols, p.dtype)
     return experts * rows * cols * p.dtype.itemsize
-
-
-def _padded(rows: int, cols: int, dtype: torch.dtype) -> tuple[int, int]:
-    """The shape of oneDNN's packed copy of a [rows, cols] weight (`linear._pack`): a one-row
-    weight (Qwen2-MoE's shared_expert_gate) is kept as it is in float32 (`_one_row_kept`)."""
-    if rows == 1 and _one_row_kept(dtype):
-        return rows, cols
-    a, b = _pad(dtype)
-    return -(-rows // a) * a, -(-cols // b) * b
-
-
-@functools.cache
-def _one_row_kept(dtype: torch.dtype) -> bool:
-    """Whether `linear._pack` keeps a one-row weight unpadded (float32: a GEMV's layout, where
-    2 rows pad to 64; bf16 on AVX-512 pads it as any other)."""
-    from pagoda.runtime.model import linear
-
-    try:
-        packed = linear._pack(torch.zeros(1, 65, dtype=dtype))
-        return torch.ops.mkldnn._nbytes(packed) == 65 * dtype.itemsize
-    except (AttributeError, RuntimeError):
-        return False
-
-
-@functools.cache
-def _pad(dtype: torch.dtype) -> tuple[int, int]:
-    """The row and column multiples `linear._pack` pads to here (probed once: bf16 on AVX-512,
-    64 and 32), (1, 1) where a probe says otherwise."""
-    from pagoda.runtime.model import linear
-
-    def padded(n: int, k: int) -> int:
-        packed = linear._pack(torch.zeros(n, k, dtype=dtype))
-        return torch.ops.mkldnn._nbytes(packed) // dtype.itemsize
-
-    try:
-        a, b = padded(65, 64) // 64 - 64, padded(64, 65) // 64 - 64
-    except (AttributeError, RuntimeError):
-        return 1, 1
-    return (a, b) if 0 < a <= 64 and 0 < b <= 64 and 64 % a == 0 and 64 % b == 0 else (1, 1)
 
 
 def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placement, lay,
@@ -659,31 +544,3 @@ def _bound(parts: list[Stored]) -> int | None:
         return None
     experts = parts[0].shape[0] if len(parts[0].shape) == 3 else 1
     return experts * packed_bytes([(t.kind, t.shape[-2]) for t in parts], parts[0].shape[-1])
-
-
-def packed_bytes(parts: list[tuple[str, int]], cols: int) -> int:
-    """Bytes of `qgemm.pack` for row parts (kind, rows) of `cols` keys, stacked as
-    `quantized.stack` merges them (neighbours of one kind), each run padded to 16 rows."""
-    from pagoda.runtime.cpu import qgemm
-    from pagoda.runtime.cpu.quantized import BLOCKS
-
-    runs: list[list] = []
-    for kind, rows in parts:
-        if runs and runs[-1][0] == kind:
-            runs[-1][1] += rows
-        else:
-            runs.append([kind, rows])
-    total = 0
-    for kind, rows in runs:
-        keys = BLOCKS[kind][0]
-        total += -(-rows // qgemm.NB) * (cols // keys) * _unit_bytes(kind)
-    return total
-
-
-@functools.cache
-def _unit_bytes(kind: str) -> int:
-    """`qgemm.pack`'s bytes for 16 rows by one stored block of keys of `kind`."""
-    from pagoda.runtime.cpu import qgemm
-    from pagoda.runtime.cpu.quantized import BLOCKS, probe_weight
-
-    return int(qgemm.pack(probe_weight(kind, qgemm.NB, BLOCKS[kind][0])).numel())

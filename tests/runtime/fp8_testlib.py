@@ -107,14 +107,25 @@ def quantize_blocks(t: torch.Tensor, block: tuple[int, int]):
 
 
 def write_block_pair(root, quantization_config: dict, block: tuple[int, int], scale_suffix: str):
-    """(an FP8 checkpoint with block-wise scales named `<layer>.<scale_suffix>`, the float32
-    checkpoint of its weights dequantized): two directories sharing config and tokenizer."""
-    orig, q, deq = root / "orig", root / "fp8", root / "dequantized"
-    make_tiny_llama(orig)
+    """(an FP8 checkpoint of a tiny Llama with block-wise scales named
+    `<layer>.<scale_suffix>`, the float32 checkpoint of its weights dequantized): two
+    directories sharing config and tokenizer."""
+    make_tiny_llama(root / "orig")
+    return write_blocks_of(root / "orig", root, quantization_config, block, _is_linear,
+                           scale_suffix)  # fmt: skip
+
+
+def write_blocks_of(orig, root, quantization_config: dict, block: tuple[int, int], quantized,
+                    scale_suffix: str = "weight_scale_inv"):  # fmt: skip
+    """The checkpoint at `orig` with the tensors `quantized(name)` names in E4M3, one scale per
+    `block` tile named `<layer>.<scale_suffix>`, and `quantization_config` (root / "fp8"), and
+    the checkpoint of its weights dequantized (root / "dequantized"), both with `orig`'s other
+    files (config, tokenizer); returns the two directories."""
+    q, deq = root / "fp8", root / "dequantized"
     tensors = load_file(str(orig / "model.safetensors"))
     quant, dense = {}, {}
     for name, t in tensors.items():
-        if not _is_linear(name):
+        if not quantized(name):
             quant[name] = dense[name] = t
             continue
         codes, scales, dense[name] = quantize_blocks(t.float(), block)

@@ -9,12 +9,12 @@ tag of `tool_choice: required` accepts the model's own call text."""
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 from pagoda.runtime.server.reasoning import ReasoningStream, split, thinks
 from pagoda.runtime.server.tool_parser_minimax_m2 import MiniMaxM2Parser
 from pagoda.runtime.server.tool_parsers import detect
+from parser_testlib import accepts, streamed, tool_grammar
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -78,20 +78,7 @@ def test_whole_outputs(text, content, calls):
 
 
 def _streamed(text: str, seed: int, parallel: bool = True) -> tuple[str, list]:
-    rng, stream, deltas, i = random.Random(seed), parser().stream(parallel), [], 0
-    while i < len(text):
-        k = rng.randint(1, 7)
-        deltas.append(stream.feed(text[i : i + k]))
-        i += k
-    deltas.append(stream.feed("", final=True))
-    calls: dict[int, list] = {}
-    for d in deltas:
-        for c in d.get("tool_calls", ()):
-            if "id" in c:  # a call's first delta: id, type and name, no arguments yet
-                assert c["index"] not in calls and c["function"]["arguments"] == ""
-                calls[c["index"]] = [c["function"]["name"], ""]
-            calls[c["index"]][1] += c["function"].get("arguments", "")
-    return "".join(d.get("content", "") for d in deltas), [calls[i] for i in sorted(calls)]
+    return streamed(parser().stream(parallel), text, seed)[:2]
 
 
 @pytest.mark.parametrize(("text", "content", "calls"), CASES)
@@ -126,16 +113,7 @@ def test_detected_from_the_template():
 
 
 def test_the_required_grammar_takes_the_models_own_call_text():
-    import xgrammar as xgr
-    from pagoda.runtime.server.protocol import ChatCompletionRequest
-    from pagoda.runtime.server.tools import prepare
-
-    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
-                                tools=TOOLS, tool_choice="required")  # fmt: skip
-    setup = prepare(req, "{{ tools }}", "minimax_m2")
-    assert setup.parser.name == "minimax_m2"
-    grammar = xgr.Grammar.from_structural_tag(setup.grammar.structural_tag)
-    accepts = xgr.testing._is_grammar_accept_string
+    grammar = tool_grammar(TOOLS, "minimax_m2")
     assert accepts(grammar, CALL)
     assert accepts(grammar, CASES[1][0].removeprefix("Let me check.\n"))
     assert not accepts(grammar, CALL.replace(">3<", ">three<"))
