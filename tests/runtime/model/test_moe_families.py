@@ -200,10 +200,11 @@ ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyu
              ("minimax-m2", 2), ("phimoe", 1), ("phimoe", 2), ("exaone-moe", 1),
              ("exaone-moe", 2), ("flex-olmo-norm", 1), ("flex-olmo-norm", 2), ("afmoe", 1),
              ("afmoe", 2)]  # fmt: skip
-# `from_shapes` (config.json alone) against the count from the tensors, within: AfMoE's
-# attention output gate (in FP8 with the projections) and four norms a layer counted (they
-# were left out: 9% under), its per-head q/k norms not (within 0.2%)
-FROM_SHAPES = {"afmoe": 2e-3}
+# `from_shapes` (config.json alone) against the count from the tensors, exact: AfMoE's
+# attention output gate (in FP8 with the projections), four norms a layer and per-head q/k
+# norms; MiniMax-M2's q/k norms over all heads (whole on every rank); PhiMoE's q/k/v biases
+# (by the rank's heads), o's and the LM head's (whole). Each was left out once.
+FROM_SHAPES = {"afmoe": 1e-6, "minimax-m2": 1e-6, "phimoe": 1e-6}
 # a tensor a checkpoint may not lack: refused at config time, one line naming it
 MISSING = [
     ("ernie45-moe", "model.layers.1.mlp.moe_statics.e_score_correction_bias"),
