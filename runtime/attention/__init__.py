@@ -23,13 +23,16 @@ def get_attention_backend(
     softcap: float | None = None,
     sinks: bool = False,
     latent: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> AttentionBackend:
     """Resolve ``auto|torch|triton``: auto picks Triton on CUDA and the torch backend elsewhere.
     ``batch_invariant`` selects the Triton kernels' invariant mode (the torch backend always is).
     An int8 KV cache (``kv_cache_dtype="int8"``) is stored and read by the torch backend only,
     an FP8 one (``"fp8"``, E4M3 with per-layer scales) by the Triton backend only.
     ``sliding_window``, ``softcap``, ``sinks`` and ``latent`` (multi-head latent attention's
-    one-row cache) as ``AttentionBackend`` takes them."""
+    one-row cache) as ``AttentionBackend`` takes them; ``alibi_slopes`` (ALiBi: BLOOM, MPT) is
+    added by the torch backend only: the Triton kernels have no ALiBi path yet, so such a model
+    on CUDA is refused in one line unless ``--attention-backend torch`` is asked for."""
     if name not in ("auto", "torch", "triton"):
         raise ValueError(f"attention_backend must be auto, torch or triton, got {name!r}")
     if name == "auto":
@@ -44,6 +47,11 @@ def get_attention_backend(
             "kv_cache_dtype 'fp8' is read by the Triton attention backend only (CUDA GPUs with "
             "FP8); use attention backend auto or triton"
         )
+    if alibi_slopes is not None and name == "triton":
+        raise ValueError(
+            "ALiBi position biases (BLOOM, MPT) are not supported by the Triton attention "
+            "backend; use --attention-backend torch"
+        )
     if name == "triton":
         from pagoda.runtime.attention.triton_backend import TritonAttentionBackend
 
@@ -57,6 +65,7 @@ def get_attention_backend(
     return TorchAttentionBackend(
         num_heads, num_kv_heads, head_dim, scale, kv_cache_dtype,
         sliding_window=sliding_window, softcap=softcap, sinks=sinks, latent=latent,
+        alibi_slopes=alibi_slopes,
     )  # fmt: skip
 
 

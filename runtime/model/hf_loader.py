@@ -56,7 +56,7 @@ _ACTIVATIONS.update({"gelu_tanh": "gelu_tanh", "gelu_python_tanh": "gelu_tanh"})
 _ACTIVATIONS["gelu_new"] = "gelu_tanh"  # (Phi's: the tanh approximation)
 _ACTIVATIONS["gelu_fast"] = "gelu_tanh"  # (GPT-NeoX-20B's: the same formula)
 _ACTIVATIONS["gelu"] = "gelu"  # exact (Falcon's ungated MLP; a gated one refuses it)
-_ACTIVATIONS.update({"relu2": "relu2", "xielu": "xielu"})  # ungated MLPs' (Arcee's, Apertus')
+_ACTIVATIONS.update({"relu2": "relu2", "xielu": "xielu", "relu": "relu"})  # ungated MLPs' (Arcee's, Apertus')
 
 
 def _as_ids(value) -> tuple[int, ...]:
@@ -340,7 +340,11 @@ def check_weights(
         from pagoda.runtime.model.phi3 import split_fused
 
         split_fused(weights, config)
-    if config.architecture in ("falcon", "gpt_neox"):  # the fused query_key_value, by layout
+    if config.architecture == "gpt2":  # Conv1D matrices, stored [in, out]
+        from pagoda.runtime.model.positions import transpose_conv1d
+
+        transpose_conv1d(weights, config)
+    if config.family.falcon_qkv:  # the fused query_key_value, by layout (falcon.py)
         from pagoda.runtime.model.falcon import split_qkv
 
         split_qkv(weights, config)
