@@ -72,8 +72,10 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     if arch == "gpt_bigcode":  # StarCoder 1: one KV head with multi_query
         multi = out.get("multi_query", True)
         out["num_key_value_heads"] = 1 if multi else out["num_attention_heads"]
-    if arch in ("gpt2", "gpt_bigcode", "bloom"):  # the MLP 4 x hidden unless n_inner says
-        out["intermediate_size"] = out.get("intermediate_size") or 4 * int(out["hidden_size"])
+    if arch in ("gpt2", "gpt_bigcode"):  # the MLP 4 x hidden unless n_inner says
+        out["intermediate_size"] = out.get("n_inner") or 4 * int(out["hidden_size"])
+    if arch == "bloom":  # (BloomConfig has no width: 4 x hidden)
+        out["intermediate_size"] = 4 * int(out["hidden_size"])
     if arch == "mpt":
         out["intermediate_size"] = int(out.get("expansion_ratio", 4) * int(out["hidden_size"]))
     return out

@@ -1,0 +1,242 @@
+"""Models without rotary against transformers, token for token, on tiny random checkpoints
+transformers writes itself (tests/runtime/hf_oracle.py): float32, prompts chunked into 16-token
+steps, three prompts sharing steps, a warm prefix cache on the second pass, a KV pool so small
+that requests are preempted; logits within 1e-3 of transformers' plain greedy loop.
+
+Learned absolute positions (`model/positions.py`):
+
+- GPT-2 (`GPT2LMHeadModel`): Conv1D matrices stored [in, out], the fused `c_attn`, gelu_new,
+  a tied head; once with the hub's names (gpt2's files have no `transformer.` prefix);
+- GPTBigCode (`GPTBigCodeForCausalLM`: StarCoder 1, SantaCoder): multi-query (one KV head) and
+  multi-head (q/k/v per head in `c_attn`);
+- OPT (`OPTForCausalLM`): positions offset by 2, biases, ReLU, pre-norm with a final norm;
+  opt-350m's post-norm layers with `word_embed_proj_dim` narrower than hidden
+  (`project_in` / `project_out`), the hub's `decoder.` names.
+
+ALiBi (`model/alibi.py`, `model/bloom.py`; the torch attention backend adds the bias):
+
+- BLOOM (`BloomForCausalLM`): the embeddings' LayerNorm, q/k/v per head, six heads (the slopes
+  of a head count that is not a power of two);
+- MPT (`MptForCausalLM`): LayerNorms without biases, `clip_qkv`, six heads (MPT's slopes).
+
+Also: over two tensor-parallel ranks (gloo: each rank its heads' slopes, GPT-2's transposed
+matrices cut by rows of the transpose), what a sparse config.json reads as against
+transformers' config classes, the refusals (one line), and OPT's vocab.json + merges.txt
+tokenizer against transformers'.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from arch_cases import (
+    built_fixture,
+    case_fixture,
+    check_chunked_cached_batched,
+    check_preempted,
+    check_two_ranks,
+)
+from hf_oracle import make_tiny_model
+from pagoda.runtime.model.loader import read_model_config
+
+transformers = pytest.importorskip("transformers")
+# name: (config class prefix, config overrides, the hub's tensor names: the prefix to drop)
+CASES = {
+    "gpt2": ("GPT2", dict(num_key_value_heads=None), None),
+    "gpt2-hub-names": ("GPT2", dict(num_key_value_heads=None, scale_attn_weights=False),
+                       "transformer."),
+    "gpt_bigcode-mqa": ("GPTBigCode", dict(multi_query=True), None),
+    "gpt_bigcode-mha": ("GPTBigCode", dict(multi_query=False, activation_function="gelu"), None),
+    "opt-pre-norm": ("OPT", dict(ffn_dim=128, enable_bias=True), None),
+    "opt-post-norm-proj": ("OPT", dict(ffn_dim=128, do_layer_norm_before=False,
+                                       word_embed_proj_dim=32), "model."),
+    "bloom-6-heads": ("Bloom", dict(hidden_size=96, num_attention_heads=6), None),
+    "mpt-clip-6-heads": ("Mpt", dict(hidden_size=96, num_attention_heads=6,
+                                     attn_config={"clip_qkv": 0.5}), None),
+}  # fmt: skip
+
+
+def _hub_names(path, prefix: str) -> None:
+    """The checkpoint's tensors renamed as the hub's files name them: `prefix` dropped."""
+    from safetensors.torch import load_file, save_file
+
+    f = path / "model.safetensors"
+    tensors = load_file(f)
+    save_file({k.removeprefix(prefix): v for k, v in tensors.items()}, f, {"format": "pt"})
+
+
+def _make(name: str, path):
+    arch, overrides, prefix = CASES[name]
+    model = make_tiny_model(path, arch, **overrides)
+    if prefix is not None:
+        _hub_names(path, prefix)
+    return model
+
+
+built = built_fixture(_make)
+case = case_fixture(CASES)
+
+
+def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):
+    name, _, _, loaded, reference = case
+    check_chunked_cached_batched(loaded, reference, name)
+    check_preempted(loaded, reference, name)
+
+
+@pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
+@pytest.mark.parametrize(("name", "kv_heads"), [
+    ("gpt2", 2), ("gpt_bigcode-mqa", 1), ("opt-post-norm-proj", 2), ("bloom-6-heads", 3),
+])  # fmt: skip
+def test_two_ranks_match_transformers(built, name, kv_heads):
+    """Tensor parallelism over gloo, two ranks, the small pool then a warm cache: GPT-2's
+    transposed c_attn cut by heads, StarCoder 1's one KV head on both ranks, OPT's projections
+    and position table whole on each rank, BLOOM's slopes three a rank."""
+    path, _, loaded, reference = built(name)
+    check_two_ranks(path, loaded, reference, name, kv_heads=kv_heads)
+
+
+def test_the_config_reads_as_transformers_reads_it(built):
+    """Positions, heads, widths, eps and tying as transformers' configs say."""
+    expect = {"gpt2": ("learned", 4, 256), "gpt_bigcode-mqa": ("learned", 1, 256),
+              "opt-post-norm-proj": ("learned", 4, 128), "bloom-6-heads": ("alibi", 6, 384),
+              "mpt-clip-6-heads": ("alibi", 6, 384)}  # fmt: skip
+    for name, (positions, kv_heads, width) in expect.items():
+        path, model, _, _ = built(name)
+        c = read_model_config(str(path))
+        assert (c.family.positions, c.num_kv_heads, c.intermediate_size) == (
+            positions, kv_heads, width), name  # fmt: skip
+        assert c.tie_word_embeddings == (
+            model.lm_head.weight is model.get_input_embeddings().weight
+        )
+    c = read_model_config(str(built("opt-post-norm-proj")[0]))
+    assert (c.family.position_offset, c.family.post_norm, c.family.embed_proj_dim) == (2, True, 32)
+    c = read_model_config(str(built("mpt-clip-6-heads")[0]))
+    assert (c.family.clip_qkv, c.family.alibi_slopes, c.max_position_embeddings) == (
+        0.5,
+        "mpt",
+        2048,
+    )
+
+
+@pytest.mark.parametrize(("arch", "model_type", "extra"), [
+    ("GPT2LMHeadModel", "gpt2", {"n_layer": 2}),
+    ("GPTBigCodeForCausalLM", "gpt_bigcode", {"n_layer": 2}),
+    ("OPTForCausalLM", "opt", {"num_hidden_layers": 2}),
+    ("BloomForCausalLM", "bloom", {"n_layer": 2}),
+    ("MPTForCausalLM", "mpt", {"n_layers": 2, "d_model": 256, "n_heads": 8}),
+])  # fmt: skip
+def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_type, extra):
+    """A config.json with a few keys: context, tying, BOS/EOS, KV heads and the MLP's width
+    as transformers' config class fills them in."""
+    config = {"architectures": [arch], "model_type": model_type, **extra}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    t, o = transformers.AutoConfig.from_pretrained(tmp_path), read_model_config(str(tmp_path))
+    heads = t.num_attention_heads
+    kv = 1 if getattr(t, "multi_query", False) else heads
+    width = {"opt": "ffn_dim", "gpt2": "n_inner", "gpt_bigcode": "n_inner"}.get(model_type)
+    inner = getattr(t, width) if width else None
+    if model_type == "mpt":
+        inner = t.expansion_ratio * t.d_model
+    assert (o.num_layers, o.num_heads, o.num_kv_heads, o.intermediate_size) == (
+        t.num_hidden_layers, heads, kv, inner or 4 * t.hidden_size)  # fmt: skip
+    assert o.tie_word_embeddings == t.tie_word_embeddings
+    assert o.bos_token_id == t.bos_token_id
+    if model_type in ("gpt2", "gpt_bigcode", "opt"):
+        assert o.max_position_embeddings == t.max_position_embeddings
+    eps = getattr(t, "layer_norm_epsilon", 1e-5)
+    assert o.rms_norm_eps == eps
+
+
+@pytest.mark.parametrize(("arch", "edit", "words"), [
+    ("GPT2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
+    ("Bloom", {"apply_residual_connection_post_layernorm": True}, "post_layernorm"),
+    ("Mpt", {"attn_config": {"qk_ln": True}}, "qk_ln"),
+    ("Mpt", {"attn_config": {"alibi": False}}, "MPT without attn_config.alibi"),
+    ("OPT", {"layer_norm_elementwise_affine": False}, "layer_norm_elementwise_affine"),
+])  # fmt: skip
+def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
+    make_tiny_model(tmp_path, arch, num_hidden_layers=1)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(ValueError, match=words) as e:
+        read_model_config(str(tmp_path))
+    assert "\n" not in str(e.value)
+
+
+def test_max_model_len_past_the_position_table_is_refused(built):
+    """The learned table has max_position_embeddings rows (512 here): more is refused in one
+    line, as vLLM does; ALiBi's context is config.json's too."""
+    from pagoda.runtime import LLM
+
+    for name in ("gpt2", "bloom-6-heads"):
+        _, _, loaded, _ = built(name)
+        with pytest.raises(
+            ValueError, match=r"max_model_len 600 is more than the model's context"
+        ) as e:
+            LLM(loaded=loaded, dtype="float32", max_model_len=600, kv_cache_memory=16 << 20)
+        assert "\n" not in str(e.value)
+
+
+def test_alibi_on_the_triton_backend_is_refused_in_one_line():
+    """The Triton kernels have no ALiBi path: refused when the backend is chosen, naming the
+    backend that serves it."""
+    from pagoda.runtime.attention import get_attention_backend
+    from pagoda.runtime.model.alibi import bloom_slopes
+
+    with pytest.raises(ValueError, match=r"not supported by the Triton attention backend; use "
+                                         r"--attention-backend torch") as e:  # fmt: skip
+        get_attention_backend("triton", torch.device("cpu"), 6, 6, 16, 0.25,
+                              alibi_slopes=bloom_slopes(6))  # fmt: skip
+    assert "\n" not in str(e.value)
+
+
+def test_slopes_are_transformers_own():
+    """BLOOM's and MPT's slopes for head counts that are powers of two and not."""
+    from pagoda.runtime.model.alibi import bloom_slopes, mpt_slopes
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+    for n in (1, 4, 6, 12, 16, 40, 112):
+        ones = torch.ones(1, 2)  # position 1's bias is the slope itself
+        assert torch.equal(build_alibi_tensor(ones, n, torch.float32)[:, 0, 1], bloom_slopes(n))
+        assert torch.equal(-build_mpt_alibi_tensor(n, 2)[:, 0, 0], mpt_slopes(n))
+
+
+def test_vocab_and_merges_tokenize_as_transformers(built, tmp_path):
+    """OPT's tokenizer files (vocab.json and merges.txt, no tokenizer.json): the engine's
+    tokenizer encodes and decodes as transformers' GPT2Tokenizer over the same files, its
+    special tokens whole; a completion runs on an OPT model over them."""
+    from pagoda.runtime import LLM, SamplingParams
+    from pagoda.runtime.model.loader import load_model
+    from tokenizers import ByteLevelBPETokenizer
+
+    path = tmp_path / "opt"
+    path.mkdir()
+    make_tiny_model(path, "OPT", ffn_dim=128, vocab_size=400, bos_token_id=2, eos_token_id=2)
+    (path / "tokenizer.json").unlink()
+    bpe = ByteLevelBPETokenizer()
+    text = ["Hello world, the quick brown fox jumps over the lazy dog. " * 3, "éa ünï 123 ok"]
+    bpe.train_from_iterator(text, vocab_size=300, special_tokens=["<s>", "<pad>", "</s>"])
+    bpe.save_model(str(path))
+    tcfg = {"tokenizer_class": "GPT2Tokenizer", "bos_token": "</s>", "eos_token": "</s>",
+            "pad_token": "<pad>", "unk_token": "</s>", "add_bos_token": True}  # fmt: skip
+    (path / "tokenizer_config.json").write_text(json.dumps(tcfg))
+    ref = transformers.AutoTokenizer.from_pretrained(path)
+    loaded = load_model(str(path))
+    tok = loaded.tokenizer
+    for s in ["Hello world", " the lazy fox</s>ok", "éa ünï 123", ""]:
+        ids = ref(s)["input_ids"]
+        assert tok.encode(s) == ids, s
+        assert tok.decode(ids, skip_special_tokens=True) == ref.decode(
+            ids, skip_special_tokens=True
+        )
+    assert ref("a")["input_ids"][0] == 2  # OPT's </s> first
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20)
+    out = llm.generate(
+        ["Hello world"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    )
+    assert len(out[0].outputs[0].token_ids) == 4
+    with pytest.raises(ValueError, match="no chat template; use completions"):
+        tok.apply_chat_template([{"role": "user", "content": "hi"}])
