@@ -7,7 +7,7 @@ rest of the step. A window layer's rows read only their window's blocks there (e
 at its first row's window), a chunked layer's (Llama 4) only their chunk's. ``allocate_kv_cache`` picks it when it builds and the shapes suit it
 (bf16/float32/int8, head_dim and block_size multiples of 16, no attention soft cap, no
 attention sinks, no latent cache: its layouts for K and V differ, and a latent cache is one
-tensor);
+tensor); ALiBi's slopes (BLOOM, MPT) it adds itself, before each row's softmax;
 ``forward`` tells the paths apart by the cache's rank (5: packed).
 
 **Torch path** (no compiler, ``PAGODA_CPU_ATTENTION=torch``), described below.
@@ -239,7 +239,6 @@ class TorchAttentionBackend(AttentionBackend):
         # not soft caps or attention sinks: a model with either takes the torch path, as does a
         # latent cache
         usable = usable and self.softcap is None and not self.sinks and self.latent is None
-        usable = usable and self.alibi_slopes is None  # (ALiBi: the torch path)
         self.kernel = cpu_kernel.load() if usable and device.type == "cpu" else None
         if self.kernel is not None:
             k_shape, v_shape = cpu_kernel.packed_shapes(hkv, num_blocks, block_size, d, dt)
@@ -273,7 +272,7 @@ class TorchAttentionBackend(AttentionBackend):
             aux = meta.aux
             return self.kernel.attention(
                 q, k_cache, v_cache, meta.block_tables, aux["qstart"], aux["seq_lens"], self.scale,
-                window=window, chunk=chunk,
+                window=window, chunk=chunk, alibi=self.alibi_slopes,
             )  # fmt: skip
         self.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         hkv, _, bs, width = k_cache.shape

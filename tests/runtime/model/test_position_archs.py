@@ -85,6 +85,21 @@ def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):
     check_preempted(loaded, reference, name)
 
 
+@pytest.mark.parametrize("name", ["bloom-6-heads", "mpt-clip-6-heads"])
+def test_alibi_on_both_cpu_paths_matches_transformers(built, name, monkeypatch):
+    """ALiBi in the C++ kernel (the default, above: it adds the bias before each row's
+    softmax) and in the torch path (`PAGODA_CPU_ATTENTION=torch`): transformers' tokens and
+    logits either way."""
+    from pagoda.runtime.cpu import attention as cpu_attention
+
+    _, _, loaded, reference = built(name)
+    kernel = check_chunked_cached_batched(loaded, reference, name)
+    assert kernel.engine.runner.backend.kernel is not None
+    monkeypatch.setenv(cpu_attention.ENV_SWITCH, "torch")
+    torch_path = check_chunked_cached_batched(loaded, reference, name + " (torch path)")
+    assert torch_path.engine.runner.backend.kernel is None
+
+
 @pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
 @pytest.mark.parametrize(("name", "kv_heads"), [
     ("gpt2", 2), ("gpt_bigcode-mqa", 1), ("opt-post-norm-proj", 2), ("bloom-6-heads", 3),
