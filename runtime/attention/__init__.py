@@ -30,9 +30,8 @@ def get_attention_backend(
     An int8 KV cache (``kv_cache_dtype="int8"``) is stored and read by the torch backend only,
     an FP8 one (``"fp8"``, E4M3 with per-layer scales) by the Triton backend only.
     ``sliding_window``, ``softcap``, ``sinks`` and ``latent`` (multi-head latent attention's
-    one-row cache) as ``AttentionBackend`` takes them; ``alibi_slopes`` (ALiBi: BLOOM, MPT) is
-    added by the torch backend only: the Triton kernels have no ALiBi path yet, so such a model
-    on CUDA is refused in one line unless ``--attention-backend torch`` is asked for."""
+    one-row cache) and ``alibi_slopes`` (ALiBi: BLOOM, MPT; the kernels' ``HAS_ALIBI`` path,
+    the CPU kernel's and the torch path's bias) as ``AttentionBackend`` takes them."""
     if name not in ("auto", "torch", "triton"):
         raise ValueError(f"attention_backend must be auto, torch or triton, got {name!r}")
     if name == "auto":
@@ -47,18 +46,13 @@ def get_attention_backend(
             "kv_cache_dtype 'fp8' is read by the Triton attention backend only (CUDA GPUs with "
             "FP8); use attention backend auto or triton"
         )
-    if alibi_slopes is not None and name == "triton":
-        raise ValueError(
-            "ALiBi position biases (BLOOM, MPT) are not supported by the Triton attention "
-            "backend; use --attention-backend torch"
-        )
     if name == "triton":
         from pagoda.runtime.attention.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend(
             num_heads, num_kv_heads, head_dim, scale, batch_invariant,
             sliding_window=sliding_window, softcap=softcap, kv_cache_dtype=kv_cache_dtype,
-            sinks=sinks, latent=latent,
+            sinks=sinks, latent=latent, alibi_slopes=alibi_slopes,
         )  # fmt: skip
     from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
 

@@ -21,13 +21,15 @@ ALiBi (`model/alibi.py`, `model/bloom.py`; the torch attention backend adds the 
 
 Also: over two tensor-parallel ranks (gloo: each rank its heads' slopes, GPT-2's transposed
 matrices cut by rows of the transpose), what a sparse config.json reads as against
-transformers' config classes, the refusals (one line), and OPT's vocab.json + merges.txt
+transformers' config classes, the refusals (one line), ALiBi in the Triton kernels
+(interpreted on CPU; on CUDA with graphs, marked gpu) and OPT's vocab.json + merges.txt
 tokenizer against transformers'.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -194,17 +196,38 @@ def test_max_model_len_past_the_position_table_is_refused(built):
         assert "\n" not in str(e.value)
 
 
-def test_alibi_on_the_triton_backend_is_refused_in_one_line():
-    """The Triton kernels have no ALiBi path: refused when the backend is chosen, naming the
-    backend that serves it."""
-    from pagoda.runtime.attention import get_attention_backend
-    from pagoda.runtime.model.alibi import bloom_slopes
+@pytest.mark.slow  # Triton's interpreter: ~15 s each on a busy core
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter")
+@pytest.mark.parametrize(("name", "invariant"), [("bloom-6-heads", True),
+                                                 ("mpt-clip-6-heads", False)])  # fmt: skip
+def test_alibi_on_the_triton_backend_matches_transformers(built, name, invariant):
+    """The Triton kernels' ALiBi path (``HAS_ALIBI``) in the engine, chunked, batched and on a
+    warm cache: batch-invariant (every row in the prefill kernel), and not (decodes in the
+    split-KV kernel, prompts in the prefill kernel: SDPA has no ALiBi)."""
+    from arch_cases import check, generate, prompts
+    from pagoda.runtime import LLM
 
-    with pytest.raises(ValueError, match=r"not supported by the Triton attention backend; use "
-                                         r"--attention-backend torch") as e:  # fmt: skip
-        get_attention_backend("triton", torch.device("cpu"), 6, 6, 16, 0.25,
-                              alibi_slopes=bloom_slopes(6))  # fmt: skip
-    assert "\n" not in str(e.value)
+    _, _, loaded, reference = built(name)
+    llm = LLM(loaded=loaded, attention_backend="triton", dtype="float32",
+              kv_cache_memory=8 << 20, max_num_batched_tokens=16, max_num_seqs=4,
+              batch_invariant=invariant)  # fmt: skip
+    assert llm.engine.runner.backend.alibi_slopes is not None
+    cold, warm = generate(llm, prompts()), generate(llm, prompts()[::-1])[::-1]
+    for i, want in enumerate(reference):
+        check(cold[i], want, f"{name}: prompt {i}, Triton, cold")
+        check(warm[i], want, f"{name}: prompt {i}, Triton, warm")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_gpu_matches_transformers_with_graphs(built, name):
+    """On CUDA in float32 with the defaults (the Triton ops and attention, ALiBi's kernel
+    path, CUDA graphs): transformers' tokens and logits, graphs as eager, no step's launch
+    syncing with the host."""
+    from arch_cases import check_on_cuda_with_graphs
+
+    _, _, loaded, reference = built(name)
+    check_on_cuda_with_graphs(loaded, reference, name)
 
 
 def test_slopes_are_transformers_own():
