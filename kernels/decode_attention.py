@@ -19,9 +19,9 @@ import triton.language as tl
 from pagoda.kernels._common import cdiv, next_pow2, prev_pow2
 from pagoda.kernels.attn_common import (
     add_alibi,
+    add_sink,
     alibi_arg,
     alibi_slopes,
-    add_sink,
     chunk_arg,
     first_key,
     kv_scale_args,
