@@ -350,7 +350,7 @@ def check_weights(
     if config.architecture == "gpt2":  # Conv1D matrices, stored [in, out]
         from pagoda.runtime.model.positions import transpose_conv1d
 
-        transpose_conv1d(weights, config)
+        transpose_conv1d(weights)
     if config.family.falcon_qkv:  # the fused query_key_value, by layout (falcon.py)
         from pagoda.runtime.model.falcon import split_qkv
 

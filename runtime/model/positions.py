@@ -23,9 +23,10 @@ row ``p + FamilyConfig.position_offset`` added to the embedding of the token at 
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
-from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.model.device_weights import DeviceWeights
 from pagoda.runtime.model.llama import LayerContext, LlamaLayer, Step
 from pagoda.runtime.model.safetensors_weights import SafetensorsWeights
@@ -34,14 +35,13 @@ from pagoda.runtime.model.ungated_mlp import UngatedMLP
 
 TABLE = "model.embed_positions.weight"
 PROJECT_IN, PROJECT_OUT = "model.project_in.weight", "model.project_out.weight"
-_CONV1D = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj")
+# GPT-2's Conv1D matrices, under Llama's names
+CONV1D = re.compile(r"^model\.layers\.\d+\.(self_attn\.(qkv|o)_proj|mlp\.(up|down)_proj)\.weight$")
 
 
-def transpose_conv1d(weights: SafetensorsWeights, config: ModelConfig) -> None:
+def transpose_conv1d(weights: SafetensorsWeights) -> None:
     """List GPT-2's Conv1D matrices ([in, out]) as linear layers' ([out, in])."""
-    weights.transpose(
-        f"model.layers.{i}.{m}.weight" for i in range(config.num_layers) for m in _CONV1D
-    )
+    weights.transpose([n for n in weights if CONV1D.match(n)])
 
 
 class OptLayer(LlamaLayer):

@@ -114,6 +114,18 @@ def test_two_ranks_match_transformers(built, name, kv_heads):
     check_two_ranks(path, loaded, reference, name, kv_heads=kv_heads)
 
 
+@pytest.mark.parametrize(("name", "tp"), [("gpt2-hub-names", 2), ("gpt_bigcode-mqa", 1),
+                                        ("opt-post-norm-proj", 2), ("bloom-6-heads", 2)])  # fmt: skip
+def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
+    """`server/weights.py` against the built model, bf16 from float32 files: the position
+    table (whole on every rank), GPT-2's Conv1D matrices read transposed (cut by heads as the
+    loader cuts them), OPT's projections, BLOOM's embedding norm."""
+    from model_bytes import check_estimate
+
+    path, _, _, _ = built(name)
+    check_estimate(path, tp)
+
+
 def test_the_config_reads_as_transformers_reads_it(built):
     """Positions, heads, widths, eps and tying as transformers' configs say."""
     expect = {"gpt2": ("learned", 4, 256), "gpt_bigcode-mqa": ("learned", 1, 256),
