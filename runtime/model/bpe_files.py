@@ -3,8 +3,8 @@ tokenizer.json (OPT's checkpoints, older GPT-2 and BLOOM-era ones): built as tra
 `GPT2Tokenizer` builds its `tokenizers` backend from them (a byte-level BPE, no subword prefix
 or suffix, `add_prefix_space` from tokenizer_config.json, the byte-level decoder), so encode,
 decode, streaming and chat templates take the path every tokenizer.json takes. The special
-tokens tokenizer_config.json names (`bos_token`, `eos_token`, `unk_token`, `pad_token`,
-`added_tokens_decoder`) are added as special: never split, skipped when decoding. Whether a
+tokens tokenizer_config.json (or special_tokens_map.json) names (`bos_token`, `eos_token`,
+`unk_token`, `pad_token`, `added_tokens_decoder`) are added as special: never split, skipped when decoding. Whether a
 prompt gets BOS first is tokenizer_config.json's `add_bos_token` (OPT's `</s>`), as the loader
 reads it for any tokenizer without a post-processor (`hf_loader._adds_bos`).
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-VOCAB, MERGES = "vocab.json", "merges.txt"
+VOCAB, MERGES, SPECIAL_MAP = "vocab.json", "merges.txt", "special_tokens_map.json"
 _NAMED = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
@@ -31,6 +31,13 @@ def _content(entry: Any) -> str | None:
     if isinstance(entry, Mapping):
         entry = entry.get("content")
     return entry if isinstance(entry, str) and entry else None
+
+
+def _special_map(model_dir: Path) -> Mapping[str, Any]:
+    """special_tokens_map.json's object (OPT's names its tokens there), or {}."""
+    from pagoda.runtime.model.template_files import read_json_object
+
+    return read_json_object(model_dir / SPECIAL_MAP)
 
 
 def read_bpe_dir(model_dir: Path, tcfg: Mapping[str, Any]) -> Tokenizer:
@@ -51,8 +58,9 @@ def read_bpe_dir(model_dir: Path, tcfg: Mapping[str, Any]) -> Tokenizer:
     if not isinstance(added, Mapping):
         raise ValueError("tokenizer_config.json added_tokens_decoder is not an object")
     special: dict[str, bool] = {}
+    named = _special_map(model_dir)  # (transformers reads both; tokenizer_config.json wins)
     for name in _NAMED:
-        text = _content(tcfg.get(name))
+        text = _content(tcfg.get(name, named.get(name)))
         if text is not None and text in vocab:
             special[text] = True
     for _, entry in sorted(added.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):

@@ -270,9 +270,11 @@ def test_vocab_and_merges_tokenize_as_transformers(built, tmp_path):
     text = ["Hello world, the quick brown fox jumps over the lazy dog. " * 3, "éa ünï 123 ok"]
     bpe.train_from_iterator(text, vocab_size=300, special_tokens=["<s>", "<pad>", "</s>"])
     bpe.save_model(str(path))
-    tcfg = {"tokenizer_class": "GPT2Tokenizer", "bos_token": "</s>", "eos_token": "</s>",
-            "pad_token": "<pad>", "unk_token": "</s>", "add_bos_token": True}  # fmt: skip
+    # OPT's layout: the special tokens named in special_tokens_map.json
+    tcfg = {"tokenizer_class": "GPT2Tokenizer", "add_bos_token": True, "add_prefix_space": False}
     (path / "tokenizer_config.json").write_text(json.dumps(tcfg))
+    names = {"bos_token": "</s>", "eos_token": "</s>", "unk_token": "</s>", "pad_token": "<pad>"}
+    (path / "special_tokens_map.json").write_text(json.dumps(names))
     ref = transformers.AutoTokenizer.from_pretrained(path)
     loaded = load_model(str(path))
     tok = loaded.tokenizer
@@ -283,6 +285,8 @@ def test_vocab_and_merges_tokenize_as_transformers(built, tmp_path):
             ids, skip_special_tokens=True
         )
     assert ref("a")["input_ids"][0] == 2  # OPT's </s> first
+    assert tok.encode("x</s>y", add_special_tokens=False) == ref("x</s>y", add_special_tokens=False)[
+        "input_ids"] and 2 in tok.encode("x</s>y")  # fmt: skip
     llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20)
     out = llm.generate(
         ["Hello world"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
