@@ -57,6 +57,8 @@ _RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"\.norm_1\.", ".input_layernorm."), (r"\.norm_2\.", ".post_attention_layernorm."),
     (r"\.attn\.Wqkv\.", ".self_attn.qkv_proj."), (r"\.ffn\.(up|down)_proj\.", r".mlp.\1_proj."),
 ))  # fmt: skip
+# GPT-2's causal-mask buffers, saved by older transformers beside the weights (never read)
+_BUFFERS = (".attn.bias", ".attn.masked_bias")
 # the top-level names of checkpoints saved from the base model (gpt2's, bloom's: `h.0.`, `wte`)
 # and OPT's (`decoder.`), under the causal LM's prefix
 _BARE = re.compile(r"^(?:h|wte|wpe|ln_f|word_embeddings|word_embeddings_layernorm)\.")
@@ -90,7 +92,7 @@ _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
 
 
 def _text_name(stored: str) -> str | None:
-    if stored.startswith(_SKIP):
+    if stored.startswith(_SKIP) or stored.endswith(_BUFFERS):
         return None
     if stored.startswith("backbone."):  # Nemotron-H's names (model/mamba_config.py)
         from pagoda.runtime.model.mamba_config import nemotron_name

@@ -61,12 +61,17 @@ CASES = {
 
 
 def _hub_names(path, prefix: str) -> None:
-    """The checkpoint's tensors renamed as the hub's files name them: `prefix` dropped."""
+    """The checkpoint's tensors renamed as the hub's files name them: `prefix` dropped; GPT-2's
+    with the causal-mask buffers older transformers saved (`h.N.attn.bias`, `masked_bias`)."""
     from safetensors.torch import load_file, save_file
 
     f = path / "model.safetensors"
-    tensors = load_file(f)
-    save_file({k.removeprefix(prefix): v for k, v in tensors.items()}, f, {"format": "pt"})
+    tensors = {k.removeprefix(prefix): v for k, v in load_file(f).items()}
+    if "wte.weight" in tensors:
+        for i in range(2):
+            tensors[f"h.{i}.attn.bias"] = torch.tril(torch.ones(1, 1, 512, 512))
+            tensors[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    save_file(tensors, f, {"format": "pt"})
 
 
 def _make(name: str, path):
