@@ -49,19 +49,19 @@ class OptLayer(LlamaLayer):
     ``x = ln1(x + attn(x)); x = ln2(x + mlp(x))``, the stream normalised whole: it hands back
     (x, None) (`LlamaModel.final_hidden` reads the output alone)."""
 
+    def __init__(self, model, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
+        super().__init__(model, w, prefix, index, ctx)
+        self.post_norm = model.config.family.post_norm
+
     def __call__(
         self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if not self.ctx_post_norm:
+        if not self.post_norm:
             return LlamaLayer.__call__(self, h, residual, step)
         norm, eps = self.ctx.rms_norm, self.ctx.eps
         x = h if residual is None else h + residual
         x = norm(x=self.attention(x, step), weight=self.attn_norm, eps=eps, residual=x)[0]
         return norm(x=self.mlp(x), weight=self.mlp_norm, eps=eps, residual=x)[0], None
-
-    def __init__(self, model, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
-        super().__init__(model, w, prefix, index, ctx)
-        self.ctx_post_norm = model.config.family.post_norm
 
 
 class LearnedPositionsModel(Starcoder2Model):
@@ -86,7 +86,8 @@ class LearnedPositionsModel(Starcoder2Model):
         h = self.embed_tokens(input_ids)
         if self.project_in is not None:
             h = self.project_in(h)
-        rows = positions + self.config.family.position_offset
+        offset = self.config.family.position_offset  # (OPT's table starts at row 2)
+        rows = positions + offset if offset else positions
         return h + F.embedding(rows, self.positions_table)
 
     def final_hidden(self, h: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
