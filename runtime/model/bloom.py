@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 from pagoda.runtime.model.device_weights import DeviceWeights
-from pagoda.runtime.model.llama import LayerContext, LlamaLayer, LlamaModel
-from pagoda.runtime.model.olmo import ClampedLinear
+from pagoda.runtime.model.llama import LayerContext
+from pagoda.runtime.model.olmo import OlmoLayer
 from pagoda.runtime.model.starcoder2 import Starcoder2Model, layer_norm
 from pagoda.runtime.model.ungated_mlp import UngatedMLP
 
@@ -40,22 +40,8 @@ class BloomModel(Starcoder2Model):
         return layer_norm(x=h, weight=self.embed_norm, eps=self.config.rms_norm_eps)
 
 
-class MptLayer(LlamaLayer):
-    def __init__(
-        self, model: LlamaModel, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext
-    ) -> None:
-        super().__init__(model, w, prefix, index, ctx)
-        self.linear_qkv = self.qkv
-        clip = model.config.family.clip_qkv
-        if clip is not None:
-            self.qkv = ClampedLinear(self.qkv, clip)
-
-    def linears(self):
-        return [self.linear_qkv, self.o_proj, *self.mlp.linears()]
-
-
 class MptModel(BloomModel):
-    layer_class = MptLayer
+    layer_class = OlmoLayer  # Llama's, q/k/v clamped to ±clip_qkv where the config says
 
     def read_norm(self, w: DeviceWeights, name: str) -> torch.Tensor:
         weight = w[name]  # (no bias: zeros, so that StarCoder2's LayerNorm serves)
