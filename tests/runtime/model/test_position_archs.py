@@ -52,6 +52,7 @@ CASES = {
     "gpt_bigcode-mqa": ("GPTBigCode", dict(multi_query=True), None),
     "gpt_bigcode-mha": ("GPTBigCode", dict(multi_query=False, activation_function="gelu"), None),
     "opt-pre-norm": ("OPT", dict(ffn_dim=128, enable_bias=True), None),
+    "opt-no-bias": ("OPT", dict(ffn_dim=128, enable_bias=False), None),
     "opt-post-norm-proj": ("OPT", dict(ffn_dim=128, do_layer_norm_before=False,
                                        word_embed_proj_dim=32), "model."),
     "bloom-6-heads": ("Bloom", dict(hidden_size=96, num_attention_heads=6), None),
@@ -192,6 +193,25 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
 ])  # fmt: skip
 def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
     make_tiny_model(tmp_path, arch, num_hidden_layers=1)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(ValueError, match=words) as e:
+        read_model_config(str(tmp_path))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("arch", "edit", "words"), [
+    ("GPT2", {"n_positions": 1024}, r"model.embed_positions.weight is \[512, 64\], config.json "
+                                    r".* needs \[1024, 64\]"),
+    ("OPT", {"word_embed_proj_dim": 32}, r"model.embed_tokens.weight is \[300, 64\]"),
+])  # fmt: skip
+def test_a_checkpoint_that_does_not_match_its_config_is_refused_in_one_line(
+    tmp_path, arch, edit, words
+):
+    """The position table's rows and OPT's embedding width checked from the headers when the
+    config is read (before the server binds: exit 2)."""
+    extra = {"ffn_dim": 128} if arch == "OPT" else {}
+    make_tiny_model(tmp_path, arch, num_hidden_layers=1, **extra)
     cfg = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
     with pytest.raises(ValueError, match=words) as e:
