@@ -9,11 +9,12 @@ Learned absolute positions (`model/positions.py`):
   a tied head; once with the hub's names (gpt2's files have no `transformer.` prefix);
 - GPTBigCode (`GPTBigCodeForCausalLM`: StarCoder 1, SantaCoder): multi-query (one KV head) and
   multi-head (q/k/v per head in `c_attn`);
-- OPT (`OPTForCausalLM`): positions offset by 2, biases, ReLU, pre-norm with a final norm;
-  opt-350m's post-norm layers with `word_embed_proj_dim` narrower than hidden
+- OPT (`OPTForCausalLM`): positions offset by 2, biases (or none: `enable_bias` false), ReLU,
+  pre-norm with a final norm; opt-350m's post-norm layers with `word_embed_proj_dim` narrower than hidden
   (`project_in` / `project_out`), the hub's `decoder.` names.
 
-ALiBi (`model/alibi.py`, `model/bloom.py`; the torch attention backend adds the bias):
+ALiBi (`model/alibi.py`, `model/bloom.py`; every attention path adds the bias: the CPU C++
+kernel by default here, the torch path and the Triton kernels below):
 
 - BLOOM (`BloomForCausalLM`): the embeddings' LayerNorm, q/k/v per head, six heads (the slopes
   of a head count that is not a power of two);
