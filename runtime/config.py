@@ -120,8 +120,9 @@ class FamilyConfig:
     # the top-1 logit that scales the expert's input, beside an ungated shared expert
     llama4: Llama4Attention | None = None
     clip_qkv: float | None = None  # OLMo's: q, k and v clamped to [-clip_qkv, clip_qkv]
-    # Falcon's (and GPT-NeoX's) fused q/k/v layout ("multi_query", "grouped", "per_head") and
-    # its layer's norms ("one", "two", "sequential"): model/falcon.py
+    # a fused q/k/v's layout ("multi_query", "grouped", "per_head", "stacked": Falcon's, GPT-NeoX's,
+    # GPT-2's, StarCoder 1's, BLOOM's, MPT's) and Falcon's layer's norms ("one", "two",
+    # "sequential"): model/falcon.py
     falcon_qkv: str = ""
     falcon_norms: str = ""
     # hybrid state-space models (Granite 4.0, Bamba): the Mamba2 layers, None: all attention

@@ -71,8 +71,9 @@ def split_qkv(weights: SafetensorsWeights, config: ModelConfig) -> None:
         if prefix + "weight" not in weights:
             raise ValueError(f"checkpoint is missing tensor {prefix + 'weight'!r}")
         if any(prefix + s in weights for s in _FP8):
-            raise ValueError(f"checkpoint tensor {prefix}weight is FP8-quantized: FP8 Falcon "
-                             "checkpoints (fused query_key_value) are not supported")  # fmt: skip
+            raise ValueError(f"checkpoint tensor {prefix}weight is FP8-quantized: FP8 checkpoints "
+                             "with a fused q/k/v (Falcon's query_key_value, GPT-2's c_attn, "
+                             "...) are not supported")  # fmt: skip
         for kind in ("weight", "bias"):
             if prefix + kind in weights:
                 parts = [(f"{module}{p}.{kind}", a, b) for p, a, b in rows]
