@@ -40,7 +40,8 @@ def _positive(name: str, value: int) -> None:
 ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU (Llama, Qwen, Mixtral) and GeGLU (Gemma)
 # an ungated MLP's (`FamilyConfig.gated_mlp` false): StarCoder2's GELU, Arcee's ReLU²,
 # Apertus' xIELU (its parameters per layer, from the checkpoint)
-UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu", "gelu")  # (gelu: exact, Falcon's)
+UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu", "gelu", "relu")  # (gelu: exact; relu: OPT's)
+POSITIONS = ("rope", "learned", "alibi")  # `FamilyConfig.positions`
 
 
 @dataclass(frozen=True)
@@ -124,12 +125,26 @@ class FamilyConfig:
     # the top-k logits that scale the experts' inputs, beside an ungated shared expert
     llama4: Llama4Attention | None = None
     clip_qkv: float | None = None  # OLMo's: q, k and v clamped to [-clip_qkv, clip_qkv]
-    # Falcon's (and GPT-NeoX's) fused q/k/v layout ("multi_query", "grouped", "per_head") and
-    # its layer's norms ("one", "two", "sequential"): model/falcon.py
+    # a fused q/k/v's layout ("multi_query", "grouped", "per_head", "stacked": Falcon's, GPT-NeoX's,
+    # GPT-2's, StarCoder 1's, BLOOM's, MPT's) and Falcon's layer's norms ("one", "two",
+    # "sequential"): model/falcon.py
     falcon_qkv: str = ""
     falcon_norms: str = ""
     # hybrid state-space models (Granite 4.0, Bamba): the Mamba2 layers, None: all attention
     mamba: MambaConfig | None = None
+    # how positions enter (`POSITIONS`): "rope" (rotary), "learned" (a table of absolute
+    # positions added to the token embeddings: GPT-2, StarCoder 1, OPT, its row p +
+    # position_offset), "alibi" (a per-head linear bias on the scores: BLOOM, MPT; the slopes'
+    # formula `alibi_slopes`: "bloom" or "mpt", with MPT's `alibi_bias_max`)
+    positions: str = "rope"
+    position_offset: int = 0  # OPT's 2
+    alibi_slopes: str = ""
+    alibi_bias_max: float = 8.0
+    # OPT: norms after each sublayer's residual add (`do_layer_norm_before` false: opt-350m),
+    # and the embedding's width where it differs from hidden_size (`word_embed_proj_dim`:
+    # project_in / project_out around the layers; 0: none)
+    post_norm: bool = False
+    embed_proj_dim: int = 0
 
     @property
     def transforms_logits(self) -> bool:
@@ -142,6 +157,11 @@ class FamilyConfig:
         )
 
     def __post_init__(self) -> None:
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {', '.join(POSITIONS)}, got "
+                             f"{self.positions!r}")  # fmt: skip
+        if self.positions == "alibi" and self.alibi_slopes not in ("bloom", "mpt"):
+            raise ValueError(f"ALiBi slopes must be 'bloom' or 'mpt', got {self.alibi_slopes!r}")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")
         if self.attention_chunk_size is not None and self.attention_chunk_size < 1:

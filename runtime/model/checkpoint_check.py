@@ -148,6 +148,20 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                             for h in range(heads)})  # fmt: skip
     if c.architecture == "phi":  # its final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
+    f = c.family
+    if f.positions == "learned":  # the table of positions (model/positions.py)
+        out["model.embed_positions.weight"] = (c.max_position_embeddings + f.position_offset,
+                                               c.hidden_size)  # fmt: skip
+    if f.embed_proj_dim:  # OPT's embeddings narrower than hidden, projected in and out
+        out[EMBED] = (c.vocab_size, f.embed_proj_dim)
+        out["model.project_in.weight"] = (c.hidden_size, f.embed_proj_dim)
+        out["model.project_out.weight"] = (f.embed_proj_dim, c.hidden_size)
+        if HEAD in out:
+            out[HEAD] = (c.vocab_size, f.embed_proj_dim)
+    if f.post_norm:  # (opt-350m: no final norm)
+        del out["model.norm.weight"]
+    if c.architecture == "bloom":  # the embeddings' LayerNorm
+        out["model.embed_layernorm.weight"] = (c.hidden_size,)
     if c.architecture == "olmo":  # its LayerNorms have no parameters
         for name in [n for n in out if n.endswith("norm.weight")]:
             del out[name]
@@ -293,7 +307,7 @@ def check_checkpoint(
         if got != shape:
             raise ValueError(f"checkpoint tensor {name} is {list(got)}, config.json "
                              f"({_describe(config)}) needs {list(shape)}")  # fmt: skip
-    head = (config.vocab_size, config.hidden_size)
+    head = (config.vocab_size, config.family.embed_proj_dim or config.hidden_size)
     if config.tie_word_embeddings and HEAD in headers and tuple(headers[HEAD][1]) != head:
         # transformers keeps a head that differs from the embedding, and cannot load this one
         raise ValueError(f"checkpoint tensor {HEAD} is {list(headers[HEAD][1])}, config.json "

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model import (
+    bpe_files,
     config_keys,
     family_fields,
     moe_families,
@@ -56,7 +57,9 @@ _ACTIVATIONS.update({"gelu_tanh": "gelu_tanh", "gelu_python_tanh": "gelu_tanh"})
 _ACTIVATIONS["gelu_new"] = "gelu_tanh"  # (Phi's: the tanh approximation)
 _ACTIVATIONS["gelu_fast"] = "gelu_tanh"  # (GPT-NeoX-20B's: the same formula)
 _ACTIVATIONS["gelu"] = "gelu"  # exact (Falcon's ungated MLP; a gated one refuses it)
-_ACTIVATIONS.update({"relu2": "relu2", "xielu": "xielu"})  # ungated MLPs' (Arcee's, Apertus')
+_ACTIVATIONS.update(
+    {"relu2": "relu2", "xielu": "xielu", "relu": "relu"}
+)  # ungated MLPs' (Arcee's, Apertus')
 
 
 def _as_ids(value) -> tuple[int, ...]:
@@ -291,7 +294,8 @@ def read_weights(model_dir: Path) -> SafetensorsWeights:
 
 def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
     """tokenizer.json, else a tiktoken BPE file with known tokenizer code (`tiktoken_files`:
-    Kimi K2, Moonlight); ValueError, one line, for a directory with neither."""
+    Kimi K2, Moonlight), else GPT-2's vocab.json and merges.txt (`bpe_files`: OPT's);
+    ValueError, one line, for a directory with none of them."""
     path = model_dir / "tokenizer.json"
     tcfg = _read_json(model_dir / "tokenizer_config.json")
     sort_tool_keys = False
@@ -300,8 +304,11 @@ def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
     elif (model_dir / tiktoken_files.TIKTOKEN_FILE).exists():
         hf_tok = tiktoken_files.read_tiktoken_dir(model_dir, tcfg)
         sort_tool_keys = tiktoken_files.sorts_tool_keys(model_dir, tcfg)
+    elif bpe_files.has_bpe_files(model_dir):  # GPT-2's vocab.json + merges.txt (OPT's)
+        hf_tok = bpe_files.read_bpe_dir(model_dir, tcfg)
     else:
-        raise ValueError(f"{model_dir} has no tokenizer.json (nor {tiktoken_files.TIKTOKEN_FILE})")
+        raise ValueError(f"{model_dir} has no tokenizer.json (nor {tiktoken_files.TIKTOKEN_FILE}, "
+                         f"nor {bpe_files.VOCAB} with {bpe_files.MERGES})")  # fmt: skip
     template = read_chat_template(model_dir, tcfg)  # a processor's file first, as vLLM
     return Tokenizer(
         hf_tok,
@@ -340,7 +347,11 @@ def check_weights(
         from pagoda.runtime.model.phi3 import split_fused
 
         split_fused(weights, config)
-    if config.architecture in ("falcon", "gpt_neox"):  # the fused query_key_value, by layout
+    if config.architecture == "gpt2":  # Conv1D matrices, stored [in, out]
+        from pagoda.runtime.model.positions import transpose_conv1d
+
+        transpose_conv1d(weights)
+    if config.family.falcon_qkv:  # the fused query_key_value, by layout (falcon.py)
         from pagoda.runtime.model.falcon import split_qkv
 
         split_qkv(weights, config)

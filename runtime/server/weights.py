@@ -58,6 +58,11 @@ if TYPE_CHECKING:
 
 EMBED, HEAD, NORM = "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# the families' tensors outside the layers (`model/positions.py`, `model/bloom.py`): learned
+# positions (a table, whole on every rank), OPT's projections (Linears), BLOOM's embedding norm
+POSITIONS = "model.embed_positions.weight"
+_OUTSIDE_LAYERS = (POSITIONS, "model.project_in.weight", "model.project_out.weight",
+                   "model.embed_layernorm.weight", "model.embed_layernorm.bias")  # fmt: skip
 _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
              "output_scale", "inv_freq")  # fmt: skip
 _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
@@ -177,6 +182,10 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
             return Checkpoint(".bin", {}, sum(p.stat().st_size for p in pickled))
         return Checkpoint("")
     weights = SafetensorsWeights(files)  # headers only: tensors are read on access
+    if architecture == "gpt2":  # its Conv1D matrices, listed [out, in] as the loader reads them
+        from pagoda.runtime.model.positions import transpose_conv1d
+
+        transpose_conv1d(weights)
     tensors = {}
     for name in weights:
         kind, shape = weights.dtype_and_shape(name)
@@ -238,7 +247,12 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         shared = 3 * h * s / t + 4 * (2 * s / t + h) if fp8 else 3 * h * s / t * item
         projections += moe * shared
         routers += moe * h * item if f.routing is None else 0
-    embed = mc.vocab_size * h * (1 if mc.tie_word_embeddings else 2) * item
+    width = f.embed_proj_dim or h  # (OPT's narrower embeddings, projected in and out)
+    embed = mc.vocab_size * width * (1 if mc.tie_word_embeddings else 2) * item
+    if f.embed_proj_dim:
+        norms += 2 * h * f.embed_proj_dim * item
+    if f.positions == "learned":  # the table, whole on every rank
+        norms += (mc.max_position_embeddings + f.position_offset) * h * item
     if mc.architecture == "gpt_oss":  # biases, sinks (float32), norms in float32
         heads = mc.num_heads / t
         biases = (heads + 2 * kv) * d + h  # q/k/v this rank's, o's whole
@@ -276,6 +290,7 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         "lm_head.bias",
         "model.final_layernorm.weight",
         "model.final_layernorm.bias",
+        *_OUTSIDE_LAYERS,
     ):  # (StarCoder2's and Phi's biases; Bamba's and Phi's final norm under its own name;
         # PhiMoE's head a bias)
         return True
@@ -301,6 +316,9 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     float32_router = mc.family.routing is not None or (m is not None and m.moe is not None)
     for name, t in tensors.items():
         if name in (EMBED, HEAD):
+            continue
+        if name == POSITIONS:  # a table (not a Linear), whole on every rank
+            total += t.numel * p.dtype.itemsize
             continue
         norm = name.endswith("norm.weight")  # (Cohere's q/k norms: [heads, head_dim])
         if float32_router and _FLOAT32_ROUTER.search(name):

@@ -24,7 +24,7 @@ from pagoda.runtime.core.sched_output import SchedulerOutput
 from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.host_memory import keep_freed_memory
 from pagoda.runtime.distributed.group import TPGroup
-from pagoda.runtime.model import mamba2
+from pagoda.runtime.model import alibi, mamba2
 from pagoda.runtime.model.llama import LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.mamba2 import MAMBA_STEP
@@ -126,6 +126,8 @@ class ModelRunner:
         heads, kv_heads = mc.num_heads, mc.num_kv_heads
         if self.tp is not None:
             heads, kv_heads = self.tp.layout.local_heads(heads, kv_heads)
+        # ALiBi's slopes of this rank's heads (BLOOM, MPT; None for other models)
+        slopes = alibi.slopes(mc, None if self.tp is None else self.tp.layout.heads(mc.num_heads))
         return get_attention_backend(
             config.attention_backend,
             self.device,
@@ -139,6 +141,7 @@ class ModelRunner:
             softcap=mc.family.attn_logit_softcapping,
             sinks=mc.family.attention_sinks,
             latent=None if mc.family.mla is None else mc.family.mla.kv_lora_rank,
+            alibi_slopes=None if slopes is None else slopes.to(self.device),
         )
 
     def _build_model(self, loaded: LoadedModel, max_model_len: int) -> LlamaModel:
