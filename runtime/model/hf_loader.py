@@ -336,6 +336,14 @@ def check_weights(
         if not (model_dir / INDEX).exists() and not any(model_dir.glob("*.safetensors")):
             return None
         weights = read_weights(model_dir)
+    try:
+        _split_and_check(model_dir, config, weights)
+    except ValueError as e:  # the tensors as the files name them (GPT-style names, Falcon's, ...)
+        raise ValueError(weights.in_stored_names(str(e))) from e
+    return weights
+
+
+def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsWeights) -> None:
     if config.architecture in FUSED:  # fused qkv_proj / gate_up_proj, listed as Llama's
         from pagoda.runtime.model.phi3 import split_fused
 
@@ -348,7 +356,6 @@ def check_weights(
     weights.fp8_block = None if scheme is None else scheme.block  # block-wise FP8 scales' tile
     headers = {name: weights.dtype_and_shape(name) for name in weights}
     check_checkpoint(config, headers, weights.fp8_block)
-    return weights
 
 
 def untie_a_distinct_head(config: ModelConfig, weights: SafetensorsWeights | None) -> ModelConfig:
