@@ -453,7 +453,8 @@ def _widen(name: str):
     ("Exaone", {}, _widen("transformer.h.0.mlp.c_fc_1.weight"),
      r"transformer\.h\.0\.mlp\.c_fc_1\.weight is \[256, 64\]; with "
      r"transformer\.h\.0\.mlp\.c_fc_0\.weight \[128, 64\]"),
-])  # fmt: skip
+], ids=["falcon-qkv-height", "falcon-qkv-missing", "gpt_neox-norm-bias", "gptj-ln_1-bias",
+        "exaone-c_fc_1-width"])  # fmt: skip
 def test_a_checkpoint_refusal_names_the_tensors_as_the_files_do(
     tmp_path, arch, overrides, edit, match
 ):
