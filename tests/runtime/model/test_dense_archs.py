@@ -411,6 +411,7 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
     ("Falcon", {"new_decoder_architecture": True, "num_ln_in_parallel_attn": 1,
                 "parallel_attn": False}, "num_ln_in_parallel_attn 1 and parallel_attn false"),
     ("Olmo", {"clip_qkv": -1.0}, "clip_qkv must be positive"),
+    ("GPTJ", {"rotary_dim": 32}, r"rotary_dim 32 must be even and at most the head size 16"),
 ])  # fmt: skip
 def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
     """Read with the config (before the server binds: exit 2), naming the value."""
