@@ -36,6 +36,7 @@ from pagoda.runtime.model.hf_tables import (
     HF_ARCHITECTURES,
     NULLABLE,
     PARTIAL_ROTARY,
+    REMOTE_CODE_TYPES,
     TEXT_MODEL_TYPES,
     WRAPPER_TIES,
 )
@@ -75,6 +76,11 @@ def architecture(cfg: Mapping[str, Any]) -> str:
             f"unsupported architecture ({found}); supported: {', '.join(HF_ARCHITECTURES)}"
         )
     wrapper = next((a for a in archs if a in HF_ARCHITECTURES), "")
+    if cfg.get("model_type") in REMOTE_CODE_TYPES:
+        kind = cfg["model_type"]
+        raise ValueError(f"{wrapper} of model_type {kind!r} ({REMOTE_CODE_TYPES[kind]}) is not "
+                         f"supported: use a revision in transformers' format (model_type "
+                         f"{arch!r})")  # fmt: skip
     if wrapper in TEXT_MODEL_TYPES:  # its text model's family
         text = cfg.get("text_config") or {}
         kinds = TEXT_MODEL_TYPES[wrapper]

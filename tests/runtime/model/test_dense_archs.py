@@ -412,6 +412,10 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
                 "parallel_attn": False}, "num_ln_in_parallel_attn 1 and parallel_attn false"),
     ("Olmo", {"clip_qkv": -1.0}, "clip_qkv must be positive"),
     ("GPTJ", {"rotary_dim": 32}, r"rotary_dim 32 must be even and at most the head size 16"),
+    # microsoft/phi-2's config.json before its port (read as Phi with phi-1.5's defaults: 2048
+    # wide, 24 layers, where it says n_embd 2560, n_layer 32)
+    ("Phi", {"model_type": "phi-msft", "n_embd": 2560, "n_layer": 32},
+     r"PhiForCausalLM of model_type 'phi-msft' \(phi-2's .*\) is not supported"),
 ])  # fmt: skip
 def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
     """Read with the config (before the server binds: exit 2), naming the value."""
