@@ -66,7 +66,11 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         hidden, heads = int(out["hidden_size"]), int(out["num_attention_heads"])
         out["intermediate_size"] = out.get("intermediate_size") or 4 * hidden
         if out.get("rotary_dim"):
-            out["partial_rotary_factor"] = int(out["rotary_dim"]) / (hidden // heads)
+            rotary, head = int(out["rotary_dim"]), hidden // heads
+            if rotary % 2 or rotary > head:  # (in config.json's own terms, not the factor's)
+                raise ValueError(f"rotary_dim {rotary} must be even and at most the head size "
+                                 f"{head} (n_embd {hidden} / n_head {heads})")  # fmt: skip
+            out["partial_rotary_factor"] = rotary / head
     if arch in ("gpt_neox", "gptj", "gpt2", "opt", "bloom", "mpt"):  # multi-head attention,
         out["num_key_value_heads"] = out["num_attention_heads"]  # whatever config.json says
     if arch == "gpt_bigcode":  # StarCoder 1: one KV head with multi_query

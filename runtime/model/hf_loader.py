@@ -37,6 +37,7 @@ from pagoda.runtime.model.hf_tables import (
     HF_ARCHITECTURES,
     NULLABLE,
     PARTIAL_ROTARY,
+    REMOTE_CODE_TYPES,
     TEXT_MODEL_TYPES,
     WRAPPER_TIES,
 )
@@ -78,6 +79,11 @@ def architecture(cfg: Mapping[str, Any]) -> str:
             f"unsupported architecture ({found}); supported: {', '.join(HF_ARCHITECTURES)}"
         )
     wrapper = next((a for a in archs if a in HF_ARCHITECTURES), "")
+    if cfg.get("model_type") in REMOTE_CODE_TYPES:
+        kind = cfg["model_type"]
+        raise ValueError(f"{wrapper} of model_type {kind!r} ({REMOTE_CODE_TYPES[kind]}) is not "
+                         f"supported: use a revision in transformers' format (model_type "
+                         f"{arch!r})")  # fmt: skip
     if wrapper in TEXT_MODEL_TYPES:  # its text model's family
         text = cfg.get("text_config") or {}
         kinds = TEXT_MODEL_TYPES[wrapper]
@@ -343,6 +349,14 @@ def check_weights(
         if not (model_dir / INDEX).exists() and not any(model_dir.glob("*.safetensors")):
             return None
         weights = read_weights(model_dir)
+    try:
+        _split_and_check(model_dir, config, weights)
+    except ValueError as e:  # the tensors as the files name them (GPT-style names, Falcon's, ...)
+        raise ValueError(weights.in_stored_names(str(e))) from e
+    return weights
+
+
+def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsWeights) -> None:
     if config.architecture in FUSED:  # fused qkv_proj / gate_up_proj, listed as Llama's
         from pagoda.runtime.model.phi3 import split_fused
 
@@ -359,7 +373,6 @@ def check_weights(
     weights.fp8_block = None if scheme is None else scheme.block  # block-wise FP8 scales' tile
     headers = {name: weights.dtype_and_shape(name) for name in weights}
     check_checkpoint(config, headers, weights.fp8_block)
-    return weights
 
 
 def untie_a_distinct_head(config: ModelConfig, weights: SafetensorsWeights | None) -> ModelConfig:

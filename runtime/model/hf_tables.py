@@ -87,6 +87,12 @@ TEXT_MODEL_TYPES = {
                                          "ministral3": "ministral3"},
     "Exaone4_5_ForConditionalGeneration": {"exaone4": "exaone4", "exaone4_5_text": "exaone4"},
 }  # fmt: skip
+# a model_type of a remote-code format published under a class name transformers' own format
+# uses: other keys and tensor names, refused (not read as the family with its defaults)
+REMOTE_CODE_TYPES = {
+    "phi-msft": "phi-2's and phi-1.5's older remote-code format: n_embd / n_layer keys, "
+                "transformer.h.N.mixer.Wqkv tensors",
+}  # fmt: skip
 # a wrapper's own default for tie_word_embeddings (else true, as Gemma 3's and Mistral 3's)
 WRAPPER_TIES = {"exaone4_5": False}
 # What transformers assumes when config.json leaves a field out (Gemma 3's text_config is

@@ -91,6 +91,10 @@ _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
 ))  # fmt: skip
 
 
+_LAYER = re.compile(r"^(model\.layers\.)(\d+)(\..*)$")
+_NAMES = re.compile(r"(?<![\w./])(?:model\.[\w.]*\w|lm_head\.\w+)")
+
+
 def _text_name(stored: str) -> str | None:
     if stored.startswith(_SKIP) or stored.endswith(_BUFFERS):
         return None
@@ -222,6 +226,37 @@ class SafetensorsWeights(Mapping):
 
     def __contains__(self, name: object) -> bool:
         return name in self._where
+
+    def stored_name(self, name: str) -> str:
+        """What the files call tensor `name` (the text model's Llama-style name the engine
+        reads): its stored name where it is there (a `split_rows` part's: the fused tensor's);
+        for a layer's tensor that is not, another layer's stored name with this layer's number
+        (Falcon's `transformer.h.1.self_attention.query_key_value.weight` for a missing
+        `model.layers.1.self_attn.qkv_proj.weight`); else `name`."""
+        if name in self._where:
+            return self._where[name][1]
+        m = _LAYER.match(name)
+        seen = None if m is None else self._layer_names().get(f"{m[1]}{{}}{m[3]}")
+        if seen is None:
+            return name
+        number, stored = seen
+        return re.sub(rf"(?<=\.){number}(?=\.)", m[2], stored, count=1)
+
+    def _layer_names(self) -> dict[str, tuple[str, str]]:
+        """A layer's tensor name with its number as "{}" -> (a number, that layer's stored
+        name), over every stored tensor (the fused ones `split_rows` no longer lists too)."""
+        out: dict[str, tuple[str, str]] = {}
+        for handle in self._handles:
+            for stored in handle.keys():  # noqa: SIM118 - safe_open is not iterable
+                name = _text_name(stored)
+                if name is not None and (m := _LAYER.match(name)):
+                    out.setdefault(f"{m[1]}{{}}{m[3]}", (m[2], stored))
+        return out
+
+    def in_stored_names(self, message: str) -> str:
+        """`message` with the tensor names in it (``model.…``, ``lm_head.…``) as the files call
+        them (`stored_name`): what a user finds in the checkpoint's index."""
+        return _NAMES.sub(lambda m: self.stored_name(m[0]), message)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)

@@ -202,9 +202,9 @@ def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path,
 
 
 @pytest.mark.parametrize(("arch", "edit", "words"), [
-    ("GPT2", {"n_positions": 1024}, r"model.embed_positions.weight is \[512, 64\], config.json "
+    ("GPT2", {"n_positions": 1024}, r"transformer.wpe.weight is \[512, 64\], config.json "
                                     r".* needs \[1024, 64\]"),
-    ("OPT", {"word_embed_proj_dim": 32}, r"model.embed_tokens.weight is \[300, 64\]"),
+    ("OPT", {"word_embed_proj_dim": 32}, r"model.decoder.embed_tokens.weight is \[300, 64\]"),
 ])  # fmt: skip
 def test_a_checkpoint_that_does_not_match_its_config_is_refused_in_one_line(
     tmp_path, arch, edit, words
