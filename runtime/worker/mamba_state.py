@@ -23,6 +23,7 @@ import torch
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.core.sched_output import ScheduledRequest
 from pagoda.runtime.model.mamba2 import MambaStep, Prefill
+from pagoda.runtime.model.ssd import pack
 from pagoda.runtime.request import RUNNING, Request
 
 
@@ -98,12 +99,15 @@ class MambaState:
             run = (slots[0], slots[0] + nd)
         on_device = to_device(host.slots)
         prefill = None
-        if nd < len(slots):  # the prefill chunks, laid out [sequences, longest chunk]
-            lens = np.asarray(host.query_lens[nd:], dtype=np.int64)
-            n = int(lens.max())
-            starts = np.repeat(np.arange(len(lens)) * n - np.cumsum(lens) + lens, lens)
-            rows = starts + np.arange(int(lens.sum()))
-            prefill = Prefill((len(lens), n), to_device(rows), to_device(lens), on_device[nd:])
+        if nd < len(slots):  # the prefill chunks, in the scan's packed layout
+            m = self.m
+            p = pack(host.query_lens[nd:], m.chunk_size, m.d_conv)
+            scan = p.scan_rows
+            parts = (host.slots[nd:][p.order], scan, scan // m.chunk_size, scan % m.chunk_size,
+                     p.conv_rows, p.conv_out, p.state_rows, p.end_rows)  # fmt: skip
+            # one copy to the device, split there into views
+            idx = to_device(np.concatenate(parts)).split([len(a) for a in parts])
+            prefill = Prefill(p.counts, p.num_chunks, p.conv_len, *idx)
         return MambaStep(on_device, nd, self.states, run, prefill)
 
     def _claim(self, req: Request) -> int:

@@ -204,8 +204,8 @@ class ModelRunner:
             free, total = torch.cuda.mem_get_info(self.device)
             used = total - free
             # activations and CUDA graphs, and a hybrid's chunked-scan temporaries
-            tokens = self.config.scheduler.max_num_batched_tokens
-            headroom = options.GPU_HEADROOM + mamba2.scan_bytes(self.model_config, tokens)
+            sched = self.config.scheduler
+            headroom = options.GPU_HEADROOM + mamba2.step_scan_bytes(self.model_config, sched)
             budget = int(total * cache.gpu_memory_utilization) - used - headroom
         else:
             budget = CPU_DEFAULT_KV_BYTES

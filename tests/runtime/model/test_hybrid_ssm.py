@@ -30,7 +30,7 @@ import torch
 from arch_cases import NEW, SMALL_POOL, built_fixture, case_fixture, check, generate, prompts
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM
-from pagoda.runtime.model.mamba2 import ssd_scan, ssd_scan_bytes
+from pagoda.runtime.model.ssd import pack, packed_tokens, ssd_scan, ssd_scan_bytes
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -168,6 +168,33 @@ def test_decode_slots_out_of_order(built, monkeypatch, native):
     for i, (p, n, o) in enumerate(zip(ps, lens, outs)):
         check((o.outputs[0].token_ids, seen[o.request_id]), hf_greedy_plain(model, p, n), f"{i}")
     assert None in runs and any(r not in (None, "one") for r in runs)
+
+
+@pytest.mark.parametrize("name", ["granite4-moe-rope", "nemotron-h", "falcon-h1-mup"])
+def test_mixed_lengths_in_one_step(built, monkeypatch, name):
+    """One step holds a decode row (a one-token prompt), a long prompt (5 of the scan's
+    8-token chunks) and short ones (1 to 11 tokens) in the packed layout, each sequence in
+    chunks of its own; the next step prefills the last prompt beside their decodes. Every
+    sequence reads as transformers'."""
+    from pagoda.runtime.worker import mamba_state
+
+    _, model, loaded, _ = built(name)
+    steps = []
+    step = mamba_state.MambaState.device_step
+
+    def record(self, host, to_device):
+        steps.append((host.num_decodes, host.query_lens[host.num_decodes :]))
+        return step(self, host, to_device)
+
+    monkeypatch.setattr(mamba_state.MambaState, "device_step", record)
+    ps = [[7], [(5 * i + 1) % 290 + 5 for i in range(40)], [9, 4, 33], [60 + i for i in range(11)],
+          [21], [8, 8, 2, 5, 90]]  # fmt: skip
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=6,
+              max_num_batched_tokens=56)  # fmt: skip
+    got = generate(llm, ps)
+    assert steps[0] == (2, [40, 3, 11])  # the budget spent: the 5-token prompt next
+    for i, p in enumerate(ps):
+        check(got[i], hf_greedy_plain(model, p, NEW), f"{name}: prompt {i}")
 
 
 def test_parallel_samples_each_prefill_their_own_state(built):
@@ -391,8 +418,8 @@ def test_granite_4_h_1b_config_of_the_hub(tmp_path):
     scan = memory.step_bytes(mc, cfg_e, torch.bfloat16, None) - memory.step_bytes(
         attention_only, cfg_e, torch.bfloat16, None
     )
-    per = 3 * 256 + 4 * 128 + 5 * 64 + 2 * 64 * 128 / 256  # chunk 256, d_state 128, P 64
-    assert scan == int(tokens * 48 * per * 4) + tokens * 2 * (3072 + 256) * 4
+    assert scan == ssd_scan_bytes(cfg_e.scheduler.max_num_batched_tokens, 16, 48, 64, 128, 1,
+                                  256) + tokens * 2 * (3072 + 256) * 4  # fmt: skip
     from pagoda.runtime.model.shape_fingerprint import shape_fingerprint
 
     print_ = shape_fingerprint(mc, "none")  # a tuned profile's: the Mamba layers' shapes too
@@ -467,27 +494,52 @@ class _LiveBytes(TorchDispatchMode):
         return out
 
 
+def _scan_peak(lens, heads, head_dim, d_state, groups, chunk) -> int:
+    """The measured peak of the packed scan of prompts of `lens` tokens, its packed inputs
+    (which the mixer makes for it) counted."""
+    g = torch.Generator().manual_seed(0)
+    p = pack(lens, chunk, 4)
+    rows = p.num_chunks * chunk
+    assert rows <= packed_tokens(sum(lens), len(lens), chunk)
+    A = -torch.rand(heads, generator=g)
+    state = torch.zeros(len(lens), heads, head_dim, d_state)
+    with _LiveBytes([A, state]) as live:
+        x = torch.randn(rows, heads, head_dim, generator=g)
+        dt = torch.rand(rows, heads, generator=g)
+        B = torch.randn(rows, groups, d_state, generator=g)
+        C = torch.randn(rows, groups, d_state, generator=g)
+        y, final = ssd_scan(x, dt, A, B, C, state, chunk, p.counts)
+        del x, dt, B, C, y, final
+    return live.peak
+
+
 @pytest.mark.parametrize(
-    "tokens, heads, head_dim, d_state, groups, chunk",
-    [(512, 8, 32, 64, 1, 64), (300, 4, 16, 128, 2, 32), (256, 4, 64, 32, 4, 128)],
+    "lens, heads, head_dim, d_state, groups, chunk",
+    [
+        ([512], 8, 32, 64, 1, 64),
+        ([300], 4, 16, 128, 2, 32),
+        ([256], 4, 64, 32, 4, 128),
+        ([193, 1, 65, 1, 1], 8, 32, 64, 2, 64),
+    ],  # fmt: skip  (the most chunks 261 tokens take)
 )
 def test_the_scan_temporaries_estimate_bounds_the_measured_peak(
-    tokens, heads, head_dim, d_state, groups, chunk
+    lens, heads, head_dim, d_state, groups, chunk
 ):
-    """`ssd_scan_bytes` (the memory estimate's and the CUDA runner's term for the chunked
-    scan) is at least the scan's measured peak and at most twice it."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1, tokens, heads, head_dim, generator=g)
-    dt = torch.rand(1, tokens, heads, generator=g)
-    A, D = -torch.rand(heads, generator=g), torch.rand(heads, generator=g)
-    B = torch.randn(1, tokens, groups, d_state, generator=g)
-    C = torch.randn(1, tokens, groups, d_state, generator=g)
-    state = torch.zeros(1, heads, head_dim, d_state)
-    with _LiveBytes([x, dt, A, B, C, D, state]) as live:
-        y, final = ssd_scan(x, dt, A, B, C, D, state, chunk)
-        del y, final
-    est = ssd_scan_bytes(tokens, heads, head_dim, d_state, chunk)
-    assert live.peak <= est <= 2 * live.peak, (live.peak, est)
+    """`ssd_scan_bytes` (the memory estimate's, the fit check's and the CUDA runner's term for
+    the chunked scan) is at least the scan's measured peak and at most twice it."""
+    peak = _scan_peak(lens, heads, head_dim, d_state, groups, chunk)
+    est = ssd_scan_bytes(sum(lens), len(lens), heads, head_dim, d_state, groups, chunk)
+    assert peak <= est <= 2 * peak, (peak, est)
+
+
+def test_seventeen_4k_prompts_fit_the_step_estimate():
+    """A step of 17 prompts of 4000 tokens (none a whole number of chunks): each pads to 4096
+    in the packed layout, beyond one sequence's padding of 68000 tokens; the estimate of a
+    68000-token step of up to 17 sequences (what the fit check keeps free) still bounds it."""
+    lens, shape = [4000] * 17, (2, 8, 16, 1, 256)
+    peak = _scan_peak(lens, *shape)
+    assert peak <= ssd_scan_bytes(sum(lens), 17, *shape)
+    assert packed_tokens(sum(lens), 17, 256) >= 17 * 4096 > -(-68000 // 256) * 256
 
 
 def test_the_scan_is_kept_free_on_cuda_for_the_step_token_budget(tmp_path, monkeypatch):
@@ -498,6 +550,7 @@ def test_the_scan_is_kept_free_on_cuda_for_the_step_token_budget(tmp_path, monke
 
     from pagoda.runtime import config
     from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.model import mamba2
     from pagoda.runtime.model.loader import read_model_config
     from pagoda.runtime.server import fit, memory
 
@@ -508,10 +561,10 @@ def test_the_scan_is_kept_free_on_cuda_for_the_step_token_budget(tmp_path, monke
            "hybrid_override_pattern": "M-*-"}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     mc = read_model_config(str(tmp_path))
-    scan = memory.scan_bytes(mc, 8192)
+    scan = mamba2.scan_bytes(mc, 8192, 64)  # max_num_seqs 64: the default
     assert 5 << 30 < scan < 8 << 30
-    assert memory.scan_bytes(dataclasses.replace(mc, family=dataclasses.replace(
-        mc.family, mamba=None)), 8192) == 0  # fmt: skip
+    assert mamba2.scan_bytes(dataclasses.replace(mc, family=dataclasses.replace(
+        mc.family, mamba=None)), 8192, 64) == 0  # fmt: skip
     monkeypatch.setattr(memory, "device_available", lambda d: (80 << 30, 80 << 30))
     monkeypatch.setattr(config, "fp8_runs_on", lambda d: False)
     monkeypatch.setattr(fit, "fp8_runs_on", lambda d: False)
