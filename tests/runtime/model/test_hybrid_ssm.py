@@ -274,6 +274,35 @@ def test_state_slots_and_kv_layers(built):
     assert runner.bytes_per_block == 16 * runner.backend.bytes_per_token(torch.float32)
 
 
+def test_the_slot_column_is_written_only_when_a_request_joins(built, monkeypatch):
+    """A step reads its slots from the persistent column (one per block-table row): a slot is
+    claimed once per request (the first step it runs), not per step; with 2 slots for 4
+    requests, the slots of finished requests' rows are taken back for the later ones."""
+    from pagoda.runtime import SamplingParams
+    from pagoda.runtime.worker import mamba_state
+
+    _, _, loaded, _ = built("granite4-moe-rope")
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=2)
+    mamba = llm.engine.runner.mamba
+    claims, steps = [], []
+    claim, prepare = mamba_state.MambaState._claim, mamba_state.MambaState.prepare
+
+    def spy_prepare(self, rows, *args):
+        host = prepare(self, rows, *args)
+        steps.append((rows.tolist(), host.slots.tolist()))
+        return host
+
+    monkeypatch.setattr(mamba_state.MambaState, "_claim", lambda self, row: claims.append(row)
+                        or claim(self, row))  # fmt: skip
+    monkeypatch.setattr(mamba_state.MambaState, "prepare", spy_prepare)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": [5 + i, 17, 42]} for i in range(4)], params)
+    assert len(claims) == 4 and len(steps) >= 16  # 4 requests of 8 tokens, 2 at a time
+    for _, slots in steps:
+        assert len(set(slots)) == len(slots) and all(0 <= s < 2 for s in slots)
+    assert (mamba.slot_of_row >= 0).sum() == 2 and mamba.num_held == 0
+
+
 def test_tensor_parallel_and_fp8_refused(built):
     """In the engine, and in `pagoda serve`'s checks before it binds (one line, exit 2)."""
     from pagoda.runtime.config import EngineConfig
