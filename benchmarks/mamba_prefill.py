@@ -9,7 +9,8 @@ long prompt beside 15 short ones (what padding to the longest prompt made cost 1
 random weights (hidden 256, 4 layers: three Mamba2 layers and one attention layer; 8 Mamba
 heads of 64, d_state 64, the SSD chunk 256 as Granite 4.0's), float32. Peak: the bytes of the
 storages the step's ops create and some tensor still holds, op by op (a TorchDispatchMode: an
-allocator's peak, measured on the CPU), in a run of its own (not timed).
+allocator's peak, measured on the CPU), in a run of its own (not timed): the step's, and the
+largest of its Mamba layers' prefill (`Mamba2Mixer._prefill`: the conv and the scan) alone.
 
     .venv/bin/python -P benchmarks/mamba_prefill.py [--old-ref main] [--rounds 3]
 """
@@ -109,11 +110,23 @@ def child(path: str, repeats: int) -> None:
             best = min(best, time.perf_counter() - t)
         with LiveBytes() as live:
             llm.generate(ps, params, use_tqdm=False)
+        mixer = []  # each Mamba layer's prefill (conv and scan) alone
+        prefill = mamba2.Mamba2Mixer._prefill
+
+        def measured(*args, _prefill=prefill, _peaks=mixer):
+            with LiveBytes() as one:
+                out = _prefill(*args)
+            _peaks.append(one.peak)
+            return out
+
+        mamba2.Mamba2Mixer._prefill = measured
+        llm.generate(ps, params, use_tqdm=False)
+        mamba2.Mamba2Mixer._prefill = prefill
         try:
             est = mamba2.scan_bytes(mc, sum(lens), len(lens))
         except TypeError:  # the runtime before the packed layout: tokens alone
             est = mamba2.scan_bytes(mc, sum(lens))
-        rows[name] = {"ms": best * 1e3, "peak": live.peak, "estimate": est}
+        rows[name] = {"ms": best * 1e3, "peak": live.peak, "mixer": max(mixer), "estimate": est}
     print("RESULT " + json.dumps({"runtime": pagoda.runtime.__file__, "rows": rows}))
 
 
@@ -166,15 +179,19 @@ def main(argv: list[str] | None = None) -> int:
         row = [name, sum(lens)]
         for label in trees:
             med = {f: statistics.median(run[name][f] for run in runs[label])
-                   for f in ("ms", "peak", "estimate")}  # fmt: skip
-            row += [f"{med['ms']:.0f}", f"{med['peak'] / mib:.0f}", f"{med['estimate'] / mib:.0f}"]
+                   for f in ("ms", "peak", "mixer", "estimate")}  # fmt: skip
+            row += [
+                f"{med['ms']:.0f}",
+                *(f"{med[f] / mib:.0f}" for f in ("peak", "mixer", "estimate")),
+            ]
         if "before" in trees:
             b, a = (statistics.median(run[name]["ms"] for run in runs[k]) for k in trees)
             row.append(f"{b / a:.2f}x")
         table.append(row)
     heads = ["case", "tokens"]
     for label in trees:
-        heads += [f"step ms {label}", f"peak MiB {label}", f"scan est. MiB {label}"]
+        heads += [f"step ms {label}", f"step peak MiB {label}", f"mixer peak MiB {label}",
+                  f"scan est. MiB {label}"]  # fmt: skip
     if "before" in trees:
         heads.append("speed-up")
     where = f"before = {args.old_ref}, after = this tree; " if args.old_ref else ""
