@@ -38,10 +38,24 @@ import torch
 import torch.nn.functional as F
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.cpu import mamba_step
-from pagoda.runtime.model.ssd import ssd_scan, ssd_scan_bytes
+from pagoda.runtime.model import ssd
+from pagoda.runtime.model.ssd import ssd_scan_bytes
 from pagoda.runtime.model_configs import MambaConfig
 
 MAMBA_STEP = "mamba"  # the key of the step's `MambaStep` in `AttentionMetadata.aux`
+
+
+@dataclass
+class ScanGroup:
+    """Sequences scanned together (`ssd.ScanGroup`), the index tensors on the device."""
+
+    counts: list[int]
+    num_chunks: int
+    slots: torch.Tensor  # int64 [Sg] their state slots
+    tokens: torch.Tensor  # int64 [Tg]
+    rows: torch.Tensor  # int64 [Tg]
+    chunk_of: torch.Tensor  # int64 [Tg]
+    in_chunk: torch.Tensor  # int64 [Tg]
 
 
 @dataclass
@@ -49,17 +63,13 @@ class Prefill:
     """A step's prefill chunks in the packed layout (`ssd.pack`; `Mamba2Mixer._prefill`), the
     index tensors on the device."""
 
-    counts: list[int]  # sequences with a chunk at each chunk position
-    num_chunks: int
     conv_len: int
     slots: torch.Tensor  # int64 [S]: the sequences' state slots, sorted as the scan's layout
-    scan_rows: torch.Tensor  # int64 [T]: each token's packed row
-    chunk_of: torch.Tensor  # int64 [T]: its chunk
-    in_chunk: torch.Tensor  # int64 [T]: its place in the chunk
     conv_rows: torch.Tensor  # int64 [T]
     conv_out: torch.Tensor  # int64 [T]
     state_rows: torch.Tensor  # int64 [S * (d_conv - 1)]
     end_rows: torch.Tensor  # int64 [S * (d_conv - 1)]
+    groups: list[ScanGroup]
 
 
 @dataclass
@@ -255,17 +265,8 @@ class Mamba2Mixer:
         del window
         x, B, C = self._split(F.silu(c.index_select(1, pre.conv_out).t()))
         del c
-        rows, r = pre.scan_rows, pre.num_chunks * m.chunk_size
-        f32 = dict(dtype=torch.float32, device=x.device)
-
-        def packed(t: torch.Tensor) -> torch.Tensor:
-            return torch.zeros(r, *t.shape[1:], **f32).index_copy_(0, rows, t.float())
-
-        y, final = ssd_scan(packed(x), packed(dt), self.A, packed(B), packed(C),
-                            ssm.index_select(0, pre.slots).float(), m.chunk_size,
-                            pre.counts)  # fmt: skip
-        ssm.index_copy_(0, pre.slots, final.to(ssm.dtype))
-        return y[pre.chunk_of, :, pre.in_chunk] + x.float() * self.D[:, None]
+        y = ssd.scan_step(x, dt, self.A, B, C, ssm, pre.groups, m.chunk_size)
+        return y + x.float() * self.D[:, None]
 
     def _split(self, xbc: torch.Tensor):
         m = self.m

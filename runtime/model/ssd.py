@@ -28,18 +28,37 @@ import torch
 
 
 @dataclass(frozen=True)
+class ScanGroup:
+    """Sequences scanned together (host arrays; `PackedHost.groups`)."""
+
+    seqs: tuple[int, int]  # their range in the sorted order
+    counts: list[int]  # sequences with a chunk at each chunk position (non-increasing)
+    num_chunks: int
+    tokens: np.ndarray  # int64 [Tg]: their tokens (indices into the step's prefill tokens)
+    rows: np.ndarray  # int64 [Tg]: each token's row in the group's packed layout
+    chunk_of: np.ndarray  # int64 [Tg]: its chunk (rows // chunk)
+    in_chunk: np.ndarray  # int64 [Tg]: its place in the chunk (rows % chunk)
+
+
+@dataclass(frozen=True)
 class PackedHost:
     """A step's prefill chunks in the packed layout (host arrays, module docstring)."""
 
     order: np.ndarray  # int64 [S]: the sequences (step order) sorted by chunks, most first
-    counts: list[int]  # sequences with a chunk at each chunk position (non-increasing)
-    num_chunks: int
-    scan_rows: np.ndarray  # int64 [T]: each token's row in the packed scan layout
+    groups: list[ScanGroup]  # each at most `scan_rows` rows
     conv_rows: np.ndarray  # int64 [T]: each token's row in the conv segments
     conv_out: np.ndarray  # int64 [T]: its conv output's index (its window's first row)
     state_rows: np.ndarray  # int64 [S * (K - 1)]: where the conv states go (sorted order)
     end_rows: np.ndarray  # int64 [S * (K - 1)]: the new conv states' rows (sorted order)
     conv_len: int  # rows of the conv segments
+
+
+def scan_rows(tokens: int, chunk: int) -> int:
+    """The most packed rows one scan takes for a step of `tokens` prefill tokens: those of one
+    sequence of them. Sequences padded to whole chunks can take more in all (17 of 4000 tokens
+    take 17 x 4096, above 68000's 68096): they are then scanned in groups of at most this many
+    rows (in chunks), one sequence always fitting one."""
+    return -(-tokens // chunk) * chunk
 
 
 def pack(lens: np.ndarray, chunk: int, d_conv: int) -> PackedHost:
@@ -50,45 +69,73 @@ def pack(lens: np.ndarray, chunk: int, d_conv: int) -> PackedHost:
     order = np.argsort(-nchunks, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
-    counts = np.bincount(nchunks - 1, minlength=int(nchunks.max()))[::-1].cumsum()[::-1]
-    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
     seq = np.repeat(np.arange(len(lens)), lens)
     pos = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-    chunk_of = offsets[pos // chunk] + rank[seq]
+    cap = scan_rows(int(lens.sum()), chunk) // chunk
+    ends = np.cumsum(nchunks[order])
+    groups, s0 = [], 0
+    while s0 < len(lens):  # one pass per group (the sorted sequences cut at `cap` chunks)
+        before = ends[s0 - 1] if s0 else 0
+        s1 = max(int(np.searchsorted(ends, before + cap, side="right")), s0 + 1)
+        n = nchunks[order[s0:s1]]
+        counts = np.bincount(n - 1, minlength=int(n.max()))[::-1].cumsum()[::-1]
+        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        tokens = np.flatnonzero((rank[seq] >= s0) & (rank[seq] < s1))
+        tp = pos[tokens]
+        chunk_of = offsets[tp // chunk] + rank[seq[tokens]] - s0
+        rows = chunk_of * chunk + tp % chunk
+        groups.append(ScanGroup((s0, s1), counts.tolist(), int(n.sum()), tokens, rows, chunk_of,
+                                tp % chunk))  # fmt: skip
+        s0 = s1
     seg = np.cumsum(lens + k) - (lens + k)  # each sequence's conv segment start (step order)
     conv_out = seg[seq] + pos
     states = (seg[order][:, None] + np.arange(k)).reshape(-1)
-    ends = ((seg + lens)[order][:, None] + np.arange(k)).reshape(-1)
-    return PackedHost(order, counts.tolist(), int(nchunks.sum()), chunk_of * chunk + pos % chunk,
-                      conv_out + k, conv_out, states, ends, int((lens + k).sum()))  # fmt: skip
-
-
-def packed_tokens(tokens: int, seqs: int, chunk: int) -> int:
-    """The most rows the packed layout of `tokens` prefill tokens in at most `seqs` sequences
-    takes: each sequence's tokens beyond its first pad to whole chunks, so n sequences of T
-    tokens take at most n + (T - n) // chunk chunks, most at n = min(seqs, T)."""
-    n = max(min(seqs, tokens), 1 if tokens else 0)
-    return (n + (tokens - n) // chunk) * chunk
+    new = ((seg + lens)[order][:, None] + np.arange(k)).reshape(-1)
+    return PackedHost(order, groups, conv_out + k, conv_out, states, new,
+                      int((lens + k).sum()))  # fmt: skip
 
 
 def ssd_scan_bytes(
     tokens: int, seqs: int, heads: int, head_dim: int, d_state: int, groups: int, chunk: int
 ) -> int:
     """An upper bound on the scan's float32 bytes for a step of `tokens` prefill tokens in at
-    most `seqs` sequences (`packed_tokens` rows; independent of the model's dtype, as the scan
-    runs in float32), the packed inputs included. Per head and packed row: one [chunk] row
-    (the decay matrix turned into the scores in place) and per group one more (C B^T), B and C
-    per group (with their
-    matmul copies), six [head_dim] (x, x scaled by dt and its matmul copy, y, the read-out and
-    its product) and the per-chunk states ([head_dim, d_state] per chunk); per sequence three
-    states (its start, and the recurrence's). Measured (`tests/runtime/model/test_hybrid_ssm.py`)
-    at 0.5-1 of this."""
-    rows = packed_tokens(tokens, seqs, chunk)
+    most `seqs` sequences (`scan_rows` packed rows a scan; independent of the model's dtype, as
+    the scan runs in float32), the packed inputs and the output included. Per head and packed
+    row: one [chunk] row (the decay matrix turned into the scores in place) and per group one
+    more (C B^T), B and C per group (with their matmul copies), six [head_dim] (x, x scaled by
+    dt and its matmul copy, y, the read-out and its product) and the per-chunk states
+    ([head_dim, d_state] per chunk); per head and token two [head_dim] (the output, a group's
+    tokens gathered); per sequence of a scan three states (its start, and the recurrence's).
+    Measured (`tests/runtime/model/test_hybrid_ssm.py`) at 0.5-1 of this."""
+    rows = scan_rows(tokens, chunk)
     per = chunk * (1 + groups / heads) + 4 * d_state * groups / heads + 6 * head_dim + 4
     per += head_dim * d_state / chunk
-    return int(
-        rows * heads * per * 4 + 3 * min(seqs, max(tokens, 1)) * heads * head_dim * d_state * 4
-    )
+    states = 3 * min(seqs, rows // chunk) * head_dim * d_state
+    return int((rows * per + tokens * 2 * head_dim + states) * heads * 4)
+
+
+def scan_step(
+    x: torch.Tensor,  # [T, H, P] the step's prefill tokens
+    dt: torch.Tensor,  # [T, H] float32
+    A: torch.Tensor,
+    B: torch.Tensor,  # [T, G, N]
+    C: torch.Tensor,  # [T, G, N]
+    ssm: torch.Tensor,  # [slots, H, P, N] the SSM state slots: read, and written back
+    groups: list,  # (`ScanGroup`'s fields on the device: slots, tokens, rows, chunk_of, in_chunk)
+    chunk: int,
+) -> torch.Tensor:
+    """y [T, H, P] float32 (without the D x skip): `ssd_scan` of each group of sequences in
+    its packed layout, from their states in `ssm`, which get the final ones."""
+    y = torch.empty(*x.shape, dtype=torch.float32, device=x.device)
+    for g in groups:
+        r = g.num_chunks * chunk
+        xp, dtp, Bp, Cp = (_packed(t, g, r) for t in (x, dt, B, C))
+        yg, final = ssd_scan(xp, dtp, A, Bp, Cp, ssm.index_select(0, g.slots).float(), chunk,
+                             g.counts)  # fmt: skip
+        del xp, dtp, Bp, Cp
+        ssm.index_copy_(0, g.slots, final.to(ssm.dtype))
+        y.index_copy_(0, g.tokens, yg[g.chunk_of, :, g.in_chunk])
+    return y
 
 
 def ssd_scan(
@@ -143,3 +190,9 @@ def ssd_scan(
     out = out.view(nc, G, ln, hpg, P).transpose(2, 3)
     y.addcmul_(out, torch.exp(a_cum).view(nc, G, hpg, ln, 1))
     return y.view(nc, H, ln, P), state
+
+
+def _packed(t: torch.Tensor, g, rows: int) -> torch.Tensor:
+    """A group's tokens of `t` in its packed layout (float32, zeros on the padding)."""
+    out = torch.zeros(rows, *t.shape[1:], dtype=torch.float32, device=t.device)
+    return out.index_copy_(0, g.rows, t.index_select(0, g.tokens).float())

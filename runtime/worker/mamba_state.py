@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.model.mamba2 import MambaStep, Prefill
+from pagoda.runtime.model.mamba2 import MambaStep, Prefill, ScanGroup
 from pagoda.runtime.model.ssd import pack
 from pagoda.runtime.request import RUNNING, Request
 from pagoda.runtime.worker.block_table import BlockTables
@@ -110,12 +110,15 @@ class MambaState:
         if nd < len(slots):  # the prefill chunks, in the scan's packed layout
             m = self.m
             p = pack(host.query_lens[nd:], m.chunk_size, m.d_conv)
-            scan = p.scan_rows
-            parts = (host.slots[nd:][p.order], scan, scan // m.chunk_size, scan % m.chunk_size,
-                     p.conv_rows, p.conv_out, p.state_rows, p.end_rows)  # fmt: skip
+            parts = [host.slots[nd:][p.order], p.conv_rows, p.conv_out, p.state_rows, p.end_rows]
+            for g in p.groups:
+                parts += [g.tokens, g.rows, g.chunk_of, g.in_chunk]
             # one copy to the device, split there into views
             idx = to_device(np.concatenate(parts)).split([len(a) for a in parts])
-            prefill = Prefill(p.counts, p.num_chunks, p.conv_len, *idx)
+            slots = idx[0]
+            groups = [ScanGroup(g.counts, g.num_chunks, slots[slice(*g.seqs)], *idx[5 + 4 * i : 9 + 4 * i])
+                      for i, g in enumerate(p.groups)]  # fmt: skip
+            prefill = Prefill(p.conv_len, *idx[:5], groups)
         return MambaStep(on_device, nd, self.states, run, prefill)
 
     def _claim(self, row: int) -> int:
