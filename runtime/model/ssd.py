@@ -9,8 +9,14 @@ sequences sorted by their number of chunks (most first), chunk j of every sequen
 one, then chunk j + 1, so the sequences still running at chunk position j are the first
 ``counts[j]`` and their chunks consecutive.
 
-`pack` builds, on the host, where each token goes (in the scan's packed rows and in the causal
-conv's segments: each sequence's conv state, then its tokens); `ssd_scan` runs within chunks
+Padding each sequence to whole chunks can take more rows in all than the step's tokens as one
+sequence (17 prompts of 4000 tokens: 17 x 4096 rows, above 68000's 68096): the sequences are
+then scanned in groups of at most that many rows (`scan_rows`; one sequence always fits one),
+so the scan's memory is bounded by the token budget alone (`ssd_scan_bytes`).
+
+`pack` builds, on the host, where each token goes (in its group's packed rows and in the causal
+conv's segments: each sequence's conv state, then its tokens); `scan_step` packs each group and
+runs `ssd_scan` on it, which runs within chunks
 the quadratic (attention-like) form for all chunks at once, then the recurrence on the
 chunk-boundary states restarting at each sequence's first chunk from its own state (one pass
 per chunk position, all sequences at once, as the state-passing kernel of vLLM walks chunks),
