@@ -136,7 +136,7 @@ def check(
         how += f", and {gib(state)} of Mamba state for {plan.max_num_seqs} sequences"
     have, where = usable(cfg, device)
     tokens = cfg.scheduler.max_num_batched_tokens
-    if device.type == "cuda" and (scan := memory.scan_bytes(mc, tokens)):  # kept free too
+    if device.type == "cuda" and (scan := memory.step_scan_bytes(mc, cfg.scheduler)):  # kept free
         have -= scan
         where = f"{where[:-1]}, and {gib(scan)} for the Mamba scan of a {tokens}-token step)"
     kv = plan.kv_bytes(mc)

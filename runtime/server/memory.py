@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig
-from pagoda.runtime.model.mamba2 import scan_bytes
+from pagoda.runtime.model.mamba2 import step_scan_bytes
 from pagoda.runtime.server import weights
 from pagoda.runtime.server.weights import gib  # used here, and by callers as `memory.gib`
 
@@ -163,9 +163,10 @@ def step_bytes(
     per_token = (4 * mc.hidden_size + qkv + 3 * mc.intermediate_size) * dtype.itemsize
     scan = 0
     if (m := mc.family.mamba) is not None:  # the chunked scan's float32 temporaries and the
-        # conv's padded input and output (`mamba2.ssd_scan_bytes`)
+        # conv's input and output (`ssd.ssd_scan_bytes`): the runner's and the fit check's
+        # figure (`mamba2.step_scan_bytes`)
         per_token += 2 * m.conv_dim * 4
-        scan = scan_bytes(mc, tokens)
+        scan = step_scan_bytes(mc, sched)
     return tokens * per_token + scan + rows * mc.vocab_size * 8  # float32 logits, probabilities
 
 
@@ -186,12 +187,7 @@ def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path,
         free, total = device_available(device)
         if fp.kv_cache == 0:  # default budget: what the runner will take after the weights
             budget = int(total * cfg.cache.gpu_memory_utilization) - (total - free)
-            budget -= (
-                fp.weights
-                + fp.state
-                + GPU_HEADROOM
-                + scan_bytes(mc, cfg.scheduler.max_num_batched_tokens)
-            )
+            budget -= fp.weights + fp.state + GPU_HEADROOM + step_scan_bytes(mc, cfg.scheduler)
             fp = estimate_with_kv(fp, mc, cfg, max(budget, 0), per_block)
             derived = True
         where = f"free on {device} ({gib(total)} in all)"
