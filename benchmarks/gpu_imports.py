@@ -31,7 +31,8 @@ BENCH = ROOT / "benchmarks"
 
 # Third-party imports of runtime/ that no GPU step reaches, so not carried: s3:// models
 # (boto3, botocore), structured outputs and tool calls (xgrammar), the operator's (kopf).
-LAZY = {"boto3": "s3:// models", "botocore": "s3:// models", "xgrammar": "structured outputs"}
+LAZY = {"boto3": "s3:// models", "botocore": "s3:// models", "xgrammar": "structured outputs",
+        "sentencepiece": "a tokenizer.model without tokenizer.json"}  # fmt: skip
 
 # What the GPU steps import: `pagoda serve` (API process and engine-core process), `pagoda tune`,
 # and the benchmarks gpu_check.sh runs.

@@ -124,13 +124,18 @@ def check_checkpoint_files(model: str, path: Path) -> None:
 
 def _check_tiktoken_dir(path: Path) -> None:
     """Without tokenizer.json, a tiktoken file whose tokenizer code is known (Kimi K2,
-    Moonlight: `tiktoken_files`); its ranks are read at load."""
-    from pagoda.runtime.model import tiktoken_files
+    Moonlight: `tiktoken_files`), or a SentencePiece `tokenizer.model` with known tokenizer
+    code (`spm_files`); the file is read at load."""
+    from pagoda.runtime.model import spm_files, tiktoken_files
     from pagoda.runtime.model.template_files import read_json_object
 
     ranks = path / tiktoken_files.TIKTOKEN_FILE
+    if not ranks.is_file() and (path / spm_files.SPM_FILE).is_file():
+        spm_files.check_spm_dir(path, read_json_object(path / "tokenizer_config.json"))
+        return
     if not ranks.is_file():
-        raise ValueError(f"{path} has no tokenizer.json (nor {tiktoken_files.TIKTOKEN_FILE})")
+        raise ValueError(f"{path} has no tokenizer.json (nor {tiktoken_files.TIKTOKEN_FILE} "
+                         f"or {spm_files.SPM_FILE})")  # fmt: skip
     if not tiktoken_files.looks_like_ranks(ranks):
         raise ValueError(f"{ranks} is not a tiktoken file (base64 token, rank per line; "
                          "truncated, or a Git LFS pointer?)")  # fmt: skip

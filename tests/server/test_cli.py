@@ -210,7 +210,8 @@ def test_a_checkpoint_directory_without_weights_or_tokenizer_is_refused_before_l
     with pytest.raises(ValueError) as err:
         engine_config(*argv)
     assert str(err.value) == (
-        f"model {str(tmp_path)!r}: {tmp_path} has no tokenizer.json (nor tiktoken.model)"
+        f"model {str(tmp_path)!r}: {tmp_path} has no tokenizer.json (nor tiktoken.model or "
+        "tokenizer.model)"
     )
     (tmp_path / "tiktoken.model").write_text("version https://git-lfs.github.com/spec/v1\n")
     with pytest.raises(ValueError, match=r"tiktoken.model is not a tiktoken file"):

@@ -38,6 +38,7 @@ ALLOW_PATTERNS = (
     "tiktoken.model",  # Kimi K2's, Moonlight's vocabulary (model/tiktoken_files.py)
     "tokenization_kimi.py",  # read as text, never run: its split regex is checked
     "tokenization_moonshot.py",
+    "tokenizer.model",  # a SentencePiece model, read where there is no tokenizer.json (spm_files)
     "special_tokens_map.json",
     "chat_template.jinja",
     "chat_template.json",
@@ -69,7 +70,10 @@ def select_weights(
     """Of the wanted files, the weights the loader reads (a repo holding both a sharded and a
     consolidated copy, as Mistral's do, is downloaded once): with model.safetensors.index.json,
     only the shards its weight_map names (NotFound if one is missing) and no other index; else
-    every *.safetensors."""
+    every *.safetensors. tokenizer.model only where there is no tokenizer.json (the loader
+    reads it only then)."""
+    if "tokenizer.json" in names:
+        names = {n: size for n, size in names.items() if n != "tokenizer.model"}
     if INDEX not in names:
         return dict(names)
     try:
