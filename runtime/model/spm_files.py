@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pagoda.runtime.model.special_tokens import token_text
+from pagoda.runtime.model.template_files import read_json_object
 from pagoda.runtime.model.tiktoken_files import code_module
 from pagoda.runtime.model.tokenizer import (
     SPIECE_SPACE,
@@ -208,12 +210,17 @@ def build_unigram_tokenizer(
     return tok
 
 
-def _added_tokens(tok: HFTokenizer, tcfg: Mapping[str, Any], n_pieces: int) -> None:
+def _added_tokens(
+    tok: HFTokenizer, tcfg: Mapping[str, Any], n_pieces: int, listed: Mapping[str, Any]
+) -> None:
     """tokenizer_config.json's added_tokens_decoder at its ids: the model's piece where the id
-    is one (the same text), else the next id past the pieces, in order."""
+    is one (the same text), else the next id past the pieces, in order; `listed`: an older
+    layout's added_tokens.json ({text: id}) for the ids that the decoder does not name."""
     added = tcfg.get("added_tokens_decoder") or {}
-    if not isinstance(added, Mapping):
-        raise ValueError("tokenizer_config.json added_tokens_decoder is not an object")
+    if not isinstance(added, Mapping) or not isinstance(listed, Mapping):
+        raise ValueError("tokenizer_config.json added_tokens_decoder (or added_tokens.json) "
+                         "is not an object")  # fmt: skip
+    added = {**{str(i): {"content": t} for t, i in listed.items()}, **added}
     for key in sorted(added, key=lambda k: int(k) if str(k).isdigit() else -1):
         entry = added[key]
         content = entry.get("content") if isinstance(entry, Mapping) else None
@@ -236,8 +243,6 @@ def _added_tokens(tok: HFTokenizer, tcfg: Mapping[str, Any], n_pieces: int) -> N
 def _named_specials(tok: HFTokenizer, tcfg: Mapping[str, Any]) -> None:
     """bos/eos/unk/pad named by tokenizer_config.json are special (kept whole, skipped in
     output) where the vocabulary has them, as transformers treats them."""
-    from pagoda.runtime.model.special_tokens import token_text
-
     names = ("bos_token", "eos_token", "unk_token", "pad_token")
     texts = [token_text(tcfg.get(n)) for n in names]
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
@@ -281,6 +286,7 @@ def read_spm_dir(model_dir: Path, tcfg: Mapping[str, Any]) -> HFTokenizer:
     else:
         pieces = list(zip(tokens, scores))
         tok = build_unigram_tokenizer(pieces, types, spec, prefix, first_only, strip)
-    _added_tokens(tok, tcfg, n)
+    listed = model_dir / "added_tokens.json"
+    _added_tokens(tok, tcfg, n, read_json_object(listed) if listed.is_file() else {})
     _named_specials(tok, tcfg)
     return tok

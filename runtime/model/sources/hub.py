@@ -39,6 +39,7 @@ ALLOW_PATTERNS = (
     "tokenization_kimi.py",  # read as text, never run: its split regex is checked
     "tokenization_moonshot.py",
     "tokenizer.model",  # a SentencePiece model, read where there is no tokenizer.json (spm_files)
+    "added_tokens.json",  # its older layout's added tokens
     "special_tokens_map.json",
     "chat_template.jinja",
     "chat_template.json",
@@ -70,10 +71,11 @@ def select_weights(
     """Of the wanted files, the weights the loader reads (a repo holding both a sharded and a
     consolidated copy, as Mistral's do, is downloaded once): with model.safetensors.index.json,
     only the shards its weight_map names (NotFound if one is missing) and no other index; else
-    every *.safetensors. tokenizer.model only where there is no tokenizer.json (the loader
-    reads it only then)."""
+    every *.safetensors. tokenizer.model and added_tokens.json only where there is no
+    tokenizer.json (the loader reads them only then)."""
     if "tokenizer.json" in names:
-        names = {n: size for n, size in names.items() if n != "tokenizer.model"}
+        spm = ("tokenizer.model", "added_tokens.json")
+        names = {n: size for n, size in names.items() if n not in spm}
     if INDEX not in names:
         return dict(names)
     try:

@@ -153,7 +153,10 @@ def test_unknown_code_other_classes_and_broken_files_are_refused(tmp_path):
         read_tokenizer(tmp_path, CONFIG)
     tcfg["added_tokens_decoder"] = {"420": {"content": "<pad>", "special": True}}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(tcfg))
-    assert read_tokenizer(tmp_path, CONFIG).encode("a<pad>", add_special_tokens=False)[-1] == 420
+    (tmp_path / "added_tokens.json").write_text('{"<pad>": 420, "<|tool|>": 421}')  # older layout
+    tok = read_tokenizer(tmp_path, CONFIG)
+    assert tok.encode("a<pad><|tool|>", add_special_tokens=False)[-2:] == [420, 421]
+    assert tok.decode([420, 421]) == "<|tool|>"  # <pad> special (the decoder's), <|tool|> not
     for broken in (b"version https://git-lfs.github.com/spec/v1\n", model[: len(model) // 2]):
         (tmp_path / "tokenizer.model").write_bytes(broken)
         with pytest.raises(ValueError, match=r"tokenizer.model is not a SentencePiece model"):
