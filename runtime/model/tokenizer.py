@@ -12,6 +12,7 @@ Llama tokenizer (`build_spm_tokenizer`: merges by score).
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
@@ -199,6 +200,7 @@ class Tokenizer:
         self._eos_append = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         self._template = None
         self._byte_level: bool | None = None  # decided on first use (byte_stream)
+        self._byte_fallback: bool | None = None  # decided on first use (fallback_byte)
         self._pieces: dict[bool, tuple[list[bytes], list[str | None]]] = {}  # byte_stream's
         self._as_text: HFTokenizer | None = None  # a copy that reads special-token text as text
         self._specials: re.Pattern | bool | None = False  # False: not looked up yet
@@ -243,7 +245,12 @@ class Tokenizer:
     def fallback_byte(self, token_id: int) -> int | None:
         """The byte of a byte-fallback token (SentencePiece's ``<0xF0>``); None for any other
         token, and for every token of a model without byte fallback."""
-        if not getattr(self._tok.model, "byte_fallback", False):
+        if self._byte_fallback is None:
+            flag = getattr(self._tok.model, "byte_fallback", None)
+            if flag is None:  # a Unigram model (`spm_files`) has it only in its serialized form
+                flag = json.loads(self._tok.model.__getstate__()).get("byte_fallback")
+            self._byte_fallback = bool(flag)
+        if not self._byte_fallback:
             return None
         m = _BYTE_TOKEN.fullmatch(self._tok.id_to_token(token_id) or "")
         return int(m.group(1), 16) if m else None

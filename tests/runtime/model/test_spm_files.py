@@ -56,6 +56,8 @@ def test_ids_are_the_slow_tokenizers_and_sentencepieces(variant):
 
 def test_decoding_whole_and_streamed_is_sentencepieces(variant):
     sp, _, tok, options = variant
+    byte_a = sp.piece_to_id("<0x41>")  # logprobs' bytes and the detokenizer read these
+    assert tok.fallback_byte(byte_a) == (0x41 if sp.is_byte(byte_a) else None)
     for text in HOSTILE:
         ids = tok.encode(text, add_special_tokens=False)
         if sp.unk_id() in ids:  # skipped as a special token (sp writes " \u2047 ")
