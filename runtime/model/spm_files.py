@@ -9,7 +9,8 @@ fallback, the normalizer spec) from the file's protobuf fields (`read_spec`, no 
 package needed); `tokenizer.build_spm_tokenizer` (BPE models: Llama 2, Mistral, InternLM3,
 Yi, Baichuan) or `build_unigram_tokenizer` (Unigram models: T5-style) rebuild it as a
 `tokenizers.Tokenizer`, so encode, decode, streaming and chat templates take the path every
-tokenizer.json takes.
+tokenizer.json takes. A 32,000-piece BPE model (Llama 2's size) builds in ~0.65 s on a
+busy 2-core CPU, once per start (the merges are derived in Python, as for a GGUF's).
 
 What transformers' slow tokenizer (and InternLM3's code) does is kept: the text is split at the
 special and added tokens, and each piece between them is encoded as `SentencePieceProcessor`
