@@ -79,15 +79,19 @@ def test_decoding_whole_and_streamed_is_sentencepieces(variant):
                 assert detok.pop_delta(True) == "".join(filter(None, map(step, ids))), text
 
 
-def test_legacy_false_is_transformers_fast_llama_tokenizer(tmp_path):
-    """`legacy: false`: one prefix at the start of the text (a Metaspace "first"), as
-    transformers' LlamaTokenizer builds it from the same vocabulary and merges."""
+@pytest.mark.parametrize("legacy, prefix", [(False, True), (True, False)])
+def test_legacy_false_or_no_prefix_space_is_transformers_fast_llama_tokenizer(
+    tmp_path, legacy, prefix
+):
+    """`legacy: false`: one prefix at the start of the text (a Metaspace "first");
+    `add_prefix_space: false`: none, whatever the file's add_dummy_prefix; as transformers'
+    LlamaTokenizer builds them from the same vocabulary and merges."""
     from transformers import LlamaTokenizer
     from transformers.tokenization_utils_sentencepiece import SentencePieceExtractor
 
-    write_spm_dir(tmp_path, train("bpe", True), legacy=False)
+    write_spm_dir(tmp_path, train("bpe", True), legacy=legacy, add_prefix_space=prefix)
     vocab, _, merges = SentencePieceExtractor(str(tmp_path / "tokenizer.model")).extract()
-    fast = LlamaTokenizer(vocab=vocab, merges=merges, legacy=False, add_prefix_space=True)
+    fast = LlamaTokenizer(vocab=vocab, merges=merges, legacy=legacy, add_prefix_space=prefix)
     fast.add_special_tokens({"additional_special_tokens": USER_DEFINED})
     tok = read_tokenizer(tmp_path, CONFIG)
     for text in HOSTILE:
@@ -97,6 +101,9 @@ def test_legacy_false_is_transformers_fast_llama_tokenizer(tmp_path):
     assert tok.encode("<|im_start|>a", add_special_tokens=False)[1:] != [
         tok.backend.token_to_id("\u2581a")
     ]
+    for text in ("Hello world", " a b", "东京 🙂\n x"):
+        ids = tok.encode(text, add_special_tokens=False)
+        assert tok.decode(ids) == fast.decode(ids), text
 
 
 def test_internlm3_layout_add_eos_and_the_chat_template(tmp_path):
