@@ -28,7 +28,8 @@ def test_pagoda_serve_answers_a_chat_with_a_tokenizer_model_llama(tmp_path):
     (each token's logprob bytes SentencePiece's piece), the same text whole and streamed."""
     model_bytes = train("bpe", True)
     sp = spm.SentencePieceProcessor(model_proto=model_bytes)
-    model = make_tiny_model(tmp_path, "Llama", vocab_size=sp.get_piece_size())
+    # scale 6: greedy picks well apart (the smallest top-two gap 0.04; at 3, 0.015)
+    model = make_tiny_model(tmp_path, "Llama", scale=6.0, vocab_size=sp.get_piece_size())
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                  "chat_template.jinja"):  # fmt: skip
         (tmp_path / name).unlink(missing_ok=True)
