@@ -22,7 +22,6 @@ from sentencepiece_testlib import slow_tokenizer, train, write_spm_dir
 def test_llm_chat_on_an_internlm3_with_only_a_tokenizer_model(tmp_path):
     model_bytes = train("bpe", True)
     n = spm.SentencePieceProcessor(model_proto=model_bytes).get_piece_size()
-    # scale 6: greedy picks well apart (at 3 this prompt's second step is a near tie)
     make_tiny_model(tmp_path, "InternLM3", scale=6.0, vocab_size=n, head_dim=32,
                     attention_bias=True, mlp_bias=True)  # fmt: skip
     cfg = json.loads((tmp_path / "config.json").read_text())
@@ -44,7 +43,7 @@ def test_llm_chat_on_an_internlm3_with_only_a_tokenizer_model(tmp_path):
     rendered = "<s><|im_start|>user\n 你好  Größe 🙂\n\tx=12345<|im_end|>\n<|im_start|>assistant\n"
     prompt = slow_tokenizer(tmp_path).encode(rendered, add_special_tokens=False)
     want, _ = hf_greedy_plain(model, prompt, 8)
-    llm = LLM(str(tmp_path), max_model_len=128, kv_cache_memory=8 << 20)
+    llm = LLM(str(tmp_path), dtype="float32", max_model_len=128, kv_cache_memory=8 << 20)
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     (result,) = llm.chat(messages, params, use_tqdm=False)
     assert result.prompt_token_ids == prompt
