@@ -22,6 +22,7 @@ from pagoda.runtime.model import (
     family_fields,
     moe_families,
     special_tokens,
+    spm_files,
     tiktoken_files,
 )
 from pagoda.runtime.model import deepseek_config as deepseek
@@ -300,11 +301,12 @@ def read_weights(model_dir: Path) -> SafetensorsWeights:
 
 def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
     """tokenizer.json, else a tiktoken BPE file with known tokenizer code (`tiktoken_files`:
-    Kimi K2, Moonlight), else GPT-2's vocab.json and merges.txt (`bpe_files`: OPT's);
-    ValueError, one line, for a directory with none of them."""
+    Kimi K2, Moonlight), else GPT-2's vocab.json and merges.txt (`bpe_files`: OPT's), else a
+    SentencePiece `tokenizer.model` (`spm_files`: Llama 2, InternLM3); ValueError, one line,
+    for a directory with none of them."""
     path = model_dir / "tokenizer.json"
     tcfg = _read_json(model_dir / "tokenizer_config.json")
-    sort_tool_keys = False
+    sort_tool_keys = spm = False
     if path.exists():
         hf_tok = HFTokenizer.from_file(str(path))
     elif (model_dir / tiktoken_files.TIKTOKEN_FILE).exists():
@@ -312,9 +314,11 @@ def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
         sort_tool_keys = tiktoken_files.sorts_tool_keys(model_dir, tcfg)
     elif bpe_files.has_bpe_files(model_dir):  # GPT-2's vocab.json + merges.txt (OPT's)
         hf_tok = bpe_files.read_bpe_dir(model_dir, tcfg)
+    elif spm := (model_dir / spm_files.SPM_FILE).exists():
+        hf_tok = spm_files.read_spm_dir(model_dir, tcfg)
     else:
         raise ValueError(f"{model_dir} has no tokenizer.json (nor {tiktoken_files.TIKTOKEN_FILE}, "
-                         f"nor {bpe_files.VOCAB} with {bpe_files.MERGES})")  # fmt: skip
+                         f"{bpe_files.VOCAB} with {bpe_files.MERGES}, or {spm_files.SPM_FILE})")  # fmt: skip
     template = read_chat_template(model_dir, tcfg)  # a processor's file first, as vLLM
     return Tokenizer(
         hf_tok,
@@ -322,7 +326,11 @@ def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
         tool_chat_template=read_tool_template(model_dir, tcfg),
         bos_token_id=config.bos_token_id,
         eos_token_ids=special_tokens.stop_ids(config.eos_token_ids, tokenizer=hf_tok, tcfg=tcfg),
-        add_bos_token=_adds_bos(hf_tok, config.bos_token_id, tcfg),
+        # transformers' Llama tokenizer (and InternLM3's) add BOS unless told not to
+        add_bos_token=bool(tcfg.get("add_bos_token", True))
+        if spm
+        else _adds_bos(hf_tok, config.bos_token_id, tcfg),
+        add_eos_token=spm and bool(tcfg.get("add_eos_token", False)),
         sort_tool_keys=sort_tool_keys,
         template_tokens=special_tokens.template_tokens(tcfg),
     )

@@ -90,6 +90,19 @@ def test_gpt2_tokenizer_files_are_fetched_only_without_a_tokenizer_json(
     assert set(bpe) <= names and "tokenizer.json" not in names
 
 
+def test_tokenizer_model_is_fetched_only_without_tokenizer_json(
+    hub: FakeHub, tmp_path: pathlib.Path, checkpoint: pathlib.Path
+) -> None:
+    files = {p.name: p.read_bytes() for p in checkpoint.iterdir() if p.is_file()}
+    hub.add("org/both", {**files, "tokenizer.model": b"x", "tokenization_x.py": b"x"})
+    names = {p.name for p in pathlib.Path(resolve_model("hf://org/both", tmp_path)).iterdir()}
+    assert "tokenizer.json" in names and not names & {"tokenizer.model", "tokenization_x.py"}
+    del files["tokenizer.json"]
+    hub.add("org/spm", {**files, "tokenizer.model": b"x"})
+    names = {p.name for p in pathlib.Path(resolve_model("hf://org/spm", tmp_path)).iterdir()}
+    assert "tokenizer.model" in names
+
+
 def test_s3_sharded_beside_consolidated_fetches_the_shards_only(
     s3: MotoS3, tmp_path: pathlib.Path, checkpoint: pathlib.Path
 ) -> None:
