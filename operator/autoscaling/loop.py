@@ -20,8 +20,9 @@ import asyncio
 import dataclasses
 import datetime
 import logging
+import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,18 @@ class _State:
         return memory.Memory(
             self.history, self.correction, self.bursts, self.last_scale_up, self.raised
         )
+
+
+def next_tick(wall_s: float, interval_s: float, after: float | None = None) -> float:
+    """The evaluations' grid, the same for every replica: the first multiple of `interval_s`
+    since the epoch at or after `wall_s` (wall-clock s) and later than `after` (the last one
+    evaluated)."""
+    if interval_s <= 0:
+        return wall_s
+    tick = math.ceil(wall_s / interval_s - 1e-9) * interval_s
+    while after is not None and tick <= after + 1e-3:
+        tick += interval_s
+    return tick
 
 
 def _r(value: float | None, digits: int) -> float | None:
@@ -150,6 +163,7 @@ class Autoscaler:
             timeout_s=config.prometheus_timeout_s, ttft_window=config.ttft_window
         )
         self.clock, self.wall = clock, wall
+        self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
         self._offset = wall() - clock()  # monotonic → wall seconds (_wall_offset)
         self._states: dict[str, _State] = {}
 
@@ -173,18 +187,24 @@ class Autoscaler:
     # --- the loop ---------------------------------------------------------------------------
 
     async def run(self, logger: logging.Logger = log) -> None:
-        """Evaluate every InferenceService each `autoscale_interval_s` until cancelled."""
+        """Evaluate every InferenceService each `autoscale_interval_s` until cancelled, at the
+        wall clock's multiples of the interval (`next_tick`): every replica evaluates on the same
+        grid, so one that takes over evaluates when the one it replaces would have, and the saved
+        evaluation is the one an interval before (memory.load)."""
+        last: float | None = None
         while True:
-            started = self.clock()
+            wall = self.wall()
+            last = next_tick(wall, self.config.autoscale_interval_s, last)
+            tick = self.clock() + (last - wall)  # the tick on the loop's clock
+            if last > wall:
+                await self.sleep(last - wall)
             try:
-                await self.evaluate_all(logger)
+                await self.evaluate_all(logger, now=tick)
             except Exception:  # never let one bad pass end autoscaling for every service
                 logger.exception("Autoscaler pass failed (next pass in one interval)")
-            await asyncio.sleep(
-                max(0.0, self.config.autoscale_interval_s - (self.clock() - started))
-            )
 
-    async def evaluate_all(self, logger: logging.Logger = log) -> None:
+    async def evaluate_all(self, logger: logging.Logger = log, now: float | None = None) -> None:
+        """One pass; `now`: the pass's tick on `clock` (None: the time of each decision)."""
         try:
             bodies = await self.api.list_all(KIND, self.config.namespaces)
         except ApiError as e:
@@ -204,7 +224,7 @@ class Autoscaler:
             async with limit:
                 started = time.perf_counter()
                 try:
-                    await self.evaluate(body, logger)
+                    await self.evaluate(body, logger, now)
                 except ApiError as e:
                     logger.warning(
                         "Autoscaling %s/%s: API call failed (next interval retries): %s",
@@ -233,9 +253,10 @@ class Autoscaler:
             return None  # the reconciler reports it; keep the replicas as they are
 
     async def evaluate(
-        self, body: Mapping[str, Any], logger: logging.Logger = log
+        self, body: Mapping[str, Any], logger: logging.Logger = log, now: float | None = None
     ) -> Decision | None:
-        """One evaluation of one InferenceService; returns the decision (None: nothing to do)."""
+        """One evaluation of one InferenceService; returns the decision (None: nothing to do).
+        `now`: its time on `clock` (the pass's tick; None: when it decides)."""
         meta = body["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
         spec = self._parse(body)
@@ -265,7 +286,7 @@ class Autoscaler:
             if not owned_by(deploy, uid):
                 return None  # the reconciler has not created the Deployment yet
             assert deploy is not None
-            return await self._decide_and_apply(policy, fresh, deploy, metrics, why, logger)
+            return await self._decide_and_apply(policy, fresh, deploy, metrics, why, logger, now)
 
     async def _switch_off(self, body: Mapping[str, Any]) -> None:
         """No `spec.autoscaling` (any more): forget the state, drop what the autoscaler wrote."""
@@ -308,13 +329,17 @@ class Autoscaler:
         metrics: Metrics | None,
         why: tuple[str, str],
         logger: logging.Logger,
+        tick: float | None = None,
     ) -> Decision:
-        """Decide, scale, log and write status (the object's lock held)."""
+        """Decide, scale, log and write status (the object's lock held). `tick`: the pass's time
+        (the decision is recorded at it, so the windows run on the shared grid whatever the
+        metrics read took), never before what the history already holds (an alert step)."""
         ns, name = fresh["metadata"]["namespace"], fresh["metadata"]["name"]
         current = int((deploy.get("spec") or {}).get("replicas") or 0)
         ready = int((deploy.get("status") or {}).get("readyReplicas") or 0)
-        now = self.clock()
+        now = self.clock() if tick is None else tick
         state = self._state(fresh, now, current, policy)
+        now = max(now, state.history[-1][0]) if state.history else now
         decision = decide(
             policy, metrics, current=current, ready=ready, history=state.history, now=now,
             unavailable=f"{why[0]}: {why[1]}", correction=state.correction, bursts=state.bursts,

@@ -11,9 +11,10 @@ operator, a failover neither restarts the scale-down window nor makes the burst 
   recommendations; of a run of equal ones only the last matters (it leaves the window last),
   and of those only the ones no later one equals or outranks either way. The run going on is
   saved by its value and its start; `load` takes it to have gone on until the evaluation before
-  now (`interval_s` before: the gap of a failover counts as that recommendation, and a take-over
-  at the next evaluation's time decides as the saving process would have), so a scale down that
-  was due stays due. A run that
+  now (`interval_s` before: the loops of all replicas evaluate on one wall-clock grid, so after
+  a handover quicker than an interval that is the saving process's last evaluation, and a
+  take-over at the next evaluation's time decides as the saving process would have; the rest of
+  a longer gap counts as that recommendation), so a scale down that was due stays due. A run that
   asks for fewer replicas than run and started more than a scale-down window plus `MAX_GAP_S`
   ago is not a live autoscaler's (it would have scaled down): the state is stale (the operator
   was away), so the current count is recorded too, as after a restart without state.

@@ -125,6 +125,15 @@ class SeenProducts:
 
     last_seen: Mapping[str, float] = field(default_factory=dict)  # in use → last pass seen
     first_seen: Mapping[str, float] = field(default_factory=dict)  # new, not in use → since
+    checked: float | None = None  # the pass that last saved it (`checked_at`)
+
+
+def checked_at(before: float | None, now: float, refresh_s: float) -> float:
+    """When the saved memory was last confirmed by a pass: `before`, renewed by the pass at
+    `now` once `refresh_s` old. Every pass after the saved time came before it plus `refresh_s`,
+    so an operator that starts after all were down knows the last pass within `refresh_s`
+    (`load_seen`) at one status write per `refresh_s`."""
+    return now if before is None or now - before >= refresh_s else before
 
 
 def steady_products(
@@ -180,6 +189,8 @@ def dump_seen(memory: SeenProducts, now: float, where: str) -> dict[str, Any] | 
     if not memory.last_seen and not memory.first_seen:
         return None
     out: dict[str, Any] = {"selection": where}
+    if memory.checked is not None:
+        out["checked"] = _iso(memory.checked)
     if memory.last_seen:
         out["inUse"] = [{"product": p, **({} if t >= now else {"lastSeen": _iso(t)})}
                         for p, t in sorted(memory.last_seen.items())]  # fmt: skip
@@ -190,13 +201,22 @@ def dump_seen(memory: SeenProducts, now: float, where: str) -> dict[str, Any] | 
     return out
 
 
-def load_seen(raw: Any, where: str, last_pass: float) -> SeenProducts | None:
+def load_seen(
+    raw: Any, where: str, last_pass: float, refresh_s: float = float("inf")
+) -> SeenProducts | None:
     """The memory `dump_seen` saved for the node selection `where`; a product in use seen by the
-    saving pass counts as seen at `last_pass` (the pass before this one). None: absent, saved
-    for another selection, or unreadable (the nodes' products then count at once)."""
+    saving process's last pass counts as seen then: `last_pass` (the pass before this one: a
+    take-over), but no later than `refresh_s` after the saved `checked` (a pass after that would
+    have renewed it: the operator was away, all replicas down, and the nodes were not looked at
+    since; a product that went meanwhile ends its grace as it would have without the restart).
+    None: absent, saved for another selection, or unreadable (the nodes' products then count at
+    once)."""
     if not isinstance(raw, Mapping) or raw.get("selection") != where:
         return None
     try:
+        checked = _epoch(raw["checked"]) if raw.get("checked") else None
+        if checked is not None:  # saved to the second: + 1 s, never earlier than it was
+            last_pass = max(checked, min(last_pass, checked + 1.0 + refresh_s))
         used = {
             str(e["product"]): _epoch(e["lastSeen"]) if e.get("lastSeen") else last_pass
             for e in raw.get("inUse") or ()
@@ -204,4 +224,4 @@ def load_seen(raw: Any, where: str, last_pass: float) -> SeenProducts | None:
         new = {str(e["product"]): _epoch(e["since"]) for e in raw.get("new") or ()}
     except (TypeError, ValueError, KeyError, AttributeError):
         return None
-    return SeenProducts(used, new)
+    return SeenProducts(used, new, checked)

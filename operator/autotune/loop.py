@@ -28,6 +28,7 @@ from pagoda.operator.autotune.keys import (
     PRODUCT_LABEL,
     SeenProducts,
     TuneKey,
+    checked_at,
     dump_seen,
     key_for,
     load_seen,
@@ -167,14 +168,24 @@ class Autotuner:
         where = (meta["namespace"], meta["name"], spec.node_selector, spec.resources.gpus)
         now, digest = self.clock(), selection(spec)
         memory = self._seen.get(where)
-        if memory is None:  # a fresh process: what the last one saw, its last pass an interval ago
+        refresh = self._refresh_s()
+        if memory is None:  # a fresh process: what the last one saw, its last pass an interval
+            # ago, or (all replicas were down) within `refresh` of the saved `checked`
             saved = ((body.get("status") or {}).get("autotune") or {}).get("nodeProducts")
-            memory = load_seen(saved, digest, now - self.config.autotune_interval_s)
-        products, t.seen[where] = steady_products(
-            memory or SeenProducts(), products_for(spec, t.nodes), now,
-            self.config.autotune_product_grace_s,
-        )  # fmt: skip
+            memory = load_seen(saved, digest, now - self.config.autotune_interval_s, refresh)
+        memory = memory or SeenProducts()
+        products, seen = steady_products(
+            memory, products_for(spec, t.nodes), now, self.config.autotune_product_grace_s
+        )
+        t.seen[where] = dataclasses.replace(seen, checked=checked_at(memory.checked, now, refresh))
         return products, dump_seen(t.seen[where], now, digest)
+
+    def _refresh_s(self) -> float:
+        """How often a pass confirms a service's saved products' memory (`checked`): a tenth of
+        the grace, at least one pass (a product that went while no operator ran is held at
+        most that much beyond its grace)."""
+        c = self.config
+        return max(c.autotune_interval_s, c.autotune_product_grace_s / 10)
 
     # --- one key ------------------------------------------------------------------------------
 

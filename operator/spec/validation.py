@@ -83,8 +83,30 @@ async def check_cluster(
                 raise
             logger.warning("Cannot list nodes (forbidden); skipping the GPU capacity check.")
             return one_node
-        check_gpu_capacity(spec, gpu_capacities(nodes, dict(spec.node_selector)))
+        check_gpu_nodes(spec, nodes)
     return one_node
+
+
+def check_gpu_nodes(spec: InferenceServiceSpec, nodes: Iterable[Mapping[str, Any]]) -> None:
+    """`check_gpu_capacity` over the nodes matching spec.nodeSelector; none matching says so,
+    with the values the nodes have for the selector's keys (a GPU product's exact spelling:
+    "NVIDIA-H100-80GB-HBM3", not "H100")."""
+    nodes = list(nodes)
+    selector = dict(spec.node_selector)
+    capacities = gpu_capacities(nodes, selector)
+    if selector and not capacities:
+        wanted = ", ".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        seen = []
+        for key in sorted(selector):
+            values = sorted({str(lb[key]) for n in nodes
+                             if key in (lb := (n.get("metadata") or {}).get("labels") or {})})  # fmt: skip
+            found = ", ".join(values[:10]) + (", ..." if len(values) > 10 else "")
+            seen.append(f"{key}: {found}" if values else f"no node has {key}")
+        raise SpecError(
+            "InsufficientGPU",
+            f"no node matches spec.nodeSelector ({wanted}); the nodes' labels: {'; '.join(seen)}",
+        )
+    check_gpu_capacity(spec, capacities)
 
 
 def check_gpu_capacity(spec: InferenceServiceSpec, capacities: list[int]) -> None:

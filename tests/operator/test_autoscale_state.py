@@ -6,6 +6,7 @@ API stands in for the cluster (the loop against the emulator is test_autoscale_l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -201,7 +202,7 @@ def test_an_unforeseen_error_ends_neither_the_pass_nor_the_loop() -> None:
     scaler = Autoscaler(ListApi("bad", "good"), config, OperatorMetrics())  # type: ignore[arg-type]
     seen: list[str] = []
 
-    async def evaluate(body: dict[str, Any], logger: Any = None) -> None:
+    async def evaluate(body: dict[str, Any], logger: Any = None, now: Any = None) -> None:
         seen.append(body["metadata"]["name"])
         if body["metadata"]["name"] == "bad":
             raise OverflowError("cannot convert float infinity to integer")
@@ -214,7 +215,7 @@ def test_an_unforeseen_error_ends_neither_the_pass_nor_the_loop() -> None:
         passes = [0]
         real = scaler.evaluate_all
 
-        async def failing_pass(logger: Any = None) -> None:
+        async def failing_pass(logger: Any = None, now: Any = None) -> None:
             passes[0] += 1
             if passes[0] == 1:
                 raise RuntimeError("boom")
@@ -238,7 +239,7 @@ def test_a_deleted_services_gauge_goes_with_it() -> None:
     api, metrics = ListApi("a", "b"), OperatorMetrics()
     scaler = Autoscaler(api, OperatorConfig(), metrics)  # type: ignore[arg-type]
 
-    async def evaluate(body: dict[str, Any], logger: Any = None) -> None:
+    async def evaluate(body: dict[str, Any], logger: Any = None, now: Any = None) -> None:
         meta = body["metadata"]
         scaler._state(body, 0.0, 1, POLICY)
         metrics.desired_replicas.labels(meta["namespace"], meta["name"]).set(1)
@@ -347,3 +348,63 @@ def test_the_api_client_sends_strict_json() -> None:
             assert "JSON" in str(e)
         else:
             raise AssertionError("sent")
+
+
+def _first_scale_down(handover: tuple[float, float] | None) -> float:
+    """Wall seconds after the start of the first scale down: readings high (TTFT 4 s) until 15 s,
+    low after; a 12 s down window, evaluations every 5 s. `handover`: (when A's loop stops,
+    when B's starts), B on another monotonic clock, reading A's saved state."""
+    plain = Policy(min_replicas=1, max_replicas=40, target_ttft_s=1.0, down_window_s=12)
+    api, wall0, t = StatusApi(), 1_800_000_000.0, [1_800_000_000.5]
+    api.replicas, downs = 1, []
+
+    def scaler(offset: float, stop: float) -> Autoscaler:
+        made = Autoscaler(api, OperatorConfig(autoscale_interval_s=5.0), OperatorMetrics(),
+                          clock=lambda: t[0] - offset, wall=lambda: t[0])  # type: ignore[arg-type]  # fmt: skip
+
+        async def sleep(dt: float) -> None:
+            if t[0] + dt > stop:
+                t[0] = stop
+                raise asyncio.CancelledError
+            t[0] += dt
+
+        async def evaluate_all(logger: Any = None, now: float | None = None) -> None:
+            fresh = {"metadata": {"namespace": "default", "name": "chat", "uid": "u1"},
+                     "status": json.loads(json.dumps(api.status))}  # fmt: skip
+            ttft, before = 4.0 if t[0] <= wall0 + 15 else 0.1, api.replicas
+            m = dataclasses.replace(reading(0.0, 0.0), ttft_p95_s=ttft)
+            await made._decide_and_apply(plain, fresh, api.deployment(), m, ("", ""),
+                                         logging.getLogger("test"), now)  # fmt: skip
+            if api.replicas < before:
+                downs.append(t[0] - wall0)
+
+        made.sleep, made.evaluate_all = sleep, evaluate_all  # type: ignore[method-assign]
+        return made
+
+    async def run(made: Autoscaler) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await made.run()
+
+    end = wall0 + 40
+    if handover is None:
+        asyncio.run(run(scaler(1000.0, end)))
+    else:
+        asyncio.run(run(scaler(1000.0, wall0 + handover[0])))
+        t[0] = wall0 + handover[1]
+        asyncio.run(run(scaler(77_777.7, end)))
+    assert api.replicas == 1 and downs, downs
+    return downs[0]
+
+
+def test_a_clean_handover_quicker_than_an_interval_keeps_the_down_windows_timing() -> None:
+    """Every replica evaluates on the wall clock's grid of the interval, and records its
+    decisions at the grid's ticks: the replica that takes over 0.2 s after the other stopped
+    evaluates when that one would have, and the saved run's last recommendation (the evaluation
+    an interval before its first) is the one that was made. The scale down comes when it does
+    without the handover (30 s: the last high recommendation at 15 s, a 12 s window). Before,
+    the new replica evaluated at once (15.5 s), took the saved run to have ended an interval
+    before (10.5 s), and scaled down at 25.5 s, 1.5 s before the window allowed."""
+    alone = _first_scale_down(None)
+    assert alone == 30.0
+    for stop, start in ((15.3, 15.5), (17.0, 19.9), (19.9, 20.0)):
+        assert _first_scale_down((stop, start)) == alone, (stop, start)

@@ -152,3 +152,52 @@ async def test_a_take_over_during_a_blink_decides_as_without_it(
     # the grace runs out 300 s after pass 2, at the same pass either way
     assert decided(await tick(GRACE - 3 * config.autotune_interval_s)) == decided(tuned)
     assert (await tick())["reason"] == "NoGPUNodes"
+
+
+@pytest.mark.parametrize("away", [200.0, 3600.0])
+async def test_a_product_gone_while_every_replica_was_down_ends_its_grace_on_time(
+    emulator: Emulator, kube: KubeApi, away: float
+) -> None:
+    """Every replica down after pass 2; meanwhile the H200 nodes become A100 ones. The restarted
+    operator holds H200 until its grace from the last pass that saw it ends, as a running one
+    would have, to within the refresh of the saved `checked` (a tenth of the grace, 30 s), then
+    takes A100 at once (nothing left in use). Before, the saved pass was taken to be one
+    interval before the restart: H200 was held for the whole grace after it (an hour's outage
+    still kept the profile mounted and no Job started for A100 for 5 minutes)."""
+    await add_node(kube, "n1", H200)
+    await create_isvc(kube, "c", spec())
+    config = OperatorConfig(autotune_product_grace_s=GRACE)
+    now = [1_000_000.0]
+
+    def tuner() -> Autotuner:
+        async def reconcile(body: Any) -> None:
+            pass
+
+        made = Autotuner(kube, config, reconcile)
+        made.clock = lambda: now[0]
+        return made
+
+    first = tuner()
+    for _ in range(2):  # pass 1: a Job for H200; pass 2: tuned
+        now[0] += config.autotune_interval_s
+        await first.tick()
+        if _ == 0:
+            st = autotune(emulator, "c")
+            await kube.patch("ConfigMap", "default", st["profile"],
+                             {"data": {"profile.json": profile_json()}})  # fmt: skip
+            await finish_job(kube, jobs_for(emulator)[H200], ok=True)
+    last_pass = now[0]
+    assert autotune(emulator, "c")["product"] == H200
+    await relabel(kube, "n1", A100)  # while no operator runs
+    now[0] += away - config.autotune_interval_s
+    restarted = tuner()
+    while True:
+        now[0] += config.autotune_interval_s
+        await restarted.tick()
+        st = autotune(emulator, "c")
+        if st.get("product") != H200:
+            break
+        assert now[0] - last_pass <= GRACE + GRACE / 10 + config.autotune_interval_s, st
+    assert now[0] - last_pass > GRACE or away > GRACE  # never before its grace ended
+    assert now[0] - last_pass <= max(away, GRACE + GRACE / 10 + config.autotune_interval_s)
+    assert st["product"] == A100 and A100 in jobs_for(emulator), st

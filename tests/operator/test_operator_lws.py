@@ -7,6 +7,7 @@ kubelet has expanded LWS's variables."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from typing import Any
 
@@ -19,7 +20,7 @@ from pagoda.operator.kube import drift, names
 from pagoda.operator.spec import status
 from pagoda.operator.spec.fields import SpecError
 from pagoda.operator.spec.inference_service import InferenceServiceSpec
-from pagoda.operator.spec.validation import check_gpu_capacity
+from pagoda.operator.spec.validation import check_gpu_capacity, check_gpu_nodes
 from pagoda.runtime.parallelism import Parallelism
 from pagoda.runtime.server.cli import build_parser
 
@@ -391,3 +392,29 @@ def test_the_multi_node_example_renders_a_valid_group() -> None:
         download = template["spec"]["initContainers"][0]
         assert download["envFrom"] == [{"secretRef": {"name": "s3-models"}}]
         assert flag(server(template)["args"], "--tensor-parallel-size") == "16"
+
+
+def test_a_node_selector_no_node_matches_names_what_the_nodes_have() -> None:
+    """A GPU product spelled as no node labels it (`H100` for `NVIDIA-H100-80GB-HBM3`) gets a
+    message that says no node matches and what the nodes' labels are (it read "no node matching
+    spec.nodeSelector offers that many (the most on one node: 0)", as if GPUs were short)."""
+
+    def node(**labels: str) -> dict[str, Any]:
+        return {"metadata": {"labels": labels}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}
+
+    product = "nvidia.com/gpu.product"
+    nodes = [node(**{product: "NVIDIA-H100-80GB-HBM3"}), node(**{product: "NVIDIA-A100-SXM4-80GB"})]
+    spec = InferenceServiceSpec.from_dict(
+        {"model": "/w", "resources": {"gpus": 1}, "nodeSelector": {product: "H100", "pool": "a"}},
+        name="demo", default_image="img:1",
+    )  # fmt: skip
+    with pytest.raises(SpecError) as e:
+        check_gpu_nodes(spec, nodes)
+    assert e.value.reason == "InsufficientGPU"
+    assert e.value.message == (
+        "no node matches spec.nodeSelector (nvidia.com/gpu.product=H100, pool=a); the nodes' "
+        "labels: nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB, NVIDIA-H100-80GB-HBM3; no node "
+        "has pool"
+    )
+    ok = dataclasses.replace(spec, node_selector=((product, "NVIDIA-H100-80GB-HBM3"),))
+    check_gpu_nodes(ok, nodes)
