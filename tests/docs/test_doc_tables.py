@@ -1,0 +1,77 @@
+"""The docs' lists of what the code registers, against the registries: docs/runtime.md's
+supported-models table (every `architectures` name the loader accepts, every GGUF
+`general.architecture`, nothing else), the tool-call and reasoning parsers the README names, and
+the `pagoda serve` / `pagoda tune` flags the README's usage section names (a family registered
+without a row, or a flag renamed, leaves the docs behind without this)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pagoda.runtime import options
+from pagoda.runtime.model.gguf_loader import SUPPORTED_ARCHS
+from pagoda.runtime.model.hf_tables import HF_ARCHITECTURES
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNTIME = (ROOT / "docs" / "runtime.md").read_text()
+README = (ROOT / "README.md").read_text()
+
+
+def models_table() -> list[list[str]]:
+    """The cells of the first table under "## Supported models" (the header row dropped)."""
+    section = RUNTIME.split("\n## Supported models\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.search(r"^\| `architectures`.*?\n\|[-| ]+\|\n((?:\|.*\n)+)", section, re.M)
+    assert rows, "docs/runtime.md's supported-models table lost its header"
+    return [line.split(" | ") for line in rows[1].splitlines()]
+
+
+def test_every_registered_architecture_has_a_row_and_every_row_is_registered() -> None:
+    documented = {n for cells in models_table() for n in re.findall(r"`(\w+)`", cells[0])}
+    assert documented - set(HF_ARCHITECTURES) == set(), "rows for no registered architecture"
+    assert set(HF_ARCHITECTURES) - documented == set(), "registered architectures without a row"
+
+
+def test_every_gguf_architecture_is_in_the_gguf_column() -> None:
+    """The names a GGUF cell opens with (`llama`, `command-r`, `cohere2` (...)), or "—"."""
+    named = set()
+    for cells in models_table():
+        lead = re.match(r"((?:`[\w-]+`(?:, | and )?)+)", cells[1].lstrip("| "))
+        named |= set(re.findall(r"`([\w-]+)`", lead[1])) if lead else set()
+        assert lead or cells[1].strip() == "—", cells[:2]
+    assert named == set(SUPPORTED_ARCHS)
+
+
+def _paragraph(text: str, opening: str) -> str:
+    return text.split(opening, 1)[1].split("\n\n", 1)[0]
+
+
+def test_readme_names_every_tool_call_and_reasoning_parser() -> None:
+    tools = _paragraph(README, "**Structured outputs and tool calling**").split(
+        "`--tool-call-parser`"
+    )[1]
+    named = set(re.findall(r"\b[a-z][a-z0-9_]+\b", tools)) & set(options.TOOL_CALL_PARSERS)
+    assert named == set(options.TOOL_CALL_PARSERS) - {options.DEFAULT_TOOL_CALL_PARSER}
+    reasoning = _paragraph(README, "**Reasoning models**")
+    flag = re.search(r"`--reasoning-parser ([\w|]+)`", reasoning)
+    listed = {*flag[1].split("|"), *re.findall(r"`(\w+)`: gpt-oss", reasoning)}
+    assert listed == set(options.REASONING_PARSERS)
+
+
+def _flags(parser_module: str) -> set[str]:
+    from pagoda.runtime.cli import build_parser
+
+    parser, _ = build_parser([parser_module])
+    sub = next(a for a in parser._actions if a.dest == "command").choices[parser_module]
+    return {s for a in sub._actions for s in a.option_strings}
+
+
+def test_readme_usage_flags_exist() -> None:
+    """Every `--flag` of the usage section is `pagoda serve`'s or `pagoda tune`'s
+    (`--[no-]x` stands for both), or the top-level `--version`."""
+    usage = README.split("<!-- usage:start -->", 1)[1].split("<!-- usage:end -->", 1)[0]
+    named = set()
+    for no, name in re.findall(r"(?<![\w#-])--(\[no-\])?([a-z][a-z0-9-]*)", usage):
+        named |= {f"--{name}", *([f"--no-{name}"] if no else [])}
+    known = _flags("serve") | _flags("tune") | {"--version"}
+    assert len(named) > 30 and named - known == set()
