@@ -75,3 +75,17 @@ def test_readme_usage_flags_exist() -> None:
         named |= {f"--{name}", *([f"--no-{name}"] if no else [])}
     known = _flags("serve") | _flags("tune") | {"--version"}
     assert len(named) > 30 and named - known == set()
+
+
+def test_parser_docs_name_every_parser() -> None:
+    """docs/structured-outputs.md's parser table has a row per tool-call parser (and no other);
+    docs/runtime.md's reasoning section names every reasoning parser."""
+    from pagoda.runtime.server.tool_parsers import PARSERS
+
+    page = (ROOT / "docs" / "structured-outputs.md").read_text()
+    table = page.split("**Parsers** (`--tool-call-parser`", 1)[1].split("\n\n", 2)[1]
+    rows = set(re.findall(r"^\| `(\w+)` \|", table, re.M))
+    assert rows == set(PARSERS) == set(options.TOOL_CALL_PARSERS) - {"auto"}
+    section = RUNTIME.split("\n## Reasoning models", 1)[1].split("\n## ", 1)[0]
+    named = re.findall(r"`(?:--reasoning-parser )?(\w+)`", section)
+    assert set(options.REASONING_PARSERS) <= set(named)
