@@ -89,3 +89,19 @@ def test_parser_docs_name_every_parser() -> None:
     section = RUNTIME.split("\n## Reasoning models", 1)[1].split("\n## ", 1)[0]
     named = re.findall(r"`(?:--reasoning-parser )?(\w+)`", section)
     assert set(options.REASONING_PARSERS) <= set(named)
+
+
+def test_every_runtime_module_is_in_the_module_table() -> None:
+    """docs/runtime.md's "Modules" names each runtime/ module: by its path under runtime/, or by
+    its file name in the row of its folder (`tune/` ... `engine.py`)."""
+    section = RUNTIME.split("\n## Modules\n", 1)[1].split("\n## ", 1)[0]
+    rows = [r for r in section.splitlines() if r.startswith("| `")]
+    unnamed = []
+    for path in sorted((ROOT / "runtime").rglob("*.py")):
+        rel = path.relative_to(ROOT / "runtime").as_posix()
+        folder = rel.rpartition("/")[0]
+        if path.name == "__init__.py" or f"`{rel}`" in section:
+            continue
+        if not any(f"`{folder}/`" in r and f"`{path.name}`" in r for r in rows if folder):
+            unnamed.append(rel)
+    assert unnamed == []
