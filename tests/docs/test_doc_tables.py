@@ -105,3 +105,29 @@ def test_every_runtime_module_is_in_the_module_table() -> None:
         if not any(f"`{folder}/`" in r and f"`{path.name}`" in r for r in rows if folder):
             unnamed.append(rel)
     assert unnamed == []
+
+
+def _written(fn) -> str:
+    """`a, b, *, c="x"`: a signature's parameters as the docs write them (no annotations)."""
+    import inspect
+
+    parts, keyword_only = [], False
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and not keyword_only:
+            parts.append("*")
+            keyword_only = True
+        parts.append(str(p.replace(annotation=p.empty)).replace("'", '"'))
+    return ", ".join(parts)
+
+
+def test_kernel_launcher_signatures_are_the_code_s() -> None:
+    """docs/kernels.md's launcher table writes each launcher's parameters and defaults as the
+    code has them."""
+    import pagoda.kernels as kernels
+
+    page = (ROOT / "docs" / "kernels.md").read_text()
+    table = page.split("| launcher | file |", 1)[1].split("\n\n", 1)[0]
+    rows = re.findall(r"^\| `(\w+)\((.*?)\)(?: -> [^`]*)?` \|", table, re.M)
+    assert len(rows) >= 8
+    for name, documented in rows:
+        assert documented == _written(getattr(kernels, name)), name
