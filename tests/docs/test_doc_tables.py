@@ -131,3 +131,12 @@ def test_kernel_launcher_signatures_are_the_code_s() -> None:
     assert len(rows) >= 8
     for name, documented in rows:
         assert documented == _written(getattr(kernels, name)), name
+
+
+def test_readme_metric_names_are_documented_series() -> None:
+    """Every `pagoda:` series the README names is a row of docs/runtime.md's metrics table
+    (which tests/server/test_request_metrics.py holds against what the server exports)."""
+    section = RUNTIME.split("\n## Metrics (`/metrics`)\n", 1)[1].split("\n## ", 1)[0]
+    table = set(re.findall(r"`(pagoda:\w+)`", section))
+    named = set(re.findall(r"`(pagoda:\w+)", README))
+    assert len(named) > 10 and named - table == set()
