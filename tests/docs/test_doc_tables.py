@@ -140,3 +140,39 @@ def test_readme_metric_names_are_documented_series() -> None:
     table = set(re.findall(r"`(pagoda:\w+)`", section))
     named = set(re.findall(r"`(pagoda:\w+)", README))
     assert len(named) > 10 and named - table == set()
+
+
+def _crd_spec_fields() -> set[str]:
+    """Dotted paths of the InferenceService CRD's spec fields (not inside list items, whose
+    types are Kubernetes' own: EnvVar, Toleration)."""
+    import yaml
+
+    crd = yaml.safe_load((ROOT / "crds" / "inferenceservice.yaml").read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v.get("storage")]
+    fields = set()
+
+    def walk(schema: dict, prefix: str) -> None:
+        for name, sub in (schema.get("properties") or {}).items():
+            fields.add(prefix + name)
+            walk(sub, f"{prefix}{name}.")
+
+    walk(version["schema"]["openAPIV3Schema"]["properties"]["spec"], "")
+    return fields
+
+
+def test_operator_md_documents_every_crd_spec_field() -> None:
+    """docs/operator.md's "CRD reference (`spec`)" has a row naming each field of the CRD's
+    spec, and names none it lacks (`resources.cpu` / `memory`, `apiKeySecretRef.name` / `.key`:
+    later names in a cell are the first one's siblings)."""
+    page = (ROOT / "docs" / "operator.md").read_text()
+    section = page.split("## CRD reference (`spec`)", 1)[1].split("\n## ", 1)[0]
+    documented = set()
+    for line in section.splitlines():
+        names = re.findall(r"`([\w.]+)`", line.split(" | ", 1)[0]) if line.startswith("| `") else []
+        for i, name in enumerate(names):
+            parent = names[0].rpartition(".")[0] if i else ""
+            documented.add(f"{parent}.{name.lstrip('.')}" if parent else name)
+    fields = _crd_spec_fields()
+    assert documented - fields == set(), "documented fields the CRD lacks"
+    parents = {f.rpartition(".")[0] for f in fields}
+    assert {f for f in fields if f not in parents} - documented == set(), "undocumented fields"
