@@ -7,6 +7,7 @@ without a row, or a flag renamed, leaves the docs behind without this)."""
 from __future__ import annotations
 
 import re
+from argparse import SUPPRESS
 from pathlib import Path
 
 from pagoda.runtime import options
@@ -59,11 +60,12 @@ def test_readme_names_every_tool_call_and_reasoning_parser() -> None:
 
 
 def _flags(parser_module: str) -> set[str]:
+    """The options of `pagoda NAME` but the hidden ones (tests only, left out of --help)."""
     from pagoda.runtime.cli import build_parser
 
     parser, _ = build_parser([parser_module])
     sub = next(a for a in parser._actions if a.dest == "command").choices[parser_module]
-    return {s for a in sub._actions for s in a.option_strings}
+    return {s for a in sub._actions if a.help != SUPPRESS for s in a.option_strings}
 
 
 def test_readme_usage_flags_exist() -> None:
@@ -176,3 +178,13 @@ def test_operator_md_documents_every_crd_spec_field() -> None:
     assert documented - fields == set(), "documented fields the CRD lacks"
     parents = {f.rpartition(".")[0] for f in fields}
     assert {f for f in fields if f not in parents} - documented == set(), "undocumented fields"
+
+
+def test_every_serve_and_tune_flag_is_named_in_the_docs() -> None:
+    """A new `pagoda serve` / `pagoda tune` flag is named in README.md or docs/*.md (one of a
+    `--x` / `--no-x` pair, or `--[no-]x`, names both)."""
+    text = README + "".join(p.read_text() for p in sorted((ROOT / "docs").glob("*.md")))
+    named = {f"--{name}" for _, name in re.findall(r"--(\[no-\])?([a-z][a-z0-9-]*)", text)}
+    for flag in sorted((_flags("serve") | _flags("tune")) - {"-h", "--help"}):
+        pair = flag.replace("--no-", "--", 1) if flag.startswith("--no-") else "--no-" + flag[2:]
+        assert flag in named or pair in named, f"{flag} is in no doc"
