@@ -45,6 +45,9 @@ def _add(p: argparse.ArgumentParser, f: Flag) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from pagoda.runtime.server.cli import DefaultsHelpFormatter  # torch-free, as this module
+
+    p.formatter_class = DefaultsHelpFormatter  # --help shows each default, as serve's does
     for f in TUNE_FLAGS.values():
         _add(p, f)
 
