@@ -8,6 +8,7 @@ Megatron-style sharding, as vLLM's: rank r of N holds
   N / Hkv ranks, so the grouped-query mapping of every query head is what it was on one device;
 - rows ``[r I/N, (r+1) I/N)`` of the MLP's gate and up (and those columns of down), per expert
   for a mixture of experts (I must divide by N);
+- a hybrid's Mamba2 heads and B/C groups as `model/mamba_shard.py` says;
 - rows ``[r V'/N, (r+1) V'/N)`` of the embedding and LM head, V' the vocabulary rounded up to a
   multiple of N (the padding rows are zeros on the embedding side and cut from the logits).
 
@@ -76,5 +77,14 @@ def check(config: ModelConfig, size: int) -> None:
     if problem is None and shared % size:
         problem = (f"--tensor-parallel-size {size} does not divide the shared expert's width "
                    f"(shared_expert_intermediate_size {shared})")  # fmt: skip
+    m = f.mamba
+    if problem is None and m is not None and m.num_layers:  # the Mamba2 mixers' heads, groups
+        from pagoda.runtime.model.mamba_shard import problem as mamba_problem
+
+        problem = mamba_problem(m, size)
+    moe = None if m is None else m.moe  # Nemotron-H's shared expert, split by width
+    if problem is None and moe is not None and moe.shared_intermediate % size:
+        problem = (f"--tensor-parallel-size {size} does not divide the shared expert's width "
+                   f"(moe_shared_expert_intermediate_size {moe.shared_intermediate})")  # fmt: skip
     if problem is not None:
         raise ValueError(problem)

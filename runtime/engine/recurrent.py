@@ -4,8 +4,8 @@ layers, `model_configs.MambaConfig`): checked and applied once, at start.
 - Prefix caching is off: a cached prefix's KV blocks hold the attention layers' keys and values
   but not the Mamba layers' state after it, so a hit could not skip those tokens (vLLM v1 keeps
   per-block state snapshots for that; not done here). A log line says so.
-- Tensor parallelism and FP8 are refused in one line (neither is implemented for the Mamba
-  layers).
+- FP8 is refused in one line (not implemented for the Mamba layers). Tensor parallelism splits
+  the mixers by heads (`model/mamba_shard.py`), checked with the rest (`distributed.layout`).
 - Preemption recomputes (the scheduler's only mode): the state slot is zeroed when the sequence
   starts again (`worker/mamba_state.py`).
 """
@@ -25,9 +25,6 @@ def check_engine(mc: ModelConfig, tensor_parallel_size: int, quantization: str |
     `quantization`: --quantization, or the checkpoint's own ("fp8")."""
     if mc.family.mamba is None:
         return
-    if tensor_parallel_size > 1 and keeps_state(mc):  # (attention alone splits as Llama's)
-        raise ValueError(f"--tensor-parallel-size {tensor_parallel_size}: a {mc.architecture} "
-                         "model (Mamba2 layers) runs on one rank only")  # fmt: skip
     if quantization is not None:
         raise ValueError(f"{quantization} quantization is not supported for a "
                          f"{mc.architecture} model (Mamba2 layers): serve its 16-bit "

@@ -91,8 +91,7 @@ class NemotronHLayer(LlamaLayer):
         self.attn_norm = model.read_norm(w, prefix + "input_layernorm.weight")
         self.mlp = model.make_mlp(w, prefix, index, ctx)
         if m.layers[index]:
-            self.mixer = Mamba2Mixer(m, w, prefix, index, c.rms_norm_eps,
-                                     lambda names: linear_layer(ctx, w, names))  # fmt: skip
+            self.mixer = Mamba2Mixer(m, w, prefix, index, c.rms_norm_eps, ctx)
 
     def linears(self):
         if self.attends:

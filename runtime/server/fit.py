@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig, fp8_runs_on
+from pagoda.runtime.model import mamba_shard
 from pagoda.runtime.server import memory
 from pagoda.runtime.server import weights as weights_of
 from pagoda.runtime.server.memory import gib
@@ -83,7 +84,7 @@ class Plan:
 
     def state_bytes(self, mc: ModelConfig) -> int:
         """A hybrid's Mamba state slots, one per sequence (`worker/mamba_state.py`)."""
-        m = mc.family.mamba
+        m = mamba_shard.local(mc.family.mamba, self.tp)  # this rank's heads
         return 0 if m is None else m.state_bytes(self.dtype, self.max_num_seqs)
 
     def need(self, mc: ModelConfig) -> int:
@@ -214,12 +215,10 @@ def message(
 
 def _splits(mc: ModelConfig, tp: int) -> bool:
     """Whether `mc` can be split over `tp` ranks (`distributed.layout.check`: heads and widths
-    that divide; DeepSeek's latent attention not at all; a hybrid's Mamba layers not at all:
-    `engine/recurrent.py`), so that no refused size is offered."""
+    that divide, a hybrid's Mamba2 heads and groups too; DeepSeek's latent attention not at
+    all), so that no refused size is offered."""
     from pagoda.runtime.distributed.layout import check
 
-    if mc.family.mamba is not None and mc.family.mamba.num_layers:
-        return False
     try:
         check(mc, tp)
     except ValueError:

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig
+from pagoda.runtime.model import mamba_shard
 from pagoda.runtime.model.mamba2 import scan_bytes
 from pagoda.runtime.server import weights
 from pagoda.runtime.server.weights import gib  # used here, and by callers as `memory.gib`
@@ -141,8 +142,11 @@ def estimate(
     graphs = 0
     if device.type == "cuda" and cfg.enable_cuda_graphs:
         graphs = min(sched.max_num_seqs, CUDA_GRAPH_MAX_BATCH) * (width * 4 + 64)
-    m = mc.family.mamba
+    # one rank's Mamba state slots (its heads: `model/mamba_shard.py`), every rank's on a CPU
+    m = mamba_shard.local(mc.family.mamba, cfg.parallel.tensor_parallel_size)
     state = 0 if m is None else m.state_bytes(dtype, sched.max_num_seqs)
+    if device.type == "cpu":
+        state *= cfg.parallel.ranks_per_node
     return Footprint(w, kv, blocks, tables, rope, graphs,
                      step_bytes(mc, cfg, dtype, blocks or None), held.how, state)  # fmt: skip
 
@@ -162,10 +166,11 @@ def step_bytes(
     qkv = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
     per_token = (4 * mc.hidden_size + qkv + 3 * mc.intermediate_size) * dtype.itemsize
     scan = 0
-    if (m := mc.family.mamba) is not None:  # the chunked scan's float32 temporaries and the
-        # conv's padded input and output (`mamba2.ssd_scan_bytes`)
+    tp = cfg.parallel.tensor_parallel_size
+    if (m := mamba_shard.local(mc.family.mamba, tp)) is not None:  # the chunked scan's float32
+        # temporaries and the conv's padded input and output (`mamba2.ssd_scan_bytes`), a rank's
         per_token += 2 * m.conv_dim * 4
-        scan = scan_bytes(mc, tokens)
+        scan = scan_bytes(mc, tokens, tp)
     return tokens * per_token + scan + rows * mc.vocab_size * 8  # float32 logits, probabilities
 
 

@@ -313,7 +313,7 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         biases += f.num_experts * (2 * f.moe_intermediate_size / t + h + 1)  # experts, router
         projections += n * biases * item + n * 4 * heads
         norms = (2 * n + 1) * h * 4
-    hybrid = mc.hybrid_params() * item  # Mamba2 mixers (`model_configs.MambaConfig`; one rank)
+    hybrid = mc.hybrid_params(t) * item  # Mamba2 mixers (`model_configs.MambaConfig`), a rank's
     return math.ceil(projections + absorbed + (experts + embed) / t) + routers + norms + hybrid
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.core.sched_output import ScheduledRequest
+from pagoda.runtime.model import mamba_shard
 from pagoda.runtime.model.mamba2 import MambaStep, Prefill
 from pagoda.runtime.request import RUNNING, Request
 
@@ -36,15 +37,19 @@ class HostSlots:
     num_decodes: int
 
 
-def state_bytes(mc: ModelConfig, dtype: torch.dtype, max_num_seqs: int) -> int:
-    """The bytes of every slot (0 for a model without Mamba layers)."""
-    m = mc.family.mamba
+def state_bytes(mc: ModelConfig, dtype: torch.dtype, max_num_seqs: int, tp: int = 1) -> int:
+    """The bytes of one rank's slots (0 for a model without Mamba layers)."""
+    m = mamba_shard.local(mc.family.mamba, tp)
     return 0 if m is None else m.state_bytes(dtype, max_num_seqs)
 
 
 class MambaState:
-    def __init__(self, mc: ModelConfig, num_slots: int, dtype: torch.dtype, device) -> None:
-        m = mc.family.mamba
+    def __init__(
+        self, mc: ModelConfig, num_slots: int, dtype: torch.dtype, device, tp: int = 1
+    ) -> None:
+        """`tp`: the ranks the mixers are split over (this rank's heads and groups alone:
+        `model/mamba_shard.py`)."""
+        m = mamba_shard.local(mc.family.mamba, tp)
         self.m = m
         self.layers = [i for i, mamba in enumerate(m.layers) if mamba]
         self.states = {
@@ -60,8 +65,10 @@ class MambaState:
         self._free = list(range(num_slots - 1, -1, -1))
 
     @classmethod
-    def for_model(cls, mc: ModelConfig, num_slots: int, dtype, device) -> MambaState | None:
-        return None if mc.family.mamba is None else cls(mc, num_slots, dtype, device)
+    def for_model(
+        cls, mc: ModelConfig, num_slots: int, dtype, device, tp: int = 1
+    ) -> MambaState | None:
+        return None if mc.family.mamba is None else cls(mc, num_slots, dtype, device, tp)
 
     def layer_caches(self, kv_caches: list) -> list:
         """Every layer's entry of the step's caches: the attention layers' paged K and V

@@ -89,7 +89,7 @@ class ModelRunner:
         self.logits_hook: Callable[[list[Request], torch.Tensor], None] | None = None
         # a hybrid's Mamba layers: their state slots, before the KV budget is measured
         self.mamba = MambaState.for_model(mc, config.scheduler.max_num_seqs, self.dtype,
-                                          self.device)  # fmt: skip
+                                          self.device, 1 if tp is None else tp.size)  # fmt: skip
         self.num_blocks = self._num_blocks(max_model_len)
         if tp is not None:  # the same pool on every rank: what the fullest device holds
             self.num_blocks = tp.agree_min(self.num_blocks)
@@ -205,7 +205,8 @@ class ModelRunner:
             used = total - free
             # activations and CUDA graphs, and a hybrid's chunked-scan temporaries
             tokens = self.config.scheduler.max_num_batched_tokens
-            headroom = options.GPU_HEADROOM + mamba2.scan_bytes(self.model_config, tokens)
+            ranks = 1 if self.tp is None else self.tp.size
+            headroom = options.GPU_HEADROOM + mamba2.scan_bytes(self.model_config, tokens, ranks)
             budget = int(total * cache.gpu_memory_utilization) - used - headroom
         else:
             budget = CPU_DEFAULT_KV_BYTES
