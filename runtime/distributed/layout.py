@@ -82,9 +82,12 @@ def check(config: ModelConfig, size: int) -> None:
         from pagoda.runtime.model.mamba_shard import problem as mamba_problem
 
         problem = mamba_problem(m, size)
-    moe = None if m is None else m.moe  # Nemotron-H's shared expert, split by width
-    if problem is None and moe is not None and moe.shared_intermediate % size:
-        problem = (f"--tensor-parallel-size {size} does not divide the shared expert's width "
-                   f"(moe_shared_expert_intermediate_size {moe.shared_intermediate})")  # fmt: skip
+    moe = None if m is None else m.moe  # Nemotron-H's experts, split by width
+    widths = {} if moe is None else {"moe_intermediate_size": moe.intermediate,
+                                     "moe_shared_expert_intermediate_size": moe.shared_intermediate}  # fmt: skip
+    for key, width in widths.items():
+        if problem is None and width % size:
+            problem = (f"--tensor-parallel-size {size} does not divide the experts' width "
+                       f"({key} {width})")  # fmt: skip
     if problem is not None:
         raise ValueError(problem)

@@ -376,8 +376,9 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
         elif mc.family.mla is not None and _KV_B.search(name):
             total += _absorbed_kv_b(t, mc, lay, p)
         elif _MAMBA_TENSORS.search(name):  # a Mamba2 mixer's conv (a tensor, not a Linear),
-            # A and D in float32 (`model/mamba2.py`)
-            total += t.numel * (4 if name.endswith(("A_log", "D")) else p.dtype.itemsize)
+            # A and D in float32 (`model/mamba2.py`), this rank's channels and heads
+            n = t.numel * _mamba_share(name, mc, lay)
+            total += int(n) * (4 if name.endswith(("A_log", "D")) else p.dtype.itemsize)
         elif name.endswith(".weight") and len(t.shape) in (2, 3) and not norm:
             groups.setdefault(_group(name), []).append(t)
         elif norm and (
@@ -508,11 +509,35 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
     if re.search(r"\b[kv]_proj\.(weight|bias)$", part):
         k0, k1 = lay.kv_heads(mc.num_kv_heads)
         return (k1 - k0) * mc.head_dim, cols
+    if ".mamba." in part:  # this rank's rows of in_proj, columns of out_proj, heads' vectors
+        share = _mamba_share(name, mc, lay)
+        return (rows, int(cols * share)) if "out_proj.weight" in part else (int(rows * share), cols)
     if part.endswith(".weight") and _row_parallel(name):
         return rows, cols // lay.size  # input columns
     if re.search(r"(gate_proj|up_proj|w1|w3|input_linear|c_fc)\.(weight|bias)$", part):
         return rows // lay.size, cols  # output rows (experts: their intermediate width)
     return rows, cols  # norms, the router, o's and down's biases: whole on every rank
+
+
+def _mamba_share(name: str, mc: ModelConfig, lay) -> float:
+    """The part of a Mamba2 mixer's tensor one rank holds (`model/mamba_shard.py`): in_proj's
+    rows, the conv's channels, out_proj's input columns, the heads' A, D, dt_bias and norm
+    (out_proj's bias whole)."""
+    from pagoda.runtime.model import mamba_shard
+
+    m = mc.family.mamba
+    if lay.size == 1 or m is None or name.endswith("out_proj.bias"):
+        return 1.0
+    loc = mamba_shard.shard(m, lay).local
+    if "in_proj." in name:
+        return _in_proj_rows(loc) / _in_proj_rows(m)
+    if "conv1d." in name:
+        return loc.conv_dim / m.conv_dim
+    return loc.n_heads / m.n_heads  # A_log, D, dt_bias; norm and out_proj by d_inner alike
+
+
+def _in_proj_rows(m) -> int:
+    return m.d_inner + m.conv_dim + m.n_heads
 
 
 def _float32_router(t: Stored, p: Placement) -> int:

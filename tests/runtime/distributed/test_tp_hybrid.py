@@ -1,10 +1,11 @@
 """Tensor parallelism for the hybrids' Mamba2 mixers (`model/mamba_shard.py`) over gloo: two
 ranks give transformers' tokens and logits (1e-3) for Granite 4.0 (two B/C groups, one per
 rank; experts and the shared MLP split by width under one all-reduce), Bamba (one group
-replicated, its gated norm over a group both ranks hold half of), Nemotron-H (a single group;
-the MoE block's experts and shared expert split by width) and Falcon-H1 (µP multipliers on
-in_proj's five parts, the norm before the gate over a group split across the ranks). Each on
-the small pool: 16-token chunks, three prompts sharing steps, preempted and recomputed."""
+replicated, its gated norm over a group both ranks hold half of), Nemotron-H (the MoE block's
+experts and shared expert split by width, with latent projections and without; one group or
+two) and Falcon-H1 (µP multipliers on in_proj's five parts, the norm before the gate over a
+group split across the ranks). Each on the small pool: 16-token chunks, three prompts sharing
+steps, preempted and recomputed."""
 
 from __future__ import annotations
 
@@ -34,7 +35,14 @@ CASES = {
         dict(layers_block_type=["mamba", "moe", "attention", "mlp"], num_hidden_layers=4,
              mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=16, n_groups=1, chunk_size=8,
              head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-             moe_shared_expert_intermediate_size=48, moe_latent_size=32, use_bias=True),
+             moe_shared_expert_intermediate_size=48, use_bias=True),
+    ),
+    "nemotron-h-moe-latent": (  # the experts' sum projected back before the shared expert's
+        "NemotronH",
+        dict(layers_block_type=["mamba", "moe", "attention"], num_hidden_layers=3,
+             mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=8,
+             head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+             moe_shared_expert_intermediate_size=48, moe_latent_size=32),
     ),
     "falcon-h1": (
         "FalconH1",

@@ -247,21 +247,26 @@ def test_state_slots_and_kv_layers(built):
     assert runner.bytes_per_block == 16 * runner.backend.bytes_per_token(torch.float32)
 
 
-def test_tensor_parallel_and_fp8_refused(built):
-    """In the engine, and in `pagoda serve`'s checks before it binds (one line, exit 2)."""
+def test_fp8_refused_and_tensor_parallel_sizes_checked(built):
+    """FP8 in the engine and in `pagoda serve`'s checks before it binds (one line, exit 2); a
+    --tensor-parallel-size that does not split the Mamba2 heads or groups (`mamba_shard`) too
+    (two ranks run: tests/runtime/distributed/test_tp_hybrid.py)."""
     from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.model.mamba_shard import problem
     from pagoda.runtime.server.launch import check_recurrent
 
     path, _, loaded, _ = built("granite4-dense-nope")
-    with pytest.raises(ValueError, match="runs on one rank only"):
-        LLM(loaded=loaded, dtype="float32", tensor_parallel_size=2)
-    two = EngineConfig.create(str(path), device="cpu", tensor_parallel_size=2)
-    with pytest.raises(ValueError, match="--tensor-parallel-size 2: a granitemoehybrid model"):
-        check_recurrent(loaded.config, two, path)
+    check_recurrent(loaded.config, EngineConfig.create(str(path), device="cpu",
+                                                       tensor_parallel_size=2), path)  # fmt: skip
     fp8 = EngineConfig.create(str(path), device="cpu")
     fp8 = dataclasses.replace(fp8, quantization="fp8")  # (as a CUDA engine would take it)
     with pytest.raises(ValueError, match="fp8 quantization is not supported"):
         check_recurrent(loaded.config, fp8, path)
+    m = loaded.config.family.mamba  # 4 heads, 1 group
+    assert problem(m, 2) is None and problem(m, 4) is None
+    assert "does not divide the Mamba2 heads (mamba n_heads 4)" in problem(m, 8)
+    six = dataclasses.replace(m, n_heads=12, n_groups=4)  # 6 ranks: 4 groups neither way
+    assert problem(six, 2) is None and "n_groups 4" in problem(six, 6)
 
 
 def test_a_missing_mamba_tensor_is_refused_in_one_line(built):
