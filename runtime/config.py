@@ -246,8 +246,7 @@ class ModelConfig:
         """What a hybrid's layers hold beyond (or short of) Llama's shape on one of `tp` ranks:
         its Mamba2 mixers (the rank's heads, `model/mamba_shard.py`), less attention where a
         layer has none and (Nemotron-H) the MLP where it has none (both split by the ranks, KV
-        heads replicated when fewer); Nemotron-H's experts whole on every rank, its shared
-        expert split."""
+        heads replicated when fewer); Nemotron-H's experts and shared expert split by width."""
         from pagoda.runtime.model import mamba_shard
 
         m, h = self.family.mamba, self.hidden_size
@@ -259,9 +258,12 @@ class ModelConfig:
         out = m.num_layers * mixer - (self.num_layers - self.num_kv_layers) * attn
         if m.mlp_layers:  # an ungated MLP in those layers only
             out -= (self.num_layers - sum(m.mlp_layers)) * 2 * h * self.intermediate_size // tp
-        if m.moe is not None:  # Nemotron-H's MoE blocks
-            shared = 2 * h * m.moe.shared_intermediate
-            out += sum(m.moe.layers) * (m.moe.params(h) - shared + shared // tp)
+        if m.moe is not None:  # Nemotron-H's MoE blocks: the router and latent projections
+            e = m.moe  # whole on every rank
+            split = (
+                e.num_experts * 2 * (e.latent or h) * e.intermediate + 2 * h * e.shared_intermediate
+            )
+            out += sum(e.layers) * (e.params(h) - split + split // tp)
         return out
 
     @property

@@ -509,7 +509,7 @@ def _local(name: str, shape: tuple[int, ...], mc: ModelConfig, lay) -> tuple[int
     if re.search(r"\b[kv]_proj\.(weight|bias)$", part):
         k0, k1 = lay.kv_heads(mc.num_kv_heads)
         return (k1 - k0) * mc.head_dim, cols
-    if ".mamba." in part:  # this rank's rows of in_proj, columns of out_proj, heads' vectors
+    if part.startswith("mamba."):  # this rank's rows of in_proj, columns of out_proj, heads' vectors
         share = _mamba_share(name, mc, lay)
         return (rows, int(cols * share)) if "out_proj.weight" in part else (int(rows * share), cols)
     if part.endswith(".weight") and _row_parallel(name):

@@ -296,8 +296,9 @@ def test_the_weights_and_state_estimates(built, name):
     float32); the KV cache's bytes per token count the attention layers only."""
     from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.model import mamba_shard
     from pagoda.runtime.server import memory
-    from pagoda.runtime.server.weights import from_shapes
+    from pagoda.runtime.server.weights import estimate, from_shapes
 
     path, _, loaded, _ = built(name)
     check_estimate(path)
@@ -305,6 +306,15 @@ def test_the_weights_and_state_estimates(built, name):
     stored = sum(t.numel() for t in loaded.weights.values()) * 2  # every tensor, in bf16
     assert shapes == pytest.approx(stored, rel=0.02)
     mc = loaded.config
+    if mamba_shard.problem(mc.family.mamba, 2) is None:  # rank 0 of two: its heads' share
+        check_estimate(path, tp=2)
+        two = EngineConfig.create(str(path), device="cpu", dtype="bfloat16", max_num_seqs=8,
+                                  tensor_parallel_size=2)  # fmt: skip
+        unpacked = estimate(mc, two, path, device=torch.device("cuda"))  # (no CPU packing)
+        assert from_shapes(mc, torch.bfloat16, False, 2) == pytest.approx(unpacked.bytes, rel=0.02)
+        local = mamba_shard.local(mc.family.mamba, 2)  # every rank's slots, on this host
+        want = 2 * local.state_bytes(torch.bfloat16, 8)
+        assert memory.estimate(mc, two, path, torch.device("cpu")).parts()["Mamba state"] == want
     cfg = EngineConfig.create(str(path), device="cpu", dtype="bfloat16", max_num_seqs=8)
     fp = memory.estimate(mc, cfg, path, torch.device("cpu"))
     m = mc.family.mamba
