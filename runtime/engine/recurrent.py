@@ -4,8 +4,6 @@ layers, `model_configs.MambaConfig`): checked and applied once, at start.
 - Prefix caching is off: a cached prefix's KV blocks hold the attention layers' keys and values
   but not the Mamba layers' state after it, so a hit could not skip those tokens (vLLM v1 keeps
   per-block state snapshots for that; not done here). A log line says so.
-- FP8 is refused in one line (not implemented for the Mamba layers). Tensor parallelism splits
-  the mixers by heads (`model/mamba_shard.py`), checked with the rest (`distributed.layout`).
 - Preemption recomputes (the scheduler's only mode): the state slot is zeroed when the sequence
   starts again (`worker/mamba_state.py`).
 """
@@ -18,17 +16,6 @@ import logging
 from pagoda.runtime.config import EngineConfig, ModelConfig
 
 log = logging.getLogger(__name__)
-
-
-def check_engine(mc: ModelConfig, tensor_parallel_size: int, quantization: str | None) -> None:
-    """ValueError, one line, for what a model with Mamba layers is not served with here;
-    `quantization`: --quantization, or the checkpoint's own ("fp8")."""
-    if mc.family.mamba is None:
-        return
-    if quantization is not None:
-        raise ValueError(f"{quantization} quantization is not supported for a "
-                         f"{mc.architecture} model (Mamba2 layers): serve its 16-bit "
-                         "checkpoint")  # fmt: skip
 
 
 def keeps_state(mc: ModelConfig) -> bool:

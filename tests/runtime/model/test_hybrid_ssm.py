@@ -209,17 +209,12 @@ def _granite_4_micro(path):
 
 def test_granite_4_micro_all_attention_keeps_prefix_caching(tmp_path):
     """No layer of Granite-4.0-Micro keeps a recurrent state, so prefix caching stays on: a
-    second pass over the prompts hits the cache and still reads as transformers'. FP8 stays
-    refused (not run on these families here); two ranks are not (below)."""
+    second pass over the prompts hits the cache and still reads as transformers'."""
     from arch_cases import check_chunked_cached_batched
-    from pagoda.runtime.engine.recurrent import check_engine
 
     _, loaded, reference = _granite_4_micro(tmp_path)
     llm = check_chunked_cached_batched(loaded, reference, "granite-4.0-micro")
     assert llm.engine.config.cache.enable_prefix_caching and llm.engine.kv.prefix_hits > 0
-    check_engine(loaded.config, 2, None)
-    with pytest.raises(ValueError, match="fp8 quantization is not supported"):
-        check_engine(loaded.config, 1, "fp8")
 
 
 @pytest.mark.slow  # a second process (gloo): ~6 s on 2 busy cores
@@ -247,26 +242,25 @@ def test_state_slots_and_kv_layers(built):
     assert runner.bytes_per_block == 16 * runner.backend.bytes_per_token(torch.float32)
 
 
-def test_fp8_refused_and_tensor_parallel_sizes_checked(built):
-    """FP8 in the engine and in `pagoda serve`'s checks before it binds (one line, exit 2); a
-    --tensor-parallel-size that does not split the Mamba2 heads or groups (`mamba_shard`) too
-    (two ranks run: tests/runtime/distributed/test_tp_hybrid.py)."""
-    from pagoda.runtime.config import EngineConfig
+def test_tensor_parallel_sizes_that_do_not_split_the_mixers(built):
+    """A --tensor-parallel-size that does not split the Mamba2 heads or groups
+    (`mamba_shard.problem`), in `pagoda serve`'s checks before it binds (one line, exit 2); two
+    ranks run in tests/runtime/distributed/test_tp_hybrid.py."""
+    from pagoda.runtime.distributed.layout import check
     from pagoda.runtime.model.mamba_shard import problem
-    from pagoda.runtime.server.launch import check_recurrent
 
-    path, _, loaded, _ = built("granite4-dense-nope")
-    check_recurrent(loaded.config, EngineConfig.create(str(path), device="cpu",
-                                                       tensor_parallel_size=2), path)  # fmt: skip
-    fp8 = EngineConfig.create(str(path), device="cpu")
-    fp8 = dataclasses.replace(fp8, quantization="fp8")  # (as a CUDA engine would take it)
-    with pytest.raises(ValueError, match="fp8 quantization is not supported"):
-        check_recurrent(loaded.config, fp8, path)
+    _, _, loaded, _ = built("granite4-dense-nope")
     m = loaded.config.family.mamba  # 4 heads, 1 group
     assert problem(m, 2) is None and problem(m, 4) is None
     assert "does not divide the Mamba2 heads (mamba n_heads 4)" in problem(m, 8)
     six = dataclasses.replace(m, n_heads=12, n_groups=4)  # 6 ranks: 4 groups neither way
     assert problem(six, 2) is None and "n_groups 4" in problem(six, 6)
+    c = loaded.config
+    wide = dataclasses.replace(c, num_heads=12, num_kv_heads=6, intermediate_size=96,
+                               family=dataclasses.replace(c.family, mamba=six))  # fmt: skip
+    check(wide, 2)
+    with pytest.raises(ValueError, match="neither divides the Mamba2 groups"):
+        check(wide, 6)  # (attention and the MLP split over 6; the 12 Mamba2 heads too)
 
 
 def test_a_missing_mamba_tensor_is_refused_in_one_line(built):
