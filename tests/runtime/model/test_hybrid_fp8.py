@@ -123,3 +123,34 @@ def test_fp8_gemm_serves_the_checkpoint_and_online_quantization_alike(tmp_path, 
     top2 = theirs.topk(2, dim=-1).values
     clear = top2[:, 0] - top2[:, 1] > 2 * err
     assert (ours.argmax(-1) == theirs.argmax(-1))[clear].all()
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("name", CASES)
+def test_fp8_weights_estimate(tmp_path, name, tp):
+    """`server/weights.py` with FP8 projections: the config's shapes as the checkpoint's tensors
+    (on CUDA: no packing), one rank of `tp`; where the FP8 kernels run (the interpreter), the
+    estimate from the tensors against what rank 0 of the model built from them holds."""
+    from model_bytes import build, held_bytes
+    from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.group import TPGroup
+    from pagoda.runtime.distributed.layout import TPLayout
+    from pagoda.runtime.model.loader import read_model_config
+    from pagoda.runtime.quantization.fp8 import ONLINE_SCHEME
+    from pagoda.runtime.server import weights
+
+    arch, overrides = CASES[name]
+    make_tiny_model(tmp_path, arch, **overrides)
+    mc = read_model_config(str(tmp_path))
+    ckpt = weights.read_checkpoint(tmp_path, mc.architecture)
+    place = weights.Placement(torch.bfloat16, "cuda", tp, ONLINE_SCHEME)
+    got, notes = weights.resident(ckpt, mc, place)
+    assert int(notes["fp8"]) >= 2 * mc.family.mamba.num_layers  # in_proj and out_proj too
+    assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, True, tp), rel=0.02)
+    if os.environ["TRITON_INTERPRET"] != "1":
+        return
+    group = None if tp == 1 else TPGroup(TPLayout(0, tp), torch.device("cpu"), None, None)
+    held = held_bytes(build(tmp_path, torch.bfloat16, tp=group, fp8=ONLINE_SCHEME))
+    cfg = EngineConfig.create(str(tmp_path), device="cpu", dtype="bfloat16", quantization="fp8",
+                              tensor_parallel_size=tp)  # fmt: skip
+    assert weights.estimate(mc, cfg, tmp_path).bytes == pytest.approx(held, rel=0.02)
