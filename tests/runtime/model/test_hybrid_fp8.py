@@ -154,3 +154,21 @@ def test_fp8_weights_estimate(tmp_path, name, tp):
     cfg = EngineConfig.create(str(tmp_path), device="cpu", dtype="bfloat16", quantization="fp8",
                               tensor_parallel_size=tp)  # fmt: skip
     assert weights.estimate(mc, cfg, tmp_path).bytes == pytest.approx(held, rel=0.02)
+
+
+@pytest.mark.slow  # two ranks (gloo) through the interpreter's FP8 GEMM: ~20 s
+@pytest.mark.skipif(os.environ["TRITON_INTERPRET"] != "1", reason="the CPU run of FP8 kernels")
+@pytest.mark.parametrize("name", ["bamba"])
+def test_two_ranks_in_fp8_give_one_ranks_tokens(tmp_path, name):
+    """``--quantization fp8`` over two ranks: each rank's in_proj rows (its z, x, B, C and dt
+    parts) and out_proj columns quantized as one rank's (`parallel_linear.fp8_rows`); the
+    tokens of one rank's FP8 engine, the prompts' logits close (each rank scales its slice of a
+    row-parallel input by its own amax, as vLLM)."""
+    orig, _, _ = write_fp8_hybrid(tmp_path, name)
+    args = dict(attention_backend="triton", quantization="fp8", **ENGINE)
+    one, two_logits = [], []
+    want = greedy(LLM(loaded=load_model(str(orig)), **args), 3, first=one)
+    with LLM(str(orig), loaded=load_model(str(orig)), tensor_parallel_size=2, **args) as two:
+        assert greedy(two, 3, first=two_logits) == want
+    one, two_logits = torch.stack(one), torch.stack(two_logits)
+    assert (one - two_logits).abs().max() < 0.05 * one.abs().max()
