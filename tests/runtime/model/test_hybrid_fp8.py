@@ -22,7 +22,7 @@ import re
 
 import pytest
 import torch
-from fp8_testlib import PROMPTS, _write_pair, greedy
+from fp8_testlib import PROMPTS, _write_pair, greedy, quantize_blocks
 from hf_oracle import make_tiny_model
 from pagoda.kernels import fp8 as math
 from pagoda.runtime import LLM
@@ -59,8 +59,9 @@ LINEAR = re.compile(r"\.(in_proj|out_proj|[qkvo]_proj|gate_proj|up_proj|down_pro
 ENGINE = dict(dtype="float32", max_num_batched_tokens=16, max_num_seqs=4, kv_cache_memory=4 << 20)
 
 
-def write_fp8_hybrid(root, name: str):
-    """(the 16-bit original, its FP8 export, the export dequantized), as `write_fp8_pair`."""
+def write_fp8_hybrid(root, name: str, block: tuple[int, int] | None = None):
+    """(the 16-bit original, its FP8 export, the export dequantized), as `write_fp8_pair`;
+    `block`: block-wise scales (`weight_scale_inv` per tile, DeepSeek-V3's form)."""
     orig, q, deq = root / "orig", root / "fp8", root / "dequantized"
     arch, overrides = CASES[name]
     make_tiny_model(orig, arch, **overrides)
@@ -69,10 +70,16 @@ def write_fp8_hybrid(root, name: str):
         if t.dim() != 2 or not LINEAR.search(key):
             quant[key] = dense[key] = t
             continue
+        if block is not None:
+            codes, scales, dense[key] = quantize_blocks(t.float(), block)
+            quant[key], quant[key.removesuffix("weight") + "weight_scale_inv"] = codes, scales
+            continue
         codes, scale = math.quantize_weight(t)
         quant[key], quant[key.removesuffix("weight") + "weight_scale"] = codes, scale
         dense[key] = math.dequantize(codes, scale.reshape(-1, 1))
     config = {"quant_method": "fp8", "activation_scheme": "dynamic", "ignored_layers": ["lm_head"]}
+    if block is not None:
+        config["weight_block_size"] = list(block)
     _write_pair(orig, (q, quant, config), (deq, dense))
     return orig, q, deq
 
@@ -91,6 +98,18 @@ def test_fp8_checkpoint_dequantized_on_a_cpu_matches_its_dense_twin(tmp_path, na
     _, q, deq = write_fp8_hybrid(tmp_path, name)
     fp8 = LLM(loaded=load_model(str(q)), **ENGINE)
     assert greedy(fp8, 4) == greedy(LLM(loaded=load_model(str(deq)), **ENGINE), 4)
+
+
+def test_block_wise_fp8_checkpoint_loads_dequantized(tmp_path):
+    """A block-wise FP8 export (16 x 16 tiles, partial ones at in_proj's edge: 2 x 128 + 2 x 2 x
+    16 + 4 rows) of Nemotron-H under its `backbone.` names: dequantized at load on every
+    device, the tokens of its dequantized twin."""
+    _, q, deq = write_fp8_hybrid(tmp_path, "nemotron-h-moe", block=(16, 16))
+    loaded = load_model(str(q))
+    assert loaded.fp8_scheme.block == (16, 16)
+    assert greedy(LLM(loaded=loaded, **ENGINE), 4) == greedy(
+        LLM(loaded=load_model(str(deq)), **ENGINE), 4
+    )
 
 
 @pytest.mark.slow  # Triton's interpreter for every FP8 GEMM: ~10 s a case on 2 busy cores
