@@ -26,6 +26,10 @@ d_state]. A step's rows are decodes first, then prefill chunks (`attention.base`
   as transformers' `mamba2_chunk_scan`) from its SSM state; the final states go back to their
   slots, so a prompt split over steps (chunked prefill) computes what one pass would. No loop
   over sequences, no host sync (the layout is built on the host from the scheduled lengths).
+
+With tensor parallelism a rank holds its heads and the B/C groups they read (`mamba_shard.py`):
+in_proj column-parallel (its rows of each of the five parts), out_proj row-parallel, the gated
+norm's sums of squares gathered where one group spans ranks; its state slots hold its heads.
 """
 
 from __future__ import annotations
