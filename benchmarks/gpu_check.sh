@@ -210,21 +210,17 @@ TAIL=40 step moe 540 $PY benchmarks/gpu_throughput.py --shape qwen3-30b-a3b --tu
 # gpt-oss, then the MoE families' experts in the fused-MoE kernel (ERNIE 4.5 MoE, Hunyuan,
 # dots.llm1, MiniMax-M2, PhiMoE, EXAONE MoE, FlexOlmo, AfMoE). families2: FAMILY_TESTS2, the
 # dense families (test_dense_archs: heads of 80, 96, 112, 256 with partial rotary ...), GLM,
-# Cohere, GLM-4.5 and the rest. Each family's tiny model against transformers on the GPU with
+# Cohere, GLM-4.5, the learned-position and ALiBi families (test_position_archs) and the rest. Each family's tiny model against transformers on the GPU with
 # CUDA graphs, eager decodes as the graphs', no host sync in any step's launch. Between them
 # the two lists hold every test file of tests/runtime/model with a gpu-marked test
 # (tests/benchmarks/test_gpu_check.py checks it); set either to a subset to rerun what a
 # cut-off call left.
 FAMILY_TESTS=${FAMILY_TESTS:-tests/runtime/model/test_deepseek.py \
     tests/runtime/model/test_hybrid_ssm.py tests/runtime/model/test_llama4.py \
-    tests/runtime/model/test_gpt_oss.py tests/runtime/model/test_ernie4_5_moe.py \
-    tests/runtime/model/test_hunyuan.py tests/runtime/model/test_dots1.py \
-    tests/runtime/model/test_minimax_m2.py tests/runtime/model/test_phimoe.py \
-    tests/runtime/model/test_exaone_moe.py tests/runtime/model/test_flex_olmo.py \
-    tests/runtime/model/test_afmoe.py}
+    tests/runtime/model/test_gpt_oss.py tests/runtime/model/test_moe_families.py}
 FAMILY_TESTS2=${FAMILY_TESTS2:-tests/runtime/model/test_dense_archs.py \
     tests/runtime/model/test_glm_cohere.py tests/runtime/model/test_glm4_moe.py \
-    tests/runtime/model/test_more_archs.py}
+    tests/runtime/model/test_more_archs.py tests/runtime/model/test_position_archs.py}
 TAIL=40 step families 540 bash -c '
     $1 -m pytest -q -rs -p no:cacheprovider -m gpu --timeout 150 tests/kernels/test_kernel_latent.py
     latent=$?

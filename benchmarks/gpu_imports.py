@@ -32,6 +32,10 @@ BENCH = ROOT / "benchmarks"
 # Third-party imports of runtime/ that no GPU step reaches, so not carried: s3:// models
 # (boto3, botocore), structured outputs and tool calls (xgrammar), the operator's (kopf).
 LAZY = {"boto3": "s3:// models", "botocore": "s3:// models", "xgrammar": "structured outputs"}
+# Imported only where they are used, so the GPU steps import without them even where the node
+# has them (test_gpu_imports): sentencepiece reads a tokenizer.model without tokenizer.json
+# (model/spm_files.py)
+OPTIONAL = frozenset({"sentencepiece"})
 
 # What the GPU steps import: `pagoda serve` (API process and engine-core process), `pagoda tune`,
 # and the benchmarks gpu_check.sh runs.
@@ -175,14 +179,18 @@ def with_their_needs(dists: set[str]) -> set[str]:
     return seen
 
 
-def blocker(allowed: set[str]) -> str:
-    """Python source that makes the distributions outside `allowed` absent."""
-    return BLOCKER % sorted(with_their_needs(node_packages()) | allowed)
+def blocker(allowed: set[str], absent: frozenset[str] = frozenset()) -> str:
+    """Python source that makes the distributions outside `allowed` (and those `absent`, even
+    where the node has them) absent."""
+    return BLOCKER % sorted((with_their_needs(node_packages()) | allowed) - absent)
 
 
-def dynamic_check(allowed: set[str], modules: list[str]) -> tuple[int, str]:
-    """Import the modules in a fresh interpreter that cannot import what the node lacks."""
-    cmd = [sys.executable, "-P", "-c", blocker(allowed) + CHECK, str(BENCH), *modules]
+def dynamic_check(
+    allowed: set[str], modules: list[str], absent: frozenset[str] = frozenset()
+) -> tuple[int, str]:
+    """Import the modules in a fresh interpreter that cannot import what the node lacks (nor
+    `absent`: a package the GPU steps must import only lazily)."""
+    cmd = [sys.executable, "-P", "-c", blocker(allowed, absent) + CHECK, str(BENCH), *modules]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     return proc.returncode, proc.stdout + proc.stderr[-2000:]
 

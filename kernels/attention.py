@@ -121,6 +121,7 @@ def paged_attention(
     flash_prefill: bool = True,
     sinks: torch.Tensor | None = None,
     attention_chunk: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a ragged batch against a paged KV cache (module docstring).
 
@@ -137,12 +138,13 @@ def paged_attention(
     the softmax scale and the V scale multiplies the output. ``flash_prefill=False`` runs the
     prefill rows in the unified kernel instead of the prefill kernel (comparisons). ``sinks``:
     float32 ``[H]`` attention sinks; ``attention_chunk``: chunked attention's chunk (module
-    docstring). Returns ``out``.
+    docstring); ``alibi_slopes``: float32 ``[H]``, each score plus slope * (key - query)
+    (ALiBi: BLOOM, MPT; the kernels' ``HAS_ALIBI`` path). Returns ``out``.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _validate(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out)
-    scales = [t for t in (k_scale, v_scale, sinks) if t is not None]
+    scales = [t for t in (k_scale, v_scale, sinks, alibi_slopes) if t is not None]
     check_device(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, *scales)
     kv_scale_args(k_cache, k_scale, v_scale, seq_lens)  # validated once, before any launch
     num_seqs = seq_lens.shape[0]
@@ -168,6 +170,7 @@ def paged_attention(
                     softcap=softcap, k_scale=_kv_head(k_scale, kv), v_scale=_kv_head(v_scale, kv),
                     flash_prefill=flash_prefill, sinks=None if sinks is None else sinks[heads],
                     attention_chunk=attention_chunk,
+                    alibi_slopes=None if alibi_slopes is None else alibi_slopes[heads],
                 )  # fmt: skip
         return out
     if flash_prefill:
@@ -175,6 +178,7 @@ def paged_attention(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
             max_seq_len, scale, out, num_decodes, num_kv_splits, batch_invariant, sliding_window,
             softcap, k_scale, v_scale, sinks, attention_chunk=attention_chunk,
+            alibi_slopes=alibi_slopes,
         )  # fmt: skip
         return out
     first_seq = 0
@@ -182,7 +186,7 @@ def paged_attention(
         first_seq = _launch_decodes(
             q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_decodes,
             num_decodes == num_seqs, max_seq_len, num_kv_splits, sliding_window, softcap,
-            k_scale, v_scale, sinks, attention_chunk=attention_chunk,
+            k_scale, v_scale, sinks, attention_chunk=attention_chunk, alibi_slopes=alibi_slopes,
         )  # fmt: skip
     if first_seq < num_seqs:
         bucket = INVARIANT_QUERY_LEN if batch_invariant else max_query_len
@@ -205,6 +209,7 @@ def paged_attention(
             v_scale=v_scale,
             sinks=sinks,
             attention_chunk=attention_chunk,
+            alibi_slopes=alibi_slopes,
         )
     return out
 
@@ -227,6 +232,7 @@ def _launch_decodes(
     v_scale: torch.Tensor | None,
     sinks: torch.Tensor | None = None,
     attention_chunk: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> int:
     """Run the leading decodes through the split-KV kernel when it splits (or when the batch is
     all decodes); returns how many sequences it took (0: the unified kernel does them)."""
@@ -267,6 +273,7 @@ def _launch_decodes(
         v_scale=v_scale,
         sinks=sinks,
         attention_chunk=attention_chunk,
+        alibi_slopes=alibi_slopes,
     )
     return num_decodes
 
@@ -304,6 +311,7 @@ def _flash_launches(
     v_scale: torch.Tensor | None,
     sinks: torch.Tensor | None = None,
     attention_chunk: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> None:
     """Decodes (split-KV, or the prefill kernel's decode launch when batch-invariant), then the
     other sequences in the prefill kernel."""
@@ -313,7 +321,7 @@ def _flash_launches(
         q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens,
         query_start_loc=query_start_loc, scale=scale, out=out, sliding_window=sliding_window,
         softcap=softcap, k_scale=k_scale, v_scale=v_scale, sinks=sinks,
-        attention_chunk=attention_chunk,
+        attention_chunk=attention_chunk, alibi_slopes=alibi_slopes,
     )  # fmt: skip
     if num_decodes > 0 and batch_invariant:
         launch_prefill_attention(
@@ -324,7 +332,7 @@ def _flash_launches(
         _launch_decodes(
             q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_decodes, True,
             max_seq_len, num_kv_splits, sliding_window, softcap, k_scale, v_scale, sinks,
-            attention_chunk=attention_chunk,
+            attention_chunk=attention_chunk, alibi_slopes=alibi_slopes,
         )  # fmt: skip
     if num_decodes < num_seqs:
         launch_prefill_attention(

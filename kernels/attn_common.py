@@ -69,6 +69,20 @@ def sinks_arg(sinks: torch.Tensor | None, num_heads: int, fallback: torch.Tensor
     return sinks, True
 
 
+def alibi_arg(slopes: torch.Tensor | None, num_heads: int, fallback: torch.Tensor):
+    """``(slopes, HAS_ALIBI)`` for the kernels: ALiBi (BLOOM, MPT), one float32 slope per
+    query head, each score plus ``slope * (key_pos - query_pos)`` (`add_alibi`); without them
+    ``fallback`` stands in, never read."""
+    if slopes is None:
+        return fallback, False
+    if slopes.dtype != torch.float32 or slopes.shape != (num_heads,) or not slopes.is_contiguous():
+        raise ValueError(f"alibi_slopes must be contiguous float32 [num_heads={num_heads}], got "
+                         f"{tuple(slopes.shape)} {slopes.dtype}")  # fmt: skip
+    if slopes.device != fallback.device:
+        raise ValueError(f"alibi_slopes are on {slopes.device}, the attention on {fallback.device}")
+    return slopes, True
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """How :func:`mma` multiplies. fp32 caches get exact products ("ieee"; the default would be
     TF32). Half types take the backend's default (tensor cores). Triton 3.9's interpreter
@@ -277,6 +291,24 @@ def widen_kv(k, v, dtype, KV_FP8: tl.constexpr):
         k = k.to(dtype)
         v = v.to(dtype)
     return k, v
+
+
+@triton.jit
+def alibi_slopes(alibi_ptr, head, head_mask, HAS_ALIBI: tl.constexpr):
+    """Each row's ALiBi slope in log2 units (the scores' `scores`), by query head; zeros
+    without ``HAS_ALIBI`` (never read then)."""
+    if HAS_ALIBI:
+        return tl.load(alibi_ptr + head, mask=head_mask, other=0.0) * 1.4426950408889634
+    return tl.zeros(head.shape, dtype=tl.float32)
+
+
+@triton.jit
+def add_alibi(s, slope, kv_pos, q_pos, HAS_ALIBI: tl.constexpr):
+    """Scores ``s`` [rows, TILE_SIZE] (log2 units) plus each row's ``slope`` (`alibi_slopes`)
+    times ``kv_pos - q_pos`` (ALiBi), before the mask; as given without ``HAS_ALIBI``."""
+    if HAS_ALIBI:
+        s = s + slope[:, None] * (kv_pos[None, :] - q_pos[:, None]).to(tl.float32)
+    return s
 
 
 @triton.jit

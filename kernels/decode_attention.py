@@ -18,7 +18,10 @@ import triton
 import triton.language as tl
 from pagoda.kernels._common import cdiv, next_pow2, prev_pow2
 from pagoda.kernels.attn_common import (
+    add_alibi,
     add_sink,
+    alibi_arg,
+    alibi_slopes,
     chunk_arg,
     first_key,
     kv_scale_args,
@@ -53,6 +56,7 @@ def _decode_stage1_kernel(
     v_scale_ptr,  # [1] or [num_kv_heads] float32
     stride_kv_scale,
     sinks_ptr,  # [NUM_HEADS] float32 attention sinks, read when HAS_SINKS (one split only)
+    alibi_ptr,  # [NUM_HEADS] float32 ALiBi slopes, read when HAS_ALIBI
     stride_q_tok,
     stride_q_head,
     stride_o_tok,
@@ -77,6 +81,7 @@ def _decode_stage1_kernel(
     KV_FP8: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     CHUNKED: tl.constexpr,  # chunked attention: `chunk` is read (`attn_common.first_key`)
+    HAS_ALIBI: tl.constexpr,  # ALiBi: slope * (key - query) on each score (`add_alibi`)
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -114,6 +119,8 @@ def _decode_stage1_kernel(
         scale = scale * k_s
 
     bt_row = block_tables_ptr + seq * stride_bt_seq
+    slope = alibi_slopes(alibi_ptr, head, head_mask, HAS_ALIBI)  # [BLOCK_H] (log2 units)
+    q_at = tl.zeros([BLOCK_H], dtype=tl.int32) + (seq_len - 1)  # the query's position
     # The single query sits at position seq_len - 1, so every key from kv_first on is visible.
     for kv_start in range(kv_lo, kv_hi, TILE_SIZE):
         kv_pos = kv_start + offs_t  # [TILE_SIZE]
@@ -137,6 +144,7 @@ def _decode_stage1_kernel(
         )
         k, v = widen_kv(k, v, q.dtype, KV_FP8)
         s = scores(q, k, scale, SOFTCAP, DOT_PRECISION)  # [BLOCK_H, TILE_SIZE]
+        s = add_alibi(s, slope, kv_pos, q_at, HAS_ALIBI)
         s = tl.where(kv_mask[None, :] & head_mask[:, None], s, float("-inf"))
         m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION)
 
@@ -244,12 +252,14 @@ def launch_decode_attention(
     v_scale: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     attention_chunk: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> None:
     """Attention for the first ``num_decodes`` sequences (one query token each), over their
     last ``sliding_window`` keys when given (only those tiles are read); ``k_scale``/``v_scale``:
     an E4M3 cache's scales (`attn_common.kv_scale_args`); ``sinks``: attention sinks
     (`attn_common.add_sink`; with splits, added in stage 2's merge); ``attention_chunk`` C:
-    the query at p reads the keys p - p % C .. p only.
+    the query at p reads the keys p - p % C .. p only; ``alibi_slopes``: ALiBi
+    (`attn_common.add_alibi`).
 
     Grid: stage 1 ``(num_decodes, num_kv_heads, num_splits)``; stage 2 ``(num_decodes, heads)``,
     skipped when ``num_splits == 1`` (stage 1 then writes ``out`` itself).
@@ -272,6 +282,7 @@ def launch_decode_attention(
     else:  # unused by the kernel; any float32 pointer will do
         mid_o = mid_lse = out
     sinks, has_sinks = sinks_arg(sinks, num_heads, seq_lens)
+    alibi, has_alibi = alibi_arg(alibi_slopes, num_heads, seq_lens)
     _decode_stage1_kernel[(num_decodes, num_kv_heads, num_splits)](
         out,
         mid_o,
@@ -286,10 +297,12 @@ def launch_decode_attention(
         chunk_arg(attention_chunk),
         *kv_scale_args(k_cache, k_scale, v_scale, seq_lens),
         sinks,
+        alibi,
         *paged_strides(q, out, k_cache, v_cache, block_tables),
         NUM_HEADS=num_heads,
         HAS_SINKS=has_sinks,
         CHUNKED=attention_chunk is not None,
+        HAS_ALIBI=has_alibi,
         QUERIES_PER_KV=queries_per_kv,
         BLOCK_H=max(16, next_pow2(queries_per_kv)),
         NUM_SPLITS=num_splits,

@@ -41,7 +41,10 @@ import triton
 import triton.language as tl
 from pagoda.kernels._common import next_pow2
 from pagoda.kernels.attn_common import (
+    add_alibi,
     add_sink,
+    alibi_arg,
+    alibi_slopes,
     chunk_arg,
     dot_precision,
     first_key,
@@ -137,6 +140,7 @@ def _attend_tiles(
     q_abs,  # [BLOCK_M] absolute position of each row's query
     q_chunk,  # [BLOCK_M] where each row's attention chunk starts (read when CHUNKED)
     window,
+    slope,  # [BLOCK_M] each row's ALiBi slope, log2 units (read when HAS_ALIBI)
     k_cache_ptr,
     v_cache_ptr,
     bt_row,
@@ -158,6 +162,7 @@ def _attend_tiles(
     MASKED: tl.constexpr,
     DIM_PADDED: tl.constexpr,
     CHUNKED: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
 ):
     """Online softmax over the K/V tiles ``[kv_lo, kv_hi)``; ``MASKED`` tiles mask causality,
     the window or chunk and the range, the others are seen in full by every row."""
@@ -171,6 +176,7 @@ def _attend_tiles(
             COMPUTE_DTYPE, BLOCK_SIZE, MASKED, DIM_PADDED,
         )  # fmt: skip
         s = scores(q, k, scale, SOFTCAP, DOT_PRECISION)  # [BLOCK_M, TILE_SIZE]
+        s = add_alibi(s, slope, kv_pos, q_abs, HAS_ALIBI)  # (every tile: a bias, not a mask)
         if MASKED:
             visible = (kv_pos[None, :] <= q_abs[:, None]) & kv_mask[None, :]
             visible = visible & (kv_pos[None, :] > q_abs[:, None] - window)
@@ -206,6 +212,7 @@ def _prefill_attention_kernel(
     v_scale_ptr,  # [1] or [num_kv_heads] float32
     stride_kv_scale,
     sinks_ptr,  # [NUM_HEADS] float32 attention sinks, read when HAS_SINKS
+    alibi_ptr,  # [NUM_HEADS] float32 ALiBi slopes, read when HAS_ALIBI
     stride_q_tok,
     stride_q_head,
     stride_o_tok,
@@ -231,6 +238,7 @@ def _prefill_attention_kernel(
     KV_FP8: tl.constexpr,  # an E4M3 cache: tiles widened in `_load_kv`, scales applied here
     HAS_SINKS: tl.constexpr,  # attention sinks join each row's denominator (`add_sink`)
     CHUNKED: tl.constexpr,  # chunked attention: `chunk` is read (`attn_common.first_key`)
+    HAS_ALIBI: tl.constexpr,  # ALiBi: slope * (key - query) on each score (`add_alibi`)
 ):
     kv_head = tl.program_id(1)
     if ONE_TOKEN_PER_SEQ:
@@ -289,23 +297,27 @@ def _prefill_attention_kernel(
     )
     full_hi = tl.maximum((q_first + 1) // TILE_SIZE * TILE_SIZE, full_lo)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
+    slope = alibi_slopes(alibi_ptr, head, row_mask, HAS_ALIBI)  # [BLOCK_M] (log2 units)
     acc, acc_l, m_i = _attend_tiles(
-        acc, acc_l, m_i, q, ones, kv_lo, full_lo, kv_need, kv_end, q_abs, q_chunk, window,
+        acc, acc_l, m_i, q, ones, kv_lo, full_lo, kv_need, kv_end, q_abs, q_chunk, window, slope,
         k_cache_ptr, v_cache_ptr, bt_row, kv_head, offs_d, dim_mask, scale,
         stride_k_blk, stride_k_tok, stride_k_head, stride_v_blk, stride_v_tok, stride_v_head,
         compute_dtype, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, SOFTCAP, True, DIM_PADDED, CHUNKED,
+        HAS_ALIBI,
     )  # fmt: skip
     acc, acc_l, m_i = _attend_tiles(
-        acc, acc_l, m_i, q, ones, full_lo, full_hi, kv_need, kv_end, q_abs, q_chunk, window,
+        acc, acc_l, m_i, q, ones, full_lo, full_hi, kv_need, kv_end, q_abs, q_chunk, window, slope,
         k_cache_ptr, v_cache_ptr, bt_row, kv_head, offs_d, dim_mask, scale,
         stride_k_blk, stride_k_tok, stride_k_head, stride_v_blk, stride_v_tok, stride_v_head,
         compute_dtype, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, SOFTCAP, False, DIM_PADDED, CHUNKED,
+        HAS_ALIBI,
     )  # fmt: skip
     acc, acc_l, m_i = _attend_tiles(
-        acc, acc_l, m_i, q, ones, full_hi, kv_end, kv_need, kv_end, q_abs, q_chunk, window,
+        acc, acc_l, m_i, q, ones, full_hi, kv_end, kv_need, kv_end, q_abs, q_chunk, window, slope,
         k_cache_ptr, v_cache_ptr, bt_row, kv_head, offs_d, dim_mask, scale,
         stride_k_blk, stride_k_tok, stride_k_head, stride_v_blk, stride_v_tok, stride_v_head,
         compute_dtype, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, SOFTCAP, True, DIM_PADDED, CHUNKED,
+        HAS_ALIBI,
     )  # fmt: skip
 
     # Every column of acc_l holds the row's sum: the max picks it exactly, whatever the layout.
@@ -356,13 +368,15 @@ def launch_prefill_attention(
     v_scale: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     attention_chunk: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> None:
     """Attend for sequences ``[first_seq, last_seq)``, whose query rows are the tokens
     ``[first_token, last_token)``, in one launch (module docstring). ``one_token_per_seq``: each
     of them has exactly one query token (decodes); the grid is then one program per sequence.
     ``k_scale``/``v_scale``: an E4M3 cache's scales (`attn_common.kv_scale_args`); ``sinks``:
     attention sinks (`attn_common.add_sink`); ``attention_chunk`` C: a query at position p
-    sees the keys p - p % C .. p only (chunked attention), and its tiles start at its chunk's.
+    sees the keys p - p % C .. p only (chunked attention), and its tiles start at its chunk's;
+    ``alibi_slopes``: ALiBi (`attn_common.add_alibi`, on every tile, the full ones too).
 
     Grid: ``(last_token - first_token) // BLOCK_Q + (last_seq - first_seq)`` query tiles × KV
     heads, an upper bound from host ints only (CUDA-graph capturable); spare programs exit.
@@ -388,6 +402,7 @@ def launch_prefill_attention(
     if num_seqs <= 0 or grid[0] <= 0:
         return
     sinks, has_sinks = sinks_arg(sinks, num_heads, seq_lens)
+    alibi, has_alibi = alibi_arg(alibi_slopes, num_heads, seq_lens)
     _prefill_attention_kernel[grid](
         out,
         q,
@@ -403,6 +418,7 @@ def launch_prefill_attention(
         chunk_arg(attention_chunk),
         *kv_scale_args(k_cache, k_scale, v_scale, seq_lens),
         sinks,
+        alibi,
         *paged_strides(q, out, k_cache, v_cache, block_tables),
         QUERIES_PER_KV=queries_per_kv,
         HEAD_DIM=head_dim,
@@ -418,6 +434,7 @@ def launch_prefill_attention(
         KV_FP8=k_cache.dtype != q.dtype,
         HAS_SINKS=has_sinks,
         CHUNKED=attention_chunk is not None,
+        HAS_ALIBI=has_alibi,
         num_warps=int(config["num_warps"]),
         num_stages=int(config["num_stages"]),
     )

@@ -27,6 +27,7 @@ def paged_attention(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     attention_chunk: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention by absolute position, gathered through the block tables (float32 maths).
 
@@ -34,7 +35,8 @@ def paged_attention(
     Face's sliding-window mask); with ``softcap`` c, scores are c * tanh(scores / c) before the
     mask (Gemma); with ``sinks`` [H], each head's sink joins its softmax's denominator (a logit
     no value is read for, as Hugging Face's gpt-oss attention); with ``attention_chunk`` C,
-    the query at p sees the keys p - p % C .. p (Hugging Face's chunked mask, Llama 4). Only
+    the query at p sees the keys p - p % C .. p (Hugging Face's chunked mask, Llama 4); with
+    ``alibi_slopes`` [H], each head's scores plus slope * (key - query) (ALiBi). Only
     the blocks of the first query's window or chunk on are read.
     """
     del max_query_len, max_seq_len, num_decodes, num_kv_splits  # planning hints only
@@ -73,6 +75,9 @@ def paged_attention(
         if attention_chunk is not None:  # another chunk's key (transformers' chunked_overlay)
             c = attention_chunk
             hidden |= k_pos[None, None, :] // c != q_pos[None, :, None] // c
+        if alibi_slopes is not None:
+            rel = (k_pos[None, None, :] - q_pos[None, :, None]).float()
+            scores = scores + alibi_slopes.float()[:, None, None] * rel
         scores = scores.masked_fill(hidden, float("-inf"))
         if sinks is not None:  # a column for the sink, dropped after the softmax
             sink = sinks.float()[:, None, None].expand(-1, hi - lo, 1)

@@ -14,7 +14,10 @@ import triton
 import triton.language as tl
 from pagoda.kernels._common import next_pow2
 from pagoda.kernels.attn_common import (
+    add_alibi,
     add_sink,
+    alibi_arg,
+    alibi_slopes,
     chunk_arg,
     first_key,
     kv_scale_args,
@@ -78,6 +81,7 @@ def _unified_attention_kernel(
     v_scale_ptr,  # [1] or [num_kv_heads] float32
     stride_kv_scale,
     sinks_ptr,  # [NUM_HEADS] float32 attention sinks, read when HAS_SINKS
+    alibi_ptr,  # [NUM_HEADS] float32 ALiBi slopes, read when HAS_ALIBI
     stride_q_tok,
     stride_q_head,
     stride_o_tok,
@@ -101,6 +105,7 @@ def _unified_attention_kernel(
     KV_FP8: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     CHUNKED: tl.constexpr,  # chunked attention: `chunk` is read (`attn_common.first_key`)
+    HAS_ALIBI: tl.constexpr,  # ALiBi: slope * (key - query) on each score (`add_alibi`)
 ):
     q_block_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -147,6 +152,7 @@ def _unified_attention_kernel(
     # it was, so a row's bits do not depend on the block it is in.
     kv_need = first_key(context_len + q_block_local * BLOCK_Q, window, chunk, CHUNKED)
     q_chunk = q_abs - q_abs % chunk  # [BLOCK_M] each row's chunk start (used when CHUNKED)
+    slope = alibi_slopes(alibi_ptr, head, row_mask, HAS_ALIBI)  # [BLOCK_M] (log2 units)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
     for kv_start in range(kv_need // TILE_SIZE * TILE_SIZE, kv_end, TILE_SIZE):
         kv_pos = kv_start + offs_t  # [TILE_SIZE]
@@ -170,6 +176,7 @@ def _unified_attention_kernel(
         )
         k, v = widen_kv(k, v, q.dtype, KV_FP8)
         s = scores(q, k, scale, SOFTCAP, DOT_PRECISION)  # [BLOCK_M, TILE_SIZE]
+        s = add_alibi(s, slope, kv_pos, q_abs, HAS_ALIBI)
         visible = (kv_pos[None, :] <= q_abs[:, None]) & kv_mask[None, :] & row_mask[:, None]
         visible = visible & (kv_pos[None, :] > q_abs[:, None] - window)
         if CHUNKED:
@@ -208,13 +215,15 @@ def launch_unified_attention(
     v_scale: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     attention_chunk: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> None:
     """Attend for sequences ``first_seq..`` (tokens ``first_token..``), one launch; with
     ``sliding_window`` W a query sees its last W keys (itself included) and reads only their
     tiles; ``softcap`` caps the scores (`attn_common.scores`); ``k_scale``/``v_scale``: an E4M3
     cache's scales (`attn_common.kv_scale_args`); ``sinks``: attention sinks
     (`attn_common.add_sink`); ``attention_chunk`` C: a query at position p sees the keys
-    p - p % C .. p only, and reads from its chunk's tile on.
+    p - p % C .. p only, and reads from its chunk's tile on; ``alibi_slopes``: ALiBi
+    (`attn_common.add_alibi`).
 
     Grid: ``(num_tokens - first_token) // BLOCK_Q + (num_seqs - first_seq)`` q-blocks × KV heads,
     an upper bound computed from shapes alone.
@@ -230,6 +239,7 @@ def launch_unified_attention(
     if grid[0] <= 0:
         return
     sinks, has_sinks = sinks_arg(sinks, num_heads, seq_lens)
+    alibi, has_alibi = alibi_arg(alibi_slopes, num_heads, seq_lens)
     _unified_attention_kernel[grid](
         out,
         q,
@@ -245,10 +255,12 @@ def launch_unified_attention(
         chunk_arg(attention_chunk),
         *kv_scale_args(k_cache, k_scale, v_scale, seq_lens),
         sinks,
+        alibi,
         *paged_strides(q, out, k_cache, v_cache, block_tables),
         QUERIES_PER_KV=queries_per_kv,
         HAS_SINKS=has_sinks,
         CHUNKED=attention_chunk is not None,
+        HAS_ALIBI=has_alibi,
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
         SOFTCAP=softcap_arg(softcap),

@@ -40,7 +40,8 @@ def _positive(name: str, value: int) -> None:
 ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU (Llama, Qwen, Mixtral) and GeGLU (Gemma)
 # an ungated MLP's (`FamilyConfig.gated_mlp` false): StarCoder2's GELU, Arcee's ReLU²,
 # Apertus' xIELU (its parameters per layer, from the checkpoint)
-UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu", "gelu")  # (gelu: exact, Falcon's)
+UNGATED_ACTIVATIONS = ("gelu_tanh", "relu2", "xielu", "gelu", "relu")  # (gelu: exact; relu: OPT's)
+POSITIONS = ("rope", "learned", "alibi")  # `FamilyConfig.positions`
 
 
 @dataclass(frozen=True)
@@ -115,16 +116,35 @@ class FamilyConfig:
     gated_mlp: bool = True
     # StarCoder2's norms: LayerNorm with a weight and a bias (in the model's dtype) for RMSNorm
     layer_norm_bias: bool = False
-    # Llama 4 (model/llama4.py): its attention's extras; its experts are routed by a sigmoid of
-    # the top-1 logit that scales the expert's input, beside an ungated shared expert
+    # biases on attention's output projection (with `ModelConfig.attention_bias`) and on the LM
+    # head: PhiMoE's (the model reads them where the checkpoint has them; `server/weights.py`'s
+    # count from the config alone needs to know)
+    o_proj_bias: bool = False
+    lm_head_bias: bool = False
+    # Llama 4 (model/llama4.py): its attention's extras; its experts are routed by sigmoids of
+    # the top-k logits that scale the experts' inputs, beside an ungated shared expert
     llama4: Llama4Attention | None = None
     clip_qkv: float | None = None  # OLMo's: q, k and v clamped to [-clip_qkv, clip_qkv]
-    # Falcon's (and GPT-NeoX's) fused q/k/v layout ("multi_query", "grouped", "per_head") and
-    # its layer's norms ("one", "two", "sequential"): model/falcon.py
+    # a fused q/k/v's layout ("multi_query", "grouped", "per_head", "stacked": Falcon's, GPT-NeoX's,
+    # GPT-2's, StarCoder 1's, BLOOM's, MPT's) and Falcon's layer's norms ("one", "two",
+    # "sequential"): model/falcon.py
     falcon_qkv: str = ""
     falcon_norms: str = ""
     # hybrid state-space models (Granite 4.0, Bamba): the Mamba2 layers, None: all attention
     mamba: MambaConfig | None = None
+    # how positions enter (`POSITIONS`): "rope" (rotary), "learned" (a table of absolute
+    # positions added to the token embeddings: GPT-2, StarCoder 1, OPT, its row p +
+    # position_offset), "alibi" (a per-head linear bias on the scores: BLOOM, MPT; the slopes'
+    # formula `alibi_slopes`: "bloom" or "mpt", with MPT's `alibi_bias_max`)
+    positions: str = "rope"
+    position_offset: int = 0  # OPT's 2
+    alibi_slopes: str = ""
+    alibi_bias_max: float = 8.0
+    # OPT: norms after each sublayer's residual add (`do_layer_norm_before` false: opt-350m),
+    # and the embedding's width where it differs from hidden_size (`word_embed_proj_dim`:
+    # project_in / project_out around the layers; 0: none)
+    post_norm: bool = False
+    embed_proj_dim: int = 0
 
     @property
     def transforms_logits(self) -> bool:
@@ -137,6 +157,11 @@ class FamilyConfig:
         )
 
     def __post_init__(self) -> None:
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {', '.join(POSITIONS)}, got "
+                             f"{self.positions!r}")  # fmt: skip
+        if self.positions == "alibi" and self.alibi_slopes not in ("bloom", "mpt"):
+            raise ValueError(f"ALiBi slopes must be 'bloom' or 'mpt', got {self.alibi_slopes!r}")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")
         if self.attention_chunk_size is not None and self.attention_chunk_size < 1:
@@ -244,17 +269,15 @@ class ModelConfig:
 
     def hybrid_params(self, tp: int = 1) -> int:
         """What a hybrid's layers hold beyond (or short of) Llama's shape on one of `tp` ranks:
-        its Mamba2 mixers (the rank's heads, `model/mamba_shard.py`), less attention where a
+        its Mamba2 mixers (the rank's heads, `MambaConfig.on_ranks`), less attention where a
         layer has none and (Nemotron-H) the MLP where it has none (both split by the ranks, KV
         heads replicated when fewer); Nemotron-H's experts and shared expert split by width."""
-        from pagoda.runtime.model import mamba_shard
-
         m, h = self.family.mamba, self.hidden_size
         if m is None:
             return 0
         kv = max(1, self.num_kv_heads // tp)
         attn = h * self.head_dim * (self.num_heads * 2 // tp + kv * 2)
-        mixer = mamba_shard.local(m, tp).mixer_params(h)
+        mixer = m.on_ranks(tp).mixer_params(h)
         out = m.num_layers * mixer - (self.num_layers - self.num_kv_layers) * attn
         if m.mlp_layers:  # an ungated MLP in those layers only
             out -= (self.num_layers - sum(m.mlp_layers)) * 2 * h * self.intermediate_size // tp

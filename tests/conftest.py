@@ -50,6 +50,7 @@ SLOW_IN_PARALLEL = (
     "tests/runtime/engine/test_warmup.py",  # which kernel variants a run launches
     "tests/runtime/model/test_gguf.py",
     "tests/runtime/model/test_dense_archs.py",  # two ranks over gloo; nothing timed
+    "tests/runtime/model/test_position_archs.py",  # two ranks over gloo; nothing timed
     "tests/runtime/model/test_forward_sync_free.py",  # Triton's interpreter, ops recorded
     "tests/runtime/model/test_gpt_oss.py",  # Triton's interpreter in the engine
     "tests/runtime/model/test_llama4.py",  # Triton's interpreter in the engine, two ranks
@@ -68,6 +69,7 @@ SLOW_IN_PARALLEL = (
     "tests/server/test_reasoning_api.py",  # replies split as the completions oracle's text
     "tests/server/test_structured_outputs.py",  # every output validates
     "tests/server/test_tiktoken_server.py",  # ids and tokens equal the references
+    "tests/server/test_base_model_serve.py",  # texts equal transformers'
     "tests/server/test_tool_markers_api.py",  # random weights held to harmony/DeepSeek calls
 )
 

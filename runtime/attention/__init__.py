@@ -23,13 +23,15 @@ def get_attention_backend(
     softcap: float | None = None,
     sinks: bool = False,
     latent: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> AttentionBackend:
     """Resolve ``auto|torch|triton``: auto picks Triton on CUDA and the torch backend elsewhere.
     ``batch_invariant`` selects the Triton kernels' invariant mode (the torch backend always is).
     An int8 KV cache (``kv_cache_dtype="int8"``) is stored and read by the torch backend only,
     an FP8 one (``"fp8"``, E4M3 with per-layer scales) by the Triton backend only.
     ``sliding_window``, ``softcap``, ``sinks`` and ``latent`` (multi-head latent attention's
-    one-row cache) as ``AttentionBackend`` takes them."""
+    one-row cache) and ``alibi_slopes`` (ALiBi: BLOOM, MPT; the kernels' ``HAS_ALIBI`` path,
+    the CPU kernel's and the torch path's bias) as ``AttentionBackend`` takes them."""
     if name not in ("auto", "torch", "triton"):
         raise ValueError(f"attention_backend must be auto, torch or triton, got {name!r}")
     if name == "auto":
@@ -50,13 +52,14 @@ def get_attention_backend(
         return TritonAttentionBackend(
             num_heads, num_kv_heads, head_dim, scale, batch_invariant,
             sliding_window=sliding_window, softcap=softcap, kv_cache_dtype=kv_cache_dtype,
-            sinks=sinks, latent=latent,
+            sinks=sinks, latent=latent, alibi_slopes=alibi_slopes,
         )  # fmt: skip
     from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
 
     return TorchAttentionBackend(
         num_heads, num_kv_heads, head_dim, scale, kv_cache_dtype,
         sliding_window=sliding_window, softcap=softcap, sinks=sinks, latent=latent,
+        alibi_slopes=alibi_slopes,
     )  # fmt: skip
 
 

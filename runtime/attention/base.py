@@ -9,6 +9,8 @@ attention (Llama 4's rotary layers) of C keys, a query at position p sees only t
 chunk, p - p % C .. p, likewise read from that chunk's first block on. A layer with attention
 sinks (gpt-oss) passes one learned logit per head that joins each softmax's denominator and
 nothing else: ``p_j = exp(s_j) / (sum_i exp(s_i) + exp(sink))``, as if a key no value reads.
+A model with ALiBi (BLOOM, MPT) builds its backend with one slope per head: each score gets
+``slope_h * (key_pos - query_pos)`` added (after the scale and any soft cap, before the mask).
 
 KV cache layout, per layer: ``k_cache`` and ``v_cache`` of shape
 ``[num_blocks, block_size, num_kv_heads, head_dim]`` (a backend may choose another layout and
@@ -75,12 +77,15 @@ class AttentionBackend(ABC):
         softcap: float | None = None,
         sinks: bool = False,
         latent: int | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> None:
         """``sliding_window``: the window of the model's window layers (None: it has none);
         ``softcap``: scores become softcap * tanh(scores / softcap) before the softmax (Gemma);
         ``sinks``: the model's layers pass attention sinks to ``forward`` (gpt-oss);
         ``latent``: a latent cache whose values are each row's first ``latent`` columns
-        (module docstring; None: separate K and V)."""
+        (module docstring; None: separate K and V); ``alibi_slopes``: float32 ``[num_heads]``
+        on the model's device, each head's scores plus ``slope * (key_pos - query_pos)``
+        before the softmax (ALiBi: BLOOM, MPT; None: no bias)."""
         if num_heads % num_kv_heads:
             raise ValueError(
                 f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}"
@@ -97,6 +102,10 @@ class AttentionBackend(ABC):
             raise ValueError(f"a latent cache has one KV head and values within its {head_dim} "
                              f"columns; got {num_kv_heads} KV heads, latent {latent}")  # fmt: skip
         self.latent = latent
+        if alibi_slopes is not None and tuple(alibi_slopes.shape) != (num_heads,):
+            raise ValueError(f"ALiBi needs one slope per head ({num_heads}), got "
+                             f"{list(alibi_slopes.shape)}")  # fmt: skip
+        self.alibi_slopes = alibi_slopes
 
     @property
     def kv_tensors(self) -> int:

@@ -7,7 +7,7 @@ rest of the step. A window layer's rows read only their window's blocks there (e
 at its first row's window), a chunked layer's (Llama 4) only their chunk's. ``allocate_kv_cache`` picks it when it builds and the shapes suit it
 (bf16/float32/int8, head_dim and block_size multiples of 16, no attention soft cap, no
 attention sinks, no latent cache: its layouts for K and V differ, and a latent cache is one
-tensor);
+tensor); ALiBi's slopes (BLOOM, MPT) it adds itself, before each row's softmax;
 ``forward`` tells the paths apart by the cache's rank (5: packed).
 
 **Torch path** (no compiler, ``PAGODA_CPU_ATTENTION=torch``), described below.
@@ -110,6 +110,7 @@ class _Bucket:
     dst: torch.Tensor  # [n] the step rows they belong to
     blocks: torch.Tensor  # [B, nblk] cache blocks (padded columns repeat the last one)
     mask: torch.Tensor  # [B, Qp, 1, Kp] float32, 0 where allowed and -inf elsewhere
+    rel: torch.Tensor | None  # [B, Qp, 1, Kp] float32 key_pos - query_pos (ALiBi), or None
     key_len: np.ndarray  # [Qp // rows_per_call slices] keys each row slice needs (aligned)
     rows_per_call: int
 
@@ -202,6 +203,10 @@ class TorchAttentionBackend(AttentionBackend):
         if chunk is not None:  # the query's own chunk only (Llama 4's chunked attention)
             allowed &= k_pos >= (q_pos - q_pos % chunk)[:, :, None]
         mask = np.where(allowed, np.float32(0), np.float32(-np.inf))[:, :, None, :]
+        rel = None
+        if self.alibi_slopes is not None:  # ALiBi's distances (0 where masked: no NaN)
+            rel = np.where(allowed, k_pos - q_pos[:, :, None], 0).astype(np.float32)
+            rel = torch.from_numpy(np.ascontiguousarray(rel[:, :, None, :])).to(dev)
         cols = np.minimum(
             f[:, None] // bs + np.arange(nblk)[None, :], meta.block_tables.shape[1] - 1
         )
@@ -216,6 +221,7 @@ class TorchAttentionBackend(AttentionBackend):
             dst=torch.from_numpy(q_rows.ravel()[src]).to(dev),
             blocks=blocks.long(),
             mask=torch.from_numpy(np.ascontiguousarray(mask)).to(dev),
+            rel=rel,
             key_len=key_len,
             rows_per_call=rows,
         )
@@ -266,7 +272,7 @@ class TorchAttentionBackend(AttentionBackend):
             aux = meta.aux
             return self.kernel.attention(
                 q, k_cache, v_cache, meta.block_tables, aux["qstart"], aux["seq_lens"], self.scale,
-                window=window, chunk=chunk,
+                window=window, chunk=chunk, alibi=self.alibi_slopes,
             )  # fmt: skip
         self.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         hkv, _, bs, width = k_cache.shape
@@ -308,6 +314,9 @@ class TorchAttentionBackend(AttentionBackend):
         step = bk.rows_per_call
         if sinks is not None:  # [Hkv, 1, 1, g, 1]: a head's sink, as the scores' layout
             sinks = sinks.float().view(hkv, 1, 1, g, 1)
+        slopes = self.alibi_slopes
+        if slopes is not None:  # [Hkv, 1, 1, g, 1], as the sinks
+            slopes = slopes.to(device=q.device, dtype=torch.float32).view(hkv, 1, 1, g, 1)
         for i, r0 in enumerate(range(0, qp, step)):
             r1, n = min(r0 + step, qp), int(bk.key_len[i])
             rows = qs[:, :, r0:r1].reshape(hkv, b, (r1 - r0) * g, d)
@@ -315,6 +324,8 @@ class TorchAttentionBackend(AttentionBackend):
             s = s.view(hkv, b, r1 - r0, g, n).float()
             if self.softcap is not None:  # as Hugging Face's eager attention: before the mask
                 s = torch.tanh(s.div_(self.softcap)).mul_(self.softcap)
+            if slopes is not None:  # ALiBi: slope * (key_pos - query_pos)
+                s = s.add_(slopes * bk.rel[:, r0:r1, :, :n])
             s = s.add_(bk.mask[:, r0:r1, :, :n])
             p = torch.softmax(s, dim=-1) if sinks is None else _softmax_with_sinks(s, sinks)
             p = p.to(k.dtype).view(hkv, b, (r1 - r0) * g, n)

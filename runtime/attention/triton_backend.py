@@ -11,8 +11,9 @@ read ``query_start_loc``/``seq_lens``/``block_tables`` directly. Which kernel ru
 * non-invariant (``--no-batch-invariant``): decodes in the split-KV decode kernel; the prompt
   rows through torch's ``scaled_dot_product_attention`` (its FlashAttention kernel on CUDA;
   ``sdpa_prefill``), one call per prefill sequence, for up to ``sdpa_prefill.MAX_SDPA_SEQS``
-  of them; with more, or in a layer with a sliding window, chunked attention, a logit softcap
-  or attention sinks (which SDPA's fused kernels cannot express), in the Triton prefill kernel. Decode-only steps, the ones CUDA
+  of them; with more, or in a layer with a sliding window, chunked attention, a logit softcap,
+  attention sinks or ALiBi (which SDPA's fused kernels cannot express), in the Triton prefill
+  kernel. Decode-only steps, the ones CUDA
   graphs capture, take the decode kernel as before.
 
 A latent cache (`base.py`, DeepSeek's MLA) needs no kernel of its own: the kernels take the one
@@ -47,12 +48,14 @@ class TritonAttentionBackend(AttentionBackend):
         kv_cache_dtype: str = "auto",
         sinks: bool = False,
         latent: int | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> None:
         if kv_cache_dtype not in ("auto", "fp8"):
             raise ValueError(f"the Triton backend stores KV as auto or fp8, not {kv_cache_dtype!r}")
         super().__init__(
             num_heads, num_kv_heads, head_dim, scale, kv_cache_dtype,
             sliding_window=sliding_window, softcap=softcap, sinks=sinks, latent=latent,
+            alibi_slopes=alibi_slopes,
         )  # fmt: skip
         self.batch_invariant = batch_invariant
         # Imported here so that choosing the torch backend never needs Triton installed.
@@ -96,7 +99,8 @@ class TritonAttentionBackend(AttentionBackend):
             k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        supported = sdpa_prefill.supports(meta, window, self.softcap, sinks is not None, chunk)
+        extra = sinks is not None or self.alibi_slopes is not None  # (no SDPA equivalent)
+        supported = sdpa_prefill.supports(meta, window, self.softcap, extra, chunk)
         if not self.batch_invariant and supported:
             nd = meta.num_decodes
             if nd:  # the decode rows (the first nd) in the decode kernel, as in a decode step
@@ -130,4 +134,5 @@ class TritonAttentionBackend(AttentionBackend):
             v_scale=v_scale,
             sinks=sinks,
             attention_chunk=chunk,
+            alibi_slopes=self.alibi_slopes,
         )

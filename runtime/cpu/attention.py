@@ -53,7 +53,7 @@ class CpuKernel:
         lib = ctypes.CDLL(str(path))
         p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
         lib.pagoda_attention.argtypes = (
-            [i32, p, p, p, p, p, i64, p, p] + [i32] * 7 + [f32, i64, i32, i32, i32]
+            [i32, p, p, p, p, p, i64, p, p] + [i32] * 7 + [f32, i64, i32, i32, i32, p]
         )
         lib.pagoda_write_kv.argtypes = [i32, p, p, p, p, p] + [i32] * 6
         lib.pagoda_attention.restype = lib.pagoda_write_kv.restype = i32
@@ -81,6 +81,7 @@ class CpuKernel:
     def attention(
         self, q, k_cache, v_cache, block_tables, qstart, seq_lens, scale, wave: int = WAVE,
         window: int | None = None, chunk: int | None = None,
+        alibi: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """Causal paged attention for every row of ``q [T, H, D]``; returns ``[T, H, D]``.
 
@@ -88,9 +89,14 @@ class CpuKernel:
         ``wave`` bounds the float32 scores held at once (tiles are attended in waves);
         ``window``: a sliding window of that many keys (the query's own included), whose
         blocks alone are read; ``chunk``: chunked attention's chunk (the query at p sees the
-        keys p - p % chunk .. p, Llama 4's), read from the first row's chunk on."""
+        keys p - p % chunk .. p, Llama 4's), read from the first row's chunk on; ``alibi``:
+        float32 ``[H]`` slopes, each score plus ``slope * (key_pos - query_pos)`` (ALiBi)."""
         t, h, d = q.shape
         kind, hkv, nb, bs, _ = geometry(k_cache, v_cache)
+        if alibi is not None:
+            alibi = alibi.to(device="cpu", dtype=torch.float32).contiguous()
+            if alibi.shape != (h,):
+                raise ValueError(f"CPU attention kernel: {h} heads need {h} ALiBi slopes")
         dtype = q.dtype
         q = q.to(torch.float32 if kind == INT8 else k_cache.dtype).contiguous()
         out = torch.empty_like(q)
@@ -118,6 +124,7 @@ class CpuKernel:
             torch.get_num_threads(),  # the pool's size
             int(window or 0),
             int(chunk or 0),
+            None if alibi is None else alibi.data_ptr(),
         )
         if rc == 1:
             raise ValueError(f"CPU attention kernel: unsupported shape (head_dim {d}, block {bs})")

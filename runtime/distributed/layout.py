@@ -18,9 +18,14 @@ Megatron-style sharding, as vLLM's: rank r of N holds
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pagoda.runtime import options
-from pagoda.runtime.config import ModelConfig
+
+if TYPE_CHECKING:  # (config reads a rank's Mamba2 shapes from model/mamba_shard.py, which
+    # imports this module)
+    from pagoda.runtime.config import ModelConfig
+    from pagoda.runtime.model_configs import MambaConfig
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,18 @@ class TPLayout:
         return self.rank * part, (self.rank + 1) * part
 
 
+def mamba_problem(m: MambaConfig, size: int) -> str | None:
+    """Why `size` ranks cannot split a hybrid's Mamba2 mixers (one line), or None: the heads must
+    divide, the B/C groups divide or be a multiple of them (`model/mamba_shard.py`)."""
+    if m.n_heads % size:
+        return (f"--tensor-parallel-size {size} does not divide the Mamba2 heads "
+                f"(mamba n_heads {m.n_heads})")  # fmt: skip
+    if m.n_groups % size and size % m.n_groups:
+        return (f"--tensor-parallel-size {size} neither divides the Mamba2 groups "
+                f"(n_groups {m.n_groups}) nor is a multiple of them")  # fmt: skip
+    return None
+
+
 def check(config: ModelConfig, size: int) -> None:
     """ValueError, one line, if `config` cannot be split over `size` ranks (the arithmetic is
     `options.tensor_parallel_problem`'s, which the operator also runs for the built-in models)."""
@@ -79,8 +96,6 @@ def check(config: ModelConfig, size: int) -> None:
                    f"(shared_expert_intermediate_size {shared})")  # fmt: skip
     m = f.mamba
     if problem is None and m is not None and m.num_layers:  # the Mamba2 mixers' heads, groups
-        from pagoda.runtime.model.mamba_shard import problem as mamba_problem
-
         problem = mamba_problem(m, size)
     moe = None if m is None else m.moe  # Nemotron-H's experts, split by width
     widths = {} if moe is None else {"moe_intermediate_size": moe.intermediate,

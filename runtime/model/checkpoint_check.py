@@ -30,47 +30,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         else:
             out.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h),
                         a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})  # fmt: skip
-        one_norm = (
-            c.family.cohere_layer
-            or c.architecture in ("phi", "gptj")
-            or c.family.falcon_norms == "one"
-        )
-        if not one_norm:  # (Cohere's, Phi's, Falcon's parallel layers: one norm)
-            out[f"model.layers.{i}.post_attention_layernorm.weight"] = (h,)
-        if not c.family.olmo2_norms:  # OLMo 2 has no norm before attention
-            out[f"model.layers.{i}.input_layernorm.weight"] = (h,)
-        else:  # but one after the MLP
-            out[f"model.layers.{i}.post_feedforward_layernorm.weight"] = (h,)
-        if c.family.glm4_norms:  # GLM-4's norms on attention's and the MLP's outputs
-            for norm in ("post_self_attn_layernorm", "post_mlp_layernorm"):
-                out[f"model.layers.{i}.{norm}.weight"] = (h,)
-        if c.family.qk_norm_whole:  # q/k norms over the whole projections
-            out[a + "q_norm.weight"], out[a + "k_norm.weight"] = (q,), (kv,)
-        if c.architecture == "vaultgemma":  # before attention and before the MLP only
-            del out[f"model.layers.{i}.post_attention_layernorm.weight"]
-            out[f"model.layers.{i}.pre_feedforward_layernorm.weight"] = (h,)
-        elif c.family.gemma_norms and c.architecture != "gemma":  # (Gemma v1: Llama's two)
-            for norm in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
-                out[f"model.layers.{i}.{norm}.weight"] = (h,)
-        if c.architecture == "gpt_oss":  # sinks, biases, its router (`_check_gpt_oss_experts`)
-            out.update(_gpt_oss_shapes(c, i))
-        elif c.architecture == "llama4" and c.family.has_experts(i):  # router, experts stacked
-            e, n, p = c.family.num_experts, c.family.moe_intermediate_size, f"model.layers.{i}."
-            out.update({p + "feed_forward.router.weight": (e, h),
-                        p + "feed_forward.experts.gate_up_proj": (e, h, 2 * n),
-                        p + "feed_forward.experts.down_proj": (e, n, h)})  # fmt: skip
-        elif c.architecture == "granitemoe":  # its router, and its experts stacked
-            e, n, p = c.family.num_experts, c.family.moe_intermediate_size, _moe_block(c, i)
-            out.update({p + "router.layer.weight": (e, h), p + "input_linear.weight": (e, 2 * n, h),
-                        p + "output_linear.weight": (e, h, n)})  # fmt: skip
-        elif c.family.has_experts(i):
-            e, names = c.family.num_experts, moe_names.of(c.architecture)
-            out[_moe_block(c, i) + names.router] = (e, h)  # the router
-            routing = c.family.routing
-            if c.family.shared_expert_intermediate_size and routing is None:  # its sigmoid gate
-                out[_moe_block(c, i) + "shared_expert_gate.weight"] = (1, h)
-            if routing is not None and routing.bias:  # the choice-only bias (V3's, ERNIE's, ...)
-                out[_moe_block(c, i) + names.bias] = (1, e) if names.bias_rows else (e,)
+        out.update(_layer_norms(c, i))
+        out.update(_router_and_experts(c, i))
         if c.architecture in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # its q/k norms
             out[a + "query_layernorm.weight"] = out[a + "key_layernorm.weight"] = (d,)
         if c.architecture == "afmoe":  # its norms around the MLP, attention's output gate
@@ -85,6 +46,61 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     if not c.tie_word_embeddings:
         out[HEAD] = (c.vocab_size, h)
     return _family_tensors(c, out)
+
+
+def _layer_norms(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
+    """Layer `i`'s norms around attention and the MLP (and OLMo's q/k norms over the whole
+    projections), by the family's layout."""
+    h, a, n = c.hidden_size, f"model.layers.{i}.self_attn.", {}
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    one_norm = (
+        c.family.cohere_layer or c.architecture in ("phi", "gptj") or c.family.falcon_norms == "one"
+    )
+    if not one_norm:  # (Cohere's, Phi's, Falcon's parallel layers: one norm)
+        n[f"model.layers.{i}.post_attention_layernorm.weight"] = (h,)
+    if not c.family.olmo2_norms:  # OLMo 2 has no norm before attention
+        n[f"model.layers.{i}.input_layernorm.weight"] = (h,)
+    else:  # but one after the MLP
+        n[f"model.layers.{i}.post_feedforward_layernorm.weight"] = (h,)
+    if c.family.glm4_norms:  # GLM-4's norms on attention's and the MLP's outputs
+        for norm in ("post_self_attn_layernorm", "post_mlp_layernorm"):
+            n[f"model.layers.{i}.{norm}.weight"] = (h,)
+    if c.family.qk_norm_whole:  # q/k norms over the whole projections
+        n[a + "q_norm.weight"], n[a + "k_norm.weight"] = (q,), (kv,)
+    if c.architecture == "vaultgemma":  # before attention and before the MLP only
+        del n[f"model.layers.{i}.post_attention_layernorm.weight"]
+        n[f"model.layers.{i}.pre_feedforward_layernorm.weight"] = (h,)
+    elif c.family.gemma_norms and c.architecture != "gemma":  # (Gemma v1: Llama's two)
+        for norm in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
+            n[f"model.layers.{i}.{norm}.weight"] = (h,)
+    return n
+
+
+def _router_and_experts(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
+    """Layer `i`'s router and the tensors beside it that `mlp_triples` does not name: gpt-oss's
+    sinks and biases, Llama 4's and GraniteMoe's stacked experts, a shared expert's gate, a
+    choice-only bias."""
+    h, out = c.hidden_size, {}
+    if c.architecture == "gpt_oss":  # sinks, biases, its router (`_check_gpt_oss_experts`)
+        out.update(_gpt_oss_shapes(c, i))
+    elif c.architecture == "llama4" and c.family.has_experts(i):  # router, experts stacked
+        e, n, p = c.family.num_experts, c.family.moe_intermediate_size, f"model.layers.{i}."
+        out.update({p + "feed_forward.router.weight": (e, h),
+                    p + "feed_forward.experts.gate_up_proj": (e, h, 2 * n),
+                    p + "feed_forward.experts.down_proj": (e, n, h)})  # fmt: skip
+    elif c.architecture == "granitemoe":  # its router, and its experts stacked
+        e, n, p = c.family.num_experts, c.family.moe_intermediate_size, _moe_block(c, i)
+        out.update({p + "router.layer.weight": (e, h), p + "input_linear.weight": (e, 2 * n, h),
+                    p + "output_linear.weight": (e, h, n)})  # fmt: skip
+    elif c.family.has_experts(i):
+        e, names = c.family.num_experts, moe_names.of(c.architecture)
+        out[_moe_block(c, i) + names.router] = (e, h)  # the router
+        routing = c.family.routing
+        if c.family.shared_expert_intermediate_size and routing is None:  # its sigmoid gate
+            out[_moe_block(c, i) + "shared_expert_gate.weight"] = (1, h)
+        if routing is not None and routing.bias:  # the choice-only bias (V3's, ERNIE's, ...)
+            out[_moe_block(c, i) + names.bias] = (1, e) if names.bias_rows else (e,)
+    return out
 
 
 def _hybrid_layer(c: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
@@ -132,6 +148,20 @@ def _family_tensors(c: ModelConfig, out: dict[str, tuple[int, ...]]):
                             for h in range(heads)})  # fmt: skip
     if c.architecture == "phi":  # its final norm's name
         out["model.final_layernorm.weight"] = out.pop("model.norm.weight")
+    f = c.family
+    if f.positions == "learned":  # the table of positions (model/positions.py)
+        out["model.embed_positions.weight"] = (c.max_position_embeddings + f.position_offset,
+                                               c.hidden_size)  # fmt: skip
+    if f.embed_proj_dim:  # OPT's embeddings narrower than hidden, projected in and out
+        out[EMBED] = (c.vocab_size, f.embed_proj_dim)
+        out["model.project_in.weight"] = (c.hidden_size, f.embed_proj_dim)
+        out["model.project_out.weight"] = (f.embed_proj_dim, c.hidden_size)
+        if HEAD in out:
+            out[HEAD] = (c.vocab_size, f.embed_proj_dim)
+    if f.post_norm:  # (opt-350m: no final norm)
+        del out["model.norm.weight"]
+    if c.architecture == "bloom":  # the embeddings' LayerNorm
+        out["model.embed_layernorm.weight"] = (c.hidden_size,)
     if c.architecture == "olmo":  # its LayerNorms have no parameters
         for name in [n for n in out if n.endswith("norm.weight")]:
             del out[name]
@@ -277,7 +307,7 @@ def check_checkpoint(
         if got != shape:
             raise ValueError(f"checkpoint tensor {name} is {list(got)}, config.json "
                              f"({_describe(config)}) needs {list(shape)}")  # fmt: skip
-    head = (config.vocab_size, config.hidden_size)
+    head = (config.vocab_size, config.family.embed_proj_dim or config.hidden_size)
     if config.tie_word_embeddings and HEAD in headers and tuple(headers[HEAD][1]) != head:
         # transformers keeps a head that differs from the embedding, and cannot load this one
         raise ValueError(f"checkpoint tensor {HEAD} is {list(headers[HEAD][1])}, config.json "

@@ -19,7 +19,19 @@ ALIASES = {
     "gptj": {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_layer": "num_hidden_layers",
              "n_positions": "max_position_embeddings", "n_inner": "intermediate_size",
              "activation_function": "hidden_act"},
+    "gpt2": {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_layer": "num_hidden_layers",
+             "n_positions": "max_position_embeddings", "n_inner": "intermediate_size",
+             "activation_function": "hidden_act"},
+    "opt": {"ffn_dim": "intermediate_size", "activation_function": "hidden_act"},
+    "bloom": {"n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
+              "n_embed": "hidden_size", "seq_length": "max_position_embeddings"},
+    "mpt": {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
+            "max_seq_len": "max_position_embeddings"},
 }  # fmt: skip
+ALIASES["gpt_bigcode"] = ALIASES["gpt2"]
+# families whose config classes read only the older keys (the newer are their attribute_map's
+# names, or unknown extras config.json may carry): the older key wins where both are set
+OLDER_WINS = ("gpt2", "gpt_bigcode", "opt", "bloom", "mpt")
 
 
 def renamed(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
@@ -28,7 +40,7 @@ def renamed(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
     reads it, as the tanh approximation (its `hidden_activation` is not read)."""
     out = dict(cfg)
     for old, new in ALIASES.get(arch, {}).items():
-        if old in out and out.get(new) is None:
+        if old in out and (out.get(new) is None or arch in OLDER_WINS):
             out[new] = out[old]
     if arch == "gemma":
         out.pop("hidden_activation", None)
@@ -54,7 +66,20 @@ def derived(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
         hidden, heads = int(out["hidden_size"]), int(out["num_attention_heads"])
         out["intermediate_size"] = out.get("intermediate_size") or 4 * hidden
         if out.get("rotary_dim"):
-            out["partial_rotary_factor"] = int(out["rotary_dim"]) / (hidden // heads)
-    if arch in ("gpt_neox", "gptj"):  # multi-head attention, whatever else config.json says
-        out["num_key_value_heads"] = out["num_attention_heads"]
+            rotary, head = int(out["rotary_dim"]), hidden // heads
+            if rotary % 2 or rotary > head:  # (in config.json's own terms, not the factor's)
+                raise ValueError(f"rotary_dim {rotary} must be even and at most the head size "
+                                 f"{head} (n_embd {hidden} / n_head {heads})")  # fmt: skip
+            out["partial_rotary_factor"] = rotary / head
+    if arch in ("gpt_neox", "gptj", "gpt2", "opt", "bloom", "mpt"):  # multi-head attention,
+        out["num_key_value_heads"] = out["num_attention_heads"]  # whatever config.json says
+    if arch == "gpt_bigcode":  # StarCoder 1: one KV head with multi_query
+        multi = out.get("multi_query", True)
+        out["num_key_value_heads"] = 1 if multi else out["num_attention_heads"]
+    if arch in ("gpt2", "gpt_bigcode"):  # the MLP 4 x hidden unless n_inner says
+        out["intermediate_size"] = out.get("n_inner") or 4 * int(out["hidden_size"])
+    if arch == "bloom":  # (BloomConfig has no width: 4 x hidden)
+        out["intermediate_size"] = 4 * int(out["hidden_size"])
+    if arch == "mpt":
+        out["intermediate_size"] = int(out.get("expansion_ratio", 4) * int(out["hidden_size"]))
     return out

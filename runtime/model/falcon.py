@@ -7,7 +7,9 @@ GELU), biases where `bias` says, full rotary, and a fused `query_key_value` whos
 - "multi_query" (falcon-7b): every head's q, then one k and one v head;
 - "grouped" (`new_decoder_architecture`: 40b, 180b, Falcon2): per KV head group, its q heads,
   then its k, then its v;
-- "per_head" (neither): q, k and v of each head in turn.
+- "per_head" (neither): q, k and v of each head in turn;
+- "stacked" (GPT-2, StarCoder 1, MPT: `positions.py`, `bloom.py`): every q head, then every
+  k head, then every v head.
 
 The layer (`FamilyConfig.falcon_norms`): "one" norm with attention and the MLP side by side off
 it, ``x + attn(n) + mlp(n)`` (`cohere.CohereLayer.__call__`); "two" (`new_decoder_architecture`
@@ -45,6 +47,8 @@ def qkv_rows(c: ModelConfig) -> list[tuple[str, int, int]]:
     d, h, g = c.head_dim, c.num_heads, c.num_kv_heads
     if c.family.falcon_qkv == "multi_query":
         blocks = [("q_proj", h), ("k_proj", 1), ("v_proj", 1)]
+    elif c.family.falcon_qkv == "stacked":  # every q head, every k head, every v head (GPT-2)
+        blocks = [("q_proj", h), ("k_proj", g), ("v_proj", g)]
     elif c.family.falcon_qkv == "grouped":
         blocks = [(p, n) for _ in range(g) for p, n in (("q_proj", h // g), ("k_proj", 1),
                                                         ("v_proj", 1))]  # fmt: skip
@@ -67,8 +71,9 @@ def split_qkv(weights: SafetensorsWeights, config: ModelConfig) -> None:
         if prefix + "weight" not in weights:
             raise ValueError(f"checkpoint is missing tensor {prefix + 'weight'!r}")
         if any(prefix + s in weights for s in _FP8):
-            raise ValueError(f"checkpoint tensor {prefix}weight is FP8-quantized: FP8 Falcon "
-                             "checkpoints (fused query_key_value) are not supported")  # fmt: skip
+            raise ValueError(f"checkpoint tensor {prefix}weight is FP8-quantized: FP8 checkpoints "
+                             "with a fused q/k/v (Falcon's query_key_value, GPT-2's c_attn, "
+                             "...) are not supported")  # fmt: skip
         for kind in ("weight", "bias"):
             if prefix + kind in weights:
                 parts = [(f"{module}{p}.{kind}", a, b) for p, a, b in rows]

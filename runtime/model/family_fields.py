@@ -360,7 +360,69 @@ def _hybrid(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     return hybrid.family_fields(cfg, arch, n)
 
 
+def _learned(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    """GPT-2, GPTBigCode, OPT (model/positions.py): learned positions, LayerNorms with biases,
+    an ungated MLP, a fused q/k/v (GPT-2's stacked, StarCoder 1's multi-query or per head)."""
+    fields: dict[str, Any] = {"positions": "learned", "gated_mlp": False, "layer_norm_bias": True}
+    if arch in ("gpt2", "gpt_bigcode"):
+        if cfg.get("scale_attn_by_inverse_layer_idx"):
+            raise ValueError("scale_attn_by_inverse_layer_idx (a softmax scale per layer) is "
+                             "not supported")  # fmt: skip
+        if cfg.get("add_cross_attention"):
+            raise ValueError("add_cross_attention (an encoder-decoder's cross-attention) is "
+                             "not supported: Pagoda serves causal decoders")  # fmt: skip
+        if not cfg.get("scale_attn_weights", True):  # scores unscaled
+            fields["attention_multiplier"] = 1.0
+        multi_query = arch == "gpt_bigcode" and cfg.get("multi_query", True)
+        mha = "stacked" if arch == "gpt2" else "per_head"
+        fields["falcon_qkv"] = "multi_query" if multi_query else mha
+    if arch == "opt":
+        if not cfg.get("layer_norm_elementwise_affine", True):
+            raise ValueError("OPT with layer_norm_elementwise_affine false (LayerNorms without "
+                             "parameters) is not supported")  # fmt: skip
+        pre = bool(cfg.get("do_layer_norm_before", True))
+        if pre and cfg.get("_remove_final_layer_norm"):
+            raise ValueError("OPT with _remove_final_layer_norm (no final norm after "
+                             "pre-norm layers) is not supported")  # fmt: skip
+        proj = int(cfg.get("word_embed_proj_dim") or cfg["hidden_size"])
+        fields.update(position_offset=2, post_norm=not pre,
+                      embed_proj_dim=0 if proj == int(cfg["hidden_size"]) else proj)  # fmt: skip
+    return fields
+
+
+def _alibi(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
+    """BLOOM and MPT (model/bloom.py): ALiBi, an ungated MLP, a fused q/k/v."""
+    fields: dict[str, Any] = {"positions": "alibi", "alibi_slopes": arch, "gated_mlp": False}
+    if arch == "bloom":
+        if cfg.get("apply_residual_connection_post_layernorm"):
+            raise ValueError("BLOOM with apply_residual_connection_post_layernorm (the residual "
+                             "taken after the norm) is not supported")  # fmt: skip
+        fields.update(layer_norm_bias=True, falcon_qkv="per_head")
+        return fields
+    a = cfg.get("attn_config") or {}
+    if not a.get("alibi", True):
+        raise ValueError("MPT without attn_config.alibi (learned positions) is not supported "
+                         "(transformers' MPT runs ALiBi only)")  # fmt: skip
+    if a.get("qk_ln"):
+        raise ValueError("MPT with attn_config.qk_ln (q/k LayerNorms) is not supported "
+                         "(transformers' MPT does not run them)")  # fmt: skip
+    if a.get("attn_type", "multihead_attention") != "multihead_attention" or a.get("prefix_lm"):
+        raise ValueError(f"MPT attn_config attn_type {a.get('attn_type')!r} / prefix_lm is not "
+                         "supported (multihead_attention, causal)")  # fmt: skip
+    if not cfg.get("no_bias", True):
+        raise ValueError("MPT with no_bias false (biases transformers' MPT does not load) is "
+                         "not supported")  # fmt: skip
+    clip, scale = a.get("clip_qkv"), a.get("softmax_scale")
+    if clip is not None and not float(clip) > 0:
+        raise ValueError(f"clip_qkv must be positive, got {clip}")
+    fields.update(falcon_qkv="stacked", clip_qkv=None if clip is None else float(clip),
+                  attention_multiplier=None if scale is None else float(scale))  # fmt: skip
+    return fields
+
+
 FIELDS: dict[str, Fields] = {
+    **dict.fromkeys(("gpt2", "gpt_bigcode", "opt"), _learned),
+    **dict.fromkeys(("bloom", "mpt"), _alibi),
     "qwen3": _qwen3,
     "gemma3": _gemma3,
     "gemma2": _gemma2,

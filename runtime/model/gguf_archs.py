@@ -1,6 +1,6 @@
 """GGUFs of the families the engine runs from safetensors that llama.cpp's converter writes
 under architectures of their own: `gpt-oss`, `phi3`, `exaone4`, `seed_oss`, `ernie4_5`,
-`starcoder2`, `arcee`, `apertus`, `mistral3` and `glm4moe`, read into the names and
+`starcoder2`, `arcee`, `apertus`, `mistral3`, `glm4moe` and `llama4`, read into the names and
 `FamilyConfig` fields of the models the safetensors loader builds (`gguf_loader` asks this
 module where they differ from Llama's).
 
@@ -30,6 +30,11 @@ module where they differ from Llama's).
   yarn's original context; yarn's `mscale_all_dim` from `rope.scaling.yarn_log_multiplier`,
   its mscale 1 as llama.cpp assumes).
 
+- llama4 (Llama 4's text model): the router `ffn_gate_inp`, the experts stacked apart
+  (`ffn_{gate,up,down}_exps`, read as `model/llama4.py` reads them), the shared expert
+  `ffn_*_shexp`, dense `ffn_*` on the other layers; Q/K as stored; llama.cpp's built-in chunks,
+  NoPE layers, q temperature and q/k norms (`_llama4`).
+
 For all of them, llama.cpp's end-of-generation tokens by their text (`EOG_TEXTS`: Phi-3's
 `<|end|>`, gpt-oss's `<|return|>` and `<|call|>` but not its `<|end|>`) join the EOS ids.
 """
@@ -46,7 +51,7 @@ from pagoda.runtime.model.gguf_dequant import dequantize
 ENGINE_ARCH = {"gpt-oss": "gpt_oss", "phi3": "phi3", "exaone4": "exaone4",
                "seed_oss": "seed_oss", "ernie4_5": "ernie4_5", "starcoder2": "starcoder2",
                "arcee": "arcee", "apertus": "apertus", "mistral3": "mistral",
-               "glm4moe": "glm4_moe"}  # fmt: skip
+               "glm4moe": "glm4_moe", "llama4": "llama4"}  # fmt: skip
 PERMUTED = ("arcee", "mistral3")  # converted by llama.cpp's LlamaModel: Q/K rows permuted
 GPT_OSS_SWIGLU = (1.702, 7.0)  # llama.cpp's (alpha, limit): no key for them
 # tokens llama.cpp ends a generation on by their text (llama-vocab.cpp), beside the file's EOS
@@ -54,6 +59,8 @@ GPT_OSS_SWIGLU = (1.702, 7.0)  # llama.cpp's (alpha, limit): no key for them
 EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
              "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>",
              "<end_of_utterance>")  # fmt: skip
+# llama.cpp's Llama 4 (no GGUF keys): chunk size, q temperature floor and scale; NoPE step
+LLAMA4_CHUNK, LLAMA4_NO_ROPE_STEP = (8192, 8192.0, 0.1), 4
 XIELU = ("alpha_p", "alpha_n", "beta", "eps")  # `xielu.<p>`: one value a layer
 # llama.cpp's per-layer names -> the engine's, where they differ from Llama's
 NAMES: dict[str, dict[str, str]] = {
@@ -61,6 +68,11 @@ NAMES: dict[str, dict[str, str]] = {
                 "ffn_gate_exps": "mlp.experts.gate", "ffn_up_exps": "mlp.experts.up",
                 "ffn_down_exps": "mlp.experts.down", "ffn_gate_up_exps": "mlp.experts.gate_up"},
     "seed_oss": {"post_attention_norm": "post_attention_layernorm"},
+    "llama4": {"ffn_gate_inp": "feed_forward.router",
+               **{f"ffn_{p}_exps": f"feed_forward.experts.{p}" for p in ("gate", "up", "down")},
+               **{f"ffn_{p}_shexp": f"feed_forward.shared_expert.{p}_proj"
+                  for p in ("gate", "up", "down")},
+               **{f"ffn_{p}": f"feed_forward.{p}_proj" for p in ("gate", "up", "down")}},
     # the fused wholes (their parts are read: `fused_parts`), named for the weights estimate
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     "exaone4": {"post_attention_norm": "post_attention_layernorm",
@@ -150,6 +162,8 @@ def family_fields(get: Get, gguf_arch: str, layers: int, window_pattern,
     window = int(window) if window else None
     if gguf_arch == "glm4moe":
         return _glm4_moe(get, tensors)
+    if gguf_arch == "llama4":
+        return _llama4(get, layers)
     if gguf_arch == "gpt-oss":
         alpha, limit = GPT_OSS_SWIGLU
         return dict(attention_sinks=True, swiglu_alpha=alpha, swiglu_limit=limit,
@@ -203,6 +217,30 @@ def _glm4_moe(get: Get, tensors: set[str]) -> dict[str, Any]:
     width = int(get("expert_feed_forward_length"))
     return {"qk_norm": "blk.0.attn_q_norm.weight" in tensors, "routing": routing,
             "shared_expert_intermediate_size": width * int(get("expert_shared_count", 0) or 0)}  # fmt: skip
+
+
+def _llama4(get: Get, layers: int) -> dict[str, Any]:
+    """Llama 4 as llama.cpp builds it (no keys for most of it): `attention.sliding_window` 0
+    (the converter's for all-full-attention configs) means rotary on every layer, no chunks, no
+    temperature; otherwise (any other value is overridden, as llama.cpp does) chunks of 8192 on
+    three layers of four, the fourth NoPE with the q temperature (floor 8192, scale 0.1); q/k
+    L2 norms on the rotary layers unless the model has 128 experts (Maverick). The experts
+    (sigmoid top-k, the input scaled), the shared expert of their width: `model/llama4.py`."""
+    from pagoda.runtime.model_configs import Llama4Attention
+
+    full = get("attention.sliding_window") == 0
+    chunk, floor, scale = LLAMA4_CHUNK
+    rope = tuple(full or bool((i + 1) % LLAMA4_NO_ROPE_STEP) for i in range(layers))
+    width = int(get("expert_feed_forward_length", 0) or 0)
+    experts = int(get("expert_count", 0) or 0)
+    fields: dict[str, Any] = {
+        "rope_layers": rope, "rope_interleaved": True, "shared_expert_intermediate_size": width,
+        "llama4": Llama4Attention(qk_norm=experts != 128, temperature_tuning=not full,
+                                  floor_scale=floor, attn_scale=scale),
+    }  # fmt: skip
+    if not full:
+        fields.update(attention_chunk_size=chunk, chunk_layers=rope)  # the rotary layers
+    return fields
 
 
 def rope_scaling(get: Get, gguf_arch: str, scaling: dict | None, head_dim: int,

@@ -6,8 +6,8 @@ qwen3moe, gemma3, gemma2, qwen2moe (its shared expert `ffn_*_shexp`, gated by
 `logit_scale`), granitemoe (its `input_linear` split as gate and up), olmo2 (norms after the sublayers, q/k norms over every head; with
 `attention.sliding_window`, OLMo 3's window layers), olmoe, smollm3 (llama with every fourth
 layer NoPE, as llama.cpp hard-codes it), deepseek2 (`gguf_deepseek.py`), glm4, command-r and cohere2
-(`gguf_glm_cohere.py`), gpt-oss, phi3, exaone4, seed_oss, ernie4_5, starcoder2, arcee, apertus
-and mistral3 (`gguf_archs.py`: their names, fused rows and fields). Quantized tensors (Q4_0,
+(`gguf_glm_cohere.py`), gpt-oss, phi3, exaone4, seed_oss, ernie4_5, starcoder2, arcee, apertus,
+mistral3, glm4moe and llama4 (`gguf_archs.py`: their names, fused rows and fields). Quantized tensors (Q4_0,
 Q4_1, Q8_0, the K kinds, MXFP4, ...) are dequantized in torch (`gguf_dequant`) when the model
 builder reads them (`GGUFWeights`), one at a time from the memory-mapped file. llama.cpp stores the Q and K projections of Llama models permuted for its
 interleaved rotary; we undo that (in torch) so one rotate-half rotary (Hugging Face layout)
@@ -163,13 +163,35 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
     window = _field(reader, p + "attention.sliding_window")
     if arch in ("gemma3", "mistral", "mixtral") and window:
         fields["sliding_window"] = int(window)
+    if arch in ("gemma2", "gemma3"):
+        fields.update(_gemma_fields(reader, p, arch, layers, head_dim, heads, hidden, window))
+    if arch == "smollm3":  # llama.cpp: no key for it, every fourth layer NoPE; no window
+        if window:
+            raise ValueError("GGUF smollm3 with attention.sliding_window is not supported")
+        fields["rope_layers"] = tuple(bool((i + 1) % SMOLLM3_NO_ROPE_STEP) for i in range(layers))
+    if arch == "olmo2" and window:  # OLMo 3, as llama.cpp's converter writes it
+        fields.update(_olmo3_windows(reader, p, layers, int(window)))
+    if arch in ("olmo2", "olmoe"):
+        if _field(reader, p + "attention.clamp_kqv") is not None:
+            raise ValueError("GGUF attention.clamp_kqv (OLMoE's q/k/v clamp) is not supported")
+        fields.update(qk_norm_whole=True, olmo2_norms=arch == "olmo2")
+    if arch == "granitemoe" and _field(reader, p + "expert_shared_feed_forward_length"):
+        raise ValueError("GGUF granitemoe with a shared expert (GraniteMoeShared) is not supported")
+    if arch in ("granite", "granitemoe"):
+        fields.update(_granite_scalars(reader, p))
+    fields.update(_expert_fields(reader, p, arch, layers))
+    return FamilyConfig(**fields)
+
+
+def _gemma_fields(reader, p: str, arch: str, layers: int, head_dim: int, heads: int,
+                  hidden: int, window) -> dict:  # fmt: skip
+    """Gemma 2's and Gemma 3's fields, with llama.cpp's built-in values where the file has none
+    (the layer pattern, the window, the soft-caps, the local rotary base, the query scale)."""
+    fields: dict = dict(gemma_norms=True, norms_hold_one_plus_w=True, hidden_act="gelu_tanh")
     if arch == "gemma2":  # llama.cpp's gemma2 hparams (its 27B, 46 layers: hidden / heads)
         fields.update(
             sliding_window=int(window or 4096),
             window_layers=tuple(bool((i + 1) % GEMMA2_SWA_PATTERN) for i in range(layers)),
-            gemma_norms=True,
-            norms_hold_one_plus_w=True,
-            hidden_act="gelu_tanh",
             query_pre_attn_scalar=float(hidden // heads if layers == 46 else head_dim),
             attn_logit_softcapping=float(
                 _field(reader, p + "attn_logit_softcapping", GEMMA2_ATTN_CAP)
@@ -188,59 +210,51 @@ def _family(reader, gguf_arch: str, arch: str, layers: int, head_dim: int, heads
         scalar = hidden // heads if layers == 62 else head_dim
         cap = _field(reader, p + "final_logit_softcapping")
         fields.update(
-            gemma_norms=True,
-            norms_hold_one_plus_w=True,
-            hidden_act="gelu_tanh",
             local_rope_theta=float(_field(reader, p + "rope.freq_base_swa", GEMMA3_LOCAL_THETA)),
             query_pre_attn_scalar=float(scalar),
             final_logit_softcapping=float(cap) if cap else None,
         )
-    if arch == "smollm3":  # llama.cpp: no key for it, every fourth layer NoPE; no window
-        if window:
-            raise ValueError("GGUF smollm3 with attention.sliding_window is not supported")
-        fields["rope_layers"] = tuple(bool((i + 1) % SMOLLM3_NO_ROPE_STEP) for i in range(layers))
-    if arch == "olmo2" and window:  # OLMo 3, as llama.cpp's converter writes it
-        fields.update(_olmo3_windows(reader, p, layers, int(window)))
-    if arch in ("olmo2", "olmoe"):
-        if _field(reader, p + "attention.clamp_kqv") is not None:
-            raise ValueError("GGUF attention.clamp_kqv (OLMoE's q/k/v clamp) is not supported")
-        fields.update(qk_norm_whole=True, olmo2_norms=arch == "olmo2")
-    if arch == "granitemoe" and _field(reader, p + "expert_shared_feed_forward_length"):
-        raise ValueError("GGUF granitemoe with a shared expert (GraniteMoeShared) is not supported")
-    if arch in (
-        "granite",
-        "granitemoe",
-    ):  # the converter's *_scale keys; llama.cpp: absent (0) means none
-        attention = _field(reader, p + "attention.scale")
-        fields.update(
-            embedding_multiplier=float(_field(reader, p + "embedding_scale", 0) or 1.0),
-            residual_multiplier=float(_field(reader, p + "residual_scale", 0) or 1.0),
-            attention_multiplier=float(attention) if attention else None,
-            logits_scaling=float(_field(reader, p + "logit_scale", 0) or 1.0),
-        )
+    return fields
+
+
+def _granite_scalars(reader, p: str) -> dict:
+    """Granite's scalars from the converter's *_scale keys (llama.cpp: absent (0) means none)."""
+    attention = _field(reader, p + "attention.scale")
+    return dict(
+        embedding_multiplier=float(_field(reader, p + "embedding_scale", 0) or 1.0),
+        residual_multiplier=float(_field(reader, p + "residual_scale", 0) or 1.0),
+        attention_multiplier=float(attention) if attention else None,
+        logits_scaling=float(_field(reader, p + "logit_scale", 0) or 1.0),
+    )
+
+
+def _expert_fields(reader, p: str, arch: str, layers: int) -> dict:
+    """The experts' fields (none for a dense model): their count, top-k, width, renormalising,
+    the layers that have them; Qwen2-MoE's shared expert."""
     experts = int(_field(reader, p + "expert_count", 0) or 0)
-    if experts:
-        names = {t.name for t in reader.tensors}
-        fields.update(
-            num_experts=experts,
-            num_experts_per_tok=int(_field(reader, p + "expert_used_count")),
-            moe_intermediate_size=int(
-                _field(reader, p + "expert_feed_forward_length", 0)
-                or _field(reader, p + "feed_forward_length")
-            ),
-            norm_topk_prob=bool(_field(reader, p + "expert_weights_norm", arch in _RENORMALISED)),
-            moe_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in names for i in range(layers)),
+    if not experts:
+        return {}
+    names = {t.name for t in reader.tensors}
+    fields: dict = dict(
+        num_experts=experts,
+        num_experts_per_tok=int(_field(reader, p + "expert_used_count")),
+        moe_intermediate_size=int(
+            _field(reader, p + "expert_feed_forward_length", 0)
+            or _field(reader, p + "feed_forward_length")
+        ),
+        norm_topk_prob=bool(_field(reader, p + "expert_weights_norm", arch in _RENORMALISED)),
+        moe_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in names for i in range(layers)),
+    )
+    if arch in ("qwen3moe", "qwen2moe", "olmoe", "granitemoe"):
+        fields["round_topk_to_model_dtype"] = True
+    if arch == "qwen2moe":  # the key, else the shared expert's rows (llama.cpp: the same)
+        shexp = next((t for t in reader.tensors if t.name.endswith(".ffn_gate_shexp.weight")),
+                     None)  # fmt: skip
+        width = _field(reader, p + "expert_shared_feed_forward_length")
+        fields["shared_expert_intermediate_size"] = int(
+            width or (_shape(shexp)[0] if shexp is not None else 0)
         )
-        if arch in ("qwen3moe", "qwen2moe", "olmoe", "granitemoe"):
-            fields["round_topk_to_model_dtype"] = True
-        if arch == "qwen2moe":  # the key, else the shared expert's rows (llama.cpp: the same)
-            shexp = next((t for t in reader.tensors if t.name.endswith(".ffn_gate_shexp.weight")),
-                         None)  # fmt: skip
-            width = _field(reader, p + "expert_shared_feed_forward_length")
-            fields["shared_expert_intermediate_size"] = int(
-                width or (_shape(shexp)[0] if shexp is not None else 0)
-            )
-    return FamilyConfig(**fields)
+    return fields
 
 
 def _olmo3_windows(reader, p: str, layers: int, window: int) -> dict:
@@ -312,18 +326,52 @@ def _rope_scaling(reader, p: str, head_dim: int, partial: bool = False) -> dict 
     return out
 
 
+def _check_pre_tokenizer(reader) -> None:
+    """A byte-level BPE's `tokenizer.ggml.pre` refused at start-up where the engine does not
+    split as it names (as llama.cpp refuses it); a warning where the file names none."""
+    if _field(reader, "tokenizer.ggml.model") != "gpt2":
+        return
+    pre = _field(reader, "tokenizer.ggml.pre")
+    pre_tokenizers.lookup(pre)
+    if not pre:  # llama.cpp: "missing pre-tokenizer type, using: 'default'"
+        log.warning("GGUF has no tokenizer.ggml.pre: splitting as llama.cpp's 'default'; "
+                    "token ids may differ from the model's own tokenizer")  # fmt: skip
+
+
+def _family_rope(reader, gguf_arch: str, head_dim: int) -> dict | None:
+    """`ModelConfig.rope_scaling` of a family other than DeepSeek's: the file's scaling
+    (`_rope_scaling`; Phi-3's longrope from `gguf_archs`), GLM's and Cohere's partial rotary."""
+    p = f"{gguf_arch}."
+    partial = gguf_glm_cohere.partial_rotary(
+        gguf_arch, _field(reader, p + "rope.dimension_count"), head_dim
+    )
+    rope_scaling = (None if gguf_arch == "phi3"  # (its longrope: gguf_archs)
+                    else _rope_scaling(reader, p, head_dim, partial is not None))  # fmt: skip
+    rope_scaling = {**(rope_scaling or {}), **partial} if partial else rope_scaling
+    if gguf_arch in gguf_archs.ENGINE_ARCH:
+        rope_scaling = gguf_archs.rope_scaling(
+            lambda key, d=None: _field(reader, p + key, d), gguf_arch, rope_scaling, head_dim,
+            {t.name: t for t in reader.tensors if t.name.startswith("rope_factors")},
+        )  # fmt: skip
+    return rope_scaling
+
+
+def _eos_ids(reader, gguf_arch: str, tokens) -> tuple[int, ...]:
+    """The end-of-generation ids llama.cpp reads (EOS, end of turn, end of message: Llama 3.1's
+    <|eom_id|> after a built-in tool call), and a family's own (`gguf_archs.eos_ids`)."""
+    keys = ("eos_token_id", "eot_token_id", "eom_token_id")
+    eos = list(dict.fromkeys(int(_field(reader, f"tokenizer.ggml.{k}", -1)) for k in keys))
+    eos += [i for i in gguf_archs.eos_ids(gguf_arch, tokens) if i not in eos]
+    return tuple(e for e in eos if e >= 0)
+
+
 def read_config(reader) -> ModelConfig:
     gguf_arch = _field(reader, "general.architecture")
     if gguf_arch not in SUPPORTED_ARCHS:
         raise ValueError(
             f"unsupported GGUF architecture {gguf_arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
         )
-    if _field(reader, "tokenizer.ggml.model") == "gpt2":  # refused at start-up, as llama.cpp does
-        pre = _field(reader, "tokenizer.ggml.pre")
-        pre_tokenizers.lookup(pre)
-        if not pre:  # llama.cpp: "missing pre-tokenizer type, using: 'default'"
-            log.warning("GGUF has no tokenizer.ggml.pre: splitting as llama.cpp's 'default'; "
-                        "token ids may differ from the model's own tokenizer")  # fmt: skip
+    _check_pre_tokenizer(reader)
     p = f"{gguf_arch}."
     arch = gguf_glm_cohere.ENGINE_ARCH.get(gguf_arch, gguf_arch)
     if gguf_arch in gguf_archs.ENGINE_ARCH:
@@ -343,25 +391,10 @@ def read_config(reader) -> ModelConfig:
         )  # fmt: skip
     head_dim = int(_field(reader, p + "attention.key_length", hidden // heads))
     head_dim = deepseek.get("head_dim", head_dim)
-    partial = gguf_glm_cohere.partial_rotary(
-        gguf_arch, _field(reader, p + "rope.dimension_count"), head_dim
+    rope_scaling = (
+        deepseek["rope_scaling"] if deepseek else _family_rope(reader, gguf_arch, head_dim)
     )
-    if deepseek:
-        rope_scaling = deepseek["rope_scaling"]
-    else:
-        rope_scaling = (None if gguf_arch == "phi3"  # (its longrope: gguf_archs)
-                        else _rope_scaling(reader, p, head_dim, partial is not None))  # fmt: skip
-        rope_scaling = {**(rope_scaling or {}), **partial} if partial else rope_scaling
-        if gguf_arch in gguf_archs.ENGINE_ARCH:
-            rope_scaling = gguf_archs.rope_scaling(
-                lambda key, d=None: _field(reader, p + key, d), gguf_arch, rope_scaling, head_dim,
-                {t.name: t for t in reader.tensors if t.name.startswith("rope_factors")},
-            )  # fmt: skip
-    # the end-of-generation ids llama.cpp reads (EOS, end of turn, end of message: Llama 3.1's
-    # <|eom_id|> after a built-in tool call)
-    keys = ("eos_token_id", "eot_token_id", "eom_token_id")
-    eos = list(dict.fromkeys(int(_field(reader, f"tokenizer.ggml.{k}", -1)) for k in keys))
-    eos += [i for i in gguf_archs.eos_ids(gguf_arch, tokens) if i not in eos]
+    eos = _eos_ids(reader, gguf_arch, tokens)
     names = {t.name for t in reader.tensors}
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     layers = int(_field(reader, p + "block_count"))
@@ -385,7 +418,7 @@ def read_config(reader) -> ModelConfig:
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
         bos_token_id=int(bos) if bos is not None else None,
-        eos_token_ids=tuple(e for e in eos if e >= 0),
+        eos_token_ids=eos,
         architecture=arch,
         family=deepseek.get("family")
         or _family(reader, gguf_arch, arch, layers, head_dim, heads, hidden),

@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from pagoda.runtime.config import FamilyConfig, ModelConfig
 from pagoda.runtime.model import (
+    bpe_files,
     config_keys,
     family_fields,
     moe_families,
     special_tokens,
+    spm_files,
     tiktoken_files,
 )
 from pagoda.runtime.model import deepseek_config as deepseek
@@ -36,6 +38,7 @@ from pagoda.runtime.model.hf_tables import (
     HF_ARCHITECTURES,
     NULLABLE,
     PARTIAL_ROTARY,
+    REMOTE_CODE_TYPES,
     TEXT_MODEL_TYPES,
     WRAPPER_TIES,
 )
@@ -56,7 +59,9 @@ _ACTIVATIONS.update({"gelu_tanh": "gelu_tanh", "gelu_python_tanh": "gelu_tanh"})
 _ACTIVATIONS["gelu_new"] = "gelu_tanh"  # (Phi's: the tanh approximation)
 _ACTIVATIONS["gelu_fast"] = "gelu_tanh"  # (GPT-NeoX-20B's: the same formula)
 _ACTIVATIONS["gelu"] = "gelu"  # exact (Falcon's ungated MLP; a gated one refuses it)
-_ACTIVATIONS.update({"relu2": "relu2", "xielu": "xielu"})  # ungated MLPs' (Arcee's, Apertus')
+_ACTIVATIONS.update(
+    {"relu2": "relu2", "xielu": "xielu", "relu": "relu"}
+)  # ungated MLPs' (Arcee's, Apertus')
 
 
 def _as_ids(value) -> tuple[int, ...]:
@@ -75,6 +80,11 @@ def architecture(cfg: Mapping[str, Any]) -> str:
             f"unsupported architecture ({found}); supported: {', '.join(HF_ARCHITECTURES)}"
         )
     wrapper = next((a for a in archs if a in HF_ARCHITECTURES), "")
+    if cfg.get("model_type") in REMOTE_CODE_TYPES:
+        kind = cfg["model_type"]
+        raise ValueError(f"{wrapper} of model_type {kind!r} ({REMOTE_CODE_TYPES[kind]}) is not "
+                         f"supported: use a revision in transformers' format (model_type "
+                         f"{arch!r})")  # fmt: skip
     if wrapper in TEXT_MODEL_TYPES:  # its text model's family
         text = cfg.get("text_config") or {}
         kinds = TEXT_MODEL_TYPES[wrapper]
@@ -291,17 +301,24 @@ def read_weights(model_dir: Path) -> SafetensorsWeights:
 
 def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
     """tokenizer.json, else a tiktoken BPE file with known tokenizer code (`tiktoken_files`:
-    Kimi K2, Moonlight); ValueError, one line, for a directory with neither."""
+    Kimi K2, Moonlight), else GPT-2's vocab.json and merges.txt (`bpe_files`: OPT's), else a
+    SentencePiece `tokenizer.model` (`spm_files`: Llama 2, InternLM3); ValueError, one line,
+    for a directory with none of them."""
     path = model_dir / "tokenizer.json"
     tcfg = _read_json(model_dir / "tokenizer_config.json")
-    sort_tool_keys = False
+    sort_tool_keys = spm = False
     if path.exists():
         hf_tok = HFTokenizer.from_file(str(path))
     elif (model_dir / tiktoken_files.TIKTOKEN_FILE).exists():
         hf_tok = tiktoken_files.read_tiktoken_dir(model_dir, tcfg)
         sort_tool_keys = tiktoken_files.sorts_tool_keys(model_dir, tcfg)
+    elif bpe_files.has_bpe_files(model_dir):  # GPT-2's vocab.json + merges.txt (OPT's)
+        hf_tok = bpe_files.read_bpe_dir(model_dir, tcfg)
+    elif spm := (model_dir / spm_files.SPM_FILE).exists():
+        hf_tok = spm_files.read_spm_dir(model_dir, tcfg)
     else:
-        raise ValueError(f"{model_dir} has no tokenizer.json (nor {tiktoken_files.TIKTOKEN_FILE})")
+        raise ValueError(f"{model_dir} has no tokenizer.json (nor {tiktoken_files.TIKTOKEN_FILE}, "
+                         f"{bpe_files.VOCAB} with {bpe_files.MERGES}, or {spm_files.SPM_FILE})")  # fmt: skip
     template = read_chat_template(model_dir, tcfg)  # a processor's file first, as vLLM
     return Tokenizer(
         hf_tok,
@@ -309,7 +326,11 @@ def read_tokenizer(model_dir: Path, config: ModelConfig) -> Tokenizer:
         tool_chat_template=read_tool_template(model_dir, tcfg),
         bos_token_id=config.bos_token_id,
         eos_token_ids=special_tokens.stop_ids(config.eos_token_ids, tokenizer=hf_tok, tcfg=tcfg),
-        add_bos_token=_adds_bos(hf_tok, config.bos_token_id, tcfg),
+        # transformers' Llama tokenizer (and InternLM3's) add BOS unless told not to
+        add_bos_token=bool(tcfg.get("add_bos_token", True))
+        if spm
+        else _adds_bos(hf_tok, config.bos_token_id, tcfg),
+        add_eos_token=spm and bool(tcfg.get("add_eos_token", False)),
         sort_tool_keys=sort_tool_keys,
         template_tokens=special_tokens.template_tokens(tcfg),
     )
@@ -336,11 +357,23 @@ def check_weights(
         if not (model_dir / INDEX).exists() and not any(model_dir.glob("*.safetensors")):
             return None
         weights = read_weights(model_dir)
+    try:
+        _split_and_check(model_dir, config, weights)
+    except ValueError as e:  # the tensors as the files name them (GPT-style names, Falcon's, ...)
+        raise ValueError(weights.in_stored_names(str(e))) from e
+    return weights
+
+
+def _split_and_check(model_dir: Path, config: ModelConfig, weights: SafetensorsWeights) -> None:
     if config.architecture in FUSED:  # fused qkv_proj / gate_up_proj, listed as Llama's
         from pagoda.runtime.model.phi3 import split_fused
 
         split_fused(weights, config)
-    if config.architecture in ("falcon", "gpt_neox"):  # the fused query_key_value, by layout
+    if config.architecture == "gpt2":  # Conv1D matrices, stored [in, out]
+        from pagoda.runtime.model.positions import transpose_conv1d
+
+        transpose_conv1d(weights)
+    if config.family.falcon_qkv:  # the fused query_key_value, by layout (falcon.py)
         from pagoda.runtime.model.falcon import split_qkv
 
         split_qkv(weights, config)
@@ -348,7 +381,6 @@ def check_weights(
     weights.fp8_block = None if scheme is None else scheme.block  # block-wise FP8 scales' tile
     headers = {name: weights.dtype_and_shape(name) for name in weights}
     check_checkpoint(config, headers, weights.fp8_block)
-    return weights
 
 
 def untie_a_distinct_head(config: ModelConfig, weights: SafetensorsWeights | None) -> ModelConfig:

@@ -68,6 +68,14 @@ HF_ARCHITECTURES = {
     "CwmForCausalLM": "cwm",  # Code World Model: Llama's, window layers (layer_types)
     "PhiForCausalLM": "phi",
     "GPTJForCausalLM": "gptj",  # GPT-J: Phi's model with the interleaved rotary (model/phi.py)  # phi-2: parallel layer, LayerNorm with biases, GELU MLP (phi.py)
+    # learned absolute positions (model/positions.py)
+    "GPT2LMHeadModel": "gpt2",  # GPT-2: Conv1D matrices, fused c_attn, tied head
+    "GPTBigCodeForCausalLM": "gpt_bigcode",  # StarCoder 1, SantaCoder: multi-query
+    "OPTForCausalLM": "opt",  # OPT: positions offset by 2, pre- or post-norm, project_in/out
+    # ALiBi (model/bloom.py)
+    "BloomForCausalLM": "bloom",
+    "MPTForCausalLM": "mpt",  # (mosaicml's own code's name)
+    "MptForCausalLM": "mpt",  # (transformers')
     **llama4.ARCHITECTURES,  # Llama 4 Scout, Maverick: the text model (model/llama4.py)
     **hybrid.ARCHITECTURES,  # Granite 4.0, Bamba: Mamba2 and attention layers (granite_hybrid.py)
     **moe_families.ARCHITECTURES,  # ERNIE 4.5 MoE, ... (model/moe_families.py)
@@ -78,6 +86,12 @@ TEXT_MODEL_TYPES = {
     "Mistral3ForConditionalGeneration": {"mistral": "mistral", "ministral": "ministral",
                                          "ministral3": "ministral3"},
     "Exaone4_5_ForConditionalGeneration": {"exaone4": "exaone4", "exaone4_5_text": "exaone4"},
+}  # fmt: skip
+# a model_type of a remote-code format published under a class name transformers' own format
+# uses: other keys and tensor names, refused (not read as the family with its defaults)
+REMOTE_CODE_TYPES = {
+    "phi-msft": "phi-2's and phi-1.5's older remote-code format: n_embd / n_layer keys, "
+                "transformer.h.N.mixer.Wqkv tensors",
 }  # fmt: skip
 # a wrapper's own default for tie_word_embeddings (else true, as Gemma 3's and Mistral 3's)
 WRAPPER_TIES = {"exaone4_5": False}
@@ -187,6 +201,27 @@ DEFAULTS: dict[str, dict[str, Any]] = {
             "num_hidden_layers": 24, "num_attention_heads": 32, "hidden_act": "gelu_new",
             "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.5, "attention_bias": True,
             "max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2},
+    "gpt2": {"vocab_size": 50_257, "max_position_embeddings": 1024, "hidden_size": 768,
+             "num_hidden_layers": 12, "num_attention_heads": 12, "hidden_act": "gelu_new",
+             "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True, "bos_token_id": 50_256,
+             "eos_token_id": 50_256},
+    "gpt_bigcode": {"vocab_size": 50_257, "max_position_embeddings": 1024, "hidden_size": 768,
+                    "num_hidden_layers": 12, "num_attention_heads": 12,
+                    "hidden_act": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-5,
+                    "multi_query": True, "tie_word_embeddings": True, "bos_token_id": 50_256,
+                    "eos_token_id": 50_256},
+    "opt": {"vocab_size": 50_272, "hidden_size": 768, "num_hidden_layers": 12,
+            "intermediate_size": 3072, "max_position_embeddings": 2048,
+            "num_attention_heads": 12, "hidden_act": "relu", "tie_word_embeddings": True,
+            "pad_token_id": 1, "bos_token_id": 2, "eos_token_id": 2,
+            "_layer_norm_eps": 1e-5},  # (nn.LayerNorm's: OPTConfig has no eps)
+    "bloom": {"vocab_size": 250_880, "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 8, "layer_norm_epsilon": 1e-5,
+              "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 2048,
+              "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2},
+    "mpt": {"vocab_size": 50_368, "hidden_size": 2048, "num_hidden_layers": 24,
+            "num_attention_heads": 16, "expansion_ratio": 4, "max_position_embeddings": 2048,
+            "layer_norm_epsilon": 1e-5, "hidden_act": "gelu", "tie_word_embeddings": True},
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "num_key_value_heads": 8,
                 "max_position_embeddings": 131_072, "rope_theta": 1_000_000.0,
                 "rms_norm_eps": 1e-5},
@@ -249,7 +284,9 @@ NULLABLE = {
 EPS = {"cohere": "layer_norm_eps", "cohere2": "layer_norm_eps"}  # the norms' eps, by family
 EPS.update(starcoder2="norm_epsilon", nemotron="norm_eps", phi="layer_norm_eps")
 EPS.update(falcon="layer_norm_epsilon", gpt_neox="layer_norm_eps", stablelm="layer_norm_eps")
-EPS.update(jais2="layer_norm_eps", gptj="layer_norm_epsilon")
+EPS.update(jais2="layer_norm_eps", gptj="layer_norm_epsilon", gpt2="layer_norm_epsilon")
+EPS.update(gpt_bigcode="layer_norm_epsilon", opt="_layer_norm_eps", bloom="layer_norm_epsilon")
+EPS.update(mpt="layer_norm_epsilon")
 # the rotary transformers' config class fills in when config.json has neither rope_parameters
 # nor rope_scaling
 DEFAULT_ROPE = {

@@ -304,6 +304,7 @@ class LlamaModel:
             self.vocab_size = head_weight.shape[0]  # the logits' width
             self.embed = _lookup_table(embed, w.quantized([EMBED]), self.lm_head, head == EMBED)
         self.rope_caches = self.build_rope_caches(max_positions)
+        self.read_model_tensors(w, ctx)
         # longrope: the tables of two halves (short, long), and the context that picks one
         original = longrope.original_context(config.rope_scaling)  # (Gemma 3's local: never)
         self.long_rope = {} if original is None else {"global": (original, max_positions)}
@@ -329,6 +330,10 @@ class LlamaModel:
             num_heads=heads, num_kv_heads=kv_heads, head_dim=c.head_dim,
             batch_invariant=self.batch_invariant, tp=tp,
         )  # fmt: skip
+
+    def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
+        """Read the family's tensors outside the layers and the head (`positions.py`: a table
+        of learned positions, OPT's projections; BLOOM's embedding norm): none here."""
 
     def norm_weight(self, weight: torch.Tensor) -> torch.Tensor:
         """A norm's weight as `rms_norm` takes it."""
@@ -377,12 +382,14 @@ class LlamaModel:
         """The rotary table layer `index` reads: "local" for Gemma 3's (and OLMo 3's) window
         layers; None where the layer has no rotary (`FamilyConfig.rope_layers`)."""
         f = self.config.family
-        if not f.has_rope(index):
+        if not f.has_rope(index) or f.positions != "rope":  # (learned positions, ALiBi: none)
             return None
         return "local" if f.local_rope_theta and f.window(index) is not None else "global"
 
     def build_rope_caches(self, max_positions: int) -> dict[str, torch.Tensor]:
         c, f = self.config, self.config.family
+        if f.positions != "rope":  # no rotary table (`positions.py`, ALiBi)
+            return {}
         check_rope_context(c.rope_scaling, c.max_position_embeddings, max_positions)
         caches = {
             "global": build_cos_sin_cache(c.head_dim, c.rope_theta, c.rope_scaling, max_positions)
@@ -433,12 +440,22 @@ class LlamaModel:
     ) -> torch.Tensor:
         """The logits [N, vocab] of the rows `logits_indices`; with `head`, their tokens (int64
         [N]) drawn inside the LM head, which must fuse sampling (`Linear.fuses_sampling`)."""
-        h = self.embed_tokens(input_ids)
+        h = self.input_embeddings(input_ids, positions)
         step = Step(meta, kv_caches, self._rope_rows(positions, h.dtype, meta))
         residual = None
         for layer in self.layers:
             h, residual = layer(h, residual, step)
         h = h.index_select(0, logits_indices)
-        residual = residual.index_select(0, logits_indices)
-        x, _ = self.rms_norm(x=h, weight=self.norm, eps=self.config.rms_norm_eps, residual=residual)
-        return self.logits(x, head)
+        residual = None if residual is None else residual.index_select(0, logits_indices)
+        return self.logits(self.final_hidden(h, residual), head)
+
+    def input_embeddings(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The first layer's input: the tokens' embeddings (`positions.py`: with their
+        positions' learned rows added)."""
+        return self.embed_tokens(input_ids)
+
+    def final_hidden(self, h: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """What the LM head reads: the last layer's output added to the residual stream,
+        normalised (`residual` None: a post-norm layer's output is the stream itself)."""
+        eps = self.config.rms_norm_eps
+        return self.rms_norm(x=h, weight=self.norm, eps=eps, residual=residual)[0]

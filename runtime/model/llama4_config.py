@@ -5,7 +5,8 @@ reading a config imports no layer code.
 
 - rotary (interleaved, complex pairs) on the layers `no_rope_layers` marks 1 (by default all
   but every `no_rope_layer_interval`-th), NoPE on the others;
-- experts (`num_local_experts` of `intermediate_size`, top-1) where `moe_layers` says (by
+- experts (`num_local_experts` of `intermediate_size`, top-`num_experts_per_tok`: 1 in
+  the released checkpoints) where `moe_layers` says (by
   default every `interleave_moe_layer_step`-th layer), beside a shared expert of the same width;
   dense MLPs of `intermediate_size_mlp` elsewhere (`ModelConfig.intermediate_size`);
 - the rotary layers attend in chunks of `attention_chunk_size` (a token at position p sees
@@ -83,8 +84,8 @@ def family_fields(cfg: Mapping[str, Any], n: int) -> dict[str, Any]:
     for what it does not run."""
     rope, moe = _layers(cfg, n)
     k = int(cfg["num_experts_per_tok"])
-    if k != 1:  # transformers scales each expert's input by its own score; released: top-1
-        raise ValueError(f"num_experts_per_tok {k} is not supported for Llama 4 (top-1 only)")
+    if not 1 <= k <= int(cfg["num_local_experts"]):
+        raise ValueError(f"num_experts_per_tok {k} is not between 1 and num_local_experts")
     width = int(cfg["llama4_expert_width"])
     return {
         "rope_layers": tuple(rope),

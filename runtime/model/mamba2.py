@@ -20,12 +20,14 @@ d_state]. A step's rows are decodes first, then prefill chunks (`attention.base`
 - the decode rows (one token each) are one batched recurrence step (`conv_step`,
   `recurrent_step`) over their slots, gathered and scattered back with index ops (on the CPU,
   float32 SSM states in one native pass where they lie: `cpu/mamba_step.py`);
-- the prefill chunks run together (`Mamba2Mixer._prefill`), laid out [sequences, longest
-  chunk] with dt 0 on the padding (which then neither decays nor feeds a state): the causal
-  conv from each sequence's conv state, the chunked scan (`ssd_scan`: SSD, state-space duality,
-  as transformers' `mamba2_chunk_scan`) from its SSM state; the final states go back to their
-  slots, so a prompt split over steps (chunked prefill) computes what one pass would. No loop
-  over sequences, no host sync (the layout is built on the host from the scheduled lengths).
+- the prefill chunks run together (`Mamba2Mixer._prefill`) in a chunk-aligned packed layout
+  (`ssd.pack`: each sequence's tokens in SSD chunks of its own, padded only to a whole chunk,
+  dt 0 on the padding, which then neither decays nor feeds a state): the causal conv over each
+  sequence's conv state and tokens, the chunked scan (`ssd.ssd_scan`: SSD, state-space duality,
+  as transformers' `mamba2_chunk_scan`, its recurrence restarting at each sequence's first
+  chunk from its SSM state); the final states go back to their slots, so a prompt split over
+  steps (chunked prefill) computes what one pass would. No loop over sequences, no host sync
+  (the layout is built on the host from the scheduled lengths).
 
 With tensor parallelism a rank holds its heads and the B/C groups they read (`mamba_shard.py`):
 in_proj column-parallel (its rows of each of the five parts), out_proj row-parallel, the gated
@@ -40,22 +42,40 @@ import torch
 import torch.nn.functional as F
 from pagoda.runtime.config import ModelConfig
 from pagoda.runtime.cpu import mamba_step
-from pagoda.runtime.model import mamba_shard
+from pagoda.runtime.model import mamba_shard, ssd
 from pagoda.runtime.model.llama import linear_layer
 from pagoda.runtime.model.parallel_linear import column_linear, row_linear
+from pagoda.runtime.model.ssd import ssd_scan_bytes
 from pagoda.runtime.model_configs import MambaConfig
 
 MAMBA_STEP = "mamba"  # the key of the step's `MambaStep` in `AttentionMetadata.aux`
 
 
 @dataclass
-class Prefill:
-    """A step's prefill chunks laid out [sequences, longest chunk] (`Mamba2Mixer._prefill`)."""
+class ScanGroup:
+    """Sequences scanned together (`ssd.ScanGroup`), the index tensors on the device."""
 
-    shape: tuple[int, int]  # (sequences, the longest chunk's tokens)
-    rows: torch.Tensor  # int64 [prefill tokens]: each token's place in the layout
-    lens: torch.Tensor  # int64 [sequences] each chunk's tokens
-    slots: torch.Tensor  # int64 [sequences] their state slots
+    counts: list[int]
+    num_chunks: int
+    slots: torch.Tensor  # int64 [Sg] their state slots
+    tokens: torch.Tensor  # int64 [Tg]
+    rows: torch.Tensor  # int64 [Tg]
+    chunk_of: torch.Tensor  # int64 [Tg]
+    in_chunk: torch.Tensor  # int64 [Tg]
+
+
+@dataclass
+class Prefill:
+    """A step's prefill chunks in the packed layout (`ssd.pack`; `Mamba2Mixer._prefill`), the
+    index tensors on the device."""
+
+    conv_len: int
+    slots: torch.Tensor  # int64 [S]: the sequences' state slots, sorted as the scan's layout
+    conv_rows: torch.Tensor  # int64 [T]
+    conv_out: torch.Tensor  # int64 [T]
+    state_rows: torch.Tensor  # int64 [S * (d_conv - 1)]
+    end_rows: torch.Tensor  # int64 [S * (d_conv - 1)]
+    groups: list[ScanGroup]
 
 
 @dataclass
@@ -70,90 +90,23 @@ class MambaStep:
     prefill: Prefill | None = None  # the prefill chunks (rows after the decodes)
 
 
-def segment_sum(x: torch.Tensor) -> torch.Tensor:
-    """[..., L] -> [..., L, L]: out[..., i, j] = sum(x[..., j + 1 : i + 1]) for j <= i, -inf
-    above the diagonal (transformers' stable form: a masked cumsum, no subtraction)."""
-    n = x.size(-1)
-    x = x[..., None].expand(*x.size(), n)
-    below = torch.tril(torch.ones(n, n, device=x.device, dtype=torch.bool), diagonal=-1)
-    x = x.masked_fill(~below, 0)
-    out = torch.cumsum(x, dim=-2)
-    keep = torch.tril(torch.ones(n, n, device=x.device, dtype=torch.bool), diagonal=0)
-    return out.masked_fill(~keep, -torch.inf)
-
-
-def ssd_scan_bytes(tokens: int, heads: int, head_dim: int, d_state: int, chunk: int) -> int:
-    """An upper bound on `ssd_scan`'s float32 temporaries for `tokens` tokens laid out in one
-    sequence (padded to whole chunks; independent of n_groups, as B and C are repeated per
-    head, and of the model's dtype, as the scan runs in float32). Per head and token: three
-    [chunk] rows (the decay matrix, the scores, the scores' copy in their einsum), four
-    [d_state] (B and C repeated per head, their padded copies, B scaled to the chunk end),
-    five [head_dim] (x scaled by dt and padded, D x, y, the start states' read-out) and the
-    per-chunk states twice (each chunk's own and after the recurrence, [head_dim, d_state]
-    per chunk). Measured (`tests/runtime/model/test_hybrid_ssm.py`) at 0.65-0.9 of this."""
-    padded = -(-tokens // chunk) * chunk
-    per = 3 * chunk + 4 * d_state + 5 * head_dim + 2 * head_dim * d_state / chunk
-    return int(padded * heads * per * 4)
-
-
-def scan_bytes(mc: ModelConfig, tokens: int, tp: int = 1) -> int:
-    """A hybrid's chunked-scan temporaries for a step of `tokens` prefill tokens (0 without
-    Mamba layers) on one of `tp` ranks: what the CUDA runner keeps free beside its
-    activations' headroom."""
+def scan_bytes(mc: ModelConfig, tokens: int, seqs: int, tp: int = 1) -> int:
+    """A hybrid's chunked-scan temporaries for a step of `tokens` prefill tokens in at most
+    `seqs` sequences (0 without Mamba layers) on one of `tp` ranks (its heads and groups:
+    `mamba_shard.local`): what the CUDA runner keeps free beside its activations' headroom,
+    the fit check and the memory estimate count (`step_scan_bytes`)."""
     m = mamba_shard.local(mc.family.mamba, tp)
     if m is None:
         return 0
-    return ssd_scan_bytes(tokens, m.n_heads, m.head_dim, m.d_state, m.chunk_size)
+    return ssd_scan_bytes(tokens, seqs, m.n_heads, m.head_dim, m.d_state, m.n_groups,
+                          m.chunk_size)  # fmt: skip
 
 
-def ssd_scan(
-    x: torch.Tensor,  # [b, L, H, P] float32
-    dt: torch.Tensor,  # [b, L, H] float32, softplus'd and clamped (0 on padding)
-    A: torch.Tensor,  # [H] float32 (negative)
-    B: torch.Tensor,  # [b, L, G, N]
-    C: torch.Tensor,  # [b, L, G, N]
-    D: torch.Tensor,  # [H] float32
-    state: torch.Tensor,  # [b, H, P, N] float32, each sequence's state before its first token
-    chunk: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y [b, L, H, P], final states [b, H, P, N]): transformers' `mamba2_chunk_scan` with
-    initial states: within each chunk of `chunk` tokens the quadratic (attention-like) form,
-    between chunks the recurrence on the chunk-boundary states. A position whose dt is 0 (a
-    shorter sequence's padding) neither decays the state nor adds to it: the final state is
-    the one after the sequence's last token."""
-    b, L, H, _ = x.shape
-    reps = H // B.shape[2]
-    B = B.float().repeat_interleave(reps, dim=2)
-    C = C.float().repeat_interleave(reps, dim=2)
-    pad = (chunk - L % chunk) % chunk
-    d_res = D[:, None] * x
-    x = x * dt[..., None]
-    a = A * dt  # [b, L, H]
-
-    def chunks(t: torch.Tensor) -> torch.Tensor:  # [b, L, ...] -> [b, c, l, ...], zero-padded
-        t = F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad))
-        return t.reshape(b, -1, chunk, *t.shape[2:])
-
-    x, a, B, C = chunks(x), chunks(a), chunks(B), chunks(C)
-    a = a.permute(0, 3, 1, 2)  # [b, H, c, l]
-    a_cum = torch.cumsum(a, dim=-1)
-    # 1. within each chunk: y = (C B^T * decay) x
-    decay = torch.exp(segment_sum(a))  # [b, H, c, l, s]
-    scores = torch.einsum("bclhn,bcshn->bclsh", C, B) * decay.permute(0, 2, 3, 4, 1)
-    y = torch.einsum("bclsh,bcshp->bclhp", scores, x)
-    # 2. each chunk's own contribution to the state at its end
-    to_end = torch.exp(a_cum[..., -1:] - a_cum)  # [b, H, c, l]
-    states = torch.einsum("bclhn,bclhp->bchpn", B * to_end.permute(0, 2, 3, 1)[..., None], x)
-    # 3. the states at chunk boundaries: the recurrence over chunks, from `state`
-    states = torch.cat([state[:, None], states], dim=1)  # [b, c + 1, H, P, N]
-    across = torch.exp(segment_sum(F.pad(a_cum[..., -1], (1, 0))))  # [b, H, c + 1, c + 1]
-    states = torch.einsum("bhzc,bchpn->bzhpn", across, states)
-    states, final = states[:, :-1], states[:, -1]
-    # 4. each chunk's start state read out at every position of it
-    out = torch.einsum("bclhn,bchpn->bclhp", C, states)
-    y = y + out * torch.exp(a_cum).permute(0, 2, 3, 1)[..., None]
-    y = y.reshape(b, -1, H, y.shape[-1])[:, :L] + d_res
-    return y, final
+def step_scan_bytes(mc: ModelConfig, sched, tp: int = 1) -> int:
+    """`scan_bytes` of the engine's largest step on one of `tp` ranks:
+    ``max_num_batched_tokens`` prefill tokens in up to ``max_num_seqs`` sequences
+    (`config.SchedulerConfig`)."""
+    return scan_bytes(mc, sched.max_num_batched_tokens, sched.max_num_seqs, tp)
 
 
 def recurrent_step(
@@ -336,24 +289,23 @@ class Mamba2Mixer:
         return y
 
     def _prefill(self, conv, ssm, xbc: torch.Tensor, dt: torch.Tensor, pre: Prefill):
-        """The step's prefill chunks, all at once: laid out [sequences, longest chunk] (dt 0 on
-        the padding), the causal conv from each one's conv state, the chunked scan from each
-        one's SSM state; both states left in their slots, the outputs back in the step's rows."""
-        m, (b, n) = self.m, pre.shape
-        k = m.d_conv - 1
-        padded = xbc.new_zeros(b * n, m.conv_dim).index_copy_(0, pre.rows, xbc)
-        window = torch.cat([conv.index_select(0, pre.slots), padded.view(b, n, -1).transpose(1, 2)],
-                           dim=2)  # [b, C, K - 1 + n]  # fmt: skip
-        c = F.conv1d(window, self.conv_weight[:, None, :], self.conv_bias, groups=m.conv_dim)
-        ends = (pre.lens[:, None] + torch.arange(k, device=pre.lens.device))[:, None, :]
-        conv.index_copy_(0, pre.slots, window.gather(2, ends.expand(b, m.conv_dim, k)))
-        x, B, C = self._split(F.silu(c.transpose(1, 2)).reshape(b * n, -1))
-        dt = dt.new_zeros(b * n, m.n_heads).index_copy_(0, pre.rows, dt)
-        y, final = ssd_scan(x.float().view(b, n, m.n_heads, m.head_dim), dt.view(b, n, -1),
-                            self.A, B.view(b, n, m.n_groups, -1), C.view(b, n, m.n_groups, -1),
-                            self.D, ssm.index_select(0, pre.slots).float(), m.chunk_size)  # fmt: skip
-        ssm.index_copy_(0, pre.slots, final.to(ssm.dtype))
-        return y.reshape(b * n, m.n_heads, m.head_dim).index_select(0, pre.rows)
+        """The step's prefill chunks, all at once (`ssd`'s packed layout): the causal conv over
+        each sequence's segment (its conv state, then its tokens), the chunked scan from each
+        one's SSM state; both states left in their slots, the outputs in the step's rows."""
+        m = self.m
+        k, n_seq = m.d_conv - 1, pre.slots.shape[0]
+        window = xbc.new_empty(pre.conv_len, m.conv_dim).index_copy_(0, pre.conv_rows, xbc)
+        start = conv.index_select(0, pre.slots).transpose(1, 2).reshape(n_seq * k, -1)
+        window.index_copy_(0, pre.state_rows, start.to(window.dtype))
+        new_conv = window.index_select(0, pre.end_rows).view(n_seq, k, -1).transpose(1, 2)
+        conv.index_copy_(0, pre.slots, new_conv.to(conv.dtype))
+        c = F.conv1d(window.t()[None], self.conv_weight[:, None, :], self.conv_bias,
+                     groups=m.conv_dim)[0]  # fmt: skip
+        del window
+        x, B, C = self._split(F.silu(c.index_select(1, pre.conv_out).t()))
+        del c
+        y = ssd.scan_step(x, dt, self.A, B, C, ssm, pre.groups, m.chunk_size)
+        return y + x.float() * self.D[:, None]
 
     def _split(self, xbc: torch.Tensor):
         m = self.m

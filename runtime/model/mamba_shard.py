@@ -6,8 +6,8 @@ pure arithmetic). Rank r of N holds
   columns of out_proj (row-parallel: the partial products summed by an all-reduce);
 - the B/C groups its heads read: ``[r G/N, (r+1) G/N)`` when N divides G, else (N a multiple of
   G) the one group ``r G / N``, *replicated* on the N / G ranks whose heads it serves (vLLM
-  replicates a single group so; it refuses the other cases, as `problem` does). Their rows of
-  in_proj's B and C parts and their channels of the conv go with them.
+  replicates a single group so; it refuses the other cases, as `layout.mamba_problem` does).
+  Their rows of in_proj's B and C parts and their channels of the conv go with them.
 
 Each rank's state slots hold its heads and its channels only (`local`). The gated norm runs
 over groups of ``d_inner / G`` channels: whole on a rank when N divides G; when a group spans
@@ -16,22 +16,10 @@ over groups of ``d_inner / G`` channels: whole on a rank when N divides G; when 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from pagoda.runtime.distributed.layout import TPLayout
 from pagoda.runtime.model_configs import MambaConfig
-
-
-def problem(m: MambaConfig, size: int) -> str | None:
-    """Why `size` ranks cannot split these mixers (one line), or None."""
-    if m.n_heads % size:
-        return (f"--tensor-parallel-size {size} does not divide the Mamba2 heads "
-                f"(mamba n_heads {m.n_heads})")  # fmt: skip
-    if m.n_groups % size and size % m.n_groups:
-        return (f"--tensor-parallel-size {size} neither divides the Mamba2 groups "
-                f"(n_groups {m.n_groups}) nor is a multiple of them")  # fmt: skip
-    return None
 
 
 @dataclass(frozen=True)
@@ -78,10 +66,9 @@ def shard(m: MambaConfig, layout: TPLayout | None) -> MambaShard:
     else:  # n a multiple of n_groups: the group this rank's heads read, replicated
         g = layout.rank * m.n_groups // n
         groups, norm_ranks = (g, g + 1), n // m.n_groups
-    local = dataclasses.replace(m, n_heads=heads[1] - heads[0], n_groups=groups[1] - groups[0])
-    return MambaShard(m, local, heads, groups, norm_ranks)
+    return MambaShard(m, m.on_ranks(n), heads, groups, norm_ranks)
 
 
 def local(m: MambaConfig | None, tp: int) -> MambaConfig | None:
     """The mixers' shapes on one of `tp` ranks (every rank holds as many heads and groups)."""
-    return None if m is None else shard(m, TPLayout(0, tp)).local
+    return None if m is None else m.on_ranks(tp)

@@ -39,6 +39,8 @@ def family_fields(cfg, arch, n, window, layers, scaling) -> dict[str, Any]:
     window = cfg.get("sliding_window")
     return {
         "layer_norm_bias": True,
+        "o_proj_bias": bool(cfg.get("attention_bias")),  # q/k/v's: ModelConfig's
+        "lm_head_bias": bool(cfg.get("lm_head_bias")),
         "sliding_window": None if window is None else int(window),  # every layer
         "routing": ExpertRouting(
             topk_method="sparsemixer", jitter_eps=float(cfg["router_jitter_noise"])

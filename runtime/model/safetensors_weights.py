@@ -47,6 +47,30 @@ _RENAMES = tuple((re.compile(a), b) for a, b in (
     (r"\.self_attention\.dense\.", ".self_attn.o_proj."), (r"\.ln_attn\.", ".input_layernorm."),
     (r"\.ln_mlp\.", ".post_attention_layernorm."),
     (r"\.mlp\.dense_h_to_4h\.", ".mlp.up_proj."), (r"\.mlp\.dense_4h_to_h\.", ".mlp.down_proj."),
+    # GPT-2's and StarCoder 1's (model/positions.py)
+    (r"^transformer\.wpe\.", "model.embed_positions."),
+    (r"\.attn\.c_attn\.", ".self_attn.qkv_proj."), (r"\.attn\.c_proj\.", ".self_attn.o_proj."),
+    (r"\.mlp\.c_fc\.", ".mlp.up_proj."),
+    # BLOOM's and MPT's (model/bloom.py)
+    (r"^transformer\.word_embeddings_layernorm\.", "model.embed_layernorm."),
+    (r"^transformer\.blocks\.", "model.layers."), (r"^transformer\.norm_f\.", "model.norm."),
+    (r"\.norm_1\.", ".input_layernorm."), (r"\.norm_2\.", ".post_attention_layernorm."),
+    (r"\.attn\.Wqkv\.", ".self_attn.qkv_proj."), (r"\.ffn\.(up|down)_proj\.", r".mlp.\1_proj."),
+))  # fmt: skip
+# GPT-2's causal-mask buffers, saved by older transformers beside the weights (never read)
+_BUFFERS = (".attn.bias", ".attn.masked_bias")
+# the top-level names of checkpoints saved from the base model (gpt2's, bloom's: `h.0.`, `wte`)
+# and OPT's (`decoder.`), under the causal LM's prefix
+_BARE = re.compile(r"^(?:h|wte|wpe|ln_f|word_embeddings|word_embeddings_layernorm)\.")
+# OPT's names -> Llama's (model/positions.py), on `model.decoder.` names
+_OPT_RENAMES = tuple((re.compile(a), b) for a, b in (
+    (r"^model\.decoder\.final_layer_norm\.", "model.norm."),
+    (r"^model\.decoder\.(embed_tokens|embed_positions|project_in|project_out)\.", r"model.\1."),
+    (r"^model\.decoder\.layers\.", "model.layers."),
+    (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."),
+    (r"\.self_attn_layer_norm\.", ".input_layernorm."),
+    (r"\.final_layer_norm\.", ".post_attention_layernorm."),
+    (r"\.fc1\.", ".mlp.up_proj."), (r"\.fc2\.", ".mlp.down_proj."),
 ))  # fmt: skip
 # GPT-NeoX's names -> Llama's (model/falcon.py), on `gpt_neox.` and `embed_out.` names
 _NEOX_RENAMES = tuple((re.compile(a), b) for a, b in (
@@ -67,8 +91,12 @@ _PHI_RENAMES = tuple((re.compile(a), b) for a, b in (
 ))  # fmt: skip
 
 
+_LAYER = re.compile(r"^(model\.layers\.)(\d+)(\..*)$")
+_NAMES = re.compile(r"(?<![\w./])(?:model\.[\w.]*\w|lm_head\.\w+)")
+
+
 def _text_name(stored: str) -> str | None:
-    if stored.startswith(_SKIP):
+    if stored.startswith(_SKIP) or stored.endswith(_BUFFERS):
         return None
     if stored.startswith("backbone."):  # Nemotron-H's names (model/mamba_config.py)
         from pagoda.runtime.model.mamba_config import nemotron_name
@@ -77,9 +105,15 @@ def _text_name(stored: str) -> str | None:
     for old, new in _PREFIXES:
         if stored.startswith(old):
             return new + stored[len(old) :]
+    if _BARE.match(stored):
+        stored = "transformer." + stored
+    elif stored.startswith("decoder."):
+        stored = "model." + stored
     renames = _RENAMES if stored.startswith("transformer.") else _PHI_RENAMES
     if stored.startswith(("gpt_neox.", "embed_out.")):
         renames = _NEOX_RENAMES
+    if stored.startswith("model.decoder."):
+        renames = _OPT_RENAMES
     for pattern, new in renames:
         stored = pattern.sub(new, stored)
     return stored
@@ -119,6 +153,9 @@ class SafetensorsWeights(Mapping):
         self._where: dict[str, tuple[int, str]] = {}  # name -> (handle, stored name)
         # a `split_rows` part -> its rows: (start, stop) ranges of the stored tensor, in order
         self._rows: dict[str, tuple[tuple[int, int], ...]] = {}
+        # names stored as [in, out] (GPT-2's Conv1D): read transposed; their `split_rows`
+        # parts are ranges of the stored columns
+        self._transposed: set[str] = set()
         for i, handle in enumerate(self._handles):
             for stored in handle.keys():  # noqa: SIM118 - safe_open is not iterable
                 name = _text_name(stored)
@@ -131,16 +168,35 @@ class SafetensorsWeights(Mapping):
 
     def __getitem__(self, name: str) -> torch.Tensor:
         i, stored = self._where[name]
+        if name in self._transposed:
+            if name in self._rows:  # these columns of the stored [in, out] matrix
+                part = self._handles[i].get_slice(stored)
+                pieces = [part[:, start:stop] for start, stop in self._rows[name]]
+                whole = torch.cat(pieces, dim=1)
+            else:
+                whole = self._handles[i].get_tensor(stored)
+            return whole.t().contiguous()
         if name in self._rows:  # only these rows are read
             part = self._handles[i].get_slice(stored)
             pieces = [part[start:stop] for start, stop in self._rows[name]]
             return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         return self._handles[i].get_tensor(stored)
 
+    def transpose(self, names) -> None:
+        """Read the matrices `names` (those listed) transposed: stored [in, out] as GPT-2's
+        Conv1D keeps them, listed [out, in] as every other linear layer's."""
+        for name in names:
+            if name in self._where and len(self._stored_shape(name)) == 2:
+                self._transposed.add(name)
+
+    def _stored_shape(self, name: str) -> list[int]:
+        i, stored = self._where[name]
+        return list(self._handles[i].get_slice(stored).get_shape())
+
     def rows(self, name: str, n: int) -> torch.Tensor:
         """The first `n` rows of tensor `name`, read alone."""
         i, stored = self._where[name]
-        if name in self._rows:
+        if name in self._rows or name in self._transposed:
             return self[name][:n]
         return self._handles[i].get_slice(stored)[:n]
 
@@ -150,22 +206,57 @@ class SafetensorsWeights(Mapping):
         longer listed. ValueError where the rows do not tile it. A name given more than once
         is its ranges joined in order (Falcon's q/k/v interleaved by head group)."""
         i, stored = self._where[fused]
-        rows = self._handles[i].get_slice(stored).get_shape()[0]
+        transposed = fused in self._transposed
+        rows = self._handles[i].get_slice(stored).get_shape()[1 if transposed else 0]
         edges = [0] + [stop for _, _, stop in parts]
         if [start for _, start, _ in parts] != edges[:-1] or edges[-1] != rows:
             names = ", ".join(dict.fromkeys(n for n, _, _ in parts))
             raise ValueError(f"checkpoint tensor {fused} has {rows} rows; {names} need "
                              f"{edges[-1]}")  # fmt: skip
         del self._where[fused]
+        self._transposed.discard(fused)
         ranges: dict[str, list[tuple[int, int]]] = {}
         for name, start, stop in parts:
             ranges.setdefault(name, []).append((start, stop))
         for name, spans in ranges.items():
             self._where[name] = (i, stored)
             self._rows[name] = tuple(spans)
+            if transposed:
+                self._transposed.add(name)
 
     def __contains__(self, name: object) -> bool:
         return name in self._where
+
+    def stored_name(self, name: str) -> str:
+        """What the files call tensor `name` (the text model's Llama-style name the engine
+        reads): its stored name where it is there (a `split_rows` part's: the fused tensor's);
+        for a layer's tensor that is not, another layer's stored name with this layer's number
+        (Falcon's `transformer.h.1.self_attention.query_key_value.weight` for a missing
+        `model.layers.1.self_attn.qkv_proj.weight`); else `name`."""
+        if name in self._where:
+            return self._where[name][1]
+        m = _LAYER.match(name)
+        seen = None if m is None else self._layer_names().get(f"{m[1]}{{}}{m[3]}")
+        if seen is None:
+            return name
+        number, stored = seen
+        return re.sub(rf"(?<=\.){number}(?=\.)", m[2], stored, count=1)
+
+    def _layer_names(self) -> dict[str, tuple[str, str]]:
+        """A layer's tensor name with its number as "{}" -> (a number, that layer's stored
+        name), over every stored tensor (the fused ones `split_rows` no longer lists too)."""
+        out: dict[str, tuple[str, str]] = {}
+        for handle in self._handles:
+            for stored in handle.keys():  # noqa: SIM118 - safe_open is not iterable
+                name = _text_name(stored)
+                if name is not None and (m := _LAYER.match(name)):
+                    out.setdefault(f"{m[1]}{{}}{m[3]}", (m[2], stored))
+        return out
+
+    def in_stored_names(self, message: str) -> str:
+        """`message` with the tensor names in it (``model.…``, ``lm_head.…``) as the files call
+        them (`stored_name`): what a user finds in the checkpoint's index."""
+        return _NAMES.sub(lambda m: self.stored_name(m[0]), message)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)
@@ -178,6 +269,8 @@ class SafetensorsWeights(Mapping):
         i, stored = self._where[name]
         s = self._handles[i].get_slice(stored)
         shape = list(s.get_shape())
+        if name in self._transposed:
+            shape = shape[::-1]
         if name in self._rows:
             shape[0] = sum(stop - start for start, stop in self._rows[name])
         return s.get_dtype(), shape

@@ -12,8 +12,9 @@ Llama tokenizer (`build_spm_tokenizer`: merges by score).
 from __future__ import annotations
 
 import functools
+import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import jinja2.meta
@@ -105,6 +106,12 @@ def build_spm_tokenizer(
     token_types: Sequence[int] | None,
     add_space_prefix: bool = True,
     prefix_every_text: bool = False,
+    *,
+    byte_fallback: bool = True,
+    mergeable: Collection[str] | None = None,
+    normalizer: normalizers.Normalizer | None = None,
+    pre_tokenizer: pre_tokenizers.PreTokenizer | None = None,
+    strip_first_space: bool | None = None,
 ) -> HFTokenizer:
     """Hugging Face's Llama tokenizer from a GGUF's SentencePiece vocabulary (Llama 2, Mistral,
     Phi-3, ERNIE 4.5, ...): BPE with byte fallback whose merges rank by the merged token's score
@@ -112,26 +119,49 @@ def build_spm_tokenizer(
     before the text (`add_space_prefix`, llama.cpp's `tokenizer.ggml.add_space_prefix`: Metaspace
     on the first piece, as transformers' LlamaTokenizer); `prefix_every_text`: Phi-3's normalizer
     instead, which puts one before each text between special tokens too (transformers rebuilds
-    Phi-3's so, as its tokenizer.json has it)."""
+    Phi-3's so, as its tokenizer.json has it).
+
+    A `tokenizer.model` (`spm_files`) sets the rest: `mergeable`, the tokens merges may make
+    (SentencePiece's normal pieces; default every token), its own `normalizer` or
+    `pre_tokenizer` in place of the above, and whether decoding drops the first space
+    (`strip_first_space`; default: where a prefix is added)."""
     vocab = {t: i for i, t in enumerate(tokens)}
-    merges = merges_from_vocabulary(vocab, dict(zip(tokens, scores)))
+    priority = dict(zip(tokens, scores))
+    if mergeable is not None:
+        priority = {t: s for t, s in priority.items() if t in mergeable}
+    merges = merges_from_vocabulary(vocab, priority)
     unk = "<unk>" if "<unk>" in vocab else None
     tok = HFTokenizer(
-        models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
+        models.BPE(
+            vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=byte_fallback
+        )
     )
-    steps = [decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
-    if prefix_every_text:
+    if normalizer is not None or pre_tokenizer is not None:
+        if normalizer is not None:
+            tok.normalizer = normalizer
+        if pre_tokenizer is not None:
+            tok.pre_tokenizer = pre_tokenizer
+    elif prefix_every_text:
         tok.normalizer = normalizers.Sequence(
             [normalizers.Prepend(SPIECE_SPACE), normalizers.Replace(" ", SPIECE_SPACE)]
         )
     else:
         scheme = "first" if add_space_prefix else "never"
         tok.pre_tokenizer = pre_tokenizers.Metaspace(SPIECE_SPACE, scheme, split=False)
-    if add_space_prefix or prefix_every_text:
-        steps.append(decoders.Strip(" ", 1, 0))
-    tok.decoder = decoders.Sequence(steps)
+    if strip_first_space is None:
+        strip_first_space = add_space_prefix or prefix_every_text
+    tok.decoder = spm_decoder(strip_first_space)
     _add_typed_tokens(tok, tokens, list(token_types or []))
     return tok
+
+
+def spm_decoder(strip_first_space: bool) -> decoders.Decoder:
+    """SentencePiece's decoding: "\u2581" as a space, byte pieces as bytes, and the first
+    space dropped where encoding added it."""
+    steps = [decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if strip_first_space:
+        steps.append(decoders.Strip(" ", 1, 0))
+    return decoders.Sequence(steps)
 
 
 class Tokenizer:
@@ -148,6 +178,7 @@ class Tokenizer:
         tool_chat_template: str | None = None,
         sort_tool_keys: bool = False,
         template_tokens: Mapping[str, str] | None = None,
+        add_eos_token: bool = False,
     ) -> None:
         self._tok = tokenizer
         self.sort_tool_keys = sort_tool_keys  # Kimi's code sorts `tools` (`tiktoken_files`)
@@ -163,8 +194,13 @@ class Tokenizer:
         eos_id = self.eos_token_ids[0] if self.eos_token_ids else None
         self.bos_token = self.template_tokens.get("bos_token", self._text(bos_token_id))
         self.eos_token = self.template_tokens.get("eos_token", self._text(eos_id))
+        # tokenizer_config.json's add_eos_token (a SentencePiece `tokenizer.model`'s): the
+        # eos_token after a prompt's text, as transformers' Llama tokenizer appends it
+        self.add_eos_token = add_eos_token
+        self._eos_append = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         self._template = None
         self._byte_level: bool | None = None  # decided on first use (byte_stream)
+        self._byte_fallback: bool | None = None  # decided on first use (fallback_byte)
         self._pieces: dict[bool, tuple[list[bytes], list[str | None]]] = {}  # byte_stream's
         self._as_text: HFTokenizer | None = None  # a copy that reads special-token text as text
         self._specials: re.Pattern | bool | None = False  # False: not looked up yet
@@ -182,7 +218,7 @@ class Tokenizer:
             _rebuild,
             (self._tok.to_str(), self.chat_template, self.bos_token_id, self.eos_token_ids,
              self.add_bos_token, self.tool_chat_template, self.sort_tool_keys,
-             self.template_tokens),
+             self.template_tokens, self.add_eos_token),
         )  # fmt: skip
 
     def template_for(self, tools: bool) -> str | None:
@@ -209,7 +245,12 @@ class Tokenizer:
     def fallback_byte(self, token_id: int) -> int | None:
         """The byte of a byte-fallback token (SentencePiece's ``<0xF0>``); None for any other
         token, and for every token of a model without byte fallback."""
-        if not getattr(self._tok.model, "byte_fallback", False):
+        if self._byte_fallback is None:
+            flag = getattr(self._tok.model, "byte_fallback", None)
+            if flag is None:  # a Unigram model (`spm_files`) has it only in its serialized form
+                flag = json.loads(self._tok.model.__getstate__()).get("byte_fallback")
+            self._byte_fallback = bool(flag)
+        if not self._byte_fallback:
             return None
         m = _BYTE_TOKEN.fullmatch(self._tok.id_to_token(token_id) or "")
         return int(m.group(1), 16) if m else None
@@ -227,6 +268,8 @@ class Tokenizer:
         bos = self.bos_token_id
         if add_special_tokens and self.add_bos_token and bos is not None and ids[:1] != [bos]:
             ids = [bos, *ids]
+        if add_special_tokens and self.add_eos_token and self._eos_append is not None:
+            ids.append(self._eos_append)
         return ids
 
     def encode_as_text(self, text: str) -> list[int]:
@@ -376,6 +419,7 @@ def _rebuild(
     tool_chat_template: str | None = None,
     sort_tool_keys: bool = False,
     template_tokens: Mapping[str, str] | None = None,
+    add_eos_token: bool = False,
 ) -> Tokenizer:
     return Tokenizer(
         HFTokenizer.from_str(data),
@@ -386,6 +430,7 @@ def _rebuild(
         tool_chat_template=tool_chat_template,
         sort_tool_keys=sort_tool_keys,
         template_tokens=template_tokens,
+        add_eos_token=add_eos_token,
     )
 
 

@@ -50,6 +50,7 @@ def xielu(weights: dict[str, torch.Tensor]) -> Callable[[torch.Tensor], torch.Te
 
 XIELU_PARAMS = ("alpha_p", "alpha_n", "beta", "eps")  # under `mlp.act_fn.`
 _ACTS = {"relu2": relu2, "gelu_tanh": gelu_tanh, "gelu": F.gelu}  # (gelu: exact, Falcon's)
+_ACTS["relu"] = F.relu  # (OPT's)
 
 
 class UngatedMLP:

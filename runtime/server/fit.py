@@ -137,7 +137,8 @@ def check(
         how += f", and {gib(state)} of Mamba state for {plan.max_num_seqs} sequences"
     have, where = usable(cfg, device)
     tokens = cfg.scheduler.max_num_batched_tokens
-    if device.type == "cuda" and (scan := memory.scan_bytes(mc, tokens)):  # kept free too
+    scan = memory.step_scan_bytes(mc, cfg.scheduler, tensor_parallel_size)  # a rank's
+    if device.type == "cuda" and scan:  # kept free
         have -= scan
         where = f"{where[:-1]}, and {gib(scan)} for the Mamba scan of a {tokens}-token step)"
     kv = plan.kv_bytes(mc)

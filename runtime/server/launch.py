@@ -102,9 +102,10 @@ def preflight(
 
 def check_checkpoint_files(model: str, path: Path) -> None:
     """A Hugging Face directory holds its safetensors files and a tokenizer.json that is a JSON
-    object (or a tiktoken file with known tokenizer code, `_check_tiktoken_dir`). The metadata
-    checks above read config.json alone (a config without weights is enough to size a model), so a directory without them would otherwise fail in the engine's
-    load, after the server listens. The tokenizer is looked at, not parsed (that would add its
+    object (or GPT-2's vocab.json and merges.txt, a SentencePiece tokenizer.model, or a
+    tiktoken file with known tokenizer code: `_check_tokenizer_files`). The metadata checks
+    above read config.json alone (a config without weights is enough to size a model), so a
+    directory without them would otherwise fail in the engine's load, after the server listens. The tokenizer is looked at, not parsed (that would add its
     time, ~0.3 s for a 128k vocabulary, to every start): its first and last bytes, which a
     truncated download, a Git LFS pointer or an error page saved in its place do not have."""
     if not path.is_dir():
@@ -113,7 +114,7 @@ def check_checkpoint_files(model: str, path: Path) -> None:
         checkpoint_files(path)
         tokenizer = path / "tokenizer.json"
         if not tokenizer.is_file():
-            _check_tiktoken_dir(path)
+            _check_tokenizer_files(path)
             return
         if not _looks_like_a_json_object(tokenizer):
             raise ValueError(f"{tokenizer} is not a JSON object (truncated, or a Git LFS pointer?)")
@@ -121,15 +122,26 @@ def check_checkpoint_files(model: str, path: Path) -> None:
         raise ValueError(f"model {model!r}: {e}") from e
 
 
-def _check_tiktoken_dir(path: Path) -> None:
-    """Without tokenizer.json, a tiktoken file whose tokenizer code is known (Kimi K2,
-    Moonlight: `tiktoken_files`); its ranks are read at load."""
-    from pagoda.runtime.model import tiktoken_files
+def _check_tokenizer_files(path: Path) -> None:
+    """Without tokenizer.json, GPT-2's vocab.json and merges.txt (`bpe_files`: OPT's, read at
+    load), a SentencePiece `tokenizer.model` with known tokenizer code (`spm_files`), or a
+    tiktoken file whose tokenizer code is known (Kimi K2, Moonlight: `tiktoken_files`); the
+    files are read at load."""
+    from pagoda.runtime.model import bpe_files, spm_files, tiktoken_files
     from pagoda.runtime.model.template_files import read_json_object
 
+    vocab = path / bpe_files.VOCAB
+    if vocab.is_file() and (path / bpe_files.MERGES).is_file():
+        if not _looks_like_a_json_object(vocab):
+            raise ValueError(f"{vocab} is not a JSON object (truncated, or a Git LFS pointer?)")
+        return
     ranks = path / tiktoken_files.TIKTOKEN_FILE
+    if not ranks.is_file() and (path / spm_files.SPM_FILE).is_file():
+        spm_files.check_spm_dir(path, read_json_object(path / "tokenizer_config.json"))
+        return
     if not ranks.is_file():
-        raise ValueError(f"{path} has no tokenizer.json (nor {tiktoken_files.TIKTOKEN_FILE})")
+        raise ValueError(f"{path} has no tokenizer.json (nor {tiktoken_files.TIKTOKEN_FILE}, "
+                         f"{bpe_files.VOCAB} with {bpe_files.MERGES}, or {spm_files.SPM_FILE})")  # fmt: skip
     if not tiktoken_files.looks_like_ranks(ranks):
         raise ValueError(f"{ranks} is not a tiktoken file (base64 token, rank per line; "
                          "truncated, or a Git LFS pointer?)")  # fmt: skip

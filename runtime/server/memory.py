@@ -24,7 +24,7 @@ import torch
 from pagoda.runtime import options
 from pagoda.runtime.config import EngineConfig, ModelConfig
 from pagoda.runtime.model import mamba_shard
-from pagoda.runtime.model.mamba2 import scan_bytes
+from pagoda.runtime.model.mamba2 import step_scan_bytes
 from pagoda.runtime.server import weights
 from pagoda.runtime.server.weights import gib  # used here, and by callers as `memory.gib`
 
@@ -168,9 +168,10 @@ def step_bytes(
     scan = 0
     tp = cfg.parallel.tensor_parallel_size
     if (m := mamba_shard.local(mc.family.mamba, tp)) is not None:  # the chunked scan's float32
-        # temporaries and the conv's padded input and output (`mamba2.ssd_scan_bytes`), a rank's
+        # temporaries and the conv's input and output (`ssd.ssd_scan_bytes`), a rank's: the
+        # runner's and the fit check's figure (`mamba2.step_scan_bytes`)
         per_token += 2 * m.conv_dim * 4
-        scan = scan_bytes(mc, tokens, tp)
+        scan = step_scan_bytes(mc, sched, tp)
     return tokens * per_token + scan + rows * mc.vocab_size * 8  # float32 logits, probabilities
 
 
@@ -191,12 +192,8 @@ def check(mc: ModelConfig, cfg: EngineConfig, model_path: Path,
         free, total = device_available(device)
         if fp.kv_cache == 0:  # default budget: what the runner will take after the weights
             budget = int(total * cfg.cache.gpu_memory_utilization) - (total - free)
-            budget -= (
-                fp.weights
-                + fp.state
-                + GPU_HEADROOM
-                + scan_bytes(mc, cfg.scheduler.max_num_batched_tokens)
-            )
+            scan = step_scan_bytes(mc, cfg.scheduler, cfg.parallel.tensor_parallel_size)
+            budget -= fp.weights + fp.state + GPU_HEADROOM + scan
             fp = estimate_with_kv(fp, mc, cfg, max(budget, 0), per_block)
             derived = True
         where = f"free on {device} ({gib(total)} in all)"

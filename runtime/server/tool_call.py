@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 
 def call_id() -> str:
@@ -29,6 +29,24 @@ def prefix_overlap(text: str, tag: str) -> int:
         if tag.startswith(text[-k:]):
             return k
     return 0
+
+
+class StartTag:
+    """`_start`, `marker_text` and `_held` of a format whose calls begin after one fixed tag,
+    `TAG` (Hermes', Mistral's, GLM-4.5's, DeepSeek's, ...): the text up to it is content, and
+    an output's end that could still become it is held back."""
+
+    TAG: ClassVar[str]
+
+    def _start(self, text: str, final: bool) -> int | None:
+        i = text.find(self.TAG)
+        return None if i < 0 else i + len(self.TAG)
+
+    def marker_text(self, text: str, start: int) -> str:
+        return self.TAG
+
+    def _held(self, text: str) -> int:
+        return prefix_overlap(text, self.TAG)
 
 
 class ScannedCallStream:

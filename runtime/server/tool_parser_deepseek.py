@@ -23,17 +23,24 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pagoda.runtime.server.tool_call import ScannedCallStream, ToolCall, call_id, prefix_overlap
+from pagoda.runtime.server.tool_call import (
+    ScannedCallStream,
+    StartTag,
+    ToolCall,
+    call_id,
+    prefix_overlap,
+)
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
 
 
-class DeepSeekV3Parser:
+class DeepSeekV3Parser(StartTag):
     """`tool_parsers.ToolParser`'s interface (listed in its PARSERS) over DeepSeek-V3's calls."""
 
     name = "deepseek_v3"
     markers: ClassVar[tuple[str, ...]] = ()  # never chosen by `detect`: named with the flag
+    TAG = CALLS_BEGIN
     new_id = staticmethod(call_id)
     args_open = "\n```json\n"  # between the name and the arguments
     args_close = "\n```" + CALL_END
@@ -74,16 +81,6 @@ class DeepSeekV3Parser:
                 break
             pos = close + len(self.args_close)
         return calls
-
-    def _start(self, text: str, final: bool) -> int | None:
-        i = text.find(CALLS_BEGIN)
-        return None if i < 0 else i + len(CALLS_BEGIN)
-
-    def marker_text(self, text: str, start: int) -> str:
-        return CALLS_BEGIN
-
-    def _held(self, text: str) -> int:
-        return prefix_overlap(text, CALLS_BEGIN)
 
     def parse(self, text: str, parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
         start = self._start(text, True)

@@ -28,7 +28,7 @@ import json
 import re
 from typing import Any
 
-from pagoda.runtime.server.tool_call import ScannedCallStream, ToolCall, call_id, prefix_overlap
+from pagoda.runtime.server.tool_call import ScannedCallStream, StartTag, ToolCall, call_id
 
 TAG, END = "<tool_call>", "</tool_call>"
 _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
@@ -47,11 +47,12 @@ def _types(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
     return out
 
 
-class Glm45Parser:
+class Glm45Parser(StartTag):
     """`tool_parsers.ToolParser`'s interface (listed in its PARSERS) over GLM-4.5's tags."""
 
     name = "glm45"
     markers = ("<arg_key>", TAG)  # the first tells GLM-4.5's template from a Hermes one
+    TAG = TAG
     new_id = staticmethod(call_id)
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
@@ -60,16 +61,6 @@ class Glm45Parser:
     @classmethod
     def for_request(cls, tools: list[dict[str, Any]]) -> Glm45Parser:
         return cls(tools)
-
-    def _start(self, text: str, final: bool) -> int | None:
-        i = text.find(TAG)
-        return None if i < 0 else i + len(TAG)
-
-    def marker_text(self, text: str, start: int) -> str:
-        return TAG
-
-    def _held(self, text: str) -> int:
-        return prefix_overlap(text, TAG)
 
     def value(self, tool: str, key: str, raw: str) -> Any:
         """An argument's value from its text (module docstring)."""

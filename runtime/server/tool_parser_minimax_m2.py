@@ -9,26 +9,74 @@ JSON, as MiniMax-M2's chat template asks for them::
     </invoke>
     </minimax:tool_call>
 
-A value is typed as GLM-4.5's (`tool_parser_glm45.Glm45Parser.value`: the text, stripped, kept
-as a string where the tool's schema says ``string``, else read as JSON, else as a Python
-literal, else the string), which is what MiniMax's own parser does for the schema's types,
-except that ``null`` is null whatever the type (as MiniMax's and vLLM's parsers read it); a
-name may be quoted or not. Streaming is GLM-4.5's too (`Glm45Stream`): a call's id and name
-once its ``<invoke name=...>`` is written, its arguments as JSON text parameter by parameter,
-the closing brace with ``</invoke>``. Output that holds no complete call stays content.
+A value is typed as vLLM's `minimax_m2` parser types it (`value`): the text, stripped;
+``null``, ``none`` or ``nil`` (any case) is null; otherwise the types its tool's schema allows
+(`type`, a list of them, an `enum`'s values, `anyOf`/`oneOf`/`allOf`) are tried in the order
+integer, number (a whole number as an integer), boolean (true/1/yes/on, false/0/no/off),
+object or array (JSON), string; where none of them reads it, JSON, else the text. An argument
+its schema does not type (no `type`, or not in the schema, or a tool the request does not
+list) is a **string**, ``42`` included, as vLLM keeps it. A name may be quoted or not.
+Streaming is GLM-4.5's (`Glm45Stream`): a call's id and name once its ``<invoke name=...>``
+is written, its arguments as JSON text parameter by parameter, the closing brace with
+``</invoke>``. Output that holds no complete call stays content.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from typing import Any
 
-from pagoda.runtime.server.tool_call import prefix_overlap
 from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser, json_pair
 
 TAG = "<minimax:tool_call>"
 INVOKE, INVOKE_END = "<invoke name=", "</invoke>"
 _PARAMETER = re.compile(r"<parameter name=([^>]*)>(.*?)</parameter>", re.DOTALL)
+
+
+_ORDER = ("integer", "int", "number", "float", "boolean", "bool", "object", "array", "string",
+          "str", "text")  # vLLM's order of preference  # fmt: skip
+_NO = object()  # the text is not of this type
+_BOOLEANS = {"true": True, "1": True, "yes": True, "on": True,
+             "false": False, "0": False, "no": False, "off": False}  # fmt: skip
+_ENUM_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
+               (list, "array"), (dict, "object"))  # fmt: skip
+
+
+def schema_types(schema: Any) -> set[str]:
+    """The JSON types an argument's schema allows (lowercase): its `type` (or types), its
+    `enum`'s values' types, its `anyOf`/`oneOf`/`allOf`'s; {"string"} where it names none."""
+    if not isinstance(schema, dict):
+        return {"string"}
+    types: set[str] = set()
+    t = schema.get("type")
+    types.update(x.lower() for x in (t if isinstance(t, list) else [t]) if isinstance(x, str))
+    enum = schema.get("enum")
+    for v in enum if isinstance(enum, list) else []:
+        types.add("null" if v is None else next(n for k, n in _ENUM_TYPES if isinstance(v, k)))
+    for choice in ("anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(choice), list):
+            for sub in schema[choice]:
+                types |= schema_types(sub)
+    return types or {"string"}
+
+
+def _as(t: str, text: str) -> Any:
+    """`text` as a value of JSON type `t`, or `_NO`."""
+    if t in ("string", "str", "text"):
+        return text
+    try:
+        if t in ("integer", "int"):
+            return int(text)
+        if t in ("number", "float"):
+            x = float(text)
+            return _NO if not math.isfinite(x) else int(x) if x == int(x) else x
+        if t in ("object", "array"):
+            return json.loads(text)
+    except ValueError:
+        return _NO
+    return _BOOLEANS.get(text.lower(), _NO)
 
 
 def _unquoted(name: str) -> str:
@@ -43,24 +91,32 @@ class MiniMaxM2Parser(Glm45Parser):
 
     name = "minimax_m2"
     markers = (TAG,)
+    TAG = TAG
 
-    def _start(self, text: str, final: bool) -> int | None:
-        i = text.find(TAG)
-        return None if i < 0 else i + len(TAG)
-
-    def marker_text(self, text: str, start: int) -> str:
-        return TAG
-
-    def _held(self, text: str) -> int:
-        return prefix_overlap(text, TAG)
+    def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(tools)
+        self.schemas = {}  # tool name -> {argument: its schema}
+        for t in tools or []:
+            fn = t.get("function") or {}
+            props = (fn.get("parameters") or {}).get("properties") or {}
+            self.schemas[fn.get("name", "")] = props if isinstance(props, dict) else {}
 
     def value(self, tool: str, key: str, raw: str) -> Any:
-        """GLM-4.5's typing, but ``null`` is JSON's null whatever the schema says (a string
-        argument's included), as MiniMax's and vLLM's parsers read it: the chat template
-        writes a None argument as ``null``."""
-        if raw.strip().lower() == "null":
+        """An argument's value from its text, as vLLM's `minimax_m2` parser reads it (module
+        docstring)."""
+        text = raw.strip()
+        if text.lower() in ("null", "none", "nil"):
             return None
-        return super().value(tool, key, raw)
+        types = schema_types(self.schemas.get(tool, {}).get(key))
+        for t in _ORDER:
+            if t in types:
+                got = _as(t, text)
+                if got is not _NO:
+                    return got
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
 
     def scan(self, region: str, parallel: bool) -> list[tuple[str, list[str], bool]]:
         """The calls in `region` (the text after `<minimax:tool_call>`) so far: (name, the

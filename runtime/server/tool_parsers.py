@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pagoda.runtime.server.harmony_tools import HarmonyToolParser
-from pagoda.runtime.server.tool_call import ToolCall, call_id, prefix_overlap
+from pagoda.runtime.server.tool_call import StartTag, ToolCall, call_id
 from pagoda.runtime.server.tool_parser_deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser
 from pagoda.runtime.server.tool_parser_minimax_m2 import MiniMaxM2Parser
@@ -198,20 +198,10 @@ class ToolParser(ABC):
         return cls()
 
 
-class HermesParser(ToolParser):
+class HermesParser(StartTag, ToolParser):
     name = "hermes"
     markers = ("<tool_call>",)
     TAG = "<tool_call>"
-
-    def _start(self, text: str, final: bool) -> int | None:
-        i = text.find(self.TAG)
-        return None if i < 0 else i + len(self.TAG)
-
-    def marker_text(self, text: str, start: int) -> str:
-        return self.TAG
-
-    def _held(self, text: str) -> int:
-        return prefix_overlap(text, self.TAG)
 
 
 class Llama3JsonParser(ToolParser):
@@ -238,22 +228,12 @@ class Llama3JsonParser(ToolParser):
         return 0
 
 
-class MistralParser(ToolParser):
+class MistralParser(StartTag, ToolParser):
     name = "mistral"
     markers = ("[TOOL_CALLS]",)
     TAG = "[TOOL_CALLS]"
     call_depth = 1  # objects inside the JSON array
     new_id = staticmethod(mistral_call_id)
-
-    def _start(self, text: str, final: bool) -> int | None:
-        i = text.find(self.TAG)
-        return None if i < 0 else i + len(self.TAG)
-
-    def marker_text(self, text: str, start: int) -> str:
-        return self.TAG
-
-    def _held(self, text: str) -> int:
-        return prefix_overlap(text, self.TAG)
 
 
 class HunyuanParser(MistralParser):

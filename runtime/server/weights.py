@@ -44,18 +44,25 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from pagoda.runtime.config import EngineConfig, ModelConfig
+from pagoda.runtime.server.placement import Placement, packed_bytes, packed_shape, placement
+from pagoda.runtime.server.stored import ITEM_BYTES, Checkpoint, Stored
 
 if TYPE_CHECKING:
     from pagoda.runtime.quantization.fp8 import Fp8Scheme
 
 EMBED, HEAD, NORM = "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# the families' tensors outside the layers (`model/positions.py`, `model/bloom.py`): learned
+# positions (a table, whole on every rank), OPT's projections (Linears), BLOOM's embedding norm
+POSITIONS = "model.embed_positions.weight"
+_OUTSIDE_LAYERS = (POSITIONS, "model.project_in.weight", "model.project_out.weight",
+                   "model.embed_layernorm.weight", "model.embed_layernorm.bias")  # fmt: skip
 _NOT_READ = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "kv_scale",
              "output_scale", "inv_freq")  # fmt: skip
 _FUSED = ((re.compile(r"\b[qkv]_proj\b"), "qkv_proj"), (re.compile(r"\b(gate|up)_proj\b"),
@@ -74,53 +81,6 @@ _MAMBA_TENSORS = re.compile(r"\.mamba\.(conv1d\.weight|A_log|D)$")
 _FLOAT32_ROUTER = re.compile(r"(mlp|block_sparse_moe)\.((router\.)?gate\.(wg\.)?weight|"
                              r"((gate|moe_statics)\.)?e_score_correction_bias|expert_bias)$")  # fmt: skip
 _KIND = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
-# safetensors dtype -> bytes per element
-_ITEM = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
-         "I16": 2, "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Stored:
-    """One checkpoint tensor as the model reads it: HF name, stored type, shape, bytes."""
-
-    name: str
-    kind: str  # a GGUF type ("Q4_1", "F32") or a safetensors dtype ("BF16", "F8_E4M3")
-    shape: tuple[int, ...]
-    nbytes: int
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """The tensors of a checkpoint (metadata only) and its files' size."""
-
-    form: str  # "GGUF", "safetensors", ".bin" / "file" (sizes only), "" (no weight files)
-    tensors: dict[str, Stored] = field(default_factory=dict)
-    file_bytes: int = 0
-
-    def kinds(self) -> str:
-        """The stored types that hold most of the bytes, largest first ("Q4_1/Q8_0")."""
-        by: dict[str, int] = {}
-        for t in self.tensors.values():
-            by[t.kind] = by.get(t.kind, 0) + t.nbytes
-        total = sum(by.values()) or 1
-        top = sorted((k for k in by if by[k] >= total / 20), key=lambda k: -by[k])
-        return "/".join(top[:3])
-
-
-@dataclass(frozen=True)
-class Placement:
-    """How the engine holds weights: dtype, device, ranks, FP8 layers, `qgemm` blocks, packing."""
-
-    dtype: torch.dtype
-    device: str = "cpu"  # "cpu" or "cuda"
-    tp: int = 1
-    fp8: Fp8Scheme | None = None  # the scheme the projections run in FP8 with (None: 16/32-bit)
-    blocks: bool = False  # float32 on a CPU with `qgemm`: stored blocks / 16-bit read in place
-    packs: bool = False  # CPU `Linear`s hold a packed copy (a tied LM head: a second table)
 
 
 @dataclass(frozen=True)
@@ -185,37 +145,6 @@ def _ranks(tp: int) -> str:
     return f"; one rank's share of {tp}" if tp > 1 else ""
 
 
-def placement(
-    cfg: EngineConfig, path: Path, tp: int = 1, device: torch.device | None = None
-) -> Placement:
-    """How `cfg` holds the weights of `path`, by the loader's and the layers' own rules."""
-    from pagoda.runtime.config import fp8_runs_on, resolve_dtype
-    from pagoda.runtime.quantization.fp8 import engine_scheme
-
-    device = cfg.torch_device() if device is None else device
-    dtype = resolve_dtype(cfg.dtype, device)
-    scheme = None
-    if path.is_dir():
-        from pagoda.runtime.model.hf_loader import read_quantization
-
-        scheme = read_quantization(path)
-    try:
-        fp8 = engine_scheme(cfg.quantization, scheme, fp8_runs_on(device))
-    except ValueError:  # --quantization fp8 where it cannot run: refused by the config already
-        fp8 = None
-    cpu = device.type == "cpu"
-    blocks = packs = False
-    if cpu and dtype == torch.float32 and tp == 1:  # DeviceWeights: blocks serve float32 only
-        from pagoda.runtime.cpu import qgemm
-
-        blocks = qgemm.wanted() and qgemm.load() is not None
-    if cpu:
-        from pagoda.runtime.model import linear
-
-        packs = dtype in linear.PACKED_DTYPES and linear._can_pack(dtype)
-    return Placement(dtype, device.type, tp, fp8, blocks, packs)
-
-
 def read_checkpoint(path: Path, architecture: str) -> Checkpoint:
     """The checkpoint's tensors as the loader names them (metadata only; cached per file)."""
     try:
@@ -253,11 +182,15 @@ def _read(path_str: str, architecture: str, _mtime: int, _size: int) -> Checkpoi
             return Checkpoint(".bin", {}, sum(p.stat().st_size for p in pickled))
         return Checkpoint("")
     weights = SafetensorsWeights(files)  # headers only: tensors are read on access
+    if architecture == "gpt2":  # its Conv1D matrices, listed [out, in] as the loader reads them
+        from pagoda.runtime.model.positions import transpose_conv1d
+
+        transpose_conv1d(weights)
     tensors = {}
     for name in weights:
         kind, shape = weights.dtype_and_shape(name)
         numel = math.prod(shape)
-        tensors[name] = Stored(name, kind, tuple(shape), numel * _ITEM.get(kind, 4))
+        tensors[name] = Stored(name, kind, tuple(shape), numel * ITEM_BYTES.get(kind, 4))
     return Checkpoint("safetensors", tensors, sum(f.stat().st_size for f in files))
 
 
@@ -266,7 +199,8 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
     plans): the decoder's projections at one byte plus a float32 scale per output row where
     they run in FP8, the rest in ``dtype``; q, o, the MLP, experts and vocabulary split over
     ``tp`` ranks, K and V by the rank's KV heads (replicated when fewer than ranks), the FP8
-    scales of row-parallel o and down whole on every rank, norms and routers on every rank;
+    scales of row-parallel o and down whole on every rank, norms (q/k norms too) and routers on
+    every rank; q/k/v biases by the rank's heads, o's and the LM head's (PhiMoE's) whole;
     Qwen2-MoE's shared expert as a dense MLP (FP8 too)."""
     h, d, i, n, t = mc.hidden_size, mc.head_dim, mc.intermediate_size, mc.num_layers, tp
     item = dtype.itemsize
@@ -283,6 +217,13 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         norms += 2 * n * h * item
     if f.layer_norm_bias:  # LayerNorms with biases (StarCoder2's, PhiMoE's)
         norms *= 2
+    if f.qk_norm_whole:  # q/k norms over all heads (OLMo 2's, MiniMax-M2's), whole on every rank
+        norms += n * (mc.num_heads + mc.num_kv_heads) * d * item
+    elif f.qk_norm:  # over each head (Qwen3's)
+        norms += n * 2 * d * item
+    if mc.attention_bias:  # q/k/v biases this rank's; o's (PhiMoE's) whole, as the LM head's
+        norms += n * ((mc.num_heads / t + 2 * kv) * d + h * f.o_proj_bias) * item
+    norms += mc.vocab_size * item * f.lm_head_bias
     absorbed = 0.0  # latent attention's W_UK and W_UV
     if f.mla is not None:  # DeepSeek's latent attention (one rank) and its two norms; kv_b
         # as the absorbed W_UK and W_UV, dense in the dtype whatever runs in FP8
@@ -306,7 +247,12 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         shared = 3 * h * s / t + 4 * (2 * s / t + h) if fp8 else 3 * h * s / t * item
         projections += moe * shared
         routers += moe * h * item if f.routing is None else 0
-    embed = mc.vocab_size * h * (1 if mc.tie_word_embeddings else 2) * item
+    width = f.embed_proj_dim or h  # (OPT's narrower embeddings, projected in and out)
+    embed = mc.vocab_size * width * (1 if mc.tie_word_embeddings else 2) * item
+    if f.embed_proj_dim:
+        norms += 2 * h * f.embed_proj_dim * item
+    if f.positions == "learned":  # the table, whole on every rank
+        norms += (mc.max_position_embeddings + f.position_offset) * h * item
     if mc.architecture == "gpt_oss":  # biases, sinks (float32), norms in float32
         heads = mc.num_heads / t
         biases = (heads + 2 * kv) * d + h  # q/k/v this rank's, o's whole
@@ -314,7 +260,7 @@ def from_shapes(mc: ModelConfig, dtype: torch.dtype, fp8: bool, tp: int = 1) -> 
         projections += n * biases * item + n * 4 * heads
         norms = (2 * n + 1) * h * 4
     hybrid = _hybrid_bytes(mc, item, fp8, t)  # Mamba2 mixers (`model_configs.MambaConfig`)
-    return math.ceil(projections + absorbed + (experts + embed) / t) + routers + norms + hybrid
+    return math.ceil(projections + absorbed + (experts + embed) / t + norms) + routers + hybrid
 
 
 def _hybrid_bytes(mc: ModelConfig, item: int, fp8: bool, t: int) -> float:
@@ -377,6 +323,7 @@ def read_by_model(name: str, mc: ModelConfig) -> bool:
         "lm_head.bias",
         "model.final_layernorm.weight",
         "model.final_layernorm.bias",
+        *_OUTSIDE_LAYERS,
     ):  # (StarCoder2's and Phi's biases; Bamba's and Phi's final norm under its own name;
         # PhiMoE's head a bias)
         return True
@@ -402,6 +349,9 @@ def resident(ckpt: Checkpoint, mc: ModelConfig, p: Placement) -> tuple[int, dict
     float32_router = mc.family.routing is not None or (m is not None and m.moe is not None)
     for name, t in tensors.items():
         if name in (EMBED, HEAD):
+            continue
+        if name == POSITIONS:  # a table (not a Linear), whole on every rank
+            total += t.numel * p.dtype.itemsize
             continue
         norm = name.endswith("norm.weight")  # (Cohere's q/k norms: [heads, head_dim])
         if float32_router and _FLOAT32_ROUTER.search(name):
@@ -590,7 +540,7 @@ def _float32_router(t: Stored, p: Placement) -> int:
         from pagoda.runtime.model import linear
 
         if linear._can_pack(torch.float32):
-            rows, cols = _padded(rows, cols, torch.float32)
+            rows, cols = packed_shape(rows, cols, torch.float32)
     return rows * cols * 4
 
 
@@ -620,47 +570,8 @@ def _dense(parts: list[Stored], mc: ModelConfig, lay, p: Placement) -> int:
     rows, cols = sum(r for r, _ in shapes), shapes[0][1]
     experts = parts[0].shape[0] if len(parts[0].shape) == 3 else 1
     if p.packs:
-        rows, cols = _padded(rows, cols, p.dtype)
+        rows, cols = packed_shape(rows, cols, p.dtype)
     return experts * rows * cols * p.dtype.itemsize
-
-
-def _padded(rows: int, cols: int, dtype: torch.dtype) -> tuple[int, int]:
-    """The shape of oneDNN's packed copy of a [rows, cols] weight (`linear._pack`): a one-row
-    weight (Qwen2-MoE's shared_expert_gate) is kept as it is in float32 (`_one_row_kept`)."""
-    if rows == 1 and _one_row_kept(dtype):
-        return rows, cols
-    a, b = _pad(dtype)
-    return -(-rows // a) * a, -(-cols // b) * b
-
-
-@functools.cache
-def _one_row_kept(dtype: torch.dtype) -> bool:
-    """Whether `linear._pack` keeps a one-row weight unpadded (float32: a GEMV's layout, where
-    2 rows pad to 64; bf16 on AVX-512 pads it as any other)."""
-    from pagoda.runtime.model import linear
-
-    try:
-        packed = linear._pack(torch.zeros(1, 65, dtype=dtype))
-        return torch.ops.mkldnn._nbytes(packed) == 65 * dtype.itemsize
-    except (AttributeError, RuntimeError):
-        return False
-
-
-@functools.cache
-def _pad(dtype: torch.dtype) -> tuple[int, int]:
-    """The row and column multiples `linear._pack` pads to here (probed once: bf16 on AVX-512,
-    64 and 32), (1, 1) where a probe says otherwise."""
-    from pagoda.runtime.model import linear
-
-    def padded(n: int, k: int) -> int:
-        packed = linear._pack(torch.zeros(n, k, dtype=dtype))
-        return torch.ops.mkldnn._nbytes(packed) // dtype.itemsize
-
-    try:
-        a, b = padded(65, 64) // 64 - 64, padded(64, 65) // 64 - 64
-    except (AttributeError, RuntimeError):
-        return 1, 1
-    return (a, b) if 0 < a <= 64 and 0 < b <= 64 and 64 % a == 0 and 64 % b == 0 else (1, 1)
 
 
 def _embedding_and_head(tensors: dict[str, Stored], mc: ModelConfig, p: Placement, lay,
@@ -717,31 +628,3 @@ def _bound(parts: list[Stored]) -> int | None:
         return None
     experts = parts[0].shape[0] if len(parts[0].shape) == 3 else 1
     return experts * packed_bytes([(t.kind, t.shape[-2]) for t in parts], parts[0].shape[-1])
-
-
-def packed_bytes(parts: list[tuple[str, int]], cols: int) -> int:
-    """Bytes of `qgemm.pack` for row parts (kind, rows) of `cols` keys, stacked as
-    `quantized.stack` merges them (neighbours of one kind), each run padded to 16 rows."""
-    from pagoda.runtime.cpu import qgemm
-    from pagoda.runtime.cpu.quantized import BLOCKS
-
-    runs: list[list] = []
-    for kind, rows in parts:
-        if runs and runs[-1][0] == kind:
-            runs[-1][1] += rows
-        else:
-            runs.append([kind, rows])
-    total = 0
-    for kind, rows in runs:
-        keys = BLOCKS[kind][0]
-        total += -(-rows // qgemm.NB) * (cols // keys) * _unit_bytes(kind)
-    return total
-
-
-@functools.cache
-def _unit_bytes(kind: str) -> int:
-    """`qgemm.pack`'s bytes for 16 rows by one stored block of keys of `kind`."""
-    from pagoda.runtime.cpu import qgemm
-    from pagoda.runtime.cpu.quantized import BLOCKS, probe_weight
-
-    return int(qgemm.pack(probe_weight(kind, qgemm.NB, BLOCKS[kind][0])).numel())

@@ -26,6 +26,12 @@ class BlockTables:
         # per row: the request, the block list written and its num_preemptions then
         self._holder: list[tuple[Request, list[int], int] | None] = [None] * max_rows
         self._free = list(range(max_rows - 1, -1, -1))
+        self.rows = np.empty(0, dtype=np.int64)  # the last gathered step's rows
+
+    def request(self, row: int) -> Request | None:
+        """The request that holds `row` (None: a free row)."""
+        held = self._holder[row]
+        return None if held is None else held[0]
 
     def gather(self, scheduled: Sequence[ScheduledRequest]) -> np.ndarray:
         """The scheduled requests' tables, [B, their most blocks], zero-padded."""
@@ -36,6 +42,7 @@ class BlockTables:
             if row is None or holder[row][1] is not s.block_ids:
                 row = self._write(s.request, s.block_ids, row)
             rows[i] = row
+        self.rows = rows
         width = int(self.lens[rows].max()) if len(rows) else 0
         return self.table[rows, : max(width, 1)]
 

@@ -3,11 +3,18 @@
 Each Mamba layer keeps, per running sequence, a conv state [conv_dim, d_conv - 1] and an SSM
 state [heads, head_dim, d_state] (`model_configs.MambaConfig`), in preallocated slot tensors of
 ``max_num_seqs`` slots (the scheduler never runs more sequences than that, so every running
-sequence has one; their bytes are in the memory estimate, `state_bytes`). A sequence gets a slot
-the first step it is scheduled in; the slot is zeroed whenever a sequence starts from its first
-token (admitted, or readmitted after a preemption: recompute rebuilds the state, as it rebuilds
-the KV cache). Slots of requests no longer running (finished, aborted or preempted) are taken
-back when the free ones run out, as `block_table.BlockTables` takes back its rows.
+sequence has one; their bytes are in the memory estimate, `state_bytes`). The slots hang off the
+persistent block-table rows (`block_table.BlockTables`, one row per request while it runs): a
+column of each row's slot, written only when a row without one is scheduled (a request joining)
+or when slots are taken back, so a step reads its slots with one indexing operation, no loop
+over its requests. The slot is zeroed whenever a sequence starts from its first token
+(admitted, or readmitted after a preemption: recompute rebuilds the state, as it rebuilds the KV
+cache; a row changes hands only then). Slots of rows whose request no longer runs (finished,
+aborted or preempted) are taken back when the free ones run out.
+
+With tensor parallelism each rank's slots hold its heads and groups (`model/mamba_shard.py`);
+rank 0 alone keeps the slot column (`prepare`) and sends each step's `HostSlots` to the others
+(`worker/step_channel.py`), which build the same `MambaStep` from them (`device_step`).
 
 Prefix caching is off for these models (`engine/recurrent.py`): a cached prefix's KV blocks
 say nothing of the state after it.
@@ -15,16 +22,17 @@ say nothing of the state after it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from pagoda.runtime.config import ModelConfig
-from pagoda.runtime.core.sched_output import ScheduledRequest
 from pagoda.runtime.model import mamba_shard
-from pagoda.runtime.model.mamba2 import MambaStep, Prefill
+from pagoda.runtime.model.mamba2 import MambaStep, Prefill, ScanGroup
+from pagoda.runtime.model.ssd import pack
 from pagoda.runtime.request import RUNNING, Request
+from pagoda.runtime.worker.block_table import BlockTables
 
 
 @dataclass
@@ -45,9 +53,16 @@ def state_bytes(mc: ModelConfig, dtype: torch.dtype, max_num_seqs: int, tp: int 
 
 class MambaState:
     def __init__(
-        self, mc: ModelConfig, num_slots: int, dtype: torch.dtype, device, tp: int = 1
+        self,
+        mc: ModelConfig,
+        num_slots: int,
+        dtype: torch.dtype,
+        device,
+        rows: BlockTables,
+        tp: int = 1,
     ) -> None:
-        """`tp`: the ranks the mixers are split over (this rank's heads and groups alone:
+        """`rows`: the runner's block tables (the slot column hangs off their rows); `tp`: the
+        ranks the mixers are split over (this rank's heads and groups alone:
         `model/mamba_shard.py`)."""
         m = mamba_shard.local(mc.family.mamba, tp)
         self.m = m
@@ -60,15 +75,20 @@ class MambaState:
             )
             for i in self.layers
         }  # fmt: skip
-        self._slot: dict[str, int] = {}  # request id -> its slot
-        self._holder: list[Request | None] = [None] * num_slots
+        # the persistent slot column: each block-table row's slot (-1: none), written only when
+        # a row gets a slot or gives it back; a step reads its rows' slots in one indexing
+        self.rows = rows
+        self.slot_of_row = np.full(len(rows.lens), -1, dtype=np.int64)
+        self._row_of_slot = np.full(num_slots, -1, dtype=np.int64)
         self._free = list(range(num_slots - 1, -1, -1))
 
     @classmethod
     def for_model(
-        cls, mc: ModelConfig, num_slots: int, dtype, device, tp: int = 1
+        cls, mc: ModelConfig, num_slots: int, dtype, device, rows: BlockTables, tp: int = 1
     ) -> MambaState | None:
-        return None if mc.family.mamba is None else cls(mc, num_slots, dtype, device, tp)
+        if mc.family.mamba is None:
+            return None
+        return cls(mc, num_slots, dtype, device, rows, tp)
 
     def layer_caches(self, kv_caches: list) -> list:
         """Every layer's entry of the step's caches: the attention layers' paged K and V
@@ -77,20 +97,18 @@ class MambaState:
         kv = iter(kv_caches)
         return [next(kv) if self.m.attention(i) else () for i in range(len(self.m.layers))]
 
-    def prepare(self, scheduled: Sequence[ScheduledRequest], num_decodes: int) -> HostSlots:
-        """The step's slots, claimed for sequences seen for the first time."""
-        slots = np.empty(len(scheduled), dtype=np.int64)
-        fresh = []
-        for i, s in enumerate(scheduled):
-            req = s.request
-            slot = self._slot.get(req.request_id)
-            if slot is None or self._holder[slot] is not req:  # new (or a reused id)
-                slot = self._claim(req)
-            if req.num_computed_tokens == 0:
-                fresh.append(slot)
-            slots[i] = slot
-        lens = [s.num_new_tokens for s in scheduled]
-        return HostSlots(slots, np.asarray(fresh, dtype=np.int64), lens, num_decodes)
+    def prepare(
+        self, rows: np.ndarray, starts: np.ndarray, query_lens: np.ndarray, num_decodes: int
+    ) -> HostSlots:
+        """The step's slots: its block-table rows' (`BlockTables.gather`), a slot claimed for
+        a row that has none (a request joining); the slots of sequences at their first token
+        to be zeroed. A request keeps its row while it runs; a row changes hands only once its
+        request stopped running, and the next one starts from its first token: zeroed."""
+        slots = self.slot_of_row[rows]
+        for i in np.flatnonzero(slots < 0).tolist():  # only the rows without a slot
+            slots[i] = self._claim(int(rows[i]))
+        fresh = slots[starts == 0]
+        return HostSlots(slots, fresh, query_lens.tolist(), num_decodes)
 
     def device_step(self, host: HostSlots, to_device: Callable[[np.ndarray], torch.Tensor]):
         """The step's `MambaStep`, the slots of sequences at their first token zeroed."""
@@ -105,40 +123,43 @@ class MambaState:
             run = (slots[0], slots[0] + nd)
         on_device = to_device(host.slots)
         prefill = None
-        if nd < len(slots):  # the prefill chunks, laid out [sequences, longest chunk]
-            lens = np.asarray(host.query_lens[nd:], dtype=np.int64)
-            n = int(lens.max())
-            starts = np.repeat(np.arange(len(lens)) * n - np.cumsum(lens) + lens, lens)
-            rows = starts + np.arange(int(lens.sum()))
-            prefill = Prefill((len(lens), n), to_device(rows), to_device(lens), on_device[nd:])
+        if nd < len(slots):  # the prefill chunks, in the scan's packed layout
+            m = self.m
+            p = pack(host.query_lens[nd:], m.chunk_size, m.d_conv)
+            parts = [host.slots[nd:][p.order], p.conv_rows, p.conv_out, p.state_rows, p.end_rows]
+            for g in p.groups:
+                parts += [g.tokens, g.rows, g.chunk_of, g.in_chunk]
+            # one copy to the device, split there into views
+            idx = to_device(np.concatenate(parts)).split([len(a) for a in parts])
+            slots = idx[0]
+            groups = [ScanGroup(g.counts, g.num_chunks, slots[slice(*g.seqs)], *idx[5 + 4 * i : 9 + 4 * i])
+                      for i, g in enumerate(p.groups)]  # fmt: skip
+            prefill = Prefill(p.conv_len, *idx[:5], groups)
         return MambaStep(on_device, nd, self.states, run, prefill)
 
-    def _claim(self, req: Request) -> int:
-        old = self._slot.pop(req.request_id, None)
-        if old is not None:  # a finished request's id reused: its slot goes back first
-            self._release(old)
+    def _claim(self, row: int) -> int:
         if not self._free:
             self._reclaim()
         slot = self._free.pop()
-        self._slot[req.request_id] = slot
-        self._holder[slot] = req
+        self.slot_of_row[row] = slot
+        self._row_of_slot[slot] = row
         return slot
 
-    def _release(self, slot: int) -> None:
-        self._holder[slot] = None
-        self._free.append(slot)
-
     def _reclaim(self) -> None:
-        """Take back the slots of requests no longer running (finished, aborted, preempted)."""
-        for rid, slot in list(self._slot.items()):
-            req = self._holder[slot]
-            if req.status != RUNNING or req.is_finished:
-                del self._slot[rid]
-                self._release(slot)
+        """Take back the slots of rows whose request no longer runs (finished, aborted,
+        preempted: a preempted one claims a slot again when it restarts)."""
+        for slot, row in enumerate(self._row_of_slot.tolist()):
+            if row >= 0 and not _running(self.rows.request(row)):
+                self.slot_of_row[row] = self._row_of_slot[slot] = -1
+                self._free.append(slot)
         if not self._free:
             raise RuntimeError("more running sequences than Mamba state slots")
 
     @property
     def num_held(self) -> int:
-        """Slots held by requests (tests: all back after the requests end)."""
-        return sum(1 for r in self._holder if r is not None and r.status == RUNNING)
+        """Slots held by running requests (tests: all back after the requests end)."""
+        return sum(_running(self.rows.request(r)) for r in self._row_of_slot.tolist() if r >= 0)
+
+
+def _running(req: Request | None) -> bool:
+    return req is not None and req.status == RUNNING and not req.is_finished

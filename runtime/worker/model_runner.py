@@ -24,7 +24,7 @@ from pagoda.runtime.core.sched_output import SchedulerOutput
 from pagoda.runtime.cpu import qgemm
 from pagoda.runtime.cpu.host_memory import keep_freed_memory
 from pagoda.runtime.distributed.group import TPGroup
-from pagoda.runtime.model import mamba2
+from pagoda.runtime.model import alibi, mamba2
 from pagoda.runtime.model.llama import LlamaModel
 from pagoda.runtime.model.loader import LoadedModel
 from pagoda.runtime.model.mamba2 import MAMBA_STEP
@@ -87,9 +87,14 @@ class ModelRunner:
         # that samples, before sampling; it reads them, or edits them in place (test_llm.py
         # poisons one row with NaN, as a bad checkpoint would)
         self.logits_hook: Callable[[list[Request], torch.Tensor], None] | None = None
-        # a hybrid's Mamba layers: their state slots, before the KV budget is measured
+        # Rows for every running request, and as many again before finished ones are reclaimed.
+        max_blocks = -(-max_model_len // self.block_size) + 1
+        self.block_tables = BlockTables(2 * config.scheduler.max_num_seqs, max_blocks)
+        # a hybrid's Mamba layers: their state slots (a column per block-table row), before the
+        # KV budget is measured
         self.mamba = MambaState.for_model(mc, config.scheduler.max_num_seqs, self.dtype,
-                                          self.device, 1 if tp is None else tp.size)  # fmt: skip
+                                          self.device, self.block_tables,
+                                          1 if tp is None else tp.size)  # fmt: skip
         self.num_blocks = self._num_blocks(max_model_len)
         if tp is not None:  # the same pool on every rank: what the fullest device holds
             self.num_blocks = tp.agree_min(self.num_blocks)
@@ -103,9 +108,6 @@ class ModelRunner:
         if self.mamba is not None:  # the attention layers' caches at their layers' places
             self.kv_caches = self.mamba.layer_caches(self.kv_caches)
         self.cuda_graphs: CudaGraphRunner | None = None
-        # Rows for every running request, and as many again before finished ones are reclaimed.
-        max_blocks = -(-max_model_len // self.block_size) + 1
-        self.block_tables = BlockTables(2 * config.scheduler.max_num_seqs, max_blocks)
         self.clock: StepClock | None = None  # set by EngineCore.enable_step_clock
         self._last_sampling: tuple[tuple[int, ...], SamplingBatch, list[Request]] | None = None
         # Async scheduling: the last launched step's tokens and the row of each request in
@@ -126,6 +128,8 @@ class ModelRunner:
         heads, kv_heads = mc.num_heads, mc.num_kv_heads
         if self.tp is not None:
             heads, kv_heads = self.tp.layout.local_heads(heads, kv_heads)
+        # ALiBi's slopes of this rank's heads (BLOOM, MPT; None for other models)
+        slopes = alibi.slopes(mc, None if self.tp is None else self.tp.layout.heads(mc.num_heads))
         return get_attention_backend(
             config.attention_backend,
             self.device,
@@ -139,6 +143,7 @@ class ModelRunner:
             softcap=mc.family.attn_logit_softcapping,
             sinks=mc.family.attention_sinks,
             latent=None if mc.family.mla is None else mc.family.mla.kv_lora_rank,
+            alibi_slopes=None if slopes is None else slopes.to(self.device),
         )
 
     def _build_model(self, loaded: LoadedModel, max_model_len: int) -> LlamaModel:
@@ -204,9 +209,11 @@ class ModelRunner:
             free, total = torch.cuda.mem_get_info(self.device)
             used = total - free
             # activations and CUDA graphs, and a hybrid's chunked-scan temporaries
-            tokens = self.config.scheduler.max_num_batched_tokens
+            sched = self.config.scheduler
             ranks = 1 if self.tp is None else self.tp.size
-            headroom = options.GPU_HEADROOM + mamba2.scan_bytes(self.model_config, tokens, ranks)
+            headroom = options.GPU_HEADROOM + mamba2.step_scan_bytes(
+                self.model_config, sched, ranks
+            )
             budget = int(total * cache.gpu_memory_utilization) - used - headroom
         else:
             budget = CPU_DEFAULT_KV_BYTES
@@ -349,7 +356,7 @@ class ModelRunner:
         sampling = np.flatnonzero(seq_lens >= known).tolist()
         inp = StepInputs(ids, positions, slots, table, qlens, seq_lens, cu, sampling, nd, pending)
         if self.mamba is not None:  # the Mamba layers' state slots
-            inp.mamba = self.mamba.prepare(sched, nd)
+            inp.mamba = self.mamba.prepare(self.block_tables.rows, starts, qlens, nd)
         if self.model.long_rope:  # which rotary table a longrope prompt's chunks read
             inp.prompt_lens = np.fromiter((r.num_prompt_tokens for r in reqs), np.int64, count=n)
         if self.prompt_logprob_requests:  # some request asked: are its prompt positions here?

@@ -27,6 +27,13 @@ def test_serve_modules_import_with_only_the_nodes_packages_and_the_wheels():
     allowed = gpu_imports.node_packages() | gpu_imports.wheel_packages()
     code, out = gpu_imports.dynamic_check(allowed, gpu_imports.MODULES)
     assert code == 0, out
+    # sentencepiece is imported only where a tokenizer.model is read (model/spm_files.py): the
+    # server imports without it, and the blocker does block it
+    code, out = gpu_imports.dynamic_check(allowed, gpu_imports.MODULES, gpu_imports.OPTIONAL)
+    assert code == 0 and "absent sentencepiece" not in out, out
+    probe = ["pagoda.runtime.model.hf_loader", "sentencepiece"]
+    code, out = gpu_imports.dynamic_check(allowed, probe, gpu_imports.OPTIONAL)
+    assert code == 1 and "FAIL sentencepiece" in out and "FAIL pagoda" not in out, out
     # the blocker bites: without msgspec's wheel the engine's output messages cannot import
     code, out = gpu_imports.dynamic_check(allowed - {"msgspec"}, ["pagoda.runtime.engine.outputs"])
     assert code == 1 and "msgspec" in out, out

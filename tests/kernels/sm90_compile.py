@@ -114,7 +114,7 @@ def install(results: list[dict], case: str, with_registers: bool = False) -> Non
 
 
 def _attention(*, head_dim, heads, kv_heads, dtype, kv_dtype, seqs, tuned=None, sinks=False,
-               latent=False, **kwargs) -> None:  # fmt: skip
+               latent=False, alibi=False, **kwargs) -> None:  # fmt: skip
     """One `paged_attention` call; ``tuned``: {kernel: config} saved as the device's tuned file
     (one bucket each, at head size 64), searched first for this call; ``latent``: one tensor
     as both caches (DeepSeek's latent cache, `test_kernel_latent.py`)."""
@@ -131,7 +131,7 @@ def _attention(*, head_dim, heads, kv_heads, dtype, kv_dtype, seqs, tuned=None, 
             try:
                 _attention(head_dim=head_dim, heads=heads, kv_heads=kv_heads, dtype=dtype,
                            kv_dtype=kv_dtype, seqs=seqs, sinks=sinks, latent=latent,
-                           **kwargs)  # fmt: skip
+                           alibi=alibi, **kwargs)  # fmt: skip
             finally:
                 config.set_config_dirs(previous)
         return
@@ -146,6 +146,8 @@ def _attention(*, head_dim, heads, kv_heads, dtype, kv_dtype, seqs, tuned=None, 
         scales = {"k_scale": torch.ones(1), "v_scale": torch.ones(1)}
     if sinks:  # gpt-oss's attention sinks (`attn_common.add_sink`)
         scales["sinks"] = torch.zeros(heads)
+    if alibi:  # BLOOM's and MPT's per-head slopes (`attn_common.add_alibi`)
+        scales["alibi_slopes"] = torch.full((heads,), 0.5)
     paged_attention(
         q=torch.empty((tokens, heads, head_dim), dtype=dtype), k_cache=k_cache,
         v_cache=k_cache if latent else torch.empty_like(k_cache), block_tables=torch.zeros((len(seqs), 4), dtype=torch.int32),
@@ -225,6 +227,17 @@ CASES: dict[str, dict] = {
     "deep-fp8-w8a16": dict(gemm="fp8_linear", config={**DEEP, "BLOCK_K": 64}, dtype=BF16),
     "deep-moe": dict(gemm="fused_experts", config={**DEEP, "BLOCK_M": 64, "BLOCK_K": 64},
                      dtype=FP32),
+    # ALiBi (BLOOM, MPT: multi-head, 128-wide heads) in the split-KV decodes, the
+    # batch-invariant launches and the unified kernel
+    "alibi-split-decode": dict(head_dim=128, heads=16, kv_heads=16, dtype=BF16, kv_dtype=BF16,
+                               seqs=[(1, 5)] * 3 + [(70, 90)], max_seq_len=32768,
+                               num_decodes=3, num_kv_splits=4, alibi=True),
+    "alibi-invariant": dict(head_dim=128, heads=16, kv_heads=16, dtype=BF16, kv_dtype=BF16,
+                            seqs=[(1, 5), (70, 90)], max_seq_len=90, num_decodes=1,
+                            batch_invariant=True, alibi=True),
+    "alibi-unified-fp16": dict(head_dim=128, heads=16, kv_heads=16, dtype=FP16, kv_dtype=FP16,
+                               seqs=[(1, 5), (70, 90)], max_seq_len=90, num_decodes=1,
+                               flash_prefill=False, alibi=True),
     # gpt-oss: attention sinks in the split-KV decodes (four segments, the sink in the merge)
     # and the prefill kernel beside them; in every row's prefill kernel (batch-invariant); its
     # experts' biases and clamped SwiGLU in the fused-MoE epilogues.
@@ -346,6 +359,7 @@ CASES: dict[str, dict] = {
 # Cases of the slow test (test_kernel_compile.py): more dtypes and shapes of variants the fast
 # cases already compile once.
 SLOW = {
+    "alibi-unified-fp16",
     "sinks-split-decode-fp16",
     "sinks-fp8-split-decode",
     "mla-d192-split-decode-fp16",
@@ -387,7 +401,10 @@ SLOW = {
 # row needs tiles or warps sized for it (not done; the `families` step's latent test runs them).
 # At 128 query heads the decode and prefill kernels needed 393 kB of shared memory (one tile of
 # all of a KV head's query heads) until paged_attention launched them in groups of 16.
-KNOWN_SPILLS = {"fp32-d256-decode", "deep-moe", "deep-matmul", "deep-fp8-w8a16",
+# ALiBi's batch-invariant case (bf16, head 128, one query head per KV head): the one-token
+# launch spills 16 B at 255 registers with or without HAS_ALIBI (the same case without it
+# measured alike, 2026-12-06); the prefill launch goes from 198 to 221 registers, no spill.
+KNOWN_SPILLS = {"fp32-d256-decode", "deep-moe", "deep-matmul", "deep-fp8-w8a16", "alibi-invariant",
                 "sinks-invariant", "mla-d192-split-decode", "mla-d192-split-decode-fp16",
                 "mla-d192-invariant-fp16", "chunked-gqa5-invariant-fp16",
                 "d96-gqa4-invariant", "d256-bf16-split-decode",

@@ -315,6 +315,30 @@ def test_sinks_match_reference(device, path, dtype):
                               **TOL[dtype])  # fmt: skip
 
 
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_alibi_matches_reference(device, path, dtype):
+    """ALiBi (BLOOM, MPT): each head's scores plus slope * (key - query), in every path (the
+    prefill kernel's full tiles too, the split-KV decodes' segments), BLOOM's slopes for six
+    heads (not a power of two); with a window and a soft cap beside it in bf16."""
+    from pagoda.kernels import paged_attention
+    from pagoda.runtime.model.alibi import bloom_slopes
+
+    batch = make_batch(
+        mixed_seqs(16), num_heads=6, num_kv_heads=2, head_dim=64, block_size=16, dtype=dtype,
+        device=device,
+    )  # fmt: skip
+    args = batch.attention_args(scale=0.25)
+    slopes = bloom_slopes(6).to(device)
+    extra = dict(sliding_window=20, softcap=8.0) if dtype == torch.bfloat16 else {}
+    expected = reference.paged_attention(**args, alibi_slopes=slopes, **extra)
+    kwargs = {"num_decodes": batch.num_decodes, **PATHS[path]}
+    got = paged_attention(**args, **kwargs, alibi_slopes=slopes, **extra)
+    torch.testing.assert_close(got, expected, **TOL[dtype])
+    assert not torch.allclose(expected.float(), reference.paged_attention(**args, **extra).float(),
+                              **TOL[dtype])  # fmt: skip
+
+
 # The new families' shapes on the compiled kernels (dtype, head_dim, heads, KV heads, sinks):
 # DeepSeek's latent attention expanded per head at 192 (256 wide in the tiles) and the tiny
 # checkpoints' 48, gpt-oss's 64 with sinks over 8 query heads per KV head, GLM-4-9B's 16 per KV

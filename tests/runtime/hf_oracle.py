@@ -81,6 +81,7 @@ def hf_greedy_plain(model, prompt: list[int], n: int) -> tuple[list[int], list[t
 # (transformers runs EXAONE 3 and InternLM3 as Llama)
 _LM_CLASSES = {"Gemma3Text": "Gemma3ForCausalLM", "Exaone": "LlamaForCausalLM"}
 _LM_CLASSES["InternLM3"] = "LlamaForCausalLM"
+_LM_CLASSES["GPT2"] = "GPT2LMHeadModel"
 
 
 def make_tiny_model(path, arch: str, scale: float = 3.0, **overrides):

@@ -210,8 +210,15 @@ def test_a_checkpoint_directory_without_weights_or_tokenizer_is_refused_before_l
     with pytest.raises(ValueError) as err:
         engine_config(*argv)
     assert str(err.value) == (
-        f"model {str(tmp_path)!r}: {tmp_path} has no tokenizer.json (nor tiktoken.model)"
+        f"model {str(tmp_path)!r}: {tmp_path} has no tokenizer.json (nor tiktoken.model, "
+        "vocab.json with merges.txt, or tokenizer.model)"
     )
+    (tmp_path / "vocab.json").write_text("version https://git-lfs.github.com/spec/v1\n")
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n")  # GPT-2's files (OPT's), a pointer
+    with pytest.raises(ValueError, match=r"vocab.json is not a JSON object \(truncated, or a Git"):
+        engine_config(*argv)
+    (tmp_path / "vocab.json").unlink()
+    (tmp_path / "merges.txt").unlink()
     (tmp_path / "tiktoken.model").write_text("version https://git-lfs.github.com/spec/v1\n")
     with pytest.raises(ValueError, match=r"tiktoken.model is not a tiktoken file"):
         engine_config(*argv)
@@ -220,6 +227,15 @@ def test_a_checkpoint_directory_without_weights_or_tokenizer_is_refused_before_l
     with pytest.raises(ValueError, match=r"tokenizer code \(x\) is not one whose split regex"):
         engine_config(*argv)
     (tmp_path / "tiktoken.model").unlink()
+    (tmp_path / "tokenizer.model").write_text("version https://git-lfs.github.com/spec/v1\n")
+    with pytest.raises(ValueError, match=r"tokenizer.model is not a SentencePiece model"):
+        engine_config(*argv)
+    (tmp_path / "tokenizer.model").write_bytes(b"\x0a\x05<unk>")  # a model's first bytes
+    with pytest.raises(ValueError, match=r"tokenizer code \(x.py\) is not one reproduced here"):
+        engine_config(*argv)
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "LlamaTokenizer"}')
+    assert engine_config(*argv).model == str(tmp_path)  # read at load
+    (tmp_path / "tokenizer.model").unlink()
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(ValueError) as err:
         engine_config(*argv)

@@ -19,9 +19,15 @@ from typing import Any
 
 import openai
 import pytest
-import structured_testlib
-from hf_oracle import make_tiny_model
-from server_testlib import chat_prompt_ids, openai_client, save_tokenizer
+from marker_serve_testlib import (
+    ASK,
+    TOOLS,
+    WEATHER,
+    check_call_whole_and_streamed,
+    serve,
+    write_marker_model,
+)
+from server_testlib import chat_prompt_ids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -52,37 +58,22 @@ TEMPLATE = (
 MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
            "<arg_value>", "</arg_value>"]  # fmt: skip
 ROLES = ["<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "[gMASK]", "<sop>"]
-ASK = [{"role": "user", "content": "Weather in Paris for 3 days?"}]
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
-WEATHER = {"type": "object", "properties": {
-    "city": {"type": "string", "enum": ["Paris", "Oslo"]},
-    "code": {"type": "string", "enum": ["7", "12"]},  # a string of digits stays a string
-    "days": {"type": "integer", "minimum": 1, "maximum": 9}},
-    "required": ["city", "code", "days"], "additionalProperties": False}  # fmt: skip
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Iterator[tuple[openai.OpenAI, dict[str, int]]]:
-    from tokenizers import AddedToken
-
     path = tmp_path_factory.mktemp("glm45")
-    backend = structured_testlib.smol_tokenizer().backend
-    backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in MARKERS])
-    backend.add_tokens([AddedToken(t, normalized=False, special=True) for t in ROLES])
-    make_tiny_model(path, "Glm4Moe", vocab_size=backend.get_vocab_size(), hidden_size=32,
-                    intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                    num_key_value_heads=1, head_dim=16, n_routed_experts=4,
-                    num_experts_per_tok=2, moe_intermediate_size=16, first_k_dense_replace=0,
-                    tie_word_embeddings=True)  # fmt: skip
-    save_tokenizer(path, backend, TEMPLATE)
+    backend = write_marker_model(
+        path, "Glm4Moe", TEMPLATE, MARKERS, ROLES, hidden_size=32, intermediate_size=64,
+        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+        first_k_dense_replace=0, tie_word_embeddings=True)  # fmt: skip
     ids = {t: backend.token_to_id(t) for t in ("<think>", "</think>")}
     ids.update({w: backend.token_to_id(w) for w in ("Ġsunny", "Ġrain", "Ġis", "Ċ")})
     assert None not in ids.values(), ids
     # no --tool-call-parser: `auto` must read GLM-4.5's template as glm45's, not hermes'
-    with openai_client("--model", str(path), "--reasoning-parser", "glm45",
-                       "--kv-cache-memory", "16MiB", "--max-model-len", "512",
-                       "--no-engine-process", "--log-level", "warning") as client:  # fmt: skip
+    with serve(path, "glm45") as client:
         yield client, ids
 
 
@@ -171,21 +162,8 @@ def test_a_named_tool_call_whole_and_streamed(served):
     assert isinstance(args["code"], str) and isinstance(args["days"], int)
     call = dict(**kw, messages=ASK, tools=TOOLS, extra_body=NO_THINKING,
                 tool_choice={"type": "function", "function": {"name": "get_weather"}})  # fmt: skip
-    whole = client.chat.completions.create(**call).choices[0]
-    assert whole.finish_reason == "tool_calls" and whole.message.content is None
-    (got,) = whole.message.tool_calls
-    assert (got.function.name, json.loads(got.function.arguments)) == (name, args)
-    with client.chat.completions.stream(**call) as stream:
-        final = stream.get_final_completion().choices[0]
-    (streamed,) = final.message.tool_calls
+    _, final, again = check_call_whole_and_streamed(client, call, name, args)
     assert final.message.content is None
-    assert (streamed.function.name, streamed.function.arguments) == (
-        got.function.name, got.function.arguments)  # fmt: skip
-    # the call goes back through the template as GLM-4.5's tags, with the tool's result
-    again = [*ASK, whole.message.model_dump(exclude_none=True),
-             {"role": "tool", "tool_call_id": got.id, "content": "sunny"}]  # fmt: skip
-    shown = prompt_ids(client, messages=again, tools=TOOLS)
-    assert len(shown) > len(prompt_ids(client, tools=TOOLS))
     r = client.chat.completions.create(model=model, messages=again, tools=TOOLS, max_tokens=2,
                                        extra_body=NO_THINKING)  # fmt: skip
     assert r.choices[0].finish_reason == "length"

@@ -8,11 +8,11 @@ grammar of `tool_choice: required` accepts the model's own call text."""
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 from pagoda.runtime.server.reasoning import new_stream, reasoning_tokens, split
 from pagoda.runtime.server.tool_parsers import PARSERS, detect
+from parser_testlib import accepts, reasoning_streamed, streamed, tool_grammar
 
 R, C = "This is a reasoning section", "This is the rest"
 THINKING = [  # (output, reasoning, content): vLLM's tests/reasoning/test_hunyuan_reasoning_parser
@@ -27,18 +27,7 @@ THINKING = [  # (output, reasoning, content): vLLM's tests/reasoning/test_hunyua
 
 
 def _fed(text: str, thinking: bool, seed: int) -> tuple[str, str]:
-    rng, stream, thought, content, i = (
-        random.Random(seed),
-        new_stream("hunyuan_a13b", thinking),
-        "",
-        "",
-        0,
-    )
-    while i <= len(text):
-        k = rng.randint(1, 6)
-        t, c = stream.feed(text[i : i + k], final=i + k >= len(text))
-        thought, content, i = thought + t, content + c, i + k
-    return thought, content
+    return reasoning_streamed(new_stream("hunyuan_a13b", thinking), text, seed, 6)
 
 
 @pytest.mark.parametrize(("text", "reasoning", "content"), THINKING)
@@ -79,34 +68,16 @@ def test_tool_calls_whole_and_streamed(seed):
     assert content == "Let me check."
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [
         ("get_weather", {"city": "Paris", "days": 3}), ("get_weather", {"city": "Oslo", "days": 1})]  # fmt: skip
-    rng, stream, text, deltas, i = random.Random(seed), parser.stream(), "Hi " + CALLS, [], 0
-    while i < len(text):
-        k = rng.randint(1, 7)
-        deltas.append(stream.feed(text[i : i + k]))
-        i += k
-    deltas.append(stream.feed("", final=True))
-    args: dict[int, str] = {}
-    for d in deltas:
-        for c in d.get("tool_calls", ()):
-            args[c["index"]] = args.get(c["index"], "") + c["function"].get("arguments", "")
-    assert "".join(d.get("content", "") for d in deltas) == "Hi"
-    assert [json.loads(a) for _, a in sorted(args.items())] == [
-        json.loads(c.arguments) for c in calls]  # fmt: skip
+    got_content, got, _ = streamed(parser.stream(), "Hi " + CALLS, seed)
+    assert got_content == "Hi"
+    assert [json.loads(a) for _, a in got] == [json.loads(c.arguments) for c in calls]
     assert parser.parse("No call <tool_calls> here") == ("No call <tool_calls> here", [])
 
 
 def test_detected_from_the_template_and_the_required_grammar_takes_its_calls():
-    import xgrammar as xgr
-    from pagoda.runtime.server.protocol import ChatCompletionRequest
-    from pagoda.runtime.server.tools import prepare
-
     template = ("{% if tools %}... reply with <tool_calls>[{\"name\": ..., \"arguments\": ...}]"
                 "</tool_calls>{% endif %}")  # fmt: skip
     assert detect(template) == "hunyuan_a13b"
-    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
-                                tools=TOOLS, tool_choice="required")  # fmt: skip
-    grammar = xgr.Grammar.from_structural_tag(prepare(req, "{{ tools }}", "hunyuan_a13b")
-                                              .grammar.structural_tag)  # fmt: skip
-    accepts = xgr.testing._is_grammar_accept_string
+    grammar = tool_grammar(TOOLS, "hunyuan_a13b")
     assert accepts(grammar, CALLS)
     assert not accepts(grammar, CALLS.replace('"days": 3', '"days": "3"'))

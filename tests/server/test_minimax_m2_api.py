@@ -19,9 +19,15 @@ from typing import Any
 
 import openai
 import pytest
-import structured_testlib
-from hf_oracle import make_tiny_model
-from server_testlib import chat_prompt_ids, openai_client, save_tokenizer
+from marker_serve_testlib import (
+    ASK,
+    TOOLS,
+    WEATHER,
+    check_call_whole_and_streamed,
+    serve,
+    write_marker_model,
+)
+from server_testlib import chat_prompt_ids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -46,33 +52,20 @@ TEMPLATE = (
     "{%- if add_generation_prompt -%}]~b]ai\n<think>\n{%- endif -%}"
 )
 MARKERS = ["<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>"]
-ASK = [{"role": "user", "content": "Weather in Paris for 3 days?"}]
-WEATHER = {"type": "object", "properties": {
-    "city": {"type": "string", "enum": ["Paris", "Oslo"]},
-    "code": {"type": "string", "enum": ["7", "12"]},  # a string of digits stays a string
-    "days": {"type": "integer", "minimum": 1, "maximum": 9}},
-    "required": ["city", "code", "days"], "additionalProperties": False}  # fmt: skip
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Iterator[tuple[openai.OpenAI, dict[str, int]]]:
-    from tokenizers import AddedToken
-
     path = tmp_path_factory.mktemp("minimax_m2")
-    backend = structured_testlib.smol_tokenizer().backend
-    backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in MARKERS])
-    make_tiny_model(path, "MiniMaxM2", vocab_size=backend.get_vocab_size(), hidden_size=32,
-                    intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
-                    num_key_value_heads=1, head_dim=16, rotary_dim=8, num_local_experts=4,
-                    num_experts_per_tok=2, bos_token_id=1, eos_token_id=2)  # fmt: skip
-    save_tokenizer(path, backend, TEMPLATE)
+    backend = write_marker_model(
+        path, "MiniMaxM2", TEMPLATE, MARKERS, hidden_size=32, intermediate_size=16,
+        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+        rotary_dim=8, num_local_experts=4, num_experts_per_tok=2, bos_token_id=1,
+        eos_token_id=2)  # fmt: skip
     ids = {w: backend.token_to_id(w) for w in ("</think>", "Ġsunny", "Ġrain", "Ċ")}
     assert None not in ids.values(), ids
     # no --tool-call-parser: `auto` must read the template's <minimax:tool_call> as minimax_m2
-    with openai_client("--model", str(path), "--reasoning-parser", "minimax_m2",
-                       "--kv-cache-memory", "16MiB", "--max-model-len", "512",
-                       "--no-engine-process", "--log-level", "warning") as client:  # fmt: skip
+    with serve(path, "minimax_m2") as client:
         yield client, ids
 
 
@@ -136,17 +129,5 @@ def test_a_required_tool_call_whole_and_streamed(served):
     name, args = read_call(rest)
     assert isinstance(args["code"], str) and isinstance(args["days"], int)
     call = dict(**kw, messages=ASK, tools=TOOLS, tool_choice="required")
-    whole = client.chat.completions.create(**call).choices[0]
-    assert whole.finish_reason == "tool_calls" and whole.message.content is None
+    whole, _, _ = check_call_whole_and_streamed(client, call, name, args)
     assert whole.message.reasoning_content == thought
-    (got,) = whole.message.tool_calls
-    assert (got.function.name, json.loads(got.function.arguments)) == (name, args)
-    with client.chat.completions.stream(**call) as stream:
-        final = stream.get_final_completion().choices[0]
-    (streamed,) = final.message.tool_calls
-    assert (streamed.function.name, streamed.function.arguments) == (
-        got.function.name, got.function.arguments)  # fmt: skip
-    again = [*ASK, whole.message.model_dump(exclude_none=True),
-             {"role": "tool", "tool_call_id": got.id, "content": "sunny"}]  # fmt: skip
-    shown = chat_prompt_ids(client, messages=again, tools=TOOLS)
-    assert len(shown) > len(chat_prompt_ids(client, messages=ASK, tools=TOOLS))

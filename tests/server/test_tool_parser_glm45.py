@@ -7,12 +7,12 @@ template; the structural tag of `tool_choice: required` accepts GLM-4.5's own ca
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 from pagoda.runtime.server.reasoning import ReasoningStream, split, thinks
 from pagoda.runtime.server.tool_parser_glm45 import Glm45Parser
 from pagoda.runtime.server.tool_parsers import detect
+from parser_testlib import accepts, reasoning_streamed, streamed, tool_grammar
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -53,21 +53,7 @@ def test_whole_outputs(text, content, calls):
 
 
 def _streamed(text: str, seed: int, parallel: bool = True) -> tuple[str, list]:
-    rng, stream, deltas, i = random.Random(seed), parser().stream(parallel), [], 0
-    while i < len(text):
-        k = rng.randint(1, 7)
-        deltas.append(stream.feed(text[i : i + k]))
-        i += k
-    deltas.append(stream.feed("", final=True))
-    calls: dict[int, list] = {}
-    for d in deltas:
-        for c in d.get("tool_calls", ()):
-            if "id" in c:  # a call's first delta: id, type and name, no arguments yet
-                assert c["index"] not in calls and c["type"] == "function"
-                assert c["function"]["arguments"] == ""
-                calls[c["index"]] = [c["function"]["name"], ""]
-            calls[c["index"]][1] += c["function"].get("arguments", "")
-    return "".join(d.get("content", "") for d in deltas), [calls[i] for i in sorted(calls)]
+    return streamed(parser().stream(parallel), text, seed)[:2]
 
 
 @pytest.mark.parametrize(("text", "content", "calls"), CASES)
@@ -120,26 +106,13 @@ def test_the_required_grammar_takes_glm45s_own_call_text():
     """The structural tag `tool_choice: required` compiles (xgrammar's glm_xml style inside
     GLM-4.5's call tags) accepts the call as GLM-4.5's template writes it, typed values and
     all, and refuses a value of the wrong type."""
-    import xgrammar as xgr
-    from pagoda.runtime.server.protocol import ChatCompletionRequest
-    from pagoda.runtime.server.tools import prepare
-
-    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
-                                tools=TOOLS, tool_choice="required")  # fmt: skip
-    setup = prepare(req, "{{ tools }}", "glm45")
-    assert setup.parser.name == "glm45"
-    grammar = xgr.Grammar.from_structural_tag(setup.grammar.structural_tag)
-    accepts = xgr.testing._is_grammar_accept_string
+    grammar = tool_grammar(TOOLS, "glm45")
     assert accepts(grammar, CALL)
     assert accepts(grammar, CALL + "\n<tool_call>now\n</tool_call>")
     assert not accepts(grammar, CALL.replace("<arg_value>3<", "<arg_value>three<"))
     # tool_choice auto with a strict tool: free text, but a call once <tool_call> starts one
     strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
-    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
-                                tools=strict, tool_choice="auto")  # fmt: skip
-    grammar = xgr.Grammar.from_structural_tag(
-        prepare(req, "{{ tools }}", "glm45").grammar.structural_tag
-    )
+    grammar = tool_grammar(strict, "glm45", "auto")
     assert accepts(grammar, "Let me see.\n" + CALL)
     assert accepts(grammar, "No call needed.")
     assert not accepts(grammar, "Let me see.\n" + CALL.replace(">3<", ">three<"))
@@ -154,13 +127,7 @@ def test_the_required_grammar_takes_glm45s_own_call_text():
 @pytest.mark.parametrize("seed", range(3))
 def test_glm45_reasoning_whole_and_streamed(text, want, seed):
     assert split(text, ReasoningStream(True, "glm45")) == want
-    rng, stream = random.Random(seed), ReasoningStream(True, "glm45")
-    thought = content = ""
-    i = 0
-    while i <= len(text):
-        k = rng.randint(1, 5)
-        t, c = stream.feed(text[i : i + k], final=i + k >= len(text))
-        thought, content, i = thought + t, content + c, i + k
+    thought, content = reasoning_streamed(ReasoningStream(True, "glm45"), text, seed, 5)
     assert (thought or None if want[0] is None else thought, content or None) == want
 
 

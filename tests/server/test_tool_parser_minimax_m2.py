@@ -1,19 +1,20 @@
 """MiniMax-M2's tool calls (`--tool-call-parser minimax_m2`) and thinking (`--reasoning-parser
 minimax_m2`), in the format MiniMax-M2's chat template asks for (`<minimax:tool_call>`, one
 `<invoke name=...>` per call, `<parameter name=...>` per argument): whole outputs and streams
-split anywhere give the same calls and content; each argument typed by its tool's schema; what
+split anywhere give the same calls and content; each argument typed by its tool's schema as
+vLLM's parser types it (an untyped one a string); what
 is not a complete call stays content; the parser is detected from the template; the structural
 tag of `tool_choice: required` accepts the model's own call text."""
 
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 from pagoda.runtime.server.reasoning import ReasoningStream, split, thinks
 from pagoda.runtime.server.tool_parser_minimax_m2 import MiniMaxM2Parser
 from pagoda.runtime.server.tool_parsers import detect
+from parser_testlib import accepts, streamed, tool_grammar
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -22,6 +23,11 @@ TOOLS = [
                                          "hours": {"type": "array",
                                                    "items": {"type": "integer"}}}}}},
     {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}},
+    {"type": "function", "function": {"name": "set", "parameters": {
+        "type": "object", "properties": {"n": {"description": "untyped"}, "flag": {"type": "boolean"},
+                                         "ratio": {"type": "number"}, "pick": {"enum": [1, 2]},
+                                         "maybe": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+                                         "either": {"type": ["integer", "string"]}}}}},
 ]  # fmt: skip
 INVOKE = ('<invoke name="get_weather">\n<parameter name="city">New York</parameter>\n'
           '<parameter name="code">42</parameter>\n<parameter name="days">3</parameter>\n'
@@ -32,14 +38,27 @@ CASES = [
     (CALL, None, [("get_weather", WEATHER)]),
     (f'Let me check.\n<minimax:tool_call>\n{INVOKE}\n<invoke name="now">\n</invoke>\n'
      "</minimax:tool_call>", "Let me check.", [("get_weather", WEATHER), ("now", {})]),
-    # unquoted names, a value spread over lines, a repeated key (the first kept), no schema
     # null is None whatever the schema's type, as MiniMax's and vLLM's parsers read it
     ('<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">null'
      '</parameter>\n<parameter name="days">Null</parameter>\n</invoke>\n</minimax:tool_call>',
      None, [("get_weather", {"city": None, "days": None})]),
+    # unquoted names, a value over lines, a repeated key (the first kept), a tool the request
+    # does not list: every value a string, as vLLM's parser keeps them
     ("<minimax:tool_call><invoke name=unknown><parameter name=a>\n{'x': True}\n</parameter>"
-     '<parameter name="b"> two words </parameter><parameter name="a">9</parameter></invoke>'
-     "</minimax:tool_call>", None, [("unknown", {"a": {"x": True}, "b": "two words"})]),
+     '<parameter name="b"> two words </parameter><parameter name="a">9</parameter>'
+     '<parameter name="c">[1, 2]</parameter></invoke></minimax:tool_call>', None,
+     [("unknown", {"a": "{'x': True}", "b": "two words", "c": "[1, 2]"})]),
+    # vLLM's typing: an untyped argument a string, booleans by word, a whole number an integer,
+    # an enum's type, anyOf, a list of types in its order, nil/none null, a typed value its
+    # type does not read as JSON or as the text
+    ('<minimax:tool_call><invoke name="set"><parameter name="n">42</parameter>'
+     '<parameter name="flag">yes</parameter><parameter name="ratio">2.0</parameter>'
+     '<parameter name="pick">2</parameter><parameter name="maybe">nil</parameter>'
+     '<parameter name="either">abc</parameter></invoke><invoke name="get_weather">'
+     '<parameter name="days">three</parameter><parameter name="code">None</parameter>'
+     '<parameter name="hours">{"a": 1}</parameter></invoke></minimax:tool_call>', None,
+     [("set", {"n": "42", "flag": True, "ratio": 2, "pick": 2, "maybe": None, "either": "abc"}),
+      ("get_weather", {"days": "three", "code": None, "hours": {"a": 1}})]),
 ]  # fmt: skip
 PLAIN = ["No call: 2 + 2 = 4.", "<minimax:tool_call>\n</minimax:tool_call>",
          "a <minimax:tool_call> b"]  # fmt: skip
@@ -59,20 +78,7 @@ def test_whole_outputs(text, content, calls):
 
 
 def _streamed(text: str, seed: int, parallel: bool = True) -> tuple[str, list]:
-    rng, stream, deltas, i = random.Random(seed), parser().stream(parallel), [], 0
-    while i < len(text):
-        k = rng.randint(1, 7)
-        deltas.append(stream.feed(text[i : i + k]))
-        i += k
-    deltas.append(stream.feed("", final=True))
-    calls: dict[int, list] = {}
-    for d in deltas:
-        for c in d.get("tool_calls", ()):
-            if "id" in c:  # a call's first delta: id, type and name, no arguments yet
-                assert c["index"] not in calls and c["function"]["arguments"] == ""
-                calls[c["index"]] = [c["function"]["name"], ""]
-            calls[c["index"]][1] += c["function"].get("arguments", "")
-    return "".join(d.get("content", "") for d in deltas), [calls[i] for i in sorted(calls)]
+    return streamed(parser().stream(parallel), text, seed)[:2]
 
 
 @pytest.mark.parametrize(("text", "content", "calls"), CASES)
@@ -107,16 +113,7 @@ def test_detected_from_the_template():
 
 
 def test_the_required_grammar_takes_the_models_own_call_text():
-    import xgrammar as xgr
-    from pagoda.runtime.server.protocol import ChatCompletionRequest
-    from pagoda.runtime.server.tools import prepare
-
-    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
-                                tools=TOOLS, tool_choice="required")  # fmt: skip
-    setup = prepare(req, "{{ tools }}", "minimax_m2")
-    assert setup.parser.name == "minimax_m2"
-    grammar = xgr.Grammar.from_structural_tag(setup.grammar.structural_tag)
-    accepts = xgr.testing._is_grammar_accept_string
+    grammar = tool_grammar(TOOLS, "minimax_m2")
     assert accepts(grammar, CALL)
     assert accepts(grammar, CASES[1][0].removeprefix("Let me check.\n"))
     assert not accepts(grammar, CALL.replace(">3<", ">three<"))

@@ -4,7 +4,6 @@ what is not a well-formed call stays content; the parser is detected from chat t
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 from pagoda.runtime import options
@@ -15,6 +14,7 @@ from pagoda.runtime.server.tool_parsers import (
     MistralParser,
     detect,
 )
+from parser_testlib import streamed
 
 CASES = [
     (HermesParser(), 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
@@ -55,23 +55,7 @@ def test_whole_outputs(parser, text, content, calls):
 
 
 def _streamed(parser, text: str, seed: int) -> tuple[str, list, list[dict]]:
-    rng = random.Random(seed)
-    stream, deltas, i = parser.stream(), [], 0
-    while i < len(text):
-        k = rng.randint(1, 7)
-        deltas.append(stream.feed(text[i : i + k]))
-        i += k
-    deltas.append(stream.feed("", final=True))
-    content = "".join(d.get("content", "") for d in deltas)
-    calls: dict[int, list] = {}
-    for d in deltas:
-        for c in d.get("tool_calls", ()):
-            if "id" in c:  # the first delta of a call: id, type and name, no arguments yet
-                assert c["index"] not in calls and c["type"] == "function"
-                assert c["function"]["arguments"] == ""
-                calls[c["index"]] = [c["function"]["name"], ""]
-            calls[c["index"]][1] += c["function"].get("arguments", "")
-    return content, [calls[i] for i in sorted(calls)], deltas
+    return streamed(parser.stream(), text, seed)
 
 
 @pytest.mark.parametrize(("parser", "text", "content", "calls"), CASES)

@@ -16,6 +16,8 @@ from model_bytes import build, held_bytes
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.model.loader import builtin_model_path, read_model_config
 from pagoda.runtime.server import weights
+from pagoda.runtime.server.placement import Placement, packed_shape
+from pagoda.runtime.server.stored import Checkpoint, Stored
 
 SMOL = "smollm2-135m"
 
@@ -183,7 +185,7 @@ def test_without_weight_files_the_shapes_count_and_bin_files_their_size(tmp_path
     assert estimate(tmp_path, "bfloat16").bytes == 12345
 
 
-def _llama_checkpoint(mc, kind: str = "BF16") -> weights.Checkpoint:
+def _llama_checkpoint(mc, kind: str = "BF16") -> Checkpoint:
     """The tensor table of a Llama-shaped safetensors checkpoint (no files: metadata only)."""
     h, d, i = mc.hidden_size, mc.head_dim, mc.intermediate_size
     shapes = {
@@ -201,8 +203,8 @@ def _llama_checkpoint(mc, kind: str = "BF16") -> weights.Checkpoint:
                    p + "self_attn.rotary_emb.inv_freq": (d // 2,),  # not read
                    p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
                    p + "mlp.down_proj.weight": (h, i)}  # fmt: skip
-    tensors = {k: weights.Stored(k, kind, s, 2 * torch.Size(s).numel()) for k, s in shapes.items()}
-    return weights.Checkpoint("safetensors", tensors, sum(t.nbytes for t in tensors.values()))
+    tensors = {k: Stored(k, kind, s, 2 * torch.Size(s).numel()) for k, s in shapes.items()}
+    return Checkpoint("safetensors", tensors, sum(t.nbytes for t in tensors.values()))
 
 
 @pytest.mark.parametrize("tp", [1, 2, 16])
@@ -216,7 +218,7 @@ def test_gpu_ranks_agree_with_the_layout_arithmetic(tp, fp8):
 
     mc = ModelConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
                      num_heads=32, num_kv_heads=8, head_dim=128)  # fmt: skip
-    place = weights.Placement(torch.bfloat16, "cuda", tp, ONLINE_SCHEME if fp8 else None)
+    place = Placement(torch.bfloat16, "cuda", tp, ONLINE_SCHEME if fp8 else None)
     got, _ = weights.resident(_llama_checkpoint(mc), mc, place)
     assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, fp8, tp), rel=1e-6)
 
@@ -228,7 +230,7 @@ def test_a_gguf_on_a_gpu_is_dequantized_once():
 
     path, mc = builtin_model_path(SMOL), read_model_config(SMOL)
     ckpt = weights.read_checkpoint(path, mc.architecture)
-    got, _ = weights.resident(ckpt, mc, weights.Placement(torch.bfloat16, "cuda"))
+    got, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda"))
     assert got == 2 * sum(t.numel for t in ckpt.tensors.values()) == 2 * mc.num_params
     assert got > 2.5 * path.stat().st_size
 
@@ -324,7 +326,7 @@ def test_the_packed_shape_is_onednns_for_one_row_too(dtype):
         pytest.skip(f"no oneDNN packing of {dtype} here")
     for rows, cols in ((1, 64), (2, 64), (6, 64), (65, 64), (1, 100)):
         packed = linear._pack(torch.zeros(rows, cols, dtype=dtype))
-        n, k = weights._padded(rows, cols, dtype)
+        n, k = packed_shape(rows, cols, dtype)
         assert n * k * dtype.itemsize == torch.ops.mkldnn._nbytes(packed), (rows, cols)
 
 
@@ -355,11 +357,9 @@ def test_a_shared_expert_from_shapes_as_from_its_tensors(tp, fp8):
             shapes |= {p + f"experts.{x}.gate_proj.weight": (e, h),
                        p + f"experts.{x}.up_proj.weight": (e, h),
                        p + f"experts.{x}.down_proj.weight": (h, e)}  # fmt: skip
-        table |= {
-            k: weights.Stored(k, "BF16", v, 2 * torch.Size(v).numel()) for k, v in shapes.items()
-        }
-    ckpt = weights.Checkpoint("safetensors", table, 0)
-    place = weights.Placement(torch.bfloat16, "cuda", tp, ONLINE_SCHEME if fp8 else None)
+        table |= {k: Stored(k, "BF16", v, 2 * torch.Size(v).numel()) for k, v in shapes.items()}
+    ckpt = Checkpoint("safetensors", table, 0)
+    place = Placement(torch.bfloat16, "cuda", tp, ONLINE_SCHEME if fp8 else None)
     got, _ = weights.resident(ckpt, mc, place)
     assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, fp8, tp), rel=1e-4)
 
@@ -376,6 +376,6 @@ def test_latent_attention_from_shapes_as_from_its_tensors(tmp_path, arch, fp8, t
     make_tiny_model(tmp_path, arch, **DEEPSEEK[arch])
     mc = read_model_config(str(tmp_path))
     ckpt = weights.read_checkpoint(tmp_path, mc.architecture)
-    place = weights.Placement(torch.bfloat16, "cuda", tp, ONLINE_SCHEME if fp8 else None)
+    place = Placement(torch.bfloat16, "cuda", tp, ONLINE_SCHEME if fp8 else None)
     got, _ = weights.resident(ckpt, mc, place)
     assert got == weights.from_shapes(mc, torch.bfloat16, fp8, tp)

@@ -38,6 +38,10 @@ ALLOW_PATTERNS = (
     "tiktoken.model",  # Kimi K2's, Moonlight's vocabulary (model/tiktoken_files.py)
     "tokenization_kimi.py",  # read as text, never run: its split regex is checked
     "tokenization_moonshot.py",
+    "vocab.json",  # GPT-2's two tokenizer files (OPT's: model/bpe_files.py), fetched only
+    "merges.txt",  # where the repo has no tokenizer.json (`select_weights`)
+    "tokenizer.model",  # a SentencePiece model, read where there is no tokenizer.json (spm_files)
+    "added_tokens.json",  # its older layout's added tokens
     "special_tokens_map.json",
     "chat_template.jinja",
     "chat_template.json",
@@ -45,6 +49,7 @@ ALLOW_PATTERNS = (
     "*.safetensors",
     "*.safetensors.index.json",
 )
+BPE_FILES = ("vocab.json", "merges.txt")
 PICKLES = (".bin", ".pt", ".pth", ".ckpt")  # weights the engine refuses to read (pickles)
 INDEX = "model.safetensors.index.json"  # what the loader reads (model/safetensors_weights.py)
 MAX_WORKERS = 4
@@ -69,7 +74,12 @@ def select_weights(
     """Of the wanted files, the weights the loader reads (a repo holding both a sharded and a
     consolidated copy, as Mistral's do, is downloaded once): with model.safetensors.index.json,
     only the shards its weight_map names (NotFound if one is missing) and no other index; else
-    every *.safetensors."""
+    every *.safetensors. vocab.json and merges.txt, tokenizer.model and added_tokens.json only
+    without a tokenizer.json (which the loader reads first: Qwen's repos hold vocab.json and
+    merges.txt too)."""
+    if "tokenizer.json" in names:
+        spm = ("tokenizer.model", "added_tokens.json")
+        names = {n: size for n, size in names.items() if n not in BPE_FILES + spm}
     if INDEX not in names:
         return dict(names)
     try:

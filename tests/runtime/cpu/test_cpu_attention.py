@@ -119,17 +119,25 @@ def test_the_avx512_loops_on_a_cpu_with_amx():
     assert res.returncode == 0, res.stdout[-3000:]
 
 
-@pytest.mark.parametrize(("window", "chunk"), [(None, None), (45, None), (None, 40)])
+@pytest.mark.parametrize(("window", "chunk", "alibi"),
+                         [(None, None, False), (45, None, False), (None, 40, False),
+                          (None, None, True)])  # fmt: skip
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(
     "h,hkv,d,bs", [(4, 2, 128, 64), (6, 3, 64, 48), (2, 1, 96, 32), (4, 4, 16, 16)]
 )
-def test_unusual_shapes_match_a_float64_reference(kernel, dtype, h, hkv, d, bs, window, chunk):
+def test_unusual_shapes_match_a_float64_reference(
+    kernel, dtype, h, hkv, d, bs, window, chunk, alibi
+):
     """Head dims and block sizes off the common path (AMX steps of 32 dims and 16 key pairs,
     tiles of several chunks per block): decodes and prefill chunks on cached context, with and
     without a sliding window (each query sees its last `window` keys) or chunked attention
-    (Llama 4's: the query at p sees the keys p - p % chunk .. p)."""
+    (Llama 4's: the query at p sees the keys p - p % chunk .. p), or ALiBi (BLOOM's slopes,
+    each head's scores plus slope * (key - query))."""
+    from pagoda.runtime.model.alibi import bloom_slopes
+
     g = torch.Generator().manual_seed(0)
+    slopes = bloom_slopes(h) if alibi else None
     seqs = [(300, 1), (97, 1), (260, 70), (40, 40)]  # (context incl. new tokens, new tokens)
     p = 4 // dtype.itemsize
     nb = sum(-(-c // bs) for c, _ in seqs) + 3
@@ -146,6 +154,8 @@ def test_unusual_shapes_match_a_float64_reference(kernel, dtype, h, hkv, d, bs, 
         kk, vv = (x.double().repeat_interleave(h // hkv, dim=1) for x in (k, v))
         s = torch.einsum("qhd,khd->hqk", q.double() * d**-0.5, kk)
         pos, keys = torch.arange(c - m, c)[:, None], torch.arange(c)[None, :]
+        if slopes is not None:
+            s = s + slopes.double()[:, None, None] * (keys - pos)
         s = s.masked_fill(keys > pos, float("-inf"))
         if window is not None:
             s = s.masked_fill(keys <= pos - window, float("-inf"))
@@ -158,20 +168,25 @@ def test_unusual_shapes_match_a_float64_reference(kernel, dtype, h, hkv, d, bs, 
     )
     lens = torch.tensor([c for c, _ in seqs], dtype=torch.int32)
     out = kernel.attention(torch.cat(qs), kc, vc, tables, qstart, lens, d**-0.5, window=window,
-                           chunk=chunk)  # fmt: skip
+                           chunk=chunk, alibi=slopes)  # fmt: skip
     tol = 3e-2 if dtype == torch.bfloat16 else 1e-5
     torch.testing.assert_close(out.double(), torch.cat(refs), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize(("window", "chunk"), [(None, None), (50, None), (None, 48)])
+@pytest.mark.parametrize(("window", "chunk", "alibi"),
+                         [(None, None, False), (50, None, False), (None, 48, False),
+                          (50, None, True)])  # fmt: skip
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("h,hkv,d", [(9, 3, 64), (16, 1, 64), (4, 4, 32)])
-def test_a_row_is_the_same_at_every_place_in_a_tile(kernel, dtype, h, hkv, d, window, chunk):
+def test_a_row_is_the_same_at_every_place_in_a_tile(kernel, dtype, h, hkv, d, window, chunk, alibi):
     """One query row in chunks of 1 to 20 rows, at every offset: its row-heads sit at every
     place of a tile (AMX: 16 rows per tile; AVX-512: up to 12; AVX2: 6) and beside 0 to 15
     others. With a window, the chunk's first row's window starts one block earlier or not;
     with an attention chunk (48: the row's starts at 192), its first row's at 144 or 192."""
+    from pagoda.runtime.model.alibi import mpt_slopes
+
     g, bs, n, pos = torch.Generator().manual_seed(1), 16, 240, 200
+    slopes = mpt_slopes(h) if alibi else None
     p = 4 // dtype.itemsize
     nblk = -(-n // bs)
     kc = torch.zeros(hkv, nblk + 2, d // p, bs, p, dtype=dtype)
@@ -186,7 +201,7 @@ def test_a_row_is_the_same_at_every_place_in_a_tile(kernel, dtype, h, hkv, d, wi
         lens = torch.tensor([last + 1], dtype=torch.int32)
         out = kernel.attention(
             q[first : last + 1], kc, vc, table[None], qstart, lens, d**-0.5, window=window,
-            chunk=chunk,
+            chunk=chunk, alibi=slopes,
         )  # fmt: skip
         return out[pos - first]
 

@@ -260,8 +260,12 @@ def test_read_tokenizer_is_the_tokenizer_load_model_loads(tmp_path, smol):
 
 
 def test_unsupported_architecture_names_what_is_supported(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
-    with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*supported: .*Qwen3MoeForCausalLM"):
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["T5ForConditionalGeneration"]})
+    )
+    with pytest.raises(
+        ValueError, match=r"T5ForConditionalGeneration.*supported: .*Qwen3MoeForCausalLM"
+    ):
         read_model_config(str(tmp_path))
     result = subprocess.run(
         [sys.executable, "-P", "-m", "pagoda.runtime.cli", "serve", "--port", "0", "--model",

@@ -200,32 +200,14 @@ def test_block_wise_fp8_checkpoint_as_deepseek_v3_publishes_it(tmp_path):
     shared experts) in E4M3 with a float32 `weight_scale_inv` per weight tile (partial tiles at
     the edges), the router, norms, embedding and head in 16 bits. It loads dequantized and gives
     transformers' tokens and logits on its dequantized weights."""
-    import json
-
-    from fp8_testlib import quantize_blocks
-    from safetensors.torch import load_file, save_file
+    from fp8_testlib import write_blocks_of
 
     arch, overrides = CASES["v3"]
     make_tiny_model(tmp_path / "orig", arch, **overrides)
-    tensors = load_file(str(tmp_path / "orig" / "model.safetensors"))
-    quant, dense = {}, {}
-    for name, t in tensors.items():
-        projection = name.endswith("proj.weight") or name.endswith("proj_with_mqa.weight")
-        if not projection:
-            quant[name] = dense[name] = t
-            continue
-        codes, scales, dense[name] = quantize_blocks(t.float(), (32, 32))
-        quant[name], quant[name.removesuffix("weight") + "weight_scale_inv"] = codes, scales
-    for d, ts in (("fp8", quant), ("dequantized", dense)):
-        (tmp_path / d).mkdir()
-        for f in (tmp_path / "orig").iterdir():
-            if f.name != "model.safetensors":
-                (tmp_path / d / f.name).write_bytes(f.read_bytes())
-        save_file(ts, str(tmp_path / d / "model.safetensors"))
-    config = json.loads((tmp_path / "fp8" / "config.json").read_text())
-    config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3",
-                                     "quant_method": "fp8", "weight_block_size": [32, 32]}  # fmt: skip
-    (tmp_path / "fp8" / "config.json").write_text(json.dumps(config))
+    qc = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+          "weight_block_size": [32, 32]}  # fmt: skip
+    projections = ("proj.weight", "proj_with_mqa.weight")
+    write_blocks_of(tmp_path / "orig", tmp_path, qc, (32, 32), lambda n: n.endswith(projections))
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "dequantized").eval()
     reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
     loaded = load_model(str(tmp_path / "fp8"))

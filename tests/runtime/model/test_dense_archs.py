@@ -411,6 +411,11 @@ def test_a_sparse_config_reads_with_transformers_defaults(tmp_path, arch, model_
     ("Falcon", {"new_decoder_architecture": True, "num_ln_in_parallel_attn": 1,
                 "parallel_attn": False}, "num_ln_in_parallel_attn 1 and parallel_attn false"),
     ("Olmo", {"clip_qkv": -1.0}, "clip_qkv must be positive"),
+    ("GPTJ", {"rotary_dim": 32}, r"rotary_dim 32 must be even and at most the head size 16"),
+    # microsoft/phi-2's config.json before its port (read as Phi with phi-1.5's defaults: 2048
+    # wide, 24 layers, where it says n_embd 2560, n_layer 32)
+    ("Phi", {"model_type": "phi-msft", "n_embd": 2560, "n_layer": 32},
+     r"PhiForCausalLM of model_type 'phi-msft' \(phi-2's .*\) is not supported"),
 ])  # fmt: skip
 def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path, arch, edit, words):
     """Read with the config (before the server binds: exit 2), naming the value."""
@@ -422,16 +427,56 @@ def test_config_values_the_engine_does_not_run_are_refused_in_one_line(tmp_path,
     assert "\n" not in str(e.value)
 
 
-def test_a_falcon_qkv_of_the_wrong_height_is_refused_at_config_time(tmp_path):
-    """The fused query_key_value's rows are checked against the layout config.json names
-    (one line, from the headers): a grouped (40b-style) checkpoint read as multi-query."""
-    make_tiny_model(tmp_path, "Falcon", num_hidden_layers=1, new_decoder_architecture=True,
-                    num_kv_heads=2, **FALCON)  # fmt: skip
-    cfg = json.loads((tmp_path / "config.json").read_text())
-    cfg["new_decoder_architecture"] = False
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=r"qkv_proj.weight has 128 rows"):
+def _edit_tensors(path, edit) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(path / "model.safetensors"))
+
+
+def _pop(name: str):
+    return lambda t: t.pop(name)
+
+
+def _widen(name: str):
+    return lambda t: t.__setitem__(name, torch.cat([t[name], t[name]]))
+
+
+@pytest.mark.parametrize(("arch", "overrides", "edit", "match"), [
+    # the fused query_key_value's rows against the layout config.json names: a grouped
+    # (40b-style) checkpoint read as multi-query
+    ("Falcon", dict(new_decoder_architecture=True, num_kv_heads=2, **FALCON),
+     lambda t: None, r"transformer\.h\.0\.self_attention\.query_key_value\.weight has 128 rows"),
+    ("Falcon", FALCON, _pop("transformer.h.1.self_attention.query_key_value.weight"),
+     r"missing tensor 'transformer\.h\.1\.self_attention\.query_key_value\.weight'"),
+    ("GPTNeoX", dict(num_key_value_heads=None),
+     _pop("gpt_neox.layers.1.post_attention_layernorm.bias"),
+     r"missing tensor 'gpt_neox\.layers\.1\.post_attention_layernorm\.bias'"),
+    ("GPTJ", dict(num_key_value_heads=None, rotary_dim=8), _pop("transformer.h.0.ln_1.bias"),
+     r"missing tensor 'transformer\.h\.0\.ln_1\.bias'"),
+    ("Exaone", {}, _widen("transformer.h.0.mlp.c_fc_1.weight"),
+     r"transformer\.h\.0\.mlp\.c_fc_1\.weight is \[256, 64\]; with "
+     r"transformer\.h\.0\.mlp\.c_fc_0\.weight \[128, 64\]"),
+], ids=["falcon-qkv-height", "falcon-qkv-missing", "gpt_neox-norm-bias", "gptj-ln_1-bias",
+        "exaone-c_fc_1-width"])  # fmt: skip
+def test_a_checkpoint_refusal_names_the_tensors_as_the_files_do(
+    tmp_path, arch, overrides, edit, match
+):
+    """Refused at config time in one line (`pagoda serve`: exit 2) naming the tensor as the
+    checkpoint stores it (Falcon's, GPT-NeoX's, GPT-J's, EXAONE's names, what a user finds in
+    the index), not as the engine renames it (`model.layers.N.self_attn.qkv_proj`, ...); a
+    missing one as its layer's siblings are stored."""
+    make_tiny_model(tmp_path, arch, **overrides)
+    _edit_tensors(tmp_path, edit)
+    if arch == "Falcon" and overrides.get("new_decoder_architecture"):
+        cfg = json.loads((tmp_path / "config.json").read_text())
+        (tmp_path / "config.json").write_text(
+            json.dumps({**cfg, "new_decoder_architecture": False})
+        )
+    with pytest.raises(ValueError, match=match) as e:
         read_model_config(str(tmp_path))
+    assert "\n" not in str(e.value) and "model.layers." not in str(e.value).split(";")[0]
 
 
 def test_an_exaone_directory_transformers_saved_reads_as_llama(tmp_path):

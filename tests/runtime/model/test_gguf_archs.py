@@ -86,7 +86,7 @@ def convert(path, hf_dir, arch: str, pre: str = "qwen2", extra=None, tokens_extr
         w.add_nextn_predict_layers(mtp)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_feed_forward_length(getattr(cfg, "intermediate_size_mlp", cfg.intermediate_size))
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
     if getattr(cfg, "head_dim", None) and arch != "phi3":
@@ -160,7 +160,8 @@ def convert(path, hf_dir, arch: str, pre: str = "qwen2", extra=None, tokens_extr
 
 _ARCH_ENUM = {"gpt-oss": "GPT_OSS", "phi3": "PHI3", "exaone4": "EXAONE4", "seed_oss": "SEED_OSS",
               "ernie4_5": "ERNIE4_5", "starcoder2": "STARCODER2", "arcee": "ARCEE",
-              "apertus": "APERTUS", "mistral3": "MISTRAL3", "glm4moe": "GLM4_MOE"}  # fmt: skip
+              "apertus": "APERTUS", "mistral3": "MISTRAL3", "glm4moe": "GLM4_MOE",
+              "llama4": "LLAMA4"}  # fmt: skip
 
 
 def _gpt_oss_extra(fused: bool):

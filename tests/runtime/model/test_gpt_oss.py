@@ -301,11 +301,12 @@ def test_gpt_oss_weights_from_shapes_as_from_its_tensors(packed, tp):
     """`fit`'s count from config.json alone (`from_shapes`) is the headers' count on a GPU
     (no packed copies): the dequantized experts, biases, float32 sinks and norms."""
     from pagoda.runtime.server import weights
+    from pagoda.runtime.server.placement import Placement
 
     path = packed[0]
     mc = read_model_config(str(path))
     ckpt = weights.read_checkpoint(path, mc.architecture)
-    got, _ = weights.resident(ckpt, mc, weights.Placement(torch.bfloat16, "cuda", tp))
+    got, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda", tp))
     assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, tp), rel=1e-6)
 
 
@@ -350,6 +351,8 @@ def test_the_published_gpt_oss_layouts_are_checked_and_counted(tmp_path, size):
     from pagoda.runtime.model.checkpoint_check import check_checkpoint
     from pagoda.runtime.model.shape_fingerprint import shape_fingerprint
     from pagoda.runtime.server import weights
+    from pagoda.runtime.server.placement import Placement
+    from pagoda.runtime.server.stored import Checkpoint, Stored
 
     layers, e, file_bytes, held_bytes = PUBLISHED[size]
     h, v = 2880, 201088
@@ -390,12 +393,12 @@ def test_the_published_gpt_oss_layouts_are_checked_and_counted(tmp_path, size):
             m + "experts.down_proj_bias": ("BF16", [e, h])})  # fmt: skip
     check_checkpoint(mc, headers)
     size = {"BF16": 2, "U8": 1}
-    stored = {n: weights.Stored(n, k, tuple(s), math.prod(s) * size[k])
+    stored = {n: Stored(n, k, tuple(s), math.prod(s) * size[k])
               for n, (k, s) in headers.items()}  # fmt: skip
-    ckpt = weights.Checkpoint("safetensors", stored, sum(t.nbytes for t in stored.values()))
+    ckpt = Checkpoint("safetensors", stored, sum(t.nbytes for t in stored.values()))
     assert ckpt.file_bytes == pytest.approx(file_bytes, rel=1e-3)
     for tp in (1, 4):
-        held, _ = weights.resident(ckpt, mc, weights.Placement(torch.bfloat16, "cuda", tp))
+        held, _ = weights.resident(ckpt, mc, Placement(torch.bfloat16, "cuda", tp))
         assert held == pytest.approx(held_bytes / tp, rel=2e-3)
         assert held == pytest.approx(weights.from_shapes(mc, torch.bfloat16, False, tp), rel=1e-6)
     fingerprint = shape_fingerprint(mc, "none")

@@ -102,7 +102,9 @@ def test_a_bf16_directory_runs_on_its_16_bit_weights_in_float32(tmp_path, case):
 
 
 def test_unsupported_architecture_is_a_clear_error(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["T5ForConditionalGeneration"]})
+    )
     with pytest.raises(ValueError, match="unsupported architecture"):
         load_model(str(tmp_path))
 

@@ -30,7 +30,7 @@ import torch
 from arch_cases import NEW, SMALL_POOL, built_fixture, case_fixture, check, generate, prompts
 from hf_oracle import hf_greedy_plain, make_tiny_model
 from pagoda.runtime import LLM
-from pagoda.runtime.model.mamba2 import ssd_scan, ssd_scan_bytes
+from pagoda.runtime.model.ssd import pack, scan_rows, scan_step, ssd_scan_bytes
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -170,6 +170,33 @@ def test_decode_slots_out_of_order(built, monkeypatch, native):
     assert None in runs and any(r not in (None, "one") for r in runs)
 
 
+@pytest.mark.parametrize("name", ["granite4-moe-rope", "nemotron-h", "falcon-h1-mup"])
+def test_mixed_lengths_in_one_step(built, monkeypatch, name):
+    """One step holds a decode row (a one-token prompt), a long prompt (5 of the scan's
+    8-token chunks) and short ones (1 to 11 tokens) in the packed layout, each sequence in
+    chunks of its own; the next step prefills the last prompt beside their decodes. Every
+    sequence reads as transformers'."""
+    from pagoda.runtime.worker import mamba_state
+
+    _, model, loaded, _ = built(name)
+    steps = []
+    step = mamba_state.MambaState.device_step
+
+    def record(self, host, to_device):
+        steps.append((host.num_decodes, host.query_lens[host.num_decodes :]))
+        return step(self, host, to_device)
+
+    monkeypatch.setattr(mamba_state.MambaState, "device_step", record)
+    ps = [[7], [(5 * i + 1) % 290 + 5 for i in range(40)], [9, 4, 33], [60 + i for i in range(11)],
+          [21], [8, 8, 2, 5, 90]]  # fmt: skip
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=6,
+              max_num_batched_tokens=56)  # fmt: skip
+    got = generate(llm, ps)
+    assert steps[0] == (2, [40, 3, 11])  # the budget spent: the 5-token prompt next
+    for i, p in enumerate(ps):
+        check(got[i], hf_greedy_plain(model, p, NEW), f"{name}: prompt {i}")
+
+
 def test_parallel_samples_each_prefill_their_own_state(built):
     """`n` > 1: without prefix caching the siblings of a request share their prompt's KV
     blocks (one salt); a hybrid's siblings must not, or a sibling's Mamba state would skip the
@@ -242,12 +269,41 @@ def test_state_slots_and_kv_layers(built):
     assert runner.bytes_per_block == 16 * runner.backend.bytes_per_token(torch.float32)
 
 
+def test_the_slot_column_is_written_only_when_a_request_joins(built, monkeypatch):
+    """A step reads its slots from the persistent column (one per block-table row): a slot is
+    claimed once per request (the first step it runs), not per step; with 2 slots for 4
+    requests, the slots of finished requests' rows are taken back for the later ones."""
+    from pagoda.runtime import SamplingParams
+    from pagoda.runtime.worker import mamba_state
+
+    _, _, loaded, _ = built("granite4-moe-rope")
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=2)
+    mamba = llm.engine.runner.mamba
+    claims, steps = [], []
+    claim, prepare = mamba_state.MambaState._claim, mamba_state.MambaState.prepare
+
+    def spy_prepare(self, rows, *args):
+        host = prepare(self, rows, *args)
+        steps.append((rows.tolist(), host.slots.tolist()))
+        return host
+
+    monkeypatch.setattr(mamba_state.MambaState, "_claim", lambda self, row: claims.append(row)
+                        or claim(self, row))  # fmt: skip
+    monkeypatch.setattr(mamba_state.MambaState, "prepare", spy_prepare)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": [5 + i, 17, 42]} for i in range(4)], params)
+    assert len(claims) == 4 and len(steps) >= 16  # 4 requests of 8 tokens, 2 at a time
+    for _, slots in steps:
+        assert len(set(slots)) == len(slots) and all(0 <= s < 2 for s in slots)
+    assert (mamba.slot_of_row >= 0).sum() == 2 and mamba.num_held == 0
+
+
 def test_tensor_parallel_sizes_that_do_not_split_the_mixers(built):
     """A --tensor-parallel-size that does not split the Mamba2 heads or groups
-    (`mamba_shard.problem`), in `pagoda serve`'s checks before it binds (one line, exit 2); two
+    (`layout.mamba_problem`), in `pagoda serve`'s checks before it binds (one line, exit 2); two
     ranks run in tests/runtime/distributed/test_tp_hybrid.py."""
     from pagoda.runtime.distributed.layout import check
-    from pagoda.runtime.model.mamba_shard import problem
+    from pagoda.runtime.distributed.layout import mamba_problem as problem
 
     _, _, loaded, _ = built("granite4-dense-nope")
     m = loaded.config.family.mamba  # 4 heads, 1 group
@@ -290,6 +346,7 @@ def test_the_weights_and_state_estimates(built, name):
     float32); the KV cache's bytes per token count the attention layers only."""
     from model_bytes import check_estimate
     from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.distributed.layout import mamba_problem
     from pagoda.runtime.model import mamba_shard
     from pagoda.runtime.server import memory
     from pagoda.runtime.server.weights import estimate, from_shapes
@@ -300,7 +357,7 @@ def test_the_weights_and_state_estimates(built, name):
     stored = sum(t.numel() for t in loaded.weights.values()) * 2  # every tensor, in bf16
     assert shapes == pytest.approx(stored, rel=0.02)
     mc = loaded.config
-    if mamba_shard.problem(mc.family.mamba, 2) is None:  # rank 0 of two: its heads' share
+    if mamba_problem(mc.family.mamba, 2) is None:  # rank 0 of two: its heads' share
         check_estimate(path, tp=2)
         two = EngineConfig.create(str(path), device="cpu", dtype="bfloat16", max_num_seqs=8,
                                   tensor_parallel_size=2)  # fmt: skip
@@ -400,8 +457,8 @@ def test_granite_4_h_1b_config_of_the_hub(tmp_path):
     scan = memory.step_bytes(mc, cfg_e, torch.bfloat16, None) - memory.step_bytes(
         attention_only, cfg_e, torch.bfloat16, None
     )
-    per = 3 * 256 + 4 * 128 + 5 * 64 + 2 * 64 * 128 / 256  # chunk 256, d_state 128, P 64
-    assert scan == int(tokens * 48 * per * 4) + tokens * 2 * (3072 + 256) * 4
+    assert scan == ssd_scan_bytes(cfg_e.scheduler.max_num_batched_tokens, 16, 48, 64, 128, 1,
+                                  256) + tokens * 2 * (3072 + 256) * 4  # fmt: skip
     from pagoda.runtime.model.shape_fingerprint import shape_fingerprint
 
     print_ = shape_fingerprint(mc, "none")  # a tuned profile's: the Mamba layers' shapes too
@@ -476,37 +533,73 @@ class _LiveBytes(TorchDispatchMode):
         return out
 
 
+def _scan_peak(lens, heads, head_dim, d_state, groups, chunk) -> int:
+    """The measured peak of the step's scan (`ssd.scan_step`: each group of sequences packed
+    and scanned) of prompts of `lens` tokens, its inputs and output counted."""
+    import types
+
+    g = torch.Generator().manual_seed(0)
+    p = pack(lens, chunk, 4)
+    assert all(q.num_chunks * chunk <= scan_rows(sum(lens), chunk) for q in p.groups)
+    order = torch.from_numpy(p.order)
+    scan = [types.SimpleNamespace(**{**q.__dict__, "slots": order[slice(*q.seqs)]})
+            for q in p.groups]  # fmt: skip
+    for q in scan:
+        for f in ("tokens", "rows", "chunk_of", "in_chunk"):
+            setattr(q, f, torch.from_numpy(getattr(q, f)))
+    A = -torch.rand(heads, generator=g)
+    ssm = torch.zeros(len(lens), heads, head_dim, d_state)
+    t = sum(lens)
+    with _LiveBytes([A, ssm]) as live:
+        x = torch.randn(t, heads, head_dim, generator=g)
+        dt = torch.rand(t, heads, generator=g)
+        B = torch.randn(t, groups, d_state, generator=g)
+        C = torch.randn(t, groups, d_state, generator=g)
+        y = scan_step(x, dt, A, B, C, ssm, scan, chunk)
+        del x, dt, B, C, y
+    return live.peak
+
+
 @pytest.mark.parametrize(
-    "tokens, heads, head_dim, d_state, groups, chunk",
-    [(512, 8, 32, 64, 1, 64), (300, 4, 16, 128, 2, 32), (256, 4, 64, 32, 4, 128)],
+    "lens, heads, head_dim, d_state, groups, chunk",
+    [
+        ([512], 8, 32, 64, 1, 64),
+        ([300], 4, 16, 128, 2, 32),
+        ([256], 4, 64, 32, 4, 128),
+        ([193, 1, 65, 1, 1], 8, 32, 64, 2, 64),
+    ],  # fmt: skip  (2 groups)
 )
 def test_the_scan_temporaries_estimate_bounds_the_measured_peak(
-    tokens, heads, head_dim, d_state, groups, chunk
+    lens, heads, head_dim, d_state, groups, chunk
 ):
-    """`ssd_scan_bytes` (the memory estimate's and the CUDA runner's term for the chunked
-    scan) is at least the scan's measured peak and at most twice it."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1, tokens, heads, head_dim, generator=g)
-    dt = torch.rand(1, tokens, heads, generator=g)
-    A, D = -torch.rand(heads, generator=g), torch.rand(heads, generator=g)
-    B = torch.randn(1, tokens, groups, d_state, generator=g)
-    C = torch.randn(1, tokens, groups, d_state, generator=g)
-    state = torch.zeros(1, heads, head_dim, d_state)
-    with _LiveBytes([x, dt, A, B, C, D, state]) as live:
-        y, final = ssd_scan(x, dt, A, B, C, D, state, chunk)
-        del y, final
-    est = ssd_scan_bytes(tokens, heads, head_dim, d_state, chunk)
-    assert live.peak <= est <= 2 * live.peak, (live.peak, est)
+    """`ssd_scan_bytes` (the memory estimate's, the fit check's and the CUDA runner's term for
+    the chunked scan) is at least the scan's measured peak and at most twice it."""
+    peak = _scan_peak(lens, heads, head_dim, d_state, groups, chunk)
+    est = ssd_scan_bytes(sum(lens), len(lens), heads, head_dim, d_state, groups, chunk)
+    assert peak <= est <= 2 * peak, (peak, est)
+
+
+def test_seventeen_4k_prompts_fit_the_step_estimate():
+    """A step of 17 prompts of 4000 tokens (none a whole number of chunks): each pads to 4096
+    in the packed layout, beyond one sequence's padding of 68000 tokens, so they are scanned in
+    two groups; the estimate of a 68000-token step of up to 17 sequences (what the fit check
+    keeps free) bounds the peak."""
+    lens, shape = [4000] * 17, (2, 8, 16, 1, 256)
+    peak = _scan_peak(lens, *shape)
+    assert peak <= ssd_scan_bytes(sum(lens), 17, *shape)
+    assert 17 * 4096 > scan_rows(sum(lens), 256) == 68096  # scanned in 2 groups
+    assert len(pack(lens, 256, 4).groups) == 2
 
 
 def test_the_scan_is_kept_free_on_cuda_for_the_step_token_budget(tmp_path, monkeypatch):
     """Nemotron-Nano-9B-v2's shapes (128 Mamba heads of 80, d_state 128, chunk 128): an
-    8k-token step's scan needs ~5.7 GiB, which the fit check (and the runner) keep free on CUDA
+    8k-token step's scan needs ~4.4 GiB, which the fit check (and the runner) keep free on CUDA
     beside the flat 1 GiB, and which the memory estimate's activations count."""
     import json
 
     from pagoda.runtime import config
     from pagoda.runtime.config import EngineConfig
+    from pagoda.runtime.model import mamba2
     from pagoda.runtime.model.loader import read_model_config
     from pagoda.runtime.server import fit, memory
 
@@ -517,10 +610,10 @@ def test_the_scan_is_kept_free_on_cuda_for_the_step_token_budget(tmp_path, monke
            "hybrid_override_pattern": "M-*-"}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     mc = read_model_config(str(tmp_path))
-    scan = memory.scan_bytes(mc, 8192)
-    assert 5 << 30 < scan < 8 << 30
-    assert memory.scan_bytes(dataclasses.replace(mc, family=dataclasses.replace(
-        mc.family, mamba=None)), 8192) == 0  # fmt: skip
+    scan = mamba2.scan_bytes(mc, 8192, 64)  # max_num_seqs 64: the default
+    assert 4 << 30 < scan < 5 << 30
+    assert mamba2.scan_bytes(dataclasses.replace(mc, family=dataclasses.replace(
+        mc.family, mamba=None)), 8192, 64) == 0  # fmt: skip
     monkeypatch.setattr(memory, "device_available", lambda d: (80 << 30, 80 << 30))
     monkeypatch.setattr(config, "fp8_runs_on", lambda d: False)
     monkeypatch.setattr(fit, "fp8_runs_on", lambda d: False)

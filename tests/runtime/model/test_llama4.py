@@ -8,7 +8,9 @@ sharing steps, a warm prefix cache, and a pool small enough to preempt.
   that the q scale changes within the prompts), L2 q/k norms on the rotary layers, the
   interleaved (complex) rotary with llama3 scaling;
 - maverick-like: experts every second layer (dense MLPs of intermediate_size_mlp between), no
-  q/k norm, no temperature tuning.
+  q/k norm, no temperature tuning; top-2 routing (released checkpoints are top-1, transformers
+  runs k > 1: each pick's sigmoid scales its own copy of the token before its expert, the
+  outputs summed).
 
 Chunked attention on the rotary layers with tiny chunks (8 and 12 tokens: the prompts and
 their 16-token prefill steps cross several chunks, at and off block edges, through a warm
@@ -45,7 +47,7 @@ CASES = {
                   no_rope_layer_interval=2, interleave_moe_layer_step=1, use_qk_norm=True,
                   attn_temperature_tuning=True, floor_scale=8, attn_scale=0.5,
                   attention_chunk_size=8, rope_parameters=LLAMA3),
-    "maverick": dict(num_local_experts=6, num_experts_per_tok=1, intermediate_size=32,
+    "maverick": dict(num_local_experts=6, num_experts_per_tok=2, intermediate_size=32,
                      intermediate_size_mlp=96, num_hidden_layers=4, head_dim=16,
                      no_rope_layer_interval=4, interleave_moe_layer_step=2, use_qk_norm=False,
                      attn_temperature_tuning=False, attention_chunk_size=12),
@@ -73,6 +75,28 @@ def test_the_cpu_backends_torch_path_masks_the_chunks(built, monkeypatch):
     _, _, loaded, reference = built("maverick")
     llm = check_chunked_cached_batched(loaded, reference, "maverick, torch path")
     assert llm.engine.runner.backend.kernel is None
+
+
+def test_the_cuda_expert_paths_route_top_k_as_transformers(built):
+    """The experts' CUDA paths on the CPU (the stacked [E, 2N, K] / [E, K, N] weights: every
+    expert over every token where the fused kernel cannot be imported, and the fused kernel's
+    torch reference): top-2, each pick's own scaled row, against transformers' Llama4TextMoe
+    and the CPU path."""
+    from pagoda.kernels import fused_moe_reference
+
+    _, model, loaded, _ = built("maverick")
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=4 << 20)
+    moe = llm.engine.runner.model.layers[1].mlp
+    theirs = model.model.layers[1].feed_forward
+    x = torch.randn(7, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = theirs(x)[0]
+        torch.testing.assert_close(moe(x), want, rtol=1e-4, atol=1e-4)
+        s = moe.experts
+        s.w13 = theirs.experts.gate_up_proj.transpose(1, 2).contiguous()  # gate rows, then up
+        s.w2 = theirs.experts.down_proj.transpose(1, 2).contiguous()
+        for s.fused in (None, fused_moe_reference.fused_experts):
+            torch.testing.assert_close(moe(x), want, rtol=1e-4, atol=1e-4, msg=str(s.fused))
 
 
 @pytest.mark.slow  # Triton's interpreter: ~20 s

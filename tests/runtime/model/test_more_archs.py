@@ -360,6 +360,8 @@ def test_an_ungated_mlp_from_shapes_as_from_its_tensors(tp, fp8, names):
     from pagoda.runtime.config import FamilyConfig, ModelConfig
     from pagoda.runtime.quantization.fp8 import ONLINE_SCHEME
     from pagoda.runtime.server import weights
+    from pagoda.runtime.server.placement import Placement
+    from pagoda.runtime.server.stored import Checkpoint, Stored
 
     family = FamilyConfig(gated_mlp=False, hidden_act="relu2")
     mc = ModelConfig(vocab_size=32000, hidden_size=2560, intermediate_size=18432, num_layers=2,
@@ -373,9 +375,9 @@ def test_an_ungated_mlp_from_shapes_as_from_its_tensors(tp, fp8, names):
                    p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
                    p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
                    p + f"mlp.{names[0]}.weight": (i, h), p + f"mlp.{names[1]}.weight": (h, i)}  # fmt: skip
-    table = {k: weights.Stored(k, "BF16", v, 2 * torch.Size(v).numel()) for k, v in shapes.items()}
-    place = weights.Placement(torch.bfloat16, "cuda", tp, ONLINE_SCHEME if fp8 else None)
-    got, _ = weights.resident(weights.Checkpoint("safetensors", table, 0), mc, place)
+    table = {k: Stored(k, "BF16", v, 2 * torch.Size(v).numel()) for k, v in shapes.items()}
+    place = Placement(torch.bfloat16, "cuda", tp, ONLINE_SCHEME if fp8 else None)
+    got, _ = weights.resident(Checkpoint("safetensors", table, 0), mc, place)
     assert got == pytest.approx(weights.from_shapes(mc, torch.bfloat16, fp8, tp), rel=1e-6)
 
 

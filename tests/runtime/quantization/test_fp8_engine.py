@@ -6,7 +6,9 @@
   weights, bit for bit (float32).
 * Where the FP8 kernels run (CUDA with FP8; here Triton's interpreter), the same checkpoint runs
   its projections in the FP8 GEMM, and ``--quantization fp8`` on the 16-bit original quantizes
-  the same codes at load: both give the same tokens.
+  the same codes at load: both give the same tokens, and their logits are within FP8's error
+  of the unquantized original in the same dtype (`fp8_testlib.assert_quantization_error`: the
+  quantization's error alone, not float32 against another dtype).
 * ``kv_cache_dtype="fp8"``: E4M3 K/V (scale 1.0 or the checkpoint's k_scale/v_scale) through
   the Triton kernels: 4x the blocks of a float32 cache in the same memory, logits within FP8's
   error of the float32 cache's.
@@ -21,7 +23,7 @@ os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_ava
 
 import pytest
 import torch
-from fp8_testlib import PROMPTS, greedy, write_fp8_pair
+from fp8_testlib import PROMPTS, assert_quantization_error, greedy, write_fp8_pair
 from hf_oracle import make_tiny_llama
 from pagoda.runtime import LLM, SamplingParams, options
 from pagoda.runtime.model.loader import load_model
@@ -79,7 +81,8 @@ interpreted = pytest.mark.skipif(
 @interpreted
 def test_fp8_gemm_serves_the_checkpoint_and_online_quantization_alike(tmp_path):
     """Serialized FP8 and ``quantization="fp8"`` on its 16-bit original give the same E4M3
-    codes and scales, hence the same tokens, through the FP8 GEMM; close to the dense model."""
+    codes and scales, hence the same tokens, through the FP8 GEMM; close to the unquantized
+    model and to the dense twin."""
     from pagoda.runtime.model.fp8_linear import Fp8Linear
 
     orig, q, deq = write_fp8_pair(tmp_path)
@@ -95,8 +98,16 @@ def test_fp8_gemm_serves_the_checkpoint_and_online_quantization_alike(tmp_path):
     assert type(served.engine.runner.model.lm_head).__name__ == "Linear"  # the head stays 16-bit
     ours, theirs = [], []
     assert greedy(served, 3, first=ours) == greedy(online, 3)
-    # against the dense twin (activations are FP8 too): the prompts' logits within FP8's
-    # error, and the same pick wherever the dense model's top two are further apart than that
+    # against the unquantized original in the same dtype (float32, no FP8 anywhere): the whole
+    # quantization error, weights' included, which the twin below cannot see (a weight scale
+    # that clips is in the twin too)
+    original = []
+    greedy(LLM(loaded=load_model(str(orig)), kv_cache_memory=2 << 20, **ENGINE), 1,
+           first=original)  # fmt: skip
+    assert_quantization_error(ours, original)
+    # against the dense twin (the same E4M3 weights dequantized: the activations' FP8 error
+    # alone): the prompts' logits within FP8's error, and the same pick wherever the dense
+    # model's top two are further apart than that
     dense = LLM(loaded=load_model(str(deq)), kv_cache_memory=2 << 20, **ENGINE)
     greedy(dense, 1, first=theirs)
     assert_close_picks(ours, theirs)

@@ -124,6 +124,12 @@ static void finish(const Geo& g, const Tile& t, const int32_t* bt, const uint32_
   }
 }
 
+// ALiBi: each score of keys [c0, nk) plus slope * (key - pos), the product rounded then added
+// (no FMA: -ffp-contract=off), as the torch path adds it. Keys past `pos` are masked later.
+static void add_alibi(float* s, float slope, int pos, int c0, int nk) {
+  for (int c = c0; c < nk; ++c) s[c] += slope * (float)(c - pos);
+}
+
 // AMX multiplies p by V over all the tile's blocks: p = 0 past each row's own blocks. int8
 // caches: p then becomes the 8-bit p * v_scale that `pv_q8` reads (`quantize_p_row`).
 template <bool BF16>
@@ -132,6 +138,7 @@ static void softmax_tile(const Geo& g, const Tile& t, float* S, const int32_t* b
   for (int j = 0; j < t.n; ++j) {
     int pos = t.pos0 + (t.rh0 + j) / g.G, nb = pos / g.BS + 1;
     float* s = S + (int64_t)j * t.nblk * g.BS;
+    if (g.alibi) add_alibi(s, g.alibi[t.kvh * g.G + (t.rh0 + j) % g.G], pos, t.blo * g.BS, nb * g.BS);
     softmax_row<BF16>(s, first_key(g, pos), pos, t.blo * g.BS, nb, g.BS);
     if (g.q8) QUANTIZE_P(g, s, t.blo * g.BS, nb, t.nblk * g.BS, bt, vc, t.kvh);
     if (g.amx && nb < t.nblk) std::memset((uint16_t*)s + nb * g.BS, 0, (t.nblk - nb) * g.BS * 2);
@@ -376,15 +383,16 @@ extern "C" {
 int pagoda_uses_amx() { return use_amx() ? 1 : 0; }
 
 // kind: 0 float32 caches, 1 bf16, 2 int8 (float32 q and out). window: the keys a query sees
-// (itself included), 0 for all of them; chunk: chunked attention's chunk (`first_key`), 0: none.
+// (itself included), 0 for all of them; chunk: chunked attention's chunk (`first_key`), 0: none;
+// alibi: H float32 slopes (ALiBi), or null.
 int pagoda_attention(int kind, const void* q, void* out, const void* kc, const void* vc,
                      const int32_t* bt, int64_t bts, const int32_t* qs, const int32_t* sl, int B,
                      int T, int H, int HKV, int D, int NB, int BS, float scale, int64_t wave,
-                     int nt, int window, int chunk) {
+                     int nt, int window, int chunk, const float* alibi) {
   if (D % 16 || BS % 16 || H % HKV || kind < 0 || kind > 2 || window < 0 || chunk < 0) return 1;
   if (kind == 2 && D > 512) return 1;
   const bool bf16 = kind == 1;
-  Geo g{H, HKV, D, NB, BS, bf16 ? 2 : 1, H / HKV, false, kind == 2, window, chunk};
+  Geo g{H, HKV, D, NB, BS, bf16 ? 2 : 1, H / HKV, false, kind == 2, window, chunk, alibi};
   // AMX products: 32 dims of a score, up to 32 keys (whole blocks) of p @ V
   g.amx = bf16 && D % 32 == 0 && D <= 512 && (BS <= 32 || BS % 32 == 0) && use_amx();
   const uint32_t *k = (const uint32_t*)kc, *v = (const uint32_t*)vc;

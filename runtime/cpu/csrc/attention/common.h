@@ -101,7 +101,8 @@ static inline float hsum(vf v) {  // a fixed tree
 
 // P: q and p words (q8: float); W: the sliding window (keys a query sees, itself included), 0: none;
 // C: chunked attention's chunk (the query at p sees the keys p - p % C .. p: Llama 4), 0: none
-struct Geo { int H, HKV, D, NB, BS, P, G; bool amx, q8; int W, C; };
+// alibi: ALiBi's slope per head (nullptr: none), added as slope * (key - pos) to the scores
+struct Geo { int H, HKV, D, NB, BS, P, G; bool amx, q8; int W, C; const float* alibi = nullptr; };
 struct Tile {  // row-heads rh = r * G + j of one sequence and kv head; rows r0.. of that sequence
   int seq, kvh, rh0, n, nblk;   // first flattened row-head, count, blocks the tile reads
   int64_t scratch;              // offset of its [n][nblk * BS] scores (from key 0)

@@ -74,6 +74,35 @@ def test_a_kimi_repo_fetches_its_tiktoken_files_and_no_other_code(
     assert not names & {"modeling_deepseek.py", "README.md"}
 
 
+def test_gpt2_tokenizer_files_are_fetched_only_without_a_tokenizer_json(
+    hub: FakeHub, tmp_path: pathlib.Path, checkpoint: pathlib.Path
+) -> None:
+    """OPT's repos: vocab.json + merges.txt and no tokenizer.json (`model/bpe_files.py`):
+    fetched; beside a tokenizer.json (Qwen's): left on the hub."""
+    files = {p.name: p.read_bytes() for p in checkpoint.iterdir() if p.is_file()}
+    bpe = {"vocab.json": b"{}", "merges.txt": b"#version: 0.2\n"}
+    hub.add("org/qwen-like", {**files, **bpe})
+    names = {p.name for p in pathlib.Path(resolve_model("hf://org/qwen-like", tmp_path)).iterdir()}
+    assert "tokenizer.json" in names and not names & set(bpe)
+    del files["tokenizer.json"]
+    hub.add("org/opt-like", {**files, **bpe})
+    names = {p.name for p in pathlib.Path(resolve_model("hf://org/opt-like", tmp_path)).iterdir()}
+    assert set(bpe) <= names and "tokenizer.json" not in names
+
+
+def test_tokenizer_model_is_fetched_only_without_tokenizer_json(
+    hub: FakeHub, tmp_path: pathlib.Path, checkpoint: pathlib.Path
+) -> None:
+    files = {p.name: p.read_bytes() for p in checkpoint.iterdir() if p.is_file()}
+    hub.add("org/both", {**files, "tokenizer.model": b"x", "tokenization_x.py": b"x"})
+    names = {p.name for p in pathlib.Path(resolve_model("hf://org/both", tmp_path)).iterdir()}
+    assert "tokenizer.json" in names and not names & {"tokenizer.model", "tokenization_x.py"}
+    del files["tokenizer.json"]
+    hub.add("org/spm", {**files, "tokenizer.model": b"x"})
+    names = {p.name for p in pathlib.Path(resolve_model("hf://org/spm", tmp_path)).iterdir()}
+    assert "tokenizer.model" in names
+
+
 def test_s3_sharded_beside_consolidated_fetches_the_shards_only(
     s3: MotoS3, tmp_path: pathlib.Path, checkpoint: pathlib.Path
 ) -> None:

@@ -1,0 +1,99 @@
+"""Learned absolute positions: a table of one row per position (`model.embed_positions`),
+row ``p + FamilyConfig.position_offset`` added to the embedding of the token at position p
+(the runner's `positions`); no rotary. The table bounds the context: max_model_len is at most
+`max_position_embeddings` (`engine.core.check_max_model_len` refuses more, in one line).
+
+- GPT-2 (`GPT2LMHeadModel`): Llama's sequential layer over StarCoder2's LayerNorms (weight and
+  bias, eps `layer_norm_epsilon`), an ungated MLP ``c_proj(gelu_new(c_fc(x)))``, biases
+  everywhere, a tied head. Its Conv1D matrices are stored [in, out] and read transposed
+  (`transpose_conv1d`); the fused `c_attn` is q, k, v stacked (`falcon.split_qkv`, "stacked").
+  Tensors are read under Llama's names (`safetensors_weights`: `wte`, `wpe` as
+  `model.embed_positions`, `h.N.attn.c_attn` as qkv_proj, `attn.c_proj` as o_proj,
+  `mlp.c_fc` / `c_proj` as up / down, `ln_1` / `ln_2` / `ln_f`), checkpoints saved without the
+  `transformer.` prefix too.
+- GPTBigCode (`GPTBigCodeForCausalLM`: StarCoder 1, SantaCoder): GPT-2's model with nn.Linear
+  matrices and, with `multi_query`, one KV head (`c_attn`: every q head, one k, one v; without
+  it q/k/v per head).
+- OPT (`OPTForCausalLM`): its table offset by 2; q/k/v/out projections and fc1/fc2 with biases
+  where `enable_bias`; ReLU; norms before each sublayer and a final one
+  (`do_layer_norm_before`), or after each residual add and none at the end (opt-350m:
+  `OptLayer`); embeddings of `word_embed_proj_dim` projected in and out around the layers
+  (`project_in` / `project_out`, no bias) where that differs from hidden_size.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from pagoda.runtime.model.device_weights import DeviceWeights
+from pagoda.runtime.model.llama import LayerContext, LlamaLayer, Step
+from pagoda.runtime.model.safetensors_weights import SafetensorsWeights
+from pagoda.runtime.model.starcoder2 import Starcoder2Model
+from pagoda.runtime.model.ungated_mlp import UngatedMLP
+
+TABLE = "model.embed_positions.weight"
+PROJECT_IN, PROJECT_OUT = "model.project_in.weight", "model.project_out.weight"
+# GPT-2's Conv1D matrices, under Llama's names
+CONV1D = re.compile(r"^model\.layers\.\d+\.(self_attn\.(qkv|o)_proj|mlp\.(up|down)_proj)\.weight$")
+
+
+def transpose_conv1d(weights: SafetensorsWeights) -> None:
+    """List GPT-2's Conv1D matrices ([in, out]) as linear layers' ([out, in])."""
+    weights.transpose([n for n in weights if CONV1D.match(n)])
+
+
+class OptLayer(LlamaLayer):
+    """Llama's layer (OPT's norms before the sublayers), or with `post_norm` (opt-350m):
+    ``x = ln1(x + attn(x)); x = ln2(x + mlp(x))``, the stream normalised whole: it hands back
+    (x, None) (`LlamaModel.final_hidden` reads the output alone)."""
+
+    def __init__(self, model, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
+        super().__init__(model, w, prefix, index, ctx)
+        self.post_norm = model.config.family.post_norm
+
+    def __call__(
+        self, h: torch.Tensor, residual: torch.Tensor | None, step: Step
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not self.post_norm:
+            return LlamaLayer.__call__(self, h, residual, step)
+        norm, eps = self.ctx.rms_norm, self.ctx.eps
+        x = h if residual is None else h + residual
+        x = norm(x=self.attention(x, step), weight=self.attn_norm, eps=eps, residual=x)[0]
+        return norm(x=self.mlp(x), weight=self.mlp_norm, eps=eps, residual=x)[0], None
+
+
+class LearnedPositionsModel(Starcoder2Model):
+    """GPT-2, GPTBigCode and OPT (module docstring)."""
+
+    layer_class = OptLayer  # (Llama's layer unless `post_norm`)
+
+    def make_mlp(self, w: DeviceWeights, prefix: str, index: int, ctx: LayerContext):
+        return UngatedMLP(ctx, w, prefix + "mlp.", self.config.family.hidden_act)
+
+    def read_model_tensors(self, w: DeviceWeights, ctx: LayerContext) -> None:
+        self.positions_table = w[TABLE]  # whole on every rank
+        self.project_in = ctx.linear(w[PROJECT_IN]) if PROJECT_IN in w else None
+        self.project_out = ctx.linear(w[PROJECT_OUT]) if PROJECT_OUT in w else None
+
+    def read_norm(self, w: DeviceWeights, name: str) -> torch.Tensor | None:
+        if name == "model.norm.weight" and self.config.family.post_norm:
+            return None  # (opt-350m: no final norm)
+        return super().read_norm(w, name)
+
+    def input_embeddings(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        if self.project_in is not None:
+            h = self.project_in(h)
+        offset = self.config.family.position_offset  # (OPT's table starts at row 2)
+        rows = positions + offset if offset else positions
+        return h + F.embedding(rows, self.positions_table)
+
+    def final_hidden(self, h: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        x = h if self.norm is None else super().final_hidden(h, residual)
+        return x if self.project_out is None else self.project_out(x)
+
+    def linears(self):
+        extra = [x for x in (self.project_in, self.project_out) if x is not None]
+        return super().linears()[:-1] + extra + [self.lm_head]

@@ -1,0 +1,511 @@
+"""The MoE families below against transformers, token for token and logits within 1e-3
+(float32), on tiny random checkpoints transformers writes itself: prompts chunked into 16-token
+steps, three prompts sharing steps, a warm prefix cache, and a pool small enough to preempt; the
+config fields as transformers reads them, the weights estimate against what the built model
+holds, the tensors a checkpoint may not lack, two tensor-parallel ranks (gloo) and, on CUDA, the
+fused-MoE kernel with CUDA graphs: one table of cases, shared checks, then each family's own.
+
+- ernie45-moe (`Ernie4_5_MoeForCausalLM`): the interleaved float32 rotary of dense ERNIE 4.5, a
+  dense first layer, then a float32 softmax router whose choice adds a correction bias large
+  enough to change the picks (`moe_statics.e_score_correction_bias`, [1, E]), weights from the
+  uncorrected probabilities, renormalised, beside two shared experts; tied embeddings;
+  ernie45-moe-interval: experts in every second layer up to `moe_layer_end_index` (1 and 3 of
+  5), one shared expert, top-3, an untied head.
+- hunyuan-moe (`HunYuanMoEV1ForCausalLM`): per-head q/k norms after rotary, the NTK-alpha rotary
+  (a "dynamic" rotary with `alpha`: a larger base), experts in every layer (float32 softmax
+  router, top-2 renormalised) beside the shared MLP; hunyuan-moe-lists: the released configs'
+  per-layer lists (`moe_topk`, `moe_intermediate_size`, `num_shared_expert`), top-3, the default
+  rotary; hunyuan-dense (`HunYuanDenseV1ForCausalLM`: Hunyuan-0.5B..7B), tied embeddings, the
+  NTK-alpha rotary.
+- dots1 (`Dots1ForCausalLM`): per-head q/k norms, a dense first layer, then V3's router
+  (sigmoid, a correction bias large enough to change the picks, 4 groups of which 2,
+  renormalised, scaled by 2) and one shared expert; a sliding window on the layers from
+  `max_window_layers` on (prompts longer than it); dots1-flat: one group, not renormalised, two
+  shared experts, experts from the first layer on, q/k/v biases, no window.
+- minimax-m2 (`MiniMaxM2ForCausalLM`): q and k normalised over their whole projections, half of
+  each head rotating (the released configs' `rotary_dim`), top-2 of 8 experts by sigmoid scores
+  with a correction bias large enough to change the picks, renormalised; minimax-m2-full: the
+  whole head rotating, top-3 of 6, one KV head.
+- phimoe (`PhimoeForCausalLM`: Phi-3.5-MoE): LayerNorms with biases, q/k/v/o biases, an LM head
+  bias, sparsemixer's two experts of 8 (a jitter eps wide enough that the softmax of each pick
+  spans several logits), LongRoPE with PhiMoE's `short_mscale` (the prompts within the original
+  context); phimoe-window: no biases, a sliding window on every layer, the default jitter eps,
+  the plain rotary.
+- exaone-moe (`ExaoneMoeForCausalLM`: K-EXAONE): per-head q/k norms, hybrid attention (every
+  second layer global and without rotary, the others in a window shorter than the prompts), a
+  dense first layer, then V3's router (sigmoid, a correction bias, 4 groups of which 2,
+  renormalised, scaled by 2.5) beside a shared expert; exaone-moe-types: `layer_types` given
+  (one rotating window layer between two NoPE global ones, the window the default 4096), dense
+  layers by `mlp_layer_types`, one group, not renormalised, two shared experts.
+- flex-olmo (`FlexOlmoForCausalLM`): OLMo 2's layer (norms after, whole-projection q/k norms)
+  with OLMoE's experts, top-2 of 4, not renormalised; flex-olmo-norm: top-3 of 6, renormalised,
+  three layers.
+- afmoe (`AfmoeForCausalLM`: Trinity): four norms a layer, per-head q/k norms, attention's output
+  gated by a sigmoid, window layers (shorter than the prompts) rotating and every second layer
+  global without rotary, a dense first layer, then experts by sigmoid scores with a choice-only
+  bias large enough to change the picks, renormalised and scaled by `route_scale`, beside two
+  shared experts; afmoe-mup: the muP embedding scale (sqrt(hidden_size)), every layer a window
+  layer, experts from the first layer on, one shared expert.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from arch_cases import (
+    built_fixture,
+    case_fixture,
+    check_chunked_cached_batched,
+    check_on_cuda_with_graphs,
+    check_preempted,
+    check_two_ranks,
+)
+from hf_oracle import make_tiny_model
+from pagoda.runtime.model.loader import read_model_config
+
+transformers = pytest.importorskip("transformers")
+SLIDING, FULL = "sliding_attention", "full_attention"
+# Hunyuan's released NTK-alpha rotary
+ALPHA = {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 128,
+            "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 4.0],
+            "long_factor": [1.0, 2.0, 4.0, 8.0, 9.0, 10.0, 12.0, 16.0],
+            "short_mscale": 1.2, "long_mscale": 1.4}  # fmt: skip
+# the tensors of each layer drawn at random (seed 2, layer by layer, times the scale) before the
+# checkpoint is saved: correction biases large enough to change the experts picked, and AfMoE's
+# routers (which transformers initialises to zero); a layer without one is left alone
+ERNIE_BIAS = (("mlp.gate.moe_statics.e_score_correction_bias", 0.3),)
+V3_BIAS = (("mlp.gate.e_score_correction_bias", 1.0),)
+MINIMAX_BIAS = (("mlp.e_score_correction_bias", 1.0),)
+AFMOE_ROUTER = (("mlp.router.gate.weight", 1.0), ("mlp.expert_bias", 1.0))
+B, E, P = dict(bos_token_id=1, eos_token_id=2), dict(eos_token_id=2), dict(pad_token_id=0)
+# name: (transformers config class prefix, config overrides, tensors drawn at random)
+CASES = {
+    "ernie45-moe": ("Ernie4_5_Moe", dict(
+        moe_num_experts=8, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=2,
+        moe_layer_start_index=1, num_hidden_layers=3), ERNIE_BIAS),
+    "ernie45-moe-interval": ("Ernie4_5_Moe", dict(
+        moe_num_experts=6, moe_k=3, moe_intermediate_size=24, moe_num_shared_experts=1,
+        moe_layer_start_index=0, moe_layer_end_index=3, moe_layer_interval=2,
+        num_hidden_layers=5, tie_word_embeddings=False), ERNIE_BIAS),
+    "hunyuan-moe": ("HunYuanMoEV1", dict(
+        num_experts=8, moe_topk=2, intermediate_size=48, head_dim=16, rope_parameters=ALPHA), ()),
+    "hunyuan-moe-lists": ("HunYuanMoEV1", dict(
+        num_experts=6, moe_topk=[3, 3], intermediate_size=32, moe_intermediate_size=[32, 32],
+        num_shared_expert=[1, 1], use_mixed_mlp_moe=True, use_qk_norm=True, head_dim=16), ()),
+    "hunyuan-dense": ("HunYuanDenseV1", dict(
+        head_dim=32, num_attention_heads=2, tie_word_embeddings=True, rope_parameters=ALPHA), ()),
+    "dots1": ("Dots1", dict(
+        head_dim=32, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+        routed_scaling_factor=2.0, norm_topk_prob=True, n_shared_experts=1,
+        moe_intermediate_size=32, first_k_dense_replace=1, num_hidden_layers=3,
+        sliding_window=11, max_window_layers=1), V3_BIAS),
+    "dots1-flat": ("Dots1", dict(
+        head_dim=16, n_routed_experts=6, num_experts_per_tok=3, n_group=1, topk_group=1,
+        routed_scaling_factor=1.5, norm_topk_prob=False, n_shared_experts=2,
+        moe_intermediate_size=24, first_k_dense_replace=0, attention_bias=True,
+        sliding_window=None), V3_BIAS),
+    "minimax-m2": ("MiniMaxM2", dict(
+        num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, head_dim=32,
+        rotary_dim=16, num_hidden_layers=3, **B), MINIMAX_BIAS),
+    "minimax-m2-full": ("MiniMaxM2", dict(
+        num_local_experts=6, num_experts_per_tok=3, intermediate_size=24, head_dim=16,
+        num_key_value_heads=1, **B), MINIMAX_BIAS),
+    "phimoe": ("Phimoe", dict(
+        num_local_experts=8, intermediate_size=32, head_dim=16, attention_bias=True,
+        lm_head_bias=True, router_jitter_noise=0.3, num_hidden_layers=3,
+        rope_parameters=LONGROPE), ()),
+    "phimoe-window": ("Phimoe", dict(
+        num_local_experts=6, intermediate_size=24, sliding_window=11), ()),
+    "exaone-moe": ("ExaoneMoe", dict(
+        head_dim=32, num_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+        norm_topk_prob=True, routed_scaling_factor=2.5, num_shared_experts=1,
+        moe_intermediate_size=32, first_k_dense_replace=1, num_hidden_layers=4,
+        sliding_window=11, sliding_window_pattern=2, **E), V3_BIAS),
+    "exaone-moe-types": ("ExaoneMoe", dict(
+        head_dim=16, num_experts=6, num_experts_per_tok=3, norm_topk_prob=False,
+        routed_scaling_factor=1.0, num_shared_experts=2, moe_intermediate_size=24,
+        num_hidden_layers=3, mlp_layer_types=["sparse", "dense", "sparse"],
+        layer_types=[FULL, SLIDING, FULL], **E), V3_BIAS),
+    "flex-olmo": ("FlexOlmo", dict(
+        num_experts=4, num_experts_per_tok=2, intermediate_size=32, **P, **E), ()),
+    "flex-olmo-norm": ("FlexOlmo", dict(
+        num_experts=6, num_experts_per_tok=3, intermediate_size=24, norm_topk_prob=True,
+        num_hidden_layers=3, **P, **E), ()),
+    "afmoe": ("Afmoe", dict(
+        head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        num_shared_experts=2, num_dense_layers=1, route_scale=2.0, num_hidden_layers=4,
+        sliding_window=11, global_attn_every_n_layers=2, **B, **P), AFMOE_ROUTER),
+    "afmoe-mup": ("Afmoe", dict(
+        head_dim=16, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=24,
+        num_shared_experts=1, num_dense_layers=0, mup_enabled=True, sliding_window=40,
+        global_attn_every_n_layers=8, **B, **P), AFMOE_ROUTER),
+}  # fmt: skip
+# the config as the engine reads it, per case: "a.b" is `read_model_config(...).a.b` (or
+# `["b"]` where `a` is a dict)
+FIELDS = {
+    "ernie45-moe-interval": {
+        "architecture": "ernie4_5_moe", "family.rope_interleaved": True,
+        "tie_word_embeddings": False, "family.moe_layers": (False, True, False, True, False),
+        "family.routing.scoring": "softmax", "family.routing.topk_method": "greedy",
+        "family.routing.bias": True, "family.shared_expert_intermediate_size": 24,
+        "family.num_experts_per_tok": 3},
+    # the NTK-alpha rotary as transformers computes it: a base of theta x alpha ** (d / (d - 2)),
+    # no scaling left
+    "hunyuan-moe": {
+        "rope_scaling": None, "rope_theta": pytest.approx(10000.0 * 1000.0 ** (16 / 14)),
+        "family.num_experts": 8, "family.num_experts_per_tok": 2,
+        "family.moe_intermediate_size": 48, "family.shared_expert_intermediate_size": 48,
+        "family.routing.bias": False},
+    "hunyuan-moe-lists": {"family.num_experts_per_tok": 3},
+    "dots1": {
+        "architecture": "dots1", "family.qk_norm": True, "rope_scaling": None,
+        "family.sliding_window": 11, "family.window_layers": (False, True, True),
+        "family.moe_layers": (False, True, True), "family.shared_expert_intermediate_size": 32,
+        "family.routing.scoring": "sigmoid", "family.routing.topk_method": "noaux_tc",
+        "family.routing.n_group": 4, "family.routing.topk_group": 2},
+    "minimax-m2": {
+        "architecture": "minimax_m2", "family.qk_norm_whole": True,
+        "rope_scaling.partial_rotary_factor": 0.5, "family.routing.bias": True},
+    "phimoe": {
+        "architecture": "phimoe", "family.layer_norm_bias": True, "attention_bias": True,
+        "family.routing.topk_method": "sparsemixer", "family.routing.jitter_eps": 0.3,
+        "family.num_experts_per_tok": 2},
+    "exaone-moe": {
+        "family.qk_norm": True, "family.sliding_window": 11,
+        "family.window_layers": (True, False, True, False),
+        "family.rope_layers": (True, False, True, False),
+        "family.moe_layers": (False, True, True, True), "family.routing.bias": True},
+    "exaone-moe-types": {
+        "family.sliding_window": 4096, "family.rope_layers": (False, True, False),
+        "family.moe_layers": (True, False, True), "family.shared_expert_intermediate_size": 48},
+    "flex-olmo-norm": {
+        "family.olmo2_norms": True, "family.qk_norm_whole": True, "family.norm_topk_prob": True,
+        "family.num_experts": 6},
+    "afmoe": {
+        "family.window_layers": (True, False, True, False),
+        "family.rope_layers": (True, False, True, False),
+        "family.moe_layers": (False, True, True, True),
+        "family.routing.routed_scaling_factor": 2.0, "family.embedding_multiplier": 1.0},
+    "afmoe-mup": {"family.embedding_multiplier": 8.0},
+}  # fmt: skip
+# `server/weights.py` against the built model, bf16 from float32 files (rank 0's share of tp):
+# float32 routers and correction biases (ERNIE's [1, E], MiniMax-M2's under `block_sparse_moe`,
+# Hunyuan's `gate.wg`), shared experts and MLPs, dense layers, q/k norms (whole or per head),
+# PhiMoE's LayerNorm and LM head biases
+ESTIMATES = [("ernie45-moe", 1), ("ernie45-moe", 2), ("hunyuan-moe", 1), ("hunyuan-moe", 2),
+             ("hunyuan-dense", 2), ("dots1", 1), ("dots1", 2), ("minimax-m2", 1),
+             ("minimax-m2", 2), ("phimoe", 1), ("phimoe", 2), ("exaone-moe", 1),
+             ("exaone-moe", 2), ("flex-olmo-norm", 1), ("flex-olmo-norm", 2), ("afmoe", 1),
+             ("afmoe", 2)]  # fmt: skip
+# `from_shapes` (config.json alone) against the count from the tensors, exact: AfMoE's
+# attention output gate (in FP8 with the projections), four norms a layer and per-head q/k
+# norms; MiniMax-M2's q/k norms over all heads (whole on every rank); PhiMoE's q/k/v biases
+# (by the rank's heads), o's and the LM head's (whole). Each was left out once.
+FROM_SHAPES = {"afmoe": 1e-6, "minimax-m2": 1e-6, "phimoe": 1e-6}
+# a tensor a checkpoint may not lack: refused at config time, one line naming it
+MISSING = [
+    ("ernie45-moe", "model.layers.1.mlp.moe_statics.e_score_correction_bias"),
+    ("hunyuan-moe", "model.layers.0.self_attn.key_layernorm.weight"),
+    ("hunyuan-moe", "model.layers.1.mlp.gate.wg.weight"),
+    ("hunyuan-moe", "model.layers.1.mlp.shared_mlp.up_proj.weight"),
+    ("minimax-m2", "model.layers.2.block_sparse_moe.e_score_correction_bias"),
+    ("minimax-m2", "model.layers.0.block_sparse_moe.experts.3.w3.weight"),
+    ("minimax-m2", "model.layers.1.self_attn.k_norm.weight"),
+    ("afmoe", "model.layers.1.self_attn.gate_proj.weight"),
+    ("afmoe", "model.layers.2.mlp.expert_bias"),
+    ("afmoe", "model.layers.3.post_mlp_layernorm.weight"),
+    ("afmoe", "model.layers.1.mlp.router.gate.weight"),
+]
+# heads split over two ranks (each rank's q/k norms, whole or per head, AfMoE's output gate),
+# experts and shared MLPs by width, routers whole on each
+TWO_RANKS = ["ernie45-moe", "hunyuan-moe", "dots1", "minimax-m2", "phimoe", "exaone-moe",
+             "flex-olmo", "afmoe"]  # fmt: skip
+# the layer whose experts the gpu test finds in the fused-MoE kernel (None: not checked)
+MOE_LAYER = {"ernie45-moe": -2, "ernie45-moe-interval": -2, "hunyuan-moe": None,
+             "hunyuan-moe-lists": None, "hunyuan-dense": None}  # fmt: skip
+
+
+def write_case(name: str, path):
+    """Case `name`'s checkpoint written to `path` by transformers (float32, eval), with its
+    tensors drawn at random; returns the model."""
+    arch, overrides, drawn = CASES[name]
+    model = make_tiny_model(path, arch, **overrides)
+    if drawn:
+        g = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for attr, scale in drawn:
+                    t = _attribute(layer, attr)
+                    if t is not None:
+                        t.copy_(torch.randn(t.shape, generator=g) * scale)
+        model.save_pretrained(path)
+    return model
+
+
+def _attribute(obj, dotted: str):
+    """`obj.a.b` for "a.b" (a dict's item where `obj.a` is a dict); None where one is missing."""
+    for part in dotted.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _without(path, tensor: str, dest):
+    """The checkpoint at `path` without `tensor`, its config.json beside it, written to `dest`."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path / "model.safetensors"))
+    del tensors[tensor]
+    (dest / "config.json").write_bytes((path / "config.json").read_bytes())
+    save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
+
+
+built = built_fixture(write_case)
+case = case_fixture(CASES)
+
+
+def test_greedy_matches_transformers_chunked_cached_batched_and_preempted(case):
+    name, _, _, loaded, reference = case
+    check_chunked_cached_batched(loaded, reference, name)
+    check_preempted(loaded, reference, name)
+
+
+@pytest.mark.parametrize("name", list(FIELDS))
+def test_config_fields(built, name):
+    c = read_model_config(str(built(name)[0]))
+    assert {k: _attribute(c, k) for k in FIELDS[name]} == FIELDS[name]
+
+
+@pytest.mark.parametrize(("name", "tp"), ESTIMATES)
+def test_the_weights_estimate_is_what_the_model_holds(built, name, tp):
+    from model_bytes import check_estimate
+
+    check_estimate(built(name)[0], tp)
+
+
+@pytest.mark.parametrize("name", list(FROM_SHAPES))
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_the_weights_from_shapes_as_from_its_tensors(built, name, tp, fp8):
+    """`fit`'s count from config.json alone (`from_shapes`) against the headers' on a GPU."""
+    from pagoda.runtime.quantization.fp8 import ONLINE_SCHEME
+    from pagoda.runtime.server import weights
+    from pagoda.runtime.server.placement import Placement
+
+    path, _, _, _ = built(name)
+    mc = read_model_config(str(path))
+    ckpt = weights.read_checkpoint(path, mc.architecture)
+    place = Placement(torch.bfloat16, "cuda", tp, ONLINE_SCHEME if fp8 else None)
+    got, _ = weights.resident(ckpt, mc, place)
+    want = weights.from_shapes(mc, torch.bfloat16, fp8, tp)
+    assert got == pytest.approx(want, rel=FROM_SHAPES[name])
+
+
+@pytest.mark.parametrize(("name", "tensor"), MISSING)
+def test_a_checkpoint_without_one_of_its_tensors_is_refused_at_config_time(
+    built, tmp_path, name, tensor
+):
+    _without(built(name)[0], tensor, tmp_path)
+    with pytest.raises(ValueError, match=f"missing tensor '{tensor}'"):
+        read_model_config(str(tmp_path))
+
+
+@pytest.mark.slow  # a second process (gloo): ~10 s on 2 busy cores
+@pytest.mark.parametrize("name", TWO_RANKS)
+def test_two_tensor_parallel_ranks_match_transformers(built, name):
+    path, _, loaded, reference = built(name)
+    check_two_ranks(path, loaded, reference, name, kv_heads=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_gpu_matches_transformers_with_graphs(built, name):
+    """On CUDA: the experts in the fused-MoE kernel, decodes in CUDA graphs, no host sync."""
+    _, _, loaded, reference = built(name)
+    runner = check_on_cuda_with_graphs(loaded, reference, name).engine.runner
+    layer = MOE_LAYER.get(name, -1)
+    if layer is not None:
+        moe = runner.model.layers[layer].mlp
+        assert getattr(moe, "routed", moe).fused is not None
+
+
+# ERNIE 4.5 MoE
+
+
+def test_ernie_moe_layers_as_transformers_and_its_bias_as_stored(built):
+    """The expert layers where transformers puts them; the correction bias stored [1, E]
+    (without it the engine would pick other experts: the case tests it)."""
+    from safetensors import safe_open
+
+    path, model, _, _ = built("ernie45-moe-interval")
+    f = read_model_config(str(path)).family
+    assert f.moe_layers == tuple(hasattr(x.mlp, "gate") for x in model.model.layers)
+    path = built("ernie45-moe")[0]
+    with safe_open(str(path / "model.safetensors"), "pt") as st:
+        bias = st.get_slice("model.layers.1.mlp.moe_statics.e_score_correction_bias")
+        assert bias.get_shape() == [1, 8]
+
+
+# Hunyuan
+
+
+def test_hunyuan_alpha_rotary_is_transformers_ntk_alpha(built):
+    """The rotary FIELDS reads as a larger base is the one transformers runs as NTK-alpha."""
+    assert built("hunyuan-moe")[1].model.rotary_emb.rope_type == "ntk_alpha"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [("moe_topk", [2, 3], "moe_topk"), ("moe_intermediate_size", [16, 16], "(48)"),
+     ("num_shared_expert", 2, "num_shared_expert"), ("use_cla", True, "cross-layer")],
+)  # fmt: skip
+def test_what_hunyuan_in_transformers_would_run_otherwise_is_refused(
+    built, tmp_path, key, value, match
+):
+    path, _, _, _ = built("hunyuan-moe")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg[key] = value
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    with pytest.raises(ValueError, match=match):
+        read_model_config(str(tmp_path))
+
+
+# dots.llm1
+
+
+def test_dots1_window_without_layer_types_reads_as_transformers(built, tmp_path):
+    """The window on transformers' layer_types (FIELDS), and a config without layer_types (the
+    released ones: `sliding_window` null, or set with `max_window_layers`) read as Dots1Config
+    does."""
+    cfg = json.loads((built("dots1")[0] / "config.json").read_text())
+    del cfg["layer_types"]
+    for window, layers in ((None, 1), (7, 2), (7, 5)):
+        cfg.update(sliding_window=window, max_window_layers=layers)
+        (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone
+        theirs = transformers.AutoConfig.from_pretrained(tmp_path).layer_types
+        ours = read_model_config(str(tmp_path)).family
+        want = tuple(t == "sliding_attention" for t in theirs)
+        assert tuple(ours.window(i) is not None for i in range(3)) == want
+        assert ours.sliding_window == (window if any(want) else None)
+
+
+# MiniMax-M2
+
+
+def test_minimax_m2_rotary_dim_reads_as_transformers(built, tmp_path):
+    """A released config's `rotary_dim` beside a top-level rope_theta, no rope_parameters: the
+    same partial rotary as transformers'."""
+    cfg = json.loads((built("minimax-m2")[0] / "config.json").read_text())
+    cfg.pop("rope_parameters")
+    cfg.update(rope_theta=5e6, rotary_dim=8)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path).rope_parameters
+    ours = read_model_config(str(tmp_path))
+    assert ours.rope_scaling["partial_rotary_factor"] == theirs["partial_rotary_factor"] == 0.25
+    assert ours.rope_theta == theirs["rope_theta"] == 5e6
+
+
+def test_minimax_m2_block_wise_fp8_checkpoint_as_minimax_publishes_it(built, tmp_path):
+    """MiniMax-M2's release format: attention's projections and every expert's w1/w2/w3 in
+    E4M3 with a float32 `weight_scale_inv` per tile, the router, its bias, the norms, the
+    embedding and the head in 16 bits, its quantization_config naming the format
+    `float8_e4m3fn` and the modules left out: it loads dequantized and gives transformers'
+    tokens and logits on its dequantized weights."""
+    from arch_cases import NEW, check, generate, prompts
+    from fp8_testlib import write_blocks_of
+    from hf_oracle import hf_greedy_plain
+    from pagoda.runtime import LLM
+    from pagoda.runtime.model.loader import load_model
+
+    qc = {"activation_scheme": "dynamic", "fmt": "float8_e4m3fn", "quant_method": "fp8",
+          "weight_block_size": [16, 16],
+          "modules_to_not_convert": ["gate", "e_score_correction_bias", "lm_head"]}  # fmt: skip
+    experts = ("proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")
+    write_blocks_of(built("minimax-m2")[0], tmp_path, qc, (16, 16), lambda n: n.endswith(experts))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "dequantized").eval()
+    reference = [hf_greedy_plain(model, p, NEW) for p in prompts()]
+    loaded = load_model(str(tmp_path / "fp8"))
+    assert loaded.fp8_scheme.block == (16, 16)
+    llm = LLM(loaded=loaded, dtype="float32", kv_cache_memory=16 << 20,
+              max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    for i, (got, want) in enumerate(zip(generate(llm, prompts()), reference)):
+        check(got, want, f"FP8 MiniMax-M2: prompt {i}")
+
+
+# PhiMoE
+
+
+def test_phimoe_long_tables_attention_factor(built):
+    """The long table (sequences past the original context) rotates with the long factors as
+    transformers' longrope computes them, times `long_mscale`."""
+    from pagoda.runtime.model.ops import build_cos_sin_cache
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    path, model, _, _ = built("phimoe")
+    c = read_model_config(str(path))
+    table = build_cos_sin_cache(c.head_dim, c.rope_theta, c.rope_scaling, 300)
+    inv, _ = ROPE_INIT_FUNCTIONS["longrope"](model.config, "cpu", seq_len=200)
+    freqs = torch.outer(torch.arange(300, dtype=torch.float32), inv)
+    want = torch.cat([freqs.cos() * 1.4, freqs.sin() * 1.4], dim=-1)
+    assert torch.allclose(table[300:], want, atol=1e-6)
+
+
+def test_phimoe_released_config_format_reads_as_transformers(tmp_path):
+    """Phi-3.5-MoE-instruct's config.json (shrunk): `PhiMoEForCausalLM`, a top-level
+    rope_theta, `rope_scaling` of type longrope with its mscales, a window as long as the
+    context, both biases: read as transformers 5 reads it."""
+    cfg = dict(architectures=["PhiMoEForCausalLM"], model_type="phimoe", hidden_size=64,
+               intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
+               num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2,
+               max_position_embeddings=131072, original_max_position_embeddings=4096,
+               rope_theta=10000.0, sliding_window=131072, attention_bias=True,
+               lm_head_bias=True, router_jitter_noise=0.01, input_jitter_noise=0.01,
+               rms_norm_eps=1e-05, vocab_size=300, rope_scaling={
+                   "type": "longrope", "long_mscale": 1.243163121016122,
+                   "short_mscale": 1.243163121016122, "original_max_position_embeddings": 4096,
+                   "long_factor": [1.0 + i for i in range(8)], "short_factor": [1.0] * 8})  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path).rope_parameters
+    ours = read_model_config(str(tmp_path))
+    assert ours.architecture == "phimoe" and ours.attention_bias
+    assert ours.rope_theta == theirs["rope_theta"] == 10000.0
+    scaling = ours.rope_scaling
+    assert scaling["type"] == theirs["rope_type"] == "longrope"
+    assert scaling["original_max_position_embeddings"] == 4096
+    assert (scaling["short_mscale"], scaling["long_mscale"]) == (
+        theirs["short_mscale"], theirs["long_mscale"])  # fmt: skip
+    assert ours.family.sliding_window == 131072 and ours.family.routing.jitter_eps == 0.01
+
+
+def test_phimoe_sparsemixer_picks_as_transformers():
+    """Two experts a token, each weighted by a softmax over the logits near it, ties and a
+    wide eps included."""
+    from pagoda.runtime.model.moe_routing import sparsemixer
+    from transformers.models.phimoe.modeling_phimoe import sparsemixer as theirs
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 8, generator=g)
+    logits[0] = 1.0  # a tie
+    for eps in (0.0, 0.01, 0.3, 2.0):
+        weights, ids = sparsemixer(logits, eps)
+        want_weights, want_ids = theirs(logits, eps, training=False)
+        assert torch.equal(ids, want_ids) and torch.equal(weights, want_weights)
+
+
+# EXAONE MoE
+
+
+def test_exaone_moe_pattern_string_beside_layer_types_reads_as_transformers(built, tmp_path):
+    """EXAONE's own configs name the pattern "LLLG" beside `layer_types`: transformers reads
+    the list (and never the string); so does the engine (it raised a TypeError)."""
+    cfg = json.loads((built("exaone-moe-types")[0] / "config.json").read_text())
+    cfg["sliding_window_pattern"] = "LLLG"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # a config alone: no weights read
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path).layer_types
+    f = read_model_config(str(tmp_path)).family
+    assert f.window_layers == tuple(t == "sliding_attention" for t in theirs) == (
+        False, True, False)  # fmt: skip
